@@ -1,0 +1,58 @@
+#include "common/model/qwen3_config.h"
+
+#include "gtest/gtest.h"
+
+namespace slidedp {
+namespace {
+
+TEST(Qwen3Config, PresetLayoutCountsMatchPublishedSizes) {
+  auto c = Qwen3Config::Preset("qwen3-0.6b");
+  ASSERT_TRUE(c.ok());
+  ModelLayout m = ModelLayout::Build(*c);
+  EXPECT_EQ(m.num_units(), 30);
+  EXPECT_TRUE(m.head_uses_embedding);
+  // Qwen3-0.6B has 596,049,920 parameters (tied) in HF.
+  EXPECT_EQ(m.param_count(), 596049920);
+  for (const UnitLayout& u : m.units) {
+    EXPECT_EQ(u.numel % kTensorAlignNumel, 0);
+    for (const TensorSlot& t : u.tensors) EXPECT_EQ(t.offset_numel % kTensorAlignNumel, 0);
+  }
+}
+
+TEST(Qwen3Config, UntiedHeadHasLmHead) {
+  auto c = Qwen3Config::Preset("qwen3-8b");
+  ASSERT_TRUE(c.ok());
+  ModelLayout m = ModelLayout::Build(*c);
+  EXPECT_EQ(m.head().tensors.size(), 2u);
+  int unit = -1;
+  const TensorSlot* t = m.Find("lm_head.weight", &unit);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(unit, m.num_units() - 1);
+  EXPECT_EQ(m.param_count(), 8190735360);
+}
+
+TEST(Qwen3Config, JsonRoundTrip) {
+  auto c = Qwen3Config::Preset("tiny");
+  ASSERT_TRUE(c.ok());
+  auto back = Qwen3Config::FromJson(c->ToJson());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->hidden_size, c->hidden_size);
+  EXPECT_EQ(back->head_dim, c->head_dim);
+  EXPECT_EQ(back->tie_word_embeddings, c->tie_word_embeddings);
+}
+
+TEST(Qwen3Config, RejectsBadConfigs) {
+  EXPECT_EQ(Qwen3Config::FromJson("[1,2]").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Qwen3Config::FromJson("{\"model_type\":\"llama\"}").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto s = Qwen3Config::FromJson(
+      R"({"model_type":"qwen3","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":3,
+          "num_key_value_heads":2,"intermediate_size":8,"vocab_size":10})");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  auto t = Qwen3Config::FromJson(R"({"hidden_size":"64"})");
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("hidden_size"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace slidedp

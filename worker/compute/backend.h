@@ -1,0 +1,133 @@
+// The compute interface a worker runs one streamed unit with: embedding, decoder layer, head.
+//
+// Two implementations: the CPU reference backend (plain FP32 C++, the oracle for the kernels and
+// the engine of CI's end-to-end tests) and the CUDA backend (BF16 storage, FP32 accumulation,
+// cuBLASLt GEMMs). The pipeline (worker/pipeline) is written against this interface only.
+//
+// Conventions
+// - "Device memory" is GPU memory for CUDA and plain host memory for the CPU backend; buffers
+//   come from Allocate(). All ops are asynchronous on the backend's compute stream (the CPU
+//   backend runs them inline); Synchronize() waits.
+// - Unit parameters are one flat BF16 array laid out as common/model/qwen3_config.h's
+//   UnitLayout (tensor i at tensors[i].offset_numel). Gradients are one flat FP32 array of the
+//   same layout; backward ops ADD into it (accumulation across micro-batches).
+// - Activations are [num_tokens, hidden] row-major in activation_dtype(): BF16 on CUDA, FP32 on
+//   the CPU backend.
+// - A micro-batch is num_tokens tokens flattened from rows of packed documents; attention is
+//   causal inside each document only (cu_seqlens), RoPE positions restart per document.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model/qwen3_config.h"
+#include "common/numeric/bf16.h"
+
+namespace slidedp {
+
+inline constexpr int32_t kIgnoreIndex = -100;
+
+enum class DType { kF32, kBF16 };
+inline int64_t DTypeBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+// What a decoder layer keeps from forward for backward. The layer input itself is always kept
+// by the pipeline (it is the checkpoint) and is not counted here.
+enum class ActPolicy {
+  kKeepAll,         // every intermediate backward needs: no recompute
+  kRecomputeLayer,  // nothing: backward recomputes the whole layer from its input
+  kSelective,       // attention output and its log-sum-exp; the rest (norms, QKV, MLP) recomputed
+};
+
+// Host-side description of one micro-batch.
+struct MicroBatch {
+  std::vector<int32_t> tokens;      // [T] token ids, each in [0, vocab)
+  std::vector<int32_t> labels;      // [T] next-token targets, kIgnoreIndex where not trained
+  std::vector<int32_t> positions;   // [T] RoPE positions, restarting at 0 per document
+  std::vector<int32_t> cu_seqlens;  // [D+1] document boundaries in [0, T], cu_seqlens[0]=0, back()=T
+  int32_t max_seqlen = 0;           // longest document
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t num_trained() const;      // labels != kIgnoreIndex
+};
+
+// A micro-batch resident in device memory (backend-specific).
+class DeviceBatch {
+ public:
+  virtual ~DeviceBatch() = default;
+  virtual int64_t num_tokens() const = 0;
+};
+
+// Opaque state a decoder forward leaves for its backward (per policy).
+class SavedActivations {
+ public:
+  virtual ~SavedActivations() = default;
+  virtual int64_t bytes() const = 0;
+};
+
+// A device allocation. Freed by its destructor.
+class DeviceBuffer {
+ public:
+  virtual ~DeviceBuffer() = default;
+  virtual void* data() = 0;
+  virtual int64_t bytes() const = 0;
+  template <typename T>
+  T* as() { return static_cast<T*>(data()); }
+};
+
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+
+  virtual std::string name() const = 0;
+  virtual DType activation_dtype() const = 0;
+  const Qwen3Config& config() const { return config_; }
+
+  virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) = 0;
+  virtual absl::Status Memset(DeviceBuffer& buf, int value) = 0;
+  // Synchronous copies between host memory and a device buffer (tests, small metadata).
+  virtual absl::Status CopyToDevice(const void* host, void* device, int64_t bytes) = 0;
+  virtual absl::Status CopyToHost(const void* device, void* host, int64_t bytes) = 0;
+  virtual absl::Status Synchronize() = 0;
+
+  // Validates (token ids in range, cu_seqlens consistent) and uploads a micro-batch.
+  virtual absl::StatusOr<std::unique_ptr<DeviceBatch>> UploadBatch(const MicroBatch& batch) = 0;
+
+  // out[t] = embed[tokens[t]].  embed: BF16 [vocab, hidden] (the embedding unit's tensor 0).
+  virtual absl::Status EmbeddingForward(const bf16_t* embed, const DeviceBatch& batch, void* out) = 0;
+  // dembed[tokens[t]] += dout[t]  (FP32 accumulation, duplicates summed).
+  virtual absl::Status EmbeddingBackward(const void* dout, const DeviceBatch& batch, float* dembed) = 0;
+
+  // y = DecoderLayer(x). params: BF16 unit array. If saved is non-null, fills it per policy.
+  virtual absl::Status DecoderForward(const bf16_t* params, const DeviceBatch& batch, const void* x, void* y,
+                                      ActPolicy policy, std::unique_ptr<SavedActivations>* saved) = 0;
+  // dx = dL/dx; dparams += dL/dparams. saved may be null (whole-layer recompute from x).
+  // dx may alias dy.
+  virtual absl::Status DecoderBackward(const bf16_t* params, const DeviceBatch& batch, const void* x,
+                                       SavedActivations* saved, const void* dy, void* dx, float* dparams) = 0;
+
+  // Final RMSNorm + LM head + cross entropy, forward and backward in one pass, chunked so the
+  // full [T, vocab] logits never exist. loss_scale multiplies every token's loss (the caller
+  // passes 1 / trained tokens of the global batch). Adds sum_t loss_scale * CE_t to *loss_sum
+  // (a device float), writes dx, and adds to dnorm ([hidden] FP32) and dlm_head ([vocab, hidden]
+  // FP32; with tied embeddings the caller passes the embedding gradient here).
+  virtual absl::Status HeadForwardBackward(const bf16_t* norm_w, const bf16_t* lm_head_w, const DeviceBatch& batch,
+                                           const void* x, float loss_scale, void* dx, float* dnorm,
+                                           float* dlm_head, float* loss_sum) = 0;
+
+  // Bytes per token a decoder layer's SavedActivations hold under a policy (excluding the
+  // layer input, which the pipeline keeps as the checkpoint).
+  virtual int64_t SavedBytesPerToken(ActPolicy policy) const = 0;
+
+ protected:
+  explicit ComputeBackend(const Qwen3Config& config) : config_(config) {}
+  Qwen3Config config_;
+};
+
+// Factories. The CUDA one exists only in builds with SLIDEDP_CUDA.
+absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCpuBackend(const Qwen3Config& config);
+absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackend(const Qwen3Config& config, int device);
+
+}  // namespace slidedp
