@@ -1,0 +1,234 @@
+// slidedp CLI commands over gRPC.
+#include "client/cli/client.h"
+
+#include <chrono>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace slidedp::client {
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+int ExitCodeFor(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk: return 0;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded: return 3;
+    case absl::StatusCode::kCancelled: return 4;
+    case absl::StatusCode::kResourceExhausted: return 5;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnimplemented: return 2;
+    default: return 1;
+  }
+}
+
+int ExitCodeForJob(const v1::Job& job) {
+  switch (job.state()) {
+    case v1::JOB_STATE_SUCCEEDED: return 0;
+    case v1::JOB_STATE_CANCELLED: return 4;
+    case v1::JOB_STATE_FAILED:
+      return job.error_code() == static_cast<int>(absl::StatusCode::kResourceExhausted) ? 5 : 1;
+    default: return 1;
+  }
+}
+
+static const char* StateName(v1::JobState s) {
+  switch (s) {
+    case v1::JOB_STATE_QUEUED: return "queued";
+    case v1::JOB_STATE_STARTING: return "starting";
+    case v1::JOB_STATE_RUNNING: return "running";
+    case v1::JOB_STATE_SAVING: return "saving";
+    case v1::JOB_STATE_SUCCEEDED: return "succeeded";
+    case v1::JOB_STATE_FAILED: return "failed";
+    case v1::JOB_STATE_CANCELLED: return "cancelled";
+    default: return "unknown";
+  }
+}
+
+static std::string FormatSeconds(double s) {
+  if (!(s >= 0) || s > 1e9) return "?";
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return absl::StrFormat("%dh%02dm", t / 3600, (t / 60) % 60);
+  if (t >= 60) return absl::StrFormat("%dm%02ds", t / 60, t % 60);
+  return absl::StrFormat("%ds", t);
+}
+
+std::string FormatJobLine(const v1::Job& job) {
+  std::string line = absl::StrFormat("%-24s %-10s step %lld/%lld", job.job_id(), StateName(job.state()),
+                                     static_cast<long long>(job.last().step()), static_cast<long long>(job.total_steps()));
+  if (job.has_last()) absl::StrAppendFormat(&line, "  loss %.4f", job.last().loss());
+  if (!job.error().empty()) absl::StrAppend(&line, "  error: ", job.error());
+  return line;
+}
+
+std::string FormatProgress(const v1::Job& job, const v1::StepMetrics& m) {
+  int64_t total = std::max<int64_t>(job.total_steps(), 1);
+  int width = 24;
+  int filled = static_cast<int>(width * std::min<int64_t>(m.step(), total) / total);
+  std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
+  return absl::StrFormat("[%s] step %lld/%lld  loss %.4f  lr %.2e  gnorm %.3f  %.0f tok/s  %.1f TFLOP/s  ETA %s", bar,
+                         static_cast<long long>(m.step()), static_cast<long long>(total), m.loss(), m.learning_rate(),
+                         m.grad_norm(), m.tokens_per_s(), m.model_tflops(), FormatSeconds(m.eta_s()));
+}
+
+Client::Client(const ClientOptions& options) : options_(options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  channel_ = grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
+  jobs_ = v1::JobService::NewStub(channel_);
+  node_ = v1::NodeService::NewStub(channel_);
+}
+
+std::unique_ptr<grpc::ClientContext> Client::Context(bool with_deadline) const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  if (with_deadline) {
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_s * 1000)));
+  }
+  return ctx;
+}
+
+absl::Status Client::Health(std::string* status_out) {
+  auto stub = grpc::health::v1::Health::NewStub(channel_);
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse resp;
+  auto ctx = Context();
+  grpc::Status s = stub->Check(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  *status_out = grpc::health::v1::HealthCheckResponse_ServingStatus_Name(resp.status());
+  if (resp.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    return absl::UnavailableError(absl::StrCat("hostd is ", *status_out));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::WaitReady(double timeout_s) {
+  absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
+  absl::Status last;
+  while (absl::Now() < deadline) {
+    std::string st;
+    last = Health(&st);
+    if (last.ok()) return last;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return absl::UnavailableError(absl::StrCat("hostd at ", options_.address, " not ready after ", timeout_s, " s: ",
+                                             last.message()));
+}
+
+absl::StatusOr<v1::NodeInfo> Client::Node() {
+  v1::NodeInfo resp;
+  auto ctx = Context();
+  grpc::Status s = node_->GetNode(ctx.get(), v1::GetNodeRequest(), &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp;
+}
+
+absl::StatusOr<std::vector<v1::WorkerInfo>> Client::Workers() {
+  v1::ListWorkersResponse resp;
+  auto ctx = Context();
+  grpc::Status s = node_->ListWorkers(ctx.get(), v1::ListWorkersRequest(), &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return std::vector<v1::WorkerInfo>(resp.workers().begin(), resp.workers().end());
+}
+
+absl::StatusOr<v1::SubmitJobResponse> Client::Submit(const v1::SubmitJobRequest& req) {
+  v1::SubmitJobResponse resp;
+  auto ctx = Context();
+  grpc::Status s = jobs_->SubmitJob(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp;
+}
+
+absl::StatusOr<v1::Job> Client::GetJob(const std::string& id) {
+  v1::GetJobRequest req;
+  req.set_job_id(id);
+  v1::Job resp;
+  auto ctx = Context();
+  grpc::Status s = jobs_->GetJob(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp;
+}
+
+absl::StatusOr<std::vector<v1::Job>> Client::ListJobs() {
+  v1::ListJobsResponse resp;
+  auto ctx = Context();
+  grpc::Status s = jobs_->ListJobs(ctx.get(), v1::ListJobsRequest(), &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return std::vector<v1::Job>(resp.jobs().begin(), resp.jobs().end());
+}
+
+absl::StatusOr<v1::Job> Client::Cancel(const std::string& id) {
+  v1::CancelJobRequest req;
+  req.set_job_id(id);
+  v1::Job resp;
+  auto ctx = Context();
+  grpc::Status s = jobs_->CancelJob(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp;
+}
+
+absl::StatusOr<v1::Job> Client::Watch(const std::string& id, std::ostream& out, bool tty) {
+  v1::WatchJobRequest req;
+  req.set_job_id(id);
+  auto ctx = Context(/*with_deadline=*/false);
+  auto reader = jobs_->WatchJob(ctx.get(), req);
+  v1::JobEvent ev;
+  v1::Job job;
+  bool open_line = false;
+  auto end_line = [&] {
+    if (open_line) out << "\n";
+    open_line = false;
+  };
+  while (reader->Read(&ev)) {
+    if (ev.has_state_change()) {
+      v1::JobState prev = job.state();
+      job = ev.state_change();
+      if (job.state() != prev) {
+        end_line();
+        out << "job " << job.job_id() << ": " << StateName(job.state()) << "\n";
+      }
+    } else if (ev.has_step()) {
+      *job.mutable_last() = ev.step();
+      if (tty) {
+        out << "\r\033[K" << FormatProgress(job, ev.step()) << std::flush;
+        open_line = true;
+      } else {
+        out << FormatProgress(job, ev.step()) << "\n";
+      }
+    } else if (ev.has_log()) {
+      end_line();
+      out << "  " << ev.log() << "\n";
+    }
+  }
+  end_line();
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return FromGrpc(s);
+  auto final_job = GetJob(id);
+  if (!final_job.ok()) return final_job.status();
+  const v1::Job& f = *final_job;
+  double wall = (f.end_time_unix_ms() - f.start_time_unix_ms()) / 1000.0;
+  out << "summary: " << StateName(f.state()) << " after " << f.last().step() << " step(s) in "
+      << absl::StrFormat("%.1f", wall) << " s";
+  if (f.has_last()) out << absl::StrFormat(", final loss %.4f, %.0f tokens/s", f.last().loss(), f.last().tokens_per_s());
+  if (!f.last_checkpoint().empty()) out << ", checkpoint " << f.last_checkpoint();
+  out << "\n";
+  if (!f.error().empty()) out << "error: " << f.error() << "\n";
+  return final_job;
+}
+
+}  // namespace slidedp::client

@@ -1,0 +1,56 @@
+// slidedp CLI commands over gRPC (one function per subcommand; main.cc only parses flags).
+// Exit codes: 0 success; 1 the job failed; 2 bad usage or rejected input (INVALID_ARGUMENT,
+// NOT_FOUND, ALREADY_EXISTS, ...); 3 hostd unreachable or unavailable; 4 the job was cancelled;
+// 5 resources exhausted.
+#pragma once
+
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "slidedp/v1/slidedp.grpc.pb.h"
+
+namespace slidedp::client {
+
+struct ClientOptions {
+  std::string address = "unix:/tmp/slidedp-hostd.sock";
+  double timeout_s = 10;
+};
+
+int ExitCodeFor(const absl::Status& s);
+absl::Status FromGrpc(const grpc::Status& s);
+
+class Client {
+ public:
+  explicit Client(const ClientOptions& options);
+  absl::Status Health(std::string* status_out);
+  absl::StatusOr<v1::NodeInfo> Node();
+  absl::StatusOr<std::vector<v1::WorkerInfo>> Workers();
+  absl::StatusOr<v1::SubmitJobResponse> Submit(const v1::SubmitJobRequest& req);
+  absl::StatusOr<v1::Job> GetJob(const std::string& id);
+  absl::StatusOr<std::vector<v1::Job>> ListJobs();
+  absl::StatusOr<v1::Job> Cancel(const std::string& id);
+  // Streams events to `out` as a live progress line (tty) or one line per step, ends with a
+  // summary. Returns the job's final record.
+  absl::StatusOr<v1::Job> Watch(const std::string& id, std::ostream& out, bool tty);
+  // Waits until hostd answers health SERVING, up to timeout_s.
+  absl::Status WaitReady(double timeout_s);
+
+ private:
+  std::unique_ptr<grpc::ClientContext> Context(bool with_deadline = true) const;
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::unique_ptr<v1::NodeService::Stub> node_;
+};
+
+// Final exit code for a finished job record.
+int ExitCodeForJob(const v1::Job& job);
+std::string FormatJobLine(const v1::Job& job);
+std::string FormatProgress(const v1::Job& job, const v1::StepMetrics& m);
+
+}  // namespace slidedp::client

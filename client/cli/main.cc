@@ -1,0 +1,176 @@
+// slidedp: the user's command line. Parses flags (CLI11) and calls client/cli commands.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_format.h"
+#include "client/cli/client.h"
+#include "client/cli/embedded.h"
+#include "common/jobspec/job_spec.h"
+
+namespace sc = slidedp::client;
+
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::cerr << "slidedp: " << absl::StatusCodeToString(s.code()) << ": " << s.message() << "\n";
+  return sc::ExitCodeFor(s);
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError("cannot read " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int SubmitAndMaybeWatch(sc::Client& client, const std::string& spec_path, const std::string& job_id,
+                        const std::string& resume, bool dry_run, bool watch) {
+  auto text = ReadFile(spec_path);
+  if (!text.ok()) return Fail(text.status());
+  slidedp::v1::SubmitJobRequest req;
+  req.set_job_id(job_id);
+  req.set_spec_yaml(*text);
+  req.set_base_dir(std::filesystem::absolute(spec_path).parent_path().string());
+  req.set_dry_run(dry_run);
+  req.set_resume_from(resume);
+  auto resp = client.Submit(req);
+  if (!resp.ok()) return Fail(resp.status());
+  if (dry_run) {
+    std::cout << resp->job().resolved_spec_yaml();
+    return 0;
+  }
+  std::cout << (resp->already_existed() ? "job exists: " : "submitted job ") << resp->job().job_id() << "\n";
+  if (!watch) return 0;
+  auto job = client.Watch(resp->job().job_id(), std::cout, isatty(1));
+  if (!job.ok()) return Fail(job.status());
+  return sc::ExitCodeForJob(*job);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"slidedp: full-parameter fine-tuning with host-resident state and streamed layers"};
+  app.require_subcommand(1);
+  sc::ClientOptions copt;
+  if (const char* a = getenv("SLIDEDP_HOSTD")) copt.address = a;
+  app.add_option("--hostd", copt.address, "hostd address: unix:PATH or HOST:PORT (env SLIDEDP_HOSTD)");
+  app.add_option("--timeout", copt.timeout_s, "seconds per request");
+
+  auto* health = app.add_subcommand("health", "is hostd serving?");
+  auto* node = app.add_subcommand("node", "node information: devices, memory, workers");
+  auto* workers = app.add_subcommand("workers", "attached workers");
+  auto* jobs = app.add_subcommand("jobs", "list jobs");
+
+  std::string spec_path, job_id, resume;
+  bool dry_run = false, no_watch = false;
+  auto* submit = app.add_subcommand("submit", "submit a job spec");
+  submit->add_option("spec", spec_path, "job spec (YAML)")->check(CLI::ExistingFile);
+  submit->add_option("--id", job_id, "job id (idempotent resubmission)");
+  submit->add_option("--resume", resume, "resume from the last checkpoint of a job id or checkpoint dir");
+  submit->add_flag("--dry-run", dry_run, "validate and print the resolved spec");
+  submit->add_flag("--detach", no_watch, "do not watch progress");
+  submit->callback([&] {
+    if (spec_path.empty() && resume.empty()) throw CLI::ValidationError("submit", "a job spec is required");
+  });
+
+  auto* status = app.add_subcommand("status", "show a job");
+  status->add_option("job", job_id)->required();
+  auto* watch = app.add_subcommand("watch", "follow a job's progress");
+  watch->add_option("job", job_id)->required();
+  auto* cancel = app.add_subcommand("cancel", "cancel a job");
+  cancel->add_option("job", job_id)->required();
+
+  std::string backend = "auto";
+  int cpu_workers = 0;
+  std::string run_dir;
+  auto* run = app.add_subcommand("run", "run one job on a private hostd and workers, then exit");
+  run->add_option("spec", spec_path, "job spec (YAML)")->required()->check(CLI::ExistingFile);
+  run->add_option("--backend", backend, "auto | cuda | cpu")->check(CLI::IsMember({"auto", "cuda", "cpu"}));
+  run->add_option("--cpu-workers", cpu_workers, "CPU backend workers (default: runtime.workers or 1)");
+  run->add_option("--run-dir", run_dir, "where the private socket and logs go");
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (*run) {
+    auto text = ReadFile(spec_path);
+    if (!text.ok()) return Fail(text.status());
+    std::string base = std::filesystem::absolute(spec_path).parent_path().string();
+    auto spec = slidedp::JobSpec::Parse(*text, base);
+    if (!spec.ok()) return Fail(spec.status());
+    sc::EmbeddedOptions eopt;
+    eopt.bin_dir = sc::SelfDir();
+    eopt.run_dir = run_dir.empty() ? absl::StrFormat("/tmp/slidedp-run-%d", getpid()) : run_dir;
+    eopt.backend = backend != "auto" ? backend : slidedp::ToString(spec->backend);
+    eopt.cpu_workers = cpu_workers > 0 ? cpu_workers : std::max(1, spec->num_workers);
+    std::cout << "starting a private hostd and workers (logs in " << eopt.run_dir << ")\n";
+    auto embedded = sc::EmbeddedNode::Start(eopt);
+    if (!embedded.ok()) return Fail(embedded.status());
+    sc::ClientOptions ropt = copt;
+    ropt.address = (*embedded)->address();
+    sc::Client client(ropt);
+    int rc = SubmitAndMaybeWatch(client, spec_path, "", "", false, true);
+    return rc;
+  }
+
+  sc::Client client(copt);
+  if (*health) {
+    std::string st;
+    absl::Status s = client.Health(&st);
+    std::cout << (st.empty() ? "UNREACHABLE" : st) << "\n";
+    return s.ok() ? 0 : Fail(s);
+  }
+  if (*node) {
+    auto n = client.Node();
+    if (!n.ok()) return Fail(n.status());
+    std::cout << absl::StrFormat("node %s (%s)%s\n  cpu cores %d, host memory %.1f GiB (%.1f available), /dev/shm free %.1f GiB\n",
+                                 n->node_name(), n->version(), n->draining() ? " DRAINING" : "", n->cpu_cores(),
+                                 n->host_memory_bytes() / 1073741824.0, n->host_memory_available_bytes() / 1073741824.0,
+                                 n->shm_free_bytes() / 1073741824.0);
+    for (const auto& w : n->workers()) {
+      std::cout << absl::StrFormat("  worker %s pid %d: %s %s %.1f GiB numa %d %s\n", w.worker_id(), w.pid(), w.device().kind(),
+                                   w.device().name(), w.device().memory_bytes() / 1073741824.0, w.device().numa_node(), w.state());
+    }
+    return 0;
+  }
+  if (*workers) {
+    auto ws = client.Workers();
+    if (!ws.ok()) return Fail(ws.status());
+    for (const auto& w : *ws) {
+      std::cout << absl::StrFormat("%-20s pid %-7d %-5s %-24s %s %s\n", w.worker_id(), w.pid(), w.device().kind(),
+                                   w.device().name(), w.state(), w.job_id());
+    }
+    return 0;
+  }
+  if (*jobs) {
+    auto js = client.ListJobs();
+    if (!js.ok()) return Fail(js.status());
+    for (const auto& j : *js) std::cout << sc::FormatJobLine(j) << "\n";
+    return 0;
+  }
+  if (*submit) return SubmitAndMaybeWatch(client, spec_path, job_id, resume, dry_run, !no_watch);
+  if (*status) {
+    auto j = client.GetJob(job_id);
+    if (!j.ok()) return Fail(j.status());
+    std::cout << sc::FormatJobLine(*j) << "\n";
+    if (!j->last_checkpoint().empty()) std::cout << "last checkpoint: " << j->last_checkpoint() << "\n";
+    return 0;
+  }
+  if (*watch) {
+    auto j = client.Watch(job_id, std::cout, isatty(1));
+    if (!j.ok()) return Fail(j.status());
+    return sc::ExitCodeForJob(*j);
+  }
+  if (*cancel) {
+    auto j = client.Cancel(job_id);
+    if (!j.ok()) return Fail(j.status());
+    std::cout << sc::FormatJobLine(*j) << "\n";
+    return 0;
+  }
+  return 2;
+}

@@ -1,0 +1,329 @@
+// Strict YAML job-spec parsing with yaml-cpp (a maintained YAML 1.2 parser; JSON is a subset).
+#include "common/jobspec/job_spec.h"
+
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status/status_macros.h"
+#include "yaml-cpp/yaml.h"
+
+namespace slidedp {
+namespace {
+
+namespace fs = std::filesystem;
+using Setter = std::function<absl::Status(const YAML::Node&, const std::string& path, JobSpec&)>;
+
+absl::Status TypeError(const std::string& path, const char* want, const YAML::Node& n) {
+  std::string got = n.IsScalar() ? absl::StrCat("'", n.Scalar(), "'") : n.IsSequence() ? "a list" : n.IsMap() ? "a map" : "null";
+  return absl::InvalidArgumentError(absl::StrCat(path, ": expected ", want, ", got ", got));
+}
+
+template <typename T>
+absl::Status ReadScalar(const YAML::Node& n, const std::string& path, const char* want, T* out) {
+  if (!n.IsScalar()) return TypeError(path, want, n);
+  try {
+    *out = n.as<T>();
+  } catch (const YAML::Exception&) {
+    return TypeError(path, want, n);
+  }
+  return absl::OkStatus();
+}
+
+Setter Int(int64_t JobSpec::*field, int64_t min_value) {
+  return [field, min_value](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
+    int64_t v;
+    RETURN_IF_ERROR(ReadScalar(n, path, "an integer", &v));
+    if (v < min_value) return absl::InvalidArgumentError(absl::StrCat(path, ": must be >= ", min_value, ", got ", v));
+    s.*field = v;
+    return absl::OkStatus();
+  };
+}
+
+Setter Int32(int32_t JobSpec::*field, int32_t min_value) {
+  return [field, min_value](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
+    int32_t v;
+    RETURN_IF_ERROR(ReadScalar(n, path, "an integer", &v));
+    if (v < min_value) return absl::InvalidArgumentError(absl::StrCat(path, ": must be >= ", min_value, ", got ", v));
+    s.*field = v;
+    return absl::OkStatus();
+  };
+}
+
+Setter U64(uint64_t JobSpec::*field) {
+  return [field](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
+    int64_t v;
+    RETURN_IF_ERROR(ReadScalar(n, path, "a non-negative integer", &v));
+    if (v < 0) return absl::InvalidArgumentError(absl::StrCat(path, ": must be >= 0, got ", v));
+    s.*field = static_cast<uint64_t>(v);
+    return absl::OkStatus();
+  };
+}
+
+Setter Real(double JobSpec::*field, double min_value, double max_value) {
+  return [=](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
+    double v;
+    RETURN_IF_ERROR(ReadScalar(n, path, "a number", &v));
+    if (!(v >= min_value && v <= max_value)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": must be in [", min_value, ", ", max_value, "], got ", v));
+    }
+    s.*field = v;
+    return absl::OkStatus();
+  };
+}
+
+Setter Str(std::string JobSpec::*field) {
+  return [field](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
+    std::string v;
+    RETURN_IF_ERROR(ReadScalar(n, path, "a string", &v));
+    if (v.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": must not be empty"));
+    s.*field = v;
+    return absl::OkStatus();
+  };
+}
+
+Setter Bool(bool JobSpec::*field) {
+  return [field](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
+    return ReadScalar(n, path, "true or false", &(s.*field));
+  };
+}
+
+template <typename E>
+Setter Enum(E JobSpec::*field, std::vector<std::pair<std::string, E>> names) {
+  return [field, names](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
+    std::string v;
+    RETURN_IF_ERROR(ReadScalar(n, path, "a string", &v));
+    std::vector<std::string> known;
+    for (const auto& [name, value] : names) {
+      if (name == v) {
+        s.*field = value;
+        return absl::OkStatus();
+      }
+      known.push_back(name);
+    }
+    return absl::InvalidArgumentError(absl::StrCat(path, ": unknown value '", v, "' (one of: ", absl::StrJoin(known, ", "), ")"));
+  };
+}
+
+const std::map<std::string, std::map<std::string, Setter>>& Schema() {
+  static const auto* schema = new std::map<std::string, std::map<std::string, Setter>>{
+      {"model",
+       {{"path", Str(&JobSpec::model_path)}, {"preset", Str(&JobSpec::model_preset)}, {"init_seed", U64(&JobSpec::init_seed)}}},
+      {"data", {{"path", Str(&JobSpec::data_path)}}},
+      {"output",
+       {{"dir", Str(&JobSpec::output_dir)},
+        {"save_every", Int(&JobSpec::save_every_steps, 0)},
+        {"keep_last", Int(&JobSpec::keep_last, 1)},
+        {"save_dtype", Enum<SaveDtype>(&JobSpec::save_dtype, {{"bf16", SaveDtype::kBf16}, {"fp32", SaveDtype::kF32}})},
+        {"save_final", Bool(&JobSpec::save_final)}}},
+      {"train",
+       {{"seq_len", Int(&JobSpec::seq_len, 1)},
+        {"global_batch", Int(&JobSpec::global_batch, 1)},
+        {"micro_batch", Int(&JobSpec::micro_batch, 1)},
+        {"steps", Int(&JobSpec::steps, 0)},
+        {"epochs", Real(&JobSpec::epochs, 0, 1e6)},
+        {"seed", U64(&JobSpec::seed)},
+        {"max_grad_norm", Real(&JobSpec::max_grad_norm, 0, 1e30)}}},
+      {"optimizer",
+       {{"lr", Real(&JobSpec::lr, 0, 10)},
+        {"beta1", Real(&JobSpec::beta1, 0, 0.999999999)},
+        {"beta2", Real(&JobSpec::beta2, 0, 0.999999999)},
+        {"eps", Real(&JobSpec::eps, 0, 1)},
+        {"weight_decay", Real(&JobSpec::weight_decay, 0, 1e3)}}},
+      {"schedule",
+       {{"kind", Enum<ScheduleKind>(&JobSpec::schedule, {{"constant", ScheduleKind::kConstant},
+                                                          {"linear", ScheduleKind::kLinear},
+                                                          {"cosine", ScheduleKind::kCosine}})},
+        {"warmup_steps", Int(&JobSpec::warmup_steps, 0)},
+        {"min_lr", Real(&JobSpec::min_lr, 0, 10)}}},
+      {"runtime",
+       {{"backend", Enum<Backend>(&JobSpec::backend, {{"auto", Backend::kAuto}, {"cuda", Backend::kCuda}, {"cpu", Backend::kCpu}})},
+        {"workers", Int32(&JobSpec::num_workers, 0)},
+        {"chunk_bytes", Int(&JobSpec::chunk_bytes, 4096)},
+        {"param_delivery", Enum<ParamDelivery>(&JobSpec::param_delivery, {{"replicated", ParamDelivery::kReplicated},
+                                                                            {"sharded", ParamDelivery::kSharded}})},
+        {"grad_reduction", Enum<GradReduction>(&JobSpec::grad_reduction, {{"gpu", GradReduction::kGpu}, {"cpu", GradReduction::kCpu}})},
+        {"act_policy", Enum<ActivationPolicy>(&JobSpec::act_policy, {{"keep_all", ActivationPolicy::kKeepAll},
+                                                                     {"recompute", ActivationPolicy::kRecomputeLayer},
+                                                                     {"selective", ActivationPolicy::kSelective}})},
+        {"offload_ratio", Real(&JobSpec::offload_ratio, 0, 1)},
+        {"ring_slots", Int32(&JobSpec::ring_slots, 2)},
+        {"step_timeout_ms", Int(&JobSpec::step_timeout_ms, 100)},
+        {"max_restarts", Int32(&JobSpec::max_restarts, 0)}}},
+  };
+  return *schema;
+}
+
+std::string Resolve(const std::string& base_dir, const std::string& p) {
+  if (p.empty()) return p;
+  fs::path path(p);
+  if (path.is_relative() && !base_dir.empty()) path = fs::path(base_dir) / path;
+  return path.lexically_normal().string();
+}
+
+}  // namespace
+
+absl::StatusOr<JobSpec> JobSpec::Parse(absl::string_view yaml_text, const std::string& base_dir, FileCheck check_files) {
+  constexpr size_t kMaxSpecBytes = 1 << 20;
+  if (yaml_text.size() > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec is ", yaml_text.size(), " bytes; the limit is ", kMaxSpecBytes));
+  }
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml_text));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec is not valid YAML: line ", e.mark.line + 1, ", column ",
+                                                   e.mark.column + 1, ": ", e.msg));
+  }
+  if (!root.IsMap()) return absl::InvalidArgumentError("job spec: the top level must be a map of sections");
+  JobSpec s;
+  const auto& schema = Schema();
+  for (const auto& kv : root) {
+    std::string section = kv.first.as<std::string>();
+    if (section == "name") {
+      RETURN_IF_ERROR(Str(&JobSpec::name)(kv.second, "name", s));
+      continue;
+    }
+    auto sec = schema.find(section);
+    if (sec == schema.end()) {
+      std::vector<std::string> known = {"name"};
+      for (const auto& [k, v] : schema) known.push_back(k);
+      return absl::InvalidArgumentError(absl::StrCat("job spec: unknown key '", section, "' (known: ", absl::StrJoin(known, ", "), ")"));
+    }
+    if (!kv.second.IsMap()) return TypeError(section, "a map", kv.second);
+    for (const auto& field : kv.second) {
+      std::string key = field.first.as<std::string>();
+      std::string path = absl::StrCat(section, ".", key);
+      auto f = sec->second.find(key);
+      if (f == sec->second.end()) {
+        std::vector<std::string> known;
+        for (const auto& [k, v] : sec->second) known.push_back(k);
+        return absl::InvalidArgumentError(absl::StrCat("job spec: unknown key '", path, "' (known in ", section, ": ",
+                                                       absl::StrJoin(known, ", "), ")"));
+      }
+      RETURN_IF_ERROR(f->second(field.second, path, s));
+    }
+  }
+
+  // Cross-field checks.
+  if (s.model_path.empty() == s.model_preset.empty()) {
+    return absl::InvalidArgumentError("job spec: give exactly one of model.path (a HF model directory) or model.preset");
+  }
+  if (s.data_path.empty()) return absl::InvalidArgumentError("job spec: data.path is required");
+  if (s.seq_len == 0) return absl::InvalidArgumentError("job spec: train.seq_len is required");
+  if (s.global_batch == 0) return absl::InvalidArgumentError("job spec: train.global_batch is required");
+  if ((s.steps > 0) == (s.epochs > 0)) {
+    return absl::InvalidArgumentError("job spec: give exactly one of train.steps or train.epochs (> 0)");
+  }
+  if (s.global_batch % s.micro_batch != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: train.global_batch ", s.global_batch,
+                                                   " is not a multiple of train.micro_batch ", s.micro_batch));
+  }
+  if (s.num_workers > 0 && s.global_batch % (int64_t{s.num_workers} * s.micro_batch) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: train.global_batch ", s.global_batch,
+                                                   " is not divisible by runtime.workers x train.micro_batch = ",
+                                                   s.num_workers, " x ", s.micro_batch));
+  }
+  if (s.steps > 0 && s.warmup_steps > s.steps) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: schedule.warmup_steps ", s.warmup_steps,
+                                                   " exceeds train.steps ", s.steps));
+  }
+  if (s.min_lr > s.lr) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: schedule.min_lr ", s.min_lr, " exceeds optimizer.lr ", s.lr));
+  }
+  if (s.output_dir.empty()) s.output_dir = absl::StrCat("out/", s.name);
+
+  s.model_path = Resolve(base_dir, s.model_path);
+  s.data_path = Resolve(base_dir, s.data_path);
+  s.output_dir = Resolve(base_dir, s.output_dir);
+  if (check_files == FileCheck::kCheck) {
+    if (!s.model_path.empty() && !fs::exists(fs::path(s.model_path) / "config.json")) {
+      return absl::InvalidArgumentError(absl::StrCat("model.path: no config.json in ", s.model_path));
+    }
+    if (!fs::is_directory(s.data_path)) {
+      return absl::InvalidArgumentError(absl::StrCat("data.path: ", s.data_path, " is not a directory"));
+    }
+  }
+  return s;
+}
+
+const char* ToString(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::kConstant: return "constant";
+    case ScheduleKind::kLinear: return "linear";
+    case ScheduleKind::kCosine: return "cosine";
+  }
+  return "?";
+}
+const char* ToString(ParamDelivery k) { return k == ParamDelivery::kReplicated ? "replicated" : "sharded"; }
+const char* ToString(GradReduction k) { return k == GradReduction::kGpu ? "gpu" : "cpu"; }
+const char* ToString(ActivationPolicy k) {
+  switch (k) {
+    case ActivationPolicy::kKeepAll: return "keep_all";
+    case ActivationPolicy::kRecomputeLayer: return "recompute";
+    case ActivationPolicy::kSelective: return "selective";
+  }
+  return "?";
+}
+const char* ToString(SaveDtype k) { return k == SaveDtype::kBf16 ? "bf16" : "fp32"; }
+const char* ToString(Backend k) {
+  switch (k) {
+    case Backend::kAuto: return "auto";
+    case Backend::kCuda: return "cuda";
+    case Backend::kCpu: return "cpu";
+  }
+  return "?";
+}
+
+std::string JobSpec::ToYaml() const {
+  YAML::Emitter e;
+  e << YAML::BeginMap;
+  e << YAML::Key << "name" << YAML::Value << name;
+  e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  if (!model_path.empty()) e << YAML::Key << "path" << YAML::Value << model_path;
+  if (!model_preset.empty()) e << YAML::Key << "preset" << YAML::Value << model_preset;
+  e << YAML::Key << "init_seed" << YAML::Value << init_seed << YAML::EndMap;
+  e << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "path" << YAML::Value << data_path << YAML::EndMap;
+  e << YAML::Key << "output" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "dir" << YAML::Value << output_dir;
+  e << YAML::Key << "save_every" << YAML::Value << save_every_steps;
+  e << YAML::Key << "keep_last" << YAML::Value << keep_last;
+  e << YAML::Key << "save_dtype" << YAML::Value << ToString(save_dtype);
+  e << YAML::Key << "save_final" << YAML::Value << save_final << YAML::EndMap;
+  e << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "seq_len" << YAML::Value << seq_len;
+  e << YAML::Key << "global_batch" << YAML::Value << global_batch;
+  e << YAML::Key << "micro_batch" << YAML::Value << micro_batch;
+  if (steps > 0) e << YAML::Key << "steps" << YAML::Value << steps;
+  if (epochs > 0) e << YAML::Key << "epochs" << YAML::Value << epochs;
+  e << YAML::Key << "seed" << YAML::Value << seed;
+  e << YAML::Key << "max_grad_norm" << YAML::Value << max_grad_norm << YAML::EndMap;
+  e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "lr" << YAML::Value << lr;
+  e << YAML::Key << "beta1" << YAML::Value << beta1;
+  e << YAML::Key << "beta2" << YAML::Value << beta2;
+  e << YAML::Key << "eps" << YAML::Value << eps;
+  e << YAML::Key << "weight_decay" << YAML::Value << weight_decay << YAML::EndMap;
+  e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "kind" << YAML::Value << ToString(schedule);
+  e << YAML::Key << "warmup_steps" << YAML::Value << warmup_steps;
+  e << YAML::Key << "min_lr" << YAML::Value << min_lr << YAML::EndMap;
+  e << YAML::Key << "runtime" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "backend" << YAML::Value << ToString(backend);
+  e << YAML::Key << "workers" << YAML::Value << num_workers;
+  e << YAML::Key << "chunk_bytes" << YAML::Value << chunk_bytes;
+  e << YAML::Key << "param_delivery" << YAML::Value << ToString(param_delivery);
+  e << YAML::Key << "grad_reduction" << YAML::Value << ToString(grad_reduction);
+  e << YAML::Key << "act_policy" << YAML::Value << ToString(act_policy);
+  e << YAML::Key << "offload_ratio" << YAML::Value << offload_ratio;
+  e << YAML::Key << "ring_slots" << YAML::Value << ring_slots;
+  e << YAML::Key << "step_timeout_ms" << YAML::Value << step_timeout_ms;
+  e << YAML::Key << "max_restarts" << YAML::Value << max_restarts << YAML::EndMap;
+  e << YAML::EndMap;
+  return std::string(e.c_str()) + "\n";
+}
+
+}  // namespace slidedp

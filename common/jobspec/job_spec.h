@@ -1,0 +1,84 @@
+// The job spec users write (YAML or JSON), parsed strictly: unknown keys, wrong types, bad
+// values and missing files are INVALID_ARGUMENT errors naming the key path ("train.seq_len").
+// The resolved spec (defaults filled in, paths absolute) is echoed back as YAML.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace slidedp {
+
+enum class ScheduleKind { kConstant, kLinear, kCosine };
+enum class ParamDelivery { kReplicated, kSharded };
+enum class GradReduction { kGpu, kCpu };
+enum class ActivationPolicy { kKeepAll, kRecomputeLayer, kSelective };
+enum class SaveDtype { kBf16, kF32 };
+enum class Backend { kAuto, kCuda, kCpu };
+
+struct JobSpec {
+  std::string name = "job";
+
+  // model: either a HF directory (config.json + *.safetensors) or a preset with random init.
+  std::string model_path;    // absolute after resolution
+  std::string model_preset;  // "tiny", "qwen3-0.6b", ... (random init with init_seed)
+  uint64_t init_seed = 0;
+
+  std::string data_path;     // dataset directory (docs/dataset-format.md)
+
+  std::string output_dir;    // checkpoints, metrics.jsonl
+  int64_t save_every_steps = 0;  // 0: only at the end
+  int64_t keep_last = 2;
+  SaveDtype save_dtype = SaveDtype::kBf16;
+  bool save_final = true;
+
+  int64_t seq_len = 0;
+  int64_t global_batch = 0;  // rows (sequences of seq_len) per optimizer step, all ranks together
+  int64_t micro_batch = 1;   // rows per micro-batch per rank
+  int64_t steps = 0;         // optimizer steps; or epochs (exactly one of them > 0)
+  double epochs = 0;
+  uint64_t seed = 0;         // data order
+
+  double lr = 1e-5;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double max_grad_norm = 1.0;  // 0 disables clipping
+
+  ScheduleKind schedule = ScheduleKind::kConstant;
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;
+
+  // runtime
+  Backend backend = Backend::kAuto;
+  int32_t num_workers = 0;   // 0: all attached workers
+  int64_t chunk_bytes = 64ll << 20;
+  ParamDelivery param_delivery = ParamDelivery::kReplicated;
+  GradReduction grad_reduction = GradReduction::kGpu;
+  ActivationPolicy act_policy = ActivationPolicy::kRecomputeLayer;
+  double offload_ratio = 0.0;  // fraction of layer checkpoints kept in pinned host memory
+  int32_t ring_slots = 8;
+  int64_t step_timeout_ms = 600000;  // a gate or ring wait longer than this fails the job
+  int32_t max_restarts = 0;          // automatic restarts from the last checkpoint on failure
+
+  // Parses and validates. base_dir resolves relative paths. Checks that files exist when
+  // check_files is kCheck.
+  enum class FileCheck { kCheck, kSkip };
+  static absl::StatusOr<JobSpec> Parse(absl::string_view yaml_text, const std::string& base_dir,
+                                       FileCheck check_files = FileCheck::kCheck);
+  // Resolved spec as YAML; Parse(ToYaml()) gives the same spec.
+  std::string ToYaml() const;
+};
+
+const char* ToString(ScheduleKind k);
+const char* ToString(ParamDelivery k);
+const char* ToString(GradReduction k);
+const char* ToString(ActivationPolicy k);
+const char* ToString(SaveDtype k);
+const char* ToString(Backend k);
+
+}  // namespace slidedp

@@ -1,0 +1,94 @@
+#include "common/jobspec/job_spec.h"
+
+#include "gtest/gtest.h"
+
+namespace slidedp {
+namespace {
+
+constexpr char kGood[] = R"(
+name: tiny
+model: {preset: tiny, init_seed: 3}
+data: {path: data/tiny}
+output: {dir: out/tiny, save_every: 10, keep_last: 3}
+train: {seq_len: 128, global_batch: 8, micro_batch: 2, steps: 20, seed: 7}
+optimizer: {lr: 1.0e-3, weight_decay: 0.1}
+schedule: {kind: cosine, warmup_steps: 2, min_lr: 1.0e-5}
+runtime: {backend: cpu, workers: 2, act_policy: selective}
+)";
+
+absl::Status ParseError(const std::string& text) {
+  return JobSpec::Parse(text, "/base", JobSpec::FileCheck::kSkip).status();
+}
+
+TEST(JobSpec, ParsesAndResolves) {
+  auto s = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->model_preset, "tiny");
+  EXPECT_EQ(s->init_seed, 3u);
+  EXPECT_EQ(s->data_path, "/base/data/tiny");
+  EXPECT_EQ(s->output_dir, "/base/out/tiny");
+  EXPECT_EQ(s->seq_len, 128);
+  EXPECT_EQ(s->schedule, ScheduleKind::kCosine);
+  EXPECT_EQ(s->act_policy, ActivationPolicy::kSelective);
+  EXPECT_DOUBLE_EQ(s->max_grad_norm, 1.0);  // HF default
+  // The resolved YAML parses back to the same spec.
+  auto again = JobSpec::Parse(s->ToYaml(), "/elsewhere", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << s->ToYaml();
+  EXPECT_EQ(again->ToYaml(), s->ToYaml());
+}
+
+TEST(JobSpec, JsonIsAccepted) {
+  auto s = JobSpec::Parse(R"({"model": {"preset": "tiny"}, "data": {"path": "d"},
+                              "train": {"seq_len": 16, "global_batch": 2, "steps": 1}})",
+                          "/b", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->global_batch, 2);
+}
+
+struct BadCase {
+  const char* what;
+  std::string text;
+  const char* message_part;
+};
+
+TEST(JobSpec, RejectsBadSpecsWithPreciseMessages) {
+  std::string base = "model: {preset: tiny}\ndata: {path: d}\n";
+  std::vector<BadCase> cases = {
+      {"unknown section", base + "train: {seq_len: 8, global_batch: 2, steps: 1}\nbogus: 1\n", "unknown key 'bogus'"},
+      {"unknown key", base + "train: {seq_len: 8, global_batch: 2, steps: 1, sequence_len: 3}\n", "train.sequence_len"},
+      {"wrong type", base + "train: {seq_len: abc, global_batch: 2, steps: 1}\n", "train.seq_len: expected an integer, got 'abc'"},
+      {"zero size", base + "train: {seq_len: 0, global_batch: 2, steps: 1}\n", "train.seq_len: must be >= 1"},
+      {"negative", base + "train: {seq_len: 8, global_batch: -4, steps: 1}\n", "train.global_batch: must be >= 1"},
+      {"indivisible", base + "train: {seq_len: 8, global_batch: 6, micro_batch: 4, steps: 1}\n", "not a multiple"},
+      {"ranks", base + "train: {seq_len: 8, global_batch: 6, steps: 1}\nruntime: {workers: 4}\n", "not divisible by runtime.workers"},
+      {"enum", base + "train: {seq_len: 8, global_batch: 2, steps: 1}\nschedule: {kind: step}\n", "unknown value 'step'"},
+      {"no steps", base + "train: {seq_len: 8, global_batch: 2}\n", "exactly one of train.steps or train.epochs"},
+      {"two models", "model: {preset: tiny, path: x}\ndata: {path: d}\ntrain: {seq_len: 8, global_batch: 2, steps: 1}\n", "exactly one of model.path"},
+      {"not yaml", "model: [unclosed\n", "not valid YAML"},
+      {"not a map", "- 1\n- 2\n", "top level must be a map"},
+      {"section type", base + "train: 5\n", "train: expected a map"},
+      {"lr range", base + "train: {seq_len: 8, global_batch: 2, steps: 1}\noptimizer: {lr: -1}\n", "optimizer.lr: must be in"},
+      {"warmup", base + "train: {seq_len: 8, global_batch: 2, steps: 3}\nschedule: {warmup_steps: 5}\n", "warmup_steps 5 exceeds"},
+  };
+  for (const BadCase& c : cases) {
+    absl::Status s = ParseError(c.text);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_NE(s.message().find(c.message_part), std::string::npos) << c.what << ": " << s.message();
+  }
+}
+
+TEST(JobSpec, OversizedSpecIsRejected) {
+  std::string big(2 << 20, '#');
+  EXPECT_EQ(ParseError(big).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(JobSpec, MissingFilesAreReported) {
+  auto s = JobSpec::Parse("model: {path: /nonexistent/model}\ndata: {path: /nonexistent/data}\n"
+                          "train: {seq_len: 8, global_batch: 2, steps: 1}\n",
+                          "/", JobSpec::FileCheck::kCheck);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("no config.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace slidedp

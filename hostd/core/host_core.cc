@@ -1,0 +1,416 @@
+// HostCore: job table, queue and runner, worker sessions, watchers.
+#include "hostd/core/host_core.h"
+
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status/status_macros.h"
+#include "glog/logging.h"
+
+namespace slidedp::hostd {
+namespace {
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+bool ValidJobId(const std::string& id) {
+  if (id.empty() || id.size() > 64) return false;
+  for (char c : id) {
+    if (!(isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_')) return false;
+  }
+  return true;
+}
+
+int64_t MeminfoBytes(const char* key) {
+  std::ifstream in("/proc/meminfo");
+  std::string k;
+  int64_t kb;
+  std::string unit;
+  while (in >> k >> kb >> unit) {
+    if (k == key) return kb * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+const char* JobStateName(v1::JobState s) {
+  switch (s) {
+    case v1::JOB_STATE_QUEUED: return "queued";
+    case v1::JOB_STATE_STARTING: return "starting";
+    case v1::JOB_STATE_RUNNING: return "running";
+    case v1::JOB_STATE_SAVING: return "saving";
+    case v1::JOB_STATE_SUCCEEDED: return "succeeded";
+    case v1::JOB_STATE_FAILED: return "failed";
+    case v1::JOB_STATE_CANCELLED: return "cancelled";
+    default: return "unspecified";
+  }
+}
+
+bool IsFinal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+WorkerSession::WorkerSession(v1::WorkerHello hello) : hello_(std::move(hello)), connected_unix_ms_(NowMs()) {}
+
+void WorkerSession::MarkGone() {
+  commands_.Close();
+  reports_.Close();
+}
+
+struct HostCore::JobRecord {
+  v1::Job job;
+  JobSpec spec;
+  std::string spec_text;
+  std::string resume_from;
+  bool cancel = false;
+  std::vector<std::shared_ptr<Channel<v1::JobEvent>>> watchers;
+  int64_t submit_ms = 0;
+};
+
+// The executor's view of one running job.
+class HostCore::RecordContext : public JobContext {
+ public:
+  RecordContext(HostCore* core, JobRecord* rec, std::vector<std::shared_ptr<WorkerSession>> workers)
+      : core_(core), rec_(rec), job_id_(rec->job.job_id()), spec_(rec->spec), resume_from_(rec->resume_from),
+        workers_(std::move(workers)) {}
+  const std::string& job_id() const override { return job_id_; }
+  const JobSpec& spec() const override { return spec_; }
+  const std::string& resume_from() const override { return resume_from_; }
+  const std::vector<std::shared_ptr<WorkerSession>>& workers() const override { return workers_; }
+  bool cancel_requested() const override {
+    absl::MutexLock l(&core_->mu_);
+    return rec_->cancel;
+  }
+  void SetState(v1::JobState s) override {
+    absl::MutexLock l(&core_->mu_);
+    core_->SetStateLocked(*rec_, s);
+  }
+  void SetTotalSteps(int64_t steps) override {
+    absl::MutexLock l(&core_->mu_);
+    rec_->job.set_total_steps(steps);
+  }
+  void SetHostStateBytes(int64_t bytes) override {
+    absl::MutexLock l(&core_->mu_);
+    rec_->job.set_host_state_bytes(bytes);
+  }
+  void ReportStep(const v1::StepMetrics& m) override {
+    absl::MutexLock l(&core_->mu_);
+    if (!rec_->job.has_last() && rec_->job.submit_to_first_step_s() == 0) {
+      rec_->job.set_submit_to_first_step_s((NowMs() - rec_->submit_ms) / 1000.0);
+    }
+    *rec_->job.mutable_last() = m;
+    v1::JobEvent ev;
+    *ev.mutable_step() = m;
+    core_->Publish(*rec_, std::move(ev));
+  }
+  void Log(const std::string& line) override {
+    LOG(INFO) << "job " << job_id_ << ": " << line;
+    absl::MutexLock l(&core_->mu_);
+    v1::JobEvent ev;
+    ev.set_log(line);
+    core_->Publish(*rec_, std::move(ev));
+  }
+  void SetLastCheckpoint(const std::string& path) override {
+    absl::MutexLock l(&core_->mu_);
+    rec_->job.set_last_checkpoint(path);
+  }
+
+ private:
+  HostCore* core_;
+  JobRecord* rec_;  // owned by core_->jobs_, never erased while running
+  std::string job_id_;
+  JobSpec spec_;
+  std::string resume_from_;
+  std::vector<std::shared_ptr<WorkerSession>> workers_;
+};
+
+HostCore::HostCore(HostCoreOptions options, std::unique_ptr<JobExecutor> executor)
+    : options_(std::move(options)), executor_(std::move(executor)) {}
+
+HostCore::~HostCore() {
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+    if (!running_.empty()) jobs_[running_]->cancel = true;
+  }
+  if (runner_.joinable()) runner_.join();
+}
+
+void HostCore::Start() {
+  runner_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "job-runner");
+    RunnerLoop();
+  });
+}
+
+void HostCore::Drain(DrainMode mode) {
+  absl::MutexLock l(&mu_);
+  draining_ = true;
+  for (const std::string& id : queue_) {
+    JobRecord& rec = *jobs_[id];
+    rec.job.set_error("hostd is draining; the job was not started");
+    rec.job.set_error_code(static_cast<int>(absl::StatusCode::kUnavailable));
+    SetStateLocked(rec, v1::JOB_STATE_CANCELLED);
+  }
+  queue_.clear();
+  if (mode == DrainMode::kCancelRunning && !running_.empty()) jobs_[running_]->cancel = true;
+}
+
+bool HostCore::draining() const {
+  absl::MutexLock l(&mu_);
+  return draining_;
+}
+
+bool HostCore::WaitIdle(absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_.empty() && queue_.empty(); };
+  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+}
+
+void HostCore::Publish(JobRecord& rec, v1::JobEvent ev) {
+  for (auto& w : rec.watchers) w->Push(ev);
+}
+
+void HostCore::SetStateLocked(JobRecord& rec, v1::JobState s) {
+  if (IsFinal(rec.job.state())) return;
+  rec.job.set_state(s);
+  if (s == v1::JOB_STATE_STARTING) rec.job.set_start_time_unix_ms(NowMs());
+  if (IsFinal(s)) rec.job.set_end_time_unix_ms(NowMs());
+  v1::JobEvent ev;
+  *ev.mutable_state_change() = rec.job;
+  Publish(rec, std::move(ev));
+  if (IsFinal(s)) {
+    for (auto& w : rec.watchers) w->Close();
+    rec.watchers.clear();
+  }
+}
+
+absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobRequest& req) {
+  if (!req.job_id().empty() && !ValidJobId(req.job_id())) {
+    return absl::InvalidArgumentError(absl::StrCat("job_id '", req.job_id().substr(0, 80),
+                                                   "' is not valid: use 1-64 characters of [A-Za-z0-9_-]"));
+  }
+  ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(req.spec_yaml(), req.base_dir()));
+  {
+    absl::MutexLock l(&mu_);
+    if (!req.job_id().empty()) {
+      auto it = jobs_.find(req.job_id());
+      if (it != jobs_.end()) {
+        if (it->second->spec_text != req.spec_yaml() || it->second->resume_from != req.resume_from()) {
+          return absl::AlreadyExistsError(absl::StrCat("job '", req.job_id(), "' exists with a different spec"));
+        }
+        v1::SubmitJobResponse resp;
+        *resp.mutable_job() = it->second->job;
+        resp.set_already_existed(true);
+        return resp;
+      }
+    }
+    if (draining_ && !req.dry_run()) return absl::UnavailableError("hostd is draining and admits no new jobs");
+  }
+  RETURN_IF_ERROR(executor_->Validate(spec));
+
+  absl::MutexLock l(&mu_);
+  auto rec = std::make_unique<JobRecord>();
+  std::string id = req.job_id();
+  if (id.empty()) {
+    do {
+      id = absl::StrCat(spec.name, "-", next_job_number_++);
+    } while (jobs_.count(id));
+  } else if (jobs_.count(id)) {  // raced with an identical submit
+    v1::SubmitJobResponse resp;
+    *resp.mutable_job() = jobs_[id]->job;
+    resp.set_already_existed(true);
+    return resp;
+  }
+  rec->job.set_job_id(id);
+  rec->job.set_resolved_spec_yaml(spec.ToYaml());
+  rec->job.set_submit_time_unix_ms(NowMs());
+  rec->job.set_total_steps(spec.steps);
+  rec->submit_ms = NowMs();
+  rec->spec = spec;
+  rec->spec_text = req.spec_yaml();
+  rec->resume_from = req.resume_from();
+  v1::SubmitJobResponse resp;
+  if (req.dry_run()) {
+    *resp.mutable_job() = rec->job;
+    return resp;
+  }
+  rec->job.set_state(v1::JOB_STATE_QUEUED);
+  *resp.mutable_job() = rec->job;
+  jobs_[id] = std::move(rec);
+  job_order_.push_back(id);
+  queue_.push_back(id);
+  LOG(INFO) << "job " << id << " queued";
+  return resp;
+}
+
+absl::StatusOr<v1::Job> HostCore::GetJob(const std::string& job_id) const {
+  absl::MutexLock l(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return it->second->job;
+}
+
+std::vector<v1::Job> HostCore::ListJobs() const {
+  absl::MutexLock l(&mu_);
+  std::vector<v1::Job> out;
+  for (const std::string& id : job_order_) out.push_back(jobs_.at(id)->job);
+  return out;
+}
+
+absl::StatusOr<v1::Job> HostCore::Cancel(const std::string& job_id) {
+  absl::MutexLock l(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  JobRecord& rec = *it->second;
+  if (IsFinal(rec.job.state())) return rec.job;
+  if (rec.job.state() == v1::JOB_STATE_QUEUED) {
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), job_id), queue_.end());
+    SetStateLocked(rec, v1::JOB_STATE_CANCELLED);
+    return rec.job;
+  }
+  rec.cancel = true;  // the executor stops at the next safe point
+  v1::JobEvent ev;
+  ev.set_log("cancel requested");
+  Publish(rec, std::move(ev));
+  return rec.job;
+}
+
+absl::StatusOr<std::shared_ptr<Channel<v1::JobEvent>>> HostCore::Watch(const std::string& job_id) {
+  absl::MutexLock l(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  auto ch = std::make_shared<Channel<v1::JobEvent>>();
+  v1::JobEvent ev;
+  *ev.mutable_state_change() = it->second->job;
+  ch->Push(std::move(ev));
+  if (IsFinal(it->second->job.state())) {
+    ch->Close();
+  } else {
+    it->second->watchers.push_back(ch);
+  }
+  return ch;
+}
+
+absl::StatusOr<std::shared_ptr<WorkerSession>> HostCore::AttachWorker(const v1::WorkerHello& hello) {
+  if (hello.worker_id().empty()) return absl::InvalidArgumentError("worker hello without worker_id");
+  absl::MutexLock l(&mu_);
+  auto it = workers_.find(hello.worker_id());
+  if (it != workers_.end() && !it->second->gone()) {
+    return absl::AlreadyExistsError(absl::StrCat("worker '", hello.worker_id(), "' is already attached (pid ",
+                                                 it->second->hello().pid(), ")"));
+  }
+  auto w = std::make_shared<WorkerSession>(hello);
+  workers_[hello.worker_id()] = w;
+  LOG(INFO) << "worker " << hello.worker_id() << " attached (pid " << hello.pid() << ", " << hello.device().kind()
+            << " " << hello.device().name() << ")";
+  return w;
+}
+
+void HostCore::DetachWorker(const std::shared_ptr<WorkerSession>& w) {
+  w->MarkGone();
+  absl::MutexLock l(&mu_);
+  auto it = workers_.find(w->id());
+  if (it != workers_.end() && it->second == w) workers_.erase(it);
+  LOG(INFO) << "worker " << w->id() << " detached";
+}
+
+std::vector<v1::WorkerInfo> HostCore::ListWorkers() const {
+  absl::MutexLock l(&mu_);
+  std::vector<v1::WorkerInfo> out;
+  for (const auto& [id, w] : workers_) {
+    v1::WorkerInfo info;
+    info.set_worker_id(id);
+    info.set_pid(w->hello().pid());
+    *info.mutable_device() = w->hello().device();
+    info.set_connected_unix_ms(w->connected_unix_ms());
+    auto j = worker_job_.find(id);
+    info.set_state(j == worker_job_.end() ? "idle" : "running");
+    if (j != worker_job_.end()) info.set_job_id(j->second);
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+v1::NodeInfo HostCore::GetNode() const {
+  v1::NodeInfo n;
+  n.set_node_name(options_.node_name);
+  n.set_version("slidedp 0.1.0");
+  n.set_cpu_cores(static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  n.set_host_memory_bytes(MeminfoBytes("MemTotal:"));
+  n.set_host_memory_available_bytes(MeminfoBytes("MemAvailable:"));
+  struct statvfs vfs;
+  if (statvfs("/dev/shm", &vfs) == 0) n.set_shm_free_bytes(static_cast<int64_t>(vfs.f_bavail) * vfs.f_frsize);
+  for (auto& w : ListWorkers()) *n.add_workers() = std::move(w);
+  absl::MutexLock l(&mu_);
+  n.set_draining(draining_);
+  return n;
+}
+
+void HostCore::RunnerLoop() {
+  while (true) {
+    std::string id;
+    JobRecord* rec = nullptr;
+    std::vector<std::shared_ptr<WorkerSession>> assigned;
+    {
+      absl::MutexLock l(&mu_);
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&has_work));
+      if (stop_) return;
+      id = queue_.front();
+      rec = jobs_[id].get();
+      // Wait for enough live workers (the job stays queued meanwhile).
+      const int wanted = rec->spec.num_workers;
+      absl::Time deadline = absl::Now() + options_.worker_wait;
+      auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (stop_ || rec->cancel || queue_.empty() || queue_.front() != id) return true;
+        int live = 0;
+        for (auto& [wid, w] : workers_) live += !w->gone();
+        return live > 0 && (wanted == 0 || live >= wanted);
+      };
+      while (!enough() && absl::Now() < deadline) mu_.AwaitWithDeadline(absl::Condition(&enough), std::min(deadline, absl::Now() + absl::Milliseconds(200)));
+      if (stop_) return;
+      if (queue_.empty() || queue_.front() != id) continue;  // cancelled while waiting
+      queue_.pop_front();
+      for (auto& [wid, w] : workers_) {
+        if (w->gone()) continue;
+        if (wanted > 0 && static_cast<int>(assigned.size()) >= wanted) break;
+        assigned.push_back(w);
+      }
+      if (assigned.empty() || (wanted > 0 && static_cast<int>(assigned.size()) < wanted)) {
+        rec->job.set_error(absl::StrCat("needs ", wanted > 0 ? wanted : 1, " attached worker(s), ", assigned.size(),
+                                        " attached after waiting ", absl::FormatDuration(options_.worker_wait)));
+        rec->job.set_error_code(static_cast<int>(absl::StatusCode::kUnavailable));
+        SetStateLocked(*rec, v1::JOB_STATE_FAILED);
+        continue;
+      }
+      running_ = id;
+      rec->job.set_num_workers(static_cast<int>(assigned.size()));
+      for (auto& w : assigned) worker_job_[w->id()] = id;
+      SetStateLocked(*rec, v1::JOB_STATE_STARTING);
+    }
+    LOG(INFO) << "job " << id << " starting on " << assigned.size() << " worker(s)";
+    RecordContext ctx(this, rec, assigned);
+    absl::Status status = executor_->Run(ctx);
+    {
+      absl::MutexLock l(&mu_);
+      for (auto& w : assigned) worker_job_.erase(w->id());
+      if (status.ok()) {
+        SetStateLocked(*rec, v1::JOB_STATE_SUCCEEDED);
+      } else {
+        rec->job.set_error(std::string(status.message()));
+        rec->job.set_error_code(static_cast<int>(status.code()));
+        SetStateLocked(*rec, status.code() == absl::StatusCode::kCancelled ? v1::JOB_STATE_CANCELLED : v1::JOB_STATE_FAILED);
+      }
+      running_.clear();
+    }
+    LOG(INFO) << "job " << id << " ended: " << status;
+  }
+}
+
+}  // namespace slidedp::hostd

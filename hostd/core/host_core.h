@@ -1,0 +1,182 @@
+// HostCore: hostd's control-plane state without gRPC — the job table and queue, worker
+// sessions, watchers, draining. The gRPC services (hostd/service) are thin translations of it.
+//
+// Threads: gRPC handler threads call in; one named "job-runner" thread takes queued jobs one at a
+// time and runs them through a JobExecutor (hostd/engine) on the attached workers. All state is
+// guarded by mu_.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/jobspec/job_spec.h"
+#include "slidedp/v1/slidedp.pb.h"
+
+namespace slidedp::hostd {
+
+class WorkerSession;
+
+// A bounded queue of messages with blocking pop; Close() wakes everyone. Used for watcher event
+// streams, commands to a worker, and reports from a worker.
+template <typename T>
+class Channel {
+ public:
+  explicit Channel(size_t capacity = 4096) : capacity_(capacity) {}
+  // Returns false when closed or full (a slow watcher drops events rather than blocking hostd).
+  bool Push(T v) {
+    absl::MutexLock l(&mu_);
+    if (closed_ || q_.size() >= capacity_) return false;
+    q_.push_back(std::move(v));
+    return true;
+  }
+  // Waits up to timeout; nullopt on timeout or when closed and drained.
+  std::optional<T> Pop(absl::Duration timeout) {
+    absl::MutexLock l(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || !q_.empty(); };
+    mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+    if (q_.empty()) return std::nullopt;
+    T v = std::move(q_.front());
+    q_.pop_front();
+    return v;
+  }
+  void Close() {
+    absl::MutexLock l(&mu_);
+    closed_ = true;
+  }
+  bool closed() const {
+    absl::MutexLock l(&mu_);
+    return closed_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::deque<T> q_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  size_t capacity_;
+};
+
+// One attached slidedp-worker process (its gRPC session stream).
+class WorkerSession {
+ public:
+  explicit WorkerSession(v1::WorkerHello hello);
+  const std::string& id() const { return hello_.worker_id(); }
+  const v1::WorkerHello& hello() const { return hello_; }
+  int64_t connected_unix_ms() const { return connected_unix_ms_; }
+
+  // hostd -> worker commands; the session's gRPC writer drains this.
+  Channel<v1::HostCommand>& commands() { return commands_; }
+  // worker -> hostd reports (StepDone, JobFinished) for the executor running its job.
+  Channel<v1::WorkerReport>& reports() { return reports_; }
+
+  // The stream ended (process gone or disconnected).
+  void MarkGone();
+  bool gone() const { return commands_.closed(); }
+
+ private:
+  v1::WorkerHello hello_;
+  int64_t connected_unix_ms_;
+  Channel<v1::HostCommand> commands_;
+  Channel<v1::WorkerReport> reports_;
+};
+
+// What a running job may do and see; handed to the executor by the runner.
+class JobContext {
+ public:
+  virtual ~JobContext() = default;
+  virtual const std::string& job_id() const = 0;
+  virtual const JobSpec& spec() const = 0;
+  virtual const std::string& resume_from() const = 0;
+  virtual const std::vector<std::shared_ptr<WorkerSession>>& workers() const = 0;
+  virtual bool cancel_requested() const = 0;
+  virtual void SetState(v1::JobState state) = 0;
+  virtual void SetTotalSteps(int64_t steps) = 0;
+  virtual void SetHostStateBytes(int64_t bytes) = 0;
+  virtual void ReportStep(const v1::StepMetrics& m) = 0;
+  virtual void Log(const std::string& line) = 0;
+  virtual void SetLastCheckpoint(const std::string& path) = 0;
+};
+
+class JobExecutor {
+ public:
+  virtual ~JobExecutor() = default;
+  // Runs the job to completion on ctx.workers(); returns its final status (CANCELLED if it
+  // stopped because cancel_requested()).
+  virtual absl::Status Run(JobContext& ctx) = 0;
+  // Validates a spec beyond syntax (model config readable, data matches vocab, memory admission)
+  // so bad jobs are refused at submit with the right code. Optional.
+  virtual absl::Status Validate(const JobSpec& spec) { return absl::OkStatus(); }
+};
+
+struct HostCoreOptions {
+  std::string node_name = "local";
+  // Jobs wait at most this long for their workers to attach before failing.
+  absl::Duration worker_wait = absl::Minutes(5);
+};
+
+class HostCore {
+ public:
+  HostCore(HostCoreOptions options, std::unique_ptr<JobExecutor> executor);
+  ~HostCore();  // stops the runner (cancels the running job)
+
+  void Start();
+  // Stops admitting jobs; the running job is cancelled if cancel_running, else allowed to finish.
+  enum class DrainMode { kFinishRunning, kCancelRunning };
+  void Drain(DrainMode mode);
+  bool draining() const;
+  // Blocks until no job is running or queued (after Drain), or timeout.
+  bool WaitIdle(absl::Duration timeout);
+
+  // JobService
+  absl::StatusOr<v1::SubmitJobResponse> Submit(const v1::SubmitJobRequest& req);
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
+  std::vector<v1::Job> ListJobs() const;
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
+  // Subscribes to a job's events: the current state first. The channel closes after the final
+  // state. NOT_FOUND for unknown ids.
+  absl::StatusOr<std::shared_ptr<Channel<v1::JobEvent>>> Watch(const std::string& job_id);
+
+  // WorkerService
+  absl::StatusOr<std::shared_ptr<WorkerSession>> AttachWorker(const v1::WorkerHello& hello);
+  void DetachWorker(const std::shared_ptr<WorkerSession>& w);
+
+  // NodeService
+  std::vector<v1::WorkerInfo> ListWorkers() const;
+  v1::NodeInfo GetNode() const;
+
+ private:
+  struct JobRecord;
+  class RecordContext;
+  void RunnerLoop();
+  void Publish(JobRecord& rec, v1::JobEvent ev) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetStateLocked(JobRecord& rec, v1::JobState s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  HostCoreOptions options_;
+  std::unique_ptr<JobExecutor> executor_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<JobRecord>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> job_order_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
+  std::string running_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<WorkerSession>> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> worker_job_ ABSL_GUARDED_BY(mu_);
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t next_job_number_ ABSL_GUARDED_BY(mu_) = 1;
+  std::thread runner_;
+};
+
+const char* JobStateName(v1::JobState s);
+bool IsFinal(v1::JobState s);
+
+}  // namespace slidedp::hostd

@@ -1,0 +1,177 @@
+// HostCore without gRPC: queueing, idempotent submit, cancel, watch, drain, worker attach.
+#include "hostd/core/host_core.h"
+
+#include <atomic>
+
+#include "gtest/gtest.h"
+
+namespace slidedp::hostd {
+namespace {
+
+// Test executor: runs `steps` steps of 5 ms each, reporting metrics, honouring cancel.
+class StepExecutor : public JobExecutor {
+ public:
+  absl::Status Run(JobContext& ctx) override {
+    runs++;
+    ctx.SetState(v1::JOB_STATE_RUNNING);
+    for (int64_t s = 0; s < ctx.spec().steps; ++s) {
+      if (ctx.cancel_requested()) return absl::CancelledError("cancelled");
+      absl::SleepFor(absl::Milliseconds(5));
+      v1::StepMetrics m;
+      m.set_step(s + 1);
+      m.set_loss(1.0 / (s + 1));
+      ctx.ReportStep(m);
+    }
+    if (ctx.spec().name == "failing") return absl::InternalError("boom");
+    return absl::OkStatus();
+  }
+  std::atomic<int> runs{0};
+};
+
+std::string Spec(const std::string& name, int steps) {
+  return "name: " + name + "\nmodel: {preset: tiny}\ndata: {path: /tmp}\ntrain: {seq_len: 8, global_batch: 2, steps: " +
+         std::to_string(steps) + "}\n";
+}
+
+class HostCoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto ex = std::make_unique<StepExecutor>();
+    executor = ex.get();
+    HostCoreOptions opt;
+    opt.worker_wait = absl::Milliseconds(300);
+    core = std::make_unique<HostCore>(opt, std::move(ex));
+    core->Start();
+  }
+  void AttachCpuWorker(const std::string& id) {
+    v1::WorkerHello h;
+    h.set_worker_id(id);
+    h.set_pid(1);
+    h.mutable_device()->set_kind("cpu");
+    auto w = core->AttachWorker(h);
+    ASSERT_TRUE(w.ok()) << w.status();
+    workers.push_back(*w);
+  }
+  v1::Job WaitFinal(const std::string& id) {
+    for (int i = 0; i < 400; ++i) {
+      auto j = core->GetJob(id);
+      if (j.ok() && IsFinal(j->state())) return *j;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ADD_FAILURE() << "job " << id << " did not finish";
+    return {};
+  }
+  StepExecutor* executor;
+  std::unique_ptr<HostCore> core;
+  std::vector<std::shared_ptr<WorkerSession>> workers;
+};
+
+TEST_F(HostCoreTest, JobsRunOneAfterAnotherAndSubmitIsIdempotent) {
+  AttachCpuWorker("cpu0");
+  v1::SubmitJobRequest req;
+  req.set_job_id("a");
+  req.set_spec_yaml(Spec("a", 3));
+  auto r1 = core->Submit(req);
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  auto r2 = core->Submit(req);
+  ASSERT_TRUE(r2.ok());
+  EXPECT_TRUE(r2->already_existed());
+  req.set_spec_yaml(Spec("a", 4));
+  EXPECT_EQ(core->Submit(req).status().code(), absl::StatusCode::kAlreadyExists);
+
+  v1::SubmitJobRequest req_b;
+  req_b.set_spec_yaml(Spec("b", 2));
+  auto rb = core->Submit(req_b);
+  ASSERT_TRUE(rb.ok());
+  EXPECT_EQ(WaitFinal("a").state(), v1::JOB_STATE_SUCCEEDED);
+  v1::Job b = WaitFinal(rb->job().job_id());
+  EXPECT_EQ(b.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(b.last().step(), 2);
+  EXPECT_EQ(executor->runs.load(), 2);
+  EXPECT_EQ(core->ListJobs().size(), 2u);
+}
+
+TEST_F(HostCoreTest, BadSpecsAreInvalidArgument) {
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml("train: {seq_len: -1}\n");
+  EXPECT_EQ(core->Submit(req).status().code(), absl::StatusCode::kInvalidArgument);
+  req.set_job_id("bad id!");
+  req.set_spec_yaml(Spec("x", 1));
+  EXPECT_EQ(core->Submit(req).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(core->GetJob("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(HostCoreTest, WatchStreamsStepsAndEndsWithFinalState) {
+  AttachCpuWorker("cpu0");
+  v1::SubmitJobRequest req;
+  req.set_job_id("w");
+  req.set_spec_yaml(Spec("w", 5));
+  ASSERT_TRUE(core->Submit(req).ok());
+  auto ch = core->Watch("w");
+  ASSERT_TRUE(ch.ok());
+  int steps = 0;
+  v1::JobState last_state = v1::JOB_STATE_UNSPECIFIED;
+  while (auto ev = (*ch)->Pop(absl::Seconds(5))) {
+    if (ev->has_step()) steps++;
+    if (ev->has_state_change()) last_state = ev->state_change().state();
+  }
+  EXPECT_EQ(last_state, v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(steps, 5);
+}
+
+TEST_F(HostCoreTest, CancelQueuedAndRunning) {
+  AttachCpuWorker("cpu0");
+  v1::SubmitJobRequest req;
+  req.set_job_id("long");
+  req.set_spec_yaml(Spec("long", 100000));
+  ASSERT_TRUE(core->Submit(req).ok());
+  v1::SubmitJobRequest req2;
+  req2.set_job_id("queued");
+  req2.set_spec_yaml(Spec("queued", 1));
+  ASSERT_TRUE(core->Submit(req2).ok());
+  EXPECT_EQ(core->Cancel("queued")->state(), v1::JOB_STATE_CANCELLED);
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(core->Cancel("long").ok());
+  EXPECT_EQ(WaitFinal("long").state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(executor->runs.load(), 1);
+}
+
+TEST_F(HostCoreTest, FailedJobKeepsErrorAndNoWorkersFailsUnavailable) {
+  v1::SubmitJobRequest req;
+  req.set_job_id("orphan");
+  req.set_spec_yaml(Spec("orphan", 1));
+  ASSERT_TRUE(core->Submit(req).ok());
+  v1::Job j = WaitFinal("orphan");
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(j.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+
+  AttachCpuWorker("cpu0");
+  req.set_job_id("failing");
+  req.set_spec_yaml(Spec("failing", 1));
+  ASSERT_TRUE(core->Submit(req).ok());
+  j = WaitFinal("failing");
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(j.error(), "boom");
+}
+
+TEST_F(HostCoreTest, DrainRefusesNewJobs) {
+  AttachCpuWorker("cpu0");
+  core->Drain(HostCore::DrainMode::kFinishRunning);
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(Spec("late", 1));
+  EXPECT_EQ(core->Submit(req).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(core->GetNode().draining());
+}
+
+TEST_F(HostCoreTest, DuplicateWorkerIdIsRefusedUntilDetached) {
+  AttachCpuWorker("cpu0");
+  v1::WorkerHello h;
+  h.set_worker_id("cpu0");
+  EXPECT_EQ(core->AttachWorker(h).status().code(), absl::StatusCode::kAlreadyExists);
+  core->DetachWorker(workers[0]);
+  EXPECT_TRUE(core->AttachWorker(h).ok());
+  EXPECT_EQ(core->ListWorkers().size(), 1u);
+}
+
+}  // namespace
+}  // namespace slidedp::hostd

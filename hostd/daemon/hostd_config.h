@@ -1,0 +1,30 @@
+// slidedp-hostd configuration: command-line flags over an optional YAML config file
+// (/etc/slidedp/hostd.yaml under systemd). The parser is a library so it has tests.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace slidedp::hostd {
+
+struct HostdConfig {
+  std::string listen = "unix:/tmp/slidedp-hostd.sock";
+  std::string node_name = "local";
+  std::string state_dir = "/tmp/slidedp";      // job records, metrics (under systemd: /var/lib/slidedp)
+  std::string tls_cert, tls_key;               // required for TCP listen addresses
+  int update_threads = 0;                      // 0: from the topology
+  int worker_wait_s = 300;                     // how long a queued job waits for workers
+  std::string drain_mode = "checkpoint";       // on SIGTERM: "checkpoint" the running job, "finish" it, or "cancel"
+  int metrics_port = 0;                        // Prometheus text on 127.0.0.1:PORT; 0 = off
+  bool reclaim_stale = true;                   // unlink dead hostds' shm segments at start
+  std::string config_file;
+
+  // Parses argv (CLI11); a --config file's keys are the long flag names with '_' or '-'.
+  // Flags given on the command line win over the file.
+  static absl::StatusOr<HostdConfig> Parse(int argc, const char* const* argv);
+  std::string ToString() const;
+};
+
+}  // namespace slidedp::hostd

@@ -1,0 +1,72 @@
+// gRPC services of slidedp-hostd: thin translations between slidedp.v1 messages and HostCore.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "grpcpp/grpcpp.h"
+#include "hostd/core/host_core.h"
+#include "slidedp/v1/slidedp.grpc.pb.h"
+
+namespace slidedp::hostd {
+
+grpc::Status ToGrpc(const absl::Status& s);
+
+class JobServiceImpl final : public v1::JobService::Service {
+ public:
+  explicit JobServiceImpl(HostCore* core) : core_(core) {}
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*, v1::SubmitJobResponse*) override;
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::Job*) override;
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*, v1::ListJobsResponse*) override;
+  grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest*, v1::Job*) override;
+  grpc::Status WatchJob(grpc::ServerContext*, const v1::WatchJobRequest*, grpc::ServerWriter<v1::JobEvent>*) override;
+
+ private:
+  HostCore* core_;
+};
+
+class NodeServiceImpl final : public v1::NodeService::Service {
+ public:
+  explicit NodeServiceImpl(HostCore* core) : core_(core) {}
+  grpc::Status GetNode(grpc::ServerContext*, const v1::GetNodeRequest*, v1::NodeInfo*) override;
+  grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*, v1::ListWorkersResponse*) override;
+
+ private:
+  HostCore* core_;
+};
+
+class WorkerServiceImpl final : public v1::WorkerService::Service {
+ public:
+  explicit WorkerServiceImpl(HostCore* core) : core_(core) {}
+  grpc::Status Session(grpc::ServerContext*, grpc::ServerReaderWriter<v1::HostCommand, v1::WorkerReport>*) override;
+
+ private:
+  HostCore* core_;
+};
+
+// The whole server: services + health + reflection on a Unix socket (mode 0660) or TCP.
+struct ServerOptions {
+  std::string listen = "unix:/tmp/slidedp-hostd.sock";  // "unix:PATH" or "HOST:PORT"
+  std::string tls_cert_file, tls_key_file;  // required for TCP listeners
+};
+
+class HostServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<HostServer>> Start(HostCore* core, const ServerOptions& options);
+  ~HostServer();
+  void SetServing(bool serving);  // grpc.health.v1 status of "" and "slidedp.v1.JobService"
+  void Shutdown();
+  void Wait();
+  const std::string& address() const { return address_; }
+
+ private:
+  HostServer() = default;
+  std::unique_ptr<JobServiceImpl> jobs_;
+  std::unique_ptr<NodeServiceImpl> node_;
+  std::unique_ptr<WorkerServiceImpl> workers_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+}  // namespace slidedp::hostd
