@@ -1,0 +1,414 @@
+// Per-op benchmark of the CUDA kernels at Qwen3-4B/8B/14B shapes (4K/16K/32K tokens), one
+// decoder layer forward+backward at Qwen3-8B over 64K tokens, and the fused LM head + loss
+// against an unfused (full-logits) path. Ceilings are measured in the same run: a cuBLASLt BF16
+// GEMM (8192³) and a device-to-device copy (bytes read + written). Prints a table and one JSON
+// line per measurement. Times are medians of CUDA-event-timed repetitions after a warm-up.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/model/qwen3_config.h"
+#include "worker/compute/backend.h"
+#include "worker/compute/cuda/cuda_backend.h"
+#include "worker/kernels/attention.h"
+#include "worker/kernels/gemm.h"
+#include "worker/kernels/ops.h"
+
+namespace slidedp {
+namespace {
+
+using kernels::bf16;
+
+#define BENCH_CHECK(expr)                                                                           \
+  do {                                                                                              \
+    absl::Status s_ = (expr);                                                                       \
+    if (!s_.ok()) {                                                                                 \
+      std::fprintf(stderr, "error: %s -> %s (%s:%d)\n", #expr, s_.ToString().c_str(), __FILE__, __LINE__); \
+      std::exit(1);                                                                                 \
+    }                                                                                               \
+  } while (0)
+#define CUDA_CHECK(expr)                                                                   \
+  do {                                                                                     \
+    cudaError_t e_ = (expr);                                                               \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "error: %s -> %s (%s:%d)\n", #expr, cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+// Deterministic pseudo-random BF16 in [-scale, scale) (never zeros: zeros time faster).
+__global__ void FillKernel(bf16* p, int64_t n, uint32_t seed, float scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 13; x *= 0x5bd1e995u; x ^= x >> 15;
+    p[i] = __float2bfloat16((static_cast<float>(x & 0xffffff) / 16777216.0f * 2.0f - 1.0f) * scale);
+  }
+}
+
+struct Arena {
+  std::vector<void*> ptrs;
+  ~Arena() { for (void* p : ptrs) cudaFree(p); }
+  template <typename T>
+  T* Get(int64_t n) {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, std::max<int64_t>(n, 1) * sizeof(T)));
+    ptrs.push_back(p);
+    return static_cast<T*>(p);
+  }
+  bf16* Rand(int64_t n, float scale = 1.0f) {
+    bf16* p = Get<bf16>(n);
+    static uint32_t seed = 1234;
+    FillKernel<<<1024, 256>>>(p, n, seed++, scale);
+    CUDA_CHECK(cudaGetLastError());
+    return p;
+  }
+};
+
+double TimeMs(const std::function<void()>& fn, int reps = 5) {
+  fn();  // warm-up (algorithm selection, module load)
+  CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> ts;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a);
+    fn();
+    cudaEventRecord(b);
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    ts.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
+
+double g_peak_tflops = 0, g_copy_gbps = 0;
+
+void Emit(const std::string& op, const std::string& model, int64_t tokens, double ms, double flops, double bytes) {
+  const double tflops = flops > 0 ? flops / ms / 1e9 : 0;
+  const double gbps = bytes > 0 ? bytes / ms / 1e6 : 0;
+  const double frac = flops > 0 ? tflops / g_peak_tflops : gbps / g_copy_gbps;
+  std::printf("%-26s %-10s %7lld %10.3f %9.1f %9.1f %7.1f%%\n", op.c_str(), model.c_str(),
+              static_cast<long long>(tokens), ms, tflops, gbps, 100 * frac);
+  std::printf("JSON {\"op\":\"%s\",\"model\":\"%s\",\"tokens\":%lld,\"ms\":%.4f,\"tflops\":%.2f,\"gbps\":%.1f,"
+              "\"frac_of_ceiling\":%.4f}\n",
+              op.c_str(), model.c_str(), static_cast<long long>(tokens), ms, tflops, gbps, frac);
+}
+
+void MeasureCeilings(GemmRunner& gemm) {
+  Arena ar;
+  const int64_t n = 8192;
+  bf16* a = ar.Rand(n * n);
+  bf16* b = ar.Rand(n * n);
+  bf16* d = ar.Get<bf16>(n * n);
+  GemmArgs g;
+  g.m = g.n = g.k = n; g.a = a; g.lda = n; g.b = b; g.ldb = n; g.d = d; g.ldd = n;
+  double ms = TimeMs([&] { BENCH_CHECK(gemm.Run(g, nullptr)); }, 10);
+  g_peak_tflops = 2.0 * n * n * n / ms / 1e9;
+  const int64_t bytes = 2ll << 30;
+  char* src = ar.Get<char>(bytes);
+  char* dst = ar.Get<char>(bytes);
+  CUDA_CHECK(cudaMemset(src, 1, bytes));
+  ms = TimeMs([&] { CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 10);
+  g_copy_gbps = 2.0 * bytes / ms / 1e6;
+  std::printf("ceilings: cuBLASLt bf16 GEMM 8192^3 = %.1f TFLOP/s; D2D copy = %.1f GB/s (read+write)\n",
+              g_peak_tflops, g_copy_gbps);
+  std::printf("JSON {\"op\":\"ceiling_gemm_bf16_8192\",\"tflops\":%.2f}\nJSON {\"op\":\"ceiling_copy_d2d\",\"gbps\":%.1f}\n",
+              g_peak_tflops, g_copy_gbps);
+}
+
+void BenchOps(GemmRunner& gemm, const std::string& model, const Qwen3Config& c, int64_t T) {
+  Arena ar;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, qd = c.q_dim(), kvd = c.kv_dim(), QKV = qd + 2 * kvd;
+  const int nq = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+  bf16* x = ar.Rand(T * H);
+  bf16* y = ar.Rand(T * H);
+  bf16* dy = ar.Rand(T * H);
+  bf16* w = ar.Rand(std::max({QKV * H, 2 * I * H, H * I}), 0.02f);
+  float* dw = ar.Get<float>(std::max({QKV * H, 2 * I * H, H * I}));
+  bf16* big = ar.Rand(T * 2 * I);
+  bf16* big2 = ar.Rand(T * 2 * I);
+  bf16* mid = ar.Rand(T * I);
+  float* rstd = ar.Get<float>(T);
+  float* ws = ar.Get<float>(kernels::RmsNormBackwardWorkspaceNumel(T, H) + 1024 * 256);
+  float* dwv = ar.Get<float>(H);
+  CUDA_CHECK(cudaMemset(dw, 0, std::max({QKV * H, 2 * I * H, H * I}) * 4));
+  CUDA_CHECK(cudaMemset(dwv, 0, H * 4));
+
+  struct G { const char* name; int64_t n, k; };
+  const G gs[] = {{"qkv", QKV, H}, {"o_proj", H, qd}, {"gate_up", 2 * I, H}, {"down", H, I}};
+  for (const G& s : gs) {
+    GemmArgs f;  // forward Y[T,n] = X[T,k] Wᵀ
+    f.m = T; f.n = s.n; f.k = s.k; f.a = big; f.lda = s.k; f.b = w; f.ldb = s.k; f.d = big2; f.ldd = s.n;
+    Emit(std::string("gemm_fwd_") + s.name, model, T, TimeMs([&] { BENCH_CHECK(gemm.Run(f, nullptr)); }),
+         2.0 * T * s.n * s.k, 0);
+    GemmArgs d;  // dgrad dX[T,k] = dY[T,n] W
+    d.op_b = GemmOp::kN; d.m = T; d.n = s.k; d.k = s.n; d.a = big; d.lda = s.n; d.b = w; d.ldb = s.k; d.d = big2;
+    d.ldd = s.k;
+    Emit(std::string("gemm_dgrad_") + s.name, model, T, TimeMs([&] { BENCH_CHECK(gemm.Run(d, nullptr)); }),
+         2.0 * T * s.n * s.k, 0);
+    GemmArgs wg;  // wgrad dW[n,k] += dYᵀ X (FP32)
+    wg.op_a = GemmOp::kT; wg.op_b = GemmOp::kN; wg.m = s.n; wg.n = s.k; wg.k = T; wg.a = big; wg.lda = s.n;
+    wg.b = big2; wg.ldb = s.k; wg.c = dw; wg.ldc = s.k; wg.d = dw; wg.ldd = s.k; wg.out_type = GemmOutType::kF32;
+    wg.beta = 1.0f;
+    Emit(std::string("gemm_wgrad_") + s.name, model, T, TimeMs([&] { BENCH_CHECK(gemm.Run(wg, nullptr)); }),
+         2.0 * T * s.n * s.k, 0);
+  }
+  const float eps = 1e-6f;
+  Emit("rmsnorm_fwd", model, T,
+       TimeMs([&] { BENCH_CHECK(kernels::RmsNormForward(x, w, T, H, eps, y, rstd, nullptr)); }), 0, 2.0 * T * H * 2);
+  Emit("rmsnorm_bwd", model, T,
+       TimeMs([&] { BENCH_CHECK(kernels::RmsNormBackward(dy, x, w, rstd, dy, T, H, y, dwv, ws, nullptr)); }), 0,
+       4.0 * T * H * 2);
+  kernels::RopeArgs ra;
+  ra.tokens = T; ra.num_q_heads = nq; ra.num_kv_heads = nkv; ra.head_dim = hd;
+  int32_t* pos = ar.Get<int32_t>(T);
+  {
+    std::vector<int32_t> hp(T);
+    for (int64_t t = 0; t < T; ++t) hp[t] = static_cast<int32_t>(t % 4096);
+    CUDA_CHECK(cudaMemcpy(pos, hp.data(), T * 4, cudaMemcpyHostToDevice));
+  }
+  const double rope_bytes = 2.0 * T * (qd + kvd) * 2;  // read q,k raw; write q,k
+  Emit("qknorm_rope_fwd", model, T,
+       TimeMs([&] { BENCH_CHECK(kernels::QkNormRopeForward(ra, big, QKV, w, w, pos, mid, mid + T * qd, nullptr)); }),
+       0, rope_bytes);
+  Emit("qknorm_rope_bwd", model, T, TimeMs([&] {
+         BENCH_CHECK(kernels::QkNormRopeBackward(ra, mid, mid + T * qd, big, QKV, w, w, pos, big2, QKV, dwv, dwv, ws,
+                                                 nullptr));
+       }), 0, 1.5 * rope_bytes);
+  Emit("swiglu_fwd", model, T, TimeMs([&] { BENCH_CHECK(kernels::SwiGluForward(big, T, I, mid, nullptr)); }), 0,
+       3.0 * T * I * 2);
+  Emit("swiglu_bwd", model, T, TimeMs([&] { BENCH_CHECK(kernels::SwiGluBackward(big, mid, T, I, big2, nullptr)); }),
+       0, 5.0 * T * I * 2);
+  // Attention: one causal document of T tokens.
+  {
+    int32_t* cu = ar.Get<int32_t>(2);
+    int32_t hcu[2] = {0, static_cast<int32_t>(T)};
+    CUDA_CHECK(cudaMemcpy(cu, hcu, 8, cudaMemcpyHostToDevice));
+    kernels::AttnArgs a;
+    a.tokens = T; a.num_docs = 1; a.max_seqlen = T; a.num_q_heads = nq; a.num_kv_heads = nkv; a.head_dim = hd;
+    a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd)); a.cu_seqlens = cu;
+    bf16* q = big;
+    bf16* k = big + T * qd;
+    bf16* v = k + T * kvd;
+    bf16* o = big2;
+    bf16* dO = ar.Rand(T * qd);
+    bf16* dq = mid;
+    bf16* dk = mid + T * qd;
+    bf16* dv = dk + T * kvd;
+    float* lse = ar.Get<float>(T * nq);
+    char* aws = ar.Get<char>(kernels::FlashAttentionBackwardWorkspaceBytes(a));
+    const double fwd_flops = 4.0 * nq * hd * (static_cast<double>(T) * (T + 1) / 2);
+    Emit("attn_fwd_causal", model, T, TimeMs([&] {
+           BENCH_CHECK(kernels::FlashAttentionForward(a, {q, qd}, {k, kvd}, {v, kvd}, {o, qd}, lse, nullptr));
+         }), fwd_flops, 0);
+    Emit("attn_bwd_causal", model, T, TimeMs([&] {
+           BENCH_CHECK(kernels::FlashAttentionBackward(a, {q, qd}, {k, kvd}, {v, kvd}, {o, qd}, lse, {dO, qd},
+                                                       {dq, qd}, {dk, kvd}, {dv, kvd}, aws, nullptr));
+         }), 2.5 * fwd_flops, 0);
+  }
+  // Embedding (vocab 151936 table).
+  {
+    const int64_t V = c.vocab_size;
+    bf16* table = ar.Rand(V * H);
+    int32_t* tok = ar.Get<int32_t>(T);
+    std::vector<int32_t> ht(T);
+    for (int64_t t = 0; t < T; ++t) ht[t] = static_cast<int32_t>((t * 7919) % V);
+    CUDA_CHECK(cudaMemcpy(tok, ht.data(), T * 4, cudaMemcpyHostToDevice));
+    Emit("embedding_fwd", model, T,
+         TimeMs([&] { BENCH_CHECK(kernels::EmbeddingForward(table, tok, T, H, y, nullptr)); }), 0, 2.0 * T * H * 2);
+    // Backward over a host-built grouping (tokens drawn from 4096 ids, so ids repeat).
+    std::vector<int32_t> ids(T), order(T), uniq, seg;
+    for (int64_t t = 0; t < T; ++t) ids[t] = static_cast<int32_t>((t * 7919) % 4096);
+    for (int64_t t = 0; t < T; ++t) order[t] = static_cast<int32_t>(t);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t p, int32_t q) { return ids[p] < ids[q]; });
+    for (int64_t i = 0; i < T; ++i)
+      if (i == 0 || ids[order[i]] != ids[order[i - 1]]) { uniq.push_back(ids[order[i]]); seg.push_back(static_cast<int32_t>(i)); }
+    seg.push_back(static_cast<int32_t>(T));
+    int32_t* duniq = ar.Get<int32_t>(uniq.size());
+    int32_t* dseg = ar.Get<int32_t>(seg.size());
+    int32_t* dord = ar.Get<int32_t>(T);
+    CUDA_CHECK(cudaMemcpy(duniq, uniq.data(), uniq.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dseg, seg.data(), seg.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dord, order.data(), T * 4, cudaMemcpyHostToDevice));
+    float* demb = ar.Get<float>(4096 * H);
+    CUDA_CHECK(cudaMemset(demb, 0, 4096 * H * 4));
+    Emit("embedding_bwd", model, T, TimeMs([&] {
+           BENCH_CHECK(kernels::EmbeddingBackward(dy, duniq, dseg, dord, uniq.size(), H, demb, nullptr));
+         }), 0, T * H * 2.0 + uniq.size() * H * 8.0);
+  }
+}
+
+MicroBatch PackedBatch(int64_t tokens, int64_t doc_len, int64_t vocab) {
+  MicroBatch mb;
+  mb.cu_seqlens = {0};
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t in_doc = t % doc_len;
+    mb.tokens.push_back(static_cast<int32_t>((t * 7919 + 17) % vocab));
+    mb.labels.push_back(static_cast<int32_t>((t * 104729 + 3) % vocab));
+    mb.positions.push_back(static_cast<int32_t>(in_doc));
+    if (in_doc == doc_len - 1 || t == tokens - 1) mb.cu_seqlens.push_back(static_cast<int32_t>(t + 1));
+  }
+  mb.max_seqlen = static_cast<int32_t>(std::min(doc_len, tokens));
+  return mb;
+}
+
+void BenchLayer(const Qwen3Config& c, int64_t T, int64_t doc_len) {
+  auto be = MakeCudaBackend(c, 0);
+  BENCH_CHECK(be.status());
+  ComputeBackend& b = **be;
+  ModelLayout layout = ModelLayout::Build(c);
+  const int64_t P = layout.units.at(1).numel, H = c.hidden_size;
+  Arena ar;
+  bf16* params = ar.Rand(P, 0.02f);
+  {  // norm weights near 1
+    for (int t : {kInputNorm, kPostNorm, kQNorm, kKNorm}) {
+      const auto& ts = layout.units[1].tensors[t];
+      FillKernel<<<64, 256>>>(params + ts.offset_numel, ts.numel, 99, 0.1f);
+    }
+  }
+  float* dparams = ar.Get<float>(P);
+  CUDA_CHECK(cudaMemset(dparams, 0, P * 4));
+  bf16* x = ar.Rand(T * H);
+  bf16* y = ar.Get<bf16>(T * H);
+  bf16* dy = ar.Rand(T * H, 0.01f);
+  bf16* dx = ar.Get<bf16>(T * H);
+  MicroBatch mb = PackedBatch(T, doc_len, c.vocab_size);
+  auto batch = b.UploadBatch(mb);
+  BENCH_CHECK(batch.status());
+  double attn_pairs = 0;
+  for (size_t d = 0; d + 1 < mb.cu_seqlens.size(); ++d) {
+    const double L = mb.cu_seqlens[d + 1] - mb.cu_seqlens[d];
+    attn_pairs += L * (L + 1) / 2;
+  }
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim(), I = c.intermediate_size;
+  const double gemm_fwd = 2.0 * T * (H * (qd + 2 * kvd) + qd * H + 3 * H * I);
+  const double attn_fwd = 4.0 * c.num_attention_heads * c.head_dim * attn_pairs;
+  const double flops = 3 * gemm_fwd + 3.5 * attn_fwd;
+  for (ActPolicy pol : {ActPolicy::kKeepAll, ActPolicy::kSelective, ActPolicy::kRecomputeLayer}) {
+    const char* pn = pol == ActPolicy::kKeepAll ? "keep_all" : pol == ActPolicy::kSelective ? "selective" : "recompute";
+    double fwd_ms = 0;
+    auto step = [&] {
+      std::unique_ptr<SavedActivations> saved;
+      BENCH_CHECK(b.DecoderForward(reinterpret_cast<const bf16_t*>(params), **batch, x, y, pol, &saved));
+      BENCH_CHECK(b.DecoderBackward(reinterpret_cast<const bf16_t*>(params), **batch, x, saved.get(), dy, dx, dparams));
+    };
+    // The backend runs on its own stream: time with a host clock around a synchronized region.
+    step();
+    BENCH_CHECK(b.Synchronize());
+    std::vector<double> ts;
+    for (int r = 0; r < 3; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      step();
+      BENCH_CHECK(b.Synchronize());
+      ts.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ts.begin(), ts.end());
+    {
+      std::unique_ptr<SavedActivations> saved;
+      auto t0 = std::chrono::steady_clock::now();
+      BENCH_CHECK(b.DecoderForward(reinterpret_cast<const bf16_t*>(params), **batch, x, y, pol, &saved));
+      BENCH_CHECK(b.Synchronize());
+      fwd_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
+    Emit(std::string("layer_fwd_bwd_") + pn, "qwen3-8b", T, ts[1], flops, 0);
+    std::printf("   (forward alone %.2f ms; doc length %lld; saved %lld B/token; model FLOPs count no recompute)\n",
+                fwd_ms, static_cast<long long>(doc_len), static_cast<long long>(b.SavedBytesPerToken(pol)));
+  }
+}
+
+void BenchHead(const Qwen3Config& c, int64_t T) {
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  for (int fused = 1; fused >= 0; --fused) {
+    CudaBackendOptions opt;
+    if (!fused) opt.head_logits_budget_bytes = T * V * 2 + 1;  // one chunk: the full logits exist
+    auto be = MakeCudaBackendWithOptions(c, 0, opt);
+    BENCH_CHECK(be.status());
+    ComputeBackend& b = **be;
+    Arena ar;
+    bf16* x = ar.Rand(T * H);
+    bf16* dx = ar.Get<bf16>(T * H);
+    bf16* nw = ar.Rand(H, 1.0f);
+    bf16* lw = ar.Rand(V * H, 0.02f);
+    float* dn = ar.Get<float>(H);
+    float* dl = ar.Get<float>(V * H);
+    float* loss = ar.Get<float>(1);
+    CUDA_CHECK(cudaMemset(dn, 0, H * 4));
+    CUDA_CHECK(cudaMemset(dl, 0, V * H * 4));
+    CUDA_CHECK(cudaMemset(loss, 0, 4));
+    MicroBatch mb = PackedBatch(T, 4096, V);
+    auto batch = b.UploadBatch(mb);
+    BENCH_CHECK(batch.status());
+    auto run = [&] {
+      BENCH_CHECK(b.HeadForwardBackward(reinterpret_cast<const bf16_t*>(nw), reinterpret_cast<const bf16_t*>(lw),
+                                        **batch, x, 1.0f / T, dx, dn, dl, loss));
+    };
+    run();
+    BENCH_CHECK(b.Synchronize());
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
+    uint64_t zero = 0, high = 0, used = 0;
+    CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+    std::vector<double> ts;
+    for (int r = 0; r < 3; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      run();
+      BENCH_CHECK(b.Synchronize());
+      ts.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
+    std::sort(ts.begin(), ts.end());
+    const double flops = 3 * 2.0 * T * V * H;
+    Emit(fused ? "head_ce_fused_chunked" : "head_ce_unfused_full_logits", "qwen3-8b", T, ts[1], flops, 0);
+    std::printf("   peak extra device memory %.2f GiB (pool high-water above %.2f GiB in use before)\n",
+                (high - used) / 1073741824.0, used / 1073741824.0);
+    std::printf("JSON {\"op\":\"%s_peak_extra_bytes\",\"tokens\":%lld,\"bytes\":%llu}\n",
+                fused ? "head_ce_fused_chunked" : "head_ce_unfused_full_logits", static_cast<long long>(T),
+                static_cast<unsigned long long>(high - used));
+  }
+  std::printf("   (a PyTorch-style unfused path also upcasts logits to FP32 and keeps an FP32 grad: +%.1f GiB more)\n",
+              T * V * 8.0 / 1073741824.0);
+}
+
+}  // namespace
+}  // namespace slidedp
+
+int main(int argc, char** argv) {
+  using namespace slidedp;
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("bench_kernels on %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  GemmRunner gemm;
+  BENCH_CHECK(gemm.Init());
+  MeasureCeilings(gemm);
+  std::printf("%-26s %-10s %7s %10s %9s %9s %8s\n", "op", "model", "tokens", "ms", "TFLOP/s", "GB/s", "ceil%");
+  std::vector<std::string> models = {"qwen3-4b", "qwen3-8b", "qwen3-14b"};
+  std::vector<int64_t> toks = {4096, 16384, 32768};
+  if (quick) { models = {"qwen3-8b"}; toks = {4096}; }
+  for (const auto& m : models) {
+    auto c = Qwen3Config::Preset(m);
+    BENCH_CHECK(c.status());
+    for (int64_t T : toks) BenchOps(gemm, m, *c, T);
+  }
+  auto c8 = Qwen3Config::Preset("qwen3-8b");
+  BENCH_CHECK(c8.status());
+  BenchLayer(*c8, quick ? 8192 : 65536, 4096);
+  BenchHead(*c8, quick ? 4096 : 32768);
+  return 0;
+}

@@ -1,0 +1,360 @@
+// Prepare: read inputs, render (chat template / prompt+completion / text), tokenize in parallel,
+// split train/validation, write the datasets.
+#include "client/prepare/prepare.h"
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status/status_macros.h"
+#include "common/tokenizer/tokenizer.h"
+#include "glog/logging.h"
+
+namespace slidedp::prepare {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr size_t kMaxSkipExamples = 10;
+
+// One unit of work: a raw input record and where it came from.
+struct Record {
+  int input = 0;         // index into options.inputs
+  int64_t line = 0;      // 1-based; 0 for a whole .txt file
+  std::string text;      // the JSON line, or the file's contents
+  bool whole_file = false;
+};
+
+struct Rendered {
+  absl::Status status;
+  TokenizedDocument doc;
+  bool saw_chat = false;
+};
+
+// Everything a worker thread needs, read-only.
+struct Context {
+  const PrepareOptions* options = nullptr;
+  const tok::Tokenizer* tokenizer = nullptr;
+  ChatTemplate chat_template = ChatTemplate::kAuto;  // resolved lazily; kAuto = model has none usable
+  absl::Status chat_template_error;                   // why chat data cannot be rendered, if so
+  std::string eos_text;                               // e.g. "<|im_end|>"; empty = none
+};
+
+}  // namespace
+
+TokenizedDocument TokenizeSegments(const tok::Tokenizer& tokenizer, const std::vector<Segment>& segments) {
+  std::string text;
+  std::vector<std::pair<uint32_t, bool>> bounds;  // segment end offset, trained
+  for (const Segment& s : segments) {
+    std::string piece = tok::Tokenizer::RepairUtf8(s.text);
+    if (tokenizer.normalizes_nfc()) piece = tok::Tokenizer::NfcNormalize(piece);
+    text += piece;
+    bounds.push_back({static_cast<uint32_t>(text.size()), s.trained});
+  }
+  TokenizedDocument doc;
+  std::vector<uint32_t> starts;
+  doc.tokens = tokenizer.Encode(text, tok::SpecialTokens::kRecognize, tok::Normalized::kAlready, &starts);
+  doc.loss_mask.resize(doc.tokens.size());
+  size_t seg = 0;
+  for (size_t i = 0; i < doc.tokens.size(); ++i) {
+    while (seg + 1 < bounds.size() && starts[i] >= bounds[seg].first) ++seg;
+    doc.loss_mask[i] = bounds[seg].second ? 1 : 0;
+  }
+  return doc;
+}
+
+namespace {
+
+absl::StatusOr<std::string> StringField(const json& j, const char* name) {
+  if (!j.contains(name)) return absl::InvalidArgumentError(absl::StrCat("field ", name, ": missing"));
+  if (!j[name].is_string()) return absl::InvalidArgumentError(absl::StrCat("field ", name, ": not a string"));
+  return j[name].get<std::string>();
+}
+
+Rendered RenderRecord(const Context& ctx, const Record& rec) {
+  Rendered out;
+  const PrepareOptions& o = *ctx.options;
+  std::vector<Segment> segments;
+  auto fail = [&](const absl::Status& s) {
+    out.status = s;
+    return out;
+  };
+  if (rec.whole_file) {
+    if (rec.text.empty()) return fail(absl::InvalidArgumentError("file is empty"));
+    segments.push_back({rec.text, true});
+    if (o.text_eos == TextEos::kAppend && !ctx.eos_text.empty()) segments.push_back({ctx.eos_text, true});
+  } else {
+    json j = json::parse(rec.text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return fail(absl::InvalidArgumentError("not valid JSON"));
+    if (!j.is_object()) return fail(absl::InvalidArgumentError("not a JSON object"));
+    if (j.contains("messages")) {
+      out.saw_chat = true;
+      if (!ctx.chat_template_error.ok()) return fail(ctx.chat_template_error);
+      auto r = RenderChat(j["messages"], ctx.chat_template, o.loss_on);
+      if (!r.ok()) return fail(r.status());
+      segments = std::move(*r);
+    } else if (j.contains("prompt") || j.contains("completion")) {
+      auto prompt = StringField(j, "prompt");
+      if (!prompt.ok()) return fail(prompt.status());
+      auto completion = StringField(j, "completion");
+      if (!completion.ok()) return fail(completion.status());
+      if (completion->empty()) return fail(absl::InvalidArgumentError("field completion: empty"));
+      segments.push_back({*prompt, o.loss_on == LossOn::kAll});
+      segments.push_back({*completion, true});
+      if (o.text_eos == TextEos::kAppend && !ctx.eos_text.empty()) segments.push_back({ctx.eos_text, true});
+    } else if (j.contains("text")) {
+      auto text = StringField(j, "text");
+      if (!text.ok()) return fail(text.status());
+      if (text->empty()) return fail(absl::InvalidArgumentError("field text: empty"));
+      segments.push_back({*text, true});
+      if (o.text_eos == TextEos::kAppend && !ctx.eos_text.empty()) segments.push_back({ctx.eos_text, true});
+    } else {
+      return fail(absl::InvalidArgumentError("has none of the fields messages, prompt+completion, text"));
+    }
+  }
+  out.doc = TokenizeSegments(*ctx.tokenizer, segments);
+  if (out.doc.tokens.empty()) return fail(absl::InvalidArgumentError("renders to no tokens"));
+  bool any_trained = false;
+  for (uint8_t m : out.doc.loss_mask) any_trained |= m != 0;
+  // Position 0 is never a target (nothing precedes it), so a document needs a trained token after it.
+  bool trainable = false;
+  for (size_t i = 1; i < out.doc.loss_mask.size(); ++i) trainable |= out.doc.loss_mask[i] != 0;
+  if (!any_trained || !trainable) return fail(absl::InvalidArgumentError("no trained token after the first position"));
+  return out;
+}
+
+// Seeded per-record split: validation iff hash(seed, input, line) / 2^64 < fraction.
+bool IsValidation(uint64_t seed, const Record& rec, double fraction) {
+  if (fraction <= 0) return false;
+  uint64_t z = seed ^ (0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(rec.input) + 1)) ^
+               (0xC2B2AE3D27D4EB4Full * static_cast<uint64_t>(rec.line + 1));
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53 < fraction;
+}
+
+absl::StatusOr<json> ReadJsonFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
+  return j;
+}
+
+void FillSplit(const data::Manifest& m, const std::string& dir, SplitSummary* s) {
+  s->dir = dir;
+  s->documents = m.num_documents;
+  s->tokens = m.num_tokens;
+  s->trained_tokens = m.num_trained_tokens;
+  s->truncated_documents = m.truncated_documents;
+  s->split_documents = m.split_documents;
+  s->rows = m.num_rows;
+}
+
+json SplitJson(const SplitSummary& s) {
+  return {{"dir", s.dir},       {"documents", s.documents},         {"tokens", s.tokens},
+          {"trained_tokens", s.trained_tokens}, {"truncated_documents", s.truncated_documents},
+          {"split_documents", s.split_documents}, {"rows", s.rows}};
+}
+
+}  // namespace
+
+std::string PrepareSummary::ToJson() const {
+  json j = {{"train", SplitJson(train)},         {"validation", SplitJson(validation)},
+            {"skipped_lines", skipped_lines},      {"skipped_examples", skipped_examples},
+            {"chat_template", chat_template},      {"vocab_size", vocab_size}};
+  return j.dump(2);
+}
+
+absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
+  if (o.inputs.empty()) return absl::InvalidArgumentError("prepare: no input files");
+  if (o.output_dir.empty()) return absl::InvalidArgumentError("prepare: no output directory");
+  if (o.seq_len < 2) return absl::InvalidArgumentError(absl::StrCat("prepare: seq_len ", o.seq_len, " is below 2"));
+  if (!(o.validation_fraction >= 0 && o.validation_fraction < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prepare: validation fraction ", o.validation_fraction, " is not in [0, 1)"));
+  }
+  std::error_code ec;
+  if (fs::exists(o.output_dir, ec) && !fs::is_empty(o.output_dir, ec) && o.overwrite == data::Overwrite::kNo) {
+    return absl::AlreadyExistsError(absl::StrCat("prepare: output ", o.output_dir, " exists and is not empty"));
+  }
+  int64_t bytes_total = 0;
+  for (const std::string& in : o.inputs) {
+    auto size = fs::file_size(in, ec);
+    if (ec) return absl::NotFoundError(absl::StrCat("prepare: input ", in, ": ", ec.message()));
+    bytes_total += static_cast<int64_t>(size);
+  }
+
+  // Tokenizer and config.
+  ASSIGN_OR_RETURN(std::unique_ptr<tok::Tokenizer> tokenizer,
+                   tok::Tokenizer::FromFile(absl::StrCat(o.model_dir, "/tokenizer.json")));
+  json config = json::object();
+  {
+    auto c = ReadJsonFile(absl::StrCat(o.model_dir, "/tokenizer_config.json"));
+    if (c.ok()) {
+      config = *c;
+    } else if (c.status().code() != absl::StatusCode::kNotFound) {
+      return c.status();
+    }
+  }
+  Context ctx;
+  ctx.options = &o;
+  ctx.tokenizer = tokenizer.get();
+  if (config.contains("eos_token")) {
+    const json& e = config["eos_token"];
+    if (e.is_string()) ctx.eos_text = e.get<std::string>();
+    if (e.is_object() && e.contains("content") && e["content"].is_string()) ctx.eos_text = e["content"].get<std::string>();
+  }
+  if (!ctx.eos_text.empty() && !tokenizer->TokenId(ctx.eos_text).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer_config.json eos_token \"", ctx.eos_text,
+                                                   "\" is not a token of tokenizer.json"));
+  }
+  auto resolved = ResolveChatTemplate(config, o.chat_template);
+  if (resolved.ok()) {
+    ctx.chat_template = *resolved;
+  } else {
+    ctx.chat_template_error = resolved.status();
+  }
+
+  // Output: overwriting removes only what prepare itself writes there, never the directory.
+  fs::create_directories(o.output_dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("prepare: creating ", o.output_dir, ": ", ec.message()));
+  const std::string train_dir = absl::StrCat(o.output_dir, "/train"), val_dir = absl::StrCat(o.output_dir, "/validation");
+  const std::string summary_path = absl::StrCat(o.output_dir, "/prepare_summary.json");
+  if (o.overwrite == data::Overwrite::kYes) {
+    for (const std::string& p : {train_dir, val_dir, summary_path}) fs::remove_all(p, ec);
+  }
+  json metadata = {{"tokenizer", absl::StrCat(o.model_dir, "/tokenizer.json")},
+                   {"inputs", o.inputs},
+                   {"loss_on", o.loss_on == LossOn::kAll ? "all" : "assistant"},
+                   {"seed", o.seed},
+                   {"validation_fraction", o.validation_fraction}};
+  auto make_writer = [&](const std::string& dir, const char* split) {
+    data::WriterOptions wo;
+    wo.vocab_size = tokenizer->vocab_size();
+    wo.seq_len = o.seq_len;
+    wo.packing = o.packing;
+    wo.overwrite = data::Overwrite::kYes;
+    wo.metadata = metadata;
+    wo.metadata["split"] = split;
+    return data::DatasetWriter::Create(dir, wo);
+  };
+  std::unique_ptr<data::DatasetWriter> train, validation;
+
+  PrepareSummary summary;
+  summary.vocab_size = tokenizer->vocab_size();
+  PrepareProgress progress;
+  progress.bytes_total = bytes_total;
+  bool saw_chat = false;
+  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+  std::vector<Record> batch;
+  std::vector<Rendered> results;
+  auto flush = [&]() -> absl::Status {
+    results.assign(batch.size(), Rendered());
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i = next.fetch_add(1); i < batch.size(); i = next.fetch_add(1)) results[i] = RenderRecord(ctx, batch[i]);
+    };
+    const int n = static_cast<int>(std::min<size_t>(threads, batch.size()));
+    std::vector<std::thread> pool;
+    for (int k = 1; k < n; ++k) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const Record& rec = batch[i];
+      Rendered& r = results[i];
+      saw_chat |= r.saw_chat;
+      if (!r.status.ok()) {
+        const std::string where =
+            rec.whole_file ? o.inputs[rec.input] : absl::StrCat(o.inputs[rec.input], ":", rec.line);
+        const std::string msg = absl::StrCat(where, ": ", r.status.message());
+        if (o.bad_lines == BadLines::kFail) return absl::Status(r.status.code(), msg);
+        ++summary.skipped_lines;
+        if (summary.skipped_examples.size() < kMaxSkipExamples) summary.skipped_examples.push_back(msg);
+        continue;
+      }
+      std::unique_ptr<data::DatasetWriter>* w = &train;
+      const char* split = "train";
+      const std::string* dir = &train_dir;
+      if (IsValidation(o.seed, rec, o.validation_fraction)) {
+        w = &validation;
+        split = "validation";
+        dir = &val_dir;
+      }
+      if (*w == nullptr) {
+        auto created = make_writer(*dir, split);
+        if (!created.ok()) return created.status();
+        *w = std::move(*created);
+      }
+      RETURN_IF_ERROR((*w)->AddDocument(r.doc.tokens, r.doc.loss_mask));
+      ++progress.documents;
+      progress.tokens += static_cast<int64_t>(r.doc.tokens.size());
+    }
+    batch.clear();
+    if (o.progress) o.progress(progress);
+    return absl::OkStatus();
+  };
+
+  for (int input = 0; input < static_cast<int>(o.inputs.size()); ++input) {
+    const std::string& path = o.inputs[input];
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("prepare: cannot open ", path));
+    if (absl::EndsWith(path, ".txt")) {
+      std::stringstream ss;
+      ss << in.rdbuf();
+      batch.push_back({input, 0, ss.str(), true});
+      progress.bytes_done += static_cast<int64_t>(batch.back().text.size());
+      if (static_cast<int64_t>(batch.size()) >= o.batch_documents) RETURN_IF_ERROR(flush());
+      continue;
+    }
+    if (!absl::EndsWith(path, ".jsonl") && !absl::EndsWith(path, ".json")) {
+      return absl::InvalidArgumentError(absl::StrCat("prepare: ", path, ": unsupported input (.jsonl, .json or .txt)"));
+    }
+    std::string line;
+    int64_t line_no = 0;
+    while (std::getline(in, line)) {
+      ++line_no;
+      progress.bytes_done += static_cast<int64_t>(line.size()) + 1;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are not documents
+      batch.push_back({input, line_no, std::move(line), false});
+      line.clear();
+      if (static_cast<int64_t>(batch.size()) >= o.batch_documents) RETURN_IF_ERROR(flush());
+    }
+  }
+  if (!batch.empty()) RETURN_IF_ERROR(flush());
+  if (saw_chat) summary.chat_template = ChatTemplateName(ctx.chat_template);
+
+  if (train == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("prepare: no usable training documents in the inputs (",
+                                                   summary.skipped_lines, " lines skipped",
+                                                   summary.skipped_examples.empty()
+                                                       ? std::string()
+                                                       : absl::StrCat("; first: ", summary.skipped_examples[0]),
+                                                   ")"));
+  }
+  ASSIGN_OR_RETURN(data::Manifest tm, train->Finish());
+  FillSplit(tm, train_dir, &summary.train);
+  if (validation != nullptr) {
+    ASSIGN_OR_RETURN(data::Manifest vm, validation->Finish());
+    FillSplit(vm, val_dir, &summary.validation);
+  }
+  std::ofstream(summary_path) << summary.ToJson() << "\n";
+  LOG(INFO) << "prepare: " << summary.train.documents << " train documents, " << summary.train.tokens << " tokens, "
+            << summary.train.rows << " rows; " << summary.validation.documents << " validation documents; "
+            << summary.skipped_lines << " lines skipped";
+  return summary;
+}
+
+}  // namespace slidedp::prepare

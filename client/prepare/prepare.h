@@ -1,0 +1,91 @@
+// slidedp prepare as a library: users' JSONL / text -> the training dataset (docs/dataset-format.md),
+// tokenized with the model's own tokenizer (common/tokenizer). The CLI (client/cli) maps flags to
+// PrepareOptions and draws the progress bar from the callback.
+//
+// Inputs, one document per line of .jsonl/.json files (detected per line):
+//   {"messages": [{"role": ..., "content": ...}, ...]}   chat, rendered with the model's template
+//   {"prompt": ..., "completion": ...}                    prompt + completion (+ EOS), loss on completion
+//   {"text": ...}                                         plain text (+ EOS), all trained
+// and .txt files (the whole file is one text document). Errors name file:line and the field.
+// Output: <output>/train and, when validation_fraction > 0, <output>/validation (split per
+// document by a seeded hash of (input index, line), so it does not depend on threads or on other
+// lines), plus <output>/prepare_summary.json. Tokenization runs in parallel over documents; output
+// order is input order.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/prepare/chat_template.h"
+#include "common/data/dataset.h"
+#include "common/tokenizer/tokenizer.h"
+
+namespace slidedp::prepare {
+
+enum class BadLines { kFail, kSkip };
+enum class TextEos { kAppend, kNone };  // append tokenizer_config's eos_token to text / completion docs
+
+struct PrepareProgress {
+  int64_t bytes_done = 0;   // of all inputs
+  int64_t bytes_total = 0;
+  int64_t documents = 0;    // written so far
+  int64_t tokens = 0;
+};
+
+struct PrepareOptions {
+  std::string model_dir;              // holds tokenizer.json and tokenizer_config.json
+  std::vector<std::string> inputs;    // .jsonl / .json (JSON lines) / .txt
+  std::string output_dir;
+  int64_t seq_len = 4096;
+  data::Packing packing = data::Packing::kPacked;
+  double validation_fraction = 0.0;   // in [0, 1)
+  uint64_t seed = 0;
+  LossOn loss_on = LossOn::kAssistant;
+  ChatTemplate chat_template = ChatTemplate::kAuto;
+  TextEos text_eos = TextEos::kAppend;
+  BadLines bad_lines = BadLines::kFail;
+  int threads = 0;                    // 0 = hardware concurrency
+  data::Overwrite overwrite = data::Overwrite::kNo;
+  int64_t batch_documents = 2048;     // documents tokenized per parallel batch (memory bound)
+  std::function<void(const PrepareProgress&)> progress;  // called after each batch; may be empty
+};
+
+struct SplitSummary {
+  std::string dir;  // empty when the split got no documents
+  int64_t documents = 0;
+  int64_t tokens = 0;
+  int64_t trained_tokens = 0;
+  int64_t truncated_documents = 0;  // padded mode
+  int64_t split_documents = 0;      // packed mode: longer than seq_len
+  int64_t rows = 0;
+};
+
+struct PrepareSummary {
+  SplitSummary train;
+  SplitSummary validation;
+  int64_t skipped_lines = 0;
+  std::vector<std::string> skipped_examples;  // the first few skip reasons, "file:line: ..."
+  std::string chat_template;                  // "qwen3", "chatml", or "" when no chat data was seen
+  int64_t vocab_size = 0;
+  std::string ToJson() const;
+};
+
+absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& options);
+
+// One rendered document: token ids and per-token loss mask (exposed for tests and tools).
+struct TokenizedDocument {
+  std::vector<uint32_t> tokens;
+  std::vector<uint8_t> loss_mask;
+};
+
+// Tokenizes the concatenated segments in one pass (so tokens across segment borders are exactly
+// what HF gives for the whole rendered string) and marks a token trained when its first byte
+// lies in a trained segment. Each segment is NFC-normalized on its own when the tokenizer
+// normalizes (identical to normalizing the whole text unless a segment starts with a combining
+// mark; segment borders here follow "\n" or special tokens).
+TokenizedDocument TokenizeSegments(const tok::Tokenizer& tokenizer, const std::vector<Segment>& segments);
+
+}  // namespace slidedp::prepare

@@ -1,0 +1,294 @@
+// prepare: chat masking, prompt/completion and text documents, packing boundaries, malformed
+// inputs (file:line and field in the message, skip with a count), split determinism.
+#include "client/prepare/prepare.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "common/data/dataset.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace slidedp::prepare {
+namespace {
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+std::string SourceDir() {
+  const char* s = std::getenv("SLIDEDP_SOURCE_DIR");
+  if (s != nullptr) return s;
+  std::string here = __FILE__;
+  return here.substr(0, here.rfind("/client/prepare/"));
+}
+std::string ModelDir() { return SourceDir() + "/tests/data/tokenizer/qwen3"; }
+
+const tok::Tokenizer& Qwen3() {
+  static const tok::Tokenizer* t = [] {
+    auto r = tok::Tokenizer::FromFile(ModelDir() + "/tokenizer.json");
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r->release();
+  }();
+  return *t;
+}
+
+std::string TempPath(const std::string& name) {
+  return testing::TempDir() + "/prepare_test_" + std::to_string(::getpid()) + "_" + name;
+}
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  const std::string p = TempPath(name);
+  std::ofstream(p) << text;
+  return p;
+}
+
+// Trained tokens' bytes, with a '|' between runs that are not adjacent.
+std::string TrainedText(const TokenizedDocument& d) {
+  std::string out;
+  bool prev = false;
+  for (size_t i = 0; i < d.tokens.size(); ++i) {
+    if (d.loss_mask[i]) {
+      if (!prev && !out.empty()) out += "|";
+      out += Qwen3().TokenBytes(d.tokens[i]);
+    }
+    prev = d.loss_mask[i] != 0;
+  }
+  return out;
+}
+
+const json kChat = json::parse(R"([
+  {"role": "system", "content": "You are terse."},
+  {"role": "user", "content": "Hi"},
+  {"role": "assistant", "content": "Hello!"},
+  {"role": "user", "content": "2+2?"},
+  {"role": "assistant", "content": "4"}])");
+
+TEST(ChatTemplate, ResolvesQwen3FromTheModelsConfig) {
+  std::ifstream in(ModelDir() + "/tokenizer_config.json");
+  json config = json::parse(in);
+  EXPECT_EQ(*ResolveChatTemplate(config, ChatTemplate::kAuto), ChatTemplate::kQwen3);
+  EXPECT_EQ(*ResolveChatTemplate(config, ChatTemplate::kChatML), ChatTemplate::kChatML);
+  json llama = {{"chat_template", "{{ '<|begin_of_text|>' }}{% for m in messages %}<|start_header_id|>..."}};
+  EXPECT_EQ(ResolveChatTemplate(llama, ChatTemplate::kAuto).status().code(), absl::StatusCode::kUnimplemented);
+  json qwen25 = {{"chat_template", "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are Qwen..."}};
+  auto r = ResolveChatTemplate(qwen25, ChatTemplate::kAuto);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("chatml"));
+}
+
+TEST(ChatTemplate, Qwen3RenderingAndAssistantOnlyMask) {
+  auto segs = RenderChat(kChat, ChatTemplate::kQwen3, LossOn::kAssistant);
+  ASSERT_TRUE(segs.ok()) << segs.status();
+  TokenizedDocument d = TokenizeSegments(Qwen3(), *segs);
+  // The exact text Qwen3's Jinja template renders (the final assistant turn gets an empty think block).
+  EXPECT_EQ(Qwen3().Decode(d.tokens),
+            "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n4<|im_end|>\n");
+  EXPECT_EQ(TrainedText(d), "Hello!<|im_end|>|<think>\n\n</think>\n\n4<|im_end|>");
+  // EOS (<|im_end|>) of each assistant turn is trained; the "\n" after it is not.
+  const uint32_t im_end = *Qwen3().TokenId("<|im_end|>");
+  int trained_eos = 0;
+  for (size_t i = 0; i < d.tokens.size(); ++i) trained_eos += d.tokens[i] == im_end && d.loss_mask[i];
+  EXPECT_EQ(trained_eos, 2);
+  EXPECT_EQ(d.loss_mask.back(), 0);
+}
+
+TEST(ChatTemplate, MatchesHfApplyChatTemplateOnCommittedSample) {
+  // Oracle: tools/tokenizer/hf_chat_expected.py (transformers apply_chat_template + tokenizer).
+  std::ifstream in(SourceDir() + "/tests/data/tokenizer/chat_sample.jsonl");
+  std::ifstream expected(SourceDir() + "/tests/data/tokenizer/chat_sample.expected.jsonl");
+  ASSERT_TRUE(in && expected);
+  std::string line, want_line;
+  int n = 0;
+  while (std::getline(in, line) && std::getline(expected, want_line)) {
+    json want = json::parse(want_line);
+    auto segs = RenderChat(json::parse(line)["messages"], ChatTemplate::kQwen3, LossOn::kAssistant);
+    ASSERT_TRUE(segs.ok()) << segs.status();
+    std::string text;
+    for (const Segment& s : *segs) text += s.text;
+    EXPECT_EQ(text, want["text"].get<std::string>()) << "conversation " << n;
+    EXPECT_EQ(TokenizeSegments(Qwen3(), *segs).tokens, want["ids"].get<std::vector<uint32_t>>()) << "conversation " << n;
+    ++n;
+  }
+  EXPECT_EQ(n, 8);
+}
+
+TEST(ChatTemplate, LossOnAllTrainsEverything) {
+  auto segs = RenderChat(kChat, ChatTemplate::kQwen3, LossOn::kAll);
+  ASSERT_TRUE(segs.ok());
+  TokenizedDocument d = TokenizeSegments(Qwen3(), *segs);
+  for (uint8_t m : d.loss_mask) EXPECT_EQ(m, 1);
+}
+
+TEST(ChatTemplate, ThinkContentIsSplitIntoReasoning) {
+  json chat = json::parse(R"([{"role": "user", "content": "q"},
+                              {"role": "assistant", "content": "<think>\nstep 1\n</think>\n\nanswer"}])");
+  auto segs = RenderChat(chat, ChatTemplate::kQwen3, LossOn::kAssistant);
+  ASSERT_TRUE(segs.ok());
+  TokenizedDocument d = TokenizeSegments(Qwen3(), *segs);
+  EXPECT_EQ(TrainedText(d), "<think>\nstep 1\n</think>\n\nanswer<|im_end|>");
+  // An earlier turn (before the last user query) drops its reasoning, as the template does.
+  json two = json::parse(R"([{"role": "user", "content": "q"},
+                             {"role": "assistant", "content": "<think>r</think>a"},
+                             {"role": "user", "content": "q2"}, {"role": "assistant", "content": "b"}])");
+  auto s2 = RenderChat(two, ChatTemplate::kQwen3, LossOn::kAssistant);
+  ASSERT_TRUE(s2.ok());
+  EXPECT_EQ(TrainedText(TokenizeSegments(Qwen3(), *s2)), "a<|im_end|>|<think>\n\n</think>\n\nb<|im_end|>");
+}
+
+TEST(ChatTemplate, MalformedMessagesNameTheField) {
+  auto bad_role = RenderChat(json::parse(R"([{"role": "robot", "content": "x"}])"), ChatTemplate::kQwen3,
+                             LossOn::kAssistant);
+  EXPECT_THAT(std::string(bad_role.status().message()), HasSubstr("messages[0].role"));
+  auto no_content = RenderChat(json::parse(R"([{"role": "user", "content": "x"}, {"role": "assistant"}])"),
+                               ChatTemplate::kQwen3, LossOn::kAssistant);
+  EXPECT_THAT(std::string(no_content.status().message()), HasSubstr("messages[1].content"));
+  auto no_assistant =
+      RenderChat(json::parse(R"([{"role": "user", "content": "x"}])"), ChatTemplate::kQwen3, LossOn::kAssistant);
+  EXPECT_THAT(std::string(no_assistant.status().message()), HasSubstr("no assistant turn"));
+  auto tools = RenderChat(json::parse(R"([{"role": "assistant", "content": "", "tool_calls": [{}]}])"),
+                          ChatTemplate::kQwen3, LossOn::kAssistant);
+  EXPECT_THAT(std::string(tools.status().message()), HasSubstr("tool_calls"));
+}
+
+PrepareOptions BaseOptions(const std::string& name, std::vector<std::string> inputs) {
+  PrepareOptions o;
+  o.model_dir = ModelDir();
+  o.inputs = std::move(inputs);
+  o.output_dir = TempPath(name);
+  fs::remove_all(o.output_dir);
+  o.seq_len = 64;
+  o.threads = 2;
+  return o;
+}
+
+TEST(Prepare, MixedInputsPackedWithBoundariesAndSummary) {
+  std::string long_text;
+  for (int i = 0; i < 100; ++i) long_text += " word" + std::to_string(i * 7919);
+  std::string jsonl =
+      json({{"messages", kChat}}).dump() + "\n" + json({{"prompt", "Translate: cat"}, {"completion", " chat"}}).dump() +
+      "\n\n" + json({{"text", long_text}}).dump() + "\n";
+  const std::string in = WriteFile("mixed.jsonl", jsonl);
+  const std::string txt = WriteFile("plain.txt", "A plain text file.\nSecond line.\n");
+  PrepareOptions o = BaseOptions("mixed_out", {in, txt});
+  std::vector<PrepareProgress> progress;
+  o.progress = [&](const PrepareProgress& p) { progress.push_back(p); };
+  auto s = Prepare(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->train.documents, 4);
+  EXPECT_EQ(s->chat_template, "qwen3");
+  EXPECT_EQ(s->skipped_lines, 0);
+  EXPECT_EQ(s->train.split_documents, 1);  // the 100-word text is longer than seq_len 64
+  ASSERT_FALSE(progress.empty());
+  EXPECT_EQ(progress.back().bytes_done, progress.back().bytes_total);
+  EXPECT_TRUE(fs::exists(o.output_dir + "/prepare_summary.json"));
+
+  auto r = data::DatasetReader::Open(s->train.dir, {.model_vocab_size = 151936});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto& ds = **r;
+  EXPECT_EQ(ds.manifest().num_documents, 4);
+  for (int64_t row = 0; row < ds.num_rows(); ++row) {
+    auto b = ds.Row(row);
+    EXPECT_LE(b.end - b.begin, 64);
+  }
+  // Document 1 is prompt/completion: " chat" + EOS trained, the prompt not.
+  const auto off = ds.doc_offsets();
+  std::string trained;
+  for (uint64_t t = off[1]; t < off[2]; ++t) {
+    if (ds.loss_mask()[t]) trained += Qwen3().TokenBytes(ds.tokens()[t]);
+  }
+  EXPECT_EQ(trained, " chat<|im_end|>");
+  // The .txt file is one fully trained document ending in EOS.
+  EXPECT_EQ(ds.tokens()[off[4] - 1], *Qwen3().TokenId("<|im_end|>"));
+  for (uint64_t t = off[3]; t < off[4]; ++t) EXPECT_EQ(ds.loss_mask()[t], 1);
+}
+
+TEST(Prepare, PaddedModeTruncatesAndCounts) {
+  const std::string in = WriteFile("long.jsonl", json({{"text", std::string(3000, 'x') + " y z"}}).dump() + "\n" +
+                                                     json({{"text", "short one"}}).dump() + "\n");
+  PrepareOptions o = BaseOptions("padded_out", {in});
+  o.packing = data::Packing::kPadded;
+  o.seq_len = 16;
+  auto s = Prepare(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->train.rows, 2);
+  EXPECT_EQ(s->train.truncated_documents, 1);
+}
+
+TEST(Prepare, MalformedLinesFailWithFileLineAndField) {
+  const std::string good = json({{"text", "fine"}}).dump();
+  struct Case {
+    std::string line, expect;
+  };
+  std::vector<Case> cases = {
+      {"{not json", "not valid JSON"},
+      {R"({"prompt": "p"})", "field completion: missing"},
+      {R"({"messages": [{"role": "wizard", "content": "x"}]})", "messages[0].role"},
+      {R"({"text": 5})", "field text: not a string"},
+      {R"({"foo": 1})", "none of the fields"},
+  };
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const std::string in = WriteFile("bad" + std::to_string(k) + ".jsonl", good + "\n" + cases[k].line + "\n");
+    auto s = Prepare(BaseOptions("bad_out" + std::to_string(k), {in}));
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << cases[k].line;
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr(in + ":2: ")) << cases[k].line;
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr(cases[k].expect));
+  }
+}
+
+TEST(Prepare, SkipBadLinesCountsThem) {
+  const std::string in = WriteFile("skip.jsonl", std::string("{oops\n") + json({{"text", "ok"}}).dump() +
+                                                     "\n{\"prompt\": 1, \"completion\": \"x\"}\n");
+  PrepareOptions o = BaseOptions("skip_out", {in});
+  o.bad_lines = BadLines::kSkip;
+  auto s = Prepare(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->train.documents, 1);
+  EXPECT_EQ(s->skipped_lines, 2);
+  ASSERT_EQ(s->skipped_examples.size(), 2u);
+  EXPECT_THAT(s->skipped_examples[0], HasSubstr(":1: not valid JSON"));
+  EXPECT_THAT(s->skipped_examples[1], HasSubstr(":3: field prompt: not a string"));
+}
+
+TEST(Prepare, SplitIsDeterministicAndIndependentOfThreads) {
+  std::string jsonl;
+  for (int i = 0; i < 200; ++i) jsonl += json({{"text", "document number " + std::to_string(i)}}).dump() + "\n";
+  const std::string in = WriteFile("split.jsonl", jsonl);
+  auto run = [&](const std::string& name, int threads, uint64_t seed) {
+    PrepareOptions o = BaseOptions(name, {in});
+    o.validation_fraction = 0.25;
+    o.seed = seed;
+    o.threads = threads;
+    o.batch_documents = 7;  // many batches
+    auto s = Prepare(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    auto r = data::DatasetReader::Open(s->validation.dir);
+    EXPECT_TRUE(r.ok());
+    return std::make_pair(*s, (*r)->manifest().files[0].crc32);
+  };
+  auto [a, crc_a] = run("split_a", 1, 42);
+  auto [b, crc_b] = run("split_b", 3, 42);
+  auto [c, crc_c] = run("split_c", 2, 43);
+  EXPECT_EQ(a.train.documents + a.validation.documents, 200);
+  EXPECT_GT(a.validation.documents, 25);
+  EXPECT_LT(a.validation.documents, 80);
+  EXPECT_EQ(a.validation.documents, b.validation.documents);
+  EXPECT_EQ(crc_a, crc_b);
+  EXPECT_NE(crc_a, crc_c);
+}
+
+TEST(Prepare, RefusesNonEmptyOutputWithoutOverwrite) {
+  const std::string in = WriteFile("ow.jsonl", json({{"text", "x y"}}).dump() + "\n");
+  PrepareOptions o = BaseOptions("ow_out", {in});
+  ASSERT_TRUE(Prepare(o).ok());
+  EXPECT_EQ(Prepare(o).status().code(), absl::StatusCode::kAlreadyExists);
+  o.overwrite = data::Overwrite::kYes;
+  EXPECT_TRUE(Prepare(o).ok());
+}
+
+}  // namespace
+}  // namespace slidedp::prepare

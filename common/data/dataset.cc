@@ -1,0 +1,419 @@
+// Dataset writer (streaming, atomic publish) and reader (mmap, validated before training).
+#include "common/data/dataset.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/status/status_macros.h"
+#include "glog/logging.h"
+
+namespace slidedp::data {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kBinFiles[4] = {kTokensFile, kLossMaskFile, kDocOffsetsFile, kRowOffsetsFile};
+enum StreamIndex { kTok = 0, kMask = 1, kDoc = 2, kRow = 3 };
+
+// zlib's crc32 takes a uInt length: feed large buffers in pieces.
+uint32_t Crc32Update(uint32_t crc, const void* data, size_t bytes) {
+  const auto* p = static_cast<const Bytef*>(data);
+  while (bytes > 0) {
+    uInt n = static_cast<uInt>(std::min<size_t>(bytes, 1u << 30));
+    crc = static_cast<uint32_t>(crc32(crc, p, n));
+    p += n;
+    bytes -= n;
+  }
+  return crc;
+}
+
+absl::Status FsyncPath(const std::string& path, int flags) {
+  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(absl::StrCat("open ", path), errno);
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) return ErrnoStatus(absl::StrCat("fsync ", path), err);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* PackingName(Packing p) { return p == Packing::kPacked ? "packed" : "padded"; }
+
+absl::StatusOr<Packing> ParsePacking(const std::string& name) {
+  if (name == "packed") return Packing::kPacked;
+  if (name == "padded") return Packing::kPadded;
+  return absl::InvalidArgumentError(absl::StrCat("packing must be \"packed\" or \"padded\", got \"", name, "\""));
+}
+
+nlohmann::json Manifest::ToJson() const {
+  nlohmann::json j;
+  j["format"] = kFormatName;
+  j["version"] = version;
+  j["token_dtype"] = "uint32";
+  j["vocab_size"] = vocab_size;
+  j["seq_len"] = seq_len;
+  j["packing"] = PackingName(packing);
+  j["num_tokens"] = num_tokens;
+  j["num_documents"] = num_documents;
+  j["num_rows"] = num_rows;
+  j["num_trained_tokens"] = num_trained_tokens;
+  j["truncated_documents"] = truncated_documents;
+  j["split_documents"] = split_documents;
+  nlohmann::json f = nlohmann::json::array();
+  for (const FileEntry& e : files) f.push_back({{"name", e.name}, {"bytes", e.bytes}, {"crc32", e.crc32}});
+  j["files"] = f;
+  j["metadata"] = metadata;
+  return j;
+}
+
+absl::StatusOr<Manifest> Manifest::FromJson(const nlohmann::json& j, const std::string& where) {
+  auto bad = [&](const std::string& what) { return absl::InvalidArgumentError(absl::StrCat(where, ": ", what)); };
+  if (!j.is_object()) return bad("not a JSON object");
+  if (j.value("format", std::string()) != kFormatName) return bad(absl::StrCat("\"format\" is not \"", kFormatName, "\""));
+  Manifest m;
+  try {
+    m.version = j.at("version").get<int>();
+    if (m.version != kFormatVersion) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ": format version ", m.version, " is not supported (this build reads ", kFormatVersion, ")"));
+    }
+    if (j.at("token_dtype").get<std::string>() != "uint32") return bad("token_dtype must be uint32");
+    m.vocab_size = j.at("vocab_size").get<int64_t>();
+    m.seq_len = j.at("seq_len").get<int64_t>();
+    auto packing = ParsePacking(j.at("packing").get<std::string>());
+    if (!packing.ok()) return bad(std::string(packing.status().message()));
+    m.packing = *packing;
+    m.num_tokens = j.at("num_tokens").get<int64_t>();
+    m.num_documents = j.at("num_documents").get<int64_t>();
+    m.num_rows = j.at("num_rows").get<int64_t>();
+    m.num_trained_tokens = j.value("num_trained_tokens", int64_t{0});
+    m.truncated_documents = j.value("truncated_documents", int64_t{0});
+    m.split_documents = j.value("split_documents", int64_t{0});
+    for (const auto& f : j.at("files")) {
+      m.files.push_back({f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>(), f.at("crc32").get<uint32_t>()});
+    }
+    if (j.contains("metadata")) m.metadata = j["metadata"];
+  } catch (const nlohmann::json::exception& e) {
+    return bad(e.what());
+  }
+  if (m.vocab_size <= 0 || m.seq_len <= 0 || m.num_tokens < 0 || m.num_documents < 0 || m.num_rows < 0) {
+    return bad("vocab_size and seq_len must be positive and counts non-negative");
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+
+struct DatasetWriter::Stream {
+  std::string path;
+  FILE* file = nullptr;
+  uint64_t bytes = 0;
+  uint32_t crc = 0;
+  std::vector<char> buffer;
+  ~Stream() {
+    if (file != nullptr) std::fclose(file);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(const std::string& dir,
+                                                                     const WriterOptions& options) {
+  if (options.vocab_size <= 0 || options.vocab_size > (int64_t{1} << 32)) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset vocab_size must be in [1, 2^32], got ", options.vocab_size));
+  }
+  if (options.seq_len <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset seq_len must be positive, got ", options.seq_len));
+  }
+  std::error_code ec;
+  if (fs::exists(dir, ec) && options.overwrite == Overwrite::kNo) {
+    return absl::AlreadyExistsError(absl::StrCat("dataset output ", dir, " already exists (overwrite it explicitly)"));
+  }
+  std::unique_ptr<DatasetWriter> w(new DatasetWriter());
+  w->dir_ = fs::path(dir).lexically_normal().string();
+  if (!w->dir_.empty() && w->dir_.back() == '/') w->dir_.pop_back();
+  w->tmp_dir_ = absl::StrCat(w->dir_, ".tmp-", ::getpid());
+  w->options_ = options;
+  w->manifest_.vocab_size = options.vocab_size;
+  w->manifest_.seq_len = options.seq_len;
+  w->manifest_.packing = options.packing;
+  w->manifest_.metadata = options.metadata;
+  fs::remove_all(w->tmp_dir_, ec);
+  fs::create_directories(w->tmp_dir_, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("creating ", w->tmp_dir_, ": ", ec.message()));
+  for (const char* name : kBinFiles) {
+    auto s = std::make_unique<Stream>();
+    s->path = absl::StrCat(w->tmp_dir_, "/", name);
+    s->file = std::fopen(s->path.c_str(), "wb");
+    if (s->file == nullptr) return ErrnoStatus(absl::StrCat("creating ", s->path), errno);
+    s->buffer.resize(1 << 20);
+    std::setvbuf(s->file, s->buffer.data(), _IOFBF, s->buffer.size());
+    w->streams_.push_back(std::move(s));
+  }
+  const uint64_t zero = 0;
+  RETURN_IF_ERROR(w->Append(kDoc, &zero, sizeof(zero)));
+  RETURN_IF_ERROR(w->Append(kRow, &zero, sizeof(zero)));
+  return w;
+}
+
+DatasetWriter::~DatasetWriter() {
+  streams_.clear();
+  if (!finished_ && !tmp_dir_.empty()) {
+    std::error_code ec;
+    fs::remove_all(tmp_dir_, ec);
+  }
+}
+
+absl::Status DatasetWriter::Append(int which, const void* data, size_t bytes) {
+  Stream& s = *streams_[which];
+  if (bytes == 0) return absl::OkStatus();
+  if (std::fwrite(data, 1, bytes, s.file) != bytes) return ErrnoStatus(absl::StrCat("writing ", s.path), errno);
+  s.crc = Crc32Update(s.crc, data, bytes);
+  s.bytes += bytes;
+  return absl::OkStatus();
+}
+
+absl::Status DatasetWriter::CloseRow() {
+  if (manifest_.num_tokens == row_start_) return absl::OkStatus();
+  const uint64_t end = static_cast<uint64_t>(manifest_.num_tokens);
+  RETURN_IF_ERROR(Append(kRow, &end, sizeof(end)));
+  row_start_ = manifest_.num_tokens;
+  ++manifest_.num_rows;
+  return absl::OkStatus();
+}
+
+absl::Status DatasetWriter::AddDocument(absl::Span<const uint32_t> tokens, absl::Span<const uint8_t> loss_mask) {
+  if (finished_) return absl::FailedPreconditionError("AddDocument after Finish");
+  if (tokens.empty()) return absl::InvalidArgumentError("empty document");
+  if (tokens.size() != loss_mask.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("document has ", tokens.size(), " tokens but ", loss_mask.size(), " loss-mask entries"));
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] >= static_cast<uint64_t>(options_.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("document ", manifest_.num_documents, " token ", i, " has id ",
+                                                     tokens[i], " >= vocab_size ", options_.vocab_size));
+    }
+  }
+  const int64_t seq_len = options_.seq_len;
+  int64_t n = static_cast<int64_t>(tokens.size());
+  if (options_.packing == Packing::kPadded) {
+    if (n > seq_len) {
+      n = seq_len;
+      ++manifest_.truncated_documents;
+    }
+  } else {
+    const int64_t open = manifest_.num_tokens - row_start_;
+    if (n <= seq_len) {
+      if (open + n > seq_len) RETURN_IF_ERROR(CloseRow());
+    } else {
+      RETURN_IF_ERROR(CloseRow());  // a long document starts its own row, then is split at seq_len
+      ++manifest_.split_documents;
+    }
+  }
+  // Write in row-sized pieces so rows close exactly at seq_len.
+  int64_t done = 0;
+  while (done < n) {
+    const int64_t room = seq_len - (manifest_.num_tokens - row_start_);
+    const int64_t take = std::min(room, n - done);
+    RETURN_IF_ERROR(Append(kTok, tokens.data() + done, take * sizeof(uint32_t)));
+    mask_scratch_.resize(take);  // stored as exactly 0 or 1
+    for (int64_t i = 0; i < take; ++i) {
+      mask_scratch_[i] = loss_mask[done + i] != 0 ? 1 : 0;
+      manifest_.num_trained_tokens += mask_scratch_[i];
+    }
+    RETURN_IF_ERROR(Append(kMask, mask_scratch_.data(), take));
+    manifest_.num_tokens += take;
+    done += take;
+    if (manifest_.num_tokens - row_start_ == seq_len) RETURN_IF_ERROR(CloseRow());
+  }
+  const uint64_t end = static_cast<uint64_t>(manifest_.num_tokens);
+  RETURN_IF_ERROR(Append(kDoc, &end, sizeof(end)));
+  ++manifest_.num_documents;
+  if (options_.packing == Packing::kPadded) RETURN_IF_ERROR(CloseRow());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Manifest> DatasetWriter::Finish() {
+  if (finished_) return absl::FailedPreconditionError("Finish called twice");
+  if (manifest_.num_documents == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset ", dir_, " would be empty: no documents were added"));
+  }
+  RETURN_IF_ERROR(CloseRow());
+  for (auto& s : streams_) {
+    if (std::fflush(s->file) != 0) return ErrnoStatus(absl::StrCat("flushing ", s->path), errno);
+    if (::fsync(::fileno(s->file)) != 0) return ErrnoStatus(absl::StrCat("fsync ", s->path), errno);
+    std::fclose(s->file);
+    s->file = nullptr;
+  }
+  manifest_.files.clear();
+  for (int i = 0; i < 4; ++i) manifest_.files.push_back({kBinFiles[i], streams_[i]->bytes, streams_[i]->crc});
+  const std::string manifest_path = absl::StrCat(tmp_dir_, "/", kManifestFile);
+  {
+    std::ofstream out(manifest_path);
+    out << manifest_.ToJson().dump(2) << "\n";
+    out.close();
+    if (!out) return absl::InternalError(absl::StrCat("writing ", manifest_path));
+  }
+  RETURN_IF_ERROR(FsyncPath(manifest_path, O_RDONLY));
+  std::error_code ec;
+  if (fs::exists(dir_, ec)) {
+    if (options_.overwrite == Overwrite::kNo) {
+      return absl::AlreadyExistsError(absl::StrCat("dataset output ", dir_, " appeared while writing"));
+    }
+    fs::remove_all(dir_, ec);
+    if (ec) return absl::PermissionDeniedError(absl::StrCat("removing old ", dir_, ": ", ec.message()));
+  }
+  if (::rename(tmp_dir_.c_str(), dir_.c_str()) != 0) {
+    return ErrnoStatus(absl::StrCat("rename ", tmp_dir_, " -> ", dir_), errno);
+  }
+  finished_ = true;
+  const std::string parent = fs::path(dir_).parent_path().string();
+  RETURN_IF_ERROR(FsyncPath(parent.empty() ? "." : parent, O_RDONLY | O_DIRECTORY));
+  VLOG(1) << "dataset " << dir_ << ": " << manifest_.num_documents << " documents, " << manifest_.num_tokens
+          << " tokens, " << manifest_.num_rows << " rows";
+  return manifest_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reader
+
+DatasetReader::~DatasetReader() {
+  for (Mapping& m : mappings_) {
+    if (m.addr != nullptr) ::munmap(m.addr, m.bytes);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(const std::string& dir,
+                                                                   const ReaderOptions& options) {
+  std::unique_ptr<DatasetReader> r(new DatasetReader());
+  r->dir_ = dir;
+  const std::string manifest_path = absl::StrCat(dir, "/", kManifestFile);
+  std::ifstream in(manifest_path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("dataset ", dir, ": cannot open ", kManifestFile,
+                                            " (is this a directory written by slidedp prepare?)"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::DataLossError(absl::StrCat(manifest_path, ": not valid JSON"));
+  ASSIGN_OR_RETURN(r->manifest_, Manifest::FromJson(j, manifest_path));
+  const Manifest& m = r->manifest_;
+  if (m.num_rows == 0 || m.num_tokens == 0 || m.num_documents == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset ", dir, " is empty (", m.num_documents, " documents, ",
+                                                   m.num_tokens, " tokens, ", m.num_rows, " rows)"));
+  }
+  const uint64_t expected[4] = {static_cast<uint64_t>(m.num_tokens) * 4, static_cast<uint64_t>(m.num_tokens),
+                                static_cast<uint64_t>(m.num_documents + 1) * 8,
+                                static_cast<uint64_t>(m.num_rows + 1) * 8};
+  for (int i = 0; i < 4; ++i) {
+    const std::string path = absl::StrCat(dir, "/", kBinFiles[i]);
+    const Manifest::FileEntry* entry = nullptr;
+    for (const auto& e : m.files) {
+      if (e.name == kBinFiles[i]) entry = &e;
+    }
+    if (entry == nullptr) return absl::DataLossError(absl::StrCat(manifest_path, ": no entry for ", kBinFiles[i]));
+    if (entry->bytes != expected[i]) {
+      return absl::DataLossError(absl::StrCat(manifest_path, ": ", kBinFiles[i], " is listed with ", entry->bytes,
+                                              " bytes but the counts imply ", expected[i]));
+    }
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return absl::DataLossError(absl::StrCat("dataset file ", path, " is missing"));
+      return ErrnoStatus(absl::StrCat("open ", path), errno);
+    }
+    struct stat st {};
+    ::fstat(fd, &st);
+    if (static_cast<uint64_t>(st.st_size) != expected[i]) {
+      ::close(fd);
+      return absl::DataLossError(absl::StrCat("dataset file ", path, " has ", st.st_size, " bytes, expected ",
+                                              expected[i], st.st_size < static_cast<off_t>(expected[i]) ? " (truncated)" : ""));
+    }
+    void* addr = ::mmap(nullptr, expected[i], PROT_READ, MAP_PRIVATE, fd, 0);
+    int err = errno;
+    ::close(fd);
+    if (addr == MAP_FAILED) return ErrnoStatus(absl::StrCat("mmap ", path), err);
+    r->mappings_.push_back({addr, expected[i]});
+    if (options.verify_checksums == VerifyChecksums::kYes) {
+      const uint32_t crc = Crc32Update(0, addr, expected[i]);
+      if (crc != entry->crc32) {
+        return absl::DataLossError(absl::StrCat("dataset file ", path, " is corrupt: CRC-32 ", crc,
+                                                " does not match the manifest's ", entry->crc32));
+      }
+    }
+  }
+  r->tokens_ = {static_cast<const uint32_t*>(r->mappings_[kTok].addr), static_cast<size_t>(m.num_tokens)};
+  r->loss_mask_ = {static_cast<const uint8_t*>(r->mappings_[kMask].addr), static_cast<size_t>(m.num_tokens)};
+  r->doc_offsets_ = {static_cast<const uint64_t*>(r->mappings_[kDoc].addr), static_cast<size_t>(m.num_documents + 1)};
+  r->row_offsets_ = {static_cast<const uint64_t*>(r->mappings_[kRow].addr), static_cast<size_t>(m.num_rows + 1)};
+
+  auto check_offsets = [&](absl::Span<const uint64_t> off, const char* file, int64_t max_len) -> absl::Status {
+    if (off.front() != 0 || off.back() != static_cast<uint64_t>(m.num_tokens)) {
+      return absl::DataLossError(absl::StrCat(dir, "/", file, ": offsets must run from 0 to num_tokens ", m.num_tokens,
+                                              ", found ", off.front(), " .. ", off.back()));
+    }
+    for (size_t i = 1; i < off.size(); ++i) {
+      if (off[i] <= off[i - 1] || (max_len > 0 && off[i] - off[i - 1] > static_cast<uint64_t>(max_len))) {
+        return absl::DataLossError(absl::StrCat(dir, "/", file, ": entry ", i - 1, " spans [", off[i - 1], ", ", off[i],
+                                                ")", max_len > 0 ? absl::StrCat(", seq_len ", max_len) : ""));
+      }
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(check_offsets(r->doc_offsets_, kDocOffsetsFile, 0));
+  RETURN_IF_ERROR(check_offsets(r->row_offsets_, kRowOffsetsFile, m.seq_len));
+  RETURN_IF_ERROR(r->CheckTokenRange(m.vocab_size));
+  if (options.model_vocab_size > 0) {
+    absl::Status s = r->CheckTokenRange(options.model_vocab_size);
+    if (!s.ok()) return Annotate(s, "the dataset does not fit the model's vocabulary");
+  }
+  return r;
+}
+
+absl::Status DatasetReader::CheckTokenRange(int64_t vocab_size) const {
+  // Branch-free max first (fast path); locate the position only when something is out of range.
+  uint32_t max_id = 0;
+  for (uint32_t t : tokens_) max_id = std::max(max_id, t);
+  if (static_cast<int64_t>(max_id) < vocab_size) return absl::OkStatus();
+  for (size_t i = 0; i < tokens_.size(); ++i) {
+    if (static_cast<int64_t>(tokens_[i]) >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("dataset ", dir_, ": token at position ", i, " has id ", tokens_[i],
+                                                     " >= vocab_size ", vocab_size, " (max id in the dataset: ",
+                                                     max_id, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+RowSegment DatasetReader::Row(int64_t r) const {
+  CHECK(r >= 0 && r < num_rows()) << "row " << r << " of " << num_rows();
+  return {static_cast<int64_t>(row_offsets_[r]), static_cast<int64_t>(row_offsets_[r + 1])};
+}
+
+std::vector<RowSegment> DatasetReader::RowSegments(int64_t r) const {
+  const RowSegment row = Row(r);
+  std::vector<RowSegment> out;
+  // First document boundary strictly inside the row.
+  auto it = std::upper_bound(doc_offsets_.begin(), doc_offsets_.end(), static_cast<uint64_t>(row.begin));
+  int64_t begin = row.begin;
+  for (; it != doc_offsets_.end() && static_cast<int64_t>(*it) < row.end; ++it) {
+    out.push_back({begin, static_cast<int64_t>(*it)});
+    begin = static_cast<int64_t>(*it);
+  }
+  out.push_back({begin, row.end});
+  return out;
+}
+
+}  // namespace slidedp::data

@@ -1,0 +1,195 @@
+// Dataset writer/reader: round trip, packing layout, and every rejection the reader promises.
+#include "common/data/dataset.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/data/synthetic.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace slidedp::data {
+namespace {
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::string FreshDir(const std::string& name) {
+  std::string d = testing::TempDir() + "/data_test_" + std::to_string(::getpid()) + "_" + name;
+  fs::remove_all(d);
+  return d;
+}
+
+std::vector<uint32_t> Iota(uint32_t start, int n) {
+  std::vector<uint32_t> v(n);
+  for (int i = 0; i < n; ++i) v[i] = start + i;
+  return v;
+}
+
+absl::StatusOr<Manifest> WriteDocs(const std::string& dir, const std::vector<std::vector<uint32_t>>& docs,
+                                   Packing packing, int64_t seq_len, int64_t vocab = 1000) {
+  WriterOptions o;
+  o.vocab_size = vocab;
+  o.seq_len = seq_len;
+  o.packing = packing;
+  auto w = DatasetWriter::Create(dir, o);
+  if (!w.ok()) return w.status();
+  for (const auto& d : docs) {
+    std::vector<uint8_t> mask(d.size(), 1);
+    mask[0] = 0;
+    if (auto s = (*w)->AddDocument(d, mask); !s.ok()) return s;
+  }
+  return (*w)->Finish();
+}
+
+TEST(Dataset, RoundTripPackedKeepsTokensMasksAndBoundaries) {
+  const std::string dir = FreshDir("roundtrip");
+  // seq_len 8: docs of 3, 4 (fits: row 0 = 7), 5 (new row), 20 (long: own rows, split 8/8/4), 2 (joins the 4).
+  std::vector<std::vector<uint32_t>> docs = {Iota(10, 3), Iota(20, 4), Iota(30, 5), Iota(100, 20), Iota(200, 2)};
+  auto m = WriteDocs(dir, docs, Packing::kPacked, 8);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->num_documents, 5);
+  EXPECT_EQ(m->num_tokens, 34);
+  EXPECT_EQ(m->split_documents, 1);
+  EXPECT_EQ(m->num_trained_tokens, 34 - 5);
+  EXPECT_FALSE(fs::exists(dir + ".tmp-" + std::to_string(::getpid())));
+
+  auto r = DatasetReader::Open(dir, {.model_vocab_size = 1000});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto& ds = **r;
+  EXPECT_EQ(ds.num_rows(), 5);
+  std::vector<uint64_t> rows(ds.row_offsets().begin(), ds.row_offsets().end());
+  EXPECT_EQ(rows, (std::vector<uint64_t>{0, 7, 12, 20, 28, 34}));
+  std::vector<uint64_t> docs_off(ds.doc_offsets().begin(), ds.doc_offsets().end());
+  EXPECT_EQ(docs_off, (std::vector<uint64_t>{0, 3, 7, 12, 32, 34}));
+  EXPECT_EQ(ds.tokens()[3], 20u);
+  EXPECT_EQ(ds.loss_mask()[3], 0);
+  EXPECT_EQ(ds.loss_mask()[4], 1);
+  // Row 4 = tail of the long doc (4 tokens) + the 2-token doc: two pieces.
+  auto segs = ds.RowSegments(4);
+  ASSERT_EQ(segs.size(), 2u);
+  EXPECT_EQ(segs[0].begin, 28);
+  EXPECT_EQ(segs[0].end, 32);
+  EXPECT_EQ(segs[1].begin, 32);
+  EXPECT_EQ(segs[1].end, 34);
+  EXPECT_EQ(ds.RowSegments(0).size(), 2u);
+}
+
+TEST(Dataset, PaddedTruncatesOneDocumentPerRow) {
+  const std::string dir = FreshDir("padded");
+  auto m = WriteDocs(dir, {Iota(1, 3), Iota(1, 10), Iota(1, 8)}, Packing::kPadded, 8);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->truncated_documents, 1);
+  EXPECT_EQ(m->num_rows, 3);
+  EXPECT_EQ(m->num_tokens, 3 + 8 + 8);
+  auto r = DatasetReader::Open(dir);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->Row(1).end - (*r)->Row(1).begin, 8);
+}
+
+TEST(Dataset, RefusesExistingOutputUnlessOverwrite) {
+  const std::string dir = FreshDir("exists");
+  ASSERT_TRUE(WriteDocs(dir, {Iota(1, 3)}, Packing::kPacked, 8).ok());
+  auto again = WriteDocs(dir, {Iota(1, 3)}, Packing::kPacked, 8);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST(Dataset, EmptyDatasetIsInvalidArgument) {
+  const std::string dir = FreshDir("empty");
+  WriterOptions o{.vocab_size = 10, .seq_len = 4};
+  auto w = DatasetWriter::Create(dir, o);
+  ASSERT_TRUE(w.ok());
+  auto m = (*w)->Finish();
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(fs::exists(dir));
+}
+
+TEST(Dataset, WriterRejectsOutOfVocabularyIds) {
+  WriterOptions o{.vocab_size = 10, .seq_len = 4};
+  auto w = DatasetWriter::Create(FreshDir("writer_oov"), o);
+  ASSERT_TRUE(w.ok());
+  std::vector<uint32_t> t = {1, 2, 10};
+  std::vector<uint8_t> m = {1, 1, 1};
+  auto s = (*w)->AddDocument(t, m);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("token 2"));
+}
+
+TEST(Dataset, TruncatedFileIsDataLossNamingFileAndSizes) {
+  const std::string dir = FreshDir("truncated");
+  ASSERT_TRUE(WriteDocs(dir, {Iota(1, 5), Iota(1, 6)}, Packing::kPacked, 8).ok());
+  fs::resize_file(dir + "/tokens.bin", 40);
+  auto r = DatasetReader::Open(dir);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("tokens.bin has 40 bytes, expected 44"));
+}
+
+TEST(Dataset, CorruptedByteFailsChecksum) {
+  const std::string dir = FreshDir("corrupt");
+  ASSERT_TRUE(WriteDocs(dir, {Iota(1, 5), Iota(1, 6)}, Packing::kPacked, 8).ok());
+  {
+    std::fstream f(dir + "/loss_mask.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(2);
+    f.put(7);
+  }
+  auto r = DatasetReader::Open(dir);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("loss_mask.bin is corrupt"));
+  // Without checksum verification the same file opens.
+  EXPECT_TRUE(DatasetReader::Open(dir, {.verify_checksums = VerifyChecksums::kNo}).ok());
+}
+
+TEST(Dataset, MissingManifestIsNotFound) {
+  auto r = DatasetReader::Open(FreshDir("nothing"));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(Dataset, TokensBeyondModelVocabularyNameFirstPosition) {
+  const std::string dir = FreshDir("model_vocab");
+  ASSERT_TRUE(WriteDocs(dir, {{1, 2, 3}, {4, 700, 5, 800}}, Packing::kPacked, 8).ok());
+  auto r = DatasetReader::Open(dir, {.model_vocab_size = 512});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("position 4 has id 700 >= vocab_size 512"));
+}
+
+TEST(Dataset, ManifestFromANewerFormatIsRefused) {
+  const std::string dir = FreshDir("version");
+  ASSERT_TRUE(WriteDocs(dir, {Iota(1, 5)}, Packing::kPacked, 8).ok());
+  std::ifstream in(dir + "/manifest.json");
+  auto j = nlohmann::json::parse(in);
+  in.close();
+  j["version"] = 99;
+  std::ofstream(dir + "/manifest.json") << j.dump();
+  auto r = DatasetReader::Open(dir);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(Synthetic, IsDeterministicAndWithinVocabulary) {
+  SyntheticOptions o;
+  o.vocab_size = 97;
+  o.num_documents = 50;
+  o.seed = 5;
+  o.prompt_fraction = 0.25;
+  const std::string dir_b = FreshDir("syn_b");
+  auto a = WriteSyntheticDataset(FreshDir("syn_a"), o);
+  auto b = WriteSyntheticDataset(dir_b, o);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->files[0].crc32, b->files[0].crc32);
+  EXPECT_EQ(a->files[1].crc32, b->files[1].crc32);
+  EXPECT_LT(a->num_trained_tokens, a->num_tokens);
+  o.seed = 6;
+  auto c = WriteSyntheticDataset(FreshDir("syn_c"), o);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(a->files[0].crc32, c->files[0].crc32);
+  auto r = DatasetReader::Open(dir_b, {.model_vocab_size = 97});
+  ASSERT_TRUE(r.ok()) << r.status();
+  // Learnable pattern: constant stride inside a document.
+  auto t = (*r)->tokens();
+  auto d = (*r)->doc_offsets();
+  const int64_t stride = (t[d[0] + 1] + 97 - t[d[0]]) % 97;
+  EXPECT_EQ((t[d[0] + 2] + 97 - t[d[0] + 1]) % 97, stride);
+}
+
+}  // namespace
+}  // namespace slidedp::data

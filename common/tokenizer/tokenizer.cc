@@ -1,0 +1,682 @@
+// Byte-level BPE matching HF tokenizers: load, encode (added tokens, NFC, regex split, BPE), decode.
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "common/tokenizer/tokenizer.h"
+
+#include <pcre2.h>
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
+#include <unicode/stringpiece.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <queue>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/status/status_macros.h"
+#include "glog/logging.h"
+#include "nlohmann/json.hpp"
+
+namespace slidedp::tok {
+namespace {
+
+using json = nlohmann::json;
+
+// GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the other 68 bytes to
+// U+0100.. in byte order. Vocabulary strings are written in this alphabet.
+std::vector<int> ByteToCodepoint() {
+  std::vector<int> map(256, -1);
+  auto keep = [](int b) { return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF); };
+  int n = 0;
+  for (int b = 0; b < 256; ++b) map[b] = keep(b) ? b : 256 + n++;
+  return map;
+}
+
+// Decodes one UTF-8 code point of valid text; advances i.
+uint32_t NextCodepoint(absl::string_view s, size_t& i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) {
+    ++i;
+    return c;
+  }
+  int len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+  uint32_t cp = c & (0x3F >> (len - 1));
+  for (int k = 1; k < len && i + k < s.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  i += len;
+  return cp;
+}
+
+// Length of the valid UTF-8 sequence at s[i], or 0 with *bad = bytes forming the maximal invalid
+// subpart (at least 1), following the Unicode "maximal subpart" practice.
+size_t Utf8SequenceAt(absl::string_view s, size_t i, size_t* bad) {
+  const auto b0 = static_cast<unsigned char>(s[i]);
+  if (b0 < 0x80) return 1;
+  int need;
+  unsigned char lo = 0x80, hi = 0xBF;
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    need = 1;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    need = 2;
+    if (b0 == 0xE0) lo = 0xA0;
+    if (b0 == 0xED) hi = 0x9F;
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    need = 3;
+    if (b0 == 0xF0) lo = 0x90;
+    if (b0 == 0xF4) hi = 0x8F;
+  } else {
+    *bad = 1;
+    return 0;
+  }
+  for (int k = 1; k <= need; ++k) {
+    if (i + k >= s.size()) {
+      *bad = k;
+      return 0;
+    }
+    const auto b = static_cast<unsigned char>(s[i + k]);
+    const unsigned char l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xBF;
+    if (b < l || b > h) {
+      *bad = k;
+      return 0;
+    }
+  }
+  return need + 1;
+}
+
+bool IsAscii(absl::string_view s) {
+  const char* p = s.data();
+  size_t n = s.size(), i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    if (w & 0x8080808080808080ull) return false;
+  }
+  for (; i < n; ++i) {
+    if (static_cast<unsigned char>(p[i]) & 0x80) return false;
+  }
+  return true;
+}
+
+// The pre-tokenizer pattern ByteLevel uses when its use_regex is true (GPT-2).
+constexpr char kGpt2Pattern[] = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+std::atomic<uint64_t> g_next_instance{1};
+
+// HF compiles the split regex with Oniguruma, whose \s is the Unicode White_Space property.
+// PCRE2 10.42 with UCP also counts U+180E (MONGOLIAN VOWEL SEPARATOR, no longer a space since
+// Unicode 6.3) as \s, which changed ids on text containing it (found by the fuzz corpus in
+// tools/tokenizer/compare_and_bench.py). So \s and \S are spelled out as the White_Space set.
+constexpr char kWhiteSpaceSet[] =
+    R"(\t\n\x{0B}\f\r\x{20}\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
+
+absl::StatusOr<std::string> OnigToPcre2(const std::string& pattern) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char e = pattern[i + 1];
+      ++i;
+      if (e == 's') {
+        absl::StrAppend(&out, in_class ? kWhiteSpaceSet : absl::StrCat("[", kWhiteSpaceSet, "]"));
+      } else if (e == 'S') {
+        if (in_class) return absl::UnimplementedError("split regex uses \\S inside a character class");
+        absl::StrAppend(&out, "[^", kWhiteSpaceSet, "]");
+      } else {
+        out.push_back('\\');
+        out.push_back(e);
+      }
+      continue;
+    }
+    if (c == '[' && !in_class) {
+      in_class = true;
+      out.push_back(c);
+      // A leading '^' and a ']' right after the opening bracket are literal parts of the class.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out.push_back(pattern[++i]);
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out.push_back(pattern[++i]);
+      continue;
+    }
+    if (c == ']' && in_class) in_class = false;
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// PCRE2 regex with per-thread match data and JIT stack.
+
+struct Tokenizer::Regex {
+  pcre2_code* code = nullptr;
+  bool jit = false;
+  ~Regex() {
+    if (code != nullptr) pcre2_code_free(code);
+  }
+};
+
+namespace {
+struct ThreadMatchState {
+  pcre2_match_data* md = nullptr;
+  pcre2_match_context* mctx = nullptr;
+  pcre2_jit_stack* stack = nullptr;
+  ThreadMatchState() {
+    md = pcre2_match_data_create(1, nullptr);
+    mctx = pcre2_match_context_create(nullptr);
+    stack = pcre2_jit_stack_create(32 * 1024, 16 * 1024 * 1024, nullptr);
+    pcre2_jit_stack_assign(mctx, nullptr, stack);
+  }
+  ~ThreadMatchState() {
+    pcre2_match_data_free(md);
+    pcre2_match_context_free(mctx);
+    pcre2_jit_stack_free(stack);
+  }
+};
+ThreadMatchState& MatchState() {
+  thread_local ThreadMatchState state;
+  return state;
+}
+}  // namespace
+
+// Per-thread cache of BPE results for short pieces (words repeat heavily in real text).
+struct Tokenizer::WordCache {
+  uint64_t owner = 0;
+  absl::flat_hash_map<std::string, std::vector<uint32_t>> map;
+};
+
+namespace {
+constexpr size_t kCacheMaxEntries = 1 << 16;
+constexpr size_t kCacheMaxWordBytes = 64;
+}  // namespace
+
+Tokenizer::Tokenizer() : instance_id_(g_next_instance.fetch_add(1)) {}
+Tokenizer::~Tokenizer() = default;
+
+// ---------------------------------------------------------------------------------------------
+// Loading
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open tokenizer file ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto t = FromJson(ss.str());
+  if (!t.ok()) return Annotate(t.status(), path);
+  return t;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view json_text) {
+  json j = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("tokenizer.json is not a JSON object");
+  std::unique_ptr<Tokenizer> t(new Tokenizer());
+  try {
+    // Model.
+    const json& model = j.at("model");
+    if (model.value("type", std::string("BPE")) != "BPE") {
+      return absl::UnimplementedError(absl::StrCat("tokenizer model type ", model.value("type", std::string()),
+                                                   " (only byte-level BPE is supported)"));
+    }
+    if (model.contains("byte_fallback") && model["byte_fallback"].is_boolean() && model["byte_fallback"].get<bool>()) {
+      return absl::UnimplementedError("BPE byte_fallback (SentencePiece-style) tokenizers are not supported");
+    }
+    if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() > 0) {
+      return absl::UnimplementedError("BPE dropout is not supported");
+    }
+    t->ignore_merges_ = model.value("ignore_merges", false);
+
+    std::vector<int> b2c = ByteToCodepoint();
+    absl::flat_hash_map<uint32_t, uint8_t> c2b;
+    for (int b = 0; b < 256; ++b) c2b[static_cast<uint32_t>(b2c[b])] = static_cast<uint8_t>(b);
+    auto to_bytes = [&](const std::string& s, std::string* out) {
+      out->clear();
+      size_t i = 0;
+      while (i < s.size()) {
+        uint32_t cp = NextCodepoint(s, i);
+        auto it = c2b.find(cp);
+        if (it == c2b.end()) return false;
+        out->push_back(static_cast<char>(it->second));
+      }
+      return true;
+    };
+
+    const json& vocab = model.at("vocab");
+    uint32_t max_id = 0;
+    std::string bytes;
+    t->bytes_to_id_.reserve(vocab.size());
+    std::vector<std::pair<uint32_t, std::string>> entries;
+    entries.reserve(vocab.size());
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+      if (!to_bytes(it.key(), &bytes)) {
+        return absl::UnimplementedError(absl::StrCat("vocabulary entry \"", it.key(),
+                                                     "\" is not in the byte-level alphabet (not a byte-level BPE)"));
+      }
+      const uint32_t id = it.value().get<uint32_t>();
+      max_id = std::max(max_id, id);
+      t->bytes_to_id_[bytes] = id;
+      entries.emplace_back(id, bytes);
+    }
+    for (int b = 0; b < 256; ++b) {
+      auto it = t->bytes_to_id_.find(std::string(1, static_cast<char>(b)));
+      if (it == t->bytes_to_id_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("byte-level vocabulary lacks the single byte ", b));
+      }
+      t->byte_id_[b] = it->second;
+    }
+
+    // Merges: either ["a", "b"] pairs (tokenizers >= 0.20) or "a b" strings.
+    const json& merges = model.at("merges");
+    t->merges_.reserve(merges.size());
+    std::string left, right;
+    for (size_t rank = 0; rank < merges.size(); ++rank) {
+      const json& m = merges[rank];
+      std::string a, b;
+      if (m.is_array()) {
+        a = m.at(0).get<std::string>();
+        b = m.at(1).get<std::string>();
+      } else {
+        const std::string s = m.get<std::string>();
+        const size_t sp = s.find(' ', 1);
+        if (sp == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("merge ", rank, " \"", s, "\""));
+        a = s.substr(0, sp);
+        b = s.substr(sp + 1);
+      }
+      if (!to_bytes(a, &left) || !to_bytes(b, &right)) {
+        return absl::InvalidArgumentError(absl::StrCat("merge ", rank, " is not byte-level"));
+      }
+      auto la = t->bytes_to_id_.find(left), lb = t->bytes_to_id_.find(right),
+           lm = t->bytes_to_id_.find(left + right);
+      if (la == t->bytes_to_id_.end() || lb == t->bytes_to_id_.end() || lm == t->bytes_to_id_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("merge ", rank, " (\"", a, "\", \"", b,
+                                                       "\") refers to a token missing from the vocabulary"));
+      }
+      const uint64_t key = (static_cast<uint64_t>(la->second) << 32) | lb->second;
+      t->merges_.try_emplace(key, MergeTarget{static_cast<uint32_t>(rank), lm->second});  // first (lowest) rank wins
+    }
+
+    // Added tokens.
+    if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+      for (const json& a : j["added_tokens"]) {
+        AddedToken at{a.at("id").get<uint32_t>(), a.at("content").get<std::string>(), a.value("special", false)};
+        if (a.value("lstrip", false) || a.value("rstrip", false) || a.value("single_word", false)) {
+          return absl::UnimplementedError(
+              absl::StrCat("added token \"", at.content, "\" uses lstrip/rstrip/single_word, which is not supported"));
+        }
+        if (at.content.empty()) return absl::InvalidArgumentError("an added token has empty content");
+        max_id = std::max(max_id, at.id);
+        t->added_.push_back(std::move(at));
+      }
+    }
+    t->id_to_bytes_.assign(max_id + 1, std::string());
+    t->is_special_.assign(max_id + 1, 0);
+    for (auto& [id, b] : entries) t->id_to_bytes_[id] = std::move(b);
+    t->added_by_first_byte_.assign(256, {});
+    for (size_t i = 0; i < t->added_.size(); ++i) {
+      const AddedToken& a = t->added_[i];
+      t->id_to_bytes_[a.id] = a.content;
+      t->is_special_[a.id] = a.special ? 1 : 0;
+      t->added_by_first_byte_[static_cast<unsigned char>(a.content[0])].push_back(static_cast<int>(i));
+    }
+    for (auto& list : t->added_by_first_byte_) {
+      std::stable_sort(list.begin(), list.end(),
+                       [&](int x, int y) { return t->added_[x].content.size() > t->added_[y].content.size(); });
+    }
+
+    // Normalizer.
+    const json& norm = j.value("normalizer", json());
+    if (norm.is_null()) {
+      t->nfc_ = false;
+    } else if (norm.value("type", std::string()) == "NFC") {
+      t->nfc_ = true;
+    } else {
+      return absl::UnimplementedError(absl::StrCat("normalizer ", norm.dump(), " (supported: none, NFC)"));
+    }
+
+    // Pre-tokenizer: Sequence[Split(Regex, Isolated), ByteLevel(use_regex=false)] or ByteLevel(use_regex=true).
+    std::string pattern;
+    const json& pre = j.at("pre_tokenizer");
+    std::vector<json> steps;
+    if (pre.value("type", std::string()) == "Sequence") {
+      for (const json& p : pre.at("pretokenizers")) steps.push_back(p);
+    } else {
+      steps.push_back(pre);
+    }
+    bool byte_level = false;
+    for (const json& p : steps) {
+      const std::string type = p.value("type", std::string());
+      if (type == "Split" && pattern.empty() && !byte_level) {
+        if (!p.at("pattern").contains("Regex") || p.value("behavior", std::string()) != "Isolated" ||
+            p.value("invert", false)) {
+          return absl::UnimplementedError(absl::StrCat("pre-tokenizer ", p.dump(), " (supported: Split with a Regex, Isolated)"));
+        }
+        pattern = p["pattern"]["Regex"].get<std::string>();
+      } else if (type == "ByteLevel" && !byte_level) {
+        byte_level = true;
+        if (p.value("add_prefix_space", false)) {
+          return absl::UnimplementedError("ByteLevel add_prefix_space=true is not supported");
+        }
+        if (p.value("use_regex", true)) {
+          if (!pattern.empty()) return absl::UnimplementedError("Split followed by ByteLevel(use_regex=true)");
+          pattern = kGpt2Pattern;
+        }
+      } else {
+        return absl::UnimplementedError(absl::StrCat("pre-tokenizer step ", p.dump()));
+      }
+    }
+    if (!byte_level || pattern.empty()) {
+      return absl::UnimplementedError("pre-tokenizer must end in ByteLevel and define a split regex");
+    }
+    auto translated = OnigToPcre2(pattern);
+    if (!translated.ok()) return translated.status();
+    pattern = *translated;
+    int err = 0;
+    PCRE2_SIZE err_offset = 0;
+    t->regex_ = std::make_unique<Regex>();
+    t->regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                    PCRE2_UTF | PCRE2_UCP, &err, &err_offset, nullptr);
+    if (t->regex_->code == nullptr) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof(msg));
+      return absl::InvalidArgumentError(absl::StrCat("split regex does not compile at offset ", err_offset, ": ",
+                                                     reinterpret_cast<const char*>(msg)));
+    }
+    t->regex_->jit = pcre2_jit_compile(t->regex_->code, PCRE2_JIT_COMPLETE) == 0;
+    if (!t->regex_->jit) LOG(WARNING) << "PCRE2 JIT unavailable; the tokenizer regex runs interpreted (slower)";
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: ", e.what()));
+  }
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Text utilities
+
+bool Tokenizer::IsValidUtf8(absl::string_view text) {
+  if (IsAscii(text)) return true;
+  size_t i = 0, bad = 0;
+  while (i < text.size()) {
+    size_t n = Utf8SequenceAt(text, i, &bad);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+std::string Tokenizer::RepairUtf8(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size() + 8);
+  size_t i = 0, bad = 0;
+  while (i < text.size()) {
+    size_t n = Utf8SequenceAt(text, i, &bad);
+    if (n > 0) {
+      out.append(text.data() + i, n);
+      i += n;
+    } else {
+      out.append("\xEF\xBF\xBD");
+      i += bad;
+    }
+  }
+  return out;
+}
+
+std::string Tokenizer::NfcNormalize(absl::string_view text) {
+  if (IsAscii(text)) return std::string(text);
+  UErrorCode ec = U_ZERO_ERROR;
+  const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(ec);
+  CHECK(U_SUCCESS(ec)) << "ICU NFC data unavailable: " << u_errorName(ec);
+  const icu::StringPiece piece(text.data(), static_cast<int32_t>(text.size()));
+  if (nfc->isNormalizedUTF8(piece, ec) && U_SUCCESS(ec)) return std::string(text);
+  ec = U_ZERO_ERROR;
+  std::string out;
+  icu::StringByteSink<std::string> sink(&out, static_cast<int32_t>(text.size()));
+  nfc->normalizeUTF8(0, piece, sink, nullptr, ec);
+  CHECK(U_SUCCESS(ec)) << "ICU normalizeUTF8 failed: " << u_errorName(ec);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoding
+
+std::vector<uint32_t> Tokenizer::Encode(absl::string_view text, SpecialTokens special, Normalized normalized,
+                                        std::vector<uint32_t>* starts) const {
+  std::string repaired;
+  if (!IsValidUtf8(text)) {
+    repaired = RepairUtf8(text);
+    text = repaired;
+  }
+  std::vector<uint32_t> ids;
+  ids.reserve(text.size() / 3 + 4);
+  if (starts != nullptr) starts->clear();
+  // Added tokens first: leftmost-longest, scanning for bytes that can start one.
+  size_t plain_begin = 0, i = 0;
+  // `base` tracks offsets in the normalized output text (pieces may change length under NFC).
+  uint32_t base = 0;
+  const bool any_added = !added_.empty();
+  while (any_added && i < text.size()) {
+    const auto& cands = added_by_first_byte_[static_cast<unsigned char>(text[i])];
+    const AddedToken* hit = nullptr;
+    for (int idx : cands) {
+      const AddedToken& a = added_[idx];
+      if (special == SpecialTokens::kAsText && a.special) continue;
+      if (text.size() - i >= a.content.size() && std::memcmp(text.data() + i, a.content.data(), a.content.size()) == 0) {
+        hit = &a;
+        break;
+      }
+    }
+    if (hit == nullptr) {
+      ++i;
+      continue;
+    }
+    if (i > plain_begin) {
+      const size_t before = ids.size();
+      (void)before;
+      EncodePlain(text.substr(plain_begin, i - plain_begin), base, normalized, &ids, starts);
+      // base advances by the normalized length, which EncodePlain reports through starts only;
+      // recompute it from the token bytes just emitted.
+      for (size_t k = before; k < ids.size(); ++k) base += static_cast<uint32_t>(id_to_bytes_[ids[k]].size());
+    }
+    ids.push_back(hit->id);
+    if (starts != nullptr) starts->push_back(base);
+    base += static_cast<uint32_t>(hit->content.size());
+    i += hit->content.size();
+    plain_begin = i;
+  }
+  if (plain_begin < text.size()) EncodePlain(text.substr(plain_begin), base, normalized, &ids, starts);
+  return ids;
+}
+
+void Tokenizer::EncodePlain(absl::string_view text, uint32_t base, Normalized normalized, std::vector<uint32_t>* ids,
+                            std::vector<uint32_t>* starts) const {
+  std::string norm;
+  if (nfc_ && normalized == Normalized::kNo && !IsAscii(text)) {
+    norm = NfcNormalize(text);
+    text = norm;
+  }
+  ThreadMatchState& ms = MatchState();
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  const size_t len = text.size();
+  size_t offset = 0;
+  while (offset < len) {
+    int rc = regex_->jit ? pcre2_jit_match(regex_->code, subject, len, offset, 0, ms.md, ms.mctx)
+                         : pcre2_match(regex_->code, subject, len, offset, PCRE2_NO_UTF_CHECK, ms.md, ms.mctx);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    CHECK_GT(rc, 0) << "PCRE2 match error " << rc;
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(ms.md);
+    const size_t mb = ov[0], me = ov[1];
+    if (mb > offset) EncodePiece(text.substr(offset, mb - offset), base + offset, ids, starts);  // an unmatched gap
+    if (me == mb) {  // empty match: step one code point (cannot happen with the supported patterns)
+      size_t next = mb;
+      NextCodepoint(text, next);
+      if (next > mb) EncodePiece(text.substr(mb, next - mb), base + mb, ids, starts);
+      offset = next;
+      continue;
+    }
+    EncodePiece(text.substr(mb, me - mb), base + mb, ids, starts);
+    offset = me;
+  }
+  if (offset < len) EncodePiece(text.substr(offset), base + offset, ids, starts);
+}
+
+void Tokenizer::EncodePiece(absl::string_view piece, uint32_t base, std::vector<uint32_t>* ids,
+                            std::vector<uint32_t>* starts) const {
+  const size_t first = ids->size();
+  if (piece.size() == 1) {
+    ids->push_back(byte_id_[static_cast<unsigned char>(piece[0])]);
+  } else if (piece.size() <= kCacheMaxWordBytes) {
+    thread_local WordCache cache;
+    if (cache.owner != instance_id_) {
+      cache.map.clear();
+      cache.owner = instance_id_;
+    }
+    auto it = cache.map.find(piece);
+    if (it != cache.map.end()) {
+      ids->insert(ids->end(), it->second.begin(), it->second.end());
+    } else {
+      Bpe(piece, ids);
+      if (cache.map.size() >= kCacheMaxEntries) cache.map.clear();
+      cache.map.emplace(std::string(piece), std::vector<uint32_t>(ids->begin() + first, ids->end()));
+    }
+  } else {
+    Bpe(piece, ids);
+  }
+  if (starts != nullptr) {
+    uint32_t at = base;
+    for (size_t k = first; k < ids->size(); ++k) {
+      starts->push_back(at);
+      at += static_cast<uint32_t>(id_to_bytes_[(*ids)[k]].size());
+    }
+  }
+}
+
+// Merges by rank. Short pieces: a linear scan for the lowest-rank adjacent pair (leftmost on ties).
+// Long pieces: HF's own algorithm (a min-heap on (rank, position) with stale entries skipped),
+// which produces the same merges in O(n log n).
+void Tokenizer::Bpe(absl::string_view piece, std::vector<uint32_t>* out) const {
+  if (ignore_merges_) {
+    auto it = bytes_to_id_.find(piece);
+    if (it != bytes_to_id_.end()) {
+      out->push_back(it->second);
+      return;
+    }
+  }
+  const size_t n = piece.size();
+  constexpr uint32_t kNone = UINT32_MAX;
+  auto lookup = [&](uint32_t a, uint32_t b) -> MergeTarget {
+    auto it = merges_.find((static_cast<uint64_t>(a) << 32) | b);
+    return it == merges_.end() ? MergeTarget{kNone, 0} : it->second;
+  };
+  if (n <= 48) {
+    uint32_t sym[48];
+    MergeTarget pair[48];
+    size_t m = n;
+    for (size_t i = 0; i < n; ++i) sym[i] = byte_id_[static_cast<unsigned char>(piece[i])];
+    for (size_t i = 0; i + 1 < m; ++i) pair[i] = lookup(sym[i], sym[i + 1]);
+    while (m > 1) {
+      size_t best = 0;
+      for (size_t i = 1; i + 1 < m; ++i) {
+        if (pair[i].rank < pair[best].rank) best = i;
+      }
+      if (pair[best].rank == kNone) break;
+      sym[best] = pair[best].new_id;
+      for (size_t i = best + 1; i + 1 < m; ++i) sym[i] = sym[i + 1];
+      for (size_t i = best + 1; i + 2 < m; ++i) pair[i] = pair[i + 1];
+      --m;
+      if (best > 0) pair[best - 1] = lookup(sym[best - 1], sym[best]);
+      if (best + 1 < m) pair[best] = lookup(sym[best], sym[best + 1]);
+    }
+    out->insert(out->end(), sym, sym + m);
+    return;
+  }
+  struct Symbol {
+    uint32_t id;
+    int32_t prev, next;
+    bool alive;
+  };
+  std::vector<Symbol> s(n);
+  for (size_t i = 0; i < n; ++i) {
+    s[i] = {byte_id_[static_cast<unsigned char>(piece[i])], static_cast<int32_t>(i) - 1,
+            i + 1 < n ? static_cast<int32_t>(i + 1) : -1, true};
+  }
+  struct Candidate {
+    uint32_t rank;
+    uint32_t pos;
+    uint32_t new_id;
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
+  for (size_t i = 0; i + 1 < n; ++i) {
+    MergeTarget t = lookup(s[i].id, s[i + 1].id);
+    if (t.rank != kNone) queue.push({t.rank, static_cast<uint32_t>(i), t.new_id});
+  }
+  while (!queue.empty()) {
+    const Candidate top = queue.top();
+    queue.pop();
+    Symbol& left = s[top.pos];
+    if (!left.alive || left.next < 0) continue;
+    Symbol& right = s[left.next];
+    const MergeTarget now = lookup(left.id, right.id);
+    if (now.rank == kNone || now.new_id != top.new_id) continue;  // stale entry
+    left.id = top.new_id;
+    right.alive = false;
+    left.next = right.next;
+    if (left.next >= 0) s[left.next].prev = static_cast<int32_t>(top.pos);
+    if (left.prev >= 0) {
+      MergeTarget t = lookup(s[left.prev].id, left.id);
+      if (t.rank != kNone) queue.push({t.rank, static_cast<uint32_t>(left.prev), t.new_id});
+    }
+    if (left.next >= 0) {
+      MergeTarget t = lookup(left.id, s[left.next].id);
+      if (t.rank != kNone) queue.push({t.rank, top.pos, t.new_id});
+    }
+  }
+  for (int32_t i = 0; i >= 0; i = s[i].next) out->push_back(s[i].id);
+}
+
+std::vector<std::vector<uint32_t>> Tokenizer::EncodeBatch(absl::Span<const std::string> texts, int threads,
+                                                          SpecialTokens special) const {
+  std::vector<std::vector<uint32_t>> out(texts.size());
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = static_cast<int>(std::min<size_t>(threads, std::max<size_t>(1, texts.size())));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next.fetch_add(1); i < texts.size(); i = next.fetch_add(1)) out[i] = Encode(texts[i], special);
+  };
+  if (threads == 1) {
+    work();
+    return out;
+  }
+  std::vector<std::thread> pool;
+  for (int k = 0; k < threads; ++k) pool.emplace_back(work);
+  for (auto& th : pool) th.join();
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding and lookups
+
+std::string Tokenizer::Decode(absl::Span<const uint32_t> ids, SkipSpecial skip) const {
+  std::string bytes;
+  for (uint32_t id : ids) {
+    if (id >= id_to_bytes_.size()) continue;
+    if (skip == SkipSpecial::kYes && is_special_[id]) continue;
+    bytes += id_to_bytes_[id];
+  }
+  return IsValidUtf8(bytes) ? bytes : RepairUtf8(bytes);
+}
+
+absl::StatusOr<uint32_t> Tokenizer::TokenId(absl::string_view token_text) const {
+  for (const AddedToken& a : added_) {
+    if (a.content == token_text) return a.id;
+  }
+  auto it = bytes_to_id_.find(token_text);
+  if (it != bytes_to_id_.end()) return it->second;
+  return absl::NotFoundError(absl::StrCat("token \"", std::string(token_text), "\" is not in the vocabulary"));
+}
+
+const std::string& Tokenizer::TokenBytes(uint32_t id) const {
+  static const std::string* const kEmpty = new std::string();
+  return id < id_to_bytes_.size() ? id_to_bytes_[id] : *kEmpty;
+}
+
+}  // namespace slidedp::tok

@@ -1,0 +1,110 @@
+// Byte-level BPE tokenizer that loads HF tokenizer.json (Qwen2/Qwen2.5/Qwen3, Llama-3 kind) and
+// produces the same ids as HF `tokenizers`.
+//
+// Pipeline (as HF runs it for these models):
+//   1. invalid UTF-8 is replaced by U+FFFD per maximal subpart (what Python's
+//      bytes.decode("utf-8", "replace") and Rust's from_utf8_lossy do before HF ever sees text);
+//   2. added tokens (<|im_start|>, <think>, ...) are matched first, leftmost-longest, and emitted
+//      as their ids; the text between them goes through steps 3-6;
+//   3. normalizer: none or NFC (ICU);
+//   4. pre-tokenizer: the Split regex (PCRE2, UTF + UCP, JIT) with Isolated behaviour, or
+//      ByteLevel's own GPT-2 regex when use_regex is true;
+//   5. byte-level BPE on each piece: start from single bytes, repeatedly merge the adjacent pair
+//      of lowest merge rank (leftmost on ties); ignore_merges (Llama-3) emits a whole piece that is
+//      itself in the vocabulary directly;
+//   6. ids; decode concatenates token bytes and replaces invalid UTF-8 with U+FFFD.
+// Limits: BPE models only (no WordPiece/Unigram), no byte_fallback/dropout/unk, added tokens with
+// lstrip/rstrip/single_word are rejected at load (none of the supported models use them).
+//
+// Thread-safety: a loaded Tokenizer is immutable; Encode may be called from many threads (each
+// thread keeps its own word cache).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace slidedp::tok {
+
+enum class SpecialTokens {
+  kRecognize,  // added tokens in the text become their ids (HF default, split_special_tokens=false)
+  kAsText,     // added tokens in the text are tokenized as ordinary text
+};
+enum class SkipSpecial { kNo, kYes };
+enum class Normalized { kNo, kAlready };  // kAlready: the caller guarantees the text is NFC
+
+struct AddedToken {
+  uint32_t id = 0;
+  std::string content;
+  bool special = false;
+};
+
+class Tokenizer {
+ public:
+  ~Tokenizer();
+  // tokenizer.json text / file. UNIMPLEMENTED names the unsupported component.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(absl::string_view json_text);
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromFile(const std::string& path);
+
+  // Ids of `text`. If `starts` is given, it receives each token's first byte offset in the
+  // (UTF-8-repaired, normalized) text; with Normalized::kAlready and valid UTF-8 input those are
+  // offsets into `text` itself.
+  std::vector<uint32_t> Encode(absl::string_view text, SpecialTokens special = SpecialTokens::kRecognize,
+                               Normalized normalized = Normalized::kNo, std::vector<uint32_t>* starts = nullptr) const;
+
+  // Documents in parallel over `threads` threads (0 = hardware concurrency); output order = input order.
+  std::vector<std::vector<uint32_t>> EncodeBatch(absl::Span<const std::string> texts, int threads,
+                                                 SpecialTokens special = SpecialTokens::kRecognize) const;
+
+  std::string Decode(absl::Span<const uint32_t> ids, SkipSpecial skip = SkipSpecial::kNo) const;
+
+  // Id of a vocabulary entry or added token given as text (e.g. "<|im_end|>"), or NOT_FOUND.
+  absl::StatusOr<uint32_t> TokenId(absl::string_view token_text) const;
+  // Raw bytes of a token (the byte-level mapping undone); empty for ids outside the vocabulary.
+  const std::string& TokenBytes(uint32_t id) const;
+
+  // One past the largest id (vocab and added tokens): every id Encode returns is below it.
+  int64_t vocab_size() const { return static_cast<int64_t>(id_to_bytes_.size()); }
+  const std::vector<AddedToken>& added_tokens() const { return added_; }
+  bool normalizes_nfc() const { return nfc_; }
+
+  // Utilities exposed for prepare and tests.
+  static std::string RepairUtf8(absl::string_view text);  // invalid sequences -> U+FFFD
+  static bool IsValidUtf8(absl::string_view text);
+  // NFC of `text` (valid UTF-8 expected); ASCII text is returned unchanged without calling ICU.
+  static std::string NfcNormalize(absl::string_view text);
+
+ private:
+  Tokenizer();
+  struct Regex;
+  struct WordCache;
+  void EncodePlain(absl::string_view text, uint32_t base, Normalized normalized, std::vector<uint32_t>* ids,
+                   std::vector<uint32_t>* starts) const;
+  void EncodePiece(absl::string_view piece, uint32_t base, std::vector<uint32_t>* ids,
+                   std::vector<uint32_t>* starts) const;
+  void Bpe(absl::string_view piece, std::vector<uint32_t>* out) const;
+
+  struct MergeTarget {
+    uint32_t rank;
+    uint32_t new_id;
+  };
+  absl::flat_hash_map<std::string, uint32_t> bytes_to_id_;        // vocab with raw-byte keys
+  std::vector<std::string> id_to_bytes_;                            // decode table (added tokens included)
+  std::vector<uint8_t> is_special_;                                 // per id
+  absl::flat_hash_map<uint64_t, MergeTarget> merges_;               // (left id << 32 | right id)
+  uint32_t byte_id_[256] = {};
+  std::vector<AddedToken> added_;
+  std::vector<std::vector<int>> added_by_first_byte_;  // 256 lists of indexes into added_, longest first
+  std::unique_ptr<Regex> regex_;
+  bool nfc_ = false;
+  bool ignore_merges_ = false;
+  uint64_t instance_id_ = 0;  // keys the per-thread word caches
+};
+
+}  // namespace slidedp::tok

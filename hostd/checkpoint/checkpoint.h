@@ -1,0 +1,117 @@
+// Model and training checkpoints for the host state: loading HF Qwen3 checkpoints into the
+// per-unit FP32 master arrays, the HF random initializer, and atomic save/resume of the full
+// training state (master, Adam m and v, trainer state).
+//
+// On-disk layout of a saved checkpoint (HF-loadable with Qwen3ForCausalLM.from_pretrained):
+//   <root>/checkpoint-<step>/
+//     config.json                       HF config (torch_dtype = the weights' dtype)
+//     model.safetensors                 weights, BF16 (RNE of master) or F32; tied models omit
+//       or model-0000i-of-0000n.safetensors + model.safetensors.index.json  lm_head.weight
+//     optimizer.safetensors             per unit u: "unit.<u>.master", "unit.<u>.adam_m",
+//                                       "unit.<u>.adam_v", F32 [unit numel incl. padding];
+//                                       __metadata__ "layout" = the unit/tensor table
+//     trainer_state.json                {"format", "step", "weights_dtype", "trainer_state": {...}}
+//     COMPLETE                          written last: {"step", "files": {name: bytes}}
+// A save goes to <root>/.tmp-checkpoint-<step>-<pid>/ (every file fsynced, then the directory),
+// is renamed into place and the root is fsynced. Only directories named checkpoint-<N> holding a
+// COMPLETE whose file sizes match are ever considered; stale tmp directories of dead processes
+// are removed by the next save.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model/qwen3_config.h"
+#include "nlohmann/json.hpp"
+
+namespace slidedp::checkpoint {
+
+// Returns the unit's flat FP32 array (layout.units[unit].numel floats).
+using UnitArrayFn = std::function<float*(int unit)>;
+
+struct LoadOptions {
+  int threads = 0;  // tensors converted in parallel; 0 = hardware concurrency (at most 16)
+};
+
+// Loads an HF Qwen3 model directory (config.json + model.safetensors, or shards listed in
+// model.safetensors.index.json) into the master arrays, converting BF16/F16/F32 to FP32 and
+// zeroing the alignment padding between tensors. Every tensor of the layout must be present
+// exactly once with its shape; a tied model's lm_head.weight may be absent (if present it is
+// ignored, with a warning when it differs from the embedding). Errors:
+//   NOT_FOUND         directory, config.json or a shard file missing
+//   INVALID_ARGUMENT  config differs from the layout's, tensor missing/extra/duplicated/misshaped,
+//                     bad index, lying safetensors header
+//   DATA_LOSS         truncated file; UNIMPLEMENTED  dtype other than BF16/F16/F32
+absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout, const UnitArrayFn& master_of_unit,
+                         const LoadOptions& options = {});
+
+// HF Qwen3 initializer: Linear and Embedding weights ~ Normal(0, initializer_range), RMSNorm
+// weights (input/post-attention/final norm, q_norm, k_norm) = 1, padding = 0. Deterministic per
+// (seed, tensor name), independent of the thread count. threads: 0 = hardware concurrency.
+void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& master_of_unit, int threads = 0);
+
+enum class WeightDtype { kBF16, kF32 };
+
+struct StateArrays {
+  UnitArrayFn master;
+  UnitArrayFn adam_m;
+  UnitArrayFn adam_v;
+};
+
+struct SaveRequest {
+  std::string root_dir;
+  int64_t step = 0;
+  const ModelLayout* layout = nullptr;
+  StateArrays arrays;  // read only; must not change while the save runs
+  // Anything the trainer needs for exact resume: data position (epoch, index), RNG seeds,
+  // schedule position, job spec text... Must be a JSON object (or null).
+  nlohmann::json trainer_state = nlohmann::json::object();
+  WeightDtype weight_dtype = WeightDtype::kBF16;
+  int keep_last = 0;                         // > 0: keep only the newest N complete checkpoints
+  uint64_t shard_max_bytes = 5'000'000'000;  // weights above this are sharded (HF's default, 5 GB)
+  int io_threads = 8;                        // pwrite/convert workers per file
+  // Test-only fault injection: called with "config.json", "model", "optimizer.safetensors",
+  // "trainer_state.json", "COMPLETE", "rename" just before that stage; a non-OK status aborts
+  // the save there (as a crash would), and the hook may also kill the process.
+  std::function<absl::Status(const std::string& stage)> fault_hook;
+};
+
+struct SaveResult {
+  std::string dir;                   // <root>/checkpoint-<step>
+  uint64_t bytes_written = 0;
+  double seconds = 0;                // wall time including fsyncs
+  std::vector<std::string> removed;  // old checkpoints removed by keep_last
+};
+
+// Saves atomically (see the file comment). Disk full is RESOURCE_EXHAUSTED with the bytes needed
+// and free, checked before writing; previous checkpoints are never touched by a failed save.
+// Saving a step that already exists replaces it atomically (renameat2 RENAME_EXCHANGE).
+absl::StatusOr<SaveResult> SaveCheckpoint(const SaveRequest& request);
+
+// The newest complete checkpoint directory under root (COMPLETE present, listed file sizes match,
+// safetensors headers valid, trainer_state.json parses). NOT_FOUND when there is none.
+absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& root_dir);
+
+// Verifies one checkpoint directory as FindLatestCheckpoint does; returns its step.
+absl::StatusOr<int64_t> VerifyCheckpoint(const std::string& dir);
+
+struct LoadedCheckpoint {
+  int64_t step = 0;
+  nlohmann::json trainer_state;  // exactly what SaveRequest::trainer_state held
+};
+
+// Restores master, m and v bit-for-bit from optimizer.safetensors (the weights files are not
+// read). The layout must match the saved one (config and every unit's size):
+// FAILED_PRECONDITION otherwise.
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const ModelLayout& layout,
+                                                const StateArrays& arrays, const LoadOptions& options = {});
+
+// Config fields that decide tensor shapes and numerics; "" when a and b agree, else a message
+// naming the first differing field and both values.
+std::string DescribeConfigMismatch(const Qwen3Config& file, const Qwen3Config& layout);
+
+}  // namespace slidedp::checkpoint

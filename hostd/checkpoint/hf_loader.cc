@@ -1,0 +1,258 @@
+// Loads an HF Qwen3 model directory (single or sharded safetensors) into the FP32 master arrays.
+// Everything is checked before the first byte is converted, so a bad directory leaves the
+// arrays untouched.
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/safetensors/safetensors.h"
+#include "common/status/status_macros.h"
+#include "glog/logging.h"
+#include "hostd/checkpoint/checkpoint.h"
+#include "hostd/checkpoint/parallel_for.h"
+
+namespace slidedp::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using safetensors::SafetensorsFile;
+using safetensors::TensorInfo;
+
+std::string ShapeString(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+
+// Lists at most 8 names, then a count, so one broken directory cannot flood a log line.
+std::string NameList(const std::vector<std::string>& names) {
+  std::vector<std::string> shown(names.begin(), names.begin() + std::min<size_t>(names.size(), 8));
+  std::string s = absl::StrJoin(shown, ", ");
+  if (names.size() > shown.size()) absl::StrAppend(&s, " and ", names.size() - shown.size(), " more");
+  return s;
+}
+
+struct Located {
+  const SafetensorsFile* file;
+  const TensorInfo* info;
+};
+
+// A weight_map file name must be a plain name inside the model directory.
+bool IsPlainFileName(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+absl::Status OpenShards(const std::string& dir, std::vector<std::unique_ptr<SafetensorsFile>>* files,
+                        std::map<std::string, Located>* tensors) {
+  const std::string single = dir + "/model.safetensors";
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  std::map<std::string, std::string> weight_map;  // tensor -> file; empty for a single file
+  if (fs::exists(single)) {
+    ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(single));
+    files->push_back(std::move(f));
+  } else if (fs::exists(index_path)) {
+    std::ifstream in(index_path);
+    std::stringstream text;
+    text << in.rdbuf();
+    nlohmann::json index = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+    if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
+        !index["weight_map"].is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path, ": not a JSON object with a \"weight_map\" object"));
+    }
+    std::set<std::string> shard_names;
+    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+      if (!it->is_string() || !IsPlainFileName(it->get<std::string>())) {
+        return absl::InvalidArgumentError(absl::StrCat(index_path, ": weight_map entry for \"", it.key(),
+                                                       "\" must be a file name in the model directory, got ",
+                                                       it->dump()));
+      }
+      weight_map[it.key()] = it->get<std::string>();
+      shard_names.insert(it->get<std::string>());
+    }
+    for (const std::string& name : shard_names) {
+      auto f = SafetensorsFile::Open(dir + "/" + name);
+      if (!f.ok()) return Annotate(f.status(), absl::StrCat("shard listed in ", index_path));
+      files->push_back(std::move(*f));
+    }
+  } else {
+    return absl::NotFoundError(
+        absl::StrCat(dir, ": neither model.safetensors nor model.safetensors.index.json is present"));
+  }
+
+  for (const auto& f : *files) {
+    const std::string fname = fs::path(f->path()).filename().string();
+    for (const TensorInfo& t : f->tensors()) {
+      if (!weight_map.empty()) {
+        auto w = weight_map.find(t.name);
+        if (w == weight_map.end() || w->second != fname) {
+          return absl::InvalidArgumentError(absl::StrCat(f->path(), " holds tensor \"", t.name, "\" but ", index_path,
+                                                         w == weight_map.end() ? " does not list it"
+                                                                               : " maps it to " + w->second));
+        }
+      }
+      auto [pos, inserted] = tensors->emplace(t.name, Located{f.get(), &t});
+      if (!inserted) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor \"", t.name, "\" appears in both ",
+                                                       pos->second.file->path(), " and ", f->path()));
+      }
+    }
+  }
+  for (const auto& [name, file] : weight_map) {
+    if (!tensors->count(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path, " maps tensor \"", name, "\" to ", file,
+                                                     " but that file does not contain it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string DescribeConfigMismatch(const Qwen3Config& a, const Qwen3Config& b) {
+  auto differ = [](const char* field, auto x, auto y) -> std::string {
+    if (x == y) return "";
+    return absl::StrCat(field, " is ", x, " in the checkpoint but ", y, " in the job's model");
+  };
+  for (std::string m : {differ("hidden_size", a.hidden_size, b.hidden_size),
+                        differ("num_hidden_layers", a.num_hidden_layers, b.num_hidden_layers),
+                        differ("num_attention_heads", a.num_attention_heads, b.num_attention_heads),
+                        differ("num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads),
+                        differ("head_dim", a.head_dim, b.head_dim),
+                        differ("intermediate_size", a.intermediate_size, b.intermediate_size),
+                        differ("vocab_size", a.vocab_size, b.vocab_size),
+                        differ("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings),
+                        differ("rope_theta", a.rope_theta, b.rope_theta),
+                        differ("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps)}) {
+    if (!m.empty()) return m;
+  }
+  return "";
+}
+
+absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout, const UnitArrayFn& master_of_unit,
+                         const LoadOptions& options) {
+  if (!fs::is_directory(model_dir)) return absl::NotFoundError(absl::StrCat("model directory ", model_dir, " not found"));
+  const std::string config_path = model_dir + "/config.json";
+  ASSIGN_OR_RETURN(Qwen3Config config, Qwen3Config::FromFile(config_path));
+  if (std::string m = DescribeConfigMismatch(config, layout.config); !m.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", m));
+  }
+
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, Located> found;
+  RETURN_IF_ERROR(OpenShards(model_dir, &files, &found));
+
+  struct Job {
+    float* dst;
+    Located src;
+  };
+  std::vector<Job> jobs;
+  std::vector<std::string> missing, misshaped;
+  std::set<std::string> used;
+  for (const UnitLayout& unit : layout.units) {
+    float* base = master_of_unit(unit.index);
+    for (const TensorSlot& slot : unit.tensors) {
+      auto it = found.find(slot.hf_name);
+      if (it == found.end()) {
+        missing.push_back(slot.hf_name);
+        continue;
+      }
+      used.insert(slot.hf_name);
+      if (it->second.info->shape != slot.shape) {
+        misshaped.push_back(absl::StrCat(slot.hf_name, " is ", ShapeString(it->second.info->shape), " in ",
+                                         it->second.file->path(), ", expected ", ShapeString(slot.shape)));
+        continue;
+      }
+      jobs.push_back({base + slot.offset_numel, it->second});
+    }
+  }
+  const Located* tied_head = nullptr;
+  std::vector<std::string> extra;
+  for (const auto& [name, loc] : found) {
+    if (used.count(name)) continue;
+    if (layout.head_uses_embedding && name == "lm_head.weight") {
+      const std::vector<int64_t> want = {layout.config.vocab_size, layout.config.hidden_size};
+      if (loc.info->shape != want) {
+        misshaped.push_back(absl::StrCat("lm_head.weight is ", ShapeString(loc.info->shape), ", expected ",
+                                         ShapeString(want)));
+      }
+      tied_head = &loc;
+      continue;
+    }
+    extra.push_back(name);
+  }
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(model_dir, ": ", missing.size(), " tensor(s) missing: ",
+                                                   NameList(missing)));
+  }
+  if (!misshaped.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(model_dir, ": wrong shape: ", NameList(misshaped)));
+  }
+  if (!extra.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(model_dir, ": ", extra.size(),
+                                                   " tensor(s) not part of a Qwen3 model of this config: ",
+                                                   NameList(extra)));
+  }
+  for (const Job& job : jobs) {
+    switch (job.src.info->dtype) {
+      case safetensors::Dtype::kBF16:
+      case safetensors::Dtype::kF16:
+      case safetensors::Dtype::kF32:
+        break;
+      default:
+        return absl::UnimplementedError(absl::StrCat(job.src.file->path(), ": tensor \"", job.src.info->name,
+                                                     "\" has dtype ", safetensors::DtypeName(job.src.info->dtype),
+                                                     " (supported: BF16, F16, F32)"));
+    }
+  }
+
+  // Zero the alignment padding so the arrays are fully defined.
+  for (const UnitLayout& unit : layout.units) {
+    float* base = master_of_unit(unit.index);
+    int64_t pos = 0;
+    for (const TensorSlot& slot : unit.tensors) {
+      std::fill(base + pos, base + slot.offset_numel, 0.0f);
+      pos = slot.offset_numel + slot.numel;
+    }
+    std::fill(base + pos, base + unit.numel, 0.0f);
+  }
+  std::mutex mu;
+  absl::Status first_error;
+  ParallelFor(jobs.size(), options.threads, [&](size_t i) {
+    absl::Status s = jobs[i].src.file->ReadAsFloat32(*jobs[i].src.info, jobs[i].dst);
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (first_error.ok()) first_error = s;
+    }
+  });
+  RETURN_IF_ERROR(first_error);
+
+  if (tied_head != nullptr) {
+    // Tied: the embedding is the LM head. A differing copy in the file is ignored, as HF does.
+    const TensorSlot& embed = layout.embedding().tensors[0];
+    const float* e = master_of_unit(layout.embedding().index) + embed.offset_numel;
+    std::vector<float> row(static_cast<size_t>(layout.config.hidden_size));
+    int64_t differing_rows = 0;
+    const auto bytes = tied_head->file->Bytes(*tied_head->info);
+    const size_t row_bytes = row.size() * safetensors::DtypeSize(tied_head->info->dtype);
+    for (int64_t r = 0; r < layout.config.vocab_size; ++r) {
+      RETURN_IF_ERROR(safetensors::ConvertToFloat32(tied_head->info->dtype, bytes.data() + r * row_bytes,
+                                                    static_cast<int64_t>(row.size()), row.data()));
+      if (std::memcmp(row.data(), e + r * row.size(), row.size() * sizeof(float)) != 0) ++differing_rows;
+    }
+    if (differing_rows > 0) {
+      LOG(WARNING) << model_dir << ": tie_word_embeddings is true but lm_head.weight differs from the embedding in "
+                   << differing_rows << " rows; using the embedding (as HF does)";
+    }
+  }
+  size_t bytes = 0;
+  for (const auto& f : files) bytes += f->file_size();
+  VLOG(1) << "loaded " << jobs.size() << " tensors (" << bytes << " bytes) from " << model_dir;
+  return absl::OkStatus();
+}
+
+}  // namespace slidedp::checkpoint

@@ -1,0 +1,95 @@
+// HF Qwen3 random initializer (Qwen3PreTrainedModel._init_weights): Linear and Embedding weights
+// ~ Normal(0, initializer_range), RMSNorm weights = 1. Each tensor is cut into fixed chunks whose
+// random stream is derived from (seed, tensor name, chunk index), so the values do not depend on
+// the thread count or on which unit a tensor lives in. HF's own init is not reproduced bit-wise
+// (torch's generator differs); only the distribution matches.
+#include <cmath>
+#include <cstring>
+
+#include "hostd/checkpoint/checkpoint.h"
+#include "hostd/checkpoint/parallel_for.h"
+
+namespace slidedp::checkpoint {
+namespace {
+
+constexpr int64_t kChunkNumel = int64_t{1} << 20;
+
+uint64_t SplitMix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// xoshiro256**: fast, good quality, trivially seeded per chunk.
+class ChunkRng {
+ public:
+  explicit ChunkRng(uint64_t seed) {
+    for (uint64_t& w : s_) w = SplitMix64(seed);
+  }
+  uint64_t Next() {
+    const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
+    const uint64_t t = s_[1] << 17;
+    s_[2] ^= s_[0];
+    s_[3] ^= s_[1];
+    s_[1] ^= s_[2];
+    s_[0] ^= s_[3];
+    s_[2] ^= t;
+    s_[3] = Rotl(s_[3], 45);
+    return result;
+  }
+  // Uniform in (0, 1]: 53 random bits, never 0 so log() is finite.
+  double Uniform() { return (static_cast<double>(Next() >> 11) + 1.0) * 0x1.0p-53; }
+
+ private:
+  static uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  uint64_t s_[4];
+};
+
+bool IsNormWeight(const std::string& name) { return name.find("norm.weight") != std::string::npos; }
+
+}  // namespace
+
+void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& master_of_unit, int threads) {
+  struct Job {
+    float* dst;
+    const TensorSlot* slot;
+    int64_t chunk;
+  };
+  std::vector<Job> jobs;
+  for (const UnitLayout& unit : layout.units) {
+    float* base = master_of_unit(unit.index);
+    std::memset(base, 0, static_cast<size_t>(unit.numel) * sizeof(float));  // padding stays 0
+    for (const TensorSlot& t : unit.tensors) {
+      for (int64_t c = 0; c * kChunkNumel < t.numel; ++c) jobs.push_back({base + t.offset_numel, &t, c});
+    }
+  }
+  const double stddev = layout.config.initializer_range;
+  ParallelFor(jobs.size(), threads, [&](size_t j) {
+    const Job& job = jobs[j];
+    const int64_t begin = job.chunk * kChunkNumel;
+    const int64_t end = std::min(job.slot->numel, begin + kChunkNumel);
+    float* out = job.dst;
+    if (IsNormWeight(job.slot->hf_name)) {
+      for (int64_t i = begin; i < end; ++i) out[i] = 1.0f;
+      return;
+    }
+    uint64_t mix = seed ^ Fnv1a(job.slot->hf_name);
+    uint64_t chunk_seed = SplitMix64(mix) ^ (static_cast<uint64_t>(job.chunk) * 0xd1b54a32d192ed03ull);
+    ChunkRng rng(chunk_seed);
+    for (int64_t i = begin; i < end; i += 2) {  // Box-Muller gives two normals per draw
+      const double r = std::sqrt(-2.0 * std::log(rng.Uniform()));
+      const double theta = 2.0 * M_PI * rng.Uniform();
+      out[i] = static_cast<float>(stddev * r * std::cos(theta));
+      if (i + 1 < end) out[i + 1] = static_cast<float>(stddev * r * std::sin(theta));
+    }
+  });
+}
+
+}  // namespace slidedp::checkpoint

@@ -1,0 +1,130 @@
+// Test helpers: an in-memory host state (master/m/v per unit) and a writer of small HF-format
+// model directories with known values.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/qwen3_config.h"
+#include "common/numeric/bf16.h"
+#include "common/safetensors/safetensors.h"
+#include "hostd/checkpoint/checkpoint.h"
+#include "nlohmann/json.hpp"
+
+namespace slidedp::checkpoint::testing {
+
+struct HostState {
+  explicit HostState(const ModelLayout& layout) {
+    for (const UnitLayout& u : layout.units) {
+      master.emplace_back(u.numel, 0.0f);
+      m.emplace_back(u.numel, 0.0f);
+      v.emplace_back(u.numel, 0.0f);
+    }
+  }
+  StateArrays arrays() {
+    return {[this](int u) { return master[u].data(); }, [this](int u) { return m[u].data(); },
+            [this](int u) { return v[u].data(); }};
+  }
+  UnitArrayFn master_fn() {
+    return [this](int u) { return master[u].data(); };
+  }
+  std::vector<std::vector<float>> master, m, v;
+};
+
+// A known, dtype-exact value for element i of tensor number k (exactly representable in F16/BF16).
+inline float KnownValue(int k, int64_t i) { return static_cast<float>(((k * 7 + i * 13) % 61) - 30) / 64.0f; }
+
+enum class Sharding { kSingle, kSharded };
+enum class HeadCopy { kOmit, kInclude };
+
+struct FakeTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+inline std::vector<FakeTensor> HfTensors(const ModelLayout& layout, HeadCopy head) {
+  std::vector<FakeTensor> out;
+  for (const UnitLayout& u : layout.units)
+    for (const TensorSlot& t : u.tensors) out.push_back({t.hf_name, t.shape});
+  if (layout.head_uses_embedding && head == HeadCopy::kInclude) {
+    out.push_back({"lm_head.weight", {layout.config.vocab_size, layout.config.hidden_size}});
+  }
+  return out;
+}
+
+// Writes config.json and weights for `tensors` into dir. Tensor k's element i is KnownValue(k, i)
+// (a tied model's lm_head copies the embedding's values, tensor 0).
+inline void WriteHfModel(const std::string& dir, const Qwen3Config& config, const std::vector<FakeTensor>& tensors,
+                         safetensors::Dtype dtype, Sharding sharding) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << config.ToJson();
+  static std::vector<std::vector<char>> keep;  // source bytes must outlive WriteFile
+  keep.clear();
+  std::vector<safetensors::TensorSource> src;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    int64_t n = 1;
+    for (int64_t d : tensors[k].shape) n *= d;
+    const bool tied_copy = config.tie_word_embeddings && tensors[k].name == "lm_head.weight";
+    const int kv = tied_copy ? 0 : static_cast<int>(k);
+    std::vector<char> bytes(n * safetensors::DtypeSize(dtype));
+    for (int64_t i = 0; i < n; ++i) {
+      float f = KnownValue(kv, i);
+      if (dtype == safetensors::Dtype::kF32) {
+        std::memcpy(bytes.data() + 4 * i, &f, 4);
+      } else if (dtype == safetensors::Dtype::kBF16) {
+        uint16_t b = FloatToBf16(f);
+        std::memcpy(bytes.data() + 2 * i, &b, 2);
+      } else if (dtype == safetensors::Dtype::kF16) {
+        // |f| < 1 with 6 fractional bits: exact in F16.
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        uint16_t h;
+        if (f == 0.0f) {
+          h = static_cast<uint16_t>((bits >> 16) & 0x8000);
+        } else {
+          int e = static_cast<int>((bits >> 23) & 0xff) - 127 + 15;
+          h = static_cast<uint16_t>(((bits >> 16) & 0x8000) | (e << 10) | ((bits >> 13) & 0x3ff));
+        }
+        std::memcpy(bytes.data() + 2 * i, &h, 2);
+      } else {  // other dtypes: zeros (only used to test rejection)
+      }
+      (void)f;
+    }
+    keep.push_back(std::move(bytes));
+    src.push_back({tensors[k].name, dtype, tensors[k].shape, keep.back().data(), nullptr});
+  }
+  safetensors::WriteOptions opts;
+  opts.durability = safetensors::Durability::kNone;
+  if (sharding == Sharding::kSingle) {
+    if (!safetensors::WriteFile(dir + "/model.safetensors", src, opts).ok()) std::abort();
+    return;
+  }
+  // Three shards, round-robin, plus the index.
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (int s = 0; s < 3; ++s) {
+    std::vector<safetensors::TensorSource> part;
+    const std::string name = absl::StrCat("model-0000", s + 1, "-of-00003.safetensors");
+    for (size_t k = s; k < src.size(); k += 3) {
+      part.push_back(src[k]);
+      weight_map[src[k].name] = name;
+    }
+    if (!safetensors::WriteFile(dir + "/" + name, part, opts).ok()) std::abort();
+  }
+  nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}};
+  std::ofstream(dir + "/model.safetensors.index.json") << index.dump(2);
+}
+
+inline Qwen3Config TinyConfig(bool tied) {
+  Qwen3Config c = Qwen3Config::Preset("tiny").value();
+  c.tie_word_embeddings = tied;
+  c.vocab_size = 96;  // odd-ish sizes keep the padding paths busy
+  c.intermediate_size = 72;
+  return c;
+}
+
+}  // namespace slidedp::checkpoint::testing

@@ -1,0 +1,87 @@
+// slidedp-hostd: parse the config, reclaim stale state, serve gRPC, drain on SIGTERM.
+#include <signal.h>
+#include <unistd.h>
+
+#include <iostream>
+#include <thread>
+
+#include "glog/logging.h"
+#include "hostd/core/host_core.h"
+#include "hostd/daemon/hostd_config.h"
+#include "hostd/engine/training_executor.h"
+#include "hostd/service/grpc_services.h"
+#include "hostd/state/shm_segment.h"
+
+#ifdef SLIDEDP_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#define SD_NOTIFY(...) sd_notifyf(0, __VA_ARGS__)
+#else
+#define SD_NOTIFY(...) ((void)0)
+#endif
+
+namespace {
+int g_signal_pipe[2];
+}
+
+int main(int argc, char** argv) {
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  auto config = slidedp::hostd::HostdConfig::Parse(argc, argv);
+  if (!config.ok()) {
+    if (config.status().code() == absl::StatusCode::kCancelled) {
+      std::cout << config.status().message();
+      return 0;
+    }
+    std::cerr << "slidedp-hostd: " << config.status().message() << "\n";
+    return 2;
+  }
+  LOG(INFO) << "slidedp-hostd starting: " << config->ToString();
+  const std::string node = slidedp::state::SanitizeNameComponent(config->node_name);
+  if (config->reclaim_stale) {
+    auto reclaimed = slidedp::state::ReclaimStaleSegments(node);
+    if (reclaimed.ok()) {
+      for (const auto& r : *reclaimed) {
+        LOG(WARNING) << "reclaimed stale segment " << r.name << " (" << r.bytes << " bytes, creator pid " << r.creator_pid
+                     << ": " << r.reason << ")";
+      }
+    } else {
+      LOG(WARNING) << "stale segment scan failed: " << reclaimed.status();
+    }
+  }
+  slidedp::hostd::TrainingExecutorOptions eopt;
+  eopt.node_name = node;
+  eopt.update_threads = config->update_threads;
+  slidedp::hostd::HostCoreOptions copt;
+  copt.node_name = node;
+  copt.worker_wait = absl::Seconds(config->worker_wait_s);
+  slidedp::hostd::HostCore core(copt, std::make_unique<slidedp::hostd::TrainingExecutor>(eopt));
+  core.Start();
+  slidedp::hostd::ServerOptions sopt;
+  sopt.listen = config->listen;
+  sopt.tls_cert_file = config->tls_cert;
+  sopt.tls_key_file = config->tls_key;
+  auto server = slidedp::hostd::HostServer::Start(&core, sopt);
+  if (!server.ok()) {
+    LOG(ERROR) << server.status();
+    return 3;
+  }
+  SD_NOTIFY("READY=1\nSTATUS=serving on %s", config->listen.c_str());
+
+  // Signals go through a pipe to a normal thread (no work inside the handler).
+  if (pipe(g_signal_pipe) != 0) return 1;
+  auto handler = +[](int) { (void)!write(g_signal_pipe[1], "t", 1); };
+  signal(SIGTERM, handler);
+  signal(SIGINT, handler);
+  char c = 0;
+  while (read(g_signal_pipe[0], &c, 1) != 1) {
+  }
+  LOG(INFO) << "signal received: draining (" << config->drain_mode << ")";
+  SD_NOTIFY("STOPPING=1\nSTATUS=draining");
+  (*server)->SetServing(false);
+  core.Drain(config->drain_mode == "finish" ? slidedp::hostd::HostCore::DrainMode::kFinishRunning
+                                            : slidedp::hostd::HostCore::DrainMode::kCancelRunning);
+  core.WaitIdle(absl::Minutes(config->drain_mode == "finish" ? 600 : 2));
+  (*server)->Shutdown();
+  LOG(INFO) << "slidedp-hostd stopped";
+  return 0;
+}

@@ -1,0 +1,421 @@
+// TrainingExecutor: the hostd side of a SlideDP job (see training_executor.h).
+#include "hostd/engine/training_executor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/status/status_macros.h"
+#include "glog/logging.h"
+#include "hostd/checkpoint/checkpoint.h"
+#include "hostd/state/admission.h"
+#include "hostd/state/grad_ring.h"
+#include "hostd/state/job_state.h"
+#include "hostd/update/adamw_kernels.h"
+#include "hostd/update/grad_norm.h"
+#include "hostd/update/schedule.h"
+#include "nlohmann/json.hpp"
+
+namespace slidedp::hostd {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::StatusOr<Qwen3Config> ModelConfigOf(const JobSpec& spec) {
+  if (!spec.model_preset.empty()) return Qwen3Config::Preset(spec.model_preset);
+  return Qwen3Config::FromFile(spec.model_path + "/config.json");
+}
+
+update::LrScheduleKind ToScheduleKind(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::kConstant: return update::LrScheduleKind::kConstant;
+    case ScheduleKind::kLinear: return update::LrScheduleKind::kLinear;
+    case ScheduleKind::kCosine: return update::LrScheduleKind::kCosine;
+  }
+  return update::LrScheduleKind::kConstant;
+}
+
+// Model FLOPs per token, the convention of ../shared/bench/peers/fsdp2_qwen3.py: 6 x matmul
+// parameters (the LM head counts; the embedding lookup does not) + causal attention 6*L*s*q_dim.
+double ModelFlopsPerToken(const ModelLayout& layout, int64_t seq_len) {
+  const Qwen3Config& c = layout.config;
+  double matmul = static_cast<double>(layout.param_count()) - static_cast<double>(c.vocab_size * c.hidden_size);
+  if (c.tie_word_embeddings) matmul += static_cast<double>(c.vocab_size * c.hidden_size);
+  return 6.0 * matmul + 6.0 * c.num_hidden_layers * seq_len * c.q_dim();
+}
+
+// Tracks, for the step being aggregated, which units are complete and which updates are done.
+struct StepProgress {
+  absl::Mutex mu;
+  int updates_pending ABSL_GUARDED_BY(mu) = 0;
+  absl::Status first_error ABSL_GUARDED_BY(mu);
+};
+
+}  // namespace
+
+TrainingExecutor::TrainingExecutor(TrainingExecutorOptions options) : options_(std::move(options)) {}
+TrainingExecutor::~TrainingExecutor() = default;
+
+absl::StatusOr<update::LayerAdam*> TrainingExecutor::Adam() {
+  absl::MutexLock l(&mu_);
+  if (!adam_) {
+    update::LayerAdamOptions o;
+    o.num_threads = options_.update_threads;
+    o.pinning = options_.pinning;
+    ASSIGN_OR_RETURN(adam_, update::LayerAdam::Create(o));
+    LOG(INFO) << "LayerAdam: " << adam_->num_threads() << " threads on " << adam_->num_numa_nodes() << " NUMA node(s), "
+              << update::AdamIsaName(adam_->isa());
+  }
+  return adam_.get();
+}
+
+absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
+  ASSIGN_OR_RETURN(Qwen3Config config, ModelConfigOf(spec));
+  if (spec.seq_len > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("train.seq_len ", spec.seq_len, " exceeds the model's max_position_embeddings ",
+                                                   config.max_position_embeddings));
+  }
+  update::LrScheduleConfig sc;
+  sc.kind = ToScheduleKind(spec.schedule);
+  sc.base_lr = spec.lr;
+  sc.warmup_steps = spec.warmup_steps;
+  sc.total_steps = std::max<int64_t>(spec.steps, 1);
+  sc.min_lr = spec.min_lr;
+  return update::LrSchedule::Create(sc).status();
+}
+
+absl::Status TrainingExecutor::Run(JobContext& ctx) {
+  const JobSpec& spec = ctx.spec();
+  const int world = static_cast<int>(ctx.workers().size());
+  if (spec.global_batch % (int64_t{world} * spec.micro_batch) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("train.global_batch ", spec.global_batch, " is not divisible by ", world,
+                                                   " worker(s) x train.micro_batch ", spec.micro_batch));
+  }
+  if (spec.steps <= 0) return absl::UnimplementedError("train.epochs is not supported yet: give train.steps");
+  ASSIGN_OR_RETURN(Qwen3Config config, ModelConfigOf(spec));
+  const ModelLayout layout = ModelLayout::Build(config);
+  const int num_units = layout.num_units();
+  const bool clip = spec.max_grad_norm > 0;
+
+  // ---- admission, then state ----
+  int64_t max_unit_numel = 0;
+  for (const UnitLayout& u : layout.units) max_unit_numel = std::max(max_unit_numel, u.numel);
+  state::GradRingConfig ring_config;
+  ring_config.num_slots = static_cast<uint32_t>(spec.ring_slots);
+  ring_config.slot_bytes = std::min<uint64_t>(spec.chunk_bytes, (max_unit_numel * 4 + 4095) / 4096 * 4096);
+  state::JobMemoryPlan plan = state::PlanJobMemory(layout, ring_config, world,
+                                                   clip ? state::ClipMode::kExactGlobalNorm : state::ClipMode::kNone,
+                                                   state::GradDtype::kF32);
+  // The aggregation buffer is process memory of hostd (not shm); count it even without clipping.
+  const uint64_t staging_bytes = static_cast<uint64_t>(layout.total_numel) * 4;
+  if (!clip) plan.total_bytes += staging_bytes;
+  ASSIGN_OR_RETURN(state::HostMemoryInfo host, state::ReadHostMemoryInfo());
+  RETURN_IF_ERROR(state::CheckAdmission(plan, host));
+  ctx.SetHostStateBytes(static_cast<int64_t>(plan.total_bytes));
+  ctx.Log(absl::StrCat("host state: ", plan.ToString()));
+
+  ASSIGN_OR_RETURN(update::LayerAdam * adam, Adam());
+  state::JobStateOptions sopt;
+  sopt.prefault_threads = std::max(1, std::min(8, adam->num_threads()));
+  ASSIGN_OR_RETURN(auto job_state, state::JobState::Create(options_.node_name, ctx.job_id(), layout, sopt));
+  std::vector<std::unique_ptr<state::GradRing>> rings;
+  absl::Cleanup unlink = [&] {
+    for (auto& r : rings) (void)r->Unlink();
+    (void)job_state->Unlink();
+  };
+  for (int r = 0; r < world; ++r) {
+    ASSIGN_OR_RETURN(auto ring, state::GradRing::Create(options_.node_name, ctx.job_id(), r, ring_config,
+                                                         state::RingRole::kConsumer, &job_state->abort()));
+    rings.push_back(std::move(ring));
+  }
+
+  // ---- initial weights ----
+  checkpoint::StateArrays arrays;
+  arrays.master = [&](int u) { return job_state->master(u); };
+  arrays.adam_m = [&](int u) { return job_state->m(u); };
+  arrays.adam_v = [&](int u) { return job_state->v(u); };
+  int64_t first_step = 0;
+  if (!ctx.resume_from().empty()) {
+    std::string dir = ctx.resume_from();
+    if (!fs::exists(fs::path(dir) / "COMPLETE")) {
+      ASSIGN_OR_RETURN(dir, checkpoint::FindLatestCheckpoint(dir));
+    }
+    ASSIGN_OR_RETURN(auto loaded, checkpoint::LoadCheckpoint(dir, layout, arrays));
+    first_step = loaded.step;
+    ctx.Log(absl::StrCat("resumed from ", dir, " at step ", first_step));
+  } else if (!spec.model_path.empty()) {
+    RETURN_IF_ERROR(checkpoint::LoadHfModel(spec.model_path, layout, arrays.master));
+    ctx.Log(absl::StrCat("loaded weights from ", spec.model_path));
+  } else {
+    checkpoint::InitRandom(layout, spec.init_seed, arrays.master);
+    ctx.Log(absl::StrCat("random init (seed ", spec.init_seed, ")"));
+  }
+  for (int u = 0; u < num_units; ++u) {
+    const float* w = job_state->master(u);
+    bf16_t* mirror = job_state->mirror(u);
+    for (int64_t i = 0; i < layout.units[u].numel; ++i) mirror[i] = FloatToBf16(w[i]);
+    job_state->version(u).Publish(static_cast<uint32_t>(first_step));
+  }
+  job_state->step_counter().store(first_step);
+  if (first_step >= spec.steps) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint is at step ", first_step, ", the job has ", spec.steps));
+  }
+
+  update::LrScheduleConfig sc;
+  sc.kind = ToScheduleKind(spec.schedule);
+  sc.base_lr = spec.lr;
+  sc.warmup_steps = spec.warmup_steps;
+  sc.total_steps = spec.steps;
+  sc.min_lr = spec.min_lr;
+  ASSIGN_OR_RETURN(update::LrSchedule schedule, update::LrSchedule::Create(sc));
+
+  // ---- assignments ----
+  for (int r = 0; r < world; ++r) {
+    v1::HostCommand cmd;
+    v1::Assignment* a = cmd.mutable_assign();
+    a->set_job_id(ctx.job_id());
+    a->set_rank(r);
+    a->set_world_size(world);
+    a->set_resolved_spec_yaml(spec.ToYaml());
+    a->set_state_segment(job_state->segment_name());
+    a->set_ring_segment(rings[r]->segment_name());
+    a->set_first_step(first_step);
+    a->set_total_steps(spec.steps);
+    a->set_data_path(spec.data_path);
+    if (!ctx.workers()[r]->commands().Push(cmd)) return absl::UnavailableError("a worker disconnected before its assignment");
+  }
+  ctx.SetTotalSteps(spec.steps);
+  ctx.SetState(v1::JOB_STATE_RUNNING);
+  fs::create_directories(spec.output_dir);
+  std::ofstream metrics_file(fs::path(spec.output_dir) / absl::StrCat("metrics-", ctx.job_id(), ".jsonl"), std::ios::app);
+
+  // ---- reports from workers: step results and failures ----
+  std::map<int64_t, std::vector<v1::StepDone>> step_reports;
+  std::vector<bool> finished(world, false);
+  auto poll_workers = [&]() -> absl::Status {
+    for (int r = 0; r < world; ++r) {
+      auto& w = ctx.workers()[r];
+      while (auto rep = w->reports().Pop(absl::ZeroDuration())) {
+        if (rep->has_step_done()) step_reports[rep->step_done().step()].push_back(rep->step_done());
+        if (rep->has_job_finished()) {
+          finished[r] = true;
+          if (rep->job_finished().code() != 0) {
+            job_state->RaiseAbort(state::AbortReason::kWorkerFailed);
+            return absl::Status(static_cast<absl::StatusCode>(rep->job_finished().code()),
+                                absl::StrCat("worker ", w->id(), " (rank ", r, "): ", rep->job_finished().message()));
+          }
+        }
+      }
+      if (w->gone() && !finished[r]) {
+        job_state->RaiseAbort(state::AbortReason::kPeerDied);
+        return absl::UnavailableError(absl::StrCat("worker ", w->id(), " (rank ", r, ", pid ", w->hello().pid(),
+                                                   ") disconnected during the job"));
+      }
+    }
+    if (ctx.cancel_requested()) {
+      job_state->RaiseAbort(state::AbortReason::kCancelled);
+      for (auto& w : ctx.workers()) {
+        v1::HostCommand c;
+        c.set_cancel_job_id(ctx.job_id());
+        w->commands().Push(c);
+      }
+      return absl::CancelledError("cancelled by request");
+    }
+    return absl::OkStatus();
+  };
+
+  // Pops the next chunk of a ring, checking workers and cancellation between short waits.
+  const absl::Duration step_timeout = absl::Milliseconds(spec.step_timeout_ms);
+  auto pop = [&](int r) -> absl::StatusOr<state::GradChunkDesc> {
+    absl::Time deadline = absl::Now() + step_timeout;
+    while (true) {
+      auto d = rings[r]->Pop(absl::Milliseconds(100));
+      if (d.ok()) return d;
+      if (d.status().code() != absl::StatusCode::kDeadlineExceeded) {
+        RETURN_IF_ERROR(poll_workers());  // prefer the worker's own error message
+        return Annotate(d.status(), absl::StrCat("gradient ring of rank ", r));
+      }
+      RETURN_IF_ERROR(poll_workers());
+      if (absl::Now() > deadline) {
+        job_state->RaiseAbort(state::AbortReason::kInternal);
+        return absl::DeadlineExceededError(absl::StrCat("no gradient from rank ", r, " for ",
+                                                        absl::FormatDuration(step_timeout), " (runtime.step_timeout_ms)"));
+      }
+    }
+  };
+
+  std::vector<std::vector<float>> staging(num_units);
+  for (int u = 0; u < num_units; ++u) staging[u].resize(layout.units[u].numel);
+  std::vector<update::UnitMemory> memory(num_units);
+  for (int u = 0; u < num_units; ++u) {
+    memory[u] = update::UnitMemory{job_state->master(u), job_state->m(u), job_state->v(u), job_state->mirror(u),
+                                   layout.units[u].numel, 0};
+  }
+  const double flops_per_token = ModelFlopsPerToken(layout, spec.seq_len);
+  std::string last_checkpoint;
+  absl::Time step_start = absl::Now();
+  const absl::Time run_start = absl::Now();
+
+  auto save = [&](int64_t steps_done) -> absl::Status {
+    ctx.SetState(v1::JOB_STATE_SAVING);
+    checkpoint::SaveRequest req;
+    req.root_dir = spec.output_dir;
+    req.step = steps_done;
+    req.layout = &layout;
+    req.arrays = arrays;
+    req.weight_dtype = spec.save_dtype == SaveDtype::kF32 ? checkpoint::WeightDtype::kF32 : checkpoint::WeightDtype::kBF16;
+    req.keep_last = static_cast<int>(spec.keep_last);
+    req.trainer_state = {{"step", steps_done},
+                         {"job_id", ctx.job_id()},
+                         {"data_seed", spec.seed},
+                         {"init_seed", spec.init_seed},
+                         {"world_size", world},
+                         {"spec", spec.ToYaml()}};
+    ASSIGN_OR_RETURN(auto result, checkpoint::SaveCheckpoint(req));
+    last_checkpoint = result.dir;
+    ctx.SetLastCheckpoint(result.dir);
+    ctx.Log(absl::StrFormat("checkpoint saved to %s (%.2f GB in %.1f s)", result.dir, result.bytes_written / 1e9, result.seconds));
+    ctx.SetState(v1::JOB_STATE_RUNNING);
+    return absl::OkStatus();
+  };
+
+  for (int64_t t = first_step; t < spec.steps; ++t) {
+    std::vector<int64_t> received(num_units, 0);
+    int complete_units = 0;
+    double sum_squares = 0;
+    StepProgress progress;
+    const double lr = schedule.LrAt(t);
+    update::AdamWStepParams params;
+    params.lr = lr;
+    params.beta1 = spec.beta1;
+    params.beta2 = spec.beta2;
+    params.eps = spec.eps;
+    params.weight_decay = spec.weight_decay;
+    params.step = t + 1;
+    auto apply = [&](int u, float grad_scale) -> absl::Status {
+      update::AdamWStepParams p = params;
+      p.grad_scale = grad_scale;
+      {
+        absl::MutexLock l(&progress.mu);
+        progress.updates_pending++;
+      }
+      state::VersionGate* gate = &job_state->version(u);
+      const uint32_t next = static_cast<uint32_t>(t + 1);
+      return adam->SubmitChunk(memory[u], 0, memory[u].numel, staging[u].data(), p, [gate, next, &progress](absl::Status s) {
+        if (s.ok()) gate->Publish(next);
+        absl::MutexLock l(&progress.mu);
+        if (!s.ok() && progress.first_error.ok()) progress.first_error = s;
+        progress.updates_pending--;
+      });
+    };
+    // Wait for all submitted updates of this step even when we leave early (they touch staging).
+    absl::Cleanup drain = [&] {
+      absl::MutexLock l(&progress.mu);
+      auto idle = [&progress]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress.mu) { return progress.updates_pending == 0; };
+      progress.mu.Await(absl::Condition(&idle));
+    };
+
+    while (complete_units < num_units) {
+      // Every rank posts the same chunk sequence; take rank 0's chunk, then the same from the
+      // others, summing in rank order so results do not depend on arrival order.
+      ASSIGN_OR_RETURN(state::GradChunkDesc d0, pop(0));
+      if (d0.step != static_cast<uint32_t>(t) || d0.unit < 0 || d0.unit >= num_units ||
+          d0.offset_numel + d0.numel > layout.units[d0.unit].numel || d0.dtype != state::GradDtype::kF32) {
+        job_state->RaiseAbort(state::AbortReason::kInternal);
+        return absl::InternalError(absl::StrCat("unexpected gradient chunk from rank 0: step ", d0.step, " unit ", d0.unit,
+                                                " offset ", d0.offset_numel, " numel ", d0.numel, " while aggregating step ", t));
+      }
+      float* dst = staging[d0.unit].data() + d0.offset_numel;
+      std::memcpy(dst, rings[0]->slot_data(d0.slot), d0.numel * sizeof(float));
+      RETURN_IF_ERROR(rings[0]->Release(d0.slot));
+      for (int r = 1; r < world; ++r) {
+        ASSIGN_OR_RETURN(state::GradChunkDesc d, pop(r));
+        if (d.step != d0.step || d.unit != d0.unit || d.offset_numel != d0.offset_numel || d.numel != d0.numel) {
+          job_state->RaiseAbort(state::AbortReason::kInternal);
+          return absl::InternalError(absl::StrCat("rank ", r, " posted unit ", d.unit, "@", d.offset_numel, " step ", d.step,
+                                                  " where rank 0 posted unit ", d0.unit, "@", d0.offset_numel));
+        }
+        const float* src = static_cast<const float*>(rings[r]->slot_data(d.slot));
+        for (int64_t i = 0; i < d.numel; ++i) dst[i] += src[i];
+        RETURN_IF_ERROR(rings[r]->Release(d.slot));
+      }
+      sum_squares += update::SumSquares(dst, d0.numel);
+      received[d0.unit] += d0.numel;
+      if (received[d0.unit] == layout.units[d0.unit].numel) {
+        ++complete_units;
+        if (!clip) RETURN_IF_ERROR(apply(d0.unit, 1.0f));
+      }
+    }
+    const double grad_norm = std::sqrt(sum_squares);
+    if (clip) {
+      // Exact clipping: the coefficient needs the whole step's norm; then update in forward
+      // order so the next step's forward can start on the first units while later ones update.
+      const float coef = update::ClipCoefficient(grad_norm, spec.max_grad_norm);
+      for (int u = 0; u < num_units; ++u) RETURN_IF_ERROR(apply(u, coef));
+    }
+    std::move(drain).Invoke();
+    {
+      absl::MutexLock l(&progress.mu);
+      if (!progress.first_error.ok()) return progress.first_error;
+    }
+    job_state->step_counter().store(t + 1);
+
+    // Metrics: wait (briefly) for every rank's StepDone of this step.
+    absl::Time metrics_deadline = absl::Now() + absl::Seconds(30);
+    while (static_cast<int>(step_reports[t].size()) < world && absl::Now() < metrics_deadline) {
+      RETURN_IF_ERROR(poll_workers());
+      if (static_cast<int>(step_reports[t].size()) < world) absl::SleepFor(absl::Milliseconds(1));
+    }
+    v1::StepMetrics m;
+    m.set_step(t + 1);
+    double loss = 0;
+    int64_t tokens = 0;
+    for (const v1::StepDone& d : step_reports[t]) {
+      loss += d.loss_sum();
+      tokens += d.tokens();
+      m.set_trained_tokens(d.trained_tokens());
+      m.set_gpu_peak_bytes(std::max<int64_t>(m.gpu_peak_bytes(), d.gpu_peak_bytes()));
+    }
+    step_reports.erase(t);
+    const absl::Time now = absl::Now();
+    const double step_s = absl::ToDoubleSeconds(now - step_start);
+    step_start = now;
+    m.set_loss(loss);
+    m.set_learning_rate(lr);
+    m.set_grad_norm(grad_norm);
+    m.set_step_time_s(step_s);
+    m.set_tokens_per_s(step_s > 0 ? tokens / step_s : 0);
+    m.set_model_tflops(step_s > 0 ? flops_per_token * tokens / step_s / world / 1e12 : 0);
+    m.set_host_state_bytes(static_cast<int64_t>(plan.total_bytes));
+    const double elapsed = absl::ToDoubleSeconds(now - run_start);
+    m.set_eta_s(elapsed / (t + 1 - first_step) * (spec.steps - t - 1));
+    ctx.ReportStep(m);
+    if (metrics_file) {
+      nlohmann::json j = {{"step", m.step()},          {"loss", m.loss()},       {"lr", m.learning_rate()},
+                          {"grad_norm", m.grad_norm()}, {"tokens", tokens},       {"step_time_s", m.step_time_s()},
+                          {"tokens_per_s", m.tokens_per_s()}, {"model_tflops", m.model_tflops()},
+                          {"time_unix_ms", absl::ToUnixMillis(now)}};
+      metrics_file << j.dump() << "\n" << std::flush;
+    }
+    if (spec.save_every_steps > 0 && (t + 1) % spec.save_every_steps == 0 && t + 1 < spec.steps) {
+      RETURN_IF_ERROR(save(t + 1));
+    }
+  }
+
+  // Workers report the end of the job after their last post.
+  absl::Time end_deadline = absl::Now() + absl::Seconds(30);
+  while (std::count(finished.begin(), finished.end(), true) < world && absl::Now() < end_deadline) {
+    RETURN_IF_ERROR(poll_workers());
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  if (spec.save_final) RETURN_IF_ERROR(save(spec.steps));
+  return absl::OkStatus();
+}
+
+}  // namespace slidedp::hostd

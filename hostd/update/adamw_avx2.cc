@@ -1,0 +1,147 @@
+// AVX2+FMA AdamW kernels: 16 elements per iteration (two 8-lane halves, so the BF16 mirror is one
+// 32-byte streaming store); the unaligned head and the tail (< 16 elements) run the scalar element
+// function, which is bit-identical. Compiled with -mavx2 -mfma -ffp-contract=off; only called
+// after __builtin_cpu_supports("avx2") and ("fma").
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "hostd/update/adamw_element_inl.h"
+#include "hostd/update/adamw_kernels.h"
+
+namespace slidedp::update {
+namespace {
+
+struct Vec256Constants {
+  __m256 grad_scale, decay, lerp_coeff, b2, one_minus_b2, bc2_sqrt, eps, neg_step_size;
+  bool lerp_from_grad;
+  explicit Vec256Constants(const AdamWConstants& c) {
+    const LerpForm lerp = MakeLerpForm(c);
+    grad_scale = _mm256_set1_ps(c.grad_scale);
+    decay = _mm256_set1_ps(c.decay);
+    lerp_coeff = _mm256_set1_ps(lerp.coeff);
+    lerp_from_grad = lerp.from_grad;
+    b2 = _mm256_set1_ps(c.b2);
+    one_minus_b2 = _mm256_set1_ps(c.one_minus_b2);
+    bc2_sqrt = _mm256_set1_ps(c.bc2_sqrt);
+    eps = _mm256_set1_ps(c.eps);
+    neg_step_size = _mm256_set1_ps(c.neg_step_size);
+  }
+};
+
+inline __m256 LoadGrad8(const float* g) { return _mm256_loadu_ps(g); }
+inline __m256 LoadGrad8(const bf16_t* g) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// FloatToBf16 on 8 lanes, result in the low 16 bits of each 32-bit lane.
+inline __m256i ToBf16Wide(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i hi = _mm256_srli_epi32(bits, 16);
+  const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(
+      _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
+                                            _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(rounded, quiet, is_nan);
+}
+
+// Updates 8 elements and returns the new theta.
+template <typename G>
+inline __m256 Step8(const Vec256Constants& c, float* master, float* m, float* v, const G* grad) {
+  const __m256 g = _mm256_mul_ps(LoadGrad8(grad), c.grad_scale);
+  __m256 th = _mm256_mul_ps(_mm256_loadu_ps(master), c.decay);
+  const __m256 m0 = _mm256_loadu_ps(m);
+  const __m256 mm = _mm256_fmadd_ps(c.lerp_coeff, _mm256_sub_ps(g, m0), c.lerp_from_grad ? g : m0);
+  const __m256 vv = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(v), c.b2),
+                                  _mm256_mul_ps(_mm256_mul_ps(c.one_minus_b2, g), g));
+  const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), c.bc2_sqrt), c.eps);
+  th = _mm256_add_ps(th, _mm256_div_ps(_mm256_mul_ps(c.neg_step_size, mm), denom));
+  _mm256_storeu_ps(master, th);
+  _mm256_storeu_ps(m, mm);
+  _mm256_storeu_ps(v, vv);
+  return th;
+}
+
+template <typename G>
+inline float GradAt(const G* g, int64_t i) {
+  if constexpr (sizeof(G) == 2) {
+    return Bf16ToFloat(g[i]);
+  } else {
+    return g[i];
+  }
+}
+
+template <typename G>
+void StepImpl(const AdamWConstants& constants, float* master, float* m, float* v, bf16_t* mirror,
+              const G* grad, int64_t n) {
+  const Vec256Constants c(constants);
+  const LerpForm lerp = MakeLerpForm(constants);
+  int64_t i = 0;
+  const auto addr = reinterpret_cast<uintptr_t>(mirror);
+  const bool stream = addr % 2 == 0 && constants.stream_mirror;
+  if (stream) {  // scalar head up to the mirror's 32-byte boundary
+    int64_t head = static_cast<int64_t>(((32 - addr % 32) % 32) / 2);
+    if (head > n) head = n;
+    for (; i < head; ++i)
+      AdamElement(constants, lerp, GradAt(grad, i), &master[i], &m[i], &v[i], &mirror[i]);
+  }
+  for (; i + 16 <= n; i += 16) {
+    const __m256 lo = Step8(c, master + i, m + i, v + i, grad + i);
+    const __m256 hi = Step8(c, master + i + 8, m + i + 8, v + i + 8, grad + i + 8);
+    // packus interleaves 128-bit lanes: [lo0-3 hi0-3 lo4-7 hi4-7]; the permute restores order.
+    const __m256i packed = _mm256_permute4x64_epi64(
+        _mm256_packus_epi32(ToBf16Wide(lo), ToBf16Wide(hi)), _MM_SHUFFLE(3, 1, 2, 0));
+    if (stream) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(mirror + i), packed);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(mirror + i), packed);
+    }
+  }
+  if (stream) _mm_sfence();
+  for (; i < n; ++i)
+    AdamElement(constants, lerp, GradAt(grad, i), &master[i], &m[i], &v[i], &mirror[i]);
+}
+
+void StepF32(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror,
+             const float* grad, int64_t n) {
+  StepImpl(c, master, m, v, mirror, grad, n);
+}
+void StepBf16(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror,
+              const bf16_t* grad, int64_t n) {
+  StepImpl(c, master, m, v, mirror, grad, n);
+}
+
+template <typename G>
+double SumSqImpl(const G* g, int64_t n) {
+  __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = LoadGrad8(g + i);
+    const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+    const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+    acc0 = _mm256_fmadd_pd(lo, lo, acc0);
+    acc1 = _mm256_fmadd_pd(hi, hi, acc1);
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(acc0, acc1));
+  double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  for (; i < n; ++i) {
+    const double x = GradAt(g, i);
+    sum += x * x;
+  }
+  return sum;
+}
+
+double SumSqF32(const float* g, int64_t n) { return SumSqImpl(g, n); }
+double SumSqBf16(const bf16_t* g, int64_t n) { return SumSqImpl(g, n); }
+
+}  // namespace
+
+namespace internal {
+const AdamKernelTable kAvx2Kernels = {&StepF32, &StepBf16, &SumSqF32, &SumSqBf16};
+}  // namespace internal
+
+}  // namespace slidedp::update

@@ -1,0 +1,45 @@
+// Per-element AdamW and BF16 rounding shared by every kernel file for its scalar tails.
+// Private to hostd/update. Everything here has internal linkage on purpose: each kernel file
+// compiles it with its own -m flags, and one shared (inline) definition could let the linker
+// hand an AVX-512 copy to the scalar fallback.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "common/numeric/bf16.h"
+#include "hostd/update/adamw_kernels.h"
+
+namespace slidedp::update {
+namespace {
+
+// ATen's lerp(self=m, end=g, w): for |w| < 0.5 it is fma(w, g - m, m), else fma(w - 1, g - m, g).
+struct LerpForm {
+  float coeff;
+  bool from_grad;
+};
+
+[[maybe_unused]] inline LerpForm MakeLerpForm(const AdamWConstants& c) {
+  const float w = c.one_minus_b1;
+  if (std::fabs(w) < 0.5f) return {w, false};
+  return {w - 1.0f, true};
+}
+
+// One element of the fused step; see adamw_kernels.h for the formula and its PyTorch source.
+[[maybe_unused]] inline void AdamElement(const AdamWConstants& c, const LerpForm& lerp, float grad,
+                                         float* theta, float* m, float* v, bf16_t* mirror) {
+  const float g = grad * c.grad_scale;
+  float th = *theta * c.decay;
+  const float mm = std::fma(lerp.coeff, g - *m, lerp.from_grad ? g : *m);
+  const float vv = *v * c.b2 + (c.one_minus_b2 * g) * g;
+  const float denom = std::sqrt(vv) / c.bc2_sqrt + c.eps;
+  th = th + (c.neg_step_size * mm) / denom;
+  *theta = th;
+  *m = mm;
+  *v = vv;
+  *mirror = FloatToBf16(th);
+}
+
+}  // namespace
+}  // namespace slidedp::update

@@ -1,0 +1,112 @@
+// Fused AdamW + BF16-mirror kernels and the squared-sum reduction for the global gradient norm.
+//
+// One pass per element reads master, m, v and the gradient, writes master, m, v and the BF16
+// upload mirror (round to nearest even). The arithmetic follows torch.optim.AdamW's non-fused,
+// single-tensor path (torch/optim/adam.py `_single_tensor_adam`, decoupled weight decay) op by
+// op, in FP32 with the step constants computed in double and rounded to float once, as PyTorch
+// does when it passes Python floats to ATen kernels:
+//
+//   g      = grad * grad_scale                       (clip_grad_norm_'s in-place multiply)
+//   theta  = theta * f32(1 - lr*wd)                  (param.mul_(1 - lr*wd))
+//   m      = fma(f32(1-b1), g - m, m)                (exp_avg.lerp_(g, 1-b1); ATen's vectorized
+//                                                     lerp for weight < 0.5 is one fmadd)
+//   v      = v*f32(b2) + (f32(1-b2)*g)*g             (exp_avg_sq.mul_(b2).addcmul_(g, g, 1-b2))
+//   denom  = sqrt(v) / f32(sqrt(1-b2^t)) + f32(eps)  ((exp_avg_sq.sqrt() / bc2_sqrt).add_(eps))
+//   theta  = theta + (f32(-lr/(1-b1^t)) * m) / denom (param.addcdiv_(m, denom, -step_size))
+//   mirror = FloatToBf16(theta)
+//
+// All three implementations (scalar, AVX2, AVX-512) compile with -ffp-contract=off and use an
+// explicit FMA only where ATen does, so they produce bit-identical results to each other. The
+// remaining differences from PyTorch are ATen build details (a compiler may contract ATen's scalar
+// tail loops); the tests bound the result against a double-precision reference.
+//
+// Non-finite values propagate as in PyTorch: a NaN/inf gradient makes m, v and theta NaN/inf for
+// that element (there is no skip); the mirror of a NaN is a quiet NaN, as FloatToBf16.
+//
+// Any length and any alignment are handled (masked or scalar tails). Thread-safe on disjoint
+// ranges; the caller splits work (LayerAdam does).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/numeric/bf16.h"
+
+namespace slidedp::update {
+
+// Hyper-parameters of one optimizer step for one tensor range (PyTorch AdamW defaults).
+struct AdamWStepParams {
+  double lr = 1e-3;  // the scheduled learning rate of this step (LrSchedule::LrAt)
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;  // decoupled: theta *= 1 - lr*wd
+  int64_t step = 1;            // t >= 1: number of updates including this one (bias correction)
+  float grad_scale = 1.0f;     // clip coefficient (ClipCoefficient), applied as g*scale in fp32
+};
+
+// Instruction set a kernel table was built for.
+enum class AdamIsa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+std::string AdamIsaName(AdamIsa isa);
+absl::StatusOr<AdamIsa> ParseAdamIsa(absl::string_view name);  // "scalar" | "avx2" | "avx512"
+
+// True when this CPU (and build) can run the ISA.
+bool AdamIsaSupported(AdamIsa isa);
+
+// The ISA used by the entry points below: the best supported one, or SLIDEDP_ADAM_ISA when set
+// (an unsupported or unknown value falls back to the best supported one with a warning).
+// Decided once per process.
+AdamIsa ActiveAdamIsa();
+
+// theta, m, v updated in place for n elements; mirror[i] = FloatToBf16(new theta[i]).
+void AdamWStep(const AdamWStepParams& p, float* master, float* m, float* v, bf16_t* mirror,
+               const float* grad, int64_t n);
+// Same with a BF16 gradient (widened exactly to fp32 before the scale).
+void AdamWStepBf16Grad(const AdamWStepParams& p, float* master, float* m, float* v, bf16_t* mirror,
+                       const bf16_t* grad, int64_t n);
+
+// Sum of g[i]^2 accumulated in double (squares formed in double, so exact per element).
+double SumSquares(const float* g, int64_t n);
+double SumSquaresBf16(const bf16_t* g, int64_t n);
+
+// ---- Per-ISA entry points (tests and benchmarks call them directly). ----
+
+// Step constants rounded to float once, shared by every implementation.
+struct AdamWConstants {
+  float decay;  // f32(1 - lr*wd)
+  float one_minus_b1;
+  float b2;
+  float one_minus_b2;
+  float bc2_sqrt;  // f32(sqrt(1 - b2^t))
+  float eps;
+  float neg_step_size;  // f32(-lr / (1 - b1^t))
+  float grad_scale;
+  // Write the mirror with streaming (non-temporal) stores in the vector body: skips the
+  // read-for-ownership of a line the CPU will not read again (DMA reads it). Off = cached stores.
+  bool stream_mirror = true;
+};
+AdamWConstants MakeAdamWConstants(const AdamWStepParams& p);
+
+struct AdamKernelTable {
+  void (*step_f32)(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror,
+                   const float* grad, int64_t n);
+  void (*step_bf16)(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror,
+                    const bf16_t* grad, int64_t n);
+  double (*sumsq_f32)(const float* g, int64_t n);
+  double (*sumsq_bf16)(const bf16_t* g, int64_t n);
+};
+
+// The table for an ISA; nullptr when this build or CPU lacks it.
+const AdamKernelTable* AdamKernelsFor(AdamIsa isa);
+
+namespace internal {
+// Defined in adamw_scalar.cc / adamw_avx2.cc / adamw_avx512.cc.
+extern const AdamKernelTable kScalarKernels;
+extern const AdamKernelTable kAvx2Kernels;
+extern const AdamKernelTable kAvx512Kernels;
+}  // namespace internal
+
+}  // namespace slidedp::update

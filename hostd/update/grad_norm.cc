@@ -1,0 +1,93 @@
+// Global gradient norm over chunks, and torch's clip coefficient; see grad_norm.h.
+#include "hostd/update/grad_norm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "hostd/update/adamw_kernels.h"
+
+namespace slidedp::update {
+
+GradNormAccumulator::GradNormAccumulator(std::vector<int64_t> unit_numel)
+    : unit_numel_(std::move(unit_numel)), covered_(unit_numel_.size(), 0) {}
+
+absl::Status GradNormAccumulator::AddChunk(int unit, int64_t offset, int64_t numel,
+                                           const float* grad) {
+  if (numel > 0 && grad == nullptr) return absl::InvalidArgumentError("AddChunk: null gradient");
+  return AddPartial(unit, offset, numel, SumSquares(grad, numel));
+}
+
+absl::Status GradNormAccumulator::AddChunkBf16(int unit, int64_t offset, int64_t numel,
+                                               const bf16_t* grad) {
+  if (numel > 0 && grad == nullptr) return absl::InvalidArgumentError("AddChunk: null gradient");
+  return AddPartial(unit, offset, numel, SumSquaresBf16(grad, numel));
+}
+
+absl::Status GradNormAccumulator::AddPartial(int unit, int64_t offset, int64_t numel,
+                                             double sum_squares) {
+  if (unit < 0 || unit >= static_cast<int>(unit_numel_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grad norm: unit ", unit, " not in [0, ", unit_numel_.size(), ")"));
+  }
+  if (numel <= 0 || offset < 0 || offset > unit_numel_[unit] ||
+      numel > unit_numel_[unit] - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("grad norm: chunk [", offset, ", +", numel,
+                                                   ") outside unit ", unit, "'s ",
+                                                   unit_numel_[unit], " elements"));
+  }
+  const Partial p{unit, offset, offset + numel, sum_squares};
+  absl::MutexLock l(&mu_);
+  auto key = [](const Partial& x) { return std::make_tuple(x.unit, x.begin); };
+  auto it = std::lower_bound(partials_.begin(), partials_.end(), p,
+                             [&](const Partial& a, const Partial& b) { return key(a) < key(b); });
+  const bool overlaps_next = it != partials_.end() && it->unit == unit && it->begin < p.end;
+  const bool overlaps_prev =
+      it != partials_.begin() && std::prev(it)->unit == unit && std::prev(it)->end > offset;
+  if (overlaps_next || overlaps_prev) {
+    return absl::AlreadyExistsError(absl::StrCat("grad norm: chunk [", offset, ", ", p.end,
+                                                 ") of unit ", unit, " was already counted"));
+  }
+  partials_.insert(it, p);
+  covered_[unit] += numel;
+  return absl::OkStatus();
+}
+
+bool GradNormAccumulator::complete() const {
+  absl::MutexLock l(&mu_);
+  for (size_t u = 0; u < unit_numel_.size(); ++u) {
+    if (covered_[u] != unit_numel_[u]) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<double> GradNormAccumulator::Norm() const {
+  absl::MutexLock l(&mu_);
+  for (size_t u = 0; u < unit_numel_.size(); ++u) {
+    if (covered_[u] != unit_numel_[u]) {
+      return absl::FailedPreconditionError(absl::StrCat("grad norm: unit ", u, " has ", covered_[u],
+                                                        " of ", unit_numel_[u], " elements"));
+    }
+  }
+  double total = 0;
+  for (const Partial& p : partials_) total += p.sum_squares;
+  return std::sqrt(total);
+}
+
+void GradNormAccumulator::Reset() {
+  absl::MutexLock l(&mu_);
+  partials_.clear();
+  std::fill(covered_.begin(), covered_.end(), 0);
+}
+
+float ClipCoefficient(double total_norm, double max_norm) {
+  if (!(max_norm > 0)) return 1.0f;
+  // total_norm is a float32 tensor in PyTorch; `max_norm / (total_norm + 1e-6)` runs in float32
+  // with the Python scalars rounded to float; clamp(max=1) keeps NaN.
+  const float norm = static_cast<float>(total_norm);
+  const float coef = static_cast<float>(max_norm) / (norm + static_cast<float>(1e-6));
+  return coef < 1.0f || std::isnan(coef) ? coef : 1.0f;
+}
+
+}  // namespace slidedp::update

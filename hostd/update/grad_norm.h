@@ -1,0 +1,58 @@
+// Exact global gradient-norm clipping for a step whose gradient arrives in chunks.
+//
+// GradNormAccumulator sums squares chunk by chunk (any thread, any order), refuses a chunk that
+// overlaps one already counted (every element exactly once), and returns the norm only when every
+// unit is covered. The partial sums are added in (unit, offset) order, so the norm does not depend
+// on arrival order or thread timing.
+//
+// ClipCoefficient follows torch.nn.utils.clip_grad_norm_ (error_if_nonfinite=False): in float32,
+// coef = min(1, max_norm / (norm + 1e-6)). A NaN norm gives NaN and an infinite norm gives 0, as
+// in PyTorch (the update then writes NaN where the gradient was non-finite); callers that want to
+// skip such steps check std::isfinite(norm) themselves.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/numeric/bf16.h"
+
+namespace slidedp::update {
+
+class GradNormAccumulator {
+ public:
+  explicit GradNormAccumulator(std::vector<int64_t> unit_numel);
+
+  // Adds the squares of grad[0..numel) as elements [offset, offset + numel) of `unit`.
+  // INVALID_ARGUMENT: bad unit or range; ALREADY_EXISTS: overlaps a chunk already added.
+  absl::Status AddChunk(int unit, int64_t offset, int64_t numel, const float* grad);
+  absl::Status AddChunkBf16(int unit, int64_t offset, int64_t numel, const bf16_t* grad);
+  // For a sum computed elsewhere (e.g. on the GPU).
+  absl::Status AddPartial(int unit, int64_t offset, int64_t numel, double sum_squares);
+
+  bool complete() const;
+  // sqrt of the total; FAILED_PRECONDITION naming the first uncovered unit until complete().
+  absl::StatusOr<double> Norm() const;
+  // Forgets every chunk (next step).
+  void Reset();
+
+ private:
+  struct Partial {
+    int unit;
+    int64_t begin, end;
+    double sum_squares;
+  };
+  std::vector<int64_t> unit_numel_;
+  mutable absl::Mutex mu_;
+  std::vector<Partial> partials_ ABSL_GUARDED_BY(mu_);  // sorted by (unit, begin)
+  std::vector<int64_t> covered_ ABSL_GUARDED_BY(mu_);   // elements counted per unit
+};
+
+// torch.nn.utils.clip_grad_norm_'s clamped coefficient, computed in float32 as PyTorch does.
+// max_norm <= 0 means clipping is off: returns 1.
+float ClipCoefficient(double total_norm, double max_norm);
+
+}  // namespace slidedp::update

@@ -1,0 +1,413 @@
+// LayerAdam engine: hwloc topology -> per-NUMA-node FIFO queues and pinned workers; chunks split
+// into per-worker pieces; completion counted per chunk.
+#include "hostd/update/layer_adam.h"
+
+#include <hwloc.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "glog/logging.h"
+
+namespace slidedp::update {
+
+struct LayerAdam::ChunkState {
+  std::atomic<int> remaining{0};
+  DoneFn done;
+  absl::Mutex mu;
+  absl::Status status ABSL_GUARDED_BY(mu);
+};
+
+namespace {
+
+// Pieces start on multiples of this many elements (a cache line of master/m/v is 16 elements,
+// of the mirror 32), so two workers never write the same cache line.
+constexpr int64_t kPieceAlignNumel = 64;
+
+struct NodeCores {
+  hwloc_obj_t node = nullptr;
+  std::vector<hwloc_obj_t> cores;  // physical cores (or PUs where hwloc reports no cores)
+};
+
+// Cores grouped by the NUMA node whose cpuset they fall in (first match), in logical order.
+std::vector<NodeCores> GroupCoresByNode(hwloc_topology_t topo) {
+  const int num_nodes = std::max(1, hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE));
+  std::vector<NodeCores> nodes(num_nodes);
+  for (int i = 0; i < num_nodes; ++i) {
+    nodes[i].node = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, i);
+  }
+  hwloc_obj_type_t core_type = HWLOC_OBJ_CORE;
+  if (hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE) <= 0) core_type = HWLOC_OBJ_PU;
+  const int num_cores = hwloc_get_nbobjs_by_type(topo, core_type);
+  for (int c = 0; c < num_cores; ++c) {
+    hwloc_obj_t core = hwloc_get_obj_by_type(topo, core_type, c);
+    int owner = 0;
+    for (int i = 0; i < num_nodes; ++i) {
+      if (nodes[i].node != nullptr && nodes[i].node->cpuset != nullptr &&
+          hwloc_bitmap_intersects(core->cpuset, nodes[i].node->cpuset)) {
+        owner = i;
+        break;
+      }
+    }
+    nodes[owner].cores.push_back(core);
+  }
+  return nodes;
+}
+
+std::string BitmapString(hwloc_const_bitmap_t set) {
+  char* s = nullptr;
+  if (hwloc_bitmap_asprintf(&s, set) < 0 || s == nullptr) return "";
+  std::string out(s);
+  std::free(s);
+  return out;
+}
+
+// Touches the first byte of every page overlapping [begin, begin + bytes) with an atomic no-op
+// RMW: faults the page in (placing it) without changing contents or racing a neighbour piece.
+void TouchPages(void* begin, int64_t bytes) {
+  if (begin == nullptr || bytes <= 0) return;
+  static const int64_t kPage = sysconf(_SC_PAGESIZE);
+  auto* p = static_cast<unsigned char*>(begin);
+  unsigned char* end = p + bytes;
+  __atomic_fetch_or(p, 0, __ATOMIC_RELAXED);
+  auto next = (reinterpret_cast<uintptr_t>(p) / kPage + 1) * kPage;
+  for (unsigned char* q = reinterpret_cast<unsigned char*>(next); q < end; q += kPage) {
+    __atomic_fetch_or(q, 0, __ATOMIC_RELAXED);
+  }
+}
+
+}  // namespace
+
+int DefaultUpdateThreads(int cores, int reserve_cores) {
+  if (reserve_cores < 0) reserve_cores = cores >= 8 ? 2 : (cores >= 4 ? 1 : 0);
+  return std::max(1, cores - reserve_cores);
+}
+
+absl::StatusOr<std::vector<int>> CoresPerNumaNode() {
+  hwloc_topology_t topo;
+  if (hwloc_topology_init(&topo) != 0 || hwloc_topology_load(topo) != 0) {
+    return absl::InternalError("hwloc: cannot load the machine topology");
+  }
+  std::vector<int> out;
+  for (const NodeCores& n : GroupCoresByNode(topo)) out.push_back(static_cast<int>(n.cores.size()));
+  hwloc_topology_destroy(topo);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<LayerAdam>> LayerAdam::Create(const LayerAdamOptions& options) {
+  std::unique_ptr<LayerAdam> engine(new LayerAdam());
+  engine->isa_ = options.isa.value_or(ActiveAdamIsa());
+  engine->kernels_ = AdamKernelsFor(engine->isa_);
+  if (engine->kernels_ == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("LayerAdam: ISA ", AdamIsaName(engine->isa_),
+                                                   " is not supported by this CPU"));
+  }
+  if (options.num_threads < 0 || options.min_piece_numel <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("LayerAdam: num_threads (", options.num_threads,
+                                                   ") must be >= 0 and min_piece_numel (",
+                                                   options.min_piece_numel, ") > 0"));
+  }
+  engine->min_piece_numel_ = options.min_piece_numel;
+  engine->stream_mirror_ = options.mirror_store == MirrorStore::kStreaming;
+
+  hwloc_topology_t topo;
+  if (hwloc_topology_init(&topo) != 0) return absl::InternalError("hwloc_topology_init failed");
+  engine->topology_ = topo;  // destroyed by ~LayerAdam from here on
+  if (hwloc_topology_load(topo) != 0) return absl::InternalError("hwloc_topology_load failed");
+  std::vector<NodeCores> nodes = GroupCoresByNode(topo);
+
+  // Usable cores in placement order: node by node round-robin, after dropping the reserve from the
+  // front of node 0.
+  int total_cores = 0;
+  for (const NodeCores& n : nodes) total_cores += static_cast<int>(n.cores.size());
+  if (total_cores == 0) return absl::InternalError("hwloc reports no cores");
+  int reserve = options.reserve_cores;
+  if (reserve < 0) reserve = total_cores >= 8 ? 2 : (total_cores >= 4 ? 1 : 0);
+  reserve = std::min(reserve, total_cores - 1);
+  const int num_threads =
+      options.num_threads > 0 ? options.num_threads : DefaultUpdateThreads(total_cores, reserve);
+  std::vector<std::vector<hwloc_obj_t>> usable(nodes.size());
+  int dropped = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    for (hwloc_obj_t core : nodes[i].cores) {
+      if (dropped < reserve) {
+        ++dropped;
+        continue;
+      }
+      usable[i].push_back(core);
+    }
+  }
+  std::vector<std::pair<int, hwloc_obj_t>> order;  // (node, core), round-robin over nodes
+  for (size_t k = 0;; ++k) {
+    bool any = false;
+    for (size_t i = 0; i < usable.size(); ++i) {
+      if (k < usable[i].size()) {
+        order.emplace_back(static_cast<int>(i), usable[i][k]);
+        any = true;
+      }
+    }
+    if (!any) break;
+  }
+  if (num_threads > static_cast<int>(order.size())) {
+    LOG(WARNING) << "LayerAdam: " << num_threads << " workers on " << order.size()
+                 << " usable cores; cores will be shared";
+  }
+
+  for (size_t i = 0; i < nodes.size(); ++i) engine->nodes_.push_back(std::make_unique<NodeQueue>());
+  std::vector<WorkerSpec> specs;
+  for (int w = 0; w < num_threads; ++w) {
+    const auto& [node, core] = order[w % order.size()];
+    WorkerSpec spec{node, ""};
+    if (options.pinning == WorkerPinning::kCore) {
+      spec.cpuset = BitmapString(core->cpuset);
+    } else if (options.pinning == WorkerPinning::kNumaNode && nodes[node].node != nullptr) {
+      spec.cpuset = BitmapString(nodes[node].node->cpuset);
+    }
+    engine->nodes_[node]->num_workers++;
+    specs.push_back(std::move(spec));
+  }
+  // Units placed on a node without workers are served by a node that has some.
+  std::vector<int> with_workers;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (engine->nodes_[i]->num_workers > 0) with_workers.push_back(static_cast<int>(i));
+  }
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    engine->queue_of_node_.push_back(engine->nodes_[i]->num_workers > 0
+                                         ? static_cast<int>(i)
+                                         : with_workers[i % with_workers.size()]);
+  }
+  for (int w = 0; w < num_threads; ++w) {
+    engine->workers_.emplace_back(&LayerAdam::WorkerLoop, engine.get(), w, specs[w]);
+  }
+  LOG(INFO) << "LayerAdam: " << num_threads << " workers on " << nodes.size() << " NUMA node(s), "
+            << total_cores << " cores (" << reserve << " reserved), isa "
+            << AdamIsaName(engine->isa_);
+  return engine;
+}
+
+LayerAdam::~LayerAdam() {
+  {
+    absl::MutexLock l(&idle_mu_);
+    shutting_down_ = true;
+  }
+  for (auto& q : nodes_) {
+    absl::MutexLock l(&q->mu);
+    q->stopping = true;
+  }
+  for (std::thread& t : workers_) t.join();
+  for (auto& q : nodes_) {
+    std::deque<Task> left;
+    {
+      absl::MutexLock l(&q->mu);
+      left.swap(q->tasks);
+    }
+    for (const Task& t : left) FinishPiece(t.chunk, absl::CancelledError("LayerAdam stopped"));
+  }
+  if (topology_ != nullptr) hwloc_topology_destroy(static_cast<hwloc_topology_t>(topology_));
+}
+
+int LayerAdam::workers_on_node(int numa_node) const {
+  if (numa_node < 0 || numa_node >= num_numa_nodes()) return 0;
+  return nodes_[numa_node]->num_workers;
+}
+
+int LayerAdam::QueueFor(int numa_node) const { return queue_of_node_[numa_node]; }
+
+std::vector<int> LayerAdam::AssignNumaNodes(const std::vector<int64_t>& unit_bytes) const {
+  std::vector<double> load(nodes_.size(), 0.0);
+  std::vector<int> out;
+  out.reserve(unit_bytes.size());
+  for (int64_t bytes : unit_bytes) {
+    int best = -1;
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      if (nodes_[i]->num_workers == 0) continue;
+      if (best < 0 || load[i] < load[best]) best = static_cast<int>(i);
+    }
+    load[best] += static_cast<double>(bytes) / nodes_[best]->num_workers;
+    out.push_back(best);
+  }
+  return out;
+}
+
+absl::Status LayerAdam::SubmitChunk(const UnitMemory& unit, int64_t offset, int64_t numel,
+                                    const float* grad, const AdamWStepParams& params, DoneFn done) {
+  return Submit(TaskKind::kStepF32, unit, offset, numel, grad, params, std::move(done));
+}
+
+absl::Status LayerAdam::SubmitChunkBf16(const UnitMemory& unit, int64_t offset, int64_t numel,
+                                        const bf16_t* grad, const AdamWStepParams& params,
+                                        DoneFn done) {
+  return Submit(TaskKind::kStepBf16, unit, offset, numel, grad, params, std::move(done));
+}
+
+absl::Status LayerAdam::FirstTouch(const UnitMemory& unit) {
+  if (unit.numa_node < 0 || unit.numa_node >= num_numa_nodes() || unit.numel < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("FirstTouch: bad unit (numel ", unit.numel,
+                                                   ", numa_node ", unit.numa_node, ")"));
+  }
+  if (num_numa_nodes() > 1) {
+    auto topo = static_cast<hwloc_topology_t>(topology_);
+    hwloc_obj_t node = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, unit.numa_node);
+    const std::pair<void*, int64_t> areas[] = {{unit.master, unit.numel * 4},
+                                               {unit.m, unit.numel * 4},
+                                               {unit.v, unit.numel * 4},
+                                               {unit.mirror, unit.numel * 2}};
+    for (const auto& [addr, bytes] : areas) {
+      if (node == nullptr || addr == nullptr || bytes == 0) continue;
+      if (hwloc_set_area_membind(topo, addr, bytes, node->nodeset, HWLOC_MEMBIND_BIND,
+                                 HWLOC_MEMBIND_MIGRATE | HWLOC_MEMBIND_BYNODESET) != 0) {
+        LOG(WARNING) << "FirstTouch: binding " << bytes << " bytes to NUMA node " << unit.numa_node
+                     << " failed (errno " << errno << "); relying on first touch";
+      }
+    }
+  }
+  absl::Notification finished;
+  absl::Status result;
+  absl::Status s = Submit(TaskKind::kTouch, unit, 0, unit.numel, nullptr, AdamWStepParams{},
+                          [&](absl::Status st) {
+                            result = st;
+                            finished.Notify();
+                          });
+  if (!s.ok()) return s;
+  finished.WaitForNotification();
+  return result;
+}
+
+absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t offset, int64_t numel,
+                               const void* grad, const AdamWStepParams& params, DoneFn done) {
+  if (offset < 0 || numel < 0 || unit.numel < 0 || offset > unit.numel ||
+      numel > unit.numel - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("LayerAdam: chunk [", offset, ", +", numel,
+                                                   ") outside the unit's ", unit.numel,
+                                                   " elements"));
+  }
+  if (numel > 0 && (unit.master == nullptr || unit.m == nullptr || unit.v == nullptr ||
+                    unit.mirror == nullptr || (kind != TaskKind::kTouch && grad == nullptr))) {
+    return absl::InvalidArgumentError("LayerAdam: null state or gradient pointer");
+  }
+  if (unit.numa_node < 0 || unit.numa_node >= num_numa_nodes()) {
+    return absl::InvalidArgumentError(absl::StrCat("LayerAdam: numa_node ", unit.numa_node,
+                                                   " not in [0, ", num_numa_nodes(), ")"));
+  }
+  if (kind != TaskKind::kTouch && params.step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LayerAdam: AdamW step must be >= 1, got ", params.step));
+  }
+  if (!done) return absl::InvalidArgumentError("LayerAdam: no completion callback");
+  {
+    absl::MutexLock l(&idle_mu_);
+    if (shutting_down_) return absl::FailedPreconditionError("LayerAdam is shutting down");
+    ++chunks_in_flight_;
+  }
+
+  NodeQueue& q = *nodes_[QueueFor(unit.numa_node)];
+  // Split into at most one piece per worker, none below min_piece_numel, boundaries aligned.
+  const int64_t max_pieces = std::max<int64_t>(1, numel / min_piece_numel_);
+  const int64_t pieces = std::min<int64_t>(q.num_workers, max_pieces);
+  std::vector<int64_t> bounds{offset};
+  for (int64_t k = 1; k < pieces; ++k) {
+    int64_t b = (offset + numel * k / pieces) / kPieceAlignNumel * kPieceAlignNumel;
+    if (b > bounds.back() && b < offset + numel) bounds.push_back(b);
+  }
+  bounds.push_back(offset + numel);
+
+  auto chunk = std::make_shared<ChunkState>();
+  chunk->done = std::move(done);
+  chunk->remaining.store(static_cast<int>(bounds.size() - 1), std::memory_order_relaxed);
+  AdamWConstants constants =
+      kind == TaskKind::kTouch ? AdamWConstants{} : MakeAdamWConstants(params);
+  constants.stream_mirror = stream_mirror_;
+  const size_t elem_bytes = kind == TaskKind::kStepBf16 ? sizeof(bf16_t) : sizeof(float);
+  {
+    absl::MutexLock l(&q.mu);
+    for (size_t k = 0; k + 1 < bounds.size(); ++k) {
+      const void* piece_grad =
+          grad == nullptr ? nullptr
+                          : static_cast<const char*>(grad) + (bounds[k] - offset) * elem_bytes;
+      q.tasks.push_back(
+          Task{kind, unit, bounds[k], bounds[k + 1] - bounds[k], piece_grad, constants, chunk});
+    }
+  }
+  return absl::OkStatus();
+}
+
+void LayerAdam::WorkerLoop(int index, WorkerSpec spec) {
+  const std::string name = absl::StrCat("adam-", index);
+  pthread_setname_np(pthread_self(), name.c_str());
+  if (!spec.cpuset.empty()) {
+    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    if (hwloc_bitmap_sscanf(set, spec.cpuset.c_str()) != 0 ||
+        hwloc_set_cpubind(static_cast<hwloc_topology_t>(topology_), set, HWLOC_CPUBIND_THREAD) !=
+            0) {
+      LOG(WARNING) << name << ": cannot bind to cpuset " << spec.cpuset << " (errno " << errno
+                   << "); running unbound";
+    }
+    hwloc_bitmap_free(set);
+  }
+  NodeQueue& q = *nodes_[spec.node];
+  auto ready = [&q]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(q.mu) { return q.stopping || !q.tasks.empty(); };
+  while (true) {
+    q.mu.LockWhen(absl::Condition(&ready));
+    if (q.stopping) {
+      q.mu.Unlock();
+      return;
+    }
+    Task task = std::move(q.tasks.front());
+    q.tasks.pop_front();
+    q.mu.Unlock();
+    RunTask(task);
+    FinishPiece(task.chunk, absl::OkStatus());
+  }
+}
+
+void LayerAdam::RunTask(const Task& t) {
+  const UnitMemory& u = t.unit;
+  const int64_t o = t.offset;
+  switch (t.kind) {
+    case TaskKind::kStepF32:
+      kernels_->step_f32(t.constants, u.master + o, u.m + o, u.v + o, u.mirror + o,
+                         static_cast<const float*>(t.grad), t.numel);
+      break;
+    case TaskKind::kStepBf16:
+      kernels_->step_bf16(t.constants, u.master + o, u.m + o, u.v + o, u.mirror + o,
+                          static_cast<const bf16_t*>(t.grad), t.numel);
+      break;
+    case TaskKind::kTouch:
+      TouchPages(u.master + o, t.numel * 4);
+      TouchPages(u.m + o, t.numel * 4);
+      TouchPages(u.v + o, t.numel * 4);
+      TouchPages(u.mirror + o, t.numel * 2);
+      break;
+  }
+}
+
+void LayerAdam::FinishPiece(const std::shared_ptr<ChunkState>& chunk, const absl::Status& status) {
+  if (!status.ok()) {
+    absl::MutexLock l(&chunk->mu);
+    if (chunk->status.ok()) chunk->status = status;
+  }
+  if (chunk->remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  absl::Status final_status;
+  {
+    absl::MutexLock l(&chunk->mu);
+    final_status = chunk->status;
+  }
+  chunk->done(final_status);
+  absl::MutexLock l(&idle_mu_);
+  --chunks_in_flight_;
+}
+
+void LayerAdam::WaitIdle() {
+  absl::MutexLock l(&idle_mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(idle_mu_) { return chunks_in_flight_ == 0; };
+  idle_mu_.Await(absl::Condition(&idle));
+}
+
+}  // namespace slidedp::update

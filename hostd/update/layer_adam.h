@@ -1,0 +1,167 @@
+// LayerAdam: the host's AdamW engine. A pool of update workers ("adam-N"), each pinned with hwloc
+// to one core of a NUMA node, applies the fused AdamW + BF16-mirror step (adamw_kernels.h) to
+// gradient chunks of units (embedding, decoder layers, head) whose state lives on that node.
+//
+// Two ways a job drives it (docs/layeradam.md has the numbers):
+//  - no clipping: each chunk is submitted as soon as its gradient lands in the ring; the ring
+//    slot is freed from the chunk's `done`; a unit's version gate is published when UnitTracker
+//    says all its chunks for the step are applied. Staging costs only the ring.
+//  - exact global-norm clipping: the coefficient needs the norm of the whole step's gradient, so
+//    every chunk is staged (2 B/param in BF16, 4 in FP32) while GradNormAccumulator sums squares;
+//    once the norm is known the caller submits the units in forward order with
+//    grad_scale = ClipCoefficient(norm, max_norm), so step t+1's forward can start on the first
+//    layers while the last ones are still updating. Each node's queue is FIFO: submission order is
+//    execution order.
+//
+// Threading: SubmitChunk may be called from any thread; `done` runs on a worker thread and must be
+// short (it may call SubmitChunk). Chunks of one unit must not overlap while in flight.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/numeric/bf16.h"
+#include "hostd/update/adamw_kernels.h"
+
+namespace slidedp::update {
+
+// The optimizer state of one unit: four parallel arrays of numel elements (pointers into the
+// job's shared-memory state) and the NUMA node (hwloc logical index) whose workers update it.
+struct UnitMemory {
+  float* master = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  bf16_t* mirror = nullptr;
+  int64_t numel = 0;
+  int numa_node = 0;
+};
+
+enum class WorkerPinning {
+  kCore,      // each worker bound to one physical core of its node (default)
+  kNumaNode,  // each worker bound to all cores of its node
+  kNone,      // no binding (tests on shared machines)
+};
+
+enum class MirrorStore { kStreaming, kCached };
+
+struct LayerAdamOptions {
+  // Number of update workers; 0 = default: every physical core the process may use minus
+  // reserve_cores (at least 1). More workers than cores is allowed (cores are then shared).
+  int num_threads = 0;
+  // Cores left to the rest of the host (hostd's control plane, the GPU workers' issuing threads);
+  // -1 = default: 2 with >= 8 cores, 1 with 4-7, 0 below. Reserved cores are the first cores of
+  // NUMA node 0 (where the kernel's housekeeping usually runs).
+  int reserve_cores = -1;
+  WorkerPinning pinning = WorkerPinning::kCore;
+  // A submitted chunk is split into at most one piece per worker of its node, none smaller than
+  // this (scheduling overhead stays negligible against ~1 ns/param of work).
+  int64_t min_piece_numel = 1 << 15;
+  // Kernel ISA; unset = ActiveAdamIsa(). An unsupported ISA fails Create.
+  std::optional<AdamIsa> isa;
+  // Streaming (non-temporal) or cached stores for the BF16 mirror (AdamWConstants::stream_mirror).
+  MirrorStore mirror_store = MirrorStore::kStreaming;
+};
+
+class LayerAdam {
+ public:
+  using DoneFn = std::function<void(absl::Status)>;
+
+  // Reads the hwloc topology and starts the workers.
+  static absl::StatusOr<std::unique_ptr<LayerAdam>> Create(const LayerAdamOptions& options);
+  // Stops the workers cooperatively: pieces already running finish; queued chunks complete with
+  // CANCELLED. Every accepted chunk's `done` runs exactly once before the destructor returns.
+  ~LayerAdam();
+  LayerAdam(const LayerAdam&) = delete;
+  LayerAdam& operator=(const LayerAdam&) = delete;
+
+  int num_threads() const { return static_cast<int>(workers_.size()); }
+  int num_numa_nodes() const { return static_cast<int>(nodes_.size()); }
+  int workers_on_node(int numa_node) const;
+  AdamIsa isa() const { return isa_; }
+
+  // Chooses a NUMA node for each unit: greedily the node with the fewest bytes per worker so far
+  // (round-robin by bytes), among nodes that have workers.
+  std::vector<int> AssignNumaNodes(const std::vector<int64_t>& unit_bytes) const;
+
+  // Has the unit's node workers touch every page of its four arrays (reading and writing back
+  // each page's first word, so contents are kept), so pages not yet faulted are placed on that
+  // node. With more than one NUMA node the range is also bound there (hwloc membind, migrating
+  // pages already placed; best effort, logged on failure). Call before the unit is in use;
+  // blocks until done.
+  absl::Status FirstTouch(const UnitMemory& unit);
+
+  // Applies one AdamW step to elements [offset, offset + numel) of `unit` with `grad` (numel
+  // elements, read until `done` runs). Returns INVALID_ARGUMENT (and never calls `done`) for a
+  // bad range, null pointers, a bad node or a non-positive step; FAILED_PRECONDITION after
+  // shutdown started. Otherwise `done` runs exactly once, on a worker thread, with OK once every
+  // element is updated, or CANCELLED if the engine stopped first.
+  absl::Status SubmitChunk(const UnitMemory& unit, int64_t offset, int64_t numel, const float* grad,
+                           const AdamWStepParams& params, DoneFn done);
+  absl::Status SubmitChunkBf16(const UnitMemory& unit, int64_t offset, int64_t numel,
+                               const bf16_t* grad, const AdamWStepParams& params, DoneFn done);
+
+  // Blocks until every chunk accepted so far has completed (its `done` has returned).
+  void WaitIdle();
+
+ private:
+  enum class TaskKind { kStepF32, kStepBf16, kTouch };
+  struct ChunkState;
+  struct Task {
+    TaskKind kind;
+    UnitMemory unit;
+    int64_t offset;  // element range within the unit (for kTouch: of all four arrays)
+    int64_t numel;
+    const void* grad;  // first element of this piece
+    AdamWConstants constants;
+    std::shared_ptr<ChunkState> chunk;
+  };
+  struct NodeQueue {
+    absl::Mutex mu;
+    std::deque<Task> tasks ABSL_GUARDED_BY(mu);
+    bool stopping ABSL_GUARDED_BY(mu) = false;
+    int num_workers = 0;
+  };
+  struct WorkerSpec {
+    int node;            // NodeQueue index
+    std::string cpuset;  // hwloc bitmap list string to bind to; empty = no binding
+  };
+
+  LayerAdam() = default;
+  absl::Status Submit(TaskKind kind, const UnitMemory& unit, int64_t offset, int64_t numel,
+                      const void* grad, const AdamWStepParams& params, DoneFn done);
+  int QueueFor(int numa_node) const;
+  void WorkerLoop(int index, WorkerSpec spec);
+  void RunTask(const Task& task);
+  void FinishPiece(const std::shared_ptr<ChunkState>& chunk, const absl::Status& status);
+
+  AdamIsa isa_ = AdamIsa::kScalar;
+  const AdamKernelTable* kernels_ = nullptr;
+  int64_t min_piece_numel_ = 1;
+  bool stream_mirror_ = true;
+  void* topology_ = nullptr;  // hwloc_topology_t, kept for binding (opaque to keep hwloc.h private)
+  std::vector<std::unique_ptr<NodeQueue>> nodes_;
+  std::vector<int> queue_of_node_;  // NUMA node -> queue index holding workers
+  std::vector<std::thread> workers_;
+
+  absl::Mutex idle_mu_;
+  int64_t chunks_in_flight_ ABSL_GUARDED_BY(idle_mu_) = 0;
+  bool shutting_down_ ABSL_GUARDED_BY(idle_mu_) = false;
+};
+
+// Physical cores per NUMA node (hwloc logical order) that this process may run on.
+absl::StatusOr<std::vector<int>> CoresPerNumaNode();
+// The default worker count for `cores` physical cores (see LayerAdamOptions::reserve_cores).
+int DefaultUpdateThreads(int cores, int reserve_cores = -1);
+
+}  // namespace slidedp::update

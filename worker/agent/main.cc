@@ -1,0 +1,64 @@
+// slidedp-worker: one process per GPU (or CPU backend worker). Parses flags, runs WorkerAgent.
+#include <csignal>
+#include <iostream>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "glog/logging.h"
+#include "worker/agent/worker_agent.h"
+
+#ifdef SLIDEDP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace {
+slidedp::worker::WorkerAgent* g_agent = nullptr;
+int g_signal_pipe[2];
+}  // namespace
+
+int main(int argc, char** argv) {
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  slidedp::worker::WorkerOptions opt;
+  std::string backend = "cpu";
+  int gpu = -1;
+  bool count_gpus = false;
+  CLI::App app{"slidedp-worker: streams layers through one GPU (or the CPU backend) for hostd"};
+  app.add_option("--hostd", opt.hostd_address, "hostd address (unix:PATH)");
+  app.add_option("--backend", backend, "cuda | cpu")->check(CLI::IsMember({"cuda", "cpu"}));
+  app.add_option("--gpu", gpu, "GPU ordinal (implies --backend cuda)");
+  app.add_option("--index", opt.index, "worker number (CPU backend)");
+  app.add_flag("--count-gpus", count_gpus, "print the number of visible CUDA devices and exit");
+  app.add_option("--exit-after-disconnects", opt.exit_after_disconnects, "give up after N failed sessions");
+  CLI11_PARSE(app, argc, argv);
+  if (count_gpus) {
+    int n = 0;
+#ifdef SLIDEDP_HAVE_CUDA
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+#endif
+    std::cout << n << "\n";
+    return 0;
+  }
+  if (gpu >= 0) {
+    backend = "cuda";
+    opt.index = gpu;
+  }
+  opt.backend = backend == "cuda" ? slidedp::worker::BackendKind::kCuda : slidedp::worker::BackendKind::kCpu;
+
+  // Signals: a pipe wakes a normal thread that stops the agent (no work in the handler).
+  if (pipe(g_signal_pipe) != 0) return 1;
+  slidedp::worker::WorkerAgent agent(opt);
+  g_agent = &agent;
+  std::thread stopper([] {
+    char c;
+    if (read(g_signal_pipe[0], &c, 1) == 1 && c == 's') g_agent->Stop();
+  });
+  auto handler = +[](int) { (void)!write(g_signal_pipe[1], "s", 1); };
+  std::signal(SIGTERM, handler);
+  std::signal(SIGINT, handler);
+  absl::Status s = agent.Run();
+  (void)!write(g_signal_pipe[1], "x", 1);
+  stopper.join();
+  LOG(INFO) << "worker exiting: " << s;
+  return 0;
+}

@@ -1,0 +1,230 @@
+// WorkerAgent: session with hostd, assignments, and the per-job step loop.
+#include "worker/agent/worker_agent.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/data/dataset.h"
+#include "common/data/micro_batch.h"
+#include "common/data/sampler.h"
+#include "common/status/status_macros.h"
+#include "glog/logging.h"
+#include "grpcpp/grpcpp.h"
+#include "hostd/state/grad_ring.h"
+#include "hostd/state/job_state.h"
+#include "worker/pipeline/step_runner.h"
+#include "worker/pipeline/unit_streamer.h"
+
+namespace slidedp::worker {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+ActPolicy ToActPolicy(ActivationPolicy p) {
+  switch (p) {
+    case ActivationPolicy::kKeepAll: return ActPolicy::kKeepAll;
+    case ActivationPolicy::kSelective: return ActPolicy::kSelective;
+    case ActivationPolicy::kRecomputeLayer: return ActPolicy::kRecomputeLayer;
+  }
+  return ActPolicy::kRecomputeLayer;
+}
+
+}  // namespace
+
+WorkerAgent::WorkerAgent(WorkerOptions options) : options_(std::move(options)) {}
+
+WorkerAgent::~WorkerAgent() {
+  Stop();
+  if (job_thread_.joinable()) job_thread_.join();
+}
+
+std::string WorkerAgent::worker_id() const {
+  return absl::StrCat(options_.backend == BackendKind::kCuda ? "gpu" : "cpu", options_.index);
+}
+
+v1::DeviceInfo WorkerAgent::device() const {
+  v1::DeviceInfo d;
+  d.set_kind(options_.backend == BackendKind::kCuda ? "cuda" : "cpu");
+  d.set_index(options_.index);
+  d.set_name(options_.backend == BackendKind::kCuda ? "cuda device" : "cpu reference backend");
+  d.set_numa_node(0);
+  return d;
+}
+
+void WorkerAgent::Stop() {
+  stop_ = true;
+  cancel_job_ = true;
+  absl::MutexLock l(&stream_mu_);
+  if (context_) context_->TryCancel();
+}
+
+bool WorkerAgent::Send(const v1::WorkerReport& r) {
+  absl::MutexLock l(&stream_mu_);
+  return stream_ && stream_->Write(r);
+}
+
+absl::Status WorkerAgent::Run() {
+  double backoff = 0.1;
+  int failures = 0;
+  absl::Status last;
+  while (!stop_) {
+    absl::Time t0 = absl::Now();
+    last = RunSession();
+    if (stop_) break;
+    if (absl::Now() - t0 > absl::Seconds(5)) backoff = 0.1, failures = 0;  // it was a real session
+    ++failures;
+    if (options_.exit_after_disconnects >= 0 && failures > options_.exit_after_disconnects) break;
+    LOG(WARNING) << "session with hostd ended (" << last << "); reconnecting in " << backoff << " s";
+    absl::SleepFor(absl::Seconds(backoff));
+    backoff = std::min(backoff * 2, options_.reconnect_max_s);
+  }
+  if (job_thread_.joinable()) job_thread_.join();
+  return last;
+}
+
+absl::Status WorkerAgent::RunSession() {
+  auto channel = grpc::CreateChannel(options_.hostd_address, grpc::InsecureChannelCredentials());
+  auto stub = v1::WorkerService::NewStub(channel);
+  grpc::ClientContext ctx;
+  auto stream = stub->Session(&ctx);
+  {
+    absl::MutexLock l(&stream_mu_);
+    stream_ = stream.get();
+    context_ = &ctx;
+  }
+  v1::WorkerReport hello;
+  hello.mutable_hello()->set_worker_id(worker_id());
+  hello.mutable_hello()->set_pid(getpid());
+  *hello.mutable_hello()->mutable_device() = device();
+  hello.mutable_hello()->set_build("slidedp 0.1.0");
+  if (Send(hello)) {
+    v1::HostCommand cmd;
+    while (stream->Read(&cmd)) {
+      if (cmd.has_assign()) {
+        if (job_thread_.joinable()) job_thread_.join();  // the previous job has reported its end
+        cancel_job_ = false;
+        current_job_ = cmd.assign().job_id();
+        job_thread_ = std::thread(&WorkerAgent::RunJob, this, cmd.assign());
+      } else if (!cmd.cancel_job_id().empty() && cmd.cancel_job_id() == current_job_) {
+        cancel_job_ = true;
+      }
+    }
+  }
+  // hostd went away: a running job cannot finish (its gates and ring belong to that hostd).
+  cancel_job_ = true;
+  if (job_thread_.joinable()) job_thread_.join();
+  {
+    absl::MutexLock l(&stream_mu_);
+    stream_ = nullptr;
+    context_ = nullptr;
+  }
+  return FromGrpc(stream->Finish());
+}
+
+void WorkerAgent::RunJob(v1::Assignment a) {
+  pthread_setname_np(pthread_self(), "worker-job");
+  LOG(INFO) << "job " << a.job_id() << ": rank " << a.rank() << " of " << a.world_size() << ", steps "
+            << a.first_step() << ".." << a.total_steps();
+  absl::Status s = ExecuteJob(a);
+  LOG(INFO) << "job " << a.job_id() << " finished on this worker: " << s;
+  v1::WorkerReport r;
+  r.mutable_job_finished()->set_job_id(a.job_id());
+  r.mutable_job_finished()->set_code(static_cast<int>(s.code()));
+  r.mutable_job_finished()->set_message(std::string(s.message()));
+  Send(r);
+}
+
+absl::StatusOr<ComputeBackend*> WorkerAgent::BackendFor(const Qwen3Config& c) {
+  bool same = backend_ && backend_config_.ToJson() == c.ToJson();
+  if (!same) {
+    backend_.reset();
+    if (options_.backend == BackendKind::kCuda) {
+#ifdef SLIDEDP_HAVE_CUDA_BACKEND
+      ASSIGN_OR_RETURN(backend_, MakeCudaBackend(c, options_.index));
+#else
+      return absl::UnimplementedError("this slidedp-worker was built without CUDA");
+#endif
+    } else {
+      ASSIGN_OR_RETURN(backend_, MakeCpuBackend(c));
+    }
+    backend_config_ = c;
+  }
+  return backend_.get();
+}
+
+absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
+  ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(a.resolved_spec_yaml(), "", JobSpec::FileCheck::kSkip));
+  Qwen3Config config;
+  if (!spec.model_preset.empty()) {
+    ASSIGN_OR_RETURN(config, Qwen3Config::Preset(spec.model_preset));
+  } else {
+    ASSIGN_OR_RETURN(config, Qwen3Config::FromFile(spec.model_path + "/config.json"));
+  }
+  ModelLayout layout = ModelLayout::Build(config);
+  ASSIGN_OR_RETURN(auto job_state, state::JobState::Attach(a.state_segment(), state::Access::kReadWrite));
+  RETURN_IF_ERROR(job_state->CheckMatches(layout));
+  ASSIGN_OR_RETURN(auto ring, state::GradRing::Attach(a.ring_segment(), state::RingRole::kProducer, &job_state->abort()));
+  ASSIGN_OR_RETURN(ComputeBackend * backend, BackendFor(config));
+  ASSIGN_OR_RETURN(auto dataset, data::DatasetReader::Open(spec.data_path));
+  RETURN_IF_ERROR(dataset->CheckTokenRange(config.vocab_size));
+  ASSIGN_OR_RETURN(auto sampler, data::GlobalBatchSampler::Create(dataset->num_rows(), spec.global_batch, a.world_size(), spec.seed));
+
+  const absl::Duration timeout = absl::Milliseconds(spec.step_timeout_ms);
+  std::unique_ptr<UnitStreamer> streamer;
+  if (options_.backend == BackendKind::kCpu) {
+    streamer = std::make_unique<HostMirrorStreamer>(job_state.get(), timeout);
+  } else {
+    return absl::UnimplementedError("the CUDA streamer is not built into this worker yet");
+  }
+  StepRunnerOptions ropt;
+  ropt.policy = ToActPolicy(spec.act_policy);
+  ropt.ring_timeout = timeout;
+  StepRunner runner(layout, backend, streamer.get(), ring.get(), ropt);
+
+  for (int64_t step = a.first_step(); step < a.total_steps(); ++step) {
+    if (cancel_job_ || stop_) {
+      job_state->RaiseAbort(state::AbortReason::kCancelled);
+      return absl::CancelledError("job cancelled");
+    }
+    std::vector<int64_t> rows = sampler.RankRows(step, a.rank());
+    std::vector<MicroBatch> mbs;
+    for (size_t i = 0; i < rows.size(); i += spec.micro_batch) {
+      size_t n = std::min<size_t>(spec.micro_batch, rows.size() - i);
+      ASSIGN_OR_RETURN(MicroBatch mb, data::BuildMicroBatch(*dataset, absl::MakeConstSpan(rows.data() + i, n)));
+      mbs.push_back(std::move(mb));
+    }
+    std::vector<int64_t> global_rows = sampler.GlobalRows(step);
+    ASSIGN_OR_RETURN(int64_t trained, data::CountTrainedLabels(*dataset, global_rows));
+    const float loss_scale = trained > 0 ? 1.0f / static_cast<float>(trained) : 0.0f;
+    auto result = runner.Run(step, mbs, loss_scale);
+    if (!result.ok()) {
+      // Tell every peer at once instead of letting them time out.
+      if (result.status().code() != absl::StatusCode::kAborted) job_state->RaiseAbort(state::AbortReason::kWorkerFailed);
+      return Annotate(result.status(), absl::StrCat("step ", step));
+    }
+    v1::WorkerReport r;
+    v1::StepDone* d = r.mutable_step_done();
+    d->set_job_id(a.job_id());
+    d->set_step(step);
+    d->set_loss_sum(result->loss_sum);
+    d->set_trained_tokens(trained);
+    d->set_tokens(result->local_tokens);
+    d->set_step_time_s(result->times.total_s);
+    d->set_gate_wait_s(streamer->gate_wait_s());
+    d->set_ring_wait_s(result->times.ring_wait_s);
+    d->set_compute_busy_s(result->times.total_s - result->times.ring_wait_s);
+    d->set_d2h_busy_s(streamer->d2h_s());
+    d->set_h2d_busy_s(streamer->h2d_s());
+    if (!Send(r)) return absl::UnavailableError("lost the session with hostd");
+  }
+  ring->Close();
+  return absl::OkStatus();
+}
+
+}  // namespace slidedp::worker

@@ -1,0 +1,61 @@
+// WorkerAgent: the body of slidedp-worker. Keeps a gRPC session with hostd (re-registering when
+// hostd restarts), receives assignments, and runs each assigned job's steps with a compute
+// backend that stays warm between jobs.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/jobspec/job_spec.h"
+#include "slidedp/v1/slidedp.grpc.pb.h"
+#include "worker/compute/backend.h"
+
+namespace slidedp::worker {
+
+enum class BackendKind { kCpu, kCuda };
+
+struct WorkerOptions {
+  std::string hostd_address = "unix:/tmp/slidedp-hostd.sock";
+  BackendKind backend = BackendKind::kCpu;
+  int index = 0;                 // GPU ordinal (cuda) or worker number (cpu)
+  double reconnect_max_s = 5;    // backoff cap while hostd is away
+  int exit_after_disconnects = -1;  // tests: give up after N failed sessions (-1: never)
+};
+
+class WorkerAgent {
+ public:
+  explicit WorkerAgent(WorkerOptions options);
+  ~WorkerAgent();
+  // Runs sessions until Stop() (or exit_after_disconnects). Returns the last session's status.
+  absl::Status Run();
+  void Stop();  // async-signal-unsafe: call from a normal thread
+
+  std::string worker_id() const;
+  v1::DeviceInfo device() const;
+
+ private:
+  absl::Status RunSession();
+  void RunJob(v1::Assignment a);
+  absl::Status ExecuteJob(const v1::Assignment& a);
+  absl::StatusOr<ComputeBackend*> BackendFor(const Qwen3Config& config);
+  bool Send(const v1::WorkerReport& r);
+
+  WorkerOptions options_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> cancel_job_{false};
+  std::string current_job_;
+
+  absl::Mutex stream_mu_;
+  grpc::ClientReaderWriter<v1::WorkerReport, v1::HostCommand>* stream_ ABSL_GUARDED_BY(stream_mu_) = nullptr;
+  grpc::ClientContext* context_ ABSL_GUARDED_BY(stream_mu_) = nullptr;
+
+  std::thread job_thread_;
+  std::unique_ptr<ComputeBackend> backend_;  // warm between jobs with the same model shape
+  Qwen3Config backend_config_;
+};
+
+}  // namespace slidedp::worker

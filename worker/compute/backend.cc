@@ -1,0 +1,13 @@
+// Out-of-line pieces of the compute interface shared by every backend.
+#include "worker/compute/backend.h"
+
+#include <algorithm>
+
+namespace slidedp {
+
+int64_t MicroBatch::num_trained() const {
+  return static_cast<int64_t>(std::count_if(labels.begin(), labels.end(),
+                                            [](int32_t l) { return l != kIgnoreIndex; }));
+}
+
+}  // namespace slidedp

@@ -1,0 +1,291 @@
+// CpuBackend: ComputeBackend over host memory, running qwen3_reference_math in FP32.
+#include "worker/compute/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/status/status_macros.h"
+#include "worker/compute/cpu/cpu_worker_pool.h"
+
+namespace slidedp {
+namespace {
+
+// Host memory standing in for device memory; 64-byte aligned.
+class CpuBuffer final : public DeviceBuffer {
+ public:
+  CpuBuffer(void* data, int64_t bytes) : data_(data), bytes_(bytes) {}
+  ~CpuBuffer() override { ::operator delete(data_, std::align_val_t(64)); }
+  void* data() override { return data_; }
+  int64_t bytes() const override { return bytes_; }
+
+ private:
+  void* data_;
+  int64_t bytes_;
+};
+
+// A validated micro-batch with its RoPE tables.
+class CpuDeviceBatch final : public DeviceBatch {
+ public:
+  CpuDeviceBatch(MicroBatch batch, const Qwen3Config& c)
+      : batch_(std::move(batch)), rope_(BuildRopeTables(batch_.positions, c.head_dim, c.rope_theta)) {}
+  int64_t num_tokens() const override { return batch_.num_tokens(); }
+  const MicroBatch& batch() const { return batch_; }
+  TokenGeometry geometry() const { return MakeTokenGeometry(batch_, rope_); }
+
+ private:
+  MicroBatch batch_;
+  RopeTables rope_;
+};
+
+class CpuSavedActivations final : public SavedActivations {
+ public:
+  CpuSavedActivations(ActPolicy policy, int64_t num_tokens) : policy_(policy), num_tokens_(num_tokens) {}
+  int64_t bytes() const override { return acts.num_elements() * static_cast<int64_t>(sizeof(float)); }
+  ActPolicy policy() const { return policy_; }
+  int64_t num_tokens() const { return num_tokens_; }
+  DecoderActs<float> acts;
+
+ private:
+  ActPolicy policy_;
+  int64_t num_tokens_;
+};
+
+std::vector<float> UpcastBf16(const bf16_t* src, int64_t n) {
+  std::vector<float> out(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(src[i]);
+  return out;
+}
+
+class CpuBackend final : public ComputeBackend {
+ public:
+  CpuBackend(const Qwen3Config& config, const CpuBackendOptions& options, int num_threads)
+      : ComputeBackend(config),
+        options_(options),
+        dims_(DecoderDims::From(config)),
+        offs_(DecoderOffsets::From(config)),
+        pool_(num_threads) {}
+
+  std::string name() const override { return absl::StrCat("cpu(threads=", pool_.num_threads(), ")"); }
+  DType activation_dtype() const override { return DType::kF32; }
+
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) override {
+    if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("Allocate: negative size ", bytes));
+    void* p = ::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 1)), std::align_val_t(64), std::nothrow);
+    if (p == nullptr) return absl::ResourceExhaustedError(absl::StrCat("Allocate: out of host memory for ", bytes, " bytes"));
+    return std::unique_ptr<DeviceBuffer>(new CpuBuffer(p, bytes));
+  }
+  absl::Status Memset(DeviceBuffer& buf, int value) override {
+    std::memset(buf.data(), value, static_cast<size_t>(buf.bytes()));
+    return absl::OkStatus();
+  }
+  absl::Status CopyToDevice(const void* host, void* device, int64_t bytes) override { return Copy(host, device, bytes); }
+  absl::Status CopyToHost(const void* device, void* host, int64_t bytes) override { return Copy(device, host, bytes); }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  absl::StatusOr<std::unique_ptr<DeviceBatch>> UploadBatch(const MicroBatch& batch) override {
+    RETURN_IF_ERROR(ValidateBatch(batch));
+    return std::unique_ptr<DeviceBatch>(new CpuDeviceBatch(batch, config_));
+  }
+
+  absl::Status EmbeddingForward(const bf16_t* embed, const DeviceBatch& batch, void* out) override {
+    ASSIGN_OR_RETURN(const CpuDeviceBatch* b, AsCpu(batch));
+    if (embed == nullptr || out == nullptr) return absl::InvalidArgumentError("EmbeddingForward: null pointer");
+    EmbeddingLookup(embed, b->batch().tokens.data(), b->num_tokens(), dims_.hidden, static_cast<float*>(out), &pool_);
+    return absl::OkStatus();
+  }
+  absl::Status EmbeddingBackward(const void* dout, const DeviceBatch& batch, float* dembed) override {
+    ASSIGN_OR_RETURN(const CpuDeviceBatch* b, AsCpu(batch));
+    if (dout == nullptr || dembed == nullptr) return absl::InvalidArgumentError("EmbeddingBackward: null pointer");
+    EmbeddingScatterAdd(static_cast<const float*>(dout), b->batch().tokens.data(), b->num_tokens(), dims_.hidden,
+                        dembed);
+    return absl::OkStatus();
+  }
+
+  absl::Status DecoderForward(const bf16_t* params, const DeviceBatch& batch, const void* x, void* y,
+                              ActPolicy policy, std::unique_ptr<SavedActivations>* saved) override {
+    ASSIGN_OR_RETURN(const CpuDeviceBatch* b, AsCpu(batch));
+    if (params == nullptr || x == nullptr || y == nullptr) {
+      return absl::InvalidArgumentError("DecoderForward: null pointer");
+    }
+    const std::vector<float> w = UpcastBf16(params, offs_.unit_numel);
+    const TokenGeometry geom = b->geometry();
+    DecoderActs<float> acts;
+    DecoderForwardAll(dims_, offs_, w.data(), geom, static_cast<const float*>(x), static_cast<float*>(y), &acts,
+                      &pool_);
+    if (saved == nullptr) return absl::OkStatus();
+    auto s = std::make_unique<CpuSavedActivations>(policy, b->num_tokens());
+    switch (policy) {
+      case ActPolicy::kKeepAll:
+        s->acts = std::move(acts);
+        break;
+      case ActPolicy::kSelective:
+        s->acts.attn = std::move(acts.attn);
+        s->acts.lse = std::move(acts.lse);
+        break;
+      case ActPolicy::kRecomputeLayer:
+        break;
+    }
+    *saved = std::move(s);
+    return absl::OkStatus();
+  }
+
+  absl::Status DecoderBackward(const bf16_t* params, const DeviceBatch& batch, const void* x,
+                               SavedActivations* saved, const void* dy, void* dx, float* dparams) override {
+    ASSIGN_OR_RETURN(const CpuDeviceBatch* b, AsCpu(batch));
+    if (params == nullptr || x == nullptr || dy == nullptr || dx == nullptr || dparams == nullptr) {
+      return absl::InvalidArgumentError("DecoderBackward: null pointer");
+    }
+    const CpuSavedActivations* s = nullptr;
+    if (saved != nullptr) {
+      s = dynamic_cast<const CpuSavedActivations*>(saved);
+      if (s == nullptr) return absl::InvalidArgumentError("DecoderBackward: saved activations are not the CPU backend's");
+      if (s->num_tokens() != b->num_tokens()) {
+        return absl::InvalidArgumentError(absl::StrCat("DecoderBackward: saved activations hold ", s->num_tokens(),
+                                                       " tokens, the batch has ", b->num_tokens()));
+      }
+    }
+    const std::vector<float> w = UpcastBf16(params, offs_.unit_numel);
+    const TokenGeometry geom = b->geometry();
+    const float* xf = static_cast<const float*>(x);
+    const ActPolicy policy = s == nullptr ? ActPolicy::kRecomputeLayer : s->policy();
+    DecoderActs<float> local;
+    const DecoderActs<float>* acts = &local;
+    switch (policy) {
+      case ActPolicy::kKeepAll:
+        acts = &s->acts;
+        break;
+      case ActPolicy::kSelective:
+        // Recompute norms, QKV, RoPE and the MLP inputs; reuse the attention output and its lse.
+        DecoderAttentionInputs(dims_, offs_, w.data(), geom, xf, &local, &pool_);
+        local.attn = s->acts.attn;
+        local.lse = s->acts.lse;
+        DecoderMlpInputs(dims_, offs_, w.data(), geom, xf, &local, &pool_);
+        break;
+      case ActPolicy::kRecomputeLayer: {
+        std::vector<float> y(b->num_tokens() * dims_.hidden);
+        DecoderForwardAll(dims_, offs_, w.data(), geom, xf, y.data(), &local, &pool_);
+        break;
+      }
+    }
+    // The math reads dy fully into its own buffers before writing dx, so dx may alias dy.
+    slidedp::DecoderBackward(dims_, offs_, w.data(), geom, xf, *acts, static_cast<const float*>(dy),
+                             static_cast<float*>(dx), dparams, &pool_);
+    return absl::OkStatus();
+  }
+
+  absl::Status HeadForwardBackward(const bf16_t* norm_w, const bf16_t* lm_head_w, const DeviceBatch& batch,
+                                   const void* x, float loss_scale, void* dx, float* dnorm, float* dlm_head,
+                                   float* loss_sum) override {
+    ASSIGN_OR_RETURN(const CpuDeviceBatch* b, AsCpu(batch));
+    if (norm_w == nullptr || lm_head_w == nullptr || x == nullptr || dx == nullptr || dnorm == nullptr ||
+        dlm_head == nullptr || loss_sum == nullptr) {
+      return absl::InvalidArgumentError("HeadForwardBackward: null pointer");
+    }
+    const double loss = HeadLossAndGrad(dims_, norm_w, lm_head_w, b->batch().labels.data(), b->num_tokens(),
+                                        static_cast<const float*>(x), loss_scale, static_cast<float*>(dx), dnorm,
+                                        dlm_head, options_.head_chunking, &pool_);
+    *loss_sum += static_cast<float>(loss);
+    return absl::OkStatus();
+  }
+
+  int64_t SavedBytesPerToken(ActPolicy policy) const override {
+    return SavedElementsPerToken(dims_, policy) * static_cast<int64_t>(sizeof(float));
+  }
+
+ private:
+  static absl::Status Copy(const void* src, void* dst, int64_t bytes) {
+    if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("copy: negative size ", bytes));
+    if (bytes > 0 && (src == nullptr || dst == nullptr)) return absl::InvalidArgumentError("copy: null pointer");
+    if (bytes > 0) std::memmove(dst, src, static_cast<size_t>(bytes));
+    return absl::OkStatus();
+  }
+
+  static absl::StatusOr<const CpuDeviceBatch*> AsCpu(const DeviceBatch& batch) {
+    const auto* b = dynamic_cast<const CpuDeviceBatch*>(&batch);
+    if (b == nullptr) return absl::InvalidArgumentError("batch was not uploaded by the CPU backend");
+    return b;
+  }
+
+  absl::Status ValidateBatch(const MicroBatch& mb) const {
+    const int64_t T = mb.num_tokens();
+    if (T == 0) return absl::InvalidArgumentError("micro-batch has no tokens");
+    if (static_cast<int64_t>(mb.labels.size()) != T || static_cast<int64_t>(mb.positions.size()) != T) {
+      return absl::InvalidArgumentError(absl::StrCat("micro-batch sizes disagree: ", T, " tokens, ", mb.labels.size(),
+                                                     " labels, ", mb.positions.size(), " positions"));
+    }
+    if (T > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat("micro-batch has ", T, " tokens; cu_seqlens are int32"));
+    }
+    const int64_t V = config_.vocab_size;
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t tok = mb.tokens[t];
+      if (tok < 0 || tok >= V) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("micro-batch token ", t, " has id ", tok, ", outside the vocabulary [0, ", V, ")"));
+      }
+      const int32_t label = mb.labels[t];
+      if (label != kIgnoreIndex && (label < 0 || label >= V)) {
+        return absl::InvalidArgumentError(absl::StrCat("micro-batch label ", t, " is ", label,
+                                                       ": neither in [0, ", V, ") nor kIgnoreIndex (", kIgnoreIndex, ")"));
+      }
+      const int32_t pos = mb.positions[t];
+      if (pos < 0 || pos >= config_.max_position_embeddings) {
+        return absl::InvalidArgumentError(absl::StrCat("micro-batch position ", t, " is ", pos, ", outside [0, ",
+                                                       config_.max_position_embeddings, ")"));
+      }
+    }
+    const auto& cu = mb.cu_seqlens;
+    if (cu.size() < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("micro-batch cu_seqlens has ", cu.size(), " entries; needs at least 2 (0 and T)"));
+    }
+    if (cu.front() != 0 || cu.back() != T) {
+      return absl::InvalidArgumentError(absl::StrCat("micro-batch cu_seqlens must run from 0 to T=", T, ", got ",
+                                                     cu.front(), " .. ", cu.back()));
+    }
+    int64_t longest = 0;
+    for (size_t i = 1; i < cu.size(); ++i) {
+      if (cu[i] < cu[i - 1]) {
+        return absl::InvalidArgumentError(absl::StrCat("micro-batch cu_seqlens decreases at entry ", i, ": ",
+                                                       cu[i - 1], " then ", cu[i]));
+      }
+      longest = std::max<int64_t>(longest, cu[i] - cu[i - 1]);
+    }
+    if (mb.max_seqlen < longest) {
+      return absl::InvalidArgumentError(absl::StrCat("micro-batch max_seqlen ", mb.max_seqlen,
+                                                     " is less than the longest document (", longest, " tokens)"));
+    }
+    return absl::OkStatus();
+  }
+
+  CpuBackendOptions options_;
+  DecoderDims dims_;
+  DecoderOffsets offs_;
+  CpuWorkerPool pool_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCpuBackend(const Qwen3Config& config,
+                                                               const CpuBackendOptions& options) {
+  RETURN_IF_ERROR(config.Validate());
+  if (options.num_threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cpu backend: num_threads ", options.num_threads, " < 0"));
+  }
+  if (options.head_chunking.token_chunk <= 0 || options.head_chunking.vocab_chunk <= 0) {
+    return absl::InvalidArgumentError("cpu backend: head chunk sizes must be > 0");
+  }
+  int threads = options.num_threads;
+  if (threads == 0) threads = static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1u, 4u));
+  return std::unique_ptr<ComputeBackend>(new CpuBackend(config, options, threads));
+}
+
+absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCpuBackend(const Qwen3Config& config) {
+  return MakeCpuBackend(config, CpuBackendOptions{});
+}
+
+}  // namespace slidedp

@@ -1,0 +1,25 @@
+// The whole non-streaming Qwen3 model run through the CPU backend: the oracle the CUDA backend's
+// and the pipeline's tests compare a full step against.
+#pragma once
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/qwen3_config.h"
+#include "common/numeric/bf16.h"
+#include "worker/compute/backend.h"
+
+namespace slidedp {
+
+// Runs embedding -> every decoder layer (kKeepAll) -> head forward/backward, then the decoder
+// backwards and the embedding backward, for each micro-batch in turn. unit_params_bf16 holds one
+// flat BF16 array per unit in ModelLayout order (each of the unit's numel). unit_grads is resized
+// and overwritten with the FP32 gradients summed over the micro-batches; with tied embeddings the
+// LM head's gradient is added into the embedding unit's. Returns
+// sum over micro-batches and trained tokens of loss_scale * CE (pass 1 / trained tokens for a mean).
+absl::StatusOr<double> ReferenceLossAndGrads(const ModelLayout& layout,
+                                             const std::vector<std::vector<bf16_t>>& unit_params_bf16,
+                                             const std::vector<MicroBatch>& batches, float loss_scale,
+                                             std::vector<std::vector<float>>* unit_grads);
+
+}  // namespace slidedp

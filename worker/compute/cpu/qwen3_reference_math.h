@@ -1,0 +1,194 @@
+// The Qwen3 dense math of the CPU reference backend, in plain C++ templated on the real type.
+//
+// float is what the backend runs (FP32 activations, BF16 parameters upcast); double is what the
+// gradient checks run, on exactly the same code. Semantics follow HF transformers'
+// Qwen3DecoderLayer / Qwen3ForCausalLM:
+//   h = x + o_proj(attn(rope(q_norm(q_proj(n1))), rope(k_norm(k_proj(n1))), v_proj(n1))), n1 = rms(x)
+//   y = h + down_proj(silu(gate_proj(n2)) * up_proj(n2)),                               n2 = rms2(h)
+// RMSNorm is x * rsqrt(mean(x^2) + eps) * w; q_norm/k_norm act per head over head_dim before
+// RoPE; RoPE pairs i with i + head_dim/2 (rotate_half); GQA shares one kv head among
+// heads/kv_heads query heads; attention is causal inside each document of the packed batch
+// (cu_seqlens) with scale 1/sqrt(head_dim). Weights are HF's [out, in] row-major: y = x W^T.
+//
+// Every reduction is computed by one thread in a fixed order, so results are deterministic and
+// independent of the thread count. Backward ops ADD into parameter gradients; per-call partial
+// sums are formed first and added once, so accumulating two micro-batches equals the sum of the
+// two separate gradients bitwise (decoder layers).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/model/qwen3_config.h"
+#include "worker/compute/backend.h"
+#include "worker/compute/cpu/cpu_worker_pool.h"
+
+namespace slidedp {
+
+// Sizes a decoder layer and the head need.
+struct DecoderDims {
+  int64_t hidden = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t intermediate = 0;
+  int64_t vocab = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 1e6;
+
+  int64_t q_dim() const { return heads * head_dim; }
+  int64_t kv_dim() const { return kv_heads * head_dim; }
+  static DecoderDims From(const Qwen3Config& config);
+};
+
+// Element offsets of the decoder tensors inside one flat unit array (ModelLayout's layout).
+struct DecoderOffsets {
+  int64_t at[kNumDecoderTensors] = {};
+  int64_t unit_numel = 0;
+  static DecoderOffsets From(const Qwen3Config& config);
+};
+
+// RoPE cos/sin per token, [T, head_dim/2], computed in FP32 as HF does
+// (inv_freq = 1 / theta^(2i/d), angle = position * inv_freq).
+struct RopeTables {
+  int64_t half = 0;
+  std::vector<float> cos;
+  std::vector<float> sin;
+};
+RopeTables BuildRopeTables(const std::vector<int32_t>& positions, int64_t head_dim, double rope_theta);
+
+// Token geometry of one packed micro-batch, shared by every op. Points into storage owned by
+// the caller (a CpuDeviceBatch or a test's MicroBatch + RopeTables).
+struct TokenGeometry {
+  int64_t num_tokens = 0;
+  int64_t num_docs = 0;
+  const int32_t* cu_seqlens = nullptr;  // [num_docs + 1]
+  const float* rope_cos = nullptr;      // [num_tokens, head_dim/2]
+  const float* rope_sin = nullptr;
+};
+TokenGeometry MakeTokenGeometry(const MicroBatch& batch, const RopeTables& rope);
+
+// ---- Op-level references (also the oracles for the CUDA kernels' tests) ----
+
+enum class Accumulate { kOverwrite, kAdd };
+enum class RopeDirection { kForward, kBackward };
+
+// y[T, O] = x[T, K] W[O, K]^T.
+template <typename R>
+void LinearForward(const R* x, const R* w, int64_t T, int64_t K, int64_t O, R* y, CpuWorkerPool* pool);
+// dx[T, K] = (or +=) dy[T, O] W[O, K].
+template <typename R>
+void LinearBackwardInput(const R* dy, const R* w, int64_t T, int64_t K, int64_t O, R* dx, Accumulate mode,
+                         CpuWorkerPool* pool);
+// dW[O, K] += dy[T, O]^T x[T, K] (the call's sum is formed first, then added once).
+template <typename R>
+void LinearBackwardWeight(const R* dy, const R* x, int64_t T, int64_t K, int64_t O, R* dw, CpuWorkerPool* pool);
+// RMSNorm over `rows` rows of n: y = (x * rstd) * w, rstd = 1/sqrt(mean(x^2) + eps) (saved).
+template <typename R>
+void RmsNormRows(const R* x, const R* w, int64_t rows, int64_t n, R eps, R* y, R* rstd, CpuWorkerPool* pool);
+// RMSNorm backward: dx = (or +=) dL/dx, dw += dL/dw. dx may alias dy.
+template <typename R>
+void RmsNormBackwardRows(const R* x, const R* rstd, const R* w, const R* dy, int64_t rows, int64_t n, R* dx,
+                         Accumulate mode, R* dw, CpuWorkerPool* pool);
+// RoPE in place on [T, heads, head_dim] (rotate_half pairing i, i + head_dim/2); kBackward applies
+// the inverse rotation, which is the gradient of kForward.
+template <typename R>
+void ApplyRope(R* x, int64_t T, int64_t heads, int64_t head_dim, const TokenGeometry& geom, RopeDirection dir,
+               CpuWorkerPool* pool);
+// Causal varlen GQA attention: q_rot [T, q_dim], k_rot and v [T, kv_dim] -> attn [T, q_dim] and
+// lse [T, heads] (natural log of the softmax denominator of the scaled scores).
+template <typename R>
+void AttentionForward(const DecoderDims& dims, const TokenGeometry& geom, const R* q_rot, const R* k_rot, const R* v,
+                      R* attn, R* lse, CpuWorkerPool* pool);
+// Its backward from the saved output and lse: dq overwritten, dk and dv overwritten.
+template <typename R>
+void AttentionBackward(const DecoderDims& dims, const TokenGeometry& geom, const R* q_rot, const R* k_rot, const R* v,
+                       const R* attn, const R* lse, const R* dattn, R* dq, R* dk, R* dv, CpuWorkerPool* pool);
+
+// ---- Decoder layer ----
+
+// What a decoder layer's backward reads. Fields left empty are recomputed (or not needed).
+template <typename R>
+struct DecoderActs {
+  std::vector<R> rstd1;   // [T] input RMSNorm's rsqrt
+  std::vector<R> xn;      // [T, hidden] normalized input (QKV GEMM input)
+  std::vector<R> q_raw;   // [T, q_dim] q_proj output (q_norm input)
+  std::vector<R> k_raw;   // [T, kv_dim]
+  std::vector<R> q_rstd;  // [T, heads]
+  std::vector<R> k_rstd;  // [T, kv_heads]
+  std::vector<R> q_rot;   // [T, q_dim] after q_norm and RoPE
+  std::vector<R> k_rot;   // [T, kv_dim]
+  std::vector<R> v;       // [T, kv_dim]
+  std::vector<R> attn;    // [T, q_dim] attention output (o_proj input)
+  std::vector<R> lse;     // [T, heads] log-sum-exp of the scaled scores
+  std::vector<R> h1;      // [T, hidden] residual stream after attention
+  std::vector<R> rstd2;   // [T]
+  std::vector<R> hn;      // [T, hidden] post-attention RMSNorm output (MLP input)
+  std::vector<R> gate;    // [T, intermediate]
+  std::vector<R> up;      // [T, intermediate]
+
+  int64_t num_elements() const;
+};
+
+// Elements per token DecoderActs hold under a policy (what the backend saves).
+int64_t SavedElementsPerToken(const DecoderDims& dims, ActPolicy policy);
+
+// Forward phases. params is the flat unit array (DecoderOffsets layout), x is [T, hidden].
+// Phase 1: rstd1, xn, q_raw, k_raw, q_rstd, k_rstd, q_rot, k_rot, v.
+template <typename R>
+void DecoderAttentionInputs(const DecoderDims& dims, const DecoderOffsets& offs, const R* params,
+                            const TokenGeometry& geom, const R* x, DecoderActs<R>* acts, CpuWorkerPool* pool);
+// Phase 2: attn, lse (needs q_rot, k_rot, v).
+template <typename R>
+void DecoderAttention(const DecoderDims& dims, const TokenGeometry& geom, DecoderActs<R>* acts, CpuWorkerPool* pool);
+// Phase 3: h1, rstd2, hn, gate, up (needs attn).
+template <typename R>
+void DecoderMlpInputs(const DecoderDims& dims, const DecoderOffsets& offs, const R* params,
+                      const TokenGeometry& geom, const R* x, DecoderActs<R>* acts, CpuWorkerPool* pool);
+// Phase 4: y = h1 + down_proj(silu(gate) * up). y may alias x.
+template <typename R>
+void DecoderOutput(const DecoderDims& dims, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
+                   const DecoderActs<R>& acts, R* y, CpuWorkerPool* pool);
+// All four phases.
+template <typename R>
+void DecoderForwardAll(const DecoderDims& dims, const DecoderOffsets& offs, const R* params,
+                       const TokenGeometry& geom, const R* x, R* y, DecoderActs<R>* acts, CpuWorkerPool* pool);
+
+// dx = dL/dx (overwritten; may alias dy), dparams += dL/dparams. acts must be complete.
+template <typename R>
+void DecoderBackward(const DecoderDims& dims, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
+                     const R* x, const DecoderActs<R>& acts, const R* dy, R* dx, R* dparams, CpuWorkerPool* pool);
+
+// Embedding: out[t] = embed[tokens[t]]; dembed[tokens[t]] += dout[t] (in token order).
+template <typename R, typename W>
+void EmbeddingLookup(const W* embed, const int32_t* tokens, int64_t num_tokens, int64_t hidden, R* out,
+                     CpuWorkerPool* pool);
+template <typename R>
+void EmbeddingScatterAdd(const R* dout, const int32_t* tokens, int64_t num_tokens, int64_t hidden, R* dembed);
+
+// Chunk sizes of the head: tokens per chunk and vocabulary rows per chunk; the largest
+// temporary is token_chunk x vocab_chunk logits.
+struct HeadChunking {
+  int64_t token_chunk = 32;
+  int64_t vocab_chunk = 2048;
+};
+
+// Final RMSNorm + LM head + cross entropy, forward and backward, chunked over trained tokens and
+// vocabulary with an online log-sum-exp. Returns sum_t loss_scale * CE_t over tokens whose label
+// is not kIgnoreIndex; writes dx (zero rows for ignored tokens); adds into dnorm [hidden] and
+// dlm_head [vocab, hidden]. W is the parameter storage type (bf16_t, float or double).
+template <typename R, typename W>
+double HeadLossAndGrad(const DecoderDims& dims, const W* norm_w, const W* lm_head_w, const int32_t* labels,
+                       int64_t num_tokens, const R* x, double loss_scale, R* dx, R* dnorm, R* dlm_head,
+                       const HeadChunking& chunking, CpuWorkerPool* pool);
+
+// The whole non-streaming model in type R (for gradient checks and FP64 oracles): embedding, all
+// decoder layers, head; unit_params in ModelLayout order. unit_grads are resized and overwritten.
+// With tied embeddings the LM head reads (and adds its gradient into) the embedding unit.
+// Returns sum over micro-batches and trained tokens of loss_scale * CE. Batches must be valid.
+template <typename R>
+double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vector<R>>& unit_params,
+                         const std::vector<MicroBatch>& batches, double loss_scale,
+                         std::vector<std::vector<R>>* unit_grads, CpuWorkerPool* pool);
+
+}  // namespace slidedp

@@ -1,0 +1,337 @@
+// The CPU backend through the ComputeBackend interface: agreement with the FP64 reference math,
+// document masking, activation policies, gradient accumulation, aliasing, thread-count
+// independence, batch validation and the memory ops.
+#include "worker/compute/cpu/cpu_backend.h"
+
+#include <cstring>
+#include <memory>
+
+#include "gtest/gtest.h"
+#include "worker/compute/cpu/cpu_reference_model.h"
+#include "worker/compute/cpu/qwen3_reference_math.h"
+#include "worker/compute/cpu/tests/cpu_test_util.h"
+
+namespace slidedp {
+namespace {
+
+using testing::AwkwardConfig;
+using testing::MakeBatch;
+using testing::RandomUnitParams;
+using testing::ToBf16;
+using testing::ToDouble;
+
+std::unique_ptr<ComputeBackend> Backend(const Qwen3Config& c, CpuBackendOptions options = {}) {
+  auto b = MakeCpuBackend(c, options);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return std::move(b).value();
+}
+
+// FP32 backend (BF16 params) against the FP64 math on the same BF16-rounded params.
+class BackendVsDouble : public ::testing::TestWithParam<int> {};
+
+TEST_P(BackendVsDouble, LossAndEveryGradientMatchWithinFp32Tolerance) {
+  const Qwen3Config config = GetParam() == 0 ? AwkwardConfig(false) : GetParam() == 1 ? AwkwardConfig(true)
+                                                                                      : testing::TinyConfig();
+  const ModelLayout layout = ModelLayout::Build(config);
+  const auto bf16 = ToBf16(RandomUnitParams(layout, 17));
+  const std::vector<MicroBatch> batches = {MakeBatch({9, 1, 13, 4}, config.vocab_size, 1),
+                                           MakeBatch({17, 6}, config.vocab_size, 2)};
+  int64_t trained = 0;
+  for (const auto& b : batches) trained += b.num_trained();
+  const float scale = 1.0f / static_cast<float>(trained);
+
+  std::vector<std::vector<float>> grads;
+  auto loss = ReferenceLossAndGrads(layout, bf16, batches, scale, &grads);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  std::vector<std::vector<double>> grads64;
+  const double loss64 = ModelLossAndGrads<double>(layout, ToDouble(bf16), batches, scale, &grads64, nullptr);
+  EXPECT_NEAR(*loss, loss64, 1e-5 * loss64);
+  for (const UnitLayout& u : layout.units) {
+    for (const TensorSlot& t : u.tensors) {
+      std::vector<double> a(grads[u.index].begin() + t.offset_numel, grads[u.index].begin() + t.offset_numel + t.numel);
+      std::vector<double> b(grads64[u.index].begin() + t.offset_numel,
+                            grads64[u.index].begin() + t.offset_numel + t.numel);
+      EXPECT_LT(testing::RelativeL2(a, b), 1e-4) << t.hf_name;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, BackendVsDouble, ::testing::Values(0, 1, 2));
+
+struct LayerRun {
+  std::vector<float> y, dx, dparams;
+  int64_t saved_bytes = 0;
+};
+
+// One decoder layer forward + backward under a policy, optionally accumulating into dparams.
+LayerRun RunLayer(ComputeBackend& be, const std::vector<bf16_t>& params, const MicroBatch& mb,
+                  const std::vector<float>& x, const std::vector<float>& dy, ActPolicy policy,
+                  std::vector<float> dparams = {}) {
+  LayerRun r;
+  auto batch = be.UploadBatch(mb);
+  EXPECT_TRUE(batch.ok()) << batch.status();
+  r.y.assign(x.size(), 0.0f);
+  std::unique_ptr<SavedActivations> saved;
+  EXPECT_TRUE(be.DecoderForward(params.data(), **batch, x.data(), r.y.data(), policy, &saved).ok());
+  r.saved_bytes = saved->bytes();
+  r.dx.assign(x.size(), 0.0f);
+  r.dparams = dparams.empty() ? std::vector<float>(params.size(), 0.0f) : dparams;
+  EXPECT_TRUE(be.DecoderBackward(params.data(), **batch, x.data(), saved.get(), dy.data(), r.dx.data(),
+                                 r.dparams.data())
+                  .ok());
+  return r;
+}
+
+std::vector<float> RandomFloats(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> v(n);
+  for (auto& e : v) e = normal(rng);
+  return v;
+}
+
+bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class DecoderLayerTest : public ::testing::Test {
+ protected:
+  Qwen3Config config_ = AwkwardConfig(false);
+  ModelLayout layout_ = ModelLayout::Build(config_);
+  std::vector<bf16_t> params_ = ToBf16(RandomUnitParams(layout_, 4))[1];
+  MicroBatch mb_ = MakeBatch({7, 1, 10, 5}, config_.vocab_size, 8);
+  int64_t n_ = mb_.num_tokens() * config_.hidden_size;
+  std::vector<float> x_ = RandomFloats(n_, 1);
+  std::vector<float> dy_ = RandomFloats(n_, 2);
+};
+
+TEST_F(DecoderLayerTest, PoliciesGiveBitwiseIdenticalOutputsAndGradients) {
+  auto be = Backend(config_);
+  const LayerRun keep = RunLayer(*be, params_, mb_, x_, dy_, ActPolicy::kKeepAll);
+  const LayerRun sel = RunLayer(*be, params_, mb_, x_, dy_, ActPolicy::kSelective);
+  const LayerRun rec = RunLayer(*be, params_, mb_, x_, dy_, ActPolicy::kRecomputeLayer);
+  for (const LayerRun* r : {&sel, &rec}) {
+    EXPECT_TRUE(BitwiseEqual(r->y, keep.y));
+    EXPECT_TRUE(BitwiseEqual(r->dx, keep.dx));
+    EXPECT_TRUE(BitwiseEqual(r->dparams, keep.dparams));
+  }
+  // Backward with no saved state at all is the whole-layer recompute too.
+  auto batch = be->UploadBatch(mb_);
+  ASSERT_TRUE(batch.ok());
+  std::vector<float> dx(n_), dparams(params_.size(), 0.0f);
+  ASSERT_TRUE(be->DecoderBackward(params_.data(), **batch, x_.data(), nullptr, dy_.data(), dx.data(), dparams.data()).ok());
+  EXPECT_TRUE(BitwiseEqual(dx, keep.dx));
+  EXPECT_TRUE(BitwiseEqual(dparams, keep.dparams));
+  // Saved bytes are what SavedBytesPerToken promises, and ordered as the policies intend.
+  const int64_t T = mb_.num_tokens();
+  EXPECT_EQ(keep.saved_bytes, be->SavedBytesPerToken(ActPolicy::kKeepAll) * T);
+  EXPECT_EQ(sel.saved_bytes, be->SavedBytesPerToken(ActPolicy::kSelective) * T);
+  EXPECT_EQ(rec.saved_bytes, 0);
+  EXPECT_EQ(be->SavedBytesPerToken(ActPolicy::kSelective), 4 * (config_.q_dim() + config_.num_attention_heads));
+  EXPECT_GT(be->SavedBytesPerToken(ActPolicy::kKeepAll), be->SavedBytesPerToken(ActPolicy::kSelective));
+}
+
+TEST_F(DecoderLayerTest, AccumulatingTwoMicroBatchesEqualsTheSum) {
+  auto be = Backend(config_);
+  const MicroBatch mb2 = MakeBatch({4, 9, 3}, config_.vocab_size, 9);
+  const int64_t n2 = mb2.num_tokens() * config_.hidden_size;
+  const std::vector<float> x2 = RandomFloats(n2, 3), dy2 = RandomFloats(n2, 4);
+  const LayerRun a = RunLayer(*be, params_, mb_, x_, dy_, ActPolicy::kSelective);
+  const LayerRun b = RunLayer(*be, params_, mb2, x2, dy2, ActPolicy::kKeepAll);
+  const LayerRun acc = RunLayer(*be, params_, mb2, x2, dy2, ActPolicy::kKeepAll, a.dparams);
+  std::vector<float> sum(a.dparams.size());
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = a.dparams[i] + b.dparams[i];
+  EXPECT_TRUE(BitwiseEqual(acc.dparams, sum));
+}
+
+TEST_F(DecoderLayerTest, DxMayAliasDy) {
+  auto be = Backend(config_);
+  const LayerRun ref = RunLayer(*be, params_, mb_, x_, dy_, ActPolicy::kKeepAll);
+  auto batch = be->UploadBatch(mb_);
+  ASSERT_TRUE(batch.ok());
+  std::vector<float> y(n_), grad = dy_, dparams(params_.size(), 0.0f);
+  std::unique_ptr<SavedActivations> saved;
+  ASSERT_TRUE(be->DecoderForward(params_.data(), **batch, x_.data(), y.data(), ActPolicy::kSelective, &saved).ok());
+  ASSERT_TRUE(be->DecoderBackward(params_.data(), **batch, x_.data(), saved.get(), grad.data(), grad.data(),
+                                  dparams.data()).ok());
+  EXPECT_TRUE(BitwiseEqual(grad, ref.dx));
+  EXPECT_TRUE(BitwiseEqual(dparams, ref.dparams));
+}
+
+TEST_F(DecoderLayerTest, ResultsDoNotDependOnTheThreadCount) {
+  CpuBackendOptions one, three;
+  one.num_threads = 1;
+  three.num_threads = 3;
+  auto be1 = Backend(config_, one);
+  auto be3 = Backend(config_, three);
+  const LayerRun a = RunLayer(*be1, params_, mb_, x_, dy_, ActPolicy::kKeepAll);
+  const LayerRun b = RunLayer(*be3, params_, mb_, x_, dy_, ActPolicy::kKeepAll);
+  EXPECT_TRUE(BitwiseEqual(a.y, b.y));
+  EXPECT_TRUE(BitwiseEqual(a.dx, b.dx));
+  EXPECT_TRUE(BitwiseEqual(a.dparams, b.dparams));
+}
+
+// Changing the tokens of one document leaves every other document's outputs (after the whole
+// stack) untouched, and does change its own.
+TEST(DocumentMasking, OtherDocumentsInTheRowAreUnaffected) {
+  for (const Qwen3Config& config : {AwkwardConfig(false), testing::TinyConfig()}) {
+    const ModelLayout layout = ModelLayout::Build(config);
+    const auto params = ToBf16(RandomUnitParams(layout, 6));
+    auto be = Backend(config);
+    MicroBatch mb = MakeBatch({6, 5, 8}, config.vocab_size, 5);
+    auto forward = [&](const MicroBatch& b) {
+      auto batch = be->UploadBatch(b);
+      EXPECT_TRUE(batch.ok());
+      const int64_t n = b.num_tokens() * config.hidden_size;
+      std::vector<float> h(n), next(n);
+      EXPECT_TRUE(be->EmbeddingForward(params[0].data(), **batch, h.data()).ok());
+      for (int u = 1; u + 1 < layout.num_units(); ++u) {
+        EXPECT_TRUE(be->DecoderForward(params[u].data(), **batch, h.data(), next.data(), ActPolicy::kKeepAll, nullptr).ok());
+        h.swap(next);
+      }
+      return h;
+    };
+    const std::vector<float> before = forward(mb);
+    for (int32_t t = 6; t < 11; ++t) mb.tokens[t] = (mb.tokens[t] + 1 + t) % config.vocab_size;  // document 1
+    const std::vector<float> after = forward(mb);
+    const int64_t H = config.hidden_size;
+    for (int64_t t = 0; t < mb.num_tokens(); ++t) {
+      const bool in_changed_doc = t >= 6 && t < 11;
+      const bool same = std::memcmp(&before[t * H], &after[t * H], H * sizeof(float)) == 0;
+      EXPECT_EQ(same, !in_changed_doc) << "token " << t;
+    }
+  }
+}
+
+TEST(Head, IgnoredTokensGetZeroGradientAndAllIgnoredAddsNothing) {
+  const Qwen3Config config = AwkwardConfig(false);
+  const ModelLayout layout = ModelLayout::Build(config);
+  const auto params = ToBf16(RandomUnitParams(layout, 2));
+  CpuBackendOptions options;
+  options.head_chunking = HeadChunking{3, 7};
+  auto be = Backend(config, options);
+  MicroBatch mb = MakeBatch({5, 8}, config.vocab_size, 3, /*ignore_every=*/2);
+  const int64_t n = mb.num_tokens() * config.hidden_size;
+  const std::vector<float> x = RandomFloats(n, 6);
+  const bf16_t* norm = params.back().data();
+  const bf16_t* lm = params.back().data() + layout.head().tensors[1].offset_numel;
+  std::vector<float> dx(n, 5.0f), dnorm(config.hidden_size, 0.0f), dlm(config.vocab_size * config.hidden_size, 0.0f);
+  float loss = 1.0f;
+  {
+    auto batch = be->UploadBatch(mb);
+    ASSERT_TRUE(batch.ok());
+    ASSERT_TRUE(be->HeadForwardBackward(norm, lm, **batch, x.data(), 0.5f, dx.data(), dnorm.data(), dlm.data(), &loss).ok());
+  }
+  EXPECT_GT(loss, 1.0f);
+  for (int64_t t = 0; t < mb.num_tokens(); ++t) {
+    double row = 0;
+    for (int64_t i = 0; i < config.hidden_size; ++i) row += std::abs(dx[t * config.hidden_size + i]);
+    if (mb.labels[t] == kIgnoreIndex) {
+      EXPECT_EQ(row, 0.0) << "token " << t;
+    } else {
+      EXPECT_GT(row, 0.0) << "token " << t;
+    }
+  }
+  // Every label ignored: loss and gradients unchanged, dx zero.
+  for (auto& l : mb.labels) l = kIgnoreIndex;
+  auto batch = be->UploadBatch(mb);
+  ASSERT_TRUE(batch.ok());
+  const float loss_before = loss;
+  const std::vector<float> dlm_before = dlm;
+  ASSERT_TRUE(be->HeadForwardBackward(norm, lm, **batch, x.data(), 0.5f, dx.data(), dnorm.data(), dlm.data(), &loss).ok());
+  EXPECT_EQ(loss, loss_before);
+  EXPECT_TRUE(BitwiseEqual(dlm, dlm_before));
+  for (float v : dx) ASSERT_EQ(v, 0.0f);
+}
+
+class Validation : public ::testing::Test {
+ protected:
+  void ExpectInvalid(const MicroBatch& mb, const std::string& needle) {
+    auto r = be_->UploadBatch(mb);
+    ASSERT_FALSE(r.ok()) << "accepted a bad batch (expected: " << needle << ")";
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(r.status().message()).find(needle), std::string::npos) << r.status();
+  }
+  Qwen3Config config_ = AwkwardConfig(false);  // vocab 37, max positions 128
+  std::unique_ptr<ComputeBackend> be_ = Backend(config_);
+  MicroBatch good_ = MakeBatch({4, 3}, config_.vocab_size, 1);
+};
+
+TEST_F(Validation, AcceptsAGoodBatch) { EXPECT_TRUE(be_->UploadBatch(good_).ok()); }
+
+TEST_F(Validation, RejectsTokenIdsOutsideTheVocabularyNamingIndexAndValue) {
+  MicroBatch mb = good_;
+  mb.tokens[5] = 37;
+  ExpectInvalid(mb, "token 5 has id 37");
+  mb.tokens[5] = -1;
+  ExpectInvalid(mb, "token 5 has id -1");
+}
+
+TEST_F(Validation, RejectsBadLabels) {
+  MicroBatch mb = good_;
+  mb.labels[2] = 40;
+  ExpectInvalid(mb, "label 2 is 40");
+  mb.labels[2] = -5;
+  ExpectInvalid(mb, "label 2 is -5");
+}
+
+TEST_F(Validation, RejectsPositionsOutOfRange) {
+  MicroBatch mb = good_;
+  mb.positions[1] = -1;
+  ExpectInvalid(mb, "position 1 is -1");
+  mb.positions[1] = 128;
+  ExpectInvalid(mb, "position 1 is 128");
+}
+
+TEST_F(Validation, RejectsInconsistentCuSeqlensAndSizes) {
+  MicroBatch mb = good_;
+  mb.cu_seqlens = {1, 4, 7};
+  ExpectInvalid(mb, "from 0 to T=7");
+  mb.cu_seqlens = {0, 4, 6};
+  ExpectInvalid(mb, "from 0 to T=7");
+  mb.cu_seqlens = {0, 5, 4, 7};
+  ExpectInvalid(mb, "decreases at entry 2");
+  mb.cu_seqlens = {0};
+  ExpectInvalid(mb, "at least 2");
+  mb = good_;
+  mb.max_seqlen = 3;
+  ExpectInvalid(mb, "longest document (4 tokens)");
+  mb = good_;
+  mb.labels.pop_back();
+  ExpectInvalid(mb, "sizes disagree");
+  mb = good_;
+  mb.positions.push_back(0);
+  ExpectInvalid(mb, "sizes disagree");
+  ExpectInvalid(MicroBatch{}, "no tokens");
+}
+
+TEST(MemoryOps, AllocateCopyMemsetRoundTrip) {
+  auto be = Backend(AwkwardConfig(false));
+  auto buf = be->Allocate(64);
+  ASSERT_TRUE(buf.ok());
+  EXPECT_EQ((*buf)->bytes(), 64);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>((*buf)->data()) % 64, 0u);
+  std::vector<uint8_t> in(64), out(64);
+  for (int i = 0; i < 64; ++i) in[i] = static_cast<uint8_t>(i * 3);
+  ASSERT_TRUE(be->CopyToDevice(in.data(), (*buf)->data(), 64).ok());
+  ASSERT_TRUE(be->CopyToHost((*buf)->data(), out.data(), 64).ok());
+  EXPECT_EQ(in, out);
+  ASSERT_TRUE(be->Memset(**buf, 0).ok());
+  ASSERT_TRUE(be->CopyToHost((*buf)->data(), out.data(), 64).ok());
+  EXPECT_EQ(out, std::vector<uint8_t>(64, 0));
+  EXPECT_EQ(be->Allocate(-1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(be->activation_dtype(), DType::kF32);
+  EXPECT_TRUE(be->Synchronize().ok());
+}
+
+TEST(Factory, RejectsBadConfigAndOptions) {
+  Qwen3Config bad = AwkwardConfig(false);
+  bad.num_key_value_heads = 4;  // 6 heads not a multiple of 4
+  EXPECT_EQ(MakeCpuBackend(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  CpuBackendOptions options;
+  options.head_chunking.vocab_chunk = 0;
+  EXPECT_EQ(MakeCpuBackend(AwkwardConfig(false), options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace slidedp

@@ -1,0 +1,106 @@
+// Shared fixtures of the CPU backend tests: small Qwen3 shapes, random parameters and packed
+// micro-batches with several documents per row.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "common/model/qwen3_config.h"
+#include "common/numeric/bf16.h"
+#include "worker/compute/backend.h"
+
+namespace slidedp::testing {
+
+// An awkward shape: nothing is a power of two except head_dim, odd vocabulary.
+inline Qwen3Config AwkwardConfig(bool tied) {
+  Qwen3Config c;
+  c.hidden_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 6;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.intermediate_size = 40;
+  c.vocab_size = 37;
+  c.max_position_embeddings = 128;
+  c.rope_theta = 10000.0;
+  c.rms_norm_eps = 1e-6;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+inline Qwen3Config TinyConfig() { return Qwen3Config::Preset("tiny").value(); }
+
+// Random parameters in ModelLayout order: norm weights 1 + 0.2 N(0,1), matrices N(0, 1/in) so
+// activations stay O(1) and softmaxes are far from uniform; padding stays zero.
+inline std::vector<std::vector<double>> RandomUnitParams(const ModelLayout& layout, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<std::vector<double>> units;
+  for (const UnitLayout& u : layout.units) {
+    std::vector<double> p(u.numel, 0.0);
+    for (const TensorSlot& t : u.tensors) {
+      if (t.shape.size() == 1) {
+        for (int64_t i = 0; i < t.numel; ++i) p[t.offset_numel + i] = 1.0 + 0.2 * normal(rng);
+      } else {
+        const double sd = u.kind == UnitKind::kEmbedding ? 1.0 : 1.0 / std::sqrt(static_cast<double>(t.shape[1]));
+        for (int64_t i = 0; i < t.numel; ++i) p[t.offset_numel + i] = sd * normal(rng);
+      }
+    }
+    units.push_back(std::move(p));
+  }
+  return units;
+}
+
+inline std::vector<std::vector<bf16_t>> ToBf16(const std::vector<std::vector<double>>& units) {
+  std::vector<std::vector<bf16_t>> out;
+  for (const auto& u : units) {
+    std::vector<bf16_t> b(u.size());
+    for (size_t i = 0; i < u.size(); ++i) b[i] = FloatToBf16(static_cast<float>(u[i]));
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+inline std::vector<std::vector<double>> ToDouble(const std::vector<std::vector<bf16_t>>& units) {
+  std::vector<std::vector<double>> out;
+  for (const auto& u : units) {
+    std::vector<double> d(u.size());
+    for (size_t i = 0; i < u.size(); ++i) d[i] = Bf16ToFloat(u[i]);
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+// A packed micro-batch of documents with the given lengths; every ignore_every-th label (and the
+// last token of each document, as a packer would do) is kIgnoreIndex.
+inline MicroBatch MakeBatch(const std::vector<int32_t>& doc_lengths, int64_t vocab, uint64_t seed,
+                            int ignore_every = 4) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab - 1));
+  MicroBatch mb;
+  mb.cu_seqlens.push_back(0);
+  for (int32_t len : doc_lengths) {
+    for (int32_t i = 0; i < len; ++i) {
+      mb.tokens.push_back(tok(rng));
+      mb.positions.push_back(i);
+      const bool ignored = i == len - 1 || (ignore_every > 0 && mb.tokens.size() % ignore_every == 0);
+      mb.labels.push_back(ignored ? kIgnoreIndex : tok(rng));
+    }
+    mb.cu_seqlens.push_back(static_cast<int32_t>(mb.tokens.size()));
+    mb.max_seqlen = std::max(mb.max_seqlen, len);
+  }
+  return mb;
+}
+
+inline double RelativeL2(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+}  // namespace slidedp::testing

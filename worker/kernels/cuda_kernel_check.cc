@@ -1,0 +1,727 @@
+// GPU correctness check of every CUDA kernel and of the CUDA backend (not a ctest: CI has no GPU).
+//
+// Each check draws fresh random inputs (seed printed; pass --seed=N to repeat) at awkward sizes,
+// poisons outputs with NaN before the run, and compares against an FP64 host reference (per
+// kernel) or the FP32 CPU backend (whole layer/head/embedding) by relative L2 error
+// ‖got − ref‖ / ‖ref‖ with the tolerance printed. Any NaN fails. Prints PASS/FAIL per check and
+// exits non-zero on any failure.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/model/qwen3_config.h"
+#include "common/numeric/bf16.h"
+#include "worker/compute/backend.h"
+#include "worker/kernels/attention.h"
+#include "worker/kernels/gemm.h"
+#include "worker/kernels/ops.h"
+
+namespace slidedp {
+namespace {
+
+using kernels::bf16;
+
+int g_failures = 0;
+std::mt19937_64 g_rng;
+
+#define CHECK_OK(expr)                                                                          \
+  do {                                                                                          \
+    absl::Status s_ = (expr);                                                                   \
+    if (!s_.ok()) {                                                                             \
+      std::printf("FAIL  %s -> %s (%s:%d)\n", #expr, s_.ToString().c_str(), __FILE__, __LINE__); \
+      ++g_failures;                                                                             \
+      return;                                                                                   \
+    }                                                                                           \
+  } while (0)
+#define CUDA_OK(expr) CHECK_OK([&]() -> absl::Status { \
+  cudaError_t e_ = (expr);                             \
+  return e_ == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(e_)); }())
+
+double RelErr(const std::vector<double>& got, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+void Report(const std::string& name, const std::vector<double>& got, const std::vector<double>& ref, double tol) {
+  double err = got.size() == ref.size() ? RelErr(got, ref) : INFINITY;
+  const bool ok = err <= tol;
+  if (!ok) ++g_failures;
+  std::printf("%s  %-58s rel_err=%.3e tol=%.1e n=%zu\n", ok ? "PASS" : "FAIL", name.c_str(), err, tol, got.size());
+}
+
+// Host data helpers: random BF16-representable values, kept as doubles for the reference.
+std::vector<double> RandVec(int64_t n, double scale = 1.0, double mean = 0.0) {
+  std::normal_distribution<double> d(mean, scale);
+  std::vector<double> v(n);
+  for (auto& x : v) x = Bf16ToFloat(FloatToBf16(static_cast<float>(d(g_rng))));
+  return v;
+}
+std::vector<bf16_t> ToBf16(const std::vector<double>& v) {
+  std::vector<bf16_t> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = FloatToBf16(static_cast<float>(v[i]));
+  return o;
+}
+std::vector<float> ToF32(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
+
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) {
+    if (cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)) != cudaSuccess) p = nullptr;
+    Poison();
+  }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  void Poison() { cudaMemset(p, 0xFF, n * sizeof(T)); cudaDeviceSynchronize(); }  // BF16 0xFFFF and FP32 0xFFFFFFFF are NaN
+  T* get() const { return p; }
+};
+
+template <typename T>
+void Upload(Dev<T>& d, const std::vector<T>& h) {
+  cudaMemcpy(d.p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+}
+std::vector<double> DownBf16(const bf16* p, size_t n) {
+  std::vector<bf16_t> h(n);
+  cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost);
+  std::vector<double> o(n);
+  for (size_t i = 0; i < n; ++i) o[i] = Bf16ToFloat(h[i]);
+  return o;
+}
+std::vector<double> DownF32(const float* p, size_t n) {
+  std::vector<float> h(n);
+  cudaMemcpy(h.data(), p, n * 4, cudaMemcpyDeviceToHost);
+  return std::vector<double>(h.begin(), h.end());
+}
+Dev<bf16>* NewBf16(const std::vector<double>& v) {
+  auto* d = new Dev<bf16>(v.size());
+  auto h = ToBf16(v);
+  cudaMemcpy(d->p, h.data(), h.size() * 2, cudaMemcpyHostToDevice);
+  return d;
+}
+
+// ------------------------------------------------------------------ GEMM
+void CheckGemm() {
+  GemmRunner runner;
+  CHECK_OK(runner.Init());
+  cudaStream_t s = nullptr;
+  {  // forward NT, output into a column slice of a wider buffer
+    const int64_t M = 77, N = 136, K = 264, LDD = 200, COL = 24;
+    auto x = RandVec(M * K), w = RandVec(N * K);
+    std::unique_ptr<Dev<bf16>> dx(NewBf16(x)), dw(NewBf16(w));
+    Dev<bf16> y(M * LDD);
+    GemmArgs g;
+    g.m = M; g.n = N; g.k = K; g.a = dx->get(); g.lda = K; g.b = dw->get(); g.ldb = K;
+    g.d = y.get() + COL; g.ldd = LDD;
+    CHECK_OK(runner.Run(g, s));
+    CUDA_OK(cudaDeviceSynchronize());
+    auto got_all = DownBf16(y.get(), M * LDD);
+    std::vector<double> got, ref;
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double r = 0;
+        for (int64_t k = 0; k < K; ++k) r += x[i * K + k] * w[j * K + k];
+        ref.push_back(r);
+        got.push_back(got_all[i * LDD + COL + j]);
+      }
+    Report("gemm fwd X·Wᵀ bf16 (77x136x264, strided out)", got, ref, 5e-3);
+    bool untouched = std::isnan(got_all[0]) && std::isnan(got_all[M * LDD - 1]);
+    if (!untouched) ++g_failures;
+    std::printf("%s  %-58s\n", untouched ? "PASS" : "FAIL", "gemm leaves columns outside its slice alone");
+  }
+  {  // dgrad NN with a residual C
+    const int64_t M = 301, N = 264, K = 136;
+    auto a = RandVec(M * K), b = RandVec(K * N), c = RandVec(M * N);
+    std::unique_ptr<Dev<bf16>> da(NewBf16(a)), db(NewBf16(b)), dc(NewBf16(c));
+    Dev<bf16> d(M * N);
+    GemmArgs g;
+    g.op_b = GemmOp::kN; g.m = M; g.n = N; g.k = K; g.a = da->get(); g.lda = K; g.b = db->get(); g.ldb = N;
+    g.c = dc->get(); g.ldc = N; g.d = d.get(); g.ldd = N; g.beta = 1.0f;
+    CHECK_OK(runner.Run(g, s));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<double> ref(M * N);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double r = c[i * N + j];
+        for (int64_t k = 0; k < K; ++k) r += a[i * K + k] * b[k * N + j];
+        ref[i * N + j] = r;
+      }
+    Report("gemm dgrad A·B + C bf16 (301x264x136)", DownBf16(d.get(), M * N), ref, 5e-3);
+  }
+  {  // wgrad TN into FP32 with beta = 1, twice (accumulation across micro-batches)
+    const int64_t M = 136, N = 72, K = 515;
+    auto a = RandVec(K * M), b = RandVec(K * N), d0 = RandVec(M * N);
+    std::unique_ptr<Dev<bf16>> da(NewBf16(a)), db(NewBf16(b));
+    Dev<float> d(M * N);
+    Upload(d, ToF32(d0));
+    GemmArgs g;
+    g.op_a = GemmOp::kT; g.op_b = GemmOp::kN; g.m = M; g.n = N; g.k = K; g.a = da->get(); g.lda = M;
+    g.b = db->get(); g.ldb = N; g.c = d.get(); g.ldc = N; g.d = d.get(); g.ldd = N;
+    g.out_type = GemmOutType::kF32; g.beta = 1.0f;
+    CHECK_OK(runner.Run(g, s));
+    CHECK_OK(runner.Run(g, s));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<double> ref(M * N);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double r = 0;
+        for (int64_t k = 0; k < K; ++k) r += a[k * M + i] * b[k * N + j];
+        ref[i * N + j] = d0[i * N + j] + 2 * r;
+      }
+    Report("gemm wgrad Aᵀ·B fp32 += (136x72x515, twice)", DownF32(d.get(), M * N), ref, 1e-5);
+  }
+}
+
+// ------------------------------------------------------------------ RMSNorm
+void CheckRmsNorm() {
+  const int64_t R = 333, H = 264;
+  const double eps = 1e-6;
+  auto x = RandVec(R * H, 1.5), w = RandVec(H, 0.2, 1.0), dy = RandVec(R * H), dres = RandVec(R * H),
+       dw0 = RandVec(H);
+  std::unique_ptr<Dev<bf16>> dx_(NewBf16(x)), dw_(NewBf16(w)), ddy(NewBf16(dy)), ddres(NewBf16(dres));
+  Dev<bf16> y(R * H), dxo(R * H);
+  Dev<float> rstd(R), dwacc(H), ws(kernels::RmsNormBackwardWorkspaceNumel(R, H));
+  Upload(dwacc, ToF32(dw0));
+  CHECK_OK(kernels::RmsNormForward(dx_->get(), dw_->get(), R, H, eps, y.get(), rstd.get(), nullptr));
+  CHECK_OK(kernels::RmsNormBackward(ddy->get(), dx_->get(), dw_->get(), rstd.get(), ddres->get(), R, H, dxo.get(),
+                                    dwacc.get(), ws.get(), nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<double> ry(R * H), rr(R), rdx(R * H), rdw = dw0;
+  for (int64_t r = 0; r < R; ++r) {
+    double ss = 0;
+    for (int64_t c = 0; c < H; ++c) ss += x[r * H + c] * x[r * H + c];
+    const double rs = 1.0 / std::sqrt(ss / H + eps);
+    rr[r] = rs;
+    double dot = 0;
+    for (int64_t c = 0; c < H; ++c) {
+      ry[r * H + c] = w[c] * x[r * H + c] * rs;
+      dot += dy[r * H + c] * w[c] * x[r * H + c] * rs;
+      rdw[c] += dy[r * H + c] * x[r * H + c] * rs;
+    }
+    dot /= H;
+    for (int64_t c = 0; c < H; ++c)
+      rdx[r * H + c] = dres[r * H + c] + rs * (dy[r * H + c] * w[c] - x[r * H + c] * rs * dot);
+  }
+  Report("rmsnorm fwd y (333x264)", DownBf16(y.get(), R * H), ry, 5e-3);
+  Report("rmsnorm fwd rstd", DownF32(rstd.get(), R), rr, 1e-5);
+  Report("rmsnorm bwd dx (+residual grad)", DownBf16(dxo.get(), R * H), rdx, 5e-3);
+  Report("rmsnorm bwd dw += (two-stage reduction)", DownF32(dwacc.get(), H), rdw, 1e-5);
+}
+
+// ------------------------------------------------------------------ q/k norm + RoPE
+void CheckQkRope(int hd) {
+  const int nq = 4, nkv = 2;
+  const std::vector<int> docs = {13, 40, 24};
+  int64_t T = 0;
+  std::vector<int32_t> pos;
+  for (int d : docs) {
+    for (int i = 0; i < d; ++i) pos.push_back(i * 37 + 5);  // large positions exercise the angles
+    T += d;
+  }
+  const int64_t ld = (nq + 2 * nkv) * hd + 8;
+  const double eps = 1e-6, theta = 1e6;
+  auto qkv = RandVec(T * ld, 1.3), qw = RandVec(hd, 0.2, 1.0), kw = RandVec(hd, 0.2, 1.0);
+  auto gq = RandVec(T * nq * hd), gk = RandVec(T * nkv * hd), dqw0 = RandVec(hd), dkw0 = RandVec(hd);
+  std::unique_ptr<Dev<bf16>> dqkv_in(NewBf16(qkv)), dqw(NewBf16(qw)), dkw(NewBf16(kw)), dgq(NewBf16(gq)),
+      dgk(NewBf16(gk));
+  Dev<int32_t> dpos(T);
+  Upload(dpos, pos);
+  Dev<bf16> qo(T * nq * hd), ko(T * nkv * hd), dqkv(T * ld);
+  kernels::RopeArgs a;
+  a.tokens = T; a.num_q_heads = nq; a.num_kv_heads = nkv; a.head_dim = hd; a.eps = eps; a.theta = theta;
+  Dev<float> accq(hd), acck(hd), ws(kernels::QkNormRopeBackwardWorkspaceNumel(a));
+  Upload(accq, ToF32(dqw0));
+  Upload(acck, ToF32(dkw0));
+  CHECK_OK(kernels::QkNormRopeForward(a, dqkv_in->get(), ld, dqw->get(), dkw->get(), dpos.get(), qo.get(), ko.get(),
+                                      nullptr));
+  CHECK_OK(kernels::QkNormRopeBackward(a, dgq->get(), dgk->get(), dqkv_in->get(), ld, dqw->get(), dkw->get(),
+                                       dpos.get(), dqkv.get(), ld, accq.get(), acck.get(), ws.get(), nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<double> rq(T * nq * hd), rk(T * nkv * hd), rdq, gotdq, rdqw = dqw0, rdkw = dkw0;
+  auto got_dqkv = DownBf16(dqkv.get(), T * ld);
+  const int half = hd / 2;
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < nq + nkv; ++h) {
+      const bool isq = h < nq;
+      const double* xw = isq ? qw.data() : kw.data();
+      std::vector<double> xv(hd), n(hd), out(hd), g(hd), dn(hd), c(half), s(half);
+      double ss = 0;
+      for (int i = 0; i < hd; ++i) { xv[i] = qkv[t * ld + h * hd + i]; ss += xv[i] * xv[i]; }
+      const double r = 1.0 / std::sqrt(ss / hd + eps);
+      for (int i = 0; i < hd; ++i) n[i] = xv[i] * r * xw[i];
+      for (int i = 0; i < half; ++i) {
+        const double ang = pos[t] / std::pow(theta, 2.0 * i / hd);
+        c[i] = std::cos(ang); s[i] = std::sin(ang);
+        out[i] = n[i] * c[i] - n[i + half] * s[i];
+        out[i + half] = n[i + half] * c[i] + n[i] * s[i];
+      }
+      for (int i = 0; i < hd; ++i) {
+        if (isq) { rq[t * nq * hd + h * hd + i] = out[i]; g[i] = gq[t * nq * hd + h * hd + i]; }
+        else { rk[t * nkv * hd + (h - nq) * hd + i] = out[i]; g[i] = gk[t * nkv * hd + (h - nq) * hd + i]; }
+      }
+      for (int i = 0; i < half; ++i) {
+        dn[i] = g[i] * c[i] + g[i + half] * s[i];
+        dn[i + half] = g[i + half] * c[i] - g[i] * s[i];
+      }
+      double dot = 0;
+      for (int i = 0; i < hd; ++i) dot += dn[i] * xw[i] * xv[i];
+      for (int i = 0; i < hd; ++i) {
+        rdq.push_back(r * xw[i] * dn[i] - xv[i] * r * r * r * dot / hd);
+        gotdq.push_back(got_dqkv[t * ld + h * hd + i]);
+        (isq ? rdqw : rdkw)[i] += dn[i] * xv[i] * r;
+      }
+    }
+  const std::string tag = " (hd=" + std::to_string(hd) + ")";
+  Report("qk-norm+rope fwd q" + tag, DownBf16(qo.get(), T * nq * hd), rq, 5e-3);
+  Report("qk-norm+rope fwd k" + tag, DownBf16(ko.get(), T * nkv * hd), rk, 5e-3);
+  Report("qk-norm+rope bwd dq,dk raw" + tag, gotdq, rdq, 5e-3);
+  Report("qk-norm+rope bwd dq_norm_w +=" + tag, DownF32(accq.get(), hd), rdqw, 1e-4);
+  Report("qk-norm+rope bwd dk_norm_w +=" + tag, DownF32(acck.get(), hd), rdkw, 1e-4);
+}
+
+// ------------------------------------------------------------------ SwiGLU
+void CheckSwiGlu() {
+  const int64_t T = 77, I = 200;
+  auto gu = RandVec(T * 2 * I, 2.0), da = RandVec(T * I);
+  std::unique_ptr<Dev<bf16>> dgu_in(NewBf16(gu)), dda(NewBf16(da));
+  Dev<bf16> act(T * I), dgu(T * 2 * I);
+  CHECK_OK(kernels::SwiGluForward(dgu_in->get(), T, I, act.get(), nullptr));
+  CHECK_OK(kernels::SwiGluBackward(dgu_in->get(), dda->get(), T, I, dgu.get(), nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<double> ra(T * I), rg(T * 2 * I);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < I; ++i) {
+      const double g = gu[t * 2 * I + i], u = gu[t * 2 * I + I + i], sg = 1 / (1 + std::exp(-g));
+      ra[t * I + i] = g * sg * u;
+      rg[t * 2 * I + i] = da[t * I + i] * u * sg * (1 + g * (1 - sg));
+      rg[t * 2 * I + I + i] = da[t * I + i] * g * sg;
+    }
+  Report("swiglu fwd (77x200)", DownBf16(act.get(), T * I), ra, 5e-3);
+  Report("swiglu bwd", DownBf16(dgu.get(), T * 2 * I), rg, 5e-3);
+}
+
+// ------------------------------------------------------------------ Embedding
+void CheckEmbedding() {
+  const int64_t V = 300, H = 136, T = 517;
+  auto table = RandVec(V * H), dout = RandVec(T * H), acc0 = RandVec(V * H);
+  std::vector<int32_t> tok(T);
+  std::uniform_int_distribution<int> ud(0, 59);  // only 60 ids used: many duplicates
+  for (auto& t : tok) t = ud(g_rng) * 5;
+  std::vector<int32_t> order(T);
+  for (int i = 0; i < T; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return tok[a] < tok[b]; });
+  std::vector<int32_t> uniq, seg;
+  for (int i = 0; i < T; ++i)
+    if (i == 0 || tok[order[i]] != tok[order[i - 1]]) { uniq.push_back(tok[order[i]]); seg.push_back(i); }
+  seg.push_back(T);
+  std::unique_ptr<Dev<bf16>> dtab(NewBf16(table)), ddout(NewBf16(dout));
+  Dev<int32_t> dtok(T), duniq(uniq.size()), dseg(seg.size()), dord(T);
+  Upload(dtok, tok); Upload(duniq, uniq); Upload(dseg, seg); Upload(dord, order);
+  Dev<bf16> out(T * H);
+  Dev<float> acc(V * H);
+  Upload(acc, ToF32(acc0));
+  CHECK_OK(kernels::EmbeddingForward(dtab->get(), dtok.get(), T, H, out.get(), nullptr));
+  CHECK_OK(kernels::EmbeddingBackward(ddout->get(), duniq.get(), dseg.get(), dord.get(), uniq.size(), H, acc.get(),
+                                      nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<double> rf(T * H), rb = acc0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < H; ++c) {
+      rf[t * H + c] = table[tok[t] * H + c];
+      rb[tok[t] * H + c] += dout[t * H + c];
+    }
+  Report("embedding fwd gather (517 tokens, 136 wide)", DownBf16(out.get(), T * H), rf, 0.0);
+  Report("embedding bwd += (deterministic grouping)", DownF32(acc.get(), V * H), rb, 1e-6);
+}
+
+// ------------------------------------------------------------------ Cross entropy
+void CheckCrossEntropy() {
+  const int64_t R = 37, V = 1003, LD = 1008;
+  const float scale = 0.37f;
+  auto logits = RandVec(R * LD, 3.0);
+  std::vector<int32_t> labels(R);
+  std::uniform_int_distribution<int> ud(0, V - 1);
+  for (int64_t r = 0; r < R; ++r) labels[r] = (r % 5 == 3) ? kIgnoreIndex : ud(g_rng);
+  labels[1] = V - 1;  // in the scalar tail
+  std::unique_ptr<Dev<bf16>> dl(NewBf16(logits));
+  Dev<int32_t> dlab(R);
+  Upload(dlab, labels);
+  Dev<float> rl(R), total(1);
+  float init = 1.25f;
+  cudaMemcpy(total.get(), &init, 4, cudaMemcpyHostToDevice);
+  CHECK_OK(kernels::CrossEntropyInPlace(dl->get(), R, V, LD, dlab.get(), kIgnoreIndex, scale, rl.get(), nullptr));
+  CHECK_OK(kernels::SumInto(rl.get(), R, total.get(), nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  auto got = DownBf16(dl->get(), R * LD);
+  std::vector<double> gd, rd, rloss(R);
+  double rtotal = init;
+  for (int64_t r = 0; r < R; ++r) {
+    double m = -INFINITY;
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, logits[r * LD + j]);
+    double s = 0;
+    for (int64_t j = 0; j < V; ++j) s += std::exp(logits[r * LD + j] - m);
+    const double lse = m + std::log(s);
+    const bool ign = labels[r] == kIgnoreIndex;
+    rloss[r] = ign ? 0 : scale * (lse - logits[r * LD + labels[r]]);
+    rtotal += rloss[r];
+    for (int64_t j = 0; j < V; ++j) {
+      rd.push_back(ign ? 0 : scale * (std::exp(logits[r * LD + j] - lse) - (j == labels[r] ? 1 : 0)));
+      gd.push_back(got[r * LD + j]);
+    }
+  }
+  Report("cross-entropy row loss (37 rows, vocab 1003, ignore)", DownF32(rl.get(), R), rloss, 1e-5);
+  Report("cross-entropy dlogits in place", gd, rd, 1e-2);
+  Report("cross-entropy loss sum +=", DownF32(total.get(), 1), {rtotal}, 1e-5);
+}
+
+// ------------------------------------------------------------------ Attention
+void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs,
+                    kernels::AttnArgs::BwdSplit split = kernels::AttnArgs::BwdSplit::kAuto) {
+  std::vector<int32_t> cu = {0};
+  for (int d : docs) cu.push_back(cu.back() + d);
+  const int64_t T = cu.back();
+  const int max_len = *std::max_element(docs.begin(), docs.end());
+  const int64_t ldq = nq * hd, ldk = nkv * hd, ldv = nkv * hd + 24;  // v strided like the packed qkv
+  auto q = RandVec(T * ldq), k = RandVec(T * ldk), v = RandVec(T * ldv), dout = RandVec(T * ldq);
+  std::unique_ptr<Dev<bf16>> dq_in(NewBf16(q)), dk_in(NewBf16(k)), dv_in(NewBf16(v)), ddo(NewBf16(dout));
+  Dev<int32_t> dcu(cu.size());
+  Upload(dcu, cu);
+  Dev<bf16> o(T * ldq), dq(T * ldq), dk(T * ldk), dv(T * ldv);
+  Dev<float> lse(nq * T);
+  kernels::AttnArgs a;
+  a.tokens = T; a.num_docs = docs.size(); a.max_seqlen = max_len; a.num_q_heads = nq; a.num_kv_heads = nkv;
+  a.head_dim = hd; a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd)); a.cu_seqlens = dcu.get();
+  a.bwd_split = split;
+  Dev<char> ws(kernels::FlashAttentionBackwardWorkspaceBytes(a));
+  CHECK_OK(kernels::FlashAttentionForward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv},
+                                          {o.get(), ldq}, lse.get(), nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  // Backward consumes the kernel's own O (as in training).
+  CHECK_OK(kernels::FlashAttentionBackward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv},
+                                           {o.get(), ldq}, lse.get(), {ddo->get(), ldq}, {dq.get(), ldq},
+                                           {dk.get(), ldk}, {dv.get(), ldv}, ws.get(), nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  const double sc = a.softmax_scale;
+  const int group = nq / nkv;
+  std::vector<double> ro(T * ldq), rl(nq * T), rdq(T * ldq, 0), rdk(T * ldk, 0), rdv_full(T * ldv, 0);
+  for (size_t d = 0; d + 1 < cu.size(); ++d)
+    for (int h = 0; h < nq; ++h) {
+      const int kh = h / group;
+      for (int64_t i = cu[d]; i < cu[d + 1]; ++i) {
+        std::vector<double> p(i - cu[d] + 1);
+        double m = -INFINITY;
+        for (int64_t j = cu[d]; j <= i; ++j) {
+          double s = 0;
+          for (int c = 0; c < hd; ++c) s += q[i * ldq + h * hd + c] * k[j * ldk + kh * hd + c];
+          p[j - cu[d]] = s * sc;
+          m = std::max(m, s * sc);
+        }
+        double sum = 0;
+        for (auto& x : p) { x = std::exp(x - m); sum += x; }
+        rl[h * T + i] = m + std::log(sum);
+        for (auto& x : p) x /= sum;
+        std::vector<double> oo(hd, 0), dp(p.size());
+        for (int64_t j = cu[d]; j <= i; ++j)
+          for (int c = 0; c < hd; ++c) oo[c] += p[j - cu[d]] * v[j * ldv + kh * hd + c];
+        double D = 0;
+        for (int c = 0; c < hd; ++c) { ro[i * ldq + h * hd + c] = oo[c]; D += oo[c] * dout[i * ldq + h * hd + c]; }
+        for (int64_t j = cu[d]; j <= i; ++j) {
+          double x = 0;
+          for (int c = 0; c < hd; ++c) x += dout[i * ldq + h * hd + c] * v[j * ldv + kh * hd + c];
+          const double pj = p[j - cu[d]], ds = pj * (x - D) * sc;
+          for (int c = 0; c < hd; ++c) {
+            rdq[i * ldq + h * hd + c] += ds * k[j * ldk + kh * hd + c];
+            rdk[j * ldk + kh * hd + c] += ds * q[i * ldq + h * hd + c];
+            rdv_full[j * ldv + kh * hd + c] += pj * dout[i * ldq + h * hd + c];
+          }
+        }
+      }
+    }
+  std::vector<double> gdv, rdv;
+  auto gv = DownBf16(dv.get(), T * ldv);
+  for (int64_t t = 0; t < T; ++t)
+    for (int c = 0; c < nkv * hd; ++c) { gdv.push_back(gv[t * ldv + c]); rdv.push_back(rdv_full[t * ldv + c]); }
+  std::string tag = " (hd=" + std::to_string(hd) + " " + std::to_string(nq) + "/" + std::to_string(nkv) +
+                    " heads, " + std::to_string(docs.size()) + " docs, T=" + std::to_string(T) +
+                    (split == kernels::AttnArgs::BwdSplit::kPerKvHead  ? ", per-kv-head"
+                     : split == kernels::AttnArgs::BwdSplit::kPerQHead ? ", per-q-head"
+                                                                       : "") + ")";
+  Report("attention fwd O" + tag, DownBf16(o.get(), T * ldq), ro, 1e-2);
+  Report("attention fwd LSE" + tag, DownF32(lse.get(), nq * T), rl, 1e-4);
+  Report("attention bwd dQ" + tag, DownBf16(dq.get(), T * ldq), rdq, 2e-2);
+  Report("attention bwd dK" + tag, DownBf16(dk.get(), T * ldk), rdk, 2e-2);
+  Report("attention bwd dV" + tag, gdv, rdv, 2e-2);
+}
+
+#ifdef SLIDEDP_HAVE_CPU_BACKEND
+// ------------------------------------------------------------------ Backend vs CPU backend
+struct Pair {
+  std::unique_ptr<ComputeBackend> gpu, cpu;
+};
+
+// Activations: BF16 on the GPU, FP32 on the CPU backend; both get the same BF16-representable values.
+struct Act {
+  std::unique_ptr<DeviceBuffer> g, c;
+  int64_t n = 0;
+};
+
+absl::Status MakeAct(Pair& p, const std::vector<double>& v, Act* a) {
+  a->n = v.size();
+  auto g = p.gpu->Allocate(a->n * 2);
+  if (!g.ok()) return g.status();
+  auto c = p.cpu->Allocate(a->n * 4);
+  if (!c.ok()) return c.status();
+  a->g = std::move(*g);
+  a->c = std::move(*c);
+  auto hb = ToBf16(v);
+  auto hf = ToF32(v);
+  absl::Status s = p.gpu->CopyToDevice(hb.data(), a->g->data(), a->n * 2);
+  if (!s.ok()) return s;
+  return p.cpu->CopyToDevice(hf.data(), a->c->data(), a->n * 4);
+}
+std::vector<double> GetG(Pair& p, DeviceBuffer& b, int64_t n) {
+  std::vector<bf16_t> h(n);
+  (void)p.gpu->CopyToHost(b.data(), h.data(), n * 2);
+  std::vector<double> o(n);
+  for (int64_t i = 0; i < n; ++i) o[i] = Bf16ToFloat(h[i]);
+  return o;
+}
+std::vector<double> GetF(ComputeBackend& be, const void* d, int64_t n) {
+  std::vector<float> h(n);
+  (void)be.CopyToHost(d, h.data(), n * 4);
+  return std::vector<double>(h.begin(), h.end());
+}
+
+void CheckBackend(const std::string& label, const Qwen3Config& cfg) {
+  Pair p;
+  auto g = MakeCudaBackend(cfg, 0);
+  CHECK_OK(g.status());
+  auto c = MakeCpuBackend(cfg);
+  CHECK_OK(c.status());
+  p.gpu = std::move(*g);
+  p.cpu = std::move(*c);
+  const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
+  // A packed micro-batch: three documents, positions restarting, some labels ignored.
+  MicroBatch mb;
+  const std::vector<int> docs = {37, 100, 13};
+  mb.cu_seqlens = {0};
+  std::uniform_int_distribution<int> ut(0, static_cast<int>(V) - 1);
+  for (int d : docs) {
+    for (int i = 0; i < d; ++i) {
+      mb.tokens.push_back(ut(g_rng) % 97);  // repeated ids exercise the embedding grouping
+      mb.positions.push_back(i);
+      mb.labels.push_back(i == d - 1 || i % 11 == 5 ? kIgnoreIndex : ut(g_rng));
+    }
+    mb.cu_seqlens.push_back(mb.cu_seqlens.back() + d);
+    mb.max_seqlen = std::max(mb.max_seqlen, d);
+  }
+  const int64_t T = mb.num_tokens();
+  auto bg = p.gpu->UploadBatch(mb);
+  CHECK_OK(bg.status());
+  auto bc = p.cpu->UploadBatch(mb);
+  CHECK_OK(bc.status());
+
+  ModelLayout layout = ModelLayout::Build(cfg);
+  const UnitLayout& unit = layout.units.at(1);
+  std::vector<double> params(unit.numel, 0.0);
+  for (int t = 0; t < kNumDecoderTensors; ++t) {
+    const auto& ts = unit.tensors[t];
+    const bool norm = t == kInputNorm || t == kPostNorm || t == kQNorm || t == kKNorm;
+    auto v = norm ? RandVec(ts.numel, 0.2, 1.0) : RandVec(ts.numel, 1.0 / std::sqrt(static_cast<double>(ts.shape[1])));
+    std::copy(v.begin(), v.end(), params.begin() + ts.offset_numel);
+  }
+  auto pb = ToBf16(params);
+  auto pg = p.gpu->Allocate(pb.size() * 2);
+  CHECK_OK(pg.status());
+  auto pc = p.cpu->Allocate(pb.size() * 2);
+  CHECK_OK(pc.status());
+  CHECK_OK(p.gpu->CopyToDevice(pb.data(), (*pg)->data(), pb.size() * 2));
+  CHECK_OK(p.cpu->CopyToDevice(pb.data(), (*pc)->data(), pb.size() * 2));
+  const bf16_t* PG = (*pg)->as<bf16_t>();
+  const bf16_t* PC = (*pc)->as<bf16_t>();
+
+  Act x, y, dy, dx;
+  CHECK_OK(MakeAct(p, RandVec(T * H), &x));
+  CHECK_OK(MakeAct(p, std::vector<double>(T * H, 0.0), &y));
+  CHECK_OK(MakeAct(p, RandVec(T * H), &dy));
+  CHECK_OK(MakeAct(p, std::vector<double>(T * H, 0.0), &dx));
+  std::unique_ptr<SavedActivations> sc;
+  CHECK_OK(p.cpu->DecoderForward(PC, **bc, x.c->data(), y.c->data(), ActPolicy::kKeepAll, &sc));
+  auto ref_y = GetF(*p.cpu, y.c->data(), T * H);
+  auto dpc = p.cpu->Allocate(unit.numel * 4);
+  CHECK_OK(dpc.status());
+  CHECK_OK(p.cpu->Memset(**dpc, 0));
+  CHECK_OK(p.cpu->DecoderBackward(PC, **bc, x.c->data(), sc.get(), dy.c->data(), dx.c->data(), (*dpc)->as<float>()));
+  auto ref_dx = GetF(*p.cpu, dx.c->data(), T * H);
+  auto ref_dp = GetF(*p.cpu, (*dpc)->data(), unit.numel);
+
+  for (ActPolicy pol : {ActPolicy::kKeepAll, ActPolicy::kSelective, ActPolicy::kRecomputeLayer}) {
+    const char* pname = pol == ActPolicy::kKeepAll ? "keep-all" : pol == ActPolicy::kSelective ? "selective" : "recompute";
+    cudaMemset(y.g->data(), 0xFF, T * H * 2); cudaDeviceSynchronize();
+    std::unique_ptr<SavedActivations> sg;
+    CHECK_OK(p.gpu->DecoderForward(PG, **bg, x.g->data(), y.g->data(), pol, &sg));
+    CHECK_OK(p.gpu->Synchronize());
+    const bool bytes_ok = sg->bytes() >= p.gpu->SavedBytesPerToken(pol) * T;
+    if (!bytes_ok) ++g_failures;
+    std::printf("%s  %-58s saved=%lld B, %lld B/token\n", bytes_ok ? "PASS" : "FAIL",
+                (label + " saved bytes >= SavedBytesPerToken·T " + pname).c_str(),
+                static_cast<long long>(sg->bytes()), static_cast<long long>(p.gpu->SavedBytesPerToken(pol)));
+    Report(label + " layer fwd y [" + pname + "]", GetG(p, *y.g, T * H), ref_y, 1.5e-2);
+    auto dpg = p.gpu->Allocate(unit.numel * 4);
+    CHECK_OK(dpg.status());
+    CHECK_OK(p.gpu->Memset(**dpg, 0));
+    // dx aliases a copy of dy (the interface allows it) on the recompute run.
+    void* dx_ptr = dx.g->data();
+    if (pol == ActPolicy::kRecomputeLayer) {
+      cudaMemcpy(dx.g->data(), dy.g->data(), T * H * 2, cudaMemcpyDeviceToDevice); cudaDeviceSynchronize();
+    } else {
+      cudaMemset(dx.g->data(), 0xFF, T * H * 2); cudaDeviceSynchronize();
+    }
+    CHECK_OK(p.gpu->DecoderBackward(PG, **bg, x.g->data(), pol == ActPolicy::kRecomputeLayer ? nullptr : sg.get(),
+                                    pol == ActPolicy::kRecomputeLayer ? dx_ptr : dy.g->data(), dx_ptr,
+                                    (*dpg)->as<float>()));
+    CHECK_OK(p.gpu->Synchronize());
+    Report(label + " layer bwd dx [" + pname + "]", GetG(p, *dx.g, T * H), ref_dx, 3e-2);
+    auto got_dp = GetF(*p.gpu, (*dpg)->data(), unit.numel);
+    for (int t = 0; t < kNumDecoderTensors; ++t) {
+      const auto& ts = unit.tensors[t];
+      std::vector<double> gv(got_dp.begin() + ts.offset_numel, got_dp.begin() + ts.offset_numel + ts.numel);
+      std::vector<double> rv(ref_dp.begin() + ts.offset_numel, ref_dp.begin() + ts.offset_numel + ts.numel);
+      std::string tn = ts.hf_name.substr(ts.hf_name.find("layers.") + 7);
+      Report(label + " layer bwd d" + tn + " [" + pname + "]", gv, rv, 4e-2);
+    }
+  }
+
+  // Embedding forward/backward.
+  {
+    auto table = RandVec(V * H);
+    auto tb = ToBf16(table);
+    auto tg = p.gpu->Allocate(tb.size() * 2);
+    auto tc = p.cpu->Allocate(tb.size() * 2);
+    CHECK_OK(tg.status());
+    CHECK_OK(tc.status());
+    CHECK_OK(p.gpu->CopyToDevice(tb.data(), (*tg)->data(), tb.size() * 2));
+    CHECK_OK(p.cpu->CopyToDevice(tb.data(), (*tc)->data(), tb.size() * 2));
+    cudaMemset(y.g->data(), 0xFF, T * H * 2); cudaDeviceSynchronize();
+    CHECK_OK(p.gpu->EmbeddingForward((*tg)->as<bf16_t>(), **bg, y.g->data()));
+    CHECK_OK(p.cpu->EmbeddingForward((*tc)->as<bf16_t>(), **bc, y.c->data()));
+    CHECK_OK(p.gpu->Synchronize());
+    Report(label + " embedding fwd", GetG(p, *y.g, T * H), GetF(*p.cpu, y.c->data(), T * H), 0.0);
+    auto eg = p.gpu->Allocate(V * H * 4);
+    auto ec = p.cpu->Allocate(V * H * 4);
+    CHECK_OK(eg.status());
+    CHECK_OK(ec.status());
+    CHECK_OK(p.gpu->Memset(**eg, 0));
+    CHECK_OK(p.cpu->Memset(**ec, 0));
+    CHECK_OK(p.gpu->EmbeddingBackward(dy.g->data(), **bg, (*eg)->as<float>()));
+    CHECK_OK(p.cpu->EmbeddingBackward(dy.c->data(), **bc, (*ec)->as<float>()));
+    CHECK_OK(p.gpu->Synchronize());
+    Report(label + " embedding bwd", GetF(*p.gpu, (*eg)->data(), V * H), GetF(*p.cpu, (*ec)->data(), V * H), 1e-5);
+  }
+  // Head: final norm + LM head + CE, forward and backward.
+  {
+    auto nw = RandVec(H, 0.2, 1.0);
+    auto lw = RandVec(V * H, 1.0 / std::sqrt(static_cast<double>(H)));
+    auto nb = ToBf16(nw), lb = ToBf16(lw);
+    auto ng = p.gpu->Allocate(H * 2), nc = p.cpu->Allocate(H * 2), lg = p.gpu->Allocate(V * H * 2),
+         lc = p.cpu->Allocate(V * H * 2);
+    CHECK_OK(ng.status()); CHECK_OK(nc.status()); CHECK_OK(lg.status()); CHECK_OK(lc.status());
+    CHECK_OK(p.gpu->CopyToDevice(nb.data(), (*ng)->data(), H * 2));
+    CHECK_OK(p.cpu->CopyToDevice(nb.data(), (*nc)->data(), H * 2));
+    CHECK_OK(p.gpu->CopyToDevice(lb.data(), (*lg)->data(), V * H * 2));
+    CHECK_OK(p.cpu->CopyToDevice(lb.data(), (*lc)->data(), V * H * 2));
+    const float loss_scale = 1.0f / static_cast<float>(mb.num_trained());
+    auto dn_g = p.gpu->Allocate(H * 4), dn_c = p.cpu->Allocate(H * 4), dl_g = p.gpu->Allocate(V * H * 4),
+         dl_c = p.cpu->Allocate(V * H * 4), ls_g = p.gpu->Allocate(4), ls_c = p.cpu->Allocate(4);
+    CHECK_OK(dn_g.status()); CHECK_OK(dn_c.status()); CHECK_OK(dl_g.status()); CHECK_OK(dl_c.status());
+    CHECK_OK(ls_g.status()); CHECK_OK(ls_c.status());
+    for (auto* b : {dn_g->get(), dl_g->get(), ls_g->get()}) CHECK_OK(p.gpu->Memset(*b, 0));
+    for (auto* b : {dn_c->get(), dl_c->get(), ls_c->get()}) CHECK_OK(p.cpu->Memset(*b, 0));
+    cudaMemset(dx.g->data(), 0xFF, T * H * 2); cudaDeviceSynchronize();
+    CHECK_OK(p.gpu->HeadForwardBackward((*ng)->as<bf16_t>(), (*lg)->as<bf16_t>(), **bg, x.g->data(), loss_scale,
+                                        dx.g->data(), (*dn_g)->as<float>(), (*dl_g)->as<float>(),
+                                        (*ls_g)->as<float>()));
+    CHECK_OK(p.cpu->HeadForwardBackward((*nc)->as<bf16_t>(), (*lc)->as<bf16_t>(), **bc, x.c->data(), loss_scale,
+                                        dx.c->data(), (*dn_c)->as<float>(), (*dl_c)->as<float>(),
+                                        (*ls_c)->as<float>()));
+    CHECK_OK(p.gpu->Synchronize());
+    Report(label + " head loss", GetF(*p.gpu, (*ls_g)->data(), 1), GetF(*p.cpu, (*ls_c)->data(), 1), 2e-3);
+    Report(label + " head dx", GetG(p, *dx.g, T * H), GetF(*p.cpu, dx.c->data(), T * H), 3e-2);
+    Report(label + " head dnorm", GetF(*p.gpu, (*dn_g)->data(), H), GetF(*p.cpu, (*dn_c)->data(), H), 3e-2);
+    Report(label + " head dlm_head", GetF(*p.gpu, (*dl_g)->data(), V * H), GetF(*p.cpu, (*dl_c)->data(), V * H), 3e-2);
+  }
+}
+#endif  // SLIDEDP_HAVE_CPU_BACKEND
+
+}  // namespace
+}  // namespace slidedp
+
+int main(int argc, char** argv) {
+  using namespace slidedp;
+  uint64_t seed = std::random_device{}();
+  bool kernels_only = false;  // --kernels-only: skip the backend-vs-CPU part (for sanitizer runs)
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--seed=", 7) == 0) seed = std::strtoull(argv[i] + 7, nullptr, 10);
+    if (std::strcmp(argv[i], "--kernels-only") == 0) kernels_only = true;
+  }
+  g_rng.seed(seed);
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    std::printf("FAIL  no CUDA device\n");
+    return 2;
+  }
+  std::printf("cuda_kernel_check on %s (sm_%d%d), seed=%llu\n", prop.name, prop.major, prop.minor,
+              static_cast<unsigned long long>(seed));
+  CheckGemm();
+  CheckRmsNorm();
+  CheckQkRope(128);
+  CheckQkRope(16);
+  CheckSwiGlu();
+  CheckEmbedding();
+  CheckCrossEntropy();
+  using Split = kernels::AttnArgs::BwdSplit;
+  CheckAttention(128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerKvHead);
+  CheckAttention(128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerQHead);
+  CheckAttention(128, 8, 1, {64, 192}, Split::kPerKvHead);
+  CheckAttention(128, 8, 1, {64, 192}, Split::kPerQHead);
+  CheckAttention(64, 4, 2, {64, 129, 31}, Split::kPerKvHead);
+  CheckAttention(64, 4, 2, {64, 129, 31}, Split::kPerQHead);
+  CheckAttention(128, 2, 2, {300, 17});
+  CheckAttention(16, 4, 2, {17, 40});
+  CheckAttention(48, 2, 2, {33});
+#ifdef SLIDEDP_HAVE_CPU_BACKEND
+  if (!kernels_only) {
+    Qwen3Config c;
+    c.hidden_size = 256; c.num_hidden_layers = 1; c.num_attention_heads = 4; c.num_key_value_heads = 2;
+    c.head_dim = 64; c.intermediate_size = 384; c.vocab_size = 1000; c.tie_word_embeddings = false;
+    CheckBackend("qwen3-mini(hd64)", c);
+    Qwen3Config c128 = c;
+    c128.head_dim = 128; c128.num_attention_heads = 4; c128.num_key_value_heads = 1;
+    CheckBackend("qwen3-mini(hd128)", c128);
+    auto tiny = Qwen3Config::Preset("tiny");
+    if (tiny.ok()) CheckBackend("tiny(hd16)", *tiny);
+  }
+#else
+  std::printf("SKIP  backend-vs-CPU checks (cpu_backend not built)\n");
+#endif
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) {
+    std::printf("FAIL  device error at end: %s\n", cudaGetErrorString(e));
+    ++g_failures;
+  }
+  std::printf("%s: %d failure(s)\n", g_failures == 0 ? "ALL PASS" : "FAILED", g_failures);
+  return g_failures == 0 ? 0 : 1;
+}

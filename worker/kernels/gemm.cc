@@ -1,0 +1,125 @@
+// cuBLASLt row-major GEMM runner; see gemm.h. Row-major D = op(A)·op(B) is computed as the
+// column-major product Dᵀ = op(B)ᵀ·op(A)ᵀ, so cuBLASLt's "A" is our B and its "B" is our A.
+#include "worker/kernels/gemm.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status/status_macros.h"
+#include "worker/kernels/cuda_check.h"
+
+namespace slidedp {
+namespace {
+
+int PointerAlignment(const void* p) {
+  auto v = reinterpret_cast<uintptr_t>(p);
+  int a = 256;
+  while (a > 2 && (v % a) != 0) a /= 2;
+  return a;
+}
+
+int LdAlignment(int64_t ld, int elem_bytes) {
+  int64_t bytes = ld * elem_bytes;
+  int a = 256;
+  while (a > 2 && (bytes % a) != 0) a /= 2;
+  return a;
+}
+
+}  // namespace
+
+GemmRunner::~GemmRunner() {
+  for (auto& [key, plan] : plans_) {
+    cublasLtMatrixLayoutDestroy(plan.la);
+    cublasLtMatrixLayoutDestroy(plan.lb);
+    cublasLtMatrixLayoutDestroy(plan.lc);
+    cublasLtMatrixLayoutDestroy(plan.ld);
+    cublasLtMatmulDescDestroy(plan.desc);
+  }
+  if (workspace_ != nullptr) cudaFree(workspace_);
+  if (handle_ != nullptr) cublasLtDestroy(handle_);
+}
+
+absl::Status GemmRunner::Init() {
+  SLIDEDP_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&handle_));
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&workspace_, kWorkspaceBytes));
+  return absl::OkStatus();
+}
+
+absl::Status GemmRunner::MakePlan(const GemmArgs& g, int align_bytes, Plan* plan) {
+  const bool out_f32 = g.out_type == GemmOutType::kF32;
+  const cudaDataType_t out_t = out_f32 ? CUDA_R_32F : CUDA_R_16BF;
+  SLIDEDP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // cuBLASLt's A is our B, its B is our A (see the file comment).
+  cublasOperation_t ta = g.op_b == GemmOp::kT ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t tb = g.op_a == GemmOp::kT ? CUBLAS_OP_T : CUBLAS_OP_N;
+  SLIDEDP_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  SLIDEDP_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  // Column-major stored shapes: our B (row-major [K,N] if N, [N,K] if T) seen column-major.
+  const uint64_t cm = g.n, cn = g.m, ck = g.k;
+  SLIDEDP_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->la, CUDA_R_16BF, ta == CUBLAS_OP_N ? cm : ck,
+                                                            ta == CUBLAS_OP_N ? ck : cm, g.ldb));
+  SLIDEDP_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->lb, CUDA_R_16BF, tb == CUBLAS_OP_N ? ck : cn,
+                                                            tb == CUBLAS_OP_N ? cn : ck, g.lda));
+  SLIDEDP_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->lc, out_t, cm, cn, g.beta != 0.0f ? g.ldc : g.ldd));
+  SLIDEDP_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->ld, out_t, cm, cn, g.ldd));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  SLIDEDP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+  uint64_t ws = kWorkspaceBytes;
+  uint32_t al = static_cast<uint32_t>(align_bytes);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof(al));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof(al));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof(al));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof(al));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, plan->la, plan->lb, plan->lc, plan->ld, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  SLIDEDP_CUBLAS_RETURN_IF_ERROR(st);
+  if (found == 0) {
+    return absl::UnimplementedError(absl::StrCat("cuBLASLt found no algorithm for GEMM m=", g.m, " n=", g.n,
+                                                 " k=", g.k, " align=", align_bytes));
+  }
+  plan->algo = result.algo;
+  return absl::OkStatus();
+}
+
+absl::Status GemmRunner::Run(const GemmArgs& g, cudaStream_t stream) {
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0) {
+    if (g.m > 0 && g.n > 0 && g.k == 0) {
+      return absl::InvalidArgumentError("GEMM with k = 0 is not supported (would need a scale-only pass)");
+    }
+    return absl::OkStatus();  // empty product: nothing to write
+  }
+  const int esz_out = g.out_type == GemmOutType::kF32 ? 4 : 2;
+  int align = std::min({PointerAlignment(g.a), PointerAlignment(g.b), PointerAlignment(g.d), LdAlignment(g.lda, 2),
+                        LdAlignment(g.ldb, 2), LdAlignment(g.ldd, esz_out)});
+  if (g.beta != 0.0f) align = std::min({align, PointerAlignment(g.c), LdAlignment(g.ldc, esz_out)});
+  Key key{static_cast<int>(g.op_a), static_cast<int>(g.op_b), g.m, g.n, g.k, g.lda, g.ldb,
+          g.beta != 0.0f ? g.ldc : g.ldd, g.ldd, static_cast<int>(g.out_type), g.beta != 0.0f, align};
+  auto it = plans_.find(key);
+  if (it == plans_.end()) {
+    Plan plan;
+    absl::Status s = MakePlan(g, align, &plan);
+    if (!s.ok()) {
+      if (plan.la) cublasLtMatrixLayoutDestroy(plan.la);
+      if (plan.lb) cublasLtMatrixLayoutDestroy(plan.lb);
+      if (plan.lc) cublasLtMatrixLayoutDestroy(plan.lc);
+      if (plan.ld) cublasLtMatrixLayoutDestroy(plan.ld);
+      if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
+      return s;
+    }
+    it = plans_.emplace(key, plan).first;
+  }
+  const Plan& p = it->second;
+  const void* c = g.beta != 0.0f ? g.c : g.d;
+  SLIDEDP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, p.desc, &g.alpha, g.b, p.la, g.a, p.lb, &g.beta, c, p.lc, g.d,
+                                                p.ld, &p.algo, workspace_, kWorkspaceBytes, stream));
+  return absl::OkStatus();
+}
+
+}  // namespace slidedp

@@ -1,0 +1,161 @@
+// StepRunner: the per-step schedule of one worker.
+#include "worker/pipeline/step_runner.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status/status_macros.h"
+
+namespace slidedp {
+
+StepRunner::StepRunner(const ModelLayout& layout, ComputeBackend* backend, UnitStreamer* streamer,
+                       state::GradRing* ring, StepRunnerOptions options)
+    : layout_(layout), backend_(backend), streamer_(streamer), ring_(ring), options_(options) {}
+
+absl::StatusOr<std::unique_ptr<DeviceBuffer>> StepRunner::ZeroedGrad(int unit) {
+  ASSIGN_OR_RETURN(auto buf, backend_->Allocate(layout_.units[unit].numel * sizeof(float)));
+  RETURN_IF_ERROR(backend_->Memset(*buf, 0));
+  return buf;
+}
+
+absl::Status StepRunner::PostGradient(int unit, const float* grad_device, int64_t step, double* ring_wait_s) {
+  RETURN_IF_ERROR(backend_->Synchronize());
+  const int64_t numel = layout_.units[unit].numel;
+  const int64_t chunk = static_cast<int64_t>(ring_->config().slot_bytes / sizeof(float));
+  for (int64_t off = 0; off < numel; off += chunk) {
+    const int64_t n = std::min(chunk, numel - off);
+    absl::Time t0 = absl::Now();
+    ASSIGN_OR_RETURN(uint32_t slot, ring_->AcquireSlot(options_.ring_timeout));
+    *ring_wait_s += absl::ToDoubleSeconds(absl::Now() - t0);
+    RETURN_IF_ERROR(streamer_->CopyToHost(ring_->slot_data(slot), grad_device + off, n * sizeof(float)));
+    state::GradChunkDesc desc;
+    desc.unit = unit;
+    desc.slot = slot;
+    desc.offset_numel = off;
+    desc.numel = n;
+    desc.step = static_cast<uint32_t>(step);
+    desc.dtype = state::GradDtype::kF32;
+    RETURN_IF_ERROR(ring_->Post(desc));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<MicroBatch>& micro_batches, float loss_scale) {
+  const absl::Time t_start = absl::Now();
+  StepResult result;
+  const Qwen3Config& c = layout_.config;
+  const int num_units = layout_.num_units();
+  const int head = num_units - 1;
+  const int n_mb = static_cast<int>(micro_batches.size());
+  const uint32_t gate = static_cast<uint32_t>(step);  // step t needs t completed updates
+  const int64_t act_bytes_per_token = c.hidden_size * DTypeBytes(backend_->activation_dtype());
+
+  std::vector<std::unique_ptr<DeviceBatch>> batches;
+  for (const MicroBatch& mb : micro_batches) {
+    ASSIGN_OR_RETURN(auto b, backend_->UploadBatch(mb));
+    result.local_tokens += mb.num_tokens();
+    batches.push_back(std::move(b));
+  }
+  // inputs[u][mb]: the input of unit u for micro-batch mb (the checkpoint); inputs[head] is the
+  // head's input. saved[u][mb]: what the policy keeps beyond the input.
+  std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> inputs(num_units);
+  std::vector<std::vector<std::unique_ptr<SavedActivations>>> saved(num_units);
+  auto alloc_acts = [&](int u) -> absl::Status {
+    inputs[u].resize(n_mb);
+    for (int i = 0; i < n_mb; ++i) {
+      ASSIGN_OR_RETURN(inputs[u][i], backend_->Allocate(batches[i]->num_tokens() * act_bytes_per_token));
+    }
+    return absl::OkStatus();
+  };
+
+  // ---- forward ----
+  {
+    RETURN_IF_ERROR(alloc_acts(1 < num_units ? 1 : head));
+    ASSIGN_OR_RETURN(const bf16_t* embed, streamer_->Acquire(0, gate));
+    for (int i = 0; i < n_mb; ++i) {
+      RETURN_IF_ERROR(backend_->EmbeddingForward(embed, *batches[i], inputs[1][i]->data()));
+    }
+    streamer_->Release(0);
+  }
+  for (int u = 1; u < head; ++u) {
+    streamer_->Prefetch(u + 1, gate);
+    ASSIGN_OR_RETURN(const bf16_t* params, streamer_->Acquire(u, gate));
+    RETURN_IF_ERROR(alloc_acts(u + 1));
+    saved[u].resize(n_mb);
+    for (int i = 0; i < n_mb; ++i) {
+      RETURN_IF_ERROR(backend_->DecoderForward(params, *batches[i], inputs[u][i]->data(), inputs[u + 1][i]->data(),
+                                               options_.policy,
+                                               options_.policy == ActPolicy::kRecomputeLayer ? nullptr : &saved[u][i]));
+    }
+    streamer_->Release(u);
+  }
+
+  // ---- head: loss and its input gradient in one pass ----
+  std::vector<std::unique_ptr<DeviceBuffer>> dy(n_mb);
+  for (int i = 0; i < n_mb; ++i) {
+    ASSIGN_OR_RETURN(dy[i], backend_->Allocate(batches[i]->num_tokens() * act_bytes_per_token));
+  }
+  ASSIGN_OR_RETURN(auto loss_dev, backend_->Allocate(sizeof(float)));
+  RETURN_IF_ERROR(backend_->Memset(*loss_dev, 0));
+  std::unique_ptr<DeviceBuffer> grad_embed;
+  {
+    const UnitLayout& hu = layout_.units[head];
+    ASSIGN_OR_RETURN(const bf16_t* head_params, streamer_->Acquire(head, gate));
+    const bf16_t* lm_head = nullptr;
+    ASSIGN_OR_RETURN(auto grad_head, ZeroedGrad(head));
+    float* dlm_head = nullptr;
+    if (layout_.head_uses_embedding) {
+      ASSIGN_OR_RETURN(lm_head, streamer_->Acquire(0, gate));
+      ASSIGN_OR_RETURN(grad_embed, ZeroedGrad(0));
+      dlm_head = grad_embed->as<float>();
+    } else {
+      lm_head = head_params + hu.tensors[1].offset_numel;
+      dlm_head = grad_head->as<float>() + hu.tensors[1].offset_numel;
+    }
+    for (int i = 0; i < n_mb; ++i) {
+      RETURN_IF_ERROR(backend_->HeadForwardBackward(head_params + hu.tensors[0].offset_numel, lm_head, *batches[i],
+                                                    inputs[head][i]->data(), loss_scale, dy[i]->data(),
+                                                    grad_head->as<float>() + hu.tensors[0].offset_numel, dlm_head,
+                                                    loss_dev->as<float>()));
+    }
+    if (layout_.head_uses_embedding) streamer_->Release(0);
+    streamer_->Release(head);
+    inputs[head].clear();
+    RETURN_IF_ERROR(PostGradient(head, grad_head->as<float>(), step, &result.times.ring_wait_s));
+  }
+  result.times.forward_s = absl::ToDoubleSeconds(absl::Now() - t_start);
+
+  // ---- backward ----
+  const absl::Time t_bwd = absl::Now();
+  for (int u = head - 1; u >= 1; --u) {
+    if (u > 1) streamer_->Prefetch(u - 1, gate);
+    ASSIGN_OR_RETURN(const bf16_t* params, streamer_->Acquire(u, gate));
+    ASSIGN_OR_RETURN(auto grad, ZeroedGrad(u));
+    for (int i = 0; i < n_mb; ++i) {
+      SavedActivations* s = saved[u].empty() ? nullptr : saved[u][i].get();
+      RETURN_IF_ERROR(backend_->DecoderBackward(params, *batches[i], inputs[u][i]->data(), s, dy[i]->data(),
+                                                dy[i]->data(), grad->as<float>()));
+    }
+    streamer_->Release(u);
+    inputs[u].clear();
+    saved[u].clear();
+    RETURN_IF_ERROR(PostGradient(u, grad->as<float>(), step, &result.times.ring_wait_s));
+  }
+  if (!grad_embed) {
+    ASSIGN_OR_RETURN(grad_embed, ZeroedGrad(0));
+  }
+  for (int i = 0; i < n_mb; ++i) {
+    RETURN_IF_ERROR(backend_->EmbeddingBackward(dy[i]->data(), *batches[i], grad_embed->as<float>()));
+  }
+  RETURN_IF_ERROR(PostGradient(0, grad_embed->as<float>(), step, &result.times.ring_wait_s));
+
+  float loss = 0;
+  RETURN_IF_ERROR(backend_->CopyToHost(loss_dev->data(), &loss, sizeof(float)));
+  result.loss_sum = loss;
+  result.times.backward_s = absl::ToDoubleSeconds(absl::Now() - t_bwd);
+  result.times.total_s = absl::ToDoubleSeconds(absl::Now() - t_start);
+  return result;
+}
+
+}  // namespace slidedp
