@@ -7,7 +7,7 @@ pkgs=(
   cmake ninja-build ccache pkg-config g++
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libboost-dev libhwloc-dev libgoogle-glog-dev
-  libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libpcre2-dev libsystemd-dev
+  libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libpcre2-dev libicu-dev libsystemd-dev
   libgtest-dev libgmock-dev libbenchmark-dev python3
 )
 missing=()

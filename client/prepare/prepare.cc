@@ -322,6 +322,27 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
     if (!absl::EndsWith(path, ".jsonl") && !absl::EndsWith(path, ".json")) {
       return absl::InvalidArgumentError(absl::StrCat("prepare: ", path, ": unsupported input (.jsonl, .json or .txt)"));
     }
+    if (absl::EndsWith(path, ".json")) {
+      // A .json file may hold one JSON array of records instead of JSON lines; then "line" in
+      // messages is the 1-based element number.
+      const int first = (in >> std::ws).peek();
+      if (first == '[') {
+        std::stringstream ss;
+        ss << in.rdbuf();
+        json arr = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+        if (arr.is_discarded() || !arr.is_array()) {
+          return absl::InvalidArgumentError(absl::StrCat("prepare: ", path, ": not a valid JSON array"));
+        }
+        for (size_t k = 0; k < arr.size(); ++k) {
+          batch.push_back({input, static_cast<int64_t>(k + 1), arr[k].dump(), false});
+          if (static_cast<int64_t>(batch.size()) >= o.batch_documents) RETURN_IF_ERROR(flush());
+        }
+        progress.bytes_done += static_cast<int64_t>(fs::file_size(path, ec));
+        continue;
+      }
+      in.clear();
+      in.seekg(0);
+    }
     std::string line;
     int64_t line_no = 0;
     while (std::getline(in, line)) {

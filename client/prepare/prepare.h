@@ -6,7 +6,8 @@
 //   {"messages": [{"role": ..., "content": ...}, ...]}   chat, rendered with the model's template
 //   {"prompt": ..., "completion": ...}                    prompt + completion (+ EOS), loss on completion
 //   {"text": ...}                                         plain text (+ EOS), all trained
-// and .txt files (the whole file is one text document). Errors name file:line and the field.
+// A .json file may instead hold one JSON array of such records ("line" = element number), and
+// .txt files are one text document each. Errors name file:line and the field.
 // Output: <output>/train and, when validation_fraction > 0, <output>/validation (split per
 // document by a seeded hash of (input index, line), so it does not depend on threads or on other
 // lines), plus <output>/prepare_summary.json. Tokenization runs in parallel over documents; output

@@ -281,6 +281,18 @@ TEST(Prepare, SplitIsDeterministicAndIndependentOfThreads) {
   EXPECT_NE(crc_a, crc_c);
 }
 
+TEST(Prepare, JsonArrayFileAndErrorsByElement) {
+  const std::string in = WriteFile("array.json", R"([{"text": "one"}, {"prompt": "p", "completion": "c"}, {"text": 3}])");
+  PrepareOptions o = BaseOptions("array_out", {in});
+  auto s = Prepare(o);
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr(in + ":3: field text: not a string"));
+  o.bad_lines = BadLines::kSkip;
+  s = Prepare(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->train.documents, 2);
+  EXPECT_EQ(s->skipped_lines, 1);
+}
+
 TEST(Prepare, RefusesNonEmptyOutputWithoutOverwrite) {
   const std::string in = WriteFile("ow.jsonl", json({{"text", "x y"}}).dump() + "\n");
   PrepareOptions o = BaseOptions("ow_out", {in});

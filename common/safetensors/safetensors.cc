@@ -474,7 +474,8 @@ absl::StatusOr<WriteStats> WriteFile(const std::string& path, const std::vector<
       }
     }
   };
-  const int nthreads = static_cast<int>(std::clamp<size_t>(options.threads, 1, std::max<size_t>(chunks.size(), 1)));
+  const int nthreads =
+      static_cast<int>(std::min<size_t>(static_cast<size_t>(std::max(1, options.threads)), std::max<size_t>(chunks.size(), 1)));
   std::vector<std::thread> pool;
   for (int i = 1; i < nthreads; ++i) pool.emplace_back(worker);
   worker();

@@ -278,9 +278,13 @@ absl::StatusOr<uint64_t> WriteCheckpointFiles(const SaveRequest& req, const fs::
 
   RETURN_IF_ERROR(stage("COMPLETE"));
   nlohmann::json files = nlohmann::json::object();
-  for (const auto& entry : fs::directory_iterator(tmp)) {
-    files[entry.path().filename().string()] = static_cast<uint64_t>(fs::file_size(entry.path()));
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(tmp, ec)) {
+    const uint64_t size = fs::file_size(entry.path(), ec);
+    if (ec) return ErrnoStatus(absl::StrCat("stat ", entry.path().string()), ec.value());
+    files[entry.path().filename().string()] = size;
   }
+  if (ec) return ErrnoStatus(absl::StrCat("list ", tmp.string()), ec.value());
   RETURN_IF_ERROR(WriteSmallFile((tmp / "COMPLETE").string(),
                                  nlohmann::json({{"step", req.step}, {"files", files}}).dump(2) + "\n"));
   RETURN_IF_ERROR(FsyncPath(tmp.string(), O_RDONLY | O_DIRECTORY));
@@ -329,7 +333,7 @@ absl::StatusOr<SaveResult> SaveCheckpoint(const SaveRequest& req) {
     if (absl::Status s = req.fault_hook("rename"); !s.ok()) return abandon(s);
   }
 
-  if (fs::exists(final_dir)) {
+  if (fs::exists(final_dir, ec)) {
     // Same step saved again: swap atomically, then drop the old one (now at tmp).
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
       return abandon(ErrnoStatus(absl::StrCat("exchange ", tmp.string(), " with ", final_dir.string()), errno));
@@ -347,7 +351,7 @@ absl::StatusOr<SaveResult> SaveCheckpoint(const SaveRequest& req) {
     std::vector<std::pair<int64_t, fs::path>> complete;
     for (const auto& entry : fs::directory_iterator(root, ec)) {
       const int64_t step = StepOfDirName(entry.path().filename().string());
-      if (step >= 0 && step != req.step && fs::exists(entry.path() / "COMPLETE")) complete.emplace_back(step, entry.path());
+      if (step >= 0 && step != req.step && fs::exists(entry.path() / "COMPLETE", ec)) complete.emplace_back(step, entry.path());
     }
     std::sort(complete.rbegin(), complete.rend());
     // The checkpoint just written always counts as one of the kept.
@@ -396,7 +400,7 @@ absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& root_dir) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(root_dir, ec)) {
     const int64_t step = StepOfDirName(entry.path().filename().string());
-    if (step >= 0 && entry.is_directory()) candidates.emplace_back(step, entry.path());
+    if (step >= 0 && entry.is_directory(ec)) candidates.emplace_back(step, entry.path());
   }
   if (ec) return ErrnoStatus(absl::StrCat("list checkpoints in ", root_dir), ec.value());
   std::sort(candidates.rbegin(), candidates.rend());

@@ -52,10 +52,11 @@ absl::Status OpenShards(const std::string& dir, std::vector<std::unique_ptr<Safe
   const std::string single = dir + "/model.safetensors";
   const std::string index_path = dir + "/model.safetensors.index.json";
   std::map<std::string, std::string> weight_map;  // tensor -> file; empty for a single file
-  if (fs::exists(single)) {
+  std::error_code ec;
+  if (fs::exists(single, ec)) {
     ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(single));
     files->push_back(std::move(f));
-  } else if (fs::exists(index_path)) {
+  } else if (fs::exists(index_path, ec)) {
     std::ifstream in(index_path);
     std::stringstream text;
     text << in.rdbuf();
@@ -135,7 +136,8 @@ std::string DescribeConfigMismatch(const Qwen3Config& a, const Qwen3Config& b) {
 
 absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout, const UnitArrayFn& master_of_unit,
                          const LoadOptions& options) {
-  if (!fs::is_directory(model_dir)) return absl::NotFoundError(absl::StrCat("model directory ", model_dir, " not found"));
+  std::error_code ec;
+  if (!fs::is_directory(model_dir, ec)) return absl::NotFoundError(absl::StrCat("model directory ", model_dir, " not found"));
   const std::string config_path = model_dir + "/config.json";
   ASSIGN_OR_RETURN(Qwen3Config config, Qwen3Config::FromFile(config_path));
   if (std::string m = DescribeConfigMismatch(config, layout.config); !m.empty()) {
@@ -220,13 +222,28 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
     }
     std::fill(base + pos, base + unit.numel, 0.0f);
   }
+  // Large tensors (the embedding is most of a small model) are split so all threads share them.
+  constexpr int64_t kPieceNumel = int64_t{1} << 22;
+  struct Piece {
+    const Job* job;
+    int64_t begin, count;
+  };
+  std::vector<Piece> pieces;
+  for (const Job& job : jobs) {
+    for (int64_t b = 0; b < job.src.info->numel; b += kPieceNumel) {
+      pieces.push_back({&job, b, std::min(kPieceNumel, job.src.info->numel - b)});
+    }
+  }
   std::mutex mu;
   absl::Status first_error;
-  ParallelFor(jobs.size(), options.threads, [&](size_t i) {
-    absl::Status s = jobs[i].src.file->ReadAsFloat32(*jobs[i].src.info, jobs[i].dst);
+  ParallelFor(pieces.size(), options.threads, [&](size_t i) {
+    const Piece& p = pieces[i];
+    const TensorInfo& info = *p.job->src.info;
+    const char* src = p.job->src.file->Bytes(info).data() + p.begin * safetensors::DtypeSize(info.dtype);
+    absl::Status s = safetensors::ConvertToFloat32(info.dtype, src, p.count, p.job->dst + p.begin);
     if (!s.ok()) {
       std::lock_guard<std::mutex> lock(mu);
-      if (first_error.ok()) first_error = s;
+      if (first_error.ok()) first_error = Annotate(s, absl::StrCat(p.job->src.file->path(), ": ", info.name));
     }
   });
   RETURN_IF_ERROR(first_error);

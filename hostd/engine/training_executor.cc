@@ -202,6 +202,9 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
     for (int r = 0; r < world; ++r) {
       auto& w = ctx.workers()[r];
       while (auto rep = w->reports().Pop(absl::ZeroDuration())) {
+        // A worker may still report the end of an earlier job (e.g. one that failed); skip it.
+        const std::string& about = rep->has_step_done() ? rep->step_done().job_id() : rep->job_finished().job_id();
+        if (about != ctx.job_id()) continue;
         if (rep->has_step_done()) step_reports[rep->step_done().step()].push_back(rep->step_done());
         if (rep->has_job_finished()) {
           finished[r] = true;

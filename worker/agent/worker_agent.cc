@@ -171,8 +171,9 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
   RETURN_IF_ERROR(job_state->CheckMatches(layout));
   ASSIGN_OR_RETURN(auto ring, state::GradRing::Attach(a.ring_segment(), state::RingRole::kProducer, &job_state->abort()));
   ASSIGN_OR_RETURN(ComputeBackend * backend, BackendFor(config));
-  ASSIGN_OR_RETURN(auto dataset, data::DatasetReader::Open(spec.data_path));
-  RETURN_IF_ERROR(dataset->CheckTokenRange(config.vocab_size));
+  data::ReaderOptions dopt;
+  dopt.model_vocab_size = config.vocab_size;  // out-of-vocabulary ids fail before the first step
+  ASSIGN_OR_RETURN(auto dataset, data::DatasetReader::Open(spec.data_path, dopt));
   ASSIGN_OR_RETURN(auto sampler, data::GlobalBatchSampler::Create(dataset->num_rows(), spec.global_batch, a.world_size(), spec.seed));
 
   const absl::Duration timeout = absl::Milliseconds(spec.step_timeout_ms);
@@ -185,6 +186,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
   StepRunnerOptions ropt;
   ropt.policy = ToActPolicy(spec.act_policy);
   ropt.ring_timeout = timeout;
+  if (const char* d = getenv("SLIDEDP_INJECT_DELAY_MS")) ropt.inject_max_delay = absl::Milliseconds(atof(d));
   StepRunner runner(layout, backend, streamer.get(), ring.get(), ropt);
 
   for (int64_t step = a.first_step(); step < a.total_steps(); ++step) {

@@ -688,6 +688,7 @@ int main(int argc, char** argv) {
   CheckGemm();
   CheckRmsNorm();
   CheckQkRope(128);
+  CheckQkRope(64);  // half the lanes idle: catches use of unset per-lane state
   CheckQkRope(16);
   CheckSwiGlu();
   CheckEmbedding();

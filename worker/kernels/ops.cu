@@ -286,7 +286,10 @@ __global__ void QkNormRopeForwardKernel(RopeArgs a, const bf16* __restrict__ qkv
 
 // Backward: un-rotate the output gradient, then the RMSNorm backward over hd; dw partials are
 // kept per lane, summed over the block's warps in a fixed order into partial[block][2][hd].
-template <int ITERS, int HB>
+constexpr int kRopeMaxIters = 2;  // hd <= 256
+
+// (This per-token, one-head-at-a-time version is the one verified on the GPU; a batched variant
+// like the forward's reached ~33% instead of ~29% of copy bandwidth but is not verified yet.)
 __global__ void QkNormRopeBackwardKernel(RopeArgs a, const bf16* __restrict__ dq, const bf16* __restrict__ dk,
                                          const bf16* __restrict__ qkv, int64_t ld, const bf16* __restrict__ qw,
                                          const bf16* __restrict__ kw, const int32_t* __restrict__ pos,
@@ -295,9 +298,9 @@ __global__ void QkNormRopeBackwardKernel(RopeArgs a, const bf16* __restrict__ dq
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int heads = a.num_q_heads + a.num_kv_heads;
   const int hd = a.head_dim, half = hd / 2;
-  float dwq[ITERS][4] = {}, dwk[ITERS][4] = {}, wq[ITERS][4] = {}, wk[ITERS][4] = {};
+  float dwq[kRopeMaxIters][4] = {}, dwk[kRopeMaxIters][4] = {}, wq[kRopeMaxIters][4] = {}, wk[kRopeMaxIters][4] = {};
 #pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
+  for (int it = 0; it < kRopeMaxIters; ++it) {
     const int j = 2 * lane + 64 * it;
     if (j < half) {
       float2 l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(qw + j));
@@ -310,84 +313,68 @@ __global__ void QkNormRopeBackwardKernel(RopeArgs a, const bf16* __restrict__ dq
   }
   for (int64_t t = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; t < a.tokens;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x / 32) {
-    float cs[ITERS][2], sn[ITERS][2];
+    float cs[kRopeMaxIters][2], sn[kRopeMaxIters][2];
     const int p = pos[t];
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
+    for (int it = 0; it < kRopeMaxIters; ++it) {
       const int j = 2 * lane + 64 * it;
       if (j < half) RopeAngles(p, j, hd, a.theta, cs[it], sn[it]);
     }
-    for (int h0 = 0; h0 < heads; h0 += HB) {
-      float x[HB][ITERS][4], gr[HB][ITERS][4];
+#pragma unroll 2
+    for (int h = 0; h < heads; ++h) {
+      const bool is_q = h < a.num_q_heads;
+      const bf16* src = qkv + t * ld + static_cast<int64_t>(h) * hd;
+      const bf16* g = is_q ? dq + t * a.num_q_heads * static_cast<int64_t>(hd) + static_cast<int64_t>(h) * hd
+                           : dk + t * a.num_kv_heads * static_cast<int64_t>(hd) + static_cast<int64_t>(h - a.num_q_heads) * hd;
+      bf16* dst = dqkv + t * ld_d + static_cast<int64_t>(h) * hd;
+      float x[kRopeMaxIters][4], dn[kRopeMaxIters][4];
+      float ss = 0.f;
 #pragma unroll
-      for (int b = 0; b < HB; ++b) {
-        const int h = h0 + b;
-        const bool is_q = h < a.num_q_heads;
-        const bf16* src = qkv + t * ld + static_cast<int64_t>(h) * hd;
-        const bf16* g = is_q ? dq + t * a.num_q_heads * static_cast<int64_t>(hd) + static_cast<int64_t>(h) * hd
-                             : dk + t * a.num_kv_heads * static_cast<int64_t>(hd) +
-                                   static_cast<int64_t>(h - a.num_q_heads) * hd;
+      for (int it = 0; it < kRopeMaxIters; ++it) {
+        const int j = 2 * lane + 64 * it;
 #pragma unroll
-        for (int it = 0; it < ITERS; ++it) {
-          const int j = 2 * lane + 64 * it;
-#pragma unroll
-          for (int e = 0; e < 4; ++e) x[b][it][e] = gr[b][it][e] = 0.f;
-          if (h < heads && j < half) {
-            float2 l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src + j));
-            float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src + j + half));
-            float2 gl = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(g + j));
-            float2 gu = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(g + j + half));
-            x[b][it][0] = l.x; x[b][it][1] = l.y; x[b][it][2] = u.x; x[b][it][3] = u.y;
-            gr[b][it][0] = gl.x; gr[b][it][1] = gl.y; gr[b][it][2] = gu.x; gr[b][it][3] = gu.y;
-          }
+        for (int e = 0; e < 4; ++e) x[it][e] = dn[it][e] = 0.f;
+        if (j < half) {
+          float2 l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src + j));
+          float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src + j + half));
+          float2 gl = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(g + j));
+          float2 gu = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(g + j + half));
+          x[it][0] = l.x; x[it][1] = l.y; x[it][2] = u.x; x[it][3] = u.y;
+          ss += l.x * l.x + l.y * l.y + u.x * u.x + u.y * u.y;
+          // out_lo = n_lo c - n_hi s ; out_hi = n_hi c + n_lo s  =>  dn_lo = g_lo c + g_hi s, dn_hi = g_hi c - g_lo s
+          dn[it][0] = gl.x * cs[it][0] + gu.x * sn[it][0];
+          dn[it][1] = gl.y * cs[it][1] + gu.y * sn[it][1];
+          dn[it][2] = gu.x * cs[it][0] - gl.x * sn[it][0];
+          dn[it][3] = gu.y * cs[it][1] - gl.y * sn[it][1];
         }
       }
+      const float rstd = rsqrtf(WarpSum(ss) / hd + a.eps);
+      float dot = 0.f;
 #pragma unroll
-      for (int b = 0; b < HB; ++b) {
-        const int h = h0 + b;
-        if (h >= heads) continue;  // uniform across the warp
-        const bool is_q = h < a.num_q_heads;
-        bf16* dst = dqkv + t * ld_d + static_cast<int64_t>(h) * hd;
-        float dn[ITERS][4];
-        float ss = 0.f;
+      for (int it = 0; it < kRopeMaxIters; ++it)
 #pragma unroll
-        for (int it = 0; it < ITERS; ++it) {
+        for (int e = 0; e < 4; ++e) dot += dn[it][e] * (is_q ? wq[it][e] : wk[it][e]) * x[it][e] * rstd;
+      dot = WarpSum(dot) / hd;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) ss += x[b][it][e] * x[b][it][e];
-          // out_lo = n_lo c - n_hi s ; out_hi = n_hi c + n_lo s  =>  dn_lo = g_lo c + g_hi s, dn_hi = g_hi c - g_lo s
-          dn[it][0] = gr[b][it][0] * cs[it][0] + gr[b][it][2] * sn[it][0];
-          dn[it][1] = gr[b][it][1] * cs[it][1] + gr[b][it][3] * sn[it][1];
-          dn[it][2] = gr[b][it][2] * cs[it][0] - gr[b][it][0] * sn[it][0];
-          dn[it][3] = gr[b][it][3] * cs[it][1] - gr[b][it][1] * sn[it][1];
-        }
-        const float rstd = rsqrtf(WarpSum(ss) / hd + a.eps);
-        float dot = 0.f;
+      for (int it = 0; it < kRopeMaxIters; ++it) {
+        const int j = 2 * lane + 64 * it;
+        if (j < half) {
+          float o[4];
 #pragma unroll
-        for (int it = 0; it < ITERS; ++it)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dot += dn[it][e] * (is_q ? wq[it][e] : wk[it][e]) * x[b][it][e] * rstd;
-        dot = WarpSum(dot) / hd;
-#pragma unroll
-        for (int it = 0; it < ITERS; ++it) {
-          const int j = 2 * lane + 64 * it;
-          if (j < half) {
-            float o[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float xhat = x[b][it][e] * rstd;
-              o[e] = rstd * (dn[it][e] * (is_q ? wq[it][e] : wk[it][e]) - xhat * dot);
-              if (is_q) dwq[it][e] += dn[it][e] * xhat; else dwk[it][e] += dn[it][e] * xhat;
-            }
-            *reinterpret_cast<__nv_bfloat162*>(dst + j) = __floats2bfloat162_rn(o[0], o[1]);
-            *reinterpret_cast<__nv_bfloat162*>(dst + j + half) = __floats2bfloat162_rn(o[2], o[3]);
+          for (int e = 0; e < 4; ++e) {
+            const float xhat = x[it][e] * rstd;
+            o[e] = rstd * (dn[it][e] * (is_q ? wq[it][e] : wk[it][e]) - xhat * dot);
+            if (is_q) dwq[it][e] += dn[it][e] * xhat; else dwk[it][e] += dn[it][e] * xhat;
           }
+          *reinterpret_cast<__nv_bfloat162*>(dst + j) = __floats2bfloat162_rn(o[0], o[1]);
+          *reinterpret_cast<__nv_bfloat162*>(dst + j + half) = __floats2bfloat162_rn(o[2], o[3]);
         }
       }
     }
   }
   // Block reduction of the per-lane dw into partial[block][0 (q) | 1 (k)][hd].
 #pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
+  for (int it = 0; it < kRopeMaxIters; ++it) {
     const int j = 2 * lane + 64 * it;
     if (j < half) {
       float* q = sm + (warp * 2 + 0) * hd;
@@ -649,13 +636,8 @@ absl::Status QkNormRopeBackward(const RopeArgs& a, const bf16* dq_out, const bf1
   if (a.tokens <= 0) return absl::OkStatus();
   const int64_t blocks = RopeBlocks(a);
   const size_t smem = (kRopeThreads / 32) * 2 * a.head_dim * sizeof(float);
-  if (a.head_dim <= 128) {
-    QkNormRopeBackwardKernel<1, 4><<<blocks, kRopeThreads, smem, stream>>>(a, dq_out, dk_out, qkv, ld_qkv, q_norm_w,
-                                                                          k_norm_w, positions, dqkv, ld_dqkv, ws);
-  } else {
-    QkNormRopeBackwardKernel<2, 2><<<blocks, kRopeThreads, smem, stream>>>(a, dq_out, dk_out, qkv, ld_qkv, q_norm_w,
-                                                                          k_norm_w, positions, dqkv, ld_dqkv, ws);
-  }
+  QkNormRopeBackwardKernel<<<blocks, kRopeThreads, smem, stream>>>(a, dq_out, dk_out, qkv, ld_qkv, q_norm_w, k_norm_w,
+                                                                   positions, dqkv, ld_dqkv, ws);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   ReducePartialsKernel<<<(2 * a.head_dim + 31) / 32, 1024, 0, stream>>>(ws, blocks, 2 * a.head_dim, a.head_dim,
                                                                          dq_norm_w, dk_norm_w);

@@ -19,12 +19,26 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> StepRunner::ZeroedGrad(int unit) {
   return buf;
 }
 
+void StepRunner::InjectDelay() {
+  if (options_.inject_max_delay <= absl::ZeroDuration()) return;
+  rng_state_ ^= rng_state_ << 13;
+  rng_state_ ^= rng_state_ >> 7;
+  rng_state_ ^= rng_state_ << 17;
+  absl::SleepFor(options_.inject_max_delay * static_cast<double>(rng_state_ % 1000) / 1000.0);
+}
+
+absl::StatusOr<const bf16_t*> StepRunner::Acquire(int unit, uint32_t min_version) {
+  InjectDelay();
+  return streamer_->Acquire(unit, min_version);
+}
+
 absl::Status StepRunner::PostGradient(int unit, const float* grad_device, int64_t step, double* ring_wait_s) {
   RETURN_IF_ERROR(backend_->Synchronize());
   const int64_t numel = layout_.units[unit].numel;
   const int64_t chunk = static_cast<int64_t>(ring_->config().slot_bytes / sizeof(float));
   for (int64_t off = 0; off < numel; off += chunk) {
     const int64_t n = std::min(chunk, numel - off);
+    InjectDelay();
     absl::Time t0 = absl::Now();
     ASSIGN_OR_RETURN(uint32_t slot, ring_->AcquireSlot(options_.ring_timeout));
     *ring_wait_s += absl::ToDoubleSeconds(absl::Now() - t0);
@@ -72,7 +86,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
   // ---- forward ----
   {
     RETURN_IF_ERROR(alloc_acts(1 < num_units ? 1 : head));
-    ASSIGN_OR_RETURN(const bf16_t* embed, streamer_->Acquire(0, gate));
+    ASSIGN_OR_RETURN(const bf16_t* embed, Acquire(0, gate));
     for (int i = 0; i < n_mb; ++i) {
       RETURN_IF_ERROR(backend_->EmbeddingForward(embed, *batches[i], inputs[1][i]->data()));
     }
@@ -80,7 +94,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
   }
   for (int u = 1; u < head; ++u) {
     streamer_->Prefetch(u + 1, gate);
-    ASSIGN_OR_RETURN(const bf16_t* params, streamer_->Acquire(u, gate));
+    ASSIGN_OR_RETURN(const bf16_t* params, Acquire(u, gate));
     RETURN_IF_ERROR(alloc_acts(u + 1));
     saved[u].resize(n_mb);
     for (int i = 0; i < n_mb; ++i) {
@@ -101,12 +115,12 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
   std::unique_ptr<DeviceBuffer> grad_embed;
   {
     const UnitLayout& hu = layout_.units[head];
-    ASSIGN_OR_RETURN(const bf16_t* head_params, streamer_->Acquire(head, gate));
+    ASSIGN_OR_RETURN(const bf16_t* head_params, Acquire(head, gate));
     const bf16_t* lm_head = nullptr;
     ASSIGN_OR_RETURN(auto grad_head, ZeroedGrad(head));
     float* dlm_head = nullptr;
     if (layout_.head_uses_embedding) {
-      ASSIGN_OR_RETURN(lm_head, streamer_->Acquire(0, gate));
+      ASSIGN_OR_RETURN(lm_head, Acquire(0, gate));
       ASSIGN_OR_RETURN(grad_embed, ZeroedGrad(0));
       dlm_head = grad_embed->as<float>();
     } else {
@@ -130,7 +144,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
   const absl::Time t_bwd = absl::Now();
   for (int u = head - 1; u >= 1; --u) {
     if (u > 1) streamer_->Prefetch(u - 1, gate);
-    ASSIGN_OR_RETURN(const bf16_t* params, streamer_->Acquire(u, gate));
+    ASSIGN_OR_RETURN(const bf16_t* params, Acquire(u, gate));
     ASSIGN_OR_RETURN(auto grad, ZeroedGrad(u));
     for (int i = 0; i < n_mb; ++i) {
       SavedActivations* s = saved[u].empty() ? nullptr : saved[u][i].get();

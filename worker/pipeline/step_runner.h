@@ -37,6 +37,9 @@ struct StepResult {
 struct StepRunnerOptions {
   ActPolicy policy = ActPolicy::kRecomputeLayer;
   absl::Duration ring_timeout = absl::Minutes(10);
+  // Fault injection for tests: a random delay in [0, max] before every gate wait and every
+  // gradient post (env SLIDEDP_INJECT_DELAY_MS sets it in slidedp-worker). Zero in production.
+  absl::Duration inject_max_delay = absl::ZeroDuration();
 };
 
 class StepRunner {
@@ -51,12 +54,15 @@ class StepRunner {
  private:
   absl::Status PostGradient(int unit, const float* grad_device, int64_t step, double* ring_wait_s);
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> ZeroedGrad(int unit);
+  absl::StatusOr<const bf16_t*> Acquire(int unit, uint32_t min_version);
+  void InjectDelay();
 
   const ModelLayout& layout_;
   ComputeBackend* backend_;
   UnitStreamer* streamer_;
   state::GradRing* ring_;
   StepRunnerOptions options_;
+  uint64_t rng_state_ = 0x9e3779b97f4a7c15ull;
 };
 
 }  // namespace slidedp

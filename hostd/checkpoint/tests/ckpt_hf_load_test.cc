@@ -74,6 +74,15 @@ TEST_F(CkptHfLoadTest, LoadsEveryDtypeSingleAndSharded) {
   }
 }
 
+TEST_F(CkptHfLoadTest, TensorsLargerThanOneConversionPieceLoadWhole) {
+  Qwen3Config c = TinyConfig(true);
+  c.vocab_size = 65600;  // embedding 65600 x 64 = 4,198,400 elements: two 4 Mi-element pieces
+  const ModelLayout layout = ModelLayout::Build(c);
+  auto tensors = HfTensors(layout, HeadCopy::kOmit);
+  WriteHfModel(dir_, layout.config, tensors, Dtype::kF16, Sharding::kSingle);
+  LoadAndCheck(layout, tensors);
+}
+
 TEST_F(CkptHfLoadTest, TiedModelAcceptsAnLmHeadCopy) {
   const ModelLayout layout = ModelLayout::Build(TinyConfig(true));
   auto tensors = HfTensors(layout, HeadCopy::kInclude);

@@ -3,8 +3,10 @@
 // non-finite propagation, and the squared-sum reduction.
 #include "hostd/update/adamw_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -188,9 +190,9 @@ TEST(AdamWKernels, TailsAndMisalignment) {
           std::vector<float> wm(m0), wv(v0), wth(th0);
           std::vector<bf16_t> wmirror(n + 1);
           scalar->step_f32(c, wth.data(), wm.data(), wv.data(), wmirror.data(), widened.data(), n);
-          std::memcpy(master.data, th0.data(), n * 4);
-          std::memcpy(m.data, m0.data(), n * 4);
-          std::memcpy(v.data, v0.data(), n * 4);
+          std::copy(th0.begin(), th0.end(), master.data);
+          std::copy(m0.begin(), m0.end(), m.data);
+          std::copy(v0.begin(), v0.end(), v.data);
           k->step_bf16(c, master.data, m.data, v.data, mirror.data, grad16.data, n);
           for (int64_t i = 0; i < n; ++i) {
             ASSERT_EQ(Bits(master.data[i]), Bits(wth[i])) << i;
@@ -312,6 +314,20 @@ TEST(AdamWKernels, IsaNamesAndDispatch) {
   EXPECT_EQ(ParseAdamIsa("sse").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(AdamIsaSupported(ActiveAdamIsa()));
   EXPECT_TRUE(AdamIsaSupported(AdamIsa::kScalar));
+  // ctest also runs this with SLIDEDP_ADAM_ISA set (see CMakeLists.txt).
+  if (const char* forced = std::getenv("SLIDEDP_ADAM_ISA"); forced != nullptr) {
+    absl::StatusOr<AdamIsa> want = ParseAdamIsa(forced);
+    ASSERT_TRUE(want.ok()) << want.status();
+    if (AdamIsaSupported(*want)) {
+      EXPECT_EQ(ActiveAdamIsa(), *want);
+    } else {
+      EXPECT_NE(ActiveAdamIsa(), *want);
+    }
+  } else {
+    EXPECT_EQ(ActiveAdamIsa(), AdamIsaSupported(AdamIsa::kAvx512) ? AdamIsa::kAvx512
+                               : AdamIsaSupported(AdamIsa::kAvx2) ? AdamIsa::kAvx2
+                                                                  : AdamIsa::kScalar);
+  }
 }
 
 }  // namespace

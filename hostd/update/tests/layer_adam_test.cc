@@ -7,8 +7,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -215,9 +218,28 @@ TEST(LayerAdam, ShutdownCompletesEveryChunkOnce) {
   EXPECT_GT(cancelled.load(), 0);
 }
 
+// Names of this process's threads, from /proc.
+std::vector<std::string> ThreadNames() {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream f(e.path() / "comm");
+    std::string name;
+    std::getline(f, name);
+    out.push_back(name);
+  }
+  return out;
+}
+
 TEST(LayerAdam, FirstTouchKeepsContentsAndPinnedWorkersRun) {
   auto engine = MakeEngine(2, WorkerPinning::kCore, 1);
   EXPECT_EQ(engine->num_threads(), 2);
+  std::vector<std::string> names = ThreadNames();
+  for (int i = 0; i < 500 && std::count(names.begin(), names.end(), "adam-1") == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));  // workers name themselves as they start
+    names = ThreadNames();
+  }
+  EXPECT_EQ(std::count(names.begin(), names.end(), "adam-0"), 1);
+  EXPECT_EQ(std::count(names.begin(), names.end(), "adam-1"), 1);
   EXPECT_GE(engine->num_numa_nodes(), 1);
   OwnedUnit unit(300000);
   for (int64_t i = 0; i < 300000; ++i) {

@@ -1,0 +1,144 @@
+// NodeHarness: a real slidedp-hostd and real slidedp-worker processes (CPU backend) on a private
+// Unix socket, for integration tests. Binaries come from $SLIDEDP_BUILD_DIR/bin.
+#pragma once
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/cli/client.h"
+#include "client/cli/embedded.h"
+#include "gtest/gtest.h"
+
+namespace slidedp::testing {
+
+inline std::string BuildDir() {
+  const char* b = getenv("SLIDEDP_BUILD_DIR");
+  return b ? b : "build";
+}
+
+class NodeHarness {
+ public:
+  // Starts hostd (with extra args) and `workers` CPU workers; waits until they are attached.
+  explicit NodeHarness(int workers, std::vector<std::string> hostd_args = {}, std::vector<std::string> worker_env = {}) {
+    static int counter = 0;
+    node_ = absl::StrCat("it", getpid(), "x", counter++);
+    dir_ = absl::StrCat(::testing::TempDir(), "/", node_);
+    std::filesystem::create_directories(dir_);
+    address_ = absl::StrCat("unix:", dir_, "/hostd.sock");
+    std::vector<std::string> args = {BuildDir() + "/bin/slidedp-hostd", "--listen", address_, "--node-name", node_,
+                                     "--worker-wait-s", "20", "--update-threads", "2"};
+    args.insert(args.end(), hostd_args.begin(), hostd_args.end());
+    auto pid = client::SpawnProcess(args, dir_ + "/hostd.log");
+    EXPECT_TRUE(pid.ok()) << pid.status();
+    hostd_pid_ = pid.ok() ? *pid : -1;
+    client::ClientOptions o;
+    o.address = address_;
+    client_ = std::make_unique<client::Client>(o);
+    EXPECT_TRUE(client_->WaitReady(20).ok());
+    worker_env_ = std::move(worker_env);
+    for (int i = 0; i < workers; ++i) AddWorker();
+    WaitWorkers(workers);
+  }
+  ~NodeHarness() {
+    for (int pid : worker_pids_) KillAndReap(pid, SIGTERM);
+    if (hostd_pid_ > 0) KillAndReap(hostd_pid_, SIGTERM);
+  }
+
+  void AddWorker() {
+    int index = static_cast<int>(worker_pids_.size());
+    std::vector<std::string> args = {"/usr/bin/env"};
+    args.insert(args.end(), worker_env_.begin(), worker_env_.end());
+    for (const std::string& a : {BuildDir() + "/bin/slidedp-worker", std::string("--hostd"), address_, std::string("--backend"),
+                                 std::string("cpu"), std::string("--index"), std::to_string(index)}) {
+      args.push_back(a);
+    }
+    auto pid = client::SpawnProcess(args, absl::StrCat(dir_, "/worker", index, ".log"));
+    EXPECT_TRUE(pid.ok()) << pid.status();
+    worker_pids_.push_back(pid.ok() ? *pid : -1);
+  }
+
+  void WaitWorkers(int n) {
+    absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      auto ws = client_->Workers();
+      if (ws.ok() && static_cast<int>(ws->size()) == n) return;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    ADD_FAILURE() << n << " workers did not attach; logs in " << dir_;
+  }
+
+  static void KillAndReap(int pid, int sig) {
+    if (pid <= 0) return;
+    kill(pid, sig);
+    absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (waitpid(pid, nullptr, WNOHANG) == 0) {
+      if (absl::Now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+
+  // Submits a spec and waits for a final state.
+  absl::StatusOr<v1::Job> RunJob(const std::string& spec_yaml, const std::string& job_id, double timeout_s = 120,
+                                 const std::string& resume = "") {
+    v1::SubmitJobRequest req;
+    req.set_job_id(job_id);
+    req.set_spec_yaml(spec_yaml);
+    req.set_base_dir(dir_);
+    req.set_resume_from(resume);
+    auto resp = client_->Submit(req);
+    if (!resp.ok()) return resp.status();
+    return WaitFinal(job_id, timeout_s);
+  }
+
+  absl::StatusOr<v1::Job> WaitFinal(const std::string& job_id, double timeout_s) {
+    absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
+    while (absl::Now() < deadline) {
+      auto j = client_->GetJob(job_id);
+      if (!j.ok()) return j.status();
+      if (j->state() == v1::JOB_STATE_SUCCEEDED || j->state() == v1::JOB_STATE_FAILED ||
+          j->state() == v1::JOB_STATE_CANCELLED) {
+        return j;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return absl::DeadlineExceededError(absl::StrCat("job ", job_id, " did not finish in ", timeout_s, " s; logs in ", dir_));
+  }
+
+  // Segments of this node still in /dev/shm.
+  std::vector<std::string> LeakedSegments() const {
+    std::vector<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+      std::string n = e.path().filename().string();
+      if (n.rfind(absl::StrCat("slidedp.", node_, "."), 0) == 0) out.push_back(n);
+    }
+    return out;
+  }
+
+  client::Client& client() { return *client_; }
+  const std::string& dir() const { return dir_; }
+  const std::string& node() const { return node_; }
+  int hostd_pid() const { return hostd_pid_; }
+  std::vector<int>& worker_pids() { return worker_pids_; }
+
+ private:
+  std::string node_, dir_, address_;
+  int hostd_pid_ = -1;
+  std::vector<int> worker_pids_;
+  std::vector<std::string> worker_env_;
+  std::unique_ptr<client::Client> client_;
+};
+
+}  // namespace slidedp::testing
