@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cli/client.h"
 #include "client/cli/embedded.h"
+#include "client/prepare/prepare.h"
 #include "common/jobspec/job_spec.h"
 
 namespace sc = slidedp::client;
@@ -95,7 +96,71 @@ int main(int argc, char** argv) {
   run->add_option("--cpu-workers", cpu_workers, "CPU backend workers (default: runtime.workers or 1)");
   run->add_option("--run-dir", run_dir, "where the private socket and logs go");
 
+  namespace pp = slidedp::prepare;
+  pp::PrepareOptions popt;
+  std::string packing = "packed", loss_on = "assistant", chat_template = "auto", text_eos = "append";
+  bool skip_bad = false, overwrite = false;
+  auto* prepare = app.add_subcommand("prepare", "tokenize JSONL/text into the training dataset format");
+  prepare->add_option("--model", popt.model_dir, "HF model dir with tokenizer.json and tokenizer_config.json")
+      ->required()->check(CLI::ExistingDirectory);
+  prepare->add_option("--input", popt.inputs, "input files: .jsonl (chat, prompt/completion, text) or .txt")
+      ->required()->check(CLI::ExistingFile);
+  prepare->add_option("--output", popt.output_dir, "output directory")->required();
+  prepare->add_option("--seq-len", popt.seq_len, "row length in tokens")->check(CLI::PositiveNumber);
+  prepare->add_option("--packing", packing, "packed (documents concatenated into rows) | padded (one per row)")
+      ->check(CLI::IsMember({"packed", "padded"}));
+  prepare->add_flag("--pack", [&](int64_t) { packing = "packed"; }, "same as --packing packed");
+  prepare->add_option("--validation-fraction", popt.validation_fraction, "documents held out")->check(CLI::Range(0.0, 0.99));
+  prepare->add_option("--seed", popt.seed, "seed of the train/validation split");
+  prepare->add_option("--loss-on", loss_on, "assistant (chat: assistant turns only) | all")
+      ->check(CLI::IsMember({"assistant", "all"}));
+  prepare->add_option("--chat-template", chat_template, "auto | qwen3 | chatml")->check(CLI::IsMember({"auto", "qwen3", "chatml"}));
+  prepare->add_option("--text-eos", text_eos, "append | none")->check(CLI::IsMember({"append", "none"}));
+  prepare->add_flag("--skip-bad", skip_bad, "skip malformed lines (counted) instead of failing");
+  prepare->add_option("--threads", popt.threads, "tokenizer threads (0: all cores)");
+  prepare->add_flag("--overwrite", overwrite, "replace an existing output directory");
+
   CLI11_PARSE(app, argc, argv);
+
+  if (*prepare) {
+    popt.packing = packing == "packed" ? slidedp::data::Packing::kPacked : slidedp::data::Packing::kPadded;
+    popt.loss_on = loss_on == "all" ? pp::LossOn::kAll : pp::LossOn::kAssistant;
+    popt.chat_template = chat_template == "qwen3"    ? pp::ChatTemplate::kQwen3
+                         : chat_template == "chatml" ? pp::ChatTemplate::kChatML
+                                                     : pp::ChatTemplate::kAuto;
+    popt.text_eos = text_eos == "none" ? pp::TextEos::kNone : pp::TextEos::kAppend;
+    popt.bad_lines = skip_bad ? pp::BadLines::kSkip : pp::BadLines::kFail;
+    popt.overwrite = overwrite ? slidedp::data::Overwrite::kYes : slidedp::data::Overwrite::kNo;
+    const bool tty = isatty(2);
+    popt.progress = [tty](const pp::PrepareProgress& p) {
+      double frac = p.bytes_total > 0 ? double(p.bytes_done) / p.bytes_total : 0;
+      std::string line = absl::StrFormat("[%-24s] %5.1f%%  %lld documents, %lld tokens",
+                                         std::string(static_cast<int>(frac * 24), '#'), frac * 100,
+                                         static_cast<long long>(p.documents), static_cast<long long>(p.tokens));
+      if (tty) {
+        std::cerr << "\r\033[K" << line << std::flush;
+      } else {
+        std::cerr << line << "\n";
+      }
+    };
+    auto summary = pp::Prepare(popt);
+    if (tty) std::cerr << "\n";
+    if (!summary.ok()) return Fail(summary.status());
+    auto print = [](const char* name, const pp::SplitSummary& s) {
+      if (s.dir.empty()) return;
+      std::cout << absl::StrFormat("%-10s %lld documents, %lld tokens (%lld trained), %lld rows, %lld truncated, %lld split -> %s\n",
+                                   name, static_cast<long long>(s.documents), static_cast<long long>(s.tokens),
+                                   static_cast<long long>(s.trained_tokens), static_cast<long long>(s.rows),
+                                   static_cast<long long>(s.truncated_documents), static_cast<long long>(s.split_documents), s.dir);
+    };
+    print("train", summary->train);
+    print("validation", summary->validation);
+    if (summary->skipped_lines > 0) {
+      std::cout << "skipped " << summary->skipped_lines << " bad line(s), e.g.:\n";
+      for (const auto& e : summary->skipped_examples) std::cout << "  " << e << "\n";
+    }
+    return 0;
+  }
 
   if (*run) {
     auto text = ReadFile(spec_path);

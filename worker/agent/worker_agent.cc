@@ -17,6 +17,9 @@
 #include "hostd/state/job_state.h"
 #include "worker/pipeline/step_runner.h"
 #include "worker/pipeline/unit_streamer.h"
+#ifdef SLIDEDP_HAVE_CUDA_BACKEND
+#include "worker/pipeline/cuda_streamer.h"
+#endif
 
 namespace slidedp::worker {
 namespace {
@@ -181,7 +184,16 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
   if (options_.backend == BackendKind::kCpu) {
     streamer = std::make_unique<HostMirrorStreamer>(job_state.get(), timeout);
   } else {
-    return absl::UnimplementedError("the CUDA streamer is not built into this worker yet");
+#ifdef SLIDEDP_HAVE_CUDA_BACKEND
+    CudaStreamerOptions copt;
+    copt.device = options_.index;
+    copt.chunk_bytes = spec.chunk_bytes;
+    copt.gate_timeout = timeout;
+    ASSIGN_OR_RETURN(streamer, CudaWindowStreamer::Create(job_state.get(), ring.get(), layout,
+                                                          static_cast<cudaStream_t>(backend->native_stream()), copt));
+#else
+    return absl::UnimplementedError("this slidedp-worker was built without CUDA");
+#endif
   }
   StepRunnerOptions ropt;
   ropt.policy = ToActPolicy(spec.act_policy);
@@ -223,6 +235,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
     d->set_compute_busy_s(result->times.total_s - result->times.ring_wait_s);
     d->set_d2h_busy_s(streamer->d2h_s());
     d->set_h2d_busy_s(streamer->h2d_s());
+    d->set_gpu_peak_bytes(backend->peak_memory_bytes());
     if (!Send(r)) return absl::UnavailableError("lost the session with hostd");
   }
   ring->Close();

@@ -121,6 +121,12 @@ class ComputeBackend {
   // layer input, which the pipeline keeps as the checkpoint).
   virtual int64_t SavedBytesPerToken(ActPolicy policy) const = 0;
 
+  // The backend's compute stream (a cudaStream_t for CUDA; nullptr for the CPU backend), so the
+  // pipeline can order its copy streams against compute with events.
+  virtual void* native_stream() const { return nullptr; }
+  // Peak device memory allocated since the last reset, in bytes (0 where not tracked).
+  virtual int64_t peak_memory_bytes() const { return 0; }
+
  protected:
   explicit ComputeBackend(const Qwen3Config& config) : config_(config) {}
   Qwen3Config config_;

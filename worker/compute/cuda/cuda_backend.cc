@@ -214,6 +214,16 @@ class CudaBackend final : public ComputeBackend {
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
+  void* native_stream() const override { return stream_; }
+  int64_t peak_memory_bytes() const override {
+    cudaMemPool_t pool;
+    uint64_t peak = 0;
+    if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) {
+      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &peak);
+    }
+    return static_cast<int64_t>(peak);
+  }
+
   absl::Status Synchronize() override {
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();

@@ -1,0 +1,177 @@
+// CudaWindowStreamer: bounded window of GPU parameter slots fed from the host mirror.
+#include "worker/pipeline/cuda_streamer.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status/status_macros.h"
+#include "worker/kernels/cuda_check.h"
+
+namespace slidedp {
+namespace {
+
+constexpr uint64_t kPage = 4096;
+
+absl::Status Register(void* p, uint64_t bytes, std::vector<void*>* registered) {
+  uint64_t begin = reinterpret_cast<uint64_t>(p) & ~(kPage - 1);
+  uint64_t end = (reinterpret_cast<uint64_t>(p) + bytes + kPage - 1) & ~(kPage - 1);
+  void* base = reinterpret_cast<void*>(begin);
+  cudaError_t e = cudaHostRegister(base, end - begin, cudaHostRegisterDefault);
+  if (e != cudaSuccess) {
+    return absl::ResourceExhaustedError(absl::StrCat("cudaHostRegister of ", end - begin, " bytes failed: ",
+                                                     cudaGetErrorString(e)));
+  }
+  registered->push_back(base);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(state::JobState* state,
+                                                                               state::GradRing* ring,
+                                                                               const ModelLayout& layout,
+                                                                               cudaStream_t compute,
+                                                                               const CudaStreamerOptions& options) {
+  std::unique_ptr<CudaWindowStreamer> s(new CudaWindowStreamer());
+  s->state_ = state;
+  s->layout_ = &layout;
+  s->options_ = options;
+  s->compute_ = compute;
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s->h2d_, cudaStreamNonBlocking));
+  for (const UnitLayout& u : layout.units) s->slot_bytes_ = std::max<int64_t>(s->slot_bytes_, u.numel * 2);
+  for (int u = 0; u < layout.num_units(); ++u) {
+    RETURN_IF_ERROR(Register(state->mirror(u), layout.units[u].numel * 2, &s->registered_));
+  }
+  RETURN_IF_ERROR(Register(ring->slots_base(), ring->slots_bytes(), &s->registered_));
+  s->slots_.resize(std::max(2, options.window_slots));
+  for (Slot& slot : s->slots_) {
+    cudaError_t e = cudaMalloc(&slot.data, s->slot_bytes_);
+    if (e != cudaSuccess) {
+      return absl::ResourceExhaustedError(absl::StrCat("GPU parameter window: cudaMalloc of ", s->slot_bytes_,
+                                                       " bytes x ", s->slots_.size(), " slots failed: ",
+                                                       cudaGetErrorString(e)));
+    }
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot.ready, cudaEventDisableTiming));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot.free, cudaEventDisableTiming));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.free, s->compute_));
+  }
+  return s;
+}
+
+CudaWindowStreamer::~CudaWindowStreamer() {
+  cudaStreamSynchronize(compute_);
+  if (h2d_) cudaStreamSynchronize(h2d_);
+  for (Slot& slot : slots_) {
+    if (slot.data) cudaFree(slot.data);
+    if (slot.ready) cudaEventDestroy(slot.ready);
+    if (slot.free) cudaEventDestroy(slot.free);
+  }
+  for (auto& [a, b] : h2d_events_) {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  for (void* p : registered_) cudaHostUnregister(p);
+  if (h2d_) cudaStreamDestroy(h2d_);
+}
+
+CudaWindowStreamer::Slot* CudaWindowStreamer::Resident(int unit, uint32_t gate) {
+  for (Slot& s : slots_) {
+    if (s.unit == unit && s.gate == gate) return &s;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uint32_t gate, bool must) {
+  // Least recently used slot that nobody holds.
+  Slot* victim = nullptr;
+  for (Slot& s : slots_) {
+    if (s.users == 0 && (!victim || s.last_use < victim->last_use)) victim = &s;
+  }
+  if (!victim) {
+    if (!must) return nullptr;
+    return absl::InternalError("GPU parameter window exhausted: every slot is held");
+  }
+  absl::Time t0 = absl::Now();
+  absl::Status s = state_->version(unit).WaitAtLeast(gate, options_.gate_timeout, state_->abort(), state_->owner());
+  gate_wait_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("version gate of unit ", unit, ": ", s.message()));
+
+  // The previous occupant's readers must be done before we overwrite the slot.
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(h2d_, victim->free, 0));
+  cudaEvent_t start, stop;
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(start, h2d_));
+  const char* src = reinterpret_cast<const char*>(state_->mirror(unit));
+  char* dst = static_cast<char*>(victim->data);
+  const int64_t bytes = layout_->units[unit].numel * 2;
+  for (int64_t off = 0; off < bytes; off += options_.chunk_bytes) {
+    const int64_t n = std::min(options_.chunk_bytes, bytes - off);
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + off, src + off, n, cudaMemcpyHostToDevice, h2d_));
+  }
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, h2d_));
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(victim->ready, h2d_));
+  h2d_events_.emplace_back(start, stop);
+  victim->unit = unit;
+  victim->gate = gate;
+  victim->last_use = ++clock_;
+  return victim;
+}
+
+absl::StatusOr<const bf16_t*> CudaWindowStreamer::Acquire(int unit, uint32_t gate) {
+  Slot* slot = Resident(unit, gate);
+  if (!slot) {
+    ASSIGN_OR_RETURN(slot, Load(unit, gate, /*must=*/true));
+  }
+  slot->users++;
+  slot->last_use = ++clock_;
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, slot->ready, 0));
+  return static_cast<const bf16_t*>(slot->data);
+}
+
+void CudaWindowStreamer::Release(int unit) {
+  for (Slot& s : slots_) {
+    if (s.unit == unit && s.users > 0) {
+      // Everything compute has queued so far may read the slot; the next load waits for it.
+      cudaEventRecord(s.free, compute_);
+      s.users--;
+      return;
+    }
+  }
+}
+
+void CudaWindowStreamer::Prefetch(int unit, uint32_t gate) {
+  if (unit < 0 || unit >= layout_->num_units() || Resident(unit, gate)) return;
+  // Only when the gate is already open: a prefetch never blocks the issuing thread.
+  if (state_->version(unit).Load() < gate) return;
+  (void)Load(unit, gate, /*must=*/false);
+}
+
+absl::Status CudaWindowStreamer::CopyToHost(void* host_dst, const void* device_src, int64_t bytes) {
+  absl::Time t0 = absl::Now();
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, compute_));
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
+  d2h_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
+  return absl::OkStatus();
+}
+
+double CudaWindowStreamer::h2d_s() const {
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pending;
+  for (auto& [a, b] : h2d_events_) {
+    if (cudaEventQuery(b) == cudaSuccess) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, b);
+      h2d_s_ += ms / 1000.0;
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+    } else {
+      pending.emplace_back(a, b);
+    }
+  }
+  h2d_events_ = std::move(pending);
+  return h2d_s_;
+}
+
+}  // namespace slidedp
