@@ -172,7 +172,8 @@ int main(int argc, char** argv) {
     eopt.bin_dir = sc::SelfDir();
     eopt.run_dir = run_dir.empty() ? absl::StrFormat("/tmp/slidedp-run-%d", getpid()) : run_dir;
     eopt.backend = backend != "auto" ? backend : slidedp::ToString(spec->backend);
-    eopt.cpu_workers = cpu_workers > 0 ? cpu_workers : std::max(1, spec->num_workers);
+    // CPU backend: the spec's worker count, else two workers so the default run is data parallel.
+    eopt.cpu_workers = cpu_workers > 0 ? cpu_workers : spec->num_workers > 0 ? spec->num_workers : 2;
     std::cout << "starting a private hostd and workers (logs in " << eopt.run_dir << ")\n";
     auto embedded = sc::EmbeddedNode::Start(eopt);
     if (!embedded.ok()) return Fail(embedded.status());

@@ -166,7 +166,23 @@ std::string Resolve(const std::string& base_dir, const std::string& p) {
 
 }  // namespace
 
+namespace {
+absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::string& base_dir, JobSpec::FileCheck check_files);
+}  // namespace
+
+// yaml-cpp throws on conversions it cannot do (e.g. a map used as a key, found by the fuzzer);
+// every exception becomes INVALID_ARGUMENT with its position.
 absl::StatusOr<JobSpec> JobSpec::Parse(absl::string_view yaml_text, const std::string& base_dir, FileCheck check_files) {
+  try {
+    return ParseUnchecked(yaml_text, base_dir, check_files);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: line ", e.mark.line + 1, ", column ", e.mark.column + 1,
+                                                   ": ", e.msg, " (keys must be plain strings)"));
+  }
+}
+
+namespace {
+absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::string& base_dir, JobSpec::FileCheck check_files) {
   constexpr size_t kMaxSpecBytes = 1 << 20;
   if (yaml_text.size() > kMaxSpecBytes) {
     return absl::InvalidArgumentError(absl::StrCat("job spec is ", yaml_text.size(), " bytes; the limit is ", kMaxSpecBytes));
@@ -182,6 +198,10 @@ absl::StatusOr<JobSpec> JobSpec::Parse(absl::string_view yaml_text, const std::s
   JobSpec s;
   const auto& schema = Schema();
   for (const auto& kv : root) {
+    if (!kv.first.IsScalar()) {
+      return absl::InvalidArgumentError(absl::StrCat("job spec: line ", kv.first.Mark().line + 1,
+                                                     ": keys must be plain strings, not a map or list"));
+    }
     std::string section = kv.first.as<std::string>();
     if (section == "name") {
       RETURN_IF_ERROR(Str(&JobSpec::name)(kv.second, "name", s));
@@ -195,6 +215,10 @@ absl::StatusOr<JobSpec> JobSpec::Parse(absl::string_view yaml_text, const std::s
     }
     if (!kv.second.IsMap()) return TypeError(section, "a map", kv.second);
     for (const auto& field : kv.second) {
+      if (!field.first.IsScalar()) {
+        return absl::InvalidArgumentError(absl::StrCat("job spec: in '", section, "', line ", field.first.Mark().line + 1,
+                                                       ": keys must be plain strings, not a map or list"));
+      }
       std::string key = field.first.as<std::string>();
       std::string path = absl::StrCat(section, ".", key);
       auto f = sec->second.find(key);
@@ -239,7 +263,7 @@ absl::StatusOr<JobSpec> JobSpec::Parse(absl::string_view yaml_text, const std::s
   s.model_path = Resolve(base_dir, s.model_path);
   s.data_path = Resolve(base_dir, s.data_path);
   s.output_dir = Resolve(base_dir, s.output_dir);
-  if (check_files == FileCheck::kCheck) {
+  if (check_files == JobSpec::FileCheck::kCheck) {
     if (!s.model_path.empty() && !fs::exists(fs::path(s.model_path) / "config.json")) {
       return absl::InvalidArgumentError(absl::StrCat("model.path: no config.json in ", s.model_path));
     }
@@ -249,6 +273,8 @@ absl::StatusOr<JobSpec> JobSpec::Parse(absl::string_view yaml_text, const std::s
   }
   return s;
 }
+
+}  // namespace
 
 const char* ToString(ScheduleKind k) {
   switch (k) {

@@ -77,6 +77,13 @@ TEST(JobSpec, RejectsBadSpecsWithPreciseMessages) {
   }
 }
 
+TEST(JobSpec, NonScalarKeysAreInvalidArgumentNotExceptions) {
+  // Found by tests/fuzz/jobspec_fuzz.cc: yaml-cpp threw on a map used as a key.
+  for (const char* text : {"{{}}", "[1]: 2", "model: {[a]: b}", "train: {{x: 1}: 2}"}) {
+    EXPECT_EQ(ParseError(text).code(), absl::StatusCode::kInvalidArgument) << text;
+  }
+}
+
 TEST(JobSpec, OversizedSpecIsRejected) {
   std::string big(2 << 20, '#');
   EXPECT_EQ(ParseError(big).code(), absl::StatusCode::kInvalidArgument);

@@ -97,8 +97,23 @@ absl::StatusOr<Qwen3Config> Qwen3Config::FromJson(absl::string_view json_text) {
   if (j.contains("attention_bias") && j["attention_bias"].is_boolean() && j["attention_bias"].get<bool>()) {
     return absl::InvalidArgumentError("config.json: attention_bias=true is not supported for qwen3");
   }
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    return absl::InvalidArgumentError("config.json: rope_scaling is not supported yet");
+  // transformers 5 writes RoPE settings as rope_parameters {rope_type, rope_theta}; older
+  // configs use rope_theta and rope_scaling. Only plain ("default") RoPE is supported.
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    const nlohmann::json& r = j[key];
+    if (!r.is_object()) return absl::InvalidArgumentError(absl::StrCat("config.json: \"", key, "\" must be an object"));
+    std::string type = r.contains("rope_type") && r["rope_type"].is_string() ? r["rope_type"].get<std::string>()
+                       : r.contains("type") && r["type"].is_string()     ? r["type"].get<std::string>()
+                                                                          : "default";
+    if (type != "default") {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: ", key, ".rope_type \"", type,
+                                                     "\" is not supported (only default RoPE)"));
+    }
+    if (r.contains("rope_theta")) {
+      if (!r["rope_theta"].is_number()) return absl::InvalidArgumentError("config.json: rope_theta must be a number");
+      c.rope_theta = r["rope_theta"].get<double>();
+    }
   }
   RETURN_IF_ERROR(c.Validate());
   return c;

@@ -54,5 +54,16 @@ TEST(Qwen3Config, RejectsBadConfigs) {
   EXPECT_NE(t.status().message().find("hidden_size"), std::string::npos);
 }
 
+TEST(Qwen3Config, RopeParametersOfTransformers5) {
+  const std::string base = R"("model_type":"qwen3","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,
+      "num_key_value_heads":2,"intermediate_size":8,"vocab_size":10,)";
+  auto c = Qwen3Config::FromJson("{" + base + R"("rope_parameters":{"rope_type":"default","rope_theta":5000.0}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->rope_theta, 5000.0);
+  auto bad = Qwen3Config::FromJson("{" + base + R"("rope_scaling":{"rope_type":"yarn","factor":4.0}})");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("yarn"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace slidedp

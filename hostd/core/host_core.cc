@@ -68,6 +68,7 @@ struct HostCore::JobRecord {
   std::string spec_text;
   std::string resume_from;
   bool cancel = false;
+  bool checkpoint_on_cancel = false;
   std::vector<std::shared_ptr<Channel<v1::JobEvent>>> watchers;
   int64_t submit_ms = 0;
 };
@@ -85,6 +86,10 @@ class HostCore::RecordContext : public JobContext {
   bool cancel_requested() const override {
     absl::MutexLock l(&core_->mu_);
     return rec_->cancel;
+  }
+  bool checkpoint_on_cancel() const override {
+    absl::MutexLock l(&core_->mu_);
+    return rec_->checkpoint_on_cancel;
   }
   void SetState(v1::JobState s) override {
     absl::MutexLock l(&core_->mu_);
@@ -158,7 +163,10 @@ void HostCore::Drain(DrainMode mode) {
     SetStateLocked(rec, v1::JOB_STATE_CANCELLED);
   }
   queue_.clear();
-  if (mode == DrainMode::kCancelRunning && !running_.empty()) jobs_[running_]->cancel = true;
+  if (mode != DrainMode::kFinishRunning && !running_.empty()) {
+    jobs_[running_]->cancel = true;
+    jobs_[running_]->checkpoint_on_cancel = mode == DrainMode::kCheckpointRunning;
+  }
 }
 
 bool HostCore::draining() const {

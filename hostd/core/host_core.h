@@ -99,6 +99,8 @@ class JobContext {
   virtual const std::string& resume_from() const = 0;
   virtual const std::vector<std::shared_ptr<WorkerSession>>& workers() const = 0;
   virtual bool cancel_requested() const = 0;
+  // Save a checkpoint at the safe point where the cancel takes effect (hostd draining).
+  virtual bool checkpoint_on_cancel() const = 0;
   virtual void SetState(v1::JobState state) = 0;
   virtual void SetTotalSteps(int64_t steps) = 0;
   virtual void SetHostStateBytes(int64_t bytes) = 0;
@@ -130,8 +132,9 @@ class HostCore {
   ~HostCore();  // stops the runner (cancels the running job)
 
   void Start();
-  // Stops admitting jobs; the running job is cancelled if cancel_running, else allowed to finish.
-  enum class DrainMode { kFinishRunning, kCancelRunning };
+  // Stops admitting jobs and cancels queued ones; the running job finishes, or stops at its
+  // next step boundary (after saving a checkpoint with kCheckpointRunning).
+  enum class DrainMode { kFinishRunning, kCheckpointRunning, kCancelRunning };
   void Drain(DrainMode mode);
   bool draining() const;
   // Blocks until no job is running or queued (after Drain), or timeout.

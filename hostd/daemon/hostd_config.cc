@@ -64,6 +64,7 @@ absl::StatusOr<HostdConfig> HostdConfig::Parse(int argc, const char* const* argv
     BindFlags(probe, scratch);
     std::vector<std::string> args = {argv[0]};
     for (const auto& kv : root) {
+      if (!kv.first.IsScalar()) return absl::InvalidArgumentError(absl::StrCat(c.config_file, ": keys must be plain strings"));
       std::string key = absl::StrReplaceAll(kv.first.as<std::string>(), {{"_", "-"}});
       if (key == "config") continue;
       if (!probe.get_option_no_throw("--" + key)) {

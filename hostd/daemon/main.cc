@@ -9,6 +9,8 @@
 #include "hostd/core/host_core.h"
 #include "hostd/daemon/hostd_config.h"
 #include "hostd/engine/training_executor.h"
+#include "hostd/metrics/host_metrics.h"
+#include "hostd/metrics/metrics.h"
 #include "hostd/service/grpc_services.h"
 #include "hostd/state/shm_segment.h"
 
@@ -56,6 +58,23 @@ int main(int argc, char** argv) {
   copt.worker_wait = absl::Seconds(config->worker_wait_s);
   slidedp::hostd::HostCore core(copt, std::make_unique<slidedp::hostd::TrainingExecutor>(eopt));
   core.Start();
+  slidedp::metrics::MetricsRegistry metrics_registry;  // declared after core: destroyed first
+  std::unique_ptr<slidedp::metrics::MetricsHttpServer> metrics_server;
+  if (config->metrics_port > 0) {
+    if (absl::Status s = slidedp::metrics::RegisterHostMetrics(&metrics_registry, &core); !s.ok()) {
+      LOG(ERROR) << s;
+      return 3;
+    }
+    slidedp::metrics::MetricsHttpOptions mopt;
+    mopt.port = config->metrics_port;
+    auto ms = slidedp::metrics::MetricsHttpServer::Start(&metrics_registry, mopt);
+    if (!ms.ok()) {
+      LOG(ERROR) << ms.status();
+      return 3;
+    }
+    metrics_server = std::move(*ms);
+    LOG(INFO) << "Prometheus metrics on 127.0.0.1:" << config->metrics_port << "/metrics";
+  }
   slidedp::hostd::ServerOptions sopt;
   sopt.listen = config->listen;
   sopt.tls_cert_file = config->tls_cert;
@@ -78,9 +97,12 @@ int main(int argc, char** argv) {
   LOG(INFO) << "signal received: draining (" << config->drain_mode << ")";
   SD_NOTIFY("STOPPING=1\nSTATUS=draining");
   (*server)->SetServing(false);
-  core.Drain(config->drain_mode == "finish" ? slidedp::hostd::HostCore::DrainMode::kFinishRunning
-                                            : slidedp::hostd::HostCore::DrainMode::kCancelRunning);
+  using DrainMode = slidedp::hostd::HostCore::DrainMode;
+  core.Drain(config->drain_mode == "finish"       ? DrainMode::kFinishRunning
+             : config->drain_mode == "checkpoint" ? DrainMode::kCheckpointRunning
+                                                  : DrainMode::kCancelRunning);
   core.WaitIdle(absl::Minutes(config->drain_mode == "finish" ? 600 : 2));
+  if (metrics_server) metrics_server->Stop();
   (*server)->Shutdown();
   LOG(INFO) << "slidedp-hostd stopped";
   return 0;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/data/dataset.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "hostd/checkpoint/checkpoint.h"
@@ -87,7 +88,22 @@ absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
   sc.warmup_steps = spec.warmup_steps;
   sc.total_steps = std::max<int64_t>(spec.steps, 1);
   sc.min_lr = spec.min_lr;
-  return update::LrSchedule::Create(sc).status();
+  RETURN_IF_ERROR(update::LrSchedule::Create(sc).status());
+  // The dataset is checked here, before any host state is allocated: manifest, file sizes
+  // (truncation is DATA_LOSS), and token ids against the model's vocabulary.
+  data::ReaderOptions dopt;
+  dopt.model_vocab_size = config.vocab_size;
+  dopt.verify_checksums = data::VerifyChecksums::kNo;  // a full read; sizes and ranges catch truncation
+  ASSIGN_OR_RETURN(auto dataset, data::DatasetReader::Open(spec.data_path, dopt));
+  if (dataset->num_rows() < spec.global_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("data.path: the dataset has ", dataset->num_rows(),
+                                                   " rows, fewer than train.global_batch ", spec.global_batch));
+  }
+  if (dataset->manifest().seq_len > spec.seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("data.path: the dataset was prepared with seq_len ",
+                                                   dataset->manifest().seq_len, ", longer than train.seq_len ", spec.seq_len));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status TrainingExecutor::Run(JobContext& ctx) {
@@ -221,16 +237,17 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
                                                    ") disconnected during the job"));
       }
     }
-    if (ctx.cancel_requested()) {
-      job_state->RaiseAbort(state::AbortReason::kCancelled);
-      for (auto& w : ctx.workers()) {
-        v1::HostCommand c;
-        c.set_cancel_job_id(ctx.job_id());
-        w->commands().Push(c);
-      }
-      return absl::CancelledError("cancelled by request");
-    }
     return absl::OkStatus();
+  };
+  // Cancel takes effect between steps: every unit then has exactly the updates of the steps
+  // done, so the state (and a checkpoint of it) is consistent.
+  auto stop_workers = [&]() {
+    job_state->RaiseAbort(state::AbortReason::kCancelled);
+    for (auto& w : ctx.workers()) {
+      v1::HostCommand c;
+      c.set_cancel_job_id(ctx.job_id());
+      w->commands().Push(c);
+    }
   };
 
   // Pops the next chunk of a ring, checking workers and cancellation between short waits.
@@ -289,6 +306,16 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
   };
 
   for (int64_t t = first_step; t < spec.steps; ++t) {
+    if (ctx.cancel_requested()) {
+      if (ctx.checkpoint_on_cancel() && t > first_step) {
+        absl::Status saved = save(t);
+        stop_workers();
+        RETURN_IF_ERROR(saved);
+        return absl::CancelledError(absl::StrCat("cancelled at step ", t, " (hostd draining); checkpoint ", last_checkpoint));
+      }
+      stop_workers();
+      return absl::CancelledError(absl::StrCat("cancelled at step ", t));
+    }
     std::vector<int64_t> received(num_units, 0);
     int complete_units = 0;
     double sum_squares = 0;

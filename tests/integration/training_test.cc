@@ -259,3 +259,50 @@ TEST(Training, KilledWorkerFailsTheJobQuicklyAndTheOtherStaysUsable) {
 
 }  // namespace
 }  // namespace slidedp::testing
+
+namespace slidedp::testing {
+namespace {
+
+TEST(Service, SigtermDrainsWithACheckpointThatResumes) {
+  std::string ckpt_root;
+  int64_t saved_step = 0;
+  {
+    NodeHarness node(2, {"--drain-mode", "checkpoint"});
+    SpecOptions o;
+    o.steps = 100000;
+    o.output = "out-drain";
+    v1::SubmitJobRequest req;
+    req.set_job_id("drained");
+    req.set_spec_yaml(Spec(o));
+    req.set_base_dir(node.dir());
+    ASSERT_TRUE(node.client().Submit(req).ok());
+    absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < deadline) {
+      auto j = node.client().GetJob("drained");
+      if (j.ok() && j->last().step() >= 3) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    kill(node.hostd_pid(), SIGTERM);
+    int status = 0;
+    ASSERT_EQ(waitpid(node.hostd_pid(), &status, 0), node.hostd_pid());
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    ckpt_root = node.dir() + "/out-drain";
+    auto latest = checkpoint::FindLatestCheckpoint(ckpt_root);
+    ASSERT_TRUE(latest.ok()) << latest.status();
+    auto step = checkpoint::VerifyCheckpoint(*latest);
+    ASSERT_TRUE(step.ok()) << step.status();
+    saved_step = *step;
+    EXPECT_GE(saved_step, 3);
+    EXPECT_TRUE(node.LeakedSegments().empty());
+  }
+  // A new node resumes the drained job from its checkpoint and finishes two more steps.
+  NodeHarness node(2);
+  SpecOptions o;
+  o.steps = static_cast<int>(saved_step) + 2;
+  o.output = "out-after-drain";
+  v1::Job j = MustSucceed(node, Spec(o), "after-drain", ckpt_root);
+  EXPECT_EQ(j.last().step(), saved_step + 2);
+}
+
+}  // namespace
+}  // namespace slidedp::testing

@@ -1,0 +1,456 @@
+// Malformed input against a real hostd + 1 CPU worker: every bad job spec, model directory,
+// dataset and request gets a specific gRPC status and a message naming the problem, and the daemon
+// keeps serving (health SERVING, and a good tiny job still succeeds at the end).
+//
+// Two kinds of rejection are checked, whichever hostd actually does for the input:
+//   ExpectRejected:  SubmitJob itself fails with the code (nothing is queued);
+//   ExpectJobFails:  SubmitJob accepts, the job ends FAILED with error_code and message.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_replace.h"
+#include "common/data/dataset.h"
+#include "common/data/synthetic.h"
+#include "common/model/qwen3_config.h"
+#include "gmock/gmock.h"
+#include "hostd/checkpoint/checkpoint.h"
+#include "nlohmann/json.hpp"
+#include "tests/integration/node_harness.h"
+
+namespace slidedp::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+void WriteAll(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// One hostd + one CPU worker for the whole suite (spawning per test would dominate the run time).
+class BadInput : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    node_ = new NodeHarness(1);
+    root_ = fs::path(node_->dir() + "/inputs").lexically_normal().string();
+    fs::create_directories(root_);
+    MakeGoodData();
+    MakeGoodModel();
+  }
+  static void TearDownTestSuite() {
+    delete node_;
+    node_ = nullptr;
+  }
+
+  static void MakeGoodData() {
+    data::SyntheticOptions o;
+    o.vocab_size = 512;
+    o.num_documents = 32;
+    o.seed = 2;
+    o.min_doc_tokens = 8;
+    o.max_doc_tokens = 40;
+    o.seq_len = 32;
+    o.overwrite = data::Overwrite::kYes;
+    auto m = data::WriteSyntheticDataset(root_ + "/data", o);
+    ASSERT_TRUE(m.ok()) << m.status();
+  }
+
+  // A HF-loadable tiny model directory (F32 weights, one model.safetensors), written by the
+  // checkpoint code as a checkpoint of step 0.
+  static void MakeGoodModel() {
+    auto config = Qwen3Config::Preset("tiny");
+    ASSERT_TRUE(config.ok());
+    ModelLayout layout = ModelLayout::Build(*config);
+    std::vector<std::vector<float>> w(layout.num_units());
+    for (int u = 0; u < layout.num_units(); ++u) w[u].assign(layout.units[u].numel, 0);
+    checkpoint::InitRandom(layout, 7, [&](int u) { return w[u].data(); });
+    checkpoint::SaveRequest req;
+    req.root_dir = root_ + "/ckpt";
+    req.step = 0;
+    req.layout = &layout;
+    req.arrays.master = req.arrays.adam_m = req.arrays.adam_v = [&](int u) { return w[u].data(); };
+    req.weight_dtype = checkpoint::WeightDtype::kF32;
+    auto saved = checkpoint::SaveCheckpoint(req);
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    model_dir_ = saved->dir;
+    ASSERT_TRUE(fs::exists(model_dir_ + "/model.safetensors")) << "expected a single-file tiny model";
+  }
+
+  // A copy of the good model directory to corrupt.
+  static std::string CopyModel(const std::string& name) {
+    std::string dir = root_ + "/" + name;
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(model_dir_ + "/" + f, dir + "/" + f);
+    return dir;
+  }
+
+  // model.safetensors split into its JSON header and data; Join writes it back (any header size).
+  struct Safetensors {
+    nlohmann::json header;
+    std::string data;
+  };
+  static Safetensors Split(const std::string& path) {
+    std::string bytes = ReadAll(path);
+    uint64_t n = 0;
+    memcpy(&n, bytes.data(), 8);
+    return {nlohmann::json::parse(bytes.substr(8, n)), bytes.substr(8 + n)};
+  }
+  static void Join(const std::string& path, const Safetensors& st) {
+    std::string h = st.header.dump();
+    while (h.size() % 8) h.push_back(' ');
+    uint64_t n = h.size();
+    WriteAll(path, std::string(reinterpret_cast<const char*>(&n), 8) + h + st.data);
+  }
+
+  struct SpecParts {
+    std::string model = "{preset: tiny, init_seed: 1}";
+    std::string data;  // default: the good dataset
+    std::string train = "{seq_len: 32, global_batch: 4, micro_batch: 2, steps: 2, seed: 1}";
+    std::string runtime = "{workers: 1, ring_slots: 4, step_timeout_ms: 20000}";
+    std::string extra;
+  };
+  static std::string Spec(const SpecParts& p) {
+    return absl::StrCat("name: bad\nmodel: ", p.model, "\ndata: {path: ", p.data.empty() ? root_ + "/data" : p.data,
+                        "}\noutput: {dir: out, save_final: false}\ntrain: ", p.train,
+                        "\noptimizer: {lr: 1.0e-3}\nruntime: ", p.runtime, "\n", p.extra);
+  }
+
+  static std::string NextId(const std::string& what) { return absl::StrCat(what, "-", counter_++); }
+
+  static absl::StatusOr<v1::SubmitJobResponse> Submit(const std::string& spec, const std::string& id) {
+    v1::SubmitJobRequest req;
+    req.set_job_id(id);
+    req.set_spec_yaml(spec);
+    req.set_base_dir(node_->dir());
+    return node_->client().Submit(req);
+  }
+
+  // SubmitJob fails with `code` and a message containing `fragment`; no job is recorded.
+  static void ExpectRejected(const std::string& spec, absl::StatusCode code, const std::string& fragment) {
+    const std::string id = NextId("rej");
+    auto r = Submit(spec, id);
+    ASSERT_FALSE(r.ok()) << "accepted; expected " << absl::StatusCodeToString(code) << " '" << fragment << "'";
+    EXPECT_EQ(r.status().code(), code) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(fragment));
+    EXPECT_EQ(node_->client().GetJob(id).status().code(), absl::StatusCode::kNotFound);
+    std::cout << "  " << id << " rejected " << r.status().ToString().substr(0, 300) << "\n";
+  }
+
+  // SubmitJob accepts; the job ends FAILED with error_code `code` and `fragment` in its error.
+  static void ExpectJobFails(const std::string& spec, absl::StatusCode code, const std::string& fragment) {
+    const std::string id = NextId("fail");
+    auto r = Submit(spec, id);
+    ASSERT_TRUE(r.ok()) << "rejected at submit: " << r.status();
+    auto j = node_->WaitFinal(id, 60);
+    ASSERT_TRUE(j.ok()) << j.status();
+    EXPECT_EQ(j->state(), v1::JOB_STATE_FAILED) << "logs in " << node_->dir();
+    EXPECT_EQ(j->error_code(), static_cast<int>(code)) << j->error();
+    EXPECT_THAT(j->error(), HasSubstr(fragment));
+    std::cout << "  " << id << " FAILED " << absl::StatusCodeToString(static_cast<absl::StatusCode>(j->error_code())) << ": "
+              << j->error() << "\n";
+  }
+
+  void TearDown() override {
+    // After every bad input the daemon still answers health SERVING and keeps its worker.
+    std::string health;
+    ASSERT_TRUE(node_->client().Health(&health).ok());
+    EXPECT_EQ(health, "SERVING");
+    auto ws = node_->client().Workers();
+    ASSERT_TRUE(ws.ok()) << ws.status();
+    EXPECT_EQ(ws->size(), 1u) << "the worker was lost; logs in " << node_->dir();
+  }
+
+  static NodeHarness* node_;
+  static std::string root_, model_dir_;
+  static int counter_;
+};
+
+NodeHarness* BadInput::node_ = nullptr;
+std::string BadInput::root_;
+std::string BadInput::model_dir_;
+int BadInput::counter_ = 0;
+
+constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
+
+// ---- job spec syntax and values (JobSpec::Parse at submit) ----
+
+TEST_F(BadInput, SpecUnknownKeys) {
+  SpecParts p;
+  p.extra = "trainer: {steps: 3}\n";
+  ExpectRejected(Spec(p), kInvalid, "unknown key 'trainer'");
+  p = {};
+  p.train = "{seq_len: 32, global_batch: 4, micro_batch: 2, steps: 2, learning_rate: 3}";
+  ExpectRejected(Spec(p), kInvalid, "unknown key 'train.learning_rate'");
+}
+
+TEST_F(BadInput, SpecWrongTypes) {
+  SpecParts p;
+  p.train = "{seq_len: long, global_batch: 4, micro_batch: 2, steps: 2}";
+  ExpectRejected(Spec(p), kInvalid, "train.seq_len");
+  p.train = "{seq_len: 32, global_batch: [4], micro_batch: 2, steps: 2}";
+  ExpectRejected(Spec(p), kInvalid, "train.global_batch");
+  p.train = "{seq_len: 32.5, global_batch: 4, micro_batch: 2, steps: 2}";
+  ExpectRejected(Spec(p), kInvalid, "train.seq_len");
+  p = {};
+  p.extra = "optimizer: 0.001\n";  // a section that is not a map (duplicate key is YAML's problem too)
+  auto r = Submit(absl::StrReplaceAll(Spec(p), {{"optimizer: {lr: 1.0e-3}\n", ""}}), NextId("type"));
+  EXPECT_EQ(r.status().code(), kInvalid) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("optimizer"));
+  ExpectRejected("[1, 2, 3]", kInvalid, "top level must be a map");
+  ExpectRejected("model: {preset: tiny\n  data: [", kInvalid, "not valid YAML");
+}
+
+TEST_F(BadInput, SpecNegativeAndZeroSizes) {
+  SpecParts p;
+  p.train = "{seq_len: -32, global_batch: 4, micro_batch: 2, steps: 2}";
+  ExpectRejected(Spec(p), kInvalid, "train.seq_len: must be >= 1, got -32");
+  p.train = "{seq_len: 32, global_batch: 0, micro_batch: 2, steps: 2}";
+  ExpectRejected(Spec(p), kInvalid, "train.global_batch: must be >= 1, got 0");
+  p.train = "{seq_len: 32, global_batch: 4, micro_batch: 0, steps: 2}";
+  ExpectRejected(Spec(p), kInvalid, "train.micro_batch: must be >= 1, got 0");
+  p.train = "{seq_len: 32, global_batch: 4, micro_batch: 2, steps: -1}";
+  ExpectRejected(Spec(p), kInvalid, "train.steps: must be >= 0, got -1");
+  p.train = "{seq_len: 32, global_batch: 4, micro_batch: 2, steps: 0}";
+  ExpectRejected(Spec(p), kInvalid, "exactly one of train.steps or train.epochs");
+  p = {};
+  p.runtime = "{ring_slots: 1}";
+  ExpectRejected(Spec(p), kInvalid, "runtime.ring_slots: must be >= 2, got 1");
+  p.runtime = "{chunk_bytes: 0}";
+  ExpectRejected(Spec(p), kInvalid, "runtime.chunk_bytes");
+  p = {};
+  p.extra = "optimizer: {lr: -1}\n";
+  ExpectRejected(absl::StrReplaceAll(Spec(p), {{"optimizer: {lr: 1.0e-3}\n", ""}}), kInvalid, "optimizer.lr");
+}
+
+// Found by tests/fuzz (jobspec_fuzz; reproducers in tests/fuzz/crashes/jobspec/): a YAML map or
+// sequence used as a key made yaml-cpp throw inside JobSpec::Parse (gRPC answered UNKNOWN).
+// Parse now turns every YAML exception into INVALID_ARGUMENT.
+TEST_F(BadInput, SpecWithNonScalarKeysIsInvalidArgument) {
+  ExpectRejected("{{}}", kInvalid, "job spec");  // crash-038a68bc...: the minimal reproducer
+  ExpectRejected("{model: {preset: tiny}, {path: d}: 1}", kInvalid, "job spec");
+  ExpectRejected("model: {[preset]: tiny}\n", kInvalid, "model");
+}
+
+TEST_F(BadInput, GlobalBatchNotDivisible) {
+  SpecParts p;
+  p.train = "{seq_len: 32, global_batch: 6, micro_batch: 4, steps: 2}";
+  ExpectRejected(Spec(p), kInvalid, "train.global_batch 6 is not a multiple of train.micro_batch 4");
+  p.train = "{seq_len: 32, global_batch: 6, micro_batch: 2, steps: 2}";
+  p.runtime = "{workers: 2}";
+  ExpectRejected(Spec(p), kInvalid, "not divisible by runtime.workers x train.micro_batch = 2 x 2");
+}
+
+TEST_F(BadInput, SeqLenBeyondMaxPositions) {
+  SpecParts p;
+  p.train = "{seq_len: 8192, global_batch: 4, micro_batch: 2, steps: 2}";
+  ExpectRejected(Spec(p), kInvalid, "train.seq_len 8192 exceeds the model's max_position_embeddings 4096");
+}
+
+// ---- model directories ----
+
+TEST_F(BadInput, ModelDirectoryMissingOrWithoutConfig) {
+  SpecParts p;
+  p.model = absl::StrCat("{path: ", root_, "/no-such-model}");
+  ExpectRejected(Spec(p), kInvalid, "model.path: no config.json in");
+  std::string dir = CopyModel("no-config");
+  fs::remove(dir + "/config.json");
+  p.model = absl::StrCat("{path: ", dir, "}");
+  ExpectRejected(Spec(p), kInvalid, "no config.json in " + dir);
+  p.model = absl::StrCat("{path: ", model_dir_, ", preset: tiny}");
+  ExpectRejected(Spec(p), kInvalid, "exactly one of model.path");
+}
+
+TEST_F(BadInput, ModelConfigNotJsonOrInvalid) {
+  std::string dir = CopyModel("config-garbage");
+  WriteAll(dir + "/config.json", "{\"hidden_size\": 64,,,");
+  SpecParts p;
+  p.model = absl::StrCat("{path: ", dir, "}");
+  ExpectRejected(Spec(p), kInvalid, "config.json");
+  dir = CopyModel("config-negative");
+  auto cfg = nlohmann::json::parse(ReadAll(dir + "/config.json"));
+  cfg["num_attention_heads"] = -4;
+  WriteAll(dir + "/config.json", cfg.dump());
+  p.model = absl::StrCat("{path: ", dir, "}");
+  ExpectRejected(Spec(p), kInvalid, "num_attention_heads");
+}
+
+// The good model itself trains (so the failures below are due to the corruption alone).
+TEST_F(BadInput, GoodModelDirectoryTrains) {
+  SpecParts p;
+  p.model = absl::StrCat("{path: ", model_dir_, "}");
+  auto j = node_->RunJob(Spec(p), NextId("goodmodel"), 60);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED) << j->error();
+}
+
+TEST_F(BadInput, ModelConfigInconsistentWithShards) {
+  std::string dir = CopyModel("config-mismatch");
+  auto cfg = nlohmann::json::parse(ReadAll(dir + "/config.json"));
+  cfg["intermediate_size"] = 96;  // a valid config, but the shards hold 128
+  WriteAll(dir + "/config.json", cfg.dump());
+  SpecParts p;
+  p.model = absl::StrCat("{path: ", dir, "}");
+  ExpectJobFails(Spec(p), kInvalid, "wrong shape: model.layers.0.mlp.gate_proj.weight is [128, 64] in " + dir);
+}
+
+TEST_F(BadInput, ModelTensorWithWrongShape) {
+  std::string dir = CopyModel("wrong-shape");
+  Safetensors st = Split(dir + "/model.safetensors");
+  st.header["model.layers.1.mlp.gate_proj.weight"]["shape"] = {64, 128};  // [128, 64] transposed: same bytes
+  Join(dir + "/model.safetensors", st);
+  SpecParts p;
+  p.model = absl::StrCat("{path: ", dir, "}");
+  ExpectJobFails(Spec(p), kInvalid, "model.layers.1.mlp.gate_proj.weight is [64, 128] in " + dir + "/model.safetensors, expected [128, 64]");
+}
+
+TEST_F(BadInput, ModelTensorMissing) {
+  std::string dir = CopyModel("missing-tensor");
+  Safetensors st = Split(dir + "/model.safetensors");
+  // Drop the last tensor by offset (its bytes go too, so the file stays self-consistent).
+  std::string last;
+  uint64_t last_begin = 0;
+  for (auto& [name, t] : st.header.items()) {
+    if (name == "__metadata__") continue;
+    if (t["data_offsets"][0].get<uint64_t>() >= last_begin) {
+      last_begin = t["data_offsets"][0].get<uint64_t>();
+      last = name;
+    }
+  }
+  st.header.erase(last);
+  st.data.resize(last_begin);
+  Join(dir + "/model.safetensors", st);
+  SpecParts p;
+  p.model = absl::StrCat("{path: ", dir, "}");
+  ExpectJobFails(Spec(p), kInvalid, "1 tensor(s) missing: " + last);
+}
+
+TEST_F(BadInput, SafetensorsHeaderLies) {
+  std::string dir = CopyModel("lying-header");
+  Safetensors st = Split(dir + "/model.safetensors");
+  // Offsets that run past the end of the data: a reader trusting them would read out of bounds.
+  auto& t = st.header["model.norm.weight"];
+  t["data_offsets"][1] = st.data.size() + 4096;
+  Join(dir + "/model.safetensors", st);
+  SpecParts p;
+  p.model = absl::StrCat("{path: ", dir, "}");
+  ExpectJobFails(Spec(p), kInvalid, "tensor \"model.norm.weight\": data_offsets");
+
+  dir = CopyModel("huge-header-len");
+  std::string bytes = ReadAll(dir + "/model.safetensors");
+  const uint64_t lie = 1ull << 40;
+  memcpy(bytes.data(), &lie, 8);
+  WriteAll(dir + "/model.safetensors", bytes);
+  p.model = absl::StrCat("{path: ", dir, "}");
+  ExpectJobFails(Spec(p), kInvalid, "model.safetensors: header length 1099511627776 exceeds the limit");
+}
+
+TEST_F(BadInput, SafetensorsTruncated) {
+  std::string dir = CopyModel("truncated-shard");
+  std::string path = dir + "/model.safetensors";
+  fs::resize_file(path, fs::file_size(path) / 2);
+  SpecParts p;
+  p.model = absl::StrCat("{path: ", dir, "}");
+  ExpectJobFails(Spec(p), absl::StatusCode::kDataLoss, dir + "/model.safetensors: tensor \"");
+}
+
+// ---- datasets ----
+
+TEST_F(BadInput, DatasetTokenIdsBeyondModelVocab) {
+  data::SyntheticOptions o;
+  o.vocab_size = 4096;  // ids up to 4095; the tiny model has 512
+  o.num_documents = 16;
+  o.seq_len = 32;
+  o.min_doc_tokens = 8;
+  o.max_doc_tokens = 30;
+  o.overwrite = data::Overwrite::kYes;
+  ASSERT_TRUE(data::WriteSyntheticDataset(root_ + "/data-big-vocab", o).ok());
+  SpecParts p;
+  p.data = root_ + "/data-big-vocab";
+  ExpectRejected(Spec(p), kInvalid, "does not fit the model's vocabulary");
+}
+
+TEST_F(BadInput, DatasetTruncatedOrMissingFiles) {
+  const std::string good = root_ + "/data";
+  std::string dir = root_ + "/data-truncated";
+  fs::remove_all(dir);
+  fs::copy(good, dir);
+  fs::resize_file(dir + "/tokens.bin", fs::file_size(dir + "/tokens.bin") - 12);
+  SpecParts p;
+  p.data = dir;
+  ExpectRejected(Spec(p), absl::StatusCode::kDataLoss, dir + "/tokens.bin has");
+
+  dir = root_ + "/data-no-manifest";
+  fs::remove_all(dir);
+  fs::copy(good, dir);
+  fs::remove(dir + "/manifest.json");
+  p.data = dir;
+  ExpectRejected(Spec(p), absl::StatusCode::kNotFound, "cannot open manifest.json");
+
+  p.data = root_ + "/no-such-data";
+  ExpectRejected(Spec(p), kInvalid, "data.path: ");
+}
+
+// ---- requests ----
+
+TEST_F(BadInput, OversizedRequests) {
+  // Above the spec parser's 1 MiB limit but below gRPC's 4 MiB: the parser names the limit.
+  SpecParts p;
+  p.extra = "# " + std::string(2 << 20, 'x') + "\n";
+  ExpectRejected(Spec(p), kInvalid, "the limit is 1048576");
+  // Above hostd's 4 MiB receive limit: gRPC refuses it before any handler runs.
+  p.extra = "# " + std::string(5 << 20, 'x') + "\n";
+  auto r = Submit(Spec(p), NextId("huge"));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+}
+
+TEST_F(BadInput, BadAndUnknownJobIds) {
+  for (const std::string& id : {std::string("../etc"), std::string("a b"), std::string(65, 'a'), std::string("x\ny")}) {
+    auto r = Submit(Spec({}), id);
+    EXPECT_EQ(r.status().code(), kInvalid) << id << ": " << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("is not valid: use 1-64 characters"));
+  }
+  EXPECT_EQ(node_->client().GetJob("never-submitted").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(node_->client().GetJob("never-submitted").status().message()), HasSubstr("no job 'never-submitted'"));
+  EXPECT_EQ(node_->client().Cancel("never-submitted").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(BadInput, SameJobIdWithAnotherSpec) {
+  SpecParts p;
+  p.train = "{seq_len: 32, global_batch: 4, micro_batch: 2, steps: 1}";
+  const std::string id = NextId("dup");
+  auto first = Submit(Spec(p), id);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto same = Submit(Spec(p), id);  // idempotent retry: the same job back
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_TRUE(same->already_existed());
+  p.train = "{seq_len: 32, global_batch: 4, micro_batch: 2, steps: 2}";
+  auto other = Submit(Spec(p), id);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kAlreadyExists) << other.status();
+  EXPECT_THAT(std::string(other.status().message()), HasSubstr("exists with a different spec"));
+  auto j = node_->WaitFinal(id, 60);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED) << j->error();
+}
+
+// Last (gtest runs tests in definition order): after all of the above a good job still runs.
+TEST_F(BadInput, ZzGoodJobStillSucceedsAfterwards) {
+  auto j = node_->RunJob(Spec({}), NextId("good"), 60);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED) << j->error();
+  EXPECT_EQ(j->last().step(), 2);
+  EXPECT_TRUE(node_->LeakedSegments().empty());
+}
+
+}  // namespace
+}  // namespace slidedp::testing

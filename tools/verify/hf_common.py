@@ -1,0 +1,362 @@
+"""Shared pieces of the HF transformers comparisons (tools/verify/hf_compare.py,
+tools/verify/hf_train_reference.py, tools/verify/compare_curves.py).
+
+Everything that does not need torch lives here too and runs with a bare python3 (tests on the
+dev machine): segment chunking, the dump_batches file reader (numpy when present, else the array
+module), the LR schedule formula of hostd/update/schedule.h, HF config fix-ups for our loader and
+loss-curve files.
+
+How HF sees a packed row: every document piece (a row split at its document boundaries; attention
+never crosses them and positions restart at 0) is run as its own causal sequence. Pieces are
+grouped into right-padded batches of at most `token_budget` padded tokens; with causal attention
+and no attention mask, real tokens never see the padding after them, padded positions carry label
+-100, so the result equals running every piece alone (this is exact, unlike a 4D mask).
+"""
+import json
+import math
+import os
+import struct
+import sys
+
+IGNORE_INDEX = -100
+
+
+# ----------------------------------------------------------------------------- pure Python
+
+def chunk_segments(lengths, token_budget):
+    """Groups segment indices into batches whose padded size (count x longest) stays within
+    token_budget (a single longer segment gets a batch of its own). Longest first, so padding is
+    small. Returns a list of index lists covering every segment exactly once."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    chunks, cur, cur_max = [], [], 0
+    for i in order:
+        new_max = max(cur_max, lengths[i])
+        if cur and new_max * (len(cur) + 1) > token_budget:
+            chunks.append(cur)
+            cur, cur_max = [], 0
+            new_max = lengths[i]
+        cur.append(i)
+        cur_max = new_max
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def _int32_array(buf, offset, count):
+    try:
+        import numpy as np
+        return np.frombuffer(buf, dtype="<i4", count=count, offset=offset)
+    except ImportError:
+        import array
+        a = array.array("i")
+        a.frombytes(buf[offset:offset + 4 * count])
+        if sys.byteorder != "little":
+            a.byteswap()
+        return a
+
+
+class BatchesFile:
+    """Reader of dump_batches output (format in tools/verify/dump_batches.cc)."""
+
+    def __init__(self, path):
+        self.path = path
+        with open(path, "rb") as f:
+            data = f.read()
+        nl = data.index(b"\n")
+        self.header = json.loads(data[:nl].decode("utf-8"))
+        if self.header.get("format") != "slidedp-batches" or self.header.get("version") != 1:
+            raise ValueError(f"{path}: not a slidedp-batches v1 file")
+        self._data = memoryview(data)[nl + 1:]
+        self.steps = self.header["steps"]
+
+    @property
+    def job(self):
+        return self.header.get("job")
+
+    @property
+    def model_dir(self):
+        return self.header.get("model_dir")
+
+    def step(self, t):
+        """(tokens, labels, positions, cu_seqlens, meta) of step t (int32 arrays)."""
+        meta = self.steps[t]
+        if meta["step"] != t:
+            raise ValueError(f"{self.path}: entry {t} is step {meta['step']}")
+        n, d, off = meta["num_tokens"], meta["num_segments"], meta["offset"]
+        end = off + 4 * (3 * n + d + 1)
+        if end > len(self._data):
+            raise ValueError(f"{self.path}: step {t} needs bytes up to {end}, the data area has {len(self._data)}")
+        tokens = _int32_array(self._data, off, n)
+        labels = _int32_array(self._data, off + 4 * n, n)
+        positions = _int32_array(self._data, off + 8 * n, n)
+        cu = _int32_array(self._data, off + 12 * n, d + 1)
+        return tokens, labels, positions, cu, meta
+
+
+def segments_of(tokens, labels, positions, cu_seqlens):
+    """Splits a flat micro-batch into its document pieces: list of (tokens, labels) lists.
+    Checks the invariants the HF side relies on (positions 0..len-1 per piece, last label -100)."""
+    segs = []
+    cu = [int(x) for x in cu_seqlens]
+    if cu[0] != 0 or cu[-1] != len(tokens):
+        raise ValueError(f"cu_seqlens {cu[:3]}...{cu[-1]} do not cover {len(tokens)} tokens")
+    for b, e in zip(cu[:-1], cu[1:]):
+        if e <= b:
+            raise ValueError(f"empty document piece at {b}")
+        pos = [int(x) for x in positions[b:e]]
+        if pos != list(range(e - b)):
+            raise ValueError(f"positions of piece [{b}, {e}) do not restart at 0")
+        lab = [int(x) for x in labels[b:e]]
+        if lab[-1] != IGNORE_INDEX:
+            raise ValueError(f"piece [{b}, {e}) has a label on its last token")
+        segs.append(([int(x) for x in tokens[b:e]], lab))
+    return segs
+
+
+def segments_from_rows(rows, doc_lens):
+    """The token batch file of model_grads (tools/verify/token_batch.h) as pieces with HF's shift."""
+    segs = []
+    for r, row in enumerate(rows):
+        lens = doc_lens[r] if doc_lens and doc_lens[r] else [len(row)]
+        b = 0
+        for n in lens:
+            doc = row[b:b + n]
+            segs.append((list(doc), list(doc[1:]) + [IGNORE_INDEX]))
+            b += n
+        if b != len(row):
+            raise ValueError(f"row {r}: doc_lens sum to {b}, row has {len(row)} tokens")
+    return segs
+
+
+def lr_multiplier(step, schedule, warmup_steps, total_steps, base_lr, min_lr):
+    """LrAt(step) / base_lr exactly as hostd/update/schedule.h (HF semantics; step = completed
+    updates)."""
+    s = max(step, 0)
+    if base_lr == 0:
+        return 0.0
+    if warmup_steps > 0 and s < warmup_steps:
+        return s / warmup_steps
+    r = min_lr / base_lr if min_lr > 0 else 0.0
+    if schedule == "constant":
+        return 1.0
+    if schedule == "linear":
+        f = max(0.0, (total_steps - s) / max(1, total_steps - warmup_steps))
+        return r + (1 - r) * f
+    if schedule == "cosine":
+        p = (s - warmup_steps) / max(1, total_steps - warmup_steps)
+        p = min(p, 1.0)
+        return r + (1 - r) * 0.5 * (1.0 + math.cos(math.pi * p))
+    raise ValueError(f"unknown schedule {schedule}")
+
+
+def config_for_our_loader(hf_config):
+    """An HF config.json dict rewritten for our Qwen3Config parser (common/model/qwen3_config.cc),
+    which reads rope_theta at the top level and rejects a non-null rope_scaling: transformers 5
+    keeps RoPE settings in "rope_parameters" (and may echo them as rope_scaling). Any RoPE type
+    other than the default one is an error here (we do not implement scaling)."""
+    c = dict(hf_config)
+    rope = c.get("rope_parameters") or {}
+    scaling = c.get("rope_scaling")
+    for src in (rope, scaling if isinstance(scaling, dict) else {}):
+        rtype = src.get("rope_type", src.get("type", "default"))
+        if rtype not in ("default", None):
+            raise ValueError(f"RoPE type {rtype} is not supported by slidedp")
+    theta = rope.get("rope_theta")  # what transformers 5 computes with
+    if theta is None:
+        theta = c.get("rope_theta")
+    if theta is None and isinstance(scaling, dict):
+        theta = scaling.get("rope_theta")
+    if theta is None:
+        raise ValueError("config.json has no rope_theta (top level or rope_parameters)")
+    c["rope_theta"] = float(theta)
+    c["rope_scaling"] = None
+    if "tie_word_embeddings" not in c:
+        c["tie_word_embeddings"] = False
+    return c
+
+
+def make_our_model_dir(hf_dir, our_dir, config=None):
+    """our_dir = hf_dir's weights (symlinked) + config_for_our_loader(config), config defaulting
+    to hf_dir's config.json."""
+    os.makedirs(our_dir, exist_ok=True)
+    cfg = config
+    if cfg is None:
+        with open(os.path.join(hf_dir, "config.json")) as f:
+            cfg = json.load(f)
+    with open(os.path.join(our_dir, "config.json"), "w") as f:
+        json.dump(config_for_our_loader(cfg), f, indent=1)
+    for name in os.listdir(hf_dir):
+        if name.endswith(".safetensors") or name == "model.safetensors.index.json":
+            dst = os.path.join(our_dir, name)
+            if os.path.lexists(dst):
+                os.remove(dst)
+            os.symlink(os.path.abspath(os.path.join(hf_dir, name)), dst)
+
+
+def read_safetensors_header(path):
+    """(metadata, {name: (dtype, shape, (begin, end))}) of a safetensors file, pure Python."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n))
+    meta = h.pop("__metadata__", {})
+    return meta, {k: (v["dtype"], v["shape"], tuple(v["data_offsets"])) for k, v in h.items()}
+
+
+def load_curve(path):
+    """{step: loss} from our metrics JSONL (hostd's metrics-<job>.jsonl; a repeated step, e.g.
+    after a restart, keeps its last record) or an hf_train_reference.py JSON file."""
+    with open(path) as f:
+        text = f.read()
+    stripped = text.lstrip()
+    curve = {}
+    if stripped.startswith("{") and '"curve"' in stripped[:100000]:
+        try:
+            doc = json.loads(text)
+            for rec in doc["curve"]:
+                curve[int(rec["step"])] = float(rec["loss"])
+            return curve
+        except (json.JSONDecodeError, KeyError, TypeError):
+            curve = {}
+    for i, line in enumerate(text.splitlines()):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{i + 1}: not JSON ({e})")
+        if "step" in rec and "loss" in rec:
+            curve[int(rec["step"])] = float(rec["loss"])
+    if not curve:
+        raise ValueError(f"{path}: no step/loss records")
+    return curve
+
+
+# ----------------------------------------------------------------------------- torch
+
+def load_hf_model(model_dir, dtype, attn="sdpa"):
+    """Qwen3ForCausalLM.from_pretrained with the dtype argument of transformers 5 (falls back to
+    torch_dtype on older versions)."""
+    from transformers import Qwen3ForCausalLM
+    try:
+        return Qwen3ForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
+    except TypeError:
+        return Qwen3ForCausalLM.from_pretrained(model_dir, torch_dtype=dtype, attn_implementation=attn)
+
+
+def hf_loss_backward(model, segments, total_trained, token_budget, autocast=True):
+    """Runs every piece through the HF model (right-padded batches, see the module comment),
+    accumulates d(sum CE / total_trained)/dparams into .grad and returns (sum CE / total_trained)
+    as a float. Logits are upcast to FP32 for the cross entropy, as HF's ForCausalLMLoss does."""
+    import torch
+    import torch.nn.functional as F
+    device = next(model.parameters()).device
+    vocab = model.config.vocab_size
+    total = 0.0
+    for chunk in chunk_segments([len(s[0]) for s in segments], token_budget):
+        width = max(len(segments[i][0]) for i in chunk)
+        ids = torch.zeros((len(chunk), width), dtype=torch.long)
+        lab = torch.full((len(chunk), width), IGNORE_INDEX, dtype=torch.long)
+        for r, i in enumerate(chunk):
+            toks, labs = segments[i]
+            ids[r, :len(toks)] = torch.tensor(toks, dtype=torch.long)
+            lab[r, :len(labs)] = torch.tensor(labs, dtype=torch.long)
+        ids, lab = ids.to(device), lab.to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            logits = model(input_ids=ids, use_cache=False).logits
+        ce = F.cross_entropy(logits.float().reshape(-1, vocab), lab.reshape(-1), ignore_index=IGNORE_INDEX,
+                             reduction="sum")
+        (ce / total_trained).backward()
+        total += ce.item()
+        del logits, ce
+    return total / total_trained
+
+
+# ----------------------------------------------------------------------------- sampler (cross-check)
+# A pure-Python port of common/data/sampler.cc and micro_batch.cc, used only to cross-check a
+# dump_batches file (the training reference itself reads the dumped batches, which come from the
+# trainer's own code). Algorithm: epoch e's permutation of [0, n) is Fisher-Yates from i = n-1
+# down to 1, swapping perm[i] with perm[j], j = Below(i + 1), drawn from a splitmix64 stream whose
+# state starts at seed ^ (0xD1B54A32D192ED03 * (e + 1)) (mod 2^64) and is advanced once before
+# the first draw; Below(b) rejects draws >= 2^64 - 1 - ((2^64 - 1) mod b) and returns x mod b.
+# Step t reads global positions [t*B, (t+1)*B); position p is row perm_{p // n}[p % n].
+
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64(state):
+    state = (state + 0x9E3779B97F4A7C15) & _M64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return state, z ^ (z >> 31)
+
+
+def epoch_permutation(n, seed, epoch):
+    perm = list(range(n))
+    state = (seed ^ ((0xD1B54A32D192ED03 * (epoch + 1)) & _M64)) & _M64
+    state, _ = _splitmix64(state)
+    for i in range(n - 1, 0, -1):
+        bound = i + 1
+        limit = _M64 - _M64 % bound
+        while True:
+            state, x = _splitmix64(state)
+            if x < limit:
+                break
+        j = x % bound
+        perm[i], perm[j] = perm[j], perm[i]
+    return perm
+
+
+def global_rows(num_rows, global_batch, seed, step, _cache={}):
+    rows = []
+    for p in range(step * global_batch, (step + 1) * global_batch):
+        e = p // num_rows
+        key = (num_rows, seed, e)
+        if key not in _cache:
+            _cache.clear()
+            _cache[key] = epoch_permutation(num_rows, seed, e)
+        rows.append(_cache[key][p % num_rows])
+    return rows
+
+
+def read_dataset(dataset_dir):
+    """(manifest, tokens, loss_mask, doc_offsets, row_offsets) of a slidedp dataset
+    (docs/dataset-format.md); numpy memory maps when numpy is present, else arrays."""
+    with open(os.path.join(dataset_dir, "manifest.json")) as f:
+        manifest = json.load(f)
+    try:
+        import numpy as np
+        tokens = np.memmap(os.path.join(dataset_dir, "tokens.bin"), dtype="<u4", mode="r")
+        mask = np.memmap(os.path.join(dataset_dir, "loss_mask.bin"), dtype="u1", mode="r")
+        docs = np.memmap(os.path.join(dataset_dir, "doc_offsets.bin"), dtype="<u8", mode="r")
+        rows = np.memmap(os.path.join(dataset_dir, "row_offsets.bin"), dtype="<u8", mode="r")
+    except ImportError:
+        import array
+
+        def load(name, code):
+            a = array.array(code)
+            with open(os.path.join(dataset_dir, name), "rb") as f:
+                a.frombytes(f.read())
+            return a
+        tokens, mask, docs, rows = load("tokens.bin", "I"), load("loss_mask.bin", "B"), load(
+            "doc_offsets.bin", "Q"), load("row_offsets.bin", "Q")
+    return manifest, tokens, mask, docs, rows
+
+
+def build_microbatch(dataset, rows):
+    """common/data/micro_batch.cc's BuildMicroBatch in Python: (tokens, labels, positions, cu)."""
+    _, tokens, mask, docs, row_off = dataset
+    doc_list = [int(x) for x in docs]
+    out_t, out_l, out_p, cu = [], [], [], [0]
+    import bisect
+    for r in rows:
+        b, e = int(row_off[r]), int(row_off[r + 1])
+        cuts = [b] + [d for d in doc_list[bisect.bisect_right(doc_list, b):bisect.bisect_left(doc_list, e)]] + [e]
+        for sb, se in zip(cuts[:-1], cuts[1:]):
+            for t in range(sb, se):
+                out_t.append(int(tokens[t]))
+                out_p.append(t - sb)
+                out_l.append(int(tokens[t + 1]) if t + 1 < se and mask[t + 1] else IGNORE_INDEX)
+            cu.append(len(out_t))
+    return out_t, out_l, out_p, cu

@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""Issue 3's whole-model check: our loss and every parameter gradient against HF transformers.
+
+For each shape: a random-init Qwen3ForCausalLM (seeded; RMSNorm weights perturbed around 1 so
+their gradients are exercised) is saved in BF16 with save_pretrained, so both sides start from
+identical BF16 parameters. A token batch with one-document rows and packed rows (several
+documents per row, including 1- and 2-token documents) is written for model_grads, which loads
+the directory with our loader and runs the whole model non-streaming through our CUDA (or CPU)
+backend. The HF reference loads the same directory as FP32 master weights, runs under
+torch.autocast(bf16) every document as its own sequence (tools/verify/hf_common.py), loss = sum
+of token cross entropy / trained tokens, backward. Pass: |loss - loss_hf| / |loss_hf| <= 1e-3
+and, for every parameter, ||g - g_hf|| / ||g_hf|| <= 2e-2.
+
+Also reported (not gated): the same HF model in plain FP32 without autocast against the
+autocast reference (the bf16 noise floor) and our gradients against that FP32 run.
+
+Usage (GPU machine, repository root, after `source .gpu/lib/gpu-env.sh`):
+  python3 tools/verify/hf_compare.py --bin .gpu/bin/model_grads --work-dir /tmp/hfc \
+      --results $OUT/hf_compare.jsonl [--shapes tiny,untied,...] [--backends cuda,cpu]
+Exit status 0 when every run passes, 1 when one fails, 2 on a setup error.
+"""
+import argparse
+import inspect
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_common  # noqa: E402
+
+# name: (hidden, layers, heads, kv heads, head_dim, intermediate, vocab, tied, rows x seq)
+SHAPES = {
+    "tiny": (256, 4, 4, 2, 64, 512, 1000, True, (4, 512)),
+    "untied": (256, 4, 4, 2, 64, 512, 1000, False, (4, 384)),
+    "mha": (256, 2, 4, 4, 64, 512, 1000, False, (3, 256)),
+    "hd128": (512, 2, 4, 2, 128, 1024, 4096, False, (4, 512)),
+    "qwen3-0.6b-2l": (1024, 2, 16, 8, 128, 3072, 151936, True, (2, 1024)),
+}
+DEFAULT_CPU_SHAPES = "tiny,untied,mha,hd128"
+# (backend, grouping, policy) runs per shape; the CPU backend runs once (FP32 math cross-check).
+CUDA_RUNS = [("cuda", "per-row", "keep-all"), ("cuda", "single", "keep-all"),
+             ("cuda", "single", "recompute"), ("cuda", "single", "selective")]
+CPU_RUNS = [("cpu", "per-row", "keep-all")]
+
+
+def make_rows(rows, seq, vocab, rng):
+    """rows x seq tokens; row 0 one document, the others packed with random document lengths
+    (row 1 also holds 1- and 2-token documents)."""
+    out_rows, out_lens = [], []
+    for r in range(rows):
+        out_rows.append([rng.randrange(vocab) for _ in range(seq)])
+        if r == 0:
+            out_lens.append([seq])
+            continue
+        lens = [1, 2] if r == 1 else []
+        left = seq - sum(lens)
+        while left > 0:
+            n = min(left, rng.randint(1, max(1, seq // 3)))
+            lens.append(n)
+            left -= n
+        rng.shuffle(lens)
+        out_lens.append(lens)
+    return out_rows, out_lens
+
+
+def make_model(name, shape, seed, hf_dir):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    h, layers, heads, kv, hd, inter, vocab, tied, _ = shape
+    kwargs = dict(hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+                  head_dim=hd, intermediate_size=inter, vocab_size=vocab, tie_word_embeddings=tied,
+                  max_position_embeddings=4096, rms_norm_eps=1e-6, initializer_range=0.02, attention_bias=False,
+                  use_sliding_window=False)
+    if "rope_parameters" in inspect.signature(Qwen3Config.__init__).parameters:  # transformers 5
+        kwargs["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6}
+    else:
+        kwargs["rope_theta"] = 1e6
+    cfg = Qwen3Config(**kwargs)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(cfg)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.dim() == 1:  # RMSNorm weights (HF initialises them to 1)
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    full_config = json.loads(model.config.to_json_string(use_diff=False))
+    model = model.to(torch.bfloat16)
+    try:
+        model.save_pretrained(hf_dir, safe_serialization=True)
+    except TypeError:  # transformers versions without the argument always write safetensors
+        model.save_pretrained(hf_dir)
+    del model
+    return full_config
+
+
+def grads_of(model):
+    return {n: p.grad.detach().double().cpu().clone() for n, p in model.named_parameters()}
+
+
+def rel_l2(a, b):
+    den = float(b.norm())
+    num = float((a - b).norm())
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+def run_model_grads(args, our_dir, tok_path, out_path, backend, grouping, policy, log):
+    cmd = [args.bin, "--model", our_dir, "--tokens", tok_path, "--backend", backend, "--out", out_path,
+           "--grouping", grouping, "--policy", policy]
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout)
+    except subprocess.TimeoutExpired:
+        log.write(f"$ {' '.join(cmd)}\ntimed out after {args.run_timeout} s\n")
+        return None, f"model_grads timed out after {args.run_timeout} s", time.time() - t0
+    log.write(f"$ {' '.join(cmd)}\n{p.stdout}{p.stderr}\n")
+    log.flush()
+    if p.returncode != 0:
+        return None, f"model_grads exited {p.returncode}: {(p.stderr or p.stdout).strip()[-400:]}", time.time() - t0
+    summary = {}
+    for line in p.stdout.splitlines():
+        if line.startswith("{"):
+            summary = json.loads(line)
+    return summary, None, time.time() - t0
+
+
+def compare_shape(name, args, results, log):
+    import torch
+    from safetensors.torch import load_file
+    shape = SHAPES[name]
+    h, layers, heads, kv, hd, inter, vocab, tied, (rows, seq) = shape
+    work = os.path.join(args.work_dir, name)
+    shutil.rmtree(work, ignore_errors=True)
+    hf_dir, our_dir = os.path.join(work, "hf"), os.path.join(work, "ours")
+    seed = args.seed + sum(map(ord, name))
+    full_config = make_model(name, shape, seed, hf_dir)
+    # Our config.json from HF's full config (save_pretrained writes only non-default keys).
+    hf_common.make_our_model_dir(hf_dir, our_dir, full_config)
+    rng = random.Random(seed)
+    tok_rows, doc_lens = make_rows(rows, seq, vocab, rng)
+    tok_path = os.path.join(work, "tokens.json")
+    with open(tok_path, "w") as f:
+        json.dump({"rows": tok_rows, "doc_lens": doc_lens}, f)
+    segments = hf_common.segments_from_rows(tok_rows, doc_lens)
+    trained = sum(1 for _, lab in segments for x in lab if x != hf_common.IGNORE_INDEX)
+
+    # HF reference (FP32 master, bf16 autocast) and the FP32 noise-floor run.
+    model = hf_common.load_hf_model(hf_dir, torch.float32).cuda()
+    model.train()
+    # Both sides must use the same RoPE base: HF's inverse frequencies against our loader's theta.
+    with open(os.path.join(our_dir, "config.json")) as f:
+        theta = json.load(f)["rope_theta"]
+    inv_freq = getattr(getattr(model.model, "rotary_emb", None), "inv_freq", None)
+    if inv_freq is not None:
+        expect = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+        if inv_freq.numel() != expect.numel() or not torch.allclose(inv_freq.double().cpu(), expect, rtol=1e-5):
+            raise RuntimeError(f"HF's RoPE inverse frequencies do not match rope_theta={theta} our loader reads")
+    t0 = time.time()
+    model.zero_grad(set_to_none=True)
+    loss_hf = hf_common.hf_loss_backward(model, segments, trained, args.token_budget, autocast=True)
+    g_hf = grads_of(model)
+    model.zero_grad(set_to_none=True)
+    loss_fp32 = hf_common.hf_loss_backward(model, segments, trained, args.token_budget, autocast=False)
+    g_fp32 = grads_of(model)
+    hf_s = time.time() - t0
+    del model
+    torch.cuda.empty_cache()
+
+    header = (f"shape {name}: hidden {h}, layers {layers}, heads {heads}/{kv}, head_dim {hd}, inter {inter}, "
+              f"vocab {vocab}, {'tied' if tied else 'untied'}; {rows} rows x {seq} tokens, {len(segments)} documents, "
+              f"{trained} trained; rope_theta {theta:g}")
+    print("\n" + header)
+    print(f"{'run':34s} {'loss':>12s} {'loss rel':>9s} {'worst grad rel L2 (vs HF autocast)':>58s} "
+          f"{'vs fp32':>8s} {'time':>6s}  verdict")
+    worst_floor = max(g_fp32, key=lambda n: rel_l2(g_fp32[n], g_hf[n]))
+    print(f"{'hf autocast bf16 (reference)':34s} {loss_hf:12.6f} {'':>9s} {'':>58s} {'':>8s} {hf_s:6.1f}")
+    print(f"{'hf fp32 (noise floor)':34s} {loss_fp32:12.6f} {abs(loss_fp32 - loss_hf) / abs(loss_hf):9.2e} "
+          f"{worst_floor[-47:]:>47s} {rel_l2(g_fp32[worst_floor], g_hf[worst_floor]):10.3e}")
+    runs = list(CUDA_RUNS) if "cuda" in args.backends else []
+    if "cpu" in args.backends and name in args.cpu_shapes:
+        runs += CPU_RUNS
+    ok_all = True
+    for backend, grouping, policy in runs:
+        label = f"{backend} {grouping} {policy}"
+        out_path = os.path.join(work, f"grads-{backend}-{grouping}-{policy}.safetensors")
+        summary, err, secs = run_model_grads(args, our_dir, tok_path, out_path, backend, grouping, policy, log)
+        rec = {"shape": name, "backend": backend, "grouping": grouping, "policy": policy,
+               "loss_hf": loss_hf, "loss_hf_fp32": loss_fp32, "trained_tokens": trained, "seconds": secs}
+        if err is not None:
+            rec.update({"pass": False, "error": err})
+            print(f"{label:34s} FAILED: {err}")
+            results.append(rec)
+            ok_all = False
+            continue
+        ours = load_file(out_path)
+        loss = float(ours.pop("loss")[0])
+        rels, rels_fp32, problems = {}, {}, []
+        if set(ours) != set(g_hf):
+            problems.append(f"tensor names differ: ours only {sorted(set(ours) - set(g_hf))[:5]}, "
+                            f"HF only {sorted(set(g_hf) - set(ours))[:5]}")
+        for pname, ref in g_hf.items():
+            if pname not in ours:
+                continue
+            a = ours[pname].double()
+            if tuple(a.shape) != tuple(ref.shape):
+                problems.append(f"{pname}: shape {tuple(a.shape)} vs HF {tuple(ref.shape)}")
+                continue
+            if not torch.isfinite(a).all():
+                problems.append(f"{pname}: non-finite gradient")
+            rels[pname] = rel_l2(a, ref)
+            rels_fp32[pname] = rel_l2(a, g_fp32[pname])
+        loss_rel = abs(loss - loss_hf) / abs(loss_hf)
+        worst = max(rels, key=rels.get) if rels else ""
+        ok = (not problems and loss_rel <= args.loss_tol and rels and max(rels.values()) <= args.grad_tol
+              and math.isfinite(loss))
+        ok_all &= bool(ok)
+        rec.update({"loss": loss, "loss_rel": loss_rel, "worst_param": worst, "worst_rel": rels.get(worst),
+                    "worst_rel_vs_fp32": max(rels_fp32.values()) if rels_fp32 else None,
+                    "grad_rel": rels, "problems": problems, "summary": summary, "pass": bool(ok)})
+        results.append(rec)
+        print(f"{label:34s} {loss:12.6f} {loss_rel:9.2e} {worst[-47:]:>47s} {rels.get(worst, float('nan')):10.3e} "
+              f"{rec['worst_rel_vs_fp32'] or float('nan'):8.2e} {secs:6.1f}  {'PASS' if ok else 'FAIL'}")
+        for pr in problems[:5]:
+            print(f"{'':34s} problem: {pr}")
+        os.remove(out_path)
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return ok_all
+
+
+class Results(list):
+    """Records, also written to a JSON lines file as they come (a killed run keeps its records)."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.f = None
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self.f = open(path, "w")
+
+    def append(self, rec):
+        super().append(rec)
+        if self.f:
+            self.f.write(json.dumps(rec, sort_keys=True) + "\n")
+            self.f.flush()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", required=True, help="model_grads binary")
+    ap.add_argument("--work-dir", default="/tmp/slidedp-hf-compare", help="models, batches, gradients (large)")
+    ap.add_argument("--results", default="", help="JSON lines output (one record per run)")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)}")
+    ap.add_argument("--backends", default="cuda,cpu", help="cuda and/or cpu")
+    ap.add_argument("--cpu-shapes", default=DEFAULT_CPU_SHAPES, help="shapes the CPU backend also runs")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--loss-tol", type=float, default=1e-3)
+    ap.add_argument("--grad-tol", type=float, default=2e-2)
+    ap.add_argument("--token-budget", type=int, default=4096, help="padded tokens per HF forward")
+    ap.add_argument("--run-timeout", type=float, default=300, help="seconds per model_grads run")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args()
+    args.backends = [b for b in args.backends.split(",") if b]
+    args.cpu_shapes = [s for s in args.cpu_shapes.split(",") if s]
+    shapes = [s for s in args.shapes.split(",") if s]
+    for s in shapes:
+        if s not in SHAPES:
+            print(f"unknown shape {s}; known: {', '.join(SHAPES)}", file=sys.stderr)
+            return 2
+    if not os.access(args.bin, os.X_OK):
+        print(f"{args.bin}: not an executable", file=sys.stderr)
+        return 2
+    import torch
+    import transformers
+    if not torch.cuda.is_available():
+        print("CUDA is not available to torch", file=sys.stderr)
+        return 2
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.cuda.get_device_name(0)}; "
+          f"tolerances: loss rel {args.loss_tol}, grad rel L2 {args.grad_tol}")
+    os.makedirs(args.work_dir, exist_ok=True)
+    results = Results(args.results)
+    ok = True
+    with open(os.path.join(args.work_dir, "model_grads.log"), "a") as log:
+        for s in shapes:
+            try:
+                ok &= compare_shape(s, args, results, log)
+            except Exception as e:  # report and go on with the next shape
+                import traceback
+                traceback.print_exc()
+                results.append({"shape": s, "pass": False, "error": f"{type(e).__name__}: {e}"})
+                ok = False
+    print()
+    for r in results:  # compact JSON lines (per-parameter detail only in --results)
+        print(json.dumps({k: v for k, v in r.items() if k not in ("grad_rel", "summary")}, sort_keys=True))
+    n_pass = sum(1 for r in results if r.get("pass"))
+    print(f"\nhf_compare: {n_pass}/{len(results)} runs pass -> {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""HF transformers loss-curve reference for issue 4: train Qwen3ForCausalLM from the same initial
+weights on exactly the global batches our job trains on, with torch.optim.AdamW and the job's LR
+schedule and clipping, and write the loss per step.
+
+Inputs come from `dump_batches --job JOB.yaml --out BATCHES.bin [--write-init INIT_DIR]`
+(tools/verify/dump_batches.cc): the batches (tokens, shifted labels, document pieces) built by the
+trainer's own sampler and micro-batch code, the optimizer/schedule settings of the job, and the
+model directory (the job's model.path, or the F32 random init written by --write-init for a
+model.preset job). Flags override the job's settings.
+
+Training step t (t = 0 .. N-1), matching hostd (hostd/engine/training_executor.cc):
+  loss_t = sum of token CE over the global batch / its trained tokens (HF: FP32 master weights,
+           forward under torch.autocast(bf16), each document piece its own causal sequence, see
+           tools/verify/hf_common.py); backward
+  grad_norm = clip_grad_norm_(params, max_grad_norm)   (skipped when max_grad_norm is 0)
+  AdamW(lr = base_lr * multiplier(t), betas, eps, weight_decay; foreach=False, the single-tensor
+        path docs/layeradam.md matches) step; LambdaLR step
+The curve records {"step": t + 1, "loss": loss_t, "lr", "grad_norm"}, the numbering of hostd's
+metrics-<job>.jsonl. Compare with tools/verify/compare_curves.py.
+
+Usage (GPU machine):
+  python3 tools/verify/hf_train_reference.py --batches BATCHES.bin --out hf_curve.json [--steps N]
+  python3 tools/verify/hf_train_reference.py --selftest     (tiny synthetic run, a few seconds)
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_common  # noqa: E402
+
+SETTINGS = ("lr", "beta1", "beta2", "eps", "weight_decay", "max_grad_norm", "schedule", "warmup_steps", "min_lr",
+            "total_steps")
+DEFAULTS = {"lr": 1e-5, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0, "max_grad_norm": 1.0,
+            "schedule": "constant", "warmup_steps": 0, "min_lr": 0.0, "total_steps": None}
+
+
+def resolve_settings(args, batches):
+    """Flags > the job in the batches file > defaults (the job spec's defaults)."""
+    job = batches.job or {}
+    s = {}
+    for k in SETTINGS:
+        v = getattr(args, k)
+        s[k] = v if v is not None else job.get(k, DEFAULTS[k])
+    n = args.steps if args.steps else (job.get("steps") or len(batches.steps))
+    if n > len(batches.steps):
+        raise SystemExit(f"{batches.path} holds {len(batches.steps)} steps, {n} requested")
+    s["steps"] = n
+    if not s["total_steps"]:
+        s["total_steps"] = max(job.get("steps") or n, 1)
+    return s
+
+
+def make_scheduler(optimizer, s):
+    """transformers' scheduler for the job's kind, checked against hostd's formula."""
+    import torch
+    import transformers
+    base, warm, total, min_lr = s["lr"], s["warmup_steps"], s["total_steps"], s["min_lr"]
+    kind = s["schedule"]
+    if kind == "constant":
+        sched = transformers.get_constant_schedule_with_warmup(optimizer, warm)
+    elif kind == "linear" and min_lr == 0:
+        sched = transformers.get_linear_schedule_with_warmup(optimizer, warm, total)
+    elif kind == "cosine" and min_lr == 0:
+        sched = transformers.get_cosine_schedule_with_warmup(optimizer, warm, total)
+    elif kind == "cosine":
+        from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
+        sched = get_cosine_with_min_lr_schedule_with_warmup(optimizer, warm, total, min_lr=min_lr)
+    else:  # linear with a floor: hostd's extension of HF's linear schedule
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda st: hf_common.lr_multiplier(st, kind, warm, total, base, min_lr))
+    # The multipliers HF's lambda gives must be hostd's (schedule.h); cosine is clamped past total
+    # by hostd only, and a job never runs past total_steps.
+    for lam in sched.lr_lambdas:
+        for st in range(min(s["steps"], total) + 1):
+            ours = hf_common.lr_multiplier(st, kind, warm, total, base, min_lr)
+            if abs(lam(st) - ours) > 1e-12:
+                raise SystemExit(f"LR schedule mismatch at step {st}: transformers {lam(st)!r}, hostd {ours!r}")
+    return sched
+
+
+def train(model_dir, batches, s, token_budget, out_path, log_every=10):
+    import torch
+    model = hf_common.load_hf_model(model_dir, torch.float32).cuda()
+    model.train()
+    model.config.use_cache = False
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=s["lr"], betas=(s["beta1"], s["beta2"]), eps=s["eps"],
+                            weight_decay=s["weight_decay"], foreach=False)
+    sched = make_scheduler(opt, s)
+    curve = []
+    t_start = time.time()
+    for t in range(s["steps"]):
+        tokens, labels, positions, cu, meta = batches.step(t)
+        segments = hf_common.segments_of(tokens, labels, positions, cu)
+        trained = meta["trained_tokens"]
+        if trained != sum(1 for _, lab in segments for x in lab if x != hf_common.IGNORE_INDEX):
+            raise SystemExit(f"step {t}: trained_tokens in the header disagrees with the labels")
+        lr = sched.get_last_lr()[0]
+        t0 = time.time()
+        opt.zero_grad(set_to_none=True)
+        loss = hf_common.hf_loss_backward(model, segments, trained, token_budget, autocast=True)
+        if s["max_grad_norm"] > 0:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s["max_grad_norm"]))
+        else:
+            grad_norm = float(torch.sqrt(sum((p.grad.float() ** 2).sum() for p in params if p.grad is not None)))
+        opt.step()
+        sched.step()
+        torch.cuda.synchronize()
+        rec = {"step": t + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "trained_tokens": trained,
+               "tokens": meta["num_tokens"], "time_s": time.time() - t0}
+        curve.append(rec)
+        if log_every and (t % log_every == 0 or t + 1 == s["steps"]):
+            print(json.dumps(rec), flush=True)
+    doc = {"format": "slidedp-hf-curve", "model_dir": os.path.abspath(model_dir), "batches": batches.path,
+           "settings": s, "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+           "device": torch.cuda.get_device_name(0), "seconds": time.time() - t_start, "curve": curve}
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(doc, f, indent=1)
+    return doc
+
+
+def write_synthetic_batches(path, steps, rows, seq, vocab, seed):
+    """A dump_batches-format file without a dataset (selftest): packed rows of random documents
+    drawn from a small repeating vocabulary pattern, so the loss can fall quickly."""
+    import random
+    import struct
+    rng = random.Random(seed)
+    data = bytearray()
+    metas = []
+    for t in range(steps):
+        toks, labs, poss, cu = [], [], [], [0]
+        for _ in range(rows):
+            left = seq
+            while left > 0:
+                n = min(left, rng.randint(2, seq // 2))
+                start = rng.randrange(vocab)
+                doc = [(start + 3 * i) % vocab for i in range(n)]
+                toks += doc
+                labs += doc[1:] + [hf_common.IGNORE_INDEX]
+                poss += list(range(n))
+                cu.append(len(toks))
+                left -= n
+        off = len(data)
+        for arr in (toks, labs, poss, cu):
+            data += struct.pack(f"<{len(arr)}i", *arr)
+        metas.append({"step": t, "epoch": 0, "rows": list(range(rows)), "num_tokens": len(toks),
+                      "num_segments": len(cu) - 1,
+                      "trained_tokens": sum(1 for x in labs if x != hf_common.IGNORE_INDEX), "offset": off})
+    header = {"format": "slidedp-batches", "version": 1, "dataset": "synthetic", "num_rows": rows,
+              "global_batch": rows, "seed": seed, "shuffle": False, "model_dir": None,
+              "job": {"lr": 3e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.01,
+                      "max_grad_norm": 1.0, "schedule": "cosine", "warmup_steps": 2, "min_lr": 3e-4,
+                      "steps": steps, "total_steps": steps},
+              "steps": metas}
+    with open(path, "wb") as f:
+        f.write(json.dumps(header).encode() + b"\n")
+        f.write(bytes(data))
+
+
+def selftest():
+    """Tiny random model + synthetic batches: the script runs end to end, HF loads a config.json
+    in our loader's format, the schedule check passes and the loss falls."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    with tempfile.TemporaryDirectory() as d:
+        cfg = Qwen3Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=16, intermediate_size=128, vocab_size=512, tie_word_embeddings=True,
+                          max_position_embeddings=4096, rms_norm_eps=1e-6)
+        torch.manual_seed(0)
+        model_dir = os.path.join(d, "model")
+        Qwen3ForCausalLM(cfg).save_pretrained(model_dir)
+        # Our loader's config.json (top-level rope_theta, rope_scaling null) must load in HF too.
+        with open(os.path.join(model_dir, "config.json")) as f:
+            c = hf_common.config_for_our_loader(json.load(f))
+        with open(os.path.join(model_dir, "config.json"), "w") as f:
+            json.dump(c, f)
+        path = os.path.join(d, "batches.bin")
+        write_synthetic_batches(path, steps=12, rows=4, seq=128, vocab=512, seed=1)
+        batches = hf_common.BatchesFile(path)
+        ns = argparse.Namespace(steps=0, **{k: None for k in SETTINGS})
+        s = resolve_settings(ns, batches)
+        doc = train(model_dir, batches, s, token_budget=4096, out_path=None, log_every=0)
+        losses = [r["loss"] for r in doc["curve"]]
+        lrs = [r["lr"] for r in doc["curve"]]
+        print("selftest losses", " ".join(f"{x:.3f}" for x in losses))
+        ok = (all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.1 and lrs[0] == 0.0
+              and abs(lrs[2] - 3e-3) < 1e-12)
+        print("hf_train_reference selftest:", "PASS" if ok else "FAIL")
+        return 0 if ok else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", help="dump_batches output")
+    ap.add_argument("--model", help="HF model dir (default: the batches file's model_dir)")
+    ap.add_argument("--out", default="hf_curve.json")
+    ap.add_argument("--steps", type=int, default=0, help="default: the job's steps")
+    ap.add_argument("--token-budget", type=int, default=16384, help="padded tokens per HF forward")
+    for k in SETTINGS:
+        typ = str if k == "schedule" else int if k in ("warmup_steps", "total_steps") else float
+        ap.add_argument("--" + k.replace("_", "-"), dest=k, type=typ, default=None, help=f"override the job's {k}")
+    ap.add_argument("--selftest", action="store_true")
+    args = ap.parse_args()
+    if args.selftest:
+        return selftest()
+    if not args.batches:
+        ap.error("--batches is required")
+    batches = hf_common.BatchesFile(args.batches)
+    model_dir = args.model or batches.model_dir
+    if not model_dir:
+        ap.error("no model directory: give --model (the batches file names none)")
+    s = resolve_settings(args, batches)
+    print(f"model {model_dir}, {s['steps']} steps, settings {json.dumps(s)}", flush=True)
+    doc = train(model_dir, batches, s, args.token_budget, args.out)
+    print(f"wrote {args.out}: {len(doc['curve'])} steps in {doc['seconds']:.1f} s, "
+          f"loss {doc['curve'][0]['loss']:.4f} -> {doc['curve'][-1]['loss']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Tests of the torch-free parts of the HF comparison scripts (runs with a bare python3):
+segment chunking, the LR schedule formula, config fix-ups, curve loading and comparison, the
+batches file reader, and (with SLIDEDP_DUMP_BATCHES=path/to/dump_batches) that dump_batches'
+batches equal a pure-Python port of the sampler and micro-batch builder on a dataset written here
+in the documented format (docs/dataset-format.md).
+
+  python3 tools/verify/verify_py_test.py [-v]
+"""
+import json
+import os
+import random
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare_curves  # noqa: E402
+import hf_common  # noqa: E402
+import hf_compare  # noqa: E402
+import hf_train_reference  # noqa: E402
+
+
+def write_dataset(d, docs, masks, seq_len, vocab):
+    """A packed dataset per docs/dataset-format.md (pure Python writer for the test)."""
+    os.makedirs(d)
+    tokens, mask, doc_off, row_off = [], [], [0], [0]
+    row_start = 0
+    for doc, m in zip(docs, masks):
+        if len(tokens) - row_start + len(doc) > seq_len and len(tokens) > row_start:
+            row_off.append(len(tokens))
+            row_start = len(tokens)
+        for i in range(len(doc)):
+            tokens.append(doc[i])
+            mask.append(m[i])
+            if len(tokens) - row_start == seq_len:
+                row_off.append(len(tokens))
+                row_start = len(tokens)
+        doc_off.append(len(tokens))
+    if row_off[-1] != len(tokens):
+        row_off.append(len(tokens))
+    files = [("tokens.bin", struct.pack(f"<{len(tokens)}I", *tokens)), ("loss_mask.bin", bytes(mask)),
+             ("doc_offsets.bin", struct.pack(f"<{len(doc_off)}Q", *doc_off)),
+             ("row_offsets.bin", struct.pack(f"<{len(row_off)}Q", *row_off))]
+    for name, data in files:
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+    manifest = {"format": "slidedp-dataset", "version": 1, "token_dtype": "uint32", "vocab_size": vocab,
+                "seq_len": seq_len, "packing": "packed", "num_tokens": len(tokens), "num_documents": len(docs),
+                "num_rows": len(row_off) - 1, "num_trained_tokens": sum(mask), "truncated_documents": 0,
+                "split_documents": sum(1 for doc in docs if len(doc) > seq_len),
+                "files": [{"name": n, "bytes": len(b), "crc32": zlib.crc32(b)} for n, b in files], "metadata": {}}
+    with open(os.path.join(d, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    return len(row_off) - 1
+
+
+class PurePython(unittest.TestCase):
+    def test_chunks_cover_every_segment_within_budget(self):
+        rng = random.Random(0)
+        for _ in range(50):
+            lens = [rng.randint(1, 300) for _ in range(rng.randint(1, 40))]
+            budget = rng.choice([64, 256, 1000, 4096])
+            chunks = hf_common.chunk_segments(lens, budget)
+            self.assertEqual(sorted(i for c in chunks for i in c), list(range(len(lens))))
+            for c in chunks:
+                width = max(lens[i] for i in c)
+                self.assertTrue(len(c) == 1 or width * len(c) <= budget, (c, budget))
+
+    def test_lr_multiplier_matches_schedule_h(self):
+        f = hf_common.lr_multiplier
+        self.assertEqual(f(0, "cosine", 10, 100, 1e-3, 0), 0.0)
+        self.assertAlmostEqual(f(5, "cosine", 10, 100, 1e-3, 0), 0.5)
+        self.assertAlmostEqual(f(10, "cosine", 10, 100, 1e-3, 0), 1.0)
+        self.assertAlmostEqual(f(55, "cosine", 10, 100, 1e-3, 0), 0.5)
+        self.assertAlmostEqual(f(100, "cosine", 10, 100, 1e-3, 1e-4), 0.1)
+        self.assertAlmostEqual(f(150, "cosine", 10, 100, 1e-3, 1e-4), 0.1)  # clamped past total
+        self.assertAlmostEqual(f(55, "linear", 10, 100, 1e-3, 0), 0.5)
+        self.assertAlmostEqual(f(55, "linear", 10, 100, 1e-3, 1e-4), 0.1 + 0.9 * 0.5)
+        self.assertEqual(f(3, "constant", 0, 0, 1e-3, 0), 1.0)
+        self.assertEqual(f(3, "constant", 4, 0, 1e-3, 0), 0.75)
+
+    def test_config_fixups(self):
+        v5 = {"model_type": "qwen3", "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}, "dtype": "bfloat16"}
+        c = hf_common.config_for_our_loader(v5)
+        self.assertEqual(c["rope_theta"], 5e5)
+        self.assertIsNone(c["rope_scaling"])
+        self.assertFalse(c["tie_word_embeddings"])
+        v4 = {"model_type": "qwen3", "rope_theta": 1e6, "rope_scaling": None, "tie_word_embeddings": True}
+        self.assertEqual(hf_common.config_for_our_loader(v4)["rope_theta"], 1e6)
+        self.assertTrue(hf_common.config_for_our_loader(v4)["tie_word_embeddings"])
+        echoed = {"rope_scaling": {"rope_type": "default", "rope_theta": 2e6}}
+        self.assertEqual(hf_common.config_for_our_loader(echoed)["rope_theta"], 2e6)
+        with self.assertRaises(ValueError):
+            hf_common.config_for_our_loader({"rope_theta": 1e6, "rope_scaling": {"rope_type": "yarn", "factor": 4}})
+        with self.assertRaises(ValueError):
+            hf_common.config_for_our_loader({"model_type": "qwen3"})
+
+    def test_segments_from_rows_and_make_rows(self):
+        segs = hf_common.segments_from_rows([[1, 2, 3, 4, 5]], [[2, 3]])
+        self.assertEqual(segs, [([1, 2], [2, -100]), ([3, 4, 5], [4, 5, -100])])
+        rows, lens = hf_compare.make_rows(4, 300, 1000, random.Random(3))
+        self.assertEqual([sum(l) for l in lens], [300] * 4)
+        self.assertIn(1, lens[1])
+        self.assertIn(2, lens[1])
+        self.assertTrue(all(0 <= t < 1000 for r in rows for t in r))
+
+    def test_curves(self):
+        with tempfile.TemporaryDirectory() as d:
+            ours = os.path.join(d, "metrics-j.jsonl")
+            with open(ours, "w") as f:
+                for s in range(1, 6):
+                    f.write(json.dumps({"step": s, "loss": 5.0 - 0.1 * s, "lr": 1e-3}) + "\n")
+                f.write(json.dumps({"step": 3, "loss": 4.7003}) + "\n")  # a restart repeats step 3
+            ref = os.path.join(d, "hf.json")
+            with open(ref, "w") as f:
+                json.dump({"format": "slidedp-hf-curve", "curve": [{"step": s, "loss": 5.0 - 0.1 * s}
+                                                                  for s in range(1, 6)]}, f)
+            a, b = hf_common.load_curve(ours), hf_common.load_curve(ref)
+            self.assertEqual(a[3], 4.7003)
+            r = compare_curves.compare(a, b, steps=5)
+            self.assertAlmostEqual(r["max_abs_diff"], 3e-4)
+            self.assertEqual(r["max_at_step"], 3)
+            with self.assertRaises(ValueError):
+                compare_curves.compare(a, b, steps=6)
+            script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compare_curves.py")
+            self.assertEqual(subprocess.run([sys.executable, script, ours, ref], capture_output=True).returncode, 0)
+            self.assertEqual(subprocess.run([sys.executable, script, ours, ref, "--tol", "1e-4"],
+                                            capture_output=True).returncode, 1)
+
+    def test_synthetic_batches_roundtrip(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "b.bin")
+            hf_train_reference.write_synthetic_batches(p, steps=3, rows=2, seq=64, vocab=100, seed=0)
+            bf = hf_common.BatchesFile(p)
+            self.assertEqual(len(bf.steps), 3)
+            for t in range(3):
+                tokens, labels, positions, cu, meta = bf.step(t)
+                self.assertEqual(len(tokens), 128)
+                segs = hf_common.segments_of(tokens, labels, positions, cu)
+                self.assertEqual(sum(len(s[0]) for s in segs), 128)
+                self.assertEqual(sum(1 for _, l in segs for x in l if x != -100), meta["trained_tokens"])
+            import argparse
+            ns = argparse.Namespace(steps=0, **{k: None for k in hf_train_reference.SETTINGS})
+            s = hf_train_reference.resolve_settings(ns, bf)
+            self.assertEqual((s["steps"], s["total_steps"], s["schedule"], s["lr"]), (3, 3, "cosine", 3e-3))
+            ns.lr, ns.steps = 1e-4, 2
+            self.assertEqual(hf_train_reference.resolve_settings(ns, bf)["lr"], 1e-4)
+
+    def test_sampler_port_is_a_permutation(self):
+        for n in (1, 2, 7, 100):
+            for e in (0, 1, 5):
+                self.assertEqual(sorted(hf_common.epoch_permutation(n, 42, e)), list(range(n)))
+        self.assertNotEqual(hf_common.epoch_permutation(50, 1, 0), hf_common.epoch_permutation(50, 1, 1))
+
+
+@unittest.skipUnless(os.environ.get("SLIDEDP_DUMP_BATCHES"), "set SLIDEDP_DUMP_BATCHES=path/to/dump_batches")
+class DumpBatches(unittest.TestCase):
+    def test_dump_equals_python_port(self):
+        rng = random.Random(7)
+        docs, masks = [], []
+        for _ in range(60):
+            n = rng.choice([1, 2, 5, 17, 40, 64, 90])
+            docs.append([rng.randrange(300) for _ in range(n)])
+            masks.append([rng.choice([0, 1, 1, 1]) for _ in range(n)])
+        with tempfile.TemporaryDirectory() as d:
+            data = os.path.join(d, "data")
+            num_rows = write_dataset(data, docs, masks, seq_len=64, vocab=300)
+            out = os.path.join(d, "b.bin")
+            B, seed, steps = 6, 12345, (2 * num_rows) // 6 + 2  # crosses epoch boundaries
+            subprocess.run([os.environ["SLIDEDP_DUMP_BATCHES"], "--data", data, "--global-batch", str(B), "--seed",
+                            str(seed), "--steps", str(steps), "--out", out], check=True, capture_output=True)
+            bf = hf_common.BatchesFile(out)
+            ds = hf_common.read_dataset(data)
+            self.assertEqual(bf.header["num_rows"], num_rows)
+            for t in range(steps):
+                rows = hf_common.global_rows(num_rows, B, seed, t)
+                self.assertEqual(bf.steps[t]["rows"], rows, f"step {t}")
+                tokens, labels, positions, cu, meta = bf.step(t)
+                exp = hf_common.build_microbatch(ds, rows)
+                self.assertEqual(([int(x) for x in tokens], [int(x) for x in labels], [int(x) for x in positions],
+                                  [int(x) for x in cu]), exp, f"step {t}")
+                self.assertEqual(meta["trained_tokens"], sum(1 for x in exp[1] if x != -100))
+                hf_common.segments_of(tokens, labels, positions, cu)
+
+
+if __name__ == "__main__":
+    unittest.main()

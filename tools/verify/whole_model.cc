@@ -1,0 +1,95 @@
+// RunWholeModel: the plain unit loop over device buffers.
+#include "tools/verify/whole_model.h"
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/status/status_macros.h"
+
+namespace slidedp::verify {
+
+absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const ModelLayout& layout,
+                                               const std::vector<std::vector<bf16_t>>& unit_params,
+                                               const std::vector<MicroBatch>& batches, float loss_scale,
+                                               ActPolicy policy) {
+  const int num_units = layout.num_units();
+  if (static_cast<int>(unit_params.size()) != num_units) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RunWholeModel: ", unit_params.size(), " parameter arrays for ", num_units, " units"));
+  }
+  if (num_units < 3) return absl::InvalidArgumentError("RunWholeModel: the model has no decoder layer");
+  // Parameters (BF16) and gradients (FP32, zeroed) in device memory, one buffer per unit.
+  std::vector<std::unique_ptr<DeviceBuffer>> params(num_units), grads(num_units);
+  for (int u = 0; u < num_units; ++u) {
+    const int64_t numel = layout.units[u].numel;
+    if (static_cast<int64_t>(unit_params[u].size()) != numel) {
+      return absl::InvalidArgumentError(absl::StrCat("RunWholeModel: unit ", layout.units[u].name, " has ",
+                                                     unit_params[u].size(), " parameters, layout says ", numel));
+    }
+    ASSIGN_OR_RETURN(params[u], backend.Allocate(numel * 2));
+    RETURN_IF_ERROR(backend.CopyToDevice(unit_params[u].data(), params[u]->data(), numel * 2));
+    ASSIGN_OR_RETURN(grads[u], backend.Allocate(numel * 4));
+    RETURN_IF_ERROR(backend.Memset(*grads[u], 0));
+  }
+  const int embed = 0, head = num_units - 1;
+  const UnitLayout& head_unit = layout.head();
+  const int64_t norm_off = head_unit.tensors[0].offset_numel;
+  const bf16_t* norm_w = params[head]->as<bf16_t>() + norm_off;
+  float* dnorm = grads[head]->as<float>() + norm_off;
+  const bf16_t* lm_w;
+  float* dlm;
+  if (layout.head_uses_embedding) {
+    lm_w = params[embed]->as<bf16_t>();
+    dlm = grads[embed]->as<float>();
+  } else {
+    const int64_t off = head_unit.tensors[1].offset_numel;
+    lm_w = params[head]->as<bf16_t>() + off;
+    dlm = grads[head]->as<float>() + off;
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> loss_buf, backend.Allocate(sizeof(float)));
+
+  const int64_t H = layout.config.hidden_size;
+  const int64_t act_bytes = DTypeBytes(backend.activation_dtype());
+  WholeModelResult result;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    auto uploaded = backend.UploadBatch(batches[i]);
+    if (!uploaded.ok()) return Annotate(uploaded.status(), absl::StrCat("micro-batch ", i));
+    const DeviceBatch& batch = **uploaded;
+    const int64_t bytes = batch.num_tokens() * H * act_bytes;
+    // xs[l]: input of decoder layer l (xs[0] = embedding output); xs.back(): the head's input.
+    std::vector<std::unique_ptr<DeviceBuffer>> xs(num_units - 1);
+    for (auto& x : xs) {
+      ASSIGN_OR_RETURN(x, backend.Allocate(bytes));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> grad, backend.Allocate(bytes));
+    RETURN_IF_ERROR(backend.Memset(*loss_buf, 0));
+
+    RETURN_IF_ERROR(backend.EmbeddingForward(params[embed]->as<bf16_t>(), batch, xs[0]->data()));
+    std::vector<std::unique_ptr<SavedActivations>> saved(num_units);
+    for (int u = 1; u < head; ++u) {
+      RETURN_IF_ERROR(backend.DecoderForward(params[u]->as<bf16_t>(), batch, xs[u - 1]->data(), xs[u]->data(), policy,
+                                             &saved[u]));
+    }
+    RETURN_IF_ERROR(backend.HeadForwardBackward(norm_w, lm_w, batch, xs.back()->data(), loss_scale, grad->data(),
+                                                dnorm, dlm, loss_buf->as<float>()));
+    for (int u = head - 1; u >= 1; --u) {
+      RETURN_IF_ERROR(backend.DecoderBackward(params[u]->as<bf16_t>(), batch, xs[u - 1]->data(), saved[u].get(),
+                                              grad->data(), grad->data(), grads[u]->as<float>()));
+      saved[u].reset();
+    }
+    RETURN_IF_ERROR(backend.EmbeddingBackward(grad->data(), batch, grads[embed]->as<float>()));
+    float loss = 0;
+    RETURN_IF_ERROR(backend.Synchronize());
+    RETURN_IF_ERROR(backend.CopyToHost(loss_buf->data(), &loss, sizeof(float)));
+    result.loss += loss;
+  }
+  RETURN_IF_ERROR(backend.Synchronize());
+  result.unit_grads.resize(num_units);
+  for (int u = 0; u < num_units; ++u) {
+    result.unit_grads[u].resize(layout.units[u].numel);
+    RETURN_IF_ERROR(backend.CopyToHost(grads[u]->data(), result.unit_grads[u].data(), layout.units[u].numel * 4));
+  }
+  return result;
+}
+
+}  // namespace slidedp::verify

@@ -1,0 +1,34 @@
+// The whole Qwen3 model, non-streaming, on any ComputeBackend: the driver model_grads runs for
+// the comparison against HF transformers (docs/verification.md).
+//
+// Same order as the CPU oracle (worker/compute/cpu/cpu_reference_model.h), but written only
+// against the backend interface (Allocate / CopyToDevice / CopyToHost), so the identical code
+// runs the CPU and the CUDA backend: for each micro-batch, embedding -> every decoder layer ->
+// final norm + LM head + loss (fused forward and backward) -> decoder layers backward in reverse
+// -> embedding backward. Gradients accumulate in FP32 across micro-batches; with tied embeddings
+// the LM head's gradient goes into the embedding's.
+#pragma once
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/qwen3_config.h"
+#include "common/numeric/bf16.h"
+#include "worker/compute/backend.h"
+
+namespace slidedp::verify {
+
+struct WholeModelResult {
+  double loss = 0;                             // sum over micro-batches of the head's loss_sum
+  std::vector<std::vector<float>> unit_grads;  // per unit, layout.units[u].numel FP32 (padding 0)
+};
+
+// unit_params: one BF16 array per unit in layout order (each of the unit's numel). policy is
+// the decoder layers' activation policy (kRecomputeLayer/kSelective exercise the recompute
+// paths of backward). loss_scale multiplies every token's loss (1 / trained labels for a mean).
+absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const ModelLayout& layout,
+                                               const std::vector<std::vector<bf16_t>>& unit_params,
+                                               const std::vector<MicroBatch>& batches, float loss_scale,
+                                               ActPolicy policy);
+
+}  // namespace slidedp::verify
