@@ -84,8 +84,11 @@ def make_scheduler(optimizer, s):
     return sched
 
 
-def train(model_dir, batches, s, token_budget, out_path, log_every=10):
+def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision="bf16-autocast"):
     import torch
+    if precision == "fp32":  # the noise floor of the reference: no autocast, no TF32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     model = hf_common.load_hf_model(model_dir, torch.float32).cuda()
     model.train()
     model.config.use_cache = False
@@ -104,7 +107,7 @@ def train(model_dir, batches, s, token_budget, out_path, log_every=10):
         lr = sched.get_last_lr()[0]
         t0 = time.time()
         opt.zero_grad(set_to_none=True)
-        loss = hf_common.hf_loss_backward(model, segments, trained, token_budget, autocast=True)
+        loss = hf_common.hf_loss_backward(model, segments, trained, token_budget, autocast=precision != "fp32")
         if s["max_grad_norm"] > 0:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s["max_grad_norm"]))
         else:
@@ -118,6 +121,7 @@ def train(model_dir, batches, s, token_budget, out_path, log_every=10):
         if log_every and (t % log_every == 0 or t + 1 == s["steps"]):
             print(json.dumps(rec), flush=True)
     doc = {"format": "slidedp-hf-curve", "model_dir": os.path.abspath(model_dir), "batches": batches.path,
+           "precision": precision,
            "settings": s, "torch": torch.__version__, "transformers": __import__("transformers").__version__,
            "device": torch.cuda.get_device_name(0), "seconds": time.time() - t_start, "curve": curve}
     if out_path:
@@ -206,6 +210,8 @@ def main():
     for k in SETTINGS:
         typ = str if k == "schedule" else int if k in ("warmup_steps", "total_steps") else float
         ap.add_argument("--" + k.replace("_", "-"), dest=k, type=typ, default=None, help=f"override the job's {k}")
+    ap.add_argument("--precision", choices=["bf16-autocast", "fp32"], default="bf16-autocast",
+                    help="fp32: the reference's own noise floor (no autocast, no TF32)")
     ap.add_argument("--selftest", action="store_true")
     args = ap.parse_args()
     if args.selftest:
@@ -218,7 +224,7 @@ def main():
         ap.error("no model directory: give --model (the batches file names none)")
     s = resolve_settings(args, batches)
     print(f"model {model_dir}, {s['steps']} steps, settings {json.dumps(s)}", flush=True)
-    doc = train(model_dir, batches, s, args.token_budget, args.out)
+    doc = train(model_dir, batches, s, args.token_budget, args.out, precision=args.precision)
     print(f"wrote {args.out}: {len(doc['curve'])} steps in {doc['seconds']:.1f} s, "
           f"loss {doc['curve'][0]['loss']:.4f} -> {doc['curve'][-1]['loss']:.4f}")
     return 0
