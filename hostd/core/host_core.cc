@@ -4,13 +4,16 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
-#include <regex>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
+#include "google/protobuf/util/json_util.h"
+#include "hostd/checkpoint/checkpoint.h"
 
 namespace slidedp::hostd {
 namespace {
@@ -123,6 +126,7 @@ class HostCore::RecordContext : public JobContext {
   void SetLastCheckpoint(const std::string& path) override {
     absl::MutexLock l(&core_->mu_);
     rec_->job.set_last_checkpoint(path);
+    core_->PersistLocked(*rec_);
   }
 
  private:
@@ -146,7 +150,78 @@ HostCore::~HostCore() {
   if (runner_.joinable()) runner_.join();
 }
 
+void HostCore::PersistLocked(const JobRecord& rec) {
+  if (options_.state_dir.empty()) return;
+  std::string json;
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  if (!google::protobuf::util::MessageToJsonString(rec.job, &json, o).ok()) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path dir = fs::path(options_.state_dir) / "jobs";
+  fs::create_directories(dir, ec);
+  fs::path tmp = dir / (rec.job.job_id() + ".json.tmp");
+  {
+    std::ofstream out(tmp);
+    out << json << "\n";
+    if (!out) {
+      LOG(WARNING) << "cannot write job record " << tmp;
+      return;
+    }
+  }
+  fs::rename(tmp, dir / (rec.job.job_id() + ".json"), ec);  // atomic: a reader sees old or new
+}
+
+void HostCore::LoadPersisted() {
+  if (options_.state_dir.empty()) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<std::pair<int64_t, v1::Job>> loaded;
+  for (const auto& e : fs::directory_iterator(fs::path(options_.state_dir) / "jobs", ec)) {
+    if (e.path().extension() != ".json") continue;
+    std::ifstream in(e.path());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    v1::Job job;
+    if (!google::protobuf::util::JsonStringToMessage(ss.str(), &job).ok() || job.job_id().empty()) {
+      LOG(WARNING) << "ignoring unreadable job record " << e.path();
+      continue;
+    }
+    loaded.emplace_back(job.submit_time_unix_ms(), std::move(job));
+  }
+  std::sort(loaded.begin(), loaded.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  absl::MutexLock l(&mu_);
+  for (auto& [t, job] : loaded) {
+    if (jobs_.count(job.job_id())) continue;
+    auto rec = std::make_unique<JobRecord>();
+    if (!IsFinal(job.state())) {
+      // hostd stopped while this job was queued or running: report it with the checkpoint it
+      // can resume from (slidedp submit --resume <job id>).
+      auto spec = JobSpec::Parse(job.resolved_spec_yaml(), "", JobSpec::FileCheck::kSkip);
+      if (spec.ok()) {
+        auto latest = checkpoint::FindLatestCheckpoint(spec->output_dir);
+        if (latest.ok()) job.set_last_checkpoint(*latest);
+      }
+      job.set_error(absl::StrCat("interrupted: hostd stopped while the job was ",
+                                 job.state() == v1::JOB_STATE_QUEUED ? "queued" : "running",
+                                 job.last_checkpoint().empty() ? "" : "; resume from " + job.last_checkpoint()));
+      job.set_state(v1::JOB_STATE_FAILED);
+      job.set_error_code(static_cast<int>(absl::StatusCode::kAborted));
+      job.set_end_time_unix_ms(NowMs());
+      LOG(WARNING) << "job " << job.job_id() << " was interrupted by a hostd restart; last checkpoint: "
+                   << (job.last_checkpoint().empty() ? "none" : job.last_checkpoint());
+    }
+    rec->job = job;
+    auto spec = JobSpec::Parse(job.resolved_spec_yaml(), "", JobSpec::FileCheck::kSkip);
+    if (spec.ok()) rec->spec = *spec;
+    job_order_.push_back(job.job_id());
+    PersistLocked(*rec);
+    jobs_[job.job_id()] = std::move(rec);
+  }
+}
+
 void HostCore::Start() {
+  LoadPersisted();
   runner_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "job-runner");
     RunnerLoop();
@@ -189,6 +264,7 @@ void HostCore::SetStateLocked(JobRecord& rec, v1::JobState s) {
   rec.job.set_state(s);
   if (s == v1::JOB_STATE_STARTING) rec.job.set_start_time_unix_ms(NowMs());
   if (IsFinal(s)) rec.job.set_end_time_unix_ms(NowMs());
+  PersistLocked(rec);
   v1::JobEvent ev;
   *ev.mutable_state_change() = rec.job;
   Publish(rec, std::move(ev));
@@ -204,12 +280,22 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
                                                    "' is not valid: use 1-64 characters of [A-Za-z0-9_-]"));
   }
   ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(req.spec_yaml(), req.base_dir()));
+  std::string resume_from = req.resume_from();
+  {
+    // --resume JOB_ID: that job's last checkpoint (or its output dir, whose newest is taken).
+    absl::MutexLock l(&mu_);
+    auto it = jobs_.find(resume_from);
+    if (!resume_from.empty() && it != jobs_.end()) {
+      resume_from = !it->second->job.last_checkpoint().empty() ? it->second->job.last_checkpoint()
+                                                                : it->second->spec.output_dir;
+    }
+  }
   {
     absl::MutexLock l(&mu_);
     if (!req.job_id().empty()) {
       auto it = jobs_.find(req.job_id());
       if (it != jobs_.end()) {
-        if (it->second->spec_text != req.spec_yaml() || it->second->resume_from != req.resume_from()) {
+        if (it->second->spec_text != req.spec_yaml() || it->second->resume_from != resume_from) {
           return absl::AlreadyExistsError(absl::StrCat("job '", req.job_id(), "' exists with a different spec"));
         }
         v1::SubmitJobResponse resp;
@@ -242,7 +328,7 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
   rec->submit_ms = NowMs();
   rec->spec = spec;
   rec->spec_text = req.spec_yaml();
-  rec->resume_from = req.resume_from();
+  rec->resume_from = resume_from;
   v1::SubmitJobResponse resp;
   if (req.dry_run()) {
     *resp.mutable_job() = rec->job;
@@ -250,6 +336,7 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
   }
   rec->job.set_state(v1::JOB_STATE_QUEUED);
   *resp.mutable_job() = rec->job;
+  PersistLocked(*rec);
   jobs_[id] = std::move(rec);
   job_order_.push_back(id);
   queue_.push_back(id);

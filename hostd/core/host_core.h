@@ -124,6 +124,10 @@ struct HostCoreOptions {
   std::string node_name = "local";
   // Jobs wait at most this long for their workers to attach before failing.
   absl::Duration worker_wait = absl::Minutes(5);
+  // Job records are kept here (<state_dir>/jobs/<id>.json) so a restarted hostd still lists
+  // them; a job that was running when hostd died is reported FAILED ("interrupted") with its last
+  // complete checkpoint. Empty: records live in memory only.
+  std::string state_dir;
 };
 
 class HostCore {
@@ -163,6 +167,8 @@ class HostCore {
   void RunnerLoop();
   void Publish(JobRecord& rec, v1::JobEvent ev) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetStateLocked(JobRecord& rec, v1::JobState s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PersistLocked(const JobRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LoadPersisted();
 
   HostCoreOptions options_;
   std::unique_ptr<JobExecutor> executor_;

@@ -12,7 +12,7 @@ namespace slidedp::hostd {
 struct HostdConfig {
   std::string listen = "unix:/tmp/slidedp-hostd.sock";
   std::string node_name = "local";
-  std::string state_dir = "/tmp/slidedp";      // job records, metrics (under systemd: /var/lib/slidedp)
+  std::string state_dir;                       // job records survive restarts here (systemd: /var/lib/slidedp); empty: memory only
   std::string tls_cert, tls_key;               // required for TCP listen addresses
   int update_threads = 0;                      // 0: from the topology
   int worker_wait_s = 300;                     // how long a queued job waits for workers

@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   slidedp::hostd::HostCoreOptions copt;
   copt.node_name = node;
   copt.worker_wait = absl::Seconds(config->worker_wait_s);
+  copt.state_dir = config->state_dir;
   slidedp::hostd::HostCore core(copt, std::make_unique<slidedp::hostd::TrainingExecutor>(eopt));
   core.Start();
   slidedp::metrics::MetricsRegistry metrics_registry;  // declared after core: destroyed first

@@ -34,12 +34,8 @@ class NodeHarness {
     dir_ = absl::StrCat(::testing::TempDir(), "/", node_);
     std::filesystem::create_directories(dir_);
     address_ = absl::StrCat("unix:", dir_, "/hostd.sock");
-    std::vector<std::string> args = {BuildDir() + "/bin/slidedp-hostd", "--listen", address_, "--node-name", node_,
-                                     "--worker-wait-s", "20", "--update-threads", "2"};
-    args.insert(args.end(), hostd_args.begin(), hostd_args.end());
-    auto pid = client::SpawnProcess(args, dir_ + "/hostd.log");
-    EXPECT_TRUE(pid.ok()) << pid.status();
-    hostd_pid_ = pid.ok() ? *pid : -1;
+    hostd_args_ = std::move(hostd_args);
+    StartHostd();
     client::ClientOptions o;
     o.address = address_;
     client_ = std::make_unique<client::Client>(o);
@@ -51,6 +47,16 @@ class NodeHarness {
   ~NodeHarness() {
     for (int pid : worker_pids_) KillAndReap(pid, SIGTERM);
     if (hostd_pid_ > 0) KillAndReap(hostd_pid_, SIGTERM);
+  }
+
+  // Starts hostd (again: same node name, socket and state dir, as after a crash or upgrade).
+  void StartHostd() {
+    std::vector<std::string> args = {BuildDir() + "/bin/slidedp-hostd", "--listen", address_, "--node-name", node_,
+                                     "--worker-wait-s", "20", "--update-threads", "2", "--state-dir", dir_ + "/state"};
+    args.insert(args.end(), hostd_args_.begin(), hostd_args_.end());
+    auto pid = client::SpawnProcess(args, absl::StrCat(dir_, "/hostd", hostd_starts_++, ".log"));
+    EXPECT_TRUE(pid.ok()) << pid.status();
+    hostd_pid_ = pid.ok() ? *pid : -1;
   }
 
   void AddWorker() {
@@ -138,6 +144,8 @@ class NodeHarness {
   int hostd_pid_ = -1;
   std::vector<int> worker_pids_;
   std::vector<std::string> worker_env_;
+  std::vector<std::string> hostd_args_;
+  int hostd_starts_ = 0;
   std::unique_ptr<client::Client> client_;
 };
 

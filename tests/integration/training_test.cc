@@ -306,3 +306,51 @@ TEST(Service, SigtermDrainsWithACheckpointThatResumes) {
 
 }  // namespace
 }  // namespace slidedp::testing
+
+namespace slidedp::testing {
+namespace {
+
+TEST(Service, HostdKilledWorkersReattachAndTheJobIsReportedWithItsCheckpoint) {
+  NodeHarness node(2);
+  SpecOptions o;
+  o.steps = 100000;
+  o.save_every = 2;
+  o.output = "out-crash";
+  v1::SubmitJobRequest req;
+  req.set_job_id("crashed");
+  req.set_spec_yaml(Spec(o));
+  req.set_base_dir(node.dir());
+  ASSERT_TRUE(node.client().Submit(req).ok());
+  absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline) {
+    auto j = node.client().GetJob("crashed");
+    if (j.ok() && !j->last_checkpoint().empty() && j->last().step() >= 3) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  kill(node.hostd_pid(), SIGKILL);
+  waitpid(node.hostd_pid(), nullptr, 0);
+  EXPECT_FALSE(node.LeakedSegments().empty());  // a killed hostd leaves its segments behind
+
+  // Workers notice (their gate waits check hostd's liveness) and wait to re-register.
+  node.StartHostd();
+  ASSERT_TRUE(node.client().WaitReady(20).ok());
+  node.WaitWorkers(2);
+  EXPECT_TRUE(node.LeakedSegments().empty());  // reclaimed at start
+  auto j = node.client().GetJob("crashed");
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(j->error().find("interrupted"), std::string::npos) << j->error();
+  ASSERT_FALSE(j->last_checkpoint().empty());
+  auto step = checkpoint::VerifyCheckpoint(j->last_checkpoint());
+  ASSERT_TRUE(step.ok()) << step.status();
+
+  // Resume by job id: continues from that checkpoint.
+  SpecOptions more = o;
+  more.steps = static_cast<int>(*step) + 2;
+  more.output = "out-crash-resumed";
+  v1::Job r = MustSucceed(node, Spec(more), "crash-resumed", "crashed");
+  EXPECT_EQ(r.last().step(), *step + 2);
+}
+
+}  // namespace
+}  // namespace slidedp::testing

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "worker/kernels/cuda_check.h"
@@ -56,6 +57,18 @@ __device__ __forceinline__ void Store8(bf16* p, const float* f) {
   *reinterpret_cast<Bf16x8*>(p) = x;
 }
 
+// FP32 versions (FP32 residual stream): two 16-byte accesses; p must be 16-byte aligned.
+__device__ __forceinline__ void Load8(const float* p, float* f) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
+  f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+}
+
+__device__ __forceinline__ void Store8(float* p, const float* f) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+}
+
 int BlockThreadsForWidth(int64_t h) { return static_cast<int>(((h / 8) + 31) / 32 * 32); }
 
 absl::Status CheckNormWidth(int64_t h) {
@@ -84,7 +97,9 @@ __device__ __forceinline__ float2 BlockSum2(float2 v, float* scratch) {
   return make_float2(scratch[64], scratch[65]);
 }
 
-__global__ void RmsNormForwardKernel(const bf16* __restrict__ x, const bf16* __restrict__ w, int64_t rows, int h,
+// TX: the input (residual stream) element type, bf16 or float; y is always BF16.
+template <typename TX>
+__global__ void RmsNormForwardKernel(const TX* __restrict__ x, const bf16* __restrict__ w, int64_t rows, int h,
                                      float eps, bf16* __restrict__ y, float* __restrict__ rstd_out) {
   __shared__ float scratch[66];
   const int c = threadIdx.x * 8;
@@ -122,9 +137,11 @@ __global__ void RmsNormForwardKernel(const bf16* __restrict__ x, const bf16* __r
   }
 }
 
-__global__ void RmsNormBackwardKernel(const bf16* __restrict__ dy, const bf16* __restrict__ x,
+// TA: the element type of dy, x, dres and dx (bf16, or float for the FP32 residual stream).
+template <typename TA>
+__global__ void RmsNormBackwardKernel(const TA* __restrict__ dy, const TA* __restrict__ x,
                                       const bf16* __restrict__ w, const float* __restrict__ rstd_in,
-                                      const bf16* dres, int64_t rows, int h, bf16* dx, float* __restrict__ partial) {
+                                      const TA* dres, int64_t rows, int h, TA* dx, float* __restrict__ partial) {
   __shared__ float scratch[66];
   const int c = threadIdx.x * 8;
   const bool active = c < h;
@@ -433,19 +450,28 @@ __global__ void SwiGluBackwardKernel(const bf16* __restrict__ gu, const bf16* __
 }
 
 // ---- Embedding
+// TO: output element type; bf16 is a plain copy, float an exact upcast.
+template <typename TO>
 __global__ void EmbeddingForwardKernel(const bf16* __restrict__ embed, const int32_t* __restrict__ tokens,
-                                       int64_t num_tokens, int64_t h, bf16* __restrict__ out) {
+                                       int64_t num_tokens, int64_t h, TO* __restrict__ out) {
   const int64_t vec_per_row = h / 8;
   const int64_t n = num_tokens * vec_per_row;
   for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < n;
        v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = v / vec_per_row, c = (v % vec_per_row) * 8;
-    *reinterpret_cast<Bf16x8*>(out + t * h + c) =
-        *reinterpret_cast<const Bf16x8*>(embed + static_cast<int64_t>(tokens[t]) * h + c);
+    const bf16* src = embed + static_cast<int64_t>(tokens[t]) * h + c;
+    if constexpr (std::is_same_v<TO, bf16>) {
+      *reinterpret_cast<Bf16x8*>(out + t * h + c) = *reinterpret_cast<const Bf16x8*>(src);
+    } else {
+      float f[8];
+      Load8(src, f);
+      Store8(out + t * h + c, f);
+    }
   }
 }
 
-__global__ void EmbeddingBackwardKernel(const bf16* __restrict__ dout, const int32_t* __restrict__ uniq,
+template <typename TD>
+__global__ void EmbeddingBackwardKernel(const TD* __restrict__ dout, const int32_t* __restrict__ uniq,
                                         const int32_t* __restrict__ seg, const int32_t* __restrict__ sorted_pos,
                                         int64_t h, float* __restrict__ dembed) {
   const int64_t u = blockIdx.x;
@@ -549,6 +575,13 @@ __global__ void CastKernel(const float* __restrict__ src, int64_t n, float scale
     dst[i] = __float2bfloat16(src[i] * scale);
 }
 
+// No __restrict__: out may alias res (each element is read before it is written, by one thread).
+__global__ void AddBf16ToF32Kernel(const float* res, const bf16* __restrict__ branch, int64_t n, float* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = res[i] + __bfloat162float(branch[i]);
+}
+
 int GridFor(int64_t work, int threads) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((work + threads - 1) / threads, 132 * 16)));
 }
@@ -559,30 +592,52 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 int64_t PartialBlocks(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, kMaxPartialBlocks)); }
 
-absl::Status RmsNormForward(const bf16* x, const bf16* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
-                            cudaStream_t stream) {
+namespace {
+template <typename TX>
+absl::Status RmsNormForwardImpl(const TX* x, const bf16* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
+                                cudaStream_t stream) {
   absl::Status s = CheckNormWidth(h);
   if (!s.ok()) return s;
   if (rows <= 0) return absl::OkStatus();
-  RmsNormForwardKernel<<<PartialBlocks(rows), BlockThreadsForWidth(h), 0, stream>>>(x, w, rows, static_cast<int>(h),
-                                                                                     eps, y, rstd);
+  RmsNormForwardKernel<TX><<<PartialBlocks(rows), BlockThreadsForWidth(h), 0, stream>>>(
+      x, w, rows, static_cast<int>(h), eps, y, rstd);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
+}
+
+template <typename TA>
+absl::Status RmsNormBackwardImpl(const TA* dy, const TA* x, const bf16* w, const float* rstd, const TA* dres,
+                                 int64_t rows, int64_t h, TA* dx, float* dw, float* ws, cudaStream_t stream) {
+  absl::Status s = CheckNormWidth(h);
+  if (!s.ok()) return s;
+  if (rows <= 0) return absl::OkStatus();
+  const int64_t blocks = PartialBlocks(rows);
+  RmsNormBackwardKernel<TA><<<blocks, BlockThreadsForWidth(h), 0, stream>>>(dy, x, w, rstd, dres, rows,
+                                                                            static_cast<int>(h), dx, dw ? ws : nullptr);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  if (dw != nullptr) return ReducePartialsInto(ws, blocks, h, dw, stream);
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status RmsNormForward(const bf16* x, const bf16* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
+                            cudaStream_t stream) {
+  return RmsNormForwardImpl<bf16>(x, w, rows, h, eps, y, rstd, stream);
+}
+absl::Status RmsNormForward(const float* x, const bf16* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
+                            cudaStream_t stream) {
+  return RmsNormForwardImpl<float>(x, w, rows, h, eps, y, rstd, stream);
 }
 
 int64_t RmsNormBackwardWorkspaceNumel(int64_t rows, int64_t h) { return PartialBlocks(rows) * h; }
 
 absl::Status RmsNormBackward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd, const bf16* dres,
                              int64_t rows, int64_t h, bf16* dx, float* dw, float* ws, cudaStream_t stream) {
-  absl::Status s = CheckNormWidth(h);
-  if (!s.ok()) return s;
-  if (rows <= 0) return absl::OkStatus();
-  const int64_t blocks = PartialBlocks(rows);
-  RmsNormBackwardKernel<<<blocks, BlockThreadsForWidth(h), 0, stream>>>(dy, x, w, rstd, dres, rows,
-                                                                        static_cast<int>(h), dx, dw ? ws : nullptr);
-  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
-  if (dw != nullptr) return ReducePartialsInto(ws, blocks, h, dw, stream);
-  return absl::OkStatus();
+  return RmsNormBackwardImpl<bf16>(dy, x, w, rstd, dres, rows, h, dx, dw, ws, stream);
+}
+absl::Status RmsNormBackward(const float* dy, const float* x, const bf16* w, const float* rstd, const float* dres,
+                             int64_t rows, int64_t h, float* dx, float* dw, float* ws, cudaStream_t stream) {
+  return RmsNormBackwardImpl<float>(dy, x, w, rstd, dres, rows, h, dx, dw, ws, stream);
 }
 
 absl::Status ReducePartialsInto(const float* partial, int64_t parts, int64_t cols, float* out, cudaStream_t stream) {
@@ -662,24 +717,49 @@ absl::Status SwiGluBackward(const bf16* gu, const bf16* dact, int64_t tokens, in
   return absl::OkStatus();
 }
 
-absl::Status EmbeddingForward(const bf16* embed, const int32_t* tokens, int64_t num_tokens, int64_t h, bf16* out,
-                              cudaStream_t stream) {
+namespace {
+template <typename TO>
+absl::Status EmbeddingForwardImpl(const bf16* embed, const int32_t* tokens, int64_t num_tokens, int64_t h, TO* out,
+                                  cudaStream_t stream) {
   if (h % 8 != 0) return absl::InvalidArgumentError(absl::StrCat("embedding width ", h, " not a multiple of 8"));
   if (num_tokens <= 0) return absl::OkStatus();
-  EmbeddingForwardKernel<<<GridFor(num_tokens * h / 8, 256), 256, 0, stream>>>(embed, tokens, num_tokens, h, out);
+  EmbeddingForwardKernel<TO><<<GridFor(num_tokens * h / 8, 256), 256, 0, stream>>>(embed, tokens, num_tokens, h, out);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
+}
+
+template <typename TD>
+absl::Status EmbeddingBackwardImpl(const TD* dout, const int32_t* uniq_tokens, const int32_t* seg_offsets,
+                                   const int32_t* sorted_pos, int64_t num_unique, int64_t h, float* dembed,
+                                   cudaStream_t stream) {
+  if (h % 8 != 0) return absl::InvalidArgumentError(absl::StrCat("embedding width ", h, " not a multiple of 8"));
+  if (num_unique <= 0) return absl::OkStatus();
+  const int threads = static_cast<int>(std::min<int64_t>(256, (h / 8 + 31) / 32 * 32));
+  EmbeddingBackwardKernel<TD><<<num_unique, threads, 0, stream>>>(dout, uniq_tokens, seg_offsets, sorted_pos, h,
+                                                                  dembed);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status EmbeddingForward(const bf16* embed, const int32_t* tokens, int64_t num_tokens, int64_t h, bf16* out,
+                              cudaStream_t stream) {
+  return EmbeddingForwardImpl<bf16>(embed, tokens, num_tokens, h, out, stream);
+}
+absl::Status EmbeddingForward(const bf16* embed, const int32_t* tokens, int64_t num_tokens, int64_t h, float* out,
+                              cudaStream_t stream) {
+  return EmbeddingForwardImpl<float>(embed, tokens, num_tokens, h, out, stream);
 }
 
 absl::Status EmbeddingBackward(const bf16* dout, const int32_t* uniq_tokens, const int32_t* seg_offsets,
                                const int32_t* sorted_pos, int64_t num_unique, int64_t h, float* dembed,
                                cudaStream_t stream) {
-  if (h % 8 != 0) return absl::InvalidArgumentError(absl::StrCat("embedding width ", h, " not a multiple of 8"));
-  if (num_unique <= 0) return absl::OkStatus();
-  const int threads = static_cast<int>(std::min<int64_t>(256, (h / 8 + 31) / 32 * 32));
-  EmbeddingBackwardKernel<<<num_unique, threads, 0, stream>>>(dout, uniq_tokens, seg_offsets, sorted_pos, h, dembed);
-  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
-  return absl::OkStatus();
+  return EmbeddingBackwardImpl<bf16>(dout, uniq_tokens, seg_offsets, sorted_pos, num_unique, h, dembed, stream);
+}
+absl::Status EmbeddingBackward(const float* dout, const int32_t* uniq_tokens, const int32_t* seg_offsets,
+                               const int32_t* sorted_pos, int64_t num_unique, int64_t h, float* dembed,
+                               cudaStream_t stream) {
+  return EmbeddingBackwardImpl<float>(dout, uniq_tokens, seg_offsets, sorted_pos, num_unique, h, dembed, stream);
 }
 
 absl::Status CrossEntropyInPlace(bf16* logits, int64_t rows, int64_t vocab, int64_t ld, const int32_t* labels,
@@ -703,6 +783,13 @@ absl::Status SumInto(const float* vals, int64_t n, float* out, cudaStream_t stre
 absl::Status CastF32ToBf16(const float* src, int64_t n, float scale, bf16* dst, cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
   CastKernel<<<GridFor(n, 256), 256, 0, stream>>>(src, n, scale, dst);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status AddBf16ToF32(const float* res, const bf16* branch, int64_t n, float* out, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  AddBf16ToF32Kernel<<<GridFor(n, 256), 256, 0, stream>>>(res, branch, n, out);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

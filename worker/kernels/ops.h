@@ -3,7 +3,8 @@
 // deterministic reductions they share.
 //
 // Every launcher takes its tensors, sizes and an explicit stream, returns a Status (bad sizes are
-// INVALID_ARGUMENT, launch failures INTERNAL) and never synchronizes. BF16 storage, FP32 math.
+// INVALID_ARGUMENT, launch failures INTERNAL) and never synchronizes. BF16 storage, FP32 math; the RMSNorm and embedding ops also have
+// overloads taking FP32 activations (the FP32 residual stream).
 // Weight gradients are ADDED to FP32 outputs through a two-stage deterministic reduction: each
 // block writes a partial row into a caller workspace, then one pass sums the partials in a fixed
 // order (so results do not depend on scheduling). The *WorkspaceNumel() helpers size it.
@@ -28,11 +29,19 @@ int64_t PartialBlocks(int64_t rows);
 absl::Status RmsNormForward(const bf16* x, const bf16* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
                             cudaStream_t stream);
 
+// FP32-residual variant (HF autocast with an FP32 residual stream): x is FP32, the norm is
+// computed in FP32 and y = bf16(w * (x * rstd)) is the BF16 input of the following GEMM.
+absl::Status RmsNormForward(const float* x, const bf16* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
+                            cudaStream_t stream);
+
 // dx = RMSNorm'(x)ᵀ dy (+ dres if non-null), dw += Σ_r dy[r] * x[r] * rstd[r] (may be null).
 // rstd: from forward. ws: RmsNormBackwardWorkspaceNumel floats. dx may alias dres.
 int64_t RmsNormBackwardWorkspaceNumel(int64_t rows, int64_t h);
 absl::Status RmsNormBackward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd, const bf16* dres,
                              int64_t rows, int64_t h, bf16* dx, float* dw, float* ws, cudaStream_t stream);
+// FP32-residual variant: dy, x, dres and dx are all FP32 (same math, no BF16 rounding of dx).
+absl::Status RmsNormBackward(const float* dy, const float* x, const bf16* w, const float* rstd, const float* dres,
+                             int64_t rows, int64_t h, float* dx, float* dw, float* ws, cudaStream_t stream);
 
 // Per-head RMSNorm (q_norm / k_norm weights [hd]) then RoPE (rotate_half, positions per token),
 // HF Qwen3 order. Reads q at qkv[:, 0:nq*hd] and k at qkv[:, nq*hd : (nq+nkv)*hd] (row stride
@@ -62,13 +71,18 @@ absl::Status SwiGluForward(const bf16* gu, int64_t tokens, int64_t inter, bf16* 
 absl::Status SwiGluBackward(const bf16* gu, const bf16* dact, int64_t tokens, int64_t inter, bf16* dgu,
                             cudaStream_t stream);
 
-// out[t] = embed[tokens[t]]  (embed [vocab, h]).
+// out[t] = embed[tokens[t]]  (embed [vocab, h]). The FP32 overload upcasts (exact).
 absl::Status EmbeddingForward(const bf16* embed, const int32_t* tokens, int64_t num_tokens, int64_t h, bf16* out,
+                              cudaStream_t stream);
+absl::Status EmbeddingForward(const bf16* embed, const int32_t* tokens, int64_t num_tokens, int64_t h, float* out,
                               cudaStream_t stream);
 // Deterministic, atomic-free backward over a host-built grouping of positions by token id:
 // for each u < num_unique: dembed[uniq_tokens[u]] += Σ_{p in seg} dout[sorted_pos[p]], summed in
 // position order (seg = [seg_offsets[u], seg_offsets[u+1])).
 absl::Status EmbeddingBackward(const bf16* dout, const int32_t* uniq_tokens, const int32_t* seg_offsets,
+                               const int32_t* sorted_pos, int64_t num_unique, int64_t h, float* dembed,
+                               cudaStream_t stream);
+absl::Status EmbeddingBackward(const float* dout, const int32_t* uniq_tokens, const int32_t* seg_offsets,
                                const int32_t* sorted_pos, int64_t num_unique, int64_t h, float* dembed,
                                cudaStream_t stream);
 
@@ -84,5 +98,8 @@ absl::Status SumInto(const float* vals, int64_t n, float* out, cudaStream_t stre
 absl::Status ReducePartialsInto(const float* partial, int64_t parts, int64_t cols, float* out, cudaStream_t stream);
 // dst[i] = bf16(src[i] * scale).
 absl::Status CastF32ToBf16(const float* src, int64_t n, float scale, bf16* dst, cudaStream_t stream);
+// out[i] = res[i] + float(branch[i]): the FP32 residual add of a BF16 GEMM output, in HF autocast's
+// order (the branch is rounded to BF16 first, the sum is FP32). out may alias res.
+absl::Status AddBf16ToF32(const float* res, const bf16* branch, int64_t n, float* out, cudaStream_t stream);
 
 }  // namespace slidedp::kernels

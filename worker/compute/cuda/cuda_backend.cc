@@ -2,11 +2,19 @@
 //
 // Decoder forward (HF Qwen3DecoderLayer), T tokens, W row-major [out, in]:
 //   xn1 = RMSNorm(x)            qkv = xn1·[Wq;Wk;Wv]ᵀ        qr,kr = RoPE(q_norm(q)), RoPE(k_norm(k))
-//   o,lse = FlashAttn(qr,kr,v)  h1 = x + o·Woᵀ (residual in the GEMM epilogue)
+//   o,lse = FlashAttn(qr,kr,v)  h1 = x + o·Woᵀ
 //   xn2 = RMSNorm(h1)           gu = xn2·[Wg;Wu]ᵀ            act = silu(g)·u
 //   y = h1 + act·Wdᵀ
 // Backward walks this in reverse; weight gradients go straight into the FP32 gradient array
 // (cuBLASLt beta = 1), norm-weight gradients through deterministic two-stage reductions.
+//
+// Residual stream dtype (CudaBackendOptions::fp32_residual):
+// - FP32 (default; HF autocast numerics): x, h1, y and dy, dh1, dx are FP32. RMSNorms read FP32 and
+//   write the BF16 GEMM input; o·Woᵀ and act·Wdᵀ are BF16 GEMM outputs added to the residual in
+//   FP32 (AddBf16ToF32). Backward: residual gradients are FP32; the GEMMs read a BF16 copy of them
+//   (HF: the gradient of the BF16 branch output); the dgrads into the norm outputs (dxn) are FP32
+//   GEMM outputs, and the norm backward adds into the FP32 residual gradient.
+// - BF16: everything BF16, residual added in the GEMM epilogue (beta = 1, BF16 C).
 #include "worker/compute/cuda/cuda_backend.h"
 
 #include <cuda_bf16.h>
@@ -14,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -83,6 +92,11 @@ class Carver {
     pieces_.push_back({reinterpret_cast<void**>(slot), offset_});
     offset_ += Align256(numel * static_cast<int64_t>(sizeof(T)));
   }
+  // An untyped piece (activations whose dtype depends on the residual mode).
+  void ReserveBytes(void** slot, int64_t bytes) {
+    pieces_.push_back({slot, offset_});
+    offset_ += Align256(bytes);
+  }
   absl::Status Alloc(PoolBlock& block, cudaStream_t stream) {
     RETURN_IF_ERROR(block.Alloc(offset_, stream));
     for (auto& p : pieces_) *p.slot = block.get() + p.offset;
@@ -126,7 +140,7 @@ struct LayerActs {
   bf16* kr = nullptr;
   bf16* o = nullptr;
   float* lse = nullptr;
-  bf16* h1 = nullptr;
+  void* h1 = nullptr;  // residual stream: FP32 or BF16 (CudaBackendOptions::fp32_residual)
   bf16* xn2 = nullptr;
   float* rstd2 = nullptr;
   bf16* gu = nullptr;
@@ -193,7 +207,7 @@ class CudaBackend final : public ComputeBackend {
   }
 
   std::string name() const override { return "cuda"; }
-  DType activation_dtype() const override { return DType::kBF16; }
+  DType activation_dtype() const override { return options_.fp32_residual ? DType::kF32 : DType::kBF16; }
 
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) override {
     void* p = nullptr;
@@ -258,8 +272,9 @@ class CudaBackend final : public ComputeBackend {
   absl::Status StackedForward(const bf16_t* params, const StackedWeight& sw, const bf16* x, int64_t T, int64_t K,
                               bf16* y, int64_t out_ld);
   // dX = dY · Ws (dY [T, rows] with stride dy_ld) and dWs += dYᵀ · X.
+  // dx is BF16 or FP32 per dx_type.
   absl::Status StackedBackward(const bf16_t* params, float* dparams, const StackedWeight& sw, const bf16* dy,
-                               int64_t dy_ld, const bf16* x, int64_t T, int64_t K, bf16* dx);
+                               int64_t dy_ld, const bf16* x, int64_t T, int64_t K, void* dx, GemmOutType dx_type);
   absl::Status Wgrad(const bf16* dy, int64_t dy_ld, const bf16* x, int64_t x_ld, int64_t T, int64_t out_rows,
                      int64_t in_cols, float* dw);
 
@@ -286,6 +301,31 @@ class CudaBackend final : public ComputeBackend {
     return r;
   }
 
+  bool f32() const { return options_.fp32_residual; }
+  int64_t act_bytes() const { return f32() ? 4 : 2; }
+  GemmOutType act_gemm_type() const { return f32() ? GemmOutType::kF32 : GemmOutType::kBF16; }
+
+  // RMSNorm over the residual stream x (FP32 or BF16 per mode) into the BF16 GEMM input y.
+  absl::Status NormForward(const void* x, const bf16* w, int64_t T, bf16* y, float* rstd) {
+    const float eps = static_cast<float>(config_.rms_norm_eps);
+    if (f32()) return kernels::RmsNormForward(static_cast<const float*>(x), w, T, H_, eps, y, rstd, stream_);
+    return kernels::RmsNormForward(static_cast<const bf16*>(x), w, T, H_, eps, y, rstd, stream_);
+  }
+  // dx = RMSNormᵀ(dy) (+ dres); dy, x, dres, dx all in the residual dtype. dres may be null.
+  absl::Status NormBackward(const void* dy, const void* x, const bf16* w, const float* rstd, const void* dres,
+                            int64_t T, void* dx, float* dw, float* ws) {
+    if (f32()) {
+      return kernels::RmsNormBackward(static_cast<const float*>(dy), static_cast<const float*>(x), w, rstd,
+                                      static_cast<const float*>(dres), T, H_, static_cast<float*>(dx), dw, ws, stream_);
+    }
+    return kernels::RmsNormBackward(static_cast<const bf16*>(dy), static_cast<const bf16*>(x), w, rstd,
+                                    static_cast<const bf16*>(dres), T, H_, static_cast<bf16*>(dx), dw, ws, stream_);
+  }
+  // out = res + a · Wᵀ  (a [T, k] BF16, W [H, k]); res/out in the residual dtype. FP32 mode rounds
+  // the GEMM output to BF16 in `branch` ([T, H] BF16 scratch) and adds in FP32, as HF autocast.
+  absl::Status ResidualGemm(const bf16* a, int64_t k, const bf16* w, const void* res, void* out, bf16* branch,
+                            int64_t T);
+
   void ReserveActs(Carver& c, LayerActs& a, int64_t T, bool attention_part, bool rest) const {
     if (rest) {
       c.Reserve(&a.xn1, T * H_);
@@ -293,7 +333,7 @@ class CudaBackend final : public ComputeBackend {
       c.Reserve(&a.qkv, T * qkv_);
       c.Reserve(&a.qr, T * qd_);
       c.Reserve(&a.kr, T * kvd_);
-      c.Reserve(&a.h1, T * H_);
+      c.ReserveBytes(&a.h1, T * H_ * act_bytes());
       c.Reserve(&a.xn2, T * H_);
       c.Reserve(&a.rstd2, T);
       c.Reserve(&a.gu, T * 2 * I_);
@@ -307,8 +347,8 @@ class CudaBackend final : public ComputeBackend {
 
   // Runs the layer forward into `a`. With run_attention false, a.o / a.lse are inputs (selective
   // recompute). y may be null (recompute: the output is not needed).
-  absl::Status LayerForward(const bf16_t* params, const CudaBatch& b, const bf16* x, const LayerActs& a,
-                            bool run_attention, bf16* y);
+  absl::Status LayerForward(const bf16_t* params, const CudaBatch& b, const void* x, const LayerActs& a,
+                            bool run_attention, void* y);
 
   int device_;
   CudaBackendOptions options_;
@@ -397,12 +437,20 @@ absl::StatusOr<std::unique_ptr<DeviceBatch>> CudaBackend::UploadBatch(const Micr
 
 absl::Status CudaBackend::EmbeddingForward(const bf16_t* embed, const DeviceBatch& batch, void* out) {
   const auto& b = static_cast<const CudaBatch&>(batch);
+  if (f32()) {
+    return kernels::EmbeddingForward(reinterpret_cast<const bf16*>(embed), b.tokens_, b.num_tokens_, H_,
+                                     static_cast<float*>(out), stream_);
+  }
   return kernels::EmbeddingForward(reinterpret_cast<const bf16*>(embed), b.tokens_, b.num_tokens_, H_,
                                    static_cast<bf16*>(out), stream_);
 }
 
 absl::Status CudaBackend::EmbeddingBackward(const void* dout, const DeviceBatch& batch, float* dembed) {
   const auto& b = static_cast<const CudaBatch&>(batch);
+  if (f32()) {
+    return kernels::EmbeddingBackward(static_cast<const float*>(dout), b.uniq_tokens_, b.seg_offsets_, b.sorted_pos_,
+                                      b.num_unique_, H_, dembed, stream_);
+  }
   return kernels::EmbeddingBackward(static_cast<const bf16*>(dout), b.uniq_tokens_, b.seg_offsets_, b.sorted_pos_,
                                     b.num_unique_, H_, dembed, stream_);
 }
@@ -454,7 +502,7 @@ absl::Status CudaBackend::Wgrad(const bf16* dy, int64_t dy_ld, const bf16* x, in
 
 absl::Status CudaBackend::StackedBackward(const bf16_t* params, float* dparams, const StackedWeight& sw,
                                           const bf16* dy, int64_t dy_ld, const bf16* x, int64_t T, int64_t K,
-                                          bf16* dx) {
+                                          void* dx, GemmOutType dx_type) {
   int64_t col = 0;
   for (size_t i = 0; i < sw.parts.size(); ++i) {
     const int64_t rows = sw.contiguous ? sw.rows : sw.parts[i].second;
@@ -472,6 +520,7 @@ absl::Status CudaBackend::StackedBackward(const bf16_t* params, float* dparams, 
     g.ldc = K;
     g.d = dx;
     g.ldd = K;
+    g.out_type = dx_type;
     g.beta = i == 0 ? 0.0f : 1.0f;
     RETURN_IF_ERROR(gemm_.Run(g, stream_));
     RETURN_IF_ERROR(Wgrad(dy + col, dy_ld, x, K, T, rows, K, dparams + sw.parts[i].first));
@@ -481,11 +530,40 @@ absl::Status CudaBackend::StackedBackward(const bf16_t* params, float* dparams, 
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::LayerForward(const bf16_t* params, const CudaBatch& b, const bf16* x, const LayerActs& a,
-                                       bool run_attention, bf16* y) {
+absl::Status CudaBackend::ResidualGemm(const bf16* a, int64_t k, const bf16* w, const void* res, void* out,
+                                       bf16* branch, int64_t T) {
+  GemmArgs g;  // out = res + a · Wᵀ   (FP32 mode: branch = bf16(a · Wᵀ), then out = res + branch in FP32)
+  g.m = T;
+  g.n = H_;
+  g.k = k;
+  g.a = a;
+  g.lda = k;
+  g.b = w;
+  g.ldb = k;
+  g.ldd = H_;
+  if (f32()) {
+    g.d = branch;
+    RETURN_IF_ERROR(gemm_.Run(g, stream_));
+    return kernels::AddBf16ToF32(static_cast<const float*>(res), branch, T * H_, static_cast<float*>(out), stream_);
+  }
+  g.c = res;
+  g.ldc = H_;
+  g.d = out;
+  g.beta = 1.0f;
+  return gemm_.Run(g, stream_);
+}
+
+absl::Status CudaBackend::LayerForward(const bf16_t* params, const CudaBatch& b, const void* x, const LayerActs& a,
+                                       bool run_attention, void* y) {
   const int64_t T = b.num_tokens_;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
-  RETURN_IF_ERROR(kernels::RmsNormForward(x, W(params, kInputNorm), T, H_, eps, a.xn1, a.rstd1, stream_));
+  // FP32 mode: BF16 scratch for the o_proj / down_proj outputs before their FP32 residual adds.
+  PoolBlock branch_block;
+  bf16* branch = nullptr;
+  if (f32()) {
+    RETURN_IF_ERROR(branch_block.Alloc(Align256(T * H_ * 2), stream_));
+    branch = reinterpret_cast<bf16*>(branch_block.get());
+  }
+  RETURN_IF_ERROR(NormForward(x, W(params, kInputNorm), T, a.xn1, a.rstd1));
   RETURN_IF_ERROR(StackedForward(params, qkv_w_, a.xn1, T, H_, a.qkv, qkv_));
   RETURN_IF_ERROR(kernels::QkNormRopeForward(Rope(T), a.qkv, qkv_, W(params, kQNorm), W(params, kKNorm),
                                              b.positions_, a.qr, a.kr, stream_));
@@ -493,40 +571,13 @@ absl::Status CudaBackend::LayerForward(const bf16_t* params, const CudaBatch& b,
     RETURN_IF_ERROR(kernels::FlashAttentionForward(Attn(b), {a.qr, qd_}, {a.kr, kvd_}, {a.qkv + qd_ + kvd_, qkv_},
                                                    {a.o, qd_}, a.lse, stream_));
   }
-  {
-    GemmArgs g;  // h1 = x + o · Woᵀ
-    g.m = T;
-    g.n = H_;
-    g.k = qd_;
-    g.a = a.o;
-    g.lda = qd_;
-    g.b = W(params, kOProj);
-    g.ldb = qd_;
-    g.c = x;
-    g.ldc = H_;
-    g.d = a.h1;
-    g.ldd = H_;
-    g.beta = 1.0f;
-    RETURN_IF_ERROR(gemm_.Run(g, stream_));
-  }
-  RETURN_IF_ERROR(kernels::RmsNormForward(a.h1, W(params, kPostNorm), T, H_, eps, a.xn2, a.rstd2, stream_));
+  // h1 = x + o · Woᵀ
+  RETURN_IF_ERROR(ResidualGemm(a.o, qd_, W(params, kOProj), x, a.h1, branch, T));
+  RETURN_IF_ERROR(NormForward(a.h1, W(params, kPostNorm), T, a.xn2, a.rstd2));
   RETURN_IF_ERROR(StackedForward(params, gu_w_, a.xn2, T, H_, a.gu, 2 * I_));
   RETURN_IF_ERROR(kernels::SwiGluForward(a.gu, T, I_, a.act, stream_));
-  if (y != nullptr) {
-    GemmArgs g;  // y = h1 + act · Wdᵀ
-    g.m = T;
-    g.n = H_;
-    g.k = I_;
-    g.a = a.act;
-    g.lda = I_;
-    g.b = W(params, kDownProj);
-    g.ldb = I_;
-    g.c = a.h1;
-    g.ldc = H_;
-    g.d = y;
-    g.ldd = H_;
-    g.beta = 1.0f;
-    RETURN_IF_ERROR(gemm_.Run(g, stream_));
+  if (y != nullptr) {  // y = h1 + act · Wdᵀ
+    RETURN_IF_ERROR(ResidualGemm(a.act, I_, W(params, kDownProj), a.h1, y, branch, T));
   }
   return absl::OkStatus();
 }
@@ -561,19 +612,15 @@ absl::Status CudaBackend::DecoderForward(const bf16_t* params, const DeviceBatch
     // Pieces not owned by `keep` point into the scratch block.
     RETURN_IF_ERROR(tmp.Alloc(scratch, stream_));
   }
-  RETURN_IF_ERROR(LayerForward(params, b, static_cast<const bf16*>(x), acts, true, static_cast<bf16*>(y)));
+  RETURN_IF_ERROR(LayerForward(params, b, x, acts, true, y));
   if (saved != nullptr) *saved = std::move(keep);
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::DecoderBackward(const bf16_t* params, const DeviceBatch& batch, const void* x_raw,
-                                          SavedActivations* saved_base, const void* dy_raw, void* dx_raw,
-                                          float* dparams) {
+absl::Status CudaBackend::DecoderBackward(const bf16_t* params, const DeviceBatch& batch, const void* x,
+                                          SavedActivations* saved_base, const void* dy, void* dx, float* dparams) {
   const auto& b = static_cast<const CudaBatch&>(batch);
   const int64_t T = b.num_tokens_;
-  const bf16* x = static_cast<const bf16*>(x_raw);
-  const bf16* dy = static_cast<const bf16*>(dy_raw);
-  bf16* dx = static_cast<bf16*>(dx_raw);
   auto* saved = static_cast<CudaSaved*>(saved_base);
   ActPolicy policy = saved == nullptr ? ActPolicy::kRecomputeLayer : saved->policy_;
   if (saved != nullptr && saved->num_tokens_ != T) {
@@ -590,13 +637,16 @@ absl::Status CudaBackend::DecoderBackward(const bf16_t* params, const DeviceBatc
   PoolBlock block;
   LayerActs re;
   if (policy != ActPolicy::kKeepAll) ReserveActs(c, re, T, policy == ActPolicy::kRecomputeLayer, true);
-  bf16 *dact, *dgu, *dxn, *dh1, *dattn_o, *dqr, *dkr, *dqkv;
+  bf16 *dact, *dgu, *dattn_o, *dqr, *dkr, *dqkv;
+  bf16* dres_b = nullptr;  // FP32 mode: BF16 copy of dy, then of dh1 (the GEMMs' operand)
+  void *dxn, *dh1;         // residual dtype
   float* ws_f;
   char* ws_attn;
   c.Reserve(&dact, T * I_);
   c.Reserve(&dgu, T * 2 * I_);
-  c.Reserve(&dxn, T * H_);
-  c.Reserve(&dh1, T * H_);
+  c.ReserveBytes(&dxn, T * H_ * act_bytes());
+  c.ReserveBytes(&dh1, T * H_ * act_bytes());
+  if (f32()) c.Reserve(&dres_b, T * H_);
   c.Reserve(&dattn_o, T * qd_);
   c.Reserve(&dqr, T * qd_);
   c.Reserve(&dkr, T * kvd_);
@@ -616,40 +666,52 @@ absl::Status CudaBackend::DecoderBackward(const bf16_t* params, const DeviceBatc
 
   // MLP: y = h1 + act · Wdᵀ
   {
+    // The GEMM operand: dy itself (BF16 mode) or its BF16 rounding (FP32 mode; HF autocast's
+    // gradient of the BF16 down_proj output).
+    const bf16* dy_g = static_cast<const bf16*>(dy);
+    if (f32()) {
+      RETURN_IF_ERROR(kernels::CastF32ToBf16(static_cast<const float*>(dy), T * H_, 1.0f, dres_b, stream_));
+      dy_g = dres_b;
+    }
     GemmArgs g;  // dact = dy · Wd
     g.op_b = GemmOp::kN;
     g.m = T;
     g.n = I_;
     g.k = H_;
-    g.a = dy;
+    g.a = dy_g;
     g.lda = H_;
     g.b = W(params, kDownProj);
     g.ldb = I_;
     g.d = dact;
     g.ldd = I_;
     RETURN_IF_ERROR(gemm_.Run(g, stream_));
-    RETURN_IF_ERROR(Wgrad(dy, H_, acts.act, I_, T, H_, I_, dparams + off_[kDownProj]));
+    RETURN_IF_ERROR(Wgrad(dy_g, H_, acts.act, I_, T, H_, I_, dparams + off_[kDownProj]));
   }
   RETURN_IF_ERROR(kernels::SwiGluBackward(acts.gu, dact, T, I_, dgu, stream_));
-  RETURN_IF_ERROR(StackedBackward(params, dparams, gu_w_, dgu, 2 * I_, acts.xn2, T, H_, dxn));
+  RETURN_IF_ERROR(StackedBackward(params, dparams, gu_w_, dgu, 2 * I_, acts.xn2, T, H_, dxn, act_gemm_type()));
   // dh1 = dy + RMSNorm2ᵀ(dxn)
-  RETURN_IF_ERROR(kernels::RmsNormBackward(dxn, acts.h1, W(params, kPostNorm), acts.rstd2, dy, T, H_, dh1,
-                                           dparams + off_[kPostNorm], ws_f, stream_));
+  RETURN_IF_ERROR(NormBackward(dxn, acts.h1, W(params, kPostNorm), acts.rstd2, dy, T, dh1, dparams + off_[kPostNorm],
+                               ws_f));
   // Attention block: h1 = x + o · Woᵀ
   {
+    const bf16* dh1_g = static_cast<const bf16*>(dh1);
+    if (f32()) {  // dres_b's previous content (bf16 dy) was last read by the down_proj GEMMs above
+      RETURN_IF_ERROR(kernels::CastF32ToBf16(static_cast<const float*>(dh1), T * H_, 1.0f, dres_b, stream_));
+      dh1_g = dres_b;
+    }
     GemmArgs g;  // do = dh1 · Wo
     g.op_b = GemmOp::kN;
     g.m = T;
     g.n = qd_;
     g.k = H_;
-    g.a = dh1;
+    g.a = dh1_g;
     g.lda = H_;
     g.b = W(params, kOProj);
     g.ldb = qd_;
     g.d = dattn_o;
     g.ldd = qd_;
     RETURN_IF_ERROR(gemm_.Run(g, stream_));
-    RETURN_IF_ERROR(Wgrad(dh1, H_, acts.o, qd_, T, H_, qd_, dparams + off_[kOProj]));
+    RETURN_IF_ERROR(Wgrad(dh1_g, H_, acts.o, qd_, T, H_, qd_, dparams + off_[kOProj]));
   }
   RETURN_IF_ERROR(kernels::FlashAttentionBackward(attn, {acts.qr, qd_}, {acts.kr, kvd_}, {acts.qkv + qd_ + kvd_, qkv_},
                                                   {acts.o, qd_}, acts.lse, {dattn_o, qd_}, {dqr, qd_}, {dkr, kvd_},
@@ -657,20 +719,19 @@ absl::Status CudaBackend::DecoderBackward(const bf16_t* params, const DeviceBatc
   RETURN_IF_ERROR(kernels::QkNormRopeBackward(rope, dqr, dkr, acts.qkv, qkv_, W(params, kQNorm), W(params, kKNorm),
                                               b.positions_, dqkv, qkv_, dparams + off_[kQNorm],
                                               dparams + off_[kKNorm], ws_f, stream_));
-  RETURN_IF_ERROR(StackedBackward(params, dparams, qkv_w_, dqkv, qkv_, acts.xn1, T, H_, dxn));
+  RETURN_IF_ERROR(StackedBackward(params, dparams, qkv_w_, dqkv, qkv_, acts.xn1, T, H_, dxn, act_gemm_type()));
   // dx = dh1 + RMSNorm1ᵀ(dxn)   (dx may alias dy: dy is no longer read)
-  RETURN_IF_ERROR(kernels::RmsNormBackward(dxn, x, W(params, kInputNorm), acts.rstd1, dh1, T, H_, dx,
-                                           dparams + off_[kInputNorm], ws_f, stream_));
+  RETURN_IF_ERROR(NormBackward(dxn, x, W(params, kInputNorm), acts.rstd1, dh1, T, dx, dparams + off_[kInputNorm],
+                               ws_f));
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::HeadForwardBackward(const bf16_t* norm_w_raw, const bf16_t* lm_head_w,
-                                              const DeviceBatch& batch, const void* x_raw, float loss_scale,
-                                              void* dx_raw, float* dnorm, float* dlm_head, float* loss_sum) {
+                                              const DeviceBatch& batch, const void* x, float loss_scale,
+                                              void* dx, float* dnorm, float* dlm_head, float* loss_sum) {
   const auto& b = static_cast<const CudaBatch&>(batch);
   const int64_t T = b.num_tokens_, V = config_.vocab_size;
   if (T == 0) return absl::OkStatus();
-  const bf16* x = static_cast<const bf16*>(x_raw);
   const bf16* norm_w = reinterpret_cast<const bf16*>(norm_w_raw);
   const bf16* wl = reinterpret_cast<const bf16*>(lm_head_w);
   int64_t chunk = std::max<int64_t>(1, options_.head_logits_budget_bytes / (V * 2));
@@ -678,17 +739,17 @@ absl::Status CudaBackend::HeadForwardBackward(const bf16_t* norm_w_raw, const bf
   chunk = std::min(chunk, T);
   Carver c;
   PoolBlock block;
-  bf16 *xn, *dxn, *logits;
+  bf16 *xn, *logits;
+  char* dxn;  // residual dtype (FP32 mode: the dgrad GEMM writes FP32)
   float *rstd, *row_loss, *ws;
   c.Reserve(&xn, T * H_);
-  c.Reserve(&dxn, T * H_);
+  c.Reserve(&dxn, T * H_ * act_bytes());
   c.Reserve(&rstd, T);
   c.Reserve(&row_loss, T);
   c.Reserve(&ws, kernels::RmsNormBackwardWorkspaceNumel(T, H_));
   c.Reserve(&logits, chunk * V);
   RETURN_IF_ERROR(c.Alloc(block, stream_));
-  const float eps = static_cast<float>(config_.rms_norm_eps);
-  RETURN_IF_ERROR(kernels::RmsNormForward(x, norm_w, T, H_, eps, xn, rstd, stream_));
+  RETURN_IF_ERROR(NormForward(x, norm_w, T, xn, rstd));
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t tc = std::min(chunk, T - t0);
     GemmArgs g;  // logits = xn_c · Wᵀ
@@ -713,21 +774,22 @@ absl::Status CudaBackend::HeadForwardBackward(const bf16_t* norm_w_raw, const bf
     d.lda = V;
     d.b = wl;
     d.ldb = H_;
-    d.d = dxn + t0 * H_;
+    d.d = dxn + t0 * H_ * act_bytes();
     d.ldd = H_;
+    d.out_type = act_gemm_type();
     RETURN_IF_ERROR(gemm_.Run(d, stream_));
     RETURN_IF_ERROR(Wgrad(logits, V, xn + t0 * H_, H_, tc, V, H_, dlm_head));
   }
   RETURN_IF_ERROR(kernels::SumInto(row_loss, T, loss_sum, stream_));
-  RETURN_IF_ERROR(kernels::RmsNormBackward(dxn, x, norm_w, rstd, nullptr, T, H_, static_cast<bf16*>(dx_raw), dnorm,
-                                           ws, stream_));
+  RETURN_IF_ERROR(NormBackward(dxn, x, norm_w, rstd, nullptr, T, dx, dnorm, ws));
   return absl::OkStatus();
 }
 
 int64_t CudaBackend::SavedBytesPerToken(ActPolicy policy) const {
   switch (policy) {
     case ActPolicy::kKeepAll:
-      return 2 * (H_ + qkv_ + qd_ + kvd_ + qd_ + H_ + H_ + 2 * I_ + I_) + 4 * (1 + nq_ + 1);
+      // xn1, qkv, qr, kr, o, xn2, gu, act (BF16); h1 (residual dtype); rstd1, lse, rstd2 (FP32).
+      return 2 * (H_ + qkv_ + qd_ + kvd_ + qd_ + H_ + 2 * I_ + I_) + act_bytes() * H_ + 4 * (1 + nq_ + 1);
     case ActPolicy::kSelective:
       return 2 * qd_ + 4 * nq_;
     case ActPolicy::kRecomputeLayer:
@@ -746,7 +808,13 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackendWithOptions(const
 }
 
 absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackend(const Qwen3Config& config, int device) {
-  return MakeCudaBackendWithOptions(config, device, CudaBackendOptions{});
+  CudaBackendOptions options;
+  // Debug/comparison switch: SLIDEDP_CUDA_FP32_RESIDUAL=0 selects the BF16 residual stream.
+  if (const char* e = std::getenv("SLIDEDP_CUDA_FP32_RESIDUAL"); e != nullptr && std::string(e) == "0") {
+    options.fp32_residual = false;
+  }
+  VLOG(1) << "CUDA backend: " << (options.fp32_residual ? "FP32" : "BF16") << " residual stream";
+  return MakeCudaBackendWithOptions(config, device, options);
 }
 
 }  // namespace slidedp

@@ -1,5 +1,6 @@
-// CUDA implementation of ComputeBackend (worker/compute/backend.h): BF16 activations and
-// parameters, FP32 accumulation, cuBLASLt GEMMs and the kernels in worker/kernels/.
+// CUDA implementation of ComputeBackend (worker/compute/backend.h): BF16 parameters and
+// intermediates, an FP32 (default) or BF16 residual stream, FP32 accumulation, cuBLASLt GEMMs and
+// the kernels in worker/kernels/.
 //
 // Temporaries and saved activations come from the device's stream-ordered memory pool
 // (cudaMallocAsync on the compute stream, release threshold raised so memory stays cached), so
@@ -17,6 +18,12 @@ namespace slidedp {
 struct CudaBackendOptions {
   // Upper bound on the BF16 logits chunk [tokens_per_chunk, vocab] the fused head keeps at once.
   int64_t head_logits_budget_bytes = 1ll << 30;
+  // Residual stream (embedding output, layer inputs/outputs, their gradients) in FP32, as HF
+  // transformers keeps it under torch.autocast(bf16) with FP32 master weights: RMSNorms read FP32
+  // and emit the BF16 GEMM input, o_proj / down_proj outputs are BF16 and added in FP32, residual
+  // gradients accumulate in FP32. activation_dtype() is then kF32. false: the BF16 stream.
+  // MakeCudaBackend takes the default unless the environment sets SLIDEDP_CUDA_FP32_RESIDUAL=0.
+  bool fp32_residual = true;
 };
 
 absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackendWithOptions(const Qwen3Config& config, int device,
