@@ -55,6 +55,15 @@ __global__ void FillKernel(bf16* p, int64_t n, uint32_t seed, float scale) {
   }
 }
 
+__global__ void FillF32Kernel(float* p, int64_t n, uint32_t seed, float scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 13; x *= 0x5bd1e995u; x ^= x >> 15;
+    p[i] = (static_cast<float>(x & 0xffffff) / 16777216.0f * 2.0f - 1.0f) * scale;
+  }
+}
+
 struct Arena {
   std::vector<void*> ptrs;
   ~Arena() { for (void* p : ptrs) cudaFree(p); }
@@ -71,6 +80,20 @@ struct Arena {
     FillKernel<<<1024, 256>>>(p, n, seed++, scale);
     CUDA_CHECK(cudaGetLastError());
     return p;
+  }
+  float* RandF32(int64_t n, float scale = 1.0f) {
+    float* p = Get<float>(n);
+    static uint32_t seed = 4321;
+    FillF32Kernel<<<1024, 256>>>(p, n, seed++, scale);
+    CUDA_CHECK(cudaGetLastError());
+    return p;
+  }
+  // A residual-stream activation in the backend's dtype (FP32 or BF16).
+  void* RandAct(DType t, int64_t n, float scale = 1.0f) {
+    return t == DType::kF32 ? static_cast<void*>(RandF32(n, scale)) : static_cast<void*>(Rand(n, scale));
+  }
+  void* GetAct(DType t, int64_t n) {
+    return t == DType::kF32 ? static_cast<void*>(Get<float>(n)) : static_cast<void*>(Get<bf16>(n));
   }
 };
 
@@ -267,8 +290,10 @@ MicroBatch PackedBatch(int64_t tokens, int64_t doc_len, int64_t vocab) {
   return mb;
 }
 
-void BenchLayer(const Qwen3Config& c, int64_t T, int64_t doc_len) {
-  auto be = MakeCudaBackend(c, 0);
+void BenchLayer(const Qwen3Config& c, int64_t T, int64_t doc_len, bool fp32_residual) {
+  CudaBackendOptions opt;
+  opt.fp32_residual = fp32_residual;
+  auto be = MakeCudaBackendWithOptions(c, 0, opt);
   BENCH_CHECK(be.status());
   ComputeBackend& b = **be;
   ModelLayout layout = ModelLayout::Build(c);
@@ -283,10 +308,11 @@ void BenchLayer(const Qwen3Config& c, int64_t T, int64_t doc_len) {
   }
   float* dparams = ar.Get<float>(P);
   CUDA_CHECK(cudaMemset(dparams, 0, P * 4));
-  bf16* x = ar.Rand(T * H);
-  bf16* y = ar.Get<bf16>(T * H);
-  bf16* dy = ar.Rand(T * H, 0.01f);
-  bf16* dx = ar.Get<bf16>(T * H);
+  const DType at = b.activation_dtype();
+  void* x = ar.RandAct(at, T * H);
+  void* y = ar.GetAct(at, T * H);
+  void* dy = ar.RandAct(at, T * H, 0.01f);
+  void* dx = ar.GetAct(at, T * H);
   MicroBatch mb = PackedBatch(T, doc_len, c.vocab_size);
   auto batch = b.UploadBatch(mb);
   BENCH_CHECK(batch.status());
@@ -325,13 +351,14 @@ void BenchLayer(const Qwen3Config& c, int64_t T, int64_t doc_len) {
       BENCH_CHECK(b.Synchronize());
       fwd_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
-    Emit(std::string("layer_fwd_bwd_") + pn, "qwen3-8b", T, ts[1], flops, 0);
+    Emit(std::string("layer_fwd_bwd_") + pn + (fp32_residual ? "_fp32res" : "_bf16res"), "qwen3-8b", T, ts[1], flops,
+         0);
     std::printf("   (forward alone %.2f ms; doc length %lld; saved %lld B/token; model FLOPs count no recompute)\n",
                 fwd_ms, static_cast<long long>(doc_len), static_cast<long long>(b.SavedBytesPerToken(pol)));
   }
 }
 
-void BenchHead(const Qwen3Config& c, int64_t T) {
+void BenchHead(const Qwen3Config& c, int64_t T) {  // default (FP32) residual stream
   const int64_t H = c.hidden_size, V = c.vocab_size;
   for (int fused = 1; fused >= 0; --fused) {
     CudaBackendOptions opt;
@@ -340,8 +367,8 @@ void BenchHead(const Qwen3Config& c, int64_t T) {
     BENCH_CHECK(be.status());
     ComputeBackend& b = **be;
     Arena ar;
-    bf16* x = ar.Rand(T * H);
-    bf16* dx = ar.Get<bf16>(T * H);
+    void* x = ar.RandAct(b.activation_dtype(), T * H);
+    void* dx = ar.GetAct(b.activation_dtype(), T * H);
     bf16* nw = ar.Rand(H, 1.0f);
     bf16* lw = ar.Rand(V * H, 0.02f);
     float* dn = ar.Get<float>(H);
@@ -408,7 +435,8 @@ int main(int argc, char** argv) {
   }
   auto c8 = Qwen3Config::Preset("qwen3-8b");
   BENCH_CHECK(c8.status());
-  BenchLayer(*c8, quick ? 8192 : 65536, 4096);
+  BenchLayer(*c8, quick ? 8192 : 65536, 4096, /*fp32_residual=*/true);
+  BenchLayer(*c8, quick ? 8192 : 65536, 4096, /*fp32_residual=*/false);
   BenchHead(*c8, quick ? 4096 : 32768);
   return 0;
 }

@@ -14,12 +14,14 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "common/model/qwen3_config.h"
 #include "common/numeric/bf16.h"
 #include "worker/compute/backend.h"
+#include "worker/compute/cuda/cuda_backend.h"
 #include "worker/kernels/attention.h"
 #include "worker/kernels/gemm.h"
 #include "worker/kernels/ops.h"
@@ -113,6 +115,28 @@ Dev<bf16>* NewBf16(const std::vector<double>& v) {
   return d;
 }
 
+Dev<float>* NewF32(const std::vector<double>& v) {
+  auto* d = new Dev<float>(v.size());
+  auto h = ToF32(v);
+  cudaMemcpy(d->p, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
+  return d;
+}
+// Activation-typed helpers: T is bf16 (BF16 residual stream) or float (FP32 residual stream).
+template <typename T>
+Dev<T>* NewAct(const std::vector<double>& v) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return NewBf16(v);
+  } else {
+    return NewF32(v);
+  }
+}
+std::vector<double> Down(const bf16* p, size_t n) { return DownBf16(p, n); }
+std::vector<double> Down(const float* p, size_t n) { return DownF32(p, n); }
+template <typename T>
+const char* ActName() {
+  return std::is_same_v<T, bf16> ? "bf16" : "fp32";
+}
+
 // ------------------------------------------------------------------ GEMM
 void CheckGemm() {
   GemmRunner runner;
@@ -186,13 +210,17 @@ void CheckGemm() {
 }
 
 // ------------------------------------------------------------------ RMSNorm
+// TA: the residual-stream type of x, dy, dres and dx (y is BF16 either way).
+template <typename TA>
 void CheckRmsNorm() {
   const int64_t R = 333, H = 264;
   const double eps = 1e-6;
   auto x = RandVec(R * H, 1.5), w = RandVec(H, 0.2, 1.0), dy = RandVec(R * H), dres = RandVec(R * H),
        dw0 = RandVec(H);
-  std::unique_ptr<Dev<bf16>> dx_(NewBf16(x)), dw_(NewBf16(w)), ddy(NewBf16(dy)), ddres(NewBf16(dres));
-  Dev<bf16> y(R * H), dxo(R * H);
+  std::unique_ptr<Dev<bf16>> dw_(NewBf16(w));
+  std::unique_ptr<Dev<TA>> dx_(NewAct<TA>(x)), ddy(NewAct<TA>(dy)), ddres(NewAct<TA>(dres));
+  Dev<bf16> y(R * H);
+  Dev<TA> dxo(R * H);
   Dev<float> rstd(R), dwacc(H), ws(kernels::RmsNormBackwardWorkspaceNumel(R, H));
   Upload(dwacc, ToF32(dw0));
   CHECK_OK(kernels::RmsNormForward(dx_->get(), dw_->get(), R, H, eps, y.get(), rstd.get(), nullptr));
@@ -215,10 +243,13 @@ void CheckRmsNorm() {
     for (int64_t c = 0; c < H; ++c)
       rdx[r * H + c] = dres[r * H + c] + rs * (dy[r * H + c] * w[c] - x[r * H + c] * rs * dot);
   }
-  Report("rmsnorm fwd y (333x264)", DownBf16(y.get(), R * H), ry, 5e-3);
-  Report("rmsnorm fwd rstd", DownF32(rstd.get(), R), rr, 1e-5);
-  Report("rmsnorm bwd dx (+residual grad)", DownBf16(dxo.get(), R * H), rdx, 5e-3);
-  Report("rmsnorm bwd dw += (two-stage reduction)", DownF32(dwacc.get(), H), rdw, 1e-5);
+  // FP32 dx is FP32 math on exact inputs (no BF16 output rounding): 1e-4 instead of 5e-3.
+  const bool f32 = std::is_same_v<TA, float>;
+  const std::string tag = std::string(" [") + ActName<TA>() + " x]";
+  Report("rmsnorm fwd y (333x264)" + tag, DownBf16(y.get(), R * H), ry, 5e-3);
+  Report("rmsnorm fwd rstd" + tag, DownF32(rstd.get(), R), rr, 1e-5);
+  Report("rmsnorm bwd dx (+residual grad)" + tag, Down(dxo.get(), R * H), rdx, f32 ? 1e-4 : 5e-3);
+  Report("rmsnorm bwd dw += (two-stage reduction)" + tag, DownF32(dwacc.get(), H), rdw, 1e-5);
 }
 
 // ------------------------------------------------------------------ q/k norm + RoPE
@@ -314,6 +345,8 @@ void CheckSwiGlu() {
 }
 
 // ------------------------------------------------------------------ Embedding
+// TA: the output / dout type (BF16 or FP32 residual stream).
+template <typename TA>
 void CheckEmbedding() {
   const int64_t V = 300, H = 136, T = 517;
   auto table = RandVec(V * H), dout = RandVec(T * H), acc0 = RandVec(V * H);
@@ -327,10 +360,11 @@ void CheckEmbedding() {
   for (int i = 0; i < T; ++i)
     if (i == 0 || tok[order[i]] != tok[order[i - 1]]) { uniq.push_back(tok[order[i]]); seg.push_back(i); }
   seg.push_back(T);
-  std::unique_ptr<Dev<bf16>> dtab(NewBf16(table)), ddout(NewBf16(dout));
+  std::unique_ptr<Dev<bf16>> dtab(NewBf16(table));
+  std::unique_ptr<Dev<TA>> ddout(NewAct<TA>(dout));
   Dev<int32_t> dtok(T), duniq(uniq.size()), dseg(seg.size()), dord(T);
   Upload(dtok, tok); Upload(duniq, uniq); Upload(dseg, seg); Upload(dord, order);
-  Dev<bf16> out(T * H);
+  Dev<TA> out(T * H);
   Dev<float> acc(V * H);
   Upload(acc, ToF32(acc0));
   CHECK_OK(kernels::EmbeddingForward(dtab->get(), dtok.get(), T, H, out.get(), nullptr));
@@ -343,8 +377,28 @@ void CheckEmbedding() {
       rf[t * H + c] = table[tok[t] * H + c];
       rb[tok[t] * H + c] += dout[t * H + c];
     }
-  Report("embedding fwd gather (517 tokens, 136 wide)", DownBf16(out.get(), T * H), rf, 0.0);
-  Report("embedding bwd += (deterministic grouping)", DownF32(acc.get(), V * H), rb, 1e-6);
+  const std::string tag = std::string(" [") + ActName<TA>() + "]";
+  Report("embedding fwd gather (517 tokens, 136 wide)" + tag, Down(out.get(), T * H), rf, 0.0);
+  Report("embedding bwd += (deterministic grouping)" + tag, DownF32(acc.get(), V * H), rb, 1e-6);
+}
+
+// ------------------------------------------------------------------ FP32 residual add
+void CheckAddBf16ToF32() {
+  const int64_t n = 1000003;  // odd: the grid-stride tail
+  std::normal_distribution<float> d(0.0f, 3.0f);
+  std::vector<float> res(n);
+  for (auto& v : res) v = d(g_rng);  // full FP32 values, not BF16-representable
+  auto branch = RandVec(n, 0.5);
+  std::unique_ptr<Dev<bf16>> db(NewBf16(branch));
+  Dev<float> dres(n), out(n);
+  Upload(dres, res);
+  CHECK_OK(kernels::AddBf16ToF32(dres.get(), db->get(), n, out.get(), nullptr));
+  CHECK_OK(kernels::AddBf16ToF32(dres.get(), db->get(), n, dres.get(), nullptr));  // in place (out aliases res)
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<double> ref(n);  // one FP32 add each: exact agreement expected
+  for (int64_t i = 0; i < n; ++i) ref[i] = static_cast<double>(res[i] + static_cast<float>(branch[i]));
+  Report("residual add fp32 += bf16 (n=1000003)", DownF32(out.get(), n), ref, 0.0);
+  Report("residual add fp32 += bf16 in place", DownF32(dres.get(), n), ref, 0.0);
 }
 
 // ------------------------------------------------------------------ Cross entropy
@@ -472,15 +526,19 @@ struct Pair {
   std::unique_ptr<ComputeBackend> gpu, cpu;
 };
 
-// Activations: BF16 on the GPU, FP32 on the CPU backend; both get the same BF16-representable values.
+// Activations: the GPU backend's activation_dtype() (BF16 or FP32 residual stream), FP32 on the CPU
+// backend; both get the same BF16-representable values.
 struct Act {
   std::unique_ptr<DeviceBuffer> g, c;
   int64_t n = 0;
 };
 
+int64_t GpuActBytes(const Pair& p) { return DTypeBytes(p.gpu->activation_dtype()); }
+
 absl::Status MakeAct(Pair& p, const std::vector<double>& v, Act* a) {
   a->n = v.size();
-  auto g = p.gpu->Allocate(a->n * 2);
+  const int64_t ab = GpuActBytes(p);
+  auto g = p.gpu->Allocate(a->n * ab);
   if (!g.ok()) return g.status();
   auto c = p.cpu->Allocate(a->n * 4);
   if (!c.ok()) return c.status();
@@ -488,11 +546,17 @@ absl::Status MakeAct(Pair& p, const std::vector<double>& v, Act* a) {
   a->c = std::move(*c);
   auto hb = ToBf16(v);
   auto hf = ToF32(v);
-  absl::Status s = p.gpu->CopyToDevice(hb.data(), a->g->data(), a->n * 2);
+  absl::Status s = ab == 4 ? p.gpu->CopyToDevice(hf.data(), a->g->data(), a->n * 4)
+                           : p.gpu->CopyToDevice(hb.data(), a->g->data(), a->n * 2);
   if (!s.ok()) return s;
   return p.cpu->CopyToDevice(hf.data(), a->c->data(), a->n * 4);
 }
 std::vector<double> GetG(Pair& p, DeviceBuffer& b, int64_t n) {
+  if (GpuActBytes(p) == 4) {
+    std::vector<float> h(n);
+    (void)p.gpu->CopyToHost(b.data(), h.data(), n * 4);
+    return std::vector<double>(h.begin(), h.end());
+  }
   std::vector<bf16_t> h(n);
   (void)p.gpu->CopyToHost(b.data(), h.data(), n * 2);
   std::vector<double> o(n);
@@ -505,15 +569,24 @@ std::vector<double> GetF(ComputeBackend& be, const void* d, int64_t n) {
   return std::vector<double>(h.begin(), h.end());
 }
 
-void CheckBackend(const std::string& label, const Qwen3Config& cfg) {
+// fp32_residual: which residual stream the CUDA backend keeps (CudaBackendOptions). The tolerances
+// are the BF16-stream ones in both modes (the FP32 stream is expected to be well inside them).
+void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp32_residual) {
+  const std::string label = label_base + (fp32_residual ? "[fp32 res]" : "[bf16 res]");
   Pair p;
-  auto g = MakeCudaBackend(cfg, 0);
+  CudaBackendOptions opt;
+  opt.fp32_residual = fp32_residual;
+  auto g = MakeCudaBackendWithOptions(cfg, 0, opt);
   CHECK_OK(g.status());
   auto c = MakeCpuBackend(cfg);
   CHECK_OK(c.status());
   p.gpu = std::move(*g);
   p.cpu = std::move(*c);
+  const bool dtype_ok = p.gpu->activation_dtype() == (fp32_residual ? DType::kF32 : DType::kBF16);
+  if (!dtype_ok) ++g_failures;
+  std::printf("%s  %-58s\n", dtype_ok ? "PASS" : "FAIL", (label + " activation_dtype matches the option").c_str());
   const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
+  const int64_t AB = GpuActBytes(p);  // GPU activation bytes per element
   // A packed micro-batch: three documents, positions restarting, some labels ignored.
   MicroBatch mb;
   const std::vector<int> docs = {37, 100, 13};
@@ -570,7 +643,7 @@ void CheckBackend(const std::string& label, const Qwen3Config& cfg) {
 
   for (ActPolicy pol : {ActPolicy::kKeepAll, ActPolicy::kSelective, ActPolicy::kRecomputeLayer}) {
     const char* pname = pol == ActPolicy::kKeepAll ? "keep-all" : pol == ActPolicy::kSelective ? "selective" : "recompute";
-    cudaMemset(y.g->data(), 0xFF, T * H * 2); cudaDeviceSynchronize();
+    cudaMemset(y.g->data(), 0xFF, T * H * AB); cudaDeviceSynchronize();
     std::unique_ptr<SavedActivations> sg;
     CHECK_OK(p.gpu->DecoderForward(PG, **bg, x.g->data(), y.g->data(), pol, &sg));
     CHECK_OK(p.gpu->Synchronize());
@@ -586,9 +659,9 @@ void CheckBackend(const std::string& label, const Qwen3Config& cfg) {
     // dx aliases a copy of dy (the interface allows it) on the recompute run.
     void* dx_ptr = dx.g->data();
     if (pol == ActPolicy::kRecomputeLayer) {
-      cudaMemcpy(dx.g->data(), dy.g->data(), T * H * 2, cudaMemcpyDeviceToDevice); cudaDeviceSynchronize();
+      cudaMemcpy(dx.g->data(), dy.g->data(), T * H * AB, cudaMemcpyDeviceToDevice); cudaDeviceSynchronize();
     } else {
-      cudaMemset(dx.g->data(), 0xFF, T * H * 2); cudaDeviceSynchronize();
+      cudaMemset(dx.g->data(), 0xFF, T * H * AB); cudaDeviceSynchronize();
     }
     CHECK_OK(p.gpu->DecoderBackward(PG, **bg, x.g->data(), pol == ActPolicy::kRecomputeLayer ? nullptr : sg.get(),
                                     pol == ActPolicy::kRecomputeLayer ? dx_ptr : dy.g->data(), dx_ptr,
@@ -615,7 +688,7 @@ void CheckBackend(const std::string& label, const Qwen3Config& cfg) {
     CHECK_OK(tc.status());
     CHECK_OK(p.gpu->CopyToDevice(tb.data(), (*tg)->data(), tb.size() * 2));
     CHECK_OK(p.cpu->CopyToDevice(tb.data(), (*tc)->data(), tb.size() * 2));
-    cudaMemset(y.g->data(), 0xFF, T * H * 2); cudaDeviceSynchronize();
+    cudaMemset(y.g->data(), 0xFF, T * H * AB); cudaDeviceSynchronize();
     CHECK_OK(p.gpu->EmbeddingForward((*tg)->as<bf16_t>(), **bg, y.g->data()));
     CHECK_OK(p.cpu->EmbeddingForward((*tc)->as<bf16_t>(), **bc, y.c->data()));
     CHECK_OK(p.gpu->Synchronize());
@@ -650,7 +723,7 @@ void CheckBackend(const std::string& label, const Qwen3Config& cfg) {
     CHECK_OK(ls_g.status()); CHECK_OK(ls_c.status());
     for (auto* b : {dn_g->get(), dl_g->get(), ls_g->get()}) CHECK_OK(p.gpu->Memset(*b, 0));
     for (auto* b : {dn_c->get(), dl_c->get(), ls_c->get()}) CHECK_OK(p.cpu->Memset(*b, 0));
-    cudaMemset(dx.g->data(), 0xFF, T * H * 2); cudaDeviceSynchronize();
+    cudaMemset(dx.g->data(), 0xFF, T * H * AB); cudaDeviceSynchronize();
     CHECK_OK(p.gpu->HeadForwardBackward((*ng)->as<bf16_t>(), (*lg)->as<bf16_t>(), **bg, x.g->data(), loss_scale,
                                         dx.g->data(), (*dn_g)->as<float>(), (*dl_g)->as<float>(),
                                         (*ls_g)->as<float>()));
@@ -686,12 +759,15 @@ int main(int argc, char** argv) {
   std::printf("cuda_kernel_check on %s (sm_%d%d), seed=%llu\n", prop.name, prop.major, prop.minor,
               static_cast<unsigned long long>(seed));
   CheckGemm();
-  CheckRmsNorm();
+  CheckRmsNorm<bf16>();
+  CheckRmsNorm<float>();
   CheckQkRope(128);
   CheckQkRope(64);  // half the lanes idle: catches use of unset per-lane state
   CheckQkRope(16);
   CheckSwiGlu();
-  CheckEmbedding();
+  CheckEmbedding<bf16>();
+  CheckEmbedding<float>();
+  CheckAddBf16ToF32();
   CheckCrossEntropy();
   using Split = kernels::AttnArgs::BwdSplit;
   CheckAttention(128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerKvHead);
@@ -708,12 +784,14 @@ int main(int argc, char** argv) {
     Qwen3Config c;
     c.hidden_size = 256; c.num_hidden_layers = 1; c.num_attention_heads = 4; c.num_key_value_heads = 2;
     c.head_dim = 64; c.intermediate_size = 384; c.vocab_size = 1000; c.tie_word_embeddings = false;
-    CheckBackend("qwen3-mini(hd64)", c);
     Qwen3Config c128 = c;
     c128.head_dim = 128; c128.num_attention_heads = 4; c128.num_key_value_heads = 1;
-    CheckBackend("qwen3-mini(hd128)", c128);
     auto tiny = Qwen3Config::Preset("tiny");
-    if (tiny.ok()) CheckBackend("tiny(hd16)", *tiny);
+    for (bool fp32_residual : {true, false}) {
+      CheckBackend("qwen3-mini(hd64)", c, fp32_residual);
+      CheckBackend("qwen3-mini(hd128)", c128, fp32_residual);
+      if (tiny.ok()) CheckBackend("tiny(hd16)", *tiny, fp32_residual);
+    }
   }
 #else
   std::printf("SKIP  backend-vs-CPU checks (cpu_backend not built)\n");
