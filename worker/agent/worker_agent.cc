@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -19,6 +21,7 @@
 #include "worker/pipeline/unit_streamer.h"
 #ifdef SLIDEDP_HAVE_CUDA_BACKEND
 #include "worker/pipeline/cuda_streamer.h"
+#include <cuda_runtime_api.h>
 #endif
 
 namespace slidedp::worker {
@@ -55,8 +58,28 @@ v1::DeviceInfo WorkerAgent::device() const {
   v1::DeviceInfo d;
   d.set_kind(options_.backend == BackendKind::kCuda ? "cuda" : "cpu");
   d.set_index(options_.index);
-  d.set_name(options_.backend == BackendKind::kCuda ? "cuda device" : "cpu reference backend");
+  d.set_name("cpu reference backend");
   d.set_numa_node(0);
+#ifdef SLIDEDP_HAVE_CUDA_BACKEND
+  cudaDeviceProp prop;
+  if (options_.backend == BackendKind::kCuda && cudaGetDeviceProperties(&prop, options_.index) == cudaSuccess) {
+    d.set_name(prop.name);
+    d.set_memory_bytes(static_cast<int64_t>(prop.totalGlobalMem));
+    char bus[32];
+    snprintf(bus, sizeof(bus), "%04x:%02x:%02x.0", prop.pciDomainID, prop.pciBusID, prop.pciDeviceID);
+    d.set_pci_bus_id(bus);
+    std::string uuid = "GPU-";
+    for (int i = 0; i < 16; ++i) {
+      absl::StrAppend(&uuid, absl::Hex(static_cast<unsigned char>(prop.uuid.bytes[i]), absl::kZeroPad2));
+      if (i == 3 || i == 5 || i == 7 || i == 9) uuid += "-";
+    }
+    d.set_uuid(uuid);
+    // The GPU's NUMA node, for placing this worker's host memory and LayerAdam's threads.
+    std::ifstream numa(absl::StrCat("/sys/bus/pci/devices/", bus, "/numa_node"));
+    int node = 0;
+    if (numa >> node && node >= 0) d.set_numa_node(node);
+  }
+#endif
   return d;
 }
 
