@@ -1,7 +1,6 @@
 // HostCore: job table, queue and runner, worker sessions, watchers.
 #include "hostd/core/host_core.h"
 
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -14,6 +13,7 @@
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "hostd/checkpoint/checkpoint.h"
+#include "hostd/state/admission.h"
 
 namespace slidedp::hostd {
 namespace {
@@ -28,16 +28,6 @@ bool ValidJobId(const std::string& id) {
   return true;
 }
 
-int64_t MeminfoBytes(const char* key) {
-  std::ifstream in("/proc/meminfo");
-  std::string k;
-  int64_t kb;
-  std::string unit;
-  while (in >> k >> kb >> unit) {
-    if (k == key) return kb * 1024;
-  }
-  return 0;
-}
 
 }  // namespace
 
@@ -437,10 +427,11 @@ v1::NodeInfo HostCore::GetNode() const {
   n.set_node_name(options_.node_name);
   n.set_version("slidedp 0.1.0");
   n.set_cpu_cores(static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
-  n.set_host_memory_bytes(MeminfoBytes("MemTotal:"));
-  n.set_host_memory_available_bytes(MeminfoBytes("MemAvailable:"));
-  struct statvfs vfs;
-  if (statvfs("/dev/shm", &vfs) == 0) n.set_shm_free_bytes(static_cast<int64_t>(vfs.f_bavail) * vfs.f_frsize);
+  if (auto mem = state::ReadHostMemoryInfo(); mem.ok()) {
+    n.set_host_memory_bytes(static_cast<int64_t>(mem->mem_total_bytes));
+    n.set_host_memory_available_bytes(static_cast<int64_t>(mem->mem_available_bytes));
+    n.set_shm_free_bytes(static_cast<int64_t>(mem->shm_free_bytes));
+  }
   for (auto& w : ListWorkers()) *n.add_workers() = std::move(w);
   absl::MutexLock l(&mu_);
   n.set_draining(draining_);

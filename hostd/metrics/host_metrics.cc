@@ -32,18 +32,6 @@ struct HostFamilies {
   MetricFamily* job_workers;
 };
 
-const char* StateLabel(v1::JobState s) {
-  switch (s) {
-    case v1::JOB_STATE_QUEUED: return "queued";
-    case v1::JOB_STATE_STARTING: return "starting";
-    case v1::JOB_STATE_RUNNING: return "running";
-    case v1::JOB_STATE_SAVING: return "saving";
-    case v1::JOB_STATE_SUCCEEDED: return "succeeded";
-    case v1::JOB_STATE_FAILED: return "failed";
-    case v1::JOB_STATE_CANCELLED: return "cancelled";
-    default: return "unspecified";
-  }
-}
 
 void Collect(const HostFamilies& f, const hostd::HostCore& core) {
   const std::vector<v1::Job> jobs = core.ListJobs();
@@ -52,7 +40,7 @@ void Collect(const HostFamilies& f, const hostd::HostCore& core) {
   std::map<std::string, int> by_state;
   for (v1::JobState s : {v1::JOB_STATE_QUEUED, v1::JOB_STATE_STARTING, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SAVING,
                          v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
-    by_state[StateLabel(s)] = 0;
+    by_state[hostd::JobStateName(s)] = 0;
   }
   double steps = 0, host_state = 0;
   for (MetricFamily* m : {f.job_step, f.job_total_steps, f.job_loss, f.job_lr, f.job_grad_norm, f.job_tokens_per_s,
@@ -60,7 +48,7 @@ void Collect(const HostFamilies& f, const hostd::HostCore& core) {
     m->Clear();
   }
   for (const v1::Job& j : jobs) {
-    by_state[StateLabel(j.state())]++;
+    by_state[hostd::JobStateName(j.state())]++;
     steps += static_cast<double>(j.last().step());
     if (hostd::IsFinal(j.state()) || j.state() == v1::JOB_STATE_QUEUED) continue;
     host_state += static_cast<double>(j.host_state_bytes());

@@ -3,19 +3,7 @@
 # kernel checks, the CUDA worker end to end on the tiny example, the whole model against HF
 # transformers, LayerAdam against torch's CPU AdamW. Each stage has a time cap.
 set -u
-out=${OUT:-/tmp/slidedp-gpu}
-mkdir -p "$out"
-[ -d .gpu/bin ] || bash tools/gpu/unpack.sh
-source .gpu/lib/gpu-env.sh .gpu/lib
-export PATH=$PWD/.gpu/bin:$PATH PYTHONUNBUFFERED=1
-stage() {  # stage NAME LIMIT_S CMD...
-  local name=$1 limit=$2; shift 2
-  local t0=$SECONDS
-  echo "=== $name: $*" > "$out/$name.log"
-  timeout "$limit" "$@" >> "$out/$name.log" 2>&1
-  local rc=$?
-  echo "=== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$out/$name.log"
-}
+source tools/gpu/lib.sh
 { date -u; nvidia-smi -L; nproc; free -g | head -2; } > "$out/env.log" 2>&1
 stage kernel_check 150 cuda_kernel_check
 stage tiny_cuda 120 bash -c 'make_text_dataset --input examples/tiny/corpus.txt --output build/examples/tiny-data --repeat 4 &&
