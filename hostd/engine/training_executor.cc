@@ -151,6 +151,18 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
     rings.push_back(std::move(ring));
   }
 
+  // ---- NUMA placement: each unit's state lives on the node of the LayerAdam threads that own
+  // it; the owners touch (and, where pages already sit elsewhere, migrate) it before use ----
+  std::vector<int64_t> unit_bytes(num_units);
+  for (int u = 0; u < num_units; ++u) unit_bytes[u] = layout.units[u].numel * 14;
+  const std::vector<int> placement = adam->AssignNumaNodes(unit_bytes);
+  std::vector<update::UnitMemory> memory(num_units);
+  for (int u = 0; u < num_units; ++u) {
+    memory[u] = update::UnitMemory{job_state->master(u), job_state->m(u), job_state->v(u), job_state->mirror(u),
+                                   layout.units[u].numel, placement[u]};
+    if (adam->num_numa_nodes() > 1) RETURN_IF_ERROR(adam->FirstTouch(memory[u]));
+  }
+
   // ---- initial weights ----
   checkpoint::StateArrays arrays;
   arrays.master = [&](int u) { return job_state->master(u); };
@@ -272,11 +284,6 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
 
   std::vector<std::vector<float>> staging(num_units);
   for (int u = 0; u < num_units; ++u) staging[u].resize(layout.units[u].numel);
-  std::vector<update::UnitMemory> memory(num_units);
-  for (int u = 0; u < num_units; ++u) {
-    memory[u] = update::UnitMemory{job_state->master(u), job_state->m(u), job_state->v(u), job_state->mirror(u),
-                                   layout.units[u].numel, 0};
-  }
   const double flops_per_token = ModelFlopsPerToken(layout, spec.seq_len);
   std::string last_checkpoint;
   absl::Time step_start = absl::Now();
