@@ -62,6 +62,7 @@ struct HostCore::JobRecord {
   std::string resume_from;
   bool cancel = false;
   bool checkpoint_on_cancel = false;
+  int restarts = 0;
   std::vector<std::shared_ptr<Channel<v1::JobEvent>>> watchers;
   int64_t submit_ms = 0;
 };
@@ -71,10 +72,11 @@ class HostCore::RecordContext : public JobContext {
  public:
   RecordContext(HostCore* core, JobRecord* rec, std::vector<std::shared_ptr<WorkerSession>> workers)
       : core_(core), rec_(rec), job_id_(rec->job.job_id()), spec_(rec->spec), resume_from_(rec->resume_from),
-        workers_(std::move(workers)) {}
+        workers_(std::move(workers)), attempt_(rec->restarts) {}
   const std::string& job_id() const override { return job_id_; }
   const JobSpec& spec() const override { return spec_; }
   const std::string& resume_from() const override { return resume_from_; }
+  int attempt() const override { return attempt_; }
   const std::vector<std::shared_ptr<WorkerSession>>& workers() const override { return workers_; }
   bool cancel_requested() const override {
     absl::MutexLock l(&core_->mu_);
@@ -126,6 +128,7 @@ class HostCore::RecordContext : public JobContext {
   JobSpec spec_;
   std::string resume_from_;
   std::vector<std::shared_ptr<WorkerSession>> workers_;
+  int attempt_;
 };
 
 HostCore::HostCore(HostCoreOptions options, std::unique_ptr<JobExecutor> executor)
@@ -486,6 +489,25 @@ void HostCore::RunnerLoop() {
     {
       absl::MutexLock l(&mu_);
       for (auto& w : assigned) worker_job_.erase(w->id());
+      // A worker that died (UNAVAILABLE) is survivable when the spec asks for automatic
+      // restarts: the job goes back to the front of the queue and resumes from its newest
+      // complete checkpoint (or from the start) on the workers still attached.
+      const bool worker_lost = status.code() == absl::StatusCode::kUnavailable;
+      if (worker_lost && !rec->cancel && !stop_ && rec->restarts < rec->spec.max_restarts) {
+        rec->restarts++;
+        auto latest = checkpoint::FindLatestCheckpoint(rec->spec.output_dir);
+        rec->resume_from = latest.ok() ? *latest : rec->resume_from;
+        v1::JobEvent ev;
+        ev.set_log(absl::StrCat("restart ", rec->restarts, " of ", rec->spec.max_restarts, " after: ", status.message(),
+                                latest.ok() ? absl::StrCat("; resuming from ", *latest) : std::string("; from the start")));
+        LOG(WARNING) << "job " << id << ": " << ev.log();
+        Publish(*rec, ev);
+        rec->job.set_state(v1::JOB_STATE_QUEUED);
+        PersistLocked(*rec);
+        queue_.push_front(id);
+        running_.clear();
+        continue;
+      }
       if (status.ok()) {
         SetStateLocked(*rec, v1::JOB_STATE_SUCCEEDED);
       } else {

@@ -97,6 +97,8 @@ class JobContext {
   virtual const std::string& job_id() const = 0;
   virtual const JobSpec& spec() const = 0;
   virtual const std::string& resume_from() const = 0;
+  // 0 for the first run of a job, then one more per automatic restart.
+  virtual int attempt() const = 0;
   virtual const std::vector<std::shared_ptr<WorkerSession>>& workers() const = 0;
   virtual bool cancel_requested() const = 0;
   // Save a checkpoint at the safe point where the cancel takes effect (hostd draining).

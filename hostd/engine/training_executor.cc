@@ -142,6 +142,9 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
   ASSIGN_OR_RETURN(auto job_state, state::JobState::Create(options_.node_name, ctx.job_id(), layout, sopt));
   std::vector<std::unique_ptr<state::GradRing>> rings;
   absl::Cleanup unlink = [&] {
+    // Whatever ended the job, wake every worker still waiting on a gate or ring slot of it (a
+    // no-op after success: the workers have already reported the end of the job).
+    job_state->RaiseAbort(state::AbortReason::kShutdown);
     for (auto& r : rings) (void)r->Unlink();
     (void)job_state->Unlink();
   };
@@ -216,6 +219,7 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
     a->set_first_step(first_step);
     a->set_total_steps(spec.steps);
     a->set_data_path(spec.data_path);
+    a->set_attempt(ctx.attempt());
     if (!ctx.workers()[r]->commands().Push(cmd)) return absl::UnavailableError("a worker disconnected before its assignment");
   }
   ctx.SetTotalSteps(spec.steps);
@@ -230,9 +234,10 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
     for (int r = 0; r < world; ++r) {
       auto& w = ctx.workers()[r];
       while (auto rep = w->reports().Pop(absl::ZeroDuration())) {
-        // A worker may still report the end of an earlier job (e.g. one that failed); skip it.
+        // A worker may still report the end of an earlier job or attempt (e.g. one that failed).
         const std::string& about = rep->has_step_done() ? rep->step_done().job_id() : rep->job_finished().job_id();
-        if (about != ctx.job_id()) continue;
+        const int attempt = rep->has_step_done() ? rep->step_done().attempt() : rep->job_finished().attempt();
+        if (about != ctx.job_id() || attempt != ctx.attempt()) continue;
         if (rep->has_step_done()) step_reports[rep->step_done().step()].push_back(rep->step_done());
         if (rep->has_job_finished()) {
           finished[r] = true;

@@ -19,6 +19,7 @@ struct SpecOptions {
   int micro_batch = 2;
   int steps = 4;
   int save_every = 0;
+  int max_restarts = 0;
   double max_grad_norm = 1.0;
   std::string output = "out";
 };
@@ -47,7 +48,8 @@ std::string Spec(const SpecOptions& o) {
                       "train: {seq_len: 64, global_batch: ", o.global_batch, ", micro_batch: ", o.micro_batch,
                       ", steps: ", o.steps, ", seed: 3, max_grad_norm: ", o.max_grad_norm, "}\n",
                       "optimizer: {lr: 1.0e-3, weight_decay: 0.1}\n", "schedule: {kind: linear, warmup_steps: 1}\n",
-                      "runtime: {workers: ", o.workers, ", ring_slots: 4, step_timeout_ms: 20000}\n");
+                      "runtime: {workers: ", o.workers, ", ring_slots: 4, step_timeout_ms: 20000, max_restarts: ", o.max_restarts,
+                      "}\n");
 }
 
 ModelLayout TinyLayout() { return ModelLayout::Build(*Qwen3Config::Preset("tiny")); }
@@ -350,6 +352,42 @@ TEST(Service, HostdKilledWorkersReattachAndTheJobIsReportedWithItsCheckpoint) {
   more.output = "out-crash-resumed";
   v1::Job r = MustSucceed(node, Spec(more), "crash-resumed", "crashed");
   EXPECT_EQ(r.last().step(), *step + 2);
+}
+
+}  // namespace
+}  // namespace slidedp::testing
+
+namespace slidedp::testing {
+namespace {
+
+TEST(Service, KilledWorkerWithAutomaticRestartResumesOnTheSurvivor) {
+  NodeHarness node(2);
+  SpecOptions o;
+  o.workers = 0;  // all attached workers: two at first, one after the restart
+  o.steps = 40;
+  o.save_every = 2;
+  o.max_restarts = 1;
+  o.output = "out-restart";
+  v1::SubmitJobRequest req;
+  req.set_job_id("restarted");
+  req.set_spec_yaml(Spec(o));
+  req.set_base_dir(node.dir());
+  ASSERT_TRUE(node.client().Submit(req).ok());
+  absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline) {
+    auto j = node.client().GetJob("restarted");
+    if (j.ok() && !j->last_checkpoint().empty() && j->last().step() >= 3) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  int victim = node.worker_pids()[1];
+  kill(victim, SIGKILL);
+  waitpid(victim, nullptr, 0);
+  auto j = node.WaitFinal("restarted", 120);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED) << j->error();
+  EXPECT_EQ(j->last().step(), 40);
+  EXPECT_EQ(j->num_workers(), 1);
+  EXPECT_TRUE(node.LeakedSegments().empty());
 }
 
 }  // namespace

@@ -163,6 +163,7 @@ void WorkerAgent::RunJob(v1::Assignment a) {
   r.mutable_job_finished()->set_job_id(a.job_id());
   r.mutable_job_finished()->set_code(static_cast<int>(s.code()));
   r.mutable_job_finished()->set_message(std::string(s.message()));
+  r.mutable_job_finished()->set_attempt(a.attempt());
   Send(r);
 }
 
@@ -248,6 +249,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
     v1::WorkerReport r;
     v1::StepDone* d = r.mutable_step_done();
     d->set_job_id(a.job_id());
+    d->set_attempt(a.attempt());
     d->set_step(step);
     d->set_loss_sum(result->loss_sum);
     d->set_trained_tokens(trained);
