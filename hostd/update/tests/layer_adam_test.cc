@@ -234,7 +234,9 @@ TEST(LayerAdam, FirstTouchKeepsContentsAndPinnedWorkersRun) {
   auto engine = MakeEngine(2, WorkerPinning::kCore, 1);
   EXPECT_EQ(engine->num_threads(), 2);
   std::vector<std::string> names = ThreadNames();
-  for (int i = 0; i < 500 && std::count(names.begin(), names.end(), "adam-1") == 0; ++i) {
+  // Each worker names itself when it starts, in no particular order: wait for both names.
+  auto named = [&](const char* n) { return std::count(names.begin(), names.end(), n) > 0; };
+  for (int i = 0; i < 500 && !(named("adam-0") && named("adam-1")); ++i) {
     absl::SleepFor(absl::Milliseconds(10));  // workers name themselves as they start
     names = ThreadNames();
   }
