@@ -313,7 +313,7 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
     last_checkpoint = result.dir;
     ctx.SetLastCheckpoint(result.dir);
     ctx.Log(absl::StrFormat("checkpoint saved to %s (%.2f GB in %.1f s)", result.dir, result.bytes_written / 1e9, result.seconds));
-    ctx.SetState(v1::JOB_STATE_RUNNING);
+    if (steps_done < spec.steps) ctx.SetState(v1::JOB_STATE_RUNNING);
     return absl::OkStatus();
   };
 
