@@ -85,7 +85,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
 
   // ---- forward ----
   {
-    RETURN_IF_ERROR(alloc_acts(1 < num_units ? 1 : head));
+    RETURN_IF_ERROR(alloc_acts(1));  // unit 1 is the first decoder layer, or the head with no layers
     ASSIGN_OR_RETURN(const bf16_t* embed, Acquire(0, gate));
     for (int i = 0; i < n_mb; ++i) {
       RETURN_IF_ERROR(backend_->EmbeddingForward(embed, *batches[i], inputs[1][i]->data()));
