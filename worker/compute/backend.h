@@ -11,8 +11,9 @@
 // - Unit parameters are one flat BF16 array laid out as common/model/qwen3_config.h's
 //   UnitLayout (tensor i at tensors[i].offset_numel). Gradients are one flat FP32 array of the
 //   same layout; backward ops ADD into it (accumulation across micro-batches).
-// - Activations are [num_tokens, hidden] row-major in activation_dtype(): BF16 on CUDA, FP32 on
-//   the CPU backend.
+// - Activations are [num_tokens, hidden] row-major in activation_dtype(): FP32 on the CPU
+//   backend; on CUDA FP32 with the FP32 residual stream (the default, as HF autocast keeps it) or
+//   BF16 (CudaBackendOptions::fp32_residual = false).
 // - A micro-batch is num_tokens tokens flattened from rows of packed documents; attention is
 //   causal inside each document only (cu_seqlens), RoPE positions restart per document.
 #pragma once
