@@ -17,7 +17,8 @@ stage() {  # stage NAME LIMIT_S CMD... : runs with a time cap, logs to $out/NAME
 }
 
 # Real text (the Python standard library's sources) tokenized with the Qwen3 tokenizer into
-# /tmp/ds, and the Qwen3-0.6B job spec /tmp/q06.yaml that trains on it for $steps steps.
+# /tmp/ds, and the Qwen3-0.6B job spec /tmp/q06.yaml that trains on it for $steps steps
+# (Q06_LR, Q06_SCHEDULE, Q06_WARMUP, Q06_MIN_LR override the optimizer settings).
 q06_data_and_spec() {
   stage data 60 bash -c 'python3 - <<PY
 import glob, json
@@ -34,8 +35,8 @@ model: {preset: qwen3-0.6b, init_seed: 0}
 data: {path: /tmp/ds/train}
 output: {dir: /tmp/q06-out, save_final: false}
 train: {seq_len: 1024, global_batch: 8, micro_batch: 4, steps: $steps, seed: 0, max_grad_norm: 1.0}
-optimizer: {lr: 1.0e-4, weight_decay: 0.01}
-schedule: {kind: cosine, warmup_steps: 10, min_lr: 1.0e-5}
+optimizer: {lr: ${Q06_LR:-1.0e-4}, weight_decay: 0.01}
+schedule: {kind: ${Q06_SCHEDULE:-cosine}, warmup_steps: ${Q06_WARMUP:-10}, min_lr: ${Q06_MIN_LR:-1.0e-5}}
 runtime: {workers: 1}
 YAML
 }
