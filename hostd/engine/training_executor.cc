@@ -55,6 +55,7 @@ double ModelFlopsPerToken(const ModelLayout& layout, int64_t seq_len) {
 struct StepProgress {
   absl::Mutex mu;
   int updates_pending ABSL_GUARDED_BY(mu) = 0;
+  std::vector<int64_t> unit_left ABSL_GUARDED_BY(mu);  // elements of each unit not yet updated
   absl::Status first_error ABSL_GUARDED_BY(mu);
 };
 
@@ -332,6 +333,10 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
     int complete_units = 0;
     double sum_squares = 0;
     StepProgress progress;
+    {
+      absl::MutexLock l(&progress.mu);
+      for (int u = 0; u < num_units; ++u) progress.unit_left.push_back(layout.units[u].numel);
+    }
     const double lr = schedule.LrAt(t);
     update::AdamWStepParams params;
     params.lr = lr;
@@ -340,7 +345,8 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
     params.eps = spec.eps;
     params.weight_decay = spec.weight_decay;
     params.step = t + 1;
-    auto apply = [&](int u, float grad_scale) -> absl::Status {
+    // Updates a range of unit u; the unit's gate opens (version t+1) when its last range is done.
+    auto apply = [&](int u, int64_t offset, int64_t numel, float grad_scale) -> absl::Status {
       update::AdamWStepParams p = params;
       p.grad_scale = grad_scale;
       {
@@ -349,12 +355,19 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
       }
       state::VersionGate* gate = &job_state->version(u);
       const uint32_t next = static_cast<uint32_t>(t + 1);
-      return adam->SubmitChunk(memory[u], 0, memory[u].numel, staging[u].data(), p, [gate, next, &progress](absl::Status s) {
-        if (s.ok()) gate->Publish(next);
+      absl::Status submitted = adam->SubmitChunk(
+          memory[u], offset, numel, staging[u].data() + offset, p, [gate, next, u, numel, &progress](absl::Status s) {
+            absl::MutexLock l(&progress.mu);
+            if (!s.ok() && progress.first_error.ok()) progress.first_error = s;
+            progress.unit_left[u] -= numel;
+            if (progress.unit_left[u] == 0 && progress.first_error.ok()) gate->Publish(next);
+            progress.updates_pending--;
+          });
+      if (!submitted.ok()) {  // `done` will not run
         absl::MutexLock l(&progress.mu);
-        if (!s.ok() && progress.first_error.ok()) progress.first_error = s;
         progress.updates_pending--;
-      });
+      }
+      return submitted;
     };
     // Wait for all submitted updates of this step even when we leave early (they touch staging).
     absl::Cleanup drain = [&] {
@@ -389,17 +402,17 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
       }
       sum_squares += update::SumSquares(dst, d0.numel);
       received[d0.unit] += d0.numel;
-      if (received[d0.unit] == layout.units[d0.unit].numel) {
-        ++complete_units;
-        if (!clip) RETURN_IF_ERROR(apply(d0.unit, 1.0f));
-      }
+      // Without clipping a chunk is final once every rank's copy is summed: update it now, while
+      // the rest of the backward pass is still running.
+      if (!clip) RETURN_IF_ERROR(apply(d0.unit, d0.offset_numel, d0.numel, 1.0f));
+      if (received[d0.unit] == layout.units[d0.unit].numel) ++complete_units;
     }
     const double grad_norm = std::sqrt(sum_squares);
     if (clip) {
       // Exact clipping: the coefficient needs the whole step's norm; then update in forward
       // order so the next step's forward can start on the first units while later ones update.
       const float coef = update::ClipCoefficient(grad_norm, spec.max_grad_norm);
-      for (int u = 0; u < num_units; ++u) RETURN_IF_ERROR(apply(u, coef));
+      for (int u = 0; u < num_units; ++u) RETURN_IF_ERROR(apply(u, 0, layout.units[u].numel, coef));
     }
     std::move(drain).Invoke();
     {
