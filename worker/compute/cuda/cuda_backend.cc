@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "worker/kernels/attention.h"
@@ -68,7 +69,19 @@ class PoolBlock {
     stream_ = stream;
     bytes_ = bytes;
     if (bytes == 0) return absl::OkStatus();
-    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&p_, static_cast<size_t>(bytes), stream));
+    cudaError_t e = cudaMallocAsync(&p_, static_cast<size_t>(bytes), stream);
+    if (e == cudaErrorMemoryAllocation) {
+      // The error users meet when a batch or activation policy does not fit: give the numbers.
+      cudaGetLastError();
+      size_t free_bytes = 0, total_bytes = 0;
+      cudaMemGetInfo(&free_bytes, &total_bytes);
+      p_ = nullptr;
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "GPU memory exhausted: needed %.2f GiB more, %.2f GiB free of %.2f GiB; use a smaller "
+          "train.micro_batch or runtime.act_policy: recompute",
+          bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0));
+    }
+    SLIDEDP_CUDA_RETURN_IF_ERROR(e);
     return absl::OkStatus();
   }
   void Release() {
