@@ -14,6 +14,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "hostd/checkpoint/checkpoint.h"
 #include "hostd/state/admission.h"
+#include "hostd/state/process_liveness.h"
 
 namespace slidedp::hostd {
 namespace {
@@ -48,7 +49,13 @@ bool IsFinal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
 }
 
-WorkerSession::WorkerSession(v1::WorkerHello hello) : hello_(std::move(hello)), connected_unix_ms_(NowMs()) {}
+WorkerSession::WorkerSession(v1::WorkerHello hello)
+    : hello_(std::move(hello)), connected_unix_ms_(NowMs()), process_(state::IdentityOf(hello_.pid())) {}
+
+bool WorkerSession::process_alive() const {
+  // Only for workers on this host (pid known and visible); others are judged by their session.
+  return process_.pid <= 0 || process_.start_ticks == 0 || state::IsProcessAlive(process_);
+}
 
 void WorkerSession::MarkGone() {
   commands_.Close();
@@ -495,6 +502,12 @@ void HostCore::RunnerLoop() {
       const bool worker_lost = status.code() == absl::StatusCode::kUnavailable;
       if (worker_lost && !rec->cancel && !stop_ && rec->restarts < rec->spec.max_restarts) {
         rec->restarts++;
+        // The dead worker's session may not have broken yet (the job noticed first, through the
+        // ring's liveness check): drop every assigned worker whose process is gone, so the
+        // restart does not pick it again.
+        for (auto& w : assigned) {
+          if (!w->process_alive()) w->MarkGone();
+        }
         auto latest = checkpoint::FindLatestCheckpoint(rec->spec.output_dir);
         rec->resume_from = latest.ok() ? *latest : rec->resume_from;
         v1::JobEvent ev;

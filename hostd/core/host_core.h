@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/jobspec/job_spec.h"
+#include "hostd/state/process_liveness.h"
 #include "slidedp/v1/slidedp.pb.h"
 
 namespace slidedp::hostd {
@@ -81,6 +82,8 @@ class WorkerSession {
 
   // The stream ended (process gone or disconnected).
   void MarkGone();
+  // False once the worker's process (same host, by pid and start time) has exited.
+  bool process_alive() const;
   bool gone() const { return commands_.closed(); }
 
  private:
@@ -88,6 +91,7 @@ class WorkerSession {
   int64_t connected_unix_ms_;
   Channel<v1::HostCommand> commands_;
   Channel<v1::WorkerReport> reports_;
+  state::ProcessIdentity process_;
 };
 
 // What a running job may do and see; handed to the executor by the runner.

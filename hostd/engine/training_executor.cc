@@ -15,6 +15,7 @@
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "hostd/checkpoint/checkpoint.h"
+#include "hostd/checkpoint/parallel_for.h"
 #include "hostd/state/admission.h"
 #include "hostd/state/grad_ring.h"
 #include "hostd/state/job_state.h"
@@ -27,6 +28,8 @@ namespace slidedp::hostd {
 namespace {
 
 namespace fs = std::filesystem;
+
+constexpr int64_t kAggregatePiece = 1 << 20;  // elements summed per task (4 MiB)
 
 absl::StatusOr<Qwen3Config> ModelConfigOf(const JobSpec& spec) {
   if (!spec.model_preset.empty()) return Qwen3Config::Preset(spec.model_preset);
@@ -291,6 +294,7 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
   std::vector<std::vector<float>> staging(num_units);
   for (int u = 0; u < num_units; ++u) staging[u].resize(layout.units[u].numel);
   const double flops_per_token = ModelFlopsPerToken(layout, spec.seq_len);
+  const int aggregate_threads = std::clamp(adam->num_threads(), 1, 8);
   std::string last_checkpoint;
   absl::Time step_start = absl::Now();
   const absl::Time run_start = absl::Now();
@@ -331,6 +335,7 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
     }
     std::vector<int64_t> received(num_units, 0);
     int complete_units = 0;
+    double aggregate_s = 0, wait_s = 0;
     double sum_squares = 0;
     StepProgress progress;
     {
@@ -379,16 +384,16 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
     while (complete_units < num_units) {
       // Every rank posts the same chunk sequence; take rank 0's chunk, then the same from the
       // others, summing in rank order so results do not depend on arrival order.
+      const absl::Time t_wait = absl::Now();
       ASSIGN_OR_RETURN(state::GradChunkDesc d0, pop(0));
+      wait_s += absl::ToDoubleSeconds(absl::Now() - t_wait);
       if (d0.step != static_cast<uint32_t>(t) || d0.unit < 0 || d0.unit >= num_units ||
           d0.offset_numel + d0.numel > layout.units[d0.unit].numel || d0.dtype != state::GradDtype::kF32) {
         job_state->RaiseAbort(state::AbortReason::kInternal);
         return absl::InternalError(absl::StrCat("unexpected gradient chunk from rank 0: step ", d0.step, " unit ", d0.unit,
                                                 " offset ", d0.offset_numel, " numel ", d0.numel, " while aggregating step ", t));
       }
-      float* dst = staging[d0.unit].data() + d0.offset_numel;
-      std::memcpy(dst, rings[0]->slot_data(d0.slot), d0.numel * sizeof(float));
-      RETURN_IF_ERROR(rings[0]->Release(d0.slot));
+      std::vector<state::GradChunkDesc> descs = {d0};
       for (int r = 1; r < world; ++r) {
         ASSIGN_OR_RETURN(state::GradChunkDesc d, pop(r));
         if (d.step != d0.step || d.unit != d0.unit || d.offset_numel != d0.offset_numel || d.numel != d0.numel) {
@@ -396,11 +401,28 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
           return absl::InternalError(absl::StrCat("rank ", r, " posted unit ", d.unit, "@", d.offset_numel, " step ", d.step,
                                                   " where rank 0 posted unit ", d0.unit, "@", d0.offset_numel));
         }
-        const float* src = static_cast<const float*>(rings[r]->slot_data(d.slot));
-        for (int64_t i = 0; i < d.numel; ++i) dst[i] += src[i];
-        RETURN_IF_ERROR(rings[r]->Release(d.slot));
+        descs.push_back(d);
       }
-      sum_squares += update::SumSquares(dst, d0.numel);
+      // Sum the ranks' copies in rank order into staging and take the squared norm, in pieces
+      // over several threads (one thread copies only ~5-10 GB/s); results do not depend on it.
+      const absl::Time t_agg = absl::Now();
+      float* dst = staging[d0.unit].data() + d0.offset_numel;
+      const int64_t pieces = (d0.numel + kAggregatePiece - 1) / kAggregatePiece;
+      std::vector<double> piece_sq(pieces);
+      checkpoint::ParallelFor(pieces, aggregate_threads, [&](size_t p) {
+        const int64_t off = static_cast<int64_t>(p) * kAggregatePiece;
+        const int64_t n = std::min(kAggregatePiece, d0.numel - off);
+        std::memcpy(dst + off, static_cast<const float*>(rings[0]->slot_data(d0.slot)) + off, n * sizeof(float));
+        for (int r = 1; r < world; ++r) {
+          const float* src = static_cast<const float*>(rings[r]->slot_data(descs[r].slot)) + off;
+          float* out = dst + off;
+          for (int64_t i = 0; i < n; ++i) out[i] += src[i];
+        }
+        piece_sq[p] = update::SumSquares(dst + off, n);
+      });
+      for (double sq : piece_sq) sum_squares += sq;
+      aggregate_s += absl::ToDoubleSeconds(absl::Now() - t_agg);
+      for (int r = 0; r < world; ++r) RETURN_IF_ERROR(rings[r]->Release(descs[r].slot));
       received[d0.unit] += d0.numel;
       // Without clipping a chunk is final once every rank's copy is summed: update it now, while
       // the rest of the backward pass is still running.
@@ -414,7 +436,9 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
       const float coef = update::ClipCoefficient(grad_norm, spec.max_grad_norm);
       for (int u = 0; u < num_units; ++u) RETURN_IF_ERROR(apply(u, 0, layout.units[u].numel, coef));
     }
+    const absl::Time t_tail = absl::Now();
     std::move(drain).Invoke();
+    const double update_tail_s = absl::ToDoubleSeconds(absl::Now() - t_tail);
     {
       absl::MutexLock l(&progress.mu);
       if (!progress.first_error.ok()) return progress.first_error;
@@ -434,6 +458,11 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
     for (const v1::StepDone& d : step_reports[t]) {
       loss += d.loss_sum();
       tokens += d.tokens();
+      m.set_worker_step_s(std::max(m.worker_step_s(), d.step_time_s()));
+      m.set_worker_gate_wait_s(std::max(m.worker_gate_wait_s(), d.gate_wait_s()));
+      m.set_worker_ring_wait_s(std::max(m.worker_ring_wait_s(), d.ring_wait_s()));
+      m.set_worker_h2d_s(std::max(m.worker_h2d_s(), d.h2d_busy_s()));
+      m.set_worker_d2h_s(std::max(m.worker_d2h_s(), d.d2h_busy_s()));
       m.set_trained_tokens(d.trained_tokens());
       m.set_gpu_peak_bytes(std::max<int64_t>(m.gpu_peak_bytes(), d.gpu_peak_bytes()));
     }
@@ -441,6 +470,9 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
     const absl::Time now = absl::Now();
     const double step_s = absl::ToDoubleSeconds(now - step_start);
     step_start = now;
+    m.set_host_aggregate_s(aggregate_s);
+    m.set_host_wait_s(wait_s);
+    m.set_host_update_tail_s(update_tail_s);
     m.set_loss(loss);
     m.set_learning_rate(lr);
     m.set_grad_norm(grad_norm);
@@ -455,7 +487,11 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
       nlohmann::json j = {{"step", m.step()},          {"loss", m.loss()},       {"lr", m.learning_rate()},
                           {"grad_norm", m.grad_norm()}, {"tokens", tokens},       {"step_time_s", m.step_time_s()},
                           {"tokens_per_s", m.tokens_per_s()}, {"model_tflops", m.model_tflops()},
-                          {"time_unix_ms", absl::ToUnixMillis(now)}};
+                          {"time_unix_ms", absl::ToUnixMillis(now)}, {"gpu_peak_bytes", m.gpu_peak_bytes()},
+                          {"busy_s", {{"worker_step", m.worker_step_s()}, {"worker_gate_wait", m.worker_gate_wait_s()},
+                                      {"worker_ring_wait", m.worker_ring_wait_s()}, {"worker_h2d", m.worker_h2d_s()},
+                                      {"worker_d2h", m.worker_d2h_s()}, {"host_aggregate", m.host_aggregate_s()},
+                                      {"host_wait", m.host_wait_s()}, {"host_update_tail", m.host_update_tail_s()}}}};
       metrics_file << j.dump() << "\n" << std::flush;
     }
     if (spec.save_every_steps > 0 && (t + 1) % spec.save_every_steps == 0 && t + 1 < spec.steps) {

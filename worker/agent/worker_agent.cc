@@ -225,6 +225,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
   if (const char* d = getenv("SLIDEDP_INJECT_DELAY_MS")) ropt.inject_max_delay = absl::Milliseconds(atof(d));
   StepRunner runner(layout, backend, streamer.get(), ring.get(), ropt);
 
+  double prev_gate = 0, prev_d2h = 0, prev_h2d = 0;
   for (int64_t step = a.first_step(); step < a.total_steps(); ++step) {
     if (cancel_job_ || stop_) {
       job_state->RaiseAbort(state::AbortReason::kCancelled);
@@ -255,11 +256,14 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
     d->set_trained_tokens(trained);
     d->set_tokens(result->local_tokens);
     d->set_step_time_s(result->times.total_s);
-    d->set_gate_wait_s(streamer->gate_wait_s());
+    // The streamer's counters are cumulative: report this step's share.
+    const double gate = streamer->gate_wait_s(), d2h = streamer->d2h_s(), h2d = streamer->h2d_s();
+    d->set_gate_wait_s(gate - prev_gate);
     d->set_ring_wait_s(result->times.ring_wait_s);
-    d->set_compute_busy_s(result->times.total_s - result->times.ring_wait_s);
-    d->set_d2h_busy_s(streamer->d2h_s());
-    d->set_h2d_busy_s(streamer->h2d_s());
+    d->set_compute_busy_s(result->times.total_s - result->times.ring_wait_s - (gate - prev_gate));
+    d->set_d2h_busy_s(d2h - prev_d2h);
+    d->set_h2d_busy_s(h2d - prev_h2d);
+    prev_gate = gate, prev_d2h = d2h, prev_h2d = h2d;
     d->set_gpu_peak_bytes(backend->peak_memory_bytes());
     if (!Send(r)) return absl::UnavailableError("lost the session with hostd");
   }
