@@ -2,6 +2,7 @@
 #include "hostd/engine/training_executor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -45,6 +46,12 @@ update::LrScheduleKind ToScheduleKind(ScheduleKind k) {
   return update::LrScheduleKind::kConstant;
 }
 
+// Optimizer steps of a job: train.steps, or train.epochs over the dataset's rows (rounded up).
+int64_t StepsOf(const JobSpec& spec, int64_t num_rows) {
+  if (spec.steps > 0) return spec.steps;
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(spec.epochs * num_rows / spec.global_batch)));
+}
+
 // Model FLOPs per token, the convention of ../shared/bench/peers/fsdp2_qwen3.py: 6 x matmul
 // parameters (the LM head counts; the embedding lookup does not) + causal attention 6*L*s*q_dim.
 double ModelFlopsPerToken(const ModelLayout& layout, int64_t seq_len) {
@@ -86,13 +93,6 @@ absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("train.seq_len ", spec.seq_len, " exceeds the model's max_position_embeddings ",
                                                    config.max_position_embeddings));
   }
-  update::LrScheduleConfig sc;
-  sc.kind = ToScheduleKind(spec.schedule);
-  sc.base_lr = spec.lr;
-  sc.warmup_steps = spec.warmup_steps;
-  sc.total_steps = std::max<int64_t>(spec.steps, 1);
-  sc.min_lr = spec.min_lr;
-  RETURN_IF_ERROR(update::LrSchedule::Create(sc).status());
   // The dataset is checked here, before any host state is allocated: manifest, file sizes
   // (truncation is DATA_LOSS), and token ids against the model's vocabulary.
   data::ReaderOptions dopt;
@@ -107,17 +107,32 @@ absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("data.path: the dataset was prepared with seq_len ",
                                                    dataset->manifest().seq_len, ", longer than train.seq_len ", spec.seq_len));
   }
-  return absl::OkStatus();
+  update::LrScheduleConfig sc;
+  sc.kind = ToScheduleKind(spec.schedule);
+  sc.base_lr = spec.lr;
+  sc.warmup_steps = spec.warmup_steps;
+  sc.total_steps = StepsOf(spec, dataset->num_rows());
+  sc.min_lr = spec.min_lr;
+  return Annotate(update::LrSchedule::Create(sc).status(), "schedule");
 }
 
 absl::Status TrainingExecutor::Run(JobContext& ctx) {
-  const JobSpec& spec = ctx.spec();
+  JobSpec spec = ctx.spec();
   const int world = static_cast<int>(ctx.workers().size());
   if (spec.global_batch % (int64_t{world} * spec.micro_batch) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("train.global_batch ", spec.global_batch, " is not divisible by ", world,
                                                    " worker(s) x train.micro_batch ", spec.micro_batch));
   }
-  if (spec.steps <= 0) return absl::UnimplementedError("train.epochs is not supported yet: give train.steps");
+  if (spec.steps <= 0) {  // train.epochs: the step count follows from the dataset's rows
+    data::ReaderOptions dopt;
+    dopt.verify_checksums = data::VerifyChecksums::kNo;
+    ASSIGN_OR_RETURN(auto dataset, data::DatasetReader::Open(spec.data_path, dopt));
+    spec.steps = StepsOf(spec, dataset->num_rows());
+    const double epochs = spec.epochs;
+    spec.epochs = 0;  // workers get the resolved step count
+    ctx.Log(absl::StrCat(epochs, " epoch(s) of ", dataset->num_rows(), " rows in batches of ", spec.global_batch,
+                         " = ", spec.steps, " steps"));
+  }
   ASSIGN_OR_RETURN(Qwen3Config config, ModelConfigOf(spec));
   const ModelLayout layout = ModelLayout::Build(config);
   const int num_units = layout.num_units();

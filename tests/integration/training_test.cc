@@ -209,6 +209,21 @@ TEST(Training, WithoutClippingChunksUpdateAsTheyArriveAndMatchTheReference) {
   EXPECT_LT(d, 2e-5);
 }
 
+TEST(Training, EpochsBecomeStepsOverTheDataset) {
+  auto dataset = data::DatasetReader::Open(DataDir());
+  ASSERT_TRUE(dataset.ok());
+  const int64_t rows = (*dataset)->num_rows();
+  const int64_t expected = (2 * rows + 7) / 8;  // 2 epochs, global batch 8, rounded up
+  NodeHarness node(2);
+  std::string spec = Spec(SpecOptions());
+  const std::string steps = "steps: 4,";
+  ASSERT_NE(spec.find(steps), std::string::npos);
+  spec.replace(spec.find(steps), steps.size(), "epochs: 2,");
+  v1::Job j = MustSucceed(node, spec, "epochs");
+  EXPECT_EQ(j.total_steps(), expected);
+  EXPECT_EQ(j.last().step(), expected);
+}
+
 TEST(Training, GateOrderingHoldsUnderInjectedDelays) {
   SpecOptions o;
   o.steps = 3;
