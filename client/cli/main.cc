@@ -32,12 +32,21 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 int SubmitAndMaybeWatch(sc::Client& client, const std::string& spec_path, const std::string& job_id,
                         const std::string& resume, bool dry_run, bool watch) {
-  auto text = ReadFile(spec_path);
-  if (!text.ok()) return Fail(text.status());
   slidedp::v1::SubmitJobRequest req;
+  if (spec_path.empty()) {
+    // `submit --resume JOB_ID` alone: the interrupted job's own resolved spec.
+    auto previous = client.GetJob(resume);
+    if (!previous.ok()) {
+      return Fail(absl::InvalidArgumentError("give a job spec, or --resume with the id of a job hostd knows"));
+    }
+    req.set_spec_yaml(previous->resolved_spec_yaml());
+  } else {
+    auto text = ReadFile(spec_path);
+    if (!text.ok()) return Fail(text.status());
+    req.set_spec_yaml(*text);
+    req.set_base_dir(std::filesystem::absolute(spec_path).parent_path().string());
+  }
   req.set_job_id(job_id);
-  req.set_spec_yaml(*text);
-  req.set_base_dir(std::filesystem::absolute(spec_path).parent_path().string());
   req.set_dry_run(dry_run);
   req.set_resume_from(resume);
   auto resp = client.Submit(req);
