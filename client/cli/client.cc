@@ -81,9 +81,13 @@ std::string FormatProgress(const v1::Job& job, const v1::StepMetrics& m) {
   int width = 24;
   int filled = static_cast<int>(width * std::min<int64_t>(m.step(), total) / total);
   std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
-  return absl::StrFormat("[%s] step %lld/%lld  loss %.4f  lr %.2e  gnorm %.3f  %.0f tok/s  %.1f TFLOP/s  ETA %s", bar,
-                         static_cast<long long>(m.step()), static_cast<long long>(total), m.loss(), m.learning_rate(),
-                         m.grad_norm(), m.tokens_per_s(), m.model_tflops(), FormatSeconds(m.eta_s()));
+  std::string line = absl::StrFormat("[%s] step %lld/%lld  loss %.4f  lr %.2e  gnorm %.3f  %.0f tok/s  %.1f TFLOP/s", bar,
+                                     static_cast<long long>(m.step()), static_cast<long long>(total), m.loss(),
+                                     m.learning_rate(), m.grad_norm(), m.tokens_per_s(), m.model_tflops());
+  if (m.gpu_peak_bytes() > 0) absl::StrAppendFormat(&line, "  GPU %.1f GiB", m.gpu_peak_bytes() / 1073741824.0);
+  if (m.host_state_bytes() > 0) absl::StrAppendFormat(&line, "  host %.1f GiB", m.host_state_bytes() / 1073741824.0);
+  absl::StrAppend(&line, "  ETA ", FormatSeconds(m.eta_s()));
+  return line;
 }
 
 Client::Client(const ClientOptions& options) : options_(options) {
