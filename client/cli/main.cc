@@ -203,8 +203,10 @@ int main(int argc, char** argv) {
   if (*node) {
     auto n = client.Node();
     if (!n.ok()) return Fail(n.status());
-    std::cout << absl::StrFormat("node %s (%s)%s\n  cpu cores %d, host memory %.1f GiB (%.1f available), /dev/shm free %.1f GiB\n",
+    std::cout << absl::StrFormat("node %s (%s)%s\n  cpu cores %d on %d NUMA node(s), %d LayerAdam threads\n"
+                                 "  host memory %.1f GiB (%.1f available), /dev/shm free %.1f GiB\n",
                                  n->node_name(), n->version(), n->draining() ? " DRAINING" : "", n->cpu_cores(),
+                                 n->numa_nodes(), n->update_threads(),
                                  n->host_memory_bytes() / 1073741824.0, n->host_memory_available_bytes() / 1073741824.0,
                                  n->shm_free_bytes() / 1073741824.0);
     for (const auto& w : n->workers()) {

@@ -436,6 +436,8 @@ v1::NodeInfo HostCore::GetNode() const {
   v1::NodeInfo n;
   n.set_node_name(options_.node_name);
   n.set_version("slidedp 0.1.0");
+  n.set_numa_nodes(options_.numa_nodes);
+  n.set_update_threads(options_.update_threads);
   n.set_cpu_cores(static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
   if (auto mem = state::ReadHostMemoryInfo(); mem.ok()) {
     n.set_host_memory_bytes(static_cast<int64_t>(mem->mem_total_bytes));

@@ -134,6 +134,9 @@ struct HostCoreOptions {
   // them; a job that was running when hostd died is reported FAILED ("interrupted") with its last
   // complete checkpoint. Empty: records live in memory only.
   std::string state_dir;
+  // Reported by GetNode (the host side's topology and LayerAdam sizing).
+  int numa_nodes = 1;
+  int update_threads = 0;
 };
 
 class HostCore {

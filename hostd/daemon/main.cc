@@ -13,6 +13,7 @@
 #include "hostd/metrics/metrics.h"
 #include "hostd/service/grpc_services.h"
 #include "hostd/state/shm_segment.h"
+#include "hostd/update/layer_adam.h"
 
 #ifdef SLIDEDP_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -57,6 +58,12 @@ int main(int argc, char** argv) {
   copt.node_name = node;
   copt.worker_wait = absl::Seconds(config->worker_wait_s);
   copt.state_dir = config->state_dir;
+  if (auto cores = slidedp::update::CoresPerNumaNode(); cores.ok()) {
+    int total = 0;
+    for (int c : *cores) total += c;
+    copt.numa_nodes = static_cast<int>(cores->size());
+    copt.update_threads = config->update_threads > 0 ? config->update_threads : slidedp::update::DefaultUpdateThreads(total);
+  }
   slidedp::hostd::HostCore core(copt, std::make_unique<slidedp::hostd::TrainingExecutor>(eopt));
   core.Start();
   slidedp::metrics::MetricsRegistry metrics_registry;  // declared after core: destroyed first
