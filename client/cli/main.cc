@@ -236,6 +236,9 @@ int main(int argc, char** argv) {
     if (!j.ok()) return Fail(j.status());
     std::cout << sc::FormatJobLine(*j) << "\n";
     if (!j->last_checkpoint().empty()) std::cout << "last checkpoint: " << j->last_checkpoint() << "\n";
+    if (j->submit_to_first_step_s() > 0) {
+      std::cout << absl::StrFormat("submit to first step: %.2f s\n", j->submit_to_first_step_s());
+    }
     return 0;
   }
   if (*watch) {

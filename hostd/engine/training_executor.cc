@@ -148,8 +148,11 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
                                                    clip ? state::ClipMode::kExactGlobalNorm : state::ClipMode::kNone,
                                                    state::GradDtype::kF32);
   // The aggregation buffer is process memory of hostd (not shm); count it even without clipping.
+  // One rank without clipping: LayerAdam reads gradients straight from the ring slots (the slot
+  // is released when its update is done), so no staging buffer is needed at all.
+  const bool direct = !clip && world == 1;
   const uint64_t staging_bytes = static_cast<uint64_t>(layout.total_numel) * 4;
-  if (!clip) plan.total_bytes += staging_bytes;
+  if (!clip && !direct) plan.total_bytes += staging_bytes;
   ASSIGN_OR_RETURN(state::HostMemoryInfo host, state::ReadHostMemoryInfo());
   RETURN_IF_ERROR(state::CheckAdmission(plan, host));
   ctx.SetHostStateBytes(static_cast<int64_t>(plan.total_bytes));
@@ -307,7 +310,9 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
   };
 
   std::vector<std::vector<float>> staging(num_units);
-  for (int u = 0; u < num_units; ++u) staging[u].resize(layout.units[u].numel);
+  if (!direct) {
+    for (int u = 0; u < num_units; ++u) staging[u].resize(layout.units[u].numel);
+  }
   const double flops_per_token = ModelFlopsPerToken(layout, spec.seq_len);
   const int aggregate_threads = std::clamp(adam->num_threads(), 1, 8);
   std::string last_checkpoint;
@@ -366,7 +371,10 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
     params.weight_decay = spec.weight_decay;
     params.step = t + 1;
     // Updates a range of unit u; the unit's gate opens (version t+1) when its last range is done.
-    auto apply = [&](int u, int64_t offset, int64_t numel, float grad_scale) -> absl::Status {
+    // `grad` defaults to the staging buffer; `release_slot` >= 0 returns rank 0's ring slot once
+    // the update has read it (the direct path).
+    auto apply = [&](int u, int64_t offset, int64_t numel, float grad_scale, const float* grad = nullptr,
+                     int64_t release_slot = -1) -> absl::Status {
       update::AdamWStepParams p = params;
       p.grad_scale = grad_scale;
       {
@@ -375,8 +383,14 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
       }
       state::VersionGate* gate = &job_state->version(u);
       const uint32_t next = static_cast<uint32_t>(t + 1);
+      state::GradRing* ring0 = rings[0].get();
       absl::Status submitted = adam->SubmitChunk(
-          memory[u], offset, numel, staging[u].data() + offset, p, [gate, next, u, numel, &progress](absl::Status s) {
+          memory[u], offset, numel, grad != nullptr ? grad : staging[u].data() + offset, p,
+          [gate, next, u, numel, ring0, release_slot, &progress](absl::Status s) {
+            if (release_slot >= 0) {
+              absl::Status released = ring0->Release(static_cast<uint32_t>(release_slot));
+              if (s.ok()) s = released;
+            }
             absl::MutexLock l(&progress.mu);
             if (!s.ok() && progress.first_error.ok()) progress.first_error = s;
             progress.unit_left[u] -= numel;
@@ -407,6 +421,22 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
         job_state->RaiseAbort(state::AbortReason::kInternal);
         return absl::InternalError(absl::StrCat("unexpected gradient chunk from rank 0: step ", d0.step, " unit ", d0.unit,
                                                 " offset ", d0.offset_numel, " numel ", d0.numel, " while aggregating step ", t));
+      }
+      if (direct) {
+        const float* src = static_cast<const float*>(rings[0]->slot_data(d0.slot));
+        const absl::Time t_agg = absl::Now();
+        const int64_t pieces = (d0.numel + kAggregatePiece - 1) / kAggregatePiece;
+        std::vector<double> piece_sq(pieces);
+        checkpoint::ParallelFor(pieces, aggregate_threads, [&](size_t p) {
+          const int64_t off = static_cast<int64_t>(p) * kAggregatePiece;
+          piece_sq[p] = update::SumSquares(src + off, std::min(kAggregatePiece, d0.numel - off));
+        });
+        for (double sq : piece_sq) sum_squares += sq;
+        aggregate_s += absl::ToDoubleSeconds(absl::Now() - t_agg);
+        RETURN_IF_ERROR(apply(d0.unit, d0.offset_numel, d0.numel, 1.0f, src, d0.slot));
+        received[d0.unit] += d0.numel;
+        if (received[d0.unit] == layout.units[d0.unit].numel) ++complete_units;
+        continue;
       }
       std::vector<state::GradChunkDesc> descs = {d0};
       for (int r = 1; r < world; ++r) {
