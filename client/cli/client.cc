@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "slidedp/v1/job_state_name.h"
 
 namespace slidedp::client {
 
@@ -47,19 +48,6 @@ int ExitCodeForJob(const v1::Job& job) {
   }
 }
 
-static const char* StateName(v1::JobState s) {
-  switch (s) {
-    case v1::JOB_STATE_QUEUED: return "queued";
-    case v1::JOB_STATE_STARTING: return "starting";
-    case v1::JOB_STATE_RUNNING: return "running";
-    case v1::JOB_STATE_SAVING: return "saving";
-    case v1::JOB_STATE_SUCCEEDED: return "succeeded";
-    case v1::JOB_STATE_FAILED: return "failed";
-    case v1::JOB_STATE_CANCELLED: return "cancelled";
-    default: return "unknown";
-  }
-}
-
 static std::string FormatSeconds(double s) {
   if (!(s >= 0) || s > 1e9) return "?";
   int64_t t = static_cast<int64_t>(s + 0.5);
@@ -69,7 +57,7 @@ static std::string FormatSeconds(double s) {
 }
 
 std::string FormatJobLine(const v1::Job& job) {
-  std::string line = absl::StrFormat("%-24s %-10s step %lld/%lld", job.job_id(), StateName(job.state()),
+  std::string line = absl::StrFormat("%-24s %-10s step %lld/%lld", job.job_id(), v1::JobStateName(job.state()),
                                      static_cast<long long>(job.last().step()), static_cast<long long>(job.total_steps()));
   if (job.has_last()) absl::StrAppendFormat(&line, "  loss %.4f", job.last().loss());
   if (!job.error().empty()) absl::StrAppend(&line, "  error: ", job.error());
@@ -204,7 +192,7 @@ absl::StatusOr<v1::Job> Client::Watch(const std::string& id, std::ostream& out, 
       job = ev.state_change();
       if (job.state() != prev) {
         end_line();
-        out << "job " << job.job_id() << ": " << StateName(job.state()) << "\n";
+        out << "job " << job.job_id() << ": " << v1::JobStateName(job.state()) << "\n";
       }
     } else if (ev.has_step()) {
       *job.mutable_last() = ev.step();
@@ -226,7 +214,7 @@ absl::StatusOr<v1::Job> Client::Watch(const std::string& id, std::ostream& out, 
   if (!final_job.ok()) return final_job.status();
   const v1::Job& f = *final_job;
   double wall = (f.end_time_unix_ms() - f.start_time_unix_ms()) / 1000.0;
-  out << "summary: " << StateName(f.state()) << " after " << f.last().step() << " step(s) in "
+  out << "summary: " << v1::JobStateName(f.state()) << " after " << f.last().step() << " step(s) in "
       << absl::StrFormat("%.1f", wall) << " s";
   if (f.has_last()) out << absl::StrFormat(", final loss %.4f, %.0f tokens/s", f.last().loss(), f.last().tokens_per_s());
   if (!f.last_checkpoint().empty()) out << ", checkpoint " << f.last_checkpoint();

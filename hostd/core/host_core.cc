@@ -29,21 +29,7 @@ bool ValidJobId(const std::string& id) {
   return true;
 }
 
-
 }  // namespace
-
-const char* JobStateName(v1::JobState s) {
-  switch (s) {
-    case v1::JOB_STATE_QUEUED: return "queued";
-    case v1::JOB_STATE_STARTING: return "starting";
-    case v1::JOB_STATE_RUNNING: return "running";
-    case v1::JOB_STATE_SAVING: return "saving";
-    case v1::JOB_STATE_SUCCEEDED: return "succeeded";
-    case v1::JOB_STATE_FAILED: return "failed";
-    case v1::JOB_STATE_CANCELLED: return "cancelled";
-    default: return "unspecified";
-  }
-}
 
 bool IsFinal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "common/jobspec/job_spec.h"
 #include "hostd/state/process_liveness.h"
+#include "slidedp/v1/job_state_name.h"
 #include "slidedp/v1/slidedp.pb.h"
 
 namespace slidedp::hostd {
@@ -194,7 +195,7 @@ class HostCore {
   std::thread runner_;
 };
 
-const char* JobStateName(v1::JobState s);
+using v1::JobStateName;
 bool IsFinal(v1::JobState s);
 
 }  // namespace slidedp::hostd
