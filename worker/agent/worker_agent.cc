@@ -198,8 +198,10 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
   RETURN_IF_ERROR(job_state->CheckMatches(layout));
   ASSIGN_OR_RETURN(auto ring, state::GradRing::Attach(a.ring_segment(), state::RingRole::kProducer, &job_state->abort()));
   ASSIGN_OR_RETURN(ComputeBackend * backend, BackendFor(config));
+  // hostd read the whole dataset at submit (sizes, token ids against the vocabulary), and every
+  // micro-batch is checked again at upload: no second full scan per rank here.
   data::ReaderOptions dopt;
-  dopt.model_vocab_size = config.vocab_size;  // out-of-vocabulary ids fail before the first step
+  dopt.verify_checksums = data::VerifyChecksums::kNo;
   ASSIGN_OR_RETURN(auto dataset, data::DatasetReader::Open(spec.data_path, dopt));
   ASSIGN_OR_RETURN(auto sampler, data::GlobalBatchSampler::Create(dataset->num_rows(), spec.global_batch, a.world_size(), spec.seed));
 
