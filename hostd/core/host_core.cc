@@ -35,8 +35,8 @@ bool IsFinal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
 }
 
-WorkerSession::WorkerSession(v1::WorkerHello hello)
-    : hello_(std::move(hello)), connected_unix_ms_(NowMs()), process_(state::IdentityOf(hello_.pid())) {}
+WorkerSession::WorkerSession(v1::WorkerHello hello, int64_t serial)
+    : hello_(std::move(hello)), serial_(serial), connected_unix_ms_(NowMs()), process_(state::IdentityOf(hello_.pid())) {}
 
 bool WorkerSession::process_alive() const {
   // Only for workers on this host (pid known and visible); others are judged by their session.
@@ -386,7 +386,7 @@ absl::StatusOr<std::shared_ptr<WorkerSession>> HostCore::AttachWorker(const v1::
     return absl::AlreadyExistsError(absl::StrCat("worker '", hello.worker_id(), "' is already attached (pid ",
                                                  it->second->hello().pid(), ")"));
   }
-  auto w = std::make_shared<WorkerSession>(hello);
+  auto w = std::make_shared<WorkerSession>(hello, next_session_serial_++);
   workers_[hello.worker_id()] = w;
   LOG(INFO) << "worker " << hello.worker_id() << " attached (pid " << hello.pid() << ", " << hello.device().kind()
             << " " << hello.device().name() << ")";

@@ -71,8 +71,11 @@ class Channel {
 // One attached slidedp-worker process (its gRPC session stream).
 class WorkerSession {
  public:
-  explicit WorkerSession(v1::WorkerHello hello);
+  // `serial`: unique per session within this hostd (a worker that reconnects gets a new one), so
+  // a job's membership key changes whenever any of its ranks is a different process session.
+  explicit WorkerSession(v1::WorkerHello hello, int64_t serial = 0);
   const std::string& id() const { return hello_.worker_id(); }
+  int64_t serial() const { return serial_; }
   const v1::WorkerHello& hello() const { return hello_; }
   int64_t connected_unix_ms() const { return connected_unix_ms_; }
 
@@ -89,6 +92,7 @@ class WorkerSession {
 
  private:
   v1::WorkerHello hello_;
+  int64_t serial_;
   int64_t connected_unix_ms_;
   Channel<v1::HostCommand> commands_;
   Channel<v1::WorkerReport> reports_;
@@ -192,6 +196,7 @@ class HostCore {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t next_job_number_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t next_session_serial_ ABSL_GUARDED_BY(mu_) = 1;
   std::thread runner_;
 };
 

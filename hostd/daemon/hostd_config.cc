@@ -27,6 +27,8 @@ void BindFlags(CLI::App& app, HostdConfig& c) {
       ->check(CLI::IsMember({"checkpoint", "finish", "cancel"}));
   app.add_option("--metrics-port", c.metrics_port, "Prometheus metrics on 127.0.0.1:PORT (0: off)")->check(CLI::Range(0, 65535));
   app.add_option("--reclaim-stale", c.reclaim_stale, "unlink stale shm segments at start");
+  app.add_option("--pool-host-state", c.pool_host_state,
+                 "keep a finished job's pre-faulted state segment for the next job of the same model");
   // With a config file the file's values come first and the command line's last: take the last.
   for (auto* opt : app.get_options()) opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
@@ -93,7 +95,7 @@ absl::StatusOr<HostdConfig> HostdConfig::Parse(int argc, const char* const* argv
 std::string HostdConfig::ToString() const {
   std::ostringstream o;
   o << "listen=" << listen << " node=" << node_name << " state_dir=" << state_dir << " update_threads=" << update_threads
-    << " drain_mode=" << drain_mode << " metrics_port=" << metrics_port;
+    << " drain_mode=" << drain_mode << " metrics_port=" << metrics_port << " pool_host_state=" << pool_host_state;
   return o.str();
 }
 

@@ -19,6 +19,7 @@ struct HostdConfig {
   std::string drain_mode = "checkpoint";       // on SIGTERM: "checkpoint" the running job, "finish" it, or "cancel"
   int metrics_port = 0;                        // Prometheus text on 127.0.0.1:PORT; 0 = off
   bool reclaim_stale = true;                   // unlink dead hostds' shm segments at start
+  bool pool_host_state = true;                 // keep a finished job's state segment for the next job of the same model
   std::string config_file;
 
   // Parses argv (CLI11); a --config file's keys are the long flag names with '_' or '-'.

@@ -18,6 +18,10 @@ TEST(HostdConfig, FlagsOverrideDefaults) {
   EXPECT_EQ(c->listen, "unix:/tmp/x.sock");
   EXPECT_EQ(c->update_threads, 6);
   EXPECT_EQ(c->drain_mode, "finish");
+  EXPECT_TRUE(c->pool_host_state);  // default: keep a finished job's state for the next one
+  auto off = ParseArgs({"--pool-host-state", "false"});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->pool_host_state);
 }
 
 TEST(HostdConfig, ConfigFileThenCommandLineWins) {

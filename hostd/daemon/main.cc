@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   slidedp::hostd::TrainingExecutorOptions eopt;
   eopt.node_name = node;
   eopt.update_threads = config->update_threads;
+  eopt.pool_host_state = config->pool_host_state;
   slidedp::hostd::HostCoreOptions copt;
   copt.node_name = node;
   copt.worker_wait = absl::Seconds(config->worker_wait_s);

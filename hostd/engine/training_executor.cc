@@ -1,18 +1,25 @@
 // TrainingExecutor: the hostd side of a SlideDP job (see training_executor.h).
 #include "hostd/engine/training_executor.h"
 
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
+#include <tuple>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/data/dataset.h"
+#include "common/model/shard.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "hostd/checkpoint/checkpoint.h"
@@ -20,6 +27,7 @@
 #include "hostd/state/admission.h"
 #include "hostd/state/grad_ring.h"
 #include "hostd/state/job_state.h"
+#include "hostd/state/shm_collective.h"
 #include "hostd/update/adamw_kernels.h"
 #include "hostd/update/grad_norm.h"
 #include "hostd/update/schedule.h"
@@ -31,6 +39,17 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int64_t kAggregatePiece = 1 << 20;  // elements summed per task (4 MiB)
+constexpr const char* kShmDir = "/dev/shm";    // where POSIX shm names live as files
+
+// Renames a segment file inside the shm dir (tmpfs: the pages, and every mapping, stay as they
+// are); ALREADY_EXISTS rather than replacing another segment.
+absl::Status RenameSegment(const std::string& from, const std::string& to) {
+  const std::string a = std::string(kShmDir) + from, b = std::string(kShmDir) + to;
+  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_NOREPLACE) != 0) {
+    return ErrnoStatus(absl::StrCat("rename ", a, " to ", b), errno);
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<Qwen3Config> ModelConfigOf(const JobSpec& spec) {
   if (!spec.model_preset.empty()) return Qwen3Config::Preset(spec.model_preset);
@@ -61,6 +80,14 @@ double ModelFlopsPerToken(const ModelLayout& layout, int64_t seq_len) {
   return 6.0 * matmul + 6.0 * c.num_hidden_layers * seq_len * c.q_dim();
 }
 
+// Squared norm of one posted chunk, keyed by where it sits, so the step's norm is summed in
+// (unit, offset) order whatever order the ranks' chunks arrived in.
+struct ChunkSquares {
+  int unit;
+  int64_t offset;
+  double squares;
+};
+
 // Tracks, for the step being aggregated, which units are complete and which updates are done.
 struct StepProgress {
   absl::Mutex mu;
@@ -71,8 +98,70 @@ struct StepProgress {
 
 }  // namespace
 
-TrainingExecutor::TrainingExecutor(TrainingExecutorOptions options) : options_(std::move(options)) {}
-TrainingExecutor::~TrainingExecutor() = default;
+TrainingExecutor::TrainingExecutor(TrainingExecutorOptions options)
+    : options_(std::move(options)), instance_token_(absl::StrCat(getpid(), "-", absl::ToUnixMillis(absl::Now()))) {}
+TrainingExecutor::~TrainingExecutor() {
+  if (pooled_) (void)state::UnlinkSegment(pooled_name_);
+}
+
+std::unique_ptr<state::JobState> TrainingExecutor::TakePooled(const ModelLayout& layout) {
+  if (!pooled_) return nullptr;
+  std::unique_ptr<state::JobState> js = std::move(pooled_);
+  if (js->CheckMatches(layout).ok() && js->bytes() == state::JobState::SegmentBytes(layout)) return js;
+  LOG(INFO) << "freeing the pooled host state (" << js->bytes() / 1e9 << " GB): the next job has another model layout";
+  (void)state::UnlinkSegment(pooled_name_);
+  return nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<state::JobState>> TrainingExecutor::AdoptPooled(std::unique_ptr<state::JobState> pooled,
+                                                                                const std::string& job_id,
+                                                                                int prefault_threads) {
+  const std::string pool_name = pooled_name_;
+  pooled.reset();  // this mapping goes; the pages stay in the (renamed) file
+  absl::StatusOr<std::string> name = state::MakeSegmentName(options_.node_name, job_id, "state");
+  absl::Status renamed = name.ok() ? RenameSegment(pool_name, *name) : name.status();
+  if (!renamed.ok()) {
+    (void)state::UnlinkSegment(pool_name);
+    return renamed;
+  }
+  auto js = state::JobState::Attach(*name, state::Access::kReadWrite);
+  absl::Status s = js.status();
+  if (s.ok()) {
+    // A new job's control block: its id, no abort, step 0, every gate closed at version 0.
+    s = (*js)->segment().FindRegion("control").status();
+    if (s.ok()) {
+      auto* block = static_cast<state::JobControlBlock*>((*js)->segment().data(*(*js)->segment().FindRegion("control")));
+      std::memset(block->job_id, 0, sizeof(block->job_id));
+      std::strncpy(block->job_id, job_id.c_str(), sizeof(block->job_id) - 1);
+      (*js)->abort().Reset();
+      (*js)->step_counter().store(0);
+      for (int u = 0; u < (*js)->num_units(); ++u) (*js)->version(u).Publish(0);
+      // Page tables of this mapping (the pages themselves are already allocated).
+      s = (*js)->segment().PrefaultAll(prefault_threads);
+    }
+  }
+  if (!s.ok()) {
+    (void)state::UnlinkSegment(*name);
+    return s;
+  }
+  return std::move(*js);
+}
+
+void TrainingExecutor::ReturnToPool(std::unique_ptr<state::JobState> js) {
+  if (pooled_) {  // at most one pooled segment
+    (void)state::UnlinkSegment(pooled_name_);
+    pooled_.reset();
+  }
+  absl::StatusOr<std::string> pool_name = state::MakeSegmentName(options_.node_name, "pool", "pooled");
+  absl::Status s = pool_name.ok() ? RenameSegment(js->segment_name(), *pool_name) : pool_name.status();
+  if (!s.ok()) {
+    LOG(WARNING) << "cannot pool " << js->segment_name() << ": " << s;
+    (void)js->Unlink();
+    return;
+  }
+  pooled_name_ = *pool_name;
+  pooled_ = std::move(js);
+}
 
 absl::StatusOr<update::LayerAdam*> TrainingExecutor::Adam() {
   absl::MutexLock l(&mu_);
@@ -116,7 +205,23 @@ absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
   return Annotate(update::LrSchedule::Create(sc).status(), "schedule");
 }
 
+std::string TrainingExecutor::MembershipKey(const JobContext& ctx) const {
+  std::string key = absl::StrCat("g", comm_generation_.load(), ".", instance_token_, "|");
+  for (size_t r = 0; r < ctx.workers().size(); ++r) {
+    absl::StrAppend(&key, r > 0 ? "," : "", ctx.workers()[r]->id(), "#", ctx.workers()[r]->serial());
+  }
+  return key;
+}
+
 absl::Status TrainingExecutor::Run(JobContext& ctx) {
+  absl::Status status = RunAttempt(ctx);
+  // A failed or cancelled attempt may have left communicators inside a collective: the next job
+  // gets a new membership key, so every worker rebuilds its communicator.
+  if (!status.ok()) comm_generation_.fetch_add(1);
+  return status;
+}
+
+absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   JobSpec spec = ctx.spec();
   const int world = static_cast<int>(ctx.workers().size());
   if (spec.global_batch % (int64_t{world} * spec.micro_batch) != 0) {
@@ -138,6 +243,30 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
   const int num_units = layout.num_units();
   const bool clip = spec.max_grad_norm > 0;
 
+  // ---- gradient route ----
+  // gpu: every rank reduce-scatters each unit's gradient and posts only its own, already summed
+  // shard (common/model/shard.h); hostd applies the shards as they come, summing nothing. One rank
+  // has nothing to reduce: it takes the cpu route (the same chunks, the direct path below).
+  const bool gpu_route = spec.grad_reduction == GradReduction::kGpu && world > 1;
+  int cpu_workers = 0;
+  for (const auto& w : ctx.workers()) cpu_workers += w->hello().device().kind() == "cpu";
+  if (gpu_route && cpu_workers != 0 && cpu_workers != world) {
+    return absl::FailedPreconditionError(absl::StrCat("runtime.grad_reduction gpu needs workers of one backend; ", cpu_workers,
+                                                      " of ", world, " are CPU-backend (use grad_reduction: cpu)"));
+  }
+  // CPU-backend workers reduce-scatter through a shm collective segment hostd creates for the job.
+  const bool shm_collective = gpu_route && cpu_workers == world;
+  uint64_t collective_buffer_bytes = 0;
+  if (shm_collective) {
+    for (const UnitLayout& u : layout.units) {
+      collective_buffer_bytes = std::max<uint64_t>(collective_buffer_bytes, static_cast<uint64_t>(PaddedNumel(u.numel, world)) * 4);
+    }
+  }
+  std::vector<int64_t> shard_numel_of_rank(world, 0);  // elements each rank posts per step
+  for (int r = 0; r < world; ++r) {
+    for (const UnitLayout& u : layout.units) shard_numel_of_rank[r] += gpu_route ? ShardOf(u.numel, world, r).numel : u.numel;
+  }
+
   // ---- admission, then state ----
   int64_t max_unit_numel = 0;
   for (const UnitLayout& u : layout.units) max_unit_numel = std::max(max_unit_numel, u.numel);
@@ -147,33 +276,87 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
   state::JobMemoryPlan plan = state::PlanJobMemory(layout, ring_config, world,
                                                    clip ? state::ClipMode::kExactGlobalNorm : state::ClipMode::kNone,
                                                    state::GradDtype::kF32);
-  // The aggregation buffer is process memory of hostd (not shm); count it even without clipping.
-  // One rank without clipping: LayerAdam reads gradients straight from the ring slots (the slot
-  // is released when its update is done), so no staging buffer is needed at all.
+  // The aggregation buffer is process memory of hostd (not shm); the cpu route with several ranks
+  // needs it even without clipping (the ranks' copies are summed there). One rank without
+  // clipping (direct) and the gpu route without clipping: LayerAdam reads gradients straight from
+  // the ring slots (a slot is released when its update is done), so no staging buffer at all.
   const bool direct = !clip && world == 1;
+  const bool need_staging = clip || (!direct && !gpu_route);
   const uint64_t staging_bytes = static_cast<uint64_t>(layout.total_numel) * 4;
-  if (!clip && !direct) plan.total_bytes += staging_bytes;
+  if (need_staging && !clip) plan.total_bytes += staging_bytes;  // with clipping the plan has it
+  if (shm_collective) {
+    const uint64_t coll_bytes = state::ShmCollective::SegmentBytes(world, collective_buffer_bytes);
+    plan.shm_bytes += coll_bytes;
+    plan.total_bytes += coll_bytes;
+  }
+  // A pooled segment of this layout is reused (its memory counts as available to this job);
+  // any other pooled segment is freed first, as this job may need its memory.
+  std::unique_ptr<state::JobState> reusable = TakePooled(layout);
+  absl::Cleanup keep_pool = [&] {
+    // Refused before adopting it: back into the pool (its file still has the pool's name).
+    if (reusable && !pooled_) pooled_ = std::move(reusable);
+  };
   ASSIGN_OR_RETURN(state::HostMemoryInfo host, state::ReadHostMemoryInfo());
+  if (reusable) {
+    host.mem_available_bytes += reusable->bytes();
+    host.shm_free_bytes += reusable->bytes();
+  }
   RETURN_IF_ERROR(state::CheckAdmission(plan, host));
   ctx.SetHostStateBytes(static_cast<int64_t>(plan.total_bytes));
-  ctx.Log(absl::StrCat("host state: ", plan.ToString()));
+  ctx.Log(absl::StrCat("host state: ", plan.ToString(),
+                       shm_collective ? absl::StrFormat(" + shm collective %.2f GiB",
+                                                        state::ShmCollective::SegmentBytes(world, collective_buffer_bytes) / double(1ull << 30))
+                                      : std::string()));
+  ctx.Log(absl::StrCat("gradient reduction: ",
+                       gpu_route ? (shm_collective ? "gpu route (CPU workers: shm reduce-scatter), hostd applies each rank's shard"
+                                                   : "gpu route (NCCL reduce-scatter), hostd applies each rank's shard")
+                                 : (world > 1 ? "cpu (hostd sums the ranks' gradients)" : "single rank (no reduction)"),
+                       "; parameter delivery: ", ToString(spec.param_delivery)));
 
   ASSIGN_OR_RETURN(update::LayerAdam * adam, Adam());
   state::JobStateOptions sopt;
   sopt.prefault_threads = std::max(1, std::min(8, adam->num_threads()));
-  ASSIGN_OR_RETURN(auto job_state, state::JobState::Create(options_.node_name, ctx.job_id(), layout, sopt));
+  std::unique_ptr<state::JobState> job_state;
+  bool reused_state = false;
+  if (reusable) {
+    const uint64_t bytes = reusable->bytes();
+    const absl::Time t0 = absl::Now();
+    auto adopted = AdoptPooled(std::move(reusable), ctx.job_id(), sopt.prefault_threads);
+    if (adopted.ok()) {
+      job_state = std::move(*adopted);
+      reused_state = true;
+      ctx.Log(absl::StrFormat("reused pooled host state (%.2f GB, %.2f s)", bytes / 1e9, absl::ToDoubleSeconds(absl::Now() - t0)));
+    } else {
+      LOG(WARNING) << "job " << ctx.job_id() << ": cannot reuse the pooled host state: " << adopted.status();
+    }
+  }
+  if (!job_state) {
+    ASSIGN_OR_RETURN(job_state, state::JobState::Create(options_.node_name, ctx.job_id(), layout, sopt));
+  }
   std::vector<std::unique_ptr<state::GradRing>> rings;
+  std::unique_ptr<state::ShmCollective> collective;
+  // Set once the job succeeded and every worker reported its end (none uses the segment any more).
+  bool poolable = false;
   absl::Cleanup unlink = [&] {
-    // Whatever ended the job, wake every worker still waiting on a gate or ring slot of it (a
-    // no-op after success: the workers have already reported the end of the job).
+    // Whatever ended the job, wake every worker still waiting on a gate, ring slot or collective
+    // of it (a no-op after success: the workers have already reported the end of the job).
     job_state->RaiseAbort(state::AbortReason::kShutdown);
     for (auto& r : rings) (void)r->Unlink();
-    (void)job_state->Unlink();
+    if (collective) (void)collective->Unlink();
+    if (poolable && options_.pool_host_state) {
+      ReturnToPool(std::move(job_state));
+    } else {
+      (void)job_state->Unlink();
+    }
   };
   for (int r = 0; r < world; ++r) {
     ASSIGN_OR_RETURN(auto ring, state::GradRing::Create(options_.node_name, ctx.job_id(), r, ring_config,
                                                          state::RingRole::kConsumer, &job_state->abort()));
     rings.push_back(std::move(ring));
+  }
+  if (shm_collective) {
+    ASSIGN_OR_RETURN(collective, state::ShmCollective::Create(options_.node_name, ctx.job_id(), world, collective_buffer_bytes,
+                                                              &job_state->abort()));
   }
 
   // ---- NUMA placement: each unit's state lives on the node of the LayerAdam threads that own
@@ -186,6 +369,17 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
     memory[u] = update::UnitMemory{job_state->master(u), job_state->m(u), job_state->v(u), job_state->mirror(u),
                                    layout.units[u].numel, placement[u]};
     if (adam->num_numa_nodes() > 1) RETURN_IF_ERROR(adam->FirstTouch(memory[u]));
+  }
+
+  if (reused_state && ctx.resume_from().empty()) {
+    // A fresh segment is zero: so are the moments (and master, before the weights are written)
+    // of a reused one. A resumed job's checkpoint writes all three.
+    checkpoint::ParallelFor(num_units, std::max(1, std::min(8, adam->num_threads())), [&](size_t u) {
+      const size_t n = static_cast<size_t>(layout.units[u].numel);
+      std::memset(job_state->master(static_cast<int>(u)), 0, n * sizeof(float));
+      std::memset(job_state->m(static_cast<int>(u)), 0, n * sizeof(float));
+      std::memset(job_state->v(static_cast<int>(u)), 0, n * sizeof(float));
+    });
   }
 
   // ---- initial weights ----
@@ -229,6 +423,7 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
   ASSIGN_OR_RETURN(update::LrSchedule schedule, update::LrSchedule::Create(sc));
 
   // ---- assignments ----
+  const std::string membership_key = world > 1 ? MembershipKey(ctx) : std::string();
   for (int r = 0; r < world; ++r) {
     v1::HostCommand cmd;
     v1::Assignment* a = cmd.mutable_assign();
@@ -242,6 +437,10 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
     a->set_total_steps(spec.steps);
     a->set_data_path(spec.data_path);
     a->set_attempt(ctx.attempt());
+    a->set_grad_reduction(gpu_route ? "gpu" : "cpu");
+    a->set_param_delivery(ToString(spec.param_delivery));
+    if (collective) a->set_collective_segment(collective->segment_name());
+    if (world > 1) a->set_membership_key(membership_key);
     if (!ctx.workers()[r]->commands().Push(cmd)) return absl::UnavailableError("a worker disconnected before its assignment");
   }
   ctx.SetTotalSteps(spec.steps);
@@ -252,10 +451,30 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
   // ---- reports from workers: step results and failures ----
   std::map<int64_t, std::vector<v1::StepDone>> step_reports;
   std::vector<bool> finished(world, false);
+  // Called from the ranks' consumer threads too (gpu route): one at a time.
+  absl::Mutex poll_mu;
   auto poll_workers = [&]() -> absl::Status {
+    absl::MutexLock poll_lock(&poll_mu);
     for (int r = 0; r < world; ++r) {
       auto& w = ctx.workers()[r];
       while (auto rep = w->reports().Pop(absl::ZeroDuration())) {
+        if (rep->has_comm_id()) {
+          // Rank 0 made the NCCL unique id of this job's communicator: the other ranks wait for
+          // it (forwarded unchanged) before ncclCommInitRank. Ids of other jobs or attempts are stale.
+          const v1::CommId& id = rep->comm_id();
+          if (r != 0 || id.job_id() != ctx.job_id() || id.attempt() != ctx.attempt()) continue;
+          for (int k = 1; k < world; ++k) {
+            v1::HostCommand c;
+            *c.mutable_comm_id() = id;
+            if (!ctx.workers()[k]->commands().Push(c)) {
+              job_state->RaiseAbort(state::AbortReason::kPeerDied);
+              return absl::UnavailableError(absl::StrCat("worker ", ctx.workers()[k]->id(), " (rank ", k,
+                                                         ") disconnected before its communicator id"));
+            }
+          }
+          continue;
+        }
+        if (!rep->has_step_done() && !rep->has_job_finished()) continue;
         // A worker may still report the end of an earlier job or attempt (e.g. one that failed).
         const std::string& about = rep->has_step_done() ? rep->step_done().job_id() : rep->job_finished().job_id();
         const int attempt = rep->has_step_done() ? rep->step_done().attempt() : rep->job_finished().attempt();
@@ -291,10 +510,12 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
 
   // Pops the next chunk of a ring, checking workers and cancellation between short waits.
   const absl::Duration step_timeout = absl::Milliseconds(spec.step_timeout_ms);
-  auto pop = [&](int r) -> absl::StatusOr<state::GradChunkDesc> {
+  // Short slices while waiting for the first gradients: rank 0's communicator id is forwarded
+  // from here, and the other ranks' NCCL setup waits on it.
+  auto pop = [&](int r, bool first) -> absl::StatusOr<state::GradChunkDesc> {
     absl::Time deadline = absl::Now() + step_timeout;
     while (true) {
-      auto d = rings[r]->Pop(absl::Milliseconds(100));
+      auto d = rings[r]->Pop(absl::Milliseconds(first ? 10 : 100));
       if (d.ok()) return d;
       if (d.status().code() != absl::StatusCode::kDeadlineExceeded) {
         RETURN_IF_ERROR(poll_workers());  // prefer the worker's own error message
@@ -310,7 +531,7 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
   };
 
   std::vector<std::vector<float>> staging(num_units);
-  if (!direct) {
+  if (need_staging) {
     for (int u = 0; u < num_units; ++u) staging[u].resize(layout.units[u].numel);
   }
   const double flops_per_token = ModelFlopsPerToken(layout, spec.seq_len);
@@ -371,10 +592,10 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
     params.weight_decay = spec.weight_decay;
     params.step = t + 1;
     // Updates a range of unit u; the unit's gate opens (version t+1) when its last range is done.
-    // `grad` defaults to the staging buffer; `release_slot` >= 0 returns rank 0's ring slot once
-    // the update has read it (the direct path).
+    // `grad` defaults to the staging buffer; with `release_ring`, `release_slot` of that ring is
+    // returned once the update has read it (gradients applied straight from a ring slot).
     auto apply = [&](int u, int64_t offset, int64_t numel, float grad_scale, const float* grad = nullptr,
-                     int64_t release_slot = -1) -> absl::Status {
+                     state::GradRing* release_ring = nullptr, uint32_t release_slot = 0) -> absl::Status {
       update::AdamWStepParams p = params;
       p.grad_scale = grad_scale;
       {
@@ -383,12 +604,11 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
       }
       state::VersionGate* gate = &job_state->version(u);
       const uint32_t next = static_cast<uint32_t>(t + 1);
-      state::GradRing* ring0 = rings[0].get();
       absl::Status submitted = adam->SubmitChunk(
           memory[u], offset, numel, grad != nullptr ? grad : staging[u].data() + offset, p,
-          [gate, next, u, numel, ring0, release_slot, &progress](absl::Status s) {
-            if (release_slot >= 0) {
-              absl::Status released = ring0->Release(static_cast<uint32_t>(release_slot));
+          [gate, next, u, numel, release_ring, release_slot, &progress](absl::Status s) {
+            if (release_ring != nullptr) {
+              absl::Status released = release_ring->Release(release_slot);
               if (s.ok()) s = released;
             }
             absl::MutexLock l(&progress.mu);
@@ -410,11 +630,98 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
       progress.mu.Await(absl::Condition(&idle));
     };
 
+    if (gpu_route) {
+      // Each rank's chunks are final, disjoint shards: consume every ring at once (one thread per
+      // rank, each until its own shards of every unit are in, so ranks posting different numbers
+      // of chunks cannot block each other).
+      std::vector<std::vector<ChunkSquares>> squares(world);
+      std::vector<double> rank_wait_s(world, 0), rank_aggregate_s(world, 0);
+      absl::Mutex error_mu;
+      absl::Status consume_error;
+      const int threads_per_rank = std::max(1, aggregate_threads / world);
+      auto consume = [&](int r) -> absl::Status {
+        std::vector<int64_t> unit_got(num_units, 0);
+        int64_t got = 0;
+        while (got < shard_numel_of_rank[r]) {
+          const absl::Time t_wait = absl::Now();
+          ASSIGN_OR_RETURN(state::GradChunkDesc d, pop(r, t == first_step));
+          rank_wait_s[r] += absl::ToDoubleSeconds(absl::Now() - t_wait);
+          const bool unit_ok = d.unit >= 0 && d.unit < num_units;
+          const ShardRange shard = unit_ok ? ShardOf(layout.units[d.unit].numel, world, r) : ShardRange{};
+          if (d.step != static_cast<uint32_t>(t) || !unit_ok || d.dtype != state::GradDtype::kF32 || d.numel <= 0 ||
+              d.offset_numel < shard.offset || d.offset_numel + d.numel > shard.offset + shard.numel ||
+              unit_got[d.unit] + d.numel > shard.numel) {
+            job_state->RaiseAbort(state::AbortReason::kInternal);
+            return absl::InternalError(absl::StrCat(
+                "unexpected gradient chunk from rank ", r, ": step ", d.step, " unit ", d.unit, " offset ", d.offset_numel,
+                " numel ", d.numel, " dtype ", static_cast<int>(d.dtype), " while applying step ", t, " (rank ", r,
+                "'s shard of that unit is [", shard.offset, ", ", shard.offset + shard.numel, "), ",
+                unit_ok ? unit_got[d.unit] : 0, " elements of it already received)"));
+          }
+          const float* src = static_cast<const float*>(rings[r]->slot_data(d.slot));
+          const absl::Time t_agg = absl::Now();
+          float* dst = clip ? staging[d.unit].data() + d.offset_numel : nullptr;
+          const int64_t pieces = (d.numel + kAggregatePiece - 1) / kAggregatePiece;
+          std::vector<double> piece_sq(pieces);
+          checkpoint::ParallelFor(pieces, threads_per_rank, [&](size_t p) {
+            const int64_t off = static_cast<int64_t>(p) * kAggregatePiece;
+            const int64_t n = std::min(kAggregatePiece, d.numel - off);
+            if (dst != nullptr) std::memcpy(dst + off, src + off, n * sizeof(float));
+            piece_sq[p] = update::SumSquares(src + off, n);
+          });
+          double sq = 0;
+          for (double x : piece_sq) sq += x;
+          squares[r].push_back(ChunkSquares{d.unit, d.offset_numel, sq});
+          rank_aggregate_s[r] += absl::ToDoubleSeconds(absl::Now() - t_agg);
+          unit_got[d.unit] += d.numel;
+          got += d.numel;
+          if (clip) {
+            RETURN_IF_ERROR(rings[r]->Release(d.slot));  // staged: the slot is free again
+          } else {
+            // Final already: update now, while the rest of the backward pass still runs.
+            RETURN_IF_ERROR(apply(d.unit, d.offset_numel, d.numel, 1.0f, src, rings[r].get(), d.slot));
+          }
+        }
+        return absl::OkStatus();
+      };
+      std::vector<std::thread> consumers;
+      for (int r = 0; r < world; ++r) {
+        consumers.emplace_back([&, r] {
+          pthread_setname_np(pthread_self(), absl::StrCat("grad-rank", r).substr(0, 15).c_str());
+          absl::Status s = consume(r);
+          if (s.ok()) return;
+          absl::MutexLock l(&error_mu);
+          // The cause wins over its echoes: once one consumer raises the abort word, the others
+          // (and the workers' reports they poll) fail with ABORTED, possibly before it gets here.
+          if (consume_error.ok() ||
+              (consume_error.code() == absl::StatusCode::kAborted && s.code() != absl::StatusCode::kAborted)) {
+            consume_error = s;
+          }
+          // Wake the other consumers (their Pop returns ABORTED) instead of letting them time out.
+          job_state->RaiseAbort(state::AbortReason::kInternal);
+        });
+      }
+      for (std::thread& c : consumers) c.join();
+      {
+        absl::MutexLock l(&error_mu);
+        RETURN_IF_ERROR(consume_error);
+      }
+      std::vector<ChunkSquares> all;
+      for (auto& v : squares) all.insert(all.end(), v.begin(), v.end());
+      std::sort(all.begin(), all.end(), [](const ChunkSquares& a, const ChunkSquares& b) {
+        return std::tie(a.unit, a.offset) < std::tie(b.unit, b.offset);
+      });
+      for (const ChunkSquares& c : all) sum_squares += c.squares;
+      // The step's host-side time is set by its slowest rank.
+      wait_s = *std::max_element(rank_wait_s.begin(), rank_wait_s.end());
+      aggregate_s = *std::max_element(rank_aggregate_s.begin(), rank_aggregate_s.end());
+      complete_units = num_units;
+    }
     while (complete_units < num_units) {
       // Every rank posts the same chunk sequence; take rank 0's chunk, then the same from the
       // others, summing in rank order so results do not depend on arrival order.
       const absl::Time t_wait = absl::Now();
-      ASSIGN_OR_RETURN(state::GradChunkDesc d0, pop(0));
+      ASSIGN_OR_RETURN(state::GradChunkDesc d0, pop(0, t == first_step));
       wait_s += absl::ToDoubleSeconds(absl::Now() - t_wait);
       if (d0.step != static_cast<uint32_t>(t) || d0.unit < 0 || d0.unit >= num_units ||
           d0.offset_numel + d0.numel > layout.units[d0.unit].numel || d0.dtype != state::GradDtype::kF32) {
@@ -433,14 +740,14 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
         });
         for (double sq : piece_sq) sum_squares += sq;
         aggregate_s += absl::ToDoubleSeconds(absl::Now() - t_agg);
-        RETURN_IF_ERROR(apply(d0.unit, d0.offset_numel, d0.numel, 1.0f, src, d0.slot));
+        RETURN_IF_ERROR(apply(d0.unit, d0.offset_numel, d0.numel, 1.0f, src, rings[0].get(), d0.slot));
         received[d0.unit] += d0.numel;
         if (received[d0.unit] == layout.units[d0.unit].numel) ++complete_units;
         continue;
       }
       std::vector<state::GradChunkDesc> descs = {d0};
       for (int r = 1; r < world; ++r) {
-        ASSIGN_OR_RETURN(state::GradChunkDesc d, pop(r));
+        ASSIGN_OR_RETURN(state::GradChunkDesc d, pop(r, t == first_step));
         if (d.step != d0.step || d.unit != d0.unit || d.offset_numel != d0.offset_numel || d.numel != d0.numel) {
           job_state->RaiseAbort(state::AbortReason::kInternal);
           return absl::InternalError(absl::StrCat("rank ", r, " posted unit ", d.unit, "@", d.offset_numel, " step ", d.step,
@@ -536,7 +843,11 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
                           {"busy_s", {{"worker_step", m.worker_step_s()}, {"worker_gate_wait", m.worker_gate_wait_s()},
                                       {"worker_ring_wait", m.worker_ring_wait_s()}, {"worker_h2d", m.worker_h2d_s()},
                                       {"worker_d2h", m.worker_d2h_s()}, {"host_aggregate", m.host_aggregate_s()},
-                                      {"host_wait", m.host_wait_s()}, {"host_update_tail", m.host_update_tail_s()}}}};
+                                      {"host_wait", m.host_wait_s()}, {"host_update_tail", m.host_update_tail_s()}}},
+                          {"host_state_bytes", m.host_state_bytes()},
+                          {"world_size", world},
+                          {"grad_reduction", gpu_route ? "gpu" : "cpu"},
+                          {"param_delivery", ToString(spec.param_delivery)}};
       metrics_file << j.dump() << "\n" << std::flush;
     }
     if (spec.save_every_steps > 0 && (t + 1) % spec.save_every_steps == 0 && t + 1 < spec.steps) {
@@ -551,6 +862,7 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
     absl::SleepFor(absl::Milliseconds(2));
   }
   if (spec.save_final) RETURN_IF_ERROR(save(spec.steps));
+  poolable = std::count(finished.begin(), finished.end(), true) == world;
   return absl::OkStatus();
 }
 

@@ -5,11 +5,13 @@
 // checkpoints.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
 #include "absl/synchronization/mutex.h"
 #include "hostd/core/host_core.h"
+#include "hostd/state/job_state.h"
 #include "hostd/update/layer_adam.h"
 
 namespace slidedp::hostd {
@@ -18,6 +20,10 @@ struct TrainingExecutorOptions {
   std::string node_name = "local";
   int update_threads = 0;  // 0: from the topology
   update::WorkerPinning pinning = update::WorkerPinning::kCore;
+  // Keep the state segment of a job that succeeded (allocated, pre-faulted, mapped) for the next
+  // job of the same model layout instead of unlinking it; at most one is pooled. A job that
+  // cannot reuse it frees it before its admission check.
+  bool pool_host_state = true;
 };
 
 class TrainingExecutor : public JobExecutor {
@@ -28,8 +34,29 @@ class TrainingExecutor : public JobExecutor {
   absl::Status Run(JobContext& ctx) override;
 
  private:
+  absl::Status RunAttempt(JobContext& ctx);
+  // The assignment's membership key for world > 1: the comm generation, this hostd instance and
+  // the ordered (worker id, session serial) of the ranks. Workers keep their NCCL communicator
+  // only while it matches.
+  std::string MembershipKey(const JobContext& ctx) const;
   absl::StatusOr<update::LayerAdam*> Adam();
+  // The pooled segment when it was made for `layout` (taking it out of the pool); otherwise frees
+  // the pool (its memory may be what the job needs) and returns null.
+  std::unique_ptr<state::JobState> TakePooled(const ModelLayout& layout);
+  // Renames a pooled segment to `job_id`'s state segment and resets it for a new job (control
+  // block, abort word, gates, step). On error the segment is unlinked.
+  absl::StatusOr<std::unique_ptr<state::JobState>> AdoptPooled(std::unique_ptr<state::JobState> pooled,
+                                                               const std::string& job_id, int prefault_threads);
+  // Puts a finished job's segment into the pool (renamed to the pool's name), or unlinks it.
+  void ReturnToPool(std::unique_ptr<state::JobState> js);
   TrainingExecutorOptions options_;
+  // The pooled state segment (mapped here, renamed to "/slidedp.<node>.pool.pooled"); only the
+  // job-runner thread touches it, and the destructor unlinks it.
+  std::unique_ptr<state::JobState> pooled_;
+  std::string pooled_name_;
+  // Bumped after every attempt that did not succeed: its communicators may be broken mid-collective.
+  std::atomic<int64_t> comm_generation_{0};
+  std::string instance_token_;  // pid and start time of this hostd
   absl::Mutex mu_;
   std::unique_ptr<update::LayerAdam> adam_;  // warm across jobs
 };

@@ -123,8 +123,23 @@ class NodeHarness {
     return absl::DeadlineExceededError(absl::StrCat("job ", job_id, " did not finish in ", timeout_s, " s; logs in ", dir_));
   }
 
-  // Segments of this node still in /dev/shm.
+  // Segments of this node still in /dev/shm, except the one state segment hostd pools for the
+  // next job (PooledSegments).
   std::vector<std::string> LeakedSegments() const {
+    std::vector<std::string> out;
+    for (const std::string& n : Segments()) {
+      if (n != PoolName()) out.push_back(n);
+    }
+    return out;
+  }
+  std::vector<std::string> PooledSegments() const {
+    std::vector<std::string> out;
+    for (const std::string& n : Segments()) {
+      if (n == PoolName()) out.push_back(n);
+    }
+    return out;
+  }
+  std::vector<std::string> Segments() const {
     std::vector<std::string> out;
     for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
       std::string n = e.path().filename().string();
@@ -132,6 +147,7 @@ class NodeHarness {
     }
     return out;
   }
+  std::string PoolName() const { return absl::StrCat("slidedp.", node_, ".pool.pooled"); }
 
   client::Client& client() { return *client_; }
   const std::string& dir() const { return dir_; }

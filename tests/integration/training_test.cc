@@ -2,6 +2,10 @@
 // memory. Checks synchronous-DP equivalence, a non-streaming reference, version-gate ordering
 // under injected delays, exact resume, and a worker killed mid-step.
 #include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "nlohmann/json.hpp"
 
 #include "common/data/micro_batch.h"
 #include "common/data/sampler.h"
@@ -23,6 +27,7 @@ struct SpecOptions {
   int chunk_bytes = 64 << 20;  // gradient ring slot (= chunk) size
   double max_grad_norm = 1.0;
   std::string output = "out";
+  std::string grad_reduction;  // runtime.grad_reduction; empty: the spec default (gpu)
 };
 
 std::string DataDir() {
@@ -51,6 +56,7 @@ std::string Spec(const SpecOptions& o) {
                       "optimizer: {lr: 1.0e-3, weight_decay: 0.1}\n", "schedule: {kind: linear, warmup_steps: 1}\n",
                       "runtime: {workers: ", o.workers, ", ring_slots: 4, step_timeout_ms: 20000, max_restarts: ", o.max_restarts,
                       ", chunk_bytes: ", o.chunk_bytes,
+                      o.grad_reduction.empty() ? std::string() : ", grad_reduction: " + o.grad_reduction,
                       "}\n");
 }
 
@@ -435,6 +441,91 @@ TEST(Service, KilledWorkerWithAutomaticRestartResumesOnTheSurvivor) {
   EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED) << j->error();
   EXPECT_EQ(j->last().step(), 40);
   EXPECT_EQ(j->num_workers(), 1);
+  EXPECT_TRUE(node.LeakedSegments().empty());
+}
+
+}  // namespace
+}  // namespace slidedp::testing
+
+namespace slidedp::testing {
+namespace {
+
+// The metrics JSONL lines of a job (output_dir/metrics-<job>.jsonl).
+std::vector<nlohmann::json> MetricsLines(const NodeHarness& node, const std::string& output, const std::string& job) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(node.dir() + "/" + output + "/metrics-" + job + ".jsonl");
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// Both gradient routes with 2 workers (gpu: each rank reduce-scatters and posts only its summed
+// shard; cpu: hostd sums full copies) end at the 1-worker parameters, with and without clipping
+// (without: shards are applied straight from the ring slots as they arrive, in small chunks).
+TEST(Training, GpuAndCpuGradientRoutesMatchOneWorker) {
+  for (double max_norm : {1.0, 0.0}) {
+    SpecOptions base;
+    base.max_grad_norm = max_norm;
+    base.chunk_bytes = 8192;  // several chunks per unit, so ranks post different chunk counts
+    const std::string tag = max_norm > 0 ? "clip" : "noclip";
+    SpecOptions one = base;
+    one.workers = 1;
+    one.micro_batch = 4;
+    one.output = "out-one-" + tag;
+    std::vector<std::vector<float>> m1;
+    {
+      NodeHarness node(1);
+      m1 = LoadMaster(MustSucceed(node, Spec(one), "one-" + tag).last_checkpoint());
+    }
+    NodeHarness node(2);
+    for (const std::string route : {"cpu", "gpu"}) {
+      SpecOptions two = base;
+      two.grad_reduction = route;
+      two.output = "out-" + route + "-" + tag;
+      const std::string id = route + "-" + tag;
+      v1::Job j = MustSucceed(node, Spec(two), id);
+      if (j.last_checkpoint().empty()) continue;
+      const double d = MaxAbsDiff(LoadMaster(j.last_checkpoint()), m1);
+      std::cout << "2 workers, grad_reduction " << route << ", " << tag << ": max |diff| vs 1 worker " << d << "\n";
+      EXPECT_LE(d, 1e-5) << route << " " << tag;
+      auto lines = MetricsLines(node, two.output, id);
+      ASSERT_EQ(lines.size(), 4u) << route << " " << tag;
+      EXPECT_EQ(lines.back().value("grad_reduction", ""), route);
+      EXPECT_GT(lines.back().value("host_state_bytes", int64_t{0}), 0);
+      EXPECT_GT(lines.back().value("grad_norm", 0.0), 0.0);
+    }
+    EXPECT_TRUE(node.LeakedSegments().empty());
+  }
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A second job of the same model reuses the first job's pooled, pre-faulted state segment, and
+// ends at exactly the same parameters as the first (the reused segment is fully reset).
+TEST(Service, SecondJobReusesThePooledHostStateAndGivesTheSameResult) {
+  NodeHarness node(1);
+  SpecOptions o;
+  o.workers = 1;
+  o.micro_batch = 4;
+  o.output = "out-cold";
+  v1::Job cold = MustSucceed(node, Spec(o), "cold");
+  EXPECT_EQ(node.PooledSegments().size(), 1u);
+  EXPECT_TRUE(node.LeakedSegments().empty());
+  o.output = "out-warm";
+  v1::Job warm = MustSucceed(node, Spec(o), "warm");
+  const std::string log = ReadFile(node.dir() + "/hostd0.log");
+  EXPECT_EQ(log.find("job cold: reused pooled host state"), std::string::npos);
+  EXPECT_NE(log.find("job warm: reused pooled host state"), std::string::npos) << "see " << node.dir();
+  std::cout << "submit to first step: cold " << cold.submit_to_first_step_s() << " s, warm " << warm.submit_to_first_step_s()
+            << " s\n";
+  if (!cold.last_checkpoint().empty() && !warm.last_checkpoint().empty()) {
+    EXPECT_EQ(MaxAbsDiff(LoadMaster(cold.last_checkpoint()), LoadMaster(warm.last_checkpoint())), 0.0);
+  }
+  EXPECT_EQ(node.PooledSegments().size(), 1u);
   EXPECT_TRUE(node.LeakedSegments().empty());
 }
 

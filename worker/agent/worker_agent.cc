@@ -17,9 +17,14 @@
 #include "grpcpp/grpcpp.h"
 #include "hostd/state/grad_ring.h"
 #include "hostd/state/job_state.h"
+#include "hostd/state/shm_collective.h"
+#include "worker/pipeline/gradient_path.h"
 #include "worker/pipeline/step_runner.h"
 #include "worker/pipeline/unit_streamer.h"
 #ifdef SLIDEDP_HAVE_CUDA_BACKEND
+#include "worker/comm/nccl_communicator.h"
+#include "worker/pipeline/cuda_checkpoint_store.h"
+#include "worker/pipeline/cuda_gradient_path.h"
 #include "worker/pipeline/cuda_streamer.h"
 #include <cuda_runtime_api.h>
 #endif
@@ -137,6 +142,9 @@ absl::Status WorkerAgent::RunSession() {
         cancel_job_ = false;
         current_job_ = cmd.assign().job_id();
         job_thread_ = std::thread(&WorkerAgent::RunJob, this, cmd.assign());
+      } else if (cmd.has_comm_id()) {
+        absl::MutexLock l(&comm_mu_);
+        comm_id_ = cmd.comm_id();
       } else if (!cmd.cancel_job_id().empty() && cmd.cancel_job_id() == current_job_) {
         cancel_job_ = true;
       }
@@ -159,6 +167,14 @@ void WorkerAgent::RunJob(v1::Assignment a) {
             << a.first_step() << ".." << a.total_steps();
   absl::Status s = ExecuteJob(a);
   LOG(INFO) << "job " << a.job_id() << " finished on this worker: " << s;
+#ifdef SLIDEDP_HAVE_CUDA_BACKEND
+  // After a failed or cancelled job the peers may have stopped at different collectives: never
+  // reuse the communicator (hostd also changes the membership key after a failure).
+  if (!s.ok() && comm_) {
+    comm_->Abort();
+    comm_.reset();
+  }
+#endif
   v1::WorkerReport r;
   r.mutable_job_finished()->set_job_id(a.job_id());
   r.mutable_job_finished()->set_code(static_cast<int>(s.code()));
@@ -185,6 +201,56 @@ absl::StatusOr<ComputeBackend*> WorkerAgent::BackendFor(const Qwen3Config& c) {
   return backend_.get();
 }
 
+absl::StatusOr<std::string> WorkerAgent::AwaitCommId(const v1::Assignment& a) {
+  if (a.rank() == 0) {
+#ifdef SLIDEDP_HAVE_CUDA_BACKEND
+    ASSIGN_OR_RETURN(std::string id, NcclCommunicator::NewUniqueId());
+    v1::WorkerReport r;
+    v1::CommId* c = r.mutable_comm_id();
+    c->set_job_id(a.job_id());
+    c->set_attempt(a.attempt());
+    c->set_membership_key(a.membership_key());
+    c->set_id(id);
+    if (!Send(r)) return absl::UnavailableError("lost the session with hostd");
+    return id;
+#else
+    return absl::UnimplementedError("NCCL needs the CUDA build");
+#endif
+  }
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  while (true) {
+    {
+      absl::MutexLock l(&comm_mu_);
+      auto relayed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(comm_mu_) { return comm_id_.has_value(); };
+      comm_mu_.AwaitWithTimeout(absl::Condition(&relayed), absl::Milliseconds(50));
+      if (comm_id_ && comm_id_->job_id() == a.job_id() && comm_id_->attempt() == a.attempt() &&
+          comm_id_->membership_key() == a.membership_key()) {
+        return comm_id_->id();
+      }
+      comm_id_.reset();  // a stale one (an earlier job or attempt)
+    }
+    if (cancel_job_ || stop_) return absl::CancelledError("job cancelled while waiting for the NCCL id");
+    if (absl::Now() > deadline) return absl::DeadlineExceededError("rank 0's NCCL unique id did not arrive within 2 min");
+  }
+}
+
+absl::StatusOr<NcclCommunicator*> WorkerAgent::CommunicatorFor(const v1::Assignment& a) {
+#ifdef SLIDEDP_HAVE_CUDA_BACKEND
+  if (comm_ && !comm_->broken() && comm_->key() == a.membership_key() && comm_->rank() == a.rank() &&
+      comm_->world() == a.world_size()) {
+    return comm_.get();
+  }
+  comm_.reset();
+  ASSIGN_OR_RETURN(std::string id, AwaitCommId(a));
+  ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> c,
+                   NcclCommunicator::Create(options_.index, id, a.rank(), a.world_size(), a.membership_key()));
+  comm_ = std::move(c);
+  return comm_.get();
+#else
+  return absl::UnimplementedError("NCCL needs the CUDA build");
+#endif
+}
+
 absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
   ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(a.resolved_spec_yaml(), "", JobSpec::FileCheck::kSkip));
   Qwen3Config config;
@@ -206,28 +272,67 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
   ASSIGN_OR_RETURN(auto sampler, data::GlobalBatchSampler::Create(dataset->num_rows(), spec.global_batch, a.world_size(), spec.seed));
 
   const absl::Duration timeout = absl::Milliseconds(spec.step_timeout_ms);
+  const bool gpu_route = a.grad_reduction() == "gpu" && a.world_size() > 1;
+  [[maybe_unused]] const bool sharded = a.param_delivery() == "sharded" && a.world_size() > 1;
+  absl::Duration inject_delay = absl::ZeroDuration();
+  if (const char* d = getenv("SLIDEDP_INJECT_DELAY_MS")) inject_delay = absl::Milliseconds(atof(d));
+  GradientPathOptions gopt;
+  gopt.route = gpu_route ? GradRoute::kGpu : GradRoute::kCpu;
+  gopt.rank = a.rank();
+  gopt.world = a.world_size();
+  gopt.ring_timeout = timeout;
+  gopt.inject_max_delay = inject_delay;
+
   std::unique_ptr<UnitStreamer> streamer;
+  std::unique_ptr<GradientPath> grads;
+  std::unique_ptr<state::ShmCollective> collective;
+  std::unique_ptr<CheckpointStore> checkpoints;  // null: layer inputs stay on the device
   if (options_.backend == BackendKind::kCpu) {
     streamer = std::make_unique<HostMirrorStreamer>(job_state.get(), timeout);
+    if (gpu_route) {
+      if (a.collective_segment().empty()) {
+        return absl::FailedPreconditionError("grad_reduction gpu on CPU workers needs hostd's collective segment");
+      }
+      ASSIGN_OR_RETURN(collective, state::ShmCollective::Attach(a.collective_segment(), a.rank(), &job_state->abort()));
+    }
+    grads = MakeHostGradientPath(layout, ring.get(), collective.get(), gopt);
   } else {
 #ifdef SLIDEDP_HAVE_CUDA_BACKEND
+    NcclCommunicator* comm = nullptr;
+    if (gpu_route || sharded) {
+      auto c = CommunicatorFor(a);
+      if (!c.ok()) {
+        job_state->RaiseAbort(state::AbortReason::kWorkerFailed);
+        return Annotate(c.status(), "NCCL communicator");
+      }
+      comm = *c;
+    }
     CudaStreamerOptions copt;
     copt.device = options_.index;
     copt.chunk_bytes = spec.chunk_bytes;
     copt.gate_timeout = timeout;
+    copt.sharded_with = sharded ? comm : nullptr;
     ASSIGN_OR_RETURN(streamer, CudaWindowStreamer::Create(job_state.get(), ring.get(), layout,
                                                           static_cast<cudaStream_t>(backend->native_stream()), copt));
+    CudaGradientPathOptions cg;
+    cg.base = gopt;
+    cg.device = options_.index;
+    cg.comm = gpu_route ? comm : nullptr;
+    cg.abort = &job_state->abort();
+    ASSIGN_OR_RETURN(grads, MakeCudaGradientPath(layout, ring.get(), static_cast<cudaStream_t>(backend->native_stream()), cg));
+    if (spec.offload_ratio > 0) {
+      ASSIGN_OR_RETURN(checkpoints, MakeCudaCheckpointStore(layout, backend, spec.offload_ratio, options_.index));
+    }
 #else
     return absl::UnimplementedError("this slidedp-worker was built without CUDA");
 #endif
   }
   StepRunnerOptions ropt;
   ropt.policy = ToActPolicy(spec.act_policy);
-  ropt.ring_timeout = timeout;
-  if (const char* d = getenv("SLIDEDP_INJECT_DELAY_MS")) ropt.inject_max_delay = absl::Milliseconds(atof(d));
-  StepRunner runner(layout, backend, streamer.get(), ring.get(), ropt);
+  ropt.inject_max_delay = inject_delay;
+  StepRunner runner(layout, backend, streamer.get(), grads.get(), ropt, checkpoints.get());
 
-  double prev_gate = 0, prev_d2h = 0, prev_h2d = 0;
+  double prev_gate = 0, prev_d2h = 0, prev_h2d = 0, prev_ring = 0;
   for (int64_t step = a.first_step(); step < a.total_steps(); ++step) {
     if (cancel_job_ || stop_) {
       job_state->RaiseAbort(state::AbortReason::kCancelled);
@@ -259,14 +364,15 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
     d->set_tokens(result->local_tokens);
     d->set_step_time_s(result->times.total_s);
     // The streamer's counters are cumulative: report this step's share.
-    const double gate = streamer->gate_wait_s(), d2h = streamer->d2h_s(), h2d = streamer->h2d_s();
+    const double gate = streamer->gate_wait_s(), d2h = grads->d2h_s(), h2d = streamer->h2d_s();
+    const double ring_wait = grads->ring_wait_s();
     d->set_gate_wait_s(gate - prev_gate);
-    d->set_ring_wait_s(result->times.ring_wait_s);
-    d->set_compute_busy_s(result->times.total_s - result->times.ring_wait_s - (gate - prev_gate));
+    d->set_ring_wait_s(ring_wait - prev_ring);
+    d->set_compute_busy_s(result->times.total_s - result->times.flush_s - (gate - prev_gate));
     d->set_d2h_busy_s(d2h - prev_d2h);
     d->set_h2d_busy_s(h2d - prev_h2d);
-    prev_gate = gate, prev_d2h = d2h, prev_h2d = h2d;
-    d->set_gpu_peak_bytes(backend->peak_memory_bytes());
+    prev_gate = gate, prev_d2h = d2h, prev_h2d = h2d, prev_ring = ring_wait;
+    d->set_gpu_peak_bytes(backend->peak_memory_bytes() + streamer->device_bytes() + grads->device_bytes());
     if (!Send(r)) return absl::UnavailableError("lost the session with hostd");
   }
   ring->Close();

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -13,6 +14,10 @@
 #include "common/jobspec/job_spec.h"
 #include "slidedp/v1/slidedp.grpc.pb.h"
 #include "worker/compute/backend.h"
+
+namespace slidedp {
+class NcclCommunicator;
+}
 
 namespace slidedp::worker {
 
@@ -42,6 +47,10 @@ class WorkerAgent {
   void RunJob(v1::Assignment a);
   absl::Status ExecuteJob(const v1::Assignment& a);
   absl::StatusOr<ComputeBackend*> BackendFor(const Qwen3Config& config);
+  // The job's NCCL communicator: the warm one when hostd's membership key is unchanged, else a
+  // new one (rank 0 makes the unique id and reports it; the others wait for hostd to relay it).
+  absl::StatusOr<NcclCommunicator*> CommunicatorFor(const v1::Assignment& a);
+  absl::StatusOr<std::string> AwaitCommId(const v1::Assignment& a);
   bool Send(const v1::WorkerReport& r);
 
   WorkerOptions options_;
@@ -56,6 +65,10 @@ class WorkerAgent {
   std::thread job_thread_;
   std::unique_ptr<ComputeBackend> backend_;  // warm between jobs with the same model shape
   Qwen3Config backend_config_;
+  std::shared_ptr<NcclCommunicator> comm_;   // warm between jobs with the same membership (job thread)
+
+  absl::Mutex comm_mu_;
+  std::optional<v1::CommId> comm_id_ ABSL_GUARDED_BY(comm_mu_);  // last relayed by hostd
 };
 
 }  // namespace slidedp::worker

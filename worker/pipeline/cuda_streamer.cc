@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/model/shard.h"
 #include "common/status/status_macros.h"
 #include "worker/kernels/cuda_check.h"
 
@@ -40,11 +41,12 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
   s->compute_ = compute;
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s->h2d_, cudaStreamNonBlocking));
-  for (const UnitLayout& u : layout.units) s->slot_bytes_ = std::max<int64_t>(s->slot_bytes_, u.numel * 2);
+  const int world = options.sharded_with ? options.sharded_with->world() : 1;
+  for (const UnitLayout& u : layout.units) s->slot_bytes_ = std::max<int64_t>(s->slot_bytes_, PaddedNumel(u.numel, world) * 2);
   for (int u = 0; u < layout.num_units(); ++u) {
     RETURN_IF_ERROR(Register(state->mirror(u), layout.units[u].numel * 2, &s->registered_));
   }
-  RETURN_IF_ERROR(Register(ring->slots_base(), ring->slots_bytes(), &s->registered_));
+  if (ring != nullptr) RETURN_IF_ERROR(Register(ring->slots_base(), ring->slots_bytes(), &s->registered_));
   s->slots_.resize(std::max(2, options.window_slots));
   for (Slot& slot : s->slots_) {
     cudaError_t e = cudaMalloc(&slot.data, s->slot_bytes_);
@@ -83,16 +85,13 @@ CudaWindowStreamer::Slot* CudaWindowStreamer::Resident(int unit, uint32_t gate) 
   return nullptr;
 }
 
-absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uint32_t gate, bool must) {
+absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uint32_t gate) {
   // Least recently used slot that nobody holds.
   Slot* victim = nullptr;
   for (Slot& s : slots_) {
     if (s.users == 0 && (!victim || s.last_use < victim->last_use)) victim = &s;
   }
-  if (!victim) {
-    if (!must) return nullptr;
-    return absl::InternalError("GPU parameter window exhausted: every slot is held");
-  }
+  if (!victim) return absl::InternalError("GPU parameter window exhausted: every slot is held");
   absl::Time t0 = absl::Now();
   absl::Status s = state_->version(unit).WaitAtLeast(gate, options_.gate_timeout, state_->abort(), state_->owner());
   gate_wait_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
@@ -104,15 +103,22 @@ absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uin
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(start, h2d_));
-  const char* src = reinterpret_cast<const char*>(state_->mirror(unit));
-  char* dst = static_cast<char*>(victim->data);
-  const int64_t bytes = layout_->units[unit].numel * 2;
+  const int64_t numel = layout_->units[unit].numel;
+  NcclCommunicator* comm = options_.sharded_with;
+  const ShardRange part = comm ? ShardOf(numel, comm->world(), comm->rank()) : ShardRange{0, numel};
+  const char* src = reinterpret_cast<const char*>(state_->mirror(unit) + part.offset);
+  char* dst = static_cast<char*>(victim->data) + part.offset * 2;
+  const int64_t bytes = part.numel * 2;
   for (int64_t off = 0; off < bytes; off += options_.chunk_bytes) {
     const int64_t n = std::min(options_.chunk_bytes, bytes - off);
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + off, src + off, n, cudaMemcpyHostToDevice, h2d_));
   }
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, h2d_));
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(victim->ready, h2d_));
+  if (comm != nullptr) {
+    RETURN_IF_ERROR(comm->AllGatherBF16(static_cast<bf16_t*>(victim->data), ShardNumel(numel, comm->world()), victim->ready));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(victim->ready, comm->stream()));
+  }
   h2d_events_.emplace_back(start, stop);
   victim->unit = unit;
   victim->gate = gate;
@@ -123,7 +129,7 @@ absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uin
 absl::StatusOr<const bf16_t*> CudaWindowStreamer::Acquire(int unit, uint32_t gate) {
   Slot* slot = Resident(unit, gate);
   if (!slot) {
-    ASSIGN_OR_RETURN(slot, Load(unit, gate, /*must=*/true));
+    ASSIGN_OR_RETURN(slot, Load(unit, gate));
   }
   slot->users++;
   slot->last_use = ++clock_;
@@ -142,19 +148,9 @@ void CudaWindowStreamer::Release(int unit) {
   }
 }
 
-void CudaWindowStreamer::Prefetch(int unit, uint32_t gate) {
-  if (unit < 0 || unit >= layout_->num_units() || Resident(unit, gate)) return;
-  // Only when the gate is already open: a prefetch never blocks the issuing thread.
-  if (state_->version(unit).Load() < gate) return;
-  (void)Load(unit, gate, /*must=*/false);
-}
-
-absl::Status CudaWindowStreamer::CopyToHost(void* host_dst, const void* device_src, int64_t bytes) {
-  absl::Time t0 = absl::Now();
-  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, compute_));
-  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
-  d2h_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
-  return absl::OkStatus();
+absl::Status CudaWindowStreamer::Prefetch(int unit, uint32_t gate) {
+  if (unit < 0 || unit >= layout_->num_units() || Resident(unit, gate)) return absl::OkStatus();
+  return Load(unit, gate).status();
 }
 
 double CudaWindowStreamer::h2d_s() const {

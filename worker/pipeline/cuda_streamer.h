@@ -1,8 +1,12 @@
 // CudaWindowStreamer: brings units' BF16 parameters from the host mirror (shared memory,
 // registered with CUDA once per job) into a bounded window of GPU slots, on its own H2D stream,
 // in chunks; the compute stream waits on an event per load, and a slot is reused only after the
-// compute that read it has finished (a "free" event per slot). Gradients go down with a D2H copy
-// into registered ring slots.
+// compute that read it has finished (a "free" event per slot).
+//
+// Sharded delivery (runtime.param_delivery: sharded, with a communicator): each rank copies only
+// its shard (common/model/shard.h) of the unit host-to-device, into its place in the slot, and
+// an in-place NCCL all-gather on the communicator's stream fills in the rest: 1/R of the host
+// link's bytes per rank, the remainder over NVLink.
 //
 // Within a step a unit's copy stays valid for reuse (backward after forward, or the embedding
 // for a tied head) while it is resident: it is keyed by the gate value it was loaded under.
@@ -17,6 +21,7 @@
 #include "common/model/qwen3_config.h"
 #include "hostd/state/grad_ring.h"
 #include "hostd/state/job_state.h"
+#include "worker/comm/nccl_communicator.h"
 #include "worker/pipeline/unit_streamer.h"
 
 namespace slidedp {
@@ -26,12 +31,13 @@ struct CudaStreamerOptions {
   int window_slots = 3;              // GPU slots, each as large as the largest unit
   int64_t chunk_bytes = 64ll << 20;  // H2D chunk
   absl::Duration gate_timeout = absl::Minutes(10);
+  NcclCommunicator* sharded_with = nullptr;  // non-null: sharded delivery over this communicator
 };
 
 class CudaWindowStreamer : public UnitStreamer {
  public:
-  // Registers every unit's mirror region and the ring's slots with CUDA (unregistered on
-  // destruction) and allocates the window.
+  // Registers every unit's mirror region and the ring's slots (ring may be null) with CUDA
+  // (unregistered on destruction) and allocates the window.
   static absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> Create(state::JobState* state, state::GradRing* ring,
                                                                      const ModelLayout& layout, cudaStream_t compute,
                                                                      const CudaStreamerOptions& options);
@@ -39,17 +45,15 @@ class CudaWindowStreamer : public UnitStreamer {
 
   absl::StatusOr<const bf16_t*> Acquire(int unit, uint32_t min_version) override;
   void Release(int unit) override;
-  void Prefetch(int unit, uint32_t min_version) override;
-  absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) override;
+  absl::Status Prefetch(int unit, uint32_t min_version) override;
   double gate_wait_s() const override { return gate_wait_s_; }
   double h2d_s() const override;
-  double d2h_s() const override { return d2h_s_; }
-  int64_t window_bytes() const { return slot_bytes_ * static_cast<int64_t>(slots_.size()); }
+  int64_t device_bytes() const override { return slot_bytes_ * static_cast<int64_t>(slots_.size()); }
 
  private:
   struct Slot {
     void* data = nullptr;
-    cudaEvent_t ready = nullptr;  // H2D finished
+    cudaEvent_t ready = nullptr;  // H2D (and all-gather) finished
     cudaEvent_t free = nullptr;   // compute done with the previous occupant
     int unit = -1;
     uint32_t gate = 0;
@@ -57,8 +61,8 @@ class CudaWindowStreamer : public UnitStreamer {
     uint64_t last_use = 0;
   };
   CudaWindowStreamer() = default;
-  // Issues the load of `unit` into a slot (after its gate opens). nullptr slot: none free.
-  absl::StatusOr<Slot*> Load(int unit, uint32_t min_version, bool must);
+  // Issues the load of `unit` into the least recently used free slot (after its gate opens).
+  absl::StatusOr<Slot*> Load(int unit, uint32_t min_version);
   Slot* Resident(int unit, uint32_t gate);
 
   state::JobState* state_ = nullptr;
@@ -71,7 +75,6 @@ class CudaWindowStreamer : public UnitStreamer {
   std::vector<void*> registered_;
   uint64_t clock_ = 0;
   double gate_wait_s_ = 0;
-  double d2h_s_ = 0;
   mutable double h2d_s_ = 0;
   mutable std::vector<std::pair<cudaEvent_t, cudaEvent_t>> h2d_events_;
 };

@@ -6,18 +6,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status/status_macros.h"
+#include "worker/pipeline/trace.h"
 
 namespace slidedp {
 
 StepRunner::StepRunner(const ModelLayout& layout, ComputeBackend* backend, UnitStreamer* streamer,
-                       state::GradRing* ring, StepRunnerOptions options)
-    : layout_(layout), backend_(backend), streamer_(streamer), ring_(ring), options_(options) {}
-
-absl::StatusOr<std::unique_ptr<DeviceBuffer>> StepRunner::ZeroedGrad(int unit) {
-  ASSIGN_OR_RETURN(auto buf, backend_->Allocate(layout_.units[unit].numel * sizeof(float)));
-  RETURN_IF_ERROR(backend_->Memset(*buf, 0));
-  return buf;
-}
+                       GradientPath* grads, StepRunnerOptions options, CheckpointStore* checkpoints)
+    : layout_(layout), backend_(backend), streamer_(streamer), grads_(grads), checkpoints_(checkpoints), options_(options) {}
 
 void StepRunner::InjectDelay() {
   if (options_.inject_max_delay <= absl::ZeroDuration()) return;
@@ -28,31 +23,9 @@ void StepRunner::InjectDelay() {
 }
 
 absl::StatusOr<const bf16_t*> StepRunner::Acquire(int unit, uint32_t min_version) {
+  TraceRange trace("acquire (gate + load)");
   InjectDelay();
   return streamer_->Acquire(unit, min_version);
-}
-
-absl::Status StepRunner::PostGradient(int unit, const float* grad_device, int64_t step, double* ring_wait_s) {
-  RETURN_IF_ERROR(backend_->Synchronize());
-  const int64_t numel = layout_.units[unit].numel;
-  const int64_t chunk = static_cast<int64_t>(ring_->config().slot_bytes / sizeof(float));
-  for (int64_t off = 0; off < numel; off += chunk) {
-    const int64_t n = std::min(chunk, numel - off);
-    InjectDelay();
-    absl::Time t0 = absl::Now();
-    ASSIGN_OR_RETURN(uint32_t slot, ring_->AcquireSlot(options_.ring_timeout));
-    *ring_wait_s += absl::ToDoubleSeconds(absl::Now() - t0);
-    RETURN_IF_ERROR(streamer_->CopyToHost(ring_->slot_data(slot), grad_device + off, n * sizeof(float)));
-    state::GradChunkDesc desc;
-    desc.unit = unit;
-    desc.slot = slot;
-    desc.offset_numel = off;
-    desc.numel = n;
-    desc.step = static_cast<uint32_t>(step);
-    desc.dtype = state::GradDtype::kF32;
-    RETURN_IF_ERROR(ring_->Post(desc));
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<MicroBatch>& micro_batches, float loss_scale) {
@@ -91,9 +64,10 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
       RETURN_IF_ERROR(backend_->EmbeddingForward(embed, *batches[i], inputs[1][i]->data()));
     }
     streamer_->Release(0);
+    RETURN_IF_ERROR(streamer_->Prefetch(1, gate));
   }
   for (int u = 1; u < head; ++u) {
-    streamer_->Prefetch(u + 1, gate);
+    TraceRange trace("forward layer");
     ASSIGN_OR_RETURN(const bf16_t* params, Acquire(u, gate));
     RETURN_IF_ERROR(alloc_acts(u + 1));
     saved[u].resize(n_mb);
@@ -103,6 +77,8 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
                                                options_.policy == ActPolicy::kRecomputeLayer ? nullptr : &saved[u][i]));
     }
     streamer_->Release(u);
+    if (checkpoints_ && checkpoints_->offloads(u)) RETURN_IF_ERROR(checkpoints_->Offload(u, inputs[u]));
+    RETURN_IF_ERROR(streamer_->Prefetch(u + 1, gate));
   }
 
   // ---- head: loss and its input gradient in one pass ----
@@ -112,61 +88,75 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
   }
   ASSIGN_OR_RETURN(auto loss_dev, backend_->Allocate(sizeof(float)));
   RETURN_IF_ERROR(backend_->Memset(*loss_dev, 0));
-  std::unique_ptr<DeviceBuffer> grad_embed;
+  float* grad_embed = nullptr;
   {
+    TraceRange trace("head forward+backward");
     const UnitLayout& hu = layout_.units[head];
     ASSIGN_OR_RETURN(const bf16_t* head_params, Acquire(head, gate));
     const bf16_t* lm_head = nullptr;
-    ASSIGN_OR_RETURN(auto grad_head, ZeroedGrad(head));
+    ASSIGN_OR_RETURN(float* grad_head, grads_->Begin(head));
     float* dlm_head = nullptr;
     if (layout_.head_uses_embedding) {
       ASSIGN_OR_RETURN(lm_head, Acquire(0, gate));
-      ASSIGN_OR_RETURN(grad_embed, ZeroedGrad(0));
-      dlm_head = grad_embed->as<float>();
+      ASSIGN_OR_RETURN(grad_embed, grads_->Begin(0));
+      dlm_head = grad_embed;
     } else {
       lm_head = head_params + hu.tensors[1].offset_numel;
-      dlm_head = grad_head->as<float>() + hu.tensors[1].offset_numel;
+      dlm_head = grad_head + hu.tensors[1].offset_numel;
     }
     for (int i = 0; i < n_mb; ++i) {
       RETURN_IF_ERROR(backend_->HeadForwardBackward(head_params + hu.tensors[0].offset_numel, lm_head, *batches[i],
                                                     inputs[head][i]->data(), loss_scale, dy[i]->data(),
-                                                    grad_head->as<float>() + hu.tensors[0].offset_numel, dlm_head,
+                                                    grad_head + hu.tensors[0].offset_numel, dlm_head,
                                                     loss_dev->as<float>()));
     }
     if (layout_.head_uses_embedding) streamer_->Release(0);
     streamer_->Release(head);
     inputs[head].clear();
-    RETURN_IF_ERROR(PostGradient(head, grad_head->as<float>(), step, &result.times.ring_wait_s));
+    RETURN_IF_ERROR(grads_->Finish(head, step));
+    if (head - 1 >= 1) {
+      RETURN_IF_ERROR(streamer_->Prefetch(head - 1, gate));
+      if (checkpoints_) RETURN_IF_ERROR(checkpoints_->Prefetch(head - 1));
+    }
   }
   result.times.forward_s = absl::ToDoubleSeconds(absl::Now() - t_start);
 
   // ---- backward ----
   const absl::Time t_bwd = absl::Now();
   for (int u = head - 1; u >= 1; --u) {
-    if (u > 1) streamer_->Prefetch(u - 1, gate);
+    TraceRange trace("backward layer");
+    if (checkpoints_ && checkpoints_->offloads(u)) RETURN_IF_ERROR(checkpoints_->Restore(u, inputs[u]));
     ASSIGN_OR_RETURN(const bf16_t* params, Acquire(u, gate));
-    ASSIGN_OR_RETURN(auto grad, ZeroedGrad(u));
+    ASSIGN_OR_RETURN(float* grad, grads_->Begin(u));
     for (int i = 0; i < n_mb; ++i) {
       SavedActivations* s = saved[u].empty() ? nullptr : saved[u][i].get();
       RETURN_IF_ERROR(backend_->DecoderBackward(params, *batches[i], inputs[u][i]->data(), s, dy[i]->data(),
-                                                dy[i]->data(), grad->as<float>()));
+                                                dy[i]->data(), grad));
     }
     streamer_->Release(u);
     inputs[u].clear();
     saved[u].clear();
-    RETURN_IF_ERROR(PostGradient(u, grad->as<float>(), step, &result.times.ring_wait_s));
+    RETURN_IF_ERROR(grads_->Finish(u, step));
+    if (u > 1) {
+      RETURN_IF_ERROR(streamer_->Prefetch(u - 1, gate));
+      if (checkpoints_) RETURN_IF_ERROR(checkpoints_->Prefetch(u - 1));
+    }
   }
-  if (!grad_embed) {
-    ASSIGN_OR_RETURN(grad_embed, ZeroedGrad(0));
+  if (grad_embed == nullptr) {
+    ASSIGN_OR_RETURN(grad_embed, grads_->Begin(0));
   }
   for (int i = 0; i < n_mb; ++i) {
-    RETURN_IF_ERROR(backend_->EmbeddingBackward(dy[i]->data(), *batches[i], grad_embed->as<float>()));
+    RETURN_IF_ERROR(backend_->EmbeddingBackward(dy[i]->data(), *batches[i], grad_embed));
   }
-  RETURN_IF_ERROR(PostGradient(0, grad_embed->as<float>(), step, &result.times.ring_wait_s));
+  RETURN_IF_ERROR(grads_->Finish(0, step));
 
   float loss = 0;
   RETURN_IF_ERROR(backend_->CopyToHost(loss_dev->data(), &loss, sizeof(float)));
   result.loss_sum = loss;
+  TraceRange trace("flush gradients");
+  const absl::Time t_flush = absl::Now();
+  RETURN_IF_ERROR(grads_->Flush());
+  result.times.flush_s = absl::ToDoubleSeconds(absl::Now() - t_flush);
   result.times.backward_s = absl::ToDoubleSeconds(absl::Now() - t_bwd);
   result.times.total_s = absl::ToDoubleSeconds(absl::Now() - t_start);
   return result;

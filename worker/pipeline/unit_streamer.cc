@@ -1,8 +1,6 @@
 // HostMirrorStreamer: in-place reads of the shared-memory mirror for the CPU backend.
 #include "worker/pipeline/unit_streamer.h"
 
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -14,13 +12,6 @@ absl::StatusOr<const bf16_t*> HostMirrorStreamer::Acquire(int unit, uint32_t min
   gate_wait_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("version gate of unit ", unit, ": ", s.message()));
   return state_->mirror(unit);
-}
-
-absl::Status HostMirrorStreamer::CopyToHost(void* host_dst, const void* device_src, int64_t bytes) {
-  absl::Time t0 = absl::Now();
-  std::memcpy(host_dst, device_src, bytes);
-  d2h_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
-  return absl::OkStatus();
 }
 
 }  // namespace slidedp

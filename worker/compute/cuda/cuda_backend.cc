@@ -43,11 +43,15 @@ using kernels::bf16;
 
 int64_t Align256(int64_t b) { return (b + 255) / 256 * 256; }
 
+// A stream-ordered allocation on the compute stream (cudaMallocAsync from the device pool, which
+// keeps freed memory cached): neither allocating nor freeing synchronizes the device, so the
+// pipeline's copy and communication streams keep running while buffers come and go. Only the
+// compute stream may use it (it is freed in that stream's order).
 class CudaBuffer final : public DeviceBuffer {
  public:
-  CudaBuffer(void* p, int64_t bytes) : p_(p), bytes_(bytes) {}
+  CudaBuffer(void* p, int64_t bytes, cudaStream_t stream) : p_(p), bytes_(bytes), stream_(stream) {}
   ~CudaBuffer() override {
-    if (p_ != nullptr) cudaFree(p_);
+    if (p_ != nullptr) cudaFreeAsync(p_, stream_);
   }
   void* data() override { return p_; }
   int64_t bytes() const override { return bytes_; }
@@ -55,6 +59,7 @@ class CudaBuffer final : public DeviceBuffer {
  private:
   void* p_;
   int64_t bytes_;
+  cudaStream_t stream_;
 };
 
 // A stream-ordered allocation from the device pool, freed (stream-ordered) when destroyed.
@@ -224,8 +229,20 @@ class CudaBackend final : public ComputeBackend {
 
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) override {
     void* p = nullptr;
-    if (bytes > 0) SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, static_cast<size_t>(bytes)));
-    return std::unique_ptr<DeviceBuffer>(new CudaBuffer(p, bytes));
+    if (bytes > 0) {
+      cudaError_t e = cudaMallocAsync(&p, static_cast<size_t>(bytes), stream_);
+      if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        size_t free_bytes = 0, total_bytes = 0;
+        cudaMemGetInfo(&free_bytes, &total_bytes);
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "GPU memory exhausted: a %.2f GiB buffer does not fit (%.2f GiB free of %.2f GiB); use a smaller "
+            "train.micro_batch, runtime.act_policy: recompute, or fewer tokens per step",
+            bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0));
+      }
+      SLIDEDP_CUDA_RETURN_IF_ERROR(e);
+    }
+    return std::unique_ptr<DeviceBuffer>(new CudaBuffer(p, bytes, stream_));
   }
   absl::Status Memset(DeviceBuffer& buf, int value) override {
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(buf.data(), value, buf.bytes(), stream_));

@@ -1,0 +1,33 @@
+// CheckpointStore: where a decoder layer's input checkpoints (one per micro-batch; the pipeline
+// keeps them from forward to backward) wait between the two passes. Without a store they stay in
+// device memory; the CUDA store (runtime.offload_ratio > 0) moves the checkpoints of the first
+// round(ratio x layers) layers to pinned host memory after their forward and brings each back one
+// layer ahead of its backward, trading PCIe time for GPU memory at large batches. The first
+// layers are chosen because their backward comes last, so their copies have the most time.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "worker/compute/backend.h"
+
+namespace slidedp {
+
+class CheckpointStore {
+ public:
+  virtual ~CheckpointStore() = default;
+  virtual bool offloads(int unit) const = 0;
+  // The compute queued so far is the last reader of `inputs` until backward: copy them to host
+  // memory and free them on the device (the store takes the buffers; `inputs` is left empty).
+  virtual absl::Status Offload(int unit, std::vector<std::unique_ptr<DeviceBuffer>>& inputs) = 0;
+  // Starts copying the unit's checkpoints back (a no-op if already started).
+  virtual absl::Status Prefetch(int unit) = 0;
+  // Hands the checkpoints back as device buffers usable by the compute stream from now on.
+  virtual absl::Status Restore(int unit, std::vector<std::unique_ptr<DeviceBuffer>>& inputs) = 0;
+  // Pinned host memory held, and seconds the offload copies took (cumulative).
+  virtual int64_t host_bytes() const = 0;
+  virtual double copy_s() const = 0;
+};
+
+}  // namespace slidedp

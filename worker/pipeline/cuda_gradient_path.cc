@@ -1,0 +1,278 @@
+// CudaGradientPath: pooled gradient buffers, optional reduce-scatter, asynchronous D2H into the
+// gradient ring through a poster thread.
+#include "worker/pipeline/cuda_gradient_path.h"
+
+#include <deque>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/model/shard.h"
+#include "common/status/status_macros.h"
+#include "worker/kernels/cuda_check.h"
+
+namespace slidedp {
+namespace {
+
+struct GradBuffer {
+  float* data = nullptr;
+  int64_t bytes = 0;
+  cudaEvent_t done = nullptr;  // recorded after the last copy out of it
+  bool open = false;           // between Begin and the poster's last copy
+};
+
+struct PostJob {
+  int unit = 0;
+  int64_t step = 0;
+  GradBuffer* buffer = nullptr;
+  cudaEvent_t ready = nullptr;  // gradient final (after compute, or after the reduce-scatter)
+  ShardRange part;
+};
+
+class CudaGradientPath final : public GradientPath {
+ public:
+  CudaGradientPath(const ModelLayout& layout, state::GradRing* ring, cudaStream_t compute,
+                   const CudaGradientPathOptions& options)
+      : layout_(layout), ring_(ring), compute_(compute), options_(options) {}
+
+  ~CudaGradientPath() override {
+    {
+      absl::MutexLock l(&mu_);
+      stopping_ = true;
+    }
+    if (poster_.joinable()) poster_.join();
+    cudaStreamSynchronize(compute_);
+    if (d2h_) cudaStreamSynchronize(d2h_);
+    for (auto& b : buffers_) {
+      if (b->data) cudaFree(b->data);
+      if (b->done) cudaEventDestroy(b->done);
+    }
+    for (cudaEvent_t e : ready_events_) cudaEventDestroy(e);
+    if (chunk_event_) cudaEventDestroy(chunk_event_);
+    if (d2h_) cudaStreamDestroy(d2h_);
+  }
+
+  absl::Status Init() {
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&chunk_event_, cudaEventDisableTiming));
+    const bool reduce = options_.base.route == GradRoute::kGpu && options_.base.world > 1;
+    if (reduce && options_.comm == nullptr) return absl::FailedPreconditionError("gpu gradient route without NCCL");
+    poster_ = std::thread(&CudaGradientPath::PosterLoop, this);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<float*> Begin(int unit) override {
+    const int64_t bytes = PaddedNumel(layout_.units[unit].numel, options_.base.world) * static_cast<int64_t>(sizeof(float));
+    GradBuffer* pick = nullptr;
+    {
+      absl::MutexLock l(&mu_);
+      // The smallest idle buffer that fits and whose copies are finished.
+      for (auto& b : buffers_) {
+        if (b->open || b->bytes < bytes) continue;
+        if (cudaEventQuery(b->done) != cudaSuccess) continue;
+        if (!pick || b->bytes < pick->bytes) pick = b.get();
+      }
+      if (pick) pick->open = true;
+    }
+    if (!pick && static_cast<int>(buffers_.size()) < options_.max_buffers) {
+      auto b = std::make_unique<GradBuffer>();
+      cudaError_t e = cudaMalloc(&b->data, bytes);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        return absl::ResourceExhaustedError(absl::StrCat("gradient buffer: cudaMalloc of ", bytes, " bytes failed: ",
+                                                         cudaGetErrorString(e)));
+      }
+      b->bytes = bytes;
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming));
+      b->open = true;
+      pick = b.get();
+      absl::MutexLock l(&mu_);
+      buffers_.push_back(std::move(b));
+    }
+    if (!pick) {
+      // At the cap: wait (on the host) for an idle buffer that fits to finish its copies.
+      absl::MutexLock l(&mu_);
+      auto idle_fit = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        for (auto& b : buffers_) {
+          if (!b->open && b->bytes >= bytes) return true;
+        }
+        return !first_error_.ok();
+      };
+      mu_.Await(absl::Condition(&idle_fit));
+      RETURN_IF_ERROR(first_error_);
+      for (auto& b : buffers_) {
+        if (!b->open && b->bytes >= bytes) {
+          pick = b.get();
+          break;
+        }
+      }
+      pick->open = true;
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, pick->done, 0));
+    }
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(pick->data, 0, bytes, compute_));
+    open_[unit] = pick;
+    return pick->data;
+  }
+
+  absl::Status Finish(int unit, int64_t step) override {
+    auto it = open_.find(unit);
+    if (it == open_.end()) return absl::InternalError(absl::StrCat("gradient of unit ", unit, " finished twice"));
+    PostJob job;
+    job.unit = unit;
+    job.step = step;
+    job.buffer = it->second;
+    open_.erase(it);
+    const int64_t numel = layout_.units[unit].numel;
+    job.part = ShardRange{0, numel};
+    ASSIGN_OR_RETURN(job.ready, ReadyEvent());
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(job.ready, compute_));
+    if (options_.base.route == GradRoute::kGpu && options_.base.world > 1) {
+      const int64_t shard = ShardNumel(numel, options_.base.world);
+      RETURN_IF_ERROR(options_.comm->ReduceScatterF32(job.buffer->data, shard, job.ready));
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(job.ready, options_.comm->stream()));
+      job.part = ShardOf(numel, options_.base.world, options_.base.rank);
+    }
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(first_error_);
+    queue_.push_back(job);
+    return absl::OkStatus();
+  }
+
+  absl::Status Flush() override {
+    absl::MutexLock l(&mu_);
+    auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return (queue_.empty() && !busy_) || !first_error_.ok(); };
+    mu_.Await(absl::Condition(&drained));
+    return first_error_;
+  }
+
+  double ring_wait_s() const override {
+    absl::MutexLock l(&mu_);
+    return ring_wait_s_;
+  }
+  double d2h_s() const override {
+    absl::MutexLock l(&mu_);
+    return d2h_s_;
+  }
+  int64_t device_bytes() const override {
+    absl::MutexLock l(&mu_);
+    int64_t b = 0;
+    for (const auto& buf : buffers_) b += buf->bytes;
+    return b;
+  }
+
+ private:
+  // One event per queued job; recycled once the poster has consumed it.
+  absl::StatusOr<cudaEvent_t> ReadyEvent() {
+    absl::MutexLock l(&mu_);
+    if (!free_ready_.empty()) {
+      cudaEvent_t e = free_ready_.back();
+      free_ready_.pop_back();
+      return e;
+    }
+    cudaEvent_t e;
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    ready_events_.push_back(e);
+    return e;
+  }
+
+  absl::Status StopStatus() const {
+    if (options_.abort != nullptr && options_.abort->raised()) return options_.abort->ToStatus();
+    return absl::OkStatus();
+  }
+
+  absl::Status Post(const PostJob& job) {
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(d2h_, job.ready, 0));
+    const int64_t chunk = GradChunkNumel(*ring_);
+    const int64_t end = job.part.offset + job.part.numel;
+    for (int64_t off = job.part.offset; off < end; off += chunk) {
+      const int64_t n = std::min(chunk, end - off);
+      const absl::Time t0 = absl::Now();
+      ASSIGN_OR_RETURN(uint32_t slot, ring_->AcquireSlot(options_.base.ring_timeout));
+      const absl::Time t1 = absl::Now();
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ring_->slot_data(slot), job.buffer->data + off, n * sizeof(float),
+                                                   cudaMemcpyDeviceToHost, d2h_));
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(chunk_event_, d2h_));
+      RETURN_IF_ERROR(WaitEvent(chunk_event_, options_.base.ring_timeout, [this] { return StopStatus(); }));
+      {
+        absl::MutexLock l(&mu_);
+        ring_wait_s_ += absl::ToDoubleSeconds(t1 - t0);
+        d2h_s_ += absl::ToDoubleSeconds(absl::Now() - t1);
+      }
+      state::GradChunkDesc desc;
+      desc.unit = job.unit;
+      desc.slot = slot;
+      desc.offset_numel = off;
+      desc.numel = n;
+      desc.step = static_cast<uint32_t>(job.step);
+      desc.dtype = state::GradDtype::kF32;
+      RETURN_IF_ERROR(ring_->Post(desc));
+    }
+    return absl::OkStatus();
+  }
+
+  void PosterLoop() {
+    pthread_setname_np(pthread_self(), "grad-poster");
+    cudaSetDevice(options_.device);
+    while (true) {
+      PostJob job;
+      {
+        absl::MutexLock l(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || stopping_; };
+        mu_.Await(absl::Condition(&ready));
+        if (queue_.empty()) return;
+        job = queue_.front();
+        queue_.pop_front();
+        busy_ = true;
+      }
+      absl::Status s = first_error_ok() ? Post(job) : absl::OkStatus();
+      // The buffer is free for Begin once everything queued on d2h so far (its copies) is done.
+      cudaEventRecord(job.buffer->done, d2h_);
+      absl::MutexLock l(&mu_);
+      if (!s.ok() && first_error_.ok()) first_error_ = s;
+      job.buffer->open = false;
+      free_ready_.push_back(job.ready);
+      busy_ = false;
+    }
+  }
+
+  bool first_error_ok() {
+    absl::MutexLock l(&mu_);
+    return first_error_.ok();
+  }
+
+  const ModelLayout& layout_;
+  state::GradRing* ring_;
+  cudaStream_t compute_;
+  CudaGradientPathOptions options_;
+  cudaStream_t d2h_ = nullptr;
+  cudaEvent_t chunk_event_ = nullptr;
+  std::thread poster_;
+  std::map<int, GradBuffer*> open_;  // job thread only
+
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<GradBuffer>> buffers_ ABSL_GUARDED_BY(mu_);
+  std::deque<PostJob> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<cudaEvent_t> ready_events_;  // all, for destruction
+  std::vector<cudaEvent_t> free_ready_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  double ring_wait_s_ ABSL_GUARDED_BY(mu_) = 0;
+  double d2h_s_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GradientPath>> MakeCudaGradientPath(const ModelLayout& layout, state::GradRing* ring,
+                                                                   cudaStream_t compute,
+                                                                   const CudaGradientPathOptions& options) {
+  auto path = std::make_unique<CudaGradientPath>(layout, ring, compute, options);
+  RETURN_IF_ERROR(path->Init());
+  return std::unique_ptr<GradientPath>(std::move(path));
+}
+
+}  // namespace slidedp

@@ -1,0 +1,33 @@
+// CudaGradientPath: the CUDA side of GradientPath (worker/pipeline/gradient_path.h).
+//
+// Buffers: a small pool of FP32 gradient buffers in GPU memory, reused across units and steps;
+// a buffer is handed out again only after its last copy finished (so the compute stream never
+// waits for a copy, it just takes another buffer while the pool is below its cap).
+// Finish(unit): an event on the compute stream; for the gpu route, the in-place reduce-scatter on
+// the communicator's stream after it; then the job goes to the poster thread, which for each
+// chunk of this rank's part waits for a free ring slot, copies on the D2H stream into the
+// (registered) slot, waits for the copy and posts the descriptor.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "worker/comm/nccl_communicator.h"
+#include "worker/pipeline/gradient_path.h"
+
+namespace slidedp {
+
+struct CudaGradientPathOptions {
+  GradientPathOptions base;
+  int device = 0;
+  NcclCommunicator* comm = nullptr;         // required for the gpu route with world > 1
+  const state::AbortWord* abort = nullptr;  // the job's abort word: waits give up when raised
+  int max_buffers = 5;                      // pool cap (beyond it Begin waits for an idle buffer)
+};
+
+absl::StatusOr<std::unique_ptr<GradientPath>> MakeCudaGradientPath(const ModelLayout& layout, state::GradRing* ring,
+                                                                   cudaStream_t compute,
+                                                                   const CudaGradientPathOptions& options);
+
+}  // namespace slidedp

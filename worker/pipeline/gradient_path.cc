@@ -1,0 +1,132 @@
+// Host (CPU backend) and discarding gradient paths.
+#include "worker/pipeline/gradient_path.h"
+
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/model/shard.h"
+#include "common/status/status_macros.h"
+#include "worker/compute/backend.h"
+
+namespace slidedp {
+namespace {
+
+class HostGradientPath final : public GradientPath {
+ public:
+  HostGradientPath(const ModelLayout& layout, state::GradRing* ring, state::ShmCollective* collective,
+                   const GradientPathOptions& options)
+      : layout_(layout), ring_(ring), collective_(collective), options_(options) {}
+
+  absl::StatusOr<float*> Begin(int unit) override {
+    std::vector<float>& buf = open_[unit];
+    buf.assign(PaddedNumel(layout_.units[unit].numel, options_.world), 0.0f);
+    return buf.data();
+  }
+
+  absl::Status Finish(int unit, int64_t step) override {
+    auto it = open_.find(unit);
+    if (it == open_.end()) return absl::InternalError(absl::StrCat("gradient of unit ", unit, " finished twice"));
+    std::vector<float> buf = std::move(it->second);
+    open_.erase(it);
+    const int64_t numel = layout_.units[unit].numel;
+    ShardRange part{0, numel};
+    if (options_.route == GradRoute::kGpu && options_.world > 1) {
+      if (collective_ == nullptr) return absl::FailedPreconditionError("gpu gradient route without a collective");
+      RETURN_IF_ERROR(collective_->ReduceScatterF32(buf.data(), ShardNumel(numel, options_.world), options_.ring_timeout));
+      part = ShardOf(numel, options_.world, options_.rank);
+    }
+    const int64_t chunk = GradChunkNumel(*ring_);
+    for (int64_t off = part.offset; off < part.offset + part.numel; off += chunk) {
+      const int64_t n = std::min(chunk, part.offset + part.numel - off);
+      InjectDelay();
+      const absl::Time t0 = absl::Now();
+      ASSIGN_OR_RETURN(uint32_t slot, ring_->AcquireSlot(options_.ring_timeout));
+      const absl::Time t1 = absl::Now();
+      ring_wait_s_ += absl::ToDoubleSeconds(t1 - t0);
+      std::memcpy(ring_->slot_data(slot), buf.data() + off, n * sizeof(float));
+      d2h_s_ += absl::ToDoubleSeconds(absl::Now() - t1);
+      state::GradChunkDesc desc;
+      desc.unit = unit;
+      desc.slot = slot;
+      desc.offset_numel = off;
+      desc.numel = n;
+      desc.step = static_cast<uint32_t>(step);
+      desc.dtype = state::GradDtype::kF32;
+      RETURN_IF_ERROR(ring_->Post(desc));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Flush() override { return absl::OkStatus(); }
+  double ring_wait_s() const override { return ring_wait_s_; }
+  double d2h_s() const override { return d2h_s_; }
+
+ private:
+  void InjectDelay() {
+    if (options_.inject_max_delay <= absl::ZeroDuration()) return;
+    rng_ ^= rng_ << 13;
+    rng_ ^= rng_ >> 7;
+    rng_ ^= rng_ << 17;
+    absl::SleepFor(options_.inject_max_delay * static_cast<double>(rng_ % 1000) / 1000.0);
+  }
+
+  const ModelLayout& layout_;
+  state::GradRing* ring_;
+  state::ShmCollective* collective_;
+  GradientPathOptions options_;
+  std::map<int, std::vector<float>> open_;
+  double ring_wait_s_ = 0;
+  double d2h_s_ = 0;
+  uint64_t rng_ = 0x2545f4914f6cdd1dull;
+};
+
+// Keeps one buffer per unit kind size; Finish drops nothing (all work stays on the compute
+// stream, so reusing a buffer for the next unit is ordered after its last reader).
+class DiscardGradientPath final : public GradientPath {
+ public:
+  DiscardGradientPath(const ModelLayout& layout, ComputeBackend* backend) : layout_(layout), backend_(backend) {}
+
+  absl::StatusOr<float*> Begin(int unit) override {
+    const int64_t bytes = layout_.units[unit].numel * static_cast<int64_t>(sizeof(float));
+    std::unique_ptr<DeviceBuffer>& buf = buffers_[unit == 0 ? 0 : (unit == layout_.num_units() - 1 ? 2 : 1)];
+    if (!buf || buf->bytes() < bytes) {
+      ASSIGN_OR_RETURN(buf, backend_->Allocate(bytes));
+    }
+    RETURN_IF_ERROR(backend_->Memset(*buf, 0));
+    return buf->as<float>();
+  }
+  absl::Status Finish(int unit, int64_t step) override { return absl::OkStatus(); }
+  absl::Status Flush() override { return absl::OkStatus(); }
+  double ring_wait_s() const override { return 0; }
+  double d2h_s() const override { return 0; }
+  int64_t device_bytes() const override {
+    int64_t b = 0;
+    for (const auto& buf : buffers_) b += buf ? buf->bytes() : 0;
+    return b;
+  }
+
+ private:
+  const ModelLayout& layout_;
+  ComputeBackend* backend_;
+  std::unique_ptr<DeviceBuffer> buffers_[3];  // embedding, decoder layers, head
+};
+
+}  // namespace
+
+int64_t GradChunkNumel(const state::GradRing& ring) {
+  return static_cast<int64_t>(ring.config().slot_bytes / sizeof(float));
+}
+
+std::unique_ptr<GradientPath> MakeHostGradientPath(const ModelLayout& layout, state::GradRing* ring,
+                                                   state::ShmCollective* collective, const GradientPathOptions& options) {
+  return std::make_unique<HostGradientPath>(layout, ring, collective, options);
+}
+
+std::unique_ptr<GradientPath> MakeDiscardGradientPath(const ModelLayout& layout, ComputeBackend* backend) {
+  return std::make_unique<DiscardGradientPath>(layout, backend);
+}
+
+}  // namespace slidedp

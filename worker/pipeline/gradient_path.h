@@ -1,0 +1,68 @@
+// GradientPath: how a unit's FP32 weight gradient, accumulated over the step's micro-batches,
+// leaves the worker for hostd's gradient ring. Two routes (JobSpec runtime.grad_reduction):
+//
+//   cpu: every rank posts the whole unit; hostd sums the ranks' copies in rank order.
+//   gpu: the ranks reduce-scatter the unit first (NCCL on CUDA; a shared-memory collective for
+//        CPU-backend workers), and each posts only its own summed shard (common/model/shard.h),
+//        so the host link carries 1/R of the bytes per rank and hostd adds nothing up.
+//
+// The step runner calls Begin(unit) for a zeroed buffer, lets backward add into it, then
+// Finish(unit, step); Flush() at the end of the step returns once every chunk is in the ring.
+// On CUDA, Finish only queues work (the collective on the communication stream, the copies on a
+// D2H stream fed by a poster thread): the thread issuing compute never waits for a copy, only,
+// through the poster, for free ring slots.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/model/qwen3_config.h"
+#include "hostd/state/grad_ring.h"
+#include "hostd/state/shm_collective.h"
+
+namespace slidedp {
+
+enum class GradRoute { kCpu, kGpu };
+
+class GradientPath {
+ public:
+  virtual ~GradientPath() = default;
+  // A zeroed FP32 buffer of PaddedNumel(unit numel, world) elements (device memory), valid
+  // until Finish(unit). Several units may be open at once (the tied embedding during backward).
+  virtual absl::StatusOr<float*> Begin(int unit) = 0;
+  // The unit's gradient is complete once the work queued so far on the compute stream is done.
+  virtual absl::Status Finish(int unit, int64_t step) = 0;
+  // Returns once everything Finish()ed has been posted to the ring (or the first error).
+  virtual absl::Status Flush() = 0;
+  // Cumulative seconds: waiting for free ring slots, and copying device-to-host.
+  virtual double ring_wait_s() const = 0;
+  virtual double d2h_s() const = 0;
+  // Device memory the path holds (gradient buffers), for the reported GPU peak.
+  virtual int64_t device_bytes() const { return 0; }
+};
+
+struct GradientPathOptions {
+  GradRoute route = GradRoute::kCpu;
+  int rank = 0;
+  int world = 1;
+  absl::Duration ring_timeout = absl::Minutes(10);
+  // Fault injection for tests: a random delay in [0, max] before every chunk post.
+  absl::Duration inject_max_delay = absl::ZeroDuration();
+};
+
+// CPU backend: buffers are host memory; the gpu route reduces through `collective` (required
+// when route is kGpu and world > 1). Synchronous.
+std::unique_ptr<GradientPath> MakeHostGradientPath(const ModelLayout& layout, state::GradRing* ring,
+                                                   state::ShmCollective* collective, const GradientPathOptions& options);
+
+// Compute-only benchmarks: buffers on the backend, nothing leaves the device.
+class ComputeBackend;
+std::unique_ptr<GradientPath> MakeDiscardGradientPath(const ModelLayout& layout, ComputeBackend* backend);
+
+// Chunks of `numel` elements starting at `offset` for a ring slot of slot_bytes FP32.
+int64_t GradChunkNumel(const state::GradRing& ring);
+
+}  // namespace slidedp
