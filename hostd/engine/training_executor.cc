@@ -315,7 +315,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
 
   ASSIGN_OR_RETURN(update::LayerAdam * adam, Adam());
   state::JobStateOptions sopt;
-  sopt.prefault_threads = std::max(1, std::min(8, adam->num_threads()));
+  sopt.prefault_threads = std::max(1, std::min(16, adam->num_threads()));
   std::unique_ptr<state::JobState> job_state;
   bool reused_state = false;
   if (reusable) {

@@ -63,6 +63,7 @@ absl::StatusOr<std::unique_ptr<JobState>> JobState::Create(const std::string& no
   seg_opts.shm_dir = options.shm_dir;
   seg_opts.allocation =
       options.first_touch == FirstTouch::kAtCreate ? Allocation::kAll : Allocation::kHeaderOnly;
+  seg_opts.allocate_threads = options.prefault_threads;
   ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg,
                    ShmSegment::Create(name, JobRegions(layout), seg_opts));
   std::unique_ptr<JobState> state(new JobState(std::move(seg)));

@@ -138,8 +138,9 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(
   if (::ftruncate(fd, static_cast<off_t>(place.total)) != 0) {
     return fail(ErrnoStatus(absl::StrCat("ftruncate ", name, " to ", place.total), errno));
   }
+  const bool parallel_alloc = options.allocation == Allocation::kAll && options.allocate_threads > 1;
   const uint64_t first_alloc =
-      options.allocation == Allocation::kAll ? place.total : place.data_offset;
+      options.allocation == Allocation::kAll && !parallel_alloc ? place.total : place.data_offset;
   if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(first_alloc)); err != 0) {
     if (err == ENOSPC) {
       uint64_t now_free = ShmFreeBytes(options.shm_dir).value_or(0);
@@ -181,6 +182,9 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(
   std::unique_ptr<ShmSegment> seg(
       new ShmSegment(name, fd, static_cast<uint8_t*>(base), place.total, Access::kReadWrite));
   absl::Status s = seg->LoadRegionTable();
+  if (s.ok() && parallel_alloc) {
+    s = seg->Prefault(place.data_offset, place.total - place.data_offset, options.allocate_threads);
+  }
   if (!s.ok()) {
     ::shm_unlink(name.c_str());
     return s;

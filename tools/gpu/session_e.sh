@@ -6,8 +6,8 @@
 #   2. the end-to-end benchmark (bench/e2e/run_bench.sh) with E2E_ARGS.
 # Everything lands in $out/session-e.log (+ the benchmark's three files).
 set -u
-export STEPS=${EQ_STEPS:-20}
 source tools/gpu/lib.sh
+STEPS=${EQ_STEPS:-20}  # not exported: run_bench.sh has its own STEPS
 log=$out/session-e.log
 exec > >(tee -a "$log") 2>&1
 echo "=== session E $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name --format=csv,noheader | paste -sd,)"

@@ -185,7 +185,8 @@ class CudaGradientPath final : public GradientPath {
   }
 
   absl::Status Post(const PostJob& job) {
-    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(d2h_, job.ready, 0));
+    // Wait (on the host) for the gradient to be final, so d2h_s counts copies, not backward.
+    RETURN_IF_ERROR(WaitEvent(job.ready, options_.base.ring_timeout, [this] { return StopStatus(); }));
     const int64_t chunk = GradChunkNumel(*ring_);
     const int64_t end = job.part.offset + job.part.numel;
     for (int64_t off = job.part.offset; off < end; off += chunk) {
