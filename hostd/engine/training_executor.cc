@@ -422,6 +422,14 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   sc.min_lr = spec.min_lr;
   ASSIGN_OR_RETURN(update::LrSchedule schedule, update::LrSchedule::Create(sc));
 
+  // Gradient staging (tens of GB for large models): allocated and first touched in parallel
+  // before the workers are assigned, so neither the first step nor the NCCL id relay waits on it.
+  std::vector<std::vector<float>> staging(num_units);
+  if (need_staging) {
+    checkpoint::ParallelFor(num_units, std::max(1, sopt.prefault_threads),
+                            [&](size_t u) { staging[u].resize(layout.units[u].numel); });
+  }
+
   // ---- assignments ----
   const std::string membership_key = world > 1 ? MembershipKey(ctx) : std::string();
   for (int r = 0; r < world; ++r) {
@@ -530,10 +538,6 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     }
   };
 
-  std::vector<std::vector<float>> staging(num_units);
-  if (need_staging) {
-    for (int u = 0; u < num_units; ++u) staging[u].resize(layout.units[u].numel);
-  }
   const double flops_per_token = ModelFlopsPerToken(layout, spec.seq_len);
   const int aggregate_threads = std::clamp(adam->num_threads(), 1, 8);
   std::string last_checkpoint;
