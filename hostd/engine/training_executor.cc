@@ -107,22 +107,34 @@ TrainingExecutor::~TrainingExecutor() {
 std::unique_ptr<state::JobState> TrainingExecutor::TakePooled(const ModelLayout& layout) {
   if (!pooled_) return nullptr;
   std::unique_ptr<state::JobState> js = std::move(pooled_);
-  if (js->CheckMatches(layout).ok() && js->bytes() == state::JobState::SegmentBytes(layout)) return js;
-  LOG(INFO) << "freeing the pooled host state (" << js->bytes() / 1e9 << " GB): the next job has another model layout";
+  const uint64_t needed = state::JobState::SegmentBytes(layout);
+  if (js->CheckMatches(layout).ok() && js->bytes() == needed) return js;
+  if (needed <= js->bytes() && needed >= js->bytes() / 2) return js;  // re-laid out in AdoptPooled
+  LOG(INFO) << "freeing the pooled host state (" << js->bytes() / 1e9 << " GB): the next job needs " << needed / 1e9
+            << " GB";
   (void)state::UnlinkSegment(pooled_name_);
   return nullptr;
 }
 
 absl::StatusOr<std::unique_ptr<state::JobState>> TrainingExecutor::AdoptPooled(std::unique_ptr<state::JobState> pooled,
                                                                                 const std::string& job_id,
+                                                                                const ModelLayout& layout,
                                                                                 int prefault_threads) {
   const std::string pool_name = pooled_name_;
+  const bool same_layout = pooled->CheckMatches(layout).ok() && pooled->bytes() == state::JobState::SegmentBytes(layout);
   pooled.reset();  // this mapping goes; the pages stay in the (renamed) file
   absl::StatusOr<std::string> name = state::MakeSegmentName(options_.node_name, job_id, "state");
   absl::Status renamed = name.ok() ? RenameSegment(pool_name, *name) : name.status();
   if (!renamed.ok()) {
     (void)state::UnlinkSegment(pool_name);
     return renamed;
+  }
+  if (!same_layout) {
+    state::JobStateOptions o;
+    o.prefault_threads = prefault_threads;
+    auto reformatted = state::JobState::Reformat(*name, job_id, layout, o);
+    if (!reformatted.ok()) (void)state::UnlinkSegment(*name);
+    return reformatted;
   }
   auto js = state::JobState::Attach(*name, state::Access::kReadWrite);
   absl::Status s = js.status();
@@ -321,7 +333,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   if (reusable) {
     const uint64_t bytes = reusable->bytes();
     const absl::Time t0 = absl::Now();
-    auto adopted = AdoptPooled(std::move(reusable), ctx.job_id(), sopt.prefault_threads);
+    auto adopted = AdoptPooled(std::move(reusable), ctx.job_id(), layout, sopt.prefault_threads);
     if (adopted.ok()) {
       job_state = std::move(*adopted);
       reused_state = true;

@@ -40,13 +40,16 @@ class TrainingExecutor : public JobExecutor {
   // only while it matches.
   std::string MembershipKey(const JobContext& ctx) const;
   absl::StatusOr<update::LayerAdam*> Adam();
-  // The pooled segment when it was made for `layout` (taking it out of the pool); otherwise frees
-  // the pool (its memory may be what the job needs) and returns null.
+  // The pooled segment when `layout` fits it (made for the same layout, or a smaller state that
+  // needs at least half of it: a tiny job should not pin a huge segment), taking it out of the
+  // pool; otherwise frees the pool (its memory may be what the job needs) and returns null.
   std::unique_ptr<state::JobState> TakePooled(const ModelLayout& layout);
   // Renames a pooled segment to `job_id`'s state segment and resets it for a new job (control
-  // block, abort word, gates, step). On error the segment is unlinked.
+  // block, abort word, gates, step); a segment of another layout is laid out again for `layout`
+  // (state::JobState::Reformat). On error the segment is unlinked.
   absl::StatusOr<std::unique_ptr<state::JobState>> AdoptPooled(std::unique_ptr<state::JobState> pooled,
-                                                               const std::string& job_id, int prefault_threads);
+                                                               const std::string& job_id, const ModelLayout& layout,
+                                                               int prefault_threads);
   // Puts a finished job's segment into the pool (renamed to the pool's name), or unlinks it.
   void ReturnToPool(std::unique_ptr<state::JobState> js);
   TrainingExecutorOptions options_;

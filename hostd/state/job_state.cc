@@ -66,6 +66,29 @@ absl::StatusOr<std::unique_ptr<JobState>> JobState::Create(const std::string& no
   seg_opts.allocate_threads = options.prefault_threads;
   ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg,
                    ShmSegment::Create(name, JobRegions(layout), seg_opts));
+  return Initialize(std::move(seg), job_id, layout, options);
+}
+
+absl::StatusOr<std::unique_ptr<JobState>> JobState::Reformat(const std::string& segment_name,
+                                                             const std::string& job_id,
+                                                             const ModelLayout& layout,
+                                                             const JobStateOptions& options) {
+  if (layout.units.empty()) return absl::InvalidArgumentError("JobState: model layout has no units");
+  ShmCreateOptions seg_opts;
+  seg_opts.alignment = options.alignment;
+  seg_opts.shm_dir = options.shm_dir;
+  ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg,
+                   ShmSegment::Reformat(segment_name, JobRegions(layout), seg_opts));
+  JobStateOptions o = options;
+  o.first_touch = FirstTouch::kAtCreate;  // the pages exist: map them all now
+  return Initialize(std::move(seg), job_id, layout, o);
+}
+
+absl::StatusOr<std::unique_ptr<JobState>> JobState::Initialize(std::unique_ptr<ShmSegment> seg,
+                                                               const std::string& job_id,
+                                                               const ModelLayout& layout,
+                                                               const JobStateOptions& options) {
+  const std::string name = seg->name();
   std::unique_ptr<JobState> state(new JobState(std::move(seg)));
   auto fail = [&](const absl::Status& s) {
     state->segment_->Unlink().IgnoreError();

@@ -61,6 +61,14 @@ class JobState {
                                                           const std::string& job_id,
                                                           const ModelLayout& layout,
                                                           const JobStateOptions& options = {});
+  // Lays a segment this process owns (a pooled one, renamed for the job) out for `layout`, which
+  // must not need more bytes than the file has: new control block (gates at version 0, no abort,
+  // step 0), pages kept and mapped. Master, Adam moments and mirror hold stale data: the caller
+  // initializes them. FAILED_PRECONDITION when the file is too small.
+  static absl::StatusOr<std::unique_ptr<JobState>> Reformat(const std::string& segment_name,
+                                                            const std::string& job_id,
+                                                            const ModelLayout& layout,
+                                                            const JobStateOptions& options = {});
   // Maps an existing job segment (workers: kReadWrite if they may raise the abort word).
   static absl::StatusOr<std::unique_ptr<JobState>> Attach(const std::string& segment_name,
                                                           Access access);
@@ -103,6 +111,11 @@ class JobState {
     bf16_t* mirror = nullptr;
   };
   explicit JobState(std::unique_ptr<ShmSegment> segment) : segment_(std::move(segment)) {}
+  // The creator's part after the segment exists: control block, gates, views, first touch.
+  static absl::StatusOr<std::unique_ptr<JobState>> Initialize(std::unique_ptr<ShmSegment> seg,
+                                                              const std::string& job_id,
+                                                              const ModelLayout& layout,
+                                                              const JobStateOptions& options);
   absl::Status BindViews();
 
   std::unique_ptr<ShmSegment> segment_;

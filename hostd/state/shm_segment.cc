@@ -99,6 +99,18 @@ ProcessIdentity ShmSegment::creator() const {
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(
     const std::string& name, const std::vector<RegionSpec>& regions,
     const ShmCreateOptions& options) {
+  return CreateOrReformat(name, regions, options, /*reformat=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Reformat(
+    const std::string& name, const std::vector<RegionSpec>& regions,
+    const ShmCreateOptions& options) {
+  return CreateOrReformat(name, regions, options, /*reformat=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::CreateOrReformat(
+    const std::string& name, const std::vector<RegionSpec>& regions,
+    const ShmCreateOptions& options, bool reformat) {
   if (options.alignment < kCacheLineBytes || (options.alignment & (options.alignment - 1)) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("segment ", name, ": alignment ", options.alignment,
@@ -121,14 +133,29 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(
 
   // Refuse before touching anything: fallocate would fail too, but this gives the numbers.
   ASSIGN_OR_RETURN(uint64_t free_bytes, ShmFreeBytes(options.shm_dir));
-  if (place.total > free_bytes) {
+  if (!reformat && place.total > free_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "segment ", name, " needs ", place.total, " bytes (", Gib(place.total), ") but ",
         options.shm_dir, " has ", free_bytes, " bytes (", Gib(free_bytes), ") free"));
   }
 
-  int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  int fd = reformat ? ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0)
+                    : ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoStatus(absl::StrCat("shm_open ", name), errno);
+  if (reformat) {
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < place.total) {
+      ::close(fd);
+      return absl::FailedPreconditionError(absl::StrCat("segment ", name, " is smaller than the ", place.total,
+                                                        " bytes of its new layout (it can only shrink)"));
+    }
+    // Only the magic first: an opener racing the re-layout sees "still being created".
+    void* head = ::mmap(nullptr, sizeof(ShmHeader), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (head != MAP_FAILED) {
+      MagicRef(head).store(0, std::memory_order_release);
+      ::munmap(head, sizeof(ShmHeader));
+    }
+  }
   auto fail = [&](absl::Status s) {
     ::close(fd);
     ::shm_unlink(name.c_str());
@@ -138,7 +165,8 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(
   if (::ftruncate(fd, static_cast<off_t>(place.total)) != 0) {
     return fail(ErrnoStatus(absl::StrCat("ftruncate ", name, " to ", place.total), errno));
   }
-  const bool parallel_alloc = options.allocation == Allocation::kAll && options.allocate_threads > 1;
+  // A reformatted segment keeps the pages it already has (ftruncate dropped those past the end).
+  const bool parallel_alloc = options.allocation == Allocation::kAll && options.allocate_threads > 1 && !reformat;
   const uint64_t first_alloc =
       options.allocation == Allocation::kAll && !parallel_alloc ? place.total : place.data_offset;
   if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(first_alloc)); err != 0) {

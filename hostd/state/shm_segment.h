@@ -108,6 +108,13 @@ class ShmSegment {
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(
       const std::string& name, const std::vector<RegionSpec>& regions,
       const ShmCreateOptions& options = {});
+  // Lays an existing segment (one this process owns and nobody else maps, e.g. a pooled one
+  // renamed for its next job) out again for new regions: rewrites the header and table and
+  // shrinks the file to the new size, keeping its allocated pages (FAILED_PRECONDITION if the
+  // file is smaller than the new layout). Region contents are whatever the file held.
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> Reformat(
+      const std::string& name, const std::vector<RegionSpec>& regions,
+      const ShmCreateOptions& options = {});
   // Maps an existing segment and validates its header against the file: NOT_FOUND, DATA_LOSS
   // (bad magic, truncated, region out of bounds), FAILED_PRECONDITION (other layout version or
   // header size, or creation not finished).
@@ -143,6 +150,9 @@ class ShmSegment {
 
  private:
   ShmSegment(std::string name, int fd, uint8_t* base, uint64_t bytes, Access access);
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> CreateOrReformat(
+      const std::string& name, const std::vector<RegionSpec>& regions,
+      const ShmCreateOptions& options, bool reformat);
   absl::Status LoadRegionTable();
 
   std::string name_;

@@ -2,6 +2,8 @@
 // segment, deferred first touch by owner threads, layout mismatch.
 #include "hostd/state/job_state.h"
 
+#include <cstring>
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -165,6 +167,59 @@ TEST(JobState, AttachRejectsMissingOrForeignSegments) {
   EXPECT_EQ(JobState::Attach(name, Access::kReadOnly).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(JobState::Create(testing::TestNode(), "bad.job", TinyLayout()).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace slidedp::state
+
+namespace slidedp::state {
+namespace {
+
+// A pooled segment re-laid out for a smaller model keeps its file (and pages) but has a fresh
+// layout, control block and gates; a larger layout does not fit.
+TEST(JobState, ReformatLaysAPooledSegmentOutForASmallerModel) {
+  const ModelLayout big = TinyLayout(4), small = TinyLayout(3);
+  ASSERT_LT(JobState::SegmentBytes(small), JobState::SegmentBytes(big));
+  auto created = JobState::Create(testing::TestNode(), testing::UniqueJob(), big);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const std::string name = (*created)->segment_name();
+  testing::ScopedUnlink cleanup(name);
+  (*created)->version(1).Publish(7);
+  (*created)->step_counter().store(7);
+  (*created)->RaiseAbort(AbortReason::kCancelled);
+  std::memset((*created)->master(0), 0x5a, 64);
+  created->reset();  // the old mapping goes; the file stays
+
+  EXPECT_EQ(JobState::Reformat(name, "next", TinyLayout(5)).status().code(), absl::StatusCode::kFailedPrecondition);
+  auto again = JobState::Create(testing::TestNode(), testing::UniqueJob(), big);  // a sibling, to re-pool below
+  ASSERT_TRUE(again.ok());
+  testing::ScopedUnlink cleanup2((*again)->segment_name());
+
+  auto reused = JobState::Reformat((*again)->segment_name(), "next", small);
+  ASSERT_TRUE(reused.ok()) << reused.status();
+  EXPECT_TRUE((*reused)->CheckMatches(small).ok());
+  EXPECT_EQ((*reused)->bytes(), JobState::SegmentBytes(small));
+  EXPECT_EQ((*reused)->num_units(), small.num_units());
+  EXPECT_FALSE((*reused)->abort().raised());
+  EXPECT_EQ((*reused)->step_counter().load(), 0u);
+  for (int u = 0; u < (*reused)->num_units(); ++u) EXPECT_EQ((*reused)->version(u).Load(), 0u);
+  // Every region is usable end to end, and a worker attaching by name sees the new layout.
+  for (int u = 0; u < small.num_units(); ++u) {
+    const int64_t n = small.units[u].numel;
+    (*reused)->master(u)[n - 1] = 1.0f;
+    (*reused)->v(u)[n - 1] = 2.0f;
+    (*reused)->mirror(u)[n - 1] = 3;
+  }
+  auto worker = JobState::Attach((*reused)->segment_name(), Access::kReadWrite);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_TRUE((*worker)->CheckMatches(small).ok());
+  EXPECT_EQ((*worker)->mirror(small.num_units() - 1)[small.units.back().numel - 1], 3);
+
+  // The first segment (with a raised abort word and gates at 7) is reformatted just the same.
+  auto first = JobState::Reformat(name, "third", small);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE((*first)->abort().raised());
+  EXPECT_EQ((*first)->version(1).Load(), 0u);
 }
 
 }  // namespace
