@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "nlohmann/json.hpp"
 
 #include "common/data/micro_batch.h"
@@ -526,6 +527,52 @@ TEST(Service, SecondJobReusesThePooledHostStateAndGivesTheSameResult) {
     EXPECT_EQ(MaxAbsDiff(LoadMaster(cold.last_checkpoint()), LoadMaster(warm.last_checkpoint())), 0.0);
   }
   EXPECT_EQ(node.PooledSegments().size(), 1u);
+  EXPECT_TRUE(node.LeakedSegments().empty());
+}
+
+}  // namespace
+}  // namespace slidedp::testing
+
+namespace slidedp::testing {
+namespace {
+
+// A micro-batch too large for the worker's device memory fails the job with RESOURCE_EXHAUSTED
+// and the numbers; the worker stays attached and runs a job that fits right afterwards. The
+// CPU backend is given a "device" capacity between the peaks of the two jobs, measured first.
+TEST(Faults, DeviceMemoryTooSmallIsAClearErrorAndTheWorkerStaysUsable) {
+  // Layer checkpoints of every micro-batch stay until backward: device memory follows the tokens
+  // per step per worker.
+  SpecOptions small;
+  small.workers = 1;
+  small.global_batch = 2;
+  small.micro_batch = 1;
+  small.steps = 2;
+  SpecOptions big = small;
+  big.global_batch = 16;
+  big.micro_batch = 4;
+  int64_t peak_small = 0, peak_big = 0;
+  {
+    NodeHarness node(1);
+    small.output = "out-small";
+    big.output = "out-big";
+    MustSucceed(node, Spec(small), "small");
+    MustSucceed(node, Spec(big), "big");
+    for (const auto& j : MetricsLines(node, "out-small", "small")) peak_small = std::max<int64_t>(peak_small, j["gpu_peak_bytes"]);
+    for (const auto& j : MetricsLines(node, "out-big", "big")) peak_big = std::max<int64_t>(peak_big, j["gpu_peak_bytes"]);
+  }
+  ASSERT_GT(peak_small, 0);
+  ASSERT_GT(peak_big, peak_small);
+  const int64_t capacity = (peak_small + peak_big) / 2;
+  NodeHarness node(1, {}, {absl::StrCat("SLIDEDP_CPU_DEVICE_MEMORY_BYTES=", capacity)});
+  auto failed = node.RunJob(Spec(big), "too-big");
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed->error_code(), static_cast<int>(absl::StatusCode::kResourceExhausted)) << failed->error();
+  EXPECT_TRUE(absl::StrContains(failed->error(), "device memory exhausted")) << failed->error();
+  EXPECT_TRUE(absl::StrContains(failed->error(), "GiB free of")) << failed->error();
+  EXPECT_TRUE(absl::StrContains(failed->error(), "train.global_batch")) << failed->error();
+  small.output = "out-after";
+  MustSucceed(node, Spec(small), "fits");
   EXPECT_TRUE(node.LeakedSegments().empty());
 }
 

@@ -18,6 +18,7 @@
 #include "hostd/state/grad_ring.h"
 #include "hostd/state/job_state.h"
 #include "hostd/state/shm_collective.h"
+#include "worker/compute/cpu/cpu_backend.h"
 #include "worker/pipeline/gradient_path.h"
 #include "worker/pipeline/step_runner.h"
 #include "worker/pipeline/unit_streamer.h"
@@ -194,7 +195,9 @@ absl::StatusOr<ComputeBackend*> WorkerAgent::BackendFor(const Qwen3Config& c) {
       return absl::UnimplementedError("this slidedp-worker was built without CUDA");
 #endif
     } else {
-      ASSIGN_OR_RETURN(backend_, MakeCpuBackend(c));
+      CpuBackendOptions o;
+      if (const char* m = getenv("SLIDEDP_CPU_DEVICE_MEMORY_BYTES")) o.device_memory_bytes = atoll(m);
+      ASSIGN_OR_RETURN(backend_, MakeCpuBackend(c, o));
     }
     backend_config_ = c;
   }

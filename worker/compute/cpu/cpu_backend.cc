@@ -2,12 +2,14 @@
 #include "worker/compute/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <new>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status/status_macros.h"
 #include "worker/compute/cpu/cpu_worker_pool.h"
 
@@ -15,16 +17,27 @@ namespace slidedp {
 namespace {
 
 // Host memory standing in for device memory; 64-byte aligned.
+// Live and peak bytes of a backend's buffers (buffers may outlive nothing but the backend).
+struct MemoryCounter {
+  std::atomic<int64_t> live{0};
+  std::atomic<int64_t> peak{0};
+};
+
 class CpuBuffer final : public DeviceBuffer {
  public:
-  CpuBuffer(void* data, int64_t bytes) : data_(data), bytes_(bytes) {}
-  ~CpuBuffer() override { ::operator delete(data_, std::align_val_t(64)); }
+  CpuBuffer(void* data, int64_t bytes, std::shared_ptr<MemoryCounter> counter)
+      : data_(data), bytes_(bytes), counter_(std::move(counter)) {}
+  ~CpuBuffer() override {
+    ::operator delete(data_, std::align_val_t(64));
+    counter_->live.fetch_sub(bytes_);
+  }
   void* data() override { return data_; }
   int64_t bytes() const override { return bytes_; }
 
  private:
   void* data_;
   int64_t bytes_;
+  std::shared_ptr<MemoryCounter> counter_;
 };
 
 // A validated micro-batch with its RoPE tables.
@@ -74,9 +87,24 @@ class CpuBackend final : public ComputeBackend {
 
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) override {
     if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("Allocate: negative size ", bytes));
+    const int64_t live = memory_->live.fetch_add(bytes) + bytes;
+    if (options_.device_memory_bytes > 0 && live > options_.device_memory_bytes) {
+      memory_->live.fetch_sub(bytes);
+      constexpr double kGiB = 1073741824.0;
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "device memory exhausted: a %.3f GiB buffer does not fit (%.3f GiB free of %.3f GiB); "
+          "lower the tokens per step per worker (train.global_batch), raise runtime.offload_ratio, or use runtime.act_policy: recompute or a smaller train.micro_batch",
+          bytes / kGiB, (options_.device_memory_bytes - (live - bytes)) / kGiB, options_.device_memory_bytes / kGiB));
+    }
     void* p = ::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 1)), std::align_val_t(64), std::nothrow);
-    if (p == nullptr) return absl::ResourceExhaustedError(absl::StrCat("Allocate: out of host memory for ", bytes, " bytes"));
-    return std::unique_ptr<DeviceBuffer>(new CpuBuffer(p, bytes));
+    if (p == nullptr) {
+      memory_->live.fetch_sub(bytes);
+      return absl::ResourceExhaustedError(absl::StrCat("Allocate: out of host memory for ", bytes, " bytes"));
+    }
+    int64_t peak = memory_->peak.load();
+    while (live > peak && !memory_->peak.compare_exchange_weak(peak, live)) {
+    }
+    return std::unique_ptr<DeviceBuffer>(new CpuBuffer(p, bytes, memory_));
   }
   absl::Status Memset(DeviceBuffer& buf, int value) override {
     std::memset(buf.data(), value, static_cast<size_t>(buf.bytes()));
@@ -85,6 +113,7 @@ class CpuBackend final : public ComputeBackend {
   absl::Status CopyToDevice(const void* host, void* device, int64_t bytes) override { return Copy(host, device, bytes); }
   absl::Status CopyToHost(const void* device, void* host, int64_t bytes) override { return Copy(device, host, bytes); }
   absl::Status Synchronize() override { return absl::OkStatus(); }
+  int64_t peak_memory_bytes() const override { return memory_->peak.load(); }
 
   absl::StatusOr<std::unique_ptr<DeviceBatch>> UploadBatch(const MicroBatch& batch) override {
     RETURN_IF_ERROR(ValidateBatch(batch));
@@ -263,6 +292,7 @@ class CpuBackend final : public ComputeBackend {
   }
 
   CpuBackendOptions options_;
+  std::shared_ptr<MemoryCounter> memory_ = std::make_shared<MemoryCounter>();
   DecoderDims dims_;
   DecoderOffsets offs_;
   CpuWorkerPool pool_;

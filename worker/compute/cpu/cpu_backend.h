@@ -19,6 +19,10 @@ struct CpuBackendOptions {
   int num_threads = 0;
   // Token and vocabulary chunk sizes of HeadForwardBackward.
   HeadChunking head_chunking;
+  // "Device memory" capacity in bytes (0: unlimited). Allocations beyond it fail with
+  // RESOURCE_EXHAUSTED and the numbers, as a GPU's would: slidedp-worker sets it from
+  // SLIDEDP_CPU_DEVICE_MEMORY_BYTES so CI can drive the out-of-GPU-memory path end to end.
+  int64_t device_memory_bytes = 0;
 };
 
 // MakeCpuBackend(config) (declared in backend.h) uses default options.

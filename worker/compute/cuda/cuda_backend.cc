@@ -82,8 +82,8 @@ class PoolBlock {
       cudaMemGetInfo(&free_bytes, &total_bytes);
       p_ = nullptr;
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "GPU memory exhausted: needed %.2f GiB more, %.2f GiB free of %.2f GiB; use a smaller "
-          "train.micro_batch or runtime.act_policy: recompute",
+          "GPU memory exhausted: needed %.2f GiB more, %.2f GiB free of %.2f GiB; "
+          "lower the tokens per step per worker (train.global_batch), raise runtime.offload_ratio, or use runtime.act_policy: recompute or a smaller train.micro_batch",
           bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0));
     }
     SLIDEDP_CUDA_RETURN_IF_ERROR(e);
@@ -236,8 +236,9 @@ class CudaBackend final : public ComputeBackend {
         size_t free_bytes = 0, total_bytes = 0;
         cudaMemGetInfo(&free_bytes, &total_bytes);
         return absl::ResourceExhaustedError(absl::StrFormat(
-            "GPU memory exhausted: a %.2f GiB buffer does not fit (%.2f GiB free of %.2f GiB); use a smaller "
-            "train.micro_batch, runtime.act_policy: recompute, or fewer tokens per step",
+            "GPU memory exhausted: a %.2f GiB buffer does not fit (%.2f GiB free of %.2f GiB); lower the tokens per "
+            "step per worker (train.global_batch), raise runtime.offload_ratio, use runtime.act_policy: recompute or a "
+            "smaller train.micro_batch",
             bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0));
       }
       SLIDEDP_CUDA_RETURN_IF_ERROR(e);
