@@ -29,6 +29,7 @@ struct SpecOptions {
   double max_grad_norm = 1.0;
   std::string output = "out";
   std::string grad_reduction;  // runtime.grad_reduction; empty: the spec default (gpu)
+  double offload_ratio = 0;    // runtime.offload_ratio
 };
 
 std::string DataDir() {
@@ -58,7 +59,7 @@ std::string Spec(const SpecOptions& o) {
                       "runtime: {workers: ", o.workers, ", ring_slots: 4, step_timeout_ms: 20000, max_restarts: ", o.max_restarts,
                       ", chunk_bytes: ", o.chunk_bytes,
                       o.grad_reduction.empty() ? std::string() : ", grad_reduction: " + o.grad_reduction,
-                      "}\n");
+                      ", offload_ratio: ", o.offload_ratio, "}\n");
 }
 
 ModelLayout TinyLayout() { return ModelLayout::Build(*Qwen3Config::Preset("tiny")); }
@@ -574,6 +575,34 @@ TEST(Faults, DeviceMemoryTooSmallIsAClearErrorAndTheWorkerStaysUsable) {
   small.output = "out-after";
   MustSucceed(node, Spec(small), "fits");
   EXPECT_TRUE(node.LeakedSegments().empty());
+}
+
+// Offloading layer checkpoints (here: through the CPU backend's store, which moves them out and
+// back) changes where they wait, not what backward computes: bitwise the same parameters.
+TEST(Training, ActivationOffloadGivesTheSameParameters) {
+  NodeHarness node(2);
+  SpecOptions base;
+  base.output = "out-keep";
+  SpecOptions half = base, all = base;
+  half.offload_ratio = 0.5;
+  half.output = "out-half";
+  all.offload_ratio = 1.0;
+  all.output = "out-all";
+  auto keep = LoadMaster(MustSucceed(node, Spec(base), "keep").last_checkpoint());
+  auto offload_half = LoadMaster(MustSucceed(node, Spec(half), "half").last_checkpoint());
+  auto offload_all = LoadMaster(MustSucceed(node, Spec(all), "all").last_checkpoint());
+  EXPECT_EQ(MaxAbsDiff(keep, offload_half), 0.0);
+  EXPECT_EQ(MaxAbsDiff(keep, offload_all), 0.0);
+  // ... and the checkpoints really left the "device": its peak falls with the ratio.
+  auto peak = [&](const std::string& output, const std::string& job) {
+    int64_t p = 0;
+    for (const auto& j : MetricsLines(node, output, job)) p = std::max<int64_t>(p, j["gpu_peak_bytes"]);
+    return p;
+  };
+  const int64_t p_keep = peak("out-keep", "keep"), p_half = peak("out-half", "half"), p_all = peak("out-all", "all");
+  EXPECT_GT(p_keep, 0);
+  EXPECT_LT(p_half, p_keep);
+  EXPECT_LT(p_all, p_half);
 }
 
 }  // namespace

@@ -267,6 +267,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
   RETURN_IF_ERROR(job_state->CheckMatches(layout));
   ASSIGN_OR_RETURN(auto ring, state::GradRing::Attach(a.ring_segment(), state::RingRole::kProducer, &job_state->abort()));
   ASSIGN_OR_RETURN(ComputeBackend * backend, BackendFor(config));
+  backend->ResetPeakMemory();  // the reported GPU peak is this job's
   // hostd read the whole dataset at submit (sizes, token ids against the vocabulary), and every
   // micro-batch is checked again at upload: no second full scan per rank here.
   data::ReaderOptions dopt;
@@ -299,6 +300,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
       ASSIGN_OR_RETURN(collective, state::ShmCollective::Attach(a.collective_segment(), a.rank(), &job_state->abort()));
     }
     grads = MakeHostGradientPath(layout, ring.get(), collective.get(), gopt);
+    if (spec.offload_ratio > 0) checkpoints = MakeHostCheckpointStore(layout, backend, spec.offload_ratio);
   } else {
 #ifdef SLIDEDP_HAVE_CUDA_BACKEND
     NcclCommunicator* comm = nullptr;

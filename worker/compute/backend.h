@@ -125,8 +125,10 @@ class ComputeBackend {
   // The backend's compute stream (a cudaStream_t for CUDA; nullptr for the CPU backend), so the
   // pipeline can order its copy streams against compute with events.
   virtual void* native_stream() const { return nullptr; }
-  // Peak device memory allocated since the last reset, in bytes (0 where not tracked).
+  // Peak device memory allocated since the last ResetPeakMemory (or creation), in bytes (0
+  // where not tracked). The worker resets it at the start of each job: backends stay warm.
   virtual int64_t peak_memory_bytes() const { return 0; }
+  virtual void ResetPeakMemory() {}
 
  protected:
   explicit ComputeBackend(const Qwen3Config& config) : config_(config) {}

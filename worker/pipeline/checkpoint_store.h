@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/model/qwen3_config.h"
 #include "worker/compute/backend.h"
 
 namespace slidedp {
@@ -29,5 +30,19 @@ class CheckpointStore {
   virtual int64_t host_bytes() const = 0;
   virtual double copy_s() const = 0;
 };
+
+}  // namespace slidedp
+
+namespace slidedp {
+
+// round(ratio x decoder layers), clamped: how many layers (unit indices 1..k) a store offloads.
+int OffloadedLayers(const ModelLayout& layout, double ratio);
+
+// CPU backend: "device" buffers are host memory already, so offloading gains nothing; this store
+// still moves the checkpoints out (copies them into its own buffers and frees the originals) and
+// back through the backend, so CI exercises the step runner's offload/restore order with the
+// same ratio semantics as the CUDA store.
+std::unique_ptr<CheckpointStore> MakeHostCheckpointStore(const ModelLayout& layout, ComputeBackend* backend,
+                                                         double ratio);
 
 }  // namespace slidedp

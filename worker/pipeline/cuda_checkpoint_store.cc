@@ -181,9 +181,7 @@ class CudaCheckpointStore final : public CheckpointStore {
 absl::StatusOr<std::unique_ptr<CheckpointStore>> MakeCudaCheckpointStore(const ModelLayout& layout,
                                                                          ComputeBackend* backend, double ratio,
                                                                          int device) {
-  const int layers = static_cast<int>(layout.config.num_hidden_layers);
-  const int k = std::clamp(static_cast<int>(std::lround(ratio * layers)), 0, layers);
-  auto store = std::make_unique<CudaCheckpointStore>(backend, k);
+  auto store = std::make_unique<CudaCheckpointStore>(backend, OffloadedLayers(layout, ratio));
   RETURN_IF_ERROR(store->Init(device));
   return std::unique_ptr<CheckpointStore>(std::move(store));
 }

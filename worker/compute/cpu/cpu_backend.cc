@@ -114,6 +114,7 @@ class CpuBackend final : public ComputeBackend {
   absl::Status CopyToHost(const void* device, void* host, int64_t bytes) override { return Copy(device, host, bytes); }
   absl::Status Synchronize() override { return absl::OkStatus(); }
   int64_t peak_memory_bytes() const override { return memory_->peak.load(); }
+  void ResetPeakMemory() override { memory_->peak.store(memory_->live.load()); }
 
   absl::StatusOr<std::unique_ptr<DeviceBatch>> UploadBatch(const MicroBatch& batch) override {
     RETURN_IF_ERROR(ValidateBatch(batch));

@@ -268,6 +268,13 @@ class CudaBackend final : public ComputeBackend {
     }
     return static_cast<int64_t>(peak);
   }
+  void ResetPeakMemory() override {
+    cudaMemPool_t pool;
+    uint64_t zero = 0;  // the high watermark can only be reset to zero (it restarts from now)
+    if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) {
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero);
+    }
+  }
 
   absl::Status Synchronize() override {
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
