@@ -9,7 +9,7 @@ out=$root/.gpu
 rm -rf "$out/bin" "$out/lib"
 mkdir -p "$out/bin"
 bins=(slidedp slidedp-hostd slidedp-worker make_text_dataset cuda_kernel_check bench_kernels bench_layeradam
-      ckpt_tool tok_bench model_grads dump_batches bench_step)
+      ckpt_tool tok_bench model_grads dump_batches bench_step bench_copy)
 for b in "${bins[@]}"; do
   if [ -x "$build/bin/$b" ]; then
     strip -o "$out/bin/$b" "$build/bin/$b"
