@@ -219,6 +219,18 @@ absl::StatusOr<v1::Job> Client::Watch(const std::string& id, std::ostream& out, 
   if (f.has_last()) out << absl::StrFormat(", final loss %.4f, %.0f tokens/s", f.last().loss(), f.last().tokens_per_s());
   if (!f.last_checkpoint().empty()) out << ", checkpoint " << f.last_checkpoint();
   out << "\n";
+  if (f.has_last() && f.last().step_time_s() > 0) {
+    // Where the last step's time went (slowest worker), so users see what limits them.
+    const v1::StepMetrics& m = f.last();
+    auto bytes = [](int64_t b) {
+      return b >= (int64_t{1} << 30) ? absl::StrFormat("%.2f GiB", b / 1073741824.0) : absl::StrFormat("%.1f MiB", b / 1048576.0);
+    };
+    out << absl::StrFormat(
+        "last step: %.3f s, %.3g model TFLOP/s per GPU, GPU peak %s, host state %s; worker waits: gates %.3f s, "
+        "ring slots %.3f s; copies: H2D %.3f s, D2H %.3f s; host: aggregate %.3f s, update tail %.3f s\n",
+        m.step_time_s(), m.model_tflops(), bytes(m.gpu_peak_bytes()), bytes(m.host_state_bytes()), m.worker_gate_wait_s(),
+        m.worker_ring_wait_s(), m.worker_h2d_s(), m.worker_d2h_s(), m.host_aggregate_s(), m.host_update_tail_s());
+  }
   if (!f.error().empty()) out << "error: " << f.error() << "\n";
   return final_job;
 }
