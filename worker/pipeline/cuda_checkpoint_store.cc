@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status/status_macros.h"
 #include "worker/kernels/cuda_check.h"
+#include "worker/pipeline/cuda_copy_timer.h"
 
 namespace slidedp {
 namespace {
@@ -32,10 +33,6 @@ class CudaCheckpointStore final : public CheckpointStore {
       for (PinnedBlock& b : blocks) cudaFreeHost(b.data);
     }
     for (auto& [u, ev] : events_) cudaEventDestroy(ev);
-    for (auto& [a, b] : timing_) {
-      cudaEventDestroy(a);
-      cudaEventDestroy(b);
-    }
     if (copy_) cudaStreamDestroy(copy_);
   }
 
@@ -55,10 +52,7 @@ class CudaCheckpointStore final : public CheckpointStore {
     std::vector<PinnedBlock>& blocks = host_[unit];
     blocks.resize(inputs.size());
     sizes_[unit].clear();
-    cudaEvent_t t0, t1;
-    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreate(&t0));
-    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreate(&t1));
-    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(t0, copy_));
+    RETURN_IF_ERROR(timer_.Begin(copy_));
     for (size_t i = 0; i < inputs.size(); ++i) {
       const int64_t bytes = inputs[i]->bytes();
       if (blocks[i].bytes < bytes) {
@@ -76,8 +70,7 @@ class CudaCheckpointStore final : public CheckpointStore {
       SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(blocks[i].data, inputs[i]->data(), bytes, cudaMemcpyDeviceToHost, copy_));
       sizes_[unit].push_back(bytes);
     }
-    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(t1, copy_));
-    timing_.emplace_back(t0, t1);
+    RETURN_IF_ERROR(timer_.End(copy_));
     cudaEvent_t done;
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, copy_));
@@ -116,22 +109,7 @@ class CudaCheckpointStore final : public CheckpointStore {
   }
 
   int64_t host_bytes() const override { return host_bytes_; }
-  double copy_s() const override {
-    std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pending;
-    for (auto& [a, b] : timing_) {
-      if (cudaEventQuery(b) == cudaSuccess) {
-        float ms = 0;
-        cudaEventElapsedTime(&ms, a, b);
-        copy_s_ += ms / 1000.0;
-        cudaEventDestroy(a);
-        cudaEventDestroy(b);
-      } else {
-        pending.emplace_back(a, b);
-      }
-    }
-    timing_ = std::move(pending);
-    return copy_s_;
-  }
+  double copy_s() const override { return timer_.busy_s(); }
 
  private:
   struct Pending {
@@ -172,8 +150,7 @@ class CudaCheckpointStore final : public CheckpointStore {
   std::map<int, std::vector<std::unique_ptr<DeviceBuffer>>> restored_;
   std::deque<Pending> pending_free_;
   int64_t host_bytes_ = 0;
-  mutable double copy_s_ = 0;
-  mutable std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timing_;
+  CudaCopyTimer timer_;  // D2H spans (offload copies)
 };
 
 }  // namespace

@@ -70,10 +70,6 @@ CudaWindowStreamer::~CudaWindowStreamer() {
     if (slot.ready) cudaEventDestroy(slot.ready);
     if (slot.free) cudaEventDestroy(slot.free);
   }
-  for (auto& [a, b] : h2d_events_) {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
   for (void* p : registered_) cudaHostUnregister(p);
   if (h2d_) cudaStreamDestroy(h2d_);
 }
@@ -99,10 +95,7 @@ absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uin
 
   // The previous occupant's readers must be done before we overwrite the slot.
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(h2d_, victim->free, 0));
-  cudaEvent_t start, stop;
-  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
-  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
-  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(start, h2d_));
+  RETURN_IF_ERROR(h2d_timer_.Begin(h2d_));
   const int64_t numel = layout_->units[unit].numel;
   NcclCommunicator* comm = options_.sharded_with;
   const ShardRange part = comm ? ShardOf(numel, comm->world(), comm->rank()) : ShardRange{0, numel};
@@ -113,13 +106,12 @@ absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uin
     const int64_t n = std::min(options_.chunk_bytes, bytes - off);
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + off, src + off, n, cudaMemcpyHostToDevice, h2d_));
   }
-  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, h2d_));
+  RETURN_IF_ERROR(h2d_timer_.End(h2d_));
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(victim->ready, h2d_));
   if (comm != nullptr) {
     RETURN_IF_ERROR(comm->AllGatherBF16(static_cast<bf16_t*>(victim->data), ShardNumel(numel, comm->world()), victim->ready));
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(victim->ready, comm->stream()));
   }
-  h2d_events_.emplace_back(start, stop);
   victim->unit = unit;
   victim->gate = gate;
   victim->last_use = ++clock_;
@@ -151,23 +143,6 @@ void CudaWindowStreamer::Release(int unit) {
 absl::Status CudaWindowStreamer::Prefetch(int unit, uint32_t gate) {
   if (unit < 0 || unit >= layout_->num_units() || Resident(unit, gate)) return absl::OkStatus();
   return Load(unit, gate).status();
-}
-
-double CudaWindowStreamer::h2d_s() const {
-  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pending;
-  for (auto& [a, b] : h2d_events_) {
-    if (cudaEventQuery(b) == cudaSuccess) {
-      float ms = 0;
-      cudaEventElapsedTime(&ms, a, b);
-      h2d_s_ += ms / 1000.0;
-      cudaEventDestroy(a);
-      cudaEventDestroy(b);
-    } else {
-      pending.emplace_back(a, b);
-    }
-  }
-  h2d_events_ = std::move(pending);
-  return h2d_s_;
 }
 
 }  // namespace slidedp

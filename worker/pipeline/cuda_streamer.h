@@ -22,6 +22,7 @@
 #include "hostd/state/grad_ring.h"
 #include "hostd/state/job_state.h"
 #include "worker/comm/nccl_communicator.h"
+#include "worker/pipeline/cuda_copy_timer.h"
 #include "worker/pipeline/unit_streamer.h"
 
 namespace slidedp {
@@ -47,7 +48,7 @@ class CudaWindowStreamer : public UnitStreamer {
   void Release(int unit) override;
   absl::Status Prefetch(int unit, uint32_t min_version) override;
   double gate_wait_s() const override { return gate_wait_s_; }
-  double h2d_s() const override;
+  double h2d_s() const override { return h2d_timer_.busy_s(); }
   int64_t device_bytes() const override { return slot_bytes_ * static_cast<int64_t>(slots_.size()); }
 
  private:
@@ -75,8 +76,7 @@ class CudaWindowStreamer : public UnitStreamer {
   std::vector<void*> registered_;
   uint64_t clock_ = 0;
   double gate_wait_s_ = 0;
-  mutable double h2d_s_ = 0;
-  mutable std::vector<std::pair<cudaEvent_t, cudaEvent_t>> h2d_events_;
+  CudaCopyTimer h2d_timer_;
 };
 
 }  // namespace slidedp
