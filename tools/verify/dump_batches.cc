@@ -40,6 +40,7 @@
 #include "glog/logging.h"
 #include "hostd/checkpoint/checkpoint.h"
 #include "nlohmann/json.hpp"
+#include "tools/verify/whole_model.h"
 
 namespace slidedp::verify {
 namespace {
@@ -81,17 +82,7 @@ absl::Status WriteInitModel(const JobSpec& spec, const std::string& dir) {
     f << config.ToJson() << "\n";
     if (!f) return absl::InternalError(absl::StrCat("cannot write ", dir, "/config.json"));
   }
-  std::vector<safetensors::TensorSource> tensors;
-  for (const UnitLayout& unit : layout.units) {
-    for (const TensorSlot& slot : unit.tensors) {
-      safetensors::TensorSource t;
-      t.name = slot.hf_name;
-      t.dtype = safetensors::Dtype::kF32;
-      t.shape = slot.shape;
-      t.data = master[unit.index].data() + slot.offset_numel;
-      tensors.push_back(std::move(t));
-    }
-  }
+  std::vector<safetensors::TensorSource> tensors = HfTensorsF32(layout, master);
   safetensors::WriteOptions wo;
   wo.metadata = {{"format", "pt"}};
   return safetensors::WriteFile(dir + "/model.safetensors", tensors, wo).status();

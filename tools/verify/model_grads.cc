@@ -98,17 +98,7 @@ absl::Status Run(const Options& o) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   const float loss = static_cast<float>(result.loss);
-  std::vector<safetensors::TensorSource> out;
-  for (const UnitLayout& unit : layout.units) {
-    for (const TensorSlot& slot : unit.tensors) {
-      safetensors::TensorSource t;
-      t.name = slot.hf_name;
-      t.dtype = safetensors::Dtype::kF32;
-      t.shape = slot.shape;
-      t.data = result.unit_grads[unit.index].data() + slot.offset_numel;
-      out.push_back(std::move(t));
-    }
-  }
+  std::vector<safetensors::TensorSource> out = HfTensorsF32(layout, result.unit_grads);
   safetensors::TensorSource loss_tensor;
   loss_tensor.name = "loss";
   loss_tensor.dtype = safetensors::Dtype::kF32;

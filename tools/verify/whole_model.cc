@@ -92,4 +92,20 @@ absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const Mo
   return result;
 }
 
+std::vector<safetensors::TensorSource> HfTensorsF32(const ModelLayout& layout,
+                                                    const std::vector<std::vector<float>>& per_unit) {
+  std::vector<safetensors::TensorSource> tensors;
+  for (const UnitLayout& unit : layout.units) {
+    for (const TensorSlot& slot : unit.tensors) {
+      safetensors::TensorSource t;
+      t.name = slot.hf_name;
+      t.dtype = safetensors::Dtype::kF32;
+      t.shape = slot.shape;
+      t.data = per_unit[unit.index].data() + slot.offset_numel;
+      tensors.push_back(std::move(t));
+    }
+  }
+  return tensors;
+}
+
 }  // namespace slidedp::verify

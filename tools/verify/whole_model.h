@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/qwen3_config.h"
 #include "common/numeric/bf16.h"
+#include "common/safetensors/safetensors.h"
 #include "worker/compute/backend.h"
 
 namespace slidedp::verify {
@@ -30,5 +31,10 @@ absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const Mo
                                                const std::vector<std::vector<bf16_t>>& unit_params,
                                                const std::vector<MicroBatch>& batches, float loss_scale,
                                                ActPolicy policy);
+
+// Per-unit FP32 arrays (master weights, gradients; layout.units[u].numel each) as safetensors
+// sources under their HF tensor names. The arrays must outlive the sources.
+std::vector<safetensors::TensorSource> HfTensorsF32(const ModelLayout& layout,
+                                                    const std::vector<std::vector<float>>& per_unit);
 
 }  // namespace slidedp::verify
