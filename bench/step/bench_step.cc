@@ -5,7 +5,7 @@
 // GPU per step). Prints one JSON line:
 //   {"mode":"compute_only","model":..,"tokens_per_step":..,"step_s":..,"tokens_per_s":..,
 //    "model_tflops":..,"peak_gib":..}
-// Model FLOPs per token follow ../shared/bench/peers/fsdp2_qwen3.py (no recompute counted).
+// Model FLOPs per token: ModelLayout::ModelFlopsPerToken (the FSDP2 peer's convention).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -126,9 +126,7 @@ absl::Status Run(const std::string& model, int64_t seq, int64_t tokens, int64_t 
   std::vector<double> steady(times.begin() + (steps > 1 ? 1 : 0), times.end());
   std::sort(steady.begin(), steady.end());
   const double step_s = steady[steady.size() / 2];
-  double matmul = static_cast<double>(layout.param_count()) - static_cast<double>(config.vocab_size * config.hidden_size);
-  if (config.tie_word_embeddings) matmul += static_cast<double>(config.vocab_size * config.hidden_size);
-  const double flops_per_token = 6.0 * matmul + 6.0 * config.num_hidden_layers * seq * config.q_dim();
+  const double flops_per_token = layout.ModelFlopsPerToken(seq);
   const int64_t peak = backend->peak_memory_bytes() + streamer->device_bytes() + grads->device_bytes();
   nlohmann::json j = {{"mode", "compute_only"},
                       {"model", model},

@@ -257,4 +257,11 @@ int64_t ModelLayout::param_count() const {
   return n;
 }
 
+double ModelLayout::ModelFlopsPerToken(int64_t seq_len) const {
+  const Qwen3Config& c = config;
+  double matmul = static_cast<double>(param_count()) - static_cast<double>(c.vocab_size * c.hidden_size);
+  if (c.tie_word_embeddings) matmul += static_cast<double>(c.vocab_size * c.hidden_size);
+  return 6.0 * matmul + 6.0 * c.num_hidden_layers * seq_len * c.q_dim();
+}
+
 }  // namespace slidedp

@@ -103,6 +103,11 @@ struct ModelLayout {
   const TensorSlot* Find(absl::string_view hf_name, int* unit_index) const;
   // Trainable parameter count (no padding; tied weights counted once).
   int64_t param_count() const;
+  // Model FLOPs per trained token at sequence length seq_len, the convention of
+  // ../shared/bench/peers/fsdp2_qwen3.py (so our TFLOP/s and the peer's compare): 6 x matmul
+  // parameters (the LM head counts; the embedding lookup does not) + causal attention
+  // 6 * layers * seq_len * q_dim; recompute is not counted.
+  double ModelFlopsPerToken(int64_t seq_len) const;
 };
 
 }  // namespace slidedp

@@ -67,3 +67,22 @@ TEST(Qwen3Config, RopeParametersOfTransformers5) {
 
 }  // namespace
 }  // namespace slidedp
+
+namespace slidedp {
+namespace {
+
+// The FSDP2 peer's convention (../shared/bench/peers/fsdp2_qwen3.py): 6 x (parameters without the
+// input embedding, which counts again as the LM head when tied) + 6 x layers x seq x heads x 128.
+TEST(ModelLayout, ModelFlopsPerTokenFollowsThePeersConvention) {
+  for (const char* preset : {"qwen3-4b", "qwen3-8b"}) {
+    const ModelLayout layout = ModelLayout::Build(*Qwen3Config::Preset(preset));
+    const Qwen3Config& c = layout.config;
+    const double n = static_cast<double>(layout.param_count());
+    const double n_matmul = c.tie_word_embeddings ? n : n - static_cast<double>(c.vocab_size * c.hidden_size);
+    const double want = 6 * n_matmul + 6.0 * c.num_hidden_layers * 4096 * c.num_attention_heads * 128;
+    EXPECT_DOUBLE_EQ(layout.ModelFlopsPerToken(4096), want) << preset;
+  }
+}
+
+}  // namespace
+}  // namespace slidedp

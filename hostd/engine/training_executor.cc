@@ -71,15 +71,6 @@ int64_t StepsOf(const JobSpec& spec, int64_t num_rows) {
   return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(spec.epochs * num_rows / spec.global_batch)));
 }
 
-// Model FLOPs per token, the convention of ../shared/bench/peers/fsdp2_qwen3.py: 6 x matmul
-// parameters (the LM head counts; the embedding lookup does not) + causal attention 6*L*s*q_dim.
-double ModelFlopsPerToken(const ModelLayout& layout, int64_t seq_len) {
-  const Qwen3Config& c = layout.config;
-  double matmul = static_cast<double>(layout.param_count()) - static_cast<double>(c.vocab_size * c.hidden_size);
-  if (c.tie_word_embeddings) matmul += static_cast<double>(c.vocab_size * c.hidden_size);
-  return 6.0 * matmul + 6.0 * c.num_hidden_layers * seq_len * c.q_dim();
-}
-
 // Squared norm of one posted chunk, keyed by where it sits, so the step's norm is summed in
 // (unit, offset) order whatever order the ranks' chunks arrived in.
 struct ChunkSquares {
@@ -550,7 +541,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     }
   };
 
-  const double flops_per_token = ModelFlopsPerToken(layout, spec.seq_len);
+  const double flops_per_token = layout.ModelFlopsPerToken(spec.seq_len);
   const int aggregate_threads = std::clamp(adam->num_threads(), 1, 8);
   std::string last_checkpoint;
   absl::Time step_start = absl::Now();
