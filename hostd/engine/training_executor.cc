@@ -71,6 +71,7 @@ int64_t StepsOf(const JobSpec& spec, int64_t num_rows) {
   return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(spec.epochs * num_rows / spec.global_batch)));
 }
 
+
 // Squared norm of one posted chunk, keyed by where it sits, so the step's norm is summed in
 // (unit, offset) order whatever order the ranks' chunks arrived in.
 struct ChunkSquares {
@@ -99,8 +100,7 @@ std::unique_ptr<state::JobState> TrainingExecutor::TakePooled(const ModelLayout&
   if (!pooled_) return nullptr;
   std::unique_ptr<state::JobState> js = std::move(pooled_);
   const uint64_t needed = state::JobState::SegmentBytes(layout);
-  if (js->CheckMatches(layout).ok() && js->bytes() == needed) return js;
-  if (needed <= js->bytes() && needed >= js->bytes() / 2) return js;  // re-laid out in AdoptPooled
+  if (needed <= js->bytes() && needed >= js->bytes() / 2) return js;  // laid out again in AdoptPooled
   LOG(INFO) << "freeing the pooled host state (" << js->bytes() / 1e9 << " GB): the next job needs " << needed / 1e9
             << " GB";
   (void)state::UnlinkSegment(pooled_name_);
@@ -112,7 +112,6 @@ absl::StatusOr<std::unique_ptr<state::JobState>> TrainingExecutor::AdoptPooled(s
                                                                                 const ModelLayout& layout,
                                                                                 int prefault_threads) {
   const std::string pool_name = pooled_name_;
-  const bool same_layout = pooled->CheckMatches(layout).ok() && pooled->bytes() == state::JobState::SegmentBytes(layout);
   pooled.reset();  // this mapping goes; the pages stay in the (renamed) file
   absl::StatusOr<std::string> name = state::MakeSegmentName(options_.node_name, job_id, "state");
   absl::Status renamed = name.ok() ? RenameSegment(pool_name, *name) : name.status();
@@ -120,34 +119,13 @@ absl::StatusOr<std::unique_ptr<state::JobState>> TrainingExecutor::AdoptPooled(s
     (void)state::UnlinkSegment(pool_name);
     return renamed;
   }
-  if (!same_layout) {
-    state::JobStateOptions o;
-    o.prefault_threads = prefault_threads;
-    auto reformatted = state::JobState::Reformat(*name, job_id, layout, o);
-    if (!reformatted.ok()) (void)state::UnlinkSegment(*name);
-    return reformatted;
-  }
-  auto js = state::JobState::Attach(*name, state::Access::kReadWrite);
-  absl::Status s = js.status();
-  if (s.ok()) {
-    // A new job's control block: its id, no abort, step 0, every gate closed at version 0.
-    s = (*js)->segment().FindRegion("control").status();
-    if (s.ok()) {
-      auto* block = static_cast<state::JobControlBlock*>((*js)->segment().data(*(*js)->segment().FindRegion("control")));
-      std::memset(block->job_id, 0, sizeof(block->job_id));
-      std::strncpy(block->job_id, job_id.c_str(), sizeof(block->job_id) - 1);
-      (*js)->abort().Reset();
-      (*js)->step_counter().store(0);
-      for (int u = 0; u < (*js)->num_units(); ++u) (*js)->version(u).Publish(0);
-      // Page tables of this mapping (the pages themselves are already allocated).
-      s = (*js)->segment().PrefaultAll(prefault_threads);
-    }
-  }
-  if (!s.ok()) {
-    (void)state::UnlinkSegment(*name);
-    return s;
-  }
-  return std::move(*js);
+  // The same layout or a smaller one: hostd/state lays the file out again in place (header,
+  // region table, a fresh control block with every gate at version 0), keeping its pages.
+  state::JobStateOptions o;
+  o.prefault_threads = prefault_threads;
+  auto reformatted = state::JobState::Reformat(*name, job_id, layout, o);
+  if (!reformatted.ok()) (void)state::UnlinkSegment(*name);
+  return reformatted;
 }
 
 void TrainingExecutor::ReturnToPool(std::unique_ptr<state::JobState> js) {

@@ -45,7 +45,7 @@ class TrainingExecutor : public JobExecutor {
   // pool; otherwise frees the pool (its memory may be what the job needs) and returns null.
   std::unique_ptr<state::JobState> TakePooled(const ModelLayout& layout);
   // Renames a pooled segment to `job_id`'s state segment and resets it for a new job (control
-  // block, abort word, gates, step); a segment of another layout is laid out again for `layout`
+  // block, abort word, gates, step) by laying it out again for `layout` in place
   // (state::JobState::Reformat). On error the segment is unlinked.
   absl::StatusOr<std::unique_ptr<state::JobState>> AdoptPooled(std::unique_ptr<state::JobState> pooled,
                                                                const std::string& job_id, const ModelLayout& layout,
