@@ -146,6 +146,9 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"param_delivery", Enum<ParamDelivery>(&JobSpec::param_delivery, {{"replicated", ParamDelivery::kReplicated},
                                                                             {"sharded", ParamDelivery::kSharded}})},
         {"grad_reduction", Enum<GradReduction>(&JobSpec::grad_reduction, {{"gpu", GradReduction::kGpu}, {"cpu", GradReduction::kCpu}})},
+        {"grad_staging", Enum<GradStaging>(&JobSpec::grad_staging, {{"auto", GradStaging::kAuto},
+                                                                   {"device", GradStaging::kDevice},
+                                                                   {"host", GradStaging::kHost}})},
         {"act_policy", Enum<ActivationPolicy>(&JobSpec::act_policy, {{"keep_all", ActivationPolicy::kKeepAll},
                                                                      {"recompute", ActivationPolicy::kRecomputeLayer},
                                                                      {"selective", ActivationPolicy::kSelective}})},
@@ -286,6 +289,14 @@ const char* ToString(ScheduleKind k) {
 }
 const char* ToString(ParamDelivery k) { return k == ParamDelivery::kReplicated ? "replicated" : "sharded"; }
 const char* ToString(GradReduction k) { return k == GradReduction::kGpu ? "gpu" : "cpu"; }
+const char* ToString(GradStaging k) {
+  switch (k) {
+    case GradStaging::kAuto: return "auto";
+    case GradStaging::kDevice: return "device";
+    case GradStaging::kHost: return "host";
+  }
+  return "?";
+}
 const char* ToString(ActivationPolicy k) {
   switch (k) {
     case ActivationPolicy::kKeepAll: return "keep_all";
@@ -343,6 +354,7 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "chunk_bytes" << YAML::Value << chunk_bytes;
   e << YAML::Key << "param_delivery" << YAML::Value << ToString(param_delivery);
   e << YAML::Key << "grad_reduction" << YAML::Value << ToString(grad_reduction);
+  e << YAML::Key << "grad_staging" << YAML::Value << ToString(grad_staging);
   e << YAML::Key << "act_policy" << YAML::Value << ToString(act_policy);
   e << YAML::Key << "offload_ratio" << YAML::Value << offload_ratio;
   e << YAML::Key << "ring_slots" << YAML::Value << ring_slots;

@@ -15,6 +15,8 @@ namespace slidedp {
 enum class ScheduleKind { kConstant, kLinear, kCosine };
 enum class ParamDelivery { kReplicated, kSharded };
 enum class GradReduction { kGpu, kCpu };
+// Where a step's gradients wait for the global norm when clipping (runtime.grad_staging).
+enum class GradStaging { kAuto, kDevice, kHost };
 enum class ActivationPolicy { kKeepAll, kRecomputeLayer, kSelective };
 enum class SaveDtype { kBf16, kF32 };
 enum class Backend { kAuto, kCuda, kCpu };
@@ -59,6 +61,7 @@ struct JobSpec {
   int64_t chunk_bytes = 64ll << 20;
   ParamDelivery param_delivery = ParamDelivery::kReplicated;
   GradReduction grad_reduction = GradReduction::kGpu;
+  GradStaging grad_staging = GradStaging::kAuto;
   ActivationPolicy act_policy = ActivationPolicy::kRecomputeLayer;
   double offload_ratio = 0.0;  // fraction of layer checkpoints kept in pinned host memory
   int32_t ring_slots = 8;
@@ -77,6 +80,7 @@ struct JobSpec {
 const char* ToString(ScheduleKind k);
 const char* ToString(ParamDelivery k);
 const char* ToString(GradReduction k);
+const char* ToString(GradStaging k);
 const char* ToString(ActivationPolicy k);
 const char* ToString(SaveDtype k);
 const char* ToString(Backend k);

@@ -243,6 +243,24 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
       collective_buffer_bytes = std::max<uint64_t>(collective_buffer_bytes, static_cast<uint64_t>(PaddedNumel(u.numel, world)) * 4);
     }
   }
+  // ---- where gradients wait for the clipping norm ----
+  // With the gpu route (or one rank) every posted part is final, so each rank can keep its parts
+  // on its GPU until backward ends, post its squared norm, then its parts in forward order; hostd
+  // applies them with the coefficient straight from the rings and stages nothing ("device").
+  // Otherwise hostd stages the whole step's gradient (FP32, 4 bytes per parameter) in its memory.
+  // auto: device where the rank's parts take at most 40% of the smallest worker's device memory.
+  const bool parts_final = gpu_route || world == 1;
+  if (spec.grad_staging == GradStaging::kDevice && !parts_final) {
+    return absl::InvalidArgumentError("runtime.grad_staging device needs runtime.grad_reduction gpu (or one worker): "
+                                      "with grad_reduction cpu hostd sums the ranks' gradients, so only it knows the norm");
+  }
+  bool device_staging = false;
+  if (clip && parts_final && spec.grad_staging != GradStaging::kHost) {
+    int64_t min_device_bytes = INT64_MAX;
+    for (const auto& w : ctx.workers()) min_device_bytes = std::min<int64_t>(min_device_bytes, w->hello().device().memory_bytes());
+    const int64_t part_bytes = PaddedNumel(layout.total_numel, world) / world * 4;
+    device_staging = spec.grad_staging == GradStaging::kDevice || part_bytes <= min_device_bytes / 10 * 4;
+  }
   std::vector<int64_t> shard_numel_of_rank(world, 0);  // elements each rank posts per step
   for (int r = 0; r < world; ++r) {
     for (const UnitLayout& u : layout.units) shard_numel_of_rank[r] += gpu_route ? ShardOf(u.numel, world, r).numel : u.numel;
@@ -254,15 +272,18 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   state::GradRingConfig ring_config;
   ring_config.num_slots = static_cast<uint32_t>(spec.ring_slots);
   ring_config.slot_bytes = std::min<uint64_t>(spec.chunk_bytes, (max_unit_numel * 4 + 4095) / 4096 * 4096);
-  state::JobMemoryPlan plan = state::PlanJobMemory(layout, ring_config, world,
-                                                   clip ? state::ClipMode::kExactGlobalNorm : state::ClipMode::kNone,
-                                                   state::GradDtype::kF32);
+  // Device staging keeps the step's gradients on the GPUs: no staging in the host plan.
+  state::JobMemoryPlan plan = state::PlanJobMemory(
+      layout, ring_config, world, clip && !device_staging ? state::ClipMode::kExactGlobalNorm : state::ClipMode::kNone,
+      state::GradDtype::kF32);
   // The aggregation buffer is process memory of hostd (not shm); the cpu route with several ranks
   // needs it even without clipping (the ranks' copies are summed there). One rank without
   // clipping (direct) and the gpu route without clipping: LayerAdam reads gradients straight from
   // the ring slots (a slot is released when its update is done), so no staging buffer at all.
   const bool direct = !clip && world == 1;
-  const bool need_staging = clip || (!direct && !gpu_route);
+  const bool need_staging = (clip && !device_staging) || (!direct && !gpu_route);
+  // Device staging and the gpu route: one consumer per rank applies its final parts.
+  const bool shard_consumers = gpu_route || device_staging;
   const uint64_t staging_bytes = static_cast<uint64_t>(layout.total_numel) * 4;
   if (need_staging && !clip) plan.total_bytes += staging_bytes;  // with clipping the plan has it
   if (shm_collective) {
@@ -292,7 +313,11 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
                        gpu_route ? (shm_collective ? "gpu route (CPU workers: shm reduce-scatter), hostd applies each rank's shard"
                                                    : "gpu route (NCCL reduce-scatter), hostd applies each rank's shard")
                                  : (world > 1 ? "cpu (hostd sums the ranks' gradients)" : "single rank (no reduction)"),
-                       "; parameter delivery: ", ToString(spec.param_delivery)));
+                       "; parameter delivery: ", ToString(spec.param_delivery),
+                       clip ? (device_staging ? "; clipping: device staging (each rank keeps its gradient parts on its GPU "
+                                                "until the norm is known)"
+                                              : "; clipping: host staging (hostd keeps the step's gradients)")
+                            : ""));
 
   ASSIGN_OR_RETURN(update::LayerAdam * adam, Adam());
   state::JobStateOptions sopt;
@@ -430,6 +455,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     a->set_param_delivery(ToString(spec.param_delivery));
     if (collective) a->set_collective_segment(collective->segment_name());
     if (world > 1) a->set_membership_key(membership_key);
+    a->set_grad_staging(device_staging ? "device" : "host");
     if (!ctx.workers()[r]->commands().Push(cmd)) return absl::UnavailableError("a worker disconnected before its assignment");
   }
   ctx.SetTotalSteps(spec.steps);
@@ -615,7 +641,32 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
       progress.mu.Await(absl::Condition(&idle));
     };
 
-    if (gpu_route) {
+    float coef = 1.0f;  // device staging: the clipping coefficient, known before any part arrives
+    if (device_staging) {
+      // Each rank posts its squared norm before its parts; sum them in rank order.
+      for (int r = 0; r < world; ++r) {
+        const absl::Time t_wait = absl::Now();
+        ASSIGN_OR_RETURN(state::GradChunkDesc d, pop(r, t == first_step));
+        wait_s += absl::ToDoubleSeconds(absl::Now() - t_wait);
+        if (d.dtype != state::GradDtype::kSumSquares || d.step != static_cast<uint32_t>(t)) {
+          job_state->RaiseAbort(state::AbortReason::kInternal);
+          return absl::InternalError(absl::StrCat("rank ", r, " posted unit ", d.unit, " (dtype ", static_cast<int>(d.dtype),
+                                                  ") for step ", d.step, " where its squared norm for step ", t,
+                                                  " comes first (device staging)"));
+        }
+        double squares;
+        std::memcpy(&squares, rings[r]->slot_data(d.slot), sizeof(double));
+        RETURN_IF_ERROR(rings[r]->Release(d.slot));
+        if (!std::isfinite(squares) || squares < 0) {
+          // Not an error of the pipeline: the clipping coefficient becomes 0 or NaN as with host
+          // staging (update::ClipCoefficient decides), so keep the value.
+          LOG(WARNING) << "job " << ctx.job_id() << " step " << t + 1 << ": rank " << r << " gradient squared norm " << squares;
+        }
+        sum_squares += squares;
+      }
+      coef = update::ClipCoefficient(std::sqrt(sum_squares), spec.max_grad_norm);
+    }
+    if (shard_consumers) {
       // Each rank's chunks are final, disjoint shards: consume every ring at once (one thread per
       // rank, each until its own shards of every unit are in, so ranks posting different numbers
       // of chunks cannot block each other).
@@ -645,26 +696,30 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
           }
           const float* src = static_cast<const float*>(rings[r]->slot_data(d.slot));
           const absl::Time t_agg = absl::Now();
-          float* dst = clip ? staging[d.unit].data() + d.offset_numel : nullptr;
-          const int64_t pieces = (d.numel + kAggregatePiece - 1) / kAggregatePiece;
-          std::vector<double> piece_sq(pieces);
-          checkpoint::ParallelFor(pieces, threads_per_rank, [&](size_t p) {
-            const int64_t off = static_cast<int64_t>(p) * kAggregatePiece;
-            const int64_t n = std::min(kAggregatePiece, d.numel - off);
-            if (dst != nullptr) std::memcpy(dst + off, src + off, n * sizeof(float));
-            piece_sq[p] = update::SumSquares(src + off, n);
-          });
-          double sq = 0;
-          for (double x : piece_sq) sq += x;
-          squares[r].push_back(ChunkSquares{d.unit, d.offset_numel, sq});
+          const bool host_staged = clip && !device_staging;
+          if (!device_staging) {  // (device staging: the norm came from the ranks)
+            float* dst = host_staged ? staging[d.unit].data() + d.offset_numel : nullptr;
+            const int64_t pieces = (d.numel + kAggregatePiece - 1) / kAggregatePiece;
+            std::vector<double> piece_sq(pieces);
+            checkpoint::ParallelFor(pieces, threads_per_rank, [&](size_t p) {
+              const int64_t off = static_cast<int64_t>(p) * kAggregatePiece;
+              const int64_t n = std::min(kAggregatePiece, d.numel - off);
+              if (dst != nullptr) std::memcpy(dst + off, src + off, n * sizeof(float));
+              piece_sq[p] = update::SumSquares(src + off, n);
+            });
+            double sq = 0;
+            for (double x : piece_sq) sq += x;
+            squares[r].push_back(ChunkSquares{d.unit, d.offset_numel, sq});
+          }
           rank_aggregate_s[r] += absl::ToDoubleSeconds(absl::Now() - t_agg);
           unit_got[d.unit] += d.numel;
           got += d.numel;
-          if (clip) {
+          if (host_staged) {
             RETURN_IF_ERROR(rings[r]->Release(d.slot));  // staged: the slot is free again
           } else {
-            // Final already: update now, while the rest of the backward pass still runs.
-            RETURN_IF_ERROR(apply(d.unit, d.offset_numel, d.numel, 1.0f, src, rings[r].get(), d.slot));
+            // Final already: update now (while the rest of the backward pass still runs, or, with
+            // device staging, while the later parts are still coming).
+            RETURN_IF_ERROR(apply(d.unit, d.offset_numel, d.numel, coef, src, rings[r].get(), d.slot));
           }
         }
         return absl::OkStatus();
@@ -698,7 +753,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
       });
       for (const ChunkSquares& c : all) sum_squares += c.squares;
       // The step's host-side time is set by its slowest rank.
-      wait_s = *std::max_element(rank_wait_s.begin(), rank_wait_s.end());
+      wait_s += *std::max_element(rank_wait_s.begin(), rank_wait_s.end());
       aggregate_s = *std::max_element(rank_aggregate_s.begin(), rank_aggregate_s.end());
       complete_units = num_units;
     }
@@ -767,7 +822,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
       if (received[d0.unit] == layout.units[d0.unit].numel) ++complete_units;
     }
     const double grad_norm = std::sqrt(sum_squares);
-    if (clip) {
+    if (clip && !device_staging) {
       // Exact clipping: the coefficient needs the whole step's norm; then update in forward
       // order so the next step's forward can start on the first units while later ones update.
       const float coef = update::ClipCoefficient(grad_norm, spec.max_grad_norm);
@@ -832,6 +887,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
                           {"host_state_bytes", m.host_state_bytes()},
                           {"world_size", world},
                           {"grad_reduction", gpu_route ? "gpu" : "cpu"},
+                          {"grad_staging", clip ? (device_staging ? "device" : "host") : "none"},
                           {"param_delivery", ToString(spec.param_delivery)}};
       metrics_file << j.dump() << "\n" << std::flush;
     }

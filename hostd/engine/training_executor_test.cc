@@ -58,7 +58,7 @@ struct RankResult {
   absl::Status status;
 };
 
-enum class Fault { kNone, kOutsideShard };
+enum class Fault { kNone, kOutsideShard, kNoSquaredNorm };
 
 // One scripted rank. On the gpu route rank r posts its shards in pieces of slot/(r+1) elements,
 // so ranks post different numbers of chunks per unit.
@@ -102,12 +102,35 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
   const int units = (*js)->num_units();
   // The cpu route needs the same chunk sequence from every rank; shards may come in any pieces.
   const int64_t piece = static_cast<int64_t>((*ring)->config().slot_bytes / 4) / (gpu ? rank + 1 : 1);
+  // Device staging: the rank's squared norm first, then its parts in forward order.
+  const bool device_staging = a.grad_staging() == "device";
   for (int64_t t = a.first_step(); t < a.total_steps(); ++t) {
     for (int u = 0; u < units; ++u) {
       absl::Status s = (*js)->version(u).WaitAtLeast(static_cast<uint32_t>(t), absl::Seconds(20), (*js)->abort());
       if (!s.ok()) return fail(s);
     }
-    for (int u = units - 1; u >= 0; --u) {  // backward order: head first, embedding last
+    if (device_staging && fault != Fault::kNoSquaredNorm) {
+      double squares = 0;
+      for (int u = 0; u < units; ++u) {
+        const ShardRange range = gpu ? ShardOf((*js)->unit_numel(u), world, rank) : ShardRange{0, (*js)->unit_numel(u)};
+        for (int64_t i = range.offset; i < range.offset + range.numel; ++i) {
+          const double g = Grad(static_cast<int>(t), u, i);
+          squares += g * g;
+        }
+      }
+      auto slot = (*ring)->AcquireSlot(absl::Seconds(20));
+      if (!slot.ok()) return fail(slot.status());
+      std::memcpy((*ring)->slot_data(*slot), &squares, sizeof(double));
+      state::GradChunkDesc d;
+      d.unit = -1;
+      d.slot = *slot;
+      d.numel = 1;
+      d.step = static_cast<uint32_t>(t);
+      d.dtype = state::GradDtype::kSumSquares;
+      if (absl::Status s = (*ring)->Post(d); !s.ok()) return fail(s);
+    }
+    for (int k = 0; k < units; ++k) {
+      const int u = device_staging ? k : units - 1 - k;  // backward order (head first) unless staged
       const int64_t numel = (*js)->unit_numel(u);
       ShardRange range = gpu ? ShardOf(numel, world, rank) : ShardRange{0, numel};
       if (fault == Fault::kOutsideShard && u == units - 1) range = ShardRange{0, numel};
@@ -272,6 +295,60 @@ TEST(TrainingExecutor, GpuRouteShardsGiveTheSameParametersAsOneRankWithTheWholeG
   EXPECT_EQ(NodeSegments(), std::vector<std::string>{absl::StrCat("slidedp.", Options().node_name, ".pool.pooled")});
   ex.reset();
   EXPECT_TRUE(NodeSegments().empty());
+}
+
+// Device staging (runtime.grad_staging device): ranks post their squared norms, then their parts
+// in forward order, and hostd applies them with the coefficient at once, staging nothing: the
+// same parameters as host staging, 4 bytes per parameter less host memory.
+TEST(TrainingExecutor, DeviceStagingGivesTheSameParametersAsHostStaging) {
+  TrainingExecutor ex(Options());
+  for (int world : {1, 2}) {
+    JobSpec host = TinySpec(world, 0.05, "gpu");
+    host.grad_staging = GradStaging::kHost;
+    JobSpec device = host;
+    device.grad_staging = GradStaging::kDevice;
+    JobRun h = RunJob(ex, absl::StrCat("host-staged", world), host, Workers(world));
+    JobRun d = RunJob(ex, absl::StrCat("device-staged", world), device, Workers(world));
+    ASSERT_TRUE(h.status.ok()) << h.status;
+    ASSERT_TRUE(d.status.ok()) << d.status;
+    EXPECT_EQ(h.ranks[0].assignment.grad_staging(), "host");
+    EXPECT_EQ(d.ranks[0].assignment.grad_staging(), "device");
+    ASSERT_EQ(d.norms.size(), h.norms.size());
+    for (size_t i = 0; i < h.norms.size(); ++i) EXPECT_NEAR(d.norms[i], h.norms[i], 1e-9 * h.norms[i]);
+    EXPECT_GT(h.norms[0], 0.05);  // the coefficient is in play
+    EXPECT_LE(MaxAbsDiff(d.ranks[0].master, h.ranks[0].master), 1e-6) << "world " << world;
+    bool logged = false;
+    for (const std::string& l : d.logs) logged |= absl::StrContains(l, "clipping: device staging");
+    EXPECT_TRUE(logged);
+  }
+  // auto: device memory reported by the workers decides (the fake ones report none: host).
+  JobRun a = RunJob(ex, "auto-staged", TinySpec(1, 0.05, "gpu"), Workers(1));
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  EXPECT_EQ(a.ranks[0].assignment.grad_staging(), "host");
+  auto big = Workers(1);
+  v1::WorkerHello hello = big[0]->hello();
+  hello.mutable_device()->set_memory_bytes(int64_t{80} << 30);
+  big[0] = std::make_shared<WorkerSession>(hello, next_serial++);
+  JobRun b = RunJob(ex, "auto-staged-device", TinySpec(1, 0.05, "gpu"), big);
+  ASSERT_TRUE(b.status.ok()) << b.status;
+  EXPECT_EQ(b.ranks[0].assignment.grad_staging(), "device");
+}
+
+// A rank that posts gradient parts where its squared norm must come first fails the job with
+// INTERNAL; device staging with hostd summing full copies (the cpu route) is refused up front.
+TEST(TrainingExecutor, DeviceStagingFaultsAreClearErrors) {
+  TrainingExecutor ex(Options());
+  JobSpec device = TinySpec(2, 0.05, "gpu");
+  device.grad_staging = GradStaging::kDevice;
+  JobRun bad = RunJob(ex, "no-norm", device, Workers(2), Fault::kNoSquaredNorm, 1);
+  EXPECT_EQ(bad.status.code(), absl::StatusCode::kInternal) << bad.status;
+  EXPECT_TRUE(absl::StrContains(bad.status.message(), "squared norm")) << bad.status;
+  JobSpec cpu = TinySpec(2, 0.05, "cpu");
+  cpu.grad_staging = GradStaging::kDevice;
+  FakeContext ctx("device-cpu-route", cpu, Workers(2));
+  absl::Status s = ex.Run(ctx);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "runtime.grad_staging")) << s;
 }
 
 TEST(TrainingExecutor, CpuWorkersGetAShmCollectiveSegmentThatIsRemovedWithTheJob) {

@@ -31,6 +31,11 @@ static_assert(sizeof(GradRing::Control) % 64 == 0);
 
 namespace {
 
+// A gradient chunk, or a rank's squared norm (one double).
+bool KnownDtype(const GradChunkDesc& d) {
+  return d.dtype == GradDtype::kF32 || d.dtype == GradDtype::kBF16 || (d.dtype == GradDtype::kSumSquares && d.numel == 1);
+}
+
 constexpr const char* kControlRegion = "ring_control";
 constexpr const char* kSlotsRegion = "slots";
 
@@ -164,8 +169,7 @@ absl::StatusOr<uint32_t> GradRing::AcquireSlot(absl::Duration timeout) {
 }
 
 absl::Status GradRing::Post(const GradChunkDesc& desc) {
-  if (desc.slot >= config_.num_slots || desc.numel <= 0 || desc.offset_numel < 0 ||
-      (desc.dtype != GradDtype::kF32 && desc.dtype != GradDtype::kBF16) ||
+  if (desc.slot >= config_.num_slots || desc.numel <= 0 || desc.offset_numel < 0 || !KnownDtype(desc) ||
       static_cast<uint64_t>(desc.numel) * GradDtypeBytes(desc.dtype) > config_.slot_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "grad ring ", segment_->name(), ": bad chunk (unit ", desc.unit, ", slot ", desc.slot,
@@ -213,8 +217,7 @@ absl::StatusOr<GradChunkDesc> GradRing::Pop(absl::Duration timeout) {
   }
   const GradChunkDesc desc = descs_[head % control_->desc_capacity];
   control_->head.store(head + 1, std::memory_order_release);
-  if (desc.slot >= config_.num_slots || desc.numel <= 0 ||
-      (desc.dtype != GradDtype::kF32 && desc.dtype != GradDtype::kBF16) ||
+  if (desc.slot >= config_.num_slots || desc.numel <= 0 || !KnownDtype(desc) ||
       static_cast<uint64_t>(desc.numel) * GradDtypeBytes(desc.dtype) > config_.slot_bytes) {
     return absl::DataLossError(absl::StrCat("grad ring ", segment_->name(),
                                             ": corrupt descriptor (slot ", desc.slot, ", numel ",

@@ -37,8 +37,13 @@ struct GradRingConfig {
   uint64_t slot_bytes = 64ull << 20;      // capacity of one chunk; slots are 4096-byte aligned
 };
 
-enum class GradDtype : uint32_t { kF32 = 0, kBF16 = 1 };
-inline uint64_t GradDtypeBytes(GradDtype d) { return d == GradDtype::kF32 ? 4 : 2; }
+// kSumSquares is not a gradient: the posting rank's squared norm of its final gradient parts for
+// the step, one double at the start of the slot (unit -1, offset 0, numel 1); device-staged
+// clipping posts it before the step's chunks.
+enum class GradDtype : uint32_t { kF32 = 0, kBF16 = 1, kSumSquares = 2 };
+inline uint64_t GradDtypeBytes(GradDtype d) {
+  return d == GradDtype::kF32 ? 4 : d == GradDtype::kBF16 ? 2 : sizeof(double);
+}
 
 // One posted chunk: numel gradient elements of `unit`, starting at offset_numel inside the unit's
 // flat parameter array, for optimizer step `step`, stored in slot `slot` as `dtype`.

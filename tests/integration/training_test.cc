@@ -29,6 +29,7 @@ struct SpecOptions {
   double max_grad_norm = 1.0;
   std::string output = "out";
   std::string grad_reduction;  // runtime.grad_reduction; empty: the spec default (gpu)
+  std::string grad_staging;    // runtime.grad_staging; empty: the spec default (auto)
   double offload_ratio = 0;    // runtime.offload_ratio
 };
 
@@ -59,6 +60,7 @@ std::string Spec(const SpecOptions& o) {
                       "runtime: {workers: ", o.workers, ", ring_slots: 4, step_timeout_ms: 20000, max_restarts: ", o.max_restarts,
                       ", chunk_bytes: ", o.chunk_bytes,
                       o.grad_reduction.empty() ? std::string() : ", grad_reduction: " + o.grad_reduction,
+                      o.grad_staging.empty() ? std::string() : ", grad_staging: " + o.grad_staging,
                       ", offload_ratio: ", o.offload_ratio, "}\n");
 }
 
@@ -463,6 +465,9 @@ std::vector<nlohmann::json> MetricsLines(const NodeHarness& node, const std::str
 // Both gradient routes with 2 workers (gpu: each rank reduce-scatters and posts only its summed
 // shard; cpu: hostd sums full copies) end at the 1-worker parameters, with and without clipping
 // (without: shards are applied straight from the ring slots as they arrive, in small chunks).
+// With clipping, the gpu route runs with both gradient stagings: "device" (the default here:
+// each rank keeps its parts until backward ends and posts its squared norm first) and "host";
+// the 1-worker reference itself uses device staging, and host staging is checked against it too.
 TEST(Training, GpuAndCpuGradientRoutesMatchOneWorker) {
   for (double max_norm : {1.0, 0.0}) {
     SpecOptions base;
@@ -474,24 +479,52 @@ TEST(Training, GpuAndCpuGradientRoutesMatchOneWorker) {
     one.micro_batch = 4;
     one.output = "out-one-" + tag;
     std::vector<std::vector<float>> m1;
+    int64_t host_bytes_device_staging = 0;
     {
       NodeHarness node(1);
       m1 = LoadMaster(MustSucceed(node, Spec(one), "one-" + tag).last_checkpoint());
+      auto lines = MetricsLines(node, one.output, "one-" + tag);
+      ASSERT_EQ(lines.size(), 4u);
+      EXPECT_EQ(lines.back().value("grad_staging", ""), max_norm > 0 ? "device" : "none");
+      if (max_norm > 0) {  // one worker, host staging: the same parameters, 4 bytes/param more host memory
+        SpecOptions host = one;
+        host.grad_staging = "host";
+        host.output = "out-one-host";
+        const double d = MaxAbsDiff(LoadMaster(MustSucceed(node, Spec(host), "one-host").last_checkpoint()), m1);
+        std::cout << "1 worker, host vs device gradient staging: max |diff| " << d << "\n";
+        EXPECT_LE(d, 1e-6);
+        auto host_lines = MetricsLines(node, host.output, "one-host");
+        ASSERT_EQ(host_lines.size(), 4u);
+        EXPECT_EQ(host_lines.back().value("grad_staging", ""), "host");
+        host_bytes_device_staging = lines.back().value("host_state_bytes", int64_t{0});
+        EXPECT_EQ(host_lines.back().value("host_state_bytes", int64_t{0}) - host_bytes_device_staging,
+                  TinyLayout().total_numel * 4);
+        EXPECT_NEAR(host_lines.back().value("grad_norm", 0.0), lines.back().value("grad_norm", 0.0), 1e-9);
+      }
     }
     NodeHarness node(2);
-    for (const std::string route : {"cpu", "gpu"}) {
+    struct Run {
+      std::string route, staging;
+    };
+    std::vector<Run> runs = {{"cpu", ""}, {"gpu", ""}};
+    if (max_norm > 0) runs.push_back({"gpu", "host"});
+    for (const Run& run : runs) {
       SpecOptions two = base;
-      two.grad_reduction = route;
-      two.output = "out-" + route + "-" + tag;
-      const std::string id = route + "-" + tag;
+      two.grad_reduction = run.route;
+      two.grad_staging = run.staging;
+      const std::string id = run.route + (run.staging.empty() ? "" : "-" + run.staging) + "-" + tag;
+      two.output = "out-" + id;
       v1::Job j = MustSucceed(node, Spec(two), id);
       if (j.last_checkpoint().empty()) continue;
       const double d = MaxAbsDiff(LoadMaster(j.last_checkpoint()), m1);
-      std::cout << "2 workers, grad_reduction " << route << ", " << tag << ": max |diff| vs 1 worker " << d << "\n";
-      EXPECT_LE(d, 1e-5) << route << " " << tag;
+      std::cout << "2 workers, " << id << ": max |diff| vs 1 worker " << d << "\n";
+      EXPECT_LE(d, 1e-5) << id;
       auto lines = MetricsLines(node, two.output, id);
-      ASSERT_EQ(lines.size(), 4u) << route << " " << tag;
-      EXPECT_EQ(lines.back().value("grad_reduction", ""), route);
+      ASSERT_EQ(lines.size(), 4u) << id;
+      EXPECT_EQ(lines.back().value("grad_reduction", ""), run.route);
+      // auto staging: on the devices where every rank's part is final (gpu route), else on the host
+      const std::string staging = max_norm == 0 ? "none" : run.route == "gpu" && run.staging.empty() ? "device" : "host";
+      EXPECT_EQ(lines.back().value("grad_staging", ""), staging) << id;
       EXPECT_GT(lines.back().value("host_state_bytes", int64_t{0}), 0);
       EXPECT_GT(lines.back().value("grad_norm", 0.0), 0.0);
     }

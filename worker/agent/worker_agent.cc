@@ -66,6 +66,11 @@ v1::DeviceInfo WorkerAgent::device() const {
   d.set_index(options_.index);
   d.set_name("cpu reference backend");
   d.set_numa_node(0);
+  if (options_.backend == BackendKind::kCpu) {  // the CPU backend's "device" memory is host memory
+    int64_t bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+    if (const char* m = getenv("SLIDEDP_CPU_DEVICE_MEMORY_BYTES")) bytes = atoll(m);
+    d.set_memory_bytes(bytes);
+  }
 #ifdef SLIDEDP_HAVE_CUDA_BACKEND
   cudaDeviceProp prop;
   if (options_.backend == BackendKind::kCuda && cudaGetDeviceProperties(&prop, options_.index) == cudaSuccess) {
@@ -286,6 +291,10 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
   gopt.world = a.world_size();
   gopt.ring_timeout = timeout;
   gopt.inject_max_delay = inject_delay;
+  gopt.stage_until_norm = a.grad_staging() == "device";
+  if (gopt.stage_until_norm && !gpu_route && a.world_size() > 1) {
+    return absl::FailedPreconditionError("grad_staging device needs grad_reduction gpu with several ranks");
+  }
 
   std::unique_ptr<UnitStreamer> streamer;
   std::unique_ptr<GradientPath> grads;
@@ -380,6 +389,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
     d->set_gpu_peak_bytes(backend->peak_memory_bytes() + streamer->device_bytes() + grads->device_bytes());
     if (!Send(r)) return absl::UnavailableError("lost the session with hostd");
   }
+  RETURN_IF_ERROR(grads->Drain());  // device staging: the last step's parts may still be posting
   ring->Close();
   return absl::OkStatus();
 }

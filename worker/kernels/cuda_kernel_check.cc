@@ -401,6 +401,30 @@ void CheckAddBf16ToF32() {
   Report("residual add fp32 += bf16 in place", DownF32(dres.get(), n), ref, 0.0);
 }
 
+// ------------------------------------------------------------------ Squared norm (device-staged clipping)
+void CheckSumSquares() {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000003}, int64_t{9437187}}) {
+    std::normal_distribution<float> d(0.0f, 1e-3f);
+    std::vector<float> x(n + 1);
+    for (auto& v : x) v = d(g_rng);
+    Dev<float> dx(n + 1);
+    Upload(dx, x);
+    Dev<double> partials(kernels::kSumSquaresBlocks), out(2);
+    for (int misaligned = 0; misaligned <= 1; ++misaligned) {  // the scalar path: x not 16-byte aligned
+      CHECK_OK(kernels::SumSquaresF32(dx.get() + misaligned, n, partials.get(), out.get() + misaligned, nullptr));
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    double got[2];
+    CUDA_OK(cudaMemcpy(got, out.get(), sizeof(got), cudaMemcpyDeviceToHost));
+    for (int misaligned = 0; misaligned <= 1; ++misaligned) {
+      long double ref = 0;
+      for (int64_t i = 0; i < n; ++i) ref += static_cast<long double>(x[i + misaligned]) * x[i + misaligned];
+      Report("sum of squares fp64 (n=" + std::to_string(n) + (misaligned ? ", unaligned)" : ")"), {got[misaligned]},
+             {static_cast<double>(ref)}, 1e-12);
+    }
+  }
+}
+
 // ------------------------------------------------------------------ Cross entropy
 void CheckCrossEntropy() {
   const int64_t R = 37, V = 1003, LD = 1008;
@@ -768,6 +792,7 @@ int main(int argc, char** argv) {
   CheckEmbedding<bf16>();
   CheckEmbedding<float>();
   CheckAddBf16ToF32();
+  CheckSumSquares();
   CheckCrossEntropy();
   using Split = kernels::AttnArgs::BwdSplit;
   CheckAttention(128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerKvHead);

@@ -569,6 +569,53 @@ __global__ void SumIntoKernel(const float* __restrict__ vals, int64_t n, float* 
   if (threadIdx.x == 0) *out += s;
 }
 
+__device__ __forceinline__ double WarpSumF64(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Fixed-order block sum of doubles (blockDim.x a multiple of 32, at most 1024).
+__device__ __forceinline__ double BlockSumF64(double v, double* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = WarpSumF64(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  double t = 0;
+  if (warp == 0) {
+    t = lane < nwarps ? scratch[lane] : 0.0;
+    t = WarpSumF64(t);
+  }
+  return t;  // valid in thread 0
+}
+
+__global__ void SumSquaresPartialKernel(const float* __restrict__ x, int64_t n, double* __restrict__ partials) {
+  __shared__ double scratch[32];
+  double s = 0;
+  const int64_t n4 = (reinterpret_cast<uintptr_t>(x) & 15) == 0 ? n / 4 : 0;
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = x4[i];
+    s += static_cast<double>(v.x) * v.x + static_cast<double>(v.y) * v.y + static_cast<double>(v.z) * v.z +
+         static_cast<double>(v.w) * v.w;
+  }
+  for (int64_t i = n4 * 4 + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    s += static_cast<double>(x[i]) * x[i];
+  }
+  s = BlockSumF64(s, scratch);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+__global__ void SumPartialsF64Kernel(const double* __restrict__ partials, int parts, double* out) {
+  __shared__ double scratch[32];
+  double s = 0;
+  for (int i = threadIdx.x; i < parts; i += blockDim.x) s += partials[i];
+  s = BlockSumF64(s, scratch);
+  if (threadIdx.x == 0) *out = s;
+}
+
 __global__ void CastKernel(const float* __restrict__ src, int64_t n, float scale, bf16* __restrict__ dst) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -696,6 +743,15 @@ absl::Status QkNormRopeBackward(const RopeArgs& a, const bf16* dq_out, const bf1
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   ReducePartialsKernel<<<(2 * a.head_dim + 31) / 32, 1024, 0, stream>>>(ws, blocks, 2 * a.head_dim, a.head_dim,
                                                                          dq_norm_w, dk_norm_w);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status SumSquaresF32(const float* x, int64_t n, double* partials, double* out, cudaStream_t stream) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("SumSquaresF32: n = ", n));
+  SumSquaresPartialKernel<<<kSumSquaresBlocks, 256, 0, stream>>>(x, n, partials);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  SumPartialsF64Kernel<<<1, 512, 0, stream>>>(partials, kSumSquaresBlocks, out);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -94,6 +94,11 @@ absl::Status CrossEntropyInPlace(bf16* logits, int64_t rows, int64_t vocab, int6
 
 // *out += Σ vals[0..n) in a fixed order (one block).
 absl::Status SumInto(const float* vals, int64_t n, float* out, cudaStream_t stream);
+// *out = Σ x[i]² accumulated in FP64, deterministically: kSumSquaresBlocks blocks write partial
+// sums (fixed element-to-thread mapping) to `partials`, then one block adds them in a fixed
+// order. Calls sharing `partials` must be ordered (one stream).
+constexpr int kSumSquaresBlocks = 528;
+absl::Status SumSquaresF32(const float* x, int64_t n, double* partials, double* out, cudaStream_t stream);
 // out[c] += Σ_p partial[p * cols + c] for p in [0, parts), fixed order.
 absl::Status ReducePartialsInto(const float* partial, int64_t parts, int64_t cols, float* out, cudaStream_t stream);
 // dst[i] = bf16(src[i] * scale).

@@ -2,17 +2,20 @@
 // gradient ring through a poster thread.
 #include "worker/pipeline/cuda_gradient_path.h"
 
+#include <cstring>
 #include <deque>
 #include <map>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/model/shard.h"
 #include "common/status/status_macros.h"
 #include "worker/kernels/cuda_check.h"
+#include "worker/kernels/ops.h"
 
 namespace slidedp {
 namespace {
@@ -27,9 +30,12 @@ struct GradBuffer {
 struct PostJob {
   int unit = 0;
   int64_t step = 0;
-  GradBuffer* buffer = nullptr;
-  cudaEvent_t ready = nullptr;  // gradient final (after compute, or after the reduce-scatter)
+  GradBuffer* buffer = nullptr;  // released after the copies (null: the device staging buffer)
+  cudaEvent_t ready = nullptr;   // gradient final (after compute, or after the reduce-scatter); may be null
   ShardRange part;
+  const float* data = nullptr;   // element part.offset of the unit
+  bool sum_squares = false;      // instead of a part: post the rank's squared norm `squares`
+  double squares = 0;
 };
 
 class CudaGradientPath final : public GradientPath {
@@ -52,6 +58,10 @@ class CudaGradientPath final : public GradientPath {
     }
     for (cudaEvent_t e : ready_events_) cudaEventDestroy(e);
     if (chunk_event_) cudaEventDestroy(chunk_event_);
+    if (staged_event_) cudaEventDestroy(staged_event_);
+    if (stage_) cudaFree(stage_);
+    if (unit_squares_) cudaFree(unit_squares_);
+    if (partials_) cudaFree(partials_);
     if (d2h_) cudaStreamDestroy(d2h_);
   }
 
@@ -61,6 +71,7 @@ class CudaGradientPath final : public GradientPath {
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&chunk_event_, cudaEventDisableTiming));
     const bool reduce = options_.base.route == GradRoute::kGpu && options_.base.world > 1;
     if (reduce && options_.comm == nullptr) return absl::FailedPreconditionError("gpu gradient route without NCCL");
+    if (options_.base.stage_until_norm) RETURN_IF_ERROR(AllocateStage(reduce));
     poster_ = std::thread(&CudaGradientPath::PosterLoop, this);
     return absl::OkStatus();
   }
@@ -130,12 +141,15 @@ class CudaGradientPath final : public GradientPath {
     job.part = ShardRange{0, numel};
     ASSIGN_OR_RETURN(job.ready, ReadyEvent());
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(job.ready, compute_));
-    if (options_.base.route == GradRoute::kGpu && options_.base.world > 1) {
+    const bool reduce = options_.base.route == GradRoute::kGpu && options_.base.world > 1;
+    if (reduce) {
       const int64_t shard = ShardNumel(numel, options_.base.world);
       RETURN_IF_ERROR(options_.comm->ReduceScatterF32(job.buffer->data, shard, job.ready));
       SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(job.ready, options_.comm->stream()));
       job.part = ShardOf(numel, options_.base.world, options_.base.rank);
     }
+    job.data = job.buffer->data + job.part.offset;
+    if (options_.base.stage_until_norm) return Stage(job, reduce ? options_.comm->stream() : compute_);
     absl::MutexLock l(&mu_);
     RETURN_IF_ERROR(first_error_);
     queue_.push_back(job);
@@ -143,6 +157,34 @@ class CudaGradientPath final : public GradientPath {
   }
 
   absl::Status Flush() override {
+    if (!options_.base.stage_until_norm) return Drain();
+    if (staged_.empty()) return FirstError();
+    // Every staged part and its squared norm are final once the staging stream reaches here.
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(staged_event_, stage_stream_));
+    RETURN_IF_ERROR(WaitEvent(staged_event_, options_.base.ring_timeout, [this] { return StopStatus(); }));
+    std::vector<double> unit_squares(layout_.num_units());
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit_squares.data(), unit_squares_, unit_squares.size() * sizeof(double),
+                                            cudaMemcpyDeviceToHost));
+    PostJob norm;
+    norm.step = staged_step_;
+    norm.sum_squares = true;
+    for (const auto& [unit, part] : staged_) norm.squares += unit_squares[unit];  // unit order
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(first_error_);
+    queue_.push_back(norm);
+    for (const auto& [unit, part] : staged_) {  // forward order
+      PostJob job;
+      job.unit = unit;
+      job.step = staged_step_;
+      job.part = part;
+      job.data = stage_ + stage_offset_[unit];
+      queue_.push_back(job);
+    }
+    staged_.clear();
+    return absl::OkStatus();
+  }
+
+  absl::Status Drain() override {
     absl::MutexLock l(&mu_);
     auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return (queue_.empty() && !busy_) || !first_error_.ok(); };
     mu_.Await(absl::Condition(&drained));
@@ -159,7 +201,7 @@ class CudaGradientPath final : public GradientPath {
   }
   int64_t device_bytes() const override {
     absl::MutexLock l(&mu_);
-    int64_t b = 0;
+    int64_t b = stage_bytes_;
     for (const auto& buf : buffers_) b += buf->bytes;
     return b;
   }
@@ -179,14 +221,80 @@ class CudaGradientPath final : public GradientPath {
     return e;
   }
 
+  absl::Status FirstError() {
+    absl::MutexLock l(&mu_);
+    return first_error_;
+  }
+
+  // One persistent FP32 buffer holding this rank's final part of every unit (16-byte aligned
+  // slices), and the per-unit squared norms.
+  absl::Status AllocateStage(bool reduce) {
+    int64_t total = 0;
+    stage_offset_.resize(layout_.num_units());
+    for (int u = 0; u < layout_.num_units(); ++u) {
+      const int64_t numel = layout_.units[u].numel;
+      const int64_t part = reduce ? ShardOf(numel, options_.base.world, options_.base.rank).numel : numel;
+      stage_offset_[u] = total;
+      total += (part + 3) / 4 * 4;
+    }
+    const int64_t bytes = total * static_cast<int64_t>(sizeof(float));
+    cudaError_t e = cudaMalloc(&stage_, bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      stage_ = nullptr;
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "device gradient staging for exact clipping needs %.2f GiB of GPU memory on rank %d (%s); set "
+          "runtime.grad_staging: host to stage the step's gradients in host memory instead",
+          bytes / double(1ull << 30), options_.base.rank, cudaGetErrorString(e)));
+    }
+    {
+      absl::MutexLock l(&mu_);
+      stage_bytes_ = bytes;
+    }
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&unit_squares_, layout_.num_units() * sizeof(double)));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&partials_, kernels::kSumSquaresBlocks * sizeof(double)));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&staged_event_, cudaEventDisableTiming));
+    return absl::OkStatus();
+  }
+
+  // Device staging: copies the unit's final part into its stage slice and takes its squared norm
+  // on `stream` (after the reduce-scatter, or the backward), then frees the accumulation buffer.
+  absl::Status Stage(const PostJob& job, cudaStream_t stream) {
+    stage_stream_ = stream;
+    staged_step_ = job.step;
+    float* dst = stage_ + stage_offset_[job.unit];
+    SLIDEDP_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, job.data, job.part.numel * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    RETURN_IF_ERROR(kernels::SumSquaresF32(dst, job.part.numel, partials_, unit_squares_ + job.unit, stream));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(job.buffer->done, stream));
+    staged_[job.unit] = job.part;
+    absl::MutexLock l(&mu_);
+    job.buffer->open = false;
+    free_ready_.push_back(job.ready);
+    return first_error_;
+  }
+
   absl::Status StopStatus() const {
     if (options_.abort != nullptr && options_.abort->raised()) return options_.abort->ToStatus();
     return absl::OkStatus();
   }
 
   absl::Status Post(const PostJob& job) {
+    if (job.sum_squares) {
+      ASSIGN_OR_RETURN(uint32_t slot, ring_->AcquireSlot(options_.base.ring_timeout));
+      std::memcpy(ring_->slot_data(slot), &job.squares, sizeof(double));
+      state::GradChunkDesc desc;
+      desc.unit = -1;
+      desc.slot = slot;
+      desc.numel = 1;
+      desc.step = static_cast<uint32_t>(job.step);
+      desc.dtype = state::GradDtype::kSumSquares;
+      return ring_->Post(desc);
+    }
     // Wait (on the host) for the gradient to be final, so d2h_s counts copies, not backward.
-    RETURN_IF_ERROR(WaitEvent(job.ready, options_.base.ring_timeout, [this] { return StopStatus(); }));
+    if (job.ready != nullptr) {
+      RETURN_IF_ERROR(WaitEvent(job.ready, options_.base.ring_timeout, [this] { return StopStatus(); }));
+    }
     const int64_t chunk = GradChunkNumel(*ring_);
     const int64_t end = job.part.offset + job.part.numel;
     for (int64_t off = job.part.offset; off < end; off += chunk) {
@@ -194,8 +302,8 @@ class CudaGradientPath final : public GradientPath {
       const absl::Time t0 = absl::Now();
       ASSIGN_OR_RETURN(uint32_t slot, ring_->AcquireSlot(options_.base.ring_timeout));
       const absl::Time t1 = absl::Now();
-      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ring_->slot_data(slot), job.buffer->data + off, n * sizeof(float),
-                                                   cudaMemcpyDeviceToHost, d2h_));
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ring_->slot_data(slot), job.data + (off - job.part.offset),
+                                                   n * sizeof(float), cudaMemcpyDeviceToHost, d2h_));
       SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(chunk_event_, d2h_));
       RETURN_IF_ERROR(WaitEvent(chunk_event_, options_.base.ring_timeout, [this] { return StopStatus(); }));
       {
@@ -231,11 +339,11 @@ class CudaGradientPath final : public GradientPath {
       }
       absl::Status s = first_error_ok() ? Post(job) : absl::OkStatus();
       // The buffer is free for Begin once everything queued on d2h so far (its copies) is done.
-      cudaEventRecord(job.buffer->done, d2h_);
+      if (job.buffer != nullptr) cudaEventRecord(job.buffer->done, d2h_);
       absl::MutexLock l(&mu_);
       if (!s.ok() && first_error_.ok()) first_error_ = s;
-      job.buffer->open = false;
-      free_ready_.push_back(job.ready);
+      if (job.buffer != nullptr) job.buffer->open = false;
+      if (job.ready != nullptr) free_ready_.push_back(job.ready);
       busy_ = false;
     }
   }
@@ -253,6 +361,15 @@ class CudaGradientPath final : public GradientPath {
   cudaEvent_t chunk_event_ = nullptr;
   std::thread poster_;
   std::map<int, GradBuffer*> open_;  // job thread only
+  // Device staging (job thread, except the buffer the poster reads after Flush queued it).
+  float* stage_ = nullptr;
+  std::vector<int64_t> stage_offset_;
+  double* unit_squares_ = nullptr;
+  double* partials_ = nullptr;
+  cudaEvent_t staged_event_ = nullptr;
+  cudaStream_t stage_stream_ = nullptr;
+  std::map<int, ShardRange> staged_;  // units staged this step, with their parts
+  int64_t staged_step_ = 0;
 
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<GradBuffer>> buffers_ ABSL_GUARDED_BY(mu_);
@@ -264,6 +381,7 @@ class CudaGradientPath final : public GradientPath {
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   double ring_wait_s_ ABSL_GUARDED_BY(mu_) = 0;
   double d2h_s_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t stage_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

@@ -38,6 +38,52 @@ class HostGradientPath final : public GradientPath {
       RETURN_IF_ERROR(collective_->ReduceScatterF32(buf.data(), ShardNumel(numel, options_.world), options_.ring_timeout));
       part = ShardOf(numel, options_.world, options_.rank);
     }
+    if (options_.stage_until_norm) {  // kept until Flush (the rank's part only)
+      staged_[unit] = Staged{part, std::vector<float>(buf.begin() + part.offset, buf.begin() + part.offset + part.numel)};
+      staged_step_ = step;
+      return absl::OkStatus();
+    }
+    return PostPart(unit, step, buf.data() + part.offset, part);
+  }
+
+  absl::Status Flush() override {
+    if (!options_.stage_until_norm || staged_.empty()) return absl::OkStatus();
+    // The rank's squared norm, summed per unit in unit order, goes first; then the parts in
+    // forward (unit) order, which is how hostd's updates and the next forward want them.
+    double squares = 0;
+    for (const auto& [unit, st] : staged_) {
+      double sq = 0;
+      for (float g : st.data) sq += static_cast<double>(g) * g;
+      squares += sq;
+    }
+    {
+      ASSIGN_OR_RETURN(uint32_t slot, ring_->AcquireSlot(options_.ring_timeout));
+      std::memcpy(ring_->slot_data(slot), &squares, sizeof(double));
+      state::GradChunkDesc desc;
+      desc.unit = -1;
+      desc.slot = slot;
+      desc.numel = 1;
+      desc.step = static_cast<uint32_t>(staged_step_);
+      desc.dtype = state::GradDtype::kSumSquares;
+      RETURN_IF_ERROR(ring_->Post(desc));
+    }
+    for (const auto& [unit, st] : staged_) {
+      RETURN_IF_ERROR(PostPart(unit, staged_step_, st.data.data(), st.part));
+    }
+    staged_.clear();
+    return absl::OkStatus();
+  }
+  double ring_wait_s() const override { return ring_wait_s_; }
+  double d2h_s() const override { return d2h_s_; }
+
+ private:
+  struct Staged {
+    ShardRange part;
+    std::vector<float> data;  // the part's elements
+  };
+
+  // Posts elements [part.offset, part.offset + part.numel) of `unit`; data[0] is element part.offset.
+  absl::Status PostPart(int unit, int64_t step, const float* data, ShardRange part) {
     const int64_t chunk = GradChunkNumel(*ring_);
     for (int64_t off = part.offset; off < part.offset + part.numel; off += chunk) {
       const int64_t n = std::min(chunk, part.offset + part.numel - off);
@@ -46,7 +92,7 @@ class HostGradientPath final : public GradientPath {
       ASSIGN_OR_RETURN(uint32_t slot, ring_->AcquireSlot(options_.ring_timeout));
       const absl::Time t1 = absl::Now();
       ring_wait_s_ += absl::ToDoubleSeconds(t1 - t0);
-      std::memcpy(ring_->slot_data(slot), buf.data() + off, n * sizeof(float));
+      std::memcpy(ring_->slot_data(slot), data + (off - part.offset), n * sizeof(float));
       d2h_s_ += absl::ToDoubleSeconds(absl::Now() - t1);
       state::GradChunkDesc desc;
       desc.unit = unit;
@@ -60,11 +106,6 @@ class HostGradientPath final : public GradientPath {
     return absl::OkStatus();
   }
 
-  absl::Status Flush() override { return absl::OkStatus(); }
-  double ring_wait_s() const override { return ring_wait_s_; }
-  double d2h_s() const override { return d2h_s_; }
-
- private:
   void InjectDelay() {
     if (options_.inject_max_delay <= absl::ZeroDuration()) return;
     rng_ ^= rng_ << 13;
@@ -78,6 +119,8 @@ class HostGradientPath final : public GradientPath {
   state::ShmCollective* collective_;
   GradientPathOptions options_;
   std::map<int, std::vector<float>> open_;
+  std::map<int, Staged> staged_;  // device staging: each unit's final part until Flush
+  int64_t staged_step_ = 0;
   double ring_wait_s_ = 0;
   double d2h_s_ = 0;
   uint64_t rng_ = 0x2545f4914f6cdd1dull;

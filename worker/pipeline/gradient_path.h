@@ -8,6 +8,14 @@
 //
 // The step runner calls Begin(unit) for a zeroed buffer, lets backward add into it, then
 // Finish(unit, step); Flush() at the end of the step returns once every chunk is in the ring.
+//
+// Device staging (GradientPathOptions::stage_until_norm, assignment grad_staging "device", for
+// exact clipping where each rank's part is final: the gpu route, or one rank): Finish keeps the
+// rank's final part in device memory (one persistent buffer for all units) and takes its squared
+// norm there; Flush posts the rank's sum of squares (GradDtype::kSumSquares) and then queues every
+// unit's part in forward order, returning without waiting for those posts (hostd applies them with
+// the clipping coefficient as they arrive, and the next step's forward follows its gates). Drain()
+// waits for them; the gates order the next step's writes into the buffer after the posts.
 // On CUDA, Finish only queues work (the collective on the communication stream, the copies on a
 // D2H stream fed by a poster thread): the thread issuing compute never waits for a copy, only,
 // through the poster, for free ring slots.
@@ -35,8 +43,11 @@ class GradientPath {
   virtual absl::StatusOr<float*> Begin(int unit) = 0;
   // The unit's gradient is complete once the work queued so far on the compute stream is done.
   virtual absl::Status Finish(int unit, int64_t step) = 0;
-  // Returns once everything Finish()ed has been posted to the ring (or the first error).
+  // Returns once everything Finish()ed has been posted to the ring (or the first error); with
+  // device staging, once the rank's norm is posted and its parts are queued.
   virtual absl::Status Flush() = 0;
+  // Returns once everything is posted (the end of a job).
+  virtual absl::Status Drain() { return Flush(); }
   // Cumulative seconds: waiting for free ring slots, and copying device-to-host.
   virtual double ring_wait_s() const = 0;
   virtual double d2h_s() const = 0;
@@ -49,6 +60,8 @@ struct GradientPathOptions {
   int rank = 0;
   int world = 1;
   absl::Duration ring_timeout = absl::Minutes(10);
+  // Device staging (see above); needs route kGpu or world 1.
+  bool stage_until_norm = false;
   // Fault injection for tests: a random delay in [0, max] before every chunk post.
   absl::Duration inject_max_delay = absl::ZeroDuration();
 };

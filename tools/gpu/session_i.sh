@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# GPU session I (nvidia-h200-x2): device gradient staging for exact clipping (issue 4's host
+# memory target), in parts (PARTS):
+#   check   cuda_kernel_check (incl. the FP64 sum-of-squares kernel) and the tiny job on CUDA
+#   eq      Qwen3-0.6B, 20 steps, clip 1.0: 1 GPU device vs host staging, 2 GPUs (reduce-scatter)
+#           device vs host staging; curves and FP32 weights against the 1-GPU host-staged run
+#   bench   bench/e2e at Qwen3-4B 64K on 1 GPU: ours (device staging: the default), ours with
+#           host staging, and compute-only (the ratio's reference, same run); then Qwen3-8B 64K on
+#           2 GPUs, ours (device staging)
+# Output: $out/session-i.log and the benchmark's files.
+set -u
+PARTS=${PARTS:-"check eq bench"}
+source tools/gpu/lib.sh
+log=$out/session-i.log
+exec > >(tee -a "$log") 2>&1
+has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+echo "=== session I $(date -u +%FT%TZ) parts: $PARTS"
+
+if has check; then
+  timeout 200 cuda_kernel_check > /tmp/kcheck.log 2>&1
+  echo "--- cuda_kernel_check: exit $?: $(grep -c '^PASS' /tmp/kcheck.log) PASS, $(grep -c '^FAIL' /tmp/kcheck.log) FAIL"
+  grep -E "^FAIL|sum of squares" /tmp/kcheck.log
+  timeout 60 slidedp run examples/tiny/job.yaml --backend cuda --run-dir /tmp/tiny-run > /tmp/tiny.log 2>&1
+  echo "--- tiny on CUDA: exit $?: $(tail -n 2 /tmp/tiny.log | tr '\n' ' ')"
+fi
+
+if has eq; then
+  STEPS=20
+  eq() {  # eq NAME GPUS RUNTIME_EXTRA
+    local name=$1 g=$2 extra=$3 d=/tmp/eqi/$1
+    mkdir -p "$d"
+    cat > "$d/job.yaml" <<YAML
+name: eq
+model: {preset: qwen3-0.6b, init_seed: 0}
+data: {path: /tmp/eqi/data}
+output: {dir: $d/out, save_final: true, save_dtype: fp32}
+train: {seq_len: 1024, global_batch: 8, micro_batch: 2, steps: $STEPS, seed: 0, max_grad_norm: 1.0}
+optimizer: {lr: 1.0e-5, weight_decay: 0.01}
+runtime: {workers: $g$extra}
+YAML
+    local t0=$SECONDS
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((g - 1))) timeout 150 slidedp run "$d/job.yaml" --backend cuda --run-dir "$d/run" \
+      > "$d/progress.log" 2>&1
+    echo "--- $name: exit $? after $((SECONDS - t0)) s: $(tail -n 2 "$d/progress.log" | tr '\n' ' ')"
+    tail -n 1 "$d"/out/metrics-*.jsonl 2>/dev/null | python3 -c 'import json,sys; j=json.loads(sys.stdin.read());
+print("   ", j["grad_staging"], "step", j["step_time_s"], "host_state_bytes", j["host_state_bytes"], "gpu_peak", j["gpu_peak_bytes"], j["busy_s"])'
+  }
+  mkdir -p /tmp/eqi
+  python3 bench/e2e/make_dataset.py --out /tmp/eqi/data --rows $((8 * STEPS)) --seq-len 1024 --vocab 151936 > /dev/null
+  eq g1-host 1 ", grad_staging: host"
+  eq g1-device 1 ", grad_staging: device"
+  eq g2-host 2 ", grad_staging: host"
+  eq g2-device 2 ", grad_staging: device"
+  for r in g1-device g2-host g2-device; do
+    echo "--- curves g1-host vs $r"
+    python3 tools/verify/compare_curves.py /tmp/eqi/g1-host/out/metrics-*.jsonl /tmp/eqi/$r/out/metrics-*.jsonl --tol 1e-4 --steps $STEPS
+    echo "--- weights g1-host vs $r"
+    python3 tools/verify/compare_params.py /tmp/eqi/$r/out/checkpoint-$STEPS /tmp/eqi/g1-host/out/checkpoint-$STEPS --tol-rel 1e-4 | tail -n 3
+  done
+fi
+
+if has bench; then
+  MODEL=qwen3-4b GPUS=1 TOKENS_LIST=65536 WHAT="ours compute" BUDGET_S=260 bash bench/e2e/run_bench.sh
+  cp "$out/bench-summary.md" /tmp/bench-4b-device.md
+  MODEL=qwen3-4b GPUS=1 TOKENS_LIST=65536 WHAT=ours RUNTIME_EXTRA="grad_staging: host" WORK=/tmp/slidedp-e2e-host \
+    BUDGET_S=150 bash bench/e2e/run_bench.sh
+  cp "$out/bench-summary.md" "$out/bench-4b-host-staging.md"
+  cp /tmp/bench-4b-device.md "$out/bench-4b-device-staging.md"
+  MODEL=qwen3-8b GPUS=2 TOKENS_LIST=65536 WHAT=ours BUDGET_S=200 WORK=/tmp/slidedp-e2e-8b bash bench/e2e/run_bench.sh
+  cp "$out/bench-summary.md" "$out/bench-8b-device-staging.md"
+fi
+echo "=== session I done after $SECONDS s"
