@@ -9,6 +9,9 @@
 #            constant, another data order) on the same batches; compare_curves.py at 6e-4. For
 #            0.6B also HF FP32 against HF autocast on the same batches (the reference's own noise).
 #   service  session_g.sh's copy and warm parts (bench_copy; cold/warm submit -> first step)
+#   floor    only the 0.6B noise floor: the same pretrain (deterministic), then HF FP32 for
+#            FLOOR_STEPS steps on the fine-tuning batches (compare with the autocast curve of a
+#            "curves" run); on the visible GPU
 # Output: $out/session-h.log and the parts' files.
 set -u
 PARTS=${PARTS:-"attn curves service"}
@@ -57,6 +60,15 @@ YAML
   local t0=$SECONDS
   slidedp run "$d/pre.yaml" --backend cuda --run-dir "$d/run-pre" > "$d/pre.progress" 2>&1
   echo "--- $tag pretrain: exit $? after $((SECONDS - t0)) s: $(tail -n 2 "$d/pre.progress" | tr '\n' ' ')"
+  if [ "${FLOOR_ONLY:-0}" = 1 ]; then
+    dump_batches --job "$d/ft.yaml" --out "$d/batches.bin" > "$d/dump.log" 2>&1
+    t0=$SECONDS
+    timeout "${FLOOR_CAP:-300}" python3 tools/verify/hf_train_reference.py --batches "$d/batches.bin" \
+      --model "$d/pre/checkpoint-$PRE" --precision fp32 --steps "${FLOOR_STEPS:-100}" --out "$out/$tag-hf-fp32.json" \
+      > "$d/hf-fp32.log" 2>&1
+    echo "--- $tag HF fp32 (${FLOOR_STEPS:-100} steps): exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/hf-fp32.log")"
+    return
+  fi
   t0=$SECONDS
   slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft" > "$d/ft.progress" 2>&1
   echo "--- $tag ours fine-tune: exit $? after $((SECONDS - t0)) s: $(tail -n 2 "$d/ft.progress" | tr '\n' ' ')"
@@ -86,6 +98,11 @@ if has curves; then
   if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then finetune_curves q17 qwen3-1.7b 1 > /tmp/curves-q17.log 2>&1 & fi
   wait
   cat /tmp/curves-q06.log /tmp/curves-q17.log 2>/dev/null
+fi
+
+if has floor; then
+  q06_data_and_spec
+  FLOOR_ONLY=1 finetune_curves q06 qwen3-0.6b "${FLOOR_GPU:-0}"
 fi
 
 if has service; then

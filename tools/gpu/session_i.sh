@@ -4,23 +4,30 @@
 #   check   cuda_kernel_check (incl. the FP64 sum-of-squares kernel) and the tiny job on CUDA
 #   eq      Qwen3-0.6B, 20 steps, clip 1.0: 1 GPU device vs host staging, 2 GPUs (reduce-scatter)
 #           device vs host staging; curves and FP32 weights against the 1-GPU host-staged run
-#   bench   bench/e2e at Qwen3-4B 64K on 1 GPU: ours (device staging: the default), ours with
-#           host staging, and compute-only (the ratio's reference, same run); then Qwen3-8B 64K on
-#           2 GPUs, ours (device staging)
-# Output: $out/session-i.log and the benchmark's files.
+#   bench4b bench/e2e at Qwen3-4B 64K on 1 GPU: ours (device staging: the default), ours with
+#           host staging, and compute-only (the ratio's reference, same run)
+#   bench8b Qwen3-8B 64K on 2 GPUs, ours (device staging)
+#   floor   (GPU 1, in the background while the other parts use GPU 0) session_h.sh's 0.6B noise
+#           floor: HF FP32 against HF autocast in the fine-tuning regime
+#   warm, copy  session_g.sh's parts (cold/warm submit -> first step on GPU 0; bench_copy)
+# Output: $out/session-i.log and the parts' files.
 set -u
-PARTS=${PARTS:-"check eq bench"}
+PARTS=${PARTS:-"check eq bench4b"}
 source tools/gpu/lib.sh
 log=$out/session-i.log
 exec > >(tee -a "$log") 2>&1
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 echo "=== session I $(date -u +%FT%TZ) parts: $PARTS"
+if has floor; then
+  PARTS=floor FLOOR_GPU=1 bash tools/gpu/session_h.sh > /tmp/floor.out 2>&1 &
+  floor_pid=$!
+fi
 
 if has check; then
   timeout 200 cuda_kernel_check > /tmp/kcheck.log 2>&1
   echo "--- cuda_kernel_check: exit $?: $(grep -c '^PASS' /tmp/kcheck.log) PASS, $(grep -c '^FAIL' /tmp/kcheck.log) FAIL"
   grep -E "^FAIL|sum of squares" /tmp/kcheck.log
-  timeout 60 slidedp run examples/tiny/job.yaml --backend cuda --run-dir /tmp/tiny-run > /tmp/tiny.log 2>&1
+  CUDA_VISIBLE_DEVICES=0 timeout 60 slidedp run examples/tiny/job.yaml --backend cuda --run-dir /tmp/tiny-run > /tmp/tiny.log 2>&1
   echo "--- tiny on CUDA: exit $?: $(tail -n 2 /tmp/tiny.log | tr '\n' ' ')"
 fi
 
@@ -59,14 +66,20 @@ print("   ", j["grad_staging"], "step", j["step_time_s"], "host_state_bytes", j[
   done
 fi
 
-if has bench; then
+if has warm; then PARTS=warm bash tools/gpu/session_g.sh > /tmp/warm.out 2>&1; cat /tmp/warm.out; fi
+if has copy; then PARTS=copy bash tools/gpu/session_g.sh > /tmp/copy.out 2>&1; cat /tmp/copy.out; fi
+
+if has bench4b; then
   MODEL=qwen3-4b GPUS=1 TOKENS_LIST=65536 WHAT="ours compute" BUDGET_S=260 bash bench/e2e/run_bench.sh
   cp "$out/bench-summary.md" /tmp/bench-4b-device.md
   MODEL=qwen3-4b GPUS=1 TOKENS_LIST=65536 WHAT=ours RUNTIME_EXTRA="grad_staging: host" WORK=/tmp/slidedp-e2e-host \
     BUDGET_S=150 bash bench/e2e/run_bench.sh
   cp "$out/bench-summary.md" "$out/bench-4b-host-staging.md"
   cp /tmp/bench-4b-device.md "$out/bench-4b-device-staging.md"
+fi
+if has bench8b; then
   MODEL=qwen3-8b GPUS=2 TOKENS_LIST=65536 WHAT=ours BUDGET_S=200 WORK=/tmp/slidedp-e2e-8b bash bench/e2e/run_bench.sh
   cp "$out/bench-summary.md" "$out/bench-8b-device-staging.md"
 fi
+if has floor; then wait "$floor_pid"; cat /tmp/floor.out; fi
 echo "=== session I done after $SECONDS s"

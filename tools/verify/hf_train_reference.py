@@ -97,6 +97,17 @@ def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision
                             weight_decay=s["weight_decay"], foreach=False)
     sched = make_scheduler(opt, s)
     curve = []
+
+    def write_doc():
+        doc = {"format": "slidedp-hf-curve", "model_dir": os.path.abspath(model_dir), "batches": batches.path,
+               "precision": precision,
+               "settings": s, "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+               "device": torch.cuda.get_device_name(0), "seconds": time.time() - t_start, "curve": curve}
+        if out_path:
+            with open(out_path + ".tmp", "w") as f:
+                json.dump(doc, f, indent=1)
+            os.replace(out_path + ".tmp", out_path)
+        return doc
     t_start = time.time()
     for t in range(s["steps"]):
         tokens, labels, positions, cu, meta = batches.step(t)
@@ -120,14 +131,8 @@ def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision
         curve.append(rec)
         if log_every and (t % log_every == 0 or t + 1 == s["steps"]):
             print(json.dumps(rec), flush=True)
-    doc = {"format": "slidedp-hf-curve", "model_dir": os.path.abspath(model_dir), "batches": batches.path,
-           "precision": precision,
-           "settings": s, "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-           "device": torch.cuda.get_device_name(0), "seconds": time.time() - t_start, "curve": curve}
-    if out_path:
-        with open(out_path, "w") as f:
-            json.dump(doc, f, indent=1)
-    return doc
+            write_doc()  # a run stopped by a time cap still leaves its curve so far
+    return write_doc()
 
 
 def write_synthetic_batches(path, steps, rows, seq, vocab, seed):
