@@ -93,17 +93,66 @@ struct StepProgress {
 TrainingExecutor::TrainingExecutor(TrainingExecutorOptions options)
     : options_(std::move(options)), instance_token_(absl::StrCat(getpid(), "-", absl::ToUnixMillis(absl::Now()))) {}
 TrainingExecutor::~TrainingExecutor() {
-  if (pooled_) (void)state::UnlinkSegment(pooled_name_);
+  if (pooled_) {
+    (void)state::UnlinkSegment(pooled_name_);
+    for (const auto& w : pooled_holders_) {  // no wait: hostd is stopping, their sessions end too
+      v1::HostCommand c;
+      c.mutable_release_host_state()->set_segment(pooled_name_);
+      w->commands().Push(c);
+    }
+  }
+}
+
+void TrainingExecutor::ReleaseWorkerMappings(const std::vector<std::shared_ptr<WorkerSession>>& holders,
+                                             const std::string& segment) {
+  const absl::Time t0 = absl::Now();
+  std::vector<std::shared_ptr<WorkerSession>> waiting;
+  for (const auto& w : holders) {
+    v1::HostCommand c;
+    c.mutable_release_host_state()->set_segment(segment);
+    if (w->commands().Push(c)) waiting.push_back(w);
+  }
+  const absl::Time deadline = t0 + absl::Seconds(5);
+  for (const auto& w : waiting) {
+    // Between jobs a worker reports nothing else that matters: earlier reports are stale.
+    while (!w->gone()) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        LOG(WARNING) << "worker " << w->id() << " did not confirm releasing " << segment << " within 5 s";
+        break;
+      }
+      auto rep = w->reports().Pop(std::min(left, absl::Milliseconds(100)));
+      if (rep && rep->has_host_state_released()) break;
+    }
+  }
+  if (!waiting.empty()) {
+    LOG(INFO) << waiting.size() << " worker(s) released " << segment << " in " << absl::ToDoubleSeconds(absl::Now() - t0)
+              << " s";
+  }
 }
 
 std::unique_ptr<state::JobState> TrainingExecutor::TakePooled(const ModelLayout& layout) {
   if (!pooled_) return nullptr;
   std::unique_ptr<state::JobState> js = std::move(pooled_);
   const uint64_t needed = state::JobState::SegmentBytes(layout);
-  if (needed <= js->bytes() && needed >= js->bytes() / 2) return js;  // laid out again in AdoptPooled
+  if (needed == js->bytes()) {
+    // Its holders find it mapped (and registered) again through its new name.
+    adopted_holders_ = std::move(pooled_holders_);
+    pooled_holders_.clear();
+    return js;
+  }
+  if (needed < js->bytes() && needed >= js->bytes() / 2) {
+    // Laid out again in AdoptPooled and shrunk: kept mappings would cover a shorter file.
+    ReleaseWorkerMappings(pooled_holders_, pooled_name_);
+    pooled_holders_.clear();
+    return js;
+  }
   LOG(INFO) << "freeing the pooled host state (" << js->bytes() / 1e9 << " GB): the next job needs " << needed / 1e9
             << " GB";
   (void)state::UnlinkSegment(pooled_name_);
+  js.reset();
+  ReleaseWorkerMappings(pooled_holders_, pooled_name_);  // their mappings hold the pages too
+  pooled_holders_.clear();
   return nullptr;
 }
 
@@ -128,20 +177,27 @@ absl::StatusOr<std::unique_ptr<state::JobState>> TrainingExecutor::AdoptPooled(s
   return reformatted;
 }
 
-void TrainingExecutor::ReturnToPool(std::unique_ptr<state::JobState> js) {
+void TrainingExecutor::ReturnToPool(std::unique_ptr<state::JobState> js,
+                                    std::vector<std::shared_ptr<WorkerSession>> holders) {
   if (pooled_) {  // at most one pooled segment
     (void)state::UnlinkSegment(pooled_name_);
     pooled_.reset();
+    ReleaseWorkerMappings(pooled_holders_, pooled_name_);
+    pooled_holders_.clear();
   }
   absl::StatusOr<std::string> pool_name = state::MakeSegmentName(options_.node_name, "pool", "pooled");
   absl::Status s = pool_name.ok() ? RenameSegment(js->segment_name(), *pool_name) : pool_name.status();
   if (!s.ok()) {
     LOG(WARNING) << "cannot pool " << js->segment_name() << ": " << s;
+    const std::string name = js->segment_name();
     (void)js->Unlink();
+    js.reset();
+    ReleaseWorkerMappings(holders, name);
     return;
   }
   pooled_name_ = *pool_name;
   pooled_ = std::move(js);
+  pooled_holders_ = std::move(holders);
 }
 
 absl::StatusOr<update::LayerAdam*> TrainingExecutor::Adam() {
@@ -296,7 +352,11 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   std::unique_ptr<state::JobState> reusable = TakePooled(layout);
   absl::Cleanup keep_pool = [&] {
     // Refused before adopting it: back into the pool (its file still has the pool's name).
-    if (reusable && !pooled_) pooled_ = std::move(reusable);
+    if (reusable && !pooled_) {
+      pooled_ = std::move(reusable);
+      pooled_holders_ = std::move(adopted_holders_);
+      adopted_holders_.clear();
+    }
   };
   ASSIGN_OR_RETURN(state::HostMemoryInfo host, state::ReadHostMemoryInfo());
   if (reusable) {
@@ -349,10 +409,19 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     job_state->RaiseAbort(state::AbortReason::kShutdown);
     for (auto& r : rings) (void)r->Unlink();
     if (collective) (void)collective->Unlink();
+    std::vector<std::shared_ptr<WorkerSession>> holders = ctx.workers();
+    for (auto& w : adopted_holders_) {
+      if (std::find(holders.begin(), holders.end(), w) == holders.end()) holders.push_back(w);
+    }
+    adopted_holders_.clear();
     if (poolable && options_.pool_host_state) {
-      ReturnToPool(std::move(job_state));
+      ReturnToPool(std::move(job_state), std::move(holders));
     } else {
+      // Workers keep a job's mapping after they finished it successfully: tell them it is gone.
+      const std::string name = job_state->segment_name();
       (void)job_state->Unlink();
+      job_state.reset();
+      ReleaseWorkerMappings(holders, name);
     }
   };
   for (int r = 0; r < world; ++r) {

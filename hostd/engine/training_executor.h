@@ -51,12 +51,19 @@ class TrainingExecutor : public JobExecutor {
                                                                const std::string& job_id, const ModelLayout& layout,
                                                                int prefault_threads);
   // Puts a finished job's segment into the pool (renamed to the pool's name), or unlinks it.
-  void ReturnToPool(std::unique_ptr<state::JobState> js);
+  // `holders`: the workers that ran the job (they keep it mapped and registered for the next).
+  void ReturnToPool(std::unique_ptr<state::JobState> js, std::vector<std::shared_ptr<WorkerSession>> holders);
+  // Tells `holders` that a segment they may keep mapped is being removed and waits (at most a
+  // few seconds) for their acks, so its memory is really free before the next admission check.
+  void ReleaseWorkerMappings(const std::vector<std::shared_ptr<WorkerSession>>& holders, const std::string& segment);
   TrainingExecutorOptions options_;
   // The pooled state segment (mapped here, renamed to "/slidedp.<node>.pool.pooled"); only the
   // job-runner thread touches it, and the destructor unlinks it.
   std::unique_ptr<state::JobState> pooled_;
   std::string pooled_name_;
+  std::vector<std::shared_ptr<WorkerSession>> pooled_holders_;  // workers that may keep it mapped
+  // The holders of the pooled segment the running job adopted (they may not all be its workers).
+  std::vector<std::shared_ptr<WorkerSession>> adopted_holders_;
   // Bumped after every attempt that did not succeed: its communicators may be broken mid-collective.
   std::atomic<int64_t> comm_generation_{0};
   std::string instance_token_;  // pid and start time of this hostd

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -58,6 +59,18 @@ struct RankResult {
   absl::Status status;
 };
 
+// The next command for a fake worker, acknowledging releases of kept state mappings (which a
+// real worker handles on its session thread) on the way.
+std::optional<v1::HostCommand> NextCommand(WorkerSession& w) {
+  while (true) {
+    auto c = w.commands().Pop(absl::Seconds(20));
+    if (!c || !c->has_release_host_state()) return c;
+    v1::WorkerReport ack;
+    *ack.mutable_host_state_released() = c->release_host_state();
+    w.reports().Push(ack);
+  }
+}
+
 enum class Fault { kNone, kOutsideShard, kNoSquaredNorm };
 
 // One scripted rank. On the gpu route rank r posts its shards in pieces of slot/(r+1) elements,
@@ -71,7 +84,7 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
     rep.mutable_job_finished()->set_message(std::string(s.message()));
     w->reports().Push(rep);
   };
-  auto cmd = w->commands().Pop(absl::Seconds(20));
+  auto cmd = NextCommand(*w);
   if (!cmd || !cmd->has_assign()) return fail(absl::DeadlineExceededError("no assignment"));
   const v1::Assignment a = cmd->assign();
   out->assignment = a;
@@ -90,7 +103,7 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
     w->reports().Push(rep);
   }
   if (world > 1 && rank > 0) {
-    auto c = w->commands().Pop(absl::Seconds(20));
+    auto c = NextCommand(*w);
     if (!c || !c->has_comm_id()) return fail(absl::DeadlineExceededError("no comm id"));
     out->comm_id = c->comm_id().id();
   }

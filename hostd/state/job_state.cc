@@ -125,6 +125,11 @@ absl::StatusOr<std::unique_ptr<JobState>> JobState::Attach(const std::string& se
 }
 
 // Resolves the region table into typed pointers, checking every size against the control block.
+absl::Status JobState::Rebind() {
+  RETURN_IF_ERROR(segment_->Reload());
+  return BindViews();
+}
+
 absl::Status JobState::BindViews() {
   const std::string& name = segment_->name();
   ASSIGN_OR_RETURN(Region control, segment_->FindRegion(kControlRegion));

@@ -77,6 +77,9 @@ class JobState {
 
   // FAILED_PRECONDITION when the segment was made for another model layout.
   absl::Status CheckMatches(const ModelLayout& layout) const;
+  // Re-reads the segment's layout through this mapping after its owner re-laid it out in place
+  // (a worker keeping a pooled segment mapped between jobs); the views change, the mapping not.
+  absl::Status Rebind();
 
   int num_units() const { return static_cast<int>(units_.size()); }
   int64_t unit_numel(int unit) const { return units_[unit].numel; }

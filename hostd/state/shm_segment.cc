@@ -281,6 +281,22 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(const std::string& 
 
 // Validates the table against the mapping and copies it out (so later corruption of the shared
 // table cannot redirect this process's accesses).
+absl::StatusOr<ShmSegment::FileId> ShmSegment::Identity() const {
+  struct stat st;
+  if (fstat(fd_, &st) != 0) return ErrnoStatus(absl::StrCat("fstat of segment ", name_), errno);
+  return FileId{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_nlink),
+                static_cast<uint64_t>(st.st_size)};
+}
+
+absl::Status ShmSegment::Reload() {
+  ASSIGN_OR_RETURN(FileId id, Identity());
+  if (id.size != bytes_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("segment ", name_, ": the file is ", id.size, " bytes now, mapped with ", bytes_));
+  }
+  return LoadRegionTable();
+}
+
 absl::Status ShmSegment::LoadRegionTable() {
   const ShmHeader& h = header();
   const uint64_t n = h.region_count;

@@ -148,6 +148,17 @@ class ShmSegment {
   // Removes the name; existing mappings stay valid until unmapped. NOT_FOUND if already gone.
   absl::Status Unlink();
 
+  // The mapped file: which one (a renamed file keeps it), whether it still has a name, its size.
+  struct FileId {
+    uint64_t device = 0, inode = 0, links = 0, size = 0;
+    bool SameFile(const FileId& o) const { return device == o.device && inode == o.inode; }
+  };
+  absl::StatusOr<FileId> Identity() const;
+  // Reads the header and region table again (the owner re-laid the file out in place, e.g.
+  // Reformat of a pooled segment this mapping still shows); FAILED_PRECONDITION when the file's
+  // size is no longer the mapped size.
+  absl::Status Reload();
+
  private:
   ShmSegment(std::string name, int fd, uint8_t* base, uint64_t bytes, Access access);
   static absl::StatusOr<std::unique_ptr<ShmSegment>> CreateOrReformat(

@@ -562,6 +562,32 @@ TEST(Service, SecondJobReusesThePooledHostStateAndGivesTheSameResult) {
   }
   EXPECT_EQ(node.PooledSegments().size(), 1u);
   EXPECT_TRUE(node.LeakedSegments().empty());
+  // The worker kept the first job's mapping (on CUDA also the mirrors' registrations) and the
+  // second job found it: hostd renamed the pooled file, the worker re-read its layout.
+  const std::string worker_log = ReadFile(node.dir() + "/worker0.log");
+  EXPECT_NE(worker_log.find("the previous job's segment, still mapped"), std::string::npos) << "see " << node.dir();
+}
+
+// Without pooling hostd removes each finished job's segment and tells the worker, which drops
+// the mapping it kept (its memory is free before the next admission check).
+TEST(Service, WithoutPoolingTheWorkerReleasesItsKeptMappingWhenHostdSaysSo) {
+  NodeHarness node(1, {"--pool-host-state=false"});
+  SpecOptions o;
+  o.workers = 1;
+  o.micro_batch = 4;
+  o.steps = 2;
+  o.output = "out-a";
+  MustSucceed(node, Spec(o), "a");
+  o.output = "out-b";
+  MustSucceed(node, Spec(o), "b");
+  EXPECT_TRUE(node.PooledSegments().empty());
+  EXPECT_TRUE(node.LeakedSegments().empty());
+  const std::string worker_log = ReadFile(node.dir() + "/worker0.log");
+  EXPECT_NE(worker_log.find("(hostd removes it)"), std::string::npos) << "see " << node.dir();
+  EXPECT_EQ(worker_log.find("still mapped"), std::string::npos);
+  const std::string hostd_log = ReadFile(node.dir() + "/hostd0.log");
+  EXPECT_NE(hostd_log.find("worker(s) released"), std::string::npos);
+  EXPECT_EQ(hostd_log.find("did not confirm"), std::string::npos);
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include "worker/pipeline/cuda_checkpoint_store.h"
 #include "worker/pipeline/cuda_gradient_path.h"
 #include "worker/pipeline/cuda_streamer.h"
+#include "worker/pipeline/host_registry.h"
 #include <cuda_runtime_api.h>
 #endif
 
@@ -49,11 +50,91 @@ ActPolicy ToActPolicy(ActivationPolicy p) {
 
 }  // namespace
 
-WorkerAgent::WorkerAgent(WorkerOptions options) : options_(std::move(options)) {}
+struct WorkerAgent::HostState {
+  std::unique_ptr<state::JobState> js;
+#ifdef SLIDEDP_HAVE_CUDA_BACKEND
+  std::unique_ptr<HostRegistry> registry;  // CUDA workers; destroyed (unregistered) before js unmaps
+#endif
+};
+
+WorkerAgent::WorkerAgent(WorkerOptions options) : options_(std::move(options)) {
+  cache_watcher_ = std::thread(&WorkerAgent::WatchHostState, this);
+}
 
 WorkerAgent::~WorkerAgent() {
   Stop();
   if (job_thread_.joinable()) job_thread_.join();
+  if (cache_watcher_.joinable()) cache_watcher_.join();
+  DropHostState("the worker stops");
+}
+
+absl::StatusOr<std::unique_ptr<WorkerAgent::HostState>> WorkerAgent::TakeHostState(const std::string& segment) {
+  ASSIGN_OR_RETURN(std::unique_ptr<state::JobState> fresh, state::JobState::Attach(segment, state::Access::kReadWrite));
+  {
+    absl::MutexLock l(&cache_mu_);
+    if (cached_) {
+      // hostd renamed the pooled file for this job and laid it out again in place: the mapping
+      // (and the pages CUDA pinned through it) stay valid; re-read the layout through it.
+      auto kept = cached_->js->segment().Identity(), now = fresh->segment().Identity();
+      if (kept.ok() && now.ok() && kept->SameFile(*now) && cached_->js->bytes() == fresh->bytes()) {
+        absl::Status s = cached_->js->Rebind();
+        if (s.ok()) {
+          LOG(INFO) << "state " << segment << ": the previous job's segment, still mapped and registered";
+          return std::move(cached_);
+        }
+        LOG(WARNING) << "state " << segment << ": cannot re-read the kept mapping (" << s << "); mapping it again";
+      }
+    }
+  }
+  DropHostState("the job uses another state segment");
+  auto hs = std::make_unique<HostState>();
+  hs->js = std::move(fresh);
+#ifdef SLIDEDP_HAVE_CUDA_BACKEND
+  if (options_.backend == BackendKind::kCuda) hs->registry = std::make_unique<HostRegistry>();
+#endif
+  return hs;
+}
+
+void WorkerAgent::KeepHostState(std::unique_ptr<HostState> hs) {
+  auto id = hs->js->segment().Identity();
+  if (!id.ok() || id->links == 0) return;  // already removed by hostd: let it go now
+  std::unique_ptr<HostState> old;
+  absl::MutexLock l(&cache_mu_);
+  old = std::move(cached_);
+  cached_ = std::move(hs);
+}
+
+void WorkerAgent::DropHostState(const char* why) {
+  std::unique_ptr<HostState> old;
+  {
+    absl::MutexLock l(&cache_mu_);
+    old = std::move(cached_);
+  }
+  if (!old) return;
+  const std::string name = old->js->segment_name();
+#ifdef SLIDEDP_HAVE_CUDA_BACKEND
+  if (options_.backend == BackendKind::kCuda) cudaSetDevice(options_.index);  // the registering context
+#endif
+  old.reset();
+  LOG(INFO) << "dropped the kept mapping of " << name << " (" << why << ")";
+}
+
+void WorkerAgent::WatchHostState() {
+  pthread_setname_np(pthread_self(), "state-watch");
+  int tick = 0;
+  while (!stop_) {
+    absl::SleepFor(absl::Milliseconds(100));
+    if (++tick % 10 != 0) continue;
+    bool unlinked = false;
+    {
+      absl::MutexLock l(&cache_mu_);
+      if (cached_) {
+        auto id = cached_->js->segment().Identity();
+        unlinked = !id.ok() || id->links == 0;
+      }
+    }
+    if (unlinked) DropHostState("its file was removed");
+  }
 }
 
 std::string WorkerAgent::worker_id() const {
@@ -151,6 +232,11 @@ absl::Status WorkerAgent::RunSession() {
       } else if (cmd.has_comm_id()) {
         absl::MutexLock l(&comm_mu_);
         comm_id_ = cmd.comm_id();
+      } else if (cmd.has_release_host_state()) {
+        DropHostState("hostd removes it");
+        v1::WorkerReport ack;
+        *ack.mutable_host_state_released() = cmd.release_host_state();
+        Send(ack);
       } else if (!cmd.cancel_job_id().empty() && cmd.cancel_job_id() == current_job_) {
         cancel_job_ = true;
       }
@@ -159,6 +245,7 @@ absl::Status WorkerAgent::RunSession() {
   // hostd went away: a running job cannot finish (its gates and ring belong to that hostd).
   cancel_job_ = true;
   if (job_thread_.joinable()) job_thread_.join();
+  DropHostState("the session with hostd ended");
   {
     absl::MutexLock l(&stream_mu_);
     stream_ = nullptr;
@@ -171,8 +258,10 @@ void WorkerAgent::RunJob(v1::Assignment a) {
   pthread_setname_np(pthread_self(), "worker-job");
   LOG(INFO) << "job " << a.job_id() << ": rank " << a.rank() << " of " << a.world_size() << ", steps "
             << a.first_step() << ".." << a.total_steps();
-  absl::Status s = ExecuteJob(a);
+  std::unique_ptr<HostState> keep;
+  absl::Status s = ExecuteJob(a, &keep);
   LOG(INFO) << "job " << a.job_id() << " finished on this worker: " << s;
+  if (s.ok() && keep) KeepHostState(std::move(keep));  // after every user of it is gone
 #ifdef SLIDEDP_HAVE_CUDA_BACKEND
   // After a failed or cancelled job the peers may have stopped at different collectives: never
   // reuse the communicator (hostd also changes the membership key after a failure).
@@ -259,7 +348,7 @@ absl::StatusOr<NcclCommunicator*> WorkerAgent::CommunicatorFor(const v1::Assignm
 #endif
 }
 
-absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
+absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<HostState>* keep) {
   ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(a.resolved_spec_yaml(), "", JobSpec::FileCheck::kSkip));
   Qwen3Config config;
   if (!spec.model_preset.empty()) {
@@ -268,7 +357,8 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
     ASSIGN_OR_RETURN(config, Qwen3Config::FromFile(spec.model_path + "/config.json"));
   }
   ModelLayout layout = ModelLayout::Build(config);
-  ASSIGN_OR_RETURN(auto job_state, state::JobState::Attach(a.state_segment(), state::Access::kReadWrite));
+  ASSIGN_OR_RETURN(std::unique_ptr<HostState> host_state, TakeHostState(a.state_segment()));
+  state::JobState* job_state = host_state->js.get();
   RETURN_IF_ERROR(job_state->CheckMatches(layout));
   ASSIGN_OR_RETURN(auto ring, state::GradRing::Attach(a.ring_segment(), state::RingRole::kProducer, &job_state->abort()));
   ASSIGN_OR_RETURN(ComputeBackend * backend, BackendFor(config));
@@ -301,7 +391,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
   std::unique_ptr<state::ShmCollective> collective;
   std::unique_ptr<CheckpointStore> checkpoints;  // null: layer inputs stay on the device
   if (options_.backend == BackendKind::kCpu) {
-    streamer = std::make_unique<HostMirrorStreamer>(job_state.get(), timeout);
+    streamer = std::make_unique<HostMirrorStreamer>(job_state, timeout);
     if (gpu_route) {
       if (a.collective_segment().empty()) {
         return absl::FailedPreconditionError("grad_reduction gpu on CPU workers needs hostd's collective segment");
@@ -326,7 +416,8 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
     copt.chunk_bytes = spec.chunk_bytes;
     copt.gate_timeout = timeout;
     copt.sharded_with = sharded ? comm : nullptr;
-    ASSIGN_OR_RETURN(streamer, CudaWindowStreamer::Create(job_state.get(), ring.get(), layout,
+    copt.registry = host_state->registry.get();
+    ASSIGN_OR_RETURN(streamer, CudaWindowStreamer::Create(job_state, ring.get(), layout,
                                                           static_cast<cudaStream_t>(backend->native_stream()), copt));
     CudaGradientPathOptions cg;
     cg.base = gopt;
@@ -391,6 +482,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a) {
   }
   RETURN_IF_ERROR(grads->Drain());  // device staging: the last step's parts may still be posting
   ring->Close();
+  *keep = std::move(host_state);
   return absl::OkStatus();
 }
 

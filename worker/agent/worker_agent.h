@@ -17,6 +17,9 @@
 
 namespace slidedp {
 class NcclCommunicator;
+namespace state {
+class JobState;
+}
 }
 
 namespace slidedp::worker {
@@ -45,13 +48,26 @@ class WorkerAgent {
  private:
   absl::Status RunSession();
   void RunJob(v1::Assignment a);
-  absl::Status ExecuteJob(const v1::Assignment& a);
+  struct HostState;
+  // Runs the job; on success hands its host state mapping to *keep (for KeepHostState).
+  absl::Status ExecuteJob(const v1::Assignment& a, std::unique_ptr<HostState>* keep);
   absl::StatusOr<ComputeBackend*> BackendFor(const Qwen3Config& config);
   // The job's NCCL communicator: the warm one when hostd's membership key is unchanged, else a
   // new one (rank 0 makes the unique id and reports it; the others wait for hostd to relay it).
   absl::StatusOr<NcclCommunicator*> CommunicatorFor(const v1::Assignment& a);
   absl::StatusOr<std::string> AwaitCommId(const v1::Assignment& a);
   bool Send(const v1::WorkerReport& r);
+
+  // A job's mapping of its state segment and (CUDA) the registrations of its mirrors. After a
+  // job that succeeded on this worker it is kept (cached_), because hostd pools the segment for
+  // the next job of the same size: that job then finds it mapped and registered. It is dropped
+  // when hostd releases the segment (HostCommand.release_host_state), when the file loses its
+  // name (checked every second: a hostd that unlinks without telling), when the next job uses
+  // another segment, and when the session with hostd ends.
+  absl::StatusOr<std::unique_ptr<HostState>> TakeHostState(const std::string& segment);
+  void KeepHostState(std::unique_ptr<HostState> hs);
+  void DropHostState(const char* why);
+  void WatchHostState();
 
   WorkerOptions options_;
   std::atomic<bool> stop_{false};
@@ -69,6 +85,10 @@ class WorkerAgent {
 
   absl::Mutex comm_mu_;
   std::optional<v1::CommId> comm_id_ ABSL_GUARDED_BY(comm_mu_);  // last relayed by hostd
+
+  absl::Mutex cache_mu_;
+  std::unique_ptr<HostState> cached_ ABSL_GUARDED_BY(cache_mu_);
+  std::thread cache_watcher_;
 };
 
 }  // namespace slidedp::worker

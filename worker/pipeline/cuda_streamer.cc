@@ -10,24 +10,6 @@
 #include "worker/kernels/cuda_check.h"
 
 namespace slidedp {
-namespace {
-
-constexpr uint64_t kPage = 4096;
-
-absl::Status Register(void* p, uint64_t bytes, std::vector<void*>* registered) {
-  uint64_t begin = reinterpret_cast<uint64_t>(p) & ~(kPage - 1);
-  uint64_t end = (reinterpret_cast<uint64_t>(p) + bytes + kPage - 1) & ~(kPage - 1);
-  void* base = reinterpret_cast<void*>(begin);
-  cudaError_t e = cudaHostRegister(base, end - begin, cudaHostRegisterDefault);
-  if (e != cudaSuccess) {
-    return absl::ResourceExhaustedError(absl::StrCat("cudaHostRegister of ", end - begin, " bytes failed: ",
-                                                     cudaGetErrorString(e)));
-  }
-  registered->push_back(base);
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(state::JobState* state,
                                                                                state::GradRing* ring,
@@ -43,10 +25,11 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s->h2d_, cudaStreamNonBlocking));
   const int world = options.sharded_with ? options.sharded_with->world() : 1;
   for (const UnitLayout& u : layout.units) s->slot_bytes_ = std::max<int64_t>(s->slot_bytes_, PaddedNumel(u.numel, world) * 2);
+  HostRegistry* registry = options.registry != nullptr ? options.registry : &s->own_registry_;
   for (int u = 0; u < layout.num_units(); ++u) {
-    RETURN_IF_ERROR(Register(state->mirror(u), layout.units[u].numel * 2, &s->registered_));
+    RETURN_IF_ERROR(registry->Ensure(state->mirror(u), layout.units[u].numel * 2));
   }
-  if (ring != nullptr) RETURN_IF_ERROR(Register(ring->slots_base(), ring->slots_bytes(), &s->registered_));
+  if (ring != nullptr) RETURN_IF_ERROR(s->own_registry_.Ensure(ring->slots_base(), ring->slots_bytes()));
   s->slots_.resize(std::max(2, options.window_slots));
   for (Slot& slot : s->slots_) {
     cudaError_t e = cudaMalloc(&slot.data, s->slot_bytes_);
@@ -70,7 +53,6 @@ CudaWindowStreamer::~CudaWindowStreamer() {
     if (slot.ready) cudaEventDestroy(slot.ready);
     if (slot.free) cudaEventDestroy(slot.free);
   }
-  for (void* p : registered_) cudaHostUnregister(p);
   if (h2d_) cudaStreamDestroy(h2d_);
 }
 

@@ -23,6 +23,7 @@
 #include "hostd/state/job_state.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/pipeline/cuda_copy_timer.h"
+#include "worker/pipeline/host_registry.h"
 #include "worker/pipeline/unit_streamer.h"
 
 namespace slidedp {
@@ -33,12 +34,15 @@ struct CudaStreamerOptions {
   int64_t chunk_bytes = 64ll << 20;  // H2D chunk
   absl::Duration gate_timeout = absl::Minutes(10);
   NcclCommunicator* sharded_with = nullptr;  // non-null: sharded delivery over this communicator
+  // Where the mirrors' registrations live: the caller's (kept after the job, for the next job on
+  // the same mapping) or, when null, the streamer's own (dropped with it).
+  HostRegistry* registry = nullptr;
 };
 
 class CudaWindowStreamer : public UnitStreamer {
  public:
-  // Registers every unit's mirror region and the ring's slots (ring may be null) with CUDA
-  // (unregistered on destruction) and allocates the window.
+  // Registers every unit's mirror region (in options.registry, or its own) and the ring's slots
+  // (ring may be null; its own, unregistered on destruction) with CUDA and allocates the window.
   static absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> Create(state::JobState* state, state::GradRing* ring,
                                                                      const ModelLayout& layout, cudaStream_t compute,
                                                                      const CudaStreamerOptions& options);
@@ -73,7 +77,7 @@ class CudaWindowStreamer : public UnitStreamer {
   cudaStream_t h2d_ = nullptr;
   int64_t slot_bytes_ = 0;
   std::vector<Slot> slots_;
-  std::vector<void*> registered_;
+  HostRegistry own_registry_;  // the ring's slots, and the mirrors without options.registry
   uint64_t clock_ = 0;
   double gate_wait_s_ = 0;
   CudaCopyTimer h2d_timer_;
