@@ -84,6 +84,18 @@ absl::StatusOr<std::unique_ptr<JobState>> JobState::Reformat(const std::string& 
   return Initialize(std::move(seg), job_id, layout, o);
 }
 
+absl::StatusOr<std::unique_ptr<JobState>> JobState::Relayout(std::unique_ptr<JobState> state,
+                                                             const std::string& new_name, const std::string& job_id,
+                                                             const ModelLayout& layout, const JobStateOptions& options) {
+  if (layout.units.empty()) return absl::InvalidArgumentError("JobState: model layout has no units");
+  std::unique_ptr<ShmSegment> seg = std::move(state->segment_);
+  state.reset();
+  RETURN_IF_ERROR(seg->Relayout(new_name, JobRegions(layout), options.alignment));
+  JobStateOptions o = options;
+  o.first_touch = FirstTouch::kByOwner;  // every page is allocated and mapped here already
+  return Initialize(std::move(seg), job_id, layout, o);
+}
+
 absl::StatusOr<std::unique_ptr<JobState>> JobState::Initialize(std::unique_ptr<ShmSegment> seg,
                                                                const std::string& job_id,
                                                                const ModelLayout& layout,

@@ -69,6 +69,13 @@ class JobState {
                                                             const std::string& job_id,
                                                             const ModelLayout& layout,
                                                             const JobStateOptions& options = {});
+  // Reformat without remapping: `state` (a pooled segment this process keeps mapped, its file
+  // already renamed to `new_name`) is laid out for `layout` through its own mapping, whose page
+  // tables stay populated, so nothing is prefaulted again. Needs SegmentBytes(layout) equal to
+  // the segment's size (FAILED_PRECONDITION otherwise; Reformat handles a smaller layout).
+  static absl::StatusOr<std::unique_ptr<JobState>> Relayout(std::unique_ptr<JobState> state, const std::string& new_name,
+                                                            const std::string& job_id, const ModelLayout& layout,
+                                                            const JobStateOptions& options = {});
   // Maps an existing job segment (workers: kReadWrite if they may raise the abort word).
   static absl::StatusOr<std::unique_ptr<JobState>> Attach(const std::string& segment_name,
                                                           Access access);

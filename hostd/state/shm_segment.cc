@@ -108,6 +108,34 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Reformat(
   return CreateOrReformat(name, regions, options, /*reformat=*/true);
 }
 
+// Writes the header (magic excluded) and region table of `place` at `base`.
+static void WriteLayout(void* base, const Placement& place, const std::vector<RegionSpec>& regions, uint64_t alignment) {
+  auto* h = reinterpret_cast<ShmHeader*>(base);
+  std::memset(h, 0, sizeof(ShmHeader));
+  h->layout_version = kShmLayoutVersion;
+  h->header_bytes = sizeof(ShmHeader);
+  h->total_bytes = place.total;
+  ProcessIdentity self = SelfIdentity();
+  h->creator_pid = self.pid;
+  h->creator_start_ticks = self.start_ticks;
+  h->region_count = static_cast<uint32_t>(regions.size());
+  h->table_offset = place.table_offset;
+  h->data_offset = place.data_offset;
+  h->alignment = alignment;
+  h->created_unix_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::system_clock::now().time_since_epoch()).count());
+  auto* table = reinterpret_cast<ShmRegionEntry*>(static_cast<uint8_t*>(base) + place.table_offset);
+  for (size_t i = 0; i < regions.size(); ++i) {
+    ShmRegionEntry& e = table[i];
+    std::memset(&e, 0, sizeof(e));
+    std::memcpy(e.name, regions[i].name.data(), regions[i].name.size());
+    e.dtype = static_cast<uint32_t>(regions[i].dtype);
+    e.offset = place.offsets[i];
+    e.bytes = regions[i].bytes;
+  }
+}
+
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::CreateOrReformat(
     const std::string& name, const std::vector<RegionSpec>& regions,
     const ShmCreateOptions& options, bool reformat) {
@@ -181,30 +209,7 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::CreateOrReformat(
   void* base = ::mmap(nullptr, place.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) return fail(ErrnoStatus(absl::StrCat("mmap ", name), errno));
 
-  auto* h = reinterpret_cast<ShmHeader*>(base);
-  std::memset(h, 0, sizeof(ShmHeader));
-  h->layout_version = kShmLayoutVersion;
-  h->header_bytes = sizeof(ShmHeader);
-  h->total_bytes = place.total;
-  ProcessIdentity self = SelfIdentity();
-  h->creator_pid = self.pid;
-  h->creator_start_ticks = self.start_ticks;
-  h->region_count = static_cast<uint32_t>(regions.size());
-  h->table_offset = place.table_offset;
-  h->data_offset = place.data_offset;
-  h->alignment = options.alignment;
-  h->created_unix_ns = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(
-          std::chrono::system_clock::now().time_since_epoch()).count());
-  auto* table = reinterpret_cast<ShmRegionEntry*>(static_cast<uint8_t*>(base) + place.table_offset);
-  for (size_t i = 0; i < regions.size(); ++i) {
-    ShmRegionEntry& e = table[i];
-    std::memset(&e, 0, sizeof(e));
-    std::memcpy(e.name, regions[i].name.data(), regions[i].name.size());
-    e.dtype = static_cast<uint32_t>(regions[i].dtype);
-    e.offset = place.offsets[i];
-    e.bytes = regions[i].bytes;
-  }
+  WriteLayout(base, place, regions, options.alignment);
   MagicRef(base).store(kShmMagic, std::memory_order_release);  // publish: header complete
 
   std::unique_ptr<ShmSegment> seg(
@@ -220,6 +225,26 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::CreateOrReformat(
   VLOG(1) << "created shm segment " << name << " (" << Gib(place.total) << ", "
           << regions.size() << " regions)";
   return seg;
+}
+
+absl::Status ShmSegment::Relayout(const std::string& new_name, const std::vector<RegionSpec>& regions,
+                                 uint64_t alignment) {
+  if (access_ != Access::kReadWrite) return absl::FailedPreconditionError(absl::StrCat("segment ", name_, " is read-only"));
+  for (const RegionSpec& r : regions) {
+    if (r.name.empty() || r.name.size() >= kRegionNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("segment ", new_name, ": bad region name '", r.name, "'"));
+    }
+  }
+  const Placement place = Place(regions, alignment);
+  if (place.total != bytes_) {
+    return absl::FailedPreconditionError(absl::StrCat("segment ", name_, " is ", bytes_, " bytes; the new layout needs ",
+                                                      place.total, " (relayout in place needs the same size)"));
+  }
+  MagicRef(base_).store(0, std::memory_order_release);  // an opener racing it sees "still being created"
+  WriteLayout(base_, place, regions, alignment);
+  MagicRef(base_).store(kShmMagic, std::memory_order_release);
+  name_ = new_name;
+  return LoadRegionTable();
 }
 
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(const std::string& name,

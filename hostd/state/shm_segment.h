@@ -115,6 +115,10 @@ class ShmSegment {
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Reformat(
       const std::string& name, const std::vector<RegionSpec>& regions,
       const ShmCreateOptions& options = {});
+  // Lays this mapping's segment out again for regions of exactly its size, through this mapping
+  // (its page tables stay populated: no re-prefault), after the file was renamed to `new_name`
+  // (a pooled segment adopted by the next job). FAILED_PRECONDITION for another size.
+  absl::Status Relayout(const std::string& new_name, const std::vector<RegionSpec>& regions, uint64_t alignment);
   // Maps an existing segment and validates its header against the file: NOT_FOUND, DATA_LOSS
   // (bad magic, truncated, region out of bounds), FAILED_PRECONDITION (other layout version or
   // header size, or creation not finished).

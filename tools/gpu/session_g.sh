@@ -54,7 +54,8 @@ YAML
     echo "--- $id: exit $?: $(tail -n 2 $d/$id.progress | tr '\n' ' ')"
     slidedp status $id | grep -E "first step|state"
   done
-  grep -h "reused pooled\|state segment\|host state" $d/hostd.log | tail -n 4
+  grep -h "reused pooled\|state segment\|host state" $d/hostd.log | tail -n 6
+  grep -h "still mapped\|dropped the kept" $d/worker.log | tail -n 3
   kill $worker_pid $hostd_pid; wait
 fi
 

@@ -63,10 +63,19 @@ YAML
   if [ "${FLOOR_ONLY:-0}" = 1 ]; then
     dump_batches --job "$d/ft.yaml" --out "$d/batches.bin" > "$d/dump.log" 2>&1
     t0=$SECONDS
+    # Both precisions on this checkpoint (a pretrain on another run may differ: our attention
+    # backward accumulates dQ with atomics, so runs are not bitwise repeatable).
+    timeout 60 python3 tools/verify/hf_train_reference.py --batches "$d/batches.bin" \
+      --model "$d/pre/checkpoint-$PRE" --steps "${FLOOR_STEPS:-100}" --out "$out/$tag-floor-autocast.json" \
+      > "$d/hf-autocast.log" 2>&1
+    echo "--- $tag HF autocast (${FLOOR_STEPS:-100} steps): exit $? after $((SECONDS - t0)) s"
+    t0=$SECONDS
     timeout "${FLOOR_CAP:-300}" python3 tools/verify/hf_train_reference.py --batches "$d/batches.bin" \
-      --model "$d/pre/checkpoint-$PRE" --precision fp32 --steps "${FLOOR_STEPS:-100}" --out "$out/$tag-hf-fp32.json" \
+      --model "$d/pre/checkpoint-$PRE" --precision fp32 --steps "${FLOOR_STEPS:-100}" --out "$out/$tag-floor-fp32.json" \
       > "$d/hf-fp32.log" 2>&1
     echo "--- $tag HF fp32 (${FLOOR_STEPS:-100} steps): exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/hf-fp32.log")"
+    python3 tools/verify/compare_curves.py "$out/$tag-floor-fp32.json" "$out/$tag-floor-autocast.json" --tol 6e-4 2>&1 |
+      head -n 2 | sed "s/^/$tag floor, HF fp32 vs HF autocast: /"
     return
   fi
   t0=$SECONDS

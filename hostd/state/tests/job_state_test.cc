@@ -2,6 +2,7 @@
 // segment, deferred first touch by owner threads, layout mismatch.
 #include "hostd/state/job_state.h"
 
+#include <cstdio>
 #include <cstring>
 
 #include <sys/mman.h>
@@ -220,6 +221,54 @@ TEST(JobState, ReformatLaysAPooledSegmentOutForASmallerModel) {
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_FALSE((*first)->abort().raised());
   EXPECT_EQ((*first)->version(1).Load(), 0u);
+}
+
+// A pooled segment of the same size is laid out again through the mapping hostd kept (no
+// remap): a fresh control block under the new name; a worker's kept mapping of the same file
+// re-reads the layout with Rebind(), and its data pointers still show the same pages.
+TEST(JobState, RelayoutReusesTheMappingAndAKeptWorkerMappingRebinds) {
+  const ModelLayout layout = TinyLayout(4);
+  auto created = JobState::Create(testing::TestNode(), testing::UniqueJob(), layout);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const std::string old_name = (*created)->segment_name();
+  const std::string new_name = old_name + "-next";
+  testing::ScopedUnlink cleanup(new_name);
+  (*created)->version(2).Publish(9);
+  (*created)->RaiseAbort(AbortReason::kCancelled);
+  (*created)->master(1)[5] = 42.0f;
+  const float* before = (*created)->master(1);
+  auto worker = JobState::Attach(old_name, Access::kReadWrite);  // a worker keeps this across jobs
+  ASSERT_TRUE(worker.ok()) << worker.status();
+
+  ASSERT_EQ(::rename(("/dev/shm" + old_name).c_str(), ("/dev/shm" + new_name).c_str()), 0);
+  EXPECT_EQ(JobState::Relayout(JobState::Create(testing::TestNode(), testing::UniqueJob(), TinyLayout(3)).value(),
+                               "/unused", "x", layout)
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);  // another size (that sibling is unlinked below)
+  auto relaid = JobState::Relayout(std::move(*created), new_name, "next", layout);
+  ASSERT_TRUE(relaid.ok()) << relaid.status();
+  EXPECT_EQ((*relaid)->segment_name(), new_name);
+  EXPECT_EQ((*relaid)->master(1), before);  // the same mapping
+  EXPECT_EQ((*relaid)->master(1)[5], 42.0f);
+  EXPECT_FALSE((*relaid)->abort().raised());
+  EXPECT_EQ((*relaid)->version(2).Load(), 0u);
+  EXPECT_TRUE((*relaid)->CheckMatches(layout).ok());
+
+  ASSERT_TRUE((*worker)->Rebind().ok());
+  EXPECT_FALSE((*worker)->abort().raised());
+  EXPECT_EQ((*worker)->version(2).Load(), 0u);
+  (*relaid)->version(2).Publish(1);
+  EXPECT_EQ((*worker)->version(2).Load(), 1u);
+  EXPECT_EQ((*worker)->master(1)[5], 42.0f);
+  auto a = (*worker)->segment().Identity(), b = (*relaid)->segment().Identity();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(a->SameFile(*b));
+  EXPECT_EQ(a->links, 1u);
+  ASSERT_TRUE((*relaid)->Unlink().ok());
+  a = (*worker)->segment().Identity();
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->links, 0u);  // what the worker's watcher looks for
 }
 
 }  // namespace
