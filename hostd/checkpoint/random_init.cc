@@ -63,13 +63,19 @@ void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& mas
     int64_t chunk;
   };
   std::vector<Job> jobs;
+  std::vector<std::pair<float*, int64_t>> zero;  // padding stays 0: every unit cleared first, in chunks
   for (const UnitLayout& unit : layout.units) {
     float* base = master_of_unit(unit.index);
-    std::memset(base, 0, static_cast<size_t>(unit.numel) * sizeof(float));  // padding stays 0
+    for (int64_t off = 0; off < unit.numel; off += kChunkNumel) {
+      zero.emplace_back(base + off, std::min(kChunkNumel, unit.numel - off));
+    }
     for (const TensorSlot& t : unit.tensors) {
       for (int64_t c = 0; c * kChunkNumel < t.numel; ++c) jobs.push_back({base + t.offset_numel, &t, c});
     }
   }
+  ParallelFor(zero.size(), threads, [&](size_t i) {
+    std::memset(zero[i].first, 0, static_cast<size_t>(zero[i].second) * sizeof(float));
+  });
   const double stddev = layout.config.initializer_range;
   ParallelFor(jobs.size(), threads, [&](size_t j) {
     const Job& job = jobs[j];

@@ -455,13 +455,18 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   }
 
   if (reused_state && ctx.resume_from().empty()) {
-    // A fresh segment is zero: so are the moments (and master, before the weights are written)
-    // of a reused one. A resumed job's checkpoint writes all three.
-    checkpoint::ParallelFor(num_units, std::max(1, std::min(8, adam->num_threads())), [&](size_t u) {
-      const size_t n = static_cast<size_t>(layout.units[u].numel);
-      std::memset(job_state->master(static_cast<int>(u)), 0, n * sizeof(float));
-      std::memset(job_state->m(static_cast<int>(u)), 0, n * sizeof(float));
-      std::memset(job_state->v(static_cast<int>(u)), 0, n * sizeof(float));
+    // A fresh segment is zero: so must the moments of a reused one be. (Master is written whole
+    // below, padding included, by the random init or the weight loader; a resumed job's
+    // checkpoint writes all three.) In pieces, so the embedding does not leave one thread alone.
+    std::vector<std::pair<int, int64_t>> pieces;
+    for (int u = 0; u < num_units; ++u) {
+      for (int64_t off = 0; off < layout.units[u].numel; off += 16 * kAggregatePiece) pieces.emplace_back(u, off);
+    }
+    checkpoint::ParallelFor(pieces.size(), std::max(1, sopt.prefault_threads), [&](size_t p) {
+      const auto [u, off] = pieces[p];
+      const size_t n = static_cast<size_t>(std::min<int64_t>(16 * kAggregatePiece, layout.units[u].numel - off));
+      std::memset(job_state->m(u) + off, 0, n * sizeof(float));
+      std::memset(job_state->v(u) + off, 0, n * sizeof(float));
     });
   }
 
