@@ -33,6 +33,16 @@ struct SpecOptions {
   double offload_ratio = 0;    // runtime.offload_ratio
 };
 
+// One worker taking the whole global batch of 8 in micro-batches of 4.
+SpecOptions OneWorker(int steps, std::string output) {
+  SpecOptions o;
+  o.workers = 1;
+  o.micro_batch = 4;
+  o.steps = steps;
+  o.output = std::move(output);
+  return o;
+}
+
 std::string DataDir() {
   static std::string dir = [] {
     std::string d = ::testing::TempDir() + "/it-data-" + std::to_string(getpid());
@@ -308,12 +318,7 @@ TEST(Training, KilledWorkerFailsTheJobQuicklyAndTheOtherStaysUsable) {
   EXPECT_LT(seconds, 10.0) << "the job should fail within a bounded time";
   std::cout << "job failed " << seconds << " s after the kill: " << j->error() << "\n";
   // The surviving worker runs the next job; nothing is left in /dev/shm.
-  SpecOptions next;
-  next.workers = 1;
-  next.micro_batch = 4;
-  next.steps = 2;
-  next.output = "out-next";
-  MustSucceed(node, Spec(next), "next");
+  MustSucceed(node, Spec(OneWorker(2, "out-next")), "next");
   EXPECT_TRUE(node.LeakedSegments().empty());
 }
 
@@ -572,11 +577,7 @@ TEST(Service, SecondJobReusesThePooledHostStateAndGivesTheSameResult) {
 // the mapping it kept (its memory is free before the next admission check).
 TEST(Service, WithoutPoolingTheWorkerReleasesItsKeptMappingWhenHostdSaysSo) {
   NodeHarness node(1, {"--pool-host-state=false"});
-  SpecOptions o;
-  o.workers = 1;
-  o.micro_batch = 4;
-  o.steps = 2;
-  o.output = "out-a";
+  SpecOptions o = OneWorker(2, "out-a");
   MustSucceed(node, Spec(o), "a");
   o.output = "out-b";
   MustSucceed(node, Spec(o), "b");

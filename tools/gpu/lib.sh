@@ -40,3 +40,25 @@ schedule: {kind: ${Q06_SCHEDULE:-cosine}, warmup_steps: ${Q06_WARMUP:-10}, min_l
 runtime: {workers: 1}
 YAML
 }
+
+# eq_run ROOT NAME GPUS RUNTIME_EXTRA STEPS: Qwen3-0.6B on ROOT/data (random tokens, seq 1024,
+# global batch 8, micro-batch 2, clip 1.0, lr 1e-5, FP32 checkpoints) on the first GPUS GPUs, in
+# ROOT/NAME; prints the progress summary and the last metrics line. For 1-vs-2-GPU comparisons.
+eq_run() {
+  local root=$1 name=$2 g=$3 extra=$4 steps=$5 d=$1/$2
+  mkdir -p "$d"
+  cat > "$d/job.yaml" <<YAML
+name: eq
+model: {preset: qwen3-0.6b, init_seed: 0}
+data: {path: $root/data}
+output: {dir: $d/out, save_final: true, save_dtype: fp32}
+train: {seq_len: 1024, global_batch: 8, micro_batch: 2, steps: $steps, seed: 0, max_grad_norm: 1.0}
+optimizer: {lr: 1.0e-5, weight_decay: 0.01}
+runtime: {workers: $g, act_policy: recompute$extra}
+YAML
+  local t0=$SECONDS
+  CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((g - 1))) timeout 150 slidedp run "$d/job.yaml" --backend cuda --run-dir "$d/run" \
+    > "$d/progress.log" 2>&1
+  echo "--- $name: exit $? after $((SECONDS - t0)) s: $(tail -n 2 "$d/progress.log" | tr '\n' ' ')"
+  tail -n 1 "$d"/out/metrics-*.jsonl 2>/dev/null
+}

@@ -13,24 +13,7 @@ exec > >(tee -a "$log") 2>&1
 echo "=== session E $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name --format=csv,noheader | paste -sd,)"
 nvidia-smi topo -m 2>/dev/null | head -5
 
-eq() {  # eq NAME GPUS RUNTIME_EXTRA
-  local name=$1 g=$2 extra=$3 d=/tmp/eq/$1
-  mkdir -p "$d"
-  cat > "$d/job.yaml" <<YAML
-name: eq
-model: {preset: qwen3-0.6b, init_seed: 0}
-data: {path: /tmp/eq/data}
-output: {dir: $d/out, save_final: true, save_dtype: fp32}
-train: {seq_len: 1024, global_batch: 8, micro_batch: 2, steps: $STEPS, seed: 0, max_grad_norm: 1.0}
-optimizer: {lr: 1.0e-5, weight_decay: 0.01}
-runtime: {workers: $g, act_policy: recompute$extra}
-YAML
-  local t0=$SECONDS
-  CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((g - 1))) timeout 150 slidedp run "$d/job.yaml" --backend cuda --run-dir "$d/run" \
-    > "$d/progress.log" 2>&1
-  echo "--- $name: exit $? after $((SECONDS - t0)) s: $(tail -n 2 "$d/progress.log" | tr '\n' ' ')"
-  tail -n 1 "$d"/out/metrics-*.jsonl 2>/dev/null
-}
+eq() { eq_run /tmp/eq "$1" "$2" "$3" "$STEPS"; }  # eq NAME GPUS RUNTIME_EXTRA
 
 if [ "${SKIP_EQ:-0}" != 1 ]; then
   mkdir -p /tmp/eq

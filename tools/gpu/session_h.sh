@@ -87,6 +87,14 @@ YAML
       --out "$d/hf.json" > "$d/hf.log" 2>&1
   echo "--- $tag HF fine-tune: exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/hf.log")"
   cp "$d"/ft/metrics-*.jsonl "$out/$tag-ours.jsonl" 2>/dev/null; cp "$d/hf.json" "$out/$tag-hf.json" 2>/dev/null
+  if [ "${MIRROR_REF:-1}" = 1 ]; then  # the same with every weight BF16-rounded, as our workers see them
+    t0=$SECONDS
+    python3 tools/verify/hf_train_reference.py --batches "$d/batches.bin" --model "$d/pre/checkpoint-$PRE" \
+      --precision bf16-mirror --out "$out/$tag-hf-mirror.json" > "$d/hf-mirror.log" 2>&1
+    echo "--- $tag HF bf16-mirror fine-tune: exit $? after $((SECONDS - t0)) s"
+    python3 tools/verify/compare_curves.py "$out/$tag-ours.jsonl" "$out/$tag-hf-mirror.json" --tol 6e-4 --steps "$STEPS" \
+      2>&1 | head -n 2 | sed "s/^/$tag vs HF bf16-mirror: /"
+  fi
   python3 tools/verify/compare_curves.py "$out/$tag-ours.jsonl" "$out/$tag-hf.json" --tol 6e-4 --steps "$STEPS" \
     --json "$d/compare.json" 2>&1 | sed "s/^/$tag: /"
   if [ "$tag" = q06 ]; then

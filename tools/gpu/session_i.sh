@@ -33,24 +33,14 @@ fi
 
 if has eq; then
   STEPS=20
-  eq() {  # eq NAME GPUS RUNTIME_EXTRA
-    local name=$1 g=$2 extra=$3 d=/tmp/eqi/$1
-    mkdir -p "$d"
-    cat > "$d/job.yaml" <<YAML
-name: eq
-model: {preset: qwen3-0.6b, init_seed: 0}
-data: {path: /tmp/eqi/data}
-output: {dir: $d/out, save_final: true, save_dtype: fp32}
-train: {seq_len: 1024, global_batch: 8, micro_batch: 2, steps: $STEPS, seed: 0, max_grad_norm: 1.0}
-optimizer: {lr: 1.0e-5, weight_decay: 0.01}
-runtime: {workers: $g$extra}
-YAML
-    local t0=$SECONDS
-    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((g - 1))) timeout 150 slidedp run "$d/job.yaml" --backend cuda --run-dir "$d/run" \
-      > "$d/progress.log" 2>&1
-    echo "--- $name: exit $? after $((SECONDS - t0)) s: $(tail -n 2 "$d/progress.log" | tr '\n' ' ')"
-    tail -n 1 "$d"/out/metrics-*.jsonl 2>/dev/null | python3 -c 'import json,sys; j=json.loads(sys.stdin.read());
-print("   ", j["grad_staging"], "step", j["step_time_s"], "host_state_bytes", j["host_state_bytes"], "gpu_peak", j["gpu_peak_bytes"], j["busy_s"])'
+  eq() {  # eq NAME GPUS RUNTIME_EXTRA: lib.sh's run, then where the last step's time went
+    eq_run /tmp/eqi "$1" "$2" "$3" "$STEPS" | python3 -c 'import json,sys
+lines = sys.stdin.read().splitlines()
+print(lines[0])
+if len(lines) > 1:
+    j = json.loads(lines[-1])
+    print("   ", j["grad_staging"], "step", j["step_time_s"], "host_state_bytes", j["host_state_bytes"],
+          "gpu_peak", j["gpu_peak_bytes"], j["busy_s"])'
   }
   mkdir -p /tmp/eqi
   python3 bench/e2e/make_dataset.py --out /tmp/eqi/data --rows $((8 * STEPS)) --seq-len 1024 --vocab 151936 > /dev/null

@@ -19,6 +19,10 @@ Training step t (t = 0 .. N-1), matching hostd (hostd/engine/training_executor.c
 The curve records {"step": t + 1, "loss": loss_t, "lr", "grad_norm"}, the numbering of hostd's
 metrics-<job>.jsonl. Compare with tools/verify/compare_curves.py.
 
+--precision bf16-mirror keeps the FP32 master for AdamW but runs forward and backward at the
+BF16-rounded weights, as SlideDP's workers do (autocast alone leaves the RMSNorm weights and the
+embedding lookup in FP32): the reference for our arithmetic, next to plain autocast (HF's).
+
 Usage (GPU machine):
   python3 tools/verify/hf_train_reference.py --batches BATCHES.bin --out hf_curve.json [--steps N]
   python3 tools/verify/hf_train_reference.py --selftest     (tiny synthetic run, a few seconds)
@@ -118,7 +122,20 @@ def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision
         lr = sched.get_last_lr()[0]
         t0 = time.time()
         opt.zero_grad(set_to_none=True)
+        if precision == "bf16-mirror":
+            # Forward and backward at the BF16-rounded weights (what SlideDP's workers read from the
+            # mirror: also the norm weights and embedding rows, which autocast leaves in FP32); the
+            # gradients then update the FP32 master, restored here.
+            master = [p.detach().clone() for p in params]
+            with torch.no_grad():
+                for p in params:
+                    p.copy_(p.to(torch.bfloat16).to(torch.float32))
         loss = hf_common.hf_loss_backward(model, segments, trained, token_budget, autocast=precision != "fp32")
+        if precision == "bf16-mirror":
+            with torch.no_grad():
+                for p, m in zip(params, master):
+                    p.copy_(m)
+            del master
         if s["max_grad_norm"] > 0:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s["max_grad_norm"]))
         else:
@@ -215,8 +232,10 @@ def main():
     for k in SETTINGS:
         typ = str if k == "schedule" else int if k in ("warmup_steps", "total_steps") else float
         ap.add_argument("--" + k.replace("_", "-"), dest=k, type=typ, default=None, help=f"override the job's {k}")
-    ap.add_argument("--precision", choices=["bf16-autocast", "fp32"], default="bf16-autocast",
-                    help="fp32: the reference's own noise floor (no autocast, no TF32)")
+    ap.add_argument("--precision", choices=["bf16-autocast", "bf16-mirror", "fp32"], default="bf16-autocast",
+                    help="fp32: the reference's own noise floor (no autocast, no TF32); bf16-mirror: autocast "
+                         "with every weight rounded to BF16 for forward and backward (the norm weights and "
+                         "embedding rows too, as SlideDP's mirror gives them), FP32 master for AdamW")
     ap.add_argument("--selftest", action="store_true")
     args = ap.parse_args()
     if args.selftest:
