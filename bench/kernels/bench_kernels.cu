@@ -16,10 +16,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/model/qwen3_config.h"
 #include "worker/compute/backend.h"
 #include "worker/compute/cuda/cuda_backend.h"
 #include "worker/kernels/attention.h"
+#include "worker/kernels/cudnn_attention.h"
 #include "worker/kernels/gemm.h"
 #include "worker/kernels/ops.h"
 
@@ -154,6 +156,9 @@ void MeasureCeilings(GemmRunner& gemm) {
               g_peak_tflops, g_copy_gbps);
 }
 
+// cuDNN's fused attention (attn_*_causal_cudnn rows); null when libcudnn is unavailable.
+kernels::CudnnAttention* g_cudnn = nullptr;
+
 void BenchOps(GemmRunner& gemm, const std::string& model, const Qwen3Config& c, int64_t T) {
   Arena ar;
   const int64_t H = c.hidden_size, I = c.intermediate_size, qd = c.q_dim(), kvd = c.kv_dim(), QKV = qd + 2 * kvd;
@@ -243,6 +248,25 @@ void BenchOps(GemmRunner& gemm, const std::string& model, const Qwen3Config& c, 
            BENCH_CHECK(kernels::FlashAttentionBackward(a, {q, qd}, {k, kvd}, {v, kvd}, {o, qd}, lse, {dO, qd},
                                                        {dq, qd}, {dk, kvd}, {dv, kvd}, aws, nullptr));
          }), 2.5 * fwd_flops, 0);
+    // The same call through cuDNN (same tensors, strides and FLOP convention).
+    if (g_cudnn != nullptr) {
+      const kernels::AttnRowStrides ld{qd, kvd, kvd, qd, qd, qd, kvd, kvd};
+      absl::StatusOr<int64_t> fwd_ws = g_cudnn->ForwardWorkspaceBytes(a, ld);
+      absl::StatusOr<int64_t> bwd_ws = fwd_ws.ok() ? g_cudnn->BackwardWorkspaceBytes(a, ld) : fwd_ws;
+      if (!bwd_ws.ok()) {
+        std::printf("%-26s %-10s %7lld   skipped: %s\n", "attn_*_causal_cudnn", model.c_str(),
+                    static_cast<long long>(T), bwd_ws.status().ToString().c_str());
+      } else {
+        char* cws = ar.Get<char>(std::max(*fwd_ws, *bwd_ws));
+        Emit("attn_fwd_causal_cudnn", model, T, TimeMs([&] {
+               BENCH_CHECK(g_cudnn->Forward(a, {q, qd}, {k, kvd}, {v, kvd}, {o, qd}, lse, cws, nullptr));
+             }), fwd_flops, 0);
+        Emit("attn_bwd_causal_cudnn", model, T, TimeMs([&] {
+               BENCH_CHECK(g_cudnn->Backward(a, {q, qd}, {k, kvd}, {v, kvd}, {o, qd}, lse, {dO, qd}, {dq, qd},
+                                             {dk, kvd}, {dv, kvd}, cws, nullptr));
+             }), 2.5 * fwd_flops, 0);
+      }
+    }
   }
   // Embedding (vocab 151936 table).
   {
@@ -424,6 +448,13 @@ int main(int argc, char** argv) {
   GemmRunner gemm;
   BENCH_CHECK(gemm.Init());
   MeasureCeilings(gemm);
+  absl::StatusOr<std::unique_ptr<kernels::CudnnAttention>> cudnn = kernels::CudnnAttention::Create(0);
+  if (cudnn.ok()) {
+    g_cudnn = cudnn->get();
+    std::printf("cudnn attention: cuDNN %lld\n", static_cast<long long>(g_cudnn->version()));
+  } else {
+    std::printf("attn_*_causal_cudnn rows skipped: %s\n", cudnn.status().ToString().c_str());
+  }
   std::printf("%-26s %-10s %7s %10s %9s %9s %8s\n", "op", "model", "tokens", "ms", "TFLOP/s", "GB/s", "ceil%");
   std::vector<std::string> models = {"qwen3-4b", "qwen3-8b", "qwen3-14b"};
   std::vector<int64_t> toks = {4096, 16384, 32768};

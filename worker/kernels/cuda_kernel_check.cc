@@ -12,17 +12,20 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/model/qwen3_config.h"
 #include "common/numeric/bf16.h"
 #include "worker/compute/backend.h"
 #include "worker/compute/cuda/cuda_backend.h"
 #include "worker/kernels/attention.h"
+#include "worker/kernels/cudnn_attention.h"
 #include "worker/kernels/gemm.h"
 #include "worker/kernels/ops.h"
 
@@ -466,8 +469,11 @@ void CheckCrossEntropy() {
 }
 
 // ------------------------------------------------------------------ Attention
+// One case through the own kernels, or through cuDNN's fused attention when `cudnn` is set (same
+// inputs, reference and tolerances; cuDNN ignores `split`).
 void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs,
-                    kernels::AttnArgs::BwdSplit split = kernels::AttnArgs::BwdSplit::kAuto) {
+                    kernels::AttnArgs::BwdSplit split = kernels::AttnArgs::BwdSplit::kAuto,
+                    kernels::CudnnAttention* cudnn = nullptr) {
   std::vector<int32_t> cu = {0};
   for (int d : docs) cu.push_back(cu.back() + d);
   const int64_t T = cu.back();
@@ -483,15 +489,36 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs,
   a.tokens = T; a.num_docs = docs.size(); a.max_seqlen = max_len; a.num_q_heads = nq; a.num_kv_heads = nkv;
   a.head_dim = hd; a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd)); a.cu_seqlens = dcu.get();
   a.bwd_split = split;
-  Dev<char> ws(kernels::FlashAttentionBackwardWorkspaceBytes(a));
-  CHECK_OK(kernels::FlashAttentionForward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv},
-                                          {o.get(), ldq}, lse.get(), nullptr));
-  CUDA_OK(cudaDeviceSynchronize());
-  // Backward consumes the kernel's own O (as in training).
-  CHECK_OK(kernels::FlashAttentionBackward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv},
-                                           {o.get(), ldq}, lse.get(), {ddo->get(), ldq}, {dq.get(), ldq},
-                                           {dk.get(), ldk}, {dv.get(), ldv}, ws.get(), nullptr));
-  CUDA_OK(cudaDeviceSynchronize());
+  if (cudnn == nullptr) {
+    Dev<char> ws(kernels::FlashAttentionBackwardWorkspaceBytes(a));
+    CHECK_OK(kernels::FlashAttentionForward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv},
+                                            {o.get(), ldq}, lse.get(), nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    // Backward consumes the kernel's own O (as in training).
+    CHECK_OK(kernels::FlashAttentionBackward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv},
+                                             {o.get(), ldq}, lse.get(), {ddo->get(), ldq}, {dq.get(), ldq},
+                                             {dk.get(), ldk}, {dv.get(), ldv}, ws.get(), nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+  } else {
+    const kernels::AttnRowStrides ld{ldq, ldk, ldv, ldq, ldq, ldq, ldk, ldv};
+    absl::StatusOr<int64_t> fwd_ws = cudnn->ForwardWorkspaceBytes(a, ld);
+    absl::StatusOr<int64_t> bwd_ws = fwd_ws.ok() ? cudnn->BackwardWorkspaceBytes(a, ld) : fwd_ws;
+    // Only head_dim 128 (the models we train) must be supported; cuDNN may lack other shapes.
+    if (!bwd_ws.ok() && hd != 128 && absl::IsUnimplemented(bwd_ws.status())) {
+      std::printf("SKIP  cudnn attention hd=%d: %s\n", hd, bwd_ws.status().ToString().c_str());
+      return;
+    }
+    CHECK_OK(bwd_ws.status());
+    // Poisoned (NaN) like every output: the check also catches workspace read before written.
+    Dev<char> ws(std::max(*fwd_ws, *bwd_ws));
+    CHECK_OK(cudnn->Forward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv}, {o.get(), ldq},
+                            lse.get(), ws.get(), nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    CHECK_OK(cudnn->Backward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv}, {o.get(), ldq},
+                             lse.get(), {ddo->get(), ldq}, {dq.get(), ldq}, {dk.get(), ldk}, {dv.get(), ldv},
+                             ws.get(), nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+  }
   const double sc = a.softmax_scale;
   const int group = nq / nkv;
   std::vector<double> ro(T * ldq), rl(nq * T), rdq(T * ldq, 0), rdk(T * ldk, 0), rdv_full(T * ldv, 0);
@@ -537,11 +564,30 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs,
                     (split == kernels::AttnArgs::BwdSplit::kPerKvHead  ? ", per-kv-head"
                      : split == kernels::AttnArgs::BwdSplit::kPerQHead ? ", per-q-head"
                                                                        : "") + ")";
-  Report("attention fwd O" + tag, DownBf16(o.get(), T * ldq), ro, 1e-2);
-  Report("attention fwd LSE" + tag, DownF32(lse.get(), nq * T), rl, 1e-4);
-  Report("attention bwd dQ" + tag, DownBf16(dq.get(), T * ldq), rdq, 2e-2);
-  Report("attention bwd dK" + tag, DownBf16(dk.get(), T * ldk), rdk, 2e-2);
-  Report("attention bwd dV" + tag, gdv, rdv, 2e-2);
+  const std::string name = cudnn != nullptr ? "cudnn attention" : "attention";
+  Report(name + " fwd O" + tag, DownBf16(o.get(), T * ldq), ro, 1e-2);
+  Report(name + " fwd LSE" + tag, DownF32(lse.get(), nq * T), rl, 1e-4);
+  Report(name + " bwd dQ" + tag, DownBf16(dq.get(), T * ldq), rdq, 2e-2);
+  Report(name + " bwd dK" + tag, DownBf16(dk.get(), T * ldk), rdk, 2e-2);
+  Report(name + " bwd dV" + tag, gdv, rdv, 2e-2);
+}
+
+// The CheckAttention cases through cuDNN's fused attention (kernels::CudnnAttention). Prints SKIP
+// instead of failing where libcudnn cannot be loaded (set SLIDEDP_CUDNN_LIB).
+void CheckCudnnAttention() {
+  absl::StatusOr<std::unique_ptr<kernels::CudnnAttention>> cudnn = kernels::CudnnAttention::Create(0);
+  if (!cudnn.ok()) {
+    std::printf("SKIP  cudnn attention: %s\n", cudnn.status().ToString().c_str());
+    return;
+  }
+  std::printf("cudnn attention: cuDNN %lld\n", static_cast<long long>((*cudnn)->version()));
+  using Split = kernels::AttnArgs::BwdSplit;
+  kernels::CudnnAttention* c = cudnn->get();
+  CheckAttention(128, 4, 2, {1, 130, 67, 200, 5}, Split::kAuto, c);
+  CheckAttention(128, 8, 1, {64, 192}, Split::kAuto, c);
+  CheckAttention(128, 2, 2, {300, 17}, Split::kAuto, c);
+  CheckAttention(64, 4, 2, {64, 129, 31}, Split::kAuto, c);
+  CheckAttention(16, 4, 2, {17, 40}, Split::kAuto, c);
 }
 
 #ifdef SLIDEDP_HAVE_CPU_BACKEND
@@ -804,6 +850,7 @@ int main(int argc, char** argv) {
   CheckAttention(128, 2, 2, {300, 17});
   CheckAttention(16, 4, 2, {17, 40});
   CheckAttention(48, 2, 2, {33});
+  CheckCudnnAttention();
 #ifdef SLIDEDP_HAVE_CPU_BACKEND
   if (!kernels_only) {
     Qwen3Config c;

@@ -1,0 +1,82 @@
+// cuDNN's fused flash attention behind the same contract as FlashAttentionForward/Backward
+// (attention.h): packed variable-length documents, causal inside each document, GQA, BF16 in/out,
+// row strides (ld) for tensors inside the fused QKV buffer, LSE saved as FP32 [nq, T] natural log.
+//
+// Why: on H200 cuDNN's fused SDPA measured 456-648 TFLOP/s forward and 377-531 backward against
+// 145-232 / 108-179 for our mma.sync kernels (PyTorch SDPA, one causal document, head_dim 128).
+//
+// How: libcudnn.so.9 is loaded at run time (dlopen; no link-time dependency). The graphs are
+// built with cuDNN 9's backend API as the "composite" SDPA operation graph that cudnn-frontend
+// lowers to (matmul, pointwise, reduction, reshape nodes), which cuDNN's fused attention engines
+// recognise. Varlen packing maps onto cuDNN's ragged (THD) layout:
+//   - document d            -> batch entry d of B = next power of two >= num_docs; entries past
+//                              num_docs get length 0 (nothing to compute);
+//   - its tokens            -> sequence positions [0, len_d) of that entry, with a per-entry
+//                              ragged offset = cu_seqlens[d] · ld (elements) into the packed
+//                              buffer, so q/k/v/o/do/dq/dk/dv keep their own row strides;
+//   - document boundaries   -> padding mask with per-entry lengths (seq_len_q = seq_len_kv =
+//                              len_d), so documents never attend to each other;
+//   - causality             -> row >= col mask (top-left diagonal) inside each entry;
+//   - S (max sequence)      -> next power of two >= max_seqlen (at least 64).
+// Offsets and lengths are derived from cu_seqlens on the device (one tiny kernel per call), so a
+// plan depends only on (B, S, heads, head_dim, row strides) and not on the document lengths.
+// cuDNN's softmax stats are the same quantity as our LSE (natural log of Σ exp(scale·q·k)), but
+// ragged stats are token-major [T, nq]; a small transpose kernel converts to/from our [nq, T].
+//
+// Errors: UNAVAILABLE when libcudnn cannot be loaded or is older than 9.0, UNIMPLEMENTED when no
+// cuDNN engine accepts the graph (callers fall back to the own kernels).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/kernels/attention.h"
+
+namespace slidedp::kernels {
+
+// Row strides (elements) of every tensor of one call. They are baked into cuDNN's plans, so the
+// workspace queries take them too. Forward uses q, k, v, o; backward all eight.
+struct AttnRowStrides {
+  int64_t q = 0, k = 0, v = 0, o = 0;
+  int64_t dout = 0, dq = 0, dk = 0, dv = 0;
+};
+
+class CudnnAttention {
+ public:
+  // Loads libcudnn (SLIDEDP_CUDNN_LIB: a file or the directory holding libcudnn.so.9, else the
+  // loader's search path) and creates a cuDNN handle on `device`. Every later call must run with
+  // `device` current.
+  static absl::StatusOr<std::unique_ptr<CudnnAttention>> Create(int device);
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  // cuDNN's version as cudnnGetVersion() reports it (e.g. 91900).
+  int64_t version() const;
+
+  // Workspace (bytes, to be 256-aligned) for one call; builds and caches the plan, so this is
+  // also the "is this shape supported" probe. Grows with tokens (LSE scratch, offsets) and, for
+  // backward, with the FP32 dQ accumulator (T·ld_dq·4 bytes on cuDNN >= 9.6, B·nq·S·hd·4 before).
+  absl::StatusOr<int64_t> ForwardWorkspaceBytes(const AttnArgs& a, const AttnRowStrides& ld);
+  absl::StatusOr<int64_t> BackwardWorkspaceBytes(const AttnArgs& a, const AttnRowStrides& ld);
+
+  // Same semantics as FlashAttentionForward/Backward (a.bwd_split is ignored); ws holds at least
+  // the bytes the matching query returned. Never synchronizes. Calls are serialized internally
+  // (one cuDNN handle).
+  absl::Status Forward(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnOutTensor o, float* lse,
+                       void* ws, cudaStream_t stream);
+  absl::Status Backward(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnTensor o, const float* lse,
+                        AttnTensor dout, AttnOutTensor dq, AttnOutTensor dk, AttnOutTensor dv, void* ws,
+                        cudaStream_t stream);
+
+ private:
+  struct Impl;
+  explicit CudnnAttention(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace slidedp::kernels
