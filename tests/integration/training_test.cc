@@ -632,6 +632,15 @@ TEST(Faults, DeviceMemoryTooSmallIsAClearErrorAndTheWorkerStaysUsable) {
   EXPECT_TRUE(absl::StrContains(failed->error(), "device memory exhausted")) << failed->error();
   EXPECT_TRUE(absl::StrContains(failed->error(), "GiB free of")) << failed->error();
   EXPECT_TRUE(absl::StrContains(failed->error(), "train.global_batch")) << failed->error();
+  std::cout << "too-big: " << failed->error() << "\n";
+  // With the step's gradients staged on the device the message also names runtime.grad_staging.
+  SpecOptions big_staged = big;
+  big_staged.grad_staging = "device";
+  big_staged.output = "out-big-staged";
+  auto staged = node.RunJob(Spec(big_staged), "too-big-staged");
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  EXPECT_EQ(staged->error_code(), static_cast<int>(absl::StatusCode::kResourceExhausted)) << staged->error();
+  EXPECT_TRUE(absl::StrContains(staged->error(), "runtime.grad_staging: host")) << staged->error();
   small.output = "out-after";
   MustSucceed(node, Spec(small), "fits");
   EXPECT_TRUE(node.LeakedSegments().empty());

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/data/dataset.h"
 #include "common/data/micro_batch.h"
@@ -454,6 +455,12 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     ASSIGN_OR_RETURN(int64_t trained, data::CountTrainedLabels(*dataset, global_rows));
     const float loss_scale = trained > 0 ? 1.0f / static_cast<float>(trained) : 0.0f;
     auto result = runner.Run(step, mbs, loss_scale);
+    if (!result.ok() && result.status().code() == absl::StatusCode::kResourceExhausted && gopt.stage_until_norm) {
+      result = Annotate(result.status(), absl::StrFormat("gradient buffers hold %.2f GiB of this device, most of it "
+                                                         "the step's gradients staged for exact clipping "
+                                                         "(runtime.grad_staging: host keeps them in host memory)",
+                                                         grads->device_bytes() / 1073741824.0));
+    }
     if (!result.ok()) {
       // Tell every peer at once instead of letting them time out.
       if (result.status().code() != absl::StatusCode::kAborted) job_state->RaiseAbort(state::AbortReason::kWorkerFailed);

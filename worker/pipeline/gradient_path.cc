@@ -75,6 +75,12 @@ class HostGradientPath final : public GradientPath {
   }
   double ring_wait_s() const override { return ring_wait_s_; }
   double d2h_s() const override { return d2h_s_; }
+  int64_t device_bytes() const override {  // the CPU backend's "device" is this process
+    int64_t b = 0;
+    for (const auto& [unit, buf] : open_) b += static_cast<int64_t>(buf.size() * sizeof(float));
+    for (const auto& [unit, st] : staged_) b += static_cast<int64_t>(st.data.size() * sizeof(float));
+    return b;
+  }
 
  private:
   struct Staged {
