@@ -586,16 +586,21 @@ absl::StatusOr<std::unique_ptr<Plan>> BuildBackward(const CudnnApi& api, cudnnHa
   auto p = g.Virtual(CUDNN_DATA_FLOAT, sc.dims, sc.strides);
   g.Pointwise(CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, s_masked, nullptr, nullptr, p);
 
-  // dV = Pᵀ·dO (summed over each GQA group).
-  auto p_t = g.Virtual(CUDNN_DATA_BFLOAT16, sc.dims, sc_t_strides);
-  g.Reshape(p, p_t);
-  if (k.nq == k.nkv) {
-    g.Matmul(p_t, dout, dv, io.seq_kv, nullptr, io.seq_q);
-  } else {
-    auto dv_full = g.Virtual(CUDNN_DATA_BFLOAT16, full_dims, full_strides);
-    g.Matmul(p_t, dout, dv_full, io.seq_kv, nullptr, io.seq_q);
-    g.Reduction(CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
-  }
+  // out = scoresᵀ·rhs, summed over each GQA group into the kv heads (dV and dK).
+  auto transposed_product = [&](auto scores, auto rhs, auto out) {
+    auto scores_t = g.Virtual(CUDNN_DATA_BFLOAT16, sc.dims, sc_t_strides);
+    g.Reshape(scores, scores_t);
+    if (k.nq == k.nkv) {
+      g.Matmul(scores_t, rhs, out, io.seq_kv, nullptr, io.seq_q);
+    } else {
+      auto full = g.Virtual(CUDNN_DATA_BFLOAT16, full_dims, full_strides);
+      g.Matmul(scores_t, rhs, full, io.seq_kv, nullptr, io.seq_q);
+      g.Reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
+    }
+  };
+
+  // dV = Pᵀ·dO.
+  transposed_product(p, dout, dv);
 
   // dS = P ∘ (dO·Vᵀ - softmax_sum) · scale.
   auto dp = g.Virtual(CUDNN_DATA_FLOAT, sc.dims, sc.strides);
@@ -607,16 +612,8 @@ absl::StatusOr<std::unique_ptr<Plan>> BuildBackward(const CudnnApi& api, cudnnHa
   auto ds = g.Virtual(CUDNN_DATA_FLOAT, sc.dims, sc.strides);
   g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, ds_unscaled, io.scale, nullptr, ds);
 
-  // dK = dSᵀ·Q (summed over each GQA group).
-  auto ds_t = g.Virtual(CUDNN_DATA_BFLOAT16, sc.dims, sc_t_strides);
-  g.Reshape(ds, ds_t);
-  if (k.nq == k.nkv) {
-    g.Matmul(ds_t, q, dk, io.seq_kv, nullptr, io.seq_q);
-  } else {
-    auto dk_full = g.Virtual(CUDNN_DATA_BFLOAT16, full_dims, full_strides);
-    g.Matmul(ds_t, q, dk_full, io.seq_kv, nullptr, io.seq_q);
-    g.Reduction(CUDNN_REDUCE_TENSOR_ADD, dk_full, dk);
-  }
+  // dK = dSᵀ·Q.
+  transposed_product(ds, q, dk);
 
   // dQ = dS·K, accumulated in FP32 (workspace), then cast into dq.
   // K back in row form, as a reshape of Kᵀ (the frontend's pattern; it keeps K's ragged offset).
