@@ -446,12 +446,14 @@ cudnnBackendDescriptor_t CausalMask(GraphBuilder& g, const ScoreShape& s, cudnnB
 
 // What a plan depends on. Not in the key: tokens, document lengths, pointers, softmax scale
 // (passed by value at execution).
+enum class Direction { kForward, kBackward };
+
 struct PlanKey {
-  bool backward = false;
+  Direction direction = Direction::kForward;
   int64_t b = 0, s = 0, nq = 0, nkv = 0, hd = 0;
   AttnRowStrides ld;
   auto Tie() const {
-    return std::tie(backward, b, s, nq, nkv, hd, ld.q, ld.k, ld.v, ld.o, ld.dout, ld.dq, ld.dk, ld.dv);
+    return std::tie(direction, b, s, nq, nkv, hd, ld.q, ld.k, ld.v, ld.o, ld.dout, ld.dq, ld.dk, ld.dv);
   }
   bool operator<(const PlanKey& o) const { return Tie() < o.Tie(); }
 };
@@ -484,7 +486,7 @@ void CommonTensors(GraphBuilder& g, const PlanKey& k, IoTensors* io) {
   io->seq_kv = g.Tensor(kUidSeqKv, CUDNN_DATA_INT32, per_batch, unit);
   io->scale = g.Scalar(kUidScale);
   io->neg = g.Scalar(kUidNegInf);
-  const int last = k.backward ? kNumOffsets : kOffStats + 1;
+  const int last = k.direction == Direction::kBackward ? kNumOffsets : kOffStats + 1;
   for (int i = 0; i < last; ++i)
     io->off[i] = g.Tensor(kUidOffsetBase + i, CUDNN_DATA_INT32, {k.b + 1, 1, 1, 1}, unit);
 }
@@ -689,7 +691,7 @@ WsLayout LayoutFor(const PlanKey& k, int64_t tokens, int64_t plan_bytes, const B
   at += kNumOffsets * w.offsets_pitch * 4;
   w.stats = at;
   at += Align256(tokens * k.nq * 4);
-  if (k.backward) {
+  if (k.direction == Direction::kBackward) {
     w.softmax_sum = at;
     at += Align256(var.ragged_accumulators ? tokens * k.nq * 4 : k.b * k.nq * k.s * 4);
     w.dq_accum = at;
@@ -716,7 +718,7 @@ struct CudnnAttention::Impl {
     if (handle != nullptr) api->Destroy(handle);
   }
 
-  static absl::StatusOr<PlanKey> KeyFor(const AttnArgs& a, const AttnRowStrides& ld, bool backward) {
+  static absl::StatusOr<PlanKey> KeyFor(const AttnArgs& a, const AttnRowStrides& ld, Direction direction) {
     if (a.head_dim <= 0 || a.head_dim % 8 != 0 || a.head_dim > 256 || a.num_q_heads <= 0 || a.num_kv_heads <= 0 ||
         a.num_q_heads % a.num_kv_heads != 0 || a.num_docs <= 0 || a.max_seqlen <= 0 || a.cu_seqlens == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("cudnn attention: bad arguments head_dim=", a.head_dim,
@@ -724,14 +726,14 @@ struct CudnnAttention::Impl {
                                                      " docs=", a.num_docs, " max_seqlen=", a.max_seqlen));
     }
     PlanKey k;
-    k.backward = backward;
+    k.direction = direction;
     k.b = NextPow2(a.num_docs);
     k.s = std::max<int64_t>(64, NextPow2(a.max_seqlen));
     k.nq = a.num_q_heads;
     k.nkv = a.num_kv_heads;
     k.hd = a.head_dim;
     k.ld = ld;
-    if (!backward) k.ld.dout = k.ld.dq = k.ld.dk = k.ld.dv = 0;
+    if (direction == Direction::kForward) k.ld.dout = k.ld.dq = k.ld.dk = k.ld.dv = 0;
     // Ragged offsets are INT32 elements: the largest is tokens · ld.
     const int64_t max_ld = std::max({ld.q, ld.k, ld.v, ld.o, ld.dout, ld.dq, ld.dk, ld.dv, k.nq});
     if (a.tokens * max_ld >= std::numeric_limits<int32_t>::max()) {
@@ -743,11 +745,21 @@ struct CudnnAttention::Impl {
   absl::StatusOr<const Plan*> GetPlan(const PlanKey& k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto it = plans.find(k);
     if (it != plans.end()) return it->second.get();
-    absl::StatusOr<std::unique_ptr<Plan>> p = k.backward ? BuildBackward(*api, handle, k) : BuildForward(*api, handle, k);
+    absl::StatusOr<std::unique_ptr<Plan>> p = k.direction == Direction::kBackward ? BuildBackward(*api, handle, k) : BuildForward(*api, handle, k);
     if (!p.ok()) return p.status();
     const Plan* out = p->get();
     plans.emplace(k, std::move(*p));
     return out;
+  }
+
+  // Workspace bytes of one call: builds (and caches) its plan.
+  absl::StatusOr<int64_t> WorkspaceBytes(const AttnArgs& a, const AttnRowStrides& ld, Direction direction) {
+    absl::StatusOr<PlanKey> k = KeyFor(a, ld, direction);
+    if (!k.ok()) return k.status();
+    absl::MutexLock lock(&mu);
+    absl::StatusOr<const Plan*> plan = GetPlan(*k);
+    if (!plan.ok()) return plan.status();
+    return LayoutFor(*k, a.tokens, (*plan)->workspace_bytes, BwdVariantFor(api->version)).total;
   }
 
   // Writes lengths and offsets for `k` into the workspace.
@@ -822,21 +834,11 @@ absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(int devic
 int64_t CudnnAttention::version() const { return impl_->api->version; }
 
 absl::StatusOr<int64_t> CudnnAttention::ForwardWorkspaceBytes(const AttnArgs& a, const AttnRowStrides& ld) {
-  absl::StatusOr<PlanKey> k = Impl::KeyFor(a, ld, /*backward=*/false);
-  if (!k.ok()) return k.status();
-  absl::MutexLock lock(&impl_->mu);
-  absl::StatusOr<const Plan*> plan = impl_->GetPlan(*k);
-  if (!plan.ok()) return plan.status();
-  return LayoutFor(*k, a.tokens, (*plan)->workspace_bytes, BwdVariantFor(impl_->api->version)).total;
+  return impl_->WorkspaceBytes(a, ld, Direction::kForward);
 }
 
 absl::StatusOr<int64_t> CudnnAttention::BackwardWorkspaceBytes(const AttnArgs& a, const AttnRowStrides& ld) {
-  absl::StatusOr<PlanKey> k = Impl::KeyFor(a, ld, /*backward=*/true);
-  if (!k.ok()) return k.status();
-  absl::MutexLock lock(&impl_->mu);
-  absl::StatusOr<const Plan*> plan = impl_->GetPlan(*k);
-  if (!plan.ok()) return plan.status();
-  return LayoutFor(*k, a.tokens, (*plan)->workspace_bytes, BwdVariantFor(impl_->api->version)).total;
+  return impl_->WorkspaceBytes(a, ld, Direction::kBackward);
 }
 
 absl::Status CudnnAttention::Forward(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnOutTensor o,
@@ -846,7 +848,7 @@ absl::Status CudnnAttention::Forward(const AttnArgs& a, AttnTensor q, AttnTensor
   ld.k = k.ld;
   ld.v = v.ld;
   ld.o = o.ld;
-  absl::StatusOr<PlanKey> key = Impl::KeyFor(a, ld, /*backward=*/false);
+  absl::StatusOr<PlanKey> key = Impl::KeyFor(a, ld, Direction::kForward);
   if (!key.ok()) return key.status();
   if (a.tokens <= 0) return absl::OkStatus();
   absl::MutexLock lock(&impl_->mu);
@@ -877,7 +879,7 @@ absl::Status CudnnAttention::Backward(const AttnArgs& a, AttnTensor q, AttnTenso
                                       const float* lse, AttnTensor dout, AttnOutTensor dq, AttnOutTensor dk,
                                       AttnOutTensor dv, void* ws, cudaStream_t stream) {
   const AttnRowStrides ld{q.ld, k.ld, v.ld, o.ld, dout.ld, dq.ld, dk.ld, dv.ld};
-  absl::StatusOr<PlanKey> key = Impl::KeyFor(a, ld, /*backward=*/true);
+  absl::StatusOr<PlanKey> key = Impl::KeyFor(a, ld, Direction::kBackward);
   if (!key.ok()) return key.status();
   if (a.tokens <= 0) return absl::OkStatus();
   absl::MutexLock lock(&impl_->mu);
