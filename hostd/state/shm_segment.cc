@@ -108,6 +108,24 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Reformat(
   return CreateOrReformat(name, regions, options, /*reformat=*/true);
 }
 
+// Region names: 1..kRegionNameBytes-1 characters, no duplicates.
+static absl::Status ValidateRegions(const std::string& name, const std::vector<RegionSpec>& regions) {
+  for (size_t i = 0; i < regions.size(); ++i) {
+    if (regions[i].name.empty() || regions[i].name.size() >= kRegionNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("segment ", name, ": region name '",
+                                                     regions[i].name, "' must be 1..",
+                                                     kRegionNameBytes - 1, " characters"));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (regions[j].name == regions[i].name) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("segment ", name, ": duplicate region '", regions[i].name, "'"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Writes the header (magic excluded) and region table of `place` at `base`.
 static void WriteLayout(void* base, const Placement& place, const std::vector<RegionSpec>& regions, uint64_t alignment) {
   auto* h = reinterpret_cast<ShmHeader*>(base);
@@ -144,19 +162,7 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::CreateOrReformat(
         absl::StrCat("segment ", name, ": alignment ", options.alignment,
                      " must be a power of two >= ", kCacheLineBytes));
   }
-  for (size_t i = 0; i < regions.size(); ++i) {
-    if (regions[i].name.empty() || regions[i].name.size() >= kRegionNameBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("segment ", name, ": region name '",
-                                                     regions[i].name, "' must be 1..",
-                                                     kRegionNameBytes - 1, " characters"));
-    }
-    for (size_t j = 0; j < i; ++j) {
-      if (regions[j].name == regions[i].name) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("segment ", name, ": duplicate region '", regions[i].name, "'"));
-      }
-    }
-  }
+  RETURN_IF_ERROR(ValidateRegions(name, regions));
   const Placement place = Place(regions, options.alignment);
 
   // Refuse before touching anything: fallocate would fail too, but this gives the numbers.
@@ -230,11 +236,7 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::CreateOrReformat(
 absl::Status ShmSegment::Relayout(const std::string& new_name, const std::vector<RegionSpec>& regions,
                                  uint64_t alignment) {
   if (access_ != Access::kReadWrite) return absl::FailedPreconditionError(absl::StrCat("segment ", name_, " is read-only"));
-  for (const RegionSpec& r : regions) {
-    if (r.name.empty() || r.name.size() >= kRegionNameBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("segment ", new_name, ": bad region name '", r.name, "'"));
-    }
-  }
+  RETURN_IF_ERROR(ValidateRegions(new_name, regions));
   const Placement place = Place(regions, alignment);
   if (place.total != bytes_) {
     return absl::FailedPreconditionError(absl::StrCat("segment ", name_, " is ", bytes_, " bytes; the new layout needs ",
