@@ -155,39 +155,32 @@ def parse_ours(d):
     return r
 
 
-def parse_json_stage(d, want):
-    """compute / fsdp2 stages: the last JSON line for which want(json) holds."""
+def parse_json_stage(d, want, fields):
+    """compute / fsdp2 stages: the last JSON line for which want(json) holds, its values copied
+    into the result under our names (fields: {our name: its JSON key})."""
     r = stage_common(d)
     log = read(os.path.join(d, "stage.log"), "")
     found = [j for j in json_lines(log) if want(j)]
     if found:
         r["json"] = found[-1]
+        for ours, theirs in fields.items():
+            r[ours] = r["json"].get(theirs)
+        r["tokens_per_s_per_gpu"] = float(r.get("tokens_per_s_per_gpu") or 0)
     elif "error" not in r:
         r["error"] = error_text(log, r["rc"]) if r["rc"] is not None else "did not run"
     return r
 
 
 def parse_compute(d):
-    r = parse_json_stage(d, lambda j: j.get("mode") == "compute_only" or "tokens_per_s" in j)
-    j = r.get("json")
-    if j:
-        r["tokens_per_s_per_gpu"] = float(j.get("tokens_per_s", 0))
-        r["model_tflops"] = j.get("model_tflops")
-        r["gpu_peak_gib"] = j.get("peak_gib")
-        r["step_s"] = j.get("step_s")
-    return r
+    return parse_json_stage(d, lambda j: j.get("mode") == "compute_only" or "tokens_per_s" in j,
+                            {"tokens_per_s_per_gpu": "tokens_per_s", "model_tflops": "model_tflops",
+                             "gpu_peak_gib": "peak_gib", "step_s": "step_s"})
 
 
 def parse_fsdp(d):
-    r = parse_json_stage(d, lambda j: "peer" in j)
-    j = r.get("json")
-    if j:
-        r["tokens_per_s_per_gpu"] = float(j.get("tokens_per_s_per_gpu", 0))
-        r["model_tflops"] = j.get("model_tflops_per_gpu")
-        r["gpu_peak_gib"] = j.get("peak_gib")
-        r["step_s"] = j.get("step_s")
-        r["params_b"] = j.get("params_b")
-    return r
+    return parse_json_stage(d, lambda j: "peer" in j,
+                            {"tokens_per_s_per_gpu": "tokens_per_s_per_gpu", "model_tflops": "model_tflops_per_gpu",
+                             "gpu_peak_gib": "peak_gib", "step_s": "step_s", "params_b": "params_b"})
 
 
 def collect(work):

@@ -17,7 +17,6 @@ source tools/gpu/lib.sh
 PARTS=${PARTS:-"copy weak8 weak14 strong14 routes"}
 n=$(nvidia-smi -L | wc -l)
 counts="1"; c=2; while [ "$c" -le "$n" ]; do counts="$counts $c"; c=$((c * 2)); done
-has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 export RESUME=${RESUME:-1}
 if has copy; then
   timeout 120 bench_copy --seconds 2 --mib 256 --adam-params 268435456 > "$out/bench_copy.jsonl" 2> "$out/bench_copy.err"

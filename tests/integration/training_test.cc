@@ -548,10 +548,7 @@ std::string ReadFile(const std::string& path) {
 // ends at exactly the same parameters as the first (the reused segment is fully reset).
 TEST(Service, SecondJobReusesThePooledHostStateAndGivesTheSameResult) {
   NodeHarness node(1);
-  SpecOptions o;
-  o.workers = 1;
-  o.micro_batch = 4;
-  o.output = "out-cold";
+  SpecOptions o = OneWorker(4, "out-cold");
   v1::Job cold = MustSucceed(node, Spec(o), "cold");
   EXPECT_EQ(node.PooledSegments().size(), 1u);
   EXPECT_TRUE(node.LeakedSegments().empty());

@@ -7,6 +7,11 @@ mkdir -p "$out"
 source .gpu/lib/gpu-env.sh .gpu/lib
 export PATH=$PWD/.gpu/bin:$PATH PYTHONUNBUFFERED=1
 
+# has PART: whether the session's PARTS names it.
+has() { case " ${PARTS:-} " in *" $1 "*) return 0 ;; esac; return 1; }
+# log_session NAME: from here on, everything the session prints also goes to $out/NAME.log.
+log_session() { exec > >(tee -a "$out/$1.log") 2>&1; }
+
 stage() {  # stage NAME LIMIT_S CMD... : runs with a time cap, logs to $out/NAME.log
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS

@@ -8,8 +8,7 @@
 set -u
 source tools/gpu/lib.sh
 STEPS=${EQ_STEPS:-20}  # not exported: run_bench.sh has its own STEPS
-log=$out/session-e.log
-exec > >(tee -a "$log") 2>&1
+log_session session-e
 echo "=== session E $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name --format=csv,noheader | paste -sd,)"
 nvidia-smi topo -m 2>/dev/null | head -5
 

@@ -6,8 +6,7 @@
 #      whole service: identical loss curves; NCCL communicator setup times from the worker logs.
 set -u
 source tools/gpu/lib.sh
-log=$out/session-f.log
-exec > >(tee -a "$log") 2>&1
+log_session session-f
 echo "=== session F $(date -u +%FT%TZ)"
 for r in 0 0.5 1; do
   timeout 60 bench_step --model qwen3-4b --seq 4096 --tokens 65536 --micro-batch-rows 4 --steps 3 --offload-ratio $r 2>/dev/null | tail -n 1

@@ -18,9 +18,7 @@ PARTS=${PARTS:-"attn curves service"}
 PRE=${PRE:-150}
 STEPS=${STEPS:-200}
 source tools/gpu/lib.sh
-log=$out/session-h.log
-exec > >(tee -a "$log") 2>&1
-has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+log_session session-h
 echo "=== session H $(date -u +%FT%TZ) parts: $PARTS; $(nvidia-smi -L | wc -l) GPU(s)"
 
 if has attn; then

@@ -14,9 +14,7 @@
 set -u
 PARTS=${PARTS:-"check eq bench4b"}
 source tools/gpu/lib.sh
-log=$out/session-i.log
-exec > >(tee -a "$log") 2>&1
-has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+log_session session-i
 echo "=== session I $(date -u +%FT%TZ) parts: $PARTS"
 if has floor; then
   PARTS=floor FLOOR_GPU=1 bash tools/gpu/session_h.sh > /tmp/floor.out 2>&1 &

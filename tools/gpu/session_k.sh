@@ -11,9 +11,7 @@
 set -u
 PARTS=${PARTS:-"cudnn"}
 source tools/gpu/lib.sh
-log=$out/session-k.log
-exec > >(tee -a "$log") 2>&1
-has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+log_session session-k
 echo "=== session K $(date -u +%FT%TZ) parts: $PARTS"
 
 if has cudnn; then
