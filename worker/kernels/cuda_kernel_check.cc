@@ -518,6 +518,16 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs,
                              lse.get(), {ddo->get(), ldq}, {dq.get(), ldq}, {dk.get(), ldk}, {dv.get(), ldv},
                              ws.get(), nullptr));
     CUDA_OK(cudaDeviceSynchronize());
+    // Whether a second backward on the same inputs gives the same bits (the own kernels add dQ
+    // with atomics and do not): reported, not checked.
+    std::vector<uint16_t> first(T * ldq), second(T * ldq);
+    CUDA_OK(cudaMemcpy(first.data(), dq.get(), T * ldq * 2, cudaMemcpyDeviceToHost));
+    CHECK_OK(cudnn->Backward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv}, {o.get(), ldq},
+                             lse.get(), {ddo->get(), ldq}, {dq.get(), ldq}, {dk.get(), ldk}, {dv.get(), ldv},
+                             ws.get(), nullptr));
+    CUDA_OK(cudaMemcpy(second.data(), dq.get(), T * ldq * 2, cudaMemcpyDeviceToHost));
+    std::printf("INFO  cudnn attention bwd dQ bitwise repeatable (hd=%d, %zu docs, T=%lld): %s\n", hd, docs.size(),
+                static_cast<long long>(T), first == second ? "yes" : "no");
   }
   const double sc = a.softmax_scale;
   const int group = nq / nkv;
@@ -641,11 +651,15 @@ std::vector<double> GetF(ComputeBackend& be, const void* d, int64_t n) {
 
 // fp32_residual: which residual stream the CUDA backend keeps (CudaBackendOptions). The tolerances
 // are the BF16-stream ones in both modes (the FP32 stream is expected to be well inside them).
-void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp32_residual) {
-  const std::string label = label_base + (fp32_residual ? "[fp32 res]" : "[bf16 res]");
+// attention: the backend's attention (cuDNN or the own kernels).
+void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp32_residual,
+                  CudaBackendOptions::Attention attention) {
+  const std::string label = label_base + (fp32_residual ? "[fp32 res" : "[bf16 res") +
+                            (attention == CudaBackendOptions::Attention::kCudnn ? ", cudnn]" : ", own]");
   Pair p;
   CudaBackendOptions opt;
   opt.fp32_residual = fp32_residual;
+  opt.attention = attention;
   auto g = MakeCudaBackendWithOptions(cfg, 0, opt);
   CHECK_OK(g.status());
   auto c = MakeCpuBackend(cfg);
@@ -859,10 +873,14 @@ int main(int argc, char** argv) {
     Qwen3Config c128 = c;
     c128.head_dim = 128; c128.num_attention_heads = 4; c128.num_key_value_heads = 1;
     auto tiny = Qwen3Config::Preset("tiny");
-    for (bool fp32_residual : {true, false}) {
-      CheckBackend("qwen3-mini(hd64)", c, fp32_residual);
-      CheckBackend("qwen3-mini(hd128)", c128, fp32_residual);
-      if (tiny.ok()) CheckBackend("tiny(hd16)", *tiny, fp32_residual);
+    std::vector<CudaBackendOptions::Attention> attention = {CudaBackendOptions::Attention::kOwn};
+    if (kernels::CudnnAttention::Create(0).ok()) attention.push_back(CudaBackendOptions::Attention::kCudnn);
+    for (CudaBackendOptions::Attention attn : attention) {
+      for (bool fp32_residual : {true, false}) {
+        CheckBackend("qwen3-mini(hd64)", c, fp32_residual, attn);
+        CheckBackend("qwen3-mini(hd128)", c128, fp32_residual, attn);
+        if (tiny.ok()) CheckBackend("tiny(hd16)", *tiny, fp32_residual, attn);
+      }
     }
   }
 #else

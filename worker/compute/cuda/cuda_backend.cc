@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,7 @@
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "worker/kernels/attention.h"
+#include "worker/kernels/cudnn_attention.h"
 #include "worker/kernels/cuda_check.h"
 #include "worker/kernels/gemm.h"
 #include "worker/kernels/ops.h"
@@ -203,6 +205,17 @@ class CudaBackend final : public ComputeBackend {
     uint64_t threshold = std::numeric_limits<uint64_t>::max();
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
     RETURN_IF_ERROR(gemm_.Init());
+    if (options_.attention != CudaBackendOptions::Attention::kOwn) {
+      auto cudnn = kernels::CudnnAttention::Create(device_);
+      if (cudnn.ok()) {
+        cudnn_ = std::move(*cudnn);
+      } else if (options_.attention == CudaBackendOptions::Attention::kCudnn) {
+        return absl::Status(cudnn.status().code(), absl::StrCat("attention: cudnn: ", cudnn.status().message()));
+      } else {
+        LOG(INFO) << "CUDA backend: cuDNN attention unavailable (" << cudnn.status().message()
+                  << "); using the own attention kernels";
+      }
+    }
     H_ = config_.hidden_size;
     I_ = config_.intermediate_size;
     nq_ = static_cast<int>(config_.num_attention_heads);
@@ -225,6 +238,10 @@ class CudaBackend final : public ComputeBackend {
   }
 
   std::string name() const override { return "cuda"; }
+  // "cudnn <version>" or "own" (what the next attention call will try first).
+  std::string attention_impl() const {
+    return cudnn_ != nullptr ? absl::StrCat("cudnn ", cudnn_->version()) : std::string("own");
+  }
   DType activation_dtype() const override { return options_.fp32_residual ? DType::kF32 : DType::kBF16; }
 
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) override {
@@ -388,10 +405,28 @@ class CudaBackend final : public ComputeBackend {
   absl::Status LayerForward(const bf16_t* params, const CudaBatch& b, const void* x, const LayerActs& a,
                             bool run_attention, void* y);
 
+  // Attention through cuDNN when it is loaded and accepts the shape, else the own kernels. The
+  // two keep the same contract (o, natural-log LSE [nq, T]), so a forward of one and a backward
+  // of the other compose.
+  enum class AttnDir { kForward, kBackward };
+  kernels::AttnRowStrides AttnStrides() const {
+    return {.q = qd_, .k = kvd_, .v = qkv_, .o = qd_, .dout = qd_, .dq = qd_, .dk = kvd_, .dv = qkv_};
+  }
+  // cuDNN's workspace for this call, or nullopt when the own kernels run it (no cuDNN, or its
+  // engines reject the shape: logged once per direction). Other cuDNN errors are returned.
+  absl::StatusOr<std::optional<int64_t>> CudnnWorkspace(AttnDir dir,
+                                                        const kernels::AttnArgs& a);
+  absl::Status AttentionForward(const CudaBatch& b, const LayerActs& a);
+  int64_t AttentionBackwardWorkspaceBytes(const kernels::AttnArgs& a);
+  absl::Status AttentionBackward(const kernels::AttnArgs& a, const LayerActs& acts, bf16* d_o, bf16* dq, bf16* dk,
+                                 bf16* dv, char* ws);
+
   int device_;
   CudaBackendOptions options_;
   cudaStream_t stream_ = nullptr;
   GemmRunner gemm_;
+  std::unique_ptr<kernels::CudnnAttention> cudnn_;
+  bool cudnn_rejected_logged_[2] = {false, false};
   int64_t H_ = 0, I_ = 0, qd_ = 0, kvd_ = 0, qkv_ = 0;
   int nq_ = 0, nkv_ = 0, hd_ = 0;
   int64_t off_[kNumDecoderTensors] = {};
@@ -591,6 +626,56 @@ absl::Status CudaBackend::ResidualGemm(const bf16* a, int64_t k, const bf16* w, 
   return gemm_.Run(g, stream_);
 }
 
+absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir,
+                                                                  const kernels::AttnArgs& a) {
+  if (cudnn_ == nullptr) return std::optional<int64_t>();
+  const bool fwd = dir == AttnDir::kForward;
+  absl::StatusOr<int64_t> ws =
+      fwd ? cudnn_->ForwardWorkspaceBytes(a, AttnStrides()) : cudnn_->BackwardWorkspaceBytes(a, AttnStrides());
+  if (ws.ok()) return std::optional<int64_t>(*ws);
+  if (!absl::IsUnimplemented(ws.status())) return ws.status();
+  if (!cudnn_rejected_logged_[fwd ? 0 : 1]) {
+    cudnn_rejected_logged_[fwd ? 0 : 1] = true;
+    LOG(WARNING) << "cuDNN attention " << (fwd ? "forward" : "backward") << " rejected " << a.num_docs
+                 << " documents of up to " << a.max_seqlen << " tokens (" << ws.status().message()
+                 << "); the own kernels run such calls";
+  }
+  return std::optional<int64_t>();
+}
+
+absl::Status CudaBackend::AttentionForward(const CudaBatch& b, const LayerActs& a) {
+  const kernels::AttnArgs attn = Attn(b);
+  ASSIGN_OR_RETURN(std::optional<int64_t> ws, CudnnWorkspace(AttnDir::kForward, attn));
+  if (!ws.has_value()) {
+    return kernels::FlashAttentionForward(attn, {a.qr, qd_}, {a.kr, kvd_}, {a.qkv + qd_ + kvd_, qkv_}, {a.o, qd_},
+                                          a.lse, stream_);
+  }
+  PoolBlock block;
+  RETURN_IF_ERROR(block.Alloc(Align256(*ws), stream_));
+  return cudnn_->Forward(attn, {a.qr, qd_}, {a.kr, kvd_}, {a.qkv + qd_ + kvd_, qkv_}, {a.o, qd_}, a.lse, block.get(),
+                         stream_);
+}
+
+int64_t CudaBackend::AttentionBackwardWorkspaceBytes(const kernels::AttnArgs& a) {
+  int64_t own = kernels::FlashAttentionBackwardWorkspaceBytes(a);
+  absl::StatusOr<std::optional<int64_t>> ws = CudnnWorkspace(AttnDir::kBackward, a);
+  // An error other than "rejected" surfaces again from AttentionBackward's own query.
+  if (ws.ok() && ws->has_value()) return std::max(own, **ws);
+  return own;
+}
+
+absl::Status CudaBackend::AttentionBackward(const kernels::AttnArgs& a, const LayerActs& acts, bf16* d_o, bf16* dq,
+                                            bf16* dk, bf16* dv, char* ws) {
+  ASSIGN_OR_RETURN(std::optional<int64_t> cws, CudnnWorkspace(AttnDir::kBackward, a));
+  if (!cws.has_value()) {
+    return kernels::FlashAttentionBackward(a, {acts.qr, qd_}, {acts.kr, kvd_}, {acts.qkv + qd_ + kvd_, qkv_},
+                                           {acts.o, qd_}, acts.lse, {d_o, qd_}, {dq, qd_}, {dk, kvd_}, {dv, qkv_}, ws,
+                                           stream_);
+  }
+  return cudnn_->Backward(a, {acts.qr, qd_}, {acts.kr, kvd_}, {acts.qkv + qd_ + kvd_, qkv_}, {acts.o, qd_}, acts.lse,
+                          {d_o, qd_}, {dq, qd_}, {dk, kvd_}, {dv, qkv_}, ws, stream_);
+}
+
 absl::Status CudaBackend::LayerForward(const bf16_t* params, const CudaBatch& b, const void* x, const LayerActs& a,
                                        bool run_attention, void* y) {
   const int64_t T = b.num_tokens_;
@@ -606,8 +691,7 @@ absl::Status CudaBackend::LayerForward(const bf16_t* params, const CudaBatch& b,
   RETURN_IF_ERROR(kernels::QkNormRopeForward(Rope(T), a.qkv, qkv_, W(params, kQNorm), W(params, kKNorm),
                                              b.positions_, a.qr, a.kr, stream_));
   if (run_attention) {
-    RETURN_IF_ERROR(kernels::FlashAttentionForward(Attn(b), {a.qr, qd_}, {a.kr, kvd_}, {a.qkv + qd_ + kvd_, qkv_},
-                                                   {a.o, qd_}, a.lse, stream_));
+    RETURN_IF_ERROR(AttentionForward(b, a));
   }
   // h1 = x + o · Woᵀ
   RETURN_IF_ERROR(ResidualGemm(a.o, qd_, W(params, kOProj), x, a.h1, branch, T));
@@ -690,7 +774,7 @@ absl::Status CudaBackend::DecoderBackward(const bf16_t* params, const DeviceBatc
   c.Reserve(&dkr, T * kvd_);
   c.Reserve(&dqkv, T * qkv_);
   c.Reserve(&ws_f, std::max(kernels::RmsNormBackwardWorkspaceNumel(T, H_), kernels::QkNormRopeBackwardWorkspaceNumel(rope)));
-  c.Reserve(&ws_attn, kernels::FlashAttentionBackwardWorkspaceBytes(attn));
+  c.Reserve(&ws_attn, AttentionBackwardWorkspaceBytes(attn));
   RETURN_IF_ERROR(c.Alloc(block, stream_));
   if (policy == ActPolicy::kRecomputeLayer) {
     acts = re;
@@ -751,9 +835,7 @@ absl::Status CudaBackend::DecoderBackward(const bf16_t* params, const DeviceBatc
     RETURN_IF_ERROR(gemm_.Run(g, stream_));
     RETURN_IF_ERROR(Wgrad(dh1_g, H_, acts.o, qd_, T, H_, qd_, dparams + off_[kOProj]));
   }
-  RETURN_IF_ERROR(kernels::FlashAttentionBackward(attn, {acts.qr, qd_}, {acts.kr, kvd_}, {acts.qkv + qd_ + kvd_, qkv_},
-                                                  {acts.o, qd_}, acts.lse, {dattn_o, qd_}, {dqr, qd_}, {dkr, kvd_},
-                                                  {dqkv + qd_ + kvd_, qkv_}, ws_attn, stream_));
+  RETURN_IF_ERROR(AttentionBackward(attn, acts, dattn_o, dqr, dkr, dqkv + qd_ + kvd_, ws_attn));
   RETURN_IF_ERROR(kernels::QkNormRopeBackward(rope, dqr, dkr, acts.qkv, qkv_, W(params, kQNorm), W(params, kKNorm),
                                               b.positions_, dqkv, qkv_, dparams + off_[kQNorm],
                                               dparams + off_[kKNorm], ws_f, stream_));
@@ -851,8 +933,21 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackend(const Qwen3Confi
   if (const char* e = std::getenv("SLIDEDP_CUDA_FP32_RESIDUAL"); e != nullptr && std::string(e) == "0") {
     options.fp32_residual = false;
   }
-  VLOG(1) << "CUDA backend: " << (options.fp32_residual ? "FP32" : "BF16") << " residual stream";
-  return MakeCudaBackendWithOptions(config, device, options);
+  if (const char* e = std::getenv("SLIDEDP_ATTENTION"); e != nullptr && *e != '\0') {
+    ASSIGN_OR_RETURN(options.attention, ParseAttentionImpl(e));
+  }
+  auto backend = std::make_unique<CudaBackend>(config, device, options);
+  RETURN_IF_ERROR(backend->Init());
+  LOG(INFO) << "CUDA backend on GPU " << device << ": " << (options.fp32_residual ? "FP32" : "BF16")
+            << " residual stream, attention " << backend->attention_impl();
+  return std::unique_ptr<ComputeBackend>(std::move(backend));
+}
+
+absl::StatusOr<CudaBackendOptions::Attention> ParseAttentionImpl(absl::string_view name) {
+  if (name == "auto") return CudaBackendOptions::Attention::kAuto;
+  if (name == "cudnn") return CudaBackendOptions::Attention::kCudnn;
+  if (name == "own") return CudaBackendOptions::Attention::kOwn;
+  return absl::InvalidArgumentError(absl::StrCat("SLIDEDP_ATTENTION: '", name, "' is not one of auto, cudnn, own"));
 }
 
 }  // namespace slidedp

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "worker/compute/backend.h"
 
 namespace slidedp {
@@ -24,7 +25,16 @@ struct CudaBackendOptions {
   // gradients accumulate in FP32. activation_dtype() is then kF32. false: the BF16 stream.
   // MakeCudaBackend takes the default unless the environment sets SLIDEDP_CUDA_FP32_RESIDUAL=0.
   bool fp32_residual = true;
+  // Fused attention: cuDNN's (worker/kernels/cudnn_attention.h; 2.5-3x our kernels on H200) or
+  // our own kernels (worker/kernels/attention.h). kAuto takes cuDNN when libcudnn loads and its
+  // engines accept the shapes, and our kernels otherwise (logged once). kCudnn fails Init when
+  // libcudnn is unavailable. MakeCudaBackend reads SLIDEDP_ATTENTION=auto|cudnn|own.
+  enum class Attention { kAuto, kCudnn, kOwn };
+  Attention attention = Attention::kAuto;
 };
+
+// "auto" | "cudnn" | "own" -> the option; INVALID_ARGUMENT otherwise.
+absl::StatusOr<CudaBackendOptions::Attention> ParseAttentionImpl(absl::string_view name);
 
 absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackendWithOptions(const Qwen3Config& config, int device,
                                                                           const CudaBackendOptions& options);
