@@ -50,13 +50,25 @@ class ResidentStreamer final : public UnitStreamer {
       }
       s->units_.push_back(static_cast<bf16_t*>(p));
       s->bytes_ += u.numel * 2;
+      // The FP32 norm weights, as the streamers deliver them by default (runtime.norm_weights).
+      float* f = nullptr;
+      if (u.fp32_numel > 0) {
+        std::vector<float> ones(u.fp32_numel, 1.0f);
+        if (cudaMalloc(reinterpret_cast<void**>(&f), u.fp32_numel * 4) != cudaSuccess ||
+            cudaMemcpy(f, ones.data(), u.fp32_numel * 4, cudaMemcpyHostToDevice) != cudaSuccess) {
+          return absl::ResourceExhaustedError("resident weights: FP32 norm weights");
+        }
+        s->bytes_ += u.fp32_numel * 4;
+      }
+      s->fp32_.push_back(f);
     }
     return s;
   }
   ~ResidentStreamer() override {
     for (bf16_t* p : units_) cudaFree(p);
+    for (float* p : fp32_) cudaFree(p);
   }
-  absl::StatusOr<const bf16_t*> Acquire(int unit, uint32_t) override { return units_[unit]; }
+  absl::StatusOr<UnitParams> Acquire(int unit, uint32_t) override { return UnitParams(units_[unit], fp32_[unit]); }
   void Release(int) override {}
   double gate_wait_s() const override { return 0; }
   double h2d_s() const override { return 0; }
@@ -65,6 +77,7 @@ class ResidentStreamer final : public UnitStreamer {
  private:
   ResidentStreamer() = default;
   std::vector<bf16_t*> units_;
+  std::vector<float*> fp32_;  // null for units without norms
   int64_t bytes_ = 0;
 };
 

@@ -152,6 +152,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"act_policy", Enum<ActivationPolicy>(&JobSpec::act_policy, {{"keep_all", ActivationPolicy::kKeepAll},
                                                                      {"recompute", ActivationPolicy::kRecomputeLayer},
                                                                      {"selective", ActivationPolicy::kSelective}})},
+        {"norm_weights", Enum<NormWeights>(&JobSpec::norm_weights, {{"fp32", NormWeights::kFp32}, {"bf16", NormWeights::kBf16}})},
         {"offload_ratio", Real(&JobSpec::offload_ratio, 0, 1)},
         {"ring_slots", Int32(&JobSpec::ring_slots, 2)},
         {"step_timeout_ms", Int(&JobSpec::step_timeout_ms, 100)},
@@ -297,6 +298,13 @@ const char* ToString(GradStaging k) {
   }
   return "?";
 }
+const char* ToString(NormWeights k) {
+  switch (k) {
+    case NormWeights::kFp32: return "fp32";
+    case NormWeights::kBf16: return "bf16";
+  }
+  return "?";
+}
 const char* ToString(ActivationPolicy k) {
   switch (k) {
     case ActivationPolicy::kKeepAll: return "keep_all";
@@ -356,6 +364,7 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "grad_reduction" << YAML::Value << ToString(grad_reduction);
   e << YAML::Key << "grad_staging" << YAML::Value << ToString(grad_staging);
   e << YAML::Key << "act_policy" << YAML::Value << ToString(act_policy);
+  e << YAML::Key << "norm_weights" << YAML::Value << ToString(norm_weights);
   e << YAML::Key << "offload_ratio" << YAML::Value << offload_ratio;
   e << YAML::Key << "ring_slots" << YAML::Value << ring_slots;
   e << YAML::Key << "step_timeout_ms" << YAML::Value << step_timeout_ms;

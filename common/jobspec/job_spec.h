@@ -18,6 +18,9 @@ enum class GradReduction { kGpu, kCpu };
 // Where a step's gradients wait for the global norm when clipping (runtime.grad_staging).
 enum class GradStaging { kAuto, kDevice, kHost };
 enum class ActivationPolicy { kKeepAll, kRecomputeLayer, kSelective };
+// Which values of the norm weights the workers compute with (runtime.norm_weights): the FP32
+// master's (HF autocast's numerics) or the BF16 mirror's (FSDP2 with param_dtype bf16).
+enum class NormWeights { kFp32, kBf16 };
 enum class SaveDtype { kBf16, kF32 };
 enum class Backend { kAuto, kCuda, kCpu };
 
@@ -63,6 +66,7 @@ struct JobSpec {
   GradReduction grad_reduction = GradReduction::kGpu;
   GradStaging grad_staging = GradStaging::kAuto;
   ActivationPolicy act_policy = ActivationPolicy::kRecomputeLayer;
+  NormWeights norm_weights = NormWeights::kFp32;
   double offload_ratio = 0.0;  // fraction of layer checkpoints kept in pinned host memory
   int32_t ring_slots = 8;
   int64_t step_timeout_ms = 600000;  // a gate or ring wait longer than this fails the job
@@ -81,6 +85,7 @@ const char* ToString(ScheduleKind k);
 const char* ToString(ParamDelivery k);
 const char* ToString(GradReduction k);
 const char* ToString(GradStaging k);
+const char* ToString(NormWeights k);
 const char* ToString(ActivationPolicy k);
 const char* ToString(SaveDtype k);
 const char* ToString(Backend k);

@@ -1,6 +1,7 @@
 // Qwen3 config parsing/serialization and the streamed-unit layout.
 #include "common/model/qwen3_config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -16,8 +17,10 @@ int64_t AlignUp(int64_t n) { return (n + kTensorAlignNumel - 1) / kTensorAlignNu
 void AddTensor(UnitLayout& unit, std::string name, std::vector<int64_t> shape) {
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
-  unit.tensors.push_back(TensorSlot{std::move(name), std::move(shape), unit.numel, numel});
+  const bool norm = shape.size() == 1;
+  unit.tensors.push_back(TensorSlot{std::move(name), std::move(shape), unit.numel, numel, norm ? unit.fp32_numel : -1});
   unit.numel += AlignUp(numel);
+  if (norm) unit.fp32_numel += (numel + kFp32SideAlignNumel - 1) / kFp32SideAlignNumel * kFp32SideAlignNumel;
 }
 
 }  // namespace
@@ -190,6 +193,12 @@ absl::StatusOr<Qwen3Config> Qwen3Config::Preset(absl::string_view name) {
                                                    "qwen3-8b, qwen3-14b, tiny)"));
   }
   return c;
+}
+
+void CopyNormsFromMaster(const UnitLayout& unit, const float* master, float* side) {
+  for (const TensorSlot& t : unit.tensors) {
+    if (t.fp32_offset >= 0) std::copy_n(master + t.offset_numel, t.numel, side + t.fp32_offset);
+  }
 }
 
 ModelLayout ModelLayout::Build(const Qwen3Config& c) {

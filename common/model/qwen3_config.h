@@ -77,7 +77,14 @@ struct TensorSlot {
   std::vector<int64_t> shape;   // row-major, HF's shape
   int64_t offset_numel = 0;     // from the start of the unit
   int64_t numel = 0;
+  // Norm weights (the 1-D tensors) also reach the workers in FP32, read from the master, in a
+  // side copy of UnitLayout::fp32_numel floats: this tensor's offset there, -1 for the others.
+  // HF under bf16 autocast computes RMSNorm with the FP32 weights; near 1.0 BF16's spacing
+  // (2^-8) would swallow fine-tuning updates of ~1e-5 for hundreds of steps.
+  int64_t fp32_offset = -1;
 };
+
+inline constexpr int64_t kFp32SideAlignNumel = 64;  // 256 B per side-copy entry
 
 struct UnitLayout {
   UnitKind kind = UnitKind::kDecoder;
@@ -86,7 +93,12 @@ struct UnitLayout {
   std::string name;             // "embed", "layer.3", "head"
   std::vector<TensorSlot> tensors;
   int64_t numel = 0;            // padded total, a multiple of kTensorAlignNumel
+  int64_t fp32_numel = 0;       // the FP32 side copy of the norm weights (TensorSlot::fp32_offset)
 };
+
+// Fills the unit's FP32 side copy (unit.fp32_numel floats) from its FP32 values in the unit's
+// layout (the master): each norm weight at its TensorSlot::fp32_offset.
+void CopyNormsFromMaster(const UnitLayout& unit, const float* master, float* side);
 
 struct ModelLayout {
   Qwen3Config config;

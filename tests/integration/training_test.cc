@@ -31,6 +31,7 @@ struct SpecOptions {
   std::string grad_reduction;  // runtime.grad_reduction; empty: the spec default (gpu)
   std::string grad_staging;    // runtime.grad_staging; empty: the spec default (auto)
   double offload_ratio = 0;    // runtime.offload_ratio
+  std::string norm_weights;    // runtime.norm_weights; empty: the spec default (fp32)
 };
 
 // One worker taking the whole global batch of 8 in micro-batches of 4.
@@ -71,6 +72,7 @@ std::string Spec(const SpecOptions& o) {
                       ", chunk_bytes: ", o.chunk_bytes,
                       o.grad_reduction.empty() ? std::string() : ", grad_reduction: " + o.grad_reduction,
                       o.grad_staging.empty() ? std::string() : ", grad_staging: " + o.grad_staging,
+                      o.norm_weights.empty() ? std::string() : ", norm_weights: " + o.norm_weights,
                       ", offload_ratio: ", o.offload_ratio, "}\n");
 }
 
@@ -110,7 +112,9 @@ v1::Job MustSucceed(NodeHarness& node, const std::string& spec, const std::strin
 }
 
 // The non-streaming reference: the whole model at once (CPU reference math), the same batches,
-// exact global-norm clipping and AdamW in double precision (PyTorch's formula).
+// exact global-norm clipping and AdamW in double precision (PyTorch's formula). Forward and
+// backward use the BF16 rounding of every weight except the norm weights, which stay FP32 unless
+// o.norm_weights is "bf16" (runtime.norm_weights).
 std::vector<std::vector<float>> ReferenceTraining(const SpecOptions& o, std::vector<double>* losses) {
   ModelLayout layout = TinyLayout();
   const int U = layout.num_units();
@@ -128,10 +132,14 @@ std::vector<std::vector<float>> ReferenceTraining(const SpecOptions& o, std::vec
   EXPECT_TRUE(sampler.ok());
   const double lr0 = 1e-3, wd = 0.1, b1 = 0.9, b2 = 0.999, eps = 1e-8;
   for (int t = 0; t < o.steps; ++t) {
+    // What the workers compute with: the BF16 mirror, and the norm weights in FP32.
     std::vector<std::vector<bf16_t>> params(U);
+    std::vector<std::vector<float>> norms(U);
     for (int u = 0; u < U; ++u) {
       params[u].resize(master[u].size());
       for (size_t i = 0; i < master[u].size(); ++i) params[u][i] = FloatToBf16(master[u][i]);
+      norms[u].resize(layout.units[u].fp32_numel);
+      CopyNormsFromMaster(layout.units[u], master[u].data(), norms[u].data());
     }
     std::vector<int64_t> rows = sampler->GlobalRows(t);
     auto trained = data::CountTrainedLabels(**dataset, rows);
@@ -142,7 +150,8 @@ std::vector<std::vector<float>> ReferenceTraining(const SpecOptions& o, std::vec
     for (size_t i = 0; i < rows.size(); i += o.micro_batch) {
       auto mb = data::BuildMicroBatch(**dataset, absl::MakeConstSpan(rows.data() + i, o.micro_batch));
       EXPECT_TRUE(mb.ok());
-      auto l = ReferenceLossAndGrads(layout, params, {*mb}, 1.0f / *trained, &grads);
+      auto l = ReferenceLossAndGrads(layout, params, {*mb}, 1.0f / *trained, &grads,
+                                     o.norm_weights == "bf16" ? nullptr : &norms);
       EXPECT_TRUE(l.ok()) << l.status();
       loss += *l;
       for (int u = 0; u < U; ++u)
@@ -238,6 +247,30 @@ TEST(Training, WithoutClippingChunksUpdateAsTheyArriveAndMatchTheReference) {
   std::cout << "no clipping vs reference: 2 workers " << d << ", 1 worker (direct from ring slots) " << d_direct << "\n";
   EXPECT_LT(d, 2e-5);
   EXPECT_LT(d_direct, 2e-5);
+}
+
+TEST(Training, NormWeightsComeFromTheMasterInFp32OrFromTheMirror) {
+  // lr 1e-3 moves the norm weights (initialised to 1.0) by less than BF16's spacing there
+  // (2^-7), so the mirror keeps them at 1.0 while the master moves: the two settings differ.
+  SpecOptions fp32 = OneWorker(4, "out-norm-fp32");
+  SpecOptions bf16 = OneWorker(4, "out-norm-bf16");
+  bf16.norm_weights = "bf16";
+  std::vector<std::vector<float>> got_fp32, got_bf16;
+  {
+    NodeHarness node(1);
+    got_fp32 = LoadMaster(MustSucceed(node, Spec(fp32), "norm-fp32").last_checkpoint());
+    got_bf16 = LoadMaster(MustSucceed(node, Spec(bf16), "norm-bf16").last_checkpoint());
+  }
+  std::vector<double> losses;
+  const std::vector<std::vector<float>> want_fp32 = ReferenceTraining(fp32, &losses);
+  const std::vector<std::vector<float>> want_bf16 = ReferenceTraining(bf16, &losses);
+  const double d_fp32 = MaxAbsDiff(got_fp32, want_fp32), d_bf16 = MaxAbsDiff(got_bf16, want_bf16);
+  const double apart = MaxAbsDiff(want_fp32, want_bf16);
+  std::cout << "fp32 norms vs reference " << d_fp32 << ", bf16 norms vs reference " << d_bf16
+            << ", the two references apart " << apart << "\n";
+  EXPECT_LT(d_fp32, 2e-5);
+  EXPECT_LT(d_bf16, 2e-5);
+  EXPECT_GT(apart, 4e-5);  // the references differ by more than twice the match tolerance
 }
 
 TEST(Training, EpochsBecomeStepsOverTheDataset) {

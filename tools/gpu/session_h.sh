@@ -6,8 +6,10 @@
 #   curves   issue 4's loss curves in a fine-tuning regime: Qwen3-0.6B (GPU 0) and Qwen3-1.7B
 #            (GPU 1) at once. Each: ours trains the random init PRE steps (lr 1e-4 cosine) and saves
 #            FP32 weights; from them, ours and HF + torch AdamW fine-tune STEPS steps (lr 1e-5
-#            constant, another data order) on the same batches; compare_curves.py at 6e-4. For
-#            0.6B also HF FP32 against HF autocast on the same batches (the reference's own noise).
+#            constant, another data order) on the same batches; compare_curves.py at 6e-4. Then
+#            (MIRROR_REF=1) HF computing our arithmetic (MIRROR_PRECISION, default
+#            bf16-mirror-fp32-norms: BF16 weights but FP32 norms, our default). For 0.6B
+#            (FP32_REF=1) also HF FP32 against HF autocast (the reference's own noise).
 #   service  session_g.sh's copy and warm parts (bench_copy; cold/warm submit -> first step)
 #   floor    only the 0.6B noise floor: the same pretrain (deterministic), then HF FP32 for
 #            FLOOR_STEPS steps on the fine-tuning batches (compare with the autocast curve of a
@@ -85,17 +87,20 @@ YAML
       --out "$d/hf.json" > "$d/hf.log" 2>&1
   echo "--- $tag HF fine-tune: exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/hf.log")"
   cp "$d"/ft/metrics-*.jsonl "$out/$tag-ours.jsonl" 2>/dev/null; cp "$d/hf.json" "$out/$tag-hf.json" 2>/dev/null
-  if [ "${MIRROR_REF:-1}" = 1 ]; then  # the same with every weight BF16-rounded, as our workers see them
-    t0=$SECONDS
-    python3 tools/verify/hf_train_reference.py --batches "$d/batches.bin" --model "$d/pre/checkpoint-$PRE" \
-      --precision bf16-mirror --out "$out/$tag-hf-mirror.json" > "$d/hf-mirror.log" 2>&1
-    echo "--- $tag HF bf16-mirror fine-tune: exit $? after $((SECONDS - t0)) s"
-    python3 tools/verify/compare_curves.py "$out/$tag-ours.jsonl" "$out/$tag-hf-mirror.json" --tol 6e-4 --steps "$STEPS" \
-      2>&1 | head -n 2 | sed "s/^/$tag vs HF bf16-mirror: /"
-  fi
   python3 tools/verify/compare_curves.py "$out/$tag-ours.jsonl" "$out/$tag-hf.json" --tol 6e-4 --steps "$STEPS" \
     --json "$d/compare.json" 2>&1 | sed "s/^/$tag: /"
-  if [ "$tag" = q06 ]; then
+  if [ "${MIRROR_REF:-1}" = 1 ]; then  # HF computing what our workers compute (MIRROR_PRECISION)
+    local mp=${MIRROR_PRECISION:-bf16-mirror-fp32-norms}
+    t0=$SECONDS
+    python3 tools/verify/hf_train_reference.py --batches "$d/batches.bin" --model "$d/pre/checkpoint-$PRE" \
+      --precision "$mp" --out "$out/$tag-hf-mirror.json" > "$d/hf-mirror.log" 2>&1
+    echo "--- $tag HF $mp fine-tune: exit $? after $((SECONDS - t0)) s"
+    python3 tools/verify/compare_curves.py "$out/$tag-ours.jsonl" "$out/$tag-hf-mirror.json" --tol 6e-4 --steps "$STEPS" \
+      2>&1 | head -n 2 | sed "s/^/$tag vs HF $mp: /"
+    python3 tools/verify/compare_curves.py "$out/$tag-hf-mirror.json" "$out/$tag-hf.json" --tol 6e-4 --steps "$STEPS" \
+      2>&1 | head -n 2 | sed "s/^/$tag HF $mp vs HF autocast: /"
+  fi
+  if [ "$tag" = q06 ] && [ "${FP32_REF:-1}" = 1 ]; then
     t0=$SECONDS
     timeout 150 python3 tools/verify/hf_train_reference.py --batches "$d/batches.bin" --model "$d/pre/checkpoint-$PRE" \
       --precision fp32 --steps 60 --out "$d/hf-fp32.json" > "$d/hf-fp32.log" 2>&1

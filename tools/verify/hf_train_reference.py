@@ -21,7 +21,10 @@ metrics-<job>.jsonl. Compare with tools/verify/compare_curves.py.
 
 --precision bf16-mirror keeps the FP32 master for AdamW but runs forward and backward at the
 BF16-rounded weights, as SlideDP's workers do (autocast alone leaves the RMSNorm weights and the
-embedding lookup in FP32): the reference for our arithmetic, next to plain autocast (HF's).
+embedding lookup in FP32): the reference for our arithmetic with runtime.norm_weights: bf16.
+--precision bf16-mirror-fp32-norms rounds every weight but the (1-D) norm weights: the reference
+for our default (runtime.norm_weights: fp32); it differs from plain autocast only in the
+embedding rows, which autocast looks up in FP32.
 
 Usage (GPU machine):
   python3 tools/verify/hf_train_reference.py --batches BATCHES.bin --out hf_curve.json [--steps N]
@@ -122,16 +125,17 @@ def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision
         lr = sched.get_last_lr()[0]
         t0 = time.time()
         opt.zero_grad(set_to_none=True)
-        if precision == "bf16-mirror":
+        if precision.startswith("bf16-mirror"):
             # Forward and backward at the BF16-rounded weights (what SlideDP's workers read from the
             # mirror: also the norm weights and embedding rows, which autocast leaves in FP32); the
             # gradients then update the FP32 master, restored here.
             master = [p.detach().clone() for p in params]
             with torch.no_grad():
                 for p in params:
-                    p.copy_(p.to(torch.bfloat16).to(torch.float32))
+                    if precision == "bf16-mirror" or p.dim() > 1:
+                        p.copy_(p.to(torch.bfloat16).to(torch.float32))
         loss = hf_common.hf_loss_backward(model, segments, trained, token_budget, autocast=precision != "fp32")
-        if precision == "bf16-mirror":
+        if precision.startswith("bf16-mirror"):
             with torch.no_grad():
                 for p, m in zip(params, master):
                     p.copy_(m)
@@ -232,10 +236,12 @@ def main():
     for k in SETTINGS:
         typ = str if k == "schedule" else int if k in ("warmup_steps", "total_steps") else float
         ap.add_argument("--" + k.replace("_", "-"), dest=k, type=typ, default=None, help=f"override the job's {k}")
-    ap.add_argument("--precision", choices=["bf16-autocast", "bf16-mirror", "fp32"], default="bf16-autocast",
+    ap.add_argument("--precision", choices=["bf16-autocast", "bf16-mirror", "bf16-mirror-fp32-norms", "fp32"],
+                    default="bf16-autocast",
                     help="fp32: the reference's own noise floor (no autocast, no TF32); bf16-mirror: autocast "
                          "with every weight rounded to BF16 for forward and backward (the norm weights and "
-                         "embedding rows too, as SlideDP's mirror gives them), FP32 master for AdamW")
+                         "embedding rows too, as SlideDP's mirror gives them), FP32 master for AdamW; "
+                         "bf16-mirror-fp32-norms: the same but the norm weights stay FP32 (our default)")
     ap.add_argument("--selftest", action="store_true")
     args = ap.parse_args()
     if args.selftest:

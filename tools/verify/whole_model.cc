@@ -18,8 +18,9 @@ absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const Mo
         absl::StrCat("RunWholeModel: ", unit_params.size(), " parameter arrays for ", num_units, " units"));
   }
   if (num_units < 3) return absl::InvalidArgumentError("RunWholeModel: the model has no decoder layer");
-  // Parameters (BF16) and gradients (FP32, zeroed) in device memory, one buffer per unit.
-  std::vector<std::unique_ptr<DeviceBuffer>> params(num_units), grads(num_units);
+  // Parameters (BF16, and the norm weights' FP32 side copies, as the workers get them) and
+  // gradients (FP32, zeroed) in device memory, one buffer per unit.
+  std::vector<std::unique_ptr<DeviceBuffer>> params(num_units), norms(num_units), grads(num_units);
   for (int u = 0; u < num_units; ++u) {
     const int64_t numel = layout.units[u].numel;
     if (static_cast<int64_t>(unit_params[u].size()) != numel) {
@@ -30,11 +31,23 @@ absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const Mo
     RETURN_IF_ERROR(backend.CopyToDevice(unit_params[u].data(), params[u]->data(), numel * 2));
     ASSIGN_OR_RETURN(grads[u], backend.Allocate(numel * 4));
     RETURN_IF_ERROR(backend.Memset(*grads[u], 0));
+    const UnitLayout& unit = layout.units[u];
+    if (unit.fp32_numel > 0) {
+      std::vector<float> values(numel), side(unit.fp32_numel, 0.0f);
+      for (int64_t i = 0; i < numel; ++i) values[i] = Bf16ToFloat(unit_params[u][i]);
+      CopyNormsFromMaster(unit, values.data(), side.data());
+      ASSIGN_OR_RETURN(norms[u], backend.Allocate(unit.fp32_numel * 4));
+      RETURN_IF_ERROR(backend.CopyToDevice(side.data(), norms[u]->data(), unit.fp32_numel * 4));
+    }
   }
+  auto unit_params_of = [&](int u) {
+    return UnitParams(params[u]->as<bf16_t>(), norms[u] != nullptr ? norms[u]->as<float>() : nullptr);
+  };
   const int embed = 0, head = num_units - 1;
   const UnitLayout& head_unit = layout.head();
   const int64_t norm_off = head_unit.tensors[0].offset_numel;
-  const bf16_t* norm_w = params[head]->as<bf16_t>() + norm_off;
+  const UnitParams norm_w(params[head]->as<bf16_t>() + norm_off,
+                          norms[head]->as<float>() + head_unit.tensors[0].fp32_offset);
   float* dnorm = grads[head]->as<float>() + norm_off;
   const bf16_t* lm_w;
   float* dlm;
@@ -67,13 +80,13 @@ absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const Mo
     RETURN_IF_ERROR(backend.EmbeddingForward(params[embed]->as<bf16_t>(), batch, xs[0]->data()));
     std::vector<std::unique_ptr<SavedActivations>> saved(num_units);
     for (int u = 1; u < head; ++u) {
-      RETURN_IF_ERROR(backend.DecoderForward(params[u]->as<bf16_t>(), batch, xs[u - 1]->data(), xs[u]->data(), policy,
+      RETURN_IF_ERROR(backend.DecoderForward(unit_params_of(u), batch, xs[u - 1]->data(), xs[u]->data(), policy,
                                              &saved[u]));
     }
     RETURN_IF_ERROR(backend.HeadForwardBackward(norm_w, lm_w, batch, xs.back()->data(), loss_scale, grad->data(),
                                                 dnorm, dlm, loss_buf->as<float>()));
     for (int u = head - 1; u >= 1; --u) {
-      RETURN_IF_ERROR(backend.DecoderBackward(params[u]->as<bf16_t>(), batch, xs[u - 1]->data(), saved[u].get(),
+      RETURN_IF_ERROR(backend.DecoderBackward(unit_params_of(u), batch, xs[u - 1]->data(), saved[u].get(),
                                               grad->data(), grad->data(), grads[u]->as<float>()));
       saved[u].reset();
     }

@@ -68,6 +68,15 @@ class SavedActivations {
   virtual int64_t bytes() const = 0;
 };
 
+// A unit's parameters on the device: the BF16 array (UnitLayout) and, when fp32 is set, the
+// FP32 side copy of its norm weights (TensorSlot::fp32_offset), which backends then use instead
+// of the norms' BF16 values. Implicit from a BF16 pointer: no side copy.
+struct UnitParams {
+  UnitParams(const bf16_t* bf16_params, const float* fp32_norms = nullptr) : bf16(bf16_params), fp32(fp32_norms) {}
+  const bf16_t* bf16;
+  const float* fp32;
+};
+
 // A device allocation. Freed by its destructor.
 class DeviceBuffer {
  public:
@@ -101,20 +110,21 @@ class ComputeBackend {
   // dembed[tokens[t]] += dout[t]  (FP32 accumulation, duplicates summed).
   virtual absl::Status EmbeddingBackward(const void* dout, const DeviceBatch& batch, float* dembed) = 0;
 
-  // y = DecoderLayer(x). params: BF16 unit array. If saved is non-null, fills it per policy.
-  virtual absl::Status DecoderForward(const bf16_t* params, const DeviceBatch& batch, const void* x, void* y,
+  // y = DecoderLayer(x). params: the decoder unit. If saved is non-null, fills it per policy.
+  virtual absl::Status DecoderForward(const UnitParams& params, const DeviceBatch& batch, const void* x, void* y,
                                       ActPolicy policy, std::unique_ptr<SavedActivations>* saved) = 0;
   // dx = dL/dx; dparams += dL/dparams. saved may be null (whole-layer recompute from x).
   // dx may alias dy.
-  virtual absl::Status DecoderBackward(const bf16_t* params, const DeviceBatch& batch, const void* x,
+  virtual absl::Status DecoderBackward(const UnitParams& params, const DeviceBatch& batch, const void* x,
                                        SavedActivations* saved, const void* dy, void* dx, float* dparams) = 0;
 
   // Final RMSNorm + LM head + cross entropy, forward and backward in one pass, chunked so the
   // full [T, vocab] logits never exist. loss_scale multiplies every token's loss (the caller
   // passes 1 / trained tokens of the global batch). Adds sum_t loss_scale * CE_t to *loss_sum
   // (a device float), writes dx, and adds to dnorm ([hidden] FP32) and dlm_head ([vocab, hidden]
-  // FP32; with tied embeddings the caller passes the embedding gradient here).
-  virtual absl::Status HeadForwardBackward(const bf16_t* norm_w, const bf16_t* lm_head_w, const DeviceBatch& batch,
+  // FP32; with tied embeddings the caller passes the embedding gradient here). norm_w: the final
+  // norm's BF16 weights and, in norm_w.fp32, optionally its FP32 ones.
+  virtual absl::Status HeadForwardBackward(const UnitParams& norm_w, const bf16_t* lm_head_w, const DeviceBatch& batch,
                                            const void* x, float loss_scale, void* dx, float* dnorm,
                                            float* dlm_head, float* loss_sum) = 0;
 

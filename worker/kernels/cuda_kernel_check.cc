@@ -80,6 +80,33 @@ std::vector<bf16_t> ToBf16(const std::vector<double>& v) {
   return o;
 }
 std::vector<float> ToF32(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
+// Norm weights as FP32 master weights: BF16 values around `mean` plus fine-tuning updates of
+// 0.25..0.45 BF16 ulp with random sign, the largest that rounding to BF16 still loses entirely.
+// The values are FP32-exact and not BF16-representable.
+std::vector<double> RandF32NormWeights(int64_t n, double scale, double mean) {
+  std::uniform_real_distribution<double> frac(0.25, 0.45);
+  std::bernoulli_distribution negative(0.5);
+  std::vector<double> v = RandVec(n, scale, mean);
+  for (auto& x : v) {
+    const double ulp = x == 0 ? 0.0 : std::ldexp(1.0, std::ilogb(x) - 7);  // BF16: 7 stored mantissa bits
+    x = static_cast<float>(x + (negative(g_rng) ? -1 : 1) * frac(g_rng) * ulp);
+  }
+  return v;
+}
+
+// Least-squares gain of got against ref per column of a [rows, cols] row-major matrix:
+// g[c] = Σ_r got·ref / Σ_r ref². BF16 output rounding averages out over the rows, so a per-column
+// scale error such as an FP32 norm weight rounded to BF16 shows as |g - 1|, while it hides inside
+// the element-wise tolerance. Compare against ones with Report.
+std::vector<double> ColumnGain(const std::vector<double>& got, const std::vector<double>& ref, int64_t cols) {
+  std::vector<double> num(cols, 0.0), den(cols, 0.0);
+  for (size_t i = 0; i < got.size() && i < ref.size(); ++i) {
+    num[i % cols] += got[i] * ref[i];
+    den[i % cols] += ref[i] * ref[i];
+  }
+  for (int64_t c = 0; c < cols; ++c) num[c] = den[c] == 0 ? 1.0 : num[c] / den[c];
+  return num;
+}
 
 template <typename T>
 struct Dev {
@@ -124,7 +151,8 @@ Dev<float>* NewF32(const std::vector<double>& v) {
   cudaMemcpy(d->p, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
   return d;
 }
-// Activation-typed helpers: T is bf16 (BF16 residual stream) or float (FP32 residual stream).
+// Typed helpers: T is bf16 (BF16 residual stream) or float (FP32 residual stream, or FP32 norm
+// weights).
 template <typename T>
 Dev<T>* NewAct(const std::vector<double>& v) {
   if constexpr (std::is_same_v<T, bf16>) {
@@ -213,14 +241,16 @@ void CheckGemm() {
 }
 
 // ------------------------------------------------------------------ RMSNorm
-// TA: the residual-stream type of x, dy, dres and dx (y is BF16 either way).
-template <typename TA>
+// TA: the residual-stream type of x, dy, dres and dx (y is BF16 either way). TW: the norm weight
+// type; FP32 weights are not BF16-representable and the reference uses them exactly.
+template <typename TA, typename TW>
 void CheckRmsNorm() {
   const int64_t R = 333, H = 264;
   const double eps = 1e-6;
-  auto x = RandVec(R * H, 1.5), w = RandVec(H, 0.2, 1.0), dy = RandVec(R * H), dres = RandVec(R * H),
-       dw0 = RandVec(H);
-  std::unique_ptr<Dev<bf16>> dw_(NewBf16(w));
+  constexpr bool f32w = std::is_same_v<TW, float>;
+  auto x = RandVec(R * H, 1.5), w = f32w ? RandF32NormWeights(H, 0.2, 1.0) : RandVec(H, 0.2, 1.0),
+       dy = RandVec(R * H), dres = RandVec(R * H), dw0 = RandVec(H);
+  std::unique_ptr<Dev<TW>> dw_(NewAct<TW>(w));
   std::unique_ptr<Dev<TA>> dx_(NewAct<TA>(x)), ddy(NewAct<TA>(dy)), ddres(NewAct<TA>(dres));
   Dev<bf16> y(R * H);
   Dev<TA> dxo(R * H);
@@ -248,15 +278,30 @@ void CheckRmsNorm() {
   }
   // FP32 dx is FP32 math on exact inputs (no BF16 output rounding): 1e-4 instead of 5e-3.
   const bool f32 = std::is_same_v<TA, float>;
-  const std::string tag = std::string(" [") + ActName<TA>() + " x]";
-  Report("rmsnorm fwd y (333x264)" + tag, DownBf16(y.get(), R * H), ry, 5e-3);
+  const std::string tag = std::string(" [") + ActName<TA>() + " x]" + (f32w ? " [fp32 w]" : "");
+  const auto got_y = DownBf16(y.get(), R * H), got_dx = Down(dxo.get(), R * H);
+  Report("rmsnorm fwd y (333x264)" + tag, got_y, ry, 5e-3);
   Report("rmsnorm fwd rstd" + tag, DownF32(rstd.get(), R), rr, 1e-5);
-  Report("rmsnorm bwd dx (+residual grad)" + tag, Down(dxo.get(), R * H), rdx, f32 ? 1e-4 : 5e-3);
+  Report("rmsnorm bwd dx (+residual grad)" + tag, got_dx, rdx, f32 ? 1e-4 : 5e-3);
   Report("rmsnorm bwd dw += (two-stage reduction)" + tag, DownF32(dwacc.get(), H), rdw, 1e-5);
+  if (f32w) {
+    // The weight must act unrounded: RMS of the per-column gains' distance from 1 under 6e-4 (a
+    // simulation of the kernels' FP32 math gave <= 2.5e-4; with the weights rounded to BF16,
+    // >= 1.4e-3, while the element-wise errors stay inside 5e-3). dx without the residual grad,
+    // so that dres does not dilute the weight's part.
+    std::vector<double> got_dn(R * H), ref_dn(R * H);
+    for (int64_t i = 0; i < R * H; ++i) { got_dn[i] = got_dx[i] - dres[i]; ref_dn[i] = rdx[i] - dres[i]; }
+    const std::vector<double> ones(H, 1.0);
+    Report("rmsnorm fwd y per-column gain" + tag, ColumnGain(got_y, ry, H), ones, 6e-4);
+    Report("rmsnorm bwd dx - dres per-column gain" + tag, ColumnGain(got_dn, ref_dn, H), ones, 6e-4);
+  }
 }
 
 // ------------------------------------------------------------------ q/k norm + RoPE
+// TW: the q_norm / k_norm weight type, as in CheckRmsNorm.
+template <typename TW>
 void CheckQkRope(int hd) {
+  constexpr bool f32w = std::is_same_v<TW, float>;
   const int nq = 4, nkv = 2;
   const std::vector<int> docs = {13, 40, 24};
   int64_t T = 0;
@@ -267,10 +312,12 @@ void CheckQkRope(int hd) {
   }
   const int64_t ld = (nq + 2 * nkv) * hd + 8;
   const double eps = 1e-6, theta = 1e6;
-  auto qkv = RandVec(T * ld, 1.3), qw = RandVec(hd, 0.2, 1.0), kw = RandVec(hd, 0.2, 1.0);
+  auto qkv = RandVec(T * ld, 1.3);
+  auto qw = f32w ? RandF32NormWeights(hd, 0.2, 1.0) : RandVec(hd, 0.2, 1.0);
+  auto kw = f32w ? RandF32NormWeights(hd, 0.2, 1.0) : RandVec(hd, 0.2, 1.0);
   auto gq = RandVec(T * nq * hd), gk = RandVec(T * nkv * hd), dqw0 = RandVec(hd), dkw0 = RandVec(hd);
-  std::unique_ptr<Dev<bf16>> dqkv_in(NewBf16(qkv)), dqw(NewBf16(qw)), dkw(NewBf16(kw)), dgq(NewBf16(gq)),
-      dgk(NewBf16(gk));
+  std::unique_ptr<Dev<bf16>> dqkv_in(NewBf16(qkv)), dgq(NewBf16(gq)), dgk(NewBf16(gk));
+  std::unique_ptr<Dev<TW>> dqw(NewAct<TW>(qw)), dkw(NewAct<TW>(kw));
   Dev<int32_t> dpos(T);
   Upload(dpos, pos);
   Dev<bf16> qo(T * nq * hd), ko(T * nkv * hd), dqkv(T * ld);
@@ -318,12 +365,21 @@ void CheckQkRope(int hd) {
         (isq ? rdqw : rdkw)[i] += dn[i] * xv[i] * r;
       }
     }
-  const std::string tag = " (hd=" + std::to_string(hd) + ")";
-  Report("qk-norm+rope fwd q" + tag, DownBf16(qo.get(), T * nq * hd), rq, 5e-3);
-  Report("qk-norm+rope fwd k" + tag, DownBf16(ko.get(), T * nkv * hd), rk, 5e-3);
+  const std::string tag = " (hd=" + std::to_string(hd) + ")" + (f32w ? " [fp32 w]" : "");
+  const auto got_q = DownBf16(qo.get(), T * nq * hd), got_k = DownBf16(ko.get(), T * nkv * hd);
+  Report("qk-norm+rope fwd q" + tag, got_q, rq, 5e-3);
+  Report("qk-norm+rope fwd k" + tag, got_k, rk, 5e-3);
   Report("qk-norm+rope bwd dq,dk raw" + tag, gotdq, rdq, 5e-3);
   Report("qk-norm+rope bwd dq_norm_w +=" + tag, DownF32(accq.get(), hd), rdqw, 1e-4);
   Report("qk-norm+rope bwd dk_norm_w +=" + tag, DownF32(acck.get(), hd), rdkw, 1e-4);
+  if (f32w) {
+    // As in CheckRmsNorm: per-dimension gains (rows = token x head) show a weight rounded to BF16.
+    // RoPE's FP32 angle error rotates the output, orthogonal to it, so it adds little here.
+    const std::vector<double> ones(hd, 1.0);
+    Report("qk-norm+rope fwd q per-dim gain" + tag, ColumnGain(got_q, rq, hd), ones, 6e-4);
+    Report("qk-norm+rope fwd k per-dim gain" + tag, ColumnGain(got_k, rk, hd), ones, 6e-4);
+    Report("qk-norm+rope bwd dq,dk raw per-dim gain" + tag, ColumnGain(gotdq, rdq, hd), ones, 6e-4);
+  }
 }
 
 // ------------------------------------------------------------------ SwiGLU
@@ -652,10 +708,13 @@ std::vector<double> GetF(ComputeBackend& be, const void* d, int64_t n) {
 // fp32_residual: which residual stream the CUDA backend keeps (CudaBackendOptions). The tolerances
 // are the BF16-stream ones in both modes (the FP32 stream is expected to be well inside them).
 // attention: the backend's attention (cuDNN or the own kernels).
+// fp32_norms: the norm weights also come as an FP32 side copy (UnitParams::fp32), with values
+// between BF16 neighbours, which both backends must use.
 void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp32_residual,
-                  CudaBackendOptions::Attention attention) {
+                  CudaBackendOptions::Attention attention, bool fp32_norms) {
   const std::string label = label_base + (fp32_residual ? "[fp32 res" : "[bf16 res") +
-                            (attention == CudaBackendOptions::Attention::kCudnn ? ", cudnn]" : ", own]");
+                            (attention == CudaBackendOptions::Attention::kCudnn ? ", cudnn" : ", own") +
+                            (fp32_norms ? ", fp32 norms]" : "]");
   Pair p;
   CudaBackendOptions opt;
   opt.fp32_residual = fp32_residual;
@@ -707,8 +766,22 @@ void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp
   CHECK_OK(pc.status());
   CHECK_OK(p.gpu->CopyToDevice(pb.data(), (*pg)->data(), pb.size() * 2));
   CHECK_OK(p.cpu->CopyToDevice(pb.data(), (*pc)->data(), pb.size() * 2));
-  const bf16_t* PG = (*pg)->as<bf16_t>();
-  const bf16_t* PC = (*pc)->as<bf16_t>();
+  std::vector<float> side(unit.fp32_numel, 0.0f);
+  for (const TensorSlot& ts : unit.tensors) {
+    if (ts.fp32_offset < 0) continue;
+    for (int64_t i = 0; i < ts.numel; ++i) {  // the BF16 value plus 0.3 of a BF16 step
+      const float b = Bf16ToFloat(pb[ts.offset_numel + i]);
+      side[ts.fp32_offset + i] = b + 0.3f * std::fabs(b) * 0.0078125f;
+    }
+  }
+  auto sg = p.gpu->Allocate(std::max<int64_t>(1, side.size()) * 4);
+  CHECK_OK(sg.status());
+  auto sc_side = p.cpu->Allocate(std::max<int64_t>(1, side.size()) * 4);
+  CHECK_OK(sc_side.status());
+  CHECK_OK(p.gpu->CopyToDevice(side.data(), (*sg)->data(), side.size() * 4));
+  CHECK_OK(p.cpu->CopyToDevice(side.data(), (*sc_side)->data(), side.size() * 4));
+  const UnitParams PG((*pg)->as<bf16_t>(), fp32_norms ? (*sg)->as<float>() : nullptr);
+  const UnitParams PC((*pc)->as<bf16_t>(), fp32_norms ? (*sc_side)->as<float>() : nullptr);
 
   Act x, y, dy, dx;
   CHECK_OK(MakeAct(p, RandVec(T * H), &x));
@@ -843,11 +916,16 @@ int main(int argc, char** argv) {
   std::printf("cuda_kernel_check on %s (sm_%d%d), seed=%llu\n", prop.name, prop.major, prop.minor,
               static_cast<unsigned long long>(seed));
   CheckGemm();
-  CheckRmsNorm<bf16>();
-  CheckRmsNorm<float>();
-  CheckQkRope(128);
-  CheckQkRope(64);  // half the lanes idle: catches use of unset per-lane state
-  CheckQkRope(16);
+  CheckRmsNorm<bf16, bf16>();
+  CheckRmsNorm<float, bf16>();
+  CheckRmsNorm<bf16, float>();
+  CheckRmsNorm<float, float>();
+  CheckQkRope<bf16>(128);
+  CheckQkRope<bf16>(64);  // half the lanes idle: catches use of unset per-lane state
+  CheckQkRope<bf16>(16);
+  CheckQkRope<float>(128);
+  CheckQkRope<float>(64);
+  CheckQkRope<float>(16);
   CheckSwiGlu();
   CheckEmbedding<bf16>();
   CheckEmbedding<float>();
@@ -877,9 +955,11 @@ int main(int argc, char** argv) {
     if (kernels::CudnnAttention::Create(0).ok()) attention.push_back(CudaBackendOptions::Attention::kCudnn);
     for (CudaBackendOptions::Attention attn : attention) {
       for (bool fp32_residual : {true, false}) {
-        CheckBackend("qwen3-mini(hd64)", c, fp32_residual, attn);
-        CheckBackend("qwen3-mini(hd128)", c128, fp32_residual, attn);
-        if (tiny.ok()) CheckBackend("tiny(hd16)", *tiny, fp32_residual, attn);
+        // The FP32 norm weights (the workers' default) with cuDNN (the default attention).
+        const bool norms = attn == CudaBackendOptions::Attention::kCudnn;
+        CheckBackend("qwen3-mini(hd64)", c, fp32_residual, attn, norms);
+        CheckBackend("qwen3-mini(hd128)", c128, fp32_residual, attn, norms);
+        if (tiny.ok()) CheckBackend("tiny(hd16)", *tiny, fp32_residual, attn, norms);
       }
     }
   }

@@ -69,6 +69,13 @@ __device__ __forceinline__ void Store8(float* p, const float* f) {
   reinterpret_cast<float4*>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
 }
 
+// Two consecutive elements as floats, for the per-head norm weights (BF16 or FP32 master weights).
+// p must be 4-byte (BF16) or 8-byte (FP32) aligned.
+__device__ __forceinline__ float2 Load2(const bf16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+__device__ __forceinline__ float2 Load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+
 int BlockThreadsForWidth(int64_t h) { return static_cast<int>(((h / 8) + 31) / 32 * 32); }
 
 absl::Status CheckNormWidth(int64_t h) {
@@ -97,9 +104,10 @@ __device__ __forceinline__ float2 BlockSum2(float2 v, float* scratch) {
   return make_float2(scratch[64], scratch[65]);
 }
 
-// TX: the input (residual stream) element type, bf16 or float; y is always BF16.
-template <typename TX>
-__global__ void RmsNormForwardKernel(const TX* __restrict__ x, const bf16* __restrict__ w, int64_t rows, int h,
+// TX: the input (residual stream) element type, bf16 or float; y is always BF16. TW: the norm
+// weight type, bf16 or float (FP32 master weights); each thread widens its 8 weights to FP32 once.
+template <typename TX, typename TW>
+__global__ void RmsNormForwardKernel(const TX* __restrict__ x, const TW* __restrict__ w, int64_t rows, int h,
                                      float eps, bf16* __restrict__ y, float* __restrict__ rstd_out) {
   __shared__ float scratch[66];
   const int c = threadIdx.x * 8;
@@ -137,10 +145,11 @@ __global__ void RmsNormForwardKernel(const TX* __restrict__ x, const bf16* __res
   }
 }
 
-// TA: the element type of dy, x, dres and dx (bf16, or float for the FP32 residual stream).
-template <typename TA>
+// TA: the element type of dy, x, dres and dx (bf16, or float for the FP32 residual stream); TW: the
+// norm weight type, as in the forward.
+template <typename TA, typename TW>
 __global__ void RmsNormBackwardKernel(const TA* __restrict__ dy, const TA* __restrict__ x,
-                                      const bf16* __restrict__ w, const float* __restrict__ rstd_in,
+                                      const TW* __restrict__ w, const float* __restrict__ rstd_in,
                                       const TA* dres, int64_t rows, int h, TA* dx, float* __restrict__ partial) {
   __shared__ float scratch[66];
   const int c = threadIdx.x * 8;
@@ -224,9 +233,10 @@ __device__ __forceinline__ void RopeAngles(int pos, int j, int hd, float theta, 
   sincosf(a1, &s[1], &c[1]);
 }
 
-template <int ITERS, int HB>
+// TW: the q_norm / k_norm weight type (bf16 or float), widened to FP32 on load.
+template <int ITERS, int HB, typename TW>
 __global__ void QkNormRopeForwardKernel(RopeArgs a, const bf16* __restrict__ qkv, int64_t ld,
-                                        const bf16* __restrict__ qw, const bf16* __restrict__ kw,
+                                        const TW* __restrict__ qw, const TW* __restrict__ kw,
                                         const int32_t* __restrict__ pos, bf16* __restrict__ qo,
                                         bf16* __restrict__ ko) {
   const int lane = threadIdx.x & 31;
@@ -241,11 +251,10 @@ __global__ void QkNormRopeForwardKernel(RopeArgs a, const bf16* __restrict__ qkv
       const int j = 2 * lane + 64 * it;
       if (j < half) {
         RopeAngles(p, j, hd, a.theta, cs[it], sn[it]);
-        float2 l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(qw + j));
-        float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(qw + j + half));
+        float2 l = Load2(qw + j), u = Load2(qw + j + half);
         wq[it][0] = l.x; wq[it][1] = l.y; wq[it][2] = u.x; wq[it][3] = u.y;
-        l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(kw + j));
-        u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(kw + j + half));
+        l = Load2(kw + j);
+        u = Load2(kw + j + half);
         wk[it][0] = l.x; wk[it][1] = l.y; wk[it][2] = u.x; wk[it][3] = u.y;
       }
     }
@@ -307,9 +316,10 @@ constexpr int kRopeMaxIters = 2;  // hd <= 256
 
 // (This per-token, one-head-at-a-time version is the one verified on the GPU; a batched variant
 // like the forward's reached ~33% instead of ~29% of copy bandwidth but is not verified yet.)
+template <typename TW>
 __global__ void QkNormRopeBackwardKernel(RopeArgs a, const bf16* __restrict__ dq, const bf16* __restrict__ dk,
-                                         const bf16* __restrict__ qkv, int64_t ld, const bf16* __restrict__ qw,
-                                         const bf16* __restrict__ kw, const int32_t* __restrict__ pos,
+                                         const bf16* __restrict__ qkv, int64_t ld, const TW* __restrict__ qw,
+                                         const TW* __restrict__ kw, const int32_t* __restrict__ pos,
                                          bf16* __restrict__ dqkv, int64_t ld_d, float* __restrict__ partial) {
   extern __shared__ float sm[];  // [warps][2][hd]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -320,11 +330,10 @@ __global__ void QkNormRopeBackwardKernel(RopeArgs a, const bf16* __restrict__ dq
   for (int it = 0; it < kRopeMaxIters; ++it) {
     const int j = 2 * lane + 64 * it;
     if (j < half) {
-      float2 l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(qw + j));
-      float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(qw + j + half));
+      float2 l = Load2(qw + j), u = Load2(qw + j + half);
       wq[it][0] = l.x; wq[it][1] = l.y; wq[it][2] = u.x; wq[it][3] = u.y;
-      l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(kw + j));
-      u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(kw + j + half));
+      l = Load2(kw + j);
+      u = Load2(kw + j + half);
       wk[it][0] = l.x; wk[it][1] = l.y; wk[it][2] = u.x; wk[it][3] = u.y;
     }
   }
@@ -640,27 +649,27 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 int64_t PartialBlocks(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, kMaxPartialBlocks)); }
 
 namespace {
-template <typename TX>
-absl::Status RmsNormForwardImpl(const TX* x, const bf16* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
+template <typename TX, typename TW>
+absl::Status RmsNormForwardImpl(const TX* x, const TW* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
                                 cudaStream_t stream) {
   absl::Status s = CheckNormWidth(h);
   if (!s.ok()) return s;
   if (rows <= 0) return absl::OkStatus();
-  RmsNormForwardKernel<TX><<<PartialBlocks(rows), BlockThreadsForWidth(h), 0, stream>>>(
+  RmsNormForwardKernel<TX, TW><<<PartialBlocks(rows), BlockThreadsForWidth(h), 0, stream>>>(
       x, w, rows, static_cast<int>(h), eps, y, rstd);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
 
-template <typename TA>
-absl::Status RmsNormBackwardImpl(const TA* dy, const TA* x, const bf16* w, const float* rstd, const TA* dres,
+template <typename TA, typename TW>
+absl::Status RmsNormBackwardImpl(const TA* dy, const TA* x, const TW* w, const float* rstd, const TA* dres,
                                  int64_t rows, int64_t h, TA* dx, float* dw, float* ws, cudaStream_t stream) {
   absl::Status s = CheckNormWidth(h);
   if (!s.ok()) return s;
   if (rows <= 0) return absl::OkStatus();
   const int64_t blocks = PartialBlocks(rows);
-  RmsNormBackwardKernel<TA><<<blocks, BlockThreadsForWidth(h), 0, stream>>>(dy, x, w, rstd, dres, rows,
-                                                                            static_cast<int>(h), dx, dw ? ws : nullptr);
+  RmsNormBackwardKernel<TA, TW><<<blocks, BlockThreadsForWidth(h), 0, stream>>>(
+      dy, x, w, rstd, dres, rows, static_cast<int>(h), dx, dw ? ws : nullptr);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   if (dw != nullptr) return ReducePartialsInto(ws, blocks, h, dw, stream);
   return absl::OkStatus();
@@ -669,22 +678,38 @@ absl::Status RmsNormBackwardImpl(const TA* dy, const TA* x, const bf16* w, const
 
 absl::Status RmsNormForward(const bf16* x, const bf16* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
                             cudaStream_t stream) {
-  return RmsNormForwardImpl<bf16>(x, w, rows, h, eps, y, rstd, stream);
+  return RmsNormForwardImpl(x, w, rows, h, eps, y, rstd, stream);
+}
+absl::Status RmsNormForward(const bf16* x, const float* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
+                            cudaStream_t stream) {
+  return RmsNormForwardImpl(x, w, rows, h, eps, y, rstd, stream);
 }
 absl::Status RmsNormForward(const float* x, const bf16* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
                             cudaStream_t stream) {
-  return RmsNormForwardImpl<float>(x, w, rows, h, eps, y, rstd, stream);
+  return RmsNormForwardImpl(x, w, rows, h, eps, y, rstd, stream);
+}
+absl::Status RmsNormForward(const float* x, const float* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
+                            cudaStream_t stream) {
+  return RmsNormForwardImpl(x, w, rows, h, eps, y, rstd, stream);
 }
 
 int64_t RmsNormBackwardWorkspaceNumel(int64_t rows, int64_t h) { return PartialBlocks(rows) * h; }
 
 absl::Status RmsNormBackward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd, const bf16* dres,
                              int64_t rows, int64_t h, bf16* dx, float* dw, float* ws, cudaStream_t stream) {
-  return RmsNormBackwardImpl<bf16>(dy, x, w, rstd, dres, rows, h, dx, dw, ws, stream);
+  return RmsNormBackwardImpl(dy, x, w, rstd, dres, rows, h, dx, dw, ws, stream);
+}
+absl::Status RmsNormBackward(const bf16* dy, const bf16* x, const float* w, const float* rstd, const bf16* dres,
+                             int64_t rows, int64_t h, bf16* dx, float* dw, float* ws, cudaStream_t stream) {
+  return RmsNormBackwardImpl(dy, x, w, rstd, dres, rows, h, dx, dw, ws, stream);
 }
 absl::Status RmsNormBackward(const float* dy, const float* x, const bf16* w, const float* rstd, const float* dres,
                              int64_t rows, int64_t h, float* dx, float* dw, float* ws, cudaStream_t stream) {
-  return RmsNormBackwardImpl<float>(dy, x, w, rstd, dres, rows, h, dx, dw, ws, stream);
+  return RmsNormBackwardImpl(dy, x, w, rstd, dres, rows, h, dx, dw, ws, stream);
+}
+absl::Status RmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd, const float* dres,
+                             int64_t rows, int64_t h, float* dx, float* dw, float* ws, cudaStream_t stream) {
+  return RmsNormBackwardImpl(dy, x, w, rstd, dres, rows, h, dx, dw, ws, stream);
 }
 
 absl::Status ReducePartialsInto(const float* partial, int64_t parts, int64_t cols, float* out, cudaStream_t stream) {
@@ -708,23 +733,55 @@ int64_t RopeBlocks(const RopeArgs& a) {
   const int64_t warps = a.tokens;  // one warp per token
   return std::max<int64_t>(1, std::min<int64_t>((warps + 7) / 8, 132 * 8));
 }
+
+
+template <typename TW>
+absl::Status QkNormRopeForwardImpl(const RopeArgs& a, const bf16* qkv, int64_t ld_qkv, const TW* q_norm_w,
+                                   const TW* k_norm_w, const int32_t* positions, bf16* q_out, bf16* k_out,
+                                   cudaStream_t stream) {
+  absl::Status s = CheckRope(a);
+  if (!s.ok()) return s;
+  if (a.tokens <= 0) return absl::OkStatus();
+  if (a.head_dim <= 128) {
+    QkNormRopeForwardKernel<1, 8, TW><<<RopeBlocks(a), kRopeThreads, 0, stream>>>(a, qkv, ld_qkv, q_norm_w, k_norm_w,
+                                                                                 positions, q_out, k_out);
+  } else {
+    QkNormRopeForwardKernel<2, 4, TW><<<RopeBlocks(a), kRopeThreads, 0, stream>>>(a, qkv, ld_qkv, q_norm_w, k_norm_w,
+                                                                                 positions, q_out, k_out);
+  }
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+template <typename TW>
+absl::Status QkNormRopeBackwardImpl(const RopeArgs& a, const bf16* dq_out, const bf16* dk_out, const bf16* qkv,
+                                    int64_t ld_qkv, const TW* q_norm_w, const TW* k_norm_w, const int32_t* positions,
+                                    bf16* dqkv, int64_t ld_dqkv, float* dq_norm_w, float* dk_norm_w, float* ws,
+                                    cudaStream_t stream) {
+  absl::Status s = CheckRope(a);
+  if (!s.ok()) return s;
+  if (a.tokens <= 0) return absl::OkStatus();
+  const int64_t blocks = RopeBlocks(a);
+  const size_t smem = (kRopeThreads / 32) * 2 * a.head_dim * sizeof(float);
+  QkNormRopeBackwardKernel<TW><<<blocks, kRopeThreads, smem, stream>>>(a, dq_out, dk_out, qkv, ld_qkv, q_norm_w,
+                                                                       k_norm_w, positions, dqkv, ld_dqkv, ws);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  ReducePartialsKernel<<<(2 * a.head_dim + 31) / 32, 1024, 0, stream>>>(ws, blocks, 2 * a.head_dim, a.head_dim,
+                                                                         dq_norm_w, dk_norm_w);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
 }  // namespace
 
 absl::Status QkNormRopeForward(const RopeArgs& a, const bf16* qkv, int64_t ld_qkv, const bf16* q_norm_w,
                                const bf16* k_norm_w, const int32_t* positions, bf16* q_out, bf16* k_out,
                                cudaStream_t stream) {
-  absl::Status s = CheckRope(a);
-  if (!s.ok()) return s;
-  if (a.tokens <= 0) return absl::OkStatus();
-  if (a.head_dim <= 128) {
-    QkNormRopeForwardKernel<1, 8><<<RopeBlocks(a), kRopeThreads, 0, stream>>>(a, qkv, ld_qkv, q_norm_w, k_norm_w,
-                                                                             positions, q_out, k_out);
-  } else {
-    QkNormRopeForwardKernel<2, 4><<<RopeBlocks(a), kRopeThreads, 0, stream>>>(a, qkv, ld_qkv, q_norm_w, k_norm_w,
-                                                                             positions, q_out, k_out);
-  }
-  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
-  return absl::OkStatus();
+  return QkNormRopeForwardImpl(a, qkv, ld_qkv, q_norm_w, k_norm_w, positions, q_out, k_out, stream);
+}
+absl::Status QkNormRopeForward(const RopeArgs& a, const bf16* qkv, int64_t ld_qkv, const float* q_norm_w,
+                               const float* k_norm_w, const int32_t* positions, bf16* q_out, bf16* k_out,
+                               cudaStream_t stream) {
+  return QkNormRopeForwardImpl(a, qkv, ld_qkv, q_norm_w, k_norm_w, positions, q_out, k_out, stream);
 }
 
 int64_t QkNormRopeBackwardWorkspaceNumel(const RopeArgs& a) { return RopeBlocks(a) * 2 * a.head_dim; }
@@ -733,18 +790,15 @@ absl::Status QkNormRopeBackward(const RopeArgs& a, const bf16* dq_out, const bf1
                                 int64_t ld_qkv, const bf16* q_norm_w, const bf16* k_norm_w, const int32_t* positions,
                                 bf16* dqkv, int64_t ld_dqkv, float* dq_norm_w, float* dk_norm_w, float* ws,
                                 cudaStream_t stream) {
-  absl::Status s = CheckRope(a);
-  if (!s.ok()) return s;
-  if (a.tokens <= 0) return absl::OkStatus();
-  const int64_t blocks = RopeBlocks(a);
-  const size_t smem = (kRopeThreads / 32) * 2 * a.head_dim * sizeof(float);
-  QkNormRopeBackwardKernel<<<blocks, kRopeThreads, smem, stream>>>(a, dq_out, dk_out, qkv, ld_qkv, q_norm_w, k_norm_w,
-                                                                   positions, dqkv, ld_dqkv, ws);
-  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
-  ReducePartialsKernel<<<(2 * a.head_dim + 31) / 32, 1024, 0, stream>>>(ws, blocks, 2 * a.head_dim, a.head_dim,
-                                                                         dq_norm_w, dk_norm_w);
-  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
-  return absl::OkStatus();
+  return QkNormRopeBackwardImpl(a, dq_out, dk_out, qkv, ld_qkv, q_norm_w, k_norm_w, positions, dqkv, ld_dqkv,
+                                dq_norm_w, dk_norm_w, ws, stream);
+}
+absl::Status QkNormRopeBackward(const RopeArgs& a, const bf16* dq_out, const bf16* dk_out, const bf16* qkv,
+                                int64_t ld_qkv, const float* q_norm_w, const float* k_norm_w, const int32_t* positions,
+                                bf16* dqkv, int64_t ld_dqkv, float* dq_norm_w, float* dk_norm_w, float* ws,
+                                cudaStream_t stream) {
+  return QkNormRopeBackwardImpl(a, dq_out, dk_out, qkv, ld_qkv, q_norm_w, k_norm_w, positions, dqkv, ld_dqkv,
+                                dq_norm_w, dk_norm_w, ws, stream);
 }
 
 absl::Status SumSquaresF32(const float* x, int64_t n, double* partials, double* out, cudaStream_t stream) {

@@ -4,7 +4,8 @@
 //
 // Every launcher takes its tensors, sizes and an explicit stream, returns a Status (bad sizes are
 // INVALID_ARGUMENT, launch failures INTERNAL) and never synchronizes. BF16 storage, FP32 math; the RMSNorm and embedding ops also have
-// overloads taking FP32 activations (the FP32 residual stream).
+// overloads taking FP32 activations (the FP32 residual stream); the norm ops also take FP32 norm
+// weights.
 // Weight gradients are ADDED to FP32 outputs through a two-stage deterministic reduction: each
 // block writes a partial row into a caller workspace, then one pass sums the partials in a fixed
 // order (so results do not depend on scheduling). The *WorkspaceNumel() helpers size it.
@@ -24,14 +25,21 @@ using bf16 = __nv_bfloat16;
 // Number of partial rows the deterministic weight-gradient reductions use for `rows` rows.
 int64_t PartialBlocks(int64_t rows);
 
-// y[r] = bf16(w * x[r] * rstd[r]), rstd[r] = 1/sqrt(mean(x[r]^2) + eps). rstd may be null.
-// Needs h % 8 == 0 and h <= 8192 (one thread per 8 columns).
+// y[r] = bf16(w * (x[r] * rstd[r])) in FP32, rstd[r] = 1/sqrt(mean(x[r]^2) + eps). rstd may be
+// null. Needs h % 8 == 0 and h <= 8192 (one thread per 8 columns).
+// Every RMSNorm and q/k-norm launcher takes the norm weight w either in BF16 or in FP32 (HF
+// autocast multiplies by the FP32 master weight; BF16 weights near 1.0 lose small updates). Only
+// the load differs; w must be 16-byte aligned.
 absl::Status RmsNormForward(const bf16* x, const bf16* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
+                            cudaStream_t stream);
+absl::Status RmsNormForward(const bf16* x, const float* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
                             cudaStream_t stream);
 
 // FP32-residual variant (HF autocast with an FP32 residual stream): x is FP32, the norm is
 // computed in FP32 and y = bf16(w * (x * rstd)) is the BF16 input of the following GEMM.
 absl::Status RmsNormForward(const float* x, const bf16* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
+                            cudaStream_t stream);
+absl::Status RmsNormForward(const float* x, const float* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
                             cudaStream_t stream);
 
 // dx = RMSNorm'(x)ᵀ dy (+ dres if non-null), dw += Σ_r dy[r] * x[r] * rstd[r] (may be null).
@@ -39,13 +47,18 @@ absl::Status RmsNormForward(const float* x, const bf16* w, int64_t rows, int64_t
 int64_t RmsNormBackwardWorkspaceNumel(int64_t rows, int64_t h);
 absl::Status RmsNormBackward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd, const bf16* dres,
                              int64_t rows, int64_t h, bf16* dx, float* dw, float* ws, cudaStream_t stream);
+absl::Status RmsNormBackward(const bf16* dy, const bf16* x, const float* w, const float* rstd, const bf16* dres,
+                             int64_t rows, int64_t h, bf16* dx, float* dw, float* ws, cudaStream_t stream);
 // FP32-residual variant: dy, x, dres and dx are all FP32 (same math, no BF16 rounding of dx).
 absl::Status RmsNormBackward(const float* dy, const float* x, const bf16* w, const float* rstd, const float* dres,
                              int64_t rows, int64_t h, float* dx, float* dw, float* ws, cudaStream_t stream);
+absl::Status RmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd, const float* dres,
+                             int64_t rows, int64_t h, float* dx, float* dw, float* ws, cudaStream_t stream);
 
-// Per-head RMSNorm (q_norm / k_norm weights [hd]) then RoPE (rotate_half, positions per token),
-// HF Qwen3 order. Reads q at qkv[:, 0:nq*hd] and k at qkv[:, nq*hd : (nq+nkv)*hd] (row stride
-// ld_qkv); writes q_out [T, nq*hd] and k_out [T, nkv*hd] (contiguous). hd % 4 == 0, hd <= 256.
+// Per-head RMSNorm (q_norm / k_norm weights [hd], BF16 or FP32; n = (x * rstd) * w in FP32) then
+// RoPE (rotate_half, positions per token), HF Qwen3 order. Reads q at qkv[:, 0:nq*hd] and k at
+// qkv[:, nq*hd : (nq+nkv)*hd] (row stride ld_qkv); writes q_out [T, nq*hd] and k_out [T, nkv*hd]
+// (contiguous). hd % 4 == 0, hd <= 256.
 struct RopeArgs {
   int64_t tokens = 0;
   int num_q_heads = 0;
@@ -57,11 +70,18 @@ struct RopeArgs {
 absl::Status QkNormRopeForward(const RopeArgs& a, const bf16* qkv, int64_t ld_qkv, const bf16* q_norm_w,
                                const bf16* k_norm_w, const int32_t* positions, bf16* q_out, bf16* k_out,
                                cudaStream_t stream);
+absl::Status QkNormRopeForward(const RopeArgs& a, const bf16* qkv, int64_t ld_qkv, const float* q_norm_w,
+                               const float* k_norm_w, const int32_t* positions, bf16* q_out, bf16* k_out,
+                               cudaStream_t stream);
 // Gradients back through RoPE and the per-head norms: writes dq_raw/dk_raw into
 // dqkv[:, 0:(nq+nkv)*hd] (row stride ld_dqkv) and adds to dq_norm_w / dk_norm_w ([hd] FP32).
 int64_t QkNormRopeBackwardWorkspaceNumel(const RopeArgs& a);
 absl::Status QkNormRopeBackward(const RopeArgs& a, const bf16* dq_out, const bf16* dk_out, const bf16* qkv,
                                 int64_t ld_qkv, const bf16* q_norm_w, const bf16* k_norm_w, const int32_t* positions,
+                                bf16* dqkv, int64_t ld_dqkv, float* dq_norm_w, float* dk_norm_w, float* ws,
+                                cudaStream_t stream);
+absl::Status QkNormRopeBackward(const RopeArgs& a, const bf16* dq_out, const bf16* dk_out, const bf16* qkv,
+                                int64_t ld_qkv, const float* q_norm_w, const float* k_norm_w, const int32_t* positions,
                                 bf16* dqkv, int64_t ld_dqkv, float* dq_norm_w, float* dk_norm_w, float* ws,
                                 cudaStream_t stream);
 

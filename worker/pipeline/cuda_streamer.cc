@@ -24,7 +24,10 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s->h2d_, cudaStreamNonBlocking));
   const int world = options.sharded_with ? options.sharded_with->world() : 1;
-  for (const UnitLayout& u : layout.units) s->slot_bytes_ = std::max<int64_t>(s->slot_bytes_, PaddedNumel(u.numel, world) * 2);
+  for (const UnitLayout& u : layout.units) {
+    s->slot_bytes_ = std::max<int64_t>(s->slot_bytes_, PaddedNumel(u.numel, world) * 2);
+    if (options.fp32_norms) s->fp32_bytes_ = std::max<int64_t>(s->fp32_bytes_, u.fp32_numel * 4);
+  }
   HostRegistry* registry = options.registry != nullptr ? options.registry : &s->own_registry_;
   for (int u = 0; u < layout.num_units(); ++u) {
     RETURN_IF_ERROR(registry->Ensure(state->mirror(u), layout.units[u].numel * 2));
@@ -38,6 +41,11 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
                                                        " bytes x ", s->slots_.size(), " slots failed: ",
                                                        cudaGetErrorString(e)));
     }
+    if (s->fp32_bytes_ > 0) {
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&slot.fp32, s->fp32_bytes_));
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMallocHost(&slot.fp32_staging, s->fp32_bytes_));
+    }
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot.staged, cudaEventDisableTiming));
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot.ready, cudaEventDisableTiming));
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot.free, cudaEventDisableTiming));
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.free, s->compute_));
@@ -50,6 +58,9 @@ CudaWindowStreamer::~CudaWindowStreamer() {
   if (h2d_) cudaStreamSynchronize(h2d_);
   for (Slot& slot : slots_) {
     if (slot.data) cudaFree(slot.data);
+    if (slot.fp32) cudaFree(slot.fp32);
+    if (slot.fp32_staging) cudaFreeHost(slot.fp32_staging);
+    if (slot.staged) cudaEventDestroy(slot.staged);
     if (slot.ready) cudaEventDestroy(slot.ready);
     if (slot.free) cudaEventDestroy(slot.free);
   }
@@ -88,6 +99,16 @@ absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uin
     const int64_t n = std::min(options_.chunk_bytes, bytes - off);
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + off, src + off, n, cudaMemcpyHostToDevice, h2d_));
   }
+  const UnitLayout& ul = layout_->units[unit];
+  if (fp32_bytes_ > 0 && ul.fp32_numel > 0) {
+    // Read after the gate: the unit's next update needs this step's gradients, which come only
+    // after the compute that reads these values. The staging's previous copy must be done.
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(victim->staged));
+    CopyNormsFromMaster(ul, state_->master(unit), victim->fp32_staging);
+    SLIDEDP_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(victim->fp32, victim->fp32_staging, ul.fp32_numel * 4, cudaMemcpyHostToDevice, h2d_));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(victim->staged, h2d_));
+  }
   RETURN_IF_ERROR(h2d_timer_.End(h2d_));
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(victim->ready, h2d_));
   if (comm != nullptr) {
@@ -100,7 +121,7 @@ absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uin
   return victim;
 }
 
-absl::StatusOr<const bf16_t*> CudaWindowStreamer::Acquire(int unit, uint32_t gate) {
+absl::StatusOr<UnitParams> CudaWindowStreamer::Acquire(int unit, uint32_t gate) {
   Slot* slot = Resident(unit, gate);
   if (!slot) {
     ASSIGN_OR_RETURN(slot, Load(unit, gate));
@@ -108,7 +129,8 @@ absl::StatusOr<const bf16_t*> CudaWindowStreamer::Acquire(int unit, uint32_t gat
   slot->users++;
   slot->last_use = ++clock_;
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, slot->ready, 0));
-  return static_cast<const bf16_t*>(slot->data);
+  const bool side = fp32_bytes_ > 0 && layout_->units[unit].fp32_numel > 0;
+  return UnitParams(static_cast<const bf16_t*>(slot->data), side ? slot->fp32 : nullptr);
 }
 
 void CudaWindowStreamer::Release(int unit) {

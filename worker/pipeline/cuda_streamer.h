@@ -8,6 +8,8 @@
 // an in-place NCCL all-gather on the communicator's stream fills in the rest: 1/R of the host
 // link's bytes per rank, the remainder over NVLink.
 //
+// The norm weights also come in FP32 from the master (CudaStreamerOptions::fp32_norms).
+//
 // Within a step a unit's copy stays valid for reuse (backward after forward, or the embedding
 // for a tied head) while it is resident: it is keyed by the gate value it was loaded under.
 #pragma once
@@ -37,6 +39,10 @@ struct CudaStreamerOptions {
   // Where the mirrors' registrations live: the caller's (kept after the job, for the next job on
   // the same mapping) or, when null, the streamer's own (dropped with it).
   HostRegistry* registry = nullptr;
+  // Deliver each unit's FP32 norm weights too (UnitParams::fp32): after the gate the host thread
+  // copies them from the master into the slot's pinned staging, and the H2D stream on into the
+  // slot's FP32 part (every rank copies all of it, also with sharded delivery: a few KB).
+  bool fp32_norms = true;
 };
 
 class CudaWindowStreamer : public UnitStreamer {
@@ -48,16 +54,21 @@ class CudaWindowStreamer : public UnitStreamer {
                                                                      const CudaStreamerOptions& options);
   ~CudaWindowStreamer() override;
 
-  absl::StatusOr<const bf16_t*> Acquire(int unit, uint32_t min_version) override;
+  absl::StatusOr<UnitParams> Acquire(int unit, uint32_t min_version) override;
   void Release(int unit) override;
   absl::Status Prefetch(int unit, uint32_t min_version) override;
   double gate_wait_s() const override { return gate_wait_s_; }
   double h2d_s() const override { return h2d_timer_.busy_s(); }
-  int64_t device_bytes() const override { return slot_bytes_ * static_cast<int64_t>(slots_.size()); }
+  int64_t device_bytes() const override {
+    return (slot_bytes_ + fp32_bytes_) * static_cast<int64_t>(slots_.size());
+  }
 
  private:
   struct Slot {
     void* data = nullptr;
+    float* fp32 = nullptr;         // the FP32 norm weights (device), fp32_bytes_
+    float* fp32_staging = nullptr;  // pinned host staging for them
+    cudaEvent_t staged = nullptr;   // the last H2D from fp32_staging finished
     cudaEvent_t ready = nullptr;  // H2D (and all-gather) finished
     cudaEvent_t free = nullptr;   // compute done with the previous occupant
     int unit = -1;
@@ -76,6 +87,7 @@ class CudaWindowStreamer : public UnitStreamer {
   cudaStream_t compute_ = nullptr;
   cudaStream_t h2d_ = nullptr;
   int64_t slot_bytes_ = 0;
+  int64_t fp32_bytes_ = 0;  // per slot; 0 without fp32_norms
   std::vector<Slot> slots_;
   HostRegistry own_registry_;  // the ring's slots, and the mirrors without options.registry
   uint64_t clock_ = 0;

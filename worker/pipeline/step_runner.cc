@@ -22,7 +22,7 @@ void StepRunner::InjectDelay() {
   absl::SleepFor(options_.inject_max_delay * static_cast<double>(rng_state_ % 1000) / 1000.0);
 }
 
-absl::StatusOr<const bf16_t*> StepRunner::Acquire(int unit, uint32_t min_version) {
+absl::StatusOr<UnitParams> StepRunner::Acquire(int unit, uint32_t min_version) {
   TraceRange trace("acquire (gate + load)");
   InjectDelay();
   return streamer_->Acquire(unit, min_version);
@@ -59,16 +59,16 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
   // ---- forward ----
   {
     RETURN_IF_ERROR(alloc_acts(1));  // unit 1 is the first decoder layer, or the head with no layers
-    ASSIGN_OR_RETURN(const bf16_t* embed, Acquire(0, gate));
+    ASSIGN_OR_RETURN(UnitParams embed, Acquire(0, gate));
     for (int i = 0; i < n_mb; ++i) {
-      RETURN_IF_ERROR(backend_->EmbeddingForward(embed, *batches[i], inputs[1][i]->data()));
+      RETURN_IF_ERROR(backend_->EmbeddingForward(embed.bf16, *batches[i], inputs[1][i]->data()));
     }
     streamer_->Release(0);
     RETURN_IF_ERROR(streamer_->Prefetch(1, gate));
   }
   for (int u = 1; u < head; ++u) {
     TraceRange trace("forward layer");
-    ASSIGN_OR_RETURN(const bf16_t* params, Acquire(u, gate));
+    ASSIGN_OR_RETURN(UnitParams params, Acquire(u, gate));
     RETURN_IF_ERROR(alloc_acts(u + 1));
     saved[u].resize(n_mb);
     for (int i = 0; i < n_mb; ++i) {
@@ -92,22 +92,25 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
   {
     TraceRange trace("head forward+backward");
     const UnitLayout& hu = layout_.units[head];
-    ASSIGN_OR_RETURN(const bf16_t* head_params, Acquire(head, gate));
+    ASSIGN_OR_RETURN(UnitParams head_params, Acquire(head, gate));
+    const TensorSlot& norm = hu.tensors[0];
+    const UnitParams norm_w(head_params.bf16 + norm.offset_numel,
+                            head_params.fp32 != nullptr ? head_params.fp32 + norm.fp32_offset : nullptr);
     const bf16_t* lm_head = nullptr;
     ASSIGN_OR_RETURN(float* grad_head, grads_->Begin(head));
     float* dlm_head = nullptr;
     if (layout_.head_uses_embedding) {
-      ASSIGN_OR_RETURN(lm_head, Acquire(0, gate));
+      ASSIGN_OR_RETURN(UnitParams embed, Acquire(0, gate));
+      lm_head = embed.bf16;
       ASSIGN_OR_RETURN(grad_embed, grads_->Begin(0));
       dlm_head = grad_embed;
     } else {
-      lm_head = head_params + hu.tensors[1].offset_numel;
+      lm_head = head_params.bf16 + hu.tensors[1].offset_numel;
       dlm_head = grad_head + hu.tensors[1].offset_numel;
     }
     for (int i = 0; i < n_mb; ++i) {
-      RETURN_IF_ERROR(backend_->HeadForwardBackward(head_params + hu.tensors[0].offset_numel, lm_head, *batches[i],
-                                                    inputs[head][i]->data(), loss_scale, dy[i]->data(),
-                                                    grad_head + hu.tensors[0].offset_numel, dlm_head,
+      RETURN_IF_ERROR(backend_->HeadForwardBackward(norm_w, lm_head, *batches[i], inputs[head][i]->data(), loss_scale,
+                                                    dy[i]->data(), grad_head + norm.offset_numel, dlm_head,
                                                     loss_dev->as<float>()));
     }
     if (layout_.head_uses_embedding) streamer_->Release(0);
@@ -126,7 +129,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
   for (int u = head - 1; u >= 1; --u) {
     TraceRange trace("backward layer");
     if (checkpoints_ && checkpoints_->offloads(u)) RETURN_IF_ERROR(checkpoints_->Restore(u, inputs[u]));
-    ASSIGN_OR_RETURN(const bf16_t* params, Acquire(u, gate));
+    ASSIGN_OR_RETURN(UnitParams params, Acquire(u, gate));
     ASSIGN_OR_RETURN(float* grad, grads_->Begin(u));
     for (int i = 0; i < n_mb; ++i) {
       SavedActivations* s = saved[u].empty() ? nullptr : saved[u][i].get();

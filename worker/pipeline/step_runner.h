@@ -57,7 +57,7 @@ class StepRunner {
   absl::StatusOr<StepResult> Run(int64_t step, const std::vector<MicroBatch>& micro_batches, float loss_scale);
 
  private:
-  absl::StatusOr<const bf16_t*> Acquire(int unit, uint32_t min_version);
+  absl::StatusOr<UnitParams> Acquire(int unit, uint32_t min_version);
   void InjectDelay();
 
   const ModelLayout& layout_;

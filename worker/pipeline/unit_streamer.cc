@@ -6,12 +6,24 @@
 
 namespace slidedp {
 
-absl::StatusOr<const bf16_t*> HostMirrorStreamer::Acquire(int unit, uint32_t min_version) {
+HostMirrorStreamer::HostMirrorStreamer(state::JobState* state, const ModelLayout& layout, absl::Duration gate_timeout,
+                                       bool fp32_norms)
+    : state_(state), layout_(layout), gate_timeout_(gate_timeout), fp32_norms_(fp32_norms) {
+  side_.resize(layout.num_units());
+  for (int u = 0; u < layout.num_units(); ++u) side_[u].resize(layout.units[u].fp32_numel);
+}
+
+absl::StatusOr<UnitParams> HostMirrorStreamer::Acquire(int unit, uint32_t min_version) {
   absl::Time t0 = absl::Now();
   absl::Status s = state_->version(unit).WaitAtLeast(min_version, gate_timeout_, state_->abort(), state_->owner());
   gate_wait_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("version gate of unit ", unit, ": ", s.message()));
-  return state_->mirror(unit);
+  std::vector<float>& side = side_[unit];
+  if (!fp32_norms_ || side.empty()) return UnitParams(state_->mirror(unit));
+  // Read after the gate: the unit's next update needs this step's gradients, so it cannot start
+  // before the compute that reads these values.
+  CopyNormsFromMaster(layout_.units[unit], state_->master(unit), side.data());
+  return UnitParams(state_->mirror(unit), side.data());
 }
 
 }  // namespace slidedp

@@ -8,11 +8,14 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/model/qwen3_config.h"
 #include "common/numeric/bf16.h"
+#include "worker/compute/backend.h"
 #include "hostd/state/job_state.h"
 
 namespace slidedp {
@@ -20,8 +23,10 @@ namespace slidedp {
 class UnitStreamer {
  public:
   virtual ~UnitStreamer() = default;
-  // Device pointer to the unit's BF16 parameters, valid until Release(unit). Waits for the gate.
-  virtual absl::StatusOr<const bf16_t*> Acquire(int unit, uint32_t min_version) = 0;
+  // The unit's parameters on the device, valid until Release(unit): its BF16 array, and (unless
+  // the streamer was made without) the FP32 side copy of its norm weights, read from the master
+  // after the same gate (TensorSlot::fp32_offset). Waits for the gate.
+  virtual absl::StatusOr<UnitParams> Acquire(int unit, uint32_t min_version) = 0;
   virtual void Release(int unit) = 0;
   // Starts bringing `unit` in while the compute already queued runs: waits for its gate, then
   // queues the copy. The step runner calls it right after queuing the previous unit's compute,
@@ -37,16 +42,20 @@ class UnitStreamer {
 
 class HostMirrorStreamer : public UnitStreamer {
  public:
-  HostMirrorStreamer(state::JobState* state, absl::Duration gate_timeout)
-      : state_(state), gate_timeout_(gate_timeout) {}
-  absl::StatusOr<const bf16_t*> Acquire(int unit, uint32_t min_version) override;
+  // fp32_norms: deliver the FP32 side copies (copied from the master at each Acquire).
+  HostMirrorStreamer(state::JobState* state, const ModelLayout& layout, absl::Duration gate_timeout,
+                     bool fp32_norms = true);
+  absl::StatusOr<UnitParams> Acquire(int unit, uint32_t min_version) override;
   void Release(int unit) override {}
   double gate_wait_s() const override { return gate_wait_s_; }
   double h2d_s() const override { return 0; }
 
  private:
   state::JobState* state_;
+  const ModelLayout& layout_;
   absl::Duration gate_timeout_;
+  bool fp32_norms_;
+  std::vector<std::vector<float>> side_;  // per unit
   double gate_wait_s_ = 0;
 };
 

@@ -80,7 +80,10 @@ class CpuBackend final : public ComputeBackend {
         options_(options),
         dims_(DecoderDims::From(config)),
         offs_(DecoderOffsets::From(config)),
-        pool_(num_threads) {}
+        pool_(num_threads) {
+    ModelLayout layout = ModelLayout::Build(config);
+    if (layout.num_units() > 2) decoder_unit_ = layout.units[1];
+  }
 
   std::string name() const override { return absl::StrCat("cpu(threads=", pool_.num_threads(), ")"); }
   DType activation_dtype() const override { return DType::kF32; }
@@ -135,13 +138,13 @@ class CpuBackend final : public ComputeBackend {
     return absl::OkStatus();
   }
 
-  absl::Status DecoderForward(const bf16_t* params, const DeviceBatch& batch, const void* x, void* y,
+  absl::Status DecoderForward(const UnitParams& params, const DeviceBatch& batch, const void* x, void* y,
                               ActPolicy policy, std::unique_ptr<SavedActivations>* saved) override {
     ASSIGN_OR_RETURN(const CpuDeviceBatch* b, AsCpu(batch));
-    if (params == nullptr || x == nullptr || y == nullptr) {
+    if (params.bf16 == nullptr || x == nullptr || y == nullptr) {
       return absl::InvalidArgumentError("DecoderForward: null pointer");
     }
-    const std::vector<float> w = UpcastBf16(params, offs_.unit_numel);
+    const std::vector<float> w = DecoderWeights(params);
     const TokenGeometry geom = b->geometry();
     DecoderActs<float> acts;
     DecoderForwardAll(dims_, offs_, w.data(), geom, static_cast<const float*>(x), static_cast<float*>(y), &acts,
@@ -163,10 +166,10 @@ class CpuBackend final : public ComputeBackend {
     return absl::OkStatus();
   }
 
-  absl::Status DecoderBackward(const bf16_t* params, const DeviceBatch& batch, const void* x,
+  absl::Status DecoderBackward(const UnitParams& params, const DeviceBatch& batch, const void* x,
                                SavedActivations* saved, const void* dy, void* dx, float* dparams) override {
     ASSIGN_OR_RETURN(const CpuDeviceBatch* b, AsCpu(batch));
-    if (params == nullptr || x == nullptr || dy == nullptr || dx == nullptr || dparams == nullptr) {
+    if (params.bf16 == nullptr || x == nullptr || dy == nullptr || dx == nullptr || dparams == nullptr) {
       return absl::InvalidArgumentError("DecoderBackward: null pointer");
     }
     const CpuSavedActivations* s = nullptr;
@@ -178,7 +181,7 @@ class CpuBackend final : public ComputeBackend {
                                                        " tokens, the batch has ", b->num_tokens()));
       }
     }
-    const std::vector<float> w = UpcastBf16(params, offs_.unit_numel);
+    const std::vector<float> w = DecoderWeights(params);
     const TokenGeometry geom = b->geometry();
     const float* xf = static_cast<const float*>(x);
     const ActPolicy policy = s == nullptr ? ActPolicy::kRecomputeLayer : s->policy();
@@ -207,15 +210,18 @@ class CpuBackend final : public ComputeBackend {
     return absl::OkStatus();
   }
 
-  absl::Status HeadForwardBackward(const bf16_t* norm_w, const bf16_t* lm_head_w, const DeviceBatch& batch,
+  absl::Status HeadForwardBackward(const UnitParams& norm_w, const bf16_t* lm_head_w, const DeviceBatch& batch,
                                    const void* x, float loss_scale, void* dx, float* dnorm, float* dlm_head,
                                    float* loss_sum) override {
     ASSIGN_OR_RETURN(const CpuDeviceBatch* b, AsCpu(batch));
-    if (norm_w == nullptr || lm_head_w == nullptr || x == nullptr || dx == nullptr || dnorm == nullptr ||
+    if (norm_w.bf16 == nullptr || lm_head_w == nullptr || x == nullptr || dx == nullptr || dnorm == nullptr ||
         dlm_head == nullptr || loss_sum == nullptr) {
       return absl::InvalidArgumentError("HeadForwardBackward: null pointer");
     }
-    const double loss = HeadLossAndGrad(dims_, norm_w, lm_head_w, b->batch().labels.data(), b->num_tokens(),
+    const std::vector<float> norm = norm_w.fp32 != nullptr
+                                        ? std::vector<float>(norm_w.fp32, norm_w.fp32 + dims_.hidden)
+                                        : UpcastBf16(norm_w.bf16, dims_.hidden);
+    const double loss = HeadLossAndGrad(dims_, norm.data(), lm_head_w, b->batch().labels.data(), b->num_tokens(),
                                         static_cast<const float*>(x), loss_scale, static_cast<float*>(dx), dnorm,
                                         dlm_head, options_.head_chunking, &pool_);
     *loss_sum += static_cast<float>(loss);
@@ -232,6 +238,18 @@ class CpuBackend final : public ComputeBackend {
     if (bytes > 0 && (src == nullptr || dst == nullptr)) return absl::InvalidArgumentError("copy: null pointer");
     if (bytes > 0) std::memmove(dst, src, static_cast<size_t>(bytes));
     return absl::OkStatus();
+  }
+
+  // The decoder unit in FP32: the BF16 array upcast, its norm weights from the FP32 side copy
+  // when there is one.
+  std::vector<float> DecoderWeights(const UnitParams& params) const {
+    std::vector<float> w = UpcastBf16(params.bf16, offs_.unit_numel);
+    if (params.fp32 != nullptr) {
+      for (const TensorSlot& t : decoder_unit_.tensors) {
+        if (t.fp32_offset >= 0) std::copy_n(params.fp32 + t.fp32_offset, t.numel, w.begin() + t.offset_numel);
+      }
+    }
+    return w;
   }
 
   static absl::StatusOr<const CpuDeviceBatch*> AsCpu(const DeviceBatch& batch) {
@@ -296,6 +314,7 @@ class CpuBackend final : public ComputeBackend {
   std::shared_ptr<MemoryCounter> memory_ = std::make_shared<MemoryCounter>();
   DecoderDims dims_;
   DecoderOffsets offs_;
+  UnitLayout decoder_unit_;  // every decoder unit's layout (for the FP32 side copy's offsets)
   CpuWorkerPool pool_;
 };
 

@@ -12,7 +12,8 @@ namespace slidedp {
 absl::StatusOr<double> ReferenceLossAndGrads(const ModelLayout& layout,
                                              const std::vector<std::vector<bf16_t>>& unit_params_bf16,
                                              const std::vector<MicroBatch>& batches, float loss_scale,
-                                             std::vector<std::vector<float>>* unit_grads) {
+                                             std::vector<std::vector<float>>* unit_grads,
+                                             const std::vector<std::vector<float>>* fp32_norms) {
   if (unit_grads == nullptr) return absl::InvalidArgumentError("ReferenceLossAndGrads: unit_grads is null");
   const int num_units = layout.num_units();
   if (static_cast<int>(unit_params_bf16.size()) != num_units) {
@@ -26,6 +27,14 @@ absl::StatusOr<double> ReferenceLossAndGrads(const ModelLayout& layout,
                                                      layout.units[u].numel));
     }
   }
+  if (fp32_norms != nullptr && static_cast<int>(fp32_norms->size()) != num_units) {
+    return absl::InvalidArgumentError("ReferenceLossAndGrads: fp32_norms needs one side copy per unit");
+  }
+  auto params = [&](int u) {
+    return UnitParams(unit_params_bf16[u].data(), fp32_norms != nullptr && !(*fp32_norms)[u].empty()
+                                                      ? (*fp32_norms)[u].data()
+                                                      : nullptr);
+  };
   ASSIGN_OR_RETURN(std::unique_ptr<ComputeBackend> backend, MakeCpuBackend(layout.config));
   unit_grads->assign(num_units, {});
   for (int u = 0; u < num_units; ++u) (*unit_grads)[u].assign(layout.units[u].numel, 0.0f);
@@ -48,17 +57,21 @@ absl::StatusOr<double> ReferenceLossAndGrads(const ModelLayout& layout,
     RETURN_IF_ERROR(backend->EmbeddingForward(unit_params_bf16[embed].data(), batch, xs[0].data()));
     std::vector<std::unique_ptr<SavedActivations>> saved(num_units);
     for (int u = 1; u < head; ++u) {
-      RETURN_IF_ERROR(backend->DecoderForward(unit_params_bf16[u].data(), batch, xs[u - 1].data(), xs[u].data(),
+      RETURN_IF_ERROR(backend->DecoderForward(params(u), batch, xs[u - 1].data(), xs[u].data(),
                                               ActPolicy::kKeepAll, &saved[u]));
     }
     std::vector<float> grad(T * H);
     float loss_sum = 0.0f;
-    RETURN_IF_ERROR(backend->HeadForwardBackward(unit_params_bf16[head].data(), lm_w, batch, xs.back().data(),
+    const UnitParams head_params = params(head);
+    const TensorSlot& norm = layout.head().tensors[0];
+    const UnitParams norm_w(head_params.bf16 + norm.offset_numel,
+                            head_params.fp32 != nullptr ? head_params.fp32 + norm.fp32_offset : nullptr);
+    RETURN_IF_ERROR(backend->HeadForwardBackward(norm_w, lm_w, batch, xs.back().data(),
                                                  loss_scale, grad.data(), (*unit_grads)[head].data(), dlm,
                                                  &loss_sum));
     loss += loss_sum;
     for (int u = head - 1; u >= 1; --u) {
-      RETURN_IF_ERROR(backend->DecoderBackward(unit_params_bf16[u].data(), batch, xs[u - 1].data(), saved[u].get(),
+      RETURN_IF_ERROR(backend->DecoderBackward(params(u), batch, xs[u - 1].data(), saved[u].get(),
                                                grad.data(), grad.data(), (*unit_grads)[u].data()));
     }
     RETURN_IF_ERROR(backend->EmbeddingBackward(grad.data(), batch, (*unit_grads)[embed].data()));

@@ -17,9 +17,12 @@ namespace slidedp {
 // and overwritten with the FP32 gradients summed over the micro-batches; with tied embeddings the
 // LM head's gradient is added into the embedding unit's. Returns
 // sum over micro-batches and trained tokens of loss_scale * CE (pass 1 / trained tokens for a mean).
+// fp32_norms (optional): per unit, the FP32 side copy of its norm weights (UnitLayout::fp32_numel;
+// empty for units without), used instead of their BF16 values, as the workers do by default.
 absl::StatusOr<double> ReferenceLossAndGrads(const ModelLayout& layout,
                                              const std::vector<std::vector<bf16_t>>& unit_params_bf16,
                                              const std::vector<MicroBatch>& batches, float loss_scale,
-                                             std::vector<std::vector<float>>* unit_grads);
+                                             std::vector<std::vector<float>>* unit_grads,
+                                             const std::vector<std::vector<float>>* fp32_norms = nullptr);
 
 }  // namespace slidedp

@@ -484,7 +484,7 @@ void EmbeddingScatterAdd(const R* dout, const int32_t* tokens, int64_t num_token
 }
 
 template <typename R, typename W>
-double HeadLossAndGrad(const DecoderDims& d, const W* norm_w, const W* lm_head_w, const int32_t* labels,
+double HeadLossAndGrad(const DecoderDims& d, const R* norm_w, const W* lm_head_w, const int32_t* labels,
                        int64_t num_tokens, const R* x, double loss_scale, R* dx, R* dnorm, R* dlm_head,
                        const HeadChunking& chunking, CpuWorkerPool* pool) {
   const int64_t H = d.hidden, V = d.vocab;
@@ -659,7 +659,7 @@ SLIDEDP_INSTANTIATE_REAL(double)
 
 #define SLIDEDP_INSTANTIATE_REAL_WEIGHT(R, W)                                                                   \
   template void EmbeddingLookup<R, W>(const W*, const int32_t*, int64_t, int64_t, R*, CpuWorkerPool*);          \
-  template double HeadLossAndGrad<R, W>(const DecoderDims&, const W*, const W*, const int32_t*, int64_t,        \
+  template double HeadLossAndGrad<R, W>(const DecoderDims&, const R*, const W*, const int32_t*, int64_t,        \
                                         const R*, double, R*, R*, R*, const HeadChunking&, CpuWorkerPool*);
 
 SLIDEDP_INSTANTIATE_REAL_WEIGHT(float, bf16_t)

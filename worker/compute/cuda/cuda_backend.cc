@@ -230,7 +230,10 @@ class CudaBackend final : public ComputeBackend {
       if (unit.kind != UnitKind::kDecoder || unit.tensors.size() != kNumDecoderTensors) {
         return absl::InternalError("model layout: unit 1 is not a decoder layer with 11 tensors");
       }
-      for (int i = 0; i < kNumDecoderTensors; ++i) off_[i] = unit.tensors[i].offset_numel;
+      for (int i = 0; i < kNumDecoderTensors; ++i) {
+        off_[i] = unit.tensors[i].offset_numel;
+        fp32_off_[i] = unit.tensors[i].fp32_offset;
+      }
     }
     qkv_w_ = Stack({{off_[kQProj], qd_}, {off_[kKProj], kvd_}, {off_[kVProj], kvd_}});
     gu_w_ = Stack({{off_[kGateProj], I_}, {off_[kUpProj], I_}});
@@ -301,11 +304,11 @@ class CudaBackend final : public ComputeBackend {
   absl::StatusOr<std::unique_ptr<DeviceBatch>> UploadBatch(const MicroBatch& mb) override;
   absl::Status EmbeddingForward(const bf16_t* embed, const DeviceBatch& batch, void* out) override;
   absl::Status EmbeddingBackward(const void* dout, const DeviceBatch& batch, float* dembed) override;
-  absl::Status DecoderForward(const bf16_t* params, const DeviceBatch& batch, const void* x, void* y,
+  absl::Status DecoderForward(const UnitParams& params, const DeviceBatch& batch, const void* x, void* y,
                               ActPolicy policy, std::unique_ptr<SavedActivations>* saved) override;
-  absl::Status DecoderBackward(const bf16_t* params, const DeviceBatch& batch, const void* x,
+  absl::Status DecoderBackward(const UnitParams& params, const DeviceBatch& batch, const void* x,
                                SavedActivations* saved, const void* dy, void* dx, float* dparams) override;
-  absl::Status HeadForwardBackward(const bf16_t* norm_w, const bf16_t* lm_head_w, const DeviceBatch& batch,
+  absl::Status HeadForwardBackward(const UnitParams& norm_w, const bf16_t* lm_head_w, const DeviceBatch& batch,
                                    const void* x, float loss_scale, void* dx, float* dnorm, float* dlm_head,
                                    float* loss_sum) override;
   int64_t SavedBytesPerToken(ActPolicy policy) const override;
@@ -360,21 +363,49 @@ class CudaBackend final : public ComputeBackend {
   int64_t act_bytes() const { return f32() ? 4 : 2; }
   GemmOutType act_gemm_type() const { return f32() ? GemmOutType::kF32 : GemmOutType::kBF16; }
 
+  // A norm weight: its FP32 values when the unit came with the FP32 side copy, else BF16.
+  struct NormW {
+    const bf16* b = nullptr;
+    const float* f = nullptr;
+  };
+  NormW Norm(const UnitParams& p, int t) const {
+    return {W(p.bf16, t), p.fp32 != nullptr ? p.fp32 + fp32_off_[t] : nullptr};
+  }
   // RMSNorm over the residual stream x (FP32 or BF16 per mode) into the BF16 GEMM input y.
-  absl::Status NormForward(const void* x, const bf16* w, int64_t T, bf16* y, float* rstd) {
+  absl::Status NormForward(const void* x, NormW w, int64_t T, bf16* y, float* rstd) {
+    if (w.f != nullptr) return NormForwardAs(x, w.f, T, y, rstd);
+    return NormForwardAs(x, w.b, T, y, rstd);
+  }
+  template <typename WT>
+  absl::Status NormForwardAs(const void* x, const WT* w, int64_t T, bf16* y, float* rstd) {
     const float eps = static_cast<float>(config_.rms_norm_eps);
     if (f32()) return kernels::RmsNormForward(static_cast<const float*>(x), w, T, H_, eps, y, rstd, stream_);
     return kernels::RmsNormForward(static_cast<const bf16*>(x), w, T, H_, eps, y, rstd, stream_);
   }
   // dx = RMSNormᵀ(dy) (+ dres); dy, x, dres, dx all in the residual dtype. dres may be null.
-  absl::Status NormBackward(const void* dy, const void* x, const bf16* w, const float* rstd, const void* dres,
-                            int64_t T, void* dx, float* dw, float* ws) {
+  absl::Status NormBackward(const void* dy, const void* x, NormW w, const float* rstd, const void* dres, int64_t T,
+                            void* dx, float* dw, float* ws) {
+    if (w.f != nullptr) return NormBackwardAs(dy, x, w.f, rstd, dres, T, dx, dw, ws);
+    return NormBackwardAs(dy, x, w.b, rstd, dres, T, dx, dw, ws);
+  }
+  template <typename WT>
+  absl::Status NormBackwardAs(const void* dy, const void* x, const WT* w, const float* rstd, const void* dres,
+                              int64_t T, void* dx, float* dw, float* ws) {
     if (f32()) {
       return kernels::RmsNormBackward(static_cast<const float*>(dy), static_cast<const float*>(x), w, rstd,
                                       static_cast<const float*>(dres), T, H_, static_cast<float*>(dx), dw, ws, stream_);
     }
     return kernels::RmsNormBackward(static_cast<const bf16*>(dy), static_cast<const bf16*>(x), w, rstd,
                                     static_cast<const bf16*>(dres), T, H_, static_cast<bf16*>(dx), dw, ws, stream_);
+  }
+  // q/k norm + RoPE, forward and backward, with the weights' FP32 values when present.
+  absl::Status QkForward(const UnitParams& p, const CudaBatch& b, const LayerActs& a) {
+    const NormW q = Norm(p, kQNorm), k = Norm(p, kKNorm);
+    const kernels::RopeArgs rope = Rope(b.num_tokens_);
+    if (q.f != nullptr) {
+      return kernels::QkNormRopeForward(rope, a.qkv, qkv_, q.f, k.f, b.positions_, a.qr, a.kr, stream_);
+    }
+    return kernels::QkNormRopeForward(rope, a.qkv, qkv_, q.b, k.b, b.positions_, a.qr, a.kr, stream_);
   }
   // out = res + a · Wᵀ  (a [T, k] BF16, W [H, k]); res/out in the residual dtype. FP32 mode rounds
   // the GEMM output to BF16 in `branch` ([T, H] BF16 scratch) and adds in FP32, as HF autocast.
@@ -402,7 +433,7 @@ class CudaBackend final : public ComputeBackend {
 
   // Runs the layer forward into `a`. With run_attention false, a.o / a.lse are inputs (selective
   // recompute). y may be null (recompute: the output is not needed).
-  absl::Status LayerForward(const bf16_t* params, const CudaBatch& b, const void* x, const LayerActs& a,
+  absl::Status LayerForward(const UnitParams& params, const CudaBatch& b, const void* x, const LayerActs& a,
                             bool run_attention, void* y);
 
   // Attention through cuDNN when it is loaded and accepts the shape, else the own kernels. The
@@ -430,6 +461,7 @@ class CudaBackend final : public ComputeBackend {
   int64_t H_ = 0, I_ = 0, qd_ = 0, kvd_ = 0, qkv_ = 0;
   int nq_ = 0, nkv_ = 0, hd_ = 0;
   int64_t off_[kNumDecoderTensors] = {};
+  int64_t fp32_off_[kNumDecoderTensors] = {};  // in the FP32 side copy (norm weights only)
   StackedWeight qkv_w_, gu_w_;
 };
 
@@ -676,7 +708,7 @@ absl::Status CudaBackend::AttentionBackward(const kernels::AttnArgs& a, const La
                           {d_o, qd_}, {dq, qd_}, {dk, kvd_}, {dv, qkv_}, ws, stream_);
 }
 
-absl::Status CudaBackend::LayerForward(const bf16_t* params, const CudaBatch& b, const void* x, const LayerActs& a,
+absl::Status CudaBackend::LayerForward(const UnitParams& params, const CudaBatch& b, const void* x, const LayerActs& a,
                                        bool run_attention, void* y) {
   const int64_t T = b.num_tokens_;
   // FP32 mode: BF16 scratch for the o_proj / down_proj outputs before their FP32 residual adds.
@@ -686,25 +718,24 @@ absl::Status CudaBackend::LayerForward(const bf16_t* params, const CudaBatch& b,
     RETURN_IF_ERROR(branch_block.Alloc(Align256(T * H_ * 2), stream_));
     branch = reinterpret_cast<bf16*>(branch_block.get());
   }
-  RETURN_IF_ERROR(NormForward(x, W(params, kInputNorm), T, a.xn1, a.rstd1));
-  RETURN_IF_ERROR(StackedForward(params, qkv_w_, a.xn1, T, H_, a.qkv, qkv_));
-  RETURN_IF_ERROR(kernels::QkNormRopeForward(Rope(T), a.qkv, qkv_, W(params, kQNorm), W(params, kKNorm),
-                                             b.positions_, a.qr, a.kr, stream_));
+  RETURN_IF_ERROR(NormForward(x, Norm(params, kInputNorm), T, a.xn1, a.rstd1));
+  RETURN_IF_ERROR(StackedForward(params.bf16, qkv_w_, a.xn1, T, H_, a.qkv, qkv_));
+  RETURN_IF_ERROR(QkForward(params, b, a));
   if (run_attention) {
     RETURN_IF_ERROR(AttentionForward(b, a));
   }
   // h1 = x + o · Woᵀ
-  RETURN_IF_ERROR(ResidualGemm(a.o, qd_, W(params, kOProj), x, a.h1, branch, T));
-  RETURN_IF_ERROR(NormForward(a.h1, W(params, kPostNorm), T, a.xn2, a.rstd2));
-  RETURN_IF_ERROR(StackedForward(params, gu_w_, a.xn2, T, H_, a.gu, 2 * I_));
+  RETURN_IF_ERROR(ResidualGemm(a.o, qd_, W(params.bf16, kOProj), x, a.h1, branch, T));
+  RETURN_IF_ERROR(NormForward(a.h1, Norm(params, kPostNorm), T, a.xn2, a.rstd2));
+  RETURN_IF_ERROR(StackedForward(params.bf16, gu_w_, a.xn2, T, H_, a.gu, 2 * I_));
   RETURN_IF_ERROR(kernels::SwiGluForward(a.gu, T, I_, a.act, stream_));
   if (y != nullptr) {  // y = h1 + act · Wdᵀ
-    RETURN_IF_ERROR(ResidualGemm(a.act, I_, W(params, kDownProj), a.h1, y, branch, T));
+    RETURN_IF_ERROR(ResidualGemm(a.act, I_, W(params.bf16, kDownProj), a.h1, y, branch, T));
   }
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::DecoderForward(const bf16_t* params, const DeviceBatch& batch, const void* x, void* y,
+absl::Status CudaBackend::DecoderForward(const UnitParams& params, const DeviceBatch& batch, const void* x, void* y,
                                          ActPolicy policy, std::unique_ptr<SavedActivations>* saved) {
   const auto& b = static_cast<const CudaBatch&>(batch);
   const int64_t T = b.num_tokens_;
@@ -739,7 +770,7 @@ absl::Status CudaBackend::DecoderForward(const bf16_t* params, const DeviceBatch
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::DecoderBackward(const bf16_t* params, const DeviceBatch& batch, const void* x,
+absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const DeviceBatch& batch, const void* x,
                                           SavedActivations* saved_base, const void* dy, void* dx, float* dparams) {
   const auto& b = static_cast<const CudaBatch&>(batch);
   const int64_t T = b.num_tokens_;
@@ -802,7 +833,7 @@ absl::Status CudaBackend::DecoderBackward(const bf16_t* params, const DeviceBatc
     g.k = H_;
     g.a = dy_g;
     g.lda = H_;
-    g.b = W(params, kDownProj);
+    g.b = W(params.bf16, kDownProj);
     g.ldb = I_;
     g.d = dact;
     g.ldd = I_;
@@ -810,9 +841,9 @@ absl::Status CudaBackend::DecoderBackward(const bf16_t* params, const DeviceBatc
     RETURN_IF_ERROR(Wgrad(dy_g, H_, acts.act, I_, T, H_, I_, dparams + off_[kDownProj]));
   }
   RETURN_IF_ERROR(kernels::SwiGluBackward(acts.gu, dact, T, I_, dgu, stream_));
-  RETURN_IF_ERROR(StackedBackward(params, dparams, gu_w_, dgu, 2 * I_, acts.xn2, T, H_, dxn, act_gemm_type()));
+  RETURN_IF_ERROR(StackedBackward(params.bf16, dparams, gu_w_, dgu, 2 * I_, acts.xn2, T, H_, dxn, act_gemm_type()));
   // dh1 = dy + RMSNorm2ᵀ(dxn)
-  RETURN_IF_ERROR(NormBackward(dxn, acts.h1, W(params, kPostNorm), acts.rstd2, dy, T, dh1, dparams + off_[kPostNorm],
+  RETURN_IF_ERROR(NormBackward(dxn, acts.h1, Norm(params, kPostNorm), acts.rstd2, dy, T, dh1, dparams + off_[kPostNorm],
                                ws_f));
   // Attention block: h1 = x + o · Woᵀ
   {
@@ -828,7 +859,7 @@ absl::Status CudaBackend::DecoderBackward(const bf16_t* params, const DeviceBatc
     g.k = H_;
     g.a = dh1_g;
     g.lda = H_;
-    g.b = W(params, kOProj);
+    g.b = W(params.bf16, kOProj);
     g.ldb = qd_;
     g.d = dattn_o;
     g.ldd = qd_;
@@ -836,23 +867,29 @@ absl::Status CudaBackend::DecoderBackward(const bf16_t* params, const DeviceBatc
     RETURN_IF_ERROR(Wgrad(dh1_g, H_, acts.o, qd_, T, H_, qd_, dparams + off_[kOProj]));
   }
   RETURN_IF_ERROR(AttentionBackward(attn, acts, dattn_o, dqr, dkr, dqkv + qd_ + kvd_, ws_attn));
-  RETURN_IF_ERROR(kernels::QkNormRopeBackward(rope, dqr, dkr, acts.qkv, qkv_, W(params, kQNorm), W(params, kKNorm),
-                                              b.positions_, dqkv, qkv_, dparams + off_[kQNorm],
-                                              dparams + off_[kKNorm], ws_f, stream_));
-  RETURN_IF_ERROR(StackedBackward(params, dparams, qkv_w_, dqkv, qkv_, acts.xn1, T, H_, dxn, act_gemm_type()));
+  {
+    const NormW qn = Norm(params, kQNorm), kn = Norm(params, kKNorm);
+    float* dqn = dparams + off_[kQNorm];
+    float* dkn = dparams + off_[kKNorm];
+    RETURN_IF_ERROR(qn.f != nullptr ? kernels::QkNormRopeBackward(rope, dqr, dkr, acts.qkv, qkv_, qn.f, kn.f, b.positions_,
+                                                                  dqkv, qkv_, dqn, dkn, ws_f, stream_)
+                                    : kernels::QkNormRopeBackward(rope, dqr, dkr, acts.qkv, qkv_, qn.b, kn.b, b.positions_,
+                                                                  dqkv, qkv_, dqn, dkn, ws_f, stream_));
+  }
+  RETURN_IF_ERROR(StackedBackward(params.bf16, dparams, qkv_w_, dqkv, qkv_, acts.xn1, T, H_, dxn, act_gemm_type()));
   // dx = dh1 + RMSNorm1ᵀ(dxn)   (dx may alias dy: dy is no longer read)
-  RETURN_IF_ERROR(NormBackward(dxn, x, W(params, kInputNorm), acts.rstd1, dh1, T, dx, dparams + off_[kInputNorm],
+  RETURN_IF_ERROR(NormBackward(dxn, x, Norm(params, kInputNorm), acts.rstd1, dh1, T, dx, dparams + off_[kInputNorm],
                                ws_f));
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::HeadForwardBackward(const bf16_t* norm_w_raw, const bf16_t* lm_head_w,
+absl::Status CudaBackend::HeadForwardBackward(const UnitParams& norm_params, const bf16_t* lm_head_w,
                                               const DeviceBatch& batch, const void* x, float loss_scale,
                                               void* dx, float* dnorm, float* dlm_head, float* loss_sum) {
   const auto& b = static_cast<const CudaBatch&>(batch);
   const int64_t T = b.num_tokens_, V = config_.vocab_size;
   if (T == 0) return absl::OkStatus();
-  const bf16* norm_w = reinterpret_cast<const bf16*>(norm_w_raw);
+  const NormW norm_w{reinterpret_cast<const bf16*>(norm_params.bf16), norm_params.fp32};
   const bf16* wl = reinterpret_cast<const bf16*>(lm_head_w);
   int64_t chunk = std::max<int64_t>(1, options_.head_logits_budget_bytes / (V * 2));
   if (chunk >= 128) chunk = chunk / 128 * 128;
