@@ -632,7 +632,14 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
       auto d = rings[r]->Pop(absl::Milliseconds(first ? 10 : 100));
       if (d.ok()) return d;
       if (d.status().code() != absl::StatusCode::kDeadlineExceeded) {
-        RETURN_IF_ERROR(poll_workers());  // prefer the worker's own error message
+        // Prefer the worker's own error: a failing worker raises the abort before its report
+        // reaches us, so give the report a moment to arrive.
+        const absl::Time report_deadline = absl::Now() + absl::Seconds(2);
+        do {
+          RETURN_IF_ERROR(poll_workers());
+          if (job_state->abort().reason() != state::AbortReason::kWorkerFailed) break;
+          absl::SleepFor(absl::Milliseconds(5));
+        } while (absl::Now() < report_deadline);
         return Annotate(d.status(), absl::StrCat("gradient ring of rank ", r));
       }
       RETURN_IF_ERROR(poll_workers());
