@@ -151,7 +151,8 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
                                                                    {"host", GradStaging::kHost}})},
         {"act_policy", Enum<ActivationPolicy>(&JobSpec::act_policy, {{"keep_all", ActivationPolicy::kKeepAll},
                                                                      {"recompute", ActivationPolicy::kRecomputeLayer},
-                                                                     {"selective", ActivationPolicy::kSelective}})},
+                                                                     {"selective", ActivationPolicy::kSelective},
+                                                                     {"auto", ActivationPolicy::kAuto}})},
         {"norm_weights", Enum<NormWeights>(&JobSpec::norm_weights, {{"fp32", NormWeights::kFp32}, {"bf16", NormWeights::kBf16}})},
         {"offload_ratio", Real(&JobSpec::offload_ratio, 0, 1)},
         {"ring_slots", Int32(&JobSpec::ring_slots, 2)},
@@ -310,6 +311,7 @@ const char* ToString(ActivationPolicy k) {
     case ActivationPolicy::kKeepAll: return "keep_all";
     case ActivationPolicy::kRecomputeLayer: return "recompute";
     case ActivationPolicy::kSelective: return "selective";
+    case ActivationPolicy::kAuto: return "auto";
   }
   return "?";
 }

@@ -17,7 +17,9 @@ enum class ParamDelivery { kReplicated, kSharded };
 enum class GradReduction { kGpu, kCpu };
 // Where a step's gradients wait for the global norm when clipping (runtime.grad_staging).
 enum class GradStaging { kAuto, kDevice, kHost };
-enum class ActivationPolicy { kKeepAll, kRecomputeLayer, kSelective };
+// kAuto: recompute on the first step, then keep every activation of as many of the last layers
+// as the device memory left over from that step's peak allows.
+enum class ActivationPolicy { kKeepAll, kRecomputeLayer, kSelective, kAuto };
 // Which values of the norm weights the workers compute with (runtime.norm_weights): the FP32
 // master's (HF autocast's numerics) or the BF16 mirror's (FSDP2 with param_dtype bf16).
 enum class NormWeights { kFp32, kBf16 };

@@ -32,6 +32,7 @@ struct SpecOptions {
   std::string grad_staging;    // runtime.grad_staging; empty: the spec default (auto)
   double offload_ratio = 0;    // runtime.offload_ratio
   std::string norm_weights;    // runtime.norm_weights; empty: the spec default (fp32)
+  std::string act_policy;      // runtime.act_policy; empty: the spec default (recompute)
 };
 
 // One worker taking the whole global batch of 8 in micro-batches of 4.
@@ -73,6 +74,7 @@ std::string Spec(const SpecOptions& o) {
                       o.grad_reduction.empty() ? std::string() : ", grad_reduction: " + o.grad_reduction,
                       o.grad_staging.empty() ? std::string() : ", grad_staging: " + o.grad_staging,
                       o.norm_weights.empty() ? std::string() : ", norm_weights: " + o.norm_weights,
+                      o.act_policy.empty() ? std::string() : ", act_policy: " + o.act_policy,
                       ", offload_ratio: ", o.offload_ratio, "}\n");
 }
 
@@ -702,6 +704,28 @@ TEST(Training, ActivationOffloadGivesTheSameParameters) {
   EXPECT_GT(p_keep, 0);
   EXPECT_LT(p_half, p_keep);
   EXPECT_LT(p_all, p_half);
+}
+
+// act_policy auto: the first step recomputes, later steps keep every activation of the last
+// layers that fit next to the first step's peak; what backward computes stays the same.
+TEST(Training, AutoActivationPolicyKeepsLayersThatFitAndGivesTheSameParameters) {
+  NodeHarness node(1);
+  SpecOptions recompute = OneWorker(4, "out-recompute");
+  SpecOptions autop = OneWorker(4, "out-auto");
+  autop.act_policy = "auto";
+  auto want = LoadMaster(MustSucceed(node, Spec(recompute), "recompute").last_checkpoint());
+  auto got = LoadMaster(MustSucceed(node, Spec(autop), "auto").last_checkpoint());
+  EXPECT_EQ(MaxAbsDiff(want, got), 0.0);
+  // The CPU "device" is host memory: every layer fits.
+  const std::string log = ReadFile(node.dir() + "/worker0.log");
+  EXPECT_TRUE(absl::StrContains(log, "act_policy auto: step 1 peaked at")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "the last 2 of 2 layers keep all activations")) << log;
+  int64_t peak_first = 0, peak_later = 0;
+  for (const auto& j : MetricsLines(node, "out-auto", "auto")) {
+    (j["step"] == 1 ? peak_first : peak_later) = std::max<int64_t>(j["step"] == 1 ? peak_first : peak_later,
+                                                                   j["gpu_peak_bytes"]);
+  }
+  EXPECT_GT(peak_later, peak_first);  // the kept activations are really held
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -40,11 +41,21 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+// act_policy auto: how many decoder layers can keep all activations (each layer_bytes for the
+// step's tokens) on a device of capacity bytes whose recompute-everything step peaked at `peak`.
+// Leaves 15% of the device free: the allocator's fragmentation and the next step's variance.
+int KeepAllLayers(int64_t capacity, int64_t peak, int64_t layer_bytes, int64_t layers) {
+  const double headroom = 0.85 * static_cast<double>(capacity) - static_cast<double>(peak);
+  if (headroom <= 0 || layer_bytes <= 0) return 0;
+  return static_cast<int>(std::min<double>(static_cast<double>(layers), std::floor(headroom / layer_bytes)));
+}
+
 ActPolicy ToActPolicy(ActivationPolicy p) {
   switch (p) {
     case ActivationPolicy::kKeepAll: return ActPolicy::kKeepAll;
     case ActivationPolicy::kSelective: return ActPolicy::kSelective;
     case ActivationPolicy::kRecomputeLayer: return ActPolicy::kRecomputeLayer;
+    case ActivationPolicy::kAuto: return ActPolicy::kRecomputeLayer;  // until the first step's peak is known
   }
   return ActPolicy::kRecomputeLayer;
 }
@@ -486,8 +497,20 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     d->set_d2h_busy_s(d2h - prev_d2h);
     d->set_h2d_busy_s(h2d - prev_h2d);
     prev_gate = gate, prev_d2h = d2h, prev_h2d = h2d, prev_ring = ring_wait;
-    d->set_gpu_peak_bytes(backend->peak_memory_bytes() + streamer->device_bytes() + grads->device_bytes());
+    const int64_t peak = backend->peak_memory_bytes() + streamer->device_bytes() + grads->device_bytes();
+    d->set_gpu_peak_bytes(peak);
     if (!Send(r)) return absl::UnavailableError("lost the session with hostd");
+    if (spec.act_policy == ActivationPolicy::kAuto && step == a.first_step()) {
+      int64_t tokens = 0;
+      for (const MicroBatch& mb : mbs) tokens += mb.num_tokens();
+      const int keep = KeepAllLayers(device().memory_bytes(), peak, backend->SavedBytesPerToken(ActPolicy::kKeepAll) * tokens,
+                                     config.num_hidden_layers);
+      runner.set_keep_all_last_layers(keep);
+      LOG(INFO) << "act_policy auto: step " << step + 1 << " peaked at " << peak / 1073741824.0 << " GiB of "
+                << device().memory_bytes() / 1073741824.0 << " GiB; the last " << keep << " of "
+                << config.num_hidden_layers << " layers keep all activations ("
+                << backend->SavedBytesPerToken(ActPolicy::kKeepAll) * tokens / 1073741824.0 << " GiB each)";
+    }
   }
   RETURN_IF_ERROR(grads->Drain());  // device staging: the last step's parts may still be posting
   ring->Close();

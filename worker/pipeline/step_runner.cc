@@ -71,10 +71,10 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
     ASSIGN_OR_RETURN(UnitParams params, Acquire(u, gate));
     RETURN_IF_ERROR(alloc_acts(u + 1));
     saved[u].resize(n_mb);
+    const ActPolicy policy = u >= head - options_.keep_all_last_layers ? ActPolicy::kKeepAll : options_.policy;
     for (int i = 0; i < n_mb; ++i) {
       RETURN_IF_ERROR(backend_->DecoderForward(params, *batches[i], inputs[u][i]->data(), inputs[u + 1][i]->data(),
-                                               options_.policy,
-                                               options_.policy == ActPolicy::kRecomputeLayer ? nullptr : &saved[u][i]));
+                                               policy, policy == ActPolicy::kRecomputeLayer ? nullptr : &saved[u][i]));
     }
     streamer_->Release(u);
     if (checkpoints_ && checkpoints_->offloads(u)) RETURN_IF_ERROR(checkpoints_->Offload(u, inputs[u]));

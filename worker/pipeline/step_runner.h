@@ -41,6 +41,9 @@ struct StepResult {
 
 struct StepRunnerOptions {
   ActPolicy policy = ActPolicy::kRecomputeLayer;
+  // The last this-many decoder layers keep all activations whatever `policy` says (their
+  // backward runs first, so their memory is given back first). runtime.act_policy: auto.
+  int keep_all_last_layers = 0;
   // Fault injection for tests: a random delay in [0, max] before every gate wait (env
   // SLIDEDP_INJECT_DELAY_MS sets it in slidedp-worker, also for gradient posts). Zero in production.
   absl::Duration inject_max_delay = absl::ZeroDuration();
@@ -55,6 +58,7 @@ class StepRunner {
   // Runs step `step` (0-based) over this rank's micro-batches. loss_scale = 1 / trained tokens
   // of the whole global batch (all ranks), so the sum of every rank's loss_sum is the mean loss.
   absl::StatusOr<StepResult> Run(int64_t step, const std::vector<MicroBatch>& micro_batches, float loss_scale);
+  void set_keep_all_last_layers(int n) { options_.keep_all_last_layers = n; }
 
  private:
   absl::StatusOr<UnitParams> Acquire(int unit, uint32_t min_version);
