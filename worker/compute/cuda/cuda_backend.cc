@@ -458,6 +458,7 @@ class CudaBackend final : public ComputeBackend {
   GemmRunner gemm_;
   std::unique_ptr<kernels::CudnnAttention> cudnn_;
   bool cudnn_rejected_logged_[2] = {false, false};
+  bool cudnn_determinism_logged_ = false;
   int64_t H_ = 0, I_ = 0, qd_ = 0, kvd_ = 0, qkv_ = 0;
   int nq_ = 0, nkv_ = 0, hd_ = 0;
   int64_t off_[kNumDecoderTensors] = {};
@@ -664,7 +665,15 @@ absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir,
   const bool fwd = dir == AttnDir::kForward;
   absl::StatusOr<int64_t> ws =
       fwd ? cudnn_->ForwardWorkspaceBytes(a, AttnStrides()) : cudnn_->BackwardWorkspaceBytes(a, AttnStrides());
-  if (ws.ok()) return std::optional<int64_t>(*ws);
+  if (ws.ok()) {
+    if (!fwd && !cudnn_determinism_logged_) {
+      cudnn_determinism_logged_ = true;
+      absl::StatusOr<bool> det = cudnn_->BackwardDeterministic(a, AttnStrides());
+      LOG(INFO) << "cuDNN attention backward engine: "
+                << (det.ok() && *det ? "deterministic" : "noted non-deterministic (runs are not bitwise repeatable)");
+    }
+    return std::optional<int64_t>(*ws);
+  }
   if (!absl::IsUnimplemented(ws.status())) return ws.status();
   if (!cudnn_rejected_logged_[fwd ? 0 : 1]) {
     cudnn_rejected_logged_[fwd ? 0 : 1] = true;
