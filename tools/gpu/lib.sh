@@ -7,6 +7,17 @@ mkdir -p "$out"
 source .gpu/lib/gpu-env.sh .gpu/lib
 export PATH=$PWD/.gpu/bin:$PATH PYTHONUNBUFFERED=1
 
+# find_cudnn: libcudnn.so.9 for the CUDA backend's attention: the system's, else PyTorch's pip
+# package (exported as SLIDEDP_CUDNN_LIB); prints which.
+find_cudnn() {
+  if ! ldconfig -p 2>/dev/null | grep -q "libcudnn.so.9" && [ -z "${SLIDEDP_CUDNN_LIB:-}" ]; then
+    local d
+    d=$(python3 -c "import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))" 2>/dev/null)/lib
+    [ -d "$d" ] && export SLIDEDP_CUDNN_LIB=$d LD_LIBRARY_PATH=$d:${LD_LIBRARY_PATH:-}
+  fi
+  echo "libcudnn: ${SLIDEDP_CUDNN_LIB:-system}"
+}
+
 # has PART: whether the session's PARTS names it.
 has() { case " ${PARTS:-} " in *" $1 "*) return 0 ;; esac; return 1; }
 # log_session NAME: from here on, everything the session prints also goes to $out/NAME.log.

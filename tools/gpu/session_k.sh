@@ -15,11 +15,7 @@ log_session session-k
 echo "=== session K $(date -u +%FT%TZ) parts: $PARTS"
 
 if has cudnn; then
-  if ! ldconfig -p 2>/dev/null | grep -q "libcudnn.so.9" && [ -z "${SLIDEDP_CUDNN_LIB:-}" ]; then
-    d=$(python3 -c "import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))" 2>/dev/null)/lib
-    [ -d "$d" ] && export SLIDEDP_CUDNN_LIB=$d LD_LIBRARY_PATH=$d:${LD_LIBRARY_PATH:-}
-  fi
-  echo "libcudnn: ${SLIDEDP_CUDNN_LIB:-system}"
+  find_cudnn
   CUDNN_LOGERR_DBG=1 CUDNN_LOGDEST_DBG=stderr timeout 240 cuda_kernel_check --kernels-only > /tmp/kcheck.log 2> /tmp/kcheck.err
   echo "--- cuda_kernel_check: exit $?: $(grep -c '^PASS' /tmp/kcheck.log) PASS, $(grep -c '^FAIL' /tmp/kcheck.log) FAIL"
   grep -E "^FAIL|^SKIP|cudnn" /tmp/kcheck.log | head -n 40

@@ -15,11 +15,7 @@ PARTS=${PARTS:-"check bench e2e4b"}
 source tools/gpu/lib.sh
 log_session session-l
 echo "=== session L $(date -u +%FT%TZ) parts: $PARTS; $(nvidia-smi -L | wc -l) GPU(s)"
-if ! ldconfig -p 2>/dev/null | grep -q "libcudnn.so.9" && [ -z "${SLIDEDP_CUDNN_LIB:-}" ]; then
-  d=$(python3 -c "import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))" 2>/dev/null)/lib
-  [ -d "$d" ] && export SLIDEDP_CUDNN_LIB=$d LD_LIBRARY_PATH=$d:${LD_LIBRARY_PATH:-}
-fi
-echo "libcudnn: ${SLIDEDP_CUDNN_LIB:-system}"
+find_cudnn
 
 gpu1() {  # the GPU-1 side: verification against HF, then the end-to-end bench
   export CUDA_VISIBLE_DEVICES=1

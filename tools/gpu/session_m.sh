@@ -11,10 +11,7 @@ set -u
 source tools/gpu/lib.sh
 log_session session-m
 echo "=== session M $(date -u +%FT%TZ); $(nvidia-smi -L | wc -l) GPU(s)"
-if ! ldconfig -p 2>/dev/null | grep -q "libcudnn.so.9" && [ -z "${SLIDEDP_CUDNN_LIB:-}" ]; then
-  d=$(python3 -c "import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))" 2>/dev/null)/lib
-  [ -d "$d" ] && export SLIDEDP_CUDNN_LIB=$d LD_LIBRARY_PATH=$d:${LD_LIBRARY_PATH:-}
-fi
+find_cudnn
 ( CUDA_VISIBLE_DEVICES=0 timeout 300 cuda_kernel_check > "$out/kcheck.log" 2>&1
   echo "--- cuda_kernel_check: exit $?: $(grep -c '^PASS' "$out/kcheck.log") PASS, $(grep -c '^FAIL' "$out/kcheck.log") FAIL"
   grep -E "^FAIL|gain|fp32 norms\]" "$out/kcheck.log" | head -n 30 ) > /tmp/kcheck.out 2>&1 &

@@ -11,10 +11,7 @@ set -u
 source tools/gpu/lib.sh
 log_session session-n
 echo "=== session N $(date -u +%FT%TZ); $(nvidia-smi -L | wc -l) GPU(s)"
-if ! ldconfig -p 2>/dev/null | grep -q "libcudnn.so.9" && [ -z "${SLIDEDP_CUDNN_LIB:-}" ]; then
-  d=$(python3 -c "import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))" 2>/dev/null)/lib
-  [ -d "$d" ] && export SLIDEDP_CUDNN_LIB=$d LD_LIBRARY_PATH=$d:${LD_LIBRARY_PATH:-}
-fi
+find_cudnn
 q17() {
   export CUDA_VISIBLE_DEVICES=1
   q06_data_and_spec > /dev/null

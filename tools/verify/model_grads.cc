@@ -5,7 +5,8 @@
 //               [--grouping per-row|single] [--policy keep-all|recompute|selective] [--device N]
 //
 // The model directory is loaded with the checkpoint loader (FP32), rounded to BF16 per unit (the
-// upload mirror the workers compute with) and run non-streaming by RunWholeModel with
+// upload mirror the workers compute with; the norm weights also kept in FP32, as the workers get
+// them by default) and run non-streaming by RunWholeModel with
 // loss_scale = 1 / (trained labels of the whole batch), i.e. the mean token cross entropy as HF's
 // loss. Output: every parameter's gradient under its HF name (F32, HF shape, no padding; a tied
 // model has only model.embed_tokens.weight, holding both contributions) and "loss" [1] F32.
@@ -71,14 +72,17 @@ absl::Status Run(const Options& o) {
   }
   const Grouping grouping = o.grouping == "single" ? Grouping::kSingle : Grouping::kPerRow;
 
-  // FP32 master as loaded, then the BF16 copy the backend computes with.
-  std::vector<std::vector<float>> master(layout.num_units());
+  // FP32 master as loaded, then what the workers compute with: its BF16 copy, and the norm
+  // weights in FP32 (runtime.norm_weights: fp32).
+  std::vector<std::vector<float>> master(layout.num_units()), norms(layout.num_units());
   for (int u = 0; u < layout.num_units(); ++u) master[u].assign(layout.units[u].numel, 0.0f);
   RETURN_IF_ERROR(checkpoint::LoadHfModel(o.model_dir, layout, [&](int u) { return master[u].data(); }));
   std::vector<std::vector<bf16_t>> params(layout.num_units());
   for (int u = 0; u < layout.num_units(); ++u) {
     params[u].resize(master[u].size());
     for (size_t i = 0; i < master[u].size(); ++i) params[u][i] = FloatToBf16(master[u][i]);
+    norms[u].resize(layout.units[u].fp32_numel);
+    CopyNormsFromMaster(layout.units[u], master[u].data(), norms[u].data());
   }
   master.clear();
 
@@ -94,7 +98,7 @@ absl::Status Run(const Options& o) {
 
   ASSIGN_OR_RETURN(std::unique_ptr<ComputeBackend> backend, MakeBackend(o.backend, config, o.device));
   const auto t0 = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(WholeModelResult result, RunWholeModel(*backend, layout, params, batches, loss_scale, policy));
+  ASSIGN_OR_RETURN(WholeModelResult result, RunWholeModel(*backend, layout, params, batches, loss_scale, policy, &norms));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   const float loss = static_cast<float>(result.loss);

@@ -11,7 +11,7 @@ namespace slidedp::verify {
 absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const ModelLayout& layout,
                                                const std::vector<std::vector<bf16_t>>& unit_params,
                                                const std::vector<MicroBatch>& batches, float loss_scale,
-                                               ActPolicy policy) {
+                                               ActPolicy policy, const std::vector<std::vector<float>>* fp32_norms) {
   const int num_units = layout.num_units();
   if (static_cast<int>(unit_params.size()) != num_units) {
     return absl::InvalidArgumentError(
@@ -33,9 +33,14 @@ absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const Mo
     RETURN_IF_ERROR(backend.Memset(*grads[u], 0));
     const UnitLayout& unit = layout.units[u];
     if (unit.fp32_numel > 0) {
-      std::vector<float> values(numel), side(unit.fp32_numel, 0.0f);
-      for (int64_t i = 0; i < numel; ++i) values[i] = Bf16ToFloat(unit_params[u][i]);
-      CopyNormsFromMaster(unit, values.data(), side.data());
+      std::vector<float> side(unit.fp32_numel, 0.0f);
+      if (fp32_norms != nullptr && static_cast<int64_t>((*fp32_norms)[u].size()) == unit.fp32_numel) {
+        side = (*fp32_norms)[u];
+      } else {
+        std::vector<float> values(numel);
+        for (int64_t i = 0; i < numel; ++i) values[i] = Bf16ToFloat(unit_params[u][i]);
+        CopyNormsFromMaster(unit, values.data(), side.data());
+      }
       ASSIGN_OR_RETURN(norms[u], backend.Allocate(unit.fp32_numel * 4));
       RETURN_IF_ERROR(backend.CopyToDevice(side.data(), norms[u]->data(), unit.fp32_numel * 4));
     }

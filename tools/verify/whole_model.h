@@ -27,10 +27,13 @@ struct WholeModelResult {
 // unit_params: one BF16 array per unit in layout order (each of the unit's numel). policy is
 // the decoder layers' activation policy (kRecomputeLayer/kSelective exercise the recompute
 // paths of backward). loss_scale multiplies every token's loss (1 / trained labels for a mean).
+// fp32_norms (optional): per unit, the FP32 side copy of its norm weights (UnitLayout::
+// fp32_numel), as the workers get them from the master; without it, the BF16 values upcast.
 absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const ModelLayout& layout,
                                                const std::vector<std::vector<bf16_t>>& unit_params,
                                                const std::vector<MicroBatch>& batches, float loss_scale,
-                                               ActPolicy policy);
+                                               ActPolicy policy,
+                                               const std::vector<std::vector<float>>* fp32_norms = nullptr);
 
 // Per-unit FP32 arrays (master weights, gradients; layout.units[u].numel each) as safetensors
 // sources under their HF tensor names. The arrays must outlive the sources.
