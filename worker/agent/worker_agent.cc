@@ -398,13 +398,14 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     return absl::FailedPreconditionError("grad_staging device needs grad_reduction gpu with several ranks");
   }
 
-  const bool fp32_norms = spec.norm_weights == NormWeights::kFp32;
+  const NormValues norms =
+      spec.norm_weights == NormWeights::kFp32 ? NormValues::kFp32FromMaster : NormValues::kBf16Mirror;
   std::unique_ptr<UnitStreamer> streamer;
   std::unique_ptr<GradientPath> grads;
   std::unique_ptr<state::ShmCollective> collective;
   std::unique_ptr<CheckpointStore> checkpoints;  // null: layer inputs stay on the device
   if (options_.backend == BackendKind::kCpu) {
-    streamer = std::make_unique<HostMirrorStreamer>(job_state, layout, timeout, fp32_norms);
+    streamer = std::make_unique<HostMirrorStreamer>(job_state, layout, timeout, norms);
     if (gpu_route) {
       if (a.collective_segment().empty()) {
         return absl::FailedPreconditionError("grad_reduction gpu on CPU workers needs hostd's collective segment");
@@ -430,7 +431,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     copt.gate_timeout = timeout;
     copt.sharded_with = sharded ? comm : nullptr;
     copt.registry = host_state->registry.get();
-    copt.fp32_norms = fp32_norms;
+    copt.norms = norms;
     ASSIGN_OR_RETURN(streamer, CudaWindowStreamer::Create(job_state, ring.get(), layout,
                                                           static_cast<cudaStream_t>(backend->native_stream()), copt));
     CudaGradientPathOptions cg;

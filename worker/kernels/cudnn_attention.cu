@@ -212,7 +212,10 @@ struct Plan {
   std::vector<Desc> descs;
   cudnnBackendDescriptor_t plan = nullptr;
   int64_t workspace_bytes = 0;
-  bool deterministic = false;  // its engine carries no CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC
+  // Read only with PreferDeterministic(): whether its engine carries no
+  // CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC.
+  bool notes_read = false;
+  bool deterministic = false;
 };
 
 enum class TensorKind { kMemory, kVirtual, kByValue };
@@ -354,8 +357,10 @@ class GraphBuilder {
       // SLIDEDP_CUDNN_DETERMINISTIC=1: deterministic engines first, each group in the heuristics'
       // order; otherwise the heuristics' order (the engines the measured figures ran).
       std::vector<int64_t> order;
-      std::vector<bool> deterministic(count);
-      for (int64_t i = 0; i < count; ++i) deterministic[i] = !Nondeterministic(cfgs[i]);
+      std::vector<bool> deterministic(count, false);
+      if (PreferDeterministic()) {
+        for (int64_t i = 0; i < count; ++i) deterministic[i] = !Nondeterministic(cfgs[i]);
+      }
       for (int pass = 0; pass < 2; ++pass) {
         for (int64_t i = 0; i < count; ++i) {
           if (!PreferDeterministic() ? pass == 0 : deterministic[i] == (pass == 0)) order.push_back(i);
@@ -382,6 +387,7 @@ class GraphBuilder {
                                &out->workspace_bytes);
         if (st != CUDNN_STATUS_SUCCESS) return CudnnError(api_, st, "plan workspace size");
         out->plan = plan;
+        out->notes_read = PreferDeterministic();
         out->deterministic = deterministic[i];
         out->descs = std::move(owned_);
         out->descs.push_back(std::move(owned_plan));
@@ -895,6 +901,9 @@ absl::StatusOr<bool> CudnnAttention::BackwardDeterministic(const AttnArgs& a, co
   absl::MutexLock lock(&impl_->mu);
   absl::StatusOr<const Plan*> plan = impl_->GetPlan(*k);
   if (!plan.ok()) return plan.status();
+  if (!(*plan)->notes_read) {
+    return absl::FailedPreconditionError("cuDNN's engine notes are read only with SLIDEDP_CUDNN_DETERMINISTIC=1");
+  }
   return (*plan)->deterministic;
 }
 

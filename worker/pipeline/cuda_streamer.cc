@@ -26,7 +26,7 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
   const int world = options.sharded_with ? options.sharded_with->world() : 1;
   for (const UnitLayout& u : layout.units) {
     s->slot_bytes_ = std::max<int64_t>(s->slot_bytes_, PaddedNumel(u.numel, world) * 2);
-    if (options.fp32_norms) s->fp32_bytes_ = std::max<int64_t>(s->fp32_bytes_, u.fp32_numel * 4);
+    if (options.norms == NormValues::kFp32FromMaster) s->fp32_bytes_ = std::max<int64_t>(s->fp32_bytes_, u.fp32_numel * 4);
   }
   HostRegistry* registry = options.registry != nullptr ? options.registry : &s->own_registry_;
   for (int u = 0; u < layout.num_units(); ++u) {

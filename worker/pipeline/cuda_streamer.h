@@ -8,7 +8,7 @@
 // an in-place NCCL all-gather on the communicator's stream fills in the rest: 1/R of the host
 // link's bytes per rank, the remainder over NVLink.
 //
-// The norm weights also come in FP32 from the master (CudaStreamerOptions::fp32_norms).
+// The norm weights also come in FP32 from the master (CudaStreamerOptions::norms).
 //
 // Within a step a unit's copy stays valid for reuse (backward after forward, or the embedding
 // for a tied head) while it is resident: it is keyed by the gate value it was loaded under.
@@ -42,7 +42,7 @@ struct CudaStreamerOptions {
   // Deliver each unit's FP32 norm weights too (UnitParams::fp32): after the gate the host thread
   // copies them from the master into the slot's pinned staging, and the H2D stream on into the
   // slot's FP32 part (every rank copies all of it, also with sharded delivery: a few KB).
-  bool fp32_norms = true;
+  NormValues norms = NormValues::kFp32FromMaster;
 };
 
 class CudaWindowStreamer : public UnitStreamer {
@@ -87,7 +87,7 @@ class CudaWindowStreamer : public UnitStreamer {
   cudaStream_t compute_ = nullptr;
   cudaStream_t h2d_ = nullptr;
   int64_t slot_bytes_ = 0;
-  int64_t fp32_bytes_ = 0;  // per slot; 0 without fp32_norms
+  int64_t fp32_bytes_ = 0;  // per slot; 0 with NormValues::kBf16Mirror
   std::vector<Slot> slots_;
   HostRegistry own_registry_;  // the ring's slots, and the mirrors without options.registry
   uint64_t clock_ = 0;

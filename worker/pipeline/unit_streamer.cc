@@ -7,8 +7,8 @@
 namespace slidedp {
 
 HostMirrorStreamer::HostMirrorStreamer(state::JobState* state, const ModelLayout& layout, absl::Duration gate_timeout,
-                                       bool fp32_norms)
-    : state_(state), layout_(layout), gate_timeout_(gate_timeout), fp32_norms_(fp32_norms) {
+                                       NormValues norms)
+    : state_(state), layout_(layout), gate_timeout_(gate_timeout), norms_(norms) {
   side_.resize(layout.num_units());
   for (int u = 0; u < layout.num_units(); ++u) side_[u].resize(layout.units[u].fp32_numel);
 }
@@ -19,7 +19,7 @@ absl::StatusOr<UnitParams> HostMirrorStreamer::Acquire(int unit, uint32_t min_ve
   gate_wait_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("version gate of unit ", unit, ": ", s.message()));
   std::vector<float>& side = side_[unit];
-  if (!fp32_norms_ || side.empty()) return UnitParams(state_->mirror(unit));
+  if (norms_ != NormValues::kFp32FromMaster || side.empty()) return UnitParams(state_->mirror(unit));
   // Read after the gate: the unit's next update needs this step's gradients, so it cannot start
   // before the compute that reads these values.
   CopyNormsFromMaster(layout_.units[unit], state_->master(unit), side.data());

@@ -20,6 +20,10 @@
 
 namespace slidedp {
 
+// Which values of the norm weights a streamer delivers: also their FP32 side copy, read from the
+// master (runtime.norm_weights: fp32), or only the BF16 mirror's.
+enum class NormValues { kFp32FromMaster, kBf16Mirror };
+
 class UnitStreamer {
  public:
   virtual ~UnitStreamer() = default;
@@ -42,9 +46,9 @@ class UnitStreamer {
 
 class HostMirrorStreamer : public UnitStreamer {
  public:
-  // fp32_norms: deliver the FP32 side copies (copied from the master at each Acquire).
+  // kFp32FromMaster: the FP32 side copies are copied from the master at each Acquire.
   HostMirrorStreamer(state::JobState* state, const ModelLayout& layout, absl::Duration gate_timeout,
-                     bool fp32_norms = true);
+                     NormValues norms = NormValues::kFp32FromMaster);
   absl::StatusOr<UnitParams> Acquire(int unit, uint32_t min_version) override;
   void Release(int unit) override {}
   double gate_wait_s() const override { return gate_wait_s_; }
@@ -54,7 +58,7 @@ class HostMirrorStreamer : public UnitStreamer {
   state::JobState* state_;
   const ModelLayout& layout_;
   absl::Duration gate_timeout_;
-  bool fp32_norms_;
+  NormValues norms_;
   std::vector<std::vector<float>> side_;  // per unit
   double gate_wait_s_ = 0;
 };

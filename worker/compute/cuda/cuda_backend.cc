@@ -668,9 +668,12 @@ absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir,
   if (ws.ok()) {
     if (!fwd && !cudnn_determinism_logged_) {
       cudnn_determinism_logged_ = true;
+      // Known only with SLIDEDP_CUDNN_DETERMINISTIC=1 (the engine notes are read then).
       absl::StatusOr<bool> det = cudnn_->BackwardDeterministic(a, AttnStrides());
-      LOG(INFO) << "cuDNN attention backward engine: "
-                << (det.ok() && *det ? "deterministic" : "noted non-deterministic (runs are not bitwise repeatable)");
+      if (det.ok()) {
+        LOG(INFO) << "cuDNN attention backward engine: "
+                  << (*det ? "deterministic" : "noted non-deterministic (runs are not bitwise repeatable)");
+      }
     }
     return std::optional<int64_t>(*ws);
   }
