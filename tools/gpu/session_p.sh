@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# GPU session P (nvidia-h200-x2), the next one, in parts (PARTS):
+#   probe    what the machine offers for a stable fine-tuning regime: pretrained Qwen3 weights in
+#            the HF cache (a real checkpoint instead of a 150-step pretrain from random weights)
+#   determ   bitwise repeatability: cuda_kernel_check's attention cases (now with a 2,624-token
+#            case) with and without SLIDEDP_CUDNN_DETERMINISTIC=1 (engine notes, repeatable or
+#            not), bench_kernels --quick with it (speed of the deterministic engines), and the
+#            same 30-step Qwen3-0.6B job twice per setting (metrics files compared bitwise)
+#   routes   issue 7: bench/e2e/scaling.sh routes on 2 GPUs (Qwen3-8B, 16K and 128K per GPU)
+# Output: $out/session-p.log and the parts' files.
+set -u
+PARTS=${PARTS:-"probe determ"}
+source tools/gpu/lib.sh
+log_session session-p
+echo "=== session P $(date -u +%FT%TZ) parts: $PARTS; $(nvidia-smi -L | wc -l) GPU(s)"
+find_cudnn
+
+if has probe; then
+  for d in "${HF_HOME:-$HOME/.cache/huggingface}/hub" /root/.cache/huggingface/hub /models /data; do
+    [ -d "$d" ] && ls "$d" 2>/dev/null | grep -i -E "qwen" | sed "s#^#$d: #" | head -n 20
+  done
+  echo "--- probe done"
+fi
+
+if has determ; then
+  steps=30 q06_data_and_spec > /dev/null  # (lib.sh reads $steps into the spec)
+  for det in 0 1; do
+    SLIDEDP_CUDNN_DETERMINISTIC=$det timeout 300 cuda_kernel_check --kernels-only > /tmp/kcheck-$det.log 2>&1
+    echo "--- kernel check, SLIDEDP_CUDNN_DETERMINISTIC=$det: exit $?: $(grep -c '^PASS' /tmp/kcheck-$det.log) PASS, $(grep -c '^FAIL' /tmp/kcheck-$det.log) FAIL"
+    grep -E "^FAIL|repeatable" /tmp/kcheck-$det.log
+    for run in a b; do
+      rm -rf /tmp/q06-out
+      SLIDEDP_CUDNN_DETERMINISTIC=$det slidedp run /tmp/q06.yaml --backend cuda --run-dir /tmp/rep-$det-$run > /dev/null 2>&1
+      python3 -c 'import json,sys; print(json.dumps([(j["loss"], j["grad_norm"]) for j in map(json.loads, open(sys.argv[1]))]))' \
+        /tmp/q06-out/metrics-*.jsonl > /tmp/rep-$det-$run.json
+    done
+    if cmp -s /tmp/rep-$det-a.json /tmp/rep-$det-b.json; then echo "--- 0.6B x2, deterministic=$det: bitwise equal losses and grad norms"
+    else echo "--- 0.6B x2, deterministic=$det: differ"; fi
+  done
+  SLIDEDP_CUDNN_DETERMINISTIC=1 timeout 200 bench_kernels --quick 2>&1 | grep -E "ceilings|attn_" | grep -v "^JSON"
+fi
+
+if has routes; then
+  PARTS=routes bash bench/e2e/scaling.sh > /tmp/routes.out 2>&1
+  echo "--- routes: exit $?"; grep -E "^\| " "$out"/routes-*.md 2>/dev/null | head -n 40
+fi
+echo "=== session P done after $SECONDS s"
