@@ -70,7 +70,7 @@ struct JobSpec {
   ActivationPolicy act_policy = ActivationPolicy::kRecomputeLayer;
   NormWeights norm_weights = NormWeights::kFp32;
   double offload_ratio = 0.0;  // fraction of layer checkpoints kept in pinned host memory
-  int32_t ring_slots = 8;
+  int32_t ring_slots = 4;
   int64_t step_timeout_ms = 600000;  // a gate or ring wait longer than this fails the job
   int32_t max_restarts = 0;          // automatic restarts from the last checkpoint on failure
 

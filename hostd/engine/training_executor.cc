@@ -331,11 +331,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   }
 
   // ---- admission, then state ----
-  int64_t max_unit_numel = 0;
-  for (const UnitLayout& u : layout.units) max_unit_numel = std::max(max_unit_numel, u.numel);
-  state::GradRingConfig ring_config;
-  ring_config.num_slots = static_cast<uint32_t>(spec.ring_slots);
-  ring_config.slot_bytes = std::min<uint64_t>(spec.chunk_bytes, (max_unit_numel * 4 + 4095) / 4096 * 4096);
+  const state::GradRingConfig ring_config = state::RingConfigFor(layout, spec.ring_slots, spec.chunk_bytes);
   // Device staging keeps the step's gradients on the GPUs: no staging in the host plan.
   state::JobMemoryPlan plan = state::PlanJobMemory(
       layout, ring_config, world, clip && !device_staging ? state::ClipMode::kExactGlobalNorm : state::ClipMode::kNone,

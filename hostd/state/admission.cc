@@ -3,6 +3,7 @@
 
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <fstream>
 #include <sstream>
@@ -25,6 +26,16 @@ std::string JobMemoryPlan::ToString() const {
       "step gradient staging %.2f; %d params)",
       ToGib(total_bytes), ToGib(master_bytes), ToGib(adam_bytes), ToGib(mirror_bytes),
       ToGib(job_segment_bytes), ToGib(ring_bytes), ToGib(step_staging_bytes), param_numel);
+}
+
+GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t chunk_bytes) {
+  int64_t max_unit_numel = 0;
+  for (const UnitLayout& u : layout.units) max_unit_numel = std::max(max_unit_numel, u.numel);
+  GradRingConfig ring;
+  ring.num_slots = static_cast<uint32_t>(slots);
+  ring.slot_bytes = std::min<uint64_t>({static_cast<uint64_t>(chunk_bytes), kMaxGradChunkBytes,
+                                        static_cast<uint64_t>((max_unit_numel * 4 + 4095) / 4096 * 4096)});
+  return ring;
 }
 
 JobMemoryPlan PlanJobMemory(const ModelLayout& layout, const GradRingConfig& ring, int num_workers,

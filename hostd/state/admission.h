@@ -37,6 +37,13 @@ struct JobMemoryPlan {
   std::string ToString() const;   // "13.04 GiB (master 3.73, adam 7.45, ...)"
 };
 
+// The gradient ring of one worker for a job: `slots` slots, each as large as one gradient chunk:
+// chunk_bytes (the spec's H2D chunk) capped at kMaxGradChunkBytes and at the largest unit. The
+// cap keeps the rings small next to the state (4 x 32 MiB per worker = 0.03 GiB per billion
+// parameters at 4B): a chunk still takes ~1 ms to copy down, far more than a post costs.
+inline constexpr uint64_t kMaxGradChunkBytes = 32ull << 20;
+GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t chunk_bytes);
+
 JobMemoryPlan PlanJobMemory(const ModelLayout& layout, const GradRingConfig& ring, int num_workers,
                             ClipMode clip, GradDtype staging_dtype = GradDtype::kBF16);
 

@@ -1,10 +1,14 @@
 // Admission control: the memory plan's numbers, and refusals against injected host memory.
 #include "hostd/state/admission.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
+#include "common/jobspec/job_spec.h"
 #include "hostd/state/job_state.h"
 #include "hostd/state/tests/test_util.h"
 
@@ -47,6 +51,22 @@ TEST(PlanJobMemory, Qwen3_8BIsAboutFourteenBytesPerParam) {
   const double gib_per_bparam = static_cast<double>(plan.job_segment_bytes) / kGiB /
                                 (static_cast<double>(layout.param_count()) / 1e9);
   EXPECT_NEAR(gib_per_bparam, 13.04, 0.05);
+}
+
+// Issue 4's host-memory target (<= 13.1 GiB per billion parameters) with the job spec's default
+// rings, without host gradient staging (device staging or no clipping): 4B on 1 worker, 8B on 2.
+TEST(PlanJobMemory, DefaultRingsKeepHostMemoryWithinTheTarget) {
+  const JobSpec spec;
+  for (const auto& [preset, workers] : {std::pair<const char*, int>{"qwen3-4b", 1}, {"qwen3-8b", 2}, {"qwen3-14b", 2}}) {
+    const ModelLayout layout = Layout(preset);
+    const GradRingConfig ring = RingConfigFor(layout, spec.ring_slots, spec.chunk_bytes);
+    const JobMemoryPlan plan = PlanJobMemory(layout, ring, workers, ClipMode::kNone, GradDtype::kF32);
+    const double gib_per_bparam =
+        static_cast<double>(plan.total_bytes) / kGiB / (static_cast<double>(layout.param_count()) / 1e9);
+    std::printf("%s, %d worker(s): %s = %.4f GiB per billion params\n", preset, workers, plan.ToString().c_str(),
+                gib_per_bparam);
+    EXPECT_LE(gib_per_bparam, 13.1) << preset;
+  }
 }
 
 TEST(CheckAdmission, RefusesWithTheNumbersAndTheLimit) {
