@@ -6,6 +6,10 @@
 #            case) with and without SLIDEDP_CUDNN_DETERMINISTIC=1 (engine notes, repeatable or
 #            not), bench_kernels --quick with it (speed of the deterministic engines), and the
 #            same 30-step Qwen3-0.6B job twice per setting (metrics files compared bitwise)
+#   graddiff the 1.7B gradient-norm gap (session 4: 18% at fine-tune step 2 while the losses
+#            agree): pretrain 150 steps, fine-tune 2 steps saving the FP32 checkpoint after each,
+#            then tools/verify/grad_diff.py on checkpoint-1 with step 1's batch: ours against HF
+#            autocast and HF FP32 on the same weights, per tensor (GPU 1)
 #   routes   issue 7: bench/e2e/scaling.sh routes on 2 GPUs (Qwen3-8B, 16K and 128K per GPU)
 # Output: $out/session-p.log and the parts' files.
 set -u
@@ -38,6 +42,40 @@ if has determ; then
     else echo "--- 0.6B x2, deterministic=$det: differ"; fi
   done
   SLIDEDP_CUDNN_DETERMINISTIC=1 timeout 200 bench_kernels --quick 2>&1 | grep -E "ceilings|attn_" | grep -v "^JSON"
+fi
+
+if has graddiff; then
+  q06_data_and_spec > /dev/null
+  d=/tmp/gd-q17; rm -rf "$d"; mkdir -p "$d"
+  cat > "$d/pre.yaml" <<YAML
+name: q17-pre
+model: {preset: qwen3-1.7b, init_seed: 0}
+data: {path: /tmp/ds/train}
+output: {dir: $d/pre, save_final: true, save_dtype: fp32}
+train: {seq_len: 1024, global_batch: 8, micro_batch: 4, steps: 150, seed: 0, max_grad_norm: 1.0}
+optimizer: {lr: 1.0e-4, weight_decay: 0.01}
+schedule: {kind: cosine, warmup_steps: 10, min_lr: 1.0e-5}
+runtime: {workers: 1}
+YAML
+  cat > "$d/ft.yaml" <<YAML
+name: q17-ft
+model: {path: $d/pre/checkpoint-150}
+data: {path: /tmp/ds/train}
+output: {dir: $d/ft, save_every: 1, save_dtype: fp32, keep_last: 2}
+train: {seq_len: 1024, global_batch: 8, micro_batch: 4, steps: 2, seed: 1, max_grad_norm: 1.0}
+optimizer: {lr: 1.0e-5, weight_decay: 0.01}
+schedule: {kind: constant}
+runtime: {workers: 1}
+YAML
+  export CUDA_VISIBLE_DEVICES=1
+  slidedp run "$d/pre.yaml" --backend cuda --run-dir "$d/run-pre" > "$d/pre.progress" 2>&1 &&
+    slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft" > "$d/ft.progress" 2>&1 &&
+    dump_batches --job "$d/ft.yaml" --out "$d/batches.bin" > /dev/null 2>&1
+  echo "--- graddiff runs: exit $?: $(tail -n 1 "$d/ft.progress")"
+  cat "$d"/ft/metrics-*.jsonl 2>/dev/null | cut -c1-160
+  timeout 300 python3 tools/verify/grad_diff.py --bin "$(command -v model_grads)" --model "$d/ft/checkpoint-1" \
+    --batches "$d/batches.bin" --step 1 --top 20
+  unset CUDA_VISIBLE_DEVICES
 fi
 
 if has routes; then

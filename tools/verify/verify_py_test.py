@@ -19,6 +19,7 @@ import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_curves  # noqa: E402
+import grad_diff  # noqa: E402
 import hf_common  # noqa: E402
 import hf_compare  # noqa: E402
 import hf_train_reference  # noqa: E402
@@ -185,6 +186,29 @@ class DumpBatches(unittest.TestCase):
                                   [int(x) for x in cu]), exp, f"step {t}")
                 self.assertEqual(meta["trained_tokens"], sum(1 for x in exp[1] if x != -100))
                 hf_common.segments_of(tokens, labels, positions, cu)
+
+    def test_grad_diff_token_batch(self):
+        # grad_diff hands a step's global batch to model_grads: one row per document, labels
+        # implied (the next token); a batch with masked labels cannot be expressed and is refused.
+        rng = random.Random(3)
+        docs = [[rng.randrange(300) for _ in range(rng.choice([2, 9, 30, 64]))] for _ in range(40)]
+        with tempfile.TemporaryDirectory() as d:
+            for masked in (False, True):
+                data = os.path.join(d, f"data{int(masked)}")
+                masks = [[0 if masked and i == 1 else 1 for i in range(len(doc))] for doc in docs]
+                write_dataset(data, docs, masks, seq_len=64, vocab=300)
+                out = os.path.join(d, f"b{int(masked)}.bin")
+                subprocess.run([os.environ["SLIDEDP_DUMP_BATCHES"], "--data", data, "--global-batch", "4", "--seed",
+                                "1", "--steps", "2", "--out", out], check=True, capture_output=True)
+                bf = hf_common.BatchesFile(out)
+                if masked:
+                    with self.assertRaises(SystemExit):
+                        grad_diff.token_batch_of(bf, 1)
+                    continue
+                tok, segments, trained = grad_diff.token_batch_of(bf, 1)
+                self.assertEqual(tok["rows"], [t for t, _ in segments])
+                self.assertEqual(trained, bf.steps[1]["trained_tokens"])
+                self.assertEqual(hf_common.segments_from_rows(tok["rows"], None), segments)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Per-tensor gradients of one training step, ours against HF, on a saved checkpoint.
+
+For explaining a curve gap (e.g. gradient norms that part from HF's after a few fine-tuning
+steps): take the checkpoint our job saved after step k (FP32, an HF-loadable directory), the
+batches file of the job (dump_batches), and compare the gradients of step k's global batch:
+ours through model_grads (the CUDA backend, non-streaming, BF16 weights and FP32 norms as the
+workers compute) against HF autocast and HF FP32 on the same weights. Prints the total norms
+and the tensors that differ most, with HF's own autocast-vs-FP32 distance beside each.
+
+  python3 tools/verify/grad_diff.py --bin .gpu/bin/model_grads --model CKPT_DIR \\
+      --batches BATCHES.bin --step K [--top 15] [--backend cuda] [--no-hf]
+
+--no-hf runs only the conversion and model_grads (no PyTorch needed; for tests). Step K's
+labels must be the next token inside each document (every token trained), which is what
+model_grads' token format can express; other batches are refused.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_common  # noqa: E402
+
+
+def token_batch_of(batches, step):
+    """(model_grads token JSON, HF segments, trained tokens) of the global batch of `step`."""
+    tokens, labels, positions, cu, meta = batches.step(step)
+    segments = hf_common.segments_of(tokens, labels, positions, cu)
+    for i, (toks, labs) in enumerate(segments):
+        if labs != toks[1:] + [hf_common.IGNORE_INDEX]:
+            raise SystemExit(f"step {step}, document {i}: labels are not the next tokens (masked data); "
+                             "model_grads' token format cannot express that")
+    trained = sum(len(t) - 1 for t, _ in segments)
+    if trained != meta["trained_tokens"]:
+        raise SystemExit(f"step {step}: {trained} trained tokens, the header says {meta['trained_tokens']}")
+    return {"rows": [t for t, _ in segments]}, segments, trained
+
+
+def run_model_grads(binary, model, tok_path, backend, out_path):
+    cmd = [binary, "--model", model, "--tokens", tok_path, "--backend", backend, "--out", out_path,
+           "--grouping", "single", "--policy", "keep-all"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"model_grads exited {p.returncode}: {(p.stderr or p.stdout).strip()[-600:]}")
+    return [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")][-1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True, help="model_grads binary")
+    ap.add_argument("--model", required=True, help="checkpoint directory (config.json + safetensors)")
+    ap.add_argument("--batches", required=True, help="dump_batches output of the job")
+    ap.add_argument("--step", type=int, required=True, help="0-based step whose batch to use")
+    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--token-budget", type=int, default=16384, help="padded tokens per HF forward")
+    ap.add_argument("--no-hf", action="store_true", help="only convert and run model_grads")
+    args = ap.parse_args()
+
+    batches = hf_common.BatchesFile(args.batches)
+    tok, segments, trained = token_batch_of(batches, args.step)
+    work = tempfile.mkdtemp(prefix="grad-diff-")
+    tok_path, ours_path = os.path.join(work, "tokens.json"), os.path.join(work, "ours.safetensors")
+    with open(tok_path, "w") as f:
+        json.dump(tok, f)
+    summary = run_model_grads(args.bin, args.model, tok_path, args.backend, ours_path)
+    print(f"step {args.step}: {len(segments)} documents, {trained} trained tokens; ours ({args.backend}): "
+          f"loss {summary.get('loss')}")
+    if args.no_hf:
+        print(f"model_grads wrote {ours_path}")
+        return
+
+    import torch
+    from safetensors.torch import load_file
+    ours = {k: v.double() for k, v in load_file(ours_path).items()}
+    loss_ours = float(ours.pop("loss")[0])
+    model = hf_common.load_hf_model(args.model, torch.float32).cuda()
+    model.train()
+
+    def grads(autocast):
+        model.zero_grad(set_to_none=True)
+        loss = hf_common.hf_loss_backward(model, segments, trained, args.token_budget, autocast=autocast)
+        return loss, {n: p.grad.detach().double().cpu().clone() for n, p in model.named_parameters()}
+
+    loss_hf, g_hf = grads(True)
+    loss_fp32, g_fp32 = grads(False)
+
+    def total(g):
+        return math.sqrt(sum(float((v * v).sum()) for v in g.values()))
+
+    def rel(a, b):
+        den = float(b.norm())
+        return float((a - b).norm()) / den if den > 0 else (0.0 if float(a.norm()) == 0 else math.inf)
+
+    print(f"loss: ours {loss_ours:.6f}, HF autocast {loss_hf:.6f}, HF fp32 {loss_fp32:.6f}")
+    print(f"gradient norm: ours {total(ours):.6f}, HF autocast {total(g_hf):.6f}, HF fp32 {total(g_fp32):.6f}")
+    missing = sorted(set(g_hf) ^ set(ours))
+    if missing:
+        print(f"tensor names differ: {missing[:8]}")
+    rows = []
+    for name, ref in g_hf.items():
+        if name in ours:
+            rows.append((rel(ours[name], ref), name, float(ours[name].norm()), float(ref.norm()),
+                         rel(g_fp32[name], ref)))
+    rows.sort(reverse=True)
+    print(f"{'tensor':55s} {'rel L2 vs HF':>12s} {'|ours|':>11s} {'|HF|':>11s} {'HF fp32 vs HF':>13s}")
+    for r, name, n_ours, n_hf, floor in rows[:args.top]:
+        print(f"{name[-55:]:55s} {r:12.3e} {n_ours:11.4e} {n_hf:11.4e} {floor:13.3e}")
+    by_norm = sorted(rows, key=lambda x: -abs(x[2] ** 2 - x[3] ** 2))[:5]
+    print("largest contributions to the squared-norm difference: " +
+          ", ".join(f"{n} ({a ** 2 - b ** 2:+.4e})" for _, n, a, b, _ in by_norm))
+
+
+if __name__ == "__main__":
+    main()
