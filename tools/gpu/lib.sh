@@ -57,6 +57,22 @@ runtime: {workers: 1}
 YAML
 }
 
+# pretrain_spec DIR TAG PRESET STEPS: DIR/pre.yaml, the fine-tuning regime's pretrain (random init,
+# lr 1e-4 cosine, clip 1.0, global batch 8 x 1,024 tokens of /tmp/ds/train, FP32 checkpoint in
+# DIR/pre/checkpoint-STEPS).
+pretrain_spec() {
+  cat > "$1/pre.yaml" <<YAML
+name: $2-pre
+model: {preset: $3, init_seed: 0}
+data: {path: /tmp/ds/train}
+output: {dir: $1/pre, save_final: true, save_dtype: fp32}
+train: {seq_len: 1024, global_batch: 8, micro_batch: 4, steps: $4, seed: 0, max_grad_norm: 1.0}
+optimizer: {lr: 1.0e-4, weight_decay: 0.01}
+schedule: {kind: cosine, warmup_steps: 10, min_lr: 1.0e-5}
+runtime: {workers: 1}
+YAML
+}
+
 # eq_run ROOT NAME GPUS RUNTIME_EXTRA STEPS: Qwen3-0.6B on ROOT/data (random tokens, seq 1024,
 # global batch 8, micro-batch 2, clip 1.0, lr 1e-5, FP32 checkpoints) on the first GPUS GPUs, in
 # ROOT/NAME; prints the progress summary and the last metrics line. For 1-vs-2-GPU comparisons.

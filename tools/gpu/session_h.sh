@@ -36,16 +36,7 @@ fi
 finetune_curves() {
   local tag=$1 preset=$2 gpu=$3 d=/tmp/ft-$1
   rm -rf "$d"; mkdir -p "$d"
-  cat > "$d/pre.yaml" <<YAML
-name: $tag-pre
-model: {preset: $preset, init_seed: 0}
-data: {path: /tmp/ds/train}
-output: {dir: $d/pre, save_final: true, save_dtype: fp32}
-train: {seq_len: 1024, global_batch: 8, micro_batch: 4, steps: $PRE, seed: 0, max_grad_norm: 1.0}
-optimizer: {lr: 1.0e-4, weight_decay: 0.01}
-schedule: {kind: cosine, warmup_steps: 10, min_lr: 1.0e-5}
-runtime: {workers: 1}
-YAML
+  pretrain_spec "$d" "$tag" "$preset" "$PRE"
   cat > "$d/ft.yaml" <<YAML
 name: $tag-ft
 model: {path: $d/pre/checkpoint-$PRE}

@@ -17,16 +17,7 @@ q17() {
   q06_data_and_spec > /dev/null
   local d=/tmp/ft-q17 t0=$SECONDS
   rm -rf "$d"; mkdir -p "$d"
-  cat > "$d/pre.yaml" <<YAML
-name: q17-pre
-model: {preset: qwen3-1.7b, init_seed: 0}
-data: {path: /tmp/ds/train}
-output: {dir: $d/pre, save_final: true, save_dtype: fp32}
-train: {seq_len: 1024, global_batch: 8, micro_batch: 4, steps: 150, seed: 0, max_grad_norm: 1.0}
-optimizer: {lr: 1.0e-4, weight_decay: 0.01}
-schedule: {kind: cosine, warmup_steps: 10, min_lr: 1.0e-5}
-runtime: {workers: 1}
-YAML
+  pretrain_spec "$d" q17 qwen3-1.7b 150
   cat > "$d/ft.yaml" <<YAML
 name: q17-ft
 model: {path: $d/pre/checkpoint-150}
