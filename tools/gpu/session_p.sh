@@ -10,6 +10,10 @@
 #            agree): pretrain 150 steps, fine-tune 2 steps saving the FP32 checkpoint after each,
 #            then tools/verify/grad_diff.py on checkpoint-1 with step 1's batch: ours against HF
 #            autocast and HF FP32 on the same weights, per tensor (GPU 1)
+#   ratio    issue 4's 1.5x FSDP2: Qwen3-4B, 1 GPU, act_policy auto with the layer inputs offloaded
+#            (offload_ratio 1.0 frees ~24/48 GB at 64K/128K for more keep-all layers), 64K and
+#            128K, and FSDP2 GPU-resident at 16K in the same run; also measures the new default
+#            rings (4 x 32 MiB: host_state_bytes should read 13.07 GiB/B) (GPU 0)
 #   routes   issue 7: bench/e2e/scaling.sh routes on 2 GPUs (Qwen3-8B, 16K and 128K per GPU)
 # Output: $out/session-p.log and the parts' files.
 set -u
@@ -67,6 +71,18 @@ YAML
   timeout 300 python3 tools/verify/grad_diff.py --bin "$(command -v model_grads)" --model "$d/ft/checkpoint-1" \
     --batches "$d/batches.bin" --step 1 --top 20
   unset CUDA_VISIBLE_DEVICES
+fi
+
+if has ratio; then
+  CUDA_VISIBLE_DEVICES=0 MODEL=qwen3-4b GPUS=1 TOKENS_LIST="65536 131072" WHAT=ours ACT_POLICY=auto \
+    RUNTIME_EXTRA="offload_ratio: 1.0" BUDGET_S=300 WORK=/tmp/e2e-ratio bash bench/e2e/run_bench.sh > /tmp/ratio.out 2>&1
+  echo "--- 4B auto + offload: exit $?"; cp "$out/bench-summary.md" "$out/bench-4b-auto-offload.md"
+  grep -rh "act_policy auto" /tmp/e2e-ratio 2>/dev/null | head -n 2
+  CUDA_VISIBLE_DEVICES=0 MODEL=qwen3-4b GPUS=1 TOKENS_LIST=16384 WHAT=fsdp2 BUDGET_S=120 WORK=/tmp/e2e-ratio-fsdp2 \
+    bash bench/e2e/run_bench.sh > /tmp/ratio-fsdp2.out 2>&1
+  echo "--- 4B FSDP2 16K: exit $?"; cp "$out/bench-summary.md" "$out/bench-4b-fsdp2-16k.md"
+  grep -E "^\| [0-9]" "$out/bench-4b-auto-offload.md" "$out/bench-4b-fsdp2-16k.md" | head -n 12
+  rm -f "$out/bench-summary.md" "$out/bench-results.json" "$out/bench-logs.txt"
 fi
 
 if has routes; then
