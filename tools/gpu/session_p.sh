@@ -15,6 +15,7 @@
 #            128K, and FSDP2 GPU-resident at 16K in the same run; also measures the new default
 #            rings (4 x 32 MiB: host_state_bytes should read 13.07 GiB/B) (GPU 0)
 #   routes   issue 7: bench/e2e/scaling.sh routes on 2 GPUs (Qwen3-8B, 16K and 128K per GPU)
+#   weak14   issue 7: bench/e2e/scaling.sh weak14 on 1 and 2 GPUs (Qwen3-14B, 64K per GPU)
 # Output: $out/session-p.log and the parts' files.
 set -u
 PARTS=${PARTS:-"probe determ"}
@@ -88,5 +89,9 @@ fi
 if has routes; then
   PARTS=routes bash bench/e2e/scaling.sh > /tmp/routes.out 2>&1
   echo "--- routes: exit $?"; grep -E "^\| " "$out"/routes-*.md 2>/dev/null | head -n 40
+fi
+if has weak14; then
+  PARTS=weak14 bash bench/e2e/scaling.sh > /tmp/weak14.out 2>&1
+  echo "--- weak14: exit $?"; grep -E "^\| |1 to 2" "$out/bench-summary.md" 2>/dev/null | head -n 20
 fi
 echo "=== session P done after $SECONDS s"
