@@ -51,8 +51,7 @@ absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const Mo
   const int embed = 0, head = num_units - 1;
   const UnitLayout& head_unit = layout.head();
   const int64_t norm_off = head_unit.tensors[0].offset_numel;
-  const UnitParams norm_w(params[head]->as<bf16_t>() + norm_off,
-                          norms[head]->as<float>() + head_unit.tensors[0].fp32_offset);
+  const UnitParams norm_w = unit_params_of(head).Tensor(head_unit.tensors[0]);
   float* dnorm = grads[head]->as<float>() + norm_off;
   const bf16_t* lm_w;
   float* dlm;

@@ -504,13 +504,13 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     if (spec.act_policy == ActivationPolicy::kAuto && step == a.first_step()) {
       int64_t tokens = 0;
       for (const MicroBatch& mb : mbs) tokens += mb.num_tokens();
-      const int keep = KeepAllLayers(device().memory_bytes(), peak, backend->SavedBytesPerToken(ActPolicy::kKeepAll) * tokens,
-                                     config.num_hidden_layers);
+      const int64_t capacity = device().memory_bytes();
+      const int64_t layer_bytes = backend->SavedBytesPerToken(ActPolicy::kKeepAll) * tokens;
+      const int keep = KeepAllLayers(capacity, peak, layer_bytes, config.num_hidden_layers);
       runner.set_keep_all_last_layers(keep);
       LOG(INFO) << "act_policy auto: step " << step + 1 << " peaked at " << peak / 1073741824.0 << " GiB of "
-                << device().memory_bytes() / 1073741824.0 << " GiB; the last " << keep << " of "
-                << config.num_hidden_layers << " layers keep all activations ("
-                << backend->SavedBytesPerToken(ActPolicy::kKeepAll) * tokens / 1073741824.0 << " GiB each)";
+                << capacity / 1073741824.0 << " GiB; the last " << keep << " of " << config.num_hidden_layers
+                << " layers keep all activations (" << layer_bytes / 1073741824.0 << " GiB each)";
     }
   }
   RETURN_IF_ERROR(grads->Drain());  // device staging: the last step's parts may still be posting

@@ -73,6 +73,10 @@ class SavedActivations {
 // of the norms' BF16 values. Implicit from a BF16 pointer: no side copy.
 struct UnitParams {
   UnitParams(const bf16_t* bf16_params, const float* fp32_norms = nullptr) : bf16(bf16_params), fp32(fp32_norms) {}
+  // One tensor of the unit: its BF16 values and, for a norm weight with a side copy, its FP32 ones.
+  UnitParams Tensor(const TensorSlot& t) const {
+    return UnitParams(bf16 + t.offset_numel, fp32 != nullptr && t.fp32_offset >= 0 ? fp32 + t.fp32_offset : nullptr);
+  }
   const bf16_t* bf16;
   const float* fp32;
 };

@@ -94,8 +94,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
     const UnitLayout& hu = layout_.units[head];
     ASSIGN_OR_RETURN(UnitParams head_params, Acquire(head, gate));
     const TensorSlot& norm = hu.tensors[0];
-    const UnitParams norm_w(head_params.bf16 + norm.offset_numel,
-                            head_params.fp32 != nullptr ? head_params.fp32 + norm.fp32_offset : nullptr);
+    const UnitParams norm_w = head_params.Tensor(norm);
     const bf16_t* lm_head = nullptr;
     ASSIGN_OR_RETURN(float* grad_head, grads_->Begin(head));
     float* dlm_head = nullptr;

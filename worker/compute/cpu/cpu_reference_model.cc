@@ -62,10 +62,7 @@ absl::StatusOr<double> ReferenceLossAndGrads(const ModelLayout& layout,
     }
     std::vector<float> grad(T * H);
     float loss_sum = 0.0f;
-    const UnitParams head_params = params(head);
-    const TensorSlot& norm = layout.head().tensors[0];
-    const UnitParams norm_w(head_params.bf16 + norm.offset_numel,
-                            head_params.fp32 != nullptr ? head_params.fp32 + norm.fp32_offset : nullptr);
+    const UnitParams norm_w = params(head).Tensor(layout.head().tensors[0]);
     RETURN_IF_ERROR(backend->HeadForwardBackward(norm_w, lm_w, batch, xs.back().data(),
                                                  loss_scale, grad.data(), (*unit_grads)[head].data(), dlm,
                                                  &loss_sum));

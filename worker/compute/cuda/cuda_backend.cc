@@ -448,8 +448,10 @@ class CudaBackend final : public ComputeBackend {
   absl::StatusOr<std::optional<int64_t>> CudnnWorkspace(AttnDir dir,
                                                         const kernels::AttnArgs& a);
   absl::Status AttentionForward(const CudaBatch& b, const LayerActs& a);
-  int64_t AttentionBackwardWorkspaceBytes(const kernels::AttnArgs& a);
-  absl::Status AttentionBackward(const kernels::AttnArgs& a, const LayerActs& acts, bf16* d_o, bf16* dq, bf16* dk,
+  // cudnn_ws: CudnnWorkspace(kBackward)'s answer for this call (ws holds that many bytes, or the
+  // own kernels' workspace when it is empty).
+  absl::Status AttentionBackward(const kernels::AttnArgs& a, const std::optional<int64_t>& cudnn_ws,
+                                 const LayerActs& acts, bf16* d_o, bf16* dq, bf16* dk,
                                  bf16* dv, char* ws);
 
   int device_;
@@ -700,18 +702,9 @@ absl::Status CudaBackend::AttentionForward(const CudaBatch& b, const LayerActs& 
                          stream_);
 }
 
-int64_t CudaBackend::AttentionBackwardWorkspaceBytes(const kernels::AttnArgs& a) {
-  int64_t own = kernels::FlashAttentionBackwardWorkspaceBytes(a);
-  absl::StatusOr<std::optional<int64_t>> ws = CudnnWorkspace(AttnDir::kBackward, a);
-  // An error other than "rejected" surfaces again from AttentionBackward's own query.
-  if (ws.ok() && ws->has_value()) return std::max(own, **ws);
-  return own;
-}
-
-absl::Status CudaBackend::AttentionBackward(const kernels::AttnArgs& a, const LayerActs& acts, bf16* d_o, bf16* dq,
-                                            bf16* dk, bf16* dv, char* ws) {
-  ASSIGN_OR_RETURN(std::optional<int64_t> cws, CudnnWorkspace(AttnDir::kBackward, a));
-  if (!cws.has_value()) {
+absl::Status CudaBackend::AttentionBackward(const kernels::AttnArgs& a, const std::optional<int64_t>& cudnn_ws,
+                                            const LayerActs& acts, bf16* d_o, bf16* dq, bf16* dk, bf16* dv, char* ws) {
+  if (!cudnn_ws.has_value()) {
     return kernels::FlashAttentionBackward(a, {acts.qr, qd_}, {acts.kr, kvd_}, {acts.qkv + qd_ + kvd_, qkv_},
                                            {acts.o, qd_}, acts.lse, {d_o, qd_}, {dq, qd_}, {dk, kvd_}, {dv, qkv_}, ws,
                                            stream_);
@@ -817,7 +810,8 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   c.Reserve(&dkr, T * kvd_);
   c.Reserve(&dqkv, T * qkv_);
   c.Reserve(&ws_f, std::max(kernels::RmsNormBackwardWorkspaceNumel(T, H_), kernels::QkNormRopeBackwardWorkspaceNumel(rope)));
-  c.Reserve(&ws_attn, AttentionBackwardWorkspaceBytes(attn));
+  ASSIGN_OR_RETURN(const std::optional<int64_t> cudnn_ws, CudnnWorkspace(AttnDir::kBackward, attn));
+  c.Reserve(&ws_attn, cudnn_ws.has_value() ? *cudnn_ws : kernels::FlashAttentionBackwardWorkspaceBytes(attn));
   RETURN_IF_ERROR(c.Alloc(block, stream_));
   if (policy == ActPolicy::kRecomputeLayer) {
     acts = re;
@@ -878,7 +872,7 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
     RETURN_IF_ERROR(gemm_.Run(g, stream_));
     RETURN_IF_ERROR(Wgrad(dh1_g, H_, acts.o, qd_, T, H_, qd_, dparams + off_[kOProj]));
   }
-  RETURN_IF_ERROR(AttentionBackward(attn, acts, dattn_o, dqr, dkr, dqkv + qd_ + kvd_, ws_attn));
+  RETURN_IF_ERROR(AttentionBackward(attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + qd_ + kvd_, ws_attn));
   {
     const NormW qn = Norm(params, kQNorm), kn = Norm(params, kKNorm);
     float* dqn = dparams + off_[kQNorm];
