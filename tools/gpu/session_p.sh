@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU session P (nvidia-h200-x2), the next one, in parts (PARTS):
+# GPU session P (nvidia-h200 or -x2), the next one, in parts (PARTS):
 #   probe    what the machine offers for a stable fine-tuning regime: pretrained Qwen3 weights in
 #            the HF cache (a real checkpoint instead of a 150-step pretrain from random weights)
 #   determ   bitwise repeatability: cuda_kernel_check's attention cases (now with a 2,624-token
@@ -9,11 +9,16 @@
 #   graddiff the 1.7B gradient-norm gap (session 4: 18% at fine-tune step 2 while the losses
 #            agree): pretrain 150 steps, fine-tune 2 steps saving the FP32 checkpoint after each,
 #            then tools/verify/grad_diff.py on checkpoint-1 with step 1's batch: ours against HF
-#            autocast and HF FP32 on the same weights, per tensor (GPU 1)
+#            autocast and HF FP32 on the same weights, per tensor (the last GPU)
 #   ratio    issue 4's 1.5x FSDP2: Qwen3-4B, 1 GPU, act_policy auto with the layer inputs offloaded
 #            (offload_ratio 1.0 frees ~24/48 GB at 64K/128K for more keep-all layers), 64K and
 #            128K, and FSDP2 GPU-resident at 16K in the same run; also measures the new default
 #            rings (4 x 32 MiB: host_state_bytes should read 13.07 GiB/B) (GPU 0)
+#   stable   issue 4's curves in a steadier regime: Qwen3-0.6B pretrained longer (STABLE_PRE steps of
+#            32 x 1,024 tokens at lr 3e-4 cosine, ~1 epoch of the text, instead of 150 x 8 x 1,024)
+#            or the pretrained weights in $PRETRAINED when the probe found some; then the same
+#            200-step fine-tune as before (lr 1e-5, 8 x 1,024, clip 1.0): ours against HF autocast,
+#            and HF bf16-mirror-fp32-norms against HF autocast (the reference's own spread)
 #   routes   issue 7: bench/e2e/scaling.sh routes on 2 GPUs (Qwen3-8B, 16K and 128K per GPU)
 #   weak14   issue 7: bench/e2e/scaling.sh weak14 on 1 and 2 GPUs (Qwen3-14B, 64K per GPU)
 # Output: $out/session-p.log and the parts' files.
@@ -28,6 +33,9 @@ if has probe; then
   for d in "${HF_HOME:-$HOME/.cache/huggingface}/hub" /root/.cache/huggingface/hub /models /data; do
     [ -d "$d" ] && ls "$d" 2>/dev/null | grep -i -E "qwen" | sed "s#^#$d: #" | head -n 20
   done
+  timeout 30 find / -xdev \( -path /proc -o -path /sys \) -prune -o -name config.json -path "*[Qq]wen*" -print 2>/dev/null | head -n 20
+  python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)"
+  df -h / /tmp | tail -n 2; free -g | head -n 2
   echo "--- probe done"
 fi
 
@@ -63,7 +71,7 @@ optimizer: {lr: 1.0e-5, weight_decay: 0.01}
 schedule: {kind: constant}
 runtime: {workers: 1}
 YAML
-  export CUDA_VISIBLE_DEVICES=1
+  export CUDA_VISIBLE_DEVICES=$(( $(nvidia-smi -L | wc -l) - 1 ))  # the last GPU
   slidedp run "$d/pre.yaml" --backend cuda --run-dir "$d/run-pre" > "$d/pre.progress" 2>&1 &&
     slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft" > "$d/ft.progress" 2>&1 &&
     dump_batches --job "$d/ft.yaml" --out "$d/batches.bin" > /dev/null 2>&1
@@ -84,6 +92,61 @@ if has ratio; then
   echo "--- 4B FSDP2 16K: exit $?"; cp "$out/bench-summary.md" "$out/bench-4b-fsdp2-16k.md"
   grep -E "^\| [0-9]" "$out/bench-4b-auto-offload.md" "$out/bench-4b-fsdp2-16k.md" | head -n 12
   rm -f "$out/bench-summary.md" "$out/bench-results.json" "$out/bench-logs.txt"
+fi
+
+if has stable; then
+  q06_data_and_spec > /dev/null
+  d=/tmp/st-q06; rm -rf "$d"; mkdir -p "$d"
+  if [ -n "${PRETRAINED:-}" ]; then
+    src=$PRETRAINED
+  else
+    pre=${STABLE_PRE:-250}
+    cat > "$d/pre.yaml" <<YAML
+name: q06-stable-pre
+model: {preset: qwen3-0.6b, init_seed: 0}
+data: {path: /tmp/ds/train}
+output: {dir: $d/pre, save_final: true, save_dtype: fp32}
+train: {seq_len: 1024, global_batch: 32, micro_batch: 8, steps: $pre, seed: 0, max_grad_norm: 1.0}
+optimizer: {lr: 3.0e-4, weight_decay: 0.01}
+schedule: {kind: cosine, warmup_steps: 25, min_lr: 3.0e-5}
+runtime: {workers: 1}
+YAML
+    t0=$SECONDS
+    slidedp run "$d/pre.yaml" --backend cuda --run-dir "$d/run-pre" > "$d/pre.progress" 2>&1
+    echo "--- stable pretrain ($pre steps): exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/pre.progress")"
+    python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print("pretrain loss/grad norm at", [(j["step"], round(j["loss"],3), round(j["grad_norm"],3)) for j in r[::25]])' \
+      "$d"/pre/metrics-*.jsonl
+    src=$d/pre/checkpoint-$pre
+  fi
+  cat > "$d/ft.yaml" <<YAML
+name: q06-stable-ft
+model: {path: $src}
+data: {path: /tmp/ds/train}
+output: {dir: $d/ft, save_final: false}
+train: {seq_len: 1024, global_batch: 8, micro_batch: 4, steps: 200, seed: 1, max_grad_norm: 1.0}
+optimizer: {lr: 1.0e-5, weight_decay: 0.01}
+schedule: {kind: constant}
+runtime: {workers: 1}
+YAML
+  t0=$SECONDS
+  slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft" > "$d/ft.progress" 2>&1
+  echo "--- stable ours fine-tune: exit $? after $((SECONDS - t0)) s"
+  cp "$d"/ft/metrics-*.jsonl "$out/stable-ours.jsonl"
+  dump_batches --job "$d/ft.yaml" --out "$d/batches.bin" > /dev/null 2>&1
+  for prec in bf16-autocast bf16-mirror-fp32-norms; do
+    t0=$SECONDS
+    timeout 200 python3 tools/verify/hf_train_reference.py --batches "$d/batches.bin" --model "$src" --precision $prec \
+      --out "$out/stable-hf-$prec.json" > "$d/hf-$prec.log" 2>&1
+    echo "--- stable HF $prec: exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/hf-$prec.log")"
+  done
+  python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-bf16-autocast.json" --tol 6e-4 --steps 200 |
+    head -n 3 | sed "s/^/stable ours vs HF autocast: /"
+  python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-bf16-mirror-fp32-norms.json" --tol 6e-4 \
+    --steps 200 | head -n 3 | sed "s/^/stable ours vs HF mirror-fp32-norms: /"
+  python3 tools/verify/compare_curves.py "$out/stable-hf-bf16-mirror-fp32-norms.json" "$out/stable-hf-bf16-autocast.json" \
+    --tol 6e-4 --steps 200 | head -n 3 | sed "s/^/stable HF mirror-fp32-norms vs HF autocast: /"
+  python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print("ft grad norms max", max(j["grad_norm"] for j in r), "first", [round(j["grad_norm"],3) for j in r[:8]])' \
+    "$out/stable-ours.jsonl"
 fi
 
 if has routes; then
