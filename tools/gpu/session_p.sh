@@ -14,6 +14,10 @@
 #            (offload_ratio 1.0 frees ~24/48 GB at 64K/128K for more keep-all layers), 64K and
 #            128K, and FSDP2 GPU-resident at 16K in the same run; also measures the new default
 #            rings (4 x 32 MiB: host_state_bytes should read 13.07 GiB/B) (GPU 0)
+#   detgrads where the runs stop being repeatable: model_grads (the backend without the pipeline) three
+#            times on one 0.6B batch, tensors compared bitwise (grad_diff.py --repeat), with and
+#            without SLIDEDP_CUDNN_DETERMINISTIC and with SLIDEDP_ATTENTION=own; then the 0.6B job
+#            twice for 3 steps, the metrics and the worker's attention log lines shown
 #   stable   issue 4's curves in a steadier regime: Qwen3-0.6B pretrained longer (STABLE_PRE steps of
 #            32 x 1,024 tokens at lr 3e-4 cosine, ~1 epoch of the text, instead of 150 x 8 x 1,024)
 #            or the pretrained weights in $PRETRAINED when the probe found some; then the same
@@ -61,12 +65,14 @@ if has graddiff; then
   q06_data_and_spec > /dev/null
   d=/tmp/gd-q17; rm -rf "$d"; mkdir -p "$d"
   pretrain_spec "$d" q17 qwen3-1.7b 150
+  # One fine-tuning step saving its FP32 checkpoint (two would not fit the disk with the
+  # pretrain's), then step 1's batch (0-based) from the same sampler.
   cat > "$d/ft.yaml" <<YAML
 name: q17-ft
 model: {path: $d/pre/checkpoint-150}
 data: {path: /tmp/ds/train}
-output: {dir: $d/ft, save_every: 1, save_dtype: fp32, keep_last: 2}
-train: {seq_len: 1024, global_batch: 8, micro_batch: 4, steps: 2, seed: 1, max_grad_norm: 1.0}
+output: {dir: $d/ft, save_every: 1, save_dtype: fp32, keep_last: 1}
+train: {seq_len: 1024, global_batch: 8, micro_batch: 4, steps: 1, seed: 1, max_grad_norm: 1.0}
 optimizer: {lr: 1.0e-5, weight_decay: 0.01}
 schedule: {kind: constant}
 runtime: {workers: 1}
@@ -74,12 +80,13 @@ YAML
   export CUDA_VISIBLE_DEVICES=$(( $(nvidia-smi -L | wc -l) - 1 ))  # the last GPU
   slidedp run "$d/pre.yaml" --backend cuda --run-dir "$d/run-pre" > "$d/pre.progress" 2>&1 &&
     slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft" > "$d/ft.progress" 2>&1 &&
-    dump_batches --job "$d/ft.yaml" --out "$d/batches.bin" > /dev/null 2>&1
+    dump_batches --job "$d/ft.yaml" --steps 2 --out "$d/batches.bin" > /dev/null 2>&1
   echo "--- graddiff runs: exit $?: $(tail -n 1 "$d/ft.progress")"
   cat "$d"/ft/metrics-*.jsonl 2>/dev/null | cut -c1-160
   timeout 300 python3 tools/verify/grad_diff.py --bin "$(command -v model_grads)" --model "$d/ft/checkpoint-1" \
     --batches "$d/batches.bin" --step 1 --top 20
   unset CUDA_VISIBLE_DEVICES
+  rm -rf "$d"  # 55 GB of checkpoints
 fi
 
 if has ratio; then
@@ -92,6 +99,24 @@ if has ratio; then
   echo "--- 4B FSDP2 16K: exit $?"; cp "$out/bench-summary.md" "$out/bench-4b-fsdp2-16k.md"
   grep -E "^\| [0-9]" "$out/bench-4b-auto-offload.md" "$out/bench-4b-fsdp2-16k.md" | head -n 12
   rm -f "$out/bench-summary.md" "$out/bench-results.json" "$out/bench-logs.txt"
+fi
+
+if has detgrads; then
+  steps=3 q06_data_and_spec > /dev/null
+  d=/tmp/det; rm -rf "$d"; mkdir -p "$d"
+  dump_batches --job /tmp/q06.yaml --steps 1 --out "$d/batches.bin" --write-init "$d/init" > "$d/dump.log" 2>&1
+  echo "--- detgrads init: exit $?"
+  for env in "SLIDEDP_CUDNN_DETERMINISTIC=0" "SLIDEDP_CUDNN_DETERMINISTIC=1" "SLIDEDP_ATTENTION=own"; do
+    echo "--- model_grads x3, $env"
+    env $env timeout 120 python3 tools/verify/grad_diff.py --bin "$(command -v model_grads)" --model "$d/init" \
+      --batches "$d/batches.bin" --step 0 --no-hf --repeat 2 --top 8 2>&1 | grep -v "wrote"
+  done
+  for run in a b; do
+    rm -rf /tmp/q06-out
+    slidedp run /tmp/q06.yaml --backend cuda --run-dir "$d/run-$run" > /dev/null 2>&1
+    echo "--- 0.6B 3 steps, run $run: $(python3 -c 'import json,sys; print([(j["loss"], j["grad_norm"]) for j in map(json.loads, open(sys.argv[1]))])' /tmp/q06-out/metrics-*.jsonl)"
+  done
+  grep -rh -i "attention\|determin" "$d/run-a" 2>/dev/null | sort | uniq -c | head -n 6
 fi
 
 if has stable; then

@@ -11,14 +11,19 @@ and the tensors that differ most, with HF's own autocast-vs-FP32 distance beside
   python3 tools/verify/grad_diff.py --bin .gpu/bin/model_grads --model CKPT_DIR \\
       --batches BATCHES.bin --step K [--top 15] [--backend cuda] [--no-hf]
 
---no-hf runs only the conversion and model_grads (no PyTorch needed; for tests). Step K's
+--repeat N runs model_grads N more times on the same inputs and reports, per tensor, whether the
+gradients are bitwise the same as the first run's (run-to-run determinism of the backend; pure
+Python, no PyTorch). --no-hf runs only the conversion and model_grads (no PyTorch needed; for
+tests). Step K's
 labels must be the next token inside each document (every token trained), which is what
 model_grads' token format can express; other batches are refused.
 """
 import argparse
+import array
 import json
 import math
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -50,6 +55,32 @@ def run_model_grads(binary, model, tok_path, backend, out_path):
     return [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")][-1]
 
 
+def bitwise_differences(first, other):
+    """[(name, differing F32 elements, max |difference|)] of two model_grads outputs, for every
+    tensor whose bytes differ, in file order; pure Python."""
+    meta_a, ta = hf_common.read_safetensors_header(first)
+    meta_b, tb = hf_common.read_safetensors_header(other)
+    if set(ta) != set(tb):
+        raise SystemExit(f"{first} and {other} hold different tensors")
+    with open(first, "rb") as fa, open(other, "rb") as fb:
+        base_a = 8 + struct.unpack("<Q", fa.read(8))[0]
+        base_b = 8 + struct.unpack("<Q", fb.read(8))[0]
+        rows = []
+        for name, (dtype, _, (begin, end)) in sorted(ta.items(), key=lambda kv: kv[1][2][0]):
+            fa.seek(base_a + begin)
+            fb.seek(base_b + tb[name][2][0])
+            a, b = fa.read(end - begin), fb.read(tb[name][2][1] - tb[name][2][0])
+            if a == b:
+                continue
+            if dtype != "F32" or len(a) != len(b):
+                rows.append((name, -1, math.inf))
+                continue
+            va, vb = array.array("f", a), array.array("f", b)
+            diff = [abs(x - y) for x, y in zip(va, vb) if x != y]
+            rows.append((name, len(diff), max(diff)))
+        return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True, help="model_grads binary")
@@ -60,6 +91,7 @@ def main():
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--token-budget", type=int, default=16384, help="padded tokens per HF forward")
     ap.add_argument("--no-hf", action="store_true", help="only convert and run model_grads")
+    ap.add_argument("--repeat", type=int, default=0, help="run model_grads this many more times, compare bitwise")
     args = ap.parse_args()
 
     batches = hf_common.BatchesFile(args.batches)
@@ -71,6 +103,13 @@ def main():
     summary = run_model_grads(args.bin, args.model, tok_path, args.backend, ours_path)
     print(f"step {args.step}: {len(segments)} documents, {trained} trained tokens; ours ({args.backend}): "
           f"loss {summary.get('loss')}")
+    for i in range(args.repeat):
+        again = os.path.join(work, f"repeat-{i + 1}.safetensors")
+        run_model_grads(args.bin, args.model, tok_path, args.backend, again)
+        rows = bitwise_differences(ours_path, again)
+        print(f"repeat {i + 1}: {len(rows)} tensors differ bitwise from the first run" + (":" if rows else ""))
+        for name, count, worst in rows[:args.top]:
+            print(f"  {name}: {count} elements, max |diff| {worst:.3e}")
     if args.no_hf:
         print(f"model_grads wrote {ours_path}")
         return
