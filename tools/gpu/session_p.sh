@@ -14,10 +14,10 @@
 #            (offload_ratio 1.0 frees ~24/48 GB at 64K/128K for more keep-all layers), 64K and
 #            128K, and FSDP2 GPU-resident at 16K in the same run; also measures the new default
 #            rings (4 x 32 MiB: host_state_bytes should read 13.07 GiB/B) (GPU 0)
-#   detgrads where the runs stop being repeatable: model_grads (the backend without the pipeline) three
-#            times on one 0.6B batch, tensors compared bitwise (grad_diff.py --repeat), with and
-#            without SLIDEDP_CUDNN_DETERMINISTIC and with SLIDEDP_ATTENTION=own; then the 0.6B job
-#            twice for 3 steps, the metrics and the worker's attention log lines shown
+#   detgrads where the runs stop being repeatable, with and without SLIDEDP_CUDNN_DETERMINISTIC:
+#            model_grads (the backend without the pipeline) three times on one 0.6B batch, tensors
+#            compared bitwise (grad_diff.py --repeat); the 0.6B job twice for 3 steps with
+#            SLIDEDP_LOG_UNIT_NORMS=1, the units whose squared gradient norms differ
 #   stable   issue 4's curves in a steadier regime: Qwen3-0.6B pretrained longer (STABLE_PRE steps of
 #            32 x 1,024 tokens at lr 3e-4 cosine, ~1 epoch of the text, instead of 150 x 8 x 1,024)
 #            or the pretrained weights in $PRETRAINED when the probe found some; then the same
@@ -102,21 +102,25 @@ if has ratio; then
 fi
 
 if has detgrads; then
-  steps=3 q06_data_and_spec > /dev/null
+  steps=3 Q06_WARMUP=1 q06_data_and_spec > /dev/null
   d=/tmp/det; rm -rf "$d"; mkdir -p "$d"
   dump_batches --job /tmp/q06.yaml --steps 1 --out "$d/batches.bin" --write-init "$d/init" > "$d/dump.log" 2>&1
-  echo "--- detgrads init: exit $?"
-  for env in "SLIDEDP_CUDNN_DETERMINISTIC=0" "SLIDEDP_CUDNN_DETERMINISTIC=1" "SLIDEDP_ATTENTION=own"; do
-    echo "--- model_grads x3, $env"
-    env $env timeout 120 python3 tools/verify/grad_diff.py --bin "$(command -v model_grads)" --model "$d/init" \
-      --batches "$d/batches.bin" --step 0 --no-hf --repeat 2 --top 8 2>&1 | grep -v "wrote"
+  echo "--- detgrads init: exit $?: $(tail -n 1 "$d/dump.log")"
+  for det in 0 1; do
+    echo "--- model_grads x3, SLIDEDP_CUDNN_DETERMINISTIC=$det"
+    SLIDEDP_CUDNN_DETERMINISTIC=$det timeout 120 python3 tools/verify/grad_diff.py --bin "$(command -v model_grads)" \
+      --model "$d/init" --batches "$d/batches.bin" --step 0 --no-hf --repeat 2 --top 8 2>&1 | grep -v "wrote"
+    for run in a b; do
+      rm -rf /tmp/q06-out
+      SLIDEDP_LOG_UNIT_NORMS=1 SLIDEDP_CUDNN_DETERMINISTIC=$det slidedp run /tmp/q06.yaml --backend cuda \
+        --run-dir "$d/run-$det$run" > /dev/null 2>&1
+      echo "--- 0.6B 3 steps, deterministic=$det, run $run: $(python3 -c 'import json,sys; print([(j["loss"], j["grad_norm"]) for j in map(json.loads, open(sys.argv[1]))])' /tmp/q06-out/metrics-*.jsonl)"
+      grep -rh "unit norms:" "$d/run-$det$run" | sed 's/.*unit norms: //' > "$d/units-$det$run.txt"
+    done
+    echo "units differing (step unit: run a / run b), $(wc -l < "$d/units-${det}a.txt") lines:"
+    paste -d'|' "$d/units-${det}a.txt" "$d/units-${det}b.txt" | awk -F'|' '$1 != $2' | head -n 12
   done
-  for run in a b; do
-    rm -rf /tmp/q06-out
-    slidedp run /tmp/q06.yaml --backend cuda --run-dir "$d/run-$run" > /dev/null 2>&1
-    echo "--- 0.6B 3 steps, run $run: $(python3 -c 'import json,sys; print([(j["loss"], j["grad_norm"]) for j in map(json.loads, open(sys.argv[1]))])' /tmp/q06-out/metrics-*.jsonl)"
-  done
-  grep -rh -i "attention\|determin" "$d/run-a" 2>/dev/null | sort | uniq -c | head -n 6
+  grep -rh -i "attention\|determin" "$d/run-1a" 2>/dev/null | sed 's/^.*\] //' | sort | uniq -c | head -n 6
 fi
 
 if has stable; then

@@ -2,7 +2,9 @@
 // gradient ring through a poster thread.
 #include "worker/pipeline/cuda_gradient_path.h"
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <deque>
 #include <map>
 #include <thread>
@@ -14,11 +16,21 @@
 #include "absl/time/clock.h"
 #include "common/model/shard.h"
 #include "common/status/status_macros.h"
+#include "glog/logging.h"
 #include "worker/kernels/cuda_check.h"
 #include "worker/kernels/ops.h"
 
 namespace slidedp {
 namespace {
+
+// SLIDEDP_LOG_UNIT_NORMS=1: log each unit's squared gradient norm per step (device staging).
+bool LogUnitNorms() {
+  static const bool on = [] {
+    const char* e = std::getenv("SLIDEDP_LOG_UNIT_NORMS");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return on;
+}
 
 struct GradBuffer {
   float* data = nullptr;
@@ -169,6 +181,12 @@ class CudaGradientPath final : public GradientPath {
     norm.step = staged_step_;
     norm.sum_squares = true;
     for (const auto& [unit, part] : staged_) norm.squares += unit_squares[unit];  // unit order
+    if (LogUnitNorms()) {  // for finding where two runs part (every digit of each unit's sum)
+      for (const auto& [unit, part] : staged_) {
+        LOG(INFO) << absl::StrFormat("unit norms: step %d unit %d squares %.17g", staged_step_ + 1, unit,
+                                     unit_squares[unit]);
+      }
+    }
     absl::MutexLock l(&mu_);
     RETURN_IF_ERROR(first_error_);
     queue_.push_back(norm);
