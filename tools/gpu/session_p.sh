@@ -18,6 +18,8 @@
 #            model_grads (the backend without the pipeline) three times on one 0.6B batch, tensors
 #            compared bitwise (grad_diff.py --repeat); the 0.6B job twice for 3 steps with
 #            SLIDEDP_LOG_UNIT_NORMS=1, the units whose squared gradient norms differ
+#   detblock the 0.6B job twice for 2 steps as launched, then twice with CUDA_LAUNCH_BLOCKING=1 (no
+#            kernel overlaps another): every unit's squared gradient norm at step 1 compared
 #   stable   issue 4's curves in a steadier regime: Qwen3-0.6B pretrained longer (STABLE_PRE steps of
 #            32 x 1,024 tokens at lr 3e-4 cosine, ~1 epoch of the text, instead of 150 x 8 x 1,024)
 #            or the pretrained weights in $PRETRAINED when the probe found some; then the same
@@ -121,6 +123,24 @@ if has detgrads; then
     paste -d'|' "$d/units-${det}a.txt" "$d/units-${det}b.txt" | awk -F'|' '$1 != $2' | head -n 12
   done
   grep -rh -i "attention\|determin" "$d/run-1a" 2>/dev/null | sed 's/^.*\] //' | sort | uniq -c | head -n 6
+fi
+
+if has detblock; then  # the 0.6B job twice for 2 steps, as launched and with CUDA_LAUNCH_BLOCKING=1
+  steps=2 Q06_WARMUP=0 q06_data_and_spec > /dev/null
+  d=/tmp/detb; rm -rf "$d"; mkdir -p "$d"
+  for blocking in 0 1; do
+    for run in a b; do
+      rm -rf /tmp/q06-out
+      CUDA_LAUNCH_BLOCKING=$blocking SLIDEDP_LOG_UNIT_NORMS=1 timeout 100 slidedp run /tmp/q06.yaml --backend cuda \
+        --run-dir "$d/run-$blocking$run" > /dev/null 2>&1
+      echo "--- 0.6B 2 steps, CUDA_LAUNCH_BLOCKING=$blocking, run $run: exit $?: $(python3 -c 'import json,sys; print([(j["loss"], j["grad_norm"]) for j in map(json.loads, open(sys.argv[1]))])' /tmp/q06-out/metrics-*.jsonl)"
+      grep -rh "unit norms:" "$d/run-$blocking$run" | sed 's/.*unit norms: //' > "$d/units-$blocking$run.txt"
+    done
+    echo "units differing at step 1, CUDA_LAUNCH_BLOCKING=$blocking (of $(wc -l < "$d/units-${blocking}a.txt") lines):"
+    paste -d'|' "$d/units-${blocking}a.txt" "$d/units-${blocking}b.txt" | awk -F'|' '$1 != $2' | grep "^step 1 " |
+      sed 's/ squares /:/g' | awk -F'|' '{print $1, "/", $2}' | sed 's/step 1 unit //' | tr '\n' ';' | cut -c1-2500
+    echo
+  done
 fi
 
 if has stable; then
