@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# GPU session P (nvidia-h200 or -x2), the next one, in parts (PARTS):
+# GPU session P (nvidia-h200 or -x2; session 5), in parts (PARTS):
 #   probe    what the machine offers for a stable fine-tuning regime: pretrained Qwen3 weights in
 #            the HF cache (a real checkpoint instead of a 150-step pretrain from random weights)
-#   determ   bitwise repeatability: cuda_kernel_check's attention cases (now with a 2,624-token
-#            case) with and without SLIDEDP_CUDNN_DETERMINISTIC=1 (engine notes, repeatable or
-#            not), bench_kernels --quick with it (speed of the deterministic engines), and the
-#            same 30-step Qwen3-0.6B job twice per setting (metrics files compared bitwise)
+#   determ   bitwise repeatability: cuda_kernel_check's attention cases with and without
+#            SLIDEDP_DETERMINISTIC=1, and the same 30-step Qwen3-0.6B job twice per setting
+#            (metrics files compared bitwise). (Session 5 ran this and detgrads with the former
+#            SLIDEDP_DETERMINISTIC, cuDNN engines chosen by their notes, since removed.)
 #   graddiff the 1.7B gradient-norm gap (session 4: 18% at fine-tune step 2 while the losses
 #            agree): pretrain 150 steps, fine-tune 2 steps saving the FP32 checkpoint after each,
 #            then tools/verify/grad_diff.py on checkpoint-1 with step 1's batch: ours against HF
@@ -14,17 +14,22 @@
 #            (offload_ratio 1.0 frees ~24/48 GB at 64K/128K for more keep-all layers), 64K and
 #            128K, and FSDP2 GPU-resident at 16K in the same run; also measures the new default
 #            rings (4 x 32 MiB: host_state_bytes should read 13.07 GiB/B) (GPU 0)
-#   detgrads where the runs stop being repeatable, with and without SLIDEDP_CUDNN_DETERMINISTIC:
+#   detgrads where the runs stop being repeatable, with and without SLIDEDP_DETERMINISTIC:
 #            model_grads (the backend without the pipeline) three times on one 0.6B batch, tensors
 #            compared bitwise (grad_diff.py --repeat); the 0.6B job twice for 3 steps with
 #            SLIDEDP_LOG_UNIT_NORMS=1, the units whose squared gradient norms differ
 #   detblock the 0.6B job twice for 2 steps as launched, then twice with CUDA_LAUNCH_BLOCKING=1 (no
 #            kernel overlaps another): every unit's squared gradient norm at step 1 compared
-#   stable   issue 4's curves in a steadier regime: Qwen3-0.6B pretrained longer (STABLE_PRE steps of
-#            32 x 1,024 tokens at lr 3e-4 cosine, ~1 epoch of the text, instead of 150 x 8 x 1,024)
+#   ordered  SLIDEDP_DETERMINISTIC=1 (attention backward through our kernels with dQ added in a fixed
+#            order): the kernel check's ordered-dQ cases, then the 0.6B job twice for 3 steps with
+#            it (every unit's squared gradient norm compared) and once without (step times)
+#   stable   issue 4's curves in a steadier regime: Qwen3-0.6B (or STABLE_PRESET) pretrained longer
+#            (STABLE_PRE steps of 32 x 1,024 tokens at lr 3e-4 cosine, ~1 epoch of the text,
+#            instead of 150 x 8 x 1,024)
 #            or the pretrained weights in $PRETRAINED when the probe found some; then the same
 #            200-step fine-tune as before (lr 1e-5, 8 x 1,024, clip 1.0): ours against HF autocast,
-#            and HF bf16-mirror-fp32-norms against HF autocast (the reference's own spread)
+#            and HF bf16-mirror-fp32-norms against HF autocast (the reference's own spread;
+#            STABLE_REFS picks the HF precisions, STABLE_HF_CAP their time cap)
 #   routes   issue 7: bench/e2e/scaling.sh routes on 2 GPUs (Qwen3-8B, 16K and 128K per GPU)
 #   weak14   issue 7: bench/e2e/scaling.sh weak14 on 1 and 2 GPUs (Qwen3-14B, 64K per GPU)
 # Output: $out/session-p.log and the parts' files.
@@ -48,19 +53,18 @@ fi
 if has determ; then
   steps=30 q06_data_and_spec > /dev/null  # (lib.sh reads $steps into the spec)
   for det in 0 1; do
-    SLIDEDP_CUDNN_DETERMINISTIC=$det timeout 300 cuda_kernel_check --kernels-only > /tmp/kcheck-$det.log 2>&1
-    echo "--- kernel check, SLIDEDP_CUDNN_DETERMINISTIC=$det: exit $?: $(grep -c '^PASS' /tmp/kcheck-$det.log) PASS, $(grep -c '^FAIL' /tmp/kcheck-$det.log) FAIL"
+    SLIDEDP_DETERMINISTIC=$det timeout 300 cuda_kernel_check --kernels-only > /tmp/kcheck-$det.log 2>&1
+    echo "--- kernel check, SLIDEDP_DETERMINISTIC=$det: exit $?: $(grep -c '^PASS' /tmp/kcheck-$det.log) PASS, $(grep -c '^FAIL' /tmp/kcheck-$det.log) FAIL"
     grep -E "^FAIL|repeatable" /tmp/kcheck-$det.log
     for run in a b; do
       rm -rf /tmp/q06-out
-      SLIDEDP_CUDNN_DETERMINISTIC=$det slidedp run /tmp/q06.yaml --backend cuda --run-dir /tmp/rep-$det-$run > /dev/null 2>&1
+      SLIDEDP_DETERMINISTIC=$det slidedp run /tmp/q06.yaml --backend cuda --run-dir /tmp/rep-$det-$run > /dev/null 2>&1
       python3 -c 'import json,sys; print(json.dumps([(j["loss"], j["grad_norm"]) for j in map(json.loads, open(sys.argv[1]))]))' \
         /tmp/q06-out/metrics-*.jsonl > /tmp/rep-$det-$run.json
     done
     if cmp -s /tmp/rep-$det-a.json /tmp/rep-$det-b.json; then echo "--- 0.6B x2, deterministic=$det: bitwise equal losses and grad norms"
     else echo "--- 0.6B x2, deterministic=$det: differ"; fi
   done
-  SLIDEDP_CUDNN_DETERMINISTIC=1 timeout 200 bench_kernels --quick 2>&1 | grep -E "ceilings|attn_" | grep -v "^JSON"
 fi
 
 if has graddiff; then
@@ -92,14 +96,18 @@ YAML
 fi
 
 if has ratio; then
-  CUDA_VISIBLE_DEVICES=0 MODEL=qwen3-4b GPUS=1 TOKENS_LIST="65536 131072" WHAT=ours ACT_POLICY=auto \
-    RUNTIME_EXTRA="offload_ratio: 1.0" BUDGET_S=300 WORK=/tmp/e2e-ratio bash bench/e2e/run_bench.sh > /tmp/ratio.out 2>&1
-  echo "--- 4B auto + offload: exit $?"; cp "$out/bench-summary.md" "$out/bench-4b-auto-offload.md"
+  CUDA_VISIBLE_DEVICES=0 MODEL=qwen3-4b GPUS=1 TOKENS_LIST="${RATIO_TOKENS:-65536 131072}" WHAT=ours ACT_POLICY=auto \
+    RUNTIME_EXTRA="${RATIO_RUNTIME_EXTRA-offload_ratio: 1.0}" BUDGET_S=300 WORK=/tmp/e2e-ratio \
+    bash bench/e2e/run_bench.sh > /tmp/ratio.out 2>&1
+  rc=$?; tag=4b-auto; [ -n "${RATIO_RUNTIME_EXTRA-offload}" ] && tag=4b-auto-offload
+  echo "--- 4B auto (${RATIO_RUNTIME_EXTRA-offload_ratio: 1.0}): exit $rc"; cp "$out/bench-summary.md" "$out/bench-$tag.md"
   grep -rh "act_policy auto" /tmp/e2e-ratio 2>/dev/null | head -n 2
-  CUDA_VISIBLE_DEVICES=0 MODEL=qwen3-4b GPUS=1 TOKENS_LIST=16384 WHAT=fsdp2 BUDGET_S=120 WORK=/tmp/e2e-ratio-fsdp2 \
-    bash bench/e2e/run_bench.sh > /tmp/ratio-fsdp2.out 2>&1
-  echo "--- 4B FSDP2 16K: exit $?"; cp "$out/bench-summary.md" "$out/bench-4b-fsdp2-16k.md"
-  grep -E "^\| [0-9]" "$out/bench-4b-auto-offload.md" "$out/bench-4b-fsdp2-16k.md" | head -n 12
+  if [ "${RATIO_FSDP2:-1}" = 1 ]; then
+    CUDA_VISIBLE_DEVICES=0 MODEL=qwen3-4b GPUS=1 TOKENS_LIST=16384 WHAT=fsdp2 BUDGET_S=120 WORK=/tmp/e2e-ratio-fsdp2 \
+      bash bench/e2e/run_bench.sh > /tmp/ratio-fsdp2.out 2>&1
+    echo "--- 4B FSDP2 16K: exit $?"; cp "$out/bench-summary.md" "$out/bench-4b-fsdp2-16k.md"
+  fi
+  grep -E "^\| [0-9]" "$out/bench-$tag.md" "$out/bench-4b-fsdp2-16k.md" 2>/dev/null | head -n 12
   rm -f "$out/bench-summary.md" "$out/bench-results.json" "$out/bench-logs.txt"
 fi
 
@@ -109,12 +117,12 @@ if has detgrads; then
   dump_batches --job /tmp/q06.yaml --steps 1 --out "$d/batches.bin" --write-init "$d/init" > "$d/dump.log" 2>&1
   echo "--- detgrads init: exit $?: $(tail -n 1 "$d/dump.log")"
   for det in 0 1; do
-    echo "--- model_grads x3, SLIDEDP_CUDNN_DETERMINISTIC=$det"
-    SLIDEDP_CUDNN_DETERMINISTIC=$det timeout 120 python3 tools/verify/grad_diff.py --bin "$(command -v model_grads)" \
+    echo "--- model_grads x3, SLIDEDP_DETERMINISTIC=$det"
+    SLIDEDP_DETERMINISTIC=$det timeout 120 python3 tools/verify/grad_diff.py --bin "$(command -v model_grads)" \
       --model "$d/init" --batches "$d/batches.bin" --step 0 --no-hf --repeat 2 --top 8 2>&1 | grep -v "wrote"
     for run in a b; do
       rm -rf /tmp/q06-out
-      SLIDEDP_LOG_UNIT_NORMS=1 SLIDEDP_CUDNN_DETERMINISTIC=$det slidedp run /tmp/q06.yaml --backend cuda \
+      SLIDEDP_LOG_UNIT_NORMS=1 SLIDEDP_DETERMINISTIC=$det slidedp run /tmp/q06.yaml --backend cuda \
         --run-dir "$d/run-$det$run" > /dev/null 2>&1
       echo "--- 0.6B 3 steps, deterministic=$det, run $run: $(python3 -c 'import json,sys; print([(j["loss"], j["grad_norm"]) for j in map(json.loads, open(sys.argv[1]))])' /tmp/q06-out/metrics-*.jsonl)"
       grep -rh "unit norms:" "$d/run-$det$run" | sed 's/.*unit norms: //' > "$d/units-$det$run.txt"
@@ -143,16 +151,37 @@ if has detblock; then  # the 0.6B job twice for 2 steps, as launched and with CU
   done
 fi
 
+if has ordered; then  # SLIDEDP_DETERMINISTIC: the ordered-dQ kernel check, then the 0.6B job twice
+  timeout 60 cuda_kernel_check --kernels-only > /tmp/kcheck.log 2>&1
+  echo "--- kernel check: exit $?: $(grep -c '^PASS' /tmp/kcheck.log) PASS, $(grep -c '^FAIL' /tmp/kcheck.log) FAIL"
+  grep -E "^FAIL|ordered|repeatable" /tmp/kcheck.log | cut -c1-150
+  steps=3 Q06_WARMUP=0 q06_data_and_spec > /dev/null
+  d=/tmp/ord; rm -rf "$d"; mkdir -p "$d"
+  for det in 1 0; do
+    for run in a b; do
+      [ $det = 0 ] && [ $run = b ] && continue
+      rm -rf /tmp/q06-out
+      SLIDEDP_DETERMINISTIC=$det SLIDEDP_LOG_UNIT_NORMS=1 timeout 60 slidedp run /tmp/q06.yaml --backend cuda \
+        --run-dir "$d/run-$det$run" > /dev/null 2>&1
+      echo "--- 0.6B 3 steps, SLIDEDP_DETERMINISTIC=$det, run $run: exit $?: $(python3 -c 'import json,sys; print([(j["loss"], j["grad_norm"], round(j["step_time_s"], 3)) for j in map(json.loads, open(sys.argv[1]))])' /tmp/q06-out/metrics-*.jsonl)"
+      grep -rh "unit norms:" "$d/run-$det$run" | sed 's/.*unit norms: //' > "$d/units-$det$run.txt"
+    done
+  done
+  echo "unit norm lines differing between the two deterministic runs: $(paste -d'|' "$d/units-1a.txt" "$d/units-1b.txt" | awk -F'|' '$1 != $2' | wc -l) of $(wc -l < "$d/units-1a.txt")"
+  grep -rh "CUDA backend on GPU" "$d/run-1a" | sed 's/^.*\] //' | head -n 1
+fi
+
 if has stable; then
   q06_data_and_spec > /dev/null
-  d=/tmp/st-q06; rm -rf "$d"; mkdir -p "$d"
+  preset=${STABLE_PRESET:-qwen3-0.6b}
+  d=/tmp/st-$preset; rm -rf "$d"; mkdir -p "$d"
   if [ -n "${PRETRAINED:-}" ]; then
     src=$PRETRAINED
   else
     pre=${STABLE_PRE:-250}
     cat > "$d/pre.yaml" <<YAML
-name: q06-stable-pre
-model: {preset: qwen3-0.6b, init_seed: 0}
+name: stable-pre
+model: {preset: $preset, init_seed: 0}
 data: {path: /tmp/ds/train}
 output: {dir: $d/pre, save_final: true, save_dtype: fp32}
 train: {seq_len: 1024, global_batch: 32, micro_batch: 8, steps: $pre, seed: 0, max_grad_norm: 1.0}
@@ -168,7 +197,7 @@ YAML
     src=$d/pre/checkpoint-$pre
   fi
   cat > "$d/ft.yaml" <<YAML
-name: q06-stable-ft
+name: stable-ft
 model: {path: $src}
 data: {path: /tmp/ds/train}
 output: {dir: $d/ft, save_final: false}
@@ -182,18 +211,20 @@ YAML
   echo "--- stable ours fine-tune: exit $? after $((SECONDS - t0)) s"
   cp "$d"/ft/metrics-*.jsonl "$out/stable-ours.jsonl"
   dump_batches --job "$d/ft.yaml" --out "$d/batches.bin" > /dev/null 2>&1
-  for prec in bf16-autocast bf16-mirror-fp32-norms; do
+  for prec in ${STABLE_REFS:-bf16-autocast bf16-mirror-fp32-norms}; do
     t0=$SECONDS
-    timeout 200 python3 tools/verify/hf_train_reference.py --batches "$d/batches.bin" --model "$src" --precision $prec \
+    timeout "${STABLE_HF_CAP:-200}" python3 tools/verify/hf_train_reference.py --batches "$d/batches.bin" --model "$src" --precision $prec \
       --out "$out/stable-hf-$prec.json" > "$d/hf-$prec.log" 2>&1
     echo "--- stable HF $prec: exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/hf-$prec.log")"
   done
   python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-bf16-autocast.json" --tol 6e-4 --steps 200 |
     head -n 3 | sed "s/^/stable ours vs HF autocast: /"
-  python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-bf16-mirror-fp32-norms.json" --tol 6e-4 \
-    --steps 200 | head -n 3 | sed "s/^/stable ours vs HF mirror-fp32-norms: /"
-  python3 tools/verify/compare_curves.py "$out/stable-hf-bf16-mirror-fp32-norms.json" "$out/stable-hf-bf16-autocast.json" \
-    --tol 6e-4 --steps 200 | head -n 3 | sed "s/^/stable HF mirror-fp32-norms vs HF autocast: /"
+  if [ -f "$out/stable-hf-bf16-mirror-fp32-norms.json" ]; then
+    python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-bf16-mirror-fp32-norms.json" --tol 6e-4 \
+      --steps 200 | head -n 3 | sed "s/^/stable ours vs HF mirror-fp32-norms: /"
+    python3 tools/verify/compare_curves.py "$out/stable-hf-bf16-mirror-fp32-norms.json" "$out/stable-hf-bf16-autocast.json" \
+      --tol 6e-4 --steps 200 | head -n 3 | sed "s/^/stable HF mirror-fp32-norms vs HF autocast: /"
+  fi
   python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print("ft grad norms max", max(j["grad_norm"] for j in r), "first", [round(j["grad_norm"],3) for j in r[:8]])' \
     "$out/stable-ours.jsonl"
 fi

@@ -4,6 +4,7 @@
 // 2.5x that backward). This FA2-style version uses mma.sync (HMMA), not Hopper's wgmma, so its
 // ceiling is well under the chip's dense BF16 rate; bench/kernels reports what it reaches.
 #include "worker/kernels/attention.h"
+#include "worker/kernels/attention_order.h"
 
 #include <algorithm>
 #include <cmath>
@@ -275,6 +276,17 @@ __global__ void __launch_bounds__(kFwdThreads) FlashFwdKernel(AttnArgs a, AttnTe
 // ---------------------------------------------------------------- backward (tensor cores)
 constexpr int kBwdBc = 64, kBwdThreads = 128;
 
+// GPU-scope acquire load / release store of a turn counter (ordered dQ).
+__device__ __forceinline__ int AcquireLoad(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void ReleaseStore(int* p, int v) {
+  __threadfence();  // the block's dQ stores (ordered before this by __syncthreads) reach L2 first
+  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 // D[h][t] = Σ_d dO[t, h*hd + d] * O[t, h*hd + d]; one warp per (token, head).
 __global__ void AttnRowDotKernel(AttnArgs a, AttnTensor o, AttnTensor dout, float* __restrict__ dsum) {
   const int lane = threadIdx.x & 31;
@@ -298,7 +310,8 @@ __global__ void __launch_bounds__(kBwdThreads) FlashBwdKernel(AttnArgs a, AttnTe
                                                               const float* __restrict__ lse, AttnTensor dout,
                                                               const float* __restrict__ dsum,
                                                               float* __restrict__ dq_acc, AttnOutTensor dk,
-                                                              AttnOutTensor dv, float* __restrict__ dkv_part) {
+                                                              AttnOutTensor dv, float* __restrict__ dkv_part,
+                                                              int* __restrict__ dq_order) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sk = reinterpret_cast<bf16*>(smem_raw);  // [Bc][HD]
   bf16* sv = sk + kBwdBc * HD;                   // [Bc][HD]
@@ -468,11 +481,38 @@ __global__ void __launch_bounds__(kBwdThreads) FlashBwdKernel(AttnArgs a, AttnTe
         const int ra = q0 + dq_m * 16 + g, rb = ra + 8;
         float* dqbase = dq_acc + doc_start * static_cast<int64_t>(a.num_q_heads) * HD + static_cast<int64_t>(head) * HD;
         const int64_t ldq = static_cast<int64_t>(a.num_q_heads) * HD;
+        if (dq_order == nullptr) {
 #pragma unroll
-        for (int dt = 0; dt < kDqCols / 8; ++dt) {
-          const int col = dq_c0 + dt * 8 + 2 * t4;
-          if (ra < len) atomicAdd(reinterpret_cast<float2*>(dqbase + ra * ldq + col), make_float2(dq[dt][0], dq[dt][1]));
-          if (rb < len) atomicAdd(reinterpret_cast<float2*>(dqbase + rb * ldq + col), make_float2(dq[dt][2], dq[dt][3]));
+          for (int dt = 0; dt < kDqCols / 8; ++dt) {
+            const int col = dq_c0 + dt * 8 + 2 * t4;
+            if (ra < len) atomicAdd(reinterpret_cast<float2*>(dqbase + ra * ldq + col), make_float2(dq[dt][0], dq[dt][1]));
+            if (rb < len) atomicAdd(reinterpret_cast<float2*>(dqbase + rb * ldq + col), make_float2(dq[dt][2], dq[dt][3]));
+          }
+        } else {
+          // Ordered (attention_order.h): the key blocks reaching this q block add in descending
+          // kb, the launch order, so a block only ever waits for blocks launched before it.
+          int* turn = dq_order + (static_cast<int64_t>(doc) * a.num_q_heads + head) * ((a.max_seqlen + BR - 1) / BR) + qb;
+          const int rank = DqTurn(qb, kb, len, BR, kBwdBc);
+          if (threadIdx.x == 0) {
+            while (AcquireLoad(turn) != rank) __nanosleep(64);
+          }
+          __syncthreads();
+#pragma unroll
+          for (int dt = 0; dt < kDqCols / 8; ++dt) {
+            const int col = dq_c0 + dt * 8 + 2 * t4;
+            if (ra < len) {
+              float2* p = reinterpret_cast<float2*>(dqbase + ra * ldq + col);
+              const float2 x = __ldcg(p);
+              __stcg(p, make_float2(x.x + dq[dt][0], x.y + dq[dt][1]));
+            }
+            if (rb < len) {
+              float2* p = reinterpret_cast<float2*>(dqbase + rb * ldq + col);
+              const float2 x = __ldcg(p);
+              __stcg(p, make_float2(x.x + dq[dt][2], x.y + dq[dt][3]));
+            }
+          }
+          __syncthreads();  // every thread's adds are issued before the turn passes on
+          if (threadIdx.x == 0) ReleaseStore(turn, rank + 1);
         }
       }
       __syncthreads();  // this buffer, sds, slse and sdd are rewritten by the next items
@@ -695,12 +735,13 @@ absl::Status LaunchFwd(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor
 template <int HD, int BR>
 absl::Status LaunchBwd(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, const float* lse,
                        AttnTensor dout, const float* dsum, float* dq_acc, AttnOutTensor dk, AttnOutTensor dv,
-                       float* dkv_part, cudaStream_t stream) {
+                       float* dkv_part, int* dq_order, cudaStream_t stream) {
   const size_t smem = (2 * kBwdBc * HD + 4 * BR * HD + kBwdBc * (BR + 8)) * sizeof(bf16) + 2 * BR * sizeof(float);
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(FlashBwdKernel<HD, BR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                     static_cast<int>(smem)));
   dim3 grid((a.max_seqlen + kBwdBc - 1) / kBwdBc, dkv_part != nullptr ? a.num_q_heads : a.num_kv_heads, a.num_docs);
-  FlashBwdKernel<HD, BR><<<grid, kBwdThreads, smem, stream>>>(a, q, k, v, lse, dout, dsum, dq_acc, dk, dv, dkv_part);
+  FlashBwdKernel<HD, BR>
+      <<<grid, kBwdThreads, smem, stream>>>(a, q, k, v, lse, dout, dsum, dq_acc, dk, dv, dkv_part, dq_order);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   if (dkv_part != nullptr) {
     const int64_t n = a.tokens * a.num_kv_heads * HD;
@@ -741,12 +782,19 @@ absl::Status FlashAttentionForward(const AttnArgs& a, AttnTensor q, AttnTensor k
   return absl::OkStatus();
 }
 
+namespace {
+// ordered_dq: one turn counter per (document, q head, q block of 32 rows or more).
+int64_t OrderBytes(const AttnArgs& a) {
+  return a.ordered_dq ? AlignUp(static_cast<int64_t>(a.num_docs) * a.num_q_heads * ((a.max_seqlen + 31) / 32) * 4) : 0;
+}
+}  // namespace
+
 int64_t FlashAttentionBackwardWorkspaceBytes(const AttnArgs& a) {
   const int64_t dq = AlignUp(a.tokens * a.num_q_heads * a.head_dim * 4);
   const int64_t dsum = AlignUp(a.tokens * a.num_q_heads * 4);
   const int64_t dkv = FlashAttentionFastPath(a.head_dim) ? 0 : 2 * AlignUp(a.tokens * a.num_kv_heads * a.head_dim * 4);
   const int64_t part = SplitBwdPerQHead(a) ? AlignUp(2 * a.tokens * a.num_q_heads * a.head_dim * 4) : 0;
-  return dq + dsum + dkv + part;
+  return dq + dsum + dkv + part + OrderBytes(a);
 }
 
 absl::Status FlashAttentionBackward(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnTensor o,
@@ -766,16 +814,24 @@ absl::Status FlashAttentionBackward(const AttnArgs& a, AttnTensor q, AttnTensor 
   const int64_t qd = static_cast<int64_t>(a.num_q_heads) * a.head_dim;
   const int64_t kvd = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
   if (FlashAttentionFastPath(a.head_dim)) {
-    float* part = SplitBwdPerQHead(a)
-                      ? reinterpret_cast<float*>(w + AlignUp(qnumel * 4) + AlignUp(a.tokens * a.num_q_heads * 4))
-                      : nullptr;
+    char* after_dsum = w + AlignUp(qnumel * 4) + AlignUp(a.tokens * a.num_q_heads * 4);
+    float* part = SplitBwdPerQHead(a) ? reinterpret_cast<float*>(after_dsum) : nullptr;
+    int* order = nullptr;
+    if (a.ordered_dq) {
+      order = reinterpret_cast<int*>(after_dsum + (part != nullptr ? AlignUp(2 * qnumel * 4) : 0));
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(order, 0, OrderBytes(a), stream));
+    }
     absl::Status ls = a.head_dim == 128
-                          ? LaunchBwd<128, 32>(a, q, k, v, lse, dout, dsum, dq_acc, dk, dv, part, stream)
-                          : LaunchBwd<64, 64>(a, q, k, v, lse, dout, dsum, dq_acc, dk, dv, part, stream);
+                          ? LaunchBwd<128, 32>(a, q, k, v, lse, dout, dsum, dq_acc, dk, dv, part, order, stream)
+                          : LaunchBwd<64, 64>(a, q, k, v, lse, dout, dsum, dq_acc, dk, dv, part, order, stream);
     if (!ls.ok()) return ls;
     CastRowsKernel<<<CastGrid(qnumel), 256, 0, stream>>>(dq_acc, a.tokens, qd, a.softmax_scale, dq.ptr, dq.ld);
     SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
     return absl::OkStatus();
+  }
+  if (a.ordered_dq) {
+    return absl::FailedPreconditionError(absl::StrCat("attention backward with ordered dQ (deterministic) needs head_dim "
+                                                      "64 or 128, not ", a.head_dim));
   }
   float* dk_acc = reinterpret_cast<float*>(w + AlignUp(qnumel * 4) + AlignUp(a.tokens * a.num_q_heads * 4));
   float* dv_acc = dk_acc + AlignUp(kvnumel * 4) / 4;

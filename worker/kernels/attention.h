@@ -4,7 +4,8 @@
 // Fast path (head_dim 64 or 128): FA2-style tiles on mma.sync m16n8k16 BF16 tensor cores, FP32
 // accumulation, online softmax in registers. Backward: one block per (key block, kv head,
 // document) keeps dK/dV in registers over every q head of its group (no atomics for dK/dV); dQ
-// is accumulated in FP32 with atomics into a workspace, then scaled and cast.
+// is accumulated in FP32 with atomics into a workspace (or in a fixed order: AttnArgs::ordered_dq),
+// then scaled and cast.
 // Slow path (any other head_dim <= 256, for tiny test models): one warp per (token, head).
 //
 // Layouts: q [T, nq*hd], k/v [T, nkv*hd], o [T, nq*hd], each with its own row stride (elements);
@@ -34,6 +35,10 @@ struct AttnArgs {
   // More blocks for short inputs at the cost of 8·T·nq·hd bytes of traffic.
   enum class BwdSplit { kAuto, kPerKvHead, kPerQHead };
   BwdSplit bwd_split = BwdSplit::kAuto;
+  // Backward (tensor-core path): dQ contributions are added in a fixed order (key block by key
+  // block, each waiting for its turn) instead of with atomics, so the result is bitwise
+  // repeatable; costs the waits and a small counter array in the workspace.
+  bool ordered_dq = false;
 };
 
 struct AttnTensor {

@@ -47,9 +47,6 @@ absl::StatusOr<int64_t> CudnnAttention::ForwardWorkspaceBytes(const AttnArgs&, c
 absl::StatusOr<int64_t> CudnnAttention::BackwardWorkspaceBytes(const AttnArgs&, const AttnRowStrides&) {
   return absl::UnavailableError("cudnn attention: built without cudnn_graph.h");
 }
-absl::StatusOr<bool> CudnnAttention::BackwardDeterministic(const AttnArgs&, const AttnRowStrides&) {
-  return absl::UnavailableError("cudnn attention: built without cudnn_graph.h");
-}
 absl::Status CudnnAttention::Forward(const AttnArgs&, AttnTensor, AttnTensor, AttnTensor, AttnOutTensor, float*,
                                      void*, cudaStream_t) {
   return absl::UnavailableError("cudnn attention: built without cudnn_graph.h");
@@ -199,23 +196,10 @@ class Desc {
 
 // A finalized execution plan and everything it references (kept alive together: the frontend
 // does the same, and the backend API does not promise plans copy what they point to).
-// SLIDEDP_CUDNN_DETERMINISTIC=1: plans prefer engines without the non-deterministic note.
-bool PreferDeterministic() {
-  static const bool prefer = [] {
-    const char* e = std::getenv("SLIDEDP_CUDNN_DETERMINISTIC");
-    return e != nullptr && std::string(e) == "1";
-  }();
-  return prefer;
-}
-
 struct Plan {
   std::vector<Desc> descs;
   cudnnBackendDescriptor_t plan = nullptr;
   int64_t workspace_bytes = 0;
-  // Read only with PreferDeterministic(): whether its engine carries no
-  // CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC.
-  bool notes_read = false;
-  bool deterministic = false;
 };
 
 enum class TensorKind { kMemory, kVirtual, kByValue };
@@ -321,8 +305,9 @@ class GraphBuilder {
   }
 
   // Finalizes the operation graph and returns the first engine configuration (heuristics mode A,
-  // then the fallback list) that finalizes into an execution plan; with PreferDeterministic(),
-  // engines without cuDNN's "non-deterministic" numerical note come first.
+  // then the fallback list) that finalizes into an execution plan. (Engines' numerical notes are
+  // not read: cuDNN 9.19 notes none of these engines non-deterministic, yet the Hopper backward
+  // adds dQ with atomics; SLIDEDP_DETERMINISTIC runs the backward through our kernels instead.)
   absl::StatusOr<std::unique_ptr<Plan>> Build() {
     if (!status_.ok()) return status_;
     cudnnBackendDescriptor_t graph = Make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
@@ -354,19 +339,7 @@ class GraphBuilder {
         last_error = std::string(CudnnError(api_, st, "engine heuristics results").message());
         continue;
       }
-      // SLIDEDP_CUDNN_DETERMINISTIC=1: deterministic engines first, each group in the heuristics'
-      // order; otherwise the heuristics' order (the engines the measured figures ran).
-      std::vector<int64_t> order;
-      std::vector<bool> deterministic(count, false);
-      if (PreferDeterministic()) {
-        for (int64_t i = 0; i < count; ++i) deterministic[i] = !Nondeterministic(cfgs[i]);
-      }
-      for (int pass = 0; pass < 2; ++pass) {
-        for (int64_t i = 0; i < count; ++i) {
-          if (!PreferDeterministic() ? pass == 0 : deterministic[i] == (pass == 0)) order.push_back(i);
-        }
-      }
-      for (int64_t i : order) {
+      for (int64_t i = 0; i < count; ++i) {
         cudnnBackendDescriptor_t plan = nullptr;
         st = api_.CreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
         if (st != CUDNN_STATUS_SUCCESS) return CudnnError(api_, st, "create execution plan");
@@ -387,8 +360,6 @@ class GraphBuilder {
                                &out->workspace_bytes);
         if (st != CUDNN_STATUS_SUCCESS) return CudnnError(api_, st, "plan workspace size");
         out->plan = plan;
-        out->notes_read = PreferDeterministic();
-        out->deterministic = deterministic[i];
         out->descs = std::move(owned_);
         out->descs.push_back(std::move(owned_plan));
         return out;
@@ -399,29 +370,6 @@ class GraphBuilder {
   }
 
  private:
-  // Whether the engine config's engine says it is non-deterministic (false when cuDNN does not
-  // say: the notes cannot be read).
-  bool Nondeterministic(cudnnBackendDescriptor_t cfg) {
-    cudnnBackendDescriptor_t engine = nullptr;
-    if (api_.CreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) != CUDNN_STATUS_SUCCESS) return false;
-    Desc owned(&api_, engine);
-    int64_t n = 0;
-    if (api_.GetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine) !=
-        CUDNN_STATUS_SUCCESS) {
-      return false;
-    }
-    std::array<cudnnBackendNumericalNote_t, CUDNN_NUMERICAL_NOTE_TYPE_COUNT> notes{};
-    int64_t k = 0;
-    if (api_.GetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
-                          static_cast<int64_t>(notes.size()), &k, notes.data()) != CUDNN_STATUS_SUCCESS) {
-      return false;
-    }
-    for (int64_t j = 0; j < k && j < static_cast<int64_t>(notes.size()); ++j) {
-      if (notes[j] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) return true;
-    }
-    return false;
-  }
-
   cudnnBackendDescriptor_t Make(cudnnBackendDescriptorType_t type) {
     if (!status_.ok()) return nullptr;
     cudnnBackendDescriptor_t d = nullptr;
@@ -893,18 +841,6 @@ absl::StatusOr<int64_t> CudnnAttention::ForwardWorkspaceBytes(const AttnArgs& a,
 
 absl::StatusOr<int64_t> CudnnAttention::BackwardWorkspaceBytes(const AttnArgs& a, const AttnRowStrides& ld) {
   return impl_->WorkspaceBytes(a, ld, Direction::kBackward);
-}
-
-absl::StatusOr<bool> CudnnAttention::BackwardDeterministic(const AttnArgs& a, const AttnRowStrides& ld) {
-  absl::StatusOr<PlanKey> k = impl_->KeyFor(a, ld, Direction::kBackward);
-  if (!k.ok()) return k.status();
-  absl::MutexLock lock(&impl_->mu);
-  absl::StatusOr<const Plan*> plan = impl_->GetPlan(*k);
-  if (!plan.ok()) return plan.status();
-  if (!(*plan)->notes_read) {
-    return absl::FailedPreconditionError("cuDNN's engine notes are read only with SLIDEDP_CUDNN_DETERMINISTIC=1");
-  }
-  return (*plan)->deterministic;
 }
 
 absl::Status CudnnAttention::Forward(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnOutTensor o,

@@ -63,10 +63,6 @@ class CudnnAttention {
   // backward, with the FP32 dQ accumulator (T·ld_dq·4 bytes on cuDNN >= 9.6, B·nq·S·hd·4 before).
   absl::StatusOr<int64_t> ForwardWorkspaceBytes(const AttnArgs& a, const AttnRowStrides& ld);
   absl::StatusOr<int64_t> BackwardWorkspaceBytes(const AttnArgs& a, const AttnRowStrides& ld);
-  // Plans take the heuristics' first engine that finalizes; with SLIDEDP_CUDNN_DETERMINISTIC=1
-  // they prefer engines without cuDNN's "non-deterministic" note, and this says whether the
-  // backward plan for the shape got one (FAILED_PRECONDITION without the variable).
-  absl::StatusOr<bool> BackwardDeterministic(const AttnArgs& a, const AttnRowStrides& ld);
 
   // Same semantics as FlashAttentionForward/Backward (a.bwd_split is ignored); ws holds at least
   // the bytes the matching query returned. Never synchronizes. Calls are serialized internally

@@ -346,6 +346,7 @@ class CudaBackend final : public ComputeBackend {
     a.head_dim = hd_;
     a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd_));
     a.cu_seqlens = b.cu_seqlens_;
+    a.ordered_dq = options_.deterministic;
     return a;
   }
   kernels::RopeArgs Rope(int64_t T) const {
@@ -460,7 +461,6 @@ class CudaBackend final : public ComputeBackend {
   GemmRunner gemm_;
   std::unique_ptr<kernels::CudnnAttention> cudnn_;
   bool cudnn_rejected_logged_[2] = {false, false};
-  bool cudnn_determinism_logged_ = false;
   int64_t H_ = 0, I_ = 0, qd_ = 0, kvd_ = 0, qkv_ = 0;
   int nq_ = 0, nkv_ = 0, hd_ = 0;
   int64_t off_[kNumDecoderTensors] = {};
@@ -663,22 +663,11 @@ absl::Status CudaBackend::ResidualGemm(const bf16* a, int64_t k, const bf16* w, 
 
 absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir,
                                                                   const kernels::AttnArgs& a) {
-  if (cudnn_ == nullptr) return std::optional<int64_t>();
   const bool fwd = dir == AttnDir::kForward;
+  if (cudnn_ == nullptr || (!fwd && options_.deterministic)) return std::optional<int64_t>();
   absl::StatusOr<int64_t> ws =
       fwd ? cudnn_->ForwardWorkspaceBytes(a, AttnStrides()) : cudnn_->BackwardWorkspaceBytes(a, AttnStrides());
-  if (ws.ok()) {
-    if (!fwd && !cudnn_determinism_logged_) {
-      cudnn_determinism_logged_ = true;
-      // Known only with SLIDEDP_CUDNN_DETERMINISTIC=1 (the engine notes are read then).
-      absl::StatusOr<bool> det = cudnn_->BackwardDeterministic(a, AttnStrides());
-      if (det.ok()) {
-        LOG(INFO) << "cuDNN attention backward engine: "
-                  << (*det ? "deterministic" : "noted non-deterministic (runs are not bitwise repeatable)");
-      }
-    }
-    return std::optional<int64_t>(*ws);
-  }
+  if (ws.ok()) return std::optional<int64_t>(*ws);
   if (!absl::IsUnimplemented(ws.status())) return ws.status();
   if (!cudnn_rejected_logged_[fwd ? 0 : 1]) {
     cudnn_rejected_logged_[fwd ? 0 : 1] = true;
@@ -979,10 +968,14 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackend(const Qwen3Confi
   if (const char* e = std::getenv("SLIDEDP_ATTENTION"); e != nullptr && *e != '\0') {
     ASSIGN_OR_RETURN(options.attention, ParseAttentionImpl(e));
   }
+  if (const char* e = std::getenv("SLIDEDP_DETERMINISTIC"); e != nullptr && std::string(e) == "1") {
+    options.deterministic = true;
+  }
   auto backend = std::make_unique<CudaBackend>(config, device, options);
   RETURN_IF_ERROR(backend->Init());
   LOG(INFO) << "CUDA backend on GPU " << device << ": " << (options.fp32_residual ? "FP32" : "BF16")
-            << " residual stream, attention " << backend->attention_impl();
+            << " residual stream, attention " << backend->attention_impl()
+            << (options.deterministic ? ", deterministic (attention backward: own kernels, ordered dQ)" : "");
   return std::unique_ptr<ComputeBackend>(std::move(backend));
 }
 

@@ -31,6 +31,11 @@ struct CudaBackendOptions {
   // libcudnn is unavailable. MakeCudaBackend reads SLIDEDP_ATTENTION=auto|cudnn|own.
   enum class Attention { kAuto, kCudnn, kOwn };
   Attention attention = Attention::kAuto;
+  // Bitwise-repeatable backward: attention backward through our kernels with dQ added in a fixed
+  // order (kernels::AttnArgs::ordered_dq; cuDNN 9.19's Hopper engines add it with atomics), the
+  // forward as `attention` says. Every other kernel of the step is deterministic already.
+  // MakeCudaBackend reads SLIDEDP_DETERMINISTIC=1.
+  bool deterministic = false;
 };
 
 // "auto" | "cudnn" | "own" -> the option; INVALID_ARGUMENT otherwise.

@@ -1,0 +1,37 @@
+// Ordered dQ accumulation (kernels::AttnArgs::ordered_dq): which key blocks of the backward add
+// into a query block, and in which turn. Shared by FlashBwdKernel and its host test
+// (attention_order_test.cc), so the kernel's turns are checked where CI runs.
+//
+// Blocks: query block qb holds a document's rows [qb·br, qb·br + br), key block kb its keys
+// [kb·bc, kb·bc + bc); attention is causal inside the document (a query sees keys at or before it).
+#pragma once
+
+#if defined(__CUDACC__)
+#define SLIDEDP_ATTN_HD __host__ __device__
+#else
+#define SLIDEDP_ATTN_HD
+#endif
+
+namespace slidedp::kernels {
+
+// Whether key block kb's backward block visits query block qb (the kernel's loop bounds): its keys
+// exist and qb is at or after the query block holding its first key.
+SLIDEDP_ATTN_HD inline bool DqVisits(int qb, int kb, int len, int br, int bc) {
+  const int k0 = kb * bc;
+  return k0 < len && qb >= k0 / br && qb < (len + br - 1) / br;
+}
+
+// The last key block that adds into query block qb: the one holding its last row's key.
+SLIDEDP_ATTN_HD inline int DqLastKeyBlock(int qb, int len, int br, int bc) {
+  const int end = qb * br + br < len ? qb * br + br : len;
+  return (end - 1) / bc;
+}
+
+// Key block kb's turn at query block qb: blocks add in descending kb, which is the backward grid's
+// launch order (blockIdx.x = last key block − kb), so a block only ever waits for blocks launched
+// before it. Turns of the visiting blocks are 0, 1, ... without gaps.
+SLIDEDP_ATTN_HD inline int DqTurn(int qb, int kb, int len, int br, int bc) {
+  return DqLastKeyBlock(qb, len, br, bc) - kb;
+}
+
+}  // namespace slidedp::kernels
