@@ -73,6 +73,22 @@ runtime: {workers: 1}
 YAML
 }
 
+# finetune_spec DIR TAG MODEL_DIR STEPS: DIR/ft.yaml, the fine-tuning regime's fine-tune (from the
+# FP32 checkpoint MODEL_DIR, constant lr 1e-5, clip 1.0, global batch 8 x 1,024 tokens of
+# /tmp/ds/train in another data order (seed 1), nothing saved).
+finetune_spec() {
+  cat > "$1/ft.yaml" <<YAML
+name: $2-ft
+model: {path: $3}
+data: {path: /tmp/ds/train}
+output: {dir: $1/ft, save_final: false}
+train: {seq_len: 1024, global_batch: 8, micro_batch: 4, steps: $4, seed: 1, max_grad_norm: 1.0}
+optimizer: {lr: 1.0e-5, weight_decay: 0.01}
+schedule: {kind: constant}
+runtime: {workers: 1}
+YAML
+}
+
 # eq_run ROOT NAME GPUS RUNTIME_EXTRA STEPS: Qwen3-0.6B on ROOT/data (random tokens, seq 1024,
 # global batch 8, micro-batch 2, clip 1.0, lr 1e-5, FP32 checkpoints) on the first GPUS GPUs, in
 # ROOT/NAME; prints the progress summary and the last metrics line. For 1-vs-2-GPU comparisons.

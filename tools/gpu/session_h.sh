@@ -37,16 +37,7 @@ finetune_curves() {
   local tag=$1 preset=$2 gpu=$3 d=/tmp/ft-$1
   rm -rf "$d"; mkdir -p "$d"
   pretrain_spec "$d" "$tag" "$preset" "$PRE"
-  cat > "$d/ft.yaml" <<YAML
-name: $tag-ft
-model: {path: $d/pre/checkpoint-$PRE}
-data: {path: /tmp/ds/train}
-output: {dir: $d/ft, save_final: false}
-train: {seq_len: 1024, global_batch: 8, micro_batch: 4, steps: $STEPS, seed: 1, max_grad_norm: 1.0}
-optimizer: {lr: 1.0e-5, weight_decay: 0.01}
-schedule: {kind: constant}
-runtime: {workers: 1}
-YAML
+  finetune_spec "$d" "$tag" "$d/pre/checkpoint-$PRE" "$STEPS"
   export CUDA_VISIBLE_DEVICES=$gpu
   local t0=$SECONDS
   slidedp run "$d/pre.yaml" --backend cuda --run-dir "$d/run-pre" > "$d/pre.progress" 2>&1

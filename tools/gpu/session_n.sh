@@ -18,16 +18,7 @@ q17() {
   local d=/tmp/ft-q17 t0=$SECONDS
   rm -rf "$d"; mkdir -p "$d"
   pretrain_spec "$d" q17 qwen3-1.7b 150
-  cat > "$d/ft.yaml" <<YAML
-name: q17-ft
-model: {path: $d/pre/checkpoint-150}
-data: {path: /tmp/ds/train}
-output: {dir: $d/ft, save_final: false}
-train: {seq_len: 1024, global_batch: 8, micro_batch: 4, steps: 200, seed: 1, max_grad_norm: 1.0}
-optimizer: {lr: 1.0e-5, weight_decay: 0.01}
-schedule: {kind: constant}
-runtime: {workers: 1}
-YAML
+  finetune_spec "$d" q17 "$d/pre/checkpoint-150" 200
   slidedp run "$d/pre.yaml" --backend cuda --run-dir "$d/run-pre" > "$d/pre.progress" 2>&1
   echo "--- q17 pretrain: exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/pre.progress")"
   cp "$d"/pre/metrics-*.jsonl "$out/q17-pre.jsonl" 2>/dev/null

@@ -196,16 +196,7 @@ YAML
       "$d"/pre/metrics-*.jsonl
     src=$d/pre/checkpoint-$pre
   fi
-  cat > "$d/ft.yaml" <<YAML
-name: stable-ft
-model: {path: $src}
-data: {path: /tmp/ds/train}
-output: {dir: $d/ft, save_final: false}
-train: {seq_len: 1024, global_batch: 8, micro_batch: 4, steps: 200, seed: 1, max_grad_norm: 1.0}
-optimizer: {lr: 1.0e-5, weight_decay: 0.01}
-schedule: {kind: constant}
-runtime: {workers: 1}
-YAML
+  finetune_spec "$d" stable "$src" 200
   t0=$SECONDS
   slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft" > "$d/ft.progress" 2>&1
   echo "--- stable ours fine-tune: exit $? after $((SECONDS - t0)) s"
