@@ -158,6 +158,29 @@ class PurePython(unittest.TestCase):
         self.assertNotEqual(hf_common.epoch_permutation(50, 1, 0), hf_common.epoch_permutation(50, 1, 1))
 
 
+    def test_grad_diff_bitwise_differences(self):
+        # --repeat's comparison: only tensors whose bytes differ are listed, with how many F32
+        # elements differ and by how much, whatever the tensors' order in the two files.
+        def write(path, tensors):
+            header, blob = {}, b""
+            for name, vals in tensors:
+                data = struct.pack(f"<{len(vals)}f", *vals)
+                header[name] = {"dtype": "F32", "shape": [len(vals)], "data_offsets": [len(blob), len(blob) + len(data)]}
+                blob += data
+            h = json.dumps(header).encode()
+            with open(path, "wb") as f:
+                f.write(struct.pack("<Q", len(h)) + h + blob)
+        with tempfile.TemporaryDirectory() as d:
+            a, b = os.path.join(d, "a.safetensors"), os.path.join(d, "b.safetensors")
+            write(a, [("x", [1.0, 2.0, 3.0]), ("y", [0.5, 0.25]), ("loss", [4.0])])
+            write(b, [("loss", [4.0]), ("y", [0.5, 0.25]), ("x", [1.0, 2.5, 3.0])])
+            self.assertEqual(grad_diff.bitwise_differences(a, a), [])
+            self.assertEqual(grad_diff.bitwise_differences(a, b), [("x", 1, 0.5)])
+            write(b, [("x", [1.0, 2.0, 3.0])])
+            with self.assertRaises(SystemExit):
+                grad_diff.bitwise_differences(a, b)
+
+
 @unittest.skipUnless(os.environ.get("SLIDEDP_DUMP_BATCHES"), "set SLIDEDP_DUMP_BATCHES=path/to/dump_batches")
 class DumpBatches(unittest.TestCase):
     def test_dump_equals_python_port(self):
@@ -209,28 +232,6 @@ class DumpBatches(unittest.TestCase):
                 self.assertEqual(tok["rows"], [t for t, _ in segments])
                 self.assertEqual(trained, bf.steps[1]["trained_tokens"])
                 self.assertEqual(hf_common.segments_from_rows(tok["rows"], None), segments)
-
-    def test_grad_diff_bitwise_differences(self):
-        # --repeat's comparison: only tensors whose bytes differ are listed, with how many F32
-        # elements differ and by how much, whatever the tensors' order in the two files.
-        def write(path, tensors):
-            header, blob = {}, b""
-            for name, vals in tensors:
-                data = struct.pack(f"<{len(vals)}f", *vals)
-                header[name] = {"dtype": "F32", "shape": [len(vals)], "data_offsets": [len(blob), len(blob) + len(data)]}
-                blob += data
-            h = json.dumps(header).encode()
-            with open(path, "wb") as f:
-                f.write(struct.pack("<Q", len(h)) + h + blob)
-        with tempfile.TemporaryDirectory() as d:
-            a, b = os.path.join(d, "a.safetensors"), os.path.join(d, "b.safetensors")
-            write(a, [("x", [1.0, 2.0, 3.0]), ("y", [0.5, 0.25]), ("loss", [4.0])])
-            write(b, [("loss", [4.0]), ("y", [0.5, 0.25]), ("x", [1.0, 2.5, 3.0])])
-            self.assertEqual(grad_diff.bitwise_differences(a, a), [])
-            self.assertEqual(grad_diff.bitwise_differences(a, b), [("x", 1, 0.5)])
-            write(b, [("x", [1.0, 2.0, 3.0])])
-            with self.assertRaises(SystemExit):
-                grad_diff.bitwise_differences(a, b)
 
 
 if __name__ == "__main__":
