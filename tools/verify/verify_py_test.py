@@ -157,7 +157,6 @@ class PurePython(unittest.TestCase):
                 self.assertEqual(sorted(hf_common.epoch_permutation(n, 42, e)), list(range(n)))
         self.assertNotEqual(hf_common.epoch_permutation(50, 1, 0), hf_common.epoch_permutation(50, 1, 1))
 
-
     def test_grad_diff_bitwise_differences(self):
         # --repeat's comparison: only tensors whose bytes differ are listed, with how many F32
         # elements differ and by how much, whatever the tensors' order in the two files.
