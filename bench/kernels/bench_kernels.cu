@@ -248,6 +248,14 @@ void BenchOps(GemmRunner& gemm, const std::string& model, const Qwen3Config& c, 
            BENCH_CHECK(kernels::FlashAttentionBackward(a, {q, qd}, {k, kvd}, {v, kvd}, {o, qd}, lse, {dO, qd},
                                                        {dq, qd}, {dk, kvd}, {dv, kvd}, aws, nullptr));
          }), 2.5 * fwd_flops, 0);
+    // With dQ added in a fixed order (SLIDEDP_DETERMINISTIC's backward).
+    kernels::AttnArgs ordered = a;
+    ordered.ordered_dq = true;
+    char* ows = ar.Get<char>(kernels::FlashAttentionBackwardWorkspaceBytes(ordered));
+    Emit("attn_bwd_causal_ordered", model, T, TimeMs([&] {
+           BENCH_CHECK(kernels::FlashAttentionBackward(ordered, {q, qd}, {k, kvd}, {v, kvd}, {o, qd}, lse, {dO, qd},
+                                                       {dq, qd}, {dk, kvd}, {dv, kvd}, ows, nullptr));
+         }), 2.5 * fwd_flops, 0);
     // The same call through cuDNN (same tensors, strides and FLOP convention).
     if (g_cudnn != nullptr) {
       const kernels::AttnRowStrides ld{qd, kvd, kvd, qd, qd, qd, kvd, kvd};

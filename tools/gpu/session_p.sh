@@ -21,8 +21,9 @@
 #   detblock the 0.6B job twice for 2 steps as launched, then twice with CUDA_LAUNCH_BLOCKING=1 (no
 #            kernel overlaps another): every unit's squared gradient norm at step 1 compared
 #   ordered  SLIDEDP_DETERMINISTIC=1 (attention backward through our kernels with dQ added in a fixed
-#            order): the kernel check's ordered-dQ cases, then the 0.6B job twice for 3 steps with
-#            it (every unit's squared gradient norm compared) and once without (step times)
+#            order): the kernel check's ordered-dQ cases, bench_kernels --quick's attention
+#            backwards (ordered, atomics, cuDNN), then the 0.6B job twice for 3 steps with it (every
+#            unit's squared gradient norm compared) and once without (step times)
 #   stable   issue 4's curves in a steadier regime: Qwen3-0.6B (or STABLE_PRESET) pretrained longer
 #            (STABLE_PRE steps of 32 x 1,024 tokens at lr 3e-4 cosine, ~1 epoch of the text,
 #            instead of 150 x 8 x 1,024)
@@ -155,6 +156,7 @@ if has ordered; then  # SLIDEDP_DETERMINISTIC: the ordered-dQ kernel check, then
   timeout 60 cuda_kernel_check --kernels-only > /tmp/kcheck.log 2>&1
   echo "--- kernel check: exit $?: $(grep -c '^PASS' /tmp/kcheck.log) PASS, $(grep -c '^FAIL' /tmp/kcheck.log) FAIL"
   grep -E "^FAIL|ordered|repeatable" /tmp/kcheck.log | cut -c1-150
+  timeout 120 bench_kernels --quick 2>&1 | grep -E "ceilings|attn_bwd" | grep -v "^JSON"
   steps=3 Q06_WARMUP=0 q06_data_and_spec > /dev/null
   d=/tmp/ord; rm -rf "$d"; mkdir -p "$d"
   for det in 1 0; do
