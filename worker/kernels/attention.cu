@@ -282,6 +282,21 @@ __device__ __forceinline__ int AcquireLoad(const int* p) {
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+// Spins until *turn == want. A turn that never comes (blocks not launched in index order, which
+// the ordering relies on) traps after 10 s instead of hanging: the launch then fails with an
+// error the worker reports.
+__device__ __forceinline__ void AwaitTurn(const int* turn, int want) {
+  const uint64_t start = GlobalTimerNs();
+  while (AcquireLoad(turn) != want) {
+    __nanosleep(64);
+    if (GlobalTimerNs() - start > 10'000'000'000ull) __trap();
+  }
+}
 __device__ __forceinline__ void ReleaseStore(int* p, int v) {
   __threadfence();  // the block's dQ stores (ordered before this by __syncthreads) reach L2 first
   asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
@@ -493,9 +508,7 @@ __global__ void __launch_bounds__(kBwdThreads) FlashBwdKernel(AttnArgs a, AttnTe
           // kb, the launch order, so a block only ever waits for blocks launched before it.
           int* turn = dq_order + (static_cast<int64_t>(doc) * a.num_q_heads + head) * ((a.max_seqlen + BR - 1) / BR) + qb;
           const int rank = DqTurn(qb, kb, len, BR, kBwdBc);
-          if (threadIdx.x == 0) {
-            while (AcquireLoad(turn) != rank) __nanosleep(64);
-          }
+          if (threadIdx.x == 0) AwaitTurn(turn, rank);
           __syncthreads();
 #pragma unroll
           for (int dt = 0; dt < kDqCols / 8; ++dt) {
