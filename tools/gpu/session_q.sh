@@ -9,6 +9,9 @@
 #                      brought 0.6B within 3.5e-4 of HF autocast over 200 steps (session 5), with
 #                      200 pretrain steps instead of 250 (~4 min) so the call fits its 10 minutes
 #   Q=3 (nvidia-h200-x2, when lent) routes and weak14 (issue 7)
+#   Q=4 (nvidia-h200)  graddiff again, now with grad_diff.py's "vs HF mirror" column: whether the
+#                      early layers' 1-2 % gradient differences from HF autocast (session 5) are
+#                      the BF16 embedding rows (ours close to HF at our arithmetic) or our kernels
 # Output: $out/session-p.log (the parts' log) and the parts' files.
 set -u
 case "${Q:-1}" in
@@ -16,5 +19,6 @@ case "${Q:-1}" in
   2) PARTS=stable STABLE_PRESET=qwen3-1.7b STABLE_PRE=200 STABLE_REFS=bf16-autocast STABLE_HF_CAP=240 \
        exec bash tools/gpu/session_p.sh ;;
   3) PARTS="routes weak14" exec bash tools/gpu/session_p.sh ;;
-  *) echo "Q=$Q: expected 1, 2 or 3" >&2; exit 2 ;;
+  4) PARTS=graddiff exec bash tools/gpu/session_p.sh ;;
+  *) echo "Q=$Q: expected 1, 2, 3 or 4" >&2; exit 2 ;;
 esac
