@@ -60,8 +60,8 @@ def run_model_grads(binary, model, tok_path, backend, out_path):
 def bitwise_differences(first, other):
     """[(name, differing F32 elements, max |difference|)] of two model_grads outputs, for every
     tensor whose bytes differ, in file order; pure Python."""
-    meta_a, ta = hf_common.read_safetensors_header(first)
-    meta_b, tb = hf_common.read_safetensors_header(other)
+    _, ta = hf_common.read_safetensors_header(first)
+    _, tb = hf_common.read_safetensors_header(other)
     if set(ta) != set(tb):
         raise SystemExit(f"{first} and {other} hold different tensors")
     with open(first, "rb") as fa, open(other, "rb") as fb:

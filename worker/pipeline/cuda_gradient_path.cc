@@ -4,9 +4,9 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <deque>
 #include <map>
+#include <string>
 #include <thread>
 #include <vector>
 
