@@ -21,7 +21,8 @@ find_cudnn() {
 # has PART: whether the session's PARTS names it.
 has() { case " ${PARTS:-} " in *" $1 "*) return 0 ;; esac; return 1; }
 # log_session NAME: from here on, everything the session prints also goes to $out/NAME.log.
-log_session() { exec > >(tee -a "$out/$1.log") 2>&1; }
+# LOG_NAME overrides NAME (two sessions side by side, one per GPU).
+log_session() { exec > >(tee -a "$out/${LOG_NAME:-$1}.log") 2>&1; }
 
 stage() {  # stage NAME LIMIT_S CMD... : runs with a time cap, logs to $out/NAME.log
   local name=$1 limit=$2; shift 2
@@ -34,9 +35,10 @@ stage() {  # stage NAME LIMIT_S CMD... : runs with a time cap, logs to $out/NAME
 
 # Real text (the Python standard library's sources) tokenized with the Qwen3 tokenizer into
 # /tmp/ds, and the Qwen3-0.6B job spec /tmp/q06.yaml that trains on it for $steps steps
-# (Q06_LR, Q06_SCHEDULE, Q06_WARMUP, Q06_MIN_LR override the optimizer settings).
+# (Q06_LR, Q06_SCHEDULE, Q06_WARMUP, Q06_MIN_LR override the optimizer settings). The data is made
+# once per machine (/tmp/ds/.ready), so parts running side by side on two GPUs can share it.
 q06_data_and_spec() {
-  stage data 60 bash -c 'python3 - <<PY
+  [ -f /tmp/ds/.ready ] || stage data 60 bash -c 'python3 - <<PY
 import glob, json
 with open("/tmp/corpus.jsonl", "w") as f:
     for p in sorted(glob.glob("/usr/lib/python3*/**/*.py", recursive=True))[:3000]:
@@ -44,7 +46,7 @@ with open("/tmp/corpus.jsonl", "w") as f:
         except Exception: continue
         if len(t) > 200: f.write(json.dumps({"text": t}) + "\n")
 PY
-slidedp prepare --model tests/data/tokenizer/qwen3 --input /tmp/corpus.jsonl --output /tmp/ds --seq-len 1024 --pack --overwrite'
+slidedp prepare --model tests/data/tokenizer/qwen3 --input /tmp/corpus.jsonl --output /tmp/ds --seq-len 1024 --pack --overwrite && touch /tmp/ds/.ready'
   cat > /tmp/q06.yaml <<YAML
 name: q06
 model: {preset: qwen3-0.6b, init_seed: 0}

@@ -84,7 +84,8 @@ optimizer: {lr: 1.0e-5, weight_decay: 0.01}
 schedule: {kind: constant}
 runtime: {workers: 1}
 YAML
-  export CUDA_VISIBLE_DEVICES=$(( $(nvidia-smi -L | wc -l) - 1 ))  # the last GPU
+  restore_visible=${CUDA_VISIBLE_DEVICES-unset}
+  export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-$(( $(nvidia-smi -L | wc -l) - 1 ))}  # (default: the last GPU)
   slidedp run "$d/pre.yaml" --backend cuda --run-dir "$d/run-pre" > "$d/pre.progress" 2>&1 &&
     slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft" > "$d/ft.progress" 2>&1 &&
     dump_batches --job "$d/ft.yaml" --steps 2 --out "$d/batches.bin" > /dev/null 2>&1
@@ -92,7 +93,7 @@ YAML
   cat "$d"/ft/metrics-*.jsonl 2>/dev/null | cut -c1-160
   timeout 300 python3 tools/verify/grad_diff.py --bin "$(command -v model_grads)" --model "$d/ft/checkpoint-1" \
     --batches "$d/batches.bin" --step 1 --top 20
-  unset CUDA_VISIBLE_DEVICES
+  [ "$restore_visible" = unset ] && unset CUDA_VISIBLE_DEVICES
   rm -rf "$d"  # 55 GB of checkpoints
 fi
 

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# GPU session R (session 6, nvidia-h200-x2), in calls of at most 10 minutes each:
+#   R=1  the two GPUs side by side, each with its own log:
+#          GPU 0: session_p.sh's `ordered` (SLIDEDP_DETERMINISTIC=1 on the GPU for the first time:
+#                 the kernel check's ordered-dQ cases, the attention backward benches, the 0.6B
+#                 job twice with every unit's squared gradient norm compared) and `graddiff` (the
+#                 1.7B gradients against HF autocast, HF FP32 and HF at our arithmetic)
+#          GPU 1: `stable` for Qwen3-1.7B (STABLE_PRE pretrain steps of 32 x 1,024 tokens, then
+#                 the 200-step fine-tune against HF autocast)
+#        (the 0.6B step times in `ordered` share the host with GPU 1's run: compare them with each
+#        other only)
+#   R=2  Qwen3-8B, seq 4096, act_policy auto: ours on 2 and 1 GPUs at 64K tokens per GPU (the
+#        1 -> 2 GPU scaling and issue 7's weak8), FSDP2 GPU-resident on 2 GPUs at 16K (the 1.5x
+#        target); then weak14 (Qwen3-14B, 1 and 2 GPUs, 64K) in what is left of the 10 minutes
+#   R=3  routes on 2 GPUs (Qwen3-8B; replicated/sharded delivery x GPU/CPU reduction; 16K, 128K)
+# Output: $out/session-r<R>.log and the parts' files.
+set -u
+R=${R:-1}
+source tools/gpu/lib.sh
+log_session "session-r$R"
+echo "=== session R=$R $(date -u +%FT%TZ); $(nvidia-smi -L | wc -l) GPU(s); $(nproc) cores; $(free -g | awk '/Mem:/ {print $2}') GiB"
+df -h /tmp /dev/shm | tail -n 2
+case "$R" in
+  1)
+    q06_data_and_spec > /dev/null  # the text dataset, once, before the two sides share it
+    CUDA_VISIBLE_DEVICES=1 LOG_NAME=r1-gpu1 PARTS=stable STABLE_PRESET=qwen3-1.7b STABLE_PRE=${STABLE_PRE:-160} \
+      STABLE_REFS=bf16-autocast STABLE_HF_CAP=200 bash tools/gpu/session_p.sh > /dev/null 2>&1 &
+    side=$!
+    CUDA_VISIBLE_DEVICES=0 LOG_NAME=r1-gpu0 PARTS="ordered graddiff" bash tools/gpu/session_p.sh > /dev/null 2>&1
+    echo "--- GPU 0 side done after $SECONDS s"
+    wait "$side"
+    echo "--- GPU 1 side done after $SECONDS s"
+    ;;
+  2)
+    MODEL=qwen3-8b GPUS="2 1" TOKENS_LIST=65536 WHAT=ours ACT_POLICY=auto WORK=/tmp/e2e-8b BUDGET_S=240 \
+      bash bench/e2e/run_bench.sh > /tmp/r2-8b.out 2>&1
+    MODEL=qwen3-8b GPUS=2 TOKENS_LIST=16384 WHAT=fsdp2 WORK=/tmp/e2e-8b RESUME=1 BUDGET_S=150 \
+      bash bench/e2e/run_bench.sh > /tmp/r2-fsdp2.out 2>&1
+    cp "$out/bench-summary.md" "$out/bench-8b.md"
+    grep -E "^\| |x \(|1 to 2" "$out/bench-8b.md" | head -n 24
+    grep -rh "act_policy auto" /tmp/e2e-8b/runs 2>/dev/null | sed 's/^.*\] //' | head -n 2
+    BUDGET_S=170 PARTS=weak14 bash bench/e2e/scaling.sh > /tmp/r2-weak14.out 2>&1
+    echo "--- weak14: exit $?"; grep -E "^\| |1 to 2" "$out/bench-summary.md" 2>/dev/null | head -n 20
+    ;;
+  3)
+    PARTS=routes bash bench/e2e/scaling.sh > /tmp/r3-routes.out 2>&1
+    echo "--- routes: exit $?"; grep -E "^\| " "$out"/routes-*.md 2>/dev/null | head -n 40
+    ;;
+  *) echo "R=$R: expected 1, 2 or 3" >&2; exit 2 ;;
+esac
+echo "=== session R=$R done after $SECONDS s"
