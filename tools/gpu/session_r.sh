@@ -32,14 +32,14 @@ case "$R" in
     echo "--- GPU 1 side done after $SECONDS s"
     ;;
   2)
-    MODEL=qwen3-8b GPUS="2 1" TOKENS_LIST=65536 WHAT=ours ACT_POLICY=auto WORK=/tmp/e2e-8b BUDGET_S=240 \
+    MODEL=qwen3-8b GPUS="2 1" TOKENS_LIST=65536 WHAT=ours ACT_POLICY=auto WORK=/tmp/e2e-8b BUDGET_S=230 \
       bash bench/e2e/run_bench.sh > /tmp/r2-8b.out 2>&1
-    MODEL=qwen3-8b GPUS=2 TOKENS_LIST=16384 WHAT=fsdp2 WORK=/tmp/e2e-8b RESUME=1 BUDGET_S=150 \
+    MODEL=qwen3-8b GPUS=2 TOKENS_LIST=16384 WHAT=fsdp2 WORK=/tmp/e2e-8b RESUME=1 BUDGET_S=140 \
       bash bench/e2e/run_bench.sh > /tmp/r2-fsdp2.out 2>&1
     cp "$out/bench-summary.md" "$out/bench-8b.md"
     grep -E "^\| |x \(|1 to 2" "$out/bench-8b.md" | head -n 24
     grep -rh "act_policy auto" /tmp/e2e-8b/runs 2>/dev/null | sed 's/^.*\] //' | head -n 2
-    BUDGET_S=170 PARTS=weak14 bash bench/e2e/scaling.sh > /tmp/r2-weak14.out 2>&1
+    STEPS=3 BUDGET_S=200 PARTS=weak14 bash bench/e2e/scaling.sh > /tmp/r2-weak14.out 2>&1
     echo "--- weak14: exit $?"; grep -E "^\| |1 to 2" "$out/bench-summary.md" 2>/dev/null | head -n 20
     ;;
   3)
