@@ -60,13 +60,28 @@ class ResidentStreamer final : public UnitStreamer {
         }
         s->bytes_ += u.fp32_numel * 4;
       }
+      if (u.kind == UnitKind::kEmbedding) {
+        // The FP32 rows the lookup reads by default (runtime.embedding_rows), in mapped pinned
+        // host memory as the workers read the master: only the batch's rows cross the link.
+        if (cudaHostAlloc(reinterpret_cast<void**>(&s->embed_host_), u.numel * 4, cudaHostAllocMapped) != cudaSuccess) {
+          return absl::ResourceExhaustedError("resident weights: FP32 embedding table in pinned host memory");
+        }
+        for (int64_t i = 0; i < u.numel; ++i) s->embed_host_[i] = Bf16ToFloat(host[i]);
+        s->embed_unit_ = static_cast<int>(s->fp32_.size());
+        if (cudaHostGetDevicePointer(reinterpret_cast<void**>(&f), s->embed_host_, 0) != cudaSuccess) {
+          return absl::InternalError("resident weights: no device pointer for the FP32 embedding table");
+        }
+      }
       s->fp32_.push_back(f);
     }
     return s;
   }
   ~ResidentStreamer() override {
     for (bf16_t* p : units_) cudaFree(p);
-    for (float* p : fp32_) cudaFree(p);
+    for (size_t u = 0; u < fp32_.size(); ++u) {
+      if (fp32_[u] != nullptr && static_cast<int>(u) != embed_unit_) cudaFree(fp32_[u]);
+    }
+    if (embed_host_) cudaFreeHost(embed_host_);
   }
   absl::StatusOr<UnitParams> Acquire(int unit, uint32_t) override { return UnitParams(units_[unit], fp32_[unit]); }
   void Release(int) override {}
@@ -77,7 +92,9 @@ class ResidentStreamer final : public UnitStreamer {
  private:
   ResidentStreamer() = default;
   std::vector<bf16_t*> units_;
-  std::vector<float*> fp32_;  // null for units without norms
+  std::vector<float*> fp32_;  // null for units without norms; the embedding's: embed_host_ mapped
+  float* embed_host_ = nullptr;
+  int embed_unit_ = -1;
   int64_t bytes_ = 0;
 };
 

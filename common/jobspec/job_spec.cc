@@ -154,6 +154,8 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
                                                                      {"selective", ActivationPolicy::kSelective},
                                                                      {"auto", ActivationPolicy::kAuto}})},
         {"norm_weights", Enum<NormWeights>(&JobSpec::norm_weights, {{"fp32", NormWeights::kFp32}, {"bf16", NormWeights::kBf16}})},
+        {"embedding_rows", Enum<EmbeddingRows>(&JobSpec::embedding_rows, {{"fp32", EmbeddingRows::kFp32},
+                                                                          {"bf16", EmbeddingRows::kBf16}})},
         {"offload_ratio", Real(&JobSpec::offload_ratio, 0, 1)},
         {"ring_slots", Int32(&JobSpec::ring_slots, 2)},
         {"step_timeout_ms", Int(&JobSpec::step_timeout_ms, 100)},
@@ -306,6 +308,13 @@ const char* ToString(NormWeights k) {
   }
   return "?";
 }
+const char* ToString(EmbeddingRows k) {
+  switch (k) {
+    case EmbeddingRows::kFp32: return "fp32";
+    case EmbeddingRows::kBf16: return "bf16";
+  }
+  return "?";
+}
 const char* ToString(ActivationPolicy k) {
   switch (k) {
     case ActivationPolicy::kKeepAll: return "keep_all";
@@ -367,6 +376,7 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "grad_staging" << YAML::Value << ToString(grad_staging);
   e << YAML::Key << "act_policy" << YAML::Value << ToString(act_policy);
   e << YAML::Key << "norm_weights" << YAML::Value << ToString(norm_weights);
+  e << YAML::Key << "embedding_rows" << YAML::Value << ToString(embedding_rows);
   e << YAML::Key << "offload_ratio" << YAML::Value << offload_ratio;
   e << YAML::Key << "ring_slots" << YAML::Value << ring_slots;
   e << YAML::Key << "step_timeout_ms" << YAML::Value << step_timeout_ms;

@@ -23,6 +23,10 @@ enum class ActivationPolicy { kKeepAll, kRecomputeLayer, kSelective, kAuto };
 // Which values of the norm weights the workers compute with (runtime.norm_weights): the FP32
 // master's (HF autocast's numerics) or the BF16 mirror's (FSDP2 with param_dtype bf16).
 enum class NormWeights { kFp32, kBf16 };
+// Which values of the embedding the lookup reads (runtime.embedding_rows): the FP32 master's rows
+// (HF autocast looks them up in FP32) or the BF16 mirror's. The tied LM head multiplies by the
+// BF16 table either way, as autocast casts it.
+enum class EmbeddingRows { kFp32, kBf16 };
 enum class SaveDtype { kBf16, kF32 };
 enum class Backend { kAuto, kCuda, kCpu };
 
@@ -69,6 +73,7 @@ struct JobSpec {
   GradStaging grad_staging = GradStaging::kAuto;
   ActivationPolicy act_policy = ActivationPolicy::kRecomputeLayer;
   NormWeights norm_weights = NormWeights::kFp32;
+  EmbeddingRows embedding_rows = EmbeddingRows::kFp32;
   double offload_ratio = 0.0;  // fraction of layer checkpoints kept in pinned host memory
   int32_t ring_slots = 4;
   int64_t step_timeout_ms = 600000;  // a gate or ring wait longer than this fails the job
@@ -88,6 +93,7 @@ const char* ToString(ParamDelivery k);
 const char* ToString(GradReduction k);
 const char* ToString(GradStaging k);
 const char* ToString(NormWeights k);
+const char* ToString(EmbeddingRows k);
 const char* ToString(ActivationPolicy k);
 const char* ToString(SaveDtype k);
 const char* ToString(Backend k);

@@ -32,6 +32,7 @@ struct SpecOptions {
   std::string grad_staging;    // runtime.grad_staging; empty: the spec default (auto)
   double offload_ratio = 0;    // runtime.offload_ratio
   std::string norm_weights;    // runtime.norm_weights; empty: the spec default (fp32)
+  std::string embedding_rows;  // runtime.embedding_rows; empty: the spec default (fp32)
   std::string act_policy;      // runtime.act_policy; empty: the spec default (recompute)
 };
 
@@ -74,6 +75,7 @@ std::string Spec(const SpecOptions& o) {
                       o.grad_reduction.empty() ? std::string() : ", grad_reduction: " + o.grad_reduction,
                       o.grad_staging.empty() ? std::string() : ", grad_staging: " + o.grad_staging,
                       o.norm_weights.empty() ? std::string() : ", norm_weights: " + o.norm_weights,
+                      o.embedding_rows.empty() ? std::string() : ", embedding_rows: " + o.embedding_rows,
                       o.act_policy.empty() ? std::string() : ", act_policy: " + o.act_policy,
                       ", offload_ratio: ", o.offload_ratio, "}\n");
 }
@@ -115,8 +117,9 @@ v1::Job MustSucceed(NodeHarness& node, const std::string& spec, const std::strin
 
 // The non-streaming reference: the whole model at once (CPU reference math), the same batches,
 // exact global-norm clipping and AdamW in double precision (PyTorch's formula). Forward and
-// backward use the BF16 rounding of every weight except the norm weights, which stay FP32 unless
-// o.norm_weights is "bf16" (runtime.norm_weights).
+// backward use the BF16 rounding of every weight except the norm weights and the embedding rows
+// the lookup reads, which stay FP32 unless o.norm_weights / o.embedding_rows is "bf16"
+// (runtime.norm_weights, runtime.embedding_rows; the tied LM head uses the BF16 table).
 std::vector<std::vector<float>> ReferenceTraining(const SpecOptions& o, std::vector<double>* losses) {
   ModelLayout layout = TinyLayout();
   const int U = layout.num_units();
@@ -153,7 +156,8 @@ std::vector<std::vector<float>> ReferenceTraining(const SpecOptions& o, std::vec
       auto mb = data::BuildMicroBatch(**dataset, absl::MakeConstSpan(rows.data() + i, o.micro_batch));
       EXPECT_TRUE(mb.ok());
       auto l = ReferenceLossAndGrads(layout, params, {*mb}, 1.0f / *trained, &grads,
-                                     o.norm_weights == "bf16" ? nullptr : &norms);
+                                     o.norm_weights == "bf16" ? nullptr : &norms,
+                                     o.embedding_rows == "bf16" ? nullptr : master[0].data());
       EXPECT_TRUE(l.ok()) << l.status();
       loss += *l;
       for (int u = 0; u < U; ++u)
@@ -251,28 +255,37 @@ TEST(Training, WithoutClippingChunksUpdateAsTheyArriveAndMatchTheReference) {
   EXPECT_LT(d_direct, 2e-5);
 }
 
-TEST(Training, NormWeightsComeFromTheMasterInFp32OrFromTheMirror) {
+TEST(Training, NormWeightsAndEmbeddingRowsComeFromTheMasterInFp32OrFromTheMirror) {
   // lr 1e-3 moves the norm weights (initialised to 1.0) by less than BF16's spacing there
-  // (2^-7), so the mirror keeps them at 1.0 while the master moves: the two settings differ.
+  // (2^-7), so the mirror keeps them at 1.0 while the master moves: the settings differ. The
+  // embedding's random initial values already differ from their BF16 rounding.
   SpecOptions fp32 = OneWorker(4, "out-norm-fp32");
   SpecOptions bf16 = OneWorker(4, "out-norm-bf16");
   bf16.norm_weights = "bf16";
-  std::vector<std::vector<float>> got_fp32, got_bf16;
+  SpecOptions rows = OneWorker(4, "out-rows-bf16");
+  rows.embedding_rows = "bf16";
+  std::vector<std::vector<float>> got_fp32, got_bf16, got_rows;
   {
     NodeHarness node(1);
     got_fp32 = LoadMaster(MustSucceed(node, Spec(fp32), "norm-fp32").last_checkpoint());
     got_bf16 = LoadMaster(MustSucceed(node, Spec(bf16), "norm-bf16").last_checkpoint());
+    got_rows = LoadMaster(MustSucceed(node, Spec(rows), "rows-bf16").last_checkpoint());
   }
   std::vector<double> losses;
   const std::vector<std::vector<float>> want_fp32 = ReferenceTraining(fp32, &losses);
   const std::vector<std::vector<float>> want_bf16 = ReferenceTraining(bf16, &losses);
+  const std::vector<std::vector<float>> want_rows = ReferenceTraining(rows, &losses);
   const double d_fp32 = MaxAbsDiff(got_fp32, want_fp32), d_bf16 = MaxAbsDiff(got_bf16, want_bf16);
-  const double apart = MaxAbsDiff(want_fp32, want_bf16);
-  std::cout << "fp32 norms vs reference " << d_fp32 << ", bf16 norms vs reference " << d_bf16
-            << ", the two references apart " << apart << "\n";
+  const double d_rows = MaxAbsDiff(got_rows, want_rows);
+  const double apart = MaxAbsDiff(want_fp32, want_bf16), apart_rows = MaxAbsDiff(want_fp32, want_rows);
+  std::cout << "fp32 values vs reference " << d_fp32 << ", bf16 norms vs reference " << d_bf16
+            << ", bf16 embedding rows vs reference " << d_rows << "; references apart from the fp32 one: bf16 norms "
+            << apart << ", bf16 embedding rows " << apart_rows << "\n";
   EXPECT_LT(d_fp32, 2e-5);
   EXPECT_LT(d_bf16, 2e-5);
+  EXPECT_LT(d_rows, 2e-5);
   EXPECT_GT(apart, 4e-5);  // the references differ by more than twice the match tolerance
+  EXPECT_GT(apart_rows, 4e-5);
 }
 
 TEST(Training, EpochsBecomeStepsOverTheDataset) {

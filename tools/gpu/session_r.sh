@@ -13,6 +13,8 @@
 #        1 -> 2 GPU scaling and issue 7's weak8), FSDP2 GPU-resident on 2 GPUs at 16K (the 1.5x
 #        target); then weak14 (Qwen3-14B, 1 and 2 GPUs, 64K) in what is left of the 10 minutes
 #   R=3  routes on 2 GPUs (Qwen3-8B; replicated/sharded delivery x GPU/CPU reduction; 16K, 128K)
+#   R=4  (nvidia-h200) FP32 embedding rows (runtime.embedding_rows: fp32, new after R=1): the kernel
+#        check (its embedding cases), then R=1's 1.7B stable curves again
 # Output: $out/session-r<R>.log and the parts' files.
 set -u
 R=${R:-1}
@@ -46,6 +48,14 @@ case "$R" in
     PARTS=routes bash bench/e2e/scaling.sh > /tmp/r3-routes.out 2>&1
     echo "--- routes: exit $?"; grep -E "^\| " "$out"/routes-*.md 2>/dev/null | head -n 40
     ;;
-  *) echo "R=$R: expected 1, 2 or 3" >&2; exit 2 ;;
+  4)  # runtime.embedding_rows: fp32 (the default since R=1): its kernels, then R=1's 1.7B curves again
+    timeout 90 cuda_kernel_check --kernels-only > /tmp/kcheck.log 2>&1
+    echo "--- kernel check: exit $?: $(grep -c '^PASS' /tmp/kcheck.log) PASS, $(grep -c '^FAIL' /tmp/kcheck.log) FAIL"
+    grep -E "^FAIL|embedding" /tmp/kcheck.log | cut -c1-150
+    LOG_NAME=r4-stable PARTS=stable STABLE_PRESET=qwen3-1.7b STABLE_PRE=${STABLE_PRE:-160} STABLE_REFS=bf16-autocast \
+      STABLE_HF_CAP=200 bash tools/gpu/session_p.sh > /dev/null 2>&1
+    echo "--- stable done after $SECONDS s"; grep -E "^---|^stable|grad norms" "$out/r4-stable.log" | cut -c1-300
+    ;;
+  *) echo "R=$R: expected 1, 2, 3 or 4" >&2; exit 2 ;;
 esac
 echo "=== session R=$R done after $SECONDS s"

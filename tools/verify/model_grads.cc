@@ -3,10 +3,11 @@
 //
 //   model_grads --model HF_DIR --tokens BATCH.json --backend cuda|cpu --out GRADS.safetensors
 //               [--grouping per-row|single] [--policy keep-all|recompute|selective] [--device N]
+//               [--embedding-rows fp32|bf16]
 //
 // The model directory is loaded with the checkpoint loader (FP32), rounded to BF16 per unit (the
-// upload mirror the workers compute with; the norm weights also kept in FP32, as the workers get
-// them by default) and run non-streaming by RunWholeModel with
+// upload mirror the workers compute with; the norm weights and the embedding rows also kept in
+// FP32, as the workers get them by default) and run non-streaming by RunWholeModel with
 // loss_scale = 1 / (trained labels of the whole batch), i.e. the mean token cross entropy as HF's
 // loss. Output: every parameter's gradient under its HF name (F32, HF shape, no padding; a tied
 // model has only model.embed_tokens.weight, holding both contributions) and "loss" [1] F32.
@@ -39,6 +40,7 @@ struct Options {
   std::string out_path;
   std::string grouping = "per-row";
   std::string policy = "keep-all";
+  std::string embedding_rows = "fp32";  // runtime.embedding_rows
   int device = 0;
 };
 
@@ -72,8 +74,11 @@ absl::Status Run(const Options& o) {
   }
   const Grouping grouping = o.grouping == "single" ? Grouping::kSingle : Grouping::kPerRow;
 
-  // FP32 master as loaded, then what the workers compute with: its BF16 copy, and the norm
-  // weights in FP32 (runtime.norm_weights: fp32).
+  if (o.embedding_rows != "fp32" && o.embedding_rows != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat("--embedding-rows ", o.embedding_rows, ": expected fp32 or bf16"));
+  }
+  // FP32 master as loaded, then what the workers compute with: its BF16 copy, the norm weights
+  // in FP32 (runtime.norm_weights: fp32) and the embedding rows in FP32 (runtime.embedding_rows).
   std::vector<std::vector<float>> master(layout.num_units()), norms(layout.num_units());
   for (int u = 0; u < layout.num_units(); ++u) master[u].assign(layout.units[u].numel, 0.0f);
   RETURN_IF_ERROR(checkpoint::LoadHfModel(o.model_dir, layout, [&](int u) { return master[u].data(); }));
@@ -84,6 +89,8 @@ absl::Status Run(const Options& o) {
     norms[u].resize(layout.units[u].fp32_numel);
     CopyNormsFromMaster(layout.units[u], master[u].data(), norms[u].data());
   }
+  std::vector<float> embed_fp32;
+  if (o.embedding_rows == "fp32") embed_fp32 = std::move(master[0]);
   master.clear();
 
   ASSIGN_OR_RETURN(const TokenBatch tokens, ReadTokenBatchFile(o.tokens_path));
@@ -98,7 +105,8 @@ absl::Status Run(const Options& o) {
 
   ASSIGN_OR_RETURN(std::unique_ptr<ComputeBackend> backend, MakeBackend(o.backend, config, o.device));
   const auto t0 = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(WholeModelResult result, RunWholeModel(*backend, layout, params, batches, loss_scale, policy, &norms));
+  ASSIGN_OR_RETURN(WholeModelResult result, RunWholeModel(*backend, layout, params, batches, loss_scale, policy, &norms,
+                                                                  embed_fp32.empty() ? nullptr : &embed_fp32));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   const float loss = static_cast<float>(result.loss);
@@ -143,6 +151,8 @@ int main(int argc, char** argv) {
   app.add_option("--policy", o.policy, "decoder activation policy: keep-all, recompute, selective")
       ->capture_default_str();
   app.add_option("--device", o.device, "CUDA device index")->capture_default_str();
+  app.add_option("--embedding-rows", o.embedding_rows, "embedding lookup from FP32 (the workers' default) or BF16 rows")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const absl::Status s = slidedp::verify::Run(o);
   if (!s.ok()) {

@@ -11,7 +11,8 @@ namespace slidedp::verify {
 absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const ModelLayout& layout,
                                                const std::vector<std::vector<bf16_t>>& unit_params,
                                                const std::vector<MicroBatch>& batches, float loss_scale,
-                                               ActPolicy policy, const std::vector<std::vector<float>>* fp32_norms) {
+                                               ActPolicy policy, const std::vector<std::vector<float>>* fp32_norms,
+                                               const std::vector<float>* embed_fp32) {
   const int num_units = layout.num_units();
   if (static_cast<int>(unit_params.size()) != num_units) {
     return absl::InvalidArgumentError(
@@ -45,10 +46,20 @@ absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const Mo
       RETURN_IF_ERROR(backend.CopyToDevice(side.data(), norms[u]->data(), unit.fp32_numel * 4));
     }
   }
+  const int embed = 0, head = num_units - 1;
+  if (embed_fp32 != nullptr) {
+    const int64_t numel = layout.units[embed].numel;
+    if (static_cast<int64_t>(embed_fp32->size()) != numel) {
+      return absl::InvalidArgumentError(absl::StrCat("RunWholeModel: FP32 embedding table of ", embed_fp32->size(),
+                                                     " values, layout says ", numel));
+    }
+    ASSIGN_OR_RETURN(norms[embed], backend.Allocate(numel * 4));
+    RETURN_IF_ERROR(backend.CopyToDevice(embed_fp32->data(), norms[embed]->data(), numel * 4));
+  }
+  // norms[u]: the unit's FP32 values (norm weights' side copy; the embedding's FP32 table).
   auto unit_params_of = [&](int u) {
     return UnitParams(params[u]->as<bf16_t>(), norms[u] != nullptr ? norms[u]->as<float>() : nullptr);
   };
-  const int embed = 0, head = num_units - 1;
   const UnitLayout& head_unit = layout.head();
   const int64_t norm_off = head_unit.tensors[0].offset_numel;
   const UnitParams norm_w = unit_params_of(head).Tensor(head_unit.tensors[0]);
@@ -81,7 +92,7 @@ absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const Mo
     ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> grad, backend.Allocate(bytes));
     RETURN_IF_ERROR(backend.Memset(*loss_buf, 0));
 
-    RETURN_IF_ERROR(backend.EmbeddingForward(params[embed]->as<bf16_t>(), batch, xs[0]->data()));
+    RETURN_IF_ERROR(backend.EmbeddingForward(unit_params_of(embed), batch, xs[0]->data()));
     std::vector<std::unique_ptr<SavedActivations>> saved(num_units);
     for (int u = 1; u < head; ++u) {
       RETURN_IF_ERROR(backend.DecoderForward(unit_params_of(u), batch, xs[u - 1]->data(), xs[u]->data(), policy,

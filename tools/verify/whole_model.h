@@ -29,11 +29,14 @@ struct WholeModelResult {
 // paths of backward). loss_scale multiplies every token's loss (1 / trained labels for a mean).
 // fp32_norms (optional): per unit, the FP32 side copy of its norm weights (UnitLayout::
 // fp32_numel), as the workers get them from the master; without it, the BF16 values upcast.
+// embed_fp32 (optional): the embedding's FP32 table, whose rows the lookup reads (the workers'
+// runtime.embedding_rows: fp32); without it, the BF16 rows.
 absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const ModelLayout& layout,
                                                const std::vector<std::vector<bf16_t>>& unit_params,
                                                const std::vector<MicroBatch>& batches, float loss_scale,
                                                ActPolicy policy,
-                                               const std::vector<std::vector<float>>* fp32_norms = nullptr);
+                                               const std::vector<std::vector<float>>* fp32_norms = nullptr,
+                                               const std::vector<float>* embed_fp32 = nullptr);
 
 // Per-unit FP32 arrays (master weights, gradients; layout.units[u].numel each) as safetensors
 // sources under their HF tensor names. The arrays must outlive the sources.

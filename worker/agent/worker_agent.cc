@@ -400,12 +400,14 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
 
   const NormValues norms =
       spec.norm_weights == NormWeights::kFp32 ? NormValues::kFp32FromMaster : NormValues::kBf16Mirror;
+  const EmbeddingValues embedding = spec.embedding_rows == EmbeddingRows::kFp32 ? EmbeddingValues::kFp32FromMaster
+                                                                               : EmbeddingValues::kBf16Mirror;
   std::unique_ptr<UnitStreamer> streamer;
   std::unique_ptr<GradientPath> grads;
   std::unique_ptr<state::ShmCollective> collective;
   std::unique_ptr<CheckpointStore> checkpoints;  // null: layer inputs stay on the device
   if (options_.backend == BackendKind::kCpu) {
-    streamer = std::make_unique<HostMirrorStreamer>(job_state, layout, timeout, norms);
+    streamer = std::make_unique<HostMirrorStreamer>(job_state, layout, timeout, norms, embedding);
     if (gpu_route) {
       if (a.collective_segment().empty()) {
         return absl::FailedPreconditionError("grad_reduction gpu on CPU workers needs hostd's collective segment");
@@ -432,6 +434,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     copt.sharded_with = sharded ? comm : nullptr;
     copt.registry = host_state->registry.get();
     copt.norms = norms;
+    copt.embedding = embedding;
     ASSIGN_OR_RETURN(streamer, CudaWindowStreamer::Create(job_state, ring.get(), layout,
                                                           static_cast<cudaStream_t>(backend->native_stream()), copt));
     CudaGradientPathOptions cg;

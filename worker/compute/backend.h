@@ -69,8 +69,11 @@ class SavedActivations {
 };
 
 // A unit's parameters on the device: the BF16 array (UnitLayout) and, when fp32 is set, the
-// FP32 side copy of its norm weights (TensorSlot::fp32_offset), which backends then use instead
-// of the norms' BF16 values. Implicit from a BF16 pointer: no side copy.
+// FP32 values the compute reads instead of BF16 ones, as HF autocast keeps them in FP32:
+// - a decoder layer or the head: the FP32 side copy of its norm weights (TensorSlot::fp32_offset);
+// - the embedding: its whole FP32 table [vocab, hidden] (the master itself, device-readable; the
+//   lookup reads only the batch's rows). The tied LM head still multiplies by the BF16 table.
+// Implicit from a BF16 pointer: no FP32 values.
 struct UnitParams {
   UnitParams(const bf16_t* bf16_params, const float* fp32_norms = nullptr) : bf16(bf16_params), fp32(fp32_norms) {}
   // One tensor of the unit: its BF16 values and, for a norm weight with a side copy, its FP32 ones.
@@ -109,8 +112,9 @@ class ComputeBackend {
   // Validates (token ids in range, cu_seqlens consistent) and uploads a micro-batch.
   virtual absl::StatusOr<std::unique_ptr<DeviceBatch>> UploadBatch(const MicroBatch& batch) = 0;
 
-  // out[t] = embed[tokens[t]].  embed: BF16 [vocab, hidden] (the embedding unit's tensor 0).
-  virtual absl::Status EmbeddingForward(const bf16_t* embed, const DeviceBatch& batch, void* out) = 0;
+  // out[t] = embed[tokens[t]]: the embedding unit's [vocab, hidden] table, its FP32 rows when
+  // embed.fp32 is set (runtime.embedding_rows: fp32), else the BF16 ones.
+  virtual absl::Status EmbeddingForward(const UnitParams& embed, const DeviceBatch& batch, void* out) = 0;
   // dembed[tokens[t]] += dout[t]  (FP32 accumulation, duplicates summed).
   virtual absl::Status EmbeddingBackward(const void* dout, const DeviceBatch& batch, float* dembed) = 0;
 

@@ -439,6 +439,26 @@ void CheckEmbedding() {
   const std::string tag = std::string(" [") + ActName<TA>() + "]";
   Report("embedding fwd gather (517 tokens, 136 wide)" + tag, Down(out.get(), T * H), rf, 0.0);
   Report("embedding bwd += (deterministic grouping)" + tag, DownF32(acc.get(), V * H), rb, 1e-6);
+
+  // FP32 rows (runtime.embedding_rows: fp32) read in place from registered host memory through
+  // its mapped device pointer, as the workers read the master; values off the BF16 grid, so the
+  // FP32 output must be exact and the BF16 one their round-to-nearest-even.
+  std::vector<float> table32(V * H);
+  std::uniform_real_distribution<float> jitter(-1e-3f, 1e-3f);
+  for (int64_t i = 0; i < V * H; ++i) table32[i] = static_cast<float>(table[i]) * (1.0f + jitter(g_rng)) + 1e-4f;
+  CUDA_OK(cudaHostRegister(table32.data(), table32.size() * 4, cudaHostRegisterDefault));
+  float* mapped = nullptr;
+  CUDA_OK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&mapped), table32.data(), 0));
+  CHECK_OK(kernels::EmbeddingForward(mapped, dtok.get(), T, H, out.get(), nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<double> r32(T * H);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < H; ++c) {
+      const float v = table32[tok[t] * H + c];
+      r32[t * H + c] = std::is_same_v<TA, float> ? v : Bf16ToFloat(FloatToBf16(v));
+    }
+  Report("embedding fwd gather, FP32 rows from mapped host memory" + tag, Down(out.get(), T * H), r32, 0.0);
+  CUDA_OK(cudaHostUnregister(table32.data()));
 }
 
 // ------------------------------------------------------------------ FP32 residual add
@@ -883,6 +903,22 @@ void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp
     CHECK_OK(p.cpu->EmbeddingForward((*tc)->as<bf16_t>(), **bc, y.c->data()));
     CHECK_OK(p.gpu->Synchronize());
     Report(label + " embedding fwd", GetG(p, *y.g, T * H), GetF(*p.cpu, y.c->data(), T * H), 0.0);
+    {  // FP32 rows (runtime.embedding_rows: fp32), off the BF16 grid
+      std::vector<float> t32(V * H);
+      for (int64_t i = 0; i < V * H; ++i) t32[i] = static_cast<float>(table[i]) * 1.0007f + 1e-4f;
+      auto fg = p.gpu->Allocate(V * H * 4);
+      auto fc = p.cpu->Allocate(V * H * 4);
+      CHECK_OK(fg.status());
+      CHECK_OK(fc.status());
+      CHECK_OK(p.gpu->CopyToDevice(t32.data(), (*fg)->data(), V * H * 4));
+      CHECK_OK(p.cpu->CopyToDevice(t32.data(), (*fc)->data(), V * H * 4));
+      CHECK_OK(p.gpu->EmbeddingForward(UnitParams((*tg)->as<bf16_t>(), (*fg)->as<float>()), **bg, y.g->data()));
+      CHECK_OK(p.cpu->EmbeddingForward(UnitParams((*tc)->as<bf16_t>(), (*fc)->as<float>()), **bc, y.c->data()));
+      CHECK_OK(p.gpu->Synchronize());
+      // The CPU backend keeps FP32 activations: with the BF16 stream the GPU rounds the rows.
+      Report(label + " embedding fwd, FP32 rows", GetG(p, *y.g, T * H), GetF(*p.cpu, y.c->data(), T * H),
+             AB == 4 ? 0.0 : 4e-3);
+    }
     auto eg = p.gpu->Allocate(V * H * 4);
     auto ec = p.cpu->Allocate(V * H * 4);
     CHECK_OK(eg.status());

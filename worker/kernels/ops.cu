@@ -460,16 +460,17 @@ __global__ void SwiGluBackwardKernel(const bf16* __restrict__ gu, const bf16* __
 
 // ---- Embedding
 // TO: output element type; bf16 is a plain copy, float an exact upcast.
-template <typename TO>
-__global__ void EmbeddingForwardKernel(const bf16* __restrict__ embed, const int32_t* __restrict__ tokens,
+// TI: the table's type (BF16 mirror, or the FP32 master read in place from mapped host memory).
+template <typename TI, typename TO>
+__global__ void EmbeddingForwardKernel(const TI* __restrict__ embed, const int32_t* __restrict__ tokens,
                                        int64_t num_tokens, int64_t h, TO* __restrict__ out) {
   const int64_t vec_per_row = h / 8;
   const int64_t n = num_tokens * vec_per_row;
   for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < n;
        v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = v / vec_per_row, c = (v % vec_per_row) * 8;
-    const bf16* src = embed + static_cast<int64_t>(tokens[t]) * h + c;
-    if constexpr (std::is_same_v<TO, bf16>) {
+    const TI* src = embed + static_cast<int64_t>(tokens[t]) * h + c;
+    if constexpr (std::is_same_v<TI, bf16> && std::is_same_v<TO, bf16>) {
       *reinterpret_cast<Bf16x8*>(out + t * h + c) = *reinterpret_cast<const Bf16x8*>(src);
     } else {
       float f[8];
@@ -828,12 +829,13 @@ absl::Status SwiGluBackward(const bf16* gu, const bf16* dact, int64_t tokens, in
 }
 
 namespace {
-template <typename TO>
-absl::Status EmbeddingForwardImpl(const bf16* embed, const int32_t* tokens, int64_t num_tokens, int64_t h, TO* out,
+template <typename TI, typename TO>
+absl::Status EmbeddingForwardImpl(const TI* embed, const int32_t* tokens, int64_t num_tokens, int64_t h, TO* out,
                                   cudaStream_t stream) {
   if (h % 8 != 0) return absl::InvalidArgumentError(absl::StrCat("embedding width ", h, " not a multiple of 8"));
   if (num_tokens <= 0) return absl::OkStatus();
-  EmbeddingForwardKernel<TO><<<GridFor(num_tokens * h / 8, 256), 256, 0, stream>>>(embed, tokens, num_tokens, h, out);
+  EmbeddingForwardKernel<TI, TO><<<GridFor(num_tokens * h / 8, 256), 256, 0, stream>>>(embed, tokens, num_tokens, h,
+                                                                                      out);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -854,11 +856,19 @@ absl::Status EmbeddingBackwardImpl(const TD* dout, const int32_t* uniq_tokens, c
 
 absl::Status EmbeddingForward(const bf16* embed, const int32_t* tokens, int64_t num_tokens, int64_t h, bf16* out,
                               cudaStream_t stream) {
-  return EmbeddingForwardImpl<bf16>(embed, tokens, num_tokens, h, out, stream);
+  return EmbeddingForwardImpl(embed, tokens, num_tokens, h, out, stream);
 }
 absl::Status EmbeddingForward(const bf16* embed, const int32_t* tokens, int64_t num_tokens, int64_t h, float* out,
                               cudaStream_t stream) {
-  return EmbeddingForwardImpl<float>(embed, tokens, num_tokens, h, out, stream);
+  return EmbeddingForwardImpl(embed, tokens, num_tokens, h, out, stream);
+}
+absl::Status EmbeddingForward(const float* embed, const int32_t* tokens, int64_t num_tokens, int64_t h, bf16* out,
+                              cudaStream_t stream) {
+  return EmbeddingForwardImpl(embed, tokens, num_tokens, h, out, stream);
+}
+absl::Status EmbeddingForward(const float* embed, const int32_t* tokens, int64_t num_tokens, int64_t h, float* out,
+                              cudaStream_t stream) {
+  return EmbeddingForwardImpl(embed, tokens, num_tokens, h, out, stream);
 }
 
 absl::Status EmbeddingBackward(const bf16* dout, const int32_t* uniq_tokens, const int32_t* seg_offsets,

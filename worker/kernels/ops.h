@@ -91,10 +91,16 @@ absl::Status SwiGluForward(const bf16* gu, int64_t tokens, int64_t inter, bf16* 
 absl::Status SwiGluBackward(const bf16* gu, const bf16* dact, int64_t tokens, int64_t inter, bf16* dgu,
                             cudaStream_t stream);
 
-// out[t] = embed[tokens[t]]  (embed [vocab, h]). The FP32 overload upcasts (exact).
+// out[t] = embed[tokens[t]]  (embed [vocab, h]): BF16 rows (the FP32 output upcasts, exact), or
+// FP32 rows (the BF16 output rounds to nearest even, as the mirror does). An FP32 table may be
+// mapped host memory (the job's master, read in place over PCIe; cudaHostGetDevicePointer).
 absl::Status EmbeddingForward(const bf16* embed, const int32_t* tokens, int64_t num_tokens, int64_t h, bf16* out,
                               cudaStream_t stream);
 absl::Status EmbeddingForward(const bf16* embed, const int32_t* tokens, int64_t num_tokens, int64_t h, float* out,
+                              cudaStream_t stream);
+absl::Status EmbeddingForward(const float* embed, const int32_t* tokens, int64_t num_tokens, int64_t h, bf16* out,
+                              cudaStream_t stream);
+absl::Status EmbeddingForward(const float* embed, const int32_t* tokens, int64_t num_tokens, int64_t h, float* out,
                               cudaStream_t stream);
 // Deterministic, atomic-free backward over a host-built grouping of positions by token id:
 // for each u < num_unique: dembed[uniq_tokens[u]] += Σ_{p in seg} dout[sorted_pos[p]], summed in

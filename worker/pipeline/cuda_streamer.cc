@@ -32,6 +32,14 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
   for (int u = 0; u < layout.num_units(); ++u) {
     RETURN_IF_ERROR(registry->Ensure(state->mirror(u), layout.units[u].numel * 2));
   }
+  if (options.embedding == EmbeddingValues::kFp32FromMaster) {
+    const UnitLayout& e = layout.units[0];
+    if (e.kind != UnitKind::kEmbedding) return absl::InternalError("unit 0 is not the embedding");
+    RETURN_IF_ERROR(registry->Ensure(state->master(0), e.numel * 4));
+    void* dev = nullptr;
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&dev, state->master(0), 0));
+    s->embed_fp32_ = static_cast<const float*>(dev);
+  }
   if (ring != nullptr) RETURN_IF_ERROR(s->own_registry_.Ensure(ring->slots_base(), ring->slots_bytes()));
   s->slots_.resize(std::max(2, options.window_slots));
   for (Slot& slot : s->slots_) {
@@ -129,6 +137,9 @@ absl::StatusOr<UnitParams> CudaWindowStreamer::Acquire(int unit, uint32_t gate) 
   slot->users++;
   slot->last_use = ++clock_;
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, slot->ready, 0));
+  if (layout_->units[unit].kind == UnitKind::kEmbedding) {
+    return UnitParams(static_cast<const bf16_t*>(slot->data), embed_fp32_);
+  }
   const bool side = fp32_bytes_ > 0 && layout_->units[unit].fp32_numel > 0;
   return UnitParams(static_cast<const bf16_t*>(slot->data), side ? slot->fp32 : nullptr);
 }

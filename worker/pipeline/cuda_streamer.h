@@ -8,7 +8,9 @@
 // an in-place NCCL all-gather on the communicator's stream fills in the rest: 1/R of the host
 // link's bytes per rank, the remainder over NVLink.
 //
-// The norm weights also come in FP32 from the master (CudaStreamerOptions::norms).
+// The norm weights also come in FP32 from the master (CudaStreamerOptions::norms), and the
+// embedding lookup reads the FP32 master's rows in place, mapped into the device's address space
+// (CudaStreamerOptions::embedding; only the batch's rows cross the host link).
 //
 // Within a step a unit's copy stays valid for reuse (backward after forward, or the embedding
 // for a tied head) while it is resident: it is keyed by the gate value it was loaded under.
@@ -43,6 +45,9 @@ struct CudaStreamerOptions {
   // copies them from the master into the slot's pinned staging, and the H2D stream on into the
   // slot's FP32 part (every rank copies all of it, also with sharded delivery: a few KB).
   NormValues norms = NormValues::kFp32FromMaster;
+  // The embedding's FP32 master, registered (mapped) with CUDA once per job: its device pointer is
+  // the embedding unit's UnitParams::fp32, which the lookup kernel reads over the host link.
+  EmbeddingValues embedding = EmbeddingValues::kFp32FromMaster;
 };
 
 class CudaWindowStreamer : public UnitStreamer {
@@ -88,6 +93,7 @@ class CudaWindowStreamer : public UnitStreamer {
   cudaStream_t h2d_ = nullptr;
   int64_t slot_bytes_ = 0;
   int64_t fp32_bytes_ = 0;  // per slot; 0 with NormValues::kBf16Mirror
+  const float* embed_fp32_ = nullptr;  // device pointer of the embedding's mapped FP32 master
   std::vector<Slot> slots_;
   HostRegistry own_registry_;  // the ring's slots, and the mirrors without options.registry
   uint64_t clock_ = 0;

@@ -61,7 +61,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
     RETURN_IF_ERROR(alloc_acts(1));  // unit 1 is the first decoder layer, or the head with no layers
     ASSIGN_OR_RETURN(UnitParams embed, Acquire(0, gate));
     for (int i = 0; i < n_mb; ++i) {
-      RETURN_IF_ERROR(backend_->EmbeddingForward(embed.bf16, *batches[i], inputs[1][i]->data()));
+      RETURN_IF_ERROR(backend_->EmbeddingForward(embed, *batches[i], inputs[1][i]->data()));
     }
     streamer_->Release(0);
     RETURN_IF_ERROR(streamer_->Prefetch(1, gate));

@@ -23,6 +23,11 @@ namespace slidedp {
 // Which values of the norm weights a streamer delivers: also their FP32 side copy, read from the
 // master (runtime.norm_weights: fp32), or only the BF16 mirror's.
 enum class NormValues { kFp32FromMaster, kBf16Mirror };
+// Which rows the embedding lookup reads: the FP32 master's, read in place after the gate
+// (runtime.embedding_rows: fp32; UnitParams::fp32 of the embedding unit), or the BF16 mirror's.
+// The master of the embedding is not written before the step's gradients are in, so reading it
+// during the step's forward is safe.
+enum class EmbeddingValues { kFp32FromMaster, kBf16Mirror };
 
 class UnitStreamer {
  public:
@@ -46,9 +51,11 @@ class UnitStreamer {
 
 class HostMirrorStreamer : public UnitStreamer {
  public:
-  // kFp32FromMaster: the FP32 side copies are copied from the master at each Acquire.
+  // kFp32FromMaster: the FP32 side copies are copied from the master at each Acquire; the
+  // embedding's FP32 rows are the master itself.
   HostMirrorStreamer(state::JobState* state, const ModelLayout& layout, absl::Duration gate_timeout,
-                     NormValues norms = NormValues::kFp32FromMaster);
+                     NormValues norms = NormValues::kFp32FromMaster,
+                     EmbeddingValues embedding = EmbeddingValues::kFp32FromMaster);
   absl::StatusOr<UnitParams> Acquire(int unit, uint32_t min_version) override;
   void Release(int unit) override {}
   double gate_wait_s() const override { return gate_wait_s_; }
@@ -59,6 +66,7 @@ class HostMirrorStreamer : public UnitStreamer {
   const ModelLayout& layout_;
   absl::Duration gate_timeout_;
   NormValues norms_;
+  EmbeddingValues embedding_;
   std::vector<std::vector<float>> side_;  // per unit
   double gate_wait_s_ = 0;
 };

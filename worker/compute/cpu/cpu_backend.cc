@@ -124,10 +124,16 @@ class CpuBackend final : public ComputeBackend {
     return std::unique_ptr<DeviceBatch>(new CpuDeviceBatch(batch, config_));
   }
 
-  absl::Status EmbeddingForward(const bf16_t* embed, const DeviceBatch& batch, void* out) override {
+  absl::Status EmbeddingForward(const UnitParams& embed, const DeviceBatch& batch, void* out) override {
     ASSIGN_OR_RETURN(const CpuDeviceBatch* b, AsCpu(batch));
-    if (embed == nullptr || out == nullptr) return absl::InvalidArgumentError("EmbeddingForward: null pointer");
-    EmbeddingLookup(embed, b->batch().tokens.data(), b->num_tokens(), dims_.hidden, static_cast<float*>(out), &pool_);
+    if (embed.bf16 == nullptr || out == nullptr) return absl::InvalidArgumentError("EmbeddingForward: null pointer");
+    if (embed.fp32 != nullptr) {
+      EmbeddingLookup(embed.fp32, b->batch().tokens.data(), b->num_tokens(), dims_.hidden, static_cast<float*>(out),
+                      &pool_);
+    } else {
+      EmbeddingLookup(embed.bf16, b->batch().tokens.data(), b->num_tokens(), dims_.hidden, static_cast<float*>(out),
+                      &pool_);
+    }
     return absl::OkStatus();
   }
   absl::Status EmbeddingBackward(const void* dout, const DeviceBatch& batch, float* dembed) override {

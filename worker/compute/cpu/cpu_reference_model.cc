@@ -13,7 +13,8 @@ absl::StatusOr<double> ReferenceLossAndGrads(const ModelLayout& layout,
                                              const std::vector<std::vector<bf16_t>>& unit_params_bf16,
                                              const std::vector<MicroBatch>& batches, float loss_scale,
                                              std::vector<std::vector<float>>* unit_grads,
-                                             const std::vector<std::vector<float>>* fp32_norms) {
+                                             const std::vector<std::vector<float>>* fp32_norms,
+                                             const float* embed_fp32) {
   if (unit_grads == nullptr) return absl::InvalidArgumentError("ReferenceLossAndGrads: unit_grads is null");
   const int num_units = layout.num_units();
   if (static_cast<int>(unit_params_bf16.size()) != num_units) {
@@ -54,7 +55,8 @@ absl::StatusOr<double> ReferenceLossAndGrads(const ModelLayout& layout,
     const int64_t T = batch.num_tokens();
     // xs[l]: input of decoder layer l; xs.back(): the head's input.
     std::vector<std::vector<float>> xs(num_units - 1, std::vector<float>(T * H));
-    RETURN_IF_ERROR(backend->EmbeddingForward(unit_params_bf16[embed].data(), batch, xs[0].data()));
+    RETURN_IF_ERROR(backend->EmbeddingForward(UnitParams(unit_params_bf16[embed].data(), embed_fp32), batch,
+                                              xs[0].data()));
     std::vector<std::unique_ptr<SavedActivations>> saved(num_units);
     for (int u = 1; u < head; ++u) {
       RETURN_IF_ERROR(backend->DecoderForward(params(u), batch, xs[u - 1].data(), xs[u].data(),

@@ -302,7 +302,7 @@ class CudaBackend final : public ComputeBackend {
   }
 
   absl::StatusOr<std::unique_ptr<DeviceBatch>> UploadBatch(const MicroBatch& mb) override;
-  absl::Status EmbeddingForward(const bf16_t* embed, const DeviceBatch& batch, void* out) override;
+  absl::Status EmbeddingForward(const UnitParams& embed, const DeviceBatch& batch, void* out) override;
   absl::Status EmbeddingBackward(const void* dout, const DeviceBatch& batch, float* dembed) override;
   absl::Status DecoderForward(const UnitParams& params, const DeviceBatch& batch, const void* x, void* y,
                               ActPolicy policy, std::unique_ptr<SavedActivations>* saved) override;
@@ -543,14 +543,14 @@ absl::StatusOr<std::unique_ptr<DeviceBatch>> CudaBackend::UploadBatch(const Micr
   return std::unique_ptr<DeviceBatch>(std::move(b));
 }
 
-absl::Status CudaBackend::EmbeddingForward(const bf16_t* embed, const DeviceBatch& batch, void* out) {
+absl::Status CudaBackend::EmbeddingForward(const UnitParams& embed, const DeviceBatch& batch, void* out) {
   const auto& b = static_cast<const CudaBatch&>(batch);
-  if (f32()) {
-    return kernels::EmbeddingForward(reinterpret_cast<const bf16*>(embed), b.tokens_, b.num_tokens_, H_,
-                                     static_cast<float*>(out), stream_);
-  }
-  return kernels::EmbeddingForward(reinterpret_cast<const bf16*>(embed), b.tokens_, b.num_tokens_, H_,
-                                   static_cast<bf16*>(out), stream_);
+  auto lookup = [&](const auto* table) {
+    return f32() ? kernels::EmbeddingForward(table, b.tokens_, b.num_tokens_, H_, static_cast<float*>(out), stream_)
+                 : kernels::EmbeddingForward(table, b.tokens_, b.num_tokens_, H_, static_cast<bf16*>(out), stream_);
+  };
+  if (embed.fp32 != nullptr) return lookup(embed.fp32);
+  return lookup(reinterpret_cast<const bf16*>(embed.bf16));
 }
 
 absl::Status CudaBackend::EmbeddingBackward(const void* dout, const DeviceBatch& batch, float* dembed) {
