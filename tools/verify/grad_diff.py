@@ -4,11 +4,12 @@
 For explaining a curve gap (e.g. gradient norms that part from HF's after a few fine-tuning
 steps): take the checkpoint our job saved after step k (FP32, an HF-loadable directory), the
 batches file of the job (dump_batches), and compare the gradients of step k's global batch:
-ours through model_grads (the CUDA backend, non-streaming, BF16 weights and FP32 norms as the
-workers compute) against HF autocast and HF FP32 on the same weights. Prints the total norms
-and the tensors that differ most, with HF's own autocast-vs-FP32 distance beside each, and ours
-against HF at our arithmetic (autocast at BF16-rounded weights but FP32 norms: it differs from
-autocast only in the embedding rows).
+ours through model_grads (the CUDA backend, non-streaming, BF16 weights, FP32 norms and FP32
+embedding rows as the workers compute by default) against HF autocast and HF FP32 on the same
+weights. Prints the total norms and the tensors that differ most, with HF's own autocast-vs-FP32
+distance beside each, and ours against "HF mirror" (autocast at BF16-rounded weights but FP32
+norms: it differs from autocast only in the embedding rows, which it looks up in BF16, as our
+workers do with runtime.embedding_rows: bf16).
 
   python3 tools/verify/grad_diff.py --bin .gpu/bin/model_grads --model CKPT_DIR \\
       --batches BATCHES.bin --step K [--top 15] [--backend cuda] [--no-hf]
@@ -124,9 +125,9 @@ def main():
     model.train()
 
     def grads(autocast, mirror=False):
-        # mirror: HF autocast at weights rounded to BF16 except the 1-D norm weights (what our
-        # workers compute with: BF16 mirror, FP32 norms; it differs from autocast in the embedding
-        # rows), restored afterwards.
+        # mirror: HF autocast at weights rounded to BF16 except the 1-D norm weights (our workers
+        # with embedding_rows: bf16; it differs from autocast in the embedding rows), restored
+        # afterwards.
         model.zero_grad(set_to_none=True)
         master = {}
         if mirror:
