@@ -15,6 +15,8 @@
 #   R=3  routes on 2 GPUs (Qwen3-8B; replicated/sharded delivery x GPU/CPU reduction; 16K, 128K)
 #   R=4  (nvidia-h200) FP32 embedding rows (runtime.embedding_rows: fp32, new after R=1): the kernel
 #        check (its embedding cases), then R=1's 1.7B stable curves again
+#   R=5  (nvidia-h200) Qwen3-4B auto at 64K with FP32 / BF16 embedding rows and with
+#        SLIDEDP_DETERMINISTIC=1 (their speed costs), then graddiff with the FP32 rows
 # Output: $out/session-r<R>.log and the parts' files.
 set -u
 R=${R:-1}
@@ -49,13 +51,34 @@ case "$R" in
     echo "--- routes: exit $?"; grep -E "^\| " "$out"/routes-*.md 2>/dev/null | head -n 40
     ;;
   4)  # runtime.embedding_rows: fp32 (the default since R=1): its kernels, then R=1's 1.7B curves again
-    timeout 90 cuda_kernel_check --kernels-only > /tmp/kcheck.log 2>&1
-    echo "--- kernel check: exit $?: $(grep -c '^PASS' /tmp/kcheck.log) PASS, $(grep -c '^FAIL' /tmp/kcheck.log) FAIL"
-    grep -E "^FAIL|embedding" /tmp/kcheck.log | cut -c1-150
-    LOG_NAME=r4-stable PARTS=stable STABLE_PRESET=qwen3-1.7b STABLE_PRE=${STABLE_PRE:-160} STABLE_REFS=bf16-autocast \
+    # (KCHECK=0 skips the kernel check; STABLE_REFS="bf16-autocast bf16-mirror-fp32-norms" adds the
+    # reference's own spread: HF with BF16 embedding rows against HF autocast)
+    if [ "${KCHECK:-1}" = 1 ]; then
+      timeout 90 cuda_kernel_check --kernels-only > /tmp/kcheck.log 2>&1
+      echo "--- kernel check: exit $?: $(grep -c '^PASS' /tmp/kcheck.log) PASS, $(grep -c '^FAIL' /tmp/kcheck.log) FAIL"
+      grep -E "^FAIL|embedding" /tmp/kcheck.log | cut -c1-150
+    fi
+    LOG_NAME=r4-stable PARTS=stable STABLE_PRESET=qwen3-1.7b STABLE_PRE=${STABLE_PRE:-160} STABLE_REFS="${STABLE_REFS:-bf16-autocast}" \
       STABLE_HF_CAP=200 bash tools/gpu/session_p.sh > /dev/null 2>&1
     echo "--- stable done after $SECONDS s"; grep -E "^---|^stable|grad norms" "$out/r4-stable.log" | cut -c1-300
     ;;
-  *) echo "R=$R: expected 1, 2, 3 or 4" >&2; exit 2 ;;
+  5)  # Qwen3-4B, 1 GPU, act_policy auto, 64K tokens: the cost of the FP32 embedding rows (1 GB of
+      # random-token rows per step over the host link) against BF16 rows, and SLIDEDP_DETERMINISTIC's;
+      # then graddiff with the FP32 rows (ours should now sit at HF autocast's own floor)
+    for run in fp32 bf16 det; do
+      rows=$run; det=0; [ "$run" = det ] && rows=fp32 det=1
+      SLIDEDP_DETERMINISTIC=$det MODEL=qwen3-4b GPUS=1 TOKENS_LIST=65536 WHAT=ours ACT_POLICY=auto \
+        RUNTIME_EXTRA="embedding_rows: $rows" BUDGET_S=130 WORK=/tmp/e2e-rows-$run bash bench/e2e/run_bench.sh \
+        > /tmp/rows-$run.out 2>&1
+      echo "--- 4B auto 64K, embedding_rows $rows, SLIDEDP_DETERMINISTIC=$det: exit $?"
+      grep -E "^\| [0-9]" "$out/bench-summary.md" | head -n 2
+      grep -rh "last step" /tmp/e2e-rows-$run/runs 2>/dev/null | tail -n 1 | cut -c1-400
+      cp "$out/bench-summary.md" "$out/bench-4b-$run.md"
+    done
+    rm -f "$out/bench-summary.md" "$out/bench-results.json" "$out/bench-logs.txt"
+    LOG_NAME=r5-graddiff PARTS=graddiff bash tools/gpu/session_p.sh > /dev/null 2>&1
+    echo "--- graddiff done after $SECONDS s"; grep -v "Loading weights" "$out/r5-graddiff.log" | head -n 40 | cut -c1-200
+    ;;
+  *) echo "R=$R: expected 1 to 5" >&2; exit 2 ;;
 esac
 echo "=== session R=$R done after $SECONDS s"
