@@ -30,7 +30,9 @@
 #            or the pretrained weights in $PRETRAINED when the probe found some; then the same
 #            200-step fine-tune as before (lr 1e-5, 8 x 1,024, clip 1.0): ours against HF autocast,
 #            and HF bf16-mirror-fp32-norms against HF autocast (the reference's own spread;
-#            STABLE_REFS picks the HF precisions, STABLE_HF_CAP their time cap)
+#            STABLE_REFS picks the HF precisions, STABLE_HF_CAP their time cap; STABLE_PROBE=1 has
+#            the autocast reference record each batch's FP32 loss too, which compare_curves shows
+#            beside the steps that differ most)
 #   routes   issue 7: bench/e2e/scaling.sh routes on 2 GPUs (Qwen3-8B, 16K and 128K per GPU)
 #   weak14   issue 7: bench/e2e/scaling.sh weak14 on 1 and 2 GPUs (Qwen3-14B, 64K per GPU)
 # Output: $out/session-p.log and the parts' files.
@@ -207,12 +209,15 @@ YAML
   dump_batches --job "$d/ft.yaml" --out "$d/batches.bin" > /dev/null 2>&1
   for prec in ${STABLE_REFS:-bf16-autocast bf16-mirror-fp32-norms}; do
     t0=$SECONDS
-    timeout "${STABLE_HF_CAP:-200}" python3 tools/verify/hf_train_reference.py --batches "$d/batches.bin" --model "$src" --precision $prec \
-      --out "$out/stable-hf-$prec.json" > "$d/hf-$prec.log" 2>&1
+    # STABLE_PROBE=1: the autocast reference also records each batch's FP32 loss (--probe-fp32)
+    probe=(); cap=${STABLE_HF_CAP:-200}
+    if [ "${STABLE_PROBE:-0}" = 1 ] && [ "$prec" = bf16-autocast ]; then probe=(--probe-fp32); cap=$((cap + 150)); fi
+    timeout "$cap" python3 tools/verify/hf_train_reference.py --batches "$d/batches.bin" --model "$src" --precision $prec \
+      "${probe[@]}" --out "$out/stable-hf-$prec.json" > "$d/hf-$prec.log" 2>&1
     echo "--- stable HF $prec: exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/hf-$prec.log")"
   done
   python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-bf16-autocast.json" --tol 6e-4 --steps 200 |
-    head -n 3 | sed "s/^/stable ours vs HF autocast: /"
+    grep -v '^{' | sed "s/^/stable ours vs HF autocast: /"
   if [ -f "$out/stable-hf-bf16-mirror-fp32-norms.json" ]; then
     python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-bf16-mirror-fp32-norms.json" --tol 6e-4 \
       --steps 200 | head -n 3 | sed "s/^/stable ours vs HF mirror-fp32-norms: /"

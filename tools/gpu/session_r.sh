@@ -15,6 +15,9 @@
 #   R=3  routes on 2 GPUs (Qwen3-8B; replicated/sharded delivery x GPU/CPU reduction; 16K, 128K)
 #   R=4  (nvidia-h200) FP32 embedding rows (runtime.embedding_rows: fp32, new after R=1): the kernel
 #        check (its embedding cases), then R=1's 1.7B stable curves again
+#        Next: R=4 KCHECK=0 STABLE_PROBE=1 (each batch's FP32 loss beside the steps that differ most:
+#        whether R4's isolated 1.8e-3 steps are batches whose loss moves that much with the
+#        arithmetic alone)
 #   R=5  (nvidia-h200) Qwen3-4B auto at 64K with FP32 / BF16 embedding rows and with
 #        SLIDEDP_DETERMINISTIC=1 (their speed costs), then graddiff with the FP32 rows
 # Output: $out/session-r<R>.log and the parts' files.

@@ -8,6 +8,9 @@ of ours (1 GPU against 2 GPUs at the same global batch). Either file may be in e
 
 Prints the maximum and mean absolute loss difference over the common steps (and where the
 maximum is), and the verdict max |diff| <= tol. --steps N requires steps 1..N in both files.
+When a file is an hf_train_reference.py run with --probe-fp32, also prints the steps that differ
+most with that reference's own |loss - FP32 loss| on the same batch and weights beside each (how
+much the batch's loss moves with the arithmetic alone), and that sensitivity's median.
 Exit status 0 pass, 1 fail, 2 for unusable input. Pure Python (no numpy/torch).
 """
 import argparse
@@ -43,6 +46,19 @@ def compare(a, b, steps=0):
             "only_in_second": len(set(b) - set(common))}
 
 
+def sensitivity(a, b, ref, probe, top=5):
+    """Where curves a and b differ most, the reference's (ref, a {step: loss} that holds probe's
+    steps) |loss - FP32 probe| on the same batch: [(step, |a - b|, sensitivity)], and the median
+    sensitivity over the probed steps."""
+    steps = sorted(set(a) & set(b) & set(probe) & set(ref))
+    if not steps:
+        return [], None
+    sens = {s: abs(ref[s] - probe[s]) for s in steps}
+    worst = sorted(steps, key=lambda s: -abs(a[s] - b[s]))[:top]
+    ordered = sorted(sens.values())
+    return [(s, abs(a[s] - b[s]), sens[s]) for s in worst], ordered[len(ordered) // 2]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("first", help="our metrics JSONL (or a curve JSON)")
@@ -69,6 +85,15 @@ def main():
           f"at step {r['max_at_step']}, mean {r['mean_abs_diff']:.3e}; loss {r['first_loss'][0]:.4f}/"
           f"{r['first_loss'][1]:.4f} -> {r['last_loss'][0]:.4f}/{r['last_loss'][1]:.4f}")
     print(f"verdict: max |diff| {'<=' if ok else '>'} {args.tol:g} -> {'PASS' if ok else 'FAIL'}")
+    for path, ref in ((args.second, b), (args.first, a)):
+        probe = hf_common.load_probe(path)
+        rows, median = sensitivity(a, b, ref, probe)
+        if rows:
+            r["probe_median"] = median
+            r["probe_at_worst"] = [[s, d, v] for s, d, v in rows]
+            print(f"where they differ most, {os.path.basename(path)}'s own |loss - FP32 loss| on the batch "
+                  f"(median {median:.2e}): " + ", ".join(f"step {s}: {d:.2e} vs {v:.2e}" for s, d, v in rows))
+            break
     print(json.dumps(r))
     if args.json:
         with open(args.json, "w") as f:

@@ -202,6 +202,17 @@ def read_safetensors_header(path):
     return meta, {k: (v["dtype"], v["shape"], tuple(v["data_offsets"])) for k, v in h.items()}
 
 
+def load_probe(path):
+    """{step: loss_fp32_probe} of an hf_train_reference.py JSON run with --probe-fp32 (the same
+    batch's loss in FP32 at the weights the step trained on), or {} when it has none."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        return {int(r["step"]): float(r["loss_fp32_probe"]) for r in doc["curve"] if "loss_fp32_probe" in r}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return {}
+
+
 def load_curve(path):
     """{step: loss} from our metrics JSONL (hostd's metrics-<job>.jsonl; a repeated step, e.g.
     after a restart, keeps its last record) or an hf_train_reference.py JSON file."""
@@ -244,10 +255,19 @@ def load_hf_model(model_dir, dtype, attn="sdpa"):
         return Qwen3ForCausalLM.from_pretrained(model_dir, torch_dtype=dtype, attn_implementation=attn)
 
 
-def hf_loss_backward(model, segments, total_trained, token_budget, autocast=True):
+def hf_loss_backward(model, segments, total_trained, token_budget, autocast=True, backward=True):
     """Runs every piece through the HF model (right-padded batches, see the module comment),
     accumulates d(sum CE / total_trained)/dparams into .grad and returns (sum CE / total_trained)
-    as a float. Logits are upcast to FP32 for the cross entropy, as HF's ForCausalLMLoss does."""
+    as a float. Logits are upcast to FP32 for the cross entropy, as HF's ForCausalLMLoss does.
+    backward=False: the loss only (no graph, .grad untouched)."""
+    import torch
+    if not backward:
+        with torch.no_grad():
+            return _hf_loss(model, segments, total_trained, token_budget, autocast, False)
+    return _hf_loss(model, segments, total_trained, token_budget, autocast, True)
+
+
+def _hf_loss(model, segments, total_trained, token_budget, autocast, backward):
     import torch
     import torch.nn.functional as F
     device = next(model.parameters()).device
@@ -266,7 +286,8 @@ def hf_loss_backward(model, segments, total_trained, token_budget, autocast=True
             logits = model(input_ids=ids, use_cache=False).logits
         ce = F.cross_entropy(logits.float().reshape(-1, vocab), lab.reshape(-1), ignore_index=IGNORE_INDEX,
                              reduction="sum")
-        (ce / total_trained).backward()
+        if backward:
+            (ce / total_trained).backward()
         total += ce.item()
         del logits, ce
     return total / total_trained

@@ -23,8 +23,13 @@ metrics-<job>.jsonl. Compare with tools/verify/compare_curves.py.
 BF16-rounded weights, as SlideDP's workers do (autocast alone leaves the RMSNorm weights and the
 embedding lookup in FP32): the reference for our arithmetic with runtime.norm_weights: bf16.
 --precision bf16-mirror-fp32-norms rounds every weight but the (1-D) norm weights: the reference
-for our default (runtime.norm_weights: fp32); it differs from plain autocast only in the
-embedding rows, which autocast looks up in FP32.
+for our workers with runtime.embedding_rows: bf16; it differs from plain autocast only in the
+embedding rows, which autocast looks up in FP32 (as our default, embedding_rows: fp32, does).
+
+--probe-fp32 also records, at every step, the same batch's loss in FP32 (no autocast, no TF32) at
+the weights that step trains on ("loss_fp32_probe"; one extra forward per step): how much that
+batch's loss moves with the arithmetic alone. compare_curves.py shows it beside the steps where
+two curves differ most.
 
 Usage (GPU machine):
   python3 tools/verify/hf_train_reference.py --batches BATCHES.bin --out hf_curve.json [--steps N]
@@ -91,7 +96,18 @@ def make_scheduler(optimizer, s):
     return sched
 
 
-def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision="bf16-autocast"):
+def fp32_loss(model, segments, trained, token_budget):
+    """The batch's loss in FP32 (no autocast, no TF32) at the model's current weights, no grad."""
+    import torch
+    tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        return hf_common.hf_loss_backward(model, segments, trained, token_budget, autocast=False, backward=False)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+
+
+def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision="bf16-autocast", probe_fp32=False):
     import torch
     if precision == "fp32":  # the noise floor of the reference: no autocast, no TF32
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -123,6 +139,9 @@ def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision
         if trained != sum(1 for _, lab in segments for x in lab if x != hf_common.IGNORE_INDEX):
             raise SystemExit(f"step {t}: trained_tokens in the header disagrees with the labels")
         lr = sched.get_last_lr()[0]
+        # --probe-fp32: how much this batch's loss moves with the arithmetic alone, at the same
+        # (FP32 master) weights: the reference's own precision sensitivity, step by step.
+        probe = fp32_loss(model, segments, trained, token_budget) if probe_fp32 else None
         t0 = time.time()
         opt.zero_grad(set_to_none=True)
         if precision.startswith("bf16-mirror"):
@@ -149,6 +168,8 @@ def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision
         torch.cuda.synchronize()
         rec = {"step": t + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "trained_tokens": trained,
                "tokens": meta["num_tokens"], "time_s": time.time() - t0}
+        if probe is not None:
+            rec["loss_fp32_probe"] = probe
         curve.append(rec)
         if log_every and (t % log_every == 0 or t + 1 == s["steps"]):
             print(json.dumps(rec), flush=True)
@@ -216,12 +237,14 @@ def selftest():
         batches = hf_common.BatchesFile(path)
         ns = argparse.Namespace(steps=0, **{k: None for k in SETTINGS})
         s = resolve_settings(ns, batches)
-        doc = train(model_dir, batches, s, token_budget=4096, out_path=None, log_every=0)
+        doc = train(model_dir, batches, s, token_budget=4096, out_path=None, log_every=0, probe_fp32=True)
         losses = [r["loss"] for r in doc["curve"]]
+        probes = [r["loss_fp32_probe"] for r in doc["curve"]]
         lrs = [r["lr"] for r in doc["curve"]]
         print("selftest losses", " ".join(f"{x:.3f}" for x in losses))
+        # The FP32 probe sees the same weights: close to the autocast loss, never equal to all digits.
         ok = (all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.1 and lrs[0] == 0.0
-              and abs(lrs[2] - 3e-3) < 1e-12)
+              and abs(lrs[2] - 3e-3) < 1e-12 and all(abs(p - x) < 5e-2 for p, x in zip(probes, losses)))
         print("hf_train_reference selftest:", "PASS" if ok else "FAIL")
         return 0 if ok else 1
 
@@ -241,7 +264,10 @@ def main():
                     help="fp32: the reference's own noise floor (no autocast, no TF32); bf16-mirror: autocast "
                          "with every weight rounded to BF16 for forward and backward (the norm weights and "
                          "embedding rows too, as SlideDP's mirror gives them), FP32 master for AdamW; "
-                         "bf16-mirror-fp32-norms: the same but the norm weights stay FP32 (our default)")
+                         "bf16-mirror-fp32-norms: the same but the norm weights stay FP32 (our workers with "
+                         "runtime.embedding_rows: bf16; our default, FP32 rows, is bf16-autocast's arithmetic)")
+    ap.add_argument("--probe-fp32", action="store_true",
+                    help="also record each batch's FP32 loss at the step's weights (loss_fp32_probe)")
     ap.add_argument("--selftest", action="store_true")
     args = ap.parse_args()
     if args.selftest:
@@ -254,7 +280,8 @@ def main():
         ap.error("no model directory: give --model (the batches file names none)")
     s = resolve_settings(args, batches)
     print(f"model {model_dir}, {s['steps']} steps, settings {json.dumps(s)}", flush=True)
-    doc = train(model_dir, batches, s, args.token_budget, args.out, precision=args.precision)
+    doc = train(model_dir, batches, s, args.token_budget, args.out, precision=args.precision,
+                probe_fp32=args.probe_fp32)
     print(f"wrote {args.out}: {len(doc['curve'])} steps in {doc['seconds']:.1f} s, "
           f"loss {doc['curve'][0]['loss']:.4f} -> {doc['curve'][-1]['loss']:.4f}")
     return 0

@@ -129,6 +129,19 @@ class PurePython(unittest.TestCase):
                 compare_curves.compare(a, b, steps=6)
             script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compare_curves.py")
             self.assertEqual(subprocess.run([sys.executable, script, ours, ref], capture_output=True).returncode, 0)
+            # A reference run with --probe-fp32: the worst step shown with its batch's sensitivity.
+            probed = os.path.join(d, "hf-probed.json")
+            with open(probed, "w") as f:
+                json.dump({"format": "slidedp-hf-curve", "curve": [
+                    {"step": s, "loss": 5.0 - 0.1 * s, "loss_fp32_probe": 5.0 - 0.1 * s + 1e-4 * s}
+                    for s in range(1, 6)]}, f)
+            self.assertEqual(hf_common.load_probe(ref), {})
+            rows, median = compare_curves.sensitivity(a, b, b, hf_common.load_probe(probed), top=2)
+            self.assertEqual(rows[0][0], 3)
+            self.assertAlmostEqual(rows[0][2], 3e-4)
+            self.assertAlmostEqual(median, 3e-4)
+            out = subprocess.run([sys.executable, script, ours, probed], capture_output=True, text=True)
+            self.assertIn("step 3: 3.00e-04 vs 3.00e-04", out.stdout)
             self.assertEqual(subprocess.run([sys.executable, script, ours, ref, "--tol", "1e-4"],
                                             capture_output=True).returncode, 1)
 
