@@ -154,6 +154,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
                                                                      {"selective", ActivationPolicy::kSelective},
                                                                      {"auto", ActivationPolicy::kAuto}})},
         {"norm_weights", Enum<NormWeights>(&JobSpec::norm_weights, {{"fp32", NormWeights::kFp32}, {"bf16", NormWeights::kBf16}})},
+        {"deterministic", Bool(&JobSpec::deterministic)},
         {"embedding_rows", Enum<EmbeddingRows>(&JobSpec::embedding_rows, {{"fp32", EmbeddingRows::kFp32},
                                                                           {"bf16", EmbeddingRows::kBf16}})},
         {"offload_ratio", Real(&JobSpec::offload_ratio, 0, 1)},
@@ -377,6 +378,7 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "act_policy" << YAML::Value << ToString(act_policy);
   e << YAML::Key << "norm_weights" << YAML::Value << ToString(norm_weights);
   e << YAML::Key << "embedding_rows" << YAML::Value << ToString(embedding_rows);
+  e << YAML::Key << "deterministic" << YAML::Value << deterministic;
   e << YAML::Key << "offload_ratio" << YAML::Value << offload_ratio;
   e << YAML::Key << "ring_slots" << YAML::Value << ring_slots;
   e << YAML::Key << "step_timeout_ms" << YAML::Value << step_timeout_ms;

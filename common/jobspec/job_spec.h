@@ -74,6 +74,9 @@ struct JobSpec {
   ActivationPolicy act_policy = ActivationPolicy::kRecomputeLayer;
   NormWeights norm_weights = NormWeights::kFp32;
   EmbeddingRows embedding_rows = EmbeddingRows::kFp32;
+  // Bitwise-repeatable runs: the CUDA workers run the attention backward through kernels that add
+  // dQ in a fixed order (slower; docs/kernels.md). The CPU backend always repeats bit for bit.
+  bool deterministic = false;
   double offload_ratio = 0.0;  // fraction of layer checkpoints kept in pinned host memory
   int32_t ring_slots = 4;
   int64_t step_timeout_ms = 600000;  // a gate or ring wait longer than this fails the job

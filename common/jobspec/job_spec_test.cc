@@ -13,7 +13,7 @@ output: {dir: out/tiny, save_every: 10, keep_last: 3}
 train: {seq_len: 128, global_batch: 8, micro_batch: 2, steps: 20, seed: 7}
 optimizer: {lr: 1.0e-3, weight_decay: 0.1}
 schedule: {kind: cosine, warmup_steps: 2, min_lr: 1.0e-5}
-runtime: {backend: cpu, workers: 2, act_policy: selective}
+runtime: {backend: cpu, workers: 2, act_policy: selective, deterministic: true, embedding_rows: bf16}
 )";
 
 absl::Status ParseError(const std::string& text) {
@@ -30,6 +30,8 @@ TEST(JobSpec, ParsesAndResolves) {
   EXPECT_EQ(s->seq_len, 128);
   EXPECT_EQ(s->schedule, ScheduleKind::kCosine);
   EXPECT_EQ(s->act_policy, ActivationPolicy::kSelective);
+  EXPECT_TRUE(s->deterministic);
+  EXPECT_EQ(s->embedding_rows, EmbeddingRows::kBf16);
   EXPECT_DOUBLE_EQ(s->max_grad_norm, 1.0);  // HF default
   // The resolved YAML parses back to the same spec.
   auto again = JobSpec::Parse(s->ToYaml(), "/elsewhere", JobSpec::FileCheck::kSkip);

@@ -19,7 +19,7 @@
 #        whether R4's isolated 1.8e-3 steps are batches whose loss moves that much with the
 #        arithmetic alone)
 #   R=5  (nvidia-h200) Qwen3-4B auto at 64K with FP32 / BF16 embedding rows and with
-#        SLIDEDP_DETERMINISTIC=1 (their speed costs), then graddiff with the FP32 rows
+#        runtime.deterministic: true (their speed costs), then graddiff with the FP32 rows
 # Output: $out/session-r<R>.log and the parts' files.
 set -u
 R=${R:-1}
@@ -69,11 +69,12 @@ case "$R" in
       # random-token rows per step over the host link) against BF16 rows, and SLIDEDP_DETERMINISTIC's;
       # then graddiff with the FP32 rows (ours should now sit at HF autocast's own floor)
     for run in fp32 bf16 det; do
-      rows=$run; det=0; [ "$run" = det ] && rows=fp32 det=1
-      SLIDEDP_DETERMINISTIC=$det MODEL=qwen3-4b GPUS=1 TOKENS_LIST=65536 WHAT=ours ACT_POLICY=auto \
-        RUNTIME_EXTRA="embedding_rows: $rows" BUDGET_S=130 WORK=/tmp/e2e-rows-$run bash bench/e2e/run_bench.sh \
-        > /tmp/rows-$run.out 2>&1
-      echo "--- 4B auto 64K, embedding_rows $rows, SLIDEDP_DETERMINISTIC=$det: exit $?"
+      rows=$run; det=false; [ "$run" = det ] && rows=fp32 det=true
+      MODEL=qwen3-4b GPUS=1 TOKENS_LIST=65536 WHAT=ours ACT_POLICY=auto \
+        RUNTIME_EXTRA="embedding_rows: $rows, deterministic: $det" BUDGET_S=130 WORK=/tmp/e2e-rows-$run \
+        bash bench/e2e/run_bench.sh > /tmp/rows-$run.out 2>&1
+      echo "--- 4B auto 64K, embedding_rows $rows, deterministic $det: exit $?"
+      grep -rh "deterministic on" /tmp/e2e-rows-$run/runs 2>/dev/null | head -n 1 | sed 's/^.*\] //'
       grep -E "^\| [0-9]" "$out/bench-summary.md" | head -n 2
       grep -rh "last step" /tmp/e2e-rows-$run/runs 2>/dev/null | tail -n 1 | cut -c1-400
       cp "$out/bench-summary.md" "$out/bench-4b-$run.md"

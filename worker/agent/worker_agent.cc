@@ -375,6 +375,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   ASSIGN_OR_RETURN(auto ring, state::GradRing::Attach(a.ring_segment(), state::RingRole::kProducer, &job_state->abort()));
   ASSIGN_OR_RETURN(ComputeBackend * backend, BackendFor(config));
   backend->ResetPeakMemory();  // the reported GPU peak is this job's
+  backend->SetDeterministic(spec.deterministic);
   // hostd read the whole dataset at submit (sizes, token ids against the vocabulary), and every
   // micro-batch is checked again at upload: no second full scan per rank here.
   data::ReaderOptions dopt;

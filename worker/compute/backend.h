@@ -102,6 +102,10 @@ class ComputeBackend {
   virtual DType activation_dtype() const = 0;
   const Qwen3Config& config() const { return config_; }
 
+  // Bitwise-repeatable backward from now on (runtime.deterministic), or the backend's default.
+  // The CPU backend always is; the CUDA backend then adds attention's dQ in a fixed order.
+  virtual void SetDeterministic(bool on) {}
+
   virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) = 0;
   virtual absl::Status Memset(DeviceBuffer& buf, int value) = 0;
   // Synchronous copies between host memory and a device buffer (tests, small metadata).

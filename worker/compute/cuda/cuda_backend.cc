@@ -187,7 +187,17 @@ struct StackedWeight {
 class CudaBackend final : public ComputeBackend {
  public:
   CudaBackend(const Qwen3Config& config, int device, const CudaBackendOptions& options)
-      : ComputeBackend(config), device_(device), options_(options) {}
+      : ComputeBackend(config), device_(device), options_(options), deterministic_default_(options.deterministic) {}
+
+  // A job's runtime.deterministic adds to the construction-time setting (SLIDEDP_DETERMINISTIC).
+  void SetDeterministic(bool on) override {
+    const bool want = on || deterministic_default_;
+    if (want != options_.deterministic) {
+      LOG(INFO) << "CUDA backend on GPU " << device_ << ": deterministic " << (want ? "on" : "off")
+                << (want ? " (attention backward: own kernels, ordered dQ)" : "");
+    }
+    options_.deterministic = want;
+  }
 
   ~CudaBackend() override {
     if (stream_ != nullptr) {
@@ -457,6 +467,7 @@ class CudaBackend final : public ComputeBackend {
 
   int device_;
   CudaBackendOptions options_;
+  bool deterministic_default_ = false;  // options.deterministic at construction
   cudaStream_t stream_ = nullptr;
   GemmRunner gemm_;
   std::unique_ptr<kernels::CudnnAttention> cudnn_;
