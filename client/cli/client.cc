@@ -227,9 +227,11 @@ absl::StatusOr<v1::Job> Client::Watch(const std::string& id, std::ostream& out, 
     };
     out << absl::StrFormat(
         "last step: %.3f s, %.3g model TFLOP/s per GPU, GPU peak %s, host state %s; worker waits: gates %.3f s, "
-        "ring slots %.3f s; copies: H2D %.3f s, D2H %.3f s; host: aggregate %.3f s, update tail %.3f s\n",
+        "ring slots %.3f s; copies: H2D %.3f s, D2H %.3f s; host: aggregate %.3f s, updates %.3f s (%.2f Gparam/s), "
+        "update tail %.3f s\n",
         m.step_time_s(), m.model_tflops(), bytes(m.gpu_peak_bytes()), bytes(m.host_state_bytes()), m.worker_gate_wait_s(),
-        m.worker_ring_wait_s(), m.worker_h2d_s(), m.worker_d2h_s(), m.host_aggregate_s(), m.host_update_tail_s());
+        m.worker_ring_wait_s(), m.worker_h2d_s(), m.worker_d2h_s(), m.host_aggregate_s(), m.host_update_s(),
+        m.host_update_gparams_per_s(), m.host_update_tail_s());
   }
   if (!f.error().empty()) out << "error: " << f.error() << "\n";
   return final_job;

@@ -86,6 +86,7 @@ struct StepProgress {
   int updates_pending ABSL_GUARDED_BY(mu) = 0;
   std::vector<int64_t> unit_left ABSL_GUARDED_BY(mu);  // elements of each unit not yet updated
   absl::Status first_error ABSL_GUARDED_BY(mu);
+  absl::Time first_submit ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();  // the step's first update
 };
 
 }  // namespace
@@ -714,6 +715,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
       {
         absl::MutexLock l(&progress.mu);
         progress.updates_pending++;
+        if (progress.first_submit == absl::InfiniteFuture()) progress.first_submit = absl::Now();
       }
       state::VersionGate* gate = &job_state->version(u);
       const uint32_t next = static_cast<uint32_t>(t + 1);
@@ -932,7 +934,16 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     }
     const absl::Time t_tail = absl::Now();
     std::move(drain).Invoke();
-    const double update_tail_s = absl::ToDoubleSeconds(absl::Now() - t_tail);
+    const absl::Time t_updated = absl::Now();
+    const double update_tail_s = absl::ToDoubleSeconds(t_updated - t_tail);
+    // The update window: from the step's first update submitted to its last one done. With
+    // clipping (the default) it opens once the norm is known, so the step's parameters over it
+    // are LayerAdam's rate in place, next to the copies and the next step's forward.
+    double update_s = 0;
+    {
+      absl::MutexLock l(&progress.mu);
+      if (progress.first_submit < t_updated) update_s = absl::ToDoubleSeconds(t_updated - progress.first_submit);
+    }
     {
       absl::MutexLock l(&progress.mu);
       if (!progress.first_error.ok()) return progress.first_error;
@@ -967,6 +978,8 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     m.set_host_aggregate_s(aggregate_s);
     m.set_host_wait_s(wait_s);
     m.set_host_update_tail_s(update_tail_s);
+    m.set_host_update_s(update_s);
+    m.set_host_update_gparams_per_s(update_s > 0 ? static_cast<double>(layout.total_numel) / update_s / 1e9 : 0);
     m.set_loss(loss);
     m.set_learning_rate(lr);
     m.set_grad_norm(grad_norm);
@@ -985,7 +998,9 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
                           {"busy_s", {{"worker_step", m.worker_step_s()}, {"worker_gate_wait", m.worker_gate_wait_s()},
                                       {"worker_ring_wait", m.worker_ring_wait_s()}, {"worker_h2d", m.worker_h2d_s()},
                                       {"worker_d2h", m.worker_d2h_s()}, {"host_aggregate", m.host_aggregate_s()},
-                                      {"host_wait", m.host_wait_s()}, {"host_update_tail", m.host_update_tail_s()}}},
+                                      {"host_wait", m.host_wait_s()}, {"host_update_tail", m.host_update_tail_s()},
+                                      {"host_update", m.host_update_s()}}},
+                          {"host_update_gparams_per_s", m.host_update_gparams_per_s()},
                           {"host_state_bytes", m.host_state_bytes()},
                           {"world_size", world},
                           {"grad_reduction", gpu_route ? "gpu" : "cpu"},

@@ -580,6 +580,11 @@ TEST(Training, GpuAndCpuGradientRoutesMatchOneWorker) {
       EXPECT_EQ(lines.back().value("grad_staging", ""), staging) << id;
       EXPECT_GT(lines.back().value("host_state_bytes", int64_t{0}), 0);
       EXPECT_GT(lines.back().value("grad_norm", 0.0), 0.0);
+      // The update window (first update submitted to last done) and LayerAdam's rate over it.
+      const double update_s = lines.back()["busy_s"].value("host_update", 0.0);
+      EXPECT_GT(update_s, 0.0) << id;
+      EXPECT_NEAR(lines.back().value("host_update_gparams_per_s", 0.0) * update_s * 1e9,
+                  static_cast<double>(TinyLayout().total_numel), 1.0) << id;
     }
     EXPECT_TRUE(node.LeakedSegments().empty());
   }
