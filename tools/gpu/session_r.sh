@@ -68,6 +68,9 @@ case "$R" in
   5)  # Qwen3-4B, 1 GPU, act_policy auto, 64K tokens: the cost of the FP32 embedding rows (1 GB of
       # random-token rows per step over the host link) against BF16 rows, and SLIDEDP_DETERMINISTIC's;
       # then graddiff with the FP32 rows (ours should now sit at HF autocast's own floor)
+    # compute-only with the FP32 table in mapped pinned memory (bench_step since 240bc8e)
+    timeout 90 bench_step --model qwen3-4b --seq 4096 --tokens 65536 --micro-batch-rows 4 --policy recompute \
+      --steps 3 --gpu 0 2>&1 | tail -n 3 | cut -c1-300
     for run in fp32 bf16 det; do
       rows=$run; det=false; [ "$run" = det ] && rows=fp32 det=true
       MODEL=qwen3-4b GPUS=1 TOKENS_LIST=65536 WHAT=ours ACT_POLICY=auto \
