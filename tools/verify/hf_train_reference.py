@@ -242,7 +242,7 @@ def selftest():
         probes = [r["loss_fp32_probe"] for r in doc["curve"]]
         lrs = [r["lr"] for r in doc["curve"]]
         print("selftest losses", " ".join(f"{x:.3f}" for x in losses))
-        # The FP32 probe sees the same weights: close to the autocast loss, never equal to all digits.
+        # The FP32 probe sees the same weights as the step: its loss is close to the autocast one.
         ok = (all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.1 and lrs[0] == 0.0
               and abs(lrs[2] - 3e-3) < 1e-12 and all(abs(p - x) < 5e-2 for p, x in zip(probes, losses)))
         print("hf_train_reference selftest:", "PASS" if ok else "FAIL")
