@@ -135,6 +135,7 @@ def parse_ours(d):
         r["tokens_per_s"] = med("tokens_per_s")
         r["tokens_per_s_per_gpu"] = r["tokens_per_s"] / gpus
         r["model_tflops"] = med("model_tflops")
+        r["update_gparams_per_s"] = med("host_update_gparams_per_s")  # LayerAdam's rate in place
         r["gpu_peak_gib"] = max(float(m.get("gpu_peak_bytes", 0) or 0) for m in rows) / GIB
         hs = [float(m["host_state_bytes"]) for m in rows if m.get("host_state_bytes")]
         r["host_state_gib"] = max(hs) / GIB if hs else None
