@@ -942,11 +942,8 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     double update_s = 0;
     {
       absl::MutexLock l(&progress.mu);
-      if (progress.first_submit < t_updated) update_s = absl::ToDoubleSeconds(t_updated - progress.first_submit);
-    }
-    {
-      absl::MutexLock l(&progress.mu);
       if (!progress.first_error.ok()) return progress.first_error;
+      if (progress.first_submit < t_updated) update_s = absl::ToDoubleSeconds(t_updated - progress.first_submit);
     }
     job_state->step_counter().store(t + 1);
 

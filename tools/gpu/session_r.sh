@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU session R (session 6, nvidia-h200-x2), in calls of at most 10 minutes each:
+# GPU session R (session 6; replaces the unrun session_q.sh), in calls of at most 10 minutes each:
 #   R=1  the two GPUs side by side, each with its own log:
 #          GPU 0: session_p.sh's `ordered` (SLIDEDP_DETERMINISTIC=1 on the GPU for the first time:
 #                 the kernel check's ordered-dQ cases, the attention backward benches, the 0.6B
