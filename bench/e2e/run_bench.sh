@@ -26,6 +26,8 @@
 #   SLIDEDP_BIN  where slidedp/bench_step are when there is no .gpu bundle (build/bin)
 #   ACT_POLICY   recompute | selective | keep_all for ours (recompute, like the peer's checkpointing)
 #   RUNTIME_EXTRA  more runtime keys for ours, e.g. "grad_reduction: cpu, param_delivery: sharded"
+#   MAX_GRAD_NORM  ours' train.max_grad_norm (1.0); 0 = no clipping, as the FSDP2 peer (which
+#                  never clips): updates then start during the backward
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 
@@ -33,7 +35,7 @@ usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 for arg in "$@"; do
   case $arg in
     -h|--help) usage; exit 0 ;;
-    MODEL=*|GPUS=*|TOKENS_LIST=*|RUNTIME_EXTRA=*|ACT_POLICY=*|SEQ=*|STEPS=*|MICRO_ROWS=*|FSDP_STEPS=*|WHAT=*|BACKEND=*|*_CAP=*|BUDGET_S=*|WORK=*|FRESH=*|RESUME=*|SLIDEDP_BIN=*)
+    MODEL=*|GPUS=*|TOKENS_LIST=*|RUNTIME_EXTRA=*|MAX_GRAD_NORM=*|ACT_POLICY=*|SEQ=*|STEPS=*|MICRO_ROWS=*|FSDP_STEPS=*|WHAT=*|BACKEND=*|*_CAP=*|BUDGET_S=*|WORK=*|FRESH=*|RESUME=*|SLIDEDP_BIN=*)
       export "${arg?}" ;;
     *) echo "run_bench: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
@@ -182,7 +184,7 @@ name: e2e
 model: {preset: $MODEL, init_seed: 0}
 data: {path: $data}
 output: {dir: $d/out, save_final: false}
-train: {seq_len: $SEQ, global_batch: $global, micro_batch: $micro, steps: $STEPS, seed: 0, max_grad_norm: 1.0}
+train: {seq_len: $SEQ, global_batch: $global, micro_batch: $micro, steps: $STEPS, seed: 0, max_grad_norm: ${MAX_GRAD_NORM:-1.0}}
 optimizer: {lr: 1.0e-5, weight_decay: 0.01}
 runtime: {workers: $g, act_policy: ${ACT_POLICY:-recompute}${RUNTIME_EXTRA:+, $RUNTIME_EXTRA}}
 YAML

@@ -18,8 +18,9 @@
 #        Next: R=4 KCHECK=0 STABLE_PROBE=1 (each batch's FP32 loss beside the steps that differ most:
 #        whether R4's isolated 1.8e-3 steps are batches whose loss moves that much with the
 #        arithmetic alone)
-#   R=5  (nvidia-h200) Qwen3-4B auto at 64K with FP32 / BF16 embedding rows and with
-#        runtime.deterministic: true (their speed costs), then graddiff with the FP32 rows
+#   R=5  (nvidia-h200) Qwen3-4B auto at 64K without clipping (as the FSDP2 peer) and the peer at
+#        16K; with clipping: FP32 / BF16 embedding rows and runtime.deterministic: true (their
+#        speed costs); 128K without clipping; GRADDIFF=1 adds graddiff with the FP32 rows
 # Output: $out/session-r<R>.log and the parts' files.
 set -u
 R=${R:-1}
@@ -65,26 +66,32 @@ case "$R" in
       STABLE_HF_CAP=200 bash tools/gpu/session_p.sh > /dev/null 2>&1
     echo "--- stable done after $SECONDS s"; grep -E "^---|^stable|grad norms" "$out/r4-stable.log" | cut -c1-300
     ;;
-  5)  # Qwen3-4B, 1 GPU, act_policy auto, 64K tokens: the cost of the FP32 embedding rows (1 GB of
-      # random-token rows per step over the host link) against BF16 rows, and SLIDEDP_DETERMINISTIC's;
-      # then graddiff with the FP32 rows (ours should now sit at HF autocast's own floor)
-    # compute-only with the FP32 table in mapped pinned memory (bench_step since 240bc8e)
+  5)  # Qwen3-4B, 1 GPU, act_policy auto: first without clipping (as the FSDP2 peer, which never
+      # clips: updates start during the backward) and the peer itself at 16K in the same call; then
+      # with clipping: the cost of the FP32 embedding rows (1 GB of random-token rows per step over
+      # the host link) against BF16 rows, and runtime.deterministic's; GRADDIFF=1 adds graddiff
     timeout 90 bench_step --model qwen3-4b --seq 4096 --tokens 65536 --micro-batch-rows 4 --policy recompute \
       --steps 3 --gpu 0 2>&1 | tail -n 3 | cut -c1-300
-    for run in fp32 bf16 det; do
-      rows=$run; det=false; [ "$run" = det ] && rows=fp32 det=true
-      MODEL=qwen3-4b GPUS=1 TOKENS_LIST=65536 WHAT=ours ACT_POLICY=auto \
-        RUNTIME_EXTRA="embedding_rows: $rows, deterministic: $det" BUDGET_S=130 WORK=/tmp/e2e-rows-$run \
-        bash bench/e2e/run_bench.sh > /tmp/rows-$run.out 2>&1
-      echo "--- 4B auto 64K, embedding_rows $rows, deterministic $det: exit $?"
-      grep -rh "deterministic on" /tmp/e2e-rows-$run/runs 2>/dev/null | head -n 1 | sed 's/^.*\] //'
+    for run in noclip fsdp2 fp32 bf16 det noclip128; do
+      rows=fp32 det=false clip=1.0 tokens=65536 what=ours
+      case $run in
+        bf16) rows=bf16 ;; det) det=true ;; noclip) clip=0 ;; noclip128) clip=0 tokens=131072 ;;
+        fsdp2) what=fsdp2 tokens=16384 ;;
+      esac
+      MODEL=qwen3-4b GPUS=1 TOKENS_LIST=$tokens WHAT=$what ACT_POLICY=auto MAX_GRAD_NORM=$clip \
+        RUNTIME_EXTRA="embedding_rows: $rows, deterministic: $det" BUDGET_S=120 WORK=/tmp/e2e-r5-$run \
+        bash bench/e2e/run_bench.sh > /tmp/r5-$run.out 2>&1
+      echo "--- 4B $what $tokens, embedding_rows $rows, deterministic $det, max_grad_norm $clip: exit $? after $SECONDS s"
+      grep -rh "deterministic on" /tmp/e2e-r5-$run/runs 2>/dev/null | head -n 1 | sed 's/^.*\] //'
       grep -E "^\| [0-9]" "$out/bench-summary.md" | head -n 2
-      grep -rh "last step" /tmp/e2e-rows-$run/runs 2>/dev/null | tail -n 1 | cut -c1-400
-      cp "$out/bench-summary.md" "$out/bench-4b-$run.md"
+      grep -rh "last step" /tmp/e2e-r5-$run/runs 2>/dev/null | tail -n 1 | cut -c1-400
+      { echo "## $run"; cat "$out/bench-summary.md"; } >> "$out/bench-4b-r5.md"
     done
     rm -f "$out/bench-summary.md" "$out/bench-results.json" "$out/bench-logs.txt"
-    LOG_NAME=r5-graddiff PARTS=graddiff bash tools/gpu/session_p.sh > /dev/null 2>&1
-    echo "--- graddiff done after $SECONDS s"; grep -v "Loading weights" "$out/r5-graddiff.log" | head -n 40 | cut -c1-200
+    if [ "${GRADDIFF:-0}" = 1 ]; then
+      LOG_NAME=r5-graddiff PARTS=graddiff bash tools/gpu/session_p.sh > /dev/null 2>&1
+      echo "--- graddiff done after $SECONDS s"; grep -v "Loading weights" "$out/r5-graddiff.log" | head -n 40 | cut -c1-200
+    fi
     ;;
   *) echo "R=$R: expected 1 to 5" >&2; exit 2 ;;
 esac
