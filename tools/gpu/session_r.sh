@@ -21,6 +21,7 @@
 #   R=5  (nvidia-h200) Qwen3-4B auto at 64K without clipping (as the FSDP2 peer) and the peer at
 #        16K; with clipping: FP32 / BF16 embedding rows and runtime.deterministic: true (their
 #        speed costs); 128K without clipping; GRADDIFF=1 adds graddiff with the FP32 rows
+#   R=6  (nvidia-h200) graddiff alone
 # Output: $out/session-r<R>.log and the parts' files.
 set -u
 R=${R:-1}
@@ -93,6 +94,10 @@ case "$R" in
       echo "--- graddiff done after $SECONDS s"; grep -v "Loading weights" "$out/r5-graddiff.log" | head -n 40 | cut -c1-200
     fi
     ;;
-  *) echo "R=$R: expected 1 to 5" >&2; exit 2 ;;
+  6)  # graddiff alone (R=5's GRADDIFF part): the 1.7B gradients with the FP32 embedding rows
+    LOG_NAME=r6-graddiff PARTS=graddiff bash tools/gpu/session_p.sh > /dev/null 2>&1
+    echo "--- graddiff done after $SECONDS s"; grep -v "Loading weights" "$out/r6-graddiff.log" | head -n 40 | cut -c1-200
+    ;;
+  *) echo "R=$R: expected 1 to 6" >&2; exit 2 ;;
 esac
 echo "=== session R=$R done after $SECONDS s"
