@@ -203,20 +203,30 @@ YAML
   fi
   finetune_spec "$d" stable "$src" 200
   t0=$SECONDS
-  slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft" > "$d/ft.progress" 2>&1
+  # STABLE_UNITS=1: both sides record every step's squared gradient norm per unit, and the
+  # comparison names the units where the gradient norms part
+  units=${STABLE_UNITS:-0}
+  SLIDEDP_LOG_UNIT_NORMS=$units slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft" > "$d/ft.progress" 2>&1
   echo "--- stable ours fine-tune: exit $? after $((SECONDS - t0)) s"
   cp "$d"/ft/metrics-*.jsonl "$out/stable-ours.jsonl"
+  unit_args=()
+  if [ "$units" = 1 ]; then
+    grep -rh "unit norms:" "$d/run-ft" | sed 's/^.*unit norms:/unit norms:/' > "$out/stable-ours-units.txt"
+    unit_args=(--first-units "$out/stable-ours-units.txt")
+  fi
   dump_batches --job "$d/ft.yaml" --out "$d/batches.bin" > /dev/null 2>&1
   for prec in ${STABLE_REFS:-bf16-autocast bf16-mirror-fp32-norms}; do
     t0=$SECONDS
     # STABLE_PROBE=1: the autocast reference also records each batch's FP32 loss (--probe-fp32)
     probe=(); cap=${STABLE_HF_CAP:-200}
     if [ "${STABLE_PROBE:-0}" = 1 ] && [ "$prec" = bf16-autocast ]; then probe=(--probe-fp32); cap=$((cap + 150)); fi
+    [ "$units" = 1 ] && probe+=(--unit-norms)
     timeout "$cap" python3 tools/verify/hf_train_reference.py --batches "$d/batches.bin" --model "$src" --precision $prec \
       "${probe[@]}" --out "$out/stable-hf-$prec.json" > "$d/hf-$prec.log" 2>&1
     echo "--- stable HF $prec: exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/hf-$prec.log")"
   done
-  python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-bf16-autocast.json" --tol 6e-4 --steps 200 |
+  python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-bf16-autocast.json" --tol 6e-4 --steps 200 \
+    "${unit_args[@]}" |
     grep -v '^{' | sed "s/^/stable ours vs HF autocast: /"
   if [ -f "$out/stable-hf-bf16-mirror-fp32-norms.json" ]; then
     python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-bf16-mirror-fp32-norms.json" --tol 6e-4 \

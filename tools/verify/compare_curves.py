@@ -11,12 +11,16 @@ maximum is), and the verdict max |diff| <= tol. --steps N requires steps 1..N in
 When a file is an hf_train_reference.py run with --probe-fp32, also prints the steps that differ
 most with that reference's own |loss - FP32 loss| on the same batch and weights beside each (how
 much the batch's loss moves with the arithmetic alone), and that sensitivity's median.
+With per-unit squared gradient norms on both sides (our worker log's SLIDEDP_LOG_UNIT_NORMS=1
+lines, given by --first-units / --second-units, or an hf_train_reference.py --unit-norms JSON),
+also prints the steps whose gradient norms part most and the units that carry the difference.
 Exit status 0 pass, 1 fail, 2 for unusable input. Pure Python (no numpy/torch).
 """
 import argparse
 import json
 import math
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -59,6 +63,42 @@ def sensitivity(a, b, ref, probe, top=5):
     return [(s, abs(a[s] - b[s]), sens[s]) for s in worst], ordered[len(ordered) // 2]
 
 
+UNIT_LINE = re.compile(r"unit norms: step (\d+) unit (\d+) squares (\S+)")
+
+
+def load_unit_squares(path):
+    """{step: [squares per unit]} from an hf_train_reference.py --unit-norms JSON or from text with
+    our workers' "unit norms: step S unit U squares X" lines (a repeated (step, unit) keeps its
+    last value); {} when the file has neither."""
+    with open(path) as f:
+        text = f.read()
+    if text.lstrip().startswith("{") and '"curve"' in text[:100000]:
+        try:
+            return {int(r["step"]): [float(x) for x in r["unit_squares"]]
+                    for r in json.loads(text)["curve"] if "unit_squares" in r}
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            return {}
+    by_step = {}
+    for m in UNIT_LINE.finditer(text):
+        by_step.setdefault(int(m.group(1)), {})[int(m.group(2))] = float(m.group(3))
+    return {s: [u[i] for i in range(max(u) + 1)] for s, u in by_step.items() if sorted(u) == list(range(len(u)))}
+
+
+def unit_gaps(a, b, top_steps=5, top_units=3):
+    """Where two runs' gradient norms part most: for the top_steps steps (common to a and b, both
+    {step: [squares per unit]} with the same units) with the largest relative difference of the
+    total norms, [(step, norm_a, norm_b, [(unit, unit_norm_a, unit_norm_b), ...top_units])]."""
+    steps = [s for s in sorted(set(a) & set(b)) if len(a[s]) == len(b[s])]
+    norm = lambda sq: math.sqrt(max(sum(sq), 0.0))  # noqa: E731
+    rel = {s: abs(norm(a[s]) - norm(b[s])) / max(norm(b[s]), 1e-30) for s in steps}
+    rows = []
+    for s in sorted(steps, key=lambda s: -rel[s])[:top_steps]:
+        units = sorted(range(len(a[s])), key=lambda u: -abs(math.sqrt(max(a[s][u], 0.0)) - math.sqrt(max(b[s][u], 0.0))))
+        rows.append((s, norm(a[s]), norm(b[s]),
+                     [(u, math.sqrt(max(a[s][u], 0.0)), math.sqrt(max(b[s][u], 0.0))) for u in units[:top_units]]))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("first", help="our metrics JSONL (or a curve JSON)")
@@ -67,6 +107,8 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="require steps 1..N in both")
     ap.add_argument("--table", action="store_true", help="print every step")
     ap.add_argument("--json", default="", help="write the summary here")
+    ap.add_argument("--first-units", default="", help="per-unit squared norms of the first run (worker log)")
+    ap.add_argument("--second-units", default="", help="per-unit squared norms of the second run")
     args = ap.parse_args()
     try:
         a, b = hf_common.load_curve(args.first), hf_common.load_curve(args.second)
@@ -94,6 +136,19 @@ def main():
             print(f"where they differ most, {os.path.basename(path)}'s own |loss - FP32 loss| on the batch "
                   f"(median {median:.2e}): " + ", ".join(f"step {s}: {d:.2e} vs {v:.2e}" for s, d, v in rows))
             break
+    try:
+        ua = load_unit_squares(args.first_units or args.first)
+        ub = load_unit_squares(args.second_units or args.second)
+    except OSError as e:
+        print(f"compare_curves: {e}", file=sys.stderr)
+        return 2
+    gaps = unit_gaps(ua, ub)
+    if gaps:
+        r["unit_gaps"] = [[s, na, nb, [list(u) for u in units]] for s, na, nb, units in gaps]
+        print("where the gradient norms part most (first/second; unit 0 = embedding, i = layer i - 1): " +
+              "; ".join(f"step {s}: {na:.4g}/{nb:.4g} (" +
+                        ", ".join(f"unit {u} {x:.4g}/{y:.4g}" for u, x, y in units) + ")"
+                        for s, na, nb, units in gaps))
     print(json.dumps(r))
     if args.json:
         with open(args.json, "w") as f:

@@ -31,6 +31,11 @@ the weights that step trains on ("loss_fp32_probe"; one extra forward per step):
 batch's loss moves with the arithmetic alone. compare_curves.py shows it beside the steps where
 two curves differ most.
 
+--unit-norms also records each step's squared gradient norm per SlideDP unit, before clipping
+("unit_squares": embedding (with a tied head), decoder layers in order, final norm (with an
+untied head)), the split our workers log with SLIDEDP_LOG_UNIT_NORMS=1; compare_curves.py
+--first-units shows where two runs' gradient norms part.
+
 Usage (GPU machine):
   python3 tools/verify/hf_train_reference.py --batches BATCHES.bin --out hf_curve.json [--steps N]
   python3 tools/verify/hf_train_reference.py --selftest     (tiny synthetic run, a few seconds)
@@ -107,7 +112,30 @@ def fp32_loss(model, segments, trained, token_budget):
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
-def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision="bf16-autocast", probe_fp32=False):
+def unit_of(name, num_layers):
+    """The SlideDP unit of an HF Qwen3 parameter name: 0 embedding (and a tied head), 1 + i
+    decoder layer i, num_layers + 1 the final norm and an untied head."""
+    if name.startswith("model.embed_tokens."):
+        return 0
+    if name.startswith("model.layers."):
+        return 1 + int(name.split(".")[2])
+    if name.startswith("model.norm.") or name.startswith("lm_head."):
+        return num_layers + 1
+    raise ValueError(f"no unit for parameter {name}")
+
+
+def unit_squares(named_params, num_layers):
+    """Per-unit sum of squared gradients (FP64 sums of the FP32 gradients), in unit order."""
+    import torch
+    sums = [torch.zeros((), dtype=torch.float64, device="cuda") for _ in range(num_layers + 2)]
+    for name, p in named_params:
+        if p.grad is not None:
+            sums[unit_of(name, num_layers)] += (p.grad.double() ** 2).sum()
+    return [float(x) for x in sums]
+
+
+def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision="bf16-autocast", probe_fp32=False,
+          unit_norms=False):
     import torch
     if precision == "fp32":  # the noise floor of the reference: no autocast, no TF32
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -115,7 +143,8 @@ def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision
     model = hf_common.load_hf_model(model_dir, torch.float32).cuda()
     model.train()
     model.config.use_cache = False
-    params = [p for p in model.parameters() if p.requires_grad]
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # a tied head appears once
+    params = [p for _, p in named]
     opt = torch.optim.AdamW(params, lr=s["lr"], betas=(s["beta1"], s["beta2"]), eps=s["eps"],
                             weight_decay=s["weight_decay"], foreach=False)
     sched = make_scheduler(opt, s)
@@ -159,6 +188,7 @@ def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision
                 for p, m in zip(params, master):
                     p.copy_(m)
             del master
+        units = unit_squares(named, model.config.num_hidden_layers) if unit_norms else None
         if s["max_grad_norm"] > 0:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s["max_grad_norm"]))
         else:
@@ -170,6 +200,8 @@ def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision
                "tokens": meta["num_tokens"], "time_s": time.time() - t0}
         if probe is not None:
             rec["loss_fp32_probe"] = probe
+        if units is not None:
+            rec["unit_squares"] = units
         curve.append(rec)
         if log_every and (t % log_every == 0 or t + 1 == s["steps"]):
             print(json.dumps(rec), flush=True)
@@ -237,14 +269,20 @@ def selftest():
         batches = hf_common.BatchesFile(path)
         ns = argparse.Namespace(steps=0, **{k: None for k in SETTINGS})
         s = resolve_settings(ns, batches)
-        doc = train(model_dir, batches, s, token_budget=4096, out_path=None, log_every=0, probe_fp32=True)
+        doc = train(model_dir, batches, s, token_budget=4096, out_path=None, log_every=0, probe_fp32=True,
+                    unit_norms=True)
         losses = [r["loss"] for r in doc["curve"]]
         probes = [r["loss_fp32_probe"] for r in doc["curve"]]
         lrs = [r["lr"] for r in doc["curve"]]
         print("selftest losses", " ".join(f"{x:.3f}" for x in losses))
         # The FP32 probe sees the same weights as the step: its loss is close to the autocast one.
+        # The units' squares add up to the clipping norm (tied head: 2 layers + embedding + norm).
+        units_ok = all(len(r["unit_squares"]) == 4 and r["unit_squares"][0] > 0 and
+                       abs(math.sqrt(sum(r["unit_squares"])) - r["grad_norm"]) <= 1e-4 * r["grad_norm"]
+                       for r in doc["curve"])
         ok = (all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.1 and lrs[0] == 0.0
-              and abs(lrs[2] - 3e-3) < 1e-12 and all(abs(p - x) < 5e-2 for p, x in zip(probes, losses)))
+              and abs(lrs[2] - 3e-3) < 1e-12 and all(abs(p - x) < 5e-2 for p, x in zip(probes, losses))
+              and units_ok)
         print("hf_train_reference selftest:", "PASS" if ok else "FAIL")
         return 0 if ok else 1
 
@@ -268,6 +306,8 @@ def main():
                          "runtime.embedding_rows: bf16; our default, FP32 rows, is bf16-autocast's arithmetic)")
     ap.add_argument("--probe-fp32", action="store_true",
                     help="also record each batch's FP32 loss at the step's weights (loss_fp32_probe)")
+    ap.add_argument("--unit-norms", action="store_true",
+                    help="also record each step's squared gradient norm per SlideDP unit (unit_squares)")
     ap.add_argument("--selftest", action="store_true")
     args = ap.parse_args()
     if args.selftest:
@@ -281,7 +321,7 @@ def main():
     s = resolve_settings(args, batches)
     print(f"model {model_dir}, {s['steps']} steps, settings {json.dumps(s)}", flush=True)
     doc = train(model_dir, batches, s, args.token_budget, args.out, precision=args.precision,
-                probe_fp32=args.probe_fp32)
+                probe_fp32=args.probe_fp32, unit_norms=args.unit_norms)
     print(f"wrote {args.out}: {len(doc['curve'])} steps in {doc['seconds']:.1f} s, "
           f"loss {doc['curve'][0]['loss']:.4f} -> {doc['curve'][-1]['loss']:.4f}")
     return 0

@@ -8,6 +8,7 @@ in the documented format (docs/dataset-format.md).
   python3 tools/verify/verify_py_test.py [-v]
 """
 import json
+import math
 import os
 import random
 import struct
@@ -144,6 +145,44 @@ class PurePython(unittest.TestCase):
             self.assertIn("step 3: 3.00e-04 vs 3.00e-04", out.stdout)
             self.assertEqual(subprocess.run([sys.executable, script, ours, ref, "--tol", "1e-4"],
                                             capture_output=True).returncode, 1)
+
+    def test_unit_gaps(self):
+        with tempfile.TemporaryDirectory() as d:
+            # Ours: the worker's log lines (glog prefix, units in any order); the reference's JSON.
+            log = os.path.join(d, "worker.log")
+            with open(log, "w") as f:
+                for s in range(1, 4):
+                    for u in (2, 0, 1):
+                        sq = 49.0 if (s, u) == (2, 1) else 1.0 + u
+                        f.write(f"I1201 12:00:00.1 77 cuda_gradient_path.cc:186] unit norms: step {s} unit {u} "
+                                f"squares {sq!r}\n")
+                f.write("I1201 unit norms: step 4 unit 1 squares 2\n")  # step 4 lacks units 0, 2: skipped
+            ref = os.path.join(d, "hf.json")
+            with open(ref, "w") as f:
+                json.dump({"format": "slidedp-hf-curve", "curve": [
+                    {"step": s, "loss": 5.0, "unit_squares": [1.0, 2.0, 3.0]} for s in range(1, 4)]}, f)
+            a, b = compare_curves.load_unit_squares(log), compare_curves.load_unit_squares(ref)
+            self.assertEqual(sorted(a), [1, 2, 3])
+            self.assertEqual(a[2], [1.0, 49.0, 3.0])
+            rows = compare_curves.unit_gaps(a, b, top_steps=1, top_units=2)
+            self.assertEqual(len(rows), 1)
+            step, na, nb, units = rows[0]
+            self.assertEqual(step, 2)
+            self.assertAlmostEqual(na, math.sqrt(53.0))
+            self.assertAlmostEqual(nb, math.sqrt(6.0))
+            self.assertEqual(units[0][0], 1)
+            self.assertAlmostEqual(units[0][1], 7.0)
+            self.assertAlmostEqual(units[0][2], math.sqrt(2.0))
+            curve = os.path.join(d, "metrics.jsonl")
+            with open(curve, "w") as f:
+                for s in range(1, 4):
+                    f.write(json.dumps({"step": s, "loss": 5.0}) + "\n")
+            self.assertEqual(compare_curves.load_unit_squares(curve), {})
+            script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compare_curves.py")
+            out = subprocess.run([sys.executable, script, curve, ref, "--first-units", log],
+                                 capture_output=True, text=True)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertIn("step 2: 7.28/2.449 (unit 1 7/1.414", out.stdout)
 
     def test_synthetic_batches_roundtrip(self):
         with tempfile.TemporaryDirectory() as d:
