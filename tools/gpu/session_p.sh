@@ -215,25 +215,29 @@ YAML
     unit_args=(--first-units "$out/stable-ours-units.txt")
   fi
   dump_batches --job "$d/ft.yaml" --out "$d/batches.bin" > /dev/null 2>&1
-  for prec in ${STABLE_REFS:-bf16-autocast bf16-mirror-fp32-norms}; do
+  # A reference named PRECISION-eager runs HF with eager attention (softmax in FP32 from BF16
+  # scores): the same arithmetic rounded another way, the reference's own spread.
+  for ref in ${STABLE_REFS:-bf16-autocast bf16-mirror-fp32-norms}; do
+    prec=${ref%-eager}; attn=sdpa; [ "$prec" != "$ref" ] && attn=eager
     t0=$SECONDS
     # STABLE_PROBE=1: the autocast reference also records each batch's FP32 loss (--probe-fp32)
     probe=(); cap=${STABLE_HF_CAP:-200}
     if [ "${STABLE_PROBE:-0}" = 1 ] && [ "$prec" = bf16-autocast ]; then probe=(--probe-fp32); cap=$((cap + 150)); fi
     [ "$units" = 1 ] && probe+=(--unit-norms)
     timeout "$cap" python3 tools/verify/hf_train_reference.py --batches "$d/batches.bin" --model "$src" --precision $prec \
-      "${probe[@]}" --out "$out/stable-hf-$prec.json" > "$d/hf-$prec.log" 2>&1
-    echo "--- stable HF $prec: exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/hf-$prec.log")"
+      --attn $attn "${probe[@]}" --out "$out/stable-hf-$ref.json" > "$d/hf-$ref.log" 2>&1
+    echo "--- stable HF $ref: exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/hf-$ref.log")"
   done
   python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-bf16-autocast.json" --tol 6e-4 --steps 200 \
     "${unit_args[@]}" |
     grep -v '^{' | sed "s/^/stable ours vs HF autocast: /"
-  if [ -f "$out/stable-hf-bf16-mirror-fp32-norms.json" ]; then
-    python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-bf16-mirror-fp32-norms.json" --tol 6e-4 \
-      --steps 200 | head -n 3 | sed "s/^/stable ours vs HF mirror-fp32-norms: /"
-    python3 tools/verify/compare_curves.py "$out/stable-hf-bf16-mirror-fp32-norms.json" "$out/stable-hf-bf16-autocast.json" \
-      --tol 6e-4 --steps 200 | head -n 3 | sed "s/^/stable HF mirror-fp32-norms vs HF autocast: /"
-  fi
+  for ref in ${STABLE_REFS:-bf16-autocast bf16-mirror-fp32-norms}; do
+    [ "$ref" = bf16-autocast ] || [ ! -f "$out/stable-hf-$ref.json" ] && continue
+    python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-$ref.json" --tol 6e-4 \
+      --steps 200 "${unit_args[@]}" | grep -v '^{' | sed "s/^/stable ours vs HF $ref: /"
+    python3 tools/verify/compare_curves.py "$out/stable-hf-$ref.json" "$out/stable-hf-bf16-autocast.json" \
+      --tol 6e-4 --steps 200 | grep -v '^{' | sed "s/^/stable HF $ref vs HF autocast: /"
+  done
   python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print("ft grad norms max", max(j["grad_norm"] for j in r), "first", [round(j["grad_norm"],3) for j in r[:8]])' \
     "$out/stable-ours.jsonl"
 fi

@@ -135,12 +135,12 @@ def unit_squares(named_params, num_layers):
 
 
 def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision="bf16-autocast", probe_fp32=False,
-          unit_norms=False):
+          unit_norms=False, attn="sdpa"):
     import torch
     if precision == "fp32":  # the noise floor of the reference: no autocast, no TF32
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    model = hf_common.load_hf_model(model_dir, torch.float32).cuda()
+    model = hf_common.load_hf_model(model_dir, torch.float32, attn=attn).cuda()
     model.train()
     model.config.use_cache = False
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # a tied head appears once
@@ -152,7 +152,7 @@ def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision
 
     def write_doc():
         doc = {"format": "slidedp-hf-curve", "model_dir": os.path.abspath(model_dir), "batches": batches.path,
-               "precision": precision,
+               "precision": precision, "attn": attn,
                "settings": s, "torch": torch.__version__, "transformers": __import__("transformers").__version__,
                "device": torch.cuda.get_device_name(0), "seconds": time.time() - t_start, "curve": curve}
         if out_path:
@@ -306,6 +306,9 @@ def main():
                          "runtime.embedding_rows: bf16; our default, FP32 rows, is bf16-autocast's arithmetic)")
     ap.add_argument("--probe-fp32", action="store_true",
                     help="also record each batch's FP32 loss at the step's weights (loss_fp32_probe)")
+    ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa",
+                    help="HF's attention implementation; eager (softmax in FP32 from BF16 scores) gives a second, "
+                         "equally valid rounding of the same arithmetic: the reference's own spread")
     ap.add_argument("--unit-norms", action="store_true",
                     help="also record each step's squared gradient norm per SlideDP unit (unit_squares)")
     ap.add_argument("--selftest", action="store_true")
@@ -321,7 +324,7 @@ def main():
     s = resolve_settings(args, batches)
     print(f"model {model_dir}, {s['steps']} steps, settings {json.dumps(s)}", flush=True)
     doc = train(model_dir, batches, s, args.token_budget, args.out, precision=args.precision,
-                probe_fp32=args.probe_fp32, unit_norms=args.unit_norms)
+                probe_fp32=args.probe_fp32, unit_norms=args.unit_norms, attn=args.attn)
     print(f"wrote {args.out}: {len(doc['curve'])} steps in {doc['seconds']:.1f} s, "
           f"loss {doc['curve'][0]['loss']:.4f} -> {doc['curve'][-1]['loss']:.4f}")
     return 0
