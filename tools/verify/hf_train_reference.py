@@ -31,6 +31,11 @@ the weights that step trains on ("loss_fp32_probe"; one extra forward per step):
 batch's loss moves with the arithmetic alone. compare_curves.py shows it beside the steps where
 two curves differ most.
 
+--precision bf16-autocast-fp32-residual is autocast except that the two projections feeding the
+residual stream (o_proj, down_proj) return their FP32 sums instead of BF16-rounded outputs: our
+workers add the GEMM's FP32 result into the FP32 residual stream in the epilogue, so this is
+autocast with our residual arithmetic.
+
 --unit-norms also records each step's squared gradient norm per SlideDP unit, before clipping
 ("unit_squares": embedding (with a tied head), decoder layers in order, final norm (with an
 untied head)), the split our workers log with SLIDEDP_LOG_UNIT_NORMS=1; compare_curves.py
@@ -134,13 +139,53 @@ def unit_squares(named_params, num_layers):
     return [float(x) for x in sums]
 
 
+def fp32_residual_linears(model):
+    """--precision bf16-autocast-fp32-residual: the projections whose output joins the residual
+    stream (o_proj, down_proj) keep their BF16 inputs and weights but return the FP32 sum instead
+    of autocast's BF16-rounded output, as our workers' GEMM epilogue adds into the FP32 residual;
+    their backward stays autocast's (BF16 operands, BF16 input gradient, weight gradient to FP32)."""
+    import torch
+
+    class Bf16LinearFp32Out(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
+            ctx.save_for_backward(xb, wb)
+            ctx.x_dtype = x.dtype
+            with torch.autocast("cuda", enabled=False):
+                # exact BF16 products summed in FP32 (TF32 is off for this precision)
+                return torch.nn.functional.linear(xb.float(), wb.float())
+
+        @staticmethod
+        def backward(ctx, gy):
+            xb, wb = ctx.saved_tensors
+            with torch.autocast("cuda", enabled=False):
+                gyb = gy.to(torch.bfloat16)
+                gx = torch.matmul(gyb, wb).to(ctx.x_dtype)
+                gw = torch.matmul(gyb.reshape(-1, gyb.shape[-1]).t(), xb.reshape(-1, xb.shape[-1])).float()
+            return gx, gw
+
+    def patch(linear):
+        if linear.bias is not None:
+            raise ValueError("fp32-residual: a projection with a bias")
+        linear.forward = lambda x, w=linear.weight: Bf16LinearFp32Out.apply(x, w)
+
+    for layer in model.model.layers:
+        patch(layer.self_attn.o_proj)
+        patch(layer.mlp.down_proj)
+
+
 def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision="bf16-autocast", probe_fp32=False,
           unit_norms=False, attn="sdpa"):
     import torch
-    if precision == "fp32":  # the noise floor of the reference: no autocast, no TF32
+    if precision in ("fp32", "bf16-autocast-fp32-residual"):  # fp32: the reference's noise floor; no TF32
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     model = hf_common.load_hf_model(model_dir, torch.float32, attn=attn).cuda()
+    if precision == "bf16-autocast-fp32-residual":
+        if probe_fp32:
+            raise ValueError("--probe-fp32 needs unpatched projections: use it with another precision")
+        fp32_residual_linears(model)
     model.train()
     model.config.use_cache = False
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # a tied head appears once
@@ -280,9 +325,17 @@ def selftest():
         units_ok = all(len(r["unit_squares"]) == 4 and r["unit_squares"][0] > 0 and
                        abs(math.sqrt(sum(r["unit_squares"])) - r["grad_norm"]) <= 1e-4 * r["grad_norm"]
                        for r in doc["curve"])
+        # Our residual arithmetic with eager attention: the same function rounded another way, so
+        # close to autocast's curve but not bitwise equal to it.
+        alt = train(model_dir, batches, s, token_budget=4096, out_path=None, log_every=0,
+                    precision="bf16-autocast-fp32-residual", attn="eager")
+        alt_losses = [r["loss"] for r in alt["curve"]]
+        print("selftest fp32-residual + eager losses", " ".join(f"{x:.3f}" for x in alt_losses))
+        alt_ok = (all(abs(a - x) < 5e-2 for a, x in zip(alt_losses, losses)) and alt_losses[0] != losses[0]
+                  and alt["attn"] == "eager")
         ok = (all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.1 and lrs[0] == 0.0
               and abs(lrs[2] - 3e-3) < 1e-12 and all(abs(p - x) < 5e-2 for p, x in zip(probes, losses))
-              and units_ok)
+              and units_ok and alt_ok)
         print("hf_train_reference selftest:", "PASS" if ok else "FAIL")
         return 0 if ok else 1
 
@@ -297,13 +350,16 @@ def main():
     for k in SETTINGS:
         typ = str if k == "schedule" else int if k in ("warmup_steps", "total_steps") else float
         ap.add_argument("--" + k.replace("_", "-"), dest=k, type=typ, default=None, help=f"override the job's {k}")
-    ap.add_argument("--precision", choices=["bf16-autocast", "bf16-mirror", "bf16-mirror-fp32-norms", "fp32"],
+    ap.add_argument("--precision", choices=["bf16-autocast", "bf16-autocast-fp32-residual", "bf16-mirror",
+                                            "bf16-mirror-fp32-norms", "fp32"],
                     default="bf16-autocast",
                     help="fp32: the reference's own noise floor (no autocast, no TF32); bf16-mirror: autocast "
                          "with every weight rounded to BF16 for forward and backward (the norm weights and "
                          "embedding rows too, as SlideDP's mirror gives them), FP32 master for AdamW; "
                          "bf16-mirror-fp32-norms: the same but the norm weights stay FP32 (our workers with "
-                         "runtime.embedding_rows: bf16; our default, FP32 rows, is bf16-autocast's arithmetic)")
+                         "runtime.embedding_rows: bf16; our default, FP32 rows, is bf16-autocast's arithmetic); "
+                         "bf16-autocast-fp32-residual: autocast, but o_proj and down_proj add their unrounded FP32 "
+                         "output to the residual stream, as our workers' GEMM epilogue does")
     ap.add_argument("--probe-fp32", action="store_true",
                     help="also record each batch's FP32 loss at the step's weights (loss_fp32_probe)")
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa",
