@@ -32,9 +32,9 @@ batch's loss moves with the arithmetic alone. compare_curves.py shows it beside 
 two curves differ most.
 
 --precision bf16-autocast-fp32-residual is autocast except that the two projections feeding the
-residual stream (o_proj, down_proj) return their FP32 sums instead of BF16-rounded outputs: our
-workers add the GEMM's FP32 result into the FP32 residual stream in the epilogue, so this is
-autocast with our residual arithmetic.
+residual stream (o_proj, down_proj) return their FP32 sums instead of BF16-rounded outputs (autocast
+and our workers round them to BF16 before the FP32 residual add): the same function rounded more
+finely, for the reference's own spread.
 
 --unit-norms also records each step's squared gradient norm per SlideDP unit, before clipping
 ("unit_squares": embedding (with a tied head), decoder layers in order, final norm (with an
@@ -142,8 +142,8 @@ def unit_squares(named_params, num_layers):
 def fp32_residual_linears(model):
     """--precision bf16-autocast-fp32-residual: the projections whose output joins the residual
     stream (o_proj, down_proj) keep their BF16 inputs and weights but return the FP32 sum instead
-    of autocast's BF16-rounded output, as our workers' GEMM epilogue adds into the FP32 residual;
-    their backward stays autocast's (BF16 operands, BF16 input gradient, weight gradient to FP32)."""
+    of autocast's BF16-rounded output; their backward stays autocast's (BF16 operands, BF16 input
+    gradient, weight gradient to FP32)."""
     import torch
 
     class Bf16LinearFp32Out(torch.autograd.Function):
@@ -359,7 +359,7 @@ def main():
                          "bf16-mirror-fp32-norms: the same but the norm weights stay FP32 (our workers with "
                          "runtime.embedding_rows: bf16; our default, FP32 rows, is bf16-autocast's arithmetic); "
                          "bf16-autocast-fp32-residual: autocast, but o_proj and down_proj add their unrounded FP32 "
-                         "output to the residual stream, as our workers' GEMM epilogue does")
+                         "output to the residual stream (a finer rounding of the same function)")
     ap.add_argument("--probe-fp32", action="store_true",
                     help="also record each batch's FP32 loss at the step's weights (loss_fp32_probe)")
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa",
