@@ -205,12 +205,15 @@ YAML
   t0=$SECONDS
   # STABLE_UNITS=1: both sides record every step's squared gradient norm per unit, and the
   # comparison names the units where the gradient norms part
-  units=${STABLE_UNITS:-0}
-  SLIDEDP_LOG_UNIT_NORMS=$units slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft" > "$d/ft.progress" 2>&1
-  echo "--- stable ours fine-tune: exit $? after $((SECONDS - t0)) s"
-  cp "$d"/ft/metrics-*.jsonl "$out/stable-ours.jsonl"
+  # STABLE_OURS=0: only the references (their own spread; when the call has no time for ours).
+  units=${STABLE_UNITS:-0} ours=${STABLE_OURS:-1}
+  if [ "$ours" = 1 ]; then
+    SLIDEDP_LOG_UNIT_NORMS=$units slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft" > "$d/ft.progress" 2>&1
+    echo "--- stable ours fine-tune: exit $? after $((SECONDS - t0)) s"
+    cp "$d"/ft/metrics-*.jsonl "$out/stable-ours.jsonl"
+  fi
   unit_args=()
-  if [ "$units" = 1 ]; then
+  if [ "$units" = 1 ] && [ "$ours" = 1 ]; then
     grep -rh "unit norms:" "$d/run-ft" | sed 's/^.*unit norms:/unit norms:/' > "$out/stable-ours-units.txt"
     unit_args=(--first-units "$out/stable-ours-units.txt")
   fi
@@ -228,18 +231,20 @@ YAML
       --attn $attn "${probe[@]}" --out "$out/stable-hf-$ref.json" > "$d/hf-$ref.log" 2>&1
     echo "--- stable HF $ref: exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/hf-$ref.log")"
   done
-  python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-bf16-autocast.json" --tol 6e-4 --steps 200 \
-    "${unit_args[@]}" |
-    grep -v '^{' | sed "s/^/stable ours vs HF autocast: /"
+  if [ "$ours" = 1 ]; then
+    python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-bf16-autocast.json" --tol 6e-4 --steps 200 \
+      "${unit_args[@]}" | grep -v '^{' | sed "s/^/stable ours vs HF autocast: /"
+  fi
   for ref in ${STABLE_REFS:-bf16-autocast bf16-mirror-fp32-norms}; do
     [ "$ref" = bf16-autocast ] || [ ! -f "$out/stable-hf-$ref.json" ] && continue
-    python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-$ref.json" --tol 6e-4 \
+    [ "$ours" = 1 ] && python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-$ref.json" --tol 6e-4 \
       --steps 200 "${unit_args[@]}" | grep -v '^{' | sed "s/^/stable ours vs HF $ref: /"
     python3 tools/verify/compare_curves.py "$out/stable-hf-$ref.json" "$out/stable-hf-bf16-autocast.json" \
       --tol 6e-4 --steps 200 | grep -v '^{' | sed "s/^/stable HF $ref vs HF autocast: /"
   done
-  python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print("ft grad norms max", max(j["grad_norm"] for j in r), "first", [round(j["grad_norm"],3) for j in r[:8]])' \
-    "$out/stable-ours.jsonl"
+  curve=$out/stable-ours.jsonl; [ "$ours" = 1 ] || curve=$out/stable-hf-bf16-autocast.json
+  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); r=json.loads(t)["curve"] if t.lstrip().startswith("{\n") or "\"curve\"" in t[:200] else [json.loads(l) for l in t.splitlines()]; print("ft grad norms max", max(j["grad_norm"] for j in r), "first", [round(j["grad_norm"],3) for j in r[:8]])' \
+    "$curve"
 fi
 
 if has routes; then

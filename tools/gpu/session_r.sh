@@ -18,9 +18,10 @@
 #        Next: R=4 KCHECK=0 STABLE_PROBE=1 (each batch's FP32 loss beside the steps that differ most:
 #        whether R4's isolated 1.8e-3 steps are batches whose loss moves that much with the
 #        arithmetic alone: no, session 7), STABLE_UNITS=1 (per-unit gradient norms on both sides).
-#        Next: R=4 KCHECK=0 STABLE_UNITS=1 STABLE_REFS="bf16-autocast bf16-autocast-fp32-residual"
-#        (HF with unrounded residual adds against HF autocast: the reference's own spread over the
-#        200 steps; bf16-autocast-eager is another such rounding)
+#        Next: R=4 KCHECK=0 STABLE_UNITS=1 STABLE_OURS=0 \
+#          STABLE_REFS="bf16-autocast bf16-autocast-fp32-residual bf16-autocast-eager"
+#        (no ours: HF with unrounded residual adds and HF with eager attention against HF autocast,
+#        the reference's own spread over the 200 steps, with per-unit gradient norms)
 #   R=5  (nvidia-h200) Qwen3-4B auto at 64K without clipping (as the FSDP2 peer) and the peer at
 #        16K; with clipping: FP32 / BF16 embedding rows and runtime.deterministic: true (their
 #        speed costs); 128K without clipping; GRADDIFF=1 adds graddiff with the FP32 rows
