@@ -325,7 +325,7 @@ def selftest():
         units_ok = all(len(r["unit_squares"]) == 4 and r["unit_squares"][0] > 0 and
                        abs(math.sqrt(sum(r["unit_squares"])) - r["grad_norm"]) <= 1e-4 * r["grad_norm"]
                        for r in doc["curve"])
-        # Our residual arithmetic with eager attention: the same function rounded another way, so
+        # Unrounded residual adds with eager attention: the same function rounded another way, so
         # close to autocast's curve but not bitwise equal to it.
         alt = train(model_dir, batches, s, token_budget=4096, out_path=None, log_every=0,
                     precision="bf16-autocast-fp32-residual", attn="eager")
