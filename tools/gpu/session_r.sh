@@ -73,7 +73,7 @@ case "$R" in
     ;;
   5)  # Qwen3-4B, 1 GPU, act_policy auto: first without clipping (as the FSDP2 peer, which never
       # clips: updates start during the backward) and the peer itself at 16K in the same call; then
-      # with clipping: the cost of the FP32 embedding rows (1 GB of random-token rows per step over
+      # with clipping: the cost of the FP32 embedding rows (0.7 GB of random-token rows per step over
       # the host link) against BF16 rows, and runtime.deterministic's; GRADDIFF=1 adds graddiff
     timeout 90 bench_step --model qwen3-4b --seq 4096 --tokens 65536 --micro-batch-rows 4 --policy recompute \
       --steps 3 --gpu 0 2>&1 | tail -n 3 | cut -c1-300
