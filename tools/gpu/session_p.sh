@@ -202,6 +202,11 @@ YAML
     src=$d/pre/checkpoint-$pre
   fi
   finetune_spec "$d" stable "$src" 200
+  # STABLE_WEIGHTS=1: both sides keep their FP32 weights after step 200, and compare_params.py
+  # places the rows of the steps that differ most (and of ordinary steps) in the embedding's
+  # per-row drift between the two runs
+  weights=${STABLE_WEIGHTS:-0}
+  [ "$weights" = 1 ] && sed -i 's/save_final: false}/save_final: true, save_dtype: fp32}/' "$d/ft.yaml"
   t0=$SECONDS
   # STABLE_UNITS=1: both sides record every step's squared gradient norm per unit, and the
   # comparison names the units where the gradient norms part
@@ -211,6 +216,8 @@ YAML
     SLIDEDP_LOG_UNIT_NORMS=$units slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft" > "$d/ft.progress" 2>&1
     echo "--- stable ours fine-tune: exit $? after $((SECONDS - t0)) s"
     cp "$d"/ft/metrics-*.jsonl "$out/stable-ours.jsonl"
+    # (the references read only the pretrain's weights: drop the optimizer states for disk room)
+    [ "$weights" = 1 ] && rm -f "$src/optimizer.safetensors" "$d"/ft/checkpoint-*/optimizer.safetensors
   fi
   unit_args=()
   if [ "$units" = 1 ] && [ "$ours" = 1 ]; then
@@ -227,13 +234,20 @@ YAML
     probe=(); cap=${STABLE_HF_CAP:-200}
     if [ "${STABLE_PROBE:-0}" = 1 ] && [ "$prec" = bf16-autocast ]; then probe=(--probe-fp32); cap=$((cap + 150)); fi
     [ "$units" = 1 ] && probe+=(--unit-norms)
+    [ "$weights" = 1 ] && [ "$ref" = bf16-autocast ] && probe+=(--save-final "$d/hf-final")
     timeout "$cap" python3 tools/verify/hf_train_reference.py --batches "$d/batches.bin" --model "$src" --precision $prec \
       --attn $attn "${probe[@]}" --out "$out/stable-hf-$ref.json" > "$d/hf-$ref.log" 2>&1
     echo "--- stable HF $ref: exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/hf-$ref.log")"
   done
   if [ "$ours" = 1 ]; then
     python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-bf16-autocast.json" --tol 6e-4 --steps 200 \
-      "${unit_args[@]}" | grep -v '^{' | sed "s/^/stable ours vs HF autocast: /"
+      "${unit_args[@]}" --json "$d/cmp-ours.json" | grep -v '^{' | sed "s/^/stable ours vs HF autocast: /"
+    if [ "$weights" = 1 ] && [ -f "$d/cmp-ours.json" ]; then
+      # the five steps that differ most, then five ordinary ones for comparison
+      steps=$(python3 -c 'import json,sys; w=[s for s, _ in json.load(open(sys.argv[1]))["worst_steps"]]; print(",".join(str(s) for s in w + [s for s in (40, 80, 120, 160, 190, 30, 70) if s not in w][:5]))' "$d/cmp-ours.json")
+      timeout 120 python3 tools/verify/compare_params.py "$d"/ft/checkpoint-200 "$d/hf-final" --common-only --tol-rel 1 \
+        --rows model.embed_tokens.weight --batches "$d/batches.bin" --steps "$steps" 2>&1 | sed "s/^/stable weights ours vs HF autocast: /"
+    fi
   fi
   for ref in ${STABLE_REFS:-bf16-autocast bf16-mirror-fp32-norms}; do
     [ "$ref" = bf16-autocast ] || [ ! -f "$out/stable-hf-$ref.json" ] && continue

@@ -21,7 +21,9 @@
 #        Next: R=4 KCHECK=0 STABLE_UNITS=1 STABLE_OURS=0 \
 #          STABLE_REFS="bf16-autocast bf16-autocast-fp32-residual bf16-autocast-eager"
 #        (no ours: HF with unrounded residual adds and HF with eager attention against HF autocast,
-#        the reference's own spread over the 200 steps, with per-unit gradient norms)
+#        the reference's own spread over the 200 steps, with per-unit gradient norms), and
+#        R=4 KCHECK=0 STABLE_UNITS=1 STABLE_WEIGHTS=1 (both sides' weights after step 200: where
+#        the batches that differ most sit in the embedding's per-row drift)
 #   R=5  (nvidia-h200) Qwen3-4B auto at 64K without clipping (as the FSDP2 peer) and the peer at
 #        16K; with clipping: FP32 / BF16 embedding rows and runtime.deterministic: true (their
 #        speed costs); 128K without clipping; GRADDIFF=1 adds graddiff with the FP32 rows

@@ -44,6 +44,7 @@ def compare(a, b, steps=0):
     worst, worst_step = max(diffs)
     return {"steps": len(common), "first_step": common[0], "last_step": common[-1],
             "max_abs_diff": worst, "max_at_step": worst_step,
+            "worst_steps": [[st, d] for d, st in sorted(diffs, reverse=True)[:5]],
             "mean_abs_diff": sum(d for d, _ in diffs) / len(diffs),
             "first_loss": [a[common[0]], b[common[0]]], "last_loss": [a[common[-1]], b[common[-1]]],
             "nonfinite_steps": nonfinite[:10], "only_in_first": len(set(a) - set(common)),

@@ -39,7 +39,8 @@ finely, for the reference's own spread.
 --unit-norms also records each step's squared gradient norm per SlideDP unit, before clipping
 ("unit_squares": embedding (with a tied head), decoder layers in order, final norm (with an
 untied head)), the split our workers log with SLIDEDP_LOG_UNIT_NORMS=1; compare_curves.py
---first-units shows where two runs' gradient norms part.
+--first-units shows where two runs' gradient norms part. --save-final DIR saves the FP32 weights
+after the last step (HF format), for compare_params.py --rows against ours.
 
 Usage (GPU machine):
   python3 tools/verify/hf_train_reference.py --batches BATCHES.bin --out hf_curve.json [--steps N]
@@ -176,7 +177,7 @@ def fp32_residual_linears(model):
 
 
 def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision="bf16-autocast", probe_fp32=False,
-          unit_norms=False, attn="sdpa"):
+          unit_norms=False, attn="sdpa", save_final=""):
     import torch
     if precision in ("fp32", "bf16-autocast-fp32-residual"):  # fp32: the reference's noise floor; no TF32
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -251,6 +252,8 @@ def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision
         if log_every and (t % log_every == 0 or t + 1 == s["steps"]):
             print(json.dumps(rec), flush=True)
             write_doc()  # a run stopped by a time cap still leaves its curve so far
+    if save_final:  # the FP32 master after the last step, for compare_params.py against ours
+        model.save_pretrained(save_final, safe_serialization=True)
     return write_doc()
 
 
@@ -327,12 +330,13 @@ def selftest():
                        for r in doc["curve"])
         # Unrounded residual adds with eager attention: the same function rounded another way, so
         # close to autocast's curve but not bitwise equal to it.
+        saved = os.path.join(d, "alt-final")
         alt = train(model_dir, batches, s, token_budget=4096, out_path=None, log_every=0,
-                    precision="bf16-autocast-fp32-residual", attn="eager")
+                    precision="bf16-autocast-fp32-residual", attn="eager", save_final=saved)
         alt_losses = [r["loss"] for r in alt["curve"]]
         print("selftest fp32-residual + eager losses", " ".join(f"{x:.3f}" for x in alt_losses))
         alt_ok = (all(abs(a - x) < 5e-2 for a, x in zip(alt_losses, losses)) and alt_losses[0] != losses[0]
-                  and alt["attn"] == "eager")
+                  and alt["attn"] == "eager" and os.path.exists(os.path.join(saved, "model.safetensors")))
         ok = (all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.1 and lrs[0] == 0.0
               and abs(lrs[2] - 3e-3) < 1e-12 and all(abs(p - x) < 5e-2 for p, x in zip(probes, losses))
               and units_ok and alt_ok)
@@ -367,6 +371,7 @@ def main():
                          "equally valid rounding of the same arithmetic: the reference's own spread")
     ap.add_argument("--unit-norms", action="store_true",
                     help="also record each step's squared gradient norm per SlideDP unit (unit_squares)")
+    ap.add_argument("--save-final", default="", help="save the FP32 weights after the last step here (HF format)")
     ap.add_argument("--selftest", action="store_true")
     args = ap.parse_args()
     if args.selftest:
@@ -380,7 +385,7 @@ def main():
     s = resolve_settings(args, batches)
     print(f"model {model_dir}, {s['steps']} steps, settings {json.dumps(s)}", flush=True)
     doc = train(model_dir, batches, s, args.token_budget, args.out, precision=args.precision,
-                probe_fp32=args.probe_fp32, unit_norms=args.unit_norms, attn=args.attn)
+                probe_fp32=args.probe_fp32, unit_norms=args.unit_norms, attn=args.attn, save_final=args.save_final)
     print(f"wrote {args.out}: {len(doc['curve'])} steps in {doc['seconds']:.1f} s, "
           f"loss {doc['curve'][0]['loss']:.4f} -> {doc['curve'][-1]['loss']:.4f}")
     return 0

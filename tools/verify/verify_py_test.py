@@ -20,6 +20,7 @@ import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_curves  # noqa: E402
+import compare_params  # noqa: E402
 import grad_diff  # noqa: E402
 import hf_common  # noqa: E402
 import hf_compare  # noqa: E402
@@ -126,6 +127,8 @@ class PurePython(unittest.TestCase):
             r = compare_curves.compare(a, b, steps=5)
             self.assertAlmostEqual(r["max_abs_diff"], 3e-4)
             self.assertEqual(r["max_at_step"], 3)
+            self.assertEqual(r["worst_steps"][0][0], 3)
+            self.assertEqual(len(r["worst_steps"]), 5)
             with self.assertRaises(ValueError):
                 compare_curves.compare(a, b, steps=6)
             script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compare_curves.py")
@@ -183,6 +186,20 @@ class PurePython(unittest.TestCase):
                                  capture_output=True, text=True)
             self.assertEqual(out.returncode, 0, out.stderr)
             self.assertIn("step 2: 7.28/2.449 (unit 1 7/1.414", out.stdout)
+
+    def test_row_report(self):
+        self.assertEqual(compare_params.percentile_ranks([3.0, 1.0, 2.0, 2.0]), [0.75, 0.0, 0.25, 0.25])
+        drift = [0.01 * r for r in range(100)]  # row r drifted r %
+        summary, per_step = compare_params.row_report(drift, {7: [99, 98, 98, 5, 100000, -1], 8: [1, 2, 3]}, top=2)
+        self.assertEqual(summary["rows"], 100)
+        self.assertAlmostEqual(summary["median"], 0.5)
+        self.assertAlmostEqual(summary["p99"], 0.99)
+        self.assertEqual(summary["max_row"], 99)
+        # step 7: rows 5, 98, 99 (ids outside the table ignored); its median row ranks 0.98
+        self.assertEqual(per_step[7]["rows"], 3)
+        self.assertAlmostEqual(per_step[7]["median_rank"], 0.98)
+        self.assertEqual([r for r, _ in per_step[7]["top"]], [99, 98])
+        self.assertAlmostEqual(per_step[8]["median_rank"], 0.02)
 
     def test_synthetic_batches_roundtrip(self):
         with tempfile.TemporaryDirectory() as d:
