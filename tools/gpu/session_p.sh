@@ -33,6 +33,11 @@
 #            STABLE_REFS picks the HF precisions, STABLE_HF_CAP their time cap; STABLE_PROBE=1 has
 #            the autocast reference record each batch's FP32 loss too, which compare_curves shows
 #            beside the steps that differ most)
+#            STABLE_DET=1 runs the pretrain and our fine-tune in deterministic mode (repeatable
+#            across calls); STABLE_UNITS, STABLE_OURS, STABLE_WEIGHTS: see the part
+#   stableat one step of a STABLE_DET=1 run taken apart (STABLE_AT=step): the same pretrain and our
+#            fine-tune to the step before, bit for bit, then that step's gradients and loss, ours
+#            against HF on the same weights (grad_diff.py)
 #   routes   issue 7: bench/e2e/scaling.sh routes on 2 GPUs (Qwen3-8B, 16K and 128K per GPU)
 #   weak14   issue 7: bench/e2e/scaling.sh weak14 on 1 and 2 GPUs (Qwen3-14B, 64K per GPU)
 # Output: $out/session-p.log and the parts' files.
@@ -176,15 +181,11 @@ if has ordered; then  # SLIDEDP_DETERMINISTIC: the ordered-dQ kernel check, then
   grep -rh "CUDA backend on GPU" "$d/run-1a" | sed 's/^.*\] //' | head -n 1
 fi
 
-if has stable; then
-  q06_data_and_spec > /dev/null
-  preset=${STABLE_PRESET:-qwen3-0.6b}
-  d=/tmp/st-$preset; rm -rf "$d"; mkdir -p "$d"
-  if [ -n "${PRETRAINED:-}" ]; then
-    src=$PRETRAINED
-  else
-    pre=${STABLE_PRE:-250}
-    cat > "$d/pre.yaml" <<YAML
+# stable_pretrain DIR PRESET STEPS RUNTIME_EXTRA: the steadier regime's pretrain (STEPS of 32 x
+# 1,024 tokens of /tmp/ds/train at lr 3e-4 cosine, FP32 checkpoint) into DIR/pre; sets $src.
+stable_pretrain() {
+  local d=$1 preset=$2 pre=$3 extra=$4
+  cat > "$d/pre.yaml" <<YAML
 name: stable-pre
 model: {preset: $preset, init_seed: 0}
 data: {path: /tmp/ds/train}
@@ -192,16 +193,30 @@ output: {dir: $d/pre, save_final: true, save_dtype: fp32}
 train: {seq_len: 1024, global_batch: 32, micro_batch: 8, steps: $pre, seed: 0, max_grad_norm: 1.0}
 optimizer: {lr: 3.0e-4, weight_decay: 0.01}
 schedule: {kind: cosine, warmup_steps: 25, min_lr: 3.0e-5}
-runtime: {workers: 1}
+runtime: {workers: 1$extra}
 YAML
-    t0=$SECONDS
-    slidedp run "$d/pre.yaml" --backend cuda --run-dir "$d/run-pre" > "$d/pre.progress" 2>&1
-    echo "--- stable pretrain ($pre steps): exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/pre.progress")"
-    python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print("pretrain loss/grad norm at", [(j["step"], round(j["loss"],3), round(j["grad_norm"],3)) for j in r[::25]])' \
-      "$d"/pre/metrics-*.jsonl
-    src=$d/pre/checkpoint-$pre
+  local t0=$SECONDS
+  slidedp run "$d/pre.yaml" --backend cuda --run-dir "$d/run-pre" > "$d/pre.progress" 2>&1
+  echo "--- stable pretrain ($pre steps): exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/pre.progress")"
+  python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print("pretrain loss/grad norm at", [(j["step"], round(j["loss"],3), round(j["grad_norm"],3)) for j in r[::25]])' \
+    "$d"/pre/metrics-*.jsonl
+  src=$d/pre/checkpoint-$pre
+}
+
+if has stable; then
+  q06_data_and_spec > /dev/null
+  preset=${STABLE_PRESET:-qwen3-0.6b}
+  d=/tmp/st-$preset; rm -rf "$d"; mkdir -p "$d"
+  # STABLE_DET=1: pretrain and our fine-tune in deterministic mode, so that a later call
+  # (PARTS=stableat) rebuilds the same weights bit for bit
+  det_extra=""; [ "${STABLE_DET:-0}" = 1 ] && det_extra=", deterministic: true"
+  if [ -n "${PRETRAINED:-}" ]; then
+    src=$PRETRAINED
+  else
+    stable_pretrain "$d" "$preset" "${STABLE_PRE:-250}" "$det_extra"
   fi
   finetune_spec "$d" stable "$src" 200
+  [ -n "$det_extra" ] && sed -i "s/runtime: {workers: 1}/runtime: {workers: 1$det_extra}/" "$d/ft.yaml"
   # STABLE_WEIGHTS=1: both sides keep their FP32 weights after step 200, and compare_params.py
   # places the rows of the steps that differ most (and of ordinary steps) in the embedding's
   # per-row drift between the two runs
@@ -259,6 +274,32 @@ YAML
   curve=$out/stable-ours.jsonl; [ "$ours" = 1 ] || curve=$out/stable-hf-bf16-autocast.json
   python3 -c 'import json,sys; t=open(sys.argv[1]).read(); r=json.loads(t)["curve"] if t.lstrip().startswith("{\n") or "\"curve\"" in t[:200] else [json.loads(l) for l in t.splitlines()]; print("ft grad norms max", max(j["grad_norm"] for j in r), "first", [round(j["grad_norm"],3) for j in r[:8]])' \
     "$curve"
+fi
+
+if has stableat; then
+  # One step of a deterministic `stable` run (STABLE_DET=1, same STABLE_PRESET / STABLE_PRE) taken
+  # apart: rebuild the pretrain and our fine-tune up to step STABLE_AT - 1 bit for bit (both in
+  # deterministic mode), then step STABLE_AT's gradients and loss, ours against HF autocast, HF
+  # FP32 and HF mirror on those same weights (grad_diff.py). Whether a step where the curves
+  # part is ours computing that batch differently, or the weights having drifted.
+  at=${STABLE_AT:?STABLE_AT=step (1-based) to take apart}
+  q06_data_and_spec > /dev/null
+  preset=${STABLE_PRESET:-qwen3-0.6b}
+  d=/tmp/sa-$preset; rm -rf "$d"; mkdir -p "$d"
+  stable_pretrain "$d" "$preset" "${STABLE_PRE:-250}" ", deterministic: true"
+  rm -f "$src/optimizer.safetensors"  # disk room; the fine-tune reads the weights only
+  finetune_spec "$d" stableat "$src" $((at - 1))
+  sed -i "s/runtime: {workers: 1}/runtime: {workers: 1, deterministic: true}/; s/save_final: false}/save_final: true, save_dtype: fp32}/" \
+    "$d/ft.yaml"
+  t0=$SECONDS
+  slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft" > "$d/ft.progress" 2>&1
+  echo "--- stableat fine-tune to step $((at - 1)): exit $? after $((SECONDS - t0)) s"
+  tail -n 1 "$d"/ft/metrics-*.jsonl | cut -c1-200
+  sed -i "s/steps: $((at - 1)),/steps: $at,/" "$d/ft.yaml"  # the batches up to step STABLE_AT
+  dump_batches --job "$d/ft.yaml" --out "$d/batches.bin" > /dev/null 2>&1
+  SLIDEDP_DETERMINISTIC=1 timeout 300 python3 tools/verify/grad_diff.py --bin "$(command -v model_grads)" \
+    --model "$d/ft/checkpoint-$((at - 1))" --batches "$d/batches.bin" --step $((at - 1)) --top 20
+  rm -rf "$d"
 fi
 
 if has routes; then

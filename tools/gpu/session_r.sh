@@ -23,11 +23,15 @@
 #        (no ours: HF with unrounded residual adds and HF with eager attention against HF autocast,
 #        the reference's own spread over the 200 steps, with per-unit gradient norms), and
 #        R=4 KCHECK=0 STABLE_UNITS=1 STABLE_WEIGHTS=1 (both sides' weights after step 200: where
-#        the batches that differ most sit in the embedding's per-row drift)
+#        the batches that differ most sit in the embedding's per-row drift), or, over two calls,
+#        R=4 KCHECK=0 STABLE_UNITS=1 STABLE_DET=1 (a run repeatable bit for bit) and then
+#        R=7 STABLE_AT=<its worst step> (that step taken apart on the same weights)
 #   R=5  (nvidia-h200) Qwen3-4B auto at 64K without clipping (as the FSDP2 peer) and the peer at
 #        16K; with clipping: FP32 / BF16 embedding rows and runtime.deterministic: true (their
 #        speed costs); 128K without clipping; GRADDIFF=1 adds graddiff with the FP32 rows
 #   R=6  (nvidia-h200) graddiff alone
+#   R=7  (nvidia-h200) session_p.sh stableat for Qwen3-1.7B: STABLE_AT=S rebuilds an R=4 STABLE_DET=1
+#        run's weights after step S - 1 and compares step S's loss and gradients with HF on them
 # Output: $out/session-r<R>.log and the parts' files.
 set -u
 R=${R:-1}
@@ -104,6 +108,12 @@ case "$R" in
     LOG_NAME=r6-graddiff PARTS=graddiff bash tools/gpu/session_p.sh > /dev/null 2>&1
     echo "--- graddiff done after $SECONDS s"; grep -v "Loading weights" "$out/r6-graddiff.log" | head -n 40 | cut -c1-200
     ;;
-  *) echo "R=$R: expected 1 to 6" >&2; exit 2 ;;
+  7)  # one step of an R=4 STABLE_DET=1 run taken apart (STABLE_AT=step): ours against HF on the
+      # same weights, rebuilt bit for bit (session_p.sh stableat)
+    LOG_NAME=r7-stableat PARTS=stableat STABLE_PRESET=qwen3-1.7b STABLE_PRE=${STABLE_PRE:-160} \
+      bash tools/gpu/session_p.sh > /dev/null 2>&1
+    echo "--- stableat done after $SECONDS s"; grep -v "Loading weights" "$out/r7-stableat.log" | head -n 60 | cut -c1-220
+    ;;
+  *) echo "R=$R: expected 1 to 7" >&2; exit 2 ;;
 esac
 echo "=== session R=$R done after $SECONDS s"
