@@ -232,7 +232,11 @@ if has stable; then
     echo "--- stable ours fine-tune: exit $? after $((SECONDS - t0)) s"
     cp "$d"/ft/metrics-*.jsonl "$out/stable-ours.jsonl"
     # (the references read only the pretrain's weights: drop the optimizer states for disk room)
-    [ "$weights" = 1 ] && rm -f "$src/optimizer.safetensors" "$d"/ft/checkpoint-*/optimizer.safetensors
+    # (not in $PRETRAINED, which is not ours to change)
+    if [ "$weights" = 1 ]; then
+      rm -f "$d"/ft/checkpoint-*/optimizer.safetensors
+      [ -z "${PRETRAINED:-}" ] && rm -f "$src/optimizer.safetensors"
+    fi
   fi
   unit_args=()
   if [ "$units" = 1 ] && [ "$ours" = 1 ]; then
@@ -272,8 +276,15 @@ if has stable; then
       --tol 6e-4 --steps 200 | grep -v '^{' | sed "s/^/stable HF $ref vs HF autocast: /"
   done
   curve=$out/stable-ours.jsonl; [ "$ours" = 1 ] || curve=$out/stable-hf-bf16-autocast.json
-  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); r=json.loads(t)["curve"] if t.lstrip().startswith("{\n") or "\"curve\"" in t[:200] else [json.loads(l) for l in t.splitlines()]; print("ft grad norms max", max(j["grad_norm"] for j in r), "first", [round(j["grad_norm"],3) for j in r[:8]])' \
-    "$curve"
+  python3 - "$curve" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+try:
+    r = json.loads(text)["curve"]  # an HF reference curve
+except ValueError:
+    r = [json.loads(line) for line in text.splitlines() if line.strip()]  # our metrics JSONL
+print("ft grad norms max", max(j["grad_norm"] for j in r), "first", [round(j["grad_norm"], 3) for j in r[:8]])
+PY
 fi
 
 if has stableat; then
