@@ -34,7 +34,8 @@
 #            the autocast reference record each batch's FP32 loss too, which compare_curves shows
 #            beside the steps that differ most)
 #            STABLE_DET=1 runs the pretrain and our fine-tune in deterministic mode (repeatable
-#            across calls); STABLE_UNITS, STABLE_OURS, STABLE_WEIGHTS: see the part
+#            across calls); STABLE_UNITS, STABLE_OURS, STABLE_WEIGHTS, STABLE_REPEAT,
+#            STABLE_DEADLINE: see the part
 #   stableat one step of a STABLE_DET=1 run taken apart (STABLE_AT=step): the same pretrain and our
 #            fine-tune to the step before, bit for bit, then that step's gradients and loss, ours
 #            against HF on the same weights (grad_diff.py)
@@ -231,6 +232,24 @@ if has stable; then
     SLIDEDP_LOG_UNIT_NORMS=$units slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft" > "$d/ft.progress" 2>&1
     echo "--- stable ours fine-tune: exit $? after $((SECONDS - t0)) s"
     cp "$d"/ft/metrics-*.jsonl "$out/stable-ours.jsonl"
+    # STABLE_REPEAT=1 (with STABLE_DET=1): the same fine-tune again; in deterministic mode every
+    # kernel repeats bit for bit, so any difference between the two runs is the pipeline's timing
+    # (a read racing a write), and the first step and units that differ say where
+    if [ "${STABLE_REPEAT:-0}" = 1 ]; then
+      t0=$SECONDS
+      rm -f "$d"/ft/metrics-*.jsonl
+      SLIDEDP_LOG_UNIT_NORMS=$units slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft-b" > "$d/ft-b.progress" 2>&1
+      echo "--- stable ours fine-tune, second run: exit $? after $((SECONDS - t0)) s"
+      cp "$d"/ft/metrics-*.jsonl "$out/stable-ours-b.jsonl"
+      rep_units=()
+      if [ "$units" = 1 ]; then
+        grep -rh "unit norms:" "$d/run-ft" | sed 's/^.*unit norms:/unit norms:/' > "$d/units-a.txt"
+        grep -rh "unit norms:" "$d/run-ft-b" | sed 's/^.*unit norms:/unit norms:/' > "$d/units-b.txt"
+        rep_units=(--first-units "$d/units-a.txt" --second-units "$d/units-b.txt")
+      fi
+      python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-ours-b.jsonl" --tol 0 --bitwise \
+        "${rep_units[@]}" | grep -v '^{' | sed "s/^/stable ours run a vs run b: /"
+    fi
     # (the references read only the pretrain's weights: drop the optimizer states for disk room)
     # (not in $PRETRAINED, which is not ours to change)
     if [ "$weights" = 1 ]; then
@@ -239,6 +258,8 @@ if has stable; then
     fi
   fi
   unit_args=()
+  # (with STABLE_DEADLINE a reference may stop early: compare the steps both sides have)
+  steps_req=(--steps 200); [ -n "${STABLE_DEADLINE:-}" ] && steps_req=()
   if [ "$units" = 1 ] && [ "$ours" = 1 ]; then
     grep -rh "unit norms:" "$d/run-ft" | sed 's/^.*unit norms:/unit norms:/' > "$out/stable-ours-units.txt"
     unit_args=(--first-units "$out/stable-ours-units.txt")
@@ -251,6 +272,11 @@ if has stable; then
     t0=$SECONDS
     # STABLE_PROBE=1: the autocast reference also records each batch's FP32 loss (--probe-fp32)
     probe=(); cap=${STABLE_HF_CAP:-200}
+    # STABLE_DEADLINE=S: no reference runs past S seconds into the session (it keeps its curve so far)
+    if [ -n "${STABLE_DEADLINE:-}" ]; then
+      left=$((STABLE_DEADLINE - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
+      [ "$cap" -lt 30 ] && { echo "--- stable HF $ref: skipped, ${left} s left before STABLE_DEADLINE"; continue; }
+    fi
     if [ "${STABLE_PROBE:-0}" = 1 ] && [ "$prec" = bf16-autocast ]; then probe=(--probe-fp32); cap=$((cap + 150)); fi
     [ "$units" = 1 ] && probe+=(--unit-norms)
     [ "$weights" = 1 ] && [ "$ref" = bf16-autocast ] && probe+=(--save-final "$d/hf-final")
@@ -259,7 +285,7 @@ if has stable; then
     echo "--- stable HF $ref: exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/hf-$ref.log")"
   done
   if [ "$ours" = 1 ]; then
-    python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-bf16-autocast.json" --tol 6e-4 --steps 200 \
+    python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-bf16-autocast.json" --tol 6e-4 "${steps_req[@]}" \
       "${unit_args[@]}" --json "$d/cmp-ours.json" | grep -v '^{' | sed "s/^/stable ours vs HF autocast: /"
     if [ "$weights" = 1 ] && [ -f "$d/cmp-ours.json" ]; then
       # the five steps that differ most, then five ordinary ones for comparison
@@ -271,9 +297,9 @@ if has stable; then
   for ref in ${STABLE_REFS:-bf16-autocast bf16-mirror-fp32-norms}; do
     [ "$ref" = bf16-autocast ] || [ ! -f "$out/stable-hf-$ref.json" ] && continue
     [ "$ours" = 1 ] && python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-hf-$ref.json" --tol 6e-4 \
-      --steps 200 "${unit_args[@]}" | grep -v '^{' | sed "s/^/stable ours vs HF $ref: /"
+      "${steps_req[@]}" "${unit_args[@]}" | grep -v '^{' | sed "s/^/stable ours vs HF $ref: /"
     python3 tools/verify/compare_curves.py "$out/stable-hf-$ref.json" "$out/stable-hf-bf16-autocast.json" \
-      --tol 6e-4 --steps 200 | grep -v '^{' | sed "s/^/stable HF $ref vs HF autocast: /"
+      --tol 6e-4 "${steps_req[@]}" | grep -v '^{' | sed "s/^/stable HF $ref vs HF autocast: /"
   done
   curve=$out/stable-ours.jsonl; [ "$ours" = 1 ] || curve=$out/stable-hf-bf16-autocast.json
   python3 - "$curve" <<'PY'

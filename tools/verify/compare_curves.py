@@ -14,6 +14,8 @@ much the batch's loss moves with the arithmetic alone), and that sensitivity's m
 With per-unit squared gradient norms on both sides (our worker log's SLIDEDP_LOG_UNIT_NORMS=1
 lines, given by --first-units / --second-units, or an hf_train_reference.py --unit-norms JSON),
 also prints the steps whose gradient norms part most and the units that carry the difference.
+--bitwise (two of our runs that should repeat bit for bit, e.g. both in deterministic mode): the
+first step whose loss or any unit's squared gradient norm differs at all, and the units that do.
 Exit status 0 pass, 1 fail, 2 for unusable input. Pure Python (no numpy/torch).
 """
 import argparse
@@ -100,6 +102,23 @@ def unit_gaps(a, b, top_steps=5, top_units=3):
     return rows
 
 
+def first_difference(a, b, ua=None, ub=None):
+    """The first step (common to curves a and b, {step: loss}) at which the two runs differ at all:
+    its loss or, where both have per-unit squared norms ({step: [squares]}), any unit's.
+    None when equal; else (step, loss_a, loss_b, [(unit, squares_a, squares_b), ...])."""
+    ua, ub = ua or {}, ub or {}
+    for s in sorted(set(a) & set(b)):
+        units = []
+        if s in ua and s in ub:
+            n = max(len(ua[s]), len(ub[s]))
+            units = [(u, ua[s][u] if u < len(ua[s]) else None, ub[s][u] if u < len(ub[s]) else None)
+                     for u in range(n)]
+            units = [x for x in units if x[1] != x[2]]
+        if a[s] != b[s] or units:
+            return s, a[s], b[s], units
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("first", help="our metrics JSONL (or a curve JSON)")
@@ -110,6 +129,7 @@ def main():
     ap.add_argument("--json", default="", help="write the summary here")
     ap.add_argument("--first-units", default="", help="per-unit squared norms of the first run (worker log)")
     ap.add_argument("--second-units", default="", help="per-unit squared norms of the second run")
+    ap.add_argument("--bitwise", action="store_true", help="also the first step where the runs differ at all")
     args = ap.parse_args()
     try:
         a, b = hf_common.load_curve(args.first), hf_common.load_curve(args.second)
@@ -143,6 +163,16 @@ def main():
     except OSError as e:
         print(f"compare_curves: {e}", file=sys.stderr)
         return 2
+    if args.bitwise:
+        d = first_difference(a, b, ua, ub)
+        if d is None:
+            r["first_difference"] = None
+            print(f"bitwise: equal at all {r['steps']} common steps (loss" + (", unit norms)" if ua and ub else ")"))
+        else:
+            s, la, lb, units = d
+            r["first_difference"] = [s, la, lb, [list(u) for u in units]]
+            print(f"bitwise: first difference at step {s}: loss {la!r}/{lb!r}; {len(units)} units differ" +
+                  (": " + ", ".join(f"unit {u} {x!r}/{y!r}" for u, x, y in units[:8]) if units else ""))
     gaps = unit_gaps(ua, ub)
     if gaps:
         r["unit_gaps"] = [[s, na, nb, [list(u) for u in units]] for s, na, nb, units in gaps]

@@ -186,6 +186,18 @@ class PurePython(unittest.TestCase):
                                  capture_output=True, text=True)
             self.assertEqual(out.returncode, 0, out.stderr)
             self.assertIn("step 2: 7.28/2.449 (unit 1 7/1.414", out.stdout)
+            # --bitwise: the first step where two runs differ at all (here step 2, unit 1).
+            self.assertIsNone(compare_curves.first_difference({1: 5.0}, {1: 5.0}, a, a))
+            d_step, la, lb, units = compare_curves.first_difference({1: 5.0, 2: 5.0, 3: 4.0}, {1: 5.0, 2: 5.0, 3: 4.5}, a, b)
+            self.assertEqual((d_step, la, lb), (2, 5.0, 5.0))
+            self.assertEqual(units, [(1, 49.0, 2.0)])
+            self.assertEqual(compare_curves.first_difference({1: 5.0, 2: 4.0}, {1: 5.0, 2: 4.5})[0], 2)
+            out = subprocess.run([sys.executable, script, curve, curve, "--bitwise", "--first-units", log,
+                                  "--second-units", log], capture_output=True, text=True)
+            self.assertIn("bitwise: equal at all 3 common steps (loss, unit norms)", out.stdout)
+            out = subprocess.run([sys.executable, script, curve, ref, "--bitwise", "--first-units", log],
+                                 capture_output=True, text=True)
+            self.assertIn("bitwise: first difference at step 2: loss 5.0/5.0; 1 units differ: unit 1 49.0/2.0", out.stdout)
 
     def test_row_report(self):
         self.assertEqual(compare_params.percentile_ranks([3.0, 1.0, 2.0, 2.0]), [0.75, 0.0, 0.25, 0.25])
