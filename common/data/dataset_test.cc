@@ -5,6 +5,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "common/data/synthetic.h"
 #include "gmock/gmock.h"
@@ -15,9 +17,18 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
+// A fresh directory under the test temp dir, removed again when the test binary exits.
 std::string FreshDir(const std::string& name) {
+  struct Made {
+    std::vector<std::string> dirs;
+    ~Made() {
+      for (const std::string& d : dirs) fs::remove_all(d);
+    }
+  };
+  static Made made;
   std::string d = testing::TempDir() + "/data_test_" + std::to_string(::getpid()) + "_" + name;
   fs::remove_all(d);
+  made.dirs.push_back(d);
   return d;
 }
 

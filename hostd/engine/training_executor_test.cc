@@ -188,7 +188,12 @@ JobSpec TinySpec(int world, double max_norm, const std::string& route) {
   s.name = "engine";
   s.model_preset = "tiny";
   s.init_seed = 3;
-  s.output_dir = ::testing::TempDir() + "/engine-" + std::to_string(getpid());
+  // (one directory per test binary, removed when it exits)
+  static const struct OutputDir {
+    std::string path = ::testing::TempDir() + "/engine-" + std::to_string(getpid());
+    ~OutputDir() { std::filesystem::remove_all(path); }
+  } output_dir;
+  s.output_dir = output_dir.path;
   s.save_final = false;
   s.steps = 3;
   s.seq_len = 64;
