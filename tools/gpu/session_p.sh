@@ -35,7 +35,7 @@
 #            beside the steps that differ most)
 #            STABLE_DET=1 runs the pretrain and our fine-tune in deterministic mode (repeatable
 #            across calls); STABLE_UNITS, STABLE_OURS, STABLE_WEIGHTS, STABLE_REPEAT,
-#            STABLE_DEADLINE: see the part
+#            STABLE_DEADLINE, STABLE_FT_LR: see the part
 #   stableat one step of a STABLE_DET=1 run taken apart (STABLE_AT=step): the same pretrain and our
 #            fine-tune to the step before, bit for bit, then that step's gradients and loss, ours
 #            against HF on the same weights (grad_diff.py)
@@ -218,6 +218,10 @@ if has stable; then
   fi
   finetune_spec "$d" stable "$src" 200
   [ -n "$det_extra" ] && sed -i "s/runtime: {workers: 1}/runtime: {workers: 1$det_extra}/" "$d/ft.yaml"
+  # STABLE_FT_LR=0: the weights stay at the pretrain's (AdamW with lr 0 moves nothing), so each
+  # step is one batch's loss and gradients at the same weights on both sides: a batch that ours
+  # computes differently shows without any trajectory in between
+  [ -n "${STABLE_FT_LR:-}" ] && sed -i "s/optimizer: {lr: 1.0e-5,/optimizer: {lr: $STABLE_FT_LR,/" "$d/ft.yaml"
   # STABLE_WEIGHTS=1: both sides keep their FP32 weights after step 200, and compare_params.py
   # places the rows of the steps that differ most (and of ordinary steps) in the embedding's
   # per-row drift between the two runs

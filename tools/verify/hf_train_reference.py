@@ -98,8 +98,9 @@ def make_scheduler(optimizer, s):
         sched = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda st: hf_common.lr_multiplier(st, kind, warm, total, base, min_lr))
     # The multipliers HF's lambda gives must be hostd's (schedule.h); cosine is clamped past total
-    # by hostd only, and a job never runs past total_steps.
-    for lam in sched.lr_lambdas:
+    # by hostd only, and a job never runs past total_steps. (With lr 0 every rate is 0 whatever
+    # the multiplier.)
+    for lam in (sched.lr_lambdas if base else []):
         for st in range(min(s["steps"], total) + 1):
             ours = hf_common.lr_multiplier(st, kind, warm, total, base, min_lr)
             if abs(lam(st) - ours) > 1e-12:
