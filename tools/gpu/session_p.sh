@@ -35,7 +35,7 @@
 #            beside the steps that differ most)
 #            STABLE_DET=1 runs the pretrain and our fine-tune in deterministic mode (repeatable
 #            across calls); STABLE_UNITS, STABLE_OURS, STABLE_WEIGHTS, STABLE_REPEAT,
-#            STABLE_DEADLINE, STABLE_FT_LR: see the part
+#            STABLE_DEADLINE, STABLE_FT_LR, STABLE_LAYOUTS: see the part
 #   stableat one step of a STABLE_DET=1 run taken apart (STABLE_AT=step): the same pretrain and our
 #            fine-tune to the step before, bit for bit, then that step's gradients and loss, ours
 #            against HF on the same weights (grad_diff.py)
@@ -269,6 +269,14 @@ if has stable; then
     unit_args=(--first-units "$out/stable-ours-units.txt")
   fi
   dump_batches --job "$d/ft.yaml" --out "$d/batches.bin" > /dev/null 2>&1
+  # STABLE_LAYOUTS=1: every micro-batch's document layout of the fine-tune through cuDNN's
+  # attention and the own kernels, compared per document (cuda_kernel_check --attn-layouts)
+  if [ "${STABLE_LAYOUTS:-0}" = 1 ]; then
+    t0=$SECONDS
+    timeout 240 cuda_kernel_check --attn-layouts="$d/batches.bin" --heads=16/8 --head-dim=128 > "$d/layouts.log" 2>&1
+    echo "--- attention layouts: exit $? after $((SECONDS - t0)) s"
+    grep -E "^(PASS|FAIL|INFO)|layouts:" "$d/layouts.log" | head -n 30 | cut -c1-250
+  fi
   # A reference named PRECISION-eager runs HF with eager attention (softmax in FP32 from BF16
   # scores): the same arithmetic rounded another way, the reference's own spread.
   for ref in ${STABLE_REFS:-bf16-autocast bf16-mirror-fp32-norms}; do

@@ -12,10 +12,12 @@
 // File format: one line of JSON (the header, '\n'-terminated), then the data area. Header:
 //   {"format": "slidedp-batches", "version": 1, "dataset": DIR, "num_rows": R,
 //    "global_batch": B, "seed": S, "shuffle": true, "job": {...} | null, "model_dir": DIR | null,
-//    "steps": [{"step": t, "epoch": e, "rows": [...], "num_tokens": T, "num_segments": D,
-//               "trained_tokens": n, "offset": BYTES}, ...]}
+//    "steps": [{"step": t, "epoch": e, "rows": [...], "row_tokens": [...], "num_tokens": T,
+//               "num_segments": D, "trained_tokens": n, "offset": BYTES}, ...]}
 // Step t's data starts `offset` bytes after the header line: int32 little-endian
-// tokens[T], labels[T], positions[T], cu_seqlens[D + 1], back to back.
+// tokens[T], labels[T], positions[T], cu_seqlens[D + 1], back to back. "row_tokens" holds each
+// row's token count (the rows lie back to back in that order; every row boundary is a piece
+// boundary).
 // "job" (with --job) carries the optimizer and schedule settings of the spec: lr, beta1, beta2,
 // eps, weight_decay, max_grad_norm, schedule, warmup_steps, min_lr, steps, total_steps.
 // --write-init DIR (jobs with model.preset): writes the job's random initial weights
@@ -150,9 +152,12 @@ absl::Status Run(Options o) {
       return absl::InternalError(absl::StrCat("step ", t, ": CountTrainedLabels says ", trained, ", the batch has ",
                                               mb.num_trained()));
     }
+    std::vector<int64_t> row_tokens;
+    for (int64_t r : rows) row_tokens.push_back(dataset->Row(r).end - dataset->Row(r).begin);
     steps.push_back({{"step", t},
                      {"epoch", sampler.EpochOfStep(t)},
                      {"rows", rows},
+                     {"row_tokens", row_tokens},
                      {"num_tokens", mb.num_tokens()},
                      {"num_segments", mb.cu_seqlens.size() - 1},
                      {"trained_tokens", trained},
