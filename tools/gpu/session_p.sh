@@ -341,13 +341,42 @@ if has stableat; then
   sed -i "s/runtime: {workers: 1}/runtime: {workers: 1, deterministic: true}/; s/save_final: false}/save_final: true, save_dtype: fp32}/" \
     "$d/ft.yaml"
   t0=$SECONDS
-  slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft" > "$d/ft.progress" 2>&1
+  SLIDEDP_LOG_UNIT_NORMS=1 slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft" > "$d/ft.progress" 2>&1
   echo "--- stableat fine-tune to step $((at - 1)): exit $? after $((SECONDS - t0)) s"
   tail -n 1 "$d"/ft/metrics-*.jsonl | cut -c1-200
+  # (the curve to step STABLE_AT - 1 must equal the STABLE_DET=1 stable run's bit for bit)
+  cp "$d"/ft/metrics-*.jsonl "$out/stableat-ours.jsonl"
+  grep -rh "unit norms:" "$d/run-ft" | sed 's/^.*unit norms:/unit norms:/' > "$out/stableat-ours-units.txt"
   sed -i "s/steps: $((at - 1)),/steps: $at,/" "$d/ft.yaml"  # the batches up to step STABLE_AT
   dump_batches --job "$d/ft.yaml" --out "$d/batches.bin" > /dev/null 2>&1
+  t0=$SECONDS
   SLIDEDP_DETERMINISTIC=1 timeout 300 python3 tools/verify/grad_diff.py --bin "$(command -v model_grads)" \
     --model "$d/ft/checkpoint-$((at - 1))" --batches "$d/batches.bin" --step $((at - 1)) --top 20
+  echo "--- stableat grad_diff: exit $? after $((SECONDS - t0)) s"
+  # HF's own trajectory from the same pretrain to step STABLE_AT (is the step there too?)
+  t0=$SECONDS
+  timeout 150 python3 tools/verify/hf_train_reference.py --batches "$d/batches.bin" --model "$src" \
+    --precision bf16-autocast --unit-norms --out "$out/stableat-hf.json" > "$d/hf.log" 2>&1
+  echo "--- stableat HF autocast to step $at: exit $? after $((SECONDS - t0)) s: $(tail -n 1 "$d/hf.log" | cut -c1-200)"
+  python3 tools/verify/compare_curves.py "$out/stableat-ours.jsonl" "$out/stableat-hf.json" --tol 6e-4 \
+    --first-units "$out/stableat-ours-units.txt" | grep -v '^{' | sed "s/^/stableat ours vs HF autocast: /"
+  python3 - "$out/stableat-hf.json" "$at" <<'PY'
+import json, math, sys
+c = {r["step"]: r for r in json.load(open(sys.argv[1]))["curve"]}
+for s in range(max(1, int(sys.argv[2]) - 2), int(sys.argv[2]) + 1):
+    if s in c:
+        u = c[s].get("unit_squares", [])
+        print(f"stableat HF step {s}: loss {c[s]['loss']:.6f} grad norm {c[s]['grad_norm']:.4f}; units 0-3",
+              [round(math.sqrt(x), 4) for x in u[:4]])
+PY
+  # STABLE_LAYOUTS=1: the fine-tune's 200 steps of document layouts through cuDNN and the own attention
+  if [ "${STABLE_LAYOUTS:-0}" = 1 ]; then
+    t0=$SECONDS
+    dump_batches --job "$d/ft.yaml" --steps 200 --out "$d/layouts.bin" > /dev/null 2>&1
+    timeout 200 cuda_kernel_check --attn-layouts="$d/layouts.bin" --heads=16/8 --head-dim=128 > "$d/layouts.log" 2>&1
+    echo "--- attention layouts: exit $? after $((SECONDS - t0)) s"
+    grep -E "^(PASS|FAIL|INFO)|layouts:" "$d/layouts.log" | head -n 30 | cut -c1-250
+  fi
   rm -rf "$d"
 fi
 

@@ -112,7 +112,7 @@ case "$R" in
       # same weights, rebuilt bit for bit (session_p.sh stableat)
     LOG_NAME=r7-stableat PARTS=stableat STABLE_PRESET=qwen3-1.7b STABLE_PRE=${STABLE_PRE:-160} \
       bash tools/gpu/session_p.sh > /dev/null 2>&1
-    echo "--- stableat done after $SECONDS s"; grep -v "Loading weights" "$out/r7-stableat.log" | head -n 60 | cut -c1-220
+    echo "--- stableat done after $SECONDS s"; grep -v "Loading weights" "$out/r7-stableat.log" | head -n 100 | cut -c1-260
     ;;
   *) echo "R=$R: expected 1 to 7" >&2; exit 2 ;;
 esac
