@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <random>
 #include <string>
@@ -810,7 +811,7 @@ void CheckAttentionLayouts(const std::vector<Layout>* layouts, const std::string
   double worst[5] = {0, 0, 0, 0, 0};
   const char* names[5] = {"O", "LSE", "dQ", "dK", "dV"};
   std::string worst_at[5];
-  int bad = 0, docs_max = 0, one_token_pieces = 0;
+  int bad = 0, docs_max = 0, one_token_pieces = 0, done = 0;
   for (const Layout& l : *layouts) {
     const int64_t T = l.cu.back();
     kernels::AttnArgs a;
@@ -854,13 +855,21 @@ void CheckAttentionLayouts(const std::vector<Layout>* layouts, const std::string
         for (int64_t t = 0; t < T; ++t) r[t * nq + hh] = h[hh * T + t];
       return r;
     };
-    const std::pair<double, int> r[5] = {
-        WorstDoc(DownBf16(o_cud.get(), T * qd), DownBf16(o_own.get(), T * qd), l.cu, qd, qd),
-        WorstDoc(lse_rows(lse_cud), lse_rows(lse_own), l.cu, nq, nq),
-        WorstDoc(DownBf16(dq_cud.get(), T * qd), DownBf16(dq_own.get(), T * qd), l.cu, qd, qd),
-        WorstDoc(DownBf16(dk_cud.get(), T * kvd), DownBf16(dk_own.get(), T * kvd), l.cu, kvd, kvd),
-        WorstDoc(DownBf16(dqkv_cud.get() + qd + kvd, T * ldqkv - qd - kvd),
-                 DownBf16(dqkv_own.get() + qd + kvd, T * ldqkv - qd - kvd), l.cu, ldqkv, kvd)};
+    // The five comparisons on their own threads (each a few million elements on the host).
+    std::future<std::pair<double, int>> pending[5] = {
+        std::async(std::launch::async,
+                   [&] { return WorstDoc(DownBf16(o_cud.get(), T * qd), DownBf16(o_own.get(), T * qd), l.cu, qd, qd); }),
+        std::async(std::launch::async, [&] { return WorstDoc(lse_rows(lse_cud), lse_rows(lse_own), l.cu, nq, nq); }),
+        std::async(std::launch::async,
+                   [&] { return WorstDoc(DownBf16(dq_cud.get(), T * qd), DownBf16(dq_own.get(), T * qd), l.cu, qd, qd); }),
+        std::async(std::launch::async,
+                   [&] { return WorstDoc(DownBf16(dk_cud.get(), T * kvd), DownBf16(dk_own.get(), T * kvd), l.cu, kvd, kvd); }),
+        std::async(std::launch::async, [&] {
+          return WorstDoc(DownBf16(dqkv_cud.get() + qd + kvd, T * ldqkv - qd - kvd),
+                          DownBf16(dqkv_own.get() + qd + kvd, T * ldqkv - qd - kvd), l.cu, ldqkv, kvd);
+        })};
+    std::pair<double, int> r[5];
+    for (int i = 0; i < 5; ++i) r[i] = pending[i].get();
     bool layout_bad = false;
     for (int i = 0; i < 5; ++i) {
       const int d = r[i].second;
@@ -878,6 +887,10 @@ void CheckAttentionLayouts(const std::vector<Layout>* layouts, const std::string
       }
     }
     bad += layout_bad;
+    if (++done % 25 == 0) {
+      std::printf("attention layouts: %d of %zu done, %d differ\n", done, layouts->size(), bad);
+      std::fflush(stdout);
+    }
   }
   g_failures += bad;
   std::printf("%s  attention layouts: %d of %zu micro-batches differ beyond %.1e in some document (up to %d "
