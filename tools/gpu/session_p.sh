@@ -39,6 +39,9 @@
 #   stableat one step of a STABLE_DET=1 run taken apart (STABLE_AT=step): the same pretrain and our
 #            fine-tune to the step before, bit for bit, then that step's gradients and loss, ours
 #            against HF on the same weights (grad_diff.py)
+#   layouts  cuda_kernel_check --attn-layouts on the 1.7B fine-tune's 200 steps of batches: each
+#            micro-batch's document layout through cuDNN's attention and the own kernels, compared
+#            per document (LAYOUTS_CAP seconds, default 300)
 #   routes   issue 7: bench/e2e/scaling.sh routes on 2 GPUs (Qwen3-8B, 16K and 128K per GPU)
 #   weak14   issue 7: bench/e2e/scaling.sh weak14 on 1 and 2 GPUs (Qwen3-14B, 64K per GPU)
 # Output: $out/session-p.log and the parts' files.
@@ -204,6 +207,16 @@ YAML
   src=$d/pre/checkpoint-$pre
 }
 
+# layouts_check BATCHES LIMIT_S: every micro-batch's document layout in a dump_batches file through
+# cuDNN's attention and the own kernels, compared per document (cuda_kernel_check --attn-layouts;
+# Qwen3-0.6B/1.7B heads: 16 q, 8 kv, head dim 128).
+layouts_check() {
+  local t0=$SECONDS log=${1%.bin}-layouts.log
+  timeout "$2" cuda_kernel_check --attn-layouts="$1" --heads=16/8 --head-dim=128 > "$log" 2>&1
+  echo "--- attention layouts: exit $? after $((SECONDS - t0)) s"
+  grep -E "^(PASS|FAIL|INFO)|layouts:" "$log" | head -n 30 | cut -c1-250
+}
+
 if has stable; then
   q06_data_and_spec > /dev/null
   preset=${STABLE_PRESET:-qwen3-0.6b}
@@ -271,12 +284,7 @@ if has stable; then
   dump_batches --job "$d/ft.yaml" --out "$d/batches.bin" > /dev/null 2>&1
   # STABLE_LAYOUTS=1: every micro-batch's document layout of the fine-tune through cuDNN's
   # attention and the own kernels, compared per document (cuda_kernel_check --attn-layouts)
-  if [ "${STABLE_LAYOUTS:-0}" = 1 ]; then
-    t0=$SECONDS
-    timeout 240 cuda_kernel_check --attn-layouts="$d/batches.bin" --heads=16/8 --head-dim=128 > "$d/layouts.log" 2>&1
-    echo "--- attention layouts: exit $? after $((SECONDS - t0)) s"
-    grep -E "^(PASS|FAIL|INFO)|layouts:" "$d/layouts.log" | head -n 30 | cut -c1-250
-  fi
+  [ "${STABLE_LAYOUTS:-0}" = 1 ] && layouts_check "$d/batches.bin" 240
   # A reference named PRECISION-eager runs HF with eager attention (softmax in FP32 from BF16
   # scores): the same arithmetic rounded another way, the reference's own spread.
   for ref in ${STABLE_REFS:-bf16-autocast bf16-mirror-fp32-norms}; do
@@ -371,13 +379,20 @@ for s in range(max(1, int(sys.argv[2]) - 2), int(sys.argv[2]) + 1):
 PY
   # STABLE_LAYOUTS=1: the fine-tune's 200 steps of document layouts through cuDNN and the own attention
   if [ "${STABLE_LAYOUTS:-0}" = 1 ]; then
-    t0=$SECONDS
     dump_batches --job "$d/ft.yaml" --steps 200 --out "$d/layouts.bin" > /dev/null 2>&1
-    timeout 200 cuda_kernel_check --attn-layouts="$d/layouts.bin" --heads=16/8 --head-dim=128 > "$d/layouts.log" 2>&1
-    echo "--- attention layouts: exit $? after $((SECONDS - t0)) s"
-    grep -E "^(PASS|FAIL|INFO)|layouts:" "$d/layouts.log" | head -n 30 | cut -c1-250
+    layouts_check "$d/layouts.bin" 200
   fi
   rm -rf "$d"
+fi
+
+if has layouts; then  # the fine-tune's 200 steps of document layouts alone (no pretrain needed)
+  q06_data_and_spec > /dev/null
+  d=/tmp/lay; rm -rf "$d"; mkdir -p "$d"
+  finetune_spec "$d" layouts none 200
+  sed -i "s|model: {path: none}|model: {preset: qwen3-1.7b, init_seed: 0}|" "$d/ft.yaml"
+  dump_batches --job "$d/ft.yaml" --out "$d/layouts.bin" > "$d/dump.log" 2>&1
+  echo "--- layouts batches: exit $?: $(tail -n 1 "$d/dump.log" | cut -c1-150)"
+  layouts_check "$d/layouts.bin" "${LAYOUTS_CAP:-300}"
 fi
 
 if has routes; then

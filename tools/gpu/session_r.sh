@@ -32,6 +32,13 @@
 #   R=6  (nvidia-h200) graddiff alone
 #   R=7  (nvidia-h200) session_p.sh stableat for Qwen3-1.7B: STABLE_AT=S rebuilds an R=4 STABLE_DET=1
 #        run's weights after step S - 1 and compares step S's loss and gradients with HF on them
+#        (session 8: R=7 STABLE_AT=41, the spike step of the deterministic run)
+#   R=8  (nvidia-h200) the end of issue 4's range: Qwen3-4B at 256K tokens per GPU (ours with
+#        act_policy auto, and compute-only), then FSDP2 with CPU offload at 16K in the same call
+#   Session 8 ran R=4 KCHECK=0 STABLE_UNITS=1 STABLE_DET=1 STABLE_REPEAT=1, R=7 STABLE_AT=41 and
+#   R=4 KCHECK=0 STABLE_DET=1 STABLE_UNITS=1 STABLE_OURS=0 with three references (docs/gpu-results.md).
+#   Next: R=8; R=2 and R=3 when nvidia-h200-x2 is lent; the attention layouts check that R7a's cap
+#   cut (R=7 STABLE_AT=2 STABLE_LAYOUTS=1 reaches it early)
 # Output: $out/session-r<R>.log and the parts' files.
 set -u
 R=${R:-1}
@@ -114,6 +121,15 @@ case "$R" in
       bash tools/gpu/session_p.sh > /dev/null 2>&1
     echo "--- stableat done after $SECONDS s"; grep -v "Loading weights" "$out/r7-stableat.log" | head -n 100 | cut -c1-260
     ;;
-  *) echo "R=$R: expected 1 to 7" >&2; exit 2 ;;
+  8)  # Qwen3-4B at 256K tokens per GPU, and the CPU-offload peer at 16K (its 4x target, same call)
+    MODEL=qwen3-4b GPUS=1 TOKENS_LIST=262144 WHAT="ours compute" ACT_POLICY=auto WORK=/tmp/e2e-r8 BUDGET_S=380 \
+      bash bench/e2e/run_bench.sh > /tmp/r8-4b.out 2>&1
+    echo "--- 4B 256K ours and compute-only: exit $? after $SECONDS s"
+    MODEL=qwen3-4b GPUS=1 TOKENS_LIST=16384 WHAT=fsdp2-offload WORK=/tmp/e2e-r8 RESUME=1 BUDGET_S=170 \
+      bash bench/e2e/run_bench.sh > /tmp/r8-offload.out 2>&1
+    echo "--- 4B FSDP2 CPU offload 16K: exit $? after $SECONDS s"
+    grep -E "^\| |x \(" "$out/bench-summary.md" | head -n 24
+    ;;
+  *) echo "R=$R: expected 1 to 8" >&2; exit 2 ;;
 esac
 echo "=== session R=$R done after $SECONDS s"
