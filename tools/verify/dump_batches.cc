@@ -153,7 +153,10 @@ absl::Status Run(Options o) {
                                               mb.num_trained()));
     }
     std::vector<int64_t> row_tokens;
-    for (int64_t r : rows) row_tokens.push_back(dataset->Row(r).end - dataset->Row(r).begin);
+    for (int64_t r : rows) {
+      const data::RowSegment row = dataset->Row(r);
+      row_tokens.push_back(row.end - row.begin);
+    }
     steps.push_back({{"step", t},
                      {"epoch", sampler.EpochOfStep(t)},
                      {"rows", rows},

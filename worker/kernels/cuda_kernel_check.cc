@@ -714,13 +714,14 @@ void CheckCudnnAttention() {
 }
 
 // ------------------------------------------------------------------ Attention on real layouts
-// --attn-layouts=FILE: the document layouts a job actually trains on (a dump_batches file), each
-// micro-batch (`mb_rows` rows, as the workers split a step) through cuDNN's attention and through the own kernels on the
-// same random inputs, with the strides the CUDA backend uses (q and k roped in their own buffers,
-// v inside the packed qkv, dv inside the packed dqkv), and the two compared per document: a
-// layout that one of them gets wrong (a plan for that many documents or that length, a 1-token
-// piece) shows as a document whose outputs differ far beyond BF16 rounding. Both backwards take
-// the own forward's O and LSE, so forward and backward are judged separately.
+// --attn-layouts=FILE: the document layouts a job actually trains on (a dump_batches file). Each
+// micro-batch (`mb_rows` rows, as the workers split a step) goes through cuDNN's attention and
+// through the own kernels on the same random inputs, with the strides the CUDA backend uses (q and
+// k roped in their own buffers, v inside the packed qkv, dv inside the packed dqkv), and the two
+// are compared per document: a layout that one of them gets wrong (a plan for that many documents
+// or that length, a 1-token piece) shows as a document whose outputs differ far beyond BF16
+// rounding. Both backwards take the own forward's O and LSE, so forward and backward are judged
+// separately.
 struct Layout {
   int64_t step = 0;
   int part = 0;
@@ -767,8 +768,8 @@ absl::StatusOr<std::vector<Layout>> ReadLayouts(const std::string& path, int64_t
 
 // Largest relative L2 difference of a [T, width] (row stride ld) pair over any document, and
 // which document.
-std::pair<double, int> WorstDoc(const std::vector<double>& a, const std::vector<double>& b, const std::vector<int32_t>& cu,
-                                int64_t ld, int64_t width) {
+std::pair<double, int> WorstDoc(const std::vector<double>& a, const std::vector<double>& b,
+                                const std::vector<int32_t>& cu, int64_t ld, int64_t width) {
   double worst = 0;
   int at = -1;
   for (size_t d = 0; d + 1 < cu.size(); ++d) {
@@ -788,14 +789,14 @@ std::pair<double, int> WorstDoc(const std::vector<double>& a, const std::vector<
   return {worst, at};
 }
 
-void CheckAttentionLayouts(const std::vector<Layout>* layouts, const std::string& path, int nq, int nkv, int hd,
+void CheckAttentionLayouts(const std::vector<Layout>& layouts, const std::string& path, int nq, int nkv, int hd,
                            double tol) {
   absl::StatusOr<std::unique_ptr<kernels::CudnnAttention>> cudnn = kernels::CudnnAttention::Create(0);
   CHECK_OK(cudnn.status());
   int64_t T_max = 0;
-  for (const Layout& l : *layouts) T_max = std::max<int64_t>(T_max, l.cu.back());
+  for (const Layout& l : layouts) T_max = std::max<int64_t>(T_max, l.cu.back());
   std::printf("attention layouts: %zu micro-batches of up to %lld tokens from %s; %d/%d heads, hd %d; cuDNN %lld\n",
-              layouts->size(), static_cast<long long>(T_max), path.c_str(), nq, nkv, hd,
+              layouts.size(), static_cast<long long>(T_max), path.c_str(), nq, nkv, hd,
               static_cast<long long>((*cudnn)->version()));
   const int64_t qd = nq * hd, kvd = nkv * hd, ldqkv = qd + 2 * kvd;
   // Inputs once, at the largest size (every layout reads a prefix); q and k a little larger than
@@ -812,7 +813,7 @@ void CheckAttentionLayouts(const std::vector<Layout>* layouts, const std::string
   const char* names[5] = {"O", "LSE", "dQ", "dK", "dV"};
   std::string worst_at[5];
   int bad = 0, docs_max = 0, one_token_pieces = 0, done = 0;
-  for (const Layout& l : *layouts) {
+  for (const Layout& l : layouts) {
     const int64_t T = l.cu.back();
     kernels::AttnArgs a;
     a.tokens = T;
@@ -856,18 +857,17 @@ void CheckAttentionLayouts(const std::vector<Layout>* layouts, const std::string
       return r;
     };
     // The five comparisons on their own threads (each a few million elements on the host).
+    // (a BF16 pair [T, width] with row stride ld, from element `at`)
+    auto bf16_pair = [&](const Dev<bf16>& x, const Dev<bf16>& y, int64_t at, int64_t ld, int64_t width) {
+      const int64_t n = (T - 1) * ld + width;
+      return WorstDoc(DownBf16(x.get() + at, n), DownBf16(y.get() + at, n), l.cu, ld, width);
+    };
     std::future<std::pair<double, int>> pending[5] = {
-        std::async(std::launch::async,
-                   [&] { return WorstDoc(DownBf16(o_cud.get(), T * qd), DownBf16(o_own.get(), T * qd), l.cu, qd, qd); }),
+        std::async(std::launch::async, [&] { return bf16_pair(o_cud, o_own, 0, qd, qd); }),
         std::async(std::launch::async, [&] { return WorstDoc(lse_rows(lse_cud), lse_rows(lse_own), l.cu, nq, nq); }),
-        std::async(std::launch::async,
-                   [&] { return WorstDoc(DownBf16(dq_cud.get(), T * qd), DownBf16(dq_own.get(), T * qd), l.cu, qd, qd); }),
-        std::async(std::launch::async,
-                   [&] { return WorstDoc(DownBf16(dk_cud.get(), T * kvd), DownBf16(dk_own.get(), T * kvd), l.cu, kvd, kvd); }),
-        std::async(std::launch::async, [&] {
-          return WorstDoc(DownBf16(dqkv_cud.get() + qd + kvd, T * ldqkv - qd - kvd),
-                          DownBf16(dqkv_own.get() + qd + kvd, T * ldqkv - qd - kvd), l.cu, ldqkv, kvd);
-        })};
+        std::async(std::launch::async, [&] { return bf16_pair(dq_cud, dq_own, 0, qd, qd); }),
+        std::async(std::launch::async, [&] { return bf16_pair(dk_cud, dk_own, 0, kvd, kvd); }),
+        std::async(std::launch::async, [&] { return bf16_pair(dqkv_cud, dqkv_own, qd + kvd, ldqkv, kvd); })};
     std::pair<double, int> r[5];
     for (int i = 0; i < 5; ++i) r[i] = pending[i].get();
     bool layout_bad = false;
@@ -888,14 +888,14 @@ void CheckAttentionLayouts(const std::vector<Layout>* layouts, const std::string
     }
     bad += layout_bad;
     if (++done % 25 == 0) {
-      std::printf("attention layouts: %d of %zu done, %d differ\n", done, layouts->size(), bad);
+      std::printf("attention layouts: %d of %zu done, %d differ\n", done, layouts.size(), bad);
       std::fflush(stdout);
     }
   }
   g_failures += bad;
   std::printf("%s  attention layouts: %d of %zu micro-batches differ beyond %.1e in some document (up to %d "
               "documents, %d one-token pieces)\n",
-              bad == 0 ? "PASS" : "FAIL", bad, layouts->size(), tol, docs_max, one_token_pieces);
+              bad == 0 ? "PASS" : "FAIL", bad, layouts.size(), tol, docs_max, one_token_pieces);
   for (int i = 0; i < 5; ++i) {
     std::printf("INFO  attention layouts: worst cuDNN vs own %s %.3e at %s\n", names[i], worst[i], worst_at[i].c_str());
   }
@@ -1174,7 +1174,9 @@ int main(int argc, char** argv) {
     if (std::strncmp(argv[i], "--seed=", 7) == 0) seed = std::strtoull(argv[i] + 7, nullptr, 10);
     if (std::strcmp(argv[i], "--kernels-only") == 0) kernels_only = true;
     if (std::strncmp(argv[i], "--attn-layouts=", 15) == 0) layouts = argv[i] + 15;
-    if (std::strncmp(argv[i], "--mb-rows=", 10) == 0) mb_rows = std::max(1ll, std::strtoll(argv[i] + 10, nullptr, 10));
+    if (std::strncmp(argv[i], "--mb-rows=", 10) == 0) {
+      mb_rows = std::max(1ll, std::strtoll(argv[i] + 10, nullptr, 10));
+    }
     if (std::strncmp(argv[i], "--heads=", 8) == 0 && std::sscanf(argv[i] + 8, "%d/%d", &nq, &nkv) != 2) {
       std::printf("FAIL  --heads wants NQ/NKV\n");
       return 2;
@@ -1203,7 +1205,7 @@ int main(int argc, char** argv) {
   std::printf("cuda_kernel_check on %s (sm_%d%d), seed=%llu\n", prop.name, prop.major, prop.minor,
               static_cast<unsigned long long>(seed));
   if (!layouts.empty()) {
-    CheckAttentionLayouts(&*layout_list, layouts, nq, nkv, hd, 2e-2);
+    CheckAttentionLayouts(*layout_list, layouts, nq, nkv, hd, 2e-2);
     std::printf("%s: %d failure(s)\n", g_failures == 0 ? "ALL PASS" : "FAILED", g_failures);
     return g_failures == 0 ? 0 : 1;
   }
