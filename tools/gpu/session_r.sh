@@ -34,11 +34,12 @@
 #        run's weights after step S - 1 and compares step S's loss and gradients with HF on them
 #        (session 8: R=7 STABLE_AT=41, the spike step of the deterministic run)
 #   R=8  (nvidia-h200) the end of issue 4's range: Qwen3-4B at 256K tokens per GPU (ours with
-#        act_policy auto, and compute-only), then FSDP2 with CPU offload at 16K in the same call
+#        act_policy auto, and compute-only), then FSDP2 with CPU offload at 16K in the same call;
+#        then, in what is left of the call, session_p.sh layouts (the attention layouts check)
 #   Session 8 ran R=4 KCHECK=0 STABLE_UNITS=1 STABLE_DET=1 STABLE_REPEAT=1, R=7 STABLE_AT=41 and
 #   R=4 KCHECK=0 STABLE_DET=1 STABLE_UNITS=1 STABLE_OURS=0 with three references (docs/gpu-results.md).
-#   Next: R=8; R=2 and R=3 when nvidia-h200-x2 is lent; the attention layouts check that R7a's cap
-#   cut (R=7 STABLE_AT=2 STABLE_LAYOUTS=1 reaches it early)
+#   Next: R=8 (with the attention layouts check that R7a's cap cut); R=2 and R=3 when
+#   nvidia-h200-x2 is lent
 # Output: $out/session-r<R>.log and the parts' files.
 set -u
 R=${R:-1}
@@ -129,6 +130,12 @@ case "$R" in
       bash bench/e2e/run_bench.sh > /tmp/r8-offload.out 2>&1
     echo "--- 4B FSDP2 CPU offload 16K: exit $? after $SECONDS s"
     grep -E "^\| |x \(" "$out/bench-summary.md" | head -n 24
+    # what is left of the call: the attention layouts check (session_p.sh layouts)
+    cap=$((570 - SECONDS))
+    if [ "$cap" -ge 90 ]; then
+      LOG_NAME=r8-layouts PARTS=layouts LAYOUTS_CAP=$((cap - 30)) bash tools/gpu/session_p.sh > /dev/null 2>&1
+      grep -E "^---|PASS|FAIL|INFO|layouts:" "$out/r8-layouts.log" | head -n 30 | cut -c1-250
+    fi
     ;;
   *) echo "R=$R: expected 1 to 8" >&2; exit 2 ;;
 esac
