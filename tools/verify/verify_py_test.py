@@ -289,6 +289,12 @@ class DumpBatches(unittest.TestCase):
                                   [int(x) for x in cu]), exp, f"step {t}")
                 self.assertEqual(meta["trained_tokens"], sum(1 for x in exp[1] if x != -100))
                 hf_common.segments_of(tokens, labels, positions, cu)
+                # row_tokens: each row's length, back to back; every row boundary is a piece boundary
+                # (what cuda_kernel_check --attn-layouts splits the workers' micro-batches by)
+                row_off = ds[4]
+                self.assertEqual(meta["row_tokens"], [int(row_off[r + 1]) - int(row_off[r]) for r in rows])
+                ends = [sum(meta["row_tokens"][:i + 1]) for i in range(len(rows))]
+                self.assertTrue(set(ends) <= {int(x) for x in cu}, f"step {t}")
 
     def test_grad_diff_token_batch(self):
         # grad_diff hands a step's global batch to model_grads: one row per document, labels
