@@ -207,6 +207,10 @@ YAML
   src=$d/pre/checkpoint-$pre
 }
 
+# unit_lines RUN_DIR: the workers' SLIDEDP_LOG_UNIT_NORMS=1 lines of a run, without the log prefix
+# (what compare_curves.py --first-units reads).
+unit_lines() { grep -rh "unit norms:" "$1" | sed 's/^.*unit norms:/unit norms:/'; }
+
 # layouts_check BATCHES LIMIT_S: every micro-batch's document layout in a dump_batches file through
 # cuDNN's attention and the own kernels, compared per document (cuda_kernel_check --attn-layouts;
 # Qwen3-0.6B/1.7B heads: 16 q, 8 kv, head dim 128).
@@ -249,6 +253,7 @@ if has stable; then
     SLIDEDP_LOG_UNIT_NORMS=$units slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft" > "$d/ft.progress" 2>&1
     echo "--- stable ours fine-tune: exit $? after $((SECONDS - t0)) s"
     cp "$d"/ft/metrics-*.jsonl "$out/stable-ours.jsonl"
+    [ "$units" = 1 ] && unit_lines "$d/run-ft" > "$out/stable-ours-units.txt"
     # STABLE_REPEAT=1 (with STABLE_DET=1): the same fine-tune again; in deterministic mode every
     # kernel repeats bit for bit, so any difference between the two runs is the pipeline's timing
     # (a read racing a write), and the first step and units that differ say where
@@ -260,9 +265,8 @@ if has stable; then
       cp "$d"/ft/metrics-*.jsonl "$out/stable-ours-b.jsonl"
       rep_units=()
       if [ "$units" = 1 ]; then
-        grep -rh "unit norms:" "$d/run-ft" | sed 's/^.*unit norms:/unit norms:/' > "$d/units-a.txt"
-        grep -rh "unit norms:" "$d/run-ft-b" | sed 's/^.*unit norms:/unit norms:/' > "$d/units-b.txt"
-        rep_units=(--first-units "$d/units-a.txt" --second-units "$d/units-b.txt")
+        unit_lines "$d/run-ft-b" > "$d/units-b.txt"
+        rep_units=(--first-units "$out/stable-ours-units.txt" --second-units "$d/units-b.txt")
       fi
       python3 tools/verify/compare_curves.py "$out/stable-ours.jsonl" "$out/stable-ours-b.jsonl" --tol 0 --bitwise \
         "${rep_units[@]}" | grep -v '^{' | sed "s/^/stable ours run a vs run b: /"
@@ -278,7 +282,6 @@ if has stable; then
   # (with STABLE_DEADLINE a reference may stop early: compare the steps both sides have)
   steps_req=(--steps 200); [ -n "${STABLE_DEADLINE:-}" ] && steps_req=()
   if [ "$units" = 1 ] && [ "$ours" = 1 ]; then
-    grep -rh "unit norms:" "$d/run-ft" | sed 's/^.*unit norms:/unit norms:/' > "$out/stable-ours-units.txt"
     unit_args=(--first-units "$out/stable-ours-units.txt")
   fi
   dump_batches --job "$d/ft.yaml" --out "$d/batches.bin" > /dev/null 2>&1
@@ -354,7 +357,7 @@ if has stableat; then
   tail -n 1 "$d"/ft/metrics-*.jsonl | cut -c1-200
   # (the curve to step STABLE_AT - 1 must equal the STABLE_DET=1 stable run's bit for bit)
   cp "$d"/ft/metrics-*.jsonl "$out/stableat-ours.jsonl"
-  grep -rh "unit norms:" "$d/run-ft" | sed 's/^.*unit norms:/unit norms:/' > "$out/stableat-ours-units.txt"
+  unit_lines "$d/run-ft" > "$out/stableat-ours-units.txt"
   sed -i "s/steps: $((at - 1)),/steps: $at,/" "$d/ft.yaml"  # the batches up to step STABLE_AT
   dump_batches --job "$d/ft.yaml" --out "$d/batches.bin" > /dev/null 2>&1
   t0=$SECONDS
