@@ -36,6 +36,9 @@
 #   R=8  (nvidia-h200) the end of issue 4's range: Qwen3-4B at 256K tokens per GPU (ours with
 #        act_policy auto, and compute-only), then FSDP2 with CPU offload at 16K in the same call;
 #        then, in what is left of the call, session_p.sh layouts (the attention layouts check)
+#   R=9  (nvidia-h200) Qwen3-8B on 1 GPU at 64K tokens, ours (act_policy auto) and compute-only: the
+#        8B figures with today's kernels where no second GPU is lent (ours needs ~107 GiB of host
+#        state on a 125 GiB host; hostd's admission refuses it cleanly if that does not fit)
 #   Session 8 ran R=4 KCHECK=0 STABLE_UNITS=1 STABLE_DET=1 STABLE_REPEAT=1, R=7 STABLE_AT=41 and
 #   R=4 KCHECK=0 STABLE_DET=1 STABLE_UNITS=1 STABLE_OURS=0 with three references (docs/gpu-results.md).
 #   Next: R=8 (with the attention layouts check that R7a's cap cut); R=2 and R=3 when
@@ -137,6 +140,15 @@ case "$R" in
       grep -E "^---|PASS|FAIL|INFO|layouts:" "$out/r8-layouts.log" | head -n 30 | cut -c1-250
     fi
     ;;
-  *) echo "R=$R: expected 1 to 8" >&2; exit 2 ;;
+  9)  # Qwen3-8B on one GPU with today's kernels: ours (auto) and compute-only at 64K
+    MODEL=qwen3-8b GPUS=1 TOKENS_LIST=65536 WHAT="ours compute" ACT_POLICY=auto WORK=/tmp/e2e-r9 BUDGET_S=400 \
+      bash bench/e2e/run_bench.sh > /tmp/r9-8b.out 2>&1
+    echo "--- 8B 64K ours and compute-only on 1 GPU: exit $? after $SECONDS s"
+    grep -E "^\| |x \(" "$out/bench-summary.md" | head -n 24
+    grep -rh "act_policy auto\|admission\|RESOURCE_EXHAUSTED\|last step" /tmp/e2e-r9/runs 2>/dev/null | sed 's/^.*\] //' |
+      head -n 4 | cut -c1-400
+    free -g | head -n 2
+    ;;
+  *) echo "R=$R: expected 1 to 9" >&2; exit 2 ;;
 esac
 echo "=== session R=$R done after $SECONDS s"
