@@ -342,9 +342,12 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   // clipping (direct) and the gpu route without clipping: LayerAdam reads gradients straight from
   // the ring slots (a slot is released when its update is done), so no staging buffer at all.
   const bool direct = !clip && world == 1;
-  const bool need_staging = (clip && !device_staging) || (!direct && !gpu_route);
   // Device staging and the gpu route: one consumer per rank applies its final parts.
   const bool shard_consumers = gpu_route || device_staging;
+  // Host staging: for the clipping norm when the ranks do not bring it (host staging), or to sum
+  // the ranks' full copies (cpu route, several ranks). Shard consumers apply straight from the
+  // rings, so one rank with device staging stages nothing either.
+  const bool need_staging = (clip && !device_staging) || (!direct && !shard_consumers);
   const uint64_t staging_bytes = static_cast<uint64_t>(layout.total_numel) * 4;
   if (need_staging && !clip) plan.total_bytes += staging_bytes;  // with clipping the plan has it
   if (shm_collective) {
@@ -531,6 +534,8 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     checkpoint::ParallelFor(num_units, std::max(1, sopt.prefault_threads),
                             [&](size_t u) { staging[u].resize(layout.units[u].numel); });
   }
+  int64_t staging_bytes_held = 0;  // (what the metrics report: the plan above must have counted it)
+  for (const std::vector<float>& s : staging) staging_bytes_held += static_cast<int64_t>(s.size() * sizeof(float));
 
   // ---- assignments ----
   const std::string membership_key = world > 1 ? MembershipKey(ctx) : std::string();
@@ -999,6 +1004,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
                                       {"host_update", m.host_update_s()}}},
                           {"host_update_gparams_per_s", m.host_update_gparams_per_s()},
                           {"host_state_bytes", m.host_state_bytes()},
+                          {"host_staging_bytes", staging_bytes_held},
                           {"world_size", world},
                           {"grad_reduction", gpu_route ? "gpu" : "cpu"},
                           {"grad_staging", clip ? (device_staging ? "device" : "host") : "none"},

@@ -539,6 +539,9 @@ TEST(Training, GpuAndCpuGradientRoutesMatchOneWorker) {
       auto lines = MetricsLines(node, one.output, "one-" + tag);
       ASSERT_EQ(lines.size(), 4u);
       EXPECT_EQ(lines.back().value("grad_staging", ""), max_norm > 0 ? "device" : "none");
+      // One rank stages nothing in hostd's memory: device staging (and, without clipping, the
+      // direct path) applies the parts straight from the ring slots.
+      EXPECT_EQ(lines.back().value("host_staging_bytes", int64_t{-1}), 0);
       if (max_norm > 0) {  // one worker, host staging: the same parameters, 4 bytes/param more host memory
         SpecOptions host = one;
         host.grad_staging = "host";
@@ -549,6 +552,7 @@ TEST(Training, GpuAndCpuGradientRoutesMatchOneWorker) {
         auto host_lines = MetricsLines(node, host.output, "one-host");
         ASSERT_EQ(host_lines.size(), 4u);
         EXPECT_EQ(host_lines.back().value("grad_staging", ""), "host");
+        EXPECT_EQ(host_lines.back().value("host_staging_bytes", int64_t{-1}), TinyLayout().total_numel * 4);
         host_bytes_device_staging = lines.back().value("host_state_bytes", int64_t{0});
         EXPECT_EQ(host_lines.back().value("host_state_bytes", int64_t{0}) - host_bytes_device_staging,
                   TinyLayout().total_numel * 4);
@@ -578,6 +582,9 @@ TEST(Training, GpuAndCpuGradientRoutesMatchOneWorker) {
       // auto staging: on the devices where every rank's part is final (gpu route), else on the host
       const std::string staging = max_norm == 0 ? "none" : run.route == "gpu" && run.staging.empty() ? "device" : "host";
       EXPECT_EQ(lines.back().value("grad_staging", ""), staging) << id;
+      // hostd holds a whole step's gradients where it sums the ranks' copies or waits for the norm
+      EXPECT_EQ(lines.back().value("host_staging_bytes", int64_t{-1}),
+                run.route == "cpu" || staging == "host" ? TinyLayout().total_numel * 4 : 0) << id;
       EXPECT_GT(lines.back().value("host_state_bytes", int64_t{0}), 0);
       EXPECT_GT(lines.back().value("grad_norm", 0.0), 0.0);
       // The update window (first update submitted to last done) and LayerAdam's rate over it.
