@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -62,8 +63,8 @@ absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(const Embedded
     if (access(b.c_str(), X_OK) != 0) return absl::NotFoundError(absl::StrCat("cannot find executable ", b));
   }
   node->address_ = absl::StrCat("unix:", options.run_dir, "/hostd.sock");
-  std::vector<std::string> hargs = {hostd, "--listen", node->address_, "--node-name",
-                                    absl::StrCat("run", getpid())};
+  node->node_name_ = absl::StrCat("run", getpid());
+  std::vector<std::string> hargs = {hostd, "--listen", node->address_, "--node-name", node->node_name_};
   hargs.insert(hargs.end(), options.hostd_args.begin(), options.hostd_args.end());
   ASSIGN_OR_RETURN(node->hostd_pid_, SpawnProcess(hargs, options.run_dir + "/hostd.log"));
   ClientOptions copt;
@@ -95,10 +96,58 @@ absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(const Embedded
   return node;
 }
 
+std::string DescribeExit(int wait_status) {
+  if (WIFEXITED(wait_status)) return absl::StrCat("exited with status ", WEXITSTATUS(wait_status));
+  if (!WIFSIGNALED(wait_status)) return absl::StrCat("ended (wait status ", wait_status, ")");
+  const int sig = WTERMSIG(wait_status);
+  std::string out = absl::StrCat("was killed by signal ", sig);
+  if (sig == SIGKILL) {
+    absl::StrAppend(&out, " (SIGKILL: nothing here sends it, so most likely the kernel's OOM killer: "
+                          "the host ran out of memory; `dmesg | grep -i oom` says)");
+  } else if (const char* name = strsignal(sig); name != nullptr) {
+    absl::StrAppend(&out, " (", name, ")");
+  }
+  return out;
+}
+
+int RemoveNodeSegments(const std::string& node_name, const std::string& shm_dir) {
+  const std::string prefix = absl::StrCat("slidedp.", node_name, ".");
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(shm_dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(prefix, 0) == 0 && std::filesystem::remove(e.path(), ec)) ++removed;
+  }
+  return removed;
+}
+
+std::vector<std::string> EmbeddedNode::Ended(absl::Duration grace) {
+  const absl::Time deadline = absl::Now() + grace;
+  while (true) {
+    auto reap = [&](int& pid, const std::string& what) {
+      if (pid <= 0) return;
+      int st = 0;
+      if (waitpid(pid, &st, WNOHANG) == pid) {
+        ended_.push_back(absl::StrCat(what, " (pid ", pid, ") ", DescribeExit(st)));
+        pid = -1;
+      }
+    };
+    reap(hostd_pid_, "the private hostd");
+    for (size_t i = 0; i < worker_pids_.size(); ++i) reap(worker_pids_[i], absl::StrCat("worker ", i));
+    if (!ended_.empty() || absl::Now() >= deadline) return ended_;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
 EmbeddedNode::~EmbeddedNode() {
-  std::vector<int> pids = worker_pids_;
+  std::vector<int> pids;
+  for (int pid : worker_pids_) {
+    if (pid > 0) pids.push_back(pid);
+  }
   if (hostd_pid_ > 0) pids.push_back(hostd_pid_);
-  for (int pid : worker_pids_) kill(pid, SIGTERM);
+  for (int pid : worker_pids_) {
+    if (pid > 0) kill(pid, SIGTERM);
+  }
   absl::SleepFor(absl::Milliseconds(100));
   if (hostd_pid_ > 0) kill(hostd_pid_, SIGTERM);
   absl::Time deadline = absl::Now() + absl::Seconds(10);
@@ -110,6 +159,15 @@ EmbeddedNode::~EmbeddedNode() {
         break;
       }
       absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  // Every process of the private node is gone: what it left in /dev/shm (a hostd killed mid-job
+  // cannot unlink its job's state, tens of GB that no later hostd of another name would reclaim)
+  // belongs to no one now.
+  if (!node_name_.empty()) {
+    const int removed = RemoveNodeSegments(node_name_);
+    if (removed > 0) {
+      fprintf(stderr, "slidedp: removed %d shared-memory segment(s) the private hostd left in /dev/shm\n", removed);
     }
   }
 }

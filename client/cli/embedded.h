@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace slidedp::client {
 
@@ -20,18 +21,32 @@ struct EmbeddedOptions {
 class EmbeddedNode {
  public:
   static absl::StatusOr<std::unique_ptr<EmbeddedNode>> Start(const EmbeddedOptions& options);
-  ~EmbeddedNode();  // SIGTERM to workers and hostd, then wait (SIGKILL after a grace period)
+  // SIGTERM to workers and hostd, then wait (SIGKILL after a grace period); then removes the
+  // private node's shared-memory segments that a hostd killed mid-job left in /dev/shm.
+  ~EmbeddedNode();
   const std::string& address() const { return address_; }
+  const std::string& node_name() const { return node_name_; }
+  // The private processes that have ended, one line each ("hostd (pid 12) was killed by signal 9
+  // (SIGKILL: ...)"), waiting up to `grace` for one whose socket just closed to be reaped; empty
+  // while all run. They are reaped here, so the destructor does not wait for them again.
+  std::vector<std::string> Ended(absl::Duration grace);
   int num_workers() const { return static_cast<int>(worker_pids_.size()); }
   std::string log_dir() const { return options_.run_dir; }
 
  private:
   EmbeddedNode() = default;
   EmbeddedOptions options_;
-  std::string address_;
+  std::string address_, node_name_;
   int hostd_pid_ = -1;
   std::vector<int> worker_pids_;
+  std::vector<std::string> ended_;  // what Ended() found, kept for the next call
 };
+
+// How a child ended, from its waitpid status: "exited with status 3", "was killed by signal 9
+// (SIGKILL: ...)".
+std::string DescribeExit(int wait_status);
+// Removes /dev/shm/slidedp.<node>.* (`shm_dir` for tests); returns how many it removed.
+int RemoveNodeSegments(const std::string& node_name, const std::string& shm_dir = "/dev/shm");
 
 // Spawns argv[0] with args, stdout/stderr to log_path. Returns the pid.
 absl::StatusOr<int> SpawnProcess(const std::vector<std::string>& argv, const std::string& log_path);

@@ -190,6 +190,12 @@ int main(int argc, char** argv) {
     ropt.address = (*embedded)->address();
     sc::Client client(ropt);
     int rc = SubmitAndMaybeWatch(client, spec_path, "", "", false, true);
+    if (rc != 0) {
+      // A private process that died says more than the closed socket the job's stream reports.
+      for (const std::string& line : (*embedded)->Ended(absl::Seconds(2))) {
+        std::cerr << "slidedp: " << line << " (logs in " << eopt.run_dir << ")\n";
+      }
+    }
     return rc;
   }
 

@@ -241,11 +241,11 @@ TEST(JobState, RelayoutReusesTheMappingAndAKeptWorkerMappingRebinds) {
   ASSERT_TRUE(worker.ok()) << worker.status();
 
   ASSERT_EQ(::rename(("/dev/shm" + old_name).c_str(), ("/dev/shm" + new_name).c_str()), 0);
-  EXPECT_EQ(JobState::Relayout(JobState::Create(testing::TestNode(), testing::UniqueJob(), TinyLayout(3)).value(),
-                               "/unused", "x", layout)
-                .status()
-                .code(),
-            absl::StatusCode::kFailedPrecondition);  // another size (that sibling is unlinked below)
+  auto sibling = JobState::Create(testing::TestNode(), testing::UniqueJob(), TinyLayout(3));
+  ASSERT_TRUE(sibling.ok()) << sibling.status();
+  testing::ScopedUnlink cleanup_sibling((*sibling)->segment_name());
+  EXPECT_EQ(JobState::Relayout(std::move(*sibling), "/unused", "x", layout).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // another size
   auto relaid = JobState::Relayout(std::move(*created), new_name, "next", layout);
   ASSERT_TRUE(relaid.ok()) << relaid.status();
   EXPECT_EQ((*relaid)->segment_name(), new_name);

@@ -1,0 +1,143 @@
+// `slidedp run` as a user runs it: the CLI binary starts its private hostd and CPU workers, runs
+// the job and exits with its result; when the private hostd is killed mid-job (as the kernel's
+// OOM killer does), the CLI says which process died and how, exits non-zero in bounded time, and
+// leaves nothing of the job's state in /dev/shm.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/data/synthetic.h"
+#include "tests/integration/node_harness.h"
+
+namespace slidedp::testing {
+namespace {
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A small synthetic dataset and a spec of the tiny preset with `steps` steps, in `dir`.
+std::string WriteSpec(const std::string& dir, int steps) {
+  std::filesystem::create_directories(dir);
+  data::SyntheticOptions o;
+  o.vocab_size = 512;
+  o.num_documents = 64;
+  o.seed = 9;
+  o.min_doc_tokens = 8;
+  o.max_doc_tokens = 90;
+  o.seq_len = 64;
+  o.overwrite = data::Overwrite::kYes;
+  auto m = data::WriteSyntheticDataset(dir + "/data", o);
+  EXPECT_TRUE(m.ok()) << m.status();
+  const std::string spec = dir + "/job.yaml";
+  std::ofstream(spec) << "name: cli\nmodel: {preset: tiny, init_seed: 1}\ndata: {path: data}\n"
+                      << "output: {dir: out, save_final: false}\n"
+                      << "train: {seq_len: 64, global_batch: 4, micro_batch: 2, steps: " << steps
+                      << ", seed: 0, max_grad_norm: 1.0}\n"
+                      << "optimizer: {lr: 1.0e-3}\nruntime: {workers: 2}\n";
+  return spec;
+}
+
+// Runs `slidedp run SPEC` with the CPU backend; returns its pid (output in DIR/cli.log).
+int StartCli(const std::string& dir, const std::string& spec) {
+  auto pid = client::SpawnProcess({BuildDir() + "/bin/slidedp", "run", spec, "--backend", "cpu", "--cpu-workers", "2",
+                                   "--run-dir", dir + "/run"},
+                                  dir + "/cli.log");
+  EXPECT_TRUE(pid.ok()) << pid.status();
+  return pid.ok() ? *pid : -1;
+}
+
+// The exit status of `pid`, waiting at most `timeout_s`; -1 if it is still running then (killed).
+int WaitExit(int pid, double timeout_s) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
+  int st = 0;
+  while (waitpid(pid, &st, WNOHANG) == 0) {
+    if (absl::Now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      return -1;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+// The pid of the process whose command line holds `a` followed by `b` (0 if none).
+int FindProcess(const std::string& a, const std::string& b) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmd = ReadAll(e.path().string() + "/cmdline");
+    if (absl::StrContains(cmd, a + std::string(1, '\0') + b)) return std::stoi(name);
+  }
+  return 0;
+}
+
+std::vector<std::string> NodeSegments(const std::string& node) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(absl::StrCat("slidedp.", node, "."), 0) == 0) out.push_back(n);
+  }
+  return out;
+}
+
+TEST(CliRun, RunsTheJobOnAPrivateNodeAndExitsWithItsResult) {
+  const std::string dir = ::testing::TempDir() + "/cli-ok-" + std::to_string(getpid());
+  const int cli = StartCli(dir, WriteSpec(dir, 3));
+  ASSERT_GT(cli, 0);
+  EXPECT_EQ(WaitExit(cli, 120), 0) << ReadAll(dir + "/cli.log");
+  const std::string log = ReadAll(dir + "/cli.log");
+  EXPECT_TRUE(absl::StrContains(log, "succeeded after 3 step(s)")) << log;
+  EXPECT_FALSE(absl::StrContains(log, "removed")) << log;  // a clean hostd leaves nothing behind
+  EXPECT_TRUE(NodeSegments(absl::StrCat("run", cli)).empty());
+  if (!HasFailure()) std::filesystem::remove_all(dir);
+}
+
+TEST(CliRun, AKilledPrivateHostdIsNamedAndItsStateRemoved) {
+  const std::string dir = ::testing::TempDir() + "/cli-kill-" + std::to_string(getpid());
+  const int cli = StartCli(dir, WriteSpec(dir, 100000));
+  ASSERT_GT(cli, 0);
+  const std::string node = absl::StrCat("run", cli);
+  // Once the job runs (its first metrics line is out), SIGKILL its hostd, as the OOM killer does.
+  int hostd = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline) {
+    bool stepped = false;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir + "/out", ec)) {
+      stepped |= e.path().filename().string().rfind("metrics-", 0) == 0 && !ReadAll(e.path().string()).empty();
+    }
+    if (stepped && (hostd = FindProcess("--node-name", node)) > 0) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_GT(hostd, 0) << "the job never ran: " << ReadAll(dir + "/cli.log");
+  EXPECT_FALSE(NodeSegments(node).empty());  // the job's state, rings
+  ASSERT_EQ(kill(hostd, SIGKILL), 0);
+
+  const int rc = WaitExit(cli, 60);
+  const std::string log = ReadAll(dir + "/cli.log");
+  EXPECT_NE(rc, 0) << log;
+  EXPECT_NE(rc, -1) << "the CLI did not exit within 60 s of its hostd's death: " << log;
+  EXPECT_TRUE(absl::StrContains(log, absl::StrCat("the private hostd (pid ", hostd, ") was killed by signal 9")))
+      << log;
+  EXPECT_TRUE(absl::StrContains(log, "OOM killer")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "shared-memory segment(s) the private hostd left in /dev/shm")) << log;
+  EXPECT_TRUE(NodeSegments(node).empty());
+  EXPECT_EQ(FindProcess("--hostd", absl::StrCat("unix:", dir, "/run/hostd.sock")), 0);  // no worker left behind
+  if (!HasFailure()) std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace slidedp::testing
