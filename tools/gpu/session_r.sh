@@ -42,6 +42,8 @@
 #   R=10 (nvidia-h200) Qwen3-8B on 1 GPU: ours (auto) at 32K, then FSDP2 GPU-resident on the same
 #        GPU at 16K and 8K (its whole 8B state, 16 B/param, on one H200): the 1.5x target on 8B
 #        within one call where no second GPU is lent
+#   R=11 (nvidia-h200) Qwen3-8B on 1 GPU, the 1.5x target in one call: ours (auto) at 64K and 48K,
+#        FSDP2 GPU-resident at 16K (its best in R=10)
 #   Session 8 ran R=4 KCHECK=0 STABLE_UNITS=1 STABLE_DET=1 STABLE_REPEAT=1, R=7 STABLE_AT=41 and
 #   R=4 KCHECK=0 STABLE_DET=1 STABLE_UNITS=1 STABLE_OURS=0 with three references (docs/gpu-results.md).
 #   Next: R=8 (with the attention layouts check that R7a's cap cut); R=2 and R=3 when
@@ -163,6 +165,16 @@ case "$R" in
     grep -rh "act_policy auto\|last step" /tmp/e2e-r10/runs 2>/dev/null | sed 's/^.*\] //' | head -n 3 | cut -c1-400
     grep -rh -i "out of memory\|OutOfMemory" /tmp/e2e-r10/runs 2>/dev/null | head -n 2 | cut -c1-300
     ;;
-  *) echo "R=$R: expected 1 to 10" >&2; exit 2 ;;
+  11)  # Qwen3-8B on one GPU: ours at 64K and 48K and FSDP2 GPU-resident at 16K, one call
+    MODEL=qwen3-8b GPUS=1 TOKENS_LIST="65536 49152" WHAT=ours ACT_POLICY=auto WORK=/tmp/e2e-r11 BUDGET_S=230 \
+      bash bench/e2e/run_bench.sh > /tmp/r11-ours.out 2>&1
+    echo "--- 8B 64K and 48K ours on 1 GPU: exit $? after $SECONDS s"
+    MODEL=qwen3-8b GPUS=1 TOKENS_LIST=16384 WHAT=fsdp2 WORK=/tmp/e2e-r11 RESUME=1 BUDGET_S=100 \
+      bash bench/e2e/run_bench.sh > /tmp/r11-fsdp2.out 2>&1
+    echo "--- 8B FSDP2 GPU-resident 16K on 1 GPU: exit $? after $SECONDS s"
+    grep -E "^\| |x \(" "$out/bench-summary.md" | head -n 24
+    grep -rh "act_policy auto" /tmp/e2e-r11/runs 2>/dev/null | sed 's/^.*\] //' | head -n 2 | cut -c1-300
+    ;;
+  *) echo "R=$R: expected 1 to 11" >&2; exit 2 ;;
 esac
 echo "=== session R=$R done after $SECONDS s"
