@@ -191,8 +191,11 @@ int main(int argc, char** argv) {
     sc::Client client(ropt);
     int rc = SubmitAndMaybeWatch(client, spec_path, "", "", false, true);
     if (rc != 0) {
-      // A private process that died says more than the closed socket the job's stream reports.
-      for (const std::string& line : (*embedded)->Ended(absl::Seconds(2))) {
+      // A private process that died says more than the closed socket the job's stream reports
+      // (exit 3, UNAVAILABLE: give a process whose socket just closed a moment to be reaped).
+      const bool unavailable = rc == sc::ExitCodeFor(absl::UnavailableError(""));
+      const absl::Duration grace = unavailable ? absl::Seconds(2) : absl::ZeroDuration();
+      for (const std::string& line : (*embedded)->Ended(grace)) {
         std::cerr << "slidedp: " << line << " (logs in " << eopt.run_dir << ")\n";
       }
     }
