@@ -28,10 +28,6 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
 void WriteAll(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -101,7 +97,7 @@ class BadInput : public ::testing::Test {
     std::string data;
   };
   static Safetensors Split(const std::string& path) {
-    std::string bytes = ReadAll(path);
+    std::string bytes = ReadFile(path);
     uint64_t n = 0;
     memcpy(&n, bytes.data(), 8);
     return {nlohmann::json::parse(bytes.substr(8, n)), bytes.substr(8 + n)};
@@ -278,7 +274,7 @@ TEST_F(BadInput, ModelConfigNotJsonOrInvalid) {
   p.model = absl::StrCat("{path: ", dir, "}");
   ExpectRejected(Spec(p), kInvalid, "config.json");
   dir = CopyModel("config-negative");
-  auto cfg = nlohmann::json::parse(ReadAll(dir + "/config.json"));
+  auto cfg = nlohmann::json::parse(ReadFile(dir + "/config.json"));
   cfg["num_attention_heads"] = -4;
   WriteAll(dir + "/config.json", cfg.dump());
   p.model = absl::StrCat("{path: ", dir, "}");
@@ -296,7 +292,7 @@ TEST_F(BadInput, GoodModelDirectoryTrains) {
 
 TEST_F(BadInput, ModelConfigInconsistentWithShards) {
   std::string dir = CopyModel("config-mismatch");
-  auto cfg = nlohmann::json::parse(ReadAll(dir + "/config.json"));
+  auto cfg = nlohmann::json::parse(ReadFile(dir + "/config.json"));
   cfg["intermediate_size"] = 96;  // a valid config, but the shards hold 128
   WriteAll(dir + "/config.json", cfg.dump());
   SpecParts p;
@@ -347,7 +343,7 @@ TEST_F(BadInput, SafetensorsHeaderLies) {
   ExpectJobFails(Spec(p), kInvalid, "tensor \"model.norm.weight\": data_offsets");
 
   dir = CopyModel("huge-header-len");
-  std::string bytes = ReadAll(dir + "/model.safetensors");
+  std::string bytes = ReadFile(dir + "/model.safetensors");
   const uint64_t lie = 1ull << 40;
   memcpy(bytes.data(), &lie, 8);
   WriteAll(dir + "/model.safetensors", bytes);

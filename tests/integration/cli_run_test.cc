@@ -9,7 +9,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -19,13 +18,6 @@
 
 namespace slidedp::testing {
 namespace {
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // A small synthetic dataset and a spec of the tiny preset with `steps` steps, in `dir`.
 std::string WriteSpec(const std::string& dir, int steps) {
@@ -78,7 +70,7 @@ int FindProcess(const std::string& a, const std::string& b) {
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     const std::string name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string cmd = ReadAll(e.path().string() + "/cmdline");
+    std::string cmd = ReadFile(e.path().string() + "/cmdline");
     if (absl::StrContains(cmd, a + std::string(1, '\0') + b)) return std::stoi(name);
   }
   return 0;
@@ -97,8 +89,8 @@ TEST(CliRun, RunsTheJobOnAPrivateNodeAndExitsWithItsResult) {
   const std::string dir = ::testing::TempDir() + "/cli-ok-" + std::to_string(getpid());
   const int cli = StartCli(dir, WriteSpec(dir, 3));
   ASSERT_GT(cli, 0);
-  EXPECT_EQ(WaitExit(cli, 120), 0) << ReadAll(dir + "/cli.log");
-  const std::string log = ReadAll(dir + "/cli.log");
+  EXPECT_EQ(WaitExit(cli, 120), 0) << ReadFile(dir + "/cli.log");
+  const std::string log = ReadFile(dir + "/cli.log");
   EXPECT_TRUE(absl::StrContains(log, "succeeded after 3 step(s)")) << log;
   EXPECT_FALSE(absl::StrContains(log, "removed")) << log;  // a clean hostd leaves nothing behind
   EXPECT_TRUE(NodeSegments(absl::StrCat("run", cli)).empty());
@@ -117,17 +109,17 @@ TEST(CliRun, AKilledPrivateHostdIsNamedAndItsStateRemoved) {
     bool stepped = false;
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(dir + "/out", ec)) {
-      stepped |= e.path().filename().string().rfind("metrics-", 0) == 0 && !ReadAll(e.path().string()).empty();
+      stepped |= e.path().filename().string().rfind("metrics-", 0) == 0 && !ReadFile(e.path().string()).empty();
     }
     if (stepped && (hostd = FindProcess("--node-name", node)) > 0) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
-  ASSERT_GT(hostd, 0) << "the job never ran: " << ReadAll(dir + "/cli.log");
+  ASSERT_GT(hostd, 0) << "the job never ran: " << ReadFile(dir + "/cli.log");
   EXPECT_FALSE(NodeSegments(node).empty());  // the job's state, rings
   ASSERT_EQ(kill(hostd, SIGKILL), 0);
 
   const int rc = WaitExit(cli, 60);
-  const std::string log = ReadAll(dir + "/cli.log");
+  const std::string log = ReadFile(dir + "/cli.log");
   EXPECT_NE(rc, 0) << log;
   EXPECT_NE(rc, -1) << "the CLI did not exit within 60 s of its hostd's death: " << log;
   EXPECT_TRUE(absl::StrContains(log, absl::StrCat("the private hostd (pid ", hostd, ") was killed by signal 9")))

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,12 @@
 #include "gtest/gtest.h"
 
 namespace slidedp::testing {
+
+// The whole file (empty if it cannot be read).
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
 
 inline std::string BuildDir() {
   const char* b = getenv("SLIDEDP_BUILD_DIR");

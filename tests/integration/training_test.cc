@@ -597,13 +597,6 @@ TEST(Training, GpuAndCpuGradientRoutesMatchOneWorker) {
   }
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // A second job of the same model reuses the first job's pooled, pre-faulted state segment, and
 // ends at exactly the same parameters as the first (the reused segment is fully reset).
 TEST(Service, SecondJobReusesThePooledHostStateAndGivesTheSameResult) {
