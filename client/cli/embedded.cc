@@ -53,6 +53,38 @@ int CountGpus(const std::string& worker_bin) {
   return n;
 }
 
+namespace {
+
+// How a child ended, from its waitpid status: "exited with status 3", "was killed by signal 9
+// (SIGKILL: ...)".
+std::string DescribeExit(int wait_status) {
+  if (WIFEXITED(wait_status)) return absl::StrCat("exited with status ", WEXITSTATUS(wait_status));
+  if (!WIFSIGNALED(wait_status)) return absl::StrCat("ended (wait status ", wait_status, ")");
+  const int sig = WTERMSIG(wait_status);
+  std::string out = absl::StrCat("was killed by signal ", sig);
+  if (sig == SIGKILL) {
+    absl::StrAppend(&out, " (SIGKILL: nothing here sends it, so most likely the kernel's OOM killer: "
+                          "the host ran out of memory; `dmesg | grep -i oom` says)");
+  } else if (const char* name = strsignal(sig); name != nullptr) {
+    absl::StrAppend(&out, " (", name, ")");
+  }
+  return out;
+}
+
+// Removes /dev/shm/slidedp.<node>.*; returns how many it removed.
+int RemoveNodeSegments(const std::string& node_name) {
+  const std::string prefix = absl::StrCat("slidedp.", node_name, ".");
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(prefix, 0) == 0 && std::filesystem::remove(e.path(), ec)) ++removed;
+  }
+  return removed;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(const EmbeddedOptions& options) {
   std::unique_ptr<EmbeddedNode> node(new EmbeddedNode());
   node->options_ = options;
@@ -94,31 +126,6 @@ absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(const Embedded
     absl::SleepFor(absl::Milliseconds(100));
   }
   return node;
-}
-
-std::string DescribeExit(int wait_status) {
-  if (WIFEXITED(wait_status)) return absl::StrCat("exited with status ", WEXITSTATUS(wait_status));
-  if (!WIFSIGNALED(wait_status)) return absl::StrCat("ended (wait status ", wait_status, ")");
-  const int sig = WTERMSIG(wait_status);
-  std::string out = absl::StrCat("was killed by signal ", sig);
-  if (sig == SIGKILL) {
-    absl::StrAppend(&out, " (SIGKILL: nothing here sends it, so most likely the kernel's OOM killer: "
-                          "the host ran out of memory; `dmesg | grep -i oom` says)");
-  } else if (const char* name = strsignal(sig); name != nullptr) {
-    absl::StrAppend(&out, " (", name, ")");
-  }
-  return out;
-}
-
-int RemoveNodeSegments(const std::string& node_name, const std::string& shm_dir) {
-  const std::string prefix = absl::StrCat("slidedp.", node_name, ".");
-  int removed = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(shm_dir, ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind(prefix, 0) == 0 && std::filesystem::remove(e.path(), ec)) ++removed;
-  }
-  return removed;
 }
 
 std::vector<std::string> EmbeddedNode::Ended(absl::Duration grace) {

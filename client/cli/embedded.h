@@ -25,7 +25,6 @@ class EmbeddedNode {
   // private node's shared-memory segments that a hostd killed mid-job left in /dev/shm.
   ~EmbeddedNode();
   const std::string& address() const { return address_; }
-  const std::string& node_name() const { return node_name_; }
   // The private processes that have ended, one line each ("hostd (pid 12) was killed by signal 9
   // (SIGKILL: ...)"), waiting up to `grace` for one whose socket just closed to be reaped; empty
   // while all run. They are reaped here, so the destructor does not wait for them again.
@@ -41,12 +40,6 @@ class EmbeddedNode {
   std::vector<int> worker_pids_;
   std::vector<std::string> ended_;  // what Ended() found, kept for the next call
 };
-
-// How a child ended, from its waitpid status: "exited with status 3", "was killed by signal 9
-// (SIGKILL: ...)".
-std::string DescribeExit(int wait_status);
-// Removes /dev/shm/slidedp.<node>.* (`shm_dir` for tests); returns how many it removed.
-int RemoveNodeSegments(const std::string& node_name, const std::string& shm_dir = "/dev/shm");
 
 // Spawns argv[0] with args, stdout/stderr to log_path. Returns the pid.
 absl::StatusOr<int> SpawnProcess(const std::vector<std::string>& argv, const std::string& log_path);
