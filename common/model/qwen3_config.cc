@@ -2,6 +2,7 @@
 #include "common/model/qwen3_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -264,6 +265,11 @@ int64_t ModelLayout::param_count() const {
   for (const UnitLayout& u : units)
     for (const TensorSlot& t : u.tensors) n += t.numel;
   return n;
+}
+
+int ModelLayout::OffloadedLayers(double ratio) const {
+  const int layers = static_cast<int>(config.num_hidden_layers);
+  return std::clamp(static_cast<int>(std::lround(ratio * layers)), 0, layers);
 }
 
 double ModelLayout::ModelFlopsPerToken(int64_t seq_len) const {

@@ -120,6 +120,9 @@ struct ModelLayout {
   // parameters (the LM head counts; the embedding lookup does not) + causal attention
   // 6 * layers * seq_len * q_dim; recompute is not counted.
   double ModelFlopsPerToken(int64_t seq_len) const;
+  // runtime.offload_ratio's layers: round(ratio x decoder layers), clamped; the workers offload
+  // the inputs of units 1..k, and hostd's memory plan counts them.
+  int OffloadedLayers(double ratio) const;
 };
 
 }  // namespace slidedp

@@ -349,7 +349,12 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   // rings, so one rank with device staging stages nothing either.
   const bool need_staging = (clip && !device_staging) || (!direct && !shard_consumers);
   const uint64_t staging_bytes = static_cast<uint64_t>(layout.total_numel) * 4;
-  if (need_staging && !clip) plan.total_bytes += staging_bytes;  // with clipping the plan has it
+  if (need_staging && !clip) {  // (with clipping the plan has it)
+    plan.step_staging_bytes = staging_bytes;
+    plan.total_bytes += staging_bytes;
+  }
+  // Each worker's offloaded layer inputs: its rows of the step, seq_len tokens each.
+  state::AddActivationOffload(layout, spec.offload_ratio, world, spec.global_batch / world * spec.seq_len, plan);
   if (shm_collective) {
     const uint64_t coll_bytes = state::ShmCollective::SegmentBytes(world, collective_buffer_bytes);
     plan.shm_bytes += coll_bytes;

@@ -23,9 +23,9 @@ double ToGib(uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024 * 1024
 std::string JobMemoryPlan::ToString() const {
   return absl::StrFormat(
       "%.2f GiB (master %.2f, adam m+v %.2f, bf16 mirror %.2f, job segment %.2f, grad rings %.2f, "
-      "step gradient staging %.2f; %d params)",
+      "step gradient staging %.2f, activation offload %.2f; %d params)",
       ToGib(total_bytes), ToGib(master_bytes), ToGib(adam_bytes), ToGib(mirror_bytes),
-      ToGib(job_segment_bytes), ToGib(ring_bytes), ToGib(step_staging_bytes), param_numel);
+      ToGib(job_segment_bytes), ToGib(ring_bytes), ToGib(step_staging_bytes), ToGib(offload_bytes), param_numel);
 }
 
 GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t chunk_bytes) {
@@ -49,9 +49,18 @@ JobMemoryPlan PlanJobMemory(const ModelLayout& layout, const GradRingConfig& rin
   p.job_segment_bytes = JobState::SegmentBytes(layout);
   p.ring_bytes = static_cast<uint64_t>(num_workers < 0 ? 0 : num_workers) * GradRing::SegmentBytes(ring);
   p.step_staging_bytes = clip == ClipMode::kExactGlobalNorm ? GradDtypeBytes(staging_dtype) * n : 0;
-  p.shm_bytes = p.job_segment_bytes + p.ring_bytes + p.step_staging_bytes;
-  p.total_bytes = p.shm_bytes;
+  p.shm_bytes = p.job_segment_bytes + p.ring_bytes;
+  p.total_bytes = p.shm_bytes + p.step_staging_bytes;
   return p;
+}
+
+void AddActivationOffload(const ModelLayout& layout, double ratio, int num_workers, int64_t tokens_per_worker,
+                          JobMemoryPlan& plan) {
+  if (ratio <= 0 || num_workers <= 0 || tokens_per_worker <= 0) return;
+  const uint64_t bytes = static_cast<uint64_t>(num_workers) * static_cast<uint64_t>(layout.OffloadedLayers(ratio)) *
+                         static_cast<uint64_t>(tokens_per_worker) * static_cast<uint64_t>(layout.config.hidden_size) * 4;
+  plan.offload_bytes += bytes;
+  plan.total_bytes += bytes;
 }
 
 absl::StatusOr<HostMemoryInfo> ReadHostMemoryInfo(const std::string& meminfo_path,

@@ -31,8 +31,9 @@ struct JobMemoryPlan {
   uint64_t mirror_bytes = 0;      // BF16
   uint64_t job_segment_bytes = 0; // the JobState segment (above + control + alignment)
   uint64_t ring_bytes = 0;        // all workers' GradRing segments
-  uint64_t step_staging_bytes = 0;  // whole-step gradients for exact clipping, else 0
-  uint64_t shm_bytes = 0;         // all of the above that lives in /dev/shm
+  uint64_t step_staging_bytes = 0;  // whole-step gradients for exact clipping, else 0 (hostd's own memory)
+  uint64_t offload_bytes = 0;     // the workers' pinned copies of offloaded layer inputs (AddActivationOffload)
+  uint64_t shm_bytes = 0;         // what lives in /dev/shm: the job segment and the rings
   uint64_t total_bytes = 0;       // host memory the job needs
   std::string ToString() const;   // "13.04 GiB (master 3.73, adam 7.45, ...)"
 };
@@ -46,6 +47,13 @@ GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t chunk
 
 JobMemoryPlan PlanJobMemory(const ModelLayout& layout, const GradRingConfig& ring, int num_workers,
                             ClipMode clip, GradDtype staging_dtype = GradDtype::kBF16);
+
+// runtime.offload_ratio > 0: each of `num_workers` workers keeps the inputs of
+// layout.OffloadedLayers(ratio) layers for all of its `tokens_per_worker` tokens of a step in
+// host memory, FP32 activations (hidden_size x 4 B per token; the BF16 residual stream needs
+// half): added to offload_bytes and total_bytes.
+void AddActivationOffload(const ModelLayout& layout, double ratio, int num_workers, int64_t tokens_per_worker,
+                          JobMemoryPlan& plan);
 
 struct HostMemoryInfo {
   uint64_t mem_total_bytes = 0;

@@ -19,6 +19,7 @@
 #include "common/model/qwen3_config.h"
 #include "gmock/gmock.h"
 #include "hostd/checkpoint/checkpoint.h"
+#include "hostd/state/admission.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/node_harness.h"
 
@@ -395,6 +396,20 @@ TEST_F(BadInput, DatasetTruncatedOrMissingFiles) {
 
   p.data = root_ + "/no-such-data";
   ExpectRejected(Spec(p), kInvalid, "data.path: ");
+}
+
+// ---- host memory ----
+
+// A job whose host state does not fit is refused by admission with RESOURCE_EXHAUSTED and the
+// figures, before any state is allocated; the daemon and its worker stay (TearDown checks).
+TEST_F(BadInput, TooLittleHostMemoryIsRefusedWithTheFigures) {
+  auto host = state::ReadHostMemoryInfo();
+  ASSERT_TRUE(host.ok()) << host.status();
+  if (host->mem_available_bytes > (400ull << 30)) GTEST_SKIP() << "this host could hold Qwen3-14B's state";
+  SpecParts p;
+  p.model = "{preset: qwen3-14b, init_seed: 1}";  // ~193 GiB of state (14 B/param)
+  ExpectJobFails(Spec(p), absl::StatusCode::kResourceExhausted, "GiB of host memory but only");
+  EXPECT_TRUE(node_->LeakedSegments().empty());
 }
 
 // ---- requests ----

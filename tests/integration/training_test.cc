@@ -722,6 +722,15 @@ TEST(Training, ActivationOffloadGivesTheSameParameters) {
   EXPECT_GT(p_keep, 0);
   EXPECT_LT(p_half, p_keep);
   EXPECT_LT(p_all, p_half);
+  // hostd's memory plan counts the workers' copies: per worker, the offloaded layers' inputs of
+  // its 4 rows x 64 tokens, FP32 (hidden x 4 B per token).
+  auto host_state = [&](const std::string& output, const std::string& job) {
+    return MetricsLines(node, output, job).back().value("host_state_bytes", int64_t{0});
+  };
+  const ModelLayout layout = TinyLayout();
+  const int64_t per_layer = 2 * (8 / 2 * 64) * layout.config.hidden_size * 4;  // both workers
+  EXPECT_EQ(host_state("out-half", "half") - host_state("out-keep", "keep"), layout.OffloadedLayers(0.5) * per_layer);
+  EXPECT_EQ(host_state("out-all", "all") - host_state("out-keep", "keep"), layout.OffloadedLayers(1.0) * per_layer);
 }
 
 // act_policy auto: the first step recomputes, later steps keep every activation of the last

@@ -73,14 +73,9 @@ class HostCheckpointStore final : public CheckpointStore {
 
 }  // namespace
 
-int OffloadedLayers(const ModelLayout& layout, double ratio) {
-  const int layers = static_cast<int>(layout.config.num_hidden_layers);
-  return std::clamp(static_cast<int>(std::lround(ratio * layers)), 0, layers);
-}
-
 std::unique_ptr<CheckpointStore> MakeHostCheckpointStore(const ModelLayout& layout, ComputeBackend* backend,
                                                          double ratio) {
-  return std::make_unique<HostCheckpointStore>(backend, OffloadedLayers(layout, ratio));
+  return std::make_unique<HostCheckpointStore>(backend, layout.OffloadedLayers(ratio));
 }
 
 }  // namespace slidedp

@@ -35,9 +35,6 @@ class CheckpointStore {
 
 namespace slidedp {
 
-// round(ratio x decoder layers), clamped: how many layers (unit indices 1..k) a store offloads.
-int OffloadedLayers(const ModelLayout& layout, double ratio);
-
 // CPU backend: "device" buffers are host memory already, so offloading gains nothing; this store
 // still moves the checkpoints out (copies them into its own buffers and frees the originals) and
 // back through the backend, so CI exercises the step runner's offload/restore order with the

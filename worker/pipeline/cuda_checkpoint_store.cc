@@ -158,7 +158,7 @@ class CudaCheckpointStore final : public CheckpointStore {
 absl::StatusOr<std::unique_ptr<CheckpointStore>> MakeCudaCheckpointStore(const ModelLayout& layout,
                                                                          ComputeBackend* backend, double ratio,
                                                                          int device) {
-  auto store = std::make_unique<CudaCheckpointStore>(backend, OffloadedLayers(layout, ratio));
+  auto store = std::make_unique<CudaCheckpointStore>(backend, layout.OffloadedLayers(ratio));
   RETURN_IF_ERROR(store->Init(device));
   return std::unique_ptr<CheckpointStore>(std::move(store));
 }

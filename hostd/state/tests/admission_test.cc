@@ -43,6 +43,29 @@ TEST(PlanJobMemory, FourteenBytesPerParamPlusRings) {
   const JobMemoryPlan clipped32 =
       PlanJobMemory(layout, ring, 2, ClipMode::kExactGlobalNorm, GradDtype::kF32);
   EXPECT_EQ(clipped32.step_staging_bytes, 4 * n);
+  // The staging buffer is hostd's own memory, not a segment.
+  EXPECT_EQ(clipped32.shm_bytes, plan.shm_bytes);
+  EXPECT_EQ(clipped32.total_bytes, plan.total_bytes + 4 * n);
+}
+
+// runtime.offload_ratio: each worker keeps round(ratio x layers) layer inputs of its whole step
+// (FP32, hidden x 4 B per token) in host memory; the plan counts them outside /dev/shm.
+TEST(PlanJobMemory, CountsTheWorkersOffloadedLayerInputs) {
+  const ModelLayout layout = Layout("qwen3-8b");  // 36 layers, hidden 4096
+  JobMemoryPlan plan = PlanJobMemory(layout, GradRingConfig{4, 32ull << 20}, 2, ClipMode::kNone);
+  const JobMemoryPlan before = plan;
+  AddActivationOffload(layout, 0.0, 2, 65536, plan);
+  EXPECT_EQ(plan.offload_bytes, 0u);
+  EXPECT_EQ(plan.total_bytes, before.total_bytes);
+  AddActivationOffload(layout, 0.5, 2, 65536, plan);  // 18 layers x 64K tokens x 16 KiB, x 2 workers
+  EXPECT_EQ(layout.OffloadedLayers(0.5), 18);
+  EXPECT_EQ(plan.offload_bytes, 2ull * 18 * 65536 * 4096 * 4);  // 36 GiB
+  EXPECT_EQ(plan.total_bytes, before.total_bytes + plan.offload_bytes);
+  EXPECT_EQ(plan.shm_bytes, before.shm_bytes);
+  EXPECT_NE(plan.ToString().find("activation offload 36.00"), std::string::npos) << plan.ToString();
+  EXPECT_EQ(layout.OffloadedLayers(1.0), 36);
+  EXPECT_EQ(layout.OffloadedLayers(2.0), 36);  // clamped
+  EXPECT_EQ(layout.OffloadedLayers(0.01), 0);
 }
 
 TEST(PlanJobMemory, Qwen3_8BIsAboutFourteenBytesPerParam) {
