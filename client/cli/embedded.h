@@ -25,9 +25,9 @@ class EmbeddedNode {
   // private node's shared-memory segments that a hostd killed mid-job left in /dev/shm.
   ~EmbeddedNode();
   const std::string& address() const { return address_; }
-  // The private processes that have ended, one line each ("hostd (pid 12) was killed by signal 9
-  // (SIGKILL: ...)"), waiting up to `grace` for one whose socket just closed to be reaped; empty
-  // while all run. They are reaped here, so the destructor does not wait for them again.
+  // The private processes that have ended, one line each ("the private hostd (pid 12) was killed
+  // by signal 9 (SIGKILL: ...)"), waiting up to `grace` for one whose socket just closed to be
+  // reaped; empty while all run. They are reaped here, so the destructor does not wait for them.
   std::vector<std::string> Ended(absl::Duration grace);
   int num_workers() const { return static_cast<int>(worker_pids_.size()); }
   std::string log_dir() const { return options_.run_dir; }
