@@ -32,6 +32,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/parallel/parallel_for.h"
 #include "glog/logging.h"
 #include "hostd/update/adamw_kernels.h"
 #include "hostd/update/layer_adam.h"
@@ -61,17 +62,6 @@ struct Mapping {
   void* ptr;
   size_t size;
 };
-
-// Runs fn(begin, end) over [0, n) split across `threads` threads.
-template <typename Fn>
-void ParallelFor(int threads, int64_t n, Fn fn) {
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    const int64_t b = n * t / threads, e = n * (t + 1) / threads;
-    pool.emplace_back([=] { fn(b, e); });
-  }
-  for (auto& th : pool) th.join();
-}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -103,7 +93,7 @@ std::pair<double, double> CopyBandwidth(CopyKind kind, int threads, char* src, c
   std::vector<double> times;
   for (int r = 0; r < reps + 1; ++r) {
     const auto t0 = Clock::now();
-    ParallelFor(threads, bytes, [=](int64_t b, int64_t e) {
+    ParallelForRanges(threads, bytes, [=](int64_t b, int64_t e) {
       if (kind == CopyKind::kMemcpy) {
         std::memcpy(dst + b, src + b, e - b);
       } else {
@@ -248,7 +238,7 @@ int Main(int argc, char** argv) {
     std::cerr << s << "\n";
     return 1;
   }
-  ParallelFor(threads, params, [&](int64_t b, int64_t e) {
+  ParallelForRanges(threads, params, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const float x = static_cast<float>((i * 2654435761u) % 1000003) * 1e-6f - 0.5f;
       master.as<float>()[i] = x * 0.1f;

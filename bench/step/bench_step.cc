@@ -20,7 +20,7 @@
 #include "common/status/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "worker/compute/backend.h"
-#include "worker/pipeline/cuda_checkpoint_store.h"
+#include "worker/pipeline/cuda_activation_store.h"
 #include "worker/pipeline/gradient_path.h"
 #include "worker/pipeline/step_runner.h"
 #include "worker/pipeline/unit_streamer.h"
@@ -136,11 +136,11 @@ absl::Status Run(const std::string& model, int64_t seq, int64_t tokens, int64_t 
   auto grads = MakeDiscardGradientPath(layout, backend.get());
   StepRunnerOptions ropt;
   ropt.policy = act;
-  std::unique_ptr<CheckpointStore> checkpoints;
+  std::unique_ptr<ActivationStore> activations;
   if (offload_ratio > 0) {
-    ASSIGN_OR_RETURN(checkpoints, MakeCudaCheckpointStore(layout, backend.get(), offload_ratio, gpu));
+    ASSIGN_OR_RETURN(activations, MakeCudaActivationStore(layout, backend.get(), offload_ratio, gpu));
   }
-  StepRunner runner(layout, backend.get(), streamer.get(), grads.get(), ropt, checkpoints.get());
+  StepRunner runner(layout, backend.get(), streamer.get(), grads.get(), ropt, activations.get());
   const std::vector<MicroBatch> mbs = SyntheticBatches(config, tokens, seq, rows_per_mb);
   const float loss_scale = 1.0f / static_cast<float>(tokens);
   std::vector<double> times;
@@ -169,7 +169,7 @@ absl::Status Run(const std::string& model, int64_t seq, int64_t tokens, int64_t 
                       {"model_tflops", flops_per_token * tokens / step_s / 1e12},
                       {"peak_gib", peak / 1073741824.0},
                       {"offload_ratio", offload_ratio},
-                      {"offload_host_gib", checkpoints ? checkpoints->host_bytes() / 1073741824.0 : 0.0},
+                      {"offload_host_gib", activations ? activations->host_bytes() / 1073741824.0 : 0.0},
                       {"loss", loss}};
   printf("%s\n", j.dump().c_str());
   return absl::OkStatus();
@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
   app.add_option("--policy", policy, "recompute | selective | keep_all");
   app.add_option("--steps", steps, "steps (the first is warm-up)");
   app.add_option("--gpu", gpu, "CUDA device");
-  app.add_option("--offload-ratio", offload_ratio, "fraction of layer checkpoints kept in pinned host memory");
+  app.add_option("--offload-ratio", offload_ratio, "fraction of layer inputs kept in pinned host memory");
   CLI11_PARSE(app, argc, argv);
   absl::Status s = slidedp::Run(model, seq, tokens, rows, policy, steps, gpu, offload_ratio);
   if (!s.ok()) {

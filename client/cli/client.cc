@@ -15,11 +15,6 @@
 
 namespace slidedp::client {
 
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
 int ExitCodeFor(const absl::Status& s) {
   switch (s.code()) {
     case absl::StatusCode::kOk: return 0;

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/status/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 #include "slidedp/v1/slidedp.grpc.pb.h"
 
@@ -22,7 +23,6 @@ struct ClientOptions {
 };
 
 int ExitCodeFor(const absl::Status& s);
-absl::Status FromGrpc(const grpc::Status& s);
 
 class Client {
  public:

@@ -1,4 +1,4 @@
-// Dataset rows -> the worker's MicroBatch (worker/compute/backend.h).
+// Dataset rows -> MicroBatch (common/data/batch.h), what every compute backend uploads.
 //
 // Label convention (identical to HF causal-LM training with labels = input_ids and -100 where not
 // trained, which shifts internally so position t predicts token t+1): within each document piece
@@ -12,8 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/data/batch.h"
 #include "common/data/dataset.h"
-#include "worker/compute/backend.h"
 
 namespace slidedp::data {
 

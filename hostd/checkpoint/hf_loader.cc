@@ -17,7 +17,7 @@
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "hostd/checkpoint/checkpoint.h"
-#include "hostd/checkpoint/parallel_for.h"
+#include "common/parallel/parallel_for.h"
 
 namespace slidedp::checkpoint {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "hostd/checkpoint/checkpoint.h"
-#include "hostd/checkpoint/parallel_for.h"
+#include "common/parallel/parallel_for.h"
 
 namespace slidedp::checkpoint {
 namespace {

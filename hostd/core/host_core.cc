@@ -10,11 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status/status_macros.h"
+#include "common/version.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "hostd/checkpoint/checkpoint.h"
-#include "hostd/state/admission.h"
-#include "hostd/state/process_liveness.h"
+#include "hostd/admission/admission.h"
+#include "shm/process_liveness.h"
 
 namespace slidedp::hostd {
 namespace {
@@ -36,11 +37,11 @@ bool IsFinal(v1::JobState s) {
 }
 
 WorkerSession::WorkerSession(v1::WorkerHello hello, int64_t serial)
-    : hello_(std::move(hello)), serial_(serial), connected_unix_ms_(NowMs()), process_(state::IdentityOf(hello_.pid())) {}
+    : hello_(std::move(hello)), serial_(serial), connected_unix_ms_(NowMs()), process_(shm::IdentityOf(hello_.pid())) {}
 
 bool WorkerSession::process_alive() const {
   // Only for workers on this host (pid known and visible); others are judged by their session.
-  return process_.pid <= 0 || process_.start_ticks == 0 || state::IsProcessAlive(process_);
+  return process_.pid <= 0 || process_.start_ticks == 0 || shm::IsProcessAlive(process_);
 }
 
 void WorkerSession::MarkGone() {
@@ -421,11 +422,11 @@ std::vector<v1::WorkerInfo> HostCore::ListWorkers() const {
 v1::NodeInfo HostCore::GetNode() const {
   v1::NodeInfo n;
   n.set_node_name(options_.node_name);
-  n.set_version("slidedp 0.1.0");
+  n.set_version(kVersion);
   n.set_numa_nodes(options_.numa_nodes);
   n.set_update_threads(options_.update_threads);
   n.set_cpu_cores(static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
-  if (auto mem = state::ReadHostMemoryInfo(); mem.ok()) {
+  if (auto mem = hostd::ReadHostMemoryInfo(); mem.ok()) {
     n.set_host_memory_bytes(static_cast<int64_t>(mem->mem_total_bytes));
     n.set_host_memory_available_bytes(static_cast<int64_t>(mem->mem_available_bytes));
     n.set_shm_free_bytes(static_cast<int64_t>(mem->shm_free_bytes));

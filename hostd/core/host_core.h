@@ -21,7 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/jobspec/job_spec.h"
-#include "hostd/state/process_liveness.h"
+#include "shm/process_liveness.h"
 #include "slidedp/v1/job_state_name.h"
 #include "slidedp/v1/slidedp.pb.h"
 
@@ -96,7 +96,7 @@ class WorkerSession {
   int64_t connected_unix_ms_;
   Channel<v1::HostCommand> commands_;
   Channel<v1::WorkerReport> reports_;
-  state::ProcessIdentity process_;
+  shm::ProcessIdentity process_;
 };
 
 // What a running job may do and see; handed to the executor by the runner.

@@ -12,7 +12,7 @@
 #include "hostd/metrics/host_metrics.h"
 #include "hostd/metrics/metrics.h"
 #include "hostd/service/grpc_services.h"
-#include "hostd/state/shm_segment.h"
+#include "shm/shm_segment.h"
 #include "hostd/update/layer_adam.h"
 
 #ifdef SLIDEDP_HAVE_SYSTEMD
@@ -39,9 +39,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   LOG(INFO) << "slidedp-hostd starting: " << config->ToString();
-  const std::string node = slidedp::state::SanitizeNameComponent(config->node_name);
+  const std::string node = slidedp::shm::SanitizeNameComponent(config->node_name);
   if (config->reclaim_stale) {
-    auto reclaimed = slidedp::state::ReclaimStaleSegments(node);
+    auto reclaimed = slidedp::shm::ReclaimStaleSegments(node);
     if (reclaimed.ok()) {
       for (const auto& r : *reclaimed) {
         LOG(WARNING) << "reclaimed stale segment " << r.name << " (" << r.bytes << " bytes, creator pid " << r.creator_pid

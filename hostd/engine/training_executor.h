@@ -1,8 +1,9 @@
 // TrainingExecutor: runs one training job on hostd's side. It owns the job's authoritative
-// state for the job's lifetime: admission, the shared-memory JobState and gradient rings,
-// weight loading, assignments to workers, gradient aggregation (in rank order, so sums are
-// deterministic), exact global-norm clipping, LayerAdam updates and version gates, metrics and
-// checkpoints.
+// state for the job's lifetime and carries out one step loop (docs/architecture.md):
+//   plan (job_plan.h) -> admission (hostd/admission) -> state segment, new or pooled
+//   (host_state_pool.h) and rings -> initial weights (initial_weights.h) -> assignments ->
+//   per step: gradients from the rings (grad_consumer.h) into LayerAdam, gates opened per unit
+//   (step_updates.h), worker reports (worker_reports.h), metrics (step_metrics.h), checkpoints.
 #pragma once
 
 #include <atomic>
@@ -11,7 +12,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "hostd/core/host_core.h"
-#include "hostd/state/job_state.h"
+#include "hostd/engine/host_state_pool.h"
 #include "hostd/update/layer_adam.h"
 
 namespace slidedp::hostd {
@@ -34,36 +35,29 @@ class TrainingExecutor : public JobExecutor {
   absl::Status Run(JobContext& ctx) override;
 
  private:
+  struct Attempt;  // one attempt's state and segments (training_executor.cc)
+
   absl::Status RunAttempt(JobContext& ctx);
+  // Admission (with the pooled segment's bytes counted as available), then the job's state
+  // segment: the pooled one adopted, or a new one.
+  absl::Status AcquireState(JobContext& ctx, Attempt& a);
+  // The per-rank gradient rings, the CPU workers' collective, and the NUMA placement of units.
+  absl::Status CreateSegments(JobContext& ctx, Attempt& a);
+  absl::Status SendAssignments(JobContext& ctx, const Attempt& a);
+  // One optimizer step t: gradients into LayerAdam, gates, metrics.
+  absl::Status RunStep(JobContext& ctx, Attempt& a, int64_t t);
+  absl::Status SaveCheckpoint(JobContext& ctx, Attempt& a, int64_t steps_done);
+  // Whatever ended the attempt: wakes every worker still waiting on it, removes the rings and
+  // the collective, and pools or unlinks the state segment.
+  void ReleaseSegments(JobContext& ctx, Attempt& a);
   // The assignment's membership key for world > 1: the comm generation, this hostd instance and
   // the ordered (worker id, session serial) of the ranks. Workers keep their NCCL communicator
   // only while it matches.
   std::string MembershipKey(const JobContext& ctx) const;
   absl::StatusOr<update::LayerAdam*> Adam();
-  // The pooled segment when `layout` fits it (made for the same layout, or a smaller state that
-  // needs at least half of it: a tiny job should not pin a huge segment), taking it out of the
-  // pool; otherwise frees the pool (its memory may be what the job needs) and returns null.
-  std::unique_ptr<state::JobState> TakePooled(const ModelLayout& layout);
-  // Renames a pooled segment to `job_id`'s state segment and resets it for a new job (control
-  // block, abort word, gates, step) by laying it out again for `layout` in place
-  // (state::JobState::Reformat). On error the segment is unlinked.
-  absl::StatusOr<std::unique_ptr<state::JobState>> AdoptPooled(std::unique_ptr<state::JobState> pooled,
-                                                               const std::string& job_id, const ModelLayout& layout,
-                                                               int prefault_threads);
-  // Puts a finished job's segment into the pool (renamed to the pool's name), or unlinks it.
-  // `holders`: the workers that ran the job (they keep it mapped and registered for the next).
-  void ReturnToPool(std::unique_ptr<state::JobState> js, std::vector<std::shared_ptr<WorkerSession>> holders);
-  // Tells `holders` that a segment they may keep mapped is being removed and waits (at most a
-  // few seconds) for their acks, so its memory is really free before the next admission check.
-  void ReleaseWorkerMappings(const std::vector<std::shared_ptr<WorkerSession>>& holders, const std::string& segment);
+
   TrainingExecutorOptions options_;
-  // The pooled state segment (mapped here, renamed to "/slidedp.<node>.pool.pooled"); only the
-  // job-runner thread touches it, and the destructor unlinks it.
-  std::unique_ptr<state::JobState> pooled_;
-  std::string pooled_name_;
-  std::vector<std::shared_ptr<WorkerSession>> pooled_holders_;  // workers that may keep it mapped
-  // The holders of the pooled segment the running job adopted (they may not all be its workers).
-  std::vector<std::shared_ptr<WorkerSession>> adopted_holders_;
+  HostStatePool pool_;  // only the job-runner thread touches it
   // Bumped after every attempt that did not succeed: its communicators may be broken mid-collective.
   std::atomic<int64_t> comm_generation_{0};
   std::string instance_token_;  // pid and start time of this hostd

@@ -16,11 +16,6 @@
 
 namespace slidedp::hostd {
 
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req, v1::SubmitJobResponse* resp) {
   auto r = core_->Submit(*req);
   if (!r.ok()) return ToGrpc(r.status());

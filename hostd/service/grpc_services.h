@@ -5,13 +5,13 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/status/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 #include "hostd/core/host_core.h"
 #include "slidedp/v1/slidedp.grpc.pb.h"
 
 namespace slidedp::hostd {
 
-grpc::Status ToGrpc(const absl::Status& s);
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:

@@ -37,19 +37,17 @@ absl::Status GradNormAccumulator::AddPartial(int unit, int64_t offset, int64_t n
                                                    ") outside unit ", unit, "'s ",
                                                    unit_numel_[unit], " elements"));
   }
-  const Partial p{unit, offset, offset + numel, sum_squares};
+  const int64_t end = offset + numel;
   absl::MutexLock l(&mu_);
-  auto key = [](const Partial& x) { return std::make_tuple(x.unit, x.begin); };
-  auto it = std::lower_bound(partials_.begin(), partials_.end(), p,
-                             [&](const Partial& a, const Partial& b) { return key(a) < key(b); });
-  const bool overlaps_next = it != partials_.end() && it->unit == unit && it->begin < p.end;
-  const bool overlaps_prev =
-      it != partials_.begin() && std::prev(it)->unit == unit && std::prev(it)->end > offset;
+  auto next = partials_.lower_bound({unit, offset});
+  const bool overlaps_next = next != partials_.end() && next->first.first == unit && next->first.second < end;
+  const bool overlaps_prev = next != partials_.begin() && std::prev(next)->first.first == unit &&
+                             std::prev(next)->second.end > offset;
   if (overlaps_next || overlaps_prev) {
-    return absl::AlreadyExistsError(absl::StrCat("grad norm: chunk [", offset, ", ", p.end,
+    return absl::AlreadyExistsError(absl::StrCat("grad norm: chunk [", offset, ", ", end,
                                                  ") of unit ", unit, " was already counted"));
   }
-  partials_.insert(it, p);
+  partials_.emplace_hint(next, std::make_pair(unit, offset), Partial{end, sum_squares});
   covered_[unit] += numel;
   return absl::OkStatus();
 }
@@ -71,7 +69,7 @@ absl::StatusOr<double> GradNormAccumulator::Norm() const {
     }
   }
   double total = 0;
-  for (const Partial& p : partials_) total += p.sum_squares;
+  for (const auto& [key, p] : partials_) total += p.sum_squares;  // in (unit, offset) order
   return std::sqrt(total);
 }
 

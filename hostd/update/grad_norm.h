@@ -12,9 +12,11 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -41,13 +43,14 @@ class GradNormAccumulator {
 
  private:
   struct Partial {
-    int unit;
-    int64_t begin, end;
+    int64_t end;
     double sum_squares;
   };
   std::vector<int64_t> unit_numel_;
   mutable absl::Mutex mu_;
-  std::vector<Partial> partials_ ABSL_GUARDED_BY(mu_);  // sorted by (unit, begin)
+  // Keyed by (unit, begin). A tree: chunks arrive in backward order (thousands per step of a
+  // large model), and a sorted vector would move all of them on every insert at its front.
+  absl::btree_map<std::pair<int, int64_t>, Partial> partials_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> covered_ ABSL_GUARDED_BY(mu_);   // elements counted per unit
 };
 

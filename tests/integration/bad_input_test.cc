@@ -19,7 +19,7 @@
 #include "common/model/qwen3_config.h"
 #include "gmock/gmock.h"
 #include "hostd/checkpoint/checkpoint.h"
-#include "hostd/state/admission.h"
+#include "hostd/admission/admission.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/node_harness.h"
 
@@ -403,7 +403,7 @@ TEST_F(BadInput, DatasetTruncatedOrMissingFiles) {
 // A job whose host state does not fit is refused by admission with RESOURCE_EXHAUSTED and the
 // figures, before any state is allocated; the daemon and its worker stay (TearDown checks).
 TEST_F(BadInput, TooLittleHostMemoryIsRefusedWithTheFigures) {
-  auto host = state::ReadHostMemoryInfo();
+  auto host = hostd::ReadHostMemoryInfo();
   ASSERT_TRUE(host.ok()) << host.status();
   if (host->mem_available_bytes > (400ull << 30)) GTEST_SKIP() << "this host could hold Qwen3-14B's state";
   SpecParts p;

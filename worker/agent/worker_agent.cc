@@ -14,19 +14,21 @@
 #include "common/data/dataset.h"
 #include "common/data/micro_batch.h"
 #include "common/data/sampler.h"
+#include "common/status/grpc_status.h"
 #include "common/status/status_macros.h"
+#include "common/version.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
-#include "hostd/state/grad_ring.h"
-#include "hostd/state/job_state.h"
-#include "hostd/state/shm_collective.h"
+#include "shm/grad_ring.h"
+#include "shm/job_state.h"
+#include "shm/shm_collective.h"
 #include "worker/compute/cpu/cpu_backend.h"
 #include "worker/pipeline/gradient_path.h"
 #include "worker/pipeline/step_runner.h"
 #include "worker/pipeline/unit_streamer.h"
 #ifdef SLIDEDP_HAVE_CUDA_BACKEND
 #include "worker/comm/nccl_communicator.h"
-#include "worker/pipeline/cuda_checkpoint_store.h"
+#include "worker/pipeline/cuda_activation_store.h"
 #include "worker/pipeline/cuda_gradient_path.h"
 #include "worker/pipeline/cuda_streamer.h"
 #include "worker/pipeline/host_registry.h"
@@ -35,11 +37,6 @@
 
 namespace slidedp::worker {
 namespace {
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
 
 // act_policy auto: how many decoder layers can keep all activations (each layer_bytes for the
 // step's tokens) on a device of capacity bytes whose recompute-everything step peaked at `peak`.
@@ -63,7 +60,7 @@ ActPolicy ToActPolicy(ActivationPolicy p) {
 }  // namespace
 
 struct WorkerAgent::HostState {
-  std::unique_ptr<state::JobState> js;
+  std::unique_ptr<shm::JobState> js;
 #ifdef SLIDEDP_HAVE_CUDA_BACKEND
   std::unique_ptr<HostRegistry> registry;  // CUDA workers; destroyed (unregistered) before js unmaps
 #endif
@@ -81,7 +78,7 @@ WorkerAgent::~WorkerAgent() {
 }
 
 absl::StatusOr<std::unique_ptr<WorkerAgent::HostState>> WorkerAgent::TakeHostState(const std::string& segment) {
-  ASSIGN_OR_RETURN(std::unique_ptr<state::JobState> fresh, state::JobState::Attach(segment, state::Access::kReadWrite));
+  ASSIGN_OR_RETURN(std::unique_ptr<shm::JobState> fresh, shm::JobState::Attach(segment, shm::Access::kReadWrite));
   {
     absl::MutexLock l(&cache_mu_);
     if (cached_) {
@@ -232,7 +229,7 @@ absl::Status WorkerAgent::RunSession() {
   hello.mutable_hello()->set_worker_id(worker_id());
   hello.mutable_hello()->set_pid(getpid());
   *hello.mutable_hello()->mutable_device() = device();
-  hello.mutable_hello()->set_build("slidedp 0.1.0");
+  hello.mutable_hello()->set_build(kVersion);
   if (Send(hello)) {
     v1::HostCommand cmd;
     while (stream->Read(&cmd)) {
@@ -370,9 +367,9 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   }
   ModelLayout layout = ModelLayout::Build(config);
   ASSIGN_OR_RETURN(std::unique_ptr<HostState> host_state, TakeHostState(a.state_segment()));
-  state::JobState* job_state = host_state->js.get();
+  shm::JobState* job_state = host_state->js.get();
   RETURN_IF_ERROR(job_state->CheckMatches(layout));
-  ASSIGN_OR_RETURN(auto ring, state::GradRing::Attach(a.ring_segment(), state::RingRole::kProducer, &job_state->abort()));
+  ASSIGN_OR_RETURN(auto ring, shm::GradRing::Attach(a.ring_segment(), shm::RingRole::kProducer, &job_state->abort()));
   ASSIGN_OR_RETURN(ComputeBackend * backend, BackendFor(config));
   backend->ResetPeakMemory();  // the reported GPU peak is this job's
   backend->SetDeterministic(spec.deterministic);
@@ -384,8 +381,8 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   ASSIGN_OR_RETURN(auto sampler, data::GlobalBatchSampler::Create(dataset->num_rows(), spec.global_batch, a.world_size(), spec.seed));
 
   const absl::Duration timeout = absl::Milliseconds(spec.step_timeout_ms);
-  const bool gpu_route = a.grad_reduction() == "gpu" && a.world_size() > 1;
-  [[maybe_unused]] const bool sharded = a.param_delivery() == "sharded" && a.world_size() > 1;
+  const bool gpu_route = a.grad_reduction() == v1::GRAD_REDUCTION_GPU && a.world_size() > 1;
+  [[maybe_unused]] const bool sharded = a.param_delivery() == v1::PARAM_DELIVERY_SHARDED && a.world_size() > 1;
   absl::Duration inject_delay = absl::ZeroDuration();
   if (const char* d = getenv("SLIDEDP_INJECT_DELAY_MS")) inject_delay = absl::Milliseconds(atof(d));
   GradientPathOptions gopt;
@@ -394,7 +391,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   gopt.world = a.world_size();
   gopt.ring_timeout = timeout;
   gopt.inject_max_delay = inject_delay;
-  gopt.stage_until_norm = a.grad_staging() == "device";
+  gopt.stage_until_norm = a.grad_staging() == v1::GRAD_STAGING_DEVICE;
   if (gopt.stage_until_norm && !gpu_route && a.world_size() > 1) {
     return absl::FailedPreconditionError("grad_staging device needs grad_reduction gpu with several ranks");
   }
@@ -405,25 +402,25 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
                                                                                : EmbeddingValues::kBf16Mirror;
   std::unique_ptr<UnitStreamer> streamer;
   std::unique_ptr<GradientPath> grads;
-  std::unique_ptr<state::ShmCollective> collective;
-  std::unique_ptr<CheckpointStore> checkpoints;  // null: layer inputs stay on the device
+  std::unique_ptr<shm::ShmCollective> collective;
+  std::unique_ptr<ActivationStore> activations;  // null: layer inputs stay on the device
   if (options_.backend == BackendKind::kCpu) {
     streamer = std::make_unique<HostMirrorStreamer>(job_state, layout, timeout, norms, embedding);
     if (gpu_route) {
       if (a.collective_segment().empty()) {
         return absl::FailedPreconditionError("grad_reduction gpu on CPU workers needs hostd's collective segment");
       }
-      ASSIGN_OR_RETURN(collective, state::ShmCollective::Attach(a.collective_segment(), a.rank(), &job_state->abort()));
+      ASSIGN_OR_RETURN(collective, shm::ShmCollective::Attach(a.collective_segment(), a.rank(), &job_state->abort()));
     }
     grads = MakeHostGradientPath(layout, ring.get(), collective.get(), gopt);
-    if (spec.offload_ratio > 0) checkpoints = MakeHostCheckpointStore(layout, backend, spec.offload_ratio);
+    if (spec.offload_ratio > 0) activations = MakeHostActivationStore(layout, backend, spec.offload_ratio);
   } else {
 #ifdef SLIDEDP_HAVE_CUDA_BACKEND
     NcclCommunicator* comm = nullptr;
     if (gpu_route || sharded) {
       auto c = CommunicatorFor(a);
       if (!c.ok()) {
-        job_state->RaiseAbort(state::AbortReason::kWorkerFailed);
+        job_state->RaiseAbort(shm::AbortReason::kWorkerFailed);
         return Annotate(c.status(), "NCCL communicator");
       }
       comm = *c;
@@ -445,7 +442,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     cg.abort = &job_state->abort();
     ASSIGN_OR_RETURN(grads, MakeCudaGradientPath(layout, ring.get(), static_cast<cudaStream_t>(backend->native_stream()), cg));
     if (spec.offload_ratio > 0) {
-      ASSIGN_OR_RETURN(checkpoints, MakeCudaCheckpointStore(layout, backend, spec.offload_ratio, options_.index));
+      ASSIGN_OR_RETURN(activations, MakeCudaActivationStore(layout, backend, spec.offload_ratio, options_.index));
     }
 #else
     return absl::UnimplementedError("this slidedp-worker was built without CUDA");
@@ -454,12 +451,12 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   StepRunnerOptions ropt;
   ropt.policy = ToActPolicy(spec.act_policy);
   ropt.inject_max_delay = inject_delay;
-  StepRunner runner(layout, backend, streamer.get(), grads.get(), ropt, checkpoints.get());
+  StepRunner runner(layout, backend, streamer.get(), grads.get(), ropt, activations.get());
 
   double prev_gate = 0, prev_d2h = 0, prev_h2d = 0, prev_ring = 0;
   for (int64_t step = a.first_step(); step < a.total_steps(); ++step) {
     if (cancel_job_ || stop_) {
-      job_state->RaiseAbort(state::AbortReason::kCancelled);
+      job_state->RaiseAbort(shm::AbortReason::kCancelled);
       return absl::CancelledError("job cancelled");
     }
     std::vector<int64_t> rows = sampler.RankRows(step, a.rank());
@@ -481,7 +478,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     }
     if (!result.ok()) {
       // Tell every peer at once instead of letting them time out.
-      if (result.status().code() != absl::StatusCode::kAborted) job_state->RaiseAbort(state::AbortReason::kWorkerFailed);
+      if (result.status().code() != absl::StatusCode::kAborted) job_state->RaiseAbort(shm::AbortReason::kWorkerFailed);
       return Annotate(result.status(), absl::StrCat("step ", step));
     }
     v1::WorkerReport r;

@@ -25,12 +25,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/data/batch.h"
 #include "common/model/qwen3_config.h"
 #include "common/numeric/bf16.h"
 
 namespace slidedp {
-
-inline constexpr int32_t kIgnoreIndex = -100;
 
 enum class DType { kF32, kBF16 };
 inline int64_t DTypeBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
@@ -43,16 +42,8 @@ enum class ActPolicy {
   kSelective,       // attention output and its log-sum-exp; the rest (norms, QKV, MLP) recomputed
 };
 
-// Host-side description of one micro-batch.
-struct MicroBatch {
-  std::vector<int32_t> tokens;      // [T] token ids, each in [0, vocab)
-  std::vector<int32_t> labels;      // [T] next-token targets, kIgnoreIndex where not trained
-  std::vector<int32_t> positions;   // [T] RoPE positions, restarting at 0 per document
-  std::vector<int32_t> cu_seqlens;  // [D+1] document boundaries in [0, T], cu_seqlens[0]=0, back()=T
-  int32_t max_seqlen = 0;           // longest document
-  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
-  int64_t num_trained() const;      // labels != kIgnoreIndex
-};
+// MicroBatch (the host-side micro-batch) and kIgnoreIndex: common/data/batch.h.
+
 
 // A micro-batch resident in device memory (backend-specific).
 class DeviceBatch {

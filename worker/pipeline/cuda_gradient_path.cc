@@ -52,7 +52,7 @@ struct PostJob {
 
 class CudaGradientPath final : public GradientPath {
  public:
-  CudaGradientPath(const ModelLayout& layout, state::GradRing* ring, cudaStream_t compute,
+  CudaGradientPath(const ModelLayout& layout, shm::GradRing* ring, cudaStream_t compute,
                    const CudaGradientPathOptions& options)
       : layout_(layout), ring_(ring), compute_(compute), options_(options) {}
 
@@ -301,12 +301,12 @@ class CudaGradientPath final : public GradientPath {
     if (job.sum_squares) {
       ASSIGN_OR_RETURN(uint32_t slot, ring_->AcquireSlot(options_.base.ring_timeout));
       std::memcpy(ring_->slot_data(slot), &job.squares, sizeof(double));
-      state::GradChunkDesc desc;
+      shm::GradChunkDesc desc;
       desc.unit = -1;
       desc.slot = slot;
       desc.numel = 1;
       desc.step = static_cast<uint32_t>(job.step);
-      desc.dtype = state::GradDtype::kSumSquares;
+      desc.dtype = shm::GradDtype::kSumSquares;
       return ring_->Post(desc);
     }
     // Wait (on the host) for the gradient to be final, so d2h_s counts copies, not backward.
@@ -329,13 +329,13 @@ class CudaGradientPath final : public GradientPath {
         ring_wait_s_ += absl::ToDoubleSeconds(t1 - t0);
         d2h_s_ += absl::ToDoubleSeconds(absl::Now() - t1);
       }
-      state::GradChunkDesc desc;
+      shm::GradChunkDesc desc;
       desc.unit = job.unit;
       desc.slot = slot;
       desc.offset_numel = off;
       desc.numel = n;
       desc.step = static_cast<uint32_t>(job.step);
-      desc.dtype = state::GradDtype::kF32;
+      desc.dtype = shm::GradDtype::kF32;
       RETURN_IF_ERROR(ring_->Post(desc));
     }
     return absl::OkStatus();
@@ -372,7 +372,7 @@ class CudaGradientPath final : public GradientPath {
   }
 
   const ModelLayout& layout_;
-  state::GradRing* ring_;
+  shm::GradRing* ring_;
   cudaStream_t compute_;
   CudaGradientPathOptions options_;
   cudaStream_t d2h_ = nullptr;
@@ -404,7 +404,7 @@ class CudaGradientPath final : public GradientPath {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<GradientPath>> MakeCudaGradientPath(const ModelLayout& layout, state::GradRing* ring,
+absl::StatusOr<std::unique_ptr<GradientPath>> MakeCudaGradientPath(const ModelLayout& layout, shm::GradRing* ring,
                                                                    cudaStream_t compute,
                                                                    const CudaGradientPathOptions& options) {
   auto path = std::make_unique<CudaGradientPath>(layout, ring, compute, options);

@@ -22,11 +22,11 @@ struct CudaGradientPathOptions {
   GradientPathOptions base;
   int device = 0;
   NcclCommunicator* comm = nullptr;         // required for the gpu route with world > 1
-  const state::AbortWord* abort = nullptr;  // the job's abort word: waits give up when raised
+  const shm::AbortWord* abort = nullptr;  // the job's abort word: waits give up when raised
   int max_buffers = 5;                      // pool cap (beyond it Begin waits for an idle buffer)
 };
 
-absl::StatusOr<std::unique_ptr<GradientPath>> MakeCudaGradientPath(const ModelLayout& layout, state::GradRing* ring,
+absl::StatusOr<std::unique_ptr<GradientPath>> MakeCudaGradientPath(const ModelLayout& layout, shm::GradRing* ring,
                                                                    cudaStream_t compute,
                                                                    const CudaGradientPathOptions& options);
 

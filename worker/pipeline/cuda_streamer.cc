@@ -11,8 +11,8 @@
 
 namespace slidedp {
 
-absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(state::JobState* state,
-                                                                               state::GradRing* ring,
+absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(shm::JobState* state,
+                                                                               shm::GradRing* ring,
                                                                                const ModelLayout& layout,
                                                                                cudaStream_t compute,
                                                                                const CudaStreamerOptions& options) {

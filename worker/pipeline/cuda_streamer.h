@@ -23,8 +23,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/model/qwen3_config.h"
-#include "hostd/state/grad_ring.h"
-#include "hostd/state/job_state.h"
+#include "shm/grad_ring.h"
+#include "shm/job_state.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/pipeline/cuda_copy_timer.h"
 #include "worker/pipeline/host_registry.h"
@@ -54,7 +54,7 @@ class CudaWindowStreamer : public UnitStreamer {
  public:
   // Registers every unit's mirror region (in options.registry, or its own) and the ring's slots
   // (ring may be null; its own, unregistered on destruction) with CUDA and allocates the window.
-  static absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> Create(state::JobState* state, state::GradRing* ring,
+  static absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> Create(shm::JobState* state, shm::GradRing* ring,
                                                                      const ModelLayout& layout, cudaStream_t compute,
                                                                      const CudaStreamerOptions& options);
   ~CudaWindowStreamer() override;
@@ -86,7 +86,7 @@ class CudaWindowStreamer : public UnitStreamer {
   absl::StatusOr<Slot*> Load(int unit, uint32_t min_version);
   Slot* Resident(int unit, uint32_t gate);
 
-  state::JobState* state_ = nullptr;
+  shm::JobState* state_ = nullptr;
   const ModelLayout* layout_ = nullptr;
   CudaStreamerOptions options_;
   cudaStream_t compute_ = nullptr;

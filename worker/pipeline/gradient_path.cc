@@ -16,7 +16,7 @@ namespace {
 
 class HostGradientPath final : public GradientPath {
  public:
-  HostGradientPath(const ModelLayout& layout, state::GradRing* ring, state::ShmCollective* collective,
+  HostGradientPath(const ModelLayout& layout, shm::GradRing* ring, shm::ShmCollective* collective,
                    const GradientPathOptions& options)
       : layout_(layout), ring_(ring), collective_(collective), options_(options) {}
 
@@ -59,12 +59,12 @@ class HostGradientPath final : public GradientPath {
     {
       ASSIGN_OR_RETURN(uint32_t slot, ring_->AcquireSlot(options_.ring_timeout));
       std::memcpy(ring_->slot_data(slot), &squares, sizeof(double));
-      state::GradChunkDesc desc;
+      shm::GradChunkDesc desc;
       desc.unit = -1;
       desc.slot = slot;
       desc.numel = 1;
       desc.step = static_cast<uint32_t>(staged_step_);
-      desc.dtype = state::GradDtype::kSumSquares;
+      desc.dtype = shm::GradDtype::kSumSquares;
       RETURN_IF_ERROR(ring_->Post(desc));
     }
     for (const auto& [unit, st] : staged_) {
@@ -100,13 +100,13 @@ class HostGradientPath final : public GradientPath {
       ring_wait_s_ += absl::ToDoubleSeconds(t1 - t0);
       std::memcpy(ring_->slot_data(slot), data + (off - part.offset), n * sizeof(float));
       d2h_s_ += absl::ToDoubleSeconds(absl::Now() - t1);
-      state::GradChunkDesc desc;
+      shm::GradChunkDesc desc;
       desc.unit = unit;
       desc.slot = slot;
       desc.offset_numel = off;
       desc.numel = n;
       desc.step = static_cast<uint32_t>(step);
-      desc.dtype = state::GradDtype::kF32;
+      desc.dtype = shm::GradDtype::kF32;
       RETURN_IF_ERROR(ring_->Post(desc));
     }
     return absl::OkStatus();
@@ -121,8 +121,8 @@ class HostGradientPath final : public GradientPath {
   }
 
   const ModelLayout& layout_;
-  state::GradRing* ring_;
-  state::ShmCollective* collective_;
+  shm::GradRing* ring_;
+  shm::ShmCollective* collective_;
   GradientPathOptions options_;
   std::map<int, std::vector<float>> open_;
   std::map<int, Staged> staged_;  // device staging: each unit's final part until Flush
@@ -165,12 +165,12 @@ class DiscardGradientPath final : public GradientPath {
 
 }  // namespace
 
-int64_t GradChunkNumel(const state::GradRing& ring) {
+int64_t GradChunkNumel(const shm::GradRing& ring) {
   return static_cast<int64_t>(ring.config().slot_bytes / sizeof(float));
 }
 
-std::unique_ptr<GradientPath> MakeHostGradientPath(const ModelLayout& layout, state::GradRing* ring,
-                                                   state::ShmCollective* collective, const GradientPathOptions& options) {
+std::unique_ptr<GradientPath> MakeHostGradientPath(const ModelLayout& layout, shm::GradRing* ring,
+                                                   shm::ShmCollective* collective, const GradientPathOptions& options) {
   return std::make_unique<HostGradientPath>(layout, ring, collective, options);
 }
 

@@ -28,8 +28,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/model/qwen3_config.h"
-#include "hostd/state/grad_ring.h"
-#include "hostd/state/shm_collective.h"
+#include "shm/grad_ring.h"
+#include "shm/shm_collective.h"
 
 namespace slidedp {
 
@@ -68,14 +68,14 @@ struct GradientPathOptions {
 
 // CPU backend: buffers are host memory; the gpu route reduces through `collective` (required
 // when route is kGpu and world > 1). Synchronous.
-std::unique_ptr<GradientPath> MakeHostGradientPath(const ModelLayout& layout, state::GradRing* ring,
-                                                   state::ShmCollective* collective, const GradientPathOptions& options);
+std::unique_ptr<GradientPath> MakeHostGradientPath(const ModelLayout& layout, shm::GradRing* ring,
+                                                   shm::ShmCollective* collective, const GradientPathOptions& options);
 
 // Compute-only benchmarks: buffers on the backend, nothing leaves the device.
 class ComputeBackend;
 std::unique_ptr<GradientPath> MakeDiscardGradientPath(const ModelLayout& layout, ComputeBackend* backend);
 
 // Chunks of `numel` elements starting at `offset` for a ring slot of slot_bytes FP32.
-int64_t GradChunkNumel(const state::GradRing& ring);
+int64_t GradChunkNumel(const shm::GradRing& ring);
 
 }  // namespace slidedp

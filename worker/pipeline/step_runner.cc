@@ -11,8 +11,8 @@
 namespace slidedp {
 
 StepRunner::StepRunner(const ModelLayout& layout, ComputeBackend* backend, UnitStreamer* streamer,
-                       GradientPath* grads, StepRunnerOptions options, CheckpointStore* checkpoints)
-    : layout_(layout), backend_(backend), streamer_(streamer), grads_(grads), checkpoints_(checkpoints), options_(options) {}
+                       GradientPath* grads, StepRunnerOptions options, ActivationStore* activations)
+    : layout_(layout), backend_(backend), streamer_(streamer), grads_(grads), activations_(activations), options_(options) {}
 
 void StepRunner::InjectDelay() {
   if (options_.inject_max_delay <= absl::ZeroDuration()) return;
@@ -44,7 +44,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
     result.local_tokens += mb.num_tokens();
     batches.push_back(std::move(b));
   }
-  // inputs[u][mb]: the input of unit u for micro-batch mb (the checkpoint); inputs[head] is the
+  // inputs[u][mb]: the input of unit u for micro-batch mb (kept for its backward); inputs[head] is the
   // head's input. saved[u][mb]: what the policy keeps beyond the input.
   std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> inputs(num_units);
   std::vector<std::vector<std::unique_ptr<SavedActivations>>> saved(num_units);
@@ -77,7 +77,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
                                                policy, policy == ActPolicy::kRecomputeLayer ? nullptr : &saved[u][i]));
     }
     streamer_->Release(u);
-    if (checkpoints_ && checkpoints_->offloads(u)) RETURN_IF_ERROR(checkpoints_->Offload(u, inputs[u]));
+    if (activations_ && activations_->offloads(u)) RETURN_IF_ERROR(activations_->Offload(u, inputs[u]));
     RETURN_IF_ERROR(streamer_->Prefetch(u + 1, gate));
   }
 
@@ -118,7 +118,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
     RETURN_IF_ERROR(grads_->Finish(head, step));
     if (head - 1 >= 1) {
       RETURN_IF_ERROR(streamer_->Prefetch(head - 1, gate));
-      if (checkpoints_) RETURN_IF_ERROR(checkpoints_->Prefetch(head - 1));
+      if (activations_) RETURN_IF_ERROR(activations_->Prefetch(head - 1));
     }
   }
   result.times.forward_s = absl::ToDoubleSeconds(absl::Now() - t_start);
@@ -127,7 +127,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
   const absl::Time t_bwd = absl::Now();
   for (int u = head - 1; u >= 1; --u) {
     TraceRange trace("backward layer");
-    if (checkpoints_ && checkpoints_->offloads(u)) RETURN_IF_ERROR(checkpoints_->Restore(u, inputs[u]));
+    if (activations_ && activations_->offloads(u)) RETURN_IF_ERROR(activations_->Restore(u, inputs[u]));
     ASSIGN_OR_RETURN(UnitParams params, Acquire(u, gate));
     ASSIGN_OR_RETURN(float* grad, grads_->Begin(u));
     for (int i = 0; i < n_mb; ++i) {
@@ -141,7 +141,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
     RETURN_IF_ERROR(grads_->Finish(u, step));
     if (u > 1) {
       RETURN_IF_ERROR(streamer_->Prefetch(u - 1, gate));
-      if (checkpoints_) RETURN_IF_ERROR(checkpoints_->Prefetch(u - 1));
+      if (activations_) RETURN_IF_ERROR(activations_->Prefetch(u - 1));
     }
   }
   if (grad_embed == nullptr) {

@@ -1,10 +1,11 @@
-// StepRunner: one SlideDP training step on one worker (rank r of R), as in docs/design.md
-// "One training step on one worker": forward through the units in order, each unit's parameters
+// StepRunner: one SlideDP training step on one worker (rank r of R), as in docs/architecture.md
+// "One step, worker side": forward through the units in order, each unit's parameters
 // acquired behind its version gate and applied to every micro-batch before the next unit; the
 // head computes loss and its input gradient in the same pass; backward in reverse order,
 // accumulating each unit's FP32 weight gradient over the micro-batches and handing it to the
-// GradientPath (reduce across ranks, copy into the gradient ring). The layer inputs are the
-// checkpoints; what else is kept per layer is the activation policy's choice.
+// GradientPath (reduce across ranks, copy into the gradient ring). Every layer's input is kept for
+// its backward (an ActivationStore may hold it in host memory meanwhile); what else is kept per
+// layer is the activation policy's choice.
 //
 // Order per unit: acquire its parameters, queue its compute for every micro-batch, release it,
 // then prefetch the next unit (waiting for that unit's gate) so its copy overlaps the queued
@@ -20,7 +21,7 @@
 #include "absl/time/time.h"
 #include "common/model/qwen3_config.h"
 #include "worker/compute/backend.h"
-#include "worker/pipeline/checkpoint_store.h"
+#include "worker/pipeline/activation_store.h"
 #include "worker/pipeline/gradient_path.h"
 #include "worker/pipeline/unit_streamer.h"
 
@@ -51,9 +52,9 @@ struct StepRunnerOptions {
 
 class StepRunner {
  public:
-  // `checkpoints` may be null: every layer input stays in device memory.
+  // `activations` may be null: every layer input stays in device memory.
   StepRunner(const ModelLayout& layout, ComputeBackend* backend, UnitStreamer* streamer, GradientPath* grads,
-             StepRunnerOptions options, CheckpointStore* checkpoints = nullptr);
+             StepRunnerOptions options, ActivationStore* activations = nullptr);
 
   // Runs step `step` (0-based) over this rank's micro-batches. loss_scale = 1 / trained tokens
   // of the whole global batch (all ranks), so the sum of every rank's loss_sum is the mean loss.
@@ -68,7 +69,7 @@ class StepRunner {
   ComputeBackend* backend_;
   UnitStreamer* streamer_;
   GradientPath* grads_;
-  CheckpointStore* checkpoints_;
+  ActivationStore* activations_;
   StepRunnerOptions options_;
   uint64_t rng_state_ = 0x9e3779b97f4a7c15ull;
 };

@@ -6,7 +6,7 @@
 
 namespace slidedp {
 
-HostMirrorStreamer::HostMirrorStreamer(state::JobState* state, const ModelLayout& layout, absl::Duration gate_timeout,
+HostMirrorStreamer::HostMirrorStreamer(shm::JobState* state, const ModelLayout& layout, absl::Duration gate_timeout,
                                        NormValues norms, EmbeddingValues embedding)
     : state_(state), layout_(layout), gate_timeout_(gate_timeout), norms_(norms), embedding_(embedding) {
   side_.resize(layout.num_units());

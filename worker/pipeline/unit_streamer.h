@@ -16,7 +16,7 @@
 #include "common/model/qwen3_config.h"
 #include "common/numeric/bf16.h"
 #include "worker/compute/backend.h"
-#include "hostd/state/job_state.h"
+#include "shm/job_state.h"
 
 namespace slidedp {
 
@@ -53,7 +53,7 @@ class HostMirrorStreamer : public UnitStreamer {
  public:
   // kFp32FromMaster: the FP32 side copies are copied from the master at each Acquire; the
   // embedding's FP32 rows are the master itself.
-  HostMirrorStreamer(state::JobState* state, const ModelLayout& layout, absl::Duration gate_timeout,
+  HostMirrorStreamer(shm::JobState* state, const ModelLayout& layout, absl::Duration gate_timeout,
                      NormValues norms = NormValues::kFp32FromMaster,
                      EmbeddingValues embedding = EmbeddingValues::kFp32FromMaster);
   absl::StatusOr<UnitParams> Acquire(int unit, uint32_t min_version) override;
@@ -62,7 +62,7 @@ class HostMirrorStreamer : public UnitStreamer {
   double h2d_s() const override { return 0; }
 
  private:
-  state::JobState* state_;
+  shm::JobState* state_;
   const ModelLayout& layout_;
   absl::Duration gate_timeout_;
   NormValues norms_;

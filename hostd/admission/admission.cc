@@ -1,0 +1,119 @@
+// Job memory plan and admission check against /proc/meminfo and /dev/shm.
+#include "hostd/admission/admission.h"
+
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status/status_macros.h"
+#include "shm/job_state.h"
+
+namespace slidedp::hostd {
+namespace {
+
+double ToGib(uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024 * 1024); }
+
+}  // namespace
+
+std::string JobMemoryPlan::ToString() const {
+  return absl::StrFormat(
+      "%.2f GiB (master %.2f, adam m+v %.2f, bf16 mirror %.2f, job segment %.2f, grad rings %.2f, "
+      "step gradient staging %.2f, activation offload %.2f; %d params)",
+      ToGib(total_bytes), ToGib(master_bytes), ToGib(adam_bytes), ToGib(mirror_bytes),
+      ToGib(job_segment_bytes), ToGib(ring_bytes), ToGib(step_staging_bytes), ToGib(offload_bytes), param_numel);
+}
+
+shm::GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t chunk_bytes) {
+  int64_t max_unit_numel = 0;
+  for (const UnitLayout& u : layout.units) max_unit_numel = std::max(max_unit_numel, u.numel);
+  shm::GradRingConfig ring;
+  ring.num_slots = static_cast<uint32_t>(slots);
+  ring.slot_bytes = std::min<uint64_t>({static_cast<uint64_t>(chunk_bytes), kMaxGradChunkBytes,
+                                        static_cast<uint64_t>((max_unit_numel * 4 + 4095) / 4096 * 4096)});
+  return ring;
+}
+
+JobMemoryPlan PlanJobMemory(const ModelLayout& layout, const shm::GradRingConfig& ring, int num_workers,
+                            ClipMode clip, shm::GradDtype staging_dtype) {
+  JobMemoryPlan p;
+  p.param_numel = layout.total_numel;
+  const uint64_t n = static_cast<uint64_t>(layout.total_numel);
+  p.master_bytes = 4 * n;
+  p.adam_bytes = 8 * n;
+  p.mirror_bytes = 2 * n;
+  p.job_segment_bytes = shm::JobState::SegmentBytes(layout);
+  p.ring_bytes = static_cast<uint64_t>(num_workers < 0 ? 0 : num_workers) * shm::GradRing::SegmentBytes(ring);
+  p.step_staging_bytes = clip == ClipMode::kExactGlobalNorm ? shm::GradDtypeBytes(staging_dtype) * n : 0;
+  p.shm_bytes = p.job_segment_bytes + p.ring_bytes;
+  p.total_bytes = p.shm_bytes + p.step_staging_bytes;
+  return p;
+}
+
+void AddActivationOffload(const ModelLayout& layout, double ratio, int num_workers, int64_t tokens_per_worker,
+                          JobMemoryPlan& plan) {
+  if (ratio <= 0 || num_workers <= 0 || tokens_per_worker <= 0) return;
+  const uint64_t bytes = static_cast<uint64_t>(num_workers) * static_cast<uint64_t>(layout.OffloadedLayers(ratio)) *
+                         static_cast<uint64_t>(tokens_per_worker) * static_cast<uint64_t>(layout.config.hidden_size) * 4;
+  plan.offload_bytes += bytes;
+  plan.total_bytes += bytes;
+}
+
+absl::StatusOr<HostMemoryInfo> ReadHostMemoryInfo(const std::string& meminfo_path,
+                                                  const std::string& shm_dir) {
+  HostMemoryInfo info;
+  std::ifstream in(meminfo_path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", meminfo_path));
+  std::string line;
+  bool have_available = false, have_total = false;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string key, unit;
+    uint64_t value = 0;
+    if (!(ls >> key >> value)) continue;
+    ls >> unit;
+    const uint64_t bytes = unit == "kB" ? value * 1024 : value;
+    if (key == "MemAvailable:") {
+      info.mem_available_bytes = bytes;
+      have_available = true;
+    } else if (key == "MemTotal:") {
+      info.mem_total_bytes = bytes;
+      have_total = true;
+    }
+  }
+  if (!have_available || !have_total) {
+    return absl::DataLossError(absl::StrCat(meminfo_path, " has no MemTotal/MemAvailable line"));
+  }
+  struct statvfs st;
+  if (::statvfs(shm_dir.c_str(), &st) != 0) return ErrnoStatus(absl::StrCat("statvfs ", shm_dir), errno);
+  info.shm_total_bytes = static_cast<uint64_t>(st.f_blocks) * st.f_frsize;
+  info.shm_free_bytes = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  return info;
+}
+
+absl::Status CheckAdmission(const JobMemoryPlan& plan, const HostMemoryInfo& host,
+                            const AdmissionPolicy& policy) {
+  const uint64_t usable =
+      host.mem_available_bytes > policy.reserve_bytes ? host.mem_available_bytes - policy.reserve_bytes : 0;
+  if (plan.total_bytes > usable) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "job needs %.2f GiB of host memory but only %.2f GiB is available (limit: host memory, "
+        "MemAvailable %.2f GiB minus %.2f GiB reserve); needs %s",
+        ToGib(plan.total_bytes), ToGib(usable), ToGib(host.mem_available_bytes),
+        ToGib(policy.reserve_bytes), plan.ToString()));
+  }
+  if (plan.shm_bytes > host.shm_free_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "job needs %.2f GiB of shared memory but /dev/shm has %.2f GiB free of %.2f GiB (limit: "
+        "/dev/shm size; remount it larger, e.g. mount -o remount,size=...); needs %s",
+        ToGib(plan.shm_bytes), ToGib(host.shm_free_bytes), ToGib(host.shm_total_bytes),
+        plan.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace slidedp::hostd

@@ -1,0 +1,153 @@
+// Admission control: the memory plan's numbers, and refusals against injected host memory.
+#include "hostd/admission/admission.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "gtest/gtest.h"
+#include "common/jobspec/job_spec.h"
+#include "shm/job_state.h"
+#include "shm/tests/test_util.h"
+
+namespace slidedp::hostd {
+namespace {
+
+constexpr uint64_t kGiB = 1ull << 30;
+
+ModelLayout Layout(const char* preset) { return ModelLayout::Build(Qwen3Config::Preset(preset).value()); }
+
+TEST(PlanJobMemory, FourteenBytesPerParamPlusRings) {
+  const ModelLayout layout = Layout("qwen3-0.6b");
+  const shm::GradRingConfig ring{8, 64ull << 20};
+  const JobMemoryPlan plan = PlanJobMemory(layout, ring, 2, ClipMode::kNone);
+  const uint64_t n = static_cast<uint64_t>(layout.total_numel);
+  EXPECT_EQ(plan.param_numel, layout.total_numel);
+  EXPECT_EQ(plan.master_bytes, 4 * n);
+  EXPECT_EQ(plan.adam_bytes, 8 * n);
+  EXPECT_EQ(plan.mirror_bytes, 2 * n);
+  EXPECT_EQ(plan.job_segment_bytes, shm::JobState::SegmentBytes(layout));
+  EXPECT_GE(plan.job_segment_bytes, 14 * n);
+  EXPECT_LT(plan.job_segment_bytes, 14 * n + 4096ull * (4 * layout.num_units() + 2));
+  EXPECT_EQ(plan.ring_bytes, 2 * shm::GradRing::SegmentBytes(ring));
+  EXPECT_GE(plan.ring_bytes, 2 * 8 * (64ull << 20));
+  EXPECT_EQ(plan.step_staging_bytes, 0u);
+  EXPECT_EQ(plan.total_bytes, plan.job_segment_bytes + plan.ring_bytes);
+  EXPECT_EQ(plan.shm_bytes, plan.total_bytes);
+
+  const JobMemoryPlan clipped = PlanJobMemory(layout, ring, 2, ClipMode::kExactGlobalNorm);
+  EXPECT_EQ(clipped.step_staging_bytes, 2 * n);
+  EXPECT_EQ(clipped.total_bytes, plan.total_bytes + 2 * n);
+  const JobMemoryPlan clipped32 =
+      PlanJobMemory(layout, ring, 2, ClipMode::kExactGlobalNorm, shm::GradDtype::kF32);
+  EXPECT_EQ(clipped32.step_staging_bytes, 4 * n);
+  // The staging buffer is hostd's own memory, not a segment.
+  EXPECT_EQ(clipped32.shm_bytes, plan.shm_bytes);
+  EXPECT_EQ(clipped32.total_bytes, plan.total_bytes + 4 * n);
+}
+
+// runtime.offload_ratio: each worker keeps round(ratio x layers) layer inputs of its whole step
+// (FP32, hidden x 4 B per token) in host memory; the plan counts them outside /dev/shm.
+TEST(PlanJobMemory, CountsTheWorkersOffloadedLayerInputs) {
+  const ModelLayout layout = Layout("qwen3-8b");  // 36 layers, hidden 4096
+  JobMemoryPlan plan = PlanJobMemory(layout, shm::GradRingConfig{4, 32ull << 20}, 2, ClipMode::kNone);
+  const JobMemoryPlan before = plan;
+  AddActivationOffload(layout, 0.0, 2, 65536, plan);
+  EXPECT_EQ(plan.offload_bytes, 0u);
+  EXPECT_EQ(plan.total_bytes, before.total_bytes);
+  AddActivationOffload(layout, 0.5, 2, 65536, plan);  // 18 layers x 64K tokens x 16 KiB, x 2 workers
+  EXPECT_EQ(layout.OffloadedLayers(0.5), 18);
+  EXPECT_EQ(plan.offload_bytes, 2ull * 18 * 65536 * 4096 * 4);  // 36 GiB
+  EXPECT_EQ(plan.total_bytes, before.total_bytes + plan.offload_bytes);
+  EXPECT_EQ(plan.shm_bytes, before.shm_bytes);
+  EXPECT_NE(plan.ToString().find("activation offload 36.00"), std::string::npos) << plan.ToString();
+  EXPECT_EQ(layout.OffloadedLayers(1.0), 36);
+  EXPECT_EQ(layout.OffloadedLayers(2.0), 36);  // clamped
+  EXPECT_EQ(layout.OffloadedLayers(0.01), 0);
+}
+
+TEST(PlanJobMemory, Qwen3_8BIsAboutFourteenBytesPerParam) {
+  const ModelLayout layout = Layout("qwen3-8b");
+  const JobMemoryPlan plan = PlanJobMemory(layout, shm::GradRingConfig{8, 64ull << 20}, 1, ClipMode::kNone);
+  const double gib_per_bparam = static_cast<double>(plan.job_segment_bytes) / kGiB /
+                                (static_cast<double>(layout.param_count()) / 1e9);
+  EXPECT_NEAR(gib_per_bparam, 13.04, 0.05);
+}
+
+// Issue 4's host-memory target (<= 13.1 GiB per billion parameters) with the job spec's default
+// rings, without host gradient staging (device staging or no clipping): 4B on 1 worker, 8B on 2.
+TEST(PlanJobMemory, DefaultRingsKeepHostMemoryWithinTheTarget) {
+  const JobSpec spec;
+  for (const auto& [preset, workers] : {std::pair<const char*, int>{"qwen3-4b", 1}, {"qwen3-8b", 2}, {"qwen3-14b", 2}}) {
+    const ModelLayout layout = Layout(preset);
+    const shm::GradRingConfig ring = RingConfigFor(layout, spec.ring_slots, spec.chunk_bytes);
+    const JobMemoryPlan plan = PlanJobMemory(layout, ring, workers, ClipMode::kNone, shm::GradDtype::kF32);
+    const double gib_per_bparam =
+        static_cast<double>(plan.total_bytes) / kGiB / (static_cast<double>(layout.param_count()) / 1e9);
+    std::printf("%s, %d worker(s): %s = %.4f GiB per billion params\n", preset, workers, plan.ToString().c_str(),
+                gib_per_bparam);
+    EXPECT_LE(gib_per_bparam, 13.1) << preset;
+  }
+}
+
+TEST(CheckAdmission, RefusesWithTheNumbersAndTheLimit) {
+  const JobMemoryPlan plan =
+      PlanJobMemory(Layout("qwen3-8b"), shm::GradRingConfig{8, 64ull << 20}, 1, ClipMode::kNone);
+  ASSERT_GT(plan.total_bytes, 100 * kGiB);
+
+  HostMemoryInfo big{512 * kGiB, 400 * kGiB, 256 * kGiB, 250 * kGiB};
+  EXPECT_TRUE(CheckAdmission(plan, big).ok());
+
+  HostMemoryInfo small_ram{125 * kGiB, 100 * kGiB, 256 * kGiB, 250 * kGiB};
+  absl::Status s = CheckAdmission(plan, small_ram);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("host memory"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("99.00 GiB is available"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find(absl::StrFormat("%.2f GiB", plan.total_bytes / double(kGiB))),
+            absl::string_view::npos)
+      << s;
+
+  HostMemoryInfo small_shm{512 * kGiB, 400 * kGiB, 64 * kGiB, 63 * kGiB};
+  s = CheckAdmission(plan, small_shm);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("/dev/shm has 63.00 GiB free"), absl::string_view::npos) << s;
+
+  // Exactly at the limit (after the reserve) fits; one byte more does not.
+  AdmissionPolicy no_reserve{0};
+  HostMemoryInfo exact{plan.total_bytes, plan.total_bytes, plan.shm_bytes, plan.shm_bytes};
+  EXPECT_TRUE(CheckAdmission(plan, exact, no_reserve).ok());
+  exact.mem_available_bytes -= 1;
+  EXPECT_FALSE(CheckAdmission(plan, exact, no_reserve).ok());
+}
+
+TEST(ReadHostMemoryInfo, ParsesMeminfo) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/meminfo.", ::getpid());
+  {
+    std::ofstream out(path);
+    out << "MemTotal:       131072000 kB\nMemFree:         1000 kB\n"
+           "MemAvailable:   65536000 kB\nShmem:  12 kB\n";
+  }
+  auto info = ReadHostMemoryInfo(path, "/dev/shm");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->mem_total_bytes, 131072000ull * 1024);
+  EXPECT_EQ(info->mem_available_bytes, 65536000ull * 1024);
+  EXPECT_GT(info->shm_total_bytes, 0u);
+  EXPECT_LE(info->shm_free_bytes, info->shm_total_bytes);
+  {
+    std::ofstream out(path);
+    out << "MemTotal: 1 kB\n";
+  }
+  EXPECT_EQ(ReadHostMemoryInfo(path).status().code(), absl::StatusCode::kDataLoss);
+  std::remove(path.c_str());
+  EXPECT_EQ(ReadHostMemoryInfo("/nonexistent/meminfo").status().code(), absl::StatusCode::kNotFound);
+
+  auto real = ReadHostMemoryInfo();
+  ASSERT_TRUE(real.ok()) << real.status();
+  EXPECT_GT(real->mem_available_bytes, 0u);
+  EXPECT_LE(real->mem_available_bytes, real->mem_total_bytes);
+}
+
+}  // namespace
+}  // namespace slidedp::hostd

@@ -1,0 +1,316 @@
+// GradConsumer: one step's gradients from the rings to LayerAdam; see grad_consumer.h.
+#include "hostd/engine/grad_consumer.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/model/shard.h"
+#include "common/parallel/parallel_for.h"
+#include "common/status/status_macros.h"
+#include "glog/logging.h"
+#include "hostd/update/adamw_kernels.h"
+
+namespace slidedp::hostd {
+namespace {
+
+constexpr int64_t kAggregatePiece = 1 << 20;  // elements summed per task (4 MiB)
+
+double SecondsSince(absl::Time t) { return absl::ToDoubleSeconds(absl::Now() - t); }
+
+}  // namespace
+
+GradRings::GradRings(std::vector<std::unique_ptr<shm::GradRing>>& rings, WorkerReports& reports,
+                     shm::JobState& job_state, absl::Duration step_timeout)
+    : rings_(rings), reports_(reports), job_state_(job_state), step_timeout_(step_timeout) {}
+
+void GradRings::Abort() { job_state_.RaiseAbort(shm::AbortReason::kInternal); }
+
+absl::Status GradRings::Fail(const std::string& what) {
+  Abort();
+  return absl::InternalError(what);
+}
+
+absl::StatusOr<shm::GradChunkDesc> GradRings::Pop(int r, bool first_step) {
+  const absl::Time deadline = absl::Now() + step_timeout_;
+  while (true) {
+    // Short slices while waiting for the first gradients: rank 0's communicator id is forwarded
+    // from Poll, and the other ranks' NCCL setup waits on it.
+    auto d = rings_[r]->Pop(absl::Milliseconds(first_step ? 10 : 100));
+    if (d.ok()) return d;
+    if (d.status().code() != absl::StatusCode::kDeadlineExceeded) {
+      // Prefer the worker's own error: a failing worker raises the abort before its report
+      // reaches us, so give the report a moment to arrive.
+      const absl::Time report_deadline = absl::Now() + absl::Seconds(2);
+      do {
+        RETURN_IF_ERROR(reports_.Poll());
+        if (job_state_.abort().reason() != shm::AbortReason::kWorkerFailed) break;
+        absl::SleepFor(absl::Milliseconds(5));
+      } while (absl::Now() < report_deadline);
+      return Annotate(d.status(), absl::StrCat("gradient ring of rank ", r));
+    }
+    RETURN_IF_ERROR(reports_.Poll());
+    if (absl::Now() > deadline) {
+      job_state_.RaiseAbort(shm::AbortReason::kInternal);
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no gradient from rank ", r, " for ", absl::FormatDuration(step_timeout_), " (runtime.step_timeout_ms)"));
+    }
+  }
+}
+
+GradConsumer::GradConsumer(const JobPlan& plan, const ModelLayout& layout, GradRings& rings, double max_grad_norm,
+                           int aggregate_threads, std::string job_id)
+    : plan_(plan),
+      layout_(layout),
+      rings_(rings),
+      max_grad_norm_(max_grad_norm),
+      aggregate_threads_(aggregate_threads),
+      job_id_(std::move(job_id)) {
+  for (const UnitLayout& u : layout_.units) unit_numel_.push_back(u.numel);
+  staging_.resize(unit_numel_.size());
+}
+
+void GradConsumer::AllocateStaging(int threads) {
+  if (!plan_.host_staging) return;
+  ParallelFor(staging_.size(), threads, [&](size_t u) { staging_[u].resize(unit_numel_[u]); });
+}
+
+int64_t GradConsumer::staging_bytes_held() const {
+  int64_t bytes = 0;
+  for (const std::vector<float>& s : staging_) bytes += static_cast<int64_t>(s.size() * sizeof(float));
+  return bytes;
+}
+
+absl::Status GradConsumer::SquarePieces(int unit, int64_t offset, int64_t numel, const float* src, float* dst,
+                                        int threads, update::GradNormAccumulator& norm) {
+  const int64_t pieces = (numel + kAggregatePiece - 1) / kAggregatePiece;
+  std::vector<double> piece_sq(pieces);
+  ParallelFor(pieces, threads, [&](size_t p) {
+    const int64_t off = static_cast<int64_t>(p) * kAggregatePiece;
+    const int64_t n = std::min(kAggregatePiece, numel - off);
+    if (dst != nullptr) std::memcpy(dst + off, src + off, n * sizeof(float));
+    piece_sq[p] = update::SumSquares(src + off, n);
+  });
+  for (int64_t p = 0; p < pieces; ++p) {
+    const int64_t off = p * kAggregatePiece;
+    absl::Status s = norm.AddPartial(unit, offset + off, std::min(kAggregatePiece, numel - off), piece_sq[p]);
+    if (!s.ok()) return rings_.Fail(absl::StrCat("gradient chunk posted twice: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> GradConsumer::PopRankNorms(int64_t t, bool first_step, StepGradients& out) {
+  double sum_squares = 0;
+  for (int r = 0; r < plan_.world; ++r) {  // summed in rank order
+    const absl::Time t_wait = absl::Now();
+    ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(r, first_step));
+    out.wait_s += SecondsSince(t_wait);
+    if (d.dtype != shm::GradDtype::kSumSquares || d.step != static_cast<uint32_t>(t)) {
+      return rings_.Fail(absl::StrCat("rank ", r, " posted unit ", d.unit, " (dtype ", static_cast<int>(d.dtype),
+                                      ") for step ", d.step, " where its squared norm for step ", t,
+                                      " comes first (device staging)"));
+    }
+    double squares;
+    std::memcpy(&squares, rings_.ring(r).slot_data(d.slot), sizeof(double));
+    RETURN_IF_ERROR(rings_.ring(r).Release(d.slot));
+    if (!std::isfinite(squares) || squares < 0) {
+      // Not an error of the pipeline: the clipping coefficient becomes 0 or NaN as with host
+      // staging (update::ClipCoefficient decides), so keep the value.
+      LOG(WARNING) << "job " << job_id_ << " step " << t + 1 << ": rank " << r << " gradient squared norm " << squares;
+    }
+    sum_squares += squares;
+  }
+  return sum_squares;
+}
+
+absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float coef, int threads, StepUpdates& updates,
+                                       update::GradNormAccumulator& norm, double& wait_s, double& aggregate_s) {
+  const int world = plan_.world;
+  const bool device_staged = plan_.clip_staging == ClipStaging::kDevice;
+  const bool host_staged = plan_.clip_staging == ClipStaging::kHost;
+  std::vector<int64_t> unit_got(unit_numel_.size(), 0);
+  int64_t got = 0;
+  while (got < plan_.shard_numel_of_rank[r]) {
+    const absl::Time t_wait = absl::Now();
+    ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(r, first_step));
+    wait_s += SecondsSince(t_wait);
+    const bool unit_ok = d.unit >= 0 && d.unit < static_cast<int>(unit_numel_.size());
+    const ShardRange shard = unit_ok ? ShardOf(unit_numel_[d.unit], world, r) : ShardRange{};
+    if (d.step != static_cast<uint32_t>(t) || !unit_ok || d.dtype != shm::GradDtype::kF32 || d.numel <= 0 ||
+        d.offset_numel < shard.offset || d.offset_numel + d.numel > shard.offset + shard.numel ||
+        unit_got[d.unit] + d.numel > shard.numel) {
+      return rings_.Fail(absl::StrCat("unexpected gradient chunk from rank ", r, ": step ", d.step, " unit ", d.unit,
+                                      " offset ", d.offset_numel, " numel ", d.numel, " dtype ",
+                                      static_cast<int>(d.dtype), " while applying step ", t, " (rank ", r,
+                                      "'s shard of that unit is [", shard.offset, ", ", shard.offset + shard.numel,
+                                      "), ", unit_ok ? unit_got[d.unit] : 0, " elements of it already received)"));
+    }
+    const float* src = rings_.f32(r, d);
+    const absl::Time t_agg = absl::Now();
+    if (!device_staged) {  // (device staging: the norm came from the ranks)
+      float* dst = host_staged ? staging_[d.unit].data() + d.offset_numel : nullptr;
+      RETURN_IF_ERROR(SquarePieces(d.unit, d.offset_numel, d.numel, src, dst, threads, norm));
+    }
+    aggregate_s += SecondsSince(t_agg);
+    unit_got[d.unit] += d.numel;
+    got += d.numel;
+    if (host_staged) {
+      RETURN_IF_ERROR(rings_.ring(r).Release(d.slot));  // staged: the slot is free again
+    } else {
+      // Final already: update now (while the rest of the backward pass still runs, or, with
+      // device staging, while the later parts are still coming).
+      RETURN_IF_ERROR(updates.Apply(d.unit, d.offset_numel, d.numel, coef, src, &rings_.ring(r), d.slot));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GradConsumer::ConsumeShards(int64_t t, bool first_step, float coef, StepUpdates& updates,
+                                         update::GradNormAccumulator& norm, StepGradients& out) {
+  // Every ring at once, one thread per rank, each until its own shards of every unit are in, so
+  // ranks posting different numbers of chunks cannot block each other.
+  const int world = plan_.world;
+  std::vector<double> rank_wait_s(world, 0), rank_aggregate_s(world, 0);
+  absl::Mutex error_mu;
+  absl::Status error;
+  const int threads_per_rank = std::max(1, aggregate_threads_ / world);
+  std::vector<std::thread> consumers;
+  for (int r = 0; r < world; ++r) {
+    consumers.emplace_back([&, r] {
+      pthread_setname_np(pthread_self(), absl::StrCat("grad-rank", r).substr(0, 15).c_str());
+      absl::Status s =
+          ConsumeRank(r, t, first_step, coef, threads_per_rank, updates, norm, rank_wait_s[r], rank_aggregate_s[r]);
+      if (s.ok()) return;
+      absl::MutexLock l(&error_mu);
+      // The cause wins over its echoes: once one consumer raises the abort word, the others (and
+      // the workers' reports they poll) fail with ABORTED, possibly before it gets here.
+      if (error.ok() || (error.code() == absl::StatusCode::kAborted && s.code() != absl::StatusCode::kAborted)) {
+        error = s;
+      }
+      // Wake the other consumers (their Pop returns ABORTED) instead of letting them time out.
+      rings_.Abort();
+    });
+  }
+  for (std::thread& c : consumers) c.join();
+  RETURN_IF_ERROR(error);
+  // The step's host-side time is set by its slowest rank.
+  out.wait_s += *std::max_element(rank_wait_s.begin(), rank_wait_s.end());
+  out.aggregate_s = *std::max_element(rank_aggregate_s.begin(), rank_aggregate_s.end());
+  return absl::OkStatus();
+}
+
+absl::Status GradConsumer::ConsumeDirect(int64_t t, bool first_step, StepUpdates& updates,
+                                         update::GradNormAccumulator& norm, StepGradients& out) {
+  while (!norm.complete()) {
+    const absl::Time t_wait = absl::Now();
+    ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(0, first_step));
+    out.wait_s += SecondsSince(t_wait);
+    if (d.step != static_cast<uint32_t>(t) || d.unit < 0 || d.unit >= static_cast<int>(unit_numel_.size()) ||
+        d.offset_numel < 0 || d.numel <= 0 || d.offset_numel + d.numel > unit_numel_[d.unit] ||
+        d.dtype != shm::GradDtype::kF32) {
+      return rings_.Fail(absl::StrCat("unexpected gradient chunk from rank 0: step ", d.step, " unit ", d.unit,
+                                      " offset ", d.offset_numel, " numel ", d.numel, " while aggregating step ", t));
+    }
+    const float* src = rings_.f32(0, d);
+    const absl::Time t_agg = absl::Now();
+    RETURN_IF_ERROR(SquarePieces(d.unit, d.offset_numel, d.numel, src, nullptr, aggregate_threads_, norm));
+    out.aggregate_s += SecondsSince(t_agg);
+    RETURN_IF_ERROR(updates.Apply(d.unit, d.offset_numel, d.numel, 1.0f, src, &rings_.ring(0), d.slot));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GradConsumer::ConsumeSummed(int64_t t, bool first_step, StepUpdates& updates,
+                                         update::GradNormAccumulator& norm, StepGradients& out) {
+  const int world = plan_.world;
+  while (!norm.complete()) {
+    // Every rank posts the same chunk sequence; take rank 0's chunk, then the same from the
+    // others, summing in rank order so results do not depend on arrival order.
+    const absl::Time t_wait = absl::Now();
+    ASSIGN_OR_RETURN(shm::GradChunkDesc d0, rings_.Pop(0, first_step));
+    out.wait_s += SecondsSince(t_wait);
+    if (d0.step != static_cast<uint32_t>(t) || d0.unit < 0 || d0.unit >= static_cast<int>(unit_numel_.size()) ||
+        d0.offset_numel < 0 || d0.numel <= 0 || d0.offset_numel + d0.numel > unit_numel_[d0.unit] ||
+        d0.dtype != shm::GradDtype::kF32) {
+      return rings_.Fail(absl::StrCat("unexpected gradient chunk from rank 0: step ", d0.step, " unit ", d0.unit,
+                                      " offset ", d0.offset_numel, " numel ", d0.numel, " while aggregating step ", t));
+    }
+    std::vector<shm::GradChunkDesc> descs = {d0};
+    for (int r = 1; r < world; ++r) {
+      ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(r, first_step));
+      if (d.step != d0.step || d.unit != d0.unit || d.offset_numel != d0.offset_numel || d.numel != d0.numel ||
+          d.dtype != d0.dtype) {
+        return rings_.Fail(absl::StrCat("rank ", r, " posted unit ", d.unit, "@", d.offset_numel, " step ", d.step,
+                                        " where rank 0 posted unit ", d0.unit, "@", d0.offset_numel));
+      }
+      descs.push_back(d);
+    }
+    // Sum the ranks' copies in rank order into staging and take the squared norm, in pieces over
+    // several threads (one thread copies only ~5-10 GB/s); results do not depend on it.
+    const absl::Time t_agg = absl::Now();
+    float* dst = staging_[d0.unit].data() + d0.offset_numel;
+    const int64_t pieces = (d0.numel + kAggregatePiece - 1) / kAggregatePiece;
+    std::vector<double> piece_sq(pieces);
+    ParallelFor(pieces, aggregate_threads_, [&](size_t p) {
+      const int64_t off = static_cast<int64_t>(p) * kAggregatePiece;
+      const int64_t n = std::min(kAggregatePiece, d0.numel - off);
+      std::memcpy(dst + off, rings_.f32(0, descs[0]) + off, n * sizeof(float));
+      for (int r = 1; r < world; ++r) {
+        const float* src = rings_.f32(r, descs[r]) + off;
+        float* sum = dst + off;
+        for (int64_t i = 0; i < n; ++i) sum[i] += src[i];
+      }
+      piece_sq[p] = update::SumSquares(dst + off, n);
+    });
+    for (int64_t p = 0; p < pieces; ++p) {
+      const int64_t off = p * kAggregatePiece;
+      absl::Status s =
+          norm.AddPartial(d0.unit, d0.offset_numel + off, std::min(kAggregatePiece, d0.numel - off), piece_sq[p]);
+      if (!s.ok()) return rings_.Fail(absl::StrCat("gradient chunk posted twice: ", s.message()));
+    }
+    out.aggregate_s += SecondsSince(t_agg);
+    for (int r = 0; r < world; ++r) RETURN_IF_ERROR(rings_.ring(r).Release(descs[r].slot));
+    // Without clipping a chunk is final once every rank's copy is summed: update it now, while
+    // the rest of the backward pass is still running.
+    if (!plan_.clip()) RETURN_IF_ERROR(updates.Apply(d0.unit, d0.offset_numel, d0.numel, 1.0f, dst));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepGradients> GradConsumer::ConsumeStep(int64_t t, bool first_step, StepUpdates& updates) {
+  StepGradients out;
+  update::GradNormAccumulator norm(unit_numel_);
+  if (plan_.clip_staging == ClipStaging::kDevice) {
+    // Each rank posts its squared norm before its parts: the coefficient is known up front.
+    ASSIGN_OR_RETURN(double sum_squares, PopRankNorms(t, first_step, out));
+    out.grad_norm = std::sqrt(sum_squares);
+    const float coef = update::ClipCoefficient(out.grad_norm, max_grad_norm_);
+    RETURN_IF_ERROR(ConsumeShards(t, first_step, coef, updates, norm, out));
+    return out;
+  }
+  switch (plan_.consumer) {
+    case GradConsumerKind::kShards: RETURN_IF_ERROR(ConsumeShards(t, first_step, 1.0f, updates, norm, out)); break;
+    case GradConsumerKind::kDirect: RETURN_IF_ERROR(ConsumeDirect(t, first_step, updates, norm, out)); break;
+    case GradConsumerKind::kSummed: RETURN_IF_ERROR(ConsumeSummed(t, first_step, updates, norm, out)); break;
+  }
+  absl::StatusOr<double> grad_norm = norm.Norm();
+  if (!grad_norm.ok()) return rings_.Fail(std::string(grad_norm.status().message()));
+  out.grad_norm = *grad_norm;
+  if (plan_.clip_staging == ClipStaging::kHost) {
+    // Exact clipping: the coefficient needs the whole step's norm; then update in forward order
+    // so the next step's forward can start on the first units while later ones update.
+    const float coef = update::ClipCoefficient(out.grad_norm, max_grad_norm_);
+    for (size_t u = 0; u < unit_numel_.size(); ++u) {
+      RETURN_IF_ERROR(updates.Apply(static_cast<int>(u), 0, unit_numel_[u], coef, staging_[u].data()));
+    }
+  }
+  return out;
+}
+
+}  // namespace slidedp::hostd

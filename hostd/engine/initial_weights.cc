@@ -1,0 +1,87 @@
+// The job's initial state; see initial_weights.h.
+#include "hostd/engine/initial_weights.h"
+
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/numeric/bf16.h"
+#include "common/parallel/parallel_for.h"
+#include "common/status/status_macros.h"
+
+namespace slidedp::hostd {
+namespace {
+
+constexpr int64_t kPieceNumel = 16 << 20;  // elements per task of the bulk loops (64 MiB of FP32)
+
+struct Piece {
+  int unit;
+  int64_t offset, numel;
+};
+
+// Every unit in pieces, so the embedding does not leave one thread alone.
+std::vector<Piece> PiecesOf(const ModelLayout& layout) {
+  std::vector<Piece> pieces;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    for (int64_t off = 0; off < layout.units[u].numel; off += kPieceNumel) {
+      pieces.push_back({u, off, std::min<int64_t>(kPieceNumel, layout.units[u].numel - off)});
+    }
+  }
+  return pieces;
+}
+
+}  // namespace
+
+checkpoint::StateArrays StateArraysOf(shm::JobState& js) {
+  checkpoint::StateArrays arrays;
+  arrays.master = [&js](int u) { return js.master(u); };
+  arrays.adam_m = [&js](int u) { return js.m(u); };
+  arrays.adam_v = [&js](int u) { return js.v(u); };
+  return arrays;
+}
+
+absl::StatusOr<int64_t> WriteInitialState(JobContext& ctx, const JobSpec& spec, const ModelLayout& layout,
+                                          shm::JobState& js, bool reused_segment, int threads) {
+  const std::vector<Piece> pieces = PiecesOf(layout);
+  if (reused_segment && ctx.resume_from().empty()) {
+    // A fresh segment is zero: so must the moments of a reused one be. (Master is written whole
+    // below, padding included, by the random init or the weight loader; a resumed job's
+    // checkpoint writes all three.)
+    ParallelFor(pieces.size(), threads, [&](size_t p) {
+      const Piece& pc = pieces[p];
+      std::memset(js.m(pc.unit) + pc.offset, 0, pc.numel * sizeof(float));
+      std::memset(js.v(pc.unit) + pc.offset, 0, pc.numel * sizeof(float));
+    });
+  }
+  const checkpoint::StateArrays arrays = StateArraysOf(js);
+  int64_t first_step = 0;
+  if (!ctx.resume_from().empty()) {
+    std::string dir = ctx.resume_from();
+    if (!std::filesystem::exists(std::filesystem::path(dir) / "COMPLETE")) {
+      ASSIGN_OR_RETURN(dir, checkpoint::FindLatestCheckpoint(dir));
+    }
+    ASSIGN_OR_RETURN(auto loaded, checkpoint::LoadCheckpoint(dir, layout, arrays));
+    first_step = loaded.step;
+    ctx.Log(absl::StrCat("resumed from ", dir, " at step ", first_step));
+  } else if (!spec.model_path.empty()) {
+    RETURN_IF_ERROR(checkpoint::LoadHfModel(spec.model_path, layout, arrays.master));
+    ctx.Log(absl::StrCat("loaded weights from ", spec.model_path));
+  } else {
+    checkpoint::InitRandom(layout, spec.init_seed, arrays.master);
+    ctx.Log(absl::StrCat("random init (seed ", spec.init_seed, ")"));
+  }
+  // The BF16 mirror of the initial weights, in pieces over the threads (one thread converts only
+  // ~1 Gparam/s: seconds for a 4B model).
+  ParallelFor(pieces.size(), threads, [&](size_t p) {
+    const Piece& pc = pieces[p];
+    const float* w = js.master(pc.unit) + pc.offset;
+    bf16_t* mirror = js.mirror(pc.unit) + pc.offset;
+    for (int64_t i = 0; i < pc.numel; ++i) mirror[i] = FloatToBf16(w[i]);
+  });
+  for (int u = 0; u < layout.num_units(); ++u) js.version(u).Publish(static_cast<uint32_t>(first_step));
+  js.step_counter().store(first_step);
+  return first_step;
+}
+
+}  // namespace slidedp::hostd

@@ -1,0 +1,26 @@
+// The job's state before its first step: resumed from a checkpoint (master, m and v), loaded from
+// the HF model, or seeded HF-style random init; the BF16 mirror written from the master; every
+// unit's version gate published at the first step.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "common/jobspec/job_spec.h"
+#include "common/model/qwen3_config.h"
+#include "hostd/checkpoint/checkpoint.h"
+#include "hostd/core/host_core.h"
+#include "shm/job_state.h"
+
+namespace slidedp::hostd {
+
+// The checkpoint code's view of the state segment's arrays.
+checkpoint::StateArrays StateArraysOf(shm::JobState& js);
+
+// Writes the initial state and returns the first step (0, or the resumed checkpoint's step).
+// `reused_segment`: a pooled segment, whose moments must be zeroed (a fresh one is zero).
+// `threads`: for the bulk work (zeroing, conversion). Logs what it did to the job log.
+absl::StatusOr<int64_t> WriteInitialState(JobContext& ctx, const JobSpec& spec, const ModelLayout& layout,
+                                          shm::JobState& js, bool reused_segment, int threads);
+
+}  // namespace slidedp::hostd

@@ -1,0 +1,143 @@
+// PlanJob: the job's routes, staging and memory plan; see job_plan.h.
+#include "hostd/engine/job_plan.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/model/shard.h"
+#include "shm/shm_collective.h"
+
+namespace slidedp::hostd {
+
+std::vector<WorkerDevice> WorkerDevicesOf(absl::Span<const v1::WorkerHello> hellos) {
+  std::vector<WorkerDevice> out;
+  for (const v1::WorkerHello& h : hellos) out.push_back({h.device().kind() == "cpu", h.device().memory_bytes()});
+  return out;
+}
+
+v1::GradReduction JobPlan::grad_reduction() const {
+  return route == GradReduction::kGpu ? v1::GRAD_REDUCTION_GPU : v1::GRAD_REDUCTION_CPU;
+}
+
+v1::GradStaging JobPlan::grad_staging() const {
+  return clip_staging == ClipStaging::kDevice ? v1::GRAD_STAGING_DEVICE : v1::GRAD_STAGING_HOST;
+}
+
+std::string JobPlan::RoutesLine(ParamDelivery delivery) const {
+  const char* reduction =
+      route == GradReduction::kGpu
+          ? (shm_collective ? "gpu route (CPU workers: shm reduce-scatter), hostd applies each rank's shard"
+                            : "gpu route (NCCL reduce-scatter), hostd applies each rank's shard")
+          : (world > 1 ? "cpu (hostd sums the ranks' gradients)" : "single rank (no reduction)");
+  const char* clipping = "";
+  if (clip_staging == ClipStaging::kDevice) {
+    clipping = "; clipping: device staging (each rank keeps its gradient parts on its GPU until the norm is known)";
+  } else if (clip_staging == ClipStaging::kHost) {
+    clipping = "; clipping: host staging (hostd keeps the step's gradients)";
+  }
+  return absl::StrCat("gradient reduction: ", reduction, "; parameter delivery: ", ToString(delivery), clipping);
+}
+
+std::string JobPlan::MemoryLine() const {
+  return absl::StrCat(
+      "host state: ", memory.ToString(),
+      shm_collective
+          ? absl::StrFormat(" + shm collective %.2f GiB",
+                            shm::ShmCollective::SegmentBytes(world, collective_buffer_bytes) / double(1ull << 30))
+          : std::string());
+}
+
+absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
+                                absl::Span<const WorkerDevice> workers) {
+  JobPlan p;
+  p.world = static_cast<int>(workers.size());
+  const int world = p.world;
+  if (world <= 0) return absl::InvalidArgumentError("a job needs at least one worker");
+  if (spec.global_batch % (int64_t{world} * spec.micro_batch) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("train.global_batch ", spec.global_batch, " is not divisible by ",
+                                                   world, " worker(s) x train.micro_batch ", spec.micro_batch));
+  }
+  const bool clip = spec.max_grad_norm > 0;
+
+  // gpu: every rank reduce-scatters each unit's gradient and posts only its own, already summed
+  // shard (common/model/shard.h); hostd applies the shards as they come, summing nothing. One rank
+  // has nothing to reduce: it takes the cpu route.
+  const bool gpu_route = spec.grad_reduction == GradReduction::kGpu && world > 1;
+  p.route = gpu_route ? GradReduction::kGpu : GradReduction::kCpu;
+  int cpu_workers = 0;
+  for (const WorkerDevice& w : workers) cpu_workers += w.cpu_backend;
+  if (gpu_route && cpu_workers != 0 && cpu_workers != world) {
+    return absl::FailedPreconditionError(absl::StrCat("runtime.grad_reduction gpu needs workers of one backend; ",
+                                                      cpu_workers, " of ", world,
+                                                      " are CPU-backend (use grad_reduction: cpu)"));
+  }
+  // CPU-backend workers reduce-scatter through a shm collective segment hostd creates for the job.
+  p.shm_collective = gpu_route && cpu_workers == world;
+  if (p.shm_collective) {
+    for (const UnitLayout& u : layout.units) {
+      p.collective_buffer_bytes =
+          std::max<uint64_t>(p.collective_buffer_bytes, static_cast<uint64_t>(PaddedNumel(u.numel, world)) * 4);
+    }
+  }
+
+  // With the gpu route (or one rank) every posted part is final, so each rank can keep its parts
+  // on its device until backward ends, post its squared norm, then its parts in forward order;
+  // hostd applies them with the coefficient straight from the rings and stages nothing.
+  // Otherwise hostd stages the whole step's gradient (FP32, 4 bytes per parameter) in its memory.
+  // auto: device where the rank's parts take at most 40% of the smallest worker's device memory.
+  const bool parts_final = gpu_route || world == 1;
+  if (spec.grad_staging == GradStaging::kDevice && !parts_final) {
+    return absl::InvalidArgumentError(
+        "runtime.grad_staging device needs runtime.grad_reduction gpu (or one worker): "
+        "with grad_reduction cpu hostd sums the ranks' gradients, so only it knows the norm");
+  }
+  bool device_staging = false;
+  if (clip && parts_final && spec.grad_staging != GradStaging::kHost) {
+    int64_t min_device_bytes = INT64_MAX;
+    for (const WorkerDevice& w : workers) min_device_bytes = std::min<int64_t>(min_device_bytes, w.memory_bytes);
+    const int64_t part_bytes = PaddedNumel(layout.total_numel, world) / world * 4;
+    device_staging = spec.grad_staging == GradStaging::kDevice || part_bytes <= min_device_bytes / 10 * 4;
+  }
+  p.clip_staging = !clip ? ClipStaging::kNone : device_staging ? ClipStaging::kDevice : ClipStaging::kHost;
+
+  // Device staging and the gpu route: one consumer per rank applies its final parts. One rank
+  // without clipping: LayerAdam reads gradients straight from the ring slots (a slot is released
+  // when its update is done). Otherwise hostd sums the ranks' copies in rank order.
+  p.consumer = (gpu_route || device_staging) ? GradConsumerKind::kShards
+               : (!clip && world == 1)       ? GradConsumerKind::kDirect
+                                             : GradConsumerKind::kSummed;
+  // Host staging: for the clipping norm when the ranks do not bring it, or to sum the ranks' full
+  // copies (cpu route). Shard consumers apply straight from the rings, so one rank with device
+  // staging stages nothing either.
+  p.host_staging = p.clip_staging == ClipStaging::kHost || p.consumer == GradConsumerKind::kSummed;
+  p.staging_bytes = p.host_staging ? static_cast<uint64_t>(layout.total_numel) * 4 : 0;
+  p.shard_numel_of_rank.assign(world, 0);
+  for (int r = 0; r < world; ++r) {
+    for (const UnitLayout& u : layout.units)
+      p.shard_numel_of_rank[r] += gpu_route ? ShardOf(u.numel, world, r).numel : u.numel;
+  }
+
+  // ---- what admission counts ----
+  p.ring = RingConfigFor(layout, spec.ring_slots, spec.chunk_bytes);
+  p.memory = PlanJobMemory(layout, p.ring, world,
+                           p.clip_staging == ClipStaging::kHost ? ClipMode::kExactGlobalNorm : ClipMode::kNone,
+                           shm::GradDtype::kF32);
+  // The summing buffer is hostd's own memory (not shm); the cpu route with several ranks needs it
+  // even without clipping (with clipping the plan above has it).
+  if (p.host_staging && !clip) {
+    p.memory.step_staging_bytes = p.staging_bytes;
+    p.memory.total_bytes += p.staging_bytes;
+  }
+  // Each worker's offloaded layer inputs: its rows of the step, seq_len tokens each.
+  AddActivationOffload(layout, spec.offload_ratio, world, spec.global_batch / world * spec.seq_len, p.memory);
+  if (p.shm_collective) {
+    const uint64_t coll_bytes = shm::ShmCollective::SegmentBytes(world, p.collective_buffer_bytes);
+    p.memory.shm_bytes += coll_bytes;
+    p.memory.total_bytes += coll_bytes;
+  }
+  return p;
+}
+
+}  // namespace slidedp::hostd

@@ -1,0 +1,78 @@
+// JobPlan: every route, staging and ring decision of one job, made before anything is allocated.
+//
+// A pure function of the spec, the model layout and the workers' devices (PlanJob), so each
+// decision has a unit test (job_plan_test.cc) and the executor only carries it out:
+// - the gradient route: gpu (ranks reduce-scatter and post only their own, already summed shard;
+//   CPU-backend workers do it through a shm collective segment) or cpu (ranks post whole units
+//   and hostd sums them, also the only route of one rank);
+// - where gradients wait for the clipping norm: on the devices (each rank keeps its final parts,
+//   posts its squared norm first, hostd stages nothing) or in hostd's memory;
+// - which consumer takes the rings (GradConsumerKind), and whether hostd holds a staging buffer;
+// - the rings and the memory plan admission checks (hostd/admission).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/jobspec/job_spec.h"
+#include "common/model/qwen3_config.h"
+#include "hostd/admission/admission.h"
+#include "shm/grad_ring.h"
+#include "slidedp/v1/slidedp.pb.h"
+
+namespace slidedp::hostd {
+
+// What PlanJob needs to know of each rank's worker (from its hello).
+struct WorkerDevice {
+  bool cpu_backend = false;  // a CPU-backend worker (its "device memory" is host memory)
+  int64_t memory_bytes = 0;  // device memory; 0 when unknown
+};
+std::vector<WorkerDevice> WorkerDevicesOf(absl::Span<const v1::WorkerHello> hellos);
+
+// How hostd takes a step's gradients out of the rings (hostd/engine/grad_consumer.h).
+enum class GradConsumerKind {
+  kShards,  // every posted part is final (gpu route, or device staging): one consumer per rank
+  kDirect,  // one rank, no clipping: applied straight from its ring slots
+  kSummed,  // the ranks' copies of each chunk summed in rank order into staging (cpu route)
+};
+
+// Where the step's gradients wait for the global clipping norm.
+enum class ClipStaging {
+  kNone,    // no clipping: each final chunk is applied as it arrives
+  kHost,    // hostd stages the whole step (4 B/param of its memory), then applies in forward order
+  kDevice,  // each rank stages its parts on its device and posts its squared norm first
+};
+
+struct JobPlan {
+  int world = 0;
+  GradReduction route = GradReduction::kCpu;  // kGpu only with more than one rank
+  bool shm_collective = false;                // CPU workers on the gpu route
+  uint64_t collective_buffer_bytes = 0;       // the collective's per-rank buffer (largest padded unit)
+  ClipStaging clip_staging = ClipStaging::kNone;
+  GradConsumerKind consumer = GradConsumerKind::kSummed;
+  // hostd's whole-step FP32 gradient buffer (staging_bytes of its own memory): for the clipping
+  // norm with host staging, or to sum the ranks' full copies (cpu route, several ranks).
+  bool host_staging = false;
+  uint64_t staging_bytes = 0;                // total_numel x 4 where host_staging, else 0
+  std::vector<int64_t> shard_numel_of_rank;  // elements each rank posts per step
+  shm::GradRingConfig ring;
+  JobMemoryPlan memory;  // everything admission counts, collective and staging included
+
+  bool clip() const { return clip_staging != ClipStaging::kNone; }
+  v1::GradReduction grad_reduction() const;
+  v1::GradStaging grad_staging() const;
+  // What the job log says about the routes ("gradient reduction: ...; parameter delivery: ...").
+  std::string RoutesLine(ParamDelivery delivery) const;
+  // "host state: <memory plan> [+ shm collective N GiB]".
+  std::string MemoryLine() const;
+};
+
+// INVALID_ARGUMENT for a global batch that does not split over the ranks and micro-batches, or
+// grad_staging device where hostd must sum the ranks' copies; FAILED_PRECONDITION for the gpu
+// route over workers of mixed backends.
+absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers);
+
+}  // namespace slidedp::hostd

@@ -1,0 +1,85 @@
+// The step's metrics record and its JSONL line; see step_metrics.h.
+#include "hostd/engine/step_metrics.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace slidedp::hostd {
+
+StepRecord MakeStepRecord(int64_t step, const std::vector<v1::StepDone>& reports, const HostStepTimes& host,
+                          double step_s, double lr, double grad_norm, int64_t total_numel, double flops_per_token,
+                          int world, int64_t host_state_bytes) {
+  StepRecord r;
+  v1::StepMetrics& m = r.metrics;
+  m.set_step(step);
+  double loss = 0;
+  for (const v1::StepDone& d : reports) {
+    loss += d.loss_sum();
+    r.tokens += d.tokens();
+    m.set_worker_step_s(std::max(m.worker_step_s(), d.step_time_s()));
+    m.set_worker_gate_wait_s(std::max(m.worker_gate_wait_s(), d.gate_wait_s()));
+    m.set_worker_ring_wait_s(std::max(m.worker_ring_wait_s(), d.ring_wait_s()));
+    m.set_worker_h2d_s(std::max(m.worker_h2d_s(), d.h2d_busy_s()));
+    m.set_worker_d2h_s(std::max(m.worker_d2h_s(), d.d2h_busy_s()));
+    m.set_trained_tokens(d.trained_tokens());
+    m.set_gpu_peak_bytes(std::max<int64_t>(m.gpu_peak_bytes(), d.gpu_peak_bytes()));
+  }
+  m.set_host_aggregate_s(host.aggregate_s);
+  m.set_host_wait_s(host.wait_s);
+  m.set_host_update_tail_s(host.update_tail_s);
+  m.set_host_update_s(host.update_s);
+  m.set_host_update_gparams_per_s(host.update_s > 0 ? static_cast<double>(total_numel) / host.update_s / 1e9 : 0);
+  m.set_loss(loss);
+  m.set_learning_rate(lr);
+  m.set_grad_norm(grad_norm);
+  m.set_step_time_s(step_s);
+  m.set_tokens_per_s(step_s > 0 ? r.tokens / step_s : 0);
+  m.set_model_tflops(step_s > 0 ? flops_per_token * r.tokens / step_s / world / 1e12 : 0);
+  m.set_host_state_bytes(host_state_bytes);
+  return r;
+}
+
+MetricsFile::MetricsFile(const std::string& output_dir, const std::string& job_id)
+    : out_(std::filesystem::path(output_dir) / absl::StrCat("metrics-", job_id, ".jsonl"), std::ios::app) {}
+
+void MetricsFile::Append(const StepRecord& r, absl::Time now, const JobPlan& plan, const JobSpec& spec,
+                         int64_t staging_bytes_held) {
+  if (!out_) return;
+  const v1::StepMetrics& m = r.metrics;
+  const char* staging = plan.clip_staging == ClipStaging::kDevice ? "device"
+                        : plan.clip_staging == ClipStaging::kHost ? "host"
+                                                                  : "none";
+  nlohmann::json j = {{"step", m.step()},
+                      {"loss", m.loss()},
+                      {"lr", m.learning_rate()},
+                      {"grad_norm", m.grad_norm()},
+                      {"tokens", r.tokens},
+                      {"step_time_s", m.step_time_s()},
+                      {"tokens_per_s", m.tokens_per_s()},
+                      {"model_tflops", m.model_tflops()},
+                      {"time_unix_ms", absl::ToUnixMillis(now)},
+                      {"gpu_peak_bytes", m.gpu_peak_bytes()},
+                      {"busy_s",
+                       {{"worker_step", m.worker_step_s()},
+                        {"worker_gate_wait", m.worker_gate_wait_s()},
+                        {"worker_ring_wait", m.worker_ring_wait_s()},
+                        {"worker_h2d", m.worker_h2d_s()},
+                        {"worker_d2h", m.worker_d2h_s()},
+                        {"host_aggregate", m.host_aggregate_s()},
+                        {"host_wait", m.host_wait_s()},
+                        {"host_update_tail", m.host_update_tail_s()},
+                        {"host_update", m.host_update_s()}}},
+                      {"host_update_gparams_per_s", m.host_update_gparams_per_s()},
+                      {"host_state_bytes", m.host_state_bytes()},
+                      {"host_staging_bytes", staging_bytes_held},
+                      {"world_size", plan.world},
+                      {"grad_reduction", ToString(plan.route)},
+                      {"grad_staging", staging},
+                      {"param_delivery", ToString(spec.param_delivery)}};
+  out_ << j.dump() << "\n" << std::flush;
+}
+
+}  // namespace slidedp::hostd

@@ -1,0 +1,63 @@
+// StepUpdates: one step's LayerAdam updates and gate openings; see step_updates.h.
+#include "hostd/engine/step_updates.h"
+
+#include <utility>
+
+#include "absl/time/clock.h"
+
+namespace slidedp::hostd {
+
+StepUpdates::StepUpdates(update::LayerAdam& adam, absl::Span<const update::UnitMemory> memory,
+                         update::UnitTracker& tracker, const update::AdamWStepParams& params)
+    : adam_(adam), memory_(memory), tracker_(tracker), params_(params) {}
+
+StepUpdates::~StepUpdates() { (void)Drain(); }
+
+absl::Status StepUpdates::Apply(int u, int64_t offset, int64_t numel, float grad_scale, const float* grad,
+                                shm::GradRing* release_ring, uint32_t release_slot) {
+  // Registered before submission: a range outside the unit, or one already updated this step,
+  // is refused here (a worker that posted it is broken).
+  absl::StatusOr<std::function<void(absl::Status)>> unit_done = tracker_.Track(u, params_.step, offset, numel);
+  if (!unit_done.ok()) {
+    if (release_ring != nullptr) (void)release_ring->Release(release_slot);
+    return absl::InternalError(unit_done.status().message());
+  }
+  update::AdamWStepParams p = params_;
+  p.grad_scale = grad_scale;
+  {
+    absl::MutexLock l(&mu_);
+    pending_++;
+    if (first_submit_ == absl::InfiniteFuture()) first_submit_ = absl::Now();
+  }
+  absl::Status submitted =
+      adam_.SubmitChunk(memory_[u], offset, numel, grad, p,
+                        [this, release_ring, release_slot, done = std::move(*unit_done)](absl::Status s) {
+                          if (release_ring != nullptr) {
+                            absl::Status released = release_ring->Release(release_slot);
+                            if (s.ok()) s = released;
+                          }
+                          done(s);  // the unit's gate opens when this was its last range
+                          absl::MutexLock l(&mu_);
+                          if (!s.ok() && first_error_.ok()) first_error_ = s;
+                          pending_--;
+                        });
+  if (!submitted.ok()) {  // `done` will not run
+    absl::MutexLock l(&mu_);
+    pending_--;
+  }
+  return submitted;
+}
+
+absl::Status StepUpdates::Drain() {
+  absl::MutexLock l(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
+  mu_.Await(absl::Condition(&idle));
+  return first_error_;
+}
+
+absl::Time StepUpdates::first_submit() const {
+  absl::MutexLock l(&mu_);
+  return first_submit_;
+}
+
+}  // namespace slidedp::hostd

@@ -1,0 +1,54 @@
+// StepUpdates: the LayerAdam updates of one optimizer step.
+//
+// Apply() submits a range of a unit to LayerAdam; the job's UnitTracker (hostd/update) knows
+// when every element of the unit is updated and then opens its version gate (t+1), so the
+// workers' next forward can read it while later units are still being updated. A gradient read
+// straight from a ring slot releases that slot once its update is done. Drain() (also run by the
+// destructor: updates may read staging or ring memory) waits for every submitted update.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "hostd/update/adamw_kernels.h"
+#include "hostd/update/layer_adam.h"
+#include "hostd/update/unit_tracker.h"
+#include "shm/grad_ring.h"
+
+namespace slidedp::hostd {
+
+class StepUpdates {
+ public:
+  // `params.step` is the 1-based step the updates make (the gates open at version params.step).
+  StepUpdates(update::LayerAdam& adam, absl::Span<const update::UnitMemory> memory, update::UnitTracker& tracker,
+              const update::AdamWStepParams& params);
+  ~StepUpdates();
+  StepUpdates(const StepUpdates&) = delete;
+  StepUpdates& operator=(const StepUpdates&) = delete;
+
+  // Updates [offset, offset + numel) of unit u with grad_scale * grad (grad: numel floats that
+  // stay valid until the update is done). With `release_ring`, its `release_slot` is released
+  // once the update has read it.
+  absl::Status Apply(int u, int64_t offset, int64_t numel, float grad_scale, const float* grad,
+                     shm::GradRing* release_ring = nullptr, uint32_t release_slot = 0);
+  // Waits for every submitted update; the first error of any of them.
+  absl::Status Drain();
+  // When the step's first update was submitted (InfiniteFuture before any).
+  absl::Time first_submit() const;
+
+ private:
+  update::LayerAdam& adam_;
+  absl::Span<const update::UnitMemory> memory_;
+  update::UnitTracker& tracker_;
+  const update::AdamWStepParams params_;
+  mutable absl::Mutex mu_;
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  absl::Time first_submit_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+};
+
+}  // namespace slidedp::hostd

@@ -1,0 +1,154 @@
+// PlanJob's decisions: route, where clipping waits, the consumer, host staging, and what the
+// memory plan counts for each.
+#include "hostd/engine/job_plan.h"
+
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "common/model/shard.h"
+#include "gtest/gtest.h"
+#include "shm/shm_collective.h"
+
+namespace slidedp::hostd {
+namespace {
+
+ModelLayout Layout(const char* preset = "qwen3-0.6b") { return ModelLayout::Build(*Qwen3Config::Preset(preset)); }
+
+JobSpec Spec(int world, double max_norm, GradReduction route = GradReduction::kGpu) {
+  JobSpec s;
+  s.model_preset = "qwen3-0.6b";
+  s.seq_len = 1024;
+  s.global_batch = 4 * world;
+  s.micro_batch = 2;
+  s.max_grad_norm = max_norm;
+  s.grad_reduction = route;
+  return s;
+}
+
+std::vector<WorkerDevice> Gpus(int n, int64_t memory_bytes = int64_t{141} << 30) {
+  return std::vector<WorkerDevice>(n, WorkerDevice{false, memory_bytes});
+}
+
+TEST(JobPlan, OneRankWithoutClippingAppliesStraightFromTheRing) {
+  const ModelLayout layout = Layout();
+  auto p = PlanJob(Spec(1, 0), layout, Gpus(1));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->route, GradReduction::kCpu);  // one rank has nothing to reduce
+  EXPECT_EQ(p->consumer, GradConsumerKind::kDirect);
+  EXPECT_EQ(p->clip_staging, ClipStaging::kNone);
+  EXPECT_FALSE(p->host_staging);
+  EXPECT_EQ(p->staging_bytes, 0u);
+  EXPECT_EQ(p->memory.step_staging_bytes, 0u);
+  EXPECT_EQ(p->grad_reduction(), v1::GRAD_REDUCTION_CPU);
+  ASSERT_EQ(p->shard_numel_of_rank.size(), 1u);
+  int64_t numel = 0;
+  for (const UnitLayout& u : layout.units) numel += u.numel;
+  EXPECT_EQ(p->shard_numel_of_rank[0], numel);
+  EXPECT_TRUE(absl::StrContains(p->RoutesLine(ParamDelivery::kReplicated), "single rank"));
+}
+
+TEST(JobPlan, OneRankWithClippingStagesOnTheDeviceWhenItFits) {
+  const ModelLayout layout = Layout();
+  auto big = PlanJob(Spec(1, 1.0), layout, Gpus(1));
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->clip_staging, ClipStaging::kDevice);
+  EXPECT_EQ(big->consumer, GradConsumerKind::kShards);
+  EXPECT_FALSE(big->host_staging);  // one rank with device staging holds no whole-step buffer
+  EXPECT_EQ(big->memory.step_staging_bytes, 0u);
+  EXPECT_EQ(big->grad_staging(), v1::GRAD_STAGING_DEVICE);
+  EXPECT_TRUE(absl::StrContains(big->RoutesLine(ParamDelivery::kReplicated), "clipping: device staging"));
+
+  // auto: the parts must take at most 40% of the device (0.6B: 2.4 GB of FP32 gradients).
+  auto small = PlanJob(Spec(1, 1.0), layout, Gpus(1, int64_t{4} << 30));
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(small->clip_staging, ClipStaging::kHost);
+  EXPECT_EQ(small->consumer, GradConsumerKind::kSummed);
+  EXPECT_TRUE(small->host_staging);
+  EXPECT_EQ(small->staging_bytes, static_cast<uint64_t>(layout.total_numel) * 4);
+  EXPECT_EQ(small->memory.step_staging_bytes, small->staging_bytes);
+
+  JobSpec forced = Spec(1, 1.0);
+  forced.grad_staging = GradStaging::kHost;
+  EXPECT_EQ(PlanJob(forced, layout, Gpus(1))->clip_staging, ClipStaging::kHost);
+  forced.grad_staging = GradStaging::kDevice;
+  EXPECT_EQ(PlanJob(forced, layout, Gpus(1, int64_t{4} << 30))->clip_staging, ClipStaging::kDevice);
+}
+
+TEST(JobPlan, GpuRouteShardsEveryUnitOverTheRanks) {
+  const ModelLayout layout = Layout();
+  for (int world : {2, 3}) {
+    auto p = PlanJob(Spec(world, 0), layout, Gpus(world));
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->route, GradReduction::kGpu);
+    EXPECT_EQ(p->consumer, GradConsumerKind::kShards);
+    EXPECT_FALSE(p->shm_collective);  // CUDA workers: NCCL
+    EXPECT_FALSE(p->host_staging);
+    int64_t total = 0;
+    for (int r = 0; r < world; ++r) {
+      int64_t expect = 0;
+      for (const UnitLayout& u : layout.units) expect += ShardOf(u.numel, world, r).numel;
+      EXPECT_EQ(p->shard_numel_of_rank[r], expect);
+      total += p->shard_numel_of_rank[r];
+    }
+    EXPECT_EQ(total, layout.total_numel);  // the shards cover every element once
+    EXPECT_EQ(PlanJob(Spec(world, 1.0), layout, Gpus(world))->clip_staging, ClipStaging::kDevice);
+  }
+}
+
+TEST(JobPlan, CpuRouteSumsOnTheHostAndCannotStageOnTheDevice) {
+  const ModelLayout layout = Layout();
+  auto p = PlanJob(Spec(2, 0, GradReduction::kCpu), layout, Gpus(2));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->consumer, GradConsumerKind::kSummed);
+  EXPECT_TRUE(p->host_staging);  // the ranks' copies are summed there, even without clipping
+  EXPECT_EQ(p->memory.step_staging_bytes, static_cast<uint64_t>(layout.total_numel) * 4);
+  auto clipped = PlanJob(Spec(2, 1.0, GradReduction::kCpu), layout, Gpus(2));
+  ASSERT_TRUE(clipped.ok());
+  EXPECT_EQ(clipped->clip_staging, ClipStaging::kHost);  // auto: only hostd knows the norm
+  EXPECT_EQ(clipped->memory.step_staging_bytes, static_cast<uint64_t>(layout.total_numel) * 4);  // counted once
+
+  JobSpec device = Spec(2, 1.0, GradReduction::kCpu);
+  device.grad_staging = GradStaging::kDevice;
+  EXPECT_EQ(PlanJob(device, layout, Gpus(2)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(JobPlan, CpuWorkersOnTheGpuRouteGetACollectiveSegmentCountedInShm) {
+  const ModelLayout layout = Layout("tiny");
+  const std::vector<WorkerDevice> cpus(2, WorkerDevice{true, 0});
+  auto p = PlanJob(Spec(2, 0), layout, cpus);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->shm_collective);
+  uint64_t largest = 0;
+  for (const UnitLayout& u : layout.units) largest = std::max<uint64_t>(largest, PaddedNumel(u.numel, 2) * 4);
+  EXPECT_EQ(p->collective_buffer_bytes, largest);
+  auto without = PlanJob(Spec(2, 0, GradReduction::kCpu), layout, cpus);
+  ASSERT_TRUE(without.ok());
+  EXPECT_FALSE(without->shm_collective);
+  EXPECT_EQ(p->memory.shm_bytes - without->memory.shm_bytes, shm::ShmCollective::SegmentBytes(2, largest));
+  EXPECT_TRUE(absl::StrContains(p->MemoryLine(), "shm collective"));
+}
+
+TEST(JobPlan, RefusesMixedBackendsAndBatchesThatDoNotSplit) {
+  const ModelLayout layout = Layout("tiny");
+  const std::vector<WorkerDevice> mixed = {WorkerDevice{true, 0}, WorkerDevice{false, int64_t{80} << 30}};
+  EXPECT_EQ(PlanJob(Spec(2, 0), layout, mixed).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(PlanJob(Spec(2, 0, GradReduction::kCpu), layout, mixed).ok());  // hostd sums any backend
+  JobSpec odd = Spec(2, 0);
+  odd.global_batch = 6;  // not a multiple of 2 ranks x 2 rows
+  EXPECT_EQ(PlanJob(odd, layout, Gpus(2)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanJob(Spec(1, 0), layout, {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(JobPlan, OffloadedLayerInputsAreCounted) {
+  const ModelLayout layout = Layout();
+  JobSpec s = Spec(2, 0);
+  const uint64_t base = PlanJob(s, layout, Gpus(2))->memory.total_bytes;
+  s.offload_ratio = 0.5;
+  auto p = PlanJob(s, layout, Gpus(2));
+  ASSERT_TRUE(p.ok());
+  EXPECT_GT(p->memory.offload_bytes, 0u);
+  EXPECT_EQ(p->memory.total_bytes, base + p->memory.offload_bytes);
+}
+
+}  // namespace
+}  // namespace slidedp::hostd

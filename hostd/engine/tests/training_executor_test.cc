@@ -1,0 +1,418 @@
+// TrainingExecutor against scripted in-process ranks (no gRPC, no compute): each fake rank attaches
+// the job's shared-memory state and ring like a worker, waits for its gates and posts known
+// gradients, either whole (one rank) or as its own shard of the summed gradient (gpu route).
+// Checks that the gpu route applies shards to the same parameters as one rank posting the whole
+// gradient, that bad shards fail the job, the NCCL id relay and the membership key.
+#include "hostd/engine/training_executor.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/model/shard.h"
+#include "gtest/gtest.h"
+#include "shm/grad_ring.h"
+#include "shm/job_state.h"
+
+namespace slidedp::hostd {
+namespace {
+
+class FakeContext : public JobContext {
+ public:
+  FakeContext(std::string job_id, JobSpec spec, std::vector<std::shared_ptr<WorkerSession>> workers)
+      : job_id_(std::move(job_id)), spec_(std::move(spec)), workers_(std::move(workers)) {}
+  const std::string& job_id() const override { return job_id_; }
+  const JobSpec& spec() const override { return spec_; }
+  const std::string& resume_from() const override { return resume_; }
+  int attempt() const override { return 0; }
+  const std::vector<std::shared_ptr<WorkerSession>>& workers() const override { return workers_; }
+  bool cancel_requested() const override { return false; }
+  bool checkpoint_on_cancel() const override { return false; }
+  void SetState(v1::JobState) override {}
+  void SetTotalSteps(int64_t) override {}
+  void SetHostStateBytes(int64_t) override {}
+  void ReportStep(const v1::StepMetrics& m) override { norms.push_back(m.grad_norm()); }
+  void Log(const std::string& line) override { logs.push_back(line); }
+  void SetLastCheckpoint(const std::string&) override {}
+  std::vector<double> norms;
+  std::vector<std::string> logs;
+
+ private:
+  std::string job_id_, resume_;
+  JobSpec spec_;
+  std::vector<std::shared_ptr<WorkerSession>> workers_;
+};
+
+// The summed (over ranks) gradient of element i of unit u at step t.
+float Grad(int t, int u, int64_t i) { return 0.01f * std::sin(0.001f * static_cast<float>(i) + u + 0.37f * t); }
+
+struct RankResult {
+  v1::Assignment assignment;
+  std::string comm_id;  // what rank > 0 received
+  std::vector<std::vector<float>> master;  // rank 0: the final master weights
+  absl::Status status;
+};
+
+// The next command for a fake worker, acknowledging releases of kept state mappings (which a
+// real worker handles on its session thread) on the way.
+std::optional<v1::HostCommand> NextCommand(WorkerSession& w) {
+  while (true) {
+    auto c = w.commands().Pop(absl::Seconds(20));
+    if (!c || !c->has_release_host_state()) return c;
+    v1::WorkerReport ack;
+    *ack.mutable_host_state_released() = c->release_host_state();
+    w.reports().Push(ack);
+  }
+}
+
+enum class Fault { kNone, kOutsideShard, kNoSquaredNorm };
+
+// One scripted rank. On the gpu route rank r posts its shards in pieces of slot/(r+1) elements,
+// so ranks post different numbers of chunks per unit.
+void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResult* out) {
+  auto fail = [&](absl::Status s) {
+    out->status = s;
+    v1::WorkerReport rep;
+    rep.mutable_job_finished()->set_job_id(out->assignment.job_id());
+    rep.mutable_job_finished()->set_code(static_cast<int>(s.code()));
+    rep.mutable_job_finished()->set_message(std::string(s.message()));
+    w->reports().Push(rep);
+  };
+  auto cmd = NextCommand(*w);
+  if (!cmd || !cmd->has_assign()) return fail(absl::DeadlineExceededError("no assignment"));
+  const v1::Assignment a = cmd->assign();
+  out->assignment = a;
+  const int world = a.world_size();
+  if (world > 1 && rank == 0) {
+    v1::WorkerReport rep;
+    rep.mutable_comm_id()->set_job_id(a.job_id());
+    rep.mutable_comm_id()->set_attempt(a.attempt());
+    rep.mutable_comm_id()->set_membership_key(a.membership_key());
+    rep.mutable_comm_id()->set_id("unique-id-of-" + a.job_id());
+    // A stale id (another attempt) first: hostd must not forward it.
+    v1::WorkerReport stale = rep;
+    stale.mutable_comm_id()->set_attempt(a.attempt() + 7);
+    stale.mutable_comm_id()->set_id("stale");
+    w->reports().Push(stale);
+    w->reports().Push(rep);
+  }
+  if (world > 1 && rank > 0) {
+    auto c = NextCommand(*w);
+    if (!c || !c->has_comm_id()) return fail(absl::DeadlineExceededError("no comm id"));
+    out->comm_id = c->comm_id().id();
+  }
+  auto js = shm::JobState::Attach(a.state_segment(), shm::Access::kReadWrite);
+  if (!js.ok()) return fail(js.status());
+  auto ring = shm::GradRing::Attach(a.ring_segment(), shm::RingRole::kProducer, &(*js)->abort());
+  if (!ring.ok()) return fail(ring.status());
+  const bool gpu = a.grad_reduction() == v1::GRAD_REDUCTION_GPU;
+  const int units = (*js)->num_units();
+  // The cpu route needs the same chunk sequence from every rank; shards may come in any pieces.
+  const int64_t piece = static_cast<int64_t>((*ring)->config().slot_bytes / 4) / (gpu ? rank + 1 : 1);
+  // Device staging: the rank's squared norm first, then its parts in forward order.
+  const bool device_staging = a.grad_staging() == v1::GRAD_STAGING_DEVICE;
+  for (int64_t t = a.first_step(); t < a.total_steps(); ++t) {
+    for (int u = 0; u < units; ++u) {
+      absl::Status s = (*js)->version(u).WaitAtLeast(static_cast<uint32_t>(t), absl::Seconds(20), (*js)->abort());
+      if (!s.ok()) return fail(s);
+    }
+    if (device_staging && fault != Fault::kNoSquaredNorm) {
+      double squares = 0;
+      for (int u = 0; u < units; ++u) {
+        const ShardRange range = gpu ? ShardOf((*js)->unit_numel(u), world, rank) : ShardRange{0, (*js)->unit_numel(u)};
+        for (int64_t i = range.offset; i < range.offset + range.numel; ++i) {
+          const double g = Grad(static_cast<int>(t), u, i);
+          squares += g * g;
+        }
+      }
+      auto slot = (*ring)->AcquireSlot(absl::Seconds(20));
+      if (!slot.ok()) return fail(slot.status());
+      std::memcpy((*ring)->slot_data(*slot), &squares, sizeof(double));
+      shm::GradChunkDesc d;
+      d.unit = -1;
+      d.slot = *slot;
+      d.numel = 1;
+      d.step = static_cast<uint32_t>(t);
+      d.dtype = shm::GradDtype::kSumSquares;
+      if (absl::Status s = (*ring)->Post(d); !s.ok()) return fail(s);
+    }
+    for (int k = 0; k < units; ++k) {
+      const int u = device_staging ? k : units - 1 - k;  // backward order (head first) unless staged
+      const int64_t numel = (*js)->unit_numel(u);
+      ShardRange range = gpu ? ShardOf(numel, world, rank) : ShardRange{0, numel};
+      if (fault == Fault::kOutsideShard && u == units - 1) range = ShardRange{0, numel};
+      for (int64_t off = range.offset; off < range.offset + range.numel; off += piece) {
+        const int64_t n = std::min(piece, range.offset + range.numel - off);
+        auto slot = (*ring)->AcquireSlot(absl::Seconds(20));
+        if (!slot.ok()) return fail(slot.status());
+        float* dst = static_cast<float*>((*ring)->slot_data(*slot));
+        for (int64_t i = 0; i < n; ++i) dst[i] = Grad(static_cast<int>(t), u, off + i);
+        shm::GradChunkDesc d;
+        d.unit = u;
+        d.slot = *slot;
+        d.offset_numel = off;
+        d.numel = n;
+        d.step = static_cast<uint32_t>(t);
+        if (absl::Status s = (*ring)->Post(d); !s.ok()) return fail(s);
+      }
+    }
+    v1::WorkerReport rep;
+    rep.mutable_step_done()->set_job_id(a.job_id());
+    rep.mutable_step_done()->set_step(t);
+    rep.mutable_step_done()->set_loss_sum(1.0);
+    rep.mutable_step_done()->set_tokens(16);
+    w->reports().Push(rep);
+  }
+  for (int u = 0; u < units; ++u) {
+    absl::Status s = (*js)->version(u).WaitAtLeast(static_cast<uint32_t>(a.total_steps()), absl::Seconds(20), (*js)->abort());
+    if (!s.ok()) return fail(s);
+  }
+  if (rank == 0) {
+    for (int u = 0; u < units; ++u) {
+      out->master.emplace_back((*js)->master(u), (*js)->master(u) + (*js)->unit_numel(u));
+    }
+  }
+  v1::WorkerReport rep;
+  rep.mutable_job_finished()->set_job_id(a.job_id());
+  w->reports().Push(rep);
+}
+
+JobSpec TinySpec(int world, double max_norm, const std::string& route) {
+  JobSpec s;
+  s.name = "engine";
+  s.model_preset = "tiny";
+  s.init_seed = 3;
+  // (one directory per test binary, removed when it exits)
+  static const struct OutputDir {
+    std::string path = ::testing::TempDir() + "/engine-" + std::to_string(getpid());
+    ~OutputDir() { std::filesystem::remove_all(path); }
+  } output_dir;
+  s.output_dir = output_dir.path;
+  s.save_final = false;
+  s.steps = 3;
+  s.seq_len = 64;
+  s.global_batch = 4 * world;
+  s.micro_batch = 2;
+  s.lr = 1e-3;
+  s.weight_decay = 0.1;
+  s.max_grad_norm = max_norm;
+  s.chunk_bytes = 16384;  // 4096-element slots: several chunks per shard
+  s.ring_slots = 4;
+  s.step_timeout_ms = 20000;
+  s.grad_reduction = route == "gpu" ? GradReduction::kGpu : GradReduction::kCpu;
+  return s;
+}
+
+struct JobRun {
+  absl::Status status;
+  std::vector<RankResult> ranks;
+  std::vector<double> norms;
+  std::vector<std::string> logs;
+};
+
+int64_t next_serial = 1;
+
+std::vector<std::shared_ptr<WorkerSession>> Workers(int world, const std::string& kind = "cuda") {
+  std::vector<std::shared_ptr<WorkerSession>> ws;
+  for (int r = 0; r < world; ++r) {
+    v1::WorkerHello h;
+    h.set_worker_id(absl::StrCat("fake", r));
+    h.mutable_device()->set_kind(kind);  // cuda: NCCL route, no shm collective segment
+    ws.push_back(std::make_shared<WorkerSession>(h, next_serial++));
+  }
+  return ws;
+}
+
+JobRun RunJob(TrainingExecutor& ex, const std::string& job_id, const JobSpec& spec,
+              std::vector<std::shared_ptr<WorkerSession>> workers, Fault fault = Fault::kNone, int faulty_rank = -1) {
+  const int world = static_cast<int>(workers.size());
+  JobRun run;
+  run.ranks.resize(world);
+  FakeContext ctx(job_id, spec, workers);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back(FakeRank, workers[r], r, r == faulty_rank ? fault : Fault::kNone, &run.ranks[r]);
+  }
+  run.status = ex.Run(ctx);
+  for (auto& th : threads) th.join();
+  run.norms = ctx.norms;
+  run.logs = ctx.logs;
+  return run;
+}
+
+double MaxAbsDiff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0;
+  for (size_t u = 0; u < a.size() && u < b.size(); ++u) {
+    EXPECT_EQ(a[u].size(), b[u].size());
+    for (size_t i = 0; i < a[u].size() && i < b[u].size(); ++i) d = std::max(d, std::fabs(double(a[u][i]) - b[u][i]));
+  }
+  return d;
+}
+
+TrainingExecutorOptions Options() {
+  TrainingExecutorOptions o;
+  o.node_name = absl::StrCat("engtest", getpid());
+  o.update_threads = 2;
+  o.pinning = update::WorkerPinning::kNone;
+  return o;
+}
+
+bool Reused(const JobRun& run) {
+  for (const std::string& l : run.logs) {
+    if (absl::StrContains(l, "reused pooled host state")) return true;
+  }
+  return false;
+}
+
+std::vector<std::string> NodeSegments() {
+  std::vector<std::string> out;
+  const std::string prefix = absl::StrCat("slidedp.", Options().node_name, ".");
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().filename().string());
+  }
+  return out;
+}
+
+// Every job after the first reuses the pooled state segment of the one before (same model):
+// the results below, compared with a first job on a fresh segment, show it is reset completely.
+TEST(TrainingExecutor, GpuRouteShardsGiveTheSameParametersAsOneRankWithTheWholeGradient) {
+  auto ex = std::make_unique<TrainingExecutor>(Options());
+  for (double max_norm : {0.0, 0.05}) {
+    JobRun one = RunJob(*ex, absl::StrCat("one", max_norm > 0), TinySpec(1, max_norm, "gpu"), Workers(1));
+    ASSERT_TRUE(one.status.ok()) << one.status;
+    EXPECT_EQ(Reused(one), max_norm > 0);  // the very first job allocates
+    ASSERT_FALSE(one.ranks[0].master.empty());
+    EXPECT_FALSE(one.ranks[0].assignment.grad_reduction() == v1::GRAD_REDUCTION_GPU);  // one rank: the cpu route
+    EXPECT_TRUE(one.ranks[0].assignment.membership_key().empty());
+    for (int world : {2, 3}) {
+      JobRun sharded = RunJob(*ex, absl::StrCat("sharded", world, max_norm > 0), TinySpec(world, max_norm, "gpu"), Workers(world));
+      ASSERT_TRUE(sharded.status.ok()) << sharded.status;
+      EXPECT_TRUE(Reused(sharded));
+      EXPECT_EQ(sharded.ranks[0].assignment.grad_reduction(), v1::GRAD_REDUCTION_GPU);
+      EXPECT_EQ(sharded.ranks[0].assignment.param_delivery(), v1::PARAM_DELIVERY_REPLICATED);
+      EXPECT_TRUE(sharded.ranks[0].assignment.collective_segment().empty());  // CUDA workers: NCCL
+      const double d = MaxAbsDiff(sharded.ranks[0].master, one.ranks[0].master);
+      ASSERT_EQ(sharded.norms.size(), one.norms.size());
+      for (size_t i = 0; i < one.norms.size(); ++i) EXPECT_NEAR(sharded.norms[i], one.norms[i], 1e-9 * one.norms[i]);
+      if (max_norm > 0) {
+        EXPECT_GT(one.norms[0], max_norm);  // the clip coefficient is in play
+        EXPECT_LE(d, 1e-6) << "world " << world;  // only the norm's summation order differs
+      } else {
+        EXPECT_EQ(d, 0.0) << "world " << world;  // the same gradients, applied elementwise
+      }
+    }
+  }
+  // Between jobs only the pooled segment remains; the executor's end removes it.
+  EXPECT_EQ(NodeSegments(), std::vector<std::string>{absl::StrCat("slidedp.", Options().node_name, ".pool.pooled")});
+  ex.reset();
+  EXPECT_TRUE(NodeSegments().empty());
+}
+
+// Device staging (runtime.grad_staging device): ranks post their squared norms, then their parts
+// in forward order, and hostd applies them with the coefficient at once, staging nothing: the
+// same parameters as host staging, 4 bytes per parameter less host memory.
+TEST(TrainingExecutor, DeviceStagingGivesTheSameParametersAsHostStaging) {
+  TrainingExecutor ex(Options());
+  for (int world : {1, 2}) {
+    JobSpec host = TinySpec(world, 0.05, "gpu");
+    host.grad_staging = GradStaging::kHost;
+    JobSpec device = host;
+    device.grad_staging = GradStaging::kDevice;
+    JobRun h = RunJob(ex, absl::StrCat("host-staged", world), host, Workers(world));
+    JobRun d = RunJob(ex, absl::StrCat("device-staged", world), device, Workers(world));
+    ASSERT_TRUE(h.status.ok()) << h.status;
+    ASSERT_TRUE(d.status.ok()) << d.status;
+    EXPECT_EQ(h.ranks[0].assignment.grad_staging(), v1::GRAD_STAGING_HOST);
+    EXPECT_EQ(d.ranks[0].assignment.grad_staging(), v1::GRAD_STAGING_DEVICE);
+    ASSERT_EQ(d.norms.size(), h.norms.size());
+    for (size_t i = 0; i < h.norms.size(); ++i) EXPECT_NEAR(d.norms[i], h.norms[i], 1e-9 * h.norms[i]);
+    EXPECT_GT(h.norms[0], 0.05);  // the coefficient is in play
+    EXPECT_LE(MaxAbsDiff(d.ranks[0].master, h.ranks[0].master), 1e-6) << "world " << world;
+    bool logged = false;
+    for (const std::string& l : d.logs) logged |= absl::StrContains(l, "clipping: device staging");
+    EXPECT_TRUE(logged);
+  }
+  // auto: device memory reported by the workers decides (the fake ones report none: host).
+  JobRun a = RunJob(ex, "auto-staged", TinySpec(1, 0.05, "gpu"), Workers(1));
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  EXPECT_EQ(a.ranks[0].assignment.grad_staging(), v1::GRAD_STAGING_HOST);
+  auto big = Workers(1);
+  v1::WorkerHello hello = big[0]->hello();
+  hello.mutable_device()->set_memory_bytes(int64_t{80} << 30);
+  big[0] = std::make_shared<WorkerSession>(hello, next_serial++);
+  JobRun b = RunJob(ex, "auto-staged-device", TinySpec(1, 0.05, "gpu"), big);
+  ASSERT_TRUE(b.status.ok()) << b.status;
+  EXPECT_EQ(b.ranks[0].assignment.grad_staging(), v1::GRAD_STAGING_DEVICE);
+}
+
+// A rank that posts gradient parts where its squared norm must come first fails the job with
+// INTERNAL; device staging with hostd summing full copies (the cpu route) is refused up front.
+TEST(TrainingExecutor, DeviceStagingFaultsAreClearErrors) {
+  TrainingExecutor ex(Options());
+  JobSpec device = TinySpec(2, 0.05, "gpu");
+  device.grad_staging = GradStaging::kDevice;
+  JobRun bad = RunJob(ex, "no-norm", device, Workers(2), Fault::kNoSquaredNorm, 1);
+  EXPECT_EQ(bad.status.code(), absl::StatusCode::kInternal) << bad.status;
+  EXPECT_TRUE(absl::StrContains(bad.status.message(), "squared norm")) << bad.status;
+  JobSpec cpu = TinySpec(2, 0.05, "cpu");
+  cpu.grad_staging = GradStaging::kDevice;
+  FakeContext ctx("device-cpu-route", cpu, Workers(2));
+  absl::Status s = ex.Run(ctx);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "runtime.grad_staging")) << s;
+}
+
+TEST(TrainingExecutor, CpuWorkersGetAShmCollectiveSegmentThatIsRemovedWithTheJob) {
+  TrainingExecutor ex(Options());
+  JobRun run = RunJob(ex, "coll", TinySpec(2, 0, "gpu"), Workers(2, "cpu"));
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  const std::string seg = run.ranks[0].assignment.collective_segment();
+  ASSERT_FALSE(seg.empty());
+  EXPECT_EQ(run.ranks[1].assignment.collective_segment(), seg);
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm" + seg)) << seg;
+  // The cpu route needs none.
+  JobRun cpu = RunJob(ex, "coll-cpu", TinySpec(2, 0, "cpu"), Workers(2, "cpu"));
+  ASSERT_TRUE(cpu.status.ok()) << cpu.status;  // (hostd sums the ranks' whole copies)
+  EXPECT_TRUE(cpu.ranks[0].assignment.collective_segment().empty());
+  EXPECT_EQ(cpu.ranks[0].assignment.grad_reduction(), v1::GRAD_REDUCTION_CPU);
+}
+
+TEST(TrainingExecutor, CommIdIsRelayedFromRankZeroAndTheMembershipKeyFollowsSessionsAndFailures) {
+  TrainingExecutor ex(Options());
+  auto workers = Workers(3);
+  JobRun first = RunJob(ex, "relay1", TinySpec(3, 0, "gpu"), workers);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  const std::string key = first.ranks[0].assignment.membership_key();
+  EXPECT_TRUE(absl::StrContains(key, "fake0#")) << key;
+  for (int r = 1; r < 3; ++r) {
+    EXPECT_EQ(first.ranks[r].assignment.membership_key(), key);
+    EXPECT_EQ(first.ranks[r].comm_id, "unique-id-of-relay1");  // the stale id was not forwarded
+  }
+  // Same sessions, a job that succeeded before: the key stays (workers keep their communicator).
+  JobRun second = RunJob(ex, "relay2", TinySpec(3, 0, "gpu"), workers);
+  ASSERT_TRUE(second.status.ok()) << second.status;
+  EXPECT_EQ(second.ranks[0].assignment.membership_key(), key);
+  // A rank posting outside its shard fails the job quickly with the numbers...
+  JobRun bad = RunJob(ex, "relay-bad", TinySpec(3, 0, "gpu"), workers, Fault::kOutsideShard, 1);
+  EXPECT_EQ(bad.status.code(), absl::StatusCode::kInternal) << bad.status;
+  EXPECT_TRUE(absl::StrContains(bad.status.message(), "rank 1")) << bad.status;
+  // ...and the next job gets a new key (the failed job may have broken the communicators).
+  JobRun after = RunJob(ex, "relay3", TinySpec(3, 0, "gpu"), workers);
+  ASSERT_TRUE(after.status.ok()) << after.status;
+  const std::string key_after = after.ranks[0].assignment.membership_key();
+  EXPECT_NE(key_after, key);
+  // New sessions of the same workers: a new key too.
+  JobRun fresh = RunJob(ex, "relay4", TinySpec(3, 0, "gpu"), Workers(3));
+  ASSERT_TRUE(fresh.status.ok()) << fresh.status;
+  EXPECT_NE(fresh.ranks[0].assignment.membership_key(), key_after);
+}
+
+}  // namespace
+}  // namespace slidedp::hostd

@@ -1,0 +1,223 @@
+// JobState: one segment with every unit's master/Adam/mirror regions and the control block.
+#include "shm/job_state.h"
+
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "common/status/status_macros.h"
+#include "glog/logging.h"
+
+namespace slidedp::shm {
+namespace {
+
+constexpr const char* kControlRegion = "control";
+
+std::string UnitRegion(int unit, const char* what) { return absl::StrCat("u", unit, ".", what); }
+
+std::vector<RegionSpec> JobRegions(const ModelLayout& layout) {
+  std::vector<RegionSpec> regions;
+  regions.push_back(RegionSpec{kControlRegion,
+                               sizeof(JobControlBlock) + layout.units.size() * sizeof(VersionGate),
+                               ShmDtype::kBytes});
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const uint64_t n = static_cast<uint64_t>(layout.units[u].numel);
+    regions.push_back(RegionSpec{UnitRegion(u, "master"), n * 4, ShmDtype::kF32});
+    regions.push_back(RegionSpec{UnitRegion(u, "adam_m"), n * 4, ShmDtype::kF32});
+    regions.push_back(RegionSpec{UnitRegion(u, "adam_v"), n * 4, ShmDtype::kF32});
+    regions.push_back(RegionSpec{UnitRegion(u, "mirror"), n * 2, ShmDtype::kBF16});
+  }
+  return regions;
+}
+
+}  // namespace
+
+uint64_t LayoutFingerprint(const ModelLayout& layout) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over (count, kind, numel...)
+  auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(layout.units.size());
+  for (const UnitLayout& u : layout.units) {
+    mix(static_cast<uint64_t>(u.kind));
+    mix(static_cast<uint64_t>(u.numel));
+  }
+  return h;
+}
+
+uint64_t JobState::SegmentBytes(const ModelLayout& layout, uint64_t alignment) {
+  return ShmSegment::RequiredBytes(JobRegions(layout), alignment);
+}
+
+absl::StatusOr<std::unique_ptr<JobState>> JobState::Create(const std::string& node,
+                                                           const std::string& job_id,
+                                                           const ModelLayout& layout,
+                                                           const JobStateOptions& options) {
+  if (layout.units.empty()) return absl::InvalidArgumentError("JobState: model layout has no units");
+  ASSIGN_OR_RETURN(std::string name, MakeSegmentName(node, job_id, "state"));
+  ShmCreateOptions seg_opts;
+  seg_opts.alignment = options.alignment;
+  seg_opts.shm_dir = options.shm_dir;
+  seg_opts.allocation =
+      options.first_touch == FirstTouch::kAtCreate ? Allocation::kAll : Allocation::kHeaderOnly;
+  seg_opts.allocate_threads = options.prefault_threads;
+  ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg,
+                   ShmSegment::Create(name, JobRegions(layout), seg_opts));
+  return Initialize(std::move(seg), job_id, layout, options);
+}
+
+absl::StatusOr<std::unique_ptr<JobState>> JobState::Reformat(const std::string& segment_name,
+                                                             const std::string& job_id,
+                                                             const ModelLayout& layout,
+                                                             const JobStateOptions& options) {
+  if (layout.units.empty()) return absl::InvalidArgumentError("JobState: model layout has no units");
+  ShmCreateOptions seg_opts;
+  seg_opts.alignment = options.alignment;
+  seg_opts.shm_dir = options.shm_dir;
+  ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg,
+                   ShmSegment::Reformat(segment_name, JobRegions(layout), seg_opts));
+  JobStateOptions o = options;
+  o.first_touch = FirstTouch::kAtCreate;  // the pages exist: map them all now
+  return Initialize(std::move(seg), job_id, layout, o);
+}
+
+absl::StatusOr<std::unique_ptr<JobState>> JobState::Relayout(std::unique_ptr<JobState> state,
+                                                             const std::string& new_name, const std::string& job_id,
+                                                             const ModelLayout& layout, const JobStateOptions& options) {
+  if (layout.units.empty()) return absl::InvalidArgumentError("JobState: model layout has no units");
+  std::unique_ptr<ShmSegment> seg = std::move(state->segment_);
+  state.reset();
+  RETURN_IF_ERROR(seg->Relayout(new_name, JobRegions(layout), options.alignment));
+  JobStateOptions o = options;
+  o.first_touch = FirstTouch::kByOwner;  // every page is allocated and mapped here already
+  return Initialize(std::move(seg), job_id, layout, o);
+}
+
+absl::StatusOr<std::unique_ptr<JobState>> JobState::Initialize(std::unique_ptr<ShmSegment> seg,
+                                                               const std::string& job_id,
+                                                               const ModelLayout& layout,
+                                                               const JobStateOptions& options) {
+  const std::string name = seg->name();
+  std::unique_ptr<JobState> state(new JobState(std::move(seg)));
+  auto fail = [&](const absl::Status& s) {
+    state->segment_->Unlink().IgnoreError();
+    return s;
+  };
+  // The control block is written now by the creator, so allocate it regardless of first touch.
+  ASSIGN_OR_RETURN(Region control, state->segment_->FindRegion(kControlRegion));
+  if (absl::Status s = state->segment_->Allocate(control.offset, control.bytes); !s.ok()) return fail(s);
+  auto* block = new (state->segment_->data(control)) JobControlBlock();
+  block->num_units = static_cast<uint32_t>(layout.units.size());
+  block->total_numel = static_cast<uint64_t>(layout.total_numel);
+  block->layout_fingerprint = LayoutFingerprint(layout);
+  std::strncpy(block->job_id, job_id.c_str(), sizeof(block->job_id) - 1);
+  auto* gates = reinterpret_cast<VersionGate*>(static_cast<uint8_t*>(state->segment_->data(control)) +
+                                               sizeof(JobControlBlock));
+  for (size_t u = 0; u < layout.units.size(); ++u) new (&gates[u]) VersionGate();
+  if (absl::Status s = state->BindViews(); !s.ok()) return fail(s);
+  if (options.first_touch == FirstTouch::kAtCreate) {
+    if (absl::Status s = state->segment_->PrefaultAll(options.prefault_threads); !s.ok()) {
+      return fail(s);
+    }
+  }
+  LOG(INFO) << "job " << job_id << ": state segment " << name << ", " << layout.units.size()
+            << " units, " << state->bytes() << " bytes";
+  return state;
+}
+
+absl::StatusOr<std::unique_ptr<JobState>> JobState::Attach(const std::string& segment_name,
+                                                           Access access) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg, ShmSegment::Open(segment_name, access));
+  std::unique_ptr<JobState> state(new JobState(std::move(seg)));
+  RETURN_IF_ERROR(state->BindViews());
+  return state;
+}
+
+// Resolves the region table into typed pointers, checking every size against the control block.
+absl::Status JobState::Rebind() {
+  RETURN_IF_ERROR(segment_->Reload());
+  return BindViews();
+}
+
+absl::Status JobState::BindViews() {
+  const std::string& name = segment_->name();
+  ASSIGN_OR_RETURN(Region control, segment_->FindRegion(kControlRegion));
+  if (control.bytes < sizeof(JobControlBlock)) {
+    return absl::DataLossError(absl::StrCat("job segment ", name, ": control region is ",
+                                            control.bytes, " bytes, less than ",
+                                            sizeof(JobControlBlock)));
+  }
+  control_ = static_cast<JobControlBlock*>(segment_->data(control));
+  const uint64_t n = control_->num_units;
+  if (control.bytes != sizeof(JobControlBlock) + n * sizeof(VersionGate) ||
+      segment_->regions().size() != 1 + 4 * n) {
+    return absl::DataLossError(absl::StrCat("job segment ", name, ": control block says ", n,
+                                            " units but the segment has ",
+                                            segment_->regions().size(), " regions and a ",
+                                            control.bytes, "-byte control region"));
+  }
+  versions_ = reinterpret_cast<VersionGate*>(static_cast<uint8_t*>(segment_->data(control)) +
+                                             sizeof(JobControlBlock));
+  units_.assign(n, UnitView{});
+  for (uint64_t u = 0; u < n; ++u) {
+    const int ui = static_cast<int>(u);
+    ASSIGN_OR_RETURN(Region master, segment_->FindRegion(UnitRegion(ui, "master")));
+    ASSIGN_OR_RETURN(Region m, segment_->FindRegion(UnitRegion(ui, "adam_m")));
+    ASSIGN_OR_RETURN(Region v, segment_->FindRegion(UnitRegion(ui, "adam_v")));
+    ASSIGN_OR_RETURN(Region mirror, segment_->FindRegion(UnitRegion(ui, "mirror")));
+    const uint64_t numel = master.bytes / 4;
+    if (master.bytes % 4 != 0 || m.bytes != master.bytes || v.bytes != master.bytes ||
+        mirror.bytes != numel * 2 || master.dtype != ShmDtype::kF32 ||
+        mirror.dtype != ShmDtype::kBF16) {
+      return absl::DataLossError(absl::StrCat("job segment ", name, ": unit ", u,
+                                              " regions disagree (master ", master.bytes, ", m ",
+                                              m.bytes, ", v ", v.bytes, ", mirror ", mirror.bytes,
+                                              " bytes)"));
+    }
+    UnitView& view = units_[u];
+    view.numel = static_cast<int64_t>(numel);
+    view.offset = master.offset;
+    view.span_bytes = mirror.offset + mirror.bytes - master.offset;
+    view.master = static_cast<float*>(segment_->data(master));
+    view.m = static_cast<float*>(segment_->data(m));
+    view.v = static_cast<float*>(segment_->data(v));
+    view.mirror = static_cast<bf16_t*>(segment_->data(mirror));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobState::CheckMatches(const ModelLayout& layout) const {
+  if (control_->num_units != layout.units.size() ||
+      control_->layout_fingerprint != LayoutFingerprint(layout) ||
+      control_->total_numel != static_cast<uint64_t>(layout.total_numel)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job segment ", segment_->name(), " holds ", control_->num_units, " units / ",
+        control_->total_numel, " elements (fingerprint ", control_->layout_fingerprint,
+        "), but the model layout has ", layout.units.size(), " units / ", layout.total_numel,
+        " elements (fingerprint ", LayoutFingerprint(layout), ")"));
+  }
+  return absl::OkStatus();
+}
+
+bool JobState::RaiseAbort(AbortReason reason) {
+  const bool won = control_->abort.Raise(reason);
+  for (int u = 0; u < num_units(); ++u) versions_[u].WakeAll();
+  return won;
+}
+
+absl::Status JobState::PrefaultUnit(int unit) {
+  if (unit < 0 || unit >= num_units()) {
+    return absl::OutOfRangeError(absl::StrCat("PrefaultUnit(", unit, "): job has ", num_units(),
+                                              " units"));
+  }
+  const UnitView& view = units_[unit];
+  if (segment_->access() == Access::kReadWrite) {
+    RETURN_IF_ERROR(segment_->Allocate(view.offset, view.span_bytes));
+  }
+  return segment_->Prefault(view.offset, view.span_bytes);
+}
+
+}  // namespace slidedp::shm

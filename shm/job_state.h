@@ -1,0 +1,137 @@
+// The authoritative training state of one job in one shared-memory segment
+// "/slidedp.<node>.<job>.state": for every streamed unit (embedding, decoder layers, head) its FP32
+// master weights, Adam m and v, and the BF16 upload mirror, plus a control block with a version
+// gate per unit, the job-wide abort word and the step counter.
+//
+// hostd Create()s it (and later Unlink()s it when the job ends); workers Attach() by name.
+// Region names: "control", "u<i>.master", "u<i>.adam_m", "u<i>.adam_v", "u<i>.mirror", each
+// aligned to 4096 bytes; a unit's four regions are contiguous, so PrefaultUnit() touches one range.
+//
+// NUMA: pages land on the node of the thread that allocates them. With FirstTouch::kByOwner,
+// Create allocates only the header and control block; each LayerAdam owner thread then calls
+// PrefaultUnit(u) for the units it updates, before the first step.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model/qwen3_config.h"
+#include "common/numeric/bf16.h"
+#include "shm/futex.h"
+#include "shm/shm_segment.h"
+
+namespace slidedp::shm {
+
+enum class FirstTouch {
+  kAtCreate,  // Create allocates and prefaults everything (prefault_threads threads)
+  kByOwner,   // owners call PrefaultUnit(u) from their own (NUMA-pinned) threads
+};
+
+struct JobStateOptions {
+  FirstTouch first_touch = FirstTouch::kAtCreate;
+  int prefault_threads = 1;
+  uint64_t alignment = kPageBytes;
+  std::string shm_dir = "/dev/shm";
+};
+
+// Fixed part of the "control" region; num_units VersionGates follow it.
+struct alignas(64) JobControlBlock {
+  uint32_t num_units;
+  uint32_t reserved0;
+  uint64_t total_numel;
+  uint64_t layout_fingerprint;  // LayoutFingerprint() of the ModelLayout it was created for
+  char job_id[104];
+  AbortWord abort;
+  alignas(64) std::atomic<uint64_t> step;  // completed optimizer steps (written by hostd)
+  uint8_t pad[56];
+};
+static_assert(sizeof(JobControlBlock) == 256 && std::is_standard_layout_v<JobControlBlock>);
+
+// Hash of the unit count and each unit's kind and numel: a worker checks its layout matches.
+uint64_t LayoutFingerprint(const ModelLayout& layout);
+
+class JobState {
+ public:
+  static absl::StatusOr<std::unique_ptr<JobState>> Create(const std::string& node,
+                                                          const std::string& job_id,
+                                                          const ModelLayout& layout,
+                                                          const JobStateOptions& options = {});
+  // Lays a segment this process owns (a pooled one, renamed for the job) out for `layout`, which
+  // must not need more bytes than the file has: new control block (gates at version 0, no abort,
+  // step 0), pages kept and mapped. Master, Adam moments and mirror hold stale data: the caller
+  // initializes them. FAILED_PRECONDITION when the file is too small.
+  static absl::StatusOr<std::unique_ptr<JobState>> Reformat(const std::string& segment_name,
+                                                            const std::string& job_id,
+                                                            const ModelLayout& layout,
+                                                            const JobStateOptions& options = {});
+  // Reformat without remapping: `state` (a pooled segment this process keeps mapped, its file
+  // already renamed to `new_name`) is laid out for `layout` through its own mapping, whose page
+  // tables stay populated, so nothing is prefaulted again. Needs SegmentBytes(layout) equal to
+  // the segment's size (FAILED_PRECONDITION otherwise; Reformat handles a smaller layout).
+  static absl::StatusOr<std::unique_ptr<JobState>> Relayout(std::unique_ptr<JobState> state, const std::string& new_name,
+                                                            const std::string& job_id, const ModelLayout& layout,
+                                                            const JobStateOptions& options = {});
+  // Maps an existing job segment (workers: kReadWrite if they may raise the abort word).
+  static absl::StatusOr<std::unique_ptr<JobState>> Attach(const std::string& segment_name,
+                                                          Access access);
+  // Exact segment size Create() uses (admission control counts with it).
+  static uint64_t SegmentBytes(const ModelLayout& layout, uint64_t alignment = kPageBytes);
+
+  // FAILED_PRECONDITION when the segment was made for another model layout.
+  absl::Status CheckMatches(const ModelLayout& layout) const;
+  // Re-reads the segment's layout through this mapping after its owner re-laid it out in place
+  // (a worker keeping a pooled segment mapped between jobs); the views change, the mapping not.
+  absl::Status Rebind();
+
+  int num_units() const { return static_cast<int>(units_.size()); }
+  int64_t unit_numel(int unit) const { return units_[unit].numel; }
+  float* master(int unit) const { return units_[unit].master; }
+  float* m(int unit) const { return units_[unit].m; }
+  float* v(int unit) const { return units_[unit].v; }
+  bf16_t* mirror(int unit) const { return units_[unit].mirror; }
+  VersionGate& version(int unit) const { return versions_[unit]; }
+  AbortWord& abort() const { return control_->abort; }
+  std::atomic<uint64_t>& step_counter() const { return control_->step; }
+  // hostd (the creator): the process that publishes versions, for liveness checks in waits.
+  ProcessIdentity owner() const { return segment_->creator(); }
+
+  // Raises the abort word and wakes every version waiter at once (not just at its next slice).
+  bool RaiseAbort(AbortReason reason);
+  // Allocates (fallocate, from this thread's NUMA node) and maps the unit's four regions.
+  absl::Status PrefaultUnit(int unit);
+
+  const std::string& segment_name() const { return segment_->name(); }
+  uint64_t bytes() const { return segment_->bytes(); }
+  ShmSegment& segment() const { return *segment_; }
+  absl::Status Unlink() { return segment_->Unlink(); }
+
+ private:
+  struct UnitView {
+    int64_t numel = 0;
+    uint64_t offset = 0;  // of master; the unit's regions end at offset + numel * 14 (+ padding)
+    uint64_t span_bytes = 0;
+    float* master = nullptr;
+    float* m = nullptr;
+    float* v = nullptr;
+    bf16_t* mirror = nullptr;
+  };
+  explicit JobState(std::unique_ptr<ShmSegment> segment) : segment_(std::move(segment)) {}
+  // The creator's part after the segment exists: control block, gates, views, first touch.
+  static absl::StatusOr<std::unique_ptr<JobState>> Initialize(std::unique_ptr<ShmSegment> seg,
+                                                              const std::string& job_id,
+                                                              const ModelLayout& layout,
+                                                              const JobStateOptions& options);
+  absl::Status BindViews();
+
+  std::unique_ptr<ShmSegment> segment_;
+  JobControlBlock* control_ = nullptr;
+  VersionGate* versions_ = nullptr;
+  std::vector<UnitView> units_;
+};
+
+}  // namespace slidedp::shm

@@ -1,0 +1,166 @@
+// CudaActivationStore: D2H after forward, H2D one layer ahead of backward, on one copy stream
+// ordered against the compute stream by events. Device buffers are freed only after their copy
+// is known to be finished, so freeing never makes the compute stream wait.
+#include "worker/pipeline/cuda_activation_store.h"
+
+#include <cmath>
+#include <deque>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/status/status_macros.h"
+#include "worker/kernels/cuda_check.h"
+#include "worker/pipeline/cuda_copy_timer.h"
+
+namespace slidedp {
+namespace {
+
+struct PinnedBlock {
+  void* data = nullptr;
+  int64_t bytes = 0;
+};
+
+class CudaActivationStore final : public ActivationStore {
+ public:
+  CudaActivationStore(ComputeBackend* backend, int num_offloaded)
+      : backend_(backend), num_offloaded_(num_offloaded), compute_(static_cast<cudaStream_t>(backend->native_stream())) {}
+
+  ~CudaActivationStore() override {
+    if (copy_) cudaStreamSynchronize(copy_);
+    pending_free_.clear();
+    restored_.clear();
+    for (auto& [u, blocks] : host_) {
+      for (PinnedBlock& b : blocks) cudaFreeHost(b.data);
+    }
+    for (auto& [u, ev] : events_) cudaEventDestroy(ev);
+    if (copy_) cudaStreamDestroy(copy_);
+  }
+
+  absl::Status Init(int device) {
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+    return absl::OkStatus();
+  }
+
+  bool offloads(int unit) const override { return unit >= 1 && unit <= num_offloaded_; }
+
+  absl::Status Offload(int unit, std::vector<std::unique_ptr<DeviceBuffer>>& inputs) override {
+    RETURN_IF_ERROR(FreeFinished(/*all=*/false));
+    ASSIGN_OR_RETURN(cudaEvent_t ev, Event(unit));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev, compute_));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_, ev, 0));
+    std::vector<PinnedBlock>& blocks = host_[unit];
+    blocks.resize(inputs.size());
+    sizes_[unit].clear();
+    RETURN_IF_ERROR(timer_.Begin(copy_));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const int64_t bytes = inputs[i]->bytes();
+      if (blocks[i].bytes < bytes) {
+        if (blocks[i].data) cudaFreeHost(blocks[i].data);
+        blocks[i] = PinnedBlock{};
+        cudaError_t e = cudaMallocHost(&blocks[i].data, bytes);
+        if (e != cudaSuccess) {
+          cudaGetLastError();
+          return absl::ResourceExhaustedError(absl::StrCat("activation offload: pinning ", bytes, " bytes of host memory failed (",
+                                                           cudaGetErrorString(e), "); lower runtime.offload_ratio"));
+        }
+        blocks[i].bytes = bytes;
+        host_bytes_ += bytes;
+      }
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(blocks[i].data, inputs[i]->data(), bytes, cudaMemcpyDeviceToHost, copy_));
+      sizes_[unit].push_back(bytes);
+    }
+    RETURN_IF_ERROR(timer_.End(copy_));
+    cudaEvent_t done;
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, copy_));
+    pending_free_.push_back(Pending{done, std::move(inputs)});
+    inputs.clear();
+    return absl::OkStatus();
+  }
+
+  absl::Status Prefetch(int unit) override {
+    if (!offloads(unit) || restored_.count(unit)) return absl::OkStatus();
+    auto it = sizes_.find(unit);
+    if (it == sizes_.end()) return absl::InternalError(absl::StrCat("saved input of unit ", unit, " was never offloaded"));
+    std::vector<std::unique_ptr<DeviceBuffer>> bufs;
+    for (int64_t bytes : it->second) {
+      ASSIGN_OR_RETURN(auto b, backend_->Allocate(bytes));  // ordered on the compute stream
+      bufs.push_back(std::move(b));
+    }
+    ASSIGN_OR_RETURN(cudaEvent_t ev, Event(unit));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev, compute_));  // the allocations exist from here
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_, ev, 0));
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      SLIDEDP_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(bufs[i]->data(), host_[unit][i].data, it->second[i], cudaMemcpyHostToDevice, copy_));
+    }
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev, copy_));
+    restored_[unit] = std::move(bufs);
+    return absl::OkStatus();
+  }
+
+  absl::Status Restore(int unit, std::vector<std::unique_ptr<DeviceBuffer>>& inputs) override {
+    RETURN_IF_ERROR(Prefetch(unit));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, events_[unit], 0));
+    inputs = std::move(restored_[unit]);
+    restored_.erase(unit);
+    return FreeFinished(/*all=*/false);
+  }
+
+  int64_t host_bytes() const override { return host_bytes_; }
+  double copy_s() const override { return timer_.busy_s(); }
+
+ private:
+  struct Pending {
+    cudaEvent_t done;
+    std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+  };
+
+  absl::StatusOr<cudaEvent_t> Event(int unit) {
+    auto it = events_.find(unit);
+    if (it != events_.end()) return it->second;
+    cudaEvent_t ev;
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    events_[unit] = ev;
+    return ev;
+  }
+
+  // Frees device copies whose D2H has finished (all: waits for every one).
+  absl::Status FreeFinished(bool all) {
+    while (!pending_free_.empty()) {
+      Pending& p = pending_free_.front();
+      if (!all && cudaEventQuery(p.done) != cudaSuccess) break;
+      // Already complete (or all): the wait costs the compute stream nothing it would not owe.
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, p.done, 0));
+      p.buffers.clear();
+      cudaEventDestroy(p.done);
+      pending_free_.pop_front();
+    }
+    return absl::OkStatus();
+  }
+
+  ComputeBackend* backend_;
+  int num_offloaded_;
+  cudaStream_t compute_;
+  cudaStream_t copy_ = nullptr;
+  std::map<int, std::vector<PinnedBlock>> host_;
+  std::map<int, std::vector<int64_t>> sizes_;
+  std::map<int, cudaEvent_t> events_;
+  std::map<int, std::vector<std::unique_ptr<DeviceBuffer>>> restored_;
+  std::deque<Pending> pending_free_;
+  int64_t host_bytes_ = 0;
+  CudaCopyTimer timer_;  // D2H spans (offload copies)
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ActivationStore>> MakeCudaActivationStore(const ModelLayout& layout,
+                                                                         ComputeBackend* backend, double ratio,
+                                                                         int device) {
+  auto store = std::make_unique<CudaActivationStore>(backend, layout.OffloadedLayers(ratio));
+  RETURN_IF_ERROR(store->Init(device));
+  return std::unique_ptr<ActivationStore>(std::move(store));
+}
+
+}  // namespace slidedp

@@ -1,0 +1,17 @@
+// CudaActivationStore: ActivationStore over pinned host memory and its own copy stream.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "absl/status/statusor.h"
+#include "common/model/qwen3_config.h"
+#include "worker/pipeline/activation_store.h"
+
+namespace slidedp {
+
+// Offloads the first round(ratio * num_hidden_layers) decoder units (unit indices 1..k).
+absl::StatusOr<std::unique_ptr<ActivationStore>> MakeCudaActivationStore(const ModelLayout& layout,
+                                                                         ComputeBackend* backend, double ratio,
+                                                                         int device);
+
+}  // namespace slidedp
