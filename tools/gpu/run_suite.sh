@@ -60,6 +60,8 @@
 #   BENCH_MODEL      qwen3-4b | qwen3-8b (8B: no CPU-offload peer, it needs 128 GB of host memory)
 #   BENCH_TOKENS     ours' tokens per step (65536)     BENCH_PEER_TOKENS  the peers' (16384)
 #   BENCH_POLICY     ours' act_policy (auto)           BENCH_OFFLOAD  run the CPU-offload peer (4B: 1)
+#   BENCH_RUNTIME_EXTRA  more runtime keys for ours, e.g. "deterministic: true" or "embedding_rows: bf16"
+#   BENCH_MAX_GRAD_NORM  ours' clipping (1.0; 0 = none, as the peer)
 #   KBENCH_QUICK=1   bench_kernels --quick (8B at 4K only; the layer gate becomes a figure)
 set -u
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
@@ -378,13 +380,14 @@ part_bench() {
   offload=${BENCH_OFFLOAD:-$offload}
   # ours and compute-only at the bench's batch, then the peers (and ours at the peers' batch, for
   # the same-batch CPU-offload ratio) in the same WORK, so that report.py sees one run
+  local ours_env=(ACT_POLICY="$policy" RUNTIME_EXTRA="${BENCH_RUNTIME_EXTRA:-}" MAX_GRAD_NORM="${BENCH_MAX_GRAD_NORM:-1.0}")
   stage bench_ours $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir" MODEL="$model" GPUS=1 TOKENS_LIST="$tokens" \
-    WHAT="ours compute" ACT_POLICY="$policy" WORK="$w" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) \
+    WHAT="ours compute" "${ours_env[@]}" WORK="$w" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) \
     bash bench/e2e/run_bench.sh
   what=fsdp2
   [ "$offload" = 1 ] && what="ours fsdp2 fsdp2-offload"
   stage bench_peers $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir" MODEL="$model" GPUS=1 TOKENS_LIST="$peer" \
-    WHAT="$what" ACT_POLICY="$policy" WORK="$w" RESUME=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) \
+    WHAT="$what" "${ours_env[@]}" WORK="$w" RESUME=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) \
     bash bench/e2e/run_bench.sh
   local flags=()
   [ "$offload" = 1 ] && flags=(--offload)
