@@ -61,11 +61,11 @@ T0=$SECONDS
 
 log() { echo "[$(date -u +%H:%M:%S) +$((SECONDS - T0))s] $*" | tee -a "$WORK/progress.log"; }
 
-# Binaries: for BACKEND=cuda the unpacked GPU bundle (tools/gpu/lib.sh also sets $out and the
+# Binaries: for BACKEND=cuda the unpacked GPU bundle (tools/gpu/suite_lib.sh also sets $out and the
 # CUDA environment), else a local build (CPU dry runs; the bundle is left alone).
 if [ "$BACKEND" = cuda ] && { [ -e .gpu/bundle.tar.xz ] || [ -d .gpu/bin ]; }; then
   # shellcheck source=/dev/null
-  source tools/gpu/lib.sh
+  source tools/gpu/suite_lib.sh
 else
   out=${OUT:-/tmp/slidedp-e2e-out}
   mkdir -p "$out"

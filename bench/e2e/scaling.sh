@@ -13,7 +13,7 @@
 #             (host-bound) and 128K (GPU-bound) tokens per GPU
 set -u
 cd "$(dirname "$0")/../.." || exit 2
-source tools/gpu/lib.sh
+source tools/gpu/suite_lib.sh
 PARTS=${PARTS:-"copy weak8 weak14 strong14 routes"}
 n=$(nvidia-smi -L | wc -l)
 counts="1"; c=2; while [ "$c" -le "$n" ]; do counts="$counts $c"; c=$((c * 2)); done

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Packs the binaries a GPU-machine session needs into .gpu/ (git-ignored; carried by the device
-# tool): stripped executables in .gpu/bin, their non-system libraries and gpu-env.sh in .gpu/lib.
-# Usage: tools/gpu/bundle.sh [BUILD_DIR]
+# Packs what the GPU suite (tools/gpu/run_suite.sh) runs into .gpu/bundle.tar.xz (git-ignored;
+# carried by the device tool as `.gpu`): stripped executables in bin/, every GPU test binary
+# (BUILD_DIR/tests/*_gpu_test, registered in ctest with label gpu) in tests/, their non-system
+# libraries and gpu-env.sh in lib/, and .gpu/build-info.txt (the commit the bundle was built at).
+# tools/gpu/unpack.sh (called by suite_lib.sh) unpacks it on the GPU machine.
+# Usage: tools/gpu/bundle.sh [BUILD_DIR]     (default: build; build it with SLIDEDP_CUDA on, sm_90)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
 out=$root/.gpu
-rm -rf "$out/bin" "$out/lib"
-mkdir -p "$out/bin"
-bins=(slidedp slidedp-hostd slidedp-worker make_text_dataset cuda_kernel_check bench_kernels bench_layeradam
+rm -rf "${out:?}/bin" "${out:?}/lib" "${out:?}/tests"
+mkdir -p "$out/bin" "$out/tests"
+bins=(slidedp slidedp-hostd slidedp-worker make_text_dataset attn_layouts_check bench_kernels bench_layeradam
       ckpt_tool tok_bench model_grads dump_batches bench_step bench_copy)
 for b in "${bins[@]}"; do
   if [ -x "$build/bin/$b" ]; then
@@ -17,9 +20,25 @@ for b in "${bins[@]}"; do
     echo "bundle: $b not built, skipped" >&2
   fi
 done
-"$root/../shared/gpu/bundle-libs.sh" "$out/lib" "$out"/bin/*
+n_tests=0
+for t in "$build"/tests/*_gpu_test; do
+  [ -x "$t" ] || continue
+  strip -o "$out/tests/$(basename "$t")" "$t"
+  n_tests=$((n_tests + 1))
+done
+[ "$n_tests" -gt 0 ] || echo "bundle: no $build/tests/*_gpu_test built (run_suite.sh kernels will fail)" >&2
+shopt -s nullglob
+exes=("$out"/bin/* "$out"/tests/*)
+[ ${#exes[@]} -gt 0 ] || { echo "bundle: nothing built in $build" >&2; exit 1; }
+"$root/../shared/gpu/bundle-libs.sh" "$out/lib" "${exes[@]}"
+commit=$(git -C "$root" rev-parse --short HEAD 2> /dev/null || echo unknown)
+git -C "$root" diff --quiet HEAD 2> /dev/null || commit="$commit + working-tree changes"
+echo "bundle: $(date -u +%FT%TZ), commit $commit, $((${#exes[@]} - n_tests)) binaries, $n_tests GPU test binaries" |
+  tee "$out/build-info.txt"
 
 # The libraries are large (ICU alone is 31 MB); the device tool carries at most 64 MiB, so ship
 # one xz archive and unpack it there with tools/gpu/unpack.sh.
-(cd "$out" && tar -cf - bin lib | xz -6 -T2 > bundle.tar.xz && rm -rf bin lib)
+(cd "$out" && tar -cf - bin lib tests build-info.txt | xz -6 -T2 > bundle.tar.xz && rm -rf bin lib tests)
+size=$(stat -c %s "$out/bundle.tar.xz")
 ls -la "$out/bundle.tar.xz"
+[ "$size" -lt $((60 * 1024 * 1024)) ] || echo "bundle: $((size >> 20)) MiB: near the device tool's 64 MiB carry limit" >&2

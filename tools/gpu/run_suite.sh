@@ -1,0 +1,503 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317  # (the parts are called as "part_$part", which shellcheck cannot follow)
+# The GPU suite: named parts, each one device call of at most 10 minutes on one H200 (docs/gpu-suite.md).
+# Run from the repository root on the GPU machine with the bundle in .gpu/ (tools/gpu/bundle.sh):
+#
+#   tools/gpu/run_suite.sh PART [PART...]      run the parts in order (one call: mind the minutes)
+#   tools/gpu/run_suite.sh [--help|list]       this text
+#
+# Parts (minutes on 1x H200; what each gates):
+#   smoke      ~1   the tiny example on the CUDA backend: succeeds, final loss <= 3.5
+#   kernels    ~1-4 every bundled GPU test binary (.gpu/tests/*_gpu_test, gtest XML): all pass
+#   layouts    ~2   attn_layouts_check on the 1.7B fine-tune's 200 steps of document layouts: cuDNN
+#                   and the own attention agree per document on every micro-batch (tolerance 2e-2)
+#   hf         ~5-7 gpu_verify.sh (script tests, hf_train_reference self-test, hf_compare: loss rel
+#                   <= 1e-3, every gradient rel L2 <= 2e-2 or <= 1.25x HF's own FP32-vs-autocast
+#                   distance), hf_checkpoint_check selftest, tokenizer vs HF tokenizers (0 differ)
+#   graddiff   ~6   Qwen3-1.7B, one fine-tuning step's gradients on our checkpoint (grad_diff.py):
+#                   loss rel <= 1e-3, total gradient norm rel <= 2e-2 against HF autocast
+#   curves     ~6/9 loss curves, ours vs HF + torch AdamW from our pretrain's weights on the same
+#                   batches: max |dloss| <= 6e-4 over 200 fine-tuning steps (0.6B; 1.7B: CURVES_MODEL)
+#   determinism ~2  runtime.deterministic: the same job twice, bitwise equal losses and unit norms
+#   offload    ~2   bench_step at offload ratios 0, 0.5, 1: bitwise equal losses
+#   routes     ~3   Qwen3-0.6B 20 steps: host vs device gradient staging (1 GPU) and, with 2 GPUs,
+#                   every gradient route against 1 GPU: |dloss| <= 2e-4, weights rel L2 <= 1e-4
+#   bench      ~6   end-to-end, Qwen3-4B 1 GPU (BENCH_MODEL): ours / compute-only >= 0.95, ours /
+#                   FSDP2 GPU-resident >= 1.5, ours / FSDP2 CPU offload >= 4 (same 16K), host
+#                   <= 13.1 GiB per billion parameters (bench/e2e/report.py's targets)
+#   scaling    ~6   (2 GPUs) Qwen3-8B 1 -> 2 GPUs >= 1.95x; ours / FSDP2 on 2 GPUs >= 1.5
+#   host       ~4   LayerAdam / torch fused CPU AdamW >= 1.1 and >= 0.8 of copy bandwidth;
+#                   bench_copy and warm submit -> first step (figures)
+#   kbench     ~5   bench_kernels: cuDNN attention >= 400 TFLOP/s forward, >= 300 backward (causal,
+#                   >= 4K tokens); Qwen3-8B decoder layer keep-all >= 550 at 64K; torch SDPA (figures)
+#
+# Output: $OUT/summary.txt (one line per check: PASS / FAIL / INFO / SKIP, the figure and its
+# threshold), $OUT/suite.log (everything printed), $OUT/details.tar.gz (each part's logs and result
+# files, rewritten after every part). Exit status 0 when no check failed, 1 otherwise, 2 for usage.
+#
+# Knobs (environment):
+#   SUITE_DEADLINE   seconds after the start by which every stage must have ended (570: the device
+#                    tool stops a command at 600 s); stages are cut to fit, and skipped when not
+#   SUITE_WORK       scratch space (/tmp/slidedp-suite; large: models, checkpoints)
+#   DRY_RUN=1        print the commands each part would run, run nothing (works without a bundle)
+#   KERNELS_FILTER   --gtest_filter for every GPU test binary     KERNELS_CAP  per binary (300 s)
+#   KERNELS_CTEST=1  `ctest -L gpu` in KERNELS_BUILD_DIR (build) instead of the bundled binaries
+#   KERNELS_WRAP     a command to run each binary under, e.g. "compute-sanitizer --tool memcheck"
+#   LAYOUTS_PRESET   the fine-tune whose layouts are checked (qwen3-1.7b; heads from the preset)
+#   LAYOUTS_STEPS    (200)    LAYOUTS_CAP (300 s)
+#   HF_SHAPES        hf_compare's --shapes (all five)
+#   CURVES_MODEL     qwen3-0.6b (pretrain 250 steps) | qwen3-1.7b (pretrain 160, deterministic)
+#   CURVES_PRE CURVES_STEPS (200) CURVES_DET (0/1)  override the model's settings
+#   CURVES_REFS      HF references (0.6B: "bf16-autocast bf16-mirror-fp32-norms"; 1.7B:
+#                    bf16-autocast); the first is the gate, the others are INFO lines (the
+#                    reference's own spread); NAME-eager runs it with eager attention
+#   CURVES_HF_CAP    seconds per reference (220)
+#   CURVES_DEADLINE  seconds after the start by which every HF reference stops, keeping its curve
+#                    so far (SUITE_DEADLINE - 25); a reference cut short fails the 200-step gate
+#   DET_MODEL DET_STEPS  the repeatability job (qwen3-0.6b, 3 steps)
+#   OFFLOAD_MODEL    (qwen3-4b, 64K tokens, seq 4096)
+#   ROUTES_STEPS     (20)
+#   BENCH_MODEL      qwen3-4b | qwen3-8b (8B: no CPU-offload peer, it needs 128 GB of host memory)
+#   BENCH_TOKENS     ours' tokens per step (65536)     BENCH_PEER_TOKENS  the peers' (16384)
+#   BENCH_POLICY     ours' act_policy (auto)           BENCH_OFFLOAD  run the CPU-offload peer (4B: 1)
+#   BENCH_RUNTIME_EXTRA  more runtime keys for ours, e.g. "deterministic: true" or "embedding_rows: bf16"
+#   BENCH_MAX_GRAD_NORM  ours' clipping (1.0; 0 = none, as the peer)
+#   KBENCH_QUICK=1   bench_kernels --quick (8B at 4K only; the layer gate becomes a figure)
+set -u
+self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+cd "$(dirname "$self")/../.." || exit 2
+
+# Thresholds. Every gate of the suite is here, in suite_judge.py's arguments below, or (the
+# end-to-end targets of issue 4) in bench/e2e/report.py. Where a number comes from:
+readonly SMOKE_MAX_LOSS=3.5        # tiny example, 120 steps: ln 512 = 6.24 at the start, 3.16 measured (K9)
+readonly HF_LOSS_TOL=1e-3          # hf_compare.py's tolerances (docs/verification.md)
+readonly HF_GRAD_TOL=2e-2
+readonly HF_FLOOR_FACTOR=1.25      # a gradient over HF_GRAD_TOL passes within this factor of HF's own
+                                   # FP32-vs-autocast distance on the same tensor (the q/k-norm weights:
+                                   # ours 2.04e-2 / 2.38e-2 where HF FP32 is 1.82e-2 / 2.24e-2, session 4)
+readonly GRADDIFF_LOSS_TOL=1e-3    # hf_compare.py's loss tolerance, on the total of one batch
+readonly GRADDIFF_NORM_TOL=2e-2    # hf_compare.py's gradient tolerance, on the total norm
+readonly CURVES_TOL=6e-4           # issue 4: max |dloss| against HF autocast over 200 fine-tuning steps
+readonly ROUTES_LOSS_TOL=2e-4      # 20 steps at loss ~12 (9e-6 relative): the batch split and cuDNN's
+                                   # atomic dQ gave up to 1.6e-4 (sessions E, I; their scripts said 1e-4)
+readonly ROUTES_WEIGHT_TOL=1e-4    # FP32 weights after 20 steps, worst tensor (sessions E, I: 6.4e-5)
+readonly LAYERADAM_T_TORCH=1.1     # issue 2: LayerAdam >= 1.1x torch's fused CPU AdamW
+readonly LAYERADAM_T_COPY=0.8      # ... and >= 0.8 of the host's copy bandwidth (28 B/param)
+readonly KBENCH_T_FWD=400          # issue 3: attention TFLOP/s, causal, 4K+ tokens (docs/kernels.md)
+readonly KBENCH_T_BWD=300
+readonly KBENCH_T_LAYER=550        # Qwen3-8B decoder layer keep-all over 64K tokens
+
+PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench scaling host kbench"
+usage() { sed -n '3,/^set -u/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
+if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ] || [ "$1" = list ]; then usage; exit 0; fi
+for p in "$@"; do
+  case " $PARTS_ALL " in *" $p "*) ;; *) echo "run_suite: unknown part '$p' (parts: $PARTS_ALL)" >&2; exit 2 ;; esac
+done
+
+export OUT=${OUT:-/tmp/slidedp-suite-out}
+SUITE_DEADLINE=${SUITE_DEADLINE:-570}
+work=${SUITE_WORK:-/tmp/slidedp-suite}
+rm -rf "$work/out"  # (what this call returns: its own parts only)
+mkdir -p "$OUT" "$work/out"
+summary=$OUT/summary.txt
+: > "$summary"
+exec > >(tee "$OUT/suite.log") 2>&1
+# shellcheck source=tools/gpu/suite_lib.sh
+source tools/gpu/suite_lib.sh
+gpus=1
+have_smi=0
+command -v nvidia-smi > /dev/null && have_smi=1
+if ! dry && [ $have_smi = 1 ]; then gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU'); fi
+
+# result STATUS PART TEXT: one summary line.
+result() { printf '%-4s %-11s %s\n' "$1" "$2" "$3" | tee -a "$summary"; }
+# judge CHECK ARGS...: a verdict of tools/gpu/suite_judge.py for the current part (its lines go to
+# the summary; DRY_RUN prints the call).
+judge() {
+  local check=$1
+  shift
+  if dry; then
+    echo "DRY  judge $check $*"
+    return 0
+  fi
+  python3 tools/gpu/suite_judge.py "$check" --part "$part" "$@" | tee -a "$summary"
+}
+# judge_exit WHAT RC [GATE_TEXT]: PASS when the stage exited 0.
+judge_exit() {
+  dry && return 0
+  if [ "$2" = 0 ]; then result PASS "$part" "$1: exit 0 (${3:-must exit 0})"
+  else result FAIL "$part" "$1: exit $2 (${3:-must exit 0}; see details.tar.gz: $part/)"; fi
+}
+pack_details() {  # the parts' result files, small ones only (the device tool returns <= 16 MiB a file)
+  dry && return 0
+  (cd "$work/out" && find . -type f -size -4M -print0 | tar --null -czf "$OUT/details.tar.gz.tmp" -T - &&
+    mv "$OUT/details.tar.gz.tmp" "$OUT/details.tar.gz") 2> /dev/null
+}
+# new_dir DIR: an empty scratch folder.
+new_dir() { rm -rf "$1"; mkdir -p "$1"; }
+# copy_metrics GLOB FILE: our metrics JSONL (GLOB: hostd's output.dir/metrics-*.jsonl) into FILE.
+# shellcheck disable=SC2086  # (GLOB is meant to expand)
+copy_metrics() { cat $1 > "$2" 2> /dev/null || true; }
+
+# ------------------------------------------------------------------------------------------ parts
+
+part_smoke() {
+  find_cudnn
+  stage tiny_data 60 make_text_dataset --input examples/tiny/corpus.txt --output build/examples/tiny-data --repeat 4
+  rm -rf build/examples/tiny-out
+  stage tiny_cuda 150 slidedp run examples/tiny/job.yaml --backend cuda --run-dir "$part_dir/tiny-run"
+  judge tiny --log "$part_dir/tiny_cuda.log" --rc $? --max-loss "$SMOKE_MAX_LOSS" --expect-steps 120 \
+    --run-dir "$part_dir/tiny-run"
+}
+
+part_kernels() {
+  find_cudnn
+  local xml=$part_dir/xml rcs=() t name rc
+  mkdir -p "$xml"
+  if [ "${KERNELS_CTEST:-0}" = 1 ]; then
+    local b=${KERNELS_BUILD_DIR:-build}
+    stage ctest_gpu 540 ctest --test-dir "$b" -L gpu --output-on-failure --timeout "${KERNELS_CAP:-300}" \
+      --output-junit "$xml/ctest-gpu.xml"
+    judge gtest --xml-dir "$xml" --rc "ctest-gpu=$?"
+    return
+  fi
+  local wrap=()
+  read -r -a wrap <<< "${KERNELS_WRAP:-}"
+  local filter=()
+  [ -n "${KERNELS_FILTER:-}" ] && filter=("--gtest_filter=$KERNELS_FILTER")
+  dry && echo "DRY  each .gpu/tests/*_gpu_test: env SLIDEDP_SOURCE_DIR=\$PWD SLIDEDP_BUILD_DIR=\$PWD/.gpu" \
+    "${wrap[*]} BINARY --gtest_output=xml:$xml/BINARY.xml ${filter[*]}"
+  for t in .gpu/tests/*_gpu_test; do
+    [ -e "$t" ] || continue
+    name=$(basename "$t")
+    stage "$name" "${KERNELS_CAP:-300}" env SLIDEDP_SOURCE_DIR="$PWD" SLIDEDP_BUILD_DIR="$PWD/.gpu" GTEST_COLOR=no \
+      "${wrap[@]}" "$t" "--gtest_output=xml:$xml/$name.xml" "${filter[@]}"
+    rc=$?
+    rcs+=(--rc "$name=$rc")
+  done
+  judge gtest --xml-dir "$xml" "${rcs[@]}" --none-why "no .gpu/tests/*_gpu_test: rebuild the bundle with tools/gpu/bundle.sh"
+}
+
+part_layouts() {
+  find_cudnn
+  text_dataset
+  local d=$work/layouts preset=${LAYOUTS_PRESET:-qwen3-1.7b} steps=${LAYOUTS_STEPS:-200} heads
+  case $preset in
+    qwen3-0.6b|qwen3-1.7b) heads=16/8 ;; qwen3-4b|qwen3-8b) heads=32/8 ;; qwen3-14b) heads=40/8 ;;
+    *) result FAIL layouts "LAYOUTS_PRESET=$preset: no head counts known"; return ;;
+  esac
+  new_dir "$d"
+  spec_finetune "$d" "preset: $preset, init_seed: 0" "$steps" ""
+  stage layouts_batches 120 dump_batches --job "$d/ft.yaml" --out "$d/layouts.bin"
+  stage attn_layouts "${LAYOUTS_CAP:-300}" attn_layouts_check "--attn-layouts=$d/layouts.bin" "--heads=$heads" \
+    --head-dim=128 --mb-rows=4
+  # 8 rows per step in micro-batches of 4: two micro-batches a step
+  judge layouts --log "$part_dir/attn_layouts.log" --rc $? --expect $((steps * 2))
+}
+
+part_hf() {
+  find_cudnn
+  local shapes=()
+  [ -n "${HF_SHAPES:-}" ] && shapes=(--shapes "$HF_SHAPES")
+  # gpu_verify.sh: verify_py_test, hf_train_reference --selftest, hf_compare (logs into $part_dir)
+  if [ ${#shapes[@]} -eq 0 ]; then
+    stage gpu_verify 420 env OUT="$part_dir" bash tools/verify/gpu_verify.sh .gpu
+  else  # only the comparison, on the shapes asked for
+    stage hf_compare 420 python3 tools/verify/hf_compare.py --bin .gpu/bin/model_grads --work-dir "$work/hfc" \
+      --results "$part_dir/hf_compare.jsonl" --backends cuda,cpu --run-timeout 90 "${shapes[@]}"
+  fi
+  [ ${#shapes[@]} -eq 0 ] && judge stages --dir "$part_dir" --names verify_py_test,hf_train_selftest
+  judge hf-compare --results "$part_dir/hf_compare.jsonl" --loss-tol "$HF_LOSS_TOL" --grad-tol "$HF_GRAD_TOL" \
+    --floor-factor "$HF_FLOOR_FACTOR"
+  stage ckpt_hf 120 python3 tools/hf_checkpoint_check.py selftest --ckpt-tool .gpu/bin/ckpt_tool
+  judge_exit "hf_checkpoint_check selftest (our checkpoints load in HF bit-exactly and back)" $? \
+    "must exit 0: every tensor equal"
+  stage tokenizer_vs_hf 180 python3 tools/tokenizer/compare_and_bench.py --tok-bench .gpu/bin/tok_bench \
+    --tokenizer tests/data/tokenizer/qwen3/tokenizer.json --build-corpus "" --fuzz-docs 20000 --fuzz-seed 7 \
+    --threads "$(nproc)" --repeat 1 --corpus "$work/tok_fuzz.jsonl" --mismatches "$part_dir/tok_mismatches.jsonl" \
+    --report "$part_dir/tok_report.json"
+  judge tokenizer --report "$part_dir/tok_report.json" --rc $?
+}
+
+part_graddiff() {
+  find_cudnn
+  text_dataset
+  local d=$work/graddiff
+  new_dir "$d"
+  spec_short_pretrain "$d" qwen3-1.7b 150
+  # One fine-tuning step saving its FP32 checkpoint, then step 1's batch (0-based) from the same
+  # sampler: the gradients of fine-tune step 2 on the weights after step 1 (sessions 4-6).
+  spec_finetune "$d" "path: $d/pre/checkpoint-150" 1 "" "save_every: 1, save_dtype: fp32, keep_last: 1"
+  stage gd_pretrain 240 slidedp run "$d/pre.yaml" --backend cuda --run-dir "$d/run-pre"
+  rm -f "$d/pre/checkpoint-150/optimizer.safetensors"  # disk: the fine-tune reads the weights only
+  stage gd_finetune 150 slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft"
+  rm -f "$d"/ft/checkpoint-*/optimizer.safetensors
+  stage gd_batches 60 dump_batches --job "$d/ft.yaml" --steps 2 --out "$d/batches.bin"
+  stage grad_diff 330 python3 tools/verify/grad_diff.py --bin "$(command -v model_grads || echo model_grads)" \
+    --model "$d/ft/checkpoint-1" --batches "$d/batches.bin" --step 1 --top 20
+  judge graddiff --log "$part_dir/grad_diff.log" --rc $? --loss-tol "$GRADDIFF_LOSS_TOL" \
+    --norm-tol "$GRADDIFF_NORM_TOL" --what "Qwen3-1.7B fine-tune step 2, ours vs HF autocast on our weights"
+  dry || rm -rf "$d"  # ~35 GB of checkpoints
+}
+
+part_curves() {
+  find_cudnn
+  text_dataset
+  local model=${CURVES_MODEL:-qwen3-0.6b} pre det refs
+  case $model in
+    qwen3-0.6b) pre=250 det=0 refs="bf16-autocast bf16-mirror-fp32-norms" ;;  # session 5: 3.5e-4
+    qwen3-1.7b) pre=160 det=1 refs="bf16-autocast" ;;  # session 8: 4.5e-4 on the deterministic pretrain
+    *) pre=160 det=0 refs="bf16-autocast" ;;
+  esac
+  pre=${CURVES_PRE:-$pre} det=${CURVES_DET:-$det} refs=${CURVES_REFS:-$refs}
+  local steps=${CURVES_STEPS:-200} deadline=${CURVES_DEADLINE:-$((SUITE_DEADLINE - 25))}
+  local d=$work/curves-$model extra=""
+  [ "$det" = 1 ] && extra=", deterministic: true"
+  new_dir "$d"
+  spec_stable_pretrain "$d" "$model" "$pre" "$extra"
+  local src=$d/pre/checkpoint-$pre
+  spec_finetune "$d" "path: $src" "$steps" "$extra"
+  stage curves_pretrain 330 slidedp run "$d/pre.yaml" --backend cuda --run-dir "$d/run-pre"
+  copy_metrics "$d/pre/metrics-*.jsonl" "$part_dir/pretrain.jsonl"
+  rm -f "$src/optimizer.safetensors"
+  stage curves_ours 300 slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft"
+  copy_metrics "$d/ft/metrics-*.jsonl" "$part_dir/ours.jsonl"
+  stage curves_batches 60 dump_batches --job "$d/ft.yaml" --out "$d/batches.bin"
+  local ref prec attn cap left
+  for ref in $refs; do
+    prec=${ref%-eager} attn=sdpa
+    [ "$prec" != "$ref" ] && attn=eager
+    cap=${CURVES_HF_CAP:-220} left=$((deadline - SECONDS))
+    [ "$left" -lt "$cap" ] && cap=$left
+    if [ "$cap" -lt 30 ] && ! dry; then
+      echo "--- HF $ref: not started, ${left} s left before CURVES_DEADLINE"
+      continue
+    fi
+    stage "hf_$ref" "$cap" python3 tools/verify/hf_train_reference.py --batches "$d/batches.bin" --model "$src" \
+      --precision "$prec" --attn "$attn" --out "$part_dir/hf-$ref.json"
+  done
+  local first=${refs%% *} size=${model#qwen3-}
+  local what="Qwen3-${size^^} $steps steps, pretrain $pre"
+  [ "$det" = 1 ] && what="$what (deterministic)"
+  dry || python3 tools/verify/compare_curves.py "$part_dir/ours.jsonl" "$part_dir/hf-$first.json" --tol "$CURVES_TOL" \
+    --json "$part_dir/cmp-ours-$first.json" > "$part_dir/cmp-ours-$first.log" 2>&1
+  judge curve --json "$part_dir/cmp-ours-$first.json" --expect-steps "$steps" --what "ours vs HF $first, $what"
+  for ref in $refs; do
+    [ "$ref" = "$first" ] && continue
+    if ! dry; then
+      python3 tools/verify/compare_curves.py "$part_dir/ours.jsonl" "$part_dir/hf-$ref.json" --tol "$CURVES_TOL" \
+        --json "$part_dir/cmp-ours-$ref.json" > "$part_dir/cmp-ours-$ref.log" 2>&1
+      python3 tools/verify/compare_curves.py "$part_dir/hf-$ref.json" "$part_dir/hf-$first.json" --tol "$CURVES_TOL" \
+        --json "$part_dir/cmp-$ref-$first.json" > "$part_dir/cmp-$ref-$first.log" 2>&1
+    fi
+    judge curve --info --json "$part_dir/cmp-ours-$ref.json" --expect-steps "$steps" --what "ours vs HF $ref"
+    judge curve --info --json "$part_dir/cmp-$ref-$first.json" --expect-steps "$steps" \
+      --what "HF $ref vs HF $first (the reference's own spread)"
+  done
+  dry || rm -rf "$d/pre" "$d/batches.bin"
+}
+
+part_determinism() {
+  find_cudnn
+  text_dataset
+  local model=${DET_MODEL:-qwen3-0.6b} steps=${DET_STEPS:-3} d=$work/determinism run
+  new_dir "$d"
+  for run in a b; do
+    spec_short_job "$d/$run.yaml" "$model" "$steps" "$d/out-$run" ", deterministic: true"
+    stage "det_$run" 240 env SLIDEDP_LOG_UNIT_NORMS=1 slidedp run "$d/$run.yaml" --backend cuda --run-dir "$d/run-$run"
+    copy_metrics "$d/out-$run/metrics-*.jsonl" "$part_dir/det-$run.jsonl"
+    dry || unit_lines "$d/run-$run" > "$part_dir/det-$run-units.txt"
+  done
+  dry || python3 tools/verify/compare_curves.py "$part_dir/det-a.jsonl" "$part_dir/det-b.jsonl" --tol 0 --bitwise \
+    --first-units "$part_dir/det-a-units.txt" --second-units "$part_dir/det-b-units.txt" \
+    --json "$part_dir/cmp-det.json" > "$part_dir/cmp-det.log" 2>&1
+  judge bitwise --json "$part_dir/cmp-det.json" --expect-steps "$steps" --units-a "$part_dir/det-a-units.txt" \
+    --units-b "$part_dir/det-b-units.txt" --what "$model, runtime.deterministic, run twice"
+  # the same job without the switch once: its step times beside the deterministic ones (figures)
+  spec_short_job "$d/c.yaml" "$model" "$steps" "$d/out-c" ""
+  stage det_default 240 slidedp run "$d/c.yaml" --backend cuda --run-dir "$d/run-c"
+  copy_metrics "$d/out-c/metrics-*.jsonl" "$part_dir/default.jsonl"
+  dry || result INFO determinism "$model step s, deterministic / default: $(python3 -c '
+import json, sys
+t = lambda p: [round(json.loads(l)["step_time_s"], 3) for l in open(p) if l.strip()]
+print(t(sys.argv[1]), "/", t(sys.argv[2]))' "$part_dir/det-a.jsonl" "$part_dir/default.jsonl" 2>&1 | tail -n 1)"
+}
+
+part_offload() {
+  find_cudnn
+  local model=${OFFLOAD_MODEL:-qwen3-4b} r logs=()
+  for r in 0 0.5 1; do
+    stage "offload_$r" 150 bench_step --model "$model" --seq 4096 --tokens 65536 --micro-batch-rows 4 --steps 3 \
+      --offload-ratio "$r" --gpu 0
+    logs+=("$part_dir/offload_$r.log")
+  done
+  judge offload --logs "${logs[@]}"
+}
+
+part_routes() {
+  find_cudnn
+  local steps=${ROUTES_STEPS:-20} d=$work/routes name g extra
+  new_dir "$d"
+  stage routes_data 60 python3 bench/e2e/make_dataset.py --out "$d/data" --rows $((8 * steps)) --seq-len 1024 --vocab 151936
+  # NAME GPUS RUNTIME_EXTRA; the first is the reference
+  local runs=("g1-host 1 , grad_staging: host" "g1-device 1 , grad_staging: device")
+  if [ "$gpus" -ge 2 ]; then
+    runs+=("g2-gpu 2 , grad_reduction: gpu" "g2-gpu-host 2 , grad_reduction: gpu, grad_staging: host"
+           "g2-sharded 2 , grad_reduction: gpu, param_delivery: sharded" "g2-cpu 2 , grad_reduction: cpu")
+  else
+    result SKIP routes "the 2-GPU routes (gpu, gpu + host staging, sharded delivery, cpu): $gpus GPU visible"
+  fi
+  local spec
+  for spec in "${runs[@]}"; do
+    read -r name g extra <<< "$spec"
+    mkdir -p "$d/$name"
+    spec_eq "$d/$name" "$d/data" "$g" "$steps" "$extra"
+    stage "routes_$name" 150 env CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((g - 1)))" \
+      slidedp run "$d/$name/job.yaml" --backend cuda --run-dir "$d/$name/run"
+    copy_metrics "$d/$name/out/metrics-*.jsonl" "$part_dir/$name.jsonl"
+    rm -f "$d/$name"/out/checkpoint-*/optimizer.safetensors  # disk; compare_params reads the weights
+  done
+  local ref=g1-host
+  for spec in "${runs[@]:1}"; do
+    read -r name _ <<< "$spec"
+    if ! dry; then
+      python3 tools/verify/compare_curves.py "$part_dir/$ref.jsonl" "$part_dir/$name.jsonl" --tol "$ROUTES_LOSS_TOL" \
+        --json "$part_dir/cmp-$name.json" > "$part_dir/cmp-$name.log" 2>&1
+      python3 tools/verify/compare_params.py "$d/$name/out/checkpoint-$steps" "$d/$ref/out/checkpoint-$steps" \
+        --tol-rel "$ROUTES_WEIGHT_TOL" --json "$part_dir/params-$name.json" > "$part_dir/params-$name.log" 2>&1
+    fi
+    judge curve --json "$part_dir/cmp-$name.json" --expect-steps "$steps" --what "$name vs $ref, loss, $steps steps"
+    judge params --json "$part_dir/params-$name.json" --tol "$ROUTES_WEIGHT_TOL" --what "$name vs $ref, FP32 weights"
+  done
+  dry || rm -rf "$d"
+}
+
+part_bench() {
+  find_cudnn
+  local model=${BENCH_MODEL:-qwen3-4b} tokens=${BENCH_TOKENS:-65536} peer=${BENCH_PEER_TOKENS:-16384}
+  local policy=${BENCH_POLICY:-auto} offload=0 w=$work/bench what
+  [ "$model" = qwen3-4b ] && offload=1
+  offload=${BENCH_OFFLOAD:-$offload}
+  # ours and compute-only at the bench's batch, then the peers (and ours at the peers' batch, for
+  # the same-batch CPU-offload ratio) in the same WORK, so that report.py sees one run
+  local ours_env=(ACT_POLICY="$policy" RUNTIME_EXTRA="${BENCH_RUNTIME_EXTRA:-}" MAX_GRAD_NORM="${BENCH_MAX_GRAD_NORM:-1.0}")
+  stage bench_ours $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir" MODEL="$model" GPUS=1 TOKENS_LIST="$tokens" \
+    WHAT="ours compute" "${ours_env[@]}" WORK="$w" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) \
+    bash bench/e2e/run_bench.sh
+  what=fsdp2
+  [ "$offload" = 1 ] && what="ours fsdp2 fsdp2-offload"
+  stage bench_peers $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir" MODEL="$model" GPUS=1 TOKENS_LIST="$peer" \
+    WHAT="$what" "${ours_env[@]}" WORK="$w" RESUME=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) \
+    bash bench/e2e/run_bench.sh
+  local flags=()
+  [ "$offload" = 1 ] && flags=(--offload)
+  judge bench --results "$part_dir/bench-results.json" --model "$model" --tokens "$tokens" --peer-tokens "$peer" \
+    "${flags[@]}"
+}
+
+part_scaling() {
+  if [ "$gpus" -lt 2 ]; then
+    result SKIP scaling "needs 2 GPUs (nvidia-h200-x2), $gpus visible"
+    return
+  fi
+  find_cudnn
+  local model=${SCALING_MODEL:-qwen3-8b} w=$work/scaling
+  stage scaling_ours $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir" MODEL="$model" GPUS="1 2" TOKENS_LIST=65536 \
+    WHAT=ours ACT_POLICY=auto WORK="$w" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 160)) bash bench/e2e/run_bench.sh
+  stage scaling_fsdp2 $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir" MODEL="$model" GPUS=2 TOKENS_LIST=16384 \
+    WHAT=fsdp2 WORK="$w" RESUME=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
+  judge scaling --results "$part_dir/bench-results.json" --model "$model" --tokens 65536 --peer-tokens 16384
+}
+
+part_host() {
+  find_cudnn
+  stage layeradam 180 python3 bench/layeradam/torch_cpu_adamw.py --params 268435456 --threads "$(nproc)" \
+    --bench "$(command -v bench_layeradam || echo bench_layeradam)"
+  judge layeradam --log "$part_dir/layeradam.log" --t-torch "$LAYERADAM_T_TORCH" --t-copy "$LAYERADAM_T_COPY"
+  stage bench_copy 120 bench_copy --seconds 2 --mib 256 --adam-params 268435456
+  judge copy --log "$part_dir/bench_copy.log"
+  # A node service (hostd + one CUDA worker) and two Qwen3-4B jobs back to back: submit -> first
+  # step cold, then warm (the pooled state segment re-laid out in place).
+  local d=$work/warm id
+  new_dir "$d"
+  stage warm_data 60 python3 bench/e2e/make_dataset.py --out "$d/data" --rows 64 --seq-len 4096 --vocab 151936
+  for id in cold warm; do
+    cat > "$d/$id.yaml" <<YAML
+name: $id
+model: {preset: qwen3-4b, init_seed: 0}
+data: {path: $d/data}
+output: {dir: $d/out-$id, save_final: false}
+train: {seq_len: 4096, global_batch: 4, micro_batch: 4, steps: 3, max_grad_norm: 1.0}
+runtime: {workers: 1}
+YAML
+  done
+  if dry; then
+    echo "DRY  warm: slidedp-hostd --listen unix:$d/hostd.sock --state-dir $d/state &; slidedp-worker --hostd unix:$d/hostd.sock --gpu 0 &"
+    echo "DRY  warm: slidedp submit $d/cold.yaml --id cold; slidedp status cold; the same for warm"
+    return
+  fi
+  slidedp-hostd --listen "unix:$d/hostd.sock" --state-dir "$d/state" > "$part_dir/warm-hostd.log" 2>&1 &
+  local hostd_pid=$!
+  sleep 2
+  CUDA_VISIBLE_DEVICES=0 slidedp-worker --hostd "unix:$d/hostd.sock" --gpu 0 > "$part_dir/warm-worker.log" 2>&1 &
+  local worker_pid=$!
+  export SLIDEDP_HOSTD=unix:$d/hostd.sock
+  for _ in $(seq 1 60); do slidedp workers 2> /dev/null | grep -q gpu0 && break; sleep 1; done
+  for id in cold warm; do
+    stage "warm_submit_$id" 240 slidedp submit "$d/$id.yaml" --id "$id"
+    timeout 20 slidedp status "$id" > "$part_dir/warm-status-$id.txt" 2>&1
+  done
+  kill "$worker_pid" "$hostd_pid" 2> /dev/null
+  wait "$worker_pid" "$hostd_pid" 2> /dev/null
+  unset SLIDEDP_HOSTD
+  judge warm --cold "$part_dir/warm-status-cold.txt" --warm "$part_dir/warm-status-warm.txt" \
+    --what "Qwen3-4B on a node service (44.4 / 16.2 s in session 3)"
+  rm -rf "$d"
+}
+
+part_kbench() {
+  find_cudnn
+  local quick=()
+  [ "${KBENCH_QUICK:-0}" = 1 ] && quick=(--quick)
+  stage bench_kernels 300 bench_kernels "${quick[@]}"
+  judge kbench --log "$part_dir/bench_kernels.log" --rc $? --t-fwd "$KBENCH_T_FWD" --t-bwd "$KBENCH_T_BWD" \
+    --t-layer "$KBENCH_T_LAYER"
+  stage torch_sdpa 200 python3 bench/kernels/torch_sdpa.py "${quick[@]}"
+  judge sdpa --log "$part_dir/torch_sdpa.log"
+}
+
+# -------------------------------------------------------------------------------------------- run
+
+{
+  echo "=== run_suite $* at $(date -u +%FT%TZ); SUITE_DEADLINE=$SUITE_DEADLINE s$(dry && echo ', DRY_RUN')"
+  cat .gpu/build-info.txt 2> /dev/null || echo "bundle: no .gpu/build-info.txt"
+  if ! dry; then
+    [ $have_smi = 1 ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sort | uniq -c
+    echo "host: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, /tmp $(df -h /tmp | awk 'NR == 2 {print $4}') free"
+    python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 | tail -n 1
+  fi
+} | tee "$OUT/env.txt"
+for part in "$@"; do
+  part_dir=$work/out/$part
+  new_dir "$part_dir"
+  t0=$SECONDS
+  echo "=== part $part (at ${t0} s)"
+  "part_$part"
+  echo "=== part $part done after $((SECONDS - t0)) s"
+  pack_details
+done
+
+# the verdict per part: FAIL if any of its checks failed
+echo "=== summary ($summary)"
+cat "$summary" 2> /dev/null
+status=0
+for part in "$@"; do
+  n_fail=$(grep -c "^FAIL $part " "$summary" 2> /dev/null)
+  n_pass=$(grep -c "^PASS $part " "$summary" 2> /dev/null)
+  if [ "${n_fail:-0}" -gt 0 ]; then verdict="FAIL ($n_fail of $((n_fail + n_pass)) checks)"; status=1
+  elif [ "${n_pass:-0}" -gt 0 ]; then verdict="PASS ($n_pass checks)"
+  elif dry; then verdict="DRY RUN"
+  else verdict="no check ran"; fi
+  echo "run_suite: $part $verdict" | tee -a "$summary"
+done
+exit $status

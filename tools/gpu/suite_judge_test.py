@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""Tests of tools/gpu/suite_judge.py on hand-written outputs of the tools it reads (no GPU, no
+torch): each check passes on a good result, fails on a bad or missing one, and prints its
+threshold. Run: python3 tools/gpu/suite_judge_test.py
+"""
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import suite_judge  # noqa: E402
+
+
+def run(*argv):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = suite_judge.main([str(a) for a in argv])
+    return rc, buf.getvalue()
+
+
+class JudgeTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.d = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def write(self, name, text):
+        path = os.path.join(self.d, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text if isinstance(text, str) else json.dumps(text))
+        return path
+
+    def test_tiny(self):
+        log = self.write("tiny.log", "[###] step 120/120\nsummary: SUCCEEDED after 120 step(s) in 1.0 s, "
+                                     "final loss 3.1633, 90000 tokens/s\n")
+        self.write("run/worker-0.log", "I CUDA backend on GPU 0: FP32 residual stream, attention cudnn 91900\n")
+        rc, out = run("tiny", "--part", "smoke", "--log", log, "--rc", 0, "--max-loss", 3.5, "--expect-steps", 120,
+                      "--run-dir", os.path.join(self.d, "run"))
+        self.assertEqual(rc, 0, out)
+        self.assertIn("PASS smoke", out)
+        self.assertIn("3.1633", out)
+        self.assertIn("<= 3.5", out)
+        self.assertIn("attention cudnn", out)
+        rc, out = run("tiny", "--part", "smoke", "--log", log, "--rc", 1, "--max-loss", 3.5, "--expect-steps", 120,
+                      "--run-dir", self.d)
+        self.assertEqual(rc, 1)
+        high = self.write("high.log", "summary: SUCCEEDED after 120 step(s) in 1.0 s, final loss 4.2, 1 tokens/s\n")
+        rc, out = run("tiny", "--part", "smoke", "--log", high, "--rc", 0, "--max-loss", 3.5, "--expect-steps", 120,
+                      "--run-dir", self.d)
+        self.assertEqual(rc, 1, out)
+
+    def test_gtest(self):
+        ok = self.write("xml/a_gpu_test.xml", '<testsuites><testsuite name="A" tests="2">'
+                        '<testcase classname="A" name="x"/><testcase classname="A" name="y"/></testsuite></testsuites>')
+        self.write("xml/b_gpu_test.xml", '<testsuites><testsuite name="B"><testcase classname="B" name="z">'
+                   '<failure message="boom"/></testcase><testcase classname="B" name="s"><skipped/></testcase>'
+                   '</testsuite></testsuites>')
+        xml = os.path.dirname(ok)
+        rc, out = run("gtest", "--part", "kernels", "--xml-dir", xml, "--rc", "a_gpu_test=0")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("1 binaries, 2 tests, 0 failed", out)
+        rc, out = run("gtest", "--part", "kernels", "--xml-dir", xml, "--rc", "a_gpu_test=0", "--rc", "b_gpu_test=1")
+        self.assertEqual(rc, 1)
+        self.assertIn("B.z", out)
+        self.assertIn("1 skipped", out)
+        rc, out = run("gtest", "--part", "kernels", "--xml-dir", xml, "--rc", "c_gpu_test=0")  # no XML
+        self.assertEqual(rc, 1)
+        rc, out = run("gtest", "--part", "kernels", "--xml-dir", xml)  # no binary at all
+        self.assertEqual(rc, 1)
+        self.assertIn("none found", out)
+
+    def test_layouts(self):
+        good = ("attention layouts: 400 micro-batches, 1661 document pieces\n"
+                "PASS  attention layouts: 0 of 400 micro-batches differ beyond 2.0e-02 in some document (up to 6 "
+                "documents, 1 one-token pieces)\nINFO  attention layouts: worst cuDNN vs own O 7.700e-04 at step 3\n"
+                "ALL PASS: 0 failure(s)\n")
+        rc, out = run("layouts", "--part", "layouts", "--log", self.write("l.log", good), "--rc", 0, "--expect", 400)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("0 of 400", out)
+        self.assertIn("2.0e-02", out)
+        rc, out = run("layouts", "--part", "layouts", "--log", self.write("l.log", good), "--rc", 0, "--expect", 398)
+        self.assertEqual(rc, 1)
+        bad = good.replace("PASS  attention layouts: 0", "FAIL  attention layouts: 1")
+        rc, out = run("layouts", "--part", "layouts", "--log", self.write("b.log", bad), "--rc", 1, "--expect", 400)
+        self.assertEqual(rc, 1)
+
+    def test_stages(self):
+        self.write("verify_py_test.log", "=== verify_py_test: python3 ...\nOK\n=== verify_py_test: exit 0 after 3 s\n")
+        self.write("hf_train_selftest.log", "=== hf_train_selftest: exit 1 after 9 s\n")
+        rc, out = run("stages", "--part", "hf", "--dir", self.d, "--names", "verify_py_test,hf_train_selftest")
+        self.assertEqual(rc, 1)
+        self.assertIn("PASS hf          verify_py_test: exit 0", out)
+        self.assertIn("FAIL hf          hf_train_selftest: exit 1", out)
+
+    def test_hf_compare(self):
+        rec = {"shape": "tiny", "backend": "cuda", "grouping": "single", "policy": "keep-all", "loss_rel": 9e-6,
+               "grad_rel": {"model.layers.3.self_attn.k_norm.weight": 2.04e-2, "model.embed_tokens.weight": 5e-3},
+               "floor_rel": {"model.layers.3.self_attn.k_norm.weight": 1.82e-2, "model.embed_tokens.weight": 4e-3},
+               "problems": [], "pass": False}
+        ok = dict(rec, grad_rel={"model.embed_tokens.weight": 5e-3}, **{"pass": True})
+        path = self.write("hf.jsonl", json.dumps(rec) + "\n" + json.dumps(ok) + "\n")
+        rc, out = run("hf-compare", "--part", "hf", "--results", path, "--loss-tol", 1e-3, "--grad-tol", 2e-2,
+                      "--floor-factor", 1.25)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("2/2 runs pass", out)
+        self.assertIn("strict", out)
+        self.assertIn("1/2", out)
+        far = dict(rec, grad_rel={"model.layers.3.self_attn.k_norm.weight": 2.5e-2})  # 1.37x the floor
+        path = self.write("hf2.jsonl", json.dumps(far) + "\n")
+        rc, out = run("hf-compare", "--part", "hf", "--results", path, "--loss-tol", 1e-3, "--grad-tol", 2e-2,
+                      "--floor-factor", 1.25)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("k_norm", out)
+        err = self.write("hf3.jsonl", json.dumps({"shape": "mha", "pass": False, "error": "model_grads died"}) + "\n")
+        rc, out = run("hf-compare", "--part", "hf", "--results", err, "--loss-tol", 1e-3, "--grad-tol", 2e-2,
+                      "--floor-factor", 1.25)
+        self.assertEqual(rc, 1)
+        rc, out = run("hf-compare", "--part", "hf", "--results", os.path.join(self.d, "none"), "--loss-tol", 1e-3,
+                      "--grad-tol", 2e-2, "--floor-factor", 1.25)
+        self.assertEqual(rc, 1)
+
+    def test_tokenizer(self):
+        rep = {"compare": {"documents": 20035, "ours_documents": 20035, "mismatched_documents": 0, "tokens": 9},
+               "runs": [{"impl": "slidedp", "threads": 16, "MB_per_s": 113.0},
+                        {"impl": "hf-tokenizers 0.23 encode_batch_fast", "threads": 16, "MB_per_s": 18.3}]}
+        rc, out = run("tokenizer", "--part", "hf", "--report", self.write("t.json", rep), "--rc", 0)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("0 of 20035", out)
+        self.assertIn("113.0 MB/s", out)
+        rep["compare"]["mismatched_documents"] = 2
+        rc, out = run("tokenizer", "--part", "hf", "--report", self.write("t.json", rep), "--rc", 0)
+        self.assertEqual(rc, 1)
+
+    def test_graddiff(self):
+        log = ("loss: ours 4.695233, HF autocast 4.695158, HF fp32 4.695427, HF mirror-fp32-norms 4.695270\n"
+               "gradient norm: ours 1.539521, HF autocast 1.540799, HF fp32 1.541670, HF mirror-fp32-norms 1.539626\n")
+        args = ["--loss-tol", 1e-3, "--norm-tol", 2e-2, "--what", "1.7B step 2"]
+        rc, out = run("graddiff", "--part", "graddiff", "--log", self.write("g.log", log), "--rc", 0, *args)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(out.count("PASS"), 2)
+        spike = log.replace("gradient norm: ours 1.539521", "gradient norm: ours 5.742900")
+        rc, out = run("graddiff", "--part", "graddiff", "--log", self.write("g2.log", spike), "--rc", 0, *args)
+        self.assertEqual(rc, 1)
+        rc, out = run("graddiff", "--part", "graddiff", "--log", self.write("g3.log", "Traceback\n"), "--rc", 1, *args)
+        self.assertEqual(rc, 1)
+
+    def curve_json(self, name, steps=200, diff=3.5e-4, tol=6e-4, first=1):
+        return self.write(name, {"steps": steps, "first_step": first, "last_step": first + steps - 1,
+                                 "max_abs_diff": diff, "max_at_step": 74, "mean_abs_diff": 8.5e-5,
+                                 "tol": tol, "pass": diff <= tol, "first_difference": None})
+
+    def test_curve(self):
+        rc, out = run("curve", "--part", "curves", "--json", self.curve_json("c.json"), "--expect-steps", 200,
+                      "--what", "ours vs HF")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("3.50e-04", out)
+        self.assertIn("<= 0.0006 over 200 steps", out)
+        rc, out = run("curve", "--part", "curves", "--json", self.curve_json("c2.json", diff=1.8e-3),
+                      "--expect-steps", 200, "--what", "ours vs HF")
+        self.assertEqual(rc, 1)
+        rc, out = run("curve", "--part", "curves", "--json", self.curve_json("c3.json", steps=121),
+                      "--expect-steps", 200, "--what", "ours vs HF")
+        self.assertEqual(rc, 1)
+        self.assertIn("incomplete: 121 of 200", out)
+        rc, out = run("curve", "--part", "curves", "--info", "--json", self.curve_json("c4.json", diff=1e-2),
+                      "--expect-steps", 200, "--what", "HF mirror vs HF")
+        self.assertEqual(rc, 0)
+        self.assertIn("INFO", out)
+        rc, out = run("curve", "--part", "curves", "--json", os.path.join(self.d, "none.json"), "--expect-steps", 200,
+                      "--what", "x")
+        self.assertEqual(rc, 1)
+
+    def test_bitwise(self):
+        ua = self.write("ua.txt", "unit norms: step 1 unit 0 squares 1.5\nunit norms: step 1 unit 1 squares 2\n")
+        j = self.curve_json("b.json", steps=3, diff=0.0, tol=0.0)
+        rc, out = run("bitwise", "--part", "determinism", "--json", j, "--expect-steps", 3, "--units-a", ua,
+                      "--units-b", ua, "--what", "0.6B twice")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("2/2 unit-norm lines", out)
+        d = suite_judge.load_json(j)
+        d["first_difference"] = [2, 12.1, 12.2, [[5, 1.0, 1.1]]]
+        j2 = self.write("b2.json", d)
+        rc, out = run("bitwise", "--part", "determinism", "--json", j2, "--expect-steps", 3, "--units-a", ua,
+                      "--units-b", ua, "--what", "0.6B twice")
+        self.assertEqual(rc, 1)
+        self.assertIn("first difference at step 2", out)
+        empty = self.write("e.txt", "")
+        rc, out = run("bitwise", "--part", "determinism", "--json", j, "--expect-steps", 3, "--units-a", empty,
+                      "--units-b", empty, "--what", "no unit lines")
+        self.assertEqual(rc, 1)
+
+    def test_params(self):
+        j = self.write("p.json", {"worst_rel_l2": 6.3e-5, "worst_tensor": "model.norm.weight", "max_abs": 1e-6,
+                                  "pass": True})
+        rc, out = run("params", "--part", "routes", "--json", j, "--tol", 1e-4, "--what", "g2 vs g1")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("6.30e-05", out)
+
+    def test_offload(self):
+        logs = []
+        for r, peak in ((0, 41.3), (0.5, 41.1), (1.0, 29.6)):
+            logs.append(self.write(f"o{r}.log", "step 0: 5.2 s loss 11.9313\n" + json.dumps(
+                {"mode": "compute_only", "loss": 11.93126392364502, "offload_ratio": r, "step_s": 5.3,
+                 "peak_gib": peak, "offload_host_gib": 22.5 * r}) + "\n"))
+        rc, out = run("offload", "--part", "offload", "--logs", *logs)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("bitwise equal", out)
+        logs.append(self.write("o9.log", json.dumps({"mode": "compute_only", "loss": 11.93126392364503,
+                                                     "offload_ratio": 0.25, "step_s": 5, "peak_gib": 1}) + "\n"))
+        rc, out = run("offload", "--part", "offload", "--logs", *logs)
+        self.assertEqual(rc, 1)
+        logs.append(self.write("oe.log", json.dumps({"mode": "compute_only", "error": "out of memory"}) + "\n"))
+        rc, out = run("offload", "--part", "offload", "--logs", *logs)
+        self.assertEqual(rc, 1)
+        self.assertIn("out of memory", out)
+
+    def bench_results(self, fsdp2_16k=10778.0, offload=True):
+        gib = 2.0 ** 30
+        recs = [
+            {"kind": "ours", "model": "qwen3-4b", "gpus": 1, "tokens_per_gpu": 65536, "tokens_per_s_per_gpu": 16363.0,
+             "tokens_per_s": 16363.0, "model_tflops": 450.0, "step_s": 4.01, "gpu_peak_gib": 114.0,
+             "host_state_gib": 13.07 * 4.022468096 * 1e9 / gib * gib / 1e9 * 1e9 / gib, "host_sampled_gib": 55.0},
+            {"kind": "compute", "model": "qwen3-4b", "gpus": 1, "tokens_per_gpu": 65536, "tokens_per_s_per_gpu": 15899.0},
+            {"kind": "ours", "model": "qwen3-4b", "gpus": 1, "tokens_per_gpu": 16384, "tokens_per_s_per_gpu": 12000.0},
+            {"kind": "fsdp2", "model": "qwen3-4b", "gpus": 1, "tokens_per_gpu": 16384,
+             "tokens_per_s_per_gpu": fsdp2_16k},
+        ]
+        if offload:
+            recs.append({"kind": "fsdp2-offload", "model": "qwen3-4b", "gpus": 1, "tokens_per_gpu": 16384,
+                         "tokens_per_s_per_gpu": 1980.0})
+        return self.write("bench-results.json", recs)
+
+    def test_bench(self):
+        args = ["--model", "qwen3-4b", "--tokens", 65536, "--peer-tokens", 16384]
+        rc, out = run("bench", "--part", "bench", "--results", self.bench_results(), *args, "--offload")
+        self.assertEqual(rc, 0, out)
+        for want in ("= 1.03 (>= 0.95", "= 1.52 (>= 1.5)", "= 6.06 (>= 4)", "GiB per billion"):
+            self.assertIn(want, out)
+        rc, out = run("bench", "--part", "bench", "--results", self.bench_results(fsdp2_16k=11500.0), *args)
+        self.assertEqual(rc, 1)
+        self.assertIn("FAIL bench", out)
+        rc, out = run("bench", "--part", "bench", "--results", self.bench_results(offload=False), *args, "--offload")
+        self.assertEqual(rc, 1)
+        self.assertIn("fsdp2-offload at 16K did not run", out)
+        rc, out = run("bench", "--part", "bench", "--results", os.path.join(self.d, "none.json"), *args)
+        self.assertEqual(rc, 1)
+
+    def test_scaling(self):
+        recs = [{"kind": "ours", "model": "qwen3-8b", "gpus": 1, "tokens_per_gpu": 65536, "tokens_per_s": 7761.0,
+                 "tokens_per_s_per_gpu": 7761.0},
+                {"kind": "ours", "model": "qwen3-8b", "gpus": 2, "tokens_per_gpu": 65536, "tokens_per_s": 15583.0,
+                 "tokens_per_s_per_gpu": 7791.5},
+                {"kind": "fsdp2", "model": "qwen3-8b", "gpus": 2, "tokens_per_gpu": 16384, "tokens_per_s_per_gpu": 6739.0}]
+        rc, out = run("scaling", "--part", "scaling", "--results", self.write("s.json", recs), "--model", "qwen3-8b",
+                      "--tokens", 65536, "--peer-tokens", 16384)
+        self.assertEqual(rc, 1, out)  # 2.01x passes, 1.16x against FSDP2 does not
+        self.assertIn("PASS scaling", out)
+        self.assertIn("2.01x", out)
+        self.assertIn("1.16", out)
+
+    def test_layeradam(self):
+        line = {"bench": "torch_cpu_adamw", "params": 268435456, "threads": 16, "layeradam": {"adam_Gparam_per_s": 4.24},
+                "adamw_fused_Gparam_per_s": 3.82, "layeradam_over_torch_fused": 1.11, "layeradam_over_copy": 1.39}
+        rc, out = run("layeradam", "--part", "host", "--log", self.write("a.log", json.dumps(line) + "\n"),
+                      "--t-torch", 1.1, "--t-copy", 0.8)
+        self.assertEqual(rc, 0, out)
+        line["layeradam_over_torch_fused"] = 1.05
+        rc, out = run("layeradam", "--part", "host", "--log", self.write("a.log", json.dumps(line) + "\n"),
+                      "--t-torch", 1.1, "--t-copy", 0.8)
+        self.assertEqual(rc, 1)
+
+    def test_figures(self):
+        copy = self.write("c.log", json.dumps({"gpus": 1, "direction": "h2d", "layeradam": False,
+                                               "per_gpu": [{"gpu": 0, "h2d_gbs": 53.7, "d2h_gbs": 0}]}) + "\n")
+        rc, out = run("copy", "--part", "host", "--log", copy)
+        self.assertEqual(rc, 0)
+        self.assertIn("53.7", out)
+        cold = self.write("cold.txt", "state: SUCCEEDED\nsubmit to first step: 44.40 s\n")
+        rc, out = run("warm", "--part", "host", "--cold", cold, "--warm", os.path.join(self.d, "missing"))
+        self.assertEqual(rc, 0)
+        self.assertIn("cold 44.40 s", out)
+        self.assertIn("warm: no figure", out)
+
+    def test_kbench(self):
+        lines = ['JSON {"op":"ceiling_gemm_bf16_8192","tflops":803.7}']
+        for model in ("qwen3-4b", "qwen3-8b"):
+            for t, fwd, bwd in ((4096, 452, 389), (16384, 634, 510)):
+                lines.append(f'JSON {{"op":"attn_fwd_causal_cudnn","model":"{model}","tokens":{t},"ms":1,"tflops":{fwd}}}')
+                lines.append(f'JSON {{"op":"attn_bwd_causal_cudnn","model":"{model}","tokens":{t},"ms":1,"tflops":{bwd}}}')
+        lines.append('JSON {"op":"layer_fwd_bwd_keep_all_fp32res","model":"qwen3-8b","tokens":65536,"ms":9,"tflops":604.8}')
+        lines.append('JSON {"op":"layer_fwd_bwd_recompute_fp32res","model":"qwen3-8b","tokens":65536,"ms":9,"tflops":474.5}')
+        log = self.write("k.log", "\n".join(lines) + "\n")
+        args = ["--t-fwd", 400, "--t-bwd", 300, "--t-layer", 550]
+        rc, out = run("kbench", "--part", "kbench", "--log", log, "--rc", 0, *args)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(out.count("PASS"), 3)
+        rc, out = run("kbench", "--part", "kbench", "--log", log, "--rc", 0, "--t-fwd", 500, "--t-bwd", 300,
+                      "--t-layer", 550)
+        self.assertEqual(rc, 1)
+
+    def test_broken_judge_fails(self):
+        bad = self.write("bad.json", {"steps": "x"})
+        rc, out = run("curve", "--part", "curves", "--json", bad, "--expect-steps", 200, "--what", "x")
+        self.assertEqual(rc, 1)
+        self.assertIn("the judge failed", out)
+
+
+if __name__ == "__main__":
+    unittest.main()
