@@ -290,7 +290,7 @@ class DumpBatches(unittest.TestCase):
                 self.assertEqual(meta["trained_tokens"], sum(1 for x in exp[1] if x != -100))
                 hf_common.segments_of(tokens, labels, positions, cu)
                 # row_tokens: each row's length, back to back; every row boundary is a piece boundary
-                # (what cuda_kernel_check --attn-layouts splits the workers' micro-batches by)
+                # (what attn_layouts_check splits the workers' micro-batches by)
                 row_off = ds[4]
                 self.assertEqual(meta["row_tokens"], [int(row_off[r + 1]) - int(row_off[r]) for r in rows])
                 ends = [sum(meta["row_tokens"][:i + 1]) for i in range(len(rows))]
