@@ -205,18 +205,23 @@ absl::Status GradConsumer::ConsumeShards(int64_t t, bool first_step, float coef,
   return absl::OkStatus();
 }
 
+absl::StatusOr<shm::GradChunkDesc> GradConsumer::PopRankZeroChunk(int64_t t, bool first_step, StepGradients& out) {
+  const absl::Time t_wait = absl::Now();
+  ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(0, first_step));
+  out.wait_s += SecondsSince(t_wait);
+  if (d.step != static_cast<uint32_t>(t) || d.unit < 0 || d.unit >= static_cast<int>(unit_numel_.size()) ||
+      d.offset_numel < 0 || d.numel <= 0 || d.offset_numel + d.numel > unit_numel_[d.unit] ||
+      d.dtype != shm::GradDtype::kF32) {
+    return rings_.Fail(absl::StrCat("unexpected gradient chunk from rank 0: step ", d.step, " unit ", d.unit,
+                                    " offset ", d.offset_numel, " numel ", d.numel, " while aggregating step ", t));
+  }
+  return d;
+}
+
 absl::Status GradConsumer::ConsumeDirect(int64_t t, bool first_step, StepUpdates& updates,
                                          update::GradNormAccumulator& norm, StepGradients& out) {
   while (!norm.complete()) {
-    const absl::Time t_wait = absl::Now();
-    ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(0, first_step));
-    out.wait_s += SecondsSince(t_wait);
-    if (d.step != static_cast<uint32_t>(t) || d.unit < 0 || d.unit >= static_cast<int>(unit_numel_.size()) ||
-        d.offset_numel < 0 || d.numel <= 0 || d.offset_numel + d.numel > unit_numel_[d.unit] ||
-        d.dtype != shm::GradDtype::kF32) {
-      return rings_.Fail(absl::StrCat("unexpected gradient chunk from rank 0: step ", d.step, " unit ", d.unit,
-                                      " offset ", d.offset_numel, " numel ", d.numel, " while aggregating step ", t));
-    }
+    ASSIGN_OR_RETURN(shm::GradChunkDesc d, PopRankZeroChunk(t, first_step, out));
     const float* src = rings_.f32(0, d);
     const absl::Time t_agg = absl::Now();
     RETURN_IF_ERROR(SquarePieces(d.unit, d.offset_numel, d.numel, src, nullptr, aggregate_threads_, norm));
@@ -232,15 +237,7 @@ absl::Status GradConsumer::ConsumeSummed(int64_t t, bool first_step, StepUpdates
   while (!norm.complete()) {
     // Every rank posts the same chunk sequence; take rank 0's chunk, then the same from the
     // others, summing in rank order so results do not depend on arrival order.
-    const absl::Time t_wait = absl::Now();
-    ASSIGN_OR_RETURN(shm::GradChunkDesc d0, rings_.Pop(0, first_step));
-    out.wait_s += SecondsSince(t_wait);
-    if (d0.step != static_cast<uint32_t>(t) || d0.unit < 0 || d0.unit >= static_cast<int>(unit_numel_.size()) ||
-        d0.offset_numel < 0 || d0.numel <= 0 || d0.offset_numel + d0.numel > unit_numel_[d0.unit] ||
-        d0.dtype != shm::GradDtype::kF32) {
-      return rings_.Fail(absl::StrCat("unexpected gradient chunk from rank 0: step ", d0.step, " unit ", d0.unit,
-                                      " offset ", d0.offset_numel, " numel ", d0.numel, " while aggregating step ", t));
-    }
+    ASSIGN_OR_RETURN(shm::GradChunkDesc d0, PopRankZeroChunk(t, first_step, out));
     std::vector<shm::GradChunkDesc> descs = {d0};
     for (int r = 1; r < world; ++r) {
       ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(r, first_step));

@@ -81,6 +81,8 @@ class GradConsumer {
                              update::GradNormAccumulator& norm, StepGradients& out);
   absl::Status ConsumeRank(int r, int64_t t, bool first_step, float coef, int threads, StepUpdates& updates,
                            update::GradNormAccumulator& norm, double& wait_s, double& aggregate_s);
+  // Rank 0's next whole-unit chunk of step t (direct and summed consumers), checked.
+  absl::StatusOr<shm::GradChunkDesc> PopRankZeroChunk(int64_t t, bool first_step, StepGradients& out);
   absl::Status ConsumeDirect(int64_t t, bool first_step, StepUpdates& updates, update::GradNormAccumulator& norm,
                              StepGradients& out);
   absl::Status ConsumeSummed(int64_t t, bool first_step, StepUpdates& updates, update::GradNormAccumulator& norm,
