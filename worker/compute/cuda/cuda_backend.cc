@@ -33,10 +33,15 @@
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "worker/kernels/attention.h"
-#include "worker/kernels/cudnn_attention.h"
+#include "worker/kernels/cross_entropy.h"
 #include "worker/kernels/cuda_check.h"
+#include "worker/kernels/cudnn_attention.h"
+#include "worker/kernels/embedding.h"
 #include "worker/kernels/gemm.h"
-#include "worker/kernels/ops.h"
+#include "worker/kernels/qk_norm_rope.h"
+#include "worker/kernels/reductions.h"
+#include "worker/kernels/rmsnorm.h"
+#include "worker/kernels/swiglu.h"
 
 namespace slidedp {
 namespace {
