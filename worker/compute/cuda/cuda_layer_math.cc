@@ -1,4 +1,6 @@
-// CUDA ComputeBackend: one decoder layer, the embedding and the fused head on one stream.
+// The CUDA backend's layer math (CudaBackend, cuda_backend_impl.h): one decoder layer forward and
+// backward and the fused head, on the backend's stream; GEMM helpers and the attention dispatch.
+// Batch upload, the embedding and the factories are in cuda_backend.cc.
 //
 // Decoder forward (HF Qwen3DecoderLayer), T tokens, W row-major [out, in]:
 //   xn1 = RMSNorm(x)            qkv = xn1·[Wq;Wk;Wv]ᵀ        qr,kr = RoPE(q_norm(q)), RoPE(k_norm(k))
@@ -15,10 +17,6 @@
 //   (HF: the gradient of the BF16 branch output); the dgrads into the norm outputs (dxn) are FP32
 //   GEMM outputs, and the norm backward adds into the FP32 residual gradient.
 // - BF16: everything BF16, residual added in the GEMM epilogue (beta = 1, BF16 C).
-//
-// This file: the decoder layer forward/backward and the fused head (CudaBackend's GEMM helpers,
-// attention dispatch, DecoderForward/Backward, HeadForwardBackward); the object is in
-// cuda_backend_impl.h.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
