@@ -33,7 +33,8 @@ function(slidedp_cc_binary)
 endfunction()
 
 # Tests run under ctest; LABELS lets CI pick subsets (e.g. "integration", "gpu").
-# Tests labelled gpu are registered only when SLIDEDP_CUDA is on and never run in CI.
+# Tests labelled gpu (named *_gpu_test) are registered only when SLIDEDP_CUDA is on, fail without a
+# GPU, and never run in CI: tools/test.sh passes -LE gpu; a GPU machine runs them with ctest -L gpu.
 function(slidedp_cc_test)
   cmake_parse_arguments(A "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${A_NAME} ${A_SRCS})

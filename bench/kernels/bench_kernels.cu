@@ -22,8 +22,11 @@
 #include "worker/compute/cuda/cuda_backend.h"
 #include "worker/kernels/attention.h"
 #include "worker/kernels/cudnn_attention.h"
+#include "worker/kernels/embedding.h"
 #include "worker/kernels/gemm.h"
-#include "worker/kernels/ops.h"
+#include "worker/kernels/qk_norm_rope.h"
+#include "worker/kernels/rmsnorm.h"
+#include "worker/kernels/swiglu.h"
 
 namespace slidedp {
 namespace {

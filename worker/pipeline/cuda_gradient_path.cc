@@ -18,7 +18,7 @@
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "worker/kernels/cuda_check.h"
-#include "worker/kernels/ops.h"
+#include "worker/kernels/reductions.h"
 
 namespace slidedp {
 namespace {

@@ -12,7 +12,7 @@ namespace slidedp::kernels {
 namespace {
 
 TEST(AttentionOrder, TurnsCoverTheVisitingKeyBlocksInLaunchOrder) {
-  for (const auto [br, bc] : {std::pair{32, 64}, std::pair{64, 64}, std::pair{128, 64}, std::pair{16, 64}}) {
+  for (const auto& [br, bc] : {std::pair{32, 64}, std::pair{64, 64}, std::pair{128, 64}, std::pair{16, 64}}) {
     for (int len = 1; len <= 700; ++len) {
       const int num_kb = (len + bc - 1) / bc, num_qb = (len + br - 1) / br;
       for (int qb = 0; qb < num_qb; ++qb) {

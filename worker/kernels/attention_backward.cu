@@ -1,8 +1,9 @@
-// Flash attention kernels; see attention.h for the contract.
+// Flash attention backward: the tensor-core kernel (head_dim 64, 128; dQ by atomics or in a fixed
+// order), the slow path, and the workspace; see attention.h for the contract.
 //
-// Limits: forward and backward are tensor-core bound (4·T_causal·hd FLOPs per head forward,
-// 2.5x that backward). This FA2-style version uses mma.sync (HMMA), not Hopper's wgmma, so its
-// ceiling is well under the chip's dense BF16 rate; bench/kernels reports what it reaches.
+// Limits: tensor-core bound (2.5x the forward's 4·T_causal·hd FLOPs per head). This FA2-style
+// version uses mma.sync (HMMA), not Hopper's wgmma, so its ceiling is well under the chip's dense
+// BF16 rate; bench/kernels reports what it reaches.
 #include "worker/kernels/attention.h"
 #include "worker/kernels/attention_order.h"
 
@@ -10,268 +11,13 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "worker/kernels/attention_common.cuh"
 #include "worker/kernels/cuda_check.h"
 
 namespace slidedp::kernels {
+using namespace attention_internal;  // attention_common.cuh
+
 namespace {
-
-using bf16 = __nv_bfloat16;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-// ---------------------------------------------------------------- PTX helpers
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
-  const int bytes = valid ? 16 : 0;  // 0: zero-fill, nothing read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void Ldsm4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-__device__ __forceinline__ void Ldsm4T(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-__device__ __forceinline__ void Mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// Tile of ROWS x HD bf16 in shared memory with 16-byte chunks XOR-swizzled by (row & 7), so the
-// eight row addresses of one ldmatrix land in different banks.
-template <int HD>
-__device__ __forceinline__ int Swz(int row, int col) {
-  return row * HD + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
-}
-
-// Async copy of rows [row0, row0 + ROWS) of a [*, ld] matrix (columns col0 .. col0 + HD) into a
-// swizzled tile; rows >= row_end are zero-filled.
-template <int HD, int ROWS, int THREADS>
-__device__ __forceinline__ void LoadTile(bf16* tile, const bf16* base, int64_t ld, int64_t row0, int64_t row_end) {
-  constexpr int kChunks = ROWS * HD / 8;
-  // Not unrolled: unrolled, the compiler hoists every chunk's address out of the main loop and
-  // spends ~60 registers on them.
-#pragma unroll 1
-  for (int i = threadIdx.x; i < kChunks; i += THREADS) {
-    const int r = i / (HD / 8), c = (i % (HD / 8)) * 8;
-    const bool valid = row0 + r < row_end;
-    const bf16* src = valid ? base + (row0 + r) * ld + c : base;
-    CpAsync16(SmemAddr(tile + Swz<HD>(r, c)), src, valid);
-  }
-}
-
-// ---------------------------------------------------------------- forward (tensor cores)
-// Block: 4 warps, Br = 64·MT query rows (each warp owns MT m-tiles of 16 rows), Bc = 64 keys per
-// step, K/V double-buffered with cp.async. Each K/V fragment read from shared memory feeds MT
-// MMAs: with MT = 1 the loop was bound by shared-memory bandwidth (2 MMAs per ldmatrix.x4).
-// Q fragments are re-read from shared memory each step (registers go to the accumulators).
-constexpr int kFwdMt = 2, kFwdBr = 64 * kFwdMt, kFwdBc = 64, kFwdThreads = 128;
-
-template <int HD>
-__global__ void __launch_bounds__(kFwdThreads) FlashFwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor v,
-                                                              AttnOutTensor o, float* __restrict__ lse) {
-  constexpr int MT = kFwdMt;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  bf16* sq = reinterpret_cast<bf16*>(smem_raw);
-  bf16* sk = sq + kFwdBr * HD;        // [2][Bc][HD]
-  bf16* sv = sk + 2 * kFwdBc * HD;    // [2][Bc][HD]
-
-  const int doc = blockIdx.z, head = blockIdx.y;
-  const int64_t doc_start = a.cu_seqlens[doc];
-  const int len = a.cu_seqlens[doc + 1] - static_cast<int>(doc_start);
-  const int num_qb = (a.max_seqlen + kFwdBr - 1) / kFwdBr;
-  const int qb = num_qb - 1 - blockIdx.x;  // heaviest first
-  const int q0 = qb * kFwdBr;
-  if (q0 >= len) return;
-  const int kv_head = head / (a.num_q_heads / a.num_kv_heads);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-
-  const bf16* qbase = q.ptr + doc_start * q.ld + static_cast<int64_t>(head) * HD;
-  const bf16* kbase = k.ptr + doc_start * k.ld + static_cast<int64_t>(kv_head) * HD;
-  const bf16* vbase = v.ptr + doc_start * v.ld + static_cast<int64_t>(kv_head) * HD;
-  const int nblocks = (min(q0 + kFwdBr, len) + kFwdBc - 1) / kFwdBc;
-
-  LoadTile<HD, kFwdBr, kFwdThreads>(sq, qbase, q.ld, q0, len);
-  LoadTile<HD, kFwdBc, kFwdThreads>(sk, kbase, k.ld, 0, len);
-  LoadTile<HD, kFwdBc, kFwdThreads>(sv, vbase, v.ld, 0, len);
-  CpAsyncCommit();
-
-  float acc[MT][HD / 8][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int i = 0; i < HD / 8; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
-  float m_run[MT][2], l_run[MT][2];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) m_run[mt][0] = m_run[mt][1] = -INFINITY, l_run[mt][0] = l_run[mt][1] = 0.f;
-  const float scale_log2 = a.softmax_scale * kLog2e;
-  const int wrow = warp * 16 * MT;  // first tile row of this warp
-
-  for (int j = 0; j < nblocks; ++j) {
-    const int stage = j & 1;
-    if (j + 1 < nblocks) {
-      const int ns = (j + 1) & 1;
-      LoadTile<HD, kFwdBc, kFwdThreads>(sk + ns * kFwdBc * HD, kbase, k.ld, (j + 1) * kFwdBc, len);
-      LoadTile<HD, kFwdBc, kFwdThreads>(sv + ns * kFwdBc * HD, vbase, v.ld, (j + 1) * kFwdBc, len);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();
-    const bf16* skt = sk + stage * kFwdBc * HD;
-    const bf16* svt = sv + stage * kFwdBc * HD;
-    const int key0 = j * kFwdBc;
-    // Warps whose rows all precede this key block contribute nothing (causal): skip the math.
-    const bool warp_active = key0 <= q0 + wrow + 16 * MT - 1;
-
-    float s[MT][kFwdBc / 8][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int i = 0; i < kFwdBc / 8; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
-    if (warp_active) {
-      // Rolled: unrolled, the compiler hoists K fragments far ahead and spills.
-#pragma unroll 1
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        uint32_t qa[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-          Ldsm4(SmemAddr(sq + Swz<HD>(wrow + mt * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8)), qa[mt][0], qa[mt][1],
-                qa[mt][2], qa[mt][3]);
-#pragma unroll
-        for (int np = 0; np < kFwdBc / 16; ++np) {
-          uint32_t b0, b1, b2, b3;
-          Ldsm4(SmemAddr(skt + Swz<HD>(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8)),
-                b0, b1, b2, b3);
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            Mma(s[mt][2 * np], qa[mt], b0, b1);
-            Mma(s[mt][2 * np + 1], qa[mt], b2, b3);
-          }
-        }
-      }
-      // Scale, mask (causal and the document end), online softmax.
-      const bool need_mask = key0 + kFwdBc > q0 + wrow || key0 + kFwdBc > len;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const int row_a = q0 + wrow + mt * 16 + g, row_b = row_a + 8;
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nt = 0; nt < kFwdBc / 8; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float val = s[mt][nt][e] * scale_log2;
-            if (need_mask) {
-              const int key = key0 + nt * 8 + 2 * t4 + (e & 1);
-              const int row = e < 2 ? row_a : row_b;
-              if (key > row || key >= len) val = -INFINITY;
-            }
-            s[mt][nt][e] = val;
-            mx[e >> 1] = fmaxf(mx[e >> 1], val);
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        }
-        float alpha[2], mbase[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float m_new = fmaxf(m_run[mt][r], mx[r]);
-          mbase[r] = m_new == -INFINITY ? 0.f : m_new;
-          alpha[r] = exp2f(m_run[mt][r] - mbase[r]);
-          m_run[mt][r] = m_new;
-          l_run[mt][r] *= alpha[r];
-        }
-#pragma unroll
-        for (int nt = 0; nt < kFwdBc / 8; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float p = exp2f(s[mt][nt][e] - mbase[e >> 1]);
-            s[mt][nt][e] = p;
-            l_run[mt][e >> 1] += p;
-          }
-        }
-#pragma unroll
-        for (int dt = 0; dt < HD / 8; ++dt) {
-          acc[mt][dt][0] *= alpha[0];
-          acc[mt][dt][1] *= alpha[0];
-          acc[mt][dt][2] *= alpha[1];
-          acc[mt][dt][3] *= alpha[1];
-        }
-      }
-      // O += P V  (P from the S accumulators, re-packed as A fragments).
-#pragma unroll
-      for (int kk = 0; kk < kFwdBc / 16; ++kk) {
-        uint32_t pa[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          pa[mt][0] = PackBf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-          pa[mt][1] = PackBf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-          pa[mt][2] = PackBf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-          pa[mt][3] = PackBf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-        }
-#pragma unroll
-        for (int dp = 0; dp < HD / 16; ++dp) {
-          uint32_t b0, b1, b2, b3;
-          Ldsm4T(SmemAddr(svt + Swz<HD>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dp * 16 + (lane >> 4) * 8)), b0,
-                 b1, b2, b3);
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            Mma(acc[mt][2 * dp], pa[mt], b0, b1);
-            Mma(acc[mt][2 * dp + 1], pa[mt], b2, b3);
-          }
-        }
-      }
-    }
-    __syncthreads();  // the next prefetch overwrites this stage
-  }
-  bf16* obase = o.ptr + doc_start * o.ld + static_cast<int64_t>(head) * HD;
-  float* lrow = lse + static_cast<int64_t>(head) * a.tokens + doc_start;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l_run[mt][r] += __shfl_xor_sync(0xffffffffu, l_run[mt][r], 1);
-      l_run[mt][r] += __shfl_xor_sync(0xffffffffu, l_run[mt][r], 2);
-    }
-    const float inv0 = 1.f / l_run[mt][0], inv1 = 1.f / l_run[mt][1];
-    const int row_a = q0 + wrow + mt * 16 + g, row_b = row_a + 8;
-#pragma unroll
-    for (int dt = 0; dt < HD / 8; ++dt) {
-      const int col = dt * 8 + 2 * t4;
-      if (row_a < len)
-        *reinterpret_cast<__nv_bfloat162*>(obase + row_a * o.ld + col) =
-            __floats2bfloat162_rn(acc[mt][dt][0] * inv0, acc[mt][dt][1] * inv0);
-      if (row_b < len)
-        *reinterpret_cast<__nv_bfloat162*>(obase + row_b * o.ld + col) =
-            __floats2bfloat162_rn(acc[mt][dt][2] * inv1, acc[mt][dt][3] * inv1);
-    }
-    if (t4 == 0) {
-      if (row_a < len) lrow[row_a] = m_run[mt][0] * kLn2 + logf(l_run[mt][0]);
-      if (row_b < len) lrow[row_b] = m_run[mt][1] * kLn2 + logf(l_run[mt][1]);
-    }
-  }
-}
 
 // ---------------------------------------------------------------- backward (tensor cores)
 constexpr int kBwdBc = 64, kBwdThreads = 128;
@@ -606,63 +352,6 @@ __global__ void GroupSumKernel(const float* __restrict__ part, int64_t tokens, i
 }
 
 // ---------------------------------------------------------------- slow path (any head_dim <= 256)
-constexpr int kSlowMaxDimPerLane = 8;
-
-__device__ __forceinline__ int FindDoc(const int32_t* cu, int docs, int64_t t) {
-  int lo = 0, hi = docs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (cu[mid] <= t) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
-
-__global__ void SlowFwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor v, AttnOutTensor o, float* lse) {
-  const int lane = threadIdx.x & 31;
-  const int hd = a.head_dim, group = a.num_q_heads / a.num_kv_heads;
-  const int64_t n = a.tokens * a.num_q_heads;
-  for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; r < n;
-       r += static_cast<int64_t>(gridDim.x) * blockDim.x / 32) {
-    const int64_t t = r / a.num_q_heads;
-    const int h = static_cast<int>(r % a.num_q_heads), kvh = h / group;
-    const int64_t start = a.cu_seqlens[FindDoc(a.cu_seqlens, a.num_docs, t)];
-    float qv[kSlowMaxDimPerLane], acc[kSlowMaxDimPerLane];
-#pragma unroll
-    for (int i = 0; i < kSlowMaxDimPerLane; ++i) {
-      const int d = lane + 32 * i;
-      qv[i] = d < hd ? __bfloat162float(q.ptr[t * q.ld + h * hd + d]) : 0.f;
-      acc[i] = 0.f;
-    }
-    float m = -INFINITY, l = 0.f;
-    for (int64_t j = start; j <= t; ++j) {
-      float s = 0.f;
-#pragma unroll
-      for (int i = 0; i < kSlowMaxDimPerLane; ++i) {
-        const int d = lane + 32 * i;
-        if (d < hd) s += qv[i] * __bfloat162float(k.ptr[j * k.ld + kvh * hd + d]);
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-      s *= a.softmax_scale;
-      const float m_new = fmaxf(m, s);
-      const float alpha = __expf(m - m_new), p = __expf(s - m_new);
-      l = l * alpha + p;
-#pragma unroll
-      for (int i = 0; i < kSlowMaxDimPerLane; ++i) {
-        const int d = lane + 32 * i;
-        acc[i] = acc[i] * alpha + (d < hd ? p * __bfloat162float(v.ptr[j * v.ld + kvh * hd + d]) : 0.f);
-      }
-      m = m_new;
-    }
-#pragma unroll
-    for (int i = 0; i < kSlowMaxDimPerLane; ++i) {
-      const int d = lane + 32 * i;
-      if (d < hd) o.ptr[t * o.ld + h * hd + d] = __float2bfloat16(acc[i] / l);
-    }
-    if (lane == 0) lse[static_cast<int64_t>(h) * a.tokens + t] = m + logf(l);
-  }
-}
-
 __global__ void SlowBwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor v, const float* lse,
                               AttnTensor dout, const float* dsum, float* dq_acc, float* dk_acc, float* dv_acc) {
   const int lane = threadIdx.x & 31;
@@ -718,33 +407,6 @@ __global__ void SlowBwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor
   }
 }
 
-absl::Status CheckArgs(const AttnArgs& a) {
-  if (a.head_dim <= 0 || a.head_dim > 32 * kSlowMaxDimPerLane || a.num_q_heads <= 0 || a.num_kv_heads <= 0 ||
-      a.num_q_heads % a.num_kv_heads != 0 || a.num_docs <= 0 || a.cu_seqlens == nullptr || a.max_seqlen <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("attention: bad arguments head_dim=", a.head_dim, " heads=",
-                                                   a.num_q_heads, "/", a.num_kv_heads, " docs=", a.num_docs,
-                                                   " max_seqlen=", a.max_seqlen));
-  }
-  return absl::OkStatus();
-}
-
-int SlowGrid(const AttnArgs& a) {
-  const int64_t warps = a.tokens * a.num_q_heads;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((warps + 7) / 8, 132 * 16)));
-}
-
-template <int HD>
-absl::Status LaunchFwd(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnOutTensor o, float* lse,
-                       cudaStream_t stream) {
-  const size_t smem = (kFwdBr + 4 * kFwdBc) * HD * sizeof(bf16);
-  SLIDEDP_CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(FlashFwdKernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  dim3 grid((a.max_seqlen + kFwdBr - 1) / kFwdBr, a.num_q_heads, a.num_docs);
-  FlashFwdKernel<HD><<<grid, kFwdThreads, smem, stream>>>(a, q, k, v, o, lse);
-  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
-  return absl::OkStatus();
-}
-
 template <int HD, int BR>
 absl::Status LaunchBwd(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, const float* lse,
                        AttnTensor dout, const float* dsum, float* dq_acc, AttnOutTensor dk, AttnOutTensor dv,
@@ -771,8 +433,6 @@ int64_t AlignUp(int64_t x) { return (x + 255) / 256 * 256; }
 
 }  // namespace
 
-bool FlashAttentionFastPath(int head_dim) { return head_dim == 64 || head_dim == 128; }
-
 namespace {
 // Per-q-head blocks when per-kv-head blocks would not fill the chip a few times over.
 bool SplitBwdPerQHead(const AttnArgs& a) {
@@ -782,18 +442,6 @@ bool SplitBwdPerQHead(const AttnArgs& a) {
   return blocks < 4 * 132;
 }
 }  // namespace
-
-absl::Status FlashAttentionForward(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnOutTensor o,
-                                   float* lse, cudaStream_t stream) {
-  absl::Status s = CheckArgs(a);
-  if (!s.ok()) return s;
-  if (a.tokens <= 0) return absl::OkStatus();
-  if (a.head_dim == 128) return LaunchFwd<128>(a, q, k, v, o, lse, stream);
-  if (a.head_dim == 64) return LaunchFwd<64>(a, q, k, v, o, lse, stream);
-  SlowFwdKernel<<<SlowGrid(a), 256, 0, stream>>>(a, q, k, v, o, lse);
-  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
-  return absl::OkStatus();
-}
 
 namespace {
 // ordered_dq: one turn counter per (document, q head, q block of 32 rows or more).

@@ -1,0 +1,385 @@
+// The CUDA backend object (ComputeBackend on one device and stream) and the device-side batch and
+// saved-activation types it hands out. Its layer math is in cuda_layer_math.cc, batch upload,
+// embedding and the factories in cuda_backend.cc. Internal to worker/compute/cuda.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status/status_macros.h"
+#include "glog/logging.h"
+#include "worker/compute/backend.h"
+#include "worker/compute/cuda/cuda_backend.h"
+#include "worker/compute/cuda/cuda_memory.h"
+#include "worker/kernels/attention.h"
+#include "worker/kernels/cuda_check.h"
+#include "worker/kernels/cudnn_attention.h"
+#include "worker/kernels/gemm.h"
+#include "worker/kernels/qk_norm_rope.h"
+#include "worker/kernels/rmsnorm.h"
+
+namespace slidedp::cuda_backend_internal {
+
+using kernels::bf16;
+
+class CudaBatch final : public DeviceBatch {
+ public:
+  int64_t num_tokens() const override { return num_tokens_; }
+
+  int64_t num_tokens_ = 0;
+  int num_docs_ = 0;
+  int max_seqlen_ = 0;
+  int64_t num_unique_ = 0;
+  PoolBlock block_;
+  int32_t* tokens_ = nullptr;
+  int32_t* labels_ = nullptr;
+  int32_t* positions_ = nullptr;
+  int32_t* cu_seqlens_ = nullptr;
+  int32_t* uniq_tokens_ = nullptr;  // embedding backward grouping, built on the host at upload
+  int32_t* seg_offsets_ = nullptr;
+  int32_t* sorted_pos_ = nullptr;
+};
+
+// The intermediates of one decoder layer (pointers; owners vary by policy).
+struct LayerActs {
+  bf16* xn1 = nullptr;
+  float* rstd1 = nullptr;
+  bf16* qkv = nullptr;
+  bf16* qr = nullptr;
+  bf16* kr = nullptr;
+  bf16* o = nullptr;
+  float* lse = nullptr;
+  void* h1 = nullptr;  // residual stream: FP32 or BF16 (CudaBackendOptions::fp32_residual)
+  bf16* xn2 = nullptr;
+  float* rstd2 = nullptr;
+  bf16* gu = nullptr;
+  bf16* act = nullptr;
+};
+
+class CudaSaved final : public SavedActivations {
+ public:
+  int64_t bytes() const override { return block_.bytes(); }
+  ActPolicy policy_ = ActPolicy::kKeepAll;
+  int64_t num_tokens_ = 0;
+  PoolBlock block_;
+  LayerActs acts_;
+};
+
+// A group of row-stacked weight tensors used as one GEMM operand ([Wq;Wk;Wv], [Wg;Wu]); split
+// into per-tensor GEMMs only when the layout does not place them back to back.
+struct StackedWeight {
+  std::vector<std::pair<int64_t, int64_t>> parts;  // (offset_numel, rows), in stacking order
+  int64_t rows = 0;
+  bool contiguous = true;
+};
+
+class CudaBackend final : public ComputeBackend {
+ public:
+  CudaBackend(const Qwen3Config& config, int device, const CudaBackendOptions& options)
+      : ComputeBackend(config), device_(device), options_(options), deterministic_default_(options.deterministic) {}
+
+  // A job's runtime.deterministic adds to the construction-time setting (SLIDEDP_DETERMINISTIC).
+  void SetDeterministic(bool on) override {
+    const bool want = on || deterministic_default_;
+    if (want != options_.deterministic) {
+      LOG(INFO) << "CUDA backend on GPU " << device_ << ": deterministic " << (want ? "on" : "off")
+                << (want ? " (attention backward: own kernels, ordered dQ)" : "");
+    }
+    options_.deterministic = want;
+  }
+
+  ~CudaBackend() override {
+    if (stream_ != nullptr) {
+      cudaStreamSynchronize(stream_);
+      cudaStreamDestroy(stream_);
+    }
+  }
+
+  absl::Status Init() {
+    RETURN_IF_ERROR(config_.Validate());
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    cudaMemPool_t pool;
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, device_));
+    uint64_t threshold = std::numeric_limits<uint64_t>::max();
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+    RETURN_IF_ERROR(gemm_.Init());
+    if (options_.attention != CudaBackendOptions::Attention::kOwn) {
+      auto cudnn = kernels::CudnnAttention::Create(device_);
+      if (cudnn.ok()) {
+        cudnn_ = std::move(*cudnn);
+      } else if (options_.attention == CudaBackendOptions::Attention::kCudnn) {
+        return absl::Status(cudnn.status().code(), absl::StrCat("attention: cudnn: ", cudnn.status().message()));
+      } else {
+        LOG(INFO) << "CUDA backend: cuDNN attention unavailable (" << cudnn.status().message()
+                  << "); using the own attention kernels";
+      }
+    }
+    H_ = config_.hidden_size;
+    I_ = config_.intermediate_size;
+    nq_ = static_cast<int>(config_.num_attention_heads);
+    nkv_ = static_cast<int>(config_.num_key_value_heads);
+    hd_ = static_cast<int>(config_.head_dim);
+    qd_ = config_.q_dim();
+    kvd_ = config_.kv_dim();
+    qkv_ = qd_ + 2 * kvd_;
+    if (config_.num_hidden_layers > 0) {
+      ModelLayout layout = ModelLayout::Build(config_);
+      const UnitLayout& unit = layout.units.at(1);
+      if (unit.kind != UnitKind::kDecoder || unit.tensors.size() != kNumDecoderTensors) {
+        return absl::InternalError("model layout: unit 1 is not a decoder layer with 11 tensors");
+      }
+      for (int i = 0; i < kNumDecoderTensors; ++i) {
+        off_[i] = unit.tensors[i].offset_numel;
+        fp32_off_[i] = unit.tensors[i].fp32_offset;
+      }
+    }
+    qkv_w_ = Stack({{off_[kQProj], qd_}, {off_[kKProj], kvd_}, {off_[kVProj], kvd_}});
+    gu_w_ = Stack({{off_[kGateProj], I_}, {off_[kUpProj], I_}});
+    return absl::OkStatus();
+  }
+
+  std::string name() const override { return "cuda"; }
+  // "cudnn <version>" or "own" (what the next attention call will try first).
+  std::string attention_impl() const {
+    return cudnn_ != nullptr ? absl::StrCat("cudnn ", cudnn_->version()) : std::string("own");
+  }
+  DType activation_dtype() const override { return options_.fp32_residual ? DType::kF32 : DType::kBF16; }
+
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) override {
+    void* p = nullptr;
+    if (bytes > 0) {
+      cudaError_t e = cudaMallocAsync(&p, static_cast<size_t>(bytes), stream_);
+      if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        size_t free_bytes = 0, total_bytes = 0;
+        cudaMemGetInfo(&free_bytes, &total_bytes);
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "GPU memory exhausted: a %.2f GiB buffer does not fit (%.2f GiB free of %.2f GiB); lower the tokens per "
+            "step per worker (train.global_batch), raise runtime.offload_ratio, use runtime.act_policy: recompute or a "
+            "smaller train.micro_batch",
+            bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0));
+      }
+      SLIDEDP_CUDA_RETURN_IF_ERROR(e);
+    }
+    return std::unique_ptr<DeviceBuffer>(new CudaBuffer(p, bytes, stream_));
+  }
+  absl::Status Memset(DeviceBuffer& buf, int value) override {
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(buf.data(), value, buf.bytes(), stream_));
+    return absl::OkStatus();
+  }
+  absl::Status CopyToDevice(const void* host, void* device, int64_t bytes) override {
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(const void* device, void* host, int64_t bytes) override {
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+  void* native_stream() const override { return stream_; }
+  int64_t peak_memory_bytes() const override {
+    cudaMemPool_t pool;
+    uint64_t peak = 0;
+    if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) {
+      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &peak);
+    }
+    return static_cast<int64_t>(peak);
+  }
+  void ResetPeakMemory() override {
+    cudaMemPool_t pool;
+    uint64_t zero = 0;  // the high watermark can only be reset to zero (it restarts from now)
+    if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) {
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero);
+    }
+  }
+
+  absl::Status Synchronize() override {
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<DeviceBatch>> UploadBatch(const MicroBatch& mb) override;
+  absl::Status EmbeddingForward(const UnitParams& embed, const DeviceBatch& batch, void* out) override;
+  absl::Status EmbeddingBackward(const void* dout, const DeviceBatch& batch, float* dembed) override;
+  absl::Status DecoderForward(const UnitParams& params, const DeviceBatch& batch, const void* x, void* y,
+                              ActPolicy policy, std::unique_ptr<SavedActivations>* saved) override;
+  absl::Status DecoderBackward(const UnitParams& params, const DeviceBatch& batch, const void* x,
+                               SavedActivations* saved, const void* dy, void* dx, float* dparams) override;
+  absl::Status HeadForwardBackward(const UnitParams& norm_w, const bf16_t* lm_head_w, const DeviceBatch& batch,
+                                   const void* x, float loss_scale, void* dx, float* dnorm, float* dlm_head,
+                                   float* loss_sum) override;
+  int64_t SavedBytesPerToken(ActPolicy policy) const override;
+
+ private:
+  StackedWeight Stack(std::vector<std::pair<int64_t, int64_t>> parts) const {
+    StackedWeight s;
+    s.parts = std::move(parts);
+    for (size_t i = 0; i < s.parts.size(); ++i) {
+      s.rows += s.parts[i].second;
+      if (i > 0 && s.parts[i].first != s.parts[i - 1].first + s.parts[i - 1].second * H_) s.contiguous = false;
+    }
+    return s;
+  }
+
+  const bf16* W(const bf16_t* params, int t) const { return reinterpret_cast<const bf16*>(params) + off_[t]; }
+
+  // Y[:, 0:rows] (+)= X · Wsᵀ  for a stacked weight; out_ld is Y's row stride.
+  absl::Status StackedForward(const bf16_t* params, const StackedWeight& sw, const bf16* x, int64_t T, int64_t K,
+                              bf16* y, int64_t out_ld);
+  // dX = dY · Ws (dY [T, rows] with stride dy_ld) and dWs += dYᵀ · X.
+  // dx is BF16 or FP32 per dx_type.
+  absl::Status StackedBackward(const bf16_t* params, float* dparams, const StackedWeight& sw, const bf16* dy,
+                               int64_t dy_ld, const bf16* x, int64_t T, int64_t K, void* dx, GemmOutType dx_type);
+  absl::Status Wgrad(const bf16* dy, int64_t dy_ld, const bf16* x, int64_t x_ld, int64_t T, int64_t out_rows,
+                     int64_t in_cols, float* dw);
+
+  kernels::AttnArgs Attn(const CudaBatch& b) const {
+    kernels::AttnArgs a;
+    a.tokens = b.num_tokens_;
+    a.num_docs = b.num_docs_;
+    a.max_seqlen = std::max(1, b.max_seqlen_);
+    a.num_q_heads = nq_;
+    a.num_kv_heads = nkv_;
+    a.head_dim = hd_;
+    a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+    a.cu_seqlens = b.cu_seqlens_;
+    a.ordered_dq = options_.deterministic;
+    return a;
+  }
+  kernels::RopeArgs Rope(int64_t T) const {
+    kernels::RopeArgs r;
+    r.tokens = T;
+    r.num_q_heads = nq_;
+    r.num_kv_heads = nkv_;
+    r.head_dim = hd_;
+    r.eps = static_cast<float>(config_.rms_norm_eps);
+    r.theta = static_cast<float>(config_.rope_theta);
+    return r;
+  }
+
+  bool f32() const { return options_.fp32_residual; }
+  int64_t act_bytes() const { return f32() ? 4 : 2; }
+  GemmOutType act_gemm_type() const { return f32() ? GemmOutType::kF32 : GemmOutType::kBF16; }
+
+  // A norm weight: its FP32 values when the unit came with the FP32 side copy, else BF16.
+  struct NormW {
+    const bf16* b = nullptr;
+    const float* f = nullptr;
+  };
+  NormW Norm(const UnitParams& p, int t) const {
+    return {W(p.bf16, t), p.fp32 != nullptr ? p.fp32 + fp32_off_[t] : nullptr};
+  }
+  // RMSNorm over the residual stream x (FP32 or BF16 per mode) into the BF16 GEMM input y.
+  absl::Status NormForward(const void* x, NormW w, int64_t T, bf16* y, float* rstd) {
+    if (w.f != nullptr) return NormForwardAs(x, w.f, T, y, rstd);
+    return NormForwardAs(x, w.b, T, y, rstd);
+  }
+  template <typename WT>
+  absl::Status NormForwardAs(const void* x, const WT* w, int64_t T, bf16* y, float* rstd) {
+    const float eps = static_cast<float>(config_.rms_norm_eps);
+    if (f32()) return kernels::RmsNormForward(static_cast<const float*>(x), w, T, H_, eps, y, rstd, stream_);
+    return kernels::RmsNormForward(static_cast<const bf16*>(x), w, T, H_, eps, y, rstd, stream_);
+  }
+  // dx = RMSNormᵀ(dy) (+ dres); dy, x, dres, dx all in the residual dtype. dres may be null.
+  absl::Status NormBackward(const void* dy, const void* x, NormW w, const float* rstd, const void* dres, int64_t T,
+                            void* dx, float* dw, float* ws) {
+    if (w.f != nullptr) return NormBackwardAs(dy, x, w.f, rstd, dres, T, dx, dw, ws);
+    return NormBackwardAs(dy, x, w.b, rstd, dres, T, dx, dw, ws);
+  }
+  template <typename WT>
+  absl::Status NormBackwardAs(const void* dy, const void* x, const WT* w, const float* rstd, const void* dres,
+                              int64_t T, void* dx, float* dw, float* ws) {
+    if (f32()) {
+      return kernels::RmsNormBackward(static_cast<const float*>(dy), static_cast<const float*>(x), w, rstd,
+                                      static_cast<const float*>(dres), T, H_, static_cast<float*>(dx), dw, ws, stream_);
+    }
+    return kernels::RmsNormBackward(static_cast<const bf16*>(dy), static_cast<const bf16*>(x), w, rstd,
+                                    static_cast<const bf16*>(dres), T, H_, static_cast<bf16*>(dx), dw, ws, stream_);
+  }
+  // q/k norm + RoPE, forward and backward, with the weights' FP32 values when present.
+  absl::Status QkForward(const UnitParams& p, const CudaBatch& b, const LayerActs& a) {
+    const NormW q = Norm(p, kQNorm), k = Norm(p, kKNorm);
+    const kernels::RopeArgs rope = Rope(b.num_tokens_);
+    if (q.f != nullptr) {
+      return kernels::QkNormRopeForward(rope, a.qkv, qkv_, q.f, k.f, b.positions_, a.qr, a.kr, stream_);
+    }
+    return kernels::QkNormRopeForward(rope, a.qkv, qkv_, q.b, k.b, b.positions_, a.qr, a.kr, stream_);
+  }
+  // out = res + a · Wᵀ  (a [T, k] BF16, W [H, k]); res/out in the residual dtype. FP32 mode rounds
+  // the GEMM output to BF16 in `branch` ([T, H] BF16 scratch) and adds in FP32, as HF autocast.
+  absl::Status ResidualGemm(const bf16* a, int64_t k, const bf16* w, const void* res, void* out, bf16* branch,
+                            int64_t T);
+
+  void ReserveActs(Carver& c, LayerActs& a, int64_t T, bool attention_part, bool rest) const {
+    if (rest) {
+      c.Reserve(&a.xn1, T * H_);
+      c.Reserve(&a.rstd1, T);
+      c.Reserve(&a.qkv, T * qkv_);
+      c.Reserve(&a.qr, T * qd_);
+      c.Reserve(&a.kr, T * kvd_);
+      c.ReserveBytes(&a.h1, T * H_ * act_bytes());
+      c.Reserve(&a.xn2, T * H_);
+      c.Reserve(&a.rstd2, T);
+      c.Reserve(&a.gu, T * 2 * I_);
+      c.Reserve(&a.act, T * I_);
+    }
+    if (attention_part) {
+      c.Reserve(&a.o, T * qd_);
+      c.Reserve(&a.lse, T * nq_);
+    }
+  }
+
+  // Runs the layer forward into `a`. With run_attention false, a.o / a.lse are inputs (selective
+  // recompute). y may be null (recompute: the output is not needed).
+  absl::Status LayerForward(const UnitParams& params, const CudaBatch& b, const void* x, const LayerActs& a,
+                            bool run_attention, void* y);
+
+  // Attention through cuDNN when it is loaded and accepts the shape, else the own kernels. The
+  // two keep the same contract (o, natural-log LSE [nq, T]), so a forward of one and a backward
+  // of the other compose.
+  enum class AttnDir { kForward, kBackward };
+  kernels::AttnRowStrides AttnStrides() const {
+    return {.q = qd_, .k = kvd_, .v = qkv_, .o = qd_, .dout = qd_, .dq = qd_, .dk = kvd_, .dv = qkv_};
+  }
+  // cuDNN's workspace for this call, or nullopt when the own kernels run it (no cuDNN, or its
+  // engines reject the shape: logged once per direction). Other cuDNN errors are returned.
+  absl::StatusOr<std::optional<int64_t>> CudnnWorkspace(AttnDir dir,
+                                                        const kernels::AttnArgs& a);
+  absl::Status AttentionForward(const CudaBatch& b, const LayerActs& a);
+  // cudnn_ws: CudnnWorkspace(kBackward)'s answer for this call (ws holds that many bytes, or the
+  // own kernels' workspace when it is empty).
+  absl::Status AttentionBackward(const kernels::AttnArgs& a, const std::optional<int64_t>& cudnn_ws,
+                                 const LayerActs& acts, bf16* d_o, bf16* dq, bf16* dk,
+                                 bf16* dv, char* ws);
+
+  int device_;
+  CudaBackendOptions options_;
+  bool deterministic_default_ = false;  // options.deterministic at construction
+  cudaStream_t stream_ = nullptr;
+  GemmRunner gemm_;
+  std::unique_ptr<kernels::CudnnAttention> cudnn_;
+  bool cudnn_rejected_logged_[2] = {false, false};
+  int64_t H_ = 0, I_ = 0, qd_ = 0, kvd_ = 0, qkv_ = 0;
+  int nq_ = 0, nkv_ = 0, hd_ = 0;
+  int64_t off_[kNumDecoderTensors] = {};
+  int64_t fp32_off_[kNumDecoderTensors] = {};  // in the FP32 side copy (norm weights only)
+  StackedWeight qkv_w_, gu_w_;
+};
+
+}  // namespace slidedp::cuda_backend_internal

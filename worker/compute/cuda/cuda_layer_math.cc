@@ -1,0 +1,416 @@
+// The CUDA backend's layer math (CudaBackend, cuda_backend_impl.h): one decoder layer forward and
+// backward and the fused head, on the backend's stream; GEMM helpers and the attention dispatch.
+// Batch upload, the embedding and the factories are in cuda_backend.cc.
+//
+// Decoder forward (HF Qwen3DecoderLayer), T tokens, W row-major [out, in]:
+//   xn1 = RMSNorm(x)            qkv = xn1·[Wq;Wk;Wv]ᵀ        qr,kr = RoPE(q_norm(q)), RoPE(k_norm(k))
+//   o,lse = FlashAttn(qr,kr,v)  h1 = x + o·Woᵀ
+//   xn2 = RMSNorm(h1)           gu = xn2·[Wg;Wu]ᵀ            act = silu(g)·u
+//   y = h1 + act·Wdᵀ
+// Backward walks this in reverse; weight gradients go straight into the FP32 gradient array
+// (cuBLASLt beta = 1), norm-weight gradients through deterministic two-stage reductions.
+//
+// Residual stream dtype (CudaBackendOptions::fp32_residual):
+// - FP32 (default; HF autocast numerics): x, h1, y and dy, dh1, dx are FP32. RMSNorms read FP32 and
+//   write the BF16 GEMM input; o·Woᵀ and act·Wdᵀ are BF16 GEMM outputs added to the residual in
+//   FP32 (AddBf16ToF32). Backward: residual gradients are FP32; the GEMMs read a BF16 copy of them
+//   (HF: the gradient of the BF16 branch output); the dgrads into the norm outputs (dxn) are FP32
+//   GEMM outputs, and the norm backward adds into the FP32 residual gradient.
+// - BF16: everything BF16, residual added in the GEMM epilogue (beta = 1, BF16 C).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/status/status_macros.h"
+#include "glog/logging.h"
+#include "worker/compute/cuda/cuda_backend_impl.h"
+#include "worker/compute/cuda/cuda_memory.h"
+#include "worker/kernels/attention.h"
+#include "worker/kernels/cross_entropy.h"
+#include "worker/kernels/gemm.h"
+#include "worker/kernels/qk_norm_rope.h"
+#include "worker/kernels/reductions.h"
+#include "worker/kernels/rmsnorm.h"
+#include "worker/kernels/swiglu.h"
+
+namespace slidedp::cuda_backend_internal {
+
+absl::Status CudaBackend::StackedForward(const bf16_t* params, const StackedWeight& sw, const bf16* x, int64_t T,
+                                         int64_t K, bf16* y, int64_t out_ld) {
+  int64_t col = 0;
+  for (size_t i = 0; i < sw.parts.size(); ++i) {
+    const int64_t rows = sw.contiguous ? sw.rows : sw.parts[i].second;
+    GemmArgs g;
+    g.op_a = GemmOp::kN;
+    g.op_b = GemmOp::kT;
+    g.m = T;
+    g.n = rows;
+    g.k = K;
+    g.a = x;
+    g.lda = K;
+    g.b = reinterpret_cast<const bf16*>(params) + sw.parts[i].first;
+    g.ldb = K;
+    g.d = y + col;
+    g.ldd = out_ld;
+    RETURN_IF_ERROR(gemm_.Run(g, stream_));
+    if (sw.contiguous) break;
+    col += rows;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Wgrad(const bf16* dy, int64_t dy_ld, const bf16* x, int64_t x_ld, int64_t T,
+                                int64_t out_rows, int64_t in_cols, float* dw) {
+  GemmArgs g;
+  g.op_a = GemmOp::kT;
+  g.op_b = GemmOp::kN;
+  g.m = out_rows;
+  g.n = in_cols;
+  g.k = T;
+  g.a = dy;
+  g.lda = dy_ld;
+  g.b = x;
+  g.ldb = x_ld;
+  g.c = dw;
+  g.ldc = in_cols;
+  g.d = dw;
+  g.ldd = in_cols;
+  g.out_type = GemmOutType::kF32;
+  g.beta = 1.0f;
+  return gemm_.Run(g, stream_);
+}
+
+absl::Status CudaBackend::StackedBackward(const bf16_t* params, float* dparams, const StackedWeight& sw,
+                                          const bf16* dy, int64_t dy_ld, const bf16* x, int64_t T, int64_t K,
+                                          void* dx, GemmOutType dx_type) {
+  int64_t col = 0;
+  for (size_t i = 0; i < sw.parts.size(); ++i) {
+    const int64_t rows = sw.contiguous ? sw.rows : sw.parts[i].second;
+    GemmArgs g;  // dX (+)= dY[:, col:col+rows] · W_part
+    g.op_a = GemmOp::kN;
+    g.op_b = GemmOp::kN;
+    g.m = T;
+    g.n = K;
+    g.k = rows;
+    g.a = dy + col;
+    g.lda = dy_ld;
+    g.b = reinterpret_cast<const bf16*>(params) + sw.parts[i].first;
+    g.ldb = K;
+    g.c = dx;
+    g.ldc = K;
+    g.d = dx;
+    g.ldd = K;
+    g.out_type = dx_type;
+    g.beta = i == 0 ? 0.0f : 1.0f;
+    RETURN_IF_ERROR(gemm_.Run(g, stream_));
+    RETURN_IF_ERROR(Wgrad(dy + col, dy_ld, x, K, T, rows, K, dparams + sw.parts[i].first));
+    if (sw.contiguous) break;
+    col += rows;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ResidualGemm(const bf16* a, int64_t k, const bf16* w, const void* res, void* out,
+                                       bf16* branch, int64_t T) {
+  GemmArgs g;  // out = res + a · Wᵀ   (FP32 mode: branch = bf16(a · Wᵀ), then out = res + branch in FP32)
+  g.m = T;
+  g.n = H_;
+  g.k = k;
+  g.a = a;
+  g.lda = k;
+  g.b = w;
+  g.ldb = k;
+  g.ldd = H_;
+  if (f32()) {
+    g.d = branch;
+    RETURN_IF_ERROR(gemm_.Run(g, stream_));
+    return kernels::AddBf16ToF32(static_cast<const float*>(res), branch, T * H_, static_cast<float*>(out), stream_);
+  }
+  g.c = res;
+  g.ldc = H_;
+  g.d = out;
+  g.beta = 1.0f;
+  return gemm_.Run(g, stream_);
+}
+
+absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir,
+                                                                  const kernels::AttnArgs& a) {
+  const bool fwd = dir == AttnDir::kForward;
+  if (cudnn_ == nullptr || (!fwd && options_.deterministic)) return std::optional<int64_t>();
+  absl::StatusOr<int64_t> ws =
+      fwd ? cudnn_->ForwardWorkspaceBytes(a, AttnStrides()) : cudnn_->BackwardWorkspaceBytes(a, AttnStrides());
+  if (ws.ok()) return std::optional<int64_t>(*ws);
+  if (!absl::IsUnimplemented(ws.status())) return ws.status();
+  if (!cudnn_rejected_logged_[fwd ? 0 : 1]) {
+    cudnn_rejected_logged_[fwd ? 0 : 1] = true;
+    LOG(WARNING) << "cuDNN attention " << (fwd ? "forward" : "backward") << " rejected " << a.num_docs
+                 << " documents of up to " << a.max_seqlen << " tokens (" << ws.status().message()
+                 << "); the own kernels run such calls";
+  }
+  return std::optional<int64_t>();
+}
+
+absl::Status CudaBackend::AttentionForward(const CudaBatch& b, const LayerActs& a) {
+  const kernels::AttnArgs attn = Attn(b);
+  ASSIGN_OR_RETURN(std::optional<int64_t> ws, CudnnWorkspace(AttnDir::kForward, attn));
+  if (!ws.has_value()) {
+    return kernels::FlashAttentionForward(attn, {a.qr, qd_}, {a.kr, kvd_}, {a.qkv + qd_ + kvd_, qkv_}, {a.o, qd_},
+                                          a.lse, stream_);
+  }
+  PoolBlock block;
+  RETURN_IF_ERROR(block.Alloc(Align256(*ws), stream_));
+  return cudnn_->Forward(attn, {a.qr, qd_}, {a.kr, kvd_}, {a.qkv + qd_ + kvd_, qkv_}, {a.o, qd_}, a.lse, block.get(),
+                         stream_);
+}
+
+absl::Status CudaBackend::AttentionBackward(const kernels::AttnArgs& a, const std::optional<int64_t>& cudnn_ws,
+                                            const LayerActs& acts, bf16* d_o, bf16* dq, bf16* dk, bf16* dv, char* ws) {
+  if (!cudnn_ws.has_value()) {
+    return kernels::FlashAttentionBackward(a, {acts.qr, qd_}, {acts.kr, kvd_}, {acts.qkv + qd_ + kvd_, qkv_},
+                                           {acts.o, qd_}, acts.lse, {d_o, qd_}, {dq, qd_}, {dk, kvd_}, {dv, qkv_}, ws,
+                                           stream_);
+  }
+  return cudnn_->Backward(a, {acts.qr, qd_}, {acts.kr, kvd_}, {acts.qkv + qd_ + kvd_, qkv_}, {acts.o, qd_}, acts.lse,
+                          {d_o, qd_}, {dq, qd_}, {dk, kvd_}, {dv, qkv_}, ws, stream_);
+}
+
+absl::Status CudaBackend::LayerForward(const UnitParams& params, const CudaBatch& b, const void* x, const LayerActs& a,
+                                       bool run_attention, void* y) {
+  const int64_t T = b.num_tokens_;
+  // FP32 mode: BF16 scratch for the o_proj / down_proj outputs before their FP32 residual adds.
+  PoolBlock branch_block;
+  bf16* branch = nullptr;
+  if (f32()) {
+    RETURN_IF_ERROR(branch_block.Alloc(Align256(T * H_ * 2), stream_));
+    branch = reinterpret_cast<bf16*>(branch_block.get());
+  }
+  RETURN_IF_ERROR(NormForward(x, Norm(params, kInputNorm), T, a.xn1, a.rstd1));
+  RETURN_IF_ERROR(StackedForward(params.bf16, qkv_w_, a.xn1, T, H_, a.qkv, qkv_));
+  RETURN_IF_ERROR(QkForward(params, b, a));
+  if (run_attention) {
+    RETURN_IF_ERROR(AttentionForward(b, a));
+  }
+  // h1 = x + o · Woᵀ
+  RETURN_IF_ERROR(ResidualGemm(a.o, qd_, W(params.bf16, kOProj), x, a.h1, branch, T));
+  RETURN_IF_ERROR(NormForward(a.h1, Norm(params, kPostNorm), T, a.xn2, a.rstd2));
+  RETURN_IF_ERROR(StackedForward(params.bf16, gu_w_, a.xn2, T, H_, a.gu, 2 * I_));
+  RETURN_IF_ERROR(kernels::SwiGluForward(a.gu, T, I_, a.act, stream_));
+  if (y != nullptr) {  // y = h1 + act · Wdᵀ
+    RETURN_IF_ERROR(ResidualGemm(a.act, I_, W(params.bf16, kDownProj), a.h1, y, branch, T));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DecoderForward(const UnitParams& params, const DeviceBatch& batch, const void* x, void* y,
+                                         ActPolicy policy, std::unique_ptr<SavedActivations>* saved) {
+  const auto& b = static_cast<const CudaBatch&>(batch);
+  const int64_t T = b.num_tokens_;
+  LayerActs acts;
+  PoolBlock scratch;
+  std::unique_ptr<CudaSaved> keep;
+  const bool keep_all = saved != nullptr && policy == ActPolicy::kKeepAll;
+  const bool keep_attn = saved != nullptr && policy != ActPolicy::kRecomputeLayer;
+  {
+    Carver kept, tmp;
+    if (saved != nullptr) {
+      keep = std::make_unique<CudaSaved>();
+      keep->policy_ = policy;
+      keep->num_tokens_ = T;
+      ReserveActs(kept, keep->acts_, T, keep_attn, keep_all);
+    }
+    if (!keep_all) ReserveActs(tmp, acts, T, false, true);
+    if (!keep_attn) ReserveActs(tmp, acts, T, true, false);
+    if (keep) {
+      RETURN_IF_ERROR(kept.Alloc(keep->block_, stream_));
+      if (keep_all) acts = keep->acts_;
+      if (keep_attn) {
+        acts.o = keep->acts_.o;
+        acts.lse = keep->acts_.lse;
+      }
+    }
+    // Pieces not owned by `keep` point into the scratch block.
+    RETURN_IF_ERROR(tmp.Alloc(scratch, stream_));
+  }
+  RETURN_IF_ERROR(LayerForward(params, b, x, acts, true, y));
+  if (saved != nullptr) *saved = std::move(keep);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const DeviceBatch& batch, const void* x,
+                                          SavedActivations* saved_base, const void* dy, void* dx, float* dparams) {
+  const auto& b = static_cast<const CudaBatch&>(batch);
+  const int64_t T = b.num_tokens_;
+  auto* saved = static_cast<CudaSaved*>(saved_base);
+  ActPolicy policy = saved == nullptr ? ActPolicy::kRecomputeLayer : saved->policy_;
+  if (saved != nullptr && saved->num_tokens_ != T) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("saved activations hold ", saved->num_tokens_, " tokens, batch has ", T));
+  }
+  LayerActs acts;
+  if (saved != nullptr) acts = saved->acts_;
+  const kernels::AttnArgs attn = Attn(b);
+  const kernels::RopeArgs rope = Rope(T);
+
+  // Scratch: recomputed activations (per policy) and the gradients.
+  Carver c;
+  PoolBlock block;
+  LayerActs re;
+  if (policy != ActPolicy::kKeepAll) ReserveActs(c, re, T, policy == ActPolicy::kRecomputeLayer, true);
+  bf16 *dact, *dgu, *dattn_o, *dqr, *dkr, *dqkv;
+  bf16* dres_b = nullptr;  // FP32 mode: BF16 copy of dy, then of dh1 (the GEMMs' operand)
+  void *dxn, *dh1;         // residual dtype
+  float* ws_f;
+  char* ws_attn;
+  c.Reserve(&dact, T * I_);
+  c.Reserve(&dgu, T * 2 * I_);
+  c.ReserveBytes(&dxn, T * H_ * act_bytes());
+  c.ReserveBytes(&dh1, T * H_ * act_bytes());
+  if (f32()) c.Reserve(&dres_b, T * H_);
+  c.Reserve(&dattn_o, T * qd_);
+  c.Reserve(&dqr, T * qd_);
+  c.Reserve(&dkr, T * kvd_);
+  c.Reserve(&dqkv, T * qkv_);
+  c.Reserve(&ws_f, std::max(kernels::RmsNormBackwardWorkspaceNumel(T, H_), kernels::QkNormRopeBackwardWorkspaceNumel(rope)));
+  ASSIGN_OR_RETURN(const std::optional<int64_t> cudnn_ws, CudnnWorkspace(AttnDir::kBackward, attn));
+  c.Reserve(&ws_attn, cudnn_ws.has_value() ? *cudnn_ws : kernels::FlashAttentionBackwardWorkspaceBytes(attn));
+  RETURN_IF_ERROR(c.Alloc(block, stream_));
+  if (policy == ActPolicy::kRecomputeLayer) {
+    acts = re;
+    RETURN_IF_ERROR(LayerForward(params, b, x, acts, true, nullptr));
+  } else if (policy == ActPolicy::kSelective) {
+    re.o = acts.o;
+    re.lse = acts.lse;
+    acts = re;
+    RETURN_IF_ERROR(LayerForward(params, b, x, acts, false, nullptr));
+  }
+
+  // MLP: y = h1 + act · Wdᵀ
+  {
+    // The GEMM operand: dy itself (BF16 mode) or its BF16 rounding (FP32 mode; HF autocast's
+    // gradient of the BF16 down_proj output).
+    const bf16* dy_g = static_cast<const bf16*>(dy);
+    if (f32()) {
+      RETURN_IF_ERROR(kernels::CastF32ToBf16(static_cast<const float*>(dy), T * H_, 1.0f, dres_b, stream_));
+      dy_g = dres_b;
+    }
+    GemmArgs g;  // dact = dy · Wd
+    g.op_b = GemmOp::kN;
+    g.m = T;
+    g.n = I_;
+    g.k = H_;
+    g.a = dy_g;
+    g.lda = H_;
+    g.b = W(params.bf16, kDownProj);
+    g.ldb = I_;
+    g.d = dact;
+    g.ldd = I_;
+    RETURN_IF_ERROR(gemm_.Run(g, stream_));
+    RETURN_IF_ERROR(Wgrad(dy_g, H_, acts.act, I_, T, H_, I_, dparams + off_[kDownProj]));
+  }
+  RETURN_IF_ERROR(kernels::SwiGluBackward(acts.gu, dact, T, I_, dgu, stream_));
+  RETURN_IF_ERROR(StackedBackward(params.bf16, dparams, gu_w_, dgu, 2 * I_, acts.xn2, T, H_, dxn, act_gemm_type()));
+  // dh1 = dy + RMSNorm2ᵀ(dxn)
+  RETURN_IF_ERROR(NormBackward(dxn, acts.h1, Norm(params, kPostNorm), acts.rstd2, dy, T, dh1, dparams + off_[kPostNorm],
+                               ws_f));
+  // Attention block: h1 = x + o · Woᵀ
+  {
+    const bf16* dh1_g = static_cast<const bf16*>(dh1);
+    if (f32()) {  // dres_b's previous content (bf16 dy) was last read by the down_proj GEMMs above
+      RETURN_IF_ERROR(kernels::CastF32ToBf16(static_cast<const float*>(dh1), T * H_, 1.0f, dres_b, stream_));
+      dh1_g = dres_b;
+    }
+    GemmArgs g;  // do = dh1 · Wo
+    g.op_b = GemmOp::kN;
+    g.m = T;
+    g.n = qd_;
+    g.k = H_;
+    g.a = dh1_g;
+    g.lda = H_;
+    g.b = W(params.bf16, kOProj);
+    g.ldb = qd_;
+    g.d = dattn_o;
+    g.ldd = qd_;
+    RETURN_IF_ERROR(gemm_.Run(g, stream_));
+    RETURN_IF_ERROR(Wgrad(dh1_g, H_, acts.o, qd_, T, H_, qd_, dparams + off_[kOProj]));
+  }
+  RETURN_IF_ERROR(AttentionBackward(attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + qd_ + kvd_, ws_attn));
+  {
+    const NormW qn = Norm(params, kQNorm), kn = Norm(params, kKNorm);
+    float* dqn = dparams + off_[kQNorm];
+    float* dkn = dparams + off_[kKNorm];
+    RETURN_IF_ERROR(qn.f != nullptr ? kernels::QkNormRopeBackward(rope, dqr, dkr, acts.qkv, qkv_, qn.f, kn.f, b.positions_,
+                                                                  dqkv, qkv_, dqn, dkn, ws_f, stream_)
+                                    : kernels::QkNormRopeBackward(rope, dqr, dkr, acts.qkv, qkv_, qn.b, kn.b, b.positions_,
+                                                                  dqkv, qkv_, dqn, dkn, ws_f, stream_));
+  }
+  RETURN_IF_ERROR(StackedBackward(params.bf16, dparams, qkv_w_, dqkv, qkv_, acts.xn1, T, H_, dxn, act_gemm_type()));
+  // dx = dh1 + RMSNorm1ᵀ(dxn)   (dx may alias dy: dy is no longer read)
+  RETURN_IF_ERROR(NormBackward(dxn, x, Norm(params, kInputNorm), acts.rstd1, dh1, T, dx, dparams + off_[kInputNorm],
+                               ws_f));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::HeadForwardBackward(const UnitParams& norm_params, const bf16_t* lm_head_w,
+                                              const DeviceBatch& batch, const void* x, float loss_scale,
+                                              void* dx, float* dnorm, float* dlm_head, float* loss_sum) {
+  const auto& b = static_cast<const CudaBatch&>(batch);
+  const int64_t T = b.num_tokens_, V = config_.vocab_size;
+  if (T == 0) return absl::OkStatus();
+  const NormW norm_w{reinterpret_cast<const bf16*>(norm_params.bf16), norm_params.fp32};
+  const bf16* wl = reinterpret_cast<const bf16*>(lm_head_w);
+  int64_t chunk = std::max<int64_t>(1, options_.head_logits_budget_bytes / (V * 2));
+  if (chunk >= 128) chunk = chunk / 128 * 128;
+  chunk = std::min(chunk, T);
+  Carver c;
+  PoolBlock block;
+  bf16 *xn, *logits;
+  char* dxn;  // residual dtype (FP32 mode: the dgrad GEMM writes FP32)
+  float *rstd, *row_loss, *ws;
+  c.Reserve(&xn, T * H_);
+  c.Reserve(&dxn, T * H_ * act_bytes());
+  c.Reserve(&rstd, T);
+  c.Reserve(&row_loss, T);
+  c.Reserve(&ws, kernels::RmsNormBackwardWorkspaceNumel(T, H_));
+  c.Reserve(&logits, chunk * V);
+  RETURN_IF_ERROR(c.Alloc(block, stream_));
+  RETURN_IF_ERROR(NormForward(x, norm_w, T, xn, rstd));
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t tc = std::min(chunk, T - t0);
+    GemmArgs g;  // logits = xn_c · Wᵀ
+    g.m = tc;
+    g.n = V;
+    g.k = H_;
+    g.a = xn + t0 * H_;
+    g.lda = H_;
+    g.b = wl;
+    g.ldb = H_;
+    g.d = logits;
+    g.ldd = V;
+    RETURN_IF_ERROR(gemm_.Run(g, stream_));
+    RETURN_IF_ERROR(kernels::CrossEntropyInPlace(logits, tc, V, V, b.labels_ + t0, kIgnoreIndex, loss_scale,
+                                                 row_loss + t0, stream_));
+    GemmArgs d;  // dxn_c = dlogits · W
+    d.op_b = GemmOp::kN;
+    d.m = tc;
+    d.n = H_;
+    d.k = V;
+    d.a = logits;
+    d.lda = V;
+    d.b = wl;
+    d.ldb = H_;
+    d.d = dxn + t0 * H_ * act_bytes();
+    d.ldd = H_;
+    d.out_type = act_gemm_type();
+    RETURN_IF_ERROR(gemm_.Run(d, stream_));
+    RETURN_IF_ERROR(Wgrad(logits, V, xn + t0 * H_, H_, tc, V, H_, dlm_head));
+  }
+  RETURN_IF_ERROR(kernels::SumInto(row_loss, T, loss_sum, stream_));
+  RETURN_IF_ERROR(NormBackward(dxn, x, norm_w, rstd, nullptr, T, dx, dnorm, ws));
+  return absl::OkStatus();
+}
+
+}  // namespace slidedp::cuda_backend_internal

@@ -1,0 +1,110 @@
+// Device memory of the CUDA backend, all stream-ordered on its compute stream: the DeviceBuffer it
+// hands out, a pool block freed when it goes out of scope, and the carver that cuts one block into
+// 256-byte aligned pieces (a layer's activations, a step's scratch). Internal to
+// worker/compute/cuda.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "common/status/status_macros.h"
+#include "worker/compute/backend.h"
+#include "worker/kernels/cuda_check.h"
+
+namespace slidedp::cuda_backend_internal {
+
+inline int64_t Align256(int64_t b) { return (b + 255) / 256 * 256; }
+
+// A stream-ordered allocation on the compute stream (cudaMallocAsync from the device pool, which
+// keeps freed memory cached): neither allocating nor freeing synchronizes the device, so the
+// pipeline's copy and communication streams keep running while buffers come and go. Only the
+// compute stream may use it (it is freed in that stream's order).
+class CudaBuffer final : public DeviceBuffer {
+ public:
+  CudaBuffer(void* p, int64_t bytes, cudaStream_t stream) : p_(p), bytes_(bytes), stream_(stream) {}
+  ~CudaBuffer() override {
+    if (p_ != nullptr) cudaFreeAsync(p_, stream_);
+  }
+  void* data() override { return p_; }
+  int64_t bytes() const override { return bytes_; }
+
+ private:
+  void* p_;
+  int64_t bytes_;
+  cudaStream_t stream_;
+};
+
+// A stream-ordered allocation from the device pool, freed (stream-ordered) when destroyed.
+class PoolBlock {
+ public:
+  PoolBlock() = default;
+  PoolBlock(const PoolBlock&) = delete;
+  PoolBlock& operator=(const PoolBlock&) = delete;
+  ~PoolBlock() { Release(); }
+  absl::Status Alloc(int64_t bytes, cudaStream_t stream) {
+    Release();
+    stream_ = stream;
+    bytes_ = bytes;
+    if (bytes == 0) return absl::OkStatus();
+    cudaError_t e = cudaMallocAsync(&p_, static_cast<size_t>(bytes), stream);
+    if (e == cudaErrorMemoryAllocation) {
+      // The error users meet when a batch or activation policy does not fit: give the numbers.
+      cudaGetLastError();
+      size_t free_bytes = 0, total_bytes = 0;
+      cudaMemGetInfo(&free_bytes, &total_bytes);
+      p_ = nullptr;
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "GPU memory exhausted: needed %.2f GiB more, %.2f GiB free of %.2f GiB; "
+          "lower the tokens per step per worker (train.global_batch), raise runtime.offload_ratio, or use runtime.act_policy: recompute or a smaller train.micro_batch",
+          bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0));
+    }
+    SLIDEDP_CUDA_RETURN_IF_ERROR(e);
+    return absl::OkStatus();
+  }
+  void Release() {
+    if (p_ != nullptr) cudaFreeAsync(p_, stream_);
+    p_ = nullptr;
+  }
+  char* get() const { return static_cast<char*>(p_); }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+// Carves 256-byte aligned pieces out of one PoolBlock: first Reserve() every piece, then Alloc().
+class Carver {
+ public:
+  template <typename T>
+  void Reserve(T** slot, int64_t numel) {
+    pieces_.push_back({reinterpret_cast<void**>(slot), offset_});
+    offset_ += Align256(numel * static_cast<int64_t>(sizeof(T)));
+  }
+  // An untyped piece (activations whose dtype depends on the residual mode).
+  void ReserveBytes(void** slot, int64_t bytes) {
+    pieces_.push_back({slot, offset_});
+    offset_ += Align256(bytes);
+  }
+  absl::Status Alloc(PoolBlock& block, cudaStream_t stream) {
+    RETURN_IF_ERROR(block.Alloc(offset_, stream));
+    for (auto& p : pieces_) *p.slot = block.get() + p.offset;
+    return absl::OkStatus();
+  }
+  int64_t bytes() const { return offset_; }
+
+ private:
+  struct Piece {
+    void** slot;
+    int64_t offset;
+  };
+  std::vector<Piece> pieces_;
+  int64_t offset_ = 0;
+};
+
+}  // namespace slidedp::cuda_backend_internal

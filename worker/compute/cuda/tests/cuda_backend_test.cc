@@ -1,0 +1,344 @@
+// The CUDA backend (cuda_backend.h) against the FP32 CPU backend on one decoder layer (forward and
+// backward under each activation policy), the embedding (BF16 and FP32 rows, forward and backward)
+// and the fused head (norm + LM head + cross entropy), for three small Qwen3 shapes (head dims 64,
+// 128, 16), both residual streams and both attentions (own kernels; cuDNN with FP32 norm weights,
+// skipped where libcudnn does not load). One packed micro-batch of three documents with repeated
+// token ids and ignored labels; outputs NaN-poisoned first.
+#include "worker/compute/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model/qwen3_config.h"
+#include "common/numeric/bf16.h"
+#include "gtest/gtest.h"
+#include "worker/compute/backend.h"
+#include "worker/kernels/cudnn_attention.h"
+#include "worker/kernels/tests/gpu_test.h"
+#include "worker/kernels/tests/kernel_test_util.h"
+
+namespace slidedp {
+namespace {
+
+using namespace kernel_test;  // the test-support helpers (kernel_test_util.h, gpu_test.h)
+
+struct Pair {
+  std::unique_ptr<ComputeBackend> gpu, cpu;
+};
+
+// Activations: the GPU backend's activation_dtype() (BF16 or FP32 residual stream), FP32 on the CPU
+// backend; both get the same BF16-representable values.
+struct Act {
+  std::unique_ptr<DeviceBuffer> g, c;
+  int64_t n = 0;
+};
+
+int64_t GpuActBytes(const Pair& p) { return DTypeBytes(p.gpu->activation_dtype()); }
+
+absl::Status MakeAct(Pair& p, const std::vector<double>& v, Act* a) {
+  a->n = v.size();
+  const int64_t ab = GpuActBytes(p);
+  auto g = p.gpu->Allocate(a->n * ab);
+  if (!g.ok()) return g.status();
+  auto c = p.cpu->Allocate(a->n * 4);
+  if (!c.ok()) return c.status();
+  a->g = std::move(*g);
+  a->c = std::move(*c);
+  auto hb = ToBf16(v);
+  auto hf = ToF32(v);
+  absl::Status s = ab == 4 ? p.gpu->CopyToDevice(hf.data(), a->g->data(), a->n * 4)
+                           : p.gpu->CopyToDevice(hb.data(), a->g->data(), a->n * 2);
+  if (!s.ok()) return s;
+  return p.cpu->CopyToDevice(hf.data(), a->c->data(), a->n * 4);
+}
+std::vector<double> GetG(Pair& p, DeviceBuffer& b, int64_t n) {
+  if (GpuActBytes(p) == 4) {
+    std::vector<float> h(n);
+    (void)p.gpu->CopyToHost(b.data(), h.data(), n * 4);
+    return std::vector<double>(h.begin(), h.end());
+  }
+  std::vector<bf16_t> h(n);
+  (void)p.gpu->CopyToHost(b.data(), h.data(), n * 2);
+  std::vector<double> o(n);
+  for (int64_t i = 0; i < n; ++i) o[i] = Bf16ToFloat(h[i]);
+  return o;
+}
+std::vector<double> GetF(ComputeBackend& be, const void* d, int64_t n) {
+  std::vector<float> h(n);
+  (void)be.CopyToHost(d, h.data(), n * 4);
+  return std::vector<double>(h.begin(), h.end());
+}
+
+// fp32_residual: which residual stream the CUDA backend keeps (CudaBackendOptions). The tolerances
+// are the BF16-stream ones in both modes (the FP32 stream is expected to be well inside them).
+// attention: the backend's attention (cuDNN or the own kernels).
+// fp32_norms: the norm weights also come as an FP32 side copy (UnitParams::fp32), with values
+// between BF16 neighbours, which both backends must use.
+void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp32_residual,
+                  CudaBackendOptions::Attention attention, bool fp32_norms) {
+  const std::string label = label_base + (fp32_residual ? "[fp32 res" : "[bf16 res") +
+                            (attention == CudaBackendOptions::Attention::kCudnn ? ", cudnn" : ", own") +
+                            (fp32_norms ? ", fp32 norms]" : "]");
+  Pair p;
+  CudaBackendOptions opt;
+  opt.fp32_residual = fp32_residual;
+  opt.attention = attention;
+  auto g = MakeCudaBackendWithOptions(cfg, 0, opt);
+  ASSERT_OK(g.status());
+  auto c = MakeCpuBackend(cfg);
+  ASSERT_OK(c.status());
+  p.gpu = std::move(*g);
+  p.cpu = std::move(*c);
+  const bool dtype_ok = p.gpu->activation_dtype() == (fp32_residual ? DType::kF32 : DType::kBF16);
+  std::printf("%s  %-58s\n", dtype_ok ? "PASS" : "FAIL", (label + " activation_dtype matches the option").c_str());
+  EXPECT_TRUE(dtype_ok) << label << " activation_dtype matches the option";
+  const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
+  const int64_t AB = GpuActBytes(p);  // GPU activation bytes per element
+  // A packed micro-batch: three documents, positions restarting, some labels ignored.
+  MicroBatch mb;
+  const std::vector<int> docs = {37, 100, 13};
+  mb.cu_seqlens = {0};
+  std::uniform_int_distribution<int> ut(0, static_cast<int>(V) - 1);
+  for (int d : docs) {
+    for (int i = 0; i < d; ++i) {
+      mb.tokens.push_back(ut(Rng()) % 97);  // repeated ids exercise the embedding grouping
+      mb.positions.push_back(i);
+      mb.labels.push_back(i == d - 1 || i % 11 == 5 ? kIgnoreIndex : ut(Rng()));
+    }
+    mb.cu_seqlens.push_back(mb.cu_seqlens.back() + d);
+    mb.max_seqlen = std::max(mb.max_seqlen, d);
+  }
+  const int64_t T = mb.num_tokens();
+  auto bg = p.gpu->UploadBatch(mb);
+  ASSERT_OK(bg.status());
+  auto bc = p.cpu->UploadBatch(mb);
+  ASSERT_OK(bc.status());
+
+  ModelLayout layout = ModelLayout::Build(cfg);
+  const UnitLayout& unit = layout.units.at(1);
+  std::vector<double> params(unit.numel, 0.0);
+  for (int t = 0; t < kNumDecoderTensors; ++t) {
+    const auto& ts = unit.tensors[t];
+    const bool norm = t == kInputNorm || t == kPostNorm || t == kQNorm || t == kKNorm;
+    auto v = norm ? RandVec(ts.numel, 0.2, 1.0) : RandVec(ts.numel, 1.0 / std::sqrt(static_cast<double>(ts.shape[1])));
+    std::copy(v.begin(), v.end(), params.begin() + ts.offset_numel);
+  }
+  auto pb = ToBf16(params);
+  auto pg = p.gpu->Allocate(pb.size() * 2);
+  ASSERT_OK(pg.status());
+  auto pc = p.cpu->Allocate(pb.size() * 2);
+  ASSERT_OK(pc.status());
+  ASSERT_OK(p.gpu->CopyToDevice(pb.data(), (*pg)->data(), pb.size() * 2));
+  ASSERT_OK(p.cpu->CopyToDevice(pb.data(), (*pc)->data(), pb.size() * 2));
+  std::vector<float> side(unit.fp32_numel, 0.0f);
+  for (const TensorSlot& ts : unit.tensors) {
+    if (ts.fp32_offset < 0) continue;
+    for (int64_t i = 0; i < ts.numel; ++i) {  // the BF16 value plus 0.3 of a BF16 step
+      const float b = Bf16ToFloat(pb[ts.offset_numel + i]);
+      side[ts.fp32_offset + i] = b + 0.3f * std::fabs(b) * 0.0078125f;
+    }
+  }
+  auto sg = p.gpu->Allocate(std::max<int64_t>(1, side.size()) * 4);
+  ASSERT_OK(sg.status());
+  auto sc_side = p.cpu->Allocate(std::max<int64_t>(1, side.size()) * 4);
+  ASSERT_OK(sc_side.status());
+  ASSERT_OK(p.gpu->CopyToDevice(side.data(), (*sg)->data(), side.size() * 4));
+  ASSERT_OK(p.cpu->CopyToDevice(side.data(), (*sc_side)->data(), side.size() * 4));
+  const UnitParams PG((*pg)->as<bf16_t>(), fp32_norms ? (*sg)->as<float>() : nullptr);
+  const UnitParams PC((*pc)->as<bf16_t>(), fp32_norms ? (*sc_side)->as<float>() : nullptr);
+
+  Act x, y, dy, dx;
+  ASSERT_OK(MakeAct(p, RandVec(T * H), &x));
+  ASSERT_OK(MakeAct(p, std::vector<double>(T * H, 0.0), &y));
+  ASSERT_OK(MakeAct(p, RandVec(T * H), &dy));
+  ASSERT_OK(MakeAct(p, std::vector<double>(T * H, 0.0), &dx));
+  std::unique_ptr<SavedActivations> sc;
+  ASSERT_OK(p.cpu->DecoderForward(PC, **bc, x.c->data(), y.c->data(), ActPolicy::kKeepAll, &sc));
+  auto ref_y = GetF(*p.cpu, y.c->data(), T * H);
+  auto dpc = p.cpu->Allocate(unit.numel * 4);
+  ASSERT_OK(dpc.status());
+  ASSERT_OK(p.cpu->Memset(**dpc, 0));
+  ASSERT_OK(p.cpu->DecoderBackward(PC, **bc, x.c->data(), sc.get(), dy.c->data(), dx.c->data(), (*dpc)->as<float>()));
+  auto ref_dx = GetF(*p.cpu, dx.c->data(), T * H);
+  auto ref_dp = GetF(*p.cpu, (*dpc)->data(), unit.numel);
+
+  for (ActPolicy pol : {ActPolicy::kKeepAll, ActPolicy::kSelective, ActPolicy::kRecomputeLayer}) {
+    const char* pname = pol == ActPolicy::kKeepAll ? "keep-all" : pol == ActPolicy::kSelective ? "selective" : "recompute";
+    cudaMemset(y.g->data(), 0xFF, T * H * AB); cudaDeviceSynchronize();
+    std::unique_ptr<SavedActivations> sg;
+    ASSERT_OK(p.gpu->DecoderForward(PG, **bg, x.g->data(), y.g->data(), pol, &sg));
+    ASSERT_OK(p.gpu->Synchronize());
+    const bool bytes_ok = sg->bytes() >= p.gpu->SavedBytesPerToken(pol) * T;
+    std::printf("%s  %-58s saved=%lld B, %lld B/token\n", bytes_ok ? "PASS" : "FAIL",
+                (label + " saved bytes >= SavedBytesPerToken·T " + pname).c_str(),
+                static_cast<long long>(sg->bytes()), static_cast<long long>(p.gpu->SavedBytesPerToken(pol)));
+    EXPECT_GE(sg->bytes(), p.gpu->SavedBytesPerToken(pol) * T)
+        << label << " saved bytes >= SavedBytesPerToken·T " << pname;
+    ExpectRelErr(label + " layer fwd y [" + pname + "]", GetG(p, *y.g, T * H), ref_y, 1.5e-2);
+    auto dpg = p.gpu->Allocate(unit.numel * 4);
+    ASSERT_OK(dpg.status());
+    ASSERT_OK(p.gpu->Memset(**dpg, 0));
+    // dx aliases a copy of dy (the interface allows it) on the recompute run.
+    void* dx_ptr = dx.g->data();
+    if (pol == ActPolicy::kRecomputeLayer) {
+      cudaMemcpy(dx.g->data(), dy.g->data(), T * H * AB, cudaMemcpyDeviceToDevice); cudaDeviceSynchronize();
+    } else {
+      cudaMemset(dx.g->data(), 0xFF, T * H * AB); cudaDeviceSynchronize();
+    }
+    ASSERT_OK(p.gpu->DecoderBackward(PG, **bg, x.g->data(), pol == ActPolicy::kRecomputeLayer ? nullptr : sg.get(),
+                                     pol == ActPolicy::kRecomputeLayer ? dx_ptr : dy.g->data(), dx_ptr,
+                                     (*dpg)->as<float>()));
+    ASSERT_OK(p.gpu->Synchronize());
+    ExpectRelErr(label + " layer bwd dx [" + pname + "]", GetG(p, *dx.g, T * H), ref_dx, 3e-2);
+    auto got_dp = GetF(*p.gpu, (*dpg)->data(), unit.numel);
+    for (int t = 0; t < kNumDecoderTensors; ++t) {
+      const auto& ts = unit.tensors[t];
+      std::vector<double> gv(got_dp.begin() + ts.offset_numel, got_dp.begin() + ts.offset_numel + ts.numel);
+      std::vector<double> rv(ref_dp.begin() + ts.offset_numel, ref_dp.begin() + ts.offset_numel + ts.numel);
+      std::string tn = ts.hf_name.substr(ts.hf_name.find("layers.") + 7);
+      ExpectRelErr(label + " layer bwd d" + tn + " [" + pname + "]", gv, rv, 4e-2);
+    }
+  }
+
+  // Embedding forward/backward.
+  {
+    auto table = RandVec(V * H);
+    auto tb = ToBf16(table);
+    auto tg = p.gpu->Allocate(tb.size() * 2);
+    auto tc = p.cpu->Allocate(tb.size() * 2);
+    ASSERT_OK(tg.status());
+    ASSERT_OK(tc.status());
+    ASSERT_OK(p.gpu->CopyToDevice(tb.data(), (*tg)->data(), tb.size() * 2));
+    ASSERT_OK(p.cpu->CopyToDevice(tb.data(), (*tc)->data(), tb.size() * 2));
+    cudaMemset(y.g->data(), 0xFF, T * H * AB); cudaDeviceSynchronize();
+    ASSERT_OK(p.gpu->EmbeddingForward((*tg)->as<bf16_t>(), **bg, y.g->data()));
+    ASSERT_OK(p.cpu->EmbeddingForward((*tc)->as<bf16_t>(), **bc, y.c->data()));
+    ASSERT_OK(p.gpu->Synchronize());
+    ExpectRelErr(label + " embedding fwd", GetG(p, *y.g, T * H), GetF(*p.cpu, y.c->data(), T * H), 0.0);
+    {  // FP32 rows (runtime.embedding_rows: fp32), off the BF16 grid
+      std::vector<float> t32(V * H);
+      for (int64_t i = 0; i < V * H; ++i) t32[i] = static_cast<float>(table[i]) * 1.0007f + 1e-4f;
+      auto fg = p.gpu->Allocate(V * H * 4);
+      auto fc = p.cpu->Allocate(V * H * 4);
+      ASSERT_OK(fg.status());
+      ASSERT_OK(fc.status());
+      ASSERT_OK(p.gpu->CopyToDevice(t32.data(), (*fg)->data(), V * H * 4));
+      ASSERT_OK(p.cpu->CopyToDevice(t32.data(), (*fc)->data(), V * H * 4));
+      ASSERT_OK(p.gpu->EmbeddingForward(UnitParams((*tg)->as<bf16_t>(), (*fg)->as<float>()), **bg, y.g->data()));
+      ASSERT_OK(p.cpu->EmbeddingForward(UnitParams((*tc)->as<bf16_t>(), (*fc)->as<float>()), **bc, y.c->data()));
+      ASSERT_OK(p.gpu->Synchronize());
+      // The CPU backend keeps FP32 activations: with the BF16 stream the GPU rounds the rows.
+      ExpectRelErr(label + " embedding fwd, FP32 rows", GetG(p, *y.g, T * H), GetF(*p.cpu, y.c->data(), T * H),
+                   AB == 4 ? 0.0 : 4e-3);
+    }
+    auto eg = p.gpu->Allocate(V * H * 4);
+    auto ec = p.cpu->Allocate(V * H * 4);
+    ASSERT_OK(eg.status());
+    ASSERT_OK(ec.status());
+    ASSERT_OK(p.gpu->Memset(**eg, 0));
+    ASSERT_OK(p.cpu->Memset(**ec, 0));
+    ASSERT_OK(p.gpu->EmbeddingBackward(dy.g->data(), **bg, (*eg)->as<float>()));
+    ASSERT_OK(p.cpu->EmbeddingBackward(dy.c->data(), **bc, (*ec)->as<float>()));
+    ASSERT_OK(p.gpu->Synchronize());
+    ExpectRelErr(label + " embedding bwd", GetF(*p.gpu, (*eg)->data(), V * H), GetF(*p.cpu, (*ec)->data(), V * H), 1e-5);
+  }
+  // Head: final norm + LM head + CE, forward and backward.
+  {
+    auto nw = RandVec(H, 0.2, 1.0);
+    auto lw = RandVec(V * H, 1.0 / std::sqrt(static_cast<double>(H)));
+    auto nb = ToBf16(nw), lb = ToBf16(lw);
+    auto ng = p.gpu->Allocate(H * 2), nc = p.cpu->Allocate(H * 2), lg = p.gpu->Allocate(V * H * 2),
+         lc = p.cpu->Allocate(V * H * 2);
+    ASSERT_OK(ng.status()); ASSERT_OK(nc.status()); ASSERT_OK(lg.status()); ASSERT_OK(lc.status());
+    ASSERT_OK(p.gpu->CopyToDevice(nb.data(), (*ng)->data(), H * 2));
+    ASSERT_OK(p.cpu->CopyToDevice(nb.data(), (*nc)->data(), H * 2));
+    ASSERT_OK(p.gpu->CopyToDevice(lb.data(), (*lg)->data(), V * H * 2));
+    ASSERT_OK(p.cpu->CopyToDevice(lb.data(), (*lc)->data(), V * H * 2));
+    const float loss_scale = 1.0f / static_cast<float>(mb.num_trained());
+    auto dn_g = p.gpu->Allocate(H * 4), dn_c = p.cpu->Allocate(H * 4), dl_g = p.gpu->Allocate(V * H * 4),
+         dl_c = p.cpu->Allocate(V * H * 4), ls_g = p.gpu->Allocate(4), ls_c = p.cpu->Allocate(4);
+    ASSERT_OK(dn_g.status()); ASSERT_OK(dn_c.status()); ASSERT_OK(dl_g.status()); ASSERT_OK(dl_c.status());
+    ASSERT_OK(ls_g.status()); ASSERT_OK(ls_c.status());
+    for (auto* b : {dn_g->get(), dl_g->get(), ls_g->get()}) ASSERT_OK(p.gpu->Memset(*b, 0));
+    for (auto* b : {dn_c->get(), dl_c->get(), ls_c->get()}) ASSERT_OK(p.cpu->Memset(*b, 0));
+    cudaMemset(dx.g->data(), 0xFF, T * H * AB); cudaDeviceSynchronize();
+    ASSERT_OK(p.gpu->HeadForwardBackward((*ng)->as<bf16_t>(), (*lg)->as<bf16_t>(), **bg, x.g->data(), loss_scale,
+                                         dx.g->data(), (*dn_g)->as<float>(), (*dl_g)->as<float>(),
+                                         (*ls_g)->as<float>()));
+    ASSERT_OK(p.cpu->HeadForwardBackward((*nc)->as<bf16_t>(), (*lc)->as<bf16_t>(), **bc, x.c->data(), loss_scale,
+                                         dx.c->data(), (*dn_c)->as<float>(), (*dl_c)->as<float>(),
+                                         (*ls_c)->as<float>()));
+    ASSERT_OK(p.gpu->Synchronize());
+    ExpectRelErr(label + " head loss", GetF(*p.gpu, (*ls_g)->data(), 1), GetF(*p.cpu, (*ls_c)->data(), 1), 2e-3);
+    ExpectRelErr(label + " head dx", GetG(p, *dx.g, T * H), GetF(*p.cpu, dx.c->data(), T * H), 3e-2);
+    ExpectRelErr(label + " head dnorm", GetF(*p.gpu, (*dn_g)->data(), H), GetF(*p.cpu, (*dn_c)->data(), H), 3e-2);
+    ExpectRelErr(label + " head dlm_head", GetF(*p.gpu, (*dl_g)->data(), V * H), GetF(*p.cpu, (*dl_c)->data(), V * H), 3e-2);
+  }
+}
+
+using Attention = CudaBackendOptions::Attention;
+
+struct BackendCase {
+  const char* model;  // "mini64", "mini128" or "tiny"
+  bool fp32_residual;
+  Attention attention;
+};
+
+std::string Name(const BackendCase& c) {
+  return std::string(c.model) + (c.fp32_residual ? "_Fp32Residual" : "_Bf16Residual") +
+         (c.attention == Attention::kCudnn ? "_CudnnFp32Norms" : "_Own");
+}
+std::string CaseName(const ::testing::TestParamInfo<BackendCase>& info) { return Name(info.param); }
+void PrintTo(const BackendCase& c, std::ostream* os) { *os << Name(c); }
+
+class CudaBackendGpuTest : public GpuTest, public ::testing::WithParamInterface<BackendCase> {};
+
+TEST_P(CudaBackendGpuTest, MatchesCpuBackend) {
+  const BackendCase& b = GetParam();
+  if (b.attention == Attention::kCudnn) {
+    absl::StatusOr<std::unique_ptr<kernels::CudnnAttention>> cudnn = kernels::CudnnAttention::Create(0);
+    if (!cudnn.ok()) GTEST_SKIP() << "cudnn attention: " << cudnn.status().ToString();
+  }
+  Qwen3Config c;
+  c.hidden_size = 256; c.num_hidden_layers = 1; c.num_attention_heads = 4; c.num_key_value_heads = 2;
+  c.head_dim = 64; c.intermediate_size = 384; c.vocab_size = 1000; c.tie_word_embeddings = false;
+  Qwen3Config c128 = c;
+  c128.head_dim = 128; c128.num_attention_heads = 4; c128.num_key_value_heads = 1;
+  // The FP32 norm weights (the workers' default) with cuDNN (the default attention).
+  const bool norms = b.attention == Attention::kCudnn;
+  const std::string model = b.model;
+  if (model == "mini64") {
+    CheckBackend("qwen3-mini(hd64)", c, b.fp32_residual, b.attention, norms);
+  } else if (model == "mini128") {
+    CheckBackend("qwen3-mini(hd128)", c128, b.fp32_residual, b.attention, norms);
+  } else {
+    auto tiny = Qwen3Config::Preset("tiny");
+    if (!tiny.ok()) GTEST_SKIP() << "preset tiny: " << tiny.status().ToString();
+    CheckBackend("tiny(hd16)", *tiny, b.fp32_residual, b.attention, norms);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaBackendGpuTest,
+    ::testing::Values(BackendCase{"mini64", true, Attention::kOwn}, BackendCase{"mini128", true, Attention::kOwn},
+                      BackendCase{"tiny", true, Attention::kOwn}, BackendCase{"mini64", false, Attention::kOwn},
+                      BackendCase{"mini128", false, Attention::kOwn}, BackendCase{"tiny", false, Attention::kOwn},
+                      BackendCase{"mini64", true, Attention::kCudnn}, BackendCase{"mini128", true, Attention::kCudnn},
+                      BackendCase{"tiny", true, Attention::kCudnn}, BackendCase{"mini64", false, Attention::kCudnn},
+                      BackendCase{"mini128", false, Attention::kCudnn},
+                      BackendCase{"tiny", false, Attention::kCudnn}),
+    CaseName);
+
+}  // namespace
+}  // namespace slidedp

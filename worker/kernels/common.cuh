@@ -1,0 +1,72 @@
+// Device-side pieces the row and element-wise kernel families share (rmsnorm, qk_norm_rope,
+// swiglu, embedding, cross_entropy, reductions): the warp sum, 8-wide BF16/FP32 vector loads and
+// stores, the grid of the grid-stride kernels, and the partial-row reduction kernel the norm weight
+// gradients end in. Included by those .cu files only; launch checks are cuda_check.h's.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace slidedp::kernels {
+
+using bf16 = __nv_bfloat16;
+
+namespace internal {
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+struct alignas(16) Bf16x8 {
+  __nv_bfloat162 v[4];
+};
+
+__device__ __forceinline__ void Load8(const bf16* p, float* f) {
+  Bf16x8 x = *reinterpret_cast<const Bf16x8*>(p);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 t = __bfloat1622float2(x.v[i]);
+    f[2 * i] = t.x;
+    f[2 * i + 1] = t.y;
+  }
+}
+
+__device__ __forceinline__ void Store8(bf16* p, const float* f) {
+  Bf16x8 x;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) x.v[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+  *reinterpret_cast<Bf16x8*>(p) = x;
+}
+
+// FP32 versions (FP32 residual stream): two 16-byte accesses; p must be 16-byte aligned.
+__device__ __forceinline__ void Load8(const float* p, float* f) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
+  f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+}
+
+__device__ __forceinline__ void Store8(float* p, const float* f) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+}
+
+// Blocks for a grid-stride loop over `work` items of `threads` per block: at most 16 per SM.
+inline int GridFor(int64_t work, int threads) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((work + threads - 1) / threads, 132 * 16)));
+}
+
+// out[c] += Σ_p partial[p][c] (columns c >= split go to out_hi[c - split]). A 32x32 block: thread
+// (tx, ty) sums parts ty, ty+32, ... of column tx; the 32 sums are then added in ty order, so the
+// result is the same on every run.
+// Defined in reductions.cu (behind ReducePartialsInto); qk_norm_rope.cu launches it directly, with
+// the q and k norm-weight columns going to two outputs.
+__global__ void ReducePartialsKernel(const float* __restrict__ partial, int64_t parts, int64_t cols, int64_t split,
+                                     float* out_lo, float* out_hi);
+
+}  // namespace internal
+}  // namespace slidedp::kernels

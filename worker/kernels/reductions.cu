@@ -1,0 +1,163 @@
+// Deterministic reductions and casts; see reductions.h. All are memory-bound: their ceiling is device
+// copy bandwidth over the bytes each reads and writes once (bench/kernels reports the fraction).
+#include "worker/kernels/reductions.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "worker/kernels/common.cuh"
+#include "worker/kernels/cuda_check.h"
+
+namespace slidedp::kernels {
+using namespace internal;  // common.cuh
+
+namespace internal {
+
+__global__ void ReducePartialsKernel(const float* __restrict__ partial, int64_t parts, int64_t cols, int64_t split,
+                                     float* out_lo, float* out_hi) {
+  __shared__ float sm[32][33];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  const int64_t c = blockIdx.x * 32ll + tx;
+  float s = 0.f;
+  if (c < cols)
+    for (int64_t p = ty; p < parts; p += 32) s += partial[p * cols + c];
+  sm[ty][tx] = s;
+  __syncthreads();
+  if (ty == 0 && c < cols) {
+    float t = 0.f;
+    for (int i = 0; i < 32; ++i) t += sm[i][tx];
+    if (c < split) out_lo[c] += t; else out_hi[c - split] += t;
+  }
+}
+
+}  // namespace internal
+
+namespace {
+
+constexpr int kMaxPartialBlocks = 1056;  // 8 per SM on a 132-SM H200
+
+// Sum over the block; every thread gets the result. scratch: 33 floats of shared memory.
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  v = WarpSum(v);
+  __syncthreads();  // scratch reuse across calls
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float t = lane < nwarps ? scratch[lane] : 0.0f;
+    t = WarpSum(t);
+    if (lane == 0) scratch[32] = t;
+  }
+  __syncthreads();
+  return scratch[32];
+}
+
+__global__ void SumIntoKernel(const float* __restrict__ vals, int64_t n, float* out) {
+  __shared__ float scratch[33];
+  float s = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += vals[i];
+  s = BlockSum(s, scratch);
+  if (threadIdx.x == 0) *out += s;
+}
+
+__device__ __forceinline__ double WarpSumF64(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Fixed-order block sum of doubles (blockDim.x a multiple of 32, at most 1024).
+__device__ __forceinline__ double BlockSumF64(double v, double* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = WarpSumF64(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  double t = 0;
+  if (warp == 0) {
+    t = lane < nwarps ? scratch[lane] : 0.0;
+    t = WarpSumF64(t);
+  }
+  return t;  // valid in thread 0
+}
+
+__global__ void SumSquaresPartialKernel(const float* __restrict__ x, int64_t n, double* __restrict__ partials) {
+  __shared__ double scratch[32];
+  double s = 0;
+  const int64_t n4 = (reinterpret_cast<uintptr_t>(x) & 15) == 0 ? n / 4 : 0;
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = x4[i];
+    s += static_cast<double>(v.x) * v.x + static_cast<double>(v.y) * v.y + static_cast<double>(v.z) * v.z +
+         static_cast<double>(v.w) * v.w;
+  }
+  for (int64_t i = n4 * 4 + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    s += static_cast<double>(x[i]) * x[i];
+  }
+  s = BlockSumF64(s, scratch);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+__global__ void SumPartialsF64Kernel(const double* __restrict__ partials, int parts, double* out) {
+  __shared__ double scratch[32];
+  double s = 0;
+  for (int i = threadIdx.x; i < parts; i += blockDim.x) s += partials[i];
+  s = BlockSumF64(s, scratch);
+  if (threadIdx.x == 0) *out = s;
+}
+
+__global__ void CastKernel(const float* __restrict__ src, int64_t n, float scale, bf16* __restrict__ dst) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = __float2bfloat16(src[i] * scale);
+}
+
+// No __restrict__: out may alias res (each element is read before it is written, by one thread).
+__global__ void AddBf16ToF32Kernel(const float* res, const bf16* __restrict__ branch, int64_t n, float* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = res[i] + __bfloat162float(branch[i]);
+}
+
+}  // namespace
+
+int64_t PartialBlocks(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, kMaxPartialBlocks)); }
+
+absl::Status ReducePartialsInto(const float* partial, int64_t parts, int64_t cols, float* out, cudaStream_t stream) {
+  if (cols <= 0) return absl::OkStatus();
+  ReducePartialsKernel<<<(cols + 31) / 32, 1024, 0, stream>>>(partial, parts, cols, cols, out, nullptr);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status SumSquaresF32(const float* x, int64_t n, double* partials, double* out, cudaStream_t stream) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("SumSquaresF32: n = ", n));
+  SumSquaresPartialKernel<<<kSumSquaresBlocks, 256, 0, stream>>>(x, n, partials);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  SumPartialsF64Kernel<<<1, 512, 0, stream>>>(partials, kSumSquaresBlocks, out);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status SumInto(const float* vals, int64_t n, float* out, cudaStream_t stream) {
+  SumIntoKernel<<<1, 1024, 0, stream>>>(vals, n, out);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status CastF32ToBf16(const float* src, int64_t n, float scale, bf16* dst, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  CastKernel<<<GridFor(n, 256), 256, 0, stream>>>(src, n, scale, dst);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status AddBf16ToF32(const float* res, const bf16* branch, int64_t n, float* out, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  AddBf16ToF32Kernel<<<GridFor(n, 256), 256, 0, stream>>>(res, branch, n, out);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+}  // namespace slidedp::kernels

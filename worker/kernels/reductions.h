@@ -1,0 +1,42 @@
+// Small deterministic reductions and FP32/BF16 conversions: the partial-row sum the weight
+// gradients end in, the loss sum, the FP64 squared norm (device-staged gradient clipping), the
+// scaled FP32 -> BF16 cast and the FP32 residual add of a BF16 GEMM output.
+//
+// Every launcher takes its tensors, sizes and an explicit stream, returns a Status (bad sizes are
+// INVALID_ARGUMENT, launch failures INTERNAL) and never synchronizes. BF16 storage, FP32 math.
+// Weight gradients are ADDED to FP32 outputs through a two-stage deterministic reduction: each
+// block writes a partial row into a caller workspace, then one pass sums the partials in a fixed
+// order (so results do not depend on scheduling). PartialBlocks gives the number of partial rows;
+// the families' *WorkspaceNumel() helpers size the workspace.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace slidedp::kernels {
+
+using bf16 = __nv_bfloat16;
+
+// Number of partial rows the deterministic weight-gradient reductions use for `rows` rows.
+int64_t PartialBlocks(int64_t rows);
+
+// out[c] += Σ_p partial[p * cols + c] for p in [0, parts), fixed order.
+absl::Status ReducePartialsInto(const float* partial, int64_t parts, int64_t cols, float* out, cudaStream_t stream);
+// *out += Σ vals[0..n) in a fixed order (one block).
+absl::Status SumInto(const float* vals, int64_t n, float* out, cudaStream_t stream);
+// *out = Σ x[i]² accumulated in FP64, deterministically: kSumSquaresBlocks blocks write partial
+// sums (fixed element-to-thread mapping) to `partials`, then one block adds them in a fixed
+// order. Calls sharing `partials` must be ordered (one stream).
+constexpr int kSumSquaresBlocks = 528;
+absl::Status SumSquaresF32(const float* x, int64_t n, double* partials, double* out, cudaStream_t stream);
+// dst[i] = bf16(src[i] * scale).
+absl::Status CastF32ToBf16(const float* src, int64_t n, float scale, bf16* dst, cudaStream_t stream);
+// out[i] = res[i] + float(branch[i]): the FP32 residual add of a BF16 GEMM output, in HF autocast's
+// order (the branch is rounded to BF16 first, the sum is FP32). out may alias res.
+absl::Status AddBf16ToF32(const float* res, const bf16* branch, int64_t n, float* out, cudaStream_t stream);
+
+}  // namespace slidedp::kernels

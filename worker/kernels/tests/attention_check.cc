@@ -1,0 +1,158 @@
+// The attention check both attention test binaries run; see attention_check.h.
+#include "worker/kernels/tests/attention_check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gtest/gtest.h"
+#include "worker/kernels/tests/gpu_test.h"
+#include "worker/kernels/tests/kernel_test_util.h"
+
+namespace slidedp::kernel_test {
+
+void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kernels::AttnArgs::BwdSplit split,
+                    kernels::CudnnAttention* cudnn, bool ordered) {
+  std::vector<int32_t> cu = {0};
+  for (int d : docs) cu.push_back(cu.back() + d);
+  const int64_t T = cu.back();
+  const int max_len = *std::max_element(docs.begin(), docs.end());
+  const int64_t ldq = nq * hd, ldk = nkv * hd, ldv = nkv * hd + 24;  // v strided like the packed qkv
+  auto q = RandVec(T * ldq), k = RandVec(T * ldk), v = RandVec(T * ldv), dout = RandVec(T * ldq);
+  std::unique_ptr<Dev<bf16>> dq_in(NewBf16(q)), dk_in(NewBf16(k)), dv_in(NewBf16(v)), ddo(NewBf16(dout));
+  Dev<int32_t> dcu(cu.size());
+  Upload(dcu, cu);
+  Dev<bf16> o(T * ldq), dq(T * ldq), dk(T * ldk), dv(T * ldv);
+  Dev<float> lse(nq * T);
+  kernels::AttnArgs a;
+  a.tokens = T; a.num_docs = docs.size(); a.max_seqlen = max_len; a.num_q_heads = nq; a.num_kv_heads = nkv;
+  a.head_dim = hd; a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd)); a.cu_seqlens = dcu.get();
+  a.bwd_split = split;
+  a.ordered_dq = ordered;
+  // The backward's three outputs as bits (for the repeatability checks); empty on a copy error.
+  auto grads_bits = [&]() -> std::vector<uint16_t> {
+    std::vector<uint16_t> bits(T * (ldq + ldk + ldv));
+    const bool ok =
+        cudaMemcpy(bits.data(), dq.get(), T * ldq * 2, cudaMemcpyDeviceToHost) == cudaSuccess &&
+        cudaMemcpy(bits.data() + T * ldq, dk.get(), T * ldk * 2, cudaMemcpyDeviceToHost) == cudaSuccess &&
+        cudaMemcpy(bits.data() + T * (ldq + ldk), dv.get(), T * ldv * 2, cudaMemcpyDeviceToHost) == cudaSuccess;
+    return ok ? bits : std::vector<uint16_t>();
+  };
+  if (cudnn == nullptr) {
+    Dev<char> ws(kernels::FlashAttentionBackwardWorkspaceBytes(a));
+    ASSERT_OK(kernels::FlashAttentionForward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv},
+                                             {o.get(), ldq}, lse.get(), nullptr));
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    // Backward consumes the kernel's own O (as in training).
+    auto backward = [&] {
+      ASSERT_OK(kernels::FlashAttentionBackward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv},
+                                                {o.get(), ldq}, lse.get(), {ddo->get(), ldq}, {dq.get(), ldq},
+                                                {dk.get(), ldk}, {dv.get(), ldv}, ws.get(), nullptr));
+      ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    };
+    backward();
+    if (ordered) {
+      const std::vector<uint16_t> first = grads_bits();
+      bool same = true;
+      for (int run = 0; run < 2; ++run) {
+        backward();
+        same = same && !first.empty() && grads_bits() == first;
+      }
+      std::printf("%s  attention bwd ordered dQ: 3 runs bitwise equal (hd=%d %d/%d heads, %zu docs, T=%lld)\n",
+                  same ? "PASS" : "FAIL", hd, nq, nkv, docs.size(), static_cast<long long>(T));
+      EXPECT_TRUE(same) << "attention bwd ordered dQ: 3 runs bitwise equal (hd=" << hd << " " << nq << "/" << nkv
+                        << " heads, " << docs.size() << " docs, T=" << T << ")";
+    }
+  } else {
+    const kernels::AttnRowStrides ld{ldq, ldk, ldv, ldq, ldq, ldq, ldk, ldv};
+    absl::StatusOr<int64_t> fwd_ws = cudnn->ForwardWorkspaceBytes(a, ld);
+    absl::StatusOr<int64_t> bwd_ws = fwd_ws.ok() ? cudnn->BackwardWorkspaceBytes(a, ld) : fwd_ws;
+    // Only head_dim 128 (the models we train) must be supported; cuDNN may lack other shapes.
+    if (!bwd_ws.ok() && hd != 128 && absl::IsUnimplemented(bwd_ws.status())) {
+      GTEST_SKIP() << "cudnn attention hd=" << hd << ": " << bwd_ws.status().ToString();
+    }
+    ASSERT_OK(bwd_ws.status());
+    // Poisoned (NaN) like every output: the check also catches workspace read before written.
+    Dev<char> ws(std::max(*fwd_ws, *bwd_ws));
+    ASSERT_OK(cudnn->Forward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv}, {o.get(), ldq},
+                             lse.get(), ws.get(), nullptr));
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_OK(cudnn->Backward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv}, {o.get(), ldq},
+                              lse.get(), {ddo->get(), ldq}, {dq.get(), ldq}, {dk.get(), ldk}, {dv.get(), ldv},
+                              ws.get(), nullptr));
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    // Whether more backwards on the same inputs give the same bits: reported, not checked (cuDNN
+    // 9.19's Hopper engines add dQ with atomics; small cases are usually repeatable anyway).
+    const std::vector<uint16_t> first = grads_bits();
+    bool same = true;
+    for (int run = 0; run < 2; ++run) {
+      ASSERT_OK(cudnn->Backward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv}, {o.get(), ldq},
+                                lse.get(), {ddo->get(), ldq}, {dq.get(), ldq}, {dk.get(), ldk}, {dv.get(), ldv},
+                                ws.get(), nullptr));
+      ASSERT_CUDA_OK(cudaDeviceSynchronize());
+      same = same && grads_bits() == first;
+    }
+    std::printf("INFO  cudnn attention bwd bitwise repeatable over 3 runs (hd=%d, %zu docs, T=%lld): %s\n", hd,
+                docs.size(), static_cast<long long>(T), same ? "yes" : "no");
+  }
+  const double sc = a.softmax_scale;
+  const int group = nq / nkv;
+  std::vector<double> ro(T * ldq), rl(nq * T), rdq(T * ldq, 0), rdk(T * ldk, 0), rdv_full(T * ldv, 0);
+  for (size_t d = 0; d + 1 < cu.size(); ++d)
+    for (int h = 0; h < nq; ++h) {
+      const int kh = h / group;
+      for (int64_t i = cu[d]; i < cu[d + 1]; ++i) {
+        std::vector<double> p(i - cu[d] + 1);
+        double m = -INFINITY;
+        for (int64_t j = cu[d]; j <= i; ++j) {
+          double s = 0;
+          for (int c = 0; c < hd; ++c) s += q[i * ldq + h * hd + c] * k[j * ldk + kh * hd + c];
+          p[j - cu[d]] = s * sc;
+          m = std::max(m, s * sc);
+        }
+        double sum = 0;
+        for (auto& x : p) { x = std::exp(x - m); sum += x; }
+        rl[h * T + i] = m + std::log(sum);
+        for (auto& x : p) x /= sum;
+        std::vector<double> oo(hd, 0), dp(p.size());
+        for (int64_t j = cu[d]; j <= i; ++j)
+          for (int c = 0; c < hd; ++c) oo[c] += p[j - cu[d]] * v[j * ldv + kh * hd + c];
+        double D = 0;
+        for (int c = 0; c < hd; ++c) { ro[i * ldq + h * hd + c] = oo[c]; D += oo[c] * dout[i * ldq + h * hd + c]; }
+        for (int64_t j = cu[d]; j <= i; ++j) {
+          double x = 0;
+          for (int c = 0; c < hd; ++c) x += dout[i * ldq + h * hd + c] * v[j * ldv + kh * hd + c];
+          const double pj = p[j - cu[d]], ds = pj * (x - D) * sc;
+          for (int c = 0; c < hd; ++c) {
+            rdq[i * ldq + h * hd + c] += ds * k[j * ldk + kh * hd + c];
+            rdk[j * ldk + kh * hd + c] += ds * q[i * ldq + h * hd + c];
+            rdv_full[j * ldv + kh * hd + c] += pj * dout[i * ldq + h * hd + c];
+          }
+        }
+      }
+    }
+  std::vector<double> gdv, rdv;
+  auto gv = DownBf16(dv.get(), T * ldv);
+  for (int64_t t = 0; t < T; ++t)
+    for (int c = 0; c < nkv * hd; ++c) { gdv.push_back(gv[t * ldv + c]); rdv.push_back(rdv_full[t * ldv + c]); }
+  std::string tag = " (hd=" + std::to_string(hd) + " " + std::to_string(nq) + "/" + std::to_string(nkv) +
+                    " heads, " + std::to_string(docs.size()) + " docs, T=" + std::to_string(T) +
+                    (split == kernels::AttnArgs::BwdSplit::kPerKvHead  ? ", per-kv-head"
+                     : split == kernels::AttnArgs::BwdSplit::kPerQHead ? ", per-q-head"
+                                                                       : "") +
+                    (ordered ? ", ordered dQ" : "") + ")";
+  const std::string name = cudnn != nullptr ? "cudnn attention" : "attention";
+  ExpectRelErr(name + " fwd O" + tag, DownBf16(o.get(), T * ldq), ro, 1e-2);
+  ExpectRelErr(name + " fwd LSE" + tag, DownF32(lse.get(), nq * T), rl, 1e-4);
+  ExpectRelErr(name + " bwd dQ" + tag, DownBf16(dq.get(), T * ldq), rdq, 2e-2);
+  ExpectRelErr(name + " bwd dK" + tag, DownBf16(dk.get(), T * ldk), rdk, 2e-2);
+  ExpectRelErr(name + " bwd dV" + tag, gdv, rdv, 2e-2);
+}
+
+}  // namespace slidedp::kernel_test

@@ -1,0 +1,21 @@
+// One attention case checked against an FP64 reference (causal per document, GQA): forward O and
+// LSE, backward dQ, dK, dV, through the own kernels (attention.h) or cuDNN's fused attention
+// (cudnn_attention.h), with the same inputs, reference and tolerances. Shared by attention_test.cc
+// and cudnn_attention_test.cc; reports through gtest (ExpectRelErr), so call it from a test body.
+#pragma once
+
+#include <vector>
+
+#include "worker/kernels/attention.h"
+#include "worker/kernels/cudnn_attention.h"
+
+namespace slidedp::kernel_test {
+
+// `cudnn` set: cuDNN runs the case (it ignores `split`); a head_dim other than 128 that its engines
+// reject is a skip, 128 (the models trained) must work. ordered: the own backward with
+// AttnArgs::ordered_dq, whose dQ/dK/dV must then be bitwise the same on two more runs.
+void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs,
+                    kernels::AttnArgs::BwdSplit split = kernels::AttnArgs::BwdSplit::kAuto,
+                    kernels::CudnnAttention* cudnn = nullptr, bool ordered = false);
+
+}  // namespace slidedp::kernel_test

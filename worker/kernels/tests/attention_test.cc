@@ -1,0 +1,72 @@
+// The own flash attention (attention.h) against an FP64 reference: the tensor-core path (head dims
+// 128 and 64, both backward work splits, GQA and MHA, 1-token and odd-length documents) and the
+// slow path (head dims 16 and 48), plus the ordered-dQ backward (AttnArgs::ordered_dq, what
+// SLIDEDP_DETERMINISTIC selects), which must also be bitwise repeatable.
+#include "worker/kernels/attention.h"
+
+#include <cstdint>
+#include <numeric>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/kernels/tests/attention_check.h"
+#include "worker/kernels/tests/gpu_test.h"
+
+namespace slidedp {
+namespace {
+
+using namespace kernel_test;  // the test-support helpers (kernel_test_util.h, gpu_test.h)
+using Split = kernels::AttnArgs::BwdSplit;
+
+struct AttnCase {
+  int hd, nq, nkv;
+  std::vector<int> docs;
+  Split split = Split::kAuto;
+  bool ordered = false;
+};
+
+// e.g. Hd128_Heads4x2_T403_PerKvHead_OrderedDq
+std::string Name(const AttnCase& c) {
+  const int T = std::accumulate(c.docs.begin(), c.docs.end(), 0);
+  return "Hd" + std::to_string(c.hd) + "_Heads" + std::to_string(c.nq) + "x" + std::to_string(c.nkv) + "_T" +
+         std::to_string(T) +
+         (c.split == Split::kPerKvHead ? "_PerKvHead" : c.split == Split::kPerQHead ? "_PerQHead" : "") +
+         (c.ordered ? "_OrderedDq" : "");
+}
+std::string CaseName(const ::testing::TestParamInfo<AttnCase>& info) { return Name(info.param); }
+void PrintTo(const AttnCase& c, std::ostream* os) { *os << Name(c); }
+
+class AttentionGpuTest : public GpuTest, public ::testing::WithParamInterface<AttnCase> {};
+
+TEST_P(AttentionGpuTest, MatchesReference) {
+  const AttnCase& c = GetParam();
+  CheckAttention(c.hd, c.nq, c.nkv, c.docs, c.split, nullptr, c.ordered);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Atomic, AttentionGpuTest,
+    ::testing::Values(AttnCase{128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerKvHead},
+                      AttnCase{128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerQHead},
+                      AttnCase{128, 8, 1, {64, 192}, Split::kPerKvHead},
+                      AttnCase{128, 8, 1, {64, 192}, Split::kPerQHead},
+                      AttnCase{64, 4, 2, {64, 129, 31}, Split::kPerKvHead},
+                      AttnCase{64, 4, 2, {64, 129, 31}, Split::kPerQHead},
+                      AttnCase{128, 2, 2, {300, 17}},
+                      AttnCase{16, 4, 2, {17, 40}},
+                      AttnCase{48, 2, 2, {33}}),
+    CaseName);
+
+// Ordered dQ (SLIDEDP_DETERMINISTIC): both work splits, both head dims, 1-token documents, and
+// training-sized documents where many key blocks add into each query block.
+INSTANTIATE_TEST_SUITE_P(
+    OrderedDq, AttentionGpuTest,
+    ::testing::Values(AttnCase{128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerKvHead, true},
+                      AttnCase{128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerQHead, true},
+                      AttnCase{64, 4, 2, {64, 129, 31}, Split::kAuto, true},
+                      AttnCase{128, 8, 2, {1024, 900, 700}, Split::kAuto, true}),
+    CaseName);
+
+}  // namespace
+}  // namespace slidedp

@@ -1,0 +1,66 @@
+// Cross entropy in place over BF16 logits (cross_entropy.h) against an FP64 reference, and
+// SumInto adding its row losses: 37 rows, vocab 1003 (a scalar tail past the 8-wide loads) in rows
+// of stride 1008, every fifth row ignored and one label in the tail.
+#include "worker/kernels/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "worker/compute/backend.h"
+#include "worker/kernels/reductions.h"
+#include "gtest/gtest.h"
+#include "worker/kernels/tests/gpu_test.h"
+#include "worker/kernels/tests/kernel_test_util.h"
+
+namespace slidedp {
+namespace {
+
+using namespace kernel_test;  // the test-support helpers (kernel_test_util.h, gpu_test.h)
+
+using CrossEntropyGpuTest = GpuTest;
+
+TEST_F(CrossEntropyGpuTest, InPlaceWithIgnoredRowsAndLossSum) {
+  const int64_t R = 37, V = 1003, LD = 1008;
+  const float scale = 0.37f;
+  auto logits = RandVec(R * LD, 3.0);
+  std::vector<int32_t> labels(R);
+  std::uniform_int_distribution<int> ud(0, V - 1);
+  for (int64_t r = 0; r < R; ++r) labels[r] = (r % 5 == 3) ? kIgnoreIndex : ud(Rng());
+  labels[1] = V - 1;  // in the scalar tail
+  std::unique_ptr<Dev<bf16>> dl(NewBf16(logits));
+  Dev<int32_t> dlab(R);
+  Upload(dlab, labels);
+  Dev<float> rl(R), total(1);
+  float init = 1.25f;
+  cudaMemcpy(total.get(), &init, 4, cudaMemcpyHostToDevice);
+  ASSERT_OK(kernels::CrossEntropyInPlace(dl->get(), R, V, LD, dlab.get(), kIgnoreIndex, scale, rl.get(), nullptr));
+  ASSERT_OK(kernels::SumInto(rl.get(), R, total.get(), nullptr));
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  auto got = DownBf16(dl->get(), R * LD);
+  std::vector<double> gd, rd, rloss(R);
+  double rtotal = init;
+  for (int64_t r = 0; r < R; ++r) {
+    double m = -INFINITY;
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, logits[r * LD + j]);
+    double s = 0;
+    for (int64_t j = 0; j < V; ++j) s += std::exp(logits[r * LD + j] - m);
+    const double lse = m + std::log(s);
+    const bool ign = labels[r] == kIgnoreIndex;
+    rloss[r] = ign ? 0 : scale * (lse - logits[r * LD + labels[r]]);
+    rtotal += rloss[r];
+    for (int64_t j = 0; j < V; ++j) {
+      rd.push_back(ign ? 0 : scale * (std::exp(logits[r * LD + j] - lse) - (j == labels[r] ? 1 : 0)));
+      gd.push_back(got[r * LD + j]);
+    }
+  }
+  ExpectRelErr("cross-entropy row loss (37 rows, vocab 1003, ignore)", DownF32(rl.get(), R), rloss, 1e-5);
+  ExpectRelErr("cross-entropy dlogits in place", gd, rd, 1e-2);
+  ExpectRelErr("cross-entropy loss sum +=", DownF32(total.get(), 1), {rtotal}, 1e-5);
+}
+
+}  // namespace
+}  // namespace slidedp

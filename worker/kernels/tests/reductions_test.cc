@@ -1,0 +1,68 @@
+// The reductions and casts of reductions.h against the host: the FP32 residual add of a BF16
+// branch (out of place and in place, exact), and the FP64 sum of squares at sizes 0, 1 and two
+// odd large ones, from aligned and unaligned starts. (SumInto is checked with the cross entropy,
+// whose row losses it adds; ReducePartialsInto with the RMSNorm weight gradient.)
+#include "worker/kernels/reductions.h"
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/kernels/tests/gpu_test.h"
+#include "worker/kernels/tests/kernel_test_util.h"
+
+namespace slidedp {
+namespace {
+
+using namespace kernel_test;  // the test-support helpers (kernel_test_util.h, gpu_test.h)
+
+using ReductionsGpuTest = GpuTest;
+
+// FP32 residual add.
+TEST_F(ReductionsGpuTest, AddBf16ToF32) {
+  const int64_t n = 1000003;  // odd: the grid-stride tail
+  std::normal_distribution<float> d(0.0f, 3.0f);
+  std::vector<float> res(n);
+  for (auto& v : res) v = d(Rng());  // full FP32 values, not BF16-representable
+  auto branch = RandVec(n, 0.5);
+  std::unique_ptr<Dev<bf16>> db(NewBf16(branch));
+  Dev<float> dres(n), out(n);
+  Upload(dres, res);
+  ASSERT_OK(kernels::AddBf16ToF32(dres.get(), db->get(), n, out.get(), nullptr));
+  ASSERT_OK(kernels::AddBf16ToF32(dres.get(), db->get(), n, dres.get(), nullptr));  // in place (out aliases res)
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  std::vector<double> ref(n);  // one FP32 add each: exact agreement expected
+  for (int64_t i = 0; i < n; ++i) ref[i] = static_cast<double>(res[i] + static_cast<float>(branch[i]));
+  ExpectRelErr("residual add fp32 += bf16 (n=1000003)", DownF32(out.get(), n), ref, 0.0);
+  ExpectRelErr("residual add fp32 += bf16 in place", DownF32(dres.get(), n), ref, 0.0);
+}
+
+// Squared norm (device-staged clipping).
+TEST_F(ReductionsGpuTest, SumSquaresF32) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000003}, int64_t{9437187}}) {
+    std::normal_distribution<float> d(0.0f, 1e-3f);
+    std::vector<float> x(n + 1);
+    for (auto& v : x) v = d(Rng());
+    Dev<float> dx(n + 1);
+    Upload(dx, x);
+    Dev<double> partials(kernels::kSumSquaresBlocks), out(2);
+    for (int misaligned = 0; misaligned <= 1; ++misaligned) {  // the scalar path: x not 16-byte aligned
+      ASSERT_OK(kernels::SumSquaresF32(dx.get() + misaligned, n, partials.get(), out.get() + misaligned, nullptr));
+    }
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    double got[2];
+    ASSERT_CUDA_OK(cudaMemcpy(got, out.get(), sizeof(got), cudaMemcpyDeviceToHost));
+    for (int misaligned = 0; misaligned <= 1; ++misaligned) {
+      long double ref = 0;
+      for (int64_t i = 0; i < n; ++i) ref += static_cast<long double>(x[i + misaligned]) * x[i + misaligned];
+      ExpectRelErr("sum of squares fp64 (n=" + std::to_string(n) + (misaligned ? ", unaligned)" : ")"),
+                   {got[misaligned]}, {static_cast<double>(ref)}, 1e-12);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace slidedp
