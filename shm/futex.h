@@ -32,11 +32,11 @@ void FutexWakeAll(const std::atomic<uint32_t>* word);
 
 enum class AbortReason : uint32_t {
   kNone = 0,
-  kCancelled = 1,      // user cancelled the job
-  kWorkerFailed = 2,   // a worker reported an error
-  kPeerDied = 3,       // a worker or hostd process disappeared
-  kShutdown = 4,       // hostd is stopping
-  kInternal = 5,       // a bug or unexpected state
+  kCancelled = 1,     // user cancelled the job
+  kWorkerFailed = 2,  // a worker reported an error
+  kPeerDied = 3,      // a worker or hostd process disappeared
+  kShutdown = 4,      // hostd is stopping
+  kInternal = 5,      // a bug or unexpected state
 };
 const char* AbortReasonName(AbortReason r);
 
@@ -76,10 +76,10 @@ static_assert(sizeof(PeerSlot) == 16 && std::is_standard_layout_v<PeerSlot>);
 
 // What a wait watches besides its own word.
 struct WaitGuards {
-  const AbortWord* abort = nullptr;   // job-wide abort word (usually required)
-  ProcessIdentity peer;               // pid 0: none
+  const AbortWord* abort = nullptr;     // job-wide abort word (usually required)
+  ProcessIdentity peer;                 // pid 0: none
   const PeerSlot* peer_slot = nullptr;  // re-read every slice; used when set
-  const char* peer_role = "peer";     // for messages: "producer pid 123 died"
+  const char* peer_role = "peer";       // for messages: "producer pid 123 died"
   absl::Duration slice = absl::Milliseconds(50);
 };
 
@@ -88,8 +88,7 @@ struct WaitGuards {
 // `done` may also read other shared words; a change to those is noticed within one slice unless
 // their writer also wakes `word`.
 absl::Status WaitForWord(const std::atomic<uint32_t>& word, absl::FunctionRef<bool(uint32_t)> done,
-                         absl::Duration timeout, const WaitGuards& guards,
-                         absl::FunctionRef<std::string()> describe);
+                         absl::Duration timeout, const WaitGuards& guards, absl::FunctionRef<std::string()> describe);
 
 // Per-unit parameter version: step t may upload unit u only when version(u) >= t, i.e. after t
 // completed updates. Written by the LayerAdam owner of the unit, waited on by workers.

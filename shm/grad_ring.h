@@ -33,8 +33,8 @@ namespace slidedp::shm {
 inline constexpr uint32_t kMaxRingSlots = 4096;
 
 struct GradRingConfig {
-  uint32_t num_slots = 8;                 // 1..kMaxRingSlots
-  uint64_t slot_bytes = 64ull << 20;      // capacity of one chunk; slots are 4096-byte aligned
+  uint32_t num_slots = 8;             // 1..kMaxRingSlots
+  uint64_t slot_bytes = 64ull << 20;  // capacity of one chunk; slots are 4096-byte aligned
 };
 
 // kSumSquares is not a gradient: the posting rank's squared norm of its final gradient parts for
@@ -63,19 +63,16 @@ class GradRing {
  public:
   // Creates the ring segment (allocated and prefaulted) and records the caller as `creator_role`
   // (hostd: kConsumer). `abort` (may be null) must outlive the ring: usually JobState::abort().
-  static absl::StatusOr<std::unique_ptr<GradRing>> Create(const std::string& node,
-                                                          const std::string& job_id, int rank,
-                                                          const GradRingConfig& config,
-                                                          RingRole creator_role,
+  static absl::StatusOr<std::unique_ptr<GradRing>> Create(const std::string& node, const std::string& job_id, int rank,
+                                                          const GradRingConfig& config, RingRole creator_role,
                                                           const AbortWord* abort,
                                                           const std::string& shm_dir = "/dev/shm");
   // Maps an existing ring and records the caller as `role` (replacing a previous one: a restarted
   // worker takes over as producer).
-  static absl::StatusOr<std::unique_ptr<GradRing>> Attach(const std::string& segment_name,
-                                                          RingRole role, const AbortWord* abort);
+  static absl::StatusOr<std::unique_ptr<GradRing>> Attach(const std::string& segment_name, RingRole role,
+                                                          const AbortWord* abort);
   static uint64_t SegmentBytes(const GradRingConfig& config);
-  static absl::StatusOr<std::string> SegmentName(const std::string& node, const std::string& job_id,
-                                                 int rank);
+  static absl::StatusOr<std::string> SegmentName(const std::string& node, const std::string& job_id, int rank);
 
   // --- producer ---
   // A free slot, waiting while all are in use. DEADLINE_EXCEEDED, ABORTED, or UNAVAILABLE when the
@@ -109,8 +106,7 @@ class GradRing {
   struct Control;  // the shared layout, below
 
  private:
-  GradRing(std::unique_ptr<ShmSegment> segment, const AbortWord* abort)
-      : segment_(std::move(segment)), abort_(abort) {}
+  GradRing(std::unique_ptr<ShmSegment> segment, const AbortWord* abort) : segment_(std::move(segment)), abort_(abort) {}
   absl::Status Bind();
   WaitGuards Guards(RingRole waiting_for) const;
 

@@ -17,8 +17,7 @@ std::string UnitRegion(int unit, const char* what) { return absl::StrCat("u", un
 
 std::vector<RegionSpec> JobRegions(const ModelLayout& layout) {
   std::vector<RegionSpec> regions;
-  regions.push_back(RegionSpec{kControlRegion,
-                               sizeof(JobControlBlock) + layout.units.size() * sizeof(VersionGate),
+  regions.push_back(RegionSpec{kControlRegion, sizeof(JobControlBlock) + layout.units.size() * sizeof(VersionGate),
                                ShmDtype::kBytes});
   for (int u = 0; u < layout.num_units(); ++u) {
     const uint64_t n = static_cast<uint64_t>(layout.units[u].numel);
@@ -52,33 +51,27 @@ uint64_t JobState::SegmentBytes(const ModelLayout& layout, uint64_t alignment) {
   return ShmSegment::RequiredBytes(JobRegions(layout), alignment);
 }
 
-absl::StatusOr<std::unique_ptr<JobState>> JobState::Create(const std::string& node,
-                                                           const std::string& job_id,
-                                                           const ModelLayout& layout,
-                                                           const JobStateOptions& options) {
+absl::StatusOr<std::unique_ptr<JobState>> JobState::Create(const std::string& node, const std::string& job_id,
+                                                           const ModelLayout& layout, const JobStateOptions& options) {
   if (layout.units.empty()) return absl::InvalidArgumentError("JobState: model layout has no units");
   ASSIGN_OR_RETURN(std::string name, MakeSegmentName(node, job_id, "state"));
   ShmCreateOptions seg_opts;
   seg_opts.alignment = options.alignment;
   seg_opts.shm_dir = options.shm_dir;
-  seg_opts.allocation =
-      options.first_touch == FirstTouch::kAtCreate ? Allocation::kAll : Allocation::kHeaderOnly;
+  seg_opts.allocation = options.first_touch == FirstTouch::kAtCreate ? Allocation::kAll : Allocation::kHeaderOnly;
   seg_opts.allocate_threads = options.prefault_threads;
-  ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg,
-                   ShmSegment::Create(name, JobRegions(layout), seg_opts));
+  ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg, ShmSegment::Create(name, JobRegions(layout), seg_opts));
   return Initialize(std::move(seg), job_id, layout, options);
 }
 
-absl::StatusOr<std::unique_ptr<JobState>> JobState::Reformat(const std::string& segment_name,
-                                                             const std::string& job_id,
+absl::StatusOr<std::unique_ptr<JobState>> JobState::Reformat(const std::string& segment_name, const std::string& job_id,
                                                              const ModelLayout& layout,
                                                              const JobStateOptions& options) {
   if (layout.units.empty()) return absl::InvalidArgumentError("JobState: model layout has no units");
   ShmCreateOptions seg_opts;
   seg_opts.alignment = options.alignment;
   seg_opts.shm_dir = options.shm_dir;
-  ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg,
-                   ShmSegment::Reformat(segment_name, JobRegions(layout), seg_opts));
+  ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg, ShmSegment::Reformat(segment_name, JobRegions(layout), seg_opts));
   JobStateOptions o = options;
   o.first_touch = FirstTouch::kAtCreate;  // the pages exist: map them all now
   return Initialize(std::move(seg), job_id, layout, o);
@@ -86,7 +79,8 @@ absl::StatusOr<std::unique_ptr<JobState>> JobState::Reformat(const std::string& 
 
 absl::StatusOr<std::unique_ptr<JobState>> JobState::Relayout(std::unique_ptr<JobState> state,
                                                              const std::string& new_name, const std::string& job_id,
-                                                             const ModelLayout& layout, const JobStateOptions& options) {
+                                                             const ModelLayout& layout,
+                                                             const JobStateOptions& options) {
   if (layout.units.empty()) return absl::InvalidArgumentError("JobState: model layout has no units");
   std::unique_ptr<ShmSegment> seg = std::move(state->segment_);
   state.reset();
@@ -97,8 +91,7 @@ absl::StatusOr<std::unique_ptr<JobState>> JobState::Relayout(std::unique_ptr<Job
 }
 
 absl::StatusOr<std::unique_ptr<JobState>> JobState::Initialize(std::unique_ptr<ShmSegment> seg,
-                                                               const std::string& job_id,
-                                                               const ModelLayout& layout,
+                                                               const std::string& job_id, const ModelLayout& layout,
                                                                const JobStateOptions& options) {
   const std::string name = seg->name();
   std::unique_ptr<JobState> state(new JobState(std::move(seg)));
@@ -114,8 +107,8 @@ absl::StatusOr<std::unique_ptr<JobState>> JobState::Initialize(std::unique_ptr<S
   block->total_numel = static_cast<uint64_t>(layout.total_numel);
   block->layout_fingerprint = LayoutFingerprint(layout);
   std::strncpy(block->job_id, job_id.c_str(), sizeof(block->job_id) - 1);
-  auto* gates = reinterpret_cast<VersionGate*>(static_cast<uint8_t*>(state->segment_->data(control)) +
-                                               sizeof(JobControlBlock));
+  auto* gates =
+      reinterpret_cast<VersionGate*>(static_cast<uint8_t*>(state->segment_->data(control)) + sizeof(JobControlBlock));
   for (size_t u = 0; u < layout.units.size(); ++u) new (&gates[u]) VersionGate();
   if (absl::Status s = state->BindViews(); !s.ok()) return fail(s);
   if (options.first_touch == FirstTouch::kAtCreate) {
@@ -123,13 +116,12 @@ absl::StatusOr<std::unique_ptr<JobState>> JobState::Initialize(std::unique_ptr<S
       return fail(s);
     }
   }
-  LOG(INFO) << "job " << job_id << ": state segment " << name << ", " << layout.units.size()
-            << " units, " << state->bytes() << " bytes";
+  LOG(INFO) << "job " << job_id << ": state segment " << name << ", " << layout.units.size() << " units, "
+            << state->bytes() << " bytes";
   return state;
 }
 
-absl::StatusOr<std::unique_ptr<JobState>> JobState::Attach(const std::string& segment_name,
-                                                           Access access) {
+absl::StatusOr<std::unique_ptr<JobState>> JobState::Attach(const std::string& segment_name, Access access) {
   ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg, ShmSegment::Open(segment_name, access));
   std::unique_ptr<JobState> state(new JobState(std::move(seg)));
   RETURN_IF_ERROR(state->BindViews());
@@ -146,21 +138,17 @@ absl::Status JobState::BindViews() {
   const std::string& name = segment_->name();
   ASSIGN_OR_RETURN(Region control, segment_->FindRegion(kControlRegion));
   if (control.bytes < sizeof(JobControlBlock)) {
-    return absl::DataLossError(absl::StrCat("job segment ", name, ": control region is ",
-                                            control.bytes, " bytes, less than ",
-                                            sizeof(JobControlBlock)));
+    return absl::DataLossError(absl::StrCat("job segment ", name, ": control region is ", control.bytes,
+                                            " bytes, less than ", sizeof(JobControlBlock)));
   }
   control_ = static_cast<JobControlBlock*>(segment_->data(control));
   const uint64_t n = control_->num_units;
-  if (control.bytes != sizeof(JobControlBlock) + n * sizeof(VersionGate) ||
-      segment_->regions().size() != 1 + 4 * n) {
+  if (control.bytes != sizeof(JobControlBlock) + n * sizeof(VersionGate) || segment_->regions().size() != 1 + 4 * n) {
     return absl::DataLossError(absl::StrCat("job segment ", name, ": control block says ", n,
-                                            " units but the segment has ",
-                                            segment_->regions().size(), " regions and a ",
-                                            control.bytes, "-byte control region"));
+                                            " units but the segment has ", segment_->regions().size(),
+                                            " regions and a ", control.bytes, "-byte control region"));
   }
-  versions_ = reinterpret_cast<VersionGate*>(static_cast<uint8_t*>(segment_->data(control)) +
-                                             sizeof(JobControlBlock));
+  versions_ = reinterpret_cast<VersionGate*>(static_cast<uint8_t*>(segment_->data(control)) + sizeof(JobControlBlock));
   units_.assign(n, UnitView{});
   for (uint64_t u = 0; u < n; ++u) {
     const int ui = static_cast<int>(u);
@@ -169,12 +157,10 @@ absl::Status JobState::BindViews() {
     ASSIGN_OR_RETURN(Region v, segment_->FindRegion(UnitRegion(ui, "adam_v")));
     ASSIGN_OR_RETURN(Region mirror, segment_->FindRegion(UnitRegion(ui, "mirror")));
     const uint64_t numel = master.bytes / 4;
-    if (master.bytes % 4 != 0 || m.bytes != master.bytes || v.bytes != master.bytes ||
-        mirror.bytes != numel * 2 || master.dtype != ShmDtype::kF32 ||
-        mirror.dtype != ShmDtype::kBF16) {
-      return absl::DataLossError(absl::StrCat("job segment ", name, ": unit ", u,
-                                              " regions disagree (master ", master.bytes, ", m ",
-                                              m.bytes, ", v ", v.bytes, ", mirror ", mirror.bytes,
+    if (master.bytes % 4 != 0 || m.bytes != master.bytes || v.bytes != master.bytes || mirror.bytes != numel * 2 ||
+        master.dtype != ShmDtype::kF32 || mirror.dtype != ShmDtype::kBF16) {
+      return absl::DataLossError(absl::StrCat("job segment ", name, ": unit ", u, " regions disagree (master ",
+                                              master.bytes, ", m ", m.bytes, ", v ", v.bytes, ", mirror ", mirror.bytes,
                                               " bytes)"));
     }
     UnitView& view = units_[u];
@@ -190,14 +176,12 @@ absl::Status JobState::BindViews() {
 }
 
 absl::Status JobState::CheckMatches(const ModelLayout& layout) const {
-  if (control_->num_units != layout.units.size() ||
-      control_->layout_fingerprint != LayoutFingerprint(layout) ||
+  if (control_->num_units != layout.units.size() || control_->layout_fingerprint != LayoutFingerprint(layout) ||
       control_->total_numel != static_cast<uint64_t>(layout.total_numel)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "job segment ", segment_->name(), " holds ", control_->num_units, " units / ",
-        control_->total_numel, " elements (fingerprint ", control_->layout_fingerprint,
-        "), but the model layout has ", layout.units.size(), " units / ", layout.total_numel,
-        " elements (fingerprint ", LayoutFingerprint(layout), ")"));
+        "job segment ", segment_->name(), " holds ", control_->num_units, " units / ", control_->total_numel,
+        " elements (fingerprint ", control_->layout_fingerprint, "), but the model layout has ", layout.units.size(),
+        " units / ", layout.total_numel, " elements (fingerprint ", LayoutFingerprint(layout), ")"));
   }
   return absl::OkStatus();
 }
@@ -210,8 +194,7 @@ bool JobState::RaiseAbort(AbortReason reason) {
 
 absl::Status JobState::PrefaultUnit(int unit) {
   if (unit < 0 || unit >= num_units()) {
-    return absl::OutOfRangeError(absl::StrCat("PrefaultUnit(", unit, "): job has ", num_units(),
-                                              " units"));
+    return absl::OutOfRangeError(absl::StrCat("PrefaultUnit(", unit, "): job has ", num_units(), " units"));
   }
   const UnitView& view = units_[unit];
   if (segment_->access() == Access::kReadWrite) {

@@ -57,28 +57,26 @@ uint64_t LayoutFingerprint(const ModelLayout& layout);
 
 class JobState {
  public:
-  static absl::StatusOr<std::unique_ptr<JobState>> Create(const std::string& node,
-                                                          const std::string& job_id,
+  static absl::StatusOr<std::unique_ptr<JobState>> Create(const std::string& node, const std::string& job_id,
                                                           const ModelLayout& layout,
                                                           const JobStateOptions& options = {});
   // Lays a segment this process owns (a pooled one, renamed for the job) out for `layout`, which
   // must not need more bytes than the file has: new control block (gates at version 0, no abort,
   // step 0), pages kept and mapped. Master, Adam moments and mirror hold stale data: the caller
   // initializes them. FAILED_PRECONDITION when the file is too small.
-  static absl::StatusOr<std::unique_ptr<JobState>> Reformat(const std::string& segment_name,
-                                                            const std::string& job_id,
+  static absl::StatusOr<std::unique_ptr<JobState>> Reformat(const std::string& segment_name, const std::string& job_id,
                                                             const ModelLayout& layout,
                                                             const JobStateOptions& options = {});
   // Reformat without remapping: `state` (a pooled segment this process keeps mapped, its file
   // already renamed to `new_name`) is laid out for `layout` through its own mapping, whose page
   // tables stay populated, so nothing is prefaulted again. Needs SegmentBytes(layout) equal to
   // the segment's size (FAILED_PRECONDITION otherwise; Reformat handles a smaller layout).
-  static absl::StatusOr<std::unique_ptr<JobState>> Relayout(std::unique_ptr<JobState> state, const std::string& new_name,
-                                                            const std::string& job_id, const ModelLayout& layout,
+  static absl::StatusOr<std::unique_ptr<JobState>> Relayout(std::unique_ptr<JobState> state,
+                                                            const std::string& new_name, const std::string& job_id,
+                                                            const ModelLayout& layout,
                                                             const JobStateOptions& options = {});
   // Maps an existing job segment (workers: kReadWrite if they may raise the abort word).
-  static absl::StatusOr<std::unique_ptr<JobState>> Attach(const std::string& segment_name,
-                                                          Access access);
+  static absl::StatusOr<std::unique_ptr<JobState>> Attach(const std::string& segment_name, Access access);
   // Exact segment size Create() uses (admission control counts with it).
   static uint64_t SegmentBytes(const ModelLayout& layout, uint64_t alignment = kPageBytes);
 
@@ -123,8 +121,7 @@ class JobState {
   explicit JobState(std::unique_ptr<ShmSegment> segment) : segment_(std::move(segment)) {}
   // The creator's part after the segment exists: control block, gates, views, first touch.
   static absl::StatusOr<std::unique_ptr<JobState>> Initialize(std::unique_ptr<ShmSegment> seg,
-                                                              const std::string& job_id,
-                                                              const ModelLayout& layout,
+                                                              const std::string& job_id, const ModelLayout& layout,
                                                               const JobStateOptions& options);
   absl::Status BindViews();
 

@@ -59,13 +59,11 @@ bool IsProcessAlive(const ProcessIdentity& who) {
   char state = 0;
   uint64_t ticks = 0;
   switch (ReadStat(who.pid, &state, &ticks)) {
-    case StatRead::kNoSuchProcess:
-      return false;
+    case StatRead::kNoSuchProcess: return false;
     case StatRead::kUnreadable:
       // No usable /proc: fall back to signal 0 (cannot see zombies or pid reuse).
       return ::kill(who.pid, 0) == 0 || errno == EPERM;
-    case StatRead::kOk:
-      break;
+    case StatRead::kOk: break;
   }
   if (state == 'Z' || state == 'X' || state == 'x') return false;
   if (who.start_ticks != 0 && ticks != who.start_ticks) return false;  // pid reused

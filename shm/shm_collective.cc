@@ -29,7 +29,8 @@ uint64_t ShmCollective::SegmentBytes(int world, uint64_t buffer_bytes) {
 
 absl::StatusOr<std::unique_ptr<ShmCollective>> ShmCollective::Create(const std::string& node, const std::string& job_id,
                                                                      int world, uint64_t buffer_bytes,
-                                                                     const AbortWord* abort, const std::string& shm_dir) {
+                                                                     const AbortWord* abort,
+                                                                     const std::string& shm_dir) {
   if (world < 1 || buffer_bytes == 0) {
     return absl::InvalidArgumentError(absl::StrCat("collective: world ", world, ", buffer bytes ", buffer_bytes));
   }
@@ -57,8 +58,8 @@ absl::StatusOr<std::unique_ptr<ShmCollective>> ShmCollective::Attach(const std::
   std::unique_ptr<ShmCollective> coll(new ShmCollective(std::move(seg), abort));
   RETURN_IF_ERROR(coll->Bind());
   if (rank < 0 || rank >= coll->world_) {
-    return absl::InvalidArgumentError(absl::StrCat("collective ", segment_name, ": rank ", rank, " outside [0, ",
-                                                   coll->world_, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("collective ", segment_name, ": rank ", rank, " outside [0, ", coll->world_, ")"));
   }
   coll->rank_ = rank;
   return coll;
@@ -67,7 +68,8 @@ absl::StatusOr<std::unique_ptr<ShmCollective>> ShmCollective::Attach(const std::
 absl::Status ShmCollective::Bind() {
   ASSIGN_OR_RETURN(Region control, segment_->FindRegion(kControlRegion));
   ASSIGN_OR_RETURN(Region buffers, segment_->FindRegion(kBuffersRegion));
-  if (control.bytes < sizeof(Control)) return absl::DataLossError(absl::StrCat(segment_->name(), ": control region too small"));
+  if (control.bytes < sizeof(Control))
+    return absl::DataLossError(absl::StrCat(segment_->name(), ": control region too small"));
   control_ = static_cast<Control*>(segment_->data(control));
   world_ = static_cast<int>(control_->world);
   buffer_bytes_ = control_->buffer_bytes;
@@ -97,8 +99,8 @@ absl::Status ShmCollective::Barrier(absl::Duration timeout) {
 absl::Status ShmCollective::ReduceScatterF32(float* buf, int64_t shard_numel, absl::Duration timeout) {
   const uint64_t padded_bytes = static_cast<uint64_t>(shard_numel) * world_ * sizeof(float);
   if (shard_numel < 0 || padded_bytes > buffer_bytes_) {
-    return absl::InvalidArgumentError(absl::StrCat("reduce-scatter of ", padded_bytes, " bytes exceeds the collective's ",
-                                                   buffer_bytes_, "-byte buffers"));
+    return absl::InvalidArgumentError(absl::StrCat("reduce-scatter of ", padded_bytes,
+                                                   " bytes exceeds the collective's ", buffer_bytes_, "-byte buffers"));
   }
   std::memcpy(buffer(rank_), buf, padded_bytes);
   RETURN_IF_ERROR(Barrier(timeout));

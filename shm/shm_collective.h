@@ -15,8 +15,8 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -51,7 +51,8 @@ class ShmCollective {
   struct Control;  // the shared layout, below
 
  private:
-  ShmCollective(std::unique_ptr<ShmSegment> segment, const AbortWord* abort) : segment_(std::move(segment)), abort_(abort) {}
+  ShmCollective(std::unique_ptr<ShmSegment> segment, const AbortWord* abort)
+      : segment_(std::move(segment)), abort_(abort) {}
   absl::Status Bind();
   absl::Status Barrier(absl::Duration timeout);
   float* buffer(int r) const { return reinterpret_cast<float*>(buffers_ + static_cast<uint64_t>(r) * buffer_bytes_); }

@@ -97,15 +97,15 @@ ProcessIdentity ShmSegment::creator() const {
   return ProcessIdentity{header().creator_pid, header().creator_start_ticks};
 }
 
-absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(
-    const std::string& name, const std::vector<RegionSpec>& regions,
-    const ShmCreateOptions& options) {
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string& name,
+                                                               const std::vector<RegionSpec>& regions,
+                                                               const ShmCreateOptions& options) {
   return CreateOrReformat(name, regions, options, /*reformat=*/false);
 }
 
-absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Reformat(
-    const std::string& name, const std::vector<RegionSpec>& regions,
-    const ShmCreateOptions& options) {
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Reformat(const std::string& name,
+                                                                 const std::vector<RegionSpec>& regions,
+                                                                 const ShmCreateOptions& options) {
   return CreateOrReformat(name, regions, options, /*reformat=*/true);
 }
 
@@ -113,14 +113,12 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Reformat(
 static absl::Status ValidateRegions(const std::string& name, const std::vector<RegionSpec>& regions) {
   for (size_t i = 0; i < regions.size(); ++i) {
     if (regions[i].name.empty() || regions[i].name.size() >= kRegionNameBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("segment ", name, ": region name '",
-                                                     regions[i].name, "' must be 1..",
-                                                     kRegionNameBytes - 1, " characters"));
+      return absl::InvalidArgumentError(absl::StrCat("segment ", name, ": region name '", regions[i].name,
+                                                     "' must be 1..", kRegionNameBytes - 1, " characters"));
     }
     for (size_t j = 0; j < i; ++j) {
       if (regions[j].name == regions[i].name) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("segment ", name, ": duplicate region '", regions[i].name, "'"));
+        return absl::InvalidArgumentError(absl::StrCat("segment ", name, ": duplicate region '", regions[i].name, "'"));
       }
     }
   }
@@ -128,7 +126,8 @@ static absl::Status ValidateRegions(const std::string& name, const std::vector<R
 }
 
 // Writes the header (magic excluded) and region table of `place` at `base`.
-static void WriteLayout(void* base, const Placement& place, const std::vector<RegionSpec>& regions, uint64_t alignment) {
+static void WriteLayout(void* base, const Placement& place, const std::vector<RegionSpec>& regions,
+                        uint64_t alignment) {
   auto* h = reinterpret_cast<ShmHeader*>(base);
   std::memset(h, 0, sizeof(ShmHeader));
   h->layout_version = kShmLayoutVersion;
@@ -142,8 +141,8 @@ static void WriteLayout(void* base, const Placement& place, const std::vector<Re
   h->data_offset = place.data_offset;
   h->alignment = alignment;
   h->created_unix_ns = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(
-          std::chrono::system_clock::now().time_since_epoch()).count());
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
   auto* table = reinterpret_cast<ShmRegionEntry*>(static_cast<uint8_t*>(base) + place.table_offset);
   for (size_t i = 0; i < regions.size(); ++i) {
     ShmRegionEntry& e = table[i];
@@ -155,13 +154,13 @@ static void WriteLayout(void* base, const Placement& place, const std::vector<Re
   }
 }
 
-absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::CreateOrReformat(
-    const std::string& name, const std::vector<RegionSpec>& regions,
-    const ShmCreateOptions& options, bool reformat) {
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::CreateOrReformat(const std::string& name,
+                                                                         const std::vector<RegionSpec>& regions,
+                                                                         const ShmCreateOptions& options,
+                                                                         bool reformat) {
   if (options.alignment < kCacheLineBytes || (options.alignment & (options.alignment - 1)) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("segment ", name, ": alignment ", options.alignment,
-                     " must be a power of two >= ", kCacheLineBytes));
+    return absl::InvalidArgumentError(absl::StrCat("segment ", name, ": alignment ", options.alignment,
+                                                   " must be a power of two >= ", kCacheLineBytes));
   }
   RETURN_IF_ERROR(ValidateRegions(name, regions));
   const Placement place = Place(regions, options.alignment);
@@ -169,9 +168,9 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::CreateOrReformat(
   // Refuse before touching anything: fallocate would fail too, but this gives the numbers.
   ASSIGN_OR_RETURN(uint64_t free_bytes, ShmFreeBytes(options.shm_dir));
   if (!reformat && place.total > free_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "segment ", name, " needs ", place.total, " bytes (", Gib(place.total), ") but ",
-        options.shm_dir, " has ", free_bytes, " bytes (", Gib(free_bytes), ") free"));
+    return absl::ResourceExhaustedError(absl::StrCat("segment ", name, " needs ", place.total, " bytes (",
+                                                     Gib(place.total), ") but ", options.shm_dir, " has ", free_bytes,
+                                                     " bytes (", Gib(free_bytes), ") free"));
   }
 
   int fd = reformat ? ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0)
@@ -207,9 +206,9 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::CreateOrReformat(
   if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(first_alloc)); err != 0) {
     if (err == ENOSPC) {
       uint64_t now_free = ShmFreeBytes(options.shm_dir).value_or(0);
-      return fail(absl::ResourceExhaustedError(
-          absl::StrCat("fallocate ", name, ": /dev/shm full; requested ", first_alloc, " bytes (",
-                       Gib(first_alloc), "), ", now_free, " bytes free")));
+      return fail(
+          absl::ResourceExhaustedError(absl::StrCat("fallocate ", name, ": /dev/shm full; requested ", first_alloc,
+                                                    " bytes (", Gib(first_alloc), "), ", now_free, " bytes free")));
     }
     return fail(ErrnoStatus(absl::StrCat("fallocate ", name), err));
   }
@@ -229,19 +228,20 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::CreateOrReformat(
     ::shm_unlink(name.c_str());
     return s;
   }
-  VLOG(1) << "created shm segment " << name << " (" << Gib(place.total) << ", "
-          << regions.size() << " regions)";
+  VLOG(1) << "created shm segment " << name << " (" << Gib(place.total) << ", " << regions.size() << " regions)";
   return seg;
 }
 
 absl::Status ShmSegment::Relayout(const std::string& new_name, const std::vector<RegionSpec>& regions,
-                                 uint64_t alignment) {
-  if (access_ != Access::kReadWrite) return absl::FailedPreconditionError(absl::StrCat("segment ", name_, " is read-only"));
+                                  uint64_t alignment) {
+  if (access_ != Access::kReadWrite)
+    return absl::FailedPreconditionError(absl::StrCat("segment ", name_, " is read-only"));
   RETURN_IF_ERROR(ValidateRegions(new_name, regions));
   const Placement place = Place(regions, alignment);
   if (place.total != bytes_) {
-    return absl::FailedPreconditionError(absl::StrCat("segment ", name_, " is ", bytes_, " bytes; the new layout needs ",
-                                                      place.total, " (relayout in place needs the same size)"));
+    return absl::FailedPreconditionError(absl::StrCat("segment ", name_, " is ", bytes_,
+                                                      " bytes; the new layout needs ", place.total,
+                                                      " (relayout in place needs the same size)"));
   }
   MagicRef(base_).store(0, std::memory_order_release);  // an opener racing it sees "still being created"
   WriteLayout(base_, place, regions, alignment);
@@ -250,8 +250,7 @@ absl::Status ShmSegment::Relayout(const std::string& new_name, const std::vector
   return LoadRegionTable();
 }
 
-absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(const std::string& name,
-                                                             Access access) {
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(const std::string& name, Access access) {
   const bool rw = access == Access::kReadWrite;
   int fd = ::shm_open(name.c_str(), (rw ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0);
   if (fd < 0) return ErrnoStatus(absl::StrCat("shm_open ", name), errno);
@@ -264,9 +263,8 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(const std::string& 
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
   if (file_bytes < sizeof(ShmHeader)) {
     ::close(fd);
-    return absl::DataLossError(absl::StrCat("segment ", name, " is ", file_bytes,
-                                            " bytes, smaller than its ", sizeof(ShmHeader),
-                                            "-byte header: truncated or not a slidedp segment"));
+    return absl::DataLossError(absl::StrCat("segment ", name, " is ", file_bytes, " bytes, smaller than its ",
+                                            sizeof(ShmHeader), "-byte header: truncated or not a slidedp segment"));
   }
   void* base = ::mmap(nullptr, file_bytes, PROT_READ | (rw ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
@@ -274,34 +272,29 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(const std::string& 
     ::close(fd);
     return ErrnoStatus(absl::StrCat("mmap ", name), err);
   }
-  std::unique_ptr<ShmSegment> seg(
-      new ShmSegment(name, fd, static_cast<uint8_t*>(base), file_bytes, access));
+  std::unique_ptr<ShmSegment> seg(new ShmSegment(name, fd, static_cast<uint8_t*>(base), file_bytes, access));
   const ShmHeader& h = seg->header();
   const uint64_t magic = MagicRef(base).load(std::memory_order_acquire);
   if (magic == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("segment ", name, " is not initialized (creator pid ", h.creator_pid,
-                     " has not finished creating it, or died doing so)"));
+    return absl::FailedPreconditionError(absl::StrCat("segment ", name, " is not initialized (creator pid ",
+                                                      h.creator_pid,
+                                                      " has not finished creating it, or died doing so)"));
   }
   if (magic != kShmMagic) {
     return absl::DataLossError(absl::StrFormat(
-        "segment %s: bad magic 0x%016x (expected 0x%016x): corrupt or not a slidedp segment",
-        name, magic, kShmMagic));
+        "segment %s: bad magic 0x%016x (expected 0x%016x): corrupt or not a slidedp segment", name, magic, kShmMagic));
   }
   if (h.layout_version != kShmLayoutVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("segment ", name, " has layout version ", h.layout_version,
-                     "; this build reads version ", kShmLayoutVersion));
+    return absl::FailedPreconditionError(absl::StrCat("segment ", name, " has layout version ", h.layout_version,
+                                                      "; this build reads version ", kShmLayoutVersion));
   }
   if (h.header_bytes != sizeof(ShmHeader)) {
-    return absl::FailedPreconditionError(absl::StrCat("segment ", name, ": header is ",
-                                                      h.header_bytes, " bytes; this build expects ",
-                                                      sizeof(ShmHeader)));
+    return absl::FailedPreconditionError(absl::StrCat("segment ", name, ": header is ", h.header_bytes,
+                                                      " bytes; this build expects ", sizeof(ShmHeader)));
   }
   if (h.total_bytes != file_bytes) {
     return absl::DataLossError(absl::StrCat("segment ", name, ": header says ", h.total_bytes,
-                                            " bytes but the file has ", file_bytes,
-                                            " (truncated or corrupt)"));
+                                            " bytes but the file has ", file_bytes, " (truncated or corrupt)"));
   }
   RETURN_IF_ERROR(seg->LoadRegionTable());
   return seg;
@@ -331,9 +324,9 @@ absl::Status ShmSegment::LoadRegionTable() {
   if (h.table_offset < sizeof(ShmHeader) || h.table_offset > bytes_ ||
       n > (bytes_ - h.table_offset) / sizeof(ShmRegionEntry) ||
       h.data_offset < h.table_offset + n * sizeof(ShmRegionEntry) || h.data_offset > bytes_) {
-    return absl::DataLossError(absl::StrCat("segment ", name_, ": region table (offset ",
-                                            h.table_offset, ", ", n, " entries, data at ",
-                                            h.data_offset, ") does not fit in ", bytes_, " bytes"));
+    return absl::DataLossError(absl::StrCat("segment ", name_, ": region table (offset ", h.table_offset, ", ", n,
+                                            " entries, data at ", h.data_offset, ") does not fit in ", bytes_,
+                                            " bytes"));
   }
   const auto* table = reinterpret_cast<const ShmRegionEntry*>(base_ + h.table_offset);
   regions_.clear();
@@ -342,15 +335,13 @@ absl::Status ShmSegment::LoadRegionTable() {
     const ShmRegionEntry& e = table[i];
     const void* nul = std::memchr(e.name, '\0', kRegionNameBytes);
     if (nul == nullptr) {
-      return absl::DataLossError(absl::StrCat("segment ", name_, ": region ", i,
-                                              " name is not terminated"));
+      return absl::DataLossError(absl::StrCat("segment ", name_, ": region ", i, " name is not terminated"));
     }
     if (e.offset < h.data_offset || e.offset > bytes_ || e.bytes > bytes_ - e.offset ||
         e.dtype > static_cast<uint32_t>(ShmDtype::kU32)) {
-      return absl::DataLossError(absl::StrCat("segment ", name_, ": region '", e.name,
-                                              "' (offset ", e.offset, ", ", e.bytes,
-                                              " bytes, dtype ", e.dtype, ") lies outside the ",
-                                              bytes_, "-byte segment or is invalid"));
+      return absl::DataLossError(absl::StrCat("segment ", name_, ": region '", e.name, "' (offset ", e.offset, ", ",
+                                              e.bytes, " bytes, dtype ", e.dtype, ") lies outside the ", bytes_,
+                                              "-byte segment or is invalid"));
     }
     regions_.push_back(Region{std::string(e.name), e.offset, e.bytes, static_cast<ShmDtype>(e.dtype)});
   }
@@ -369,16 +360,15 @@ absl::Status ShmSegment::Allocate(uint64_t offset, uint64_t bytes) {
     return absl::FailedPreconditionError(absl::StrCat("segment ", name_, " is mapped read-only"));
   }
   if (offset > bytes_ || bytes > bytes_ - offset) {
-    return absl::OutOfRangeError(absl::StrCat("segment ", name_, ": range [", offset, ", +",
-                                              bytes, ") exceeds ", bytes_, " bytes"));
+    return absl::OutOfRangeError(
+        absl::StrCat("segment ", name_, ": range [", offset, ", +", bytes, ") exceeds ", bytes_, " bytes"));
   }
   if (bytes == 0) return absl::OkStatus();
-  if (int err = ::posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes));
-      err != 0) {
+  if (int err = ::posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes)); err != 0) {
     if (err == ENOSPC) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "fallocate ", name_, ": /dev/shm full; requested ", bytes, " bytes (", Gib(bytes),
-          ") at offset ", offset, ", ", ShmFreeBytes().value_or(0), " bytes free"));
+      return absl::ResourceExhaustedError(absl::StrCat("fallocate ", name_, ": /dev/shm full; requested ", bytes,
+                                                       " bytes (", Gib(bytes), ") at offset ", offset, ", ",
+                                                       ShmFreeBytes().value_or(0), " bytes free"));
     }
     return ErrnoStatus(absl::StrCat("fallocate ", name_), err);
   }
@@ -387,8 +377,8 @@ absl::Status ShmSegment::Allocate(uint64_t offset, uint64_t bytes) {
 
 absl::Status ShmSegment::Prefault(uint64_t offset, uint64_t bytes, int threads) {
   if (offset > bytes_ || bytes > bytes_ - offset) {
-    return absl::OutOfRangeError(absl::StrCat("segment ", name_, ": range [", offset, ", +",
-                                              bytes, ") exceeds ", bytes_, " bytes"));
+    return absl::OutOfRangeError(
+        absl::StrCat("segment ", name_, ": range [", offset, ", +", bytes, ") exceeds ", bytes_, " bytes"));
   }
   const uint64_t begin = offset / kPageBytes * kPageBytes;
   const uint64_t end = AlignUp(offset + bytes, kPageBytes);
@@ -420,9 +410,9 @@ absl::Status ShmSegment::Prefault(uint64_t offset, uint64_t bytes, int threads) 
   for (auto& th : pool) th.join();
   for (int err : errs) {
     if (err == ENOMEM || err == EFAULT) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "prefault ", name_, " [", offset, ", +", bytes, "): ", std::strerror(err),
-          " (range not allocated and /dev/shm or memory full?)"));
+      return absl::ResourceExhaustedError(absl::StrCat("prefault ", name_, " [", offset, ", +", bytes,
+                                                       "): ", std::strerror(err),
+                                                       " (range not allocated and /dev/shm or memory full?)"));
     }
     if (err != 0) return ErrnoStatus(absl::StrCat("madvise(POPULATE) ", name_), err);
   }
@@ -452,14 +442,11 @@ std::string SanitizeNameComponent(absl::string_view s) {
   return out.empty() ? "x" : out;
 }
 
-absl::StatusOr<std::string> MakeSegmentName(absl::string_view node, absl::string_view job,
-                                            absl::string_view purpose) {
-  for (auto [what, v] : {std::pair<const char*, absl::string_view>{"node", node},
-                         {"job", job},
-                         {"purpose", purpose}}) {
+absl::StatusOr<std::string> MakeSegmentName(absl::string_view node, absl::string_view job, absl::string_view purpose) {
+  for (auto [what, v] : {std::pair<const char*, absl::string_view>{"node", node}, {"job", job}, {"purpose", purpose}}) {
     if (!ValidComponent(v)) {
-      return absl::InvalidArgumentError(absl::StrCat("segment name ", what, " '", v,
-                                                     "' must be non-empty [A-Za-z0-9_-]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("segment name ", what, " '", v, "' must be non-empty [A-Za-z0-9_-]"));
     }
   }
   std::string name = absl::StrCat("/slidedp.", node, ".", job, ".", purpose);
@@ -469,10 +456,8 @@ absl::StatusOr<std::string> MakeSegmentName(absl::string_view node, absl::string
   return name;
 }
 
-absl::StatusOr<std::vector<ReclaimedSegment>> ReclaimStaleSegments(absl::string_view node,
-                                                                   ReclaimMode mode,
-                                                                   const std::string& shm_dir,
-                                                                   int incomplete_grace_s) {
+absl::StatusOr<std::vector<ReclaimedSegment>> ReclaimStaleSegments(absl::string_view node, ReclaimMode mode,
+                                                                   const std::string& shm_dir, int incomplete_grace_s) {
   if (!ValidComponent(node)) {
     return absl::InvalidArgumentError(absl::StrCat("node '", node, "' must be [A-Za-z0-9_-]"));
   }
@@ -512,8 +497,7 @@ absl::StatusOr<std::vector<ReclaimedSegment>> ReclaimStaleSegments(absl::string_
     } else {
       // A creator that died inside Create leaves no magic; a live one finishes in well under
       // the grace period.
-      if (r.creator_pid > 0 && IsProcessAlive(ProcessIdentity{h.creator_pid, h.creator_start_ticks}))
-        continue;
+      if (r.creator_pid > 0 && IsProcessAlive(ProcessIdentity{h.creator_pid, h.creator_start_ticks})) continue;
       if (now - st.st_mtime < incomplete_grace_s) continue;
       r.reason = "incomplete or corrupt header, older than the grace period";
     }
@@ -521,8 +505,7 @@ absl::StatusOr<std::vector<ReclaimedSegment>> ReclaimStaleSegments(absl::string_
       if (errno == ENOENT) continue;
       return ErrnoStatus(absl::StrCat("unlink ", path), errno);
     }
-    LOG(INFO) << "reclaimed stale shm segment " << r.name << " (" << Gib(r.bytes) << "): "
-              << r.reason;
+    LOG(INFO) << "reclaimed stale shm segment " << r.name << " (" << Gib(r.bytes) << "): " << r.reason;
     removed.push_back(std::move(r));
   }
   return removed;

@@ -105,16 +105,16 @@ class ShmSegment {
   // Creates and maps a new segment (O_EXCL; ALREADY_EXISTS if the name is taken), mode 0600.
   // Refuses with RESOURCE_EXHAUSTED (requested and free bytes) before allocating anything when
   // statvfs says /dev/shm cannot hold it; a failed fallocate unlinks the half-made file.
-  static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(
-      const std::string& name, const std::vector<RegionSpec>& regions,
-      const ShmCreateOptions& options = {});
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(const std::string& name,
+                                                            const std::vector<RegionSpec>& regions,
+                                                            const ShmCreateOptions& options = {});
   // Lays an existing segment (one this process owns and nobody else maps, e.g. a pooled one
   // renamed for its next job) out again for new regions: rewrites the header and table and
   // shrinks the file to the new size, keeping its allocated pages (FAILED_PRECONDITION if the
   // file is smaller than the new layout). Region contents are whatever the file held.
-  static absl::StatusOr<std::unique_ptr<ShmSegment>> Reformat(
-      const std::string& name, const std::vector<RegionSpec>& regions,
-      const ShmCreateOptions& options = {});
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> Reformat(const std::string& name,
+                                                              const std::vector<RegionSpec>& regions,
+                                                              const ShmCreateOptions& options = {});
   // Lays this mapping's segment out again for regions of exactly its size, through this mapping
   // (its page tables stay populated: no re-prefault), after the file was renamed to `new_name`
   // (a pooled segment adopted by the next job). FAILED_PRECONDITION for another size.
@@ -124,8 +124,7 @@ class ShmSegment {
   // header size, or creation not finished).
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Open(const std::string& name, Access access);
   // File size Create() will use for these regions.
-  static uint64_t RequiredBytes(const std::vector<RegionSpec>& regions,
-                                uint64_t alignment = kPageBytes);
+  static uint64_t RequiredBytes(const std::vector<RegionSpec>& regions, uint64_t alignment = kPageBytes);
 
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
@@ -165,9 +164,9 @@ class ShmSegment {
 
  private:
   ShmSegment(std::string name, int fd, uint8_t* base, uint64_t bytes, Access access);
-  static absl::StatusOr<std::unique_ptr<ShmSegment>> CreateOrReformat(
-      const std::string& name, const std::vector<RegionSpec>& regions,
-      const ShmCreateOptions& options, bool reformat);
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> CreateOrReformat(const std::string& name,
+                                                                      const std::vector<RegionSpec>& regions,
+                                                                      const ShmCreateOptions& options, bool reformat);
   absl::Status LoadRegionTable();
 
   std::string name_;
@@ -179,8 +178,7 @@ class ShmSegment {
 };
 
 // "/slidedp.<node>.<job>.<purpose>". Components: non-empty, [A-Za-z0-9_-] only.
-absl::StatusOr<std::string> MakeSegmentName(absl::string_view node, absl::string_view job,
-                                            absl::string_view purpose);
+absl::StatusOr<std::string> MakeSegmentName(absl::string_view node, absl::string_view job, absl::string_view purpose);
 // Maps a host name to a valid node component ("gpu01.lab" -> "gpu01-lab").
 std::string SanitizeNameComponent(absl::string_view s);
 
@@ -206,8 +204,9 @@ struct ReclaimedSegment {
 };
 
 // Lists <shm_dir>/slidedp.<node>.* and unlinks the stale ones. Returns what it removed.
-absl::StatusOr<std::vector<ReclaimedSegment>> ReclaimStaleSegments(
-    absl::string_view node, ReclaimMode mode = ReclaimMode::kDeadCreators,
-    const std::string& shm_dir = "/dev/shm", int incomplete_grace_s = 10);
+absl::StatusOr<std::vector<ReclaimedSegment>> ReclaimStaleSegments(absl::string_view node,
+                                                                   ReclaimMode mode = ReclaimMode::kDeadCreators,
+                                                                   const std::string& shm_dir = "/dev/shm",
+                                                                   int incomplete_grace_s = 10);
 
 }  // namespace slidedp::shm

@@ -33,21 +33,21 @@ namespace {
 
 using kernels::bf16;
 
-#define BENCH_CHECK(expr)                                                                           \
-  do {                                                                                              \
-    absl::Status s_ = (expr);                                                                       \
-    if (!s_.ok()) {                                                                                 \
+#define BENCH_CHECK(expr)                                                                                  \
+  do {                                                                                                     \
+    absl::Status s_ = (expr);                                                                              \
+    if (!s_.ok()) {                                                                                        \
       std::fprintf(stderr, "error: %s -> %s (%s:%d)\n", #expr, s_.ToString().c_str(), __FILE__, __LINE__); \
-      std::exit(1);                                                                                 \
-    }                                                                                               \
+      std::exit(1);                                                                                        \
+    }                                                                                                      \
   } while (0)
-#define CUDA_CHECK(expr)                                                                   \
-  do {                                                                                     \
-    cudaError_t e_ = (expr);                                                               \
-    if (e_ != cudaSuccess) {                                                               \
+#define CUDA_CHECK(expr)                                                                                    \
+  do {                                                                                                      \
+    cudaError_t e_ = (expr);                                                                                \
+    if (e_ != cudaSuccess) {                                                                                \
       std::fprintf(stderr, "error: %s -> %s (%s:%d)\n", #expr, cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
+      std::exit(1);                                                                                         \
+    }                                                                                                       \
   } while (0)
 
 // Deterministic pseudo-random BF16 in [-scale, scale) (never zeros: zeros time faster).
@@ -55,7 +55,9 @@ __global__ void FillKernel(bf16* p, int64_t n, uint32_t seed, float scale) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    x ^= x >> 13; x *= 0x5bd1e995u; x ^= x >> 15;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
     p[i] = __float2bfloat16((static_cast<float>(x & 0xffffff) / 16777216.0f * 2.0f - 1.0f) * scale);
   }
 }
@@ -64,14 +66,18 @@ __global__ void FillF32Kernel(float* p, int64_t n, uint32_t seed, float scale) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    x ^= x >> 13; x *= 0x5bd1e995u; x ^= x >> 15;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
     p[i] = (static_cast<float>(x & 0xffffff) / 16777216.0f * 2.0f - 1.0f) * scale;
   }
 }
 
 struct Arena {
   std::vector<void*> ptrs;
-  ~Arena() { for (void* p : ptrs) cudaFree(p); }
+  ~Arena() {
+    for (void* p : ptrs) cudaFree(p);
+  }
   template <typename T>
   T* Get(int64_t n) {
     void* p = nullptr;
@@ -132,9 +138,10 @@ void Emit(const std::string& op, const std::string& model, int64_t tokens, doubl
   const double frac = flops > 0 ? tflops / g_peak_tflops : gbps / g_copy_gbps;
   std::printf("%-26s %-10s %7lld %10.3f %9.1f %9.1f %7.1f%%\n", op.c_str(), model.c_str(),
               static_cast<long long>(tokens), ms, tflops, gbps, 100 * frac);
-  std::printf("JSON {\"op\":\"%s\",\"model\":\"%s\",\"tokens\":%lld,\"ms\":%.4f,\"tflops\":%.2f,\"gbps\":%.1f,"
-              "\"frac_of_ceiling\":%.4f}\n",
-              op.c_str(), model.c_str(), static_cast<long long>(tokens), ms, tflops, gbps, frac);
+  std::printf(
+      "JSON {\"op\":\"%s\",\"model\":\"%s\",\"tokens\":%lld,\"ms\":%.4f,\"tflops\":%.2f,\"gbps\":%.1f,"
+      "\"frac_of_ceiling\":%.4f}\n",
+      op.c_str(), model.c_str(), static_cast<long long>(tokens), ms, tflops, gbps, frac);
 }
 
 void MeasureCeilings(GemmRunner& gemm) {
@@ -144,7 +151,13 @@ void MeasureCeilings(GemmRunner& gemm) {
   bf16* b = ar.Rand(n * n);
   bf16* d = ar.Get<bf16>(n * n);
   GemmArgs g;
-  g.m = g.n = g.k = n; g.a = a; g.lda = n; g.b = b; g.ldb = n; g.d = d; g.ldd = n;
+  g.m = g.n = g.k = n;
+  g.a = a;
+  g.lda = n;
+  g.b = b;
+  g.ldb = n;
+  g.d = d;
+  g.ldd = n;
   double ms = TimeMs([&] { BENCH_CHECK(gemm.Run(g, nullptr)); }, 10);
   g_peak_tflops = 2.0 * n * n * n / ms / 1e9;
   const int64_t bytes = 2ll << 30;
@@ -153,10 +166,11 @@ void MeasureCeilings(GemmRunner& gemm) {
   CUDA_CHECK(cudaMemset(src, 1, bytes));
   ms = TimeMs([&] { CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 10);
   g_copy_gbps = 2.0 * bytes / ms / 1e6;
-  std::printf("ceilings: cuBLASLt bf16 GEMM 8192^3 = %.1f TFLOP/s; D2D copy = %.1f GB/s (read+write)\n",
-              g_peak_tflops, g_copy_gbps);
-  std::printf("JSON {\"op\":\"ceiling_gemm_bf16_8192\",\"tflops\":%.2f}\nJSON {\"op\":\"ceiling_copy_d2d\",\"gbps\":%.1f}\n",
-              g_peak_tflops, g_copy_gbps);
+  std::printf("ceilings: cuBLASLt bf16 GEMM 8192^3 = %.1f TFLOP/s; D2D copy = %.1f GB/s (read+write)\n", g_peak_tflops,
+              g_copy_gbps);
+  std::printf(
+      "JSON {\"op\":\"ceiling_gemm_bf16_8192\",\"tflops\":%.2f}\nJSON {\"op\":\"ceiling_copy_d2d\",\"gbps\":%.1f}\n",
+      g_peak_tflops, g_copy_gbps);
 }
 
 // cuDNN's fused attention (attn_*_causal_cudnn rows); null when libcudnn is unavailable.
@@ -180,21 +194,52 @@ void BenchOps(GemmRunner& gemm, const std::string& model, const Qwen3Config& c, 
   CUDA_CHECK(cudaMemset(dw, 0, std::max({QKV * H, 2 * I * H, H * I}) * 4));
   CUDA_CHECK(cudaMemset(dwv, 0, H * 4));
 
-  struct G { const char* name; int64_t n, k; };
+  struct G {
+    const char* name;
+    int64_t n, k;
+  };
   const G gs[] = {{"qkv", QKV, H}, {"o_proj", H, qd}, {"gate_up", 2 * I, H}, {"down", H, I}};
   for (const G& s : gs) {
     GemmArgs f;  // forward Y[T,n] = X[T,k] Wᵀ
-    f.m = T; f.n = s.n; f.k = s.k; f.a = big; f.lda = s.k; f.b = w; f.ldb = s.k; f.d = big2; f.ldd = s.n;
+    f.m = T;
+    f.n = s.n;
+    f.k = s.k;
+    f.a = big;
+    f.lda = s.k;
+    f.b = w;
+    f.ldb = s.k;
+    f.d = big2;
+    f.ldd = s.n;
     Emit(std::string("gemm_fwd_") + s.name, model, T, TimeMs([&] { BENCH_CHECK(gemm.Run(f, nullptr)); }),
          2.0 * T * s.n * s.k, 0);
     GemmArgs d;  // dgrad dX[T,k] = dY[T,n] W
-    d.op_b = GemmOp::kN; d.m = T; d.n = s.k; d.k = s.n; d.a = big; d.lda = s.n; d.b = w; d.ldb = s.k; d.d = big2;
+    d.op_b = GemmOp::kN;
+    d.m = T;
+    d.n = s.k;
+    d.k = s.n;
+    d.a = big;
+    d.lda = s.n;
+    d.b = w;
+    d.ldb = s.k;
+    d.d = big2;
     d.ldd = s.k;
     Emit(std::string("gemm_dgrad_") + s.name, model, T, TimeMs([&] { BENCH_CHECK(gemm.Run(d, nullptr)); }),
          2.0 * T * s.n * s.k, 0);
     GemmArgs wg;  // wgrad dW[n,k] += dYᵀ X (FP32)
-    wg.op_a = GemmOp::kT; wg.op_b = GemmOp::kN; wg.m = s.n; wg.n = s.k; wg.k = T; wg.a = big; wg.lda = s.n;
-    wg.b = big2; wg.ldb = s.k; wg.c = dw; wg.ldc = s.k; wg.d = dw; wg.ldd = s.k; wg.out_type = GemmOutType::kF32;
+    wg.op_a = GemmOp::kT;
+    wg.op_b = GemmOp::kN;
+    wg.m = s.n;
+    wg.n = s.k;
+    wg.k = T;
+    wg.a = big;
+    wg.lda = s.n;
+    wg.b = big2;
+    wg.ldb = s.k;
+    wg.c = dw;
+    wg.ldc = s.k;
+    wg.d = dw;
+    wg.ldd = s.k;
+    wg.out_type = GemmOutType::kF32;
     wg.beta = 1.0f;
     Emit(std::string("gemm_wgrad_") + s.name, model, T, TimeMs([&] { BENCH_CHECK(gemm.Run(wg, nullptr)); }),
          2.0 * T * s.n * s.k, 0);
@@ -206,7 +251,10 @@ void BenchOps(GemmRunner& gemm, const std::string& model, const Qwen3Config& c, 
        TimeMs([&] { BENCH_CHECK(kernels::RmsNormBackward(dy, x, w, rstd, dy, T, H, y, dwv, ws, nullptr)); }), 0,
        4.0 * T * H * 2);
   kernels::RopeArgs ra;
-  ra.tokens = T; ra.num_q_heads = nq; ra.num_kv_heads = nkv; ra.head_dim = hd;
+  ra.tokens = T;
+  ra.num_q_heads = nq;
+  ra.num_kv_heads = nkv;
+  ra.head_dim = hd;
   int32_t* pos = ar.Get<int32_t>(T);
   {
     std::vector<int32_t> hp(T);
@@ -215,24 +263,31 @@ void BenchOps(GemmRunner& gemm, const std::string& model, const Qwen3Config& c, 
   }
   const double rope_bytes = 2.0 * T * (qd + kvd) * 2;  // read q,k raw; write q,k
   Emit("qknorm_rope_fwd", model, T,
-       TimeMs([&] { BENCH_CHECK(kernels::QkNormRopeForward(ra, big, QKV, w, w, pos, mid, mid + T * qd, nullptr)); }),
-       0, rope_bytes);
+       TimeMs([&] { BENCH_CHECK(kernels::QkNormRopeForward(ra, big, QKV, w, w, pos, mid, mid + T * qd, nullptr)); }), 0,
+       rope_bytes);
   Emit("qknorm_rope_bwd", model, T, TimeMs([&] {
-         BENCH_CHECK(kernels::QkNormRopeBackward(ra, mid, mid + T * qd, big, QKV, w, w, pos, big2, QKV, dwv, dwv, ws,
-                                                 nullptr));
-       }), 0, 1.5 * rope_bytes);
+         BENCH_CHECK(
+             kernels::QkNormRopeBackward(ra, mid, mid + T * qd, big, QKV, w, w, pos, big2, QKV, dwv, dwv, ws, nullptr));
+       }),
+       0, 1.5 * rope_bytes);
   Emit("swiglu_fwd", model, T, TimeMs([&] { BENCH_CHECK(kernels::SwiGluForward(big, T, I, mid, nullptr)); }), 0,
        3.0 * T * I * 2);
-  Emit("swiglu_bwd", model, T, TimeMs([&] { BENCH_CHECK(kernels::SwiGluBackward(big, mid, T, I, big2, nullptr)); }),
-       0, 5.0 * T * I * 2);
+  Emit("swiglu_bwd", model, T, TimeMs([&] { BENCH_CHECK(kernels::SwiGluBackward(big, mid, T, I, big2, nullptr)); }), 0,
+       5.0 * T * I * 2);
   // Attention: one causal document of T tokens.
   {
     int32_t* cu = ar.Get<int32_t>(2);
     int32_t hcu[2] = {0, static_cast<int32_t>(T)};
     CUDA_CHECK(cudaMemcpy(cu, hcu, 8, cudaMemcpyHostToDevice));
     kernels::AttnArgs a;
-    a.tokens = T; a.num_docs = 1; a.max_seqlen = T; a.num_q_heads = nq; a.num_kv_heads = nkv; a.head_dim = hd;
-    a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd)); a.cu_seqlens = cu;
+    a.tokens = T;
+    a.num_docs = 1;
+    a.max_seqlen = T;
+    a.num_q_heads = nq;
+    a.num_kv_heads = nkv;
+    a.head_dim = hd;
+    a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    a.cu_seqlens = cu;
     bf16* q = big;
     bf16* k = big + T * qd;
     bf16* v = k + T * kvd;
@@ -246,11 +301,13 @@ void BenchOps(GemmRunner& gemm, const std::string& model, const Qwen3Config& c, 
     const double fwd_flops = 4.0 * nq * hd * (static_cast<double>(T) * (T + 1) / 2);
     Emit("attn_fwd_causal", model, T, TimeMs([&] {
            BENCH_CHECK(kernels::FlashAttentionForward(a, {q, qd}, {k, kvd}, {v, kvd}, {o, qd}, lse, nullptr));
-         }), fwd_flops, 0);
+         }),
+         fwd_flops, 0);
     Emit("attn_bwd_causal", model, T, TimeMs([&] {
-           BENCH_CHECK(kernels::FlashAttentionBackward(a, {q, qd}, {k, kvd}, {v, kvd}, {o, qd}, lse, {dO, qd},
-                                                       {dq, qd}, {dk, kvd}, {dv, kvd}, aws, nullptr));
-         }), 2.5 * fwd_flops, 0);
+           BENCH_CHECK(kernels::FlashAttentionBackward(a, {q, qd}, {k, kvd}, {v, kvd}, {o, qd}, lse, {dO, qd}, {dq, qd},
+                                                       {dk, kvd}, {dv, kvd}, aws, nullptr));
+         }),
+         2.5 * fwd_flops, 0);
     // With dQ added in a fixed order (SLIDEDP_DETERMINISTIC's backward).
     kernels::AttnArgs ordered = a;
     ordered.ordered_dq = true;
@@ -258,7 +315,8 @@ void BenchOps(GemmRunner& gemm, const std::string& model, const Qwen3Config& c, 
     Emit("attn_bwd_causal_ordered", model, T, TimeMs([&] {
            BENCH_CHECK(kernels::FlashAttentionBackward(ordered, {q, qd}, {k, kvd}, {v, kvd}, {o, qd}, lse, {dO, qd},
                                                        {dq, qd}, {dk, kvd}, {dv, kvd}, ows, nullptr));
-         }), 2.5 * fwd_flops, 0);
+         }),
+         2.5 * fwd_flops, 0);
     // The same call through cuDNN (same tensors, strides and FLOP convention).
     if (g_cudnn != nullptr) {
       const kernels::AttnRowStrides ld{qd, kvd, kvd, qd, qd, qd, kvd, kvd};
@@ -271,11 +329,13 @@ void BenchOps(GemmRunner& gemm, const std::string& model, const Qwen3Config& c, 
         char* cws = ar.Get<char>(std::max(*fwd_ws, *bwd_ws));
         Emit("attn_fwd_causal_cudnn", model, T, TimeMs([&] {
                BENCH_CHECK(g_cudnn->Forward(a, {q, qd}, {k, kvd}, {v, kvd}, {o, qd}, lse, cws, nullptr));
-             }), fwd_flops, 0);
+             }),
+             fwd_flops, 0);
         Emit("attn_bwd_causal_cudnn", model, T, TimeMs([&] {
                BENCH_CHECK(g_cudnn->Backward(a, {q, qd}, {k, kvd}, {v, kvd}, {o, qd}, lse, {dO, qd}, {dq, qd},
                                              {dk, kvd}, {dv, kvd}, cws, nullptr));
-             }), 2.5 * fwd_flops, 0);
+             }),
+             2.5 * fwd_flops, 0);
       }
     }
   }
@@ -295,7 +355,10 @@ void BenchOps(GemmRunner& gemm, const std::string& model, const Qwen3Config& c, 
     for (int64_t t = 0; t < T; ++t) order[t] = static_cast<int32_t>(t);
     std::stable_sort(order.begin(), order.end(), [&](int32_t p, int32_t q) { return ids[p] < ids[q]; });
     for (int64_t i = 0; i < T; ++i)
-      if (i == 0 || ids[order[i]] != ids[order[i - 1]]) { uniq.push_back(ids[order[i]]); seg.push_back(static_cast<int32_t>(i)); }
+      if (i == 0 || ids[order[i]] != ids[order[i - 1]]) {
+        uniq.push_back(ids[order[i]]);
+        seg.push_back(static_cast<int32_t>(i));
+      }
     seg.push_back(static_cast<int32_t>(T));
     int32_t* duniq = ar.Get<int32_t>(uniq.size());
     int32_t* dseg = ar.Get<int32_t>(seg.size());
@@ -305,9 +368,9 @@ void BenchOps(GemmRunner& gemm, const std::string& model, const Qwen3Config& c, 
     CUDA_CHECK(cudaMemcpy(dord, order.data(), T * 4, cudaMemcpyHostToDevice));
     float* demb = ar.Get<float>(4096 * H);
     CUDA_CHECK(cudaMemset(demb, 0, 4096 * H * 4));
-    Emit("embedding_bwd", model, T, TimeMs([&] {
-           BENCH_CHECK(kernels::EmbeddingBackward(dy, duniq, dseg, dord, uniq.size(), H, demb, nullptr));
-         }), 0, T * H * 2.0 + uniq.size() * H * 8.0);
+    Emit("embedding_bwd", model, T,
+         TimeMs([&] { BENCH_CHECK(kernels::EmbeddingBackward(dy, duniq, dseg, dord, uniq.size(), H, demb, nullptr)); }),
+         0, T * H * 2.0 + uniq.size() * H * 8.0);
   }
 }
 
@@ -469,7 +532,10 @@ int main(int argc, char** argv) {
   std::printf("%-26s %-10s %7s %10s %9s %9s %8s\n", "op", "model", "tokens", "ms", "TFLOP/s", "GB/s", "ceil%");
   std::vector<std::string> models = {"qwen3-4b", "qwen3-8b", "qwen3-14b"};
   std::vector<int64_t> toks = {4096, 16384, 32768};
-  if (quick) { models = {"qwen3-8b"}; toks = {4096}; }
+  if (quick) {
+    models = {"qwen3-8b"};
+    toks = {4096};
+  }
   for (const auto& m : models) {
     auto c = Qwen3Config::Preset(m);
     BENCH_CHECK(c.status());

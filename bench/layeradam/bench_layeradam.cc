@@ -29,9 +29,9 @@
 #include <thread>
 #include <vector>
 
-#include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "CLI/CLI.hpp"
 #include "common/parallel/parallel_for.h"
 #include "glog/logging.h"
 #include "hostd/update/adamw_kernels.h"
@@ -43,9 +43,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 // Anonymous mapping, 2 MiB aligned, transparent huge pages requested.
 struct Mapping {
@@ -88,8 +86,7 @@ void PlainCopy(char* dst, const char* src, int64_t bytes) {
 }
 
 // Copy bandwidth in GB/s (read + write) with `threads` threads: {median, best} of `reps`.
-std::pair<double, double> CopyBandwidth(CopyKind kind, int threads, char* src, char* dst,
-                                        int64_t bytes, int reps) {
+std::pair<double, double> CopyBandwidth(CopyKind kind, int threads, char* src, char* dst, int64_t bytes, int reps) {
   std::vector<double> times;
   for (int r = 0; r < reps + 1; ++r) {
     const auto t0 = Clock::now();
@@ -147,8 +144,7 @@ absl::Status Dump(const std::filesystem::path& dir, int64_t n, int steps, LayerA
                         {"eps", p.eps},
                         {"grad_scale", p.grad_scale}});
     absl::Status status;
-    absl::Status submit =
-        engine.SubmitChunk(unit, 0, n, grad.data(), p, [&status](absl::Status s) { status = s; });
+    absl::Status submit = engine.SubmitChunk(unit, 0, n, grad.data(), p, [&status](absl::Status s) { status = s; });
     if (!submit.ok()) return submit;
     engine.WaitIdle();
     if (!status.ok()) return status;
@@ -176,10 +172,8 @@ int Main(int argc, char** argv) {
   app.add_option("--reps", reps, "timed repetitions (median reported)");
   app.add_option("--chunk-params", chunk_params, "parameters per submitted chunk");
   app.add_option("--isa", isa_name, "scalar|avx2|avx512 (default: best supported)");
-  app.add_option("--pin", pin, "worker pinning: core|node|none")
-      ->check(CLI::IsMember({"core", "node", "none"}));
-  app.add_option("--grad", grad_dtype, "gradient dtype: fp32|bf16")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--pin", pin, "worker pinning: core|node|none")->check(CLI::IsMember({"core", "node", "none"}));
+  app.add_option("--grad", grad_dtype, "gradient dtype: fp32|bf16")->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--mirror-store", mirror_store, "BF16 mirror stores: stream|cached")
       ->check(CLI::IsMember({"stream", "cached"}));
   app.add_option("--dump", dump_dir, "write a torch comparison dump here and exit");
@@ -204,9 +198,8 @@ int Main(int argc, char** argv) {
   options.num_threads = threads;
   options.reserve_cores = 0;
   options.mirror_store = mirror_store == "stream" ? MirrorStore::kStreaming : MirrorStore::kCached;
-  options.pinning = pin == "core"
-                        ? WorkerPinning::kCore
-                        : (pin == "node" ? WorkerPinning::kNumaNode : WorkerPinning::kNone);
+  options.pinning =
+      pin == "core" ? WorkerPinning::kCore : (pin == "node" ? WorkerPinning::kNumaNode : WorkerPinning::kNone);
   if (!isa_name.empty()) {
     absl::StatusOr<AdamIsa> isa = ParseAdamIsa(isa_name);
     if (!isa.ok()) {
@@ -228,8 +221,8 @@ int Main(int argc, char** argv) {
   }
 
   const bool bf16_grad = grad_dtype == "bf16";
-  Mapping master(params * 4), m(params * 4), v(params * 4), mirror(params * 2),
-      grad(params * (bf16_grad ? 2 : 4)), copy_dst(params * 4);
+  Mapping master(params * 4), m(params * 4), v(params * 4), mirror(params * 2), grad(params * (bf16_grad ? 2 : 4)),
+      copy_dst(params * 4);
   UnitMemory unit{master.as<float>(), m.as<float>(), v.as<float>(), mirror.as<bf16_t>(), params, 0};
   // Prefault: the engine's workers touch the state (NUMA placement), then every array gets
   // values in parallel. Gradients are small and varied so no denormal or NaN path is timed.
@@ -256,10 +249,10 @@ int Main(int argc, char** argv) {
   const double prefault_s = Seconds(t0, Clock::now());
 
   // The reference is the faster of the two copies (median), so the ratio is not flattered.
-  const auto [memcpy_gbps, memcpy_gbps_best] = CopyBandwidth(
-      CopyKind::kMemcpy, threads, master.as<char>(), copy_dst.as<char>(), params * 4, reps);
-  const auto [plain_gbps, plain_gbps_best] = CopyBandwidth(
-      CopyKind::kPlainStores, threads, master.as<char>(), copy_dst.as<char>(), params * 4, reps);
+  const auto [memcpy_gbps, memcpy_gbps_best] =
+      CopyBandwidth(CopyKind::kMemcpy, threads, master.as<char>(), copy_dst.as<char>(), params * 4, reps);
+  const auto [plain_gbps, plain_gbps_best] =
+      CopyBandwidth(CopyKind::kPlainStores, threads, master.as<char>(), copy_dst.as<char>(), params * 4, reps);
   const double copy_gbps = std::max(memcpy_gbps, plain_gbps);
   const double copy_gbps_best = std::max(memcpy_gbps_best, plain_gbps_best);
 
@@ -273,9 +266,8 @@ int Main(int argc, char** argv) {
     for (int64_t o = 0; o < params; o += chunk_params) {
       const int64_t n = std::min(chunk_params, params - o);
       auto done = [](absl::Status s) { CHECK(s.ok()) << s; };
-      absl::Status s = bf16_grad
-                           ? engine.SubmitChunkBf16(unit, o, n, grad.as<bf16_t>() + o, p, done)
-                           : engine.SubmitChunk(unit, o, n, grad.as<float>() + o, p, done);
+      absl::Status s = bf16_grad ? engine.SubmitChunkBf16(unit, o, n, grad.as<bf16_t>() + o, p, done)
+                                 : engine.SubmitChunk(unit, o, n, grad.as<float>() + o, p, done);
       CHECK(s.ok()) << s;
     }
     engine.WaitIdle();
@@ -292,8 +284,8 @@ int Main(int argc, char** argv) {
   std::printf(
       "machine: %d physical cores, %d NUMA node(s); threads %d, isa %s, pin %s, grad %s, "
       "mirror stores %s\n",
-      cores, engine.num_numa_nodes(), threads, AdamIsaName(engine.isa()).c_str(), pin.c_str(),
-      grad_dtype.c_str(), mirror_store.c_str());
+      cores, engine.num_numa_nodes(), threads, AdamIsaName(engine.isa()).c_str(), pin.c_str(), grad_dtype.c_str(),
+      mirror_store.c_str());
   std::printf("params %lld (%.2f GiB state), prefault %.2f s\n", static_cast<long long>(params),
               params * 14.0 / (1 << 30), prefault_s);
   std::printf(
@@ -304,8 +296,8 @@ int Main(int argc, char** argv) {
       "LayerAdam: %.3f Gparam/s median (%.3f best), %.1f GB/s at %.0f B/param, %.1f GB/s "
       "at %.0f B/param with mirror\n",
       params_per_s / 1e9, params / best / 1e9, gbps28, 24 + grad_bytes, gbps30, 26 + grad_bytes);
-  std::printf("ratio to copy bandwidth: %.2f (%.0f B/param), %.2f (with mirror)\n",
-              gbps28 / copy_gbps, 24 + grad_bytes, gbps30 / copy_gbps);
+  std::printf("ratio to copy bandwidth: %.2f (%.0f B/param), %.2f (with mirror)\n", gbps28 / copy_gbps, 24 + grad_bytes,
+              gbps30 / copy_gbps);
   nlohmann::json j = {{"bench", "layeradam"},
                       {"params", params},
                       {"threads", threads},

@@ -13,9 +13,9 @@
 #include <random>
 #include <vector>
 
-#include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "CLI/CLI.hpp"
 #include "common/model/qwen3_config.h"
 #include "common/status/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -43,7 +43,8 @@ class ResidentStreamer final : public UnitStreamer {
     for (const UnitLayout& u : layout.units) {
       void* p = nullptr;
       if (cudaMalloc(&p, u.numel * 2) != cudaSuccess) {
-        return absl::ResourceExhaustedError(absl::StrCat("resident weights: cudaMalloc of ", u.numel * 2, " bytes failed"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("resident weights: cudaMalloc of ", u.numel * 2, " bytes failed"));
       }
       if (cudaMemcpy(p, host.data(), u.numel * 2, cudaMemcpyHostToDevice) != cudaSuccess) {
         return absl::InternalError("resident weights: cudaMemcpy failed");
@@ -126,11 +127,15 @@ absl::Status Run(const std::string& model, int64_t seq, int64_t tokens, int64_t 
                  int steps, int gpu, double offload_ratio) {
   ASSIGN_OR_RETURN(Qwen3Config config, Qwen3Config::Preset(model));
   const ModelLayout layout = ModelLayout::Build(config);
-  if (tokens % seq != 0 || tokens < seq) return absl::InvalidArgumentError("--tokens must be a positive multiple of --seq");
+  if (tokens % seq != 0 || tokens < seq)
+    return absl::InvalidArgumentError("--tokens must be a positive multiple of --seq");
   ActPolicy act = ActPolicy::kRecomputeLayer;
-  if (policy == "keep_all") act = ActPolicy::kKeepAll;
-  else if (policy == "selective") act = ActPolicy::kSelective;
-  else if (policy != "recompute") return absl::InvalidArgumentError("--policy: recompute, selective or keep_all");
+  if (policy == "keep_all")
+    act = ActPolicy::kKeepAll;
+  else if (policy == "selective")
+    act = ActPolicy::kSelective;
+  else if (policy != "recompute")
+    return absl::InvalidArgumentError("--policy: recompute, selective or keep_all");
   ASSIGN_OR_RETURN(auto backend, MakeCudaBackend(config, gpu));
   ASSIGN_OR_RETURN(auto streamer, ResidentStreamer::Create(layout));
   auto grads = MakeDiscardGradientPath(layout, backend.get());

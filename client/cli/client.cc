@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "grpcpp/health_check_service_interface.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "slidedp/v1/job_state_name.h"
 
 namespace slidedp::client {
@@ -52,8 +52,9 @@ static std::string FormatSeconds(double s) {
 }
 
 std::string FormatJobLine(const v1::Job& job) {
-  std::string line = absl::StrFormat("%-24s %-10s step %lld/%lld", job.job_id(), v1::JobStateName(job.state()),
-                                     static_cast<long long>(job.last().step()), static_cast<long long>(job.total_steps()));
+  std::string line =
+      absl::StrFormat("%-24s %-10s step %lld/%lld", job.job_id(), v1::JobStateName(job.state()),
+                      static_cast<long long>(job.last().step()), static_cast<long long>(job.total_steps()));
   if (job.has_last()) absl::StrAppendFormat(&line, "  loss %.4f", job.last().loss());
   if (!job.error().empty()) absl::StrAppend(&line, "  error: ", job.error());
   return line;
@@ -64,8 +65,8 @@ std::string FormatProgress(const v1::Job& job, const v1::StepMetrics& m) {
   int width = 24;
   int filled = static_cast<int>(width * std::min<int64_t>(m.step(), total) / total);
   std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
-  std::string line = absl::StrFormat("[%s] step %lld/%lld  loss %.4f  lr %.2e  gnorm %.3f  %.0f tok/s  %.1f TFLOP/s", bar,
-                                     static_cast<long long>(m.step()), static_cast<long long>(total), m.loss(),
+  std::string line = absl::StrFormat("[%s] step %lld/%lld  loss %.4f  lr %.2e  gnorm %.3f  %.0f tok/s  %.1f TFLOP/s",
+                                     bar, static_cast<long long>(m.step()), static_cast<long long>(total), m.loss(),
                                      m.learning_rate(), m.grad_norm(), m.tokens_per_s(), m.model_tflops());
   if (m.gpu_peak_bytes() > 0) absl::StrAppendFormat(&line, "  GPU %.1f GiB", m.gpu_peak_bytes() / 1073741824.0);
   if (m.host_state_bytes() > 0) absl::StrAppendFormat(&line, "  host %.1f GiB", m.host_state_bytes() / 1073741824.0);
@@ -113,8 +114,8 @@ absl::Status Client::WaitReady(double timeout_s) {
     if (last.ok()) return last;
     absl::SleepFor(absl::Milliseconds(100));
   }
-  return absl::UnavailableError(absl::StrCat("hostd at ", options_.address, " not ready after ", timeout_s, " s: ",
-                                             last.message()));
+  return absl::UnavailableError(
+      absl::StrCat("hostd at ", options_.address, " not ready after ", timeout_s, " s: ", last.message()));
 }
 
 absl::StatusOr<v1::NodeInfo> Client::Node() {
@@ -211,22 +212,24 @@ absl::StatusOr<v1::Job> Client::Watch(const std::string& id, std::ostream& out, 
   double wall = (f.end_time_unix_ms() - f.start_time_unix_ms()) / 1000.0;
   out << "summary: " << v1::JobStateName(f.state()) << " after " << f.last().step() << " step(s) in "
       << absl::StrFormat("%.1f", wall) << " s";
-  if (f.has_last()) out << absl::StrFormat(", final loss %.4f, %.0f tokens/s", f.last().loss(), f.last().tokens_per_s());
+  if (f.has_last())
+    out << absl::StrFormat(", final loss %.4f, %.0f tokens/s", f.last().loss(), f.last().tokens_per_s());
   if (!f.last_checkpoint().empty()) out << ", checkpoint " << f.last_checkpoint();
   out << "\n";
   if (f.has_last() && f.last().step_time_s() > 0) {
     // Where the last step's time went (slowest worker), so users see what limits them.
     const v1::StepMetrics& m = f.last();
     auto bytes = [](int64_t b) {
-      return b >= (int64_t{1} << 30) ? absl::StrFormat("%.2f GiB", b / 1073741824.0) : absl::StrFormat("%.1f MiB", b / 1048576.0);
+      return b >= (int64_t{1} << 30) ? absl::StrFormat("%.2f GiB", b / 1073741824.0)
+                                     : absl::StrFormat("%.1f MiB", b / 1048576.0);
     };
     out << absl::StrFormat(
         "last step: %.3f s, %.3g model TFLOP/s per GPU, GPU peak %s, host state %s; worker waits: gates %.3f s, "
         "ring slots %.3f s; copies: H2D %.3f s, D2H %.3f s; host: aggregate %.3f s, updates %.3f s (%.2f Gparam/s), "
         "update tail %.3f s\n",
-        m.step_time_s(), m.model_tflops(), bytes(m.gpu_peak_bytes()), bytes(m.host_state_bytes()), m.worker_gate_wait_s(),
-        m.worker_ring_wait_s(), m.worker_h2d_s(), m.worker_d2h_s(), m.host_aggregate_s(), m.host_update_s(),
-        m.host_update_gparams_per_s(), m.host_update_tail_s());
+        m.step_time_s(), m.model_tflops(), bytes(m.gpu_peak_bytes()), bytes(m.host_state_bytes()),
+        m.worker_gate_wait_s(), m.worker_ring_wait_s(), m.worker_h2d_s(), m.worker_d2h_s(), m.host_aggregate_s(),
+        m.host_update_s(), m.host_update_gparams_per_s(), m.host_update_tail_s());
   }
   if (!f.error().empty()) out << "error: " << f.error() << "\n";
   return final_job;

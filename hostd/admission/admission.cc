@@ -24,8 +24,8 @@ std::string JobMemoryPlan::ToString() const {
   return absl::StrFormat(
       "%.2f GiB (master %.2f, adam m+v %.2f, bf16 mirror %.2f, job segment %.2f, grad rings %.2f, "
       "step gradient staging %.2f, activation offload %.2f; %d params)",
-      ToGib(total_bytes), ToGib(master_bytes), ToGib(adam_bytes), ToGib(mirror_bytes),
-      ToGib(job_segment_bytes), ToGib(ring_bytes), ToGib(step_staging_bytes), ToGib(offload_bytes), param_numel);
+      ToGib(total_bytes), ToGib(master_bytes), ToGib(adam_bytes), ToGib(mirror_bytes), ToGib(job_segment_bytes),
+      ToGib(ring_bytes), ToGib(step_staging_bytes), ToGib(offload_bytes), param_numel);
 }
 
 shm::GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t chunk_bytes) {
@@ -38,8 +38,8 @@ shm::GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t 
   return ring;
 }
 
-JobMemoryPlan PlanJobMemory(const ModelLayout& layout, const shm::GradRingConfig& ring, int num_workers,
-                            ClipMode clip, shm::GradDtype staging_dtype) {
+JobMemoryPlan PlanJobMemory(const ModelLayout& layout, const shm::GradRingConfig& ring, int num_workers, ClipMode clip,
+                            shm::GradDtype staging_dtype) {
   JobMemoryPlan p;
   p.param_numel = layout.total_numel;
   const uint64_t n = static_cast<uint64_t>(layout.total_numel);
@@ -58,13 +58,13 @@ void AddActivationOffload(const ModelLayout& layout, double ratio, int num_worke
                           JobMemoryPlan& plan) {
   if (ratio <= 0 || num_workers <= 0 || tokens_per_worker <= 0) return;
   const uint64_t bytes = static_cast<uint64_t>(num_workers) * static_cast<uint64_t>(layout.OffloadedLayers(ratio)) *
-                         static_cast<uint64_t>(tokens_per_worker) * static_cast<uint64_t>(layout.config.hidden_size) * 4;
+                         static_cast<uint64_t>(tokens_per_worker) * static_cast<uint64_t>(layout.config.hidden_size) *
+                         4;
   plan.offload_bytes += bytes;
   plan.total_bytes += bytes;
 }
 
-absl::StatusOr<HostMemoryInfo> ReadHostMemoryInfo(const std::string& meminfo_path,
-                                                  const std::string& shm_dir) {
+absl::StatusOr<HostMemoryInfo> ReadHostMemoryInfo(const std::string& meminfo_path, const std::string& shm_dir) {
   HostMemoryInfo info;
   std::ifstream in(meminfo_path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", meminfo_path));
@@ -95,23 +95,21 @@ absl::StatusOr<HostMemoryInfo> ReadHostMemoryInfo(const std::string& meminfo_pat
   return info;
 }
 
-absl::Status CheckAdmission(const JobMemoryPlan& plan, const HostMemoryInfo& host,
-                            const AdmissionPolicy& policy) {
+absl::Status CheckAdmission(const JobMemoryPlan& plan, const HostMemoryInfo& host, const AdmissionPolicy& policy) {
   const uint64_t usable =
       host.mem_available_bytes > policy.reserve_bytes ? host.mem_available_bytes - policy.reserve_bytes : 0;
   if (plan.total_bytes > usable) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "job needs %.2f GiB of host memory but only %.2f GiB is available (limit: host memory, "
-        "MemAvailable %.2f GiB minus %.2f GiB reserve); needs %s",
-        ToGib(plan.total_bytes), ToGib(usable), ToGib(host.mem_available_bytes),
-        ToGib(policy.reserve_bytes), plan.ToString()));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("job needs %.2f GiB of host memory but only %.2f GiB is available (limit: host memory, "
+                        "MemAvailable %.2f GiB minus %.2f GiB reserve); needs %s",
+                        ToGib(plan.total_bytes), ToGib(usable), ToGib(host.mem_available_bytes),
+                        ToGib(policy.reserve_bytes), plan.ToString()));
   }
   if (plan.shm_bytes > host.shm_free_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "job needs %.2f GiB of shared memory but /dev/shm has %.2f GiB free of %.2f GiB (limit: "
         "/dev/shm size; remount it larger, e.g. mount -o remount,size=...); needs %s",
-        ToGib(plan.shm_bytes), ToGib(host.shm_free_bytes), ToGib(host.shm_total_bytes),
-        plan.ToString()));
+        ToGib(plan.shm_bytes), ToGib(host.shm_free_bytes), ToGib(host.shm_total_bytes), plan.ToString()));
   }
   return absl::OkStatus();
 }

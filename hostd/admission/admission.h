@@ -25,17 +25,17 @@ enum class ClipMode {
 };
 
 struct JobMemoryPlan {
-  int64_t param_numel = 0;        // padded numel over all units (what the segment holds)
-  uint64_t master_bytes = 0;      // FP32
-  uint64_t adam_bytes = 0;        // m + v, FP32
-  uint64_t mirror_bytes = 0;      // BF16
-  uint64_t job_segment_bytes = 0; // the shm::JobState segment (above + control + alignment)
-  uint64_t ring_bytes = 0;        // all workers' shm::GradRing segments
+  int64_t param_numel = 0;          // padded numel over all units (what the segment holds)
+  uint64_t master_bytes = 0;        // FP32
+  uint64_t adam_bytes = 0;          // m + v, FP32
+  uint64_t mirror_bytes = 0;        // BF16
+  uint64_t job_segment_bytes = 0;   // the shm::JobState segment (above + control + alignment)
+  uint64_t ring_bytes = 0;          // all workers' shm::GradRing segments
   uint64_t step_staging_bytes = 0;  // whole-step gradients for exact clipping, else 0 (hostd's own memory)
-  uint64_t offload_bytes = 0;     // the workers' pinned copies of offloaded layer inputs (AddActivationOffload)
-  uint64_t shm_bytes = 0;         // what lives in /dev/shm: the job segment and the rings
-  uint64_t total_bytes = 0;       // host memory the job needs
-  std::string ToString() const;   // "13.04 GiB (master 3.73, adam 7.45, ...)"
+  uint64_t offload_bytes = 0;       // the workers' pinned copies of offloaded layer inputs (AddActivationOffload)
+  uint64_t shm_bytes = 0;           // what lives in /dev/shm: the job segment and the rings
+  uint64_t total_bytes = 0;         // host memory the job needs
+  std::string ToString() const;     // "13.04 GiB (master 3.73, adam 7.45, ...)"
 };
 
 // The gradient ring of one worker for a job: `slots` slots, each as large as one gradient chunk:
@@ -45,8 +45,8 @@ struct JobMemoryPlan {
 inline constexpr uint64_t kMaxGradChunkBytes = 32ull << 20;
 shm::GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t chunk_bytes);
 
-JobMemoryPlan PlanJobMemory(const ModelLayout& layout, const shm::GradRingConfig& ring, int num_workers,
-                            ClipMode clip, shm::GradDtype staging_dtype = shm::GradDtype::kBF16);
+JobMemoryPlan PlanJobMemory(const ModelLayout& layout, const shm::GradRingConfig& ring, int num_workers, ClipMode clip,
+                            shm::GradDtype staging_dtype = shm::GradDtype::kBF16);
 
 // runtime.offload_ratio > 0: each of `num_workers` workers keeps the inputs of
 // layout.OffloadedLayers(ratio) layers for all of its `tokens_per_worker` tokens of a step in
@@ -73,7 +73,6 @@ struct AdmissionPolicy {
 // OK, or RESOURCE_EXHAUSTED naming the limit (host memory or /dev/shm), needed and available
 // GiB. A plan that fits /dev/shm but not MemAvailable is refused too: the pages would be
 // allocated at prefault time and the host would swap or OOM.
-absl::Status CheckAdmission(const JobMemoryPlan& plan, const HostMemoryInfo& host,
-                            const AdmissionPolicy& policy = {});
+absl::Status CheckAdmission(const JobMemoryPlan& plan, const HostMemoryInfo& host, const AdmissionPolicy& policy = {});
 
 }  // namespace slidedp::hostd

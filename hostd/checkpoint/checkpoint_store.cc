@@ -15,15 +15,15 @@
 #include <mutex>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 #include "common/numeric/bf16.h"
+#include "common/parallel/parallel_for.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "hostd/checkpoint/checkpoint.h"
-#include "common/parallel/parallel_for.h"
 
 namespace slidedp::checkpoint {
 namespace {
@@ -269,11 +269,12 @@ absl::StatusOr<uint64_t> WriteCheckpointFiles(const SaveRequest& req, const fs::
   bytes += os.file_bytes;
 
   RETURN_IF_ERROR(stage("trainer_state.json"));
-  nlohmann::json state = {{"format", kFormat},
-                          {"format_version", kFormatVersion},
-                          {"step", req.step},
-                          {"weights_dtype", config.torch_dtype},
-                          {"trainer_state", req.trainer_state.is_null() ? nlohmann::json::object() : req.trainer_state}};
+  nlohmann::json state = {
+      {"format", kFormat},
+      {"format_version", kFormatVersion},
+      {"step", req.step},
+      {"weights_dtype", config.torch_dtype},
+      {"trainer_state", req.trainer_state.is_null() ? nlohmann::json::object() : req.trainer_state}};
   RETURN_IF_ERROR(WriteSmallFile((tmp / "trainer_state.json").string(), state.dump(2) + "\n"));
 
   RETURN_IF_ERROR(stage("COMPLETE"));
@@ -351,7 +352,8 @@ absl::StatusOr<SaveResult> SaveCheckpoint(const SaveRequest& req) {
     std::vector<std::pair<int64_t, fs::path>> complete;
     for (const auto& entry : fs::directory_iterator(root, ec)) {
       const int64_t step = StepOfDirName(entry.path().filename().string());
-      if (step >= 0 && step != req.step && fs::exists(entry.path() / "COMPLETE", ec)) complete.emplace_back(step, entry.path());
+      if (step >= 0 && step != req.step && fs::exists(entry.path() / "COMPLETE", ec))
+        complete.emplace_back(step, entry.path());
     }
     std::sort(complete.rbegin(), complete.rend());
     // The checkpoint just written always counts as one of the kept.

@@ -13,11 +13,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/parallel/parallel_for.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "hostd/checkpoint/checkpoint.h"
-#include "common/parallel/parallel_for.h"
 
 namespace slidedp::checkpoint {
 namespace {
@@ -26,7 +26,9 @@ namespace fs = std::filesystem;
 using safetensors::SafetensorsFile;
 using safetensors::TensorInfo;
 
-std::string ShapeString(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
 
 // Lists at most 8 names, then a count, so one broken directory cannot flood a log line.
 std::string NameList(const std::vector<std::string>& names) {
@@ -91,22 +93,22 @@ absl::Status OpenShards(const std::string& dir, std::vector<std::unique_ptr<Safe
       if (!weight_map.empty()) {
         auto w = weight_map.find(t.name);
         if (w == weight_map.end() || w->second != fname) {
-          return absl::InvalidArgumentError(absl::StrCat(f->path(), " holds tensor \"", t.name, "\" but ", index_path,
-                                                         w == weight_map.end() ? " does not list it"
-                                                                               : " maps it to " + w->second));
+          return absl::InvalidArgumentError(
+              absl::StrCat(f->path(), " holds tensor \"", t.name, "\" but ", index_path,
+                           w == weight_map.end() ? " does not list it" : " maps it to " + w->second));
         }
       }
       auto [pos, inserted] = tensors->emplace(t.name, Located{f.get(), &t});
       if (!inserted) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor \"", t.name, "\" appears in both ",
-                                                       pos->second.file->path(), " and ", f->path()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor \"", t.name, "\" appears in both ", pos->second.file->path(), " and ", f->path()));
       }
     }
   }
   for (const auto& [name, file] : weight_map) {
     if (!tensors->count(name)) {
-      return absl::InvalidArgumentError(absl::StrCat(index_path, " maps tensor \"", name, "\" to ", file,
-                                                     " but that file does not contain it"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_path, " maps tensor \"", name, "\" to ", file, " but that file does not contain it"));
     }
   }
   return absl::OkStatus();
@@ -119,16 +121,16 @@ std::string DescribeConfigMismatch(const Qwen3Config& a, const Qwen3Config& b) {
     if (x == y) return "";
     return absl::StrCat(field, " is ", x, " in the checkpoint but ", y, " in the job's model");
   };
-  for (std::string m : {differ("hidden_size", a.hidden_size, b.hidden_size),
-                        differ("num_hidden_layers", a.num_hidden_layers, b.num_hidden_layers),
-                        differ("num_attention_heads", a.num_attention_heads, b.num_attention_heads),
-                        differ("num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads),
-                        differ("head_dim", a.head_dim, b.head_dim),
-                        differ("intermediate_size", a.intermediate_size, b.intermediate_size),
-                        differ("vocab_size", a.vocab_size, b.vocab_size),
-                        differ("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings),
-                        differ("rope_theta", a.rope_theta, b.rope_theta),
-                        differ("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps)}) {
+  for (std::string m :
+       {differ("hidden_size", a.hidden_size, b.hidden_size),
+        differ("num_hidden_layers", a.num_hidden_layers, b.num_hidden_layers),
+        differ("num_attention_heads", a.num_attention_heads, b.num_attention_heads),
+        differ("num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads),
+        differ("head_dim", a.head_dim, b.head_dim),
+        differ("intermediate_size", a.intermediate_size, b.intermediate_size),
+        differ("vocab_size", a.vocab_size, b.vocab_size),
+        differ("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings),
+        differ("rope_theta", a.rope_theta, b.rope_theta), differ("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps)}) {
     if (!m.empty()) return m;
   }
   return "";
@@ -137,7 +139,8 @@ std::string DescribeConfigMismatch(const Qwen3Config& a, const Qwen3Config& b) {
 absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout, const UnitArrayFn& master_of_unit,
                          const LoadOptions& options) {
   std::error_code ec;
-  if (!fs::is_directory(model_dir, ec)) return absl::NotFoundError(absl::StrCat("model directory ", model_dir, " not found"));
+  if (!fs::is_directory(model_dir, ec))
+    return absl::NotFoundError(absl::StrCat("model directory ", model_dir, " not found"));
   const std::string config_path = model_dir + "/config.json";
   ASSIGN_OR_RETURN(Qwen3Config config, Qwen3Config::FromFile(config_path));
   if (std::string m = DescribeConfigMismatch(config, layout.config); !m.empty()) {
@@ -179,8 +182,8 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
     if (layout.head_uses_embedding && name == "lm_head.weight") {
       const std::vector<int64_t> want = {layout.config.vocab_size, layout.config.hidden_size};
       if (loc.info->shape != want) {
-        misshaped.push_back(absl::StrCat("lm_head.weight is ", ShapeString(loc.info->shape), ", expected ",
-                                         ShapeString(want)));
+        misshaped.push_back(
+            absl::StrCat("lm_head.weight is ", ShapeString(loc.info->shape), ", expected ", ShapeString(want)));
       }
       tied_head = &loc;
       continue;
@@ -188,23 +191,21 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
     extra.push_back(name);
   }
   if (!missing.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(model_dir, ": ", missing.size(), " tensor(s) missing: ",
-                                                   NameList(missing)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(model_dir, ": ", missing.size(), " tensor(s) missing: ", NameList(missing)));
   }
   if (!misshaped.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(model_dir, ": wrong shape: ", NameList(misshaped)));
   }
   if (!extra.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(model_dir, ": ", extra.size(),
-                                                   " tensor(s) not part of a Qwen3 model of this config: ",
-                                                   NameList(extra)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        model_dir, ": ", extra.size(), " tensor(s) not part of a Qwen3 model of this config: ", NameList(extra)));
   }
   for (const Job& job : jobs) {
     switch (job.src.info->dtype) {
       case safetensors::Dtype::kBF16:
       case safetensors::Dtype::kF16:
-      case safetensors::Dtype::kF32:
-        break;
+      case safetensors::Dtype::kF32: break;
       default:
         return absl::UnimplementedError(absl::StrCat(job.src.file->path(), ": tensor \"", job.src.info->name,
                                                      "\" has dtype ", safetensors::DtypeName(job.src.info->dtype),

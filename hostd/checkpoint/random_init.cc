@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "hostd/checkpoint/checkpoint.h"
 #include "common/parallel/parallel_for.h"
+#include "hostd/checkpoint/checkpoint.h"
 
 namespace slidedp::checkpoint {
 namespace {
@@ -73,9 +73,8 @@ void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& mas
       for (int64_t c = 0; c * kChunkNumel < t.numel; ++c) jobs.push_back({base + t.offset_numel, &t, c});
     }
   }
-  ParallelFor(zero.size(), threads, [&](size_t i) {
-    std::memset(zero[i].first, 0, static_cast<size_t>(zero[i].second) * sizeof(float));
-  });
+  ParallelFor(zero.size(), threads,
+              [&](size_t i) { std::memset(zero[i].first, 0, static_cast<size_t>(zero[i].second) * sizeof(float)); });
   const double stddev = layout.config.initializer_range;
   ParallelFor(jobs.size(), threads, [&](size_t j) {
     const Job& job = jobs[j];

@@ -13,8 +13,8 @@
 #include "common/version.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
-#include "hostd/checkpoint/checkpoint.h"
 #include "hostd/admission/admission.h"
+#include "hostd/checkpoint/checkpoint.h"
 #include "shm/process_liveness.h"
 
 namespace slidedp::hostd {
@@ -65,8 +65,13 @@ struct HostCore::JobRecord {
 class HostCore::RecordContext : public JobContext {
  public:
   RecordContext(HostCore* core, JobRecord* rec, std::vector<std::shared_ptr<WorkerSession>> workers)
-      : core_(core), rec_(rec), job_id_(rec->job.job_id()), spec_(rec->spec), resume_from_(rec->resume_from),
-        workers_(std::move(workers)), attempt_(rec->restarts) {}
+      : core_(core),
+        rec_(rec),
+        job_id_(rec->job.job_id()),
+        spec_(rec->spec),
+        resume_from_(rec->resume_from),
+        workers_(std::move(workers)),
+        attempt_(rec->restarts) {}
   const std::string& job_id() const override { return job_id_; }
   const JobSpec& spec() const override { return spec_; }
   const std::string& resume_from() const override { return resume_from_; }
@@ -263,8 +268,8 @@ void HostCore::SetStateLocked(JobRecord& rec, v1::JobState s) {
 
 absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobRequest& req) {
   if (!req.job_id().empty() && !ValidJobId(req.job_id())) {
-    return absl::InvalidArgumentError(absl::StrCat("job_id '", req.job_id().substr(0, 80),
-                                                   "' is not valid: use 1-64 characters of [A-Za-z0-9_-]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job_id '", req.job_id().substr(0, 80), "' is not valid: use 1-64 characters of [A-Za-z0-9_-]"));
   }
   ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(req.spec_yaml(), req.base_dir()));
   std::string resume_from = req.resume_from();
@@ -273,8 +278,8 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
     absl::MutexLock l(&mu_);
     auto it = jobs_.find(resume_from);
     if (!resume_from.empty() && it != jobs_.end()) {
-      resume_from = !it->second->job.last_checkpoint().empty() ? it->second->job.last_checkpoint()
-                                                                : it->second->spec.output_dir;
+      resume_from =
+          !it->second->job.last_checkpoint().empty() ? it->second->job.last_checkpoint() : it->second->spec.output_dir;
     }
   }
   {
@@ -384,8 +389,8 @@ absl::StatusOr<std::shared_ptr<WorkerSession>> HostCore::AttachWorker(const v1::
   absl::MutexLock l(&mu_);
   auto it = workers_.find(hello.worker_id());
   if (it != workers_.end() && !it->second->gone()) {
-    return absl::AlreadyExistsError(absl::StrCat("worker '", hello.worker_id(), "' is already attached (pid ",
-                                                 it->second->hello().pid(), ")"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("worker '", hello.worker_id(), "' is already attached (pid ", it->second->hello().pid(), ")"));
   }
   auto w = std::make_shared<WorkerSession>(hello, next_session_serial_++);
   workers_[hello.worker_id()] = w;
@@ -458,7 +463,8 @@ void HostCore::RunnerLoop() {
         for (auto& [wid, w] : workers_) live += !w->gone();
         return live > 0 && (wanted == 0 || live >= wanted);
       };
-      while (!enough() && absl::Now() < deadline) mu_.AwaitWithDeadline(absl::Condition(&enough), std::min(deadline, absl::Now() + absl::Milliseconds(200)));
+      while (!enough() && absl::Now() < deadline)
+        mu_.AwaitWithDeadline(absl::Condition(&enough), std::min(deadline, absl::Now() + absl::Milliseconds(200)));
       if (stop_) return;
       if (queue_.empty() || queue_.front() != id) continue;  // cancelled while waiting
       queue_.pop_front();
@@ -500,8 +506,9 @@ void HostCore::RunnerLoop() {
         auto latest = checkpoint::FindLatestCheckpoint(rec->spec.output_dir);
         rec->resume_from = latest.ok() ? *latest : rec->resume_from;
         v1::JobEvent ev;
-        ev.set_log(absl::StrCat("restart ", rec->restarts, " of ", rec->spec.max_restarts, " after: ", status.message(),
-                                latest.ok() ? absl::StrCat("; resuming from ", *latest) : std::string("; from the start")));
+        ev.set_log(
+            absl::StrCat("restart ", rec->restarts, " of ", rec->spec.max_restarts, " after: ", status.message(),
+                         latest.ok() ? absl::StrCat("; resuming from ", *latest) : std::string("; from the start")));
         LOG(WARNING) << "job " << id << ": " << ev.log();
         Publish(*rec, ev);
         rec->job.set_state(v1::JOB_STATE_QUEUED);
@@ -515,7 +522,8 @@ void HostCore::RunnerLoop() {
       } else {
         rec->job.set_error(std::string(status.message()));
         rec->job.set_error_code(static_cast<int>(status.code()));
-        SetStateLocked(*rec, status.code() == absl::StatusCode::kCancelled ? v1::JOB_STATE_CANCELLED : v1::JOB_STATE_FAILED);
+        SetStateLocked(*rec,
+                       status.code() == absl::StatusCode::kCancelled ? v1::JOB_STATE_CANCELLED : v1::JOB_STATE_FAILED);
       }
       running_.clear();
     }

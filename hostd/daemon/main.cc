@@ -12,8 +12,8 @@
 #include "hostd/metrics/host_metrics.h"
 #include "hostd/metrics/metrics.h"
 #include "hostd/service/grpc_services.h"
-#include "shm/shm_segment.h"
 #include "hostd/update/layer_adam.h"
+#include "shm/shm_segment.h"
 
 #ifdef SLIDEDP_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -44,8 +44,8 @@ int main(int argc, char** argv) {
     auto reclaimed = slidedp::shm::ReclaimStaleSegments(node);
     if (reclaimed.ok()) {
       for (const auto& r : *reclaimed) {
-        LOG(WARNING) << "reclaimed stale segment " << r.name << " (" << r.bytes << " bytes, creator pid " << r.creator_pid
-                     << ": " << r.reason << ")";
+        LOG(WARNING) << "reclaimed stale segment " << r.name << " (" << r.bytes << " bytes, creator pid "
+                     << r.creator_pid << ": " << r.reason << ")";
       }
     } else {
       LOG(WARNING) << "stale segment scan failed: " << reclaimed.status();
@@ -63,7 +63,8 @@ int main(int argc, char** argv) {
     int total = 0;
     for (int c : *cores) total += c;
     copt.numa_nodes = static_cast<int>(cores->size());
-    copt.update_threads = config->update_threads > 0 ? config->update_threads : slidedp::update::DefaultUpdateThreads(total);
+    copt.update_threads =
+        config->update_threads > 0 ? config->update_threads : slidedp::update::DefaultUpdateThreads(total);
   }
   slidedp::hostd::HostCore core(copt, std::make_unique<slidedp::hostd::TrainingExecutor>(eopt));
   core.Start();

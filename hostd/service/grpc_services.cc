@@ -16,7 +16,8 @@
 
 namespace slidedp::hostd {
 
-grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req, v1::SubmitJobResponse* resp) {
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+                                       v1::SubmitJobResponse* resp) {
   auto r = core_->Submit(*req);
   if (!r.ok()) return ToGrpc(r.status());
   *resp = std::move(*r);
@@ -62,7 +63,8 @@ grpc::Status NodeServiceImpl::GetNode(grpc::ServerContext*, const v1::GetNodeReq
   return grpc::Status::OK;
 }
 
-grpc::Status NodeServiceImpl::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*, v1::ListWorkersResponse* resp) {
+grpc::Status NodeServiceImpl::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+                                          v1::ListWorkersResponse* resp) {
   for (auto& w : core_->ListWorkers()) *resp->add_workers() = std::move(w);
   return grpc::Status::OK;
 }

@@ -12,7 +12,6 @@
 
 namespace slidedp::hostd {
 
-
 class JobServiceImpl final : public v1::JobService::Service {
  public:
   explicit JobServiceImpl(HostCore* core) : core_(core) {}
@@ -48,7 +47,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
 // The whole server: services + health + reflection on a Unix socket (mode 0660) or TCP.
 struct ServerOptions {
   std::string listen = "unix:/tmp/slidedp-hostd.sock";  // "unix:PATH" or "HOST:PORT"
-  std::string tls_cert_file, tls_key_file;  // required for TCP listeners
+  std::string tls_cert_file, tls_key_file;              // required for TCP listeners
 };
 
 class HostServer {

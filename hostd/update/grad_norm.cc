@@ -13,39 +13,33 @@ namespace slidedp::update {
 GradNormAccumulator::GradNormAccumulator(std::vector<int64_t> unit_numel)
     : unit_numel_(std::move(unit_numel)), covered_(unit_numel_.size(), 0) {}
 
-absl::Status GradNormAccumulator::AddChunk(int unit, int64_t offset, int64_t numel,
-                                           const float* grad) {
+absl::Status GradNormAccumulator::AddChunk(int unit, int64_t offset, int64_t numel, const float* grad) {
   if (numel > 0 && grad == nullptr) return absl::InvalidArgumentError("AddChunk: null gradient");
   return AddPartial(unit, offset, numel, SumSquares(grad, numel));
 }
 
-absl::Status GradNormAccumulator::AddChunkBf16(int unit, int64_t offset, int64_t numel,
-                                               const bf16_t* grad) {
+absl::Status GradNormAccumulator::AddChunkBf16(int unit, int64_t offset, int64_t numel, const bf16_t* grad) {
   if (numel > 0 && grad == nullptr) return absl::InvalidArgumentError("AddChunk: null gradient");
   return AddPartial(unit, offset, numel, SumSquaresBf16(grad, numel));
 }
 
-absl::Status GradNormAccumulator::AddPartial(int unit, int64_t offset, int64_t numel,
-                                             double sum_squares) {
+absl::Status GradNormAccumulator::AddPartial(int unit, int64_t offset, int64_t numel, double sum_squares) {
   if (unit < 0 || unit >= static_cast<int>(unit_numel_.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("grad norm: unit ", unit, " not in [0, ", unit_numel_.size(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("grad norm: unit ", unit, " not in [0, ", unit_numel_.size(), ")"));
   }
-  if (numel <= 0 || offset < 0 || offset > unit_numel_[unit] ||
-      numel > unit_numel_[unit] - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("grad norm: chunk [", offset, ", +", numel,
-                                                   ") outside unit ", unit, "'s ",
-                                                   unit_numel_[unit], " elements"));
+  if (numel <= 0 || offset < 0 || offset > unit_numel_[unit] || numel > unit_numel_[unit] - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("grad norm: chunk [", offset, ", +", numel, ") outside unit ", unit,
+                                                   "'s ", unit_numel_[unit], " elements"));
   }
   const int64_t end = offset + numel;
   absl::MutexLock l(&mu_);
   auto next = partials_.lower_bound({unit, offset});
   const bool overlaps_next = next != partials_.end() && next->first.first == unit && next->first.second < end;
-  const bool overlaps_prev = next != partials_.begin() && std::prev(next)->first.first == unit &&
-                             std::prev(next)->second.end > offset;
+  const bool overlaps_prev =
+      next != partials_.begin() && std::prev(next)->first.first == unit && std::prev(next)->second.end > offset;
   if (overlaps_next || overlaps_prev) {
-    return absl::AlreadyExistsError(absl::StrCat("grad norm: chunk [", offset, ", ", end,
-                                                 ") of unit ", unit, " was already counted"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("grad norm: chunk [", offset, ", ", end, ") of unit ", unit, " was already counted"));
   }
   partials_.emplace_hint(next, std::make_pair(unit, offset), Partial{end, sum_squares});
   covered_[unit] += numel;
@@ -64,8 +58,8 @@ absl::StatusOr<double> GradNormAccumulator::Norm() const {
   absl::MutexLock l(&mu_);
   for (size_t u = 0; u < unit_numel_.size(); ++u) {
     if (covered_[u] != unit_numel_[u]) {
-      return absl::FailedPreconditionError(absl::StrCat("grad norm: unit ", u, " has ", covered_[u],
-                                                        " of ", unit_numel_[u], " elements"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("grad norm: unit ", u, " has ", covered_[u], " of ", unit_numel_[u], " elements"));
     }
   }
   double total = 0;

@@ -51,7 +51,7 @@ class GradNormAccumulator {
   // Keyed by (unit, begin). A tree: chunks arrive in backward order (thousands per step of a
   // large model), and a sorted vector would move all of them on every insert at its front.
   absl::btree_map<std::pair<int, int64_t>, Partial> partials_ ABSL_GUARDED_BY(mu_);
-  std::vector<int64_t> covered_ ABSL_GUARDED_BY(mu_);   // elements counted per unit
+  std::vector<int64_t> covered_ ABSL_GUARDED_BY(mu_);  // elements counted per unit
 };
 
 // torch.nn.utils.clip_grad_norm_'s clamped coefficient, computed in float32 as PyTorch does.

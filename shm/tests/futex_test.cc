@@ -15,9 +15,9 @@
 namespace slidedp::shm {
 namespace {
 
+using testing::ChildGuard;
 using testing::ForkChild;
 using testing::ScopedUnlink;
-using testing::ChildGuard;
 using testing::WaitChild;
 
 // A segment holding one AbortWord and one VersionGate, shared with forked children.

@@ -17,13 +17,15 @@
 namespace slidedp::shm {
 namespace {
 
+using testing::ChildGuard;
 using testing::ForkChild;
 using testing::ScopedUnlink;
-using testing::ChildGuard;
 using testing::WaitChild;
 
 // Deterministic chunk content: element j of chunk i.
-float ChunkValue(uint32_t i, int64_t j) { return static_cast<float>((i * 131 + j * 7) % 256) - 128.0f; }  // exact in bf16
+float ChunkValue(uint32_t i, int64_t j) {
+  return static_cast<float>((i * 131 + j * 7) % 256) - 128.0f;
+}  // exact in bf16
 int64_t ChunkNumel(uint32_t i, uint64_t slot_bytes) {
   return 1 + static_cast<int64_t>((i * 7919ull) % (slot_bytes / 4));
 }
@@ -36,14 +38,19 @@ struct Pipe {
     ::close(fds[0]);
     ::close(fds[1]);
   }
-  void Signal() { char c = 1; (void)!::write(fds[1], &c, 1); }
-  void Await() { char c; (void)!::read(fds[0], &c, 1); }
+  void Signal() {
+    char c = 1;
+    (void)!::write(fds[1], &c, 1);
+  }
+  void Await() {
+    char c;
+    (void)!::read(fds[0], &c, 1);
+  }
 };
 
 class GradRingTest : public ::testing::Test {
  protected:
-  std::unique_ptr<GradRing> NewRing(const GradRingConfig& config, RingRole role,
-                                    const AbortWord* abort = nullptr) {
+  std::unique_ptr<GradRing> NewRing(const GradRingConfig& config, RingRole role, const AbortWord* abort = nullptr) {
     auto ring = GradRing::Create(testing::TestNode(), testing::UniqueJob(), 0, config, role, abort);
     EXPECT_TRUE(ring.ok()) << ring.status();
     if (!ring.ok()) return nullptr;
@@ -92,8 +99,7 @@ TEST_F(GradRingTest, SingleProcessContract) {
   ASSERT_TRUE(d2.ok());
   EXPECT_EQ(d2->unit, 1);
   EXPECT_EQ(d2->offset_numel, 64);
-  EXPECT_EQ(consumer->Pop(absl::Milliseconds(50)).status().code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(consumer->Pop(absl::Milliseconds(50)).status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(consumer->Release(2).ok());
   EXPECT_EQ(consumer->Release(2).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(p.Post({0, 2, 0, 1, 0, GradDtype::kF32}).code(), absl::StatusCode::kInvalidArgument)
@@ -213,9 +219,7 @@ TEST_F(GradRingTest, SigkilledProducerMakesPopFailWithinTwoSeconds) {
     ASSERT_TRUE(ring->Release(d->slot).ok());
   }
   EXPECT_LT(absl::Now() - killed, absl::Seconds(2)) << end;
-  EXPECT_TRUE(end.code() == absl::StatusCode::kUnavailable ||
-              end.code() == absl::StatusCode::kAborted)
-      << end;
+  EXPECT_TRUE(end.code() == absl::StatusCode::kUnavailable || end.code() == absl::StatusCode::kAborted) << end;
   EXPECT_NE(end.message().find(absl::StrCat("pid ", child)), absl::string_view::npos) << end;
   EXPECT_EQ(guard.Wait(), 128 + SIGKILL);
 }
@@ -250,8 +254,7 @@ TEST_F(GradRingTest, DeadConsumerMakesAcquireSlotFailWithinTwoSeconds) {
   auto blocked = ring->AcquireSlot(absl::Seconds(30));  // ring full; consumer dies in ~200 ms
   const absl::Duration waited = absl::Now() - start;
   EXPECT_EQ(blocked.status().code(), absl::StatusCode::kUnavailable) << blocked.status();
-  EXPECT_NE(blocked.status().message().find("consumer pid"), absl::string_view::npos)
-      << blocked.status();
+  EXPECT_NE(blocked.status().message().find("consumer pid"), absl::string_view::npos) << blocked.status();
   EXPECT_GE(waited, absl::Milliseconds(100)) << "it should have waited for the consumer";
   EXPECT_LT(waited, absl::Seconds(2));
   EXPECT_EQ(guard.Wait(), 128 + SIGKILL);

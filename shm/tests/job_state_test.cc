@@ -17,9 +17,9 @@
 namespace slidedp::shm {
 namespace {
 
+using testing::ChildGuard;
 using testing::ForkChild;
 using testing::ScopedUnlink;
-using testing::ChildGuard;
 using testing::WaitChild;
 
 ModelLayout TinyLayout(int layers = 2) {
@@ -61,9 +61,7 @@ TEST(JobState, LayoutOfRegions) {
     EXPECT_EQ(js.version(u).Load(), 0u);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(&js.version(u)) % 64, 0u);
     if (u > 0) {
-      EXPECT_EQ(reinterpret_cast<uint8_t*>(&js.version(u)) -
-                    reinterpret_cast<uint8_t*>(&js.version(u - 1)),
-                64);
+      EXPECT_EQ(reinterpret_cast<uint8_t*>(&js.version(u)) - reinterpret_cast<uint8_t*>(&js.version(u - 1)), 64);
     }
   }
   EXPECT_LE(prev_end, js.segment().base() + js.bytes());

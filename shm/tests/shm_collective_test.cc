@@ -67,7 +67,8 @@ TEST(ShmCollectiveTest, AbortWakesAWaitingRank) {
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
   EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
   EXPECT_EQ((*rank0)->ReduceScatterF32(buf.data(), 4096, absl::Seconds(1)).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ShmCollective::Attach((*coll)->segment_name(), 2, &abort).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShmCollective::Attach((*coll)->segment_name(), 2, &abort).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE((*coll)->Unlink().ok());
 }
 

@@ -109,8 +109,7 @@ TEST(ShmSegment, CreateRejectsBadRegions) {
 }
 
 TEST(ShmSegment, OpenMissingIsNotFound) {
-  EXPECT_EQ(ShmSegment::Open(NewName(), Access::kReadOnly).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(ShmSegment::Open(NewName(), Access::kReadOnly).status().code(), absl::StatusCode::kNotFound);
 }
 
 // Raw read-write mapping of a segment, bypassing validation, for corrupting it.
@@ -128,9 +127,7 @@ class RawMapping {
     ::close(fd_);
   }
   ShmHeader* header() { return reinterpret_cast<ShmHeader*>(base_); }
-  ShmRegionEntry* entry(int i) {
-    return reinterpret_cast<ShmRegionEntry*>(base_ + header()->table_offset) + i;
-  }
+  ShmRegionEntry* entry(int i) { return reinterpret_cast<ShmRegionEntry*>(base_ + header()->table_offset) + i; }
   int fd() const { return fd_; }
 
  private:
@@ -159,8 +156,7 @@ TEST(ShmSegment, CorruptHeadersAreRejectedWithClearErrors) {
   raw.header()->layout_version = kShmLayoutVersion;
 
   raw.header()->header_bytes = 128;
-  EXPECT_EQ(ShmSegment::Open(name, Access::kReadOnly).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ShmSegment::Open(name, Access::kReadOnly).status().code(), absl::StatusCode::kFailedPrecondition);
   raw.header()->header_bytes = sizeof(ShmHeader);
 
   const uint64_t saved_bytes = raw.entry(1)->bytes;
@@ -207,8 +203,7 @@ TEST(ShmSegment, UninitializedSegmentIsFailedPrecondition) {
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::ftruncate(fd, 8192), 0);
   ::close(fd);
-  EXPECT_EQ(ShmSegment::Open(name, Access::kReadOnly).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ShmSegment::Open(name, Access::kReadOnly).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(ShmSegment, FullDevShmIsResourceExhaustedBeforeAnyAllocation) {
@@ -222,11 +217,9 @@ TEST(ShmSegment, FullDevShmIsResourceExhaustedBeforeAnyAllocation) {
     auto s = ShmSegment::Create(name, {RegionSpec{"huge", ask, ShmDtype::kBytes}}, opts).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
     EXPECT_NE(s.message().find("free"), absl::string_view::npos) << s;
-    const uint64_t requested =
-        ShmSegment::RequiredBytes({RegionSpec{"huge", ask, ShmDtype::kBytes}});
+    const uint64_t requested = ShmSegment::RequiredBytes({RegionSpec{"huge", ask, ShmDtype::kBytes}});
     EXPECT_NE(s.message().find(absl::StrCat(requested)), absl::string_view::npos) << s;
-    EXPECT_EQ(ShmSegment::Open(name, Access::kReadOnly).status().code(),
-              absl::StatusCode::kNotFound)
+    EXPECT_EQ(ShmSegment::Open(name, Access::kReadOnly).status().code(), absl::StatusCode::kNotFound)
         << "a refused Create must leave nothing behind";
   }
 }
@@ -291,8 +284,7 @@ TEST(ReclaimStaleSegments, RemovesSegmentsOfDeadCreatorsOnly) {
   ASSERT_EQ(removed->size(), 1u);
   EXPECT_EQ((*removed)[0].name, dead_name);
   EXPECT_EQ((*removed)[0].creator_pid, child);
-  EXPECT_EQ(ShmSegment::Open(dead_name, Access::kReadOnly).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(ShmSegment::Open(dead_name, Access::kReadOnly).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(ShmSegment::Open(live_name, Access::kReadOnly).ok());
   EXPECT_TRUE(ShmSegment::Open(other_node, Access::kReadOnly).ok()) << "other node untouched";
 
@@ -314,8 +306,7 @@ TEST(ReclaimStaleSegments, RemovesSegmentsOfDeadCreatorsOnly) {
   ASSERT_TRUE(removed.ok());
   ASSERT_EQ(removed->size(), 1u);
   EXPECT_EQ((*removed)[0].name, live_name);
-  EXPECT_EQ(ShmSegment::Open(live_name, Access::kReadOnly).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(ShmSegment::Open(live_name, Access::kReadOnly).status().code(), absl::StatusCode::kNotFound);
   // The live mapping stays usable after its name is gone.
   EXPECT_EQ((*live)->header().creator_pid, ::getpid());
 }

@@ -18,8 +18,8 @@
 #include "common/data/synthetic.h"
 #include "common/model/qwen3_config.h"
 #include "gmock/gmock.h"
-#include "hostd/checkpoint/checkpoint.h"
 #include "hostd/admission/admission.h"
+#include "hostd/checkpoint/checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/node_harness.h"
 
@@ -154,8 +154,8 @@ class BadInput : public ::testing::Test {
     EXPECT_EQ(j->state(), v1::JOB_STATE_FAILED) << "logs in " << node_->dir();
     EXPECT_EQ(j->error_code(), static_cast<int>(code)) << j->error();
     EXPECT_THAT(j->error(), HasSubstr(fragment));
-    std::cout << "  " << id << " FAILED " << absl::StatusCodeToString(static_cast<absl::StatusCode>(j->error_code())) << ": "
-              << j->error() << "\n";
+    std::cout << "  " << id << " FAILED " << absl::StatusCodeToString(static_cast<absl::StatusCode>(j->error_code()))
+              << ": " << j->error() << "\n";
   }
 
   void TearDown() override {
@@ -308,7 +308,9 @@ TEST_F(BadInput, ModelTensorWithWrongShape) {
   Join(dir + "/model.safetensors", st);
   SpecParts p;
   p.model = absl::StrCat("{path: ", dir, "}");
-  ExpectJobFails(Spec(p), kInvalid, "model.layers.1.mlp.gate_proj.weight is [64, 128] in " + dir + "/model.safetensors, expected [128, 64]");
+  ExpectJobFails(
+      Spec(p), kInvalid,
+      "model.layers.1.mlp.gate_proj.weight is [64, 128] in " + dir + "/model.safetensors, expected [128, 64]");
 }
 
 TEST_F(BadInput, ModelTensorMissing) {
@@ -432,7 +434,8 @@ TEST_F(BadInput, BadAndUnknownJobIds) {
     EXPECT_THAT(std::string(r.status().message()), HasSubstr("is not valid: use 1-64 characters"));
   }
   EXPECT_EQ(node_->client().GetJob("never-submitted").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(node_->client().GetJob("never-submitted").status().message()), HasSubstr("no job 'never-submitted'"));
+  EXPECT_THAT(std::string(node_->client().GetJob("never-submitted").status().message()),
+              HasSubstr("no job 'never-submitted'"));
   EXPECT_EQ(node_->client().Cancel("never-submitted").status().code(), absl::StatusCode::kNotFound);
 }
 

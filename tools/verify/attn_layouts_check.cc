@@ -49,17 +49,19 @@ using kernel_test::NewBf16;
 using kernel_test::RandVec;
 
 // A failed call ends CheckAttentionLayouts with one failure.
-#define CHECK_OK(expr)                                                                          \
-  do {                                                                                          \
-    absl::Status s_ = (expr);                                                                   \
-    if (!s_.ok()) {                                                                             \
+#define CHECK_OK(expr)                                                                           \
+  do {                                                                                           \
+    absl::Status s_ = (expr);                                                                    \
+    if (!s_.ok()) {                                                                              \
       std::printf("FAIL  %s -> %s (%s:%d)\n", #expr, s_.ToString().c_str(), __FILE__, __LINE__); \
-      return 1;                                                                                 \
-    }                                                                                           \
+      return 1;                                                                                  \
+    }                                                                                            \
   } while (0)
-#define CUDA_OK(expr) CHECK_OK([&]() -> absl::Status { \
-  cudaError_t e_ = (expr);                             \
-  return e_ == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(e_)); }())
+#define CUDA_OK(expr)                                                                          \
+  CHECK_OK([&]() -> absl::Status {                                                             \
+    cudaError_t e_ = (expr);                                                                   \
+    return e_ == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(e_)); \
+  }())
 
 struct Layout {
   int64_t step = 0;
@@ -95,8 +97,8 @@ absl::StatusOr<std::vector<Layout>> ReadLayouts(const std::string& path, int64_t
       const int32_t base = cu[i];
       while (i + 1 < cu.size() && cu[i + 1] <= end) l.cu.push_back(cu[++i] - base);
       if (l.cu.back() != end - base) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": step ", l.step, " has a document piece across token ",
-                                                       end, " (a row boundary)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": step ", l.step, " has a document piece across token ", end, " (a row boundary)"));
       }
       out.push_back(std::move(l));
     }
@@ -113,14 +115,14 @@ absl::StatusOr<std::vector<Layout>> ReadLayouts(const std::string& path, int64_t
 // relative difference is of order 1. A layout bug (a piece that sees another document's keys)
 // still shows: its error is of the micro-batch's scale, kScaleFloor^-1 times the tolerance and more.
 struct DocDiff {
-  double rel = 0;  // the largest over the documents
-  int doc = -1;    // where
+  double rel = 0;                              // the largest over the documents
+  int doc = -1;                                // where
   double a_rms = 0, b_rms = 0, floor_rms = 0;  // that document's RMS on each side, and the floor
 };
 constexpr double kScaleFloor = 0.1;
 
-DocDiff WorstDoc(const std::vector<double>& a, const std::vector<double>& b, const std::vector<int32_t>& cu,
-                 int64_t ld, int64_t width) {
+DocDiff WorstDoc(const std::vector<double>& a, const std::vector<double>& b, const std::vector<int32_t>& cu, int64_t ld,
+                 int64_t width) {
   double all = 0;
   for (int64_t t = 0; t < cu.back(); ++t)
     for (int64_t c = 0; c < width; ++c) all += b[t * ld + c] * b[t * ld + c];
@@ -230,18 +232,19 @@ int CheckAttentionLayouts(const std::vector<Layout>& layouts, const std::string&
     bool layout_bad = false;
     for (int i = 0; i < 5; ++i) {
       const int d = r[i].doc;
-      const std::string where = absl::StrCat("step ", l.step, " part ", l.part, " doc ", d, " (",
-                                             d >= 0 ? l.cu[d + 1] - l.cu[d] : 0, " tokens; ", a.num_docs,
-                                             " docs, longest ", a.max_seqlen, ")");
+      const std::string where =
+          absl::StrCat("step ", l.step, " part ", l.part, " doc ", d, " (", d >= 0 ? l.cu[d + 1] - l.cu[d] : 0,
+                       " tokens; ", a.num_docs, " docs, longest ", a.max_seqlen, ")");
       if (!(r[i].rel <= worst[i])) {
         worst[i] = r[i].rel;
         worst_at[i] = where;
       }
       if (!(r[i].rel <= tol)) {
         layout_bad = true;
-        std::printf("FAIL  attention layout %s: cuDNN vs own %s differ by %.3e (tolerance %.1e; RMS cuDNN %.3e, "
-                    "own %.3e, floor %.3e)\n",
-                    where.c_str(), names[i], r[i].rel, tol, r[i].a_rms, r[i].b_rms, r[i].floor_rms);
+        std::printf(
+            "FAIL  attention layout %s: cuDNN vs own %s differ by %.3e (tolerance %.1e; RMS cuDNN %.3e, "
+            "own %.3e, floor %.3e)\n",
+            where.c_str(), names[i], r[i].rel, tol, r[i].a_rms, r[i].b_rms, r[i].floor_rms);
       }
     }
     bad += layout_bad;
@@ -250,9 +253,10 @@ int CheckAttentionLayouts(const std::vector<Layout>& layouts, const std::string&
       std::fflush(stdout);
     }
   }
-  std::printf("%s  attention layouts: %d of %zu micro-batches differ beyond %.1e in some document (up to %d "
-              "documents, %d one-token pieces)\n",
-              bad == 0 ? "PASS" : "FAIL", bad, layouts.size(), tol, docs_max, one_token_pieces);
+  std::printf(
+      "%s  attention layouts: %d of %zu micro-batches differ beyond %.1e in some document (up to %d "
+      "documents, %d one-token pieces)\n",
+      bad == 0 ? "PASS" : "FAIL", bad, layouts.size(), tol, docs_max, one_token_pieces);
   for (int i = 0; i < 5; ++i) {
     std::printf("INFO  attention layouts: worst cuDNN vs own %s %.3e at %s\n", names[i], worst[i], worst_at[i].c_str());
   }

@@ -27,12 +27,12 @@
 #include "worker/pipeline/step_runner.h"
 #include "worker/pipeline/unit_streamer.h"
 #ifdef SLIDEDP_HAVE_CUDA_BACKEND
+#include <cuda_runtime_api.h>
 #include "worker/comm/nccl_communicator.h"
 #include "worker/pipeline/cuda_activation_store.h"
 #include "worker/pipeline/cuda_gradient_path.h"
 #include "worker/pipeline/cuda_streamer.h"
 #include "worker/pipeline/host_registry.h"
-#include <cuda_runtime_api.h>
 #endif
 
 namespace slidedp::worker {
@@ -265,8 +265,8 @@ absl::Status WorkerAgent::RunSession() {
 
 void WorkerAgent::RunJob(v1::Assignment a) {
   pthread_setname_np(pthread_self(), "worker-job");
-  LOG(INFO) << "job " << a.job_id() << ": rank " << a.rank() << " of " << a.world_size() << ", steps "
-            << a.first_step() << ".." << a.total_steps();
+  LOG(INFO) << "job " << a.job_id() << ": rank " << a.rank() << " of " << a.world_size() << ", steps " << a.first_step()
+            << ".." << a.total_steps();
   std::unique_ptr<HostState> keep;
   absl::Status s = ExecuteJob(a, &keep);
   LOG(INFO) << "job " << a.job_id() << " finished on this worker: " << s;
@@ -336,7 +336,8 @@ absl::StatusOr<std::string> WorkerAgent::AwaitCommId(const v1::Assignment& a) {
       comm_id_.reset();  // a stale one (an earlier job or attempt)
     }
     if (cancel_job_ || stop_) return absl::CancelledError("job cancelled while waiting for the NCCL id");
-    if (absl::Now() > deadline) return absl::DeadlineExceededError("rank 0's NCCL unique id did not arrive within 2 min");
+    if (absl::Now() > deadline)
+      return absl::DeadlineExceededError("rank 0's NCCL unique id did not arrive within 2 min");
   }
 }
 
@@ -378,7 +379,8 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   data::ReaderOptions dopt;
   dopt.verify_checksums = data::VerifyChecksums::kNo;
   ASSIGN_OR_RETURN(auto dataset, data::DatasetReader::Open(spec.data_path, dopt));
-  ASSIGN_OR_RETURN(auto sampler, data::GlobalBatchSampler::Create(dataset->num_rows(), spec.global_batch, a.world_size(), spec.seed));
+  ASSIGN_OR_RETURN(auto sampler,
+                   data::GlobalBatchSampler::Create(dataset->num_rows(), spec.global_batch, a.world_size(), spec.seed));
 
   const absl::Duration timeout = absl::Milliseconds(spec.step_timeout_ms);
   const bool gpu_route = a.grad_reduction() == v1::GRAD_REDUCTION_GPU && a.world_size() > 1;
@@ -398,8 +400,8 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
 
   const NormValues norms =
       spec.norm_weights == NormWeights::kFp32 ? NormValues::kFp32FromMaster : NormValues::kBf16Mirror;
-  const EmbeddingValues embedding = spec.embedding_rows == EmbeddingRows::kFp32 ? EmbeddingValues::kFp32FromMaster
-                                                                               : EmbeddingValues::kBf16Mirror;
+  const EmbeddingValues embedding =
+      spec.embedding_rows == EmbeddingRows::kFp32 ? EmbeddingValues::kFp32FromMaster : EmbeddingValues::kBf16Mirror;
   std::unique_ptr<UnitStreamer> streamer;
   std::unique_ptr<GradientPath> grads;
   std::unique_ptr<shm::ShmCollective> collective;
@@ -440,7 +442,8 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     cg.device = options_.index;
     cg.comm = gpu_route ? comm : nullptr;
     cg.abort = &job_state->abort();
-    ASSIGN_OR_RETURN(grads, MakeCudaGradientPath(layout, ring.get(), static_cast<cudaStream_t>(backend->native_stream()), cg));
+    ASSIGN_OR_RETURN(grads,
+                     MakeCudaGradientPath(layout, ring.get(), static_cast<cudaStream_t>(backend->native_stream()), cg));
     if (spec.offload_ratio > 0) {
       ASSIGN_OR_RETURN(activations, MakeCudaActivationStore(layout, backend, spec.offload_ratio, options_.index));
     }

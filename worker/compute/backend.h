@@ -44,7 +44,6 @@ enum class ActPolicy {
 
 // MicroBatch (the host-side micro-batch) and kIgnoreIndex: common/data/batch.h.
 
-
 // A micro-batch resident in device memory (backend-specific).
 class DeviceBatch {
  public:
@@ -82,7 +81,9 @@ class DeviceBuffer {
   virtual void* data() = 0;
   virtual int64_t bytes() const = 0;
   template <typename T>
-  T* as() { return static_cast<T*>(data()); }
+  T* as() {
+    return static_cast<T*>(data());
+  }
 };
 
 class ComputeBackend {
@@ -128,8 +129,8 @@ class ComputeBackend {
   // FP32; with tied embeddings the caller passes the embedding gradient here). norm_w: the final
   // norm's BF16 weights and, in norm_w.fp32, optionally its FP32 ones.
   virtual absl::Status HeadForwardBackward(const UnitParams& norm_w, const bf16_t* lm_head_w, const DeviceBatch& batch,
-                                           const void* x, float loss_scale, void* dx, float* dnorm,
-                                           float* dlm_head, float* loss_sum) = 0;
+                                           const void* x, float loss_scale, void* dx, float* dnorm, float* dlm_head,
+                                           float* loss_sum) = 0;
 
   // Bytes per token a decoder layer's SavedActivations hold under a policy (excluding the
   // layer input, which the pipeline keeps as the checkpoint).

@@ -67,12 +67,10 @@ __global__ void AttnRowDotKernel(AttnArgs a, AttnTensor o, AttnTensor dout, floa
 }
 
 template <int HD, int BR>
-__global__ void __launch_bounds__(kBwdThreads) FlashBwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor v,
-                                                              const float* __restrict__ lse, AttnTensor dout,
-                                                              const float* __restrict__ dsum,
-                                                              float* __restrict__ dq_acc, AttnOutTensor dk,
-                                                              AttnOutTensor dv, float* __restrict__ dkv_part,
-                                                              int* __restrict__ dq_order) {
+__global__ void __launch_bounds__(kBwdThreads)
+    FlashBwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor v, const float* __restrict__ lse, AttnTensor dout,
+                   const float* __restrict__ dsum, float* __restrict__ dq_acc, AttnOutTensor dk, AttnOutTensor dv,
+                   float* __restrict__ dkv_part, int* __restrict__ dq_order) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sk = reinterpret_cast<bf16*>(smem_raw);  // [Bc][HD]
   bf16* sv = sk + kBwdBc * HD;                   // [Bc][HD]
@@ -123,8 +121,8 @@ __global__ void __launch_bounds__(kBwdThreads) FlashBwdKernel(AttnArgs a, AttnTe
   auto issue = [&](int item, int buf) {
     const int head = kvh * group + hq_first + item / nqb;
     const int q0 = (qb_start + item % nqb) * BR;
-    LoadTile<HD, BR, kBwdThreads>(sq2 + buf * BR * HD, q.ptr + doc_start * q.ld + static_cast<int64_t>(head) * HD,
-                                  q.ld, q0, len);
+    LoadTile<HD, BR, kBwdThreads>(sq2 + buf * BR * HD, q.ptr + doc_start * q.ld + static_cast<int64_t>(head) * HD, q.ld,
+                                  q0, len);
     LoadTile<HD, BR, kBwdThreads>(sdo2 + buf * BR * HD,
                                   dout.ptr + doc_start * dout.ld + static_cast<int64_t>(head) * HD, dout.ld, q0, len);
     CpAsyncCommit();
@@ -232,9 +230,9 @@ __global__ void __launch_bounds__(kBwdThreads) FlashBwdKernel(AttnArgs a, AttnTe
 #pragma unroll
           for (int dp = 0; dp < kDqCols / 16; ++dp) {
             uint32_t b0, b1, b2, b3;
-            Ldsm4T(SmemAddr(sk + Swz<HD>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                         dq_c0 + dp * 16 + (lane >> 4) * 8)),
-                   b0, b1, b2, b3);
+            Ldsm4T(
+                SmemAddr(sk + Swz<HD>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dq_c0 + dp * 16 + (lane >> 4) * 8)),
+                b0, b1, b2, b3);
             Mma(dq[2 * dp], aa, b0, b1);
             Mma(dq[2 * dp + 1], aa, b2, b3);
           }
@@ -246,13 +244,16 @@ __global__ void __launch_bounds__(kBwdThreads) FlashBwdKernel(AttnArgs a, AttnTe
 #pragma unroll
           for (int dt = 0; dt < kDqCols / 8; ++dt) {
             const int col = dq_c0 + dt * 8 + 2 * t4;
-            if (ra < len) atomicAdd(reinterpret_cast<float2*>(dqbase + ra * ldq + col), make_float2(dq[dt][0], dq[dt][1]));
-            if (rb < len) atomicAdd(reinterpret_cast<float2*>(dqbase + rb * ldq + col), make_float2(dq[dt][2], dq[dt][3]));
+            if (ra < len)
+              atomicAdd(reinterpret_cast<float2*>(dqbase + ra * ldq + col), make_float2(dq[dt][0], dq[dt][1]));
+            if (rb < len)
+              atomicAdd(reinterpret_cast<float2*>(dqbase + rb * ldq + col), make_float2(dq[dt][2], dq[dt][3]));
           }
         } else {
           // Ordered (attention_order.h): the key blocks reaching this q block add in descending
           // kb, the launch order, so a block only ever waits for blocks launched before it.
-          int* turn = dq_order + (static_cast<int64_t>(doc) * a.num_q_heads + head) * ((a.max_seqlen + BR - 1) / BR) + qb;
+          int* turn =
+              dq_order + (static_cast<int64_t>(doc) * a.num_q_heads + head) * ((a.max_seqlen + BR - 1) / BR) + qb;
           const int rank = DqTurn(qb, kb, len, BR, kBwdBc);
           if (threadIdx.x == 0) AwaitTurn(turn, rank);
           __syncthreads();
@@ -352,8 +353,8 @@ __global__ void GroupSumKernel(const float* __restrict__ part, int64_t tokens, i
 }
 
 // ---------------------------------------------------------------- slow path (any head_dim <= 256)
-__global__ void SlowBwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor v, const float* lse,
-                              AttnTensor dout, const float* dsum, float* dq_acc, float* dk_acc, float* dv_acc) {
+__global__ void SlowBwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor v, const float* lse, AttnTensor dout,
+                              const float* dsum, float* dq_acc, float* dk_acc, float* dv_acc) {
   const int lane = threadIdx.x & 31;
   const int hd = a.head_dim, group = a.num_q_heads / a.num_kv_heads;
   const int64_t n = a.tokens * a.num_q_heads;
@@ -408,9 +409,9 @@ __global__ void SlowBwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor
 }
 
 template <int HD, int BR>
-absl::Status LaunchBwd(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, const float* lse,
-                       AttnTensor dout, const float* dsum, float* dq_acc, AttnOutTensor dk, AttnOutTensor dv,
-                       float* dkv_part, int* dq_order, cudaStream_t stream) {
+absl::Status LaunchBwd(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, const float* lse, AttnTensor dout,
+                       const float* dsum, float* dq_acc, AttnOutTensor dk, AttnOutTensor dv, float* dkv_part,
+                       int* dq_order, cudaStream_t stream) {
   const size_t smem = (2 * kBwdBc * HD + 4 * BR * HD + kBwdBc * (BR + 8)) * sizeof(bf16) + 2 * BR * sizeof(float);
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(FlashBwdKernel<HD, BR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                     static_cast<int>(smem)));
@@ -491,8 +492,10 @@ absl::Status FlashAttentionBackward(const AttnArgs& a, AttnTensor q, AttnTensor 
     return absl::OkStatus();
   }
   if (a.ordered_dq) {
-    return absl::FailedPreconditionError(absl::StrCat("attention backward with ordered dQ (deterministic) needs head_dim "
-                                                      "64 or 128, not ", a.head_dim));
+    return absl::FailedPreconditionError(
+        absl::StrCat("attention backward with ordered dQ (deterministic) needs head_dim "
+                     "64 or 128, not ",
+                     a.head_dim));
   }
   float* dk_acc = reinterpret_cast<float*>(w + AlignUp(qnumel * 4) + AlignUp(a.tokens * a.num_q_heads * 4));
   float* dv_acc = dk_acc + AlignUp(kvnumel * 4) / 4;

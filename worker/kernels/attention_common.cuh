@@ -86,7 +86,10 @@ __device__ __forceinline__ int FindDoc(const int32_t* cu, int docs, int64_t t) {
   int lo = 0, hi = docs - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (cu[mid] <= t) lo = mid; else hi = mid - 1;
+    if (cu[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }
@@ -94,8 +97,8 @@ __device__ __forceinline__ int FindDoc(const int32_t* cu, int docs, int64_t t) {
 inline absl::Status CheckArgs(const AttnArgs& a) {
   if (a.head_dim <= 0 || a.head_dim > 32 * kSlowMaxDimPerLane || a.num_q_heads <= 0 || a.num_kv_heads <= 0 ||
       a.num_q_heads % a.num_kv_heads != 0 || a.num_docs <= 0 || a.cu_seqlens == nullptr || a.max_seqlen <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("attention: bad arguments head_dim=", a.head_dim, " heads=",
-                                                   a.num_q_heads, "/", a.num_kv_heads, " docs=", a.num_docs,
+    return absl::InvalidArgumentError(absl::StrCat("attention: bad arguments head_dim=", a.head_dim,
+                                                   " heads=", a.num_q_heads, "/", a.num_kv_heads, " docs=", a.num_docs,
                                                    " max_seqlen=", a.max_seqlen));
   }
   return absl::OkStatus();

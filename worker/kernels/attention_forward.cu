@@ -25,13 +25,13 @@ namespace {
 constexpr int kFwdMt = 2, kFwdBr = 64 * kFwdMt, kFwdBc = 64, kFwdThreads = 128;
 
 template <int HD>
-__global__ void __launch_bounds__(kFwdThreads) FlashFwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor v,
-                                                              AttnOutTensor o, float* __restrict__ lse) {
+__global__ void __launch_bounds__(kFwdThreads)
+    FlashFwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor v, AttnOutTensor o, float* __restrict__ lse) {
   constexpr int MT = kFwdMt;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sq = reinterpret_cast<bf16*>(smem_raw);
-  bf16* sk = sq + kFwdBr * HD;        // [2][Bc][HD]
-  bf16* sv = sk + 2 * kFwdBc * HD;    // [2][Bc][HD]
+  bf16* sk = sq + kFwdBr * HD;      // [2][Bc][HD]
+  bf16* sv = sk + 2 * kFwdBc * HD;  // [2][Bc][HD]
 
   const int doc = blockIdx.z, head = blockIdx.y;
   const int64_t doc_start = a.cu_seqlens[doc];
@@ -99,8 +99,8 @@ __global__ void __launch_bounds__(kFwdThreads) FlashFwdKernel(AttnArgs a, AttnTe
 #pragma unroll
         for (int np = 0; np < kFwdBc / 16; ++np) {
           uint32_t b0, b1, b2, b3;
-          Ldsm4(SmemAddr(skt + Swz<HD>(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8)),
-                b0, b1, b2, b3);
+          Ldsm4(SmemAddr(skt + Swz<HD>(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8)), b0,
+                b1, b2, b3);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             Mma(s[mt][2 * np], qa[mt], b0, b1);

@@ -46,8 +46,14 @@ __device__ __forceinline__ void Store8(bf16* p, const float* f) {
 // FP32 versions (FP32 residual stream): two 16-byte accesses; p must be 16-byte aligned.
 __device__ __forceinline__ void Load8(const float* p, float* f) {
   const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-  f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
-  f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+  f[0] = a.x;
+  f[1] = a.y;
+  f[2] = a.z;
+  f[3] = a.w;
+  f[4] = b.x;
+  f[5] = b.y;
+  f[6] = b.z;
+  f[7] = b.w;
 }
 
 __device__ __forceinline__ void Store8(float* p, const float* f) {

@@ -17,8 +17,17 @@ namespace {
 // ---- Cross entropy over a BF16 logits row, one block per row.
 __device__ __forceinline__ void OnlineMerge(float& m, float& s, float m2, float s2) {
   if (m2 == -INFINITY) return;
-  if (m == -INFINITY) { m = m2; s = s2; return; }
-  if (m2 > m) { s = s * __expf(m - m2) + s2; m = m2; } else { s += s2 * __expf(m2 - m); }
+  if (m == -INFINITY) {
+    m = m2;
+    s = s2;
+    return;
+  }
+  if (m2 > m) {
+    s = s * __expf(m - m2) + s2;
+    m = m2;
+  } else {
+    s += s2 * __expf(m2 - m);
+  }
 }
 
 __global__ void CrossEntropyKernel(bf16* logits, int64_t vocab, int64_t ld, const int32_t* __restrict__ labels,
@@ -57,7 +66,10 @@ __global__ void CrossEntropyKernel(bf16* logits, int64_t vocab, int64_t ld, cons
     float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
     OnlineMerge(m, s, m2, s2);
   }
-  if (lane == 0) { sm_m[warp] = m; sm_s[warp] = s; }
+  if (lane == 0) {
+    sm_m[warp] = m;
+    sm_s[warp] = s;
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
     float mm = sm_m[0], ssum = sm_s[0];
@@ -88,8 +100,8 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 absl::Status CrossEntropyInPlace(bf16* logits, int64_t rows, int64_t vocab, int64_t ld, const int32_t* labels,
                                  int32_t ignore_index, float loss_scale, float* row_loss, cudaStream_t stream) {
   if (ld % 8 != 0 || !Aligned16(logits)) {
-    return absl::InvalidArgumentError(absl::StrCat("cross entropy: logits row stride ", ld,
-                                                   " must be a multiple of 8 and the base 16-byte aligned"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cross entropy: logits row stride ", ld, " must be a multiple of 8 and the base 16-byte aligned"));
   }
   if (rows <= 0) return absl::OkStatus();
   CrossEntropyKernel<<<rows, 512, 0, stream>>>(logits, vocab, ld, labels, ignore_index, loss_scale, row_loss);

@@ -36,8 +36,8 @@ absl::StatusOr<int64_t> CudnnAttention::ForwardWorkspaceBytes(const AttnArgs&, c
 absl::StatusOr<int64_t> CudnnAttention::BackwardWorkspaceBytes(const AttnArgs&, const AttnRowStrides&) {
   return absl::UnavailableError("cudnn attention: built without cudnn_graph.h");
 }
-absl::Status CudnnAttention::Forward(const AttnArgs&, AttnTensor, AttnTensor, AttnTensor, AttnOutTensor, float*,
-                                     void*, cudaStream_t) {
+absl::Status CudnnAttention::Forward(const AttnArgs&, AttnTensor, AttnTensor, AttnTensor, AttnOutTensor, float*, void*,
+                                     cudaStream_t) {
   return absl::UnavailableError("cudnn attention: built without cudnn_graph.h");
 }
 absl::Status CudnnAttention::Backward(const AttnArgs&, AttnTensor, AttnTensor, AttnTensor, AttnTensor, const float*,
@@ -122,8 +122,7 @@ WsLayout LayoutFor(const PlanKey& k, int64_t tokens, int64_t plan_bytes, const B
     w.softmax_sum = at;
     at += Align256(var.ragged_accumulators ? tokens * k.nq * 4 : k.b * k.nq * k.s * 4);
     w.dq_accum = at;
-    at += Align256(var.ragged_accumulators ? ((tokens - 1) * k.ld.dq + k.nq * k.hd) * 4
-                                           : k.b * k.nq * k.s * k.hd * 4);
+    at += Align256(var.ragged_accumulators ? ((tokens - 1) * k.ld.dq + k.nq * k.hd) * 4 : k.b * k.nq * k.s * k.hd * 4);
   }
   w.total = at;
   return w;
@@ -172,7 +171,8 @@ struct CudnnAttention::Impl {
   absl::StatusOr<const Plan*> GetPlan(const PlanKey& k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto it = plans.find(k);
     if (it != plans.end()) return it->second.get();
-    absl::StatusOr<std::unique_ptr<Plan>> p = k.direction == Direction::kBackward ? BuildBackward(*api, handle, k) : BuildForward(*api, handle, k);
+    absl::StatusOr<std::unique_ptr<Plan>> p =
+        k.direction == Direction::kBackward ? BuildBackward(*api, handle, k) : BuildForward(*api, handle, k);
     if (!p.ok()) return p.status();
     const Plan* out = p->get();
     plans.emplace(k, std::move(*p));
@@ -289,8 +289,15 @@ absl::Status CudnnAttention::Forward(const AttnArgs& a, AttnTensor q, AttnTensor
   float scale = a.softmax_scale, neg = std::numeric_limits<float>::lowest();
   float* stats = reinterpret_cast<float*>(base + w.stats);
   std::vector<int64_t> uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidSeqQ, kUidSeqKv, kUidScale, kUidNegInf};
-  std::vector<void*> ptrs = {const_cast<bf16*>(q.ptr), const_cast<bf16*>(k.ptr), const_cast<bf16*>(v.ptr), o.ptr,
-                             stats, base + w.seqlen, base + w.seqlen, &scale, &neg};
+  std::vector<void*> ptrs = {const_cast<bf16*>(q.ptr),
+                             const_cast<bf16*>(k.ptr),
+                             const_cast<bf16*>(v.ptr),
+                             o.ptr,
+                             stats,
+                             base + w.seqlen,
+                             base + w.seqlen,
+                             &scale,
+                             &neg};
   for (int i = 0; i <= kOffStats; ++i) {
     uids.push_back(kUidOffsetBase + i);
     ptrs.push_back(offsets + i * w.offsets_pitch);
@@ -320,14 +327,28 @@ absl::Status CudnnAttention::Backward(const AttnArgs& a, AttnTensor q, AttnTenso
   float* stats = reinterpret_cast<float*>(base + w.stats);
   LseHeadToTokenKernel<<<GridFor(a.tokens * a.num_q_heads), 256, 0, stream>>>(lse, a.tokens, a.num_q_heads, stats);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
-  if (var.zero_dq_accum) SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(base + w.dq_accum, 0, w.total - w.dq_accum, stream));
+  if (var.zero_dq_accum)
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(base + w.dq_accum, 0, w.total - w.dq_accum, stream));
   int32_t* offsets = reinterpret_cast<int32_t*>(base + w.offsets);
   float scale = a.softmax_scale, neg = std::numeric_limits<float>::lowest(), one = 1.0f;
-  std::vector<int64_t> uids = {kUidQ, kUidK, kUidV, kUidO, kUidDO, kUidDQ, kUidDK, kUidDV, kUidStats, kUidSeqQ,
-                               kUidSeqKv, kUidScale, kUidNegInf, kUidOne, kUidSoftmaxSum, kUidDqAccum};
-  std::vector<void*> ptrs = {const_cast<bf16*>(q.ptr), const_cast<bf16*>(k.ptr), const_cast<bf16*>(v.ptr),
-                             const_cast<bf16*>(o.ptr), const_cast<bf16*>(dout.ptr), dq.ptr, dk.ptr, dv.ptr, stats,
-                             base + w.seqlen, base + w.seqlen, &scale, &neg, &one, base + w.softmax_sum,
+  std::vector<int64_t> uids = {kUidQ,      kUidK,   kUidV,          kUidO,      kUidDO,    kUidDQ,
+                               kUidDK,     kUidDV,  kUidStats,      kUidSeqQ,   kUidSeqKv, kUidScale,
+                               kUidNegInf, kUidOne, kUidSoftmaxSum, kUidDqAccum};
+  std::vector<void*> ptrs = {const_cast<bf16*>(q.ptr),
+                             const_cast<bf16*>(k.ptr),
+                             const_cast<bf16*>(v.ptr),
+                             const_cast<bf16*>(o.ptr),
+                             const_cast<bf16*>(dout.ptr),
+                             dq.ptr,
+                             dk.ptr,
+                             dv.ptr,
+                             stats,
+                             base + w.seqlen,
+                             base + w.seqlen,
+                             &scale,
+                             &neg,
+                             &one,
+                             base + w.softmax_sum,
                              base + w.dq_accum};
   for (int i = 0; i < kNumOffsets; ++i) {
     uids.push_back(kUidOffsetBase + i);

@@ -135,8 +135,8 @@ class GraphBuilder {
       Finish(heur, "engine heuristics");
       if (!status_.ok()) return status_;
       int64_t count = 0;
-      cudnnStatus_t st = api_.GetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
-                                           &count, nullptr);
+      cudnnStatus_t st =
+          api_.GetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
       if (st != CUDNN_STATUS_SUCCESS || count <= 0) continue;
       // The results are copied into engine-config descriptors the caller creates.
       std::vector<cudnnBackendDescriptor_t> cfgs(count);
@@ -174,8 +174,8 @@ class GraphBuilder {
         return out;
       }
     }
-    return absl::UnimplementedError(absl::StrCat("cudnn ", api_.version, " has no engine for this attention graph: ",
-                                                 last_error));
+    return absl::UnimplementedError(
+        absl::StrCat("cudnn ", api_.version, " has no engine for this attention graph: ", last_error));
   }
 
  private:
@@ -268,8 +268,7 @@ void CommonTensors(GraphBuilder& g, const PlanKey& k, IoTensors* io) {
   io->scale = g.Scalar(kUidScale);
   io->neg = g.Scalar(kUidNegInf);
   const int last = k.direction == Direction::kBackward ? kNumOffsets : kOffStats + 1;
-  for (int i = 0; i < last; ++i)
-    io->off[i] = g.Tensor(kUidOffsetBase + i, CUDNN_DATA_INT32, {k.b + 1, 1, 1, 1}, unit);
+  for (int i = 0; i < last; ++i) io->off[i] = g.Tensor(kUidOffsetBase + i, CUDNN_DATA_INT32, {k.b + 1, 1, 1, 1}, unit);
 }
 
 // Row-major [B, h, S, hd] view of a packed [T, ld] buffer (head h at column h·hd); with
@@ -352,10 +351,9 @@ absl::StatusOr<std::unique_ptr<Plan>> BuildBackward(const CudnnApi& api, cudnnHa
   g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dout, o, nullptr, do_o);
   auto row_dot = g.Virtual(CUDNN_DATA_FLOAT, row_dims, row_strides);
   g.Reduction(CUDNN_REDUCE_TENSOR_ADD, do_o, row_dot);
-  auto softmax_sum = var.ragged_accumulators
-                         ? g.Tensor(kUidSoftmaxSum, CUDNN_DATA_FLOAT, row_dims, StatsStrides(k), TensorKind::kMemory,
-                                    io.off[kOffStats])
-                         : g.Tensor(kUidSoftmaxSum, CUDNN_DATA_FLOAT, row_dims, row_strides);
+  auto softmax_sum = var.ragged_accumulators ? g.Tensor(kUidSoftmaxSum, CUDNN_DATA_FLOAT, row_dims, StatsStrides(k),
+                                                        TensorKind::kMemory, io.off[kOffStats])
+                                             : g.Tensor(kUidSoftmaxSum, CUDNN_DATA_FLOAT, row_dims, row_strides);
   g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, row_dot, one, nullptr, softmax_sum);
 
   // P = exp(Q·Kᵀ·scale - stats), masked.
@@ -402,8 +400,7 @@ absl::StatusOr<std::unique_ptr<Plan>> BuildBackward(const CudnnApi& api, cudnnHa
 
   // dQ = dS·K, accumulated in FP32 (workspace), then cast into dq.
   // K back in row form, as a reshape of Kᵀ (the frontend's pattern; it keeps K's ragged offset).
-  auto k_rows = g.Virtual(CUDNN_DATA_BFLOAT16, {k.b, k.nkv, k.s, k.hd}, {k.s * k.ld.k, k.hd, k.ld.k, 1},
-                          io.off[kOffK]);
+  auto k_rows = g.Virtual(CUDNN_DATA_BFLOAT16, {k.b, k.nkv, k.s, k.hd}, {k.s * k.ld.k, k.hd, k.ld.k, 1}, io.off[kOffK]);
   g.Reshape(kt, k_rows);
   auto dq_accum = var.ragged_accumulators
                       ? g.Tensor(kUidDqAccum, CUDNN_DATA_FLOAT, full_dims, {k.s * k.ld.dq, k.hd, k.ld.dq, 1},

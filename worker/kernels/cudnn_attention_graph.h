@@ -28,8 +28,22 @@ struct Plan {
 
 // Unique ids of the tensors the caller binds at execution (virtual tensors get ids >= 1000).
 enum Uid : int64_t {
-  kUidQ = 1, kUidK, kUidV, kUidO, kUidStats, kUidDO, kUidDQ, kUidDK, kUidDV,
-  kUidSeqQ, kUidSeqKv, kUidScale, kUidNegInf, kUidOne, kUidSoftmaxSum, kUidDqAccum,
+  kUidQ = 1,
+  kUidK,
+  kUidV,
+  kUidO,
+  kUidStats,
+  kUidDO,
+  kUidDQ,
+  kUidDK,
+  kUidDV,
+  kUidSeqQ,
+  kUidSeqKv,
+  kUidScale,
+  kUidNegInf,
+  kUidOne,
+  kUidSoftmaxSum,
+  kUidDqAccum,
   kUidOffsetBase = 100,  // + OffsetSlot
 };
 // Ragged-offset arrays, one per tensor (each has its own row stride).

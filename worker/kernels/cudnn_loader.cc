@@ -53,8 +53,8 @@ absl::StatusOr<CudnnApi> LoadCudnnOnce() {
     absl::StrAppend(&errors, errors.empty() ? "" : "; ", e != nullptr ? e : c);
   }
   if (api.lib == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cudnn attention: cannot load libcudnn.so.9 (set SLIDEDP_CUDNN_LIB): ",
-                                               errors));
+    return absl::UnavailableError(
+        absl::StrCat("cudnn attention: cannot load libcudnn.so.9 (set SLIDEDP_CUDNN_LIB): ", errors));
   }
   bool missing = false;
   std::string missing_names;

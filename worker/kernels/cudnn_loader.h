@@ -58,6 +58,7 @@ class Desc {
   ~Desc() {
     if (d_ != nullptr) api_->DestroyDescriptor(d_);
   }
+
  private:
   const CudnnApi* api_;
   cudnnBackendDescriptor_t d_;

@@ -53,8 +53,14 @@ __global__ void EmbeddingBackwardKernel(const TD* __restrict__ dout, const int32
     }
     float4* dst = reinterpret_cast<float4*>(dembed + row * h + c);
     float4 d0 = dst[0], d1 = dst[1];
-    d0.x += acc[0]; d0.y += acc[1]; d0.z += acc[2]; d0.w += acc[3];
-    d1.x += acc[4]; d1.y += acc[5]; d1.z += acc[6]; d1.w += acc[7];
+    d0.x += acc[0];
+    d0.y += acc[1];
+    d0.z += acc[2];
+    d0.w += acc[3];
+    d1.x += acc[4];
+    d1.y += acc[5];
+    d1.z += acc[6];
+    d1.w += acc[7];
     dst[0] = d0;
     dst[1] = d1;
   }
@@ -68,8 +74,8 @@ absl::Status EmbeddingForwardImpl(const TI* embed, const int32_t* tokens, int64_
                                   cudaStream_t stream) {
   if (h % 8 != 0) return absl::InvalidArgumentError(absl::StrCat("embedding width ", h, " not a multiple of 8"));
   if (num_tokens <= 0) return absl::OkStatus();
-  EmbeddingForwardKernel<TI, TO><<<GridFor(num_tokens * h / 8, 256), 256, 0, stream>>>(embed, tokens, num_tokens, h,
-                                                                                      out);
+  EmbeddingForwardKernel<TI, TO>
+      <<<GridFor(num_tokens * h / 8, 256), 256, 0, stream>>>(embed, tokens, num_tokens, h, out);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -81,8 +87,8 @@ absl::Status EmbeddingBackwardImpl(const TD* dout, const int32_t* uniq_tokens, c
   if (h % 8 != 0) return absl::InvalidArgumentError(absl::StrCat("embedding width ", h, " not a multiple of 8"));
   if (num_unique <= 0) return absl::OkStatus();
   const int threads = static_cast<int>(std::min<int64_t>(256, (h / 8 + 31) / 32 * 32));
-  EmbeddingBackwardKernel<TD><<<num_unique, threads, 0, stream>>>(dout, uniq_tokens, seg_offsets, sorted_pos, h,
-                                                                  dembed);
+  EmbeddingBackwardKernel<TD>
+      <<<num_unique, threads, 0, stream>>>(dout, uniq_tokens, seg_offsets, sorted_pos, h, dembed);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

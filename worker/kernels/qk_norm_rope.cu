@@ -36,10 +36,9 @@ __device__ __forceinline__ void RopeAngles(int pos, int j, int hd, float theta, 
 
 // TW: the q_norm / k_norm weight type (bf16 or float), widened to FP32 on load.
 template <int ITERS, int HB, typename TW>
-__global__ void QkNormRopeForwardKernel(RopeArgs a, const bf16* __restrict__ qkv, int64_t ld,
-                                        const TW* __restrict__ qw, const TW* __restrict__ kw,
-                                        const int32_t* __restrict__ pos, bf16* __restrict__ qo,
-                                        bf16* __restrict__ ko) {
+__global__ void QkNormRopeForwardKernel(RopeArgs a, const bf16* __restrict__ qkv, int64_t ld, const TW* __restrict__ qw,
+                                        const TW* __restrict__ kw, const int32_t* __restrict__ pos,
+                                        bf16* __restrict__ qo, bf16* __restrict__ ko) {
   const int lane = threadIdx.x & 31;
   const int heads = a.num_q_heads + a.num_kv_heads;
   const int hd = a.head_dim, half = hd / 2;
@@ -53,10 +52,16 @@ __global__ void QkNormRopeForwardKernel(RopeArgs a, const bf16* __restrict__ qkv
       if (j < half) {
         RopeAngles(p, j, hd, a.theta, cs[it], sn[it]);
         float2 l = Load2(qw + j), u = Load2(qw + j + half);
-        wq[it][0] = l.x; wq[it][1] = l.y; wq[it][2] = u.x; wq[it][3] = u.y;
+        wq[it][0] = l.x;
+        wq[it][1] = l.y;
+        wq[it][2] = u.x;
+        wq[it][3] = u.y;
         l = Load2(kw + j);
         u = Load2(kw + j + half);
-        wk[it][0] = l.x; wk[it][1] = l.y; wk[it][2] = u.x; wk[it][3] = u.y;
+        wk[it][0] = l.x;
+        wk[it][1] = l.y;
+        wk[it][2] = u.x;
+        wk[it][3] = u.y;
       }
     }
     // HB heads at a time: all their loads are issued before the first reduction, so a warp
@@ -74,7 +79,10 @@ __global__ void QkNormRopeForwardKernel(RopeArgs a, const bf16* __restrict__ qkv
           if (h < heads && j < half) {
             float2 l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src + j));
             float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src + j + half));
-            x[b][it][0] = l.x; x[b][it][1] = l.y; x[b][it][2] = u.x; x[b][it][3] = u.y;
+            x[b][it][0] = l.x;
+            x[b][it][1] = l.y;
+            x[b][it][2] = u.x;
+            x[b][it][3] = u.y;
           }
         }
       }
@@ -83,9 +91,9 @@ __global__ void QkNormRopeForwardKernel(RopeArgs a, const bf16* __restrict__ qkv
         const int h = h0 + b;
         if (h >= heads) continue;  // uniform across the warp
         const bool is_q = h < a.num_q_heads;
-        bf16* dst = is_q ? qo + t * a.num_q_heads * static_cast<int64_t>(hd) + static_cast<int64_t>(h) * hd
-                         : ko + t * a.num_kv_heads * static_cast<int64_t>(hd) +
-                               static_cast<int64_t>(h - a.num_q_heads) * hd;
+        bf16* dst =
+            is_q ? qo + t * a.num_q_heads * static_cast<int64_t>(hd) + static_cast<int64_t>(h) * hd
+                 : ko + t * a.num_kv_heads * static_cast<int64_t>(hd) + static_cast<int64_t>(h - a.num_q_heads) * hd;
         float ss = 0.f;
 #pragma unroll
         for (int it = 0; it < ITERS; ++it)
@@ -132,10 +140,16 @@ __global__ void QkNormRopeBackwardKernel(RopeArgs a, const bf16* __restrict__ dq
     const int j = 2 * lane + 64 * it;
     if (j < half) {
       float2 l = Load2(qw + j), u = Load2(qw + j + half);
-      wq[it][0] = l.x; wq[it][1] = l.y; wq[it][2] = u.x; wq[it][3] = u.y;
+      wq[it][0] = l.x;
+      wq[it][1] = l.y;
+      wq[it][2] = u.x;
+      wq[it][3] = u.y;
       l = Load2(kw + j);
       u = Load2(kw + j + half);
-      wk[it][0] = l.x; wk[it][1] = l.y; wk[it][2] = u.x; wk[it][3] = u.y;
+      wk[it][0] = l.x;
+      wk[it][1] = l.y;
+      wk[it][2] = u.x;
+      wk[it][3] = u.y;
     }
   }
   for (int64_t t = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; t < a.tokens;
@@ -151,8 +165,9 @@ __global__ void QkNormRopeBackwardKernel(RopeArgs a, const bf16* __restrict__ dq
     for (int h = 0; h < heads; ++h) {
       const bool is_q = h < a.num_q_heads;
       const bf16* src = qkv + t * ld + static_cast<int64_t>(h) * hd;
-      const bf16* g = is_q ? dq + t * a.num_q_heads * static_cast<int64_t>(hd) + static_cast<int64_t>(h) * hd
-                           : dk + t * a.num_kv_heads * static_cast<int64_t>(hd) + static_cast<int64_t>(h - a.num_q_heads) * hd;
+      const bf16* g =
+          is_q ? dq + t * a.num_q_heads * static_cast<int64_t>(hd) + static_cast<int64_t>(h) * hd
+               : dk + t * a.num_kv_heads * static_cast<int64_t>(hd) + static_cast<int64_t>(h - a.num_q_heads) * hd;
       bf16* dst = dqkv + t * ld_d + static_cast<int64_t>(h) * hd;
       float x[kRopeMaxIters][4], dn[kRopeMaxIters][4];
       float ss = 0.f;
@@ -166,7 +181,10 @@ __global__ void QkNormRopeBackwardKernel(RopeArgs a, const bf16* __restrict__ dq
           float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src + j + half));
           float2 gl = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(g + j));
           float2 gu = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(g + j + half));
-          x[it][0] = l.x; x[it][1] = l.y; x[it][2] = u.x; x[it][3] = u.y;
+          x[it][0] = l.x;
+          x[it][1] = l.y;
+          x[it][2] = u.x;
+          x[it][3] = u.y;
           ss += l.x * l.x + l.y * l.y + u.x * u.x + u.y * u.y;
           // out_lo = n_lo c - n_hi s ; out_hi = n_hi c + n_lo s  =>  dn_lo = g_lo c + g_hi s, dn_hi = g_hi c - g_lo s
           dn[it][0] = gl.x * cs[it][0] + gu.x * sn[it][0];
@@ -191,7 +209,10 @@ __global__ void QkNormRopeBackwardKernel(RopeArgs a, const bf16* __restrict__ dq
           for (int e = 0; e < 4; ++e) {
             const float xhat = x[it][e] * rstd;
             o[e] = rstd * (dn[it][e] * (is_q ? wq[it][e] : wk[it][e]) - xhat * dot);
-            if (is_q) dwq[it][e] += dn[it][e] * xhat; else dwk[it][e] += dn[it][e] * xhat;
+            if (is_q)
+              dwq[it][e] += dn[it][e] * xhat;
+            else
+              dwk[it][e] += dn[it][e] * xhat;
           }
           *reinterpret_cast<__nv_bfloat162*>(dst + j) = __floats2bfloat162_rn(o[0], o[1]);
           *reinterpret_cast<__nv_bfloat162*>(dst + j + half) = __floats2bfloat162_rn(o[2], o[3]);
@@ -206,8 +227,14 @@ __global__ void QkNormRopeBackwardKernel(RopeArgs a, const bf16* __restrict__ dq
     if (j < half) {
       float* q = sm + (warp * 2 + 0) * hd;
       float* k = sm + (warp * 2 + 1) * hd;
-      q[j] = dwq[it][0]; q[j + 1] = dwq[it][1]; q[j + half] = dwq[it][2]; q[j + half + 1] = dwq[it][3];
-      k[j] = dwk[it][0]; k[j + 1] = dwk[it][1]; k[j + half] = dwk[it][2]; k[j + half + 1] = dwk[it][3];
+      q[j] = dwq[it][0];
+      q[j + 1] = dwq[it][1];
+      q[j + half] = dwq[it][2];
+      q[j + half + 1] = dwq[it][3];
+      k[j] = dwk[it][0];
+      k[j + 1] = dwk[it][1];
+      k[j + half] = dwk[it][2];
+      k[j + half + 1] = dwk[it][3];
     }
   }
   __syncthreads();
@@ -224,8 +251,8 @@ namespace {
 absl::Status CheckRope(const RopeArgs& a) {
   if (a.head_dim <= 0 || a.head_dim % 4 != 0 || a.head_dim > 256 || a.num_q_heads <= 0 || a.num_kv_heads <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("q/k norm+RoPE: head_dim ", a.head_dim,
-                                                   " must be a multiple of 4 in [4, 256]; heads ", a.num_q_heads,
-                                                   "/", a.num_kv_heads));
+                                                   " must be a multiple of 4 in [4, 256]; heads ", a.num_q_heads, "/",
+                                                   a.num_kv_heads));
   }
   return absl::OkStatus();
 }
@@ -235,7 +262,6 @@ int64_t RopeBlocks(const RopeArgs& a) {
   return std::max<int64_t>(1, std::min<int64_t>((warps + 7) / 8, 132 * 8));
 }
 
-
 template <typename TW>
 absl::Status QkNormRopeForwardImpl(const RopeArgs& a, const bf16* qkv, int64_t ld_qkv, const TW* q_norm_w,
                                    const TW* k_norm_w, const int32_t* positions, bf16* q_out, bf16* k_out,
@@ -244,11 +270,11 @@ absl::Status QkNormRopeForwardImpl(const RopeArgs& a, const bf16* qkv, int64_t l
   if (!s.ok()) return s;
   if (a.tokens <= 0) return absl::OkStatus();
   if (a.head_dim <= 128) {
-    QkNormRopeForwardKernel<1, 8, TW><<<RopeBlocks(a), kRopeThreads, 0, stream>>>(a, qkv, ld_qkv, q_norm_w, k_norm_w,
-                                                                                 positions, q_out, k_out);
+    QkNormRopeForwardKernel<1, 8, TW>
+        <<<RopeBlocks(a), kRopeThreads, 0, stream>>>(a, qkv, ld_qkv, q_norm_w, k_norm_w, positions, q_out, k_out);
   } else {
-    QkNormRopeForwardKernel<2, 4, TW><<<RopeBlocks(a), kRopeThreads, 0, stream>>>(a, qkv, ld_qkv, q_norm_w, k_norm_w,
-                                                                                 positions, q_out, k_out);
+    QkNormRopeForwardKernel<2, 4, TW>
+        <<<RopeBlocks(a), kRopeThreads, 0, stream>>>(a, qkv, ld_qkv, q_norm_w, k_norm_w, positions, q_out, k_out);
   }
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
@@ -268,7 +294,7 @@ absl::Status QkNormRopeBackwardImpl(const RopeArgs& a, const bf16* dq_out, const
                                                                        k_norm_w, positions, dqkv, ld_dqkv, ws);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   ReducePartialsKernel<<<(2 * a.head_dim + 31) / 32, 1024, 0, stream>>>(ws, blocks, 2 * a.head_dim, a.head_dim,
-                                                                         dq_norm_w, dk_norm_w);
+                                                                        dq_norm_w, dk_norm_w);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -291,15 +317,15 @@ absl::Status QkNormRopeBackward(const RopeArgs& a, const bf16* dq_out, const bf1
                                 int64_t ld_qkv, const bf16* q_norm_w, const bf16* k_norm_w, const int32_t* positions,
                                 bf16* dqkv, int64_t ld_dqkv, float* dq_norm_w, float* dk_norm_w, float* ws,
                                 cudaStream_t stream) {
-  return QkNormRopeBackwardImpl(a, dq_out, dk_out, qkv, ld_qkv, q_norm_w, k_norm_w, positions, dqkv, ld_dqkv,
-                                dq_norm_w, dk_norm_w, ws, stream);
+  return QkNormRopeBackwardImpl(a, dq_out, dk_out, qkv, ld_qkv, q_norm_w, k_norm_w, positions, dqkv, ld_dqkv, dq_norm_w,
+                                dk_norm_w, ws, stream);
 }
 absl::Status QkNormRopeBackward(const RopeArgs& a, const bf16* dq_out, const bf16* dk_out, const bf16* qkv,
                                 int64_t ld_qkv, const float* q_norm_w, const float* k_norm_w, const int32_t* positions,
                                 bf16* dqkv, int64_t ld_dqkv, float* dq_norm_w, float* dk_norm_w, float* ws,
                                 cudaStream_t stream) {
-  return QkNormRopeBackwardImpl(a, dq_out, dk_out, qkv, ld_qkv, q_norm_w, k_norm_w, positions, dqkv, ld_dqkv,
-                                dq_norm_w, dk_norm_w, ws, stream);
+  return QkNormRopeBackwardImpl(a, dq_out, dk_out, qkv, ld_qkv, q_norm_w, k_norm_w, positions, dqkv, ld_dqkv, dq_norm_w,
+                                dk_norm_w, ws, stream);
 }
 
 }  // namespace slidedp::kernels

@@ -26,7 +26,10 @@ __global__ void ReducePartialsKernel(const float* __restrict__ partial, int64_t 
   if (ty == 0 && c < cols) {
     float t = 0.f;
     for (int i = 0; i < 32; ++i) t += sm[i][tx];
-    if (c < split) out_lo[c] += t; else out_hi[c - split] += t;
+    if (c < split)
+      out_lo[c] += t;
+    else
+      out_hi[c - split] += t;
   }
 }
 

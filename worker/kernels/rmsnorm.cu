@@ -28,13 +28,19 @@ __device__ __forceinline__ float2 BlockSum2(float2 v, float* scratch) {
   v.x = WarpSum(v.x);
   v.y = WarpSum(v.y);
   __syncthreads();
-  if (lane == 0) { scratch[warp] = v.x; scratch[32 + warp] = v.y; }
+  if (lane == 0) {
+    scratch[warp] = v.x;
+    scratch[32 + warp] = v.y;
+  }
   __syncthreads();
   if (warp == 0) {
     float a = lane < nwarps ? scratch[lane] : 0.0f, b = lane < nwarps ? scratch[32 + lane] : 0.0f;
     a = WarpSum(a);
     b = WarpSum(b);
-    if (lane == 0) { scratch[64] = a; scratch[65] = b; }
+    if (lane == 0) {
+      scratch[64] = a;
+      scratch[65] = b;
+    }
   }
   __syncthreads();
   return make_float2(scratch[64], scratch[65]);
@@ -43,8 +49,8 @@ __device__ __forceinline__ float2 BlockSum2(float2 v, float* scratch) {
 // TX: the input (residual stream) element type, bf16 or float; y is always BF16. TW: the norm
 // weight type, bf16 or float (FP32 master weights); each thread widens its 8 weights to FP32 once.
 template <typename TX, typename TW>
-__global__ void RmsNormForwardKernel(const TX* __restrict__ x, const TW* __restrict__ w, int64_t rows, int h,
-                                     float eps, bf16* __restrict__ y, float* __restrict__ rstd_out) {
+__global__ void RmsNormForwardKernel(const TX* __restrict__ x, const TW* __restrict__ w, int64_t rows, int h, float eps,
+                                     bf16* __restrict__ y, float* __restrict__ rstd_out) {
   __shared__ float scratch[66];
   const int c = threadIdx.x * 8;
   const bool active = c < h;
@@ -60,7 +66,10 @@ __global__ void RmsNormForwardKernel(const TX* __restrict__ x, const TW* __restr
     }
     float2 ss = make_float2(0.f, 0.f);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) { ss.x += x0[i] * x0[i]; ss.y += x1[i] * x1[i]; }
+    for (int i = 0; i < 8; ++i) {
+      ss.x += x0[i] * x0[i];
+      ss.y += x1[i] * x1[i];
+    }
     ss = BlockSum2(ss, scratch);
     const float rs0 = rsqrtf(ss.x / h + eps), rs1 = rsqrtf(ss.y / h + eps);
     if (active) {
@@ -84,9 +93,9 @@ __global__ void RmsNormForwardKernel(const TX* __restrict__ x, const TW* __restr
 // TA: the element type of dy, x, dres and dx (bf16, or float for the FP32 residual stream); TW: the
 // norm weight type, as in the forward.
 template <typename TA, typename TW>
-__global__ void RmsNormBackwardKernel(const TA* __restrict__ dy, const TA* __restrict__ x,
-                                      const TW* __restrict__ w, const float* __restrict__ rstd_in,
-                                      const TA* dres, int64_t rows, int h, TA* dx, float* __restrict__ partial) {
+__global__ void RmsNormBackwardKernel(const TA* __restrict__ dy, const TA* __restrict__ x, const TW* __restrict__ w,
+                                      const float* __restrict__ rstd_in, const TA* dres, int64_t rows, int h, TA* dx,
+                                      float* __restrict__ partial) {
   __shared__ float scratch[66];
   const int c = threadIdx.x * 8;
   const bool active = c < h;
@@ -145,8 +154,8 @@ absl::Status RmsNormForwardImpl(const TX* x, const TW* w, int64_t rows, int64_t 
   absl::Status s = CheckNormWidth(h);
   if (!s.ok()) return s;
   if (rows <= 0) return absl::OkStatus();
-  RmsNormForwardKernel<TX, TW><<<PartialBlocks(rows), BlockThreadsForWidth(h), 0, stream>>>(
-      x, w, rows, static_cast<int>(h), eps, y, rstd);
+  RmsNormForwardKernel<TX, TW>
+      <<<PartialBlocks(rows), BlockThreadsForWidth(h), 0, stream>>>(x, w, rows, static_cast<int>(h), eps, y, rstd);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

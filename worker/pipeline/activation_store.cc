@@ -33,7 +33,8 @@ class HostActivationStore final : public ActivationStore {
   absl::Status Prefetch(int unit) override {
     if (!offloads(unit) || restored_.count(unit)) return absl::OkStatus();
     auto it = host_.find(unit);
-    if (it == host_.end()) return absl::InternalError(absl::StrCat("saved input of unit ", unit, " was never offloaded"));
+    if (it == host_.end())
+      return absl::InternalError(absl::StrCat("saved input of unit ", unit, " was never offloaded"));
     std::vector<std::unique_ptr<DeviceBuffer>> bufs;
     for (const auto& h : it->second) {
       ASSIGN_OR_RETURN(auto b, backend_->Allocate(static_cast<int64_t>(h.size())));

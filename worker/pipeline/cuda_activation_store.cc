@@ -23,7 +23,9 @@ struct PinnedBlock {
 class CudaActivationStore final : public ActivationStore {
  public:
   CudaActivationStore(ComputeBackend* backend, int num_offloaded)
-      : backend_(backend), num_offloaded_(num_offloaded), compute_(static_cast<cudaStream_t>(backend->native_stream())) {}
+      : backend_(backend),
+        num_offloaded_(num_offloaded),
+        compute_(static_cast<cudaStream_t>(backend->native_stream())) {}
 
   ~CudaActivationStore() override {
     if (copy_) cudaStreamSynchronize(copy_);
@@ -61,13 +63,15 @@ class CudaActivationStore final : public ActivationStore {
         cudaError_t e = cudaMallocHost(&blocks[i].data, bytes);
         if (e != cudaSuccess) {
           cudaGetLastError();
-          return absl::ResourceExhaustedError(absl::StrCat("activation offload: pinning ", bytes, " bytes of host memory failed (",
-                                                           cudaGetErrorString(e), "); lower runtime.offload_ratio"));
+          return absl::ResourceExhaustedError(absl::StrCat("activation offload: pinning ", bytes,
+                                                           " bytes of host memory failed (", cudaGetErrorString(e),
+                                                           "); lower runtime.offload_ratio"));
         }
         blocks[i].bytes = bytes;
         host_bytes_ += bytes;
       }
-      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(blocks[i].data, inputs[i]->data(), bytes, cudaMemcpyDeviceToHost, copy_));
+      SLIDEDP_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(blocks[i].data, inputs[i]->data(), bytes, cudaMemcpyDeviceToHost, copy_));
       sizes_[unit].push_back(bytes);
     }
     RETURN_IF_ERROR(timer_.End(copy_));
@@ -82,7 +86,8 @@ class CudaActivationStore final : public ActivationStore {
   absl::Status Prefetch(int unit) override {
     if (!offloads(unit) || restored_.count(unit)) return absl::OkStatus();
     auto it = sizes_.find(unit);
-    if (it == sizes_.end()) return absl::InternalError(absl::StrCat("saved input of unit ", unit, " was never offloaded"));
+    if (it == sizes_.end())
+      return absl::InternalError(absl::StrCat("saved input of unit ", unit, " was never offloaded"));
     std::vector<std::unique_ptr<DeviceBuffer>> bufs;
     for (int64_t bytes : it->second) {
       ASSIGN_OR_RETURN(auto b, backend_->Allocate(bytes));  // ordered on the compute stream

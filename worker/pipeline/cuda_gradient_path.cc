@@ -45,8 +45,8 @@ struct PostJob {
   GradBuffer* buffer = nullptr;  // released after the copies (null: the device staging buffer)
   cudaEvent_t ready = nullptr;   // gradient final (after compute, or after the reduce-scatter); may be null
   ShardRange part;
-  const float* data = nullptr;   // element part.offset of the unit
-  bool sum_squares = false;      // instead of a part: post the rank's squared norm `squares`
+  const float* data = nullptr;  // element part.offset of the unit
+  bool sum_squares = false;     // instead of a part: post the rank's squared norm `squares`
   double squares = 0;
 };
 
@@ -89,7 +89,8 @@ class CudaGradientPath final : public GradientPath {
   }
 
   absl::StatusOr<float*> Begin(int unit) override {
-    const int64_t bytes = PaddedNumel(layout_.units[unit].numel, options_.base.world) * static_cast<int64_t>(sizeof(float));
+    const int64_t bytes =
+        PaddedNumel(layout_.units[unit].numel, options_.base.world) * static_cast<int64_t>(sizeof(float));
     GradBuffer* pick = nullptr;
     {
       absl::MutexLock l(&mu_);
@@ -106,8 +107,8 @@ class CudaGradientPath final : public GradientPath {
       cudaError_t e = cudaMalloc(&b->data, bytes);
       if (e != cudaSuccess) {
         cudaGetLastError();
-        return absl::ResourceExhaustedError(absl::StrCat("gradient buffer: cudaMalloc of ", bytes, " bytes failed: ",
-                                                         cudaGetErrorString(e)));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("gradient buffer: cudaMalloc of ", bytes, " bytes failed: ", cudaGetErrorString(e)));
       }
       b->bytes = bytes;
       SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming));
@@ -175,8 +176,8 @@ class CudaGradientPath final : public GradientPath {
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(staged_event_, stage_stream_));
     RETURN_IF_ERROR(WaitEvent(staged_event_, options_.base.ring_timeout, [this] { return StopStatus(); }));
     std::vector<double> unit_squares(layout_.num_units());
-    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit_squares.data(), unit_squares_, unit_squares.size() * sizeof(double),
-                                            cudaMemcpyDeviceToHost));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(unit_squares.data(), unit_squares_, unit_squares.size() * sizeof(double), cudaMemcpyDeviceToHost));
     PostJob norm;
     norm.step = staged_step_;
     norm.sum_squares = true;
@@ -204,7 +205,8 @@ class CudaGradientPath final : public GradientPath {
 
   absl::Status Drain() override {
     absl::MutexLock l(&mu_);
-    auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return (queue_.empty() && !busy_) || !first_error_.ok(); };
+    auto drained = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return (queue_.empty() && !busy_) || !first_error_.ok(); };
     mu_.Await(absl::Condition(&drained));
     return first_error_;
   }

@@ -21,9 +21,9 @@ namespace slidedp {
 struct CudaGradientPathOptions {
   GradientPathOptions base;
   int device = 0;
-  NcclCommunicator* comm = nullptr;         // required for the gpu route with world > 1
+  NcclCommunicator* comm = nullptr;       // required for the gpu route with world > 1
   const shm::AbortWord* abort = nullptr;  // the job's abort word: waits give up when raised
-  int max_buffers = 5;                      // pool cap (beyond it Begin waits for an idle buffer)
+  int max_buffers = 5;                    // pool cap (beyond it Begin waits for an idle buffer)
 };
 
 absl::StatusOr<std::unique_ptr<GradientPath>> MakeCudaGradientPath(const ModelLayout& layout, shm::GradRing* ring,

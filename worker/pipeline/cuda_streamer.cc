@@ -26,7 +26,8 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
   const int world = options.sharded_with ? options.sharded_with->world() : 1;
   for (const UnitLayout& u : layout.units) {
     s->slot_bytes_ = std::max<int64_t>(s->slot_bytes_, PaddedNumel(u.numel, world) * 2);
-    if (options.norms == NormValues::kFp32FromMaster) s->fp32_bytes_ = std::max<int64_t>(s->fp32_bytes_, u.fp32_numel * 4);
+    if (options.norms == NormValues::kFp32FromMaster)
+      s->fp32_bytes_ = std::max<int64_t>(s->fp32_bytes_, u.fp32_numel * 4);
   }
   HostRegistry* registry = options.registry != nullptr ? options.registry : &s->own_registry_;
   for (int u = 0; u < layout.num_units(); ++u) {
@@ -46,8 +47,8 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
     cudaError_t e = cudaMalloc(&slot.data, s->slot_bytes_);
     if (e != cudaSuccess) {
       return absl::ResourceExhaustedError(absl::StrCat("GPU parameter window: cudaMalloc of ", s->slot_bytes_,
-                                                       " bytes x ", s->slots_.size(), " slots failed: ",
-                                                       cudaGetErrorString(e)));
+                                                       " bytes x ", s->slots_.size(),
+                                                       " slots failed: ", cudaGetErrorString(e)));
     }
     if (s->fp32_bytes_ > 0) {
       SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&slot.fp32, s->fp32_bytes_));
@@ -120,7 +121,8 @@ absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uin
   RETURN_IF_ERROR(h2d_timer_.End(h2d_));
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(victim->ready, h2d_));
   if (comm != nullptr) {
-    RETURN_IF_ERROR(comm->AllGatherBF16(static_cast<bf16_t*>(victim->data), ShardNumel(numel, comm->world()), victim->ready));
+    RETURN_IF_ERROR(
+        comm->AllGatherBF16(static_cast<bf16_t*>(victim->data), ShardNumel(numel, comm->world()), victim->ready));
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(victim->ready, comm->stream()));
   }
   victim->unit = unit;

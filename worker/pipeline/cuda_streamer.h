@@ -55,8 +55,8 @@ class CudaWindowStreamer : public UnitStreamer {
   // Registers every unit's mirror region (in options.registry, or its own) and the ring's slots
   // (ring may be null; its own, unregistered on destruction) with CUDA and allocates the window.
   static absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> Create(shm::JobState* state, shm::GradRing* ring,
-                                                                     const ModelLayout& layout, cudaStream_t compute,
-                                                                     const CudaStreamerOptions& options);
+                                                                    const ModelLayout& layout, cudaStream_t compute,
+                                                                    const CudaStreamerOptions& options);
   ~CudaWindowStreamer() override;
 
   absl::StatusOr<UnitParams> Acquire(int unit, uint32_t min_version) override;
@@ -64,18 +64,16 @@ class CudaWindowStreamer : public UnitStreamer {
   absl::Status Prefetch(int unit, uint32_t min_version) override;
   double gate_wait_s() const override { return gate_wait_s_; }
   double h2d_s() const override { return h2d_timer_.busy_s(); }
-  int64_t device_bytes() const override {
-    return (slot_bytes_ + fp32_bytes_) * static_cast<int64_t>(slots_.size());
-  }
+  int64_t device_bytes() const override { return (slot_bytes_ + fp32_bytes_) * static_cast<int64_t>(slots_.size()); }
 
  private:
   struct Slot {
     void* data = nullptr;
-    float* fp32 = nullptr;         // the FP32 norm weights (device), fp32_bytes_
+    float* fp32 = nullptr;          // the FP32 norm weights (device), fp32_bytes_
     float* fp32_staging = nullptr;  // pinned host staging for them
     cudaEvent_t staged = nullptr;   // the last H2D from fp32_staging finished
-    cudaEvent_t ready = nullptr;  // H2D (and all-gather) finished
-    cudaEvent_t free = nullptr;   // compute done with the previous occupant
+    cudaEvent_t ready = nullptr;    // H2D (and all-gather) finished
+    cudaEvent_t free = nullptr;     // compute done with the previous occupant
     int unit = -1;
     uint32_t gate = 0;
     int users = 0;
@@ -92,7 +90,7 @@ class CudaWindowStreamer : public UnitStreamer {
   cudaStream_t compute_ = nullptr;
   cudaStream_t h2d_ = nullptr;
   int64_t slot_bytes_ = 0;
-  int64_t fp32_bytes_ = 0;  // per slot; 0 with NormValues::kBf16Mirror
+  int64_t fp32_bytes_ = 0;             // per slot; 0 with NormValues::kBf16Mirror
   const float* embed_fp32_ = nullptr;  // device pointer of the embedding's mapped FP32 master
   std::vector<Slot> slots_;
   HostRegistry own_registry_;  // the ring's slots, and the mirrors without options.registry

@@ -35,11 +35,13 @@ class HostGradientPath final : public GradientPath {
     ShardRange part{0, numel};
     if (options_.route == GradRoute::kGpu && options_.world > 1) {
       if (collective_ == nullptr) return absl::FailedPreconditionError("gpu gradient route without a collective");
-      RETURN_IF_ERROR(collective_->ReduceScatterF32(buf.data(), ShardNumel(numel, options_.world), options_.ring_timeout));
+      RETURN_IF_ERROR(
+          collective_->ReduceScatterF32(buf.data(), ShardNumel(numel, options_.world), options_.ring_timeout));
       part = ShardOf(numel, options_.world, options_.rank);
     }
     if (options_.stage_until_norm) {  // kept until Flush (the rank's part only)
-      staged_[unit] = Staged{part, std::vector<float>(buf.begin() + part.offset, buf.begin() + part.offset + part.numel)};
+      staged_[unit] =
+          Staged{part, std::vector<float>(buf.begin() + part.offset, buf.begin() + part.offset + part.numel)};
       staged_step_ = step;
       return absl::OkStatus();
     }

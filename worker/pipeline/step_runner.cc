@@ -10,9 +10,14 @@
 
 namespace slidedp {
 
-StepRunner::StepRunner(const ModelLayout& layout, ComputeBackend* backend, UnitStreamer* streamer,
-                       GradientPath* grads, StepRunnerOptions options, ActivationStore* activations)
-    : layout_(layout), backend_(backend), streamer_(streamer), grads_(grads), activations_(activations), options_(options) {}
+StepRunner::StepRunner(const ModelLayout& layout, ComputeBackend* backend, UnitStreamer* streamer, GradientPath* grads,
+                       StepRunnerOptions options, ActivationStore* activations)
+    : layout_(layout),
+      backend_(backend),
+      streamer_(streamer),
+      grads_(grads),
+      activations_(activations),
+      options_(options) {}
 
 void StepRunner::InjectDelay() {
   if (options_.inject_max_delay <= absl::ZeroDuration()) return;
@@ -28,7 +33,8 @@ absl::StatusOr<UnitParams> StepRunner::Acquire(int unit, uint32_t min_version) {
   return streamer_->Acquire(unit, min_version);
 }
 
-absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<MicroBatch>& micro_batches, float loss_scale) {
+absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<MicroBatch>& micro_batches,
+                                           float loss_scale) {
   const absl::Time t_start = absl::Now();
   StepResult result;
   const Qwen3Config& c = layout_.config;
@@ -132,8 +138,8 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
     ASSIGN_OR_RETURN(float* grad, grads_->Begin(u));
     for (int i = 0; i < n_mb; ++i) {
       SavedActivations* s = saved[u].empty() ? nullptr : saved[u][i].get();
-      RETURN_IF_ERROR(backend_->DecoderBackward(params, *batches[i], inputs[u][i]->data(), s, dy[i]->data(),
-                                                dy[i]->data(), grad));
+      RETURN_IF_ERROR(
+          backend_->DecoderBackward(params, *batches[i], inputs[u][i]->data(), s, dy[i]->data(), dy[i]->data(), grad));
     }
     streamer_->Release(u);
     inputs[u].clear();

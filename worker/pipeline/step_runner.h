@@ -35,7 +35,7 @@ struct StepTimes {
 };
 
 struct StepResult {
-  double loss_sum = 0;        // this rank's sum of loss_scale * CE over its tokens
+  double loss_sum = 0;  // this rank's sum of loss_scale * CE over its tokens
   int64_t local_tokens = 0;
   StepTimes times;
 };

@@ -15,8 +15,8 @@
 #include "absl/time/time.h"
 #include "common/model/qwen3_config.h"
 #include "common/numeric/bf16.h"
-#include "worker/compute/backend.h"
 #include "shm/job_state.h"
+#include "worker/compute/backend.h"
 
 namespace slidedp {
 

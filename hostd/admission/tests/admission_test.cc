@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "gtest/gtest.h"
 #include "common/jobspec/job_spec.h"
+#include "gtest/gtest.h"
 #include "shm/job_state.h"
 #include "shm/tests/test_util.h"
 
@@ -40,8 +40,7 @@ TEST(PlanJobMemory, FourteenBytesPerParamPlusRings) {
   const JobMemoryPlan clipped = PlanJobMemory(layout, ring, 2, ClipMode::kExactGlobalNorm);
   EXPECT_EQ(clipped.step_staging_bytes, 2 * n);
   EXPECT_EQ(clipped.total_bytes, plan.total_bytes + 2 * n);
-  const JobMemoryPlan clipped32 =
-      PlanJobMemory(layout, ring, 2, ClipMode::kExactGlobalNorm, shm::GradDtype::kF32);
+  const JobMemoryPlan clipped32 = PlanJobMemory(layout, ring, 2, ClipMode::kExactGlobalNorm, shm::GradDtype::kF32);
   EXPECT_EQ(clipped32.step_staging_bytes, 4 * n);
   // The staging buffer is hostd's own memory, not a segment.
   EXPECT_EQ(clipped32.shm_bytes, plan.shm_bytes);
@@ -71,8 +70,8 @@ TEST(PlanJobMemory, CountsTheWorkersOffloadedLayerInputs) {
 TEST(PlanJobMemory, Qwen3_8BIsAboutFourteenBytesPerParam) {
   const ModelLayout layout = Layout("qwen3-8b");
   const JobMemoryPlan plan = PlanJobMemory(layout, shm::GradRingConfig{8, 64ull << 20}, 1, ClipMode::kNone);
-  const double gib_per_bparam = static_cast<double>(plan.job_segment_bytes) / kGiB /
-                                (static_cast<double>(layout.param_count()) / 1e9);
+  const double gib_per_bparam =
+      static_cast<double>(plan.job_segment_bytes) / kGiB / (static_cast<double>(layout.param_count()) / 1e9);
   EXPECT_NEAR(gib_per_bparam, 13.04, 0.05);
 }
 
@@ -80,7 +79,8 @@ TEST(PlanJobMemory, Qwen3_8BIsAboutFourteenBytesPerParam) {
 // rings, without host gradient staging (device staging or no clipping): 4B on 1 worker, 8B on 2.
 TEST(PlanJobMemory, DefaultRingsKeepHostMemoryWithinTheTarget) {
   const JobSpec spec;
-  for (const auto& [preset, workers] : {std::pair<const char*, int>{"qwen3-4b", 1}, {"qwen3-8b", 2}, {"qwen3-14b", 2}}) {
+  for (const auto& [preset, workers] :
+       {std::pair<const char*, int>{"qwen3-4b", 1}, {"qwen3-8b", 2}, {"qwen3-14b", 2}}) {
     const ModelLayout layout = Layout(preset);
     const shm::GradRingConfig ring = RingConfigFor(layout, spec.ring_slots, spec.chunk_bytes);
     const JobMemoryPlan plan = PlanJobMemory(layout, ring, workers, ClipMode::kNone, shm::GradDtype::kF32);
@@ -93,8 +93,7 @@ TEST(PlanJobMemory, DefaultRingsKeepHostMemoryWithinTheTarget) {
 }
 
 TEST(CheckAdmission, RefusesWithTheNumbersAndTheLimit) {
-  const JobMemoryPlan plan =
-      PlanJobMemory(Layout("qwen3-8b"), shm::GradRingConfig{8, 64ull << 20}, 1, ClipMode::kNone);
+  const JobMemoryPlan plan = PlanJobMemory(Layout("qwen3-8b"), shm::GradRingConfig{8, 64ull << 20}, 1, ClipMode::kNone);
   ASSERT_GT(plan.total_bytes, 100 * kGiB);
 
   HostMemoryInfo big{512 * kGiB, 400 * kGiB, 256 * kGiB, 250 * kGiB};
@@ -105,8 +104,7 @@ TEST(CheckAdmission, RefusesWithTheNumbersAndTheLimit) {
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_NE(s.message().find("host memory"), absl::string_view::npos) << s;
   EXPECT_NE(s.message().find("99.00 GiB is available"), absl::string_view::npos) << s;
-  EXPECT_NE(s.message().find(absl::StrFormat("%.2f GiB", plan.total_bytes / double(kGiB))),
-            absl::string_view::npos)
+  EXPECT_NE(s.message().find(absl::StrFormat("%.2f GiB", plan.total_bytes / double(kGiB))), absl::string_view::npos)
       << s;
 
   HostMemoryInfo small_shm{512 * kGiB, 400 * kGiB, 64 * kGiB, 63 * kGiB};

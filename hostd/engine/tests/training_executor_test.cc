@@ -54,7 +54,7 @@ float Grad(int t, int u, int64_t i) { return 0.01f * std::sin(0.001f * static_ca
 
 struct RankResult {
   v1::Assignment assignment;
-  std::string comm_id;  // what rank > 0 received
+  std::string comm_id;                     // what rank > 0 received
   std::vector<std::vector<float>> master;  // rank 0: the final master weights
   absl::Status status;
 };
@@ -170,7 +170,8 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
     w->reports().Push(rep);
   }
   for (int u = 0; u < units; ++u) {
-    absl::Status s = (*js)->version(u).WaitAtLeast(static_cast<uint32_t>(a.total_steps()), absl::Seconds(20), (*js)->abort());
+    absl::Status s =
+        (*js)->version(u).WaitAtLeast(static_cast<uint32_t>(a.total_steps()), absl::Seconds(20), (*js)->abort());
     if (!s.ok()) return fail(s);
   }
   if (rank == 0) {
@@ -292,7 +293,8 @@ TEST(TrainingExecutor, GpuRouteShardsGiveTheSameParametersAsOneRankWithTheWholeG
     EXPECT_FALSE(one.ranks[0].assignment.grad_reduction() == v1::GRAD_REDUCTION_GPU);  // one rank: the cpu route
     EXPECT_TRUE(one.ranks[0].assignment.membership_key().empty());
     for (int world : {2, 3}) {
-      JobRun sharded = RunJob(*ex, absl::StrCat("sharded", world, max_norm > 0), TinySpec(world, max_norm, "gpu"), Workers(world));
+      JobRun sharded =
+          RunJob(*ex, absl::StrCat("sharded", world, max_norm > 0), TinySpec(world, max_norm, "gpu"), Workers(world));
       ASSERT_TRUE(sharded.status.ok()) << sharded.status;
       EXPECT_TRUE(Reused(sharded));
       EXPECT_EQ(sharded.ranks[0].assignment.grad_reduction(), v1::GRAD_REDUCTION_GPU);
@@ -302,7 +304,7 @@ TEST(TrainingExecutor, GpuRouteShardsGiveTheSameParametersAsOneRankWithTheWholeG
       ASSERT_EQ(sharded.norms.size(), one.norms.size());
       for (size_t i = 0; i < one.norms.size(); ++i) EXPECT_NEAR(sharded.norms[i], one.norms[i], 1e-9 * one.norms[i]);
       if (max_norm > 0) {
-        EXPECT_GT(one.norms[0], max_norm);  // the clip coefficient is in play
+        EXPECT_GT(one.norms[0], max_norm);        // the clip coefficient is in play
         EXPECT_LE(d, 1e-6) << "world " << world;  // only the norm's summation order differs
       } else {
         EXPECT_EQ(d, 0.0) << "world " << world;  // the same gradients, applied elementwise

@@ -27,9 +27,8 @@ namespace cuda_backend_internal {
 absl::StatusOr<std::unique_ptr<DeviceBatch>> CudaBackend::UploadBatch(const MicroBatch& mb) {
   const int64_t T = mb.num_tokens();
   if (mb.labels.size() != mb.tokens.size() || mb.positions.size() != mb.tokens.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("micro-batch: ", mb.tokens.size(), " tokens but ",
-                                                   mb.labels.size(), " labels and ", mb.positions.size(),
-                                                   " positions"));
+    return absl::InvalidArgumentError(absl::StrCat("micro-batch: ", mb.tokens.size(), " tokens but ", mb.labels.size(),
+                                                   " labels and ", mb.positions.size(), " positions"));
   }
   if (mb.cu_seqlens.size() < 2 || mb.cu_seqlens.front() != 0 || mb.cu_seqlens.back() != T) {
     return absl::InvalidArgumentError(absl::StrCat("micro-batch: cu_seqlens must run from 0 to ", T));
@@ -47,10 +46,12 @@ absl::StatusOr<std::unique_ptr<DeviceBatch>> CudaBackend::UploadBatch(const Micr
   const int64_t V = config_.vocab_size;
   for (int64_t t = 0; t < T; ++t) {
     if (mb.tokens[t] < 0 || mb.tokens[t] >= V) {
-      return absl::InvalidArgumentError(absl::StrCat("micro-batch: token ", mb.tokens[t], " at ", t, " outside [0, ", V, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("micro-batch: token ", mb.tokens[t], " at ", t, " outside [0, ", V, ")"));
     }
     if (mb.labels[t] != kIgnoreIndex && (mb.labels[t] < 0 || mb.labels[t] >= V)) {
-      return absl::InvalidArgumentError(absl::StrCat("micro-batch: label ", mb.labels[t], " at ", t, " outside [0, ", V, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("micro-batch: label ", mb.labels[t], " at ", t, " outside [0, ", V, ")"));
     }
     if (mb.positions[t] < 0) return absl::InvalidArgumentError(absl::StrCat("micro-batch: negative position at ", t));
   }
@@ -124,10 +125,8 @@ int64_t CudaBackend::SavedBytesPerToken(ActPolicy policy) const {
     case ActPolicy::kKeepAll:
       // xn1, qkv, qr, kr, o, xn2, gu, act (BF16); h1 (residual dtype); rstd1, lse, rstd2 (FP32).
       return 2 * (H_ + qkv_ + qd_ + kvd_ + qd_ + H_ + 2 * I_ + I_) + act_bytes() * H_ + 4 * (1 + nq_ + 1);
-    case ActPolicy::kSelective:
-      return 2 * qd_ + 4 * nq_;
-    case ActPolicy::kRecomputeLayer:
-      return 0;
+    case ActPolicy::kSelective: return 2 * qd_ + 4 * nq_;
+    case ActPolicy::kRecomputeLayer: return 0;
   }
   return 0;
 }
@@ -137,7 +136,7 @@ int64_t CudaBackend::SavedBytesPerToken(ActPolicy policy) const {
 using cuda_backend_internal::CudaBackend;
 
 absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackendWithOptions(const Qwen3Config& config, int device,
-                                                                          const CudaBackendOptions& options) {
+                                                                           const CudaBackendOptions& options) {
   auto backend = std::make_unique<CudaBackend>(config, device, options);
   RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<ComputeBackend>(std::move(backend));

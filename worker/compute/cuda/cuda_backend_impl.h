@@ -359,14 +359,12 @@ class CudaBackend final : public ComputeBackend {
   }
   // cuDNN's workspace for this call, or nullopt when the own kernels run it (no cuDNN, or its
   // engines reject the shape: logged once per direction). Other cuDNN errors are returned.
-  absl::StatusOr<std::optional<int64_t>> CudnnWorkspace(AttnDir dir,
-                                                        const kernels::AttnArgs& a);
+  absl::StatusOr<std::optional<int64_t>> CudnnWorkspace(AttnDir dir, const kernels::AttnArgs& a);
   absl::Status AttentionForward(const CudaBatch& b, const LayerActs& a);
   // cudnn_ws: CudnnWorkspace(kBackward)'s answer for this call (ws holds that many bytes, or the
   // own kernels' workspace when it is empty).
   absl::Status AttentionBackward(const kernels::AttnArgs& a, const std::optional<int64_t>& cudnn_ws,
-                                 const LayerActs& acts, bf16* d_o, bf16* dq, bf16* dk,
-                                 bf16* dv, char* ws);
+                                 const LayerActs& acts, bf16* d_o, bf16* dq, bf16* dk, bf16* dv, char* ws);
 
   int device_;
   CudaBackendOptions options_;

@@ -63,8 +63,8 @@ absl::Status CudaBackend::StackedForward(const bf16_t* params, const StackedWeig
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Wgrad(const bf16* dy, int64_t dy_ld, const bf16* x, int64_t x_ld, int64_t T,
-                                int64_t out_rows, int64_t in_cols, float* dw) {
+absl::Status CudaBackend::Wgrad(const bf16* dy, int64_t dy_ld, const bf16* x, int64_t x_ld, int64_t T, int64_t out_rows,
+                                int64_t in_cols, float* dw) {
   GemmArgs g;
   g.op_a = GemmOp::kT;
   g.op_b = GemmOp::kN;
@@ -84,9 +84,9 @@ absl::Status CudaBackend::Wgrad(const bf16* dy, int64_t dy_ld, const bf16* x, in
   return gemm_.Run(g, stream_);
 }
 
-absl::Status CudaBackend::StackedBackward(const bf16_t* params, float* dparams, const StackedWeight& sw,
-                                          const bf16* dy, int64_t dy_ld, const bf16* x, int64_t T, int64_t K,
-                                          void* dx, GemmOutType dx_type) {
+absl::Status CudaBackend::StackedBackward(const bf16_t* params, float* dparams, const StackedWeight& sw, const bf16* dy,
+                                          int64_t dy_ld, const bf16* x, int64_t T, int64_t K, void* dx,
+                                          GemmOutType dx_type) {
   int64_t col = 0;
   for (size_t i = 0; i < sw.parts.size(); ++i) {
     const int64_t rows = sw.contiguous ? sw.rows : sw.parts[i].second;
@@ -137,8 +137,7 @@ absl::Status CudaBackend::ResidualGemm(const bf16* a, int64_t k, const bf16* w, 
   return gemm_.Run(g, stream_);
 }
 
-absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir,
-                                                                  const kernels::AttnArgs& a) {
+absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir, const kernels::AttnArgs& a) {
   const bool fwd = dir == AttnDir::kForward;
   if (cudnn_ == nullptr || (!fwd && options_.deterministic)) return std::optional<int64_t>();
   absl::StatusOr<int64_t> ws =
@@ -274,7 +273,8 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   c.Reserve(&dqr, T * qd_);
   c.Reserve(&dkr, T * kvd_);
   c.Reserve(&dqkv, T * qkv_);
-  c.Reserve(&ws_f, std::max(kernels::RmsNormBackwardWorkspaceNumel(T, H_), kernels::QkNormRopeBackwardWorkspaceNumel(rope)));
+  c.Reserve(&ws_f,
+            std::max(kernels::RmsNormBackwardWorkspaceNumel(T, H_), kernels::QkNormRopeBackwardWorkspaceNumel(rope)));
   ASSIGN_OR_RETURN(const std::optional<int64_t> cudnn_ws, CudnnWorkspace(AttnDir::kBackward, attn));
   c.Reserve(&ws_attn, cudnn_ws.has_value() ? *cudnn_ws : kernels::FlashAttentionBackwardWorkspaceBytes(attn));
   RETURN_IF_ERROR(c.Alloc(block, stream_));
@@ -314,8 +314,8 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   RETURN_IF_ERROR(kernels::SwiGluBackward(acts.gu, dact, T, I_, dgu, stream_));
   RETURN_IF_ERROR(StackedBackward(params.bf16, dparams, gu_w_, dgu, 2 * I_, acts.xn2, T, H_, dxn, act_gemm_type()));
   // dh1 = dy + RMSNorm2ᵀ(dxn)
-  RETURN_IF_ERROR(NormBackward(dxn, acts.h1, Norm(params, kPostNorm), acts.rstd2, dy, T, dh1, dparams + off_[kPostNorm],
-                               ws_f));
+  RETURN_IF_ERROR(
+      NormBackward(dxn, acts.h1, Norm(params, kPostNorm), acts.rstd2, dy, T, dh1, dparams + off_[kPostNorm], ws_f));
   // Attention block: h1 = x + o · Woᵀ
   {
     const bf16* dh1_g = static_cast<const bf16*>(dh1);
@@ -342,21 +342,21 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
     const NormW qn = Norm(params, kQNorm), kn = Norm(params, kKNorm);
     float* dqn = dparams + off_[kQNorm];
     float* dkn = dparams + off_[kKNorm];
-    RETURN_IF_ERROR(qn.f != nullptr ? kernels::QkNormRopeBackward(rope, dqr, dkr, acts.qkv, qkv_, qn.f, kn.f, b.positions_,
-                                                                  dqkv, qkv_, dqn, dkn, ws_f, stream_)
-                                    : kernels::QkNormRopeBackward(rope, dqr, dkr, acts.qkv, qkv_, qn.b, kn.b, b.positions_,
-                                                                  dqkv, qkv_, dqn, dkn, ws_f, stream_));
+    RETURN_IF_ERROR(qn.f != nullptr ? kernels::QkNormRopeBackward(rope, dqr, dkr, acts.qkv, qkv_, qn.f, kn.f,
+                                                                  b.positions_, dqkv, qkv_, dqn, dkn, ws_f, stream_)
+                                    : kernels::QkNormRopeBackward(rope, dqr, dkr, acts.qkv, qkv_, qn.b, kn.b,
+                                                                  b.positions_, dqkv, qkv_, dqn, dkn, ws_f, stream_));
   }
   RETURN_IF_ERROR(StackedBackward(params.bf16, dparams, qkv_w_, dqkv, qkv_, acts.xn1, T, H_, dxn, act_gemm_type()));
   // dx = dh1 + RMSNorm1ᵀ(dxn)   (dx may alias dy: dy is no longer read)
-  RETURN_IF_ERROR(NormBackward(dxn, x, Norm(params, kInputNorm), acts.rstd1, dh1, T, dx, dparams + off_[kInputNorm],
-                               ws_f));
+  RETURN_IF_ERROR(
+      NormBackward(dxn, x, Norm(params, kInputNorm), acts.rstd1, dh1, T, dx, dparams + off_[kInputNorm], ws_f));
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::HeadForwardBackward(const UnitParams& norm_params, const bf16_t* lm_head_w,
-                                              const DeviceBatch& batch, const void* x, float loss_scale,
-                                              void* dx, float* dnorm, float* dlm_head, float* loss_sum) {
+                                              const DeviceBatch& batch, const void* x, float loss_scale, void* dx,
+                                              float* dnorm, float* dlm_head, float* loss_sum) {
   const auto& b = static_cast<const CudaBatch&>(batch);
   const int64_t T = b.num_tokens_, V = config_.vocab_size;
   if (T == 0) return absl::OkStatus();

@@ -57,10 +57,11 @@ class PoolBlock {
       size_t free_bytes = 0, total_bytes = 0;
       cudaMemGetInfo(&free_bytes, &total_bytes);
       p_ = nullptr;
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "GPU memory exhausted: needed %.2f GiB more, %.2f GiB free of %.2f GiB; "
-          "lower the tokens per step per worker (train.global_batch), raise runtime.offload_ratio, or use runtime.act_policy: recompute or a smaller train.micro_batch",
-          bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0));
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("GPU memory exhausted: needed %.2f GiB more, %.2f GiB free of %.2f GiB; "
+                          "lower the tokens per step per worker (train.global_batch), raise runtime.offload_ratio, or "
+                          "use runtime.act_policy: recompute or a smaller train.micro_batch",
+                          bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0));
     }
     SLIDEDP_CUDA_RETURN_IF_ERROR(e);
     return absl::OkStatus();

@@ -31,8 +31,14 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kerne
   Dev<bf16> o(T * ldq), dq(T * ldq), dk(T * ldk), dv(T * ldv);
   Dev<float> lse(nq * T);
   kernels::AttnArgs a;
-  a.tokens = T; a.num_docs = docs.size(); a.max_seqlen = max_len; a.num_q_heads = nq; a.num_kv_heads = nkv;
-  a.head_dim = hd; a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd)); a.cu_seqlens = dcu.get();
+  a.tokens = T;
+  a.num_docs = docs.size();
+  a.max_seqlen = max_len;
+  a.num_q_heads = nq;
+  a.num_kv_heads = nkv;
+  a.head_dim = hd;
+  a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  a.cu_seqlens = dcu.get();
   a.bwd_split = split;
   a.ordered_dq = ordered;
   // The backward's three outputs as bits (for the repeatability checks); empty on a copy error.
@@ -84,8 +90,8 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kerne
                              lse.get(), ws.get(), nullptr));
     ASSERT_CUDA_OK(cudaDeviceSynchronize());
     ASSERT_OK(cudnn->Backward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv}, {o.get(), ldq},
-                              lse.get(), {ddo->get(), ldq}, {dq.get(), ldq}, {dk.get(), ldk}, {dv.get(), ldv},
-                              ws.get(), nullptr));
+                              lse.get(), {ddo->get(), ldq}, {dq.get(), ldq}, {dk.get(), ldk}, {dv.get(), ldv}, ws.get(),
+                              nullptr));
     ASSERT_CUDA_OK(cudaDeviceSynchronize());
     // Whether more backwards on the same inputs give the same bits: reported, not checked (cuDNN
     // 9.19's Hopper engines add dQ with atomics; small cases are usually repeatable anyway).
@@ -117,14 +123,20 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kerne
           m = std::max(m, s * sc);
         }
         double sum = 0;
-        for (auto& x : p) { x = std::exp(x - m); sum += x; }
+        for (auto& x : p) {
+          x = std::exp(x - m);
+          sum += x;
+        }
         rl[h * T + i] = m + std::log(sum);
         for (auto& x : p) x /= sum;
         std::vector<double> oo(hd, 0), dp(p.size());
         for (int64_t j = cu[d]; j <= i; ++j)
           for (int c = 0; c < hd; ++c) oo[c] += p[j - cu[d]] * v[j * ldv + kh * hd + c];
         double D = 0;
-        for (int c = 0; c < hd; ++c) { ro[i * ldq + h * hd + c] = oo[c]; D += oo[c] * dout[i * ldq + h * hd + c]; }
+        for (int c = 0; c < hd; ++c) {
+          ro[i * ldq + h * hd + c] = oo[c];
+          D += oo[c] * dout[i * ldq + h * hd + c];
+        }
         for (int64_t j = cu[d]; j <= i; ++j) {
           double x = 0;
           for (int c = 0; c < hd; ++c) x += dout[i * ldq + h * hd + c] * v[j * ldv + kh * hd + c];
@@ -140,9 +152,12 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kerne
   std::vector<double> gdv, rdv;
   auto gv = DownBf16(dv.get(), T * ldv);
   for (int64_t t = 0; t < T; ++t)
-    for (int c = 0; c < nkv * hd; ++c) { gdv.push_back(gv[t * ldv + c]); rdv.push_back(rdv_full[t * ldv + c]); }
-  std::string tag = " (hd=" + std::to_string(hd) + " " + std::to_string(nq) + "/" + std::to_string(nkv) +
-                    " heads, " + std::to_string(docs.size()) + " docs, T=" + std::to_string(T) +
+    for (int c = 0; c < nkv * hd; ++c) {
+      gdv.push_back(gv[t * ldv + c]);
+      rdv.push_back(rdv_full[t * ldv + c]);
+    }
+  std::string tag = " (hd=" + std::to_string(hd) + " " + std::to_string(nq) + "/" + std::to_string(nkv) + " heads, " +
+                    std::to_string(docs.size()) + " docs, T=" + std::to_string(T) +
                     (split == kernels::AttnArgs::BwdSplit::kPerKvHead  ? ", per-kv-head"
                      : split == kernels::AttnArgs::BwdSplit::kPerQHead ? ", per-q-head"
                                                                        : "") +

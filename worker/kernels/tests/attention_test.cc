@@ -32,7 +32,9 @@ std::string Name(const AttnCase& c) {
   const int T = std::accumulate(c.docs.begin(), c.docs.end(), 0);
   return "Hd" + std::to_string(c.hd) + "_Heads" + std::to_string(c.nq) + "x" + std::to_string(c.nkv) + "_T" +
          std::to_string(T) +
-         (c.split == Split::kPerKvHead ? "_PerKvHead" : c.split == Split::kPerQHead ? "_PerQHead" : "") +
+         (c.split == Split::kPerKvHead  ? "_PerKvHead"
+          : c.split == Split::kPerQHead ? "_PerQHead"
+                                        : "") +
          (c.ordered ? "_OrderedDq" : "");
 }
 std::string CaseName(const ::testing::TestParamInfo<AttnCase>& info) { return Name(info.param); }
@@ -45,28 +47,25 @@ TEST_P(AttentionGpuTest, MatchesReference) {
   CheckAttention(c.hd, c.nq, c.nkv, c.docs, c.split, nullptr, c.ordered);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Atomic, AttentionGpuTest,
-    ::testing::Values(AttnCase{128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerKvHead},
-                      AttnCase{128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerQHead},
-                      AttnCase{128, 8, 1, {64, 192}, Split::kPerKvHead},
-                      AttnCase{128, 8, 1, {64, 192}, Split::kPerQHead},
-                      AttnCase{64, 4, 2, {64, 129, 31}, Split::kPerKvHead},
-                      AttnCase{64, 4, 2, {64, 129, 31}, Split::kPerQHead},
-                      AttnCase{128, 2, 2, {300, 17}},
-                      AttnCase{16, 4, 2, {17, 40}},
-                      AttnCase{48, 2, 2, {33}}),
-    CaseName);
+INSTANTIATE_TEST_SUITE_P(Atomic, AttentionGpuTest,
+                         ::testing::Values(AttnCase{128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerKvHead},
+                                           AttnCase{128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerQHead},
+                                           AttnCase{128, 8, 1, {64, 192}, Split::kPerKvHead},
+                                           AttnCase{128, 8, 1, {64, 192}, Split::kPerQHead},
+                                           AttnCase{64, 4, 2, {64, 129, 31}, Split::kPerKvHead},
+                                           AttnCase{64, 4, 2, {64, 129, 31}, Split::kPerQHead},
+                                           AttnCase{128, 2, 2, {300, 17}}, AttnCase{16, 4, 2, {17, 40}},
+                                           AttnCase{48, 2, 2, {33}}),
+                         CaseName);
 
 // Ordered dQ (SLIDEDP_DETERMINISTIC): both work splits, both head dims, 1-token documents, and
 // training-sized documents where many key blocks add into each query block.
-INSTANTIATE_TEST_SUITE_P(
-    OrderedDq, AttentionGpuTest,
-    ::testing::Values(AttnCase{128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerKvHead, true},
-                      AttnCase{128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerQHead, true},
-                      AttnCase{64, 4, 2, {64, 129, 31}, Split::kAuto, true},
-                      AttnCase{128, 8, 2, {1024, 900, 700}, Split::kAuto, true}),
-    CaseName);
+INSTANTIATE_TEST_SUITE_P(OrderedDq, AttentionGpuTest,
+                         ::testing::Values(AttnCase{128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerKvHead, true},
+                                           AttnCase{128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerQHead, true},
+                                           AttnCase{64, 4, 2, {64, 129, 31}, Split::kAuto, true},
+                                           AttnCase{128, 8, 2, {1024, 900, 700}, Split::kAuto, true}),
+                         CaseName);
 
 }  // namespace
 }  // namespace slidedp

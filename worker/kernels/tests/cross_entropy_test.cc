@@ -10,9 +10,9 @@
 #include <random>
 #include <vector>
 
+#include "gtest/gtest.h"
 #include "worker/compute/backend.h"
 #include "worker/kernels/reductions.h"
-#include "gtest/gtest.h"
 #include "worker/kernels/tests/gpu_test.h"
 #include "worker/kernels/tests/kernel_test_util.h"
 

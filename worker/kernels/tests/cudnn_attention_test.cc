@@ -45,15 +45,14 @@ TEST_P(CudnnAttentionGpuTest, MatchesReference) {
   CheckAttention(c.hd, c.nq, c.nkv, c.docs, kernels::AttnArgs::BwdSplit::kAuto, cudnn->get());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Cases, CudnnAttentionGpuTest,
-    ::testing::Values(CudnnCase{128, 4, 2, {1, 130, 67, 200, 5}}, CudnnCase{128, 8, 1, {64, 192}},
-                      CudnnCase{128, 2, 2, {300, 17}}, CudnnCase{64, 4, 2, {64, 129, 31}},
-                      CudnnCase{16, 4, 2, {17, 40}},
-                      // Training-sized documents: many key/value tiles per query tile, where an
-                      // engine that adds dQ with atomics shows up as not repeatable.
-                      CudnnCase{128, 8, 2, {1024, 900, 700}}),
-    CaseName);
+INSTANTIATE_TEST_SUITE_P(Cases, CudnnAttentionGpuTest,
+                         ::testing::Values(CudnnCase{128, 4, 2, {1, 130, 67, 200, 5}}, CudnnCase{128, 8, 1, {64, 192}},
+                                           CudnnCase{128, 2, 2, {300, 17}}, CudnnCase{64, 4, 2, {64, 129, 31}},
+                                           CudnnCase{16, 4, 2, {17, 40}},
+                                           // Training-sized documents: many key/value tiles per query tile, where an
+                                           // engine that adds dQ with atomics shows up as not repeatable.
+                                           CudnnCase{128, 8, 2, {1024, 900, 700}}),
+                         CaseName);
 
 }  // namespace
 }  // namespace slidedp

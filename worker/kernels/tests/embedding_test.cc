@@ -36,12 +36,18 @@ void CheckEmbedding() {
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return tok[a] < tok[b]; });
   std::vector<int32_t> uniq, seg;
   for (int i = 0; i < T; ++i)
-    if (i == 0 || tok[order[i]] != tok[order[i - 1]]) { uniq.push_back(tok[order[i]]); seg.push_back(i); }
+    if (i == 0 || tok[order[i]] != tok[order[i - 1]]) {
+      uniq.push_back(tok[order[i]]);
+      seg.push_back(i);
+    }
   seg.push_back(T);
   std::unique_ptr<Dev<bf16>> dtab(NewBf16(table));
   std::unique_ptr<Dev<TA>> ddout(NewAct<TA>(dout));
   Dev<int32_t> dtok(T), duniq(uniq.size()), dseg(seg.size()), dord(T);
-  Upload(dtok, tok); Upload(duniq, uniq); Upload(dseg, seg); Upload(dord, order);
+  Upload(dtok, tok);
+  Upload(duniq, uniq);
+  Upload(dseg, seg);
+  Upload(dord, order);
   Dev<TA> out(T * H);
   Dev<float> acc(V * H);
   Upload(acc, ToF32(acc0));

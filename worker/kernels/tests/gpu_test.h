@@ -19,15 +19,15 @@
 #include "gtest/gtest.h"
 #include "worker/kernels/tests/kernel_test_util.h"
 
-#define ASSERT_OK(expr)                                                        \
-  do {                                                                         \
-    const absl::Status slidedp_st_ = (expr);                                   \
+#define ASSERT_OK(expr)                                                         \
+  do {                                                                          \
+    const absl::Status slidedp_st_ = (expr);                                    \
     ASSERT_TRUE(slidedp_st_.ok()) << #expr << " -> " << slidedp_st_.ToString(); \
   } while (0)
 
-#define ASSERT_CUDA_OK(expr)                                                                      \
-  do {                                                                                            \
-    const cudaError_t slidedp_err_ = (expr);                                                      \
+#define ASSERT_CUDA_OK(expr)                                                                     \
+  do {                                                                                           \
+    const cudaError_t slidedp_err_ = (expr);                                                     \
     ASSERT_EQ(slidedp_err_, cudaSuccess) << #expr << " -> " << cudaGetErrorString(slidedp_err_); \
   } while (0)
 

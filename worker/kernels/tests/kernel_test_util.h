@@ -54,7 +54,10 @@ struct Dev {
   ~Dev() { cudaFree(p); }
   Dev(const Dev&) = delete;
   // BF16 0xFFFF and FP32 0xFFFFFFFF are NaN.
-  void Poison() { cudaMemset(p, 0xFF, n * sizeof(T)); cudaDeviceSynchronize(); }
+  void Poison() {
+    cudaMemset(p, 0xFF, n * sizeof(T));
+    cudaDeviceSynchronize();
+  }
   T* get() const { return p; }
 };
 

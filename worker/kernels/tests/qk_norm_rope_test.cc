@@ -45,7 +45,12 @@ void CheckQkRope(int hd) {
   Upload(dpos, pos);
   Dev<bf16> qo(T * nq * hd), ko(T * nkv * hd), dqkv(T * ld);
   kernels::RopeArgs a;
-  a.tokens = T; a.num_q_heads = nq; a.num_kv_heads = nkv; a.head_dim = hd; a.eps = eps; a.theta = theta;
+  a.tokens = T;
+  a.num_q_heads = nq;
+  a.num_kv_heads = nkv;
+  a.head_dim = hd;
+  a.eps = eps;
+  a.theta = theta;
   Dev<float> accq(hd), acck(hd), ws(kernels::QkNormRopeBackwardWorkspaceNumel(a));
   Upload(accq, ToF32(dqw0));
   Upload(acck, ToF32(dkw0));
@@ -63,18 +68,27 @@ void CheckQkRope(int hd) {
       const double* xw = isq ? qw.data() : kw.data();
       std::vector<double> xv(hd), n(hd), out(hd), g(hd), dn(hd), c(half), s(half);
       double ss = 0;
-      for (int i = 0; i < hd; ++i) { xv[i] = qkv[t * ld + h * hd + i]; ss += xv[i] * xv[i]; }
+      for (int i = 0; i < hd; ++i) {
+        xv[i] = qkv[t * ld + h * hd + i];
+        ss += xv[i] * xv[i];
+      }
       const double r = 1.0 / std::sqrt(ss / hd + eps);
       for (int i = 0; i < hd; ++i) n[i] = xv[i] * r * xw[i];
       for (int i = 0; i < half; ++i) {
         const double ang = pos[t] / std::pow(theta, 2.0 * i / hd);
-        c[i] = std::cos(ang); s[i] = std::sin(ang);
+        c[i] = std::cos(ang);
+        s[i] = std::sin(ang);
         out[i] = n[i] * c[i] - n[i + half] * s[i];
         out[i + half] = n[i + half] * c[i] + n[i] * s[i];
       }
       for (int i = 0; i < hd; ++i) {
-        if (isq) { rq[t * nq * hd + h * hd + i] = out[i]; g[i] = gq[t * nq * hd + h * hd + i]; }
-        else { rk[t * nkv * hd + (h - nq) * hd + i] = out[i]; g[i] = gk[t * nkv * hd + (h - nq) * hd + i]; }
+        if (isq) {
+          rq[t * nq * hd + h * hd + i] = out[i];
+          g[i] = gq[t * nq * hd + h * hd + i];
+        } else {
+          rk[t * nkv * hd + (h - nq) * hd + i] = out[i];
+          g[i] = gk[t * nkv * hd + (h - nq) * hd + i];
+        }
       }
       for (int i = 0; i < half; ++i) {
         dn[i] = g[i] * c[i] + g[i + half] * s[i];

@@ -28,8 +28,8 @@ void CheckRmsNorm() {
   const int64_t R = 333, H = 264;
   const double eps = 1e-6;
   constexpr bool f32w = std::is_same_v<TW, float>;
-  auto x = RandVec(R * H, 1.5), w = f32w ? RandF32NormWeights(H, 0.2, 1.0) : RandVec(H, 0.2, 1.0),
-       dy = RandVec(R * H), dres = RandVec(R * H), dw0 = RandVec(H);
+  auto x = RandVec(R * H, 1.5), w = f32w ? RandF32NormWeights(H, 0.2, 1.0) : RandVec(H, 0.2, 1.0), dy = RandVec(R * H),
+       dres = RandVec(R * H), dw0 = RandVec(H);
   std::unique_ptr<Dev<TW>> dw_(NewAct<TW>(w));
   std::unique_ptr<Dev<TA>> dx_(NewAct<TA>(x)), ddy(NewAct<TA>(dy)), ddres(NewAct<TA>(dres));
   Dev<bf16> y(R * H);
@@ -70,7 +70,10 @@ void CheckRmsNorm() {
     // >= 1.4e-3, while the element-wise errors stay inside 5e-3). dx without the residual grad,
     // so that dres does not dilute the weight's part.
     std::vector<double> got_dn(R * H), ref_dn(R * H);
-    for (int64_t i = 0; i < R * H; ++i) { got_dn[i] = got_dx[i] - dres[i]; ref_dn[i] = rdx[i] - dres[i]; }
+    for (int64_t i = 0; i < R * H; ++i) {
+      got_dn[i] = got_dx[i] - dres[i];
+      ref_dn[i] = rdx[i] - dres[i];
+    }
     const std::vector<double> ones(H, 1.0);
     ExpectRelErr("rmsnorm fwd y per-column gain" + tag, ColumnGain(got_y, ry, H), ones, 6e-4);
     ExpectRelErr("rmsnorm bwd dx - dres per-column gain" + tag, ColumnGain(got_dn, ref_dn, H), ones, 6e-4);

@@ -174,15 +174,18 @@ void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp
   auto ref_dp = GetF(*p.cpu, (*dpc)->data(), unit.numel);
 
   for (ActPolicy pol : {ActPolicy::kKeepAll, ActPolicy::kSelective, ActPolicy::kRecomputeLayer}) {
-    const char* pname = pol == ActPolicy::kKeepAll ? "keep-all" : pol == ActPolicy::kSelective ? "selective" : "recompute";
-    cudaMemset(y.g->data(), 0xFF, T * H * AB); cudaDeviceSynchronize();
+    const char* pname = pol == ActPolicy::kKeepAll     ? "keep-all"
+                        : pol == ActPolicy::kSelective ? "selective"
+                                                       : "recompute";
+    cudaMemset(y.g->data(), 0xFF, T * H * AB);
+    cudaDeviceSynchronize();
     std::unique_ptr<SavedActivations> sg;
     ASSERT_OK(p.gpu->DecoderForward(PG, **bg, x.g->data(), y.g->data(), pol, &sg));
     ASSERT_OK(p.gpu->Synchronize());
     const bool bytes_ok = sg->bytes() >= p.gpu->SavedBytesPerToken(pol) * T;
     std::printf("%s  %-58s saved=%lld B, %lld B/token\n", bytes_ok ? "PASS" : "FAIL",
-                (label + " saved bytes >= SavedBytesPerToken·T " + pname).c_str(),
-                static_cast<long long>(sg->bytes()), static_cast<long long>(p.gpu->SavedBytesPerToken(pol)));
+                (label + " saved bytes >= SavedBytesPerToken·T " + pname).c_str(), static_cast<long long>(sg->bytes()),
+                static_cast<long long>(p.gpu->SavedBytesPerToken(pol)));
     EXPECT_GE(sg->bytes(), p.gpu->SavedBytesPerToken(pol) * T)
         << label << " saved bytes >= SavedBytesPerToken·T " << pname;
     ExpectRelErr(label + " layer fwd y [" + pname + "]", GetG(p, *y.g, T * H), ref_y, 1.5e-2);
@@ -192,9 +195,11 @@ void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp
     // dx aliases a copy of dy (the interface allows it) on the recompute run.
     void* dx_ptr = dx.g->data();
     if (pol == ActPolicy::kRecomputeLayer) {
-      cudaMemcpy(dx.g->data(), dy.g->data(), T * H * AB, cudaMemcpyDeviceToDevice); cudaDeviceSynchronize();
+      cudaMemcpy(dx.g->data(), dy.g->data(), T * H * AB, cudaMemcpyDeviceToDevice);
+      cudaDeviceSynchronize();
     } else {
-      cudaMemset(dx.g->data(), 0xFF, T * H * AB); cudaDeviceSynchronize();
+      cudaMemset(dx.g->data(), 0xFF, T * H * AB);
+      cudaDeviceSynchronize();
     }
     ASSERT_OK(p.gpu->DecoderBackward(PG, **bg, x.g->data(), pol == ActPolicy::kRecomputeLayer ? nullptr : sg.get(),
                                      pol == ActPolicy::kRecomputeLayer ? dx_ptr : dy.g->data(), dx_ptr,
@@ -221,7 +226,8 @@ void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp
     ASSERT_OK(tc.status());
     ASSERT_OK(p.gpu->CopyToDevice(tb.data(), (*tg)->data(), tb.size() * 2));
     ASSERT_OK(p.cpu->CopyToDevice(tb.data(), (*tc)->data(), tb.size() * 2));
-    cudaMemset(y.g->data(), 0xFF, T * H * AB); cudaDeviceSynchronize();
+    cudaMemset(y.g->data(), 0xFF, T * H * AB);
+    cudaDeviceSynchronize();
     ASSERT_OK(p.gpu->EmbeddingForward((*tg)->as<bf16_t>(), **bg, y.g->data()));
     ASSERT_OK(p.cpu->EmbeddingForward((*tc)->as<bf16_t>(), **bc, y.c->data()));
     ASSERT_OK(p.gpu->Synchronize());
@@ -251,7 +257,8 @@ void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp
     ASSERT_OK(p.gpu->EmbeddingBackward(dy.g->data(), **bg, (*eg)->as<float>()));
     ASSERT_OK(p.cpu->EmbeddingBackward(dy.c->data(), **bc, (*ec)->as<float>()));
     ASSERT_OK(p.gpu->Synchronize());
-    ExpectRelErr(label + " embedding bwd", GetF(*p.gpu, (*eg)->data(), V * H), GetF(*p.cpu, (*ec)->data(), V * H), 1e-5);
+    ExpectRelErr(label + " embedding bwd", GetF(*p.gpu, (*eg)->data(), V * H), GetF(*p.cpu, (*ec)->data(), V * H),
+                 1e-5);
   }
   // Head: final norm + LM head + CE, forward and backward.
   {
@@ -260,7 +267,10 @@ void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp
     auto nb = ToBf16(nw), lb = ToBf16(lw);
     auto ng = p.gpu->Allocate(H * 2), nc = p.cpu->Allocate(H * 2), lg = p.gpu->Allocate(V * H * 2),
          lc = p.cpu->Allocate(V * H * 2);
-    ASSERT_OK(ng.status()); ASSERT_OK(nc.status()); ASSERT_OK(lg.status()); ASSERT_OK(lc.status());
+    ASSERT_OK(ng.status());
+    ASSERT_OK(nc.status());
+    ASSERT_OK(lg.status());
+    ASSERT_OK(lc.status());
     ASSERT_OK(p.gpu->CopyToDevice(nb.data(), (*ng)->data(), H * 2));
     ASSERT_OK(p.cpu->CopyToDevice(nb.data(), (*nc)->data(), H * 2));
     ASSERT_OK(p.gpu->CopyToDevice(lb.data(), (*lg)->data(), V * H * 2));
@@ -268,11 +278,16 @@ void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp
     const float loss_scale = 1.0f / static_cast<float>(mb.num_trained());
     auto dn_g = p.gpu->Allocate(H * 4), dn_c = p.cpu->Allocate(H * 4), dl_g = p.gpu->Allocate(V * H * 4),
          dl_c = p.cpu->Allocate(V * H * 4), ls_g = p.gpu->Allocate(4), ls_c = p.cpu->Allocate(4);
-    ASSERT_OK(dn_g.status()); ASSERT_OK(dn_c.status()); ASSERT_OK(dl_g.status()); ASSERT_OK(dl_c.status());
-    ASSERT_OK(ls_g.status()); ASSERT_OK(ls_c.status());
+    ASSERT_OK(dn_g.status());
+    ASSERT_OK(dn_c.status());
+    ASSERT_OK(dl_g.status());
+    ASSERT_OK(dl_c.status());
+    ASSERT_OK(ls_g.status());
+    ASSERT_OK(ls_c.status());
     for (auto* b : {dn_g->get(), dl_g->get(), ls_g->get()}) ASSERT_OK(p.gpu->Memset(*b, 0));
     for (auto* b : {dn_c->get(), dl_c->get(), ls_c->get()}) ASSERT_OK(p.cpu->Memset(*b, 0));
-    cudaMemset(dx.g->data(), 0xFF, T * H * AB); cudaDeviceSynchronize();
+    cudaMemset(dx.g->data(), 0xFF, T * H * AB);
+    cudaDeviceSynchronize();
     ASSERT_OK(p.gpu->HeadForwardBackward((*ng)->as<bf16_t>(), (*lg)->as<bf16_t>(), **bg, x.g->data(), loss_scale,
                                          dx.g->data(), (*dn_g)->as<float>(), (*dl_g)->as<float>(),
                                          (*ls_g)->as<float>()));
@@ -283,7 +298,8 @@ void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp
     ExpectRelErr(label + " head loss", GetF(*p.gpu, (*ls_g)->data(), 1), GetF(*p.cpu, (*ls_c)->data(), 1), 2e-3);
     ExpectRelErr(label + " head dx", GetG(p, *dx.g, T * H), GetF(*p.cpu, dx.c->data(), T * H), 3e-2);
     ExpectRelErr(label + " head dnorm", GetF(*p.gpu, (*dn_g)->data(), H), GetF(*p.cpu, (*dn_c)->data(), H), 3e-2);
-    ExpectRelErr(label + " head dlm_head", GetF(*p.gpu, (*dl_g)->data(), V * H), GetF(*p.cpu, (*dl_c)->data(), V * H), 3e-2);
+    ExpectRelErr(label + " head dlm_head", GetF(*p.gpu, (*dl_g)->data(), V * H), GetF(*p.cpu, (*dl_c)->data(), V * H),
+                 3e-2);
   }
 }
 
@@ -311,10 +327,18 @@ TEST_P(CudaBackendGpuTest, MatchesCpuBackend) {
     if (!cudnn.ok()) GTEST_SKIP() << "cudnn attention: " << cudnn.status().ToString();
   }
   Qwen3Config c;
-  c.hidden_size = 256; c.num_hidden_layers = 1; c.num_attention_heads = 4; c.num_key_value_heads = 2;
-  c.head_dim = 64; c.intermediate_size = 384; c.vocab_size = 1000; c.tie_word_embeddings = false;
+  c.hidden_size = 256;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 64;
+  c.intermediate_size = 384;
+  c.vocab_size = 1000;
+  c.tie_word_embeddings = false;
   Qwen3Config c128 = c;
-  c128.head_dim = 128; c128.num_attention_heads = 4; c128.num_key_value_heads = 1;
+  c128.head_dim = 128;
+  c128.num_attention_heads = 4;
+  c128.num_key_value_heads = 1;
   // The FP32 norm weights (the workers' default) with cuDNN (the default attention).
   const bool norms = b.attention == Attention::kCudnn;
   const std::string model = b.model;
@@ -336,8 +360,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BackendCase{"mini128", false, Attention::kOwn}, BackendCase{"tiny", false, Attention::kOwn},
                       BackendCase{"mini64", true, Attention::kCudnn}, BackendCase{"mini128", true, Attention::kCudnn},
                       BackendCase{"tiny", true, Attention::kCudnn}, BackendCase{"mini64", false, Attention::kCudnn},
-                      BackendCase{"mini128", false, Attention::kCudnn},
-                      BackendCase{"tiny", false, Attention::kCudnn}),
+                      BackendCase{"mini128", false, Attention::kCudnn}, BackendCase{"tiny", false, Attention::kCudnn}),
     CaseName);
 
 }  // namespace
