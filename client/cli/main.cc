@@ -11,6 +11,7 @@
 #include "client/cli/client.h"
 #include "client/cli/embedded.h"
 #include "client/prepare/prepare.h"
+#include "common/io/small_file.h"
 #include "common/jobspec/job_spec.h"
 
 namespace sc = slidedp::client;
@@ -22,12 +23,10 @@ int Fail(const absl::Status& s) {
   return sc::ExitCodeFor(s);
 }
 
+// A job spec: a regular file of at most kMaxSpecBytes (what hostd parses), refused here with
+// that figure rather than by gRPC's message limit.
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError("cannot read " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return slidedp::ReadSmallFile(path, slidedp::kMaxSpecBytes, "job spec");
 }
 
 int SubmitAndMaybeWatch(sc::Client& client, const std::string& spec_path, const std::string& job_id,

@@ -1,6 +1,8 @@
 // Dataset writer (streaming, atomic publish) and reader (mmap, validated before training).
 #include "common/data/dataset.h"
 
+#include "common/io/small_file.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -300,14 +302,13 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(const std::st
   std::unique_ptr<DatasetReader> r(new DatasetReader());
   r->dir_ = dir;
   const std::string manifest_path = absl::StrCat(dir, "/", kManifestFile);
-  std::ifstream in(manifest_path);
-  if (!in) {
+  absl::StatusOr<std::string> text = ReadSmallFile(manifest_path, kMaxManifestFileBytes, "dataset manifest");
+  if (absl::IsNotFound(text.status())) {
     return absl::NotFoundError(absl::StrCat("dataset ", dir, ": cannot open ", kManifestFile,
                                             " (is this a directory written by slidedp prepare?)"));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (!text.ok()) return text.status();
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::DataLossError(absl::StrCat(manifest_path, ": not valid JSON"));
   ASSIGN_OR_RETURN(r->manifest_, Manifest::FromJson(j, manifest_path));
   const Manifest& m = r->manifest_;

@@ -4,8 +4,10 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status/status_macros.h"
@@ -18,7 +20,10 @@ namespace fs = std::filesystem;
 using Setter = std::function<absl::Status(const YAML::Node&, const std::string& path, JobSpec&)>;
 
 absl::Status TypeError(const std::string& path, const char* want, const YAML::Node& n) {
-  std::string got = n.IsScalar() ? absl::StrCat("'", n.Scalar(), "'") : n.IsSequence() ? "a list" : n.IsMap() ? "a map" : "null";
+  std::string got = n.IsScalar()     ? absl::StrCat("'", n.Scalar(), "'")
+                    : n.IsSequence() ? "a list"
+                    : n.IsMap()      ? "a map"
+                                     : "null";
   return absl::InvalidArgumentError(absl::StrCat(path, ": expected ", want, ", got ", got));
 }
 
@@ -104,14 +109,17 @@ Setter Enum(E JobSpec::*field, std::vector<std::pair<std::string, E>> names) {
       }
       known.push_back(name);
     }
-    return absl::InvalidArgumentError(absl::StrCat(path, ": unknown value '", v, "' (one of: ", absl::StrJoin(known, ", "), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": unknown value '", v, "' (one of: ", absl::StrJoin(known, ", "), ")"));
   };
 }
 
 const std::map<std::string, std::map<std::string, Setter>>& Schema() {
   static const auto* schema = new std::map<std::string, std::map<std::string, Setter>>{
       {"model",
-       {{"path", Str(&JobSpec::model_path)}, {"preset", Str(&JobSpec::model_preset)}, {"init_seed", U64(&JobSpec::init_seed)}}},
+       {{"path", Str(&JobSpec::model_path)},
+        {"preset", Str(&JobSpec::model_preset)},
+        {"init_seed", U64(&JobSpec::init_seed)}}},
       {"data", {{"path", Str(&JobSpec::data_path)}}},
       {"output",
        {{"dir", Str(&JobSpec::output_dir)},
@@ -135,28 +143,31 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"weight_decay", Real(&JobSpec::weight_decay, 0, 1e3)}}},
       {"schedule",
        {{"kind", Enum<ScheduleKind>(&JobSpec::schedule, {{"constant", ScheduleKind::kConstant},
-                                                          {"linear", ScheduleKind::kLinear},
-                                                          {"cosine", ScheduleKind::kCosine}})},
+                                                         {"linear", ScheduleKind::kLinear},
+                                                         {"cosine", ScheduleKind::kCosine}})},
         {"warmup_steps", Int(&JobSpec::warmup_steps, 0)},
         {"min_lr", Real(&JobSpec::min_lr, 0, 10)}}},
       {"runtime",
-       {{"backend", Enum<Backend>(&JobSpec::backend, {{"auto", Backend::kAuto}, {"cuda", Backend::kCuda}, {"cpu", Backend::kCpu}})},
+       {{"backend", Enum<Backend>(&JobSpec::backend,
+                                  {{"auto", Backend::kAuto}, {"cuda", Backend::kCuda}, {"cpu", Backend::kCpu}})},
         {"workers", Int32(&JobSpec::num_workers, 0)},
         {"chunk_bytes", Int(&JobSpec::chunk_bytes, 4096)},
         {"param_delivery", Enum<ParamDelivery>(&JobSpec::param_delivery, {{"replicated", ParamDelivery::kReplicated},
-                                                                            {"sharded", ParamDelivery::kSharded}})},
-        {"grad_reduction", Enum<GradReduction>(&JobSpec::grad_reduction, {{"gpu", GradReduction::kGpu}, {"cpu", GradReduction::kCpu}})},
+                                                                          {"sharded", ParamDelivery::kSharded}})},
+        {"grad_reduction",
+         Enum<GradReduction>(&JobSpec::grad_reduction, {{"gpu", GradReduction::kGpu}, {"cpu", GradReduction::kCpu}})},
         {"grad_staging", Enum<GradStaging>(&JobSpec::grad_staging, {{"auto", GradStaging::kAuto},
-                                                                   {"device", GradStaging::kDevice},
-                                                                   {"host", GradStaging::kHost}})},
+                                                                    {"device", GradStaging::kDevice},
+                                                                    {"host", GradStaging::kHost}})},
         {"act_policy", Enum<ActivationPolicy>(&JobSpec::act_policy, {{"keep_all", ActivationPolicy::kKeepAll},
                                                                      {"recompute", ActivationPolicy::kRecomputeLayer},
                                                                      {"selective", ActivationPolicy::kSelective},
                                                                      {"auto", ActivationPolicy::kAuto}})},
-        {"norm_weights", Enum<NormWeights>(&JobSpec::norm_weights, {{"fp32", NormWeights::kFp32}, {"bf16", NormWeights::kBf16}})},
+        {"norm_weights",
+         Enum<NormWeights>(&JobSpec::norm_weights, {{"fp32", NormWeights::kFp32}, {"bf16", NormWeights::kBf16}})},
         {"deterministic", Bool(&JobSpec::deterministic)},
-        {"embedding_rows", Enum<EmbeddingRows>(&JobSpec::embedding_rows, {{"fp32", EmbeddingRows::kFp32},
-                                                                          {"bf16", EmbeddingRows::kBf16}})},
+        {"embedding_rows", Enum<EmbeddingRows>(&JobSpec::embedding_rows,
+                                               {{"fp32", EmbeddingRows::kFp32}, {"bf16", EmbeddingRows::kBf16}})},
         {"offload_ratio", Real(&JobSpec::offload_ratio, 0, 1)},
         {"ring_slots", Int32(&JobSpec::ring_slots, 2)},
         {"step_timeout_ms", Int(&JobSpec::step_timeout_ms, 100)},
@@ -175,12 +186,53 @@ std::string Resolve(const std::string& base_dir, const std::string& p) {
 }  // namespace
 
 namespace {
-absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::string& base_dir, JobSpec::FileCheck check_files);
+
+// The offset of the first byte that is not part of well-formed UTF-8 (RFC 3629: no overlong
+// forms, no surrogates, at most U+10FFFF), or text.size().
+size_t FirstInvalidUtf8(absl::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto b = static_cast<uint8_t>(text[i]);
+    size_t n = 0;
+    uint32_t cp = 0, min = 0;
+    if (b < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((b & 0xE0) == 0xC0) {
+      n = 1;
+      cp = b & 0x1F;
+      min = 0x80;
+    } else if ((b & 0xF0) == 0xE0) {
+      n = 2;
+      cp = b & 0x0F;
+      min = 0x800;
+    } else if ((b & 0xF8) == 0xF0) {
+      n = 3;
+      cp = b & 0x07;
+      min = 0x10000;
+    } else
+      return i;
+    for (size_t k = 1; k <= n; ++k) {
+      if (i + k >= text.size()) return i;
+      const auto c = static_cast<uint8_t>(text[i + k]);
+      if ((c & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (c & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += n + 1;
+  }
+  return text.size();
+}
+
+absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::string& base_dir,
+                                       JobSpec::FileCheck check_files);
 }  // namespace
 
 // yaml-cpp throws on conversions it cannot do (e.g. a map used as a key, found by the fuzzer);
 // every exception becomes INVALID_ARGUMENT with its position.
-absl::StatusOr<JobSpec> JobSpec::Parse(absl::string_view yaml_text, const std::string& base_dir, FileCheck check_files) {
+absl::StatusOr<JobSpec> JobSpec::Parse(absl::string_view yaml_text, const std::string& base_dir,
+                                       FileCheck check_files) {
   try {
     return ParseUnchecked(yaml_text, base_dir, check_files);
   } catch (const YAML::Exception& e) {
@@ -190,10 +242,16 @@ absl::StatusOr<JobSpec> JobSpec::Parse(absl::string_view yaml_text, const std::s
 }
 
 namespace {
-absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::string& base_dir, JobSpec::FileCheck check_files) {
-  constexpr size_t kMaxSpecBytes = 1 << 20;
+absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::string& base_dir,
+                                       JobSpec::FileCheck check_files) {
   if (yaml_text.size() > kMaxSpecBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("job spec is ", yaml_text.size(), " bytes; the limit is ", kMaxSpecBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec is ", yaml_text.size(), " bytes; the limit is ", kMaxSpecBytes));
+  }
+  if (const size_t bad = FirstInvalidUtf8(yaml_text); bad != yaml_text.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec is not UTF-8 text: invalid byte 0x",
+                                                   absl::Hex(static_cast<uint8_t>(yaml_text[bad])), " at offset ",
+                                                   bad));
   }
   YAML::Node root;
   try {
@@ -205,12 +263,17 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
   if (!root.IsMap()) return absl::InvalidArgumentError("job spec: the top level must be a map of sections");
   JobSpec s;
   const auto& schema = Schema();
+  std::set<std::string> seen;  // YAML allows a key twice (the last would win): refused
   for (const auto& kv : root) {
     if (!kv.first.IsScalar()) {
-      return absl::InvalidArgumentError(absl::StrCat("job spec: line ", kv.first.Mark().line + 1,
-                                                     ": keys must be plain strings, not a map or list"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("job spec: line ", kv.first.Mark().line + 1, ": keys must be plain strings, not a map or list"));
     }
     std::string section = kv.first.as<std::string>();
+    if (!seen.insert(section).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job spec: line ", kv.first.Mark().line + 1, ": '", section, "' is given twice"));
+    }
     if (section == "name") {
       RETURN_IF_ERROR(Str(&JobSpec::name)(kv.second, "name", s));
       continue;
@@ -219,16 +282,22 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
     if (sec == schema.end()) {
       std::vector<std::string> known = {"name"};
       for (const auto& [k, v] : schema) known.push_back(k);
-      return absl::InvalidArgumentError(absl::StrCat("job spec: unknown key '", section, "' (known: ", absl::StrJoin(known, ", "), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("job spec: unknown key '", section, "' (known: ", absl::StrJoin(known, ", "), ")"));
     }
     if (!kv.second.IsMap()) return TypeError(section, "a map", kv.second);
     for (const auto& field : kv.second) {
       if (!field.first.IsScalar()) {
-        return absl::InvalidArgumentError(absl::StrCat("job spec: in '", section, "', line ", field.first.Mark().line + 1,
+        return absl::InvalidArgumentError(absl::StrCat("job spec: in '", section, "', line ",
+                                                       field.first.Mark().line + 1,
                                                        ": keys must be plain strings, not a map or list"));
       }
       std::string key = field.first.as<std::string>();
       std::string path = absl::StrCat(section, ".", key);
+      if (!seen.insert(path).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("job spec: line ", field.first.Mark().line + 1, ": '", path, "' is given twice"));
+      }
       auto f = sec->second.find(key);
       if (f == sec->second.end()) {
         std::vector<std::string> known;
@@ -240,9 +309,11 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
     }
   }
 
+  RETURN_IF_ERROR(ValidateJobName(s.name));
   // Cross-field checks.
   if (s.model_path.empty() == s.model_preset.empty()) {
-    return absl::InvalidArgumentError("job spec: give exactly one of model.path (a HF model directory) or model.preset");
+    return absl::InvalidArgumentError(
+        "job spec: give exactly one of model.path (a HF model directory) or model.preset");
   }
   if (s.data_path.empty()) return absl::InvalidArgumentError("job spec: data.path is required");
   if (s.seq_len == 0) return absl::InvalidArgumentError("job spec: train.seq_len is required");
@@ -255,16 +326,17 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
                                                    " is not a multiple of train.micro_batch ", s.micro_batch));
   }
   if (s.num_workers > 0 && s.global_batch % (int64_t{s.num_workers} * s.micro_batch) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("job spec: train.global_batch ", s.global_batch,
-                                                   " is not divisible by runtime.workers x train.micro_batch = ",
-                                                   s.num_workers, " x ", s.micro_batch));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job spec: train.global_batch ", s.global_batch,
+        " is not divisible by runtime.workers x train.micro_batch = ", s.num_workers, " x ", s.micro_batch));
   }
   if (s.steps > 0 && s.warmup_steps > s.steps) {
-    return absl::InvalidArgumentError(absl::StrCat("job spec: schedule.warmup_steps ", s.warmup_steps,
-                                                   " exceeds train.steps ", s.steps));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec: schedule.warmup_steps ", s.warmup_steps, " exceeds train.steps ", s.steps));
   }
   if (s.min_lr > s.lr) {
-    return absl::InvalidArgumentError(absl::StrCat("job spec: schedule.min_lr ", s.min_lr, " exceeds optimizer.lr ", s.lr));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec: schedule.min_lr ", s.min_lr, " exceeds optimizer.lr ", s.lr));
   }
   if (s.output_dir.empty()) s.output_dir = absl::StrCat("out/", s.name);
 
@@ -272,10 +344,12 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
   s.data_path = Resolve(base_dir, s.data_path);
   s.output_dir = Resolve(base_dir, s.output_dir);
   if (check_files == JobSpec::FileCheck::kCheck) {
-    if (!s.model_path.empty() && !fs::exists(fs::path(s.model_path) / "config.json")) {
+    // The non-throwing forms: a path too long or unreadable is "not there", never an exception.
+    std::error_code ec;
+    if (!s.model_path.empty() && !fs::exists(fs::path(s.model_path) / "config.json", ec)) {
       return absl::InvalidArgumentError(absl::StrCat("model.path: no config.json in ", s.model_path));
     }
-    if (!fs::is_directory(s.data_path)) {
+    if (!fs::is_directory(s.data_path, ec)) {
       return absl::InvalidArgumentError(absl::StrCat("data.path: ", s.data_path, " is not a directory"));
     }
   }
@@ -343,7 +417,8 @@ std::string JobSpec::ToYaml() const {
   if (!model_path.empty()) e << YAML::Key << "path" << YAML::Value << model_path;
   if (!model_preset.empty()) e << YAML::Key << "preset" << YAML::Value << model_preset;
   e << YAML::Key << "init_seed" << YAML::Value << init_seed << YAML::EndMap;
-  e << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "path" << YAML::Value << data_path << YAML::EndMap;
+  e << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "path" << YAML::Value << data_path
+    << YAML::EndMap;
   e << YAML::Key << "output" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "dir" << YAML::Value << output_dir;
   e << YAML::Key << "save_every" << YAML::Value << save_every_steps;
@@ -385,6 +460,25 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "max_restarts" << YAML::Value << max_restarts << YAML::EndMap;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
+}
+
+}  // namespace slidedp
+
+namespace slidedp {
+
+absl::Status ValidateJobName(const std::string& name) {
+  // The name becomes a directory (out/<name>) and a job id (<name>-N, shm segment names and record
+  // files): nothing that could leave a directory, reach a terminal raw, or fail later at start.
+  bool ok = !name.empty() && name.size() <= kMaxJobNameBytes && name[0] != '.' && name[0] != '-';
+  for (char c : name) {
+    ok = ok && (absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
+  }
+  if (ok) return absl::OkStatus();
+  std::string shown;
+  for (char c : name.substr(0, 80)) shown += absl::ascii_isprint(static_cast<unsigned char>(c)) ? c : '?';
+  return absl::InvalidArgumentError(absl::StrCat("job spec: name '", shown, "'", name.size() > 80 ? "..." : "",
+                                                 " is not valid: use 1-", kMaxJobNameBytes,
+                                                 " characters of [A-Za-z0-9._-], not starting with '.' or '-'"));
 }
 
 }  // namespace slidedp

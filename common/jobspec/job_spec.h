@@ -38,9 +38,9 @@ struct JobSpec {
   std::string model_preset;  // "tiny", "qwen3-0.6b", ... (random init with init_seed)
   uint64_t init_seed = 0;
 
-  std::string data_path;     // dataset directory (docs/dataset-format.md)
+  std::string data_path;  // dataset directory (docs/dataset-format.md)
 
-  std::string output_dir;    // checkpoints, metrics.jsonl
+  std::string output_dir;        // checkpoints, metrics.jsonl
   int64_t save_every_steps = 0;  // 0: only at the end
   int64_t keep_last = 2;
   SaveDtype save_dtype = SaveDtype::kBf16;
@@ -51,7 +51,7 @@ struct JobSpec {
   int64_t micro_batch = 1;   // rows per micro-batch per rank
   int64_t steps = 0;         // optimizer steps; or epochs (exactly one of them > 0)
   double epochs = 0;
-  uint64_t seed = 0;         // data order
+  uint64_t seed = 0;  // data order
 
   double lr = 1e-5;
   double beta1 = 0.9;
@@ -66,7 +66,7 @@ struct JobSpec {
 
   // runtime
   Backend backend = Backend::kAuto;
-  int32_t num_workers = 0;   // 0: all attached workers
+  int32_t num_workers = 0;  // 0: all attached workers
   int64_t chunk_bytes = 64ll << 20;
   ParamDelivery param_delivery = ParamDelivery::kReplicated;
   GradReduction grad_reduction = GradReduction::kGpu;
@@ -90,6 +90,13 @@ struct JobSpec {
   // Resolved spec as YAML; Parse(ToYaml()) gives the same spec.
   std::string ToYaml() const;
 };
+
+// A job name: 1-kMaxJobNameBytes characters of [A-Za-z0-9._-], not starting with '.' or '-'
+// (it names the default output directory and the job ids made from it). INVALID_ARGUMENT else.
+inline constexpr size_t kMaxJobNameBytes = 48;
+// The largest job spec hostd parses (SubmitJobRequest.spec_yaml).
+inline constexpr size_t kMaxSpecBytes = 1 << 20;
+absl::Status ValidateJobName(const std::string& name);
 
 const char* ToString(ScheduleKind k);
 const char* ToString(ParamDelivery k);

@@ -1,5 +1,7 @@
 #include "common/jobspec/job_spec.h"
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "gtest/gtest.h"
 
 namespace slidedp {
@@ -89,6 +91,35 @@ TEST(JobSpec, NonScalarKeysAreInvalidArgumentNotExceptions) {
 TEST(JobSpec, OversizedSpecIsRejected) {
   std::string big(2 << 20, '#');
   EXPECT_EQ(ParseError(big).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(JobSpec, TextThatIsNotUtf8IsRejectedWithTheOffset) {
+  const std::string good = kGood;
+  EXPECT_TRUE(ParseError(good + "# caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\n").ok());  // 2-, 3-, 4-byte forms
+  for (const std::string& bad : {std::string("\xff"), std::string("\xc3"), std::string("\xc0\xaf"),
+                                 std::string("\xed\xa0\x80"), std::string("\xf4\x90\x80\x80"), std::string("\xe2\x82")}) {
+    absl::Status s = ParseError(good + "# " + bad + "\n");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(absl::StrCat("at offset ", good.size() + 2)), std::string::npos) << s;
+  }
+}
+
+TEST(JobSpec, KeysGivenTwiceAreRejected) {
+  const std::string good = kGood;
+  EXPECT_NE(ParseError(good + "train: {steps: 3}\n").message().find("'train' is given twice"), std::string::npos);
+  EXPECT_NE(ParseError("name: a\nname: b\n").message().find("'name' is given twice"), std::string::npos);
+  absl::Status s = ParseError(absl::StrReplaceAll(good, {{"steps: 20,", "steps: 20, steps: 21,"}}));
+  EXPECT_NE(s.message().find("'train.steps' is given twice"), std::string::npos) << s;
+}
+
+TEST(JobSpec, NamesAreCheckedBeforeTheyNameAnything) {
+  for (const char* ok : {"a", "qwen3-1.7b-sft", "run_2", "x.y.z"}) EXPECT_TRUE(ValidateJobName(ok).ok()) << ok;
+  for (const std::string& bad : {std::string(""), std::string("../x"), std::string("a/b"), std::string(".x"),
+                                 std::string("-x"), std::string("a b"), std::string("a\x01"), std::string("na\xc3\xafve"),
+                                 std::string(kMaxJobNameBytes + 1, 'n')}) {
+    EXPECT_EQ(ValidateJobName(bad).code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_TRUE(ValidateJobName(std::string(kMaxJobNameBytes, 'n')).ok());
 }
 
 TEST(JobSpec, MissingFilesAreReported) {

@@ -1,6 +1,8 @@
 // Qwen3 config parsing/serialization and the streamed-unit layout.
 #include "common/model/qwen3_config.h"
 
+#include "common/io/small_file.h"
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -124,11 +126,8 @@ absl::StatusOr<Qwen3Config> Qwen3Config::FromJson(absl::string_view json_text) {
 }
 
 absl::StatusOr<Qwen3Config> Qwen3Config::FromFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto c = FromJson(ss.str());
+  ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, kMaxConfigFileBytes, "model config"));
+  auto c = FromJson(text);
   if (!c.ok()) return Annotate(c.status(), path);
   return c;
 }

@@ -14,9 +14,19 @@ inline absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+// The message travels in the response's trailing metadata, which a client refuses above 8 KiB
+// (it then sees RESOURCE_EXHAUSTED "received initial metadata size exceeds limit" instead of the
+// error): messages that quote a client's long input are cut to kMaxGrpcMessageBytes.
+inline constexpr size_t kMaxGrpcMessageBytes = 2048;
+
 inline grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  std::string message(s.message());
+  if (message.size() > kMaxGrpcMessageBytes) {
+    const size_t cut = message.size() - kMaxGrpcMessageBytes;
+    message = message.substr(0, kMaxGrpcMessageBytes) + "... (" + std::to_string(cut) + " more bytes)";
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), message);
 }
 
 }  // namespace slidedp

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/io/small_file.h"
 #include "common/parallel/parallel_for.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status_macros.h"
@@ -59,10 +60,8 @@ absl::Status OpenShards(const std::string& dir, std::vector<std::unique_ptr<Safe
     ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(single));
     files->push_back(std::move(f));
   } else if (fs::exists(index_path, ec)) {
-    std::ifstream in(index_path);
-    std::stringstream text;
-    text << in.rdbuf();
-    nlohmann::json index = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+    ASSIGN_OR_RETURN(std::string text, ReadSmallFile(index_path, kMaxManifestFileBytes, "safetensors index"));
+    nlohmann::json index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
         !index["weight_map"].is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(index_path, ": not a JSON object with a \"weight_map\" object"));

@@ -8,7 +8,9 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
+#include "common/io/small_file.h"
 #include "common/status/status_macros.h"
 #include "common/version.h"
 #include "glog/logging.h"
@@ -171,11 +173,9 @@ void HostCore::LoadPersisted() {
   std::vector<std::pair<int64_t, v1::Job>> loaded;
   for (const auto& e : fs::directory_iterator(fs::path(options_.state_dir) / "jobs", ec)) {
     if (e.path().extension() != ".json") continue;
-    std::ifstream in(e.path());
-    std::stringstream ss;
-    ss << in.rdbuf();
+    absl::StatusOr<std::string> text = ReadSmallFile(e.path().string(), kMaxConfigFileBytes, "job record");
     v1::Job job;
-    if (!google::protobuf::util::JsonStringToMessage(ss.str(), &job).ok() || job.job_id().empty()) {
+    if (!text.ok() || !google::protobuf::util::JsonStringToMessage(*text, &job).ok() || job.job_id().empty()) {
       LOG(WARNING) << "ignoring unreadable job record " << e.path();
       continue;
     }
@@ -304,9 +304,13 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
   auto rec = std::make_unique<JobRecord>();
   std::string id = req.job_id();
   if (id.empty()) {
+    // From the name (ValidateJobName: at most 48 of [A-Za-z0-9._-]); ids take no '.' (they name
+    // shm segments), so the id is as valid as one given with --id.
+    const std::string stem = absl::StrReplaceAll(spec.name, {{".", "_"}});
     do {
-      id = absl::StrCat(spec.name, "-", next_job_number_++);
+      id = absl::StrCat(stem, "-", next_job_number_++);
     } while (jobs_.count(id));
+    if (!ValidJobId(id)) return absl::InternalError(absl::StrCat("job id '", id, "' made from the name is not valid"));
   } else if (jobs_.count(id)) {  // raced with an identical submit
     v1::SubmitJobResponse resp;
     *resp.mutable_job() = jobs_[id]->job;

@@ -8,6 +8,7 @@
 #include "glog/logging.h"
 #include "hostd/core/host_core.h"
 #include "hostd/daemon/hostd_config.h"
+#include "hostd/daemon/node_lock.h"
 #include "hostd/engine/training_executor.h"
 #include "hostd/metrics/host_metrics.h"
 #include "hostd/metrics/metrics.h"
@@ -40,6 +41,14 @@ int main(int argc, char** argv) {
   }
   LOG(INFO) << "slidedp-hostd starting: " << config->ToString();
   const std::string node = slidedp::shm::SanitizeNameComponent(config->node_name);
+  // Before anything touches the node's segments or socket: a second hostd of the node would
+  // reclaim, pool and unlink the first one's state.
+  auto node_lock = slidedp::hostd::NodeLock::Acquire(node);
+  if (!node_lock.ok()) {
+    LOG(ERROR) << node_lock.status();
+    std::cerr << "slidedp-hostd: " << node_lock.status().message() << "\n";
+    return 3;
+  }
   if (config->reclaim_stale) {
     auto reclaimed = slidedp::shm::ReclaimStaleSegments(node);
     if (reclaimed.ok()) {

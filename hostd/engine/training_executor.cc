@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <system_error>
@@ -56,6 +58,34 @@ absl::StatusOr<update::LrSchedule> ScheduleOf(const JobSpec& spec, int64_t total
   sc.total_steps = total_steps;
   sc.min_lr = spec.min_lr;
   return update::LrSchedule::Create(sc);
+}
+
+// output.dir, checked at submit: a directory hostd may create files in, or one it can create
+// below the nearest existing ancestor, which must then be such a directory. (The job creates it
+// when it starts; nothing here may throw, whatever the path names.)
+absl::Status CheckOutputDir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (fs::path probe = fs::path(dir).lexically_normal();; probe = probe.parent_path()) {
+    const fs::file_status st = fs::status(probe, ec);
+    if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory) {
+      return absl::FailedPreconditionError(absl::StrCat("output.dir ", dir, ": ", probe.string(), ": ", ec.message()));
+    }
+    if (fs::exists(st)) {
+      if (!fs::is_directory(st)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("output.dir ", dir, ": ", probe.string(), " is not a directory"));
+      }
+      if (::access(probe.c_str(), W_OK | X_OK) == 0) return absl::OkStatus();
+      const int err = errno;
+      const std::string why = absl::StrCat("output.dir ", dir, ": hostd cannot create files in ", probe.string(), " (",
+                                           std::strerror(err), ")");
+      return err == EACCES || err == EPERM ? absl::PermissionDeniedError(why) : absl::FailedPreconditionError(why);
+    }
+    if (!probe.has_parent_path() || probe.parent_path() == probe) {
+      return absl::FailedPreconditionError(absl::StrCat("output.dir ", dir, ": no part of it exists"));
+    }
+  }
 }
 
 // train.epochs: the step count follows from the dataset's rows; the workers get it resolved.
@@ -120,6 +150,7 @@ absl::StatusOr<update::LayerAdam*> TrainingExecutor::Adam() {
 }
 
 absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
+  RETURN_IF_ERROR(CheckOutputDir(spec.output_dir));
   ASSIGN_OR_RETURN(Qwen3Config config, ModelConfigOf(spec));
   if (spec.seq_len > config.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("train.seq_len ", spec.seq_len,

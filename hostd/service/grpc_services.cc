@@ -1,20 +1,42 @@
 // gRPC handlers: argument translation only; behaviour lives in HostCore (unit-tested alone).
 #include "hostd/service/grpc_services.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/io/small_file.h"
+#include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 
 namespace slidedp::hostd {
+
+namespace {
+
+// Whether something accepts connections on the Unix socket at `path` now.
+bool SocketAccepts(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return false;
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool accepts = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return accepts;
+}
+
+}  // namespace
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
                                        v1::SubmitJobResponse* resp) {
@@ -112,20 +134,21 @@ absl::StatusOr<std::unique_ptr<HostServer>> HostServer::Start(HostCore* core, co
   std::string socket_path;
   if (absl::StartsWith(options.listen, "unix:")) {
     socket_path = options.listen.substr(5);
-    ::unlink(socket_path.c_str());  // a stale socket from a dead hostd
+    // A socket file left by a dead hostd is removed; one a live process still accepts on is not
+    // taken over (that daemon would keep running, unreachable).
+    if (SocketAccepts(socket_path)) {
+      return absl::AlreadyExistsError(absl::StrCat("another process serves ", options.listen, "; not taking it over"));
+    }
+    ::unlink(socket_path.c_str());
     creds = grpc::InsecureServerCredentials();
   } else {
     if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
       return absl::InvalidArgumentError("TCP listeners require TLS: give --tls-cert and --tls-key");
     }
-    auto slurp = [](const std::string& p) {
-      std::ifstream in(p);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      return ss.str();
-    };
+    ASSIGN_OR_RETURN(std::string key, ReadSmallFile(options.tls_key_file, kMaxConfigFileBytes, "TLS key"));
+    ASSIGN_OR_RETURN(std::string cert, ReadSmallFile(options.tls_cert_file, kMaxConfigFileBytes, "TLS certificate"));
     grpc::SslServerCredentialsOptions ssl;
-    ssl.pem_key_cert_pairs.push_back({slurp(options.tls_key_file), slurp(options.tls_cert_file)});
+    ssl.pem_key_cert_pairs.push_back({key, cert});
     creds = grpc::SslServerCredentials(ssl);
   }
   builder.AddListeningPort(options.listen, creds);

@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
 #include "common/data/dataset.h"
 #include "common/data/synthetic.h"
 #include "common/model/qwen3_config.h"
@@ -111,6 +112,8 @@ class BadInput : public ::testing::Test {
   }
 
   struct SpecParts {
+    std::string name = "bad";
+    std::string output = "out";
     std::string model = "{preset: tiny, init_seed: 1}";
     std::string data;  // default: the good dataset
     std::string train = "{seq_len: 32, global_batch: 4, micro_batch: 2, steps: 2, seed: 1}";
@@ -118,8 +121,8 @@ class BadInput : public ::testing::Test {
     std::string extra;
   };
   static std::string Spec(const SpecParts& p) {
-    return absl::StrCat("name: bad\nmodel: ", p.model, "\ndata: {path: ", p.data.empty() ? root_ + "/data" : p.data,
-                        "}\noutput: {dir: out, save_final: false}\ntrain: ", p.train,
+    return absl::StrCat("name: ", p.name, "\nmodel: ", p.model, "\ndata: {path: ", p.data.empty() ? root_ + "/data" : p.data,
+                        "}\noutput: {dir: ", p.output, ", save_final: false}\ntrain: ", p.train,
                         "\noptimizer: {lr: 1.0e-3}\nruntime: ", p.runtime, "\n", p.extra);
   }
 
@@ -455,6 +458,129 @@ TEST_F(BadInput, SameJobIdWithAnotherSpec) {
   auto j = node_->WaitFinal(id, 60);
   ASSERT_TRUE(j.ok()) << j.status();
   EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED) << j->error();
+}
+
+// ---- hostile paths and names (issue: harden hostd) ----
+
+// An output.dir hostd cannot make is refused at submit; before, the job runner threw
+// std::filesystem::filesystem_error and took the daemon down.
+TEST_F(BadInput, OutputDirThatCannotBeMadeIsRefused) {
+  const std::string file = root_ + "/a-file";
+  WriteAll(file, "x");
+  SpecParts p;
+  p.output = file;
+  ExpectRejected(Spec(p), absl::StatusCode::kFailedPrecondition, "is not a directory");
+  p.output = file + "/below/it";
+  ExpectRejected(Spec(p), absl::StatusCode::kFailedPrecondition, file + " is not a directory");
+}
+
+// config.json and manifest.json are read with bounds: a FIFO would block the job runner forever
+// and /dev/zero would grow hostd's memory without end; both are refused at once.
+TEST_F(BadInput, ConfigAndManifestThatAreNotRegularFilesAreRefused) {
+  const absl::Time t0 = absl::Now();
+  std::string dir = CopyModel("config-fifo");
+  fs::remove(dir + "/config.json");
+  ASSERT_EQ(::mkfifo((dir + "/config.json").c_str(), 0600), 0);
+  SpecParts p;
+  p.model = absl::StrCat("{path: ", dir, "}");
+  ExpectRejected(Spec(p), kInvalid, "is not a regular file");
+  dir = CopyModel("config-zero");
+  fs::remove(dir + "/config.json");
+  fs::create_symlink("/dev/zero", dir + "/config.json");
+  p.model = absl::StrCat("{path: ", dir, "}");
+  ExpectRejected(Spec(p), kInvalid, "is not a regular file");
+  dir = CopyModel("config-huge");
+  WriteAll(dir + "/config.json", std::string(5 << 20, ' '));
+  p.model = absl::StrCat("{path: ", dir, "}");
+  ExpectRejected(Spec(p), kInvalid, "bytes, more than the");
+
+  const std::string data = root_ + "/data-fifo";
+  fs::remove_all(data);
+  fs::copy(root_ + "/data", data, fs::copy_options::recursive);
+  fs::remove(data + "/manifest.json");
+  ASSERT_EQ(::mkfifo((data + "/manifest.json").c_str(), 0600), 0);
+  p = {};
+  p.data = data;
+  ExpectRejected(Spec(p), kInvalid, "is not a regular file");
+  EXPECT_LT(absl::ToDoubleSeconds(absl::Now() - t0), 30);  // nothing blocked
+}
+
+// Job names cannot leave the state or output directories, reach a terminal raw, or be stored in a
+// way a restart forgets; a name with a dot (qwen3-1.7b-sft) gets an id that can start.
+TEST_F(BadInput, JobNamesAreValidatedAndIdsMadeFromThemCanStart) {
+  for (const std::string& name : {std::string("../escape"), std::string("a/b"), std::string("\"ctl\\x01x\""),
+                                  std::string("\"na\\u00efve\""), std::string(300, 'n'), std::string(".hidden")}) {
+    SpecParts p;
+    p.name = name;
+    ExpectRejected(Spec(p), kInvalid, "name '");
+  }
+  SpecParts p;
+  p.name = "qwen3-1.7b-sft";
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(Spec(p));
+  req.set_base_dir(node_->dir());
+  auto r = node_->client().Submit(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->job().job_id(), ::testing::StartsWith("qwen3-1_7b-sft-"));
+  auto j = node_->WaitFinal(r->job().job_id(), 60);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED) << j->error();
+}
+
+// A path the kernel cannot even look up (ENAMETOOLONG) is "not there", not an exception in hostd.
+TEST_F(BadInput, PathsTooLongToLookUpAreRefused) {
+  SpecParts p;
+  p.model = absl::StrCat("{path: ", root_, "/", std::string(5000, 'm'), "}");
+  ExpectRejected(Spec(p), kInvalid, "no config.json in");
+  p = {};
+  p.data = root_ + "/" + std::string(5000, 'd');
+  ExpectRejected(Spec(p), kInvalid, "data.path: ");  // (a message over 2 KiB is cut: ToGrpc)
+  p = {};
+  p.output = root_ + "/" + std::string(5000, 'o');
+  ExpectRejected(Spec(p), absl::StatusCode::kFailedPrecondition, "output.dir");
+}
+
+// A spec that is not UTF-8 gets INVALID_ARGUMENT with the offset (before: INTERNAL with no
+// message, from gRPC's parser of a string field).
+TEST_F(BadInput, SpecThatIsNotUtf8IsInvalidArgument) {
+  ExpectRejected(Spec({}) + "# \xff\xfe\n", kInvalid, "not UTF-8 text: invalid byte 0xff at offset");
+}
+
+// YAML lets a key appear twice (the last one winning silently): a spec must not.
+TEST_F(BadInput, DuplicateSpecKeysAreRefused) {
+  SpecParts p;
+  p.extra = "optimizer: {lr: 2.0e-3}\n";  // a second optimizer section
+  ExpectRejected(Spec(p), kInvalid, "'optimizer' is given twice");
+  p = {};
+  p.train = "{seq_len: 32, global_batch: 4, micro_batch: 2, steps: 2, steps: 3}";
+  ExpectRejected(Spec(p), kInvalid, "'train.steps' is given twice");
+}
+
+// One hostd per node and per socket: a second one started on the same node name, or on another
+// node name but the same socket, exits with a clear refusal (before: it took the socket over and
+// unlinked it on exit, leaving the first running and unreachable). The first keeps serving.
+TEST_F(BadInput, SecondHostdOnTheSameNodeOrSocketIsRefused) {
+  auto run_second = [&](const std::string& node, const std::string& log) -> int {
+    auto pid = client::SpawnProcess({BuildDir() + "/bin/slidedp-hostd", "--listen", node_->address(), "--node-name",
+                                     node, "--state-dir", node_->dir() + "/state2"},
+                                    log);
+    if (!pid.ok()) return -1;
+    int status = 0;
+    for (int i = 0; i < 300 && waitpid(*pid, &status, WNOHANG) == 0; ++i) absl::SleepFor(absl::Milliseconds(50));
+    if (waitpid(*pid, &status, WNOHANG) == 0 && !WIFEXITED(status)) {
+      kill(*pid, SIGKILL);
+      waitpid(*pid, &status, 0);
+      return -2;  // still running after 15 s: it did not refuse
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -3;
+  };
+  const std::string same_node_log = node_->dir() + "/second-same-node.log";
+  EXPECT_EQ(run_second(node_->node(), same_node_log), 3);
+  EXPECT_THAT(ReadFile(same_node_log), HasSubstr("one hostd per node"));
+  const std::string same_socket_log = node_->dir() + "/second-same-socket.log";
+  EXPECT_EQ(run_second(node_->node() + "other", same_socket_log), 3);
+  EXPECT_THAT(ReadFile(same_socket_log), HasSubstr("not taking it over"));
+  EXPECT_TRUE(fs::exists(node_->address().substr(5)));  // the first one's socket is still there
 }
 
 // Last (gtest runs tests in definition order): after all of the above a good job still runs.

@@ -159,6 +159,7 @@ class NodeHarness {
   client::Client& client() { return *client_; }
   const std::string& dir() const { return dir_; }
   const std::string& node() const { return node_; }
+  const std::string& address() const { return address_; }
   int hostd_pid() const { return hostd_pid_; }
   std::vector<int>& worker_pids() { return worker_pids_; }
 
