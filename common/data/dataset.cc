@@ -83,13 +83,14 @@ nlohmann::json Manifest::ToJson() const {
 absl::StatusOr<Manifest> Manifest::FromJson(const nlohmann::json& j, const std::string& where) {
   auto bad = [&](const std::string& what) { return absl::InvalidArgumentError(absl::StrCat(where, ": ", what)); };
   if (!j.is_object()) return bad("not a JSON object");
-  if (j.value("format", std::string()) != kFormatName) return bad(absl::StrCat("\"format\" is not \"", kFormatName, "\""));
+  if (j.value("format", std::string()) != kFormatName)
+    return bad(absl::StrCat("\"format\" is not \"", kFormatName, "\""));
   Manifest m;
   try {
     m.version = j.at("version").get<int>();
     if (m.version != kFormatVersion) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(where, ": format version ", m.version, " is not supported (this build reads ", kFormatVersion, ")"));
+      return absl::FailedPreconditionError(absl::StrCat(where, ": format version ", m.version,
+                                                        " is not supported (this build reads ", kFormatVersion, ")"));
     }
     if (j.at("token_dtype").get<std::string>() != "uint32") return bad("token_dtype must be uint32");
     m.vocab_size = j.at("vocab_size").get<int64_t>();
@@ -104,7 +105,8 @@ absl::StatusOr<Manifest> Manifest::FromJson(const nlohmann::json& j, const std::
     m.truncated_documents = j.value("truncated_documents", int64_t{0});
     m.split_documents = j.value("split_documents", int64_t{0});
     for (const auto& f : j.at("files")) {
-      m.files.push_back({f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>(), f.at("crc32").get<uint32_t>()});
+      m.files.push_back(
+          {f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>(), f.at("crc32").get<uint32_t>()});
     }
     if (j.contains("metadata")) m.metadata = j["metadata"];
   } catch (const nlohmann::json::exception& e) {
@@ -133,7 +135,8 @@ struct DatasetWriter::Stream {
 absl::StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(const std::string& dir,
                                                                      const WriterOptions& options) {
   if (options.vocab_size <= 0 || options.vocab_size > (int64_t{1} << 32)) {
-    return absl::InvalidArgumentError(absl::StrCat("dataset vocab_size must be in [1, 2^32], got ", options.vocab_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset vocab_size must be in [1, 2^32], got ", options.vocab_size));
   }
   if (options.seq_len <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("dataset seq_len must be positive, got ", options.seq_len));
@@ -340,7 +343,8 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(const std::st
     if (static_cast<uint64_t>(st.st_size) != expected[i]) {
       ::close(fd);
       return absl::DataLossError(absl::StrCat("dataset file ", path, " has ", st.st_size, " bytes, expected ",
-                                              expected[i], st.st_size < static_cast<off_t>(expected[i]) ? " (truncated)" : ""));
+                                              expected[i],
+                                              st.st_size < static_cast<off_t>(expected[i]) ? " (truncated)" : ""));
     }
     void* addr = ::mmap(nullptr, expected[i], PROT_READ, MAP_PRIVATE, fd, 0);
     int err = errno;
@@ -376,6 +380,7 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(const std::st
   RETURN_IF_ERROR(check_offsets(r->doc_offsets_, kDocOffsetsFile, 0));
   RETURN_IF_ERROR(check_offsets(r->row_offsets_, kRowOffsetsFile, m.seq_len));
   RETURN_IF_ERROR(r->CheckTokenRange(m.vocab_size));
+  RETURN_IF_ERROR(r->CheckLossMask());
   if (options.model_vocab_size > 0) {
     absl::Status s = r->CheckTokenRange(options.model_vocab_size);
     if (!s.ok()) return Annotate(s, "the dataset does not fit the model's vocabulary");
@@ -390,10 +395,33 @@ absl::Status DatasetReader::CheckTokenRange(int64_t vocab_size) const {
   if (static_cast<int64_t>(max_id) < vocab_size) return absl::OkStatus();
   for (size_t i = 0; i < tokens_.size(); ++i) {
     if (static_cast<int64_t>(tokens_[i]) >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("dataset ", dir_, ": token at position ", i, " has id ", tokens_[i],
-                                                     " >= vocab_size ", vocab_size, " (max id in the dataset: ",
-                                                     max_id, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("dataset ", dir_, ": token at position ", i, " has id ",
+                                                     tokens_[i], " >= vocab_size ", vocab_size,
+                                                     " (max id in the dataset: ", max_id, ")"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DatasetReader::CheckLossMask() const {
+  // Branch-free first (fast path): every entry 0 or 1, and how many are 1.
+  uint8_t any_other = 0;
+  int64_t trained = 0;
+  for (uint8_t b : loss_mask_) {
+    any_other |= b & 0xFE;
+    trained += b & 1;
+  }
+  if (any_other != 0) {
+    for (size_t i = 0; i < loss_mask_.size(); ++i) {
+      if (loss_mask_[i] > 1) {
+        return absl::DataLossError(absl::StrCat("dataset ", dir_, ": loss-mask entry at position ", i, " is ",
+                                                int{loss_mask_[i]}, " (entries are 0 or 1)"));
+      }
+    }
+  }
+  if (trained == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset ", dir_, " trains no token: every loss-mask entry is 0 (",
+                                                   "a chat dataset whose assistant turns were all cut off?)"));
   }
   return absl::OkStatus();
 }

@@ -52,15 +52,15 @@ struct Manifest {
   int64_t num_tokens = 0;
   int64_t num_documents = 0;
   int64_t num_rows = 0;
-  int64_t num_trained_tokens = 0;     // loss_mask ones
-  int64_t truncated_documents = 0;    // kPadded: documents cut to seq_len
-  int64_t split_documents = 0;        // kPacked: documents longer than seq_len, split over rows
+  int64_t num_trained_tokens = 0;   // loss_mask ones
+  int64_t truncated_documents = 0;  // kPadded: documents cut to seq_len
+  int64_t split_documents = 0;      // kPacked: documents longer than seq_len, split over rows
   struct FileEntry {
     std::string name;
     uint64_t bytes = 0;
     uint32_t crc32 = 0;
   };
-  std::vector<FileEntry> files;       // the four .bin files, in the order above
+  std::vector<FileEntry> files;                        // the four .bin files, in the order above
   nlohmann::json metadata = nlohmann::json::object();  // tokenizer, sources, split, ... (free-form)
 
   nlohmann::json ToJson() const;
@@ -104,7 +104,7 @@ class DatasetWriter {
   WriterOptions options_;
   Manifest manifest_;
   std::vector<std::unique_ptr<Stream>> streams_;  // tokens, mask, doc offsets, row offsets
-  int64_t row_start_ = 0;                          // token index where the open row starts
+  int64_t row_start_ = 0;                         // token index where the open row starts
   std::vector<uint8_t> mask_scratch_;
   bool finished_ = false;
 };
@@ -148,6 +148,9 @@ class DatasetReader {
   std::vector<RowSegment> RowSegments(int64_t r) const;
 
   // INVALID_ARGUMENT naming the first token position whose id is >= vocab_size.
+  // Every loss-mask entry 0 or 1 (DATA_LOSS naming the first other one), and at least one 1
+  // (INVALID_ARGUMENT: a job on it would train nothing and report loss 0).
+  absl::Status CheckLossMask() const;
   absl::Status CheckTokenRange(int64_t vocab_size) const;
 
  private:

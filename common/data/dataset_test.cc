@@ -139,16 +139,22 @@ TEST(Dataset, TruncatedFileIsDataLossNamingFileAndSizes) {
 TEST(Dataset, CorruptedByteFailsChecksum) {
   const std::string dir = FreshDir("corrupt");
   ASSERT_TRUE(WriteDocs(dir, {Iota(1, 5), Iota(1, 6)}, Packing::kPacked, 8).ok());
-  {
+  auto put = [&](char v) {
     std::fstream f(dir + "/loss_mask.bin", std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(2);
-    f.put(7);
-  }
+    f.put(v);
+  };
+  put(0);  // a valid mask value, but not the one written (entry 2 was 1): only the CRC sees it
   auto r = DatasetReader::Open(dir);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("loss_mask.bin is corrupt"));
   // Without checksum verification the same file opens.
   EXPECT_TRUE(DatasetReader::Open(dir, {.verify_checksums = VerifyChecksums::kNo}).ok());
+  // A value that is no mask value at all is refused either way.
+  put(7);
+  r = DatasetReader::Open(dir, {.verify_checksums = VerifyChecksums::kNo});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("loss-mask entry at position 2 is 7"));
 }
 
 TEST(Dataset, MissingManifestIsNotFound) {

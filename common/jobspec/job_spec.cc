@@ -334,6 +334,11 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
     return absl::InvalidArgumentError(
         absl::StrCat("job spec: schedule.warmup_steps ", s.warmup_steps, " exceeds train.steps ", s.steps));
   }
+  if (!(s.eps > 0)) {
+    // AdamW divides by sqrt(v) + eps: with 0 an element whose gradient is always 0 (padding between
+    // tensors, an unused embedding row) becomes 0/0 = NaN.
+    return absl::InvalidArgumentError(absl::StrCat("job spec: optimizer.eps must be > 0, got ", s.eps));
+  }
   if (s.min_lr > s.lr) {
     return absl::InvalidArgumentError(
         absl::StrCat("job spec: schedule.min_lr ", s.min_lr, " exceeds optimizer.lr ", s.lr));

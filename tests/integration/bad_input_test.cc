@@ -546,6 +546,34 @@ TEST_F(BadInput, SpecThatIsNotUtf8IsInvalidArgument) {
   ExpectRejected(Spec({}) + "# \xff\xfe\n", kInvalid, "not UTF-8 text: invalid byte 0xff at offset");
 }
 
+// Values that make training meaningless or undefined: a loss-mask byte that is not 0 or 1, a
+// dataset that trains no token (it "succeeded" with loss 0.0000), optimizer.eps 0 (0/0 = NaN in
+// the padding between tensors).
+TEST_F(BadInput, DatasetMasksAndOptimizerValuesThatTrainNothingOrNaNAreRefused) {
+  auto copy_data = [&](const std::string& name, char fill, int64_t at) {
+    const std::string dir = root_ + "/" + name;
+    fs::remove_all(dir);
+    fs::copy(root_ + "/data", dir, fs::copy_options::recursive);
+    std::string mask = ReadFile(dir + "/loss_mask.bin");
+    if (at < 0) {
+      mask.assign(mask.size(), fill);
+    } else {
+      mask[at] = fill;
+    }
+    WriteAll(dir + "/loss_mask.bin", mask);
+    return dir;
+  };
+  SpecParts p;
+  p.data = copy_data("data-mask7", 7, 5);
+  ExpectRejected(Spec(p), absl::StatusCode::kDataLoss, "loss-mask entry at position 5 is 7");
+  p.data = copy_data("data-mask0", 0, -1);
+  ExpectRejected(Spec(p), kInvalid, "trains no token");
+  p = {};
+  p.extra = "";
+  ExpectRejected(absl::StrReplaceAll(Spec(p), {{"optimizer: {lr: 1.0e-3}", "optimizer: {lr: 1.0e-3, eps: 0}"}}), kInvalid,
+                 "optimizer.eps must be > 0");
+}
+
 // YAML lets a key appear twice (the last one winning silently): a spec must not.
 TEST_F(BadInput, DuplicateSpecKeysAreRefused) {
   SpecParts p;
