@@ -46,8 +46,8 @@ struct LoadOptions {
 };
 
 // Loads an HF Qwen3 model directory (config.json + model.safetensors, or shards listed in
-// model.safetensors.index.json; the single file wins when both exist, as in HF) into the master arrays, converting BF16/F16/F32 to FP32 and
-// zeroing the alignment padding between tensors. Every tensor of the layout must be present
+// model.safetensors.index.json; the single file wins when both exist, as in HF) into the master arrays, converting
+// BF16/F16/F32 to FP32 and zeroing the alignment padding between tensors. Every tensor of the layout must be present
 // exactly once with its shape; a tied model's lm_head.weight may be absent (if present it is
 // ignored, with a warning when it differs from the embedding). Errors:
 //   NOT_FOUND         directory, config.json or a shard file missing
@@ -89,7 +89,7 @@ struct SaveRequest {
 };
 
 struct SaveResult {
-  std::string dir;                   // <root>/checkpoint-<step>
+  std::string dir;  // <root>/checkpoint-<step>
   uint64_t bytes_written = 0;
   double seconds = 0;                // wall time including fsyncs
   std::vector<std::string> removed;  // old checkpoints removed by keep_last
@@ -102,7 +102,12 @@ absl::StatusOr<SaveResult> SaveCheckpoint(const SaveRequest& request);
 
 // The newest complete checkpoint directory under root (COMPLETE present, listed file sizes match,
 // safetensors headers valid, trainer_state.json parses). NOT_FOUND when there is none.
-absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& root_dir);
+// With `job_id`: only checkpoints that job saved (trainer_state.json "job_id"), so two jobs that
+// share an output directory never resume from each other's state.
+absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& root_dir, const std::string& job_id = "");
+
+// The job id a complete checkpoint was saved by (its trainer_state.json).
+absl::StatusOr<std::string> CheckpointJobId(const std::string& dir);
 
 // Verifies one checkpoint directory as FindLatestCheckpoint does; returns its step.
 absl::StatusOr<int64_t> VerifyCheckpoint(const std::string& dir);

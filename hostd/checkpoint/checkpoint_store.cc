@@ -18,8 +18,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/numeric/bf16.h"
 #include "common/io/small_file.h"
+#include "common/numeric/bf16.h"
 #include "common/parallel/parallel_for.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status_macros.h"
@@ -390,7 +390,17 @@ absl::StatusOr<int64_t> VerifyCheckpoint(const std::string& dir) {
   return step;
 }
 
-absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& root_dir) {
+absl::StatusOr<std::string> CheckpointJobId(const std::string& dir) {
+  ASSIGN_OR_RETURN(nlohmann::json state, ReadJsonObject((fs::path(dir) / "trainer_state.json").string()));
+  // The trainer's part, as SaveRequest::trainer_state held it.
+  const nlohmann::json trainer = state.value("trainer_state", nlohmann::json::object());
+  if (!trainer.is_object() || !trainer.contains("job_id") || !trainer["job_id"].is_string()) {
+    return absl::DataLossError(absl::StrCat(dir, "/trainer_state.json names no job_id"));
+  }
+  return trainer["job_id"].get<std::string>();
+}
+
+absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& root_dir, const std::string& job_id) {
   std::vector<std::pair<int64_t, fs::path>> candidates;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(root_dir, ec)) {
@@ -401,10 +411,16 @@ absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& root_dir) {
   std::sort(candidates.rbegin(), candidates.rend());
   for (const auto& [step, path] : candidates) {
     absl::StatusOr<int64_t> ok = VerifyCheckpoint(path.string());
-    if (ok.ok()) return path.string();
-    LOG(WARNING) << "skipping checkpoint " << path << ": " << ok.status();
+    if (!ok.ok()) {
+      LOG(WARNING) << "skipping checkpoint " << path << ": " << ok.status();
+      continue;
+    }
+    if (job_id.empty()) return path.string();
+    absl::StatusOr<std::string> saved_by = CheckpointJobId(path.string());
+    if (saved_by.ok() && *saved_by == job_id) return path.string();
   }
-  return absl::NotFoundError(absl::StrCat("no complete checkpoint under ", root_dir));
+  return absl::NotFoundError(
+      absl::StrCat("no complete checkpoint", job_id.empty() ? "" : " of job " + job_id, " under ", root_dir));
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const ModelLayout& layout,

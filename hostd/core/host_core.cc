@@ -191,7 +191,7 @@ void HostCore::LoadPersisted() {
       // can resume from (slidedp submit --resume <job id>).
       auto spec = JobSpec::Parse(job.resolved_spec_yaml(), "", JobSpec::FileCheck::kSkip);
       if (spec.ok()) {
-        auto latest = checkpoint::FindLatestCheckpoint(spec->output_dir);
+        auto latest = checkpoint::FindLatestCheckpoint(spec->output_dir, job.job_id());
         if (latest.ok()) job.set_last_checkpoint(*latest);
       }
       job.set_error(absl::StrCat("interrupted: hostd stopped while the job was ",
@@ -273,13 +273,32 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
   }
   ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(req.spec_yaml(), req.base_dir()));
   std::string resume_from = req.resume_from();
+  // --resume JOB_ID: that job's own newest checkpoint (the file reads happen outside the lock).
+  std::string resume_job, resume_last, resume_root;
   {
-    // --resume JOB_ID: that job's last checkpoint (or its output dir, whose newest is taken).
     absl::MutexLock l(&mu_);
     auto it = jobs_.find(resume_from);
     if (!resume_from.empty() && it != jobs_.end()) {
-      resume_from =
-          !it->second->job.last_checkpoint().empty() ? it->second->job.last_checkpoint() : it->second->spec.output_dir;
+      resume_job = it->first;
+      resume_last = it->second->job.last_checkpoint();
+      resume_root = it->second->spec.output_dir;
+    }
+  }
+  if (!resume_job.empty()) {
+    // Its last checkpoint, if no other job sharing the output directory has replaced it since,
+    // else the newest one it saved there.
+    absl::StatusOr<std::string> saved_by =
+        resume_last.empty() ? absl::NotFoundError("") : checkpoint::CheckpointJobId(resume_last);
+    if (saved_by.ok() && *saved_by == resume_job) {
+      resume_from = resume_last;
+    } else {
+      absl::StatusOr<std::string> own = checkpoint::FindLatestCheckpoint(resume_root, resume_job);
+      if (!own.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat("--resume ", resume_job, ": ", own.status().message(),
+                                                          " (another job sharing the output directory may have "
+                                                          "replaced its checkpoints)"));
+      }
+      resume_from = *own;
     }
   }
   {
@@ -507,7 +526,7 @@ void HostCore::RunnerLoop() {
         for (auto& w : assigned) {
           if (!w->process_alive()) w->MarkGone();
         }
-        auto latest = checkpoint::FindLatestCheckpoint(rec->spec.output_dir);
+        auto latest = checkpoint::FindLatestCheckpoint(rec->spec.output_dir, rec->job.job_id());
         rec->resume_from = latest.ok() ? *latest : rec->resume_from;
         v1::JobEvent ev;
         ev.set_log(

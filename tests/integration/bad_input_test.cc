@@ -574,6 +574,42 @@ TEST_F(BadInput, DatasetMasksAndOptimizerValuesThatTrainNothingOrNaNAreRefused) 
                  "optimizer.eps must be > 0");
 }
 
+// Two jobs sharing an output directory: --resume by job id takes that job's own checkpoint, never
+// the other's (before: the newest one there, or one the other job had replaced, was loaded).
+TEST_F(BadInput, ResumeByJobIdNeverTakesAnotherJobsCheckpoint) {
+  SpecParts p;
+  p.output = root_ + "/shared-out";
+  fs::remove_all(p.output);
+  const std::string spec = absl::StrReplaceAll(Spec(p), {{", save_final: false}", ", save_final: true}"}});
+  const std::string a = NextId("share-a"), b = NextId("share-b");
+  auto ja = node_->RunJob(spec, a, 60);
+  ASSERT_TRUE(ja.ok()) << ja.status();
+  ASSERT_EQ(ja->state(), v1::JOB_STATE_SUCCEEDED) << ja->error();
+  auto ja_ckpt = checkpoint::CheckpointJobId(ja->last_checkpoint());
+  ASSERT_TRUE(ja_ckpt.ok()) << ja_ckpt.status();
+  EXPECT_EQ(*ja_ckpt, a);
+  auto jb = node_->RunJob(spec, b, 60);  // the same steps: it replaces checkpoint-2
+  ASSERT_TRUE(jb.ok()) << jb.status();
+  ASSERT_EQ(jb->state(), v1::JOB_STATE_SUCCEEDED) << jb->error();
+  ASSERT_EQ(jb->last_checkpoint(), ja->last_checkpoint());
+  v1::SubmitJobRequest req;
+  req.set_job_id(NextId("resume-a"));
+  req.set_spec_yaml(absl::StrReplaceAll(spec, {{"steps: 2,", "steps: 3,"}}));
+  req.set_base_dir(node_->dir());
+  req.set_resume_from(a);
+  auto r = node_->client().Submit(req);
+  ASSERT_FALSE(r.ok()) << "resumed job " << a << " from " << b << "'s checkpoint";
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("no complete checkpoint of job " + a));
+  req.set_job_id(NextId("resume-b"));
+  req.set_resume_from(b);  // b's own checkpoint is there
+  auto rb = node_->client().Submit(req);
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  auto jrb = node_->WaitFinal(rb->job().job_id(), 60);
+  ASSERT_TRUE(jrb.ok()) << jrb.status();
+  EXPECT_EQ(jrb->state(), v1::JOB_STATE_SUCCEEDED) << jrb->error();
+}
+
 // YAML lets a key appear twice (the last one winning silently): a spec must not.
 TEST_F(BadInput, DuplicateSpecKeysAreRefused) {
   SpecParts p;
