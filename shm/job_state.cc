@@ -186,6 +186,39 @@ absl::Status JobState::CheckMatches(const ModelLayout& layout) const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> JobState::ConsistentStep() const {
+  const std::string& name = segment_->name();
+  if (num_units() == 0) return absl::FailedPreconditionError(absl::StrCat("job segment ", name, " has no units"));
+  const uint32_t v = versions_[0].Load();
+  for (int u = 1; u < num_units(); ++u) {
+    if (versions_[u].Load() != v) {
+      return absl::FailedPreconditionError(absl::StrCat("job segment ", name, ": unit 0 is at step ", v, ", unit ", u,
+                                                        " at step ", versions_[u].Load(), " (a step was half done)"));
+    }
+  }
+  const uint64_t updating = control_->updating_step.load(std::memory_order_acquire);
+  if (updating > v) {
+    return absl::FailedPreconditionError(absl::StrCat("job segment ", name, ": the updates of step ", updating,
+                                                      " had begun and not all finished (every unit at step ", v, ")"));
+  }
+  const uint64_t counted = control_->step.load(std::memory_order_acquire);
+  if (counted != v && counted + 1 != v) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job segment ", name, ": step counter ", counted, " disagrees with the units' step ", v));
+  }
+  return static_cast<int64_t>(v);
+}
+
+std::string JobState::job_id() const {
+  return std::string(control_->job_id, strnlen(control_->job_id, sizeof(control_->job_id)));
+}
+
+absl::Status JobState::TakeOver() {
+  RETURN_IF_ERROR(segment_->TakeOwnership());
+  control_->abort.Reset();
+  return absl::OkStatus();
+}
+
 bool JobState::RaiseAbort(AbortReason reason) {
   const bool won = control_->abort.Raise(reason);
   for (int u = 0; u < num_units(); ++u) versions_[u].WakeAll();

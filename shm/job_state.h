@@ -48,7 +48,11 @@ struct alignas(64) JobControlBlock {
   char job_id[104];
   AbortWord abort;
   alignas(64) std::atomic<uint64_t> step;  // completed optimizer steps (written by hostd)
-  uint8_t pad[56];
+  // The 1-based step whose LayerAdam updates have begun: hostd stores t+1 before the first update
+  // of step t touches master, m, v or mirror. With every gate at version V and this <= V, no
+  // update is under way and the state is exactly that of V steps (ConsistentStep).
+  std::atomic<uint64_t> updating_step;
+  uint8_t pad[48];
 };
 static_assert(sizeof(JobControlBlock) == 256 && std::is_standard_layout_v<JobControlBlock>);
 
@@ -82,6 +86,13 @@ class JobState {
 
   // FAILED_PRECONDITION when the segment was made for another model layout.
   absl::Status CheckMatches(const ModelLayout& layout) const;
+  // The number of optimizer steps the state holds exactly, when it is consistent: every unit's
+  // gate at the same version V and no update of step V+1 begun (updating_step <= V). Otherwise
+  // FAILED_PRECONDITION saying why (the first unit at another version, or the step whose updates
+  // were under way). What a restarted hostd checks before resuming from the segment.
+  absl::StatusOr<int64_t> ConsistentStep() const;
+  // The job id the segment was created for.
+  std::string job_id() const;
   // Re-reads the segment's layout through this mapping after its owner re-laid it out in place
   // (a worker keeping a pooled segment mapped between jobs); the views change, the mapping not.
   absl::Status Rebind();
@@ -95,11 +106,16 @@ class JobState {
   VersionGate& version(int unit) const { return versions_[unit]; }
   AbortWord& abort() const { return control_->abort; }
   std::atomic<uint64_t>& step_counter() const { return control_->step; }
+  std::atomic<uint64_t>& updating_step() const { return control_->updating_step; }
   // hostd (the creator): the process that publishes versions, for liveness checks in waits.
   ProcessIdentity owner() const { return segment_->creator(); }
 
   // Raises the abort word and wakes every version waiter at once (not just at its next slice).
   bool RaiseAbort(AbortReason reason);
+  // A restarted hostd resuming the job from this segment (its creator died): this process becomes
+  // its owner (the publisher workers check for liveness) and the abort word is cleared. Only
+  // while no worker of the job runs.
+  absl::Status TakeOver();
   // Allocates (fallocate, from this thread's NUMA node) and maps the unit's four regions.
   absl::Status PrefaultUnit(int unit);
 

@@ -419,6 +419,23 @@ absl::Status ShmSegment::Prefault(uint64_t offset, uint64_t bytes, int threads) 
   return absl::OkStatus();
 }
 
+absl::Status ShmSegment::TakeOwnership() {
+  if (access_ != Access::kReadWrite) {
+    return absl::FailedPreconditionError(absl::StrCat("segment ", name_, " is mapped read-only"));
+  }
+  const ProcessIdentity self = SelfIdentity();
+  const ProcessIdentity old = creator();
+  if (old.pid == self.pid && old.start_ticks == self.start_ticks) return absl::OkStatus();
+  if (old.pid > 0 && IsProcessAlive(old)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("segment ", name_, ": its creator (pid ", old.pid, ") is still running"));
+  }
+  auto* h = reinterpret_cast<ShmHeader*>(base_);
+  h->creator_pid = self.pid;
+  h->creator_start_ticks = self.start_ticks;
+  return absl::OkStatus();
+}
+
 absl::Status ShmSegment::Unlink() { return UnlinkSegment(name_); }
 
 absl::Status UnlinkSegment(const std::string& name) {

@@ -42,7 +42,7 @@ enum class ShmDtype : uint32_t { kBytes = 0, kF32 = 1, kBF16 = 2, kU32 = 3 };
 const char* ShmDtypeName(ShmDtype d);
 
 inline constexpr uint64_t kShmMagic = 0x3170'6464'696c'7300ull;  // "\0slidedp1" little-endian
-inline constexpr uint32_t kShmLayoutVersion = 1;
+inline constexpr uint32_t kShmLayoutVersion = 2;  // 2: JobControlBlock::updating_step
 inline constexpr size_t kRegionNameBytes = 40;  // including the terminating NUL
 inline constexpr uint64_t kCacheLineBytes = 64;
 inline constexpr uint64_t kPageBytes = 4096;
@@ -148,6 +148,10 @@ class ShmSegment {
   // data), split over `threads` threads. Call Allocate first for kHeaderOnly segments.
   absl::Status Prefault(uint64_t offset, uint64_t bytes, int threads = 1);
   absl::Status PrefaultAll(int threads = 1) { return Prefault(0, bytes_, threads); }
+  // Makes the calling process the segment's creator in its header (pid and start time, what
+  // liveness checks and stale-segment reclaim look at): a restarted hostd adopting the state of
+  // its dead predecessor. FAILED_PRECONDITION while the recorded creator is alive; needs kReadWrite.
+  absl::Status TakeOwnership();
   // Removes the name; existing mappings stay valid until unmapped. NOT_FOUND if already gone.
   absl::Status Unlink();
 

@@ -6,8 +6,8 @@
 #include <iostream>
 #include <sstream>
 
-#include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
+#include "CLI/CLI.hpp"
 #include "client/cli/client.h"
 #include "client/cli/embedded.h"
 #include "client/prepare/prepare.h"
@@ -110,19 +110,24 @@ int main(int argc, char** argv) {
   bool skip_bad = false, overwrite = false;
   auto* prepare = app.add_subcommand("prepare", "tokenize JSONL/text into the training dataset format");
   prepare->add_option("--model", popt.model_dir, "HF model dir with tokenizer.json and tokenizer_config.json")
-      ->required()->check(CLI::ExistingDirectory);
+      ->required()
+      ->check(CLI::ExistingDirectory);
   prepare->add_option("--input", popt.inputs, "input files: .jsonl (chat, prompt/completion, text) or .txt")
-      ->required()->check(CLI::ExistingFile);
+      ->required()
+      ->check(CLI::ExistingFile);
   prepare->add_option("--output", popt.output_dir, "output directory")->required();
   prepare->add_option("--seq-len", popt.seq_len, "row length in tokens")->check(CLI::PositiveNumber);
   prepare->add_option("--packing", packing, "packed (documents concatenated into rows) | padded (one per row)")
       ->check(CLI::IsMember({"packed", "padded"}));
-  prepare->add_flag("--pack", [&](int64_t) { packing = "packed"; }, "same as --packing packed");
-  prepare->add_option("--validation-fraction", popt.validation_fraction, "documents held out")->check(CLI::Range(0.0, 0.99));
+  prepare->add_flag(
+      "--pack", [&](int64_t) { packing = "packed"; }, "same as --packing packed");
+  prepare->add_option("--validation-fraction", popt.validation_fraction, "documents held out")
+      ->check(CLI::Range(0.0, 0.99));
   prepare->add_option("--seed", popt.seed, "seed of the train/validation split");
   prepare->add_option("--loss-on", loss_on, "assistant (chat: assistant turns only) | all")
       ->check(CLI::IsMember({"assistant", "all"}));
-  prepare->add_option("--chat-template", chat_template, "auto | qwen3 | chatml")->check(CLI::IsMember({"auto", "qwen3", "chatml"}));
+  prepare->add_option("--chat-template", chat_template, "auto | qwen3 | chatml")
+      ->check(CLI::IsMember({"auto", "qwen3", "chatml"}));
   prepare->add_option("--text-eos", text_eos, "append | none")->check(CLI::IsMember({"append", "none"}));
   prepare->add_flag("--skip-bad", skip_bad, "skip malformed lines (counted) instead of failing");
   prepare->add_option("--threads", popt.threads, "tokenizer threads (0: all cores)");
@@ -142,9 +147,9 @@ int main(int argc, char** argv) {
     const bool tty = isatty(2);
     popt.progress = [tty](const pp::PrepareProgress& p) {
       double frac = p.bytes_total > 0 ? double(p.bytes_done) / p.bytes_total : 0;
-      std::string line = absl::StrFormat("[%-24s] %5.1f%%  %lld documents, %lld tokens",
-                                         std::string(static_cast<int>(frac * 24), '#'), frac * 100,
-                                         static_cast<long long>(p.documents), static_cast<long long>(p.tokens));
+      std::string line =
+          absl::StrFormat("[%-24s] %5.1f%%  %lld documents, %lld tokens", std::string(static_cast<int>(frac * 24), '#'),
+                          frac * 100, static_cast<long long>(p.documents), static_cast<long long>(p.tokens));
       if (tty) {
         std::cerr << "\r\033[K" << line << std::flush;
       } else {
@@ -156,10 +161,11 @@ int main(int argc, char** argv) {
     if (!summary.ok()) return Fail(summary.status());
     auto print = [](const char* name, const pp::SplitSummary& s) {
       if (s.dir.empty()) return;
-      std::cout << absl::StrFormat("%-10s %lld documents, %lld tokens (%lld trained), %lld rows, %lld truncated, %lld split -> %s\n",
-                                   name, static_cast<long long>(s.documents), static_cast<long long>(s.tokens),
-                                   static_cast<long long>(s.trained_tokens), static_cast<long long>(s.rows),
-                                   static_cast<long long>(s.truncated_documents), static_cast<long long>(s.split_documents), s.dir);
+      std::cout << absl::StrFormat(
+          "%-10s %lld documents, %lld tokens (%lld trained), %lld rows, %lld truncated, %lld split -> %s\n", name,
+          static_cast<long long>(s.documents), static_cast<long long>(s.tokens),
+          static_cast<long long>(s.trained_tokens), static_cast<long long>(s.rows),
+          static_cast<long long>(s.truncated_documents), static_cast<long long>(s.split_documents), s.dir);
     };
     print("train", summary->train);
     print("validation", summary->validation);
@@ -211,15 +217,16 @@ int main(int argc, char** argv) {
   if (*node) {
     auto n = client.Node();
     if (!n.ok()) return Fail(n.status());
-    std::cout << absl::StrFormat("node %s (%s)%s\n  cpu cores %d on %d NUMA node(s), %d LayerAdam threads\n"
-                                 "  host memory %.1f GiB (%.1f available), /dev/shm free %.1f GiB\n",
-                                 n->node_name(), n->version(), n->draining() ? " DRAINING" : "", n->cpu_cores(),
-                                 n->numa_nodes(), n->update_threads(),
-                                 n->host_memory_bytes() / 1073741824.0, n->host_memory_available_bytes() / 1073741824.0,
-                                 n->shm_free_bytes() / 1073741824.0);
+    std::cout << absl::StrFormat(
+        "node %s (%s)%s\n  cpu cores %d on %d NUMA node(s), %d LayerAdam threads\n"
+        "  host memory %.1f GiB (%.1f available), /dev/shm free %.1f GiB\n",
+        n->node_name(), n->version(), n->draining() ? " DRAINING" : "", n->cpu_cores(), n->numa_nodes(),
+        n->update_threads(), n->host_memory_bytes() / 1073741824.0, n->host_memory_available_bytes() / 1073741824.0,
+        n->shm_free_bytes() / 1073741824.0);
     for (const auto& w : n->workers()) {
-      std::cout << absl::StrFormat("  worker %s pid %d: %s %s %.1f GiB numa %d %s\n", w.worker_id(), w.pid(), w.device().kind(),
-                                   w.device().name(), w.device().memory_bytes() / 1073741824.0, w.device().numa_node(), w.state());
+      std::cout << absl::StrFormat("  worker %s pid %d: %s %s %.1f GiB numa %d %s\n", w.worker_id(), w.pid(),
+                                   w.device().kind(), w.device().name(), w.device().memory_bytes() / 1073741824.0,
+                                   w.device().numa_node(), w.state());
     }
     return 0;
   }
@@ -244,6 +251,10 @@ int main(int argc, char** argv) {
     if (!j.ok()) return Fail(j.status());
     std::cout << sc::FormatJobLine(*j) << "\n";
     if (!j->last_checkpoint().empty()) std::cout << "last checkpoint: " << j->last_checkpoint() << "\n";
+    if (j->hostd_restarts() > 0) {
+      std::cout << "interrupted by " << j->hostd_restarts() << " hostd restart(s); resumed from " << j->recovery()
+                << "\n";
+    }
     if (j->submit_to_first_step_s() > 0) {
       std::cout << absl::StrFormat("submit to first step: %.2f s\n", j->submit_to_first_step_s());
     }

@@ -186,34 +186,81 @@ void HostCore::LoadPersisted() {
   for (auto& [t, job] : loaded) {
     if (jobs_.count(job.job_id())) continue;
     auto rec = std::make_unique<JobRecord>();
-    if (!IsFinal(job.state())) {
-      // hostd stopped while this job was queued or running: report it with the checkpoint it
-      // can resume from (slidedp submit --resume <job id>).
-      auto spec = JobSpec::Parse(job.resolved_spec_yaml(), "", JobSpec::FileCheck::kSkip);
-      if (spec.ok()) {
-        auto latest = checkpoint::FindLatestCheckpoint(spec->output_dir, job.job_id());
-        if (latest.ok()) job.set_last_checkpoint(*latest);
-      }
-      job.set_error(absl::StrCat("interrupted: hostd stopped while the job was ",
-                                 job.state() == v1::JOB_STATE_QUEUED ? "queued" : "running",
-                                 job.last_checkpoint().empty() ? "" : "; resume from " + job.last_checkpoint()));
-      job.set_state(v1::JOB_STATE_FAILED);
-      job.set_error_code(static_cast<int>(absl::StatusCode::kAborted));
-      job.set_end_time_unix_ms(NowMs());
-      LOG(WARNING) << "job " << job.job_id() << " was interrupted by a hostd restart; last checkpoint: "
-                   << (job.last_checkpoint().empty() ? "none" : job.last_checkpoint());
-    }
-    rec->job = job;
     auto spec = JobSpec::Parse(job.resolved_spec_yaml(), "", JobSpec::FileCheck::kSkip);
     if (spec.ok()) rec->spec = *spec;
+    if (!IsFinal(job.state())) {
+      // hostd stopped while this job was queued or running.
+      if (spec.ok() && options_.resume_interrupted && job.hostd_restarts() < kMaxHostdRestartsPerJob) {
+        ResumeInterruptedLocked(job, *spec, *rec);
+      } else {
+        ReportInterrupted(job, spec.ok() ? spec->output_dir : std::string());
+      }
+    }
+    rec->job = job;
+    rec->spec_text = job.resolved_spec_yaml();
+    if (rec->resume_from.empty()) rec->resume_from = job.resume_from();
+    rec->submit_ms = job.submit_time_unix_ms();
     job_order_.push_back(job.job_id());
+    if (job.state() == v1::JOB_STATE_QUEUED) queue_.push_back(job.job_id());
     PersistLocked(*rec);
     jobs_[job.job_id()] = std::move(rec);
   }
 }
 
+// Reported FAILED ("interrupted") with the checkpoint it can resume from (slidedp submit
+// --resume <job id>).
+void HostCore::ReportInterrupted(v1::Job& job, const std::string& output_dir) {
+  if (!output_dir.empty()) {
+    auto latest = checkpoint::FindLatestCheckpoint(output_dir, job.job_id());
+    if (latest.ok()) job.set_last_checkpoint(*latest);
+  }
+  job.set_error(absl::StrCat(
+      "interrupted: hostd stopped while the job was ", job.state() == v1::JOB_STATE_QUEUED ? "queued" : "running",
+      job.hostd_restarts() >= kMaxHostdRestartsPerJob && options_.resume_interrupted
+          ? absl::StrCat(" (", job.hostd_restarts(), " hostd restarts interrupted it; not resumed again)")
+          : std::string(),
+      job.last_checkpoint().empty() ? "" : "; resume from " + job.last_checkpoint()));
+  job.set_state(v1::JOB_STATE_FAILED);
+  job.set_error_code(static_cast<int>(absl::StatusCode::kAborted));
+  job.set_end_time_unix_ms(NowMs());
+  LOG(WARNING) << "job " << job.job_id() << " was interrupted by a hostd restart; last checkpoint: "
+               << (job.last_checkpoint().empty() ? "none" : job.last_checkpoint());
+}
+
+// Back into the queue, resuming where the dead hostd left it: from the state it left in shared
+// memory when that is consistent (the executor takes the segment over now, before stale
+// segments are reclaimed), else from the job's newest checkpoint, else from where it was
+// submitted to start.
+void HostCore::ResumeInterruptedLocked(v1::Job& job, const JobSpec& spec, JobRecord& rec) {
+  const bool was_queued = job.state() == v1::JOB_STATE_QUEUED;
+  job.set_hostd_restarts(job.hostd_restarts() + 1);
+  rec.resume_from = job.resume_from();
+  std::string how;
+  absl::StatusOr<int64_t> shm_step = executor_->AdoptInterruptedState(job.job_id(), spec);
+  if (shm_step.ok()) {
+    how = absl::StrCat("shared memory at step ", *shm_step);
+  } else {
+    const std::string why_not = absl::IsNotFound(shm_step.status()) ? std::string("no state in shared memory")
+                                                                    : std::string(shm_step.status().message());
+    auto latest = checkpoint::FindLatestCheckpoint(spec.output_dir, job.job_id());
+    if (latest.ok()) {
+      rec.resume_from = *latest;
+      how = absl::StrCat("checkpoint ", *latest, " (", why_not, ")");
+    } else if (!rec.resume_from.empty()) {
+      how = absl::StrCat("its --resume checkpoint ", rec.resume_from, " (", why_not, "; no checkpoint of its own)");
+    } else {
+      how = absl::StrCat("the start (", why_not, "; no checkpoint)");
+    }
+  }
+  job.set_recovery(how);
+  job.set_state(v1::JOB_STATE_QUEUED);
+  LOG(WARNING) << "job " << job.job_id() << " was " << (was_queued ? "queued" : "running")
+               << " when hostd stopped; queued again, resuming from " << how;
+}
+
 void HostCore::Start() {
   LoadPersisted();
+  if (options_.before_first_job) options_.before_first_job();
   runner_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "job-runner");
     RunnerLoop();
@@ -228,6 +275,7 @@ void HostCore::Drain(DrainMode mode) {
     rec.job.set_error("hostd is draining; the job was not started");
     rec.job.set_error_code(static_cast<int>(absl::StatusCode::kUnavailable));
     SetStateLocked(rec, v1::JOB_STATE_CANCELLED);
+    executor_->ForgetJob(id);
   }
   queue_.clear();
   if (mode != DrainMode::kFinishRunning && !running_.empty()) {
@@ -344,6 +392,7 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
   rec->spec = spec;
   rec->spec_text = req.spec_yaml();
   rec->resume_from = resume_from;
+  rec->job.set_resume_from(resume_from);
   v1::SubmitJobResponse resp;
   if (req.dry_run()) {
     *resp.mutable_job() = rec->job;
@@ -382,6 +431,7 @@ absl::StatusOr<v1::Job> HostCore::Cancel(const std::string& job_id) {
   if (rec.job.state() == v1::JOB_STATE_QUEUED) {
     queue_.erase(std::remove(queue_.begin(), queue_.end(), job_id), queue_.end());
     SetStateLocked(rec, v1::JOB_STATE_CANCELLED);
+    executor_->ForgetJob(job_id);
     return rec.job;
   }
   rec.cancel = true;  // the executor stops at the next safe point
@@ -501,6 +551,7 @@ void HostCore::RunnerLoop() {
                                         " attached after waiting ", absl::FormatDuration(options_.worker_wait)));
         rec->job.set_error_code(static_cast<int>(absl::StatusCode::kUnavailable));
         SetStateLocked(*rec, v1::JOB_STATE_FAILED);
+        executor_->ForgetJob(id);
         continue;
       }
       running_ = id;
@@ -511,6 +562,7 @@ void HostCore::RunnerLoop() {
     LOG(INFO) << "job " << id << " starting on " << assigned.size() << " worker(s)";
     RecordContext ctx(this, rec, assigned);
     absl::Status status = executor_->Run(ctx);
+    executor_->ForgetJob(id);  // state adopted for the job and not used (the attempt failed before)
     {
       absl::MutexLock l(&mu_);
       for (auto& w : assigned) worker_job_.erase(w->id());

@@ -129,6 +129,15 @@ class JobExecutor {
   // Validates a spec beyond syntax (model config readable, data matches vocab, memory admission)
   // so bad jobs are refused at submit with the right code. Optional.
   virtual absl::Status Validate(const JobSpec& spec) { return absl::OkStatus(); }
+  // A job the previous hostd left running or queued when it died: takes over the state it left
+  // in shared memory for the job's next Run when that state is consistent, and returns the
+  // number of steps it holds. An error says why not (NOT_FOUND: no state segment); the job then
+  // resumes from its newest checkpoint instead. Optional.
+  virtual absl::StatusOr<int64_t> AdoptInterruptedState(const std::string& job_id, const JobSpec& spec) {
+    return absl::UnimplementedError("this executor cannot resume from shared memory");
+  }
+  // The job will not run after all (cancelled while queued): drops what AdoptInterruptedState took.
+  virtual void ForgetJob(const std::string& job_id) {}
 };
 
 struct HostCoreOptions {
@@ -139,10 +148,23 @@ struct HostCoreOptions {
   // them; a job that was running when hostd died is reported FAILED ("interrupted") with its last
   // complete checkpoint. Empty: records live in memory only.
   std::string state_dir;
+  // At Start, resume the jobs that were running or queued when the previous hostd died: the
+  // running one from its state in shared memory when consistent (JobExecutor::
+  // AdoptInterruptedState), else from its newest checkpoint (or its --resume checkpoint, or the
+  // start). At most kMaxHostdRestartsPerJob times per job. false: they are reported FAILED
+  // ("interrupted") with their last checkpoint.
+  bool resume_interrupted = true;
+  // Called by Start after the job records are loaded and before the runner starts any job
+  // (hostd reclaims dead processes' segments there, sparing the ones it took over).
+  std::function<void()> before_first_job;
   // Reported by GetNode (the host side's topology and LayerAdam sizing).
   int numa_nodes = 1;
   int update_threads = 0;
 };
+
+// A job resumed after this many hostd restarts that interrupted it is not resumed again (a job
+// that crashes hostd would otherwise crash it forever).
+inline constexpr int kMaxHostdRestartsPerJob = 3;
 
 class HostCore {
  public:
@@ -183,6 +205,8 @@ class HostCore {
   void SetStateLocked(JobRecord& rec, v1::JobState s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PersistLocked(const JobRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LoadPersisted();
+  void ReportInterrupted(v1::Job& job, const std::string& output_dir);
+  void ResumeInterruptedLocked(v1::Job& job, const JobSpec& spec, JobRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   HostCoreOptions options_;
   std::unique_ptr<JobExecutor> executor_;

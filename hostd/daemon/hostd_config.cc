@@ -29,6 +29,9 @@ void BindFlags(CLI::App& app, HostdConfig& c) {
   app.add_option("--reclaim-stale", c.reclaim_stale, "unlink stale shm segments at start");
   app.add_option("--pool-host-state", c.pool_host_state,
                  "keep a finished job's pre-faulted state segment for the next job of the same model");
+  app.add_option("--resume-interrupted", c.resume_interrupted,
+                 "at start, resume the jobs a dead hostd left running or queued: from their state in shared memory "
+                 "when it is consistent, else from their newest checkpoint (false: report them interrupted)");
   // With a config file the file's values come first and the command line's last: take the last.
   for (auto* opt : app.get_options()) opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
@@ -95,7 +98,8 @@ absl::StatusOr<HostdConfig> HostdConfig::Parse(int argc, const char* const* argv
 std::string HostdConfig::ToString() const {
   std::ostringstream o;
   o << "listen=" << listen << " node=" << node_name << " state_dir=" << state_dir << " update_threads=" << update_threads
-    << " drain_mode=" << drain_mode << " metrics_port=" << metrics_port << " pool_host_state=" << pool_host_state;
+    << " drain_mode=" << drain_mode << " metrics_port=" << metrics_port << " pool_host_state=" << pool_host_state
+    << " resume_interrupted=" << resume_interrupted;
   return o.str();
 }
 

@@ -20,6 +20,7 @@ struct HostdConfig {
   int metrics_port = 0;                        // Prometheus text on 127.0.0.1:PORT; 0 = off
   bool reclaim_stale = true;                   // unlink dead hostds' shm segments at start
   bool pool_host_state = true;                 // keep a finished job's state segment for the next job of the same model
+  bool resume_interrupted = true;              // at start, resume jobs a dead hostd left: from shm, else a checkpoint
   std::string config_file;
 
   // Parses argv (CLI11); a --config file's keys are the long flag names with '_' or '-'.

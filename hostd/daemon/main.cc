@@ -49,17 +49,6 @@ int main(int argc, char** argv) {
     std::cerr << "slidedp-hostd: " << node_lock.status().message() << "\n";
     return 3;
   }
-  if (config->reclaim_stale) {
-    auto reclaimed = slidedp::shm::ReclaimStaleSegments(node);
-    if (reclaimed.ok()) {
-      for (const auto& r : *reclaimed) {
-        LOG(WARNING) << "reclaimed stale segment " << r.name << " (" << r.bytes << " bytes, creator pid "
-                     << r.creator_pid << ": " << r.reason << ")";
-      }
-    } else {
-      LOG(WARNING) << "stale segment scan failed: " << reclaimed.status();
-    }
-  }
   slidedp::hostd::TrainingExecutorOptions eopt;
   eopt.node_name = node;
   eopt.update_threads = config->update_threads;
@@ -68,6 +57,22 @@ int main(int argc, char** argv) {
   copt.node_name = node;
   copt.worker_wait = absl::Seconds(config->worker_wait_s);
   copt.state_dir = config->state_dir;
+  copt.resume_interrupted = config->resume_interrupted;
+  // After the job records are loaded (and the state segments of jobs resumed from shared memory
+  // taken over by this process), before any job runs: what dead hostds left is removed.
+  if (config->reclaim_stale) {
+    copt.before_first_job = [node] {
+      auto reclaimed = slidedp::shm::ReclaimStaleSegments(node);
+      if (!reclaimed.ok()) {
+        LOG(WARNING) << "stale segment scan failed: " << reclaimed.status();
+        return;
+      }
+      for (const auto& r : *reclaimed) {
+        LOG(WARNING) << "reclaimed stale segment " << r.name << " (" << r.bytes << " bytes, creator pid "
+                     << r.creator_pid << ": " << r.reason << ")";
+      }
+    };
+  }
   if (auto cores = slidedp::update::CoresPerNumaNode(); cores.ok()) {
     int total = 0;
     for (int c : *cores) total += c;

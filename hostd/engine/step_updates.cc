@@ -8,8 +8,9 @@
 namespace slidedp::hostd {
 
 StepUpdates::StepUpdates(update::LayerAdam& adam, absl::Span<const update::UnitMemory> memory,
-                         update::UnitTracker& tracker, const update::AdamWStepParams& params)
-    : adam_(adam), memory_(memory), tracker_(tracker), params_(params) {}
+                         update::UnitTracker& tracker, const update::AdamWStepParams& params,
+                         std::atomic<uint64_t>* updating_step)
+    : adam_(adam), memory_(memory), tracker_(tracker), params_(params), updating_step_(updating_step) {}
 
 StepUpdates::~StepUpdates() { (void)Drain(); }
 
@@ -27,7 +28,11 @@ absl::Status StepUpdates::Apply(int u, int64_t offset, int64_t numel, float grad
   {
     absl::MutexLock l(&mu_);
     pending_++;
-    if (first_submit_ == absl::InfiniteFuture()) first_submit_ = absl::Now();
+    if (first_submit_ == absl::InfiniteFuture()) {
+      first_submit_ = absl::Now();
+      // Before LayerAdam writes anything of this step (its queue orders the store before).
+      if (updating_step_ != nullptr) updating_step_->store(static_cast<uint64_t>(params_.step));
+    }
   }
   absl::Status submitted =
       adam_.SubmitChunk(memory_[u], offset, numel, grad, p,

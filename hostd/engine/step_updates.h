@@ -7,6 +7,7 @@
 // destructor: updates may read staging or ring memory) waits for every submitted update.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "absl/base/thread_annotations.h"
@@ -24,8 +25,10 @@ namespace slidedp::hostd {
 class StepUpdates {
  public:
   // `params.step` is the 1-based step the updates make (the gates open at version params.step).
+  // `updating_step` (the job state's word, may be null) is set to params.step before the first
+  // update begins: a restarted hostd then knows the state may be half updated.
   StepUpdates(update::LayerAdam& adam, absl::Span<const update::UnitMemory> memory, update::UnitTracker& tracker,
-              const update::AdamWStepParams& params);
+              const update::AdamWStepParams& params, std::atomic<uint64_t>* updating_step = nullptr);
   ~StepUpdates();
   StepUpdates(const StepUpdates&) = delete;
   StepUpdates& operator=(const StepUpdates&) = delete;
@@ -45,6 +48,7 @@ class StepUpdates {
   absl::Span<const update::UnitMemory> memory_;
   update::UnitTracker& tracker_;
   const update::AdamWStepParams params_;
+  std::atomic<uint64_t>* const updating_step_;
   mutable absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);

@@ -115,6 +115,7 @@ struct TrainingExecutor::Attempt {
   std::unique_ptr<shm::JobState> pooled;  // taken from the pool and not (yet) adopted
   std::unique_ptr<shm::JobState> job_state;
   bool reused_state = false;
+  std::optional<int64_t> shm_step;  // resumed from the state a dead hostd left: its step
   std::vector<std::unique_ptr<shm::GradRing>> rings;
   std::unique_ptr<shm::ShmCollective> collective;
   std::vector<update::UnitMemory> memory;  // per unit, placed on its LayerAdam threads' node
@@ -191,7 +192,68 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
   return status;
 }
 
+absl::StatusOr<int64_t> TrainingExecutor::AdoptInterruptedState(const std::string& job_id, const JobSpec& spec) {
+  ASSIGN_OR_RETURN(Qwen3Config config, ModelConfigOf(spec));
+  const ModelLayout layout = ModelLayout::Build(config);
+  ASSIGN_OR_RETURN(std::string name, shm::MakeSegmentName(options_.node_name, job_id, "state"));
+  ASSIGN_OR_RETURN(std::unique_ptr<shm::JobState> js, shm::JobState::Attach(name, shm::Access::kReadWrite));
+  RETURN_IF_ERROR(js->CheckMatches(layout));
+  if (js->job_id() != job_id) {
+    return absl::FailedPreconditionError(absl::StrCat("state segment ", name, " belongs to job '", js->job_id(), "'"));
+  }
+  ASSIGN_OR_RETURN(int64_t step, js->ConsistentStep());
+  if (spec.steps > 0 && step > spec.steps) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("state segment ", name, " is at step ", step, ", beyond the job's ", spec.steps));
+  }
+  RETURN_IF_ERROR(js->TakeOver());
+  LOG(INFO) << "job " << job_id << ": took over its state segment " << name << " (" << js->bytes() << " bytes) at step "
+            << step << " from the previous hostd";
+  absl::MutexLock l(&mu_);
+  adopted_[job_id] = AdoptedState{std::move(js), step};
+  return step;
+}
+
+void TrainingExecutor::ForgetJob(const std::string& job_id) {
+  std::unique_ptr<shm::JobState> js;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = adopted_.find(job_id);
+    if (it == adopted_.end()) return;
+    js = std::move(it->second.state);
+    adopted_.erase(it);
+  }
+  LOG(INFO) << "job " << job_id << " will not run: removing the state segment taken over for it";
+  (void)js->Unlink();
+}
+
 absl::Status TrainingExecutor::AcquireState(JobContext& ctx, Attempt& a) {
+  {
+    absl::MutexLock l(&mu_);
+    if (auto it = adopted_.find(ctx.job_id()); it != adopted_.end()) {
+      a.job_state = std::move(it->second.state);
+      a.shm_step = it->second.step;
+      adopted_.erase(it);
+    }
+  }
+  if (a.job_state) {
+    // Its memory is allocated already: admission counts it as available.
+    ASSIGN_OR_RETURN(HostMemoryInfo host, ReadHostMemoryInfo());
+    host.mem_available_bytes += a.job_state->bytes();
+    host.shm_free_bytes += a.job_state->bytes();
+    if (absl::Status s = CheckAdmission(a.plan.memory, host); !s.ok()) {
+      (void)a.job_state->Unlink();
+      return s;
+    }
+    RETURN_IF_ERROR(a.job_state->CheckMatches(a.layout));
+    ctx.SetHostStateBytes(static_cast<int64_t>(a.plan.memory.total_bytes));
+    ctx.Log(a.plan.MemoryLine());
+    ctx.Log(a.plan.RoutesLine(a.spec.param_delivery));
+    ASSIGN_OR_RETURN(a.adam, Adam());
+    a.bulk_threads = std::max(1, std::min(16, a.adam->num_threads()));
+    a.job_state->abort().Reset();  // a worker may have raised it when the previous hostd died
+    return absl::OkStatus();
+  }
   // A pooled segment of this layout is reused (its memory counts as available to this job);
   // any other pooled segment is freed first, as this job may need its memory.
   a.pooled = pool_.Take(a.layout);
@@ -317,7 +379,7 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
   params.eps = a.spec.eps;
   params.weight_decay = a.spec.weight_decay;
   params.step = t + 1;
-  StepUpdates updates(*a.adam, a.memory, *a.tracker, params);
+  StepUpdates updates(*a.adam, a.memory, *a.tracker, params, &a.job_state->updating_step());
   ASSIGN_OR_RETURN(StepGradients grads, a.consumer->ConsumeStep(t, t == a.first_step, updates));
   const absl::Time t_tail = absl::Now();
   RETURN_IF_ERROR(updates.Drain());
@@ -362,11 +424,26 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   RETURN_IF_ERROR(CreateSegments(ctx, a));
 
   // ---- initial weights, schedule, staging ----
-  ASSIGN_OR_RETURN(a.first_step,
-                   WriteInitialState(ctx, a.spec, a.layout, *a.job_state, a.reused_state, a.bulk_threads));
-  ctx.Log(absl::StrFormat("host state ready in %.2f s after the job started (%s)",
-                          absl::ToDoubleSeconds(absl::Now() - attempt_start),
-                          a.reused_state ? "pooled segment" : "new segment"));
+  if (a.shm_step) {
+    // The state the dead hostd left holds exactly shm_step steps: nothing to load.
+    a.first_step = *a.shm_step;
+    a.job_state->step_counter().store(static_cast<uint64_t>(a.first_step));
+    ctx.Log(
+        absl::StrFormat("resumed from shared memory at step %d (the state the previous hostd left; no checkpoint "
+                        "read), host state ready in %.2f s",
+                        a.first_step, absl::ToDoubleSeconds(absl::Now() - attempt_start)));
+    if (a.first_step == a.spec.steps) {
+      // The previous hostd died after the last update: only the end of the job is left.
+      if (a.spec.save_final) RETURN_IF_ERROR(SaveCheckpoint(ctx, a, a.spec.steps));
+      return absl::OkStatus();
+    }
+  } else {
+    ASSIGN_OR_RETURN(a.first_step,
+                     WriteInitialState(ctx, a.spec, a.layout, *a.job_state, a.reused_state, a.bulk_threads));
+    ctx.Log(absl::StrFormat("host state ready in %.2f s after the job started (%s)",
+                            absl::ToDoubleSeconds(absl::Now() - attempt_start),
+                            a.reused_state ? "pooled segment" : "new segment"));
+  }
   if (a.first_step >= a.spec.steps) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint is at step ", a.first_step, ", the job has ", a.spec.steps));

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -33,6 +34,11 @@ class TrainingExecutor : public JobExecutor {
   ~TrainingExecutor() override;
   absl::Status Validate(const JobSpec& spec) override;
   absl::Status Run(JobContext& ctx) override;
+  // Opens the job's state segment the dead hostd left, checks it (model layout, job id, every
+  // unit at the same step and no update begun beyond it) and takes it over (this process becomes
+  // its owner); the job's next Run continues from it without reading a checkpoint.
+  absl::StatusOr<int64_t> AdoptInterruptedState(const std::string& job_id, const JobSpec& spec) override;
+  void ForgetJob(const std::string& job_id) override;
 
  private:
   struct Attempt;  // one attempt's state and segments (training_executor.cc)
@@ -63,6 +69,12 @@ class TrainingExecutor : public JobExecutor {
   std::string instance_token_;  // pid and start time of this hostd
   absl::Mutex mu_;
   std::unique_ptr<update::LayerAdam> adam_;  // warm across jobs
+  struct AdoptedState {
+    std::unique_ptr<shm::JobState> state;
+    int64_t step = 0;
+  };
+  // Taken over from a dead hostd, by job id, until that job runs.
+  std::map<std::string, AdoptedState> adopted_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace slidedp::hostd

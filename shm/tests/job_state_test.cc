@@ -269,5 +269,85 @@ TEST(JobState, RelayoutReusesTheMappingAndAKeptWorkerMappingRebinds) {
   EXPECT_EQ(a->links, 0u);  // what the worker's watcher looks for
 }
 
+// A hostd that died (the child) left its job's state: the restarted one (this process) reads
+// whether it holds a whole step, and takes it over.
+TEST(JobState, ConsistentStepAndTakeOverOfADeadCreatorsSegment) {
+  const ModelLayout layout = TinyLayout(3);
+  const std::string job = testing::UniqueJob();
+  const std::string node = testing::TestNode();  // of this process: the child's would differ
+  const std::string name = absl::StrCat("/slidedp.", node, ".", job, ".state");
+  ScopedUnlink cleanup(name);
+  // Child: 5 steps done, then the updates of step 6 begin on unit 0 only; it dies (exits) there.
+  // mode 0: 5 whole steps; 1: step 6's updates begun, no gate moved; 2: unit 0 at 6, others at 5.
+  for (int mode = 0; mode < 3; ++mode) {
+    (void)UnlinkSegment(name);
+    pid_t child = ForkChild([&] {
+      auto s = JobState::Create(node, job, layout);
+      if (!s.ok()) return 1;
+      for (int u = 0; u < (*s)->num_units(); ++u) (*s)->version(u).Publish(5);
+      (*s)->step_counter().store(5);
+      (*s)->updating_step().store(5);
+      if (mode >= 1) (*s)->updating_step().store(6);
+      if (mode == 2) (*s)->version(0).Publish(6);
+      (*s)->RaiseAbort(AbortReason::kWorkerFailed);  // a worker noticed the death
+      return 0;
+    });
+    ASSERT_EQ(WaitChild(child), 0);
+    auto js = JobState::Attach(name, Access::kReadWrite);
+    ASSERT_TRUE(js.ok()) << js.status();
+    EXPECT_EQ((*js)->job_id(), job);
+    EXPECT_TRUE((*js)->CheckMatches(layout).ok());
+    absl::StatusOr<int64_t> step = (*js)->ConsistentStep();
+    if (mode == 0) {
+      ASSERT_TRUE(step.ok()) << step.status();
+      EXPECT_EQ(*step, 5);
+      EXPECT_EQ((*js)->owner().pid, child);
+      ASSERT_TRUE((*js)->TakeOver().ok());
+      EXPECT_EQ((*js)->owner().pid, getpid());
+      EXPECT_FALSE((*js)->abort().raised());
+      // Another process sees the new owner (workers check its liveness in their waits).
+      auto again = JobState::Attach(name, Access::kReadOnly);
+      ASSERT_TRUE(again.ok());
+      EXPECT_EQ((*again)->owner().pid, getpid());
+    } else {
+      EXPECT_EQ(step.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_NE(step.status().message().find(mode == 1 ? "updates of step 6" : "unit 0 is at step 6"),
+                std::string::npos)
+          << step.status();
+    }
+  }
+}
+
+// Only a dead creator's segment can be taken over.
+TEST(JobState, TakeOverRefusesALiveCreator) {
+  const ModelLayout layout = TinyLayout();
+  const std::string job = testing::UniqueJob();
+  const std::string node = testing::TestNode();  // of this process: the child's would differ
+  const std::string name = absl::StrCat("/slidedp.", node, ".", job, ".state");
+  ScopedUnlink cleanup(name);
+  int ready[2], hold[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(hold), 0);
+  pid_t child = ForkChild([&] {
+    ::close(hold[1]);  // else the child holds its own pipe open
+    auto s = JobState::Create(node, job, layout);
+    char c = s.ok() ? 'y' : 'n';
+    if (::write(ready[1], &c, 1) != 1) return 1;
+    (void)::read(hold[0], &c, 1);  // lives until the parent closes the pipe
+    return 0;
+  });
+  ChildGuard guard(child);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ASSERT_EQ(c, 'y');
+  auto js = JobState::Attach(name, Access::kReadWrite);
+  ASSERT_TRUE(js.ok()) << js.status();
+  EXPECT_EQ((*js)->TakeOver().code(), absl::StatusCode::kFailedPrecondition);
+  ::close(hold[1]);
+  EXPECT_EQ(guard.Wait(), 0);
+  EXPECT_TRUE((*js)->TakeOver().ok());
+  for (int fd : {ready[0], ready[1], hold[0]}) ::close(fd);
+}
+
 }  // namespace
 }  // namespace slidedp::shm

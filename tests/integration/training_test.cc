@@ -2,7 +2,9 @@
 // memory. Checks synchronous-DP equivalence, a non-streaming reference, version-gate ordering
 // under injected delays, exact resume, and a worker killed mid-step.
 #include <cmath>
+#include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -12,6 +14,7 @@
 #include "common/data/sampler.h"
 #include "common/data/synthetic.h"
 #include "hostd/checkpoint/checkpoint.h"
+#include "shm/job_state.h"
 #include "tests/integration/node_harness.h"
 #include "worker/compute/cpu/cpu_reference_model.h"
 
@@ -65,19 +68,19 @@ std::string DataDir() {
 }
 
 std::string Spec(const SpecOptions& o) {
-  return absl::StrCat("name: it\nmodel: {preset: tiny, init_seed: 11}\ndata: {path: ", DataDir(), "}\n",
-                      "output: {dir: ", o.output, ", save_dtype: fp32, keep_last: 5, save_every: ", o.save_every, "}\n",
-                      "train: {seq_len: 64, global_batch: ", o.global_batch, ", micro_batch: ", o.micro_batch,
-                      ", steps: ", o.steps, ", seed: 3, max_grad_norm: ", o.max_grad_norm, "}\n",
-                      "optimizer: {lr: 1.0e-3, weight_decay: 0.1}\n", "schedule: {kind: linear, warmup_steps: 1}\n",
-                      "runtime: {workers: ", o.workers, ", ring_slots: 4, step_timeout_ms: 20000, max_restarts: ", o.max_restarts,
-                      ", chunk_bytes: ", o.chunk_bytes,
-                      o.grad_reduction.empty() ? std::string() : ", grad_reduction: " + o.grad_reduction,
-                      o.grad_staging.empty() ? std::string() : ", grad_staging: " + o.grad_staging,
-                      o.norm_weights.empty() ? std::string() : ", norm_weights: " + o.norm_weights,
-                      o.embedding_rows.empty() ? std::string() : ", embedding_rows: " + o.embedding_rows,
-                      o.act_policy.empty() ? std::string() : ", act_policy: " + o.act_policy,
-                      ", offload_ratio: ", o.offload_ratio, "}\n");
+  return absl::StrCat(
+      "name: it\nmodel: {preset: tiny, init_seed: 11}\ndata: {path: ", DataDir(), "}\n", "output: {dir: ", o.output,
+      ", save_dtype: fp32, keep_last: 5, save_every: ", o.save_every, "}\n",
+      "train: {seq_len: 64, global_batch: ", o.global_batch, ", micro_batch: ", o.micro_batch, ", steps: ", o.steps,
+      ", seed: 3, max_grad_norm: ", o.max_grad_norm, "}\n", "optimizer: {lr: 1.0e-3, weight_decay: 0.1}\n",
+      "schedule: {kind: linear, warmup_steps: 1}\n", "runtime: {workers: ", o.workers,
+      ", ring_slots: 4, step_timeout_ms: 20000, max_restarts: ", o.max_restarts, ", chunk_bytes: ", o.chunk_bytes,
+      o.grad_reduction.empty() ? std::string() : ", grad_reduction: " + o.grad_reduction,
+      o.grad_staging.empty() ? std::string() : ", grad_staging: " + o.grad_staging,
+      o.norm_weights.empty() ? std::string() : ", norm_weights: " + o.norm_weights,
+      o.embedding_rows.empty() ? std::string() : ", embedding_rows: " + o.embedding_rows,
+      o.act_policy.empty() ? std::string() : ", act_policy: " + o.act_policy, ", offload_ratio: ", o.offload_ratio,
+      "}\n");
 }
 
 ModelLayout TinyLayout() { return ModelLayout::Build(*Qwen3Config::Preset("tiny")); }
@@ -218,15 +221,16 @@ TEST(Training, TwoWorkersMatchOneWorkerAndTheNonStreamingReference) {
   const double moved = MaxAbsDiff(m1, init);
   const double dp = MaxAbsDiff(m2, m1);
   const double vs_ref = MaxAbsDiff(m1, ref);
-  std::cout << "max |param change| " << moved << ", 2 vs 1 worker " << dp << ", 1 worker vs reference " << vs_ref << "\n";
-  EXPECT_GT(moved, 1e-3);   // training did move the parameters: the comparisons below can fail
-  EXPECT_LT(dp, 2e-5);      // FP32 tolerance: only the gradient summation order differs
+  std::cout << "max |param change| " << moved << ", 2 vs 1 worker " << dp << ", 1 worker vs reference " << vs_ref
+            << "\n";
+  EXPECT_GT(moved, 1e-3);  // training did move the parameters: the comparisons below can fail
+  EXPECT_LT(dp, 2e-5);     // FP32 tolerance: only the gradient summation order differs
   EXPECT_LT(vs_ref, 2e-5);
 }
 
 TEST(Training, WithoutClippingChunksUpdateAsTheyArriveAndMatchTheReference) {
   SpecOptions o;
-  o.max_grad_norm = 0;  // no clipping: LayerAdam updates each chunk as soon as it is summed
+  o.max_grad_norm = 0;   // no clipping: LayerAdam updates each chunk as soon as it is summed
   o.chunk_bytes = 8192;  // 2048-element chunks: every unit arrives in several pieces
   o.output = "out-noclip";
   std::vector<std::vector<float>> got;
@@ -250,7 +254,8 @@ TEST(Training, WithoutClippingChunksUpdateAsTheyArriveAndMatchTheReference) {
   std::vector<std::vector<float>> want = ReferenceTraining(ref, &losses);
   const double d = MaxAbsDiff(got, want);
   const double d_direct = MaxAbsDiff(direct, want);
-  std::cout << "no clipping vs reference: 2 workers " << d << ", 1 worker (direct from ring slots) " << d_direct << "\n";
+  std::cout << "no clipping vs reference: 2 workers " << d << ", 1 worker (direct from ring slots) " << d_direct
+            << "\n";
   EXPECT_LT(d, 2e-5);
   EXPECT_LT(d_direct, 2e-5);
 }
@@ -424,7 +429,8 @@ namespace slidedp::testing {
 namespace {
 
 TEST(Service, HostdKilledWorkersReattachAndTheJobIsReportedWithItsCheckpoint) {
-  NodeHarness node(2);
+  // hostd --resume-interrupted=false: the job is reported interrupted, with its checkpoint.
+  NodeHarness node(2, {"--resume-interrupted", "false"});
   SpecOptions o;
   o.steps = 100000;
   o.save_every = 2;
@@ -580,18 +586,22 @@ TEST(Training, GpuAndCpuGradientRoutesMatchOneWorker) {
       ASSERT_EQ(lines.size(), 4u) << id;
       EXPECT_EQ(lines.back().value("grad_reduction", ""), run.route);
       // auto staging: on the devices where every rank's part is final (gpu route), else on the host
-      const std::string staging = max_norm == 0 ? "none" : run.route == "gpu" && run.staging.empty() ? "device" : "host";
+      const std::string staging = max_norm == 0                               ? "none"
+                                  : run.route == "gpu" && run.staging.empty() ? "device"
+                                                                              : "host";
       EXPECT_EQ(lines.back().value("grad_staging", ""), staging) << id;
       // hostd holds a whole step's gradients where it sums the ranks' copies or waits for the norm
       EXPECT_EQ(lines.back().value("host_staging_bytes", int64_t{-1}),
-                run.route == "cpu" || staging == "host" ? TinyLayout().total_numel * 4 : 0) << id;
+                run.route == "cpu" || staging == "host" ? TinyLayout().total_numel * 4 : 0)
+          << id;
       EXPECT_GT(lines.back().value("host_state_bytes", int64_t{0}), 0);
       EXPECT_GT(lines.back().value("grad_norm", 0.0), 0.0);
       // The update window (first update submitted to last done) and LayerAdam's rate over it.
       const double update_s = lines.back()["busy_s"].value("host_update", 0.0);
       EXPECT_GT(update_s, 0.0) << id;
       EXPECT_NEAR(lines.back().value("host_update_gparams_per_s", 0.0) * update_s * 1e9,
-                  static_cast<double>(TinyLayout().total_numel), 1.0) << id;
+                  static_cast<double>(TinyLayout().total_numel), 1.0)
+          << id;
     }
     EXPECT_TRUE(node.LeakedSegments().empty());
   }
@@ -610,8 +620,8 @@ TEST(Service, SecondJobReusesThePooledHostStateAndGivesTheSameResult) {
   const std::string log = ReadFile(node.dir() + "/hostd0.log");
   EXPECT_EQ(log.find("job cold: reused pooled host state"), std::string::npos);
   EXPECT_NE(log.find("job warm: reused pooled host state"), std::string::npos) << "see " << node.dir();
-  std::cout << "submit to first step: cold " << cold.submit_to_first_step_s() << " s, warm " << warm.submit_to_first_step_s()
-            << " s\n";
+  std::cout << "submit to first step: cold " << cold.submit_to_first_step_s() << " s, warm "
+            << warm.submit_to_first_step_s() << " s\n";
   if (!cold.last_checkpoint().empty() && !warm.last_checkpoint().empty()) {
     EXPECT_EQ(MaxAbsDiff(LoadMaster(cold.last_checkpoint()), LoadMaster(warm.last_checkpoint())), 0.0);
   }
@@ -668,8 +678,10 @@ TEST(Faults, DeviceMemoryTooSmallIsAClearErrorAndTheWorkerStaysUsable) {
     big.output = "out-big";
     MustSucceed(node, Spec(small), "small");
     MustSucceed(node, Spec(big), "big");
-    for (const auto& j : MetricsLines(node, "out-small", "small")) peak_small = std::max<int64_t>(peak_small, j["gpu_peak_bytes"]);
-    for (const auto& j : MetricsLines(node, "out-big", "big")) peak_big = std::max<int64_t>(peak_big, j["gpu_peak_bytes"]);
+    for (const auto& j : MetricsLines(node, "out-small", "small"))
+      peak_small = std::max<int64_t>(peak_small, j["gpu_peak_bytes"]);
+    for (const auto& j : MetricsLines(node, "out-big", "big"))
+      peak_big = std::max<int64_t>(peak_big, j["gpu_peak_bytes"]);
   }
   ASSERT_GT(peak_small, 0);
   ASSERT_GT(peak_big, peak_small);
@@ -749,10 +761,127 @@ TEST(Training, AutoActivationPolicyKeepsLayersThatFitAndGivesTheSameParameters) 
   EXPECT_TRUE(absl::StrContains(log, "the last 2 of 2 layers keep all activations")) << log;
   int64_t peak_first = 0, peak_later = 0;
   for (const auto& j : MetricsLines(node, "out-auto", "auto")) {
-    (j["step"] == 1 ? peak_first : peak_later) = std::max<int64_t>(j["step"] == 1 ? peak_first : peak_later,
-                                                                   j["gpu_peak_bytes"]);
+    (j["step"] == 1 ? peak_first : peak_later) =
+        std::max<int64_t>(j["step"] == 1 ? peak_first : peak_later, j["gpu_peak_bytes"]);
   }
   EXPECT_GT(peak_later, peak_first);  // the kept activations are really held
+}
+
+}  // namespace
+}  // namespace slidedp::testing
+
+namespace slidedp::testing {
+namespace {
+
+// Master, Adam m and v of a checkpoint saved in fp32, per unit, one after another.
+std::vector<std::vector<float>> LoadState(const std::string& dir) {
+  ModelLayout layout = TinyLayout();
+  const int n = layout.num_units();
+  std::vector<std::vector<float>> state(3 * n);
+  for (int u = 0; u < n; ++u) {
+    for (int k = 0; k < 3; ++k) state[k * n + u].resize(layout.units[u].numel);
+  }
+  checkpoint::StateArrays arrays;
+  arrays.master = [&](int u) { return state[u].data(); };
+  arrays.adam_m = [&](int u) { return state[n + u].data(); };
+  arrays.adam_v = [&](int u) { return state[2 * n + u].data(); };
+  auto loaded = checkpoint::LoadCheckpoint(dir, layout, arrays);
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  return state;
+}
+
+bool BitwiseEqual(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// hostd killed with SIGKILL at a point of a 2-worker job and started again: the job resumes,
+// from the state the dead hostd left in shared memory when every unit holds the same step and no
+// update was under way (else from its newest checkpoint), and finishes with master weights and
+// Adam moments bitwise equal to an uninterrupted run's.
+TEST(Service, HostdKilledMidJobResumesFromSharedMemoryBitwise) {
+  NodeHarness node(2);
+  SpecOptions o;
+  o.steps = 14;
+  o.save_every = 5;
+  o.output = "out-ref";
+  v1::Job ref = MustSucceed(node, Spec(o), "ref");
+  const auto expected = LoadState(ref.last_checkpoint());
+
+  std::vector<std::string> recoveries;
+  std::mt19937 rng(std::random_device{}());
+  // Trials 0-3 are killed as they come; trial 4's segment is then marked as if the kill had hit
+  // LayerAdam in the middle of a step (updating_step beyond the units' step): it must resume from
+  // its checkpoint instead, just as exactly.
+  for (int trial = 0; trial < 5; ++trial) {
+    const std::string id = absl::StrCat("crash", trial);
+    o.output = "out-" + id;
+    v1::SubmitJobRequest req;
+    req.set_job_id(id);
+    req.set_spec_yaml(Spec(o));
+    req.set_base_dir(node.dir());
+    ASSERT_TRUE(node.client().Submit(req).ok());
+    // Trial 0 is killed right after a step's report (the workers are then in the next forward:
+    // nothing is being updated); the others at a random moment of a step.
+    const int at_step = trial == 4 ? 7 : 2 + 3 * trial;
+    absl::Time deadline = absl::Now() + absl::Seconds(60);
+    int64_t seen = 0;
+    while (absl::Now() < deadline) {
+      auto j = node.client().GetJob(id);
+      if (j.ok() && j->last().step() >= at_step) {
+        seen = j->last().step();
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(trial == 0 ? 1 : 20));
+    }
+    ASSERT_GE(seen, at_step);
+    if (trial > 0) absl::SleepFor(absl::Microseconds(std::uniform_int_distribution<int>(0, 150'000)(rng)));
+    kill(node.hostd_pid(), SIGKILL);
+    waitpid(node.hostd_pid(), nullptr, 0);
+    if (trial == 4) {
+      auto js =
+          shm::JobState::Attach(absl::StrCat("/slidedp.", node.node(), ".", id, ".state"), shm::Access::kReadWrite);
+      ASSERT_TRUE(js.ok()) << js.status();
+      (*js)->updating_step().store((*js)->version(0).Load() + 1);
+    }
+    const absl::Time restart = absl::Now();
+    node.StartHostd();
+    ASSERT_TRUE(node.client().WaitReady(20).ok());
+    // Restart to the first step the new hostd completes.
+    int64_t step_at_restart = -1;
+    double to_next_step_s = -1;
+    while (absl::Now() < restart + absl::Seconds(60)) {
+      auto j = node.client().GetJob(id);
+      if (!j.ok()) continue;
+      if (step_at_restart < 0) step_at_restart = j->last().step();
+      if (to_next_step_s < 0 && j->last().step() != step_at_restart) {
+        to_next_step_s = absl::ToDoubleSeconds(absl::Now() - restart);
+      }
+      if (j.ok() && (j->state() == v1::JOB_STATE_SUCCEEDED || j->state() == v1::JOB_STATE_FAILED ||
+                     j->state() == v1::JOB_STATE_CANCELLED)) {
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    auto j = node.WaitFinal(id, 60);
+    ASSERT_TRUE(j.ok()) << j.status();
+    ASSERT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED) << j->error() << " (logs in " << node.dir() << ")";
+    EXPECT_EQ(j->hostd_restarts(), 1);
+    EXPECT_EQ(j->last().step(), o.steps);
+    std::cout << id << ": killed after step " << seen << ", resumed from " << j->recovery() << "; restart to a step "
+              << to_next_step_s << " s\n";
+    recoveries.push_back(j->recovery());
+    EXPECT_TRUE(BitwiseEqual(LoadState(j->last_checkpoint()), expected)) << id << " resumed from " << j->recovery();
+  }
+  EXPECT_TRUE(absl::StartsWith(recoveries[0], "shared memory at step")) << recoveries[0];
+  EXPECT_TRUE(absl::StartsWith(recoveries[4], "checkpoint ")) << recoveries[4];
+  EXPECT_NE(recoveries[4].find("had begun"), std::string::npos) << recoveries[4];
+  EXPECT_TRUE(node.LeakedSegments().empty());
 }
 
 }  // namespace

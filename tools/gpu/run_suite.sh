@@ -28,6 +28,9 @@
 #   scaling    ~6   (2 GPUs) Qwen3-8B 1 -> 2 GPUs >= 1.95x; ours / FSDP2 on 2 GPUs >= 1.5
 #   host       ~4   LayerAdam / torch fused CPU AdamW >= 1.1 and >= 0.8 of copy bandwidth;
 #                   bench_copy and warm submit -> first step (figures)
+#   restart    ~5   Qwen3-4B on a node service: hostd killed (SIGKILL) right after a step and started
+#                   again resumes from shared memory; losses bitwise equal to an uninterrupted run
+#                   (runtime.deterministic), restart -> next step (figure)
 #   kbench     ~5   bench_kernels: cuDNN attention >= 400 TFLOP/s forward, >= 300 backward (causal,
 #                   >= 4K tokens); Qwen3-8B decoder layer keep-all >= 550 at 64K; torch SDPA (figures)
 #
@@ -62,6 +65,7 @@
 #   BENCH_POLICY     ours' act_policy (auto)           BENCH_OFFLOAD  run the CPU-offload peer (4B: 1)
 #   BENCH_RUNTIME_EXTRA  more runtime keys for ours, e.g. "deterministic: true" or "embedding_rows: bf16"
 #   BENCH_MAX_GRAD_NORM  ours' clipping (1.0; 0 = none, as the peer)
+#   RESTART_MODEL    (qwen3-4b)   RESTART_STEPS (8)   RESTART_KILL_AT  the step after which hostd is killed (3)
 #   KBENCH_QUICK=1   bench_kernels --quick (8B at 4K only; the layer gate becomes a figure)
 set -u
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
@@ -87,7 +91,7 @@ readonly KBENCH_T_FWD=400          # issue 3: attention TFLOP/s, causal, 4K+ tok
 readonly KBENCH_T_BWD=300
 readonly KBENCH_T_LAYER=550        # Qwen3-8B decoder layer keep-all over 64K tokens
 
-PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench scaling host kbench"
+PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench scaling host restart kbench"
 usage() { sed -n '3,/^set -u/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ] || [ "$1" = list ]; then usage; exit 0; fi
 for p in "$@"; do
@@ -452,6 +456,69 @@ YAML
   unset SLIDEDP_HOSTD
   judge warm --cold "$part_dir/warm-status-cold.txt" --warm "$part_dir/warm-status-warm.txt" \
     --what "Qwen3-4B on a node service (44.4 / 16.2 s in session 3)"
+  rm -rf "$d"
+}
+
+# A node service with one CUDA worker: an uninterrupted job, then the same job with hostd killed
+# (SIGKILL) just after step RESTART_KILL_AT's metrics line and started again. The job must resume
+# from the state segment the dead hostd left ("shared memory at step N"), and every step both
+# logged must have bitwise the same loss (runtime.deterministic). Figure: restart -> next step.
+part_restart() {
+  find_cudnn
+  local d=$work/restart id steps=${RESTART_STEPS:-8} kill_at=${RESTART_KILL_AT:-3} model=${RESTART_MODEL:-qwen3-4b}
+  new_dir "$d"
+  stage restart_data 60 python3 bench/e2e/make_dataset.py --out "$d/data" --rows 128 --seq-len 4096 --vocab 151936
+  for id in ref crashed; do
+    cat > "$d/$id.yaml" <<YAML
+name: $id
+model: {preset: $model, init_seed: 0}
+data: {path: $d/data}
+output: {dir: $d/out-$id, save_final: false}
+train: {seq_len: 4096, global_batch: 8, micro_batch: 4, steps: $steps, max_grad_norm: 1.0}
+runtime: {workers: 1, deterministic: true}
+YAML
+  done
+  if dry; then
+    echo "DRY  restart: slidedp-hostd + slidedp-worker --gpu 0; slidedp submit ref.yaml; slidedp submit crashed.yaml --detach"
+    echo "DRY  restart: kill -9 hostd after step $kill_at; slidedp-hostd again; slidedp status crashed; restart_check.py"
+    return
+  fi
+  local sock=unix:$d/hostd.sock hostd_pid worker_pid
+  start_hostd() {
+    slidedp-hostd --listen "$sock" --state-dir "$d/state" >> "$part_dir/hostd-$1.log" 2>&1 &
+    hostd_pid=$!
+  }
+  start_hostd first
+  sleep 2
+  CUDA_VISIBLE_DEVICES=0 slidedp-worker --hostd "$sock" --gpu 0 > "$part_dir/worker.log" 2>&1 &
+  worker_pid=$!
+  export SLIDEDP_HOSTD=$sock
+  for _ in $(seq 1 60); do slidedp workers 2> /dev/null | grep -q gpu0 && break; sleep 1; done
+  stage restart_ref 200 slidedp submit "$d/ref.yaml" --id ref
+  copy_metrics "$d/out-ref/metrics-*.jsonl" "$part_dir/ref.jsonl"
+  slidedp submit "$d/crashed.yaml" --id crashed --detach > "$part_dir/submit-crashed.txt" 2>&1
+  local m=$d/out-crashed/metrics-crashed.jsonl deadline=$((SECONDS + 200)) t_kill t_next lines
+  while [ $SECONDS -lt $deadline ] && [ "$(cat "$m" 2> /dev/null | wc -l)" -lt "$kill_at" ]; do sleep 0.02; done
+  kill -9 "$hostd_pid"
+  wait "$hostd_pid" 2> /dev/null
+  t_kill=$(date +%s.%N)
+  lines=$(wc -l < "$m")
+  start_hostd second
+  deadline=$((SECONDS + 150))
+  while [ $SECONDS -lt $deadline ] && [ "$(wc -l < "$m")" -le "$lines" ]; do sleep 0.05; done
+  t_next=$(date +%s.%N)
+  for _ in $(seq 1 150); do
+    slidedp status crashed > "$part_dir/status-crashed.txt" 2>&1
+    grep -qE "SUCCEEDED|FAILED|CANCELLED" "$part_dir/status-crashed.txt" && break
+    sleep 1
+  done
+  copy_metrics "$m" "$part_dir/crashed.jsonl"
+  kill "$worker_pid" "$hostd_pid" 2> /dev/null
+  wait "$worker_pid" "$hostd_pid" 2> /dev/null
+  unset SLIDEDP_HOSTD
+  python3 tools/gpu/restart_check.py --ref "$part_dir/ref.jsonl" --resumed "$part_dir/crashed.jsonl" \
+    --status "$part_dir/status-crashed.txt" --killed-after "$lines" --seconds-to-next-step \
+    "$(python3 -c "print(round($t_next - $t_kill, 2))")" --steps "$steps" --what "$model" --part "$part" | tee -a "$summary"
   rm -rf "$d"
 }
 
