@@ -45,7 +45,7 @@ def main():
         status = open(a.status).read()
     except OSError:
         status = ""
-    ok_state = "SUCCEEDED" in status
+    ok_state = " succeeded " in status.lower()
     shm = "resumed from shared memory" in status
     how = next((l.strip() for l in status.splitlines() if "resumed from" in l), "no resume line in slidedp status")
     line("PASS" if ok_state and shm else "FAIL",

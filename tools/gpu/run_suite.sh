@@ -509,7 +509,7 @@ YAML
   t_next=$(date +%s.%N)
   for _ in $(seq 1 150); do
     slidedp status crashed > "$part_dir/status-crashed.txt" 2>&1
-    grep -qE "SUCCEEDED|FAILED|CANCELLED" "$part_dir/status-crashed.txt" && break
+    grep -qiE " (succeeded|failed|cancelled) " "$part_dir/status-crashed.txt" && break
     sleep 1
   done
   copy_metrics "$m" "$part_dir/crashed.jsonl"
