@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/jobspec/job_spec.h"
+#include "hostd/core/output_policy.h"
 #include "shm/process_liveness.h"
 #include "slidedp/v1/job_state_name.h"
 #include "slidedp/v1/slidedp.pb.h"
@@ -139,6 +140,10 @@ struct HostCoreOptions {
   // them; a job that was running when hostd died is reported FAILED ("interrupted") with its last
   // complete checkpoint. Empty: records live in memory only.
   std::string state_dir;
+  // Where jobs may write: every submitted output.dir is resolved by it (relative: inside
+  // output_policy.root), and one it refuses is PERMISSION_DENIED. The default has no root and
+  // refuses every job.
+  OutputPolicy output_policy;
   // Reported by GetNode (the host side's topology and LayerAdam sizing).
   int numa_nodes = 1;
   int update_threads = 0;
