@@ -77,7 +77,13 @@ std::string FormatProgress(const v1::Job& job, const v1::StepMetrics& m) {
 Client::Client(const ClientOptions& options) : options_(options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  channel_ = grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
+  auto channel = auth::CreateHostdChannel(options.address, options.credentials, args);
+  if (!channel.ok()) {
+    channel_status_ = channel.status();
+    // Never used: every call returns channel_status_ first.
+    channel = grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
+  }
+  channel_ = *channel;
   jobs_ = v1::JobService::NewStub(channel_);
   node_ = v1::NodeService::NewStub(channel_);
 }
@@ -92,6 +98,7 @@ std::unique_ptr<grpc::ClientContext> Client::Context(bool with_deadline) const {
 }
 
 absl::Status Client::Health(std::string* status_out) {
+  if (!channel_status_.ok()) return channel_status_;
   auto stub = grpc::health::v1::Health::NewStub(channel_);
   grpc::health::v1::HealthCheckRequest req;
   grpc::health::v1::HealthCheckResponse resp;
@@ -106,6 +113,7 @@ absl::Status Client::Health(std::string* status_out) {
 }
 
 absl::Status Client::WaitReady(double timeout_s) {
+  if (!channel_status_.ok()) return channel_status_;
   absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
   absl::Status last;
   while (absl::Now() < deadline) {
@@ -119,6 +127,7 @@ absl::Status Client::WaitReady(double timeout_s) {
 }
 
 absl::StatusOr<v1::NodeInfo> Client::Node() {
+  if (!channel_status_.ok()) return channel_status_;
   v1::NodeInfo resp;
   auto ctx = Context();
   grpc::Status s = node_->GetNode(ctx.get(), v1::GetNodeRequest(), &resp);
@@ -127,6 +136,7 @@ absl::StatusOr<v1::NodeInfo> Client::Node() {
 }
 
 absl::StatusOr<std::vector<v1::WorkerInfo>> Client::Workers() {
+  if (!channel_status_.ok()) return channel_status_;
   v1::ListWorkersResponse resp;
   auto ctx = Context();
   grpc::Status s = node_->ListWorkers(ctx.get(), v1::ListWorkersRequest(), &resp);
@@ -135,6 +145,7 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> Client::Workers() {
 }
 
 absl::StatusOr<v1::SubmitJobResponse> Client::Submit(const v1::SubmitJobRequest& req) {
+  if (!channel_status_.ok()) return channel_status_;
   v1::SubmitJobResponse resp;
   auto ctx = Context();
   grpc::Status s = jobs_->SubmitJob(ctx.get(), req, &resp);
@@ -143,6 +154,7 @@ absl::StatusOr<v1::SubmitJobResponse> Client::Submit(const v1::SubmitJobRequest&
 }
 
 absl::StatusOr<v1::Job> Client::GetJob(const std::string& id) {
+  if (!channel_status_.ok()) return channel_status_;
   v1::GetJobRequest req;
   req.set_job_id(id);
   v1::Job resp;
@@ -153,6 +165,7 @@ absl::StatusOr<v1::Job> Client::GetJob(const std::string& id) {
 }
 
 absl::StatusOr<std::vector<v1::Job>> Client::ListJobs() {
+  if (!channel_status_.ok()) return channel_status_;
   v1::ListJobsResponse resp;
   auto ctx = Context();
   grpc::Status s = jobs_->ListJobs(ctx.get(), v1::ListJobsRequest(), &resp);
@@ -161,6 +174,7 @@ absl::StatusOr<std::vector<v1::Job>> Client::ListJobs() {
 }
 
 absl::StatusOr<v1::Job> Client::Cancel(const std::string& id) {
+  if (!channel_status_.ok()) return channel_status_;
   v1::CancelJobRequest req;
   req.set_job_id(id);
   v1::Job resp;
@@ -171,6 +185,7 @@ absl::StatusOr<v1::Job> Client::Cancel(const std::string& id) {
 }
 
 absl::StatusOr<v1::Job> Client::Watch(const std::string& id, std::ostream& out, bool tty) {
+  if (!channel_status_.ok()) return channel_status_;
   v1::WatchJobRequest req;
   req.set_job_id(id);
   auto ctx = Context(/*with_deadline=*/false);

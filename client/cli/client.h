@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/auth/hostd_channel.h"
 #include "common/status/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 #include "slidedp/v1/slidedp.grpc.pb.h"
@@ -20,12 +21,16 @@ namespace slidedp::client {
 struct ClientOptions {
   std::string address = "unix:/tmp/slidedp-hostd.sock";
   double timeout_s = 10;
+  // TCP only: TLS roots, client certificate, bearer token (hostd_channel.h).
+  auth::ClientCredentialsOptions credentials;
 };
 
 int ExitCodeFor(const absl::Status& s);
 
 class Client {
  public:
+  // A credential file that cannot be used (missing, readable by others, ...) makes every call
+  // return that error.
   explicit Client(const ClientOptions& options);
   absl::Status Health(std::string* status_out);
   absl::StatusOr<v1::NodeInfo> Node();
@@ -43,6 +48,7 @@ class Client {
  private:
   std::unique_ptr<grpc::ClientContext> Context(bool with_deadline = true) const;
   ClientOptions options_;
+  absl::Status channel_status_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> jobs_;
   std::unique_ptr<v1::NodeService::Stub> node_;

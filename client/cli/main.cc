@@ -70,6 +70,16 @@ int main(int argc, char** argv) {
   if (const char* a = getenv("SLIDEDP_HOSTD")) copt.address = a;
   app.add_option("--hostd", copt.address, "hostd address: unix:PATH or HOST:PORT (env SLIDEDP_HOSTD)");
   app.add_option("--timeout", copt.timeout_s, "seconds per request");
+  // TCP addresses only (always TLS): what hostd's TCP listener asks of clients.
+  copt.credentials = slidedp::auth::ClientCredentialsOptions::FromEnvironment();
+  app.add_option("--tls-ca", copt.credentials.tls_ca_file, "TCP: PEM CA of hostd's certificate (env SLIDEDP_TLS_CA)");
+  app.add_option("--tls-cert", copt.credentials.tls_cert_file,
+                 "TCP: PEM client certificate for mutual TLS (env SLIDEDP_TLS_CERT)");
+  app.add_option("--tls-key", copt.credentials.tls_key_file, "TCP: PEM key of --tls-cert (env SLIDEDP_TLS_KEY)");
+  app.add_option("--token-file", copt.credentials.token_file,
+                 "TCP: file (mode 0600) with the bearer token hostd expects (env SLIDEDP_TOKEN_FILE)");
+  app.add_option("--tls-server-name", copt.credentials.tls_server_name,
+                 "TCP: name in hostd's certificate, when not the address's host (env SLIDEDP_TLS_SERVER_NAME)");
 
   auto* health = app.add_subcommand("health", "is hostd serving?");
   auto* node = app.add_subcommand("node", "node information: devices, memory, workers");
@@ -188,6 +198,10 @@ int main(int argc, char** argv) {
     eopt.backend = backend != "auto" ? backend : slidedp::ToString(spec->backend);
     // CPU backend: the spec's worker count, else two workers so the default run is data parallel.
     eopt.cpu_workers = cpu_workers > 0 ? cpu_workers : spec->num_workers > 0 ? spec->num_workers : 2;
+    // The private hostd runs as this user, for this user's one job: output.dir keeps meaning what
+    // it means to the user (relative: next to the spec, as model.path and data.path; absolute:
+    // anywhere the user may write), not a node service's output root.
+    eopt.hostd_args = {"--output-root", base, "--allow-output-anywhere"};
     std::cout << "starting a private hostd and workers (logs in " << eopt.run_dir << ")\n";
     auto embedded = sc::EmbeddedNode::Start(eopt);
     if (!embedded.ok()) return Fail(embedded.status());

@@ -226,15 +226,15 @@ size_t FirstInvalidUtf8(absl::string_view text) {
 }
 
 absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::string& base_dir,
-                                       JobSpec::FileCheck check_files);
+                                       JobSpec::FileCheck check_files, JobSpec::OutputDirBase output_base);
 }  // namespace
 
 // yaml-cpp throws on conversions it cannot do (e.g. a map used as a key, found by the fuzzer);
 // every exception becomes INVALID_ARGUMENT with its position.
-absl::StatusOr<JobSpec> JobSpec::Parse(absl::string_view yaml_text, const std::string& base_dir,
-                                       FileCheck check_files) {
+absl::StatusOr<JobSpec> JobSpec::Parse(absl::string_view yaml_text, const std::string& base_dir, FileCheck check_files,
+                                       OutputDirBase output_base) {
   try {
-    return ParseUnchecked(yaml_text, base_dir, check_files);
+    return ParseUnchecked(yaml_text, base_dir, check_files, output_base);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("job spec: line ", e.mark.line + 1, ", column ", e.mark.column + 1,
                                                    ": ", e.msg, " (keys must be plain strings)"));
@@ -243,7 +243,7 @@ absl::StatusOr<JobSpec> JobSpec::Parse(absl::string_view yaml_text, const std::s
 
 namespace {
 absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::string& base_dir,
-                                       JobSpec::FileCheck check_files) {
+                                       JobSpec::FileCheck check_files, JobSpec::OutputDirBase output_base) {
   if (yaml_text.size() > kMaxSpecBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("job spec is ", yaml_text.size(), " bytes; the limit is ", kMaxSpecBytes));
@@ -347,7 +347,7 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
 
   s.model_path = Resolve(base_dir, s.model_path);
   s.data_path = Resolve(base_dir, s.data_path);
-  s.output_dir = Resolve(base_dir, s.output_dir);
+  if (output_base == JobSpec::OutputDirBase::kBaseDir) s.output_dir = Resolve(base_dir, s.output_dir);
   if (check_files == JobSpec::FileCheck::kCheck) {
     // The non-throwing forms: a path too long or unreadable is "not there", never an exception.
     std::error_code ec;

@@ -85,8 +85,13 @@ struct JobSpec {
   // Parses and validates. base_dir resolves relative paths. Checks that files exist when
   // check_files is kCheck.
   enum class FileCheck { kCheck, kSkip };
+  // output.dir: resolved against base_dir like model.path and data.path (kBaseDir), or left as
+  // written (kAsWritten; the default out/<name> too) for hostd, whose output-path policy
+  // (hostd/core/output_policy.h) resolves it inside its output root.
+  enum class OutputDirBase { kBaseDir, kAsWritten };
   static absl::StatusOr<JobSpec> Parse(absl::string_view yaml_text, const std::string& base_dir,
-                                       FileCheck check_files = FileCheck::kCheck);
+                                       FileCheck check_files = FileCheck::kCheck,
+                                       OutputDirBase output_base = OutputDirBase::kBaseDir);
   // Resolved spec as YAML; Parse(ToYaml()) gives the same spec.
   std::string ToYaml() const;
 };

@@ -41,6 +41,22 @@ TEST(JobSpec, ParsesAndResolves) {
   EXPECT_EQ(again->ToYaml(), s->ToYaml());
 }
 
+// hostd leaves output.dir as written for its output-path policy; model and data still resolve.
+TEST(JobSpec, OutputDirCanBeLeftAsWritten) {
+  auto s = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip, JobSpec::OutputDirBase::kAsWritten);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->data_path, "/base/data/tiny");
+  EXPECT_EQ(s->output_dir, "out/tiny");
+  auto dotdot = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"dir: out/tiny", "dir: ../../etc"}}), "/base",
+                               JobSpec::FileCheck::kSkip, JobSpec::OutputDirBase::kAsWritten);
+  ASSERT_TRUE(dotdot.ok()) << dotdot.status();
+  EXPECT_EQ(dotdot->output_dir, "../../etc");
+  auto by_default = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"dir: out/tiny, ", ""}}), "/base",
+                                   JobSpec::FileCheck::kSkip, JobSpec::OutputDirBase::kAsWritten);
+  ASSERT_TRUE(by_default.ok()) << by_default.status();
+  EXPECT_EQ(by_default->output_dir, "out/tiny");  // out/<name>, relative
+}
+
 TEST(JobSpec, JsonIsAccepted) {
   auto s = JobSpec::Parse(R"({"model": {"preset": "tiny"}, "data": {"path": "d"},
                               "train": {"seq_len": 16, "global_batch": 2, "steps": 1}})",

@@ -319,7 +319,11 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
     return absl::InvalidArgumentError(
         absl::StrCat("job_id '", req.job_id().substr(0, 80), "' is not valid: use 1-64 characters of [A-Za-z0-9_-]"));
   }
-  ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(req.spec_yaml(), req.base_dir()));
+  // model.path and data.path resolve against the client's directory; output.dir is the output
+  // policy's to resolve (inside hostd's output root), and the job record shows its result.
+  ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(req.spec_yaml(), req.base_dir(), JobSpec::FileCheck::kCheck,
+                                                JobSpec::OutputDirBase::kAsWritten));
+  ASSIGN_OR_RETURN(spec.output_dir, ResolveOutputDir(options_.output_policy, spec.output_dir));
   std::string resume_from = req.resume_from();
   // --resume JOB_ID: that job's own newest checkpoint (the file reads happen outside the lock).
   std::string resume_job, resume_last, resume_root;

@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/jobspec/job_spec.h"
+#include "hostd/core/output_policy.h"
 #include "shm/process_liveness.h"
 #include "slidedp/v1/job_state_name.h"
 #include "slidedp/v1/slidedp.pb.h"
@@ -157,6 +158,10 @@ struct HostCoreOptions {
   // Called by Start after the job records are loaded and before the runner starts any job
   // (hostd reclaims dead processes' segments there, sparing the ones it took over).
   std::function<void()> before_first_job;
+  // Where jobs may write: every submitted output.dir is resolved by it (relative: inside
+  // output_policy.root), and one it refuses is PERMISSION_DENIED. The default has no root and
+  // refuses every job.
+  OutputPolicy output_policy;
   // Reported by GetNode (the host side's topology and LayerAdam sizing).
   int numa_nodes = 1;
   int update_threads = 0;

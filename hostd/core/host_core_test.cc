@@ -40,6 +40,10 @@ class HostCoreTest : public ::testing::Test {
     executor = ex.get();
     HostCoreOptions opt;
     opt.worker_wait = absl::Milliseconds(300);
+    auto policy = OutputPolicy::Create(::testing::TempDir() + "/host-core-outputs", {}, OutputAnywhere::kNo);
+    ASSERT_TRUE(policy.ok()) << policy.status();
+    opt.output_policy = *policy;
+    output_root = policy->root;
     core = std::make_unique<HostCore>(opt, std::move(ex));
     core->Start();
   }
@@ -62,6 +66,7 @@ class HostCoreTest : public ::testing::Test {
     return {};
   }
   StepExecutor* executor;
+  std::string output_root;
   std::unique_ptr<HostCore> core;
   std::vector<std::shared_ptr<WorkerSession>> workers;
 };
@@ -99,6 +104,30 @@ TEST_F(HostCoreTest, BadSpecsAreInvalidArgument) {
   req.set_spec_yaml(Spec("x", 1));
   EXPECT_EQ(core->Submit(req).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(core->GetJob("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+// output.dir goes through the output policy at submit: a relative one lands in the root (not in
+// the client's base_dir), one outside it is PERMISSION_DENIED, and the record shows the result.
+TEST_F(HostCoreTest, OutputDirsAreResolvedByTheOutputPolicy) {
+  v1::SubmitJobRequest req;
+  req.set_job_id("rel");
+  req.set_base_dir("/somewhere/the/client/is");
+  req.set_spec_yaml(Spec("rel", 1) + "output: {dir: ckpt/rel}\n");
+  req.set_dry_run(true);
+  auto r = core->Submit(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NE(r->job().resolved_spec_yaml().find("dir: " + output_root + "/ckpt/rel"), std::string::npos)
+      << r->job().resolved_spec_yaml();
+  req.set_spec_yaml(Spec("dflt", 1));  // the default out/<name>
+  r = core->Submit(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NE(r->job().resolved_spec_yaml().find("dir: " + output_root + "/out/dflt"), std::string::npos);
+  for (const std::string dir : {"/etc/slidedp-test", "../escape"}) {
+    req.set_spec_yaml(Spec("abs", 1) + "output: {dir: " + dir + "}\n");
+    auto denied = core->Submit(req);
+    EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied) << dir << ": " << denied.status();
+    EXPECT_NE(denied.status().message().find(output_root), absl::string_view::npos) << denied.status();
+  }
 }
 
 TEST_F(HostCoreTest, WatchStreamsStepsAndEndsWithFinalState) {

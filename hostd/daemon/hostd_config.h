@@ -21,12 +21,26 @@ struct HostdConfig {
   bool reclaim_stale = true;                   // unlink dead hostds' shm segments at start
   bool pool_host_state = true;                 // keep a finished job's state segment for the next job of the same model
   bool resume_interrupted = true;              // at start, resume jobs a dead hostd left: from shm, else a checkpoint
+  // TCP client authentication (docs/operations.md, "Who may use hostd"): a TCP listener needs at
+  // least one of these, or the loudly named opt-out.
+  std::string tls_client_ca;    // PEM CA: clients presenting a certificate it signed may call
+  std::string auth_token_file;  // clients presenting `authorization: Bearer <token>` may call
+  bool dangerously_allow_unauthenticated_tcp = false;
+  // The Unix socket's access policy: its group (empty: hostd's) and mode (0660 or 0600).
+  std::string socket_group;
+  std::string socket_mode = "0660";
+  // Where jobs may write (hostd/core/output_policy.h). Empty output_root: <state_dir>/outputs.
+  std::string output_root;
+  std::vector<std::string> extra_output_root;  // absolute output.dir values may also lie below these
+  bool allow_output_anywhere = false;          // any directory hostd can write (slidedp run's private hostd)
   std::string config_file;
 
   // Parses argv (CLI11); a --config file's keys are the long flag names with '_' or '-'.
-  // Flags given on the command line win over the file.
+  // Flags given on the command line win over the file (extra_output_root: they add to its list).
   static absl::StatusOr<HostdConfig> Parse(int argc, const char* const* argv);
   std::string ToString() const;
+  // socket_mode as a number (Parse has checked it).
+  unsigned socket_mode_bits() const;
 };
 
 }  // namespace slidedp::hostd

@@ -49,6 +49,23 @@ int main(int argc, char** argv) {
     std::cerr << "slidedp-hostd: " << node_lock.status().message() << "\n";
     return 3;
   }
+  // Where jobs may write: the root exists (created) and every root is free of symbolic links
+  // before the first submit.
+  auto output_policy = slidedp::hostd::OutputPolicy::Create(
+      config->output_root, config->extra_output_root,
+      config->allow_output_anywhere ? slidedp::hostd::OutputAnywhere::kYes : slidedp::hostd::OutputAnywhere::kNo);
+  if (!output_policy.ok()) {
+    LOG(ERROR) << output_policy.status();
+    std::cerr << "slidedp-hostd: " << output_policy.status().message() << "\n";
+    return 2;
+  }
+  LOG(INFO) << "output root " << output_policy->root
+            << (config->allow_output_anywhere ? "; jobs may write anywhere hostd can (--allow-output-anywhere)" : "");
+  const bool unix_socket = config->listen.rfind("unix:", 0) == 0;
+  if (unix_socket && (!config->tls_client_ca.empty() || !config->auth_token_file.empty())) {
+    LOG(WARNING) << "--tls-client-ca and --auth-token-file apply to TCP listeners only; who may use " << config->listen
+                 << " is decided by its mode (" << config->socket_mode << ") and group";
+  }
   slidedp::hostd::TrainingExecutorOptions eopt;
   eopt.node_name = node;
   eopt.update_threads = config->update_threads;
@@ -73,6 +90,7 @@ int main(int argc, char** argv) {
       }
     };
   }
+  copt.output_policy = *output_policy;
   if (auto cores = slidedp::update::CoresPerNumaNode(); cores.ok()) {
     int total = 0;
     for (int c : *cores) total += c;
@@ -103,9 +121,16 @@ int main(int argc, char** argv) {
   sopt.listen = config->listen;
   sopt.tls_cert_file = config->tls_cert;
   sopt.tls_key_file = config->tls_key;
+  sopt.tls_client_ca_file = config->tls_client_ca;
+  sopt.auth_token_file = config->auth_token_file;
+  sopt.tcp_client_auth = config->dangerously_allow_unauthenticated_tcp ? slidedp::hostd::TcpClientAuth::kDangerouslyNone
+                                                                       : slidedp::hostd::TcpClientAuth::kRequired;
+  sopt.socket_group = config->socket_group;
+  sopt.socket_mode = config->socket_mode_bits();
   auto server = slidedp::hostd::HostServer::Start(&core, sopt);
   if (!server.ok()) {
     LOG(ERROR) << server.status();
+    std::cerr << "slidedp-hostd: " << server.status().message() << "\n";
     return 3;
   }
   SD_NOTIFY("READY=1\nSTATUS=serving on %s", config->listen.c_str());

@@ -48,6 +48,10 @@ TEST(HostMetrics, ExportsJobsStepsWorkersAndActiveJobValues) {
   ScriptedExecutor* executor = ex.get();
   hostd::HostCoreOptions opt;
   opt.worker_wait = absl::Seconds(5);
+  auto policy =
+      hostd::OutputPolicy::Create(::testing::TempDir() + "/host-metrics-outputs", {}, hostd::OutputAnywhere::kNo);
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  opt.output_policy = *policy;
   hostd::HostCore core(opt, std::move(ex));
   core.Start();
   v1::WorkerHello h;

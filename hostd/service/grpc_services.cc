@@ -1,6 +1,7 @@
 // gRPC handlers: argument translation only; behaviour lives in HostCore (unit-tested alone).
 #include "hostd/service/grpc_services.h"
 
+#include <grp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -13,11 +14,14 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/auth/bearer_token.h"
 #include "common/io/small_file.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "hostd/service/client_auth.h"
 
 namespace slidedp::hostd {
 
@@ -34,6 +38,67 @@ bool SocketAccepts(const std::string& path) {
   const bool accepts = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
   ::close(fd);
   return accepts;
+}
+
+// The TCP listener's credentials: TLS with hostd's certificate and, unless the operator opted
+// out, client authentication by certificate and/or bearer token.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(const ServerOptions& options) {
+  if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("TCP listeners require TLS: give --tls-cert and --tls-key");
+  }
+  const bool authenticated = !options.tls_client_ca_file.empty() || !options.auth_token_file.empty();
+  if (!authenticated && options.tcp_client_auth == TcpClientAuth::kRequired) {
+    return absl::InvalidArgumentError(
+        "TCP listeners require client authentication: give --tls-client-ca and/or --auth-token-file");
+  }
+  ASSIGN_OR_RETURN(std::string key, ReadSmallFile(options.tls_key_file, kMaxConfigFileBytes, "TLS key"));
+  ASSIGN_OR_RETURN(std::string cert, ReadSmallFile(options.tls_cert_file, kMaxConfigFileBytes, "TLS certificate"));
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({key, cert});
+  ClientAuthPolicy policy;
+  if (!options.tls_client_ca_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                     ReadSmallFile(options.tls_client_ca_file, kMaxConfigFileBytes, "TLS client CA"));
+    // A certificate a client presents must verify against the CA, or the handshake fails. One is
+    // not required at the handshake, so that health checks need none; every other call without
+    // one (or a token) is refused by ClientAuthProcessor.
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
+    policy.certificates = ClientAuthPolicy::Certificates::kAccepted;
+  }
+  if (!options.auth_token_file.empty()) {
+    ASSIGN_OR_RETURN(policy.token, auth::ReadTokenFile(options.auth_token_file));
+  }
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::SslServerCredentials(ssl);
+  if (authenticated) {
+    creds->SetAuthMetadataProcessor(std::make_shared<ClientAuthProcessor>(std::move(policy)));
+  } else {
+    LOG(WARNING) << "TCP listener " << options.listen << " WITHOUT client authentication "
+                 << "(--dangerously-allow-unauthenticated-tcp): anyone who reaches it may submit jobs that read and "
+                    "write files as this user";
+  }
+  return creds;
+}
+
+// The socket's access policy: group first, then the mode (the file was created owner-only).
+absl::Status ApplySocketPolicy(const std::string& path, const ServerOptions& options) {
+  if (!options.socket_group.empty()) {
+    std::vector<char> buf(16384);
+    group gr{};
+    group* found = nullptr;
+    const int rc = ::getgrnam_r(options.socket_group.c_str(), &gr, buf.data(), buf.size(), &found);
+    if (rc != 0 || found == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("--socket-group ", options.socket_group, ": no such group"));
+    }
+    if (::lchown(path.c_str(), static_cast<uid_t>(-1), found->gr_gid) != 0) {
+      return ErrnoStatus(
+          absl::StrCat("chgrp ", options.socket_group, " ", path, " (hostd's user must be a member of the group)"),
+          errno);
+    }
+  }
+  if (::chmod(path.c_str(), options.socket_mode) != 0) {
+    return ErrnoStatus(absl::StrCat("chmod ", absl::StrFormat("%04o", options.socket_mode), " ", path), errno);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -142,25 +207,23 @@ absl::StatusOr<std::unique_ptr<HostServer>> HostServer::Start(HostCore* core, co
     ::unlink(socket_path.c_str());
     creds = grpc::InsecureServerCredentials();
   } else {
-    if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
-      return absl::InvalidArgumentError("TCP listeners require TLS: give --tls-cert and --tls-key");
-    }
-    ASSIGN_OR_RETURN(std::string key, ReadSmallFile(options.tls_key_file, kMaxConfigFileBytes, "TLS key"));
-    ASSIGN_OR_RETURN(std::string cert, ReadSmallFile(options.tls_cert_file, kMaxConfigFileBytes, "TLS certificate"));
-    grpc::SslServerCredentialsOptions ssl;
-    ssl.pem_key_cert_pairs.push_back({key, cert});
-    creds = grpc::SslServerCredentials(ssl);
+    ASSIGN_OR_RETURN(creds, TcpCredentials(options));
   }
   builder.AddListeningPort(options.listen, creds);
   builder.RegisterService(s->jobs_.get());
   builder.RegisterService(s->node_.get());
   builder.RegisterService(s->workers_.get());
   builder.SetMaxReceiveMessageSize(4 << 20);  // specs are small; refuse oversized requests
-  s->server_ = builder.BuildAndStart();
-  if (!s->server_) return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
-  if (!socket_path.empty() && ::chmod(socket_path.c_str(), 0660) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat("chmod 0660 ", socket_path, " failed"));
+  {
+    // The socket file is created by bind() inside BuildAndStart, with the process umask. Owner
+    // only until its group and mode are set, so no one else can connect in between. (umask is
+    // process-wide; nothing else creates files while hostd starts, and 077 only narrows.)
+    const mode_t old_umask = socket_path.empty() ? 0 : ::umask(077);
+    s->server_ = builder.BuildAndStart();
+    if (!socket_path.empty()) ::umask(old_umask);
   }
+  if (!s->server_) return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  if (!socket_path.empty()) RETURN_IF_ERROR(ApplySocketPolicy(socket_path, options));
   s->address_ = options.listen;
   s->SetServing(true);
   LOG(INFO) << "hostd listening on " << options.listen;

@@ -44,10 +44,19 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   HostCore* core_;
 };
 
-// The whole server: services + health + reflection on a Unix socket (mode 0660) or TCP.
+// The whole server: services + health + reflection on a Unix socket (its mode and group are the
+// access policy) or TCP (TLS, and client authentication: client_auth.h).
+enum class TcpClientAuth { kRequired, kDangerouslyNone };
+
 struct ServerOptions {
   std::string listen = "unix:/tmp/slidedp-hostd.sock";  // "unix:PATH" or "HOST:PORT"
   std::string tls_cert_file, tls_key_file;              // required for TCP listeners
+  std::string tls_client_ca_file;                       // TCP: accept client certificates this CA signed
+  std::string auth_token_file;                          // TCP: accept this bearer token (file mode 0600)
+  // kRequired: a TCP listener without a client CA or a token is refused at Start.
+  TcpClientAuth tcp_client_auth = TcpClientAuth::kRequired;
+  std::string socket_group;     // Unix: chgrp the socket (empty: hostd's group)
+  unsigned socket_mode = 0660;  // Unix: within 0660
 };
 
 class HostServer {

@@ -1,6 +1,8 @@
 // Malformed input against a real hostd + 1 CPU worker: every bad job spec, model directory,
 // dataset and request gets a specific gRPC status and a message naming the problem, and the daemon
-// keeps serving (health SERVING, and a good tiny job still succeeds at the end).
+// keeps serving (health SERVING after every test, and a good tiny job still succeeds at the end).
+// hostd's resident memory and open file descriptors before and after the suite go to the test
+// log; the descriptors may not grow by more than a few.
 //
 // Two kinds of rejection are checked, whichever hostd actually does for the input:
 //   ExpectRejected:  SubmitJob itself fails with the code (nothing is queued);
@@ -40,10 +42,15 @@ class BadInput : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     node_ = new NodeHarness(1);
+    output_root_ = fs::canonical(node_->dir()).string();  // the harness's --output-root
     root_ = fs::path(node_->dir() + "/inputs").lexically_normal().string();
     fs::create_directories(root_);
     MakeGoodData();
     MakeGoodModel();
+    fds_before_ = OpenFdCount(node_->hostd_pid());
+    rss_kb_before_ = ResidentKb(node_->hostd_pid());
+    std::cout << "hostd before the suite: VmRSS " << rss_kb_before_ / 1024 << " MiB, " << fds_before_
+              << " open file descriptors\n";
   }
   static void TearDownTestSuite() {
     delete node_;
@@ -172,12 +179,16 @@ class BadInput : public ::testing::Test {
   }
 
   static NodeHarness* node_;
-  static std::string root_, model_dir_;
+  static std::string root_, model_dir_, output_root_;
   static int counter_;
+  static int64_t fds_before_, rss_kb_before_;
 };
 
 NodeHarness* BadInput::node_ = nullptr;
 std::string BadInput::root_;
+std::string BadInput::output_root_;
+int64_t BadInput::fds_before_ = -1;
+int64_t BadInput::rss_kb_before_ = -1;
 std::string BadInput::model_dir_;
 int BadInput::counter_ = 0;
 
@@ -647,6 +658,118 @@ TEST_F(BadInput, SecondHostdOnTheSameNodeOrSocketIsRefused) {
   EXPECT_TRUE(fs::exists(node_->address().substr(5)));  // the first one's socket is still there
 }
 
+// ---- output paths (issue 19, class 4): where jobs may write ----
+// The harness starts hostd with --output-root <its directory>; the bad specs below try to leave it.
+
+constexpr auto kDeniedCode = absl::StatusCode::kPermissionDenied;
+
+// A directory outside the output root (next to the harness's directory).
+std::string Outside() {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/bad-input-outside-", getpid());
+  fs::create_directories(dir);
+  return fs::canonical(dir).string();
+}
+
+TEST_F(BadInput, OutputDirOutsideTheOutputRootIsRefused) {
+  SpecParts p;
+  for (const std::string& dir : {std::string("/etc/slidedp-escape"), Outside() + "/ckpt", std::string("/")}) {
+    p.output = dir;
+    ExpectRejected(Spec(p), kDeniedCode, "outside the output root " + output_root_);
+  }
+  EXPECT_FALSE(fs::exists("/etc/slidedp-escape"));
+  EXPECT_FALSE(fs::exists(Outside() + "/ckpt"));
+}
+
+TEST_F(BadInput, OutputDirDotDotEscapeIsRefused) {
+  SpecParts p;
+  for (const std::string& dir : {std::string("../escaped"), std::string("out/../../escaped"),
+                                 node_->dir() + "/out/../../escaped", std::string("../../../../../../../../../etc")}) {
+    p.output = dir;
+    ExpectRejected(Spec(p), kDeniedCode, "outside the output root " + output_root_);
+  }
+  EXPECT_FALSE(fs::exists(fs::path(output_root_).parent_path() / "escaped"));
+}
+
+TEST_F(BadInput, OutputDirSymlinkEscapeIsRefused) {
+  const std::string link = output_root_ + "/link-out";
+  fs::remove(link);
+  fs::create_directory_symlink(Outside(), link);
+  SpecParts p;
+  for (const std::string& dir : {std::string("link-out/ckpt"), link + "/ckpt", link}) {
+    p.output = dir;
+    ExpectRejected(Spec(p), kDeniedCode, "resolves through a symbolic link to " + Outside());
+  }
+  // A link to a path that does not exist (yet) cannot be checked: refused too.
+  const std::string dangling = output_root_ + "/dangling-out";
+  fs::remove(dangling);
+  fs::create_directory_symlink(Outside() + "/not-yet", dangling);
+  p.output = "dangling-out/ckpt";
+  ExpectRejected(Spec(p), kDeniedCode, "does not exist");
+  EXPECT_FALSE(fs::exists(Outside() + "/ckpt"));
+  EXPECT_FALSE(fs::exists(Outside() + "/not-yet"));
+}
+
+// A relative output.dir lands inside the root, whatever directory the client sends as base_dir
+// (model.path and data.path still resolve against it); the record shows the resolved path.
+TEST_F(BadInput, RelativeOutputDirLandsInsideTheRoot) {
+  SpecParts p;
+  p.output = "rel-out/./job";
+  p.data = "inputs/data";  // relative to base_dir
+  const std::string id = NextId("relative");
+  v1::SubmitJobRequest req;
+  req.set_job_id(id);
+  req.set_spec_yaml(absl::StrReplaceAll(Spec(p), {{", save_final: false}", ", save_final: true}"}}));
+  req.set_base_dir(node_->dir());
+  auto r = node_->client().Submit(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->job().resolved_spec_yaml(), HasSubstr("dir: " + output_root_ + "/rel-out/job\n"));
+  auto j = node_->WaitFinal(id, 60);
+  ASSERT_TRUE(j.ok()) << j.status();
+  ASSERT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED) << j->error();
+  EXPECT_THAT(j->last_checkpoint(), ::testing::StartsWith(output_root_ + "/rel-out/job/checkpoint-"));
+  EXPECT_TRUE(fs::exists(j->last_checkpoint() + "/model.safetensors"));
+  EXPECT_THAT(j->resolved_spec_yaml(), HasSubstr("dir: " + output_root_ + "/rel-out/job\n"));
+}
+
+// The operator's opt-outs, each on a hostd of its own (dry runs: no worker needed):
+// --extra-output-root allows one more tree, --allow-output-anywhere any directory hostd can write.
+TEST_F(BadInput, OutputRootOptOutsAllowWhatTheOperatorSays) {
+  SpecParts p;
+  p.output = Outside() + "/allowed";
+  auto dry_run = [&](NodeHarness& node) {
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(Spec(p));
+    req.set_base_dir(node.dir());
+    req.set_dry_run(true);
+    return node.client().Submit(req);
+  };
+  {
+    NodeHarness extra(0, {"--extra-output-root", Outside()});
+    auto ok = dry_run(extra);
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    EXPECT_THAT(ok->job().resolved_spec_yaml(), HasSubstr("dir: " + Outside() + "/allowed\n"));
+    p.output = "/etc/slidedp-escape";
+    EXPECT_EQ(dry_run(extra).status().code(), kDeniedCode);
+  }
+  {
+    NodeHarness anywhere(0, {"--allow-output-anywhere"});
+    p.output = Outside() + "/anywhere";
+    auto ok = dry_run(anywhere);
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    EXPECT_THAT(ok->job().resolved_spec_yaml(), HasSubstr("dir: " + Outside() + "/anywhere\n"));
+    p.output = "../next-to-the-root";  // relative: still from the root, then wherever it leads
+    ok = dry_run(anywhere);
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    EXPECT_THAT(ok->job().resolved_spec_yaml(),
+                HasSubstr("dir: " + fs::canonical(anywhere.dir()).parent_path().string() + "/next-to-the-root\n"));
+  }
+}
+
+// Bounds on what the whole suite may leave in hostd: a few descriptors (a gRPC connection,
+// LayerAdam's pools made by the first job), and memory growth well below one model's state.
+constexpr int64_t kMaxFdGrowth = 8;
+constexpr int64_t kMaxRssGrowthKb = 256 << 10;
+
 // Last (gtest runs tests in definition order): after all of the above a good job still runs.
 TEST_F(BadInput, ZzGoodJobStillSucceedsAfterwards) {
   auto j = node_->RunJob(Spec({}), NextId("good"), 60);
@@ -654,6 +777,16 @@ TEST_F(BadInput, ZzGoodJobStillSucceedsAfterwards) {
   EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED) << j->error();
   EXPECT_EQ(j->last().step(), 2);
   EXPECT_TRUE(node_->LeakedSegments().empty());
+  // What the whole suite cost the daemon (issue 19): printed into the test log, descriptors bounded.
+  const int64_t fds_after = OpenFdCount(node_->hostd_pid());
+  const int64_t rss_kb_after = ResidentKb(node_->hostd_pid());
+  std::cout << "hostd after the suite: VmRSS " << rss_kb_after / 1024 << " MiB (before: " << rss_kb_before_ / 1024
+            << "), " << fds_after << " open file descriptors (before: " << fds_before_ << ")\n";
+  ASSERT_GT(fds_before_, 0);
+  ASSERT_GT(fds_after, 0);
+  EXPECT_LE(fds_after, fds_before_ + kMaxFdGrowth)
+      << "hostd leaks file descriptors; ls -l /proc/" << node_->hostd_pid() << "/fd";
+  EXPECT_LE(rss_kb_after - rss_kb_before_, kMaxRssGrowthKb);
 }
 
 }  // namespace

@@ -10,25 +10,6 @@
 namespace slidedp::testing {
 namespace {
 
-int64_t OpenFds(int pid) {
-  int64_t n = 0;
-  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/fd"))) ++n;
-  return n;
-}
-
-int64_t RssKb(int pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      int64_t kb;
-      in >> kb;
-      return kb;
-    }
-  }
-  return -1;
-}
-
 TEST(Load, FiftyJobsWithCancellationsLeakNothing) {
   std::string data = ::testing::TempDir() + "/load-data-" + std::to_string(getpid());
   data::SyntheticOptions so;
@@ -67,8 +48,8 @@ TEST(Load, FiftyJobsWithCancellationsLeakNothing) {
       first_step_s.push_back(j->submit_to_first_step_s());
     }
     if (i == 9) {
-      fds_warm = OpenFds(node.hostd_pid());
-      rss_warm = RssKb(node.hostd_pid());
+      fds_warm = OpenFdCount(node.hostd_pid());
+      rss_warm = ResidentKb(node.hostd_pid());
     }
   }
   for (int i = 0; i < 50; ++i) {
@@ -80,8 +61,8 @@ TEST(Load, FiftyJobsWithCancellationsLeakNothing) {
   }
   EXPECT_TRUE(node.LeakedSegments().empty());
   EXPECT_LE(node.PooledSegments().size(), 1u);  // hostd keeps at most one state segment for reuse
-  const int64_t fds_end = OpenFds(node.hostd_pid());
-  const int64_t rss_end = RssKb(node.hostd_pid());
+  const int64_t fds_end = OpenFdCount(node.hostd_pid());
+  const int64_t rss_end = ResidentKb(node.hostd_pid());
   std::cout << "hostd after 10 jobs: " << fds_warm << " fds, " << rss_warm / 1024 << " MiB RSS; after 50: " << fds_end
             << " fds, " << rss_end / 1024 << " MiB RSS\n";
   std::cout << "submit to first step: first job " << first_step_s.front() << " s, last job " << first_step_s.back()

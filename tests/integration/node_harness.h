@@ -2,10 +2,15 @@
 // Unix socket, for integration tests. Binaries come from $SLIDEDP_BUILD_DIR/bin.
 #pragma once
 
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -30,6 +35,67 @@ inline std::string ReadFile(const std::string& path) {
 inline std::string BuildDir() {
   const char* b = getenv("SLIDEDP_BUILD_DIR");
   return b ? b : "build";
+}
+
+// Whether something accepts connections at `address` ("unix:PATH" or "127.0.0.1:PORT") now.
+inline bool Accepts(const std::string& address) {
+  const bool unix_socket = address.rfind("unix:", 0) == 0;
+  const int fd = ::socket(unix_socket ? AF_UNIX : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  int rc = -1;
+  if (unix_socket) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string path = address.substr(5);
+    if (path.size() < sizeof(addr.sun_path)) {
+      std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+      rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    }
+  } else {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(std::atoi(address.substr(address.rfind(':') + 1).c_str())));
+    rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  }
+  ::close(fd);
+  return rc == 0;
+}
+
+// Waits up to `timeout_s` until `address` accepts. A gRPC call made before hostd listens waits
+// out its whole deadline (seconds), so the harness asks the socket first.
+inline bool WaitAccepts(const std::string& address, double timeout_s) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
+  while (!Accepts(address)) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+// A process's open file descriptors (/proc/PID/fd) and resident memory (VmRSS, KiB); -1 when
+// they cannot be read.
+inline int64_t OpenFdCount(int pid) {
+  std::error_code ec;
+  int64_t n = 0;
+  for (std::filesystem::directory_iterator it(absl::StrCat("/proc/", pid, "/fd"), ec), end; !ec && it != end;
+       it.increment(ec)) {
+    ++n;
+  }
+  return ec ? -1 : n;
+}
+
+inline int64_t ResidentKb(int pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string key;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      int64_t kb = -1;
+      in >> kb;
+      return kb;
+    }
+  }
+  return -1;
 }
 
 class NodeHarness {
@@ -59,11 +125,15 @@ class NodeHarness {
   // Starts hostd (again: same node name, socket and state dir, as after a crash or upgrade).
   void StartHostd() {
     std::vector<std::string> args = {BuildDir() + "/bin/slidedp-hostd", "--listen", address_, "--node-name", node_,
-                                     "--worker-wait-s", "20", "--update-threads", "2", "--state-dir", dir_ + "/state"};
+                                     "--worker-wait-s", "20", "--update-threads", "2", "--state-dir", dir_ + "/state",
+                                     // The tests' relative output dirs land in their own directory,
+                                     // and the absolute ones they use lie below it.
+                                     "--output-root", dir_};
     args.insert(args.end(), hostd_args_.begin(), hostd_args_.end());
     auto pid = client::SpawnProcess(args, absl::StrCat(dir_, "/hostd", hostd_starts_++, ".log"));
     EXPECT_TRUE(pid.ok()) << pid.status();
     hostd_pid_ = pid.ok() ? *pid : -1;
+    WaitAccepts(address_, 20);
   }
 
   void AddWorker() {

@@ -436,11 +436,11 @@ runtime: {workers: 1}
 YAML
   done
   if dry; then
-    echo "DRY  warm: slidedp-hostd --listen unix:$d/hostd.sock --state-dir $d/state &; slidedp-worker --hostd unix:$d/hostd.sock --gpu 0 &"
+    echo "DRY  warm: slidedp-hostd --listen unix:$d/hostd.sock --state-dir $d/state --output-root $d &; slidedp-worker --hostd unix:$d/hostd.sock --gpu 0 &"
     echo "DRY  warm: slidedp submit $d/cold.yaml --id cold; slidedp status cold; the same for warm"
     return
   fi
-  slidedp-hostd --listen "unix:$d/hostd.sock" --state-dir "$d/state" > "$part_dir/warm-hostd.log" 2>&1 &
+  slidedp-hostd --listen "unix:$d/hostd.sock" --state-dir "$d/state" --output-root "$d" > "$part_dir/warm-hostd.log" 2>&1 &
   local hostd_pid=$!
   sleep 2
   CUDA_VISIBLE_DEVICES=0 slidedp-worker --hostd "unix:$d/hostd.sock" --gpu 0 > "$part_dir/warm-worker.log" 2>&1 &
@@ -485,7 +485,7 @@ YAML
   fi
   local sock=unix:$d/hostd.sock hostd_pid worker_pid
   start_hostd() {
-    slidedp-hostd --listen "$sock" --state-dir "$d/state" >> "$part_dir/hostd-$1.log" 2>&1 &
+    slidedp-hostd --listen "$sock" --state-dir "$d/state" --output-root "$d" >> "$part_dir/hostd-$1.log" 2>&1 &
     hostd_pid=$!
   }
   start_hostd first

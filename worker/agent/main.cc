@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "common/auth/hostd_channel.h"
 #include "glog/logging.h"
 #include "worker/agent/worker_agent.h"
 
@@ -24,7 +25,15 @@ int main(int argc, char** argv) {
   int gpu = -1;
   bool count_gpus = false;
   CLI::App app{"slidedp-worker: streams layers through one GPU (or the CPU backend) for hostd"};
-  app.add_option("--hostd", opt.hostd_address, "hostd address (unix:PATH)");
+  app.add_option("--hostd", opt.hostd_address, "hostd address: unix:PATH, or HOST:PORT (TLS)");
+  opt.credentials = slidedp::auth::ClientCredentialsOptions::FromEnvironment();
+  app.add_option("--tls-ca", opt.credentials.tls_ca_file, "TCP: PEM CA of hostd's certificate (env SLIDEDP_TLS_CA)");
+  app.add_option("--tls-cert", opt.credentials.tls_cert_file, "TCP: PEM client certificate (env SLIDEDP_TLS_CERT)");
+  app.add_option("--tls-key", opt.credentials.tls_key_file, "TCP: PEM key of --tls-cert (env SLIDEDP_TLS_KEY)");
+  app.add_option("--token-file", opt.credentials.token_file,
+                 "TCP: file (mode 0600) with hostd's bearer token (env SLIDEDP_TOKEN_FILE)");
+  app.add_option("--tls-server-name", opt.credentials.tls_server_name,
+                 "TCP: name in hostd's certificate, when not the address's host (env SLIDEDP_TLS_SERVER_NAME)");
   app.add_option("--backend", backend, "cuda | cpu")->check(CLI::IsMember({"cuda", "cpu"}));
   app.add_option("--gpu", gpu, "GPU ordinal (implies --backend cuda)");
   app.add_option("--index", opt.index, "worker number (CPU backend)");
@@ -44,6 +53,11 @@ int main(int argc, char** argv) {
     opt.index = gpu;
   }
   opt.backend = backend == "cuda" ? slidedp::worker::BackendKind::kCuda : slidedp::worker::BackendKind::kCpu;
+  // Unusable credentials are a configuration error: exit now rather than retry sessions forever.
+  if (auto channel = slidedp::auth::CreateHostdChannel(opt.hostd_address, opt.credentials); !channel.ok()) {
+    std::cerr << "slidedp-worker: " << channel.status().message() << "\n";
+    return 2;
+  }
 
   // Signals: a pipe wakes a normal thread that stops the agent (no work in the handler).
   if (pipe(g_signal_pipe) != 0) return 1;

@@ -216,7 +216,8 @@ absl::Status WorkerAgent::Run() {
 }
 
 absl::Status WorkerAgent::RunSession() {
-  auto channel = grpc::CreateChannel(options_.hostd_address, grpc::InsecureChannelCredentials());
+  // Made per session: a token file replaced while hostd was away is read again.
+  ASSIGN_OR_RETURN(auto channel, auth::CreateHostdChannel(options_.hostd_address, options_.credentials));
   auto stub = v1::WorkerService::NewStub(channel);
   grpc::ClientContext ctx;
   auto stream = stub->Session(&ctx);

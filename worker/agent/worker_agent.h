@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/auth/hostd_channel.h"
 #include "common/jobspec/job_spec.h"
 #include "slidedp/v1/slidedp.grpc.pb.h"
 #include "worker/compute/backend.h"
@@ -28,6 +29,7 @@ enum class BackendKind { kCpu, kCuda };
 
 struct WorkerOptions {
   std::string hostd_address = "unix:/tmp/slidedp-hostd.sock";
+  auth::ClientCredentialsOptions credentials;  // TCP addresses: TLS roots, client certificate, token
   BackendKind backend = BackendKind::kCpu;
   int index = 0;                 // GPU ordinal (cuda) or worker number (cpu)
   double reconnect_max_s = 5;    // backoff cap while hostd is away
