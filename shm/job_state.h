@@ -48,7 +48,8 @@ struct alignas(64) JobControlBlock {
   char job_id[104];
   AbortWord abort;
   alignas(64) std::atomic<uint64_t> step;  // completed optimizer steps (written by hostd)
-  uint8_t pad[56];
+  std::atomic<uint64_t> skipped_steps;     // of those, skipped as non-finite (train.skip_nonfinite)
+  uint8_t pad[48];
 };
 static_assert(sizeof(JobControlBlock) == 256 && std::is_standard_layout_v<JobControlBlock>);
 
@@ -95,6 +96,7 @@ class JobState {
   VersionGate& version(int unit) const { return versions_[unit]; }
   AbortWord& abort() const { return control_->abort; }
   std::atomic<uint64_t>& step_counter() const { return control_->step; }
+  std::atomic<uint64_t>& skipped_steps_counter() const { return control_->skipped_steps; }
   // hostd (the creator): the process that publishes versions, for liveness checks in waits.
   ProcessIdentity owner() const { return segment_->creator(); }
 

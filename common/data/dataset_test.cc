@@ -74,9 +74,12 @@ TEST(Dataset, RoundTripPackedKeepsTokensMasksAndBoundaries) {
   EXPECT_EQ(rows, (std::vector<uint64_t>{0, 7, 12, 20, 28, 34}));
   std::vector<uint64_t> docs_off(ds.doc_offsets().begin(), ds.doc_offsets().end());
   EXPECT_EQ(docs_off, (std::vector<uint64_t>{0, 3, 7, 12, 32, 34}));
-  EXPECT_EQ(ds.tokens()[3], 20u);
-  EXPECT_EQ(ds.loss_mask()[3], 0);
-  EXPECT_EQ(ds.loss_mask()[4], 1);
+  uint32_t tok[2];
+  uint8_t mask[2];
+  ASSERT_TRUE(ds.ReadTokens(3, 5, tok, mask).ok());
+  EXPECT_EQ(tok[0], 20u);
+  EXPECT_EQ(mask[0], 0);
+  EXPECT_EQ(mask[1], 1);
   // Row 4 = tail of the long doc (4 tokens) + the 2-token doc: two pieces.
   auto segs = ds.RowSegments(4);
   ASSERT_EQ(segs.size(), 2u);
@@ -202,7 +205,8 @@ TEST(Synthetic, IsDeterministicAndWithinVocabulary) {
   auto r = DatasetReader::Open(dir_b, {.model_vocab_size = 97});
   ASSERT_TRUE(r.ok()) << r.status();
   // Learnable pattern: constant stride inside a document.
-  auto t = (*r)->tokens();
+  std::vector<uint32_t> t((*r)->num_tokens());
+  ASSERT_TRUE((*r)->ReadTokens(0, (*r)->num_tokens(), t.data(), nullptr).ok());
   auto d = (*r)->doc_offsets();
   const int64_t stride = (t[d[0] + 1] + 97 - t[d[0]]) % 97;
   EXPECT_EQ((t[d[0] + 2] + 97 - t[d[0] + 1]) % 97, stride);

@@ -8,8 +8,8 @@
 namespace slidedp::hostd {
 
 StepUpdates::StepUpdates(update::LayerAdam& adam, absl::Span<const update::UnitMemory> memory,
-                         update::UnitTracker& tracker, const update::AdamWStepParams& params)
-    : adam_(adam), memory_(memory), tracker_(tracker), params_(params) {}
+                         update::UnitTracker& tracker, int64_t version, const update::AdamWStepParams& params)
+    : adam_(adam), memory_(memory), tracker_(tracker), version_(version), params_(params) {}
 
 StepUpdates::~StepUpdates() { (void)Drain(); }
 
@@ -17,7 +17,7 @@ absl::Status StepUpdates::Apply(int u, int64_t offset, int64_t numel, float grad
                                 shm::GradRing* release_ring, uint32_t release_slot) {
   // Registered before submission: a range outside the unit, or one already updated this step,
   // is refused here (a worker that posted it is broken).
-  absl::StatusOr<std::function<void(absl::Status)>> unit_done = tracker_.Track(u, params_.step, offset, numel);
+  absl::StatusOr<std::function<void(absl::Status)>> unit_done = tracker_.Track(u, version_, offset, numel);
   if (!unit_done.ok()) {
     if (release_ring != nullptr) (void)release_ring->Release(release_slot);
     return absl::InternalError(unit_done.status().message());
@@ -46,6 +46,13 @@ absl::Status StepUpdates::Apply(int u, int64_t offset, int64_t numel, float grad
     pending_--;
   }
   return submitted;
+}
+
+absl::Status StepUpdates::Skip(int u, int64_t offset, int64_t numel) {
+  absl::StatusOr<std::function<void(absl::Status)>> unit_done = tracker_.Track(u, version_, offset, numel);
+  if (!unit_done.ok()) return absl::InternalError(unit_done.status().message());
+  (*unit_done)(absl::OkStatus());  // the unit's gate opens when this was its last range
+  return absl::OkStatus();
 }
 
 absl::Status StepUpdates::Drain() {

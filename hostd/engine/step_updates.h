@@ -1,7 +1,8 @@
 // StepUpdates: the LayerAdam updates of one optimizer step.
 //
-// Apply() submits a range of a unit to LayerAdam; the job's UnitTracker (hostd/update) knows
-// when every element of the unit is updated and then opens its version gate (t+1), so the
+// Apply() submits a range of a unit to LayerAdam (Skip() marks one done unchanged); the job's
+// UnitTracker (hostd/update) knows when every element of the unit is done and then opens its
+// version gate (t+1), so the
 // workers' next forward can read it while later units are still being updated. A gradient read
 // straight from a ring slot releases that slot once its update is done. Drain() (also run by the
 // destructor: updates may read staging or ring memory) waits for every submitted update.
@@ -23,9 +24,11 @@ namespace slidedp::hostd {
 
 class StepUpdates {
  public:
-  // `params.step` is the 1-based step the updates make (the gates open at version params.step).
+  // `version`: the 1-based optimizer step these updates make (every unit's gate opens at it when
+  // its elements are done). `params.step` is AdamW's step count for the bias correction, which
+  // counts only applied updates: version minus the steps skipped before (train.skip_nonfinite).
   StepUpdates(update::LayerAdam& adam, absl::Span<const update::UnitMemory> memory, update::UnitTracker& tracker,
-              const update::AdamWStepParams& params);
+              int64_t version, const update::AdamWStepParams& params);
   ~StepUpdates();
   StepUpdates(const StepUpdates&) = delete;
   StepUpdates& operator=(const StepUpdates&) = delete;
@@ -35,6 +38,10 @@ class StepUpdates {
   // once the update has read it.
   absl::Status Apply(int u, int64_t offset, int64_t numel, float grad_scale, const float* grad,
                      shm::GradRing* release_ring = nullptr, uint32_t release_slot = 0);
+  // Marks [offset, offset + numel) of unit u done for this step without changing it (a skipped
+  // step): the unit's gate opens when all its elements are done, applied or skipped. INTERNAL for
+  // a range outside the unit or one already done this step.
+  absl::Status Skip(int u, int64_t offset, int64_t numel);
   // Waits for every submitted update; the first error of any of them.
   absl::Status Drain();
   // When the step's first update was submitted (InfiniteFuture before any).
@@ -44,6 +51,7 @@ class StepUpdates {
   update::LayerAdam& adam_;
   absl::Span<const update::UnitMemory> memory_;
   update::UnitTracker& tracker_;
+  const int64_t version_;
   const update::AdamWStepParams params_;
   mutable absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;

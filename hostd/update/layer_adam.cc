@@ -82,6 +82,26 @@ void TouchPages(void* begin, int64_t bytes) {
   }
 }
 
+// Calls fn(begin, numel) for each part of [offset, offset + numel) that lies inside one of the
+// unit's tensors, in order: the padding between tensors is never handed to a kernel (with eps 0
+// a zero gradient there would make 0/0 = NaN; weight decay would scale whatever it holds).
+template <typename Fn>
+void ForEachTensorPart(absl::Span<const ElementRange> tensors, int64_t offset, int64_t numel, Fn&& fn) {
+  const int64_t end = offset + numel;
+  if (tensors.empty()) {
+    if (numel > 0) fn(offset, numel);
+    return;
+  }
+  // The first tensor ending after `offset` (units have a handful of tensors per piece).
+  auto it = std::upper_bound(tensors.begin(), tensors.end(), offset,
+                             [](int64_t o, const ElementRange& r) { return o < r.end; });
+  for (; it != tensors.end() && it->begin < end; ++it) {
+    const int64_t b = std::max(offset, it->begin);
+    const int64_t e = std::min(end, it->end);
+    if (e > b) fn(b, e - b);
+  }
+}
+
 }  // namespace
 
 int DefaultUpdateThreads(int cores, int reserve_cores) {
@@ -299,6 +319,15 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
     return absl::InvalidArgumentError(
         absl::StrCat("LayerAdam: AdamW step must be >= 1, got ", params.step));
   }
+  int64_t prev_end = 0;
+  for (const ElementRange& r : unit.tensors) {
+    if (r.begin < prev_end || r.end < r.begin || r.end > unit.numel) {
+      return absl::InvalidArgumentError(absl::StrCat("LayerAdam: tensor range [", r.begin, ", ", r.end,
+                                                     ") is not sorted, disjoint and inside the unit's ", unit.numel,
+                                                     " elements"));
+    }
+    prev_end = r.end;
+  }
   if (!done) return absl::InvalidArgumentError("LayerAdam: no completion callback");
   {
     absl::MutexLock l(&idle_mu_);
@@ -372,12 +401,16 @@ void LayerAdam::RunTask(const Task& t) {
   const int64_t o = t.offset;
   switch (t.kind) {
     case TaskKind::kStepF32:
-      kernels_->step_f32(t.constants, u.master + o, u.m + o, u.v + o, u.mirror + o,
-                         static_cast<const float*>(t.grad), t.numel);
+      ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n) {
+        kernels_->step_f32(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b,
+                           static_cast<const float*>(t.grad) + (b - o), n);
+      });
       break;
     case TaskKind::kStepBf16:
-      kernels_->step_bf16(t.constants, u.master + o, u.m + o, u.v + o, u.mirror + o,
-                          static_cast<const bf16_t*>(t.grad), t.numel);
+      ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n) {
+        kernels_->step_bf16(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b,
+                            static_cast<const bf16_t*>(t.grad) + (b - o), n);
+      });
       break;
     case TaskKind::kTouch:
       TouchPages(u.master + o, t.numel * 4);

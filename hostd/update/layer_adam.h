@@ -31,10 +31,17 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "common/numeric/bf16.h"
 #include "hostd/update/adamw_kernels.h"
 
 namespace slidedp::update {
+
+// Elements [begin, end) of a unit that hold one tensor's parameters.
+struct ElementRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
 
 // The optimizer state of one unit: four parallel arrays of numel elements (pointers into the
 // job's shared-memory state) and the NUMA node (hwloc logical index) whose workers update it.
@@ -45,6 +52,11 @@ struct UnitMemory {
   bf16_t* mirror = nullptr;
   int64_t numel = 0;
   int numa_node = 0;
+  // The unit's tensors (sorted by begin, disjoint, inside [0, numel)): an update writes only these
+  // elements, never the alignment padding between tensors (ModelLayout aligns each tensor to 256
+  // elements), whatever the gradient and hyper-parameters hold there. Empty: every element is a
+  // parameter. The ranges must outlive every update of the unit.
+  absl::Span<const ElementRange> tensors;
 };
 
 enum class WorkerPinning {
