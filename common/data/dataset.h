@@ -140,7 +140,7 @@ struct ReaderOptions {
   // assignment), in BinFileName order. Open refuses a file whose identity differs (DATA_LOSS
   // naming it: changed or replaced since it was verified) and skips the content scans and
   // checksums, which the verifier ran on exactly these bytes. Empty: no comparison.
-  std::vector<FileIdentity> expected_files;
+  std::vector<FileIdentity> expected_files = {};
 };
 
 // One document piece inside a row: tokens [begin, end) of the token stream.

@@ -9,8 +9,10 @@
 namespace slidedp {
 
 enum class FiniteRule {
-  kFinite,             // no NaN, no +-inf
-  kFiniteNonNegative,  // also not below 0 (-0.0 is allowed): Adam's second moment
+  kFinite,  // no NaN, no +-inf
+  // Adam's second moment: not NaN and not below 0 (-0.0 is allowed). +inf is: a finite gradient
+  // above ~1.8e19 squares to it in float (as in PyTorch), and the update of that element is 0.
+  kSecondMoment,
 };
 
 // True when x breaks `rule`.
@@ -18,7 +20,7 @@ inline bool BreaksFiniteRule(float x, FiniteRule rule) {
   uint32_t b;
   std::memcpy(&b, &x, sizeof(b));
   if (rule == FiniteRule::kFinite) return (b & 0x7fffffffu) >= 0x7f800000u;
-  return b >= 0x7f800000u && b != 0x80000000u;  // NaN/inf of either sign, or a negative number
+  return (b > 0x7f800000u && b != 0x80000000u);  // NaN of either sign, or a negative number
 }
 
 // The index of the first element of x[0, n) that breaks `rule`, or -1.
@@ -31,7 +33,7 @@ inline int64_t FirstNonFinite(const float* x, int64_t n, FiniteRule rule = Finit
       uint32_t b;
       std::memcpy(&b, x + i + k, sizeof(b));
       any |= rule == FiniteRule::kFinite ? static_cast<uint32_t>((b & 0x7fffffffu) >= 0x7f800000u)
-                                         : static_cast<uint32_t>((b >= 0x7f800000u) & (b != 0x80000000u));
+                                         : static_cast<uint32_t>((b > 0x7f800000u) & (b != 0x80000000u));
     }
     if (any != 0) break;
   }

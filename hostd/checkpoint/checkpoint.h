@@ -121,7 +121,7 @@ struct LoadedCheckpoint {
 // Restores master, m and v bit-for-bit from optimizer.safetensors (the weights files are not
 // read). The layout must match the saved one (config and every unit's size):
 // FAILED_PRECONDITION otherwise. DATA_LOSS naming the file, tensor and element where master or
-// m holds a NaN or infinity, or v one of those or a negative value (checked as it is copied).
+// m holds a NaN or infinity, or v a NaN or a negative value (checked as it is copied).
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const ModelLayout& layout,
                                                 const StateArrays& arrays, const LoadOptions& options = {});
 

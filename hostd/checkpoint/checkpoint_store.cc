@@ -438,8 +438,9 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const Mo
         absl::StrCat(file->path(), ": saved with a different unit layout than the job's (model or alignment changed)"));
   }
   // Copied in pieces over the threads (the embedding alone is most of a small model), each piece
-  // checked as it lands: master and m finite, v finite and >= 0. A NaN there (a damaged file,
-  // or a checkpoint of a run that diverged) would train NaN and report success.
+  // checked as it lands: master and m finite, v not NaN and >= 0 (+inf is what a huge finite
+  // gradient makes of it, as in PyTorch). A NaN there (a damaged file, or a checkpoint of a run
+  // that diverged) would train NaN and report success.
   constexpr int64_t kPieceNumel = int64_t{1} << 22;
   struct Piece {
     const UnitLayout* unit;
@@ -470,12 +471,12 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const Mo
     const char* src = file->Bytes(*p.info).data() + p.begin * sizeof(float);
     float* dst = p.dst + p.begin;
     std::memcpy(dst, src, p.count * sizeof(float));
-    const FiniteRule rule = p.kind == 2 ? FiniteRule::kFiniteNonNegative : FiniteRule::kFinite;
+    const FiniteRule rule = p.kind == 2 ? FiniteRule::kSecondMoment : FiniteRule::kFinite;
     if (const int64_t bad = FirstNonFinite(dst, p.count, rule); bad >= 0) {
       piece_status[i] = absl::DataLossError(
           absl::StrCat(file->path(), ": tensor \"", p.info->name, "\" holds ", dst[bad], " at element ", p.begin + bad,
                        " (", DescribeUnitElement(*p.unit, p.begin + bad), "); ",
-                       p.kind == 2 ? "Adam's second moment must be finite and >= 0" : "the state must be finite"));
+                       p.kind == 2 ? "Adam's second moment must be >= 0 and not NaN" : "the state must be finite"));
     }
   });
   for (const absl::Status& s : piece_status) RETURN_IF_ERROR(s);

@@ -54,11 +54,12 @@ absl::StatusOr<shm::GradChunkDesc> GradRings::Pop(int r, bool first_step) {
     }
     if (d.status().code() != absl::StatusCode::kDeadlineExceeded) {
       // Prefer the worker's own error: a failing worker raises the abort before its report
-      // reaches us, so give the report a moment to arrive.
+      // reaches us, so give the report a moment to arrive (unless another consumer thread took
+      // it already: it returns the cause).
       const absl::Time report_deadline = absl::Now() + absl::Seconds(2);
       do {
         RETURN_IF_ERROR(reports_.Poll());
-        if (job_state_.abort().reason() != shm::AbortReason::kWorkerFailed) break;
+        if (job_state_.abort().reason() != shm::AbortReason::kWorkerFailed || reports_.worker_failure_seen()) break;
         absl::SleepFor(absl::Milliseconds(5));
       } while (absl::Now() < report_deadline);
       return Annotate(d.status(), absl::StrCat("gradient ring of ", reports_.WorkerName(r)));
@@ -249,8 +250,12 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
       return NonFiniteError(t, NonFiniteGradient(), "the parts applied before it keep this step's update");
     }
     // Final already: update now (while the rest of the backward pass still runs, or, with
-    // device staging, while the later parts are still coming).
-    absl::Status s = updates.Apply(d.unit, d.offset_numel, d.numel, coef, src, &rings_.ring(r), d.slot);
+    // device staging, while the later parts are still coming). Device-staged parts were never
+    // seen here (their norm came from the rank): LayerAdam checks them block by block as it
+    // updates, so a part a broken worker's norm does not account for never reaches the master.
+    absl::Status s = updates.Apply(d.unit, d.offset_numel, d.numel, coef, src, &rings_.ring(r), d.slot,
+                                   device_staged ? update::NonFiniteGrad::kRefuse : update::NonFiniteGrad::kApply,
+                                   device_staged ? rings_.WorkerName(r) : std::string());
     if (s.code() == absl::StatusCode::kInternal) {
       return rings_.FailRank(r, absl::StrCat("posted a gradient chunk twice: ", s.message()));
     }

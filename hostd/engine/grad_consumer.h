@@ -29,7 +29,11 @@
 //   non-finite step then fails the job (DATA_LOSS, nothing of the step applied) or, with
 //   NonFinitePolicy::kSkip, is skipped: nothing is applied and every unit's gate opens at t+1
 //   unchanged. kSkip also skips a step whose loss is not finite on some rank (LossCheck, asked
-//   once the gradient is known finite and before anything is applied).
+//   once the gradient is known finite and before anything is applied);
+// - device-staged parts are applied with NonFiniteGrad::kRefuse: LayerAdam checks each block as
+//   it updates it, so a part with a NaN that its rank's posted norm did not show (a broken
+//   worker) stops there and the step fails with DATA_LOSS (StepUpdates names unit, element and
+//   worker).
 #pragma once
 
 #include <cstdint>

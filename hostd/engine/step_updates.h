@@ -9,12 +9,14 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/model/qwen3_config.h"
 #include "hostd/update/adamw_kernels.h"
 #include "hostd/update/layer_adam.h"
 #include "hostd/update/unit_tracker.h"
@@ -27,17 +29,21 @@ class StepUpdates {
   // `version`: the 1-based optimizer step these updates make (every unit's gate opens at it when
   // its elements are done). `params.step` is AdamW's step count for the bias correction, which
   // counts only applied updates: version minus the steps skipped before (train.skip_nonfinite).
+  // `layout` (may be null) names units and tensors in errors.
   StepUpdates(update::LayerAdam& adam, absl::Span<const update::UnitMemory> memory, update::UnitTracker& tracker,
-              int64_t version, const update::AdamWStepParams& params);
+              int64_t version, const update::AdamWStepParams& params, const ModelLayout* layout = nullptr);
   ~StepUpdates();
   StepUpdates(const StepUpdates&) = delete;
   StepUpdates& operator=(const StepUpdates&) = delete;
 
   // Updates [offset, offset + numel) of unit u with grad_scale * grad (grad: numel floats that
   // stay valid until the update is done). With `release_ring`, its `release_slot` is released
-  // once the update has read it.
+  // once the update has read it. With `check` kRefuse LayerAdam checks the gradient as it
+  // updates (hostd has not seen it: device staging) and stops at a NaN or inf: the step's Drain
+  // is then DATA_LOSS naming the step, unit, element and `origin` (the worker that posted it).
   absl::Status Apply(int u, int64_t offset, int64_t numel, float grad_scale, const float* grad,
-                     shm::GradRing* release_ring = nullptr, uint32_t release_slot = 0);
+                     shm::GradRing* release_ring = nullptr, uint32_t release_slot = 0,
+                     update::NonFiniteGrad check = update::NonFiniteGrad::kApply, std::string origin = "");
   // Marks [offset, offset + numel) of unit u done for this step without changing it (a skipped
   // step): the unit's gate opens when all its elements are done, applied or skipped. INTERNAL for
   // a range outside the unit or one already done this step.
@@ -48,11 +54,14 @@ class StepUpdates {
   absl::Time first_submit() const;
 
  private:
+  absl::Status NonFiniteError(int u, const update::NonFiniteGradElement& e, const std::string& origin) const;
+
   update::LayerAdam& adam_;
   absl::Span<const update::UnitMemory> memory_;
   update::UnitTracker& tracker_;
   const int64_t version_;
   const update::AdamWStepParams params_;
+  const ModelLayout* layout_;
   mutable absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);

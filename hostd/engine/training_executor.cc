@@ -186,11 +186,13 @@ absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
                                                    " exceeds the model's max_position_embeddings ",
                                                    config.max_position_embeddings));
   }
-  // The dataset is checked here, before any host state is allocated: manifest, file sizes
-  // (truncation is DATA_LOSS), and token ids against the model's vocabulary.
+  // The dataset is checked here, at submit: manifest, file sizes (truncation is DATA_LOSS), token
+  // ids against the model's vocabulary, the loss mask. Its CRC-32s are verified when the job
+  // starts (VerifyDataset): the files may change while it is queued, and a large dataset must
+  // not stall this gRPC handler twice.
   data::ReaderOptions dopt;
   dopt.model_vocab_size = config.vocab_size;
-  dopt.verify_checksums = data::VerifyChecksums::kNo;  // a full read; sizes and ranges catch truncation
+  dopt.verify_checksums = data::VerifyChecksums::kNo;
   ASSIGN_OR_RETURN(auto dataset, data::DatasetReader::Open(spec.data_path, dopt));
   if (dataset->num_rows() < spec.global_batch) {
     return absl::InvalidArgumentError(absl::StrCat("data.path: the dataset has ", dataset->num_rows(),
@@ -365,7 +367,7 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
   params.eps = a.spec.eps;
   params.weight_decay = a.spec.weight_decay;
   params.step = t + 1 - a.skipped_steps;  // Adam's bias correction counts applied updates only
-  StepUpdates updates(*a.adam, a.memory, *a.tracker, t + 1, params);
+  StepUpdates updates(*a.adam, a.memory, *a.tracker, t + 1, params, &a.layout);
   ASSIGN_OR_RETURN(StepGradients grads, a.consumer->ConsumeStep(t, t == a.first_step, updates));
   if (grads.skipped) {
     a.job_state->skipped_steps_counter().store(++a.skipped_steps);

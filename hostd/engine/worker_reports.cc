@@ -88,6 +88,7 @@ absl::Status WorkerReports::OnJobFinished(int rank, const v1::JobFinished& finis
   if (!CurrentJob(finished.job_id(), finished.attempt())) return absl::OkStatus();
   finished_[rank] = true;
   if (finished.code() == 0) return absl::OkStatus();
+  worker_failure_seen_.store(true, std::memory_order_release);
   job_state_.RaiseAbort(shm::AbortReason::kWorkerFailed);
   // Only the standard codes (1..16) map to a status; anything else is UNKNOWN with the number.
   const bool known = finished.code() > 0 && finished.code() <= static_cast<int>(absl::StatusCode::kUnauthenticated);

@@ -17,6 +17,7 @@
 // Reports of earlier jobs or attempts are dropped. Poll() may be called from several threads.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -59,6 +60,8 @@ class WorkerReports {
   void StopWorkers();
   // "worker <id> (rank r)", how every message about a rank names it.
   std::string WorkerName(int rank) const;
+  // A worker reported a failure (its JobFinished with an error was taken by some Poll).
+  bool worker_failure_seen() const { return worker_failure_seen_.load(std::memory_order_acquire); }
 
  private:
   absl::Status OnCommId(int rank, const v1::CommId& id);
@@ -84,6 +87,7 @@ class WorkerReports {
   std::map<int64_t, std::map<int, v1::StepDone>> steps_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::map<int, double>> losses_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> finished_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> worker_failure_seen_{false};
 };
 
 // "loss is NaN on worker w0 (rank 1)" style text for a non-finite loss sum: "NaN", "inf", "-inf".

@@ -302,7 +302,7 @@ TEST_F(CkptSaveTest, NonFiniteStateIsDataLossNamingTheTensor) {
   };
   for (const Case& k : {Case{"master", down.offset_numel + 5, std::nanf(""), down.hf_name + "[0, 5]"},
                         Case{"adam_m", 3, std::numeric_limits<float>::infinity(), "input_layernorm.weight[3]"},
-                        Case{"adam_v", down.offset_numel, -1e-9f, "second moment"},
+                        Case{"adam_v", down.offset_numel, -1e-9f, "second moment must be >= 0"},
                         Case{"adam_v", layer.tensors[kInputNorm].numel, std::nanf(""), "the padding after"}}) {
     SCOPED_TRACE(k.kind);
     ASSERT_TRUE(SaveCheckpoint(Request(layout, s, 5)).ok());

@@ -231,7 +231,7 @@ class ConsumerHarness {
     p.eps = spec_.eps;
     p.weight_decay = spec_.weight_decay;
     p.step = t + 1;
-    StepUpdates updates(Adam(), memory_, *tracker_, t + 1, p);
+    StepUpdates updates(Adam(), memory_, *tracker_, t + 1, p, &layout_);
     absl::StatusOr<StepGradients> g = consumer_->ConsumeStep(t, t == 0, updates);
     absl::Status drained = updates.Drain();
     if (g.ok() && !drained.ok()) return drained;

@@ -306,7 +306,74 @@ TEST(GradConsumer, NonFiniteGradientFailsTheStepNamingUnitElementAndWorker) {
     EXPECT_TRUE(absl::StrContains(msg, "train.skip_nonfinite")) << msg;
     // No NaN reaches the state; a staged step changes nothing at all (without staging, the parts
     // applied before the bad one keep their update).
-    if (c.expect_staging != ClipStaging::kNone) EXPECT_TRUE(Snapshot(h) == before);
+    if (c.expect_staging != ClipStaging::kNone) {
+      EXPECT_TRUE(Snapshot(h) == before);
+    }
+    for (int u = 0; u < h.layout().num_units(); ++u) {
+      for (int64_t i = 0; i < h.layout().units[u].numel; ++i) ASSERT_TRUE(std::isfinite(h.job_state().master(u)[i]));
+    }
+  }
+}
+
+// Device staging applies parts hostd never read; a broken worker whose posted norm is finite while
+// a part holds a NaN: LayerAdam's refusing update stops at it, the step fails with DATA_LOSS naming
+// the unit, element and worker, and no NaN reaches the state (found by worker_reports_fuzz:
+// crashes/worker_reports/crash-a525...).
+TEST(GradConsumer, ALyingNormDoesNotLetANanPartIntoTheMaster) {
+  for (bool skip : {false, true}) {
+    ConsumerHarness h(HarnessSpec(2, 1.0, GradReduction::kGpu, GradStaging::kDevice, skip), 2);
+    ASSERT_TRUE(h.status().ok()) << h.status();
+    FillMaster(h);
+    const int64_t bad = BadElement(h);
+    // Rank 1 posts the squared norm of finite values, then a part with a NaN in it.
+    std::vector<std::function<void()>> producers = {Good(h, 0, 0), nullptr};
+    producers[1] = [&] {
+      shm::GradRing& ring = h.producer(1);
+      double squares = 0;
+      for (int u = 0; u < h.layout().num_units(); ++u) {
+        const ShardRange p = h.PartOf(1, u);
+        for (int64_t i = p.offset; i < p.offset + p.numel; ++i) squares += double(Value(u, i)) * Value(u, i);
+      }
+      auto slot = ring.AcquireSlot(absl::Seconds(5));
+      if (!slot.ok()) return;
+      std::memcpy(ring.slot_data(*slot), &squares, sizeof(double));
+      shm::GradChunkDesc d;
+      d.unit = -1;
+      d.slot = *slot;
+      d.numel = 1;
+      d.dtype = shm::GradDtype::kSumSquares;
+      if (!ring.Post(d).ok()) return;
+      const int64_t chunk = static_cast<int64_t>(ring.config().slot_bytes / 4);
+      for (int u = 0; u < h.layout().num_units(); ++u) {
+        const ShardRange p = h.PartOf(1, u);
+        for (int64_t off = p.offset; off < p.offset + p.numel; off += chunk) {
+          const int64_t n = std::min(chunk, p.offset + p.numel - off);
+          auto s = ring.AcquireSlot(absl::Seconds(5));
+          if (!s.ok()) return;
+          float* dst = static_cast<float*>(ring.slot_data(*s));
+          for (int64_t i = 0; i < n; ++i) {
+            dst[i] = u == kBadUnit && off + i == bad ? std::numeric_limits<float>::quiet_NaN() : Value(u, off + i);
+          }
+          shm::GradChunkDesc c;
+          c.unit = u;
+          c.slot = *s;
+          c.offset_numel = off;
+          c.numel = n;
+          if (!ring.Post(c).ok()) return;
+        }
+      }
+    };
+    if (skip) {
+      h.ReportLoss(0, 0, 1.0);
+      h.ReportLoss(1, 0, 1.0);
+    }
+    auto g = ConsumeWhile(h, 0, producers);
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kDataLoss) << g.status();
+    const std::string msg(g.status().message());
+    EXPECT_TRUE(absl::StrContains(msg, "step 1: gradient of unit 1 (layer.0) is not finite: " +
+                                           DescribeUnitElement(h.layout().units[kBadUnit], bad) + " is NaN"))
+        << msg;
+    EXPECT_TRUE(absl::StrContains(msg, "posted by worker fake1 (rank 1), found as it was applied")) << msg;
     for (int u = 0; u < h.layout().num_units(); ++u) {
       for (int64_t i = 0; i < h.layout().units[u].numel; ++i) ASSERT_TRUE(std::isfinite(h.job_state().master(u)[i]));
     }

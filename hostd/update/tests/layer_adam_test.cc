@@ -273,6 +273,58 @@ TEST(LayerAdam, NeverTouchesThePaddingBetweenTensors) {
   }
 }
 
+// NonFiniteGrad::kRefuse: a chunk with a NaN or inf is DATA_LOSS naming the element (payload),
+// every element before it is updated as with kApply, nothing from it on; kApply propagates.
+TEST(LayerAdam, RefusingUpdatesStopAtANonFiniteGradient) {
+  auto engine = MakeEngine(1, WorkerPinning::kNone, /*min_piece=*/1 << 20);  // one piece per chunk
+  constexpr int64_t kN = 20077;
+  const int64_t bad = 12345;
+  for (float value : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    OwnedUnit unit(kN);
+    for (int64_t i = 0; i < kN; ++i) unit.master[i] = 0.01f * static_cast<float>(i % 17);
+    OwnedUnit expect = unit;
+    std::vector<float> grad(kN, 1e-3f);
+    grad[bad] = value;
+    AdamWStepParams p;
+    p.nonfinite_grad = NonFiniteGrad::kRefuse;
+    AdamWStep(p, expect.master.data(), expect.m.data(), expect.v.data(), expect.mirror.data(), grad.data(),
+              bad);  // the elements before the bad one
+    absl::Notification done;
+    absl::Status status;
+    ASSERT_TRUE(engine
+                    ->SubmitChunk(unit.view(), 0, kN, grad.data(), p,
+                                  [&](absl::Status s) {
+                                    status = s;
+                                    done.Notify();
+                                  })
+                    .ok());
+    done.WaitForNotification();
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+    auto e = NonFiniteGradOf(status);
+    ASSERT_TRUE(e.has_value()) << status;
+    EXPECT_EQ(e->offset, bad);
+    EXPECT_EQ(std::isnan(e->value), std::isnan(value));
+    ASSERT_EQ(0, std::memcmp(unit.master.data(), expect.master.data(), kN * 4));
+    ASSERT_EQ(0, std::memcmp(unit.v.data(), expect.v.data(), kN * 4));
+    for (float x : unit.master) ASSERT_TRUE(std::isfinite(x));
+  }
+  // kApply: as PyTorch, the element becomes non-finite and the chunk is OK.
+  OwnedUnit unit(1000);
+  std::vector<float> grad(1000, 1e-3f);
+  grad[10] = std::numeric_limits<float>::quiet_NaN();
+  absl::Notification done;
+  ASSERT_TRUE(engine
+                  ->SubmitChunk(unit.view(), 0, 1000, grad.data(), AdamWStepParams{},
+                                [&](absl::Status s) {
+                                  EXPECT_TRUE(s.ok()) << s;
+                                  done.Notify();
+                                })
+                  .ok());
+  done.WaitForNotification();
+  EXPECT_TRUE(std::isnan(unit.master[10]));
+  EXPECT_FALSE(NonFiniteGradOf(absl::DataLossError("other")).has_value());
+}
+
 TEST(LayerAdam, ShutdownCompletesEveryChunkOnce) {
   auto engine = MakeEngine(1);
   OwnedUnit unit(4096);
