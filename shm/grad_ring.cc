@@ -138,7 +138,7 @@ absl::StatusOr<uint32_t> GradRing::AcquireSlot(absl::Duration timeout) {
 
 absl::Status GradRing::Post(const GradChunkDesc& desc) {
   if (desc.slot >= config_.num_slots || desc.numel <= 0 || desc.offset_numel < 0 || !KnownDtype(desc) ||
-      static_cast<uint64_t>(desc.numel) * GradDtypeBytes(desc.dtype) > config_.slot_bytes) {
+      static_cast<uint64_t>(desc.numel) > config_.slot_bytes / GradDtypeBytes(desc.dtype)) {
     return absl::InvalidArgumentError(absl::StrCat("grad ring ", segment_->name(), ": bad chunk (unit ", desc.unit,
                                                    ", slot ", desc.slot, " of ", config_.num_slots, ", numel ",
                                                    desc.numel, ", offset ", desc.offset_numel, ") for slots of ",
@@ -183,13 +183,37 @@ absl::StatusOr<GradChunkDesc> GradRing::Pop(absl::Duration timeout) {
   }
   const GradChunkDesc desc = descs_[head % control_->desc_capacity];
   control_->head.store(head + 1, std::memory_order_release);
+  // The producer may be broken (or another build): nothing it wrote is trusted. The size check
+  // divides, so a huge numel cannot wrap the product into range.
   if (desc.slot >= config_.num_slots || desc.numel <= 0 || !KnownDtype(desc) ||
-      static_cast<uint64_t>(desc.numel) * GradDtypeBytes(desc.dtype) > config_.slot_bytes) {
+      static_cast<uint64_t>(desc.numel) > config_.slot_bytes / GradDtypeBytes(desc.dtype)) {
     return absl::DataLossError(absl::StrCat("grad ring ", segment_->name(), ": corrupt descriptor (slot ", desc.slot,
                                             ", numel ", desc.numel, ", dtype ", static_cast<uint32_t>(desc.dtype),
                                             ")"));
   }
+  // The slot must be one the producer acquired (its free bit clear) and not one the consumer still
+  // holds from an earlier descriptor: otherwise two updates would read one slot, or the producer
+  // could overwrite a slot that is being read.
+  const uint64_t mask = uint64_t{1} << (desc.slot % 64);
+  if (control_->free_bits[desc.slot / 64].load(std::memory_order_acquire) & mask) {
+    return absl::DataLossError(absl::StrCat("grad ring ", segment_->name(), ": descriptor names slot ", desc.slot,
+                                            ", which the producer did not acquire"));
+  }
+  if (held_[desc.slot / 64].fetch_or(mask, std::memory_order_acq_rel) & mask) {
+    return absl::DataLossError(absl::StrCat("grad ring ", segment_->name(), ": descriptor names slot ", desc.slot,
+                                            ", which an earlier descriptor holds (not yet released)"));
+  }
   return desc;
+}
+
+absl::Status GradRing::PostUncheckedForTest(const GradChunkDesc& desc) {
+  const uint32_t tail = control_->tail.load(std::memory_order_relaxed);
+  const uint32_t head = control_->head.load(std::memory_order_acquire);
+  if (tail - head >= control_->desc_capacity) return absl::ResourceExhaustedError("descriptor queue full");
+  descs_[tail % control_->desc_capacity] = desc;
+  control_->tail.store(tail + 1, std::memory_order_release);
+  FutexWakeAll(&control_->tail);
+  return absl::OkStatus();
 }
 
 absl::Status GradRing::Release(uint32_t slot) {
@@ -198,6 +222,7 @@ absl::Status GradRing::Release(uint32_t slot) {
         absl::StrCat("grad ring ", segment_->name(), ": slot ", slot, " >= ", config_.num_slots));
   }
   const uint64_t mask = uint64_t{1} << (slot % 64);
+  held_[slot / 64].fetch_and(~mask, std::memory_order_acq_rel);
   const uint64_t prev = control_->free_bits[slot / 64].fetch_or(mask, std::memory_order_release);
   if (prev & mask) {
     return absl::FailedPreconditionError(

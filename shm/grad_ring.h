@@ -86,10 +86,15 @@ class GradRing {
 
   // --- consumer ---
   // The next chunk in posting order. DEADLINE_EXCEEDED, ABORTED, UNAVAILABLE (producer died and
-  // the queue is empty), OUT_OF_RANGE (closed and drained), DATA_LOSS (corrupt descriptor).
+  // the queue is empty), OUT_OF_RANGE (closed and drained), DATA_LOSS (corrupt descriptor: bad
+  // slot, numel, dtype or size, a slot the producer did not acquire, or one still held).
   absl::StatusOr<GradChunkDesc> Pop(absl::Duration timeout);
   // Returns a slot to the producer. FAILED_PRECONDITION if it is not in use (double release).
   absl::Status Release(uint32_t slot);
+
+  // Fault injection for tests and fuzzers: queues `desc` as a broken producer could, without
+  // Post's checks (the consumer must refuse whatever it holds).
+  absl::Status PostUncheckedForTest(const GradChunkDesc& desc);
 
   void* slot_data(uint32_t slot) const { return slots_ + static_cast<uint64_t>(slot) * stride_; }
   uint8_t* slots_base() const { return slots_; }
@@ -117,6 +122,9 @@ class GradRing {
   uint8_t* slots_ = nullptr;
   uint64_t stride_ = 0;
   GradRingConfig config_;
+  // Consumer side, this process only: slots named by a popped descriptor and not yet released
+  // (Pop refuses a descriptor naming one of them).
+  std::unique_ptr<std::atomic<uint64_t>[]> held_ = std::make_unique<std::atomic<uint64_t>[]>(kMaxRingSlots / 64);
 };
 
 // The ring segment's "ring_control" region: this block, then desc_capacity GradChunkDescs (the

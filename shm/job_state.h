@@ -48,11 +48,12 @@ struct alignas(64) JobControlBlock {
   char job_id[104];
   AbortWord abort;
   alignas(64) std::atomic<uint64_t> step;  // completed optimizer steps (written by hostd)
+  std::atomic<uint64_t> skipped_steps;     // of those, skipped as non-finite (train.skip_nonfinite)
   // The 1-based step whose LayerAdam updates have begun: hostd stores t+1 before the first update
   // of step t touches master, m, v or mirror. With every gate at version V and this <= V, no
   // update is under way and the state is exactly that of V steps (ConsistentStep).
   std::atomic<uint64_t> updating_step;
-  uint8_t pad[48];
+  uint8_t pad[40];
 };
 static_assert(sizeof(JobControlBlock) == 256 && std::is_standard_layout_v<JobControlBlock>);
 
@@ -106,6 +107,7 @@ class JobState {
   VersionGate& version(int unit) const { return versions_[unit]; }
   AbortWord& abort() const { return control_->abort; }
   std::atomic<uint64_t>& step_counter() const { return control_->step; }
+  std::atomic<uint64_t>& skipped_steps_counter() const { return control_->skipped_steps; }
   std::atomic<uint64_t>& updating_step() const { return control_->updating_step; }
   // hostd (the creator): the process that publishes versions, for liveness checks in waits.
   ProcessIdentity owner() const { return segment_->creator(); }

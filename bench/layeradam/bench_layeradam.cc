@@ -167,7 +167,12 @@ int Main(int argc, char** argv) {
   int64_t chunk_params = int64_t{1} << 22;
   std::string isa_name, pin = "core", grad_dtype = "fp32", dump_dir, mirror_store = "stream";
   int64_t dump_numel = int64_t{1} << 20;
+  int64_t tensor_numel = 0;
+  bool refuse_nonfinite = false;
   app.add_option("--params", params, "parameters (state = 14 B/param + 4 B/param gradient)");
+  app.add_option("--tensor-numel", tensor_numel,
+                 "lay the parameters out as tensors of this many elements, each followed by 256-element "
+                 "alignment padding LayerAdam must skip (UnitMemory::tensors); 0 = one tensor, no padding");
   app.add_option("--threads", threads, "update and copy threads (0 = every physical core)");
   app.add_option("--reps", reps, "timed repetitions (median reported)");
   app.add_option("--chunk-params", chunk_params, "parameters per submitted chunk");
@@ -178,6 +183,9 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({"stream", "cached"}));
   app.add_option("--dump", dump_dir, "write a torch comparison dump here and exit");
   app.add_option("--dump-numel", dump_numel, "elements in the dump");
+  app.add_flag("--refuse-nonfinite", refuse_nonfinite,
+               "check each block of the gradient for NaN/inf before updating it (NonFiniteGrad::kRefuse, "
+               "what hostd uses for device-staged parts)");
   CLI11_PARSE(app, argc, argv);
   if (params <= 0 || reps <= 0 || chunk_params <= 0) {
     std::cerr << "--params, --reps and --chunk-params must be positive\n";
@@ -224,6 +232,13 @@ int Main(int argc, char** argv) {
   Mapping master(params * 4), m(params * 4), v(params * 4), mirror(params * 2), grad(params * (bf16_grad ? 2 : 4)),
       copy_dst(params * 4);
   UnitMemory unit{master.as<float>(), m.as<float>(), v.as<float>(), mirror.as<bf16_t>(), params, 0};
+  std::vector<ElementRange> tensors;
+  int64_t padding = 0;
+  for (int64_t b = 0; tensor_numel > 0 && b < params; b += tensor_numel + 256) {
+    tensors.push_back({b, std::min(params, b + tensor_numel)});
+    padding += std::min<int64_t>(256, std::max<int64_t>(0, params - b - tensor_numel));
+  }
+  unit.tensors = tensors;
   // Prefault: the engine's workers touch the state (NUMA placement), then every array gets
   // values in parallel. Gradients are small and varied so no denormal or NaN path is timed.
   auto t0 = Clock::now();
@@ -262,6 +277,7 @@ int Main(int argc, char** argv) {
     AdamWStepParams p;
     p.step = ++step;
     p.lr = 1e-4;
+    p.nonfinite_grad = refuse_nonfinite ? NonFiniteGrad::kRefuse : NonFiniteGrad::kApply;
     const auto s0 = Clock::now();
     for (int64_t o = 0; o < params; o += chunk_params) {
       const int64_t n = std::min(chunk_params, params - o);
@@ -300,6 +316,9 @@ int Main(int argc, char** argv) {
               gbps30 / copy_gbps);
   nlohmann::json j = {{"bench", "layeradam"},
                       {"params", params},
+                      {"tensor_ranges", tensors.size()},
+                      {"refuse_nonfinite", refuse_nonfinite},
+                      {"padding_skipped", padding},
                       {"threads", threads},
                       {"cores", cores},
                       {"numa_nodes", engine.num_numa_nodes()},

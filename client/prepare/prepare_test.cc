@@ -195,16 +195,19 @@ TEST(Prepare, MixedInputsPackedWithBoundariesAndSummary) {
     auto b = ds.Row(row);
     EXPECT_LE(b.end - b.begin, 64);
   }
+  std::vector<uint32_t> tokens(ds.num_tokens());
+  std::vector<uint8_t> mask(ds.num_tokens());
+  ASSERT_TRUE(ds.ReadTokens(0, ds.num_tokens(), tokens.data(), mask.data()).ok());
   // Document 1 is prompt/completion: " chat" + EOS trained, the prompt not.
   const auto off = ds.doc_offsets();
   std::string trained;
   for (uint64_t t = off[1]; t < off[2]; ++t) {
-    if (ds.loss_mask()[t]) trained += Qwen3().TokenBytes(ds.tokens()[t]);
+    if (mask[t]) trained += Qwen3().TokenBytes(tokens[t]);
   }
   EXPECT_EQ(trained, " chat<|im_end|>");
   // The .txt file is one fully trained document ending in EOS.
-  EXPECT_EQ(ds.tokens()[off[4] - 1], *Qwen3().TokenId("<|im_end|>"));
-  for (uint64_t t = off[3]; t < off[4]; ++t) EXPECT_EQ(ds.loss_mask()[t], 1);
+  EXPECT_EQ(tokens[off[4] - 1], *Qwen3().TokenId("<|im_end|>"));
+  for (uint64_t t = off[3]; t < off[4]; ++t) EXPECT_EQ(mask[t], 1);
 }
 
 TEST(Prepare, PaddedModeTruncatesAndCounts) {

@@ -4,11 +4,11 @@
 #include "common/io/small_file.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/parallel/parallel_for.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 
@@ -294,10 +295,60 @@ absl::StatusOr<Manifest> DatasetWriter::Finish() {
 // ---------------------------------------------------------------------------------------------
 // Reader
 
-DatasetReader::~DatasetReader() {
-  for (Mapping& m : mappings_) {
-    if (m.addr != nullptr) ::munmap(m.addr, m.bytes);
+namespace {
+
+constexpr int64_t kScanChunkBytes = 8 << 20;  // one pread and one CRC per task of the scan
+
+int64_t TimespecNs(const struct timespec& t) { return int64_t{t.tv_sec} * 1000000000 + t.tv_nsec; }
+
+FileIdentity IdentityOf(const struct stat& st) {
+  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), static_cast<int64_t>(st.st_size),
+          TimespecNs(st.st_mtim), TimespecNs(st.st_ctim)};
+}
+
+// Reads exactly `bytes` at `offset`, retrying short reads; OUT_OF_RANGE when the file ends first
+// (the caller names it as a truncation), errno statuses otherwise.
+absl::Status PreadExactly(int fd, void* out, uint64_t bytes, uint64_t offset, const std::string& path) {
+  auto* p = static_cast<char*>(out);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd, p, std::min<uint64_t>(bytes, 1u << 30), static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(absl::StrCat("read ", path), errno);
+    }
+    if (n == 0) return absl::OutOfRangeError(absl::StrCat("end of ", path, " at byte ", offset));
+    p += n;
+    bytes -= static_cast<uint64_t>(n);
+    offset += static_cast<uint64_t>(n);
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* BinFileName(int index) { return kBinFiles[index]; }
+
+std::string FileIdentity::ToString() const {
+  return absl::StrCat("dev 0x", absl::Hex(dev), " inode ", ino, ", ", size, " bytes, mtime ", mtime_ns, " ns, ctime ",
+                      ctime_ns, " ns");
+}
+
+DatasetReader::~DatasetReader() {
+  for (int fd : fds_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+std::string DatasetReader::PathOf(int file) const { return absl::StrCat(dir_, "/", kBinFiles[file]); }
+
+absl::Status DatasetReader::CheckIdentity(int file, const FileIdentity& expected, const char* when) const {
+  struct stat st {};
+  if (::fstat(fds_[file], &st) != 0) return ErrnoStatus(absl::StrCat("fstat ", PathOf(file)), errno);
+  const FileIdentity now = IdentityOf(st);
+  if (now == expected) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("dataset file ", PathOf(file), " changed ", when, " (was ",
+                                          expected.ToString(), "; now ", now.ToString(),
+                                          "): a dataset must not be modified while a job uses it"));
 }
 
 absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(const std::string& dir,
@@ -319,11 +370,21 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(const std::st
     return absl::InvalidArgumentError(absl::StrCat("dataset ", dir, " is empty (", m.num_documents, " documents, ",
                                                    m.num_tokens, " tokens, ", m.num_rows, " rows)"));
   }
-  const uint64_t expected[4] = {static_cast<uint64_t>(m.num_tokens) * 4, static_cast<uint64_t>(m.num_tokens),
-                                static_cast<uint64_t>(m.num_documents + 1) * 8,
-                                static_cast<uint64_t>(m.num_rows + 1) * 8};
-  for (int i = 0; i < 4; ++i) {
-    const std::string path = absl::StrCat(dir, "/", kBinFiles[i]);
+  // (Counts are below 2^62 here, or the expected sizes overflow; no file is that large.)
+  constexpr int64_t kMaxCount = int64_t{1} << 58;
+  if (m.num_tokens > kMaxCount || m.num_documents > kMaxCount || m.num_rows > kMaxCount) {
+    return absl::DataLossError(absl::StrCat(manifest_path, ": counts beyond any file (", m.num_tokens, " tokens, ",
+                                            m.num_documents, " documents, ", m.num_rows, " rows)"));
+  }
+  const uint64_t expected[kNumBinFiles] = {static_cast<uint64_t>(m.num_tokens) * 4, static_cast<uint64_t>(m.num_tokens),
+                                           static_cast<uint64_t>(m.num_documents + 1) * 8,
+                                           static_cast<uint64_t>(m.num_rows + 1) * 8};
+  if (!options.expected_files.empty() && options.expected_files.size() != kNumBinFiles) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset ", dir, ": ", options.expected_files.size(),
+                                                   " expected file identities, not ", kNumBinFiles));
+  }
+  for (int i = 0; i < kNumBinFiles; ++i) {
+    const std::string path = r->PathOf(i);
     const Manifest::FileEntry* entry = nullptr;
     for (const auto& e : m.files) {
       if (e.name == kBinFiles[i]) entry = &e;
@@ -333,36 +394,60 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(const std::st
       return absl::DataLossError(absl::StrCat(manifest_path, ": ", kBinFiles[i], " is listed with ", entry->bytes,
                                               " bytes but the counts imply ", expected[i]));
     }
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO in the dataset's place must not block the open (it is refused below).
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
       if (errno == ENOENT) return absl::DataLossError(absl::StrCat("dataset file ", path, " is missing"));
       return ErrnoStatus(absl::StrCat("open ", path), errno);
     }
+    r->fds_[i] = fd;
     struct stat st {};
-    ::fstat(fd, &st);
+    if (::fstat(fd, &st) != 0) return ErrnoStatus(absl::StrCat("fstat ", path), errno);
+    if (!S_ISREG(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat("dataset file ", path, " is not a regular file"));
+    }
+    r->identities_.push_back(IdentityOf(st));
+    if (!options.expected_files.empty() && r->identities_[i] != options.expected_files[i]) {
+      return absl::DataLossError(absl::StrCat(
+          "dataset file ", path, " changed since it was verified (was ", options.expected_files[i].ToString(), "; now ",
+          r->identities_[i].ToString(), "): a dataset must not be modified while a job uses it"));
+    }
     if (static_cast<uint64_t>(st.st_size) != expected[i]) {
-      ::close(fd);
       return absl::DataLossError(absl::StrCat("dataset file ", path, " has ", st.st_size, " bytes, expected ",
                                               expected[i],
                                               st.st_size < static_cast<off_t>(expected[i]) ? " (truncated)" : ""));
     }
-    void* addr = ::mmap(nullptr, expected[i], PROT_READ, MAP_PRIVATE, fd, 0);
-    int err = errno;
-    ::close(fd);
-    if (addr == MAP_FAILED) return ErrnoStatus(absl::StrCat("mmap ", path), err);
-    r->mappings_.push_back({addr, expected[i]});
+  }
+  // The offsets live in memory (8 bytes per row and per document, at most twice tokens.bin).
+  r->doc_offsets_.resize(m.num_documents + 1);
+  r->row_offsets_.resize(m.num_rows + 1);
+  for (int i : {kDoc, kRow}) {
+    std::vector<uint64_t>& off = i == kDoc ? r->doc_offsets_ : r->row_offsets_;
+    absl::Status s = PreadExactly(r->fds_[i], off.data(), expected[i], 0, r->PathOf(i));
+    if (absl::IsOutOfRange(s)) {
+      return absl::DataLossError(absl::StrCat("dataset file ", r->PathOf(i), " was truncated while it was read"));
+    }
+    RETURN_IF_ERROR(s);
+  }
+  const bool verified_elsewhere = !options.expected_files.empty();
+  if (!verified_elsewhere) {
+    RETURN_IF_ERROR(r->Scan(options.verify_checksums == VerifyChecksums::kYes, options.threads));
+    // What was read is what the identities describe: nothing changed the files meanwhile.
+    for (int i = 0; i < kNumBinFiles; ++i)
+      RETURN_IF_ERROR(r->CheckIdentity(i, r->identities_[i], "while it was verified"));
     if (options.verify_checksums == VerifyChecksums::kYes) {
-      const uint32_t crc = Crc32Update(0, addr, expected[i]);
-      if (crc != entry->crc32) {
-        return absl::DataLossError(absl::StrCat("dataset file ", path, " is corrupt: CRC-32 ", crc,
-                                                " does not match the manifest's ", entry->crc32));
+      for (int i = 0; i < kNumBinFiles; ++i) {
+        const Manifest::FileEntry* entry = nullptr;
+        for (const auto& e : m.files) {
+          if (e.name == kBinFiles[i]) entry = &e;
+        }
+        if (r->scan_.crc[i] != entry->crc32) {
+          return absl::DataLossError(absl::StrCat("dataset file ", r->PathOf(i), " is corrupt: CRC-32 ",
+                                                  r->scan_.crc[i], " does not match the manifest's ", entry->crc32));
+        }
       }
     }
   }
-  r->tokens_ = {static_cast<const uint32_t*>(r->mappings_[kTok].addr), static_cast<size_t>(m.num_tokens)};
-  r->loss_mask_ = {static_cast<const uint8_t*>(r->mappings_[kMask].addr), static_cast<size_t>(m.num_tokens)};
-  r->doc_offsets_ = {static_cast<const uint64_t*>(r->mappings_[kDoc].addr), static_cast<size_t>(m.num_documents + 1)};
-  r->row_offsets_ = {static_cast<const uint64_t*>(r->mappings_[kRow].addr), static_cast<size_t>(m.num_rows + 1)};
 
   auto check_offsets = [&](absl::Span<const uint64_t> off, const char* file, int64_t max_len) -> absl::Status {
     if (off.front() != 0 || off.back() != static_cast<uint64_t>(m.num_tokens)) {
@@ -379,6 +464,7 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(const std::st
   };
   RETURN_IF_ERROR(check_offsets(r->doc_offsets_, kDocOffsetsFile, 0));
   RETURN_IF_ERROR(check_offsets(r->row_offsets_, kRowOffsetsFile, m.seq_len));
+  if (verified_elsewhere) return r;  // ids and mask were checked on these very bytes
   RETURN_IF_ERROR(r->CheckTokenRange(m.vocab_size));
   RETURN_IF_ERROR(r->CheckLossMask());
   if (options.model_vocab_size > 0) {
@@ -388,38 +474,160 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(const std::st
   return r;
 }
 
-absl::Status DatasetReader::CheckTokenRange(int64_t vocab_size) const {
-  // Branch-free max first (fast path); locate the position only when something is out of range.
-  uint32_t max_id = 0;
-  for (uint32_t t : tokens_) max_id = std::max(max_id, t);
-  if (static_cast<int64_t>(max_id) < vocab_size) return absl::OkStatus();
-  for (size_t i = 0; i < tokens_.size(); ++i) {
-    if (static_cast<int64_t>(tokens_[i]) >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("dataset ", dir_, ": token at position ", i, " has id ",
-                                                     tokens_[i], " >= vocab_size ", vocab_size,
-                                                     " (max id in the dataset: ", max_id, ")"));
+absl::Status DatasetReader::Scan(bool crc, int threads) {
+  // Tasks: every kScanChunkBytes chunk of tokens.bin and loss_mask.bin (read with pread), and the
+  // offsets (already in memory) when their checksums are wanted. Each task's CRC is combined in
+  // file order afterwards (crc32_combine), so the result does not depend on the threads.
+  struct Task {
+    int file;
+    int64_t chunk;
+    uint64_t offset, bytes;
+  };
+  std::vector<Task> tasks;
+  const uint64_t sizes[kNumBinFiles] = {static_cast<uint64_t>(identities_[kTok].size),
+                                        static_cast<uint64_t>(identities_[kMask].size), doc_offsets_.size() * 8,
+                                        row_offsets_.size() * 8};
+  for (int f = 0; f < kNumBinFiles; ++f) {
+    if (!crc && f >= kDoc) break;
+    int64_t c = 0;
+    for (uint64_t off = 0; off < sizes[f]; off += kScanChunkBytes, ++c) {
+      tasks.push_back({f, c, off, std::min<uint64_t>(kScanChunkBytes, sizes[f] - off)});
     }
+  }
+  const int64_t token_chunks = static_cast<int64_t>((sizes[kTok] + kScanChunkBytes - 1) / kScanChunkBytes);
+  const int64_t mask_chunks = static_cast<int64_t>((sizes[kMask] + kScanChunkBytes - 1) / kScanChunkBytes);
+  scan_.token_chunk_max.assign(token_chunks, 0);
+  scan_.mask_chunk_bad.assign(mask_chunks, 0);
+  std::vector<uint32_t> task_crc(tasks.size(), 0);
+  std::vector<int64_t> task_trained(tasks.size(), 0);
+  std::vector<absl::Status> task_status(tasks.size());
+  // One buffer per thread, tasks taken in order from a shared counter.
+  std::atomic<size_t> next{0};
+  const int workers = std::min<int>(ResolveThreads(threads), static_cast<int>(std::max<size_t>(tasks.size(), 1)));
+  ParallelFor(workers, workers, [&](size_t) {
+    std::vector<char> buffer;
+    for (size_t k = next++; k < tasks.size(); k = next++) {
+      const Task& t = tasks[k];
+      const char* data = nullptr;
+      if (t.file == kDoc || t.file == kRow) {
+        const auto& off = t.file == kDoc ? doc_offsets_ : row_offsets_;
+        data = reinterpret_cast<const char*>(off.data()) + t.offset;
+      } else {
+        buffer.resize(kScanChunkBytes);
+        absl::Status s = PreadExactly(fds_[t.file], buffer.data(), t.bytes, t.offset, PathOf(t.file));
+        if (absl::IsOutOfRange(s)) {
+          s = absl::DataLossError(absl::StrCat("dataset file ", PathOf(t.file), " was truncated while it was read"));
+        }
+        if (!s.ok()) {
+          task_status[k] = s;
+          continue;
+        }
+        data = buffer.data();
+      }
+      if (crc) task_crc[k] = Crc32Update(0, data, t.bytes);
+      if (t.file == kTok) {
+        const auto* ids = reinterpret_cast<const uint32_t*>(data);
+        uint32_t max_id = 0;
+        for (uint64_t i = 0; i < t.bytes / 4; ++i) max_id = std::max(max_id, ids[i]);
+        scan_.token_chunk_max[t.chunk] = max_id;
+      } else if (t.file == kMask) {
+        const auto* mask = reinterpret_cast<const uint8_t*>(data);
+        uint8_t other = 0;
+        int64_t ones = 0;
+        for (uint64_t i = 0; i < t.bytes; ++i) {
+          other |= mask[i] & 0xFE;
+          ones += mask[i] & 1;
+        }
+        scan_.mask_chunk_bad[t.chunk] = other != 0;
+        task_trained[k] = ones;
+      }
+    }
+  });
+  for (const absl::Status& s : task_status) RETURN_IF_ERROR(s);
+  for (size_t k = 0; k < tasks.size(); ++k) {
+    const Task& t = tasks[k];
+    if (crc) {
+      scan_.crc[t.file] =
+          t.chunk == 0
+              ? task_crc[k]
+              : static_cast<uint32_t>(crc32_combine(scan_.crc[t.file], task_crc[k], static_cast<z_off_t>(t.bytes)));
+    }
+    scan_.trained += task_trained[k];
+  }
+  scan_.done = true;
+  return absl::OkStatus();
+}
+
+absl::Status DatasetReader::ReadTokens(int64_t begin, int64_t end, uint32_t* tokens, uint8_t* mask) const {
+  if (begin < 0 || end < begin || end > manifest_.num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens [", begin, ", ", end, ") are outside dataset ", dir_, " of ",
+                                                   manifest_.num_tokens, " tokens"));
+  }
+  const uint64_t n = static_cast<uint64_t>(end - begin);
+  for (int f : {kTok, kMask}) {
+    void* out = f == kTok ? static_cast<void*>(tokens) : static_cast<void*>(mask);
+    if (out == nullptr || n == 0) continue;
+    const uint64_t width = f == kTok ? 4 : 1;
+    absl::Status s = PreadExactly(fds_[f], out, n * width, static_cast<uint64_t>(begin) * width, PathOf(f));
+    if (absl::IsOutOfRange(s)) {
+      return absl::DataLossError(absl::StrCat("dataset file ", PathOf(f), " is shorter than when the job opened it (",
+                                              s.message(), "; expected ", identities_[f].size,
+                                              " bytes): truncated while a job reads it"));
+    }
+    RETURN_IF_ERROR(s);
   }
   return absl::OkStatus();
 }
 
-absl::Status DatasetReader::CheckLossMask() const {
-  // Branch-free first (fast path): every entry 0 or 1, and how many are 1.
-  uint8_t any_other = 0;
-  int64_t trained = 0;
-  for (uint8_t b : loss_mask_) {
-    any_other |= b & 0xFE;
-    trained += b & 1;
-  }
-  if (any_other != 0) {
-    for (size_t i = 0; i < loss_mask_.size(); ++i) {
-      if (loss_mask_[i] > 1) {
-        return absl::DataLossError(absl::StrCat("dataset ", dir_, ": loss-mask entry at position ", i, " is ",
-                                                int{loss_mask_[i]}, " (entries are 0 or 1)"));
+absl::Status DatasetReader::CheckUnchanged() const {
+  for (int f : {kTok, kMask}) RETURN_IF_ERROR(CheckIdentity(f, identities_[f], "while a job reads it"));
+  return absl::OkStatus();
+}
+
+absl::Status DatasetReader::CheckTokenRange(int64_t vocab_size) const {
+  if (!scan_.done) return absl::FailedPreconditionError("dataset opened with expected_files: the verifier checked it");
+  // The scan's per-chunk maxima first (fast path); the position is found only when an id is out of
+  // range, by reading that chunk again.
+  const auto& maxima = scan_.token_chunk_max;
+  uint32_t max_id = 0;
+  for (uint32_t mx : maxima) max_id = std::max(max_id, mx);
+  if (static_cast<int64_t>(max_id) < vocab_size) return absl::OkStatus();
+  const int64_t per_chunk = kScanChunkBytes / 4;
+  std::vector<uint32_t> ids;
+  for (size_t c = 0; c < maxima.size(); ++c) {
+    if (static_cast<int64_t>(maxima[c]) < vocab_size) continue;
+    const int64_t begin = static_cast<int64_t>(c) * per_chunk;
+    const int64_t end = std::min(manifest_.num_tokens, begin + per_chunk);
+    ids.resize(end - begin);
+    RETURN_IF_ERROR(ReadTokens(begin, end, ids.data(), nullptr));
+    for (int64_t i = 0; i < end - begin; ++i) {
+      if (static_cast<int64_t>(ids[i]) >= vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("dataset ", dir_, ": token at position ", begin + i, " has id ",
+                                                       ids[i], " >= vocab_size ", vocab_size,
+                                                       " (max id in the dataset: ", max_id, ")"));
       }
     }
   }
-  if (trained == 0) {
+  return absl::DataLossError(absl::StrCat("dataset file ", PathOf(kTok), " changed while it was checked"));
+}
+
+absl::Status DatasetReader::CheckLossMask() const {
+  if (!scan_.done) return absl::FailedPreconditionError("dataset opened with expected_files: the verifier checked it");
+  const auto& bad = scan_.mask_chunk_bad;
+  for (size_t c = 0; c < bad.size(); ++c) {
+    if (!bad[c]) continue;
+    const int64_t begin = static_cast<int64_t>(c) * kScanChunkBytes;
+    const int64_t end = std::min(manifest_.num_tokens, begin + kScanChunkBytes);
+    std::vector<uint8_t> mask(end - begin);
+    RETURN_IF_ERROR(ReadTokens(begin, end, nullptr, mask.data()));
+    for (int64_t i = 0; i < end - begin; ++i) {
+      if (mask[i] > 1) {
+        return absl::DataLossError(absl::StrCat("dataset ", dir_, ": loss-mask entry at position ", begin + i, " is ",
+                                                int{mask[i]}, " (entries are 0 or 1)"));
+      }
+    }
+  }
+  if (scan_.trained == 0) {
     return absl::InvalidArgumentError(absl::StrCat("dataset ", dir_, " trains no token: every loss-mask entry is 0 (",
                                                    "a chat dataset whose assistant turns were all cut off?)"));
   }

@@ -111,11 +111,36 @@ class DatasetWriter {
 
 enum class VerifyChecksums { kNo, kYes };
 
+// What fstat says of one dataset file. While it is unchanged, the file holds the bytes that were
+// verified: a write changes mtime and ctime, a truncation the size, a replacement (rename over the
+// path) device or inode. (Timestamps have the kernel's coarse clock granularity, a few ms: a
+// write in the same tick as the previous modification of the file keeps them.)
+struct FileIdentity {
+  uint64_t dev = 0;
+  uint64_t ino = 0;
+  int64_t size = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+  bool operator==(const FileIdentity&) const = default;
+  std::string ToString() const;  // "dev 0x803 inode 1234, 4096 bytes, mtime ..., ctime ..."
+};
+
+// The four .bin files in manifest order (tokens, loss mask, document offsets, row offsets).
+inline constexpr int kNumBinFiles = 4;
+const char* BinFileName(int index);
+
 struct ReaderOptions {
   // The model's vocabulary (embedding rows). When > 0, every token id is checked against it
   // on Open (INVALID_ARGUMENT with the first offending position). 0 skips the scan.
   int64_t model_vocab_size = 0;
   VerifyChecksums verify_checksums = VerifyChecksums::kYes;
+  // Threads for the content scans and checksums (ParallelFor; 0: the hardware's, at most 16).
+  int threads = 0;
+  // The files as a verifier saw them (hostd at job start, passed to the workers in their
+  // assignment), in BinFileName order. Open refuses a file whose identity differs (DATA_LOSS
+  // naming it: changed or replaced since it was verified) and skips the content scans and
+  // checksums, which the verifier ran on exactly these bytes. Empty: no comparison.
+  std::vector<FileIdentity> expected_files = {};
 };
 
 // One document piece inside a row: tokens [begin, end) of the token stream.
@@ -124,12 +149,20 @@ struct RowSegment {
   int64_t end = 0;
 };
 
-// A read-only, memory-mapped dataset. Thread-safe after Open (all accessors are const).
+// A read-only dataset. Thread-safe after Open (all accessors are const).
+//
+// Nothing is memory-mapped: a mapped file that is truncated while it is read kills the process
+// with SIGBUS (a worker mid-step, or hostd validating a submit). The offsets are read into memory
+// at Open (8 bytes per row and per document); tokens and loss mask are read per row with pread
+// (ReadTokens), and a short read or a changed identity (CheckUnchanged) is DATA_LOSS naming the
+// file, so a dataset truncated or rewritten under a running job fails that job cleanly.
 class DatasetReader {
  public:
-  // Validates before training starts: manifest (format, version), file sizes against the
-  // counts (DATA_LOSS naming the file, expected and actual bytes), checksums, offsets monotone and
-  // ending at num_tokens, rows within seq_len, an empty dataset (INVALID_ARGUMENT), ids in range.
+  // Validates before training starts: manifest (format, version), regular files whose sizes
+  // match the counts (DATA_LOSS naming the file, expected and actual bytes), checksums (read in
+  // parallel chunks, combined with crc32_combine; the files must not change while they are read),
+  // offsets monotone and ending at num_tokens, rows within seq_len, an empty dataset
+  // (INVALID_ARGUMENT), ids in range, the loss mask (CheckLossMask).
   static absl::StatusOr<std::unique_ptr<DatasetReader>> Open(const std::string& dir, const ReaderOptions& options = {});
   ~DatasetReader();
 
@@ -137,35 +170,53 @@ class DatasetReader {
   const std::string& dir() const { return dir_; }
   int64_t num_rows() const { return manifest_.num_rows; }
   int64_t num_tokens() const { return manifest_.num_tokens; }
+  // Each .bin file as Open found it (BinFileName order).
+  const std::vector<FileIdentity>& file_identities() const { return identities_; }
 
-  absl::Span<const uint32_t> tokens() const { return tokens_; }
-  absl::Span<const uint8_t> loss_mask() const { return loss_mask_; }
   absl::Span<const uint64_t> doc_offsets() const { return doc_offsets_; }
   absl::Span<const uint64_t> row_offsets() const { return row_offsets_; }
+
+  // Tokens and loss-mask entries [begin, end) of the token stream into tokens[0, end - begin) and
+  // mask[...] (either may be null: not read). INVALID_ARGUMENT outside [0, num_tokens); DATA_LOSS
+  // naming the file when it has become shorter than at Open.
+  absl::Status ReadTokens(int64_t begin, int64_t end, uint32_t* tokens, uint8_t* mask) const;
+  // DATA_LOSS naming the tokens or loss-mask file when its identity is no longer what Open saw
+  // (written, truncated or replaced). Called after a batch's reads, it proves they read the
+  // verified bytes: a write changes the timestamps before it changes data.
+  absl::Status CheckUnchanged() const;
 
   // Tokens [begin, end) of row r and its document pieces in order (r < num_rows, else CHECK).
   RowSegment Row(int64_t r) const;
   std::vector<RowSegment> RowSegments(int64_t r) const;
 
-  // INVALID_ARGUMENT naming the first token position whose id is >= vocab_size.
   // Every loss-mask entry 0 or 1 (DATA_LOSS naming the first other one), and at least one 1
   // (INVALID_ARGUMENT: a job on it would train nothing and report loss 0).
   absl::Status CheckLossMask() const;
+  // INVALID_ARGUMENT naming the first token position whose id is >= vocab_size.
   absl::Status CheckTokenRange(int64_t vocab_size) const;
 
  private:
   DatasetReader() = default;
-  struct Mapping {
-    void* addr = nullptr;
-    size_t bytes = 0;
+  // One parallel pass over the files: checksums (when `crc`), the largest token id, the loss
+  // mask's other-than-0/1 entries and ones. Fills scan_.
+  absl::Status Scan(bool crc, int threads);
+  absl::Status CheckIdentity(int file, const FileIdentity& expected, const char* when) const;
+  std::string PathOf(int file) const;
+
+  struct ScanResult {
+    bool done = false;
+    uint32_t crc[kNumBinFiles] = {};
+    std::vector<uint32_t> token_chunk_max;  // the largest id of each scan chunk of tokens.bin
+    std::vector<uint8_t> mask_chunk_bad;    // whether a chunk of loss_mask.bin holds a value > 1
+    int64_t trained = 0;                    // loss-mask ones
   };
   std::string dir_;
   Manifest manifest_;
-  std::vector<Mapping> mappings_;
-  absl::Span<const uint32_t> tokens_;
-  absl::Span<const uint8_t> loss_mask_;
-  absl::Span<const uint64_t> doc_offsets_;
-  absl::Span<const uint64_t> row_offsets_;
+  int fds_[kNumBinFiles] = {-1, -1, -1, -1};
+  std::vector<FileIdentity> identities_;
+  std::vector<uint64_t> doc_offsets_;
+  std::vector<uint64_t> row_offsets_;
+  ScanResult scan_;
 };
 
 }  // namespace slidedp::data

@@ -1,6 +1,7 @@
 // Dataset writer/reader: round trip, packing layout, and every rejection the reader promises.
 #include "common/data/dataset.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -8,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "common/data/micro_batch.h"
 #include "common/data/synthetic.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -74,9 +77,12 @@ TEST(Dataset, RoundTripPackedKeepsTokensMasksAndBoundaries) {
   EXPECT_EQ(rows, (std::vector<uint64_t>{0, 7, 12, 20, 28, 34}));
   std::vector<uint64_t> docs_off(ds.doc_offsets().begin(), ds.doc_offsets().end());
   EXPECT_EQ(docs_off, (std::vector<uint64_t>{0, 3, 7, 12, 32, 34}));
-  EXPECT_EQ(ds.tokens()[3], 20u);
-  EXPECT_EQ(ds.loss_mask()[3], 0);
-  EXPECT_EQ(ds.loss_mask()[4], 1);
+  uint32_t tok[2];
+  uint8_t mask[2];
+  ASSERT_TRUE(ds.ReadTokens(3, 5, tok, mask).ok());
+  EXPECT_EQ(tok[0], 20u);
+  EXPECT_EQ(mask[0], 0);
+  EXPECT_EQ(mask[1], 1);
   // Row 4 = tail of the long doc (4 tokens) + the 2-token doc: two pieces.
   auto segs = ds.RowSegments(4);
   ASSERT_EQ(segs.size(), 2u);
@@ -182,6 +188,112 @@ TEST(Dataset, ManifestFromANewerFormatIsRefused) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Three long documents (split into seq_len rows): tokens.bin of 12 MB, two 8 MiB scan chunks.
+std::string BigDataset(const std::string& name) {
+  const std::string dir = FreshDir(name);
+  WriterOptions o{.vocab_size = 50000, .seq_len = 4096};
+  auto w = DatasetWriter::Create(dir, o);
+  EXPECT_TRUE(w.ok());
+  std::vector<uint32_t> doc(1000000);
+  std::vector<uint8_t> mask(doc.size(), 1);
+  for (int d = 0; d < 3; ++d) {
+    for (size_t i = 0; i < doc.size(); ++i) doc[i] = static_cast<uint32_t>((i * 7919 + d) % 50000);
+    EXPECT_TRUE((*w)->AddDocument(doc, mask).ok());
+  }
+  EXPECT_TRUE((*w)->Finish().ok());
+  return dir;
+}
+
+void FlipByte(const std::string& path, int64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset);
+  char c = 0;
+  f.get(c);
+  f.seekp(offset);
+  f.put(static_cast<char>(c ^ 0x01));
+}
+
+TEST(Dataset, ChecksumsOverSeveralChunksAndThreadsAreVerified) {
+  const std::string dir = BigDataset("big_crc");
+  ASSERT_GT(fs::file_size(dir + "/tokens.bin"), 8u << 20);
+  for (int threads : {1, 3}) {
+    auto r = DatasetReader::Open(dir, {.threads = threads});
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  FlipByte(dir + "/tokens.bin", (9 << 20) + 1);  // in the second chunk; the id stays below the vocabulary
+  for (int threads : {1, 3}) {
+    auto r = DatasetReader::Open(dir, {.threads = threads});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(dir + "/tokens.bin is corrupt: CRC-32"));
+  }
+  EXPECT_TRUE(DatasetReader::Open(dir, {.verify_checksums = VerifyChecksums::kNo}).ok());
+}
+
+// Rows are read with pread: a dataset truncated under an open reader is DATA_LOSS naming the
+// file (with mmap this was SIGBUS, killing the worker).
+TEST(Dataset, TruncatedWhileOpenIsDataLossNotSigbus) {
+  const std::string dir = BigDataset("truncated_open");
+  auto r = DatasetReader::Open(dir, {.verify_checksums = VerifyChecksums::kNo});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const int64_t last = (*r)->num_rows() - 1;
+  ASSERT_TRUE(BuildMicroBatch(**r, std::vector<int64_t>{last}).ok());
+  fs::resize_file(dir + "/tokens.bin", 4096);
+  auto mb = BuildMicroBatch(**r, std::vector<int64_t>{last});
+  EXPECT_EQ(mb.status().code(), absl::StatusCode::kDataLoss) << mb.status();
+  EXPECT_THAT(std::string(mb.status().message()),
+              HasSubstr(dir + "/tokens.bin is shorter than when the job opened it"));
+  fs::resize_file(dir + "/loss_mask.bin", 0);
+  auto n = CountTrainedLabels(**r, std::vector<int64_t>{0});
+  EXPECT_EQ(n.status().code(), absl::StatusCode::kDataLoss) << n.status();
+  EXPECT_THAT(std::string(n.status().message()), HasSubstr("loss_mask.bin"));
+}
+
+// A write into an open dataset (same size) changes its identity: the next batch is DATA_LOSS.
+TEST(Dataset, ChangedWhileOpenIsDataLoss) {
+  const std::string dir = FreshDir("changed_open");
+  ASSERT_TRUE(WriteDocs(dir, {Iota(1, 5), Iota(1, 6)}, Packing::kPacked, 8).ok());
+  auto r = DatasetReader::Open(dir);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(BuildMicroBatch(**r, std::vector<int64_t>{0}).ok());
+  absl::SleepFor(absl::Milliseconds(20));  // past the file system's timestamp granularity
+  FlipByte(dir + "/loss_mask.bin", 1);
+  auto mb = BuildMicroBatch(**r, std::vector<int64_t>{0});
+  EXPECT_EQ(mb.status().code(), absl::StatusCode::kDataLoss) << mb.status();
+  EXPECT_THAT(std::string(mb.status().message()), HasSubstr(dir + "/loss_mask.bin changed while a job reads it"));
+}
+
+// With the identities a verifier saw, Open checks nothing else of the content and refuses files
+// that changed or were replaced since.
+TEST(Dataset, ExpectedIdentitiesSkipTheScanAndCatchChanges) {
+  const std::string dir = FreshDir("identities");
+  ASSERT_TRUE(WriteDocs(dir, {Iota(1, 5), Iota(1, 6)}, Packing::kPacked, 8).ok());
+  auto verified = DatasetReader::Open(dir);
+  ASSERT_TRUE(verified.ok()) << verified.status();
+  const std::vector<FileIdentity> ids = (*verified)->file_identities();
+  ASSERT_EQ(ids.size(), 4u);
+  auto r = DatasetReader::Open(dir, {.expected_files = ids});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(BuildMicroBatch(**r, std::vector<int64_t>{0}).ok());
+  EXPECT_EQ((*r)->CheckLossMask().code(), absl::StatusCode::kFailedPrecondition);  // the verifier did it
+  // Replaced (same bytes, another inode).
+  fs::copy_file(dir + "/row_offsets.bin", dir + "/row_offsets.copy");
+  fs::rename(dir + "/row_offsets.copy", dir + "/row_offsets.bin");
+  r = DatasetReader::Open(dir, {.expected_files = ids});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("row_offsets.bin changed since it was verified"));
+  EXPECT_EQ(DatasetReader::Open(dir, {.expected_files = {ids[0]}}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Dataset, AFifoInPlaceOfAFileIsRefusedWithoutBlocking) {
+  const std::string dir = FreshDir("fifo");
+  ASSERT_TRUE(WriteDocs(dir, {Iota(1, 5)}, Packing::kPacked, 8).ok());
+  fs::remove(dir + "/tokens.bin");
+  ASSERT_EQ(::mkfifo((dir + "/tokens.bin").c_str(), 0600), 0);
+  auto r = DatasetReader::Open(dir);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("tokens.bin is not a regular file"));
+}
+
 TEST(Synthetic, IsDeterministicAndWithinVocabulary) {
   SyntheticOptions o;
   o.vocab_size = 97;
@@ -202,7 +314,8 @@ TEST(Synthetic, IsDeterministicAndWithinVocabulary) {
   auto r = DatasetReader::Open(dir_b, {.model_vocab_size = 97});
   ASSERT_TRUE(r.ok()) << r.status();
   // Learnable pattern: constant stride inside a document.
-  auto t = (*r)->tokens();
+  std::vector<uint32_t> t((*r)->num_tokens());
+  ASSERT_TRUE((*r)->ReadTokens(0, (*r)->num_tokens(), t.data(), nullptr).ok());
   auto d = (*r)->doc_offsets();
   const int64_t stride = (t[d[0] + 1] + 97 - t[d[0]]) % 97;
   EXPECT_EQ((t[d[0] + 2] + 97 - t[d[0] + 1]) % 97, stride);

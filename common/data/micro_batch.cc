@@ -2,6 +2,7 @@
 #include "common/data/micro_batch.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -23,8 +24,6 @@ absl::Status CheckRows(const DatasetReader& dataset, absl::Span<const int64_t> r
 
 absl::StatusOr<MicroBatch> BuildMicroBatch(const DatasetReader& dataset, absl::Span<const int64_t> rows) {
   if (absl::Status s = CheckRows(dataset, rows); !s.ok()) return s;
-  const auto tokens = dataset.tokens();
-  const auto mask = dataset.loss_mask();
   MicroBatch mb;
   int64_t total = 0;
   for (int64_t r : rows) {
@@ -35,30 +34,44 @@ absl::StatusOr<MicroBatch> BuildMicroBatch(const DatasetReader& dataset, absl::S
   mb.labels.reserve(total);
   mb.positions.reserve(total);
   mb.cu_seqlens.push_back(0);
+  // One pread of each file per row (rows are at most seq_len tokens), then the identity check:
+  // the batch was read from the bytes the job verified, or the job fails with DATA_LOSS.
+  std::vector<uint32_t> tokens;
+  std::vector<uint8_t> mask;
   for (int64_t r : rows) {
+    const RowSegment row = dataset.Row(r);
+    tokens.resize(row.end - row.begin);
+    mask.resize(row.end - row.begin);
+    if (absl::Status s = dataset.ReadTokens(row.begin, row.end, tokens.data(), mask.data()); !s.ok()) return s;
     for (const RowSegment& seg : dataset.RowSegments(r)) {
       for (int64_t t = seg.begin; t < seg.end; ++t) {
-        mb.tokens.push_back(static_cast<int32_t>(tokens[t]));
+        const int64_t i = t - row.begin;
+        mb.tokens.push_back(static_cast<int32_t>(tokens[i]));
         mb.positions.push_back(static_cast<int32_t>(t - seg.begin));
-        const bool trained_next = t + 1 < seg.end && mask[t + 1] != 0;
-        mb.labels.push_back(trained_next ? static_cast<int32_t>(tokens[t + 1]) : kIgnoreIndex);
+        const bool trained_next = t + 1 < seg.end && mask[i + 1] != 0;
+        mb.labels.push_back(trained_next ? static_cast<int32_t>(tokens[i + 1]) : kIgnoreIndex);
       }
       mb.cu_seqlens.push_back(static_cast<int32_t>(mb.tokens.size()));
       mb.max_seqlen = std::max<int32_t>(mb.max_seqlen, static_cast<int32_t>(seg.end - seg.begin));
     }
   }
+  if (absl::Status s = dataset.CheckUnchanged(); !s.ok()) return s;
   return mb;
 }
 
 absl::StatusOr<int64_t> CountTrainedLabels(const DatasetReader& dataset, absl::Span<const int64_t> rows) {
   if (absl::Status s = CheckRows(dataset, rows); !s.ok()) return s;
-  const auto mask = dataset.loss_mask();
   int64_t n = 0;
+  std::vector<uint8_t> mask;
   for (int64_t r : rows) {
+    const RowSegment row = dataset.Row(r);
+    mask.resize(row.end - row.begin);
+    if (absl::Status s = dataset.ReadTokens(row.begin, row.end, nullptr, mask.data()); !s.ok()) return s;
     for (const RowSegment& seg : dataset.RowSegments(r)) {
-      for (int64_t t = seg.begin + 1; t < seg.end; ++t) n += mask[t] != 0 ? 1 : 0;
+      for (int64_t t = seg.begin + 1; t < seg.end; ++t) n += mask[t - row.begin] != 0 ? 1 : 0;
     }
   }
+  if (absl::Status s = dataset.CheckUnchanged(); !s.ok()) return s;
   return n;
 }
 

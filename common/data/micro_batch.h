@@ -17,7 +17,8 @@
 
 namespace slidedp::data {
 
-// INVALID_ARGUMENT for a row id outside the dataset.
+// INVALID_ARGUMENT for a row id outside the dataset; DATA_LOSS naming the file when the dataset was
+// truncated or changed since it was opened (DatasetReader::ReadTokens, CheckUnchanged).
 absl::StatusOr<MicroBatch> BuildMicroBatch(const DatasetReader& dataset, absl::Span<const int64_t> rows);
 
 // Number of labels != kIgnoreIndex BuildMicroBatch would produce for these rows (for the

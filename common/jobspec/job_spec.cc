@@ -134,7 +134,8 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"steps", Int(&JobSpec::steps, 0)},
         {"epochs", Real(&JobSpec::epochs, 0, 1e6)},
         {"seed", U64(&JobSpec::seed)},
-        {"max_grad_norm", Real(&JobSpec::max_grad_norm, 0, 1e30)}}},
+        {"max_grad_norm", Real(&JobSpec::max_grad_norm, 0, 1e30)},
+        {"skip_nonfinite", Bool(&JobSpec::skip_nonfinite)}}},
       {"optimizer",
        {{"lr", Real(&JobSpec::lr, 0, 10)},
         {"beta1", Real(&JobSpec::beta1, 0, 0.999999999)},
@@ -437,7 +438,8 @@ std::string JobSpec::ToYaml() const {
   if (steps > 0) e << YAML::Key << "steps" << YAML::Value << steps;
   if (epochs > 0) e << YAML::Key << "epochs" << YAML::Value << epochs;
   e << YAML::Key << "seed" << YAML::Value << seed;
-  e << YAML::Key << "max_grad_norm" << YAML::Value << max_grad_norm << YAML::EndMap;
+  e << YAML::Key << "max_grad_norm" << YAML::Value << max_grad_norm;
+  e << YAML::Key << "skip_nonfinite" << YAML::Value << skip_nonfinite << YAML::EndMap;
   e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "lr" << YAML::Value << lr;
   e << YAML::Key << "beta1" << YAML::Value << beta1;

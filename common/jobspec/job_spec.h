@@ -59,6 +59,10 @@ struct JobSpec {
   double eps = 1e-8;
   double weight_decay = 0.0;
   double max_grad_norm = 1.0;  // 0 disables clipping
+  // A step whose loss or gradient is not finite changes nothing and the job goes on (GradScaler's
+  // skip: Adam's step count counts only applied updates, the LR schedule follows the global
+  // step); off, such a step fails the job (DATA_LOSS naming the step, and the unit or rank).
+  bool skip_nonfinite = false;
 
   ScheduleKind schedule = ScheduleKind::kConstant;
   int64_t warmup_steps = 0;

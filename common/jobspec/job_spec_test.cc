@@ -57,6 +57,29 @@ TEST(JobSpec, OutputDirCanBeLeftAsWritten) {
   EXPECT_EQ(by_default->output_dir, "out/tiny");  // out/<name>, relative
 }
 
+TEST(JobSpec, SkipNonfiniteIsOffByDefaultAndRoundTrips) {
+  auto off = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->skip_nonfinite);
+  const std::string text = absl::StrReplaceAll(kGood, {{"seed: 7}", "seed: 7, skip_nonfinite: true}"}});
+  auto on = JobSpec::Parse(text, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->skip_nonfinite);
+  auto again = JobSpec::Parse(on->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->skip_nonfinite);
+  EXPECT_EQ(again->ToYaml(), on->ToYaml());
+  EXPECT_NE(on->ToYaml().find("skip_nonfinite: true"), std::string::npos) << on->ToYaml();
+  // Only booleans; the key lives in train, not elsewhere.
+  absl::Status s = ParseError(absl::StrReplaceAll(kGood, {{"seed: 7}", "seed: 7, skip_nonfinite: maybe}"}}));
+  EXPECT_NE(s.message().find("train.skip_nonfinite: expected true or false, got 'maybe'"), std::string::npos) << s;
+  s = ParseError(absl::StrReplaceAll(kGood, {{"weight_decay: 0.1}", "weight_decay: 0.1, skip_nonfinite: true}"}}));
+  EXPECT_NE(s.message().find("unknown key 'optimizer.skip_nonfinite'"), std::string::npos) << s;
+  s = ParseError(
+      absl::StrReplaceAll(text, {{"skip_nonfinite: true}", "skip_nonfinite: true, skip_nonfinite: false}"}}));
+  EXPECT_NE(s.message().find("'train.skip_nonfinite' is given twice"), std::string::npos) << s;
+}
+
 TEST(JobSpec, JsonIsAccepted) {
   auto s = JobSpec::Parse(R"({"model": {"preset": "tiny"}, "data": {"path": "d"},
                               "train": {"seq_len": 16, "global_batch": 2, "steps": 1}})",

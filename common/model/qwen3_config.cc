@@ -195,6 +195,30 @@ absl::StatusOr<Qwen3Config> Qwen3Config::Preset(absl::string_view name) {
   return c;
 }
 
+std::string TensorIndexString(const std::vector<int64_t>& shape, int64_t flat) {
+  std::vector<int64_t> index(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] <= 0) return absl::StrCat("[", flat, "]");
+    index[d] = flat % shape[d];
+    flat /= shape[d];
+  }
+  std::string s = "[";
+  for (size_t d = 0; d < index.size(); ++d) absl::StrAppend(&s, d > 0 ? ", " : "", index[d]);
+  return s + "]";
+}
+
+std::string DescribeUnitElement(const UnitLayout& unit, int64_t offset) {
+  const TensorSlot* before = nullptr;
+  for (const TensorSlot& t : unit.tensors) {
+    if (offset >= t.offset_numel && offset < t.offset_numel + t.numel) {
+      return t.hf_name + TensorIndexString(t.shape, offset - t.offset_numel);
+    }
+    if (t.offset_numel + t.numel <= offset) before = &t;
+  }
+  return before != nullptr ? absl::StrCat("the padding after ", before->hf_name)
+                           : absl::StrCat("element ", offset, " of ", unit.name);
+}
+
 void CopyNormsFromMaster(const UnitLayout& unit, const float* master, float* side) {
   for (const TensorSlot& t : unit.tensors) {
     if (t.fp32_offset >= 0) std::copy_n(master + t.offset_numel, t.numel, side + t.fp32_offset);

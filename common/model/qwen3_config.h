@@ -96,6 +96,12 @@ struct UnitLayout {
   int64_t fp32_numel = 0;       // the FP32 side copy of the norm weights (TensorSlot::fp32_offset)
 };
 
+// "[i, j]": the row-major index of flat element `flat` of a tensor of `shape`.
+std::string TensorIndexString(const std::vector<int64_t>& shape, int64_t flat);
+// What element `offset` of the unit is, for error messages: "model.layers.3.mlp.up_proj.weight[5, 17]",
+// or "the padding after model.layers.3.input_layernorm.weight" (or "at the start of the unit").
+std::string DescribeUnitElement(const UnitLayout& unit, int64_t offset);
+
 // Fills the unit's FP32 side copy (unit.fp32_numel floats) from its FP32 values in the unit's
 // layout (the master): each norm weight at its TensorSlot::fp32_offset.
 void CopyNormsFromMaster(const UnitLayout& unit, const float* master, float* side);

@@ -86,3 +86,22 @@ TEST(ModelLayout, ModelFlopsPerTokenFollowsThePeersConvention) {
 
 }  // namespace
 }  // namespace slidedp
+
+namespace slidedp {
+namespace {
+
+TEST(ModelLayout, DescribesElementsForErrorMessages) {
+  auto c = Qwen3Config::Preset("tiny");
+  ASSERT_TRUE(c.ok());
+  const ModelLayout l = ModelLayout::Build(*c);
+  const UnitLayout& layer = l.units[1];
+  const TensorSlot& q = layer.tensors[kQProj];
+  EXPECT_EQ(DescribeUnitElement(layer, q.offset_numel + q.shape[1] * 2 + 5), q.hf_name + "[2, 5]");
+  const TensorSlot& norm = layer.tensors[kInputNorm];
+  EXPECT_EQ(DescribeUnitElement(layer, norm.offset_numel + norm.numel), "the padding after " + norm.hf_name);
+  EXPECT_EQ(TensorIndexString({3, 4, 5}, 4 * 5 + 2 * 5 + 1), "[1, 2, 1]");
+  EXPECT_EQ(TensorIndexString({7}, 6), "[6]");
+}
+
+}  // namespace
+}  // namespace slidedp

@@ -53,7 +53,8 @@ struct LoadOptions {
 //   NOT_FOUND         directory, config.json or a shard file missing
 //   INVALID_ARGUMENT  config differs from the layout's, tensor missing/extra/duplicated/misshaped,
 //                     bad index, lying safetensors header
-//   DATA_LOSS         truncated file; UNIMPLEMENTED  dtype other than BF16/F16/F32
+//   DATA_LOSS         truncated file, or a weight that is NaN or infinite (naming the file, the
+//                     tensor and the element); UNIMPLEMENTED  dtype other than BF16/F16/F32
 absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout, const UnitArrayFn& master_of_unit,
                          const LoadOptions& options = {});
 
@@ -119,7 +120,8 @@ struct LoadedCheckpoint {
 
 // Restores master, m and v bit-for-bit from optimizer.safetensors (the weights files are not
 // read). The layout must match the saved one (config and every unit's size):
-// FAILED_PRECONDITION otherwise.
+// FAILED_PRECONDITION otherwise. DATA_LOSS naming the file, tensor and element where master or
+// m holds a NaN or infinity, or v a NaN or a negative value (checked as it is copied).
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const ModelLayout& layout,
                                                 const StateArrays& arrays, const LoadOptions& options = {});
 

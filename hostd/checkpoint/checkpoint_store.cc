@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/io/small_file.h"
 #include "common/numeric/bf16.h"
+#include "common/numeric/finite.h"
 #include "common/parallel/parallel_for.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status_macros.h"
@@ -436,11 +437,19 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const Mo
     return absl::FailedPreconditionError(
         absl::StrCat(file->path(), ": saved with a different unit layout than the job's (model or alignment changed)"));
   }
-  struct Job {
+  // Copied in pieces over the threads (the embedding alone is most of a small model), each piece
+  // checked as it lands: master and m finite, v not NaN and >= 0 (+inf is what a huge finite
+  // gradient makes of it, as in PyTorch). A NaN there (a damaged file, or a checkpoint of a run
+  // that diverged) would train NaN and report success.
+  constexpr int64_t kPieceNumel = int64_t{1} << 22;
+  struct Piece {
+    const UnitLayout* unit;
+    int kind;  // kStateKinds index
     const st::TensorInfo* info;
     float* dst;
+    int64_t begin, count;
   };
-  std::vector<Job> jobs;
+  std::vector<Piece> pieces;
   const UnitArrayFn* fns[] = {&arrays.master, &arrays.adam_m, &arrays.adam_v};
   for (const UnitLayout& unit : layout.units) {
     for (int k = 0; k < 3; ++k) {
@@ -450,13 +459,27 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const Mo
         return absl::DataLossError(
             absl::StrCat(file->path(), ": tensor \"", name, "\" missing or not F32 [", unit.numel, "]"));
       }
-      jobs.push_back({t, (*fns[k])(unit.index)});
+      float* dst = (*fns[k])(unit.index);
+      for (int64_t b = 0; b < unit.numel; b += kPieceNumel) {
+        pieces.push_back({&unit, k, t, dst, b, std::min(kPieceNumel, unit.numel - b)});
+      }
     }
   }
-  ParallelFor(jobs.size(), options.threads, [&](size_t i) {
-    const absl::string_view bytes = file->Bytes(*jobs[i].info);
-    std::memcpy(jobs[i].dst, bytes.data(), bytes.size());
+  std::vector<absl::Status> piece_status(pieces.size());
+  ParallelFor(pieces.size(), options.threads, [&](size_t i) {
+    const Piece& p = pieces[i];
+    const char* src = file->Bytes(*p.info).data() + p.begin * sizeof(float);
+    float* dst = p.dst + p.begin;
+    std::memcpy(dst, src, p.count * sizeof(float));
+    const FiniteRule rule = p.kind == 2 ? FiniteRule::kSecondMoment : FiniteRule::kFinite;
+    if (const int64_t bad = FirstNonFinite(dst, p.count, rule); bad >= 0) {
+      piece_status[i] = absl::DataLossError(
+          absl::StrCat(file->path(), ": tensor \"", p.info->name, "\" holds ", dst[bad], " at element ", p.begin + bad,
+                       " (", DescribeUnitElement(*p.unit, p.begin + bad), "); ",
+                       p.kind == 2 ? "Adam's second moment must be >= 0 and not NaN" : "the state must be finite"));
+    }
   });
+  for (const absl::Status& s : piece_status) RETURN_IF_ERROR(s);
   ASSIGN_OR_RETURN(nlohmann::json state, ReadJsonObject(dir + "/trainer_state.json"));
   LoadedCheckpoint loaded;
   loaded.step = step;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/io/small_file.h"
+#include "common/numeric/finite.h"
 #include "common/parallel/parallel_for.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status_macros.h"
@@ -234,19 +235,26 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
       pieces.push_back({&job, b, std::min(kPieceNumel, job.src.info->numel - b)});
     }
   }
-  std::mutex mu;
-  absl::Status first_error;
+  // Each piece is checked for NaN and inf as it is converted (still in cache): a damaged model
+  // would otherwise train NaN and report success. The first bad piece in file order is reported.
+  std::vector<absl::Status> piece_status(pieces.size());
   ParallelFor(pieces.size(), options.threads, [&](size_t i) {
     const Piece& p = pieces[i];
     const TensorInfo& info = *p.job->src.info;
     const char* src = p.job->src.file->Bytes(info).data() + p.begin * safetensors::DtypeSize(info.dtype);
-    absl::Status s = safetensors::ConvertToFloat32(info.dtype, src, p.count, p.job->dst + p.begin);
+    float* dst = p.job->dst + p.begin;
+    absl::Status s = safetensors::ConvertToFloat32(info.dtype, src, p.count, dst);
     if (!s.ok()) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (first_error.ok()) first_error = Annotate(s, absl::StrCat(p.job->src.file->path(), ": ", info.name));
+      piece_status[i] = Annotate(s, absl::StrCat(p.job->src.file->path(), ": ", info.name));
+      return;
+    }
+    if (const int64_t bad = FirstNonFinite(dst, p.count); bad >= 0) {
+      piece_status[i] = absl::DataLossError(absl::StrCat(p.job->src.file->path(), ": tensor \"", info.name, "\" holds ",
+                                                         dst[bad], " at ", TensorIndexString(info.shape, p.begin + bad),
+                                                         " (weights must be finite)"));
     }
   });
-  RETURN_IF_ERROR(first_error);
+  for (const absl::Status& s : piece_status) RETURN_IF_ERROR(s);
 
   if (tied_head != nullptr) {
     // Tied: the embedding is the LM head. A differing copy in the file is ignored, as HF does.

@@ -9,9 +9,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/model/shard.h"
+#include "common/numeric/finite.h"
 #include "common/parallel/parallel_for.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
@@ -24,6 +24,11 @@ constexpr int64_t kAggregatePiece = 1 << 20;  // elements summed per task (4 MiB
 
 double SecondsSince(absl::Time t) { return absl::ToDoubleSeconds(absl::Now() - t); }
 
+// [offset, offset + numel) inside [begin, end), numel > 0, without overflow for any input.
+bool RangeInside(int64_t offset, int64_t numel, int64_t begin, int64_t end) {
+  return numel > 0 && offset >= begin && offset <= end && numel <= end - offset;
+}
+
 }  // namespace
 
 GradRings::GradRings(std::vector<std::unique_ptr<shm::GradRing>>& rings, WorkerReports& reports,
@@ -32,9 +37,9 @@ GradRings::GradRings(std::vector<std::unique_ptr<shm::GradRing>>& rings, WorkerR
 
 void GradRings::Abort() { job_state_.RaiseAbort(shm::AbortReason::kInternal); }
 
-absl::Status GradRings::Fail(const std::string& what) {
+absl::Status GradRings::FailRank(int rank, const std::string& what) {
   Abort();
-  return absl::InternalError(what);
+  return absl::InternalError(absl::StrCat(reports_.WorkerName(rank), " ", what));
 }
 
 absl::StatusOr<shm::GradChunkDesc> GradRings::Pop(int r, bool first_step) {
@@ -44,34 +49,41 @@ absl::StatusOr<shm::GradChunkDesc> GradRings::Pop(int r, bool first_step) {
     // from Poll, and the other ranks' NCCL setup waits on it.
     auto d = rings_[r]->Pop(absl::Milliseconds(first_step ? 10 : 100));
     if (d.ok()) return d;
+    if (d.status().code() == absl::StatusCode::kDataLoss) {
+      return FailRank(r, absl::StrCat("posted a corrupt gradient descriptor: ", d.status().message()));
+    }
     if (d.status().code() != absl::StatusCode::kDeadlineExceeded) {
       // Prefer the worker's own error: a failing worker raises the abort before its report
-      // reaches us, so give the report a moment to arrive.
+      // reaches us, so give the report a moment to arrive (unless another consumer thread took
+      // it already: it returns the cause).
       const absl::Time report_deadline = absl::Now() + absl::Seconds(2);
       do {
         RETURN_IF_ERROR(reports_.Poll());
-        if (job_state_.abort().reason() != shm::AbortReason::kWorkerFailed) break;
+        if (job_state_.abort().reason() != shm::AbortReason::kWorkerFailed || reports_.worker_failure_seen()) break;
         absl::SleepFor(absl::Milliseconds(5));
       } while (absl::Now() < report_deadline);
-      return Annotate(d.status(), absl::StrCat("gradient ring of rank ", r));
+      return Annotate(d.status(), absl::StrCat("gradient ring of ", reports_.WorkerName(r)));
     }
     RETURN_IF_ERROR(reports_.Poll());
     if (absl::Now() > deadline) {
       job_state_.RaiseAbort(shm::AbortReason::kInternal);
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no gradient from rank ", r, " for ", absl::FormatDuration(step_timeout_), " (runtime.step_timeout_ms)"));
+      return absl::DeadlineExceededError(absl::StrCat("no gradient from ", reports_.WorkerName(r), " for ",
+                                                      absl::FormatDuration(step_timeout_),
+                                                      " (runtime.step_timeout_ms)"));
     }
   }
 }
 
 GradConsumer::GradConsumer(const JobPlan& plan, const ModelLayout& layout, GradRings& rings, double max_grad_norm,
-                           int aggregate_threads, std::string job_id)
+                           int aggregate_threads, std::string job_id, NonFinitePolicy policy, LossCheck loss_check)
     : plan_(plan),
       layout_(layout),
       rings_(rings),
       max_grad_norm_(max_grad_norm),
       aggregate_threads_(aggregate_threads),
-      job_id_(std::move(job_id)) {
+      job_id_(std::move(job_id)),
+      policy_(policy),
+      loss_check_(std::move(loss_check)) {
   for (const UnitLayout& u : layout_.units) unit_numel_.push_back(u.numel);
   staging_.resize(unit_numel_.size());
 }
@@ -87,8 +99,45 @@ int64_t GradConsumer::staging_bytes_held() const {
   return bytes;
 }
 
-absl::Status GradConsumer::SquarePieces(int unit, int64_t offset, int64_t numel, const float* src, float* dst,
-                                        int threads, update::GradNormAccumulator& norm) {
+void GradConsumer::NoteNonFinite(int rank, int unit, int64_t offset, const float* src, int64_t numel) {
+  const int64_t i = FirstNonFinite(src, numel);
+  if (i < 0) return;
+  absl::MutexLock l(&nonfinite_mu_);
+  if (!nonfinite_ || std::make_pair(unit, offset + i) < std::make_pair(nonfinite_->unit, nonfinite_->offset)) {
+    nonfinite_ = NonFiniteElement{unit, offset + i, src[i], rank};
+  }
+}
+
+std::string GradConsumer::NonFiniteGradient() const {
+  absl::MutexLock l(&nonfinite_mu_);
+  if (!nonfinite_) return "";
+  const NonFiniteElement& e = *nonfinite_;
+  const UnitLayout& u = layout_.units[e.unit];
+  return absl::StrCat("gradient of unit ", e.unit, " (", u.name, ") is not finite: ", DescribeUnitElement(u, e.offset),
+                      " is ", NonFiniteName(e.value),
+                      e.rank >= 0 ? absl::StrCat(" (posted by ", rings_.WorkerName(e.rank), ")")
+                                  : std::string(" (the ranks' sum; every rank's part is finite)"));
+}
+
+absl::Status GradConsumer::NonFiniteError(int64_t t, const std::string& what, const char* applied) {
+  rings_.Abort();
+  return absl::DataLossError(
+      absl::StrCat("step ", t + 1, ": ", what, "; ", applied, " (train.skip_nonfinite: true skips such steps)"));
+}
+
+absl::StatusOr<std::string> GradConsumer::Decide(int64_t t, const std::string& gradient_nonfinite) {
+  if (!gradient_nonfinite.empty()) {
+    if (policy_ == NonFinitePolicy::kFail) {
+      return NonFiniteError(t, gradient_nonfinite, "nothing of the step was applied");
+    }
+    return gradient_nonfinite;
+  }
+  if (policy_ == NonFinitePolicy::kSkip && loss_check_) return loss_check_(t);
+  return std::string();
+}
+
+absl::StatusOr<bool> GradConsumer::SquarePieces(int rank, int unit, int64_t offset, int64_t numel, const float* src,
+                                                float* dst, int threads, update::GradNormAccumulator& norm) {
   const int64_t pieces = (numel + kAggregatePiece - 1) / kAggregatePiece;
   std::vector<double> piece_sq(pieces);
   ParallelFor(pieces, threads, [&](size_t p) {
@@ -97,40 +146,54 @@ absl::Status GradConsumer::SquarePieces(int unit, int64_t offset, int64_t numel,
     if (dst != nullptr) std::memcpy(dst + off, src + off, n * sizeof(float));
     piece_sq[p] = update::SumSquares(src + off, n);
   });
+  bool finite = true;
   for (int64_t p = 0; p < pieces; ++p) {
     const int64_t off = p * kAggregatePiece;
-    absl::Status s = norm.AddPartial(unit, offset + off, std::min(kAggregatePiece, numel - off), piece_sq[p]);
-    if (!s.ok()) return rings_.Fail(absl::StrCat("gradient chunk posted twice: ", s.message()));
+    const int64_t n = std::min(kAggregatePiece, numel - off);
+    absl::Status s = norm.AddPartial(unit, offset + off, n, piece_sq[p]);
+    if (!s.ok()) return rings_.FailRank(rank, absl::StrCat("posted a gradient chunk twice: ", s.message()));
+    // Squares formed in double cannot overflow from finite floats: a non-finite sum means a
+    // non-finite element (found only then, on the failure path).
+    if (!std::isfinite(piece_sq[p])) {
+      finite = false;
+      NoteNonFinite(rank, unit, offset + off, src + off, n);
+    }
   }
-  return absl::OkStatus();
+  return finite;
 }
 
-absl::StatusOr<double> GradConsumer::PopRankNorms(int64_t t, bool first_step, StepGradients& out) {
+absl::StatusOr<double> GradConsumer::PopRankNorms(int64_t t, bool first_step, StepGradients& out,
+                                                  std::string& nonfinite) {
   double sum_squares = 0;
   for (int r = 0; r < plan_.world; ++r) {  // summed in rank order
     const absl::Time t_wait = absl::Now();
     ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(r, first_step));
     out.wait_s += SecondsSince(t_wait);
     if (d.dtype != shm::GradDtype::kSumSquares || d.step != static_cast<uint32_t>(t)) {
-      return rings_.Fail(absl::StrCat("rank ", r, " posted unit ", d.unit, " (dtype ", static_cast<int>(d.dtype),
-                                      ") for step ", d.step, " where its squared norm for step ", t,
-                                      " comes first (device staging)"));
+      // (The slot is not released: the job ends here and the ring with it.)
+      return rings_.FailRank(
+          r, absl::StrCat("posted unit ", d.unit, " (dtype ", static_cast<uint32_t>(d.dtype), ") for step ", d.step,
+                          " where its squared norm for step ", t, " comes first (device staging)"));
     }
     double squares;
     std::memcpy(&squares, rings_.ring(r).slot_data(d.slot), sizeof(double));
     RETURN_IF_ERROR(rings_.ring(r).Release(d.slot));
     if (!std::isfinite(squares) || squares < 0) {
-      // Not an error of the pipeline: the clipping coefficient becomes 0 or NaN as with host
-      // staging (update::ClipCoefficient decides), so keep the value.
-      LOG(WARNING) << "job " << job_id_ << " step " << t + 1 << ": rank " << r << " gradient squared norm " << squares;
+      LOG(WARNING) << "job " << job_id_ << " step " << t + 1 << ": " << rings_.WorkerName(r)
+                   << " posted the squared gradient norm " << squares;
+      if (nonfinite.empty()) {
+        nonfinite = absl::StrCat("the squared gradient norm posted by ", rings_.WorkerName(r), " is ",
+                                 std::isfinite(squares) ? absl::StrCat(squares) : NonFiniteName(squares));
+      }
     }
     sum_squares += squares;
   }
   return sum_squares;
 }
 
-absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float coef, int threads, StepUpdates& updates,
-                                       update::GradNormAccumulator& norm, double& wait_s, double& aggregate_s) {
+absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float coef, PartAction action, int threads,
+                                       StepUpdates& updates, update::GradNormAccumulator& norm, double& wait_s,
+                                       double& aggregate_s) {
   const int world = plan_.world;
   const bool device_staged = plan_.clip_staging == ClipStaging::kDevice;
   const bool host_staged = plan_.clip_staging == ClipStaging::kHost;
@@ -142,37 +205,67 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
     wait_s += SecondsSince(t_wait);
     const bool unit_ok = d.unit >= 0 && d.unit < static_cast<int>(unit_numel_.size());
     const ShardRange shard = unit_ok ? ShardOf(unit_numel_[d.unit], world, r) : ShardRange{};
-    if (d.step != static_cast<uint32_t>(t) || !unit_ok || d.dtype != shm::GradDtype::kF32 || d.numel <= 0 ||
-        d.offset_numel < shard.offset || d.offset_numel + d.numel > shard.offset + shard.numel ||
-        unit_got[d.unit] + d.numel > shard.numel) {
-      return rings_.Fail(absl::StrCat("unexpected gradient chunk from rank ", r, ": step ", d.step, " unit ", d.unit,
-                                      " offset ", d.offset_numel, " numel ", d.numel, " dtype ",
-                                      static_cast<int>(d.dtype), " while applying step ", t, " (rank ", r,
-                                      "'s shard of that unit is [", shard.offset, ", ", shard.offset + shard.numel,
-                                      "), ", unit_ok ? unit_got[d.unit] : 0, " elements of it already received)"));
+    if (d.step != static_cast<uint32_t>(t) || !unit_ok || d.dtype != shm::GradDtype::kF32 ||
+        !RangeInside(d.offset_numel, d.numel, shard.offset, shard.offset + shard.numel) ||
+        d.numel > shard.numel - unit_got[d.unit]) {
+      return rings_.FailRank(
+          r, absl::StrCat("posted an unexpected gradient chunk: step ", d.step, " unit ", d.unit, " offset ",
+                          d.offset_numel, " numel ", d.numel, " dtype ", static_cast<uint32_t>(d.dtype),
+                          " while hostd applies step ", t, " (F32; its shard of that unit is [", shard.offset, ", ",
+                          shard.offset + shard.numel, "), ", unit_ok ? unit_got[d.unit] : 0,
+                          " elements of it already received)"));
     }
     const float* src = rings_.f32(r, d);
-    const absl::Time t_agg = absl::Now();
-    if (!device_staged) {  // (device staging: the norm came from the ranks)
-      float* dst = host_staged ? staging_[d.unit].data() + d.offset_numel : nullptr;
-      RETURN_IF_ERROR(SquarePieces(d.unit, d.offset_numel, d.numel, src, dst, threads, norm));
-    }
-    aggregate_s += SecondsSince(t_agg);
     unit_got[d.unit] += d.numel;
     got += d.numel;
+    if (action == PartAction::kDiscard) {
+      // Not applied (the step fails or is skipped): checked, to name what is not finite.
+      NoteNonFinite(r, d.unit, d.offset_numel, src, d.numel);
+      RETURN_IF_ERROR(rings_.ring(r).Release(d.slot));
+      if (policy_ == NonFinitePolicy::kSkip) {
+        if (absl::Status s = updates.Skip(d.unit, d.offset_numel, d.numel); !s.ok()) {
+          return rings_.FailRank(r, absl::StrCat("posted a gradient chunk twice: ", s.message()));
+        }
+      }
+      continue;
+    }
+    const absl::Time t_agg = absl::Now();
+    bool finite = true;
+    if (!device_staged) {  // (device staging: the norm came from the ranks)
+      float* dst = host_staged ? staging_[d.unit].data() + d.offset_numel : nullptr;
+      absl::StatusOr<bool> f = SquarePieces(r, d.unit, d.offset_numel, d.numel, src, dst, threads, norm);
+      if (!f.ok()) {
+        (void)rings_.ring(r).Release(d.slot);
+        return f.status();
+      }
+      finite = *f;
+    }
+    aggregate_s += SecondsSince(t_agg);
     if (host_staged) {
       RETURN_IF_ERROR(rings_.ring(r).Release(d.slot));  // staged: the slot is free again
-    } else {
-      // Final already: update now (while the rest of the backward pass still runs, or, with
-      // device staging, while the later parts are still coming).
-      RETURN_IF_ERROR(updates.Apply(d.unit, d.offset_numel, d.numel, coef, src, &rings_.ring(r), d.slot));
+      continue;
     }
+    if (!finite) {  // applied at once below: a non-finite chunk must not be
+      (void)rings_.ring(r).Release(d.slot);
+      return NonFiniteError(t, NonFiniteGradient(), "the parts applied before it keep this step's update");
+    }
+    // Final already: update now (while the rest of the backward pass still runs, or, with
+    // device staging, while the later parts are still coming). Device-staged parts were never
+    // seen here (their norm came from the rank): LayerAdam checks them block by block as it
+    // updates, so a part a broken worker's norm does not account for never reaches the master.
+    absl::Status s = updates.Apply(d.unit, d.offset_numel, d.numel, coef, src, &rings_.ring(r), d.slot,
+                                   device_staged ? update::NonFiniteGrad::kRefuse : update::NonFiniteGrad::kApply,
+                                   device_staged ? rings_.WorkerName(r) : std::string());
+    if (s.code() == absl::StatusCode::kInternal) {
+      return rings_.FailRank(r, absl::StrCat("posted a gradient chunk twice: ", s.message()));
+    }
+    RETURN_IF_ERROR(s);
   }
   return absl::OkStatus();
 }
 
-absl::Status GradConsumer::ConsumeShards(int64_t t, bool first_step, float coef, StepUpdates& updates,
-                                         update::GradNormAccumulator& norm, StepGradients& out) {
+absl::Status GradConsumer::ConsumeShards(int64_t t, bool first_step, float coef, PartAction action,
+                                         StepUpdates& updates, update::GradNormAccumulator& norm, StepGradients& out) {
   // Every ring at once, one thread per rank, each until its own shards of every unit are in, so
   // ranks posting different numbers of chunks cannot block each other.
   const int world = plan_.world;
@@ -184,8 +277,8 @@ absl::Status GradConsumer::ConsumeShards(int64_t t, bool first_step, float coef,
   for (int r = 0; r < world; ++r) {
     consumers.emplace_back([&, r] {
       pthread_setname_np(pthread_self(), absl::StrCat("grad-rank", r).substr(0, 15).c_str());
-      absl::Status s =
-          ConsumeRank(r, t, first_step, coef, threads_per_rank, updates, norm, rank_wait_s[r], rank_aggregate_s[r]);
+      absl::Status s = ConsumeRank(r, t, first_step, coef, action, threads_per_rank, updates, norm, rank_wait_s[r],
+                                   rank_aggregate_s[r]);
       if (s.ok()) return;
       absl::MutexLock l(&error_mu);
       // The cause wins over its echoes: once one consumer raises the abort word, the others (and
@@ -210,10 +303,11 @@ absl::StatusOr<shm::GradChunkDesc> GradConsumer::PopRankZeroChunk(int64_t t, boo
   ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(0, first_step));
   out.wait_s += SecondsSince(t_wait);
   if (d.step != static_cast<uint32_t>(t) || d.unit < 0 || d.unit >= static_cast<int>(unit_numel_.size()) ||
-      d.offset_numel < 0 || d.numel <= 0 || d.offset_numel + d.numel > unit_numel_[d.unit] ||
-      d.dtype != shm::GradDtype::kF32) {
-    return rings_.Fail(absl::StrCat("unexpected gradient chunk from rank 0: step ", d.step, " unit ", d.unit,
-                                    " offset ", d.offset_numel, " numel ", d.numel, " while aggregating step ", t));
+      !RangeInside(d.offset_numel, d.numel, 0, unit_numel_[d.unit]) || d.dtype != shm::GradDtype::kF32) {
+    return rings_.FailRank(
+        0, absl::StrCat("posted an unexpected gradient chunk: step ", d.step, " unit ", d.unit, " offset ",
+                        d.offset_numel, " numel ", d.numel, " dtype ", static_cast<uint32_t>(d.dtype),
+                        " while hostd aggregates step ", t, " (F32, inside the unit)"));
   }
   return d;
 }
@@ -224,8 +318,14 @@ absl::Status GradConsumer::ConsumeDirect(int64_t t, bool first_step, StepUpdates
     ASSIGN_OR_RETURN(shm::GradChunkDesc d, PopRankZeroChunk(t, first_step, out));
     const float* src = rings_.f32(0, d);
     const absl::Time t_agg = absl::Now();
-    RETURN_IF_ERROR(SquarePieces(d.unit, d.offset_numel, d.numel, src, nullptr, aggregate_threads_, norm));
+    absl::StatusOr<bool> finite =
+        SquarePieces(0, d.unit, d.offset_numel, d.numel, src, nullptr, aggregate_threads_, norm);
     out.aggregate_s += SecondsSince(t_agg);
+    if (!finite.ok() || !*finite) {
+      (void)rings_.ring(0).Release(d.slot);
+      if (!finite.ok()) return finite.status();
+      return NonFiniteError(t, NonFiniteGradient(), "the parts applied before it keep this step's update");
+    }
     RETURN_IF_ERROR(updates.Apply(d.unit, d.offset_numel, d.numel, 1.0f, src, &rings_.ring(0), d.slot));
   }
   return absl::OkStatus();
@@ -243,8 +343,11 @@ absl::Status GradConsumer::ConsumeSummed(int64_t t, bool first_step, StepUpdates
       ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(r, first_step));
       if (d.step != d0.step || d.unit != d0.unit || d.offset_numel != d0.offset_numel || d.numel != d0.numel ||
           d.dtype != d0.dtype) {
-        return rings_.Fail(absl::StrCat("rank ", r, " posted unit ", d.unit, "@", d.offset_numel, " step ", d.step,
-                                        " where rank 0 posted unit ", d0.unit, "@", d0.offset_numel));
+        return rings_.FailRank(
+            r, absl::StrCat("posted unit ", d.unit, "@", d.offset_numel, " numel ", d.numel, " dtype ",
+                            static_cast<uint32_t>(d.dtype), " step ", d.step, " where rank 0 posted unit ", d0.unit,
+                            "@", d0.offset_numel, " numel ", d0.numel, " step ", d0.step,
+                            " (every rank posts the same chunks on the cpu route)"));
       }
       descs.push_back(d);
     }
@@ -265,43 +368,103 @@ absl::Status GradConsumer::ConsumeSummed(int64_t t, bool first_step, StepUpdates
       }
       piece_sq[p] = update::SumSquares(dst + off, n);
     });
+    bool finite = true;
     for (int64_t p = 0; p < pieces; ++p) {
       const int64_t off = p * kAggregatePiece;
-      absl::Status s =
-          norm.AddPartial(d0.unit, d0.offset_numel + off, std::min(kAggregatePiece, d0.numel - off), piece_sq[p]);
-      if (!s.ok()) return rings_.Fail(absl::StrCat("gradient chunk posted twice: ", s.message()));
+      const int64_t n = std::min(kAggregatePiece, d0.numel - off);
+      absl::Status s = norm.AddPartial(d0.unit, d0.offset_numel + off, n, piece_sq[p]);
+      if (!s.ok()) return rings_.FailRank(0, absl::StrCat("posted a gradient chunk twice: ", s.message()));
+      if (!std::isfinite(piece_sq[p])) {
+        finite = false;
+        // Name the first rank whose own part is not finite (else only the sum overflows).
+        bool named = false;
+        for (int r = 0; r < world && !named; ++r) {
+          const float* src = rings_.f32(r, descs[r]) + off;
+          if (FirstNonFinite(src, n) >= 0) {
+            NoteNonFinite(r, d0.unit, d0.offset_numel + off, src, n);
+            named = true;
+          }
+        }
+        if (!named) {
+          const int64_t i = FirstNonFinite(dst + off, n);
+          absl::MutexLock l(&nonfinite_mu_);
+          const NonFiniteElement e{d0.unit, d0.offset_numel + off + i, dst[off + i], -1};
+          if (!nonfinite_ || std::make_pair(e.unit, e.offset) < std::make_pair(nonfinite_->unit, nonfinite_->offset)) {
+            nonfinite_ = e;
+          }
+        }
+      }
     }
     out.aggregate_s += SecondsSince(t_agg);
     for (int r = 0; r < world; ++r) RETURN_IF_ERROR(rings_.ring(r).Release(descs[r].slot));
-    // Without clipping a chunk is final once every rank's copy is summed: update it now, while
+    // Without staging a chunk is final once every rank's copy is summed: update it now, while
     // the rest of the backward pass is still running.
-    if (!plan_.clip()) RETURN_IF_ERROR(updates.Apply(d0.unit, d0.offset_numel, d0.numel, 1.0f, dst));
+    if (plan_.clip_staging == ClipStaging::kNone) {
+      if (!finite) return NonFiniteError(t, NonFiniteGradient(), "the parts applied before it keep this step's update");
+      RETURN_IF_ERROR(updates.Apply(d0.unit, d0.offset_numel, d0.numel, 1.0f, dst));
+    }
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<StepGradients> GradConsumer::ConsumeStep(int64_t t, bool first_step, StepUpdates& updates) {
   StepGradients out;
+  {
+    absl::MutexLock l(&nonfinite_mu_);
+    nonfinite_.reset();
+  }
   update::GradNormAccumulator norm(unit_numel_);
   if (plan_.clip_staging == ClipStaging::kDevice) {
-    // Each rank posts its squared norm before its parts: the coefficient is known up front.
-    ASSIGN_OR_RETURN(double sum_squares, PopRankNorms(t, first_step, out));
+    // Each rank posts its squared norm before its parts: the coefficient, and whether the step's
+    // gradient is finite, are known before any part arrives.
+    std::string rank_nonfinite;
+    ASSIGN_OR_RETURN(double sum_squares, PopRankNorms(t, first_step, out, rank_nonfinite));
     out.grad_norm = std::sqrt(sum_squares);
-    const float coef = update::ClipCoefficient(out.grad_norm, max_grad_norm_);
-    RETURN_IF_ERROR(ConsumeShards(t, first_step, coef, updates, norm, out));
+    std::string why;
+    if (rank_nonfinite.empty()) {
+      ASSIGN_OR_RETURN(why, Decide(t, ""));
+      if (why.empty()) {
+        const float coef = update::ClipCoefficient(out.grad_norm, max_grad_norm_);
+        RETURN_IF_ERROR(ConsumeShards(t, first_step, coef, PartAction::kApply, updates, norm, out));
+        return out;
+      }
+    }
+    // Not applied: the parts come out of the rings checked, to name the unit that is not finite.
+    absl::Status drained = ConsumeShards(t, first_step, 1.0f, PartAction::kDiscard, updates, norm, out);
+    if (!rank_nonfinite.empty()) {
+      const std::string element = NonFiniteGradient();
+      ASSIGN_OR_RETURN(why, Decide(t, element.empty() ? rank_nonfinite : element));
+    }
+    RETURN_IF_ERROR(drained);
+    out.skipped = true;
+    out.skipped_because = why;
     return out;
   }
   switch (plan_.consumer) {
-    case GradConsumerKind::kShards: RETURN_IF_ERROR(ConsumeShards(t, first_step, 1.0f, updates, norm, out)); break;
+    case GradConsumerKind::kShards:
+      RETURN_IF_ERROR(ConsumeShards(t, first_step, 1.0f, PartAction::kApply, updates, norm, out));
+      break;
     case GradConsumerKind::kDirect: RETURN_IF_ERROR(ConsumeDirect(t, first_step, updates, norm, out)); break;
     case GradConsumerKind::kSummed: RETURN_IF_ERROR(ConsumeSummed(t, first_step, updates, norm, out)); break;
   }
   absl::StatusOr<double> grad_norm = norm.Norm();
-  if (!grad_norm.ok()) return rings_.Fail(std::string(grad_norm.status().message()));
+  if (!grad_norm.ok()) {  // (the consumers above take exactly every element: a bug)
+    rings_.Abort();
+    return absl::InternalError(grad_norm.status().message());
+  }
   out.grad_norm = *grad_norm;
   if (plan_.clip_staging == ClipStaging::kHost) {
-    // Exact clipping: the coefficient needs the whole step's norm; then update in forward order
-    // so the next step's forward can start on the first units while later ones update.
+    // The whole step is staged and nothing applied: apply it (exact clipping needs the whole
+    // step's norm), or skip it. Forward order, so the next step's forward can start on the
+    // first units while later ones update.
+    ASSIGN_OR_RETURN(std::string why, Decide(t, NonFiniteGradient()));
+    if (!why.empty()) {
+      for (size_t u = 0; u < unit_numel_.size(); ++u)
+        RETURN_IF_ERROR(updates.Skip(static_cast<int>(u), 0, unit_numel_[u]));
+      out.skipped = true;
+      out.skipped_because = why;
+      return out;
+    }
     const float coef = update::ClipCoefficient(out.grad_norm, max_grad_norm_);
     for (size_t u = 0; u < unit_numel_.size(); ++u) {
       RETURN_IF_ERROR(updates.Apply(static_cast<int>(u), 0, unit_numel_[u], coef, staging_[u].data()));

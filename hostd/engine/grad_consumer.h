@@ -12,16 +12,39 @@
 // clipping coefficient is known before any part arrives. With host staging the coefficient
 // follows from the whole step's norm (update::GradNormAccumulator: squares summed in (unit,
 // offset) order), then every unit is applied from staging in forward order, so the next step's
-// forward can start on the first units. Every chunk is checked (step, unit, dtype, range) or the
-// job fails with INTERNAL.
+// forward can start on the first units.
+//
+// Nothing a worker posts is trusted: every descriptor is checked (step, unit, F32, inside the
+// rank's shard, no element twice, a slot the producer acquired) or the job fails with INTERNAL
+// naming the worker (id and rank); hostd never reads or writes outside its buffers for it.
+//
+// Non-finite gradients never reach the master weights. The squares every chunk's norm needs show
+// them at no extra cost (a sum of squares in double is finite exactly when every element is):
+// - without staging each chunk is checked before it is applied; a non-finite one fails the job
+//   with DATA_LOSS naming the step, the unit, the element and the worker (the units applied
+//   before it keep this step's update; the job's checkpoints are all from before);
+// - with staging (clipping, or train.skip_nonfinite, which stages like clipping) nothing is
+//   applied until the whole step is known: the staged chunks' squares (host), or every rank's
+//   posted squared norm (device, whose parts are then drained and checked to name the unit). A
+//   non-finite step then fails the job (DATA_LOSS, nothing of the step applied) or, with
+//   NonFinitePolicy::kSkip, is skipped: nothing is applied and every unit's gate opens at t+1
+//   unchanged. kSkip also skips a step whose loss is not finite on some rank (LossCheck, asked
+//   once the gradient is known finite and before anything is applied);
+// - device-staged parts are applied with NonFiniteGrad::kRefuse: LayerAdam checks each block as
+//   it updates it, so a part with a NaN that its rank's posted norm did not show (a broken
+//   worker) stops there and the step fails with DATA_LOSS (StepUpdates names unit, element and
+//   worker).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/model/qwen3_config.h"
 #include "hostd/engine/job_plan.h"
@@ -35,7 +58,8 @@ namespace slidedp::hostd {
 
 // The job's rings on hostd's side: Pop waits in short slices, polling the workers' reports in
 // between (rank 0's communicator id is relayed from there while the first gradients are awaited),
-// and fails the job after the spec's step timeout.
+// and fails the job after the spec's step timeout. A corrupt descriptor is INTERNAL naming the
+// worker.
 class GradRings {
  public:
   GradRings(std::vector<std::unique_ptr<shm::GradRing>>& rings, WorkerReports& reports, shm::JobState& job_state,
@@ -47,8 +71,9 @@ class GradRings {
   }
   // Raises the abort word: every party (workers, the other consumers) stops waiting.
   void Abort();
-  // Abort(), and INTERNAL with `what`.
-  absl::Status Fail(const std::string& what);
+  // Abort(), and INTERNAL: "<worker> (rank r) <what>".
+  absl::Status FailRank(int rank, const std::string& what);
+  std::string WorkerName(int rank) const { return reports_.WorkerName(rank); }
 
  private:
   std::vector<std::unique_ptr<shm::GradRing>>& rings_;
@@ -57,40 +82,71 @@ class GradRings {
   const absl::Duration step_timeout_;
 };
 
-// Where a step's host time went (the metrics' busy_s), and its gradient norm.
+// Where a step's host time went (the metrics' busy_s), its gradient norm, and whether it was
+// skipped.
 struct StepGradients {
   double grad_norm = 0;
   double wait_s = 0;       // waiting for chunks (the slowest rank's, with one consumer per rank)
   double aggregate_s = 0;  // copying, summing and squaring them
+  // NonFinitePolicy::kSkip: nothing of the step was applied, because of `skipped_because`
+  // ("gradient of unit 5 (layer.3) is not finite: ...", "loss is NaN on worker w (rank 1)").
+  bool skipped = false;
+  std::string skipped_because;
 };
+
+// train.skip_nonfinite: each rank's loss of step t (0-based), checked before the step's updates;
+// "" when every one is finite, else which is not ("loss is NaN on worker w (rank 1)").
+using LossCheck = std::function<absl::StatusOr<std::string>(int64_t t)>;
 
 class GradConsumer {
  public:
   GradConsumer(const JobPlan& plan, const ModelLayout& layout, GradRings& rings, double max_grad_norm,
-               int aggregate_threads, std::string job_id);
+               int aggregate_threads, std::string job_id, NonFinitePolicy policy = NonFinitePolicy::kFail,
+               LossCheck loss_check = nullptr);
   // Allocates and first-touches the staging buffer where the plan has one (tens of GB for large
   // models: before the workers are assigned, so neither the first step nor the id relay waits).
   void AllocateStaging(int threads);
   int64_t staging_bytes_held() const;
-  // Takes step t's gradients out of every ring and has `updates` apply them.
+  // Takes step t's gradients out of every ring and has `updates` apply (or skip) them.
   absl::StatusOr<StepGradients> ConsumeStep(int64_t t, bool first_step, StepUpdates& updates);
 
  private:
-  absl::StatusOr<double> PopRankNorms(int64_t t, bool first_step, StepGradients& out);
-  absl::Status ConsumeShards(int64_t t, bool first_step, float coef, StepUpdates& updates,
+  // What ConsumeRank does with each part: apply it (or stage it, with host staging), or take it
+  // out of the ring unapplied, checking it (device staging when the step is not applied).
+  enum class PartAction { kApply, kDiscard };
+  // The first non-finite element the step's checks found, by (unit, offset).
+  struct NonFiniteElement {
+    int unit = 0;
+    int64_t offset = 0;
+    float value = 0;
+    int rank = 0;  // who posted it (-1: only the ranks' sum is not finite)
+  };
+
+  absl::StatusOr<double> PopRankNorms(int64_t t, bool first_step, StepGradients& out, std::string& nonfinite);
+  absl::Status ConsumeShards(int64_t t, bool first_step, float coef, PartAction action, StepUpdates& updates,
                              update::GradNormAccumulator& norm, StepGradients& out);
-  absl::Status ConsumeRank(int r, int64_t t, bool first_step, float coef, int threads, StepUpdates& updates,
-                           update::GradNormAccumulator& norm, double& wait_s, double& aggregate_s);
+  absl::Status ConsumeRank(int r, int64_t t, bool first_step, float coef, PartAction action, int threads,
+                           StepUpdates& updates, update::GradNormAccumulator& norm, double& wait_s,
+                           double& aggregate_s);
   // Rank 0's next whole-unit chunk of step t (direct and summed consumers), checked.
   absl::StatusOr<shm::GradChunkDesc> PopRankZeroChunk(int64_t t, bool first_step, StepGradients& out);
   absl::Status ConsumeDirect(int64_t t, bool first_step, StepUpdates& updates, update::GradNormAccumulator& norm,
                              StepGradients& out);
   absl::Status ConsumeSummed(int64_t t, bool first_step, StepUpdates& updates, update::GradNormAccumulator& norm,
                              StepGradients& out);
-  // Squares of src[0, numel) as elements [offset, offset + numel) of `unit`, in 4 MiB pieces on
-  // `threads` threads, optionally copied into dst; each piece's sum goes to `norm`.
-  absl::Status SquarePieces(int unit, int64_t offset, int64_t numel, const float* src, float* dst, int threads,
-                            update::GradNormAccumulator& norm);
+  // Squares of src[0, numel) as elements [offset, offset + numel) of `unit` (posted by `rank`),
+  // in 4 MiB pieces on `threads` threads, optionally copied into dst; each piece's sum goes to
+  // `norm`. Returns whether every element was finite (and records the first that is not).
+  absl::StatusOr<bool> SquarePieces(int rank, int unit, int64_t offset, int64_t numel, const float* src, float* dst,
+                                    int threads, update::GradNormAccumulator& norm);
+  // Records a non-finite element of `unit` in src[0, numel) (first in (unit, offset) order wins).
+  void NoteNonFinite(int rank, int unit, int64_t offset, const float* src, int64_t numel);
+  // "gradient of unit 5 (layer.3) is not finite: <tensor>[i, j] is NaN (posted by <worker>)", or "".
+  std::string NonFiniteGradient() const;
+  // What to do once the step's gradient is known (staged or its norm posted) and nothing applied:
+  // "" apply; a reason: skip it (kSkip); an error (kFail): DATA_LOSS, the job fails.
+  absl::StatusOr<std::string> Decide(int64_t t, const std::string& gradient_nonfinite);
+  absl::Status NonFiniteError(int64_t t, const std::string& what, const char* applied);
 
   const JobPlan& plan_;
   const ModelLayout& layout_;
@@ -98,8 +154,12 @@ class GradConsumer {
   const double max_grad_norm_;
   const int aggregate_threads_;
   const std::string job_id_;
+  const NonFinitePolicy policy_;
+  const LossCheck loss_check_;
   std::vector<int64_t> unit_numel_;
   std::vector<std::vector<float>> staging_;  // per unit, where the plan has host staging
+  mutable absl::Mutex nonfinite_mu_;
+  std::optional<NonFiniteElement> nonfinite_ ABSL_GUARDED_BY(nonfinite_mu_);  // this step's first
 };
 
 }  // namespace slidedp::hostd

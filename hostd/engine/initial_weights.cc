@@ -9,6 +9,7 @@
 #include "common/numeric/bf16.h"
 #include "common/parallel/parallel_for.h"
 #include "common/status/status_macros.h"
+#include "nlohmann/json.hpp"
 
 namespace slidedp::hostd {
 namespace {
@@ -41,8 +42,8 @@ checkpoint::StateArrays StateArraysOf(shm::JobState& js) {
   return arrays;
 }
 
-absl::StatusOr<int64_t> WriteInitialState(JobContext& ctx, const JobSpec& spec, const ModelLayout& layout,
-                                          shm::JobState& js, bool reused_segment, int threads) {
+absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& spec, const ModelLayout& layout,
+                                               shm::JobState& js, bool reused_segment, int threads) {
   const std::vector<Piece> pieces = PiecesOf(layout);
   if (reused_segment && ctx.resume_from().empty()) {
     // A fresh segment is zero: so must the moments of a reused one be. (Master is written whole
@@ -55,17 +56,30 @@ absl::StatusOr<int64_t> WriteInitialState(JobContext& ctx, const JobSpec& spec, 
     });
   }
   const checkpoint::StateArrays arrays = StateArraysOf(js);
-  int64_t first_step = 0;
+  InitialState state;
+  const checkpoint::LoadOptions load{.threads = threads};
   if (!ctx.resume_from().empty()) {
     std::string dir = ctx.resume_from();
     if (!std::filesystem::exists(std::filesystem::path(dir) / "COMPLETE")) {
       ASSIGN_OR_RETURN(dir, checkpoint::FindLatestCheckpoint(dir));
     }
-    ASSIGN_OR_RETURN(auto loaded, checkpoint::LoadCheckpoint(dir, layout, arrays));
-    first_step = loaded.step;
-    ctx.Log(absl::StrCat("resumed from ", dir, " at step ", first_step));
+    ASSIGN_OR_RETURN(auto loaded, checkpoint::LoadCheckpoint(dir, layout, arrays, load));
+    state.first_step = loaded.step;
+    // Checkpoints from before train.skip_nonfinite have no count: nothing was skipped then.
+    const nlohmann::json& ts = loaded.trainer_state;
+    if (ts.is_object() && ts.contains("skipped_steps")) {
+      const nlohmann::json& k = ts["skipped_steps"];
+      if (!k.is_number_integer() || k.get<int64_t>() < 0 || k.get<int64_t>() > state.first_step) {
+        return absl::DataLossError(absl::StrCat(dir, "/trainer_state.json: skipped_steps ", k.dump(),
+                                                " is not a count of steps in [0, ", state.first_step, "]"));
+      }
+      state.skipped_steps = k.get<int64_t>();
+    }
+    ctx.Log(absl::StrCat(
+        "resumed from ", dir, " at step ", state.first_step,
+        state.skipped_steps > 0 ? absl::StrCat(" (", state.skipped_steps, " skipped as non-finite)") : std::string()));
   } else if (!spec.model_path.empty()) {
-    RETURN_IF_ERROR(checkpoint::LoadHfModel(spec.model_path, layout, arrays.master));
+    RETURN_IF_ERROR(checkpoint::LoadHfModel(spec.model_path, layout, arrays.master, load));
     ctx.Log(absl::StrCat("loaded weights from ", spec.model_path));
   } else {
     checkpoint::InitRandom(layout, spec.init_seed, arrays.master);
@@ -79,9 +93,10 @@ absl::StatusOr<int64_t> WriteInitialState(JobContext& ctx, const JobSpec& spec, 
     bf16_t* mirror = js.mirror(pc.unit) + pc.offset;
     for (int64_t i = 0; i < pc.numel; ++i) mirror[i] = FloatToBf16(w[i]);
   });
-  for (int u = 0; u < layout.num_units(); ++u) js.version(u).Publish(static_cast<uint32_t>(first_step));
-  js.step_counter().store(first_step);
-  return first_step;
+  for (int u = 0; u < layout.num_units(); ++u) js.version(u).Publish(static_cast<uint32_t>(state.first_step));
+  js.step_counter().store(state.first_step);
+  js.skipped_steps_counter().store(state.skipped_steps);
+  return state;
 }
 
 }  // namespace slidedp::hostd

@@ -17,10 +17,17 @@ namespace slidedp::hostd {
 // The checkpoint code's view of the state segment's arrays.
 checkpoint::StateArrays StateArraysOf(shm::JobState& js);
 
-// Writes the initial state and returns the first step (0, or the resumed checkpoint's step).
-// `reused_segment`: a pooled segment, whose moments must be zeroed (a fresh one is zero).
-// `threads`: for the bulk work (zeroing, conversion). Logs what it did to the job log.
-absl::StatusOr<int64_t> WriteInitialState(JobContext& ctx, const JobSpec& spec, const ModelLayout& layout,
-                                          shm::JobState& js, bool reused_segment, int threads);
+struct InitialState {
+  int64_t first_step = 0;     // 0, or the resumed checkpoint's step
+  int64_t skipped_steps = 0;  // of those, skipped as non-finite (trainer_state "skipped_steps")
+};
+
+// Writes the initial state and says where the job starts. `reused_segment`: a pooled segment,
+// whose moments must be zeroed (a fresh one is zero). `threads`: for the bulk work (zeroing,
+// conversion). Logs what it did to the job log. A weight (or Adam moment) that is not finite in
+// the HF model or checkpoint is DATA_LOSS naming the file, tensor and element (the loaders check
+// each piece as they write it).
+absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& spec, const ModelLayout& layout,
+                                               shm::JobState& js, bool reused_segment, int threads);
 
 }  // namespace slidedp::hostd

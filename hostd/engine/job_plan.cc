@@ -31,13 +31,17 @@ std::string JobPlan::RoutesLine(ParamDelivery delivery) const {
           ? (shm_collective ? "gpu route (CPU workers: shm reduce-scatter), hostd applies each rank's shard"
                             : "gpu route (NCCL reduce-scatter), hostd applies each rank's shard")
           : (world > 1 ? "cpu (hostd sums the ranks' gradients)" : "single rank (no reduction)");
-  const char* clipping = "";
+  std::string staging;
+  const char* why = clip_by_norm && skip_nonfinite ? "clipping and skip_nonfinite"
+                    : clip_by_norm                 ? "clipping"
+                                                   : "skip_nonfinite";
   if (clip_staging == ClipStaging::kDevice) {
-    clipping = "; clipping: device staging (each rank keeps its gradient parts on its GPU until the norm is known)";
+    staging = absl::StrCat("; ", why,
+                           ": device staging (each rank keeps its gradient parts on its GPU until the norm is known)");
   } else if (clip_staging == ClipStaging::kHost) {
-    clipping = "; clipping: host staging (hostd keeps the step's gradients)";
+    staging = absl::StrCat("; ", why, ": host staging (hostd keeps the step's gradients)");
   }
-  return absl::StrCat("gradient reduction: ", reduction, "; parameter delivery: ", ToString(delivery), clipping);
+  return absl::StrCat("gradient reduction: ", reduction, "; parameter delivery: ", ToString(delivery), staging);
 }
 
 std::string JobPlan::MemoryLine() const {
@@ -60,6 +64,11 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
                                                    world, " worker(s) x train.micro_batch ", spec.micro_batch));
   }
   const bool clip = spec.max_grad_norm > 0;
+  p.clip_by_norm = clip;
+  p.skip_nonfinite = spec.skip_nonfinite;
+  // Skipping a non-finite step needs nothing applied before the whole step is known finite: the
+  // same staging as exact clipping (with coefficient 1 when not clipping).
+  const bool stage = clip || spec.skip_nonfinite;
 
   // gpu: every rank reduce-scatters each unit's gradient and posts only its own, already summed
   // shard (common/model/shard.h); hostd applies the shards as they come, summing nothing. One rank
@@ -94,19 +103,19 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
         "with grad_reduction cpu hostd sums the ranks' gradients, so only it knows the norm");
   }
   bool device_staging = false;
-  if (clip && parts_final && spec.grad_staging != GradStaging::kHost) {
+  if (stage && parts_final && spec.grad_staging != GradStaging::kHost) {
     int64_t min_device_bytes = INT64_MAX;
     for (const WorkerDevice& w : workers) min_device_bytes = std::min<int64_t>(min_device_bytes, w.memory_bytes);
     const int64_t part_bytes = PaddedNumel(layout.total_numel, world) / world * 4;
     device_staging = spec.grad_staging == GradStaging::kDevice || part_bytes <= min_device_bytes / 10 * 4;
   }
-  p.clip_staging = !clip ? ClipStaging::kNone : device_staging ? ClipStaging::kDevice : ClipStaging::kHost;
+  p.clip_staging = !stage ? ClipStaging::kNone : device_staging ? ClipStaging::kDevice : ClipStaging::kHost;
 
   // Device staging and the gpu route: one consumer per rank applies its final parts. One rank
   // without clipping: LayerAdam reads gradients straight from the ring slots (a slot is released
   // when its update is done). Otherwise hostd sums the ranks' copies in rank order.
   p.consumer = (gpu_route || device_staging) ? GradConsumerKind::kShards
-               : (!clip && world == 1)       ? GradConsumerKind::kDirect
+               : (!stage && world == 1)      ? GradConsumerKind::kDirect
                                              : GradConsumerKind::kSummed;
   // Host staging: for the clipping norm when the ranks do not bring it, or to sum the ranks' full
   // copies (cpu route). Shard consumers apply straight from the rings, so one rank with device
@@ -126,7 +135,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
                            shm::GradDtype::kF32);
   // The summing buffer is hostd's own memory (not shm); the cpu route with several ranks needs it
   // even without clipping (with clipping the plan above has it).
-  if (p.host_staging && !clip) {
+  if (p.host_staging && p.clip_staging != ClipStaging::kHost) {
     p.memory.step_staging_bytes = p.staging_bytes;
     p.memory.total_bytes += p.staging_bytes;
   }

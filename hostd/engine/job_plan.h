@@ -39,9 +39,11 @@ enum class GradConsumerKind {
   kSummed,  // the ranks' copies of each chunk summed in rank order into staging (cpu route)
 };
 
-// Where the step's gradients wait for the global clipping norm.
+// Where the step's gradients wait until the whole step is known: for the global clipping norm,
+// and with train.skip_nonfinite until the step is known finite (then without clipping the
+// coefficient is 1).
 enum class ClipStaging {
-  kNone,    // no clipping: each final chunk is applied as it arrives
+  kNone,    // no clipping, no skipping: each final chunk is applied as it arrives
   kHost,    // hostd stages the whole step (4 B/param of its memory), then applies in forward order
   kDevice,  // each rank stages its parts on its device and posts its squared norm first
 };
@@ -61,7 +63,11 @@ struct JobPlan {
   shm::GradRingConfig ring;
   JobMemoryPlan memory;  // everything admission counts, collective and staging included
 
-  bool clip() const { return clip_staging != ClipStaging::kNone; }
+  bool clip_by_norm = false;    // train.max_grad_norm > 0
+  bool skip_nonfinite = false;  // train.skip_nonfinite
+
+  // A step's updates wait until its whole gradient is known (clipping or skipping).
+  bool stages_whole_step() const { return clip_staging != ClipStaging::kNone; }
   v1::GradReduction grad_reduction() const;
   v1::GradStaging grad_staging() const;
   // What the job log says about the routes ("gradient reduction: ...; parameter delivery: ...").

@@ -56,6 +56,8 @@ void MetricsFile::Append(const StepRecord& r, absl::Time now, const JobPlan& pla
                       {"loss", m.loss()},
                       {"lr", m.learning_rate()},
                       {"grad_norm", m.grad_norm()},
+                      {"skipped", m.skipped()},
+                      {"skipped_steps", m.skipped_steps()},
                       {"tokens", r.tokens},
                       {"step_time_s", m.step_time_s()},
                       {"tokens_per_s", m.tokens_per_s()},

@@ -1,56 +1,92 @@
 // StepUpdates: one step's LayerAdam updates and gate openings; see step_updates.h.
 #include "hostd/engine/step_updates.h"
 
+#include <cmath>
+#include <optional>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace slidedp::hostd {
 
 StepUpdates::StepUpdates(update::LayerAdam& adam, absl::Span<const update::UnitMemory> memory,
-                         update::UnitTracker& tracker, const update::AdamWStepParams& params,
-                         std::atomic<uint64_t>* updating_step)
-    : adam_(adam), memory_(memory), tracker_(tracker), params_(params), updating_step_(updating_step) {}
+                         update::UnitTracker& tracker, int64_t version, const update::AdamWStepParams& params,
+                         const ModelLayout* layout, std::atomic<uint64_t>* updating_step)
+    : adam_(adam),
+      memory_(memory),
+      tracker_(tracker),
+      version_(version),
+      params_(params),
+      layout_(layout),
+      updating_step_(updating_step) {}
 
 StepUpdates::~StepUpdates() { (void)Drain(); }
 
 absl::Status StepUpdates::Apply(int u, int64_t offset, int64_t numel, float grad_scale, const float* grad,
-                                shm::GradRing* release_ring, uint32_t release_slot) {
+                                shm::GradRing* release_ring, uint32_t release_slot, update::NonFiniteGrad check,
+                                std::string origin) {
   // Registered before submission: a range outside the unit, or one already updated this step,
   // is refused here (a worker that posted it is broken).
-  absl::StatusOr<std::function<void(absl::Status)>> unit_done = tracker_.Track(u, params_.step, offset, numel);
+  absl::StatusOr<std::function<void(absl::Status)>> unit_done = tracker_.Track(u, version_, offset, numel);
   if (!unit_done.ok()) {
     if (release_ring != nullptr) (void)release_ring->Release(release_slot);
     return absl::InternalError(unit_done.status().message());
   }
   update::AdamWStepParams p = params_;
   p.grad_scale = grad_scale;
+  p.nonfinite_grad = check;
   {
     absl::MutexLock l(&mu_);
     pending_++;
     if (first_submit_ == absl::InfiniteFuture()) {
       first_submit_ = absl::Now();
       // Before LayerAdam writes anything of this step (its queue orders the store before).
-      if (updating_step_ != nullptr) updating_step_->store(static_cast<uint64_t>(params_.step));
+      if (updating_step_ != nullptr) updating_step_->store(static_cast<uint64_t>(version_));
     }
   }
-  absl::Status submitted =
-      adam_.SubmitChunk(memory_[u], offset, numel, grad, p,
-                        [this, release_ring, release_slot, done = std::move(*unit_done)](absl::Status s) {
-                          if (release_ring != nullptr) {
-                            absl::Status released = release_ring->Release(release_slot);
-                            if (s.ok()) s = released;
-                          }
-                          done(s);  // the unit's gate opens when this was its last range
-                          absl::MutexLock l(&mu_);
-                          if (!s.ok() && first_error_.ok()) first_error_ = s;
-                          pending_--;
-                        });
+  absl::Status submitted = adam_.SubmitChunk(
+      memory_[u], offset, numel, grad, p,
+      [this, u, release_ring, release_slot, origin = std::move(origin), done = std::move(*unit_done)](absl::Status s) {
+        if (release_ring != nullptr) {
+          absl::Status released = release_ring->Release(release_slot);
+          if (s.ok()) s = released;
+        }
+        if (std::optional<update::NonFiniteGradElement> e = update::NonFiniteGradOf(s)) {
+          s = NonFiniteError(u, *e, origin);
+        }
+        done(s);  // the unit's gate opens when this was its last range
+        absl::MutexLock l(&mu_);
+        if (!s.ok() && first_error_.ok()) first_error_ = s;
+        pending_--;
+      });
   if (!submitted.ok()) {  // `done` will not run
     absl::MutexLock l(&mu_);
     pending_--;
   }
   return submitted;
+}
+
+absl::Status StepUpdates::NonFiniteError(int u, const update::NonFiniteGradElement& e,
+                                         const std::string& origin) const {
+  const UnitLayout* unit = layout_ != nullptr && u < layout_->num_units() ? &layout_->units[u] : nullptr;
+  const char* value = std::isnan(e.value) ? "NaN" : e.value > 0 ? "inf" : "-inf";
+  return absl::DataLossError(absl::StrCat(
+      "step ", version_, ": gradient of unit ", u, unit != nullptr ? absl::StrCat(" (", unit->name, ")") : "",
+      " is not finite: ", unit != nullptr ? DescribeUnitElement(*unit, e.offset) : absl::StrCat("element ", e.offset),
+      " is ", value, origin.empty() ? "" : absl::StrCat(" (posted by ", origin, ", found as it was applied)"),
+      "; the parts applied before it keep this step's update"));
+}
+
+absl::Status StepUpdates::Skip(int u, int64_t offset, int64_t numel) {
+  if (before_first_skip_) {
+    before_first_skip_();
+    before_first_skip_ = nullptr;
+  }
+  absl::StatusOr<std::function<void(absl::Status)>> unit_done = tracker_.Track(u, version_, offset, numel);
+  if (!unit_done.ok()) return absl::InternalError(unit_done.status().message());
+  (*unit_done)(absl::OkStatus());  // the unit's gate opens when this was its last range
+  return absl::OkStatus();
 }
 
 absl::Status StepUpdates::Drain() {

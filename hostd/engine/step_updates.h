@@ -1,7 +1,8 @@
 // StepUpdates: the LayerAdam updates of one optimizer step.
 //
-// Apply() submits a range of a unit to LayerAdam; the job's UnitTracker (hostd/update) knows
-// when every element of the unit is updated and then opens its version gate (t+1), so the
+// Apply() submits a range of a unit to LayerAdam (Skip() marks one done unchanged); the job's
+// UnitTracker (hostd/update) knows when every element of the unit is done and then opens its
+// version gate (t+1), so the
 // workers' next forward can read it while later units are still being updated. A gradient read
 // straight from a ring slot releases that slot once its update is done. Drain() (also run by the
 // destructor: updates may read staging or ring memory) waits for every submitted update.
@@ -9,12 +10,15 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/model/qwen3_config.h"
 #include "hostd/update/adamw_kernels.h"
 #include "hostd/update/layer_adam.h"
 #include "hostd/update/unit_tracker.h"
@@ -24,30 +28,49 @@ namespace slidedp::hostd {
 
 class StepUpdates {
  public:
-  // `params.step` is the 1-based step the updates make (the gates open at version params.step).
-  // `updating_step` (the job state's word, may be null) is set to params.step before the first
-  // update begins: a restarted hostd then knows the state may be half updated.
+  // `version`: the 1-based optimizer step these updates make (every unit's gate opens at it when
+  // its elements are done). `params.step` is AdamW's step count for the bias correction, which
+  // counts only applied updates: version minus the steps skipped before (train.skip_nonfinite).
+  // `layout` (may be null) names units and tensors in errors. `updating_step` (the job state's
+  // word, may be null) is set to `version` before the first update begins: a restarted hostd then
+  // knows the state may be half updated.
   StepUpdates(update::LayerAdam& adam, absl::Span<const update::UnitMemory> memory, update::UnitTracker& tracker,
-              const update::AdamWStepParams& params, std::atomic<uint64_t>* updating_step = nullptr);
+              int64_t version, const update::AdamWStepParams& params, const ModelLayout* layout = nullptr,
+              std::atomic<uint64_t>* updating_step = nullptr);
   ~StepUpdates();
   StepUpdates(const StepUpdates&) = delete;
   StepUpdates& operator=(const StepUpdates&) = delete;
 
   // Updates [offset, offset + numel) of unit u with grad_scale * grad (grad: numel floats that
   // stay valid until the update is done). With `release_ring`, its `release_slot` is released
-  // once the update has read it.
+  // once the update has read it. With `check` kRefuse LayerAdam checks the gradient as it
+  // updates (hostd has not seen it: device staging) and stops at a NaN or inf: the step's Drain
+  // is then DATA_LOSS naming the step, unit, element and `origin` (the worker that posted it).
   absl::Status Apply(int u, int64_t offset, int64_t numel, float grad_scale, const float* grad,
-                     shm::GradRing* release_ring = nullptr, uint32_t release_slot = 0);
+                     shm::GradRing* release_ring = nullptr, uint32_t release_slot = 0,
+                     update::NonFiniteGrad check = update::NonFiniteGrad::kApply, std::string origin = "");
+  // Marks [offset, offset + numel) of unit u done for this step without changing it (a skipped
+  // step): the unit's gate opens when all its elements are done, applied or skipped. INTERNAL for
+  // a range outside the unit or one already done this step.
+  // Runs once, before the first Skip() of the step opens any gate (hostd counts the skipped step in
+  // the job state there, so a restarted hostd never sees the gates of a skipped step without it).
+  void SetBeforeFirstSkip(std::function<void()> fn) { before_first_skip_ = std::move(fn); }
+  absl::Status Skip(int u, int64_t offset, int64_t numel);
   // Waits for every submitted update; the first error of any of them.
   absl::Status Drain();
   // When the step's first update was submitted (InfiniteFuture before any).
   absl::Time first_submit() const;
 
  private:
+  absl::Status NonFiniteError(int u, const update::NonFiniteGradElement& e, const std::string& origin) const;
+
   update::LayerAdam& adam_;
   absl::Span<const update::UnitMemory> memory_;
   update::UnitTracker& tracker_;
+  const int64_t version_;
   const update::AdamWStepParams params_;
+  const ModelLayout* layout_;
+  std::function<void()> before_first_skip_;
   std::atomic<uint64_t>* const updating_step_;
   mutable absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;

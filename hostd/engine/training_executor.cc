@@ -88,21 +88,46 @@ absl::Status CheckOutputDir(const std::string& dir) {
   }
 }
 
-// train.epochs: the step count follows from the dataset's rows; the workers get it resolved.
-absl::Status ResolveSteps(JobContext& ctx, JobSpec& spec) {
-  if (spec.steps > 0) return absl::OkStatus();
-  data::ReaderOptions dopt;
-  dopt.verify_checksums = data::VerifyChecksums::kNo;
-  ASSIGN_OR_RETURN(auto dataset, data::DatasetReader::Open(spec.data_path, dopt));
-  spec.steps = StepsOf(spec, dataset->num_rows());
-  const double epochs = spec.epochs;
-  spec.epochs = 0;
-  ctx.Log(absl::StrCat(epochs, " epoch(s) of ", dataset->num_rows(), " rows in batches of ", spec.global_batch, " = ",
-                       spec.steps, " steps"));
-  return absl::OkStatus();
-}
-
 }  // namespace
+
+absl::StatusOr<std::vector<data::FileIdentity>> TrainingExecutor::VerifyDataset(JobContext& ctx, JobSpec& spec,
+                                                                                int64_t model_vocab) {
+  // Once per job: a restarted attempt whose files still have the identities the first attempt
+  // verified skips the content pass (Open with expected_files compares them, reads the offsets).
+  data::ReaderOptions dopt;
+  dopt.model_vocab_size = model_vocab;
+  dopt.verify_checksums = data::VerifyChecksums::kYes;
+  const bool cached = verified_.job_id == ctx.job_id() && verified_.data_path == spec.data_path;
+  if (cached) dopt.expected_files = verified_.files;
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<std::unique_ptr<data::DatasetReader>> dataset = data::DatasetReader::Open(spec.data_path, dopt);
+  if (cached && absl::IsDataLoss(dataset.status())) {  // changed since: verify it again, whole
+    ctx.Log(absl::StrCat("dataset changed since the job's first attempt verified it (", dataset.status().message(),
+                         "); verifying it again"));
+    dopt.expected_files.clear();
+    dataset = data::DatasetReader::Open(spec.data_path, dopt);
+  }
+  if (!dataset.ok()) return dataset.status();
+  const data::DatasetReader& d = **dataset;
+  if (dopt.expected_files.empty()) {
+    uint64_t bytes = 0;
+    for (const data::FileIdentity& f : d.file_identities()) bytes += static_cast<uint64_t>(f.size);
+    const double s = absl::ToDoubleSeconds(absl::Now() - t0);
+    ctx.Log(
+        absl::StrFormat("dataset %s verified: %d files, %.3f GB, CRC-32, token ids and loss mask in %.2f s "
+                        "(%.2f GB/s)",
+                        spec.data_path, data::kNumBinFiles, bytes / 1e9, s, s > 0 ? bytes / 1e9 / s : 0.0));
+    verified_ = {ctx.job_id(), spec.data_path, d.file_identities()};
+  }
+  if (spec.steps == 0) {  // train.epochs: the step count follows from the rows; the workers get it resolved
+    spec.steps = StepsOf(spec, d.num_rows());
+    const double epochs = spec.epochs;
+    spec.epochs = 0;
+    ctx.Log(absl::StrCat(epochs, " epoch(s) of ", d.num_rows(), " rows in batches of ", spec.global_batch, " = ",
+                         spec.steps, " steps"));
+  }
+  return d.file_identities();
+}
 
 // One attempt of a job: what its steps need, and the segments its end releases.
 struct TrainingExecutor::Attempt {
@@ -119,6 +144,8 @@ struct TrainingExecutor::Attempt {
   std::vector<std::unique_ptr<shm::GradRing>> rings;
   std::unique_ptr<shm::ShmCollective> collective;
   std::vector<update::UnitMemory> memory;  // per unit, placed on its LayerAdam threads' node
+  // Per unit, its tensors' element ranges: LayerAdam updates these and never the padding.
+  std::vector<std::vector<update::ElementRange>> tensor_ranges;
   int64_t first_step = 0;
   std::optional<update::LrSchedule> schedule;
   std::unique_ptr<update::UnitTracker> tracker;  // opens each unit's gate when its update is done
@@ -127,6 +154,8 @@ struct TrainingExecutor::Attempt {
   std::unique_ptr<GradConsumer> consumer;
   std::unique_ptr<MetricsFile> metrics;
   std::string last_checkpoint;
+  std::vector<data::FileIdentity> dataset_files;  // as verified at the attempt's start
+  int64_t skipped_steps = 0;                      // train.skip_nonfinite: steps that changed nothing
   absl::Time run_start, step_start;
   bool poolable = false;  // the job succeeded and every worker reported its end
 };
@@ -158,11 +187,13 @@ absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
                                                    " exceeds the model's max_position_embeddings ",
                                                    config.max_position_embeddings));
   }
-  // The dataset is checked here, before any host state is allocated: manifest, file sizes
-  // (truncation is DATA_LOSS), and token ids against the model's vocabulary.
+  // The dataset is checked here, at submit: manifest, file sizes (truncation is DATA_LOSS), token
+  // ids against the model's vocabulary, the loss mask. Its CRC-32s are verified when the job
+  // starts (VerifyDataset): the files may change while it is queued, and a large dataset must
+  // not stall this gRPC handler twice.
   data::ReaderOptions dopt;
   dopt.model_vocab_size = config.vocab_size;
-  dopt.verify_checksums = data::VerifyChecksums::kNo;  // a full read; sizes and ranges catch truncation
+  dopt.verify_checksums = data::VerifyChecksums::kNo;
   ASSIGN_OR_RETURN(auto dataset, data::DatasetReader::Open(spec.data_path, dopt));
   if (dataset->num_rows() < spec.global_batch) {
     return absl::InvalidArgumentError(absl::StrCat("data.path: the dataset has ", dataset->num_rows(),
@@ -305,9 +336,14 @@ absl::Status TrainingExecutor::CreateSegments(JobContext& ctx, Attempt& a) {
   for (int u = 0; u < num_units; ++u) unit_bytes[u] = a.layout.units[u].numel * 14;
   const std::vector<int> placement = a.adam->AssignNumaNodes(unit_bytes);
   shm::JobState& js = *a.job_state;
+  a.tensor_ranges.resize(num_units);
   for (int u = 0; u < num_units; ++u) {
+    for (const TensorSlot& t : a.layout.units[u].tensors) {
+      a.tensor_ranges[u].push_back({t.offset_numel, t.offset_numel + t.numel});
+    }
     a.memory.push_back(
         update::UnitMemory{js.master(u), js.m(u), js.v(u), js.mirror(u), a.layout.units[u].numel, placement[u]});
+    a.memory.back().tensors = a.tensor_ranges[u];
     if (a.adam->num_numa_nodes() > 1) RETURN_IF_ERROR(a.adam->FirstTouch(a.memory.back()));
   }
   return absl::OkStatus();
@@ -343,6 +379,16 @@ absl::Status TrainingExecutor::SendAssignments(JobContext& ctx, const Attempt& a
     as->set_grad_staging(a.plan.grad_staging());
     if (a.collective) as->set_collective_segment(a.collective->segment_name());
     if (world > 1) as->set_membership_key(membership_key);
+    for (int f = 0; f < data::kNumBinFiles; ++f) {
+      const data::FileIdentity& id = a.dataset_files[f];
+      v1::DatasetFile* df = as->add_dataset_files();
+      df->set_name(data::BinFileName(f));
+      df->set_dev(id.dev);
+      df->set_inode(id.ino);
+      df->set_size(id.size);
+      df->set_mtime_ns(id.mtime_ns);
+      df->set_ctime_ns(id.ctime_ns);
+    }
     if (!ctx.workers()[r]->commands().Push(cmd))
       return absl::UnavailableError("a worker disconnected before its assignment");
   }
@@ -359,9 +405,13 @@ absl::Status TrainingExecutor::SaveCheckpoint(JobContext& ctx, Attempt& a, int64
   req.weight_dtype =
       a.spec.save_dtype == SaveDtype::kF32 ? checkpoint::WeightDtype::kF32 : checkpoint::WeightDtype::kBF16;
   req.keep_last = static_cast<int>(a.spec.keep_last);
-  req.trainer_state = {{"step", steps_done},         {"job_id", ctx.job_id()},
-                       {"data_seed", a.spec.seed},   {"init_seed", a.spec.init_seed},
-                       {"world_size", a.plan.world}, {"spec", a.spec.ToYaml()}};
+  req.trainer_state = {{"step", steps_done},
+                       {"job_id", ctx.job_id()},
+                       {"data_seed", a.spec.seed},
+                       {"init_seed", a.spec.init_seed},
+                       {"world_size", a.plan.world},
+                       {"spec", a.spec.ToYaml()},
+                       {"skipped_steps", a.skipped_steps}};
   ASSIGN_OR_RETURN(auto result, checkpoint::SaveCheckpoint(req));
   a.last_checkpoint = result.dir;
   ctx.SetLastCheckpoint(result.dir);
@@ -373,14 +423,23 @@ absl::Status TrainingExecutor::SaveCheckpoint(JobContext& ctx, Attempt& a, int64
 
 absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
   update::AdamWStepParams params;
-  params.lr = a.schedule->LrAt(t);
+  params.lr = a.schedule->LrAt(t);  // the schedule follows the global step, skipped ones included
   params.beta1 = a.spec.beta1;
   params.beta2 = a.spec.beta2;
   params.eps = a.spec.eps;
   params.weight_decay = a.spec.weight_decay;
-  params.step = t + 1;
-  StepUpdates updates(*a.adam, a.memory, *a.tracker, params, &a.job_state->updating_step());
+  params.step = t + 1 - a.skipped_steps;  // Adam's bias correction counts applied updates only
+  StepUpdates updates(*a.adam, a.memory, *a.tracker, t + 1, params, &a.layout, &a.job_state->updating_step());
+  updates.SetBeforeFirstSkip([&a] { a.job_state->skipped_steps_counter().store(a.skipped_steps + 1); });
   ASSIGN_OR_RETURN(StepGradients grads, a.consumer->ConsumeStep(t, t == a.first_step, updates));
+  if (grads.skipped) {
+    a.job_state->skipped_steps_counter().store(++a.skipped_steps);
+    const std::string line =
+        absl::StrCat("warning: step ", t + 1, " skipped (train.skip_nonfinite): ", grads.skipped_because,
+                     "; weights and Adam moments unchanged, ", a.skipped_steps, " step(s) skipped so far");
+    LOG(WARNING) << "job " << ctx.job_id() << ": " << line;
+    ctx.Log(line);
+  }
   const absl::Time t_tail = absl::Now();
   RETURN_IF_ERROR(updates.Drain());
   const absl::Time t_updated = absl::Now();
@@ -393,6 +452,8 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
 
   // Metrics: wait (briefly) for every rank's StepDone of this step.
   ASSIGN_OR_RETURN(std::vector<v1::StepDone> reports, a.reports->WaitForStep(t, absl::Seconds(30)));
+  // (A non-finite loss fails the job in WorkerReports as it arrives; skipping jobs checked it
+  // before the step's updates.)
   const absl::Time now = absl::Now();
   const double step_s = absl::ToDoubleSeconds(now - a.step_start);
   a.step_start = now;
@@ -401,6 +462,8 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
                                      static_cast<int64_t>(a.plan.memory.total_bytes));
   const double elapsed = absl::ToDoubleSeconds(now - a.run_start);
   record.metrics.set_eta_s(elapsed / (t + 1 - a.first_step) * (a.spec.steps - t - 1));
+  record.metrics.set_skipped(grads.skipped);
+  record.metrics.set_skipped_steps(a.skipped_steps);
   ctx.ReportStep(record.metrics);
   a.metrics->Append(record, now, a.plan, a.spec, a.consumer->staging_bytes_held());
   return absl::OkStatus();
@@ -409,13 +472,16 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
 absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   const absl::Time attempt_start = absl::Now();
   JobSpec spec = ctx.spec();
-  RETURN_IF_ERROR(ResolveSteps(ctx, spec));
   ASSIGN_OR_RETURN(Qwen3Config config, ModelConfigOf(spec));
+  // Every dataset file's checksum (and ids, and mask), before any host state is allocated: a
+  // flipped bit would otherwise train. Here, not at submit: a large dataset takes seconds.
+  ASSIGN_OR_RETURN(std::vector<data::FileIdentity> dataset_files, VerifyDataset(ctx, spec, config.vocab_size));
   ModelLayout layout = ModelLayout::Build(config);
   std::vector<v1::WorkerHello> hellos;
   for (const auto& w : ctx.workers()) hellos.push_back(w->hello());
   ASSIGN_OR_RETURN(JobPlan plan, PlanJob(spec, layout, WorkerDevicesOf(hellos)));
   Attempt a(std::move(spec), std::move(layout), std::move(plan));
+  a.dataset_files = std::move(dataset_files);
 
   // ---- admission, host state, rings ----
   absl::Cleanup keep_pool = [&] { pool_.PutBack(std::move(a.pooled)); };  // refused before adopting it
@@ -427,6 +493,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   if (a.shm_step) {
     // The state the dead hostd left holds exactly shm_step steps: nothing to load.
     a.first_step = *a.shm_step;
+    a.skipped_steps = static_cast<int64_t>(a.job_state->skipped_steps_counter().load());
     a.job_state->step_counter().store(static_cast<uint64_t>(a.first_step));
     ctx.Log(
         absl::StrFormat("resumed from shared memory at step %d (the state the previous hostd left; no checkpoint "
@@ -438,8 +505,10 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
       return absl::OkStatus();
     }
   } else {
-    ASSIGN_OR_RETURN(a.first_step,
+    ASSIGN_OR_RETURN(InitialState initial,
                      WriteInitialState(ctx, a.spec, a.layout, *a.job_state, a.reused_state, a.bulk_threads));
+    a.first_step = initial.first_step;
+    a.skipped_steps = initial.skipped_steps;
     ctx.Log(absl::StrFormat("host state ready in %.2f s after the job started (%s)",
                             absl::ToDoubleSeconds(absl::Now() - attempt_start),
                             a.reused_state ? "pooled segment" : "new segment"));
@@ -458,11 +527,25 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
         if (s.ok()) js->version(u).Publish(static_cast<uint32_t>(step));  // the unit's next forward may read it
       },
       a.first_step);
-  a.reports = std::make_unique<WorkerReports>(ctx, *a.job_state);
-  a.grad_rings =
-      std::make_unique<GradRings>(a.rings, *a.reports, *a.job_state, absl::Milliseconds(a.spec.step_timeout_ms));
+  const NonFinitePolicy policy = a.spec.skip_nonfinite ? NonFinitePolicy::kSkip : NonFinitePolicy::kFail;
+  a.reports = std::make_unique<WorkerReports>(ctx, *a.job_state, a.first_step, a.spec.steps, policy);
+  const absl::Duration step_timeout = absl::Milliseconds(a.spec.step_timeout_ms);
+  a.grad_rings = std::make_unique<GradRings>(a.rings, *a.reports, *a.job_state, step_timeout);
+  // Skipping jobs check every rank's loss before a step's updates (the workers send it before
+  // their step's last gradients, so waiting for it never waits on hostd).
+  WorkerReports* reports = a.reports.get();
+  LossCheck loss_check = [reports, step_timeout](int64_t t) -> absl::StatusOr<std::string> {
+    ASSIGN_OR_RETURN(std::vector<double> losses, reports->WaitForLosses(t, step_timeout));
+    for (size_t r = 0; r < losses.size(); ++r) {
+      if (!std::isfinite(losses[r])) {
+        return absl::StrCat("loss is ", NonFiniteName(losses[r]), " on ", reports->WorkerName(static_cast<int>(r)));
+      }
+    }
+    return std::string();
+  };
   a.consumer = std::make_unique<GradConsumer>(a.plan, a.layout, *a.grad_rings, a.spec.max_grad_norm,
-                                              std::clamp(a.adam->num_threads(), 1, 8), ctx.job_id());
+                                              std::clamp(a.adam->num_threads(), 1, 8), ctx.job_id(), policy,
+                                              std::move(loss_check));
   a.consumer->AllocateStaging(a.bulk_threads);
 
   // ---- the workers start ----

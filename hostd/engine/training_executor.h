@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "common/data/dataset.h"
 #include "hostd/core/host_core.h"
 #include "hostd/engine/host_state_pool.h"
 #include "hostd/update/layer_adam.h"
@@ -44,6 +45,10 @@ class TrainingExecutor : public JobExecutor {
   struct Attempt;  // one attempt's state and segments (training_executor.cc)
 
   absl::Status RunAttempt(JobContext& ctx);
+  // Opens the dataset with every check (CRC-32 of each file, token ids against the model's
+  // vocabulary, the loss mask; DATA_LOSS naming the file) and returns its files' identities for
+  // the workers. Resolves train.epochs into steps. Once per job (see verified_).
+  absl::StatusOr<std::vector<data::FileIdentity>> VerifyDataset(JobContext& ctx, JobSpec& spec, int64_t model_vocab);
   // Admission (with the pooled segment's bytes counted as available), then the job's state
   // segment: the pooled one adopted, or a new one.
   absl::Status AcquireState(JobContext& ctx, Attempt& a);
@@ -75,6 +80,12 @@ class TrainingExecutor : public JobExecutor {
   };
   // Taken over from a dead hostd, by job id, until that job runs.
   std::map<std::string, AdoptedState> adopted_ ABSL_GUARDED_BY(mu_);
+  // The last dataset verified, and for which job: its later attempts compare identities only.
+  // Only the job-runner thread touches it.
+  struct VerifiedDataset {
+    std::string job_id, data_path;
+    std::vector<data::FileIdentity> files;
+  } verified_;
 };
 
 }  // namespace slidedp::hostd

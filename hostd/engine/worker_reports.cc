@@ -2,17 +2,42 @@
 #include "hostd/engine/worker_reports.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 
 namespace slidedp::hostd {
 
-WorkerReports::WorkerReports(JobContext& ctx, shm::JobState& job_state)
-    : ctx_(ctx), job_state_(job_state), world_(static_cast<int>(ctx.workers().size())), finished_(world_, false) {}
+std::string NonFiniteName(double x) {
+  if (std::isnan(x)) return "NaN";
+  return x > 0 ? "inf" : "-inf";
+}
+
+WorkerReports::WorkerReports(JobContext& ctx, shm::JobState& job_state, int64_t first_step, int64_t total_steps,
+                             NonFinitePolicy policy)
+    : ctx_(ctx),
+      job_state_(job_state),
+      world_(static_cast<int>(ctx.workers().size())),
+      first_step_(first_step),
+      total_steps_(total_steps),
+      policy_(policy),
+      next_step_(first_step),
+      finished_(world_, false) {}
 
 bool WorkerReports::CurrentJob(const std::string& job_id, int attempt) const {
   return job_id == ctx_.job_id() && attempt == ctx_.attempt();
+}
+
+std::string WorkerReports::WorkerName(int rank) const {
+  if (rank < 0 || rank >= world_) return absl::StrCat("rank ", rank);
+  return absl::StrCat("worker ", ctx_.workers()[rank]->id(), " (rank ", rank, ")");
+}
+
+absl::Status WorkerReports::Misbehaved(int rank, const std::string& what) {
+  job_state_.RaiseAbort(shm::AbortReason::kInternal);
+  return absl::InternalError(absl::StrCat(WorkerName(rank), " ", what));
 }
 
 absl::Status WorkerReports::OnCommId(int rank, const v1::CommId& id) {
@@ -22,24 +47,55 @@ absl::Status WorkerReports::OnCommId(int rank, const v1::CommId& id) {
     *c.mutable_comm_id() = id;
     if (!ctx_.workers()[k]->commands().Push(c)) {
       job_state_.RaiseAbort(shm::AbortReason::kPeerDied);
-      return absl::UnavailableError(
-          absl::StrCat("worker ", ctx_.workers()[k]->id(), " (rank ", k, ") disconnected before its communicator id"));
+      return absl::UnavailableError(absl::StrCat(WorkerName(k), " disconnected before its communicator id"));
     }
   }
   return absl::OkStatus();
 }
 
-void WorkerReports::OnStepDone(const v1::StepDone& done) {
-  if (CurrentJob(done.job_id(), done.attempt())) steps_[done.step()].push_back(done);
+absl::Status WorkerReports::OnStepLoss(int rank, int64_t step, double loss_sum, const char* report) {
+  if (step < first_step_ || step >= total_steps_ || step > next_step_ + kReportWindowSteps) {
+    return Misbehaved(rank,
+                      absl::StrCat("reported ", report, " for step ", step, " (0-based), outside the steps [",
+                                   std::max(first_step_, next_step_), ", ",
+                                   std::min(total_steps_, next_step_ + kReportWindowSteps + 1), ") it may report now"));
+  }
+  if (step < next_step_) return absl::OkStatus();  // late: the step's metrics are taken already
+  auto [it, inserted] = losses_[step].emplace(rank, loss_sum);
+  if (!inserted && it->second != loss_sum && !(std::isnan(it->second) && std::isnan(loss_sum))) {
+    return Misbehaved(rank,
+                      absl::StrCat("reported two losses for step ", step + 1, ": ", it->second, " and ", loss_sum));
+  }
+  if (!std::isfinite(loss_sum) && policy_ == NonFinitePolicy::kFail) {
+    job_state_.RaiseAbort(shm::AbortReason::kInternal);
+    return absl::DataLossError(absl::StrCat("step ", step + 1, ": loss is ", NonFiniteName(loss_sum), " on ",
+                                            WorkerName(rank), " (train.skip_nonfinite: true skips such steps)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerReports::OnStepDone(int rank, const v1::StepDone& done) {
+  if (!CurrentJob(done.job_id(), done.attempt())) return absl::OkStatus();
+  if (absl::Status s = OnStepLoss(rank, done.step(), done.loss_sum(), "StepDone"); !s.ok()) return s;
+  if (done.step() < next_step_) return absl::OkStatus();
+  if (!steps_[done.step()].emplace(rank, done).second) {
+    return Misbehaved(rank, absl::StrCat("reported step ", done.step() + 1, " done twice"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status WorkerReports::OnJobFinished(int rank, const v1::JobFinished& finished) {
   if (!CurrentJob(finished.job_id(), finished.attempt())) return absl::OkStatus();
   finished_[rank] = true;
   if (finished.code() == 0) return absl::OkStatus();
+  worker_failure_seen_.store(true, std::memory_order_release);
   job_state_.RaiseAbort(shm::AbortReason::kWorkerFailed);
-  return absl::Status(static_cast<absl::StatusCode>(finished.code()),
-                      absl::StrCat("worker ", ctx_.workers()[rank]->id(), " (rank ", rank, "): ", finished.message()));
+  // Only the standard codes (1..16) map to a status; anything else is UNKNOWN with the number.
+  const bool known = finished.code() > 0 && finished.code() <= static_cast<int>(absl::StatusCode::kUnauthenticated);
+  const absl::StatusCode code = known ? static_cast<absl::StatusCode>(finished.code()) : absl::StatusCode::kUnknown;
+  return absl::Status(
+      code, absl::StrCat(WorkerName(rank), ": ", known ? "" : absl::StrCat("(status code ", finished.code(), ") "),
+                         finished.message()));
 }
 
 absl::Status WorkerReports::Poll() {
@@ -47,18 +103,23 @@ absl::Status WorkerReports::Poll() {
   for (int r = 0; r < world_; ++r) {
     const auto& w = ctx_.workers()[r];
     while (auto rep = w->reports().Pop(absl::ZeroDuration())) {
+      absl::Status s;
       if (rep->has_comm_id()) {
-        if (absl::Status s = OnCommId(r, rep->comm_id()); !s.ok()) return s;
+        s = OnCommId(r, rep->comm_id());
+      } else if (rep->has_step_loss()) {
+        const v1::StepLoss& loss = rep->step_loss();
+        if (CurrentJob(loss.job_id(), loss.attempt())) s = OnStepLoss(r, loss.step(), loss.loss_sum(), "StepLoss");
       } else if (rep->has_step_done()) {
-        OnStepDone(rep->step_done());
+        s = OnStepDone(r, rep->step_done());
       } else if (rep->has_job_finished()) {
-        if (absl::Status s = OnJobFinished(r, rep->job_finished()); !s.ok()) return s;
+        s = OnJobFinished(r, rep->job_finished());
       }
+      if (!s.ok()) return s;
     }
     if (w->gone() && !finished_[r]) {
       job_state_.RaiseAbort(shm::AbortReason::kPeerDied);
       return absl::UnavailableError(
-          absl::StrCat("worker ", w->id(), " (rank ", r, ", pid ", w->hello().pid(), ") disconnected during the job"));
+          absl::StrCat(WorkerName(r), ", pid ", w->hello().pid(), ", disconnected during the job"));
     }
   }
   return absl::OkStatus();
@@ -74,10 +135,39 @@ absl::StatusOr<std::vector<v1::StepDone>> WorkerReports::WaitForStep(int64_t t, 
       if ((it != steps_.end() && static_cast<int>(it->second.size()) >= world_) || absl::Now() >= deadline) {
         std::vector<v1::StepDone> out;
         if (it != steps_.end()) {
-          out = std::move(it->second);
-          steps_.erase(it);
+          for (auto& [rank, done] : it->second) out.push_back(std::move(done));  // rank order
         }
+        steps_.erase(steps_.begin(), steps_.upper_bound(t));
+        losses_.erase(losses_.begin(), losses_.upper_bound(t));
+        next_step_ = std::max(next_step_, t + 1);
         return out;
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
+absl::StatusOr<std::vector<double>> WorkerReports::WaitForLosses(int64_t t, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    if (absl::Status s = Poll(); !s.ok()) return s;
+    {
+      absl::MutexLock l(&mu_);
+      auto it = losses_.find(t);
+      if (it != losses_.end() && static_cast<int>(it->second.size()) >= world_) {
+        std::vector<double> out;
+        for (const auto& [rank, loss] : it->second) out.push_back(loss);
+        return out;
+      }
+      if (absl::Now() >= deadline) {
+        std::vector<std::string> missing;
+        for (int r = 0; r < world_; ++r) {
+          if (it == losses_.end() || !it->second.count(r)) missing.push_back(WorkerName(r));
+        }
+        job_state_.RaiseAbort(shm::AbortReason::kInternal);
+        return absl::DeadlineExceededError(absl::StrCat("step ", t + 1, ": no loss from ", absl::StrJoin(missing, ", "),
+                                                        " for ", absl::FormatDuration(timeout),
+                                                        " (runtime.step_timeout_ms)"));
       }
     }
     absl::SleepFor(absl::Milliseconds(1));

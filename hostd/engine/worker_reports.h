@@ -3,19 +3,29 @@
 // Poll() drains every rank's report channel without blocking:
 // - comm_id (rank 0 made its NCCL communicator's unique id): forwarded unchanged to ranks
 //   1..R-1, which wait for it before ncclCommInitRank; ids of other jobs or attempts are stale;
-// - step_done: kept per step for the step's metrics (TakeStep);
+// - step_loss (sent before the step's last gradients) and step_done: kept per step and rank, for
+//   the finiteness check of the loss and the step's metrics (TakeStep);
 // - job_finished: the rank is done; a non-zero code fails the job with the worker's status;
 // and a rank whose session is gone before it finished fails the job with UNAVAILABLE. Every
 // failure raises the job's abort word first, so no other party waits out a timeout.
+//
+// Nothing a worker sends is trusted: a step outside the job's [first_step, total_steps), a step
+// reported twice by one rank, a step far ahead of the one hostd is at (kReportWindowSteps), or
+// a status code that is not one is INTERNAL naming the worker
+// (its id and rank). A non-finite loss fails the job with DATA_LOSS naming the step and rank,
+// unless the job skips such steps (train.skip_nonfinite: the executor decides, WaitForLosses).
 // Reports of earlier jobs or attempts are dropped. Poll() may be called from several threads.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "hostd/core/host_core.h"
@@ -23,31 +33,64 @@
 
 namespace slidedp::hostd {
 
+// What a non-finite loss or gradient does to a job (train.skip_nonfinite).
+enum class NonFinitePolicy {
+  kFail,  // DATA_LOSS naming the step and where
+  kSkip,  // the step changes nothing; the job goes on
+};
+
 class WorkerReports {
  public:
-  WorkerReports(JobContext& ctx, shm::JobState& job_state);
+  static constexpr int64_t kReportWindowSteps = 8;
+
+  // Steps of this attempt are [first_step, total_steps) (0-based).
+  WorkerReports(JobContext& ctx, shm::JobState& job_state, int64_t first_step, int64_t total_steps,
+                NonFinitePolicy policy);
 
   absl::Status Poll();
   // Polls until every rank reported step `t` (0-based) or `timeout` passes; then returns what came.
   absl::StatusOr<std::vector<v1::StepDone>> WaitForStep(int64_t t, absl::Duration timeout);
+  // Polls until every rank reported its loss of step `t` (StepLoss, or StepDone), in rank order;
+  // DEADLINE_EXCEEDED naming the ranks still missing after `timeout`.
+  absl::StatusOr<std::vector<double>> WaitForLosses(int64_t t, absl::Duration timeout);
   // Polls until every rank reported the end of the job or `timeout` passes.
   absl::Status WaitForEnd(absl::Duration timeout);
   bool all_finished() const;
   // Cancel between steps: raises the abort word and tells every worker.
   void StopWorkers();
+  // "worker <id> (rank r)", how every message about a rank names it.
+  std::string WorkerName(int rank) const;
+  // A worker reported a failure (its JobFinished with an error was taken by some Poll).
+  bool worker_failure_seen() const { return worker_failure_seen_.load(std::memory_order_acquire); }
 
  private:
   absl::Status OnCommId(int rank, const v1::CommId& id);
-  void OnStepDone(const v1::StepDone& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status OnStepLoss(int rank, int64_t step, double loss_sum, const char* report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status OnStepDone(int rank, const v1::StepDone& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status OnJobFinished(int rank, const v1::JobFinished& finished) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CurrentJob(const std::string& job_id, int attempt) const;
+  // INTERNAL naming the worker; raises the abort word.
+  absl::Status Misbehaved(int rank, const std::string& what);
 
   JobContext& ctx_;
   shm::JobState& job_state_;
   const int world_;
+  const int64_t first_step_, total_steps_;
+  const NonFinitePolicy policy_;
   mutable absl::Mutex mu_;
-  std::map<int64_t, std::vector<v1::StepDone>> steps_ ABSL_GUARDED_BY(mu_);
+  // The step WaitForStep takes next: a correct worker is at most one step ahead of it (its next
+  // step needs gates this step's updates open), so reports further ahead than a small window are
+  // refused, which also bounds what is kept.
+  int64_t next_step_ ABSL_GUARDED_BY(mu_);
+  // Per step, per rank: the report (StepDone) and the loss (StepLoss or StepDone).
+  std::map<int64_t, std::map<int, v1::StepDone>> steps_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::map<int, double>> losses_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> finished_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> worker_failure_seen_{false};
 };
+
+// "loss is NaN on worker w0 (rank 1)" style text for a non-finite loss sum: "NaN", "inf", "-inf".
+std::string NonFiniteName(double x);
 
 }  // namespace slidedp::hostd

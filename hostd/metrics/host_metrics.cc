@@ -30,6 +30,7 @@ struct HostFamilies {
   MetricFamily* job_gpu_peak;
   MetricFamily* job_host_state;
   MetricFamily* job_workers;
+  MetricFamily* job_skipped_steps;
 };
 
 
@@ -43,8 +44,9 @@ void Collect(const HostFamilies& f, const hostd::HostCore& core) {
     by_state[hostd::JobStateName(s)] = 0;
   }
   double steps = 0, host_state = 0;
-  for (MetricFamily* m : {f.job_step, f.job_total_steps, f.job_loss, f.job_lr, f.job_grad_norm, f.job_tokens_per_s,
-                          f.job_tflops, f.job_step_s, f.job_eta_s, f.job_gpu_peak, f.job_host_state, f.job_workers}) {
+  for (MetricFamily* m :
+       {f.job_step, f.job_total_steps, f.job_loss, f.job_lr, f.job_grad_norm, f.job_tokens_per_s, f.job_tflops,
+        f.job_step_s, f.job_eta_s, f.job_gpu_peak, f.job_host_state, f.job_workers, f.job_skipped_steps}) {
     m->Clear();
   }
   for (const v1::Job& j : jobs) {
@@ -67,6 +69,7 @@ void Collect(const HostFamilies& f, const hostd::HostCore& core) {
       f.job_step_s->Set(l, m.step_time_s());
       f.job_eta_s->Set(l, m.eta_s());
       f.job_gpu_peak->Set(l, static_cast<double>(m.gpu_peak_bytes()));
+      f.job_skipped_steps->Set(l, static_cast<double>(m.skipped_steps()));
     }
   }
   for (const auto& [state, n] : by_state) f.jobs->Set({state}, n);
@@ -106,6 +109,9 @@ absl::Status RegisterHostMetrics(MetricsRegistry* r, const hostd::HostCore* core
   ASSIGN_OR_RETURN(f.job_gpu_peak, r->Gauge("slidedp_job_gpu_peak_bytes", "Peak GPU memory of the last step, bytes.", job));
   ASSIGN_OR_RETURN(f.job_host_state, r->Gauge("slidedp_job_host_state_bytes", "Host state of the job, bytes.", job));
   ASSIGN_OR_RETURN(f.job_workers, r->Gauge("slidedp_job_workers", "Workers (ranks) of the job.", job));
+  ASSIGN_OR_RETURN(f.job_skipped_steps,
+                   r->Gauge("slidedp_job_skipped_steps",
+                            "Steps of an active job skipped as non-finite (train.skip_nonfinite).", job));
   r->AddCollector([f, core] { Collect(f, *core); });
   return absl::OkStatus();
 }

@@ -24,6 +24,7 @@ class ScriptedExecutor : public hostd::JobExecutor {
       v1::StepMetrics m;
       m.set_step(s + 1);
       m.set_loss(2.5);
+      m.set_skipped_steps(1);
       m.set_learning_rate(1e-4);
       m.set_tokens_per_s(1234.5);
       ctx.ReportStep(m);
@@ -99,6 +100,7 @@ TEST(HostMetrics, ExportsJobsStepsWorkersAndActiveJobValues) {
   EXPECT_THAT(text, HasSubstr("slidedp_job_total_steps{job=\"held\"} 2\n"));
   EXPECT_THAT(text, HasSubstr("slidedp_job_loss{job=\"held\"} 2.5\n"));
   EXPECT_THAT(text, HasSubstr("slidedp_job_tokens_per_second{job=\"held\"} 1234.5\n"));
+  EXPECT_THAT(text, HasSubstr("slidedp_job_skipped_steps{job=\"held\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("slidedp_job_host_state_bytes{job=\"held\"} 4096\n"));
   EXPECT_THAT(text, HasSubstr("slidedp_host_state_bytes 4096\n"));
   EXPECT_THAT(text, Not(HasSubstr("job=\"done\"")));  // finished jobs have no per-job series

@@ -65,18 +65,22 @@ inline __m256 Step8(const Vec256Constants& c, float* master, float* m, float* v,
   return th;
 }
 
+// Whether any of the 16 gradient elements at g is NaN or inf: |x| as int32 > 0x7f7fffff.
 template <typename G>
-inline float GradAt(const G* g, int64_t i) {
-  if constexpr (sizeof(G) == 2) {
-    return Bf16ToFloat(g[i]);
-  } else {
-    return g[i];
-  }
+inline bool Bad16(const G* g) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i max_finite = _mm256_set1_epi32(0x7f7fffff);
+  const __m256i lo = _mm256_and_si256(_mm256_castps_si256(LoadGrad8(g)), abs_mask);
+  const __m256i hi = _mm256_and_si256(_mm256_castps_si256(LoadGrad8(g + 8)), abs_mask);
+  const __m256i bad = _mm256_or_si256(_mm256_cmpgt_epi32(lo, max_finite), _mm256_cmpgt_epi32(hi, max_finite));
+  return !_mm256_testz_si256(bad, bad);
 }
 
-template <typename G>
-void StepImpl(const AdamWConstants& constants, float* master, float* m, float* v, bf16_t* mirror,
-              const G* grad, int64_t n) {
+// kCheck: the checked kernel (returns the first non-finite gradient's index, or -1); the vector
+// loop stops at the 16 elements holding one and the checked scalar loop finds it.
+template <bool kCheck, typename G>
+int64_t StepImpl(const AdamWConstants& constants, float* master, float* m, float* v, bf16_t* mirror, const G* grad,
+                 int64_t n) {
   const Vec256Constants c(constants);
   const LerpForm lerp = MakeLerpForm(constants);
   int64_t i = 0;
@@ -85,10 +89,17 @@ void StepImpl(const AdamWConstants& constants, float* master, float* m, float* v
   if (stream) {  // scalar head up to the mirror's 32-byte boundary
     int64_t head = static_cast<int64_t>(((32 - addr % 32) % 32) / 2);
     if (head > n) head = n;
-    for (; i < head; ++i)
-      AdamElement(constants, lerp, GradAt(grad, i), &master[i], &m[i], &v[i], &mirror[i]);
+    if constexpr (kCheck) {
+      if (const int64_t bad = CheckedElements(constants, master, m, v, mirror, grad, 0, head); bad >= 0) return bad;
+      i = head;
+    } else {
+      for (; i < head; ++i) AdamElement(constants, lerp, GradAt(grad, i), &master[i], &m[i], &v[i], &mirror[i]);
+    }
   }
   for (; i + 16 <= n; i += 16) {
+    if constexpr (kCheck) {
+      if (Bad16(grad + i)) break;
+    }
     const __m256 lo = Step8(c, master + i, m + i, v + i, grad + i);
     const __m256 hi = Step8(c, master + i + 8, m + i + 8, v + i + 8, grad + i + 8);
     // packus interleaves 128-bit lanes: [lo0-3 hi0-3 lo4-7 hi4-7]; the permute restores order.
@@ -101,17 +112,29 @@ void StepImpl(const AdamWConstants& constants, float* master, float* m, float* v
     }
   }
   if (stream) _mm_sfence();
-  for (; i < n; ++i)
-    AdamElement(constants, lerp, GradAt(grad, i), &master[i], &m[i], &v[i], &mirror[i]);
+  if constexpr (kCheck) {
+    return CheckedElements(constants, master, m, v, mirror, grad, i, n);
+  } else {
+    for (; i < n; ++i) AdamElement(constants, lerp, GradAt(grad, i), &master[i], &m[i], &v[i], &mirror[i]);
+    return -1;
+  }
 }
 
 void StepF32(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror,
              const float* grad, int64_t n) {
-  StepImpl(c, master, m, v, mirror, grad, n);
+  StepImpl<false>(c, master, m, v, mirror, grad, n);
 }
 void StepBf16(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror,
               const bf16_t* grad, int64_t n) {
-  StepImpl(c, master, m, v, mirror, grad, n);
+  StepImpl<false>(c, master, m, v, mirror, grad, n);
+}
+int64_t StepF32Checked(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror, const float* grad,
+                       int64_t n) {
+  return StepImpl<true>(c, master, m, v, mirror, grad, n);
+}
+int64_t StepBf16Checked(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror, const bf16_t* grad,
+                        int64_t n) {
+  return StepImpl<true>(c, master, m, v, mirror, grad, n);
 }
 
 template <typename G>
@@ -141,7 +164,7 @@ double SumSqBf16(const bf16_t* g, int64_t n) { return SumSqImpl(g, n); }
 }  // namespace
 
 namespace internal {
-const AdamKernelTable kAvx2Kernels = {&StepF32, &StepBf16, &SumSqF32, &SumSqBf16};
+const AdamKernelTable kAvx2Kernels = {&StepF32, &StepBf16, &SumSqF32, &SumSqBf16, &StepF32Checked, &StepBf16Checked};
 }  // namespace internal
 
 }  // namespace slidedp::update

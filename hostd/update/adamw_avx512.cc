@@ -75,39 +75,74 @@ inline void Step16(const Vec512Constants& c, float* master, float* m, float* v, 
 
 inline __mmask16 FirstLanes(int64_t count) { return static_cast<__mmask16>((1u << count) - 1u); }
 
+// The lanes of k whose gradient is NaN or inf: |x| >= 0x7f800000 (unsigned).
 template <typename G>
-void StepImpl(const AdamWConstants& constants, float* master, float* m, float* v, bf16_t* mirror,
-              const G* grad, int64_t n) {
+inline __mmask16 BadLanes(const G* g, __mmask16 k) {
+  const __m512i x = _mm512_and_si512(_mm512_castps_si512(LoadGrad(g, k)), _mm512_set1_epi32(0x7fffffff));
+  return _mm512_mask_cmp_epu32_mask(k, x, _mm512_set1_epi32(0x7f800000), _MM_CMPINT_NLT);
+}
+
+// kCheck: the checked kernel (returns the first non-finite gradient's index, or -1); the vector
+// loops stop at the 16 elements holding one and the checked scalar loop finds it.
+template <bool kCheck, typename G>
+int64_t StepImpl(const AdamWConstants& constants, float* master, float* m, float* v, bf16_t* mirror, const G* grad,
+                 int64_t n) {
   const Vec512Constants c(constants);
   int64_t i = 0;
+  bool stopped = false;  // kCheck: a non-finite gradient lies at or after i
   // Head: bring the mirror to a 32-byte boundary so the body can stream whole 32-byte stores.
   const auto addr = reinterpret_cast<uintptr_t>(mirror);
   if (addr % 2 == 0 && constants.stream_mirror) {
     int64_t head = static_cast<int64_t>(((32 - addr % 32) % 32) / 2);
     if (head > n) head = n;
-    if (head > 0) Step16<MirrorWrite::kMasked>(c, master, m, v, mirror, grad, FirstLanes(head));
-    i = head;
-    for (; i + 16 <= n; i += 16) {
-      Step16<MirrorWrite::kStream>(c, master + i, m + i, v + i, mirror + i, grad + i, 0xffff);
+    if (head > 0) {
+      if (kCheck && BadLanes(grad, FirstLanes(head)) != 0) {
+        stopped = true;
+      } else {
+        Step16<MirrorWrite::kMasked>(c, master, m, v, mirror, grad, FirstLanes(head));
+      }
+    }
+    if (!stopped) {
+      i = head;
+      for (; i + 16 <= n; i += 16) {
+        if (kCheck && BadLanes(grad + i, 0xffff) != 0) {
+          stopped = true;
+          break;
+        }
+        Step16<MirrorWrite::kStream>(c, master + i, m + i, v + i, mirror + i, grad + i, 0xffff);
+      }
     }
     _mm_sfence();  // order the streaming stores before whoever publishes this range
   }
-  for (; i + 16 <= n; i += 16) {  // cached stores, or an odd mirror address
+  for (; !stopped && i + 16 <= n; i += 16) {  // cached stores, or an odd mirror address
+    if (kCheck && BadLanes(grad + i, 0xffff) != 0) break;
     Step16<MirrorWrite::kMasked>(c, master + i, m + i, v + i, mirror + i, grad + i, 0xffff);
   }
-  if (i < n) {
-    Step16<MirrorWrite::kMasked>(c, master + i, m + i, v + i, mirror + i, grad + i,
-                                 FirstLanes(n - i));
+  if constexpr (kCheck) {
+    return CheckedElements(constants, master, m, v, mirror, grad, i, n);
+  } else {
+    if (i < n) {
+      Step16<MirrorWrite::kMasked>(c, master + i, m + i, v + i, mirror + i, grad + i, FirstLanes(n - i));
+    }
+    return -1;
   }
 }
 
 void StepF32(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror,
              const float* grad, int64_t n) {
-  StepImpl(c, master, m, v, mirror, grad, n);
+  StepImpl<false>(c, master, m, v, mirror, grad, n);
 }
 void StepBf16(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror,
               const bf16_t* grad, int64_t n) {
-  StepImpl(c, master, m, v, mirror, grad, n);
+  StepImpl<false>(c, master, m, v, mirror, grad, n);
+}
+int64_t StepF32Checked(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror, const float* grad,
+                       int64_t n) {
+  return StepImpl<true>(c, master, m, v, mirror, grad, n);
+}
+int64_t StepBf16Checked(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror, const bf16_t* grad,
+                        int64_t n) {
+  return StepImpl<true>(c, master, m, v, mirror, grad, n);
 }
 
 template <typename G>
@@ -132,7 +167,7 @@ double SumSqBf16(const bf16_t* g, int64_t n) { return SumSqImpl(g, n); }
 }  // namespace
 
 namespace internal {
-const AdamKernelTable kAvx512Kernels = {&StepF32, &StepBf16, &SumSqF32, &SumSqBf16};
+const AdamKernelTable kAvx512Kernels = {&StepF32, &StepBf16, &SumSqF32, &SumSqBf16, &StepF32Checked, &StepBf16Checked};
 }  // namespace internal
 
 }  // namespace slidedp::update

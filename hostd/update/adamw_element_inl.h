@@ -41,5 +41,34 @@ struct LerpForm {
   *mirror = FloatToBf16(th);
 }
 
+[[maybe_unused]] inline bool IsNonFinite(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return (b & 0x7fffffffu) >= 0x7f800000u;
+}
+
+template <typename G>
+inline float GradAt(const G* g, int64_t i) {
+  if constexpr (sizeof(G) == 2) {
+    return Bf16ToFloat(g[i]);
+  } else {
+    return g[i];
+  }
+}
+
+// The checked kernels' scalar part: elements [from, n) with the check, stopping at a non-finite
+// gradient (its index), else -1.
+template <typename G>
+inline int64_t CheckedElements(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror,
+                               const G* grad, int64_t from, int64_t n) {
+  const LerpForm lerp = MakeLerpForm(c);
+  for (int64_t i = from; i < n; ++i) {
+    const float g = GradAt(grad, i);
+    if (IsNonFinite(g)) return i;
+    AdamElement(c, lerp, g, &master[i], &m[i], &v[i], &mirror[i]);
+  }
+  return -1;
+}
+
 }  // namespace
 }  // namespace slidedp::update

@@ -36,6 +36,13 @@
 
 namespace slidedp::update {
 
+// What an update does with a NaN or infinite gradient element.
+enum class NonFiniteGrad {
+  kApply,   // as PyTorch: that element's m, v and theta become NaN/inf
+  kRefuse,  // LayerAdam's checked kernels stop before the first non-finite element: DATA_LOSS
+            // with kNonFiniteGradPayload; nothing of that piece from it on is written
+};
+
 // Hyper-parameters of one optimizer step for one tensor range (PyTorch AdamW defaults).
 struct AdamWStepParams {
   double lr = 1e-3;  // the scheduled learning rate of this step (LrSchedule::LrAt)
@@ -45,6 +52,7 @@ struct AdamWStepParams {
   double weight_decay = 0.01;  // decoupled: theta *= 1 - lr*wd
   int64_t step = 1;            // t >= 1: number of updates including this one (bias correction)
   float grad_scale = 1.0f;     // clip coefficient (ClipCoefficient), applied as g*scale in fp32
+  NonFiniteGrad nonfinite_grad = NonFiniteGrad::kApply;  // LayerAdam only (the kernels apply)
 };
 
 // Instruction set a kernel table was built for.
@@ -97,6 +105,14 @@ struct AdamKernelTable {
                     const bf16_t* grad, int64_t n);
   double (*sumsq_f32)(const float* g, int64_t n);
   double (*sumsq_bf16)(const bf16_t* g, int64_t n);
+  // As step_f32 / step_bf16, but checking each gradient element (NaN or +-inf, before the scale)
+  // as the vector loop loads it: stops before the first non-finite one and returns its index, the
+  // elements before it updated bit for bit as the unchecked kernels do; -1 when all n are
+  // (LayerAdam's refusing updates, NonFiniteGrad::kRefuse). The check is fused: no second pass.
+  int64_t (*step_f32_checked)(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror,
+                              const float* grad, int64_t n);
+  int64_t (*step_bf16_checked)(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror,
+                               const bf16_t* grad, int64_t n);
 };
 
 // The table for an ISA; nullptr when this build or CPU lacks it.

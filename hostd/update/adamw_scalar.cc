@@ -48,10 +48,19 @@ double SumSqBf16(const bf16_t* g, int64_t n) {
   return SumSq(n, [g](int64_t i) { return static_cast<double>(Bf16ToFloat(g[i])); });
 }
 
+int64_t StepF32Checked(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror, const float* grad,
+                       int64_t n) {
+  return CheckedElements(c, master, m, v, mirror, grad, 0, n);
+}
+int64_t StepBf16Checked(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror, const bf16_t* grad,
+                        int64_t n) {
+  return CheckedElements(c, master, m, v, mirror, grad, 0, n);
+}
+
 }  // namespace
 
 namespace internal {
-const AdamKernelTable kScalarKernels = {&StepF32, &StepBf16, &SumSqF32, &SumSqBf16};
+const AdamKernelTable kScalarKernels = {&StepF32, &StepBf16, &SumSqF32, &SumSqBf16, &StepF32Checked, &StepBf16Checked};
 }  // namespace internal
 
 }  // namespace slidedp::update

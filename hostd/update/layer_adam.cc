@@ -9,8 +9,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "glog/logging.h"
@@ -80,6 +83,36 @@ void TouchPages(void* begin, int64_t bytes) {
   for (unsigned char* q = reinterpret_cast<unsigned char*>(next); q < end; q += kPage) {
     __atomic_fetch_or(q, 0, __ATOMIC_RELAXED);
   }
+}
+
+// Calls fn(begin, numel) for each part of [offset, offset + numel) that lies inside one of the
+// unit's tensors, in order: the padding between tensors is never handed to a kernel (with eps 0
+// a zero gradient there would make 0/0 = NaN; weight decay would scale whatever it holds).
+// fn returns a status; the first error stops the walk.
+template <typename Fn>
+absl::Status ForEachTensorPart(absl::Span<const ElementRange> tensors, int64_t offset, int64_t numel, Fn&& fn) {
+  const int64_t end = offset + numel;
+  if (tensors.empty()) return numel > 0 ? fn(offset, numel) : absl::OkStatus();
+  // The first tensor ending after `offset` (units have a handful of tensors per piece).
+  auto it = std::upper_bound(tensors.begin(), tensors.end(), offset,
+                             [](int64_t o, const ElementRange& r) { return o < r.end; });
+  for (; it != tensors.end() && it->begin < end; ++it) {
+    const int64_t b = std::max(offset, it->begin);
+    const int64_t e = std::min(end, it->end);
+    if (e > b) {
+      if (absl::Status s = fn(b, e - b); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NonFiniteGradError(int64_t offset, float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  absl::Status s = absl::DataLossError(
+      absl::StrCat("LayerAdam: gradient element ", offset, " of the unit is ", value, "; not applied from it on"));
+  s.SetPayload(kNonFiniteGradPayload, absl::Cord(absl::StrCat(offset, " ", absl::Hex(bits))));
+  return s;
 }
 
 }  // namespace
@@ -299,6 +332,15 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
     return absl::InvalidArgumentError(
         absl::StrCat("LayerAdam: AdamW step must be >= 1, got ", params.step));
   }
+  int64_t prev_end = 0;
+  for (const ElementRange& r : unit.tensors) {
+    if (r.begin < prev_end || r.end < r.begin || r.end > unit.numel) {
+      return absl::InvalidArgumentError(absl::StrCat("LayerAdam: tensor range [", r.begin, ", ", r.end,
+                                                     ") is not sorted, disjoint and inside the unit's ", unit.numel,
+                                                     " elements"));
+    }
+    prev_end = r.end;
+  }
   if (!done) return absl::InvalidArgumentError("LayerAdam: no completion callback");
   {
     absl::MutexLock l(&idle_mu_);
@@ -331,7 +373,7 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
           grad == nullptr ? nullptr
                           : static_cast<const char*>(grad) + (bounds[k] - offset) * elem_bytes;
       q.tasks.push_back(
-          Task{kind, unit, bounds[k], bounds[k + 1] - bounds[k], piece_grad, constants, chunk});
+          Task{kind, unit, bounds[k], bounds[k + 1] - bounds[k], piece_grad, constants, params.nonfinite_grad, chunk});
     }
   }
   return absl::OkStatus();
@@ -362,30 +404,59 @@ void LayerAdam::WorkerLoop(int index, WorkerSpec spec) {
     Task task = std::move(q.tasks.front());
     q.tasks.pop_front();
     q.mu.Unlock();
-    RunTask(task);
-    FinishPiece(task.chunk, absl::OkStatus());
+    FinishPiece(task.chunk, RunTask(task));
   }
 }
 
-void LayerAdam::RunTask(const Task& t) {
+absl::Status LayerAdam::RunTask(const Task& t) {
   const UnitMemory& u = t.unit;
   const int64_t o = t.offset;
+  const bool refuse = t.nonfinite == NonFiniteGrad::kRefuse;
   switch (t.kind) {
     case TaskKind::kStepF32:
-      kernels_->step_f32(t.constants, u.master + o, u.m + o, u.v + o, u.mirror + o,
-                         static_cast<const float*>(t.grad), t.numel);
-      break;
+      return ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n) {
+        const float* g = static_cast<const float*>(t.grad) + (b - o);
+        if (!refuse) {
+          kernels_->step_f32(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
+          return absl::OkStatus();
+        }
+        const int64_t bad = kernels_->step_f32_checked(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
+        return bad < 0 ? absl::OkStatus() : NonFiniteGradError(b + bad, g[bad]);
+      });
     case TaskKind::kStepBf16:
-      kernels_->step_bf16(t.constants, u.master + o, u.m + o, u.v + o, u.mirror + o,
-                          static_cast<const bf16_t*>(t.grad), t.numel);
-      break;
+      return ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n) {
+        const bf16_t* g = static_cast<const bf16_t*>(t.grad) + (b - o);
+        if (!refuse) {
+          kernels_->step_bf16(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
+          return absl::OkStatus();
+        }
+        const int64_t bad =
+            kernels_->step_bf16_checked(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
+        return bad < 0 ? absl::OkStatus() : NonFiniteGradError(b + bad, Bf16ToFloat(g[bad]));
+      });
     case TaskKind::kTouch:
       TouchPages(u.master + o, t.numel * 4);
       TouchPages(u.m + o, t.numel * 4);
       TouchPages(u.v + o, t.numel * 4);
       TouchPages(u.mirror + o, t.numel * 2);
-      break;
+      return absl::OkStatus();
   }
+  return absl::OkStatus();
+}
+
+std::optional<NonFiniteGradElement> NonFiniteGradOf(const absl::Status& status) {
+  const absl::optional<absl::Cord> payload = status.GetPayload(kNonFiniteGradPayload);
+  if (!payload) return std::nullopt;
+  const std::string text(*payload);
+  const size_t space = text.find(' ');
+  NonFiniteGradElement e;
+  uint32_t bits = 0;
+  if (space == std::string::npos || !absl::SimpleAtoi(text.substr(0, space), &e.offset) ||
+      !absl::SimpleHexAtoi(text.substr(space + 1), &bits)) {
+    return std::nullopt;
+  }
+  std::memcpy(&e.value, &bits, 4);
+  return e;
 }
 
 void LayerAdam::FinishPiece(const std::shared_ptr<ChunkState>& chunk, const absl::Status& status) {

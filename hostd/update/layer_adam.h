@@ -31,10 +31,17 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "common/numeric/bf16.h"
 #include "hostd/update/adamw_kernels.h"
 
 namespace slidedp::update {
+
+// Elements [begin, end) of a unit that hold one tensor's parameters.
+struct ElementRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
 
 // The optimizer state of one unit: four parallel arrays of numel elements (pointers into the
 // job's shared-memory state) and the NUMA node (hwloc logical index) whose workers update it.
@@ -45,7 +52,24 @@ struct UnitMemory {
   bf16_t* mirror = nullptr;
   int64_t numel = 0;
   int numa_node = 0;
+  // The unit's tensors (sorted by begin, disjoint, inside [0, numel)): an update writes only these
+  // elements, never the alignment padding between tensors (ModelLayout aligns each tensor to 256
+  // elements), whatever the gradient and hyper-parameters hold there. Empty: every element is a
+  // parameter. The ranges must outlive every update of the unit.
+  absl::Span<const ElementRange> tensors = {};
 };
+
+// AdamWStepParams::nonfinite_grad = kRefuse: a chunk whose gradient holds a NaN or inf completes
+// with DATA_LOSS carrying this payload, "<element offset in the unit> <the value's bits, hex>"
+// (NonFiniteGradOf parses it). The checked kernels stop before that element: its piece is
+// updated up to it, nothing of the piece from it on; other pieces of the chunk run to their end
+// or their own non-finite element.
+inline constexpr char kNonFiniteGradPayload[] = "slidedp.update.NonFiniteGrad";
+struct NonFiniteGradElement {
+  int64_t offset = 0;
+  float value = 0;
+};
+std::optional<NonFiniteGradElement> NonFiniteGradOf(const absl::Status& status);
 
 enum class WorkerPinning {
   kCore,      // each worker bound to one physical core of its node (default)
@@ -105,7 +129,8 @@ class LayerAdam {
   // elements, read until `done` runs). Returns INVALID_ARGUMENT (and never calls `done`) for a
   // bad range, null pointers, a bad node or a non-positive step; FAILED_PRECONDITION after
   // shutdown started. Otherwise `done` runs exactly once, on a worker thread, with OK once every
-  // element is updated, or CANCELLED if the engine stopped first.
+  // element is updated, CANCELLED if the engine stopped first, or with params.nonfinite_grad
+  // kRefuse DATA_LOSS (kNonFiniteGradPayload) when the gradient holds a NaN or inf.
   absl::Status SubmitChunk(const UnitMemory& unit, int64_t offset, int64_t numel, const float* grad,
                            const AdamWStepParams& params, DoneFn done);
   absl::Status SubmitChunkBf16(const UnitMemory& unit, int64_t offset, int64_t numel,
@@ -124,6 +149,7 @@ class LayerAdam {
     int64_t numel;
     const void* grad;  // first element of this piece
     AdamWConstants constants;
+    NonFiniteGrad nonfinite;
     std::shared_ptr<ChunkState> chunk;
   };
   struct NodeQueue {
@@ -142,7 +168,7 @@ class LayerAdam {
                       const void* grad, const AdamWStepParams& params, DoneFn done);
   int QueueFor(int numa_node) const;
   void WorkerLoop(int index, WorkerSpec spec);
-  void RunTask(const Task& task);
+  absl::Status RunTask(const Task& task);
   void FinishPiece(const std::shared_ptr<ChunkState>& chunk, const absl::Status& status);
 
   AdamIsa isa_ = AdamIsa::kScalar;

@@ -104,8 +104,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t size) {
   auto reader = data::DatasetReader::Open(g_case_dir, ro);
   if (!reader.ok()) return 0;
   const data::DatasetReader& d = **reader;
-  const int64_t num_tokens = static_cast<int64_t>(d.tokens().size());
-  if (d.loss_mask().size() != d.tokens().size()) abort();
+  const int64_t num_tokens = d.num_tokens();
+  if (d.row_offsets().back() != static_cast<uint64_t>(num_tokens)) abort();
   const int64_t rows = std::min<int64_t>(d.num_rows(), 64);
   for (int64_t r = 0; r < rows; ++r) {
     for (const auto& seg : d.RowSegments(r)) {

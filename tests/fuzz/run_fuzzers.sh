@@ -5,7 +5,8 @@
 #   tests/fuzz/run_fuzzers.sh [-t SECONDS] [--no-build] [--save-corpus] [TARGET...]
 #
 #   -t SECONDS      time per target (default 60)
-#   TARGET          any of: safetensors jobspec hf_config dataset tokenizer (default: all)
+#   TARGET          any of: safetensors jobspec hf_config dataset tokenizer submit worker_reports
+#                   (default: all)
 #   --no-build      reuse build-fuzz as it is
 #   --save-corpus   merge the coverage-minimized working corpus into the checked-in one
 #
@@ -26,14 +27,14 @@ seconds=60
 do_build=1
 save_corpus=0
 targets=()
-all_targets=(safetensors jobspec hf_config dataset tokenizer)
+all_targets=(safetensors jobspec hf_config dataset tokenizer submit worker_reports)
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -t) seconds="$2"; shift 2 ;;
     --no-build) do_build=0; shift ;;
     --save-corpus) save_corpus=1; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     -*) echo "run_fuzzers.sh: unknown option $1" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac

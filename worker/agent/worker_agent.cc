@@ -8,8 +8,10 @@
 #include <cstdio>
 #include <fstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/data/dataset.h"
 #include "common/data/micro_batch.h"
@@ -37,6 +39,29 @@
 
 namespace slidedp::worker {
 namespace {
+
+// SLIDEDP_INJECT_NONFINITE (tests only): comma-separated "grad:STEP:UNIT[@RANK]" (element 0 of
+// the unit's gradient becomes NaN) and "loss:STEP[@RANK]" (the loss does), STEP 1-based, for
+// every rank unless one is given.
+absl::StatusOr<std::vector<StepRunnerOptions::NonFiniteInjection>> ParseNonFiniteInjection(const std::string& text,
+                                                                                           int rank) {
+  std::vector<StepRunnerOptions::NonFiniteInjection> out;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    const std::vector<absl::string_view> at = absl::StrSplit(item, '@');
+    const std::vector<absl::string_view> f = absl::StrSplit(at[0], ':');
+    int64_t step = 0, unit = -1, only_rank = -1;
+    const bool ok = at.size() <= 2 && (at.size() < 2 || absl::SimpleAtoi(at[1], &only_rank)) &&
+                    ((f.size() == 3 && f[0] == "grad" && absl::SimpleAtoi(f[2], &unit) && unit >= 0) ||
+                     (f.size() == 2 && f[0] == "loss")) &&
+                    absl::SimpleAtoi(f[1], &step) && step >= 1;
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SLIDEDP_INJECT_NONFINITE: '", item, "' is not grad:STEP:UNIT[@RANK] or loss:STEP[@RANK]"));
+    }
+    if (only_rank < 0 || only_rank == rank) out.push_back({step - 1, static_cast<int>(unit)});
+  }
+  return out;
+}
 
 // act_policy auto: how many decoder layers can keep all activations (each layer_bytes for the
 // step's tokens) on a device of capacity bytes whose recompute-everything step peaked at `peak`.
@@ -375,10 +400,21 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   ASSIGN_OR_RETURN(ComputeBackend * backend, BackendFor(config));
   backend->ResetPeakMemory();  // the reported GPU peak is this job's
   backend->SetDeterministic(spec.deterministic);
-  // hostd read the whole dataset at submit (sizes, token ids against the vocabulary), and every
-  // micro-batch is checked again at upload: no second full scan per rank here.
+  // hostd verified the dataset at job start (checksums, token ids against the vocabulary, the
+  // loss mask) and sends the files' identities: the same files are read here, or the job fails
+  // with DATA_LOSS naming the one that changed; no second full scan per rank. Rows are read
+  // with pread (a truncation mid-job is DATA_LOSS, not SIGBUS).
   data::ReaderOptions dopt;
   dopt.verify_checksums = data::VerifyChecksums::kNo;
+  if (a.dataset_files_size() > 0) {
+    if (a.dataset_files_size() != data::kNumBinFiles) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("assignment lists ", a.dataset_files_size(), " dataset files, not ", data::kNumBinFiles));
+    }
+    for (const v1::DatasetFile& f : a.dataset_files()) {
+      dopt.expected_files.push_back({f.dev(), f.inode(), f.size(), f.mtime_ns(), f.ctime_ns()});
+    }
+  }
   ASSIGN_OR_RETURN(auto dataset, data::DatasetReader::Open(spec.data_path, dopt));
   ASSIGN_OR_RETURN(auto sampler,
                    data::GlobalBatchSampler::Create(dataset->num_rows(), spec.global_batch, a.world_size(), spec.seed));
@@ -455,6 +491,19 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   StepRunnerOptions ropt;
   ropt.policy = ToActPolicy(spec.act_policy);
   ropt.inject_max_delay = inject_delay;
+  if (const char* inj = getenv("SLIDEDP_INJECT_NONFINITE")) {
+    ASSIGN_OR_RETURN(ropt.inject_nonfinite, ParseNonFiniteInjection(inj, a.rank()));
+    LOG(WARNING) << "SLIDEDP_INJECT_NONFINITE=" << inj << ": test-only NaNs will be injected";
+  }
+  ropt.on_loss = [this, &a](int64_t step, double loss_sum) {
+    v1::WorkerReport r;
+    v1::StepLoss* l = r.mutable_step_loss();
+    l->set_job_id(a.job_id());
+    l->set_attempt(a.attempt());
+    l->set_step(step);
+    l->set_loss_sum(loss_sum);
+    Send(r);
+  };
   StepRunner runner(layout, backend, streamer.get(), grads.get(), ropt, activations.get());
 
   double prev_gate = 0, prev_d2h = 0, prev_h2d = 0, prev_ring = 0;
@@ -467,11 +516,20 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     std::vector<MicroBatch> mbs;
     for (size_t i = 0; i < rows.size(); i += spec.micro_batch) {
       size_t n = std::min<size_t>(spec.micro_batch, rows.size() - i);
-      ASSIGN_OR_RETURN(MicroBatch mb, data::BuildMicroBatch(*dataset, absl::MakeConstSpan(rows.data() + i, n)));
-      mbs.push_back(std::move(mb));
+      absl::StatusOr<MicroBatch> mb = data::BuildMicroBatch(*dataset, absl::MakeConstSpan(rows.data() + i, n));
+      if (!mb.ok()) {  // e.g. the dataset was truncated under the job: tell every peer at once
+        job_state->RaiseAbort(shm::AbortReason::kWorkerFailed);
+        return Annotate(mb.status(), absl::StrCat("step ", step + 1));
+      }
+      mbs.push_back(std::move(*mb));
     }
     std::vector<int64_t> global_rows = sampler.GlobalRows(step);
-    ASSIGN_OR_RETURN(int64_t trained, data::CountTrainedLabels(*dataset, global_rows));
+    absl::StatusOr<int64_t> trained_or = data::CountTrainedLabels(*dataset, global_rows);
+    if (!trained_or.ok()) {
+      job_state->RaiseAbort(shm::AbortReason::kWorkerFailed);
+      return Annotate(trained_or.status(), absl::StrCat("step ", step + 1));
+    }
+    const int64_t trained = *trained_or;
     const float loss_scale = trained > 0 ? 1.0f / static_cast<float>(trained) : 0.0f;
     auto result = runner.Run(step, mbs, loss_scale);
     if (!result.ok() && result.status().code() == absl::StatusCode::kResourceExhausted && gopt.stage_until_norm) {

@@ -2,6 +2,7 @@
 #include "worker/pipeline/step_runner.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -25,6 +26,24 @@ void StepRunner::InjectDelay() {
   rng_state_ ^= rng_state_ >> 7;
   rng_state_ ^= rng_state_ << 17;
   absl::SleepFor(options_.inject_max_delay * static_cast<double>(rng_state_ % 1000) / 1000.0);
+}
+
+absl::Status StepRunner::InjectNonFinite(int64_t step, int unit, float* grad) {
+  for (const auto& inj : options_.inject_nonfinite) {
+    if (inj.step != step || inj.unit != unit) continue;
+    // Test-only: after the unit's backward is done, so the NaN is what the path posts.
+    RETURN_IF_ERROR(backend_->Synchronize());
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    RETURN_IF_ERROR(backend_->CopyToDevice(&nan, grad, sizeof(float)));
+  }
+  return absl::OkStatus();
+}
+
+bool StepRunner::InjectsLoss(int64_t step) const {
+  for (const auto& inj : options_.inject_nonfinite) {
+    if (inj.step == step && inj.unit < 0) return true;
+  }
+  return false;
 }
 
 absl::StatusOr<UnitParams> StepRunner::Acquire(int unit, uint32_t min_version) {
@@ -121,6 +140,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
     if (layout_.head_uses_embedding) streamer_->Release(0);
     streamer_->Release(head);
     inputs[head].clear();
+    RETURN_IF_ERROR(InjectNonFinite(step, head, grad_head));
     RETURN_IF_ERROR(grads_->Finish(head, step));
     if (head - 1 >= 1) {
       RETURN_IF_ERROR(streamer_->Prefetch(head - 1, gate));
@@ -144,6 +164,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
     streamer_->Release(u);
     inputs[u].clear();
     saved[u].clear();
+    RETURN_IF_ERROR(InjectNonFinite(step, u, grad));
     RETURN_IF_ERROR(grads_->Finish(u, step));
     if (u > 1) {
       RETURN_IF_ERROR(streamer_->Prefetch(u - 1, gate));
@@ -156,11 +177,13 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
   for (int i = 0; i < n_mb; ++i) {
     RETURN_IF_ERROR(backend_->EmbeddingBackward(dy[i]->data(), *batches[i], grad_embed));
   }
+  RETURN_IF_ERROR(InjectNonFinite(step, 0, grad_embed));
   RETURN_IF_ERROR(grads_->Finish(0, step));
 
   float loss = 0;
   RETURN_IF_ERROR(backend_->CopyToHost(loss_dev->data(), &loss, sizeof(float)));
-  result.loss_sum = loss;
+  result.loss_sum = InjectsLoss(step) ? std::numeric_limits<double>::quiet_NaN() : loss;
+  if (options_.on_loss) options_.on_loss(step, result.loss_sum);
   TraceRange trace("flush gradients");
   const absl::Time t_flush = absl::Now();
   RETURN_IF_ERROR(grads_->Flush());

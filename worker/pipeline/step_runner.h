@@ -48,6 +48,17 @@ struct StepRunnerOptions {
   // Fault injection for tests: a random delay in [0, max] before every gate wait (env
   // SLIDEDP_INJECT_DELAY_MS sets it in slidedp-worker, also for gradient posts). Zero in production.
   absl::Duration inject_max_delay = absl::ZeroDuration();
+  // Called with the step's loss sum as soon as it is known, before the step's last gradients are
+  // flushed: the worker reports it then, so a hostd that checks every rank's loss before applying
+  // the step (train.skip_nonfinite) never waits on its own rings. May be empty.
+  std::function<void(int64_t step, double loss_sum)> on_loss;
+  // Fault injection for tests (env SLIDEDP_INJECT_NONFINITE in slidedp-worker): at `step`
+  // (0-based) element 0 of `unit`'s gradient becomes NaN, or with unit -1 the loss does.
+  struct NonFiniteInjection {
+    int64_t step = -1;
+    int unit = -1;
+  };
+  std::vector<NonFiniteInjection> inject_nonfinite;
 };
 
 class StepRunner {
@@ -64,6 +75,9 @@ class StepRunner {
  private:
   absl::StatusOr<UnitParams> Acquire(int unit, uint32_t min_version);
   void InjectDelay();
+  // The test-only NaN of inject_nonfinite into unit u's gradient at `step` (unit -1: none).
+  absl::Status InjectNonFinite(int64_t step, int unit, float* grad);
+  bool InjectsLoss(int64_t step) const;
 
   const ModelLayout& layout_;
   ComputeBackend* backend_;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "gtest/gtest.h"
 #include "hostd/checkpoint/checkpoint.h"
@@ -189,6 +190,37 @@ TEST_F(CkptHfLoadTest, TruncatedShardAndUnsupportedDtype) {
   s = Load(layout);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
   EXPECT_NE(s.message().find("F64"), std::string::npos) << s;
+}
+
+// A NaN or infinite weight is DATA_LOSS naming the file, the tensor and the element: it would
+// otherwise train NaN and report success. Found in pieces after the first one too.
+TEST_F(CkptHfLoadTest, NonFiniteWeightsAreDataLossNamingTheTensor) {
+  Qwen3Config c = TinyConfig(false);
+  c.vocab_size = 65600;  // the embedding spans two conversion pieces
+  const ModelLayout layout = ModelLayout::Build(c);
+  auto tensors = HfTensors(layout, HeadCopy::kOmit);
+  struct Case {
+    Dtype dtype;
+    std::string tensor;
+    int64_t element;
+    float value;
+    std::string where;
+  };
+  const float kInf = std::numeric_limits<float>::infinity();
+  for (const Case& k : {Case{Dtype::kBF16, "model.layers.1.mlp.up_proj.weight", 70, std::nanf(""), "[1, 6]"},
+                        Case{Dtype::kF32, "model.embed_tokens.weight", (int64_t{1} << 22) + 3, -kInf, "[65536, 3]"},
+                        Case{Dtype::kF32, "model.norm.weight", 0, kInf, "[0]"}}) {
+    SCOPED_TRACE(k.tensor);
+    fs::remove_all(dir_);
+    WriteHfModel(dir_, layout.config, tensors, k.dtype, Sharding::kSingle);
+    ASSERT_TRUE(Load(layout).ok());
+    PatchTensorElement(dir_ + "/model.safetensors", k.tensor, k.element, k.value);
+    absl::Status s = Load(layout);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find(dir_ + "/model.safetensors"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("\"" + k.tensor + "\" holds"), std::string::npos) << s;
+    EXPECT_NE(s.message().find(k.where), std::string::npos) << s;
+  }
 }
 
 TEST(CkptInitRandomTest, DeterministicIndependentOfThreadsAndHfDistributed) {

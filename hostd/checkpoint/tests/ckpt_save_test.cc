@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -280,6 +281,40 @@ TEST_F(CkptSaveTest, CorruptedNewestIsSkippedAndMismatchedLayoutRefused) {
   auto lc = LoadCheckpoint(root_ + "/checkpoint-4", other, t.arrays());
   EXPECT_EQ(lc.status().code(), absl::StatusCode::kFailedPrecondition) << lc.status();
   EXPECT_NE(lc.status().message().find("tie_word_embeddings"), std::string::npos) << lc.status();
+}
+
+// Resuming from a checkpoint whose state holds a NaN or infinity (master, m) or a negative or
+// non-finite v is DATA_LOSS naming the file, the tensor, the element and what it is.
+TEST_F(CkptSaveTest, NonFiniteStateIsDataLossNamingTheTensor) {
+  const ModelLayout layout = ModelLayout::Build(TinyConfig(false));
+  HostState s(layout);
+  FillState(layout, s, 21);
+  ASSERT_TRUE(SaveCheckpoint(Request(layout, s, 5)).ok());
+  const std::string dir = root_ + "/checkpoint-5";
+  const std::string file = dir + "/optimizer.safetensors";
+  const UnitLayout& layer = layout.units[2];
+  const TensorSlot& down = layer.tensors[kDownProj];
+  struct Case {
+    std::string kind;
+    int64_t element;
+    float value;
+    std::string what;
+  };
+  for (const Case& k : {Case{"master", down.offset_numel + 5, std::nanf(""), down.hf_name + "[0, 5]"},
+                        Case{"adam_m", 3, std::numeric_limits<float>::infinity(), "input_layernorm.weight[3]"},
+                        Case{"adam_v", down.offset_numel, -1e-9f, "second moment must be >= 0"},
+                        Case{"adam_v", layer.tensors[kInputNorm].numel, std::nanf(""), "the padding after"}}) {
+    SCOPED_TRACE(k.kind);
+    ASSERT_TRUE(SaveCheckpoint(Request(layout, s, 5)).ok());
+    HostState loaded(layout);
+    ASSERT_TRUE(LoadCheckpoint(dir, layout, loaded.arrays()).ok());
+    PatchTensorElement(file, "unit." + layer.name + "." + k.kind, k.element, k.value);
+    auto lc = LoadCheckpoint(dir, layout, loaded.arrays());
+    EXPECT_EQ(lc.status().code(), absl::StatusCode::kDataLoss) << lc.status();
+    EXPECT_NE(lc.status().message().find(file), std::string::npos) << lc.status();
+    EXPECT_NE(lc.status().message().find("unit." + layer.name + "." + k.kind), std::string::npos) << lc.status();
+    EXPECT_NE(lc.status().message().find(k.what), std::string::npos) << lc.status();
+  }
 }
 
 TEST_F(CkptSaveTest, SavingTheSameStepAgainReplacesIt) {

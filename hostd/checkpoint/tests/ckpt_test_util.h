@@ -13,6 +13,7 @@
 #include "common/model/qwen3_config.h"
 #include "common/numeric/bf16.h"
 #include "common/safetensors/safetensors.h"
+#include "gtest/gtest.h"
 #include "hostd/checkpoint/checkpoint.h"
 #include "nlohmann/json.hpp"
 
@@ -125,6 +126,33 @@ inline Qwen3Config TinyConfig(bool tied) {
   c.vocab_size = 96;  // odd-ish sizes keep the padding paths busy
   c.intermediate_size = 72;
   return c;
+}
+
+// Overwrites element `element` of tensor `name` in a safetensors file with `value` in the
+// tensor's dtype (F32 or BF16), leaving the rest of the file as it is.
+inline void PatchTensorElement(const std::string& path, const std::string& name, int64_t element, float value) {
+  uint64_t offset = 0;
+  safetensors::Dtype dtype = safetensors::Dtype::kF32;
+  {
+    auto f = safetensors::SafetensorsFile::Open(path);
+    ASSERT_TRUE(f.ok()) << f.status();
+    const safetensors::TensorInfo* t = (*f)->Find(name);
+    ASSERT_NE(t, nullptr) << name;
+    uint64_t header = 0;
+    std::ifstream(path, std::ios::binary).read(reinterpret_cast<char*>(&header), 8);
+    dtype = t->dtype;
+    offset = 8 + header + t->data_begin + element * safetensors::DtypeSize(dtype);
+  }
+  std::fstream out(path, std::ios::in | std::ios::out | std::ios::binary);
+  out.seekp(static_cast<std::streamoff>(offset));
+  if (dtype == safetensors::Dtype::kBF16) {
+    const uint16_t b = FloatToBf16(value);
+    out.write(reinterpret_cast<const char*>(&b), 2);
+  } else {
+    ASSERT_EQ(dtype, safetensors::Dtype::kF32);
+    out.write(reinterpret_cast<const char*>(&value), 4);
+  }
+  ASSERT_TRUE(out.good());
 }
 
 }  // namespace slidedp::checkpoint::testing

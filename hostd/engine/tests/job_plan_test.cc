@@ -74,6 +74,38 @@ TEST(JobPlan, OneRankWithClippingStagesOnTheDeviceWhenItFits) {
   EXPECT_EQ(PlanJob(forced, layout, Gpus(1, int64_t{4} << 30))->clip_staging, ClipStaging::kDevice);
 }
 
+// train.skip_nonfinite stages the whole step like clipping (nothing may be applied before the
+// step is known finite), also without clipping: device staging where it fits, else host.
+TEST(JobPlan, SkipNonfiniteStagesTheWholeStepLikeClipping) {
+  const ModelLayout layout = Layout();
+  JobSpec one = Spec(1, 0);
+  one.skip_nonfinite = true;
+  auto device = PlanJob(one, layout, Gpus(1));
+  ASSERT_TRUE(device.ok()) << device.status();
+  EXPECT_EQ(device->clip_staging, ClipStaging::kDevice);
+  EXPECT_EQ(device->consumer, GradConsumerKind::kShards);  // never kDirect: it applies at once
+  EXPECT_TRUE(absl::StrContains(device->RoutesLine(ParamDelivery::kReplicated), "skip_nonfinite: device staging"))
+      << device->RoutesLine(ParamDelivery::kReplicated);
+  auto host = PlanJob(one, layout, Gpus(1, 1 << 30));  // does not fit: hostd stages
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_EQ(host->clip_staging, ClipStaging::kHost);
+  EXPECT_TRUE(host->host_staging);
+  EXPECT_EQ(host->memory.step_staging_bytes, static_cast<uint64_t>(layout.total_numel) * 4);
+  EXPECT_EQ(host->consumer, GradConsumerKind::kSummed);
+  JobSpec cpu = Spec(2, 0, GradReduction::kCpu);
+  cpu.skip_nonfinite = true;
+  auto summed = PlanJob(cpu, layout, Gpus(2));
+  ASSERT_TRUE(summed.ok()) << summed.status();
+  EXPECT_EQ(summed->clip_staging, ClipStaging::kHost);
+  EXPECT_EQ(summed->memory.step_staging_bytes, static_cast<uint64_t>(layout.total_numel) * 4);  // counted once
+  EXPECT_TRUE(absl::StrContains(summed->RoutesLine(ParamDelivery::kReplicated), "skip_nonfinite: host staging"));
+  JobSpec both = Spec(2, 1.0);
+  both.skip_nonfinite = true;
+  auto p = PlanJob(both, layout, Gpus(2));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(absl::StrContains(p->RoutesLine(ParamDelivery::kReplicated), "clipping and skip_nonfinite: device"));
+}
+
 TEST(JobPlan, GpuRouteShardsEveryUnitOverTheRanks) {
   const ModelLayout layout = Layout();
   for (int world : {2, 3}) {

@@ -10,13 +10,20 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <limits>
 #include <optional>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/data/synthetic.h"
 #include "common/model/shard.h"
 #include "gtest/gtest.h"
+#include "hostd/checkpoint/checkpoint.h"
+#include "hostd/update/adamw_kernels.h"
+#include "hostd/update/schedule.h"
+#include "nlohmann/json.hpp"
 #include "shm/grad_ring.h"
 #include "shm/job_state.h"
 
@@ -37,14 +44,19 @@ class FakeContext : public JobContext {
   void SetState(v1::JobState) override {}
   void SetTotalSteps(int64_t) override {}
   void SetHostStateBytes(int64_t) override {}
-  void ReportStep(const v1::StepMetrics& m) override { norms.push_back(m.grad_norm()); }
+  void ReportStep(const v1::StepMetrics& m) override {
+    norms.push_back(m.grad_norm());
+    metrics.push_back(m);
+  }
   void Log(const std::string& line) override { logs.push_back(line); }
   void SetLastCheckpoint(const std::string&) override {}
   std::vector<double> norms;
+  std::vector<v1::StepMetrics> metrics;
   std::vector<std::string> logs;
+  std::string resume_;
 
  private:
-  std::string job_id_, resume_;
+  std::string job_id_;
   JobSpec spec_;
   std::vector<std::shared_ptr<WorkerSession>> workers_;
 };
@@ -56,6 +68,7 @@ struct RankResult {
   v1::Assignment assignment;
   std::string comm_id;                     // what rank > 0 received
   std::vector<std::vector<float>> master;  // rank 0: the final master weights
+  uint64_t skipped_steps = 0;              // rank 0: the control block's count at the end
   absl::Status status;
 };
 
@@ -71,7 +84,22 @@ std::optional<v1::HostCommand> NextCommand(WorkerSession& w) {
   }
 }
 
-enum class Fault { kNone, kOutsideShard, kNoSquaredNorm };
+enum class Fault {
+  kNone,
+  kOutsideShard,
+  kNoSquaredNorm,
+  kNanAtStep1,      // element kNanElement of unit 1 is NaN at step 1 (0-based), from this rank
+  kPaddingGarbage,  // huge values in every padding element, every step
+};
+constexpr int64_t kNanElement = 300;  // inside unit 1's q_proj (a parameter, not padding)
+
+// Whether element i of unit u is a parameter (else alignment padding).
+bool IsParam(const UnitLayout& u, int64_t i) {
+  for (const TensorSlot& t : u.tensors) {
+    if (i >= t.offset_numel && i < t.offset_numel + t.numel) return true;
+  }
+  return false;
+}
 
 // One scripted rank. On the gpu route rank r posts its shards in pieces of slot/(r+1) elements,
 // so ranks post different numbers of chunks per unit.
@@ -113,6 +141,14 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
   if (!ring.ok()) return fail(ring.status());
   const bool gpu = a.grad_reduction() == v1::GRAD_REDUCTION_GPU;
   const int units = (*js)->num_units();
+  const ModelLayout layout = ModelLayout::Build(*Qwen3Config::Preset("tiny"));
+  auto grad = [&](int64_t t, int u, int64_t i) {
+    if (fault == Fault::kNanAtStep1 && t == 1 && u == 1 && i == kNanElement) {
+      return std::numeric_limits<float>::quiet_NaN();
+    }
+    if (fault == Fault::kPaddingGarbage && !IsParam(layout.units[u], i)) return i % 2 ? 1.0f : -3e5f;
+    return Grad(static_cast<int>(t), u, i);
+  };
   // The cpu route needs the same chunk sequence from every rank; shards may come in any pieces.
   const int64_t piece = static_cast<int64_t>((*ring)->config().slot_bytes / 4) / (gpu ? rank + 1 : 1);
   // Device staging: the rank's squared norm first, then its parts in forward order.
@@ -122,12 +158,19 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
       absl::Status s = (*js)->version(u).WaitAtLeast(static_cast<uint32_t>(t), absl::Seconds(20), (*js)->abort());
       if (!s.ok()) return fail(s);
     }
+    {  // the loss first, as a worker sends it before its last gradients
+      v1::WorkerReport rep;
+      rep.mutable_step_loss()->set_job_id(a.job_id());
+      rep.mutable_step_loss()->set_step(t);
+      rep.mutable_step_loss()->set_loss_sum(1.0);
+      w->reports().Push(rep);
+    }
     if (device_staging && fault != Fault::kNoSquaredNorm) {
       double squares = 0;
       for (int u = 0; u < units; ++u) {
         const ShardRange range = gpu ? ShardOf((*js)->unit_numel(u), world, rank) : ShardRange{0, (*js)->unit_numel(u)};
         for (int64_t i = range.offset; i < range.offset + range.numel; ++i) {
-          const double g = Grad(static_cast<int>(t), u, i);
+          const double g = grad(t, u, i);
           squares += g * g;
         }
       }
@@ -152,7 +195,7 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
         auto slot = (*ring)->AcquireSlot(absl::Seconds(20));
         if (!slot.ok()) return fail(slot.status());
         float* dst = static_cast<float*>((*ring)->slot_data(*slot));
-        for (int64_t i = 0; i < n; ++i) dst[i] = Grad(static_cast<int>(t), u, off + i);
+        for (int64_t i = 0; i < n; ++i) dst[i] = grad(t, u, off + i);
         shm::GradChunkDesc d;
         d.unit = u;
         d.slot = *slot;
@@ -178,6 +221,7 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
     for (int u = 0; u < units; ++u) {
       out->master.emplace_back((*js)->master(u), (*js)->master(u) + (*js)->unit_numel(u));
     }
+    out->skipped_steps = (*js)->skipped_steps_counter().load();
   }
   v1::WorkerReport rep;
   rep.mutable_job_finished()->set_job_id(a.job_id());
@@ -189,12 +233,21 @@ JobSpec TinySpec(int world, double max_norm, const std::string& route) {
   s.name = "engine";
   s.model_preset = "tiny";
   s.init_seed = 3;
-  // (one directory per test binary, removed when it exits)
+  // (one directory per test binary, removed when it exits; with the dataset the executor
+  // verifies at job start; the fake ranks post gradients of their own and read none of it)
   static const struct OutputDir {
     std::string path = ::testing::TempDir() + "/engine-" + std::to_string(getpid());
+    OutputDir() {
+      data::SyntheticOptions o;
+      o.vocab_size = 512;
+      o.num_documents = 64;
+      o.seq_len = 64;
+      EXPECT_TRUE(data::WriteSyntheticDataset(path + "/data", o).ok());
+    }
     ~OutputDir() { std::filesystem::remove_all(path); }
   } output_dir;
   s.output_dir = output_dir.path;
+  s.data_path = output_dir.path + "/data";
   s.save_final = false;
   s.steps = 3;
   s.seq_len = 64;
@@ -214,6 +267,7 @@ struct JobRun {
   absl::Status status;
   std::vector<RankResult> ranks;
   std::vector<double> norms;
+  std::vector<v1::StepMetrics> metrics;
   std::vector<std::string> logs;
 };
 
@@ -231,11 +285,13 @@ std::vector<std::shared_ptr<WorkerSession>> Workers(int world, const std::string
 }
 
 JobRun RunJob(TrainingExecutor& ex, const std::string& job_id, const JobSpec& spec,
-              std::vector<std::shared_ptr<WorkerSession>> workers, Fault fault = Fault::kNone, int faulty_rank = -1) {
+              std::vector<std::shared_ptr<WorkerSession>> workers, Fault fault = Fault::kNone, int faulty_rank = -1,
+              const std::string& resume = "") {
   const int world = static_cast<int>(workers.size());
   JobRun run;
   run.ranks.resize(world);
   FakeContext ctx(job_id, spec, workers);
+  ctx.resume_ = resume;
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back(FakeRank, workers[r], r, r == faulty_rank ? fault : Fault::kNone, &run.ranks[r]);
@@ -243,6 +299,7 @@ JobRun RunJob(TrainingExecutor& ex, const std::string& job_id, const JobSpec& sp
   run.status = ex.Run(ctx);
   for (auto& th : threads) th.join();
   run.norms = ctx.norms;
+  run.metrics = ctx.metrics;
   run.logs = ctx.logs;
   return run;
 }
@@ -414,6 +471,151 @@ TEST(TrainingExecutor, CommIdIsRelayedFromRankZeroAndTheMembershipKeyFollowsSess
   JobRun fresh = RunJob(ex, "relay4", TinySpec(3, 0, "gpu"), Workers(3));
   ASSERT_TRUE(fresh.status.ok()) << fresh.status;
   EXPECT_NE(fresh.ranks[0].assignment.membership_key(), key_after);
+}
+
+// What the executor must produce, computed here: the tiny model's random init, then AdamW (the
+// reference kernel, on the tensors only) with Grad(t) for every applied step t, the scheduled LR
+// of the global step t, and Adam's step count over applied steps only (GradScaler's semantics).
+struct ReferenceState {
+  explicit ReferenceState(const JobSpec& spec) : layout(ModelLayout::Build(*Qwen3Config::Preset("tiny"))) {
+    for (const UnitLayout& u : layout.units) {
+      master.emplace_back(u.numel, 0.0f);
+      m.emplace_back(u.numel, 0.0f);
+      v.emplace_back(u.numel, 0.0f);
+      mirror.emplace_back(u.numel, 0);
+    }
+    checkpoint::InitRandom(layout, spec.init_seed, [&](int u) { return master[u].data(); });
+  }
+  void Apply(const JobSpec& spec, const update::LrSchedule& schedule, int64_t t, int64_t adam_step) {
+    update::AdamWStepParams p;
+    p.lr = schedule.LrAt(t);
+    p.beta1 = spec.beta1;
+    p.beta2 = spec.beta2;
+    p.eps = spec.eps;
+    p.weight_decay = spec.weight_decay;
+    p.step = adam_step;
+    for (const UnitLayout& u : layout.units) {
+      std::vector<float> g(u.numel);
+      for (int64_t i = 0; i < u.numel; ++i) g[i] = Grad(static_cast<int>(t), u.index, i);
+      for (const TensorSlot& ts : u.tensors) {
+        const int64_t o = ts.offset_numel;
+        update::AdamWStep(p, master[u.index].data() + o, m[u.index].data() + o, v[u.index].data() + o,
+                          mirror[u.index].data() + o, g.data() + o, ts.numel);
+      }
+    }
+  }
+  ModelLayout layout;
+  std::vector<std::vector<float>> master, m, v;
+  std::vector<std::vector<bf16_t>> mirror;
+};
+
+update::LrSchedule LinearSchedule(const JobSpec& spec) {
+  update::LrScheduleConfig c;
+  c.kind = update::LrScheduleKind::kLinear;
+  c.base_lr = spec.lr;
+  c.warmup_steps = spec.warmup_steps;
+  c.total_steps = spec.steps;
+  return *update::LrSchedule::Create(c);
+}
+
+// train.skip_nonfinite: a step whose gradient holds a NaN changes nothing (master, m, v); the job
+// goes on; the next applied update counts Adam's step without the skipped one while the LR
+// schedule follows the global step, bit for bit as computed here; the count is in the control
+// block, the metrics, the log and the checkpoint, and a resumed job continues it.
+TEST(TrainingExecutor, SkipNonfiniteSkipsTheStepWithGradScalerSemantics) {
+  TrainingExecutor ex(Options());
+  for (GradStaging staging : {GradStaging::kHost, GradStaging::kDevice}) {
+    SCOPED_TRACE(ToString(staging));
+    JobSpec spec = TinySpec(1, 0, "cpu");
+    spec.skip_nonfinite = true;
+    spec.grad_staging = staging;
+    spec.schedule = ScheduleKind::kLinear;
+    spec.warmup_steps = 1;
+    spec.steps = 4;
+    spec.save_final = true;
+    spec.output_dir = spec.output_dir + "/skip-" + ToString(staging);
+    const std::string id = absl::StrCat("skip-", ToString(staging));
+    JobRun run = RunJob(ex, id, spec, Workers(1), Fault::kNanAtStep1, 0);
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    ASSERT_EQ(run.metrics.size(), 4u);
+    for (int t = 0; t < 4; ++t) {
+      EXPECT_EQ(run.metrics[t].skipped(), t == 1) << t;
+      EXPECT_EQ(run.metrics[t].skipped_steps(), t >= 1 ? 1 : 0) << t;
+    }
+    EXPECT_EQ(run.ranks[0].skipped_steps, 1u);
+    bool warned = false;
+    for (const std::string& l : run.logs) {
+      warned |= absl::StrContains(l,
+                                  "warning: step 2 skipped (train.skip_nonfinite): gradient of unit 1 (layer.0) "
+                                  "is not finite");
+    }
+    EXPECT_TRUE(warned);
+    const update::LrSchedule schedule = LinearSchedule(spec);
+    ReferenceState ref(spec);
+    ref.Apply(spec, schedule, 0, 1);
+    ref.Apply(spec, schedule, 2, 2);  // step 1 skipped: LrAt(2), Adam step 2
+    ref.Apply(spec, schedule, 3, 3);
+    ASSERT_EQ(run.ranks[0].master.size(), ref.master.size());
+    for (size_t u = 0; u < ref.master.size(); ++u) {
+      ASSERT_EQ(0, std::memcmp(run.ranks[0].master[u].data(), ref.master[u].data(), ref.master[u].size() * 4)) << u;
+    }
+    // The checkpoint keeps the count; resuming continues it (Adam step 4 for global step 5).
+    auto ckpt = checkpoint::FindLatestCheckpoint(spec.output_dir, id);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+    std::ifstream f(*ckpt + "/trainer_state.json");
+    const nlohmann::json ts = nlohmann::json::parse(f);
+    EXPECT_EQ(ts["trainer_state"]["skipped_steps"], 1) << ts.dump();
+    JobSpec more = spec;
+    more.steps = 5;
+    JobRun resumed = RunJob(ex, id, more, Workers(1), Fault::kNone, -1, *ckpt);
+    ASSERT_TRUE(resumed.status.ok()) << resumed.status;
+    EXPECT_EQ(resumed.ranks[0].skipped_steps, 1u);
+    bool logged = false;
+    for (const std::string& l : resumed.logs) logged |= absl::StrContains(l, "(1 skipped as non-finite)");
+    EXPECT_TRUE(logged);
+    ref.Apply(more, LinearSchedule(more), 4, 4);
+    for (size_t u = 0; u < ref.master.size(); ++u) {
+      ASSERT_EQ(0, std::memcmp(resumed.ranks[0].master[u].data(), ref.master[u].data(), ref.master[u].size() * 4)) << u;
+    }
+  }
+}
+
+// Without skip_nonfinite the same NaN fails the job: DATA_LOSS naming the step, the unit, the
+// element and the worker, before the NaN reaches the master weights.
+TEST(TrainingExecutor, NonFiniteGradientFailsTheJobWithDataLoss) {
+  TrainingExecutor ex(Options());
+  for (double clip : {0.0, 1.0}) {
+    JobRun run = RunJob(ex, absl::StrCat("nan", clip > 0), TinySpec(2, clip, "gpu"), Workers(2), Fault::kNanAtStep1, 0);
+    EXPECT_EQ(run.status.code(), absl::StatusCode::kDataLoss) << run.status;
+    const std::string msg(run.status.message());
+    EXPECT_TRUE(absl::StrContains(msg,
+                                  "step 2: gradient of unit 1 (layer.0) is not finite: "
+                                  "model.layers.0.self_attn.q_proj.weight[0, 44] is NaN (posted by worker fake0 "
+                                  "(rank 0))"))
+        << msg;
+    EXPECT_TRUE(absl::StrContains(msg, clip > 0 ? "nothing of the step was applied" : "parts applied before it"))
+        << msg;
+  }
+}
+
+// LayerAdam never writes the padding between tensors, whatever the workers post there: with
+// gradients of 1 and -3e5 in every padding element (an update would move it by about lr), the
+// padding stays exactly as initialized (0).
+TEST(TrainingExecutor, PaddingIsNeverUpdated) {
+  TrainingExecutor ex(Options());
+  JobSpec spec = TinySpec(1, 0, "cpu");
+  JobRun run = RunJob(ex, "padding", spec, Workers(1), Fault::kPaddingGarbage, 0);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  const ModelLayout layout = ModelLayout::Build(*Qwen3Config::Preset("tiny"));
+  int64_t padding = 0;
+  for (const UnitLayout& u : layout.units) {
+    for (int64_t i = 0; i < u.numel; ++i) {
+      if (IsParam(u, i)) continue;
+      ++padding;
+      ASSERT_EQ(run.ranks[0].master[u.index][i], 0.0f) << u.name << " element " << i;
+    }
+  }
+  EXPECT_GT(padding, 1000);
 }
 
 }  // namespace

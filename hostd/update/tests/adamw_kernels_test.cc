@@ -330,5 +330,61 @@ TEST(AdamWKernels, IsaNamesAndDispatch) {
   }
 }
 
+// The checked kernels of every ISA: on finite data bit for bit the unchecked kernel; with a NaN or
+// inf at any position of awkward lengths and mirror alignments (vector body, head, tails) they
+// stop there: the elements before it as the unchecked kernel makes them, nothing from it on.
+TEST(AdamWKernels, CheckedKernelsStopBeforeTheFirstNonFiniteGradient) {
+  const float kBad[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()};
+  AdamWStepParams p;
+  p.lr = 1e-3;
+  p.weight_decay = 0.1;
+  const AdamWConstants c = MakeAdamWConstants(p);
+  for (AdamIsa isa : SupportedIsas()) {
+    SCOPED_TRACE(AdamIsaName(isa));
+    const AdamKernelTable* k = AdamKernelsFor(isa);
+    for (int64_t n : {1, 22, 31, 33, 100, 1000}) {
+      for (int64_t shift : {0, 3}) {  // the mirror's alignment decides the head
+        std::vector<float> g(n);
+        for (int64_t i = 0; i < n; ++i) g[i] = 1e-3f * static_cast<float>((i * 7) % 13 - 6) + 1e30f * (i == 5);
+        std::vector<bf16_t> gb(n);
+        for (int64_t i = 0; i < n; ++i) gb[i] = FloatToBf16(g[i]);
+        for (int64_t pos : {int64_t{-1}, int64_t{0}, n / 2, n - 1}) {
+          for (float bad : kBad) {
+            std::vector<float> gg = g;
+            std::vector<bf16_t> ggb = gb;
+            if (pos >= 0) {
+              gg[pos] = bad;
+              ggb[pos] = FloatToBf16(bad);
+            }
+            for (bool bf16 : {false, true}) {
+              std::vector<float> m0(n + 8, 0.5f), m1 = m0, mm0(n + 8, 1e-3f), mm1 = mm0, v0(n + 8, 1e-6f), v1 = v0;
+              std::vector<bf16_t> r0(n + 8, 0), r1 = r0;
+              const int64_t stop = pos >= 0 ? pos : n;
+              int64_t got;
+              if (bf16) {
+                k->step_bf16(c, m0.data() + shift, mm0.data() + shift, v0.data() + shift, r0.data() + shift, ggb.data(),
+                             stop);
+                got = k->step_bf16_checked(c, m1.data() + shift, mm1.data() + shift, v1.data() + shift,
+                                           r1.data() + shift, ggb.data(), n);
+              } else {
+                k->step_f32(c, m0.data() + shift, mm0.data() + shift, v0.data() + shift, r0.data() + shift, gg.data(),
+                            stop);
+                got = k->step_f32_checked(c, m1.data() + shift, mm1.data() + shift, v1.data() + shift,
+                                          r1.data() + shift, gg.data(), n);
+              }
+              ASSERT_EQ(got, pos) << "n " << n << " pos " << pos << " bf16 " << bf16;
+              ASSERT_EQ(0, std::memcmp(m0.data(), m1.data(), m0.size() * 4)) << n << " " << pos;
+              ASSERT_EQ(0, std::memcmp(mm0.data(), mm1.data(), mm0.size() * 4)) << n << " " << pos;
+              ASSERT_EQ(0, std::memcmp(v0.data(), v1.data(), v0.size() * 4)) << n << " " << pos;
+              ASSERT_EQ(0, std::memcmp(r0.data(), r1.data(), r0.size() * 2)) << n << " " << pos;
+            }
+            if (pos < 0) break;  // without a bad element one pass is enough
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace slidedp::update

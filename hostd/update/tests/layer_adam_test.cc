@@ -17,6 +17,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/model/qwen3_config.h"
 #include "gtest/gtest.h"
 #include "hostd/update/grad_norm.h"
 #include "hostd/update/unit_tracker.h"
@@ -178,6 +179,150 @@ TEST(LayerAdam, RefusesBadSubmissions) {
   EXPECT_EQ(engine->SubmitChunk(unit.view(), 0, 5, grad.data(), p, done).code(), kBad);
   engine->WaitIdle();
   EXPECT_FALSE(called);
+}
+
+// The padding between a unit's tensors (ModelLayout aligns each to 256 elements) is never written,
+// whatever the gradient holds there and whatever the hyper-parameters: eps 0 (0/0 = NaN), weight
+// decay, NaN and huge gradients in the padding. Every array's padding is poisoned with a NaN
+// payload and must stay bitwise as it was; the tensors get exactly the kernel's result.
+TEST(LayerAdam, NeverTouchesThePaddingBetweenTensors) {
+  auto config = Qwen3Config::Preset("tiny");
+  ASSERT_TRUE(config.ok());
+  const ModelLayout layout = ModelLayout::Build(*config);
+  auto engine = MakeEngine(3, WorkerPinning::kNone, /*min_piece=*/64);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  constexpr uint32_t kPoisonF32 = 0x7fc0dead;  // a quiet NaN with a payload no kernel makes
+  constexpr uint16_t kPoisonBf16 = 0x7fc1;
+  for (const UnitLayout& ul : {layout.units[1], layout.head()}) {
+    const int64_t n = ul.numel;
+    std::vector<ElementRange> tensors;
+    std::vector<bool> is_param(n, false);
+    for (const TensorSlot& t : ul.tensors) {
+      tensors.push_back({t.offset_numel, t.offset_numel + t.numel});
+      std::fill(is_param.begin() + t.offset_numel, is_param.begin() + t.offset_numel + t.numel, true);
+    }
+    const int64_t padding = std::count(is_param.begin(), is_param.end(), false);
+    ASSERT_GT(padding, 0) << ul.name << ": the tiny model's norms are shorter than the alignment";
+    OwnedUnit unit(n);
+    for (int64_t i = 0; i < n; ++i) {
+      if (is_param[i]) {
+        unit.master[i] = normal(rng) * 0.02f;
+      } else {
+        std::memcpy(&unit.master[i], &kPoisonF32, 4);
+        std::memcpy(&unit.m[i], &kPoisonF32, 4);
+        std::memcpy(&unit.v[i], &kPoisonF32, 4);
+        std::memcpy(&unit.mirror[i], &kPoisonBf16, 2);
+      }
+    }
+    OwnedUnit expect = unit;
+    UnitMemory view = unit.view();
+    view.tensors = tensors;
+    for (int t = 1; t <= 3; ++t) {
+      AdamWStepParams p;
+      p.lr = 1e-2;
+      p.eps = 0;  // the spec refuses it; LayerAdam must be safe with it anyway
+      p.weight_decay = 0.5;
+      p.step = t;
+      std::vector<float> grad(n);
+      for (int64_t i = 0; i < n; ++i) {
+        grad[i] = is_param[i] ? normal(rng) * 1e-2f
+                              : (i % 3 == 0 ? std::numeric_limits<float>::quiet_NaN() : (i % 3 == 1 ? 0.0f : 1e30f));
+      }
+      for (const ElementRange& r : tensors) {
+        AdamWStep(p, expect.master.data() + r.begin, expect.m.data() + r.begin, expect.v.data() + r.begin,
+                  expect.mirror.data() + r.begin, grad.data() + r.begin, r.end - r.begin);
+      }
+      // Chunks that start and end inside padding and inside tensors alike.
+      std::atomic<int> pending{0};
+      for (auto [o, l] : RandomChunks(n, rng)) {
+        pending++;
+        ASSERT_TRUE(engine
+                        ->SubmitChunk(view, o, l, grad.data() + o, p,
+                                      [&](absl::Status s) {
+                                        EXPECT_TRUE(s.ok()) << s;
+                                        pending--;
+                                      })
+                        .ok());
+      }
+      engine->WaitIdle();
+      EXPECT_EQ(pending.load(), 0);
+    }
+    ASSERT_EQ(0, std::memcmp(unit.master.data(), expect.master.data(), n * 4)) << ul.name;
+    ASSERT_EQ(0, std::memcmp(unit.m.data(), expect.m.data(), n * 4)) << ul.name;
+    ASSERT_EQ(0, std::memcmp(unit.v.data(), expect.v.data(), n * 4)) << ul.name;
+    ASSERT_EQ(0, std::memcmp(unit.mirror.data(), expect.mirror.data(), n * 2)) << ul.name;
+    int64_t poisoned = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &unit.master[i], 4);
+      poisoned += !is_param[i] && bits == kPoisonF32;
+    }
+    EXPECT_EQ(poisoned, padding) << ul.name;
+  }
+  // Ranges that are not sorted, overlap or leave the unit are refused.
+  OwnedUnit unit(1024);
+  std::vector<float> grad(1024);
+  for (std::vector<ElementRange> bad :
+       {std::vector<ElementRange>{{256, 512}, {0, 64}}, std::vector<ElementRange>{{0, 300}, {256, 512}},
+        std::vector<ElementRange>{{0, 2000}}}) {
+    UnitMemory view = unit.view();
+    view.tensors = bad;
+    EXPECT_EQ(engine->SubmitChunk(view, 0, 1024, grad.data(), AdamWStepParams{}, [](absl::Status) {}).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// NonFiniteGrad::kRefuse: a chunk with a NaN or inf is DATA_LOSS naming the element (payload),
+// every element before it is updated as with kApply, nothing from it on; kApply propagates.
+TEST(LayerAdam, RefusingUpdatesStopAtANonFiniteGradient) {
+  auto engine = MakeEngine(1, WorkerPinning::kNone, /*min_piece=*/1 << 20);  // one piece per chunk
+  constexpr int64_t kN = 20077;
+  const int64_t bad = 12345;
+  for (float value : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    OwnedUnit unit(kN);
+    for (int64_t i = 0; i < kN; ++i) unit.master[i] = 0.01f * static_cast<float>(i % 17);
+    OwnedUnit expect = unit;
+    std::vector<float> grad(kN, 1e-3f);
+    grad[bad] = value;
+    AdamWStepParams p;
+    p.nonfinite_grad = NonFiniteGrad::kRefuse;
+    AdamWStep(p, expect.master.data(), expect.m.data(), expect.v.data(), expect.mirror.data(), grad.data(),
+              bad);  // the elements before the bad one
+    absl::Notification done;
+    absl::Status status;
+    ASSERT_TRUE(engine
+                    ->SubmitChunk(unit.view(), 0, kN, grad.data(), p,
+                                  [&](absl::Status s) {
+                                    status = s;
+                                    done.Notify();
+                                  })
+                    .ok());
+    done.WaitForNotification();
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+    auto e = NonFiniteGradOf(status);
+    ASSERT_TRUE(e.has_value()) << status;
+    EXPECT_EQ(e->offset, bad);
+    EXPECT_EQ(std::isnan(e->value), std::isnan(value));
+    ASSERT_EQ(0, std::memcmp(unit.master.data(), expect.master.data(), kN * 4));
+    ASSERT_EQ(0, std::memcmp(unit.v.data(), expect.v.data(), kN * 4));
+    for (float x : unit.master) ASSERT_TRUE(std::isfinite(x));
+  }
+  // kApply: as PyTorch, the element becomes non-finite and the chunk is OK.
+  OwnedUnit unit(1000);
+  std::vector<float> grad(1000, 1e-3f);
+  grad[10] = std::numeric_limits<float>::quiet_NaN();
+  absl::Notification done;
+  ASSERT_TRUE(engine
+                  ->SubmitChunk(unit.view(), 0, 1000, grad.data(), AdamWStepParams{},
+                                [&](absl::Status s) {
+                                  EXPECT_TRUE(s.ok()) << s;
+                                  done.Notify();
+                                })
+                  .ok());
+  done.WaitForNotification();
+  EXPECT_TRUE(std::isnan(unit.master[10]));
+  EXPECT_FALSE(NonFiniteGradOf(absl::DataLossError("other")).has_value());
 }
 
 TEST(LayerAdam, ShutdownCompletesEveryChunkOnce) {
