@@ -4,6 +4,7 @@
 #include "common/io/small_file.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/parallel/parallel_for.h"
 #include "common/status/status_macros.h"
@@ -501,11 +503,29 @@ absl::Status DatasetReader::Scan(bool crc, int threads) {
   std::vector<uint32_t> task_crc(tasks.size(), 0);
   std::vector<int64_t> task_trained(tasks.size(), 0);
   std::vector<absl::Status> task_status(tasks.size());
-  // One buffer per thread, tasks taken in order from a shared counter.
+  // One buffer per thread, as large as the largest chunk read, tasks taken in order from a shared
+  // counter. The buffers are mapped and unmapped directly: from malloc, hostd's (long-lived) arenas
+  // would keep up to 8 MiB per thread after every scan (glibc raises its mmap threshold).
+  uint64_t buffer_bytes = 0;
+  for (const Task& t : tasks) {
+    if (t.file < kDoc) buffer_bytes = std::max(buffer_bytes, t.bytes);
+  }
   std::atomic<size_t> next{0};
   const int workers = std::min<int>(ResolveThreads(threads), static_cast<int>(std::max<size_t>(tasks.size(), 1)));
   ParallelFor(workers, workers, [&](size_t) {
-    std::vector<char> buffer;
+    char* buffer = nullptr;
+    if (buffer_bytes > 0) {
+      void* p = ::mmap(nullptr, buffer_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) {
+        const int err = errno;
+        for (size_t k = next++; k < tasks.size(); k = next++) task_status[k] = ErrnoStatus("scan buffer", err);
+        return;
+      }
+      buffer = static_cast<char*>(p);
+    }
+    absl::Cleanup unmap = [&] {
+      if (buffer != nullptr) ::munmap(buffer, buffer_bytes);
+    };
     for (size_t k = next++; k < tasks.size(); k = next++) {
       const Task& t = tasks[k];
       const char* data = nullptr;
@@ -513,8 +533,7 @@ absl::Status DatasetReader::Scan(bool crc, int threads) {
         const auto& off = t.file == kDoc ? doc_offsets_ : row_offsets_;
         data = reinterpret_cast<const char*>(off.data()) + t.offset;
       } else {
-        buffer.resize(kScanChunkBytes);
-        absl::Status s = PreadExactly(fds_[t.file], buffer.data(), t.bytes, t.offset, PathOf(t.file));
+        absl::Status s = PreadExactly(fds_[t.file], buffer, t.bytes, t.offset, PathOf(t.file));
         if (absl::IsOutOfRange(s)) {
           s = absl::DataLossError(absl::StrCat("dataset file ", PathOf(t.file), " was truncated while it was read"));
         }
@@ -522,7 +541,7 @@ absl::Status DatasetReader::Scan(bool crc, int threads) {
           task_status[k] = s;
           continue;
         }
-        data = buffer.data();
+        data = buffer;
       }
       if (crc) task_crc[k] = Crc32Update(0, data, t.bytes);
       if (t.file == kTok) {
