@@ -259,47 +259,40 @@ void TrainingExecutor::ForgetJob(const std::string& job_id) {
 }
 
 absl::Status TrainingExecutor::AcquireState(JobContext& ctx, Attempt& a) {
+  // The state a dead hostd left for this job (AdoptInterruptedState), else a pooled segment of
+  // this layout; either one's memory counts as available to this job. Any other pooled segment
+  // is freed first, as this job may need its memory.
+  std::unique_ptr<shm::JobState> adopted;
   {
     absl::MutexLock l(&mu_);
     if (auto it = adopted_.find(ctx.job_id()); it != adopted_.end()) {
-      a.job_state = std::move(it->second.state);
+      adopted = std::move(it->second.state);
       a.shm_step = it->second.step;
       adopted_.erase(it);
     }
   }
-  if (a.job_state) {
-    // Its memory is allocated already: admission counts it as available.
-    ASSIGN_OR_RETURN(HostMemoryInfo host, ReadHostMemoryInfo());
-    host.mem_available_bytes += a.job_state->bytes();
-    host.shm_free_bytes += a.job_state->bytes();
-    if (absl::Status s = CheckAdmission(a.plan.memory, host); !s.ok()) {
-      (void)a.job_state->Unlink();
-      return s;
-    }
-    RETURN_IF_ERROR(a.job_state->CheckMatches(a.layout));
-    ctx.SetHostStateBytes(static_cast<int64_t>(a.plan.memory.total_bytes));
-    ctx.Log(a.plan.MemoryLine());
-    ctx.Log(a.plan.RoutesLine(a.spec.param_delivery));
-    ASSIGN_OR_RETURN(a.adam, Adam());
-    a.bulk_threads = std::max(1, std::min(16, a.adam->num_threads()));
-    a.job_state->abort().Reset();  // a worker may have raised it when the previous hostd died
-    return absl::OkStatus();
-  }
-  // A pooled segment of this layout is reused (its memory counts as available to this job);
-  // any other pooled segment is freed first, as this job may need its memory.
-  a.pooled = pool_.Take(a.layout);
+  if (!adopted) a.pooled = pool_.Take(a.layout);
+  const shm::JobState* held = adopted ? adopted.get() : a.pooled.get();
   ASSIGN_OR_RETURN(HostMemoryInfo host, ReadHostMemoryInfo());
-  if (a.pooled) {
-    host.mem_available_bytes += a.pooled->bytes();
-    host.shm_free_bytes += a.pooled->bytes();
+  if (held) {
+    host.mem_available_bytes += held->bytes();
+    host.shm_free_bytes += held->bytes();
   }
-  RETURN_IF_ERROR(CheckAdmission(a.plan.memory, host));
+  if (absl::Status s = CheckAdmission(a.plan.memory, host); !s.ok()) {
+    if (adopted) (void)adopted->Unlink();
+    return s;
+  }
   ctx.SetHostStateBytes(static_cast<int64_t>(a.plan.memory.total_bytes));
   ctx.Log(a.plan.MemoryLine());
   ctx.Log(a.plan.RoutesLine(a.spec.param_delivery));
 
   ASSIGN_OR_RETURN(a.adam, Adam());
   a.bulk_threads = std::max(1, std::min(16, a.adam->num_threads()));
+  if (adopted) {
+    a.job_state = std::move(adopted);
+    a.job_state->abort().Reset();  // a worker may have raised it when the previous hostd died
+    return absl::OkStatus();
+  }
   if (a.pooled) {
     const uint64_t bytes = a.pooled->bytes();
     const absl::Time t0 = absl::Now();

@@ -85,22 +85,28 @@ std::string Spec(const SpecOptions& o) {
 
 ModelLayout TinyLayout() { return ModelLayout::Build(*Qwen3Config::Preset("tiny")); }
 
-// FP32 master weights of a saved checkpoint, per unit.
-std::vector<std::vector<float>> LoadMaster(const std::string& dir) {
+// Master, Adam m and v of a checkpoint saved in fp32, per unit, one after another.
+std::vector<std::vector<float>> LoadState(const std::string& dir) {
   ModelLayout layout = TinyLayout();
-  std::vector<std::vector<float>> master(layout.num_units()), m(layout.num_units()), v(layout.num_units());
-  for (int u = 0; u < layout.num_units(); ++u) {
-    master[u].resize(layout.units[u].numel);
-    m[u].resize(layout.units[u].numel);
-    v[u].resize(layout.units[u].numel);
+  const int n = layout.num_units();
+  std::vector<std::vector<float>> state(3 * n);
+  for (int u = 0; u < n; ++u) {
+    for (int k = 0; k < 3; ++k) state[k * n + u].resize(layout.units[u].numel);
   }
   checkpoint::StateArrays arrays;
-  arrays.master = [&](int u) { return master[u].data(); };
-  arrays.adam_m = [&](int u) { return m[u].data(); };
-  arrays.adam_v = [&](int u) { return v[u].data(); };
+  arrays.master = [&](int u) { return state[u].data(); };
+  arrays.adam_m = [&](int u) { return state[n + u].data(); };
+  arrays.adam_v = [&](int u) { return state[2 * n + u].data(); };
   auto loaded = checkpoint::LoadCheckpoint(dir, layout, arrays);
   EXPECT_TRUE(loaded.ok()) << loaded.status();
-  return master;
+  return state;
+}
+
+// FP32 master weights of a saved checkpoint, per unit.
+std::vector<std::vector<float>> LoadMaster(const std::string& dir) {
+  std::vector<std::vector<float>> state = LoadState(dir);
+  state.resize(TinyLayout().num_units());
+  return state;
 }
 
 double MaxAbsDiff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
@@ -772,23 +778,6 @@ TEST(Training, AutoActivationPolicyKeepsLayersThatFitAndGivesTheSameParameters) 
 
 namespace slidedp::testing {
 namespace {
-
-// Master, Adam m and v of a checkpoint saved in fp32, per unit, one after another.
-std::vector<std::vector<float>> LoadState(const std::string& dir) {
-  ModelLayout layout = TinyLayout();
-  const int n = layout.num_units();
-  std::vector<std::vector<float>> state(3 * n);
-  for (int u = 0; u < n; ++u) {
-    for (int k = 0; k < 3; ++k) state[k * n + u].resize(layout.units[u].numel);
-  }
-  checkpoint::StateArrays arrays;
-  arrays.master = [&](int u) { return state[u].data(); };
-  arrays.adam_m = [&](int u) { return state[n + u].data(); };
-  arrays.adam_v = [&](int u) { return state[2 * n + u].data(); };
-  auto loaded = checkpoint::LoadCheckpoint(dir, layout, arrays);
-  EXPECT_TRUE(loaded.ok()) << loaded.status();
-  return state;
-}
 
 bool BitwiseEqual(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
   if (a.size() != b.size()) return false;
