@@ -186,6 +186,31 @@ absl::Status JobState::CheckMatches(const ModelLayout& layout) const {
   return absl::OkStatus();
 }
 
+void JobState::PublishVerdict(int64_t t, const StepVerdict& verdict) {
+  const uint32_t w = static_cast<uint32_t>(t + 1) << 2 | (verdict.post_all ? kVerdictPostAll : 0) |
+                     (verdict.speculate_next ? kVerdictSpeculateNext : 0);
+  control_->clip_verdict.store(w, std::memory_order_release);
+  FutexWakeAll(&control_->clip_verdict);
+}
+
+absl::StatusOr<StepVerdict> JobState::WaitVerdict(int64_t t, absl::Duration timeout) const {
+  const uint32_t want = static_cast<uint32_t>(t + 1);
+  WaitGuards g;
+  g.abort = &control_->abort;
+  g.peer = owner();
+  g.peer_role = "hostd";
+  RETURN_IF_ERROR(WaitForWord(
+      control_->clip_verdict, [want](uint32_t w) { return (w >> 2) >= want; }, timeout, g,
+      [&] { return absl::StrCat("hostd's clipping verdict on step ", want); }));
+  const uint32_t w = control_->clip_verdict.load(std::memory_order_acquire);
+  return StepVerdict{(w & kVerdictPostAll) != 0, (w & kVerdictSpeculateNext) != 0};
+}
+
+bool JobState::SpeculatesStep(int64_t t) const {
+  const uint32_t w = control_->clip_verdict.load(std::memory_order_acquire);
+  return (w >> 2) == static_cast<uint32_t>(t) && (w & kVerdictSpeculateNext) != 0;
+}
+
 absl::StatusOr<int64_t> JobState::ConsistentStep() const {
   const std::string& name = segment_->name();
   if (num_units() == 0) return absl::FailedPreconditionError(absl::StrCat("job segment ", name, " has no units"));

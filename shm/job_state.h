@@ -53,9 +53,26 @@ struct alignas(64) JobControlBlock {
   // of step t touches master, m, v or mirror. With every gate at version V and this <= V, no
   // update is under way and the state is exactly that of V steps (ConsistentStep).
   std::atomic<uint64_t> updating_step;
-  uint8_t pad[40];
+  // Speculative clipping (docs/layeradam.md): hostd's verdict on step t once its norm is known,
+  // (t + 1) << 2 | kVerdictPostAll | kVerdictSpeculateNext (StepVerdict); before the first step
+  // of an attempt, hostd stores first_step << 2 | (speculate the first step ? 2 : 0). Workers
+  // wait on it (futex) after posting a step's squared norm.
+  std::atomic<uint32_t> clip_verdict;
+  uint8_t pad[36];
 };
 static_assert(sizeof(JobControlBlock) == 256 && std::is_standard_layout_v<JobControlBlock>);
+
+// hostd's verdict on a device-staged step once its gradient norm is known (speculative clipping).
+struct StepVerdict {
+  // Post every part of the step again (c < 1 or non-finite: the speculative updates were rolled
+  // back; or the step was not speculated); otherwise only the parts of units that were not
+  // posted speculatively.
+  bool post_all = true;
+  // Post the next step's speculative parts during its backward.
+  bool speculate_next = false;
+};
+inline constexpr uint32_t kVerdictPostAll = 1;
+inline constexpr uint32_t kVerdictSpeculateNext = 2;
 
 // Hash of the unit count and each unit's kind and numel: a worker checks its layout matches.
 uint64_t LayoutFingerprint(const ModelLayout& layout);
@@ -109,6 +126,13 @@ class JobState {
   std::atomic<uint64_t>& step_counter() const { return control_->step; }
   std::atomic<uint64_t>& skipped_steps_counter() const { return control_->skipped_steps; }
   std::atomic<uint64_t>& updating_step() const { return control_->updating_step; }
+  // hostd: the verdict on step t (0-based), published (release) and every waiter woken. Also the
+  // attempt's start: PublishVerdict(first_step - 1, {.speculate_next = ...}).
+  void PublishVerdict(int64_t t, const StepVerdict& verdict);
+  // Workers: waits for hostd's verdict on step t (guards: the abort word, hostd's liveness).
+  absl::StatusOr<StepVerdict> WaitVerdict(int64_t t, absl::Duration timeout) const;
+  // Whether step t is speculated: the verdict on step t - 1 says so (false when none is published).
+  bool SpeculatesStep(int64_t t) const;
   // hostd (the creator): the process that publishes versions, for liveness checks in waits.
   ProcessIdentity owner() const { return segment_->creator(); }
 

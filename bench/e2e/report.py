@@ -136,6 +136,12 @@ def parse_ours(d):
         r["tokens_per_s_per_gpu"] = r["tokens_per_s"] / gpus
         r["model_tflops"] = med("model_tflops")
         r["update_gparams_per_s"] = med("host_update_gparams_per_s")  # LayerAdam's rate in place
+        # Whether the host is hidden (issue 20) and what speculative clipping did.
+        hidden = [float(m["host_hidden_fraction"]) for m in steady if m.get("host_hidden_fraction") is not None]
+        r["host_hidden_fraction"] = statistics.median(hidden) if hidden else None
+        r["speculated_fraction"] = med("speculated_fraction")
+        r["rolled_back_steps"] = sum(1 for m in steady if m.get("speculation_rolled_back"))
+        r["grad_norm"] = med("grad_norm")
         r["gpu_peak_gib"] = max(float(m.get("gpu_peak_bytes", 0) or 0) for m in rows) / GIB
         hs = [float(m["host_state_bytes"]) for m in rows if m.get("host_state_bytes")]
         r["host_state_gib"] = max(hs) / GIB if hs else None

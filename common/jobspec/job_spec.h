@@ -82,6 +82,10 @@ struct JobSpec {
   // dQ in a fixed order (slower; docs/kernels.md). The CPU backend always repeats bit for bit.
   bool deterministic = false;
   double offload_ratio = 0.0;  // fraction of layer checkpoints kept in pinned host memory
+  // Speculative clipping (docs/layeradam.md): the most host memory for the undo copies of units
+  // updated before the step's norm is known (12 B/param). -1: auto (what the host has left after
+  // the job's plan, up to the whole model); 0: off (updates wait for the norm).
+  int64_t speculation_bytes = -1;
   int32_t ring_slots = 4;
   int64_t step_timeout_ms = 600000;  // a gate or ring wait longer than this fails the job
   int32_t max_restarts = 0;          // automatic restarts from the last checkpoint on failure

@@ -23,9 +23,9 @@ double ToGib(uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024 * 1024
 std::string JobMemoryPlan::ToString() const {
   return absl::StrFormat(
       "%.2f GiB (master %.2f, adam m+v %.2f, bf16 mirror %.2f, job segment %.2f, grad rings %.2f, "
-      "step gradient staging %.2f, activation offload %.2f; %d params)",
+      "step gradient staging %.2f, activation offload %.2f, undo copies %.2f; %d params)",
       ToGib(total_bytes), ToGib(master_bytes), ToGib(adam_bytes), ToGib(mirror_bytes), ToGib(job_segment_bytes),
-      ToGib(ring_bytes), ToGib(step_staging_bytes), ToGib(offload_bytes), param_numel);
+      ToGib(ring_bytes), ToGib(step_staging_bytes), ToGib(offload_bytes), ToGib(undo_bytes), param_numel);
 }
 
 shm::GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t chunk_bytes) {

@@ -33,6 +33,7 @@ struct JobMemoryPlan {
   uint64_t ring_bytes = 0;          // all workers' shm::GradRing segments
   uint64_t step_staging_bytes = 0;  // whole-step gradients for exact clipping, else 0 (hostd's own memory)
   uint64_t offload_bytes = 0;       // the workers' pinned copies of offloaded layer inputs (AddActivationOffload)
+  uint64_t undo_bytes = 0;          // speculative clipping's undo copies (hostd's own memory; hostd/engine/undo_arena.h)
   uint64_t shm_bytes = 0;           // what lives in /dev/shm: the job segment and the rings
   uint64_t total_bytes = 0;         // host memory the job needs
   std::string ToString() const;     // "13.04 GiB (master 3.73, adam 7.45, ...)"

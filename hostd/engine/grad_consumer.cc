@@ -162,48 +162,56 @@ absl::StatusOr<bool> GradConsumer::SquarePieces(int rank, int unit, int64_t offs
   return finite;
 }
 
-absl::StatusOr<double> GradConsumer::PopRankNorms(int64_t t, bool first_step, StepGradients& out,
-                                                  std::string& nonfinite) {
-  double sum_squares = 0;
-  for (int r = 0; r < plan_.world; ++r) {  // summed in rank order
-    const absl::Time t_wait = absl::Now();
-    ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(r, first_step));
-    out.wait_s += SecondsSince(t_wait);
-    if (d.dtype != shm::GradDtype::kSumSquares || d.step != static_cast<uint32_t>(t)) {
-      // (The slot is not released: the job ends here and the ring with it.)
-      return rings_.FailRank(
-          r, absl::StrCat("posted unit ", d.unit, " (dtype ", static_cast<uint32_t>(d.dtype), ") for step ", d.step,
-                          " where its squared norm for step ", t, " comes first (device staging)"));
-    }
-    double squares;
-    std::memcpy(&squares, rings_.ring(r).slot_data(d.slot), sizeof(double));
-    RETURN_IF_ERROR(rings_.ring(r).Release(d.slot));
-    if (!std::isfinite(squares) || squares < 0) {
-      LOG(WARNING) << "job " << job_id_ << " step " << t + 1 << ": " << rings_.WorkerName(r)
-                   << " posted the squared gradient norm " << squares;
-      if (nonfinite.empty()) {
-        nonfinite = absl::StrCat("the squared gradient norm posted by ", rings_.WorkerName(r), " is ",
-                                 std::isfinite(squares) ? absl::StrCat(squares) : NonFiniteName(squares));
-      }
-    }
-    sum_squares += squares;
+void GradConsumer::EnableSpeculation(const UndoArena* arena, int64_t first_step) {
+  arena_ = arena != nullptr && arena->first_unit() < static_cast<int>(unit_numel_.size()) ? arena : nullptr;
+  speculate_step_ = arena_ != nullptr;
+  // The workers read whether the first step speculates from the "verdict" on the step before it.
+  if (plan_.clip_staging == ClipStaging::kDevice) {
+    rings_.PublishVerdict(first_step - 1, shm::StepVerdict{true, speculate_step_});
   }
-  return sum_squares;
 }
 
-absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float coef, PartAction action, int threads,
-                                       StepUpdates& updates, update::GradNormAccumulator& norm, double& wait_s,
-                                       double& aggregate_s) {
+absl::StatusOr<double> GradConsumer::PopRankNorm(int r, int64_t t, bool first_step, double& wait_s,
+                                                 std::string& nonfinite) {
+  const absl::Time t_wait = absl::Now();
+  ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(r, first_step));
+  wait_s += SecondsSince(t_wait);
+  if (d.dtype != shm::GradDtype::kSumSquares || d.step != static_cast<uint32_t>(t)) {
+    // (The slot is not released: the job ends here and the ring with it.)
+    return rings_.FailRank(
+        r, absl::StrCat("posted unit ", d.unit, " (dtype ", static_cast<uint32_t>(d.dtype), ") for step ", d.step,
+                        " where its squared norm for step ", t, " comes ",
+                        speculate_step_ ? "after its speculative parts" : "first", " (device staging)"));
+  }
+  double squares;
+  std::memcpy(&squares, rings_.ring(r).slot_data(d.slot), sizeof(double));
+  RETURN_IF_ERROR(rings_.ring(r).Release(d.slot));
+  if (!std::isfinite(squares) || squares < 0) {
+    LOG(WARNING) << "job " << job_id_ << " step " << t + 1 << ": " << rings_.WorkerName(r)
+                 << " posted the squared gradient norm " << squares;
+    nonfinite = absl::StrCat("the squared gradient norm posted by ", rings_.WorkerName(r), " is ",
+                             std::isfinite(squares) ? absl::StrCat(squares) : NonFiniteName(squares));
+  }
+  return squares;
+}
+
+absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float coef, PartAction action,
+                                       UnitSpan units, int threads, StepUpdates& updates,
+                                       update::GradNormAccumulator& norm, double& wait_s, double& aggregate_s) {
   const int world = plan_.world;
   const bool device_staged = plan_.clip_staging == ClipStaging::kDevice;
   const bool host_staged = plan_.clip_staging == ClipStaging::kHost;
   std::vector<int64_t> unit_got(unit_numel_.size(), 0);
+  int64_t expected = 0;  // the rank's elements of units [begin, end)
+  for (int u = units.begin; u < units.end; ++u) {
+    expected += plan_.route == GradReduction::kGpu ? ShardOf(unit_numel_[u], world, r).numel : unit_numel_[u];
+  }
   int64_t got = 0;
-  while (got < plan_.shard_numel_of_rank[r]) {
+  while (got < expected) {
     const absl::Time t_wait = absl::Now();
     ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(r, first_step));
     wait_s += SecondsSince(t_wait);
-    const bool unit_ok = d.unit >= 0 && d.unit < static_cast<int>(unit_numel_.size());
+    const bool unit_ok = d.unit >= units.begin && d.unit < units.end;
     const ShardRange shard = unit_ok ? ShardOf(unit_numel_[d.unit], world, r) : ShardRange{};
     if (d.step != static_cast<uint32_t>(t) || !unit_ok || d.dtype != shm::GradDtype::kF32 ||
         !RangeInside(d.offset_numel, d.numel, shard.offset, shard.offset + shard.numel) ||
@@ -211,8 +219,9 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
       return rings_.FailRank(
           r, absl::StrCat("posted an unexpected gradient chunk: step ", d.step, " unit ", d.unit, " offset ",
                           d.offset_numel, " numel ", d.numel, " dtype ", static_cast<uint32_t>(d.dtype),
-                          " while hostd applies step ", t, " (F32; its shard of that unit is [", shard.offset, ", ",
-                          shard.offset + shard.numel, "), ", unit_ok ? unit_got[d.unit] : 0,
+                          " while hostd ", action == PartAction::kSpeculate ? "speculates" : "applies", " step ", t,
+                          " (F32, units ", units.begin, "..", units.end - 1, "; its shard of that unit is [",
+                          shard.offset, ", ", shard.offset + shard.numel, "), ", unit_ok ? unit_got[d.unit] : 0,
                           " elements of it already received)"));
     }
     const float* src = rings_.f32(r, d);
@@ -229,6 +238,16 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
       }
       continue;
     }
+    if (action == PartAction::kSpeculate) {
+      // Before the norm: updated with c = 1, the state it overwrites saved, the gate held.
+      absl::Status s = updates.Speculate(d.unit, arena_->undo(d.unit), d.offset_numel, d.numel, src, &rings_.ring(r),
+                                         d.slot, update::NonFiniteGrad::kRefuse, rings_.WorkerName(r));
+      if (s.code() == absl::StatusCode::kInternal) {
+        return rings_.FailRank(r, absl::StrCat("posted a gradient chunk twice: ", s.message()));
+      }
+      RETURN_IF_ERROR(s);
+      continue;
+    }
     const absl::Time t_agg = absl::Now();
     bool finite = true;
     if (!device_staged) {  // (device staging: the norm came from the ranks)
@@ -243,6 +262,7 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
     aggregate_s += SecondsSince(t_agg);
     if (host_staged) {
       RETURN_IF_ERROR(rings_.ring(r).Release(d.slot));  // staged: the slot is free again
+      RETURN_IF_ERROR(SpeculateStaged(d.unit, d.offset_numel, d.numel, finite, updates));
       continue;
     }
     if (!finite) {  // applied at once below: a non-finite chunk must not be
@@ -253,9 +273,11 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
     // device staging, while the later parts are still coming). Device-staged parts were never
     // seen here (their norm came from the rank): LayerAdam checks them block by block as it
     // updates, so a part a broken worker's norm does not account for never reaches the master.
+    // A unit updated speculatively this step is redone from its undo copy (the norm clipped).
+    const update::UndoMemory* redo = arena_ != nullptr && updates.Speculated(d.unit) ? &arena_->undo(d.unit) : nullptr;
     absl::Status s = updates.Apply(d.unit, d.offset_numel, d.numel, coef, src, &rings_.ring(r), d.slot,
                                    device_staged ? update::NonFiniteGrad::kRefuse : update::NonFiniteGrad::kApply,
-                                   device_staged ? rings_.WorkerName(r) : std::string());
+                                   device_staged ? rings_.WorkerName(r) : std::string(), redo);
     if (s.code() == absl::StatusCode::kInternal) {
       return rings_.FailRank(r, absl::StrCat("posted a gradient chunk twice: ", s.message()));
     }
@@ -264,10 +286,9 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
   return absl::OkStatus();
 }
 
-absl::Status GradConsumer::ConsumeShards(int64_t t, bool first_step, float coef, PartAction action,
-                                         StepUpdates& updates, update::GradNormAccumulator& norm, StepGradients& out) {
-  // Every ring at once, one thread per rank, each until its own shards of every unit are in, so
-  // ranks posting different numbers of chunks cannot block each other.
+absl::Status GradConsumer::ForEachRank(const RankBody& body, StepGradients& out) {
+  // Every ring at once, one thread per rank, each until its own part is in, so ranks posting
+  // different numbers of chunks cannot block each other.
   const int world = plan_.world;
   std::vector<double> rank_wait_s(world, 0), rank_aggregate_s(world, 0);
   absl::Mutex error_mu;
@@ -277,8 +298,7 @@ absl::Status GradConsumer::ConsumeShards(int64_t t, bool first_step, float coef,
   for (int r = 0; r < world; ++r) {
     consumers.emplace_back([&, r] {
       pthread_setname_np(pthread_self(), absl::StrCat("grad-rank", r).substr(0, 15).c_str());
-      absl::Status s = ConsumeRank(r, t, first_step, coef, action, threads_per_rank, updates, norm, rank_wait_s[r],
-                                   rank_aggregate_s[r]);
+      absl::Status s = body(r, threads_per_rank, rank_wait_s[r], rank_aggregate_s[r]);
       if (s.ok()) return;
       absl::MutexLock l(&error_mu);
       // The cause wins over its echoes: once one consumer raises the abort word, the others (and
@@ -294,8 +314,17 @@ absl::Status GradConsumer::ConsumeShards(int64_t t, bool first_step, float coef,
   RETURN_IF_ERROR(error);
   // The step's host-side time is set by its slowest rank.
   out.wait_s += *std::max_element(rank_wait_s.begin(), rank_wait_s.end());
-  out.aggregate_s = *std::max_element(rank_aggregate_s.begin(), rank_aggregate_s.end());
+  out.aggregate_s += *std::max_element(rank_aggregate_s.begin(), rank_aggregate_s.end());
   return absl::OkStatus();
+}
+
+absl::Status GradConsumer::ConsumeShards(int64_t t, bool first_step, float coef, PartAction action, UnitSpan units,
+                                         StepUpdates& updates, update::GradNormAccumulator& norm, StepGradients& out) {
+  return ForEachRank(
+      [&](int r, int threads, double& wait_s, double& aggregate_s) {
+        return ConsumeRank(r, t, first_step, coef, action, units, threads, updates, norm, wait_s, aggregate_s);
+      },
+      out);
 }
 
 absl::StatusOr<shm::GradChunkDesc> GradConsumer::PopRankZeroChunk(int64_t t, bool first_step, StepGradients& out) {
@@ -402,47 +431,140 @@ absl::Status GradConsumer::ConsumeSummed(int64_t t, bool first_step, StepUpdates
     if (plan_.clip_staging == ClipStaging::kNone) {
       if (!finite) return NonFiniteError(t, NonFiniteGradient(), "the parts applied before it keep this step's update");
       RETURN_IF_ERROR(updates.Apply(d0.unit, d0.offset_numel, d0.numel, 1.0f, dst));
+    } else {
+      RETURN_IF_ERROR(SpeculateStaged(d0.unit, d0.offset_numel, d0.numel, finite, updates));
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepGradients> GradConsumer::ConsumeStep(int64_t t, bool first_step, StepUpdates& updates) {
+absl::Status GradConsumer::SpeculateStaged(int unit, int64_t offset, int64_t numel, bool finite,
+                                           StepUpdates& updates) {
+  if (!speculate_step_ || arena_ == nullptr || !arena_->covers(unit)) return absl::OkStatus();
+  if (!finite) speculation_stopped_.store(true);  // the step will not be applied as it is
+  if (speculation_stopped_.load()) return absl::OkStatus();
+  return updates.Speculate(unit, arena_->undo(unit), offset, numel, staging_[unit].data() + offset);
+}
+
+absl::StatusOr<StepGradients> GradConsumer::ConsumeDeviceStaged(int64_t t, bool first_step, StepUpdates& updates) {
   StepGradients out;
+  update::GradNormAccumulator norm(unit_numel_);
+  const int num_units = static_cast<int>(unit_numel_.size());
+  const bool spec = speculate_step_ && arena_ != nullptr;
+  const int k = spec ? arena_->first_unit() : num_units;
+  // Each rank posts its speculated units' parts (when the step speculates) and then its squared
+  // norm: the coefficient, and whether the step's gradient is finite, are known after them.
+  std::vector<double> squares(plan_.world, 0);
+  std::vector<std::string> rank_nonfinite(plan_.world);
+  RETURN_IF_ERROR(ForEachRank(
+      [&](int r, int threads, double& wait_s, double& aggregate_s) -> absl::Status {
+        if (spec) {
+          RETURN_IF_ERROR(ConsumeRank(r, t, first_step, 1.0f, PartAction::kSpeculate, UnitSpan{k, num_units}, threads,
+                                      updates, norm, wait_s, aggregate_s));
+        }
+        ASSIGN_OR_RETURN(squares[r], PopRankNorm(r, t, first_step, wait_s, rank_nonfinite[r]));
+        return absl::OkStatus();
+      },
+      out));
+  double sum_squares = 0;
+  std::string nonfinite;
+  for (int r = 0; r < plan_.world; ++r) {  // summed in rank order
+    sum_squares += squares[r];
+    if (nonfinite.empty()) nonfinite = rank_nonfinite[r];
+  }
+  out.grad_norm = std::sqrt(sum_squares);
+  absl::StatusOr<std::string> why = std::string();
+  if (nonfinite.empty()) why = Decide(t, "");
+  const bool apply = nonfinite.empty() && why.ok() && why->empty();
+  const float coef = apply ? update::ClipCoefficient(out.grad_norm, max_grad_norm_) : 1.0f;
+  const bool commit = spec && apply && coef == 1.0f;
+  if (spec) {
+    // A speculative part refused as not finite is expected when the rank's norm says so (the
+    // step is then skipped or fails below, nothing of it kept); with a finite norm the worker is
+    // broken and the job fails with that error.
+    absl::Status speculated = updates.WaitSpeculation();
+    if (!speculated.ok() && !(absl::IsDataLoss(speculated) && !nonfinite.empty())) return speculated;
+    out.speculated_numel = updates.speculated_numel();
+    out.rolled_back = !commit;
+    if (!apply) RETURN_IF_ERROR(updates.RestoreSpeculation());  // nothing of the step stays
+  }
+  // Speculate the next step unless this one clipped (or was not applied): a job that clips for a
+  // while pays no undo copies and no rollbacks, one that does not keeps the updates overlapped.
+  speculate_step_ = arena_ != nullptr && apply && coef == 1.0f;
+  // Before any gate of the step opens: the workers read from it whether step t+1 speculates.
+  rings_.PublishVerdict(t, shm::StepVerdict{!commit, speculate_step_});
+  if (commit) RETURN_IF_ERROR(updates.CommitSpeculation());
+  if (!why.ok()) return why.status();
+  const UnitSpan rest{0, commit ? k : num_units};
+  if (apply) {
+    RETURN_IF_ERROR(ConsumeShards(t, first_step, coef, PartAction::kApply, rest, updates, norm, out));
+    return out;
+  }
+  // Not applied: the parts come out of the rings checked, to name the unit that is not finite.
+  absl::Status drained = ConsumeShards(t, first_step, 1.0f, PartAction::kDiscard, rest, updates, norm, out);
+  if (!nonfinite.empty()) {
+    const std::string element = NonFiniteGradient();
+    ASSIGN_OR_RETURN(why, Decide(t, element.empty() ? nonfinite : element));
+  }
+  RETURN_IF_ERROR(drained);
+  out.skipped = true;
+  out.skipped_because = *why;
+  return out;
+}
+
+absl::Status GradConsumer::ApplyHostStaged(int64_t t, StepUpdates& updates, StepGradients& out) {
+  // The whole step is staged. Exact clipping needs the whole step's norm: apply the step, or skip
+  // it. Forward order, so the next step's forward can start on the first units while later ones
+  // update.
+  absl::StatusOr<std::string> why = Decide(t, NonFiniteGradient());
+  const bool apply = why.ok() && why->empty();
+  const float coef = apply ? update::ClipCoefficient(out.grad_norm, max_grad_norm_) : 1.0f;
+  RETURN_IF_ERROR(updates.WaitSpeculation());
+  out.speculated_numel = updates.speculated_numel();
+  const int num_units = static_cast<int>(unit_numel_.size());
+  // Every unit the arena covers was speculated whole, unless a non-finite chunk stopped it (then
+  // what was speculated is put back).
+  bool whole = !speculation_stopped_.load();
+  for (int u = arena_ != nullptr ? arena_->first_unit() : num_units; u < num_units && whole; ++u) {
+    whole = updates.Speculated(u);
+  }
+  const bool commit = out.speculated_numel > 0 && apply && coef == 1.0f && whole;
+  if (out.speculated_numel > 0 && !commit) {
+    out.rolled_back = true;
+    if (!apply || !whole) RETURN_IF_ERROR(updates.RestoreSpeculation());
+  }
+  const bool redo = out.speculated_numel > 0 && !commit && apply && whole;
+  speculate_step_ = arena_ != nullptr && apply && coef == 1.0f;
+  if (commit) RETURN_IF_ERROR(updates.CommitSpeculation());
+  RETURN_IF_ERROR(why.status());
+  if (!apply) {
+    for (int u = 0; u < num_units; ++u) RETURN_IF_ERROR(updates.Skip(u, 0, unit_numel_[u]));
+    out.skipped = true;
+    out.skipped_because = *why;
+    return absl::OkStatus();
+  }
+  for (int u = 0; u < num_units; ++u) {
+    if (commit && updates.Speculated(u)) continue;  // done: the speculative update was the step's
+    const update::UndoMemory* from = redo && updates.Speculated(u) ? &arena_->undo(u) : nullptr;
+    RETURN_IF_ERROR(updates.Apply(u, 0, unit_numel_[u], coef, staging_[u].data(), nullptr, 0,
+                                  update::NonFiniteGrad::kApply, "", from));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepGradients> GradConsumer::ConsumeStep(int64_t t, bool first_step, StepUpdates& updates) {
   {
     absl::MutexLock l(&nonfinite_mu_);
     nonfinite_.reset();
   }
+  speculation_stopped_.store(false);
+  if (plan_.clip_staging == ClipStaging::kDevice) return ConsumeDeviceStaged(t, first_step, updates);
+  StepGradients out;
   update::GradNormAccumulator norm(unit_numel_);
-  if (plan_.clip_staging == ClipStaging::kDevice) {
-    // Each rank posts its squared norm before its parts: the coefficient, and whether the step's
-    // gradient is finite, are known before any part arrives.
-    std::string rank_nonfinite;
-    ASSIGN_OR_RETURN(double sum_squares, PopRankNorms(t, first_step, out, rank_nonfinite));
-    out.grad_norm = std::sqrt(sum_squares);
-    std::string why;
-    if (rank_nonfinite.empty()) {
-      ASSIGN_OR_RETURN(why, Decide(t, ""));
-      if (why.empty()) {
-        const float coef = update::ClipCoefficient(out.grad_norm, max_grad_norm_);
-        RETURN_IF_ERROR(ConsumeShards(t, first_step, coef, PartAction::kApply, updates, norm, out));
-        return out;
-      }
-    }
-    // Not applied: the parts come out of the rings checked, to name the unit that is not finite.
-    absl::Status drained = ConsumeShards(t, first_step, 1.0f, PartAction::kDiscard, updates, norm, out);
-    if (!rank_nonfinite.empty()) {
-      const std::string element = NonFiniteGradient();
-      ASSIGN_OR_RETURN(why, Decide(t, element.empty() ? rank_nonfinite : element));
-    }
-    RETURN_IF_ERROR(drained);
-    out.skipped = true;
-    out.skipped_because = why;
-    return out;
-  }
+  const UnitSpan all{0, static_cast<int>(unit_numel_.size())};
   switch (plan_.consumer) {
     case GradConsumerKind::kShards:
-      RETURN_IF_ERROR(ConsumeShards(t, first_step, 1.0f, PartAction::kApply, updates, norm, out));
+      RETURN_IF_ERROR(ConsumeShards(t, first_step, 1.0f, PartAction::kApply, all, updates, norm, out));
       break;
     case GradConsumerKind::kDirect: RETURN_IF_ERROR(ConsumeDirect(t, first_step, updates, norm, out)); break;
     case GradConsumerKind::kSummed: RETURN_IF_ERROR(ConsumeSummed(t, first_step, updates, norm, out)); break;
@@ -453,23 +575,7 @@ absl::StatusOr<StepGradients> GradConsumer::ConsumeStep(int64_t t, bool first_st
     return absl::InternalError(grad_norm.status().message());
   }
   out.grad_norm = *grad_norm;
-  if (plan_.clip_staging == ClipStaging::kHost) {
-    // The whole step is staged and nothing applied: apply it (exact clipping needs the whole
-    // step's norm), or skip it. Forward order, so the next step's forward can start on the
-    // first units while later ones update.
-    ASSIGN_OR_RETURN(std::string why, Decide(t, NonFiniteGradient()));
-    if (!why.empty()) {
-      for (size_t u = 0; u < unit_numel_.size(); ++u)
-        RETURN_IF_ERROR(updates.Skip(static_cast<int>(u), 0, unit_numel_[u]));
-      out.skipped = true;
-      out.skipped_because = why;
-      return out;
-    }
-    const float coef = update::ClipCoefficient(out.grad_norm, max_grad_norm_);
-    for (size_t u = 0; u < unit_numel_.size(); ++u) {
-      RETURN_IF_ERROR(updates.Apply(static_cast<int>(u), 0, unit_numel_[u], coef, staging_[u].data()));
-    }
-  }
+  if (plan_.clip_staging == ClipStaging::kHost) RETURN_IF_ERROR(ApplyHostStaged(t, updates, out));
   return out;
 }
 

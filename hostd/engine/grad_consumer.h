@@ -36,6 +36,7 @@
 //   worker).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -49,6 +50,7 @@
 #include "common/model/qwen3_config.h"
 #include "hostd/engine/job_plan.h"
 #include "hostd/engine/step_updates.h"
+#include "hostd/engine/undo_arena.h"
 #include "hostd/engine/worker_reports.h"
 #include "hostd/update/grad_norm.h"
 #include "shm/grad_ring.h"
@@ -71,6 +73,8 @@ class GradRings {
   }
   // Raises the abort word: every party (workers, the other consumers) stops waiting.
   void Abort();
+  // hostd's verdict on step t for the workers (device staging with speculation).
+  void PublishVerdict(int64_t t, const shm::StepVerdict& v) { job_state_.PublishVerdict(t, v); }
   // Abort(), and INTERNAL: "<worker> (rank r) <what>".
   absl::Status FailRank(int rank, const std::string& what);
   std::string WorkerName(int rank) const { return reports_.WorkerName(rank); }
@@ -92,6 +96,10 @@ struct StepGradients {
   // ("gradient of unit 5 (layer.3) is not finite: ...", "loss is NaN on worker w (rank 1)").
   bool skipped = false;
   std::string skipped_because;
+  // Speculative clipping: elements updated before the norm was known, and whether they had to be
+  // redone or restored (the norm clipped, or the step was not finite).
+  int64_t speculated_numel = 0;
+  bool rolled_back = false;
 };
 
 // train.skip_nonfinite: each rank's loss of step t (0-based), checked before the step's updates;
@@ -107,13 +115,22 @@ class GradConsumer {
   // models: before the workers are assigned, so neither the first step nor the id relay waits).
   void AllocateStaging(int threads);
   int64_t staging_bytes_held() const;
+  // Speculative clipping (undo_arena.h) with `arena`'s units, from step `first_step` on; with device
+  // staging the workers learn it from the verdict published here (and after every step).
+  void EnableSpeculation(const UndoArena* arena, int64_t first_step);
   // Takes step t's gradients out of every ring and has `updates` apply (or skip) them.
   absl::StatusOr<StepGradients> ConsumeStep(int64_t t, bool first_step, StepUpdates& updates);
 
  private:
-  // What ConsumeRank does with each part: apply it (or stage it, with host staging), or take it
-  // out of the ring unapplied, checking it (device staging when the step is not applied).
-  enum class PartAction { kApply, kDiscard };
+  // What ConsumeRank does with each part: apply it (or stage it, with host staging), update it
+  // speculatively (device staging, before the norm), or take it out of the ring unapplied,
+  // checking it (device staging when the step is not applied).
+  enum class PartAction { kApply, kSpeculate, kDiscard };
+  // Units [begin, end) of the forward order.
+  struct UnitSpan {
+    int begin = 0;
+    int end = 0;
+  };
   // The first non-finite element the step's checks found, by (unit, offset).
   struct NonFiniteElement {
     int unit = 0;
@@ -122,11 +139,23 @@ class GradConsumer {
     int rank = 0;  // who posted it (-1: only the ranks' sum is not finite)
   };
 
-  absl::StatusOr<double> PopRankNorms(int64_t t, bool first_step, StepGradients& out, std::string& nonfinite);
-  absl::Status ConsumeShards(int64_t t, bool first_step, float coef, PartAction action, StepUpdates& updates,
-                             update::GradNormAccumulator& norm, StepGradients& out);
-  absl::Status ConsumeRank(int r, int64_t t, bool first_step, float coef, PartAction action, int threads,
-                           StepUpdates& updates, update::GradNormAccumulator& norm, double& wait_s,
+  // Rank r's squared norm of step t (device staging); a non-finite one is described in `nonfinite`.
+  absl::StatusOr<double> PopRankNorm(int r, int64_t t, bool first_step, double& wait_s, std::string& nonfinite);
+  // Device staging: the ranks' norms, speculative parts before them when the step speculates,
+  // hostd's verdict, then the parts the verdict asks for.
+  absl::StatusOr<StepGradients> ConsumeDeviceStaged(int64_t t, bool first_step, StepUpdates& updates);
+  // Host staging, once the whole step is staged: commit or redo what was speculated, apply the
+  // rest in forward order (or skip the step).
+  absl::Status ApplyHostStaged(int64_t t, StepUpdates& updates, StepGradients& out);
+  // Host staging: updates a staged range speculatively where the arena covers its unit.
+  absl::Status SpeculateStaged(int unit, int64_t offset, int64_t numel, bool finite, StepUpdates& updates);
+  // Runs body(r, threads, wait_s, aggregate_s) for every rank at once, one thread each.
+  using RankBody = std::function<absl::Status(int r, int threads, double& wait_s, double& aggregate_s)>;
+  absl::Status ForEachRank(const RankBody& body, StepGradients& out);
+  absl::Status ConsumeShards(int64_t t, bool first_step, float coef, PartAction action, UnitSpan units,
+                             StepUpdates& updates, update::GradNormAccumulator& norm, StepGradients& out);
+  absl::Status ConsumeRank(int r, int64_t t, bool first_step, float coef, PartAction action, UnitSpan units,
+                           int threads, StepUpdates& updates, update::GradNormAccumulator& norm, double& wait_s,
                            double& aggregate_s);
   // Rank 0's next whole-unit chunk of step t (direct and summed consumers), checked.
   absl::StatusOr<shm::GradChunkDesc> PopRankZeroChunk(int64_t t, bool first_step, StepGradients& out);
@@ -158,6 +187,9 @@ class GradConsumer {
   const LossCheck loss_check_;
   std::vector<int64_t> unit_numel_;
   std::vector<std::vector<float>> staging_;  // per unit, where the plan has host staging
+  const UndoArena* arena_ = nullptr;         // speculative clipping, when enabled
+  bool speculate_step_ = false;              // this step speculates (what the last verdict said)
+  std::atomic<bool> speculation_stopped_{false};  // host staging: a non-finite chunk ended it this step
   mutable absl::Mutex nonfinite_mu_;
   std::optional<NonFiniteElement> nonfinite_ ABSL_GUARDED_BY(nonfinite_mu_);  // this step's first
 };

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/model/shard.h"
+#include "hostd/engine/undo_arena.h"
 #include "shm/shm_collective.h"
 
 namespace slidedp::hostd {
@@ -146,7 +147,26 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
     p.memory.shm_bytes += coll_bytes;
     p.memory.total_bytes += coll_bytes;
   }
+  // Speculative clipping needs a step that waits for the whole gradient (clipping or skipping).
+  p.speculate_from_unit = layout.num_units();
+  if (stage && spec.speculation_bytes > 0) {
+    p.speculate_from_unit = FirstSpeculatedUnit(layout, static_cast<uint64_t>(spec.speculation_bytes));
+    p.memory.undo_bytes = UndoBytes(layout, p.speculate_from_unit);
+    p.memory.total_bytes += p.memory.undo_bytes;
+  }
+  p.speculation_auto = stage && spec.speculation_bytes < 0;
   return p;
+}
+
+void SizeSpeculation(const ModelLayout& layout, uint64_t available_bytes, uint64_t mem_total_bytes, JobPlan& plan) {
+  if (!plan.speculation_auto) return;
+  // Left to the OS, the workers and the page cache besides what admission reserves: 4 GiB or 5%
+  // of the host's memory, whichever is more.
+  const uint64_t margin = std::max<uint64_t>(4ull << 30, mem_total_bytes / 20);
+  const uint64_t used = plan.memory.total_bytes + margin;
+  const uint64_t budget = available_bytes > used ? available_bytes - used : 0;
+  plan.speculate_from_unit = FirstSpeculatedUnit(layout, budget);
+  plan.memory.undo_bytes = UndoBytes(layout, plan.speculate_from_unit);
 }
 
 }  // namespace slidedp::hostd

@@ -63,6 +63,13 @@ struct JobPlan {
   shm::GradRingConfig ring;
   JobMemoryPlan memory;  // everything admission counts, collective and staging included
 
+  // Speculative clipping (undo_arena.h): units [speculate_from_unit, num_units) are updated
+  // before the step's norm is known; num_units: none. With runtime.speculation_bytes -1 (auto)
+  // PlanJob leaves it at num_units and the executor sizes it to what the host has left
+  // (SizeSpeculation); with N > 0 it is sized here and counted in `memory`.
+  int speculate_from_unit = 0;
+  bool speculation_auto = false;
+
   bool clip_by_norm = false;    // train.max_grad_norm > 0
   bool skip_nonfinite = false;  // train.skip_nonfinite
 
@@ -75,6 +82,11 @@ struct JobPlan {
   // "host state: <memory plan> [+ shm collective N GiB]".
   std::string MemoryLine() const;
 };
+
+// runtime.speculation_bytes auto: the undo copies take what `available_bytes` of host memory the
+// job's plan leaves (less a margin), up to the whole model; sets speculate_from_unit and
+// memory.undo_bytes (not total_bytes: admission has passed). No-op unless plan.speculation_auto.
+void SizeSpeculation(const ModelLayout& layout, uint64_t available_bytes, uint64_t mem_total_bytes, JobPlan& plan);
 
 // INVALID_ARGUMENT for a global batch that does not split over the ranks and micro-batches, or
 // grad_staging device where hostd must sum the ranks' copies; FAILED_PRECONDITION for the gpu

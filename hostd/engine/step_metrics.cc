@@ -75,6 +75,11 @@ void MetricsFile::Append(const StepRecord& r, absl::Time now, const JobPlan& pla
                         {"host_update_tail", m.host_update_tail_s()},
                         {"host_update", m.host_update_s()}}},
                       {"host_update_gparams_per_s", m.host_update_gparams_per_s()},
+                      {"host_hidden_fraction", m.host_hidden_fraction() >= 0
+                                                   ? nlohmann::json(m.host_hidden_fraction())
+                                                   : nlohmann::json()},
+                      {"speculated_fraction", m.speculated_fraction()},
+                      {"speculation_rolled_back", m.speculation_rolled_back()},
                       {"host_state_bytes", m.host_state_bytes()},
                       {"host_staging_bytes", staging_bytes_held},
                       {"world_size", plan.world},

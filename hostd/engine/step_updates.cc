@@ -23,9 +23,18 @@ StepUpdates::StepUpdates(update::LayerAdam& adam, absl::Span<const update::UnitM
 
 StepUpdates::~StepUpdates() { (void)Drain(); }
 
+void StepUpdates::BeginSubmit() {
+  pending_++;
+  if (first_submit_ == absl::InfiniteFuture()) {
+    first_submit_ = absl::Now();
+    // Before LayerAdam writes anything of this step (its queue orders the store before).
+    if (updating_step_ != nullptr) updating_step_->store(static_cast<uint64_t>(version_));
+  }
+}
+
 absl::Status StepUpdates::Apply(int u, int64_t offset, int64_t numel, float grad_scale, const float* grad,
                                 shm::GradRing* release_ring, uint32_t release_slot, update::NonFiniteGrad check,
-                                std::string origin) {
+                                std::string origin, const update::UndoMemory* redo_from) {
   // Registered before submission: a range outside the unit, or one already updated this step,
   // is refused here (a worker that posted it is broken).
   absl::StatusOr<std::function<void(absl::Status)>> unit_done = tracker_.Track(u, version_, offset, numel);
@@ -38,12 +47,7 @@ absl::Status StepUpdates::Apply(int u, int64_t offset, int64_t numel, float grad
   p.nonfinite_grad = check;
   {
     absl::MutexLock l(&mu_);
-    pending_++;
-    if (first_submit_ == absl::InfiniteFuture()) {
-      first_submit_ = absl::Now();
-      // Before LayerAdam writes anything of this step (its queue orders the store before).
-      if (updating_step_ != nullptr) updating_step_->store(static_cast<uint64_t>(version_));
-    }
+    BeginSubmit();
   }
   absl::Status submitted = adam_.SubmitChunk(
       memory_[u], offset, numel, grad, p,
@@ -59,12 +63,127 @@ absl::Status StepUpdates::Apply(int u, int64_t offset, int64_t numel, float grad
         absl::MutexLock l(&mu_);
         if (!s.ok() && first_error_.ok()) first_error_ = s;
         pending_--;
-      });
+      },
+      redo_from, redo_from != nullptr ? update::UndoMode::kRedo : update::UndoMode::kNone);
   if (!submitted.ok()) {  // `done` will not run
     absl::MutexLock l(&mu_);
     pending_--;
   }
   return submitted;
+}
+
+absl::Status StepUpdates::Speculate(int u, const update::UndoMemory& undo, int64_t offset, int64_t numel,
+                                    const float* grad, shm::GradRing* release_ring, uint32_t release_slot,
+                                    update::NonFiniteGrad check, std::string origin) {
+  auto refuse = [&](std::string what) {
+    if (release_ring != nullptr) (void)release_ring->Release(release_slot);
+    return absl::InternalError(std::move(what));
+  };
+  if (u < 0 || u >= static_cast<int>(memory_.size()) || numel <= 0 || offset < 0 ||
+      offset > memory_[u].numel - numel) {
+    return refuse(absl::StrCat("speculative update of unit ", u, " [", offset, ", +", numel, ") outside the unit"));
+  }
+  update::AdamWStepParams p = params_;
+  p.grad_scale = 1.0f;
+  p.nonfinite_grad = check;
+  {
+    absl::MutexLock l(&mu_);
+    for (const SpecRange& r : spec_ranges_) {
+      if (r.unit == u && offset < r.offset + r.numel && r.offset < offset + numel) {
+        return refuse(absl::StrCat("unit ", u, " [", offset, ", +", numel, ") speculated twice in step ", version_));
+      }
+    }
+    if (spec_numel_.empty()) spec_numel_.assign(memory_.size(), 0);
+    spec_ranges_.push_back(SpecRange{u, offset, numel, undo});
+    spec_numel_[u] += numel;
+    BeginSubmit();
+    spec_pending_++;
+  }
+  absl::Status submitted = adam_.SubmitChunk(
+      memory_[u], offset, numel, grad, p,
+      [this, u, release_ring, release_slot, origin = std::move(origin)](absl::Status s) {
+        if (release_ring != nullptr) {
+          absl::Status released = release_ring->Release(release_slot);
+          if (s.ok()) s = released;
+        }
+        if (std::optional<update::NonFiniteGradElement> e = update::NonFiniteGradOf(s)) {
+          s = NonFiniteError(u, *e, origin);
+        }
+        absl::MutexLock l(&mu_);
+        if (!s.ok() && spec_error_.ok()) spec_error_ = s;
+        spec_pending_--;
+        pending_--;
+      },
+      &undo, update::UndoMode::kSave);
+  if (!submitted.ok()) {
+    absl::MutexLock l(&mu_);
+    spec_pending_--;
+    pending_--;
+  }
+  return submitted;
+}
+
+absl::Status StepUpdates::WaitSpeculation() {
+  absl::MutexLock l(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return spec_pending_ == 0; };
+  mu_.Await(absl::Condition(&idle));
+  return spec_error_;
+}
+
+absl::Status StepUpdates::CommitSpeculation() {
+  std::vector<SpecRange> ranges;
+  {
+    absl::MutexLock l(&mu_);
+    if (spec_pending_ != 0) return absl::InternalError("CommitSpeculation before WaitSpeculation");
+    ranges = spec_ranges_;
+  }
+  for (const SpecRange& r : ranges) {
+    absl::StatusOr<std::function<void(absl::Status)>> unit_done = tracker_.Track(r.unit, version_, r.offset, r.numel);
+    if (!unit_done.ok()) return absl::InternalError(unit_done.status().message());
+    (*unit_done)(absl::OkStatus());  // the unit's gate opens when this was its last range
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepUpdates::RestoreSpeculation() {
+  std::vector<SpecRange> ranges;
+  {
+    absl::MutexLock l(&mu_);
+    if (spec_pending_ != 0) return absl::InternalError("RestoreSpeculation before WaitSpeculation");
+    ranges = spec_ranges_;
+  }
+  absl::Mutex done_mu;
+  int left = static_cast<int>(ranges.size());
+  absl::Status first;
+  for (const SpecRange& r : ranges) {
+    absl::Status s = adam_.SubmitRestore(memory_[r.unit], r.offset, r.numel, r.undo, [&](absl::Status st) {
+      absl::MutexLock l(&done_mu);
+      if (!st.ok() && first.ok()) first = st;
+      left--;
+    });
+    if (!s.ok()) {
+      absl::MutexLock l(&done_mu);
+      if (first.ok()) first = s;
+      left--;
+    }
+  }
+  absl::MutexLock l(&done_mu);
+  auto all = [&left]() { return left == 0; };
+  done_mu.Await(absl::Condition(&all));
+  return first;
+}
+
+bool StepUpdates::Speculated(int u) const {
+  absl::MutexLock l(&mu_);
+  return !spec_numel_.empty() && u >= 0 && u < static_cast<int>(spec_numel_.size()) &&
+         spec_numel_[u] == memory_[u].numel;
+}
+
+int64_t StepUpdates::speculated_numel() const {
+  absl::MutexLock l(&mu_);
+  int64_t n = 0;
+  for (int64_t x : spec_numel_) n += x;
+  return n;
 }
 
 absl::Status StepUpdates::NonFiniteError(int u, const update::NonFiniteGradElement& e,

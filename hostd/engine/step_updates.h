@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -46,9 +47,33 @@ class StepUpdates {
   // once the update has read it. With `check` kRefuse LayerAdam checks the gradient as it
   // updates (hostd has not seen it: device staging) and stops at a NaN or inf: the step's Drain
   // is then DATA_LOSS naming the step, unit, element and `origin` (the worker that posted it).
+  // With `redo_from` (the unit's undo copy, after a speculative update of the range this step)
+  // the update starts from the saved state: the step's update with `grad_scale` instead of 1.
   absl::Status Apply(int u, int64_t offset, int64_t numel, float grad_scale, const float* grad,
                      shm::GradRing* release_ring = nullptr, uint32_t release_slot = 0,
-                     update::NonFiniteGrad check = update::NonFiniteGrad::kApply, std::string origin = "");
+                     update::NonFiniteGrad check = update::NonFiniteGrad::kApply, std::string origin = "",
+                     const update::UndoMemory* redo_from = nullptr);
+
+  // ---- Speculative clipping (docs/layeradam.md) ----
+  // Updates [offset, offset + numel) of unit u with grad_scale 1 before the step's norm is known,
+  // saving what it overwrites in `undo` (the unit's undo copy); the unit's gate stays closed until
+  // CommitSpeculation. INTERNAL for a range outside the unit or one speculated before this step.
+  absl::Status Speculate(int u, const update::UndoMemory& undo, int64_t offset, int64_t numel, const float* grad,
+                         shm::GradRing* release_ring = nullptr, uint32_t release_slot = 0,
+                         update::NonFiniteGrad check = update::NonFiniteGrad::kApply, std::string origin = "");
+  // Waits for every speculative update of the step; the first error of any of them.
+  absl::Status WaitSpeculation();
+  // The norm says c == 1: the speculative updates are the step's (bit for bit what Apply with
+  // grad_scale 1 gives): every speculated range counts as done and the gates open. After
+  // WaitSpeculation.
+  absl::Status CommitSpeculation();
+  // Puts every speculated range back as it was before the step (master, m, v from the undo
+  // copies, the mirror from master) and waits. After WaitSpeculation.
+  absl::Status RestoreSpeculation();
+  // Whether every element of unit u was speculated this step (then a redo must start from its
+  // undo copy), and how many elements were in all.
+  bool Speculated(int u) const;
+  int64_t speculated_numel() const;
   // Marks [offset, offset + numel) of unit u done for this step without changing it (a skipped
   // step): the unit's gate opens when all its elements are done, applied or skipped. INTERNAL for
   // a range outside the unit or one already done this step.
@@ -63,6 +88,14 @@ class StepUpdates {
 
  private:
   absl::Status NonFiniteError(int u, const update::NonFiniteGradElement& e, const std::string& origin) const;
+  // Counts a submission; the first one stores updating_step.
+  void BeginSubmit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct SpecRange {
+    int unit;
+    int64_t offset;
+    int64_t numel;
+    update::UndoMemory undo;
+  };
 
   update::LayerAdam& adam_;
   absl::Span<const update::UnitMemory> memory_;
@@ -74,6 +107,10 @@ class StepUpdates {
   std::atomic<uint64_t>* const updating_step_;
   mutable absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  int spec_pending_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status spec_error_ ABSL_GUARDED_BY(mu_);
+  std::vector<SpecRange> spec_ranges_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> spec_numel_ ABSL_GUARDED_BY(mu_);  // per unit
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   absl::Time first_submit_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
 };

@@ -25,6 +25,7 @@
 #include "hostd/engine/job_plan.h"
 #include "hostd/engine/step_metrics.h"
 #include "hostd/engine/step_updates.h"
+#include "hostd/engine/undo_arena.h"
 #include "hostd/engine/worker_reports.h"
 #include "hostd/update/schedule.h"
 #include "hostd/update/unit_tracker.h"
@@ -134,7 +135,7 @@ struct TrainingExecutor::Attempt {
   Attempt(JobSpec s, ModelLayout l, JobPlan p) : spec(std::move(s)), layout(std::move(l)), plan(std::move(p)) {}
   const JobSpec spec;
   const ModelLayout layout;
-  const JobPlan plan;
+  JobPlan plan;  // (SizeSpeculation completes it after admission)
   update::LayerAdam* adam = nullptr;
   int bulk_threads = 1;                   // prefault, zeroing, conversion, staging first touch
   std::unique_ptr<shm::JobState> pooled;  // taken from the pool and not (yet) adopted
@@ -152,10 +153,12 @@ struct TrainingExecutor::Attempt {
   std::unique_ptr<WorkerReports> reports;
   std::unique_ptr<GradRings> grad_rings;
   std::unique_ptr<GradConsumer> consumer;
+  std::unique_ptr<UndoArena> undo;  // speculative clipping's undo copies, where the plan has them
   std::unique_ptr<MetricsFile> metrics;
   std::string last_checkpoint;
   std::vector<data::FileIdentity> dataset_files;  // as verified at the attempt's start
   int64_t skipped_steps = 0;                      // train.skip_nonfinite: steps that changed nothing
+  double prev_update_s = -1;                      // the step before's host_update_s (-1: none yet)
   absl::Time run_start, step_start;
   bool poolable = false;  // the job succeeded and every worker reported its end
 };
@@ -282,6 +285,7 @@ absl::Status TrainingExecutor::AcquireState(JobContext& ctx, Attempt& a) {
     if (adopted) (void)adopted->Unlink();
     return s;
   }
+  SizeSpeculation(a.layout, host.mem_available_bytes, host.mem_total_bytes, a.plan);
   ctx.SetHostStateBytes(static_cast<int64_t>(a.plan.memory.total_bytes));
   ctx.Log(a.plan.MemoryLine());
   ctx.Log(a.plan.RoutesLine(a.spec.param_delivery));
@@ -370,6 +374,7 @@ absl::Status TrainingExecutor::SendAssignments(JobContext& ctx, const Attempt& a
     as->set_param_delivery(a.spec.param_delivery == ParamDelivery::kSharded ? v1::PARAM_DELIVERY_SHARDED
                                                                             : v1::PARAM_DELIVERY_REPLICATED);
     as->set_grad_staging(a.plan.grad_staging());
+    if (a.undo != nullptr) as->set_speculate_from_unit(a.plan.speculate_from_unit);
     if (a.collective) as->set_collective_segment(a.collective->segment_name());
     if (world > 1) as->set_membership_key(membership_key);
     for (int f = 0; f < data::kNumBinFiles; ++f) {
@@ -457,6 +462,13 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
   record.metrics.set_eta_s(elapsed / (t + 1 - a.first_step) * (a.spec.steps - t - 1));
   record.metrics.set_skipped(grads.skipped);
   record.metrics.set_skipped_steps(a.skipped_steps);
+  record.metrics.set_speculated_fraction(static_cast<double>(grads.speculated_numel) /
+                                         static_cast<double>(std::max<int64_t>(1, a.layout.total_numel)));
+  record.metrics.set_speculation_rolled_back(grads.speculated_numel > 0 && grads.rolled_back);
+  // This step's gate waits are the step before's updates showing.
+  record.metrics.set_host_hidden_fraction(
+      a.prev_update_s > 0 ? std::clamp(1.0 - record.metrics.worker_gate_wait_s() / a.prev_update_s, 0.0, 1.0) : -1.0);
+  a.prev_update_s = host.update_s;
   ctx.ReportStep(record.metrics);
   a.metrics->Append(record, now, a.plan, a.spec, a.consumer->staging_bytes_held());
   return absl::OkStatus();
@@ -540,6 +552,23 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
                                               std::clamp(a.adam->num_threads(), 1, 8), ctx.job_id(), policy,
                                               std::move(loss_check));
   a.consumer->AllocateStaging(a.bulk_threads);
+  if (a.plan.speculate_from_unit < a.layout.num_units()) {
+    const absl::Time t0 = absl::Now();
+    int64_t covered = 0;
+    for (int u = a.plan.speculate_from_unit; u < a.layout.num_units(); ++u) covered += a.layout.units[u].numel;
+    ASSIGN_OR_RETURN(a.undo, UndoArena::Create(a.layout, a.plan.speculate_from_unit, a.memory, *a.adam));
+    ctx.Log(absl::StrFormat(
+        "speculative clipping: units %d..%d (%.1f%% of the parameters) update before the step's norm is known; "
+        "undo copies %.2f GiB, ready in %.2f s",
+        a.plan.speculate_from_unit, a.layout.num_units() - 1,
+        100.0 * static_cast<double>(covered) / static_cast<double>(a.layout.total_numel),
+        a.undo->bytes() / double(1ull << 30), absl::ToDoubleSeconds(absl::Now() - t0)));
+  } else if (a.plan.stages_whole_step()) {
+    ctx.Log(a.spec.speculation_bytes == 0
+                ? "speculative clipping off (runtime.speculation_bytes: 0): updates wait for the step's norm"
+                : "speculative clipping off: no host memory left for undo copies (runtime.speculation_bytes)");
+  }
+  a.consumer->EnableSpeculation(a.undo.get(), a.first_step);
 
   // ---- the workers start ----
   RETURN_IF_ERROR(SendAssignments(ctx, a));

@@ -106,6 +106,17 @@ absl::Status ForEachTensorPart(absl::Span<const ElementRange> tensors, int64_t o
   return absl::OkStatus();
 }
 
+// Undo copies are made in blocks of this many elements (3 x 32 KiB: the block is still in L2
+// when the update reads it).
+constexpr int64_t kUndoBlockNumel = 8192;
+
+void CopyState(const float* master, const float* m, const float* v, float* to_master, float* to_m, float* to_v,
+               int64_t n) {
+  std::memcpy(to_master, master, n * sizeof(float));
+  std::memcpy(to_m, m, n * sizeof(float));
+  std::memcpy(to_v, v, n * sizeof(float));
+}
+
 absl::Status NonFiniteGradError(int64_t offset, float value) {
   uint32_t bits;
   std::memcpy(&bits, &value, 4);
@@ -269,8 +280,15 @@ std::vector<int> LayerAdam::AssignNumaNodes(const std::vector<int64_t>& unit_byt
 }
 
 absl::Status LayerAdam::SubmitChunk(const UnitMemory& unit, int64_t offset, int64_t numel,
-                                    const float* grad, const AdamWStepParams& params, DoneFn done) {
-  return Submit(TaskKind::kStepF32, unit, offset, numel, grad, params, std::move(done));
+                                    const float* grad, const AdamWStepParams& params, DoneFn done,
+                                    const UndoMemory* undo, UndoMode mode) {
+  return Submit(TaskKind::kStepF32, unit, offset, numel, grad, params, std::move(done), undo, mode);
+}
+
+absl::Status LayerAdam::SubmitRestore(const UnitMemory& unit, int64_t offset, int64_t numel, const UndoMemory& undo,
+                                      DoneFn done) {
+  return Submit(TaskKind::kRestore, unit, offset, numel, nullptr, AdamWStepParams{}, std::move(done), &undo,
+                UndoMode::kRedo);
 }
 
 absl::Status LayerAdam::SubmitChunkBf16(const UnitMemory& unit, int64_t offset, int64_t numel,
@@ -313,22 +331,29 @@ absl::Status LayerAdam::FirstTouch(const UnitMemory& unit) {
 }
 
 absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t offset, int64_t numel,
-                               const void* grad, const AdamWStepParams& params, DoneFn done) {
+                               const void* grad, const AdamWStepParams& params, DoneFn done,
+                               const UndoMemory* undo, UndoMode undo_mode) {
   if (offset < 0 || numel < 0 || unit.numel < 0 || offset > unit.numel ||
       numel > unit.numel - offset) {
     return absl::InvalidArgumentError(absl::StrCat("LayerAdam: chunk [", offset, ", +", numel,
                                                    ") outside the unit's ", unit.numel,
                                                    " elements"));
   }
+  const bool needs_grad = kind == TaskKind::kStepF32 || kind == TaskKind::kStepBf16;
   if (numel > 0 && (unit.master == nullptr || unit.m == nullptr || unit.v == nullptr ||
-                    unit.mirror == nullptr || (kind != TaskKind::kTouch && grad == nullptr))) {
+                    (unit.mirror == nullptr && kind != TaskKind::kTouch) || (needs_grad && grad == nullptr))) {
     return absl::InvalidArgumentError("LayerAdam: null state or gradient pointer");
+  }
+  if (undo_mode != UndoMode::kNone &&
+      (undo == nullptr || undo->master == nullptr || undo->m == nullptr || undo->v == nullptr ||
+       kind == TaskKind::kStepBf16 || kind == TaskKind::kTouch)) {
+    return absl::InvalidArgumentError("LayerAdam: an undo mode without an undo copy (or for a BF16 gradient)");
   }
   if (unit.numa_node < 0 || unit.numa_node >= num_numa_nodes()) {
     return absl::InvalidArgumentError(absl::StrCat("LayerAdam: numa_node ", unit.numa_node,
                                                    " not in [0, ", num_numa_nodes(), ")"));
   }
-  if (kind != TaskKind::kTouch && params.step < 1) {
+  if (needs_grad && params.step < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("LayerAdam: AdamW step must be >= 1, got ", params.step));
   }
@@ -362,8 +387,7 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
   auto chunk = std::make_shared<ChunkState>();
   chunk->done = std::move(done);
   chunk->remaining.store(static_cast<int>(bounds.size() - 1), std::memory_order_relaxed);
-  AdamWConstants constants =
-      kind == TaskKind::kTouch ? AdamWConstants{} : MakeAdamWConstants(params);
+  AdamWConstants constants = needs_grad ? MakeAdamWConstants(params) : AdamWConstants{};
   constants.stream_mirror = stream_mirror_;
   const size_t elem_bytes = kind == TaskKind::kStepBf16 ? sizeof(bf16_t) : sizeof(float);
   {
@@ -372,8 +396,8 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
       const void* piece_grad =
           grad == nullptr ? nullptr
                           : static_cast<const char*>(grad) + (bounds[k] - offset) * elem_bytes;
-      q.tasks.push_back(
-          Task{kind, unit, bounds[k], bounds[k + 1] - bounds[k], piece_grad, constants, params.nonfinite_grad, chunk});
+      q.tasks.push_back(Task{kind, unit, bounds[k], bounds[k + 1] - bounds[k], piece_grad, constants,
+                             params.nonfinite_grad, chunk, undo != nullptr ? *undo : UndoMemory{}, undo_mode});
     }
   }
   return absl::OkStatus();
@@ -413,15 +437,50 @@ absl::Status LayerAdam::RunTask(const Task& t) {
   const int64_t o = t.offset;
   const bool refuse = t.nonfinite == NonFiniteGrad::kRefuse;
   switch (t.kind) {
-    case TaskKind::kStepF32:
-      return ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n) {
+    case TaskKind::kStepF32: {
+      int64_t saved_to = o;  // kSave: the undo copy holds [o, saved_to) of the piece
+      absl::Status status = ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n) {
         const float* g = static_cast<const float*>(t.grad) + (b - o);
-        if (!refuse) {
-          kernels_->step_f32(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
-          return absl::OkStatus();
+        auto step = [&](int64_t bb, int64_t nn) -> int64_t {  // index of a refused element in the block, or -1
+          const float* gg = g + (bb - b);
+          if (!refuse) {
+            kernels_->step_f32(t.constants, u.master + bb, u.m + bb, u.v + bb, u.mirror + bb, gg, nn);
+            return -1;
+          }
+          return kernels_->step_f32_checked(t.constants, u.master + bb, u.m + bb, u.v + bb, u.mirror + bb, gg, nn);
+        };
+        if (t.undo_mode == UndoMode::kNone) {
+          const int64_t bad = step(b, n);
+          return bad < 0 ? absl::OkStatus() : NonFiniteGradError(b + bad, g[bad]);
         }
-        const int64_t bad = kernels_->step_f32_checked(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
-        return bad < 0 ? absl::OkStatus() : NonFiniteGradError(b + bad, g[bad]);
+        // Block by block: the copy brings the block into cache, the update then reads it there.
+        for (int64_t bb = b; bb < b + n; bb += kUndoBlockNumel) {
+          const int64_t nn = std::min(kUndoBlockNumel, b + n - bb);
+          if (t.undo_mode == UndoMode::kSave) {
+            CopyState(u.master + bb, u.m + bb, u.v + bb, t.undo.master + bb, t.undo.m + bb, t.undo.v + bb, nn);
+            saved_to = bb + nn;
+          } else {
+            CopyState(t.undo.master + bb, t.undo.m + bb, t.undo.v + bb, u.master + bb, u.m + bb, u.v + bb, nn);
+          }
+          if (const int64_t bad = step(bb, nn); bad >= 0) return NonFiniteGradError(bb + bad, g[bb - b + bad]);
+        }
+        return absl::OkStatus();
+      });
+      if (!status.ok() && t.undo_mode == UndoMode::kSave && saved_to < o + t.numel) {
+        // Refused part-way: the rest of the piece is saved too (unchanged), so restoring the whole
+        // chunk from the undo copy is exact.
+        (void)ForEachTensorPart(u.tensors, saved_to, o + t.numel - saved_to, [&](int64_t b, int64_t n) {
+          CopyState(u.master + b, u.m + b, u.v + b, t.undo.master + b, t.undo.m + b, t.undo.v + b, n);
+          return absl::OkStatus();
+        });
+      }
+      return status;
+    }
+    case TaskKind::kRestore:
+      return ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n) {
+        CopyState(t.undo.master + b, t.undo.m + b, t.undo.v + b, u.master + b, u.m + b, u.v + b, n);
+        for (int64_t i = b; i < b + n; ++i) u.mirror[i] = FloatToBf16(u.master[i]);
+        return absl::OkStatus();
       });
     case TaskKind::kStepBf16:
       return ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n) {

@@ -71,6 +71,22 @@ struct NonFiniteGradElement {
 };
 std::optional<NonFiniteGradElement> NonFiniteGradOf(const absl::Status& status);
 
+// Speculative updates (exact clipping overlapped with backward, docs/layeradam.md): an undo copy
+// of a unit's master, m and v (numel floats each, element i of the unit at index i), written by
+// UndoMode::kSave before an update overwrites them and read back by kRedo / kRestore. Only the
+// unit's tensor elements are copied (never the padding between tensors).
+struct UndoMemory {
+  float* master = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+};
+
+enum class UndoMode {
+  kNone,
+  kSave,  // copy the chunk's master, m, v into the undo copy, then update (block by block)
+  kRedo,  // copy them back from the undo copy, then update: the update of the saved state
+};
+
 enum class WorkerPinning {
   kCore,      // each worker bound to one physical core of its node (default)
   kNumaNode,  // each worker bound to all cores of its node
@@ -131,8 +147,16 @@ class LayerAdam {
   // shutdown started. Otherwise `done` runs exactly once, on a worker thread, with OK once every
   // element is updated, CANCELLED if the engine stopped first, or with params.nonfinite_grad
   // kRefuse DATA_LOSS (kNonFiniteGradPayload) when the gradient holds a NaN or inf.
+  // With `undo` (and mode kSave or kRedo) each block of the chunk is first copied into (kSave) or
+  // back from (kRedo) the undo copy, in cache-sized blocks, on the same worker that updates it.
   absl::Status SubmitChunk(const UnitMemory& unit, int64_t offset, int64_t numel, const float* grad,
-                           const AdamWStepParams& params, DoneFn done);
+                           const AdamWStepParams& params, DoneFn done, const UndoMemory* undo = nullptr,
+                           UndoMode mode = UndoMode::kNone);
+  // Copies elements [offset, offset + numel) of master, m and v back from `undo` and rewrites the
+  // mirror from the restored master (FloatToBf16, as every update and the initial load write it):
+  // the state before a kSave update, bit for bit. `done` as SubmitChunk's.
+  absl::Status SubmitRestore(const UnitMemory& unit, int64_t offset, int64_t numel, const UndoMemory& undo,
+                             DoneFn done);
   absl::Status SubmitChunkBf16(const UnitMemory& unit, int64_t offset, int64_t numel,
                                const bf16_t* grad, const AdamWStepParams& params, DoneFn done);
 
@@ -140,7 +164,7 @@ class LayerAdam {
   void WaitIdle();
 
  private:
-  enum class TaskKind { kStepF32, kStepBf16, kTouch };
+  enum class TaskKind { kStepF32, kStepBf16, kTouch, kRestore };
   struct ChunkState;
   struct Task {
     TaskKind kind;
@@ -151,6 +175,8 @@ class LayerAdam {
     AdamWConstants constants;
     NonFiniteGrad nonfinite;
     std::shared_ptr<ChunkState> chunk;
+    UndoMemory undo;
+    UndoMode undo_mode;
   };
   struct NodeQueue {
     absl::Mutex mu;
@@ -165,7 +191,8 @@ class LayerAdam {
 
   LayerAdam() = default;
   absl::Status Submit(TaskKind kind, const UnitMemory& unit, int64_t offset, int64_t numel,
-                      const void* grad, const AdamWStepParams& params, DoneFn done);
+                      const void* grad, const AdamWStepParams& params, DoneFn done, const UndoMemory* undo = nullptr,
+                      UndoMode undo_mode = UndoMode::kNone);
   int QueueFor(int numa_node) const;
   void WorkerLoop(int index, WorkerSpec spec);
   absl::Status RunTask(const Task& task);

@@ -25,6 +25,11 @@
 #   bench      ~6   end-to-end, Qwen3-4B 1 GPU (BENCH_MODEL): ours / compute-only >= 0.95, ours /
 #                   FSDP2 GPU-resident >= 1.5, ours / FSDP2 CPU offload >= 4 (same 16K), host
 #                   <= 13.1 GiB per billion parameters (bench/e2e/report.py's targets)
+#   clip       ~8   issue 20, Qwen3-4B 1 GPU at 16K (CLIP_MODEL, CLIP_TOKENS): ours with clipping
+#                   (speculative; and a threshold the norm never reaches), the path that waits for
+#                   the norm (speculation_bytes: 0), no clipping, compute-only and FSDP2 in one
+#                   run: clip / compute-only >= 0.95, clip / FSDP2 >= 1.25, clip step <= 1.05x
+#                   no-clip step; host_hidden_fraction and speculation per variant (figures)
 #   scaling    ~6   (2 GPUs) Qwen3-8B 1 -> 2 GPUs >= 1.95x; ours / FSDP2 on 2 GPUs >= 1.5
 #   host       ~4   LayerAdam / torch fused CPU AdamW >= 1.1 and >= 0.8 of copy bandwidth;
 #                   bench_copy and warm submit -> first step (figures)
@@ -59,6 +64,9 @@
 #                    so far (SUITE_DEADLINE - 25); a reference cut short fails the 200-step gate
 #   DET_MODEL DET_STEPS  the repeatability job (qwen3-0.6b, 3 steps)
 #   OFFLOAD_MODEL    (qwen3-4b, 64K tokens, seq 4096)
+#   CLIP_MODEL CLIP_TOKENS CLIP_POLICY  the clip part's model (qwen3-4b), batch (16384), act_policy (auto)
+#   CLIP_VARIANTS    "name:max_grad_norm:runtime_key=value ..." ("spec:1.0: high:1e4: wait:1.0:
+#                    speculation_bytes=0 noclip:0:")    CLIP_PEERS  ("compute fsdp2")
 #   ROUTES_STEPS     (20)
 #   BENCH_MODEL      qwen3-4b | qwen3-8b (8B: no CPU-offload peer, it needs 128 GB of host memory)
 #   BENCH_TOKENS     ours' tokens per step (65536)     BENCH_PEER_TOKENS  the peers' (16384)
@@ -91,7 +99,7 @@ readonly KBENCH_T_FWD=400          # issue 3: attention TFLOP/s, causal, 4K+ tok
 readonly KBENCH_T_BWD=300
 readonly KBENCH_T_LAYER=550        # Qwen3-8B decoder layer keep-all over 64K tokens
 
-PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench scaling host restart kbench"
+PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench clip scaling host restart kbench"
 usage() { sed -n '3,/^set -u/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ] || [ "$1" = list ]; then usage; exit 0; fi
 for p in "$@"; do
@@ -397,6 +405,27 @@ part_bench() {
   [ "$offload" = 1 ] && flags=(--offload)
   judge bench --results "$part_dir/bench-results.json" --model "$model" --tokens "$tokens" --peer-tokens "$peer" \
     "${flags[@]}"
+}
+
+# Issue 20: clipping that keeps the host hidden. Each variant of ours in its own WORK (report.py
+# keys results by model, tokens and kind), the peers in one more; clip_check.py judges them.
+part_clip() {
+  find_cudnn
+  local model=${CLIP_MODEL:-qwen3-4b} tokens=${CLIP_TOKENS:-16384} w=$work/clip v norm extra
+  local variants=${CLIP_VARIANTS:-"spec:1.0: high:1e4: wait:1.0:speculation_bytes=0 noclip:0:"}
+  for v in $variants; do
+    IFS=: read -r name norm extra <<< "$v"
+    stage "clip_$name" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/$name" MODEL="$model" GPUS=1 \
+      TOKENS_LIST="$tokens" WHAT=ours MAX_GRAD_NORM="$norm" RUNTIME_EXTRA="${extra/=/: }" \
+      ACT_POLICY="${CLIP_POLICY:-auto}" WORK="$w/$name" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) \
+      bash bench/e2e/run_bench.sh
+  done
+  stage clip_peers $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/peers" MODEL="$model" GPUS=1 \
+    TOKENS_LIST="$tokens" WHAT="${CLIP_PEERS:-compute fsdp2}" ACT_POLICY="${CLIP_POLICY:-auto}" WORK="$w/peers" \
+    FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) \
+    bash bench/e2e/run_bench.sh
+  dry && return 0
+  python3 tools/gpu/clip_check.py --dir "$part_dir" --model "$model" --tokens "$tokens" | tee -a "$summary"
 }
 
 part_scaling() {

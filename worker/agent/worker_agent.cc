@@ -434,6 +434,13 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   if (gopt.stage_until_norm && !gpu_route && a.world_size() > 1) {
     return absl::FailedPreconditionError("grad_staging device needs grad_reduction gpu with several ranks");
   }
+  if (gopt.stage_until_norm && a.has_speculate_from_unit()) {
+    if (a.speculate_from_unit() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("assignment: speculate_from_unit ", a.speculate_from_unit()));
+    }
+    gopt.speculate_from_unit = a.speculate_from_unit();
+    gopt.job_state = job_state;
+  }
 
   const NormValues norms =
       spec.norm_weights == NormWeights::kFp32 ? NormValues::kFp32FromMaster : NormValues::kBf16Mirror;

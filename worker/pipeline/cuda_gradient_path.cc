@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,6 +49,16 @@ struct PostJob {
   const float* data = nullptr;  // element part.offset of the unit
   bool sum_squares = false;     // instead of a part: post the rank's squared norm `squares`
   double squares = 0;
+  // Speculative clipping: instead of a part, wait for hostd's verdict on `step` and post the parts
+  // of `after_verdict` it asks for (every one with post_all, else those not `speculated`).
+  bool verdict = false;
+  struct Later {
+    int unit;
+    ShardRange part;
+    const float* data;
+    bool speculated;
+  };
+  std::vector<Later> after_verdict;
 };
 
 class CudaGradientPath final : public GradientPath {
@@ -191,15 +202,26 @@ class CudaGradientPath final : public GradientPath {
     absl::MutexLock l(&mu_);
     RETURN_IF_ERROR(first_error_);
     queue_.push_back(norm);
-    for (const auto& [unit, part] : staged_) {  // forward order
-      PostJob job;
-      job.unit = unit;
-      job.step = staged_step_;
-      job.part = part;
-      job.data = stage_ + stage_offset_[unit];
-      queue_.push_back(job);
+    if (!speculated_.empty()) {  // the rest after hostd's verdict (the poster waits for it)
+      PostJob verdict;
+      verdict.step = staged_step_;
+      verdict.verdict = true;
+      for (const auto& [unit, part] : staged_) {  // forward order
+        verdict.after_verdict.push_back({unit, part, stage_ + stage_offset_[unit], speculated_.count(unit) > 0});
+      }
+      queue_.push_back(std::move(verdict));
+    } else {
+      for (const auto& [unit, part] : staged_) {  // forward order
+        PostJob job;
+        job.unit = unit;
+        job.step = staged_step_;
+        job.part = part;
+        job.data = stage_ + stage_offset_[unit];
+        queue_.push_back(job);
+      }
     }
     staged_.clear();
+    speculated_.clear();
     return absl::OkStatus();
   }
 
@@ -288,9 +310,23 @@ class CudaGradientPath final : public GradientPath {
     RETURN_IF_ERROR(kernels::SumSquaresF32(dst, job.part.numel, partials_, unit_squares_ + job.unit, stream));
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(job.buffer->done, stream));
     staged_[job.unit] = job.part;
+    // Speculative clipping: the staged part goes down now, while backward goes on.
+    const bool speculate = job.unit >= options_.base.speculate_from_unit && options_.base.job_state != nullptr &&
+                           options_.base.job_state->SpeculatesStep(job.step);
+    PostJob post;
+    if (speculate) {
+      ASSIGN_OR_RETURN(post.ready, ReadyEvent());
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(post.ready, stream));
+      post.unit = job.unit;
+      post.step = job.step;
+      post.part = job.part;
+      post.data = dst;
+      speculated_.insert(job.unit);
+    }
     absl::MutexLock l(&mu_);
     job.buffer->open = false;
     free_ready_.push_back(job.ready);
+    if (speculate && first_error_.ok()) queue_.push_back(post);
     return first_error_;
   }
 
@@ -300,6 +336,19 @@ class CudaGradientPath final : public GradientPath {
   }
 
   absl::Status Post(const PostJob& job) {
+    if (job.verdict) {
+      ASSIGN_OR_RETURN(shm::StepVerdict v, options_.base.job_state->WaitVerdict(job.step, options_.base.ring_timeout));
+      for (const PostJob::Later& later : job.after_verdict) {
+        if (later.speculated && !v.post_all) continue;
+        PostJob part;
+        part.unit = later.unit;
+        part.step = job.step;
+        part.part = later.part;
+        part.data = later.data;
+        RETURN_IF_ERROR(Post(part));
+      }
+      return absl::OkStatus();
+    }
     if (job.sum_squares) {
       ASSIGN_OR_RETURN(uint32_t slot, ring_->AcquireSlot(options_.base.ring_timeout));
       std::memcpy(ring_->slot_data(slot), &job.squares, sizeof(double));
@@ -389,6 +438,7 @@ class CudaGradientPath final : public GradientPath {
   cudaEvent_t staged_event_ = nullptr;
   cudaStream_t stage_stream_ = nullptr;
   std::map<int, ShardRange> staged_;  // units staged this step, with their parts
+  std::set<int> speculated_;          // of those, posted speculatively
   int64_t staged_step_ = 0;
 
   mutable absl::Mutex mu_;

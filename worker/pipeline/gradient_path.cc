@@ -40,9 +40,15 @@ class HostGradientPath final : public GradientPath {
       part = ShardOf(numel, options_.world, options_.rank);
     }
     if (options_.stage_until_norm) {  // kept until Flush (the rank's part only)
-      staged_[unit] =
+      Staged& st = staged_[unit] =
           Staged{part, std::vector<float>(buf.begin() + part.offset, buf.begin() + part.offset + part.numel)};
       staged_step_ = step;
+      // Speculative clipping: posted now, while backward goes on (and kept, in case the norm clips).
+      if (unit >= options_.speculate_from_unit && options_.job_state != nullptr &&
+          options_.job_state->SpeculatesStep(step)) {
+        st.posted = true;
+        return PostPart(unit, step, st.data.data(), st.part);
+      }
       return absl::OkStatus();
     }
     return PostPart(unit, step, buf.data() + part.offset, part);
@@ -69,7 +75,14 @@ class HostGradientPath final : public GradientPath {
       desc.dtype = shm::GradDtype::kSumSquares;
       RETURN_IF_ERROR(ring_->Post(desc));
     }
+    bool speculated = false;
+    for (const auto& [unit, st] : staged_) speculated = speculated || st.posted;
+    shm::StepVerdict verdict;  // post_all: nothing was posted speculatively
+    if (speculated) {
+      ASSIGN_OR_RETURN(verdict, options_.job_state->WaitVerdict(staged_step_, options_.ring_timeout));
+    }
     for (const auto& [unit, st] : staged_) {
+      if (st.posted && !verdict.post_all) continue;
       RETURN_IF_ERROR(PostPart(unit, staged_step_, st.data.data(), st.part));
     }
     staged_.clear();
@@ -88,6 +101,7 @@ class HostGradientPath final : public GradientPath {
   struct Staged {
     ShardRange part;
     std::vector<float> data;  // the part's elements
+    bool posted = false;      // posted speculatively this step
   };
 
   // Posts elements [part.offset, part.offset + part.numel) of `unit`; data[0] is element part.offset.

@@ -16,12 +16,18 @@
 // unit's part in forward order, returning without waiting for those posts (hostd applies them with
 // the clipping coefficient as they arrive, and the next step's forward follows its gates). Drain()
 // waits for them; the gates order the next step's writes into the buffer after the posts.
+// Speculative clipping (docs/layeradam.md; options speculate_from_unit and job_state): when hostd's
+// verdict on the step before says this step speculates, the parts of units >= speculate_from_unit
+// are posted as soon as they are final (still kept, in case the norm clips); after the squared
+// norm the path waits for hostd's verdict on the step and posts the other parts, or (post_all:
+// the norm clipped, or was not finite) every part again, in forward order.
 // On CUDA, Finish only queues work (the collective on the communication stream, the copies on a
 // D2H stream fed by a poster thread): the thread issuing compute never waits for a copy, only,
 // through the poster, for free ring slots.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -29,6 +35,7 @@
 #include "absl/time/time.h"
 #include "common/model/qwen3_config.h"
 #include "shm/grad_ring.h"
+#include "shm/job_state.h"
 #include "shm/shm_collective.h"
 
 namespace slidedp {
@@ -62,6 +69,9 @@ struct GradientPathOptions {
   absl::Duration ring_timeout = absl::Minutes(10);
   // Device staging (see above); needs route kGpu or world 1.
   bool stage_until_norm = false;
+  // Speculative clipping with device staging (see above); job_state carries hostd's verdicts.
+  int speculate_from_unit = std::numeric_limits<int>::max();
+  const shm::JobState* job_state = nullptr;
   // Fault injection for tests: a random delay in [0, max] before every chunk post.
   absl::Duration inject_max_delay = absl::ZeroDuration();
 };

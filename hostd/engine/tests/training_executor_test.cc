@@ -17,10 +17,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status/status_macros.h"
 #include "common/data/synthetic.h"
 #include "common/model/shard.h"
 #include "gtest/gtest.h"
 #include "hostd/checkpoint/checkpoint.h"
+#include "hostd/engine/undo_arena.h"
 #include "hostd/update/adamw_kernels.h"
 #include "hostd/update/schedule.h"
 #include "nlohmann/json.hpp"
@@ -61,14 +63,22 @@ class FakeContext : public JobContext {
   std::vector<std::shared_ptr<WorkerSession>> workers_;
 };
 
+// Per step, a factor on every gradient (empty: 1), so a test can make the norm clip on some steps.
+std::vector<float> g_step_scale;
+
 // The summed (over ranks) gradient of element i of unit u at step t.
-float Grad(int t, int u, int64_t i) { return 0.01f * std::sin(0.001f * static_cast<float>(i) + u + 0.37f * t); }
+float Grad(int t, int u, int64_t i) {
+  const float scale = t < static_cast<int>(g_step_scale.size()) ? g_step_scale[t] : 1.0f;
+  return scale * 0.01f * std::sin(0.001f * static_cast<float>(i) + u + 0.37f * t);
+}
 
 struct RankResult {
   v1::Assignment assignment;
   std::string comm_id;                     // what rank > 0 received
   std::vector<std::vector<float>> master;  // rank 0: the final master weights
   uint64_t skipped_steps = 0;              // rank 0: the control block's count at the end
+  std::vector<std::vector<float>> m, v;    // rank 0: the final Adam moments
+  int64_t rolled_back_steps = 0;           // device staging: verdicts that asked for every part again
   absl::Status status;
 };
 
@@ -165,44 +175,71 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
       rep.mutable_step_loss()->set_loss_sum(1.0);
       w->reports().Push(rep);
     }
-    if (device_staging && fault != Fault::kNoSquaredNorm) {
-      double squares = 0;
-      for (int u = 0; u < units; ++u) {
-        const ShardRange range = gpu ? ShardOf((*js)->unit_numel(u), world, rank) : ShardRange{0, (*js)->unit_numel(u)};
-        for (int64_t i = range.offset; i < range.offset + range.numel; ++i) {
-          const double g = grad(t, u, i);
-          squares += g * g;
-        }
-      }
-      auto slot = (*ring)->AcquireSlot(absl::Seconds(20));
-      if (!slot.ok()) return fail(slot.status());
-      std::memcpy((*ring)->slot_data(*slot), &squares, sizeof(double));
-      shm::GradChunkDesc d;
-      d.unit = -1;
-      d.slot = *slot;
-      d.numel = 1;
-      d.step = static_cast<uint32_t>(t);
-      d.dtype = shm::GradDtype::kSumSquares;
-      if (absl::Status s = (*ring)->Post(d); !s.ok()) return fail(s);
-    }
-    for (int k = 0; k < units; ++k) {
-      const int u = device_staging ? k : units - 1 - k;  // backward order (head first) unless staged
+    auto post_unit = [&](int u) -> absl::Status {
       const int64_t numel = (*js)->unit_numel(u);
       ShardRange range = gpu ? ShardOf(numel, world, rank) : ShardRange{0, numel};
       if (fault == Fault::kOutsideShard && u == units - 1) range = ShardRange{0, numel};
       for (int64_t off = range.offset; off < range.offset + range.numel; off += piece) {
         const int64_t n = std::min(piece, range.offset + range.numel - off);
-        auto slot = (*ring)->AcquireSlot(absl::Seconds(20));
-        if (!slot.ok()) return fail(slot.status());
-        float* dst = static_cast<float*>((*ring)->slot_data(*slot));
+        ASSIGN_OR_RETURN(uint32_t slot, (*ring)->AcquireSlot(absl::Seconds(20)));
+        float* dst = static_cast<float*>((*ring)->slot_data(slot));
         for (int64_t i = 0; i < n; ++i) dst[i] = grad(t, u, off + i);
         shm::GradChunkDesc d;
         d.unit = u;
-        d.slot = *slot;
+        d.slot = slot;
         d.offset_numel = off;
         d.numel = n;
         d.step = static_cast<uint32_t>(t);
+        RETURN_IF_ERROR((*ring)->Post(d));
+      }
+      return absl::OkStatus();
+    };
+    if (!device_staging) {
+      for (int u = units - 1; u >= 0; --u) {  // backward order (head first)
+        if (absl::Status s = post_unit(u); !s.ok()) return fail(s);
+      }
+    } else {
+      // Speculative clipping: the units hostd speculates as they are final (backward order), then
+      // the squared norm, then after hostd's verdict the rest (or everything again) in forward
+      // order; without it the norm first, then the parts in forward order.
+      const int k = a.has_speculate_from_unit() ? a.speculate_from_unit() : units;
+      const bool speculate = k < units && (*js)->SpeculatesStep(t);
+      if (speculate) {
+        for (int u = units - 1; u >= k; --u) {
+          if (absl::Status s = post_unit(u); !s.ok()) return fail(s);
+        }
+      }
+      if (fault != Fault::kNoSquaredNorm) {
+        double squares = 0;
+        for (int u = 0; u < units; ++u) {
+          const ShardRange range =
+              gpu ? ShardOf((*js)->unit_numel(u), world, rank) : ShardRange{0, (*js)->unit_numel(u)};
+          for (int64_t i = range.offset; i < range.offset + range.numel; ++i) {
+            const double g = grad(t, u, i);
+            squares += g * g;
+          }
+        }
+        auto slot = (*ring)->AcquireSlot(absl::Seconds(20));
+        if (!slot.ok()) return fail(slot.status());
+        std::memcpy((*ring)->slot_data(*slot), &squares, sizeof(double));
+        shm::GradChunkDesc d;
+        d.unit = -1;
+        d.slot = *slot;
+        d.numel = 1;
+        d.step = static_cast<uint32_t>(t);
+        d.dtype = shm::GradDtype::kSumSquares;
         if (absl::Status s = (*ring)->Post(d); !s.ok()) return fail(s);
+      }
+      shm::StepVerdict verdict;
+      if (speculate && fault != Fault::kNoSquaredNorm) {  // (a rank without its norm posts on)
+        auto v = (*js)->WaitVerdict(t, absl::Seconds(20));
+        if (!v.ok()) return fail(v.status());
+        verdict = *v;
+        out->rolled_back_steps += verdict.post_all;
+      }
+      for (int u = 0; u < units; ++u) {
+        if (speculate && u >= k && !verdict.post_all) continue;
+        if (absl::Status s = post_unit(u); !s.ok()) return fail(s);
       }
     }
     v1::WorkerReport rep;
@@ -220,6 +257,8 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
   if (rank == 0) {
     for (int u = 0; u < units; ++u) {
       out->master.emplace_back((*js)->master(u), (*js)->master(u) + (*js)->unit_numel(u));
+      out->m.emplace_back((*js)->m(u), (*js)->m(u) + (*js)->unit_numel(u));
+      out->v.emplace_back((*js)->v(u), (*js)->v(u) + (*js)->unit_numel(u));
     }
     out->skipped_steps = (*js)->skipped_steps_counter().load();
   }
@@ -372,6 +411,69 @@ TEST(TrainingExecutor, GpuRouteShardsGiveTheSameParametersAsOneRankWithTheWholeG
   EXPECT_EQ(NodeSegments(), std::vector<std::string>{absl::StrCat("slidedp.", Options().node_name, ".pool.pooled")});
   ex.reset();
   EXPECT_TRUE(NodeSegments().empty());
+}
+
+// Speculative clipping (runtime.speculation_bytes): updates that run before the norm is known and
+// are committed, redone or switched off give the master weights and Adam moments of the path that
+// waits for the norm, bit for bit, over steps that clip and steps that do not; for host and device
+// staging, one and two ranks, and an undo arena that covers every unit or only the last ones.
+TEST(TrainingExecutor, SpeculativeClippingIsBitwiseThePathThatWaitsForTheNorm) {
+  TrainingExecutor ex(Options());
+  // Norms below and above the threshold: speculated steps that commit (1, 7) or are redone (2, 4),
+  // and steps not speculated after one that clipped (3, 5, 6).
+  g_step_scale = {1, 3, 1, 3, 3, 1, 1};
+  const ModelLayout layout = ModelLayout::Build(*Qwen3Config::Preset("tiny"));
+  const uint64_t last_units = UndoBytes(layout, layout.num_units() - 2);
+  for (GradStaging staging : {GradStaging::kHost, GradStaging::kDevice}) {
+    for (int world : {1, 2}) {
+      JobSpec base = TinySpec(world, 1e9, "gpu");
+      base.steps = static_cast<int64_t>(g_step_scale.size());
+      base.grad_staging = staging;
+      base.speculation_bytes = 0;
+      // The threshold between the small and the large steps' norms.
+      JobRun probe = RunJob(ex, absl::StrCat("probe", world, ToString(staging)), base, Workers(world));
+      ASSERT_TRUE(probe.status.ok()) << probe.status;
+      ASSERT_EQ(probe.norms.size(), g_step_scale.size());
+      base.max_grad_norm = 0.5 * (probe.norms[0] + probe.norms[1]);
+      JobRun waiting = RunJob(ex, absl::StrCat("waiting", world, ToString(staging)), base, Workers(world));
+      ASSERT_TRUE(waiting.status.ok()) << waiting.status;
+      for (int64_t budget : {int64_t{-1}, static_cast<int64_t>(last_units)}) {
+        SCOPED_TRACE(absl::StrCat(ToString(staging), " world ", world, " budget ", budget));
+        JobSpec spec = base;
+        spec.speculation_bytes = budget;
+        JobRun run = RunJob(ex, absl::StrCat("spec", world, ToString(staging), budget > 0), spec, Workers(world));
+        ASSERT_TRUE(run.status.ok()) << run.status;
+        bool logged = false;
+        for (const std::string& l : run.logs) logged |= absl::StrContains(l, "speculative clipping: units");
+        EXPECT_TRUE(logged);
+        if (staging == GradStaging::kDevice) {
+          EXPECT_EQ(run.ranks[0].assignment.speculate_from_unit(),
+                    budget > 0 ? layout.num_units() - 2 : 0);
+          // Speculated: steps 1 (commit), 2 (clips: redo), 4 (redo) and 7 (commit); 3, 5 and 6 follow a
+          // step that clipped.
+          EXPECT_EQ(run.ranks[0].rolled_back_steps, 2);
+        }
+        ASSERT_EQ(run.norms, waiting.norms);
+        ASSERT_EQ(run.metrics.size(), g_step_scale.size());
+        const bool speculated[] = {true, true, false, true, false, false, true};
+        for (size_t t = 0; t < run.metrics.size(); ++t) {
+          EXPECT_EQ(run.metrics[t].speculated_fraction() > 0, speculated[t]) << t;
+          EXPECT_EQ(run.metrics[t].speculation_rolled_back(), t == 1 || t == 3) << t;
+          EXPECT_EQ(waiting.metrics[t].speculated_fraction(), 0) << t;
+        }
+        int clipped = 0;
+        for (double n : run.norms) clipped += n > spec.max_grad_norm;
+        EXPECT_EQ(clipped, 3);
+        for (int u = 0; u < layout.num_units(); ++u) {
+          const size_t bytes = layout.units[u].numel * sizeof(float);
+          ASSERT_EQ(0, std::memcmp(run.ranks[0].master[u].data(), waiting.ranks[0].master[u].data(), bytes)) << u;
+          ASSERT_EQ(0, std::memcmp(run.ranks[0].m[u].data(), waiting.ranks[0].m[u].data(), bytes)) << u;
+          ASSERT_EQ(0, std::memcmp(run.ranks[0].v[u].data(), waiting.ranks[0].v[u].data(), bytes)) << u;
+        }
+      }
+    }
+  }
+  g_step_scale.clear();
 }
 
 // Device staging (runtime.grad_staging device): ranks post their squared norms, then their parts

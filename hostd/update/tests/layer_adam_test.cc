@@ -273,6 +273,103 @@ TEST(LayerAdam, NeverTouchesThePaddingBetweenTensors) {
   }
 }
 
+// Speculative updates: a kSave update is the plain update bit for bit and leaves the state it
+// overwrote in the undo copy; SubmitRestore gives back that state (mirror included); a kRedo
+// update with another coefficient is the plain update of the saved state with it. Padding between
+// tensors is never copied either way.
+TEST(LayerAdam, UndoCopiesRestoreAndRedoBitExact) {
+  auto config = Qwen3Config::Preset("tiny");
+  ASSERT_TRUE(config.ok());
+  const ModelLayout layout = ModelLayout::Build(*config);
+  const UnitLayout& ul = layout.units[1];
+  const int64_t n = ul.numel;
+  std::vector<ElementRange> tensors;
+  for (const TensorSlot& t : ul.tensors) tensors.push_back({t.offset_numel, t.offset_numel + t.numel});
+  auto engine = MakeEngine(3, WorkerPinning::kNone, /*min_piece=*/64);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  OwnedUnit start(n);
+  for (int64_t i = 0; i < n; ++i) {
+    start.master[i] = normal(rng) * 0.02f;
+    start.m[i] = normal(rng) * 1e-3f;
+    start.v[i] = std::abs(normal(rng)) * 1e-6f;
+    start.mirror[i] = FloatToBf16(start.master[i]);
+  }
+  std::vector<float> grad(n);
+  for (float& g : grad) g = normal(rng) * 1e-2f;
+  AdamWStepParams p;
+  p.lr = 1e-3;
+  p.step = 4;
+  auto run = [&](OwnedUnit& u, float scale, const UndoMemory* undo, UndoMode mode, bool restore) {
+    UnitMemory view = u.view();
+    view.tensors = tensors;
+    AdamWStepParams q = p;
+    q.grad_scale = scale;
+    for (auto [o, l] : RandomChunks(n, rng)) {
+      absl::Status s = restore ? engine->SubmitRestore(view, o, l, *undo, [](absl::Status s) { EXPECT_TRUE(s.ok()); })
+                               : engine->SubmitChunk(view, o, l, grad.data() + o, q,
+                                                     [](absl::Status s) { EXPECT_TRUE(s.ok()) << s; }, undo, mode);
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    engine->WaitIdle();
+  };
+  auto same = [&](const OwnedUnit& a, const OwnedUnit& b) {
+    return std::memcmp(a.master.data(), b.master.data(), n * 4) == 0 &&
+           std::memcmp(a.m.data(), b.m.data(), n * 4) == 0 && std::memcmp(a.v.data(), b.v.data(), n * 4) == 0 &&
+           std::memcmp(a.mirror.data(), b.mirror.data(), n * 2) == 0;
+  };
+  OwnedUnit plain1 = start, plain_half = start;
+  run(plain1, 1.0f, nullptr, UndoMode::kNone, false);
+  run(plain_half, 0.5f, nullptr, UndoMode::kNone, false);
+  ASSERT_FALSE(same(plain1, plain_half));
+
+  constexpr float kArenaPoison = -12345.0f;
+  std::vector<float> um(n, kArenaPoison), mm(n, kArenaPoison), vm(n, kArenaPoison);
+  const UndoMemory undo{um.data(), mm.data(), vm.data()};
+  OwnedUnit spec = start;
+  run(spec, 1.0f, &undo, UndoMode::kSave, false);
+  EXPECT_TRUE(same(spec, plain1)) << "a speculative update is the plain one";
+  int64_t copied = 0;
+  for (int64_t i = 0; i < n; ++i) copied += um[i] != kArenaPoison;
+  int64_t params = 0;
+  for (const ElementRange& r : tensors) params += r.end - r.begin;
+  EXPECT_LE(copied, params) << "padding is not copied";
+
+  OwnedUnit redone = spec;
+  run(redone, 0.5f, &undo, UndoMode::kRedo, false);
+  EXPECT_TRUE(same(redone, plain_half)) << "a redo is the update of the saved state";
+
+  OwnedUnit restored = spec;
+  run(restored, 0, &undo, UndoMode::kRedo, true);
+  EXPECT_TRUE(same(restored, start)) << "a restore gives the state before the speculative update";
+
+  // A refusing speculative update that stops at a NaN part-way still saved its whole chunk: the
+  // restore is exact.
+  std::vector<float> bad_grad = grad;
+  bad_grad[tensors[0].begin + 20000 % (tensors[0].end - tensors[0].begin)] = std::numeric_limits<float>::quiet_NaN();
+  OwnedUnit refused = start;
+  {
+    UnitMemory view = refused.view();
+    view.tensors = tensors;
+    AdamWStepParams q = p;
+    q.nonfinite_grad = NonFiniteGrad::kRefuse;
+    int failed = 0;
+    ASSERT_TRUE(engine
+                    ->SubmitChunk(view, 0, n, bad_grad.data(), q, [&](absl::Status s) { failed += !s.ok(); }, &undo,
+                                  UndoMode::kSave)
+                    .ok());
+    engine->WaitIdle();
+    EXPECT_EQ(failed, 1);
+  }
+  run(refused, 0, &undo, UndoMode::kRedo, true);
+  EXPECT_TRUE(same(refused, start)) << "a refused speculative update is restored exactly";
+
+  // An undo mode without an undo copy is refused.
+  UnitMemory view = spec.view();
+  EXPECT_EQ(engine->SubmitChunk(view, 0, n, grad.data(), p, [](absl::Status) {}, nullptr, UndoMode::kSave).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // NonFiniteGrad::kRefuse: a chunk with a NaN or inf is DATA_LOSS naming the element (payload),
 // every element before it is updated as with kApply, nothing from it on; kApply propagates.
 TEST(LayerAdam, RefusingUpdatesStopAtANonFiniteGradient) {
