@@ -161,10 +161,23 @@ double SumSqImpl(const G* g, int64_t n) {
 double SumSqF32(const float* g, int64_t n) { return SumSqImpl(g, n); }
 double SumSqBf16(const bf16_t* g, int64_t n) { return SumSqImpl(g, n); }
 
+// Streaming copy: unaligned head to a 32-byte boundary of dst, streaming stores, scalar tail.
+void CopyStream(const float* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  while (i < n && (reinterpret_cast<uintptr_t>(dst + i) & 31) != 0) {
+    dst[i] = src[i];
+    ++i;
+  }
+  for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+  _mm_sfence();
+}
+
 }  // namespace
 
 namespace internal {
-const AdamKernelTable kAvx2Kernels = {&StepF32, &StepBf16, &SumSqF32, &SumSqBf16, &StepF32Checked, &StepBf16Checked};
+const AdamKernelTable kAvx2Kernels = {&StepF32, &StepBf16, &SumSqF32, &SumSqBf16, &StepF32Checked, &StepBf16Checked,
+                                     &CopyStream};
 }  // namespace internal
 
 }  // namespace slidedp::update

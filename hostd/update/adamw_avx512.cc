@@ -164,10 +164,23 @@ double SumSqImpl(const G* g, int64_t n) {
 double SumSqF32(const float* g, int64_t n) { return SumSqImpl(g, n); }
 double SumSqBf16(const bf16_t* g, int64_t n) { return SumSqImpl(g, n); }
 
+// Streaming copy: unaligned head to a 64-byte boundary of dst, streaming stores, masked tail.
+void CopyStream(const float* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  while (i < n && (reinterpret_cast<uintptr_t>(dst + i) & 63) != 0) {
+    dst[i] = src[i];
+    ++i;
+  }
+  for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+  _mm_sfence();
+}
+
 }  // namespace
 
 namespace internal {
-const AdamKernelTable kAvx512Kernels = {&StepF32, &StepBf16, &SumSqF32, &SumSqBf16, &StepF32Checked, &StepBf16Checked};
+const AdamKernelTable kAvx512Kernels = {&StepF32, &StepBf16, &SumSqF32, &SumSqBf16, &StepF32Checked, &StepBf16Checked,
+                                     &CopyStream};
 }  // namespace internal
 
 }  // namespace slidedp::update

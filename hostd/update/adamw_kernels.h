@@ -113,6 +113,10 @@ struct AdamKernelTable {
                               const float* grad, int64_t n);
   int64_t (*step_bf16_checked)(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror,
                                const bf16_t* grad, int64_t n);
+  // dst[i] = src[i] for n floats with streaming (non-temporal) stores where the ISA has them: the
+  // undo copies of speculative updates, written once and read back only on a rollback, skip the
+  // read-for-ownership of their lines and stay out of the cache. Ends with a store fence.
+  void (*copy_stream)(const float* src, float* dst, int64_t n);
 };
 
 // The table for an ISA; nullptr when this build or CPU lacks it.

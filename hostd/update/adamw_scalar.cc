@@ -1,6 +1,7 @@
 // Portable scalar AdamW kernels: the fallback and the reference the vector kernels must match
 // bit for bit. Compiled with -ffp-contract=off (see CMakeLists.txt).
 #include <cstdint>
+#include <cstring>
 
 #include "hostd/update/adamw_element_inl.h"
 #include "hostd/update/adamw_kernels.h"
@@ -57,10 +58,13 @@ int64_t StepBf16Checked(const AdamWConstants& c, float* master, float* m, float*
   return CheckedElements(c, master, m, v, mirror, grad, 0, n);
 }
 
+void CopyStream(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+
 }  // namespace
 
 namespace internal {
-const AdamKernelTable kScalarKernels = {&StepF32, &StepBf16, &SumSqF32, &SumSqBf16, &StepF32Checked, &StepBf16Checked};
+const AdamKernelTable kScalarKernels = {&StepF32, &StepBf16, &SumSqF32, &SumSqBf16, &StepF32Checked, &StepBf16Checked,
+                                     &CopyStream};
 }  // namespace internal
 
 }  // namespace slidedp::update

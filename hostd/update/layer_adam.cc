@@ -456,8 +456,10 @@ absl::Status LayerAdam::RunTask(const Task& t) {
         // Block by block: the copy brings the block into cache, the update then reads it there.
         for (int64_t bb = b; bb < b + n; bb += kUndoBlockNumel) {
           const int64_t nn = std::min(kUndoBlockNumel, b + n - bb);
-          if (t.undo_mode == UndoMode::kSave) {
-            CopyState(u.master + bb, u.m + bb, u.v + bb, t.undo.master + bb, t.undo.m + bb, t.undo.v + bb, nn);
+          if (t.undo_mode == UndoMode::kSave) {  // streaming stores: the copy is read back only on a rollback
+            kernels_->copy_stream(u.master + bb, t.undo.master + bb, nn);
+            kernels_->copy_stream(u.m + bb, t.undo.m + bb, nn);
+            kernels_->copy_stream(u.v + bb, t.undo.v + bb, nn);
             saved_to = bb + nn;
           } else {
             CopyState(t.undo.master + bb, t.undo.m + bb, t.undo.v + bb, u.master + bb, u.m + bb, u.v + bb, nn);
@@ -497,7 +499,7 @@ absl::Status LayerAdam::RunTask(const Task& t) {
       TouchPages(u.master + o, t.numel * 4);
       TouchPages(u.m + o, t.numel * 4);
       TouchPages(u.v + o, t.numel * 4);
-      TouchPages(u.mirror + o, t.numel * 2);
+      if (u.mirror != nullptr) TouchPages(u.mirror + o, t.numel * 2);  // (an undo copy has none)
       return absl::OkStatus();
   }
   return absl::OkStatus();

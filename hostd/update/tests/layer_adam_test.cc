@@ -364,6 +364,18 @@ TEST(LayerAdam, UndoCopiesRestoreAndRedoBitExact) {
   run(refused, 0, &undo, UndoMode::kRedo, true);
   EXPECT_TRUE(same(refused, start)) << "a refused speculative update is restored exactly";
 
+  // Undo copies are faulted in by the workers like state (no mirror), in several pieces.
+  {
+    std::vector<float> a(n, 1.0f), b(n, 2.0f), c(n, 3.0f);
+    UnitMemory touch;
+    touch.master = a.data();
+    touch.m = b.data();
+    touch.v = c.data();
+    touch.numel = n;
+    ASSERT_TRUE(engine->FirstTouch(touch).ok());
+    EXPECT_EQ(a[n - 1] + b[n - 1] + c[n - 1], 6.0f);
+  }
+
   // An undo mode without an undo copy is refused.
   UnitMemory view = spec.view();
   EXPECT_EQ(engine->SubmitChunk(view, 0, n, grad.data(), p, [](absl::Status) {}, nullptr, UndoMode::kSave).code(),
