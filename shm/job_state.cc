@@ -1,6 +1,7 @@
 // JobState: one segment with every unit's master/Adam/mirror regions and the control block.
 #include "shm/job_state.h"
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -186,7 +187,9 @@ absl::Status JobState::CheckMatches(const ModelLayout& layout) const {
   return absl::OkStatus();
 }
 
-void JobState::PublishVerdict(int64_t t, const StepVerdict& verdict) {
+void JobState::PublishVerdict(int64_t t, const StepVerdict& verdict, int speculate_from_unit) {
+  control_->speculate_from_unit.store(static_cast<uint32_t>(std::max(speculate_from_unit, 0)),
+                                      std::memory_order_relaxed);  // (ordered by the verdict's release)
   const uint32_t w = static_cast<uint32_t>(t + 1) << 2 | (verdict.post_all ? kVerdictPostAll : 0) |
                      (verdict.speculate_next ? kVerdictSpeculateNext : 0);
   control_->clip_verdict.store(w, std::memory_order_release);
@@ -209,6 +212,11 @@ absl::StatusOr<StepVerdict> JobState::WaitVerdict(int64_t t, absl::Duration time
 bool JobState::SpeculatesStep(int64_t t) const {
   const uint32_t w = control_->clip_verdict.load(std::memory_order_acquire);
   return (w >> 2) == static_cast<uint32_t>(t) && (w & kVerdictSpeculateNext) != 0;
+}
+
+bool JobState::SpeculatesUnit(int64_t t, int u) const {
+  return SpeculatesStep(t) && u >= 0 &&
+         static_cast<uint32_t>(u) >= control_->speculate_from_unit.load(std::memory_order_relaxed);
 }
 
 absl::StatusOr<int64_t> JobState::ConsistentStep() const {

@@ -58,7 +58,10 @@ struct alignas(64) JobControlBlock {
   // of an attempt, hostd stores first_step << 2 | (speculate the first step ? 2 : 0). Workers
   // wait on it (futex) after posting a step's squared norm.
   std::atomic<uint32_t> clip_verdict;
-  uint8_t pad[36];
+  // With the verdict: a speculated step posts the parts of units >= this during backward (written
+  // before the verdict word, read after it).
+  std::atomic<uint32_t> speculate_from_unit;
+  uint8_t pad[32];
 };
 static_assert(sizeof(JobControlBlock) == 256 && std::is_standard_layout_v<JobControlBlock>);
 
@@ -126,13 +129,16 @@ class JobState {
   std::atomic<uint64_t>& step_counter() const { return control_->step; }
   std::atomic<uint64_t>& skipped_steps_counter() const { return control_->skipped_steps; }
   std::atomic<uint64_t>& updating_step() const { return control_->updating_step; }
-  // hostd: the verdict on step t (0-based), published (release) and every waiter woken. Also the
-  // attempt's start: PublishVerdict(first_step - 1, {.speculate_next = ...}).
-  void PublishVerdict(int64_t t, const StepVerdict& verdict);
+  // hostd: the verdict on step t (0-based), published (release) and every waiter woken, with the
+  // first unit step t + 1 speculates. Also the attempt's start: PublishVerdict(first_step - 1, ...).
+  void PublishVerdict(int64_t t, const StepVerdict& verdict, int speculate_from_unit = 0);
   // Workers: waits for hostd's verdict on step t (guards: the abort word, hostd's liveness).
   absl::StatusOr<StepVerdict> WaitVerdict(int64_t t, absl::Duration timeout) const;
   // Whether step t is speculated: the verdict on step t - 1 says so (false when none is published).
   bool SpeculatesStep(int64_t t) const;
+  // Whether step t posts unit u's part speculatively: SpeculatesStep(t) and u >= the first unit
+  // published with that verdict.
+  bool SpeculatesUnit(int64_t t, int u) const;
   // hostd (the creator): the process that publishes versions, for liveness checks in waits.
   ProcessIdentity owner() const { return segment_->creator(); }
 

@@ -163,11 +163,26 @@ absl::StatusOr<bool> GradConsumer::SquarePieces(int rank, int unit, int64_t offs
 }
 
 void GradConsumer::EnableSpeculation(const UndoArena* arena, int64_t first_step) {
-  arena_ = arena != nullptr && arena->first_unit() < static_cast<int>(unit_numel_.size()) ? arena : nullptr;
+  const int num_units = static_cast<int>(unit_numel_.size());
+  arena_ = arena != nullptr && arena->first_unit() < num_units ? arena : nullptr;
   speculate_step_ = arena_ != nullptr;
+  // The controller starts halfway through what the arena covers (ObserveWaits).
+  speculate_from_ = next_from_ = arena_ != nullptr ? (arena_->first_unit() + num_units) / 2 : num_units;
   // The workers read whether the first step speculates from the "verdict" on the step before it.
   if (plan_.clip_staging == ClipStaging::kDevice) {
-    rings_.PublishVerdict(first_step - 1, shm::StepVerdict{true, speculate_step_});
+    rings_.PublishVerdict(first_step - 1, shm::StepVerdict{true, speculate_step_}, speculate_from_);
+  }
+}
+
+void GradConsumer::ObserveWaits(double gate_wait_s, double ring_wait_s) {
+  if (arena_ == nullptr) return;
+  const int num_units = static_cast<int>(unit_numel_.size());
+  const int stride = std::max(1, (num_units - arena_->first_unit()) / 16);
+  constexpr double kSlackS = 0.005;  // waits below this are noise
+  if (gate_wait_s > 1.2 * ring_wait_s + kSlackS) {
+    next_from_ = std::max(arena_->first_unit(), next_from_ - stride);
+  } else if (ring_wait_s > 1.2 * gate_wait_s + kSlackS) {
+    next_from_ = std::min(num_units - 1, next_from_ + stride);
   }
 }
 
@@ -440,7 +455,7 @@ absl::Status GradConsumer::ConsumeSummed(int64_t t, bool first_step, StepUpdates
 
 absl::Status GradConsumer::SpeculateStaged(int unit, int64_t offset, int64_t numel, bool finite,
                                            StepUpdates& updates) {
-  if (!speculate_step_ || arena_ == nullptr || !arena_->covers(unit)) return absl::OkStatus();
+  if (!speculate_step_ || arena_ == nullptr || !arena_->covers(unit) || unit < speculate_from_) return absl::OkStatus();
   if (!finite) speculation_stopped_.store(true);  // the step will not be applied as it is
   if (speculation_stopped_.load()) return absl::OkStatus();
   return updates.Speculate(unit, arena_->undo(unit), offset, numel, staging_[unit].data() + offset);
@@ -451,7 +466,7 @@ absl::StatusOr<StepGradients> GradConsumer::ConsumeDeviceStaged(int64_t t, bool 
   update::GradNormAccumulator norm(unit_numel_);
   const int num_units = static_cast<int>(unit_numel_.size());
   const bool spec = speculate_step_ && arena_ != nullptr;
-  const int k = spec ? arena_->first_unit() : num_units;
+  const int k = spec ? speculate_from_ : num_units;
   // Each rank posts its speculated units' parts (when the step speculates) and then its squared
   // norm: the coefficient, and whether the step's gradient is finite, are known after them.
   std::vector<double> squares(plan_.world, 0);
@@ -492,7 +507,8 @@ absl::StatusOr<StepGradients> GradConsumer::ConsumeDeviceStaged(int64_t t, bool 
   // while pays no undo copies and no rollbacks, one that does not keeps the updates overlapped.
   speculate_step_ = arena_ != nullptr && apply && coef == 1.0f;
   // Before any gate of the step opens: the workers read from it whether step t+1 speculates.
-  rings_.PublishVerdict(t, shm::StepVerdict{!commit, speculate_step_});
+  speculate_from_ = next_from_;
+  rings_.PublishVerdict(t, shm::StepVerdict{!commit, speculate_step_}, speculate_from_);
   if (commit) RETURN_IF_ERROR(updates.CommitSpeculation());
   if (!why.ok()) return why.status();
   const UnitSpan rest{0, commit ? k : num_units};
@@ -525,7 +541,7 @@ absl::Status GradConsumer::ApplyHostStaged(int64_t t, StepUpdates& updates, Step
   // Every unit the arena covers was speculated whole, unless a non-finite chunk stopped it (then
   // what was speculated is put back).
   bool whole = !speculation_stopped_.load();
-  for (int u = arena_ != nullptr ? arena_->first_unit() : num_units; u < num_units && whole; ++u) {
+  for (int u = arena_ != nullptr ? speculate_from_ : num_units; u < num_units && whole; ++u) {
     whole = updates.Speculated(u);
   }
   const bool commit = out.speculated_numel > 0 && apply && coef == 1.0f && whole;
@@ -535,6 +551,7 @@ absl::Status GradConsumer::ApplyHostStaged(int64_t t, StepUpdates& updates, Step
   }
   const bool redo = out.speculated_numel > 0 && !commit && apply && whole;
   speculate_step_ = arena_ != nullptr && apply && coef == 1.0f;
+  speculate_from_ = next_from_;
   if (commit) RETURN_IF_ERROR(updates.CommitSpeculation());
   RETURN_IF_ERROR(why.status());
   if (!apply) {

@@ -74,7 +74,9 @@ class GradRings {
   // Raises the abort word: every party (workers, the other consumers) stops waiting.
   void Abort();
   // hostd's verdict on step t for the workers (device staging with speculation).
-  void PublishVerdict(int64_t t, const shm::StepVerdict& v) { job_state_.PublishVerdict(t, v); }
+  void PublishVerdict(int64_t t, const shm::StepVerdict& v, int speculate_from_unit) {
+    job_state_.PublishVerdict(t, v, speculate_from_unit);
+  }
   // Abort(), and INTERNAL: "<worker> (rank r) <what>".
   absl::Status FailRank(int rank, const std::string& what);
   std::string WorkerName(int rank) const { return reports_.WorkerName(rank); }
@@ -118,6 +120,13 @@ class GradConsumer {
   // Speculative clipping (undo_arena.h) with `arena`'s units, from step `first_step` on; with device
   // staging the workers learn it from the verdict published here (and after every step).
   void EnableSpeculation(const UndoArena* arena, int64_t first_step);
+  // How much to speculate is measured, not fixed: after each step the workers' waits say whether
+  // the host was behind after the norm (gate waits: speculate more of the model, i.e. the first
+  // speculated unit moves down) or during backward (ring waits for free slots: speculate less),
+  // one step of the controller per call, within the arena. Speculating everything the arena holds
+  // is not best where the host is the bottleneck (42 instead of 30 B/param during backward).
+  void ObserveWaits(double gate_wait_s, double ring_wait_s);
+  int speculate_from_unit() const { return speculate_from_; }
   // Takes step t's gradients out of every ring and has `updates` apply (or skip) them.
   absl::StatusOr<StepGradients> ConsumeStep(int64_t t, bool first_step, StepUpdates& updates);
 
@@ -189,6 +198,8 @@ class GradConsumer {
   std::vector<std::vector<float>> staging_;  // per unit, where the plan has host staging
   const UndoArena* arena_ = nullptr;         // speculative clipping, when enabled
   bool speculate_step_ = false;              // this step speculates (what the last verdict said)
+  int speculate_from_ = 0;                   // this step speculates units [speculate_from_, num_units)
+  int next_from_ = 0;                        // the next step's, as the controller has it
   std::atomic<bool> speculation_stopped_{false};  // host staging: a non-finite chunk ended it this step
   mutable absl::Mutex nonfinite_mu_;
   std::optional<NonFiniteElement> nonfinite_ ABSL_GUARDED_BY(nonfinite_mu_);  // this step's first

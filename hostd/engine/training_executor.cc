@@ -465,6 +465,7 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
   record.metrics.set_speculated_fraction(static_cast<double>(grads.speculated_numel) /
                                          static_cast<double>(std::max<int64_t>(1, a.layout.total_numel)));
   record.metrics.set_speculation_rolled_back(grads.speculated_numel > 0 && grads.rolled_back);
+  a.consumer->ObserveWaits(record.metrics.worker_gate_wait_s(), record.metrics.worker_ring_wait_s());
   // This step's gate waits are the step before's updates showing.
   record.metrics.set_host_hidden_fraction(
       a.prev_update_s > 0 ? std::clamp(1.0 - record.metrics.worker_gate_wait_s() / a.prev_update_s, 0.0, 1.0) : -1.0);

@@ -312,7 +312,7 @@ class CudaGradientPath final : public GradientPath {
     staged_[job.unit] = job.part;
     // Speculative clipping: the staged part goes down now, while backward goes on.
     const bool speculate = job.unit >= options_.base.speculate_from_unit && options_.base.job_state != nullptr &&
-                           options_.base.job_state->SpeculatesStep(job.step);
+                           options_.base.job_state->SpeculatesUnit(job.step, job.unit);
     PostJob post;
     if (speculate) {
       ASSIGN_OR_RETURN(post.ready, ReadyEvent());

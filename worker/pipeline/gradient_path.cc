@@ -45,7 +45,7 @@ class HostGradientPath final : public GradientPath {
       staged_step_ = step;
       // Speculative clipping: posted now, while backward goes on (and kept, in case the norm clips).
       if (unit >= options_.speculate_from_unit && options_.job_state != nullptr &&
-          options_.job_state->SpeculatesStep(step)) {
+          options_.job_state->SpeculatesUnit(step, unit)) {
         st.posted = true;
         return PostPart(unit, step, st.data.data(), st.part);
       }

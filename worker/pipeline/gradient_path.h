@@ -17,8 +17,8 @@
 // the clipping coefficient as they arrive, and the next step's forward follows its gates). Drain()
 // waits for them; the gates order the next step's writes into the buffer after the posts.
 // Speculative clipping (docs/layeradam.md; options speculate_from_unit and job_state): when hostd's
-// verdict on the step before says this step speculates, the parts of units >= speculate_from_unit
-// are posted as soon as they are final (still kept, in case the norm clips); after the squared
+// verdict on the step before says this step speculates, the parts of the units it names (>= the
+// first unit published with it, never below speculate_from_unit) are posted as soon as they are final (still kept, in case the norm clips); after the squared
 // norm the path waits for hostd's verdict on the step and posts the other parts, or (post_all:
 // the norm clipped, or was not finite) every part again, in forward order.
 // On CUDA, Finish only queues work (the collective on the communication stream, the copies on a

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -202,8 +203,9 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
       // Speculative clipping: the units hostd speculates as they are final (backward order), then
       // the squared norm, then after hostd's verdict the rest (or everything again) in forward
       // order; without it the norm first, then the parts in forward order.
-      const int k = a.has_speculate_from_unit() ? a.speculate_from_unit() : units;
-      const bool speculate = k < units && (*js)->SpeculatesStep(t);
+      const bool speculate = a.has_speculate_from_unit() && (*js)->SpeculatesStep(t);
+      int k = units;
+      while (speculate && k > 0 && (*js)->SpeculatesUnit(t, k - 1)) --k;
       if (speculate) {
         for (int u = units - 1; u >= k; --u) {
           if (absl::Status s = post_unit(u); !s.ok()) return fail(s);
@@ -247,6 +249,10 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
     rep.mutable_step_done()->set_step(t);
     rep.mutable_step_done()->set_loss_sum(1.0);
     rep.mutable_step_done()->set_tokens(16);
+    if (!g_step_scale.empty()) {  // waits that move the speculation controller up and down
+      rep.mutable_step_done()->set_gate_wait_s(t % 2 == 0 ? 0.5 : 0);
+      rep.mutable_step_done()->set_ring_wait_s(t % 2 == 1 ? 0.5 : 0);
+    }
     w->reports().Push(rep);
   }
   for (int u = 0; u < units; ++u) {
@@ -456,11 +462,14 @@ TEST(TrainingExecutor, SpeculativeClippingIsBitwiseThePathThatWaitsForTheNorm) {
         ASSERT_EQ(run.norms, waiting.norms);
         ASSERT_EQ(run.metrics.size(), g_step_scale.size());
         const bool speculated[] = {true, true, false, true, false, false, true};
+        std::set<double> fractions;  // the controller moves the first speculated unit with the waits
         for (size_t t = 0; t < run.metrics.size(); ++t) {
+          if (speculated[t]) fractions.insert(run.metrics[t].speculated_fraction());
           EXPECT_EQ(run.metrics[t].speculated_fraction() > 0, speculated[t]) << t;
           EXPECT_EQ(run.metrics[t].speculation_rolled_back(), t == 1 || t == 3) << t;
           EXPECT_EQ(waiting.metrics[t].speculated_fraction(), 0) << t;
         }
+        EXPECT_GE(fractions.size(), 2u);
         int clipped = 0;
         for (double n : run.norms) clipped += n > spec.max_grad_norm;
         EXPECT_EQ(clipped, 3);
