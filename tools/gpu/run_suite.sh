@@ -30,6 +30,10 @@
 #                   the norm (speculation_bytes: 0), no clipping, compute-only and FSDP2 in one
 #                   run: clip / compute-only >= 0.95, clip / FSDP2 >= 1.25, clip step <= 1.05x
 #                   no-clip step; host_hidden_fraction and speculation per variant (figures)
+#   specbits   ~3   speculative clipping on CUDA is the path that waits for the norm, bit for bit:
+#                   Qwen3-0.6B, runtime.deterministic, 6 steps, losses of speculation_bytes auto
+#                   and 0 equal at a threshold never reached (every step commits) and one always
+#                   reached (a redo, then speculation off)
 #   scaling    ~6   (2 GPUs) Qwen3-8B 1 -> 2 GPUs >= 1.95x; ours / FSDP2 on 2 GPUs >= 1.5
 #   host       ~4   LayerAdam / torch fused CPU AdamW >= 1.1 and >= 0.8 of copy bandwidth;
 #                   bench_copy and warm submit -> first step (figures)
@@ -99,7 +103,7 @@ readonly KBENCH_T_FWD=400          # issue 3: attention TFLOP/s, causal, 4K+ tok
 readonly KBENCH_T_BWD=300
 readonly KBENCH_T_LAYER=550        # Qwen3-8B decoder layer keep-all over 64K tokens
 
-PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench clip scaling host restart kbench"
+PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench clip specbits scaling host restart kbench"
 usage() { sed -n '3,/^set -u/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ] || [ "$1" = list ]; then usage; exit 0; fi
 for p in "$@"; do
@@ -426,6 +430,38 @@ part_clip() {
     bash bench/e2e/run_bench.sh
   dry && return 0
   python3 tools/gpu/clip_check.py --dir "$part_dir" --model "$model" --tokens "$tokens" | tee -a "$summary"
+}
+
+part_specbits() {
+  find_cudnn
+  local w=$work/specbits norm v
+  for norm in 1e4 1e-3; do
+    for v in auto:-1 wait:0; do
+      stage "specbits_${norm}_${v%%:*}" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/${norm}_${v%%:*}" \
+        MODEL=qwen3-0.6b GPUS=1 TOKENS_LIST=16384 STEPS=6 WHAT=ours MAX_GRAD_NORM="$norm" ACT_POLICY=recompute \
+        RUNTIME_EXTRA="deterministic: true, speculation_bytes: ${v#*:}" WORK="$w/${norm}_${v%%:*}" FRESH=1 \
+        BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
+    done
+  done
+  dry && return 0
+  for norm in 1e4 1e-3; do
+    python3 - "$w/${norm}_auto" "$w/${norm}_wait" "$norm" << 'PY' | tee -a "$summary"
+import glob, json, sys
+def run(d):
+    rows = []
+    for p in glob.glob(f"{d}/runs/*/*/*/*/ours/out/metrics-*.jsonl"):
+        rows += [json.loads(l) for l in open(p) if l.strip()]
+    return sorted(rows, key=lambda r: r["step"])
+a, b = run(sys.argv[1]), run(sys.argv[2])
+la, lb = [r["loss"] for r in a], [r["loss"] for r in b]
+spec = sum(1 for r in a if r.get("speculated_fraction", 0) > 0)
+redo = sum(1 for r in a if r.get("speculation_rolled_back"))
+ok = len(la) == 6 and la == lb and spec > 0
+print(f"{'PASS' if ok else 'FAIL'} specbits    0.6B max_grad_norm {sys.argv[3]}: {len(la)} / {len(lb)} steps, losses "
+      f"{'bitwise equal' if la == lb else 'differ: ' + str(la) + ' vs ' + str(lb)} (speculation auto vs off; "
+      f"{spec} step(s) speculated, {redo} redone)")
+PY
+  done
 }
 
 part_scaling() {
