@@ -196,11 +196,12 @@ void JobState::PublishVerdict(int64_t t, const StepVerdict& verdict, int specula
   FutexWakeAll(&control_->clip_verdict);
 }
 
-absl::StatusOr<StepVerdict> JobState::WaitVerdict(int64_t t, absl::Duration timeout) const {
+absl::StatusOr<StepVerdict> JobState::WaitVerdict(int64_t t, absl::Duration timeout,
+                                                   const ProcessIdentity& hostd) const {
   const uint32_t want = static_cast<uint32_t>(t + 1);
   WaitGuards g;
   g.abort = &control_->abort;
-  g.peer = owner();
+  g.peer = hostd;
   g.peer_role = "hostd";
   RETURN_IF_ERROR(WaitForWord(
       control_->clip_verdict, [want](uint32_t w) { return (w >> 2) >= want; }, timeout, g,

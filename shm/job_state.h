@@ -132,8 +132,10 @@ class JobState {
   // hostd: the verdict on step t (0-based), published (release) and every waiter woken, with the
   // first unit step t + 1 speculates. Also the attempt's start: PublishVerdict(first_step - 1, ...).
   void PublishVerdict(int64_t t, const StepVerdict& verdict, int speculate_from_unit = 0);
-  // Workers: waits for hostd's verdict on step t (guards: the abort word, hostd's liveness).
-  absl::StatusOr<StepVerdict> WaitVerdict(int64_t t, absl::Duration timeout) const;
+  // Workers: waits for hostd's verdict on step t (guards: the abort word, and the liveness of
+  // `hostd`, the hostd the worker's job came from: captured at the job's start, since a hostd
+  // restarted meanwhile takes the segment over and owner() then names it).
+  absl::StatusOr<StepVerdict> WaitVerdict(int64_t t, absl::Duration timeout, const ProcessIdentity& hostd) const;
   // Whether step t is speculated: the verdict on step t - 1 says so (false when none is published).
   bool SpeculatesStep(int64_t t) const;
   // Whether step t posts unit u's part speculatively: SpeculatesStep(t) and u >= the first unit

@@ -440,6 +440,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     }
     gopt.speculate_from_unit = a.speculate_from_unit();
     gopt.job_state = job_state;
+    gopt.hostd = job_state->owner();
   }
 
   const NormValues norms =

@@ -337,7 +337,7 @@ class CudaGradientPath final : public GradientPath {
 
   absl::Status Post(const PostJob& job) {
     if (job.verdict) {
-      ASSIGN_OR_RETURN(shm::StepVerdict v, options_.base.job_state->WaitVerdict(job.step, options_.base.ring_timeout));
+      ASSIGN_OR_RETURN(shm::StepVerdict v, options_.base.job_state->WaitVerdict(job.step, options_.base.ring_timeout, options_.base.hostd));
       for (const PostJob::Later& later : job.after_verdict) {
         if (later.speculated && !v.post_all) continue;
         PostJob part;

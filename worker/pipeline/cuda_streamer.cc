@@ -18,6 +18,7 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
                                                                                const CudaStreamerOptions& options) {
   std::unique_ptr<CudaWindowStreamer> s(new CudaWindowStreamer());
   s->state_ = state;
+  s->publisher_ = state->owner();
   s->layout_ = &layout;
   s->options_ = options;
   s->compute_ = compute;
@@ -91,7 +92,7 @@ absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uin
   }
   if (!victim) return absl::InternalError("GPU parameter window exhausted: every slot is held");
   absl::Time t0 = absl::Now();
-  absl::Status s = state_->version(unit).WaitAtLeast(gate, options_.gate_timeout, state_->abort(), state_->owner());
+  absl::Status s = state_->version(unit).WaitAtLeast(gate, options_.gate_timeout, state_->abort(), publisher_);
   gate_wait_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("version gate of unit ", unit, ": ", s.message()));
 

@@ -85,6 +85,9 @@ class CudaWindowStreamer : public UnitStreamer {
   Slot* Resident(int unit, uint32_t gate);
 
   shm::JobState* state_ = nullptr;
+  // The hostd whose gates this job waits on, as it was when the job started (a restarted hostd
+  // taking the segment over must not keep a wait for a dead one alive).
+  shm::ProcessIdentity publisher_;
   const ModelLayout* layout_ = nullptr;
   CudaStreamerOptions options_;
   cudaStream_t compute_ = nullptr;

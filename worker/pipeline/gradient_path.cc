@@ -79,7 +79,7 @@ class HostGradientPath final : public GradientPath {
     for (const auto& [unit, st] : staged_) speculated = speculated || st.posted;
     shm::StepVerdict verdict;  // post_all: nothing was posted speculatively
     if (speculated) {
-      ASSIGN_OR_RETURN(verdict, options_.job_state->WaitVerdict(staged_step_, options_.ring_timeout));
+      ASSIGN_OR_RETURN(verdict, options_.job_state->WaitVerdict(staged_step_, options_.ring_timeout, options_.hostd));
     }
     for (const auto& [unit, st] : staged_) {
       if (st.posted && !verdict.post_all) continue;

@@ -72,6 +72,7 @@ struct GradientPathOptions {
   // Speculative clipping with device staging (see above); job_state carries hostd's verdicts.
   int speculate_from_unit = std::numeric_limits<int>::max();
   const shm::JobState* job_state = nullptr;
+  shm::ProcessIdentity hostd;  // the job's hostd (job_state->owner() at the job's start)
   // Fault injection for tests: a random delay in [0, max] before every chunk post.
   absl::Duration inject_max_delay = absl::ZeroDuration();
 };

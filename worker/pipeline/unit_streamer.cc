@@ -8,14 +8,19 @@ namespace slidedp {
 
 HostMirrorStreamer::HostMirrorStreamer(shm::JobState* state, const ModelLayout& layout, absl::Duration gate_timeout,
                                        NormValues norms, EmbeddingValues embedding)
-    : state_(state), layout_(layout), gate_timeout_(gate_timeout), norms_(norms), embedding_(embedding) {
+    : state_(state),
+      publisher_(state->owner()),
+      layout_(layout),
+      gate_timeout_(gate_timeout),
+      norms_(norms),
+      embedding_(embedding) {
   side_.resize(layout.num_units());
   for (int u = 0; u < layout.num_units(); ++u) side_[u].resize(layout.units[u].fp32_numel);
 }
 
 absl::StatusOr<UnitParams> HostMirrorStreamer::Acquire(int unit, uint32_t min_version) {
   absl::Time t0 = absl::Now();
-  absl::Status s = state_->version(unit).WaitAtLeast(min_version, gate_timeout_, state_->abort(), state_->owner());
+  absl::Status s = state_->version(unit).WaitAtLeast(min_version, gate_timeout_, state_->abort(), publisher_);
   gate_wait_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("version gate of unit ", unit, ": ", s.message()));
   if (layout_.units[unit].kind == UnitKind::kEmbedding) {

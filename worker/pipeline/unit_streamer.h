@@ -63,6 +63,9 @@ class HostMirrorStreamer : public UnitStreamer {
 
  private:
   shm::JobState* state_;
+  // The hostd whose gates this job waits on, as it was when the job started (a restarted hostd
+  // taking the segment over must not keep a wait for a dead one alive).
+  shm::ProcessIdentity publisher_;
   const ModelLayout& layout_;
   absl::Duration gate_timeout_;
   NormValues norms_;

@@ -234,7 +234,7 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
       }
       shm::StepVerdict verdict;
       if (speculate && fault != Fault::kNoSquaredNorm) {  // (a rank without its norm posts on)
-        auto v = (*js)->WaitVerdict(t, absl::Seconds(20));
+        auto v = (*js)->WaitVerdict(t, absl::Seconds(20), (*js)->owner());
         if (!v.ok()) return fail(v.status());
         verdict = *v;
         out->rolled_back_steps += verdict.post_all;
