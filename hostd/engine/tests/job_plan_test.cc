@@ -1,7 +1,9 @@
 // PlanJob's decisions: route, where clipping waits, the consumer, host staging, and what the
 // memory plan counts for each.
 #include "hostd/engine/job_plan.h"
+#include "hostd/engine/undo_arena.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -180,6 +182,47 @@ TEST(JobPlan, OffloadedLayerInputsAreCounted) {
   ASSERT_TRUE(p.ok());
   EXPECT_GT(p->memory.offload_bytes, 0u);
   EXPECT_EQ(p->memory.total_bytes, base + p->memory.offload_bytes);
+}
+
+// Speculative clipping: off without a whole-step wait; an explicit budget covers the last units
+// that fit and is counted by admission; auto is sized after admission from what the host has left
+// (less the margin), up to the whole model.
+TEST(JobPlan, SpeculationCoversTheLastUnitsThatFitTheBudget) {
+  const ModelLayout layout = Layout();
+  const int units = layout.num_units();
+  auto none = PlanJob(Spec(1, 0), layout, Gpus(1));
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->speculate_from_unit, units);
+  EXPECT_FALSE(none->speculation_auto);
+
+  JobSpec capped = Spec(1, 1.0);
+  capped.speculation_bytes = static_cast<int64_t>(UndoBytes(layout, units - 3));
+  auto c = PlanJob(capped, layout, Gpus(1));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->speculate_from_unit, units - 3);
+  EXPECT_EQ(c->memory.undo_bytes, UndoBytes(layout, units - 3));
+  auto uncapped = PlanJob(Spec(1, 1.0), layout, Gpus(1));
+  ASSERT_TRUE(uncapped.ok());
+  EXPECT_EQ(c->memory.total_bytes, uncapped->memory.total_bytes + c->memory.undo_bytes);
+
+  JobPlan a = *uncapped;
+  ASSERT_TRUE(a.speculation_auto);
+  const uint64_t total = 128ull << 30;
+  const uint64_t margin = std::max<uint64_t>(4ull << 30, total / 20);
+  SizeSpeculation(layout, a.memory.total_bytes + margin + UndoBytes(layout, 5), total, a);
+  EXPECT_EQ(a.speculate_from_unit, 5);
+  SizeSpeculation(layout, a.memory.total_bytes + margin + UndoBytes(layout, 0) * 2, total, a);
+  EXPECT_EQ(a.speculate_from_unit, 0);  // the whole model, no more
+  SizeSpeculation(layout, a.memory.total_bytes, total, a);
+  EXPECT_EQ(a.speculate_from_unit, units);  // nothing left: off
+  EXPECT_EQ(a.memory.undo_bytes, 0u);
+
+  JobSpec off = Spec(1, 1.0);
+  off.speculation_bytes = 0;
+  auto o = PlanJob(off, layout, Gpus(1));
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->speculate_from_unit, units);
+  EXPECT_FALSE(o->speculation_auto);
 }
 
 }  // namespace
