@@ -1,5 +1,6 @@
 // LayerAdam engine: hwloc topology -> per-NUMA-node FIFO queues and pinned workers; chunks split
-// into per-worker pieces; completion counted per chunk; per-worker mailboxes for RunOnEachWorker.
+// into per-worker pieces; completion counted per chunk (records recycled, queues' storage kept:
+// no allocation per chunk in the steady state); per-worker mailboxes for RunOnEachWorker.
 #include "hostd/update/layer_adam.h"
 
 #include <hwloc.h>
@@ -266,10 +267,12 @@ LayerAdam::~LayerAdam() {
   }
   for (std::thread& t : workers_) t.join();
   for (auto& q : nodes_) {
-    std::deque<Task> left;
+    std::vector<Task> left;
     {
       absl::MutexLock l(&q->mu);
-      left.swap(q->tasks);
+      left.assign(q->tasks.begin() + q->head, q->tasks.end());
+      q->tasks.clear();
+      q->head = 0;
     }
     for (const Task& t : left) FinishPiece(t.chunk, absl::CancelledError("LayerAdam stopped"));
   }
@@ -404,7 +407,15 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
   }
   bounds.push_back(offset + numel);
 
-  auto chunk = std::make_shared<ChunkState>();
+  ChunkState* chunk = nullptr;  // in flight until FinishPiece gives it back to chunk_pool_
+  {
+    absl::MutexLock l(&pool_mu_);
+    if (!chunk_pool_.empty()) {
+      chunk = chunk_pool_.back().release();
+      chunk_pool_.pop_back();
+    }
+  }
+  if (chunk == nullptr) chunk = std::make_unique<ChunkState>().release();
   chunk->done = std::move(done);
   chunk->remaining.store(static_cast<int>(bounds.size() - 1), std::memory_order_relaxed);
   AdamWConstants constants = needs_grad ? MakeAdamWConstants(params) : AdamWConstants{};
@@ -440,7 +451,7 @@ void LayerAdam::WorkerLoop(int index, WorkerSpec spec) {
   NodeQueue& q = *nodes_[spec.node];
   const int slot = spec.slot;
   auto ready = [&q, slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(q.mu) {
-    return q.stopping || !q.tasks.empty() || q.calls[slot] != nullptr;
+    return q.stopping || q.head < q.tasks.size() || q.calls[slot] != nullptr;
   };
   while (true) {
     q.mu.LockWhen(absl::Condition(&ready));
@@ -455,8 +466,14 @@ void LayerAdam::WorkerLoop(int index, WorkerSpec spec) {
       q.mu.Unlock();
       return;
     }
-    Task task = std::move(q.tasks.front());
-    q.tasks.pop_front();
+    const Task task = q.tasks[q.head++];
+    if (q.head == q.tasks.size()) {  // drained: reuse the storage from its start
+      q.tasks.clear();
+      q.head = 0;
+    } else if (q.head >= 1024 && q.head * 2 >= q.tasks.size()) {  // never drained: drop the done half
+      q.tasks.erase(q.tasks.begin(), q.tasks.begin() + static_cast<std::ptrdiff_t>(q.head));
+      q.head = 0;
+    }
     q.mu.Unlock();
     FinishPiece(task.chunk, RunTask(task));
   }
@@ -587,7 +604,7 @@ std::optional<NonFiniteGradElement> NonFiniteGradOf(const absl::Status& status) 
   return e;
 }
 
-void LayerAdam::FinishPiece(const std::shared_ptr<ChunkState>& chunk, const absl::Status& status) {
+void LayerAdam::FinishPiece(ChunkState* chunk, const absl::Status& status) {
   if (!status.ok()) {
     absl::MutexLock l(&chunk->mu);
     if (chunk->status.ok()) chunk->status = status;
@@ -599,6 +616,15 @@ void LayerAdam::FinishPiece(const std::shared_ptr<ChunkState>& chunk, const absl
     final_status = chunk->status;
   }
   chunk->done(final_status);
+  chunk->done = nullptr;
+  {
+    absl::MutexLock l(&chunk->mu);
+    chunk->status = absl::OkStatus();
+  }
+  {
+    absl::MutexLock l(&pool_mu_);
+    chunk_pool_.emplace_back(chunk);
+  }
   absl::MutexLock l(&idle_mu_);
   --chunks_in_flight_;
 }

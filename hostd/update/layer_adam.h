@@ -20,7 +20,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -188,13 +187,17 @@ class LayerAdam {
     const void* grad;  // first element of this piece
     AdamWConstants constants;
     NonFiniteGrad nonfinite;
-    std::shared_ptr<ChunkState> chunk;
+    ChunkState* chunk;  // from chunk_pool_; back there when its last piece finishes
     UndoMemory undo;
     UndoMode undo_mode;
   };
   struct NodeQueue {
     absl::Mutex mu;
-    std::deque<Task> tasks ABSL_GUARDED_BY(mu);
+    // FIFO: tasks[head, end). The storage stays as the queue drains, so a step's pieces allocate
+    // nothing once the queue has been as deep as it gets (a deque allocates a node every two tasks
+    // on the submitting thread and frees it on a worker: heap growth, so page faults, for steps).
+    std::vector<Task> tasks ABSL_GUARDED_BY(mu);
+    size_t head ABSL_GUARDED_BY(mu) = 0;
     bool stopping ABSL_GUARDED_BY(mu) = false;
     // RunOnEachWorker's mailboxes, one per worker of the node (WorkerSpec::slot): a worker takes
     // its call before the shared tasks, so one busy node cannot hold the others at the barrier
@@ -216,7 +219,7 @@ class LayerAdam {
   void WorkerLoop(int index, WorkerSpec spec);
   void RunEachWorkerCall(EachWorkerCall& call, int index, int node);
   absl::Status RunTask(const Task& task);
-  void FinishPiece(const std::shared_ptr<ChunkState>& chunk, const absl::Status& status);
+  void FinishPiece(ChunkState* chunk, const absl::Status& status);
 
   AdamIsa isa_ = AdamIsa::kScalar;
   const AdamKernelTable* kernels_ = nullptr;
@@ -226,6 +229,11 @@ class LayerAdam {
   std::vector<std::unique_ptr<NodeQueue>> nodes_;
   std::vector<int> queue_of_node_;  // NUMA node -> queue index holding workers
   std::vector<std::thread> workers_;
+
+  // Chunk records, recycled rather than freed for the same reason as NodeQueue::tasks' storage:
+  // taken by the submitting thread, given back by whichever worker finishes the chunk.
+  absl::Mutex pool_mu_;
+  std::vector<std::unique_ptr<ChunkState>> chunk_pool_ ABSL_GUARDED_BY(pool_mu_);
 
   absl::Mutex idle_mu_;
   int64_t chunks_in_flight_ ABSL_GUARDED_BY(idle_mu_) = 0;

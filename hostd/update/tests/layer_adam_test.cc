@@ -1,7 +1,8 @@
 // LayerAdam engine, UnitTracker and GradNormAccumulator: concurrent chunks give the single-thread
 // result bit for bit, each unit completes once per step, bad submissions are refused, shutdown
-// completes every chunk once, RunOnEachWorker runs every worker once at the same time, and the
-// clipping norm is exact and order-independent.
+// completes every chunk once, deep queues and recycled chunk records change nothing,
+// RunOnEachWorker runs every worker once at the same time, and the clipping norm is exact and
+// order-independent.
 #include "hostd/update/layer_adam.h"
 
 #include <pthread.h>
@@ -475,6 +476,51 @@ TEST(LayerAdam, ShutdownCompletesEveryChunkOnce) {
   // Normally 7 (the worker stops after the piece it was running); a starved destructor thread
   // could let a few more run, so only "some were cancelled" is asserted.
   EXPECT_GT(cancelled.load(), 0);
+}
+
+// Thousands of one-piece chunks queued behind a worker held in a `done` (the queue's storage is
+// compacted while it never drains), then run again on the recycled chunk records: every chunk
+// completes once, OK, and the unit ends as the single-thread steps leave it.
+TEST(LayerAdam, DeepQueueAndRecycledChunkRecords) {
+  auto engine = MakeEngine(1, WorkerPinning::kNone, /*min_piece=*/1 << 20);  // one piece per chunk
+  constexpr int64_t kChunk = 33, kChunks = 3001, kN = kChunk * kChunks;
+  OwnedUnit unit(kN), expect(kN);
+  std::vector<float> grad(kN);
+  for (int64_t i = 0; i < kN; ++i) {
+    unit.master[i] = expect.master[i] = std::cos(static_cast<float>(i)) * 0.02f;
+    grad[i] = std::sin(static_cast<float>(i)) * 1e-3f;
+  }
+  std::atomic<int> ok{0};
+  for (int64_t step = 1; step <= 2; ++step) {
+    AdamWStepParams p;
+    p.step = step;
+    AdamWStep(p, expect.master.data(), expect.m.data(), expect.v.data(), expect.mirror.data(), grad.data(), kN);
+    absl::Notification holding, release;
+    ASSERT_TRUE(engine
+                    ->SubmitChunk(unit.view(), 0, 0, grad.data(), p,
+                                  [&](absl::Status) {
+                                    holding.Notify();
+                                    release.WaitForNotification();
+                                  })
+                    .ok());
+    holding.WaitForNotification();
+    for (int64_t o = 0; o < kN; o += kChunk) {
+      ASSERT_TRUE(engine
+                      ->SubmitChunk(unit.view(), o, kChunk, grad.data() + o, p,
+                                    [&](absl::Status s) {
+                                      EXPECT_TRUE(s.ok()) << s;
+                                      ok++;
+                                    })
+                      .ok());
+    }
+    release.Notify();
+    engine->WaitIdle();
+    EXPECT_EQ(ok.load(), kChunks * step);
+  }
+  EXPECT_EQ(0, std::memcmp(unit.master.data(), expect.master.data(), kN * 4));
+  EXPECT_EQ(0, std::memcmp(unit.m.data(), expect.m.data(), kN * 4));
+  EXPECT_EQ(0, std::memcmp(unit.v.data(), expect.v.data(), kN * 4));
+  EXPECT_EQ(0, std::memcmp(unit.mirror.data(), expect.mirror.data(), kN * 2));
 }
 
 // Names of this process's threads, from /proc.
