@@ -202,9 +202,10 @@ struct TriadResult {
 
 // The triad on LayerAdam's own workers (RunOnEachWorker: the same pinned threads, all at once).
 // Worker w owns elements [w * slice, (w + 1) * slice) of a, b and c, 2 MiB aligned, and touches
-// them first, so they lie on its NUMA node, as FirstTouch places LayerAdam's state; together the
-// arrays hold at least min_elems elements each. A pass runs from the first worker's start to the
-// last one's end; `reps` timed passes follow a warm-up, for each store kind.
+// them first, so they lie on its NUMA node, as FirstTouch places LayerAdam's state; each array
+// holds at least min_elems elements. A pass runs from the first worker's start to the last one's
+// end (conservative: the barrier releases the workers a few microseconds apart); `reps` timed
+// passes follow a warm-up, for each store kind.
 absl::StatusOr<TriadResult> MeasureTriad(LayerAdam& engine, int64_t min_elems, int reps) {
   constexpr float kScalar = 3.0f;  // STREAM's values: a = b + 3 c with b = 2, c = 1 (a becomes 5)
   constexpr int64_t kSliceAlign = Mapping::kAlign / sizeof(float);
@@ -446,10 +447,9 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
     return Seconds(s0, Clock::now());
   };
   // Warm-up passes until one takes no page fault (at most kMaxWarmups). The state is prefaulted,
-  // but the first passes still fault in code (libm's pow, for the bias correction) and grow the
-  // heap under the engine's queue nodes and chunk records: the workers free what the submitting
-  // thread allocates, into their own malloc caches, so its heap grows for two or three passes.
-  // The timed passes then count the steady state's faults (every thread's): 0 is the target.
+  // but the first pass still faults in code (libm's pow, for the bias correction) and the engine's
+  // queue storage and chunk records as they first grow (LayerAdam recycles both afterwards). The
+  // timed passes then count the steady state's faults, every thread's: the target is 0.
   constexpr int kMaxWarmups = 5;
   int warmups = 0;
   int64_t warmup_faults = 0;
