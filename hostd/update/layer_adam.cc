@@ -1,5 +1,6 @@
 // LayerAdam engine: hwloc topology -> per-NUMA-node FIFO queues and pinned workers; chunks split
-// into per-worker pieces; completion counted per chunk.
+// into per-worker pieces; completion counted per chunk (records recycled, queues' storage kept:
+// no allocation per chunk in the steady state); per-worker mailboxes for RunOnEachWorker.
 #include "hostd/update/layer_adam.h"
 
 #include <hwloc.h>
@@ -27,7 +28,22 @@ struct LayerAdam::ChunkState {
   absl::Status status ABSL_GUARDED_BY(mu);
 };
 
+// One RunOnEachWorker call, shared by the caller and the workers (shared_ptr: the last worker may
+// still be unlocking `mu` when the caller, woken by it, returns).
+struct LayerAdam::EachWorkerCall {
+  EachWorkerCall(absl::FunctionRef<void(int, int, int)> f, int n) : fn(f), num_workers(n) {}
+  absl::FunctionRef<void(int, int, int)> fn;  // callable until `finished` reaches num_workers
+  const int num_workers;
+  absl::Mutex mu;
+  int arrived ABSL_GUARDED_BY(mu) = 0;
+  int finished ABSL_GUARDED_BY(mu) = 0;
+};
+
 namespace {
+
+// The engine whose worker this thread is (null on other threads): RunOnEachWorker refuses to be
+// called where it would wait for its own caller.
+thread_local const LayerAdam* worker_of_engine = nullptr;
 
 // Pieces start on multiples of this many elements (a cache line of master/m/v is 16 elements,
 // of the mirror 32), so two workers never write the same cache line.
@@ -207,7 +223,7 @@ absl::StatusOr<std::unique_ptr<LayerAdam>> LayerAdam::Create(const LayerAdamOpti
   std::vector<WorkerSpec> specs;
   for (int w = 0; w < num_threads; ++w) {
     const auto& [node, core] = order[w % order.size()];
-    WorkerSpec spec{node, ""};
+    WorkerSpec spec{node, engine->nodes_[node]->num_workers, ""};
     if (options.pinning == WorkerPinning::kCore) {
       spec.cpuset = BitmapString(core->cpuset);
     } else if (options.pinning == WorkerPinning::kNumaNode && nodes[node].node != nullptr) {
@@ -215,6 +231,10 @@ absl::StatusOr<std::unique_ptr<LayerAdam>> LayerAdam::Create(const LayerAdamOpti
     }
     engine->nodes_[node]->num_workers++;
     specs.push_back(std::move(spec));
+  }
+  for (auto& q : engine->nodes_) {
+    absl::MutexLock l(&q->mu);
+    q->calls.resize(q->num_workers);
   }
   // Units placed on a node without workers are served by a node that has some.
   std::vector<int> with_workers;
@@ -240,16 +260,19 @@ LayerAdam::~LayerAdam() {
     absl::MutexLock l(&idle_mu_);
     shutting_down_ = true;
   }
+  { absl::MutexLock l(&each_worker_mu_); }  // a RunOnEachWorker call under way needs the workers
   for (auto& q : nodes_) {
     absl::MutexLock l(&q->mu);
     q->stopping = true;
   }
   for (std::thread& t : workers_) t.join();
   for (auto& q : nodes_) {
-    std::deque<Task> left;
+    std::vector<Task> left;
     {
       absl::MutexLock l(&q->mu);
-      left.swap(q->tasks);
+      left.assign(q->tasks.begin() + q->head, q->tasks.end());
+      q->tasks.clear();
+      q->head = 0;
     }
     for (const Task& t : left) FinishPiece(t.chunk, absl::CancelledError("LayerAdam stopped"));
   }
@@ -384,7 +407,15 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
   }
   bounds.push_back(offset + numel);
 
-  auto chunk = std::make_shared<ChunkState>();
+  ChunkState* chunk = nullptr;  // in flight until FinishPiece gives it back to chunk_pool_
+  {
+    absl::MutexLock l(&pool_mu_);
+    if (!chunk_pool_.empty()) {
+      chunk = chunk_pool_.back().release();
+      chunk_pool_.pop_back();
+    }
+  }
+  if (chunk == nullptr) chunk = std::make_unique<ChunkState>().release();
   chunk->done = std::move(done);
   chunk->remaining.store(static_cast<int>(bounds.size() - 1), std::memory_order_relaxed);
   AdamWConstants constants = needs_grad ? MakeAdamWConstants(params) : AdamWConstants{};
@@ -404,6 +435,7 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
 }
 
 void LayerAdam::WorkerLoop(int index, WorkerSpec spec) {
+  worker_of_engine = this;
   const std::string name = absl::StrCat("adam-", index);
   pthread_setname_np(pthread_self(), name.c_str());
   if (!spec.cpuset.empty()) {
@@ -417,19 +449,71 @@ void LayerAdam::WorkerLoop(int index, WorkerSpec spec) {
     hwloc_bitmap_free(set);
   }
   NodeQueue& q = *nodes_[spec.node];
-  auto ready = [&q]()
-                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(q.mu) { return q.stopping || !q.tasks.empty(); };
+  const int slot = spec.slot;
+  auto ready = [&q, slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(q.mu) {
+    return q.stopping || q.head < q.tasks.size() || q.calls[slot] != nullptr;
+  };
   while (true) {
     q.mu.LockWhen(absl::Condition(&ready));
+    if (q.calls[slot] != nullptr) {  // before stopping: the destructor waits for a call under way
+      std::shared_ptr<EachWorkerCall> call;
+      call.swap(q.calls[slot]);
+      q.mu.Unlock();
+      RunEachWorkerCall(*call, index, spec.node);
+      continue;
+    }
     if (q.stopping) {
       q.mu.Unlock();
       return;
     }
-    Task task = std::move(q.tasks.front());
-    q.tasks.pop_front();
+    const Task task = q.tasks[q.head++];
+    if (q.head == q.tasks.size()) {  // drained: reuse the storage from its start
+      q.tasks.clear();
+      q.head = 0;
+    } else if (q.head >= 1024 && q.head * 2 >= q.tasks.size()) {  // never drained: drop the done half
+      q.tasks.erase(q.tasks.begin(), q.tasks.begin() + static_cast<std::ptrdiff_t>(q.head));
+      q.head = 0;
+    }
     q.mu.Unlock();
     FinishPiece(task.chunk, RunTask(task));
   }
+}
+
+absl::Status LayerAdam::RunOnEachWorker(absl::FunctionRef<void(int, int, int)> fn) {
+  if (worker_of_engine == this) {
+    return absl::FailedPreconditionError(
+        "LayerAdam::RunOnEachWorker on one of the engine's workers (it would wait for itself)");
+  }
+  absl::MutexLock serial(&each_worker_mu_);
+  {
+    absl::MutexLock l(&idle_mu_);
+    if (shutting_down_) return absl::FailedPreconditionError("LayerAdam is shutting down");
+  }
+  auto call = std::make_shared<EachWorkerCall>(fn, num_threads());
+  for (auto& q : nodes_) {
+    absl::MutexLock l(&q->mu);
+    for (std::shared_ptr<EachWorkerCall>& mailbox : q->calls) mailbox = call;
+  }
+  EachWorkerCall& c = *call;
+  auto all_finished = [&c]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c.mu) { return c.finished == c.num_workers; };
+  absl::MutexLock l(&c.mu);
+  c.mu.Await(absl::Condition(&all_finished));
+  return absl::OkStatus();
+}
+
+void LayerAdam::RunEachWorkerCall(EachWorkerCall& call, int index, int node) {
+  // A start barrier: a bandwidth figure needs every worker streaming at once, not the first ones
+  // done before the last (held by a long piece) begin. Blocking, not spinning: workers may share
+  // cores.
+  {
+    absl::MutexLock l(&call.mu);
+    ++call.arrived;
+    auto all_arrived = [&call]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(call.mu) { return call.arrived == call.num_workers; };
+    call.mu.Await(absl::Condition(&all_arrived));
+  }
+  call.fn(index, call.num_workers, node);
+  absl::MutexLock l(&call.mu);
+  ++call.finished;
 }
 
 absl::Status LayerAdam::RunTask(const Task& t) {
@@ -520,7 +604,7 @@ std::optional<NonFiniteGradElement> NonFiniteGradOf(const absl::Status& status) 
   return e;
 }
 
-void LayerAdam::FinishPiece(const std::shared_ptr<ChunkState>& chunk, const absl::Status& status) {
+void LayerAdam::FinishPiece(ChunkState* chunk, const absl::Status& status) {
   if (!status.ok()) {
     absl::MutexLock l(&chunk->mu);
     if (chunk->status.ok()) chunk->status = status;
@@ -532,6 +616,15 @@ void LayerAdam::FinishPiece(const std::shared_ptr<ChunkState>& chunk, const absl
     final_status = chunk->status;
   }
   chunk->done(final_status);
+  chunk->done = nullptr;
+  {
+    absl::MutexLock l(&chunk->mu);
+    chunk->status = absl::OkStatus();
+  }
+  {
+    absl::MutexLock l(&pool_mu_);
+    chunk_pool_.emplace_back(chunk);
+  }
   absl::MutexLock l(&idle_mu_);
   --chunks_in_flight_;
 }

@@ -15,11 +15,11 @@
 //
 // Threading: SubmitChunk may be called from any thread; `done` runs on a worker thread and must be
 // short (it may call SubmitChunk). Chunks of one unit must not overlap while in flight.
+// RunOnEachWorker runs a function on every worker at once (bench_layeradam's same-thread triad).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -163,9 +164,21 @@ class LayerAdam {
   // Blocks until every chunk accepted so far has completed (its `done` has returned).
   void WaitIdle();
 
+  // Runs fn(worker, num_workers(), numa_node) once on every worker thread ("adam-<worker>", bound
+  // as LayerAdamOptions::pinning says; numa_node is its node's hwloc logical index), all at the
+  // same time: each worker takes the call before any queued chunk piece once the piece it is
+  // running ends, and none starts fn before all have taken it. Returns when every fn has returned.
+  // For measuring on the engine's own threads (a memory-bandwidth reference: bench_layeradam's
+  // triad); chunks submitted meanwhile wait in their queues and run afterwards. Calls are
+  // serialized. fn must not wait for chunks (WaitIdle, a chunk's completion): the workers are all
+  // in it. FAILED_PRECONDITION from a worker thread (a `done` or fn itself: it would wait for
+  // itself) and after shutdown started.
+  absl::Status RunOnEachWorker(absl::FunctionRef<void(int worker, int num_workers, int numa_node)> fn);
+
  private:
   enum class TaskKind { kStepF32, kStepBf16, kTouch, kRestore };
   struct ChunkState;
+  struct EachWorkerCall;
   struct Task {
     TaskKind kind;
     UnitMemory unit;
@@ -174,18 +187,27 @@ class LayerAdam {
     const void* grad;  // first element of this piece
     AdamWConstants constants;
     NonFiniteGrad nonfinite;
-    std::shared_ptr<ChunkState> chunk;
+    ChunkState* chunk;  // from chunk_pool_; back there when its last piece finishes
     UndoMemory undo;
     UndoMode undo_mode;
   };
   struct NodeQueue {
     absl::Mutex mu;
-    std::deque<Task> tasks ABSL_GUARDED_BY(mu);
+    // FIFO: tasks[head, end). The storage stays as the queue drains, so a step's pieces allocate
+    // nothing once the queue has been as deep as it gets (a deque allocates a node every two tasks
+    // on the submitting thread and frees it on a worker: heap growth, so page faults, for steps).
+    std::vector<Task> tasks ABSL_GUARDED_BY(mu);
+    size_t head ABSL_GUARDED_BY(mu) = 0;
     bool stopping ABSL_GUARDED_BY(mu) = false;
+    // RunOnEachWorker's mailboxes, one per worker of the node (WorkerSpec::slot): a worker takes
+    // its call before the shared tasks, so one busy node cannot hold the others at the barrier
+    // behind a queue of chunks.
+    std::vector<std::shared_ptr<EachWorkerCall>> calls ABSL_GUARDED_BY(mu);
     int num_workers = 0;
   };
   struct WorkerSpec {
     int node;            // NodeQueue index
+    int slot;            // the worker's index among its node's workers (its mailbox)
     std::string cpuset;  // hwloc bitmap list string to bind to; empty = no binding
   };
 
@@ -195,8 +217,9 @@ class LayerAdam {
                       UndoMode undo_mode = UndoMode::kNone);
   int QueueFor(int numa_node) const;
   void WorkerLoop(int index, WorkerSpec spec);
+  void RunEachWorkerCall(EachWorkerCall& call, int index, int node);
   absl::Status RunTask(const Task& task);
-  void FinishPiece(const std::shared_ptr<ChunkState>& chunk, const absl::Status& status);
+  void FinishPiece(ChunkState* chunk, const absl::Status& status);
 
   AdamIsa isa_ = AdamIsa::kScalar;
   const AdamKernelTable* kernels_ = nullptr;
@@ -207,9 +230,18 @@ class LayerAdam {
   std::vector<int> queue_of_node_;  // NUMA node -> queue index holding workers
   std::vector<std::thread> workers_;
 
+  // Chunk records, recycled rather than freed for the same reason as NodeQueue::tasks' storage:
+  // taken by the submitting thread, given back by whichever worker finishes the chunk.
+  absl::Mutex pool_mu_;
+  std::vector<std::unique_ptr<ChunkState>> chunk_pool_ ABSL_GUARDED_BY(pool_mu_);
+
   absl::Mutex idle_mu_;
   int64_t chunks_in_flight_ ABSL_GUARDED_BY(idle_mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(idle_mu_) = false;
+  // Held for the whole of a RunOnEachWorker call (one at a time, each mailbox holds one call);
+  // the destructor takes it after setting shutting_down_, so it never stops the workers under a
+  // call that is waiting for them.
+  absl::Mutex each_worker_mu_;
 };
 
 // Physical cores per NUMA node (hwloc logical order) that this process may run on.

@@ -428,19 +428,47 @@ def check_scaling(a, v):
 
 
 def check_layeradam(a, v):
-    """torch_cpu_adamw.py's JSON line: LayerAdam against torch's fused CPU AdamW and the copy bandwidth."""
-    js = [j for j in json_lines(read(a.log)) if j.get("bench") == "torch_cpu_adamw"]
+    """torch_cpu_adamw.py's JSON line: LayerAdam against torch's fused CPU AdamW and the copy bandwidth;
+    bench_layeradam's own figures (nested there, or its own line when torch did not run): against the
+    same-run triad on its own workers, bytes per parameter, page faults in the timed passes."""
+    text = read(a.log)
+    js = [j for j in json_lines(text) if j.get("bench") == "torch_cpu_adamw"]
     if not js or "layeradam_over_torch_fused" not in js[-1]:
-        v.gate(False, f"LayerAdam vs torch CPU AdamW: {last_line(read(a.log))}")
-        return
-    j = js[-1]
-    la = j["layeradam"]
-    v.gate(j["layeradam_over_torch_fused"] >= a.t_torch,
-           f"LayerAdam {la.get('adam_Gparam_per_s', 0):.2f} Gparam/s / torch fused CPU AdamW "
-           f"{j['adamw_fused_Gparam_per_s']:.2f} = {j['layeradam_over_torch_fused']:.2f} "
-           f"({j['params']:,} params, {j['threads']} threads; >= {a.t_torch:g})")
-    v.gate(j["layeradam_over_copy"] >= a.t_copy,
-           f"LayerAdam traffic / memcpy bandwidth: {j['layeradam_over_copy']:.2f} (>= {a.t_copy:g})")
+        v.gate(False, f"LayerAdam vs torch CPU AdamW: {last_line(text)}")
+    else:
+        j = js[-1]
+        la = j["layeradam"]
+        v.gate(j["layeradam_over_torch_fused"] >= a.t_torch,
+               f"LayerAdam {la.get('adam_Gparam_per_s', 0):.2f} Gparam/s / torch fused CPU AdamW "
+               f"{j['adamw_fused_Gparam_per_s']:.2f} = {j['layeradam_over_torch_fused']:.2f} "
+               f"({j['params']:,} params, {j['threads']} threads; >= {a.t_torch:g})")
+        v.gate(j["layeradam_over_copy"] >= a.t_copy,
+               f"LayerAdam traffic / memcpy bandwidth: {j['layeradam_over_copy']:.2f} (>= {a.t_copy:g})")
+    # torch_cpu_adamw.py echoes bench_layeradam's output before importing torch, so its line is there
+    # even when the torch part failed.
+    la = (js[-1].get("layeradam") if js else None) or next(
+        (j for j in reversed(json_lines(text)) if j.get("bench") == "layeradam"), None)
+    if not la or "ratio_to_triad" not in la:
+        v.gate(False, "LayerAdam / same-run triad: no triad figure in bench_layeradam's result"
+                      + ("" if la else f" (no result: {last_line(text)})"))
+    else:
+        v.gate(la["ratio_to_triad"] >= a.t_triad,
+               f"LayerAdam / same-run triad: {la['layeradam_gbps']:.1f} / {la['triad_gbps']:.1f} GB/s = "
+               f"{la['ratio_to_triad']:.2f} (bytes moved: {la['layeradam_bytes_per_param']:g} B/param, triad "
+               f"{la.get('triad_reference_stores', '?')} stores; {la.get('threads', '?')} workers; >= {a.t_triad:g})")
+        v.info(f"LayerAdam {la['layeradam_bytes_per_param']:g} B/param moved "
+               f"({la.get('layeradam_bytes_per_param_no_mirror', 0):g} without the mirror): "
+               f"{la['layeradam_gbps']:.1f} GB/s (best {la.get('layeradam_gbps_best', 0):.1f}); triad "
+               f"{la['triad_gbps']:.1f} GB/s median, {la.get('triad_gbps_best', 0):.1f} best "
+               f"(streaming stores {la.get('triad_stream_gbps', 0):.1f} at 12 B/elem; cached "
+               f"{la.get('triad_cached_gbps', 0):.1f} at 12 B/elem, "
+               f"{la.get('triad_cached_gbps_write_allocate', 0):.1f} at 16 B/elem)")
+    if not la or "hot_path_page_faults" not in la:
+        v.gate(False, "page faults in LayerAdam's timed passes: no count in bench_layeradam's result")
+    else:
+        v.gate(la["hot_path_page_faults"] == 0,
+               f"page faults in LayerAdam's timed passes: {la['hot_path_page_faults']} "
+               f"({la.get('warmup_page_faults', '?')} in {la.get('warmup_reps', '?')} warm-up passes; == 0)")
 
 
 def check_copy(a, v):
@@ -538,7 +566,8 @@ def main(argv=None):
     add("bench", check_bench, ("--results",), ("--model",), ("--tokens", I), ("--peer-tokens", I),
         ("--offload", {"action": "store_true"}))
     add("scaling", check_scaling, ("--results",), ("--model",), ("--tokens", I), ("--peer-tokens", I))
-    add("layeradam", check_layeradam, ("--log",), ("--t-torch", F), ("--t-copy", F))
+    add("layeradam", check_layeradam, ("--log",), ("--t-torch", F), ("--t-copy", F),
+        ("--t-triad", {"type": float, "default": 0.85}))  # "LayerAdam at the memory wall"
     add("copy", check_copy, ("--log",))
     add("warm", check_warm, ("--cold",), ("--warm",), ("--what", {"default": "warm host"}))
     add("kbench", check_kbench, ("--log",), ("--rc", I), ("--t-fwd", F), ("--t-bwd", F), ("--t-layer", F))

@@ -266,15 +266,59 @@ class JudgeTest(unittest.TestCase):
         self.assertIn("1.16", out)
 
     def test_layeradam(self):
-        line = {"bench": "torch_cpu_adamw", "params": 268435456, "threads": 16, "layeradam": {"adam_Gparam_per_s": 4.24},
+        bench = {"bench": "layeradam", "adam_Gparam_per_s": 4.24, "threads": 16, "layeradam_bytes_per_param": 30.0,
+                 "layeradam_bytes_per_param_no_mirror": 28.0, "layeradam_gbps": 127.3, "layeradam_gbps_best": 131.0,
+                 "triad_gbps": 138.4, "triad_gbps_best": 140.2, "triad_reference_stores": "stream",
+                 "triad_stream_gbps": 138.4, "triad_cached_gbps": 96.0, "triad_cached_gbps_write_allocate": 128.0,
+                 "ratio_to_triad": 0.92, "hot_path_page_faults": 0, "warmup_reps": 2, "warmup_page_faults": 7}
+        line = {"bench": "torch_cpu_adamw", "params": 268435456, "threads": 16, "layeradam": bench,
                 "adamw_fused_Gparam_per_s": 3.82, "layeradam_over_torch_fused": 1.11, "layeradam_over_copy": 1.39}
-        rc, out = run("layeradam", "--part", "host", "--log", self.write("a.log", json.dumps(line) + "\n"),
-                      "--t-torch", 1.1, "--t-copy", 0.8)
+
+        def judge(*lines, **kw):
+            log = self.write("a.log", "".join(json.dumps(l) + "\n" for l in lines))
+            return run("layeradam", "--part", "host", "--log", log, "--t-torch", 1.1, "--t-copy", 0.8,
+                       *(["--t-triad", kw["t_triad"]] if "t_triad" in kw else []))
+
+        rc, out = judge(bench, line)  # torch_cpu_adamw.py echoes bench_layeradam's line first
         self.assertEqual(rc, 0, out)
+        self.assertIn("PASS host        LayerAdam / same-run triad: 127.3 / 138.4 GB/s = 0.92", out)
+        self.assertIn("30 B/param", out)
+        self.assertIn(">= 0.85", out)  # the default target
+        self.assertIn("INFO host        LayerAdam 30 B/param moved (28 without the mirror): 127.3 GB/s", out)
+        self.assertIn("140.2 best", out)
+        self.assertIn("PASS host        page faults in LayerAdam's timed passes: 0 (7 in 2 warm-up passes", out)
+        rc, out = judge(line, t_triad=0.95)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("FAIL host        LayerAdam / same-run triad", out)
+        self.assertIn(">= 0.95", out)
+
         line["layeradam_over_torch_fused"] = 1.05
-        rc, out = run("layeradam", "--part", "host", "--log", self.write("a.log", json.dumps(line) + "\n"),
-                      "--t-torch", 1.1, "--t-copy", 0.8)
+        rc, out = judge(line)
         self.assertEqual(rc, 1)
+        self.assertIn("PASS host        LayerAdam / same-run triad", out)
+        line["layeradam_over_torch_fused"] = 1.11
+
+        line["layeradam"] = dict(bench, hot_path_page_faults=3)
+        rc, out = judge(line)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("FAIL host        page faults in LayerAdam's timed passes: 3", out)
+
+        # A bench_layeradam from before the triad: the copy and torch gates as before, the triad a FAIL.
+        line["layeradam"] = {"adam_Gparam_per_s": 4.24}
+        rc, out = judge(line)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("PASS host        LayerAdam 4.24 Gparam/s / torch fused", out)
+        self.assertIn("FAIL host        LayerAdam / same-run triad: no triad figure", out)
+
+        # torch missing (the script died importing it): the torch gate fails, bench_layeradam's own
+        # line is still judged.
+        rc, out = judge(bench)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("FAIL host        LayerAdam vs torch CPU AdamW", out)
+        self.assertIn("PASS host        LayerAdam / same-run triad", out)
+        rc, out = judge()
+        self.assertEqual(rc, 1, out)
+        self.assertIn("no triad figure in bench_layeradam's result (no result", out)
 
     def test_figures(self):
         copy = self.write("c.log", json.dumps({"gpus": 1, "direction": "h2d", "layeradam": False,

@@ -1,7 +1,11 @@
 // LayerAdam engine, UnitTracker and GradNormAccumulator: concurrent chunks give the single-thread
 // result bit for bit, each unit completes once per step, bad submissions are refused, shutdown
-// completes every chunk once, and the clipping norm is exact and order-independent.
+// completes every chunk once, deep queues and recycled chunk records change nothing,
+// RunOnEachWorker runs every worker once at the same time, and the clipping norm is exact and
+// order-independent.
 #include "hostd/update/layer_adam.h"
+
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,10 +15,12 @@
 #include <fstream>
 #include <limits>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/model/qwen3_config.h"
@@ -472,6 +478,51 @@ TEST(LayerAdam, ShutdownCompletesEveryChunkOnce) {
   EXPECT_GT(cancelled.load(), 0);
 }
 
+// Thousands of one-piece chunks queued behind a worker held in a `done` (the queue's storage is
+// compacted while it never drains), then run again on the recycled chunk records: every chunk
+// completes once, OK, and the unit ends as the single-thread steps leave it.
+TEST(LayerAdam, DeepQueueAndRecycledChunkRecords) {
+  auto engine = MakeEngine(1, WorkerPinning::kNone, /*min_piece=*/1 << 20);  // one piece per chunk
+  constexpr int64_t kChunk = 33, kChunks = 3001, kN = kChunk * kChunks;
+  OwnedUnit unit(kN), expect(kN);
+  std::vector<float> grad(kN);
+  for (int64_t i = 0; i < kN; ++i) {
+    unit.master[i] = expect.master[i] = std::cos(static_cast<float>(i)) * 0.02f;
+    grad[i] = std::sin(static_cast<float>(i)) * 1e-3f;
+  }
+  std::atomic<int> ok{0};
+  for (int64_t step = 1; step <= 2; ++step) {
+    AdamWStepParams p;
+    p.step = step;
+    AdamWStep(p, expect.master.data(), expect.m.data(), expect.v.data(), expect.mirror.data(), grad.data(), kN);
+    absl::Notification holding, release;
+    ASSERT_TRUE(engine
+                    ->SubmitChunk(unit.view(), 0, 0, grad.data(), p,
+                                  [&](absl::Status) {
+                                    holding.Notify();
+                                    release.WaitForNotification();
+                                  })
+                    .ok());
+    holding.WaitForNotification();
+    for (int64_t o = 0; o < kN; o += kChunk) {
+      ASSERT_TRUE(engine
+                      ->SubmitChunk(unit.view(), o, kChunk, grad.data() + o, p,
+                                    [&](absl::Status s) {
+                                      EXPECT_TRUE(s.ok()) << s;
+                                      ok++;
+                                    })
+                      .ok());
+    }
+    release.Notify();
+    engine->WaitIdle();
+    EXPECT_EQ(ok.load(), kChunks * step);
+  }
+  EXPECT_EQ(0, std::memcmp(unit.master.data(), expect.master.data(), kN * 4));
+  EXPECT_EQ(0, std::memcmp(unit.m.data(), expect.m.data(), kN * 4));
+  EXPECT_EQ(0, std::memcmp(unit.v.data(), expect.v.data(), kN * 4));
+  EXPECT_EQ(0, std::memcmp(unit.mirror.data(), expect.mirror.data(), kN * 2));
+}
+
 // Names of this process's threads, from /proc.
 std::vector<std::string> ThreadNames() {
   std::vector<std::string> out;
@@ -510,6 +561,120 @@ TEST(LayerAdam, FirstTouchKeepsContentsAndPinnedWorkersRun) {
   const std::vector<int> nodes = engine->AssignNumaNodes({100, 200, 300});
   ASSERT_EQ(nodes.size(), 3u);
   for (int n : nodes) EXPECT_TRUE(n >= 0 && n < engine->num_numa_nodes());
+}
+
+// Each worker runs the function exactly once, on its own "adam-N" thread, all of them inside it
+// together (each waits in it until all have arrived: one after another they never would), and
+// none before the last has taken the call (one worker is held in a chunk's `done` meanwhile);
+// chunks before, during and after the calls give the single-thread result; a worker thread (a
+// `done`, or the function itself) is refused rather than left waiting for itself.
+TEST(LayerAdam, RunOnEachWorkerRunsEveryWorkerOnceTogether) {
+  constexpr int kWorkers = 3;  // more than this machine may have cores: the barrier must not spin
+  auto engine = MakeEngine(kWorkers);
+  constexpr int64_t kN = 100003;
+  OwnedUnit unit(kN), expect(kN);
+  std::vector<float> grad(kN);
+  for (int64_t i = 0; i < kN; ++i) {
+    unit.master[i] = expect.master[i] = std::sin(static_cast<float>(i)) * 0.02f;
+    grad[i] = std::cos(static_cast<float>(i)) * 1e-3f;
+  }
+  auto submit_step = [&](int64_t step) {
+    AdamWStepParams p;
+    p.step = step;
+    AdamWStep(p, expect.master.data(), expect.m.data(), expect.v.data(), expect.mirror.data(), grad.data(), kN);
+    for (int64_t o = 0; o < kN; o += 7001) {
+      const int64_t l = std::min<int64_t>(7001, kN - o);
+      ASSERT_TRUE(
+          engine->SubmitChunk(unit.view(), o, l, grad.data() + o, p, [](absl::Status s) { EXPECT_TRUE(s.ok()) << s; })
+              .ok());
+    }
+  };
+
+  struct Run {
+    int worker, num_workers, numa_node;
+    std::string thread_name;
+    bool met_the_others;
+    absl::StatusCode nested;
+  };
+  absl::Mutex mu;
+  std::vector<Run> runs;
+  int inside = 0;
+  std::atomic<int> started{0};
+  auto fn = [&](int worker, int num_workers, int numa_node) {
+    started++;
+    char name[16] = {};
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    const absl::StatusCode nested = engine->RunOnEachWorker([](int, int, int) {}).code();
+    absl::MutexLock l(&mu);
+    ++inside;
+    auto all_inside = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return inside % kWorkers == 0; };
+    const bool met = mu.AwaitWithTimeout(absl::Condition(&all_inside), absl::Seconds(20));
+    runs.push_back(Run{worker, num_workers, numa_node, name, met, nested});
+  };
+  auto expect_each_worker_once = [&](size_t first) {
+    absl::MutexLock l(&mu);
+    ASSERT_EQ(runs.size(), first + kWorkers);
+    std::set<int> workers;
+    std::set<std::string> names;
+    std::vector<int> per_node(engine->num_numa_nodes());
+    for (size_t k = first; k < runs.size(); ++k) {
+      const Run& r = runs[k];
+      EXPECT_TRUE(r.met_the_others) << "worker " << r.worker << " ran alone";
+      EXPECT_EQ(r.num_workers, kWorkers);
+      EXPECT_EQ(r.thread_name, absl::StrCat("adam-", r.worker));
+      EXPECT_EQ(r.nested, absl::StatusCode::kFailedPrecondition);
+      ASSERT_TRUE(r.numa_node >= 0 && r.numa_node < engine->num_numa_nodes()) << r.numa_node;
+      per_node[r.numa_node]++;
+      workers.insert(r.worker);
+      names.insert(r.thread_name);
+    }
+    EXPECT_EQ(workers, (std::set<int>{0, 1, 2}));
+    EXPECT_EQ(names.size(), static_cast<size_t>(kWorkers));
+    for (int n = 0; n < engine->num_numa_nodes(); ++n) EXPECT_EQ(per_node[n], engine->workers_on_node(n)) << n;
+  };
+
+  // After normal chunks, on an idle engine.
+  submit_step(1);
+  engine->WaitIdle();
+  ASSERT_TRUE(engine->RunOnEachWorker(fn).ok());
+  expect_each_worker_once(0);
+
+  // With one worker held in a `done` and a step's chunks queued behind it.
+  absl::Notification holding, release;
+  ASSERT_TRUE(engine
+                  ->SubmitChunk(unit.view(), 0, 0, grad.data(), AdamWStepParams{},
+                                [&](absl::Status) {
+                                  holding.Notify();
+                                  release.WaitForNotification();
+                                })
+                  .ok());
+  holding.WaitForNotification();
+  submit_step(2);
+  started = 0;
+  std::thread caller([&] { EXPECT_TRUE(engine->RunOnEachWorker(fn).ok()); });
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(started.load(), 0) << "a worker started before the held one had taken the call";
+  release.Notify();
+  caller.join();
+  expect_each_worker_once(kWorkers);
+  engine->WaitIdle();
+
+  submit_step(3);
+  absl::Notification refused;
+  ASSERT_TRUE(engine
+                  ->SubmitChunk(unit.view(), 0, 0, grad.data(), AdamWStepParams{},
+                                [&](absl::Status) {
+                                  EXPECT_EQ(engine->RunOnEachWorker([](int, int, int) {}).code(),
+                                            absl::StatusCode::kFailedPrecondition);
+                                  refused.Notify();
+                                })
+                  .ok());
+  refused.WaitForNotification();
+  engine->WaitIdle();
+  EXPECT_EQ(0, std::memcmp(unit.master.data(), expect.master.data(), kN * 4));
+  EXPECT_EQ(0, std::memcmp(unit.m.data(), expect.m.data(), kN * 4));
+  EXPECT_EQ(0, std::memcmp(unit.v.data(), expect.v.data(), kN * 4));
+  EXPECT_EQ(0, std::memcmp(unit.mirror.data(), expect.mirror.data(), kN * 2));
 }
 
 TEST(LayerAdam, DefaultThreadCountLeavesAReserve) {
