@@ -19,7 +19,8 @@ StepUpdates::StepUpdates(update::LayerAdam& adam, absl::Span<const update::UnitM
       version_(version),
       params_(params),
       layout_(layout),
-      updating_step_(updating_step) {}
+      updating_step_(updating_step),
+      spec_numel_(memory.size(), 0) {}
 
 StepUpdates::~StepUpdates() { (void)Drain(); }
 
@@ -52,13 +53,7 @@ absl::Status StepUpdates::Apply(int u, int64_t offset, int64_t numel, float grad
   absl::Status submitted = adam_.SubmitChunk(
       memory_[u], offset, numel, grad, p,
       [this, u, release_ring, release_slot, origin = std::move(origin), done = std::move(*unit_done)](absl::Status s) {
-        if (release_ring != nullptr) {
-          absl::Status released = release_ring->Release(release_slot);
-          if (s.ok()) s = released;
-        }
-        if (std::optional<update::NonFiniteGradElement> e = update::NonFiniteGradOf(s)) {
-          s = NonFiniteError(u, *e, origin);
-        }
+        s = Completed(u, release_ring, release_slot, origin, std::move(s));
         done(s);  // the unit's gate opens when this was its last range
         absl::MutexLock l(&mu_);
         if (!s.ok() && first_error_.ok()) first_error_ = s;
@@ -93,7 +88,6 @@ absl::Status StepUpdates::Speculate(int u, const update::UndoMemory& undo, int64
         return refuse(absl::StrCat("unit ", u, " [", offset, ", +", numel, ") speculated twice in step ", version_));
       }
     }
-    if (spec_numel_.empty()) spec_numel_.assign(memory_.size(), 0);
     spec_ranges_.push_back(SpecRange{u, offset, numel, undo});
     spec_numel_[u] += numel;
     BeginSubmit();
@@ -102,13 +96,7 @@ absl::Status StepUpdates::Speculate(int u, const update::UndoMemory& undo, int64
   absl::Status submitted = adam_.SubmitChunk(
       memory_[u], offset, numel, grad, p,
       [this, u, release_ring, release_slot, origin = std::move(origin)](absl::Status s) {
-        if (release_ring != nullptr) {
-          absl::Status released = release_ring->Release(release_slot);
-          if (s.ok()) s = released;
-        }
-        if (std::optional<update::NonFiniteGradElement> e = update::NonFiniteGradOf(s)) {
-          s = NonFiniteError(u, *e, origin);
-        }
+        s = Completed(u, release_ring, release_slot, origin, std::move(s));
         absl::MutexLock l(&mu_);
         if (!s.ok() && spec_error_.ok()) spec_error_ = s;
         spec_pending_--;
@@ -175,8 +163,7 @@ absl::Status StepUpdates::RestoreSpeculation() {
 
 bool StepUpdates::Speculated(int u) const {
   absl::MutexLock l(&mu_);
-  return !spec_numel_.empty() && u >= 0 && u < static_cast<int>(spec_numel_.size()) &&
-         spec_numel_[u] == memory_[u].numel;
+  return u >= 0 && u < static_cast<int>(spec_numel_.size()) && spec_numel_[u] == memory_[u].numel;
 }
 
 int64_t StepUpdates::speculated_numel() const {
@@ -184,6 +171,16 @@ int64_t StepUpdates::speculated_numel() const {
   int64_t n = 0;
   for (int64_t x : spec_numel_) n += x;
   return n;
+}
+
+absl::Status StepUpdates::Completed(int u, shm::GradRing* release_ring, uint32_t release_slot,
+                                    const std::string& origin, absl::Status s) const {
+  if (release_ring != nullptr) {
+    absl::Status released = release_ring->Release(release_slot);
+    if (s.ok()) s = released;
+  }
+  if (std::optional<update::NonFiniteGradElement> e = update::NonFiniteGradOf(s)) s = NonFiniteError(u, *e, origin);
+  return s;
 }
 
 absl::Status StepUpdates::NonFiniteError(int u, const update::NonFiniteGradElement& e,

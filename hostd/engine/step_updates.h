@@ -88,6 +88,9 @@ class StepUpdates {
 
  private:
   absl::Status NonFiniteError(int u, const update::NonFiniteGradElement& e, const std::string& origin) const;
+  // An update's end: releases its ring slot (if any) and names a refused non-finite element.
+  absl::Status Completed(int u, shm::GradRing* release_ring, uint32_t release_slot, const std::string& origin,
+                         absl::Status s) const;
   // Counts a submission; the first one stores updating_step.
   void BeginSubmit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct SpecRange {
