@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <type_traits>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
@@ -315,9 +316,9 @@ absl::Status LayerAdam::SubmitRestore(const UnitMemory& unit, int64_t offset, in
 }
 
 absl::Status LayerAdam::SubmitChunkBf16(const UnitMemory& unit, int64_t offset, int64_t numel,
-                                        const bf16_t* grad, const AdamWStepParams& params,
-                                        DoneFn done) {
-  return Submit(TaskKind::kStepBf16, unit, offset, numel, grad, params, std::move(done));
+                                        const bf16_t* grad, const AdamWStepParams& params, DoneFn done,
+                                        const UndoMemory* undo, UndoMode mode) {
+  return Submit(TaskKind::kStepBf16, unit, offset, numel, grad, params, std::move(done), undo, mode);
 }
 
 absl::Status LayerAdam::FirstTouch(const UnitMemory& unit) {
@@ -369,8 +370,8 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
   }
   if (undo_mode != UndoMode::kNone &&
       (undo == nullptr || undo->master == nullptr || undo->m == nullptr || undo->v == nullptr ||
-       kind == TaskKind::kStepBf16 || kind == TaskKind::kTouch)) {
-    return absl::InvalidArgumentError("LayerAdam: an undo mode without an undo copy (or for a BF16 gradient)");
+       kind == TaskKind::kTouch)) {
+    return absl::InvalidArgumentError("LayerAdam: an undo mode without an undo copy");
   }
   if (unit.numa_node < 0 || unit.numa_node >= num_numa_nodes()) {
     return absl::InvalidArgumentError(absl::StrCat("LayerAdam: numa_node ", unit.numa_node,
@@ -516,68 +517,80 @@ void LayerAdam::RunEachWorkerCall(EachWorkerCall& call, int index, int node) {
   ++call.finished;
 }
 
-absl::Status LayerAdam::RunTask(const Task& t) {
+template <typename G>
+absl::Status LayerAdam::RunStep(const Task& t, const G* grad) {
   const UnitMemory& u = t.unit;
   const int64_t o = t.offset;
   const bool refuse = t.nonfinite == NonFiniteGrad::kRefuse;
-  switch (t.kind) {
-    case TaskKind::kStepF32: {
-      int64_t saved_to = o;  // kSave: the undo copy holds [o, saved_to) of the piece
-      absl::Status status = ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n) {
-        const float* g = static_cast<const float*>(t.grad) + (b - o);
-        auto step = [&](int64_t bb, int64_t nn) -> int64_t {  // index of a refused element in the block, or -1
-          const float* gg = g + (bb - b);
-          if (!refuse) {
-            kernels_->step_f32(t.constants, u.master + bb, u.m + bb, u.v + bb, u.mirror + bb, gg, nn);
-            return -1;
-          }
-          return kernels_->step_f32_checked(t.constants, u.master + bb, u.m + bb, u.v + bb, u.mirror + bb, gg, nn);
-        };
-        if (t.undo_mode == UndoMode::kNone) {
-          const int64_t bad = step(b, n);
-          return bad < 0 ? absl::OkStatus() : NonFiniteGradError(b + bad, g[bad]);
-        }
-        // Block by block: the copy brings the block into cache, the update then reads it there.
-        for (int64_t bb = b; bb < b + n; bb += kUndoBlockNumel) {
-          const int64_t nn = std::min(kUndoBlockNumel, b + n - bb);
-          if (t.undo_mode == UndoMode::kSave) {  // streaming stores: the copy is read back only on a rollback
-            kernels_->copy_stream(u.master + bb, t.undo.master + bb, nn);
-            kernels_->copy_stream(u.m + bb, t.undo.m + bb, nn);
-            kernels_->copy_stream(u.v + bb, t.undo.v + bb, nn);
-            saved_to = bb + nn;
-          } else {
-            CopyState(t.undo.master + bb, t.undo.m + bb, t.undo.v + bb, u.master + bb, u.m + bb, u.v + bb, nn);
-          }
-          if (const int64_t bad = step(bb, nn); bad >= 0) return NonFiniteGradError(bb + bad, g[bb - b + bad]);
-        }
-        return absl::OkStatus();
-      });
-      if (!status.ok() && t.undo_mode == UndoMode::kSave && saved_to < o + t.numel) {
-        // Refused part-way: the rest of the piece is saved too (unchanged), so restoring the whole
-        // chunk from the undo copy is exact.
-        (void)ForEachTensorPart(u.tensors, saved_to, o + t.numel - saved_to, [&](int64_t b, int64_t n) {
-          CopyState(u.master + b, u.m + b, u.v + b, t.undo.master + b, t.undo.m + b, t.undo.v + b, n);
-          return absl::OkStatus();
-        });
+  const auto kernel = [&](int64_t b, int64_t n, const G* g) -> int64_t {  // a refused element's index, or -1
+    if constexpr (std::is_same_v<G, float>) {
+      if (!refuse) {
+        kernels_->step_f32(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
+        return -1;
       }
-      return status;
+      return kernels_->step_f32_checked(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
+    } else {
+      if (!refuse) {
+        kernels_->step_bf16(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
+        return -1;
+      }
+      return kernels_->step_bf16_checked(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
     }
+  };
+  const auto value = [](G x) -> float {
+    if constexpr (std::is_same_v<G, float>) {
+      return x;
+    } else {
+      return Bf16ToFloat(x);
+    }
+  };
+  int64_t saved_to = o;  // kSave: the undo copy holds [o, saved_to) of the piece
+  absl::Status status = ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n) {
+    const G* g = grad + (b - o);
+    if (t.undo_mode == UndoMode::kNone) {
+      const int64_t bad = kernel(b, n, g);
+      return bad < 0 ? absl::OkStatus() : NonFiniteGradError(b + bad, value(g[bad]));
+    }
+    // Block by block: the copy brings the block into cache, the update then reads it there.
+    for (int64_t bb = b; bb < b + n; bb += kUndoBlockNumel) {
+      const int64_t nn = std::min(kUndoBlockNumel, b + n - bb);
+      if (t.undo_mode == UndoMode::kSave) {  // streaming stores: the copy is read back only on a rollback
+        kernels_->copy_stream(u.master + bb, t.undo.master + bb, nn);
+        kernels_->copy_stream(u.m + bb, t.undo.m + bb, nn);
+        kernels_->copy_stream(u.v + bb, t.undo.v + bb, nn);
+        saved_to = bb + nn;
+      } else {
+        CopyState(t.undo.master + bb, t.undo.m + bb, t.undo.v + bb, u.master + bb, u.m + bb, u.v + bb, nn);
+      }
+      const G* gg = g + (bb - b);
+      if (const int64_t bad = kernel(bb, nn, gg); bad >= 0) return NonFiniteGradError(bb + bad, value(gg[bad]));
+    }
+    return absl::OkStatus();
+  });
+  if (!status.ok() && t.undo_mode == UndoMode::kSave && saved_to < o + t.numel) {
+    // Refused part-way: the rest of the piece is saved too (unchanged), so restoring the whole
+    // chunk from the undo copy is exact.
+    (void)ForEachTensorPart(u.tensors, saved_to, o + t.numel - saved_to, [&](int64_t b, int64_t n) {
+      CopyState(u.master + b, u.m + b, u.v + b, t.undo.master + b, t.undo.m + b, t.undo.v + b, n);
+      return absl::OkStatus();
+    });
+  }
+  return status;
+}
+
+absl::Status LayerAdam::RunTask(const Task& t) {
+  const UnitMemory& u = t.unit;
+  const int64_t o = t.offset;
+  switch (t.kind) {
+    case TaskKind::kStepF32:
+      return RunStep(t, static_cast<const float*>(t.grad));
+    case TaskKind::kStepBf16:
+      return RunStep(t, static_cast<const bf16_t*>(t.grad));
     case TaskKind::kRestore:
       return ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n) {
         CopyState(t.undo.master + b, t.undo.m + b, t.undo.v + b, u.master + b, u.m + b, u.v + b, n);
         for (int64_t i = b; i < b + n; ++i) u.mirror[i] = FloatToBf16(u.master[i]);
         return absl::OkStatus();
-      });
-    case TaskKind::kStepBf16:
-      return ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n) {
-        const bf16_t* g = static_cast<const bf16_t*>(t.grad) + (b - o);
-        if (!refuse) {
-          kernels_->step_bf16(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
-          return absl::OkStatus();
-        }
-        const int64_t bad =
-            kernels_->step_bf16_checked(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
-        return bad < 0 ? absl::OkStatus() : NonFiniteGradError(b + bad, Bf16ToFloat(g[bad]));
       });
     case TaskKind::kTouch:
       TouchPages(u.master + o, t.numel * 4);

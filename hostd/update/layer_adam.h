@@ -158,8 +158,10 @@ class LayerAdam {
   // the state before a kSave update, bit for bit. `done` as SubmitChunk's.
   absl::Status SubmitRestore(const UnitMemory& unit, int64_t offset, int64_t numel, const UndoMemory& undo,
                              DoneFn done);
-  absl::Status SubmitChunkBf16(const UnitMemory& unit, int64_t offset, int64_t numel,
-                               const bf16_t* grad, const AdamWStepParams& params, DoneFn done);
+  // As SubmitChunk with a BF16 gradient (runtime.grad_dtype bf16), widened exactly to FP32.
+  absl::Status SubmitChunkBf16(const UnitMemory& unit, int64_t offset, int64_t numel, const bf16_t* grad,
+                               const AdamWStepParams& params, DoneFn done, const UndoMemory* undo = nullptr,
+                               UndoMode mode = UndoMode::kNone);
 
   // Blocks until every chunk accepted so far has completed (its `done` has returned).
   void WaitIdle();
@@ -219,6 +221,8 @@ class LayerAdam {
   void WorkerLoop(int index, WorkerSpec spec);
   void RunEachWorkerCall(EachWorkerCall& call, int index, int node);
   absl::Status RunTask(const Task& task);
+  template <typename G>
+  absl::Status RunStep(const Task& task, const G* grad);
   void FinishPiece(ChunkState* chunk, const absl::Status& status);
 
   AdamIsa isa_ = AdamIsa::kScalar;

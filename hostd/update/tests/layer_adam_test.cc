@@ -388,6 +388,60 @@ TEST(LayerAdam, UndoCopiesRestoreAndRedoBitExact) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// runtime.grad_dtype bf16: the speculative update and its redo take the BF16 gradient the same
+// way, and each equals the plain BF16 update of the state it starts from, bit for bit.
+TEST(LayerAdam, Bf16GradientUndoAndRedoBitExact) {
+  const int64_t n = 100003;
+  auto engine = MakeEngine(3, WorkerPinning::kNone, /*min_piece=*/64);
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  OwnedUnit start(n);
+  for (int64_t i = 0; i < n; ++i) {
+    start.master[i] = normal(rng) * 0.02f;
+    start.m[i] = normal(rng) * 1e-3f;
+    start.v[i] = std::abs(normal(rng)) * 1e-6f;
+    start.mirror[i] = FloatToBf16(start.master[i]);
+  }
+  std::vector<bf16_t> grad(n);
+  std::vector<float> widened(n);
+  for (int64_t i = 0; i < n; ++i) {
+    grad[i] = FloatToBf16(normal(rng) * 1e-2f);
+    widened[i] = Bf16ToFloat(grad[i]);
+  }
+  AdamWStepParams p;
+  p.lr = 1e-3;
+  p.step = 3;
+  auto run = [&](OwnedUnit& u, float scale, bool bf16, const UndoMemory* undo, UndoMode mode) {
+    AdamWStepParams q = p;
+    q.grad_scale = scale;
+    for (auto [o, l] : RandomChunks(n, rng)) {
+      auto done = [](absl::Status s) { EXPECT_TRUE(s.ok()) << s; };
+      absl::Status s = bf16 ? engine->SubmitChunkBf16(u.view(), o, l, grad.data() + o, q, done, undo, mode)
+                            : engine->SubmitChunk(u.view(), o, l, widened.data() + o, q, done, undo, mode);
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    engine->WaitIdle();
+  };
+  auto same = [&](const OwnedUnit& a, const OwnedUnit& b) {
+    return std::memcmp(a.master.data(), b.master.data(), n * 4) == 0 &&
+           std::memcmp(a.m.data(), b.m.data(), n * 4) == 0 && std::memcmp(a.v.data(), b.v.data(), n * 4) == 0 &&
+           std::memcmp(a.mirror.data(), b.mirror.data(), n * 2) == 0;
+  };
+  OwnedUnit plain = start, plain_half = start, wide = start;
+  run(plain, 1.0f, true, nullptr, UndoMode::kNone);
+  run(plain_half, 0.5f, true, nullptr, UndoMode::kNone);
+  run(wide, 1.0f, false, nullptr, UndoMode::kNone);
+  EXPECT_TRUE(same(plain, wide)) << "a BF16 gradient is its exact FP32 widening";
+  ASSERT_FALSE(same(plain, plain_half));
+  std::vector<float> um(n), mm(n), vm(n);
+  const UndoMemory undo{um.data(), mm.data(), vm.data()};
+  OwnedUnit spec = start;
+  run(spec, 1.0f, true, &undo, UndoMode::kSave);
+  EXPECT_TRUE(same(spec, plain));
+  run(spec, 0.5f, true, &undo, UndoMode::kRedo);
+  EXPECT_TRUE(same(spec, plain_half)) << "the redo is the update of the saved state";
+}
+
 // NonFiniteGrad::kRefuse: a chunk with a NaN or inf is DATA_LOSS naming the element (payload),
 // every element before it is updated as with kApply, nothing from it on; kApply propagates.
 TEST(LayerAdam, RefusingUpdatesStopAtANonFiniteGradient) {
