@@ -160,6 +160,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"grad_staging", Enum<GradStaging>(&JobSpec::grad_staging, {{"auto", GradStaging::kAuto},
                                                                     {"device", GradStaging::kDevice},
                                                                     {"host", GradStaging::kHost}})},
+        {"grad_dtype", Enum<GradDtype>(&JobSpec::grad_dtype, {{"fp32", GradDtype::kFp32}, {"bf16", GradDtype::kBf16}})},
         {"act_policy", Enum<ActivationPolicy>(&JobSpec::act_policy, {{"keep_all", ActivationPolicy::kKeepAll},
                                                                      {"recompute", ActivationPolicy::kRecomputeLayer},
                                                                      {"selective", ActivationPolicy::kSelective},
@@ -383,6 +384,7 @@ const char* ToString(GradStaging k) {
   }
   return "?";
 }
+const char* ToString(GradDtype k) { return k == GradDtype::kFp32 ? "fp32" : "bf16"; }
 const char* ToString(NormWeights k) {
   switch (k) {
     case NormWeights::kFp32: return "fp32";
@@ -458,6 +460,7 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "param_delivery" << YAML::Value << ToString(param_delivery);
   e << YAML::Key << "grad_reduction" << YAML::Value << ToString(grad_reduction);
   e << YAML::Key << "grad_staging" << YAML::Value << ToString(grad_staging);
+  e << YAML::Key << "grad_dtype" << YAML::Value << ToString(grad_dtype);
   e << YAML::Key << "act_policy" << YAML::Value << ToString(act_policy);
   e << YAML::Key << "norm_weights" << YAML::Value << ToString(norm_weights);
   e << YAML::Key << "embedding_rows" << YAML::Value << ToString(embedding_rows);

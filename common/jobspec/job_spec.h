@@ -29,6 +29,11 @@ enum class NormWeights { kFp32, kBf16 };
 enum class EmbeddingRows { kFp32, kBf16 };
 enum class SaveDtype { kBf16, kF32 };
 enum class Backend { kAuto, kCuda, kCpu };
+// The type a rank's reduced gradient crosses the host link in and LayerAdam reads
+// (runtime.grad_dtype). kBf16 is an approximation (rounded to nearest even after the FP32
+// reduction; the norm, clipping and the non-finite checks see the rounded values), opt-in,
+// docs/layeradam.md "BF16 gradients" has its measured effect.
+enum class GradDtype { kFp32, kBf16 };
 
 struct JobSpec {
   std::string name = "job";
@@ -75,6 +80,7 @@ struct JobSpec {
   ParamDelivery param_delivery = ParamDelivery::kReplicated;
   GradReduction grad_reduction = GradReduction::kGpu;
   GradStaging grad_staging = GradStaging::kAuto;
+  GradDtype grad_dtype = GradDtype::kFp32;
   ActivationPolicy act_policy = ActivationPolicy::kRecomputeLayer;
   NormWeights norm_weights = NormWeights::kFp32;
   EmbeddingRows embedding_rows = EmbeddingRows::kFp32;
@@ -120,5 +126,6 @@ const char* ToString(EmbeddingRows k);
 const char* ToString(ActivationPolicy k);
 const char* ToString(SaveDtype k);
 const char* ToString(Backend k);
+const char* ToString(GradDtype k);
 
 }  // namespace slidedp

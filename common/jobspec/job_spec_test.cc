@@ -1,5 +1,6 @@
 #include "common/jobspec/job_spec.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "gtest/gtest.h"
@@ -55,6 +56,22 @@ TEST(JobSpec, OutputDirCanBeLeftAsWritten) {
                                    JobSpec::FileCheck::kSkip, JobSpec::OutputDirBase::kAsWritten);
   ASSERT_TRUE(by_default.ok()) << by_default.status();
   EXPECT_EQ(by_default->output_dir, "out/tiny");  // out/<name>, relative
+}
+
+TEST(JobSpec, GradDtypeIsFp32ByDefaultAndRoundTrips) {
+  auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_EQ(def->grad_dtype, GradDtype::kFp32);
+  auto bf16 = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"backend: cpu,", "backend: cpu, grad_dtype: bf16,"}}), "/base",
+                             JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->grad_dtype, GradDtype::kBf16);
+  auto again = JobSpec::Parse(bf16->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->grad_dtype, GradDtype::kBf16);
+  const absl::Status bad = ParseError(absl::StrReplaceAll(kGood, {{"backend: cpu,", "backend: cpu, grad_dtype: fp8,"}}));
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.message(), "grad_dtype")) << bad;
 }
 
 TEST(JobSpec, SkipNonfiniteIsOffByDefaultAndRoundTrips) {

@@ -29,6 +29,45 @@ bool RangeInside(int64_t offset, int64_t numel, int64_t begin, int64_t end) {
   return numel > 0 && offset >= begin && offset <= end && numel <= end - offset;
 }
 
+// The gradient's elements from `off` on.
+update::GradPtr At(update::GradPtr g, int64_t off) {
+  if (g.bf16) return g.b16() + off;
+  return g.f32() + off;
+}
+
+// dst[i] = src[i] (widened exactly from BF16), or dst[i] += src[i], for i in [0, n).
+void CopyWidened(update::GradPtr src, int64_t n, float* dst) {
+  if (!src.bf16) {
+    std::memcpy(dst, src.f32(), n * sizeof(float));
+    return;
+  }
+  const bf16_t* b = src.b16();
+  for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(b[i]);
+}
+void AddWidened(update::GradPtr src, int64_t n, float* dst) {
+  if (!src.bf16) {
+    const float* f = src.f32();
+    for (int64_t i = 0; i < n; ++i) dst[i] += f[i];
+    return;
+  }
+  const bf16_t* b = src.b16();
+  for (int64_t i = 0; i < n; ++i) dst[i] += Bf16ToFloat(b[i]);
+}
+
+double SumSquaresOf(update::GradPtr src, int64_t n) {
+  return src.bf16 ? update::SumSquaresBf16(src.b16(), n) : update::SumSquares(src.f32(), n);
+}
+
+int64_t FirstNonFiniteOf(update::GradPtr src, int64_t n) {
+  if (!src.bf16) return FirstNonFinite(src.f32(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(Bf16ToFloat(src.b16()[i]))) return i;
+  }
+  return -1;
+}
+
+const char* DtypeName(shm::GradDtype d) { return d == shm::GradDtype::kBF16 ? "BF16" : "F32"; }
+
 }  // namespace
 
 GradRings::GradRings(std::vector<std::unique_ptr<shm::GradRing>>& rings, WorkerReports& reports,
@@ -108,6 +147,13 @@ void GradConsumer::NoteNonFinite(int rank, int unit, int64_t offset, const float
   }
 }
 
+void GradConsumer::NoteNonFinite(int rank, int unit, int64_t offset, update::GradPtr src, int64_t numel) {
+  if (!src.bf16) return NoteNonFinite(rank, unit, offset, src.f32(), numel);
+  std::vector<float> widened(numel);  // (the failure path only)
+  CopyWidened(src, numel, widened.data());
+  NoteNonFinite(rank, unit, offset, widened.data(), numel);
+}
+
 std::string GradConsumer::NonFiniteGradient() const {
   absl::MutexLock l(&nonfinite_mu_);
   if (!nonfinite_) return "";
@@ -136,15 +182,15 @@ absl::StatusOr<std::string> GradConsumer::Decide(int64_t t, const std::string& g
   return std::string();
 }
 
-absl::StatusOr<bool> GradConsumer::SquarePieces(int rank, int unit, int64_t offset, int64_t numel, const float* src,
+absl::StatusOr<bool> GradConsumer::SquarePieces(int rank, int unit, int64_t offset, int64_t numel, update::GradPtr src,
                                                 float* dst, int threads, update::GradNormAccumulator& norm) {
   const int64_t pieces = (numel + kAggregatePiece - 1) / kAggregatePiece;
   std::vector<double> piece_sq(pieces);
   ParallelFor(pieces, threads, [&](size_t p) {
     const int64_t off = static_cast<int64_t>(p) * kAggregatePiece;
     const int64_t n = std::min(kAggregatePiece, numel - off);
-    if (dst != nullptr) std::memcpy(dst + off, src + off, n * sizeof(float));
-    piece_sq[p] = update::SumSquares(src + off, n);
+    if (dst != nullptr) CopyWidened(At(src, off), n, dst + off);
+    piece_sq[p] = SumSquaresOf(At(src, off), n);
   });
   bool finite = true;
   for (int64_t p = 0; p < pieces; ++p) {
@@ -156,7 +202,7 @@ absl::StatusOr<bool> GradConsumer::SquarePieces(int rank, int unit, int64_t offs
     // non-finite element (found only then, on the failure path).
     if (!std::isfinite(piece_sq[p])) {
       finite = false;
-      NoteNonFinite(rank, unit, offset + off, src + off, n);
+      NoteNonFinite(rank, unit, offset + off, At(src, off), n);
     }
   }
   return finite;
@@ -228,18 +274,18 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
     wait_s += SecondsSince(t_wait);
     const bool unit_ok = d.unit >= units.begin && d.unit < units.end;
     const ShardRange shard = unit_ok ? ShardOf(unit_numel_[d.unit], world, r) : ShardRange{};
-    if (d.step != static_cast<uint32_t>(t) || !unit_ok || d.dtype != shm::GradDtype::kF32 ||
+    if (d.step != static_cast<uint32_t>(t) || !unit_ok || d.dtype != plan_.grad_dtype ||
         !RangeInside(d.offset_numel, d.numel, shard.offset, shard.offset + shard.numel) ||
         d.numel > shard.numel - unit_got[d.unit]) {
       return rings_.FailRank(
           r, absl::StrCat("posted an unexpected gradient chunk: step ", d.step, " unit ", d.unit, " offset ",
                           d.offset_numel, " numel ", d.numel, " dtype ", static_cast<uint32_t>(d.dtype),
                           " while hostd ", action == PartAction::kSpeculate ? "speculates" : "applies", " step ", t,
-                          " (F32, units ", units.begin, "..", units.end - 1, "; its shard of that unit is [",
+                          " (", DtypeName(plan_.grad_dtype), ", units ", units.begin, "..", units.end - 1, "; its shard of that unit is [",
                           shard.offset, ", ", shard.offset + shard.numel, "), ", unit_ok ? unit_got[d.unit] : 0,
                           " elements of it already received)"));
     }
-    const float* src = rings_.f32(r, d);
+    const update::GradPtr src = rings_.grad(r, d);
     unit_got[d.unit] += d.numel;
     got += d.numel;
     if (action == PartAction::kDiscard) {
@@ -347,11 +393,11 @@ absl::StatusOr<shm::GradChunkDesc> GradConsumer::PopRankZeroChunk(int64_t t, boo
   ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(0, first_step));
   out.wait_s += SecondsSince(t_wait);
   if (d.step != static_cast<uint32_t>(t) || d.unit < 0 || d.unit >= static_cast<int>(unit_numel_.size()) ||
-      !RangeInside(d.offset_numel, d.numel, 0, unit_numel_[d.unit]) || d.dtype != shm::GradDtype::kF32) {
+      !RangeInside(d.offset_numel, d.numel, 0, unit_numel_[d.unit]) || d.dtype != plan_.grad_dtype) {
     return rings_.FailRank(
         0, absl::StrCat("posted an unexpected gradient chunk: step ", d.step, " unit ", d.unit, " offset ",
                         d.offset_numel, " numel ", d.numel, " dtype ", static_cast<uint32_t>(d.dtype),
-                        " while hostd aggregates step ", t, " (F32, inside the unit)"));
+                        " while hostd aggregates step ", t, " (", DtypeName(plan_.grad_dtype), ", inside the unit)"));
   }
   return d;
 }
@@ -360,7 +406,7 @@ absl::Status GradConsumer::ConsumeDirect(int64_t t, bool first_step, StepUpdates
                                          update::GradNormAccumulator& norm, StepGradients& out) {
   while (!norm.complete()) {
     ASSIGN_OR_RETURN(shm::GradChunkDesc d, PopRankZeroChunk(t, first_step, out));
-    const float* src = rings_.f32(0, d);
+    const update::GradPtr src = rings_.grad(0, d);
     const absl::Time t_agg = absl::Now();
     absl::StatusOr<bool> finite =
         SquarePieces(0, d.unit, d.offset_numel, d.numel, src, nullptr, aggregate_threads_, norm);
@@ -404,12 +450,8 @@ absl::Status GradConsumer::ConsumeSummed(int64_t t, bool first_step, StepUpdates
     ParallelFor(pieces, aggregate_threads_, [&](size_t p) {
       const int64_t off = static_cast<int64_t>(p) * kAggregatePiece;
       const int64_t n = std::min(kAggregatePiece, d0.numel - off);
-      std::memcpy(dst + off, rings_.f32(0, descs[0]) + off, n * sizeof(float));
-      for (int r = 1; r < world; ++r) {
-        const float* src = rings_.f32(r, descs[r]) + off;
-        float* sum = dst + off;
-        for (int64_t i = 0; i < n; ++i) sum[i] += src[i];
-      }
+      CopyWidened(At(rings_.grad(0, descs[0]), off), n, dst + off);
+      for (int r = 1; r < world; ++r) AddWidened(At(rings_.grad(r, descs[r]), off), n, dst + off);
       piece_sq[p] = update::SumSquares(dst + off, n);
     });
     bool finite = true;
@@ -423,8 +465,8 @@ absl::Status GradConsumer::ConsumeSummed(int64_t t, bool first_step, StepUpdates
         // Name the first rank whose own part is not finite (else only the sum overflows).
         bool named = false;
         for (int r = 0; r < world && !named; ++r) {
-          const float* src = rings_.f32(r, descs[r]) + off;
-          if (FirstNonFinite(src, n) >= 0) {
+          const update::GradPtr src = At(rings_.grad(r, descs[r]), off);
+          if (FirstNonFiniteOf(src, n) >= 0) {
             NoteNonFinite(r, d0.unit, d0.offset_numel + off, src, n);
             named = true;
           }

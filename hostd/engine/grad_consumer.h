@@ -14,7 +14,10 @@
 // offset) order), then every unit is applied from staging in forward order, so the next step's
 // forward can start on the first units.
 //
-// Nothing a worker posts is trusted: every descriptor is checked (step, unit, F32, inside the
+// Chunks come in the job's gradient type (runtime.grad_dtype: FP32, or BF16, which LayerAdam reads
+// as it is and staging widens exactly).
+//
+// Nothing a worker posts is trusted: every descriptor is checked (step, unit, dtype, inside the
 // rank's shard, no element twice, a slot the producer acquired) or the job fails with INTERNAL
 // naming the worker (id and rank); hostd never reads or writes outside its buffers for it.
 //
@@ -68,8 +71,12 @@ class GradRings {
             absl::Duration step_timeout);
   absl::StatusOr<shm::GradChunkDesc> Pop(int rank, bool first_step);
   shm::GradRing& ring(int rank) { return *rings_[rank]; }
-  const float* f32(int rank, const shm::GradChunkDesc& d) const {
-    return static_cast<const float*>(rings_[rank]->slot_data(d.slot));
+  // The chunk's elements in its ring slot (FP32 or BF16, as d.dtype; checked against the plan's
+  // before this is called).
+  update::GradPtr grad(int rank, const shm::GradChunkDesc& d) const {
+    const void* data = rings_[rank]->slot_data(d.slot);
+    if (d.dtype == shm::GradDtype::kBF16) return static_cast<const bf16_t*>(data);
+    return static_cast<const float*>(data);
   }
   // Raises the abort word: every party (workers, the other consumers) stops waiting.
   void Abort();
@@ -175,10 +182,11 @@ class GradConsumer {
   // Squares of src[0, numel) as elements [offset, offset + numel) of `unit` (posted by `rank`),
   // in 4 MiB pieces on `threads` threads, optionally copied into dst; each piece's sum goes to
   // `norm`. Returns whether every element was finite (and records the first that is not).
-  absl::StatusOr<bool> SquarePieces(int rank, int unit, int64_t offset, int64_t numel, const float* src, float* dst,
-                                    int threads, update::GradNormAccumulator& norm);
+  absl::StatusOr<bool> SquarePieces(int rank, int unit, int64_t offset, int64_t numel, update::GradPtr src,
+                                    float* dst, int threads, update::GradNormAccumulator& norm);
   // Records a non-finite element of `unit` in src[0, numel) (first in (unit, offset) order wins).
   void NoteNonFinite(int rank, int unit, int64_t offset, const float* src, int64_t numel);
+  void NoteNonFinite(int rank, int unit, int64_t offset, update::GradPtr src, int64_t numel);
   // "gradient of unit 5 (layer.3) is not finite: <tensor>[i, j] is NaN (posted by <worker>)", or "".
   std::string NonFiniteGradient() const;
   // What to do once the step's gradient is known (staged or its norm posted) and nothing applied:

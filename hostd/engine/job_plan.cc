@@ -42,7 +42,10 @@ std::string JobPlan::RoutesLine(ParamDelivery delivery) const {
   } else if (clip_staging == ClipStaging::kHost) {
     staging = absl::StrCat("; ", why, ": host staging (hostd keeps the step's gradients)");
   }
-  return absl::StrCat("gradient reduction: ", reduction, "; parameter delivery: ", ToString(delivery), staging);
+  const char* dtype = grad_dtype == shm::GradDtype::kBF16
+                          ? "; gradients cross the host link in BF16 (runtime.grad_dtype: an approximation)"
+                          : "";
+  return absl::StrCat("gradient reduction: ", reduction, "; parameter delivery: ", ToString(delivery), staging, dtype);
 }
 
 std::string JobPlan::MemoryLine() const {
@@ -111,6 +114,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
     device_staging = spec.grad_staging == GradStaging::kDevice || part_bytes <= min_device_bytes / 10 * 4;
   }
   p.clip_staging = !stage ? ClipStaging::kNone : device_staging ? ClipStaging::kDevice : ClipStaging::kHost;
+  p.grad_dtype = spec.grad_dtype == GradDtype::kBf16 ? shm::GradDtype::kBF16 : shm::GradDtype::kF32;
 
   // Device staging and the gpu route: one consumer per rank applies its final parts. One rank
   // without clipping: LayerAdam reads gradients straight from the ring slots (a slot is released

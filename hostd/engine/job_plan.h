@@ -54,6 +54,8 @@ struct JobPlan {
   bool shm_collective = false;                // CPU workers on the gpu route
   uint64_t collective_buffer_bytes = 0;       // the collective's per-rank buffer (largest padded unit)
   ClipStaging clip_staging = ClipStaging::kNone;
+  // runtime.grad_dtype: what every posted chunk holds (staging widens BF16 to FP32 exactly).
+  shm::GradDtype grad_dtype = shm::GradDtype::kF32;
   GradConsumerKind consumer = GradConsumerKind::kSummed;
   // hostd's whole-step FP32 gradient buffer (staging_bytes of its own memory): for the clipping
   // norm with host staging, or to sum the ranks' full copies (cpu route, several ranks).

@@ -85,6 +85,7 @@ void MetricsFile::Append(const StepRecord& r, absl::Time now, const JobPlan& pla
                       {"world_size", plan.world},
                       {"grad_reduction", ToString(plan.route)},
                       {"grad_staging", staging},
+                      {"grad_dtype", ToString(spec.grad_dtype)},
                       {"param_delivery", ToString(spec.param_delivery)}};
   out_ << j.dump() << "\n" << std::flush;
 }

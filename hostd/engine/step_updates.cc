@@ -33,7 +33,7 @@ void StepUpdates::BeginSubmit() {
   }
 }
 
-absl::Status StepUpdates::Apply(int u, int64_t offset, int64_t numel, float grad_scale, const float* grad,
+absl::Status StepUpdates::Apply(int u, int64_t offset, int64_t numel, float grad_scale, update::GradPtr grad,
                                 shm::GradRing* release_ring, uint32_t release_slot, update::NonFiniteGrad check,
                                 std::string origin, const update::UndoMemory* redo_from) {
   // Registered before submission: a range outside the unit, or one already updated this step,
@@ -50,7 +50,7 @@ absl::Status StepUpdates::Apply(int u, int64_t offset, int64_t numel, float grad
     absl::MutexLock l(&mu_);
     BeginSubmit();
   }
-  absl::Status submitted = adam_.SubmitChunk(
+  absl::Status submitted = adam_.SubmitGrad(
       memory_[u], offset, numel, grad, p,
       [this, u, release_ring, release_slot, origin = std::move(origin), done = std::move(*unit_done)](absl::Status s) {
         s = Completed(u, release_ring, release_slot, origin, std::move(s));
@@ -68,7 +68,7 @@ absl::Status StepUpdates::Apply(int u, int64_t offset, int64_t numel, float grad
 }
 
 absl::Status StepUpdates::Speculate(int u, const update::UndoMemory& undo, int64_t offset, int64_t numel,
-                                    const float* grad, shm::GradRing* release_ring, uint32_t release_slot,
+                                    update::GradPtr grad, shm::GradRing* release_ring, uint32_t release_slot,
                                     update::NonFiniteGrad check, std::string origin) {
   auto refuse = [&](std::string what) {
     if (release_ring != nullptr) (void)release_ring->Release(release_slot);
@@ -93,7 +93,7 @@ absl::Status StepUpdates::Speculate(int u, const update::UndoMemory& undo, int64
     BeginSubmit();
     spec_pending_++;
   }
-  absl::Status submitted = adam_.SubmitChunk(
+  absl::Status submitted = adam_.SubmitGrad(
       memory_[u], offset, numel, grad, p,
       [this, u, release_ring, release_slot, origin = std::move(origin)](absl::Status s) {
         s = Completed(u, release_ring, release_slot, origin, std::move(s));

@@ -42,14 +42,14 @@ class StepUpdates {
   StepUpdates(const StepUpdates&) = delete;
   StepUpdates& operator=(const StepUpdates&) = delete;
 
-  // Updates [offset, offset + numel) of unit u with grad_scale * grad (grad: numel floats that
-  // stay valid until the update is done). With `release_ring`, its `release_slot` is released
+  // Updates [offset, offset + numel) of unit u with grad_scale * grad (grad: numel FP32 or BF16
+  // values that stay valid until the update is done). With `release_ring`, its `release_slot` is released
   // once the update has read it. With `check` kRefuse LayerAdam checks the gradient as it
   // updates (hostd has not seen it: device staging) and stops at a NaN or inf: the step's Drain
   // is then DATA_LOSS naming the step, unit, element and `origin` (the worker that posted it).
   // With `redo_from` (the unit's undo copy, after a speculative update of the range this step)
   // the update starts from the saved state: the step's update with `grad_scale` instead of 1.
-  absl::Status Apply(int u, int64_t offset, int64_t numel, float grad_scale, const float* grad,
+  absl::Status Apply(int u, int64_t offset, int64_t numel, float grad_scale, update::GradPtr grad,
                      shm::GradRing* release_ring = nullptr, uint32_t release_slot = 0,
                      update::NonFiniteGrad check = update::NonFiniteGrad::kApply, std::string origin = "",
                      const update::UndoMemory* redo_from = nullptr);
@@ -58,7 +58,7 @@ class StepUpdates {
   // Updates [offset, offset + numel) of unit u with grad_scale 1 before the step's norm is known,
   // saving what it overwrites in `undo` (the unit's undo copy); the unit's gate stays closed until
   // CommitSpeculation. INTERNAL for a range outside the unit or one speculated before this step.
-  absl::Status Speculate(int u, const update::UndoMemory& undo, int64_t offset, int64_t numel, const float* grad,
+  absl::Status Speculate(int u, const update::UndoMemory& undo, int64_t offset, int64_t numel, update::GradPtr grad,
                          shm::GradRing* release_ring = nullptr, uint32_t release_slot = 0,
                          update::NonFiniteGrad check = update::NonFiniteGrad::kApply, std::string origin = "");
   // Waits for every speculative update of the step; the first error of any of them.

@@ -88,6 +88,18 @@ enum class UndoMode {
   kRedo,  // copy them back from the undo copy, then update: the update of the saved state
 };
 
+// A gradient range an update reads: FP32, or BF16 (runtime.grad_dtype bf16; widened exactly).
+// Converts implicitly from either pointer type.
+struct GradPtr {
+  const void* data = nullptr;
+  bool bf16 = false;
+  GradPtr() = default;
+  GradPtr(const float* f) : data(f) {}               // NOLINT(google-explicit-constructor)
+  GradPtr(const bf16_t* b) : data(b), bf16(true) {}  // NOLINT(google-explicit-constructor)
+  const float* f32() const { return bf16 ? nullptr : static_cast<const float*>(data); }
+  const bf16_t* b16() const { return bf16 ? static_cast<const bf16_t*>(data) : nullptr; }
+};
+
 enum class WorkerPinning {
   kCore,      // each worker bound to one physical core of its node (default)
   kNumaNode,  // each worker bound to all cores of its node
@@ -162,6 +174,13 @@ class LayerAdam {
   absl::Status SubmitChunkBf16(const UnitMemory& unit, int64_t offset, int64_t numel, const bf16_t* grad,
                                const AdamWStepParams& params, DoneFn done, const UndoMemory* undo = nullptr,
                                UndoMode mode = UndoMode::kNone);
+  // SubmitChunk or SubmitChunkBf16, as `grad` says.
+  absl::Status SubmitGrad(const UnitMemory& unit, int64_t offset, int64_t numel, GradPtr grad,
+                          const AdamWStepParams& params, DoneFn done, const UndoMemory* undo = nullptr,
+                          UndoMode mode = UndoMode::kNone) {
+    return Submit(grad.bf16 ? TaskKind::kStepBf16 : TaskKind::kStepF32, unit, offset, numel, grad.data, params,
+                  std::move(done), undo, mode);
+  }
 
   // Blocks until every chunk accepted so far has completed (its `done` has returned).
   void WaitIdle();

@@ -64,6 +64,7 @@
 #                    bf16-autocast); the first is the gate, the others are INFO lines (the
 #                    reference's own spread); NAME-eager runs it with eager attention
 #   CURVES_HF_CAP    seconds per reference (220)
+#   CURVES_BF16_GRADS=1  also ours with runtime.grad_dtype bf16 on the same batches (figure vs HF)
 #   CURVES_DEADLINE  seconds after the start by which every HF reference stops, keeping its curve
 #                    so far (SUITE_DEADLINE - 25); a reference cut short fails the 200-step gate
 #   DET_MODEL DET_STEPS  the repeatability job (qwen3-0.6b, 3 steps)
@@ -278,6 +279,12 @@ part_curves() {
   rm -f "$src/optimizer.safetensors"
   stage curves_ours 300 slidedp run "$d/ft.yaml" --backend cuda --run-dir "$d/run-ft"
   copy_metrics "$d/ft/metrics-*.jsonl" "$part_dir/ours.jsonl"
+  if [ "${CURVES_BF16_GRADS:-0}" = 1 ]; then  # issue 20: the same fine-tune with runtime.grad_dtype bf16
+    dry || sed -e 's/^name: ft$/name: ftbf16/' -e "s|dir: $d/ft,|dir: $d/ftbf16,|" -e 's/^runtime: {workers: 1/runtime: {workers: 1, grad_dtype: bf16/' \
+      "$d/ft.yaml" > "$d/ft-bf16.yaml"
+    stage curves_ours_bf16 300 slidedp run "$d/ft-bf16.yaml" --backend cuda --run-dir "$d/run-ft-bf16"
+    copy_metrics "$d/ftbf16/metrics-*.jsonl" "$part_dir/ours-bf16.jsonl"
+  fi
   stage curves_batches 60 dump_batches --job "$d/ft.yaml" --out "$d/batches.bin"
   local ref prec attn cap left
   for ref in $refs; do
@@ -298,6 +305,14 @@ part_curves() {
   dry || python3 tools/verify/compare_curves.py "$part_dir/ours.jsonl" "$part_dir/hf-$first.json" --tol "$CURVES_TOL" \
     --json "$part_dir/cmp-ours-$first.json" > "$part_dir/cmp-ours-$first.log" 2>&1
   judge curve --json "$part_dir/cmp-ours-$first.json" --expect-steps "$steps" --what "ours vs HF $first, $what"
+  if [ "${CURVES_BF16_GRADS:-0}" = 1 ]; then
+    if ! dry; then
+      python3 tools/verify/compare_curves.py "$part_dir/ours-bf16.jsonl" "$part_dir/hf-$first.json" --tol "$CURVES_TOL" \
+        --json "$part_dir/cmp-ours-bf16-$first.json" > "$part_dir/cmp-ours-bf16-$first.log" 2>&1
+    fi
+    judge curve --info --json "$part_dir/cmp-ours-bf16-$first.json" --expect-steps "$steps" \
+      --what "ours with runtime.grad_dtype bf16 vs HF $first (FP32 gradients), $what"
+  fi
   for ref in $refs; do
     [ "$ref" = "$first" ] && continue
     if ! dry; then

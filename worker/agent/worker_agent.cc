@@ -430,6 +430,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   gopt.world = a.world_size();
   gopt.ring_timeout = timeout;
   gopt.inject_max_delay = inject_delay;
+  gopt.dtype = spec.grad_dtype == GradDtype::kBf16 ? shm::GradDtype::kBF16 : shm::GradDtype::kF32;
   gopt.stage_until_norm = a.grad_staging() == v1::GRAD_STAGING_DEVICE;
   if (gopt.stage_until_norm && !gpu_route && a.world_size() > 1) {
     return absl::FailedPreconditionError("grad_staging device needs grad_reduction gpu with several ranks");

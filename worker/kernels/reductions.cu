@@ -116,6 +116,12 @@ __global__ void CastKernel(const float* __restrict__ src, int64_t n, float scale
     dst[i] = __float2bfloat16(src[i] * scale);
 }
 
+__global__ void RoundToBf16Kernel(float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+}
+
 // No __restrict__: out may alias res (each element is read before it is written, by one thread).
 __global__ void AddBf16ToF32Kernel(const float* res, const bf16* __restrict__ branch, int64_t n, float* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -152,6 +158,13 @@ absl::Status SumInto(const float* vals, int64_t n, float* out, cudaStream_t stre
 absl::Status CastF32ToBf16(const float* src, int64_t n, float scale, bf16* dst, cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
   CastKernel<<<GridFor(n, 256), 256, 0, stream>>>(src, n, scale, dst);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status RoundToBf16InPlace(float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  RoundToBf16Kernel<<<GridFor(n, 256), 256, 0, stream>>>(x, n);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -35,6 +35,9 @@ constexpr int kSumSquaresBlocks = 528;
 absl::Status SumSquaresF32(const float* x, int64_t n, double* partials, double* out, cudaStream_t stream);
 // dst[i] = bf16(src[i] * scale).
 absl::Status CastF32ToBf16(const float* src, int64_t n, float scale, bf16* dst, cudaStream_t stream);
+// x[i] = float(bf16(x[i])), rounded to nearest even as FloatToBf16 (common/numeric/bf16.h): the
+// FP32 values of a gradient posted in BF16 (runtime.grad_dtype bf16), whose norm is taken on them.
+absl::Status RoundToBf16InPlace(float* x, int64_t n, cudaStream_t stream);
 // out[i] = res[i] + float(branch[i]): the FP32 residual add of a BF16 GEMM output, in HF autocast's
 // order (the branch is rounded to BF16 first, the sum is FP32). out may alias res.
 absl::Status AddBf16ToF32(const float* res, const bf16* branch, int64_t n, float* out, cudaStream_t stream);

@@ -85,6 +85,7 @@ class CudaGradientPath final : public GradientPath {
     if (stage_) cudaFree(stage_);
     if (unit_squares_) cudaFree(unit_squares_);
     if (partials_) cudaFree(partials_);
+    if (bf16_chunk_) cudaFree(bf16_chunk_);
     if (d2h_) cudaStreamDestroy(d2h_);
   }
 
@@ -95,6 +96,9 @@ class CudaGradientPath final : public GradientPath {
     const bool reduce = options_.base.route == GradRoute::kGpu && options_.base.world > 1;
     if (reduce && options_.comm == nullptr) return absl::FailedPreconditionError("gpu gradient route without NCCL");
     if (options_.base.stage_until_norm) RETURN_IF_ERROR(AllocateStage(reduce));
+    if (options_.base.dtype == shm::GradDtype::kBF16) {  // each chunk is cast here on d2h_, then copied
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&bf16_chunk_, ring_->config().slot_bytes));
+    }
     poster_ = std::thread(&CudaGradientPath::PosterLoop, this);
     return absl::OkStatus();
   }
@@ -307,6 +311,10 @@ class CudaGradientPath final : public GradientPath {
     float* dst = stage_ + stage_offset_[job.unit];
     SLIDEDP_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dst, job.data, job.part.numel * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    // BF16 gradients: the norm is the posted (rounded) values' norm.
+    if (options_.base.dtype == shm::GradDtype::kBF16) {
+      RETURN_IF_ERROR(kernels::RoundToBf16InPlace(dst, job.part.numel, stream));
+    }
     RETURN_IF_ERROR(kernels::SumSquaresF32(dst, job.part.numel, partials_, unit_squares_ + job.unit, stream));
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(job.buffer->done, stream));
     staged_[job.unit] = job.part;
@@ -364,15 +372,23 @@ class CudaGradientPath final : public GradientPath {
     if (job.ready != nullptr) {
       RETURN_IF_ERROR(WaitEvent(job.ready, options_.base.ring_timeout, [this] { return StopStatus(); }));
     }
-    const int64_t chunk = GradChunkNumel(*ring_);
+    const bool bf16 = options_.base.dtype == shm::GradDtype::kBF16;
+    const int64_t chunk = GradChunkNumel(*ring_, options_.base.dtype);
     const int64_t end = job.part.offset + job.part.numel;
     for (int64_t off = job.part.offset; off < end; off += chunk) {
       const int64_t n = std::min(chunk, end - off);
       const absl::Time t0 = absl::Now();
       ASSIGN_OR_RETURN(uint32_t slot, ring_->AcquireSlot(options_.base.ring_timeout));
       const absl::Time t1 = absl::Now();
-      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ring_->slot_data(slot), job.data + (off - job.part.offset),
-                                                   n * sizeof(float), cudaMemcpyDeviceToHost, d2h_));
+      const float* src = job.data + (off - job.part.offset);
+      if (bf16) {  // rounded to nearest even on the GPU (exact where staging rounded it already)
+        RETURN_IF_ERROR(kernels::CastF32ToBf16(src, n, 1.0f, bf16_chunk_, d2h_));
+        SLIDEDP_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(ring_->slot_data(slot), bf16_chunk_, n * sizeof(kernels::bf16), cudaMemcpyDeviceToHost, d2h_));
+      } else {
+        SLIDEDP_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(ring_->slot_data(slot), src, n * sizeof(float), cudaMemcpyDeviceToHost, d2h_));
+      }
       SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(chunk_event_, d2h_));
       RETURN_IF_ERROR(WaitEvent(chunk_event_, options_.base.ring_timeout, [this] { return StopStatus(); }));
       {
@@ -386,7 +402,7 @@ class CudaGradientPath final : public GradientPath {
       desc.offset_numel = off;
       desc.numel = n;
       desc.step = static_cast<uint32_t>(job.step);
-      desc.dtype = shm::GradDtype::kF32;
+      desc.dtype = options_.base.dtype;
       RETURN_IF_ERROR(ring_->Post(desc));
     }
     return absl::OkStatus();
@@ -435,6 +451,7 @@ class CudaGradientPath final : public GradientPath {
   std::vector<int64_t> stage_offset_;
   double* unit_squares_ = nullptr;
   double* partials_ = nullptr;
+  kernels::bf16* bf16_chunk_ = nullptr;  // BF16 gradients: one chunk, cast before its copy
   cudaEvent_t staged_event_ = nullptr;
   cudaStream_t stage_stream_ = nullptr;
   std::map<int, ShardRange> staged_;  // units staged this step, with their parts

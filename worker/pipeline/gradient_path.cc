@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/model/shard.h"
+#include "common/numeric/bf16.h"
 #include "common/status/status_macros.h"
 #include "worker/compute/backend.h"
 
@@ -38,6 +39,9 @@ class HostGradientPath final : public GradientPath {
       RETURN_IF_ERROR(
           collective_->ReduceScatterF32(buf.data(), ShardNumel(numel, options_.world), options_.ring_timeout));
       part = ShardOf(numel, options_.world, options_.rank);
+    }
+    if (options_.dtype == shm::GradDtype::kBF16) {  // what is posted, so what the norm sees
+      for (int64_t i = part.offset; i < part.offset + part.numel; ++i) buf[i] = Bf16ToFloat(FloatToBf16(buf[i]));
     }
     if (options_.stage_until_norm) {  // kept until Flush (the rank's part only)
       Staged& st = staged_[unit] =
@@ -106,7 +110,8 @@ class HostGradientPath final : public GradientPath {
 
   // Posts elements [part.offset, part.offset + part.numel) of `unit`; data[0] is element part.offset.
   absl::Status PostPart(int unit, int64_t step, const float* data, ShardRange part) {
-    const int64_t chunk = GradChunkNumel(*ring_);
+    const bool bf16 = options_.dtype == shm::GradDtype::kBF16;
+    const int64_t chunk = GradChunkNumel(*ring_, options_.dtype);
     for (int64_t off = part.offset; off < part.offset + part.numel; off += chunk) {
       const int64_t n = std::min(chunk, part.offset + part.numel - off);
       InjectDelay();
@@ -114,7 +119,13 @@ class HostGradientPath final : public GradientPath {
       ASSIGN_OR_RETURN(uint32_t slot, ring_->AcquireSlot(options_.ring_timeout));
       const absl::Time t1 = absl::Now();
       ring_wait_s_ += absl::ToDoubleSeconds(t1 - t0);
-      std::memcpy(ring_->slot_data(slot), data + (off - part.offset), n * sizeof(float));
+      const float* src = data + (off - part.offset);
+      if (bf16) {  // (already rounded: exact)
+        bf16_t* dst = static_cast<bf16_t*>(ring_->slot_data(slot));
+        for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBf16(src[i]);
+      } else {
+        std::memcpy(ring_->slot_data(slot), src, n * sizeof(float));
+      }
       d2h_s_ += absl::ToDoubleSeconds(absl::Now() - t1);
       shm::GradChunkDesc desc;
       desc.unit = unit;
@@ -122,7 +133,7 @@ class HostGradientPath final : public GradientPath {
       desc.offset_numel = off;
       desc.numel = n;
       desc.step = static_cast<uint32_t>(step);
-      desc.dtype = shm::GradDtype::kF32;
+      desc.dtype = options_.dtype;
       RETURN_IF_ERROR(ring_->Post(desc));
     }
     return absl::OkStatus();
@@ -181,8 +192,8 @@ class DiscardGradientPath final : public GradientPath {
 
 }  // namespace
 
-int64_t GradChunkNumel(const shm::GradRing& ring) {
-  return static_cast<int64_t>(ring.config().slot_bytes / sizeof(float));
+int64_t GradChunkNumel(const shm::GradRing& ring, shm::GradDtype dtype) {
+  return static_cast<int64_t>(ring.config().slot_bytes / shm::GradDtypeBytes(dtype));
 }
 
 std::unique_ptr<GradientPath> MakeHostGradientPath(const ModelLayout& layout, shm::GradRing* ring,

@@ -73,6 +73,9 @@ struct GradientPathOptions {
   int speculate_from_unit = std::numeric_limits<int>::max();
   const shm::JobState* job_state = nullptr;
   shm::ProcessIdentity hostd;  // the job's hostd (job_state->owner() at the job's start)
+  // runtime.grad_dtype: kBF16 rounds the rank's final part (after the reduce-scatter, before
+  // device staging's norm) to BF16 and posts it in BF16, half the bytes; kF32 as it is.
+  shm::GradDtype dtype = shm::GradDtype::kF32;
   // Fault injection for tests: a random delay in [0, max] before every chunk post.
   absl::Duration inject_max_delay = absl::ZeroDuration();
 };
@@ -86,7 +89,7 @@ std::unique_ptr<GradientPath> MakeHostGradientPath(const ModelLayout& layout, sh
 class ComputeBackend;
 std::unique_ptr<GradientPath> MakeDiscardGradientPath(const ModelLayout& layout, ComputeBackend* backend);
 
-// Chunks of `numel` elements starting at `offset` for a ring slot of slot_bytes FP32.
-int64_t GradChunkNumel(const shm::GradRing& ring);
+// The most elements of `dtype` one ring slot holds (a posted chunk's size).
+int64_t GradChunkNumel(const shm::GradRing& ring, shm::GradDtype dtype = shm::GradDtype::kF32);
 
 }  // namespace slidedp

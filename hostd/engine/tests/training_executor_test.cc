@@ -67,10 +67,14 @@ class FakeContext : public JobContext {
 // Per step, a factor on every gradient (empty: 1), so a test can make the norm clip on some steps.
 std::vector<float> g_step_scale;
 
+// Every gradient rounded to its BF16 value (what a rank with runtime.grad_dtype bf16 posts).
+bool g_round_to_bf16 = false;
+
 // The summed (over ranks) gradient of element i of unit u at step t.
 float Grad(int t, int u, int64_t i) {
   const float scale = t < static_cast<int>(g_step_scale.size()) ? g_step_scale[t] : 1.0f;
-  return scale * 0.01f * std::sin(0.001f * static_cast<float>(i) + u + 0.37f * t);
+  const float g = scale * 0.01f * std::sin(0.001f * static_cast<float>(i) + u + 0.37f * t);
+  return g_round_to_bf16 ? Bf16ToFloat(FloatToBf16(g)) : g;
 }
 
 struct RankResult {
@@ -101,6 +105,7 @@ enum class Fault {
   kNoSquaredNorm,
   kNanAtStep1,      // element kNanElement of unit 1 is NaN at step 1 (0-based), from this rank
   kPaddingGarbage,  // huge values in every padding element, every step
+  kWrongDtype,      // gradient chunks in the other type than runtime.grad_dtype's
 };
 constexpr int64_t kNanElement = 300;  // inside unit 1's q_proj (a parameter, not padding)
 
@@ -151,6 +156,10 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
   auto ring = shm::GradRing::Attach(a.ring_segment(), shm::RingRole::kProducer, &(*js)->abort());
   if (!ring.ok()) return fail(ring.status());
   const bool gpu = a.grad_reduction() == v1::GRAD_REDUCTION_GPU;
+  auto spec = JobSpec::Parse(a.resolved_spec_yaml(), "", JobSpec::FileCheck::kSkip);
+  if (!spec.ok()) return fail(spec.status());
+  // (With bf16 the test sets g_round_to_bf16, so the squared norm below is the posted values'.)
+  const bool bf16 = (spec->grad_dtype == GradDtype::kBf16) != (fault == Fault::kWrongDtype);
   const int units = (*js)->num_units();
   const ModelLayout layout = ModelLayout::Build(*Qwen3Config::Preset("tiny"));
   auto grad = [&](int64_t t, int u, int64_t i) {
@@ -161,6 +170,7 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
     return Grad(static_cast<int>(t), u, i);
   };
   // The cpu route needs the same chunk sequence from every rank; shards may come in any pieces.
+  // (BF16 chunks as FP32's, half a slot each, so the norm's partial sums are the same.)
   const int64_t piece = static_cast<int64_t>((*ring)->config().slot_bytes / 4) / (gpu ? rank + 1 : 1);
   // Device staging: the rank's squared norm first, then its parts in forward order.
   const bool device_staging = a.grad_staging() == v1::GRAD_STAGING_DEVICE;
@@ -183,9 +193,15 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
       for (int64_t off = range.offset; off < range.offset + range.numel; off += piece) {
         const int64_t n = std::min(piece, range.offset + range.numel - off);
         ASSIGN_OR_RETURN(uint32_t slot, (*ring)->AcquireSlot(absl::Seconds(20)));
-        float* dst = static_cast<float*>((*ring)->slot_data(slot));
-        for (int64_t i = 0; i < n; ++i) dst[i] = grad(t, u, off + i);
+        if (bf16) {
+          bf16_t* dst = static_cast<bf16_t*>((*ring)->slot_data(slot));
+          for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBf16(grad(t, u, off + i));
+        } else {
+          float* dst = static_cast<float*>((*ring)->slot_data(slot));
+          for (int64_t i = 0; i < n; ++i) dst[i] = grad(t, u, off + i);
+        }
         shm::GradChunkDesc d;
+        d.dtype = bf16 ? shm::GradDtype::kBF16 : shm::GradDtype::kF32;
         d.unit = u;
         d.slot = slot;
         d.offset_numel = off;
@@ -483,6 +499,61 @@ TEST(TrainingExecutor, SpeculativeClippingIsBitwiseThePathThatWaitsForTheNorm) {
     }
   }
   g_step_scale.clear();
+}
+
+// runtime.grad_dtype bf16: hostd takes BF16 chunks on every consumer (direct, summed, shards) and
+// staging (host, device, speculative) and applies exactly what FP32 chunks holding the same
+// rounded values give, bit for bit; an FP32 chunk in a BF16 job is refused.
+TEST(TrainingExecutor, Bf16GradientsAreTheFp32PathOnTheRoundedValues) {
+  TrainingExecutor ex(Options());
+  g_step_scale = {1, 3, 1, 1};
+  struct Case {
+    int world;
+    double max_norm;
+    const char* route;
+    GradStaging staging;
+  };
+  for (const Case& c : {Case{1, 0, "gpu", GradStaging::kAuto}, Case{2, 0, "cpu", GradStaging::kAuto},
+                        Case{2, 0, "gpu", GradStaging::kAuto}, Case{1, 1e9, "gpu", GradStaging::kHost},
+                        Case{2, 1e9, "gpu", GradStaging::kDevice}, Case{2, 1e9, "cpu", GradStaging::kHost}}) {
+    SCOPED_TRACE(absl::StrCat("world ", c.world, " route ", c.route, " clip ", c.max_norm > 0, " staging ",
+                              ToString(c.staging)));
+    JobSpec spec = TinySpec(c.world, c.max_norm, c.route);
+    spec.steps = static_cast<int64_t>(g_step_scale.size());
+    spec.grad_staging = c.staging;
+    g_round_to_bf16 = false;
+    JobRun exact = RunJob(ex, "bf16-exact", spec, Workers(c.world));
+    ASSERT_TRUE(exact.status.ok()) << exact.status;
+    if (c.max_norm > 0) spec.max_grad_norm = 0.5 * (exact.norms[0] + exact.norms[1]);  // steps 2 clips
+    g_round_to_bf16 = true;
+    JobRun rounded = RunJob(ex, "bf16-rounded", spec, Workers(c.world));
+    spec.grad_dtype = GradDtype::kBf16;
+    JobRun bf16 = RunJob(ex, "bf16", spec, Workers(c.world));
+    g_round_to_bf16 = false;
+    ASSERT_TRUE(rounded.status.ok()) << rounded.status;
+    ASSERT_TRUE(bf16.status.ok()) << bf16.status;
+    ASSERT_EQ(bf16.norms, rounded.norms);
+    bool logged = false;
+    for (const std::string& l : bf16.logs) logged |= absl::StrContains(l, "gradients cross the host link in BF16");
+    EXPECT_TRUE(logged);
+    const ModelLayout layout = ModelLayout::Build(*Qwen3Config::Preset("tiny"));
+    for (int u = 0; u < layout.num_units(); ++u) {
+      const size_t bytes = layout.units[u].numel * sizeof(float);
+      ASSERT_EQ(0, std::memcmp(bf16.ranks[0].master[u].data(), rounded.ranks[0].master[u].data(), bytes)) << u;
+      ASSERT_EQ(0, std::memcmp(bf16.ranks[0].m[u].data(), rounded.ranks[0].m[u].data(), bytes)) << u;
+      ASSERT_EQ(0, std::memcmp(bf16.ranks[0].v[u].data(), rounded.ranks[0].v[u].data(), bytes)) << u;
+    }
+    EXPECT_GT(MaxAbsDiff(bf16.ranks[0].master, exact.ranks[0].master), 0) << "the rounding is in effect";
+  }
+  g_step_scale.clear();
+  // A rank posting FP32 chunks into a BF16 job is a broken worker: INTERNAL, naming the types.
+  for (int world : {1, 2}) {
+    JobSpec spec = TinySpec(world, 0, "gpu");
+    spec.grad_dtype = GradDtype::kBf16;
+    JobRun wrong = RunJob(ex, absl::StrCat("bf16-wrong", world), spec, Workers(world), Fault::kWrongDtype, world - 1);
+    EXPECT_EQ(wrong.status.code(), absl::StatusCode::kInternal) << wrong.status;
+    EXPECT_TRUE(absl::StrContains(wrong.status.message(), "BF16")) << wrong.status;
+  }
 }
 
 // Device staging (runtime.grad_staging device): ranks post their squared norms, then their parts

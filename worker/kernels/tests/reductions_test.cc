@@ -5,11 +5,13 @@
 #include "worker/kernels/reductions.h"
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/numeric/bf16.h"
 #include "gtest/gtest.h"
 #include "worker/kernels/tests/gpu_test.h"
 #include "worker/kernels/tests/kernel_test_util.h"
@@ -38,6 +40,31 @@ TEST_F(ReductionsGpuTest, AddBf16ToF32) {
   for (int64_t i = 0; i < n; ++i) ref[i] = static_cast<double>(res[i] + static_cast<float>(branch[i]));
   ExpectRelErr("residual add fp32 += bf16 (n=1000003)", DownF32(out.get(), n), ref, 0.0);
   ExpectRelErr("residual add fp32 += bf16 in place", DownF32(dres.get(), n), ref, 0.0);
+}
+
+// BF16 gradients (runtime.grad_dtype bf16): rounded in place, bit for bit the host's FloatToBf16
+// (which LayerAdam's kernels and the CPU backend use), ties to even included.
+TEST_F(ReductionsGpuTest, RoundToBf16InPlaceIsTheHostRounding) {
+  const int64_t n = 1000003;
+  std::normal_distribution<float> d(0.0f, 1e-3f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = d(Rng());
+  x[0] = Bf16ToFloat(0x3f80) + 0x1p-8f;  // a tie: 1 + half an ulp of BF16 rounds to even (1.0)
+  x[1] = Bf16ToFloat(0x3f81) + 0x1p-8f;  // a tie above an odd mantissa rounds up
+  x[2] = 3.0e38f;                        // rounds to a finite or inf value as the host does
+  Dev<float> dx(n);
+  Upload(dx, x);
+  ASSERT_OK(kernels::RoundToBf16InPlace(dx.get(), n, nullptr));
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<double> got = DownF32(dx.get(), n);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float want = Bf16ToFloat(FloatToBf16(x[i]));
+    const float g = static_cast<float>(got[i]);
+    differ += std::memcmp(&want, &g, 4) != 0;
+  }
+  EXPECT_EQ(differ, 0);
+  EXPECT_EQ(got[0], 1.0);
 }
 
 // Squared norm (device-staged clipping).
