@@ -90,6 +90,23 @@ def check(args):
         if usable(rec["noclip"]):
             x = r["step_s"] / rec["noclip"]["step_s"]
             out.append(line("PASS" if x <= T_STEP else "FAIL", f"{k} {v} step / no-clip step: {x:.3f} (<= {T_STEP:g})"))
+    # Further variants (CLIP_VARIANTS names beyond the four, e.g. bf16 gradients): figures and
+    # their ratios, for the record.
+    extra = sorted(d for d in (os.listdir(args.dir) if os.path.isdir(args.dir) else [])
+                   if d not in rec and d != "peers" and os.path.isfile(os.path.join(args.dir, d, "bench-results.json")))
+    for v in extra:
+        r = pick(load(os.path.join(args.dir, v, "bench-results.json")), "ours", args.model, args.tokens)
+        if not usable(r):
+            out.append(line("INFO", f"{k} {v}: {(r or {}).get('error', 'did not run')}"[:300]))
+            continue
+        ratios = []
+        if usable(comp):
+            ratios.append(f"/ compute-only {r['tokens_per_s_per_gpu'] / comp['tokens_per_s_per_gpu']:.3f}")
+        if usable(fsdp):
+            ratios.append(f"/ FSDP2 {r['tokens_per_s_per_gpu'] / fsdp['tokens_per_s_per_gpu']:.3f}")
+        if usable(rec["noclip"]):
+            ratios.append(f"step / no-clip step {r['step_s'] / rec['noclip']['step_s']:.3f}")
+        out.append(line("INFO", f"{k} {figures(v, r)}; {', '.join(ratios)}"))
     if usable(rec["wait"]) and usable(rec["spec"]):
         x = rec["wait"]["step_s"] / rec["spec"]["step_s"]
         out.append(line("INFO", f"{k} step of the path that waits for the norm / speculative: {x:.3f}"))

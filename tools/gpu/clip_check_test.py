@@ -45,6 +45,13 @@ class ClipCheck(unittest.TestCase):
         self.assertIn("FAIL clip        qwen3-4b 16K spec / compute-only: 0.864", out)
         self.assertIn("spec step / no-clip step: 1.139", out)
 
+    def test_further_variants_are_figures(self):
+        rc, out = self.run_check({"spec": [ours(10800, 1.52)], "noclip": [ours(10850, 1.51)],
+                                  "bf16": [ours(11000, 1.49)], "peers": self.peers})
+        self.assertEqual(rc, 0, out)
+        self.assertIn("INFO clip        qwen3-4b 16K bf16: 11,000 tok/s", out)
+        self.assertIn("/ compute-only 1.000, / FSDP2 1.294, step / no-clip step 0.987", out)
+
     def test_missing_variant_fails(self):
         rc, out = self.run_check({"noclip": [ours(10850, 1.51)], "peers": self.peers})
         self.assertEqual(rc, 1)
