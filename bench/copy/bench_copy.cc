@@ -77,8 +77,10 @@ void CopyLoop(int g, const GpuBuffers& b, size_t bytes, Direction dir, Duty duty
       slidedp::UrgentCopyMark mark(dir != Direction::kD2H ? urgent : nullptr);
       // Batches of 4 copies per stream keep the copy engines busy between host checks.
       for (int i = 0; i < 4; ++i) {
-        if (dir != Direction::kD2H) CHECK_CUDA(cudaMemcpyAsync(b.dev_a, b.host_src, bytes, cudaMemcpyHostToDevice, b.h2d));
-        if (dir != Direction::kH2D) CHECK_CUDA(cudaMemcpyAsync(b.host_dst, b.dev_b, bytes, cudaMemcpyDeviceToHost, b.d2h));
+        if (dir != Direction::kD2H)
+          CHECK_CUDA(cudaMemcpyAsync(b.dev_a, b.host_src, bytes, cudaMemcpyHostToDevice, b.h2d));
+        if (dir != Direction::kH2D)
+          CHECK_CUDA(cudaMemcpyAsync(b.host_dst, b.dev_b, bytes, cudaMemcpyDeviceToHost, b.d2h));
       }
       if (absl::Status s = mark.LowerAfter(b.h2d); !s.ok()) {
         fprintf(stderr, "%s\n", s.ToString().c_str());
@@ -113,7 +115,7 @@ const char* Name(Mode m) {
 struct CaseResult {
   double per_gpu_avg_gbs = 0;  // H2D + D2H per GPU, while copying
   double per_gpu_h2d_gbs = 0;
-  double adam_gparams = 0;     // LayerAdam's rate meanwhile (wall time)
+  double adam_gparams = 0;  // LayerAdam's rate meanwhile (wall time)
 };
 
 }  // namespace
@@ -261,10 +263,16 @@ int main(int argc, char** argv) {
       total += gbs_h + gbs_d;
       h2d_total += gbs_h;
     }
-    nlohmann::json j = {{"case", Name(mode)}, {"gpus", n}, {"direction", n > 0 ? Name(dir) : "none"},
-                        {"layeradam", with_adam}, {"copy_priority", priority ? copy_priority : 0.0},
-                        {"duty_ms", {duty.on_ms, duty.off_ms}}, {"copy_mib", mib}, {"per_gpu", per_gpu},
-                        {"total_gbs", total}, {"per_gpu_avg_gbs", n > 0 ? total / n : 0.0}};
+    nlohmann::json j = {{"case", Name(mode)},
+                        {"gpus", n},
+                        {"direction", n > 0 ? Name(dir) : "none"},
+                        {"layeradam", with_adam},
+                        {"copy_priority", priority ? copy_priority : 0.0},
+                        {"duty_ms", {duty.on_ms, duty.off_ms}},
+                        {"copy_mib", mib},
+                        {"per_gpu", per_gpu},
+                        {"total_gbs", total},
+                        {"per_gpu_avg_gbs", n > 0 ? total / n : 0.0}};
     if (n > 0) {
       r.per_gpu_avg_gbs = total / n;
       r.per_gpu_h2d_gbs = h2d_total / n;

@@ -88,8 +88,8 @@ TEST(JobSpec, CopyPriorityDefaultsToHalfAndIsAFraction) {
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_DOUBLE_EQ(d->copy_priority, 0.5);
   for (const char* v : {"0", "0.25", "1"}) {
-    const std::string text =
-        absl::StrReplaceAll(kGood, {{"embedding_rows: bf16}", absl::StrCat("embedding_rows: bf16, copy_priority: ", v, "}")}});
+    const std::string text = absl::StrReplaceAll(
+        kGood, {{"embedding_rows: bf16}", absl::StrCat("embedding_rows: bf16, copy_priority: ", v, "}")}});
     auto s = JobSpec::Parse(text, "/base", JobSpec::FileCheck::kSkip);
     ASSERT_TRUE(s.ok()) << s.status();
     EXPECT_DOUBLE_EQ(s->copy_priority, std::stod(v));
@@ -98,8 +98,8 @@ TEST(JobSpec, CopyPriorityDefaultsToHalfAndIsAFraction) {
     EXPECT_DOUBLE_EQ(again->copy_priority, std::stod(v)) << s->ToYaml();
   }
   for (const char* v : {"-0.1", "1.5", "half"}) {
-    absl::Status s = ParseError(
-        absl::StrReplaceAll(kGood, {{"embedding_rows: bf16}", absl::StrCat("embedding_rows: bf16, copy_priority: ", v, "}")}}));
+    absl::Status s = ParseError(absl::StrReplaceAll(
+        kGood, {{"embedding_rows: bf16}", absl::StrCat("embedding_rows: bf16, copy_priority: ", v, "}")}}));
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << v;
     EXPECT_NE(s.message().find("runtime.copy_priority"), std::string::npos) << s;
   }

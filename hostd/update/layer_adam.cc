@@ -595,8 +595,8 @@ absl::Status LayerAdam::SetCopyPriority(absl::Span<const std::atomic<uint32_t>* 
                                         double yield_fraction, absl::Duration max_pause) {
   if (!(yield_fraction >= 0 && yield_fraction <= 1) || max_pause <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("LayerAdam copy priority: yield_fraction ", yield_fraction,
-                                                   " must be in [0, 1] and max_pause ",
-                                                   absl::FormatDuration(max_pause), " positive"));
+                                                   " must be in [0, 1] and max_pause ", absl::FormatDuration(max_pause),
+                                                   " positive"));
   }
   for (const std::atomic<uint32_t>* w : urgent_words) {
     if (w == nullptr) return absl::InvalidArgumentError("LayerAdam copy priority: a null urgent word");

@@ -157,9 +157,9 @@ TEST(JobState, UrgentCopyWordsPerRankThroughTheSegment) {
   EXPECT_EQ(words[3]->load(), 0u);
   WaitGuards g;
   g.abort = &js.abort();
-  EXPECT_TRUE(WaitForWord(*words[2], [](uint32_t v) { return v == 0; }, absl::Seconds(10), g, [] {
-                return std::string("urgent word");
-              }).ok());
+  auto lowered = [](uint32_t v) { return v == 0; };
+  auto describe = [] { return std::string("rank 2's urgent word"); };
+  EXPECT_TRUE(WaitForWord(*words[2], lowered, absl::Seconds(10), g, describe).ok());
   EXPECT_EQ(guard.Wait(), 0);
 
   // Left raised (a worker died mid-copy): reset by hostd at the next start.
