@@ -220,6 +220,24 @@ bool JobState::SpeculatesUnit(int64_t t, int u) const {
          static_cast<uint32_t>(u) >= control_->speculate_from_unit.load(std::memory_order_relaxed);
 }
 
+std::atomic<uint32_t>* JobState::urgent_copy_word(int rank) const {
+  if (rank < 0 || rank >= kMaxUrgentCopyRanks) return nullptr;
+  return &control_->urgent_copies[rank];
+}
+
+std::vector<const std::atomic<uint32_t>*> JobState::UrgentCopyWords(int world) const {
+  std::vector<const std::atomic<uint32_t>*> out;
+  for (int r = 0; r < std::min(world, kMaxUrgentCopyRanks); ++r) out.push_back(&control_->urgent_copies[r]);
+  return out;
+}
+
+void JobState::ResetUrgentCopies() {
+  for (std::atomic<uint32_t>& w : control_->urgent_copies) {
+    w.store(0, std::memory_order_release);
+    FutexWakeAll(&w);
+  }
+}
+
 absl::StatusOr<int64_t> JobState::ConsistentStep() const {
   const std::string& name = segment_->name();
   if (num_units() == 0) return absl::FailedPreconditionError(absl::StrCat("job segment ", name, " has no units"));
@@ -250,6 +268,7 @@ std::string JobState::job_id() const {
 absl::Status JobState::TakeOver() {
   RETURN_IF_ERROR(segment_->TakeOwnership());
   control_->abort.Reset();
+  ResetUrgentCopies();  // a dead worker's raised word must not hold the resumed job's LayerAdam
   return absl::OkStatus();
 }
 

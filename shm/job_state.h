@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -39,6 +40,10 @@ struct JobStateOptions {
   std::string shm_dir = "/dev/shm";
 };
 
+// Ranks with an urgent-copy word (JobControlBlock::urgent_copies): one cache line of them. A rank
+// beyond it marks nothing (its copies then get no priority over LayerAdam).
+inline constexpr int kMaxUrgentCopyRanks = 16;
+
 // Fixed part of the "control" region; num_units VersionGates follow it.
 struct alignas(64) JobControlBlock {
   uint32_t num_units;
@@ -62,8 +67,14 @@ struct alignas(64) JobControlBlock {
   // before the verdict word, read after it).
   std::atomic<uint32_t> speculate_from_unit;
   uint8_t pad[32];
+  // DMA before Adam (docs/layeradam.md): per rank, the number of its host-to-device copies in
+  // flight that its GPU waits for (the worker increments before issuing them and decrements, then
+  // FUTEX_WAKEs, when they finish). hostd's LayerAdam reads them (relaxed, once per block) and
+  // pauses some workers while any is nonzero. Zero at Create/Relayout/Reformat/TakeOver.
+  alignas(64) std::atomic<uint32_t> urgent_copies[kMaxUrgentCopyRanks];
 };
-static_assert(sizeof(JobControlBlock) == 256 && std::is_standard_layout_v<JobControlBlock>);
+static_assert(sizeof(JobControlBlock) == 320 && std::is_standard_layout_v<JobControlBlock>);
+static_assert(offsetof(JobControlBlock, urgent_copies) == 256);
 
 // hostd's verdict on a device-staged step once its gradient norm is known (speculative clipping).
 struct StepVerdict {
@@ -141,6 +152,12 @@ class JobState {
   // Whether step t posts unit u's part speculatively: SpeculatesStep(t) and u >= the first unit
   // published with that verdict.
   bool SpeculatesUnit(int64_t t, int u) const;
+  // DMA before Adam: rank's urgent-copy word (null for a rank outside [0, kMaxUrgentCopyRanks)),
+  // and the words of ranks [0, world) that exist, for LayerAdam::SetCopyPriority.
+  std::atomic<uint32_t>* urgent_copy_word(int rank) const;
+  std::vector<const std::atomic<uint32_t>*> UrgentCopyWords(int world) const;
+  // Zeroes every rank's word and wakes its waiters (a job's start: no worker of the job runs).
+  void ResetUrgentCopies();
   // hostd (the creator): the process that publishes versions, for liveness checks in waits.
   ProcessIdentity owner() const { return segment_->creator(); }
 

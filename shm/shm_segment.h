@@ -42,7 +42,8 @@ enum class ShmDtype : uint32_t { kBytes = 0, kF32 = 1, kBF16 = 2, kU32 = 3 };
 const char* ShmDtypeName(ShmDtype d);
 
 inline constexpr uint64_t kShmMagic = 0x3170'6464'696c'7300ull;  // "\0slidedp1" little-endian
-inline constexpr uint32_t kShmLayoutVersion = 3;  // 2: JobControlBlock::updating_step; 3: clip_verdict
+// 2: JobControlBlock::updating_step; 3: clip_verdict; 4: urgent_copies
+inline constexpr uint32_t kShmLayoutVersion = 4;
 inline constexpr size_t kRegionNameBytes = 40;  // including the terminating NUL
 inline constexpr uint64_t kCacheLineBytes = 64;
 inline constexpr uint64_t kPageBytes = 4096;

@@ -172,6 +172,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
                                                {{"fp32", EmbeddingRows::kFp32}, {"bf16", EmbeddingRows::kBf16}})},
         {"offload_ratio", Real(&JobSpec::offload_ratio, 0, 1)},
         {"speculation_bytes", Int(&JobSpec::speculation_bytes, -1)},
+        {"copy_priority", Real(&JobSpec::copy_priority, 0, 1)},
         {"ring_slots", Int32(&JobSpec::ring_slots, 2)},
         {"step_timeout_ms", Int(&JobSpec::step_timeout_ms, 100)},
         {"max_restarts", Int32(&JobSpec::max_restarts, 0)}}},
@@ -467,6 +468,7 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "deterministic" << YAML::Value << deterministic;
   e << YAML::Key << "offload_ratio" << YAML::Value << offload_ratio;
   e << YAML::Key << "speculation_bytes" << YAML::Value << speculation_bytes;
+  e << YAML::Key << "copy_priority" << YAML::Value << copy_priority;
   e << YAML::Key << "ring_slots" << YAML::Value << ring_slots;
   e << YAML::Key << "step_timeout_ms" << YAML::Value << step_timeout_ms;
   e << YAML::Key << "max_restarts" << YAML::Value << max_restarts << YAML::EndMap;

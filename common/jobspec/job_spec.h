@@ -92,6 +92,10 @@ struct JobSpec {
   // updated before the step's norm is known (12 B/param). -1: auto (what the host has left after
   // the job's plan, up to the whole model); 0: off (updates wait for the norm).
   int64_t speculation_bytes = -1;
+  // DMA before Adam (docs/layeradam.md): the fraction of each NUMA node's LayerAdam workers that
+  // pause while a parameter copy the GPU waits for is in flight (CUDA workers mark such copies);
+  // 0: off (LayerAdam and the copies share the host's memory bandwidth as they come).
+  double copy_priority = 0.5;
   int32_t ring_slots = 4;
   int64_t step_timeout_ms = 600000;  // a gate or ring wait longer than this fails the job
   int32_t max_restarts = 0;          // automatic restarts from the last checkpoint on failure

@@ -1,5 +1,7 @@
 #include "common/jobspec/job_spec.h"
 
+#include <string>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -95,6 +97,29 @@ TEST(JobSpec, SkipNonfiniteIsOffByDefaultAndRoundTrips) {
   s = ParseError(
       absl::StrReplaceAll(text, {{"skip_nonfinite: true}", "skip_nonfinite: true, skip_nonfinite: false}"}}));
   EXPECT_NE(s.message().find("'train.skip_nonfinite' is given twice"), std::string::npos) << s;
+}
+
+// runtime.copy_priority (DMA before Adam): a fraction in [0, 1], 0.5 by default, round-trips.
+TEST(JobSpec, CopyPriorityDefaultsToHalfAndIsAFraction) {
+  auto d = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_DOUBLE_EQ(d->copy_priority, 0.5);
+  for (const char* v : {"0", "0.25", "1"}) {
+    const std::string text = absl::StrReplaceAll(
+        kGood, {{"embedding_rows: bf16}", absl::StrCat("embedding_rows: bf16, copy_priority: ", v, "}")}});
+    auto s = JobSpec::Parse(text, "/base", JobSpec::FileCheck::kSkip);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_DOUBLE_EQ(s->copy_priority, std::stod(v));
+    auto again = JobSpec::Parse(s->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_DOUBLE_EQ(again->copy_priority, std::stod(v)) << s->ToYaml();
+  }
+  for (const char* v : {"-0.1", "1.5", "half"}) {
+    absl::Status s = ParseError(absl::StrReplaceAll(
+        kGood, {{"embedding_rows: bf16}", absl::StrCat("embedding_rows: bf16, copy_priority: ", v, "}")}}));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << v;
+    EXPECT_NE(s.message().find("runtime.copy_priority"), std::string::npos) << s;
+  }
 }
 
 TEST(JobSpec, JsonIsAccepted) {

@@ -31,6 +31,7 @@ StepRecord MakeStepRecord(int64_t step, const std::vector<v1::StepDone>& reports
   m.set_host_wait_s(host.wait_s);
   m.set_host_update_tail_s(host.update_tail_s);
   m.set_host_update_s(host.update_s);
+  m.set_host_adam_paused_s(host.adam_paused_s);
   m.set_host_update_gparams_per_s(host.update_s > 0 ? static_cast<double>(total_numel) / host.update_s / 1e9 : 0);
   m.set_loss(loss);
   m.set_learning_rate(lr);
@@ -73,7 +74,8 @@ void MetricsFile::Append(const StepRecord& r, absl::Time now, const JobPlan& pla
                         {"host_aggregate", m.host_aggregate_s()},
                         {"host_wait", m.host_wait_s()},
                         {"host_update_tail", m.host_update_tail_s()},
-                        {"host_update", m.host_update_s()}}},
+                        {"host_update", m.host_update_s()},
+                        {"host_adam_paused", m.host_adam_paused_s()}}},
                       {"host_update_gparams_per_s", m.host_update_gparams_per_s()},
                       {"host_hidden_fraction", m.host_hidden_fraction() >= 0
                                                    ? nlohmann::json(m.host_hidden_fraction())

@@ -26,6 +26,7 @@ struct HostStepTimes {
   double aggregate_s = 0;
   double update_tail_s = 0;  // after the last chunk, until every update was done
   double update_s = 0;       // the update window
+  double adam_paused_s = 0;  // LayerAdam workers paused for urgent copies, summed (DMA before Adam)
 };
 
 struct StepRecord {

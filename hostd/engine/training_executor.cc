@@ -347,6 +347,9 @@ absl::Status TrainingExecutor::CreateSegments(JobContext& ctx, Attempt& a) {
 }
 
 void TrainingExecutor::ReleaseSegments(JobContext& ctx, Attempt& a) {
+  // Before the segment can be unmapped: LayerAdam stops reading its urgent-copy words (no chunk
+  // of the job is in flight here: every step's updates drain before it ends).
+  if (a.adam != nullptr) a.adam->ClearCopyPriority();
   // A no-op after success: the workers have already reported the end of the job.
   a.job_state->RaiseAbort(shm::AbortReason::kShutdown);
   for (auto& r : a.rings) (void)r->Unlink();
@@ -427,6 +430,7 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
   params.eps = a.spec.eps;
   params.weight_decay = a.spec.weight_decay;
   params.step = t + 1 - a.skipped_steps;  // Adam's bias correction counts applied updates only
+  const double paused_before = a.adam->paused_s();
   StepUpdates updates(*a.adam, a.memory, *a.tracker, t + 1, params, &a.layout, &a.job_state->updating_step());
   updates.SetBeforeFirstSkip([&a] { a.job_state->skipped_steps_counter().store(a.skipped_steps + 1); });
   ASSIGN_OR_RETURN(StepGradients grads, a.consumer->ConsumeStep(t, t == a.first_step, updates));
@@ -446,6 +450,7 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
   host.aggregate_s = grads.aggregate_s;
   host.update_tail_s = absl::ToDoubleSeconds(t_updated - t_tail);
   if (updates.first_submit() < t_updated) host.update_s = absl::ToDoubleSeconds(t_updated - updates.first_submit());
+  host.adam_paused_s = a.adam->paused_s() - paused_before;
   a.job_state->step_counter().store(t + 1);
 
   // Metrics: wait (briefly) for every rank's StepDone of this step.
@@ -570,6 +575,21 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
                 : "speculative clipping off: no host memory left for undo copies (runtime.speculation_bytes)");
   }
   a.consumer->EnableSpeculation(a.undo.get(), a.first_step);
+  // DMA before Adam: the ranks' urgent-copy words start lowered (a worker of an earlier attempt
+  // may have died with its word raised), and LayerAdam yields to them from the first step.
+  a.job_state->ResetUrgentCopies();
+  if (a.spec.copy_priority > 0) {
+    // A pause ends after 2 ms even with the word still raised: about one 64 MiB chunk's copy at
+    // the link's ~30-50 GB/s, so a copy gets the bandwidth and a stuck word costs LayerAdam little.
+    const absl::Duration max_pause = absl::Milliseconds(2);
+    RETURN_IF_ERROR(
+        a.adam->SetCopyPriority(a.job_state->UrgentCopyWords(a.plan.world), a.spec.copy_priority, max_pause));
+    ctx.Log(absl::StrFormat(
+        "copy priority %g (runtime.copy_priority): %d of %d LayerAdam workers on NUMA node 0 pause while a "
+        "parameter copy the GPU waits for is in flight (up to %s at a time)",
+        a.spec.copy_priority, update::YieldingWorkers(a.adam->workers_on_node(0), a.spec.copy_priority),
+        a.adam->workers_on_node(0), absl::FormatDuration(max_pause)));
+  }
 
   // ---- the workers start ----
   RETURN_IF_ERROR(SendAssignments(ctx, a));

@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <limits>
 #include <type_traits>
 
 #include "absl/strings/cord.h"
@@ -19,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "glog/logging.h"
+#include "shm/futex.h"
 
 namespace slidedp::update {
 
@@ -38,6 +41,70 @@ struct LayerAdam::EachWorkerCall {
   absl::Mutex mu;
   int arrived ABSL_GUARDED_BY(mu) = 0;
   int finished ABSL_GUARDED_BY(mu) = 0;
+};
+
+// What SetCopyPriority installed: immutable, shared by the workers' pacers.
+struct LayerAdam::CopyPriority {
+  std::vector<const std::atomic<uint32_t>*> words;
+  std::vector<int> yielders;  // per NodeQueue: how many of its workers pause (the highest slots)
+  absl::Duration max_pause;
+};
+
+// A worker's side of copy priority: whether it is one of its node's yielding workers under the
+// configuration in force for its current piece, and the pause between blocks.
+class LayerAdam::BlockPacer {
+ public:
+  BlockPacer(LayerAdam& engine, int queue, int slot, int queue_workers)
+      : engine_(engine), queue_(queue), slot_(slot), queue_workers_(queue_workers) {}
+
+  // Before each piece: the configuration it runs under (the words stay mapped until the caller
+  // clears it, which it does only with none of its chunks in flight).
+  void StartPiece() {
+    config_ = engine_.copy_priority();
+    active_ = config_ != nullptr && slot_ >= queue_workers_ - config_->yielders[queue_];
+  }
+  bool active() const { return active_; }
+
+  // Before each block of the piece: pauses while an urgent copy is in flight (bounded), unless
+  // the previous block was preceded by a pause.
+  void BeforeBlock() {
+    if (!active_) return;
+    if (just_paused_) {
+      just_paused_ = false;
+      return;
+    }
+    const std::atomic<uint32_t>* raised = FirstRaised();
+    if (raised == nullptr) return;
+    engine_.workers_paused_.fetch_add(1, std::memory_order_relaxed);
+    const absl::Time start = absl::Now();
+    const absl::Time deadline = start + config_->max_pause;
+    while (raised != nullptr) {
+      const absl::Time now = absl::Now();
+      if (now >= deadline) break;
+      // The word's writer wakes it when it drops to zero; the slice bounds a missed wake-up.
+      if (const uint32_t v = raised->load(std::memory_order_acquire); v != 0) {
+        shm::FutexWait(raised, v, std::min(kYieldSlice, deadline - now));
+      }
+      raised = FirstRaised();
+    }
+    engine_.paused_ns_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start), std::memory_order_relaxed);
+    engine_.workers_paused_.fetch_sub(1, std::memory_order_relaxed);
+    just_paused_ = true;
+  }
+
+ private:
+  const std::atomic<uint32_t>* FirstRaised() const {
+    for (const std::atomic<uint32_t>* w : config_->words) {
+      if (w->load(std::memory_order_relaxed) != 0) return w;
+    }
+    return nullptr;
+  }
+
+  LayerAdam& engine_;
+  const int queue_, slot_, queue_workers_;
+  std::shared_ptr<const CopyPriority> config_;
+  bool active_ = false;
+  bool just_paused_ = false;
 };
 
 namespace {
@@ -144,6 +211,13 @@ absl::Status NonFiniteGradError(int64_t offset, float value) {
 }
 
 }  // namespace
+
+int YieldingWorkers(int workers, double yield_fraction) {
+  if (workers <= 0 || !(yield_fraction > 0)) return 0;
+  if (yield_fraction >= 1) return workers;
+  const int k = std::max<int>(1, static_cast<int>(std::lround(yield_fraction * workers)));
+  return std::min(k, workers - 1);
+}
 
 int DefaultUpdateThreads(int cores, int reserve_cores) {
   if (reserve_cores < 0) reserve_cores = cores >= 8 ? 2 : (cores >= 4 ? 1 : 0);
@@ -451,6 +525,7 @@ void LayerAdam::WorkerLoop(int index, WorkerSpec spec) {
   }
   NodeQueue& q = *nodes_[spec.node];
   const int slot = spec.slot;
+  BlockPacer pacer(*this, spec.node, slot, q.num_workers);
   auto ready = [&q, slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(q.mu) {
     return q.stopping || q.head < q.tasks.size() || q.calls[slot] != nullptr;
   };
@@ -476,7 +551,8 @@ void LayerAdam::WorkerLoop(int index, WorkerSpec spec) {
       q.head = 0;
     }
     q.mu.Unlock();
-    FinishPiece(task.chunk, RunTask(task));
+    pacer.StartPiece();
+    FinishPiece(task.chunk, RunTask(task, pacer));
   }
 }
 
@@ -517,8 +593,40 @@ void LayerAdam::RunEachWorkerCall(EachWorkerCall& call, int index, int node) {
   ++call.finished;
 }
 
+absl::Status LayerAdam::SetCopyPriority(absl::Span<const std::atomic<uint32_t>* const> urgent_words,
+                                        double yield_fraction, absl::Duration max_pause) {
+  if (!(yield_fraction >= 0 && yield_fraction <= 1) || max_pause <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("LayerAdam copy priority: yield_fraction ", yield_fraction,
+                                                   " must be in [0, 1] and max_pause ", absl::FormatDuration(max_pause),
+                                                   " positive"));
+  }
+  for (const std::atomic<uint32_t>* w : urgent_words) {
+    if (w == nullptr) return absl::InvalidArgumentError("LayerAdam copy priority: a null urgent word");
+  }
+  std::shared_ptr<CopyPriority> config;
+  if (!urgent_words.empty() && yield_fraction > 0) {
+    config = std::make_shared<CopyPriority>();
+    config->words.assign(urgent_words.begin(), urgent_words.end());
+    for (const auto& q : nodes_) config->yielders.push_back(YieldingWorkers(q->num_workers, yield_fraction));
+    config->max_pause = max_pause;
+  }
+  absl::MutexLock l(&priority_mu_);
+  priority_ = std::move(config);
+  return absl::OkStatus();
+}
+
+void LayerAdam::ClearCopyPriority() {
+  absl::MutexLock l(&priority_mu_);
+  priority_ = nullptr;
+}
+
+std::shared_ptr<const LayerAdam::CopyPriority> LayerAdam::copy_priority() const {
+  absl::MutexLock l(&priority_mu_);
+  return priority_;
+}
+
 template <typename G>
-absl::Status LayerAdam::RunStep(const Task& t, const G* grad) {
+absl::Status LayerAdam::RunStep(const Task& t, const G* grad, BlockPacer& pacer) {
   const UnitMemory& u = t.unit;
   const int64_t o = t.offset;
   const bool refuse = t.nonfinite == NonFiniteGrad::kRefuse;
@@ -544,22 +652,25 @@ absl::Status LayerAdam::RunStep(const Task& t, const G* grad) {
       return Bf16ToFloat(x);
     }
   };
+  // Under copy priority a yielding worker runs each tensor part in blocks, pausing between them
+  // (BlockPacer); otherwise in one kernel call. The kernels are elementwise, so the split changes
+  // no result bit.
+  const int64_t plain_block = pacer.active() ? kYieldBlockNumel : std::numeric_limits<int64_t>::max();
   int64_t saved_to = o;  // kSave: the undo copy holds [o, saved_to) of the piece
   absl::Status status = ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n) {
     const G* g = grad + (b - o);
-    if (t.undo_mode == UndoMode::kNone) {
-      const int64_t bad = kernel(b, n, g);
-      return bad < 0 ? absl::OkStatus() : NonFiniteGradError(b + bad, value(g[bad]));
-    }
-    // Block by block: the copy brings the block into cache, the update then reads it there.
-    for (int64_t bb = b; bb < b + n; bb += kUndoBlockNumel) {
-      const int64_t nn = std::min(kUndoBlockNumel, b + n - bb);
+    // Block by block; with an undo copy the copy brings the block into cache, the update then
+    // reads it there.
+    const int64_t block = t.undo_mode == UndoMode::kNone ? plain_block : kUndoBlockNumel;
+    for (int64_t bb = b; bb < b + n; bb += std::min(block, b + n - bb)) {
+      const int64_t nn = std::min(block, b + n - bb);
+      pacer.BeforeBlock();
       if (t.undo_mode == UndoMode::kSave) {  // streaming stores: the copy is read back only on a rollback
         kernels_->copy_stream(u.master + bb, t.undo.master + bb, nn);
         kernels_->copy_stream(u.m + bb, t.undo.m + bb, nn);
         kernels_->copy_stream(u.v + bb, t.undo.v + bb, nn);
         saved_to = bb + nn;
-      } else {
+      } else if (t.undo_mode == UndoMode::kRedo) {
         CopyState(t.undo.master + bb, t.undo.m + bb, t.undo.v + bb, u.master + bb, u.m + bb, u.v + bb, nn);
       }
       const G* gg = g + (bb - b);
@@ -578,21 +689,27 @@ absl::Status LayerAdam::RunStep(const Task& t, const G* grad) {
   return status;
 }
 
-absl::Status LayerAdam::RunTask(const Task& t) {
+absl::Status LayerAdam::RunTask(const Task& t, BlockPacer& pacer) {
   const UnitMemory& u = t.unit;
   const int64_t o = t.offset;
+  auto block_of = [&pacer](int64_t n) { return pacer.active() ? kYieldBlockNumel : std::max<int64_t>(n, 1); };
   switch (t.kind) {
     case TaskKind::kStepF32:
-      return RunStep(t, static_cast<const float*>(t.grad));
+      return RunStep(t, static_cast<const float*>(t.grad), pacer);
     case TaskKind::kStepBf16:
-      return RunStep(t, static_cast<const bf16_t*>(t.grad));
+      return RunStep(t, static_cast<const bf16_t*>(t.grad), pacer);
     case TaskKind::kRestore:
       return ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n) {
-        CopyState(t.undo.master + b, t.undo.m + b, t.undo.v + b, u.master + b, u.m + b, u.v + b, n);
-        for (int64_t i = b; i < b + n; ++i) u.mirror[i] = FloatToBf16(u.master[i]);
+        const int64_t block = block_of(n);
+        for (int64_t bb = b; bb < b + n; bb += block) {
+          const int64_t nn = std::min(block, b + n - bb);
+          pacer.BeforeBlock();
+          CopyState(t.undo.master + bb, t.undo.m + bb, t.undo.v + bb, u.master + bb, u.m + bb, u.v + bb, nn);
+          for (int64_t i = bb; i < bb + nn; ++i) u.mirror[i] = FloatToBf16(u.master[i]);
+        }
         return absl::OkStatus();
       });
-    case TaskKind::kTouch:
+    case TaskKind::kTouch:  // (before a job's first step: never paced)
       TouchPages(u.master + o, t.numel * 4);
       TouchPages(u.m + o, t.numel * 4);
       TouchPages(u.v + o, t.numel * 4);

@@ -16,6 +16,11 @@
 // Threading: SubmitChunk may be called from any thread; `done` runs on a worker thread and must be
 // short (it may call SubmitChunk). Chunks of one unit must not overlap while in flight.
 // RunOnEachWorker runs a function on every worker at once (bench_layeradam's same-thread triad).
+//
+// DMA before Adam (docs/layeradam.md): SetCopyPriority installs a job's "urgent copy" words (one
+// per rank, in shared memory; nonzero while that rank has a host-to-device copy in flight that the
+// GPU waits for). While one is raised, a fraction of each node's workers pause between cache-sized
+// blocks of their piece, leaving the memory bandwidth to the copy; each pause is bounded.
 #pragma once
 
 #include <atomic>
@@ -32,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/numeric/bf16.h"
 #include "hostd/update/adamw_kernels.h"
@@ -126,6 +132,11 @@ struct LayerAdamOptions {
   MirrorStore mirror_store = MirrorStore::kStreaming;
 };
 
+// The number of a node's `workers` that pause while an urgent copy is in flight at
+// `yield_fraction` (in [0, 1]): round(yield_fraction * workers), at most workers - 1 (one keeps
+// running) unless yield_fraction is 1.
+int YieldingWorkers(int workers, double yield_fraction);
+
 class LayerAdam {
  public:
   using DoneFn = std::function<void(absl::Status)>;
@@ -196,10 +207,35 @@ class LayerAdam {
   // itself) and after shutdown started.
   absl::Status RunOnEachWorker(absl::FunctionRef<void(int worker, int num_workers, int numa_node)> fn);
 
+  // DMA before Adam: from now on, while any of `urgent_words` is nonzero, YieldingWorkers(n,
+  // yield_fraction) of each node's n workers pause before each block (kYieldBlockNumel elements)
+  // of a piece: they wait on the words (futex, kYieldSlice at a time) until all are zero or
+  // max_pause has passed since the pause began, then run at least one block before pausing
+  // again, so a word left raised (its writer died) slows the engine but never stalls it. Pausing
+  // changes timing only: results are bit-identical. The words are read until ClearCopyPriority
+  // (or the next SetCopyPriority) and must stay mapped until then; pieces under way when either
+  // is called finish with the words they started with, so call both while none of the caller's
+  // chunks is in flight (a job's start and end). Empty words or yield_fraction 0: off.
+  // INVALID_ARGUMENT for a yield_fraction outside [0, 1], a null word or a non-positive max_pause.
+  absl::Status SetCopyPriority(absl::Span<const std::atomic<uint32_t>* const> urgent_words, double yield_fraction,
+                               absl::Duration max_pause = absl::Milliseconds(2));
+  void ClearCopyPriority();
+  // Total time workers spent paused for urgent copies (summed over workers), and how many are
+  // paused now (tests, metrics).
+  double paused_s() const { return static_cast<double>(paused_ns_.load(std::memory_order_relaxed)) * 1e-9; }
+  int workers_paused() const { return workers_paused_.load(std::memory_order_relaxed); }
+
+  // Pieces run in blocks of this many elements while copy priority is on: a check of the words
+  // per ~20-50 us of work (3 x 32 KiB of master, m, v), and the latency of a yield.
+  static constexpr int64_t kYieldBlockNumel = 8192;
+  static constexpr absl::Duration kYieldSlice = absl::Microseconds(200);
+
  private:
   enum class TaskKind { kStepF32, kStepBf16, kTouch, kRestore };
   struct ChunkState;
   struct EachWorkerCall;
+  struct CopyPriority;  // immutable once installed
+  class BlockPacer;     // one per worker: pauses between blocks
   struct Task {
     TaskKind kind;
     UnitMemory unit;
@@ -239,9 +275,10 @@ class LayerAdam {
   int QueueFor(int numa_node) const;
   void WorkerLoop(int index, WorkerSpec spec);
   void RunEachWorkerCall(EachWorkerCall& call, int index, int node);
-  absl::Status RunTask(const Task& task);
+  absl::Status RunTask(const Task& task, BlockPacer& pacer);
   template <typename G>
-  absl::Status RunStep(const Task& task, const G* grad);
+  absl::Status RunStep(const Task& task, const G* grad, BlockPacer& pacer);
+  std::shared_ptr<const CopyPriority> copy_priority() const;
   void FinishPiece(ChunkState* chunk, const absl::Status& status);
 
   AdamIsa isa_ = AdamIsa::kScalar;
@@ -265,6 +302,12 @@ class LayerAdam {
   // the destructor takes it after setting shutting_down_, so it never stops the workers under a
   // call that is waiting for them.
   absl::Mutex each_worker_mu_;
+
+  // Taken by each worker once per piece (a piece is >= min_piece_numel of work: the lock is noise).
+  mutable absl::Mutex priority_mu_;
+  std::shared_ptr<const CopyPriority> priority_ ABSL_GUARDED_BY(priority_mu_);
+  std::atomic<int64_t> paused_ns_{0};
+  std::atomic<int> workers_paused_{0};
 };
 
 // Physical cores per NUMA node (hwloc logical order) that this process may run on.

@@ -1,5 +1,5 @@
 // JobState: region layout, attach from another process, version gates and abort through the
-// segment, deferred first touch by owner threads, layout mismatch.
+// segment, deferred first touch by owner threads, layout mismatch, the per-rank urgent-copy words.
 #include "shm/job_state.h"
 
 #include <cstdio>
@@ -107,6 +107,72 @@ TEST(JobState, WorkerAttachesAndSeesUpdatesThroughVersionGates) {
     js.version(u).Publish(1);
   }
   EXPECT_EQ(guard.Wait(), 0);
+}
+
+// DMA before Adam: each rank's urgent-copy word is its own, shared across mappings (a worker
+// raises it, hostd's LayerAdam reads it), wakes a futex waiter when lowered, and starts at zero in
+// a re-laid-out pooled segment and after a take-over.
+TEST(JobState, UrgentCopyWordsPerRankThroughTheSegment) {
+  const ModelLayout layout = TinyLayout();
+  auto state = JobState::Create(testing::TestNode(), testing::UniqueJob(), layout);
+  ASSERT_TRUE(state.ok()) << state.status();
+  JobState& js = **state;
+  ScopedUnlink cleanup(js.segment_name());
+  EXPECT_EQ(js.urgent_copy_word(-1), nullptr);
+  EXPECT_EQ(js.urgent_copy_word(kMaxUrgentCopyRanks), nullptr);
+  const std::vector<const std::atomic<uint32_t>*> words = js.UrgentCopyWords(4);
+  ASSERT_EQ(words.size(), 4u);
+  EXPECT_EQ(js.UrgentCopyWords(kMaxUrgentCopyRanks + 3).size(), static_cast<size_t>(kMaxUrgentCopyRanks));
+  // On their own cache line, apart from the words hostd writes every step.
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(js.urgent_copy_word(0)) % 64, 0u);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(words[r], js.urgent_copy_word(r));
+    EXPECT_EQ(words[r]->load(), 0u);
+  }
+  for (int r = 0; r < 4; ++r) {
+    for (int q = r + 1; q < 4; ++q) EXPECT_NE(words[r], words[q]);
+  }
+  const std::string name = js.segment_name();
+
+  // The child is rank 2's worker: it raises its word twice (two overlapping urgent loads), then
+  // lowers both and wakes the waiter; the parent plays LayerAdam and waits on the word.
+  pid_t child = ForkChild([&] {
+    auto w = JobState::Attach(name, Access::kReadWrite);
+    if (!w.ok()) return 1;
+    std::atomic<uint32_t>* mine = (*w)->urgent_copy_word(2);
+    if (mine == nullptr || mine->load() != 0) return 2;
+    mine->fetch_add(1);
+    mine->fetch_add(1);
+    ::usleep(100'000);
+    mine->fetch_sub(1);
+    ::usleep(20'000);
+    if (mine->fetch_sub(1) == 1) FutexWakeAll(mine);
+    return 0;
+  });
+  ChildGuard guard(child);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (words[2]->load() == 0 && absl::Now() < deadline) ::usleep(1000);
+  EXPECT_GE(words[2]->load(), 1u) << "the worker's raise is not visible to hostd";
+  EXPECT_EQ(words[1]->load(), 0u);
+  EXPECT_EQ(words[3]->load(), 0u);
+  WaitGuards g;
+  g.abort = &js.abort();
+  auto lowered = [](uint32_t v) { return v == 0; };
+  auto describe = [] { return std::string("rank 2's urgent word"); };
+  EXPECT_TRUE(WaitForWord(*words[2], lowered, absl::Seconds(10), g, describe).ok());
+  EXPECT_EQ(guard.Wait(), 0);
+
+  // Left raised (a worker died mid-copy): reset by hostd at the next start.
+  js.urgent_copy_word(1)->store(3);
+  js.ResetUrgentCopies();
+  EXPECT_EQ(words[1]->load(), 0u);
+  js.urgent_copy_word(0)->store(1);
+  const std::string next = name + "-next";
+  ScopedUnlink cleanup_next(next);
+  ASSERT_EQ(::rename(("/dev/shm" + name).c_str(), ("/dev/shm" + next).c_str()), 0);
+  auto relaid = JobState::Relayout(std::move(*state), next, "next", layout);
+  ASSERT_TRUE(relaid.ok()) << relaid.status();
+  EXPECT_EQ((*relaid)->urgent_copy_word(0)->load(), 0u) << "a pooled segment kept a raised word";
 }
 
 TEST(JobState, RaiseAbortWakesWorkerWaitingOnAVersion) {

@@ -610,6 +610,9 @@ TEST(Training, GpuAndCpuGradientRoutesMatchOneWorker) {
       EXPECT_NEAR(lines.back().value("host_update_gparams_per_s", 0.0) * update_s * 1e9,
                   static_cast<double>(TinyLayout().total_numel), 1.0)
           << id;
+      // Copy priority is on by default, but CPU workers have no DMA to mark urgent: LayerAdam never paused.
+      ASSERT_TRUE(lines.back()["busy_s"].contains("host_adam_paused")) << id;
+      EXPECT_EQ(lines.back()["busy_s"].value("host_adam_paused", -1.0), 0.0) << id;
     }
     EXPECT_TRUE(node.LeakedSegments().empty());
   }

@@ -35,8 +35,9 @@
 #                   and 0 equal at a threshold never reached (every step commits) and one always
 #                   reached (a redo, then speculation off)
 #   scaling    ~6   (2 GPUs) Qwen3-8B 1 -> 2 GPUs >= 1.95x; ours / FSDP2 on 2 GPUs >= 1.5
-#   host       ~4   LayerAdam / torch fused CPU AdamW >= 1.1 and >= 0.8 of copy bandwidth;
-#                   bench_copy and warm submit -> first step (figures)
+#   host       ~5   LayerAdam / torch fused CPU AdamW >= 1.1 and >= 0.8 of copy bandwidth;
+#                   bench_copy (continuous and --duty 20:20): H2D with LayerAdam + copy priority
+#                   >= 0.9 of solo; warm submit -> first step (figures)
 #   restart    ~5   Qwen3-4B on a node service: hostd killed (SIGKILL) right after a step and started
 #                   again resumes from shared memory; losses bitwise equal to an uninterrupted run
 #                   (runtime.deterministic), restart -> next step (figure)
@@ -500,6 +501,10 @@ part_host() {
   judge layeradam --log "$part_dir/layeradam.log" --t-torch "$LAYERADAM_T_TORCH" --t-copy "$LAYERADAM_T_COPY"
   stage bench_copy 120 bench_copy --seconds 2 --mib 256 --adam-params 268435456
   judge copy --log "$part_dir/bench_copy.log"
+  # DMA before Adam with bursty copies (a step's parameter loads come in bursts): LayerAdam's rate
+  # with copy priority on is then meaningful beside the copies' >= 0.9 of their solo GB/s.
+  stage bench_copy_duty 120 bench_copy --seconds 2 --mib 64 --adam-params 268435456 --duty 20:20
+  judge copy --log "$part_dir/bench_copy_duty.log"
   # A node service (hostd + one CUDA worker) and two Qwen3-4B jobs back to back: submit -> first
   # step cold, then warm (the pooled state segment re-laid out in place).
   local d=$work/warm id

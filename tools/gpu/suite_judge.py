@@ -472,15 +472,48 @@ def check_layeradam(a, v):
 
 
 def check_copy(a, v):
-    """bench_copy's JSON lines: per-GPU H2D/D2H GB/s, alone and with LayerAdam (figures, no gate)."""
+    """bench_copy's JSON lines: per-GPU H2D/D2H GB/s alone, with LayerAdam and with LayerAdam + copy
+    priority (figures), the summaries' ratios (INFO), and "DMA before Adam": H2D copies with LayerAdam
+    and priority on >= t_ratio of their solo GB/s (a gate per H2D case; D2H is not marked urgent)."""
     js = json_lines(read(a.log))
     if not js:
         v.info(f"bench_copy: no result ({last_line(read(a.log))})")
     for j in js:
+        if j.get("summary"):
+            continue
+        if j.get("case") == "layeradam_alone":
+            v.info(f"bench_copy LayerAdam alone: {j.get('layeradam_gparams_per_s', 0):.2f} Gparam/s")
+            continue
         per = ", ".join(f"{g['h2d_gbs']:.1f}/{g['d2h_gbs']:.1f}" for g in j.get("per_gpu", []))
-        v.info(f"bench_copy {j.get('gpus')} GPU(s) {j.get('direction')}"
-               f"{' with LayerAdam' if j.get('layeradam') else ''}: H2D/D2H GB/s per GPU {per}"
-               + (f"; LayerAdam {j['layeradam_gparams_per_s']:.2f} Gparam/s" if "layeradam_gparams_per_s" in j else ""))
+        duty = j.get("duty_ms") or [0, 0]
+        mode = (" with LayerAdam" if j.get("layeradam") else "") + \
+            (f" + copy priority {j['copy_priority']:g}" if j.get("copy_priority") else "")
+        v.info(f"bench_copy {j.get('gpus')} GPU(s) {j.get('direction')}{mode}"
+               + (f", duty {duty[0]:g}:{duty[1]:g} ms" if duty[0] else "") + f": H2D/D2H GB/s per GPU {per}"
+               + (f"; LayerAdam {j['layeradam_gparams_per_s']:.2f} Gparam/s" if "layeradam_gparams_per_s" in j else "")
+               + (f", paused {j['layeradam_paused_s']:.2f} s" if j.get("layeradam_paused_s") else ""))
+    sums = [j for j in js if j.get("summary")]
+    for j in sums:
+        duty = j.get("duty_ms") or [0, 0]
+        what = f"bench_copy {j['gpus']} GPU(s) {j['direction']}" + (f", duty {duty[0]:g}:{duty[1]:g} ms" if duty[0] else "")
+        pri = "copy_ratio_with_adam_priority" in j
+        v.info(f"{what}: copies GB/s per GPU alone {j['copy_gbs_alone']:.1f} / with LayerAdam {j['copy_gbs_with_adam']:.1f}"
+               + (f" / with LayerAdam + priority {j['copy_gbs_with_adam_priority']:.1f}" if pri else "")
+               + f"; LayerAdam Gparam/s alone {j['adam_gparams_alone']:.2f} / with copies {j['adam_gparams_with_copies']:.2f}"
+               + (f" / with copies + priority {j['adam_gparams_with_copies_priority']:.2f}" if pri else ""))
+        v.info(f"{what}: ratios copies with LayerAdam / alone {j['copy_ratio_with_adam']:.2f}"
+               + (f", with priority {j['copy_ratio_with_adam_priority']:.2f}" if pri else "")
+               + f" (H2D {j['h2d_ratio_with_adam']:.2f}" + (f", {j['h2d_ratio_with_adam_priority']:.2f}" if pri else "")
+               + f"); LayerAdam with copies / alone {j['adam_ratio_with_copies']:.2f}"
+               + (f", with priority {j['adam_ratio_with_copies_priority']:.2f}" if pri else ""))
+        if pri and j["direction"] == "h2d":
+            r = j["h2d_ratio_with_adam_priority"]
+            v.gate(r >= a.t_ratio, f"DMA before Adam, {what}: H2D with LayerAdam + copy priority "
+                                   f"{j.get('copy_priority', 0):g} / alone = {r:.2f} (>= {a.t_ratio:g})")
+    ran_adam = any(j.get("layeradam") and j.get("case") != "layeradam_alone" for j in js)
+    if ran_adam and not any("copy_ratio_with_adam_priority" in j and j["direction"] == "h2d" for j in sums):
+        v.gate(False, "DMA before Adam: no H2D case with copy priority in bench_copy's output "
+                      "(a bench_copy from before it, or --copy-priority 0)")
 
 
 def check_warm(a, v):
@@ -568,7 +601,7 @@ def main(argv=None):
     add("scaling", check_scaling, ("--results",), ("--model",), ("--tokens", I), ("--peer-tokens", I))
     add("layeradam", check_layeradam, ("--log",), ("--t-torch", F), ("--t-copy", F),
         ("--t-triad", {"type": float, "default": 0.85}))  # "LayerAdam at the memory wall"
-    add("copy", check_copy, ("--log",))
+    add("copy", check_copy, ("--log",), ("--t-ratio", {"type": float, "default": 0.9}))  # "DMA before Adam"
     add("warm", check_warm, ("--cold",), ("--warm",), ("--what", {"default": "warm host"}))
     add("kbench", check_kbench, ("--log",), ("--rc", I), ("--t-fwd", F), ("--t-bwd", F), ("--t-layer", F))
     add("sdpa", check_sdpa, ("--log",))

@@ -332,6 +332,53 @@ class JudgeTest(unittest.TestCase):
         self.assertIn("cold 44.40 s", out)
         self.assertIn("warm: no figure", out)
 
+    def test_copy_priority(self):
+        def case(mode, direction, h2d, d2h, adam=None, priority=0.0):
+            j = {"case": mode, "gpus": 1, "direction": direction, "layeradam": adam is not None,
+                 "copy_priority": priority, "duty_ms": [20, 20],
+                 "per_gpu": [{"gpu": 0, "h2d_gbs": h2d, "d2h_gbs": d2h}]}
+            if adam is not None:
+                j["layeradam_gparams_per_s"] = adam
+                j["layeradam_paused_s"] = 0.4 if priority else 0
+            return json.dumps(j)
+
+        def summary(direction, alone, with_adam, with_pri, h2d_pri):
+            return json.dumps({"summary": True, "gpus": 1, "direction": direction, "duty_ms": [20, 20],
+                               "copy_gbs_alone": alone, "copy_gbs_with_adam": with_adam,
+                               "copy_ratio_with_adam": with_adam / alone, "h2d_ratio_with_adam": with_adam / alone,
+                               "adam_gparams_alone": 3.9, "adam_gparams_with_copies": 1.7,
+                               "adam_ratio_with_copies": 1.7 / 3.9, "copy_priority": 0.5,
+                               "copy_gbs_with_adam_priority": with_pri,
+                               "copy_ratio_with_adam_priority": with_pri / alone,
+                               "h2d_ratio_with_adam_priority": h2d_pri,
+                               "adam_gparams_with_copies_priority": 2.9,
+                               "adam_ratio_with_copies_priority": 2.9 / 3.9})
+
+        good = "\n".join([json.dumps({"case": "layeradam_alone", "gpus": 0, "direction": "none", "layeradam": True,
+                                      "per_gpu": [], "layeradam_gparams_per_s": 3.9}),
+                          case("copies_alone", "h2d", 53.7, 0), case("with_layeradam", "h2d", 27.0, 0, 1.7),
+                          case("with_layeradam_priority", "h2d", 50.1, 0, 2.9, 0.5),
+                          summary("h2d", 53.7, 27.0, 50.1, 50.1 / 53.7),
+                          summary("both", 92.0, 54.0, 70.0, 0.8)]) + "\n"
+        rc, out = run("copy", "--part", "host", "--log", self.write("good.log", good))
+        self.assertEqual(rc, 0, out)
+        self.assertIn("PASS host        DMA before Adam, bench_copy 1 GPU(s) h2d, duty 20:20 ms: H2D with LayerAdam "
+                      "+ copy priority 0.5 / alone = 0.93 (>= 0.9)", out)
+        self.assertIn("ratios copies with LayerAdam / alone 0.50, with priority 0.93", out)
+        self.assertIn("LayerAdam Gparam/s alone 3.90 / with copies 1.70 / with copies + priority 2.90", out)
+        self.assertIn("with LayerAdam + copy priority 0.5, duty 20:20 ms: H2D/D2H GB/s per GPU 50.1/0.0", out)
+        self.assertNotIn("DMA before Adam, bench_copy 1 GPU(s) both", out)  # D2H is not marked: figures only
+        bad = good.replace(json.dumps(50.1 / 53.7), "0.6")
+        rc, out = run("copy", "--part", "host", "--log", self.write("bad.log", bad))
+        self.assertEqual(rc, 1, out)
+        self.assertIn("FAIL host        DMA before Adam, bench_copy 1 GPU(s) h2d, duty 20:20 ms: H2D with LayerAdam "
+                      "+ copy priority 0.5 / alone = 0.60 (>= 0.9)", out)
+        # LayerAdam ran but no case had priority (a bench_copy from before it): a failed gate.
+        old = "\n".join([case("copies_alone", "h2d", 53.7, 0), case("with_layeradam", "h2d", 27.0, 0, 1.7)])
+        rc, out = run("copy", "--part", "host", "--log", self.write("old.log", old))
+        self.assertEqual(rc, 1, out)
+        self.assertIn("no H2D case with copy priority", out)
+
     def test_kbench(self):
         lines = ['JSON {"op":"ceiling_gemm_bf16_8192","tflops":803.7}']
         for model in ("qwen3-4b", "qwen3-8b"):

@@ -481,6 +481,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     copt.registry = host_state->registry.get();
     copt.norms = norms;
     copt.embedding = embedding;
+    copt.urgent_rank = spec.copy_priority > 0 ? a.rank() : -1;  // DMA before Adam
     ASSIGN_OR_RETURN(streamer, CudaWindowStreamer::Create(job_state, ring.get(), layout,
                                                           static_cast<cudaStream_t>(backend->native_stream()), copt));
     CudaGradientPathOptions cg;

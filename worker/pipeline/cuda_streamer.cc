@@ -7,9 +7,18 @@
 #include "absl/time/clock.h"
 #include "common/model/shard.h"
 #include "common/status/status_macros.h"
+#include "shm/futex.h"
 #include "worker/kernels/cuda_check.h"
+#include "worker/pipeline/urgent_copy.h"
 
 namespace slidedp {
+namespace {
+
+// A gate wait longer than this means the update was still running when the unit was needed: the
+// GPU is about to wait for this load. (A gate already open returns in well under a microsecond.)
+constexpr absl::Duration kUrgentGateWait = absl::Microseconds(20);
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(shm::JobState* state,
                                                                                shm::GradRing* ring,
@@ -24,6 +33,12 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
   s->compute_ = compute;
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s->h2d_, cudaStreamNonBlocking));
+  s->urgent_word_ = state->urgent_copy_word(options.urgent_rank);
+  if (s->urgent_word_ != nullptr) {
+    // This rank's word is ours alone: whatever an earlier worker of the rank left is stale.
+    s->urgent_word_->store(0, std::memory_order_release);
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s->compute_probe_, cudaEventDisableTiming));
+  }
   const int world = options.sharded_with ? options.sharded_with->world() : 1;
   for (const UnitLayout& u : layout.units) {
     s->slot_bytes_ = std::max<int64_t>(s->slot_bytes_, PaddedNumel(u.numel, world) * 2);
@@ -65,7 +80,12 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
 
 CudaWindowStreamer::~CudaWindowStreamer() {
   cudaStreamSynchronize(compute_);
-  if (h2d_) cudaStreamSynchronize(h2d_);
+  if (h2d_) cudaStreamSynchronize(h2d_);  // (urgent loads' callbacks have run: the word is lowered)
+  if (urgent_word_ != nullptr) {
+    // Also when a stream failed and its callbacks never ran: LayerAdam must not keep pausing.
+    if (urgent_word_->exchange(0, std::memory_order_release) != 0) shm::FutexWakeAll(urgent_word_);
+  }
+  if (compute_probe_) cudaEventDestroy(compute_probe_);
   for (Slot& slot : slots_) {
     if (slot.data) cudaFree(slot.data);
     if (slot.fp32) cudaFree(slot.fp32);
@@ -84,6 +104,17 @@ CudaWindowStreamer::Slot* CudaWindowStreamer::Resident(int unit, uint32_t gate) 
   return nullptr;
 }
 
+absl::StatusOr<bool> CudaWindowStreamer::LoadIsUrgent(absl::Duration gate_wait) {
+  if (urgent_word_ == nullptr) return false;
+  if (gate_wait > kUrgentGateWait) return true;
+  // Everything queued on the compute stream so far has finished: it would start on this unit now.
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_probe_, compute_));
+  const cudaError_t e = cudaEventQuery(compute_probe_);
+  if (e == cudaSuccess) return true;
+  if (e == cudaErrorNotReady) return false;
+  return cuda_internal::CudaErrorStatus(e, "cudaEventQuery(compute probe)", __FILE__, __LINE__);
+}
+
 absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uint32_t gate) {
   // Least recently used slot that nobody holds.
   Slot* victim = nullptr;
@@ -93,8 +124,14 @@ absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uin
   if (!victim) return absl::InternalError("GPU parameter window exhausted: every slot is held");
   absl::Time t0 = absl::Now();
   absl::Status s = state_->version(unit).WaitAtLeast(gate, options_.gate_timeout, state_->abort(), publisher_);
-  gate_wait_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
+  const absl::Duration gate_wait = absl::Now() - t0;
+  gate_wait_s_ += absl::ToDoubleSeconds(gate_wait);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("version gate of unit ", unit, ": ", s.message()));
+  ASSIGN_OR_RETURN(const bool urgent, LoadIsUrgent(gate_wait));
+  // Raised from before the first copy is queued until the stream has run the last one; lowered
+  // at once on any error return below.
+  UrgentCopyMark mark(urgent ? urgent_word_ : nullptr);
+  urgent_loads_ += urgent ? 1 : 0;
 
   // The previous occupant's readers must be done before we overwrite the slot.
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(h2d_, victim->free, 0));
@@ -121,6 +158,8 @@ absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uin
   }
   RETURN_IF_ERROR(h2d_timer_.End(h2d_));
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(victim->ready, h2d_));
+  // After `ready`: compute waits for the copies only, not for the callback that lowers the word.
+  RETURN_IF_ERROR(mark.LowerAfter(h2d_));
   if (comm != nullptr) {
     RETURN_IF_ERROR(
         comm->AllGatherBF16(static_cast<bf16_t*>(victim->data), ShardNumel(numel, comm->world()), victim->ready));

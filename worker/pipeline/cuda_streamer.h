@@ -14,10 +14,16 @@
 //
 // Within a step a unit's copy stays valid for reuse (backward after forward, or the embedding
 // for a tied head) while it is resident: it is keyed by the gate value it was loaded under.
+//
+// DMA before Adam (CudaStreamerOptions::urgent_rank, docs/layeradam.md): a load the GPU is about
+// to wait for (the host thread waited on the unit's version gate, or the compute stream has
+// nothing left queued) raises the rank's urgent-copy word for as long as its copies run, and
+// hostd's LayerAdam pauses some of its workers meanwhile.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -48,6 +54,9 @@ struct CudaStreamerOptions {
   // The embedding's FP32 master, registered (mapped) with CUDA once per job: its device pointer is
   // the embedding unit's UnitParams::fp32, which the lookup kernel reads over the host link.
   EmbeddingValues embedding = EmbeddingValues::kFp32FromMaster;
+  // The rank whose urgent-copy word (shm::JobState::urgent_copy_word) this streamer raises around
+  // loads the GPU waits for; -1 (or a rank without a word): none (runtime.copy_priority 0).
+  int urgent_rank = -1;
 };
 
 class CudaWindowStreamer : public UnitStreamer {
@@ -65,6 +74,8 @@ class CudaWindowStreamer : public UnitStreamer {
   double gate_wait_s() const override { return gate_wait_s_; }
   double h2d_s() const override { return h2d_timer_.busy_s(); }
   int64_t device_bytes() const override { return (slot_bytes_ + fp32_bytes_) * static_cast<int64_t>(slots_.size()); }
+  // Loads issued as urgent so far (DMA before Adam).
+  int64_t urgent_loads() const { return urgent_loads_; }
 
  private:
   struct Slot {
@@ -83,6 +94,8 @@ class CudaWindowStreamer : public UnitStreamer {
   // Issues the load of `unit` into the least recently used free slot (after its gate opens).
   absl::StatusOr<Slot*> Load(int unit, uint32_t min_version);
   Slot* Resident(int unit, uint32_t gate);
+  // Whether the GPU is about to wait for a load whose gate wait took `gate_wait`.
+  absl::StatusOr<bool> LoadIsUrgent(absl::Duration gate_wait);
 
   shm::JobState* state_ = nullptr;
   // The hostd whose gates this job waits on, as it was when the job started (a restarted hostd
@@ -100,6 +113,9 @@ class CudaWindowStreamer : public UnitStreamer {
   uint64_t clock_ = 0;
   double gate_wait_s_ = 0;
   CudaCopyTimer h2d_timer_;
+  std::atomic<uint32_t>* urgent_word_ = nullptr;  // this rank's, or null: no marking
+  cudaEvent_t compute_probe_ = nullptr;           // recorded on compute_ to ask whether it is idle
+  int64_t urgent_loads_ = 0;
 };
 
 }  // namespace slidedp

@@ -1,7 +1,8 @@
 // LayerAdam engine, UnitTracker and GradNormAccumulator: concurrent chunks give the single-thread
 // result bit for bit, each unit completes once per step, bad submissions are refused, shutdown
 // completes every chunk once, deep queues and recycled chunk records change nothing,
-// RunOnEachWorker runs every worker once at the same time, and the clipping norm is exact and
+// RunOnEachWorker runs every worker once at the same time, copy priority pauses the yielding
+// workers while an urgent word is raised (bounded, bit-exact), and the clipping norm is exact and
 // order-independent.
 #include "hostd/update/layer_adam.h"
 
@@ -27,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "hostd/update/grad_norm.h"
 #include "hostd/update/unit_tracker.h"
+#include "shm/futex.h"
 
 namespace slidedp::update {
 namespace {
@@ -729,6 +731,201 @@ TEST(LayerAdam, RunOnEachWorkerRunsEveryWorkerOnceTogether) {
   EXPECT_EQ(0, std::memcmp(unit.m.data(), expect.m.data(), kN * 4));
   EXPECT_EQ(0, std::memcmp(unit.v.data(), expect.v.data(), kN * 4));
   EXPECT_EQ(0, std::memcmp(unit.mirror.data(), expect.mirror.data(), kN * 2));
+}
+
+// Copy priority ("DMA before Adam"): a raised urgent word holds a yielding worker's piece until
+// the word drops (long max_pause), and the result is bit for bit that of an engine without it.
+TEST(LayerAdam, UrgentCopyPausesYieldingWorkersUntilLoweredBitExact) {
+  constexpr int64_t kN = 100003;  // 13 blocks, and an odd tail
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  OwnedUnit paused(kN);
+  for (float& x : paused.master) x = normal(rng) * 0.02f;
+  OwnedUnit plain = paused;
+  std::vector<float> grad(kN);
+  for (float& g : grad) g = normal(rng) * 1e-2f;
+  std::vector<bf16_t> grad_bf16(kN);
+  for (int64_t i = 0; i < kN; ++i) grad_bf16[i] = FloatToBf16(grad[i] * 0.5f);
+  const std::vector<ElementRange> tensors = {{0, 40000}, {40064, 99000}, {99072, kN}};
+
+  auto reference = MakeEngine(2);
+  auto engine = MakeEngine(2);
+  std::atomic<uint32_t> rank0{0}, rank1{0};
+  const std::atomic<uint32_t>* words[] = {&rank0, &rank1};
+  ASSERT_TRUE(engine->SetCopyPriority(words, 1.0, absl::Seconds(60)).ok());
+  EXPECT_FALSE(engine->SetCopyPriority(words, 1.5).ok());
+  EXPECT_FALSE(engine->SetCopyPriority(words, 0.5, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(engine->SetCopyPriority(words, 1.0, absl::Seconds(60)).ok());  // (a refused call changes nothing)
+
+  AdamWStepParams p;
+  p.lr = 1e-3;
+  p.weight_decay = 0.01;
+  for (int t = 1; t <= 2; ++t) {
+    p.step = t;
+    UnitMemory pu = paused.view(), ru = plain.view();
+    pu.tensors = ru.tensors = tensors;
+    absl::Notification ref_done, done;
+    if (t == 1) {
+      ASSERT_TRUE(reference->SubmitChunk(ru, 0, kN, grad.data(), p, [&](absl::Status s) { ref_done.Notify(); }).ok());
+    } else {
+      ASSERT_TRUE(
+          reference->SubmitChunkBf16(ru, 0, kN, grad_bf16.data(), p, [&](absl::Status s) { ref_done.Notify(); }).ok());
+    }
+    ASSERT_TRUE(ref_done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+
+    rank1.store(1);  // rank 1 has an urgent copy in flight
+    absl::Status status = absl::UnknownError("not run");
+    auto on_done = [&](absl::Status s) {
+      status = s;
+      done.Notify();
+    };
+    if (t == 1) {
+      ASSERT_TRUE(engine->SubmitChunk(pu, 0, kN, grad.data(), p, on_done).ok());
+    } else {
+      ASSERT_TRUE(engine->SubmitChunkBf16(pu, 0, kN, grad_bf16.data(), p, on_done).ok());
+    }
+    EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(300))) << "the chunk ran past a raised word";
+    EXPECT_GE(engine->workers_paused(), 1);
+    const double paused_before = engine->paused_s();
+    rank1.store(0);
+    shm::FutexWakeAll(&rank1);
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20))) << "the chunk did not resume";
+    EXPECT_TRUE(status.ok()) << status;
+    EXPECT_EQ(engine->workers_paused(), 0);
+    EXPECT_GE(engine->paused_s(), paused_before);
+  }
+  EXPECT_GE(engine->paused_s(), 0.5);  // two pauses of >= 300 ms
+  EXPECT_EQ(0, std::memcmp(paused.master.data(), plain.master.data(), kN * 4));
+  EXPECT_EQ(0, std::memcmp(paused.m.data(), plain.m.data(), kN * 4));
+  EXPECT_EQ(0, std::memcmp(paused.v.data(), plain.v.data(), kN * 4));
+  EXPECT_EQ(0, std::memcmp(paused.mirror.data(), plain.mirror.data(), kN * 2));
+
+  // Cleared: a raised word no longer holds anything.
+  engine->ClearCopyPriority();
+  rank0.store(1);
+  absl::Notification done;
+  p.step = 3;
+  ASSERT_TRUE(engine->SubmitChunk(paused.view(), 0, kN, grad.data(), p, [&](absl::Status) { done.Notify(); }).ok());
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+}
+
+// A word left raised (its writer died) slows the yielding workers to a block per max_pause but
+// never stalls them, and the update is still exact.
+TEST(LayerAdam, UrgentWordStuckRaisedStillCompletesWithinMaxPauses) {
+  constexpr int64_t kN = 8 * LayerAdam::kYieldBlockNumel + 5;  // 9 blocks on one worker
+  OwnedUnit paused(kN);
+  for (int64_t i = 0; i < kN; ++i) paused.master[i] = 0.01f * static_cast<float>(i % 97);
+  OwnedUnit plain = paused;
+  std::vector<float> grad(kN);
+  for (int64_t i = 0; i < kN; ++i) grad[i] = 1e-3f * static_cast<float>(i % 13) - 6e-3f;
+  AdamWStepParams p;
+  p.lr = 1e-3;
+  p.step = 1;
+  AdamWStep(p, plain.master.data(), plain.m.data(), plain.v.data(), plain.mirror.data(), grad.data(), kN);
+
+  auto engine = MakeEngine(1, WorkerPinning::kNone, /*min_piece=*/kN);
+  std::atomic<uint32_t> stuck{1};
+  const std::atomic<uint32_t>* words[] = {&stuck};
+  const absl::Duration max_pause = absl::Milliseconds(20);
+  ASSERT_TRUE(engine->SetCopyPriority(words, 1.0, max_pause).ok());
+  absl::Notification done;
+  const absl::Time t0 = absl::Now();
+  ASSERT_TRUE(engine->SubmitChunk(paused.view(), 0, kN, grad.data(), p, [&](absl::Status) { done.Notify(); }).ok());
+  // 9 blocks: at most 9 pauses (one before every other block at least), ~0.2 s; the bound is generous.
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10))) << "a stuck word stalled LayerAdam";
+  const double took = absl::ToDoubleSeconds(absl::Now() - t0);
+  EXPECT_GE(took, 0.06);                // it did pause: at least 5 pauses of 20 ms (alternating with blocks)
+  EXPECT_GE(engine->paused_s(), 0.06);  // and counted them
+  EXPECT_LT(engine->paused_s(), 5.0);
+  EXPECT_EQ(0, std::memcmp(paused.master.data(), plain.master.data(), kN * 4));
+  EXPECT_EQ(0, std::memcmp(paused.m.data(), plain.m.data(), kN * 4));
+  EXPECT_EQ(0, std::memcmp(paused.v.data(), plain.v.data(), kN * 4));
+  EXPECT_EQ(0, std::memcmp(paused.mirror.data(), plain.mirror.data(), kN * 2));
+}
+
+TEST(LayerAdam, YieldingWorkersKeepOnePerNodeRunning) {
+  EXPECT_EQ(YieldingWorkers(4, 0.5), 2);
+  EXPECT_EQ(YieldingWorkers(4, 0.0), 0);
+  EXPECT_EQ(YieldingWorkers(4, 1.0), 4);
+  EXPECT_EQ(YieldingWorkers(4, 0.99), 3);
+  EXPECT_EQ(YieldingWorkers(1, 0.5), 0);
+  EXPECT_EQ(YieldingWorkers(1, 1.0), 1);
+  EXPECT_EQ(YieldingWorkers(16, 0.01), 1);  // any fraction above 0 pauses someone where it can
+  EXPECT_EQ(YieldingWorkers(0, 0.5), 0);
+}
+
+// yield_fraction 0.5 with 4 workers: half of the node's workers pause on a raised word, the other
+// half go on updating chunks submitted meanwhile.
+TEST(LayerAdam, HalfTheWorkersYieldTheOtherHalfKeepRunning) {
+  auto engine = MakeEngine(4, WorkerPinning::kNone, /*min_piece=*/1024);
+  const int yielders = YieldingWorkers(engine->workers_on_node(0), 0.5);
+  if (yielders == 0) GTEST_SKIP() << "one worker on NUMA node 0: nobody yields";
+  std::atomic<uint32_t> urgent{1};
+  const std::atomic<uint32_t>* words[] = {&urgent};
+  ASSERT_TRUE(engine->SetCopyPriority(words, 0.5, absl::Seconds(60)).ok());
+
+  constexpr int kUnits = 8;
+  constexpr int64_t kN = 4 * 4 * LayerAdam::kYieldBlockNumel;  // 4 pieces of 4 blocks
+  std::vector<OwnedUnit> units;
+  for (int u = 0; u < kUnits; ++u) units.emplace_back(kN);
+  std::vector<float> grad(kN, 1e-3f);
+  std::vector<std::atomic<bool>> busy(kUnits);
+  std::atomic<int> completed{0};
+  AdamWStepParams p;
+  p.lr = 1e-4;
+  p.step = 1;
+  auto submit = [&](int u) {
+    busy[u] = true;
+    ASSERT_TRUE(engine
+                    ->SubmitChunk(units[u].view(), 0, kN, grad.data(), p,
+                                  [&, u](absl::Status s) {
+                                    EXPECT_TRUE(s.ok()) << s;
+                                    busy[u] = false;
+                                    completed++;
+                                  })
+                    .ok());
+  };
+  // Keep the queue fed until the yielding workers have each taken a piece and paused on it.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (engine->workers_paused() < yielders && absl::Now() < deadline) {
+    bool any = false;
+    for (int u = 0; u < kUnits; ++u) {
+      if (!busy[u]) {
+        submit(u);
+        any = true;
+        break;
+      }
+    }
+    if (!any) absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(engine->workers_paused(), yielders);
+  // The others keep going: every chunk not held by a paused worker completes, and new ones too.
+  const int before = completed.load();
+  int submitted_after = 0;
+  for (int u = 0; u < kUnits && submitted_after < 3; ++u) {
+    absl::SleepFor(absl::Milliseconds(20));
+    if (!busy[u]) {
+      submit(u);
+      ++submitted_after;
+    }
+  }
+  const absl::Time wait_until = absl::Now() + absl::Seconds(20);
+  while (completed.load() < before + submitted_after && absl::Now() < wait_until) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_GE(completed.load(), before + submitted_after) << "the non-yielding workers stopped too";
+  EXPECT_EQ(engine->workers_paused(), yielders) << "more than the yielding workers paused";
+  auto held = [&] {
+    int n = 0;
+    for (int u = 0; u < kUnits; ++u) n += busy[u] ? 1 : 0;
+    return n;
+  };
+  while (held() > yielders && absl::Now() < wait_until) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_GE(held(), 1);
+  EXPECT_LE(held(), yielders);  // each paused worker holds one piece
+
+  urgent.store(0);
+  shm::FutexWakeAll(&urgent);
+  engine->WaitIdle();
+  EXPECT_EQ(engine->workers_paused(), 0);
 }
 
 TEST(LayerAdam, DefaultThreadCountLeavesAReserve) {
