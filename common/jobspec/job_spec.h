@@ -94,8 +94,9 @@ struct JobSpec {
   int64_t speculation_bytes = -1;
   // DMA before Adam (docs/layeradam.md): the fraction of each NUMA node's LayerAdam workers that
   // pause while a parameter copy the GPU waits for is in flight (CUDA workers mark such copies);
-  // 0: off (LayerAdam and the copies share the host's memory bandwidth as they come).
-  double copy_priority = 0.5;
+  // 0: off (LayerAdam and the copies share the host's memory bandwidth as they come), the default
+  // until the measurements favour a setting (docs/layeradam.md, "DMA before Adam, measured").
+  double copy_priority = 0.0;
   int32_t ring_slots = 4;
   int64_t step_timeout_ms = 600000;  // a gate or ring wait longer than this fails the job
   int32_t max_restarts = 0;          // automatic restarts from the last checkpoint on failure

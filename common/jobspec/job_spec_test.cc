@@ -99,11 +99,11 @@ TEST(JobSpec, SkipNonfiniteIsOffByDefaultAndRoundTrips) {
   EXPECT_NE(s.message().find("'train.skip_nonfinite' is given twice"), std::string::npos) << s;
 }
 
-// runtime.copy_priority (DMA before Adam): a fraction in [0, 1], 0.5 by default, round-trips.
-TEST(JobSpec, CopyPriorityDefaultsToHalfAndIsAFraction) {
+// runtime.copy_priority (DMA before Adam): a fraction in [0, 1], off (0) by default, round-trips.
+TEST(JobSpec, CopyPriorityIsOffByDefaultAndIsAFraction) {
   auto d = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_DOUBLE_EQ(d->copy_priority, 0.5);
+  EXPECT_DOUBLE_EQ(d->copy_priority, 0.0);
   for (const char* v : {"0", "0.25", "1"}) {
     const std::string text = absl::StrReplaceAll(
         kGood, {{"embedding_rows: bf16}", absl::StrCat("embedding_rows: bf16, copy_priority: ", v, "}")}});
