@@ -44,6 +44,26 @@ struct OwnedUnit {
   std::vector<bf16_t> mirror;
 };
 
+// A mid-training state: small weights, moments of the size Adam gives them, the mirror in step.
+OwnedUnit RandomState(int64_t n, std::mt19937& rng, std::normal_distribution<float>& normal) {
+  OwnedUnit start(n);
+  for (int64_t i = 0; i < n; ++i) {
+    start.master[i] = normal(rng) * 0.02f;
+    start.m[i] = normal(rng) * 1e-3f;
+    start.v[i] = std::abs(normal(rng)) * 1e-6f;
+    start.mirror[i] = FloatToBf16(start.master[i]);
+  }
+  return start;
+}
+
+// Master, m, v and mirror equal bit for bit.
+bool SameState(const OwnedUnit& a, const OwnedUnit& b) {
+  const size_t n = a.master.size();
+  return b.master.size() == n && std::memcmp(a.master.data(), b.master.data(), n * 4) == 0 &&
+         std::memcmp(a.m.data(), b.m.data(), n * 4) == 0 && std::memcmp(a.v.data(), b.v.data(), n * 4) == 0 &&
+         std::memcmp(a.mirror.data(), b.mirror.data(), n * 2) == 0;
+}
+
 std::unique_ptr<LayerAdam> MakeEngine(int threads, WorkerPinning pin = WorkerPinning::kNone,
                                       int64_t min_piece = 1000) {
   LayerAdamOptions o;
@@ -296,13 +316,7 @@ TEST(LayerAdam, UndoCopiesRestoreAndRedoBitExact) {
   auto engine = MakeEngine(3, WorkerPinning::kNone, /*min_piece=*/64);
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  OwnedUnit start(n);
-  for (int64_t i = 0; i < n; ++i) {
-    start.master[i] = normal(rng) * 0.02f;
-    start.m[i] = normal(rng) * 1e-3f;
-    start.v[i] = std::abs(normal(rng)) * 1e-6f;
-    start.mirror[i] = FloatToBf16(start.master[i]);
-  }
+  OwnedUnit start = RandomState(n, rng, normal);
   std::vector<float> grad(n);
   for (float& g : grad) g = normal(rng) * 1e-2f;
   AdamWStepParams p;
@@ -321,11 +335,7 @@ TEST(LayerAdam, UndoCopiesRestoreAndRedoBitExact) {
     }
     engine->WaitIdle();
   };
-  auto same = [&](const OwnedUnit& a, const OwnedUnit& b) {
-    return std::memcmp(a.master.data(), b.master.data(), n * 4) == 0 &&
-           std::memcmp(a.m.data(), b.m.data(), n * 4) == 0 && std::memcmp(a.v.data(), b.v.data(), n * 4) == 0 &&
-           std::memcmp(a.mirror.data(), b.mirror.data(), n * 2) == 0;
-  };
+  auto same = [](const OwnedUnit& a, const OwnedUnit& b) { return SameState(a, b); };
   OwnedUnit plain1 = start, plain_half = start;
   run(plain1, 1.0f, nullptr, UndoMode::kNone, false);
   run(plain_half, 0.5f, nullptr, UndoMode::kNone, false);
@@ -397,13 +407,7 @@ TEST(LayerAdam, Bf16GradientUndoAndRedoBitExact) {
   auto engine = MakeEngine(3, WorkerPinning::kNone, /*min_piece=*/64);
   std::mt19937 rng(12);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  OwnedUnit start(n);
-  for (int64_t i = 0; i < n; ++i) {
-    start.master[i] = normal(rng) * 0.02f;
-    start.m[i] = normal(rng) * 1e-3f;
-    start.v[i] = std::abs(normal(rng)) * 1e-6f;
-    start.mirror[i] = FloatToBf16(start.master[i]);
-  }
+  OwnedUnit start = RandomState(n, rng, normal);
   std::vector<bf16_t> grad(n);
   std::vector<float> widened(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -424,11 +428,7 @@ TEST(LayerAdam, Bf16GradientUndoAndRedoBitExact) {
     }
     engine->WaitIdle();
   };
-  auto same = [&](const OwnedUnit& a, const OwnedUnit& b) {
-    return std::memcmp(a.master.data(), b.master.data(), n * 4) == 0 &&
-           std::memcmp(a.m.data(), b.m.data(), n * 4) == 0 && std::memcmp(a.v.data(), b.v.data(), n * 4) == 0 &&
-           std::memcmp(a.mirror.data(), b.mirror.data(), n * 2) == 0;
-  };
+  auto same = [](const OwnedUnit& a, const OwnedUnit& b) { return SameState(a, b); };
   OwnedUnit plain = start, plain_half = start, wide = start;
   run(plain, 1.0f, true, nullptr, UndoMode::kNone);
   run(plain_half, 0.5f, true, nullptr, UndoMode::kNone);
