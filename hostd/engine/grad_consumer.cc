@@ -20,7 +20,14 @@
 namespace slidedp::hostd {
 namespace {
 
-constexpr int64_t kAggregatePiece = 1 << 20;  // elements summed per task (4 MiB)
+// Norm-grid blocks (update::kNormBlockNumel) squared per task of a ParallelFor: 1 Mi elements.
+constexpr int64_t kBlocksPerTask = (1 << 20) / update::kNormBlockNumel;
+
+// Where block k of the chunk [offset, offset + numel) on the norm grid begins; k = the block
+// count gives its end.
+int64_t BlockEdge(int64_t offset, int64_t numel, int64_t k) {
+  return std::min(offset + numel, std::max(offset, (offset / update::kNormBlockNumel + k) * update::kNormBlockNumel));
+}
 
 double SecondsSince(absl::Time t) { return absl::ToDoubleSeconds(absl::Now() - t); }
 
@@ -184,26 +191,26 @@ absl::StatusOr<std::string> GradConsumer::Decide(int64_t t, const std::string& g
 
 absl::StatusOr<bool> GradConsumer::SquarePieces(int rank, int unit, int64_t offset, int64_t numel, update::GradPtr src,
                                                 float* dst, int threads, update::GradNormAccumulator& norm) {
-  const int64_t pieces = (numel + kAggregatePiece - 1) / kAggregatePiece;
-  std::vector<double> piece_sq(pieces);
-  ParallelFor(pieces, threads, [&](size_t p) {
-    const int64_t off = static_cast<int64_t>(p) * kAggregatePiece;
-    const int64_t n = std::min(kAggregatePiece, numel - off);
-    if (dst != nullptr) CopyWidened(At(src, off), n, dst + off);
-    piece_sq[p] = SumSquaresOf(At(src, off), n);
+  // On the norm grid (update::NormBlockSquares): LayerAdam's fused squares give the same bits.
+  const int64_t blocks = update::NormBlockCount(offset, numel);
+  std::vector<double> sq(blocks);
+  ParallelFor((blocks + kBlocksPerTask - 1) / kBlocksPerTask, threads, [&](size_t task) {
+    const int64_t first = static_cast<int64_t>(task) * kBlocksPerTask;
+    const int64_t last = std::min(blocks, first + kBlocksPerTask);
+    const int64_t b = BlockEdge(offset, numel, first) - offset;
+    if (dst != nullptr) CopyWidened(At(src, b), BlockEdge(offset, numel, last) - offset - b, dst + b);
+    update::NormBlockSquares(offset, numel, src.data, src.bf16, first, last, sq.data());
   });
+  absl::Status s = norm.AddPartial(unit, offset, numel, update::SumBlockSquares(sq.data(), blocks));
+  if (!s.ok()) return rings_.FailRank(rank, absl::StrCat("posted a gradient chunk twice: ", s.message()));
   bool finite = true;
-  for (int64_t p = 0; p < pieces; ++p) {
-    const int64_t off = p * kAggregatePiece;
-    const int64_t n = std::min(kAggregatePiece, numel - off);
-    absl::Status s = norm.AddPartial(unit, offset + off, n, piece_sq[p]);
-    if (!s.ok()) return rings_.FailRank(rank, absl::StrCat("posted a gradient chunk twice: ", s.message()));
+  for (int64_t k = 0; k < blocks; ++k) {
     // Squares formed in double cannot overflow from finite floats: a non-finite sum means a
     // non-finite element (found only then, on the failure path).
-    if (!std::isfinite(piece_sq[p])) {
-      finite = false;
-      NoteNonFinite(rank, unit, offset + off, At(src, off), n);
-    }
+    if (std::isfinite(sq[k])) continue;
+    finite = false;
+    const int64_t b = BlockEdge(offset, numel, k);
+    NoteNonFinite(rank, unit, b, At(src, b - offset), BlockEdge(offset, numel, k + 1) - b);
   }
   return finite;
 }
@@ -309,6 +316,17 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
       RETURN_IF_ERROR(s);
       continue;
     }
+    if (!device_staged && !host_staged) {
+      // Final already, and the norm only a metric: updated now (while the rest of the backward
+      // pass still runs), its squares summed by the update itself.
+      absl::Status s = updates.ApplySquared(d.unit, d.offset_numel, d.numel, src, &rings_.ring(r), d.slot,
+                                            rings_.WorkerName(r), norm);
+      if (s.code() == absl::StatusCode::kInternal) {
+        return rings_.FailRank(r, absl::StrCat("posted a gradient chunk twice: ", s.message()));
+      }
+      RETURN_IF_ERROR(s);
+      continue;
+    }
     const absl::Time t_agg = absl::Now();
     bool finite = true;
     if (!device_staged) {  // (device staging: the norm came from the ranks)
@@ -326,19 +344,14 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
       RETURN_IF_ERROR(SpeculateStaged(d.unit, d.offset_numel, d.numel, finite, updates));
       continue;
     }
-    if (!finite) {  // applied at once below: a non-finite chunk must not be
-      (void)rings_.ring(r).Release(d.slot);
-      return NonFiniteError(t, NonFiniteGradient(), "the parts applied before it keep this step's update");
-    }
-    // Final already: update now (while the rest of the backward pass still runs, or, with
-    // device staging, while the later parts are still coming). Device-staged parts were never
-    // seen here (their norm came from the rank): LayerAdam checks them block by block as it
-    // updates, so a part a broken worker's norm does not account for never reaches the master.
-    // A unit updated speculatively this step is redone from its undo copy (the norm clipped).
+    // Device staging: final already, updated while the later parts are still coming. These parts
+    // were never seen here (their norm came from the rank): LayerAdam checks them block by block
+    // as it updates, so a part a broken worker's norm does not account for never reaches the
+    // master. A unit updated speculatively this step is redone from its undo copy (the norm
+    // clipped).
     const update::UndoMemory* redo = arena_ != nullptr && updates.Speculated(d.unit) ? &arena_->undo(d.unit) : nullptr;
     absl::Status s = updates.Apply(d.unit, d.offset_numel, d.numel, coef, src, &rings_.ring(r), d.slot,
-                                   device_staged ? update::NonFiniteGrad::kRefuse : update::NonFiniteGrad::kApply,
-                                   device_staged ? rings_.WorkerName(r) : std::string(), redo);
+                                   update::NonFiniteGrad::kRefuse, rings_.WorkerName(r), redo);
     if (s.code() == absl::StatusCode::kInternal) {
       return rings_.FailRank(r, absl::StrCat("posted a gradient chunk twice: ", s.message()));
     }
@@ -404,19 +417,19 @@ absl::StatusOr<shm::GradChunkDesc> GradConsumer::PopRankZeroChunk(int64_t t, boo
 
 absl::Status GradConsumer::ConsumeDirect(int64_t t, bool first_step, StepUpdates& updates,
                                          update::GradNormAccumulator& norm, StepGradients& out) {
-  while (!norm.complete()) {
+  // Each chunk is updated as it comes, its squares summed by the update itself (ApplySquared: the
+  // tracker refuses a range twice, so `left` reaching 0 means every element came once).
+  int64_t left = 0;
+  for (int64_t n : unit_numel_) left += n;
+  while (left > 0) {
     ASSIGN_OR_RETURN(shm::GradChunkDesc d, PopRankZeroChunk(t, first_step, out));
-    const update::GradPtr src = rings_.grad(0, d);
-    const absl::Time t_agg = absl::Now();
-    absl::StatusOr<bool> finite =
-        SquarePieces(0, d.unit, d.offset_numel, d.numel, src, nullptr, aggregate_threads_, norm);
-    out.aggregate_s += SecondsSince(t_agg);
-    if (!finite.ok() || !*finite) {
-      (void)rings_.ring(0).Release(d.slot);
-      if (!finite.ok()) return finite.status();
-      return NonFiniteError(t, NonFiniteGradient(), "the parts applied before it keep this step's update");
+    absl::Status s = updates.ApplySquared(d.unit, d.offset_numel, d.numel, rings_.grad(0, d), &rings_.ring(0), d.slot,
+                                          rings_.WorkerName(0), norm);
+    if (s.code() == absl::StatusCode::kInternal) {
+      return rings_.FailRank(0, absl::StrCat("posted a gradient chunk twice: ", s.message()));
     }
-    RETURN_IF_ERROR(updates.Apply(d.unit, d.offset_numel, d.numel, 1.0f, src, &rings_.ring(0), d.slot));
+    RETURN_IF_ERROR(s);
+    left -= d.numel;
   }
   return absl::OkStatus();
 }
@@ -441,26 +454,32 @@ absl::Status GradConsumer::ConsumeSummed(int64_t t, bool first_step, StepUpdates
       }
       descs.push_back(d);
     }
-    // Sum the ranks' copies in rank order into staging and take the squared norm, in pieces over
-    // several threads (one thread copies only ~5-10 GB/s); results do not depend on it.
+    // Sum the ranks' copies in rank order into staging and take the squared norm, block by block
+    // on the norm grid (the sum still in cache when squared) over several threads (one thread
+    // copies only ~5-10 GB/s); results do not depend on it.
     const absl::Time t_agg = absl::Now();
     float* dst = staging_[d0.unit].data() + d0.offset_numel;
-    const int64_t pieces = (d0.numel + kAggregatePiece - 1) / kAggregatePiece;
-    std::vector<double> piece_sq(pieces);
-    ParallelFor(pieces, aggregate_threads_, [&](size_t p) {
-      const int64_t off = static_cast<int64_t>(p) * kAggregatePiece;
-      const int64_t n = std::min(kAggregatePiece, d0.numel - off);
-      CopyWidened(At(rings_.grad(0, descs[0]), off), n, dst + off);
-      for (int r = 1; r < world; ++r) AddWidened(At(rings_.grad(r, descs[r]), off), n, dst + off);
-      piece_sq[p] = update::SumSquares(dst + off, n);
+    const int64_t blocks = update::NormBlockCount(d0.offset_numel, d0.numel);
+    std::vector<double> block_sq(blocks);
+    auto edge = [&](int64_t k) { return BlockEdge(d0.offset_numel, d0.numel, k) - d0.offset_numel; };
+    ParallelFor((blocks + kBlocksPerTask - 1) / kBlocksPerTask, aggregate_threads_, [&](size_t task) {
+      const int64_t first = static_cast<int64_t>(task) * kBlocksPerTask;
+      for (int64_t k = first; k < std::min(blocks, first + kBlocksPerTask); ++k) {
+        const int64_t off = edge(k);
+        const int64_t n = edge(k + 1) - off;
+        CopyWidened(At(rings_.grad(0, descs[0]), off), n, dst + off);
+        for (int r = 1; r < world; ++r) AddWidened(At(rings_.grad(r, descs[r]), off), n, dst + off);
+        update::NormBlockSquares(d0.offset_numel, d0.numel, dst, false, k, k + 1, block_sq.data());
+      }
     });
+    absl::Status added = norm.AddPartial(d0.unit, d0.offset_numel, d0.numel,
+                                         update::SumBlockSquares(block_sq.data(), blocks));
+    if (!added.ok()) return rings_.FailRank(0, absl::StrCat("posted a gradient chunk twice: ", added.message()));
     bool finite = true;
-    for (int64_t p = 0; p < pieces; ++p) {
-      const int64_t off = p * kAggregatePiece;
-      const int64_t n = std::min(kAggregatePiece, d0.numel - off);
-      absl::Status s = norm.AddPartial(d0.unit, d0.offset_numel + off, n, piece_sq[p]);
-      if (!s.ok()) return rings_.FailRank(0, absl::StrCat("posted a gradient chunk twice: ", s.message()));
-      if (!std::isfinite(piece_sq[p])) {
+    for (int64_t k = 0; k < blocks; ++k) {
+      const int64_t off = edge(k);
+      const int64_t n = edge(k + 1) - off;
+      if (!std::isfinite(block_sq[k])) {
         finite = false;
         // Name the first rank whose own part is not finite (else only the sum overflows).
         bool named = false;
@@ -627,6 +646,18 @@ absl::StatusOr<StepGradients> GradConsumer::ConsumeStep(int64_t t, bool first_st
       break;
     case GradConsumerKind::kDirect: RETURN_IF_ERROR(ConsumeDirect(t, first_step, updates, norm, out)); break;
     case GradConsumerKind::kSummed: RETURN_IF_ERROR(ConsumeSummed(t, first_step, updates, norm, out)); break;
+  }
+  if (plan_.consumer != GradConsumerKind::kSummed && plan_.clip_staging == ClipStaging::kNone) {
+    // The updates sum the squares (ApplySquared): the norm is whole once they are done.
+    const absl::Time t_tail = absl::Now();
+    absl::Status drained = updates.Drain();
+    out.update_tail_s = SecondsSince(t_tail);
+    if (absl::IsDataLoss(drained)) {  // a refused non-finite gradient
+      rings_.Abort();
+      return absl::DataLossError(
+          absl::StrCat(drained.message(), " (train.skip_nonfinite: true skips such steps)"));
+    }
+    RETURN_IF_ERROR(drained);
   }
   absl::StatusOr<double> grad_norm = norm.Norm();
   if (!grad_norm.ok()) {  // (the consumers above take exactly every element: a bug)

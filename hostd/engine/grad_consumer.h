@@ -5,7 +5,10 @@
 //   that rank's ring until its shard of every unit is in (ranks may post different numbers of
 //   chunks) and applies each part from its ring slot at once, or, with host staging, copies it
 //   into staging and releases the slot;
-// - direct: one rank without clipping; each chunk is applied straight from its ring slot;
+// - direct: one rank without clipping; each chunk is applied straight from its ring slot.
+// Without clipping (no staging) shards and direct parts are applied with their squares summed by
+// the update itself (StepUpdates::ApplySquared): hostd reads the gradient once, in LayerAdam;
+// the norm (a metric then) is whole when the step's updates are, so ConsumeStep waits for them.
 // - summed: rank 0's next chunk, then the same chunk from ranks 1..R-1, summed in rank order into
 //   staging (results do not depend on arrival order); applied at once without clipping.
 // With device staging each rank posts its squared norm first (summed in rank order), so the
@@ -23,8 +26,9 @@
 //
 // Non-finite gradients never reach the master weights. The squares every chunk's norm needs show
 // them at no extra cost (a sum of squares in double is finite exactly when every element is):
-// - without staging each chunk is checked before it is applied; a non-finite one fails the job
-//   with DATA_LOSS naming the step, the unit, the element and the worker (the units applied
+// - without staging each chunk is checked as it is applied (summed route: before): LayerAdam
+//   forms a block's squares before it updates the block, and refuses a non-finite one; the job
+//   fails with DATA_LOSS naming the step, the unit, the element and the worker (the parts applied
 //   before it keep this step's update; the job's checkpoints are all from before);
 // - with staging (clipping, or train.skip_nonfinite, which stages like clipping) nothing is
 //   applied until the whole step is known: the staged chunks' squares (host), or every rank's
@@ -101,6 +105,9 @@ struct StepGradients {
   double grad_norm = 0;
   double wait_s = 0;       // waiting for chunks (the slowest rank's, with one consumer per rank)
   double aggregate_s = 0;  // copying, summing and squaring them
+  // Waiting for the step's last updates inside ConsumeStep (clipping off: their squares make the
+  // norm); the rest of the tail comes after it.
+  double update_tail_s = 0;
   // NonFinitePolicy::kSkip: nothing of the step was applied, because of `skipped_because`
   // ("gradient of unit 5 (layer.3) is not finite: ...", "loss is NaN on worker w (rank 1)").
   bool skipped = false;
@@ -180,8 +187,9 @@ class GradConsumer {
   absl::Status ConsumeSummed(int64_t t, bool first_step, StepUpdates& updates, update::GradNormAccumulator& norm,
                              StepGradients& out);
   // Squares of src[0, numel) as elements [offset, offset + numel) of `unit` (posted by `rank`),
-  // in 4 MiB pieces on `threads` threads, optionally copied into dst; each piece's sum goes to
-  // `norm`. Returns whether every element was finite (and records the first that is not).
+  // on the norm grid (update::NormBlockSquares) over `threads` threads, optionally copied into
+  // dst; the chunk's sum goes to `norm`. Returns whether every element was finite (and records
+  // the first that is not).
   absl::StatusOr<bool> SquarePieces(int rank, int unit, int64_t offset, int64_t numel, update::GradPtr src,
                                     float* dst, int threads, update::GradNormAccumulator& norm);
   // Records a non-finite element of `unit` in src[0, numel) (first in (unit, offset) order wins).

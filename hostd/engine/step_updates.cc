@@ -2,8 +2,10 @@
 #include "hostd/engine/step_updates.h"
 
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -60,6 +62,43 @@ absl::Status StepUpdates::Apply(int u, int64_t offset, int64_t numel, float grad
         pending_--;
       },
       redo_from, redo_from != nullptr ? update::UndoMode::kRedo : update::UndoMode::kNone);
+  if (!submitted.ok()) {  // `done` will not run
+    absl::MutexLock l(&mu_);
+    pending_--;
+  }
+  return submitted;
+}
+
+absl::Status StepUpdates::ApplySquared(int u, int64_t offset, int64_t numel, update::GradPtr grad,
+                                       shm::GradRing* release_ring, uint32_t release_slot, std::string origin,
+                                       update::GradNormAccumulator& norm) {
+  absl::StatusOr<std::function<void(absl::Status)>> unit_done = tracker_.Track(u, version_, offset, numel);
+  if (!unit_done.ok()) {
+    if (release_ring != nullptr) (void)release_ring->Release(release_slot);
+    return absl::InternalError(unit_done.status().message());
+  }
+  update::AdamWStepParams p = params_;
+  p.nonfinite_grad = update::NonFiniteGrad::kRefuse;
+  {
+    absl::MutexLock l(&mu_);
+    BeginSubmit();
+  }
+  auto squares = std::make_shared<std::vector<double>>(update::NormBlockCount(offset, numel));
+  double* block_squares = squares->data();
+  absl::Status submitted = adam_.SubmitGradSquared(
+      memory_[u], offset, numel, grad, p, block_squares,
+      [this, u, offset, numel, release_ring, release_slot, origin = std::move(origin), squares = std::move(squares),
+       &norm, done = std::move(*unit_done)](absl::Status s) {
+        s = Completed(u, release_ring, release_slot, origin, std::move(s), /*as_applied=*/false);
+        if (s.ok()) {
+          s = norm.AddPartial(u, offset, numel, update::SumBlockSquares(squares->data(), squares->size()));
+          if (!s.ok()) s = absl::InternalError(s.message());  // (the tracker refuses overlaps first)
+        }
+        done(s);  // the unit's gate opens when this was its last range
+        absl::MutexLock l(&mu_);
+        if (!s.ok() && first_error_.ok()) first_error_ = s;
+        pending_--;
+      });
   if (!submitted.ok()) {  // `done` will not run
     absl::MutexLock l(&mu_);
     pending_--;
@@ -174,23 +213,23 @@ int64_t StepUpdates::speculated_numel() const {
 }
 
 absl::Status StepUpdates::Completed(int u, shm::GradRing* release_ring, uint32_t release_slot,
-                                    const std::string& origin, absl::Status s) const {
+                                    const std::string& origin, absl::Status s, bool as_applied) const {
   if (release_ring != nullptr) {
     absl::Status released = release_ring->Release(release_slot);
     if (s.ok()) s = released;
   }
-  if (std::optional<update::NonFiniteGradElement> e = update::NonFiniteGradOf(s)) s = NonFiniteError(u, *e, origin);
+  if (std::optional<update::NonFiniteGradElement> e = update::NonFiniteGradOf(s)) s = NonFiniteError(u, *e, origin, as_applied);
   return s;
 }
 
-absl::Status StepUpdates::NonFiniteError(int u, const update::NonFiniteGradElement& e,
-                                         const std::string& origin) const {
+absl::Status StepUpdates::NonFiniteError(int u, const update::NonFiniteGradElement& e, const std::string& origin,
+                                         bool as_applied) const {
   const UnitLayout* unit = layout_ != nullptr && u < layout_->num_units() ? &layout_->units[u] : nullptr;
   const char* value = std::isnan(e.value) ? "NaN" : e.value > 0 ? "inf" : "-inf";
   return absl::DataLossError(absl::StrCat(
       "step ", version_, ": gradient of unit ", u, unit != nullptr ? absl::StrCat(" (", unit->name, ")") : "",
       " is not finite: ", unit != nullptr ? DescribeUnitElement(*unit, e.offset) : absl::StrCat("element ", e.offset),
-      " is ", value, origin.empty() ? "" : absl::StrCat(" (posted by ", origin, ", found as it was applied)"),
+      " is ", value, origin.empty() ? "" : absl::StrCat(" (posted by ", origin, as_applied ? ", found as it was applied)" : ")"),
       "; the parts applied before it keep this step's update"));
 }
 

@@ -21,6 +21,7 @@
 #include "absl/types/span.h"
 #include "common/model/qwen3_config.h"
 #include "hostd/update/adamw_kernels.h"
+#include "hostd/update/grad_norm.h"
 #include "hostd/update/layer_adam.h"
 #include "hostd/update/unit_tracker.h"
 #include "shm/grad_ring.h"
@@ -53,6 +54,15 @@ class StepUpdates {
                      shm::GradRing* release_ring = nullptr, uint32_t release_slot = 0,
                      update::NonFiniteGrad check = update::NonFiniteGrad::kApply, std::string origin = "",
                      const update::UndoMemory* redo_from = nullptr);
+
+  // Clipping off: updates [offset, offset + numel) of unit u with `grad` unscaled and adds its
+  // squares to `norm` as one chunk (the step's norm, a metric then), summed inside the update
+  // (LayerAdam::SubmitGradSquared), so no pass of its own reads the gradient. A gradient hostd has
+  // not checked: a NaN or inf stops the update of its block as Apply's kRefuse does, naming
+  // `origin`. INTERNAL for a range outside the unit or one already updated this step (so the
+  // norm counts each element once).
+  absl::Status ApplySquared(int u, int64_t offset, int64_t numel, update::GradPtr grad, shm::GradRing* release_ring,
+                            uint32_t release_slot, std::string origin, update::GradNormAccumulator& norm);
 
   // ---- Speculative clipping (docs/layeradam.md) ----
   // Updates [offset, offset + numel) of unit u with grad_scale 1 before the step's norm is known,
@@ -87,10 +97,12 @@ class StepUpdates {
   absl::Time first_submit() const;
 
  private:
-  absl::Status NonFiniteError(int u, const update::NonFiniteGradElement& e, const std::string& origin) const;
+  // `as_applied`: LayerAdam's checked kernels found it (hostd's squares did not show it first).
+  absl::Status NonFiniteError(int u, const update::NonFiniteGradElement& e, const std::string& origin,
+                              bool as_applied) const;
   // An update's end: releases its ring slot (if any) and names a refused non-finite element.
   absl::Status Completed(int u, shm::GradRing* release_ring, uint32_t release_slot, const std::string& origin,
-                         absl::Status s) const;
+                         absl::Status s, bool as_applied = true) const;
   // Counts a submission; the first one stores updating_step.
   void BeginSubmit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct SpecRange {

@@ -448,7 +448,7 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
   HostStepTimes host;
   host.wait_s = grads.wait_s;
   host.aggregate_s = grads.aggregate_s;
-  host.update_tail_s = absl::ToDoubleSeconds(t_updated - t_tail);
+  host.update_tail_s = grads.update_tail_s + absl::ToDoubleSeconds(t_updated - t_tail);
   if (updates.first_submit() < t_updated) host.update_s = absl::ToDoubleSeconds(t_updated - updates.first_submit());
   host.adam_paused_s = a.adam->paused_s() - paused_before;
   a.job_state->step_counter().store(t + 1);

@@ -10,6 +10,28 @@
 
 namespace slidedp::update {
 
+int64_t NormBlockCount(int64_t offset, int64_t numel) {
+  if (numel <= 0) return 0;
+  return (offset + numel - 1) / kNormBlockNumel - offset / kNormBlockNumel + 1;
+}
+
+void NormBlockSquares(int64_t offset, int64_t numel, const void* grad, bool bf16, int64_t first, int64_t last,
+                      double* sq) {
+  const int64_t base = offset / kNormBlockNumel;
+  for (int64_t k = first; k < last; ++k) {
+    const int64_t b = std::max(offset, (base + k) * kNormBlockNumel);
+    const int64_t e = std::min(offset + numel, (base + k + 1) * kNormBlockNumel);
+    sq[k] = bf16 ? SumSquaresBf16(static_cast<const bf16_t*>(grad) + (b - offset), e - b)
+                 : SumSquares(static_cast<const float*>(grad) + (b - offset), e - b);
+  }
+}
+
+double SumBlockSquares(const double* sq, int64_t blocks) {
+  double total = 0;
+  for (int64_t k = 0; k < blocks; ++k) total += sq[k];
+  return total;
+}
+
 GradNormAccumulator::GradNormAccumulator(std::vector<int64_t> unit_numel)
     : unit_numel_(std::move(unit_numel)), covered_(unit_numel_.size(), 0) {}
 

@@ -24,6 +24,22 @@
 
 namespace slidedp::update {
 
+// The norm grid: every host path sums a chunk [offset, offset + numel) of a unit's gradient in
+// the blocks where it meets a grid of kNormBlockNumel elements aligned at the unit's element 0
+// (each block with SumSquares / SumSquaresBf16, the active ISA's), then adds the blocks' sums in
+// order into the chunk's partial. A pass of its own (GradConsumer) and one fused into LayerAdam's
+// update (LayerAdam::SubmitGradSquared) thus give the same bits for the same chunk, whatever the
+// threads. A block of FP32 gradient is 32 KiB: still in L1/L2 when the update reads it.
+inline constexpr int64_t kNormBlockNumel = 8192;
+// Blocks of the chunk [offset, offset + numel) on the grid (0 for numel <= 0).
+int64_t NormBlockCount(int64_t offset, int64_t numel);
+// sq[k] = the sum of squares of the chunk's block k, for k in [first, last) (`grad` is the
+// chunk's element 0, read as FP32 or BF16 per `bf16`).
+void NormBlockSquares(int64_t offset, int64_t numel, const void* grad, bool bf16, int64_t first, int64_t last,
+                      double* sq);
+// The chunk's partial: sq[0] + sq[1] + ... in order.
+double SumBlockSquares(const double* sq, int64_t blocks);
+
 class GradNormAccumulator {
  public:
   explicit GradNormAccumulator(std::vector<int64_t> unit_numel);

@@ -20,7 +20,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/status/status_macros.h"
 #include "glog/logging.h"
+#include "hostd/update/grad_norm.h"
 #include "shm/futex.h"
 
 namespace slidedp::update {
@@ -210,6 +212,9 @@ absl::Status NonFiniteGradError(int64_t offset, float value) {
   return s;
 }
 
+float GradValue(float g) { return g; }
+float GradValue(bf16_t g) { return Bf16ToFloat(g); }
+
 }  // namespace
 
 int YieldingWorkers(int workers, double yield_fraction) {
@@ -395,6 +400,13 @@ absl::Status LayerAdam::SubmitChunkBf16(const UnitMemory& unit, int64_t offset, 
   return Submit(TaskKind::kStepBf16, unit, offset, numel, grad, params, std::move(done), undo, mode);
 }
 
+absl::Status LayerAdam::SubmitGradSquared(const UnitMemory& unit, int64_t offset, int64_t numel, GradPtr grad,
+                                          const AdamWStepParams& params, double* block_squares, DoneFn done) {
+  if (numel > 0 && block_squares == nullptr) return absl::InvalidArgumentError("LayerAdam: null block squares");
+  return Submit(grad.bf16 ? TaskKind::kStepBf16 : TaskKind::kStepF32, unit, offset, numel, grad.data, params,
+                std::move(done), nullptr, UndoMode::kNone, block_squares);
+}
+
 absl::Status LayerAdam::FirstTouch(const UnitMemory& unit) {
   if (unit.numa_node < 0 || unit.numa_node >= num_numa_nodes() || unit.numel < 0) {
     return absl::InvalidArgumentError(absl::StrCat("FirstTouch: bad unit (numel ", unit.numel,
@@ -430,7 +442,7 @@ absl::Status LayerAdam::FirstTouch(const UnitMemory& unit) {
 
 absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t offset, int64_t numel,
                                const void* grad, const AdamWStepParams& params, DoneFn done,
-                               const UndoMemory* undo, UndoMode undo_mode) {
+                               const UndoMemory* undo, UndoMode undo_mode, double* block_squares) {
   if (offset < 0 || numel < 0 || unit.numel < 0 || offset > unit.numel ||
       numel > unit.numel - offset) {
     return absl::InvalidArgumentError(absl::StrCat("LayerAdam: chunk [", offset, ", +", numel,
@@ -472,12 +484,14 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
   }
 
   NodeQueue& q = *nodes_[QueueFor(unit.numa_node)];
-  // Split into at most one piece per worker, none below min_piece_numel, boundaries aligned.
+  // Split into at most one piece per worker, none below min_piece_numel, boundaries aligned (on
+  // the norm grid when the pieces sum squares: each block is one piece's).
   const int64_t max_pieces = std::max<int64_t>(1, numel / min_piece_numel_);
   const int64_t pieces = std::min<int64_t>(q.num_workers, max_pieces);
+  const int64_t align = block_squares != nullptr ? kNormBlockNumel : kPieceAlignNumel;
   std::vector<int64_t> bounds{offset};
   for (int64_t k = 1; k < pieces; ++k) {
-    int64_t b = (offset + numel * k / pieces) / kPieceAlignNumel * kPieceAlignNumel;
+    int64_t b = (offset + numel * k / pieces) / align * align;
     if (b > bounds.back() && b < offset + numel) bounds.push_back(b);
   }
   bounds.push_back(offset + numel);
@@ -503,7 +517,8 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
           grad == nullptr ? nullptr
                           : static_cast<const char*>(grad) + (bounds[k] - offset) * elem_bytes;
       q.tasks.push_back(Task{kind, unit, bounds[k], bounds[k + 1] - bounds[k], piece_grad, constants,
-                             params.nonfinite_grad, chunk, undo != nullptr ? *undo : UndoMemory{}, undo_mode});
+                             params.nonfinite_grad, chunk, undo != nullptr ? *undo : UndoMemory{}, undo_mode,
+                             block_squares, offset / kNormBlockNumel});
     }
   }
   return absl::OkStatus();
@@ -689,14 +704,49 @@ absl::Status LayerAdam::RunStep(const Task& t, const G* grad, BlockPacer& pacer)
   return status;
 }
 
+template <typename G>
+absl::Status LayerAdam::RunStepSquared(const Task& t, const G* grad, BlockPacer& pacer) {
+  const UnitMemory& u = t.unit;
+  const int64_t o = t.offset;
+  const int64_t end = o + t.numel;
+  const bool bf16 = !std::is_same_v<G, float>;
+  // Block by block on the norm grid: the block's squares first (bringing it into cache), then its
+  // update reads it there. A finite sum means every element is finite (squares formed in double
+  // cannot overflow from finite floats), so the unchecked kernels do.
+  for (int64_t bb = o; bb < end;) {
+    const int64_t be = std::min(end, (bb / kNormBlockNumel + 1) * kNormBlockNumel);
+    const G* g = grad + (bb - o);
+    pacer.BeforeBlock();
+    double& sq = t.squares[bb / kNormBlockNumel - t.squares_first_block];
+    NormBlockSquares(bb, be - bb, g, bf16, 0, 1, &sq);
+    if (!std::isfinite(sq) && t.nonfinite == NonFiniteGrad::kRefuse) {
+      for (int64_t i = 0; i < be - bb; ++i) {
+        if (!std::isfinite(GradValue(g[i]))) return NonFiniteGradError(bb + i, GradValue(g[i]));
+      }
+    }
+    RETURN_IF_ERROR(ForEachTensorPart(u.tensors, bb, be - bb, [&](int64_t b, int64_t n) {
+      if constexpr (std::is_same_v<G, float>) {
+        kernels_->step_f32(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, grad + (b - o), n);
+      } else {
+        kernels_->step_bf16(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, grad + (b - o), n);
+      }
+      return absl::OkStatus();
+    }));
+    bb = be;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LayerAdam::RunTask(const Task& t, BlockPacer& pacer) {
   const UnitMemory& u = t.unit;
   const int64_t o = t.offset;
   auto block_of = [&pacer](int64_t n) { return pacer.active() ? kYieldBlockNumel : std::max<int64_t>(n, 1); };
   switch (t.kind) {
     case TaskKind::kStepF32:
+      if (t.squares != nullptr) return RunStepSquared(t, static_cast<const float*>(t.grad), pacer);
       return RunStep(t, static_cast<const float*>(t.grad), pacer);
     case TaskKind::kStepBf16:
+      if (t.squares != nullptr) return RunStepSquared(t, static_cast<const bf16_t*>(t.grad), pacer);
       return RunStep(t, static_cast<const bf16_t*>(t.grad), pacer);
     case TaskKind::kRestore:
       return ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n) {

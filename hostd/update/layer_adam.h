@@ -193,6 +193,17 @@ class LayerAdam {
                   std::move(done), undo, mode);
   }
 
+  // As SubmitGrad without an undo copy, also summing the gradient's squares for the global norm
+  // as it updates (no pass of its own over the gradient): block_squares[k] receives the sum of
+  // squares of the chunk's block k on the norm grid (grad_norm.h: NormBlockSquares' bits, padding
+  // between tensors included), NormBlockCount(offset, numel) doubles that stay valid until `done`.
+  // Each block's sum is formed before the block is updated, so a non-finite block (its sum is not
+  // finite) is found first: with params.nonfinite_grad kRefuse nothing of it is written (DATA_LOSS
+  // as SubmitChunk's, naming its first non-finite element, padding included); with kApply it is
+  // updated as PyTorch does. Pieces split at grid blocks.
+  absl::Status SubmitGradSquared(const UnitMemory& unit, int64_t offset, int64_t numel, GradPtr grad,
+                                 const AdamWStepParams& params, double* block_squares, DoneFn done);
+
   // Blocks until every chunk accepted so far has completed (its `done` has returned).
   void WaitIdle();
 
@@ -247,6 +258,8 @@ class LayerAdam {
     ChunkState* chunk;  // from chunk_pool_; back there when its last piece finishes
     UndoMemory undo;
     UndoMode undo_mode;
+    double* squares;              // SubmitGradSquared: the chunk's block sums, else nullptr
+    int64_t squares_first_block;  // the grid index of squares[0]
   };
   struct NodeQueue {
     absl::Mutex mu;
@@ -271,13 +284,15 @@ class LayerAdam {
   LayerAdam() = default;
   absl::Status Submit(TaskKind kind, const UnitMemory& unit, int64_t offset, int64_t numel,
                       const void* grad, const AdamWStepParams& params, DoneFn done, const UndoMemory* undo = nullptr,
-                      UndoMode undo_mode = UndoMode::kNone);
+                      UndoMode undo_mode = UndoMode::kNone, double* block_squares = nullptr);
   int QueueFor(int numa_node) const;
   void WorkerLoop(int index, WorkerSpec spec);
   void RunEachWorkerCall(EachWorkerCall& call, int index, int node);
   absl::Status RunTask(const Task& task, BlockPacer& pacer);
   template <typename G>
   absl::Status RunStep(const Task& task, const G* grad, BlockPacer& pacer);
+  template <typename G>
+  absl::Status RunStepSquared(const Task& task, const G* grad, BlockPacer& pacer);
   std::shared_ptr<const CopyPriority> copy_priority() const;
   void FinishPiece(ChunkState* chunk, const absl::Status& status);
 

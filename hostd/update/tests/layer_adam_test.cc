@@ -496,6 +496,118 @@ TEST(LayerAdam, RefusingUpdatesStopAtANonFiniteGradient) {
   EXPECT_FALSE(NonFiniteGradOf(absl::DataLossError("other")).has_value());
 }
 
+// Clipping off: an update that sums its gradient's squares (SubmitGradSquared) is the plain update
+// bit for bit, and its block sums are NormBlockSquares' bits on the norm grid (padding between
+// tensors included, never updated), for FP32 and BF16 gradients and pieces split over workers.
+TEST(LayerAdam, SquaredUpdatesArePlainUpdatesWithTheGridSquares) {
+  auto config = Qwen3Config::Preset("tiny");
+  ASSERT_TRUE(config.ok());
+  const UnitLayout ul = ModelLayout::Build(*config).units[1];
+  const int64_t n = ul.numel;
+  ASSERT_GT(n, 4 * kNormBlockNumel);
+  std::vector<ElementRange> tensors;
+  for (const TensorSlot& t : ul.tensors) tensors.push_back({t.offset_numel, t.offset_numel + t.numel});
+  auto engine = MakeEngine(3, WorkerPinning::kNone, /*min_piece=*/64);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 gradients" : "fp32 gradients");
+    OwnedUnit unit = RandomState(n, rng, normal), expect = unit;
+    UnitMemory view = unit.view(), expect_view = expect.view();
+    view.tensors = expect_view.tensors = tensors;
+    for (int t = 1; t <= 2; ++t) {
+      AdamWStepParams p;
+      p.step = t;
+      p.nonfinite_grad = NonFiniteGrad::kRefuse;
+      std::vector<float> grad(n);
+      std::vector<bf16_t> grad16(n);
+      for (int64_t i = 0; i < n; ++i) {
+        grad[i] = normal(rng) * 1e-2f;
+        grad16[i] = FloatToBf16(grad[i]);
+      }
+      auto at = [&](int64_t o) { return bf16 ? GradPtr(grad16.data() + o) : GradPtr(grad.data() + o); };
+      std::vector<std::pair<int64_t, int64_t>> chunks = RandomChunks(n, rng);
+      std::vector<std::vector<double>> squares(chunks.size());
+      std::atomic<int> pending{0};
+      for (size_t c = 0; c < chunks.size(); ++c) {
+        const auto [o, l] = chunks[c];
+        squares[c].assign(NormBlockCount(o, l), -1.0);
+        pending += 2;
+        auto done = [&](absl::Status s) {
+          EXPECT_TRUE(s.ok()) << s;
+          pending--;
+        };
+        ASSERT_TRUE(engine->SubmitGradSquared(view, o, l, at(o), p, squares[c].data(), done).ok());
+        ASSERT_TRUE(engine->SubmitGrad(expect_view, o, l, at(o), p, done).ok());
+      }
+      engine->WaitIdle();
+      EXPECT_EQ(pending.load(), 0);
+      ASSERT_TRUE(SameState(unit, expect)) << "step " << t;
+      for (size_t c = 0; c < chunks.size(); ++c) {
+        const auto [o, l] = chunks[c];
+        std::vector<double> want(squares[c].size());
+        NormBlockSquares(o, l, at(o).data, bf16, 0, static_cast<int64_t>(want.size()), want.data());
+        ASSERT_EQ(0, std::memcmp(want.data(), squares[c].data(), want.size() * sizeof(double)))
+            << "chunk [" << o << ", +" << l << ")";
+      }
+    }
+  }
+  // The grid: blocks where the chunk meets multiples of kNormBlockNumel.
+  EXPECT_EQ(NormBlockCount(0, 0), 0);
+  EXPECT_EQ(NormBlockCount(0, kNormBlockNumel), 1);
+  EXPECT_EQ(NormBlockCount(kNormBlockNumel - 1, 2), 2);
+  EXPECT_EQ(NormBlockCount(5, 3 * kNormBlockNumel), 4);
+}
+
+// A squared update finds a non-finite gradient element before it writes its block: with kRefuse
+// the blocks before it are updated, that block and the rest of its piece are not (DATA_LOSS names
+// the element); with kApply the element goes non-finite as in PyTorch.
+TEST(LayerAdam, SquaredUpdatesRefuseANonFiniteBlockBeforeWritingIt) {
+  auto engine = MakeEngine(1, WorkerPinning::kNone, /*min_piece=*/1 << 22);  // one piece per chunk
+  constexpr int64_t kN = 5 * kNormBlockNumel + 77;
+  const int64_t offset = 300;  // the chunk starts inside a grid block
+  const int64_t bad = 3 * kNormBlockNumel + 5;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (NonFiniteGrad mode : {NonFiniteGrad::kRefuse, NonFiniteGrad::kApply}) {
+    OwnedUnit unit = RandomState(kN, rng, normal), expect = unit;
+    std::vector<float> grad(kN - offset, 1e-3f);
+    grad[bad - offset] = std::numeric_limits<float>::infinity();
+    AdamWStepParams p;
+    p.nonfinite_grad = mode;
+    const int64_t stop = mode == NonFiniteGrad::kRefuse ? bad / kNormBlockNumel * kNormBlockNumel : kN;
+    AdamWStep(p, expect.master.data() + offset, expect.m.data() + offset, expect.v.data() + offset,
+              expect.mirror.data() + offset, grad.data(), stop - offset);
+    std::vector<double> squares(NormBlockCount(offset, kN - offset));
+    absl::Notification done;
+    absl::Status status;
+    ASSERT_TRUE(engine
+                    ->SubmitGradSquared(unit.view(), offset, kN - offset, grad.data(), p, squares.data(),
+                                        [&](absl::Status s) {
+                                          status = s;
+                                          done.Notify();
+                                        })
+                    .ok());
+    done.WaitForNotification();
+    ASSERT_TRUE(SameState(unit, expect));
+    if (mode == NonFiniteGrad::kRefuse) {
+      EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+      auto e = NonFiniteGradOf(status);
+      ASSERT_TRUE(e.has_value()) << status;
+      EXPECT_EQ(e->offset, bad);
+      EXPECT_TRUE(std::isinf(e->value));
+    } else {
+      EXPECT_TRUE(status.ok()) << status;
+      EXPECT_TRUE(std::isinf(squares[NormBlockCount(offset, bad - offset + 1) - 1]));
+    }
+  }
+  OwnedUnit unit(16);
+  std::vector<float> grad(16);
+  EXPECT_EQ(engine->SubmitGradSquared(unit.view(), 0, 16, grad.data(), AdamWStepParams{}, nullptr, [](absl::Status) {})
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(LayerAdam, ShutdownCompletesEveryChunkOnce) {
   auto engine = MakeEngine(1);
   OwnedUnit unit(4096);
