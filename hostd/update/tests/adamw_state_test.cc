@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "common/numeric/bf16.h"
@@ -865,47 +866,77 @@ TEST(AdamState, ActiveTableFollowsDispatch) {
   EXPECT_EQ(ta, tb);
 }
 
-// Informative, not asserted: single-thread Gparam/s of each kernel on this machine, over a state
-// far larger than the caches (memory) and over one that fits in L2, repeated (compute: what the
-// core can do when bytes are free). bytes/param moved in memory: fp32 30 (FP32 gradient), bf16
-// 22, int8 ~18.06, each less 2 without the mirror.
-TEST(AdamState, ThroughputSingleThreadInformative) {
+// Informative, not asserted: Gparam/s of each kernel on this machine, one thread over a state far
+// larger than the caches (memory) and over one that fits in L2, repeated (compute: what a core
+// does when bytes are free), then every hardware thread on disjoint block-aligned slices of the
+// large state (what the memory system allows). Bytes/param moved in memory: fp32 30 (FP32
+// gradient), bf16 22, int8 ~18.06, each less 2 without the mirror.
+TEST(AdamState, ThroughputInformative) {
   constexpr int kReps = 5;
-  for (const int64_t n : {int64_t{1} << 22, int64_t{1} << 14}) {
-    const int passes = static_cast<int>((int64_t{1} << 22) / n);  // same element count per rep
+  const int hw_threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+  struct Case {
+    int64_t n;
+    int threads;
+    const char* what;
+  };
+  for (const Case& cs : {Case{int64_t{1} << 22, 1, "memory"}, Case{int64_t{1} << 14, 1, "in L2"},
+                         Case{int64_t{1} << 24, hw_threads, "memory"}}) {
+    const int64_t n = cs.n;
+    const int passes = static_cast<int>(std::max<int64_t>(1, (int64_t{1} << 22) / n));
     std::vector<float> master(n, 0.1f), m(n, 0.0f), v(n, 0.0f), grad = RandomGrad(n, 1);
     std::vector<bf16_t> mirror(n), m16(n, 0), v16(n, 0);
     std::vector<int8_t> mc(n, 0);
     std::vector<uint8_t> vc(n, 0);
     std::vector<float> ms(Int8StateBlocks(n), 0.0f), vs(Int8StateBlocks(n), 0.0f);
     const AdamWConstants c = MakeAdamWConstants(StepParams(1));
+    // fn(from, count) on `threads` threads, each a contiguous block-aligned slice.
     auto best_gps = [&](auto&& fn) {
+      const int64_t slice = (n / cs.threads + kInt8StateBlock - 1) / kInt8StateBlock * kInt8StateBlock;
       double best = 0;
       for (int r = 0; r < kReps; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
-        for (int p = 0; p < passes; ++p) fn();
+        std::vector<std::thread> pool;
+        for (int t = 0; t < cs.threads; ++t) {
+          const int64_t from = std::min(n, t * slice), count = std::min(n, from + slice) - from;
+          pool.emplace_back([&fn, from, count, passes] {
+            for (int p = 0; p < passes; ++p) fn(from, count);
+          });
+        }
+        for (std::thread& th : pool) th.join();
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         best = std::max(best, static_cast<double>(n) * passes / s * 1e-9);
       }
       return best;
     };
     for (AdamIsa isa : SupportedIsas()) {
+      if (cs.threads > 1 && isa == AdamIsa::kScalar) continue;
       const AdamKernelTable* f = AdamKernelsFor(isa);
       const AdamStateKernelTable* k = AdamStateKernelsFor(isa);
-      const Int8Moments s8{mc.data(), vc.data(), ms.data(), vs.data()};
-      const Bf16Moments s16{m16.data(), v16.data()};
-      const double fp32 = best_gps([&] { f->step_f32(c, master.data(), m.data(), v.data(), mirror.data(), grad.data(), n); });
-      const double i8 = best_gps([&] { k->int8_step_f32(c, master.data(), s8, mirror.data(), grad.data(), n); });
-      const double i8c =
-          best_gps([&] { (void)k->int8_step_f32_checked(c, master.data(), s8, mirror.data(), grad.data(), n); });
-      const double i8n = best_gps([&] { k->int8_step_f32(c, master.data(), s8, nullptr, grad.data(), n); });
-      const double b16 = best_gps([&] { k->bf16_step_f32(c, {1, 1, 0}, master.data(), s16, mirror.data(), grad.data(), n); });
-      const double b16c = best_gps(
-          [&] { (void)k->bf16_step_f32_checked(c, {1, 1, 0}, master.data(), s16, mirror.data(), grad.data(), n); });
-      std::printf("%-6s 1 thread, %s (%lld params x %d): fp32 %.3f | int8 %.3f (checked %.3f, no mirror %.3f) | "
-                  "bf16 %.3f (checked %.3f) Gparam/s\n",
-                  AdamIsaName(isa).c_str(), passes == 1 ? "memory" : "in L2 ", static_cast<long long>(n), passes,
-                  fp32, i8, i8c, i8n, b16, b16c);
+      auto s8 = [&](int64_t from) { return Int8MomentsAt({mc.data(), vc.data(), ms.data(), vs.data()}, from); };
+      auto s16 = [&](int64_t from) { return Bf16Moments{m16.data() + from, v16.data() + from}; };
+      const double fp32 = best_gps([&](int64_t a, int64_t cnt) {
+        f->step_f32(c, master.data() + a, m.data() + a, v.data() + a, mirror.data() + a, grad.data() + a, cnt);
+      });
+      const double i8 = best_gps([&](int64_t a, int64_t cnt) {
+        k->int8_step_f32(c, master.data() + a, s8(a), mirror.data() + a, grad.data() + a, cnt);
+      });
+      const double i8c = best_gps([&](int64_t a, int64_t cnt) {
+        (void)k->int8_step_f32_checked(c, master.data() + a, s8(a), mirror.data() + a, grad.data() + a, cnt);
+      });
+      const double i8n = best_gps([&](int64_t a, int64_t cnt) {
+        k->int8_step_f32(c, master.data() + a, s8(a), nullptr, grad.data() + a, cnt);
+      });
+      const double b16 = best_gps([&](int64_t a, int64_t cnt) {
+        k->bf16_step_f32(c, {1, 1, a}, master.data() + a, s16(a), mirror.data() + a, grad.data() + a, cnt);
+      });
+      const double b16c = best_gps([&](int64_t a, int64_t cnt) {
+        (void)k->bf16_step_f32_checked(c, {1, 1, a}, master.data() + a, s16(a), mirror.data() + a, grad.data() + a,
+                                       cnt);
+      });
+      std::printf("%-6s %2d thread(s), %-6s (%lld params x %d): fp32 %.3f | int8 %.3f (checked %.3f, no mirror "
+                  "%.3f) | bf16 %.3f (checked %.3f) Gparam/s\n",
+                  AdamIsaName(isa).c_str(), cs.threads, cs.what, static_cast<long long>(n), passes, fp32, i8, i8c,
+                  i8n, b16, b16c);
     }
   }
 }
