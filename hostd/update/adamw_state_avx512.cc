@@ -138,20 +138,12 @@ inline __m512i EncodeM16(__m512 x, __m512 m_inv) {
   return _mm512_sub_epi32(_mm512_xor_si512(c, sign), sign);
 }
 
-// EncodeV on 16 lanes: as EncodeV8 (adamw_state_avx2.cc), with rsqrt14 for the guess.
+// EncodeV on 16 lanes, as EncodeV8 (adamw_state_avx2.cc).
 inline __m512i EncodeV16(__m512 s, __m512 v_k) {
-  const __m512 x = _mm512_mul_ps(s, v_k);
-  const __m512 root = _mm512_mul_ps(x, _mm512_rsqrt14_ps(_mm512_max_ps(x, _mm512_set1_ps(1.0f))));
-  const __m512i guess = _mm512_cvtps_epi32(root);
-  const __m512 g = _mm512_cvtepi32_ps(guess);
-  const __m512 half = _mm512_set1_ps(0.5f);
-  const __m512 above = _mm512_mul_ps(_mm512_add_ps(g, half), _mm512_add_ps(g, half));
-  const __m512 below = _mm512_mul_ps(_mm512_sub_ps(g, half), _mm512_sub_ps(g, half));
-  const __m512i one = _mm512_set1_epi32(1);
-  __m512i c = _mm512_mask_add_epi32(guess, _mm512_cmp_ps_mask(x, above, _CMP_GE_OQ), guess, one);
-  c = _mm512_mask_sub_epi32(c, _mm512_cmp_ps_mask(x, below, _CMP_LT_OQ), c, one);
-  const __m512i floor = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ), one);
-  return _mm512_max_epi32(_mm512_min_epi32(c, _mm512_set1_epi32(kVCodeMax)), floor);
+  const __m512i rounded = _mm512_cvtps_epi32(_mm512_sqrt_ps(_mm512_mul_ps(s, v_k)));
+  const __m512i floor = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                               _mm512_set1_epi32(1));
+  return _mm512_max_epi32(_mm512_min_epi32(rounded, _mm512_set1_epi32(kVCodeMax)), floor);
 }
 
 void EncodeBlock(const Int8BlockScales& b, const float* m_new, const float* s_new, int64_t len, int8_t* m_codes,

@@ -28,6 +28,7 @@ constexpr int32_t kMCodeOffset = (127 << kMCodeMantissaBits) - kMCodeMax;  // 88
 // v code: q in [0, 255], sqrt(v) = v_scale * (q / 255)^2.
 constexpr int32_t kVCodeMax = 255;
 constexpr float kVCodeMaxSquared = 65025.0f;  // 255^2, exact
+constexpr float kRoundMagic = 8388608.0f;      // 2^23
 constexpr uint32_t kNonFiniteBits = 0x7f800000u;  // |x| bits at or above this: inf or NaN
 constexpr uint32_t kMinNormalBits = 0x00800000u;  // FLT_MIN
 constexpr uint32_t kPoisonScaleBits = 0x7fc00000u;  // the scale of a poisoned block: quiet NaN
@@ -67,24 +68,15 @@ constexpr uint32_t kPoisonScaleBits = 0x7fc00000u;  // the scale of a poisoned b
   return static_cast<int8_t>((xb >> 31) != 0 ? -c : c);
 }
 
-// The integer nearest to sqrt(x) for 0 <= x <= ~65025, from any guess within one of it: exact,
-// because (g +- 0.5)^2 is exactly representable for g <= 256, so every ISA gets the same code
-// whatever approximate root it starts from (the vector kernels use rsqrt, not the slow sqrt).
-// Ties (x exactly (c + 0.5)^2) go up. A guess of 0 for x < 0.25 gives -1; callers clamp.
-[[maybe_unused]] inline int32_t NearestRoot(float x, int32_t guess) {
-  const float g = static_cast<float>(guess);
-  const float above = (g + 0.5f) * (g + 0.5f);
-  const float below = (g - 0.5f) * (g - 0.5f);
-  return guess + (x >= above ? 1 : 0) - (x < below ? 1 : 0);
-}
-
-// s = sqrt(v) >= 0 with v_k = 255^2 / v_scale (0 for an all-zero block): the integer nearest to
-// 255 * sqrt(s / v_scale) = sqrt(s * v_k). Non-zero s gives code >= 1.
+// s = sqrt(v) >= 0 with v_k = 255^2 / v_scale (0 for an all-zero block): 255 * sqrt(s / v_scale)
+// = sqrt(s * v_k) rounded to an integer. (q + 2^23) - 2^23 rounds 0 <= q < 2^23 in the current
+// rounding mode, as the vector kernels' cvtps2dq does, so they agree in any mode (nearest even by
+// default). Non-zero s gives code >= 1.
 [[maybe_unused]] inline uint8_t EncodeV(float s, float v_k) {
-  const float x = s * v_k;
-  const int32_t c = NearestRoot(x, static_cast<int32_t>(std::sqrt(x) + 0.5f));
+  const float q = std::sqrt(s * v_k);
+  const int32_t rounded = static_cast<int32_t>((q + kRoundMagic) - kRoundMagic);
   const int32_t floor = s > 0.0f ? 1 : 0;
-  return static_cast<uint8_t>(std::max(std::min(c, kVCodeMax), floor));
+  return static_cast<uint8_t>(std::max(std::min(rounded, kVCodeMax), floor));
 }
 
 // What a block's new absmax (as |x| bits: an integer max is exact, order-free and sees NaN) gives.
