@@ -13,12 +13,9 @@ namespace slidedp::update {
 
 std::string StateDtypeName(StateDtype dtype) {
   switch (dtype) {
-    case StateDtype::kFp32:
-      return "fp32";
-    case StateDtype::kBf16:
-      return "bf16";
-    case StateDtype::kInt8:
-      return "int8";
+    case StateDtype::kFp32: return "fp32";
+    case StateDtype::kBf16: return "bf16";
+    case StateDtype::kInt8: return "int8";
   }
   return "unknown";
 }
@@ -33,12 +30,9 @@ absl::StatusOr<StateDtype> ParseStateDtype(absl::string_view name) {
 
 int64_t MomentStateBytes(StateDtype dtype, int64_t n) {
   switch (dtype) {
-    case StateDtype::kFp32:
-      return 2 * n * static_cast<int64_t>(sizeof(float));
-    case StateDtype::kBf16:
-      return 2 * n * static_cast<int64_t>(sizeof(bf16_t));
-    case StateDtype::kInt8:
-      return 2 * n + 2 * Int8StateBlocks(n) * static_cast<int64_t>(sizeof(float));
+    case StateDtype::kFp32: return 2 * n * static_cast<int64_t>(sizeof(float));
+    case StateDtype::kBf16: return 2 * n * static_cast<int64_t>(sizeof(bf16_t));
+    case StateDtype::kInt8: return 2 * n + 2 * Int8StateBlocks(n) * static_cast<int64_t>(sizeof(float));
   }
   return 0;
 }
@@ -56,12 +50,9 @@ uint32_t StochasticRoundingKey(uint64_t seed, int64_t step, uint32_t index_hi) {
 const AdamStateKernelTable* AdamStateKernelsFor(AdamIsa isa) {
   if (!AdamIsaSupported(isa)) return nullptr;
   switch (isa) {
-    case AdamIsa::kScalar:
-      return &internal::kScalarStateKernels;
-    case AdamIsa::kAvx2:
-      return &internal::kAvx2StateKernels;
-    case AdamIsa::kAvx512:
-      return &internal::kAvx512StateKernels;
+    case AdamIsa::kScalar: return &internal::kScalarStateKernels;
+    case AdamIsa::kAvx2: return &internal::kAvx2StateKernels;
+    case AdamIsa::kAvx512: return &internal::kAvx512StateKernels;
   }
   return nullptr;
 }

@@ -14,24 +14,31 @@
 //         counter-based hash of (seed, step, global element index): with beta2 = 0.999 the
 //         per-step change of v is ~0.1%, below half a BF16 ulp (0.2-0.4%), so round to nearest
 //         would freeze v. The hash makes the rounding a pure function of its inputs: a resumed
-//         run repeats it bit for bit.
+//         run repeats it bit for bit, however the range is split.
 //   int8: blocks of kInt8StateBlock = 256 consecutive elements; per block two FP32 scales in
 //         separate arrays (Int8StateBlocks(n) each, the last block may be partial):
-//           m_scale[b] = max |m| over the block, m_code[i] int8: sign + 7-bit magnitude on a
-//                        float grid with 3 mantissa bits (spacing 1/16..1/8 relative) spanning
-//                        2^-16..1 of m_scale, 0 = zero (values below ~2^-16 flush to 0);
-//           v_scale[b] = max sqrt(v) over the block, v_code[i] uint8: round(255 * (sqrt(v) /
-//                        v_scale)^(1/2)), so v = v_scale^2 * (code/255)^4: a power map (finer
-//                        near the block maximum, 9 decades of v below it). A non-zero v never
-//                        encodes as 0 (code >= 1): a zero denominator would turn m into m/eps.
-//         Rounding is to nearest (ties to even), deterministic. A block is requantized as a
-//         whole with the absmax of its new values.
+//           m_scale[b] = max |m| over the block; m_code[i] int8 in [-127, 127]: the sign and a
+//                        7-bit magnitude c on a float grid with 3 mantissa bits, m = +-m_scale *
+//                        bits_to_float((c + 889) << 20) (relative spacing 1/16..1/8, c = 127 is
+//                        1.0, c = 1 is 1.25 * 2^-16), c = 0 is zero (|m| below ~2^-16 of the
+//                        block maximum flushes to 0);
+//           v_scale[b] = max sqrt(v) over the block; v_code[i] uint8: q = 255 * (sqrt(v) /
+//                        v_scale)^(1/2), so v = v_scale^2 * (q/255)^4: a power map, finer near the
+//                        block maximum, 9.6 decades of v below it. A non-zero v never encodes as 0
+//                        (q >= 1): a zero denominator would turn m into m/eps. Decoded in FP32 as
+//                        ((q*q) * f32(v_scale / 255^2))^2.
+//         Rounding is to nearest, ties to even (m on its float grid; v of q computed in FP32
+//         with the correctly rounded sqrt): deterministic. A block is requantized as a whole,
+//         with the absmax of its new values.
 //
 // Ranges: an int8 kernel's range starts at a block boundary of the arrays it is given (element 0
 // of the range is code 0 and scale 0 of the pointers passed; Int8MomentsAt advances them); any
-// length, the last block may be partial. Callers split work at multiples of 256 elements. BF16
-// ranges have no alignment rule. All kernels take any pointer alignment and are thread-safe on
-// disjoint ranges.
+// length, the last block may be partial. A block must not be split between two calls: each call
+// recomputes the scale of every block it touches from the elements it is given, so callers split
+// work at multiples of 256 elements. A range that ends inside a block (a tensor's end before its
+// 256-aligned padding) leaves the codes of the rest of that block alone and scales the block by
+// the elements it was given. BF16 ranges have no alignment rule. All kernels take any pointer
+// alignment and are thread-safe on disjoint ranges.
 //
 // Non-finite values: a NaN or inf in a block's new m (or new sqrt(v)) poisons that block: its
 // scale becomes NaN and its codes 0, so every element of the block dequantizes as NaN (the FP32
@@ -53,7 +60,7 @@ namespace slidedp::update {
 // How the host stores the Adam moments m and v.
 enum class StateDtype { kFp32, kBf16, kInt8 };
 
-std::string StateDtypeName(StateDtype dtype);                           // "fp32" | "bf16" | "int8"
+std::string StateDtypeName(StateDtype dtype);                        // "fp32" | "bf16" | "int8"
 absl::StatusOr<StateDtype> ParseStateDtype(absl::string_view name);  // INVALID_ARGUMENT otherwise
 
 // Elements per int8 quantization block (the unit of requantization and of range alignment).
@@ -114,15 +121,15 @@ struct AdamStateKernelTable {
                         const float* grad, int64_t n);
   void (*int8_step_bf16)(const AdamWConstants& c, float* master, const Int8Moments& state, bf16_t* mirror,
                          const bf16_t* grad, int64_t n);
-  int64_t (*int8_step_f32_checked)(const AdamWConstants& c, float* master, const Int8Moments& state,
-                                   bf16_t* mirror, const float* grad, int64_t n);
-  int64_t (*int8_step_bf16_checked)(const AdamWConstants& c, float* master, const Int8Moments& state,
-                                    bf16_t* mirror, const bf16_t* grad, int64_t n);
+  int64_t (*int8_step_f32_checked)(const AdamWConstants& c, float* master, const Int8Moments& state, bf16_t* mirror,
+                                   const float* grad, int64_t n);
+  int64_t (*int8_step_bf16_checked)(const AdamWConstants& c, float* master, const Int8Moments& state, bf16_t* mirror,
+                                    const bf16_t* grad, int64_t n);
 
-  void (*bf16_step_f32)(const AdamWConstants& c, const StochasticRounding& sr, float* master,
-                        const Bf16Moments& state, bf16_t* mirror, const float* grad, int64_t n);
-  void (*bf16_step_bf16)(const AdamWConstants& c, const StochasticRounding& sr, float* master,
-                         const Bf16Moments& state, bf16_t* mirror, const bf16_t* grad, int64_t n);
+  void (*bf16_step_f32)(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& state,
+                        bf16_t* mirror, const float* grad, int64_t n);
+  void (*bf16_step_bf16)(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& state,
+                         bf16_t* mirror, const bf16_t* grad, int64_t n);
   int64_t (*bf16_step_f32_checked)(const AdamWConstants& c, const StochasticRounding& sr, float* master,
                                    const Bf16Moments& state, bf16_t* mirror, const float* grad, int64_t n);
   int64_t (*bf16_step_bf16_checked)(const AdamWConstants& c, const StochasticRounding& sr, float* master,

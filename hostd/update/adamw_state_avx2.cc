@@ -62,8 +62,8 @@ inline __m256i ToBf16Wide(__m256 x) {
   const __m256i rounded =
       _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
   const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
-  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
-                                            _mm256_set1_epi32(0x7f800000));
+  const __m256i is_nan =
+      _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
   return _mm256_blendv_epi8(rounded, quiet, is_nan);
 }
 
@@ -72,8 +72,8 @@ inline __m256i ToBf16StochasticWide(__m256 x, __m256i bits16) {
   const __m256i bits = _mm256_castps_si256(x);
   const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, bits16), 16);
   const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
-  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
-                                            _mm256_set1_epi32(0x7f800000));
+  const __m256i is_nan =
+      _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
   return _mm256_blendv_epi8(rounded, quiet, is_nan);
 }
 
@@ -186,10 +186,11 @@ void EncodeBlock(const Int8BlockScales& b, const float* m_new, const float* s_ne
   const __m256 m_inv = _mm256_set1_ps(b.m_inv), v_k = _mm256_set1_ps(b.v_k);
   int64_t i = 0;
   for (; i + 16 <= len; i += 16) {
-    const __m256i m16 = _mm256_permute4x64_epi64(
-        _mm256_packs_epi32(EncodeM8(_mm256_loadu_ps(m_new + i), m_inv), EncodeM8(_mm256_loadu_ps(m_new + i + 8), m_inv)),
-        _MM_SHUFFLE(3, 1, 2, 0));
-    const __m256i v16 = Pack16(EncodeV8(_mm256_loadu_ps(s_new + i), v_k), EncodeV8(_mm256_loadu_ps(s_new + i + 8), v_k));
+    const __m256i m16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(EncodeM8(_mm256_loadu_ps(m_new + i), m_inv),
+                                                                    EncodeM8(_mm256_loadu_ps(m_new + i + 8), m_inv)),
+                                                 _MM_SHUFFLE(3, 1, 2, 0));
+    const __m256i v16 =
+        Pack16(EncodeV8(_mm256_loadu_ps(s_new + i), v_k), EncodeV8(_mm256_loadu_ps(s_new + i + 8), v_k));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(m_codes + i),
                      _mm_packs_epi16(_mm256_castsi256_si128(m16), _mm256_extracti128_si256(m16, 1)));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(v_codes + i),
@@ -232,7 +233,8 @@ void Int8Block(const AdamWConstants& constants, const Vec256Constants& c, float*
   if (kMirror && stream) {
     int64_t r = 0;
     for (; r + 16 <= i; r += 16) {
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(mirror + r), _mm256_load_si256(reinterpret_cast<const __m256i*>(rows + r)));
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(mirror + r),
+                          _mm256_load_si256(reinterpret_cast<const __m256i*>(rows + r)));
     }
     for (; r < i; ++r) mirror[r] = rows[r];
   }
@@ -360,7 +362,8 @@ int64_t Bf16Span(const AdamWConstants& constants, const Vec256Constants& c, floa
   };
   int64_t i = from;
   if (stream) {  // scalar head up to the mirror's 32-byte boundary
-    const int64_t head = std::min(to, from + static_cast<int64_t>(((32 - reinterpret_cast<uintptr_t>(mirror + from) % 32) % 32) / 2));
+    const int64_t head =
+        std::min(to, from + static_cast<int64_t>(((32 - reinterpret_cast<uintptr_t>(mirror + from) % 32) % 32) / 2));
     for (; i < head; ++i) {
       if (kCheck && IsNonFinite(GradAt(grad, i))) return i;
       scalar(i);
@@ -376,14 +379,16 @@ int64_t Bf16Span(const AdamWConstants& constants, const Vec256Constants& c, floa
     const __m128i m_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s.m + i + 8));
     const __m128i v_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s.v + i));
     const __m128i v_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s.v + i + 8));
-    const Adam8 a = AdamStep8(c, LoadGrad8(grad + i), _mm256_loadu_ps(master + i), WidenBf16x8(m_lo), WidenBf16x8(v_lo));
+    const Adam8 a =
+        AdamStep8(c, LoadGrad8(grad + i), _mm256_loadu_ps(master + i), WidenBf16x8(m_lo), WidenBf16x8(v_lo));
     const Adam8 b =
         AdamStep8(c, LoadGrad8(grad + i + 8), _mm256_loadu_ps(master + i + 8), WidenBf16x8(m_hi), WidenBf16x8(v_hi));
     _mm256_storeu_ps(master + i, a.theta);
     _mm256_storeu_ps(master + i + 8, b.theta);
     if constexpr (kMirror) StoreRow16(mirror + i, Pack16(ToBf16Wide(a.theta), ToBf16Wide(b.theta)), stream);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(s.m + i), Pack16(ToBf16Wide(a.m), ToBf16Wide(b.m)));
-    const __m256i index = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(lo + static_cast<uint32_t>(i - from))), lane);
+    const __m256i index =
+        _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(lo + static_cast<uint32_t>(i - from))), lane);
     const __m256i r_lo = RoundingBits8(index, key8);
     const __m256i r_hi = RoundingBits8(_mm256_add_epi32(index, _mm256_set1_epi32(8)), key8);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(s.v + i),
@@ -397,8 +402,8 @@ int64_t Bf16Span(const AdamWConstants& constants, const Vec256Constants& c, floa
 }
 
 template <bool kCheck, bool kMirror, typename G>
-int64_t Bf16StepImpl(const AdamWConstants& constants, const StochasticRounding& sr, float* master,
-                     const Bf16Moments& s, bf16_t* mirror, const G* grad, int64_t n) {
+int64_t Bf16StepImpl(const AdamWConstants& constants, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                     bf16_t* mirror, const G* grad, int64_t n) {
   const Vec256Constants c(constants);
   // Streaming needs the mirror's rows to reach a 32-byte boundary: an even address.
   const bool stream = kMirror && constants.stream_mirror && reinterpret_cast<uintptr_t>(mirror) % 2 == 0;
@@ -424,12 +429,12 @@ void Bf16StepBf16(const AdamWConstants& c, const StochasticRounding& sr, float* 
                   bf16_t* mirror, const bf16_t* grad, int64_t n) {
   Bf16Step<false>(c, sr, master, s, mirror, grad, n);
 }
-int64_t Bf16StepF32Checked(const AdamWConstants& c, const StochasticRounding& sr, float* master,
-                           const Bf16Moments& s, bf16_t* mirror, const float* grad, int64_t n) {
+int64_t Bf16StepF32Checked(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                           bf16_t* mirror, const float* grad, int64_t n) {
   return Bf16Step<true>(c, sr, master, s, mirror, grad, n);
 }
-int64_t Bf16StepBf16Checked(const AdamWConstants& c, const StochasticRounding& sr, float* master,
-                            const Bf16Moments& s, bf16_t* mirror, const bf16_t* grad, int64_t n) {
+int64_t Bf16StepBf16Checked(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                            bf16_t* mirror, const bf16_t* grad, int64_t n) {
   return Bf16Step<true>(c, sr, master, s, mirror, grad, n);
 }
 
@@ -463,9 +468,19 @@ void Bf16ToF32(const Bf16MomentsView& in, float* m, float* v, int64_t n) {
 
 namespace internal {
 const AdamStateKernelTable kAvx2StateKernels = {
-    &Int8StepF32, &Int8StepBf16, &Int8StepF32Checked, &Int8StepBf16Checked,
-    &Bf16StepF32, &Bf16StepBf16, &Bf16StepF32Checked, &Bf16StepBf16Checked,
-    &Int8FromF32, &Int8ToF32,    &Bf16FromF32,        &Bf16ToF32};
+    .int8_step_f32 = &Int8StepF32,
+    .int8_step_bf16 = &Int8StepBf16,
+    .int8_step_f32_checked = &Int8StepF32Checked,
+    .int8_step_bf16_checked = &Int8StepBf16Checked,
+    .bf16_step_f32 = &Bf16StepF32,
+    .bf16_step_bf16 = &Bf16StepBf16,
+    .bf16_step_f32_checked = &Bf16StepF32Checked,
+    .bf16_step_bf16_checked = &Bf16StepBf16Checked,
+    .int8_from_f32 = &Int8FromF32,
+    .int8_to_f32 = &Int8ToF32,
+    .bf16_from_f32 = &Bf16FromF32,
+    .bf16_to_f32 = &Bf16ToF32,
+};
 }  // namespace internal
 
 }  // namespace slidedp::update

@@ -141,8 +141,8 @@ inline __m512i EncodeM16(__m512 x, __m512 m_inv) {
 // EncodeV on 16 lanes, as EncodeV8 (adamw_state_avx2.cc).
 inline __m512i EncodeV16(__m512 s, __m512 v_k) {
   const __m512i rounded = _mm512_cvtps_epi32(_mm512_sqrt_ps(_mm512_mul_ps(s, v_k)));
-  const __m512i floor = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ),
-                                               _mm512_set1_epi32(1));
+  const __m512i floor =
+      _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_epi32(1));
   return _mm512_max_epi32(_mm512_min_epi32(rounded, _mm512_set1_epi32(kVCodeMax)), floor);
 }
 
@@ -230,8 +230,8 @@ int64_t Int8StepImpl(const AdamWConstants& constants, float* master, const Int8M
         break;
       }
     }
-    Int8Block<kMirror>(c, master + start, s.m_codes + start, s.v_codes + start, s.m_scales + block,
-                       s.v_scales + block, kMirror ? mirror + start : nullptr, stream, grad + start, len);
+    Int8Block<kMirror>(c, master + start, s.m_codes + start, s.v_codes + start, s.m_scales + block, s.v_scales + block,
+                       kMirror ? mirror + start : nullptr, stream, grad + start, len);
   }
   if (stream) _mm_sfence();
   return stop;
@@ -301,8 +301,8 @@ void Int8ToF32(const Int8MomentsView& in, float* m, float* v, int64_t n) {
 template <RowWrite kWrite, bool kMirror, typename G>
 inline void Bf16Row(const Vec512Constants& c, float* master, const Bf16Moments& s, bf16_t* mirror, const G* grad,
                     __m512i index_lo, __m512i key, __mmask16 k) {
-  const Adam16 a = AdamStep16(c, LoadGrad(grad, k), _mm512_maskz_loadu_ps(k, master), LoadBf16(s.m, k),
-                              LoadBf16(s.v, k));
+  const Adam16 a =
+      AdamStep16(c, LoadGrad(grad, k), _mm512_maskz_loadu_ps(k, master), LoadBf16(s.m, k), LoadBf16(s.v, k));
   _mm512_mask_storeu_ps(master, k, a.theta);
   if constexpr (kMirror) StoreRow<kWrite>(mirror, ToBf16(a.theta), k);
   _mm256_mask_storeu_epi16(s.m, k, ToBf16(a.m));
@@ -366,8 +366,8 @@ int64_t Bf16Span(const AdamWConstants& constants, const Vec512Constants& c, floa
 }
 
 template <bool kCheck, bool kMirror, typename G>
-int64_t Bf16StepImpl(const AdamWConstants& constants, const StochasticRounding& sr, float* master,
-                     const Bf16Moments& s, bf16_t* mirror, const G* grad, int64_t n) {
+int64_t Bf16StepImpl(const AdamWConstants& constants, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                     bf16_t* mirror, const G* grad, int64_t n) {
   const Vec512Constants c(constants);
   const int64_t stop = ForEachRoundingSpan(sr, n, [&](int64_t from, int64_t to, uint32_t key, uint32_t lo) {
     return Bf16Span<kCheck, kMirror>(constants, c, master, s, mirror, grad, from, to, key, lo);
@@ -391,12 +391,12 @@ void Bf16StepBf16(const AdamWConstants& c, const StochasticRounding& sr, float* 
                   bf16_t* mirror, const bf16_t* grad, int64_t n) {
   Bf16Step<false>(c, sr, master, s, mirror, grad, n);
 }
-int64_t Bf16StepF32Checked(const AdamWConstants& c, const StochasticRounding& sr, float* master,
-                           const Bf16Moments& s, bf16_t* mirror, const float* grad, int64_t n) {
+int64_t Bf16StepF32Checked(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                           bf16_t* mirror, const float* grad, int64_t n) {
   return Bf16Step<true>(c, sr, master, s, mirror, grad, n);
 }
-int64_t Bf16StepBf16Checked(const AdamWConstants& c, const StochasticRounding& sr, float* master,
-                            const Bf16Moments& s, bf16_t* mirror, const bf16_t* grad, int64_t n) {
+int64_t Bf16StepBf16Checked(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                            bf16_t* mirror, const bf16_t* grad, int64_t n) {
   return Bf16Step<true>(c, sr, master, s, mirror, grad, n);
 }
 
@@ -420,9 +420,19 @@ void Bf16ToF32(const Bf16MomentsView& in, float* m, float* v, int64_t n) {
 
 namespace internal {
 const AdamStateKernelTable kAvx512StateKernels = {
-    &Int8StepF32, &Int8StepBf16, &Int8StepF32Checked, &Int8StepBf16Checked,
-    &Bf16StepF32, &Bf16StepBf16, &Bf16StepF32Checked, &Bf16StepBf16Checked,
-    &Int8FromF32, &Int8ToF32,    &Bf16FromF32,        &Bf16ToF32};
+    .int8_step_f32 = &Int8StepF32,
+    .int8_step_bf16 = &Int8StepBf16,
+    .int8_step_f32_checked = &Int8StepF32Checked,
+    .int8_step_bf16_checked = &Int8StepBf16Checked,
+    .bf16_step_f32 = &Bf16StepF32,
+    .bf16_step_bf16 = &Bf16StepBf16,
+    .bf16_step_f32_checked = &Bf16StepF32Checked,
+    .bf16_step_bf16_checked = &Bf16StepBf16Checked,
+    .int8_from_f32 = &Int8FromF32,
+    .int8_to_f32 = &Int8ToF32,
+    .bf16_from_f32 = &Bf16FromF32,
+    .bf16_to_f32 = &Bf16ToF32,
+};
 }  // namespace internal
 
 }  // namespace slidedp::update

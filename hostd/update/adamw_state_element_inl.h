@@ -27,10 +27,10 @@ constexpr int32_t kMCodeMax = 127;
 constexpr int32_t kMCodeOffset = (127 << kMCodeMantissaBits) - kMCodeMax;  // 889
 // v code: q in [0, 255], sqrt(v) = v_scale * (q / 255)^2.
 constexpr int32_t kVCodeMax = 255;
-constexpr float kVCodeMaxSquared = 65025.0f;  // 255^2, exact
-constexpr float kRoundMagic = 8388608.0f;      // 2^23
-constexpr uint32_t kNonFiniteBits = 0x7f800000u;  // |x| bits at or above this: inf or NaN
-constexpr uint32_t kMinNormalBits = 0x00800000u;  // FLT_MIN
+constexpr float kVCodeMaxSquared = 65025.0f;        // 255^2, exact
+constexpr float kRoundMagic = 8388608.0f;           // 2^23
+constexpr uint32_t kNonFiniteBits = 0x7f800000u;    // |x| bits at or above this: inf or NaN
+constexpr uint32_t kMinNormalBits = 0x00800000u;    // FLT_MIN
 constexpr uint32_t kPoisonScaleBits = 0x7fc00000u;  // the scale of a poisoned block: quiet NaN
 
 [[maybe_unused]] inline uint32_t FloatBits(float x) {
@@ -63,7 +63,8 @@ constexpr uint32_t kPoisonScaleBits = 0x7fc00000u;  // the scale of a poisoned b
 [[maybe_unused]] inline int8_t EncodeM(float x, float m_inv) {
   const uint32_t xb = FloatBits(x);
   const uint32_t rb = FloatBits(BitsFloat(xb & 0x7fffffffu) * m_inv);
-  const int32_t rounded = static_cast<int32_t>((rb + ((1u << (kMCodeShift - 1)) - 1u) + ((rb >> kMCodeShift) & 1u)) >> kMCodeShift);
+  const int32_t rounded =
+      static_cast<int32_t>((rb + ((1u << (kMCodeShift - 1)) - 1u) + ((rb >> kMCodeShift) & 1u)) >> kMCodeShift);
   const int32_t c = std::min(std::max(rounded - kMCodeOffset, int32_t{0}), kMCodeMax);
   return static_cast<int8_t>((xb >> 31) != 0 ? -c : c);
 }

@@ -115,12 +115,12 @@ void Bf16StepBf16(const AdamWConstants& c, const StochasticRounding& sr, float* 
                   bf16_t* mirror, const bf16_t* grad, int64_t n) {
   Bf16Step<false>(c, sr, master, s, mirror, grad, n);
 }
-int64_t Bf16StepF32Checked(const AdamWConstants& c, const StochasticRounding& sr, float* master,
-                           const Bf16Moments& s, bf16_t* mirror, const float* grad, int64_t n) {
+int64_t Bf16StepF32Checked(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                           bf16_t* mirror, const float* grad, int64_t n) {
   return Bf16Step<true>(c, sr, master, s, mirror, grad, n);
 }
-int64_t Bf16StepBf16Checked(const AdamWConstants& c, const StochasticRounding& sr, float* master,
-                            const Bf16Moments& s, bf16_t* mirror, const bf16_t* grad, int64_t n) {
+int64_t Bf16StepBf16Checked(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                            bf16_t* mirror, const bf16_t* grad, int64_t n) {
   return Bf16Step<true>(c, sr, master, s, mirror, grad, n);
 }
 
@@ -142,9 +142,19 @@ void Bf16ToF32(const Bf16MomentsView& in, float* m, float* v, int64_t n) {
 
 namespace internal {
 const AdamStateKernelTable kScalarStateKernels = {
-    &Int8StepF32, &Int8StepBf16, &Int8StepF32Checked, &Int8StepBf16Checked,
-    &Bf16StepF32, &Bf16StepBf16, &Bf16StepF32Checked, &Bf16StepBf16Checked,
-    &Int8FromF32, &Int8ToF32,    &Bf16FromF32,        &Bf16ToF32};
+    .int8_step_f32 = &Int8StepF32,
+    .int8_step_bf16 = &Int8StepBf16,
+    .int8_step_f32_checked = &Int8StepF32Checked,
+    .int8_step_bf16_checked = &Int8StepBf16Checked,
+    .bf16_step_f32 = &Bf16StepF32,
+    .bf16_step_bf16 = &Bf16StepBf16,
+    .bf16_step_f32_checked = &Bf16StepF32Checked,
+    .bf16_step_bf16_checked = &Bf16StepBf16Checked,
+    .int8_from_f32 = &Int8FromF32,
+    .int8_to_f32 = &Int8ToF32,
+    .bf16_from_f32 = &Bf16FromF32,
+    .bf16_to_f32 = &Bf16ToF32,
+};
 }  // namespace internal
 
 }  // namespace slidedp::update

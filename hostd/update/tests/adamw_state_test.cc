@@ -151,7 +151,7 @@ TEST(AdamState, NamesParseAndBytes) {
   EXPECT_EQ(MomentStateBytes(StateDtype::kFp32, 1000), 8000);
   EXPECT_EQ(MomentStateBytes(StateDtype::kBf16, 1000), 4000);
   EXPECT_EQ(MomentStateBytes(StateDtype::kInt8, 0), 0);
-  EXPECT_EQ(MomentStateBytes(StateDtype::kInt8, 1), 2 + 8);      // a partial block counts whole
+  EXPECT_EQ(MomentStateBytes(StateDtype::kInt8, 1), 2 + 8);  // a partial block counts whole
   EXPECT_EQ(MomentStateBytes(StateDtype::kInt8, 256), 512 + 8);
   EXPECT_EQ(MomentStateBytes(StateDtype::kInt8, 257), 514 + 16);
   EXPECT_EQ(MomentStateBytes(StateDtype::kInt8, int64_t{1} << 30), (int64_t{2} << 30) + (int64_t{1} << 25));
@@ -185,8 +185,8 @@ TEST(AdamState, EveryIsaMatchesScalarBitwise) {
     for (size_t shift = 0; shift < 3; ++shift) {
       for (bool bf16_grad : {false, true}) {
         for (bool stream : {true, false}) {
-          SCOPED_TRACE(testing::Message() << "n=" << n << " shift=" << shift << " bf16_grad=" << bf16_grad
-                                          << " stream=" << stream);
+          SCOPED_TRACE(testing::Message()
+                       << "n=" << n << " shift=" << shift << " bf16_grad=" << bf16_grad << " stream=" << stream);
           Buffer<bf16_t> grad16(n, shift * 5 % 16);
           Buffer<float> grad32(n, (shift + 1) % 4);
           // The expected result: scalar kernels, aligned arrays, a mirror.
@@ -318,7 +318,8 @@ DoubleStep ReferenceStep(const AdamWStepParams& p, const std::vector<float>& the
     const double g = static_cast<double>(grad[i]) * p.grad_scale;
     const double mm = p.beta1 * m + (1 - p.beta1) * g;
     const double vv = p.beta2 * s_old * s_old + (1 - p.beta2) * g * g;
-    const double th = theta[i] * (1 - p.lr * p.weight_decay) - p.lr / bc1 * mm / (std::sqrt(vv) / std::sqrt(bc2) + p.eps);
+    const double th =
+        theta[i] * (1 - p.lr * p.weight_decay) - p.lr / bc1 * mm / (std::sqrt(vv) / std::sqrt(bc2) + p.eps);
     out.theta[i] = th;
     out.m[i] = mm;
     out.s[i] = std::sqrt(vv);
@@ -356,7 +357,8 @@ TEST(AdamState, Int8StepMatchesDoubleModelOfTheSameQuantization) {
           m_abs = std::max(m_abs, std::fabs(ref.m[i]));
           s_abs = std::max(s_abs, ref.s[i]);
         }
-        const double scale_err = std::max(std::fabs(st.ms.data[b] - m_abs) / m_abs, std::fabs(st.vs.data[b] - s_abs) / s_abs);
+        const double scale_err =
+            std::max(std::fabs(st.ms.data[b] - m_abs) / m_abs, std::fabs(st.vs.data[b] - s_abs) / s_abs);
         worst_scale = std::max(worst_scale, scale_err);
         ASSERT_LT(scale_err, 2e-6) << "block " << b;
         for (int64_t i = from; i < to; ++i) {
@@ -388,10 +390,11 @@ TEST(AdamState, Int8StepMatchesDoubleModelOfTheSameQuantization) {
         }
       }
     }
-    std::printf("%s: int8 vs double model over %d steps x %lld: worst master error %.2e (of |theta|+lr), worst "
-                "scale %.2e, codes on a boundary that rounded the other way: m %lld, v %lld\n",
-                AdamIsaName(isa).c_str(), kSteps, static_cast<long long>(kN), worst_theta, worst_scale,
-                static_cast<long long>(m_code_diffs), static_cast<long long>(v_code_diffs));
+    std::printf(
+        "%s: int8 vs double model over %d steps x %lld: worst master error %.2e (of |theta|+lr), worst "
+        "scale %.2e, codes on a boundary that rounded the other way: m %lld, v %lld\n",
+        AdamIsaName(isa).c_str(), kSteps, static_cast<long long>(kN), worst_theta, worst_scale,
+        static_cast<long long>(m_code_diffs), static_cast<long long>(v_code_diffs));
     EXPECT_LE(m_code_diffs + v_code_diffs, kN * kSteps / 1000);
   }
 }
@@ -555,8 +558,8 @@ TEST(AdamState, CheckedKernelsStopAtTheBlockOrElement) {
       std::vector<float> m0, v0;
       RandomMoments(n, static_cast<uint32_t>(n), &m0, &v0);
       const std::vector<float> g = RandomGrad(n, static_cast<uint32_t>(n + 1));
-      for (int64_t pos : {int64_t{-1}, int64_t{0}, int64_t{1}, int64_t{17}, int64_t{255}, int64_t{256},
-                          int64_t{257}, n / 2, n - 1}) {
+      for (int64_t pos :
+           {int64_t{-1}, int64_t{0}, int64_t{1}, int64_t{17}, int64_t{255}, int64_t{256}, int64_t{257}, n / 2, n - 1}) {
         if (pos >= n) continue;
         for (float bad : kBad) {
           for (bool bf16_grad : {false, true}) {
@@ -672,7 +675,8 @@ TEST(AdamState, ConversionsRoundTrip) {
       for (int64_t i = 0; i < n; ++i) {
         const int64_t b = i / kInt8StateBlock;
         const double m_abs = s.ms.data[b], s_abs = s.vs.data[b];
-        ASSERT_LE(std::fabs(m[i] - m0[i]), std::max(std::fabs(m0[i]) / 16.0, m_abs * 1.2 * std::ldexp(1.0, -16)) * 1.0001)
+        ASSERT_LE(std::fabs(m[i] - m0[i]),
+                  std::max(std::fabs(m0[i]) / 16.0, m_abs * 1.2 * std::ldexp(1.0, -16)) * 1.0001)
             << i;
         if (v0[i] > 0) {
           ASSERT_GT(v[i], 0) << i;
@@ -722,9 +726,9 @@ struct DriftFigures {
   double v_max = 0, v_mean = 0;            // |v - v_fp32| / v_fp32
 };
 
-DriftFigures Compare(const std::vector<float>& theta0, const std::vector<float>& th_ref, const std::vector<float>& m_ref,
-                     const std::vector<float>& v_ref, const std::vector<float>& th, const std::vector<float>& m,
-                     const std::vector<float>& v, double lr) {
+DriftFigures Compare(const std::vector<float>& theta0, const std::vector<float>& th_ref,
+                     const std::vector<float>& m_ref, const std::vector<float>& v_ref, const std::vector<float>& th,
+                     const std::vector<float>& m, const std::vector<float>& v, double lr) {
   DriftFigures f;
   const size_t n = theta0.size();
   size_t with_v = 0;
@@ -749,8 +753,9 @@ DriftFigures Compare(const std::vector<float>& theta0, const std::vector<float>&
 }
 
 void PrintFigures(const char* name, const DriftFigures& f) {
-  std::printf("  %-34s master/disp max %8.3g mean %8.3g | m/sqrt(v) max %8.3g mean %8.3g | v rel max %8.3g mean %8.3g\n",
-              name, f.master_max, f.master_mean, f.m_max, f.m_mean, f.v_max, f.v_mean);
+  std::printf(
+      "  %-34s master/disp max %8.3g mean %8.3g | m/sqrt(v) max %8.3g mean %8.3g | v rel max %8.3g mean %8.3g\n", name,
+      f.master_max, f.master_mean, f.m_max, f.m_mean, f.v_max, f.v_mean);
 }
 
 // A fixed seeded gradient stream: each element has its own scale, log-uniform over `decades`
@@ -906,8 +911,8 @@ std::vector<double> FloatGridTable(int levels, int mantissa) {
   const int offset = (127 << mantissa) - levels;
   for (int c = 1; c <= levels; ++c) {
     const int bits = c + offset;
-    t[c] = std::ldexp(1.0 + (bits & ((1 << mantissa) - 1)) / static_cast<double>(1 << mantissa),
-                      (bits >> mantissa) - 127);
+    t[c] =
+        std::ldexp(1.0 + (bits & ((1 << mantissa) - 1)) / static_cast<double>(1 << mantissa), (bits >> mantissa) - 127);
   }
   return t;
 }
@@ -1111,10 +1116,11 @@ TEST(AdamState, ThroughputInformative) {
         (void)k->bf16_step_f32_checked(c, {1, 1, a}, master.data() + a, s16(a), mirror.data() + a, grad.data() + a,
                                        cnt);
       });
-      std::printf("%-6s %2d thread(s), %-6s (%lld params x %d): fp32 %.3f | int8 %.3f (checked %.3f, no mirror "
-                  "%.3f) | bf16 %.3f (checked %.3f) Gparam/s\n",
-                  AdamIsaName(isa).c_str(), cs.threads, cs.what, static_cast<long long>(n), passes, fp32, i8, i8c,
-                  i8n, b16, b16c);
+      std::printf(
+          "%-6s %2d thread(s), %-6s (%lld params x %d): fp32 %.3f | int8 %.3f (checked %.3f, no mirror "
+          "%.3f) | bf16 %.3f (checked %.3f) Gparam/s\n",
+          AdamIsaName(isa).c_str(), cs.threads, cs.what, static_cast<long long>(n), passes, fp32, i8, i8c, i8n, b16,
+          b16c);
     }
   }
 }
