@@ -1,0 +1,438 @@
+// AVX-512 (F+BW+VL) kernels for BF16 and int8 Adam moments: 16 elements per iteration, masked
+// loads/stores for heads and tails, so any length and alignment take the vector path (the checked
+// BF16 kernel finishes a group holding a non-finite gradient with the scalar element function).
+// Compiled with -mavx512f -mavx512bw -mavx512vl -mfma -ffp-contract=off; only called after
+// __builtin_cpu_supports says the CPU has them.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "hostd/update/adamw_element_inl.h"
+#include "hostd/update/adamw_state.h"
+#include "hostd/update/adamw_state_element_inl.h"
+
+namespace slidedp::update {
+namespace {
+
+struct Vec512Constants {
+  __m512 grad_scale, decay, lerp_coeff, b2, one_minus_b2, bc2_sqrt, eps, neg_step_size;
+  bool lerp_from_grad;
+  explicit Vec512Constants(const AdamWConstants& c) {
+    const LerpForm lerp = MakeLerpForm(c);
+    grad_scale = _mm512_set1_ps(c.grad_scale);
+    decay = _mm512_set1_ps(c.decay);
+    lerp_coeff = _mm512_set1_ps(lerp.coeff);
+    lerp_from_grad = lerp.from_grad;
+    b2 = _mm512_set1_ps(c.b2);
+    one_minus_b2 = _mm512_set1_ps(c.one_minus_b2);
+    bc2_sqrt = _mm512_set1_ps(c.bc2_sqrt);
+    eps = _mm512_set1_ps(c.eps);
+    neg_step_size = _mm512_set1_ps(c.neg_step_size);
+  }
+};
+
+inline __mmask16 FirstLanes(int64_t count) {
+  return count >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << count) - 1u);
+}
+
+inline __m512 LoadGrad(const float* g, __mmask16 k) { return _mm512_maskz_loadu_ps(k, g); }
+inline __m512 WidenBf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+inline __m512 LoadGrad(const bf16_t* g, __mmask16 k) { return WidenBf16(_mm256_maskz_loadu_epi16(k, g)); }
+inline __m512 LoadBf16(const bf16_t* p, __mmask16 k) { return WidenBf16(_mm256_maskz_loadu_epi16(k, p)); }
+
+// The AdamElement arithmetic on 16 lanes, op for op as adamw_avx512.cc's Step16; also sqrt(v).
+struct Adam16 {
+  __m512 theta, m, v, sqrt_v;
+};
+inline Adam16 AdamStep16(const Vec512Constants& c, __m512 grad, __m512 theta, __m512 m0, __m512 v0) {
+  const __m512 g = _mm512_mul_ps(grad, c.grad_scale);
+  __m512 th = _mm512_mul_ps(theta, c.decay);
+  const __m512 mm = _mm512_fmadd_ps(c.lerp_coeff, _mm512_sub_ps(g, m0), c.lerp_from_grad ? g : m0);
+  const __m512 vv = _mm512_add_ps(_mm512_mul_ps(v0, c.b2), _mm512_mul_ps(_mm512_mul_ps(c.one_minus_b2, g), g));
+  const __m512 root = _mm512_sqrt_ps(vv);
+  const __m512 denom = _mm512_add_ps(_mm512_div_ps(root, c.bc2_sqrt), c.eps);
+  th = _mm512_add_ps(th, _mm512_div_ps(_mm512_mul_ps(c.neg_step_size, mm), denom));
+  return {th, mm, vv, root};
+}
+
+inline __mmask16 IsNan(__m512i bits) {
+  return _mm512_cmpgt_epi32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+}
+
+// FloatToBf16 on 16 lanes.
+inline __m256i ToBf16(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(IsNan(bits), rounded, quiet));
+}
+
+// StochasticBf16 on 16 lanes with the random bits in the low 16 of each lane.
+inline __m256i ToBf16Stochastic(__m512 x, __m512i bits16) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bits16), 16);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(IsNan(bits), rounded, quiet));
+}
+
+enum class RowWrite { kMasked, kStream };
+
+template <RowWrite kWrite>
+inline void StoreRow(bf16_t* dst, __m256i row, __mmask16 k) {
+  if constexpr (kWrite == RowWrite::kStream) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), row);
+  } else {
+    _mm256_mask_storeu_epi16(dst, k, row);
+  }
+}
+
+// Mix32 (lowbias32) on 16 lanes, then the top 16 bits: RoundingBits.
+inline __m512i RoundingBits16(__m512i index_lo, __m512i key) {
+  __m512i x = _mm512_xor_si512(index_lo, key);
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x7feb352du)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  return _mm512_srli_epi32(x, 16);
+}
+
+// The lanes of k whose gradient is NaN or inf: |x| >= 0x7f800000 (unsigned).
+template <typename G>
+inline __mmask16 BadLanes(const G* g, __mmask16 k) {
+  const __m512i x = _mm512_and_si512(_mm512_castps_si512(LoadGrad(g, k)), _mm512_set1_epi32(0x7fffffff));
+  return _mm512_mask_cmp_epu32_mask(k, x, _mm512_set1_epi32(0x7f800000), _MM_CMPINT_NLT);
+}
+
+// ---- int8 codes ----
+
+inline __m512 DecodeM16(__m128i codes, __m512 m_scale) {
+  const __m512i c = _mm512_cvtepi8_epi32(codes);
+  const __m512i mag = _mm512_abs_epi32(c);
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(mag, _mm512_set1_epi32(kMCodeOffset)), kMCodeShift);
+  const __m512i unit = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(mag, mag), bits);
+  const __m512 value = _mm512_mul_ps(_mm512_castsi512_ps(unit), m_scale);
+  const __m512i sign = _mm512_and_si512(c, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+  return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(value), sign));
+}
+
+inline __m512 DecodeV16(__m128i codes, __m512 v_step) {
+  const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
+  const __m512 s = _mm512_mul_ps(_mm512_mul_ps(q, q), v_step);
+  return _mm512_mul_ps(s, s);
+}
+
+inline __m512i EncodeM16(__m512 x, __m512 m_inv) {
+  const __m512i xb = _mm512_castps_si512(x);
+  const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(xb, _mm512_set1_epi32(0x7fffffff)));
+  const __m512i rb = _mm512_castps_si512(_mm512_mul_ps(a, m_inv));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(rb, kMCodeShift), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(rb, _mm512_set1_epi32((1 << (kMCodeShift - 1)) - 1)), lsb), kMCodeShift);
+  const __m512i c = _mm512_min_epi32(
+      _mm512_max_epi32(_mm512_sub_epi32(rounded, _mm512_set1_epi32(kMCodeOffset)), _mm512_setzero_si512()),
+      _mm512_set1_epi32(kMCodeMax));
+  const __m512i sign = _mm512_srai_epi32(xb, 31);
+  return _mm512_sub_epi32(_mm512_xor_si512(c, sign), sign);
+}
+
+// EncodeV on 16 lanes, as EncodeV8 (adamw_state_avx2.cc).
+inline __m512i EncodeV16(__m512 s, __m512 v_k) {
+  const __m512i rounded = _mm512_cvtps_epi32(_mm512_sqrt_ps(_mm512_mul_ps(s, v_k)));
+  const __m512i floor =
+      _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_epi32(1));
+  return _mm512_max_epi32(_mm512_min_epi32(rounded, _mm512_set1_epi32(kVCodeMax)), floor);
+}
+
+void EncodeBlock(const Int8BlockScales& b, const float* m_new, const float* s_new, int64_t len, int8_t* m_codes,
+                 uint8_t* v_codes) {
+  if (b.m_poisoned || b.v_poisoned) {  // rare: the scalar encoder writes the zero codes
+    EncodeInt8Elements(b, m_new, s_new, 0, len, m_codes, v_codes);
+    return;
+  }
+  const __m512 m_inv = _mm512_set1_ps(b.m_inv), v_k = _mm512_set1_ps(b.v_k);
+  for (int64_t i = 0; i < len; i += 16) {
+    const __mmask16 k = FirstLanes(len - i);
+    _mm512_mask_cvtepi32_storeu_epi8(m_codes + i, k, EncodeM16(_mm512_maskz_loadu_ps(k, m_new + i), m_inv));
+    _mm512_mask_cvtepi32_storeu_epi8(v_codes + i, k, EncodeV16(_mm512_maskz_loadu_ps(k, s_new + i), v_k));
+  }
+}
+
+template <RowWrite kWrite, bool kMirror, typename G>
+inline void Int8Row(const Vec512Constants& c, float* master, const int8_t* m_codes, const uint8_t* v_codes,
+                    __m512 m_scale, __m512 v_step, bf16_t* mirror, const G* grad, __mmask16 k, float* m_new,
+                    float* s_new, __m512i* m_abs, __m512i* s_abs) {
+  const Adam16 a = AdamStep16(c, LoadGrad(grad, k), _mm512_maskz_loadu_ps(k, master),
+                              DecodeM16(_mm_maskz_loadu_epi8(k, m_codes), m_scale),
+                              DecodeV16(_mm_maskz_loadu_epi8(k, v_codes), v_step));
+  _mm512_mask_storeu_ps(master, k, a.theta);
+  if constexpr (kMirror) StoreRow<kWrite>(mirror, ToBf16(a.theta), k);
+  _mm512_store_ps(m_new, a.m);  // the buffers hold 256: a partial row's extra lanes are ignored
+  _mm512_store_ps(s_new, a.sqrt_v);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  *m_abs = _mm512_mask_max_epu32(*m_abs, k, *m_abs, _mm512_and_si512(_mm512_castps_si512(a.m), abs_mask));
+  *s_abs = _mm512_mask_max_epu32(*s_abs, k, *s_abs, _mm512_and_si512(_mm512_castps_si512(a.sqrt_v), abs_mask));
+}
+
+template <bool kMirror, typename G>
+void Int8Block(const Vec512Constants& c, float* master, int8_t* m_codes, uint8_t* v_codes, float* m_scale_at,
+               float* v_scale_at, bf16_t* mirror, bool stream, const G* grad, int64_t len) {
+  const __m512 m_scale = _mm512_set1_ps(*m_scale_at), v_step = _mm512_set1_ps(Int8VStep(*v_scale_at));
+  alignas(64) float m_new[kInt8StateBlock];
+  alignas(64) float s_new[kInt8StateBlock];
+  __m512i m_abs = _mm512_setzero_si512(), s_abs = _mm512_setzero_si512();
+  int64_t i = 0;
+  for (; i + 16 <= len; i += 16) {
+    if (stream) {
+      Int8Row<RowWrite::kStream, kMirror>(c, master + i, m_codes + i, v_codes + i, m_scale, v_step,
+                                          kMirror ? mirror + i : nullptr, grad + i, 0xffff, m_new + i, s_new + i,
+                                          &m_abs, &s_abs);
+    } else {
+      Int8Row<RowWrite::kMasked, kMirror>(c, master + i, m_codes + i, v_codes + i, m_scale, v_step,
+                                          kMirror ? mirror + i : nullptr, grad + i, 0xffff, m_new + i, s_new + i,
+                                          &m_abs, &s_abs);
+    }
+  }
+  if (i < len) {
+    Int8Row<RowWrite::kMasked, kMirror>(c, master + i, m_codes + i, v_codes + i, m_scale, v_step,
+                                        kMirror ? mirror + i : nullptr, grad + i, FirstLanes(len - i), m_new + i,
+                                        s_new + i, &m_abs, &s_abs);
+  }
+  const Int8BlockScales b = MakeInt8BlockScales(_mm512_reduce_max_epu32(m_abs), _mm512_reduce_max_epu32(s_abs));
+  EncodeBlock(b, m_new, s_new, len, m_codes, v_codes);
+  *m_scale_at = b.m_scale;
+  *v_scale_at = b.v_scale;
+}
+
+template <typename G>
+int64_t FirstNonFiniteInBlock(const G* grad, int64_t len) {
+  for (int64_t i = 0; i < len; i += 16) {
+    if (const __mmask16 bad = BadLanes(grad + i, FirstLanes(len - i)); bad != 0) {
+      return i + __builtin_ctz(static_cast<unsigned>(bad));
+    }
+  }
+  return -1;
+}
+
+template <bool kCheck, bool kMirror, typename G>
+int64_t Int8StepImpl(const AdamWConstants& constants, float* master, const Int8Moments& s, bf16_t* mirror,
+                     const G* grad, int64_t n) {
+  const Vec512Constants c(constants);
+  const bool stream = kMirror && constants.stream_mirror && reinterpret_cast<uintptr_t>(mirror) % 32 == 0;
+  int64_t stop = -1;
+  for (int64_t start = 0, block = 0; start < n; start += kInt8StateBlock, ++block) {
+    const int64_t len = std::min(kInt8StateBlock, n - start);
+    if constexpr (kCheck) {
+      if (const int64_t bad = FirstNonFiniteInBlock(grad + start, len); bad >= 0) {
+        stop = start + bad;
+        break;
+      }
+    }
+    Int8Block<kMirror>(c, master + start, s.m_codes + start, s.v_codes + start, s.m_scales + block, s.v_scales + block,
+                       kMirror ? mirror + start : nullptr, stream, grad + start, len);
+  }
+  if (stream) _mm_sfence();
+  return stop;
+}
+
+template <bool kCheck, typename G>
+int64_t Int8Step(const AdamWConstants& c, float* master, const Int8Moments& s, bf16_t* mirror, const G* grad,
+                 int64_t n) {
+  if (mirror == nullptr) return Int8StepImpl<kCheck, false>(c, master, s, mirror, grad, n);
+  return Int8StepImpl<kCheck, true>(c, master, s, mirror, grad, n);
+}
+
+void Int8StepF32(const AdamWConstants& c, float* master, const Int8Moments& s, bf16_t* mirror, const float* grad,
+                 int64_t n) {
+  Int8Step<false>(c, master, s, mirror, grad, n);
+}
+void Int8StepBf16(const AdamWConstants& c, float* master, const Int8Moments& s, bf16_t* mirror, const bf16_t* grad,
+                  int64_t n) {
+  Int8Step<false>(c, master, s, mirror, grad, n);
+}
+int64_t Int8StepF32Checked(const AdamWConstants& c, float* master, const Int8Moments& s, bf16_t* mirror,
+                           const float* grad, int64_t n) {
+  return Int8Step<true>(c, master, s, mirror, grad, n);
+}
+int64_t Int8StepBf16Checked(const AdamWConstants& c, float* master, const Int8Moments& s, bf16_t* mirror,
+                            const bf16_t* grad, int64_t n) {
+  return Int8Step<true>(c, master, s, mirror, grad, n);
+}
+
+void Int8FromF32(const float* m, const float* v, const Int8Moments& out, int64_t n) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  for (int64_t start = 0, block = 0; start < n; start += kInt8StateBlock, ++block) {
+    const int64_t len = std::min(kInt8StateBlock, n - start);
+    alignas(64) float s_new[kInt8StateBlock];
+    __m512i m_abs = _mm512_setzero_si512(), s_abs = _mm512_setzero_si512();
+    for (int64_t i = 0; i < len; i += 16) {
+      const __mmask16 k = FirstLanes(len - i);
+      const __m512 root = _mm512_sqrt_ps(_mm512_maskz_loadu_ps(k, v + start + i));
+      _mm512_store_ps(s_new + i, root);
+      const __m512i mb = _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(k, m + start + i)), abs_mask);
+      m_abs = _mm512_mask_max_epu32(m_abs, k, m_abs, mb);
+      s_abs = _mm512_mask_max_epu32(s_abs, k, s_abs, _mm512_and_si512(_mm512_castps_si512(root), abs_mask));
+    }
+    const Int8BlockScales b = MakeInt8BlockScales(_mm512_reduce_max_epu32(m_abs), _mm512_reduce_max_epu32(s_abs));
+    EncodeBlock(b, m + start, s_new, len, out.m_codes + start, out.v_codes + start);
+    out.m_scales[block] = b.m_scale;
+    out.v_scales[block] = b.v_scale;
+  }
+}
+
+void Int8ToF32(const Int8MomentsView& in, float* m, float* v, int64_t n) {
+  for (int64_t start = 0, block = 0; start < n; start += kInt8StateBlock, ++block) {
+    const int64_t len = std::min(kInt8StateBlock, n - start);
+    const __m512 m_scale = _mm512_set1_ps(in.m_scales[block]);
+    const __m512 v_step = _mm512_set1_ps(Int8VStep(in.v_scales[block]));
+    for (int64_t i = 0; i < len; i += 16) {
+      const __mmask16 k = FirstLanes(len - i);
+      const int64_t at = start + i;
+      _mm512_mask_storeu_ps(m + at, k, DecodeM16(_mm_maskz_loadu_epi8(k, in.m_codes + at), m_scale));
+      _mm512_mask_storeu_ps(v + at, k, DecodeV16(_mm_maskz_loadu_epi8(k, in.v_codes + at), v_step));
+    }
+  }
+}
+
+// ---- bf16 ----
+
+template <RowWrite kWrite, bool kMirror, typename G>
+inline void Bf16Row(const Vec512Constants& c, float* master, const Bf16Moments& s, bf16_t* mirror, const G* grad,
+                    __m512i index_lo, __m512i key, __mmask16 k) {
+  const Adam16 a =
+      AdamStep16(c, LoadGrad(grad, k), _mm512_maskz_loadu_ps(k, master), LoadBf16(s.m, k), LoadBf16(s.v, k));
+  _mm512_mask_storeu_ps(master, k, a.theta);
+  if constexpr (kMirror) StoreRow<kWrite>(mirror, ToBf16(a.theta), k);
+  _mm256_mask_storeu_epi16(s.m, k, ToBf16(a.m));
+  _mm256_mask_storeu_epi16(s.v, k, ToBf16Stochastic(a.v, RoundingBits16(index_lo, key)));
+}
+
+// Elements [from, to) of one rounding span (the random bits of element i hash lo + (i - from)).
+template <bool kCheck, bool kMirror, typename G>
+int64_t Bf16Span(const AdamWConstants& constants, const Vec512Constants& c, float* master, const Bf16Moments& s,
+                 bf16_t* mirror, const G* grad, int64_t from, int64_t to, uint32_t key, uint32_t lo) {
+  const __m512i key16 = _mm512_set1_epi32(static_cast<int>(key));
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  auto index_at = [&](int64_t i) {
+    return _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(lo + static_cast<uint32_t>(i - from))), lane);
+  };
+  auto at = [&](int64_t i) { return Bf16Moments{s.m + i, s.v + i}; };
+  int64_t i = from;
+  bool stopped = false;  // kCheck: a non-finite gradient lies at or after i
+  const auto addr = reinterpret_cast<uintptr_t>(kMirror ? mirror + from : nullptr);
+  if (kMirror && addr % 2 == 0 && constants.stream_mirror) {
+    // Head: bring the mirror to a 32-byte boundary so the body can stream whole 32-byte rows.
+    const int64_t head = std::min(to - from, static_cast<int64_t>(((32 - addr % 32) % 32) / 2));
+    if (head > 0) {
+      if (kCheck && BadLanes(grad + i, FirstLanes(head)) != 0) {
+        stopped = true;
+      } else {
+        Bf16Row<RowWrite::kMasked, kMirror>(c, master + i, at(i), mirror + i, grad + i, index_at(i), key16,
+                                            FirstLanes(head));
+        i += head;
+      }
+    }
+    for (; !stopped && i + 16 <= to; i += 16) {
+      if (kCheck && BadLanes(grad + i, 0xffff) != 0) {
+        stopped = true;
+        break;
+      }
+      Bf16Row<RowWrite::kStream, kMirror>(c, master + i, at(i), mirror + i, grad + i, index_at(i), key16, 0xffff);
+    }
+  }
+  for (; !stopped && i + 16 <= to; i += 16) {  // cached stores, no mirror, or an odd mirror address
+    if (kCheck && BadLanes(grad + i, 0xffff) != 0) {
+      stopped = true;
+      break;
+    }
+    Bf16Row<RowWrite::kMasked, kMirror>(c, master + i, at(i), kMirror ? mirror + i : nullptr, grad + i, index_at(i),
+                                        key16, 0xffff);
+  }
+  if constexpr (kCheck) {
+    const LerpForm lerp = MakeLerpForm(constants);
+    for (; i < to; ++i) {
+      const float g = GradAt(grad, i);
+      if (IsNonFinite(g)) return i;
+      Bf16StateElement(constants, lerp, g, &master[i], &s.m[i], &s.v[i], kMirror ? &mirror[i] : nullptr,
+                       RoundingBits(key, lo + static_cast<uint32_t>(i - from)));
+    }
+  } else if (i < to) {
+    Bf16Row<RowWrite::kMasked, kMirror>(c, master + i, at(i), kMirror ? mirror + i : nullptr, grad + i, index_at(i),
+                                        key16, FirstLanes(to - i));
+  }
+  return -1;
+}
+
+template <bool kCheck, bool kMirror, typename G>
+int64_t Bf16StepImpl(const AdamWConstants& constants, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                     bf16_t* mirror, const G* grad, int64_t n) {
+  const Vec512Constants c(constants);
+  const int64_t stop = ForEachRoundingSpan(sr, n, [&](int64_t from, int64_t to, uint32_t key, uint32_t lo) {
+    return Bf16Span<kCheck, kMirror>(constants, c, master, s, mirror, grad, from, to, key, lo);
+  });
+  if (kMirror) _mm_sfence();  // order the streaming stores before whoever publishes this range
+  return stop;
+}
+
+template <bool kCheck, typename G>
+int64_t Bf16Step(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                 bf16_t* mirror, const G* grad, int64_t n) {
+  if (mirror == nullptr) return Bf16StepImpl<kCheck, false>(c, sr, master, s, mirror, grad, n);
+  return Bf16StepImpl<kCheck, true>(c, sr, master, s, mirror, grad, n);
+}
+
+void Bf16StepF32(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                 bf16_t* mirror, const float* grad, int64_t n) {
+  Bf16Step<false>(c, sr, master, s, mirror, grad, n);
+}
+void Bf16StepBf16(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                  bf16_t* mirror, const bf16_t* grad, int64_t n) {
+  Bf16Step<false>(c, sr, master, s, mirror, grad, n);
+}
+int64_t Bf16StepF32Checked(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                           bf16_t* mirror, const float* grad, int64_t n) {
+  return Bf16Step<true>(c, sr, master, s, mirror, grad, n);
+}
+int64_t Bf16StepBf16Checked(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                            bf16_t* mirror, const bf16_t* grad, int64_t n) {
+  return Bf16Step<true>(c, sr, master, s, mirror, grad, n);
+}
+
+void Bf16FromF32(const float* m, const float* v, const Bf16Moments& out, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = FirstLanes(n - i);
+    _mm256_mask_storeu_epi16(out.m + i, k, ToBf16(_mm512_maskz_loadu_ps(k, m + i)));
+    _mm256_mask_storeu_epi16(out.v + i, k, ToBf16(_mm512_maskz_loadu_ps(k, v + i)));
+  }
+}
+
+void Bf16ToF32(const Bf16MomentsView& in, float* m, float* v, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = FirstLanes(n - i);
+    _mm512_mask_storeu_ps(m + i, k, WidenBf16(_mm256_maskz_loadu_epi16(k, in.m + i)));
+    _mm512_mask_storeu_ps(v + i, k, WidenBf16(_mm256_maskz_loadu_epi16(k, in.v + i)));
+  }
+}
+
+}  // namespace
+
+namespace internal {
+const AdamStateKernelTable kAvx512StateKernels = {
+    .int8_step_f32 = &Int8StepF32,
+    .int8_step_bf16 = &Int8StepBf16,
+    .int8_step_f32_checked = &Int8StepF32Checked,
+    .int8_step_bf16_checked = &Int8StepBf16Checked,
+    .bf16_step_f32 = &Bf16StepF32,
+    .bf16_step_bf16 = &Bf16StepBf16,
+    .bf16_step_f32_checked = &Bf16StepF32Checked,
+    .bf16_step_bf16_checked = &Bf16StepBf16Checked,
+    .int8_from_f32 = &Int8FromF32,
+    .int8_to_f32 = &Int8ToF32,
+    .bf16_from_f32 = &Bf16FromF32,
+    .bf16_to_f32 = &Bf16ToF32,
+};
+}  // namespace internal
+
+}  // namespace slidedp::update

@@ -1,0 +1,160 @@
+// Portable scalar kernels for BF16 and int8 Adam moments: the fallback and the reference the
+// vector kernels must match bit for bit. Compiled with -ffp-contract=off (see CMakeLists.txt).
+#include <cstdint>
+
+#include "hostd/update/adamw_element_inl.h"
+#include "hostd/update/adamw_state.h"
+#include "hostd/update/adamw_state_element_inl.h"
+
+namespace slidedp::update {
+namespace {
+
+// ---- int8 ----
+
+// One block of len <= 256 elements: update into stack buffers (tracking the new absmax), then
+// requantize with it.
+template <typename G>
+void Int8Block(const AdamWConstants& c, const LerpForm& lerp, float* master, const Int8Moments& s, int64_t block,
+               bf16_t* mirror, const G* grad, int64_t len) {
+  const float m_scale = s.m_scales[block];
+  const float v_step = Int8VStep(s.v_scales[block]);
+  float m_new[kInt8StateBlock], s_new[kInt8StateBlock];
+  uint32_t m_abs = 0, s_abs = 0;
+  for (int64_t i = 0; i < len; ++i) {
+    Int8Element(c, lerp, GradAt(grad, i), &master[i], s.m_codes[i], s.v_codes[i], m_scale, v_step,
+                mirror == nullptr ? nullptr : &mirror[i], &m_new[i], &s_new[i]);
+    m_abs = std::max(m_abs, FloatBits(m_new[i]) & 0x7fffffffu);
+    s_abs = std::max(s_abs, FloatBits(s_new[i]) & 0x7fffffffu);
+  }
+  const Int8BlockScales b = MakeInt8BlockScales(m_abs, s_abs);
+  EncodeInt8Elements(b, m_new, s_new, 0, len, s.m_codes, s.v_codes);
+  s.m_scales[block] = b.m_scale;
+  s.v_scales[block] = b.v_scale;
+}
+
+// kCheck: stop before the block holding the first non-finite gradient and return its index.
+template <bool kCheck, typename G>
+int64_t Int8Step(const AdamWConstants& c, float* master, const Int8Moments& s, bf16_t* mirror, const G* grad,
+                 int64_t n) {
+  const LerpForm lerp = MakeLerpForm(c);
+  for (int64_t start = 0, block = 0; start < n; start += kInt8StateBlock, ++block) {
+    const int64_t len = std::min(kInt8StateBlock, n - start);
+    if constexpr (kCheck) {
+      if (const int64_t bad = FirstNonFinite(grad + start, 0, len); bad >= 0) return start + bad;
+    }
+    const Int8Moments at{s.m_codes + start, s.v_codes + start, s.m_scales, s.v_scales};
+    Int8Block(c, lerp, master + start, at, block, mirror == nullptr ? nullptr : mirror + start, grad + start, len);
+  }
+  return -1;
+}
+
+void Int8StepF32(const AdamWConstants& c, float* master, const Int8Moments& s, bf16_t* mirror, const float* grad,
+                 int64_t n) {
+  Int8Step<false>(c, master, s, mirror, grad, n);
+}
+void Int8StepBf16(const AdamWConstants& c, float* master, const Int8Moments& s, bf16_t* mirror, const bf16_t* grad,
+                  int64_t n) {
+  Int8Step<false>(c, master, s, mirror, grad, n);
+}
+int64_t Int8StepF32Checked(const AdamWConstants& c, float* master, const Int8Moments& s, bf16_t* mirror,
+                           const float* grad, int64_t n) {
+  return Int8Step<true>(c, master, s, mirror, grad, n);
+}
+int64_t Int8StepBf16Checked(const AdamWConstants& c, float* master, const Int8Moments& s, bf16_t* mirror,
+                            const bf16_t* grad, int64_t n) {
+  return Int8Step<true>(c, master, s, mirror, grad, n);
+}
+
+void Int8FromF32(const float* m, const float* v, const Int8Moments& out, int64_t n) {
+  for (int64_t start = 0, block = 0; start < n; start += kInt8StateBlock, ++block) {
+    const int64_t len = std::min(kInt8StateBlock, n - start);
+    float s_new[kInt8StateBlock];
+    uint32_t m_abs = 0, s_abs = 0;
+    for (int64_t i = 0; i < len; ++i) {
+      s_new[i] = std::sqrt(v[start + i]);
+      m_abs = std::max(m_abs, FloatBits(m[start + i]) & 0x7fffffffu);
+      s_abs = std::max(s_abs, FloatBits(s_new[i]) & 0x7fffffffu);
+    }
+    const Int8BlockScales b = MakeInt8BlockScales(m_abs, s_abs);
+    EncodeInt8Elements(b, m + start, s_new, 0, len, out.m_codes + start, out.v_codes + start);
+    out.m_scales[block] = b.m_scale;
+    out.v_scales[block] = b.v_scale;
+  }
+}
+
+void Int8ToF32(const Int8MomentsView& in, float* m, float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t block = i / kInt8StateBlock;
+    m[i] = DecodeM(in.m_codes[i], in.m_scales[block]);
+    v[i] = DecodeV(in.v_codes[i], Int8VStep(in.v_scales[block]));
+  }
+}
+
+// ---- bf16 ----
+
+template <bool kCheck, typename G>
+int64_t Bf16Step(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                 bf16_t* mirror, const G* grad, int64_t n) {
+  const LerpForm lerp = MakeLerpForm(c);
+  return ForEachRoundingSpan(sr, n, [&](int64_t from, int64_t to, uint32_t key, uint32_t lo) -> int64_t {
+    for (int64_t i = from; i < to; ++i) {
+      const float g = GradAt(grad, i);
+      if (kCheck && IsNonFinite(g)) return i;
+      Bf16StateElement(c, lerp, g, &master[i], &s.m[i], &s.v[i], mirror == nullptr ? nullptr : &mirror[i],
+                       RoundingBits(key, lo + static_cast<uint32_t>(i - from)));
+    }
+    return -1;
+  });
+}
+
+void Bf16StepF32(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                 bf16_t* mirror, const float* grad, int64_t n) {
+  Bf16Step<false>(c, sr, master, s, mirror, grad, n);
+}
+void Bf16StepBf16(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                  bf16_t* mirror, const bf16_t* grad, int64_t n) {
+  Bf16Step<false>(c, sr, master, s, mirror, grad, n);
+}
+int64_t Bf16StepF32Checked(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                           bf16_t* mirror, const float* grad, int64_t n) {
+  return Bf16Step<true>(c, sr, master, s, mirror, grad, n);
+}
+int64_t Bf16StepBf16Checked(const AdamWConstants& c, const StochasticRounding& sr, float* master, const Bf16Moments& s,
+                            bf16_t* mirror, const bf16_t* grad, int64_t n) {
+  return Bf16Step<true>(c, sr, master, s, mirror, grad, n);
+}
+
+void Bf16FromF32(const float* m, const float* v, const Bf16Moments& out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    out.m[i] = FloatToBf16(m[i]);
+    out.v[i] = FloatToBf16(v[i]);
+  }
+}
+
+void Bf16ToF32(const Bf16MomentsView& in, float* m, float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    m[i] = Bf16ToFloat(in.m[i]);
+    v[i] = Bf16ToFloat(in.v[i]);
+  }
+}
+
+}  // namespace
+
+namespace internal {
+const AdamStateKernelTable kScalarStateKernels = {
+    .int8_step_f32 = &Int8StepF32,
+    .int8_step_bf16 = &Int8StepBf16,
+    .int8_step_f32_checked = &Int8StepF32Checked,
+    .int8_step_bf16_checked = &Int8StepBf16Checked,
+    .bf16_step_f32 = &Bf16StepF32,
+    .bf16_step_bf16 = &Bf16StepBf16,
+    .bf16_step_f32_checked = &Bf16StepF32Checked,
+    .bf16_step_bf16_checked = &Bf16StepBf16Checked,
+    .int8_from_f32 = &Int8FromF32,
+    .int8_to_f32 = &Int8ToF32,
+    .bf16_from_f32 = &Bf16FromF32,
+    .bf16_to_f32 = &Bf16ToF32,
+};
+}  // namespace internal
+
+}  // namespace slidedp::update
