@@ -16,21 +16,58 @@ constexpr const char* kControlRegion = "control";
 
 std::string UnitRegion(int unit, const char* what) { return absl::StrCat("u", unit, ".", what); }
 
-std::vector<RegionSpec> JobRegions(const ModelLayout& layout) {
+uint64_t Int8Blocks(uint64_t n) { return (n + kInt8MomentBlock - 1) / kInt8MomentBlock; }
+
+std::vector<RegionSpec> JobRegions(const ModelLayout& layout, MomentDtype moments) {
   std::vector<RegionSpec> regions;
   regions.push_back(RegionSpec{kControlRegion, sizeof(JobControlBlock) + layout.units.size() * sizeof(VersionGate),
                                ShmDtype::kBytes});
   for (int u = 0; u < layout.num_units(); ++u) {
     const uint64_t n = static_cast<uint64_t>(layout.units[u].numel);
     regions.push_back(RegionSpec{UnitRegion(u, "master"), n * 4, ShmDtype::kF32});
-    regions.push_back(RegionSpec{UnitRegion(u, "adam_m"), n * 4, ShmDtype::kF32});
-    regions.push_back(RegionSpec{UnitRegion(u, "adam_v"), n * 4, ShmDtype::kF32});
+    switch (moments) {
+      case MomentDtype::kF32:
+        regions.push_back(RegionSpec{UnitRegion(u, "adam_m"), n * 4, ShmDtype::kF32});
+        regions.push_back(RegionSpec{UnitRegion(u, "adam_v"), n * 4, ShmDtype::kF32});
+        break;
+      case MomentDtype::kBF16:
+        regions.push_back(RegionSpec{UnitRegion(u, "adam_m"), n * 2, ShmDtype::kBF16});
+        regions.push_back(RegionSpec{UnitRegion(u, "adam_v"), n * 2, ShmDtype::kBF16});
+        break;
+      case MomentDtype::kInt8:
+        regions.push_back(RegionSpec{UnitRegion(u, "adam_m"), n, ShmDtype::kI8});
+        regions.push_back(RegionSpec{UnitRegion(u, "adam_v"), n, ShmDtype::kU8});
+        regions.push_back(RegionSpec{UnitRegion(u, "adam_m_scale"), Int8Blocks(n) * 4, ShmDtype::kF32});
+        regions.push_back(RegionSpec{UnitRegion(u, "adam_v_scale"), Int8Blocks(n) * 4, ShmDtype::kF32});
+        break;
+    }
     regions.push_back(RegionSpec{UnitRegion(u, "mirror"), n * 2, ShmDtype::kBF16});
   }
   return regions;
 }
 
+// Regions per unit for each moment layout.
+uint64_t UnitRegions(MomentDtype d) { return d == MomentDtype::kInt8 ? 6 : 4; }
+
 }  // namespace
+
+const char* MomentDtypeName(MomentDtype d) {
+  switch (d) {
+    case MomentDtype::kF32: return "fp32";
+    case MomentDtype::kBF16: return "bf16";
+    case MomentDtype::kInt8: return "int8";
+  }
+  return "unknown";
+}
+
+uint64_t MomentBytes(MomentDtype d, uint64_t n) {
+  switch (d) {
+    case MomentDtype::kF32: return 8 * n;
+    case MomentDtype::kBF16: return 4 * n;
+    case MomentDtype::kInt8: return 2 * n + 8 * Int8Blocks(n);
+  }
+  return 0;
+}
 
 uint64_t LayoutFingerprint(const ModelLayout& layout) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a over (count, kind, numel...)
@@ -48,8 +85,13 @@ uint64_t LayoutFingerprint(const ModelLayout& layout) {
   return h;
 }
 
-uint64_t JobState::SegmentBytes(const ModelLayout& layout, uint64_t alignment) {
-  return ShmSegment::RequiredBytes(JobRegions(layout), alignment);
+uint64_t JobState::SegmentBytes(const ModelLayout& layout, MomentDtype moments, uint64_t alignment) {
+  return ShmSegment::RequiredBytes(JobRegions(layout, moments), alignment);
+}
+
+JobState::Moments JobState::moments(int unit) const {
+  const UnitView& u = units_[unit];
+  return Moments{moment_dtype(), u.m, u.v, u.m_scale, u.v_scale, u.moment_bytes};
 }
 
 absl::StatusOr<std::unique_ptr<JobState>> JobState::Create(const std::string& node, const std::string& job_id,
@@ -61,7 +103,7 @@ absl::StatusOr<std::unique_ptr<JobState>> JobState::Create(const std::string& no
   seg_opts.shm_dir = options.shm_dir;
   seg_opts.allocation = options.first_touch == FirstTouch::kAtCreate ? Allocation::kAll : Allocation::kHeaderOnly;
   seg_opts.allocate_threads = options.prefault_threads;
-  ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg, ShmSegment::Create(name, JobRegions(layout), seg_opts));
+  ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg, ShmSegment::Create(name, JobRegions(layout, options.moments), seg_opts));
   return Initialize(std::move(seg), job_id, layout, options);
 }
 
@@ -72,7 +114,7 @@ absl::StatusOr<std::unique_ptr<JobState>> JobState::Reformat(const std::string& 
   ShmCreateOptions seg_opts;
   seg_opts.alignment = options.alignment;
   seg_opts.shm_dir = options.shm_dir;
-  ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg, ShmSegment::Reformat(segment_name, JobRegions(layout), seg_opts));
+  ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg, ShmSegment::Reformat(segment_name, JobRegions(layout, options.moments), seg_opts));
   JobStateOptions o = options;
   o.first_touch = FirstTouch::kAtCreate;  // the pages exist: map them all now
   return Initialize(std::move(seg), job_id, layout, o);
@@ -85,7 +127,7 @@ absl::StatusOr<std::unique_ptr<JobState>> JobState::Relayout(std::unique_ptr<Job
   if (layout.units.empty()) return absl::InvalidArgumentError("JobState: model layout has no units");
   std::unique_ptr<ShmSegment> seg = std::move(state->segment_);
   state.reset();
-  RETURN_IF_ERROR(seg->Relayout(new_name, JobRegions(layout), options.alignment));
+  RETURN_IF_ERROR(seg->Relayout(new_name, JobRegions(layout, options.moments), options.alignment));
   JobStateOptions o = options;
   o.first_touch = FirstTouch::kByOwner;  // every page is allocated and mapped here already
   return Initialize(std::move(seg), job_id, layout, o);
@@ -105,6 +147,7 @@ absl::StatusOr<std::unique_ptr<JobState>> JobState::Initialize(std::unique_ptr<S
   if (absl::Status s = state->segment_->Allocate(control.offset, control.bytes); !s.ok()) return fail(s);
   auto* block = new (state->segment_->data(control)) JobControlBlock();
   block->num_units = static_cast<uint32_t>(layout.units.size());
+  block->moment_dtype = static_cast<uint32_t>(options.moments);
   block->total_numel = static_cast<uint64_t>(layout.total_numel);
   block->layout_fingerprint = LayoutFingerprint(layout);
   std::strncpy(block->job_id, job_id.c_str(), sizeof(block->job_id) - 1);
@@ -144,13 +187,23 @@ absl::Status JobState::BindViews() {
   }
   control_ = static_cast<JobControlBlock*>(segment_->data(control));
   const uint64_t n = control_->num_units;
-  if (control.bytes != sizeof(JobControlBlock) + n * sizeof(VersionGate) || segment_->regions().size() != 1 + 4 * n) {
-    return absl::DataLossError(absl::StrCat("job segment ", name, ": control block says ", n,
-                                            " units but the segment has ", segment_->regions().size(),
-                                            " regions and a ", control.bytes, "-byte control region"));
+  if (control_->moment_dtype > static_cast<uint32_t>(MomentDtype::kInt8)) {
+    return absl::DataLossError(
+        absl::StrCat("job segment ", name, ": control block names moment layout ", control_->moment_dtype));
+  }
+  const MomentDtype moments = moment_dtype();
+  if (control.bytes != sizeof(JobControlBlock) + n * sizeof(VersionGate) ||
+      segment_->regions().size() != 1 + UnitRegions(moments) * n) {
+    return absl::DataLossError(absl::StrCat("job segment ", name, ": control block says ", n, " units (",
+                                            MomentDtypeName(moments), " moments) but the segment has ",
+                                            segment_->regions().size(), " regions and a ", control.bytes,
+                                            "-byte control region"));
   }
   versions_ = reinterpret_cast<VersionGate*>(static_cast<uint8_t*>(segment_->data(control)) + sizeof(JobControlBlock));
   units_.assign(n, UnitView{});
+  const ShmDtype m_dtype = moments == MomentDtype::kF32 ? ShmDtype::kF32
+                           : moments == MomentDtype::kBF16 ? ShmDtype::kBF16 : ShmDtype::kI8;
+  const ShmDtype v_dtype = moments == MomentDtype::kInt8 ? ShmDtype::kU8 : m_dtype;
   for (uint64_t u = 0; u < n; ++u) {
     const int ui = static_cast<int>(u);
     ASSIGN_OR_RETURN(Region master, segment_->FindRegion(UnitRegion(ui, "master")));
@@ -158,19 +211,35 @@ absl::Status JobState::BindViews() {
     ASSIGN_OR_RETURN(Region v, segment_->FindRegion(UnitRegion(ui, "adam_v")));
     ASSIGN_OR_RETURN(Region mirror, segment_->FindRegion(UnitRegion(ui, "mirror")));
     const uint64_t numel = master.bytes / 4;
-    if (master.bytes % 4 != 0 || m.bytes != master.bytes || v.bytes != master.bytes || mirror.bytes != numel * 2 ||
-        master.dtype != ShmDtype::kF32 || mirror.dtype != ShmDtype::kBF16) {
+    const uint64_t element_bytes = moments == MomentDtype::kF32 ? 4 : moments == MomentDtype::kBF16 ? 2 : 1;
+    Region m_scale{}, v_scale{};
+    bool scales_ok = true;
+    if (moments == MomentDtype::kInt8) {
+      ASSIGN_OR_RETURN(m_scale, segment_->FindRegion(UnitRegion(ui, "adam_m_scale")));
+      ASSIGN_OR_RETURN(v_scale, segment_->FindRegion(UnitRegion(ui, "adam_v_scale")));
+      scales_ok = m_scale.bytes == Int8Blocks(numel) * 4 && v_scale.bytes == m_scale.bytes &&
+                  m_scale.dtype == ShmDtype::kF32 && v_scale.dtype == ShmDtype::kF32;
+    }
+    if (master.bytes % 4 != 0 || m.bytes != numel * element_bytes || v.bytes != m.bytes || !scales_ok ||
+        mirror.bytes != numel * 2 || master.dtype != ShmDtype::kF32 || m.dtype != m_dtype || v.dtype != v_dtype ||
+        mirror.dtype != ShmDtype::kBF16) {
       return absl::DataLossError(absl::StrCat("job segment ", name, ": unit ", u, " regions disagree (master ",
-                                              master.bytes, ", m ", m.bytes, ", v ", v.bytes, ", mirror ", mirror.bytes,
-                                              " bytes)"));
+                                              master.bytes, ", m ", m.bytes, " ", ShmDtypeName(m.dtype), ", v ",
+                                              v.bytes, " ", ShmDtypeName(v.dtype), ", mirror ", mirror.bytes,
+                                              " bytes; ", MomentDtypeName(moments), " moments)"));
     }
     UnitView& view = units_[u];
     view.numel = static_cast<int64_t>(numel);
     view.offset = master.offset;
     view.span_bytes = mirror.offset + mirror.bytes - master.offset;
     view.master = static_cast<float*>(segment_->data(master));
-    view.m = static_cast<float*>(segment_->data(m));
-    view.v = static_cast<float*>(segment_->data(v));
+    view.m = segment_->data(m);
+    view.v = segment_->data(v);
+    if (moments == MomentDtype::kInt8) {
+      view.m_scale = static_cast<float*>(segment_->data(m_scale));
+      view.v_scale = static_cast<float*>(segment_->data(v_scale));
+    }
+    view.moment_bytes = m.bytes + v.bytes + m_scale.bytes + v_scale.bytes;
     view.mirror = static_cast<bf16_t*>(segment_->data(mirror));
   }
   return absl::OkStatus();

@@ -33,7 +33,19 @@ enum class FirstTouch {
   kByOwner,   // owners call PrefaultUnit(u) from their own (NUMA-pinned) threads
 };
 
+// How a job keeps Adam's m and v (optimizer.state_dtype; docs/optimizer-state.md):
+// kF32: "u<i>.adam_m" / "u<i>.adam_v" F32 [numel];
+// kBF16: the same regions BF16 [numel];
+// kInt8: "u<i>.adam_m" I8 and "u<i>.adam_v" U8 [numel] codes, with "u<i>.adam_m_scale" and
+//        "u<i>.adam_v_scale" F32 [ceil(numel / kInt8MomentBlock)], one scale per block.
+enum class MomentDtype : uint32_t { kF32 = 0, kBF16 = 1, kInt8 = 2 };
+inline constexpr int64_t kInt8MomentBlock = 256;  // elements per int8 scale (update::kInt8StateBlock)
+const char* MomentDtypeName(MomentDtype d);
+// Host bytes of m and v for n elements (what the regions hold, before page alignment).
+uint64_t MomentBytes(MomentDtype d, uint64_t n);
+
 struct JobStateOptions {
+  MomentDtype moments = MomentDtype::kF32;  // Create/Reformat/Relayout: how m and v are kept
   FirstTouch first_touch = FirstTouch::kAtCreate;
   int prefault_threads = 1;
   uint64_t alignment = kPageBytes;
@@ -47,7 +59,7 @@ inline constexpr int kMaxUrgentCopyRanks = 16;
 // Fixed part of the "control" region; num_units VersionGates follow it.
 struct alignas(64) JobControlBlock {
   uint32_t num_units;
-  uint32_t reserved0;
+  uint32_t moment_dtype;  // MomentDtype
   uint64_t total_numel;
   uint64_t layout_fingerprint;  // LayoutFingerprint() of the ModelLayout it was created for
   char job_id[104];
@@ -114,7 +126,8 @@ class JobState {
   // Maps an existing job segment (workers: kReadWrite if they may raise the abort word).
   static absl::StatusOr<std::unique_ptr<JobState>> Attach(const std::string& segment_name, Access access);
   // Exact segment size Create() uses (admission control counts with it).
-  static uint64_t SegmentBytes(const ModelLayout& layout, uint64_t alignment = kPageBytes);
+  static uint64_t SegmentBytes(const ModelLayout& layout, MomentDtype moments = MomentDtype::kF32,
+                               uint64_t alignment = kPageBytes);
 
   // FAILED_PRECONDITION when the segment was made for another model layout.
   absl::Status CheckMatches(const ModelLayout& layout) const;
@@ -132,8 +145,20 @@ class JobState {
   int num_units() const { return static_cast<int>(units_.size()); }
   int64_t unit_numel(int unit) const { return units_[unit].numel; }
   float* master(int unit) const { return units_[unit].master; }
-  float* m(int unit) const { return units_[unit].m; }
-  float* v(int unit) const { return units_[unit].v; }
+  // How this segment keeps m and v, and where: m(u) / v(u) are the FP32 moments (nullptr for
+  // compact ones); moments(u) is every layout's view.
+  MomentDtype moment_dtype() const { return static_cast<MomentDtype>(control_->moment_dtype); }
+  float* m(int unit) const { return moment_dtype() == MomentDtype::kF32 ? static_cast<float*>(units_[unit].m) : nullptr; }
+  float* v(int unit) const { return moment_dtype() == MomentDtype::kF32 ? static_cast<float*>(units_[unit].v) : nullptr; }
+  struct Moments {
+    MomentDtype dtype;
+    void* m;          // F32 / BF16 / I8 codes, numel of them
+    void* v;          // F32 / BF16 / U8 codes
+    float* m_scale;   // kInt8: one per kInt8MomentBlock elements; else nullptr
+    float* v_scale;
+    uint64_t bytes;   // m, v and scales together
+  };
+  Moments moments(int unit) const;
   bf16_t* mirror(int unit) const { return units_[unit].mirror; }
   VersionGate& version(int unit) const { return versions_[unit]; }
   AbortWord& abort() const { return control_->abort; }
@@ -178,11 +203,14 @@ class JobState {
  private:
   struct UnitView {
     int64_t numel = 0;
-    uint64_t offset = 0;  // of master; the unit's regions end at offset + numel * 14 (+ padding)
+    uint64_t offset = 0;  // of master; the unit's regions are contiguous from there
     uint64_t span_bytes = 0;
     float* master = nullptr;
-    float* m = nullptr;
-    float* v = nullptr;
+    void* m = nullptr;
+    void* v = nullptr;
+    float* m_scale = nullptr;
+    float* v_scale = nullptr;
+    uint64_t moment_bytes = 0;
     bf16_t* mirror = nullptr;
   };
   explicit JobState(std::unique_ptr<ShmSegment> segment) : segment_(std::move(segment)) {}

@@ -71,6 +71,8 @@ const char* ShmDtypeName(ShmDtype d) {
     case ShmDtype::kF32: return "f32";
     case ShmDtype::kBF16: return "bf16";
     case ShmDtype::kU32: return "u32";
+    case ShmDtype::kI8: return "i8";
+    case ShmDtype::kU8: return "u8";
   }
   return "?";
 }
@@ -338,7 +340,7 @@ absl::Status ShmSegment::LoadRegionTable() {
       return absl::DataLossError(absl::StrCat("segment ", name_, ": region ", i, " name is not terminated"));
     }
     if (e.offset < h.data_offset || e.offset > bytes_ || e.bytes > bytes_ - e.offset ||
-        e.dtype > static_cast<uint32_t>(ShmDtype::kU32)) {
+        e.dtype > static_cast<uint32_t>(ShmDtype::kU8)) {
       return absl::DataLossError(absl::StrCat("segment ", name_, ": region '", e.name, "' (offset ", e.offset, ", ",
                                               e.bytes, " bytes, dtype ", e.dtype, ") lies outside the ", bytes_,
                                               "-byte segment or is invalid"));

@@ -38,12 +38,13 @@ enum class Access { kReadOnly, kReadWrite };
 //         clean Status, never SIGBUS, as long as ranges are Allocate()d before use).
 enum class Allocation { kAll, kHeaderOnly };
 
-enum class ShmDtype : uint32_t { kBytes = 0, kF32 = 1, kBF16 = 2, kU32 = 3 };
+enum class ShmDtype : uint32_t { kBytes = 0, kF32 = 1, kBF16 = 2, kU32 = 3, kI8 = 4, kU8 = 5 };
 const char* ShmDtypeName(ShmDtype d);
 
 inline constexpr uint64_t kShmMagic = 0x3170'6464'696c'7300ull;  // "\0slidedp1" little-endian
-// 2: JobControlBlock::updating_step; 3: clip_verdict; 4: urgent_copies
-inline constexpr uint32_t kShmLayoutVersion = 4;
+// 2: JobControlBlock::updating_step; 3: clip_verdict; 4: urgent_copies; 5: moment_dtype (compact
+// Adam moments: I8/U8 regions and their scales)
+inline constexpr uint32_t kShmLayoutVersion = 5;
 inline constexpr size_t kRegionNameBytes = 40;  // including the terminating NUL
 inline constexpr uint64_t kCacheLineBytes = 64;
 inline constexpr uint64_t kPageBytes = 4096;

@@ -141,7 +141,10 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"beta1", Real(&JobSpec::beta1, 0, 0.999999999)},
         {"beta2", Real(&JobSpec::beta2, 0, 0.999999999)},
         {"eps", Real(&JobSpec::eps, 0, 1)},
-        {"weight_decay", Real(&JobSpec::weight_decay, 0, 1e3)}}},
+        {"weight_decay", Real(&JobSpec::weight_decay, 0, 1e3)},
+        {"state_dtype", Enum<StateDtype>(&JobSpec::state_dtype, {{"fp32", StateDtype::kFp32},
+                                                                 {"bf16", StateDtype::kBf16},
+                                                                 {"int8", StateDtype::kInt8}})}}},
       {"schedule",
        {{"kind", Enum<ScheduleKind>(&JobSpec::schedule, {{"constant", ScheduleKind::kConstant},
                                                          {"linear", ScheduleKind::kLinear},
@@ -386,6 +389,14 @@ const char* ToString(GradStaging k) {
   return "?";
 }
 const char* ToString(GradDtype k) { return k == GradDtype::kFp32 ? "fp32" : "bf16"; }
+const char* ToString(StateDtype k) {
+  switch (k) {
+    case StateDtype::kFp32: return "fp32";
+    case StateDtype::kBf16: return "bf16";
+    case StateDtype::kInt8: return "int8";
+  }
+  return "fp32";
+}
 const char* ToString(NormWeights k) {
   switch (k) {
     case NormWeights::kFp32: return "fp32";
@@ -449,7 +460,8 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "beta1" << YAML::Value << beta1;
   e << YAML::Key << "beta2" << YAML::Value << beta2;
   e << YAML::Key << "eps" << YAML::Value << eps;
-  e << YAML::Key << "weight_decay" << YAML::Value << weight_decay << YAML::EndMap;
+  e << YAML::Key << "weight_decay" << YAML::Value << weight_decay;
+  e << YAML::Key << "state_dtype" << YAML::Value << ToString(state_dtype) << YAML::EndMap;
   e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "kind" << YAML::Value << ToString(schedule);
   e << YAML::Key << "warmup_steps" << YAML::Value << warmup_steps;

@@ -34,6 +34,11 @@ enum class Backend { kAuto, kCuda, kCpu };
 // reduction; the norm, clipping and the non-finite checks see the rounded values), opt-in,
 // docs/layeradam.md "BF16 gradients" has its measured effect.
 enum class GradDtype { kFp32, kBf16 };
+// How the host keeps Adam's m and v (optimizer.state_dtype): FP32 (exact, the default), BF16 (m
+// rounded to nearest even, v stochastically), or int8 block-quantized codes with an FP32 scale per
+// 256 elements. kBf16 and kInt8 are approximations, opt-in: docs/optimizer-state.md has their
+// layouts and measured effect. The FP32 master weights stay exact either way.
+enum class StateDtype { kFp32, kBf16, kInt8 };
 
 struct JobSpec {
   std::string name = "job";
@@ -63,6 +68,7 @@ struct JobSpec {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
+  StateDtype state_dtype = StateDtype::kFp32;
   double max_grad_norm = 1.0;  // 0 disables clipping
   // A step whose loss or gradient is not finite changes nothing and the job goes on (GradScaler's
   // skip: Adam's step count counts only applied updates, the LR schedule follows the global
@@ -132,5 +138,6 @@ const char* ToString(ActivationPolicy k);
 const char* ToString(SaveDtype k);
 const char* ToString(Backend k);
 const char* ToString(GradDtype k);
+const char* ToString(StateDtype k);
 
 }  // namespace slidedp

@@ -76,6 +76,26 @@ TEST(JobSpec, GradDtypeIsFp32ByDefaultAndRoundTrips) {
   EXPECT_TRUE(absl::StrContains(bad.message(), "grad_dtype")) << bad;
 }
 
+TEST(JobSpec, StateDtypeIsFp32ByDefaultAndRoundTrips) {
+  auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_EQ(def->state_dtype, StateDtype::kFp32);
+  for (auto [name, want] : {std::pair{"bf16", StateDtype::kBf16}, std::pair{"int8", StateDtype::kInt8}}) {
+    auto spec = JobSpec::Parse(
+        absl::StrReplaceAll(kGood, {{"weight_decay: 0.1}", absl::StrCat("weight_decay: 0.1, state_dtype: ", name, "}")}}),
+        "/base", JobSpec::FileCheck::kSkip);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->state_dtype, want);
+    auto again = JobSpec::Parse(spec->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->state_dtype, want);
+  }
+  const absl::Status bad =
+      ParseError(absl::StrReplaceAll(kGood, {{"weight_decay: 0.1}", "weight_decay: 0.1, state_dtype: int4}"}}));
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.message(), "state_dtype")) << bad;
+}
+
 TEST(JobSpec, SkipNonfiniteIsOffByDefaultAndRoundTrips) {
   auto off = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(off.ok()) << off.status();

@@ -13,7 +13,9 @@
 
 namespace slidedp {
 
-inline constexpr int64_t kShardAlignNumel = 128;  // 512 bytes of FP32, 256 of BF16
+// 1 KiB of FP32, 512 B of BF16; and a whole int8 moment block (shm::kInt8MomentBlock), so no
+// block of compact Adam state is split between two ranks' shards.
+inline constexpr int64_t kShardAlignNumel = 256;
 
 struct ShardRange {
   int64_t offset = 0;  // first element of the shard inside the unit

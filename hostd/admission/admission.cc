@@ -35,18 +35,21 @@ shm::GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t 
   ring.num_slots = static_cast<uint32_t>(slots);
   ring.slot_bytes = std::min<uint64_t>({static_cast<uint64_t>(chunk_bytes), kMaxGradChunkBytes,
                                         static_cast<uint64_t>((max_unit_numel * 4 + 4095) / 4096 * 4096)});
+  // Whole pages: a chunk is then a multiple of 1,024 FP32 (2,048 BF16) elements, so chunks never
+  // split an int8 moment block (shm::kInt8MomentBlock) between two updates.
+  ring.slot_bytes = std::max<uint64_t>(4096, ring.slot_bytes / 4096 * 4096);
   return ring;
 }
 
 JobMemoryPlan PlanJobMemory(const ModelLayout& layout, const shm::GradRingConfig& ring, int num_workers, ClipMode clip,
-                            shm::GradDtype staging_dtype) {
+                            shm::GradDtype staging_dtype, shm::MomentDtype moments) {
   JobMemoryPlan p;
   p.param_numel = layout.total_numel;
   const uint64_t n = static_cast<uint64_t>(layout.total_numel);
   p.master_bytes = 4 * n;
-  p.adam_bytes = 8 * n;
+  for (const UnitLayout& u : layout.units) p.adam_bytes += shm::MomentBytes(moments, static_cast<uint64_t>(u.numel));
   p.mirror_bytes = 2 * n;
-  p.job_segment_bytes = shm::JobState::SegmentBytes(layout);
+  p.job_segment_bytes = shm::JobState::SegmentBytes(layout, moments);
   p.ring_bytes = static_cast<uint64_t>(num_workers < 0 ? 0 : num_workers) * shm::GradRing::SegmentBytes(ring);
   p.step_staging_bytes = clip == ClipMode::kExactGlobalNorm ? shm::GradDtypeBytes(staging_dtype) * n : 0;
   p.shm_bytes = p.job_segment_bytes + p.ring_bytes;

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/qwen3_config.h"
 #include "shm/grad_ring.h"
+#include "shm/job_state.h"
 
 namespace slidedp::hostd {
 
@@ -27,7 +28,7 @@ enum class ClipMode {
 struct JobMemoryPlan {
   int64_t param_numel = 0;          // padded numel over all units (what the segment holds)
   uint64_t master_bytes = 0;        // FP32
-  uint64_t adam_bytes = 0;          // m + v, FP32
+  uint64_t adam_bytes = 0;          // m + v (FP32, BF16, or int8 codes and their scales)
   uint64_t mirror_bytes = 0;        // BF16
   uint64_t job_segment_bytes = 0;   // the shm::JobState segment (above + control + alignment)
   uint64_t ring_bytes = 0;          // all workers' shm::GradRing segments
@@ -47,7 +48,8 @@ inline constexpr uint64_t kMaxGradChunkBytes = 32ull << 20;
 shm::GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t chunk_bytes);
 
 JobMemoryPlan PlanJobMemory(const ModelLayout& layout, const shm::GradRingConfig& ring, int num_workers, ClipMode clip,
-                            shm::GradDtype staging_dtype = shm::GradDtype::kBF16);
+                            shm::GradDtype staging_dtype = shm::GradDtype::kBF16,
+                            shm::MomentDtype moments = shm::MomentDtype::kF32);
 
 // runtime.offload_ratio > 0: each of `num_workers` workers keeps the inputs of
 // layout.OffloadedLayers(ratio) layers for all of its `tokens_per_worker` tokens of a step in

@@ -115,6 +115,9 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
   }
   p.clip_staging = !stage ? ClipStaging::kNone : device_staging ? ClipStaging::kDevice : ClipStaging::kHost;
   p.grad_dtype = spec.grad_dtype == GradDtype::kBf16 ? shm::GradDtype::kBF16 : shm::GradDtype::kF32;
+  p.moments = spec.state_dtype == StateDtype::kInt8   ? shm::MomentDtype::kInt8
+              : spec.state_dtype == StateDtype::kBf16 ? shm::MomentDtype::kBF16
+                                                      : shm::MomentDtype::kF32;
 
   // Device staging and the gpu route: one consumer per rank applies its final parts. One rank
   // without clipping: LayerAdam reads gradients straight from the ring slots (a slot is released
@@ -137,7 +140,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
   p.ring = RingConfigFor(layout, spec.ring_slots, spec.chunk_bytes);
   p.memory = PlanJobMemory(layout, p.ring, world,
                            p.clip_staging == ClipStaging::kHost ? ClipMode::kExactGlobalNorm : ClipMode::kNone,
-                           shm::GradDtype::kF32);
+                           shm::GradDtype::kF32, p.moments);
   // The summing buffer is hostd's own memory (not shm); the cpu route with several ranks needs it
   // even without clipping (with clipping the plan above has it).
   if (p.host_staging && p.clip_staging != ClipStaging::kHost) {

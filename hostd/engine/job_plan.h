@@ -56,6 +56,8 @@ struct JobPlan {
   ClipStaging clip_staging = ClipStaging::kNone;
   // runtime.grad_dtype: what every posted chunk holds (staging widens BF16 to FP32 exactly).
   shm::GradDtype grad_dtype = shm::GradDtype::kF32;
+  // optimizer.state_dtype: how the job segment keeps Adam's m and v.
+  shm::MomentDtype moments = shm::MomentDtype::kF32;
   GradConsumerKind consumer = GradConsumerKind::kSummed;
   // hostd's whole-step FP32 gradient buffer (staging_bytes of its own memory): for the clipping
   // norm with host staging, or to sum the ranks' full copies (cpu route, several ranks).

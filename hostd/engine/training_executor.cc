@@ -232,6 +232,12 @@ absl::StatusOr<int64_t> TrainingExecutor::AdoptInterruptedState(const std::strin
   ASSIGN_OR_RETURN(std::string name, shm::MakeSegmentName(options_.node_name, job_id, "state"));
   ASSIGN_OR_RETURN(std::unique_ptr<shm::JobState> js, shm::JobState::Attach(name, shm::Access::kReadWrite));
   RETURN_IF_ERROR(js->CheckMatches(layout));
+  const char* want = ToString(spec.state_dtype);
+  if (absl::string_view(shm::MomentDtypeName(js->moment_dtype())) != want) {
+    return absl::FailedPreconditionError(absl::StrCat("state segment ", name, " keeps ",
+                                                      shm::MomentDtypeName(js->moment_dtype()),
+                                                      " Adam moments, the job's optimizer.state_dtype is ", want));
+  }
   if (js->job_id() != job_id) {
     return absl::FailedPreconditionError(absl::StrCat("state segment ", name, " belongs to job '", js->job_id(), "'"));
   }
@@ -274,7 +280,7 @@ absl::Status TrainingExecutor::AcquireState(JobContext& ctx, Attempt& a) {
       adopted_.erase(it);
     }
   }
-  if (!adopted) a.pooled = pool_.Take(a.layout);
+  if (!adopted) a.pooled = pool_.Take(a.layout, a.plan.moments);
   const shm::JobState* held = adopted ? adopted.get() : a.pooled.get();
   ASSIGN_OR_RETURN(HostMemoryInfo host, ReadHostMemoryInfo());
   if (held) {
@@ -300,7 +306,7 @@ absl::Status TrainingExecutor::AcquireState(JobContext& ctx, Attempt& a) {
   if (a.pooled) {
     const uint64_t bytes = a.pooled->bytes();
     const absl::Time t0 = absl::Now();
-    auto adopted = pool_.Adopt(std::move(a.pooled), ctx.job_id(), a.layout, a.bulk_threads);
+    auto adopted = pool_.Adopt(std::move(a.pooled), ctx.job_id(), a.layout, a.plan.moments, a.bulk_threads);
     if (adopted.ok()) {
       a.job_state = std::move(*adopted);
       a.reused_state = true;
@@ -311,6 +317,7 @@ absl::Status TrainingExecutor::AcquireState(JobContext& ctx, Attempt& a) {
     LOG(WARNING) << "job " << ctx.job_id() << ": cannot reuse the pooled host state: " << adopted.status();
   }
   shm::JobStateOptions sopt;
+  sopt.moments = a.plan.moments;
   sopt.prefault_threads = a.bulk_threads;
   ASSIGN_OR_RETURN(a.job_state, shm::JobState::Create(options_.node_name, ctx.job_id(), a.layout, sopt));
   return absl::OkStatus();
