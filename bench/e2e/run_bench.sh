@@ -28,6 +28,7 @@
 #   RUNTIME_EXTRA  more runtime keys for ours, e.g. "grad_reduction: cpu, param_delivery: sharded"
 #   MAX_GRAD_NORM  ours' train.max_grad_norm (1.0); 0 = no clipping, as the FSDP2 peer (which
 #                  never clips): updates then start during the backward
+#   STATE_DTYPE  ours' optimizer.state_dtype (fp32; bf16 | int8: compact Adam moments)
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 
@@ -35,7 +36,7 @@ usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 for arg in "$@"; do
   case $arg in
     -h|--help) usage; exit 0 ;;
-    MODEL=*|GPUS=*|TOKENS_LIST=*|RUNTIME_EXTRA=*|MAX_GRAD_NORM=*|ACT_POLICY=*|SEQ=*|STEPS=*|MICRO_ROWS=*|FSDP_STEPS=*|WHAT=*|BACKEND=*|*_CAP=*|BUDGET_S=*|WORK=*|FRESH=*|RESUME=*|SLIDEDP_BIN=*)
+    MODEL=*|GPUS=*|TOKENS_LIST=*|RUNTIME_EXTRA=*|MAX_GRAD_NORM=*|STATE_DTYPE=*|ACT_POLICY=*|SEQ=*|STEPS=*|MICRO_ROWS=*|FSDP_STEPS=*|WHAT=*|BACKEND=*|*_CAP=*|BUDGET_S=*|WORK=*|FRESH=*|RESUME=*|SLIDEDP_BIN=*)
       export "${arg?}" ;;
     *) echo "run_bench: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
@@ -185,7 +186,7 @@ model: {preset: $MODEL, init_seed: 0}
 data: {path: $data}
 output: {dir: $d/out, save_final: false}
 train: {seq_len: $SEQ, global_batch: $global, micro_batch: $micro, steps: $STEPS, seed: 0, max_grad_norm: ${MAX_GRAD_NORM:-1.0}}
-optimizer: {lr: 1.0e-5, weight_decay: 0.01}
+optimizer: {lr: 1.0e-5, weight_decay: 0.01, state_dtype: ${STATE_DTYPE:-fp32}}
 runtime: {workers: $g, act_policy: ${ACT_POLICY:-recompute}${RUNTIME_EXTRA:+, $RUNTIME_EXTRA}}
 YAML
   local extra=()

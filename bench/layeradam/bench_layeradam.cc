@@ -17,9 +17,13 @@
 // and ratio_to_triad = LayerAdam's bytes moved per second / that: both sides count what crosses
 // the memory bus, so neither is flattered by an uncounted write-allocate.
 //
+// Compact Adam moments (--state bf16|int8, optimizer.state_dtype; docs/optimizer-state.md) move
+// fewer bytes: m and v read and written as 2 B each (bf16: 8 B/param instead of 16) or as 1-byte
+// codes plus an FP32 scale per 256 (int8: 4.06 B/param); the figures count those.
+//
 //   bench_layeradam [--params N] [--threads T] [--reps R] [--chunk-params C] [--isa avx512]
 //                   [--pin core|node|none] [--grad fp32|bf16] [--mirror-store stream|cached]
-//                   [--dump DIR]
+//                   [--state fp32|bf16|int8] [--dump DIR]
 // The last stdout line is one JSON object with every figure.
 #include <immintrin.h>
 #include <sys/mman.h>
@@ -323,7 +327,7 @@ struct BenchFlags {
   int threads = 0;
   int reps = 5;
   int64_t chunk_params = int64_t{1} << 22;
-  std::string isa_name, pin = "core", grad_dtype = "fp32", dump_dir, mirror_store = "stream";
+  std::string isa_name, pin = "core", grad_dtype = "fp32", dump_dir, mirror_store = "stream", state = "fp32";
   int64_t dump_numel = int64_t{1} << 20;
   int64_t tensor_numel = 0;
   bool refuse_nonfinite = false;
@@ -345,8 +349,15 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
   const int64_t params = f.params;
   const int threads = engine.num_threads();
   const bool bf16_grad = f.grad_dtype == "bf16";
-  Mapping master(params * 4), m(params * 4), v(params * 4), mirror(params * 2), grad(params * (bf16_grad ? 2 : 4)),
-      copy_dst(params * 4);
+  ASSIGN_OR_RETURN(const StateDtype state, ParseStateDtype(f.state));
+  if (state == StateDtype::kInt8 && (f.chunk_params % kInt8StateBlock != 0 || f.tensor_numel % kInt8StateBlock != 0)) {
+    return absl::InvalidArgumentError("--state int8: --chunk-params and --tensor-numel must be multiples of 256");
+  }
+  // m and v: FP32, BF16 or int8 codes (the scales apart).
+  const int64_t moment_elem = state == StateDtype::kFp32 ? 4 : state == StateDtype::kBf16 ? 2 : 1;
+  Mapping master(params * 4), m(params * moment_elem), v(params * moment_elem),
+      m_scale(Int8StateBlocks(params) * 4 + 4096), v_scale(Int8StateBlocks(params) * 4 + 4096), mirror(params * 2),
+      grad(params * (bf16_grad ? 2 : 4)), copy_dst(params * 4);
   std::vector<ElementRange> tensors;
   int64_t padding = 0;
   for (int64_t b = 0; f.tensor_numel > 0 && b < params; b += f.tensor_numel + 256) {
@@ -374,6 +385,12 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
     }
     part.unit = UnitMemory{master.as<float>() + part.begin,  m.as<float>() + part.begin, v.as<float>() + part.begin,
                            mirror.as<bf16_t>() + part.begin, part.end - part.begin,      node};
+    part.unit.moments = state;
+    part.unit.bf16 = Bf16Moments{m.as<bf16_t>() + part.begin, v.as<bf16_t>() + part.begin};
+    part.unit.int8 = Int8Moments{m.as<int8_t>() + part.begin, v.as<uint8_t>() + part.begin,
+                                 m_scale.as<float>() + part.begin / kInt8StateBlock,
+                                 v_scale.as<float>() + part.begin / kInt8StateBlock};
+    part.unit.first_index = part.begin;
     part_of_node[node] = static_cast<int>(parts.size());
     parts.push_back(std::move(part));
   }
@@ -398,8 +415,9 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
     for (int64_t i = part.begin + len * share / shares; i < part.begin + len * (share + 1) / shares; ++i) {
       const float x = static_cast<float>((i * 2654435761u) % 1000003) * 1e-6f - 0.5f;
       master.as<float>()[i] = x * 0.1f;
-      m.as<float>()[i] = 0;
-      v.as<float>()[i] = 0;
+      std::memset(m.as<char>() + i * moment_elem, 0, moment_elem);
+      std::memset(v.as<char>() + i * moment_elem, 0, moment_elem);
+      if (i % kInt8StateBlock == 0) m_scale.as<float>()[i / kInt8StateBlock] = v_scale.as<float>()[i / kInt8StateBlock] = 0;
       mirror.as<bf16_t>()[i] = 0;
       copy_dst.as<float>()[i] = 0;
       if (bf16_grad) {
@@ -414,8 +432,12 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
   // The triad's arrays hold at least as many bytes as the update touches (state + gradient), far
   // beyond any last-level cache at the bench's sizes; MeasureTriad unmaps them before the update runs.
   const double grad_bytes = bf16_grad ? 2 : 4;
+  // m and v, read and written, per parameter (fp32 16, bf16 8, int8 4 + 2 x 2 x 4 / 256).
+  const double moment_rw = state == StateDtype::kFp32 ? 16 : state == StateDtype::kBf16 ? 8 : 4 + 16.0 / 256;
+  const double state_bytes = 6 + moment_rw / 2;  // held per parameter: master, mirror, m, v
   ASSIGN_OR_RETURN(const TriadResult triad,
-                   MeasureTriad(engine, static_cast<int64_t>(std::ceil(params * (14 + grad_bytes) / 12)), f.reps));
+                   MeasureTriad(engine, static_cast<int64_t>(std::ceil(params * (state_bytes + grad_bytes) / 12)),
+                                f.reps));
 
   // The reference is the faster of the two copies (median), so the ratio is not flattered.
   const auto [memcpy_gbps, memcpy_gbps_best] =
@@ -468,10 +490,11 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
   const double dt = Median(times);
   const double best = *std::min_element(times.begin(), times.end());
   const double params_per_s = params / dt;
-  const double gbps28 = params_per_s * (24 + grad_bytes) / 1e9;  // 28 with an fp32 gradient
-  const double gbps30 = params_per_s * (26 + grad_bytes) / 1e9;
+  const double no_mirror_bytes = 8 + moment_rw + grad_bytes;  // 28 with FP32 state and gradient
+  const double gbps28 = params_per_s * no_mirror_bytes / 1e9;
+  const double gbps30 = params_per_s * (no_mirror_bytes + 2) / 1e9;
   // Bytes the update moves per parameter (the triad reference's convention, see the file comment).
-  const double moved_bytes = 26 + grad_bytes + (f.mirror_store == "cached" ? 2 : 0);
+  const double moved_bytes = no_mirror_bytes + 2 + (f.mirror_store == "cached" ? 2 : 0);
   const double layeradam_gbps = params_per_s * moved_bytes / 1e9;
   const double layeradam_gbps_best = params / best * moved_bytes / 1e9;
   const double ratio_to_triad = layeradam_gbps / triad.reference.median;
@@ -479,11 +502,11 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
 
   std::printf(
       "machine: %d physical cores, %d NUMA node(s); threads %d, isa %s, pin %s, grad %s, "
-      "mirror stores %s\n",
+      "mirror stores %s, moments %s\n",
       cores, engine.num_numa_nodes(), threads, AdamIsaName(engine.isa()).c_str(), f.pin.c_str(), f.grad_dtype.c_str(),
-      f.mirror_store.c_str());
+      f.mirror_store.c_str(), f.state.c_str());
   std::printf("params %lld (%.2f GiB state), prefault %.2f s\n", static_cast<long long>(params),
-              params * 14.0 / (1 << 30), prefault_s);
+              params * state_bytes / (1 << 30), prefault_s);
   std::printf(
       "triad a = b + 3c on the %d LayerAdam workers (3 x %.2f GiB, each slice first-touched by its worker): "
       "streaming stores %.1f GB/s (best %.1f) at 12 B/elem; cached stores %.1f GB/s at 12 B/elem, %.1f at 16 B/elem "
@@ -497,13 +520,13 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
   std::printf(
       "LayerAdam: %.3f Gparam/s median (%.3f best), %.1f GB/s at %.0f B/param, %.1f GB/s "
       "at %.0f B/param with mirror\n",
-      params_per_s / 1e9, params / best / 1e9, gbps28, 24 + grad_bytes, gbps30, 26 + grad_bytes);
-  std::printf("ratio to copy bandwidth: %.2f (%.0f B/param), %.2f (with mirror)\n", gbps28 / copy_gbps, 24 + grad_bytes,
+      params_per_s / 1e9, params / best / 1e9, gbps28, no_mirror_bytes, gbps30, no_mirror_bytes + 2);
+  std::printf("ratio to copy bandwidth: %.2f (%.0f B/param), %.2f (with mirror)\n", gbps28 / copy_gbps, no_mirror_bytes,
               gbps30 / copy_gbps);
   std::printf(
       "ratio to the triad: %.2f (LayerAdam %.1f GB/s at %.0f B/param moved / triad %.1f GB/s; target >= 0.85), "
       "%.2f at %.0f B/param without the mirror\n",
-      ratio_to_triad, layeradam_gbps, moved_bytes, triad.reference.median, ratio_to_triad_no_mirror, 24 + grad_bytes);
+      ratio_to_triad, layeradam_gbps, moved_bytes, triad.reference.median, ratio_to_triad_no_mirror, no_mirror_bytes);
   std::printf("page faults in the timed LayerAdam reps: %lld (%lld in %d warm-up passes)\n",
               static_cast<long long>(hot_path_faults), static_cast<long long>(warmup_faults), warmups);
   nlohmann::json j = {{"bench", "layeradam"},
@@ -517,6 +540,7 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
                       {"isa", AdamIsaName(engine.isa())},
                       {"pin", f.pin},
                       {"grad", f.grad_dtype},
+                      {"state", f.state},
                       {"mirror_store", f.mirror_store},
                       {"chunk_params", f.chunk_params},
                       {"reps", f.reps},
@@ -543,7 +567,7 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
                       {"triad_cached_gbps_write_allocate", triad.cached_wa.median},
                       {"triad_cached_gbps_write_allocate_best", triad.cached_wa.best},
                       {"layeradam_bytes_per_param", moved_bytes},
-                      {"layeradam_bytes_per_param_no_mirror", 24 + grad_bytes},
+                      {"layeradam_bytes_per_param_no_mirror", no_mirror_bytes},
                       {"layeradam_gbps", layeradam_gbps},
                       {"layeradam_gbps_best", layeradam_gbps_best},
                       {"ratio_to_triad", ratio_to_triad},
@@ -568,6 +592,8 @@ int Main(int argc, char** argv) {
   app.add_option("--isa", f.isa_name, "scalar|avx2|avx512 (default: best supported)");
   app.add_option("--pin", f.pin, "worker pinning: core|node|none")->check(CLI::IsMember({"core", "node", "none"}));
   app.add_option("--grad", f.grad_dtype, "gradient dtype: fp32|bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--state", f.state, "Adam moments: fp32|bf16|int8 (optimizer.state_dtype)")
+      ->check(CLI::IsMember({"fp32", "bf16", "int8"}));
   app.add_option("--mirror-store", f.mirror_store, "BF16 mirror stores: stream|cached")
       ->check(CLI::IsMember({"stream", "cached"}));
   app.add_option("--dump", f.dump_dir, "write a torch comparison dump here and exit");

@@ -36,6 +36,13 @@ bool RangeInside(int64_t offset, int64_t numel, int64_t begin, int64_t end) {
   return numel > 0 && offset >= begin && offset <= end && numel <= end - offset;
 }
 
+// Int8 moments are requantized a 256-element block at a time: a chunk must not split one.
+bool SplitsMomentBlock(const JobPlan& plan, int64_t offset, int64_t numel, int64_t unit_numel) {
+  if (plan.moments != shm::MomentDtype::kInt8) return false;
+  const int64_t end = offset + numel;
+  return offset % shm::kInt8MomentBlock != 0 || (end % shm::kInt8MomentBlock != 0 && end != unit_numel);
+}
+
 // The gradient's elements from `off` on.
 update::GradPtr At(update::GradPtr g, int64_t off) {
   if (g.bf16) return g.b16() + off;
@@ -283,12 +290,15 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
     const ShardRange shard = unit_ok ? ShardOf(unit_numel_[d.unit], world, r) : ShardRange{};
     if (d.step != static_cast<uint32_t>(t) || !unit_ok || d.dtype != plan_.grad_dtype ||
         !RangeInside(d.offset_numel, d.numel, shard.offset, shard.offset + shard.numel) ||
-        d.numel > shard.numel - unit_got[d.unit]) {
+        d.numel > shard.numel - unit_got[d.unit] ||
+        SplitsMomentBlock(plan_, d.offset_numel, d.numel, unit_numel_[d.unit])) {
       return rings_.FailRank(
           r, absl::StrCat("posted an unexpected gradient chunk: step ", d.step, " unit ", d.unit, " offset ",
                           d.offset_numel, " numel ", d.numel, " dtype ", static_cast<uint32_t>(d.dtype),
                           " while hostd ", action == PartAction::kSpeculate ? "speculates" : "applies", " step ", t,
-                          " (", DtypeName(plan_.grad_dtype), ", units ", units.begin, "..", units.end - 1, "; its shard of that unit is [",
+                          " (", DtypeName(plan_.grad_dtype), ", units ", units.begin, "..", units.end - 1,
+                          plan_.moments == shm::MomentDtype::kInt8 ? ", on int8 moment blocks" : "",
+                          "; its shard of that unit is [",
                           shard.offset, ", ", shard.offset + shard.numel, "), ", unit_ok ? unit_got[d.unit] : 0,
                           " elements of it already received)"));
     }
@@ -406,11 +416,13 @@ absl::StatusOr<shm::GradChunkDesc> GradConsumer::PopRankZeroChunk(int64_t t, boo
   ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(0, first_step));
   out.wait_s += SecondsSince(t_wait);
   if (d.step != static_cast<uint32_t>(t) || d.unit < 0 || d.unit >= static_cast<int>(unit_numel_.size()) ||
-      !RangeInside(d.offset_numel, d.numel, 0, unit_numel_[d.unit]) || d.dtype != plan_.grad_dtype) {
+      !RangeInside(d.offset_numel, d.numel, 0, unit_numel_[d.unit]) || d.dtype != plan_.grad_dtype ||
+      SplitsMomentBlock(plan_, d.offset_numel, d.numel, unit_numel_[d.unit])) {
     return rings_.FailRank(
         0, absl::StrCat("posted an unexpected gradient chunk: step ", d.step, " unit ", d.unit, " offset ",
                         d.offset_numel, " numel ", d.numel, " dtype ", static_cast<uint32_t>(d.dtype),
-                        " while hostd aggregates step ", t, " (", DtypeName(plan_.grad_dtype), ", inside the unit)"));
+                        " while hostd aggregates step ", t, " (", DtypeName(plan_.grad_dtype), ", inside the unit",
+                        plan_.moments == shm::MomentDtype::kInt8 ? ", on int8 moment blocks" : "", ")"));
   }
   return d;
 }

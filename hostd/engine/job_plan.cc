@@ -45,7 +45,16 @@ std::string JobPlan::RoutesLine(ParamDelivery delivery) const {
   const char* dtype = grad_dtype == shm::GradDtype::kBF16
                           ? "; gradients cross the host link in BF16 (runtime.grad_dtype: an approximation)"
                           : "";
-  return absl::StrCat("gradient reduction: ", reduction, "; parameter delivery: ", ToString(delivery), staging, dtype);
+  const std::string moment_note =
+      moments == shm::MomentDtype::kF32
+          ? std::string()
+          : absl::StrCat("; Adam moments kept in ", shm::MomentDtypeName(moments),
+                         " (optimizer.state_dtype: an approximation", clip_staging != ClipStaging::kNone
+                                                                         ? "; updates wait for the norm: no speculation"
+                                                                         : "",
+                         ")");
+  return absl::StrCat("gradient reduction: ", reduction, "; parameter delivery: ", ToString(delivery), staging, dtype,
+                      moment_note);
 }
 
 std::string JobPlan::MemoryLine() const {
@@ -154,14 +163,23 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
     p.memory.shm_bytes += coll_bytes;
     p.memory.total_bytes += coll_bytes;
   }
-  // Speculative clipping needs a step that waits for the whole gradient (clipping or skipping).
+  // Speculative clipping needs a step that waits for the whole gradient (clipping or skipping),
+  // and FP32 moments: its undo copies hold master, m and v in FP32 (compact moments do not
+  // speculate yet; their steps wait for the norm).
   p.speculate_from_unit = layout.num_units();
+  const bool fp32_moments = p.moments == shm::MomentDtype::kF32;
+  if (stage && spec.speculation_bytes > 0 && !fp32_moments) {
+    return absl::InvalidArgumentError(absl::StrCat("runtime.speculation_bytes ", spec.speculation_bytes,
+                                                   " needs optimizer.state_dtype fp32 (the undo copies of "
+                                                   "speculative clipping keep FP32 moments); this job has ",
+                                                   ToString(spec.state_dtype), ": use -1 or 0"));
+  }
   if (stage && spec.speculation_bytes > 0) {
     p.speculate_from_unit = FirstSpeculatedUnit(layout, static_cast<uint64_t>(spec.speculation_bytes));
     p.memory.undo_bytes = UndoBytes(layout, p.speculate_from_unit);
     p.memory.total_bytes += p.memory.undo_bytes;
   }
-  p.speculation_auto = stage && spec.speculation_bytes < 0;
+  p.speculation_auto = stage && spec.speculation_bytes < 0 && fp32_moments;
   return p;
 }
 

@@ -337,17 +337,36 @@ absl::Status TrainingExecutor::CreateSegments(JobContext& ctx, Attempt& a) {
   // the owners touch (and, where pages already sit elsewhere, migrate) it before use.
   const int num_units = a.layout.num_units();
   std::vector<int64_t> unit_bytes(num_units);
-  for (int u = 0; u < num_units; ++u) unit_bytes[u] = a.layout.units[u].numel * 14;
-  const std::vector<int> placement = a.adam->AssignNumaNodes(unit_bytes);
   shm::JobState& js = *a.job_state;
+  for (int u = 0; u < num_units; ++u) {
+    unit_bytes[u] = a.layout.units[u].numel * 6 + static_cast<int64_t>(js.moments(u).bytes);
+  }
+  const std::vector<int> placement = a.adam->AssignNumaNodes(unit_bytes);
   a.tensor_ranges.resize(num_units);
+  int64_t first_index = 0;
   for (int u = 0; u < num_units; ++u) {
     for (const TensorSlot& t : a.layout.units[u].tensors) {
       a.tensor_ranges[u].push_back({t.offset_numel, t.offset_numel + t.numel});
     }
     a.memory.push_back(
         update::UnitMemory{js.master(u), js.m(u), js.v(u), js.mirror(u), a.layout.units[u].numel, placement[u]});
-    a.memory.back().tensors = a.tensor_ranges[u];
+    update::UnitMemory& memory = a.memory.back();
+    memory.tensors = a.tensor_ranges[u];
+    const shm::JobState::Moments mv = js.moments(u);
+    switch (mv.dtype) {
+      case shm::MomentDtype::kF32: break;
+      case shm::MomentDtype::kBF16:
+        memory.moments = update::StateDtype::kBf16;
+        memory.bf16 = update::Bf16Moments{static_cast<bf16_t*>(mv.m), static_cast<bf16_t*>(mv.v)};
+        break;
+      case shm::MomentDtype::kInt8:
+        memory.moments = update::StateDtype::kInt8;
+        memory.int8 = update::Int8Moments{static_cast<int8_t*>(mv.m), static_cast<uint8_t*>(mv.v), mv.m_scale,
+                                          mv.v_scale};
+        break;
+    }
+    memory.first_index = first_index;
+    first_index += a.layout.units[u].numel;
     if (a.adam->num_numa_nodes() > 1) RETURN_IF_ERROR(a.adam->FirstTouch(a.memory.back()));
   }
   return absl::OkStatus();
@@ -437,6 +456,7 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
   params.eps = a.spec.eps;
   params.weight_decay = a.spec.weight_decay;
   params.step = t + 1 - a.skipped_steps;  // Adam's bias correction counts applied updates only
+  params.rounding_seed = a.spec.seed;      // BF16 moments' stochastic rounding (the data order's seed)
   const double paused_before = a.adam->paused_s();
   StepUpdates updates(*a.adam, a.memory, *a.tracker, t + 1, params, &a.layout, &a.job_state->updating_step());
   updates.SetBeforeFirstSkip([&a] { a.job_state->skipped_steps_counter().store(a.skipped_steps + 1); });

@@ -53,6 +53,7 @@ struct AdamWStepParams {
   int64_t step = 1;            // t >= 1: number of updates including this one (bias correction)
   float grad_scale = 1.0f;     // clip coefficient (ClipCoefficient), applied as g*scale in fp32
   NonFiniteGrad nonfinite_grad = NonFiniteGrad::kApply;  // LayerAdam only (the kernels apply)
+  uint64_t rounding_seed = 0;  // BF16 moments' stochastic rounding (LayerAdam; adamw_state.h)
 };
 
 // Instruction set a kernel table was built for.

@@ -244,7 +244,8 @@ absl::StatusOr<std::unique_ptr<LayerAdam>> LayerAdam::Create(const LayerAdamOpti
   std::unique_ptr<LayerAdam> engine(new LayerAdam());
   engine->isa_ = options.isa.value_or(ActiveAdamIsa());
   engine->kernels_ = AdamKernelsFor(engine->isa_);
-  if (engine->kernels_ == nullptr) {
+  engine->state_kernels_ = AdamStateKernelsFor(engine->isa_);
+  if (engine->kernels_ == nullptr || engine->state_kernels_ == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("LayerAdam: ISA ", AdamIsaName(engine->isa_),
                                                    " is not supported by this CPU"));
   }
@@ -415,10 +416,17 @@ absl::Status LayerAdam::FirstTouch(const UnitMemory& unit) {
   if (num_numa_nodes() > 1) {
     auto topo = static_cast<hwloc_topology_t>(topology_);
     hwloc_obj_t node = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, unit.numa_node);
-    const std::pair<void*, int64_t> areas[] = {{unit.master, unit.numel * 4},
-                                               {unit.m, unit.numel * 4},
-                                               {unit.v, unit.numel * 4},
-                                               {unit.mirror, unit.numel * 2}};
+    const int64_t n = unit.numel, blocks = Int8StateBlocks(unit.numel);
+    const bool f32 = unit.moments == StateDtype::kFp32, b16 = unit.moments == StateDtype::kBf16;
+    const std::pair<void*, int64_t> areas[] = {
+        {unit.master, n * 4},
+        {f32 ? static_cast<void*>(unit.m) : b16 ? static_cast<void*>(unit.bf16.m) : unit.int8.m_codes,
+         f32 ? n * 4 : b16 ? n * 2 : n},
+        {f32 ? static_cast<void*>(unit.v) : b16 ? static_cast<void*>(unit.bf16.v) : unit.int8.v_codes,
+         f32 ? n * 4 : b16 ? n * 2 : n},
+        {unit.moments == StateDtype::kInt8 ? unit.int8.m_scales : nullptr, blocks * 4},
+        {unit.moments == StateDtype::kInt8 ? unit.int8.v_scales : nullptr, blocks * 4},
+        {unit.mirror, n * 2}};
     for (const auto& [addr, bytes] : areas) {
       if (node == nullptr || addr == nullptr || bytes == 0) continue;
       if (hwloc_set_area_membind(topo, addr, bytes, node->nodeset, HWLOC_MEMBIND_BIND,
@@ -450,14 +458,30 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
                                                    " elements"));
   }
   const bool needs_grad = kind == TaskKind::kStepF32 || kind == TaskKind::kStepBf16;
-  if (numel > 0 && (unit.master == nullptr || unit.m == nullptr || unit.v == nullptr ||
-                    (unit.mirror == nullptr && kind != TaskKind::kTouch) || (needs_grad && grad == nullptr))) {
+  const bool moments_set = unit.moments == StateDtype::kFp32   ? unit.m != nullptr && unit.v != nullptr
+                           : unit.moments == StateDtype::kBf16 ? unit.bf16.m != nullptr && unit.bf16.v != nullptr
+                                                               : unit.int8.m_codes != nullptr &&
+                                                                     unit.int8.v_codes != nullptr &&
+                                                                     unit.int8.m_scales != nullptr &&
+                                                                     unit.int8.v_scales != nullptr;
+  if (numel > 0 && (unit.master == nullptr || !moments_set || (unit.mirror == nullptr && kind != TaskKind::kTouch) ||
+                    (needs_grad && grad == nullptr))) {
     return absl::InvalidArgumentError("LayerAdam: null state or gradient pointer");
   }
   if (undo_mode != UndoMode::kNone &&
       (undo == nullptr || undo->master == nullptr || undo->m == nullptr || undo->v == nullptr ||
        kind == TaskKind::kTouch)) {
     return absl::InvalidArgumentError("LayerAdam: an undo mode without an undo copy");
+  }
+  if (unit.moments != StateDtype::kFp32 && (undo_mode != UndoMode::kNone || kind == TaskKind::kRestore)) {
+    return absl::InvalidArgumentError(absl::StrCat("LayerAdam: undo copies hold FP32 moments, the unit keeps ",
+                                                   StateDtypeName(unit.moments)));
+  }
+  if (unit.moments == StateDtype::kInt8 && kind != TaskKind::kTouch &&
+      (offset % kInt8StateBlock != 0 || ((offset + numel) % kInt8StateBlock != 0 && offset + numel != unit.numel))) {
+    return absl::InvalidArgumentError(absl::StrCat("LayerAdam: chunk [", offset, ", +", numel,
+                                                   ") splits an int8 moment block (", kInt8StateBlock,
+                                                   " elements): chunks start and end on block boundaries"));
   }
   if (unit.numa_node < 0 || unit.numa_node >= num_numa_nodes()) {
     return absl::InvalidArgumentError(absl::StrCat("LayerAdam: numa_node ", unit.numa_node,
@@ -488,7 +512,9 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
   // the norm grid when the pieces sum squares: each block is one piece's).
   const int64_t max_pieces = std::max<int64_t>(1, numel / min_piece_numel_);
   const int64_t pieces = std::min<int64_t>(q.num_workers, max_pieces);
-  const int64_t align = block_squares != nullptr ? kNormBlockNumel : kPieceAlignNumel;
+  const int64_t align = block_squares != nullptr                ? kNormBlockNumel
+                        : unit.moments == StateDtype::kInt8 ? kInt8StateBlock
+                                                              : kPieceAlignNumel;
   std::vector<int64_t> bounds{offset};
   for (int64_t k = 1; k < pieces; ++k) {
     int64_t b = (offset + numel * k / pieces) / align * align;
@@ -518,7 +544,8 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
                           : static_cast<const char*>(grad) + (bounds[k] - offset) * elem_bytes;
       q.tasks.push_back(Task{kind, unit, bounds[k], bounds[k + 1] - bounds[k], piece_grad, constants,
                              params.nonfinite_grad, chunk, undo != nullptr ? *undo : UndoMemory{}, undo_mode,
-                             block_squares, offset / kNormBlockNumel});
+                             block_squares, offset / kNormBlockNumel,
+                             StochasticRounding{params.rounding_seed, params.step, 0}});
     }
   }
   return absl::OkStatus();
@@ -645,21 +672,7 @@ absl::Status LayerAdam::RunStep(const Task& t, const G* grad, BlockPacer& pacer)
   const UnitMemory& u = t.unit;
   const int64_t o = t.offset;
   const bool refuse = t.nonfinite == NonFiniteGrad::kRefuse;
-  const auto kernel = [&](int64_t b, int64_t n, const G* g) -> int64_t {  // a refused element's index, or -1
-    if constexpr (std::is_same_v<G, float>) {
-      if (!refuse) {
-        kernels_->step_f32(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
-        return -1;
-      }
-      return kernels_->step_f32_checked(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
-    } else {
-      if (!refuse) {
-        kernels_->step_bf16(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
-        return -1;
-      }
-      return kernels_->step_bf16_checked(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
-    }
-  };
+  const auto kernel = [&](int64_t b, int64_t n, const G* g) { return StepPart(t, b, n, g, refuse); };
   const auto value = [](G x) -> float {
     if constexpr (std::is_same_v<G, float>) {
       return x;
@@ -705,6 +718,51 @@ absl::Status LayerAdam::RunStep(const Task& t, const G* grad, BlockPacer& pacer)
 }
 
 template <typename G>
+int64_t LayerAdam::StepPart(const Task& t, int64_t b, int64_t n, const G* g, bool checked) const {
+  constexpr bool kF32 = std::is_same_v<G, float>;
+  const UnitMemory& u = t.unit;
+  const AdamWConstants& c = t.constants;
+  switch (u.moments) {
+    case StateDtype::kFp32:
+      if constexpr (kF32) {
+        if (checked) return kernels_->step_f32_checked(c, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
+        kernels_->step_f32(c, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
+      } else {
+        if (checked) return kernels_->step_bf16_checked(c, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
+        kernels_->step_bf16(c, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
+      }
+      return -1;
+    case StateDtype::kBf16: {
+      StochasticRounding r = t.rounding;
+      r.first_index = u.first_index + b;
+      const Bf16Moments mv{u.bf16.m + b, u.bf16.v + b};
+      if constexpr (kF32) {
+        if (checked) return state_kernels_->bf16_step_f32_checked(c, r, u.master + b, mv, u.mirror + b, g, n);
+        state_kernels_->bf16_step_f32(c, r, u.master + b, mv, u.mirror + b, g, n);
+      } else {
+        if (checked) return state_kernels_->bf16_step_bf16_checked(c, r, u.master + b, mv, u.mirror + b, g, n);
+        state_kernels_->bf16_step_bf16(c, r, u.master + b, mv, u.mirror + b, g, n);
+      }
+      return -1;
+    }
+    case StateDtype::kInt8: {
+      // b is a block boundary: tensors begin on kTensorAlignNumel (256) elements, pieces and
+      // blocks of work split on multiples of kInt8StateBlock.
+      const Int8Moments mv = Int8MomentsAt(u.int8, b);
+      if constexpr (kF32) {
+        if (checked) return state_kernels_->int8_step_f32_checked(c, u.master + b, mv, u.mirror + b, g, n);
+        state_kernels_->int8_step_f32(c, u.master + b, mv, u.mirror + b, g, n);
+      } else {
+        if (checked) return state_kernels_->int8_step_bf16_checked(c, u.master + b, mv, u.mirror + b, g, n);
+        state_kernels_->int8_step_bf16(c, u.master + b, mv, u.mirror + b, g, n);
+      }
+      return -1;
+    }
+  }
+  return -1;
+}
+
+template <typename G>
 absl::Status LayerAdam::RunStepSquared(const Task& t, const G* grad, BlockPacer& pacer) {
   const UnitMemory& u = t.unit;
   const int64_t o = t.offset;
@@ -725,11 +783,7 @@ absl::Status LayerAdam::RunStepSquared(const Task& t, const G* grad, BlockPacer&
       }
     }
     RETURN_IF_ERROR(ForEachTensorPart(u.tensors, bb, be - bb, [&](int64_t b, int64_t n) {
-      if constexpr (std::is_same_v<G, float>) {
-        kernels_->step_f32(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, grad + (b - o), n);
-      } else {
-        kernels_->step_bf16(t.constants, u.master + b, u.m + b, u.v + b, u.mirror + b, grad + (b - o), n);
-      }
+      StepPart(t, b, n, grad + (b - o), /*checked=*/false);
       return absl::OkStatus();
     }));
     bb = be;
@@ -761,8 +815,22 @@ absl::Status LayerAdam::RunTask(const Task& t, BlockPacer& pacer) {
       });
     case TaskKind::kTouch:  // (before a job's first step: never paced)
       TouchPages(u.master + o, t.numel * 4);
-      TouchPages(u.m + o, t.numel * 4);
-      TouchPages(u.v + o, t.numel * 4);
+      switch (u.moments) {
+        case StateDtype::kFp32:
+          TouchPages(u.m + o, t.numel * 4);
+          TouchPages(u.v + o, t.numel * 4);
+          break;
+        case StateDtype::kBf16:
+          TouchPages(u.bf16.m + o, t.numel * 2);
+          TouchPages(u.bf16.v + o, t.numel * 2);
+          break;
+        case StateDtype::kInt8:  // (pieces split on blocks)
+          TouchPages(u.int8.m_codes + o, t.numel);
+          TouchPages(u.int8.v_codes + o, t.numel);
+          TouchPages(u.int8.m_scales + o / kInt8StateBlock, Int8StateBlocks(t.numel) * 4);
+          TouchPages(u.int8.v_scales + o / kInt8StateBlock, Int8StateBlocks(t.numel) * 4);
+          break;
+      }
       if (u.mirror != nullptr) TouchPages(u.mirror + o, t.numel * 2);  // (an undo copy has none)
       return absl::OkStatus();
   }

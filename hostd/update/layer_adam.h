@@ -41,6 +41,7 @@
 #include "absl/types/span.h"
 #include "common/numeric/bf16.h"
 #include "hostd/update/adamw_kernels.h"
+#include "hostd/update/adamw_state.h"
 
 namespace slidedp::update {
 
@@ -54,11 +55,21 @@ struct ElementRange {
 // job's shared-memory state) and the NUMA node (hwloc logical index) whose workers update it.
 struct UnitMemory {
   float* master = nullptr;
-  float* m = nullptr;
+  float* m = nullptr;  // FP32 moments (moments kFp32); unused otherwise
   float* v = nullptr;
   bf16_t* mirror = nullptr;
   int64_t numel = 0;
   int numa_node = 0;
+  // Compact Adam moments (optimizer.state_dtype; adamw_state.h, docs/optimizer-state.md): BF16 in
+  // `bf16`, or int8 codes and per-256 scales in `int8` (element 0 of the unit is block 0's first).
+  // Int8 chunks start on a block boundary and end on one or at the unit's end, and are split at
+  // block boundaries. Undo copies (speculative clipping) keep FP32 moments only.
+  StateDtype moments = StateDtype::kFp32;
+  Bf16Moments bf16{};
+  Int8Moments int8{};
+  // BF16 moments: the global index of the unit's element 0 (its offset in the whole model), so the
+  // stochastic rounding of v depends on the element, never on how the work was split.
+  int64_t first_index = 0;
   // The unit's tensors (sorted by begin, disjoint, inside [0, numel)): an update writes only these
   // elements, never the alignment padding between tensors (ModelLayout aligns each tensor to 256
   // elements), whatever the gradient and hyper-parameters hold there. Empty: every element is a
@@ -260,6 +271,7 @@ class LayerAdam {
     UndoMode undo_mode;
     double* squares;              // SubmitGradSquared: the chunk's block sums, else nullptr
     int64_t squares_first_block;  // the grid index of squares[0]
+    StochasticRounding rounding;  // BF16 moments: seed and Adam step (first_index per part)
   };
   struct NodeQueue {
     absl::Mutex mu;
@@ -293,11 +305,17 @@ class LayerAdam {
   absl::Status RunStep(const Task& task, const G* grad, BlockPacer& pacer);
   template <typename G>
   absl::Status RunStepSquared(const Task& task, const G* grad, BlockPacer& pacer);
+  // One part of a step, [b, b + n) of the unit (inside one tensor) with its gradient g: the
+  // kernel of the unit's moment layout; with `checked`, the index of a refused non-finite element
+  // (within the part), else -1.
+  template <typename G>
+  int64_t StepPart(const Task& task, int64_t b, int64_t n, const G* g, bool checked) const;
   std::shared_ptr<const CopyPriority> copy_priority() const;
   void FinishPiece(ChunkState* chunk, const absl::Status& status);
 
   AdamIsa isa_ = AdamIsa::kScalar;
   const AdamKernelTable* kernels_ = nullptr;
+  const AdamStateKernelTable* state_kernels_ = nullptr;
   int64_t min_piece_numel_ = 1;
   bool stream_mirror_ = true;
   void* topology_ = nullptr;  // hwloc_topology_t, kept for binding (opaque to keep hwloc.h private)

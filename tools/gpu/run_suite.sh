@@ -35,6 +35,9 @@
 #                   and 0 equal at a threshold never reached (every step commits) and one always
 #                   reached (a redo, then speculation off)
 #   scaling    ~6   (2 GPUs) Qwen3-8B 1 -> 2 GPUs >= 1.95x; ours / FSDP2 on 2 GPUs >= 1.5
+#   state      ~3   issue 21, compact Adam moments on the GPU machine's host: adam_state_test and
+#                   adam_engine_test (bundled host tests: the AVX-512 kernels bit-identical to
+#                   scalar), bench_layeradam with fp32 / bf16 / int8 moments: int8 Gparam/s >= 1.5x fp32
 #   host       ~5   LayerAdam / torch fused CPU AdamW >= 1.1 and >= 0.8 of copy bandwidth;
 #                   bench_copy (continuous and --duty 20:20): H2D with LayerAdam + copy priority
 #                   >= 0.9 of solo; warm submit -> first step (figures)
@@ -71,7 +74,7 @@
 #   DET_MODEL DET_STEPS  the repeatability job (qwen3-0.6b, 3 steps)
 #   OFFLOAD_MODEL    (qwen3-4b, 64K tokens, seq 4096)
 #   CLIP_MODEL CLIP_TOKENS CLIP_POLICY  the clip part's model (qwen3-4b), batch (16384), act_policy (auto)
-#   CLIP_VARIANTS    "name:max_grad_norm:runtime_key=value ..." ("spec:1.0: high:1e4: wait:1.0:
+#   CLIP_VARIANTS    "name:max_grad_norm:runtime_key=value ..." (or state_dtype=int8) ("spec:1.0: high:1e4: wait:1.0:
 #                    speculation_bytes=0 noclip:0:")    CLIP_PEERS  ("compute fsdp2")
 #   ROUTES_STEPS     (20)
 #   BENCH_MODEL      qwen3-4b | qwen3-8b (8B: no CPU-offload peer, it needs 128 GB of host memory)
@@ -105,7 +108,7 @@ readonly KBENCH_T_FWD=400          # issue 3: attention TFLOP/s, causal, 4K+ tok
 readonly KBENCH_T_BWD=300
 readonly KBENCH_T_LAYER=550        # Qwen3-8B decoder layer keep-all over 64K tokens
 
-PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench clip specbits scaling host restart kbench"
+PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench clip specbits scaling state host restart kbench"
 usage() { sed -n '3,/^set -u/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ] || [ "$1" = list ]; then usage; exit 0; fi
 for p in "$@"; do
@@ -435,8 +438,11 @@ part_clip() {
   local variants=${CLIP_VARIANTS:-"spec:1.0: high:1e4: wait:1.0:speculation_bytes=0 noclip:0:"}
   for v in $variants; do
     IFS=: read -r name norm extra <<< "$v"
+    local state=fp32
+    # (state_dtype=... is the optimizer's key, not a runtime one)
+    if [[ $extra == state_dtype=* ]]; then state=${extra#state_dtype=}; extra=""; fi
     stage "clip_$name" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/$name" MODEL="$model" GPUS=1 \
-      TOKENS_LIST="$tokens" WHAT=ours MAX_GRAD_NORM="$norm" RUNTIME_EXTRA="${extra/=/: }" \
+      TOKENS_LIST="$tokens" WHAT=ours MAX_GRAD_NORM="$norm" RUNTIME_EXTRA="${extra/=/: }" STATE_DTYPE="$state" \
       ACT_POLICY="${CLIP_POLICY:-auto}" WORK="$w/$name" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) \
       bash bench/e2e/run_bench.sh
   done
@@ -492,6 +498,45 @@ part_scaling() {
   stage scaling_fsdp2 $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir" MODEL="$model" GPUS=2 TOKENS_LIST=16384 \
     WHAT=fsdp2 WORK="$w" RESUME=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
   judge scaling --results "$part_dir/bench-results.json" --model "$model" --tokens 65536 --peer-tokens 16384
+}
+
+# Issue 21: compact Adam moments. The kernels' tests run here too because this host has the ISA
+# the dev machine lacks (AVX-512); then LayerAdam's rate with each moment layout on the same params.
+part_state() {
+  local xml=$part_dir/xml rcs=() t st
+  mkdir -p "$xml"
+  for t in adam_state_test adam_engine_test; do
+    stage "$t" 200 env GTEST_COLOR=no ".gpu/tests/$t" "--gtest_output=xml:$xml/$t.xml"
+    rcs+=(--rc "$t=$?")
+  done
+  judge gtest --xml-dir "$xml" "${rcs[@]}" --none-why "no .gpu/tests/adam_state_test: rebuild the bundle"
+  for st in fp32 bf16 int8; do
+    stage "layeradam_$st" 150 bench_layeradam --params "${STATE_PARAMS:-268435456}" --state "$st"
+  done
+  dry && return 0
+  python3 - "$part_dir" << 'PY' | tee -a "$summary"
+import json, sys
+d = sys.argv[1]
+rows = {}
+for st in ("fp32", "bf16", "int8"):
+    try:
+        last = [l for l in open(f"{d}/layeradam_{st}.log") if l.startswith("{")][-1]
+        rows[st] = json.loads(last)
+    except (OSError, IndexError, ValueError):
+        print(f"FAIL state       layeradam --state {st}: no result")
+for st, r in rows.items():
+    print(f"INFO state       LayerAdam {st} moments: {r['adam_Gparam_per_s']:.3f} Gparam/s, {r['layeradam_gbps']:.1f} GB/s "
+          f"at {r['layeradam_bytes_per_param']:.2f} B/param, triad {r['triad_gbps']:.1f} GB/s "
+          f"(ratio {r['ratio_to_triad']:.2f}), isa {r['isa']}, {r['threads']} threads, "
+          f"{r['hot_path_page_faults']} page faults")
+if "fp32" in rows:
+    for st in ("bf16", "int8"):
+        if st in rows:
+            x = rows[st]["adam_Gparam_per_s"] / rows["fp32"]["adam_Gparam_per_s"]
+            gate = st == "int8"
+            verdict = ("PASS" if x >= 1.5 else "FAIL") if gate else "INFO"
+            print(f"{verdict} state       LayerAdam {st} / fp32 moments: {x:.2f}x params/s" + (" (>= 1.5)" if gate else ""))
+PY
 }
 
 part_host() {

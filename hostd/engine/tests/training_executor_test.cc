@@ -25,6 +25,7 @@
 #include "hostd/checkpoint/checkpoint.h"
 #include "hostd/engine/undo_arena.h"
 #include "hostd/update/adamw_kernels.h"
+#include "hostd/update/adamw_state.h"
 #include "hostd/update/schedule.h"
 #include "nlohmann/json.hpp"
 #include "shm/grad_ring.h"
@@ -82,10 +83,24 @@ struct RankResult {
   std::string comm_id;                     // what rank > 0 received
   std::vector<std::vector<float>> master;  // rank 0: the final master weights
   uint64_t skipped_steps = 0;              // rank 0: the control block's count at the end
-  std::vector<std::vector<float>> m, v;    // rank 0: the final Adam moments
+  std::vector<std::vector<float>> m, v;    // rank 0: the final Adam moments (FP32 moments)
+  std::vector<std::string> moments;        // rank 0: every unit's m, v and scales as stored, any layout
   int64_t rolled_back_steps = 0;           // device staging: verdicts that asked for every part again
   absl::Status status;
 };
+
+// m, v and (int8) their scales, as the segment keeps them.
+std::string MomentBytes(const shm::JobState::Moments& mv, int64_t n) {
+  const int64_t elem = mv.dtype == shm::MomentDtype::kF32 ? 4 : mv.dtype == shm::MomentDtype::kBF16 ? 2 : 1;
+  std::string out(static_cast<const char*>(mv.m), n * elem);
+  out.append(static_cast<const char*>(mv.v), n * elem);
+  if (mv.dtype == shm::MomentDtype::kInt8) {
+    const int64_t blocks = (n + shm::kInt8MomentBlock - 1) / shm::kInt8MomentBlock;
+    out.append(reinterpret_cast<const char*>(mv.m_scale), blocks * 4);
+    out.append(reinterpret_cast<const char*>(mv.v_scale), blocks * 4);
+  }
+  return out;
+}
 
 // The next command for a fake worker, acknowledging releases of kept state mappings (which a
 // real worker handles on its session thread) on the way.
@@ -279,8 +294,12 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
   if (rank == 0) {
     for (int u = 0; u < units; ++u) {
       out->master.emplace_back((*js)->master(u), (*js)->master(u) + (*js)->unit_numel(u));
-      out->m.emplace_back((*js)->m(u), (*js)->m(u) + (*js)->unit_numel(u));
-      out->v.emplace_back((*js)->v(u), (*js)->v(u) + (*js)->unit_numel(u));
+      const int64_t n = (*js)->unit_numel(u);
+      if ((*js)->m(u) != nullptr) {
+        out->m.emplace_back((*js)->m(u), (*js)->m(u) + n);
+        out->v.emplace_back((*js)->v(u), (*js)->v(u) + n);
+      }
+      out->moments.push_back(MomentBytes((*js)->moments(u), n));
     }
     out->skipped_steps = (*js)->skipped_steps_counter().load();
   }
@@ -690,6 +709,121 @@ struct ReferenceState {
   std::vector<std::vector<float>> master, m, v;
   std::vector<std::vector<bf16_t>> mirror;
 };
+
+// ReferenceState with compact moments: every tensor stepped whole by the state kernels, the BF16
+// rounding indexed by the element's place in the model and seeded with the job's seed.
+struct CompactReference {
+  CompactReference(const JobSpec& spec, update::StateDtype dtype)
+      : dtype(dtype), layout(ModelLayout::Build(*Qwen3Config::Preset("tiny"))) {
+    int64_t first = 0;
+    for (const UnitLayout& u : layout.units) {
+      master.emplace_back(u.numel, 0.0f);
+      mirror.emplace_back(u.numel, 0);
+      const int64_t elem = dtype == update::StateDtype::kBf16 ? 2 : 1;
+      m.emplace_back(u.numel * elem, '\0');
+      v.emplace_back(u.numel * elem, '\0');
+      m_scale.emplace_back(update::Int8StateBlocks(u.numel), 0.0f);
+      v_scale.emplace_back(update::Int8StateBlocks(u.numel), 0.0f);
+      first_index.push_back(first);
+      first += u.numel;
+    }
+    checkpoint::InitRandom(layout, spec.init_seed, [&](int u) { return master[u].data(); });
+  }
+  // `copies`: how many ranks posted the whole gradient (the cpu route sums them: exact for 2).
+  void Apply(const JobSpec& spec, int64_t t, int copies) {
+    update::AdamWStepParams p;
+    p.lr = spec.lr;
+    p.beta1 = spec.beta1;
+    p.beta2 = spec.beta2;
+    p.eps = spec.eps;
+    p.weight_decay = spec.weight_decay;
+    p.step = t + 1;
+    const update::AdamWConstants c = update::MakeAdamWConstants(p);
+    const update::AdamStateKernelTable& k = update::ActiveAdamStateKernels();
+    for (const UnitLayout& u : layout.units) {
+      const int ui = u.index;
+      std::vector<float> g(u.numel);
+      for (int64_t i = 0; i < u.numel; ++i) g[i] = static_cast<float>(copies) * Grad(static_cast<int>(t), ui, i);
+      for (const TensorSlot& ts : u.tensors) {
+        const int64_t o = ts.offset_numel;
+        if (dtype == update::StateDtype::kBf16) {
+          auto* m16 = reinterpret_cast<bf16_t*>(m[ui].data());
+          auto* v16 = reinterpret_cast<bf16_t*>(v[ui].data());
+          k.bf16_step_f32(c, update::StochasticRounding{spec.seed, p.step, first_index[ui] + o}, master[ui].data() + o,
+                          update::Bf16Moments{m16 + o, v16 + o}, mirror[ui].data() + o, g.data() + o, ts.numel);
+        } else {
+          const update::Int8Moments base{reinterpret_cast<int8_t*>(m[ui].data()),
+                                         reinterpret_cast<uint8_t*>(v[ui].data()), m_scale[ui].data(),
+                                         v_scale[ui].data()};
+          k.int8_step_f32(c, master[ui].data() + o, update::Int8MomentsAt(base, o), mirror[ui].data() + o,
+                          g.data() + o, ts.numel);
+        }
+      }
+    }
+  }
+  std::string Moments(int u) const {
+    std::string out = m[u] + v[u];
+    if (dtype == update::StateDtype::kInt8) {
+      out.append(reinterpret_cast<const char*>(m_scale[u].data()), m_scale[u].size() * 4);
+      out.append(reinterpret_cast<const char*>(v_scale[u].data()), v_scale[u].size() * 4);
+    }
+    return out;
+  }
+  update::StateDtype dtype;
+  ModelLayout layout;
+  std::vector<std::vector<float>> master, m_scale, v_scale;
+  std::vector<std::vector<bf16_t>> mirror;
+  std::vector<std::string> m, v;
+  std::vector<int64_t> first_index;
+};
+
+// optimizer.state_dtype bf16 / int8: whatever the route, staging and worker count, the job's
+// master weights and stored moments after three steps are the state kernels' over the whole
+// tensors bit for bit (chunks on int8 blocks; the BF16 rounding follows the element's global
+// index and the job's seed).
+TEST(TrainingExecutor, CompactMomentsAreTheStateKernelsOnEveryRoute) {
+  TrainingExecutorOptions options = Options();
+  options.pool_host_state = false;
+  TrainingExecutor ex(options);
+  struct Case {
+    const char* what;
+    int world;
+    double clip;
+    const char* route;
+  };
+  for (update::StateDtype dtype : {update::StateDtype::kBf16, update::StateDtype::kInt8}) {
+    for (const Case& c : {Case{"one rank, direct", 1, 0, "cpu"}, Case{"one rank, staged", 1, 1e9, "cpu"},
+                          Case{"gpu route", 2, 0, "gpu"}, Case{"gpu route, staged", 2, 1e9, "gpu"},
+                          Case{"cpu route, summed", 2, 0, "cpu"}}) {
+      SCOPED_TRACE(absl::StrCat(update::StateDtypeName(dtype), ", ", c.what));
+      JobSpec spec = TinySpec(c.world, c.clip, c.route);
+      spec.state_dtype = dtype == update::StateDtype::kInt8 ? StateDtype::kInt8 : StateDtype::kBf16;
+      spec.seed = 17;
+      JobRun run = RunJob(ex, absl::StrCat("compact-", update::StateDtypeName(dtype), c.world, c.clip > 0, c.route),
+                          spec, Workers(c.world));
+      ASSERT_TRUE(run.status.ok()) << run.status;
+      CompactReference ref(spec, dtype);
+      const int copies = std::string(c.route) == "cpu" ? c.world : 1;
+      for (int64_t t = 0; t < spec.steps; ++t) ref.Apply(spec, t, copies);
+      ASSERT_EQ(run.ranks[0].master.size(), ref.master.size());
+      for (size_t u = 0; u < ref.master.size(); ++u) {
+        ASSERT_EQ(0, std::memcmp(run.ranks[0].master[u].data(), ref.master[u].data(), ref.master[u].size() * 4))
+            << "unit " << u;
+        ASSERT_TRUE(run.ranks[0].moments[u] == ref.Moments(static_cast<int>(u))) << "unit " << u;
+      }
+      bool noted = false;
+      for (const std::string& l : run.logs) noted |= absl::StrContains(l, "Adam moments kept in");
+      EXPECT_TRUE(noted);
+    }
+  }
+  // Speculation keeps FP32 moments: asked for explicitly with compact moments, the job is refused.
+  JobSpec spec = TinySpec(1, 1.0, "cpu");
+  spec.state_dtype = StateDtype::kInt8;
+  spec.speculation_bytes = 1 << 20;
+  JobRun run = RunJob(ex, "compact-speculation", spec, Workers(1));
+  EXPECT_EQ(run.status.code(), absl::StatusCode::kInvalidArgument) << run.status;
+  EXPECT_TRUE(absl::StrContains(run.status.message(), "speculation_bytes")) << run.status;
+}
 
 update::LrSchedule LinearSchedule(const JobSpec& spec) {
   update::LrScheduleConfig c;

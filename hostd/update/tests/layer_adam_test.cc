@@ -26,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "common/model/qwen3_config.h"
 #include "gtest/gtest.h"
+#include "hostd/update/adamw_state.h"
 #include "hostd/update/grad_norm.h"
 #include "hostd/update/unit_tracker.h"
 #include "shm/futex.h"
@@ -606,6 +607,132 @@ TEST(LayerAdam, SquaredUpdatesRefuseANonFiniteBlockBeforeWritingIt) {
   EXPECT_EQ(engine->SubmitGradSquared(unit.view(), 0, 16, grad.data(), AdamWStepParams{}, nullptr, [](absl::Status) {})
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Compact moments (optimizer.state_dtype bf16 / int8): chunks over several workers, split on int8
+// blocks, give the kernels' result over each whole tensor bit for bit (BF16's stochastic rounding
+// follows the element's global index, never the split); the padding is never touched; a chunk that
+// splits an int8 block and an undo copy of compact moments are refused.
+TEST(LayerAdam, CompactMomentsChunksAreTheKernelsOverWholeTensors) {
+  auto config = Qwen3Config::Preset("tiny");
+  ASSERT_TRUE(config.ok());
+  const UnitLayout ul = ModelLayout::Build(*config).units[1];
+  const int64_t n = ul.numel;
+  std::vector<ElementRange> tensors;
+  for (const TensorSlot& t : ul.tensors) tensors.push_back({t.offset_numel, t.offset_numel + t.numel});
+  auto engine = MakeEngine(3, WorkerPinning::kNone, /*min_piece=*/256);
+  const AdamStateKernelTable& k = ActiveAdamStateKernels();
+  std::mt19937 rng(21);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  constexpr int64_t kFirstIndex = (int64_t{1} << 32) - 5000;  // the rounding's index crosses 2^32
+  for (StateDtype dtype : {StateDtype::kBf16, StateDtype::kInt8}) {
+    SCOPED_TRACE(StateDtypeName(dtype));
+    struct Compact {
+      std::vector<float> master;
+      std::vector<bf16_t> mirror, m16, v16;
+      std::vector<int8_t> mq;
+      std::vector<uint8_t> vq;
+      std::vector<float> ms, vs;
+    };
+    auto make = [&] {
+      Compact c;
+      c.master.resize(n);
+      for (float& x : c.master) x = normal(rng) * 0.02f;
+      c.mirror.assign(n, 0);
+      c.m16.assign(n, 0);
+      c.v16.assign(n, 0);
+      c.mq.assign(n, 0);
+      c.vq.assign(n, 0);
+      c.ms.assign(Int8StateBlocks(n), 0.0f);
+      c.vs.assign(Int8StateBlocks(n), 0.0f);
+      return c;
+    };
+    auto view = [&](Compact& c) {
+      UnitMemory u;
+      u.master = c.master.data();
+      u.mirror = c.mirror.data();
+      u.numel = n;
+      u.moments = dtype;
+      u.bf16 = Bf16Moments{c.m16.data(), c.v16.data()};
+      u.int8 = Int8Moments{c.mq.data(), c.vq.data(), c.ms.data(), c.vs.data()};
+      u.first_index = kFirstIndex;
+      u.tensors = tensors;
+      return u;
+    };
+    Compact run = make();
+    Compact expect = run;
+    const UnitMemory uv = view(run);
+    for (int t = 1; t <= 3; ++t) {
+      AdamWStepParams p;
+      p.lr = 1e-3;
+      p.weight_decay = 0.1;
+      p.step = t;
+      p.rounding_seed = 99;
+      std::vector<float> grad(n);
+      for (float& g : grad) g = normal(rng) * 1e-2f;
+      const AdamWConstants c = MakeAdamWConstants(p);
+      for (const ElementRange& r : tensors) {
+        const int64_t b = r.begin, len = r.end - r.begin;
+        if (dtype == StateDtype::kBf16) {
+          k.bf16_step_f32(c, StochasticRounding{99, t, kFirstIndex + b}, expect.master.data() + b,
+                          Bf16Moments{expect.m16.data() + b, expect.v16.data() + b}, expect.mirror.data() + b,
+                          grad.data() + b, len);
+        } else {
+          const Int8Moments base{expect.mq.data(), expect.vq.data(), expect.ms.data(), expect.vs.data()};
+          k.int8_step_f32(c, expect.master.data() + b, Int8MomentsAt(base, b), expect.mirror.data() + b,
+                          grad.data() + b, len);
+        }
+      }
+      // Chunks on block boundaries, in random order.
+      std::vector<std::pair<int64_t, int64_t>> chunks;
+      std::uniform_int_distribution<int64_t> blocks(1, 40);
+      for (int64_t o = 0; o < n;) {
+        const int64_t l = std::min(n - o, blocks(rng) * kInt8StateBlock);
+        chunks.emplace_back(o, l);
+        o += l;
+      }
+      std::shuffle(chunks.begin(), chunks.end(), rng);
+      std::atomic<int> pending{0};
+      for (auto [o, l] : chunks) {
+        pending++;
+        ASSERT_TRUE(engine
+                        ->SubmitChunk(uv, o, l, grad.data() + o, p,
+                                      [&](absl::Status s) {
+                                        EXPECT_TRUE(s.ok()) << s;
+                                        pending--;
+                                      })
+                        .ok());
+      }
+      engine->WaitIdle();
+      ASSERT_EQ(pending.load(), 0);
+      ASSERT_EQ(run.master, expect.master) << "step " << t;
+      ASSERT_EQ(0, std::memcmp(run.mirror.data(), expect.mirror.data(), n * 2));
+      if (dtype == StateDtype::kBf16) {
+        ASSERT_EQ(0, std::memcmp(run.m16.data(), expect.m16.data(), n * 2));
+        ASSERT_EQ(0, std::memcmp(run.v16.data(), expect.v16.data(), n * 2));
+      } else {
+        ASSERT_EQ(run.mq, expect.mq);
+        ASSERT_EQ(run.vq, expect.vq);
+        ASSERT_EQ(0, std::memcmp(run.ms.data(), expect.ms.data(), run.ms.size() * 4));
+        ASSERT_EQ(0, std::memcmp(run.vs.data(), expect.vs.data(), run.vs.size() * 4));
+      }
+    }
+    // (The comparisons above cover all n elements: the padding, which the expectation never
+    // updates, is untouched.)
+    std::vector<float> grad(n, 1e-3f);
+    auto done = [](absl::Status) {};
+    if (dtype == StateDtype::kInt8) {
+      EXPECT_EQ(engine->SubmitChunk(uv, 100, 512, grad.data(), AdamWStepParams{}, done).code(),
+                absl::StatusCode::kInvalidArgument);
+      EXPECT_EQ(engine->SubmitChunk(uv, 0, 300, grad.data(), AdamWStepParams{}, done).code(),
+                absl::StatusCode::kInvalidArgument);
+    }
+    std::vector<float> undo_m(n), undo_v(n), undo_master(n);
+    const UndoMemory undo{undo_master.data(), undo_m.data(), undo_v.data()};
+    EXPECT_EQ(engine->SubmitChunk(uv, 0, n, grad.data(), AdamWStepParams{}, done, &undo, UndoMode::kSave).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(engine->SubmitRestore(uv, 0, n, undo, done).code(), absl::StatusCode::kInvalidArgument);
+  }
 }
 
 TEST(LayerAdam, ShutdownCompletesEveryChunkOnce) {
