@@ -69,6 +69,8 @@
 #                    reference's own spread); NAME-eager runs it with eager attention
 #   CURVES_HF_CAP    seconds per reference (220)
 #   CURVES_BF16_GRADS=1  also ours with runtime.grad_dtype bf16 on the same batches (figure vs HF)
+#   CURVES_STATES    e.g. "int8 bf16": also ours with those optimizer.state_dtype, judged against ours
+#                    with FP32 moments (issue 21: max |dloss| <= 1e-2, final loss within 0.5%)
 #   CURVES_DEADLINE  seconds after the start by which every HF reference stops, keeping its curve
 #                    so far (SUITE_DEADLINE - 25); a reference cut short fails the 200-step gate
 #   DET_MODEL DET_STEPS  the repeatability job (qwen3-0.6b, 3 steps)
@@ -289,6 +291,13 @@ part_curves() {
     stage curves_ours_bf16 300 slidedp run "$d/ft-bf16.yaml" --backend cuda --run-dir "$d/run-ft-bf16"
     copy_metrics "$d/ftbf16/metrics-*.jsonl" "$part_dir/ours-bf16.jsonl"
   fi
+  local st
+  for st in ${CURVES_STATES:-}; do  # issue 21: the same fine-tune with optimizer.state_dtype $st
+    dry || sed -e "s/^name: ft$/name: ft$st/" -e "s|dir: $d/ft,|dir: $d/ft$st,|" \
+      -e "s/^optimizer: {\(.*\)}$/optimizer: {\1, state_dtype: $st}/" "$d/ft.yaml" > "$d/ft-$st.yaml"
+    stage "curves_ours_$st" 300 slidedp run "$d/ft-$st.yaml" --backend cuda --run-dir "$d/run-ft-$st"
+    copy_metrics "$d/ft$st/metrics-*.jsonl" "$part_dir/ours-$st.jsonl"
+  done
   stage curves_batches 60 dump_batches --job "$d/ft.yaml" --out "$d/batches.bin"
   local ref prec attn cap left
   for ref in $refs; do
@@ -317,6 +326,24 @@ part_curves() {
     judge curve --info --json "$part_dir/cmp-ours-bf16-$first.json" --expect-steps "$steps" \
       --what "ours with runtime.grad_dtype bf16 vs HF $first (FP32 gradients), $what"
   fi
+  for st in ${CURVES_STATES:-}; do  # compact moments against ours with FP32 moments (the same batches)
+    dry && continue
+    python3 tools/verify/compare_curves.py "$part_dir/ours-$st.jsonl" "$part_dir/ours.jsonl" --tol 1e-2 \
+      --json "$part_dir/cmp-ours-$st.json" > "$part_dir/cmp-ours-$st.log" 2>&1
+    judge curve --json "$part_dir/cmp-ours-$st.json" --expect-steps "$steps" \
+      --what "ours with optimizer.state_dtype $st vs ours fp32, $what (issue 21: max |dloss| <= 1e-2)"
+    python3 - "$part_dir/ours-$st.jsonl" "$part_dir/ours.jsonl" "$st" << 'PY' | tee -a "$summary"
+import json, sys
+def final(p):
+    rows = [json.loads(l) for l in open(p) if l.strip()]
+    rows = [r for r in rows if "loss" in r]
+    return max(rows, key=lambda r: r["step"])["loss"] if rows else float("nan")
+a, b = final(sys.argv[1]), final(sys.argv[2])
+rel = abs(a - b) / abs(b) if b == b and b != 0 else float("nan")
+verdict = "PASS" if rel <= 0.005 else "FAIL"
+print(f"{verdict} curves      final loss with {sys.argv[3]} moments {a:.5f} vs fp32 {b:.5f}: {100 * rel:.3f}% (<= 0.5%)")
+PY
+  done
   for ref in $refs; do
     [ "$ref" = "$first" ] && continue
     if ! dry; then
