@@ -34,11 +34,23 @@ std::vector<Piece> PiecesOf(const ModelLayout& layout) {
 
 }  // namespace
 
+update::StateDtype StateDtypeOf(shm::MomentDtype d) {
+  switch (d) {
+    case shm::MomentDtype::kF32: return update::StateDtype::kFp32;
+    case shm::MomentDtype::kBF16: return update::StateDtype::kBf16;
+    case shm::MomentDtype::kInt8: return update::StateDtype::kInt8;
+  }
+  return update::StateDtype::kFp32;
+}
+
 checkpoint::StateArrays StateArraysOf(shm::JobState& js) {
   checkpoint::StateArrays arrays;
   arrays.master = [&js](int u) { return js.master(u); };
-  arrays.adam_m = [&js](int u) { return js.m(u); };
-  arrays.adam_v = [&js](int u) { return js.v(u); };
+  arrays.moment_dtype = StateDtypeOf(js.moment_dtype());
+  arrays.moments = [&js](int u) {
+    const shm::JobState::Moments mo = js.moments(u);
+    return checkpoint::UnitMoments{mo.m, mo.v, mo.m_scale, mo.v_scale};
+  };
   return arrays;
 }
 

@@ -10,12 +10,16 @@
 #include "common/model/qwen3_config.h"
 #include "hostd/checkpoint/checkpoint.h"
 #include "hostd/core/host_core.h"
+#include "hostd/update/adamw_state.h"
 #include "shm/job_state.h"
 
 namespace slidedp::hostd {
 
-// The checkpoint code's view of the state segment's arrays.
+// The checkpoint code's view of the state segment's arrays: master and the moments in the
+// segment's layout (moment_dtype, every unit's m, v and int8 scales).
 checkpoint::StateArrays StateArraysOf(shm::JobState& js);
+// The optimizer's name for how a segment keeps its moments.
+update::StateDtype StateDtypeOf(shm::MomentDtype d);
 
 struct InitialState {
   int64_t first_step = 0;     // 0, or the resumed checkpoint's step
