@@ -7,11 +7,21 @@
 //     config.json                       HF config (torch_dtype = the weights' dtype)
 //     model.safetensors                 weights, BF16 (RNE of master) or F32; tied models omit
 //       or model-0000i-of-0000n.safetensors + model.safetensors.index.json  lm_head.weight
-//     optimizer.safetensors             per unit u: "unit.<u>.master", "unit.<u>.adam_m",
-//                                       "unit.<u>.adam_v", F32 [unit numel incl. padding];
-//                                       __metadata__ "layout" = the unit/tensor table
+//     optimizer.safetensors             per unit u, numel = the unit's numel incl. padding:
+//                                         "unit.<u>.master"  F32 [numel]
+//                                         "unit.<u>.adam_m"  F32 | BF16 | I8 codes [numel]
+//                                         "unit.<u>.adam_v"  F32 | BF16 | U8 codes [numel]
+//                                       int8 also "unit.<u>.adam_m_scale", "unit.<u>.adam_v_scale"
+//                                         F32 [ceil(numel / 256)], one per 256-element block;
+//                                       __metadata__ "format", "layout" = the unit/tensor table,
+//                                       "state_dtype" = "bf16" | "int8" (absent: fp32, so an fp32
+//                                       job's file is byte for byte what it was before issue 21)
 //     trainer_state.json                {"format", "step", "weights_dtype", "trainer_state": {...}}
 //     COMPLETE                          written last: {"step", "files": {name: bytes}}
+// The moments are stored as the job holds them (docs/optimizer-state.md, "Layouts and bytes" and
+// "Checkpoints"); a load into a job of another state dtype converts with the kernels' encoders
+// and decoders (update::AdamStateKernelTable).
+//
 // A save goes to <root>/.tmp-checkpoint-<step>-<pid>/ (every file fsynced, then the directory),
 // is renamed into place and the root is fsynced. Only directories named checkpoint-<N> holding a
 // COMPLETE whose file sizes match are ever considered; stale tmp directories of dead processes
@@ -19,11 +29,12 @@
 // process's leftover tmp directories).
 //
 // Throughput: files are pre-allocated and written by io_threads pwrite workers straight from the
-// FP32 arrays (optimizer state, F32 weights) or through 16 MiB BF16 conversion buffers. Measured
-// 2026-11-29 on the 2-core dev VM under load (load average 7-9): 281M params (3.9 GB incl.
-// optimizer) to tmpfs 1.0-2.5 GB/s; Qwen3-0.6B (8.3 GB) to its virtual disk with fsync 0.14 GB/s,
-// where `dd conv=fsync` reached 0.04 GB/s at the same time: disk-bound. Measure on the target
-// host with `ckpt_tool save-random ROOT --model qwen3-1.7b --threads 16`.
+// state arrays (master, moments in their own dtype, F32 weights) or through 16 MiB BF16
+// conversion buffers. Measured 2026-11-29 on the 2-core dev VM under load (load average 7-9):
+// 281M params (3.9 GB incl. optimizer) to tmpfs 1.0-2.5 GB/s; Qwen3-0.6B (8.3 GB) to its virtual
+// disk with fsync 0.14 GB/s, where `dd conv=fsync` reached 0.04 GB/s at the same time:
+// disk-bound. Measure on the target host with
+// `ckpt_tool save-random ROOT --model qwen3-1.7b --threads 16 [--state-dtype int8]`.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +45,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model/qwen3_config.h"
+#include "hostd/update/adamw_state.h"
 #include "nlohmann/json.hpp"
 
 namespace slidedp::checkpoint {
@@ -65,11 +77,28 @@ void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& mas
 
 enum class WeightDtype { kBF16, kF32 };
 
+// One unit's Adam moments where the job keeps them, in the job's state dtype (numel = the unit's
+// numel; docs/optimizer-state.md, "Layouts and bytes"):
+//   fp32: m, v float[numel];  bf16: m, v bf16_t[numel];
+//   int8: m int8_t codes, v uint8_t codes [numel], m_scale and v_scale float[Int8StateBlocks(numel)].
+// Pointers a dtype does not use are ignored.
+struct UnitMoments {
+  void* m = nullptr;
+  void* v = nullptr;
+  float* m_scale = nullptr;
+  float* v_scale = nullptr;
+};
+using UnitMomentsFn = std::function<UnitMoments(int unit)>;
+
+// The state a checkpoint saves and restores: the FP32 master and the moments per unit.
 struct StateArrays {
   UnitArrayFn master;
-  UnitArrayFn adam_m;
-  UnitArrayFn adam_v;
+  update::StateDtype moment_dtype = update::StateDtype::kFp32;
+  UnitMomentsFn moments;
 };
+
+// FP32 moments from two per-unit float arrays (tests, tools, callers with plain vectors).
+UnitMomentsFn Fp32Moments(UnitArrayFn adam_m, UnitArrayFn adam_v);
 
 struct SaveRequest {
   std::string root_dir;
@@ -115,13 +144,28 @@ absl::StatusOr<int64_t> VerifyCheckpoint(const std::string& dir);
 
 struct LoadedCheckpoint {
   int64_t step = 0;
-  nlohmann::json trainer_state;  // exactly what SaveRequest::trainer_state held
+  nlohmann::json trainer_state;                                       // exactly what SaveRequest::trainer_state held
+  update::StateDtype saved_moment_dtype = update::StateDtype::kFp32;  // how the file keeps m and v
+  // Non-empty when the moments were converted to the arrays' dtype: one line for the job log,
+  // e.g. "optimizer state converted from fp32 to int8 (block-quantized moments: an approximation)".
+  std::string conversion_note;
 };
 
-// Restores master, m and v bit-for-bit from optimizer.safetensors (the weights files are not
-// read). The layout must match the saved one (config and every unit's size):
-// FAILED_PRECONDITION otherwise. DATA_LOSS naming the file, tensor and element where master or
-// m holds a NaN or infinity, or v a NaN or a negative value (checked as it is copied).
+// Restores master, m and v from optimizer.safetensors (the weights files are not read).
+// Moments saved in arrays.moment_dtype are restored bit for bit; others are converted in pieces
+// of whole 256-element blocks over the threads (bounded memory): FP32 -> bf16/int8 with the
+// kernels' encoders, bf16/int8 -> FP32 with their decoders, bf16 <-> int8 through FP32 (what
+// conversion_note then says). Errors:
+//   FAILED_PRECONDITION  the layout differs from the saved one (config or any unit's size);
+//                        converted moments the job's dtype cannot hold (an infinite v or an m
+//                        beyond the BF16 range)
+//   DATA_LOSS            naming the file, the tensor and the element (or int8 block): master or m
+//                        NaN or infinite, v NaN or negative, an int8 scale NaN, infinite or
+//                        negative, an m code of -128; a moment or scale tensor missing or of the
+//                        wrong dtype or shape; a state_dtype that is not fp32/bf16/int8 or that
+//                        the tensors contradict
+// Every structural check happens before anything is written. A value check fails after some
+// pieces have landed: on any error the arrays hold a mix and the caller must not train on them.
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const ModelLayout& layout,
                                                 const StateArrays& arrays, const LoadOptions& options = {});
 

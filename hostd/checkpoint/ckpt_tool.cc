@@ -1,14 +1,20 @@
 // ckpt_tool: cross-checks the checkpoint code against HF (see tools/hf_checkpoint_check.py) and
 // measures save throughput.
 //   ckpt_tool load-hf DIR            load an HF dir, print per-tensor {sum, sum_sq, first} as JSON
-//   ckpt_tool save-random ROOT ...   InitRandom + SaveCheckpoint; prints the directory and GB/s
+//   ckpt_tool save-random ROOT ...   InitRandom + SaveCheckpoint (moments in --state-dtype); prints
+//                                    the directory and GB/s
+//   ckpt_tool load DIR ...           LoadCheckpoint into moments of --state-dtype (converting when the
+//                                    checkpoint keeps another); prints the note and GB/s
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "CLI/CLI.hpp"
 #include "glog/logging.h"
 #include "hostd/checkpoint/checkpoint.h"
+#include "hostd/update/adamw_state.h"
 
 namespace {
 
@@ -49,27 +55,75 @@ int LoadHf(const std::string& dir) {
   return 0;
 }
 
+// A job's state as plain vectors: master and the moments in one state dtype.
+struct VectorState {
+  VectorState(const ModelLayout& layout, update::StateDtype dtype) : dtype(dtype) {
+    for (const auto& u : layout.units) {
+      const bool f32 = dtype == update::StateDtype::kFp32, b16 = dtype == update::StateDtype::kBf16;
+      const bool i8 = dtype == update::StateDtype::kInt8;
+      master.emplace_back(u.numel);
+      m.emplace_back(f32 ? u.numel : 0), v.emplace_back(f32 ? u.numel : 0);
+      m16.emplace_back(b16 ? u.numel : 0), v16.emplace_back(b16 ? u.numel : 0);
+      m8.emplace_back(i8 ? u.numel : 0), v8.emplace_back(i8 ? u.numel : 0);
+      m_scale.emplace_back(i8 ? update::Int8StateBlocks(u.numel) : 0);
+      v_scale.emplace_back(i8 ? update::Int8StateBlocks(u.numel) : 0);
+    }
+  }
+  checkpoint::UnitMoments moments(int u) {
+    switch (dtype) {
+      case update::StateDtype::kFp32: return {m[u].data(), v[u].data()};
+      case update::StateDtype::kBf16: return {m16[u].data(), v16[u].data()};
+      case update::StateDtype::kInt8: return {m8[u].data(), v8[u].data(), m_scale[u].data(), v_scale[u].data()};
+    }
+    return {};
+  }
+  checkpoint::StateArrays arrays() {
+    return {[this](int u) { return master[u].data(); }, dtype, [this](int u) { return moments(u); }};
+  }
+  update::StateDtype dtype;
+  std::vector<std::vector<float>> master, m, v, m_scale, v_scale;
+  std::vector<std::vector<bf16_t>> m16, v16;
+  std::vector<std::vector<int8_t>> m8;
+  std::vector<std::vector<uint8_t>> v8;
+};
+
 int SaveRandom(const std::string& root, const std::string& model, int64_t step, const std::string& dtype,
-               uint64_t shard_bytes, int threads, uint64_t seed) {
+               const std::string& state_dtype, uint64_t shard_bytes, int threads, uint64_t seed) {
   auto config = ConfigFrom(model);
   if (!config.ok()) {
     std::cerr << config.status() << "\n";
     return 1;
   }
-  const ModelLayout layout = ModelLayout::Build(*config);
-  std::vector<std::vector<float>> master, m, v;
-  for (const auto& u : layout.units) {
-    master.emplace_back(u.numel);
-    m.emplace_back(u.numel, 1e-3f);
-    v.emplace_back(u.numel, 1e-6f);
+  auto moments = update::ParseStateDtype(state_dtype);
+  if (!moments.ok()) {
+    std::cerr << moments.status() << "\n";
+    return 1;
   }
-  checkpoint::InitRandom(layout, seed, [&](int u) { return master[u].data(); });
+  const ModelLayout layout = ModelLayout::Build(*config);
+  // m = 1e-3 and v = 1e-6 everywhere, encoded to the state dtype by the kernels.
+  VectorState state(layout, *moments);
+  const update::AdamStateKernelTable& kernels = update::ActiveAdamStateKernels();
+  for (const auto& u : layout.units) {
+    const std::vector<float> m(u.numel, 1e-3f), v(u.numel, 1e-6f);
+    const checkpoint::UnitMoments out = state.moments(u.index);
+    switch (*moments) {
+      case update::StateDtype::kFp32: state.m[u.index] = m, state.v[u.index] = v; break;
+      case update::StateDtype::kBf16:
+        kernels.bf16_from_f32(m.data(), v.data(), {static_cast<bf16_t*>(out.m), static_cast<bf16_t*>(out.v)}, u.numel);
+        break;
+      case update::StateDtype::kInt8:
+        kernels.int8_from_f32(m.data(), v.data(),
+                              {static_cast<int8_t*>(out.m), static_cast<uint8_t*>(out.v), out.m_scale, out.v_scale},
+                              u.numel);
+        break;
+    }
+  }
+  checkpoint::InitRandom(layout, seed, [&](int u) { return state.master[u].data(); });
   checkpoint::SaveRequest req;
   req.root_dir = root;
   req.step = step;
   req.layout = &layout;
-  req.arrays = {[&](int u) { return master[u].data(); }, [&](int u) { return m[u].data(); },
-                [&](int u) { return v[u].data(); }};
+  req.arrays = state.arrays();
   req.trainer_state = {{"seed", seed}};
   req.weight_dtype = dtype == "f32" ? checkpoint::WeightDtype::kF32 : checkpoint::WeightDtype::kBF16;
   req.shard_max_bytes = shard_bytes;
@@ -84,6 +138,30 @@ int SaveRandom(const std::string& root, const std::string& model, int64_t step, 
   return 0;
 }
 
+int Load(const std::string& dir, const std::string& state_dtype, int threads) {
+  auto config = Qwen3Config::FromFile(dir + "/config.json");
+  auto moments = update::ParseStateDtype(state_dtype);
+  if (!config.ok() || !moments.ok()) {
+    std::cerr << (config.ok() ? moments.status() : config.status()) << "\n";
+    return 1;
+  }
+  const ModelLayout layout = ModelLayout::Build(*config);
+  VectorState state(layout, *moments);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto loaded = checkpoint::LoadCheckpoint(dir, layout, state.arrays(), {.threads = threads});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!loaded.ok()) {
+    std::cerr << loaded.status() << "\n";
+    return 1;
+  }
+  const double gb = std::filesystem::file_size(dir + "/optimizer.safetensors") / 1e9;
+  std::printf("step %lld, saved %s, loaded as %s%s%s\n%.3f GB in %.2f s = %.2f GB/s\n",
+              static_cast<long long>(loaded->step), update::StateDtypeName(loaded->saved_moment_dtype).c_str(),
+              state_dtype.c_str(), loaded->conversion_note.empty() ? "" : ": ", loaded->conversion_note.c_str(), gb,
+              seconds, gb / seconds);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -91,21 +169,30 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   CLI::App app{"slidedp checkpoint cross-check tool"};
   app.require_subcommand(1);
-  std::string dir, root, model = "tiny", dtype = "bf16";
+  std::string dir, root, model = "tiny", dtype = "bf16", state_dtype = "fp32";
   int64_t step = 1;
   uint64_t shard_bytes = 5'000'000'000, seed = 0;
   int threads = 8;
   auto* load = app.add_subcommand("load-hf", "load an HF model dir and print per-tensor statistics as JSON");
   load->add_option("dir", dir)->required();
+  auto* load_ckpt =
+      app.add_subcommand("load", "load a checkpoint's optimizer state (timed), converting to --state-dtype");
+  load_ckpt->add_option("dir", dir, "a checkpoint-<step> directory")->required();
+  load_ckpt->add_option("--state-dtype", state_dtype, "the Adam moments' dtype to load into")
+      ->check(CLI::IsMember({"fp32", "bf16", "int8"}));
+  load_ckpt->add_option("--threads", threads);
   auto* save = app.add_subcommand("save-random", "random-init a model and save a checkpoint");
   save->add_option("root", root)->required();
   save->add_option("--model", model, "preset name or an HF model dir (its config.json)");
   save->add_option("--step", step);
-  save->add_option("--dtype", dtype)->check(CLI::IsMember({"bf16", "f32"}));
+  save->add_option("--dtype", dtype, "the weights' dtype")->check(CLI::IsMember({"bf16", "f32"}));
+  save->add_option("--state-dtype", state_dtype, "the Adam moments' dtype")
+      ->check(CLI::IsMember({"fp32", "bf16", "int8"}));
   save->add_option("--shard-bytes", shard_bytes);
   save->add_option("--threads", threads);
   save->add_option("--seed", seed);
   CLI11_PARSE(app, argc, argv);
   if (*load) return LoadHf(dir);
-  return SaveRandom(root, model, step, dtype, shard_bytes, threads, seed);
+  if (*load_ckpt) return Load(dir, state_dtype, threads);
+  return SaveRandom(root, model, step, dtype, state_dtype, shard_bytes, threads, seed);
 }

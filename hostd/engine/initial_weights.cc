@@ -9,12 +9,14 @@
 #include "common/numeric/bf16.h"
 #include "common/parallel/parallel_for.h"
 #include "common/status/status_macros.h"
+#include "hostd/update/adamw_state.h"
 #include "nlohmann/json.hpp"
 
 namespace slidedp::hostd {
 namespace {
 
 constexpr int64_t kPieceNumel = 16 << 20;  // elements per task of the bulk loops (64 MiB of FP32)
+static_assert(kPieceNumel % update::kInt8StateBlock == 0, "pieces must not split an int8 block");
 
 struct Piece {
   int unit;
@@ -34,12 +36,46 @@ std::vector<Piece> PiecesOf(const ModelLayout& layout) {
 
 }  // namespace
 
+update::StateDtype StateDtypeOf(shm::MomentDtype d) {
+  switch (d) {
+    case shm::MomentDtype::kF32: return update::StateDtype::kFp32;
+    case shm::MomentDtype::kBF16: return update::StateDtype::kBf16;
+    case shm::MomentDtype::kInt8: return update::StateDtype::kInt8;
+  }
+  return update::StateDtype::kFp32;
+}
+
 checkpoint::StateArrays StateArraysOf(shm::JobState& js) {
   checkpoint::StateArrays arrays;
   arrays.master = [&js](int u) { return js.master(u); };
-  arrays.adam_m = [&js](int u) { return js.m(u); };
-  arrays.adam_v = [&js](int u) { return js.v(u); };
+  arrays.moment_dtype = StateDtypeOf(js.moment_dtype());
+  arrays.moments = [&js](int u) {
+    const shm::JobState::Moments mo = js.moments(u);
+    return checkpoint::UnitMoments{mo.m, mo.v, mo.m_scale, mo.v_scale};
+  };
   return arrays;
+}
+
+void ZeroMoments(const ModelLayout& layout, shm::JobState& js, int threads) {
+  // All-zero bytes are zero moments in every layout: FP32 and BF16 +0, int8 code 0 with scale 0
+  // (decodes to +0 for m and v; tested against the decoders).
+  const size_t element_bytes = js.moment_dtype() == shm::MomentDtype::kF32    ? 4
+                               : js.moment_dtype() == shm::MomentDtype::kBF16 ? 2
+                                                                              : 1;
+  const std::vector<Piece> pieces = PiecesOf(layout);
+  ParallelFor(pieces.size(), threads, [&](size_t p) {
+    const Piece& pc = pieces[p];
+    const shm::JobState::Moments mo = js.moments(pc.unit);
+    std::memset(static_cast<char*>(mo.m) + pc.offset * element_bytes, 0, pc.numel * element_bytes);
+    std::memset(static_cast<char*>(mo.v) + pc.offset * element_bytes, 0, pc.numel * element_bytes);
+    if (mo.m_scale != nullptr) {
+      // Pieces start on block boundaries (kPieceNumel is a multiple of the block), so each block's
+      // scale belongs to exactly one piece.
+      const int64_t first = pc.offset / update::kInt8StateBlock, blocks = update::Int8StateBlocks(pc.numel);
+      std::memset(mo.m_scale + first, 0, blocks * sizeof(float));
+      std::memset(mo.v_scale + first, 0, blocks * sizeof(float));
+    }
+  });
 }
 
 absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& spec, const ModelLayout& layout,
@@ -48,12 +84,8 @@ absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& s
   if (reused_segment && ctx.resume_from().empty()) {
     // A fresh segment is zero: so must the moments of a reused one be. (Master is written whole
     // below, padding included, by the random init or the weight loader; a resumed job's
-    // checkpoint writes all three.)
-    ParallelFor(pieces.size(), threads, [&](size_t p) {
-      const Piece& pc = pieces[p];
-      std::memset(js.m(pc.unit) + pc.offset, 0, pc.numel * sizeof(float));
-      std::memset(js.v(pc.unit) + pc.offset, 0, pc.numel * sizeof(float));
-    });
+    // checkpoint writes master, moments and scales.)
+    ZeroMoments(layout, js, threads);
   }
   const checkpoint::StateArrays arrays = StateArraysOf(js);
   InitialState state;
@@ -78,6 +110,7 @@ absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& s
     ctx.Log(absl::StrCat(
         "resumed from ", dir, " at step ", state.first_step,
         state.skipped_steps > 0 ? absl::StrCat(" (", state.skipped_steps, " skipped as non-finite)") : std::string()));
+    if (!loaded.conversion_note.empty()) ctx.Log(loaded.conversion_note);
   } else if (!spec.model_path.empty()) {
     RETURN_IF_ERROR(checkpoint::LoadHfModel(spec.model_path, layout, arrays.master, load));
     ctx.Log(absl::StrCat("loaded weights from ", spec.model_path));

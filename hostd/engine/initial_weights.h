@@ -1,6 +1,7 @@
-// The job's state before its first step: resumed from a checkpoint (master, m and v), loaded from
-// the HF model, or seeded HF-style random init; the BF16 mirror written from the master; every
-// unit's version gate published at the first step.
+// The job's state before its first step: resumed from a checkpoint (master, m and v, converted to
+// the segment's moment layout when the checkpoint keeps another), loaded from the HF model, or
+// seeded HF-style random init; the BF16 mirror written from the master; every unit's version gate
+// published at the first step.
 #pragma once
 
 #include <cstdint>
@@ -10,12 +11,19 @@
 #include "common/model/qwen3_config.h"
 #include "hostd/checkpoint/checkpoint.h"
 #include "hostd/core/host_core.h"
+#include "hostd/update/adamw_state.h"
 #include "shm/job_state.h"
 
 namespace slidedp::hostd {
 
-// The checkpoint code's view of the state segment's arrays.
+// The checkpoint code's view of the state segment's arrays: master and the moments in the
+// segment's layout (moment_dtype, every unit's m, v and int8 scales).
 checkpoint::StateArrays StateArraysOf(shm::JobState& js);
+// The optimizer's name for how a segment keeps its moments.
+update::StateDtype StateDtypeOf(shm::MomentDtype d);
+
+// Zeroes every unit's m, v and (int8) scales in pieces over `threads`: zero moments in each layout.
+void ZeroMoments(const ModelLayout& layout, shm::JobState& js, int threads);
 
 struct InitialState {
   int64_t first_step = 0;     // 0, or the resumed checkpoint's step
@@ -24,9 +32,11 @@ struct InitialState {
 
 // Writes the initial state and says where the job starts. `reused_segment`: a pooled segment,
 // whose moments must be zeroed (a fresh one is zero). `threads`: for the bulk work (zeroing,
-// conversion). Logs what it did to the job log. A weight (or Adam moment) that is not finite in
-// the HF model or checkpoint is DATA_LOSS naming the file, tensor and element (the loaders check
-// each piece as they write it).
+// loading and converting a checkpoint). Logs what it did to the job log, and the conversion when
+// the resumed checkpoint keeps its moments in another state dtype than the segment. A weight (or
+// Adam moment) that is not finite in the HF model or checkpoint is DATA_LOSS naming the file,
+// tensor and element (the loaders check each piece as they write it). On any error the segment
+// holds a partial state: the caller fails the job.
 absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& spec, const ModelLayout& layout,
                                                shm::JobState& js, bool reused_segment, int threads);
 

@@ -83,7 +83,8 @@ class BadInput : public ::testing::Test {
     req.root_dir = root_ + "/ckpt";
     req.step = 0;
     req.layout = &layout;
-    req.arrays.master = req.arrays.adam_m = req.arrays.adam_v = [&](int u) { return w[u].data(); };
+    req.arrays.master = [&](int u) { return w[u].data(); };
+    req.arrays.moments = checkpoint::Fp32Moments(req.arrays.master, req.arrays.master);
     req.weight_dtype = checkpoint::WeightDtype::kF32;
     auto saved = checkpoint::SaveCheckpoint(req);
     ASSERT_TRUE(saved.ok()) << saved.status();

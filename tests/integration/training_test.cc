@@ -97,8 +97,8 @@ std::vector<std::vector<float>> LoadState(const std::string& dir) {
   }
   checkpoint::StateArrays arrays;
   arrays.master = [&](int u) { return state[u].data(); };
-  arrays.adam_m = [&](int u) { return state[n + u].data(); };
-  arrays.adam_v = [&](int u) { return state[2 * n + u].data(); };
+  arrays.moments = checkpoint::Fp32Moments([&](int u) { return state[n + u].data(); },
+                                            [&](int u) { return state[2 * n + u].data(); });
   auto loaded = checkpoint::LoadCheckpoint(dir, layout, arrays);
   EXPECT_TRUE(loaded.ok()) << loaded.status();
   return state;

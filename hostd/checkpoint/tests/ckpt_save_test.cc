@@ -338,7 +338,7 @@ TEST_F(CkptSaveTest, BadRequestsAreInvalidArgument) {
   req = Request(layout, s, -1);
   EXPECT_EQ(SaveCheckpoint(req).status().code(), absl::StatusCode::kInvalidArgument);
   req = Request(layout, s, 1);
-  req.arrays.adam_v = nullptr;
+  req.arrays.moments = nullptr;
   EXPECT_EQ(SaveCheckpoint(req).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(FindLatestCheckpoint(root_ + "/nonexistent").status().code(), absl::StatusCode::kNotFound);
 }

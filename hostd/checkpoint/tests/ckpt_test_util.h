@@ -1,5 +1,5 @@
-// Test helpers: an in-memory host state (master/m/v per unit) and a writer of small HF-format
-// model directories with known values.
+// Test helpers: an in-memory host state (master, m and v per unit, in any state dtype) and a
+// writer of small HF-format model directories with known values.
 #pragma once
 
 #include <cmath>
@@ -15,26 +15,58 @@
 #include "common/safetensors/safetensors.h"
 #include "gtest/gtest.h"
 #include "hostd/checkpoint/checkpoint.h"
+#include "hostd/update/adamw_state.h"
 #include "nlohmann/json.hpp"
 
 namespace slidedp::checkpoint::testing {
 
+// One job's state as plain vectors: master, and m and v in the dtype's layout (fp32: m, v;
+// bf16: m16, v16; int8: m8, v8 codes with m_scale, v_scale per 256-element block).
 struct HostState {
-  explicit HostState(const ModelLayout& layout) {
+  explicit HostState(const ModelLayout& layout, update::StateDtype dtype = update::StateDtype::kFp32) : dtype(dtype) {
     for (const UnitLayout& u : layout.units) {
+      const bool f32 = dtype == update::StateDtype::kFp32, b16 = dtype == update::StateDtype::kBf16;
+      const int64_t blocks = dtype == update::StateDtype::kInt8 ? update::Int8StateBlocks(u.numel) : 0;
       master.emplace_back(u.numel, 0.0f);
-      m.emplace_back(u.numel, 0.0f);
-      v.emplace_back(u.numel, 0.0f);
+      m.emplace_back(f32 ? u.numel : 0, 0.0f);
+      v.emplace_back(f32 ? u.numel : 0, 0.0f);
+      m16.emplace_back(b16 ? u.numel : 0, bf16_t{0});
+      v16.emplace_back(b16 ? u.numel : 0, bf16_t{0});
+      m8.emplace_back(blocks > 0 ? u.numel : 0, int8_t{0});
+      v8.emplace_back(blocks > 0 ? u.numel : 0, uint8_t{0});
+      m_scale.emplace_back(blocks, 0.0f);
+      v_scale.emplace_back(blocks, 0.0f);
     }
   }
+  UnitMoments moments(int u) {
+    switch (dtype) {
+      case update::StateDtype::kFp32: return {m[u].data(), v[u].data(), nullptr, nullptr};
+      case update::StateDtype::kBf16: return {m16[u].data(), v16[u].data(), nullptr, nullptr};
+      case update::StateDtype::kInt8: return {m8[u].data(), v8[u].data(), m_scale[u].data(), v_scale[u].data()};
+    }
+    return {};
+  }
   StateArrays arrays() {
-    return {[this](int u) { return master[u].data(); }, [this](int u) { return m[u].data(); },
-            [this](int u) { return v[u].data(); }};
+    return {[this](int u) { return master[u].data(); }, dtype, [this](int u) { return moments(u); }};
   }
   UnitArrayFn master_fn() {
     return [this](int u) { return master[u].data(); };
   }
+  // Unit u's moment bytes (m, v, then the scales) for bitwise comparisons.
+  std::string MomentBytes(int u) const {
+    std::string out;
+    auto add = [&](const auto& vec) {
+      out.append(reinterpret_cast<const char*>(vec.data()), vec.size() * sizeof(vec[0]));
+    };
+    add(m[u]), add(v[u]), add(m16[u]), add(v16[u]), add(m8[u]), add(v8[u]), add(m_scale[u]), add(v_scale[u]);
+    return out;
+  }
+  update::StateDtype dtype;
   std::vector<std::vector<float>> master, m, v;
+  std::vector<std::vector<bf16_t>> m16, v16;
+  std::vector<std::vector<int8_t>> m8;
+  std::vector<std::vector<uint8_t>> v8;
+  std::vector<std::vector<float>> m_scale, v_scale;
 };
 
 // A known, dtype-exact value for element i of tensor number k (exactly representable in F16/BF16).
