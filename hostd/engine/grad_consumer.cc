@@ -652,18 +652,21 @@ absl::StatusOr<StepGradients> GradConsumer::ConsumeStep(int64_t t, bool first_st
   StepGradients out;
   update::GradNormAccumulator norm(unit_numel_);
   const UnitSpan all{0, static_cast<int>(unit_numel_.size())};
+  absl::Status consumed;
   switch (plan_.consumer) {
     case GradConsumerKind::kShards:
-      RETURN_IF_ERROR(ConsumeShards(t, first_step, 1.0f, PartAction::kApply, all, updates, norm, out));
+      consumed = ConsumeShards(t, first_step, 1.0f, PartAction::kApply, all, updates, norm, out);
       break;
-    case GradConsumerKind::kDirect: RETURN_IF_ERROR(ConsumeDirect(t, first_step, updates, norm, out)); break;
-    case GradConsumerKind::kSummed: RETURN_IF_ERROR(ConsumeSummed(t, first_step, updates, norm, out)); break;
+    case GradConsumerKind::kDirect: consumed = ConsumeDirect(t, first_step, updates, norm, out); break;
+    case GradConsumerKind::kSummed: consumed = ConsumeSummed(t, first_step, updates, norm, out); break;
   }
   if (plan_.consumer != GradConsumerKind::kSummed && plan_.clip_staging == ClipStaging::kNone) {
-    // The updates sum the squares (ApplySquared): the norm is whole once they are done.
+    // The updates sum the squares into `norm` (ApplySquared): the norm is whole once they are
+    // done, and none may outlive it, also when the step failed part-way.
     const absl::Time t_tail = absl::Now();
     absl::Status drained = updates.Drain();
     out.update_tail_s = SecondsSince(t_tail);
+    RETURN_IF_ERROR(consumed);
     if (absl::IsDataLoss(drained)) {  // a refused non-finite gradient
       rings_.Abort();
       return absl::DataLossError(
@@ -671,6 +674,7 @@ absl::StatusOr<StepGradients> GradConsumer::ConsumeStep(int64_t t, bool first_st
     }
     RETURN_IF_ERROR(drained);
   }
+  RETURN_IF_ERROR(consumed);
   absl::StatusOr<double> grad_norm = norm.Norm();
   if (!grad_norm.ok()) {  // (the consumers above take exactly every element: a bug)
     rings_.Abort();

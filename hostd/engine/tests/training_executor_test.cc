@@ -780,11 +780,12 @@ struct CompactReference {
 // optimizer.state_dtype bf16 / int8: whatever the route, staging and worker count, the job's
 // master weights and stored moments after three steps are the state kernels' over the whole
 // tensors bit for bit (chunks on int8 blocks; the BF16 rounding follows the element's global
-// index and the job's seed).
+// index and the job's seed). Each job after the first reuses the pooled segment the one before
+// left, laid out for the other moments. A job saved after two steps and resumed for a third is
+// the three-step job bit for bit; resumed with another state_dtype, the moments are converted and
+// the log says so.
 TEST(TrainingExecutor, CompactMomentsAreTheStateKernelsOnEveryRoute) {
-  TrainingExecutorOptions options = Options();
-  options.pool_host_state = false;
-  TrainingExecutor ex(options);
+  TrainingExecutor ex(Options());
   struct Case {
     const char* what;
     int world;
@@ -814,6 +815,43 @@ TEST(TrainingExecutor, CompactMomentsAreTheStateKernelsOnEveryRoute) {
       bool noted = false;
       for (const std::string& l : run.logs) noted |= absl::StrContains(l, "Adam moments kept in");
       EXPECT_TRUE(noted);
+    }
+  }
+  for (update::StateDtype dtype : {update::StateDtype::kBf16, update::StateDtype::kInt8}) {
+    SCOPED_TRACE(absl::StrCat(update::StateDtypeName(dtype), ", resumed"));
+    JobSpec spec = TinySpec(1, 0, "cpu");
+    spec.state_dtype = dtype == update::StateDtype::kInt8 ? StateDtype::kInt8 : StateDtype::kBf16;
+    spec.seed = 17;
+    spec.steps = 2;
+    spec.save_final = true;
+    spec.output_dir = absl::StrCat(spec.output_dir, "/compact-", update::StateDtypeName(dtype));
+    const std::string id = absl::StrCat("compact-resume-", update::StateDtypeName(dtype));
+    JobRun first = RunJob(ex, id, spec, Workers(1));
+    ASSERT_TRUE(first.status.ok()) << first.status;
+    auto ckpt = checkpoint::FindLatestCheckpoint(spec.output_dir, id);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+    JobSpec more = spec;
+    more.steps = 3;
+    more.save_final = false;
+    JobRun resumed = RunJob(ex, id, more, Workers(1), Fault::kNone, -1, *ckpt);
+    ASSERT_TRUE(resumed.status.ok()) << resumed.status;
+    CompactReference ref(more, dtype);
+    for (int64_t t = 0; t < more.steps; ++t) ref.Apply(more, t, 1);
+    for (size_t u = 0; u < ref.master.size(); ++u) {
+      ASSERT_EQ(0, std::memcmp(resumed.ranks[0].master[u].data(), ref.master[u].data(), ref.master[u].size() * 4))
+          << "unit " << u;
+      ASSERT_TRUE(resumed.ranks[0].moments[u] == ref.Moments(static_cast<int>(u))) << "unit " << u;
+    }
+    // Into the other layout, and into FP32: converted, and said.
+    for (StateDtype other : {dtype == update::StateDtype::kInt8 ? StateDtype::kBf16 : StateDtype::kInt8,
+                             StateDtype::kFp32}) {
+      JobSpec converted = more;
+      converted.state_dtype = other;
+      JobRun run = RunJob(ex, absl::StrCat(id, "-to-", ToString(other)), converted, Workers(1), Fault::kNone, -1, *ckpt);
+      ASSERT_TRUE(run.status.ok()) << run.status;
+      bool noted = false;
+      for (const std::string& l : run.logs) noted |= absl::StrContains(l, "converted");
+      EXPECT_TRUE(noted) << "to " << ToString(other);
     }
   }
   // Speculation keeps FP32 moments: asked for explicitly with compact moments, the job is refused.
