@@ -51,8 +51,9 @@ struct ElementRange {
   int64_t end = 0;
 };
 
-// The optimizer state of one unit: four parallel arrays of numel elements (pointers into the
-// job's shared-memory state) and the NUMA node (hwloc logical index) whose workers update it.
+// The optimizer state of one unit: parallel arrays of numel elements (master, m, v or their
+// compact forms, mirror: pointers into the job's shared-memory state) and the NUMA node (hwloc
+// logical index) whose workers update it.
 struct UnitMemory {
   float* master = nullptr;
   float* m = nullptr;  // FP32 moments (moments kFp32); unused otherwise
