@@ -6,63 +6,21 @@
 
 #include <cstdint>
 
+#include "hostd/update/adamw_avx2_inl.h"
 #include "hostd/update/adamw_element_inl.h"
 #include "hostd/update/adamw_kernels.h"
 
 namespace slidedp::update {
 namespace {
 
-struct Vec256Constants {
-  __m256 grad_scale, decay, lerp_coeff, b2, one_minus_b2, bc2_sqrt, eps, neg_step_size;
-  bool lerp_from_grad;
-  explicit Vec256Constants(const AdamWConstants& c) {
-    const LerpForm lerp = MakeLerpForm(c);
-    grad_scale = _mm256_set1_ps(c.grad_scale);
-    decay = _mm256_set1_ps(c.decay);
-    lerp_coeff = _mm256_set1_ps(lerp.coeff);
-    lerp_from_grad = lerp.from_grad;
-    b2 = _mm256_set1_ps(c.b2);
-    one_minus_b2 = _mm256_set1_ps(c.one_minus_b2);
-    bc2_sqrt = _mm256_set1_ps(c.bc2_sqrt);
-    eps = _mm256_set1_ps(c.eps);
-    neg_step_size = _mm256_set1_ps(c.neg_step_size);
-  }
-};
-
-inline __m256 LoadGrad8(const float* g) { return _mm256_loadu_ps(g); }
-inline __m256 LoadGrad8(const bf16_t* g) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-// FloatToBf16 on 8 lanes, result in the low 16 bits of each 32-bit lane.
-inline __m256i ToBf16Wide(__m256 x) {
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i hi = _mm256_srli_epi32(bits, 16);
-  const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(
-      _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
-  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
-                                            _mm256_set1_epi32(0x7f800000));
-  return _mm256_blendv_epi8(rounded, quiet, is_nan);
-}
-
 // Updates 8 elements and returns the new theta.
 template <typename G>
 inline __m256 Step8(const Vec256Constants& c, float* master, float* m, float* v, const G* grad) {
-  const __m256 g = _mm256_mul_ps(LoadGrad8(grad), c.grad_scale);
-  __m256 th = _mm256_mul_ps(_mm256_loadu_ps(master), c.decay);
-  const __m256 m0 = _mm256_loadu_ps(m);
-  const __m256 mm = _mm256_fmadd_ps(c.lerp_coeff, _mm256_sub_ps(g, m0), c.lerp_from_grad ? g : m0);
-  const __m256 vv = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(v), c.b2),
-                                  _mm256_mul_ps(_mm256_mul_ps(c.one_minus_b2, g), g));
-  const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), c.bc2_sqrt), c.eps);
-  th = _mm256_add_ps(th, _mm256_div_ps(_mm256_mul_ps(c.neg_step_size, mm), denom));
-  _mm256_storeu_ps(master, th);
-  _mm256_storeu_ps(m, mm);
-  _mm256_storeu_ps(v, vv);
-  return th;
+  const Adam8 r = AdamStep8(c, LoadGrad8(grad), _mm256_loadu_ps(master), _mm256_loadu_ps(m), _mm256_loadu_ps(v));
+  _mm256_storeu_ps(master, r.theta);
+  _mm256_storeu_ps(m, r.m);
+  _mm256_storeu_ps(v, r.v);
+  return r.theta;
 }
 
 // Whether any of the 16 gradient elements at g is NaN or inf: |x| as int32 > 0x7f7fffff.

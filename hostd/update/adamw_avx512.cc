@@ -8,63 +8,24 @@
 
 #include <cstdint>
 
+#include "hostd/update/adamw_avx512_inl.h"
 #include "hostd/update/adamw_element_inl.h"
 #include "hostd/update/adamw_kernels.h"
 
 namespace slidedp::update {
 namespace {
 
-struct Vec512Constants {
-  __m512 grad_scale, decay, lerp_coeff, b2, one_minus_b2, bc2_sqrt, eps, neg_step_size;
-  bool lerp_from_grad;
-  explicit Vec512Constants(const AdamWConstants& c) {
-    const LerpForm lerp = MakeLerpForm(c);
-    grad_scale = _mm512_set1_ps(c.grad_scale);
-    decay = _mm512_set1_ps(c.decay);
-    lerp_coeff = _mm512_set1_ps(lerp.coeff);
-    lerp_from_grad = lerp.from_grad;
-    b2 = _mm512_set1_ps(c.b2);
-    one_minus_b2 = _mm512_set1_ps(c.one_minus_b2);
-    bc2_sqrt = _mm512_set1_ps(c.bc2_sqrt);
-    eps = _mm512_set1_ps(c.eps);
-    neg_step_size = _mm512_set1_ps(c.neg_step_size);
-  }
-};
-
-// FloatToBf16 on 16 lanes: round to nearest even, NaN -> quiet NaN with the same sign/payload top.
-inline __m256i ToBf16(__m512 x) {
-  const __m512i bits = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(
-      _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-  const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(
-      _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, quiet));
-}
-
-inline __m512 LoadGrad(const float* g, __mmask16 k) { return _mm512_maskz_loadu_ps(k, g); }
-inline __m512 LoadGrad(const bf16_t* g, __mmask16 k) {
-  const __m256i h = _mm256_maskz_loadu_epi16(k, g);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 enum class MirrorWrite { kMasked, kStream };
 
 template <MirrorWrite kStore, typename G>
 inline void Step16(const Vec512Constants& c, float* master, float* m, float* v, bf16_t* mirror,
                    const G* grad, __mmask16 k) {
-  const __m512 g = _mm512_mul_ps(LoadGrad(grad, k), c.grad_scale);
-  __m512 th = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, master), c.decay);
-  const __m512 m0 = _mm512_maskz_loadu_ps(k, m);
-  const __m512 mm = _mm512_fmadd_ps(c.lerp_coeff, _mm512_sub_ps(g, m0), c.lerp_from_grad ? g : m0);
-  const __m512 vv = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, v), c.b2),
-                                  _mm512_mul_ps(_mm512_mul_ps(c.one_minus_b2, g), g));
-  const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), c.bc2_sqrt), c.eps);
-  th = _mm512_add_ps(th, _mm512_div_ps(_mm512_mul_ps(c.neg_step_size, mm), denom));
+  const Adam16 r = AdamStep16(c, LoadGrad(grad, k), _mm512_maskz_loadu_ps(k, master), _mm512_maskz_loadu_ps(k, m),
+                              _mm512_maskz_loadu_ps(k, v));
+  const __m512 th = r.theta;
   _mm512_mask_storeu_ps(master, k, th);
-  _mm512_mask_storeu_ps(m, k, mm);
-  _mm512_mask_storeu_ps(v, k, vv);
+  _mm512_mask_storeu_ps(m, k, r.m);
+  _mm512_mask_storeu_ps(v, k, r.v);
   const __m256i b = ToBf16(th);
   if constexpr (kStore == MirrorWrite::kStream) {
     _mm256_stream_si256(reinterpret_cast<__m256i*>(mirror), b);

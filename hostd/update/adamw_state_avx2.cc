@@ -8,64 +8,13 @@
 
 #include <cstdint>
 
+#include "hostd/update/adamw_avx2_inl.h"
 #include "hostd/update/adamw_element_inl.h"
 #include "hostd/update/adamw_state.h"
 #include "hostd/update/adamw_state_element_inl.h"
 
 namespace slidedp::update {
 namespace {
-
-struct Vec256Constants {
-  __m256 grad_scale, decay, lerp_coeff, b2, one_minus_b2, bc2_sqrt, eps, neg_step_size;
-  bool lerp_from_grad;
-  explicit Vec256Constants(const AdamWConstants& c) {
-    const LerpForm lerp = MakeLerpForm(c);
-    grad_scale = _mm256_set1_ps(c.grad_scale);
-    decay = _mm256_set1_ps(c.decay);
-    lerp_coeff = _mm256_set1_ps(lerp.coeff);
-    lerp_from_grad = lerp.from_grad;
-    b2 = _mm256_set1_ps(c.b2);
-    one_minus_b2 = _mm256_set1_ps(c.one_minus_b2);
-    bc2_sqrt = _mm256_set1_ps(c.bc2_sqrt);
-    eps = _mm256_set1_ps(c.eps);
-    neg_step_size = _mm256_set1_ps(c.neg_step_size);
-  }
-};
-
-inline __m256 LoadGrad8(const float* g) { return _mm256_loadu_ps(g); }
-inline __m256 LoadGrad8(const bf16_t* g) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-inline __m256 WidenBf16x8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
-
-// The AdamElement arithmetic on 8 lanes, op for op as adamw_avx2.cc's Step8; also returns sqrt(v).
-struct Adam8 {
-  __m256 theta, m, v, sqrt_v;
-};
-inline Adam8 AdamStep8(const Vec256Constants& c, __m256 grad, __m256 theta, __m256 m0, __m256 v0) {
-  const __m256 g = _mm256_mul_ps(grad, c.grad_scale);
-  __m256 th = _mm256_mul_ps(theta, c.decay);
-  const __m256 mm = _mm256_fmadd_ps(c.lerp_coeff, _mm256_sub_ps(g, m0), c.lerp_from_grad ? g : m0);
-  const __m256 vv = _mm256_add_ps(_mm256_mul_ps(v0, c.b2), _mm256_mul_ps(_mm256_mul_ps(c.one_minus_b2, g), g));
-  const __m256 root = _mm256_sqrt_ps(vv);
-  const __m256 denom = _mm256_add_ps(_mm256_div_ps(root, c.bc2_sqrt), c.eps);
-  th = _mm256_add_ps(th, _mm256_div_ps(_mm256_mul_ps(c.neg_step_size, mm), denom));
-  return {th, mm, vv, root};
-}
-
-// FloatToBf16 on 8 lanes, result in the low 16 bits of each 32-bit lane.
-inline __m256i ToBf16Wide(__m256 x) {
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i hi = _mm256_srli_epi32(bits, 16);
-  const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
-  const __m256i is_nan =
-      _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
-  return _mm256_blendv_epi8(rounded, quiet, is_nan);
-}
 
 // StochasticBf16 on 8 lanes with the random bits in the low 16 of each lane.
 inline __m256i ToBf16StochasticWide(__m256 x, __m256i bits16) {

@@ -2,7 +2,7 @@
 # Packs what the GPU suite (tools/gpu/run_suite.sh) runs into .gpu/bundle.tar.xz (git-ignored;
 # carried by the device tool as `.gpu`): stripped executables in bin/, every GPU test binary
 # (BUILD_DIR/tests/*_gpu_test, registered in ctest with label gpu) and the host tests the suite's
-# `state` part runs (adam_state_test, adam_engine_test) in tests/, their non-system
+# `state` part runs (adam_state_test, adam_engine_test, adam_kernels_test) in tests/, their non-system
 # libraries and gpu-env.sh in lib/, and .gpu/build-info.txt (the commit the bundle was built at).
 # tools/gpu/unpack.sh (called by suite_lib.sh) unpacks it on the GPU machine.
 # Usage: tools/gpu/bundle.sh [BUILD_DIR]     (default: build; build it with SLIDEDP_CUDA on, sm_90)
@@ -29,7 +29,7 @@ for t in "$build"/tests/*_gpu_test; do
 done
 [ "$n_tests" -gt 0 ] || echo "bundle: no $build/tests/*_gpu_test built (run_suite.sh kernels will fail)" >&2
 # Host tests the GPU machine's CPU runs for an ISA this machine may lack (run_suite.sh state).
-for t in adam_state_test adam_engine_test; do
+for t in adam_state_test adam_engine_test adam_kernels_test; do
   [ -x "$build/tests/$t" ] && strip -o "$out/tests/$t" "$build/tests/$t" && n_tests=$((n_tests + 1))
 done
 shopt -s nullglob

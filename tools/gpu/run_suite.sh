@@ -36,7 +36,7 @@
 #                   reached (a redo, then speculation off)
 #   scaling    ~6   (2 GPUs) Qwen3-8B 1 -> 2 GPUs >= 1.95x; ours / FSDP2 on 2 GPUs >= 1.5
 #   state      ~3   issue 21, compact Adam moments on the GPU machine's host: adam_state_test and
-#                   adam_engine_test (bundled host tests: the AVX-512 kernels bit-identical to
+#                   adam_engine_test, adam_kernels_test (bundled host tests: the AVX-512 kernels bit-identical to
 #                   scalar), bench_layeradam with fp32 / bf16 / int8 moments: int8 Gparam/s >= 1.5x fp32
 #   host       ~5   LayerAdam / torch fused CPU AdamW >= 1.1 and >= 0.8 of copy bandwidth;
 #                   bench_copy (continuous and --duty 20:20): H2D with LayerAdam + copy priority
@@ -532,7 +532,7 @@ part_scaling() {
 part_state() {
   local xml=$part_dir/xml rcs=() t st
   mkdir -p "$xml"
-  for t in adam_state_test adam_engine_test; do
+  for t in adam_state_test adam_engine_test adam_kernels_test; do
     stage "$t" 200 env GTEST_COLOR=no ".gpu/tests/$t" "--gtest_output=xml:$xml/$t.xml"
     rcs+=(--rc "$t=$?")
   done
