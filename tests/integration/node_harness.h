@@ -105,6 +105,9 @@ class NodeHarness {
     static int counter = 0;
     node_ = absl::StrCat("it", getpid(), "x", counter++);
     dir_ = absl::StrCat(::testing::TempDir(), "/", node_);
+    // A run before whose pid was the same left its logs, jobs and state here (kept for reading
+    // after a failure): a node starts from nothing, or its hostd finds that run's jobs.
+    std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     address_ = absl::StrCat("unix:", dir_, "/hostd.sock");
     hostd_args_ = std::move(hostd_args);
