@@ -18,7 +18,8 @@ std::string UnitRegion(int unit, const char* what) { return absl::StrCat("u", un
 
 uint64_t Int8Blocks(uint64_t n) { return (n + kInt8MomentBlock - 1) / kInt8MomentBlock; }
 
-std::vector<RegionSpec> JobRegions(const ModelLayout& layout, MomentDtype moments) {
+std::vector<RegionSpec> JobRegions(const ModelLayout& layout, const StateFormat& format) {
+  const MomentDtype moments = format.moments;
   std::vector<RegionSpec> regions;
   regions.push_back(RegionSpec{kControlRegion, sizeof(JobControlBlock) + layout.units.size() * sizeof(VersionGate),
                                ShmDtype::kBytes});
@@ -41,13 +42,13 @@ std::vector<RegionSpec> JobRegions(const ModelLayout& layout, MomentDtype moment
         regions.push_back(RegionSpec{UnitRegion(u, "adam_v_scale"), Int8Blocks(n) * 4, ShmDtype::kF32});
         break;
     }
-    regions.push_back(RegionSpec{UnitRegion(u, "mirror"), n * 2, ShmDtype::kBF16});
+    if (format.mirror) regions.push_back(RegionSpec{UnitRegion(u, "mirror"), n * 2, ShmDtype::kBF16});
   }
   return regions;
 }
 
-// Regions per unit for each moment layout.
-uint64_t UnitRegions(MomentDtype d) { return d == MomentDtype::kInt8 ? 6 : 4; }
+// Regions per unit for each format.
+uint64_t UnitRegions(const StateFormat& f) { return (f.moments == MomentDtype::kInt8 ? 5 : 3) + (f.mirror ? 1 : 0); }
 
 }  // namespace
 
@@ -85,8 +86,8 @@ uint64_t LayoutFingerprint(const ModelLayout& layout) {
   return h;
 }
 
-uint64_t JobState::SegmentBytes(const ModelLayout& layout, MomentDtype moments, uint64_t alignment) {
-  return ShmSegment::RequiredBytes(JobRegions(layout, moments), alignment);
+uint64_t JobState::SegmentBytes(const ModelLayout& layout, const StateFormat& format, uint64_t alignment) {
+  return ShmSegment::RequiredBytes(JobRegions(layout, format), alignment);
 }
 
 JobState::Moments JobState::moments(int unit) const {
@@ -103,7 +104,7 @@ absl::StatusOr<std::unique_ptr<JobState>> JobState::Create(const std::string& no
   seg_opts.shm_dir = options.shm_dir;
   seg_opts.allocation = options.first_touch == FirstTouch::kAtCreate ? Allocation::kAll : Allocation::kHeaderOnly;
   seg_opts.allocate_threads = options.prefault_threads;
-  ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg, ShmSegment::Create(name, JobRegions(layout, options.moments), seg_opts));
+  ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg, ShmSegment::Create(name, JobRegions(layout, options.format), seg_opts));
   return Initialize(std::move(seg), job_id, layout, options);
 }
 
@@ -114,7 +115,7 @@ absl::StatusOr<std::unique_ptr<JobState>> JobState::Reformat(const std::string& 
   ShmCreateOptions seg_opts;
   seg_opts.alignment = options.alignment;
   seg_opts.shm_dir = options.shm_dir;
-  ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg, ShmSegment::Reformat(segment_name, JobRegions(layout, options.moments), seg_opts));
+  ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg, ShmSegment::Reformat(segment_name, JobRegions(layout, options.format), seg_opts));
   JobStateOptions o = options;
   o.first_touch = FirstTouch::kAtCreate;  // the pages exist: map them all now
   return Initialize(std::move(seg), job_id, layout, o);
@@ -127,7 +128,7 @@ absl::StatusOr<std::unique_ptr<JobState>> JobState::Relayout(std::unique_ptr<Job
   if (layout.units.empty()) return absl::InvalidArgumentError("JobState: model layout has no units");
   std::unique_ptr<ShmSegment> seg = std::move(state->segment_);
   state.reset();
-  RETURN_IF_ERROR(seg->Relayout(new_name, JobRegions(layout, options.moments), options.alignment));
+  RETURN_IF_ERROR(seg->Relayout(new_name, JobRegions(layout, options.format), options.alignment));
   JobStateOptions o = options;
   o.first_touch = FirstTouch::kByOwner;  // every page is allocated and mapped here already
   return Initialize(std::move(seg), job_id, layout, o);
@@ -147,7 +148,8 @@ absl::StatusOr<std::unique_ptr<JobState>> JobState::Initialize(std::unique_ptr<S
   if (absl::Status s = state->segment_->Allocate(control.offset, control.bytes); !s.ok()) return fail(s);
   auto* block = new (state->segment_->data(control)) JobControlBlock();
   block->num_units = static_cast<uint32_t>(layout.units.size());
-  block->moment_dtype = static_cast<uint32_t>(options.moments);
+  block->moment_dtype = static_cast<uint32_t>(options.format.moments);
+  block->has_mirror = options.format.mirror ? 1 : 0;
   block->total_numel = static_cast<uint64_t>(layout.total_numel);
   block->layout_fingerprint = LayoutFingerprint(layout);
   std::strncpy(block->job_id, job_id.c_str(), sizeof(block->job_id) - 1);
@@ -191,11 +193,17 @@ absl::Status JobState::BindViews() {
     return absl::DataLossError(
         absl::StrCat("job segment ", name, ": control block names moment layout ", control_->moment_dtype));
   }
+  if (control_->has_mirror > 1) {
+    return absl::DataLossError(absl::StrCat("job segment ", name, ": control block's mirror flag is ",
+                                            control_->has_mirror));
+  }
   const MomentDtype moments = moment_dtype();
+  const bool has_mirror = this->has_mirror();
   if (control.bytes != sizeof(JobControlBlock) + n * sizeof(VersionGate) ||
-      segment_->regions().size() != 1 + UnitRegions(moments) * n) {
+      segment_->regions().size() != 1 + UnitRegions(format()) * n) {
     return absl::DataLossError(absl::StrCat("job segment ", name, ": control block says ", n, " units (",
-                                            MomentDtypeName(moments), " moments) but the segment has ",
+                                            MomentDtypeName(moments), " moments, ",
+                                            has_mirror ? "with" : "without", " mirror) but the segment has ",
                                             segment_->regions().size(), " regions and a ", control.bytes,
                                             "-byte control region"));
   }
@@ -209,7 +217,10 @@ absl::Status JobState::BindViews() {
     ASSIGN_OR_RETURN(Region master, segment_->FindRegion(UnitRegion(ui, "master")));
     ASSIGN_OR_RETURN(Region m, segment_->FindRegion(UnitRegion(ui, "adam_m")));
     ASSIGN_OR_RETURN(Region v, segment_->FindRegion(UnitRegion(ui, "adam_v")));
-    ASSIGN_OR_RETURN(Region mirror, segment_->FindRegion(UnitRegion(ui, "mirror")));
+    Region mirror{};
+    if (has_mirror) {
+      ASSIGN_OR_RETURN(mirror, segment_->FindRegion(UnitRegion(ui, "mirror")));
+    }
     const uint64_t numel = master.bytes / 4;
     const uint64_t element_bytes = moments == MomentDtype::kF32 ? 4 : moments == MomentDtype::kBF16 ? 2 : 1;
     Region m_scale{}, v_scale{};
@@ -221,8 +232,8 @@ absl::Status JobState::BindViews() {
                   m_scale.dtype == ShmDtype::kF32 && v_scale.dtype == ShmDtype::kF32;
     }
     if (master.bytes % 4 != 0 || m.bytes != numel * element_bytes || v.bytes != m.bytes || !scales_ok ||
-        mirror.bytes != numel * 2 || master.dtype != ShmDtype::kF32 || m.dtype != m_dtype || v.dtype != v_dtype ||
-        mirror.dtype != ShmDtype::kBF16) {
+        (has_mirror && (mirror.bytes != numel * 2 || mirror.dtype != ShmDtype::kBF16)) ||
+        master.dtype != ShmDtype::kF32 || m.dtype != m_dtype || v.dtype != v_dtype) {
       return absl::DataLossError(absl::StrCat("job segment ", name, ": unit ", u, " regions disagree (master ",
                                               master.bytes, ", m ", m.bytes, " ", ShmDtypeName(m.dtype), ", v ",
                                               v.bytes, " ", ShmDtypeName(v.dtype), ", mirror ", mirror.bytes,
@@ -231,7 +242,8 @@ absl::Status JobState::BindViews() {
     UnitView& view = units_[u];
     view.numel = static_cast<int64_t>(numel);
     view.offset = master.offset;
-    view.span_bytes = mirror.offset + mirror.bytes - master.offset;
+    const Region& last = has_mirror ? mirror : moments == MomentDtype::kInt8 ? v_scale : v;
+    view.span_bytes = last.offset + last.bytes - master.offset;
     view.master = static_cast<float*>(segment_->data(master));
     view.m = segment_->data(m);
     view.v = segment_->data(v);
@@ -240,7 +252,7 @@ absl::Status JobState::BindViews() {
       view.v_scale = static_cast<float*>(segment_->data(v_scale));
     }
     view.moment_bytes = m.bytes + v.bytes + m_scale.bytes + v_scale.bytes;
-    view.mirror = static_cast<bf16_t*>(segment_->data(mirror));
+    view.mirror = has_mirror ? static_cast<bf16_t*>(segment_->data(mirror)) : nullptr;
   }
   return absl::OkStatus();
 }

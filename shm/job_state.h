@@ -1,11 +1,13 @@
 // The authoritative training state of one job in one shared-memory segment
 // "/slidedp.<node>.<job>.state": for every streamed unit (embedding, decoder layers, head) its FP32
-// master weights, Adam m and v, and the BF16 upload mirror, plus a control block with a version
+// master weights, Adam m and v, and (unless the job casts the master at upload time,
+// runtime.param_source: master) the BF16 upload mirror, plus a control block with a version
 // gate per unit, the job-wide abort word and the step counter.
 //
 // hostd Create()s it (and later Unlink()s it when the job ends); workers Attach() by name.
-// Region names: "control", "u<i>.master", "u<i>.adam_m", "u<i>.adam_v", "u<i>.mirror", each
-// aligned to 4096 bytes; a unit's four regions are contiguous, so PrefaultUnit() touches one range.
+// Region names: "control", "u<i>.master", "u<i>.adam_m", "u<i>.adam_v" (int8 moments: also
+// "u<i>.adam_m_scale", "u<i>.adam_v_scale"), "u<i>.mirror" (when kept), each aligned to 4096
+// bytes; a unit's regions are contiguous, so PrefaultUnit() touches one range.
 //
 // NUMA: pages land on the node of the thread that allocates them. With FirstTouch::kByOwner,
 // Create allocates only the header and control block; each LayerAdam owner thread then calls
@@ -44,8 +46,15 @@ const char* MomentDtypeName(MomentDtype d);
 // Host bytes of m and v for n elements (what the regions hold, before page alignment).
 uint64_t MomentBytes(MomentDtype d, uint64_t n);
 
+// What a segment holds besides the FP32 master: how m and v are kept, and whether the BF16
+// mirror is (the control block records both; workers read them back).
+struct StateFormat {
+  MomentDtype moments = MomentDtype::kF32;
+  bool mirror = true;
+};
+
 struct JobStateOptions {
-  MomentDtype moments = MomentDtype::kF32;  // Create/Reformat/Relayout: how m and v are kept
+  StateFormat format;  // Create/Reformat/Relayout
   FirstTouch first_touch = FirstTouch::kAtCreate;
   int prefault_threads = 1;
   uint64_t alignment = kPageBytes;
@@ -78,7 +87,8 @@ struct alignas(64) JobControlBlock {
   // With the verdict: a speculated step posts the parts of units >= this during backward (written
   // before the verdict word, read after it).
   std::atomic<uint32_t> speculate_from_unit;
-  uint8_t pad[32];
+  uint32_t has_mirror;  // 1: every unit has its "u<i>.mirror" region; 0: none has
+  uint8_t pad[28];
   // DMA before Adam (docs/layeradam.md): per rank, the number of its host-to-device copies in
   // flight that its GPU waits for (the worker increments before issuing them and decrements, then
   // FUTEX_WAKEs, when they finish). hostd's LayerAdam reads them (relaxed, once per block) and
@@ -126,7 +136,7 @@ class JobState {
   // Maps an existing job segment (workers: kReadWrite if they may raise the abort word).
   static absl::StatusOr<std::unique_ptr<JobState>> Attach(const std::string& segment_name, Access access);
   // Exact segment size Create() uses (admission control counts with it).
-  static uint64_t SegmentBytes(const ModelLayout& layout, MomentDtype moments = MomentDtype::kF32,
+  static uint64_t SegmentBytes(const ModelLayout& layout, const StateFormat& format = {},
                                uint64_t alignment = kPageBytes);
 
   // FAILED_PRECONDITION when the segment was made for another model layout.
@@ -159,7 +169,10 @@ class JobState {
     uint64_t bytes;   // m, v and scales together
   };
   Moments moments(int unit) const;
+  // The unit's BF16 mirror; nullptr when the segment keeps none (has_mirror()).
   bf16_t* mirror(int unit) const { return units_[unit].mirror; }
+  bool has_mirror() const { return control_->has_mirror != 0; }
+  StateFormat format() const { return StateFormat{moment_dtype(), has_mirror()}; }
   VersionGate& version(int unit) const { return versions_[unit]; }
   AbortWord& abort() const { return control_->abort; }
   std::atomic<uint64_t>& step_counter() const { return control_->step; }
@@ -192,7 +205,7 @@ class JobState {
   // its owner (the publisher workers check for liveness) and the abort word is cleared. Only
   // while no worker of the job runs.
   absl::Status TakeOver();
-  // Allocates (fallocate, from this thread's NUMA node) and maps the unit's four regions.
+  // Allocates (fallocate, from this thread's NUMA node) and maps the unit's regions.
   absl::Status PrefaultUnit(int unit);
 
   const std::string& segment_name() const { return segment_->name(); }

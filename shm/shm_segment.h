@@ -43,8 +43,9 @@ const char* ShmDtypeName(ShmDtype d);
 
 inline constexpr uint64_t kShmMagic = 0x3170'6464'696c'7300ull;  // "\0slidedp1" little-endian
 // 2: JobControlBlock::updating_step; 3: clip_verdict; 4: urgent_copies; 5: moment_dtype (compact
-// Adam moments: I8/U8 regions and their scales)
-inline constexpr uint32_t kShmLayoutVersion = 5;
+// Adam moments: I8/U8 regions and their scales); 6: JobControlBlock::has_mirror (mirror-free
+// segments, runtime.param_source: master)
+inline constexpr uint32_t kShmLayoutVersion = 6;
 inline constexpr size_t kRegionNameBytes = 40;  // including the terminating NUL
 inline constexpr uint64_t kCacheLineBytes = 64;
 inline constexpr uint64_t kPageBytes = 4096;

@@ -384,7 +384,8 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
       }
     }
     part.unit = UnitMemory{master.as<float>() + part.begin,  m.as<float>() + part.begin, v.as<float>() + part.begin,
-                           mirror.as<bf16_t>() + part.begin, part.end - part.begin,      node};
+                           f.mirror_store == "none" ? nullptr : mirror.as<bf16_t>() + part.begin,
+                           part.end - part.begin, node};
     part.unit.moments = state;
     part.unit.bf16 = Bf16Moments{m.as<bf16_t>() + part.begin, v.as<bf16_t>() + part.begin};
     part.unit.int8 = Int8Moments{m.as<int8_t>() + part.begin, v.as<uint8_t>() + part.begin,
@@ -494,7 +495,9 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
   const double gbps28 = params_per_s * no_mirror_bytes / 1e9;
   const double gbps30 = params_per_s * (no_mirror_bytes + 2) / 1e9;
   // Bytes the update moves per parameter (the triad reference's convention, see the file comment).
-  const double moved_bytes = no_mirror_bytes + 2 + (f.mirror_store == "cached" ? 2 : 0);
+  // (--mirror-store none: runtime.param_source master, no mirror written.)
+  const double moved_bytes =
+      no_mirror_bytes + (f.mirror_store == "none" ? 0 : 2) + (f.mirror_store == "cached" ? 2 : 0);
   const double layeradam_gbps = params_per_s * moved_bytes / 1e9;
   const double layeradam_gbps_best = params / best * moved_bytes / 1e9;
   const double ratio_to_triad = layeradam_gbps / triad.reference.median;
@@ -594,8 +597,9 @@ int Main(int argc, char** argv) {
   app.add_option("--grad", f.grad_dtype, "gradient dtype: fp32|bf16")->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--state", f.state, "Adam moments: fp32|bf16|int8 (optimizer.state_dtype)")
       ->check(CLI::IsMember({"fp32", "bf16", "int8"}));
-  app.add_option("--mirror-store", f.mirror_store, "BF16 mirror stores: stream|cached")
-      ->check(CLI::IsMember({"stream", "cached"}));
+  app.add_option("--mirror-store", f.mirror_store,
+                 "BF16 mirror stores: stream|cached|none (none: no mirror, runtime.param_source master)")
+      ->check(CLI::IsMember({"stream", "cached", "none"}));
   app.add_option("--dump", f.dump_dir, "write a torch comparison dump here and exit");
   app.add_option("--dump-numel", f.dump_numel, "elements in the dump");
   app.add_flag("--refuse-nonfinite", f.refuse_nonfinite,

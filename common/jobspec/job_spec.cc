@@ -164,6 +164,9 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
                                                                     {"device", GradStaging::kDevice},
                                                                     {"host", GradStaging::kHost}})},
         {"grad_dtype", Enum<GradDtype>(&JobSpec::grad_dtype, {{"fp32", GradDtype::kFp32}, {"bf16", GradDtype::kBf16}})},
+        {"param_source",
+         Enum<ParamSource>(&JobSpec::param_source, {{"mirror", ParamSource::kMirror}, {"master", ParamSource::kMaster}})},
+        {"cast_threads", Int32(&JobSpec::cast_threads, 0)},
         {"act_policy", Enum<ActivationPolicy>(&JobSpec::act_policy, {{"keep_all", ActivationPolicy::kKeepAll},
                                                                      {"recompute", ActivationPolicy::kRecomputeLayer},
                                                                      {"selective", ActivationPolicy::kSelective},
@@ -337,6 +340,10 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
         "job spec: train.global_batch ", s.global_batch,
         " is not divisible by runtime.workers x train.micro_batch = ", s.num_workers, " x ", s.micro_batch));
   }
+  if (s.cast_threads > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec: runtime.cast_threads ", s.cast_threads, " is more than 256 (0: auto)"));
+  }
   if (s.steps > 0 && s.warmup_steps > s.steps) {
     return absl::InvalidArgumentError(
         absl::StrCat("job spec: schedule.warmup_steps ", s.warmup_steps, " exceeds train.steps ", s.steps));
@@ -397,6 +404,7 @@ const char* ToString(StateDtype k) {
   }
   return "fp32";
 }
+const char* ToString(ParamSource k) { return k == ParamSource::kMaster ? "master" : "mirror"; }
 const char* ToString(NormWeights k) {
   switch (k) {
     case NormWeights::kFp32: return "fp32";
@@ -474,6 +482,8 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "grad_reduction" << YAML::Value << ToString(grad_reduction);
   e << YAML::Key << "grad_staging" << YAML::Value << ToString(grad_staging);
   e << YAML::Key << "grad_dtype" << YAML::Value << ToString(grad_dtype);
+  e << YAML::Key << "param_source" << YAML::Value << ToString(param_source);
+  e << YAML::Key << "cast_threads" << YAML::Value << cast_threads;
   e << YAML::Key << "act_policy" << YAML::Value << ToString(act_policy);
   e << YAML::Key << "norm_weights" << YAML::Value << ToString(norm_weights);
   e << YAML::Key << "embedding_rows" << YAML::Value << ToString(embedding_rows);

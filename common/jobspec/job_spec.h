@@ -39,6 +39,11 @@ enum class GradDtype { kFp32, kBf16 };
 // 256 elements. kBf16 and kInt8 are approximations, opt-in: docs/optimizer-state.md has their
 // layouts and measured effect. The FP32 master weights stay exact either way.
 enum class StateDtype { kFp32, kBf16, kInt8 };
+// Where the workers' BF16 parameters come from (runtime.param_source): hostd's BF16 mirror, which
+// every update writes next to the master (2 B/param of host state), or the FP32 master itself,
+// cast to BF16 by each worker chunk by chunk at upload time (no mirror in the state; costs the
+// workers' host threads and memory bandwidth when a unit is loaded). Both give the same bits.
+enum class ParamSource { kMirror, kMaster };
 
 struct JobSpec {
   std::string name = "job";
@@ -87,6 +92,9 @@ struct JobSpec {
   GradReduction grad_reduction = GradReduction::kGpu;
   GradStaging grad_staging = GradStaging::kAuto;
   GradDtype grad_dtype = GradDtype::kFp32;
+  ParamSource param_source = ParamSource::kMirror;
+  // Host threads per worker that cast the master to BF16 (param_source master); 0: auto.
+  int32_t cast_threads = 0;
   ActivationPolicy act_policy = ActivationPolicy::kRecomputeLayer;
   NormWeights norm_weights = NormWeights::kFp32;
   EmbeddingRows embedding_rows = EmbeddingRows::kFp32;
@@ -139,5 +147,6 @@ const char* ToString(SaveDtype k);
 const char* ToString(Backend k);
 const char* ToString(GradDtype k);
 const char* ToString(StateDtype k);
+const char* ToString(ParamSource k);
 
 }  // namespace slidedp

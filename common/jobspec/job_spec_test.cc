@@ -96,6 +96,30 @@ TEST(JobSpec, StateDtypeIsFp32ByDefaultAndRoundTrips) {
   EXPECT_TRUE(absl::StrContains(bad.message(), "state_dtype")) << bad;
 }
 
+TEST(JobSpec, ParamSourceIsTheMirrorByDefaultAndRoundTrips) {
+  auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_EQ(def->param_source, ParamSource::kMirror);
+  EXPECT_EQ(def->cast_threads, 0);
+  auto spec = JobSpec::Parse(
+      absl::StrReplaceAll(kGood, {{"backend: cpu,", "backend: cpu, param_source: master, cast_threads: 6,"}}), "/base",
+      JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->param_source, ParamSource::kMaster);
+  EXPECT_EQ(spec->cast_threads, 6);
+  auto again = JobSpec::Parse(spec->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->param_source, ParamSource::kMaster);
+  EXPECT_EQ(again->cast_threads, 6);
+  for (const char* bad_value : {"param_source: fp32,", "param_source: [master],", "cast_threads: -1,",
+                                "cast_threads: 1000,"}) {
+    const absl::Status bad =
+        ParseError(absl::StrReplaceAll(kGood, {{"backend: cpu,", absl::StrCat("backend: cpu, ", bad_value)}}));
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad_value;
+    EXPECT_TRUE(absl::StrContains(bad.message(), absl::string_view(bad_value).substr(0, 8))) << bad;
+  }
+}
+
 TEST(JobSpec, SkipNonfiniteIsOffByDefaultAndRoundTrips) {
   auto off = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(off.ok()) << off.status();

@@ -23,9 +23,10 @@ double ToGib(uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024 * 1024
 std::string JobMemoryPlan::ToString() const {
   return absl::StrFormat(
       "%.2f GiB (master %.2f, adam m+v %.2f, bf16 mirror %.2f, job segment %.2f, grad rings %.2f, "
-      "step gradient staging %.2f, activation offload %.2f, undo copies %.2f; %d params)",
+      "step gradient staging %.2f, activation offload %.2f, undo copies %.2f, cast staging %.2f; %d params)",
       ToGib(total_bytes), ToGib(master_bytes), ToGib(adam_bytes), ToGib(mirror_bytes), ToGib(job_segment_bytes),
-      ToGib(ring_bytes), ToGib(step_staging_bytes), ToGib(offload_bytes), ToGib(undo_bytes), param_numel);
+      ToGib(ring_bytes), ToGib(step_staging_bytes), ToGib(offload_bytes), ToGib(undo_bytes),
+      ToGib(cast_staging_bytes), param_numel);
 }
 
 shm::GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t chunk_bytes) {
@@ -42,19 +43,33 @@ shm::GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t 
 }
 
 JobMemoryPlan PlanJobMemory(const ModelLayout& layout, const shm::GradRingConfig& ring, int num_workers, ClipMode clip,
-                            shm::GradDtype staging_dtype, shm::MomentDtype moments) {
+                            shm::GradDtype staging_dtype, const shm::StateFormat& format) {
   JobMemoryPlan p;
   p.param_numel = layout.total_numel;
   const uint64_t n = static_cast<uint64_t>(layout.total_numel);
   p.master_bytes = 4 * n;
-  for (const UnitLayout& u : layout.units) p.adam_bytes += shm::MomentBytes(moments, static_cast<uint64_t>(u.numel));
-  p.mirror_bytes = 2 * n;
-  p.job_segment_bytes = shm::JobState::SegmentBytes(layout, moments);
+  for (const UnitLayout& u : layout.units) p.adam_bytes += shm::MomentBytes(format.moments, static_cast<uint64_t>(u.numel));
+  p.mirror_bytes = format.mirror ? 2 * n : 0;
+  p.job_segment_bytes = shm::JobState::SegmentBytes(layout, format);
   p.ring_bytes = static_cast<uint64_t>(num_workers < 0 ? 0 : num_workers) * shm::GradRing::SegmentBytes(ring);
   p.step_staging_bytes = clip == ClipMode::kExactGlobalNorm ? shm::GradDtypeBytes(staging_dtype) * n : 0;
   p.shm_bytes = p.job_segment_bytes + p.ring_bytes;
   p.total_bytes = p.shm_bytes + p.step_staging_bytes;
   return p;
+}
+
+int64_t CastStagingChunkBytes(const ModelLayout& layout, int64_t chunk_bytes) {
+  int64_t largest = 0;
+  for (const UnitLayout& u : layout.units) largest = std::max(largest, u.numel * 2);
+  const int64_t bytes = std::min(chunk_bytes, largest);
+  return std::max<int64_t>(4096, (bytes + 4095) / 4096 * 4096);
+}
+
+void AddCastStaging(int num_workers, int64_t chunk_bytes, JobMemoryPlan& plan) {
+  const uint64_t bytes =
+      static_cast<uint64_t>(std::max(num_workers, 0)) * kCastStagingBuffers * static_cast<uint64_t>(chunk_bytes);
+  plan.cast_staging_bytes += bytes;
+  plan.total_bytes += bytes;
 }
 
 void AddActivationOffload(const ModelLayout& layout, double ratio, int num_workers, int64_t tokens_per_worker,

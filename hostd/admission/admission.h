@@ -3,7 +3,8 @@
 // RESOURCE_EXHAUSTED and the numbers.
 //
 // Steady state is 14 bytes/param in the job segment (FP32 master 4 + Adam m 4 + v 4 + BF16 mirror
-// 2) plus one shm::GradRing per worker. Exact global gradient-norm clipping needs every gradient of the
+// 2) plus one shm::GradRing per worker; compact moments (optimizer.state_dtype) and no mirror
+// (runtime.param_source: master, each worker then keeps pinned cast staging) take less. Exact global gradient-norm clipping needs every gradient of the
 // step before the first update, so it adds one whole step of gradient staging (2 bytes/param in
 // BF16, 4 in FP32), counted once: with GPU reduce-scatter each rank stages only its 1/R shard.
 // Everything here lives in /dev/shm, so both limits apply to the same total.
@@ -29,12 +30,13 @@ struct JobMemoryPlan {
   int64_t param_numel = 0;          // padded numel over all units (what the segment holds)
   uint64_t master_bytes = 0;        // FP32
   uint64_t adam_bytes = 0;          // m + v (FP32, BF16, or int8 codes and their scales)
-  uint64_t mirror_bytes = 0;        // BF16
+  uint64_t mirror_bytes = 0;        // BF16; 0 without a mirror (runtime.param_source: master)
   uint64_t job_segment_bytes = 0;   // the shm::JobState segment (above + control + alignment)
   uint64_t ring_bytes = 0;          // all workers' shm::GradRing segments
   uint64_t step_staging_bytes = 0;  // whole-step gradients for exact clipping, else 0 (hostd's own memory)
   uint64_t offload_bytes = 0;       // the workers' pinned copies of offloaded layer inputs (AddActivationOffload)
   uint64_t undo_bytes = 0;          // speculative clipping's undo copies (hostd's own memory; hostd/engine/undo_arena.h)
+  uint64_t cast_staging_bytes = 0;  // without a mirror: the workers' pinned BF16 cast buffers (AddCastStaging)
   uint64_t shm_bytes = 0;           // what lives in /dev/shm: the job segment and the rings
   uint64_t total_bytes = 0;         // host memory the job needs
   std::string ToString() const;     // "13.04 GiB (master 3.73, adam 7.45, ...)"
@@ -49,7 +51,15 @@ shm::GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t 
 
 JobMemoryPlan PlanJobMemory(const ModelLayout& layout, const shm::GradRingConfig& ring, int num_workers, ClipMode clip,
                             shm::GradDtype staging_dtype = shm::GradDtype::kBF16,
-                            shm::MomentDtype moments = shm::MomentDtype::kF32);
+                            const shm::StateFormat& format = {});
+
+// Without a mirror each worker casts the master into kCastStagingBuffers pinned buffers of
+// CastStagingChunkBytes each (worker/pipeline/cuda_streamer.h; a CPU worker holds its acquired
+// units' casts, no more): added to cast_staging_bytes and total_bytes.
+inline constexpr int kCastStagingBuffers = 3;
+// One cast chunk: the H2D chunk, at most the largest unit's BF16 bytes, whole 4 KiB pages.
+int64_t CastStagingChunkBytes(const ModelLayout& layout, int64_t chunk_bytes);
+void AddCastStaging(int num_workers, int64_t chunk_bytes, JobMemoryPlan& plan);
 
 // runtime.offload_ratio > 0: each of `num_workers` workers keeps the inputs of
 // layout.OffloadedLayers(ratio) layers for all of its `tokens_per_worker` tokens of a step in

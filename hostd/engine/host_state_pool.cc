@@ -50,10 +50,10 @@ void HostStatePool::ReleaseWorkerMappings(const Holders& holders, const std::str
   }
 }
 
-std::unique_ptr<shm::JobState> HostStatePool::Take(const ModelLayout& layout, shm::MomentDtype moments) {
+std::unique_ptr<shm::JobState> HostStatePool::Take(const ModelLayout& layout, const shm::StateFormat& format) {
   if (!pooled_) return nullptr;
   std::unique_ptr<shm::JobState> js = std::move(pooled_);
-  const uint64_t needed = shm::JobState::SegmentBytes(layout, moments);
+  const uint64_t needed = shm::JobState::SegmentBytes(layout, format);
   if (needed == js->bytes()) {
     // Its holders find it mapped (and registered) again through its new name.
     taken_holders_ = std::move(pooled_holders_);
@@ -85,7 +85,8 @@ void HostStatePool::PutBack(std::unique_ptr<shm::JobState> js) {
 absl::StatusOr<std::unique_ptr<shm::JobState>> HostStatePool::Adopt(std::unique_ptr<shm::JobState> pooled,
                                                                     const std::string& job_id,
                                                                     const ModelLayout& layout,
-                                                                    shm::MomentDtype moments, int prefault_threads) {
+                                                                    const shm::StateFormat& format,
+                                                                    int prefault_threads) {
   const std::string pool_name = pooled_name_;
   absl::StatusOr<std::string> name = shm::MakeSegmentName(node_name_, job_id, "state");
   absl::Status renamed = name.ok() ? shm::RenameSegment(pool_name, *name) : name.status();
@@ -93,10 +94,10 @@ absl::StatusOr<std::unique_ptr<shm::JobState>> HostStatePool::Adopt(std::unique_
     (void)shm::UnlinkSegment(pool_name);
     return renamed;
   }
-  if (shm::JobState::SegmentBytes(layout, moments) == pooled->bytes()) {
+  if (shm::JobState::SegmentBytes(layout, format) == pooled->bytes()) {
     // The same size: re-lay it out through the mapping kept in the pool (no remap, no prefault).
     shm::JobStateOptions o;
-    o.moments = moments;
+    o.format = format;
     auto relaid = shm::JobState::Relayout(std::move(pooled), *name, job_id, layout, o);
     if (!relaid.ok()) (void)shm::UnlinkSegment(*name);
     return relaid;
@@ -105,7 +106,7 @@ absl::StatusOr<std::unique_ptr<shm::JobState>> HostStatePool::Adopt(std::unique_
   // A smaller layout: shm/ lays the file out again in place (header, region table, a fresh
   // control block with every gate at version 0), keeping its pages.
   shm::JobStateOptions o;
-  o.moments = moments;
+  o.format = format;
   o.prefault_threads = prefault_threads;
   auto reformatted = shm::JobState::Reformat(*name, job_id, layout, o);
   if (!reformatted.ok()) (void)shm::UnlinkSegment(*name);

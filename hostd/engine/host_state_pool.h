@@ -33,7 +33,7 @@ class HostStatePool {
   // The pooled segment when `layout` fits it (made for the same layout, or a smaller state that
   // needs at least half of it: a tiny job should not pin a huge segment), taking it out of the
   // pool; otherwise frees the pool (its memory may be what the job needs) and returns null.
-  std::unique_ptr<shm::JobState> Take(const ModelLayout& layout, shm::MomentDtype moments);
+  std::unique_ptr<shm::JobState> Take(const ModelLayout& layout, const shm::StateFormat& format);
   // A segment Take() gave out that the job did not adopt (e.g. refused at admission): back into
   // the pool, under the pool's name, with its holders.
   void PutBack(std::unique_ptr<shm::JobState> js);
@@ -41,7 +41,7 @@ class HostStatePool {
   // (control block, abort word, gates, step) by laying it out again for `layout` in place. On
   // error the segment is unlinked.
   absl::StatusOr<std::unique_ptr<shm::JobState>> Adopt(std::unique_ptr<shm::JobState> pooled, const std::string& job_id,
-                                                       const ModelLayout& layout, shm::MomentDtype moments,
+                                                       const ModelLayout& layout, const shm::StateFormat& format,
                                                        int prefault_threads);
   // The end of a job's segment: into the pool when `poolable` (the job succeeded and every
   // worker reported its end) and pooling is on, else unlinked. `workers`: the job's ranks; the

@@ -119,8 +119,8 @@ absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& s
     ctx.Log(absl::StrCat("random init (seed ", spec.init_seed, ")"));
   }
   // The BF16 mirror of the initial weights, in pieces over the threads (one thread converts only
-  // ~1 Gparam/s: seconds for a 4B model).
-  ParallelFor(pieces.size(), threads, [&](size_t p) {
+  // ~1 Gparam/s: seconds for a 4B model). Without one the workers cast the master themselves.
+  if (js.has_mirror()) ParallelFor(pieces.size(), threads, [&](size_t p) {
     const Piece& pc = pieces[p];
     const float* w = js.master(pc.unit) + pc.offset;
     bf16_t* mirror = js.mirror(pc.unit) + pc.offset;

@@ -53,8 +53,9 @@ std::string JobPlan::RoutesLine(ParamDelivery delivery) const {
                                                                          ? "; updates wait for the norm: no speculation"
                                                                          : "",
                          ")");
+  const char* source = mirror ? "" : "; no BF16 mirror: workers cast the FP32 master at upload (runtime.param_source)";
   return absl::StrCat("gradient reduction: ", reduction, "; parameter delivery: ", ToString(delivery), staging, dtype,
-                      moment_note);
+                      moment_note, source);
 }
 
 std::string JobPlan::MemoryLine() const {
@@ -127,6 +128,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
   p.moments = spec.state_dtype == StateDtype::kInt8   ? shm::MomentDtype::kInt8
               : spec.state_dtype == StateDtype::kBf16 ? shm::MomentDtype::kBF16
                                                       : shm::MomentDtype::kF32;
+  p.mirror = spec.param_source == ParamSource::kMirror;
 
   // Device staging and the gpu route: one consumer per rank applies its final parts. One rank
   // without clipping: LayerAdam reads gradients straight from the ring slots (a slot is released
@@ -149,7 +151,8 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
   p.ring = RingConfigFor(layout, spec.ring_slots, spec.chunk_bytes);
   p.memory = PlanJobMemory(layout, p.ring, world,
                            p.clip_staging == ClipStaging::kHost ? ClipMode::kExactGlobalNorm : ClipMode::kNone,
-                           shm::GradDtype::kF32, p.moments);
+                           shm::GradDtype::kF32, p.state_format());
+  if (!p.mirror) AddCastStaging(world, CastStagingChunkBytes(layout, spec.chunk_bytes), p.memory);
   // The summing buffer is hostd's own memory (not shm); the cpu route with several ranks needs it
   // even without clipping (with clipping the plan above has it).
   if (p.host_staging && p.clip_staging != ClipStaging::kHost) {

@@ -58,6 +58,9 @@ struct JobPlan {
   shm::GradDtype grad_dtype = shm::GradDtype::kF32;
   // optimizer.state_dtype: how the job segment keeps Adam's m and v.
   shm::MomentDtype moments = shm::MomentDtype::kF32;
+  // runtime.param_source: whether the job segment keeps the BF16 mirror (else workers cast).
+  bool mirror = true;
+  shm::StateFormat state_format() const { return shm::StateFormat{moments, mirror}; }
   GradConsumerKind consumer = GradConsumerKind::kSummed;
   // hostd's whole-step FP32 gradient buffer (staging_bytes of its own memory): for the clipping
   // norm with host staging, or to sum the ranks' full copies (cpu route, several ranks).

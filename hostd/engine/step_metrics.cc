@@ -24,6 +24,7 @@ StepRecord MakeStepRecord(int64_t step, const std::vector<v1::StepDone>& reports
     m.set_worker_ring_wait_s(std::max(m.worker_ring_wait_s(), d.ring_wait_s()));
     m.set_worker_h2d_s(std::max(m.worker_h2d_s(), d.h2d_busy_s()));
     m.set_worker_d2h_s(std::max(m.worker_d2h_s(), d.d2h_busy_s()));
+    m.set_worker_cast_s(std::max(m.worker_cast_s(), d.cast_s()));
     m.set_trained_tokens(d.trained_tokens());
     m.set_gpu_peak_bytes(std::max<int64_t>(m.gpu_peak_bytes(), d.gpu_peak_bytes()));
   }
@@ -70,6 +71,7 @@ void MetricsFile::Append(const StepRecord& r, absl::Time now, const JobPlan& pla
                         {"worker_gate_wait", m.worker_gate_wait_s()},
                         {"worker_ring_wait", m.worker_ring_wait_s()},
                         {"worker_h2d", m.worker_h2d_s()},
+                        {"worker_cast", m.worker_cast_s()},
                         {"worker_d2h", m.worker_d2h_s()},
                         {"host_aggregate", m.host_aggregate_s()},
                         {"host_wait", m.host_wait_s()},
@@ -88,6 +90,8 @@ void MetricsFile::Append(const StepRecord& r, absl::Time now, const JobPlan& pla
                       {"grad_reduction", ToString(plan.route)},
                       {"grad_staging", staging},
                       {"grad_dtype", ToString(spec.grad_dtype)},
+                      {"state_dtype", ToString(spec.state_dtype)},
+                      {"param_source", ToString(spec.param_source)},
                       {"param_delivery", ToString(spec.param_delivery)}};
   out_ << j.dump() << "\n" << std::flush;
 }

@@ -238,6 +238,11 @@ absl::StatusOr<int64_t> TrainingExecutor::AdoptInterruptedState(const std::strin
                                                       shm::MomentDtypeName(js->moment_dtype()),
                                                       " Adam moments, the job's optimizer.state_dtype is ", want));
   }
+  if (js->has_mirror() != (spec.param_source == ParamSource::kMirror)) {
+    return absl::FailedPreconditionError(absl::StrCat("state segment ", name, js->has_mirror() ? " keeps" : " has no",
+                                                      " BF16 mirror, the job's runtime.param_source is ",
+                                                      ToString(spec.param_source)));
+  }
   if (js->job_id() != job_id) {
     return absl::FailedPreconditionError(absl::StrCat("state segment ", name, " belongs to job '", js->job_id(), "'"));
   }
@@ -280,7 +285,7 @@ absl::Status TrainingExecutor::AcquireState(JobContext& ctx, Attempt& a) {
       adopted_.erase(it);
     }
   }
-  if (!adopted) a.pooled = pool_.Take(a.layout, a.plan.moments);
+  if (!adopted) a.pooled = pool_.Take(a.layout, a.plan.state_format());
   const shm::JobState* held = adopted ? adopted.get() : a.pooled.get();
   ASSIGN_OR_RETURN(HostMemoryInfo host, ReadHostMemoryInfo());
   if (held) {
@@ -306,7 +311,7 @@ absl::Status TrainingExecutor::AcquireState(JobContext& ctx, Attempt& a) {
   if (a.pooled) {
     const uint64_t bytes = a.pooled->bytes();
     const absl::Time t0 = absl::Now();
-    auto adopted = pool_.Adopt(std::move(a.pooled), ctx.job_id(), a.layout, a.plan.moments, a.bulk_threads);
+    auto adopted = pool_.Adopt(std::move(a.pooled), ctx.job_id(), a.layout, a.plan.state_format(), a.bulk_threads);
     if (adopted.ok()) {
       a.job_state = std::move(*adopted);
       a.reused_state = true;
@@ -317,7 +322,7 @@ absl::Status TrainingExecutor::AcquireState(JobContext& ctx, Attempt& a) {
     LOG(WARNING) << "job " << ctx.job_id() << ": cannot reuse the pooled host state: " << adopted.status();
   }
   shm::JobStateOptions sopt;
-  sopt.moments = a.plan.moments;
+  sopt.format = a.plan.state_format();
   sopt.prefault_threads = a.bulk_threads;
   ASSIGN_OR_RETURN(a.job_state, shm::JobState::Create(options_.node_name, ctx.job_id(), a.layout, sopt));
   return absl::OkStatus();
@@ -339,7 +344,7 @@ absl::Status TrainingExecutor::CreateSegments(JobContext& ctx, Attempt& a) {
   std::vector<int64_t> unit_bytes(num_units);
   shm::JobState& js = *a.job_state;
   for (int u = 0; u < num_units; ++u) {
-    unit_bytes[u] = a.layout.units[u].numel * 6 + static_cast<int64_t>(js.moments(u).bytes);
+    unit_bytes[u] = a.layout.units[u].numel * (js.has_mirror() ? 6 : 4) + static_cast<int64_t>(js.moments(u).bytes);
   }
   const std::vector<int> placement = a.adam->AssignNumaNodes(unit_bytes);
   a.tensor_ranges.resize(num_units);

@@ -36,14 +36,15 @@ inline bool Bad16(const G* g) {
 
 // kCheck: the checked kernel (returns the first non-finite gradient's index, or -1); the vector
 // loop stops at the 16 elements holding one and the checked scalar loop finds it.
-template <bool kCheck, typename G>
+// kMirror: write the BF16 mirror (else mirror is nullptr: the state keeps none).
+template <bool kCheck, bool kMirror, typename G>
 int64_t StepImpl(const AdamWConstants& constants, float* master, float* m, float* v, bf16_t* mirror, const G* grad,
                  int64_t n) {
   const Vec256Constants c(constants);
   const LerpForm lerp = MakeLerpForm(constants);
   int64_t i = 0;
   const auto addr = reinterpret_cast<uintptr_t>(mirror);
-  const bool stream = addr % 2 == 0 && constants.stream_mirror;
+  const bool stream = kMirror && addr % 2 == 0 && constants.stream_mirror;
   if (stream) {  // scalar head up to the mirror's 32-byte boundary
     int64_t head = static_cast<int64_t>(((32 - addr % 32) % 32) / 2);
     if (head > n) head = n;
@@ -51,7 +52,7 @@ int64_t StepImpl(const AdamWConstants& constants, float* master, float* m, float
       if (const int64_t bad = CheckedElements(constants, master, m, v, mirror, grad, 0, head); bad >= 0) return bad;
       i = head;
     } else {
-      for (; i < head; ++i) AdamElement(constants, lerp, GradAt(grad, i), &master[i], &m[i], &v[i], &mirror[i]);
+      for (; i < head; ++i) AdamElement(constants, lerp, GradAt(grad, i), &master[i], &m[i], &v[i], MirrorAt(mirror, i));
     }
   }
   for (; i + 16 <= n; i += 16) {
@@ -60,6 +61,7 @@ int64_t StepImpl(const AdamWConstants& constants, float* master, float* m, float
     }
     const __m256 lo = Step8(c, master + i, m + i, v + i, grad + i);
     const __m256 hi = Step8(c, master + i + 8, m + i + 8, v + i + 8, grad + i + 8);
+    if constexpr (!kMirror) continue;
     // packus interleaves 128-bit lanes: [lo0-3 hi0-3 lo4-7 hi4-7]; the permute restores order.
     const __m256i packed = _mm256_permute4x64_epi64(
         _mm256_packus_epi32(ToBf16Wide(lo), ToBf16Wide(hi)), _MM_SHUFFLE(3, 1, 2, 0));
@@ -73,26 +75,32 @@ int64_t StepImpl(const AdamWConstants& constants, float* master, float* m, float
   if constexpr (kCheck) {
     return CheckedElements(constants, master, m, v, mirror, grad, i, n);
   } else {
-    for (; i < n; ++i) AdamElement(constants, lerp, GradAt(grad, i), &master[i], &m[i], &v[i], &mirror[i]);
+    for (; i < n; ++i) AdamElement(constants, lerp, GradAt(grad, i), &master[i], &m[i], &v[i], MirrorAt(mirror, i));
     return -1;
   }
 }
 
+template <bool kCheck, typename G>
+int64_t Step(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror, const G* grad, int64_t n) {
+  if (mirror == nullptr) return StepImpl<kCheck, false>(c, master, m, v, mirror, grad, n);
+  return StepImpl<kCheck, true>(c, master, m, v, mirror, grad, n);
+}
+
 void StepF32(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror,
              const float* grad, int64_t n) {
-  StepImpl<false>(c, master, m, v, mirror, grad, n);
+  Step<false>(c, master, m, v, mirror, grad, n);
 }
 void StepBf16(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror,
               const bf16_t* grad, int64_t n) {
-  StepImpl<false>(c, master, m, v, mirror, grad, n);
+  Step<false>(c, master, m, v, mirror, grad, n);
 }
 int64_t StepF32Checked(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror, const float* grad,
                        int64_t n) {
-  return StepImpl<true>(c, master, m, v, mirror, grad, n);
+  return Step<true>(c, master, m, v, mirror, grad, n);
 }
 int64_t StepBf16Checked(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror, const bf16_t* grad,
                         int64_t n) {
-  return StepImpl<true>(c, master, m, v, mirror, grad, n);
+  return Step<true>(c, master, m, v, mirror, grad, n);
 }
 
 template <typename G>

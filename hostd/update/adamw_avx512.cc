@@ -15,7 +15,7 @@
 namespace slidedp::update {
 namespace {
 
-enum class MirrorWrite { kMasked, kStream };
+enum class MirrorWrite { kMasked, kStream, kNone };
 
 template <MirrorWrite kStore, typename G>
 inline void Step16(const Vec512Constants& c, float* master, float* m, float* v, bf16_t* mirror,
@@ -26,6 +26,7 @@ inline void Step16(const Vec512Constants& c, float* master, float* m, float* v, 
   _mm512_mask_storeu_ps(master, k, th);
   _mm512_mask_storeu_ps(m, k, r.m);
   _mm512_mask_storeu_ps(v, k, r.v);
+  if constexpr (kStore == MirrorWrite::kNone) return;
   const __m256i b = ToBf16(th);
   if constexpr (kStore == MirrorWrite::kStream) {
     _mm256_stream_si256(reinterpret_cast<__m256i*>(mirror), b);
@@ -45,15 +46,17 @@ inline __mmask16 BadLanes(const G* g, __mmask16 k) {
 
 // kCheck: the checked kernel (returns the first non-finite gradient's index, or -1); the vector
 // loops stop at the 16 elements holding one and the checked scalar loop finds it.
-template <bool kCheck, typename G>
+// kMirror: write the BF16 mirror (else mirror is nullptr: the state keeps none).
+template <bool kCheck, bool kMirror, typename G>
 int64_t StepImpl(const AdamWConstants& constants, float* master, float* m, float* v, bf16_t* mirror, const G* grad,
                  int64_t n) {
+  constexpr MirrorWrite kCached = kMirror ? MirrorWrite::kMasked : MirrorWrite::kNone;
   const Vec512Constants c(constants);
   int64_t i = 0;
   bool stopped = false;  // kCheck: a non-finite gradient lies at or after i
   // Head: bring the mirror to a 32-byte boundary so the body can stream whole 32-byte stores.
   const auto addr = reinterpret_cast<uintptr_t>(mirror);
-  if (addr % 2 == 0 && constants.stream_mirror) {
+  if (kMirror && addr % 2 == 0 && constants.stream_mirror) {
     int64_t head = static_cast<int64_t>(((32 - addr % 32) % 32) / 2);
     if (head > n) head = n;
     if (head > 0) {
@@ -75,35 +78,41 @@ int64_t StepImpl(const AdamWConstants& constants, float* master, float* m, float
     }
     _mm_sfence();  // order the streaming stores before whoever publishes this range
   }
-  for (; !stopped && i + 16 <= n; i += 16) {  // cached stores, or an odd mirror address
+  for (; !stopped && i + 16 <= n; i += 16) {  // cached stores, no mirror, or an odd mirror address
     if (kCheck && BadLanes(grad + i, 0xffff) != 0) break;
-    Step16<MirrorWrite::kMasked>(c, master + i, m + i, v + i, mirror + i, grad + i, 0xffff);
+    Step16<kCached>(c, master + i, m + i, v + i, MirrorAt(mirror, i), grad + i, 0xffff);
   }
   if constexpr (kCheck) {
     return CheckedElements(constants, master, m, v, mirror, grad, i, n);
   } else {
     if (i < n) {
-      Step16<MirrorWrite::kMasked>(c, master + i, m + i, v + i, mirror + i, grad + i, FirstLanes(n - i));
+      Step16<kCached>(c, master + i, m + i, v + i, MirrorAt(mirror, i), grad + i, FirstLanes(n - i));
     }
     return -1;
   }
 }
 
+template <bool kCheck, typename G>
+int64_t Step(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror, const G* grad, int64_t n) {
+  if (mirror == nullptr) return StepImpl<kCheck, false>(c, master, m, v, mirror, grad, n);
+  return StepImpl<kCheck, true>(c, master, m, v, mirror, grad, n);
+}
+
 void StepF32(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror,
              const float* grad, int64_t n) {
-  StepImpl<false>(c, master, m, v, mirror, grad, n);
+  Step<false>(c, master, m, v, mirror, grad, n);
 }
 void StepBf16(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror,
               const bf16_t* grad, int64_t n) {
-  StepImpl<false>(c, master, m, v, mirror, grad, n);
+  Step<false>(c, master, m, v, mirror, grad, n);
 }
 int64_t StepF32Checked(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror, const float* grad,
                        int64_t n) {
-  return StepImpl<true>(c, master, m, v, mirror, grad, n);
+  return Step<true>(c, master, m, v, mirror, grad, n);
 }
 int64_t StepBf16Checked(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror, const bf16_t* grad,
                         int64_t n) {
-  return StepImpl<true>(c, master, m, v, mirror, grad, n);
+  return Step<true>(c, master, m, v, mirror, grad, n);
 }
 
 template <typename G>

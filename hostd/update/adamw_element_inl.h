@@ -27,6 +27,7 @@ struct LerpForm {
 }
 
 // One element of the fused step; see adamw_kernels.h for the formula and its PyTorch source.
+// mirror may be nullptr (a state without a BF16 mirror).
 [[maybe_unused]] inline void AdamElement(const AdamWConstants& c, const LerpForm& lerp, float grad,
                                          float* theta, float* m, float* v, bf16_t* mirror) {
   const float g = grad * c.grad_scale;
@@ -38,8 +39,11 @@ struct LerpForm {
   *theta = th;
   *m = mm;
   *v = vv;
-  *mirror = FloatToBf16(th);
+  if (mirror != nullptr) *mirror = FloatToBf16(th);
 }
+
+// &mirror[i], or nullptr without a mirror.
+[[maybe_unused]] inline bf16_t* MirrorAt(bf16_t* mirror, int64_t i) { return mirror != nullptr ? mirror + i : nullptr; }
 
 [[maybe_unused]] inline bool IsNonFinite(float x) {
   uint32_t b;
@@ -65,7 +69,7 @@ inline int64_t CheckedElements(const AdamWConstants& c, float* master, float* m,
   for (int64_t i = from; i < n; ++i) {
     const float g = GradAt(grad, i);
     if (IsNonFinite(g)) return i;
-    AdamElement(c, lerp, g, &master[i], &m[i], &v[i], &mirror[i]);
+    AdamElement(c, lerp, g, &master[i], &m[i], &v[i], MirrorAt(mirror, i));
   }
   return -1;
 }

@@ -13,14 +13,14 @@ void StepF32(const AdamWConstants& c, float* master, float* m, float* v, bf16_t*
              const float* grad, int64_t n) {
   const LerpForm lerp = MakeLerpForm(c);
   for (int64_t i = 0; i < n; ++i)
-    AdamElement(c, lerp, grad[i], &master[i], &m[i], &v[i], &mirror[i]);
+    AdamElement(c, lerp, grad[i], &master[i], &m[i], &v[i], MirrorAt(mirror, i));
 }
 
 void StepBf16(const AdamWConstants& c, float* master, float* m, float* v, bf16_t* mirror,
               const bf16_t* grad, int64_t n) {
   const LerpForm lerp = MakeLerpForm(c);
   for (int64_t i = 0; i < n; ++i) {
-    AdamElement(c, lerp, Bf16ToFloat(grad[i]), &master[i], &m[i], &v[i], &mirror[i]);
+    AdamElement(c, lerp, Bf16ToFloat(grad[i]), &master[i], &m[i], &v[i], MirrorAt(mirror, i));
   }
 }
 

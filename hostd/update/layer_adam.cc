@@ -111,6 +111,9 @@ class LayerAdam::BlockPacer {
 
 namespace {
 
+// The unit's mirror from element b, or nullptr when the state keeps none (param_source master).
+bf16_t* MirrorOf(const UnitMemory& u, int64_t b) { return u.mirror != nullptr ? u.mirror + b : nullptr; }
+
 // The engine whose worker this thread is (null on other threads): RunOnEachWorker refuses to be
 // called where it would wait for its own caller.
 thread_local const LayerAdam* worker_of_engine = nullptr;
@@ -464,8 +467,7 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
                                                                      unit.int8.v_codes != nullptr &&
                                                                      unit.int8.m_scales != nullptr &&
                                                                      unit.int8.v_scales != nullptr;
-  if (numel > 0 && (unit.master == nullptr || !moments_set || (unit.mirror == nullptr && kind != TaskKind::kTouch) ||
-                    (needs_grad && grad == nullptr))) {
+  if (numel > 0 && (unit.master == nullptr || !moments_set || (needs_grad && grad == nullptr))) {
     return absl::InvalidArgumentError("LayerAdam: null state or gradient pointer");
   }
   if (undo_mode != UndoMode::kNone &&
@@ -725,11 +727,11 @@ int64_t LayerAdam::StepPart(const Task& t, int64_t b, int64_t n, const G* g, boo
   switch (u.moments) {
     case StateDtype::kFp32:
       if constexpr (kF32) {
-        if (checked) return kernels_->step_f32_checked(c, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
-        kernels_->step_f32(c, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
+        if (checked) return kernels_->step_f32_checked(c, u.master + b, u.m + b, u.v + b, MirrorOf(u, b), g, n);
+        kernels_->step_f32(c, u.master + b, u.m + b, u.v + b, MirrorOf(u, b), g, n);
       } else {
-        if (checked) return kernels_->step_bf16_checked(c, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
-        kernels_->step_bf16(c, u.master + b, u.m + b, u.v + b, u.mirror + b, g, n);
+        if (checked) return kernels_->step_bf16_checked(c, u.master + b, u.m + b, u.v + b, MirrorOf(u, b), g, n);
+        kernels_->step_bf16(c, u.master + b, u.m + b, u.v + b, MirrorOf(u, b), g, n);
       }
       return -1;
     case StateDtype::kBf16: {
@@ -737,11 +739,11 @@ int64_t LayerAdam::StepPart(const Task& t, int64_t b, int64_t n, const G* g, boo
       r.first_index = u.first_index + b;
       const Bf16Moments mv{u.bf16.m + b, u.bf16.v + b};
       if constexpr (kF32) {
-        if (checked) return state_kernels_->bf16_step_f32_checked(c, r, u.master + b, mv, u.mirror + b, g, n);
-        state_kernels_->bf16_step_f32(c, r, u.master + b, mv, u.mirror + b, g, n);
+        if (checked) return state_kernels_->bf16_step_f32_checked(c, r, u.master + b, mv, MirrorOf(u, b), g, n);
+        state_kernels_->bf16_step_f32(c, r, u.master + b, mv, MirrorOf(u, b), g, n);
       } else {
-        if (checked) return state_kernels_->bf16_step_bf16_checked(c, r, u.master + b, mv, u.mirror + b, g, n);
-        state_kernels_->bf16_step_bf16(c, r, u.master + b, mv, u.mirror + b, g, n);
+        if (checked) return state_kernels_->bf16_step_bf16_checked(c, r, u.master + b, mv, MirrorOf(u, b), g, n);
+        state_kernels_->bf16_step_bf16(c, r, u.master + b, mv, MirrorOf(u, b), g, n);
       }
       return -1;
     }
@@ -750,11 +752,11 @@ int64_t LayerAdam::StepPart(const Task& t, int64_t b, int64_t n, const G* g, boo
       // blocks of work split on multiples of kInt8StateBlock.
       const Int8Moments mv = Int8MomentsAt(u.int8, b);
       if constexpr (kF32) {
-        if (checked) return state_kernels_->int8_step_f32_checked(c, u.master + b, mv, u.mirror + b, g, n);
-        state_kernels_->int8_step_f32(c, u.master + b, mv, u.mirror + b, g, n);
+        if (checked) return state_kernels_->int8_step_f32_checked(c, u.master + b, mv, MirrorOf(u, b), g, n);
+        state_kernels_->int8_step_f32(c, u.master + b, mv, MirrorOf(u, b), g, n);
       } else {
-        if (checked) return state_kernels_->int8_step_bf16_checked(c, u.master + b, mv, u.mirror + b, g, n);
-        state_kernels_->int8_step_bf16(c, u.master + b, mv, u.mirror + b, g, n);
+        if (checked) return state_kernels_->int8_step_bf16_checked(c, u.master + b, mv, MirrorOf(u, b), g, n);
+        state_kernels_->int8_step_bf16(c, u.master + b, mv, MirrorOf(u, b), g, n);
       }
       return -1;
     }
@@ -809,6 +811,7 @@ absl::Status LayerAdam::RunTask(const Task& t, BlockPacer& pacer) {
           const int64_t nn = std::min(block, b + n - bb);
           pacer.BeforeBlock();
           CopyState(t.undo.master + bb, t.undo.m + bb, t.undo.v + bb, u.master + bb, u.m + bb, u.v + bb, nn);
+          if (u.mirror == nullptr) continue;
           for (int64_t i = bb; i < bb + nn; ++i) u.mirror[i] = FloatToBf16(u.master[i]);
         }
         return absl::OkStatus();

@@ -58,7 +58,7 @@ struct UnitMemory {
   float* master = nullptr;
   float* m = nullptr;  // FP32 moments (moments kFp32); unused otherwise
   float* v = nullptr;
-  bf16_t* mirror = nullptr;
+  bf16_t* mirror = nullptr;  // nullptr: the job keeps no BF16 mirror (runtime.param_source master)
   int64_t numel = 0;
   int numa_node = 0;
   // Compact Adam moments (optimizer.state_dtype; adamw_state.h, docs/optimizer-state.md): BF16 in

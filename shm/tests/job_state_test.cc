@@ -290,6 +290,54 @@ TEST(JobState, ReformatLaysAPooledSegmentOutForASmallerModel) {
 // A pooled segment of the same size is laid out again through the mapping hostd kept (no
 // remap): a fresh control block under the new name; a worker's kept mapping of the same file
 // re-reads the layout with Rebind(), and its data pointers still show the same pages.
+// runtime.param_source master: no "u<i>.mirror" regions, for every moment layout; the control
+// block says so to a worker that attaches, and a pooled segment with a mirror can be reformatted
+// without one (and its size is then the smaller one).
+TEST(JobState, SegmentsWithoutAMirror) {
+  const ModelLayout layout = TinyLayout(3);
+  uint64_t elements = 0;
+  for (const UnitLayout& u : layout.units) elements += static_cast<uint64_t>(u.numel);
+  for (MomentDtype moments : {MomentDtype::kF32, MomentDtype::kBF16, MomentDtype::kInt8}) {
+    SCOPED_TRACE(MomentDtypeName(moments));
+    const StateFormat with{moments, true}, without{moments, false};
+    const uint64_t with_bytes = JobState::SegmentBytes(layout, with), without_bytes = JobState::SegmentBytes(layout, without);
+    EXPECT_GE(with_bytes - without_bytes, elements * 2);
+    EXPECT_LE(with_bytes - without_bytes, elements * 2 + layout.units.size() * kPageBytes);
+    JobStateOptions opts;
+    opts.format = without;
+    auto state = JobState::Create(testing::TestNode(), testing::UniqueJob(), layout, opts);
+    ASSERT_TRUE(state.ok()) << state.status();
+    ScopedUnlink cleanup((*state)->segment_name());
+    EXPECT_EQ((*state)->bytes(), without_bytes);
+    EXPECT_FALSE((*state)->has_mirror());
+    EXPECT_EQ((*state)->moment_dtype(), moments);
+    for (int u = 0; u < (*state)->num_units(); ++u) {
+      EXPECT_EQ((*state)->mirror(u), nullptr);
+      ASSERT_NE((*state)->master(u), nullptr);
+      (*state)->master(u)[(*state)->unit_numel(u) - 1] = 3.0f;
+      EXPECT_TRUE((*state)->PrefaultUnit(u).ok());
+    }
+    auto worker = JobState::Attach((*state)->segment_name(), Access::kReadOnly);
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    EXPECT_FALSE((*worker)->has_mirror());
+    EXPECT_EQ((*worker)->mirror(1), nullptr);
+    EXPECT_EQ((*worker)->master(1)[(*worker)->unit_numel(1) - 1], 3.0f);
+
+    // A pooled segment laid out with a mirror, reformatted for a job without one.
+    auto pooled = JobState::Create(testing::TestNode(), testing::UniqueJob(), layout);
+    ASSERT_TRUE(pooled.ok()) << pooled.status();
+    const std::string name = (*pooled)->segment_name();
+    ScopedUnlink cleanup_pooled(name);
+    EXPECT_TRUE((*pooled)->has_mirror());
+    pooled->reset();
+    auto reformatted = JobState::Reformat(name, "next", layout, opts);
+    ASSERT_TRUE(reformatted.ok()) << reformatted.status();
+    EXPECT_FALSE((*reformatted)->has_mirror());
+    EXPECT_EQ((*reformatted)->mirror(0), nullptr);
+    EXPECT_EQ((*reformatted)->format().moments, moments);
+  }
+}
+
 TEST(JobState, RelayoutReusesTheMappingAndAKeptWorkerMappingRebinds) {
   const ModelLayout layout = TinyLayout(4);
   auto created = JobState::Create(testing::TestNode(), testing::UniqueJob(), layout);

@@ -38,6 +38,8 @@ struct SpecOptions {
   std::string embedding_rows;  // runtime.embedding_rows; empty: the spec default (fp32)
   std::string act_policy;      // runtime.act_policy; empty: the spec default (recompute)
   std::string grad_dtype;      // runtime.grad_dtype; empty: the spec default (fp32)
+  std::string param_source;    // runtime.param_source; empty: the spec default (mirror)
+  std::string state_dtype;     // optimizer.state_dtype; empty: the spec default (fp32)
 };
 
 // One worker taking the whole global batch of 8 in micro-batches of 4.
@@ -73,7 +75,8 @@ std::string Spec(const SpecOptions& o) {
       "name: it\nmodel: {preset: tiny, init_seed: 11}\ndata: {path: ", DataDir(), "}\n", "output: {dir: ", o.output,
       ", save_dtype: fp32, keep_last: 5, save_every: ", o.save_every, "}\n",
       "train: {seq_len: 64, global_batch: ", o.global_batch, ", micro_batch: ", o.micro_batch, ", steps: ", o.steps,
-      ", seed: 3, max_grad_norm: ", o.max_grad_norm, "}\n", "optimizer: {lr: 1.0e-3, weight_decay: 0.1}\n",
+      ", seed: 3, max_grad_norm: ", o.max_grad_norm, "}\n", "optimizer: {lr: 1.0e-3, weight_decay: 0.1",
+      o.state_dtype.empty() ? std::string() : ", state_dtype: " + o.state_dtype, "}\n",
       "schedule: {kind: linear, warmup_steps: 1}\n", "runtime: {workers: ", o.workers,
       ", ring_slots: 4, step_timeout_ms: 20000, max_restarts: ", o.max_restarts, ", chunk_bytes: ", o.chunk_bytes,
       o.grad_reduction.empty() ? std::string() : ", grad_reduction: " + o.grad_reduction,
@@ -81,7 +84,8 @@ std::string Spec(const SpecOptions& o) {
       o.norm_weights.empty() ? std::string() : ", norm_weights: " + o.norm_weights,
       o.embedding_rows.empty() ? std::string() : ", embedding_rows: " + o.embedding_rows,
       o.act_policy.empty() ? std::string() : ", act_policy: " + o.act_policy,
-      o.grad_dtype.empty() ? std::string() : ", grad_dtype: " + o.grad_dtype, ", offload_ratio: ", o.offload_ratio,
+      o.grad_dtype.empty() ? std::string() : ", grad_dtype: " + o.grad_dtype,
+      o.param_source.empty() ? std::string() : ", param_source: " + o.param_source, ", offload_ratio: ", o.offload_ratio,
       "}\n");
 }
 
@@ -658,6 +662,56 @@ TEST(Training, Bf16GradientsTrainCloseToFp32OnEveryRoute) {
       if (run.workers == 1) EXPECT_LE(MaxAbsDiff(master, gpu_two), 1e-5) << id;
     }
   }
+  EXPECT_TRUE(node.LeakedSegments().empty());
+}
+
+// runtime.param_source master through real CPU workers: the state segment keeps no BF16 mirror
+// (2 B/param less host state), the workers cast the master after each gate, and every route
+// trains to the same bits as with the mirror, also with int8 moments; a pooled segment made
+// with a mirror serves a job without one and back.
+TEST(Training, MasterSourceTrainsBitwiseAsTheMirror) {
+  NodeHarness node(2);
+  struct Run {
+    int workers;
+    std::string route, state;
+    double max_norm;
+  };
+  const int64_t elements = TinyLayout().total_numel;
+  for (const Run& run : {Run{2, "gpu", "", 1.0}, Run{2, "cpu", "", 0.0}, Run{1, "gpu", "", 0.0},
+                         Run{1, "gpu", "", 1.0}, Run{2, "gpu", "int8", 0.0}}) {
+    SpecOptions o;
+    o.workers = run.workers;
+    o.micro_batch = run.workers == 1 ? 4 : 2;
+    o.grad_reduction = run.route;
+    o.max_grad_norm = run.max_norm;
+    o.state_dtype = run.state;
+    o.chunk_bytes = 8192;
+    const std::string id = absl::StrCat(run.workers, run.route, run.state, run.max_norm > 0 ? "clip" : "noclip");
+    o.output = "out-mirror-" + id;
+    const v1::Job with = MustSucceed(node, Spec(o), "mirror-" + id);
+    o.param_source = "master";
+    o.output = "out-master-" + id;
+    const v1::Job without = MustSucceed(node, Spec(o), "master-" + id);
+    if (with.last_checkpoint().empty() || without.last_checkpoint().empty()) continue;
+    EXPECT_EQ(MaxAbsDiff(LoadState(with.last_checkpoint()), LoadState(without.last_checkpoint())), 0.0) << id;
+    auto lines = MetricsLines(node, o.output, "master-" + id);
+    ASSERT_EQ(lines.size(), 4u) << id;
+    EXPECT_EQ(lines.back().value("param_source", ""), "master") << id;
+    auto mirror_lines = MetricsLines(node, "out-mirror-" + id, "mirror-" + id);
+    ASSERT_EQ(mirror_lines.size(), 4u) << id;
+    for (size_t i = 0; i < lines.size(); ++i) {
+      EXPECT_EQ(lines[i].value("loss", 0.0), mirror_lines[i].value("loss", 0.0)) << id << " step " << i;
+    }
+    // The mirror's 2 B/param go; the workers' cast staging (3 chunks each, page-rounded) comes.
+    const int64_t saved = mirror_lines.back().value("host_state_bytes", int64_t{0}) -
+                          lines.back().value("host_state_bytes", int64_t{0});
+    std::cout << id << ": host state without the mirror " << lines.back().value("host_state_bytes", int64_t{0})
+              << " bytes, " << saved << " fewer\n";
+    EXPECT_GE(saved, 2 * elements - run.workers * 3 * 12288) << id;
+    EXPECT_GT(lines.back().value("busy_s", nlohmann::json::object()).value("worker_cast", -1.0), 0.0) << id;
+  }
+  const std::string log = ReadFile(node.dir() + "/hostd0.log");
+  EXPECT_NE(log.find("no BF16 mirror"), std::string::npos) << "see " << node.dir();
   EXPECT_TRUE(node.LeakedSegments().empty());
 }
 

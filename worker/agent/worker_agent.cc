@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -39,6 +40,13 @@
 
 namespace slidedp::worker {
 namespace {
+
+// runtime.cast_threads, 0: a quarter of the host's cores per rank, 1 to 8.
+[[maybe_unused]] int CastThreads(int32_t configured, int world) {
+  if (configured > 0) return configured;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(cores / (4 * std::max(world, 1)), 1, 8);
+}
 
 // SLIDEDP_INJECT_NONFINITE (tests only): comma-separated "grad:STEP:UNIT[@RANK]" (element 0 of
 // the unit's gradient becomes NaN) and "loss:STEP[@RANK]" (the loss does), STEP 1-based, for
@@ -396,6 +404,14 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   ASSIGN_OR_RETURN(std::unique_ptr<HostState> host_state, TakeHostState(a.state_segment()));
   shm::JobState* job_state = host_state->js.get();
   RETURN_IF_ERROR(job_state->CheckMatches(layout));
+  // runtime.param_source: the segment keeps a mirror exactly when the job reads it.
+  const UploadSource source = spec.param_source == ParamSource::kMaster ? UploadSource::kMaster : UploadSource::kMirror;
+  if (job_state->has_mirror() != (source == UploadSource::kMirror)) {
+    return absl::FailedPreconditionError(absl::StrCat("job segment ", job_state->segment_name(),
+                                                      job_state->has_mirror() ? " keeps" : " has no",
+                                                      " BF16 mirror, the job's runtime.param_source is ",
+                                                      ToString(spec.param_source)));
+  }
   ASSIGN_OR_RETURN(auto ring, shm::GradRing::Attach(a.ring_segment(), shm::RingRole::kProducer, &job_state->abort()));
   ASSIGN_OR_RETURN(ComputeBackend * backend, BackendFor(config));
   backend->ResetPeakMemory();  // the reported GPU peak is this job's
@@ -453,7 +469,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   std::unique_ptr<shm::ShmCollective> collective;
   std::unique_ptr<ActivationStore> activations;  // null: layer inputs stay on the device
   if (options_.backend == BackendKind::kCpu) {
-    streamer = std::make_unique<HostMirrorStreamer>(job_state, layout, timeout, norms, embedding);
+    streamer = std::make_unique<HostMirrorStreamer>(job_state, layout, timeout, norms, embedding, source);
     if (gpu_route) {
       if (a.collective_segment().empty()) {
         return absl::FailedPreconditionError("grad_reduction gpu on CPU workers needs hostd's collective segment");
@@ -482,6 +498,8 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     copt.norms = norms;
     copt.embedding = embedding;
     copt.urgent_rank = spec.copy_priority > 0 ? a.rank() : -1;  // DMA before Adam
+    copt.source = source;
+    copt.cast_threads = CastThreads(spec.cast_threads, a.world_size());
     ASSIGN_OR_RETURN(streamer, CudaWindowStreamer::Create(job_state, ring.get(), layout,
                                                           static_cast<cudaStream_t>(backend->native_stream()), copt));
     CudaGradientPathOptions cg;
@@ -516,7 +534,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   };
   StepRunner runner(layout, backend, streamer.get(), grads.get(), ropt, activations.get());
 
-  double prev_gate = 0, prev_d2h = 0, prev_h2d = 0, prev_ring = 0;
+  double prev_gate = 0, prev_d2h = 0, prev_h2d = 0, prev_ring = 0, prev_cast = 0;
   for (int64_t step = a.first_step(); step < a.total_steps(); ++step) {
     if (cancel_job_ || stop_) {
       job_state->RaiseAbort(shm::AbortReason::kCancelled);
@@ -564,13 +582,15 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     d->set_step_time_s(result->times.total_s);
     // The streamer's counters are cumulative: report this step's share.
     const double gate = streamer->gate_wait_s(), d2h = grads->d2h_s(), h2d = streamer->h2d_s();
+    const double cast = streamer->cast_s();
     const double ring_wait = grads->ring_wait_s();
     d->set_gate_wait_s(gate - prev_gate);
     d->set_ring_wait_s(ring_wait - prev_ring);
     d->set_compute_busy_s(result->times.total_s - result->times.flush_s - (gate - prev_gate));
     d->set_d2h_busy_s(d2h - prev_d2h);
     d->set_h2d_busy_s(h2d - prev_h2d);
-    prev_gate = gate, prev_d2h = d2h, prev_h2d = h2d, prev_ring = ring_wait;
+    d->set_cast_s(cast - prev_cast);
+    prev_gate = gate, prev_d2h = d2h, prev_h2d = h2d, prev_ring = ring_wait, prev_cast = cast;
     const int64_t peak = backend->peak_memory_bytes() + streamer->device_bytes() + grads->device_bytes();
     d->set_gpu_peak_bytes(peak);
     if (!Send(r)) return absl::UnavailableError("lost the session with hostd");

@@ -2,6 +2,7 @@
 #include "worker/pipeline/cuda_streamer.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -46,8 +47,20 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
       s->fp32_bytes_ = std::max<int64_t>(s->fp32_bytes_, u.fp32_numel * 4);
   }
   HostRegistry* registry = options.registry != nullptr ? options.registry : &s->own_registry_;
-  for (int u = 0; u < layout.num_units(); ++u) {
-    RETURN_IF_ERROR(registry->Ensure(state->mirror(u), layout.units[u].numel * 2));
+  if (options.source == UploadSource::kMirror) {
+    for (int u = 0; u < layout.num_units(); ++u) {
+      if (state->mirror(u) == nullptr) return absl::FailedPreconditionError("the job segment keeps no BF16 mirror");
+      RETURN_IF_ERROR(registry->Ensure(state->mirror(u), layout.units[u].numel * 2));
+    }
+  } else {
+    // One chunk: chunk_bytes, at most the largest unit, whole pages (hostd's CastStagingChunkBytes).
+    int64_t largest = 0;
+    for (const UnitLayout& u : layout.units) largest = std::max(largest, u.numel * 2);
+    s->cast_chunk_bytes_ = std::max<int64_t>(4096, (std::min(options.chunk_bytes, largest) + 4095) / 4096 * 4096);
+    for (int b = 0; b < kCastBuffers; ++b) {
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMallocHost(&s->cast_buffers_[b], s->cast_chunk_bytes_));
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s->cast_copied_[b], cudaEventDisableTiming));
+    }
   }
   if (options.embedding == EmbeddingValues::kFp32FromMaster) {
     const UnitLayout& e = layout.units[0];
@@ -86,6 +99,10 @@ CudaWindowStreamer::~CudaWindowStreamer() {
     if (urgent_word_->exchange(0, std::memory_order_release) != 0) shm::FutexWakeAll(urgent_word_);
   }
   if (compute_probe_) cudaEventDestroy(compute_probe_);
+  for (int b = 0; b < kCastBuffers; ++b) {
+    if (cast_buffers_[b]) cudaFreeHost(cast_buffers_[b]);
+    if (cast_copied_[b]) cudaEventDestroy(cast_copied_[b]);
+  }
   for (Slot& slot : slots_) {
     if (slot.data) cudaFree(slot.data);
     if (slot.fp32) cudaFree(slot.fp32);
@@ -102,6 +119,35 @@ CudaWindowStreamer::Slot* CudaWindowStreamer::Resident(int unit, uint32_t gate) 
     if (s.unit == unit && s.gate == gate) return &s;
   }
   return nullptr;
+}
+
+absl::Status CudaWindowStreamer::CastAndCopy(const float* master, char* dst, int64_t numel) {
+  const int64_t chunk = cast_chunk_bytes_ / 2;
+  const int threads = std::max(1, options_.cast_threads);
+  for (int64_t off = 0; off < numel; off += chunk) {
+    const int64_t n = std::min(chunk, numel - off);
+    const int b = next_cast_buffer_;
+    next_cast_buffer_ = (next_cast_buffer_ + 1) % kCastBuffers;
+    // The buffer's previous copy must be done before it is cast into again.
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(cast_copied_[b]));
+    const absl::Time t0 = absl::Now();
+    bf16_t* out = cast_buffers_[b];
+    const float* in = master + off;
+    auto cast = [in, out](int64_t from, int64_t to) {
+      for (int64_t i = from; i < to; ++i) out[i] = FloatToBf16(in[i]);
+    };
+    // Pieces of whole cache lines; this thread casts the first.
+    const int pieces = static_cast<int>(std::min<int64_t>(threads, (n + 1023) / 1024));
+    std::vector<std::thread> helpers;
+    auto piece_begin = [n, pieces](int p) { return std::min(n, (n * p / pieces + 31) / 32 * 32); };
+    for (int p = 1; p < pieces; ++p) helpers.emplace_back(cast, piece_begin(p), piece_begin(p + 1));
+    cast(0, piece_begin(1));
+    for (std::thread& t : helpers) t.join();
+    cast_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + off * 2, out, n * 2, cudaMemcpyHostToDevice, h2d_));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(cast_copied_[b], h2d_));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<bool> CudaWindowStreamer::LoadIsUrgent(absl::Duration gate_wait) {
@@ -139,12 +185,16 @@ absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uin
   const int64_t numel = layout_->units[unit].numel;
   NcclCommunicator* comm = options_.sharded_with;
   const ShardRange part = comm ? ShardOf(numel, comm->world(), comm->rank()) : ShardRange{0, numel};
-  const char* src = reinterpret_cast<const char*>(state_->mirror(unit) + part.offset);
   char* dst = static_cast<char*>(victim->data) + part.offset * 2;
-  const int64_t bytes = part.numel * 2;
-  for (int64_t off = 0; off < bytes; off += options_.chunk_bytes) {
-    const int64_t n = std::min(options_.chunk_bytes, bytes - off);
-    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + off, src + off, n, cudaMemcpyHostToDevice, h2d_));
+  if (options_.source == UploadSource::kMaster) {
+    RETURN_IF_ERROR(CastAndCopy(state_->master(unit) + part.offset, dst, part.numel));
+  } else {
+    const char* src = reinterpret_cast<const char*>(state_->mirror(unit) + part.offset);
+    const int64_t bytes = part.numel * 2;
+    for (int64_t off = 0; off < bytes; off += options_.chunk_bytes) {
+      const int64_t n = std::min(options_.chunk_bytes, bytes - off);
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + off, src + off, n, cudaMemcpyHostToDevice, h2d_));
+    }
   }
   const UnitLayout& ul = layout_->units[unit];
   if (fp32_bytes_ > 0 && ul.fp32_numel > 0) {

@@ -8,6 +8,11 @@
 // an in-place NCCL all-gather on the communicator's stream fills in the rest: 1/R of the host
 // link's bytes per rank, the remainder over NVLink.
 //
+// Without a mirror (CudaStreamerOptions::source kMaster, runtime.param_source: master) the loading
+// thread casts the unit's FP32 master to BF16 chunk by chunk, on cast_threads threads, into a ring
+// of kCastBuffers pinned staging buffers, and queues each chunk's copy while it casts the next: a
+// buffer is cast into again only after its previous copy finished (an event per buffer).
+//
 // The norm weights also come in FP32 from the master (CudaStreamerOptions::norms), and the
 // embedding lookup reads the FP32 master's rows in place, mapped into the device's address space
 // (CudaStreamerOptions::embedding; only the batch's rows cross the host link).
@@ -57,6 +62,9 @@ struct CudaStreamerOptions {
   // The rank whose urgent-copy word (shm::JobState::urgent_copy_word) this streamer raises around
   // loads the GPU waits for; -1 (or a rank without a word): none (runtime.copy_priority 0).
   int urgent_rank = -1;
+  // Where the BF16 values come from; kMaster: cast here (the segment keeps no mirror).
+  UploadSource source = UploadSource::kMirror;
+  int cast_threads = 4;
 };
 
 class CudaWindowStreamer : public UnitStreamer {
@@ -73,7 +81,9 @@ class CudaWindowStreamer : public UnitStreamer {
   absl::Status Prefetch(int unit, uint32_t min_version) override;
   double gate_wait_s() const override { return gate_wait_s_; }
   double h2d_s() const override { return h2d_timer_.busy_s(); }
+  double cast_s() const override { return cast_s_; }
   int64_t device_bytes() const override { return (slot_bytes_ + fp32_bytes_) * static_cast<int64_t>(slots_.size()); }
+  static constexpr int kCastBuffers = 3;  // hostd's admission counts them (AddCastStaging)
   // Loads issued as urgent so far (DMA before Adam).
   int64_t urgent_loads() const { return urgent_loads_; }
 
@@ -94,6 +104,8 @@ class CudaWindowStreamer : public UnitStreamer {
   // Issues the load of `unit` into the least recently used free slot (after its gate opens).
   absl::StatusOr<Slot*> Load(int unit, uint32_t min_version);
   Slot* Resident(int unit, uint32_t gate);
+  // Queues the H2D of `numel` BF16 values cast from `master` into `dst` (kMaster), in chunks.
+  absl::Status CastAndCopy(const float* master, char* dst, int64_t numel);
   // Whether the GPU is about to wait for a load whose gate wait took `gate_wait`.
   absl::StatusOr<bool> LoadIsUrgent(absl::Duration gate_wait);
 
@@ -116,6 +128,12 @@ class CudaWindowStreamer : public UnitStreamer {
   std::atomic<uint32_t>* urgent_word_ = nullptr;  // this rank's, or null: no marking
   cudaEvent_t compute_probe_ = nullptr;           // recorded on compute_ to ask whether it is idle
   int64_t urgent_loads_ = 0;
+  // kMaster: the pinned cast buffers (cast_chunk_bytes_ each) and the events of their last copies.
+  int64_t cast_chunk_bytes_ = 0;
+  bf16_t* cast_buffers_[kCastBuffers] = {};
+  cudaEvent_t cast_copied_[kCastBuffers] = {};
+  int next_cast_buffer_ = 0;
+  double cast_s_ = 0;
 };
 
 }  // namespace slidedp

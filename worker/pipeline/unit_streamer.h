@@ -28,6 +28,10 @@ enum class NormValues { kFp32FromMaster, kBf16Mirror };
 // The master of the embedding is not written before the step's gradients are in, so reading it
 // during the step's forward is safe.
 enum class EmbeddingValues { kFp32FromMaster, kBf16Mirror };
+// Where a unit's BF16 array comes from (runtime.param_source): hostd's mirror, or the FP32 master
+// cast to BF16 (FloatToBf16, the same bits) by the streamer after the unit's gate, when the
+// segment keeps no mirror.
+enum class UploadSource { kMirror, kMaster };
 
 class UnitStreamer {
  public:
@@ -45,6 +49,8 @@ class UnitStreamer {
   // Seconds spent blocked on version gates, and copying host-to-device, since construction.
   virtual double gate_wait_s() const = 0;
   virtual double h2d_s() const = 0;
+  // Host seconds spent casting the master to BF16 (UploadSource::kMaster), since construction.
+  virtual double cast_s() const { return 0; }
   // Device memory the streamer holds (its parameter window), for the reported GPU peak.
   virtual int64_t device_bytes() const { return 0; }
 };
@@ -53,13 +59,18 @@ class HostMirrorStreamer : public UnitStreamer {
  public:
   // kFp32FromMaster: the FP32 side copies are copied from the master at each Acquire; the
   // embedding's FP32 rows are the master itself.
+  // UploadSource::kMaster: Acquire casts the unit's master into a buffer held until its last
+  // Release (an acquire of a held unit under the same gate reuses it), so memory is bounded by the
+  // units held at once.
   HostMirrorStreamer(shm::JobState* state, const ModelLayout& layout, absl::Duration gate_timeout,
                      NormValues norms = NormValues::kFp32FromMaster,
-                     EmbeddingValues embedding = EmbeddingValues::kFp32FromMaster);
+                     EmbeddingValues embedding = EmbeddingValues::kFp32FromMaster,
+                     UploadSource source = UploadSource::kMirror);
   absl::StatusOr<UnitParams> Acquire(int unit, uint32_t min_version) override;
-  void Release(int unit) override {}
+  void Release(int unit) override;
   double gate_wait_s() const override { return gate_wait_s_; }
   double h2d_s() const override { return 0; }
+  double cast_s() const override { return cast_s_; }
 
  private:
   shm::JobState* state_;
@@ -71,7 +82,16 @@ class HostMirrorStreamer : public UnitStreamer {
   NormValues norms_;
   EmbeddingValues embedding_;
   std::vector<std::vector<float>> side_;  // per unit
+  UploadSource source_;
+  struct Cast {
+    std::vector<bf16_t> values;
+    uint32_t gate = 0;
+    int users = 0;
+  };
+  std::vector<Cast> casts_;                  // per unit (kMaster): empty while not held
+  std::vector<std::vector<bf16_t>> spare_;   // released buffers, reused
   double gate_wait_s_ = 0;
+  double cast_s_ = 0;
 };
 
 }  // namespace slidedp

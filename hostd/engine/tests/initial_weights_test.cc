@@ -86,7 +86,7 @@ void Scribble(shm::JobState& js) {
 struct Segment {
   explicit Segment(const ModelLayout& layout, shm::MomentDtype dtype) {
     shm::JobStateOptions opts;
-    opts.moments = dtype;
+    opts.format.moments = dtype;
     auto s = shm::JobState::Create(shm::testing::TestNode(), shm::testing::UniqueJob(), layout, opts);
     EXPECT_TRUE(s.ok()) << s.status();
     js = std::move(*s);
