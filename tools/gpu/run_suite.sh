@@ -34,6 +34,8 @@
 #                   Qwen3-0.6B, runtime.deterministic, 6 steps, losses of speculation_bytes auto
 #                   and 0 equal at a threshold never reached (every step commits) and one always
 #                   reached (a redo, then speculation off)
+#   mastersrc  ~4   runtime.param_source master (issue 21): Qwen3-0.6B deterministic, 6 steps, losses
+#                   bitwise equal to the mirror's; Qwen3-4B 16K tok/s of both (MASTERSRC_MODEL/TOKENS)
 #   scaling    ~6   (2 GPUs) Qwen3-8B 1 -> 2 GPUs >= 1.95x; ours / FSDP2 on 2 GPUs >= 1.5
 #   state      ~3   issue 21, compact Adam moments on the GPU machine's host: adam_state_test and
 #                   adam_engine_test, adam_kernels_test (bundled host tests: the AVX-512 kernels bit-identical to
@@ -511,6 +513,53 @@ print(f"{'PASS' if ok else 'FAIL'} specbits    0.6B max_grad_norm {sys.argv[3]}:
       f"{spec} step(s) speculated, {redo} redone)")
 PY
   done
+}
+
+# Issue 21: mirror-free delivery. The CUDA workers cast the master themselves: the same bits as
+# the mirror (deterministic losses bitwise equal), and what the casts cost at a fine-tuning batch.
+part_mastersrc() {
+  find_cudnn
+  local w=$work/mastersrc src
+  for src in mirror master; do
+    stage "mastersrc_bits_$src" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/bits_$src" MODEL=qwen3-0.6b GPUS=1 \
+      TOKENS_LIST=16384 STEPS=6 WHAT=ours MAX_GRAD_NORM=1.0 ACT_POLICY=recompute \
+      RUNTIME_EXTRA="deterministic: true, param_source: $src" WORK="$w/bits_$src" FRESH=1 \
+      BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
+  done
+  for src in mirror master; do
+    stage "mastersrc_speed_$src" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/speed_$src" \
+      MODEL="${MASTERSRC_MODEL:-qwen3-4b}" GPUS=1 TOKENS_LIST="${MASTERSRC_TOKENS:-16384}" WHAT=ours MAX_GRAD_NORM=0 \
+      ACT_POLICY=auto RUNTIME_EXTRA="param_source: $src" WORK="$w/speed_$src" FRESH=1 \
+      BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
+  done
+  dry && return 0
+  python3 - "$w" << 'PY' | tee -a "$summary"
+import glob, json, sys
+def run(d):
+    rows = []
+    for p in glob.glob(f"{d}/runs/*/*/*/*/ours/out/metrics-*.jsonl"):
+        rows += [json.loads(l) for l in open(p) if l.strip()]
+    return sorted(rows, key=lambda r: r["step"])
+w = sys.argv[1]
+a, b = run(f"{w}/bits_mirror"), run(f"{w}/bits_master")
+la, lb = [r["loss"] for r in a], [r["loss"] for r in b]
+ok = len(la) == 6 and la == lb and all(r.get("param_source") == "master" for r in b)
+print(f"{'PASS' if ok else 'FAIL'} mastersrc   0.6B: {len(la)} / {len(lb)} steps, losses "
+      f"{'bitwise equal' if la == lb else 'differ: ' + str(la) + ' vs ' + str(lb)} (param_source mirror vs master)")
+def speed(d):
+    rows = [r for r in run(d) if r["step"] > 2]
+    if not rows:
+        return None
+    tps = sorted(r["tokens_per_s"] for r in rows)[len(rows) // 2]
+    cast = sorted(r.get("busy_s", {}).get("worker_cast", 0) for r in rows)[len(rows) // 2]
+    return tps, cast, rows[-1].get("host_state_bytes", 0)
+m, s = speed(f"{w}/speed_mirror"), speed(f"{w}/speed_master")
+if m and s:
+    print(f"INFO mastersrc  speed: mirror {m[0]:.0f} tok/s, master {s[0]:.0f} tok/s ({s[0] / m[0]:.3f}); worker cast "
+          f"{s[1]:.3f} s/step; host state {m[2] / 2**30:.2f} -> {s[2] / 2**30:.2f} GiB")
+else:
+    print("FAIL mastersrc  speed: a run has no metrics")
+PY
 }
 
 part_scaling() {
