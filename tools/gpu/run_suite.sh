@@ -112,7 +112,7 @@ readonly KBENCH_T_FWD=400          # issue 3: attention TFLOP/s, causal, 4K+ tok
 readonly KBENCH_T_BWD=300
 readonly KBENCH_T_LAYER=550        # Qwen3-8B decoder layer keep-all over 64K tokens
 
-PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench clip specbits scaling state host restart kbench"
+PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc scaling state host restart kbench"
 usage() { sed -n '3,/^set -u/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ] || [ "$1" = list ]; then usage; exit 0; fi
 for p in "$@"; do
