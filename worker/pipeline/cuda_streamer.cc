@@ -1,6 +1,8 @@
 // CudaWindowStreamer: bounded window of GPU parameter slots fed from the host mirror.
 #include "worker/pipeline/cuda_streamer.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <thread>
 
@@ -18,6 +20,28 @@ namespace {
 // A gate wait longer than this means the update was still running when the unit was needed: the
 // GPU is about to wait for this load. (A gate already open returns in well under a microsecond.)
 constexpr absl::Duration kUrgentGateWait = absl::Microseconds(20);
+
+// FloatToBf16 over [0, n): round to nearest even, NaN to a quiet NaN, 16 lanes at a time.
+__attribute__((target("avx512f"))) void CastToBf16Avx512(const float* in, bf16_t* out, int64_t n) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
+                bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i x = _mm512_loadu_si512(in + i);
+    const __m512i hi = _mm512_srli_epi32(x, 16);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, bias), _mm512_and_si512(hi, one)), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, abs_mask), inf);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, quiet));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
+  }
+  for (; i < n; ++i) out[i] = FloatToBf16(in[i]);
+}
+
+void CastToBf16(const float* in, bf16_t* out, int64_t n) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (avx512) return CastToBf16Avx512(in, out, n);
+  for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(in[i]);
+}
 
 }  // namespace
 
@@ -133,9 +157,7 @@ absl::Status CudaWindowStreamer::CastAndCopy(const float* master, char* dst, int
     const absl::Time t0 = absl::Now();
     bf16_t* out = cast_buffers_[b];
     const float* in = master + off;
-    auto cast = [in, out](int64_t from, int64_t to) {
-      for (int64_t i = from; i < to; ++i) out[i] = FloatToBf16(in[i]);
-    };
+    auto cast = [in, out](int64_t from, int64_t to) { CastToBf16(in + from, out + from, to - from); };
     // Pieces of whole cache lines; this thread casts the first.
     const int pieces = static_cast<int>(std::min<int64_t>(threads, (n + 1023) / 1024));
     std::vector<std::thread> helpers;
