@@ -166,6 +166,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"grad_dtype", Enum<GradDtype>(&JobSpec::grad_dtype, {{"fp32", GradDtype::kFp32}, {"bf16", GradDtype::kBf16}})},
         {"param_source",
          Enum<ParamSource>(&JobSpec::param_source, {{"mirror", ParamSource::kMirror}, {"master", ParamSource::kMaster}})},
+        {"cast_on", Enum<CastOn>(&JobSpec::cast_on, {{"device", CastOn::kDevice}, {"host", CastOn::kHost}})},
         {"cast_threads", Int32(&JobSpec::cast_threads, 0)},
         {"act_policy", Enum<ActivationPolicy>(&JobSpec::act_policy, {{"keep_all", ActivationPolicy::kKeepAll},
                                                                      {"recompute", ActivationPolicy::kRecomputeLayer},
@@ -405,6 +406,7 @@ const char* ToString(StateDtype k) {
   return "fp32";
 }
 const char* ToString(ParamSource k) { return k == ParamSource::kMaster ? "master" : "mirror"; }
+const char* ToString(CastOn k) { return k == CastOn::kHost ? "host" : "device"; }
 const char* ToString(NormWeights k) {
   switch (k) {
     case NormWeights::kFp32: return "fp32";
@@ -483,6 +485,7 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "grad_staging" << YAML::Value << ToString(grad_staging);
   e << YAML::Key << "grad_dtype" << YAML::Value << ToString(grad_dtype);
   e << YAML::Key << "param_source" << YAML::Value << ToString(param_source);
+  e << YAML::Key << "cast_on" << YAML::Value << ToString(cast_on);
   e << YAML::Key << "cast_threads" << YAML::Value << cast_threads;
   e << YAML::Key << "act_policy" << YAML::Value << ToString(act_policy);
   e << YAML::Key << "norm_weights" << YAML::Value << ToString(norm_weights);

@@ -44,6 +44,12 @@ enum class StateDtype { kFp32, kBf16, kInt8 };
 // cast to BF16 by each worker chunk by chunk at upload time (no mirror in the state; costs the
 // workers' host threads and memory bandwidth when a unit is loaded). Both give the same bits.
 enum class ParamSource { kMirror, kMaster };
+// Where a CUDA worker casts the master to BF16 with param_source master (runtime.cast_on): on the
+// GPU (the FP32 chunk crosses the host link, 4 B/param, and a kernel casts it into the slot: host
+// memory traffic 4 B/param per upload, no host threads), or on the host (cast_threads threads cast
+// into pinned BF16 staging, then 2 B/param cross the link: host traffic 8 B/param per upload).
+// Both give the same bits. The CPU backend's device is the host: it casts there either way.
+enum class CastOn { kDevice, kHost };
 
 struct JobSpec {
   std::string name = "job";
@@ -93,7 +99,8 @@ struct JobSpec {
   GradStaging grad_staging = GradStaging::kAuto;
   GradDtype grad_dtype = GradDtype::kFp32;
   ParamSource param_source = ParamSource::kMirror;
-  // Host threads per worker that cast the master to BF16 (param_source master); 0: auto.
+  CastOn cast_on = CastOn::kDevice;
+  // Host threads per worker that cast the master to BF16 (param_source master, cast_on host); 0: auto.
   int32_t cast_threads = 0;
   ActivationPolicy act_policy = ActivationPolicy::kRecomputeLayer;
   NormWeights norm_weights = NormWeights::kFp32;
@@ -148,5 +155,6 @@ const char* ToString(Backend k);
 const char* ToString(GradDtype k);
 const char* ToString(StateDtype k);
 const char* ToString(ParamSource k);
+const char* ToString(CastOn k);
 
 }  // namespace slidedp

@@ -101,18 +101,22 @@ TEST(JobSpec, ParamSourceIsTheMirrorByDefaultAndRoundTrips) {
   ASSERT_TRUE(def.ok()) << def.status();
   EXPECT_EQ(def->param_source, ParamSource::kMirror);
   EXPECT_EQ(def->cast_threads, 0);
+  EXPECT_EQ(def->cast_on, CastOn::kDevice);
   auto spec = JobSpec::Parse(
-      absl::StrReplaceAll(kGood, {{"backend: cpu,", "backend: cpu, param_source: master, cast_threads: 6,"}}), "/base",
-      JobSpec::FileCheck::kSkip);
+      absl::StrReplaceAll(kGood,
+                          {{"backend: cpu,", "backend: cpu, param_source: master, cast_on: host, cast_threads: 6,"}}),
+      "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->param_source, ParamSource::kMaster);
+  EXPECT_EQ(spec->cast_on, CastOn::kHost);
   EXPECT_EQ(spec->cast_threads, 6);
   auto again = JobSpec::Parse(spec->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->param_source, ParamSource::kMaster);
+  EXPECT_EQ(again->cast_on, CastOn::kHost);
   EXPECT_EQ(again->cast_threads, 6);
   for (const char* bad_value : {"param_source: fp32,", "param_source: [master],", "cast_threads: -1,",
-                                "cast_threads: 1000,"}) {
+                                "cast_threads: 1000,", "cast_on: gpu,", "cast_on: [host],"}) {
     const absl::Status bad =
         ParseError(absl::StrReplaceAll(kGood, {{"backend: cpu,", absl::StrCat("backend: cpu, ", bad_value)}}));
     EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad_value;

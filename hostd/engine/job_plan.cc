@@ -1,12 +1,15 @@
 // PlanJob: the job's routes, staging and memory plan; see job_plan.h.
 #include "hostd/engine/job_plan.h"
 
+#include "hostd/engine/initial_weights.h"
+
 #include <algorithm>
 #include <climits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/model/shard.h"
+#include "hostd/engine/initial_weights.h"
 #include "hostd/engine/undo_arena.h"
 #include "shm/shm_collective.h"
 
@@ -45,15 +48,16 @@ std::string JobPlan::RoutesLine(ParamDelivery delivery) const {
   const char* dtype = grad_dtype == shm::GradDtype::kBF16
                           ? "; gradients cross the host link in BF16 (runtime.grad_dtype: an approximation)"
                           : "";
-  const std::string moment_note =
-      moments == shm::MomentDtype::kF32
-          ? std::string()
-          : absl::StrCat("; Adam moments kept in ", shm::MomentDtypeName(moments),
-                         " (optimizer.state_dtype: an approximation", clip_staging != ClipStaging::kNone
-                                                                         ? "; updates wait for the norm: no speculation"
-                                                                         : "",
-                         ")");
-  const char* source = mirror ? "" : "; no BF16 mirror: workers cast the FP32 master at upload (runtime.param_source)";
+  const std::string moment_note = moments == shm::MomentDtype::kF32
+                                      ? std::string()
+                                      : absl::StrCat("; Adam moments kept in ", shm::MomentDtypeName(moments),
+                                                     " (optimizer.state_dtype: an approximation)");
+  const char* source =
+      mirror ? ""
+      : cast_on == CastOn::kHost
+          ? "; no BF16 mirror: workers cast the FP32 master at upload, on the host (runtime.param_source, cast_on)"
+          : "; no BF16 mirror: workers cast the FP32 master at upload, on the GPU (runtime.param_source, cast_on; CPU "
+            "workers on the host)";
   return absl::StrCat("gradient reduction: ", reduction, "; parameter delivery: ", ToString(delivery), staging, dtype,
                       moment_note, source);
 }
@@ -129,6 +133,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
               : spec.state_dtype == StateDtype::kBf16 ? shm::MomentDtype::kBF16
                                                       : shm::MomentDtype::kF32;
   p.mirror = spec.param_source == ParamSource::kMirror;
+  p.cast_on = spec.cast_on;
 
   // Device staging and the gpu route: one consumer per rank applies its final parts. One rank
   // without clipping: LayerAdam reads gradients straight from the ring slots (a slot is released
@@ -152,7 +157,13 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
   p.memory = PlanJobMemory(layout, p.ring, world,
                            p.clip_staging == ClipStaging::kHost ? ClipMode::kExactGlobalNorm : ClipMode::kNone,
                            shm::GradDtype::kF32, p.state_format());
-  if (!p.mirror) AddCastStaging(world, CastStagingChunkBytes(layout, spec.chunk_bytes), p.memory);
+  // Host cast staging: CUDA workers casting on the host (runtime.cast_on host), and CPU workers,
+  // whose device is the host. CUDA workers casting on the GPU stage FP32 chunks on the GPU.
+  if (!p.mirror) {
+    int host_casters = 0;
+    for (const WorkerDevice& w : workers) host_casters += w.cpu_backend || spec.cast_on == CastOn::kHost;
+    AddCastStaging(host_casters, CastStagingChunkBytes(layout, spec.chunk_bytes), p.memory);
+  }
   // The summing buffer is hostd's own memory (not shm); the cpu route with several ranks needs it
   // even without clipping (with clipping the plan above has it).
   if (p.host_staging && p.clip_staging != ClipStaging::kHost) {
@@ -166,23 +177,16 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
     p.memory.shm_bytes += coll_bytes;
     p.memory.total_bytes += coll_bytes;
   }
-  // Speculative clipping needs a step that waits for the whole gradient (clipping or skipping),
-  // and FP32 moments: its undo copies hold master, m and v in FP32 (compact moments do not
-  // speculate yet; their steps wait for the norm).
+  // Speculative clipping needs a step that waits for the whole gradient (clipping or skipping).
+  // Its undo copies keep the job's moment form (undo_arena.h).
   p.speculate_from_unit = layout.num_units();
-  const bool fp32_moments = p.moments == shm::MomentDtype::kF32;
-  if (stage && spec.speculation_bytes > 0 && !fp32_moments) {
-    return absl::InvalidArgumentError(absl::StrCat("runtime.speculation_bytes ", spec.speculation_bytes,
-                                                   " needs optimizer.state_dtype fp32 (the undo copies of "
-                                                   "speculative clipping keep FP32 moments); this job has ",
-                                                   ToString(spec.state_dtype), ": use -1 or 0"));
-  }
   if (stage && spec.speculation_bytes > 0) {
-    p.speculate_from_unit = FirstSpeculatedUnit(layout, static_cast<uint64_t>(spec.speculation_bytes));
-    p.memory.undo_bytes = UndoBytes(layout, p.speculate_from_unit);
+    p.speculate_from_unit =
+        FirstSpeculatedUnit(layout, static_cast<uint64_t>(spec.speculation_bytes), StateDtypeOf(p.moments));
+    p.memory.undo_bytes = UndoBytes(layout, p.speculate_from_unit, StateDtypeOf(p.moments));
     p.memory.total_bytes += p.memory.undo_bytes;
   }
-  p.speculation_auto = stage && spec.speculation_bytes < 0 && fp32_moments;
+  p.speculation_auto = stage && spec.speculation_bytes < 0;
   return p;
 }
 
@@ -193,8 +197,8 @@ void SizeSpeculation(const ModelLayout& layout, uint64_t available_bytes, uint64
   const uint64_t margin = std::max<uint64_t>(4ull << 30, mem_total_bytes / 20);
   const uint64_t used = plan.memory.total_bytes + margin;
   const uint64_t budget = available_bytes > used ? available_bytes - used : 0;
-  plan.speculate_from_unit = FirstSpeculatedUnit(layout, budget);
-  plan.memory.undo_bytes = UndoBytes(layout, plan.speculate_from_unit);
+  plan.speculate_from_unit = FirstSpeculatedUnit(layout, budget, StateDtypeOf(plan.moments));
+  plan.memory.undo_bytes = UndoBytes(layout, plan.speculate_from_unit, StateDtypeOf(plan.moments));
 }
 
 }  // namespace slidedp::hostd

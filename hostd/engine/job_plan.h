@@ -60,6 +60,7 @@ struct JobPlan {
   shm::MomentDtype moments = shm::MomentDtype::kF32;
   // runtime.param_source: whether the job segment keeps the BF16 mirror (else workers cast).
   bool mirror = true;
+  CastOn cast_on = CastOn::kDevice;  // runtime.cast_on, without a mirror
   shm::StateFormat state_format() const { return shm::StateFormat{moments, mirror}; }
   GradConsumerKind consumer = GradConsumerKind::kSummed;
   // hostd's whole-step FP32 gradient buffer (staging_bytes of its own memory): for the clipping

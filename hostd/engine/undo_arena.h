@@ -3,8 +3,9 @@
 //
 // With clipping (or train.skip_nonfinite) a step's updates need the whole step's gradient norm.
 // Instead of waiting for it, hostd updates the units whose gradients are final with grad_scale 1
-// while backward still runs, saving the master, m and v each update overwrites here (12 bytes per
-// parameter, hostd's own memory, each unit's copy on its LayerAdam NUMA node). When the norm gives
+// while backward still runs, saving the master, m and v each update overwrites here (in the job's
+// moment form: 12 bytes per parameter with FP32 moments, 8 with BF16, about 6 with int8; hostd's own
+// memory, each unit's copy on its LayerAdam NUMA node). When the norm gives
 // c == 1 the speculative updates are the step's; otherwise they are redone from these copies.
 //
 // The arena covers units [first_unit, num_units): the last units of the forward order, whose
@@ -24,19 +25,22 @@
 
 namespace slidedp::hostd {
 
-inline constexpr uint64_t kUndoBytesPerParam = 12;  // FP32 master, m, v
-
+// Bytes of one unit's undo copy of `numel` elements: the FP32 master and the moments in `moments`'
+// form (update::MomentStateBytes), each array on whole 4 KiB pages.
+uint64_t UnitUndoBytes(int64_t numel, update::StateDtype moments);
 // The smallest unit index k such that units [k, num_units) take at most `budget_bytes` of undo
 // copies; num_units when not even the last unit fits.
-int FirstSpeculatedUnit(const ModelLayout& layout, uint64_t budget_bytes);
+int FirstSpeculatedUnit(const ModelLayout& layout, uint64_t budget_bytes,
+                        update::StateDtype moments = update::StateDtype::kFp32);
 // Bytes of undo copies for units [first_unit, num_units).
-uint64_t UndoBytes(const ModelLayout& layout, int first_unit);
+uint64_t UndoBytes(const ModelLayout& layout, int first_unit, update::StateDtype moments = update::StateDtype::kFp32);
 
 class UndoArena {
  public:
   // Maps the copies of units [first_unit, num_units) and has LayerAdam's workers fault them in on
-  // each unit's node (`memory`: the units' state, for their NUMA nodes), so the hot path never
-  // page-faults. RESOURCE_EXHAUSTED when the mapping fails.
+  // each unit's node (`memory`: the units' state, for their NUMA nodes and moment form, which must
+  // be one for all units), so the hot path never page-faults. RESOURCE_EXHAUSTED when the mapping
+  // fails.
   static absl::StatusOr<std::unique_ptr<UndoArena>> Create(const ModelLayout& layout, int first_unit,
                                                            absl::Span<const update::UnitMemory> memory,
                                                            update::LayerAdam& adam);

@@ -12,9 +12,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <utility>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
@@ -199,11 +199,46 @@ absl::Status ForEachTensorPart(absl::Span<const ElementRange> tensors, int64_t o
 // when the update reads it).
 constexpr int64_t kUndoBlockNumel = 8192;
 
-void CopyState(const float* master, const float* m, const float* v, float* to_master, float* to_m, float* to_v,
-               int64_t n) {
-  std::memcpy(to_master, master, n * sizeof(float));
-  std::memcpy(to_m, m, n * sizeof(float));
-  std::memcpy(to_v, v, n * sizeof(float));
+// A unit's state, or its undo copy, as one view: the master and the moments in either form.
+struct StateView {
+  float* master;
+  StateDtype moments;
+  float* m;
+  float* v;
+  Bf16Moments bf16;
+  Int8Moments int8;
+};
+StateView ViewOf(const UnitMemory& u) { return {u.master, u.moments, u.m, u.v, u.bf16, u.int8}; }
+StateView ViewOf(const UndoMemory& d) { return {d.master, d.moments, d.m, d.v, d.bf16, d.int8}; }
+
+// Elements [b, b + n) of master, m and v from `from` to `to` (both of one moment form; with int8
+// moments b is a block boundary and the scales of the blocks the range touches go too). The
+// master (and FP32 moments) go through `copy` (streaming stores for a save: it is read back only
+// on a rollback), the compact moments through memcpy.
+template <typename CopyF32>
+void CopyState(const StateView& from, const StateView& to, int64_t b, int64_t n, CopyF32 copy) {
+  copy(from.master + b, to.master + b, n);
+  switch (from.moments) {
+    case StateDtype::kFp32:
+      copy(from.m + b, to.m + b, n);
+      copy(from.v + b, to.v + b, n);
+      return;
+    case StateDtype::kBf16:
+      std::memcpy(to.bf16.m + b, from.bf16.m + b, n * sizeof(bf16_t));
+      std::memcpy(to.bf16.v + b, from.bf16.v + b, n * sizeof(bf16_t));
+      return;
+    case StateDtype::kInt8: {
+      std::memcpy(to.int8.m_codes + b, from.int8.m_codes + b, n);
+      std::memcpy(to.int8.v_codes + b, from.int8.v_codes + b, n);
+      const int64_t k = b / kInt8StateBlock, blocks = Int8StateBlocks(n);
+      std::memcpy(to.int8.m_scales + k, from.int8.m_scales + k, blocks * sizeof(float));
+      std::memcpy(to.int8.v_scales + k, from.int8.v_scales + k, blocks * sizeof(float));
+      return;
+    }
+  }
+}
+void CopyState(const StateView& from, const StateView& to, int64_t b, int64_t n) {
+  CopyState(from, to, b, n, [](const float* src, float* dst, int64_t k) { std::memcpy(dst, src, k * sizeof(float)); });
 }
 
 absl::Status NonFiniteGradError(int64_t offset, float value) {
@@ -249,13 +284,13 @@ absl::StatusOr<std::unique_ptr<LayerAdam>> LayerAdam::Create(const LayerAdamOpti
   engine->kernels_ = AdamKernelsFor(engine->isa_);
   engine->state_kernels_ = AdamStateKernelsFor(engine->isa_);
   if (engine->kernels_ == nullptr || engine->state_kernels_ == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("LayerAdam: ISA ", AdamIsaName(engine->isa_),
-                                                   " is not supported by this CPU"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("LayerAdam: ISA ", AdamIsaName(engine->isa_), " is not supported by this CPU"));
   }
   if (options.num_threads < 0 || options.min_piece_numel <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("LayerAdam: num_threads (", options.num_threads,
-                                                   ") must be >= 0 and min_piece_numel (",
-                                                   options.min_piece_numel, ") > 0"));
+                                                   ") must be >= 0 and min_piece_numel (", options.min_piece_numel,
+                                                   ") > 0"));
   }
   engine->min_piece_numel_ = options.min_piece_numel;
   engine->stream_mirror_ = options.mirror_store == MirrorStore::kStreaming;
@@ -274,8 +309,7 @@ absl::StatusOr<std::unique_ptr<LayerAdam>> LayerAdam::Create(const LayerAdamOpti
   int reserve = options.reserve_cores;
   if (reserve < 0) reserve = total_cores >= 8 ? 2 : (total_cores >= 4 ? 1 : 0);
   reserve = std::min(reserve, total_cores - 1);
-  const int num_threads =
-      options.num_threads > 0 ? options.num_threads : DefaultUpdateThreads(total_cores, reserve);
+  const int num_threads = options.num_threads > 0 ? options.num_threads : DefaultUpdateThreads(total_cores, reserve);
   std::vector<std::vector<hwloc_obj_t>> usable(nodes.size());
   int dropped = 0;
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -326,16 +360,14 @@ absl::StatusOr<std::unique_ptr<LayerAdam>> LayerAdam::Create(const LayerAdamOpti
     if (engine->nodes_[i]->num_workers > 0) with_workers.push_back(static_cast<int>(i));
   }
   for (size_t i = 0; i < nodes.size(); ++i) {
-    engine->queue_of_node_.push_back(engine->nodes_[i]->num_workers > 0
-                                         ? static_cast<int>(i)
-                                         : with_workers[i % with_workers.size()]);
+    engine->queue_of_node_.push_back(engine->nodes_[i]->num_workers > 0 ? static_cast<int>(i)
+                                                                        : with_workers[i % with_workers.size()]);
   }
   for (int w = 0; w < num_threads; ++w) {
     engine->workers_.emplace_back(&LayerAdam::WorkerLoop, engine.get(), w, specs[w]);
   }
-  LOG(INFO) << "LayerAdam: " << num_threads << " workers on " << nodes.size() << " NUMA node(s), "
-            << total_cores << " cores (" << reserve << " reserved), isa "
-            << AdamIsaName(engine->isa_);
+  LOG(INFO) << "LayerAdam: " << num_threads << " workers on " << nodes.size() << " NUMA node(s), " << total_cores
+            << " cores (" << reserve << " reserved), isa " << AdamIsaName(engine->isa_);
   return engine;
 }
 
@@ -386,9 +418,8 @@ std::vector<int> LayerAdam::AssignNumaNodes(const std::vector<int64_t>& unit_byt
   return out;
 }
 
-absl::Status LayerAdam::SubmitChunk(const UnitMemory& unit, int64_t offset, int64_t numel,
-                                    const float* grad, const AdamWStepParams& params, DoneFn done,
-                                    const UndoMemory* undo, UndoMode mode) {
+absl::Status LayerAdam::SubmitChunk(const UnitMemory& unit, int64_t offset, int64_t numel, const float* grad,
+                                    const AdamWStepParams& params, DoneFn done, const UndoMemory* undo, UndoMode mode) {
   return Submit(TaskKind::kStepF32, unit, offset, numel, grad, params, std::move(done), undo, mode);
 }
 
@@ -398,9 +429,9 @@ absl::Status LayerAdam::SubmitRestore(const UnitMemory& unit, int64_t offset, in
                 UndoMode::kRedo);
 }
 
-absl::Status LayerAdam::SubmitChunkBf16(const UnitMemory& unit, int64_t offset, int64_t numel,
-                                        const bf16_t* grad, const AdamWStepParams& params, DoneFn done,
-                                        const UndoMemory* undo, UndoMode mode) {
+absl::Status LayerAdam::SubmitChunkBf16(const UnitMemory& unit, int64_t offset, int64_t numel, const bf16_t* grad,
+                                        const AdamWStepParams& params, DoneFn done, const UndoMemory* undo,
+                                        UndoMode mode) {
   return Submit(TaskKind::kStepBf16, unit, offset, numel, grad, params, std::move(done), undo, mode);
 }
 
@@ -413,8 +444,8 @@ absl::Status LayerAdam::SubmitGradSquared(const UnitMemory& unit, int64_t offset
 
 absl::Status LayerAdam::FirstTouch(const UnitMemory& unit) {
   if (unit.numa_node < 0 || unit.numa_node >= num_numa_nodes() || unit.numel < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("FirstTouch: bad unit (numel ", unit.numel,
-                                                   ", numa_node ", unit.numa_node, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("FirstTouch: bad unit (numel ", unit.numel, ", numa_node ", unit.numa_node, ")"));
   }
   if (num_numa_nodes() > 1) {
     auto topo = static_cast<hwloc_topology_t>(topology_);
@@ -423,10 +454,18 @@ absl::Status LayerAdam::FirstTouch(const UnitMemory& unit) {
     const bool f32 = unit.moments == StateDtype::kFp32, b16 = unit.moments == StateDtype::kBf16;
     const std::pair<void*, int64_t> areas[] = {
         {unit.master, n * 4},
-        {f32 ? static_cast<void*>(unit.m) : b16 ? static_cast<void*>(unit.bf16.m) : unit.int8.m_codes,
-         f32 ? n * 4 : b16 ? n * 2 : n},
-        {f32 ? static_cast<void*>(unit.v) : b16 ? static_cast<void*>(unit.bf16.v) : unit.int8.v_codes,
-         f32 ? n * 4 : b16 ? n * 2 : n},
+        {f32   ? static_cast<void*>(unit.m)
+         : b16 ? static_cast<void*>(unit.bf16.m)
+               : unit.int8.m_codes,
+         f32   ? n * 4
+         : b16 ? n * 2
+               : n},
+        {f32   ? static_cast<void*>(unit.v)
+         : b16 ? static_cast<void*>(unit.bf16.v)
+               : unit.int8.v_codes,
+         f32   ? n * 4
+         : b16 ? n * 2
+               : n},
         {unit.moments == StateDtype::kInt8 ? unit.int8.m_scales : nullptr, blocks * 4},
         {unit.moments == StateDtype::kInt8 ? unit.int8.v_scales : nullptr, blocks * 4},
         {unit.mirror, n * 2}};
@@ -434,50 +473,52 @@ absl::Status LayerAdam::FirstTouch(const UnitMemory& unit) {
       if (node == nullptr || addr == nullptr || bytes == 0) continue;
       if (hwloc_set_area_membind(topo, addr, bytes, node->nodeset, HWLOC_MEMBIND_BIND,
                                  HWLOC_MEMBIND_MIGRATE | HWLOC_MEMBIND_BYNODESET) != 0) {
-        LOG(WARNING) << "FirstTouch: binding " << bytes << " bytes to NUMA node " << unit.numa_node
-                     << " failed (errno " << errno << "); relying on first touch";
+        LOG(WARNING) << "FirstTouch: binding " << bytes << " bytes to NUMA node " << unit.numa_node << " failed (errno "
+                     << errno << "); relying on first touch";
       }
     }
   }
   absl::Notification finished;
   absl::Status result;
-  absl::Status s = Submit(TaskKind::kTouch, unit, 0, unit.numel, nullptr, AdamWStepParams{},
-                          [&](absl::Status st) {
-                            result = st;
-                            finished.Notify();
-                          });
+  absl::Status s = Submit(TaskKind::kTouch, unit, 0, unit.numel, nullptr, AdamWStepParams{}, [&](absl::Status st) {
+    result = st;
+    finished.Notify();
+  });
   if (!s.ok()) return s;
   finished.WaitForNotification();
   return result;
 }
 
-absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t offset, int64_t numel,
-                               const void* grad, const AdamWStepParams& params, DoneFn done,
-                               const UndoMemory* undo, UndoMode undo_mode, double* block_squares) {
-  if (offset < 0 || numel < 0 || unit.numel < 0 || offset > unit.numel ||
-      numel > unit.numel - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("LayerAdam: chunk [", offset, ", +", numel,
-                                                   ") outside the unit's ", unit.numel,
-                                                   " elements"));
+absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t offset, int64_t numel, const void* grad,
+                               const AdamWStepParams& params, DoneFn done, const UndoMemory* undo, UndoMode undo_mode,
+                               double* block_squares) {
+  if (offset < 0 || numel < 0 || unit.numel < 0 || offset > unit.numel || numel > unit.numel - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LayerAdam: chunk [", offset, ", +", numel, ") outside the unit's ", unit.numel, " elements"));
   }
   const bool needs_grad = kind == TaskKind::kStepF32 || kind == TaskKind::kStepBf16;
-  const bool moments_set = unit.moments == StateDtype::kFp32   ? unit.m != nullptr && unit.v != nullptr
-                           : unit.moments == StateDtype::kBf16 ? unit.bf16.m != nullptr && unit.bf16.v != nullptr
-                                                               : unit.int8.m_codes != nullptr &&
-                                                                     unit.int8.v_codes != nullptr &&
-                                                                     unit.int8.m_scales != nullptr &&
-                                                                     unit.int8.v_scales != nullptr;
+  const bool moments_set = unit.moments == StateDtype::kFp32 ? unit.m != nullptr && unit.v != nullptr
+                           : unit.moments == StateDtype::kBf16
+                               ? unit.bf16.m != nullptr && unit.bf16.v != nullptr
+                               : unit.int8.m_codes != nullptr && unit.int8.v_codes != nullptr &&
+                                     unit.int8.m_scales != nullptr && unit.int8.v_scales != nullptr;
   if (numel > 0 && (unit.master == nullptr || !moments_set || (needs_grad && grad == nullptr))) {
     return absl::InvalidArgumentError("LayerAdam: null state or gradient pointer");
   }
-  if (undo_mode != UndoMode::kNone &&
-      (undo == nullptr || undo->master == nullptr || undo->m == nullptr || undo->v == nullptr ||
-       kind == TaskKind::kTouch)) {
-    return absl::InvalidArgumentError("LayerAdam: an undo mode without an undo copy");
-  }
-  if (unit.moments != StateDtype::kFp32 && (undo_mode != UndoMode::kNone || kind == TaskKind::kRestore)) {
-    return absl::InvalidArgumentError(absl::StrCat("LayerAdam: undo copies hold FP32 moments, the unit keeps ",
-                                                   StateDtypeName(unit.moments)));
+  if (undo_mode != UndoMode::kNone) {
+    const bool undo_set =
+        undo != nullptr && undo->master != nullptr &&
+        (undo->moments == StateDtype::kFp32   ? undo->m != nullptr && undo->v != nullptr
+         : undo->moments == StateDtype::kBf16 ? undo->bf16.m != nullptr && undo->bf16.v != nullptr
+                                              : undo->int8.m_codes != nullptr && undo->int8.v_codes != nullptr &&
+                                                    undo->int8.m_scales != nullptr && undo->int8.v_scales != nullptr);
+    if (!undo_set || kind == TaskKind::kTouch) {
+      return absl::InvalidArgumentError("LayerAdam: an undo mode without an undo copy");
+    }
+    if (undo->moments != unit.moments) {
+      return absl::InvalidArgumentError(absl::StrCat("LayerAdam: the undo copy holds ", StateDtypeName(undo->moments),
+                                                     " moments, the unit keeps ", StateDtypeName(unit.moments)));
+    }
   }
   if (unit.moments == StateDtype::kInt8 && kind != TaskKind::kTouch &&
       (offset % kInt8StateBlock != 0 || ((offset + numel) % kInt8StateBlock != 0 && offset + numel != unit.numel))) {
@@ -486,12 +527,11 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
                                                    " elements): chunks start and end on block boundaries"));
   }
   if (unit.numa_node < 0 || unit.numa_node >= num_numa_nodes()) {
-    return absl::InvalidArgumentError(absl::StrCat("LayerAdam: numa_node ", unit.numa_node,
-                                                   " not in [0, ", num_numa_nodes(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("LayerAdam: numa_node ", unit.numa_node, " not in [0, ", num_numa_nodes(), ")"));
   }
   if (needs_grad && params.step < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("LayerAdam: AdamW step must be >= 1, got ", params.step));
+    return absl::InvalidArgumentError(absl::StrCat("LayerAdam: AdamW step must be >= 1, got ", params.step));
   }
   int64_t prev_end = 0;
   for (const ElementRange& r : unit.tensors) {
@@ -514,9 +554,9 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
   // the norm grid when the pieces sum squares: each block is one piece's).
   const int64_t max_pieces = std::max<int64_t>(1, numel / min_piece_numel_);
   const int64_t pieces = std::min<int64_t>(q.num_workers, max_pieces);
-  const int64_t align = block_squares != nullptr                ? kNormBlockNumel
+  const int64_t align = block_squares != nullptr            ? kNormBlockNumel
                         : unit.moments == StateDtype::kInt8 ? kInt8StateBlock
-                                                              : kPieceAlignNumel;
+                                                            : kPieceAlignNumel;
   std::vector<int64_t> bounds{offset};
   for (int64_t k = 1; k < pieces; ++k) {
     int64_t b = (offset + numel * k / pieces) / align * align;
@@ -542,8 +582,7 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
     absl::MutexLock l(&q.mu);
     for (size_t k = 0; k + 1 < bounds.size(); ++k) {
       const void* piece_grad =
-          grad == nullptr ? nullptr
-                          : static_cast<const char*>(grad) + (bounds[k] - offset) * elem_bytes;
+          grad == nullptr ? nullptr : static_cast<const char*>(grad) + (bounds[k] - offset) * elem_bytes;
       q.tasks.push_back(Task{kind, unit, bounds[k], bounds[k + 1] - bounds[k], piece_grad, constants,
                              params.nonfinite_grad, chunk, undo != nullptr ? *undo : UndoMemory{}, undo_mode,
                              block_squares, offset / kNormBlockNumel,
@@ -560,10 +599,8 @@ void LayerAdam::WorkerLoop(int index, WorkerSpec spec) {
   if (!spec.cpuset.empty()) {
     hwloc_bitmap_t set = hwloc_bitmap_alloc();
     if (hwloc_bitmap_sscanf(set, spec.cpuset.c_str()) != 0 ||
-        hwloc_set_cpubind(static_cast<hwloc_topology_t>(topology_), set, HWLOC_CPUBIND_THREAD) !=
-            0) {
-      LOG(WARNING) << name << ": cannot bind to cpuset " << spec.cpuset << " (errno " << errno
-                   << "); running unbound";
+        hwloc_set_cpubind(static_cast<hwloc_topology_t>(topology_), set, HWLOC_CPUBIND_THREAD) != 0) {
+      LOG(WARNING) << name << ": cannot bind to cpuset " << spec.cpuset << " (errno " << errno << "); running unbound";
     }
     hwloc_bitmap_free(set);
   }
@@ -696,12 +733,11 @@ absl::Status LayerAdam::RunStep(const Task& t, const G* grad, BlockPacer& pacer)
       const int64_t nn = std::min(block, b + n - bb);
       pacer.BeforeBlock();
       if (t.undo_mode == UndoMode::kSave) {  // streaming stores: the copy is read back only on a rollback
-        kernels_->copy_stream(u.master + bb, t.undo.master + bb, nn);
-        kernels_->copy_stream(u.m + bb, t.undo.m + bb, nn);
-        kernels_->copy_stream(u.v + bb, t.undo.v + bb, nn);
+        CopyState(ViewOf(u), ViewOf(t.undo), bb, nn,
+                  [this](const float* src, float* dst, int64_t k) { kernels_->copy_stream(src, dst, k); });
         saved_to = bb + nn;
       } else if (t.undo_mode == UndoMode::kRedo) {
-        CopyState(t.undo.master + bb, t.undo.m + bb, t.undo.v + bb, u.master + bb, u.m + bb, u.v + bb, nn);
+        CopyState(ViewOf(t.undo), ViewOf(u), bb, nn);
       }
       const G* gg = g + (bb - b);
       if (const int64_t bad = kernel(bb, nn, gg); bad >= 0) return NonFiniteGradError(bb + bad, value(gg[bad]));
@@ -712,7 +748,7 @@ absl::Status LayerAdam::RunStep(const Task& t, const G* grad, BlockPacer& pacer)
     // Refused part-way: the rest of the piece is saved too (unchanged), so restoring the whole
     // chunk from the undo copy is exact.
     (void)ForEachTensorPart(u.tensors, saved_to, o + t.numel - saved_to, [&](int64_t b, int64_t n) {
-      CopyState(u.master + b, u.m + b, u.v + b, t.undo.master + b, t.undo.m + b, t.undo.v + b, n);
+      CopyState(ViewOf(u), ViewOf(t.undo), b, n);
       return absl::OkStatus();
     });
   }
@@ -810,7 +846,7 @@ absl::Status LayerAdam::RunTask(const Task& t, BlockPacer& pacer) {
         for (int64_t bb = b; bb < b + n; bb += block) {
           const int64_t nn = std::min(block, b + n - bb);
           pacer.BeforeBlock();
-          CopyState(t.undo.master + bb, t.undo.m + bb, t.undo.v + bb, u.master + bb, u.m + bb, u.v + bb, nn);
+          CopyState(ViewOf(t.undo), ViewOf(u), bb, nn);
           if (u.mirror == nullptr) continue;
           for (int64_t i = bb; i < bb + nn; ++i) u.mirror[i] = FloatToBf16(u.master[i]);
         }

@@ -64,7 +64,7 @@ struct UnitMemory {
   // Compact Adam moments (optimizer.state_dtype; adamw_state.h, docs/optimizer-state.md): BF16 in
   // `bf16`, or int8 codes and per-256 scales in `int8` (element 0 of the unit is block 0's first).
   // Int8 chunks start on a block boundary and end on one or at the unit's end, and are split at
-  // block boundaries. Undo copies (speculative clipping) keep FP32 moments only.
+  // block boundaries. Undo copies (speculative clipping) keep the same form (UndoMemory).
   StateDtype moments = StateDtype::kFp32;
   Bf16Moments bf16{};
   Int8Moments int8{};
@@ -91,13 +91,17 @@ struct NonFiniteGradElement {
 std::optional<NonFiniteGradElement> NonFiniteGradOf(const absl::Status& status);
 
 // Speculative updates (exact clipping overlapped with backward, docs/layeradam.md): an undo copy
-// of a unit's master, m and v (numel floats each, element i of the unit at index i), written by
-// UndoMode::kSave before an update overwrites them and read back by kRedo / kRestore. Only the
-// unit's tensor elements are copied (never the padding between tensors).
+// of a unit's master, m and v, laid out as the unit's own (element i of the unit at index i; int8
+// codes likewise and block k's scales at index k), written by UndoMode::kSave before an update
+// overwrites them and read back by kRedo / kRestore. Only the unit's tensor elements are copied
+// (never the padding between tensors). `moments` must be the unit's (UnitMemory::moments).
 struct UndoMemory {
   float* master = nullptr;
-  float* m = nullptr;
+  float* m = nullptr;  // FP32 moments
   float* v = nullptr;
+  StateDtype moments = StateDtype::kFp32;
+  Bf16Moments bf16{};
+  Int8Moments int8{};
 };
 
 enum class UndoMode {

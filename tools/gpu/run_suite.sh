@@ -34,8 +34,12 @@
 #                   Qwen3-0.6B, runtime.deterministic, 6 steps, losses of speculation_bytes auto
 #                   and 0 equal at a threshold never reached (every step commits) and one always
 #                   reached (a redo, then speculation off)
-#   mastersrc  ~4   runtime.param_source master (issue 21): Qwen3-0.6B deterministic, 6 steps, losses
-#                   bitwise equal to the mirror's; Qwen3-4B 16K tok/s of both (MASTERSRC_MODEL/TOKENS)
+#   mastersrc  ~6   runtime.param_source master (issue 21), cast on the GPU and on the host: Qwen3-0.6B
+#                   deterministic, 6 steps, losses bitwise equal to the mirror's; Qwen3-4B 16K tok/s of
+#                   each (MASTERSRC_MODEL/TOKENS/VARIANTS)
+#   big        ~8   issue 21: Qwen3-14B (BIG_MODEL) int8 moments + param_source master at 64K tokens
+#                   (BIG_TOKENS), with and without clipping (BIG_VARIANTS), against compute-only:
+#                   >= 0.95; host state and MemAvailable drop per billion parameters (target 6 GiB/B)
 #   scaling    ~6   (2 GPUs) Qwen3-8B 1 -> 2 GPUs >= 1.95x; ours / FSDP2 on 2 GPUs >= 1.5
 #   state      ~3   issue 21, compact Adam moments on the GPU machine's host: adam_state_test and
 #                   adam_engine_test, adam_kernels_test (bundled host tests: the AVX-512 kernels bit-identical to
@@ -112,7 +116,7 @@ readonly KBENCH_T_FWD=400          # issue 3: attention TFLOP/s, causal, 4K+ tok
 readonly KBENCH_T_BWD=300
 readonly KBENCH_T_LAYER=550        # Qwen3-8B decoder layer keep-all over 64K tokens
 
-PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc scaling state host restart kbench"
+PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big scaling state host restart kbench"
 usage() { sed -n '3,/^set -u/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ] || [ "$1" = list ]; then usage; exit 0; fi
 for p in "$@"; do
@@ -515,50 +519,132 @@ PY
   done
 }
 
-# Issue 21: mirror-free delivery. The CUDA workers cast the master themselves: the same bits as
-# the mirror (deterministic losses bitwise equal), and what the casts cost at a fine-tuning batch.
+# Issue 21: mirror-free delivery. The CUDA workers cast the master themselves, on the GPU
+# (cast_on device) or on the host (cast_on host): the same bits as the mirror (deterministic losses
+# bitwise equal), and what the casts cost at a fine-tuning batch (MASTERSRC_VARIANTS).
 part_mastersrc() {
   find_cudnn
-  local w=$work/mastersrc src
-  for src in mirror master; do
-    stage "mastersrc_bits_$src" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/bits_$src" MODEL=qwen3-0.6b GPUS=1 \
+  local w=$work/mastersrc v extra
+  local variants=${MASTERSRC_VARIANTS:-"mirror master_device master_host"}
+  for v in $variants; do
+    case $v in
+      mirror) extra="param_source: mirror" ;;
+      master_device) extra="param_source: master, cast_on: device" ;;
+      master_host) extra="param_source: master, cast_on: host" ;;
+      *) result FAIL mastersrc "unknown variant $v (mirror master_device master_host)"; return ;;
+    esac
+    stage "mastersrc_bits_$v" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/bits_$v" MODEL=qwen3-0.6b GPUS=1 \
       TOKENS_LIST=16384 STEPS=6 WHAT=ours MAX_GRAD_NORM=1.0 ACT_POLICY=recompute \
-      RUNTIME_EXTRA="deterministic: true, param_source: $src" WORK="$w/bits_$src" FRESH=1 \
+      RUNTIME_EXTRA="deterministic: true, $extra" WORK="$w/bits_$v" FRESH=1 \
       BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
   done
-  for src in mirror master; do
-    stage "mastersrc_speed_$src" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/speed_$src" \
+  for v in $variants; do
+    case $v in
+      mirror) extra="param_source: mirror" ;;
+      master_device) extra="param_source: master, cast_on: device" ;;
+      master_host) extra="param_source: master, cast_on: host" ;;
+    esac
+    stage "mastersrc_speed_$v" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/speed_$v" \
       MODEL="${MASTERSRC_MODEL:-qwen3-4b}" GPUS=1 TOKENS_LIST="${MASTERSRC_TOKENS:-16384}" WHAT=ours MAX_GRAD_NORM=0 \
-      ACT_POLICY=auto RUNTIME_EXTRA="param_source: $src" WORK="$w/speed_$src" FRESH=1 \
+      ACT_POLICY=auto RUNTIME_EXTRA="$extra" WORK="$w/speed_$v" FRESH=1 \
       BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
   done
   dry && return 0
-  python3 - "$w" << 'PY' | tee -a "$summary"
+  python3 - "$w" $variants << 'PY' | tee -a "$summary"
 import glob, json, sys
 def run(d):
     rows = []
     for p in glob.glob(f"{d}/runs/*/*/*/*/ours/out/metrics-*.jsonl"):
         rows += [json.loads(l) for l in open(p) if l.strip()]
     return sorted(rows, key=lambda r: r["step"])
-w = sys.argv[1]
-a, b = run(f"{w}/bits_mirror"), run(f"{w}/bits_master")
-la, lb = [r["loss"] for r in a], [r["loss"] for r in b]
-ok = len(la) == 6 and la == lb and all(r.get("param_source") == "master" for r in b)
-print(f"{'PASS' if ok else 'FAIL'} mastersrc   0.6B: {len(la)} / {len(lb)} steps, losses "
-      f"{'bitwise equal' if la == lb else 'differ: ' + str(la) + ' vs ' + str(lb)} (param_source mirror vs master)")
+w, variants = sys.argv[1], sys.argv[2:]
+base = run(f"{w}/bits_mirror")
+lb = [r["loss"] for r in base]
+for v in variants:
+    if v == "mirror":
+        continue
+    b = run(f"{w}/bits_{v}")
+    la = [r["loss"] for r in b]
+    ok = len(lb) == 6 and la == lb and all(r.get("param_source") == "master" for r in b)
+    print(f"{'PASS' if ok else 'FAIL'} mastersrc   0.6B {v}: {len(lb)} / {len(la)} steps, losses "
+          f"{'bitwise equal' if la == lb else 'differ: ' + str(lb) + ' vs ' + str(la)} (param_source mirror vs {v})")
 def speed(d):
     rows = [r for r in run(d) if r["step"] > 2]
     if not rows:
         return None
-    tps = sorted(r["tokens_per_s"] for r in rows)[len(rows) // 2]
-    cast = sorted(r.get("busy_s", {}).get("worker_cast", 0) for r in rows)[len(rows) // 2]
-    return tps, cast, rows[-1].get("host_state_bytes", 0)
-m, s = speed(f"{w}/speed_mirror"), speed(f"{w}/speed_master")
-if m and s:
-    print(f"INFO mastersrc  speed: mirror {m[0]:.0f} tok/s, master {s[0]:.0f} tok/s ({s[0] / m[0]:.3f}); worker cast "
-          f"{s[1]:.3f} s/step; host state {m[2] / 2**30:.2f} -> {s[2] / 2**30:.2f} GiB")
-else:
-    print("FAIL mastersrc  speed: a run has no metrics")
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    return (med([r["tokens_per_s"] for r in rows]), med([r.get("busy_s", {}).get("worker_cast", 0) for r in rows]),
+            med([r.get("busy_s", {}).get("worker_h2d", 0) for r in rows]), rows[-1].get("host_state_bytes", 0))
+m = speed(f"{w}/speed_mirror")
+for v in variants:
+    s = speed(f"{w}/speed_{v}")
+    if s is None:
+        print(f"FAIL mastersrc  speed {v}: no metrics")
+        continue
+    rel = f" ({s[0] / m[0]:.3f} of the mirror's)" if m and v != "mirror" else ""
+    print(f"INFO mastersrc  speed {v}: {s[0]:.0f} tok/s{rel}; worker cast {s[1]:.3f} s/step, h2d {s[2]:.3f} s/step; "
+          f"host state {s[3] / 2**30:.2f} GiB")
+PY
+}
+
+# Issue 21's capacity target: BIG_MODEL (qwen3-14b) on one GPU with int8 Adam moments and no BF16
+# mirror (about 6 B/param of host state), BIG_TOKENS (65536) per step, with and without clipping,
+# against compute-only in the same call: ours / compute-only >= 0.95 (report.py), host state and the
+# sampled MemAvailable drop per billion parameters <= 6 GiB (figures: bench-summary.md).
+part_big() {
+  find_cudnn
+  local model=${BIG_MODEL:-qwen3-14b} tokens=${BIG_TOKENS:-65536} w=$work/big v norm
+  local variants=${BIG_VARIANTS:-"noclip:0 clip:1.0"}
+  for v in $variants; do
+    norm=${v#*:}
+    stage "big_${v%%:*}" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/${v%%:*}" MODEL="$model" GPUS=1 \
+      TOKENS_LIST="$tokens" WHAT=ours MAX_GRAD_NORM="$norm" STATE_DTYPE=int8 ACT_POLICY="${BIG_POLICY:-recompute}" \
+      RUNTIME_EXTRA="param_source: master${BIG_RUNTIME_EXTRA:+, $BIG_RUNTIME_EXTRA}" STEPS="${BIG_STEPS:-4}" \
+      WORK="$w/${v%%:*}" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
+  done
+  stage big_compute $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/compute" MODEL="$model" GPUS=1 \
+    TOKENS_LIST="$tokens" WHAT=compute ACT_POLICY="${BIG_POLICY:-recompute}" STEPS="${BIG_STEPS:-4}" \
+    WORK="$w/compute" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
+  dry && return 0
+  python3 - "$w" "$model" "$tokens" << 'PY' | tee -a "$summary"
+import glob, json, sys
+sys.path.insert(0, "bench/e2e")
+from report import preset_params
+w, model, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+params = preset_params(model)
+med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None
+def ours(d):
+    rows = []
+    for p in glob.glob(f"{d}/runs/*/*/*/*/ours/out/metrics-*.jsonl"):
+        rows += [json.loads(l) for l in open(p) if l.strip()]
+    return sorted(rows, key=lambda r: r["step"])
+def hostmem(d):  # bytes: the drop of MemAvailable while the stage ran (run_bench's sampler, KiB)
+    for p in glob.glob(f"{d}/runs/*/*/*/*/ours/hostmem"):
+        f = open(p).read().split()
+        if len(f) == 2:
+            return max(0, int(f[0]) - int(f[1])) * 1024
+    return None
+comp = None
+for p in glob.glob(f"{w}/compute/runs/*/*/*/compute/stage.log"):
+    for l in open(p):
+        if l.startswith("{") and "compute_only" in l:
+            comp = json.loads(l)
+cps = comp["tokens_per_s"] if comp else None
+for name in ("noclip", "clip"):
+    rows = ours(f"{w}/{name}")
+    steady = [r for r in rows if r["step"] >= 2]
+    if not steady:
+        print(f"FAIL big        {model} {name}: no steps (see details)")
+        continue
+    tps = med([r["tokens_per_s"] for r in steady])
+    state = rows[-1].get("host_state_bytes", 0)
+    drop = hostmem(f"{w}/{name}")
+    gib_b = lambda b: (b / 2**30) / (params / 1e9) if params and b else float("nan")
+    ratio = tps / cps if cps else float("nan")
+    verdict = "PASS" if cps and ratio >= 0.95 else "FAIL"
+    print(f"{verdict} big         {model} {tokens // 1024}K int8 + master, {name}: {tps:.0f} tok/s = {ratio:.3f} of "
+          f"compute-only {cps or float('nan'):.0f} (target 0.95); host state {state / 2**30:.2f} GiB "
+          f"({gib_b(state):.2f} GiB/B), MemAvailable drop {(drop or 0) / 2**30:.2f} GiB ({gib_b(drop):.2f} GiB/B; target 6)")
 PY
 }
 
@@ -586,32 +672,39 @@ part_state() {
     rcs+=(--rc "$t=$?")
   done
   judge gtest --xml-dir "$xml" "${rcs[@]}" --none-why "no .gpu/tests/adam_state_test: rebuild the bundle"
-  for st in fp32 bf16 int8; do
-    stage "layeradam_$st" 150 bench_layeradam --params "${STATE_PARAMS:-268435456}" --state "$st"
+  # With the mirror's stores (param_source mirror) and without them (master), STATE_MIRRORS.
+  local mirrors=${STATE_MIRRORS:-"stream none"} ms
+  for ms in $mirrors; do
+    for st in fp32 bf16 int8; do
+      stage "layeradam_${st}_$ms" 150 bench_layeradam --params "${STATE_PARAMS:-268435456}" --state "$st" \
+        --mirror-store "$ms"
+    done
   done
   dry && return 0
-  python3 - "$part_dir" << 'PY' | tee -a "$summary"
+  python3 - "$part_dir" $mirrors << 'PY' | tee -a "$summary"
 import json, sys
 d = sys.argv[1]
-rows = {}
-for st in ("fp32", "bf16", "int8"):
-    try:
-        last = [l for l in open(f"{d}/layeradam_{st}.log") if l.startswith("{")][-1]
-        rows[st] = json.loads(last)
-    except (OSError, IndexError, ValueError):
-        print(f"FAIL state       layeradam --state {st}: no result")
-for st, r in rows.items():
-    print(f"INFO state       LayerAdam {st} moments: {r['adam_Gparam_per_s']:.3f} Gparam/s, {r['layeradam_gbps']:.1f} GB/s "
-          f"at {r['layeradam_bytes_per_param']:.2f} B/param, triad {r['triad_gbps']:.1f} GB/s "
-          f"(ratio {r['ratio_to_triad']:.2f}), isa {r['isa']}, {r['threads']} threads, "
-          f"{r['hot_path_page_faults']} page faults")
-if "fp32" in rows:
-    for st in ("bf16", "int8"):
-        if st in rows:
-            x = rows[st]["adam_Gparam_per_s"] / rows["fp32"]["adam_Gparam_per_s"]
-            gate = st == "int8"
-            verdict = ("PASS" if x >= 1.5 else "FAIL") if gate else "INFO"
-            print(f"{verdict} state       LayerAdam {st} / fp32 moments: {x:.2f}x params/s" + (" (>= 1.5)" if gate else ""))
+for ms in sys.argv[2:]:
+    rows = {}
+    for st in ("fp32", "bf16", "int8"):
+        try:
+            last = [l for l in open(f"{d}/layeradam_{st}_{ms}.log") if l.startswith("{")][-1]
+            rows[st] = json.loads(last)
+        except (OSError, IndexError, ValueError):
+            print(f"FAIL state       layeradam --state {st} --mirror-store {ms}: no result")
+    for st, r in rows.items():
+        print(f"INFO state       LayerAdam {st} moments, mirror {ms}: {r['adam_Gparam_per_s']:.3f} Gparam/s, "
+              f"{r['layeradam_gbps']:.1f} GB/s at {r['layeradam_bytes_per_param']:.2f} B/param, triad "
+              f"{r['triad_gbps']:.1f} GB/s (ratio {r['ratio_to_triad']:.2f}), isa {r['isa']}, {r['threads']} threads, "
+              f"{r['hot_path_page_faults']} page faults")
+    if "fp32" in rows:
+        for st in ("bf16", "int8"):
+            if st in rows:
+                x = rows[st]["adam_Gparam_per_s"] / rows["fp32"]["adam_Gparam_per_s"]
+                gate = st == "int8"
+                verdict = ("PASS" if x >= 1.5 else "FAIL") if gate else "INFO"
+                print(f"{verdict} state       LayerAdam {st} / fp32 moments, mirror {ms}: {x:.2f}x params/s"
+                      + (" (>= 1.5)" if gate else ""))
 PY
 }
 

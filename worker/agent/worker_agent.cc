@@ -499,6 +499,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     copt.embedding = embedding;
     copt.urgent_rank = spec.copy_priority > 0 ? a.rank() : -1;  // DMA before Adam
     copt.source = source;
+    copt.cast_on_device = spec.cast_on == CastOn::kDevice;
     copt.cast_threads = CastThreads(spec.cast_threads, a.world_size());
     ASSIGN_OR_RETURN(streamer, CudaWindowStreamer::Create(job_state, ring.get(), layout,
                                                           static_cast<cudaStream_t>(backend->native_stream()), copt));

@@ -116,6 +116,30 @@ __global__ void CastKernel(const float* __restrict__ src, int64_t n, float scale
     dst[i] = __float2bfloat16(src[i] * scale);
 }
 
+__device__ __forceinline__ uint32_t Bf16BitsOf(uint32_t x) {
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (x >> 16) | 0x40u;
+  return (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+}
+
+// Four elements a thread where src and dst allow 16- and 8-byte accesses; the rest one by one.
+__global__ void CastExactKernel(const float* __restrict__ src, int64_t n, uint16_t* __restrict__ dst, bool vec) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t quads = n / 4;
+    const uint4* in = reinterpret_cast<const uint4*>(src);
+    uint2* out = reinterpret_cast<uint2*>(dst);
+    for (int64_t q = first; q < quads; q += stride) {
+      const uint4 x = in[q];
+      out[q] = make_uint2(Bf16BitsOf(x.x) | (Bf16BitsOf(x.y) << 16), Bf16BitsOf(x.z) | (Bf16BitsOf(x.w) << 16));
+    }
+    done = quads * 4;
+  }
+  const uint32_t* bits = reinterpret_cast<const uint32_t*>(src);
+  for (int64_t i = done + first; i < n; i += stride) dst[i] = static_cast<uint16_t>(Bf16BitsOf(bits[i]));
+}
+
 __global__ void RoundToBf16Kernel(float* x, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -158,6 +182,16 @@ absl::Status SumInto(const float* vals, int64_t n, float* out, cudaStream_t stre
 absl::Status CastF32ToBf16(const float* src, int64_t n, float scale, bf16* dst, cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
   CastKernel<<<GridFor(n, 256), 256, 0, stream>>>(src, n, scale, dst);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status CastF32ToBf16Exact(const float* src, int64_t n, bf16* dst, int max_blocks, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  if (max_blocks <= 0) return absl::InvalidArgumentError(absl::StrCat("CastF32ToBf16Exact: max_blocks ", max_blocks));
+  const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 8 == 0;
+  const int blocks = std::min(GridFor((n + 3) / 4, 256), max_blocks);
+  CastExactKernel<<<blocks, 256, 0, stream>>>(src, n, reinterpret_cast<uint16_t*>(dst), vec);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

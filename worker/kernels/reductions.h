@@ -35,6 +35,10 @@ constexpr int kSumSquaresBlocks = 528;
 absl::Status SumSquaresF32(const float* x, int64_t n, double* partials, double* out, cudaStream_t stream);
 // dst[i] = bf16(src[i] * scale).
 absl::Status CastF32ToBf16(const float* src, int64_t n, float scale, bf16* dst, cudaStream_t stream);
+// dst[i] = FloatToBf16(src[i]) (common/numeric/bf16.h) bit for bit: round to nearest even, a NaN
+// to (bits >> 16) | 0x40. The upload cast of runtime.param_source master with cast_on device; it
+// runs on at most `max_blocks` blocks, so that it takes few SMs from compute running beside it.
+absl::Status CastF32ToBf16Exact(const float* src, int64_t n, bf16* dst, int max_blocks, cudaStream_t stream);
 // x[i] = float(bf16(x[i])), rounded to nearest even as FloatToBf16 (common/numeric/bf16.h): the
 // FP32 values of a gradient posted in BF16 (runtime.grad_dtype bf16), whose norm is taken on them.
 absl::Status RoundToBf16InPlace(float* x, int64_t n, cudaStream_t stream);

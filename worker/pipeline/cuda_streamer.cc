@@ -1,17 +1,17 @@
 // CudaWindowStreamer: bounded window of GPU parameter slots fed from the host mirror.
 #include "worker/pipeline/cuda_streamer.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/model/shard.h"
+#include "common/numeric/bf16_cast.h"
 #include "common/status/status_macros.h"
 #include "shm/futex.h"
 #include "worker/kernels/cuda_check.h"
+#include "worker/kernels/reductions.h"
 #include "worker/pipeline/urgent_copy.h"
 
 namespace slidedp {
@@ -20,28 +20,6 @@ namespace {
 // A gate wait longer than this means the update was still running when the unit was needed: the
 // GPU is about to wait for this load. (A gate already open returns in well under a microsecond.)
 constexpr absl::Duration kUrgentGateWait = absl::Microseconds(20);
-
-// FloatToBf16 over [0, n): round to nearest even, NaN to a quiet NaN, 16 lanes at a time.
-__attribute__((target("avx512f"))) void CastToBf16Avx512(const float* in, bf16_t* out, int64_t n) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
-                bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512i x = _mm512_loadu_si512(in + i);
-    const __m512i hi = _mm512_srli_epi32(x, 16);
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, bias), _mm512_and_si512(hi, one)), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, abs_mask), inf);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, quiet));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
-  }
-  for (; i < n; ++i) out[i] = FloatToBf16(in[i]);
-}
-
-void CastToBf16(const float* in, bf16_t* out, int64_t n) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  if (avx512) return CastToBf16Avx512(in, out, n);
-  for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(in[i]);
-}
 
 }  // namespace
 
@@ -81,9 +59,27 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
     int64_t largest = 0;
     for (const UnitLayout& u : layout.units) largest = std::max(largest, u.numel * 2);
     s->cast_chunk_bytes_ = std::max<int64_t>(4096, (std::min(options.chunk_bytes, largest) + 4095) / 4096 * 4096);
-    for (int b = 0; b < kCastBuffers; ++b) {
-      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMallocHost(&s->cast_buffers_[b], s->cast_chunk_bytes_));
-      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s->cast_copied_[b], cudaEventDisableTiming));
+    if (options.cast_on_device) {
+      // The master is read by DMA (registered once per job segment, kept with the mirrors').
+      for (int u = 0; u < layout.num_units(); ++u) {
+        RETURN_IF_ERROR(registry->Ensure(state->master(u), layout.units[u].numel * 4));
+      }
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s->cast_stream_, cudaStreamNonBlocking));
+      for (int b = 0; b < kDeviceCastBuffers; ++b) {
+        const cudaError_t e = cudaMalloc(&s->device_cast_fp32_[b], s->cast_chunk_bytes_ * 2);
+        if (e != cudaSuccess) {
+          return absl::ResourceExhaustedError(absl::StrCat("GPU cast staging: cudaMalloc of ", s->cast_chunk_bytes_ * 2,
+                                                           " bytes failed: ", cudaGetErrorString(e)));
+        }
+        s->device_cast_bytes_ += s->cast_chunk_bytes_ * 2;
+        SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s->device_cast_copied_[b], cudaEventDisableTiming));
+        SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s->device_cast_done_[b], cudaEventDisableTiming));
+      }
+    } else {
+      for (int b = 0; b < kCastBuffers; ++b) {
+        SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMallocHost(&s->cast_buffers_[b], s->cast_chunk_bytes_));
+        SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s->cast_copied_[b], cudaEventDisableTiming));
+      }
     }
   }
   if (options.embedding == EmbeddingValues::kFp32FromMaster) {
@@ -123,10 +119,17 @@ CudaWindowStreamer::~CudaWindowStreamer() {
     if (urgent_word_->exchange(0, std::memory_order_release) != 0) shm::FutexWakeAll(urgent_word_);
   }
   if (compute_probe_) cudaEventDestroy(compute_probe_);
+  if (cast_stream_) cudaStreamSynchronize(cast_stream_);
   for (int b = 0; b < kCastBuffers; ++b) {
     if (cast_buffers_[b]) cudaFreeHost(cast_buffers_[b]);
     if (cast_copied_[b]) cudaEventDestroy(cast_copied_[b]);
   }
+  for (int b = 0; b < kDeviceCastBuffers; ++b) {
+    if (device_cast_fp32_[b]) cudaFree(device_cast_fp32_[b]);
+    if (device_cast_copied_[b]) cudaEventDestroy(device_cast_copied_[b]);
+    if (device_cast_done_[b]) cudaEventDestroy(device_cast_done_[b]);
+  }
+  if (cast_stream_) cudaStreamDestroy(cast_stream_);
   for (Slot& slot : slots_) {
     if (slot.data) cudaFree(slot.data);
     if (slot.fp32) cudaFree(slot.fp32);
@@ -145,7 +148,31 @@ CudaWindowStreamer::Slot* CudaWindowStreamer::Resident(int unit, uint32_t gate) 
   return nullptr;
 }
 
-absl::Status CudaWindowStreamer::CastAndCopy(const float* master, char* dst, int64_t numel) {
+absl::Status CudaWindowStreamer::CopyAndCastOnDevice(const float* master, char* dst, int64_t numel) {
+  const int64_t chunk = cast_chunk_bytes_ / 2;
+  int b = next_cast_buffer_;
+  for (int64_t off = 0; off < numel; off += chunk) {
+    const int64_t n = std::min(chunk, numel - off);
+    b = next_cast_buffer_;
+    next_cast_buffer_ = (next_cast_buffer_ + 1) % kDeviceCastBuffers;
+    // The cast that read the buffer last must be done before the copy overwrites it (an event never
+    // recorded is complete).
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(h2d_, device_cast_done_[b], 0));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(device_cast_fp32_[b], master + off, n * 4, cudaMemcpyHostToDevice, h2d_));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(device_cast_copied_[b], h2d_));
+    // The slot's previous readers: the H2D stream waited for them before the first copy above.
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(cast_stream_, device_cast_copied_[b], 0));
+    RETURN_IF_ERROR(kernels::CastF32ToBf16Exact(device_cast_fp32_[b], n, reinterpret_cast<kernels::bf16*>(dst) + off,
+                                                kDeviceCastBlocks, cast_stream_));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(device_cast_done_[b], cast_stream_));
+  }
+  // The slot's `ready`, recorded on the H2D stream, covers the last cast (and so all of them).
+  if (numel > 0) SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(h2d_, device_cast_done_[b], 0));
+  return absl::OkStatus();
+}
+
+absl::Status CudaWindowStreamer::CastOnHostAndCopy(const float* master, char* dst, int64_t numel) {
   const int64_t chunk = cast_chunk_bytes_ / 2;
   const int threads = std::max(1, options_.cast_threads);
   for (int64_t off = 0; off < numel; off += chunk) {
@@ -157,7 +184,7 @@ absl::Status CudaWindowStreamer::CastAndCopy(const float* master, char* dst, int
     const absl::Time t0 = absl::Now();
     bf16_t* out = cast_buffers_[b];
     const float* in = master + off;
-    auto cast = [in, out](int64_t from, int64_t to) { CastToBf16(in + from, out + from, to - from); };
+    auto cast = [in, out](int64_t from, int64_t to) { CastF32ToBf16(in + from, out + from, to - from); };
     // Pieces of whole cache lines; this thread casts the first.
     const int pieces = static_cast<int>(std::min<int64_t>(threads, (n + 1023) / 1024));
     std::vector<std::thread> helpers;
@@ -209,7 +236,9 @@ absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uin
   const ShardRange part = comm ? ShardOf(numel, comm->world(), comm->rank()) : ShardRange{0, numel};
   char* dst = static_cast<char*>(victim->data) + part.offset * 2;
   if (options_.source == UploadSource::kMaster) {
-    RETURN_IF_ERROR(CastAndCopy(state_->master(unit) + part.offset, dst, part.numel));
+    const float* master = state_->master(unit) + part.offset;
+    RETURN_IF_ERROR(options_.cast_on_device ? CopyAndCastOnDevice(master, dst, part.numel)
+                                            : CastOnHostAndCopy(master, dst, part.numel));
   } else {
     const char* src = reinterpret_cast<const char*>(state_->mirror(unit) + part.offset);
     const int64_t bytes = part.numel * 2;

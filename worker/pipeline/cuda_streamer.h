@@ -8,10 +8,18 @@
 // an in-place NCCL all-gather on the communicator's stream fills in the rest: 1/R of the host
 // link's bytes per rank, the remainder over NVLink.
 //
-// Without a mirror (CudaStreamerOptions::source kMaster, runtime.param_source: master) the loading
-// thread casts the unit's FP32 master to BF16 chunk by chunk, on cast_threads threads, into a ring
-// of kCastBuffers pinned staging buffers, and queues each chunk's copy while it casts the next: a
-// buffer is cast into again only after its previous copy finished (an event per buffer).
+// Without a mirror (CudaStreamerOptions::source kMaster, runtime.param_source: master) the BF16
+// values are cast from the FP32 master, chunk by chunk, in one of two places (runtime.cast_on):
+// - on the GPU (cast_on_device, the default): the master is registered with CUDA; each FP32 chunk
+//   is copied into one of kDeviceCastBuffers device buffers on the H2D stream, and a small kernel
+//   (kernels::CastF32ToBf16Exact, on a stream of its own, so the next chunk's copy overlaps it)
+//   casts it into the slot. The host does no work: 4 B/param cross the link and are read from
+//   host memory once per upload;
+// - on the host: the loading thread casts on cast_threads threads into a ring of kCastBuffers
+//   pinned staging buffers and queues each chunk's copy while it casts the next (a buffer is cast
+//   into again only after its previous copy finished). 2 B/param cross the link; host memory
+//   sees 8 B/param per upload (read 4, write 2, the DMA reads 2).
+// Both give FloatToBf16's bits, the mirror's.
 //
 // The norm weights also come in FP32 from the master (CudaStreamerOptions::norms), and the
 // embedding lookup reads the FP32 master's rows in place, mapped into the device's address space
@@ -64,6 +72,7 @@ struct CudaStreamerOptions {
   int urgent_rank = -1;
   // Where the BF16 values come from; kMaster: cast here (the segment keeps no mirror).
   UploadSource source = UploadSource::kMirror;
+  bool cast_on_device = true;  // kMaster: cast on the GPU (else on cast_threads host threads)
   int cast_threads = 4;
 };
 
@@ -82,8 +91,12 @@ class CudaWindowStreamer : public UnitStreamer {
   double gate_wait_s() const override { return gate_wait_s_; }
   double h2d_s() const override { return h2d_timer_.busy_s(); }
   double cast_s() const override { return cast_s_; }
-  int64_t device_bytes() const override { return (slot_bytes_ + fp32_bytes_) * static_cast<int64_t>(slots_.size()); }
-  static constexpr int kCastBuffers = 3;  // hostd's admission counts them (AddCastStaging)
+  int64_t device_bytes() const override {
+    return (slot_bytes_ + fp32_bytes_) * static_cast<int64_t>(slots_.size()) + device_cast_bytes_;
+  }
+  static constexpr int kCastBuffers = 3;  // host cast; hostd's admission counts them (AddCastStaging)
+  static constexpr int kDeviceCastBuffers = 2;
+  static constexpr int kDeviceCastBlocks = 32;  // the cast kernel's grid: a quarter of an H200's SMs at most
   // Loads issued as urgent so far (DMA before Adam).
   int64_t urgent_loads() const { return urgent_loads_; }
 
@@ -104,8 +117,10 @@ class CudaWindowStreamer : public UnitStreamer {
   // Issues the load of `unit` into the least recently used free slot (after its gate opens).
   absl::StatusOr<Slot*> Load(int unit, uint32_t min_version);
   Slot* Resident(int unit, uint32_t gate);
-  // Queues the H2D of `numel` BF16 values cast from `master` into `dst` (kMaster), in chunks.
-  absl::Status CastAndCopy(const float* master, char* dst, int64_t numel);
+  // Queues the H2D of `numel` BF16 values cast from `master` into `dst` (kMaster), in chunks: cast
+  // on the host then copied, or copied then cast on the GPU.
+  absl::Status CastOnHostAndCopy(const float* master, char* dst, int64_t numel);
+  absl::Status CopyAndCastOnDevice(const float* master, char* dst, int64_t numel);
   // Whether the GPU is about to wait for a load whose gate wait took `gate_wait`.
   absl::StatusOr<bool> LoadIsUrgent(absl::Duration gate_wait);
 
@@ -134,6 +149,13 @@ class CudaWindowStreamer : public UnitStreamer {
   cudaEvent_t cast_copied_[kCastBuffers] = {};
   int next_cast_buffer_ = 0;
   double cast_s_ = 0;
+  // kMaster on the device: FP32 chunk buffers (cast_chunk_bytes_ * 2 each), the events of their
+  // copies and of the casts that read them, and the cast kernels' stream.
+  float* device_cast_fp32_[kDeviceCastBuffers] = {};
+  cudaEvent_t device_cast_copied_[kDeviceCastBuffers] = {};
+  cudaEvent_t device_cast_done_[kDeviceCastBuffers] = {};
+  cudaStream_t cast_stream_ = nullptr;
+  int64_t device_cast_bytes_ = 0;
 };
 
 }  // namespace slidedp

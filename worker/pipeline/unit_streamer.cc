@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/numeric/bf16_cast.h"
 
 namespace slidedp {
 
@@ -40,7 +41,7 @@ absl::StatusOr<UnitParams> HostMirrorStreamer::Acquire(int unit, uint32_t min_ve
       c.values.resize(n);
       const absl::Time c0 = absl::Now();
       const float* master = state_->master(unit);
-      for (int64_t i = 0; i < n; ++i) c.values[i] = FloatToBf16(master[i]);
+      CastF32ToBf16(master, c.values.data(), n);
       cast_s_ += absl::ToDoubleSeconds(absl::Now() - c0);
       c.gate = min_version;
     }

@@ -854,13 +854,60 @@ TEST(TrainingExecutor, CompactMomentsAreTheStateKernelsOnEveryRoute) {
       EXPECT_TRUE(noted) << "to " << ToString(other);
     }
   }
-  // Speculation keeps FP32 moments: asked for explicitly with compact moments, the job is refused.
-  JobSpec spec = TinySpec(1, 1.0, "cpu");
-  spec.state_dtype = StateDtype::kInt8;
-  spec.speculation_bytes = 1 << 20;
-  JobRun run = RunJob(ex, "compact-speculation", spec, Workers(1));
-  EXPECT_EQ(run.status.code(), absl::StatusCode::kInvalidArgument) << run.status;
-  EXPECT_TRUE(absl::StrContains(run.status.message(), "speculation_bytes")) << run.status;
+}
+
+// Speculative clipping with compact moments: the undo copies keep BF16 moments or int8 codes and
+// scales, so steps that speculate and commit, or are redone after the norm clips, leave master
+// and moments bit for bit as the path that waits for the norm; host and device staging, one and
+// two ranks, the automatic budget and one of exactly the last two units' compact undo bytes.
+TEST(TrainingExecutor, CompactMomentsSpeculateBitwiseThePathThatWaitsForTheNorm) {
+  TrainingExecutor ex(Options());
+  g_step_scale = {1, 3, 1, 3, 3, 1, 1};
+  const ModelLayout layout = ModelLayout::Build(*Qwen3Config::Preset("tiny"));
+  for (update::StateDtype dtype : {update::StateDtype::kBf16, update::StateDtype::kInt8}) {
+    const uint64_t last_units = UndoBytes(layout, layout.num_units() - 2, dtype);
+    EXPECT_LT(last_units, UndoBytes(layout, layout.num_units() - 2)) << "compact undo copies are smaller";
+    for (GradStaging staging : {GradStaging::kHost, GradStaging::kDevice}) {
+      for (int world : {1, 2}) {
+        const std::string tag = absl::StrCat(update::StateDtypeName(dtype), ToString(staging), world);
+        JobSpec base = TinySpec(world, 1e9, "gpu");
+        base.state_dtype = dtype == update::StateDtype::kInt8 ? StateDtype::kInt8 : StateDtype::kBf16;
+        base.seed = 5;
+        base.steps = static_cast<int64_t>(g_step_scale.size());
+        base.grad_staging = staging;
+        base.speculation_bytes = 0;
+        JobRun probe = RunJob(ex, "cprobe" + tag, base, Workers(world));
+        ASSERT_TRUE(probe.status.ok()) << probe.status;
+        ASSERT_EQ(probe.norms.size(), g_step_scale.size());
+        base.max_grad_norm = 0.5 * (probe.norms[0] + probe.norms[1]);
+        JobRun waiting = RunJob(ex, "cwaiting" + tag, base, Workers(world));
+        ASSERT_TRUE(waiting.status.ok()) << waiting.status;
+        for (int64_t budget : {int64_t{-1}, static_cast<int64_t>(last_units)}) {
+          SCOPED_TRACE(absl::StrCat(tag, " budget ", budget));
+          JobSpec spec = base;
+          spec.speculation_bytes = budget;
+          JobRun run = RunJob(ex, absl::StrCat("cspec", tag, budget > 0), spec, Workers(world));
+          ASSERT_TRUE(run.status.ok()) << run.status;
+          ASSERT_EQ(run.norms, waiting.norms);
+          ASSERT_EQ(run.metrics.size(), g_step_scale.size());
+          int speculated = 0, rolled_back = 0;
+          for (const v1::StepMetrics& m : run.metrics) {
+            speculated += m.speculated_fraction() > 0;
+            rolled_back += m.speculation_rolled_back();
+          }
+          EXPECT_GE(speculated, 3);
+          EXPECT_EQ(rolled_back, 2);
+          for (int u = 0; u < layout.num_units(); ++u) {
+            ASSERT_EQ(0, std::memcmp(run.ranks[0].master[u].data(), waiting.ranks[0].master[u].data(),
+                                     layout.units[u].numel * sizeof(float)))
+                << u;
+            ASSERT_TRUE(run.ranks[0].moments[u] == waiting.ranks[0].moments[u]) << u;
+          }
+        }
+      }
+    }
+  }
+  g_step_scale.clear();
 }
 
 update::LrSchedule LinearSchedule(const JobSpec& spec) {

@@ -401,6 +401,159 @@ TEST(LayerAdam, UndoCopiesRestoreAndRedoBitExact) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Speculative clipping with compact moments (optimizer.state_dtype bf16 / int8): the undo copy
+// keeps the unit's own form (BF16 moments; int8 codes and the scales of every block a chunk
+// touches), so a speculative update is the plain one, a redo from the copy is the plain update of
+// the saved state and a restore gives the state before the speculation, bit for bit (mirror
+// included), also after a refused (non-finite) speculative update; chunks on int8 blocks, random
+// order; an undo copy of another form is refused.
+TEST(LayerAdam, CompactUndoCopiesRestoreAndRedoBitExact) {
+  auto config = Qwen3Config::Preset("tiny");
+  ASSERT_TRUE(config.ok());
+  const UnitLayout ul = ModelLayout::Build(*config).units[1];
+  const int64_t n = ul.numel;
+  std::vector<ElementRange> tensors;
+  for (const TensorSlot& t : ul.tensors) tensors.push_back({t.offset_numel, t.offset_numel + t.numel});
+  auto engine = MakeEngine(3, WorkerPinning::kNone, /*min_piece=*/256);
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (StateDtype dtype : {StateDtype::kBf16, StateDtype::kInt8}) {
+    SCOPED_TRACE(StateDtypeName(dtype));
+    struct Compact {
+      std::vector<float> master;
+      std::vector<bf16_t> mirror, m16, v16;
+      std::vector<int8_t> mq;
+      std::vector<uint8_t> vq;
+      std::vector<float> ms, vs;
+      bool operator==(const Compact& o) const {
+        return std::memcmp(master.data(), o.master.data(), master.size() * 4) == 0 && mirror == o.mirror &&
+               m16 == o.m16 && v16 == o.v16 && mq == o.mq && vq == o.vq &&
+               std::memcmp(ms.data(), o.ms.data(), ms.size() * 4) == 0 &&
+               std::memcmp(vs.data(), o.vs.data(), vs.size() * 4) == 0;
+      }
+    };
+    auto make = [&](float fill) {
+      Compact c;
+      c.master.resize(n);
+      for (float& x : c.master) x = normal(rng) * 0.02f;
+      c.mirror.assign(n, 0);
+      c.m16.assign(n, FloatToBf16(fill));
+      c.v16.assign(n, FloatToBf16(fill));
+      c.mq.assign(n, fill == 0 ? 0 : -99);
+      c.vq.assign(n, fill == 0 ? 0 : 77);
+      c.ms.assign(Int8StateBlocks(n), fill);
+      c.vs.assign(Int8StateBlocks(n), fill);
+      return c;
+    };
+    auto view = [&](Compact& c) {
+      UnitMemory u;
+      u.master = c.master.data();
+      u.mirror = c.mirror.data();
+      u.numel = n;
+      u.moments = dtype;
+      u.bf16 = Bf16Moments{c.m16.data(), c.v16.data()};
+      u.int8 = Int8Moments{c.mq.data(), c.vq.data(), c.ms.data(), c.vs.data()};
+      u.first_index = 12345;
+      u.tensors = tensors;
+      return u;
+    };
+    auto chunks = [&] {
+      std::vector<std::pair<int64_t, int64_t>> out;
+      std::uniform_int_distribution<int64_t> blocks(1, 40);
+      for (int64_t o = 0; o < n;) {
+        const int64_t l = std::min(n - o, blocks(rng) * kInt8StateBlock);
+        out.emplace_back(o, l);
+        o += l;
+      }
+      std::shuffle(out.begin(), out.end(), rng);
+      return out;
+    };
+    std::vector<float> grad(n);
+    auto step = [&](Compact& c, int t, float scale, const UndoMemory* undo, UndoMode mode) {
+      AdamWStepParams p;
+      p.lr = 1e-3;
+      p.weight_decay = 0.1;
+      p.step = t;
+      p.rounding_seed = 7;
+      p.grad_scale = scale;
+      for (auto [o, l] : chunks()) {
+        ASSERT_TRUE(engine
+                        ->SubmitChunk(view(c), o, l, grad.data() + o, p,
+                                      [](absl::Status s) { EXPECT_TRUE(s.ok()) << s; }, undo, mode)
+                        .ok());
+      }
+      engine->WaitIdle();
+    };
+    // A state with history: two plain steps first, so the moments and scales are non-trivial.
+    Compact start = make(0.0f);
+    for (int t = 1; t <= 2; ++t) {
+      for (float& g : grad) g = normal(rng) * 1e-2f;
+      step(start, t, 1.0f, nullptr, UndoMode::kNone);
+    }
+    for (float& g : grad) g = normal(rng) * 1e-2f;
+    Compact plain1 = start, plain_half = start;
+    step(plain1, 3, 1.0f, nullptr, UndoMode::kNone);
+    step(plain_half, 3, 0.5f, nullptr, UndoMode::kNone);
+    ASSERT_FALSE(plain1 == plain_half);
+
+    Compact arena = make(-3.0f);  // poisoned: whatever is read back unsaved shows
+    UndoMemory undo;
+    undo.master = arena.master.data();
+    undo.moments = dtype;
+    undo.bf16 = Bf16Moments{arena.m16.data(), arena.v16.data()};
+    undo.int8 = Int8Moments{arena.mq.data(), arena.vq.data(), arena.ms.data(), arena.vs.data()};
+    Compact spec = start;
+    step(spec, 3, 1.0f, &undo, UndoMode::kSave);
+    EXPECT_TRUE(spec == plain1) << "a speculative update is the plain one";
+    Compact redone = spec;
+    step(redone, 3, 0.5f, &undo, UndoMode::kRedo);
+    EXPECT_TRUE(redone == plain_half) << "a redo is the update of the saved state";
+    auto restore = [&](Compact& c) {
+      for (auto [o, l] : chunks()) {
+        ASSERT_TRUE(engine->SubmitRestore(view(c), o, l, undo, [](absl::Status s) { EXPECT_TRUE(s.ok()) << s; }).ok());
+      }
+      engine->WaitIdle();
+    };
+    Compact restored = spec;
+    restore(restored);
+    EXPECT_TRUE(restored == start) << "a restore gives the state before the speculative update";
+
+    // Refused part-way at a NaN: the whole chunk was saved, the restore is exact.
+    std::vector<float> good = grad;
+    grad[tensors[0].begin + 1000 % (tensors[0].end - tensors[0].begin)] = std::numeric_limits<float>::quiet_NaN();
+    Compact refused = start;
+    {
+      AdamWStepParams p;
+      p.lr = 1e-3;
+      p.step = 3;
+      p.nonfinite_grad = NonFiniteGrad::kRefuse;
+      int failed = 0;
+      ASSERT_TRUE(engine
+                      ->SubmitChunk(view(refused), 0, n, grad.data(), p, [&](absl::Status s) { failed += !s.ok(); },
+                                    &undo, UndoMode::kSave)
+                      .ok());
+      engine->WaitIdle();
+      EXPECT_EQ(failed, 1);
+    }
+    restore(refused);
+    EXPECT_TRUE(refused == start) << "a refused speculative update is restored exactly";
+    grad = good;
+
+    // An undo copy of another moment form is refused before anything runs.
+    UndoMemory other = undo;
+    other.moments = StateDtype::kFp32;
+    other.m = arena.master.data();
+    other.v = arena.master.data();
+    Compact untouched = start;
+    EXPECT_EQ(
+        engine->SubmitChunk(view(untouched), 0, n, grad.data(), AdamWStepParams{}, [](absl::Status) {}, &other,
+                            UndoMode::kSave)
+            .code(),
+        absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(untouched == start);
+  }
+}
+
 // runtime.grad_dtype bf16: the speculative update and its redo take the BF16 gradient the same
 // way, and each equals the plain BF16 update of the state it starts from, bit for bit.
 TEST(LayerAdam, Bf16GradientUndoAndRedoBitExact) {

@@ -67,6 +67,41 @@ TEST_F(ReductionsGpuTest, RoundToBf16InPlaceIsTheHostRounding) {
   EXPECT_EQ(got[0], 1.0);
 }
 
+// The upload cast (param_source master, cast_on device): bit for bit FloatToBf16 on random bit
+// patterns (NaNs of every payload, infinities, subnormals, ties), from aligned and unaligned
+// starts (the vector and the one-by-one paths), odd lengths, one block and many.
+TEST_F(ReductionsGpuTest, CastF32ToBf16ExactIsFloatToBf16BitForBit) {
+  const int64_t n = 1000003;
+  std::vector<uint32_t> bits(n);
+  for (auto& b : bits) b = static_cast<uint32_t>(Rng()());
+  for (uint32_t i = 0; i < 4096; ++i) bits[i] = 0x3f800000u + (i << 4);  // ties and near-ties
+  const uint32_t special[] = {0x7f800000u, 0xff800000u, 0x7f800001u, 0xffffffffu, 0x7fc00000u, 0x00000001u,
+                              0x80000000u, 0x7f7fffffu, 0x3f808000u, 0x3f818000u};
+  for (size_t i = 0; i < sizeof(special) / 4; ++i) bits[5000 + i] = special[i];
+  Dev<uint32_t> src(n + 1);
+  Dev<uint16_t> dst(n + 2);
+  ASSERT_CUDA_OK(cudaMemcpy(src.get(), bits.data(), n * 4, cudaMemcpyHostToDevice));
+  for (int offset : {0, 1}) {
+    for (int blocks : {1, 64}) {
+      const int64_t len = n - offset;
+      ASSERT_CUDA_OK(cudaMemset(dst.get(), 0xff, (n + 2) * 2));
+      ASSERT_OK(kernels::CastF32ToBf16Exact(reinterpret_cast<const float*>(src.get() + offset), len,
+                                            reinterpret_cast<bf16*>(dst.get() + offset), blocks, nullptr));
+      std::vector<uint16_t> got(n + 2);
+      ASSERT_CUDA_OK(cudaMemcpy(got.data(), dst.get(), (n + 2) * 2, cudaMemcpyDeviceToHost));
+      int64_t differ = 0;
+      for (int64_t i = 0; i < len; ++i) {
+        float f;
+        std::memcpy(&f, &bits[offset + i], 4);
+        differ += got[offset + i] != FloatToBf16(f);
+      }
+      EXPECT_EQ(differ, 0) << "offset " << offset << ", " << blocks << " block(s)";
+      EXPECT_EQ(got[offset + len], 0xffff) << "wrote past the end";
+    }
+  }
+  EXPECT_FALSE(kernels::CastF32ToBf16Exact(nullptr, 1, nullptr, 0, nullptr).ok());
+}
+
 // Squared norm (device-staged clipping).
 TEST_F(ReductionsGpuTest, SumSquaresF32) {
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000003}, int64_t{9437187}}) {
