@@ -42,7 +42,7 @@ namespace slidedp::worker {
 namespace {
 
 // runtime.cast_threads, 0: a quarter of the host's cores per rank, 1 to 8.
-[[maybe_unused]] int CastThreads(int32_t configured, int world) {
+int CastThreads(int32_t configured, int world) {
   if (configured > 0) return configured;
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   return std::clamp(cores / (4 * std::max(world, 1)), 1, 8);
@@ -469,7 +469,8 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   std::unique_ptr<shm::ShmCollective> collective;
   std::unique_ptr<ActivationStore> activations;  // null: layer inputs stay on the device
   if (options_.backend == BackendKind::kCpu) {
-    streamer = std::make_unique<HostMirrorStreamer>(job_state, layout, timeout, norms, embedding, source);
+    streamer = std::make_unique<HostMirrorStreamer>(job_state, layout, timeout, norms, embedding, source,
+                                                    CastThreads(spec.cast_threads, a.world_size()));
     if (gpu_route) {
       if (a.collective_segment().empty()) {
         return absl::FailedPreconditionError("grad_reduction gpu on CPU workers needs hostd's collective segment");

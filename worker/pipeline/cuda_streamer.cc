@@ -2,12 +2,10 @@
 #include "worker/pipeline/cuda_streamer.h"
 
 #include <algorithm>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/model/shard.h"
-#include "common/numeric/bf16_cast.h"
 #include "common/status/status_macros.h"
 #include "shm/futex.h"
 #include "worker/kernels/cuda_check.h"
@@ -76,6 +74,7 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
         SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s->device_cast_done_[b], cudaEventDisableTiming));
       }
     } else {
+      s->cast_pool_ = std::make_unique<CastPool>(std::max(1, options.cast_threads));
       for (int b = 0; b < kCastBuffers; ++b) {
         SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMallocHost(&s->cast_buffers_[b], s->cast_chunk_bytes_));
         SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s->cast_copied_[b], cudaEventDisableTiming));
@@ -174,7 +173,6 @@ absl::Status CudaWindowStreamer::CopyAndCastOnDevice(const float* master, char* 
 
 absl::Status CudaWindowStreamer::CastOnHostAndCopy(const float* master, char* dst, int64_t numel) {
   const int64_t chunk = cast_chunk_bytes_ / 2;
-  const int threads = std::max(1, options_.cast_threads);
   for (int64_t off = 0; off < numel; off += chunk) {
     const int64_t n = std::min(chunk, numel - off);
     const int b = next_cast_buffer_;
@@ -182,18 +180,10 @@ absl::Status CudaWindowStreamer::CastOnHostAndCopy(const float* master, char* ds
     // The buffer's previous copy must be done before it is cast into again.
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(cast_copied_[b]));
     const absl::Time t0 = absl::Now();
-    bf16_t* out = cast_buffers_[b];
-    const float* in = master + off;
-    auto cast = [in, out](int64_t from, int64_t to) { CastF32ToBf16(in + from, out + from, to - from); };
-    // Pieces of whole cache lines; this thread casts the first.
-    const int pieces = static_cast<int>(std::min<int64_t>(threads, (n + 1023) / 1024));
-    std::vector<std::thread> helpers;
-    auto piece_begin = [n, pieces](int p) { return std::min(n, (n * p / pieces + 31) / 32 * 32); };
-    for (int p = 1; p < pieces; ++p) helpers.emplace_back(cast, piece_begin(p), piece_begin(p + 1));
-    cast(0, piece_begin(1));
-    for (std::thread& t : helpers) t.join();
+    cast_pool_->Cast(master + off, cast_buffers_[b], n);
     cast_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
-    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + off * 2, out, n * 2, cudaMemcpyHostToDevice, h2d_));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst + off * 2, cast_buffers_[b], n * 2, cudaMemcpyHostToDevice, h2d_));
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(cast_copied_[b], h2d_));
   }
   return absl::OkStatus();

@@ -15,7 +15,7 @@
 //   (kernels::CastF32ToBf16Exact, on a stream of its own, so the next chunk's copy overlaps it)
 //   casts it into the slot. The host does no work: 4 B/param cross the link and are read from
 //   host memory once per upload;
-// - on the host: the loading thread casts on cast_threads threads into a ring of kCastBuffers
+// - on the host: the loading thread casts on a CastPool of cast_threads threads into a ring of kCastBuffers
 //   pinned staging buffers and queues each chunk's copy while it casts the next (a buffer is cast
 //   into again only after its previous copy finished). 2 B/param cross the link; host memory
 //   sees 8 B/param per upload (read 4, write 2, the DMA reads 2).
@@ -46,6 +46,7 @@
 #include "shm/job_state.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/pipeline/cuda_copy_timer.h"
+#include "worker/pipeline/cast_pool.h"
 #include "worker/pipeline/host_registry.h"
 #include "worker/pipeline/unit_streamer.h"
 
@@ -147,6 +148,7 @@ class CudaWindowStreamer : public UnitStreamer {
   int64_t cast_chunk_bytes_ = 0;
   bf16_t* cast_buffers_[kCastBuffers] = {};
   cudaEvent_t cast_copied_[kCastBuffers] = {};
+  std::unique_ptr<CastPool> cast_pool_;  // cast_threads threads, started once
   int next_cast_buffer_ = 0;
   double cast_s_ = 0;
   // kMaster on the device: FP32 chunk buffers (cast_chunk_bytes_ * 2 each), the events of their

@@ -2,14 +2,16 @@
 // of the master where the segment keeps no mirror.
 #include "worker/pipeline/unit_streamer.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/numeric/bf16_cast.h"
 
 namespace slidedp {
 
 HostMirrorStreamer::HostMirrorStreamer(shm::JobState* state, const ModelLayout& layout, absl::Duration gate_timeout,
-                                       NormValues norms, EmbeddingValues embedding, UploadSource source)
+                                       NormValues norms, EmbeddingValues embedding, UploadSource source,
+                                       int cast_threads)
     : state_(state),
       publisher_(state->owner()),
       layout_(layout),
@@ -18,7 +20,10 @@ HostMirrorStreamer::HostMirrorStreamer(shm::JobState* state, const ModelLayout& 
       embedding_(embedding),
       source_(source) {
   side_.resize(layout.num_units());
-  if (source == UploadSource::kMaster) casts_.resize(layout.num_units());
+  if (source == UploadSource::kMaster) {
+    casts_.resize(layout.num_units());
+    cast_pool_ = std::make_unique<CastPool>(std::max(1, cast_threads));
+  }
   for (int u = 0; u < layout.num_units(); ++u) side_[u].resize(layout.units[u].fp32_numel);
 }
 
@@ -41,7 +46,7 @@ absl::StatusOr<UnitParams> HostMirrorStreamer::Acquire(int unit, uint32_t min_ve
       c.values.resize(n);
       const absl::Time c0 = absl::Now();
       const float* master = state_->master(unit);
-      CastF32ToBf16(master, c.values.data(), n);
+      cast_pool_->Cast(master, c.values.data(), n);
       cast_s_ += absl::ToDoubleSeconds(absl::Now() - c0);
       c.gate = min_version;
     }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -16,6 +17,7 @@
 #include "common/model/qwen3_config.h"
 #include "common/numeric/bf16.h"
 #include "shm/job_state.h"
+#include "worker/pipeline/cast_pool.h"
 #include "worker/compute/backend.h"
 
 namespace slidedp {
@@ -62,10 +64,11 @@ class HostMirrorStreamer : public UnitStreamer {
   // UploadSource::kMaster: Acquire casts the unit's master into a buffer held until its last
   // Release (an acquire of a held unit under the same gate reuses it), so memory is bounded by the
   // units held at once.
+  // kMaster casts on `cast_threads` threads (a CastPool).
   HostMirrorStreamer(shm::JobState* state, const ModelLayout& layout, absl::Duration gate_timeout,
                      NormValues norms = NormValues::kFp32FromMaster,
                      EmbeddingValues embedding = EmbeddingValues::kFp32FromMaster,
-                     UploadSource source = UploadSource::kMirror);
+                     UploadSource source = UploadSource::kMirror, int cast_threads = 1);
   absl::StatusOr<UnitParams> Acquire(int unit, uint32_t min_version) override;
   void Release(int unit) override;
   double gate_wait_s() const override { return gate_wait_s_; }
@@ -90,6 +93,7 @@ class HostMirrorStreamer : public UnitStreamer {
   };
   std::vector<Cast> casts_;                  // per unit (kMaster): empty while not held
   std::vector<std::vector<bf16_t>> spare_;   // released buffers, reused
+  std::unique_ptr<CastPool> cast_pool_;      // kMaster
   double gate_wait_s_ = 0;
   double cast_s_ = 0;
 };
