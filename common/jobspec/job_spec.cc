@@ -1,6 +1,7 @@
 // Strict YAML job-spec parsing with yaml-cpp (a maintained YAML 1.2 parser; JSON is a subset).
 #include "common/jobspec/job_spec.h"
 
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status/status_macros.h"
@@ -96,6 +98,46 @@ Setter Bool(bool JobSpec::*field) {
   };
 }
 
+// runtime.gpu_memory_limit: bytes (an integer above 1, or a number with a unit: B, KB, MB, GB, TB
+// in powers of 1000, KiB, MiB, GiB, TiB in powers of 1024) or a fraction of the device's memory in
+// (0, 1].
+Setter MemoryLimit() {
+  return [](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
+    std::string text;
+    RETURN_IF_ERROR(ReadScalar(n, path, "bytes (e.g. 40GiB) or a fraction in (0, 1]", &text));
+    text = std::string(absl::StripAsciiWhitespace(text));
+    size_t unit_at = text.size();
+    while (unit_at > 0 && absl::ascii_isalpha(static_cast<unsigned char>(text[unit_at - 1]))) --unit_at;
+    const std::string number(absl::StripAsciiWhitespace(text.substr(0, unit_at)));
+    const std::string unit = absl::AsciiStrToLower(text.substr(unit_at));
+    double v = 0;
+    auto bad = [&] {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": expected bytes (e.g. 40GiB, 42949672960) or a fraction of "
+                                                     "the device's memory in (0, 1], got '", text, "'"));
+    };
+    if (number.empty() || !absl::SimpleAtod(number, &v) || !std::isfinite(v) || v <= 0) return bad();
+    static const std::vector<std::pair<std::string, double>> kUnits = {
+        {"b", 1},          {"kb", 1e3},       {"mb", 1e6},       {"gb", 1e9},          {"tb", 1e12},
+        {"kib", 1024.0},   {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
+    double scale = 0;
+    for (const auto& [name, factor] : kUnits) scale = unit == name ? factor : scale;
+    if (unit.empty() && v <= 1) {
+      s.gpu_memory_limit_fraction = v;
+      s.gpu_memory_limit_bytes = 0;
+      return absl::OkStatus();
+    }
+    if (!unit.empty() && scale == 0) return bad();
+    const double bytes = v * (unit.empty() ? 1 : scale);
+    if (bytes < kMinGpuMemoryLimitBytes || bytes > 9.0e18) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", text, " is ", bytes, " bytes; a limit must be at least ",
+                                                     kMinGpuMemoryLimitBytes, " (1 MiB)"));
+    }
+    s.gpu_memory_limit_bytes = static_cast<int64_t>(bytes);
+    s.gpu_memory_limit_fraction = 0;
+    return absl::OkStatus();
+  };
+}
+
 template <typename E>
 Setter Enum(E JobSpec::*field, std::vector<std::pair<std::string, E>> names) {
   return [field, names](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
@@ -179,6 +221,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
                                                {{"fp32", EmbeddingRows::kFp32}, {"bf16", EmbeddingRows::kBf16}})},
         {"offload_ratio", Real(&JobSpec::offload_ratio, 0, 1)},
         {"speculation_bytes", Int(&JobSpec::speculation_bytes, -1)},
+        {"gpu_memory_limit", MemoryLimit()},
         {"copy_priority", Real(&JobSpec::copy_priority, 0, 1)},
         {"ring_slots", Int32(&JobSpec::ring_slots, 2)},
         {"step_timeout_ms", Int(&JobSpec::step_timeout_ms, 100)},
@@ -407,6 +450,12 @@ const char* ToString(StateDtype k) {
 }
 const char* ToString(ParamSource k) { return k == ParamSource::kMaster ? "master" : "mirror"; }
 const char* ToString(CastOn k) { return k == CastOn::kHost ? "host" : "device"; }
+
+int64_t GpuMemoryLimitBytes(const JobSpec& spec, int64_t device_bytes) {
+  if (spec.gpu_memory_limit_bytes > 0) return spec.gpu_memory_limit_bytes;
+  if (spec.gpu_memory_limit_fraction > 0) return static_cast<int64_t>(spec.gpu_memory_limit_fraction * device_bytes);
+  return 0;
+}
 const char* ToString(NormWeights k) {
   switch (k) {
     case NormWeights::kFp32: return "fp32";
@@ -493,6 +542,11 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "deterministic" << YAML::Value << deterministic;
   e << YAML::Key << "offload_ratio" << YAML::Value << offload_ratio;
   e << YAML::Key << "speculation_bytes" << YAML::Value << speculation_bytes;
+  if (gpu_memory_limit_bytes > 0) {
+    e << YAML::Key << "gpu_memory_limit" << YAML::Value << gpu_memory_limit_bytes;
+  } else if (gpu_memory_limit_fraction > 0) {
+    e << YAML::Key << "gpu_memory_limit" << YAML::Value << absl::StrCat(gpu_memory_limit_fraction);
+  }
   e << YAML::Key << "copy_priority" << YAML::Value << copy_priority;
   e << YAML::Key << "ring_slots" << YAML::Value << ring_slots;
   e << YAML::Key << "step_timeout_ms" << YAML::Value << step_timeout_ms;

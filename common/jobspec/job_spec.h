@@ -100,6 +100,10 @@ struct JobSpec {
   GradDtype grad_dtype = GradDtype::kFp32;
   ParamSource param_source = ParamSource::kMirror;
   CastOn cast_on = CastOn::kDevice;
+  // runtime.gpu_memory_limit: the device memory a worker may use, in bytes or as a fraction of its
+  // device's (one of the two is set; both 0: no limit). GpuMemoryLimitBytes resolves it.
+  int64_t gpu_memory_limit_bytes = 0;
+  double gpu_memory_limit_fraction = 0;
   // Host threads per worker that cast the master to BF16 (param_source master, cast_on host); 0: auto.
   int32_t cast_threads = 0;
   ActivationPolicy act_policy = ActivationPolicy::kRecomputeLayer;
@@ -156,5 +160,9 @@ const char* ToString(GradDtype k);
 const char* ToString(StateDtype k);
 const char* ToString(ParamSource k);
 const char* ToString(CastOn k);
+
+inline constexpr int64_t kMinGpuMemoryLimitBytes = 1ll << 20;
+// runtime.gpu_memory_limit in bytes on a device of `device_bytes`; 0: no limit.
+int64_t GpuMemoryLimitBytes(const JobSpec& spec, int64_t device_bytes);
 
 }  // namespace slidedp

@@ -124,6 +124,43 @@ TEST(JobSpec, ParamSourceIsTheMirrorByDefaultAndRoundTrips) {
   }
 }
 
+// runtime.gpu_memory_limit: bytes with or without a unit, or a fraction of the device's memory;
+// none by default; the resolved limit; round trips; nonsense, zero, negative and tiny limits are
+// INVALID_ARGUMENT naming the key.
+TEST(JobSpec, GpuMemoryLimitTakesBytesOrAFraction) {
+  auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_EQ(GpuMemoryLimitBytes(*def, int64_t{80} << 30), 0);
+  struct Case {
+    const char* value;
+    int64_t bytes;
+    double fraction;
+  };
+  for (const Case& c : {Case{"40GiB", int64_t{40} << 30, 0}, Case{"40 GiB", int64_t{40} << 30, 0},
+                        Case{"1.5gib", int64_t{3} << 29, 0}, Case{"100GB", 100000000000, 0},
+                        Case{"512MiB", int64_t{512} << 20, 0}, Case{"42949672960", int64_t{40} << 30, 0},
+                        Case{"0.5", 0, 0.5}, Case{"1", 0, 1.0}}) {
+    auto spec = JobSpec::Parse(
+        absl::StrReplaceAll(kGood, {{"backend: cpu,", absl::StrCat("backend: cpu, gpu_memory_limit: ", c.value, ",")}}),
+        "/base", JobSpec::FileCheck::kSkip);
+    ASSERT_TRUE(spec.ok()) << c.value << ": " << spec.status();
+    EXPECT_EQ(spec->gpu_memory_limit_bytes, c.bytes) << c.value;
+    EXPECT_EQ(spec->gpu_memory_limit_fraction, c.fraction) << c.value;
+    const int64_t device = int64_t{80} << 30;
+    EXPECT_EQ(GpuMemoryLimitBytes(*spec, device), c.bytes > 0 ? c.bytes : static_cast<int64_t>(c.fraction * device));
+    auto again = JobSpec::Parse(spec->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->gpu_memory_limit_bytes, c.bytes) << c.value;
+    EXPECT_EQ(again->gpu_memory_limit_fraction, c.fraction) << c.value;
+  }
+  for (const char* bad : {"lots", "40XB", "-1", "0", "0GiB", "1.5x", "1000KiB", "nan", "inf", "[1]", "''", "GiB"}) {
+    const absl::Status st = ParseError(
+        absl::StrReplaceAll(kGood, {{"backend: cpu,", absl::StrCat("backend: cpu, gpu_memory_limit: ", bad, ",")}}));
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StrContains(st.message(), "gpu_memory_limit")) << bad << ": " << st;
+  }
+}
+
 TEST(JobSpec, SkipNonfiniteIsOffByDefaultAndRoundTrips) {
   auto off = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(off.ok()) << off.status();

@@ -13,6 +13,7 @@
 #include "common/data/micro_batch.h"
 #include "common/data/sampler.h"
 #include "common/data/synthetic.h"
+#include "common/jobspec/job_spec.h"
 #include "hostd/checkpoint/checkpoint.h"
 #include "shm/job_state.h"
 #include "tests/integration/node_harness.h"
@@ -40,6 +41,7 @@ struct SpecOptions {
   std::string grad_dtype;      // runtime.grad_dtype; empty: the spec default (fp32)
   std::string param_source;    // runtime.param_source; empty: the spec default (mirror)
   int cast_threads = 0;        // runtime.cast_threads; 0: the spec default (auto)
+  std::string gpu_memory_limit;  // runtime.gpu_memory_limit; empty: none
   std::string state_dtype;     // optimizer.state_dtype; empty: the spec default (fp32)
 };
 
@@ -87,7 +89,9 @@ std::string Spec(const SpecOptions& o) {
       o.act_policy.empty() ? std::string() : ", act_policy: " + o.act_policy,
       o.grad_dtype.empty() ? std::string() : ", grad_dtype: " + o.grad_dtype,
       o.param_source.empty() ? std::string() : ", param_source: " + o.param_source,
-      o.cast_threads == 0 ? std::string() : absl::StrCat(", cast_threads: ", o.cast_threads), ", offload_ratio: ", o.offload_ratio,
+      o.cast_threads == 0 ? std::string() : absl::StrCat(", cast_threads: ", o.cast_threads),
+      o.gpu_memory_limit.empty() ? std::string() : ", gpu_memory_limit: " + o.gpu_memory_limit,
+      ", offload_ratio: ", o.offload_ratio,
       "}\n");
 }
 
@@ -817,6 +821,58 @@ TEST(Faults, DeviceMemoryTooSmallIsAClearErrorAndTheWorkerStaysUsable) {
   EXPECT_TRUE(absl::StrContains(staged->error(), "runtime.grad_staging: host")) << staged->error();
   small.output = "out-after";
   MustSucceed(node, Spec(small), "fits");
+  EXPECT_TRUE(node.LeakedSegments().empty());
+}
+
+// runtime.gpu_memory_limit: a job whose step needs more than the limit fails with
+// RESOURCE_EXHAUSTED naming it (the device itself has room); one that fits runs with its peak
+// under the limit and the same parameters as without a limit; the next job on the same worker,
+// without a limit, gets the whole device back. The limit sits between the peaks of two batch
+// sizes, measured first.
+TEST(Faults, GpuMemoryLimitIsRespectedOrAClearError) {
+  SpecOptions small;
+  small.workers = 1;
+  small.global_batch = 32;
+  small.micro_batch = 8;
+  small.steps = 2;
+  SpecOptions big = small;
+  big.global_batch = 96;  // (the dataset has 102 rows)
+  big.micro_batch = 32;
+  NodeHarness node(1);
+  auto peak = [&](const std::string& output, const std::string& job) {
+    int64_t p = 0;
+    for (const auto& j : MetricsLines(node, output, job)) p = std::max<int64_t>(p, j["gpu_peak_bytes"]);
+    return p;
+  };
+  small.output = "out-small";
+  big.output = "out-big";
+  const auto free_small = LoadMaster(MustSucceed(node, Spec(small), "small").last_checkpoint());
+  MustSucceed(node, Spec(big), "big");
+  const int64_t peak_small = peak("out-small", "small"), peak_big = peak("out-big", "big");
+  ASSERT_GT(peak_big, peak_small);
+  const int64_t limit = (peak_small + peak_big) / 2;
+  std::cout << "peaks: small " << peak_small << ", big " << peak_big << " bytes; limit " << limit << "\n";
+  ASSERT_GE(limit, slidedp::kMinGpuMemoryLimitBytes) << "the tiny model's peaks are below the smallest limit a spec takes";
+
+  SpecOptions big_limited = big;
+  big_limited.gpu_memory_limit = absl::StrCat(limit);
+  big_limited.output = "out-big-limited";
+  auto failed = node.RunJob(Spec(big_limited), "big-limited");
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed->error_code(), static_cast<int>(absl::StatusCode::kResourceExhausted)) << failed->error();
+  EXPECT_TRUE(absl::StrContains(failed->error(), "runtime.gpu_memory_limit")) << failed->error();
+  std::cout << "big-limited: " << failed->error() << "\n";
+
+  SpecOptions small_limited = small;
+  small_limited.gpu_memory_limit = absl::StrCat(limit);
+  small_limited.output = "out-small-limited";
+  const auto limited = LoadMaster(MustSucceed(node, Spec(small_limited), "small-limited").last_checkpoint());
+  EXPECT_EQ(MaxAbsDiff(limited, free_small), 0.0);
+  EXPECT_LE(peak("out-small-limited", "small-limited"), limit);
+
+  big.output = "out-big-again";
+  MustSucceed(node, Spec(big), "big-again");
   EXPECT_TRUE(node.LeakedSegments().empty());
 }
 

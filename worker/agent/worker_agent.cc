@@ -518,6 +518,22 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     return absl::UnimplementedError("this slidedp-worker was built without CUDA");
 #endif
   }
+  // runtime.gpu_memory_limit: the parameter window and the gradient buffers are allocated above;
+  // the backend's pool (activations, scratch) gets what they leave. No limit: the whole device.
+  const int64_t memory_limit = GpuMemoryLimitBytes(spec, device().memory_bytes());
+  const int64_t pipeline_bytes = streamer->device_bytes() + grads->device_bytes();
+  if (memory_limit > 0 && memory_limit <= pipeline_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "runtime.gpu_memory_limit %.2f GiB leaves nothing for activations: the parameter window and gradient "
+        "buffers alone take %.2f GiB (runtime.chunk_bytes, the largest unit; raise the limit)",
+        memory_limit / 1073741824.0, pipeline_bytes / 1073741824.0));
+  }
+  RETURN_IF_ERROR(backend->SetMemoryLimit(memory_limit > 0 ? memory_limit - pipeline_bytes : 0));
+  if (memory_limit > 0) {
+    LOG(INFO) << "runtime.gpu_memory_limit " << memory_limit / 1073741824.0 << " GiB: the parameter window and "
+              << "gradient buffers take " << pipeline_bytes / 1073741824.0 << " GiB, activations and scratch at most "
+              << (memory_limit - pipeline_bytes) / 1073741824.0 << " GiB";
+  }
   StepRunnerOptions ropt;
   ropt.policy = ToActPolicy(spec.act_policy);
   ropt.inject_max_delay = inject_delay;
@@ -599,7 +615,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     if (spec.act_policy == ActivationPolicy::kAuto && step == a.first_step()) {
       int64_t tokens = 0;
       for (const MicroBatch& mb : mbs) tokens += mb.num_tokens();
-      const int64_t capacity = device().memory_bytes();
+      const int64_t capacity = memory_limit > 0 ? memory_limit : device().memory_bytes();
       const int64_t layer_bytes = backend->SavedBytesPerToken(ActPolicy::kKeepAll) * tokens;
       const int keep = KeepAllLayers(capacity, peak, layer_bytes, config.num_hidden_layers);
       runner.set_keep_all_last_layers(keep);

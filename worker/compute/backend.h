@@ -143,6 +143,11 @@ class ComputeBackend {
   // where not tracked). The worker resets it at the start of each job: backends stay warm.
   virtual int64_t peak_memory_bytes() const { return 0; }
   virtual void ResetPeakMemory() {}
+  // The most device memory the backend's own buffers (Allocate, activations, scratch) may hold
+  // from now on: runtime.gpu_memory_limit less what the pipeline allocates itself; 0: no limit.
+  // An allocation over it fails with RESOURCE_EXHAUSTED naming the limit. Set between jobs, with
+  // no buffer of the backend alive.
+  virtual absl::Status SetMemoryLimit(int64_t bytes) = 0;
 
  protected:
   explicit ComputeBackend(const Qwen3Config& config) : config_(config) {}

@@ -91,13 +91,17 @@ class CpuBackend final : public ComputeBackend {
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) override {
     if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("Allocate: negative size ", bytes));
     const int64_t live = memory_->live.fetch_add(bytes) + bytes;
-    if (options_.device_memory_bytes > 0 && live > options_.device_memory_bytes) {
+    const int64_t limit = limit_.load();
+    const bool limited = limit > 0 && (options_.device_memory_bytes <= 0 || limit < options_.device_memory_bytes);
+    const int64_t capacity = limited ? limit : options_.device_memory_bytes;
+    if (capacity > 0 && live > capacity) {
       memory_->live.fetch_sub(bytes);
       constexpr double kGiB = 1073741824.0;
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "device memory exhausted: a %.3f GiB buffer does not fit (%.3f GiB free of %.3f GiB); "
+          "device memory exhausted: a %.3f GiB buffer does not fit (%.3f GiB free of %.3f GiB%s); "
           "lower the tokens per step per worker (train.global_batch), raise runtime.offload_ratio, or use runtime.act_policy: recompute or a smaller train.micro_batch",
-          bytes / kGiB, (options_.device_memory_bytes - (live - bytes)) / kGiB, options_.device_memory_bytes / kGiB));
+          bytes / kGiB, (capacity - (live - bytes)) / kGiB, capacity / kGiB,
+          limited ? " that runtime.gpu_memory_limit leaves the backend" : ""));
     }
     void* p = ::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 1)), std::align_val_t(64), std::nothrow);
     if (p == nullptr) {
@@ -118,6 +122,11 @@ class CpuBackend final : public ComputeBackend {
   absl::Status Synchronize() override { return absl::OkStatus(); }
   int64_t peak_memory_bytes() const override { return memory_->peak.load(); }
   void ResetPeakMemory() override { memory_->peak.store(memory_->live.load()); }
+  absl::Status SetMemoryLimit(int64_t bytes) override {
+    if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("SetMemoryLimit: negative limit ", bytes));
+    limit_.store(bytes);
+    return absl::OkStatus();
+  }
 
   absl::StatusOr<std::unique_ptr<DeviceBatch>> UploadBatch(const MicroBatch& batch) override {
     RETURN_IF_ERROR(ValidateBatch(batch));
@@ -318,6 +327,7 @@ class CpuBackend final : public ComputeBackend {
 
   CpuBackendOptions options_;
   std::shared_ptr<MemoryCounter> memory_ = std::make_shared<MemoryCounter>();
+  std::atomic<int64_t> limit_{0};  // SetMemoryLimit; 0: none
   DecoderDims dims_;
   DecoderOffsets offs_;
   UnitLayout decoder_unit_;  // every decoder unit's layout (for the FP32 side copy's offsets)

@@ -107,6 +107,11 @@ class CudaBackend final : public ComputeBackend {
       cudaStreamSynchronize(stream_);
       cudaStreamDestroy(stream_);
     }
+    if (limited_pool_ != nullptr) {
+      cudaMemPool_t def = nullptr;
+      if (cudaDeviceGetDefaultMemPool(&def, device_) == cudaSuccess) cudaDeviceSetMemPool(device_, def);
+      cudaMemPoolDestroy(limited_pool_);
+    }
   }
 
   absl::Status Init() {
@@ -160,6 +165,11 @@ class CudaBackend final : public ComputeBackend {
   }
   DType activation_dtype() const override { return options_.fp32_residual ? DType::kF32 : DType::kBF16; }
 
+  // ", the backend's limit X GiB (runtime.gpu_memory_limit)" under a limit, for out-of-memory errors.
+  std::string LimitNote() const {
+    return limit_ > 0 ? absl::StrFormat("; runtime.gpu_memory_limit leaves the backend %.2f GiB", limit_ / 1073741824.0)
+                      : std::string();
+  }
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) override {
     void* p = nullptr;
     if (bytes > 0) {
@@ -169,10 +179,10 @@ class CudaBackend final : public ComputeBackend {
         size_t free_bytes = 0, total_bytes = 0;
         cudaMemGetInfo(&free_bytes, &total_bytes);
         return absl::ResourceExhaustedError(absl::StrFormat(
-            "GPU memory exhausted: a %.2f GiB buffer does not fit (%.2f GiB free of %.2f GiB); lower the tokens per "
+            "GPU memory exhausted: a %.2f GiB buffer does not fit (%.2f GiB free of %.2f GiB%s); lower the tokens per "
             "step per worker (train.global_batch), raise runtime.offload_ratio, use runtime.act_policy: recompute or a "
             "smaller train.micro_batch",
-            bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0));
+            bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0, LimitNote()));
       }
       SLIDEDP_CUDA_RETURN_IF_ERROR(e);
     }
@@ -193,10 +203,11 @@ class CudaBackend final : public ComputeBackend {
     return absl::OkStatus();
   }
   void* native_stream() const override { return stream_; }
+  // Of the device's current pool: the default one, or the limited one of SetMemoryLimit.
   int64_t peak_memory_bytes() const override {
     cudaMemPool_t pool;
     uint64_t peak = 0;
-    if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) {
+    if (cudaDeviceGetMemPool(&pool, device_) == cudaSuccess) {
       cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &peak);
     }
     return static_cast<int64_t>(peak);
@@ -204,9 +215,36 @@ class CudaBackend final : public ComputeBackend {
   void ResetPeakMemory() override {
     cudaMemPool_t pool;
     uint64_t zero = 0;  // the high watermark can only be reset to zero (it restarts from now)
-    if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) {
+    if (cudaDeviceGetMemPool(&pool, device_) == cudaSuccess) {
       cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero);
     }
+  }
+  // A limit makes a pool of at most `bytes` (cudaMemPoolProps::maxSize) the device's current one,
+  // which every cudaMallocAsync of the backend draws from; 0 goes back to the default pool. The
+  // previous limited pool is destroyed (its memory returns once its last buffers are freed).
+  absl::Status SetMemoryLimit(int64_t bytes) override {
+    if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("SetMemoryLimit: negative limit ", bytes));
+    if (bytes == limit_) return absl::OkStatus();
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    cudaMemPool_t next = nullptr;
+    if (bytes > 0) {
+      cudaMemPoolProps props = {};
+      props.allocType = cudaMemAllocationTypePinned;
+      props.location.type = cudaMemLocationTypeDevice;
+      props.location.id = device_;
+      props.maxSize = static_cast<size_t>(bytes);
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemPoolCreate(&next, &props));
+      uint64_t threshold = std::numeric_limits<uint64_t>::max();  // keep freed memory cached, as the default
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(next, cudaMemPoolAttrReleaseThreshold, &threshold));
+    } else {
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&next, device_));
+    }
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaDeviceSetMemPool(device_, next));
+    if (limited_pool_ != nullptr) cudaMemPoolDestroy(limited_pool_);
+    limited_pool_ = bytes > 0 ? next : nullptr;
+    limit_ = bytes;
+    return absl::OkStatus();
   }
 
   absl::Status Synchronize() override {
@@ -370,6 +408,8 @@ class CudaBackend final : public ComputeBackend {
   CudaBackendOptions options_;
   bool deterministic_default_ = false;  // options.deterministic at construction
   cudaStream_t stream_ = nullptr;
+  int64_t limit_ = 0;                      // SetMemoryLimit; 0: the default pool
+  cudaMemPool_t limited_pool_ = nullptr;   // the device's current pool while limited
   GemmRunner gemm_;
   std::unique_ptr<kernels::CudnnAttention> cudnn_;
   bool cudnn_rejected_logged_[2] = {false, false};
