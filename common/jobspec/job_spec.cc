@@ -138,6 +138,32 @@ Setter MemoryLimit() {
   };
 }
 
+// runtime.policy: fixed, or a policy file's path (auto is refused until AutoPolicy exists).
+Setter Policy() {
+  return [](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
+    std::string v;
+    RETURN_IF_ERROR(ReadScalar(n, path, "fixed or a policy file's path", &v));
+    if (v.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": must not be empty"));
+    if (v == "auto") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": auto (AutoPolicy) is not in this build yet; use fixed (act_policy, offload_ratio) or a policy file"));
+    }
+    s.policy_file = v == "fixed" ? std::string() : v;
+    return absl::OkStatus();
+  };
+}
+
+// runtime.layer_policy: a policy file's content inline (what a resolved spec carries to workers).
+Setter InlineLayout() {
+  return [](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
+    if (!n.IsMap()) return TypeError(path, "a policy (version, model, layers)", n);
+    YAML::Emitter e;
+    e << n;
+    ASSIGN_OR_RETURN(s.layer_layout, LayerLayout::Parse(e.c_str(), path));
+    return absl::OkStatus();
+  };
+}
+
 template <typename E>
 Setter Enum(E JobSpec::*field, std::vector<std::pair<std::string, E>> names) {
   return [field, names](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
@@ -222,6 +248,8 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"offload_ratio", Real(&JobSpec::offload_ratio, 0, 1)},
         {"speculation_bytes", Int(&JobSpec::speculation_bytes, -1)},
         {"gpu_memory_limit", MemoryLimit()},
+        {"policy", Policy()},
+        {"layer_policy", InlineLayout()},
         {"copy_priority", Real(&JobSpec::copy_priority, 0, 1)},
         {"ring_slots", Int32(&JobSpec::ring_slots, 2)},
         {"step_timeout_ms", Int(&JobSpec::step_timeout_ms, 100)},
@@ -406,6 +434,14 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
   s.model_path = Resolve(base_dir, s.model_path);
   s.data_path = Resolve(base_dir, s.data_path);
   if (output_base == JobSpec::OutputDirBase::kBaseDir) s.output_dir = Resolve(base_dir, s.output_dir);
+  if (!s.policy_file.empty()) s.policy_file = Resolve(base_dir, s.policy_file);
+  if (check_files == JobSpec::FileCheck::kCheck && !s.policy_file.empty() && !s.layer_layout) {
+    auto layout = LayerLayout::Load(s.policy_file);
+    if (!layout.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("runtime.policy: ", layout.status().message()));
+    }
+    s.layer_layout = std::move(*layout);
+  }
   if (check_files == JobSpec::FileCheck::kCheck) {
     // The non-throwing forms: a path too long or unreadable is "not there", never an exception.
     std::error_code ec;
@@ -542,6 +578,8 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "deterministic" << YAML::Value << deterministic;
   e << YAML::Key << "offload_ratio" << YAML::Value << offload_ratio;
   e << YAML::Key << "speculation_bytes" << YAML::Value << speculation_bytes;
+  if (!policy_file.empty()) e << YAML::Key << "policy" << YAML::Value << policy_file;
+  if (layer_layout) e << YAML::Key << "layer_policy" << YAML::Value << YAML::Load(layer_layout->ToYaml());
   if (gpu_memory_limit_bytes > 0) {
     e << YAML::Key << "gpu_memory_limit" << YAML::Value << gpu_memory_limit_bytes;
   } else if (gpu_memory_limit_fraction > 0) {

@@ -1,5 +1,7 @@
 #include "common/jobspec/job_spec.h"
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -158,6 +160,46 @@ TEST(JobSpec, GpuMemoryLimitTakesBytesOrAFraction) {
         absl::StrReplaceAll(kGood, {{"backend: cpu,", absl::StrCat("backend: cpu, gpu_memory_limit: ", bad, ",")}}));
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_TRUE(absl::StrContains(st.message(), "gpu_memory_limit")) << bad << ": " << st;
+  }
+}
+
+// runtime.policy: fixed by default; a policy file (relative to the spec) is read when files are
+// checked and travels inline (runtime.layer_policy) in the resolved spec, which parses without the
+// file; auto, a missing or a malformed file are INVALID_ARGUMENT naming runtime.policy.
+TEST(JobSpec, PolicyFileIsReadOnceAndTravelsInline) {
+  auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_TRUE(def->policy_file.empty());
+  EXPECT_FALSE(def->layer_layout.has_value());
+  const std::string dir = ::testing::TempDir() + "/spec-policy";
+  std::filesystem::create_directories(dir + "/data/tiny");
+  const std::string policy = R"(version: 1
+model: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, intermediate_size: 128, vocab_size: 512}
+layers: [{kind: selective, offload: true}, {kind: keep_all}]
+)";
+  std::ofstream(dir + "/policy.yaml") << policy;
+  std::ofstream(dir + "/broken.yaml") << "version: 1\nlayers: 3\n";
+  auto with = [&](const std::string& value) {
+    return absl::StrReplaceAll(kGood, {{"backend: cpu,", absl::StrCat("backend: cpu, policy: ", value, ",")}});
+  };
+  auto spec = JobSpec::Parse(with("policy.yaml"), dir, JobSpec::FileCheck::kCheck);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->policy_file, std::filesystem::path(dir + "/policy.yaml").lexically_normal().string());
+  ASSERT_TRUE(spec->layer_layout.has_value());
+  EXPECT_EQ(spec->layer_layout->layers.size(), 2u);
+  EXPECT_EQ(spec->layer_layout->layers[0], (LayerPolicy{LayerKind::kSelective, true}));
+  std::filesystem::remove(dir + "/policy.yaml");  // the resolved spec no longer needs it
+  auto again = JobSpec::Parse(spec->ToYaml(), "/elsewhere", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << spec->ToYaml();
+  ASSERT_TRUE(again->layer_layout.has_value());
+  EXPECT_EQ(*again->layer_layout, *spec->layer_layout);
+  auto fixed = JobSpec::Parse(with("fixed"), dir, JobSpec::FileCheck::kCheck);
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_FALSE(fixed->layer_layout.has_value());
+  for (const char* bad : {"auto", "missing.yaml", "broken.yaml", "'[1]'"}) {
+    auto st = JobSpec::Parse(with(bad), dir, JobSpec::FileCheck::kCheck).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad << ": " << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), "runtime.policy")) << bad << ": " << st;
   }
 }
 

@@ -74,8 +74,14 @@ void AddCastStaging(int num_workers, int64_t chunk_bytes, JobMemoryPlan& plan) {
 
 void AddActivationOffload(const ModelLayout& layout, double ratio, int num_workers, int64_t tokens_per_worker,
                           JobMemoryPlan& plan) {
-  if (ratio <= 0 || num_workers <= 0 || tokens_per_worker <= 0) return;
-  const uint64_t bytes = static_cast<uint64_t>(num_workers) * static_cast<uint64_t>(layout.OffloadedLayers(ratio)) *
+  if (ratio <= 0) return;
+  AddOffloadedLayers(layout, layout.OffloadedLayers(ratio), num_workers, tokens_per_worker, plan);
+}
+
+void AddOffloadedLayers(const ModelLayout& layout, int64_t layers, int num_workers, int64_t tokens_per_worker,
+                        JobMemoryPlan& plan) {
+  if (layers <= 0 || num_workers <= 0 || tokens_per_worker <= 0) return;
+  const uint64_t bytes = static_cast<uint64_t>(num_workers) * static_cast<uint64_t>(layers) *
                          static_cast<uint64_t>(tokens_per_worker) * static_cast<uint64_t>(layout.config.hidden_size) *
                          4;
   plan.offload_bytes += bytes;

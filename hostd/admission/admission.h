@@ -67,6 +67,9 @@ void AddCastStaging(int num_workers, int64_t chunk_bytes, JobMemoryPlan& plan);
 // half): added to offload_bytes and total_bytes.
 void AddActivationOffload(const ModelLayout& layout, double ratio, int num_workers, int64_t tokens_per_worker,
                           JobMemoryPlan& plan);
+// The same for `layers` offloaded layers (a per-layer layout, runtime.policy).
+void AddOffloadedLayers(const ModelLayout& layout, int64_t layers, int num_workers, int64_t tokens_per_worker,
+                        JobMemoryPlan& plan);
 
 struct HostMemoryInfo {
   uint64_t mem_total_bytes = 0;

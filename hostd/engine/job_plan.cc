@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/model/shard.h"
+#include "common/status/status_macros.h"
 #include "hostd/engine/initial_weights.h"
 #include "hostd/engine/undo_arena.h"
 #include "shm/shm_collective.h"
@@ -171,7 +172,16 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
     p.memory.total_bytes += p.staging_bytes;
   }
   // Each worker's offloaded layer inputs: its rows of the step, seq_len tokens each.
-  AddActivationOffload(layout, spec.offload_ratio, world, spec.global_batch / world * spec.seq_len, p.memory);
+  // A per-layer layout (runtime.policy) says which layers offload, in place of offload_ratio; it
+  // must have been made for this model.
+  if (spec.layer_layout) {
+    RETURN_IF_ERROR(spec.layer_layout->CheckModel(layout.config));
+    int64_t offloaded = 0;
+    for (const LayerPolicy& l : spec.layer_layout->layers) offloaded += l.offload;
+    AddOffloadedLayers(layout, offloaded, world, spec.global_batch / world * spec.seq_len, p.memory);
+  } else {
+    AddActivationOffload(layout, spec.offload_ratio, world, spec.global_batch / world * spec.seq_len, p.memory);
+  }
   if (p.shm_collective) {
     const uint64_t coll_bytes = shm::ShmCollective::SegmentBytes(world, p.collective_buffer_bytes);
     p.memory.shm_bytes += coll_bytes;

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_replace.h"
 #include "nlohmann/json.hpp"
 
 #include "common/data/micro_batch.h"
@@ -42,6 +43,7 @@ struct SpecOptions {
   std::string param_source;    // runtime.param_source; empty: the spec default (mirror)
   int cast_threads = 0;        // runtime.cast_threads; 0: the spec default (auto)
   std::string gpu_memory_limit;  // runtime.gpu_memory_limit; empty: none
+  std::string policy;            // runtime.policy; empty: the spec default (fixed)
   std::string state_dtype;     // optimizer.state_dtype; empty: the spec default (fp32)
 };
 
@@ -91,6 +93,7 @@ std::string Spec(const SpecOptions& o) {
       o.param_source.empty() ? std::string() : ", param_source: " + o.param_source,
       o.cast_threads == 0 ? std::string() : absl::StrCat(", cast_threads: ", o.cast_threads),
       o.gpu_memory_limit.empty() ? std::string() : ", gpu_memory_limit: " + o.gpu_memory_limit,
+      o.policy.empty() ? std::string() : ", policy: " + o.policy,
       ", offload_ratio: ", o.offload_ratio,
       "}\n");
 }
@@ -821,6 +824,84 @@ TEST(Faults, DeviceMemoryTooSmallIsAClearErrorAndTheWorkerStaysUsable) {
   EXPECT_TRUE(absl::StrContains(staged->error(), "runtime.grad_staging: host")) << staged->error();
   small.output = "out-after";
   MustSucceed(node, Spec(small), "fits");
+  EXPECT_TRUE(node.LeakedSegments().empty());
+}
+
+// runtime.policy with a per-layer layout file: every layer kind (keep_all, selective, recompute),
+// with and without its checkpoint offloaded, in mixed layouts, trains to the parameters of
+// whole-layer recompute bit for bit, with one worker and with two; a layout made for another
+// model is FAILED_PRECONDITION naming the size, a malformed file is refused at submit with
+// INVALID_ARGUMENT, and the node keeps serving.
+TEST(Training, PerLayerLayoutsAreBitwiseRecompute) {
+  NodeHarness node(2);
+  const std::string shape =
+      "model: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, "
+      "intermediate_size: 128, vocab_size: 512}\n";
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(node.dir() + "/" + name) << text;
+    return name;
+  };
+  const std::vector<std::string> layouts = {
+      "[{kind: keep_all, offload: true}, {kind: selective}]",
+      "[{kind: selective, offload: true}, {kind: recompute, offload: true}]",
+      "[{kind: recompute}, {kind: keep_all, offload: true}]",
+  };
+  for (int workers : {1, 2}) {
+    SpecOptions o;
+    o.workers = workers;
+    o.micro_batch = workers == 1 ? 4 : 2;
+    o.max_grad_norm = 1.0;
+    o.output = absl::StrCat("out-recompute-", workers);
+    const auto base = LoadMaster(MustSucceed(node, Spec(o), absl::StrCat("recompute-", workers)).last_checkpoint());
+    ASSERT_FALSE(base.empty());
+    for (size_t i = 0; i < layouts.size(); ++i) {
+      SpecOptions p = o;
+      p.policy = write(absl::StrCat("policy", i, ".yaml"), "version: 1\n" + shape + "layers: " + layouts[i] + "\n");
+      p.output = absl::StrCat("out-layout-", workers, "-", i);
+      const std::string id = absl::StrCat("layout-", workers, "-", i);
+      const auto got = LoadMaster(MustSucceed(node, Spec(p), id).last_checkpoint());
+      EXPECT_EQ(MaxAbsDiff(got, base), 0.0) << layouts[i] << " on " << workers << " worker(s)";
+      // The layout ran as written: hostd counted its offloaded checkpoints (per worker, its rows of
+      // 64 tokens, FP32), and each worker said what it runs.
+      const int offloads = i == 1 ? 2 : 1;
+      const int64_t per_layer = (8 / workers * 64) * TinyLayout().config.hidden_size * 4 * workers;
+      EXPECT_EQ(MetricsLines(node, p.output, id).back().value("host_state_bytes", int64_t{0}) -
+                    MetricsLines(node, o.output, absl::StrCat("recompute-", workers)).back().value("host_state_bytes", int64_t{0}),
+                offloads * per_layer)
+          << layouts[i];
+    }
+  }
+  const std::string worker_log = ReadFile(node.dir() + "/worker0.log");
+  for (const char* said : {"0:keep_all+offload, 1:selective", "0:selective+offload, 1:recompute+offload",
+                           "0:recompute, 1:keep_all+offload"}) {
+    EXPECT_NE(worker_log.find(said), std::string::npos) << said << " (see " << node.dir() << ")";
+  }
+  // Made for another model: the job fails before its first step, naming the size.
+  SpecOptions other;
+  other.workers = 1;
+  other.policy = write("other.yaml", "version: 1\n" + absl::StrReplaceAll(shape, {{"hidden_size: 64", "hidden_size: 128"}}) +
+                                         "layers: [{kind: recompute}, {kind: recompute}]\n");
+  other.output = "out-other";
+  auto failed = node.RunJob(Spec(other), "layout-other");
+  if (failed.ok()) {
+    EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+    EXPECT_EQ(failed->error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition)) << failed->error();
+    EXPECT_TRUE(absl::StrContains(failed->error(), "model.hidden_size 128")) << failed->error();
+  } else {
+    EXPECT_EQ(failed.status().code(), absl::StatusCode::kFailedPrecondition) << failed.status();
+    EXPECT_TRUE(absl::StrContains(failed.status().message(), "model.hidden_size 128")) << failed.status();
+  }
+  // Malformed: refused at submit.
+  SpecOptions broken = other;
+  broken.policy = write("broken.yaml", "version: 1\n" + shape + "layers: [{kind: keep_some}, {kind: recompute}]\n");
+  auto refused = node.RunJob(Spec(broken), "layout-broken");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "keep_some")) << refused.status();
+  SpecOptions fine;
+  fine.workers = 1;
+  fine.output = "out-after-layouts";
+  MustSucceed(node, Spec(fine), "after-layouts");
   EXPECT_TRUE(node.LeakedSegments().empty());
 }
 

@@ -40,6 +40,8 @@
 #   big        ~8   issue 21: Qwen3-14B (BIG_MODEL) int8 moments + param_source master at 64K tokens
 #                   (BIG_TOKENS), with and without clipping (BIG_VARIANTS), against compute-only:
 #                   >= 0.95; host state and MemAvailable drop per billion parameters (target 6 GiB/B)
+#   memlimit   ~3   issue 22: runtime.gpu_memory_limit (MEMLIMIT, 40GiB) on Qwen3-4B at 64K, act_policy
+#                   auto: the limited run's GPU peak under the limit; its speed >= 0.9 of the unlimited
 #   scaling    ~6   (2 GPUs) Qwen3-8B 1 -> 2 GPUs >= 1.95x; ours / FSDP2 on 2 GPUs >= 1.5
 #   state      ~3   issue 21, compact Adam moments on the GPU machine's host: adam_state_test and
 #                   adam_engine_test, adam_kernels_test (bundled host tests: the AVX-512 kernels bit-identical to
@@ -116,7 +118,7 @@ readonly KBENCH_T_FWD=400          # issue 3: attention TFLOP/s, causal, 4K+ tok
 readonly KBENCH_T_BWD=300
 readonly KBENCH_T_LAYER=550        # Qwen3-8B decoder layer keep-all over 64K tokens
 
-PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big scaling state host restart kbench"
+PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big memlimit scaling state host restart kbench"
 usage() { sed -n '3,/^set -u/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ] || [ "$1" = list ]; then usage; exit 0; fi
 for p in "$@"; do
@@ -645,6 +647,51 @@ for name in ("noclip", "clip"):
     print(f"{verdict} big         {model} {tokens // 1024}K int8 + master, {name}: {tps:.0f} tok/s = {ratio:.3f} of "
           f"compute-only {cps or float('nan'):.0f} (target 0.95); host state {state / 2**30:.2f} GiB "
           f"({gib_b(state):.2f} GiB/B), MemAvailable drop {(drop or 0) / 2**30:.2f} GiB ({gib_b(drop):.2f} GiB/B; target 6)")
+PY
+}
+
+# Issue 22: runtime.gpu_memory_limit. Qwen3-4B (MEMLIMIT_MODEL), 64K tokens (MEMLIMIT_TOKENS),
+# act_policy auto, without a limit and with MEMLIMIT (40GiB): the limited run's peak stays under
+# the limit, and its speed as a fraction of the unlimited one's (target >= 0.9, or the figure).
+part_memlimit() {
+  find_cudnn
+  local model=${MEMLIMIT_MODEL:-qwen3-4b} tokens=${MEMLIMIT_TOKENS:-65536} limit=${MEMLIMIT:-40GiB} w=$work/memlimit v
+  for v in free limited; do
+    local extra=""
+    [ "$v" = limited ] && extra="gpu_memory_limit: $limit"
+    stage "memlimit_$v" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/$v" MODEL="$model" GPUS=1 \
+      TOKENS_LIST="$tokens" WHAT=ours MAX_GRAD_NORM=0 ACT_POLICY=auto RUNTIME_EXTRA="$extra" WORK="$w/$v" FRESH=1 \
+      BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
+  done
+  dry && return 0
+  python3 - "$w" "$model" "$tokens" "$limit" << 'PY' | tee -a "$summary"
+import glob, json, re, sys
+w, model, tokens, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+m = re.fullmatch(r"([0-9.]+)\s*([a-zA-Z]*)", limit)
+units = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
+limit_bytes = float(m.group(1)) * units[m.group(2).lower()] if m else None
+def run(d):
+    rows = []
+    for p in glob.glob(f"{d}/runs/*/*/*/*/ours/out/metrics-*.jsonl"):
+        rows += [json.loads(l) for l in open(p) if l.strip()]
+    return sorted(rows, key=lambda r: r["step"])
+res = {}
+for v in ("free", "limited"):
+    rows = run(f"{w}/{v}")
+    steady = [r for r in rows if r["step"] >= 2]
+    if not steady:
+        print(f"FAIL memlimit    {model} {tokens // 1024}K {v}: no steps (see details)")
+        continue
+    res[v] = (sorted(r["tokens_per_s"] for r in steady)[len(steady) // 2], max(r.get("gpu_peak_bytes", 0) for r in rows))
+for v, (tps, peak) in res.items():
+    print(f"INFO memlimit    {model} {tokens // 1024}K {v}: {tps:.0f} tok/s, GPU peak {peak / 2**30:.2f} GiB")
+if "limited" in res and limit_bytes:
+    peak = res["limited"][1]
+    print(f"{'PASS' if 0 < peak <= limit_bytes else 'FAIL'} memlimit    peak {peak / 2**30:.2f} GiB under "
+          f"runtime.gpu_memory_limit {limit} ({limit_bytes / 2**30:.2f} GiB)")
+if len(res) == 2:
+    x = res["limited"][0] / res["free"][0]
+    print(f"{'PASS' if x >= 0.9 else 'FAIL'} memlimit    limited / unlimited speed {x:.3f} (>= 0.9)")
 PY
 }
 

@@ -460,6 +460,30 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     gopt.hostd = job_state->owner();
   }
 
+  // runtime.policy: a per-layer layout, made for this model (hostd checked) and this device.
+  std::vector<ActPolicy> layer_policies;
+  std::vector<bool> offloaded;  // per unit; empty: runtime.offload_ratio decides
+  if (spec.layer_layout) {
+    RETURN_IF_ERROR(spec.layer_layout->CheckModel(config));
+    RETURN_IF_ERROR(spec.layer_layout->CheckDevice(device().name()));
+    offloaded.assign(layout.num_units(), false);
+    bool any = false;
+    for (size_t i = 0; i < spec.layer_layout->layers.size(); ++i) {
+      const LayerPolicy& l = spec.layer_layout->layers[i];
+      layer_policies.push_back(l.kind == LayerKind::kKeepAll     ? ActPolicy::kKeepAll
+                               : l.kind == LayerKind::kSelective ? ActPolicy::kSelective
+                                                                 : ActPolicy::kRecomputeLayer);
+      offloaded[i + 1] = l.offload;
+      any |= l.offload;
+    }
+    if (!any) offloaded.clear();
+    std::string described;
+    for (size_t i = 0; i < spec.layer_layout->layers.size(); ++i) {
+      const LayerPolicy& l = spec.layer_layout->layers[i];
+      absl::StrAppend(&described, i == 0 ? "" : ", ", i, ":", LayerKindName(l.kind), l.offload ? "+offload" : "");
+    }
+    LOG(INFO) << "job " << a.job_id() << ": runtime.policy per-layer layout: " << described;
+  }
   const NormValues norms =
       spec.norm_weights == NormWeights::kFp32 ? NormValues::kFp32FromMaster : NormValues::kBf16Mirror;
   const EmbeddingValues embedding =
@@ -478,7 +502,11 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
       ASSIGN_OR_RETURN(collective, shm::ShmCollective::Attach(a.collective_segment(), a.rank(), &job_state->abort()));
     }
     grads = MakeHostGradientPath(layout, ring.get(), collective.get(), gopt);
-    if (spec.offload_ratio > 0) activations = MakeHostActivationStore(layout, backend, spec.offload_ratio);
+    if (!offloaded.empty()) {
+      activations = MakeHostActivationStore(backend, offloaded);
+    } else if (spec.offload_ratio > 0) {
+      activations = MakeHostActivationStore(layout, backend, spec.offload_ratio);
+    }
   } else {
 #ifdef SLIDEDP_HAVE_CUDA_BACKEND
     NcclCommunicator* comm = nullptr;
@@ -511,7 +539,9 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     cg.abort = &job_state->abort();
     ASSIGN_OR_RETURN(grads,
                      MakeCudaGradientPath(layout, ring.get(), static_cast<cudaStream_t>(backend->native_stream()), cg));
-    if (spec.offload_ratio > 0) {
+    if (!offloaded.empty()) {
+      ASSIGN_OR_RETURN(activations, MakeCudaActivationStore(backend, offloaded, options_.index));
+    } else if (spec.offload_ratio > 0) {
       ASSIGN_OR_RETURN(activations, MakeCudaActivationStore(layout, backend, spec.offload_ratio, options_.index));
     }
 #else
@@ -536,6 +566,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   }
   StepRunnerOptions ropt;
   ropt.policy = ToActPolicy(spec.act_policy);
+  ropt.layer_policies = layer_policies;
   ropt.inject_max_delay = inject_delay;
   if (const char* inj = getenv("SLIDEDP_INJECT_NONFINITE")) {
     ASSIGN_OR_RETURN(ropt.inject_nonfinite, ParseNonFiniteInjection(inj, a.rank()));
@@ -612,7 +643,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     const int64_t peak = backend->peak_memory_bytes() + streamer->device_bytes() + grads->device_bytes();
     d->set_gpu_peak_bytes(peak);
     if (!Send(r)) return absl::UnavailableError("lost the session with hostd");
-    if (spec.act_policy == ActivationPolicy::kAuto && step == a.first_step()) {
+    if (spec.act_policy == ActivationPolicy::kAuto && !spec.layer_layout && step == a.first_step()) {
       int64_t tokens = 0;
       for (const MicroBatch& mb : mbs) tokens += mb.num_tokens();
       const int64_t capacity = memory_limit > 0 ? memory_limit : device().memory_bytes();

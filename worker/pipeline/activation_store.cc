@@ -14,9 +14,12 @@ namespace {
 
 class HostActivationStore final : public ActivationStore {
  public:
-  HostActivationStore(ComputeBackend* backend, int num_offloaded) : backend_(backend), num_offloaded_(num_offloaded) {}
+  HostActivationStore(ComputeBackend* backend, std::vector<bool> offloaded)
+      : backend_(backend), offloaded_(std::move(offloaded)) {}
 
-  bool offloads(int unit) const override { return unit >= 1 && unit <= num_offloaded_; }
+  bool offloads(int unit) const override {
+    return unit >= 0 && unit < static_cast<int>(offloaded_.size()) && offloaded_[unit];
+  }
 
   absl::Status Offload(int unit, std::vector<std::unique_ptr<DeviceBuffer>>& inputs) override {
     std::vector<std::vector<uint8_t>>& kept = host_[unit];
@@ -66,7 +69,7 @@ class HostActivationStore final : public ActivationStore {
   }
 
   ComputeBackend* backend_;
-  int num_offloaded_;
+  std::vector<bool> offloaded_;  // per unit
   std::map<int, std::vector<std::vector<uint8_t>>> host_;
   std::map<int, std::vector<std::unique_ptr<DeviceBuffer>>> restored_;
   int64_t host_bytes_ = 0;
@@ -76,7 +79,18 @@ class HostActivationStore final : public ActivationStore {
 
 std::unique_ptr<ActivationStore> MakeHostActivationStore(const ModelLayout& layout, ComputeBackend* backend,
                                                          double ratio) {
-  return std::make_unique<HostActivationStore>(backend, layout.OffloadedLayers(ratio));
+  return MakeHostActivationStore(backend, OffloadedUnits(layout, ratio));
+}
+
+std::vector<bool> OffloadedUnits(const ModelLayout& layout, double ratio) {
+  std::vector<bool> out(layout.num_units(), false);
+  const int n = layout.OffloadedLayers(ratio);
+  for (int u = 1; u <= n && u < layout.num_units(); ++u) out[u] = true;
+  return out;
+}
+
+std::unique_ptr<ActivationStore> MakeHostActivationStore(ComputeBackend* backend, std::vector<bool> offloaded) {
+  return std::make_unique<HostActivationStore>(backend, std::move(offloaded));
 }
 
 }  // namespace slidedp

@@ -41,5 +41,10 @@ namespace slidedp {
 // same ratio semantics as the CUDA store.
 std::unique_ptr<ActivationStore> MakeHostActivationStore(const ModelLayout& layout, ComputeBackend* backend,
                                                          double ratio);
+// The units whose saved inputs a store offloads: the first round(ratio x layers) decoder layers
+// (runtime.offload_ratio), indexed by unit.
+std::vector<bool> OffloadedUnits(const ModelLayout& layout, double ratio);
+// A store offloading exactly the units marked (a per-layer layout, runtime.policy).
+std::unique_ptr<ActivationStore> MakeHostActivationStore(ComputeBackend* backend, std::vector<bool> offloaded);
 
 }  // namespace slidedp

@@ -22,9 +22,9 @@ struct PinnedBlock {
 
 class CudaActivationStore final : public ActivationStore {
  public:
-  CudaActivationStore(ComputeBackend* backend, int num_offloaded)
+  CudaActivationStore(ComputeBackend* backend, std::vector<bool> offloaded)
       : backend_(backend),
-        num_offloaded_(num_offloaded),
+        offloaded_(std::move(offloaded)),
         compute_(static_cast<cudaStream_t>(backend->native_stream())) {}
 
   ~CudaActivationStore() override {
@@ -44,7 +44,9 @@ class CudaActivationStore final : public ActivationStore {
     return absl::OkStatus();
   }
 
-  bool offloads(int unit) const override { return unit >= 1 && unit <= num_offloaded_; }
+  bool offloads(int unit) const override {
+    return unit >= 0 && unit < static_cast<int>(offloaded_.size()) && offloaded_[unit];
+  }
 
   absl::Status Offload(int unit, std::vector<std::unique_ptr<DeviceBuffer>>& inputs) override {
     RETURN_IF_ERROR(FreeFinished(/*all=*/false));
@@ -146,7 +148,7 @@ class CudaActivationStore final : public ActivationStore {
   }
 
   ComputeBackend* backend_;
-  int num_offloaded_;
+  std::vector<bool> offloaded_;  // per unit
   cudaStream_t compute_;
   cudaStream_t copy_ = nullptr;
   std::map<int, std::vector<PinnedBlock>> host_;
@@ -163,7 +165,12 @@ class CudaActivationStore final : public ActivationStore {
 absl::StatusOr<std::unique_ptr<ActivationStore>> MakeCudaActivationStore(const ModelLayout& layout,
                                                                          ComputeBackend* backend, double ratio,
                                                                          int device) {
-  auto store = std::make_unique<CudaActivationStore>(backend, layout.OffloadedLayers(ratio));
+  return MakeCudaActivationStore(backend, OffloadedUnits(layout, ratio), device);
+}
+
+absl::StatusOr<std::unique_ptr<ActivationStore>> MakeCudaActivationStore(ComputeBackend* backend,
+                                                                         std::vector<bool> offloaded, int device) {
+  auto store = std::make_unique<CudaActivationStore>(backend, std::move(offloaded));
   RETURN_IF_ERROR(store->Init(device));
   return std::unique_ptr<ActivationStore>(std::move(store));
 }

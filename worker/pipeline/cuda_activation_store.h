@@ -3,6 +3,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "common/model/qwen3_config.h"
 #include "worker/pipeline/activation_store.h"
@@ -13,5 +15,8 @@ namespace slidedp {
 absl::StatusOr<std::unique_ptr<ActivationStore>> MakeCudaActivationStore(const ModelLayout& layout,
                                                                          ComputeBackend* backend, double ratio,
                                                                          int device);
+// Offloads exactly the units marked (a per-layer layout, runtime.policy).
+absl::StatusOr<std::unique_ptr<ActivationStore>> MakeCudaActivationStore(ComputeBackend* backend,
+                                                                         std::vector<bool> offloaded, int device);
 
 }  // namespace slidedp

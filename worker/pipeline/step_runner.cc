@@ -59,6 +59,10 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
   const Qwen3Config& c = layout_.config;
   const int num_units = layout_.num_units();
   const int head = num_units - 1;
+  if (!options_.layer_policies.empty() && static_cast<int>(options_.layer_policies.size()) != head - 1) {
+    return absl::InvalidArgumentError(absl::StrCat("per-layer layout of ", options_.layer_policies.size(),
+                                                   " layers for a model of ", head - 1));
+  }
   const int n_mb = static_cast<int>(micro_batches.size());
   const uint32_t gate = static_cast<uint32_t>(step);  // step t needs t completed updates
   const int64_t act_bytes_per_token = c.hidden_size * DTypeBytes(backend_->activation_dtype());
@@ -96,7 +100,9 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
     ASSIGN_OR_RETURN(UnitParams params, Acquire(u, gate));
     RETURN_IF_ERROR(alloc_acts(u + 1));
     saved[u].resize(n_mb);
-    const ActPolicy policy = u >= head - options_.keep_all_last_layers ? ActPolicy::kKeepAll : options_.policy;
+    const ActPolicy policy = !options_.layer_policies.empty()          ? options_.layer_policies[u - 1]
+                             : u >= head - options_.keep_all_last_layers ? ActPolicy::kKeepAll
+                                                                         : options_.policy;
     for (int i = 0; i < n_mb; ++i) {
       RETURN_IF_ERROR(backend_->DecoderForward(params, *batches[i], inputs[u][i]->data(), inputs[u + 1][i]->data(),
                                                policy, policy == ActPolicy::kRecomputeLayer ? nullptr : &saved[u][i]));

@@ -45,6 +45,9 @@ struct StepRunnerOptions {
   // The last this-many decoder layers keep all activations whatever `policy` says (their
   // backward runs first, so their memory is given back first). runtime.act_policy: auto.
   int keep_all_last_layers = 0;
+  // A per-layer layout (runtime.policy): decoder layer i (unit i + 1) runs layer_policies[i],
+  // whatever `policy` and keep_all_last_layers say. Empty: those decide.
+  std::vector<ActPolicy> layer_policies;
   // Fault injection for tests: a random delay in [0, max] before every gate wait (env
   // SLIDEDP_INJECT_DELAY_MS sets it in slidedp-worker, also for gradient posts). Zero in production.
   absl::Duration inject_max_delay = absl::ZeroDuration();

@@ -1,0 +1,82 @@
+// A per-layer activation layout (issue 22, Elastic Checkpointing): what each decoder layer keeps
+// from its forward for its backward, and whether its checkpoint waits in host memory. A job gets
+// one from a policy file (runtime.policy: FILE, YAML a user can read and edit, written by
+// LayerLayout::ToYaml) and runs it as given; every layout gives the parameters of whole-layer
+// recompute bit for bit (the CPU backend's test), since a policy changes what is kept, never what
+// is computed.
+//
+// The file names the model shape it was made for (the sizes that decide the layers' memory and
+// time), and may name a device and a batch: a layout is refused for another shape
+// (FAILED_PRECONDITION naming the field), another device, or a malformed file (INVALID_ARGUMENT
+// naming the key).
+//
+//   # slidedp activation policy
+//   version: 1
+//   model: {hidden_size: 2560, num_hidden_layers: 36, num_attention_heads: 32,
+//           num_key_value_heads: 8, head_dim: 128, intermediate_size: 9728, vocab_size: 151936}
+//   device: NVIDIA H200          # optional: the device it was measured on
+//   tokens_per_step: 65536       # optional: the batch it was chosen for (informative)
+//   layers:                      # one per decoder layer, the first layer first
+//     - {kind: recompute, offload: true}
+//     - {kind: selective}
+//     - {kind: keep_all}
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model/qwen3_config.h"
+
+namespace slidedp {
+
+// What a decoder layer keeps beyond its input (the checkpoint every layer keeps):
+//   kRecompute: nothing; backward recomputes the layer's forward;
+//   kSelective: the attention output and its log-sum-exp (the costly part to recompute);
+//   kKeepAll:   every intermediate its backward reads.
+enum class LayerKind { kRecompute, kSelective, kKeepAll };
+const char* LayerKindName(LayerKind k);
+
+struct LayerPolicy {
+  LayerKind kind = LayerKind::kRecompute;
+  bool offload = false;  // the layer's checkpoint waits in pinned host memory between the passes
+  bool operator==(const LayerPolicy& o) const { return kind == o.kind && offload == o.offload; }
+};
+
+// The model sizes a layout depends on.
+struct ModelShape {
+  int64_t hidden_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;
+  int64_t intermediate_size = 0;
+  int64_t vocab_size = 0;
+  static ModelShape Of(const Qwen3Config& c);
+  bool operator==(const ModelShape& o) const;
+};
+
+inline constexpr uint64_t kMaxPolicyFileBytes = 1ull << 20;
+inline constexpr int64_t kMaxPolicyLayers = 4096;
+
+struct LayerLayout {
+  ModelShape model;
+  std::string device;           // empty: any device
+  int64_t tokens_per_step = 0;  // 0: not said
+  std::vector<LayerPolicy> layers;
+
+  // The YAML text of a policy file; `what` names it in errors (the path, or "runtime.policy").
+  static absl::StatusOr<LayerLayout> Parse(const std::string& text, const std::string& what);
+  // Reads and parses a policy file (bounded, regular files only: common/io/small_file.h).
+  static absl::StatusOr<LayerLayout> Load(const std::string& path);
+  std::string ToYaml() const;
+  // FAILED_PRECONDITION naming the first size that differs from `config`, or the layer count.
+  absl::Status CheckModel(const Qwen3Config& config) const;
+  // FAILED_PRECONDITION when the layout names a device other than `device_name`.
+  absl::Status CheckDevice(const std::string& device_name) const;
+  bool operator==(const LayerLayout& o) const;
+};
+
+}  // namespace slidedp

@@ -1,0 +1,110 @@
+// Policy files: a layout round-trips through its YAML; every malformed file is INVALID_ARGUMENT
+// naming what is wrong; a layout for another model shape or device is FAILED_PRECONDITION naming
+// the field; the file reader refuses what is not a small regular file.
+#include "common/policy/layer_policy.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+
+namespace slidedp {
+namespace {
+
+constexpr char kTwoLayers[] = R"(version: 1
+model: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, intermediate_size: 128, vocab_size: 512}
+device: NVIDIA H200
+tokens_per_step: 65536
+layers:
+  - {kind: recompute, offload: true}
+  - {kind: keep_all}
+)";
+
+Qwen3Config Tiny() { return *Qwen3Config::Preset("tiny"); }
+
+TEST(LayerPolicy, ParsesAndRoundTrips) {
+  auto l = LayerLayout::Parse(kTwoLayers, "p.yaml");
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->model, ModelShape::Of(Tiny()));
+  EXPECT_EQ(l->device, "NVIDIA H200");
+  EXPECT_EQ(l->tokens_per_step, 65536);
+  ASSERT_EQ(l->layers.size(), 2u);
+  EXPECT_EQ(l->layers[0], (LayerPolicy{LayerKind::kRecompute, true}));
+  EXPECT_EQ(l->layers[1], (LayerPolicy{LayerKind::kKeepAll, false}));
+  auto again = LayerLayout::Parse(l->ToYaml(), "again");
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << l->ToYaml();
+  EXPECT_EQ(*again, *l);
+  EXPECT_TRUE(l->CheckModel(Tiny()).ok());
+  EXPECT_TRUE(l->CheckDevice("NVIDIA H200").ok());
+  LayerLayout any = *l;
+  any.device.clear();
+  EXPECT_TRUE(any.CheckDevice("cpu").ok());
+}
+
+TEST(LayerPolicy, MalformedFilesAreInvalidArgumentNamingTheProblem) {
+  const std::string good = kTwoLayers;
+  struct Case {
+    std::string text;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"", "expected a map"},
+      {"[1, 2]", "expected a map"},
+      {"{", "not YAML"},
+      {absl::StrReplaceAll(good, {{"version: 1", "version: 2"}}), "version 2"},
+      {absl::StrReplaceAll(good, {{"version: 1\n", ""}}), "no version"},
+      {absl::StrReplaceAll(good, {{"hidden_size: 64, ", ""}}), "model.hidden_size missing"},
+      {absl::StrReplaceAll(good, {{"hidden_size: 64", "hidden_size: -64"}}), "model.hidden_size"},
+      {absl::StrReplaceAll(good, {{"hidden_size: 64", "hidden_size: big"}}), "model.hidden_size"},
+      {absl::StrReplaceAll(good, {{"hidden_size: 64", "hidden_sise: 64"}}), "unknown key 'hidden_sise'"},
+      {absl::StrReplaceAll(good, {{"kind: keep_all", "kind: keep_some"}}), "layers[1]: kind 'keep_some'"},
+      {absl::StrReplaceAll(good, {{"{kind: keep_all}", "{offload: true}"}}), "layers[1]: kind missing"},
+      {absl::StrReplaceAll(good, {{"offload: true", "offload: 0.5"}}), "layers[0]: offload"},
+      {absl::StrReplaceAll(good, {{"offload: true", "offloaded: true"}}), "unknown key 'offloaded'"},
+      {absl::StrReplaceAll(good, {{"  - {kind: keep_all}\n", ""}}), "1 entries for model.num_hidden_layers 2"},
+      {absl::StrReplaceAll(good, {{"  - {kind: keep_all}\n", "  - keep_all\n"}}), "layers[1]: expected"},
+      {absl::StrReplaceAll(good, {{"tokens_per_step: 65536", "tokens_per_step: lots"}}), "tokens_per_step"},
+      {absl::StrReplaceAll(good, {{"device: NVIDIA H200", "device: [a]"}}), "device"},
+      {absl::StrCat(good, "extra: 1\n"), "unknown key 'extra'"},
+      {std::string(kMaxPolicyFileBytes + 1, '#'), "more than"},
+  };
+  for (const Case& c : cases) {
+    auto l = LayerLayout::Parse(c.text, "p.yaml");
+    ASSERT_FALSE(l.ok()) << c.says;
+    EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument) << l.status();
+    EXPECT_TRUE(absl::StrContains(l.status().message(), c.says)) << c.says << " / " << l.status();
+    EXPECT_TRUE(absl::StrContains(l.status().message(), "p.yaml")) << l.status();
+  }
+}
+
+TEST(LayerPolicy, AnotherModelOrDeviceIsAFailedPreconditionNamingIt) {
+  auto l = LayerLayout::Parse(kTwoLayers, "p.yaml");
+  ASSERT_TRUE(l.ok()) << l.status();
+  Qwen3Config other = Tiny();
+  other.intermediate_size = 256;
+  absl::Status s = l->CheckModel(other);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(s.message(), "model.intermediate_size 128")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "256")) << s;
+  s = l->CheckDevice("NVIDIA H100");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(s.message(), "NVIDIA H100")) << s;
+}
+
+TEST(LayerPolicy, LoadReadsSmallRegularFilesOnly) {
+  const std::string dir = ::testing::TempDir();
+  const std::string path = dir + "/policy-ok.yaml";
+  std::ofstream(path) << kTwoLayers;
+  auto l = LayerLayout::Load(path);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->layers.size(), 2u);
+  EXPECT_EQ(LayerLayout::Load(dir + "/no-such-policy.yaml").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(LayerLayout::Load(dir).status().code(), absl::StatusCode::kInvalidArgument);  // a directory
+  EXPECT_EQ(LayerLayout::Load("/dev/zero").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace slidedp
