@@ -524,28 +524,31 @@ PY
 # Issue 21: mirror-free delivery. The CUDA workers cast the master themselves, on the GPU
 # (cast_on device) or on the host (cast_on host): the same bits as the mirror (deterministic losses
 # bitwise equal), and what the casts cost at a fine-tuning batch (MASTERSRC_VARIANTS).
+mastersrc_keys() {  # mastersrc_keys VARIANT: its runtime keys
+  case $1 in
+    mirror) echo "param_source: mirror" ;;
+    master_device) echo "param_source: master, cast_on: device" ;;
+    master_host) echo "param_source: master, cast_on: host" ;;
+    *) return 1 ;;
+  esac
+}
+
 part_mastersrc() {
   find_cudnn
   local w=$work/mastersrc v extra
   local variants=${MASTERSRC_VARIANTS:-"mirror master_device master_host"}
   for v in $variants; do
-    case $v in
-      mirror) extra="param_source: mirror" ;;
-      master_device) extra="param_source: master, cast_on: device" ;;
-      master_host) extra="param_source: master, cast_on: host" ;;
-      *) result FAIL mastersrc "unknown variant $v (mirror master_device master_host)"; return ;;
-    esac
+    if ! extra=$(mastersrc_keys "$v"); then
+      result FAIL mastersrc "unknown variant $v (mirror master_device master_host)"
+      return
+    fi
     stage "mastersrc_bits_$v" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/bits_$v" MODEL=qwen3-0.6b GPUS=1 \
       TOKENS_LIST=16384 STEPS=6 WHAT=ours MAX_GRAD_NORM=1.0 ACT_POLICY=recompute \
       RUNTIME_EXTRA="deterministic: true, $extra" WORK="$w/bits_$v" FRESH=1 \
       BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
   done
   for v in $variants; do
-    case $v in
-      mirror) extra="param_source: mirror" ;;
-      master_device) extra="param_source: master, cast_on: device" ;;
-      master_host) extra="param_source: master, cast_on: host" ;;
-    esac
+    extra=$(mastersrc_keys "$v")
     stage "mastersrc_speed_$v" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/speed_$v" \
       MODEL="${MASTERSRC_MODEL:-qwen3-4b}" GPUS=1 TOKENS_LIST="${MASTERSRC_TOKENS:-16384}" WHAT=ours MAX_GRAD_NORM=0 \
       ACT_POLICY=auto RUNTIME_EXTRA="$extra" WORK="$w/speed_$v" FRESH=1 \
