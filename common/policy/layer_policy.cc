@@ -96,8 +96,8 @@ absl::StatusOr<LayerLayout> LayerLayout::Parse(const std::string& text, const st
   LayerLayout l;
   const YAML::Node model = root["model"];
   if (!model || !model.IsMap()) return Bad(what, "model: expected a map of the model's sizes");
-  std::initializer_list<const char*> shape_keys = {"hidden_size",       "num_hidden_layers", "num_attention_heads",
-                                                   "num_key_value_heads", "head_dim",        "intermediate_size",
+  std::initializer_list<const char*> shape_keys = {"hidden_size",         "num_hidden_layers", "num_attention_heads",
+                                                   "num_key_value_heads", "head_dim",          "intermediate_size",
                                                    "vocab_size"};
   RETURN_IF_ERROR(OnlyKeys(model, shape_keys, what, "model: "));
   for (const ShapeField& f : kShapeFields) {

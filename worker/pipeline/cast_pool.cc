@@ -19,9 +19,7 @@ CastPool::~CastPool() {
   for (std::thread& t : helpers_) t.join();
 }
 
-int64_t CastPool::PieceBegin(int64_t n, int pieces, int p) {
-  return std::min(n, (n * p / pieces + 31) / 32 * 32);
-}
+int64_t CastPool::PieceBegin(int64_t n, int pieces, int p) { return std::min(n, (n * p / pieces + 31) / 32 * 32); }
 
 void CastPool::Cast(const float* in, bf16_t* out, int64_t n) {
   if (n <= 0) return;
