@@ -42,6 +42,8 @@
 #                   >= 0.95; host state and MemAvailable drop per billion parameters (target 6 GiB/B)
 #   memlimit   ~3   issue 22: runtime.gpu_memory_limit (MEMLIMIT, 40GiB) on Qwen3-4B at 64K, act_policy
 #                   auto: the limited run's GPU peak under the limit; its speed >= 0.9 of the unlimited
+#   policy     ~2   issue 22: a per-layer layout file (every kind, offloads) on Qwen3-0.6B deterministic:
+#                   losses bitwise (<= 1e-4) those of whole-layer recompute; GPU peaks (figures)
 #   scaling    ~6   (2 GPUs) Qwen3-8B 1 -> 2 GPUs >= 1.95x; ours / FSDP2 on 2 GPUs >= 1.5
 #   state      ~3   issue 21, compact Adam moments on the GPU machine's host: adam_state_test and
 #                   adam_engine_test, adam_kernels_test (bundled host tests: the AVX-512 kernels bit-identical to
@@ -118,7 +120,7 @@ readonly KBENCH_T_FWD=400          # issue 3: attention TFLOP/s, causal, 4K+ tok
 readonly KBENCH_T_BWD=300
 readonly KBENCH_T_LAYER=550        # Qwen3-8B decoder layer keep-all over 64K tokens
 
-PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big memlimit scaling state host restart kbench"
+PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big memlimit policy scaling state host restart kbench"
 usage() { sed -n '3,/^set -u/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ] || [ "$1" = list ]; then usage; exit 0; fi
 for p in "$@"; do
@@ -695,6 +697,47 @@ if "limited" in res and limit_bytes:
 if len(res) == 2:
     x = res["limited"][0] / res["free"][0]
     print(f"{'PASS' if x >= 0.9 else 'FAIL'} memlimit    limited / unlimited speed {x:.3f} (>= 0.9)")
+PY
+}
+
+# Issue 22: a per-layer layout (runtime.policy file) on CUDA: Qwen3-0.6B, runtime.deterministic,
+# 6 steps at 16K tokens, whole-layer recompute against a mixed layout (every kind, some layers'
+# checkpoints offloaded to pinned host memory): losses bitwise equal (or within 1e-4: the kernel
+# tolerance), and the layout's GPU peak (figure).
+part_policy() {
+  find_cudnn
+  local w=$work/policy v extra
+  mkdir -p "$w"
+  python3 - "$w/mixed.yaml" << 'PY'
+import sys
+kinds = ["recompute", "selective", "keep_all"]
+layers = [f"  - {{kind: {kinds[i % 3]}{', offload: true' if i < 6 else ''}}}" for i in range(28)]
+open(sys.argv[1], "w").write(
+    "version: 1\nmodel: {hidden_size: 1024, num_hidden_layers: 28, num_attention_heads: 16, num_key_value_heads: 8, "
+    "head_dim: 128, intermediate_size: 3072, vocab_size: 151936}\nlayers:\n" + "\n".join(layers) + "\n")
+PY
+  for v in recompute mixed; do
+    extra="deterministic: true"
+    [ "$v" = mixed ] && extra="deterministic: true, policy: $w/mixed.yaml"
+    stage "policy_$v" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/$v" MODEL=qwen3-0.6b GPUS=1 \
+      TOKENS_LIST=16384 STEPS=6 WHAT=ours MAX_GRAD_NORM=1.0 ACT_POLICY=recompute RUNTIME_EXTRA="$extra" \
+      WORK="$w/$v" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
+  done
+  dry && return 0
+  python3 - "$w" << 'PY' | tee -a "$summary"
+import glob, json, sys
+def run(d):
+    rows = []
+    for p in glob.glob(f"{d}/runs/*/*/*/*/ours/out/metrics-*.jsonl"):
+        rows += [json.loads(l) for l in open(p) if l.strip()]
+    return sorted(rows, key=lambda r: r["step"])
+a, b = run(f"{sys.argv[1]}/recompute"), run(f"{sys.argv[1]}/mixed")
+la, lb = [r["loss"] for r in a], [r["loss"] for r in b]
+d = max((abs(x - y) for x, y in zip(la, lb)), default=float("inf"))
+ok = len(la) == 6 and len(lb) == 6 and d <= 1e-4
+peak = lambda rows: max((r.get("gpu_peak_bytes", 0) for r in rows), default=0) / 2**30
+print(f"{'PASS' if ok else 'FAIL'} policy      0.6B mixed per-layer layout vs recompute: {len(la)} / {len(lb)} steps, "
+      f"{'bitwise equal' if la == lb else f'max |dloss| {d:.2e}'} (<= 1e-4); GPU peak {peak(a):.2f} / {peak(b):.2f} GiB")
 PY
 }
 
