@@ -157,9 +157,7 @@ Setter Policy() {
 Setter InlineLayout() {
   return [](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
     if (!n.IsMap()) return TypeError(path, "a policy (version, model, layers)", n);
-    YAML::Emitter e;
-    e << n;
-    ASSIGN_OR_RETURN(s.layer_layout, LayerLayout::Parse(e.c_str(), path));
+    ASSIGN_OR_RETURN(s.layer_layout, LayerLayout::FromNode(n, path));
     return absl::OkStatus();
   };
 }

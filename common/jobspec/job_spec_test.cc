@@ -196,6 +196,19 @@ layers: [{kind: selective, offload: true}, {kind: keep_all}]
   auto fixed = JobSpec::Parse(with("fixed"), dir, JobSpec::FileCheck::kCheck);
   ASSERT_TRUE(fixed.ok()) << fixed.status();
   EXPECT_FALSE(fixed->layer_layout.has_value());
+  // Inline, aliases are read in place (a hostile spec cannot make them expand): 64 layers that are
+  // all one anchored entry parse, and a wrong count is still refused.
+  std::string inline_spec = absl::StrReplaceAll(
+      kGood, {{"backend: cpu,", "backend: cpu, layer_policy: {version: 1, model: {hidden_size: 64, num_hidden_layers: 64, "
+                                "num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, intermediate_size: 128, "
+                                "vocab_size: 512}, layers: [&l {kind: keep_all}LAYERS]},"}});
+  std::string more;
+  for (int i = 1; i < 64; ++i) more += ", *l";
+  auto aliased = JobSpec::Parse(absl::StrReplaceAll(inline_spec, {{"LAYERS", more}}), "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(aliased.ok()) << aliased.status();
+  EXPECT_EQ(aliased->layer_layout->layers.size(), 64u);
+  EXPECT_EQ(ParseError(absl::StrReplaceAll(inline_spec, {{"LAYERS", ", *l"}})).code(),
+            absl::StatusCode::kInvalidArgument);
   for (const char* bad : {"auto", "missing.yaml", "broken.yaml", "'[1]'"}) {
     auto st = JobSpec::Parse(with(bad), dir, JobSpec::FileCheck::kCheck).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad << ": " << st;

@@ -88,6 +88,10 @@ absl::StatusOr<LayerLayout> LayerLayout::Parse(const std::string& text, const st
   } catch (const YAML::Exception& e) {
     return Bad(what, absl::StrCat("not YAML: ", e.what()));
   }
+  return FromNode(root, what);
+}
+
+absl::StatusOr<LayerLayout> LayerLayout::FromNode(const YAML::Node& root, const std::string& what) {
   if (!root.IsMap()) return Bad(what, "expected a map with version, model and layers");
   RETURN_IF_ERROR(OnlyKeys(root, {"version", "model", "device", "tokens_per_step", "layers"}, what, ""));
   if (!root["version"]) return Bad(what, "no version (this build reads version 1)");

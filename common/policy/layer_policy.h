@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model/qwen3_config.h"
+#include "yaml-cpp/yaml.h"
 
 namespace slidedp {
 
@@ -69,6 +70,9 @@ struct LayerLayout {
 
   // The YAML text of a policy file; `what` names it in errors (the path, or "runtime.policy").
   static absl::StatusOr<LayerLayout> Parse(const std::string& text, const std::string& what);
+  // The same from a parsed node (a spec's inline runtime.layer_policy): read in place, never
+  // re-emitted, so aliases in hostile YAML are never expanded.
+  static absl::StatusOr<LayerLayout> FromNode(const YAML::Node& root, const std::string& what);
   // Reads and parses a policy file (bounded, regular files only: common/io/small_file.h).
   static absl::StatusOr<LayerLayout> Load(const std::string& path);
   std::string ToYaml() const;
