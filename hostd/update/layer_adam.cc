@@ -211,6 +211,19 @@ struct StateView {
 StateView ViewOf(const UnitMemory& u) { return {u.master, u.moments, u.m, u.v, u.bf16, u.int8}; }
 StateView ViewOf(const UndoMemory& d) { return {d.master, d.moments, d.m, d.v, d.bf16, d.int8}; }
 
+// Whether the view's master and every array of its moment form are set.
+bool StateSet(const StateView& s) {
+  if (s.master == nullptr) return false;
+  switch (s.moments) {
+    case StateDtype::kFp32: return s.m != nullptr && s.v != nullptr;
+    case StateDtype::kBf16: return s.bf16.m != nullptr && s.bf16.v != nullptr;
+    case StateDtype::kInt8:
+      return s.int8.m_codes != nullptr && s.int8.v_codes != nullptr && s.int8.m_scales != nullptr &&
+             s.int8.v_scales != nullptr;
+  }
+  return false;
+}
+
 // Elements [b, b + n) of master, m and v from `from` to `to` (both of one moment form; with int8
 // moments b is a block boundary and the scales of the blocks the range touches go too). The
 // master (and FP32 moments) go through `copy` (streaming stores for a save: it is read back only
@@ -497,21 +510,11 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
         absl::StrCat("LayerAdam: chunk [", offset, ", +", numel, ") outside the unit's ", unit.numel, " elements"));
   }
   const bool needs_grad = kind == TaskKind::kStepF32 || kind == TaskKind::kStepBf16;
-  const bool moments_set = unit.moments == StateDtype::kFp32 ? unit.m != nullptr && unit.v != nullptr
-                           : unit.moments == StateDtype::kBf16
-                               ? unit.bf16.m != nullptr && unit.bf16.v != nullptr
-                               : unit.int8.m_codes != nullptr && unit.int8.v_codes != nullptr &&
-                                     unit.int8.m_scales != nullptr && unit.int8.v_scales != nullptr;
-  if (numel > 0 && (unit.master == nullptr || !moments_set || (needs_grad && grad == nullptr))) {
+  if (numel > 0 && (!StateSet(ViewOf(unit)) || (needs_grad && grad == nullptr))) {
     return absl::InvalidArgumentError("LayerAdam: null state or gradient pointer");
   }
   if (undo_mode != UndoMode::kNone) {
-    const bool undo_set =
-        undo != nullptr && undo->master != nullptr &&
-        (undo->moments == StateDtype::kFp32   ? undo->m != nullptr && undo->v != nullptr
-         : undo->moments == StateDtype::kBf16 ? undo->bf16.m != nullptr && undo->bf16.v != nullptr
-                                              : undo->int8.m_codes != nullptr && undo->int8.v_codes != nullptr &&
-                                                    undo->int8.m_scales != nullptr && undo->int8.v_scales != nullptr);
+    const bool undo_set = undo != nullptr && StateSet(ViewOf(*undo));
     if (!undo_set || kind == TaskKind::kTouch) {
       return absl::InvalidArgumentError("LayerAdam: an undo mode without an undo copy");
     }

@@ -542,6 +542,13 @@ std::vector<nlohmann::json> MetricsLines(const NodeHarness& node, const std::str
   return out;
 }
 
+// The largest gpu_peak_bytes a job's metrics report.
+int64_t PeakBytes(const NodeHarness& node, const std::string& output, const std::string& job) {
+  int64_t p = 0;
+  for (const auto& j : MetricsLines(node, output, job)) p = std::max<int64_t>(p, j["gpu_peak_bytes"]);
+  return p;
+}
+
 // Both gradient routes with 2 workers (gpu: each rank reduce-scatters and posts only its summed
 // shard; cpu: hostd sums full copies) end at the 1-worker parameters, with and without clipping
 // (without: shards are applied straight from the ring slots as they arrive, in small chunks).
@@ -797,10 +804,8 @@ TEST(Faults, DeviceMemoryTooSmallIsAClearErrorAndTheWorkerStaysUsable) {
     big.output = "out-big";
     MustSucceed(node, Spec(small), "small");
     MustSucceed(node, Spec(big), "big");
-    for (const auto& j : MetricsLines(node, "out-small", "small"))
-      peak_small = std::max<int64_t>(peak_small, j["gpu_peak_bytes"]);
-    for (const auto& j : MetricsLines(node, "out-big", "big"))
-      peak_big = std::max<int64_t>(peak_big, j["gpu_peak_bytes"]);
+    peak_small = PeakBytes(node, "out-small", "small");
+    peak_big = PeakBytes(node, "out-big", "big");
   }
   ASSERT_GT(peak_small, 0);
   ASSERT_GT(peak_big, peak_small);
@@ -920,11 +925,7 @@ TEST(Faults, GpuMemoryLimitIsRespectedOrAClearError) {
   big.global_batch = 96;  // (the dataset has 102 rows)
   big.micro_batch = 32;
   NodeHarness node(1);
-  auto peak = [&](const std::string& output, const std::string& job) {
-    int64_t p = 0;
-    for (const auto& j : MetricsLines(node, output, job)) p = std::max<int64_t>(p, j["gpu_peak_bytes"]);
-    return p;
-  };
+  auto peak = [&](const std::string& output, const std::string& job) { return PeakBytes(node, output, job); };
   small.output = "out-small";
   big.output = "out-big";
   const auto free_small = LoadMaster(MustSucceed(node, Spec(small), "small").last_checkpoint());
@@ -974,11 +975,7 @@ TEST(Training, ActivationOffloadGivesTheSameParameters) {
   EXPECT_EQ(MaxAbsDiff(keep, offload_half), 0.0);
   EXPECT_EQ(MaxAbsDiff(keep, offload_all), 0.0);
   // ... and the checkpoints really left the "device": its peak falls with the ratio.
-  auto peak = [&](const std::string& output, const std::string& job) {
-    int64_t p = 0;
-    for (const auto& j : MetricsLines(node, output, job)) p = std::max<int64_t>(p, j["gpu_peak_bytes"]);
-    return p;
-  };
+  auto peak = [&](const std::string& output, const std::string& job) { return PeakBytes(node, output, job); };
   const int64_t p_keep = peak("out-keep", "keep"), p_half = peak("out-half", "half"), p_all = peak("out-all", "all");
   EXPECT_GT(p_keep, 0);
   EXPECT_LT(p_half, p_keep);
