@@ -1,8 +1,6 @@
 // PlanJob: the job's routes, staging and memory plan; see job_plan.h.
 #include "hostd/engine/job_plan.h"
 
-#include "hostd/engine/initial_weights.h"
-
 #include <algorithm>
 #include <climits>
 
