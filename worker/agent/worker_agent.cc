@@ -468,6 +468,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     RETURN_IF_ERROR(spec.layer_layout->CheckDevice(device().name()));
     offloaded.assign(layout.num_units(), false);
     bool any = false;
+    std::string described;
     for (size_t i = 0; i < spec.layer_layout->layers.size(); ++i) {
       const LayerPolicy& l = spec.layer_layout->layers[i];
       layer_policies.push_back(l.kind == LayerKind::kKeepAll     ? ActPolicy::kKeepAll
@@ -475,13 +476,9 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
                                                                  : ActPolicy::kRecomputeLayer);
       offloaded[i + 1] = l.offload;
       any |= l.offload;
-    }
-    if (!any) offloaded.clear();
-    std::string described;
-    for (size_t i = 0; i < spec.layer_layout->layers.size(); ++i) {
-      const LayerPolicy& l = spec.layer_layout->layers[i];
       absl::StrAppend(&described, i == 0 ? "" : ", ", i, ":", LayerKindName(l.kind), l.offload ? "+offload" : "");
     }
+    if (!any) offloaded.clear();
     LOG(INFO) << "job " << a.job_id() << ": runtime.policy per-layer layout: " << described;
   }
   const NormValues norms =
