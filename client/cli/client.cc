@@ -153,6 +153,15 @@ absl::StatusOr<v1::SubmitJobResponse> Client::Submit(const v1::SubmitJobRequest&
   return resp;
 }
 
+absl::StatusOr<v1::PlanJobResponse> Client::Plan(const v1::PlanJobRequest& req) {
+  if (!channel_status_.ok()) return channel_status_;
+  v1::PlanJobResponse resp;
+  auto ctx = Context();
+  grpc::Status s = jobs_->PlanJob(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp;
+}
+
 absl::StatusOr<v1::Job> Client::GetJob(const std::string& id) {
   if (!channel_status_.ok()) return channel_status_;
   v1::GetJobRequest req;

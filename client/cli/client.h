@@ -36,6 +36,7 @@ class Client {
   absl::StatusOr<v1::NodeInfo> Node();
   absl::StatusOr<std::vector<v1::WorkerInfo>> Workers();
   absl::StatusOr<v1::SubmitJobResponse> Submit(const v1::SubmitJobRequest& req);
+  absl::StatusOr<v1::PlanJobResponse> Plan(const v1::PlanJobRequest& req);
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
   absl::StatusOr<std::vector<v1::Job>> ListJobs();
   absl::StatusOr<v1::Job> Cancel(const std::string& id);

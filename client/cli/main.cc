@@ -10,6 +10,7 @@
 #include "CLI/CLI.hpp"
 #include "client/cli/client.h"
 #include "client/cli/embedded.h"
+#include "client/cli/plan_report.h"
 #include "client/prepare/prepare.h"
 #include "common/io/small_file.h"
 #include "common/jobspec/job_spec.h"
@@ -88,6 +89,11 @@ int main(int argc, char** argv) {
 
   std::string spec_path, job_id, resume;
   bool dry_run = false, no_watch = false;
+  std::string compare;
+  auto* plan = app.add_subcommand("plan", "predict a job's step (each resource's work, rate and busy time, the bottleneck)");
+  plan->add_option("spec", spec_path, "job spec (YAML)")->required()->check(CLI::ExistingFile);
+  plan->add_option("--compare", compare, "a run's metrics (JSONL): predicted against measured");
+
   auto* submit = app.add_subcommand("submit", "submit a job spec");
   submit->add_option("spec", spec_path, "job spec (YAML)")->check(CLI::ExistingFile);
   submit->add_option("--id", job_id, "job id (idempotent resubmission)");
@@ -113,6 +119,10 @@ int main(int argc, char** argv) {
   run->add_option("--backend", backend, "auto | cuda | cpu")->check(CLI::IsMember({"auto", "cuda", "cpu"}));
   run->add_option("--cpu-workers", cpu_workers, "CPU backend workers (default: runtime.workers or 1)");
   run->add_option("--run-dir", run_dir, "where the private socket and logs go");
+  std::string policy_cache;
+  run->add_option("--policy-cache", policy_cache,
+                  "where runtime.policy auto keeps the layouts it chose, for the next run of the same shape "
+                  "(default $XDG_CACHE_HOME/slidedp/policies or ~/.cache/slidedp/policies; 'none': nowhere)");
 
   namespace pp = slidedp::prepare;
   pp::PrepareOptions popt;
@@ -202,6 +212,19 @@ int main(int argc, char** argv) {
     // it means to the user (relative: next to the spec, as model.path and data.path; absolute:
     // anywhere the user may write), not a node service's output root.
     eopt.hostd_args = {"--output-root", base, "--allow-output-anywhere"};
+    if (policy_cache.empty()) {
+      const char* xdg = getenv("XDG_CACHE_HOME");
+      const char* home = getenv("HOME");
+      if (xdg != nullptr && xdg[0] == '/') {
+        policy_cache = absl::StrCat(xdg, "/slidedp/policies");
+      } else if (home != nullptr && home[0] == '/') {
+        policy_cache = absl::StrCat(home, "/.cache/slidedp/policies");
+      }
+    }
+    if (!policy_cache.empty() && policy_cache != "none") {
+      eopt.hostd_args.push_back("--policy-cache");
+      eopt.hostd_args.push_back(policy_cache);
+    }
     std::cout << "starting a private hostd and workers (logs in " << eopt.run_dir << ")\n";
     auto embedded = sc::EmbeddedNode::Start(eopt);
     if (!embedded.ok()) return Fail(embedded.status());
@@ -260,6 +283,24 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (*submit) return SubmitAndMaybeWatch(client, spec_path, job_id, resume, dry_run, !no_watch);
+  if (*plan) {
+    auto text = ReadFile(spec_path);
+    if (!text.ok()) return Fail(text.status());
+    slidedp::v1::PlanJobRequest req;
+    req.set_spec_yaml(*text);
+    req.set_base_dir(std::filesystem::absolute(spec_path).parent_path().string());
+    auto p = client.Plan(req);
+    if (!p.ok()) return Fail(p.status());
+    std::cout << sc::FormatPlan(*p);
+    if (!compare.empty()) {
+      auto metrics = slidedp::ReadSmallFile(compare, 256ull << 20, "metrics file");
+      if (!metrics.ok()) return Fail(metrics.status());
+      auto cmp = sc::ComparePlan(*p, *metrics);
+      if (!cmp.ok()) return Fail(cmp.status());
+      std::cout << *cmp;
+    }
+    return 0;
+  }
   if (*status) {
     auto j = client.GetJob(job_id);
     if (!j.ok()) return Fail(j.status());

@@ -138,17 +138,14 @@ Setter MemoryLimit() {
   };
 }
 
-// runtime.policy: fixed, or a policy file's path (auto is refused until AutoPolicy exists).
+// runtime.policy: fixed, auto, or a policy file's path.
 Setter Policy() {
   return [](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
     std::string v;
-    RETURN_IF_ERROR(ReadScalar(n, path, "fixed or a policy file's path", &v));
+    RETURN_IF_ERROR(ReadScalar(n, path, "fixed, auto or a policy file's path", &v));
     if (v.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": must not be empty"));
-    if (v == "auto") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": auto (AutoPolicy) is not in this build yet; use fixed (act_policy, offload_ratio) or a policy file"));
-    }
-    s.policy_file = v == "fixed" ? std::string() : v;
+    s.policy_auto = v == "auto";
+    s.policy_file = v == "fixed" || v == "auto" ? std::string() : v;
     return absl::OkStatus();
   };
 }
@@ -433,6 +430,11 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
   s.data_path = Resolve(base_dir, s.data_path);
   if (output_base == JobSpec::OutputDirBase::kBaseDir) s.output_dir = Resolve(base_dir, s.output_dir);
   if (!s.policy_file.empty()) s.policy_file = Resolve(base_dir, s.policy_file);
+  if (s.policy_auto && (s.act_policy != ActivationPolicy::kRecomputeLayer || s.offload_ratio > 0)) {
+    return absl::InvalidArgumentError(
+        "job spec: runtime.policy auto chooses every layer's activations and offload itself; remove "
+        "runtime.act_policy and runtime.offload_ratio (or use runtime.policy: fixed)");
+  }
   if (check_files == JobSpec::FileCheck::kCheck && !s.policy_file.empty() && !s.layer_layout) {
     auto layout = LayerLayout::Load(s.policy_file);
     if (!layout.ok()) {
@@ -576,7 +578,11 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "deterministic" << YAML::Value << deterministic;
   e << YAML::Key << "offload_ratio" << YAML::Value << offload_ratio;
   e << YAML::Key << "speculation_bytes" << YAML::Value << speculation_bytes;
-  if (!policy_file.empty()) e << YAML::Key << "policy" << YAML::Value << policy_file;
+  if (policy_auto) {
+    e << YAML::Key << "policy" << YAML::Value << "auto";
+  } else if (!policy_file.empty()) {
+    e << YAML::Key << "policy" << YAML::Value << policy_file;
+  }
   if (layer_layout) e << YAML::Key << "layer_policy" << YAML::Value << YAML::Load(layer_layout->ToYaml());
   if (gpu_memory_limit_bytes > 0) {
     e << YAML::Key << "gpu_memory_limit" << YAML::Value << gpu_memory_limit_bytes;

@@ -105,11 +105,14 @@ struct JobSpec {
   // device's (one of the two is set; both 0: no limit). GpuMemoryLimitBytes resolves it.
   int64_t gpu_memory_limit_bytes = 0;
   double gpu_memory_limit_fraction = 0;
-  // runtime.policy: "fixed" (act_policy and offload_ratio as given; the default) or a policy file
-  // (common/policy/layer_policy.h), absolute after resolution; "auto" (AutoPolicy) is refused until
-  // it exists. Parsing with FileCheck::kCheck reads the file into layer_layout, which ToYaml writes
-  // inline (runtime.layer_policy), so workers never read the file themselves. A spec may also give
-  // runtime.layer_policy inline; it then wins over act_policy and offload_ratio.
+  // runtime.policy: "fixed" (act_policy and offload_ratio as given; the default), "auto" (AutoPolicy,
+  // worker/pipeline/auto_policy.h: measured and solved on the job's first step, or the layout hostd
+  // cached for the same shape, batch, device and build) or a policy file
+  // (common/policy/layer_policy.h), absolute after resolution. Parsing with FileCheck::kCheck reads
+  // the file into layer_layout, which ToYaml writes inline (runtime.layer_policy), so workers never
+  // read the file themselves. A spec may also give runtime.layer_policy inline; it then wins over
+  // act_policy and offload_ratio (and over auto: hostd sends a cached layout so).
+  bool policy_auto = false;
   std::string policy_file;
   std::optional<LayerLayout> layer_layout;
   // Host threads per worker that cast the master to BF16 (param_source master, cast_on host); 0: auto.

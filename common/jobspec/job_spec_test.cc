@@ -165,7 +165,8 @@ TEST(JobSpec, GpuMemoryLimitTakesBytesOrAFraction) {
 
 // runtime.policy: fixed by default; a policy file (relative to the spec) is read when files are
 // checked and travels inline (runtime.layer_policy) in the resolved spec, which parses without the
-// file; auto, a missing or a malformed file are INVALID_ARGUMENT naming runtime.policy.
+// file; a missing or a malformed file are INVALID_ARGUMENT naming runtime.policy; auto refuses
+// act_policy and offload_ratio.
 TEST(JobSpec, PolicyFileIsReadOnceAndTravelsInline) {
   auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(def.ok()) << def.status();
@@ -209,7 +210,20 @@ layers: [{kind: selective, offload: true}, {kind: keep_all}]
   EXPECT_EQ(aliased->layer_layout->layers.size(), 64u);
   EXPECT_EQ(ParseError(absl::StrReplaceAll(inline_spec, {{"LAYERS", ", *l"}})).code(),
             absl::StatusCode::kInvalidArgument);
-  for (const char* bad : {"auto", "missing.yaml", "broken.yaml", "'[1]'"}) {
+  // auto: AutoPolicy chooses act_policy and offload_ratio itself, so it refuses them; it travels
+  // in the resolved spec.
+  auto auto_with_act = JobSpec::Parse(with("auto"), dir, JobSpec::FileCheck::kCheck).status();
+  EXPECT_EQ(auto_with_act.code(), absl::StatusCode::kInvalidArgument) << auto_with_act;
+  EXPECT_TRUE(absl::StrContains(auto_with_act.message(), "act_policy")) << auto_with_act;
+  auto automatic = JobSpec::Parse(absl::StrReplaceAll(with("auto"), {{"act_policy: selective, ", ""}}), dir,
+                                  JobSpec::FileCheck::kCheck);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_TRUE(automatic->policy_auto);
+  EXPECT_TRUE(automatic->policy_file.empty());
+  auto auto_again = JobSpec::Parse(automatic->ToYaml(), "/elsewhere", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(auto_again.ok()) << auto_again.status();
+  EXPECT_TRUE(auto_again->policy_auto);
+  for (const char* bad : {"missing.yaml", "broken.yaml", "'[1]'"}) {
     auto st = JobSpec::Parse(with(bad), dir, JobSpec::FileCheck::kCheck).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad << ": " << st;
     EXPECT_TRUE(absl::StrContains(st.message(), "runtime.policy")) << bad << ": " << st;

@@ -1,6 +1,8 @@
 // Per-layer activation layouts and their policy files; see layer_policy.h.
 #include "common/policy/layer_policy.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "common/io/small_file.h"
 #include "common/status/status_macros.h"
@@ -51,6 +53,148 @@ absl::Status OnlyKeys(const YAML::Node& map, std::initializer_list<const char*> 
   return absl::OkStatus();
 }
 
+absl::StatusOr<double> NonNegDouble(const YAML::Node& n, const std::string& what, const std::string& key) {
+  double v = -1;
+  if (n && n.IsScalar()) {
+    try {
+      v = n.as<double>();
+    } catch (const YAML::Exception&) {
+      v = -1;
+    }
+  }
+  if (!(v >= 0) || !std::isfinite(v)) return Bad(what, absl::StrCat(key, ": expected a number >= 0"));
+  return v;
+}
+
+absl::StatusOr<int64_t> NonNegInt(const YAML::Node& n, const std::string& what, const std::string& key) {
+  if (n && n.IsScalar() && n.Scalar() == "0") return 0;
+  return PositiveInt(n, what, key);
+}
+
+absl::StatusOr<LayerKind> KindOf(const YAML::Node& kind, const std::string& what, const std::string& at) {
+  if (!kind || !kind.IsScalar()) return Bad(what, absl::StrCat(at, "kind missing (recompute, selective, keep_all)"));
+  const std::string k = kind.Scalar();
+  if (k == "recompute") return LayerKind::kRecompute;
+  if (k == "selective") return LayerKind::kSelective;
+  if (k == "keep_all") return LayerKind::kKeepAll;
+  return Bad(what, absl::StrCat(at, "kind '", k, "' (recompute, selective, keep_all)"));
+}
+
+absl::StatusOr<bool> OffloadOf(const YAML::Node& o, const std::string& what, const std::string& at) {
+  if (!o) return false;
+  try {
+    if (!o.IsScalar()) throw YAML::Exception(YAML::Mark(), "not a scalar");
+    return o.as<bool>();
+  } catch (const YAML::Exception&) {
+    return Bad(what, absl::StrCat(at, "offload: expected true or false"));
+  }
+}
+
+struct BaseField {
+  const char* name;
+  double StepBase::*field;
+};
+constexpr BaseField kBaseFields[] = {
+    {"compute_s", &StepBase::compute_s},       {"h2d_s", &StepBase::h2d_s},
+    {"d2h_s", &StepBase::d2h_s},               {"host_s", &StepBase::host_s},
+    {"exposed_s", &StepBase::exposed_s},       {"h2d_bytes_per_s", &StepBase::h2d_bytes_per_s},
+    {"d2h_bytes_per_s", &StepBase::d2h_bytes_per_s},
+};
+struct CandidateBytes {
+  const char* name;
+  int64_t LayerCandidate::*field;
+};
+constexpr CandidateBytes kCandidateBytes[] = {{"device_bytes", &LayerCandidate::device_bytes},
+                                              {"host_bytes", &LayerCandidate::host_bytes},
+                                              {"h2d_bytes", &LayerCandidate::h2d_bytes},
+                                              {"d2h_bytes", &LayerCandidate::d2h_bytes}};
+
+// The autopolicy: section (AutoPolicyRecord).
+absl::StatusOr<AutoPolicyRecord> RecordFromNode(const YAML::Node& n, int64_t layers, const std::string& what) {
+  if (!n.IsMap()) return Bad(what, "autopolicy: expected a map");
+  RETURN_IF_ERROR(OnlyKeys(n,
+                           {"build", "working_set_bytes", "capacity_bytes", "selection_s", "device_budget_bytes",
+                            "host_budget_bytes", "base", "candidates", "predicted"},
+                           what, "autopolicy: "));
+  AutoPolicyRecord r;
+  if (const YAML::Node b = n["build"]; b && b.IsScalar() && b.Scalar().size() <= 256) r.build = b.Scalar();
+  ASSIGN_OR_RETURN(r.working_set_bytes, NonNegInt(n["working_set_bytes"], what, "autopolicy.working_set_bytes"));
+  ASSIGN_OR_RETURN(r.capacity_bytes, NonNegInt(n["capacity_bytes"], what, "autopolicy.capacity_bytes"));
+  ASSIGN_OR_RETURN(r.selection_s, NonNegDouble(n["selection_s"], what, "autopolicy.selection_s"));
+  r.problem.layers = layers;
+  ASSIGN_OR_RETURN(r.problem.device_budget_bytes,
+                   NonNegInt(n["device_budget_bytes"], what, "autopolicy.device_budget_bytes"));
+  if (n["host_budget_bytes"]) {
+    ASSIGN_OR_RETURN(r.problem.host_budget_bytes,
+                     NonNegInt(n["host_budget_bytes"], what, "autopolicy.host_budget_bytes"));
+  }
+  const YAML::Node base = n["base"];
+  if (!base || !base.IsMap()) return Bad(what, "autopolicy.base: expected a map");
+  for (const BaseField& f : kBaseFields) {
+    ASSIGN_OR_RETURN(r.problem.base.*f.field, NonNegDouble(base[f.name], what, absl::StrCat("autopolicy.base.", f.name)));
+  }
+  const YAML::Node cands = n["candidates"];
+  if (!cands || !cands.IsSequence() || cands.size() == 0 || cands.size() > 64) {
+    return Bad(what, "autopolicy.candidates: expected a list of 1 to 64 candidates");
+  }
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const YAML::Node c = cands[i];
+    const std::string at = absl::StrCat("autopolicy.candidates[", i, "]: ");
+    if (!c.IsMap()) return Bad(what, absl::StrCat(at, "expected a map"));
+    LayerCandidate lc;
+    ASSIGN_OR_RETURN(lc.policy.kind, KindOf(c["kind"], what, at));
+    ASSIGN_OR_RETURN(lc.policy.offload, OffloadOf(c["offload"], what, at));
+    ASSIGN_OR_RETURN(lc.time_s, NonNegDouble(c["time_s"], what, absl::StrCat(at, "time_s")));
+    for (const CandidateBytes& f : kCandidateBytes) {
+      ASSIGN_OR_RETURN(lc.*f.field, NonNegInt(c[f.name], what, absl::StrCat(at, f.name)));
+    }
+    r.problem.candidates.push_back(lc);
+  }
+  const YAML::Node p = n["predicted"];
+  if (!p || !p.IsMap() || !p["counts"] || !p["counts"].IsSequence() || p["counts"].size() != cands.size()) {
+    return Bad(what, "autopolicy.predicted: expected a map with one count per candidate");
+  }
+  for (size_t i = 0; i < cands.size(); ++i) {
+    ASSIGN_OR_RETURN(const int64_t c, NonNegInt(p["counts"][i], what, "autopolicy.predicted.counts"));
+    r.predicted.counts.push_back(c);
+  }
+  ASSIGN_OR_RETURN(r.predicted.step_s, NonNegDouble(p["step_s"], what, "autopolicy.predicted.step_s"));
+  RETURN_IF_ERROR(OnlyKeys(p, {"counts", "step_s", "bottleneck"}, what, "autopolicy.predicted: "));
+  if (const YAML::Node b = p["bottleneck"]; b && b.IsScalar() && b.Scalar().size() <= 64) {
+    r.predicted.bottleneck = b.Scalar();
+  }
+  return r;
+}
+
+void EmitRecord(YAML::Emitter& e, const AutoPolicyRecord& r) {
+  e << YAML::Key << "autopolicy" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "build" << YAML::Value << r.build;
+  e << YAML::Key << "working_set_bytes" << YAML::Value << r.working_set_bytes;
+  e << YAML::Key << "capacity_bytes" << YAML::Value << r.capacity_bytes;
+  e << YAML::Key << "selection_s" << YAML::Value << r.selection_s;
+  e << YAML::Key << "device_budget_bytes" << YAML::Value << r.problem.device_budget_bytes;
+  if (r.problem.host_budget_bytes >= 0) {
+    e << YAML::Key << "host_budget_bytes" << YAML::Value << r.problem.host_budget_bytes;
+  }
+  e << YAML::Key << "base" << YAML::Value << YAML::Flow << YAML::BeginMap;
+  for (const BaseField& f : kBaseFields) e << YAML::Key << f.name << YAML::Value << r.problem.base.*f.field;
+  e << YAML::EndMap;
+  e << YAML::Key << "candidates" << YAML::Value << YAML::BeginSeq;
+  for (const LayerCandidate& c : r.problem.candidates) {
+    e << YAML::Flow << YAML::BeginMap << YAML::Key << "kind" << YAML::Value << LayerKindName(c.policy.kind);
+    e << YAML::Key << "offload" << YAML::Value << c.policy.offload;
+    e << YAML::Key << "time_s" << YAML::Value << c.time_s;
+    for (const CandidateBytes& f : kCandidateBytes) e << YAML::Key << f.name << YAML::Value << c.*f.field;
+    e << YAML::EndMap;
+  }
+  e << YAML::EndSeq;
+  e << YAML::Key << "predicted" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "counts" << YAML::Value << YAML::Flow << r.predicted.counts;
+  e << YAML::Key << "step_s" << YAML::Value << r.predicted.step_s;
+  e << YAML::Key << "bottleneck" << YAML::Value << r.predicted.bottleneck;
+  e << YAML::EndMap << YAML::EndMap;
+}
+
 }  // namespace
 
 const char* LayerKindName(LayerKind k) {
@@ -93,7 +237,7 @@ absl::StatusOr<LayerLayout> LayerLayout::Parse(const std::string& text, const st
 
 absl::StatusOr<LayerLayout> LayerLayout::FromNode(const YAML::Node& root, const std::string& what) {
   if (!root.IsMap()) return Bad(what, "expected a map with version, model and layers");
-  RETURN_IF_ERROR(OnlyKeys(root, {"version", "model", "device", "tokens_per_step", "layers"}, what, ""));
+  RETURN_IF_ERROR(OnlyKeys(root, {"version", "model", "device", "tokens_per_step", "layers", "autopolicy"}, what, ""));
   if (!root["version"]) return Bad(what, "no version (this build reads version 1)");
   ASSIGN_OR_RETURN(const int64_t version, PositiveInt(root["version"], what, "version"));
   if (version != 1) return Bad(what, absl::StrCat("version ", version, " (this build reads version 1)"));
@@ -128,33 +272,16 @@ absl::StatusOr<LayerLayout> LayerLayout::FromNode(const YAML::Node& root, const 
     if (!e.IsMap()) return Bad(what, absl::StrCat(at, "expected {kind: ..., offload: ...}"));
     RETURN_IF_ERROR(OnlyKeys(e, {"kind", "offload"}, what, at));
     LayerPolicy p;
-    const YAML::Node kind = e["kind"];
-    if (!kind || !kind.IsScalar()) return Bad(what, absl::StrCat(at, "kind missing (recompute, selective, keep_all)"));
-    const std::string k = kind.Scalar();
-    if (k == "recompute") {
-      p.kind = LayerKind::kRecompute;
-    } else if (k == "selective") {
-      p.kind = LayerKind::kSelective;
-    } else if (k == "keep_all") {
-      p.kind = LayerKind::kKeepAll;
-    } else {
-      return Bad(what, absl::StrCat(at, "kind '", k, "' (recompute, selective, keep_all)"));
-    }
-    if (const YAML::Node o = e["offload"]) {
-      bool v = false;
-      try {
-        if (!o.IsScalar()) throw YAML::Exception(YAML::Mark(), "not a scalar");
-        v = o.as<bool>();
-      } catch (const YAML::Exception&) {
-        return Bad(what, absl::StrCat(at, "offload: expected true or false"));
-      }
-      p.offload = v;
-    }
+    ASSIGN_OR_RETURN(p.kind, KindOf(e["kind"], what, at));
+    ASSIGN_OR_RETURN(p.offload, OffloadOf(e["offload"], what, at));
     l.layers.push_back(p);
   }
   if (static_cast<int64_t>(l.layers.size()) != l.model.num_hidden_layers) {
     return Bad(what, absl::StrCat("layers: ", l.layers.size(), " entries for model.num_hidden_layers ",
                                   l.model.num_hidden_layers));
+  }
+  if (const YAML::Node r = root["autopolicy"]) {
+    ASSIGN_OR_RETURN(l.autopolicy, RecordFromNode(r, l.model.num_hidden_layers, what));
   }
   return l;
 }
@@ -180,7 +307,9 @@ std::string LayerLayout::ToYaml() const {
     if (p.offload) e << YAML::Key << "offload" << YAML::Value << true;
     e << YAML::EndMap;
   }
-  e << YAML::EndSeq << YAML::EndMap;
+  e << YAML::EndSeq;
+  if (autopolicy) EmitRecord(e, *autopolicy);
+  e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
 }
 

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,56 @@ struct ModelShape {
   bool operator==(const ModelShape& o) const;
 };
 
+// What AutoPolicy measured and solved (common/policy/layout_solver.h has the step model).
+struct LayerCandidate {
+  LayerPolicy policy;
+  double time_s = 0;         // the candidate's forward + backward time for one layer (recompute included)
+  int64_t device_bytes = 0;  // what one such layer keeps on the device from its forward to its backward
+  int64_t host_bytes = 0;    // pinned host memory it takes (an offloaded checkpoint)
+  int64_t h2d_bytes = 0;     // what it adds to the step's host-to-device copies
+  int64_t d2h_bytes = 0;     // and to the device-to-host copies
+};
+
+// The step's costs that no layout changes, measured on the running pipeline (seconds of busy time
+// per step), and the copy rates the layers' own traffic moves at.
+struct StepBase {
+  double compute_s = 0;        // C0: the embedding, the head, and what the layers' probes leave out
+  double h2d_s = 0;            // H0: parameter uploads
+  double d2h_s = 0;            // D0: gradient downloads
+  double host_s = 0;           // A: the host's update time (LayerAdam) per step
+  double exposed_s = 0;        // E: what no overlap hides (the first unit's load, the flush)
+  double h2d_bytes_per_s = 0;  // the layers' copies; 0: they cost no time (a backend without PCIe)
+  double d2h_bytes_per_s = 0;
+};
+
+struct PolicyProblem {
+  std::vector<LayerCandidate> candidates;
+  int64_t layers = 0;
+  int64_t device_budget_bytes = 0;  // for what the layers keep (the working set is outside it)
+  int64_t host_budget_bytes = -1;   // pinned host memory for offloaded checkpoints; -1: no bound
+  StepBase base;
+};
+
+// A layout's predicted step: each resource's busy time, the step, and which resource bounds it.
+struct PolicyPlan {
+  std::vector<int64_t> counts;  // per candidate
+  double compute_s = 0, h2d_s = 0, d2h_s = 0, host_s = 0;
+  double step_s = 0;  // max of the four + exposed
+  int64_t device_bytes = 0, host_bytes = 0;
+  std::string bottleneck;  // "GPU compute", "host-to-device copies", "device-to-host copies", "host updates"
+};
+
+// A layout AutoPolicy chose carries what it measured, so `slidedp plan` can predict from it and a
+// reader sees why (the `autopolicy:` section of a policy file; a hand-written file has none).
+struct AutoPolicyRecord {
+  std::string build;               // the worker build that measured it
+  int64_t working_set_bytes = 0;   // device bytes outside the layers' kept activations
+  int64_t capacity_bytes = 0;      // the device memory (or runtime.gpu_memory_limit) it was chosen for
+  double selection_s = 0;          // probes and solve
+  PolicyProblem problem;
+  PolicyPlan predicted;
+};
+
 inline constexpr uint64_t kMaxPolicyFileBytes = 1ull << 20;
 inline constexpr int64_t kMaxPolicyLayers = 4096;
 
@@ -67,6 +118,7 @@ struct LayerLayout {
   std::string device;           // empty: any device
   int64_t tokens_per_step = 0;  // 0: not said
   std::vector<LayerPolicy> layers;
+  std::optional<AutoPolicyRecord> autopolicy;  // a layout AutoPolicy chose: its measurements
 
   // The YAML text of a policy file; `what` names it in errors (the path, or "runtime.policy").
   static absl::StatusOr<LayerLayout> Parse(const std::string& text, const std::string& what);

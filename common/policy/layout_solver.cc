@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/status/status_macros.h"
 
 namespace slidedp {
 namespace {
@@ -21,72 +22,164 @@ struct CbcModel {
 
 }  // namespace
 
-absl::StatusOr<LayerCounts> SolveLayerCounts(const std::vector<LayerCandidate>& candidates, int64_t layers,
-                                             int64_t budget_bytes, double max_seconds) {
+PolicyPlan PredictPolicy(const PolicyProblem& problem, const std::vector<int64_t>& counts) {
+  const StepBase& b = problem.base;
+  PolicyPlan p;
+  p.counts = counts;
+  double h2d_bytes = 0, d2h_bytes = 0;
+  p.compute_s = b.compute_s;
+  for (size_t j = 0; j < counts.size() && j < problem.candidates.size(); ++j) {
+    const LayerCandidate& c = problem.candidates[j];
+    const double n = static_cast<double>(counts[j]);
+    p.compute_s += n * c.time_s;
+    h2d_bytes += n * static_cast<double>(c.h2d_bytes);
+    d2h_bytes += n * static_cast<double>(c.d2h_bytes);
+    p.device_bytes += counts[j] * c.device_bytes;
+    p.host_bytes += counts[j] * c.host_bytes;
+  }
+  p.h2d_s = b.h2d_s + (b.h2d_bytes_per_s > 0 ? h2d_bytes / b.h2d_bytes_per_s : 0);
+  p.d2h_s = b.d2h_s + (b.d2h_bytes_per_s > 0 ? d2h_bytes / b.d2h_bytes_per_s : 0);
+  p.host_s = b.host_s;
+  const std::pair<double, const char*> busy[] = {{p.compute_s, "GPU compute"},
+                                                  {p.h2d_s, "host-to-device copies"},
+                                                  {p.d2h_s, "device-to-host copies"},
+                                                  {p.host_s, "host updates"}};
+  double most = -1;
+  for (const auto& [t, name] : busy) {
+    if (t > most) most = t, p.bottleneck = name;
+  }
+  p.step_s = most + b.exposed_s;
+  return p;
+}
+
+absl::StatusOr<PolicyPlan> SolvePolicy(const PolicyProblem& problem, double max_seconds) {
+  const std::vector<LayerCandidate>& candidates = problem.candidates;
+  const int64_t layers = problem.layers;
+  const StepBase& b = problem.base;
   if (candidates.empty()) return absl::InvalidArgumentError("layout solver: no candidates");
   if (layers <= 0 || layers > kMaxPolicyLayers) {
     return absl::InvalidArgumentError(absl::StrCat("layout solver: ", layers, " layers"));
   }
-  if (budget_bytes < 0) return absl::InvalidArgumentError(absl::StrCat("layout solver: budget ", budget_bytes));
-  int64_t least_bytes = candidates[0].device_bytes;
+  if (problem.device_budget_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("layout solver: budget ", problem.device_budget_bytes));
+  }
+  for (double v : {b.compute_s, b.h2d_s, b.d2h_s, b.host_s, b.exposed_s, b.h2d_bytes_per_s, b.d2h_bytes_per_s}) {
+    if (!std::isfinite(v) || v < 0) return absl::InvalidArgumentError(absl::StrCat("layout solver: step cost ", v));
+  }
+  const bool host_bounded = problem.host_budget_bytes >= 0;
+  int64_t least_bytes = candidates[0].device_bytes, least_host = candidates[0].host_bytes;
+  int64_t most_bytes = 1, most_host = 1;
   for (const LayerCandidate& c : candidates) {
-    if (!std::isfinite(c.time_s) || c.time_s < 0 || c.device_bytes < 0) {
+    if (!std::isfinite(c.time_s) || c.time_s < 0 || c.device_bytes < 0 || c.host_bytes < 0 || c.h2d_bytes < 0 ||
+        c.d2h_bytes < 0) {
       return absl::InvalidArgumentError(absl::StrCat("layout solver: candidate ", LayerKindName(c.policy.kind),
-                                                     " has time ", c.time_s, " s and ", c.device_bytes, " bytes"));
+                                                     c.policy.offload ? "+offload" : "", " has time ", c.time_s,
+                                                     " s and ", c.device_bytes, " bytes"));
     }
     least_bytes = std::min(least_bytes, c.device_bytes);
+    least_host = std::min(least_host, c.host_bytes);
+    most_bytes = std::max(most_bytes, c.device_bytes);
+    most_host = std::max(most_host, c.host_bytes);
   }
   // Bytes in units of the largest candidate's keep the coefficients in [0, 1] for the LP
   // relaxation; the answer is checked on exact integers below, up to the solver's tolerance.
-  int64_t most_bytes = 1;
-  for (const LayerCandidate& c : candidates) most_bytes = std::max(most_bytes, c.device_bytes);
-  const double kScale = 1.0 / static_cast<double>(most_bytes);
+  const double kScale = 1.0 / static_cast<double>(most_bytes), kHostScale = 1.0 / static_cast<double>(most_host);
   const int n = static_cast<int>(candidates.size());
-  std::vector<CoinBigIndex> start(n + 1);
+  const int t_col = n;  // T, the step's bound
+  // Rows: 0 layer count, 1 device bytes, 2 host bytes, 3 compute, 4 H2D, 5 D2H (the last three as
+  // T - sum_j n_j x_j >= base).
+  std::vector<CoinBigIndex> start(n + 2);
   std::vector<int> index;
-  std::vector<double> value, col_lb(n, 0.0), col_ub(n, static_cast<double>(layers)), obj(n);
+  std::vector<double> value, col_lb(n + 1, 0.0), col_ub(n + 1, static_cast<double>(layers)), obj(n + 1);
   for (int j = 0; j < n; ++j) {
+    const LayerCandidate& c = candidates[j];
     start[j] = static_cast<CoinBigIndex>(index.size());
-    index.push_back(0);  // row 0: the layer count
-    value.push_back(1.0);
-    index.push_back(1);  // row 1: the kept bytes
-    value.push_back(static_cast<double>(candidates[j].device_bytes) * kScale);
-    obj[j] = candidates[j].time_s;
+    auto add = [&](int row, double v) {
+      if (v != 0) index.push_back(row), value.push_back(v);
+    };
+    add(0, 1.0);
+    add(1, static_cast<double>(c.device_bytes) * kScale);
+    add(2, static_cast<double>(c.host_bytes) * kHostScale);
+    add(3, -c.time_s);
+    add(4, b.h2d_bytes_per_s > 0 ? -static_cast<double>(c.h2d_bytes) / b.h2d_bytes_per_s : 0);
+    add(5, b.d2h_bytes_per_s > 0 ? -static_cast<double>(c.d2h_bytes) / b.d2h_bytes_per_s : 0);
   }
   start[n] = static_cast<CoinBigIndex>(index.size());
-  const double rows_lb[] = {static_cast<double>(layers), -std::numeric_limits<double>::max()};
-  const double rows_ub[] = {static_cast<double>(layers), static_cast<double>(budget_bytes) * kScale};
-  CbcModel model;
-  Cbc_loadProblem(model.m, n, 2, start.data(), index.data(), value.data(), col_lb.data(), col_ub.data(), obj.data(),
-                  rows_lb, rows_ub);
-  for (int j = 0; j < n; ++j) Cbc_setInteger(model.m, j);
-  Cbc_setLogLevel(model.m, 0);
-  Cbc_setMaximumSeconds(model.m, max_seconds);
-  Cbc_solve(model.m);
-  if (Cbc_isProvenInfeasible(model.m) || static_cast<double>(least_bytes) * layers > budget_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("layout solver: no layout of ", layers, " layers fits ",
-                                                     budget_bytes, " bytes; the leanest candidate keeps ", least_bytes,
-                                                     " bytes a layer (", least_bytes * layers, " for all)"));
-  }
-  if (!Cbc_isProvenOptimal(model.m)) {
-    return absl::DeadlineExceededError(absl::StrCat("layout solver: no proven optimum in ", max_seconds, " s (", n,
-                                                    " candidates, ", layers, " layers)"));
-  }
-  const double* x = Cbc_getColSolution(model.m);
-  LayerCounts out;
+  for (int row = 3; row <= 5; ++row) index.push_back(row), value.push_back(1.0);
+  start[n + 1] = static_cast<CoinBigIndex>(index.size());
+  col_lb[t_col] = b.host_s;
+  col_ub[t_col] = std::numeric_limits<double>::max();
+  obj[t_col] = 1.0;
+  const double inf = std::numeric_limits<double>::max();
+  const double rows_lb[] = {static_cast<double>(layers), -inf, -inf, b.compute_s, b.h2d_s, b.d2h_s};
+  const double rows_ub[] = {static_cast<double>(layers), static_cast<double>(problem.device_budget_bytes) * kScale,
+                            host_bounded ? static_cast<double>(problem.host_budget_bytes) * kHostScale : inf,
+                            inf, inf, inf};
+  // Two solves: the least T, then among the layouts within a hair of it the one that computes and
+  // copies least (no checkpoint crosses PCIe for nothing when the step is bound elsewhere).
+  auto solve = [&](const std::vector<double>& objective, double t_upper) -> absl::StatusOr<std::vector<double>> {
+    CbcModel model;
+    std::vector<double> ub = col_ub;
+    ub[t_col] = t_upper;
+    Cbc_loadProblem(model.m, n + 1, 6, start.data(), index.data(), value.data(), col_lb.data(), ub.data(),
+                    objective.data(), rows_lb, rows_ub);
+    for (int j = 0; j < n; ++j) Cbc_setInteger(model.m, j);
+    Cbc_setLogLevel(model.m, 0);
+    Cbc_setMaximumSeconds(model.m, max_seconds);
+    Cbc_solve(model.m);
+    if (Cbc_isProvenInfeasible(model.m) || static_cast<double>(least_bytes) * layers > problem.device_budget_bytes ||
+        (host_bounded && static_cast<double>(least_host) * layers > problem.host_budget_bytes)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "layout solver: no layout of ", layers, " layers fits ", problem.device_budget_bytes, " device bytes",
+          host_bounded ? absl::StrCat(" and ", problem.host_budget_bytes, " pinned host bytes") : "",
+          "; the leanest candidate keeps ", least_bytes, " bytes a layer on the device (", least_bytes * layers,
+          " for all)"));
+    }
+    if (!Cbc_isProvenOptimal(model.m)) {
+      return absl::DeadlineExceededError(absl::StrCat("layout solver: no proven optimum in ", max_seconds, " s (", n,
+                                                      " candidates, ", layers, " layers)"));
+    }
+    const double* x = Cbc_getColSolution(model.m);
+    return std::vector<double>(x, x + n + 1);
+  };
+  ASSIGN_OR_RETURN(std::vector<double> first, solve(obj, std::numeric_limits<double>::max()));
+  std::vector<double> busy(n + 1, 0.0);
   for (int j = 0; j < n; ++j) {
-    const int64_t c = std::llround(x[j]);
-    out.counts.push_back(c);
-    out.time_s += static_cast<double>(c) * candidates[j].time_s;
-    out.device_bytes += c * candidates[j].device_bytes;
+    const LayerCandidate& c = candidates[j];
+    // A backend without a copy rate (the CPU backend) still prefers not to copy: 10 GB/s nominal.
+    busy[j] = c.time_s + static_cast<double>(c.h2d_bytes) / (b.h2d_bytes_per_s > 0 ? b.h2d_bytes_per_s : 1e10) +
+              static_cast<double>(c.d2h_bytes) / (b.d2h_bytes_per_s > 0 ? b.d2h_bytes_per_s : 1e10);
   }
+  const double t_best = first[t_col];
+  absl::StatusOr<std::vector<double>> second = solve(busy, t_best + std::max(1e-9, 1e-7 * t_best));
+  const std::vector<double>& x = second.ok() ? *second : first;
+  std::vector<int64_t> counts;
+  for (int j = 0; j < n; ++j) counts.push_back(std::llround(x[j]));
+  PolicyPlan out = PredictPolicy(problem, counts);
   // The solver works in floating point: check the answer exactly.
-  const double tolerance = 1e-6 * static_cast<double>(most_bytes);
-  if (std::accumulate(out.counts.begin(), out.counts.end(), int64_t{0}) != layers ||
-      static_cast<double>(out.device_bytes) > static_cast<double>(budget_bytes) + tolerance) {
-    return absl::InternalError(absl::StrCat("layout solver: CBC's answer keeps ", out.device_bytes, " bytes over ",
-                                            layers, " layers against a budget of ", budget_bytes));
+  if (std::accumulate(counts.begin(), counts.end(), int64_t{0}) != layers ||
+      static_cast<double>(out.device_bytes) > problem.device_budget_bytes + 1e-6 * static_cast<double>(most_bytes) ||
+      (host_bounded &&
+       static_cast<double>(out.host_bytes) > problem.host_budget_bytes + 1e-6 * static_cast<double>(most_host))) {
+    return absl::InternalError(absl::StrCat("layout solver: CBC's answer keeps ", out.device_bytes, " device and ",
+                                            out.host_bytes, " host bytes over ", layers,
+                                            " layers against budgets of ", problem.device_budget_bytes, " and ",
+                                            problem.host_budget_bytes));
   }
+  return out;
+}
+
+absl::StatusOr<LayerCounts> SolveLayerCounts(const std::vector<LayerCandidate>& candidates, int64_t layers,
+                                             int64_t budget_bytes, double max_seconds) {
+  PolicyProblem problem;
+  problem.candidates = candidates;
+  problem.layers = layers;
+  problem.device_budget_bytes = budget_bytes;
+  ASSIGN_OR_RETURN(PolicyPlan plan, SolvePolicy(problem, max_seconds));
+  LayerCounts out;
+  out.counts = plan.counts;
+  out.time_s = plan.compute_s;
+  out.device_bytes = plan.device_bytes;
   return out;
 }
 

@@ -6,12 +6,26 @@
 //   min  sum_j n_j * time_j
 //   s.t. sum_j n_j * device_bytes_j <= budget_bytes,   sum_j n_j = layers,   n_j integer >= 0
 //
-// solved by COIN-OR CBC (docs/dependencies.md), then placed along the model (PlaceLayers). This is
-// the solver alone: AutoPolicy's measurements feed it (not in this build yet); a solved layout is
-// written as a policy file (LayerLayout) that a job runs with runtime.policy.
+// solved by COIN-OR CBC (docs/dependencies.md), then placed along the model (PlaceLayers).
+//
+// SolvePolicy is the whole step model AutoPolicy solves (worker/pipeline/auto_policy.h measures
+// its inputs): the step takes T = max(C, H, D, A) + E, where the GPU compute C, the H2D copies H
+// and the D2H copies D each have a part the layout does not change (StepBase) and a part each layer
+// adds by its candidate (an offloaded checkpoint crosses PCIe twice), A is the host's update time
+// and E what no overlap hides. It minimises T over the integer counts, subject to the device
+// budget and the pinned host memory the offloaded checkpoints take:
+//
+//   min  T
+//   s.t. T >= C0 + sum_j n_j time_j,  T >= H0 + sum_j n_j h2d_j / beta_h2d,  T >= D0 + ...,  T >= A
+//        sum_j n_j device_bytes_j <= device budget,  sum_j n_j host_bytes_j <= host budget,
+//        sum_j n_j = layers
+//
+// then, among the layouts within a hair of the least T, the one with the least compute and copy time
+// (a second solve), so no checkpoint crosses PCIe for nothing when the step is bound elsewhere.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -19,11 +33,13 @@
 
 namespace slidedp {
 
-struct LayerCandidate {
-  LayerPolicy policy;
-  double time_s = 0;         // the candidate's forward + backward time for one layer (recompute included)
-  int64_t device_bytes = 0;  // what one such layer keeps on the device from its forward to its backward
-};
+// The predicted step of `counts` (one per candidate) under `problem`'s costs; no budget check.
+PolicyPlan PredictPolicy(const PolicyProblem& problem, const std::vector<int64_t>& counts);
+
+// INVALID_ARGUMENT for a malformed problem (no candidates or layers, negative or non-finite costs);
+// RESOURCE_EXHAUSTED when no mix fits the budgets; DEADLINE_EXCEEDED without a proven optimum in
+// max_seconds.
+absl::StatusOr<PolicyPlan> SolvePolicy(const PolicyProblem& problem, double max_seconds = 10);
 
 struct LayerCounts {
   std::vector<int64_t> counts;  // per candidate, summing to the layer count

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <random>
+#include <tuple>
 
 namespace slidedp {
 namespace {
@@ -109,6 +110,86 @@ TEST(LayoutSolver, MalformedProblemsAreInvalidArgument) {
   bad[0].device_bytes = -5;
   EXPECT_EQ(SolveLayerCounts(bad, 4, 100).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(SolveLayerCounts(ok, 11, 100).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// The whole step model: random problems where offloading trades PCIe time and pinned host memory
+// for device bytes, against enumeration of every mix through PredictPolicy.
+TEST(LayoutSolver, StepModelMatchesEnumeration) {
+  std::mt19937 rng(11);
+  constexpr int64_t kMiB = 1 << 20;
+  int solved = 0, copy_bound = 0;
+  for (int trial = 0; trial < 150; ++trial) {
+    PolicyProblem p;
+    p.layers = 1 + rng() % 10;
+    const int64_t ckpt = (64 + rng() % 512) * kMiB;
+    const double rec = 0.01 * (50 + rng() % 50), sel = rec * (0.8 + 0.01 * (rng() % 10)), all = rec * 0.7;
+    const int64_t sel_bytes = (rng() % 256) * kMiB, all_bytes = (1024 + rng() % 4096) * kMiB;
+    for (bool off : {false, true}) {
+      for (auto [kind, t, bytes] : {std::tuple{LayerKind::kRecompute, rec, int64_t{0}},
+                                    std::tuple{LayerKind::kSelective, sel, sel_bytes},
+                                    std::tuple{LayerKind::kKeepAll, all, all_bytes}}) {
+        LayerCandidate c{{kind, off}, t, bytes + (off ? 0 : ckpt)};
+        if (off) c.host_bytes = c.h2d_bytes = c.d2h_bytes = ckpt;
+        p.candidates.push_back(c);
+      }
+    }
+    p.device_budget_bytes = static_cast<int64_t>(rng() % (3000 * p.layers)) * kMiB + kMiB / 2;
+    p.host_budget_bytes = rng() % 2 ? -1 : static_cast<int64_t>(rng() % (600 * p.layers)) * kMiB + kMiB / 2;
+    p.base.compute_s = 0.2;
+    p.base.h2d_s = 0.01 * (rng() % 100);
+    p.base.d2h_s = 0.01 * (rng() % 100);
+    p.base.host_s = 0.01 * (rng() % 150);
+    p.base.exposed_s = 0.05;
+    p.base.h2d_bytes_per_s = p.base.d2h_bytes_per_s = (1 + rng() % 20) * 1e9;
+    // Enumeration over the six counts.
+    double want = -1;
+    std::vector<int64_t> n(p.candidates.size(), 0);
+    std::function<void(size_t, int64_t)> go = [&](size_t j, int64_t left) {
+      if (j + 1 == n.size()) {
+        n[j] = left;
+        const PolicyPlan e = PredictPolicy(p, n);
+        const bool fits = e.device_bytes <= p.device_budget_bytes &&
+                          (p.host_budget_bytes < 0 || e.host_bytes <= p.host_budget_bytes);
+        if (fits && (want < 0 || e.step_s < want)) want = e.step_s;
+        return;
+      }
+      for (int64_t k = 0; k <= left; ++k) n[j] = k, go(j + 1, left - k);
+    };
+    go(0, p.layers);
+    auto got = SolvePolicy(p);
+    if (want < 0) {
+      ASSERT_FALSE(got.ok()) << "trial " << trial;
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
+      continue;
+    }
+    ASSERT_TRUE(got.ok()) << "trial " << trial << ": " << got.status();
+    EXPECT_NEAR(got->step_s, want, 1e-6) << "trial " << trial;
+    EXPECT_LE(got->device_bytes, p.device_budget_bytes);
+    if (p.host_budget_bytes >= 0) {
+      EXPECT_LE(got->host_bytes, p.host_budget_bytes);
+    }
+    copy_bound += got->bottleneck != "GPU compute";
+    ++solved;
+  }
+  EXPECT_GT(solved, 50);
+  EXPECT_GT(copy_bound, 5);
+}
+
+TEST(LayoutSolver, PredictionNamesTheBottleneck) {
+  PolicyProblem p;
+  p.layers = 2;
+  p.candidates = {{{LayerKind::kRecompute, true}, 1.0, 0, 100, 4'000'000'000, 4'000'000'000}};
+  p.base.compute_s = 1;
+  p.base.h2d_s = 1;
+  p.base.h2d_bytes_per_s = p.base.d2h_bytes_per_s = 1e9;
+  p.base.exposed_s = 0.5;
+  const PolicyPlan e = PredictPolicy(p, {2});
+  EXPECT_DOUBLE_EQ(e.compute_s, 3);
+  EXPECT_DOUBLE_EQ(e.h2d_s, 9);
+  EXPECT_DOUBLE_EQ(e.d2h_s, 8);
+  EXPECT_DOUBLE_EQ(e.step_s, 9.5);
+  EXPECT_EQ(e.bottleneck, "host-to-device copies");
+  EXPECT_EQ(e.host_bytes, 200);
 }
 
 TEST(LayoutSolver, PlacementPutsOffloadFirstAndTheMostKeptLast) {

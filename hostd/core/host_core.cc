@@ -412,6 +412,28 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
   return resp;
 }
 
+absl::StatusOr<v1::PlanJobResponse> HostCore::Plan(const v1::PlanJobRequest& req) {
+  ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(req.spec_yaml(), req.base_dir(), JobSpec::FileCheck::kCheck,
+                                                JobSpec::OutputDirBase::kAsWritten));
+  ASSIGN_OR_RETURN(spec.output_dir, ResolveOutputDir(options_.output_policy, spec.output_dir));
+  RETURN_IF_ERROR(executor_->Validate(spec));
+  std::vector<v1::WorkerHello> hellos;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& [wid, w] : workers_) {
+      if (w->gone()) continue;
+      if (spec.num_workers > 0 && static_cast<int>(hellos.size()) >= spec.num_workers) break;
+      hellos.push_back(w->hello());
+    }
+  }
+  if (hellos.empty() || (spec.num_workers > 0 && static_cast<int>(hellos.size()) < spec.num_workers)) {
+    return absl::FailedPreconditionError(absl::StrCat("plan: the job needs ", std::max(1, spec.num_workers),
+                                                      " attached worker(s) to plan on, ", hellos.size(),
+                                                      " attached now"));
+  }
+  return executor_->Plan(spec, hellos);
+}
+
 absl::StatusOr<v1::Job> HostCore::GetJob(const std::string& job_id) const {
   absl::MutexLock l(&mu_);
   auto it = jobs_.find(job_id);

@@ -130,6 +130,11 @@ class JobExecutor {
   // Validates a spec beyond syntax (model config readable, data matches vocab, memory admission)
   // so bad jobs are refused at submit with the right code. Optional.
   virtual absl::Status Validate(const JobSpec& spec) { return absl::OkStatus(); }
+  // `slidedp plan`: the job's predicted step on these workers (the ones it would get), before
+  // anything runs. Optional.
+  virtual absl::StatusOr<v1::PlanJobResponse> Plan(const JobSpec& spec, const std::vector<v1::WorkerHello>& workers) {
+    return absl::UnimplementedError("this executor makes no plans");
+  }
   // A job the previous hostd left running or queued when it died: takes over the state it left
   // in shared memory for the job's next Run when that state is consistent, and returns the
   // number of steps it holds. An error says why not (NOT_FOUND: no state segment); the job then
@@ -187,6 +192,9 @@ class HostCore {
 
   // JobService
   absl::StatusOr<v1::SubmitJobResponse> Submit(const v1::SubmitJobRequest& req);
+  // `slidedp plan`: the spec checked as Submit checks it, then the executor's prediction on the
+  // workers attached now (the first runtime.workers of them).
+  absl::StatusOr<v1::PlanJobResponse> Plan(const v1::PlanJobRequest& req);
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
   std::vector<v1::Job> ListJobs() const;
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);

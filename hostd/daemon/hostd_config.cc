@@ -26,6 +26,8 @@ void BindFlags(CLI::App& app, HostdConfig& c) {
                  "unix:PATH or HOST:PORT (TCP needs --tls-cert/--tls-key and client authentication)");
   app.add_option("--node-name", c.node_name, "name used in shm segment names");
   app.add_option("--state-dir", c.state_dir, "job records and metrics; default output root <state-dir>/outputs");
+  app.add_option("--policy-cache", c.policy_cache,
+                 "where runtime.policy auto keeps the layouts it chose (default <state-dir>/policies)");
   app.add_option("--tls-cert", c.tls_cert, "PEM certificate for TCP");
   app.add_option("--tls-key", c.tls_key, "PEM key for TCP");
   app.add_option("--tls-client-ca", c.tls_client_ca,

@@ -12,6 +12,9 @@ namespace slidedp::hostd {
 struct HostdConfig {
   std::string listen = "unix:/tmp/slidedp-hostd.sock";
   std::string node_name = "local";
+  // AutoPolicy's layouts (runtime.policy: auto, hostd/engine/policy_cache.h); empty: <state_dir>/policies,
+  // or none without a state dir.
+  std::string policy_cache;
   std::string state_dir;                       // job records survive restarts here (systemd: /var/lib/slidedp); empty: memory only
   std::string tls_cert, tls_key;               // required for TCP listen addresses
   int update_threads = 0;                      // 0: from the topology

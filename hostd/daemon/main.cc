@@ -70,6 +70,8 @@ int main(int argc, char** argv) {
   eopt.node_name = node;
   eopt.update_threads = config->update_threads;
   eopt.pool_host_state = config->pool_host_state;
+  eopt.policy_cache_dir = config->policy_cache;
+  if (eopt.policy_cache_dir.empty() && !config->state_dir.empty()) eopt.policy_cache_dir = config->state_dir + "/policies";
   slidedp::hostd::HostCoreOptions copt;
   copt.node_name = node;
   copt.worker_wait = absl::Seconds(config->worker_wait_s);

@@ -23,6 +23,8 @@
 #include "hostd/engine/grad_consumer.h"
 #include "hostd/engine/initial_weights.h"
 #include "hostd/engine/job_plan.h"
+#include "hostd/engine/policy_cache.h"
+#include "hostd/engine/step_plan.h"
 #include "hostd/engine/step_metrics.h"
 #include "hostd/engine/step_updates.h"
 #include "hostd/engine/undo_arena.h"
@@ -136,6 +138,7 @@ struct TrainingExecutor::Attempt {
   const JobSpec spec;
   const ModelLayout layout;
   JobPlan plan;  // (SizeSpeculation completes it after admission)
+  std::string policy_key;  // runtime.policy auto, measured by this attempt: its cache key (policy_cache.h)
   update::LayerAdam* adam = nullptr;
   int bulk_threads = 1;                   // prefault, zeroing, conversion, staging first touch
   std::unique_ptr<shm::JobState> pooled;  // taken from the pool and not (yet) adopted
@@ -507,9 +510,99 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
   record.metrics.set_host_hidden_fraction(
       a.prev_update_s > 0 ? std::clamp(1.0 - record.metrics.worker_gate_wait_s() / a.prev_update_s, 0.0, 1.0) : -1.0);
   a.prev_update_s = host.update_s;
+  if (record.metrics.host_update_gparams_per_s() > 0 && t > a.first_step) {
+    absl::MutexLock l(&mu_);
+    update_rates_[static_cast<int>(a.plan.moments)] = record.metrics.host_update_gparams_per_s();
+  }
   ctx.ReportStep(record.metrics);
   a.metrics->Append(record, now, a.plan, a.spec, a.consumer->staging_bytes_held());
   return absl::OkStatus();
+}
+
+std::optional<LayerLayout> TrainingExecutor::CachedLayout(const JobSpec& spec, const Qwen3Config& config,
+                                                          const std::vector<v1::WorkerHello>& hellos,
+                                                          std::string* key, std::string* said) const {
+  const PolicyCache cache(options_.policy_cache_dir);
+  *key = PolicyCache::KeyText(spec, config, hellos);
+  std::string why_not;
+  std::optional<LayerLayout> cached = hellos.empty() ? std::nullopt : cache.Find(*key, config, hellos[0], &why_not);
+  if (cached) {
+    *said = absl::StrFormat("runtime.policy auto: the layout cached at %s (predicted step %.3f s, bound by %s); no probes",
+                            cache.PathOf(*key), cached->autopolicy->predicted.step_s,
+                            cached->autopolicy->predicted.bottleneck.empty() ? std::string("?")
+                                                                              : cached->autopolicy->predicted.bottleneck);
+  } else {
+    *said = absl::StrCat("runtime.policy auto: the workers measure the first step and choose a layout",
+                         !cache.enabled() ? " (no policy cache: hostd has no --state-dir or --policy-cache)"
+                         : why_not.empty() ? ""
+                                           : absl::StrCat(" (cached layout not used: ", why_not, ")"));
+  }
+  return cached;
+}
+
+absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::Plan(const JobSpec& spec_in,
+                                                           const std::vector<v1::WorkerHello>& hellos) {
+  JobSpec spec = spec_in;
+  ASSIGN_OR_RETURN(Qwen3Config config, ModelConfigOf(spec));
+  ModelLayout layout = ModelLayout::Build(config);
+  StepPlanInputs in;
+  if (spec.layer_layout) {
+    in.layout_source = spec.policy_file.empty() ? "runtime.layer_policy (inline)"
+                                                : absl::StrCat("policy file ", spec.policy_file);
+    RETURN_IF_ERROR(spec.layer_layout->CheckModel(config));
+    if (!hellos.empty()) RETURN_IF_ERROR(spec.layer_layout->CheckDevice(hellos[0].device().name()));
+  } else if (spec.policy_auto) {
+    std::string key, said;
+    spec.layer_layout = CachedLayout(spec, config, hellos, &key, &said);
+    in.layout_source = spec.layer_layout ? absl::StrCat("the policy cache, ", PolicyCache(options_.policy_cache_dir).PathOf(key))
+                                         : "none yet";
+    in.notes.push_back(said);
+  } else {
+    in.layout_source = absl::StrCat("runtime.policy fixed: act_policy ", ToString(spec.act_policy),
+                                    spec.offload_ratio > 0 ? absl::StrCat(", offload_ratio ", spec.offload_ratio) : "");
+  }
+  ASSIGN_OR_RETURN(JobPlan plan, PlanJob(spec, layout, WorkerDevicesOf(hellos)));
+  in.spec = &spec;
+  in.layout = &layout;
+  in.plan = &plan;
+  in.world = plan.world;
+  in.layer_layout = spec.layer_layout;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = update_rates_.find(static_cast<int>(plan.moments));
+    if (it != update_rates_.end()) in.update_gparams_per_s = it->second;
+  }
+  return MakeStepPlan(in);
+}
+
+void TrainingExecutor::RecordPolicy(JobContext& ctx, const Attempt& a, const v1::PolicyChosen& chosen) {
+  absl::StatusOr<LayerLayout> layout = LayerLayout::Parse(chosen.policy_yaml(), "AutoPolicy's report");
+  if (!layout.ok() || !layout->autopolicy) {
+    ctx.Log(absl::StrCat("warning: AutoPolicy's report is not a policy with measurements (",
+                         layout.ok() ? "none" : layout.status().message(), "); not cached"));
+    return;
+  }
+  const AutoPolicyRecord& r = *layout->autopolicy;
+  std::string counts;
+  for (size_t j = 0; j < r.problem.candidates.size() && j < r.predicted.counts.size(); ++j) {
+    if (r.predicted.counts[j] == 0) continue;
+    const LayerPolicy& p = r.problem.candidates[j].policy;
+    absl::StrAppend(&counts, counts.empty() ? "" : ", ", r.predicted.counts[j], " ", LayerKindName(p.kind),
+                    p.offload ? "+offload" : "");
+  }
+  const double error = r.predicted.step_s > 0 ? (chosen.step_time_s() - r.predicted.step_s) / r.predicted.step_s : 0;
+  std::string line = absl::StrFormat(
+      "AutoPolicy chose %s in %.2f s; step %d ran it in %.3f s against %.3f s predicted (%+.1f%%, bound by %s), "
+      "GPU peak %.2f GiB",
+      counts, chosen.selection_s(), chosen.step() + 1, chosen.step_time_s(), r.predicted.step_s, 100 * error,
+      r.predicted.bottleneck, chosen.gpu_peak_bytes() / 1073741824.0);
+  const PolicyCache cache(options_.policy_cache_dir);
+  if (cache.enabled() && !a.policy_key.empty()) {
+    absl::Status stored = cache.Store(a.policy_key, chosen.policy_yaml(), a.layout.config);
+    absl::StrAppend(&line, stored.ok() ? absl::StrCat("; cached at ", cache.PathOf(a.policy_key))
+                                       : absl::StrCat("; not cached: ", stored.message()));
+  }
+  ctx.Log(line);
 }
 
 absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
@@ -522,8 +615,18 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   ModelLayout layout = ModelLayout::Build(config);
   std::vector<v1::WorkerHello> hellos;
   for (const auto& w : ctx.workers()) hellos.push_back(w->hello());
+  // runtime.policy auto: a layout cached for this shape, batch, device and build runs at once
+  // (inline, as a policy file's would); otherwise the workers measure and choose one.
+  std::string policy_key;
+  if (spec.policy_auto && !spec.layer_layout) {
+    std::string said;
+    spec.layer_layout = CachedLayout(spec, config, hellos, &policy_key, &said);
+    if (spec.layer_layout) policy_key.clear();
+    ctx.Log(said);
+  }
   ASSIGN_OR_RETURN(JobPlan plan, PlanJob(spec, layout, WorkerDevicesOf(hellos)));
   Attempt a(std::move(spec), std::move(layout), std::move(plan));
+  a.policy_key = std::move(policy_key);
   a.dataset_files = std::move(dataset_files);
 
   // ---- admission, host state, rings ----
@@ -648,6 +751,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
       return absl::CancelledError(absl::StrCat("cancelled at step ", t));
     }
     RETURN_IF_ERROR(RunStep(ctx, a, t));
+    if (auto chosen = a.reports->TakePolicyChosen()) RecordPolicy(ctx, a, *chosen);
     if (a.spec.save_every_steps > 0 && (t + 1) % a.spec.save_every_steps == 0 && t + 1 < a.spec.steps) {
       RETURN_IF_ERROR(SaveCheckpoint(ctx, a, t + 1));
     }
@@ -655,6 +759,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
 
   // Workers report the end of the job after their last post.
   RETURN_IF_ERROR(a.reports->WaitForEnd(absl::Seconds(30)));
+  if (auto chosen = a.reports->TakePolicyChosen()) RecordPolicy(ctx, a, *chosen);
   if (a.spec.save_final) RETURN_IF_ERROR(SaveCheckpoint(ctx, a, a.spec.steps));
   a.poolable = a.reports->all_finished();
   return absl::OkStatus();

@@ -27,6 +27,8 @@ struct TrainingExecutorOptions {
   // job of the same model layout instead of unlinking it; at most one is pooled. A job that
   // cannot reuse it frees it before its admission check.
   bool pool_host_state = true;
+  // Where AutoPolicy's layouts are cached (policy_cache.h): <state_dir>/policies; empty: nowhere.
+  std::string policy_cache_dir;
 };
 
 class TrainingExecutor : public JobExecutor {
@@ -34,6 +36,7 @@ class TrainingExecutor : public JobExecutor {
   explicit TrainingExecutor(TrainingExecutorOptions options);
   ~TrainingExecutor() override;
   absl::Status Validate(const JobSpec& spec) override;
+  absl::StatusOr<v1::PlanJobResponse> Plan(const JobSpec& spec, const std::vector<v1::WorkerHello>& workers) override;
   absl::Status Run(JobContext& ctx) override;
   // Opens the job's state segment the dead hostd left, checks it (model layout, job id, every
   // unit at the same step and no update begun beyond it) and takes it over (this process becomes
@@ -66,6 +69,13 @@ class TrainingExecutor : public JobExecutor {
   // only while it matches.
   std::string MembershipKey(const JobContext& ctx) const;
   absl::StatusOr<update::LayerAdam*> Adam();
+  // runtime.policy auto: the layout cached for this job's shape, batch, device and build, if any;
+  // *key: its cache key, *said: a line saying which (or why none).
+  std::optional<LayerLayout> CachedLayout(const JobSpec& spec, const Qwen3Config& config,
+                                          const std::vector<v1::WorkerHello>& hellos, std::string* key,
+                                          std::string* said) const;
+  // runtime.policy auto: rank 0's validated choice, logged and cached.
+  void RecordPolicy(JobContext& ctx, const Attempt& a, const v1::PolicyChosen& chosen);
 
   TrainingExecutorOptions options_;
   HostStatePool pool_;  // only the job-runner thread touches it
@@ -80,6 +90,8 @@ class TrainingExecutor : public JobExecutor {
   };
   // Taken over from a dead hostd, by job id, until that job runs.
   std::map<std::string, AdoptedState> adopted_ ABSL_GUARDED_BY(mu_);
+  // LayerAdam's measured rate (Gparam/s) on this host, by moment dtype: `slidedp plan`'s A.
+  std::map<int, double> update_rates_ ABSL_GUARDED_BY(mu_);
   // The last dataset verified, and for which job: its later attempts compare identities only.
   // Only the job-runner thread touches it.
   struct VerifiedDataset {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/policy/layer_policy.h"
 
 namespace slidedp::hostd {
 
@@ -98,6 +99,13 @@ absl::Status WorkerReports::OnJobFinished(int rank, const v1::JobFinished& finis
                          finished.message()));
 }
 
+std::optional<v1::PolicyChosen> WorkerReports::TakePolicyChosen() {
+  absl::MutexLock l(&mu_);
+  std::optional<v1::PolicyChosen> out = std::move(policy_chosen_);
+  policy_chosen_.reset();
+  return out;
+}
+
 absl::Status WorkerReports::Poll() {
   absl::MutexLock l(&mu_);
   for (int r = 0; r < world_; ++r) {
@@ -111,6 +119,12 @@ absl::Status WorkerReports::Poll() {
         if (CurrentJob(loss.job_id(), loss.attempt())) s = OnStepLoss(r, loss.step(), loss.loss_sum(), "StepLoss");
       } else if (rep->has_step_done()) {
         s = OnStepDone(r, rep->step_done());
+      } else if (rep->has_policy_chosen()) {
+        const v1::PolicyChosen& pc = rep->policy_chosen();
+        // Only rank 0 reports; a report over a policy file's size is dropped, not cached.
+        if (r == 0 && CurrentJob(pc.job_id(), pc.attempt()) && pc.policy_yaml().size() <= kMaxPolicyFileBytes) {
+          policy_chosen_ = pc;
+        }
       } else if (rep->has_job_finished()) {
         s = OnJobFinished(r, rep->job_finished());
       }

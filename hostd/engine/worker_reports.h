@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,8 @@ class WorkerReports {
   bool all_finished() const;
   // Cancel between steps: raises the abort word and tells every worker.
   void StopWorkers();
+  // Rank 0's AutoPolicy report of the current attempt (runtime.policy auto), once, if it came.
+  std::optional<v1::PolicyChosen> TakePolicyChosen();
   // "worker <id> (rank r)", how every message about a rank names it.
   std::string WorkerName(int rank) const;
   // A worker reported a failure (its JobFinished with an error was taken by some Poll).
@@ -85,6 +88,7 @@ class WorkerReports {
   int64_t next_step_ ABSL_GUARDED_BY(mu_);
   // Per step, per rank: the report (StepDone) and the loss (StepLoss or StepDone).
   std::map<int64_t, std::map<int, v1::StepDone>> steps_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::PolicyChosen> policy_chosen_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::map<int, double>> losses_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> finished_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> worker_failure_seen_{false};

@@ -111,6 +111,13 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJob
   return grpc::Status::OK;
 }
 
+grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext*, const v1::PlanJobRequest* req, v1::PlanJobResponse* resp) {
+  auto r = core_->Plan(*req);
+  if (!r.ok()) return ToGrpc(r.status());
+  *resp = std::move(*r);
+  return grpc::Status::OK;
+}
+
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req, v1::Job* resp) {
   auto r = core_->GetJob(req->job_id());
   if (!r.ok()) return ToGrpc(r.status());

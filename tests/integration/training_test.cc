@@ -17,6 +17,7 @@
 #include "common/jobspec/job_spec.h"
 #include "hostd/checkpoint/checkpoint.h"
 #include "shm/job_state.h"
+#include "client/cli/plan_report.h"
 #include "tests/integration/node_harness.h"
 #include "worker/compute/cpu/cpu_reference_model.h"
 
@@ -1011,6 +1012,125 @@ TEST(Training, AutoActivationPolicyKeepsLayersThatFitAndGivesTheSameParameters) 
         std::max<int64_t>(j["step"] == 1 ? peak_first : peak_later, j["gpu_peak_bytes"]);
   }
   EXPECT_GT(peak_later, peak_first);  // the kept activations are really held
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// runtime.policy auto: the worker measures the second step (all recompute), profiles one layer under
+// each kind, solves the layout under runtime.gpu_memory_limit (set so that not every layer can keep
+// everything), validates it on the third step and reports it; hostd logs and caches it under the
+// state dir. Every such run trains to the parameters of whole-layer recompute bit for bit. The
+// next job of the same shape runs the cached layout without probes; a cache entry of another build
+// is re-measured; the cached file runs as a policy file.
+TEST(Training, AutoPolicyChoosesValidatesAndCachesALayoutBitwiseRecompute) {
+  SpecOptions recompute = OneWorker(4, "out-ap-recompute");
+  SpecOptions keep = OneWorker(4, "out-ap-keep");
+  keep.act_policy = "keep_all";
+  int64_t peak_recompute = 0, peak_keep = 0;
+  std::vector<std::vector<float>> want;
+  {
+    NodeHarness node(1);
+    want = LoadMaster(MustSucceed(node, Spec(recompute), "ap-recompute").last_checkpoint());
+    MustSucceed(node, Spec(keep), "ap-keep");
+    peak_recompute = PeakBytes(node, recompute.output, "ap-recompute");
+    peak_keep = PeakBytes(node, keep.output, "ap-keep");
+  }
+  ASSERT_GT(peak_keep, peak_recompute);
+  NodeHarness node(1);
+  SpecOptions autop = OneWorker(4, "out-ap-1");
+  autop.policy = "auto";
+  // Room for about half of what keeping every layer whole adds, within AutoPolicy's 90%.
+  autop.gpu_memory_limit =
+      absl::StrCat(static_cast<int64_t>((peak_recompute + (peak_keep - peak_recompute) / 2) / 0.85));
+  auto got = LoadMaster(MustSucceed(node, Spec(autop), "ap-1").last_checkpoint());
+  EXPECT_EQ(MaxAbsDiff(got, want), 0.0);
+  std::string worker_log = ReadFile(node.dir() + "/worker0.log");
+  EXPECT_TRUE(absl::StrContains(worker_log, "AutoPolicy: step 2 (all recompute) took")) << worker_log;
+  EXPECT_TRUE(absl::StrContains(worker_log, "AutoPolicy: chose in")) << worker_log;
+  EXPECT_TRUE(absl::StrContains(worker_log, "AutoPolicy: validated on step 3")) << worker_log;
+  std::string hostd_log = ReadFile(node.dir() + "/hostd0.log");
+  EXPECT_TRUE(absl::StrContains(hostd_log, "AutoPolicy chose")) << hostd_log;
+  EXPECT_TRUE(absl::StrContains(hostd_log, "cached at")) << hostd_log;
+  std::vector<std::string> cached;
+  for (const auto& e : std::filesystem::directory_iterator(node.dir() + "/state/policies")) {
+    cached.push_back(e.path().string());
+  }
+  ASSERT_EQ(cached.size(), 1u);
+  auto layout = LayerLayout::Load(cached[0]);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  ASSERT_TRUE(layout->autopolicy.has_value());
+  EXPECT_EQ(layout->layers.size(), 2u);
+  EXPECT_GT(layout->autopolicy->predicted.step_s, 0);
+  // The limit leaves room for some kept activations, not all: the layout is not all keep_all.
+  int keep_all = 0;
+  for (const LayerPolicy& l : layout->layers) keep_all += l.kind == LayerKind::kKeepAll && !l.offload;
+  EXPECT_LT(keep_all, 2) << ReadFile(cached[0]);
+
+  // `slidedp plan`: the cached measurements predict the step, each resource's busy time and the
+  // bottleneck; against the run's own metrics; a fixed policy has nothing measured to predict from.
+  {
+    v1::PlanJobRequest req;
+    req.set_spec_yaml(Spec(autop));
+    req.set_base_dir(node.dir());
+    auto plan = node.client().Plan(req);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const std::string text = client::FormatPlan(*plan);
+    std::cout << text;
+    EXPECT_GT(plan->step_s(), 0) << text;
+    EXPECT_FALSE(plan->bottleneck().empty()) << text;
+    EXPECT_TRUE(absl::StrContains(plan->layout_source(), "policy cache")) << text;
+    EXPECT_GT(plan->gpu_peak_bytes(), 0) << text;
+    EXPECT_GE(plan->resources_size(), 5) << text;
+    EXPECT_TRUE(absl::StrContains(text, "host updates (LayerAdam)")) << text;
+    EXPECT_TRUE(absl::StrContains(text, "layers 0 ")) << text;
+    auto cmp = client::ComparePlan(*plan, ReadFile(node.dir() + "/out-ap-1/metrics-ap-1.jsonl"));
+    ASSERT_TRUE(cmp.ok()) << cmp.status();
+    std::cout << *cmp;
+    EXPECT_TRUE(absl::StrContains(*cmp, "GPU compute")) << *cmp;
+    EXPECT_EQ(client::ComparePlan(*plan, "{not json\n").status().code(), absl::StatusCode::kInvalidArgument);
+    req.set_spec_yaml(Spec(recompute));
+    auto fixed = node.client().Plan(req);
+    ASSERT_TRUE(fixed.ok()) << fixed.status();
+    EXPECT_EQ(fixed->step_s(), 0);
+    EXPECT_TRUE(absl::StrContains(client::FormatPlan(*fixed), "not measured")) << client::FormatPlan(*fixed);
+    req.set_spec_yaml("name: x\nmodel: {preset: nonesuch}\n");
+    EXPECT_EQ(node.client().Plan(req).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+
+  // The same shape again: the cached layout, no probes, the same parameters.
+  autop.output = "out-ap-2";
+  got = LoadMaster(MustSucceed(node, Spec(autop), "ap-2").last_checkpoint());
+  EXPECT_EQ(MaxAbsDiff(got, want), 0.0);
+  hostd_log = ReadFile(node.dir() + "/hostd0.log");
+  EXPECT_TRUE(absl::StrContains(hostd_log, "job ap-2: runtime.policy auto: the layout cached at")) << hostd_log;
+  worker_log = ReadFile(node.dir() + "/worker0.log");
+  EXPECT_EQ(Count(worker_log, "AutoPolicy: chose in"), 1u) << "measured twice:\n" << worker_log;
+
+  // Another build's measurement is stale: measured again, and the cache entry replaced.
+  std::string text = ReadFile(cached[0]);
+  const std::string build = layout->autopolicy->build;
+  ASSERT_FALSE(build.empty());
+  std::ofstream(cached[0]) << absl::StrReplaceAll(text, {{"build: " + build, "build: slidedp 0.0.1 0000"}});
+  autop.output = "out-ap-3";
+  got = LoadMaster(MustSucceed(node, Spec(autop), "ap-3").last_checkpoint());
+  EXPECT_EQ(MaxAbsDiff(got, want), 0.0);
+  hostd_log = ReadFile(node.dir() + "/hostd0.log");
+  EXPECT_TRUE(absl::StrContains(hostd_log, "stale: measured again")) << hostd_log;
+  worker_log = ReadFile(node.dir() + "/worker0.log");
+  EXPECT_EQ(Count(worker_log, "AutoPolicy: chose in"), 2u) << worker_log;
+  EXPECT_TRUE(absl::StrContains(ReadFile(cached[0]), "build: " + build));
+
+  // The cached file is a policy file a user can run (and edit).
+  SpecOptions file = OneWorker(4, "out-ap-file");
+  file.policy = cached[0];
+  file.gpu_memory_limit = autop.gpu_memory_limit;
+  got = LoadMaster(MustSucceed(node, Spec(file), "ap-file").last_checkpoint());
+  EXPECT_EQ(MaxAbsDiff(got, want), 0.0);
+  EXPECT_TRUE(node.LeakedSegments().empty());
 }
 
 }  // namespace

@@ -44,6 +44,11 @@
 #                   auto: the limited run's GPU peak under the limit; its speed >= 0.9 of the unlimited
 #   policy     ~2   issue 22: a per-layer layout file (every kind, offloads) on Qwen3-0.6B deterministic:
 #                   losses bitwise (<= 1e-4) those of whole-layer recompute; GPU peaks (figures)
+#   autopolicy ~7   issue 22: runtime.policy auto on Qwen3-8B (AP_MODEL) at 64K (AP_TOKENS): measured,
+#                   solved and validated in the run, then again from the cache; against act_policy
+#                   auto and FSDP2 GPU-resident at 16K (AP_PEER_TOKENS): / FSDP2 >= 1.65 (4B: 1.7),
+#                   / act_policy auto >= 0.99, predicted step within 10%, selection <= 60 s
+#                   (tools/gpu/autopolicy_check.py)
 #   scaling    ~6   (2 GPUs) Qwen3-8B 1 -> 2 GPUs >= 1.95x; ours / FSDP2 on 2 GPUs >= 1.5
 #   state      ~3   issue 21, compact Adam moments on the GPU machine's host: adam_state_test and
 #                   adam_engine_test, adam_kernels_test (bundled host tests: the AVX-512 kernels bit-identical to
@@ -120,7 +125,7 @@ readonly KBENCH_T_FWD=400          # issue 3: attention TFLOP/s, causal, 4K+ tok
 readonly KBENCH_T_BWD=300
 readonly KBENCH_T_LAYER=550        # Qwen3-8B decoder layer keep-all over 64K tokens
 
-PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big memlimit policy scaling state host restart kbench"
+PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big memlimit policy autopolicy scaling state host restart kbench"
 usage() { sed -n '3,/^set -u/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ] || [ "$1" = list ]; then usage; exit 0; fi
 for p in "$@"; do
@@ -739,6 +744,33 @@ peak = lambda rows: max((r.get("gpu_peak_bytes", 0) for r in rows), default=0) /
 print(f"{'PASS' if ok else 'FAIL'} policy      0.6B mixed per-layer layout vs recompute: {len(la)} / {len(lb)} steps, "
       f"{'bitwise equal' if la == lb else f'max |dloss| {d:.2e}'} (<= 1e-4); GPU peak {peak(a):.2f} / {peak(b):.2f} GiB")
 PY
+}
+
+# Issue 22: AutoPolicy. Each variant of ours in its own WORK (report.py keys results by model,
+# tokens and kind); auto and cached share one policy cache (XDG_CACHE_HOME: slidedp run's default).
+part_autopolicy() {
+  find_cudnn
+  local model=${AP_MODEL:-qwen3-8b} tokens=${AP_TOKENS:-65536} peer=${AP_PEER_TOKENS:-16384} w=$work/autopolicy v
+  new_dir "$w"
+  for v in auto cached today; do
+    local act=recompute extra="policy: auto" steps=${AP_STEPS:-7}
+    [ "$v" = today ] && act=auto extra="" steps=4
+    [ "$v" = cached ] && steps=4
+    stage "autopolicy_$v" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/$v" MODEL="$model" GPUS=1 \
+      TOKENS_LIST="$tokens" WHAT=ours ACT_POLICY="$act" RUNTIME_EXTRA="$extra" STEPS="$steps" \
+      XDG_CACHE_HOME="$w" WORK="$w/$v" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
+  done
+  mkdir -p "$part_dir/cache" && cp "$w"/slidedp/policies/*.yaml "$part_dir/cache/" 2> /dev/null
+  stage autopolicy_peer $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/peer" MODEL="$model" GPUS=1 \
+    TOKENS_LIST="$peer" WHAT=fsdp2 WORK="$w/peer" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) \
+    bash bench/e2e/run_bench.sh
+  dry && return 0
+  mkdir -p "$w/cache" && cp "$w"/slidedp/policies/*.yaml "$w/cache/" 2> /dev/null
+  for v in auto cached today; do  # the runs' hostd and worker logs, for the details
+    mkdir -p "$part_dir/logs/$v" && cp "$w"/$v/runs/*/*/*/*/ours/run/*.log "$part_dir/logs/$v/" 2> /dev/null
+  done
+  python3 tools/gpu/autopolicy_check.py --dir "$part_dir" --work "$w" --model "$model" --tokens "$tokens" \
+    --peer-tokens "$peer" | tee -a "$summary"
 }
 
 part_scaling() {

@@ -26,6 +26,7 @@
 #include "shm/job_state.h"
 #include "shm/shm_collective.h"
 #include "worker/compute/cpu/cpu_backend.h"
+#include "worker/pipeline/auto_policy.h"
 #include "worker/pipeline/gradient_path.h"
 #include "worker/pipeline/step_runner.h"
 #include "worker/pipeline/unit_streamer.h"
@@ -78,6 +79,24 @@ int KeepAllLayers(int64_t capacity, int64_t peak, int64_t layer_bytes, int64_t l
   const double headroom = 0.85 * static_cast<double>(capacity) - static_cast<double>(peak);
   if (headroom <= 0 || layer_bytes <= 0) return 0;
   return static_cast<int>(std::min<double>(static_cast<double>(layers), std::floor(headroom / layer_bytes)));
+}
+
+// AutoPolicy's budget for offloaded checkpoints: this rank's share of the host memory available
+// now (hostd's state is allocated by then) less a reserve of 10% or 4 GiB, whichever is more.
+int64_t PinnedBudgetBytes(int world) {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (meminfo >> key >> kb) {
+    std::getline(meminfo, unit);
+    if (key == "MemAvailable:") {
+      const int64_t available = kb * 1024;
+      const int64_t reserve = std::max<int64_t>(available / 10, int64_t{4} << 30);
+      return std::max<int64_t>(0, available - reserve) / std::max(1, world);
+    }
+  }
+  return -1;  // not known: no bound
 }
 
 ActPolicy ToActPolicy(ActivationPolicy p) {
@@ -263,7 +282,7 @@ absl::Status WorkerAgent::RunSession() {
   hello.mutable_hello()->set_worker_id(worker_id());
   hello.mutable_hello()->set_pid(getpid());
   *hello.mutable_hello()->mutable_device() = device();
-  hello.mutable_hello()->set_build(kVersion);
+  hello.mutable_hello()->set_build(BuildId());
   if (Send(hello)) {
     v1::HostCommand cmd;
     while (stream->Read(&cmd)) {
@@ -579,6 +598,25 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     Send(r);
   };
   StepRunner runner(layout, backend, streamer.get(), grads.get(), ropt, activations.get());
+  // runtime.policy auto without a cached layout: measured on the first step, solved, validated.
+  AutoPolicySession::Options apo;
+  apo.enabled = spec.policy_auto && !spec.layer_layout;
+  apo.backend = backend;
+  apo.layout = &layout;
+  apo.capacity_bytes = memory_limit > 0 ? memory_limit : device().memory_bytes();
+  apo.host_budget_bytes = PinnedBudgetBytes(a.world_size());
+  apo.device_name = device().name();
+  apo.build = BuildId();
+  apo.world = a.world_size();
+  apo.tokens_per_step = spec.global_batch * spec.seq_len;
+  apo.time_tolerance = options_.backend == BackendKind::kCpu ? 0.5 : 0.10;
+#ifdef SLIDEDP_HAVE_CUDA_BACKEND
+  if (options_.backend == BackendKind::kCuda) {
+    const int index = options_.index;
+    apo.measure_rates = [index]() { return MeasurePinnedCopyRates(index); };
+  }
+#endif
+  AutoPolicySession autopolicy(std::move(apo));
 
   double prev_gate = 0, prev_d2h = 0, prev_h2d = 0, prev_ring = 0, prev_cast = 0;
   for (int64_t step = a.first_step(); step < a.total_steps(); ++step) {
@@ -650,6 +688,48 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
       LOG(INFO) << "act_policy auto: step " << step + 1 << " peaked at " << peak / 1073741824.0 << " GiB of "
                 << capacity / 1073741824.0 << " GiB; the last " << keep << " of " << config.num_hidden_layers
                 << " layers keep all activations (" << layer_bytes / 1073741824.0 << " GiB each)";
+    }
+    if (autopolicy.active()) {
+      StepObservation seen;
+      seen.total_s = result->times.total_s;
+      seen.compute_s = d->compute_busy_s();
+      seen.h2d_s = d->h2d_busy_s();
+      seen.d2h_s = d->d2h_busy_s();
+      seen.peak_bytes = peak;
+      absl::StatusOr<std::optional<AutoPolicyChoice>> next =
+          autopolicy.AfterStep(step, seen, mbs, a.total_steps() - step - 1);
+      if (!next.ok()) {
+        job_state->RaiseAbort(shm::AbortReason::kWorkerFailed);
+        return Annotate(next.status(), "runtime.policy auto");
+      }
+      if (next->has_value()) {
+        const AutoPolicyChoice& choice = **next;
+        activations.reset();
+        if (!choice.offloaded.empty()) {
+          if (options_.backend == BackendKind::kCpu) {
+            activations = MakeHostActivationStore(backend, choice.offloaded);
+          } else {
+#ifdef SLIDEDP_HAVE_CUDA_BACKEND
+            ASSIGN_OR_RETURN(activations, MakeCudaActivationStore(backend, choice.offloaded, options_.index));
+#endif
+          }
+        }
+        runner.SetLayout(choice.policies, activations.get());
+        backend->ResetPeakMemory();  // the next step's peak is the validation's
+      }
+      if (a.rank() == 0 && autopolicy.validated() && !autopolicy.reported()) {
+        v1::WorkerReport pr;
+        v1::PolicyChosen* pc = pr.mutable_policy_chosen();
+        pc->set_job_id(a.job_id());
+        pc->set_attempt(a.attempt());
+        pc->set_policy_yaml(autopolicy.chosen().layout.ToYaml());
+        pc->set_step(step);
+        pc->set_step_time_s(seen.total_s);
+        pc->set_gpu_peak_bytes(peak);
+        pc->set_selection_s(autopolicy.selection_s());
+        autopolicy.set_reported();
+        if (!Send(pr)) return absl::UnavailableError("lost the session with hostd");
+      }
     }
   }
   RETURN_IF_ERROR(grads->Drain());  // device staging: the last step's parts may still be posting

@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/qwen3_config.h"
 #include "worker/pipeline/activation_store.h"
+#include "worker/pipeline/auto_policy.h"
 
 namespace slidedp {
 
@@ -18,5 +19,9 @@ absl::StatusOr<std::unique_ptr<ActivationStore>> MakeCudaActivationStore(const M
 // Offloads exactly the units marked (a per-layer layout, runtime.policy).
 absl::StatusOr<std::unique_ptr<ActivationStore>> MakeCudaActivationStore(ComputeBackend* backend,
                                                                          std::vector<bool> offloaded, int device);
+
+// AutoPolicy's probe: the rates a store's copies reach between pinned host memory and `device`
+// (the best of a few copies of `bytes` each way, on a stream of their own).
+absl::StatusOr<CopyRates> MeasurePinnedCopyRates(int device, int64_t bytes = 256ll << 20);
 
 }  // namespace slidedp

@@ -74,6 +74,12 @@ class StepRunner {
   // of the whole global batch (all ranks), so the sum of every rank's loss_sum is the mean loss.
   absl::StatusOr<StepResult> Run(int64_t step, const std::vector<MicroBatch>& micro_batches, float loss_scale);
   void set_keep_all_last_layers(int n) { options_.keep_all_last_layers = n; }
+  // From the next step on, decoder layer i runs policies[i] and `activations` (may be null) holds
+  // the offloaded checkpoints: AutoPolicy's layout, chosen between steps.
+  void SetLayout(std::vector<ActPolicy> policies, ActivationStore* activations) {
+    options_.layer_policies = std::move(policies);
+    activations_ = activations;
+  }
 
  private:
   absl::StatusOr<UnitParams> Acquire(int unit, uint32_t min_version);

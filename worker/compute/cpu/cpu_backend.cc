@@ -54,9 +54,17 @@ class CpuDeviceBatch final : public DeviceBatch {
   RopeTables rope_;
 };
 
+// What a forward keeps counts against the backend's memory like a buffer (charged once filled).
 class CpuSavedActivations final : public SavedActivations {
  public:
   CpuSavedActivations(ActPolicy policy, int64_t num_tokens) : policy_(policy), num_tokens_(num_tokens) {}
+  ~CpuSavedActivations() override {
+    if (counter_) counter_->live.fetch_sub(charged_);
+  }
+  void Charged(std::shared_ptr<MemoryCounter> counter, int64_t bytes) {
+    counter_ = std::move(counter);
+    charged_ = bytes;
+  }
   int64_t bytes() const override { return acts.num_elements() * static_cast<int64_t>(sizeof(float)); }
   ActPolicy policy() const { return policy_; }
   int64_t num_tokens() const { return num_tokens_; }
@@ -65,6 +73,8 @@ class CpuSavedActivations final : public SavedActivations {
  private:
   ActPolicy policy_;
   int64_t num_tokens_;
+  std::shared_ptr<MemoryCounter> counter_;
+  int64_t charged_ = 0;
 };
 
 std::vector<float> UpcastBf16(const bf16_t* src, int64_t n) {
@@ -90,6 +100,17 @@ class CpuBackend final : public ComputeBackend {
 
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) override {
     if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("Allocate: negative size ", bytes));
+    RETURN_IF_ERROR(Charge(bytes));
+    void* p = ::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 1)), std::align_val_t(64), std::nothrow);
+    if (p == nullptr) {
+      memory_->live.fetch_sub(bytes);
+      return absl::ResourceExhaustedError(absl::StrCat("Allocate: out of host memory for ", bytes, " bytes"));
+    }
+    return std::unique_ptr<DeviceBuffer>(new CpuBuffer(p, bytes, memory_));
+  }
+  // Counts `bytes` as live device memory (the caller gives them back), or RESOURCE_EXHAUSTED over
+  // the capacity.
+  absl::Status Charge(int64_t bytes) {
     const int64_t live = memory_->live.fetch_add(bytes) + bytes;
     const int64_t limit = limit_.load();
     const bool limited = limit > 0 && (options_.device_memory_bytes <= 0 || limit < options_.device_memory_bytes);
@@ -103,15 +124,10 @@ class CpuBackend final : public ComputeBackend {
           bytes / kGiB, (capacity - (live - bytes)) / kGiB, capacity / kGiB,
           limited ? " that runtime.gpu_memory_limit leaves the backend" : ""));
     }
-    void* p = ::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 1)), std::align_val_t(64), std::nothrow);
-    if (p == nullptr) {
-      memory_->live.fetch_sub(bytes);
-      return absl::ResourceExhaustedError(absl::StrCat("Allocate: out of host memory for ", bytes, " bytes"));
-    }
     int64_t peak = memory_->peak.load();
     while (live > peak && !memory_->peak.compare_exchange_weak(peak, live)) {
     }
-    return std::unique_ptr<DeviceBuffer>(new CpuBuffer(p, bytes, memory_));
+    return absl::OkStatus();
   }
   absl::Status Memset(DeviceBuffer& buf, int value) override {
     std::memset(buf.data(), value, static_cast<size_t>(buf.bytes()));
@@ -177,6 +193,8 @@ class CpuBackend final : public ComputeBackend {
       case ActPolicy::kRecomputeLayer:
         break;
     }
+    RETURN_IF_ERROR(Charge(s->bytes()));
+    s->Charged(memory_, s->bytes());
     *saved = std::move(s);
     return absl::OkStatus();
   }

@@ -1,0 +1,40 @@
+// StepPlan: `slidedp plan JOB.yaml` — a job's step predicted before anything runs on the host
+// state, in the terms of the step model (common/policy/layout_solver.h):
+//
+//   T = max(C, H, D, A) + E
+//
+// C the GPU compute, H and D the copies each way per GPU (parameters and gradients, plus the
+// offloaded checkpoints), A the host's update time (LayerAdam), E what no overlap hides. Each
+// resource is listed with its work per step, the rate it moves at and the busy time that makes;
+// the busiest is the bottleneck, named in words. Measured costs come from AutoPolicy's record of
+// this shape (the policy cache, or a policy file it wrote) and LayerAdam's rate from the jobs this
+// hostd ran; what is not measured is listed with its work and said to be so, never guessed.
+// The client prints it and compares it with a run's metrics (client/cli/plan_report.h).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/jobspec/job_spec.h"
+#include "common/model/qwen3_config.h"
+#include "common/policy/layer_policy.h"
+#include "hostd/engine/job_plan.h"
+#include "slidedp/v1/slidedp.pb.h"
+
+namespace slidedp::hostd {
+
+struct StepPlanInputs {
+  const JobSpec* spec = nullptr;
+  const ModelLayout* layout = nullptr;
+  const JobPlan* plan = nullptr;
+  int world = 1;
+  std::optional<LayerLayout> layer_layout;  // what the job would run; with its record when measured
+  std::string layout_source;                 // "policy cache <path>", "policy file <path>", ...
+  double update_gparams_per_s = 0;           // LayerAdam's rate on this host for the state format; 0: not known
+  std::vector<std::string> notes;
+};
+
+v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in);
+
+}  // namespace slidedp::hostd

@@ -1,0 +1,316 @@
+// AutoPolicy's probes and choice on one worker; see auto_policy.h.
+#include "worker/pipeline/auto_policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/numeric/bf16.h"
+#include "common/policy/layout_solver.h"
+#include "common/status/status_macros.h"
+#include "glog/logging.h"
+
+namespace slidedp {
+namespace {
+
+ActPolicy ActPolicyOf(LayerKind k) {
+  switch (k) {
+    case LayerKind::kKeepAll: return ActPolicy::kKeepAll;
+    case LayerKind::kSelective: return ActPolicy::kSelective;
+    case LayerKind::kRecompute: return ActPolicy::kRecomputeLayer;
+  }
+  return ActPolicy::kRecomputeLayer;
+}
+
+// Small uniform values from a fixed xorshift: weights and activations of a plausible scale, so the
+// probe's kernels run as they do on real data (no zeros, no overflow).
+class Noise {
+ public:
+  float Next(float scale) {
+    s_ ^= s_ << 13;
+    s_ ^= s_ >> 7;
+    s_ ^= s_ << 17;
+    return scale * (static_cast<float>(s_ >> 40) / static_cast<float>(1ull << 24) * 2.0f - 1.0f);
+  }
+
+ private:
+  uint64_t s_ = 0x2545f4914f6cdd1dull;
+};
+
+absl::StatusOr<std::unique_ptr<DeviceBuffer>> Filled(ComputeBackend* b, int64_t count, DType dtype, float scale,
+                                                     Noise& noise) {
+  ASSIGN_OR_RETURN(auto buf, b->Allocate(count * DTypeBytes(dtype)));
+  if (dtype == DType::kF32) {
+    std::vector<float> v(static_cast<size_t>(count));
+    for (float& x : v) x = noise.Next(scale);
+    RETURN_IF_ERROR(b->CopyToDevice(v.data(), buf->data(), buf->bytes()));
+  } else {
+    std::vector<bf16_t> v(static_cast<size_t>(count));
+    for (bf16_t& x : v) x = FloatToBf16(noise.Next(scale));
+    RETURN_IF_ERROR(b->CopyToDevice(v.data(), buf->data(), buf->bytes()));
+  }
+  return buf;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, const ModelLayout& layout,
+                                                     const std::vector<MicroBatch>& micro_batches, int repeats) {
+  if (layout.num_units() < 3) return absl::FailedPreconditionError("AutoPolicy: the model has no decoder layer");
+  if (micro_batches.empty()) return absl::InvalidArgumentError("AutoPolicy: no micro-batch to profile");
+  const UnitLayout& unit = layout.units[1];
+  const int64_t hidden = layout.config.hidden_size;
+  const DType act = backend->activation_dtype();
+  Noise noise;
+  ASSIGN_OR_RETURN(auto params, Filled(backend, unit.numel, DType::kBF16, 0.02f, noise));
+  ASSIGN_OR_RETURN(auto grads, backend->Allocate(unit.numel * 4));
+  RETURN_IF_ERROR(backend->Memset(*grads, 0));
+  std::vector<std::unique_ptr<DeviceBatch>> batches;
+  std::vector<std::unique_ptr<DeviceBuffer>> x, y, dy;
+  for (const MicroBatch& mb : micro_batches) {
+    ASSIGN_OR_RETURN(auto b, backend->UploadBatch(mb));
+    const int64_t n = mb.num_tokens() * hidden;
+    ASSIGN_OR_RETURN(auto xi, Filled(backend, n, act, 1.0f, noise));
+    ASSIGN_OR_RETURN(auto yi, backend->Allocate(n * DTypeBytes(act)));
+    ASSIGN_OR_RETURN(auto dyi, Filled(backend, n, act, 1e-3f, noise));
+    batches.push_back(std::move(b));
+    x.push_back(std::move(xi));
+    y.push_back(std::move(yi));
+    dy.push_back(std::move(dyi));
+  }
+  const UnitParams p(params->as<bf16_t>());
+  std::vector<LayerProbe> out;
+  for (LayerKind kind : {LayerKind::kRecompute, LayerKind::kSelective, LayerKind::kKeepAll}) {
+    const ActPolicy policy = ActPolicyOf(kind);
+    LayerProbe probe;
+    probe.kind = kind;
+    probe.time_s = std::numeric_limits<double>::infinity();
+    absl::Status status;
+    for (int r = 0; r <= std::max(1, repeats) && status.ok(); ++r) {  // r == 0 warms up
+      status = [&]() -> absl::Status {
+        RETURN_IF_ERROR(backend->Synchronize());
+        const absl::Time t0 = absl::Now();
+        std::vector<std::unique_ptr<SavedActivations>> saved(batches.size());
+        for (size_t i = 0; i < batches.size(); ++i) {
+          RETURN_IF_ERROR(backend->DecoderForward(p, *batches[i], x[i]->data(), y[i]->data(), policy,
+                                                  policy == ActPolicy::kRecomputeLayer ? nullptr : &saved[i]));
+        }
+        int64_t kept = 0;
+        for (const auto& s : saved) kept += s ? s->bytes() : 0;
+        for (size_t i = batches.size(); i-- > 0;) {
+          // dy is overwritten by dx: the next repeat's gradient is a scaled one, equally costly.
+          RETURN_IF_ERROR(backend->DecoderBackward(p, *batches[i], x[i]->data(), saved[i].get(), dy[i]->data(),
+                                                   dy[i]->data(), grads->as<float>()));
+        }
+        RETURN_IF_ERROR(backend->Synchronize());
+        if (r > 0) probe.time_s = std::min(probe.time_s, absl::ToDoubleSeconds(absl::Now() - t0));
+        probe.saved_bytes = kept;
+        return absl::OkStatus();
+      }();
+    }
+    if (!status.ok()) {
+      if (status.code() != absl::StatusCode::kResourceExhausted || kind == LayerKind::kRecompute) return status;
+      LOG(INFO) << "AutoPolicy: " << LayerKindName(kind) << " does not fit for the probe (" << status.message()
+                << "); not a candidate";
+      RETURN_IF_ERROR(backend->Synchronize());
+      continue;
+    }
+    out.push_back(probe);
+  }
+  return out;
+}
+
+absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_t device_budget_bytes) {
+  if (in.layout == nullptr || in.probes.empty()) return absl::InvalidArgumentError("AutoPolicy: nothing measured");
+  const ModelLayout& layout = *in.layout;
+  const int64_t layers = layout.config.num_hidden_layers;
+  const LayerProbe* recompute = nullptr;
+  for (const LayerProbe& p : in.probes) {
+    if (p.kind == LayerKind::kRecompute) recompute = &p;
+  }
+  if (recompute == nullptr) return absl::InvalidArgumentError("AutoPolicy: the recompute kind was not measured");
+  const StepObservation& s = in.recompute_step;
+  AutoPolicyRecord rec;
+  rec.build = in.build;
+  rec.capacity_bytes = in.capacity_bytes;
+  // The working set: the recompute step's peak less the checkpoints it kept on the device.
+  rec.working_set_bytes = std::max<int64_t>(0, s.peak_bytes - layers * in.checkpoint_bytes);
+  PolicyProblem& problem = rec.problem;
+  problem.layers = layers;
+  problem.device_budget_bytes =
+      device_budget_bytes >= 0
+          ? device_budget_bytes
+          : std::max<int64_t>(0, static_cast<int64_t>(kAutoPolicyUsableFraction * static_cast<double>(in.capacity_bytes)) -
+                                     rec.working_set_bytes);
+  problem.host_budget_bytes = in.host_budget_bytes;
+  StepBase& base = problem.base;
+  base.compute_s = std::max(0.0, s.compute_s - static_cast<double>(layers) * recompute->time_s);
+  base.h2d_s = s.h2d_s;
+  base.d2h_s = s.d2h_s;
+  base.exposed_s = std::max(0.0, s.total_s - std::max({s.compute_s, s.h2d_s, s.d2h_s}));
+  base.h2d_bytes_per_s = in.rates.h2d_bytes_per_s;
+  base.d2h_bytes_per_s = in.rates.d2h_bytes_per_s;
+  for (const LayerProbe& p : in.probes) {
+    for (bool offload : {false, true}) {
+      LayerCandidate c;
+      c.policy = {p.kind, offload};
+      c.time_s = p.time_s;
+      c.device_bytes = p.saved_bytes + (offload ? 0 : in.checkpoint_bytes);
+      if (offload) c.host_bytes = c.h2d_bytes = c.d2h_bytes = in.checkpoint_bytes;
+      problem.candidates.push_back(c);
+    }
+  }
+  ASSIGN_OR_RETURN(rec.predicted, SolvePolicy(problem));
+  AutoPolicyChoice out;
+  out.layout.model = ModelShape::Of(layout.config);
+  out.layout.device = in.device_name;
+  out.layout.tokens_per_step = in.tokens_per_step;
+  out.layout.layers = PlaceLayers(problem.candidates, rec.predicted.counts);
+  out.predicted_peak_bytes = rec.working_set_bytes + rec.predicted.device_bytes;
+  std::string counts;
+  for (size_t j = 0; j < problem.candidates.size(); ++j) {
+    if (rec.predicted.counts[j] == 0) continue;
+    const LayerCandidate& c = problem.candidates[j];
+    absl::StrAppend(&counts, counts.empty() ? "" : ", ", rec.predicted.counts[j], " ", LayerKindName(c.policy.kind),
+                    c.policy.offload ? "+offload" : "");
+  }
+  out.summary = absl::StrFormat(
+      "%s; predicted step %.3f s (compute %.3f, H2D %.3f, D2H %.3f, exposed %.3f s), bound by %s; device peak "
+      "%.2f GiB of %.2f GiB, pinned host %.2f GiB",
+      counts, rec.predicted.step_s, rec.predicted.compute_s, rec.predicted.h2d_s, rec.predicted.d2h_s,
+      base.exposed_s, rec.predicted.bottleneck, out.predicted_peak_bytes / 1073741824.0,
+      in.capacity_bytes / 1073741824.0, rec.predicted.host_bytes / 1073741824.0);
+  out.layout.autopolicy = std::move(rec);
+  RunnableLayout(out.layout, layout.num_units(), &out.policies, &out.offloaded);
+  return out;
+}
+
+void RunnableLayout(const LayerLayout& layout, int num_units, std::vector<ActPolicy>* policies,
+                    std::vector<bool>* offloaded) {
+  policies->clear();
+  offloaded->assign(static_cast<size_t>(num_units), false);
+  bool any = false;
+  for (size_t i = 0; i < layout.layers.size() && static_cast<int>(i) + 1 < num_units; ++i) {
+    policies->push_back(ActPolicyOf(layout.layers[i].kind));
+    (*offloaded)[i + 1] = layout.layers[i].offload;
+    any |= layout.layers[i].offload;
+  }
+  if (!any) offloaded->clear();
+}
+
+absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
+    int64_t step, const StepObservation& seen, const std::vector<MicroBatch>& micro_batches, int64_t steps_left) {
+  const ModelLayout& layout = *options_.layout;
+  const bool more_steps = steps_left > 0;
+  if (phase_ == Phase::kMeasure) {
+    if (!more_steps) {
+      phase_ = Phase::kDone;
+      return std::nullopt;
+    }
+    // The job's first step warms everything up (kernel plans, the memory pool): the base costs
+    // come from its second, when the job has steps enough to gain from the wait.
+    if (!warmed_up_ && steps_left >= 3) {
+      warmed_up_ = true;
+      return std::nullopt;
+    }
+    const absl::Time t0 = absl::Now();
+    ASSIGN_OR_RETURN(inputs_.probes, ProfileLayer(options_.backend, layout, micro_batches));
+    if (options_.measure_rates) {
+      ASSIGN_OR_RETURN(inputs_.rates, options_.measure_rates());
+    }
+    int64_t tokens = 0;
+    for (const MicroBatch& mb : micro_batches) tokens += mb.num_tokens();
+    inputs_.layout = &layout;
+    inputs_.checkpoint_bytes =
+        tokens * layout.config.hidden_size * DTypeBytes(options_.backend->activation_dtype());
+    inputs_.recompute_step = seen;
+    inputs_.capacity_bytes = options_.capacity_bytes;
+    inputs_.host_budget_bytes = options_.host_budget_bytes;
+    inputs_.device_name = options_.device_name;
+    inputs_.build = options_.build;
+    inputs_.tokens_per_step = options_.tokens_per_step > 0 ? options_.tokens_per_step : tokens * options_.world;
+    std::string probes;
+    for (const LayerProbe& p : inputs_.probes) {
+      absl::StrAppend(&probes, probes.empty() ? "" : ", ",
+                      absl::StrFormat("%s %.4f s keeping %.3f GiB", LayerKindName(p.kind), p.time_s,
+                                      p.saved_bytes / 1073741824.0));
+    }
+    LOG(INFO) << "AutoPolicy: step " << step + 1 << " (all recompute) took " << seen.total_s << " s (compute "
+              << seen.compute_s << ", H2D " << seen.h2d_s << ", D2H " << seen.d2h_s << " s), peak "
+              << seen.peak_bytes / 1073741824.0 << " GiB; one layer: " << probes << "; checkpoint "
+              << inputs_.checkpoint_bytes / 1073741824.0 << " GiB; pinned copies "
+              << inputs_.rates.h2d_bytes_per_s / 1e9 << " / " << inputs_.rates.d2h_bytes_per_s / 1e9 << " GB/s";
+    absl::StatusOr<AutoPolicyChoice> choice = ChooseLayout(inputs_);
+    selection_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
+    if (!choice.ok()) {
+      if (choice.status().code() != absl::StatusCode::kResourceExhausted) return choice.status();
+      LOG(WARNING) << "AutoPolicy: " << choice.status().message() << "; every layer stays whole-layer recompute";
+      phase_ = Phase::kDone;
+      return std::nullopt;
+    }
+    choice_ = std::move(*choice);
+    choice_.layout.autopolicy->selection_s = selection_s_;
+    LOG(INFO) << "AutoPolicy: chose in " << selection_s_ << " s: " << choice_.summary;
+    phase_ = Phase::kValidate;
+    return choice_;
+  }
+  if (phase_ != Phase::kValidate) return std::nullopt;
+  const AutoPolicyRecord& rec = *choice_.layout.autopolicy;
+  const double error = rec.predicted.step_s > 0 ? (seen.total_s - rec.predicted.step_s) / rec.predicted.step_s : 0;
+  const double max_peak = kAutoPolicyMaxPeakFraction * static_cast<double>(options_.capacity_bytes);
+  if (static_cast<double>(seen.peak_bytes) > max_peak) {
+    LOG(WARNING) << "AutoPolicy: step " << step + 1 << " peaked at " << seen.peak_bytes / 1073741824.0
+                 << " GiB, over " << max_peak / 1073741824.0 << " GiB (predicted "
+                 << choice_.predicted_peak_bytes / 1073741824.0 << " GiB)";
+    if (resolves_ >= kMaxResolves || !more_steps) {
+      phase_ = Phase::kDone;
+      if (!more_steps) return std::nullopt;
+      std::vector<LayerPolicy> all(layout.config.num_hidden_layers);
+      AutoPolicyChoice fallback;
+      fallback.layout.model = choice_.layout.model;
+      fallback.layout.layers = all;
+      RunnableLayout(fallback.layout, layout.num_units(), &fallback.policies, &fallback.offloaded);
+      LOG(WARNING) << "AutoPolicy: " << resolves_ << " re-solves did not fit; every layer goes back to recompute";
+      return fallback;
+    }
+    ++resolves_;
+    const absl::Time t0 = absl::Now();
+    const int64_t over = seen.peak_bytes - choice_.predicted_peak_bytes;
+    const int64_t budget = std::max<int64_t>(
+        0, rec.problem.device_budget_bytes - std::max<int64_t>(over, seen.peak_bytes - static_cast<int64_t>(max_peak)) -
+               options_.capacity_bytes / 50);
+    absl::StatusOr<AutoPolicyChoice> choice = ChooseLayout(inputs_, budget);
+    selection_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
+    if (!choice.ok()) return choice.status();
+    choice_ = std::move(*choice);
+    choice_.layout.autopolicy->selection_s = selection_s_;
+    LOG(INFO) << "AutoPolicy: re-solved (" << resolves_ << " of at most " << kMaxResolves << ") with "
+              << budget / 1073741824.0 << " GiB for the layers: " << choice_.summary;
+    return choice_;
+  }
+  phase_ = Phase::kDone;
+  const double slack = 1 + options_.time_tolerance;
+  if (seen.total_s > slack * inputs_.recompute_step.total_s && seen.total_s > slack * rec.predicted.step_s &&
+      more_steps) {
+    LOG(WARNING) << "AutoPolicy: step " << step + 1 << " took " << seen.total_s << " s, slower than both "
+                 << inputs_.recompute_step.total_s << " s with every layer recomputed and the " << rec.predicted.step_s
+                 << " s predicted; going back to recompute";
+    AutoPolicyChoice fallback;
+    fallback.layout.model = choice_.layout.model;
+    fallback.layout.layers.assign(layout.config.num_hidden_layers, LayerPolicy{});
+    RunnableLayout(fallback.layout, layout.num_units(), &fallback.policies, &fallback.offloaded);
+    return fallback;
+  }
+  validated_ = true;
+  LOG(INFO) << absl::StrFormat(
+      "AutoPolicy: validated on step %d: %.3f s measured against %.3f s predicted (%+.1f%%), peak %.2f GiB "
+      "against %.2f GiB predicted",
+      step + 1, seen.total_s, rec.predicted.step_s, 100 * error, seen.peak_bytes / 1073741824.0,
+      choice_.predicted_peak_bytes / 1073741824.0);
+  return std::nullopt;
+}
+
+}  // namespace slidedp

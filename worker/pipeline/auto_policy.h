@@ -1,0 +1,149 @@
+// AutoPolicy on one worker (runtime.policy: auto, issue 22): what each decoder layer keeps for its
+// backward, and which layers' checkpoints wait in pinned host memory, chosen from measurements of
+// this job on this device, in seconds rather than a sweep.
+//
+//  1. The job's first steps run every layer as whole-layer recompute with nothing offloaded; the
+//     second's figures (the first's, in a job of three steps or fewer: the first warms kernel
+//     plans and the memory pool up) give the step's costs no layout changes: the compute outside the
+//     layers, the parameter and gradient copies, the exposed tail, and the working set (the peak
+//     less the layers' checkpoints).
+//  2. ProfileLayer runs one decoder layer's forward and backward under each kind (recompute,
+//     selective, keep all) over this step's micro-batches, with random weights of the real shapes,
+//     and measures its time and what it keeps; the pinned-copy rates come from a probe copy.
+//  3. Every kind, on the device or with its checkpoint offloaded, is a candidate of the step model
+//     (common/policy/layout_solver.h); CBC picks how many layers run each within the device budget
+//     (the device, or runtime.gpu_memory_limit, less the working set and a margin) and the pinned
+//     host memory left; PlaceLayers orders them.
+//  4. The next step runs the layout and is the validation (ValidateLayout): a peak over the budget
+//     re-solves with the overshoot taken off the budget (at most kMaxResolves times); a layout
+//     slower than both the recompute step it replaced and its prediction (Options::time_tolerance)
+//     goes back to recompute.
+// The chosen layout (with its measurements, AutoPolicyRecord) goes to hostd, which caches it for
+// the next job of the same shape and batch on the same build.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/data/batch.h"
+#include "common/model/qwen3_config.h"
+#include "common/policy/layer_policy.h"
+#include "worker/compute/backend.h"
+
+namespace slidedp {
+
+// One step's measured figures, as the worker reports them (StepDone).
+struct StepObservation {
+  double total_s = 0;
+  double compute_s = 0;  // total less the flush and the gate waits
+  double h2d_s = 0;      // copy-engine busy time of the parameter uploads
+  double d2h_s = 0;      // and of the gradient downloads
+  int64_t peak_bytes = 0;
+};
+
+struct LayerProbe {
+  LayerKind kind = LayerKind::kRecompute;
+  double time_s = 0;        // forward + backward of one layer over the step's micro-batches
+  int64_t saved_bytes = 0;  // what the kind keeps beyond the layer input, over the micro-batches
+};
+
+// Times one decoder layer of `layout` under each kind (best of `repeats` after a warm-up) on
+// `micro_batches`. A kind whose memory does not fit is left out (logged); the recompute kind must fit.
+absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, const ModelLayout& layout,
+                                                     const std::vector<MicroBatch>& micro_batches, int repeats = 2);
+
+struct CopyRates {
+  double h2d_bytes_per_s = 0;  // 0: copies cost no time here (the CPU backend's memory is the host's)
+  double d2h_bytes_per_s = 0;
+};
+
+struct AutoPolicyInputs {
+  const ModelLayout* layout = nullptr;
+  std::vector<LayerProbe> probes;
+  int64_t checkpoint_bytes = 0;   // one layer's input over the step's micro-batches
+  StepObservation recompute_step;  // every layer recomputed, nothing offloaded
+  int64_t capacity_bytes = 0;     // device memory, or runtime.gpu_memory_limit
+  int64_t host_budget_bytes = -1;  // pinned host memory for offloaded checkpoints; -1: no bound
+  CopyRates rates;
+  std::string device_name, build;
+  int64_t tokens_per_step = 0;
+};
+
+struct AutoPolicyChoice {
+  LayerLayout layout;  // with its AutoPolicyRecord
+  std::vector<ActPolicy> policies;  // per decoder layer
+  std::vector<bool> offloaded;      // per unit; empty: none
+  int64_t predicted_peak_bytes = 0;
+  std::string summary;  // one line: counts, predicted step and bottleneck
+};
+
+// The fraction of the capacity the layout may plan to fill: the rest absorbs the allocator's
+// fragmentation and the variation between steps' batches.
+inline constexpr double kAutoPolicyUsableFraction = 0.9;
+inline constexpr int kMaxResolves = 2;
+
+// Steps 3 of the header: the candidates, their costs and the solve. `device_budget_bytes` < 0:
+// the capacity's usable fraction less the working set.
+absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_t device_budget_bytes = -1);
+
+// A layout's per-layer kinds and per-unit offload marks as the step runner takes them.
+void RunnableLayout(const LayerLayout& layout, int num_units, std::vector<ActPolicy>* policies,
+                    std::vector<bool>* offloaded);
+
+// The per-job run of steps 1-4: the worker calls AfterStep after each step while active().
+class AutoPolicySession {
+ public:
+  struct Options {
+    bool enabled = false;  // runtime.policy auto with no layout given (hostd sends a cached one inline)
+    ComputeBackend* backend = nullptr;
+    const ModelLayout* layout = nullptr;
+    int64_t capacity_bytes = 0;
+    int64_t host_budget_bytes = -1;
+    std::function<absl::StatusOr<CopyRates>()> measure_rates;  // empty: copies cost no time
+    std::string device_name, build;
+    int world = 1;
+    // The batch the layout is chosen for, all ranks: train.global_batch x train.seq_len (a step's
+    // real count varies with the rows' padding; this names the job shape, as the cache key does).
+    int64_t tokens_per_step = 0;
+    // A validation step slower than the recompute step and the prediction by more than this
+    // fraction goes back to recompute: 10% on a GPU; the CPU backend (CI's) times a tiny model
+    // among other processes, so it only catches gross misses there.
+    double time_tolerance = 0.10;
+  };
+  explicit AutoPolicySession(Options options) : options_(std::move(options)) {}
+
+  bool active() const { return options_.enabled && phase_ != Phase::kDone; }
+  // After step `step` (0-based) ran with the layout in force, `seen` its figures: the layout to run
+  // from the next step on, or nullopt to keep the one in force. `steps_left`: the job's steps after
+  // this one (a choice nothing runs is not made).
+  absl::StatusOr<std::optional<AutoPolicyChoice>> AfterStep(int64_t step, const StepObservation& seen,
+                                                            const std::vector<MicroBatch>& micro_batches,
+                                                            int64_t steps_left);
+  // The layout ran its validation step within its budget and no slower than recompute.
+  bool validated() const { return validated_; }
+  const AutoPolicyChoice& chosen() const { return choice_; }
+  double selection_s() const { return selection_s_; }
+  bool reported() const { return reported_; }
+  void set_reported() { reported_ = true; }
+
+ private:
+  enum class Phase { kMeasure, kValidate, kDone };
+  Options options_;
+  Phase phase_ = Phase::kMeasure;
+  AutoPolicyInputs inputs_;
+  AutoPolicyChoice choice_;
+  int resolves_ = 0;
+  bool warmed_up_ = false;
+  double selection_s_ = 0;
+  bool validated_ = false;
+  bool reported_ = false;
+};
+
+// A validation step may peak at most at this fraction of the capacity; over it the layout is re-solved.
+inline constexpr double kAutoPolicyMaxPeakFraction = 0.95;
+
+}  // namespace slidedp
