@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 
@@ -54,6 +55,11 @@ std::string FormatPlan(const v1::PlanJobResponse& p) {
       const size_t k = l.find("{kind: ");
       if (l.find("  - ") != 0 || k == absl::string_view::npos) continue;
       std::string kind(l.substr(k + 7, l.find_first_of(",}", k + 7) - (k + 7)));
+      const size_t keep = l.find("keep: [");
+      if (keep != absl::string_view::npos) {
+        const size_t end = l.find(']', keep);
+        kind += absl::StrCat("(", absl::StrReplaceAll(l.substr(keep + 7, end - keep - 7), {{", ", "+"}}), ")");
+      }
       if (l.find("offload: true") != absl::string_view::npos) kind += "+offload";
       kinds.push_back(kind);
     }

@@ -72,12 +72,15 @@ absl::StatusOr<int64_t> NonNegInt(const YAML::Node& n, const std::string& what, 
 }
 
 absl::StatusOr<LayerKind> KindOf(const YAML::Node& kind, const std::string& what, const std::string& at) {
-  if (!kind || !kind.IsScalar()) return Bad(what, absl::StrCat(at, "kind missing (recompute, selective, keep_all)"));
+  if (!kind || !kind.IsScalar()) {
+    return Bad(what, absl::StrCat(at, "kind missing (recompute, selective, segment, keep_all)"));
+  }
   const std::string k = kind.Scalar();
   if (k == "recompute") return LayerKind::kRecompute;
   if (k == "selective") return LayerKind::kSelective;
   if (k == "keep_all") return LayerKind::kKeepAll;
-  return Bad(what, absl::StrCat(at, "kind '", k, "' (recompute, selective, keep_all)"));
+  if (k == "segment") return LayerKind::kSegment;
+  return Bad(what, absl::StrCat(at, "kind '", k, "' (recompute, selective, segment, keep_all)"));
 }
 
 absl::StatusOr<bool> OffloadOf(const YAML::Node& o, const std::string& what, const std::string& at) {
@@ -88,6 +91,30 @@ absl::StatusOr<bool> OffloadOf(const YAML::Node& o, const std::string& what, con
   } catch (const YAML::Exception&) {
     return Bad(what, absl::StrCat(at, "offload: expected true or false"));
   }
+}
+
+// A segment's `keep: [qkv, attention, o_proj, gate_up]` (at least one, each once).
+absl::StatusOr<uint32_t> KeepOf(const YAML::Node& k, LayerKind kind, const std::string& what, const std::string& at) {
+  if (kind != LayerKind::kSegment) {
+    if (k) return Bad(what, absl::StrCat(at, "keep: only a segment layer names the pieces it keeps"));
+    return 0u;
+  }
+  if (!k || !k.IsSequence() || k.size() == 0 || k.size() > 4) {
+    return Bad(what, absl::StrCat(at, "keep: a segment needs a list of the pieces it keeps (qkv, attention, o_proj, "
+                                      "gate_up)"));
+  }
+  uint32_t mask = 0;
+  for (size_t i = 0; i < k.size(); ++i) {
+    const std::string name = k[i].IsScalar() ? k[i].Scalar() : std::string("?");
+    uint32_t bit = 0;
+    for (const LayerPieceName& p : kLayerPieceNames) {
+      if (name == p.name) bit = p.piece;
+    }
+    if (bit == 0) return Bad(what, absl::StrCat(at, "keep: '", name, "' is not a piece (qkv, attention, o_proj, gate_up)"));
+    if (mask & bit) return Bad(what, absl::StrCat(at, "keep: '", name, "' twice"));
+    mask |= bit;
+  }
+  return mask;
 }
 
 struct BaseField {
@@ -141,9 +168,12 @@ absl::StatusOr<AutoPolicyRecord> RecordFromNode(const YAML::Node& n, int64_t lay
     const YAML::Node c = cands[i];
     const std::string at = absl::StrCat("autopolicy.candidates[", i, "]: ");
     if (!c.IsMap()) return Bad(what, absl::StrCat(at, "expected a map"));
+    RETURN_IF_ERROR(OnlyKeys(c, {"kind", "offload", "keep", "time_s", "device_bytes", "host_bytes", "h2d_bytes", "d2h_bytes"},
+                             what, at));
     LayerCandidate lc;
     ASSIGN_OR_RETURN(lc.policy.kind, KindOf(c["kind"], what, at));
     ASSIGN_OR_RETURN(lc.policy.offload, OffloadOf(c["offload"], what, at));
+    ASSIGN_OR_RETURN(lc.policy.keep, KeepOf(c["keep"], lc.policy.kind, what, at));
     ASSIGN_OR_RETURN(lc.time_s, NonNegDouble(c["time_s"], what, absl::StrCat(at, "time_s")));
     for (const CandidateBytes& f : kCandidateBytes) {
       ASSIGN_OR_RETURN(lc.*f.field, NonNegInt(c[f.name], what, absl::StrCat(at, f.name)));
@@ -166,6 +196,15 @@ absl::StatusOr<AutoPolicyRecord> RecordFromNode(const YAML::Node& n, int64_t lay
   return r;
 }
 
+void EmitKeep(YAML::Emitter& e, const LayerPolicy& p) {
+  if (p.kind != LayerKind::kSegment) return;
+  e << YAML::Key << "keep" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (const LayerPieceName& n : kLayerPieceNames) {
+    if (p.keep & n.piece) e << n.name;
+  }
+  e << YAML::EndSeq;
+}
+
 void EmitRecord(YAML::Emitter& e, const AutoPolicyRecord& r) {
   e << YAML::Key << "autopolicy" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "build" << YAML::Value << r.build;
@@ -182,6 +221,7 @@ void EmitRecord(YAML::Emitter& e, const AutoPolicyRecord& r) {
   e << YAML::Key << "candidates" << YAML::Value << YAML::BeginSeq;
   for (const LayerCandidate& c : r.problem.candidates) {
     e << YAML::Flow << YAML::BeginMap << YAML::Key << "kind" << YAML::Value << LayerKindName(c.policy.kind);
+    EmitKeep(e, c.policy);
     e << YAML::Key << "offload" << YAML::Value << c.policy.offload;
     e << YAML::Key << "time_s" << YAML::Value << c.time_s;
     for (const CandidateBytes& f : kCandidateBytes) e << YAML::Key << f.name << YAML::Value << c.*f.field;
@@ -201,9 +241,27 @@ const char* LayerKindName(LayerKind k) {
   switch (k) {
     case LayerKind::kRecompute: return "recompute";
     case LayerKind::kSelective: return "selective";
+    case LayerKind::kSegment: return "segment";
     case LayerKind::kKeepAll: return "keep_all";
   }
   return "recompute";
+}
+
+uint32_t LayerPolicy::pieces() const {
+  switch (kind) {
+    case LayerKind::kRecompute: return 0;
+    case LayerKind::kSelective: return kPieceAttention;
+    case LayerKind::kSegment: return keep & kExpensivePieces;
+    case LayerKind::kKeepAll: return kAllPieces;
+  }
+  return 0;
+}
+
+std::string LayerPolicyName(const LayerPolicy& p) {
+  std::string out = LayerKindName(p.kind);
+  if (p.kind == LayerKind::kSegment) out += "(" + LayerPiecesName(p.keep) + ")";
+  if (p.offload) out += "+offload";
+  return out;
 }
 
 ModelShape ModelShape::Of(const Qwen3Config& c) {
@@ -270,10 +328,11 @@ absl::StatusOr<LayerLayout> LayerLayout::FromNode(const YAML::Node& root, const 
     const YAML::Node e = layers[i];
     const std::string at = absl::StrCat("layers[", i, "]: ");
     if (!e.IsMap()) return Bad(what, absl::StrCat(at, "expected {kind: ..., offload: ...}"));
-    RETURN_IF_ERROR(OnlyKeys(e, {"kind", "offload"}, what, at));
+    RETURN_IF_ERROR(OnlyKeys(e, {"kind", "offload", "keep"}, what, at));
     LayerPolicy p;
     ASSIGN_OR_RETURN(p.kind, KindOf(e["kind"], what, at));
     ASSIGN_OR_RETURN(p.offload, OffloadOf(e["offload"], what, at));
+    ASSIGN_OR_RETURN(p.keep, KeepOf(e["keep"], p.kind, what, at));
     l.layers.push_back(p);
   }
   if (static_cast<int64_t>(l.layers.size()) != l.model.num_hidden_layers) {
@@ -304,6 +363,7 @@ std::string LayerLayout::ToYaml() const {
   e << YAML::Key << "layers" << YAML::Value << YAML::BeginSeq;
   for (const LayerPolicy& p : layers) {
     e << YAML::Flow << YAML::BeginMap << YAML::Key << "kind" << YAML::Value << LayerKindName(p.kind);
+    EmitKeep(e, p);
     if (p.offload) e << YAML::Key << "offload" << YAML::Value << true;
     e << YAML::EndMap;
   }

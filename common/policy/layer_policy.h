@@ -19,6 +19,7 @@
 //   layers:                      # one per decoder layer, the first layer first
 //     - {kind: recompute, offload: true}
 //     - {kind: selective}
+//     - {kind: segment, keep: [qkv, gate_up]}
 //     - {kind: keep_all}
 #pragma once
 
@@ -30,22 +31,31 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model/qwen3_config.h"
+#include "common/policy/layer_pieces.h"
 #include "yaml-cpp/yaml.h"
 
 namespace slidedp {
 
-// What a decoder layer keeps beyond its input (the checkpoint every layer keeps):
+// What a decoder layer keeps beyond its input (the checkpoint every layer keeps), in the pieces of
+// common/policy/layer_pieces.h:
 //   kRecompute: nothing; backward recomputes the layer's forward;
-//   kSelective: the attention output and its log-sum-exp (the costly part to recompute);
+//   kSelective: the attention output and its log-sum-exp (the attention piece);
+//   kSegment:   the expensive pieces in `keep` (qkv, attention, o_proj, gate_up); backward
+//               recomputes the rest between them;
 //   kKeepAll:   every intermediate its backward reads.
-enum class LayerKind { kRecompute, kSelective, kKeepAll };
+enum class LayerKind { kRecompute, kSelective, kSegment, kKeepAll };
 const char* LayerKindName(LayerKind k);
 
 struct LayerPolicy {
   LayerKind kind = LayerKind::kRecompute;
   bool offload = false;  // the layer's checkpoint waits in pinned host memory between the passes
-  bool operator==(const LayerPolicy& o) const { return kind == o.kind && offload == o.offload; }
+  uint32_t keep = 0;     // kSegment: the expensive pieces kept (LayerPiece bits); 0 otherwise
+  // The pieces the layer keeps (kAllPieces for keep_all).
+  uint32_t pieces() const;
+  bool operator==(const LayerPolicy& o) const { return kind == o.kind && offload == o.offload && keep == o.keep; }
 };
+// "segment(qkv+gate_up)+offload", "keep_all", ...
+std::string LayerPolicyName(const LayerPolicy& p);
 
 // The model sizes a layout depends on.
 struct ModelShape {

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -42,6 +44,35 @@ TEST(LayerPolicy, ParsesAndRoundTrips) {
   LayerLayout any = *l;
   any.device.clear();
   EXPECT_TRUE(any.CheckDevice("cpu").ok());
+}
+
+// Segment checkpoints name the expensive pieces they keep; a segment without them, an unknown or
+// repeated piece, or `keep` on another kind is refused naming it.
+TEST(LayerPolicy, SegmentsNameTheirPieces) {
+  const std::string seg = absl::StrReplaceAll(
+      kTwoLayers, {{"{kind: keep_all}", "{kind: segment, keep: [gate_up, qkv], offload: true}"}});
+  auto l = LayerLayout::Parse(seg, "seg.yaml");
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->layers[1], (LayerPolicy{LayerKind::kSegment, true, kPieceQkv | kPieceGateUp}));
+  EXPECT_EQ(l->layers[1].pieces(), kPieceQkv | kPieceGateUp);
+  EXPECT_EQ(LayerPolicyName(l->layers[1]), "segment(qkv+gate_up)+offload");
+  EXPECT_EQ((LayerPolicy{LayerKind::kSelective}).pieces(), kPieceAttention);
+  EXPECT_EQ((LayerPolicy{LayerKind::kKeepAll}).pieces(), kAllPieces);
+  auto again = LayerLayout::Parse(l->ToYaml(), "again");
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << l->ToYaml();
+  EXPECT_EQ(*again, *l);
+  for (const auto& [bad, named] : std::vector<std::pair<std::string, std::string>>{
+           {"{kind: segment}", "keep"},
+           {"{kind: segment, keep: []}", "keep"},
+           {"{kind: segment, keep: [lm_head]}", "lm_head"},
+           {"{kind: segment, keep: [qkv, qkv]}", "twice"},
+           {"{kind: segment, keep: qkv}", "keep"},
+           {"{kind: keep_all, keep: [qkv]}", "only a segment"}}) {
+    auto st = LayerLayout::Parse(absl::StrReplaceAll(kTwoLayers, {{"{kind: keep_all}", bad}}), "p.yaml").status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StrContains(st.message(), named)) << bad << ": " << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), "layers[1]")) << bad << ": " << st;
+  }
 }
 
 TEST(LayerPolicy, MalformedFilesAreInvalidArgumentNamingTheProblem) {

@@ -72,8 +72,8 @@ absl::StatusOr<PolicyPlan> SolvePolicy(const PolicyProblem& problem, double max_
   for (const LayerCandidate& c : candidates) {
     if (!std::isfinite(c.time_s) || c.time_s < 0 || c.device_bytes < 0 || c.host_bytes < 0 || c.h2d_bytes < 0 ||
         c.d2h_bytes < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("layout solver: candidate ", LayerKindName(c.policy.kind),
-                                                     c.policy.offload ? "+offload" : "", " has time ", c.time_s,
+      return absl::InvalidArgumentError(absl::StrCat("layout solver: candidate ", LayerPolicyName(c.policy),
+                                                     " has time ", c.time_s,
                                                      " s and ", c.device_bytes, " bytes"));
     }
     least_bytes = std::min(least_bytes, c.device_bytes);

@@ -586,9 +586,8 @@ void TrainingExecutor::RecordPolicy(JobContext& ctx, const Attempt& a, const v1:
   std::string counts;
   for (size_t j = 0; j < r.problem.candidates.size() && j < r.predicted.counts.size(); ++j) {
     if (r.predicted.counts[j] == 0) continue;
-    const LayerPolicy& p = r.problem.candidates[j].policy;
-    absl::StrAppend(&counts, counts.empty() ? "" : ", ", r.predicted.counts[j], " ", LayerKindName(p.kind),
-                    p.offload ? "+offload" : "");
+    absl::StrAppend(&counts, counts.empty() ? "" : ", ", r.predicted.counts[j], " ",
+                    LayerPolicyName(r.problem.candidates[j].policy));
   }
   const double error = r.predicted.step_s > 0 ? (chosen.step_time_s() - r.predicted.step_s) / r.predicted.step_s : 0;
   std::string line = absl::StrFormat(

@@ -851,6 +851,7 @@ TEST(Training, PerLayerLayoutsAreBitwiseRecompute) {
       "[{kind: keep_all, offload: true}, {kind: selective}]",
       "[{kind: selective, offload: true}, {kind: recompute, offload: true}]",
       "[{kind: recompute}, {kind: keep_all, offload: true}]",
+      "[{kind: segment, keep: [gate_up, qkv], offload: true}, {kind: segment, keep: [attention, o_proj]}]",
   };
   for (int workers : {1, 2}) {
     SpecOptions o;
@@ -869,7 +870,7 @@ TEST(Training, PerLayerLayoutsAreBitwiseRecompute) {
       EXPECT_EQ(MaxAbsDiff(got, base), 0.0) << layouts[i] << " on " << workers << " worker(s)";
       // The layout ran as written: hostd counted its offloaded checkpoints (per worker, its rows of
       // 64 tokens, FP32), and each worker said what it runs.
-      const int offloads = i == 1 ? 2 : 1;
+      const int offloads = i == 1 ? 2 : 1;  // (layout 3: its first layer)
       const int64_t per_layer = (8 / workers * 64) * TinyLayout().config.hidden_size * 4 * workers;
       EXPECT_EQ(MetricsLines(node, p.output, id).back().value("host_state_bytes", int64_t{0}) -
                     MetricsLines(node, o.output, absl::StrCat("recompute-", workers)).back().value("host_state_bytes", int64_t{0}),
@@ -879,7 +880,8 @@ TEST(Training, PerLayerLayoutsAreBitwiseRecompute) {
   }
   const std::string worker_log = ReadFile(node.dir() + "/worker0.log");
   for (const char* said : {"0:keep_all+offload, 1:selective", "0:selective+offload, 1:recompute+offload",
-                           "0:recompute, 1:keep_all+offload"}) {
+                           "0:recompute, 1:keep_all+offload",
+                           "0:segment(qkv+gate_up)+offload, 1:segment(attention+o_proj)"}) {
     EXPECT_NE(worker_log.find(said), std::string::npos) << said << " (see " << node.dir() << ")";
   }
   // Made for another model: the job fails before its first step, naming the size.

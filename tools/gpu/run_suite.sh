@@ -48,7 +48,8 @@
 #                   solved and validated in the run, then again from the cache; against act_policy
 #                   auto and FSDP2 GPU-resident at 16K (AP_PEER_TOKENS): / FSDP2 >= 1.65 (4B: 1.7),
 #                   / act_policy auto >= 0.99, predicted step within 10%, selection <= 60 s
-#                   (tools/gpu/autopolicy_check.py)
+#                   (tools/gpu/autopolicy_check.py); AP_MAX_GRAD_NORM (1.0), AP_STATE_DTYPE (fp32) and
+#                   AP_RUNTIME_EXTRA set ours' clipping, Adam moments and more runtime keys
 #   scaling    ~6   (2 GPUs) Qwen3-8B 1 -> 2 GPUs >= 1.95x; ours / FSDP2 on 2 GPUs >= 1.5
 #   state      ~3   issue 21, compact Adam moments on the GPU machine's host: adam_state_test and
 #                   adam_engine_test, adam_kernels_test (bundled host tests: the AVX-512 kernels bit-identical to
@@ -756,8 +757,10 @@ part_autopolicy() {
     local act=recompute extra="policy: auto" steps=${AP_STEPS:-7}
     [ "$v" = today ] && act=auto extra="" steps=4
     [ "$v" = cached ] && steps=4
+    [ -n "${AP_RUNTIME_EXTRA:-}" ] && extra="${extra:+$extra, }$AP_RUNTIME_EXTRA"
     stage "autopolicy_$v" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/$v" MODEL="$model" GPUS=1 \
       TOKENS_LIST="$tokens" WHAT=ours ACT_POLICY="$act" RUNTIME_EXTRA="$extra" STEPS="$steps" \
+      MAX_GRAD_NORM="${AP_MAX_GRAD_NORM:-1.0}" STATE_DTYPE="${AP_STATE_DTYPE:-fp32}" \
       XDG_CACHE_HOME="$w" WORK="$w/$v" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
   done
   mkdir -p "$part_dir/cache" && cp "$w"/slidedp/policies/*.yaml "$part_dir/cache/" 2> /dev/null

@@ -114,7 +114,7 @@ TEST_P(WholeModelTest, MatchesCpuOracleForEveryPolicyAndGrouping) {
   ASSERT_TRUE(backend.ok());
   for (ActPolicy policy : {ActPolicy::kKeepAll, ActPolicy::kRecomputeLayer, ActPolicy::kSelective}) {
     for (Grouping grouping : {Grouping::kPerRow, Grouping::kSingle}) {
-      SCOPED_TRACE(::testing::Message() << "policy " << static_cast<int>(policy) << " grouping "
+      SCOPED_TRACE(::testing::Message() << "policy " << LayerPiecesName(policy.pieces) << " grouping "
                                         << static_cast<int>(grouping));
       auto got = RunWholeModel(**backend, layout, params, BuildMicroBatches(tokens, grouping), scale, policy);
       ASSERT_TRUE(got.ok()) << got.status();

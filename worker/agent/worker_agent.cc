@@ -485,19 +485,11 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   if (spec.layer_layout) {
     RETURN_IF_ERROR(spec.layer_layout->CheckModel(config));
     RETURN_IF_ERROR(spec.layer_layout->CheckDevice(device().name()));
-    offloaded.assign(layout.num_units(), false);
-    bool any = false;
+    RunnableLayout(*spec.layer_layout, layout.num_units(), &layer_policies, &offloaded);
     std::string described;
     for (size_t i = 0; i < spec.layer_layout->layers.size(); ++i) {
-      const LayerPolicy& l = spec.layer_layout->layers[i];
-      layer_policies.push_back(l.kind == LayerKind::kKeepAll     ? ActPolicy::kKeepAll
-                               : l.kind == LayerKind::kSelective ? ActPolicy::kSelective
-                                                                 : ActPolicy::kRecomputeLayer);
-      offloaded[i + 1] = l.offload;
-      any |= l.offload;
-      absl::StrAppend(&described, i == 0 ? "" : ", ", i, ":", LayerKindName(l.kind), l.offload ? "+offload" : "");
+      absl::StrAppend(&described, i == 0 ? "" : ", ", i, ":", LayerPolicyName(spec.layer_layout->layers[i]));
     }
-    if (!any) offloaded.clear();
     LOG(INFO) << "job " << a.job_id() << ": runtime.policy per-layer layout: " << described;
   }
   const NormValues norms =
@@ -693,6 +685,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
       StepObservation seen;
       seen.total_s = result->times.total_s;
       seen.compute_s = d->compute_busy_s();
+      seen.gate_s = d->gate_wait_s();
       seen.h2d_s = d->h2d_busy_s();
       seen.d2h_s = d->d2h_busy_s();
       seen.peak_bytes = peak;

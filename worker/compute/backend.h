@@ -28,19 +28,34 @@
 #include "common/data/batch.h"
 #include "common/model/qwen3_config.h"
 #include "common/numeric/bf16.h"
+#include "common/policy/layer_pieces.h"
 
 namespace slidedp {
 
 enum class DType { kF32, kBF16 };
 inline int64_t DTypeBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
 
-// What a decoder layer keeps from forward for backward. The layer input itself is always kept
-// by the pipeline (it is the checkpoint) and is not counted here.
-enum class ActPolicy {
-  kKeepAll,         // every intermediate backward needs: no recompute
-  kRecomputeLayer,  // nothing: backward recomputes the whole layer from its input
-  kSelective,       // attention output and its log-sum-exp; the rest (norms, QKV, MLP) recomputed
+// What a decoder layer keeps from forward for backward: a set of its forward's pieces
+// (common/policy/layer_pieces.h); backward recomputes the others from the layer input (the
+// checkpoint, which the pipeline keeps and is not counted here) and the kept pieces.
+struct ActPolicy {
+  uint32_t pieces = 0;
+
+  static const ActPolicy kKeepAll;         // every piece: no recompute
+  static const ActPolicy kRecomputeLayer;  // none: backward recomputes the whole layer
+  static const ActPolicy kSelective;       // the attention output and its LSE
+  // A segment checkpoint: any subset of the expensive pieces (qkv, attention, o_proj, gate_up).
+  static constexpr ActPolicy Segment(uint32_t expensive) { return ActPolicy{expensive & kExpensivePieces}; }
+
+  constexpr bool keeps(uint32_t piece) const { return (pieces & piece) == piece; }
+  constexpr bool keeps_nothing() const { return pieces == 0; }
+  constexpr bool keeps_all() const { return pieces == kAllPieces; }
+  constexpr bool operator==(const ActPolicy& o) const { return pieces == o.pieces; }
+  constexpr bool operator!=(const ActPolicy& o) const { return pieces != o.pieces; }
 };
+inline constexpr ActPolicy ActPolicy::kKeepAll{kAllPieces};
+inline constexpr ActPolicy ActPolicy::kRecomputeLayer{0};
+inline constexpr ActPolicy ActPolicy::kSelective{kPieceAttention};
 
 // MicroBatch (the host-side micro-batch) and kIgnoreIndex: common/data/batch.h.
 

@@ -16,15 +16,6 @@
 namespace slidedp {
 namespace {
 
-ActPolicy ActPolicyOf(LayerKind k) {
-  switch (k) {
-    case LayerKind::kKeepAll: return ActPolicy::kKeepAll;
-    case LayerKind::kSelective: return ActPolicy::kSelective;
-    case LayerKind::kRecompute: return ActPolicy::kRecomputeLayer;
-  }
-  return ActPolicy::kRecomputeLayer;
-}
-
 // Small uniform values from a fixed xorshift: weights and activations of a plausible scale, so the
 // probe's kernels run as they do on real data (no zeros, no overflow).
 class Noise {
@@ -57,8 +48,20 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> Filled(ComputeBackend* b, int64_t 
 
 }  // namespace
 
+std::vector<LayerPolicy> ProbedPolicies() {
+  auto segment = [](uint32_t keep) { return LayerPolicy{LayerKind::kSegment, false, keep}; };
+  return {LayerPolicy{LayerKind::kRecompute},
+          LayerPolicy{LayerKind::kSelective},
+          segment(kPieceGateUp),
+          segment(kPieceGateUp | kPieceQkv),
+          segment(kPieceGateUp | kPieceQkv | kPieceAttention),
+          segment(kExpensivePieces),
+          LayerPolicy{LayerKind::kKeepAll}};
+}
+
 absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, const ModelLayout& layout,
-                                                     const std::vector<MicroBatch>& micro_batches, int repeats) {
+                                                     const std::vector<MicroBatch>& micro_batches,
+                                                     const std::vector<LayerPolicy>& policies, int repeats) {
   if (layout.num_units() < 3) return absl::FailedPreconditionError("AutoPolicy: the model has no decoder layer");
   if (micro_batches.empty()) return absl::InvalidArgumentError("AutoPolicy: no micro-batch to profile");
   const UnitLayout& unit = layout.units[1];
@@ -83,10 +86,11 @@ absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, co
   }
   const UnitParams p(params->as<bf16_t>());
   std::vector<LayerProbe> out;
-  for (LayerKind kind : {LayerKind::kRecompute, LayerKind::kSelective, LayerKind::kKeepAll}) {
-    const ActPolicy policy = ActPolicyOf(kind);
+  for (size_t k = 0; k < policies.size(); ++k) {
+    const ActPolicy policy = ActPolicyOf(policies[k]);
     LayerProbe probe;
-    probe.kind = kind;
+    probe.policy = policies[k];
+    probe.policy.offload = false;
     probe.time_s = std::numeric_limits<double>::infinity();
     absl::Status status;
     for (int r = 0; r <= std::max(1, repeats) && status.ok(); ++r) {  // r == 0 warms up
@@ -112,8 +116,8 @@ absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, co
       }();
     }
     if (!status.ok()) {
-      if (status.code() != absl::StatusCode::kResourceExhausted || kind == LayerKind::kRecompute) return status;
-      LOG(INFO) << "AutoPolicy: " << LayerKindName(kind) << " does not fit for the probe (" << status.message()
+      if (status.code() != absl::StatusCode::kResourceExhausted || k == 0) return status;
+      LOG(INFO) << "AutoPolicy: " << LayerPolicyName(probe.policy) << " does not fit for the probe (" << status.message()
                 << "); not a candidate";
       RETURN_IF_ERROR(backend->Synchronize());
       continue;
@@ -129,7 +133,7 @@ absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_
   const int64_t layers = layout.config.num_hidden_layers;
   const LayerProbe* recompute = nullptr;
   for (const LayerProbe& p : in.probes) {
-    if (p.kind == LayerKind::kRecompute) recompute = &p;
+    if (p.policy.kind == LayerKind::kRecompute) recompute = &p;
   }
   if (recompute == nullptr) return absl::InvalidArgumentError("AutoPolicy: the recompute kind was not measured");
   const StepObservation& s = in.recompute_step;
@@ -147,16 +151,21 @@ absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_
                                      rec.working_set_bytes);
   problem.host_budget_bytes = in.host_budget_bytes;
   StepBase& base = problem.base;
-  base.compute_s = std::max(0.0, s.compute_s - static_cast<double>(layers) * recompute->time_s);
+  // The worker queues compute asynchronously, so its gate waits overlap the GPU's work: the compute
+  // stream's time is the step less its flush, and what the layers do not take of it (the embedding,
+  // the head, stalls on copies or gates) stays as it is when the layers change.
+  const double flush = std::max(0.0, s.total_s - s.compute_s - s.gate_s);
+  base.compute_s = std::max(0.0, s.total_s - flush - static_cast<double>(layers) * recompute->time_s);
   base.h2d_s = s.h2d_s;
   base.d2h_s = s.d2h_s;
-  base.exposed_s = std::max(0.0, s.total_s - std::max({s.compute_s, s.h2d_s, s.d2h_s}));
+  base.exposed_s = flush;
   base.h2d_bytes_per_s = in.rates.h2d_bytes_per_s;
   base.d2h_bytes_per_s = in.rates.d2h_bytes_per_s;
   for (const LayerProbe& p : in.probes) {
     for (bool offload : {false, true}) {
       LayerCandidate c;
-      c.policy = {p.kind, offload};
+      c.policy = p.policy;
+      c.policy.offload = offload;
       c.time_s = p.time_s;
       c.device_bytes = p.saved_bytes + (offload ? 0 : in.checkpoint_bytes);
       if (offload) c.host_bytes = c.h2d_bytes = c.d2h_bytes = in.checkpoint_bytes;
@@ -174,8 +183,7 @@ absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_
   for (size_t j = 0; j < problem.candidates.size(); ++j) {
     if (rec.predicted.counts[j] == 0) continue;
     const LayerCandidate& c = problem.candidates[j];
-    absl::StrAppend(&counts, counts.empty() ? "" : ", ", rec.predicted.counts[j], " ", LayerKindName(c.policy.kind),
-                    c.policy.offload ? "+offload" : "");
+    absl::StrAppend(&counts, counts.empty() ? "" : ", ", rec.predicted.counts[j], " ", LayerPolicyName(c.policy));
   }
   out.summary = absl::StrFormat(
       "%s; predicted step %.3f s (compute %.3f, H2D %.3f, D2H %.3f, exposed %.3f s), bound by %s; device peak "
@@ -194,7 +202,7 @@ void RunnableLayout(const LayerLayout& layout, int num_units, std::vector<ActPol
   offloaded->assign(static_cast<size_t>(num_units), false);
   bool any = false;
   for (size_t i = 0; i < layout.layers.size() && static_cast<int>(i) + 1 < num_units; ++i) {
-    policies->push_back(ActPolicyOf(layout.layers[i].kind));
+    policies->push_back(ActPolicyOf(layout.layers[i]));
     (*offloaded)[i + 1] = layout.layers[i].offload;
     any |= layout.layers[i].offload;
   }
@@ -217,7 +225,7 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
       return std::nullopt;
     }
     const absl::Time t0 = absl::Now();
-    ASSIGN_OR_RETURN(inputs_.probes, ProfileLayer(options_.backend, layout, micro_batches));
+    ASSIGN_OR_RETURN(inputs_.probes, ProfileLayer(options_.backend, layout, micro_batches, ProbedPolicies()));
     if (options_.measure_rates) {
       ASSIGN_OR_RETURN(inputs_.rates, options_.measure_rates());
     }
@@ -235,11 +243,11 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     std::string probes;
     for (const LayerProbe& p : inputs_.probes) {
       absl::StrAppend(&probes, probes.empty() ? "" : ", ",
-                      absl::StrFormat("%s %.4f s keeping %.3f GiB", LayerKindName(p.kind), p.time_s,
+                      absl::StrFormat("%s %.4f s keeping %.3f GiB", LayerPolicyName(p.policy), p.time_s,
                                       p.saved_bytes / 1073741824.0));
     }
     LOG(INFO) << "AutoPolicy: step " << step + 1 << " (all recompute) took " << seen.total_s << " s (compute "
-              << seen.compute_s << ", H2D " << seen.h2d_s << ", D2H " << seen.d2h_s << " s), peak "
+              << seen.compute_s << ", gate waits " << seen.gate_s << ", H2D " << seen.h2d_s << ", D2H " << seen.d2h_s << " s), peak "
               << seen.peak_bytes / 1073741824.0 << " GiB; one layer: " << probes << "; checkpoint "
               << inputs_.checkpoint_bytes / 1073741824.0 << " GiB; pinned copies "
               << inputs_.rates.h2d_bytes_per_s / 1e9 << " / " << inputs_.rates.d2h_bytes_per_s / 1e9 << " GB/s";

@@ -40,21 +40,28 @@ namespace slidedp {
 struct StepObservation {
   double total_s = 0;
   double compute_s = 0;  // total less the flush and the gate waits
+  double gate_s = 0;     // the worker thread's waits on version gates (the GPU may still be busy meanwhile)
   double h2d_s = 0;      // copy-engine busy time of the parameter uploads
   double d2h_s = 0;      // and of the gradient downloads
   int64_t peak_bytes = 0;
 };
 
 struct LayerProbe {
-  LayerKind kind = LayerKind::kRecompute;
+  LayerPolicy policy;  // (offload false: a probe times what stays on the device)
   double time_s = 0;        // forward + backward of one layer over the step's micro-batches
   int64_t saved_bytes = 0;  // what the kind keeps beyond the layer input, over the micro-batches
 };
 
-// Times one decoder layer of `layout` under each kind (best of `repeats` after a warm-up) on
-// `micro_batches`. A kind whose memory does not fit is left out (logged); the recompute kind must fit.
+// The kinds AutoPolicy measures: recompute, selective, the segment checkpoints that keep the
+// layer's GEMM outputs largest first (gate_up; + qkv; + attention; + o_proj), keep-all.
+std::vector<LayerPolicy> ProbedPolicies();
+
+// Times one decoder layer of `layout` under each of `policies` (best of `repeats` after a warm-up)
+// on `micro_batches`. A kind whose memory does not fit is left out (logged); the first (recompute)
+// must fit.
 absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, const ModelLayout& layout,
-                                                     const std::vector<MicroBatch>& micro_batches, int repeats = 2);
+                                                     const std::vector<MicroBatch>& micro_batches,
+                                                     const std::vector<LayerPolicy>& policies, int repeats = 2);
 
 struct CopyRates {
   double h2d_bytes_per_s = 0;  // 0: copies cost no time here (the CPU backend's memory is the host's)
@@ -89,6 +96,9 @@ inline constexpr int kMaxResolves = 2;
 // Steps 3 of the header: the candidates, their costs and the solve. `device_budget_bytes` < 0:
 // the capacity's usable fraction less the working set.
 absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_t device_budget_bytes = -1);
+
+// What the backend keeps for a layer policy.
+inline ActPolicy ActPolicyOf(const LayerPolicy& p) { return ActPolicy{p.pieces()}; }
 
 // A layout's per-layer kinds and per-unit offload marks as the step runner takes them.
 void RunnableLayout(const LayerLayout& layout, int num_units, std::vector<ActPolicy>* policies,

@@ -77,6 +77,25 @@ class CpuSavedActivations final : public SavedActivations {
   int64_t charged_ = 0;
 };
 
+// Copies the expensive pieces `policy` names from `from` into `to` (the cheap ones are kept only
+// whole, by keep-all).
+void KeepPieces(ActPolicy policy, const DecoderActs<float>& from, DecoderActs<float>* to) {
+  if (policy.keeps(kPieceQkv)) {
+    to->q_raw = from.q_raw;
+    to->k_raw = from.k_raw;
+    to->v = from.v;
+  }
+  if (policy.keeps(kPieceAttention)) {
+    to->attn = from.attn;
+    to->lse = from.lse;
+  }
+  if (policy.keeps(kPieceOProj)) to->h1 = from.h1;
+  if (policy.keeps(kPieceGateUp)) {
+    to->gate = from.gate;
+    to->up = from.up;
+  }
+}
+
 std::vector<float> UpcastBf16(const bf16_t* src, int64_t n) {
   std::vector<float> out(n);
   for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(src[i]);
@@ -182,16 +201,10 @@ class CpuBackend final : public ComputeBackend {
                       &pool_);
     if (saved == nullptr) return absl::OkStatus();
     auto s = std::make_unique<CpuSavedActivations>(policy, b->num_tokens());
-    switch (policy) {
-      case ActPolicy::kKeepAll:
-        s->acts = std::move(acts);
-        break;
-      case ActPolicy::kSelective:
-        s->acts.attn = std::move(acts.attn);
-        s->acts.lse = std::move(acts.lse);
-        break;
-      case ActPolicy::kRecomputeLayer:
-        break;
+    if (policy.keeps_all()) {
+      s->acts = std::move(acts);
+    } else {
+      KeepPieces(policy, acts, &s->acts);
     }
     RETURN_IF_ERROR(Charge(s->bytes()));
     s->Charged(memory_, s->bytes());
@@ -220,22 +233,23 @@ class CpuBackend final : public ComputeBackend {
     const ActPolicy policy = s == nullptr ? ActPolicy::kRecomputeLayer : s->policy();
     DecoderActs<float> local;
     const DecoderActs<float>* acts = &local;
-    switch (policy) {
-      case ActPolicy::kKeepAll:
-        acts = &s->acts;
-        break;
-      case ActPolicy::kSelective:
-        // Recompute norms, QKV, RoPE and the MLP inputs; reuse the attention output and its lse.
-        DecoderAttentionInputs(dims_, offs_, w.data(), geom, xf, &local, &pool_);
-        local.attn = s->acts.attn;
-        local.lse = s->acts.lse;
-        DecoderMlpInputs(dims_, offs_, w.data(), geom, xf, &local, &pool_);
-        break;
-      case ActPolicy::kRecomputeLayer: {
-        std::vector<float> y(b->num_tokens() * dims_.hidden);
-        DecoderForwardAll(dims_, offs_, w.data(), geom, xf, y.data(), &local, &pool_);
-        break;
+    if (policy.keeps_all()) {
+      acts = &s->acts;
+    } else if (policy.keeps_nothing()) {
+      std::vector<float> y(b->num_tokens() * dims_.hidden);
+      DecoderForwardAll(dims_, offs_, w.data(), geom, xf, y.data(), &local, &pool_);
+    } else {
+      // Recompute the phases around the kept pieces, then read the kept pieces themselves (the
+      // reference math runs a phase whole; the values it recomputes are the kept ones, bit for bit).
+      DecoderAttentionInputs(dims_, offs_, w.data(), geom, xf, &local, &pool_);
+      KeepPieces(ActPolicy{policy.pieces & kPieceQkv}, s->acts, &local);
+      if (policy.keeps(kPieceAttention)) {
+        KeepPieces(ActPolicy::kSelective, s->acts, &local);
+      } else {
+        DecoderAttention(dims_, geom, &local, &pool_);
       }
+      DecoderMlpInputs(dims_, offs_, w.data(), geom, xf, &local, &pool_);
+      KeepPieces(ActPolicy{policy.pieces & (kPieceOProj | kPieceGateUp)}, s->acts, &local);
     }
     // The math reads dy fully into its own buffers before writing dx, so dx may alias dy.
     slidedp::DecoderBackward(dims_, offs_, w.data(), geom, xf, *acts, static_cast<const float*>(dy),

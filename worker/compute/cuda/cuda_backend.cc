@@ -121,14 +121,14 @@ absl::Status CudaBackend::EmbeddingBackward(const void* dout, const DeviceBatch&
 }
 
 int64_t CudaBackend::SavedBytesPerToken(ActPolicy policy) const {
-  switch (policy) {
-    case ActPolicy::kKeepAll:
-      // xn1, qkv, qr, kr, o, xn2, gu, act (BF16); h1 (residual dtype); rstd1, lse, rstd2 (FP32).
-      return 2 * (H_ + qkv_ + qd_ + kvd_ + qd_ + H_ + 2 * I_ + I_) + act_bytes() * H_ + 4 * (1 + nq_ + 1);
-    case ActPolicy::kSelective: return 2 * qd_ + 4 * nq_;
-    case ActPolicy::kRecomputeLayer: return 0;
-  }
-  return 0;
+  int64_t n = 0;
+  if (policy.keeps(kPieceQkv)) n += 2 * qkv_;
+  if (policy.keeps(kPieceAttention)) n += 2 * qd_ + 4 * nq_;  // o (BF16), lse (FP32)
+  if (policy.keeps(kPieceOProj)) n += act_bytes() * H_;       // h1, the residual dtype
+  if (policy.keeps(kPieceGateUp)) n += 2 * 2 * I_;
+  // xn1, qr, kr, xn2, act (BF16); rstd1, rstd2 (FP32)
+  if (policy.keeps(kPieceCheap)) n += 2 * (H_ + qd_ + kvd_ + H_ + I_) + 4 * 2;
+  return n;
 }
 
 }  // namespace cuda_backend_internal

@@ -364,29 +364,42 @@ class CudaBackend final : public ComputeBackend {
   absl::Status ResidualGemm(const bf16* a, int64_t k, const bf16* w, const void* res, void* out, bf16* branch,
                             int64_t T);
 
-  void ReserveActs(Carver& c, LayerActs& a, int64_t T, bool attention_part, bool rest) const {
-    if (rest) {
+  // Reserves the activations of the pieces in `pieces` (common/policy/layer_pieces.h).
+  void ReserveActs(Carver& c, LayerActs& a, int64_t T, uint32_t pieces) const {
+    if (pieces & kPieceCheap) {
       c.Reserve(&a.xn1, T * H_);
       c.Reserve(&a.rstd1, T);
-      c.Reserve(&a.qkv, T * qkv_);
       c.Reserve(&a.qr, T * qd_);
       c.Reserve(&a.kr, T * kvd_);
-      c.ReserveBytes(&a.h1, T * H_ * act_bytes());
       c.Reserve(&a.xn2, T * H_);
       c.Reserve(&a.rstd2, T);
-      c.Reserve(&a.gu, T * 2 * I_);
       c.Reserve(&a.act, T * I_);
     }
-    if (attention_part) {
+    if (pieces & kPieceQkv) c.Reserve(&a.qkv, T * qkv_);
+    if (pieces & kPieceOProj) c.ReserveBytes(&a.h1, T * H_ * act_bytes());
+    if (pieces & kPieceGateUp) c.Reserve(&a.gu, T * 2 * I_);
+    if (pieces & kPieceAttention) {
       c.Reserve(&a.o, T * qd_);
       c.Reserve(&a.lse, T * nq_);
     }
   }
+  // Points the pieces `pieces` of `to` at those of `from`.
+  static void TakePieces(const LayerActs& from, uint32_t pieces, LayerActs* to) {
+    if (pieces & kPieceCheap) {
+      to->xn1 = from.xn1, to->rstd1 = from.rstd1, to->qr = from.qr, to->kr = from.kr;
+      to->xn2 = from.xn2, to->rstd2 = from.rstd2, to->act = from.act;
+    }
+    if (pieces & kPieceQkv) to->qkv = from.qkv;
+    if (pieces & kPieceOProj) to->h1 = from.h1;
+    if (pieces & kPieceGateUp) to->gu = from.gu;
+    if (pieces & kPieceAttention) to->o = from.o, to->lse = from.lse;
+  }
 
-  // Runs the layer forward into `a`. With run_attention false, a.o / a.lse are inputs (selective
-  // recompute). y may be null (recompute: the output is not needed).
+  // Runs the layer forward into `a`, except the pieces in `given` (already in `a`: a segment's kept
+  // pieces, when backward recomputes around them). y may be null (recompute: the output is not
+  // needed).
   absl::Status LayerForward(const UnitParams& params, const CudaBatch& b, const void* x, const LayerActs& a,
-                            bool run_attention, void* y);
+                            uint32_t given, void* y);
 
   // Attention through cuDNN when it is loaded and accepts the shape, else the own kernels. The
   // two keep the same contract (o, natural-log LSE [nq, T]), so a forward of one and a backward

@@ -178,26 +178,25 @@ absl::Status CudaBackend::AttentionBackward(const kernels::AttnArgs& a, const st
 }
 
 absl::Status CudaBackend::LayerForward(const UnitParams& params, const CudaBatch& b, const void* x, const LayerActs& a,
-                                       bool run_attention, void* y) {
+                                       uint32_t given, void* y) {
   const int64_t T = b.num_tokens_;
+  const bool cheap = !(given & kPieceCheap);
   // FP32 mode: BF16 scratch for the o_proj / down_proj outputs before their FP32 residual adds.
   PoolBlock branch_block;
   bf16* branch = nullptr;
-  if (f32()) {
+  if (f32() && (!(given & kPieceOProj) || y != nullptr)) {
     RETURN_IF_ERROR(branch_block.Alloc(Align256(T * H_ * 2), stream_));
     branch = reinterpret_cast<bf16*>(branch_block.get());
   }
-  RETURN_IF_ERROR(NormForward(x, Norm(params, kInputNorm), T, a.xn1, a.rstd1));
-  RETURN_IF_ERROR(StackedForward(params.bf16, qkv_w_, a.xn1, T, H_, a.qkv, qkv_));
-  RETURN_IF_ERROR(QkForward(params, b, a));
-  if (run_attention) {
-    RETURN_IF_ERROR(AttentionForward(b, a));
-  }
+  if (cheap) RETURN_IF_ERROR(NormForward(x, Norm(params, kInputNorm), T, a.xn1, a.rstd1));
+  if (!(given & kPieceQkv)) RETURN_IF_ERROR(StackedForward(params.bf16, qkv_w_, a.xn1, T, H_, a.qkv, qkv_));
+  if (cheap) RETURN_IF_ERROR(QkForward(params, b, a));
+  if (!(given & kPieceAttention)) RETURN_IF_ERROR(AttentionForward(b, a));
   // h1 = x + o · Woᵀ
-  RETURN_IF_ERROR(ResidualGemm(a.o, qd_, W(params.bf16, kOProj), x, a.h1, branch, T));
-  RETURN_IF_ERROR(NormForward(a.h1, Norm(params, kPostNorm), T, a.xn2, a.rstd2));
-  RETURN_IF_ERROR(StackedForward(params.bf16, gu_w_, a.xn2, T, H_, a.gu, 2 * I_));
-  RETURN_IF_ERROR(kernels::SwiGluForward(a.gu, T, I_, a.act, stream_));
+  if (!(given & kPieceOProj)) RETURN_IF_ERROR(ResidualGemm(a.o, qd_, W(params.bf16, kOProj), x, a.h1, branch, T));
+  if (cheap) RETURN_IF_ERROR(NormForward(a.h1, Norm(params, kPostNorm), T, a.xn2, a.rstd2));
+  if (!(given & kPieceGateUp)) RETURN_IF_ERROR(StackedForward(params.bf16, gu_w_, a.xn2, T, H_, a.gu, 2 * I_));
+  if (cheap) RETURN_IF_ERROR(kernels::SwiGluForward(a.gu, T, I_, a.act, stream_));
   if (y != nullptr) {  // y = h1 + act · Wdᵀ
     RETURN_IF_ERROR(ResidualGemm(a.act, I_, W(params.bf16, kDownProj), a.h1, y, branch, T));
   }
@@ -211,30 +210,24 @@ absl::Status CudaBackend::DecoderForward(const UnitParams& params, const DeviceB
   LayerActs acts;
   PoolBlock scratch;
   std::unique_ptr<CudaSaved> keep;
-  const bool keep_all = saved != nullptr && policy == ActPolicy::kKeepAll;
-  const bool keep_attn = saved != nullptr && policy != ActPolicy::kRecomputeLayer;
+  const uint32_t kept_pieces = saved != nullptr ? policy.pieces : 0;
   {
     Carver kept, tmp;
     if (saved != nullptr) {
       keep = std::make_unique<CudaSaved>();
       keep->policy_ = policy;
       keep->num_tokens_ = T;
-      ReserveActs(kept, keep->acts_, T, keep_attn, keep_all);
+      ReserveActs(kept, keep->acts_, T, kept_pieces);
     }
-    if (!keep_all) ReserveActs(tmp, acts, T, false, true);
-    if (!keep_attn) ReserveActs(tmp, acts, T, true, false);
+    ReserveActs(tmp, acts, T, kAllPieces & ~kept_pieces);
     if (keep) {
       RETURN_IF_ERROR(kept.Alloc(keep->block_, stream_));
-      if (keep_all) acts = keep->acts_;
-      if (keep_attn) {
-        acts.o = keep->acts_.o;
-        acts.lse = keep->acts_.lse;
-      }
+      TakePieces(keep->acts_, kept_pieces, &acts);
     }
     // Pieces not owned by `keep` point into the scratch block.
     RETURN_IF_ERROR(tmp.Alloc(scratch, stream_));
   }
-  RETURN_IF_ERROR(LayerForward(params, b, x, acts, true, y));
+  RETURN_IF_ERROR(LayerForward(params, b, x, acts, 0, y));
   if (saved != nullptr) *saved = std::move(keep);
   return absl::OkStatus();
 }
@@ -258,7 +251,7 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   Carver c;
   PoolBlock block;
   LayerActs re;
-  if (policy != ActPolicy::kKeepAll) ReserveActs(c, re, T, policy == ActPolicy::kRecomputeLayer, true);
+  ReserveActs(c, re, T, kAllPieces & ~policy.pieces);
   bf16 *dact, *dgu, *dattn_o, *dqr, *dkr, *dqkv;
   bf16* dres_b = nullptr;  // FP32 mode: BF16 copy of dy, then of dh1 (the GEMMs' operand)
   void *dxn, *dh1;         // residual dtype
@@ -278,14 +271,11 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   ASSIGN_OR_RETURN(const std::optional<int64_t> cudnn_ws, CudnnWorkspace(AttnDir::kBackward, attn));
   c.Reserve(&ws_attn, cudnn_ws.has_value() ? *cudnn_ws : kernels::FlashAttentionBackwardWorkspaceBytes(attn));
   RETURN_IF_ERROR(c.Alloc(block, stream_));
-  if (policy == ActPolicy::kRecomputeLayer) {
+  if (!policy.keeps_all()) {
+    // Recompute what the policy did not keep, around the pieces it kept.
+    TakePieces(acts, policy.pieces, &re);
     acts = re;
-    RETURN_IF_ERROR(LayerForward(params, b, x, acts, true, nullptr));
-  } else if (policy == ActPolicy::kSelective) {
-    re.o = acts.o;
-    re.lse = acts.lse;
-    acts = re;
-    RETURN_IF_ERROR(LayerForward(params, b, x, acts, false, nullptr));
+    RETURN_IF_ERROR(LayerForward(params, b, x, acts, policy.pieces, nullptr));
   }
 
   // MLP: y = h1 + act · Wdᵀ

@@ -115,6 +115,17 @@ TEST_F(DecoderLayerTest, PoliciesGiveBitwiseIdenticalOutputsAndGradients) {
     EXPECT_TRUE(BitwiseEqual(r->dx, keep.dx));
     EXPECT_TRUE(BitwiseEqual(r->dparams, keep.dparams));
   }
+  // Every segment checkpoint (each subset of the expensive pieces) too, keeping exactly its pieces.
+  for (uint32_t keep_mask = 1; keep_mask <= kExpensivePieces; ++keep_mask) {
+    const ActPolicy seg = ActPolicy::Segment(keep_mask);
+    const LayerRun r = RunLayer(*be, params_, mb_, x_, dy_, seg);
+    EXPECT_TRUE(BitwiseEqual(r.y, keep.y)) << LayerPiecesName(keep_mask);
+    EXPECT_TRUE(BitwiseEqual(r.dx, keep.dx)) << LayerPiecesName(keep_mask);
+    EXPECT_TRUE(BitwiseEqual(r.dparams, keep.dparams)) << LayerPiecesName(keep_mask);
+    EXPECT_EQ(r.saved_bytes, be->SavedBytesPerToken(seg) * mb_.num_tokens()) << LayerPiecesName(keep_mask);
+    EXPECT_GT(be->SavedBytesPerToken(ActPolicy::kKeepAll), be->SavedBytesPerToken(seg));
+  }
+  EXPECT_EQ(be->SavedBytesPerToken(ActPolicy::Segment(kPieceAttention)), be->SavedBytesPerToken(ActPolicy::kSelective));
   // Backward with no saved state at all is the whole-layer recompute too.
   auto batch = be->UploadBatch(mb_);
   ASSERT_TRUE(batch.ok());

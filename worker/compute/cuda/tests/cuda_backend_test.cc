@@ -173,10 +173,13 @@ void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp
   auto ref_dx = GetF(*p.cpu, dx.c->data(), T * H);
   auto ref_dp = GetF(*p.cpu, (*dpc)->data(), unit.numel);
 
-  for (ActPolicy pol : {ActPolicy::kKeepAll, ActPolicy::kSelective, ActPolicy::kRecomputeLayer}) {
-    const char* pname = pol == ActPolicy::kKeepAll     ? "keep-all"
-                        : pol == ActPolicy::kSelective ? "selective"
-                                                       : "recompute";
+  for (ActPolicy pol : {ActPolicy::kKeepAll, ActPolicy::kSelective, ActPolicy::kRecomputeLayer,
+                        ActPolicy::Segment(kPieceGateUp), ActPolicy::Segment(kPieceGateUp | kPieceQkv),
+                        ActPolicy::Segment(kPieceQkv | kPieceOProj), ActPolicy::Segment(kExpensivePieces)}) {
+    const std::string pname = pol == ActPolicy::kKeepAll          ? "keep-all"
+                              : pol == ActPolicy::kSelective      ? "selective"
+                              : pol == ActPolicy::kRecomputeLayer ? "recompute"
+                                                                  : "segment " + LayerPiecesName(pol.pieces);
     cudaMemset(y.g->data(), 0xFF, T * H * AB);
     cudaDeviceSynchronize();
     std::unique_ptr<SavedActivations> sg;

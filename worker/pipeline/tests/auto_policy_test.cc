@@ -1,0 +1,112 @@
+// AutoPolicy's choice from measurements (ChooseLayout, no device): the layout fits the budget it
+// was given and predicts its peak as the working set plus what the layers keep; checkpoints go to
+// host memory only when the device needs the room and the host has it, and cost PCIe time when
+// they do; the session measures on the second step of a long job and validates on the next, going
+// back to recompute when the layout is slower than both the recompute step and its prediction.
+#include "worker/pipeline/auto_policy.h"
+
+#include <gtest/gtest.h>
+
+namespace slidedp {
+namespace {
+
+constexpr int64_t kGiB = 1ll << 30;
+
+// Probes shaped like Qwen3-8B's at 64K tokens on an H200 (session 17's measurement).
+AutoPolicyInputs EightB(const ModelLayout& layout) {
+  AutoPolicyInputs in;
+  in.layout = &layout;
+  auto seg = [](uint32_t keep) { return LayerPolicy{LayerKind::kSegment, false, keep}; };
+  in.probes = {{LayerPolicy{LayerKind::kRecompute}, 0.1776, 0},
+               {LayerPolicy{LayerKind::kSelective}, 0.1704, kGiB / 2},
+               {seg(kPieceGateUp), 0.1579, 3 * kGiB},
+               {seg(kPieceGateUp | kPieceQkv | kPieceAttention), 0.1495, 4258 * (kGiB / 1000)},
+               {LayerPolicy{LayerKind::kKeepAll}, 0.1443, 8383 * (kGiB / 1000)}};
+  in.checkpoint_bytes = kGiB;
+  in.recompute_step = {7.37, 5.33, 2.0, 0.65, 0.8, 84 * kGiB};
+  in.capacity_bytes = 140 * kGiB;
+  in.rates = {52e9, 55e9};
+  in.device_name = "NVIDIA H200";
+  in.build = "test";
+  in.tokens_per_step = 65536;
+  return in;
+}
+
+ModelLayout Layout36() {
+  Qwen3Config c = *Qwen3Config::Preset("tiny");
+  c.num_hidden_layers = 36;
+  return ModelLayout::Build(c);
+}
+
+TEST(AutoPolicy, TheLayoutFitsAndPredictsItsPeak) {
+  const ModelLayout layout = Layout36();
+  AutoPolicyInputs in = EightB(layout);
+  in.host_budget_bytes = kGiB;  // no room to offload
+  auto c = ChooseLayout(in);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const AutoPolicyRecord& r = *c->layout.autopolicy;
+  EXPECT_EQ(r.working_set_bytes, 84 * kGiB - 36 * kGiB);
+  EXPECT_EQ(c->predicted_peak_bytes, r.working_set_bytes + r.predicted.device_bytes);
+  EXPECT_LE(c->predicted_peak_bytes, static_cast<int64_t>(0.9 * 140 * kGiB));
+  EXPECT_EQ(c->layout.layers.size(), 36u);
+  EXPECT_EQ(c->policies.size(), 36u);
+  int offloaded = 0;
+  for (const LayerPolicy& l : c->layout.layers) offloaded += l.offload;
+  EXPECT_LE(offloaded, 1);
+  // Faster than all recompute: 36 layers of 0.1776 s.
+  EXPECT_LT(r.predicted.compute_s, r.problem.base.compute_s + 36 * 0.1776);
+  // The base: the compute stream's time outside the layers (total less flush less the layers).
+  const double flush = 7.37 - 5.33 - 2.0;
+  EXPECT_NEAR(r.problem.base.exposed_s, flush, 1e-9);
+  EXPECT_NEAR(r.problem.base.compute_s, 7.37 - flush - 36 * 0.1776, 1e-9);
+  // Most-kept last.
+  EXPECT_NE(c->layout.layers.back().kind, LayerKind::kRecompute);
+}
+
+TEST(AutoPolicy, CheckpointsGoToTheHostWhenItHasRoomAndTheDeviceNeedsIt) {
+  const ModelLayout layout = Layout36();
+  AutoPolicyInputs in = EightB(layout);
+  in.host_budget_bytes = 64 * kGiB;
+  auto roomy = ChooseLayout(in);
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  int offloaded = 0;
+  for (const LayerPolicy& l : roomy->layout.layers) offloaded += l.offload;
+  EXPECT_GT(offloaded, 1);
+  EXPECT_GT(roomy->layout.autopolicy->predicted.h2d_s, in.recompute_step.h2d_s);
+  // Offloaded layers come first.
+  EXPECT_TRUE(roomy->layout.layers.front().offload);
+  // A budget that every layer can keep all in: nothing crosses PCIe.
+  in.capacity_bytes = 1000 * kGiB;
+  auto big = ChooseLayout(in);
+  ASSERT_TRUE(big.ok()) << big.status();
+  for (const LayerPolicy& l : big->layout.layers) {
+    EXPECT_EQ(l, (LayerPolicy{LayerKind::kKeepAll})) << LayerPolicyName(l);
+  }
+}
+
+TEST(AutoPolicy, NothingFitsIsResourceExhausted) {
+  const ModelLayout layout = Layout36();
+  AutoPolicyInputs in = EightB(layout);
+  in.host_budget_bytes = 0;
+  in.capacity_bytes = 60 * kGiB;  // the working set alone is 48 GiB, 36 checkpoints 36 GiB
+  EXPECT_EQ(ChooseLayout(in).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(AutoPolicy, RunnableLayoutMarksOffloadedUnits) {
+  LayerLayout l;
+  l.layers = {{LayerKind::kRecompute, true}, {LayerKind::kSegment, false, kPieceGateUp}, {LayerKind::kKeepAll}};
+  std::vector<ActPolicy> policies;
+  std::vector<bool> offloaded;
+  RunnableLayout(l, 5, &policies, &offloaded);
+  ASSERT_EQ(policies.size(), 3u);
+  EXPECT_EQ(policies[0], ActPolicy::kRecomputeLayer);
+  EXPECT_EQ(policies[1], ActPolicy::Segment(kPieceGateUp));
+  EXPECT_EQ(policies[2], ActPolicy::kKeepAll);
+  EXPECT_EQ(offloaded, (std::vector<bool>{false, true, false, false, false}));
+  l.layers[0].offload = false;
+  RunnableLayout(l, 5, &policies, &offloaded);
+  EXPECT_TRUE(offloaded.empty());
+}
+
+}  // namespace
+}  // namespace slidedp
