@@ -139,6 +139,12 @@ struct TrainingExecutor::Attempt {
   const ModelLayout layout;
   JobPlan plan;  // (SizeSpeculation completes it after admission)
   std::string policy_key;  // runtime.policy auto, measured by this attempt: its cache key (policy_cache.h)
+  // An AutoPolicy layout's predicted step (cached, or chosen by this attempt) and the steps that
+  // ran it: the job's final line compares them.
+  double predicted_step_s = 0;
+  std::string predicted_bottleneck;
+  int64_t layout_from_step = 0;  // 1-based: the first step that ran the layout
+  std::vector<std::pair<int64_t, double>> step_times;  // (1-based step, seconds)
   update::LayerAdam* adam = nullptr;
   int bulk_threads = 1;                   // prefault, zeroing, conversion, staging first touch
   std::unique_ptr<shm::JobState> pooled;  // taken from the pool and not (yet) adopted
@@ -514,6 +520,7 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
     absl::MutexLock l(&mu_);
     update_rates_[static_cast<int>(a.plan.moments)] = record.metrics.host_update_gparams_per_s();
   }
+  a.step_times.emplace_back(t + 1, record.metrics.step_time_s());
   ctx.ReportStep(record.metrics);
   a.metrics->Append(record, now, a.plan, a.spec, a.consumer->staging_bytes_held());
   return absl::OkStatus();
@@ -538,6 +545,22 @@ std::optional<LayerLayout> TrainingExecutor::CachedLayout(const JobSpec& spec, c
                                            : absl::StrCat(" (cached layout not used: ", why_not, ")"));
   }
   return cached;
+}
+
+void TrainingExecutor::LogPrediction(JobContext& ctx, const Attempt& a) {
+  if (a.predicted_step_s <= 0 || a.layout_from_step <= 0) return;
+  std::vector<double> ran;
+  for (const auto& [step, s] : a.step_times) {
+    if (step >= a.layout_from_step) ran.push_back(s);
+  }
+  if (ran.empty()) return;
+  std::sort(ran.begin(), ran.end());
+  const double measured = ran[ran.size() / 2];
+  ctx.Log(absl::StrFormat(
+      "AutoPolicy's layout: predicted %.3f s per step (bound by %s), measured %.3f s (median of %d step(s) from "
+      "step %d): %+.1f%%",
+      a.predicted_step_s, a.predicted_bottleneck.empty() ? std::string("?") : a.predicted_bottleneck, measured,
+      ran.size(), a.layout_from_step, 100 * (measured - a.predicted_step_s) / a.predicted_step_s));
 }
 
 absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::Plan(const JobSpec& spec_in,
@@ -575,7 +598,7 @@ absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::Plan(const JobSpec& spec_i
   return MakeStepPlan(in);
 }
 
-void TrainingExecutor::RecordPolicy(JobContext& ctx, const Attempt& a, const v1::PolicyChosen& chosen) {
+void TrainingExecutor::RecordPolicy(JobContext& ctx, Attempt& a, const v1::PolicyChosen& chosen) {
   absl::StatusOr<LayerLayout> layout = LayerLayout::Parse(chosen.policy_yaml(), "AutoPolicy's report");
   if (!layout.ok() || !layout->autopolicy) {
     ctx.Log(absl::StrCat("warning: AutoPolicy's report is not a policy with measurements (",
@@ -590,6 +613,9 @@ void TrainingExecutor::RecordPolicy(JobContext& ctx, const Attempt& a, const v1:
                     LayerPolicyName(r.problem.candidates[j].policy));
   }
   const double error = r.predicted.step_s > 0 ? (chosen.step_time_s() - r.predicted.step_s) / r.predicted.step_s : 0;
+  a.predicted_step_s = r.predicted.step_s;
+  a.predicted_bottleneck = r.predicted.bottleneck;
+  a.layout_from_step = chosen.step() + 2;  // after its validation step
   std::string line = absl::StrFormat(
       "AutoPolicy chose %s in %.2f s; step %d ran it in %.3f s against %.3f s predicted (%+.1f%%, bound by %s), "
       "GPU peak %.2f GiB",
@@ -626,6 +652,11 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   ASSIGN_OR_RETURN(JobPlan plan, PlanJob(spec, layout, WorkerDevicesOf(hellos)));
   Attempt a(std::move(spec), std::move(layout), std::move(plan));
   a.policy_key = std::move(policy_key);
+  if (a.spec.layer_layout && a.spec.layer_layout->autopolicy) {  // a cached (or file) AutoPolicy layout
+    a.predicted_step_s = a.spec.layer_layout->autopolicy->predicted.step_s;
+    a.predicted_bottleneck = a.spec.layer_layout->autopolicy->predicted.bottleneck;
+    a.layout_from_step = 2;  // the first step warms up
+  }
   a.dataset_files = std::move(dataset_files);
 
   // ---- admission, host state, rings ----
@@ -759,6 +790,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   // Workers report the end of the job after their last post.
   RETURN_IF_ERROR(a.reports->WaitForEnd(absl::Seconds(30)));
   if (auto chosen = a.reports->TakePolicyChosen()) RecordPolicy(ctx, a, *chosen);
+  LogPrediction(ctx, a);
   if (a.spec.save_final) RETURN_IF_ERROR(SaveCheckpoint(ctx, a, a.spec.steps));
   a.poolable = a.reports->all_finished();
   return absl::OkStatus();

@@ -1057,6 +1057,7 @@ TEST(Training, AutoPolicyChoosesValidatesAndCachesALayoutBitwiseRecompute) {
   std::string hostd_log = ReadFile(node.dir() + "/hostd0.log");
   EXPECT_TRUE(absl::StrContains(hostd_log, "AutoPolicy chose")) << hostd_log;
   EXPECT_TRUE(absl::StrContains(hostd_log, "cached at")) << hostd_log;
+  EXPECT_TRUE(absl::StrContains(hostd_log, "job ap-1: AutoPolicy's layout: predicted")) << hostd_log;
   std::vector<std::string> cached;
   for (const auto& e : std::filesystem::directory_iterator(node.dir() + "/state/policies")) {
     cached.push_back(e.path().string());
@@ -1109,6 +1110,7 @@ TEST(Training, AutoPolicyChoosesValidatesAndCachesALayoutBitwiseRecompute) {
   EXPECT_EQ(MaxAbsDiff(got, want), 0.0);
   hostd_log = ReadFile(node.dir() + "/hostd0.log");
   EXPECT_TRUE(absl::StrContains(hostd_log, "job ap-2: runtime.policy auto: the layout cached at")) << hostd_log;
+  EXPECT_TRUE(absl::StrContains(hostd_log, "job ap-2: AutoPolicy's layout: predicted")) << hostd_log;
   worker_log = ReadFile(node.dir() + "/worker0.log");
   EXPECT_EQ(Count(worker_log, "AutoPolicy: chose in"), 1u) << "measured twice:\n" << worker_log;
 
