@@ -20,31 +20,15 @@ import json
 import os
 import re
 import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_results import load, pick, usable  # noqa: E402
 
 T_FSDP2 = {"qwen3-8b": 1.65, "qwen3-4b": 1.7}
 T_TODAY = 0.99
 T_PREDICT = 0.10
 T_SELECT = 60.0
-
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return []
-
-
-def pick(recs, kind, model, tokens):
-    for r in recs:
-        if r.get("kind") == kind and r.get("model") == model and r.get("tokens_per_gpu") == tokens \
-                and r.get("gpus", 1) == 1:
-            return r
-    return None
-
-
-def usable(r):
-    return r is not None and not r.get("error") and r.get("tokens_per_s_per_gpu")
 
 
 def line(status, text):
@@ -152,9 +136,11 @@ def main():
     p.add_argument("--model", required=True)
     p.add_argument("--tokens", type=int, required=True)
     p.add_argument("--peer-tokens", type=int, required=True)
-    for x in check(p.parse_args()):
+    lines = check(p.parse_args())
+    for x in lines:
         print(x)
+    return 1 if any(x.startswith("FAIL") for x in lines) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -12,33 +12,15 @@ rolled-back steps, median grad norm).
     clip_check.py --dir DIR --model qwen3-4b --tokens 16384
 """
 import argparse
-import json
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_results import load, pick, usable  # noqa: E402
 
 T_COMPUTE = 0.95   # clip / compute-only
 T_FSDP2 = 1.25     # clip / FSDP2 GPU-resident, same batch
 T_STEP = 1.05      # clip step / no-clip step
-
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return []
-
-
-def pick(recs, kind, model, tokens):
-    for r in recs:
-        if r.get("kind") == kind and r.get("model") == model and r.get("tokens_per_gpu") == tokens \
-                and r.get("gpus", 1) == 1:
-            return r
-    return None
-
-
-def usable(r):
-    return r is not None and not r.get("error") and r.get("tokens_per_s_per_gpu")
 
 
 def line(status, text):
