@@ -706,6 +706,11 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
             ASSIGN_OR_RETURN(activations, MakeCudaActivationStore(backend, choice.offloaded, options_.index));
 #endif
           }
+          std::vector<int64_t> input_bytes;  // pinned now, not during the validation step
+          for (const MicroBatch& mb : mbs) {
+            input_bytes.push_back(mb.num_tokens() * config.hidden_size * DTypeBytes(backend->activation_dtype()));
+          }
+          RETURN_IF_ERROR(activations->Reserve(input_bytes));
         }
         runner.SetLayout(choice.policies, activations.get());
         backend->ResetPeakMemory();  // the next step's peak is the validation's

@@ -26,6 +26,10 @@ class ActivationStore {
   virtual absl::Status Prefetch(int unit) = 0;
   // Hands the saved inputs back as device buffers usable by the compute stream from now on.
   virtual absl::Status Restore(int unit, std::vector<std::unique_ptr<DeviceBuffer>>& inputs) = 0;
+  // Sets the host memory of every offloaded unit up front for inputs of these sizes (one per
+  // micro-batch), so the first step that offloads does not pin memory as it goes (AutoPolicy calls
+  // it between steps). Larger inputs later still get larger blocks.
+  virtual absl::Status Reserve(const std::vector<int64_t>& input_bytes) { return absl::OkStatus(); }
   // Pinned host memory held, and seconds the offload copies took (cumulative).
   virtual int64_t host_bytes() const = 0;
   virtual double copy_s() const = 0;

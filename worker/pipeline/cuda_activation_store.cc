@@ -48,6 +48,16 @@ class CudaActivationStore final : public ActivationStore {
     return unit >= 0 && unit < static_cast<int>(offloaded_.size()) && offloaded_[unit];
   }
 
+  absl::Status Reserve(const std::vector<int64_t>& input_bytes) override {
+    for (int u = 0; u < static_cast<int>(offloaded_.size()); ++u) {
+      if (!offloaded_[u]) continue;
+      std::vector<PinnedBlock>& blocks = host_[u];
+      if (blocks.size() < input_bytes.size()) blocks.resize(input_bytes.size());
+      for (size_t i = 0; i < input_bytes.size(); ++i) RETURN_IF_ERROR(Pin(blocks[i], input_bytes[i]));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Offload(int unit, std::vector<std::unique_ptr<DeviceBuffer>>& inputs) override {
     RETURN_IF_ERROR(FreeFinished(/*all=*/false));
     ASSIGN_OR_RETURN(cudaEvent_t ev, Event(unit));
@@ -59,19 +69,7 @@ class CudaActivationStore final : public ActivationStore {
     RETURN_IF_ERROR(timer_.Begin(copy_));
     for (size_t i = 0; i < inputs.size(); ++i) {
       const int64_t bytes = inputs[i]->bytes();
-      if (blocks[i].bytes < bytes) {
-        if (blocks[i].data) cudaFreeHost(blocks[i].data);
-        blocks[i] = PinnedBlock{};
-        cudaError_t e = cudaMallocHost(&blocks[i].data, bytes);
-        if (e != cudaSuccess) {
-          cudaGetLastError();
-          return absl::ResourceExhaustedError(absl::StrCat("activation offload: pinning ", bytes,
-                                                           " bytes of host memory failed (", cudaGetErrorString(e),
-                                                           "); lower runtime.offload_ratio"));
-        }
-        blocks[i].bytes = bytes;
-        host_bytes_ += bytes;
-      }
+      RETURN_IF_ERROR(Pin(blocks[i], bytes));
       SLIDEDP_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(blocks[i].data, inputs[i]->data(), bytes, cudaMemcpyDeviceToHost, copy_));
       sizes_[unit].push_back(bytes);
@@ -131,6 +129,28 @@ class CudaActivationStore final : public ActivationStore {
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     events_[unit] = ev;
     return ev;
+  }
+
+  // Makes `b` hold at least `bytes` of pinned host memory.
+  absl::Status Pin(PinnedBlock& b, int64_t bytes) {
+    if (b.bytes >= bytes) return absl::OkStatus();
+    if (b.data) {
+      cudaFreeHost(b.data);
+      host_bytes_ -= b.bytes;
+    }
+    b = PinnedBlock{};
+    cudaError_t e = cudaMallocHost(&b.data, bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      b.data = nullptr;
+      return absl::ResourceExhaustedError(absl::StrCat("activation offload: pinning ", bytes,
+                                                       " bytes of host memory failed (", cudaGetErrorString(e),
+                                                       "); offload fewer layers (runtime.offload_ratio or the "
+                                                       "layout's offload marks)"));
+    }
+    b.bytes = bytes;
+    host_bytes_ += bytes;
+    return absl::OkStatus();
   }
 
   // Frees device copies whose D2H has finished (all: waits for every one).
