@@ -102,11 +102,11 @@ v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in) {
     const double offload_up = (e.h2d_s - problem.base.h2d_s) * problem.base.h2d_bytes_per_s;
     const double offload_down = (e.d2h_s - problem.base.d2h_s) * problem.base.d2h_bytes_per_s;
     Add(r, "GPU compute", e.compute_s, "s", 0, e.compute_s,
-        "AutoPolicy: the first step's compute outside the layers, one layer's probe per kind");
+        "AutoPolicy: a recompute step's compute outside the layers, one layer's probe per kind");
     Add(r, "host-to-device copies", (param_bytes + offload_up) / kGB, "GB", problem.base.h2d_bytes_per_s / kGB,
-        e.h2d_s, "parameters: the first step's copy-engine time; checkpoints: the pinned-copy probe's rate");
+        e.h2d_s, "parameters: a recompute step's copy-engine time; checkpoints: the pinned-copy probe's rate");
     Add(r, "device-to-host copies", (grad_bytes + offload_down) / kGB, "GB", problem.base.d2h_bytes_per_s / kGB,
-        e.d2h_s, "gradients: the first step's copy-engine time; checkpoints: the pinned-copy probe's rate");
+        e.d2h_s, "gradients: a recompute step's copy-engine time; checkpoints: the pinned-copy probe's rate");
     r.set_step_s(e.step_s);
     r.set_bottleneck(e.bottleneck);
     r.set_exposed_s(problem.base.exposed_s);
