@@ -49,7 +49,8 @@
 #                   auto and FSDP2 GPU-resident at 16K (AP_PEER_TOKENS): / FSDP2 >= 1.65 (4B: 1.7),
 #                   / act_policy auto >= 0.99, predicted step within 10%, selection <= 60 s
 #                   (tools/gpu/autopolicy_check.py); AP_MAX_GRAD_NORM (1.0), AP_STATE_DTYPE (fp32) and
-#                   AP_RUNTIME_EXTRA set ours' clipping, Adam moments and more runtime keys
+#                   AP_RUNTIME_EXTRA set ours' clipping, Adam moments and more runtime keys; AP_VARIANTS
+#                   a subset of "auto cached today peer"
 #   scaling    ~6   (2 GPUs) Qwen3-8B 1 -> 2 GPUs >= 1.95x; ours / FSDP2 on 2 GPUs >= 1.5
 #   state      ~3   issue 21, compact Adam moments on the GPU machine's host: adam_state_test and
 #                   adam_engine_test, adam_kernels_test (bundled host tests: the AVX-512 kernels bit-identical to
@@ -752,8 +753,10 @@ PY
 part_autopolicy() {
   find_cudnn
   local model=${AP_MODEL:-qwen3-8b} tokens=${AP_TOKENS:-65536} peer=${AP_PEER_TOKENS:-16384} w=$work/autopolicy v
+  local variants=${AP_VARIANTS:-"auto cached today peer"}
   new_dir "$w"
   for v in auto cached today; do
+    case " $variants " in *" $v "*) ;; *) continue ;; esac
     local act=recompute extra="policy: auto" steps=${AP_STEPS:-7}
     [ "$v" = today ] && act=auto extra="" steps=4
     [ "$v" = cached ] && steps=4
@@ -764,9 +767,9 @@ part_autopolicy() {
       XDG_CACHE_HOME="$w" WORK="$w/$v" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
   done
   mkdir -p "$part_dir/cache" && cp "$w"/slidedp/policies/*.yaml "$part_dir/cache/" 2> /dev/null
-  stage autopolicy_peer $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/peer" MODEL="$model" GPUS=1 \
+  case " $variants " in *" peer "*) stage autopolicy_peer $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/peer" MODEL="$model" GPUS=1 \
     TOKENS_LIST="$peer" WHAT=fsdp2 WORK="$w/peer" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) \
-    bash bench/e2e/run_bench.sh
+    bash bench/e2e/run_bench.sh ;; esac
   dry && return 0
   mkdir -p "$w/cache" && cp "$w"/slidedp/policies/*.yaml "$w/cache/" 2> /dev/null
   for v in auto cached today; do  # the runs' hostd and worker logs, for the details

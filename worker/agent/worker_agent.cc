@@ -601,7 +601,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   apo.build = BuildId();
   apo.world = a.world_size();
   apo.tokens_per_step = spec.global_batch * spec.seq_len;
-  apo.time_tolerance = options_.backend == BackendKind::kCpu ? 0.5 : 0.10;
+  apo.time_tolerance = options_.backend == BackendKind::kCpu ? 0.5 : 0.01;
 #ifdef SLIDEDP_HAVE_CUDA_BACKEND
   if (options_.backend == BackendKind::kCuda) {
     const int index = options_.index;
@@ -721,9 +721,9 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
         pc->set_job_id(a.job_id());
         pc->set_attempt(a.attempt());
         pc->set_policy_yaml(autopolicy.chosen().layout.ToYaml());
-        pc->set_step(step);
-        pc->set_step_time_s(seen.total_s);
-        pc->set_gpu_peak_bytes(peak);
+        pc->set_step(autopolicy.validated_step());
+        pc->set_step_time_s(autopolicy.validated_step_s());
+        pc->set_gpu_peak_bytes(autopolicy.validated_peak_bytes());
         pc->set_selection_s(autopolicy.selection_s());
         autopolicy.set_reported();
         if (!Send(pr)) return absl::UnavailableError("lost the session with hostd");

@@ -14,10 +14,11 @@
 //     (common/policy/layout_solver.h); CBC picks how many layers run each within the device budget
 //     (the device, or runtime.gpu_memory_limit, less the working set and a margin) and the pinned
 //     host memory left; PlaceLayers orders them.
-//  4. The next step runs the layout and is the validation (ValidateLayout): a peak over the budget
-//     re-solves with the overshoot taken off the budget (at most kMaxResolves times); a layout
-//     slower than both the recompute step it replaced and its prediction (Options::time_tolerance)
-//     goes back to recompute.
+//  4. The next step runs the layout and validates it: a peak over 95% of the capacity re-solves
+//     with the overshoot taken off the budget; a layout that offloads checkpoints and runs slower
+//     than predicted is solved again with none offloaded (at most kMaxResolves re-solves in all);
+//     then the fastest layout measured runs from the next step, or recompute when none beats the
+//     recompute step (Options::time_tolerance).
 // The chosen layout (with its measurements, AutoPolicyRecord) goes to hostd, which caches it for
 // the next job of the same shape and batch on the same build.
 #pragma once
@@ -119,10 +120,10 @@ class AutoPolicySession {
     // The batch the layout is chosen for, all ranks: train.global_batch x train.seq_len (a step's
     // real count varies with the rows' padding; this names the job shape, as the cache key does).
     int64_t tokens_per_step = 0;
-    // A validation step slower than the recompute step and the prediction by more than this
-    // fraction goes back to recompute: 10% on a GPU; the CPU backend (CI's) times a tiny model
-    // among other processes, so it only catches gross misses there.
-    double time_tolerance = 0.10;
+    // A layout must beat the recompute step by this fraction's noise: a fastest measured layout
+    // slower than (1 + it) x the recompute step goes back to recompute. 1% on a GPU; the CPU
+    // backend (CI's) times a tiny model among other processes, so it only catches gross misses.
+    double time_tolerance = 0.01;
   };
   explicit AutoPolicySession(Options options) : options_(std::move(options)) {}
 
@@ -135,6 +136,10 @@ class AutoPolicySession {
                                                             int64_t steps_left);
   // The layout ran its validation step within its budget and no slower than recompute.
   bool validated() const { return validated_; }
+  // The step (0-based) that measured the validated layout, its time and peak.
+  int64_t validated_step() const { return validated_step_; }
+  double validated_step_s() const { return validated_step_s_; }
+  int64_t validated_peak_bytes() const { return validated_peak_bytes_; }
   const AutoPolicyChoice& chosen() const { return choice_; }
   double selection_s() const { return selection_s_; }
   bool reported() const { return reported_; }
@@ -148,6 +153,16 @@ class AutoPolicySession {
   AutoPolicyChoice choice_;
   int resolves_ = 0;
   bool warmed_up_ = false;
+  struct Measured {
+    AutoPolicyChoice choice;
+    double step_s = 0;
+    int64_t peak_bytes = 0;
+    int64_t step = 0;
+  };
+  std::vector<Measured> measured_;  // every layout validated within its memory, with its step
+  int64_t validated_step_ = -1;
+  double validated_step_s_ = 0;
+  int64_t validated_peak_bytes_ = 0;
   double selection_s_ = 0;
   bool validated_ = false;
   bool reported_ = false;
@@ -155,5 +170,8 @@ class AutoPolicySession {
 
 // A validation step may peak at most at this fraction of the capacity; over it the layout is re-solved.
 inline constexpr double kAutoPolicyMaxPeakFraction = 0.95;
+// A validation step this much slower than predicted, with checkpoints offloaded, is solved again
+// with none offloaded.
+inline constexpr double kAutoPolicyPredictionSlack = 0.05;
 
 }  // namespace slidedp
