@@ -110,7 +110,8 @@ def check(args):
                         f"{m.group(4)} s against {m.group(5)} s predicted"))
     else:
         out.append(line("FAIL", "no 'AutoPolicy chose' line in the auto run's logs"))
-    for w in ("(all recompute) took", "AutoPolicy: chose in", "AutoPolicy: validated", "re-solved", "going back"):
+    for w in ("(all recompute) took", "AutoPolicy: chose in", "solving again", "re-solved", "AutoPolicy: validated",
+              "going back"):
         for l in logs.splitlines():
             if w in l:
                 out.append(line("INFO", l[max(0, l.find("AutoPolicy")):][:600]))
@@ -120,10 +121,10 @@ def check(args):
     out.append(line("PASS" if reused else "FAIL",
                     f"the second job {'runs the cached layout, no probes' if reused else 'did not reuse the cache'}"))
     if text:
-        layers = re.findall(r"- \{kind: (\w+)(, offload: true)?\}", text)
+        layers = re.findall(r"- \{kind: (\w+)(?:, keep: \[([^\]]*)\])?(, offload: true)?\}", text)
         summary = {}
-        for k, off in layers:
-            key = k + ("+offload" if off else "")
+        for k, keep, off in layers:
+            key = k + (f"({keep.replace(', ', '+')})" if keep else "") + ("+offload" if off else "")
             summary[key] = summary.get(key, 0) + 1
         out.append(line("INFO", "layout: " + ", ".join(f"{n} {k}" for k, n in summary.items())))
     return out

@@ -41,6 +41,7 @@ class AutoPolicyCheck(unittest.TestCase):
                                               f"ran it in 6.2 s against {predicted} s predicted (+1%)\n"
                                               "AutoPolicy: step 2 (all recompute) took 7.3 s\n")
             write(f"{work}/cache/x.yaml", "layers:\n  - {kind: selective}\n  - {kind: keep_all, offload: true}\n"
+                                          "  - {kind: segment, keep: [qkv, gate_up]}\n"
                                           f"autopolicy:\n  predicted:\n    counts: [1, 1]\n    step_s: {predicted}\n")
             second = "runtime.policy auto: the layout cached at x.yaml; no probes\n" if cached_log else ""
             write(f"{work}/cached/runs/{MODEL}/s4096/t{TOK}/g1/ours/run/hostd.log", second)
@@ -56,7 +57,7 @@ class AutoPolicyCheck(unittest.TestCase):
         self.assertIn("PASS autopolicy  policy auto / act_policy auto: 1.183", out)
         self.assertIn("PASS autopolicy  selection 8.20 s", out)
         self.assertIn("runs the cached layout, no probes", out)
-        self.assertIn("layout: 1 selective, 1 keep_all+offload", out)
+        self.assertIn("layout: 1 selective, 1 keep_all+offload, 1 segment(qkv+gate_up)", out)
 
     def test_slow_layout_and_bad_prediction_fail(self):
         rc, out = self.run_check(auto=9000.0, predicted=5.0, measured=7.3)
