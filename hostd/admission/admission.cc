@@ -5,11 +5,10 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/io/meminfo.h"
 #include "common/status/status_macros.h"
 #include "shm/job_state.h"
 
@@ -90,28 +89,9 @@ void AddOffloadedLayers(const ModelLayout& layout, int64_t layers, int num_worke
 
 absl::StatusOr<HostMemoryInfo> ReadHostMemoryInfo(const std::string& meminfo_path, const std::string& shm_dir) {
   HostMemoryInfo info;
-  std::ifstream in(meminfo_path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", meminfo_path));
-  std::string line;
-  bool have_available = false, have_total = false;
-  while (std::getline(in, line)) {
-    std::istringstream ls(line);
-    std::string key, unit;
-    uint64_t value = 0;
-    if (!(ls >> key >> value)) continue;
-    ls >> unit;
-    const uint64_t bytes = unit == "kB" ? value * 1024 : value;
-    if (key == "MemAvailable:") {
-      info.mem_available_bytes = bytes;
-      have_available = true;
-    } else if (key == "MemTotal:") {
-      info.mem_total_bytes = bytes;
-      have_total = true;
-    }
-  }
-  if (!have_available || !have_total) {
-    return absl::DataLossError(absl::StrCat(meminfo_path, " has no MemTotal/MemAvailable line"));
-  }
+  ASSIGN_OR_RETURN(const MemInfo mem, ReadMemInfo(meminfo_path));
+  info.mem_total_bytes = mem.total_bytes;
+  info.mem_available_bytes = mem.available_bytes;
   struct statvfs st;
   if (::statvfs(shm_dir.c_str(), &st) != 0) return ErrnoStatus(absl::StrCat("statvfs ", shm_dir), errno);
   info.shm_total_bytes = static_cast<uint64_t>(st.f_blocks) * st.f_frsize;

@@ -123,7 +123,6 @@ v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in) {
   Add(r, "host updates (LayerAdam)", params / 1e9, "Gparam", in.update_gparams_per_s, host_busy,
       in.update_gparams_per_s > 0 ? "the last job on this hostd with these Adam moments"
                                   : "not measured on this hostd yet (a job's metrics give it)");
-  if (predicted && host_busy >= 0 && host_busy >= r.step_s() - r.exposed_s()) r.set_bottleneck("host updates");
   Add(r, "host memory (DMA and LayerAdam)", (adam_bytes + world * (param_bytes + grad_bytes)) / kGB, "GB", 0, -1,
       "not measured: shared by every GPU's copies and LayerAdam's passes");
   if (world > 1 && plan.route == GradReduction::kGpu) {

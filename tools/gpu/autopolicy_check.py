@@ -16,14 +16,13 @@ the second job runs the cached layout (no probes).
 """
 import argparse
 import glob
-import json
 import os
 import re
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_results import load, pick, usable  # noqa: E402
+from bench_results import load, ours_metrics, pick, usable  # noqa: E402
 
 T_FSDP2 = {"qwen3-8b": 1.65, "qwen3-4b": 1.7}
 T_TODAY = 0.99
@@ -43,13 +42,6 @@ def run_logs(work):
         except OSError:
             pass
     return text
-
-
-def metrics(work):
-    rows = []
-    for p in glob.glob(os.path.join(work, "runs", "*", "*", "*", "*", "ours", "out", "metrics-*.jsonl")):
-        rows += [json.loads(x) for x in open(p) if x.strip()]
-    return sorted(rows, key=lambda r: r["step"])
 
 
 def cached_policy(cache):
@@ -75,7 +67,7 @@ def check(args):
         else:
             out.append(line("FAIL", f"{args.model} {v}: no result ({(r or {}).get('error', 'did not run')})"))
     # The policy's own steady steps: from step 4 (steps 1-2 recompute and measure, 3 validates).
-    rows = [r for r in metrics(os.path.join(args.work, "auto")) if r["step"] >= 4]
+    rows = [r for r in ours_metrics(os.path.join(args.work, "auto")) if r["step"] >= 4]
     auto_tps = statistics.median(r["tokens_per_s"] for r in rows) if rows else None
     auto_step = statistics.median(r["step_time_s"] for r in rows) if rows else None
     best_auto = max((r["tokens_per_s_per_gpu"] for r in (auto, cached) if usable(r)), default=None)

@@ -1,6 +1,18 @@
-"""bench/e2e/run_bench.sh's results (bench-results.json, written by bench/e2e/report.py) as the
-GPU suite's checkers read them: load a file, pick one run, and whether it has a figure."""
+"""bench/e2e/run_bench.sh's results as the GPU suite's checkers read them: the bench-results.json
+records (written by bench/e2e/report.py: load a file, pick one run, and whether it has a figure)
+and our runs' per-step metrics."""
+import glob
 import json
+
+
+def ours_metrics(work):
+    """Every step's metrics line (hostd's metrics-*.jsonl) of the `ours` runs under a run_bench.sh WORK
+    folder, in step order."""
+    rows = []
+    for p in glob.glob(f"{work}/runs/*/*/*/*/ours/out/metrics-*.jsonl"):
+        with open(p) as f:
+            rows += [json.loads(line) for line in f if line.strip()]
+    return sorted(rows, key=lambda r: r["step"])
 
 
 def load(path):

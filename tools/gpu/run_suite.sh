@@ -513,11 +513,8 @@ part_specbits() {
   for norm in 1e4 1e-3; do
     python3 - "$w/${norm}_auto" "$w/${norm}_wait" "$norm" << 'PY' | tee -a "$summary"
 import glob, json, sys
-def run(d):
-    rows = []
-    for p in glob.glob(f"{d}/runs/*/*/*/*/ours/out/metrics-*.jsonl"):
-        rows += [json.loads(l) for l in open(p) if l.strip()]
-    return sorted(rows, key=lambda r: r["step"])
+sys.path.insert(0, "tools/gpu")
+from bench_results import ours_metrics as run  # noqa: E402
 a, b = run(sys.argv[1]), run(sys.argv[2])
 la, lb = [r["loss"] for r in a], [r["loss"] for r in b]
 spec = sum(1 for r in a if r.get("speculated_fraction", 0) > 0)
@@ -566,11 +563,8 @@ part_mastersrc() {
   dry && return 0
   python3 - "$w" $variants << 'PY' | tee -a "$summary"
 import glob, json, sys
-def run(d):
-    rows = []
-    for p in glob.glob(f"{d}/runs/*/*/*/*/ours/out/metrics-*.jsonl"):
-        rows += [json.loads(l) for l in open(p) if l.strip()]
-    return sorted(rows, key=lambda r: r["step"])
+sys.path.insert(0, "tools/gpu")
+from bench_results import ours_metrics as run  # noqa: E402
 w, variants = sys.argv[1], sys.argv[2:]
 base = run(f"{w}/bits_mirror")
 lb = [r["loss"] for r in base]
@@ -627,11 +621,8 @@ from report import preset_params
 w, model, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
 params = preset_params(model)
 med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None
-def ours(d):
-    rows = []
-    for p in glob.glob(f"{d}/runs/*/*/*/*/ours/out/metrics-*.jsonl"):
-        rows += [json.loads(l) for l in open(p) if l.strip()]
-    return sorted(rows, key=lambda r: r["step"])
+sys.path.insert(0, "tools/gpu")
+from bench_results import ours_metrics as ours  # noqa: E402
 def hostmem(d):  # bytes: the drop of MemAvailable while the stage ran (run_bench's sampler, KiB)
     for p in glob.glob(f"{d}/runs/*/*/*/*/ours/hostmem"):
         f = open(p).read().split()
@@ -682,11 +673,8 @@ w, model, tokens, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4
 m = re.fullmatch(r"([0-9.]+)\s*([a-zA-Z]*)", limit)
 units = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
 limit_bytes = float(m.group(1)) * units[m.group(2).lower()] if m else None
-def run(d):
-    rows = []
-    for p in glob.glob(f"{d}/runs/*/*/*/*/ours/out/metrics-*.jsonl"):
-        rows += [json.loads(l) for l in open(p) if l.strip()]
-    return sorted(rows, key=lambda r: r["step"])
+sys.path.insert(0, "tools/gpu")
+from bench_results import ours_metrics as run  # noqa: E402
 res = {}
 for v in ("free", "limited"):
     rows = run(f"{w}/{v}")
@@ -733,11 +721,8 @@ PY
   dry && return 0
   python3 - "$w" << 'PY' | tee -a "$summary"
 import glob, json, sys
-def run(d):
-    rows = []
-    for p in glob.glob(f"{d}/runs/*/*/*/*/ours/out/metrics-*.jsonl"):
-        rows += [json.loads(l) for l in open(p) if l.strip()]
-    return sorted(rows, key=lambda r: r["step"])
+sys.path.insert(0, "tools/gpu")
+from bench_results import ours_metrics as run  # noqa: E402
 a, b = run(f"{sys.argv[1]}/recompute"), run(f"{sys.argv[1]}/mixed")
 la, lb = [r["loss"] for r in a], [r["loss"] for r in b]
 d = max((abs(x - y) for x, y in zip(la, lb)), default=float("inf"))

@@ -17,6 +17,7 @@
 #include "common/data/dataset.h"
 #include "common/data/micro_batch.h"
 #include "common/data/sampler.h"
+#include "common/io/meminfo.h"
 #include "common/status/grpc_status.h"
 #include "common/status/status_macros.h"
 #include "common/version.h"
@@ -84,19 +85,11 @@ int KeepAllLayers(int64_t capacity, int64_t peak, int64_t layer_bytes, int64_t l
 // AutoPolicy's budget for offloaded checkpoints: this rank's share of the host memory available
 // now (hostd's state is allocated by then) less a reserve of 10% or 4 GiB, whichever is more.
 int64_t PinnedBudgetBytes(int world) {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  std::string unit;
-  while (meminfo >> key >> kb) {
-    std::getline(meminfo, unit);
-    if (key == "MemAvailable:") {
-      const int64_t available = kb * 1024;
-      const int64_t reserve = std::max<int64_t>(available / 10, int64_t{4} << 30);
-      return std::max<int64_t>(0, available - reserve) / std::max(1, world);
-    }
-  }
-  return -1;  // not known: no bound
+  absl::StatusOr<MemInfo> mem = ReadMemInfo();
+  if (!mem.ok()) return -1;  // not known: no bound
+  const int64_t available = static_cast<int64_t>(mem->available_bytes);
+  const int64_t reserve = std::max<int64_t>(available / 10, int64_t{4} << 30);
+  return std::max<int64_t>(0, available - reserve) / std::max(1, world);
 }
 
 ActPolicy ToActPolicy(ActivationPolicy p) {

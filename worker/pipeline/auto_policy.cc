@@ -214,6 +214,19 @@ void RunnableLayout(const LayerLayout& layout, int num_units, std::vector<ActPol
   if (!any) offloaded->clear();
 }
 
+namespace {
+
+// Every layer whole-layer recompute, nothing offloaded: where AutoPolicy goes back to.
+AutoPolicyChoice AllRecompute(const ModelLayout& layout) {
+  AutoPolicyChoice out;
+  out.layout.model = ModelShape::Of(layout.config);
+  out.layout.layers.assign(static_cast<size_t>(layout.config.num_hidden_layers), LayerPolicy{});
+  RunnableLayout(out.layout, layout.num_units(), &out.policies, &out.offloaded);
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     int64_t step, const StepObservation& seen, const std::vector<MicroBatch>& micro_batches, int64_t steps_left) {
   const ModelLayout& layout = *options_.layout;
@@ -281,13 +294,8 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     if (resolves_ >= kMaxResolves || !more_steps) {
       phase_ = Phase::kDone;
       if (!more_steps) return std::nullopt;
-      std::vector<LayerPolicy> all(layout.config.num_hidden_layers);
-      AutoPolicyChoice fallback;
-      fallback.layout.model = choice_.layout.model;
-      fallback.layout.layers = all;
-      RunnableLayout(fallback.layout, layout.num_units(), &fallback.policies, &fallback.offloaded);
       LOG(WARNING) << "AutoPolicy: " << resolves_ << " re-solves did not fit; every layer goes back to recompute";
-      return fallback;
+      return AllRecompute(layout);
     }
     ++resolves_;
     const absl::Time t0 = absl::Now();
@@ -339,11 +347,7 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     LOG(WARNING) << "AutoPolicy: the fastest layout took " << best->step_s << " s, slower than "
                  << inputs_.recompute_step.total_s << " s with every layer recomputed; going back to recompute";
     if (!more_steps) return std::nullopt;
-    AutoPolicyChoice fallback;
-    fallback.layout.model = choice_.layout.model;
-    fallback.layout.layers.assign(layout.config.num_hidden_layers, LayerPolicy{});
-    RunnableLayout(fallback.layout, layout.num_units(), &fallback.policies, &fallback.offloaded);
-    return fallback;
+    return AllRecompute(layout);
   }
   const bool switch_back = best->step != step;
   choice_ = best->choice;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <utility>
 #include <limits>
 #include <new>
 #include <thread>
@@ -77,22 +78,23 @@ class CpuSavedActivations final : public SavedActivations {
   int64_t charged_ = 0;
 };
 
-// Copies the expensive pieces `policy` names from `from` into `to` (the cheap ones are kept only
-// whole, by keep-all).
-void KeepPieces(ActPolicy policy, const DecoderActs<float>& from, DecoderActs<float>* to) {
+// The expensive pieces `policy` names from `from` into `to` (the cheap ones are kept only whole, by
+// keep-all): moved out of a forward's own activations, copied out of saved ones.
+template <typename Acts>
+void KeepPieces(ActPolicy policy, Acts&& from, DecoderActs<float>* to) {
   if (policy.keeps(kPieceQkv)) {
-    to->q_raw = from.q_raw;
-    to->k_raw = from.k_raw;
-    to->v = from.v;
+    to->q_raw = std::forward<Acts>(from).q_raw;
+    to->k_raw = std::forward<Acts>(from).k_raw;
+    to->v = std::forward<Acts>(from).v;
   }
   if (policy.keeps(kPieceAttention)) {
-    to->attn = from.attn;
-    to->lse = from.lse;
+    to->attn = std::forward<Acts>(from).attn;
+    to->lse = std::forward<Acts>(from).lse;
   }
-  if (policy.keeps(kPieceOProj)) to->h1 = from.h1;
+  if (policy.keeps(kPieceOProj)) to->h1 = std::forward<Acts>(from).h1;
   if (policy.keeps(kPieceGateUp)) {
-    to->gate = from.gate;
-    to->up = from.up;
+    to->gate = std::forward<Acts>(from).gate;
+    to->up = std::forward<Acts>(from).up;
   }
 }
 
@@ -204,7 +206,7 @@ class CpuBackend final : public ComputeBackend {
     if (policy.keeps_all()) {
       s->acts = std::move(acts);
     } else {
-      KeepPieces(policy, acts, &s->acts);
+      KeepPieces(policy, std::move(acts), &s->acts);
     }
     RETURN_IF_ERROR(Charge(s->bytes()));
     s->Charged(memory_, s->bytes());
