@@ -30,21 +30,22 @@ double Median(std::vector<double> v) {
 std::string FormatPlan(const v1::PlanJobResponse& p) {
   std::string out = absl::StrFormat("plan: %d GPU(s), %d tokens per GPU per step\n", p.world(), p.tokens_per_step());
   if (p.step_s() > 0) {
-    absl::StrAppend(&out, absl::StrFormat("predicted step %.3f s = %.0f tokens/s per GPU; bound by %s (exposed %.3f s)\n",
-                                          p.step_s(), p.tokens_per_step() / p.step_s(), p.bottleneck(),
-                                          p.exposed_s()));
+    absl::StrAppend(&out,
+                    absl::StrFormat("predicted step %.3f s = %.0f tokens/s per GPU; bound by %s (exposed %.3f s)\n",
+                                    p.step_s(), p.tokens_per_step() / p.step_s(), p.bottleneck(), p.exposed_s()));
   } else {
     absl::StrAppend(&out, "predicted step: not known (see the notes)\n");
   }
-  absl::StrAppend(&out, absl::StrFormat("%-34s %12s %14s %11s  %s\n", "resource", "work/step", "rate", "busy",
-                                        "measured by"));
+  absl::StrAppend(
+      &out, absl::StrFormat("%-34s %12s %14s %11s  %s\n", "resource", "work/step", "rate", "busy", "measured by"));
   for (const v1::PlanResource& r : p.resources()) {
     const std::string work = r.work() < 0 ? "-" : absl::StrFormat("%.4g %s", r.work(), r.unit());
     const std::string rate = r.rate() > 0 ? absl::StrFormat("%.3g %s/s", r.rate(), r.unit()) : "-";
-    absl::StrAppend(&out, absl::StrFormat("%-34s %12s %14s %11s  %s\n", r.name(), work, rate, Busy(r.busy_s()),
-                                          r.source()));
+    absl::StrAppend(&out,
+                    absl::StrFormat("%-34s %12s %14s %11s  %s\n", r.name(), work, rate, Busy(r.busy_s()), r.source()));
   }
-  if (p.gpu_peak_bytes() > 0) absl::StrAppend(&out, absl::StrFormat("GPU peak %.2f GiB per GPU; ", p.gpu_peak_bytes() / kGiB));
+  if (p.gpu_peak_bytes() > 0)
+    absl::StrAppend(&out, absl::StrFormat("GPU peak %.2f GiB per GPU; ", p.gpu_peak_bytes() / kGiB));
   absl::StrAppend(&out, absl::StrFormat("host memory %.2f GiB (the job's state, rings, staging, pinned copies)\n",
                                         p.host_bytes() / kGiB));
   absl::StrAppend(&out, "layout: ", p.layout_source(), "\n");

@@ -29,7 +29,8 @@ absl::StatusOr<MemInfo> ReadMemInfo(const std::string& path) {
       have_total = true;
     }
   }
-  if (!have_available || !have_total) return absl::DataLossError(absl::StrCat(path, " has no MemTotal/MemAvailable line"));
+  if (!have_available || !have_total)
+    return absl::DataLossError(absl::StrCat(path, " has no MemTotal/MemAvailable line"));
   return info;
 }
 

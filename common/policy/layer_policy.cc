@@ -100,8 +100,9 @@ absl::StatusOr<uint32_t> KeepOf(const YAML::Node& k, LayerKind kind, const std::
     return 0u;
   }
   if (!k || !k.IsSequence() || k.size() == 0 || k.size() > 4) {
-    return Bad(what, absl::StrCat(at, "keep: a segment needs a list of the pieces it keeps (qkv, attention, o_proj, "
-                                      "gate_up)"));
+    return Bad(what, absl::StrCat(at,
+                                  "keep: a segment needs a list of the pieces it keeps (qkv, attention, o_proj, "
+                                  "gate_up)"));
   }
   uint32_t mask = 0;
   for (size_t i = 0; i < k.size(); ++i) {
@@ -110,7 +111,8 @@ absl::StatusOr<uint32_t> KeepOf(const YAML::Node& k, LayerKind kind, const std::
     for (const LayerPieceName& p : kLayerPieceNames) {
       if (name == p.name) bit = p.piece;
     }
-    if (bit == 0) return Bad(what, absl::StrCat(at, "keep: '", name, "' is not a piece (qkv, attention, o_proj, gate_up)"));
+    if (bit == 0)
+      return Bad(what, absl::StrCat(at, "keep: '", name, "' is not a piece (qkv, attention, o_proj, gate_up)"));
     if (mask & bit) return Bad(what, absl::StrCat(at, "keep: '", name, "' twice"));
     mask |= bit;
   }
@@ -122,9 +124,12 @@ struct BaseField {
   double StepBase::*field;
 };
 constexpr BaseField kBaseFields[] = {
-    {"compute_s", &StepBase::compute_s},       {"h2d_s", &StepBase::h2d_s},
-    {"d2h_s", &StepBase::d2h_s},               {"host_s", &StepBase::host_s},
-    {"exposed_s", &StepBase::exposed_s},       {"h2d_bytes_per_s", &StepBase::h2d_bytes_per_s},
+    {"compute_s", &StepBase::compute_s},
+    {"h2d_s", &StepBase::h2d_s},
+    {"d2h_s", &StepBase::d2h_s},
+    {"host_s", &StepBase::host_s},
+    {"exposed_s", &StepBase::exposed_s},
+    {"h2d_bytes_per_s", &StepBase::h2d_bytes_per_s},
     {"d2h_bytes_per_s", &StepBase::d2h_bytes_per_s},
 };
 struct CandidateBytes {
@@ -158,7 +163,8 @@ absl::StatusOr<AutoPolicyRecord> RecordFromNode(const YAML::Node& n, int64_t lay
   const YAML::Node base = n["base"];
   if (!base || !base.IsMap()) return Bad(what, "autopolicy.base: expected a map");
   for (const BaseField& f : kBaseFields) {
-    ASSIGN_OR_RETURN(r.problem.base.*f.field, NonNegDouble(base[f.name], what, absl::StrCat("autopolicy.base.", f.name)));
+    ASSIGN_OR_RETURN(r.problem.base.*f.field,
+                     NonNegDouble(base[f.name], what, absl::StrCat("autopolicy.base.", f.name)));
   }
   const YAML::Node cands = n["candidates"];
   if (!cands || !cands.IsSequence() || cands.size() == 0 || cands.size() > 64) {
@@ -168,8 +174,8 @@ absl::StatusOr<AutoPolicyRecord> RecordFromNode(const YAML::Node& n, int64_t lay
     const YAML::Node c = cands[i];
     const std::string at = absl::StrCat("autopolicy.candidates[", i, "]: ");
     if (!c.IsMap()) return Bad(what, absl::StrCat(at, "expected a map"));
-    RETURN_IF_ERROR(OnlyKeys(c, {"kind", "offload", "keep", "time_s", "device_bytes", "host_bytes", "h2d_bytes", "d2h_bytes"},
-                             what, at));
+    RETURN_IF_ERROR(OnlyKeys(
+        c, {"kind", "offload", "keep", "time_s", "device_bytes", "host_bytes", "h2d_bytes", "d2h_bytes"}, what, at));
     LayerCandidate lc;
     ASSIGN_OR_RETURN(lc.policy.kind, KindOf(c["kind"], what, at));
     ASSIGN_OR_RETURN(lc.policy.offload, OffloadOf(c["offload"], what, at));

@@ -41,9 +41,9 @@ PolicyPlan PredictPolicy(const PolicyProblem& problem, const std::vector<int64_t
   p.d2h_s = b.d2h_s + (b.d2h_bytes_per_s > 0 ? d2h_bytes / b.d2h_bytes_per_s : 0);
   p.host_s = b.host_s;
   const std::pair<double, const char*> busy[] = {{p.compute_s, "GPU compute"},
-                                                  {p.h2d_s, "host-to-device copies"},
-                                                  {p.d2h_s, "device-to-host copies"},
-                                                  {p.host_s, "host updates"}};
+                                                 {p.h2d_s, "host-to-device copies"},
+                                                 {p.d2h_s, "device-to-host copies"},
+                                                 {p.host_s, "host updates"}};
   double most = -1;
   for (const auto& [t, name] : busy) {
     if (t > most) most = t, p.bottleneck = name;
@@ -73,8 +73,7 @@ absl::StatusOr<PolicyPlan> SolvePolicy(const PolicyProblem& problem, double max_
     if (!std::isfinite(c.time_s) || c.time_s < 0 || c.device_bytes < 0 || c.host_bytes < 0 || c.h2d_bytes < 0 ||
         c.d2h_bytes < 0) {
       return absl::InvalidArgumentError(absl::StrCat("layout solver: candidate ", LayerPolicyName(c.policy),
-                                                     " has time ", c.time_s,
-                                                     " s and ", c.device_bytes, " bytes"));
+                                                     " has time ", c.time_s, " s and ", c.device_bytes, " bytes"));
     }
     least_bytes = std::min(least_bytes, c.device_bytes);
     least_host = std::min(least_host, c.host_bytes);
@@ -112,9 +111,12 @@ absl::StatusOr<PolicyPlan> SolvePolicy(const PolicyProblem& problem, double max_
   obj[t_col] = 1.0;
   const double inf = std::numeric_limits<double>::max();
   const double rows_lb[] = {static_cast<double>(layers), -inf, -inf, b.compute_s, b.h2d_s, b.d2h_s};
-  const double rows_ub[] = {static_cast<double>(layers), static_cast<double>(problem.device_budget_bytes) * kScale,
+  const double rows_ub[] = {static_cast<double>(layers),
+                            static_cast<double>(problem.device_budget_bytes) * kScale,
                             host_bounded ? static_cast<double>(problem.host_budget_bytes) * kHostScale : inf,
-                            inf, inf, inf};
+                            inf,
+                            inf,
+                            inf};
   // Two solves: the least T, then among the layouts within a hair of it the one that computes and
   // copies least (no checkpoint crosses PCIe for nothing when the step is bound elsewhere).
   auto solve = [&](const std::vector<double>& objective, double t_upper) -> absl::StatusOr<std::vector<double>> {
@@ -162,9 +164,8 @@ absl::StatusOr<PolicyPlan> SolvePolicy(const PolicyProblem& problem, double max_
       (host_bounded &&
        static_cast<double>(out.host_bytes) > problem.host_budget_bytes + 1e-6 * static_cast<double>(most_host))) {
     return absl::InternalError(absl::StrCat("layout solver: CBC's answer keeps ", out.device_bytes, " device and ",
-                                            out.host_bytes, " host bytes over ", layers,
-                                            " layers against budgets of ", problem.device_budget_bytes, " and ",
-                                            problem.host_budget_bytes));
+                                            out.host_bytes, " host bytes over ", layers, " layers against budgets of ",
+                                            problem.device_budget_bytes, " and ", problem.host_budget_bytes));
   }
   return out;
 }
@@ -180,6 +181,15 @@ absl::StatusOr<LayerCounts> SolveLayerCounts(const std::vector<LayerCandidate>& 
   out.counts = plan.counts;
   out.time_s = plan.compute_s;
   out.device_bytes = plan.device_bytes;
+  return out;
+}
+
+std::string MixName(const std::vector<LayerCandidate>& candidates, const std::vector<int64_t>& counts) {
+  std::string out;
+  for (size_t j = 0; j < candidates.size() && j < counts.size(); ++j) {
+    if (counts[j] == 0) continue;
+    absl::StrAppend(&out, out.empty() ? "" : ", ", counts[j], " ", LayerPolicyName(candidates[j].policy));
+  }
   return out;
 }
 

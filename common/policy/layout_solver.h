@@ -53,6 +53,9 @@ struct LayerCounts {
 absl::StatusOr<LayerCounts> SolveLayerCounts(const std::vector<LayerCandidate>& candidates, int64_t layers,
                                              int64_t budget_bytes, double max_seconds = 10);
 
+// "28 selective, 8 segment(qkv+gate_up)+offload": the candidates a mix uses, with their counts.
+std::string MixName(const std::vector<LayerCandidate>& candidates, const std::vector<int64_t>& counts);
+
 // The layers in model order (first decoder layer first) for `counts`: offloaded layers first (their
 // backward comes last, so their checkpoints have the longest to come back, and they leave the
 // device first in forward), then layers that keep only their input, then the layers that keep more

@@ -53,12 +53,13 @@ v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in) {
   // shard on the GPU route), and what LayerAdam moves through host memory.
   const double params = static_cast<double>(layout.total_numel);
   const double param_bytes = params * (plan.mirror ? 2.0 : 4.0) * 2;
-  const double grad_bytes = params * (plan.grad_dtype == shm::GradDtype::kBF16 ? 2.0 : 4.0) /
-                            (plan.route == GradReduction::kGpu ? world : 1);
+  const double grad_bytes =
+      params * (plan.grad_dtype == shm::GradDtype::kBF16 ? 2.0 : 4.0) / (plan.route == GradReduction::kGpu ? world : 1);
   const double adam_bytes = params * AdamBytesPerParam(plan);
 
   std::optional<PolicyPlan> predicted;
-  const AutoPolicyRecord* rec = in.layer_layout && in.layer_layout->autopolicy ? &*in.layer_layout->autopolicy : nullptr;
+  const AutoPolicyRecord* rec =
+      in.layer_layout && in.layer_layout->autopolicy ? &*in.layer_layout->autopolicy : nullptr;
   PolicyProblem problem;
   if (rec != nullptr) {
     problem = rec->problem;
@@ -103,8 +104,8 @@ v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in) {
     const double offload_down = (e.d2h_s - problem.base.d2h_s) * problem.base.d2h_bytes_per_s;
     Add(r, "GPU compute", e.compute_s, "s", 0, e.compute_s,
         "AutoPolicy: a recompute step's compute outside the layers, one layer's probe per kind");
-    Add(r, "host-to-device copies", (param_bytes + offload_up) / kGB, "GB", problem.base.h2d_bytes_per_s / kGB,
-        e.h2d_s, "parameters: a recompute step's copy-engine time; checkpoints: the pinned-copy probe's rate");
+    Add(r, "host-to-device copies", (param_bytes + offload_up) / kGB, "GB", problem.base.h2d_bytes_per_s / kGB, e.h2d_s,
+        "parameters: a recompute step's copy-engine time; checkpoints: the pinned-copy probe's rate");
     Add(r, "device-to-host copies", (grad_bytes + offload_down) / kGB, "GB", problem.base.d2h_bytes_per_s / kGB,
         e.d2h_s, "gradients: a recompute step's copy-engine time; checkpoints: the pinned-copy probe's rate");
     r.set_step_s(e.step_s);
@@ -126,8 +127,7 @@ v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in) {
   Add(r, "host memory (DMA and LayerAdam)", (adam_bytes + world * (param_bytes + grad_bytes)) / kGB, "GB", 0, -1,
       "not measured: shared by every GPU's copies and LayerAdam's passes");
   if (world > 1 && plan.route == GradReduction::kGpu) {
-    Add(r, "NVLink (gradient reduce-scatter)", params * 4.0 * (world - 1) / world / kGB, "GB", 0, -1,
-        "not measured");
+    Add(r, "NVLink (gradient reduce-scatter)", params * 4.0 * (world - 1) / world / kGB, "GB", 0, -1, "not measured");
   }
   return r;
 }

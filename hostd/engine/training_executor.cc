@@ -23,6 +23,7 @@
 #include "hostd/engine/grad_consumer.h"
 #include "hostd/engine/initial_weights.h"
 #include "hostd/engine/job_plan.h"
+#include "common/policy/layout_solver.h"
 #include "hostd/engine/policy_cache.h"
 #include "hostd/engine/step_plan.h"
 #include "hostd/engine/step_metrics.h"
@@ -606,12 +607,6 @@ void TrainingExecutor::RecordPolicy(JobContext& ctx, Attempt& a, const v1::Polic
     return;
   }
   const AutoPolicyRecord& r = *layout->autopolicy;
-  std::string counts;
-  for (size_t j = 0; j < r.problem.candidates.size() && j < r.predicted.counts.size(); ++j) {
-    if (r.predicted.counts[j] == 0) continue;
-    absl::StrAppend(&counts, counts.empty() ? "" : ", ", r.predicted.counts[j], " ",
-                    LayerPolicyName(r.problem.candidates[j].policy));
-  }
   const double error = r.predicted.step_s > 0 ? (chosen.step_time_s() - r.predicted.step_s) / r.predicted.step_s : 0;
   a.predicted_step_s = r.predicted.step_s;
   a.predicted_bottleneck = r.predicted.bottleneck;
@@ -619,7 +614,7 @@ void TrainingExecutor::RecordPolicy(JobContext& ctx, Attempt& a, const v1::Polic
   std::string line = absl::StrFormat(
       "AutoPolicy chose %s in %.2f s; step %d ran it in %.3f s against %.3f s predicted (%+.1f%%, bound by %s), "
       "GPU peak %.2f GiB",
-      counts, chosen.selection_s(), chosen.step() + 1, chosen.step_time_s(), r.predicted.step_s, 100 * error,
+      MixName(r.problem.candidates, r.predicted.counts), chosen.selection_s(), chosen.step() + 1, chosen.step_time_s(), r.predicted.step_s, 100 * error,
       r.predicted.bottleneck, chosen.gpu_peak_bytes() / 1073741824.0);
   const PolicyCache cache(options_.policy_cache_dir);
   if (cache.enabled() && !a.policy_key.empty()) {

@@ -117,8 +117,8 @@ absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, co
     }
     if (!status.ok()) {
       if (status.code() != absl::StatusCode::kResourceExhausted || k == 0) return status;
-      LOG(INFO) << "AutoPolicy: " << LayerPolicyName(probe.policy) << " does not fit for the probe (" << status.message()
-                << "); not a candidate";
+      LOG(INFO) << "AutoPolicy: " << LayerPolicyName(probe.policy) << " does not fit for the probe ("
+                << status.message() << "); not a candidate";
       RETURN_IF_ERROR(backend->Synchronize());
       continue;
     }
@@ -147,8 +147,9 @@ absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_
   problem.device_budget_bytes =
       device_budget_bytes >= 0
           ? device_budget_bytes
-          : std::max<int64_t>(0, static_cast<int64_t>(kAutoPolicyUsableFraction * static_cast<double>(in.capacity_bytes)) -
-                                     rec.working_set_bytes);
+          : std::max<int64_t>(0,
+                              static_cast<int64_t>(kAutoPolicyUsableFraction * static_cast<double>(in.capacity_bytes)) -
+                                  rec.working_set_bytes);
   problem.host_budget_bytes = in.host_budget_bytes;
   if (in.host_budget_bytes != 0) {
     // Checkpoints in flight when layers offload: one being copied out (freed when its copy ends),
@@ -184,18 +185,13 @@ absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_
   out.layout.tokens_per_step = in.tokens_per_step;
   out.layout.layers = PlaceLayers(problem.candidates, rec.predicted.counts);
   out.predicted_peak_bytes = rec.working_set_bytes + rec.predicted.device_bytes;
-  std::string counts;
-  for (size_t j = 0; j < problem.candidates.size(); ++j) {
-    if (rec.predicted.counts[j] == 0) continue;
-    const LayerCandidate& c = problem.candidates[j];
-    absl::StrAppend(&counts, counts.empty() ? "" : ", ", rec.predicted.counts[j], " ", LayerPolicyName(c.policy));
-  }
   out.summary = absl::StrFormat(
       "%s; predicted step %.3f s (compute %.3f, H2D %.3f, D2H %.3f, exposed %.3f s), bound by %s; device peak "
       "%.2f GiB of %.2f GiB, pinned host %.2f GiB",
-      counts, rec.predicted.step_s, rec.predicted.compute_s, rec.predicted.h2d_s, rec.predicted.d2h_s,
-      base.exposed_s, rec.predicted.bottleneck, out.predicted_peak_bytes / 1073741824.0,
-      in.capacity_bytes / 1073741824.0, rec.predicted.host_bytes / 1073741824.0);
+      MixName(problem.candidates, rec.predicted.counts), rec.predicted.step_s, rec.predicted.compute_s,
+      rec.predicted.h2d_s, rec.predicted.d2h_s, base.exposed_s, rec.predicted.bottleneck,
+      out.predicted_peak_bytes / 1073741824.0, in.capacity_bytes / 1073741824.0,
+      rec.predicted.host_bytes / 1073741824.0);
   out.layout.autopolicy = std::move(rec);
   RunnableLayout(out.layout, layout.num_units(), &out.policies, &out.offloaded);
   return out;
@@ -250,8 +246,7 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     int64_t tokens = 0;
     for (const MicroBatch& mb : micro_batches) tokens += mb.num_tokens();
     inputs_.layout = &layout;
-    inputs_.checkpoint_bytes =
-        tokens * layout.config.hidden_size * DTypeBytes(options_.backend->activation_dtype());
+    inputs_.checkpoint_bytes = tokens * layout.config.hidden_size * DTypeBytes(options_.backend->activation_dtype());
     inputs_.recompute_step = seen;
     inputs_.capacity_bytes = options_.capacity_bytes;
     inputs_.host_budget_bytes = options_.host_budget_bytes;
@@ -265,8 +260,8 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
                                       p.saved_bytes / 1073741824.0));
     }
     LOG(INFO) << "AutoPolicy: step " << step + 1 << " (all recompute) took " << seen.total_s << " s (compute "
-              << seen.compute_s << ", gate waits " << seen.gate_s << ", H2D " << seen.h2d_s << ", D2H " << seen.d2h_s << " s), peak "
-              << seen.peak_bytes / 1073741824.0 << " GiB; one layer: " << probes << "; checkpoint "
+              << seen.compute_s << ", gate waits " << seen.gate_s << ", H2D " << seen.h2d_s << ", D2H " << seen.d2h_s
+              << " s), peak " << seen.peak_bytes / 1073741824.0 << " GiB; one layer: " << probes << "; checkpoint "
               << inputs_.checkpoint_bytes / 1073741824.0 << " GiB; pinned copies "
               << inputs_.rates.h2d_bytes_per_s / 1e9 << " / " << inputs_.rates.d2h_bytes_per_s / 1e9 << " GB/s";
     absl::StatusOr<AutoPolicyChoice> choice = ChooseLayout(inputs_);
@@ -288,9 +283,9 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
   const double error = rec.predicted.step_s > 0 ? (seen.total_s - rec.predicted.step_s) / rec.predicted.step_s : 0;
   const double max_peak = kAutoPolicyMaxPeakFraction * static_cast<double>(options_.capacity_bytes);
   if (static_cast<double>(seen.peak_bytes) > max_peak) {
-    LOG(WARNING) << "AutoPolicy: step " << step + 1 << " peaked at " << seen.peak_bytes / 1073741824.0
-                 << " GiB, over " << max_peak / 1073741824.0 << " GiB (predicted "
-                 << choice_.predicted_peak_bytes / 1073741824.0 << " GiB)";
+    LOG(WARNING) << "AutoPolicy: step " << step + 1 << " peaked at " << seen.peak_bytes / 1073741824.0 << " GiB, over "
+                 << max_peak / 1073741824.0 << " GiB (predicted " << choice_.predicted_peak_bytes / 1073741824.0
+                 << " GiB)";
     if (resolves_ >= kMaxResolves || !more_steps) {
       phase_ = Phase::kDone;
       if (!more_steps) return std::nullopt;
