@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/io/small_file.h"
 #include "common/status/status_macros.h"
@@ -83,14 +84,16 @@ absl::StatusOr<LayerKind> KindOf(const YAML::Node& kind, const std::string& what
   return Bad(what, absl::StrCat(at, "kind '", k, "' (recompute, selective, segment, keep_all)"));
 }
 
-absl::StatusOr<bool> OffloadOf(const YAML::Node& o, const std::string& what, const std::string& at) {
-  if (!o) return false;
-  try {
-    if (!o.IsScalar()) throw YAML::Exception(YAML::Mark(), "not a scalar");
-    return o.as<bool>();
-  } catch (const YAML::Exception&) {
-    return Bad(what, absl::StrCat(at, "offload: expected true or false"));
-  }
+// `offload`: true (1), false (0), or a share in [0, 1].
+absl::StatusOr<double> OffloadOf(const YAML::Node& o, const std::string& what, const std::string& at) {
+  if (!o) return 0.0;
+  const std::string bad = absl::StrCat(at, "offload: expected true, false or a share in [0, 1]");
+  if (!o.IsScalar()) return Bad(what, bad);
+  bool flag = false;
+  if (YAML::convert<bool>::decode(o, flag)) return flag ? 1.0 : 0.0;
+  double r = 0;
+  if (!absl::SimpleAtod(o.Scalar(), &r) || !std::isfinite(r) || r < 0 || r > 1) return Bad(what, bad);
+  return r;
 }
 
 // A segment's `keep: [qkv, attention, o_proj, gate_up]` (at least one, each once).
@@ -139,7 +142,8 @@ struct CandidateBytes {
 constexpr CandidateBytes kCandidateBytes[] = {{"device_bytes", &LayerCandidate::device_bytes},
                                               {"host_bytes", &LayerCandidate::host_bytes},
                                               {"h2d_bytes", &LayerCandidate::h2d_bytes},
-                                              {"d2h_bytes", &LayerCandidate::d2h_bytes}};
+                                              {"d2h_bytes", &LayerCandidate::d2h_bytes},
+                                              {"in_flight_bytes", &LayerCandidate::in_flight_bytes}};
 
 // The autopolicy: section (AutoPolicyRecord).
 absl::StatusOr<AutoPolicyRecord> RecordFromNode(const YAML::Node& n, int64_t layers, const std::string& what) {
@@ -167,21 +171,23 @@ absl::StatusOr<AutoPolicyRecord> RecordFromNode(const YAML::Node& n, int64_t lay
                      NonNegDouble(base[f.name], what, absl::StrCat("autopolicy.base.", f.name)));
   }
   const YAML::Node cands = n["candidates"];
-  if (!cands || !cands.IsSequence() || cands.size() == 0 || cands.size() > 64) {
-    return Bad(what, "autopolicy.candidates: expected a list of 1 to 64 candidates");
+  if (!cands || !cands.IsSequence() || cands.size() == 0 || cands.size() > 128) {
+    return Bad(what, "autopolicy.candidates: expected a list of 1 to 128 candidates");
   }
   for (size_t i = 0; i < cands.size(); ++i) {
     const YAML::Node c = cands[i];
     const std::string at = absl::StrCat("autopolicy.candidates[", i, "]: ");
     if (!c.IsMap()) return Bad(what, absl::StrCat(at, "expected a map"));
     RETURN_IF_ERROR(OnlyKeys(
-        c, {"kind", "offload", "keep", "time_s", "device_bytes", "host_bytes", "h2d_bytes", "d2h_bytes"}, what, at));
+        c, {"kind", "offload", "keep", "time_s", "device_bytes", "host_bytes", "h2d_bytes", "d2h_bytes", "in_flight_bytes"},
+        what, at));
     LayerCandidate lc;
     ASSIGN_OR_RETURN(lc.policy.kind, KindOf(c["kind"], what, at));
     ASSIGN_OR_RETURN(lc.policy.offload, OffloadOf(c["offload"], what, at));
     ASSIGN_OR_RETURN(lc.policy.keep, KeepOf(c["keep"], lc.policy.kind, what, at));
     ASSIGN_OR_RETURN(lc.time_s, NonNegDouble(c["time_s"], what, absl::StrCat(at, "time_s")));
     for (const CandidateBytes& f : kCandidateBytes) {
+      if (!c[f.name]) continue;  // 0
       ASSIGN_OR_RETURN(lc.*f.field, NonNegInt(c[f.name], what, absl::StrCat(at, f.name)));
     }
     r.problem.candidates.push_back(lc);
@@ -230,7 +236,9 @@ void EmitRecord(YAML::Emitter& e, const AutoPolicyRecord& r) {
     EmitKeep(e, c.policy);
     e << YAML::Key << "offload" << YAML::Value << c.policy.offload;
     e << YAML::Key << "time_s" << YAML::Value << c.time_s;
-    for (const CandidateBytes& f : kCandidateBytes) e << YAML::Key << f.name << YAML::Value << c.*f.field;
+    for (const CandidateBytes& f : kCandidateBytes) {
+      if (c.*f.field != 0) e << YAML::Key << f.name << YAML::Value << c.*f.field;
+    }
     e << YAML::EndMap;
   }
   e << YAML::EndSeq;
@@ -266,8 +274,24 @@ uint32_t LayerPolicy::pieces() const {
 std::string LayerPolicyName(const LayerPolicy& p) {
   std::string out = LayerKindName(p.kind);
   if (p.kind == LayerKind::kSegment) out += "(" + LayerPiecesName(p.keep) + ")";
-  if (p.offload) out += "+offload";
+  if (p.offload >= 1) {
+    out += "+offload";
+  } else if (p.offload > 0) {
+    out += absl::StrCat("+offload(", p.offload, ")");
+  }
   return out;
+}
+
+int64_t KeptElementsPerToken(const ModelShape& m, uint32_t pieces) {
+  const int64_t qd = m.num_attention_heads * m.head_dim, kvd = m.num_key_value_heads * m.head_dim;
+  int64_t n = 0;
+  if (pieces & kPieceQkv) n += qd + 2 * kvd;                        // q, k, v before their norms
+  if (pieces & kPieceAttention) n += qd + m.num_attention_heads;    // the output and its log-sum-exp
+  if (pieces & kPieceOProj) n += m.hidden_size;                     // h1
+  if (pieces & kPieceGateUp) n += 2 * m.intermediate_size;          // gate, up
+  // The norms' outputs and rsqrt, q/k after their norms and RoPE.
+  if (pieces & kPieceCheap) n += 2 + 2 * m.hidden_size + m.num_attention_heads + m.num_key_value_heads + qd + kvd;
+  return n;
 }
 
 ModelShape ModelShape::Of(const Qwen3Config& c) {
@@ -370,7 +394,11 @@ std::string LayerLayout::ToYaml() const {
   for (const LayerPolicy& p : layers) {
     e << YAML::Flow << YAML::BeginMap << YAML::Key << "kind" << YAML::Value << LayerKindName(p.kind);
     EmitKeep(e, p);
-    if (p.offload) e << YAML::Key << "offload" << YAML::Value << true;
+    if (p.offload >= 1) {
+      e << YAML::Key << "offload" << YAML::Value << true;
+    } else if (p.offload > 0) {
+      e << YAML::Key << "offload" << YAML::Value << p.offload;
+    }
     e << YAML::EndMap;
   }
   e << YAML::EndSeq;

@@ -17,7 +17,7 @@
 //   device: NVIDIA H200          # optional: the device it was measured on
 //   tokens_per_step: 65536       # optional: the batch it was chosen for (informative)
 //   layers:                      # one per decoder layer, the first layer first
-//     - {kind: recompute, offload: true}
+//     - {kind: recompute, offload: true}     # offload: true (all), false, or a share in [0, 1]
 //     - {kind: selective}
 //     - {kind: segment, keep: [qkv, gate_up]}
 //     - {kind: keep_all}
@@ -48,13 +48,17 @@ const char* LayerKindName(LayerKind k);
 
 struct LayerPolicy {
   LayerKind kind = LayerKind::kRecompute;
-  bool offload = false;  // the layer's checkpoint waits in pinned host memory between the passes
-  uint32_t keep = 0;     // kSegment: the expensive pieces kept (LayerPiece bits); 0 otherwise
+  // The share r in [0, 1] of the layer's checkpoints (one per micro-batch: its input and what it
+  // keeps) that waits in pinned host memory between the passes: the first round(r x micro-batches)
+  // of them, at least one when r > 0 (worker/pipeline/activation_store.h). YAML: a number, or
+  // true (1) / false (0).
+  double offload = 0;
+  uint32_t keep = 0;  // kSegment: the expensive pieces kept (LayerPiece bits); 0 otherwise
   // The pieces the layer keeps (kAllPieces for keep_all).
   uint32_t pieces() const;
   bool operator==(const LayerPolicy& o) const { return kind == o.kind && offload == o.offload && keep == o.keep; }
 };
-// "segment(qkv+gate_up)+offload", "keep_all", ...
+// "segment(qkv+gate_up)+offload", "keep_all+offload(0.25)", "keep_all", ...
 std::string LayerPolicyName(const LayerPolicy& p);
 
 // The model sizes a layout depends on.
@@ -70,6 +74,10 @@ struct ModelShape {
   bool operator==(const ModelShape& o) const;
 };
 
+// Elements per token a layer keeps beyond its input for `pieces`, as the CPU reference keeps them
+// (each piece it names in FP32: the most any backend keeps; the CUDA backend keeps most in BF16).
+int64_t KeptElementsPerToken(const ModelShape& shape, uint32_t pieces);
+
 // What AutoPolicy measured and solved (common/policy/layout_solver.h has the step model).
 struct LayerCandidate {
   LayerPolicy policy;
@@ -78,6 +86,10 @@ struct LayerCandidate {
   int64_t host_bytes = 0;    // pinned host memory it takes (an offloaded checkpoint)
   int64_t h2d_bytes = 0;     // what it adds to the step's host-to-device copies
   int64_t d2h_bytes = 0;     // and to the device-to-host copies
+  // Device bytes its moving checkpoints take on top of the kept ones (a layer's going out while
+  // the next computes, one coming back ahead of its backward), counted once per layout: the most
+  // of any candidate it uses.
+  int64_t in_flight_bytes = 0;
 };
 
 // The step's costs that no layout changes, measured on the running pipeline (seconds of busy time

@@ -56,6 +56,20 @@ TEST(LayerPolicy, SegmentsNameTheirPieces) {
   EXPECT_EQ(l->layers[1], (LayerPolicy{LayerKind::kSegment, true, kPieceQkv | kPieceGateUp}));
   EXPECT_EQ(l->layers[1].pieces(), kPieceQkv | kPieceGateUp);
   EXPECT_EQ(LayerPolicyName(l->layers[1]), "segment(qkv+gate_up)+offload");
+  // A share of the checkpoints: a number in [0, 1]; true is all of them, false and 0 none.
+  auto share = LayerLayout::Parse(absl::StrReplaceAll(seg, {{"offload: true", "offload: 0.25"}}), "share.yaml");
+  ASSERT_TRUE(share.ok()) << share.status();
+  EXPECT_EQ(share->layers[1].offload, 0.25);
+  EXPECT_EQ(LayerPolicyName(share->layers[1]), "segment(qkv+gate_up)+offload(0.25)");
+  auto share_again = LayerLayout::Parse(share->ToYaml(), "again");
+  ASSERT_TRUE(share_again.ok()) << share_again.status() << "\n" << share->ToYaml();
+  EXPECT_EQ(*share_again, *share);
+  for (const auto& [text, want] : std::vector<std::pair<std::string, double>>{
+           {"offload: false", 0}, {"offload: 0", 0}, {"offload: 1", 1}, {"offload: 1.0", 1}, {"offload: 0.75", 0.75}}) {
+    auto v = LayerLayout::Parse(absl::StrReplaceAll(seg, {{"offload: true", text}}), "v.yaml");
+    ASSERT_TRUE(v.ok()) << text << ": " << v.status();
+    EXPECT_EQ(v->layers[1].offload, want) << text;
+  }
   EXPECT_EQ((LayerPolicy{LayerKind::kSelective}).pieces(), kPieceAttention);
   EXPECT_EQ((LayerPolicy{LayerKind::kKeepAll}).pieces(), kAllPieces);
   auto again = LayerLayout::Parse(l->ToYaml(), "again");
@@ -93,7 +107,11 @@ TEST(LayerPolicy, MalformedFilesAreInvalidArgumentNamingTheProblem) {
       {absl::StrReplaceAll(good, {{"hidden_size: 64", "hidden_sise: 64"}}), "unknown key 'hidden_sise'"},
       {absl::StrReplaceAll(good, {{"kind: keep_all", "kind: keep_some"}}), "layers[1]: kind 'keep_some'"},
       {absl::StrReplaceAll(good, {{"{kind: keep_all}", "{offload: true}"}}), "layers[1]: kind missing"},
-      {absl::StrReplaceAll(good, {{"offload: true", "offload: 0.5"}}), "layers[0]: offload"},
+      {absl::StrReplaceAll(good, {{"offload: true", "offload: 1.5"}}), "layers[0]: offload"},
+      {absl::StrReplaceAll(good, {{"offload: true", "offload: -0.25"}}), "layers[0]: offload"},
+      {absl::StrReplaceAll(good, {{"offload: true", "offload: nan"}}), "layers[0]: offload"},
+      {absl::StrReplaceAll(good, {{"offload: true", "offload: half"}}), "layers[0]: offload"},
+      {absl::StrReplaceAll(good, {{"offload: true", "offload: [1]"}}), "layers[0]: offload"},
       {absl::StrReplaceAll(good, {{"offload: true", "offloaded: true"}}), "unknown key 'offloaded'"},
       {absl::StrReplaceAll(good, {{"  - {kind: keep_all}\n", ""}}), "1 entries for model.num_hidden_layers 2"},
       {absl::StrReplaceAll(good, {{"  - {kind: keep_all}\n", "  - keep_all\n"}}), "layers[1]: expected"},

@@ -37,6 +37,11 @@ PolicyPlan PredictPolicy(const PolicyProblem& problem, const std::vector<int64_t
     p.device_bytes += counts[j] * c.device_bytes;
     p.host_bytes += counts[j] * c.host_bytes;
   }
+  int64_t in_flight = 0;
+  for (size_t j = 0; j < counts.size() && j < problem.candidates.size(); ++j) {
+    if (counts[j] > 0) in_flight = std::max(in_flight, problem.candidates[j].in_flight_bytes);
+  }
+  p.device_bytes += in_flight;
   p.h2d_s = b.h2d_s + (b.h2d_bytes_per_s > 0 ? h2d_bytes / b.h2d_bytes_per_s : 0);
   p.d2h_s = b.d2h_s + (b.d2h_bytes_per_s > 0 ? d2h_bytes / b.d2h_bytes_per_s : 0);
   p.host_s = b.host_s;
@@ -69,63 +74,89 @@ absl::StatusOr<PolicyPlan> SolvePolicy(const PolicyProblem& problem, double max_
   const bool host_bounded = problem.host_budget_bytes >= 0;
   int64_t least_bytes = candidates[0].device_bytes, least_host = candidates[0].host_bytes;
   int64_t most_bytes = 1, most_host = 1;
-  for (const LayerCandidate& c : candidates) {
+  std::vector<int> flying;  // the candidates whose checkpoints move (in_flight_bytes > 0)
+  for (size_t j = 0; j < candidates.size(); ++j) {
+    const LayerCandidate& c = candidates[j];
     if (!std::isfinite(c.time_s) || c.time_s < 0 || c.device_bytes < 0 || c.host_bytes < 0 || c.h2d_bytes < 0 ||
-        c.d2h_bytes < 0) {
+        c.d2h_bytes < 0 || c.in_flight_bytes < 0) {
       return absl::InvalidArgumentError(absl::StrCat("layout solver: candidate ", LayerPolicyName(c.policy),
                                                      " has time ", c.time_s, " s and ", c.device_bytes, " bytes"));
     }
     least_bytes = std::min(least_bytes, c.device_bytes);
     least_host = std::min(least_host, c.host_bytes);
-    most_bytes = std::max(most_bytes, c.device_bytes);
+    most_bytes = std::max({most_bytes, c.device_bytes, c.in_flight_bytes});
     most_host = std::max(most_host, c.host_bytes);
+    if (c.in_flight_bytes > 0) flying.push_back(static_cast<int>(j));
   }
   // Bytes in units of the largest candidate's keep the coefficients in [0, 1] for the LP
   // relaxation; the answer is checked on exact integers below, up to the solver's tolerance.
   const double kScale = 1.0 / static_cast<double>(most_bytes), kHostScale = 1.0 / static_cast<double>(most_host);
   const int n = static_cast<int>(candidates.size());
-  const int t_col = n;  // T, the step's bound
-  // Rows: 0 layer count, 1 device bytes, 2 host bytes, 3 compute, 4 H2D, 5 D2H (the last three as
-  // T - sum_j n_j x_j >= base).
-  std::vector<CoinBigIndex> start(n + 2);
+  const int f = static_cast<int>(flying.size());
+  // Columns: n_j per candidate; T, the step's bound; M, the in-flight bytes; y_k, whether flying
+  // candidate k is used (binary).
+  const int t_col = n, m_col = n + 1, y_col = n + 2, cols = n + 2 + f;
+  // Rows: 0 layer count, 1 device bytes (with M), 2 host bytes, 3 compute, 4 H2D, 5 D2H (the last
+  // three as T - sum_j n_j x_j >= base); per flying candidate k: 6+2k n_j - L y_k <= 0 and
+  // 7+2k M - in_flight_j y_k >= 0.
+  const int rows = 6 + 2 * f;
+  std::vector<CoinBigIndex> start(cols + 1);
   std::vector<int> index;
-  std::vector<double> value, col_lb(n + 1, 0.0), col_ub(n + 1, static_cast<double>(layers)), obj(n + 1);
+  std::vector<double> value, col_lb(cols, 0.0), col_ub(cols, static_cast<double>(layers)), obj(cols, 0.0);
+  auto add = [&](int row, double v) {
+    if (v != 0) index.push_back(row), value.push_back(v);
+  };
   for (int j = 0; j < n; ++j) {
     const LayerCandidate& c = candidates[j];
     start[j] = static_cast<CoinBigIndex>(index.size());
-    auto add = [&](int row, double v) {
-      if (v != 0) index.push_back(row), value.push_back(v);
-    };
     add(0, 1.0);
     add(1, static_cast<double>(c.device_bytes) * kScale);
     add(2, static_cast<double>(c.host_bytes) * kHostScale);
     add(3, -c.time_s);
     add(4, b.h2d_bytes_per_s > 0 ? -static_cast<double>(c.h2d_bytes) / b.h2d_bytes_per_s : 0);
     add(5, b.d2h_bytes_per_s > 0 ? -static_cast<double>(c.d2h_bytes) / b.d2h_bytes_per_s : 0);
+    for (int k = 0; k < f; ++k) {
+      if (flying[k] == j) add(6 + 2 * k, 1.0);
+    }
   }
-  start[n] = static_cast<CoinBigIndex>(index.size());
-  for (int row = 3; row <= 5; ++row) index.push_back(row), value.push_back(1.0);
-  start[n + 1] = static_cast<CoinBigIndex>(index.size());
+  start[t_col] = static_cast<CoinBigIndex>(index.size());
+  for (int row = 3; row <= 5; ++row) add(row, 1.0);
+  start[m_col] = static_cast<CoinBigIndex>(index.size());
+  add(1, 1.0);
+  for (int k = 0; k < f; ++k) add(7 + 2 * k, 1.0);
+  for (int k = 0; k < f; ++k) {
+    start[y_col + k] = static_cast<CoinBigIndex>(index.size());
+    add(6 + 2 * k, -static_cast<double>(layers));
+    add(7 + 2 * k, -static_cast<double>(candidates[flying[k]].in_flight_bytes) * kScale);
+    col_ub[y_col + k] = 1.0;
+  }
+  start[cols] = static_cast<CoinBigIndex>(index.size());
   col_lb[t_col] = b.host_s;
   col_ub[t_col] = std::numeric_limits<double>::max();
+  col_ub[m_col] = std::numeric_limits<double>::max();
   obj[t_col] = 1.0;
   const double inf = std::numeric_limits<double>::max();
-  const double rows_lb[] = {static_cast<double>(layers), -inf, -inf, b.compute_s, b.h2d_s, b.d2h_s};
-  const double rows_ub[] = {static_cast<double>(layers),
-                            static_cast<double>(problem.device_budget_bytes) * kScale,
-                            host_bounded ? static_cast<double>(problem.host_budget_bytes) * kHostScale : inf,
-                            inf,
-                            inf,
-                            inf};
+  std::vector<double> rows_lb = {static_cast<double>(layers), -inf, -inf, b.compute_s, b.h2d_s, b.d2h_s};
+  std::vector<double> rows_ub = {static_cast<double>(layers),
+                                 static_cast<double>(problem.device_budget_bytes) * kScale,
+                                 host_bounded ? static_cast<double>(problem.host_budget_bytes) * kHostScale : inf,
+                                 inf,
+                                 inf,
+                                 inf};
+  for (int k = 0; k < f; ++k) {
+    rows_lb.insert(rows_lb.end(), {-inf, 0.0});
+    rows_ub.insert(rows_ub.end(), {0.0, inf});
+  }
   // Two solves: the least T, then among the layouts within a hair of it the one that computes and
   // copies least (no checkpoint crosses PCIe for nothing when the step is bound elsewhere).
   auto solve = [&](const std::vector<double>& objective, double t_upper) -> absl::StatusOr<std::vector<double>> {
     CbcModel model;
     std::vector<double> ub = col_ub;
     ub[t_col] = t_upper;
-    Cbc_loadProblem(model.m, n + 1, 6, start.data(), index.data(), value.data(), col_lb.data(), ub.data(),
-                    objective.data(), rows_lb, rows_ub);
+    Cbc_loadProblem(model.m, cols, rows, start.data(), index.data(), value.data(), col_lb.data(), ub.data(),
+                    objective.data(), rows_lb.data(), rows_ub.data());
     for (int j = 0; j < n; ++j) Cbc_setInteger(model.m, j);
+    for (int k = 0; k < f; ++k) Cbc_setInteger(model.m, y_col + k);
     Cbc_setLogLevel(model.m, 0);
     Cbc_setMaximumSeconds(model.m, max_seconds);
     Cbc_solve(model.m);
@@ -142,10 +173,10 @@ absl::StatusOr<PolicyPlan> SolvePolicy(const PolicyProblem& problem, double max_
                                                       " candidates, ", layers, " layers)"));
     }
     const double* x = Cbc_getColSolution(model.m);
-    return std::vector<double>(x, x + n + 1);
+    return std::vector<double>(x, x + cols);
   };
   ASSIGN_OR_RETURN(std::vector<double> first, solve(obj, std::numeric_limits<double>::max()));
-  std::vector<double> busy(n + 1, 0.0);
+  std::vector<double> busy(cols, 0.0);
   for (int j = 0; j < n; ++j) {
     const LayerCandidate& c = candidates[j];
     // A backend without a copy rate (the CPU backend) still prefers not to copy: 10 GB/s nominal.
@@ -197,9 +228,12 @@ std::vector<LayerPolicy> PlaceLayers(const std::vector<LayerCandidate>& candidat
                                      const std::vector<int64_t>& counts) {
   std::vector<size_t> order(std::min(candidates.size(), counts.size()));
   std::iota(order.begin(), order.end(), 0);
-  // Offloaded first, then by the device bytes kept, least first; ties keep the candidates' order.
+  // The most offloaded first, then by the device bytes kept, least first; ties keep the
+  // candidates' order.
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    if (candidates[a].policy.offload != candidates[b].policy.offload) return candidates[a].policy.offload;
+    if (candidates[a].policy.offload != candidates[b].policy.offload) {
+      return candidates[a].policy.offload > candidates[b].policy.offload;
+    }
     return candidates[a].device_bytes < candidates[b].device_bytes;
   });
   std::vector<LayerPolicy> out;

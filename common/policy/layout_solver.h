@@ -17,8 +17,11 @@
 //
 //   min  T
 //   s.t. T >= C0 + sum_j n_j time_j,  T >= H0 + sum_j n_j h2d_j / beta_h2d,  T >= D0 + ...,  T >= A
-//        sum_j n_j device_bytes_j <= device budget,  sum_j n_j host_bytes_j <= host budget,
-//        sum_j n_j = layers
+//        sum_j n_j device_bytes_j + M <= device budget,  sum_j n_j host_bytes_j <= host budget,
+//        sum_j n_j = layers,
+//        M >= in_flight_j y_j,  n_j <= layers y_j,  y_j binary  (for each candidate that moves
+//        checkpoints: M is the device room its checkpoints take while they cross, counted once, for
+//        the largest the layout uses)
 //
 // then, among the layouts within a hair of the least T, the one with the least compute and copy time
 // (a second solve), so no checkpoint crosses PCIe for nothing when the step is bound elsewhere.
@@ -56,11 +59,11 @@ absl::StatusOr<LayerCounts> SolveLayerCounts(const std::vector<LayerCandidate>& 
 // "28 selective, 8 segment(qkv+gate_up)+offload": the candidates a mix uses, with their counts.
 std::string MixName(const std::vector<LayerCandidate>& candidates, const std::vector<int64_t>& counts);
 
-// The layers in model order (first decoder layer first) for `counts`: offloaded layers first (their
-// backward comes last, so their checkpoints have the longest to come back, and they leave the
-// device first in forward), then layers that keep only their input, then the layers that keep more
-// on the device, the most at the end, where backward reaches them first and frees their memory
-// soonest.
+// The layers in model order (first decoder layer first) for `counts`: offloaded layers first, the
+// largest share first (their backward comes last, so their checkpoints have the longest to come
+// back, and they leave the device first in forward), then layers that keep only their input, then
+// the layers that keep more on the device, the most at the end, where backward reaches them first
+// and frees their memory soonest.
 std::vector<LayerPolicy> PlaceLayers(const std::vector<LayerCandidate>& candidates, const std::vector<int64_t>& counts);
 
 }  // namespace slidedp

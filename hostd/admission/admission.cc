@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/io/meminfo.h"
+#include "common/policy/layer_policy.h"
 #include "common/status/status_macros.h"
 #include "shm/job_state.h"
 
@@ -71,20 +73,21 @@ void AddCastStaging(int num_workers, int64_t chunk_bytes, JobMemoryPlan& plan) {
   plan.total_bytes += bytes;
 }
 
-void AddActivationOffload(const ModelLayout& layout, double ratio, int num_workers, int64_t tokens_per_worker,
-                          JobMemoryPlan& plan) {
-  if (ratio <= 0) return;
-  AddOffloadedLayers(layout, layout.OffloadedLayers(ratio), num_workers, tokens_per_worker, plan);
-}
-
-void AddOffloadedLayers(const ModelLayout& layout, int64_t layers, int num_workers, int64_t tokens_per_worker,
-                        JobMemoryPlan& plan) {
-  if (layers <= 0 || num_workers <= 0 || tokens_per_worker <= 0) return;
-  const uint64_t bytes = static_cast<uint64_t>(num_workers) * static_cast<uint64_t>(layers) *
-                         static_cast<uint64_t>(tokens_per_worker) * static_cast<uint64_t>(layout.config.hidden_size) *
-                         4;
+void AddOffloadedCheckpoints(double elements_per_token, int num_workers, int64_t tokens_per_worker,
+                             JobMemoryPlan& plan) {
+  if (!(elements_per_token > 0) || num_workers <= 0 || tokens_per_worker <= 0) return;
+  const uint64_t bytes = static_cast<uint64_t>(
+      std::ceil(elements_per_token * 4.0 * static_cast<double>(tokens_per_worker) * static_cast<double>(num_workers)));
   plan.offload_bytes += bytes;
   plan.total_bytes += bytes;
+}
+
+void AddActivationOffload(const ModelLayout& layout, double ratio, uint32_t kept_pieces, int num_workers,
+                          int64_t tokens_per_worker, JobMemoryPlan& plan) {
+  if (ratio <= 0) return;
+  const double per_layer = static_cast<double>(layout.config.hidden_size +
+                                               KeptElementsPerToken(ModelShape::Of(layout.config), kept_pieces));
+  AddOffloadedCheckpoints(per_layer * layout.OffloadedLayers(ratio), num_workers, tokens_per_worker, plan);
 }
 
 absl::StatusOr<HostMemoryInfo> ReadHostMemoryInfo(const std::string& meminfo_path, const std::string& shm_dir) {

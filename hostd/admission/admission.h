@@ -61,15 +61,16 @@ inline constexpr int kCastStagingBuffers = 3;
 int64_t CastStagingChunkBytes(const ModelLayout& layout, int64_t chunk_bytes);
 void AddCastStaging(int num_workers, int64_t chunk_bytes, JobMemoryPlan& plan);
 
-// runtime.offload_ratio > 0: each of `num_workers` workers keeps the inputs of
-// layout.OffloadedLayers(ratio) layers for all of its `tokens_per_worker` tokens of a step in
-// host memory, FP32 activations (hidden_size x 4 B per token; the BF16 residual stream needs
-// half): added to offload_bytes and total_bytes.
-void AddActivationOffload(const ModelLayout& layout, double ratio, int num_workers, int64_t tokens_per_worker,
-                          JobMemoryPlan& plan);
-// The same for `layers` offloaded layers (a per-layer layout, runtime.policy).
-void AddOffloadedLayers(const ModelLayout& layout, int64_t layers, int num_workers, int64_t tokens_per_worker,
-                        JobMemoryPlan& plan);
+// Offloaded checkpoints in the workers' pinned host memory: each of `num_workers` workers holds
+// `elements_per_token` (summed over the layers: each offloaded layer's input and what it keeps,
+// times its offload share) for each of its `tokens_per_worker` tokens of a step, 4 B each (FP32,
+// the most any backend keeps): added to offload_bytes and total_bytes.
+void AddOffloadedCheckpoints(double elements_per_token, int num_workers, int64_t tokens_per_worker,
+                             JobMemoryPlan& plan);
+// runtime.offload_ratio > 0: every checkpoint of layout.OffloadedLayers(ratio) layers, each
+// keeping `kept_pieces` (common/policy/layer_pieces.h) beyond its input.
+void AddActivationOffload(const ModelLayout& layout, double ratio, uint32_t kept_pieces, int num_workers,
+                          int64_t tokens_per_worker, JobMemoryPlan& plan);
 
 struct HostMemoryInfo {
   uint64_t mem_total_bytes = 0;

@@ -169,16 +169,26 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
     p.memory.step_staging_bytes = p.staging_bytes;
     p.memory.total_bytes += p.staging_bytes;
   }
-  // Each worker's offloaded layer inputs: its rows of the step, seq_len tokens each.
-  // A per-layer layout (runtime.policy) says which layers offload, in place of offload_ratio; it
-  // must have been made for this model.
+  // Each worker's offloaded checkpoints: its rows of the step, seq_len tokens each. A per-layer
+  // layout (runtime.policy) says what each layer keeps and offloads, in place of act_policy and
+  // offload_ratio; it must have been made for this model.
+  const int64_t tokens_per_worker = spec.global_batch / world * spec.seq_len;
   if (spec.layer_layout) {
     RETURN_IF_ERROR(spec.layer_layout->CheckModel(layout.config));
-    int64_t offloaded = 0;
-    for (const LayerPolicy& l : spec.layer_layout->layers) offloaded += l.offload;
-    AddOffloadedLayers(layout, offloaded, world, spec.global_batch / world * spec.seq_len, p.memory);
+    const int64_t micro_batches = std::max<int64_t>(1, spec.global_batch / world / std::max<int64_t>(1, spec.micro_batch));
+    double elements = 0;
+    for (const LayerPolicy& l : spec.layer_layout->layers) {
+      // The share the store moves: whole micro-batches, at least one (activation_store.h).
+      const double share = l.offload > 0 ? std::min(1.0, std::ceil(l.offload * micro_batches) / micro_batches) : 0;
+      elements += share * static_cast<double>(layout.config.hidden_size +
+                                              KeptElementsPerToken(ModelShape::Of(layout.config), l.pieces()));
+    }
+    AddOffloadedCheckpoints(elements, world, tokens_per_worker, p.memory);
   } else {
-    AddActivationOffload(layout, spec.offload_ratio, world, spec.global_batch / world * spec.seq_len, p.memory);
+    const uint32_t kept = spec.act_policy == ActivationPolicy::kRecomputeLayer ? 0u
+                          : spec.act_policy == ActivationPolicy::kSelective   ? uint32_t{kPieceAttention}
+                                                                              : kAllPieces;
+    AddActivationOffload(layout, spec.offload_ratio, kept, world, tokens_per_worker, p.memory);
   }
   if (p.shm_collective) {
     const uint64_t coll_bytes = shm::ShmCollective::SegmentBytes(world, p.collective_buffer_bytes);

@@ -833,8 +833,9 @@ TEST(Faults, DeviceMemoryTooSmallIsAClearErrorAndTheWorkerStaysUsable) {
   EXPECT_TRUE(node.LeakedSegments().empty());
 }
 
-// runtime.policy with a per-layer layout file: every layer kind (keep_all, selective, recompute),
-// with and without its checkpoint offloaded, in mixed layouts, trains to the parameters of
+// runtime.policy with a per-layer layout file: every layer kind (keep_all, selective, recompute,
+// segment), with none, a share or all of its checkpoints (input and kept pieces) offloaded, in
+// mixed layouts, trains to the parameters of
 // whole-layer recompute bit for bit, with one worker and with two; a layout made for another
 // model is FAILED_PRECONDITION naming the size, a malformed file is refused at submit with
 // INVALID_ARGUMENT, and the node keeps serving.
@@ -847,11 +848,15 @@ TEST(Training, PerLayerLayoutsAreBitwiseRecompute) {
     std::ofstream(node.dir() + "/" + name) << text;
     return name;
   };
-  const std::vector<std::string> layouts = {
-      "[{kind: keep_all, offload: true}, {kind: selective}]",
-      "[{kind: selective, offload: true}, {kind: recompute, offload: true}]",
-      "[{kind: recompute}, {kind: keep_all, offload: true}]",
-      "[{kind: segment, keep: [gate_up, qkv], offload: true}, {kind: segment, keep: [attention, o_proj]}]",
+  // Each layout, and the elements per token its offloaded checkpoints hold (admission's count: the
+  // input, 64, and the kept pieces in FP32 — keep_all 748, selective 68, segment(qkv+gate_up)
+  // 384 — times the share, in whole micro-batches of the 2 each rank runs).
+  const std::vector<std::pair<std::string, int64_t>> layouts = {
+      {"[{kind: keep_all, offload: 0.5}, {kind: selective}]", 406},
+      {"[{kind: selective, offload: true}, {kind: recompute, offload: 0.3}]", 132 + 32},
+      {"[{kind: recompute}, {kind: keep_all, offload: true}]", 812},
+      {"[{kind: segment, keep: [gate_up, qkv], offload: true}, {kind: segment, keep: [attention, o_proj]}]", 448},
+      {"[{kind: keep_all, offload: true}, {kind: keep_all, offload: 0.5}]", 812 + 406},
   };
   for (int workers : {1, 2}) {
     SpecOptions o;
@@ -862,26 +867,27 @@ TEST(Training, PerLayerLayoutsAreBitwiseRecompute) {
     const auto base = LoadMaster(MustSucceed(node, Spec(o), absl::StrCat("recompute-", workers)).last_checkpoint());
     ASSERT_FALSE(base.empty());
     for (size_t i = 0; i < layouts.size(); ++i) {
+      const auto& [layers, elements] = layouts[i];
       SpecOptions p = o;
-      p.policy = write(absl::StrCat("policy", i, ".yaml"), "version: 1\n" + shape + "layers: " + layouts[i] + "\n");
+      p.policy = write(absl::StrCat("policy", i, ".yaml"), "version: 1\n" + shape + "layers: " + layers + "\n");
       p.output = absl::StrCat("out-layout-", workers, "-", i);
       const std::string id = absl::StrCat("layout-", workers, "-", i);
       const auto got = LoadMaster(MustSucceed(node, Spec(p), id).last_checkpoint());
-      EXPECT_EQ(MaxAbsDiff(got, base), 0.0) << layouts[i] << " on " << workers << " worker(s)";
+      EXPECT_EQ(MaxAbsDiff(got, base), 0.0) << layers << " on " << workers << " worker(s)";
       // The layout ran as written: hostd counted its offloaded checkpoints (per worker, its rows of
-      // 64 tokens, FP32), and each worker said what it runs.
-      const int offloads = i == 1 ? 2 : 1;  // (layout 3: its first layer)
-      const int64_t per_layer = (8 / workers * 64) * TinyLayout().config.hidden_size * 4 * workers;
+      // 64 tokens), and each worker said what it runs.
+      const int64_t tokens = (8 / workers * 64) * workers;
       EXPECT_EQ(MetricsLines(node, p.output, id).back().value("host_state_bytes", int64_t{0}) -
                     MetricsLines(node, o.output, absl::StrCat("recompute-", workers)).back().value("host_state_bytes", int64_t{0}),
-                offloads * per_layer)
-          << layouts[i];
+                elements * tokens * 4)
+          << layers;
     }
   }
   const std::string worker_log = ReadFile(node.dir() + "/worker0.log");
-  for (const char* said : {"0:keep_all+offload, 1:selective", "0:selective+offload, 1:recompute+offload",
+  for (const char* said : {"0:keep_all+offload(0.5), 1:selective", "0:selective+offload, 1:recompute+offload(0.3)",
                            "0:recompute, 1:keep_all+offload",
-                           "0:segment(qkv+gate_up)+offload, 1:segment(attention+o_proj)"}) {
+                           "0:segment(qkv+gate_up)+offload, 1:segment(attention+o_proj)",
+                           "0:keep_all+offload, 1:keep_all+offload(0.5)"}) {
     EXPECT_NE(worker_log.find(said), std::string::npos) << said << " (see " << node.dir() << ")";
   }
   // Made for another model: the job fails before its first step, naming the size.

@@ -705,8 +705,11 @@ part_policy() {
   mkdir -p "$w"
   python3 - "$w/mixed.yaml" << 'PY'
 import sys
+# Each kind in turn; the first 9 layers offload all, half or a quarter of their checkpoints (inputs and
+# kept pieces), the rest none.
 kinds = ["recompute", "selective", "keep_all"]
-layers = [f"  - {{kind: {kinds[i % 3]}{', offload: true' if i < 6 else ''}}}" for i in range(28)]
+shares = ["true", "0.5", "0.25"]
+layers = [f"  - {{kind: {kinds[i % 3]}{', offload: ' + shares[i // 3] if i < 9 else ''}}}" for i in range(28)]
 open(sys.argv[1], "w").write(
     "version: 1\nmodel: {hidden_size: 1024, num_hidden_layers: 28, num_attention_heads: 16, num_key_value_heads: 8, "
     "head_dim: 128, intermediate_size: 3072, vocab_size: 151936}\nlayers:\n" + "\n".join(layers) + "\n")

@@ -474,7 +474,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
 
   // runtime.policy: a per-layer layout, made for this model (hostd checked) and this device.
   std::vector<ActPolicy> layer_policies;
-  std::vector<bool> offloaded;  // per unit; empty: runtime.offload_ratio decides
+  std::vector<double> offloaded;  // per unit, the share offloaded; empty: runtime.offload_ratio decides
   if (spec.layer_layout) {
     RETURN_IF_ERROR(spec.layer_layout->CheckModel(config));
     RETURN_IF_ERROR(spec.layer_layout->CheckDevice(device().name()));
@@ -699,11 +699,20 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
             ASSIGN_OR_RETURN(activations, MakeCudaActivationStore(backend, choice.offloaded, options_.index));
 #endif
           }
-          std::vector<int64_t> input_bytes;  // pinned now, not during the validation step
-          for (const MicroBatch& mb : mbs) {
-            input_bytes.push_back(mb.num_tokens() * config.hidden_size * DTypeBytes(backend->activation_dtype()));
+          // Pinned now, not during the validation step: per offloading layer, its checkpoints'
+          // inputs and kept pieces (with room for the pieces' 256-byte alignment).
+          for (size_t l = 0; l < choice.policies.size(); ++l) {
+            if (!activations->offloads(static_cast<int>(l) + 1)) continue;
+            const ActPolicy kept = choice.policies[l];
+            std::vector<CheckpointBytes> sizes;
+            for (const MicroBatch& mb : mbs) {
+              CheckpointBytes c;
+              c.input = mb.num_tokens() * config.hidden_size * DTypeBytes(backend->activation_dtype());
+              if (kept.pieces != 0) c.kept = backend->SavedBytesPerToken(kept) * mb.num_tokens() + 16 * 256;
+              sizes.push_back(c);
+            }
+            RETURN_IF_ERROR(activations->Reserve(static_cast<int>(l) + 1, sizes));
           }
-          RETURN_IF_ERROR(activations->Reserve(input_bytes));
         }
         runner.SetLayout(choice.policies, activations.get());
         backend->ResetPeakMemory();  // the next step's peak is the validation's

@@ -66,11 +66,17 @@ class DeviceBatch {
   virtual int64_t num_tokens() const = 0;
 };
 
-// Opaque state a decoder forward leaves for its backward (per policy).
+// Opaque state a decoder forward leaves for its backward (per policy). What it keeps lies in one
+// device allocation, which an activation store may move to host memory between the passes:
+// Detach hands that allocation over (nullptr when nothing is kept) and leaves the object unusable
+// until Attach gives back a buffer of the same size holding the same bytes (any address).
+class DeviceBuffer;
 class SavedActivations {
  public:
   virtual ~SavedActivations() = default;
   virtual int64_t bytes() const = 0;
+  virtual std::unique_ptr<DeviceBuffer> Detach() = 0;
+  virtual absl::Status Attach(std::unique_ptr<DeviceBuffer> block) = 0;
 };
 
 // A unit's parameters on the device: the BF16 array (UnitLayout) and, when fp32 is set, the

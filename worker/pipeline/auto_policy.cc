@@ -90,7 +90,7 @@ absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, co
     const ActPolicy policy = ActPolicyOf(policies[k]);
     LayerProbe probe;
     probe.policy = policies[k];
-    probe.policy.offload = false;
+    probe.policy.offload = 0;
     probe.time_s = std::numeric_limits<double>::infinity();
     absl::Status status;
     for (int r = 0; r <= std::max(1, repeats) && status.ok(); ++r) {  // r == 0 warms up
@@ -151,11 +151,6 @@ absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_
                               static_cast<int64_t>(kAutoPolicyUsableFraction * static_cast<double>(in.capacity_bytes)) -
                                   rec.working_set_bytes);
   problem.host_budget_bytes = in.host_budget_bytes;
-  if (in.host_budget_bytes != 0) {
-    // Checkpoints in flight when layers offload: one being copied out (freed when its copy ends),
-    // one coming back ahead of its backward, and the pool's blocks split around them.
-    problem.device_budget_bytes = std::max<int64_t>(0, problem.device_budget_bytes - 4 * in.checkpoint_bytes);
-  }
   StepBase& base = problem.base;
   // The worker queues compute asynchronously, so its gate waits overlap the GPU's work: the compute
   // stream's time is the step less its flush, and what the layers do not take of it (the embedding,
@@ -168,13 +163,22 @@ absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_
   base.h2d_bytes_per_s = in.rates.h2d_bytes_per_s;
   base.d2h_bytes_per_s = in.rates.d2h_bytes_per_s;
   for (const LayerProbe& p : in.probes) {
-    for (bool offload : {false, true}) {
+    for (double share : OffloadShares(in.micro_batches)) {
+      if (share > 0 && in.host_budget_bytes == 0) continue;
+      const double kept = static_cast<double>(in.checkpoint_bytes + p.saved_bytes);
+      const auto moved = static_cast<int64_t>(std::llround(share * kept));
       LayerCandidate c;
       c.policy = p.policy;
-      c.policy.offload = offload;
+      c.policy.offload = share;
       c.time_s = p.time_s;
-      c.device_bytes = p.saved_bytes + (offload ? 0 : in.checkpoint_bytes);
-      if (offload) c.host_bytes = c.h2d_bytes = c.d2h_bytes = in.checkpoint_bytes;
+      c.device_bytes = static_cast<int64_t>(std::llround(kept)) - moved;
+      c.host_bytes = c.h2d_bytes = c.d2h_bytes = moved;
+      // While checkpoints cross: one layer's going out (freed when its copy ends), one coming back
+      // ahead of its backward, and the pool's blocks split around them (4 inputs' room, as
+      // measured safe for inputs alone), plus what a layer moves beyond its input.
+      if (moved > 0) {
+        c.in_flight_bytes = 4 * in.checkpoint_bytes + std::max<int64_t>(0, moved - in.checkpoint_bytes);
+      }
       problem.candidates.push_back(c);
     }
   }
@@ -198,16 +202,29 @@ absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_
 }
 
 void RunnableLayout(const LayerLayout& layout, int num_units, std::vector<ActPolicy>* policies,
-                    std::vector<bool>* offloaded) {
+                    std::vector<double>* offloaded) {
   policies->clear();
-  offloaded->assign(static_cast<size_t>(num_units), false);
+  offloaded->assign(static_cast<size_t>(num_units), 0.0);
   bool any = false;
   for (size_t i = 0; i < layout.layers.size() && static_cast<int>(i) + 1 < num_units; ++i) {
     policies->push_back(ActPolicyOf(layout.layers[i]));
     (*offloaded)[i + 1] = layout.layers[i].offload;
-    any |= layout.layers[i].offload;
+    any |= layout.layers[i].offload > 0;
   }
   if (!any) offloaded->clear();
+}
+
+std::vector<double> OffloadShares(int micro_batches) {
+  const int n = std::max(1, micro_batches);
+  std::vector<double> out;
+  int last = -1;
+  for (int q = 0; q <= 4; ++q) {
+    const int k = n >= 4 ? static_cast<int>(std::lround(q * n / 4.0)) : std::min(q, n);
+    if (k == last) continue;
+    out.push_back(static_cast<double>(k) / n);
+    last = k;
+  }
+  return out;
 }
 
 namespace {
@@ -247,6 +264,7 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     for (const MicroBatch& mb : micro_batches) tokens += mb.num_tokens();
     inputs_.layout = &layout;
     inputs_.checkpoint_bytes = tokens * layout.config.hidden_size * DTypeBytes(options_.backend->activation_dtype());
+    inputs_.micro_batches = static_cast<int>(micro_batches.size());
     inputs_.recompute_step = seen;
     inputs_.capacity_bytes = options_.capacity_bytes;
     inputs_.host_budget_bytes = options_.host_budget_bytes;
@@ -321,10 +339,11 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     selection_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
     if (choice.ok()) {
       LOG(WARNING) << absl::StrFormat(
-          "AutoPolicy: step %d took %.3f s against %.3f s predicted (%+.1f%%) with %d checkpoints offloaded; "
+          "AutoPolicy: step %d took %.3f s against %.3f s predicted (%+.1f%%) with %d layers offloading; "
           "solving again with every checkpoint on the device",
           step + 1, seen.total_s, rec.predicted.step_s, 100 * error,
-          static_cast<int>(std::count(choice_.offloaded.begin(), choice_.offloaded.end(), true)));
+          static_cast<int>(std::count_if(choice_.offloaded.begin(), choice_.offloaded.end(),
+                                         [](double r) { return r > 0; })));
       choice_ = std::move(*choice);
       choice_.layout.autopolicy->selection_s = selection_s_;
       LOG(INFO) << "AutoPolicy: re-solved (" << resolves_ << " of at most " << kMaxResolves << "): " << choice_.summary;

@@ -10,10 +10,11 @@
 //  2. ProfileLayer runs one decoder layer's forward and backward under each kind (recompute,
 //     selective, keep all) over this step's micro-batches, with random weights of the real shapes,
 //     and measures its time and what it keeps; the pinned-copy rates come from a probe copy.
-//  3. Every kind, on the device or with its checkpoint offloaded, is a candidate of the step model
-//     (common/policy/layout_solver.h); CBC picks how many layers run each within the device budget
-//     (the device, or runtime.gpu_memory_limit, less the working set and a margin) and the pinned
-//     host memory left; PlaceLayers orders them.
+//  3. Every kind, with 0, 1/4, 1/2, 3/4 or all of its checkpoints (input and kept pieces, in whole
+//     micro-batches) offloaded, is a candidate of the step model (common/policy/layout_solver.h);
+//     CBC picks how many layers run each within the device budget (the device, or
+//     runtime.gpu_memory_limit, less the working set, less the room the moving checkpoints take)
+//     and the pinned host memory left; PlaceLayers orders them.
 //  4. The next step runs the layout and validates it: a peak over 95% of the capacity re-solves
 //     with the overshoot taken off the budget; a layout that offloads checkpoints and runs slower
 //     than predicted is solved again with none offloaded (at most kMaxResolves re-solves in all);
@@ -48,7 +49,7 @@ struct StepObservation {
 };
 
 struct LayerProbe {
-  LayerPolicy policy;  // (offload false: a probe times what stays on the device)
+  LayerPolicy policy;  // (offload 0: a probe times what stays on the device)
   double time_s = 0;        // forward + backward of one layer over the step's micro-batches
   int64_t saved_bytes = 0;  // what the kind keeps beyond the layer input, over the micro-batches
 };
@@ -73,6 +74,7 @@ struct AutoPolicyInputs {
   const ModelLayout* layout = nullptr;
   std::vector<LayerProbe> probes;
   int64_t checkpoint_bytes = 0;   // one layer's input over the step's micro-batches
+  int micro_batches = 1;          // a layer's checkpoints per step (the offload shares' grain)
   StepObservation recompute_step;  // every layer recomputed, nothing offloaded
   int64_t capacity_bytes = 0;     // device memory, or runtime.gpu_memory_limit
   int64_t host_budget_bytes = -1;  // pinned host memory for offloaded checkpoints; -1: no bound
@@ -84,7 +86,7 @@ struct AutoPolicyInputs {
 struct AutoPolicyChoice {
   LayerLayout layout;  // with its AutoPolicyRecord
   std::vector<ActPolicy> policies;  // per decoder layer
-  std::vector<bool> offloaded;      // per unit; empty: none
+  std::vector<double> offloaded;    // per unit, the share offloaded; empty: none
   int64_t predicted_peak_bytes = 0;
   std::string summary;  // one line: counts, predicted step and bottleneck
 };
@@ -101,9 +103,14 @@ absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_
 // What the backend keeps for a layer policy.
 inline ActPolicy ActPolicyOf(const LayerPolicy& p) { return ActPolicy{p.pieces()}; }
 
-// A layout's per-layer kinds and per-unit offload marks as the step runner takes them.
+// A layout's per-layer kinds and per-unit offload shares as the step runner and the activation
+// stores take them (`offloaded` empty: none).
 void RunnableLayout(const LayerLayout& layout, int num_units, std::vector<ActPolicy>* policies,
-                    std::vector<bool>* offloaded);
+                    std::vector<double>* offloaded);
+
+// The offload shares a kind is a candidate at, for `micro_batches` checkpoints a layer: 0, a
+// quarter, a half, three quarters and all of them, in whole micro-batches (fewer than 4: each count).
+std::vector<double> OffloadShares(int micro_batches);
 
 // The per-job run of steps 1-4: the worker calls AfterStep after each step while active().
 class AutoPolicySession {

@@ -22,7 +22,7 @@ struct PinnedBlock {
 
 class CudaActivationStore final : public ActivationStore {
  public:
-  CudaActivationStore(ComputeBackend* backend, std::vector<bool> offloaded)
+  CudaActivationStore(ComputeBackend* backend, std::vector<double> offloaded)
       : backend_(backend),
         offloaded_(std::move(offloaded)),
         compute_(static_cast<cudaStream_t>(backend->native_stream())) {}
@@ -31,8 +31,8 @@ class CudaActivationStore final : public ActivationStore {
     if (copy_) cudaStreamSynchronize(copy_);
     pending_free_.clear();
     restored_.clear();
-    for (auto& [u, blocks] : host_) {
-      for (PinnedBlock& b : blocks) cudaFreeHost(b.data);
+    for (auto& [u, unit] : host_) {
+      for (PinnedBlock& b : unit.blocks) cudaFreeHost(b.data);
     }
     for (auto& [u, ev] : events_) cudaEventDestroy(ev);
     if (copy_) cudaStreamDestroy(copy_);
@@ -44,72 +44,84 @@ class CudaActivationStore final : public ActivationStore {
     return absl::OkStatus();
   }
 
-  bool offloads(int unit) const override {
-    return unit >= 0 && unit < static_cast<int>(offloaded_.size()) && offloaded_[unit];
+  double ratio(int unit) const override {
+    return unit >= 0 && unit < static_cast<int>(offloaded_.size()) ? offloaded_[unit] : 0.0;
   }
 
-  absl::Status Reserve(const std::vector<int64_t>& input_bytes) override {
-    for (int u = 0; u < static_cast<int>(offloaded_.size()); ++u) {
-      if (!offloaded_[u]) continue;
-      std::vector<PinnedBlock>& blocks = host_[u];
-      if (blocks.size() < input_bytes.size()) blocks.resize(input_bytes.size());
-      for (size_t i = 0; i < input_bytes.size(); ++i) RETURN_IF_ERROR(Pin(blocks[i], input_bytes[i]));
+  absl::Status Reserve(int unit, const std::vector<CheckpointBytes>& checkpoints) override {
+    const int k = OffloadedCheckpoints(ratio(unit), static_cast<int>(checkpoints.size()));
+    std::vector<int64_t> sizes;
+    for (int i = 0; i < k; ++i) {
+      sizes.push_back(checkpoints[i].input);
+      if (checkpoints[i].kept > 0) sizes.push_back(checkpoints[i].kept);
     }
+    std::vector<PinnedBlock>& blocks = host_[unit].blocks;
+    if (blocks.size() < sizes.size()) blocks.resize(sizes.size());
+    for (size_t i = 0; i < sizes.size(); ++i) RETURN_IF_ERROR(Pin(blocks[i], sizes[i]));
     return absl::OkStatus();
   }
 
-  absl::Status Offload(int unit, std::vector<std::unique_ptr<DeviceBuffer>>& inputs) override {
+  absl::Status Offload(int unit, std::vector<std::unique_ptr<DeviceBuffer>>& inputs,
+                       std::vector<std::unique_ptr<SavedActivations>>& saved) override {
     RETURN_IF_ERROR(FreeFinished(/*all=*/false));
+    MovedCheckpoints moved =
+        TakeCheckpoints(OffloadedCheckpoints(ratio(unit), static_cast<int>(inputs.size())), inputs, saved);
     ASSIGN_OR_RETURN(cudaEvent_t ev, Event(unit));
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev, compute_));
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_, ev, 0));
-    std::vector<PinnedBlock>& blocks = host_[unit];
-    blocks.resize(inputs.size());
-    sizes_[unit].clear();
+    Unit& h = host_[unit];
+    if (h.blocks.size() < moved.buffers.size()) h.blocks.resize(moved.buffers.size());
+    h.has_kept = std::move(moved.has_kept);
+    h.sizes.clear();
     RETURN_IF_ERROR(timer_.Begin(copy_));
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const int64_t bytes = inputs[i]->bytes();
-      RETURN_IF_ERROR(Pin(blocks[i], bytes));
+    for (size_t i = 0; i < moved.buffers.size(); ++i) {
+      const int64_t bytes = moved.buffers[i]->bytes();
+      RETURN_IF_ERROR(Pin(h.blocks[i], bytes));
       SLIDEDP_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(blocks[i].data, inputs[i]->data(), bytes, cudaMemcpyDeviceToHost, copy_));
-      sizes_[unit].push_back(bytes);
+          cudaMemcpyAsync(h.blocks[i].data, moved.buffers[i]->data(), bytes, cudaMemcpyDeviceToHost, copy_));
+      h.sizes.push_back(bytes);
     }
     RETURN_IF_ERROR(timer_.End(copy_));
     cudaEvent_t done;
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, copy_));
-    pending_free_.push_back(Pending{done, std::move(inputs)});
-    inputs.clear();
+    pending_free_.push_back(Pending{done, std::move(moved.buffers)});
     return absl::OkStatus();
   }
 
   absl::Status Prefetch(int unit) override {
     if (!offloads(unit) || restored_.count(unit)) return absl::OkStatus();
-    auto it = sizes_.find(unit);
-    if (it == sizes_.end())
-      return absl::InternalError(absl::StrCat("saved input of unit ", unit, " was never offloaded"));
-    std::vector<std::unique_ptr<DeviceBuffer>> bufs;
-    for (int64_t bytes : it->second) {
+    auto it = host_.find(unit);
+    if (it == host_.end() || it->second.has_kept.empty()) {
+      return absl::InternalError(absl::StrCat("the checkpoints of unit ", unit, " were never offloaded"));
+    }
+    Unit& h = it->second;
+    Restored r;
+    r.has_kept = std::move(h.has_kept);
+    h.has_kept.clear();
+    for (int64_t bytes : h.sizes) {
       ASSIGN_OR_RETURN(auto b, backend_->Allocate(bytes));  // ordered on the compute stream
-      bufs.push_back(std::move(b));
+      r.buffers.push_back(std::move(b));
     }
     ASSIGN_OR_RETURN(cudaEvent_t ev, Event(unit));
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev, compute_));  // the allocations exist from here
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_, ev, 0));
-    for (size_t i = 0; i < bufs.size(); ++i) {
+    for (size_t i = 0; i < r.buffers.size(); ++i) {
       SLIDEDP_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(bufs[i]->data(), host_[unit][i].data, it->second[i], cudaMemcpyHostToDevice, copy_));
+          cudaMemcpyAsync(r.buffers[i]->data(), h.blocks[i].data, h.sizes[i], cudaMemcpyHostToDevice, copy_));
     }
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev, copy_));
-    restored_[unit] = std::move(bufs);
+    restored_[unit] = std::move(r);
     return absl::OkStatus();
   }
 
-  absl::Status Restore(int unit, std::vector<std::unique_ptr<DeviceBuffer>>& inputs) override {
+  absl::Status Restore(int unit, std::vector<std::unique_ptr<DeviceBuffer>>& inputs,
+                       std::vector<std::unique_ptr<SavedActivations>>& saved) override {
     RETURN_IF_ERROR(Prefetch(unit));
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, events_[unit], 0));
-    inputs = std::move(restored_[unit]);
+    Restored r = std::move(restored_[unit]);
     restored_.erase(unit);
+    RETURN_IF_ERROR(PutCheckpoints(r.has_kept, std::move(r.buffers), inputs, saved));
     return FreeFinished(/*all=*/false);
   }
 
@@ -119,6 +131,16 @@ class CudaActivationStore final : public ActivationStore {
  private:
   struct Pending {
     cudaEvent_t done;
+    std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+  };
+  // A unit's pinned blocks, in TakeCheckpoints' order, and what its last offload put there.
+  struct Unit {
+    std::vector<PinnedBlock> blocks;
+    std::vector<int64_t> sizes;
+    std::vector<bool> has_kept;  // empty: nothing waiting
+  };
+  struct Restored {
+    std::vector<bool> has_kept;
     std::vector<std::unique_ptr<DeviceBuffer>> buffers;
   };
 
@@ -145,8 +167,8 @@ class CudaActivationStore final : public ActivationStore {
       b.data = nullptr;
       return absl::ResourceExhaustedError(absl::StrCat("activation offload: pinning ", bytes,
                                                        " bytes of host memory failed (", cudaGetErrorString(e),
-                                                       "); offload fewer layers (runtime.offload_ratio or the "
-                                                       "layout's offload marks)"));
+                                                       "); offload less (runtime.offload_ratio or the "
+                                                       "layout's offload shares)"));
     }
     b.bytes = bytes;
     host_bytes_ += bytes;
@@ -168,13 +190,12 @@ class CudaActivationStore final : public ActivationStore {
   }
 
   ComputeBackend* backend_;
-  std::vector<bool> offloaded_;  // per unit
+  std::vector<double> offloaded_;  // per unit
   cudaStream_t compute_;
   cudaStream_t copy_ = nullptr;
-  std::map<int, std::vector<PinnedBlock>> host_;
-  std::map<int, std::vector<int64_t>> sizes_;
+  std::map<int, Unit> host_;
   std::map<int, cudaEvent_t> events_;
-  std::map<int, std::vector<std::unique_ptr<DeviceBuffer>>> restored_;
+  std::map<int, Restored> restored_;
   std::deque<Pending> pending_free_;
   int64_t host_bytes_ = 0;
   CudaCopyTimer timer_;  // D2H spans (offload copies)
@@ -189,7 +210,7 @@ absl::StatusOr<std::unique_ptr<ActivationStore>> MakeCudaActivationStore(const M
 }
 
 absl::StatusOr<std::unique_ptr<ActivationStore>> MakeCudaActivationStore(ComputeBackend* backend,
-                                                                         std::vector<bool> offloaded, int device) {
+                                                                         std::vector<double> offloaded, int device) {
   auto store = std::make_unique<CudaActivationStore>(backend, std::move(offloaded));
   RETURN_IF_ERROR(store->Init(device));
   return std::unique_ptr<ActivationStore>(std::move(store));

@@ -12,13 +12,13 @@
 
 namespace slidedp {
 
-// Offloads the first round(ratio * num_hidden_layers) decoder units (unit indices 1..k).
+// Offloads every checkpoint of the first round(ratio * num_hidden_layers) decoder units (1..k).
 absl::StatusOr<std::unique_ptr<ActivationStore>> MakeCudaActivationStore(const ModelLayout& layout,
                                                                          ComputeBackend* backend, double ratio,
                                                                          int device);
-// Offloads exactly the units marked (a per-layer layout, runtime.policy).
+// Offloads each unit's share of its checkpoints as given (a per-layer layout, runtime.policy).
 absl::StatusOr<std::unique_ptr<ActivationStore>> MakeCudaActivationStore(ComputeBackend* backend,
-                                                                         std::vector<bool> offloaded, int device);
+                                                                         std::vector<double> offloaded, int device);
 
 // AutoPolicy's probe: the rates a store's copies reach between pinned host memory and `device`
 // (the best of a few copies of `bytes` each way, on a stream of their own).

@@ -108,7 +108,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
                                                policy, policy == ActPolicy::kRecomputeLayer ? nullptr : &saved[u][i]));
     }
     streamer_->Release(u);
-    if (activations_ && activations_->offloads(u)) RETURN_IF_ERROR(activations_->Offload(u, inputs[u]));
+    if (activations_ && activations_->offloads(u)) RETURN_IF_ERROR(activations_->Offload(u, inputs[u], saved[u]));
     RETURN_IF_ERROR(streamer_->Prefetch(u + 1, gate));
   }
 
@@ -159,7 +159,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
   const absl::Time t_bwd = absl::Now();
   for (int u = head - 1; u >= 1; --u) {
     TraceRange trace("backward layer");
-    if (activations_ && activations_->offloads(u)) RETURN_IF_ERROR(activations_->Restore(u, inputs[u]));
+    if (activations_ && activations_->offloads(u)) RETURN_IF_ERROR(activations_->Restore(u, inputs[u], saved[u]));
     ASSIGN_OR_RETURN(UnitParams params, Acquire(u, gate));
     ASSIGN_OR_RETURN(float* grad, grads_->Begin(u));
     for (int i = 0; i < n_mb; ++i) {

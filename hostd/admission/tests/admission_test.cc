@@ -53,10 +53,10 @@ TEST(PlanJobMemory, CountsTheWorkersOffloadedLayerInputs) {
   const ModelLayout layout = Layout("qwen3-8b");  // 36 layers, hidden 4096
   JobMemoryPlan plan = PlanJobMemory(layout, shm::GradRingConfig{4, 32ull << 20}, 2, ClipMode::kNone);
   const JobMemoryPlan before = plan;
-  AddActivationOffload(layout, 0.0, 2, 65536, plan);
+  AddActivationOffload(layout, 0.0, 0, 2, 65536, plan);
   EXPECT_EQ(plan.offload_bytes, 0u);
   EXPECT_EQ(plan.total_bytes, before.total_bytes);
-  AddActivationOffload(layout, 0.5, 2, 65536, plan);  // 18 layers x 64K tokens x 16 KiB, x 2 workers
+  AddActivationOffload(layout, 0.5, 0, 2, 65536, plan);  // 18 layers x 64K tokens x 16 KiB, x 2 workers
   EXPECT_EQ(layout.OffloadedLayers(0.5), 18);
   EXPECT_EQ(plan.offload_bytes, 2ull * 18 * 65536 * 4096 * 4);  // 36 GiB
   EXPECT_EQ(plan.total_bytes, before.total_bytes + plan.offload_bytes);
@@ -65,6 +65,11 @@ TEST(PlanJobMemory, CountsTheWorkersOffloadedLayerInputs) {
   EXPECT_EQ(layout.OffloadedLayers(1.0), 36);
   EXPECT_EQ(layout.OffloadedLayers(2.0), 36);  // clamped
   EXPECT_EQ(layout.OffloadedLayers(0.01), 0);
+  // Selective layers offload their attention output and log-sum-exp as well: 32 heads x 128 + 32
+  // more elements a token.
+  JobMemoryPlan selective = before;
+  AddActivationOffload(layout, 0.5, kPieceAttention, 2, 65536, selective);
+  EXPECT_EQ(selective.offload_bytes, 2ull * 18 * 65536 * (4096 + 4096 + 32) * 4);
 }
 
 TEST(PlanJobMemory, Qwen3_8BIsAboutFourteenBytesPerParam) {

@@ -66,16 +66,66 @@ class CpuSavedActivations final : public SavedActivations {
     counter_ = std::move(counter);
     charged_ = bytes;
   }
-  int64_t bytes() const override { return acts.num_elements() * static_cast<int64_t>(sizeof(float)); }
+  int64_t bytes() const override {
+    return detached_ ? detached_bytes_ : acts.num_elements() * static_cast<int64_t>(sizeof(float));
+  }
+  // The kept vectors, back to back in one buffer that carries their charge.
+  std::unique_ptr<DeviceBuffer> Detach() override {
+    if (detached_ || counter_ == nullptr || acts.num_elements() == 0) return nullptr;
+    const int64_t n = bytes();
+    void* p = ::operator new(static_cast<size_t>(n), std::align_val_t(64), std::nothrow);
+    if (p == nullptr) return nullptr;  // stays here: the store then keeps nothing of it
+    char* at = static_cast<char*>(p);
+    sizes_.clear();
+    for (std::vector<float>* v : Fields()) {
+      std::memcpy(at, v->data(), v->size() * sizeof(float));
+      at += v->size() * sizeof(float);
+      sizes_.push_back(v->size());
+      std::vector<float>().swap(*v);
+    }
+    charged_ = 0;  // the buffer's from here
+    detached_ = true;
+    detached_bytes_ = n;
+    return std::unique_ptr<DeviceBuffer>(new CpuBuffer(p, n, counter_));
+  }
+  absl::Status Attach(std::unique_ptr<DeviceBuffer> block) override {
+    if (!detached_) return absl::FailedPreconditionError("saved activations: Attach without Detach");
+    if (block == nullptr || block->bytes() != detached_bytes_) {
+      return absl::InvalidArgumentError(absl::StrCat("saved activations: a block of ", block ? block->bytes() : 0,
+                                                     " bytes given back for ", detached_bytes_));
+    }
+    const char* at = static_cast<const char*>(block->data());
+    std::vector<std::vector<float>*> fields = Fields();
+    for (size_t i = 0; i < fields.size(); ++i) {
+      fields[i]->resize(sizes_[i]);
+      std::memcpy(fields[i]->data(), at, sizes_[i] * sizeof(float));
+      at += sizes_[i] * sizeof(float);
+    }
+    // The vectors take the block's charge as it goes.
+    counter_->live.fetch_add(detached_bytes_);
+    charged_ = detached_bytes_;
+    detached_ = false;
+    return absl::OkStatus();
+  }
+  bool detached() const { return detached_; }
   ActPolicy policy() const { return policy_; }
   int64_t num_tokens() const { return num_tokens_; }
   DecoderActs<float> acts;
 
  private:
+  std::vector<std::vector<float>*> Fields() {
+    DecoderActs<float>& a = acts;
+    return {&a.rstd1, &a.xn,   &a.q_raw, &a.k_raw, &a.q_rstd, &a.k_rstd, &a.q_rot, &a.k_rot,
+            &a.v,     &a.attn, &a.lse,   &a.h1,    &a.rstd2,  &a.hn,     &a.gate,  &a.up};
+  }
+
   ActPolicy policy_;
   int64_t num_tokens_;
   std::shared_ptr<MemoryCounter> counter_;
   int64_t charged_ = 0;
+  bool detached_ = false;
+  int64_t detached_bytes_ = 0;
+  std::vector<size_t> sizes_;
 };
 
 // The expensive pieces `policy` names from `from` into `to` (the cheap ones are kept only whole, by
@@ -224,6 +274,9 @@ class CpuBackend final : public ComputeBackend {
     if (saved != nullptr) {
       s = dynamic_cast<const CpuSavedActivations*>(saved);
       if (s == nullptr) return absl::InvalidArgumentError("DecoderBackward: saved activations are not the CPU backend's");
+      if (s->detached()) {
+        return absl::FailedPreconditionError("DecoderBackward: the saved activations are with an activation store");
+      }
       if (s->num_tokens() != b->num_tokens()) {
         return absl::InvalidArgumentError(absl::StrCat("DecoderBackward: saved activations hold ", s->num_tokens(),
                                                        " tokens, the batch has ", b->num_tokens()));

@@ -72,11 +72,24 @@ struct LayerActs {
 
 class CudaSaved final : public SavedActivations {
  public:
-  int64_t bytes() const override { return block_.bytes(); }
+  int64_t bytes() const override { return bytes_; }
+  // The allocation moves out whole; acts_ keeps its offsets and is re-pointed by Attach.
+  std::unique_ptr<DeviceBuffer> Detach() override;
+  absl::Status Attach(std::unique_ptr<DeviceBuffer> block) override;
+  // Allocates the block `carver` lays acts_ out in (the forward's kept pieces).
+  absl::Status Allocate(Carver& carver, cudaStream_t stream);
+  bool detached() const { return detached_; }
+
   ActPolicy policy_ = ActPolicy::kKeepAll;
   int64_t num_tokens_ = 0;
-  PoolBlock block_;
   LayerActs acts_;
+
+ private:
+  PoolBlock block_;                          // the forward's allocation,
+  std::unique_ptr<DeviceBuffer> attached_;  // or the one an activation store gave back
+  char* base_ = nullptr;                     // where acts_ points into
+  int64_t bytes_ = 0;
+  bool detached_ = false;
 };
 
 // A group of row-stacked weight tensors used as one GEMM operand ([Wq;Wk;Wv], [Wg;Wu]); split

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status/status_macros.h"
@@ -221,7 +222,7 @@ absl::Status CudaBackend::DecoderForward(const UnitParams& params, const DeviceB
     }
     ReserveActs(tmp, acts, T, kAllPieces & ~kept_pieces);
     if (keep) {
-      RETURN_IF_ERROR(kept.Alloc(keep->block_, stream_));
+      RETURN_IF_ERROR(keep->Allocate(kept, stream_));
       TakePieces(keep->acts_, kept_pieces, &acts);
     }
     // Pieces not owned by `keep` point into the scratch block.
@@ -229,6 +230,40 @@ absl::Status CudaBackend::DecoderForward(const UnitParams& params, const DeviceB
   }
   RETURN_IF_ERROR(LayerForward(params, b, x, acts, 0, y));
   if (saved != nullptr) *saved = std::move(keep);
+  return absl::OkStatus();
+}
+
+absl::Status CudaSaved::Allocate(Carver& carver, cudaStream_t stream) {
+  RETURN_IF_ERROR(carver.Alloc(block_, stream));
+  base_ = block_.get();
+  bytes_ = block_.bytes();
+  return absl::OkStatus();
+}
+
+std::unique_ptr<DeviceBuffer> CudaSaved::Detach() {
+  if (detached_ || bytes_ == 0) return nullptr;
+  detached_ = true;
+  if (attached_) return std::move(attached_);
+  return block_.TakeBuffer();
+}
+
+absl::Status CudaSaved::Attach(std::unique_ptr<DeviceBuffer> block) {
+  if (!detached_) return absl::FailedPreconditionError("saved activations: Attach without Detach");
+  if (block == nullptr || block->bytes() != bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat("saved activations: a block of ", block ? block->bytes() : 0,
+                                                   " bytes given back for ", bytes_));
+  }
+  char* to = static_cast<char*>(block->data());
+  auto rebase = [&](auto*& p) {
+    using T = std::remove_pointer_t<std::remove_reference_t<decltype(p)>>;
+    if (p != nullptr) p = reinterpret_cast<T*>(to + (reinterpret_cast<char*>(p) - base_));
+  };
+  LayerActs& a = acts_;
+  rebase(a.xn1), rebase(a.rstd1), rebase(a.qkv), rebase(a.qr), rebase(a.kr), rebase(a.o), rebase(a.lse);
+  rebase(a.h1), rebase(a.xn2), rebase(a.rstd2), rebase(a.gu), rebase(a.act);
+  base_ = to;
+  attached_ = std::move(block);
+  detached_ = false;
   return absl::OkStatus();
 }
 
@@ -241,6 +276,9 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   if (saved != nullptr && saved->num_tokens_ != T) {
     return absl::InvalidArgumentError(
         absl::StrCat("saved activations hold ", saved->num_tokens_, " tokens, batch has ", T));
+  }
+  if (saved != nullptr && saved->detached()) {
+    return absl::FailedPreconditionError("saved activations are in host memory (an activation store has them)");
   }
   LayerActs acts;
   if (saved != nullptr) acts = saved->acts_;

@@ -72,6 +72,14 @@ class PoolBlock {
   }
   char* get() const { return static_cast<char*>(p_); }
   int64_t bytes() const { return bytes_; }
+  // The allocation as a buffer the caller owns (freed stream-ordered when it goes); this block is
+  // left empty.
+  std::unique_ptr<DeviceBuffer> TakeBuffer() {
+    auto out = std::make_unique<CudaBuffer>(p_, bytes_, stream_);
+    p_ = nullptr;
+    bytes_ = 0;
+    return out;
+  }
 
  private:
   void* p_ = nullptr;

@@ -16,7 +16,7 @@ constexpr int64_t kGiB = 1ll << 30;
 AutoPolicyInputs EightB(const ModelLayout& layout) {
   AutoPolicyInputs in;
   in.layout = &layout;
-  auto seg = [](uint32_t keep) { return LayerPolicy{LayerKind::kSegment, false, keep}; };
+  auto seg = [](uint32_t keep) { return LayerPolicy{LayerKind::kSegment, 0, keep}; };
   in.probes = {{LayerPolicy{LayerKind::kRecompute}, 0.1776, 0},
                {LayerPolicy{LayerKind::kSelective}, 0.1704, kGiB / 2},
                {seg(kPieceGateUp), 0.1579, 3 * kGiB},
@@ -51,7 +51,7 @@ TEST(AutoPolicy, TheLayoutFitsAndPredictsItsPeak) {
   EXPECT_EQ(c->layout.layers.size(), 36u);
   EXPECT_EQ(c->policies.size(), 36u);
   int offloaded = 0;
-  for (const LayerPolicy& l : c->layout.layers) offloaded += l.offload;
+  for (const LayerPolicy& l : c->layout.layers) offloaded += l.offload > 0;
   EXPECT_LE(offloaded, 1);
   // Faster than all recompute: 36 layers of 0.1776 s.
   EXPECT_LT(r.predicted.compute_s, r.problem.base.compute_s + 36 * 0.1776);
@@ -70,11 +70,11 @@ TEST(AutoPolicy, CheckpointsGoToTheHostWhenItHasRoomAndTheDeviceNeedsIt) {
   auto roomy = ChooseLayout(in);
   ASSERT_TRUE(roomy.ok()) << roomy.status();
   int offloaded = 0;
-  for (const LayerPolicy& l : roomy->layout.layers) offloaded += l.offload;
+  for (const LayerPolicy& l : roomy->layout.layers) offloaded += l.offload > 0;
   EXPECT_GT(offloaded, 1);
   EXPECT_GT(roomy->layout.autopolicy->predicted.h2d_s, in.recompute_step.h2d_s);
   // Offloaded layers come first.
-  EXPECT_TRUE(roomy->layout.layers.front().offload);
+  EXPECT_GT(roomy->layout.layers.front().offload, 0);
   // A budget that every layer can keep all in: nothing crosses PCIe.
   in.capacity_bytes = 1000 * kGiB;
   auto big = ChooseLayout(in);
@@ -94,18 +94,58 @@ TEST(AutoPolicy, NothingFitsIsResourceExhausted) {
 
 TEST(AutoPolicy, RunnableLayoutMarksOffloadedUnits) {
   LayerLayout l;
-  l.layers = {{LayerKind::kRecompute, true}, {LayerKind::kSegment, false, kPieceGateUp}, {LayerKind::kKeepAll}};
+  l.layers = {{LayerKind::kRecompute, 1}, {LayerKind::kSegment, 0, kPieceGateUp}, {LayerKind::kKeepAll, 0.25}};
   std::vector<ActPolicy> policies;
-  std::vector<bool> offloaded;
+  std::vector<double> offloaded;
   RunnableLayout(l, 5, &policies, &offloaded);
   ASSERT_EQ(policies.size(), 3u);
   EXPECT_EQ(policies[0], ActPolicy::kRecomputeLayer);
   EXPECT_EQ(policies[1], ActPolicy::Segment(kPieceGateUp));
   EXPECT_EQ(policies[2], ActPolicy::kKeepAll);
-  EXPECT_EQ(offloaded, (std::vector<bool>{false, true, false, false, false}));
-  l.layers[0].offload = false;
+  EXPECT_EQ(offloaded, (std::vector<double>{0, 1, 0, 0.25, 0}));
+  l.layers[0].offload = 0;
+  l.layers[2].offload = 0;
   RunnableLayout(l, 5, &policies, &offloaded);
   EXPECT_TRUE(offloaded.empty());
+}
+
+TEST(AutoPolicy, OffloadSharesAreWholeMicroBatches) {
+  EXPECT_EQ(OffloadShares(1), (std::vector<double>{0, 1}));
+  EXPECT_EQ(OffloadShares(2), (std::vector<double>{0, 0.5, 1}));
+  EXPECT_EQ(OffloadShares(3), (std::vector<double>{0, 1.0 / 3, 2.0 / 3, 1}));
+  EXPECT_EQ(OffloadShares(8), (std::vector<double>{0, 0.25, 0.5, 0.75, 1}));
+  EXPECT_EQ(OffloadShares(6), (std::vector<double>{0, 2.0 / 6, 3.0 / 6, 5.0 / 6, 1}));
+}
+
+// With copies nearly free and the host roomy, every layer keeps all and what the device cannot
+// hold crosses PCIe: kept pieces included, in shares of the layers' checkpoints.
+TEST(AutoPolicy, KeptPiecesOffloadInShares) {
+  const ModelLayout layout = Layout36();
+  AutoPolicyInputs in = EightB(layout);
+  in.micro_batches = 8;
+  in.host_budget_bytes = 1000 * kGiB;
+  in.rates = {1e13, 1e13};
+  auto c = ChooseLayout(in);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const AutoPolicyRecord& r = *c->layout.autopolicy;
+  double moved = 0;
+  for (const LayerPolicy& l : c->layout.layers) {
+    EXPECT_EQ(l.kind, LayerKind::kKeepAll) << LayerPolicyName(l);
+    moved += l.offload;
+  }
+  EXPECT_GT(moved, 1);
+  EXPECT_NEAR(r.predicted.compute_s, r.problem.base.compute_s + 36 * 0.1443, 1e-9);
+  // Its peak fits, in-flight room included.
+  EXPECT_LE(c->predicted_peak_bytes, static_cast<int64_t>(0.9 * 140 * kGiB));
+  int64_t in_flight = 0;
+  for (size_t j = 0; j < r.problem.candidates.size(); ++j) {
+    if (r.predicted.counts[j] > 0) in_flight = std::max(in_flight, r.problem.candidates[j].in_flight_bytes);
+  }
+  EXPECT_GT(in_flight, 4 * kGiB);
+  // Offloaded layers first, the largest share first.
+  for (size_t i = 1; i < c->layout.layers.size(); ++i) {
+    EXPECT_GE(c->layout.layers[i - 1].offload, c->layout.layers[i].offload);
+  }
 }
 
 }  // namespace

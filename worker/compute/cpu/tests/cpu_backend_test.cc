@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 
+#include "common/policy/layer_policy.h"
 #include "gtest/gtest.h"
 #include "worker/compute/cpu/cpu_reference_model.h"
 #include "worker/compute/cpu/qwen3_reference_math.h"
@@ -140,6 +141,48 @@ TEST_F(DecoderLayerTest, PoliciesGiveBitwiseIdenticalOutputsAndGradients) {
   EXPECT_EQ(rec.saved_bytes, 0);
   EXPECT_EQ(be->SavedBytesPerToken(ActPolicy::kSelective), 4 * (config_.q_dim() + config_.num_attention_heads));
   EXPECT_GT(be->SavedBytesPerToken(ActPolicy::kKeepAll), be->SavedBytesPerToken(ActPolicy::kSelective));
+}
+
+// What a forward keeps moves out whole (an activation store's Detach) and comes back at another
+// address (Attach), with the same backward to the bit; a backward while it is out, or a block of
+// another size, is refused. The FP32 elements per token are what hostd's admission counts.
+TEST_F(DecoderLayerTest, SavedActivationsMoveOutAndBack) {
+  auto be = Backend(config_);
+  auto batch = be->UploadBatch(mb_);
+  ASSERT_TRUE(batch.ok());
+  for (uint32_t pieces = 1; pieces <= kAllPieces; ++pieces) {
+    const ActPolicy policy{pieces};
+    if (!policy.keeps_all() && (pieces & kPieceCheap)) continue;  // the cheap pieces go only with keep-all
+    const LayerRun want = RunLayer(*be, params_, mb_, x_, dy_, policy);
+    std::vector<float> y(n_);
+    std::unique_ptr<SavedActivations> saved;
+    ASSERT_TRUE(be->DecoderForward(params_.data(), **batch, x_.data(), y.data(), policy, &saved).ok());
+    const int64_t bytes = saved->bytes();
+    EXPECT_EQ(bytes, 4 * KeptElementsPerToken(ModelShape::Of(config_), pieces) * mb_.num_tokens())
+        << LayerPiecesName(pieces);
+    std::unique_ptr<DeviceBuffer> block = saved->Detach();
+    ASSERT_NE(block, nullptr) << LayerPiecesName(pieces);
+    ASSERT_EQ(block->bytes(), bytes);
+    std::vector<char> host(static_cast<const char*>(block->data()), static_cast<const char*>(block->data()) + bytes);
+    block.reset();
+    std::vector<float> dx(n_), dparams(params_.size(), 0.0f);
+    EXPECT_EQ(be->DecoderBackward(params_.data(), **batch, x_.data(), saved.get(), dy_.data(), dx.data(),
+                                  dparams.data())
+                  .code(),
+              absl::StatusCode::kFailedPrecondition);
+    auto wrong = be->Allocate(bytes + 4);
+    ASSERT_TRUE(wrong.ok());
+    EXPECT_EQ(saved->Attach(std::move(*wrong)).code(), absl::StatusCode::kInvalidArgument);
+    auto back = be->Allocate(bytes);
+    ASSERT_TRUE(back.ok());
+    std::memcpy((*back)->data(), host.data(), bytes);
+    ASSERT_TRUE(saved->Attach(std::move(*back)).ok());
+    ASSERT_TRUE(
+        be->DecoderBackward(params_.data(), **batch, x_.data(), saved.get(), dy_.data(), dx.data(), dparams.data())
+            .ok());
+    EXPECT_TRUE(BitwiseEqual(dx, want.dx)) << LayerPiecesName(pieces);
+    EXPECT_TRUE(BitwiseEqual(dparams, want.dparams)) << LayerPiecesName(pieces);
+  }
 }
 
 TEST_F(DecoderLayerTest, AccumulatingTwoMicroBatchesEqualsTheSum) {

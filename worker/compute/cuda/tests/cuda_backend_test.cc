@@ -192,6 +192,23 @@ void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp
     EXPECT_GE(sg->bytes(), p.gpu->SavedBytesPerToken(pol) * T)
         << label << " saved bytes >= SavedBytesPerToken·T " << pname;
     ExpectRelErr(label + " layer fwd y [" + pname + "]", GetG(p, *y.g, T * H), ref_y, 1.5e-2);
+    if (pol != ActPolicy::kRecomputeLayer) {
+      // What the forward kept moves out (an activation store's offload) and comes back at another
+      // address before the backward reads it.
+      const int64_t kept = sg->bytes();
+      std::unique_ptr<DeviceBuffer> block = sg->Detach();
+      ASSERT_NE(block, nullptr) << pname;
+      ASSERT_EQ(block->bytes(), kept);
+      std::vector<char> host(kept);
+      ASSERT_OK(p.gpu->CopyToHost(block->data(), host.data(), kept));
+      auto spacer = p.gpu->Allocate(kept);  // the block comes back elsewhere
+      ASSERT_OK(spacer.status());
+      block.reset();
+      auto back = p.gpu->Allocate(kept);
+      ASSERT_OK(back.status());
+      ASSERT_OK(p.gpu->CopyToDevice(host.data(), (*back)->data(), kept));
+      ASSERT_OK(sg->Attach(std::move(*back)));
+    }
     auto dpg = p.gpu->Allocate(unit.numel * 4);
     ASSERT_OK(dpg.status());
     ASSERT_OK(p.gpu->Memset(**dpg, 0));
