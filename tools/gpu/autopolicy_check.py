@@ -12,7 +12,9 @@ for the figures.
 
 Targets: auto / FSDP2 >= 1.65 (8B) or 1.7 (4B); auto never slower than today's act_policy auto
 (>= 0.99, one run's noise); the predicted step within 10% of the measured one; selection <= 60 s;
-the second job runs the cached layout (no probes).
+the second job runs the cached layout (no probes); with the sweep (the worker's
+SLIDEDP_AUTOPOLICY_SWEEP=1: the fixed layouts of auto_policy.h's SweepLayouts, one step each, in the
+same job), AutoPolicy's steady step within 2% of the fastest.
 """
 import argparse
 import glob
@@ -28,6 +30,7 @@ T_FSDP2 = {"qwen3-8b": 1.65, "qwen3-4b": 1.7}
 T_TODAY = 0.99
 T_PREDICT = 0.10
 T_SELECT = 60.0
+T_SWEEP = 0.02
 
 
 def line(status, text):
@@ -66,8 +69,13 @@ def check(args):
                                     f"{r.get('step_s') or 0:.3f} s, GPU peak {r.get('gpu_peak_gib') or 0:.2f} GiB"))
         else:
             out.append(line("FAIL", f"{args.model} {v}: no result ({(r or {}).get('error', 'did not run')})"))
-    # The policy's own steady steps: from step 4 (steps 1-2 recompute and measure, 3 validates).
-    rows = [r for r in ours_metrics(os.path.join(args.work, "auto")) if r["step"] >= 4]
+    logs = run_logs(os.path.join(args.work, "auto"))
+    # The policy's own steady steps: from step 5 (steps 1-2 recompute and measure, 3-4 validate), or
+    # after the sweep of fixed layouts (SLIDEDP_AUTOPOLICY_SWEEP=1), which then runs it again.
+    sweep = [(name, int(step), float(t)) for name, step, t in
+             re.findall(r"AutoPolicy sweep: (.+?): step (\d+) ([0-9.]+) s, peak", logs)]
+    steady_from = max([5] + [step + 1 for _, step, _ in sweep])
+    rows = [r for r in ours_metrics(os.path.join(args.work, "auto")) if r["step"] >= steady_from]
     auto_tps = statistics.median(r["tokens_per_s"] for r in rows) if rows else None
     auto_step = statistics.median(r["step_time_s"] for r in rows) if rows else None
     best_auto = max((r["tokens_per_s_per_gpu"] for r in (auto, cached) if usable(r)), default=None)
@@ -88,12 +96,19 @@ def check(args):
     if predicted and auto_step:
         err = (auto_step - predicted) / predicted
         out.append(line("PASS" if abs(err) <= T_PREDICT else "FAIL",
-                        f"predicted step {predicted:.3f} s against {auto_step:.3f} s measured (steps 4+): "
+                        f"predicted step {predicted:.3f} s against {auto_step:.3f} s measured (steps {steady_from}+): "
                         f"{100 * err:+.1f}% (|error| <= {100 * T_PREDICT:.0f}%)"))
     else:
         out.append(line("FAIL", f"no prediction to compare (cached policy: {'yes' if text else 'none'}, "
                                 f"steady steps: {len(rows)})"))
-    logs = run_logs(os.path.join(args.work, "auto"))
+    if sweep and auto_step:
+        name, step, best = min(sweep, key=lambda x: x[2])
+        x = auto_step / best
+        out.append(line("PASS" if x <= 1 + T_SWEEP else "FAIL",
+                        f"AutoPolicy's steady step {auto_step:.3f} s against the fastest of {len(sweep)} fixed layouts, "
+                        f"{name} {best:.3f} s (step {step}): {x:.3f} (<= {1 + T_SWEEP})"))
+        for name, step, t in sweep:
+            out.append(line("INFO", f"sweep step {step}: {name}: {t:.3f} s"))
     m = re.search(r"AutoPolicy chose (.*?) in ([0-9.]+) s; step (\d+) ran it in ([0-9.]+) s against ([0-9.]+) s", logs)
     if m:
         sel = float(m.group(2))
@@ -113,10 +128,11 @@ def check(args):
     out.append(line("PASS" if reused else "FAIL",
                     f"the second job {'runs the cached layout, no probes' if reused else 'did not reuse the cache'}"))
     if text:
-        layers = re.findall(r"- \{kind: (\w+)(?:, keep: \[([^\]]*)\])?(, offload: true)?\}", text)
+        layers = re.findall(r"- \{kind: (\w+)(?:, keep: \[([^\]]*)\])?(?:, offload: (true|[0-9.]+))?\}", text)
         summary = {}
         for k, keep, off in layers:
-            key = k + (f"({keep.replace(', ', '+')})" if keep else "") + ("+offload" if off else "")
+            share = "" if off in ("", "true", "1") else f"({off})"
+            key = k + (f"({keep.replace(', ', '+')})" if keep else "") + (f"+offload{share}" if off else "")
             summary[key] = summary.get(key, 0) + 1
         out.append(line("INFO", "layout: " + ", ".join(f"{n} {k}" for k, n in summary.items())))
     return out

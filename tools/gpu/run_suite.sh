@@ -41,7 +41,9 @@
 #                   (BIG_TOKENS), with and without clipping (BIG_VARIANTS), against compute-only:
 #                   >= 0.95; host state and MemAvailable drop per billion parameters (target 6 GiB/B)
 #   memlimit   ~3   issue 22: runtime.gpu_memory_limit (MEMLIMIT, 40GiB) on Qwen3-4B at 64K, act_policy
-#                   auto: the limited run's GPU peak under the limit; its speed >= 0.9 of the unlimited
+#                   auto (MEMLIMIT_ACT_POLICY, MEMLIMIT_RUNTIME_EXTRA, MEMLIMIT_STEPS, MEMLIMIT_STEADY_FROM:
+#                   e.g. recompute, "policy: auto", 8, 5 for AutoPolicy):
+#                   the limited run's GPU peak under the limit; its speed >= 0.9 of the unlimited
 #   policy     ~2   issue 22: a per-layer layout file (every kind, offloads) on Qwen3-0.6B deterministic:
 #                   losses bitwise (<= 1e-4) those of whole-layer recompute; GPU peaks (figures)
 #   autopolicy ~7   issue 22: runtime.policy auto on Qwen3-8B (AP_MODEL) at 64K (AP_TOKENS): measured,
@@ -50,7 +52,9 @@
 #                   / act_policy auto >= 0.99, predicted step within 10%, selection <= 60 s
 #                   (tools/gpu/autopolicy_check.py); AP_MAX_GRAD_NORM (1.0), AP_STATE_DTYPE (fp32) and
 #                   AP_RUNTIME_EXTRA set ours' clipping, Adam moments and more runtime keys; AP_VARIANTS
-#                   a subset of "auto cached today peer"
+#                   a subset of "auto cached today peer"; AP_SWEEP (1): the auto run then measures the
+#                   fixed layouts of SweepLayouts one step each (SLIDEDP_AUTOPOLICY_SWEEP) and AutoPolicy's
+#                   steady step must be within 2% of the fastest; AP_STEPS (20 with the sweep, else 8)
 #   scaling    ~6   (2 GPUs) Qwen3-8B 1 -> 2 GPUs >= 1.95x; ours / FSDP2 on 2 GPUs >= 1.5
 #   state      ~3   issue 21, compact Adam moments on the GPU machine's host: adam_state_test and
 #                   adam_engine_test, adam_kernels_test (bundled host tests: the AVX-512 kernels bit-identical to
@@ -660,16 +664,16 @@ part_memlimit() {
   find_cudnn
   local model=${MEMLIMIT_MODEL:-qwen3-4b} tokens=${MEMLIMIT_TOKENS:-65536} limit=${MEMLIMIT:-40GiB} w=$work/memlimit v
   for v in free limited; do
-    local extra=""
-    [ "$v" = limited ] && extra="gpu_memory_limit: $limit"
+    local extra=${MEMLIMIT_RUNTIME_EXTRA:-}
+    [ "$v" = limited ] && extra="${extra:+$extra, }gpu_memory_limit: $limit"
     stage "memlimit_$v" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/$v" MODEL="$model" GPUS=1 \
-      TOKENS_LIST="$tokens" WHAT=ours MAX_GRAD_NORM=0 ACT_POLICY=auto RUNTIME_EXTRA="$extra" WORK="$w/$v" FRESH=1 \
-      BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
+      TOKENS_LIST="$tokens" WHAT=ours MAX_GRAD_NORM=0 ACT_POLICY="${MEMLIMIT_ACT_POLICY:-auto}" RUNTIME_EXTRA="$extra" \
+      STEPS="${MEMLIMIT_STEPS:-4}" WORK="$w/$v" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
   done
   dry && return 0
-  python3 - "$w" "$model" "$tokens" "$limit" << 'PY' | tee -a "$summary"
+  python3 - "$w" "$model" "$tokens" "$limit" "${MEMLIMIT_STEADY_FROM:-2}" << 'PY' | tee -a "$summary"
 import glob, json, re, sys
-w, model, tokens, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+w, model, tokens, limit, steady_from = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 m = re.fullmatch(r"([0-9.]+)\s*([a-zA-Z]*)", limit)
 units = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
 limit_bytes = float(m.group(1)) * units[m.group(2).lower()] if m else None
@@ -678,7 +682,7 @@ from bench_results import ours_metrics as run  # noqa: E402
 res = {}
 for v in ("free", "limited"):
     rows = run(f"{w}/{v}")
-    steady = [r for r in rows if r["step"] >= 2]
+    steady = [r for r in rows if r["step"] >= steady_from]
     if not steady:
         print(f"FAIL memlimit    {model} {tokens // 1024}K {v}: no steps (see details)")
         continue
@@ -745,11 +749,12 @@ part_autopolicy() {
   new_dir "$w"
   for v in auto cached today; do
     case " $variants " in *" $v "*) ;; *) continue ;; esac
-    local act=recompute extra="policy: auto" steps=${AP_STEPS:-7}
+    local act=recompute extra="policy: auto" steps=${AP_STEPS:-$([ "${AP_SWEEP:-1}" = 1 ] && echo 20 || echo 8)} sweep=0
+    [ "$v" = auto ] && sweep=${AP_SWEEP:-1}
     [ "$v" = today ] && act=auto extra="" steps=4
     [ "$v" = cached ] && steps=4
     [ -n "${AP_RUNTIME_EXTRA:-}" ] && extra="${extra:+$extra, }$AP_RUNTIME_EXTRA"
-    stage "autopolicy_$v" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/$v" MODEL="$model" GPUS=1 \
+    stage "autopolicy_$v" $((SUITE_DEADLINE - SECONDS)) env SLIDEDP_AUTOPOLICY_SWEEP=$sweep OUT="$part_dir/$v" MODEL="$model" GPUS=1 \
       TOKENS_LIST="$tokens" WHAT=ours ACT_POLICY="$act" RUNTIME_EXTRA="$extra" STEPS="$steps" \
       MAX_GRAD_NORM="${AP_MAX_GRAD_NORM:-1.0}" STATE_DTYPE="${AP_STATE_DTYPE:-fp32}" \
       XDG_CACHE_HOME="$w" WORK="$w/$v" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -595,6 +596,9 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   apo.world = a.world_size();
   apo.tokens_per_step = spec.global_batch * spec.seq_len;
   apo.time_tolerance = options_.backend == BackendKind::kCpu ? 0.5 : 0.01;
+  // The GPU suite's comparison against fixed layouts (docs/gpu-suite.md, autopolicy).
+  const char* sweep = std::getenv("SLIDEDP_AUTOPOLICY_SWEEP");
+  apo.sweep = sweep != nullptr && std::string(sweep) == "1";
 #ifdef SLIDEDP_HAVE_CUDA_BACKEND
   if (options_.backend == BackendKind::kCuda) {
     const int index = options_.index;

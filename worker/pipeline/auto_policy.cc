@@ -183,6 +183,24 @@ absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_
     }
   }
   ASSIGN_OR_RETURN(rec.predicted, SolvePolicy(problem));
+  // Checkpoints crossing PCIe also take host memory bandwidth from LayerAdam, which the step model
+  // does not see: a layout offloads only when that gains kAutoPolicyOffloadGain over the best one
+  // that does not.
+  if (rec.predicted.h2d_s > base.h2d_s) {
+    PolicyProblem on_device = problem;
+    std::erase_if(on_device.candidates, [](const LayerCandidate& c) { return c.policy.offload > 0; });
+    on_device.host_budget_bytes = 0;
+    absl::StatusOr<PolicyPlan> kept = SolvePolicy(on_device);
+    if (kept.ok() && kept->step_s <= (1 + kAutoPolicyOffloadGain) * rec.predicted.step_s) {
+      LOG(INFO) << absl::StrFormat(
+          "AutoPolicy: offloading (%s) predicts %.3f s, within %.0f%% of %.3f s with every checkpoint on the device; "
+          "nothing is offloaded",
+          MixName(problem.candidates, rec.predicted.counts), rec.predicted.step_s, 100 * kAutoPolicyOffloadGain,
+          kept->step_s);
+      problem = std::move(on_device);
+      rec.predicted = std::move(*kept);
+    }
+  }
   AutoPolicyChoice out;
   out.layout.model = ModelShape::Of(layout.config);
   out.layout.device = in.device_name;
@@ -223,6 +241,57 @@ std::vector<double> OffloadShares(int micro_batches) {
     if (k == last) continue;
     out.push_back(static_cast<double>(k) / n);
     last = k;
+  }
+  return out;
+}
+
+std::vector<SweepLayout> SweepLayouts(const AutoPolicyInputs& in) {
+  std::vector<SweepLayout> out;
+  if (in.layout == nullptr) return out;
+  const ModelLayout& layout = *in.layout;
+  const int64_t layers = layout.config.num_hidden_layers;
+  const int64_t working_set = std::max<int64_t>(0, in.recompute_step.peak_bytes - layers * in.checkpoint_bytes);
+  const int64_t budget =
+      static_cast<int64_t>(kAutoPolicyUsableFraction * static_cast<double>(in.capacity_bytes)) - working_set;
+  for (const LayerProbe& p : in.probes) {
+    if (p.policy.kind == LayerKind::kRecompute) continue;
+    for (const double ratio : {0.0, 0.5}) {
+      const int64_t offloaded = std::llround(ratio * static_cast<double>(layers));
+      // The device and pinned bytes of the last k layers kept as p, the first `offloaded` whole.
+      auto bytes = [&](int64_t k, int64_t* host) {
+        int64_t device = 0, most_moved = 0;
+        *host = 0;
+        for (int64_t l = 0; l < layers; ++l) {
+          const int64_t kept = in.checkpoint_bytes + (l >= layers - k ? p.saved_bytes : 0);
+          if (l < offloaded) {
+            *host += kept;
+            most_moved = std::max(most_moved, kept);
+          } else {
+            device += kept;
+          }
+        }
+        if (offloaded > 0) device += 4 * in.checkpoint_bytes + (most_moved - in.checkpoint_bytes);
+        return device;
+      };
+      int64_t k = layers, host = 0;
+      while (k > 0 && bytes(k, &host) > budget) --k;
+      if (k == 0 || (offloaded > 0 && in.host_budget_bytes >= 0 && host > in.host_budget_bytes)) continue;
+      SweepLayout s;
+      s.name = absl::StrCat("last ", k, " ", LayerPolicyName(p.policy), offloaded > 0 ? ", first " : "",
+                            offloaded > 0 ? absl::StrCat(offloaded, " offloaded") : "");
+      s.choice.layout.model = ModelShape::Of(layout.config);
+      s.choice.layout.device = in.device_name;
+      s.choice.layout.tokens_per_step = in.tokens_per_step;
+      for (int64_t l = 0; l < layers; ++l) {
+        LayerPolicy lp = l >= layers - k ? p.policy : LayerPolicy{};
+        lp.offload = l < offloaded ? 1.0 : 0.0;
+        s.choice.layout.layers.push_back(lp);
+      }
+      s.choice.predicted_peak_bytes = working_set + bytes(k, &host);
+      s.choice.summary = s.name;
+      RunnableLayout(s.choice.layout, layout.num_units(), &s.choice.policies, &s.choice.offloaded);
+      out.push_back(std::move(s));
+    }
   }
   return out;
 }
@@ -296,11 +365,48 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     phase_ = Phase::kValidate;
     return choice_;
   }
+  if (phase_ == Phase::kSweep) {
+    SweepLayout& done = sweep_[sweep_at_++];
+    done.step_s = seen.total_s;
+    done.peak_bytes = seen.peak_bytes;
+    LOG(INFO) << absl::StrFormat("AutoPolicy sweep: %s: step %d %.3f s, peak %.2f GiB (predicted %.2f GiB)", done.name,
+                                 step + 1, done.step_s, done.peak_bytes / 1073741824.0,
+                                 done.choice.predicted_peak_bytes / 1073741824.0);
+    if (sweep_at_ < sweep_.size() && more_steps) return sweep_[sweep_at_].choice;
+    phase_ = Phase::kDone;
+    const SweepLayout* best = nullptr;
+    for (size_t i = 0; i < sweep_at_; ++i) {
+      if (best == nullptr || sweep_[i].step_s < best->step_s) best = &sweep_[i];
+    }
+    LOG(INFO) << absl::StrFormat(
+        "AutoPolicy sweep: %d fixed layouts; the fastest, %s, %.3f s; AutoPolicy's layout %.3f s (%+.1f%%); "
+        "back to AutoPolicy's layout",
+        static_cast<int>(sweep_at_), best->name, best->step_s, validated_step_s_,
+        100 * (validated_step_s_ - best->step_s) / best->step_s);
+    if (!more_steps) return std::nullopt;
+    return choice_;
+  }
   if (phase_ != Phase::kValidate) return std::nullopt;
   const AutoPolicyRecord& rec = *choice_.layout.autopolicy;
-  const double error = rec.predicted.step_s > 0 ? (seen.total_s - rec.predicted.step_s) / rec.predicted.step_s : 0;
   const double max_peak = kAutoPolicyMaxPeakFraction * static_cast<double>(options_.capacity_bytes);
-  if (static_cast<double>(seen.peak_bytes) > max_peak) {
+  // A layout runs two steps when the job has them, and counts the slower: the first after a switch
+  // may not show what the next does (the host updating beside the layout's own copies).
+  const bool over = static_cast<double>(seen.peak_bytes) > max_peak;
+  if (!over && !first_look_ && steps_left >= 3) {
+    first_look_ = seen;
+    first_look_step_ = step;
+    return std::nullopt;
+  }
+  StepObservation timed = seen;
+  int64_t timed_step = step;
+  if (first_look_) {
+    if (first_look_->total_s > timed.total_s) timed_step = first_look_step_;
+    timed.total_s = std::max(timed.total_s, first_look_->total_s);
+    timed.peak_bytes = std::max(timed.peak_bytes, first_look_->peak_bytes);
+    first_look_.reset();
+  }
+  const double error = rec.predicted.step_s > 0 ? (timed.total_s - rec.predicted.step_s) / rec.predicted.step_s : 0;
+  if (over) {
     LOG(WARNING) << "AutoPolicy: step " << step + 1 << " peaked at " << seen.peak_bytes / 1073741824.0 << " GiB, over "
                  << max_peak / 1073741824.0 << " GiB (predicted " << choice_.predicted_peak_bytes / 1073741824.0
                  << " GiB)";
@@ -329,8 +435,8 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
   // prediction that offloads checkpoints is solved again with every checkpoint on the device (the
   // copies' overlap with compute is the model's least certain part); then the fastest measured
   // layout runs, or recompute when none beats the recompute step.
-  measured_.push_back({choice_, seen.total_s, seen.peak_bytes, step});
-  const bool slower_than_predicted = seen.total_s > (1 + kAutoPolicyPredictionSlack) * rec.predicted.step_s;
+  measured_.push_back({choice_, timed.total_s, timed.peak_bytes, timed_step});
+  const bool slower_than_predicted = timed.total_s > (1 + kAutoPolicyPredictionSlack) * rec.predicted.step_s;
   if (more_steps && slower_than_predicted && !choice_.offloaded.empty() && resolves_ < kMaxResolves) {
     ++resolves_;
     const absl::Time t0 = absl::Now();
@@ -341,7 +447,7 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
       LOG(WARNING) << absl::StrFormat(
           "AutoPolicy: step %d took %.3f s against %.3f s predicted (%+.1f%%) with %d layers offloading; "
           "solving again with every checkpoint on the device",
-          step + 1, seen.total_s, rec.predicted.step_s, 100 * error,
+          timed_step + 1, timed.total_s, rec.predicted.step_s, 100 * error,
           static_cast<int>(std::count_if(choice_.offloaded.begin(), choice_.offloaded.end(),
                                          [](double r) { return r > 0; })));
       choice_ = std::move(*choice);
@@ -376,6 +482,15 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
       best->step + 1, best->step_s, kept.predicted.step_s,
       100 * (best->step_s - kept.predicted.step_s) / kept.predicted.step_s, best->peak_bytes / 1073741824.0,
       choice_.predicted_peak_bytes / 1073741824.0, switch_back ? "; it runs again from the next step" : "");
+  if (options_.sweep && more_steps) {
+    sweep_ = SweepLayouts(inputs_);
+    if (!sweep_.empty()) {
+      LOG(INFO) << "AutoPolicy sweep: " << sweep_.size() << " fixed layouts, one step each";
+      phase_ = Phase::kSweep;
+      sweep_at_ = 0;
+      return sweep_[0].choice;
+    }
+  }
   if (switch_back && more_steps) return choice_;
   return std::nullopt;
 }

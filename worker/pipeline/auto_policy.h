@@ -15,11 +15,13 @@
 //     CBC picks how many layers run each within the device budget (the device, or
 //     runtime.gpu_memory_limit, less the working set, less the room the moving checkpoints take)
 //     and the pinned host memory left; PlaceLayers orders them.
-//  4. The next step runs the layout and validates it: a peak over 95% of the capacity re-solves
-//     with the overshoot taken off the budget; a layout that offloads checkpoints and runs slower
-//     than predicted is solved again with none offloaded (at most kMaxResolves re-solves in all);
-//     then the fastest layout measured runs from the next step, or recompute when none beats the
-//     recompute step (Options::time_tolerance).
+//     Offloading is chosen only when it predicts a step 3% shorter than the best layout without it
+//     (its copies also take host memory bandwidth from LayerAdam, which the model does not see).
+//  4. The next two steps (one in a short job) run the layout and validate it, the slower counting:
+//     a peak over 95% of the capacity re-solves with the overshoot taken off the budget; a layout
+//     that offloads checkpoints and runs slower than predicted is solved again with none offloaded
+//     (at most kMaxResolves re-solves in all); then the fastest layout measured runs from the next
+//     step, or recompute when none beats the recompute step (Options::time_tolerance).
 // The chosen layout (with its measurements, AutoPolicyRecord) goes to hostd, which caches it for
 // the next job of the same shape and batch on the same build.
 #pragma once
@@ -112,6 +114,19 @@ void RunnableLayout(const LayerLayout& layout, int num_units, std::vector<ActPol
 // quarter, a half, three quarters and all of them, in whole micro-batches (fewer than 4: each count).
 std::vector<double> OffloadShares(int micro_batches);
 
+// The fixed layouts AutoPolicy is compared with (the sweep: k kept layers x kind x offload
+// ratio): for each measured kind but recompute, with no layer or the first half of the layers
+// offloaded whole, the last k layers of that kind (the rest recompute) for the largest k whose
+// predicted peak fits the same budget as ChooseLayout's. More kept layers never compute more, so
+// the largest k stands for its kind and ratio.
+struct SweepLayout {
+  std::string name;  // "last 20 keep_all, first 18 offloaded"
+  AutoPolicyChoice choice;
+  double step_s = 0;
+  int64_t peak_bytes = 0;
+};
+std::vector<SweepLayout> SweepLayouts(const AutoPolicyInputs& in);
+
 // The per-job run of steps 1-4: the worker calls AfterStep after each step while active().
 class AutoPolicySession {
  public:
@@ -131,6 +146,9 @@ class AutoPolicySession {
     // slower than (1 + it) x the recompute step goes back to recompute. 1% on a GPU; the CPU
     // backend (CI's) times a tiny model among other processes, so it only catches gross misses.
     double time_tolerance = 0.01;
+    // After the layout is validated, measure SweepLayouts one step each, log them against it, and
+    // go back to it (SLIDEDP_AUTOPOLICY_SWEEP=1 on the worker: what the GPU suite compares with).
+    bool sweep = false;
   };
   explicit AutoPolicySession(Options options) : options_(std::move(options)) {}
 
@@ -153,7 +171,7 @@ class AutoPolicySession {
   void set_reported() { reported_ = true; }
 
  private:
-  enum class Phase { kMeasure, kValidate, kDone };
+  enum class Phase { kMeasure, kValidate, kSweep, kDone };
   Options options_;
   Phase phase_ = Phase::kMeasure;
   AutoPolicyInputs inputs_;
@@ -167,6 +185,10 @@ class AutoPolicySession {
     int64_t step = 0;
   };
   std::vector<Measured> measured_;  // every layout validated within its memory, with its step
+  std::vector<SweepLayout> sweep_;
+  size_t sweep_at_ = 0;
+  std::optional<StepObservation> first_look_;  // a layout's first step, while its second runs
+  int64_t first_look_step_ = -1;
   int64_t validated_step_ = -1;
   double validated_step_s_ = 0;
   int64_t validated_peak_bytes_ = 0;
@@ -175,10 +197,13 @@ class AutoPolicySession {
   bool reported_ = false;
 };
 
+
 // A validation step may peak at most at this fraction of the capacity; over it the layout is re-solved.
 inline constexpr double kAutoPolicyMaxPeakFraction = 0.95;
 // A validation step this much slower than predicted, with checkpoints offloaded, is solved again
 // with none offloaded.
 inline constexpr double kAutoPolicyPredictionSlack = 0.05;
+// Offloading must predict a step this much shorter than the best layout without it.
+inline constexpr double kAutoPolicyOffloadGain = 0.03;
 
 }  // namespace slidedp

@@ -148,5 +148,30 @@ TEST(AutoPolicy, KeptPiecesOffloadInShares) {
   }
 }
 
+// The sweep AutoPolicy is compared with: per kept kind and offload ratio, the most layers of that
+// kind that fit the budget, last; the first half offloaded whole where asked.
+TEST(AutoPolicy, SweepLayoutsKeepTheMostThatFits) {
+  const ModelLayout layout = Layout36();
+  AutoPolicyInputs in = EightB(layout);
+  in.host_budget_bytes = 200 * kGiB;
+  const std::vector<SweepLayout> sweep = SweepLayouts(in);
+  ASSERT_EQ(sweep.size(), 8u);  // 4 kinds x 2 ratios
+  const int64_t usable = static_cast<int64_t>(0.9 * 140 * kGiB);
+  for (const SweepLayout& s : sweep) {
+    EXPECT_LE(s.choice.predicted_peak_bytes, usable) << s.name;
+    ASSERT_EQ(s.choice.layout.layers.size(), 36u);
+    EXPECT_EQ(s.choice.layout.layers.front().offload > 0, s.name.find("offloaded") != std::string::npos) << s.name;
+    EXPECT_NE(s.choice.layout.layers.back().kind, LayerKind::kRecompute) << s.name;
+  }
+  // Keep-all on the device: 8.38 + 1 GiB a layer kept, 1 GiB a layer recomputed, in the 78 GiB the
+  // working set leaves: 5 layers; with the first half offloaded, more.
+  EXPECT_EQ(sweep[6].name, "last 5 keep_all");
+  EXPECT_EQ(sweep[7].name.rfind("last ", 0), 0u);
+  EXPECT_NE(sweep[7].name, "last 5 keep_all, first 18 offloaded");
+  // No host room: the offloading ones go.
+  in.host_budget_bytes = 0;
+  EXPECT_EQ(SweepLayouts(in).size(), 4u);
+}
+
 }  // namespace
 }  // namespace slidedp
