@@ -179,13 +179,17 @@ absl::StatusOr<AutoPolicyRecord> RecordFromNode(const YAML::Node& n, int64_t lay
     const std::string at = absl::StrCat("autopolicy.candidates[", i, "]: ");
     if (!c.IsMap()) return Bad(what, absl::StrCat(at, "expected a map"));
     RETURN_IF_ERROR(OnlyKeys(
-        c, {"kind", "offload", "keep", "time_s", "device_bytes", "host_bytes", "h2d_bytes", "d2h_bytes", "in_flight_bytes"},
+        c, {"kind", "offload", "keep", "time_s", "device_bytes", "host_bytes", "h2d_bytes", "d2h_bytes", "in_flight_bytes",
+         "forward_s"},
         what, at));
     LayerCandidate lc;
     ASSIGN_OR_RETURN(lc.policy.kind, KindOf(c["kind"], what, at));
     ASSIGN_OR_RETURN(lc.policy.offload, OffloadOf(c["offload"], what, at));
     ASSIGN_OR_RETURN(lc.policy.keep, KeepOf(c["keep"], lc.policy.kind, what, at));
     ASSIGN_OR_RETURN(lc.time_s, NonNegDouble(c["time_s"], what, absl::StrCat(at, "time_s")));
+    if (c["forward_s"]) {
+      ASSIGN_OR_RETURN(lc.forward_s, NonNegDouble(c["forward_s"], what, absl::StrCat(at, "forward_s")));
+    }
     for (const CandidateBytes& f : kCandidateBytes) {
       if (!c[f.name]) continue;  // 0
       ASSIGN_OR_RETURN(lc.*f.field, NonNegInt(c[f.name], what, absl::StrCat(at, f.name)));
@@ -236,6 +240,7 @@ void EmitRecord(YAML::Emitter& e, const AutoPolicyRecord& r) {
     EmitKeep(e, c.policy);
     e << YAML::Key << "offload" << YAML::Value << c.policy.offload;
     e << YAML::Key << "time_s" << YAML::Value << c.time_s;
+    if (c.forward_s > 0) e << YAML::Key << "forward_s" << YAML::Value << c.forward_s;
     for (const CandidateBytes& f : kCandidateBytes) {
       if (c.*f.field != 0) e << YAML::Key << f.name << YAML::Value << c.*f.field;
     }

@@ -90,6 +90,7 @@ struct LayerCandidate {
   // the next computes, one coming back ahead of its backward), counted once per layout: the most
   // of any candidate it uses.
   int64_t in_flight_bytes = 0;
+  double forward_s = 0;  // of time_s, the forward's (0: not measured; the copies' pace is then not checked)
 };
 
 // The step's costs that no layout changes, measured on the running pipeline (seconds of busy time

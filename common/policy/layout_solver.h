@@ -18,7 +18,7 @@
 //   min  T
 //   s.t. T >= C0 + sum_j n_j time_j,  T >= H0 + sum_j n_j h2d_j / beta_h2d,  T >= D0 + ...,  T >= A
 //        sum_j n_j device_bytes_j + M <= device budget,  sum_j n_j host_bytes_j <= host budget,
-//        sum_j n_j = layers,
+//        sum_j n_j = layers,  the copies keep pace with the passes (CopiesKeepPace),
 //        M >= in_flight_j y_j,  n_j <= layers y_j,  y_j binary  (for each candidate that moves
 //        checkpoints: M is the device room its checkpoints take while they cross, counted once, for
 //        the largest the layout uses)
@@ -38,6 +38,13 @@ namespace slidedp {
 
 // The predicted step of `counts` (one per candidate) under `problem`'s costs; no budget check.
 PolicyPlan PredictPolicy(const PolicyProblem& problem, const std::vector<int64_t>& counts);
+
+// Whether the offload copies keep pace with the passes (a constraint of SolvePolicy when copies cost
+// time and the candidates' forward was measured): what the layers send out crosses PCIe within
+// the forward's time (else the device copies wait to be freed and the forward's peak grows past
+// the plan), and what comes back within the backward's (else the backward waits for it):
+//   sum_j n_j (d2h_j / beta_d2h - forward_j) <= 0,  sum_j n_j (h2d_j / beta_h2d - backward_j) <= 0.
+bool CopiesKeepPace(const PolicyProblem& problem, const std::vector<int64_t>& counts, double slack_s = 0);
 
 // INVALID_ARGUMENT for a malformed problem (no candidates or layers, negative or non-finite costs);
 // RESOURCE_EXHAUSTED when no mix fits the budgets; DEADLINE_EXCEEDED without a proven optimum in

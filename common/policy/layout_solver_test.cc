@@ -117,7 +117,7 @@ TEST(LayoutSolver, MalformedProblemsAreInvalidArgument) {
 TEST(LayoutSolver, StepModelMatchesEnumeration) {
   std::mt19937 rng(11);
   constexpr int64_t kMiB = 1 << 20;
-  int solved = 0, copy_bound = 0;
+  int solved = 0, copy_bound = 0, paced = 0;
   for (int trial = 0; trial < 150; ++trial) {
     PolicyProblem p;
     p.layers = 1 + rng() % 10;
@@ -128,8 +128,9 @@ TEST(LayoutSolver, StepModelMatchesEnumeration) {
       for (auto [kind, t, bytes] : {std::tuple{LayerKind::kRecompute, rec, int64_t{0}},
                                     std::tuple{LayerKind::kSelective, sel, sel_bytes},
                                     std::tuple{LayerKind::kKeepAll, all, all_bytes}}) {
-        LayerCandidate c{{kind, off}, t, bytes + (off ? 0 : ckpt)};
+        LayerCandidate c{{kind, off ? 1.0 : 0.0}, t, bytes + (off ? 0 : ckpt)};
         if (off) c.host_bytes = c.h2d_bytes = c.d2h_bytes = ckpt;
+        if (trial % 3 != 0) c.forward_s = t * 0.01 * (25 + rng() % 15);  // a third unmeasured: no pace rows
         p.candidates.push_back(c);
       }
     }
@@ -149,7 +150,8 @@ TEST(LayoutSolver, StepModelMatchesEnumeration) {
         n[j] = left;
         const PolicyPlan e = PredictPolicy(p, n);
         const bool fits = e.device_bytes <= p.device_budget_bytes &&
-                          (p.host_budget_bytes < 0 || e.host_bytes <= p.host_budget_bytes);
+                          (p.host_budget_bytes < 0 || e.host_bytes <= p.host_budget_bytes) && CopiesKeepPace(p, n);
+        paced += fits ? 0 : !CopiesKeepPace(p, n);
         if (fits && (want < 0 || e.step_s < want)) want = e.step_s;
         return;
       }
@@ -173,6 +175,7 @@ TEST(LayoutSolver, StepModelMatchesEnumeration) {
   }
   EXPECT_GT(solved, 50);
   EXPECT_GT(copy_bound, 5);
+  EXPECT_GT(paced, 100);  // mixes the copies' pace ruled out
 }
 
 TEST(LayoutSolver, PredictionNamesTheBottleneck) {

@@ -671,6 +671,9 @@ part_memlimit() {
       STEPS="${MEMLIMIT_STEPS:-4}" WORK="$w/$v" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
   done
   dry && return 0
+  for v in free limited; do  # the runs' hostd and worker logs, for the details
+    mkdir -p "$part_dir/logs/$v" && cp "$w"/$v/runs/*/*/*/*/ours/run/*.log "$part_dir/logs/$v/" 2> /dev/null
+  done
   python3 - "$w" "$model" "$tokens" "$limit" "${MEMLIMIT_STEADY_FROM:-2}" << 'PY' | tee -a "$summary"
 import glob, json, re, sys
 w, model, tokens, limit, steady_from = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])

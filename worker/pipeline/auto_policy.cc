@@ -91,7 +91,7 @@ absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, co
     LayerProbe probe;
     probe.policy = policies[k];
     probe.policy.offload = 0;
-    probe.time_s = std::numeric_limits<double>::infinity();
+    probe.time_s = probe.forward_s = std::numeric_limits<double>::infinity();
     absl::Status status;
     for (int r = 0; r <= std::max(1, repeats) && status.ok(); ++r) {  // r == 0 warms up
       status = [&]() -> absl::Status {
@@ -102,6 +102,8 @@ absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, co
           RETURN_IF_ERROR(backend->DecoderForward(p, *batches[i], x[i]->data(), y[i]->data(), policy,
                                                   policy == ActPolicy::kRecomputeLayer ? nullptr : &saved[i]));
         }
+        RETURN_IF_ERROR(backend->Synchronize());
+        if (r > 0) probe.forward_s = std::min(probe.forward_s, absl::ToDoubleSeconds(absl::Now() - t0));
         int64_t kept = 0;
         for (const auto& s : saved) kept += s ? s->bytes() : 0;
         for (size_t i = batches.size(); i-- > 0;) {
@@ -171,6 +173,7 @@ absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_
       c.policy = p.policy;
       c.policy.offload = share;
       c.time_s = p.time_s;
+      c.forward_s = p.forward_s;
       c.device_bytes = static_cast<int64_t>(std::llround(kept)) - moved;
       c.host_bytes = c.h2d_bytes = c.d2h_bytes = moved;
       // While checkpoints cross: one layer's going out (freed when its copy ends), one coming back
@@ -309,6 +312,28 @@ AutoPolicyChoice AllRecompute(const ModelLayout& layout) {
 
 }  // namespace
 
+AutoPolicyChoice AutoPolicySession::WithoutOffload() {
+  inputs_.host_budget_bytes = 0;
+  first_look_.reset();
+  if (phase_ == Phase::kSweep) {  // the sweep ends here; the validated layout runs on
+    LOG(WARNING) << "AutoPolicy sweep: no host memory to pin for " << sweep_[sweep_at_].name << "; the sweep ends";
+    phase_ = Phase::kDone;
+    return choice_;
+  }
+  if (phase_ == Phase::kValidate) {
+    absl::StatusOr<AutoPolicyChoice> choice = ChooseLayout(inputs_);
+    if (choice.ok()) {
+      choice_ = std::move(*choice);
+      choice_.layout.autopolicy->selection_s = selection_s_;
+      LOG(WARNING) << "AutoPolicy: no host memory to pin for offloaded checkpoints; " << choice_.summary;
+      return choice_;
+    }
+  }
+  LOG(WARNING) << "AutoPolicy: no host memory to pin for offloaded checkpoints; every layer goes back to recompute";
+  phase_ = Phase::kDone;
+  return AllRecompute(*options_.layout);
+}
+
 absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     int64_t step, const StepObservation& seen, const std::vector<MicroBatch>& micro_batches, int64_t steps_left) {
   const ModelLayout& layout = *options_.layout;
@@ -343,8 +368,8 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     std::string probes;
     for (const LayerProbe& p : inputs_.probes) {
       absl::StrAppend(&probes, probes.empty() ? "" : ", ",
-                      absl::StrFormat("%s %.4f s keeping %.3f GiB", LayerPolicyName(p.policy), p.time_s,
-                                      p.saved_bytes / 1073741824.0));
+                      absl::StrFormat("%s %.4f s (forward %.4f) keeping %.3f GiB", LayerPolicyName(p.policy), p.time_s,
+                                      p.forward_s, p.saved_bytes / 1073741824.0));
     }
     LOG(INFO) << "AutoPolicy: step " << step + 1 << " (all recompute) took " << seen.total_s << " s (compute "
               << seen.compute_s << ", gate waits " << seen.gate_s << ", H2D " << seen.h2d_s << ", D2H " << seen.d2h_s

@@ -54,6 +54,7 @@ struct LayerProbe {
   LayerPolicy policy;  // (offload 0: a probe times what stays on the device)
   double time_s = 0;        // forward + backward of one layer over the step's micro-batches
   int64_t saved_bytes = 0;  // what the kind keeps beyond the layer input, over the micro-batches
+  double forward_s = 0;     // of time_s, the forward's
 };
 
 // The kinds AutoPolicy measures: recompute, selective, the segment checkpoints that keep the
@@ -159,6 +160,9 @@ class AutoPolicySession {
   absl::StatusOr<std::optional<AutoPolicyChoice>> AfterStep(int64_t step, const StepObservation& seen,
                                                             const std::vector<MicroBatch>& micro_batches,
                                                             int64_t steps_left);
+  // The host could not pin what the layout AfterStep returned offloads: the layout without offload
+  // to run from the next step instead (validated as any other), or every layer recomputed.
+  AutoPolicyChoice WithoutOffload();
   // The layout ran its validation step within its budget and no slower than recompute.
   bool validated() const { return validated_; }
   // The step (0-based) that measured the validated layout, its time and peak.

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/policy/layout_solver.h"
+
 namespace slidedp {
 namespace {
 
@@ -22,6 +24,7 @@ AutoPolicyInputs EightB(const ModelLayout& layout) {
                {seg(kPieceGateUp), 0.1579, 3 * kGiB},
                {seg(kPieceGateUp | kPieceQkv | kPieceAttention), 0.1495, 4258 * (kGiB / 1000)},
                {LayerPolicy{LayerKind::kKeepAll}, 0.1443, 8383 * (kGiB / 1000)}};
+  for (LayerProbe& p : in.probes) p.forward_s = p.time_s / 3;
   in.checkpoint_bytes = kGiB;
   in.recompute_step = {7.37, 5.33, 2.0, 0.65, 0.8, 84 * kGiB};
   in.capacity_bytes = 140 * kGiB;
@@ -82,6 +85,26 @@ TEST(AutoPolicy, CheckpointsGoToTheHostWhenItHasRoomAndTheDeviceNeedsIt) {
   for (const LayerPolicy& l : big->layout.layers) {
     EXPECT_EQ(l, (LayerPolicy{LayerKind::kKeepAll})) << LayerPolicyName(l);
   }
+}
+
+// Offload copies must keep pace with the passes: the forward sends out no more than the link
+// carries in the forward's time.
+TEST(AutoPolicy, OffloadKeepsPaceWithTheForward) {
+  const ModelLayout layout = Layout36();
+  AutoPolicyInputs in = EightB(layout);
+  in.micro_batches = 8;
+  in.host_budget_bytes = 1000 * kGiB;
+  auto c = ChooseLayout(in);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const AutoPolicyRecord& r = *c->layout.autopolicy;
+  EXPECT_TRUE(CopiesKeepPace(r.problem, r.predicted.counts));
+  double sent = 0, forward = 0;
+  for (size_t j = 0; j < r.problem.candidates.size(); ++j) {
+    sent += static_cast<double>(r.predicted.counts[j] * r.problem.candidates[j].d2h_bytes);
+    forward += static_cast<double>(r.predicted.counts[j]) * r.problem.candidates[j].forward_s;
+  }
+  EXPECT_GT(sent, 0);
+  EXPECT_LE(sent / in.rates.d2h_bytes_per_s, forward + 1e-6);
 }
 
 TEST(AutoPolicy, NothingFitsIsResourceExhausted) {
