@@ -50,7 +50,7 @@ std::string FormatPlan(const v1::PlanJobResponse& p) {
                                         p.host_bytes() / kGiB));
   absl::StrAppend(&out, "layout: ", p.layout_source(), "\n");
   if (!p.layout_yaml().empty()) {
-    // The layers in runs of one kind: "0-3 recompute+offload, 4-29 selective, 30-35 keep_all".
+    // The layers in runs of one kind: "0-3 recompute+offload, 4-29 selective+offload(0.25), 30-35 keep_all".
     std::vector<std::string> kinds;
     for (absl::string_view l : absl::StrSplit(p.layout_yaml(), '\n')) {
       const size_t k = l.find("{kind: ");
@@ -61,7 +61,10 @@ std::string FormatPlan(const v1::PlanJobResponse& p) {
         const size_t end = l.find(']', keep);
         kind += absl::StrCat("(", absl::StrReplaceAll(l.substr(keep + 7, end - keep - 7), {{", ", "+"}}), ")");
       }
-      if (l.find("offload: true") != absl::string_view::npos) kind += "+offload";
+      if (const size_t off = l.find("offload: "); off != absl::string_view::npos) {
+        const absl::string_view share = l.substr(off + 9, l.find_first_of(",}", off + 9) - (off + 9));
+        kind += share == "true" || share == "1" ? std::string("+offload") : absl::StrCat("+offload(", share, ")");
+      }
       kinds.push_back(kind);
     }
     std::string runs;
