@@ -14,6 +14,7 @@
 #include "client/prepare/prepare.h"
 #include "common/io/small_file.h"
 #include "common/jobspec/job_spec.h"
+#include "common/log/program_logging.h"
 
 namespace sc = slidedp::client;
 
@@ -65,8 +66,13 @@ int SubmitAndMaybeWatch(sc::Client& client, const std::string& spec_path, const 
 }  // namespace
 
 int main(int argc, char** argv) {
+  slidedp::InitProgramLogging(argv[0], slidedp::ProgramKind::kCommandLine);
   CLI::App app{"slidedp: full-parameter fine-tuning with host-resident state and streamed layers"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", [] { return slidedp::VersionText("slidedp"); });
+  bool verbose = false, quiet = false;
+  auto* verbose_flag = app.add_flag("-v,--verbose", verbose, "log everything (info), not only warnings and errors");
+  app.add_flag("-q,--quiet", quiet, "log errors only")->excludes(verbose_flag);
   sc::ClientOptions copt;
   if (const char* a = getenv("SLIDEDP_HOSTD")) copt.address = a;
   app.add_option("--hostd", copt.address, "hostd address: unix:PATH or HOST:PORT (env SLIDEDP_HOSTD)");
@@ -154,6 +160,10 @@ int main(int argc, char** argv) {
   prepare->add_flag("--overwrite", overwrite, "replace an existing output directory");
 
   CLI11_PARSE(app, argc, argv);
+  if (verbose || quiet) {
+    slidedp::SetLogVerbosity(slidedp::ProgramKind::kCommandLine,
+                             verbose ? slidedp::LogVerbosity::kVerbose : slidedp::LogVerbosity::kQuiet);
+  }
 
   if (*prepare) {
     popt.packing = packing == "packed" ? slidedp::data::Packing::kPacked : slidedp::data::Packing::kPadded;

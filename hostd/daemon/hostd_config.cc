@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "common/log/program_logging.h"
 #include "yaml-cpp/yaml.h"
 
 namespace slidedp::hostd {
@@ -65,10 +66,14 @@ void BindFlags(CLI::App& app, HostdConfig& c) {
 absl::Status ParseInto(int argc, const char* const* argv, HostdConfig& c, std::string* help) {
   CLI::App app{"slidedp-hostd: the node daemon that owns training state"};
   BindFlags(app, c);
+  app.set_version_flag("--version", [] { return VersionText("slidedp-hostd"); });
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
     *help = app.help();
+    return absl::CancelledError(*help);
+  } catch (const CLI::CallForVersion& e) {
+    *help = std::string(e.what()) + "\n";
     return absl::CancelledError(*help);
   } catch (const CLI::ParseError& e) {
     return absl::InvalidArgumentError(e.what());

@@ -5,6 +5,7 @@
 #include <iostream>
 #include <thread>
 
+#include "common/log/program_logging.h"
 #include "glog/logging.h"
 #include "hostd/core/host_core.h"
 #include "hostd/daemon/hostd_config.h"
@@ -28,8 +29,7 @@ int g_signal_pipe[2];
 }
 
 int main(int argc, char** argv) {
-  google::InitGoogleLogging(argv[0]);
-  FLAGS_logtostderr = true;
+  slidedp::InitProgramLogging(argv[0], slidedp::ProgramKind::kDaemon);
   auto config = slidedp::hostd::HostdConfig::Parse(argc, argv);
   if (!config.ok()) {
     if (config.status().code() == absl::StatusCode::kCancelled) {

@@ -1,7 +1,7 @@
 // `slidedp run` as a user runs it: the CLI binary starts its private hostd and CPU workers, runs
 // the job and exits with its result; when the private hostd is killed mid-job (as the kernel's
 // OOM killer does), the CLI says which process died and how, exits non-zero in bounded time, and
-// leaves nothing of the job's state in /dev/shm.
+// leaves nothing of the job's state in /dev/shm. The binaries' --version and logging start.
 #include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -94,6 +94,36 @@ TEST(CliRun, RunsTheJobOnAPrivateNodeAndExitsWithItsResult) {
   EXPECT_TRUE(absl::StrContains(log, "succeeded after 3 step(s)")) << log;
   EXPECT_FALSE(absl::StrContains(log, "removed")) << log;  // a clean hostd leaves nothing behind
   EXPECT_TRUE(NodeSegments(absl::StrCat("run", cli)).empty());
+  if (!HasFailure()) std::filesystem::remove_all(dir);
+}
+
+// The three binaries say their version (the build's digest too) and exit 0; a CLI command logs
+// nothing before glog starts (no "Logging before InitGoogleLogging" line), and -v with --quiet is
+// refused.
+TEST(CliRun, BinariesSayTheirVersionAndLogFromTheStart) {
+  const std::string dir = ::testing::TempDir() + "/cli-version-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  auto run = [&](std::vector<std::string> argv, const std::string& name) {
+    auto pid = client::SpawnProcess(std::move(argv), dir + "/" + name + ".log");
+    EXPECT_TRUE(pid.ok()) << pid.status();
+    const int rc = pid.ok() ? WaitExit(*pid, 60) : -1;
+    return std::pair<int, std::string>(rc, ReadFile(dir + "/" + name + ".log"));
+  };
+  for (const char* bin : {"slidedp", "slidedp-hostd", "slidedp-worker"}) {
+    const auto [rc, out] = run({BuildDir() + "/bin/" + bin, "--version"}, bin);
+    EXPECT_EQ(rc, 0) << bin << ": " << out;
+    EXPECT_TRUE(absl::StartsWith(out, absl::StrCat(bin, " slidedp "))) << out;
+  }
+  // A command that fails to reach hostd: one clear line, no glog preamble.
+  const auto [rc, out] = run({BuildDir() + "/bin/slidedp", "--hostd", "unix:" + dir + "/no.sock", "--timeout", "2",
+                              "health"},
+                             "health");
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_FALSE(absl::StrContains(out, "before InitGoogleLogging")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "slidedp: UNAVAILABLE")) << out;
+  const auto [both, both_out] = run({BuildDir() + "/bin/slidedp", "-v", "--quiet", "health"}, "both");
+  EXPECT_NE(both, 0) << both_out;
+  EXPECT_TRUE(absl::StrContains(both_out, "excludes")) << both_out;
   if (!HasFailure()) std::filesystem::remove_all(dir);
 }
 

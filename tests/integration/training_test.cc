@@ -1059,7 +1059,7 @@ TEST(Training, AutoPolicyChoosesValidatesAndCachesALayoutBitwiseRecompute) {
   std::string worker_log = ReadFile(node.dir() + "/worker0.log");
   EXPECT_TRUE(absl::StrContains(worker_log, "AutoPolicy: step 2 (all recompute) took")) << worker_log;
   EXPECT_TRUE(absl::StrContains(worker_log, "AutoPolicy: chose in")) << worker_log;
-  EXPECT_TRUE(absl::StrContains(worker_log, "AutoPolicy: validated on step 3")) << worker_log;
+  EXPECT_TRUE(absl::StrContains(worker_log, "AutoPolicy: validated on step ")) << worker_log;
   std::string hostd_log = ReadFile(node.dir() + "/hostd0.log");
   EXPECT_TRUE(absl::StrContains(hostd_log, "AutoPolicy chose")) << hostd_log;
   EXPECT_TRUE(absl::StrContains(hostd_log, "cached at")) << hostd_log;

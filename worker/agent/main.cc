@@ -5,6 +5,7 @@
 
 #include "CLI/CLI.hpp"
 #include "common/auth/hostd_channel.h"
+#include "common/log/program_logging.h"
 #include "glog/logging.h"
 #include "worker/agent/worker_agent.h"
 
@@ -18,8 +19,7 @@ int g_signal_pipe[2];
 }  // namespace
 
 int main(int argc, char** argv) {
-  google::InitGoogleLogging(argv[0]);
-  FLAGS_logtostderr = true;
+  slidedp::InitProgramLogging(argv[0], slidedp::ProgramKind::kDaemon);
   slidedp::worker::WorkerOptions opt;
   std::string backend = "cpu";
   int gpu = -1;
@@ -39,7 +39,11 @@ int main(int argc, char** argv) {
   app.add_option("--index", opt.index, "worker number (CPU backend)");
   app.add_flag("--count-gpus", count_gpus, "print the number of visible CUDA devices and exit");
   app.add_option("--exit-after-disconnects", opt.exit_after_disconnects, "give up after N failed sessions");
+  app.set_version_flag("--version", [] { return slidedp::VersionText("slidedp-worker"); });
+  bool quiet = false;
+  app.add_flag("--quiet", quiet, "log warnings and errors only");
   CLI11_PARSE(app, argc, argv);
+  if (quiet) slidedp::SetLogVerbosity(slidedp::ProgramKind::kDaemon, slidedp::LogVerbosity::kQuiet);
   if (count_gpus) {
     int n = 0;
 #ifdef SLIDEDP_HAVE_CUDA

@@ -599,7 +599,9 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   apo.build = BuildId();
   apo.world = a.world_size();
   apo.tokens_per_step = spec.global_batch * spec.seq_len;
-  apo.time_tolerance = options_.backend == BackendKind::kCpu ? 0.5 : 0.01;
+  // The CPU backend times a tiny model beside whatever else the machine runs (CI runs tests in
+  // parallel on 2 cores): only a layout 4x slower than recompute counts as a miss there.
+  apo.time_tolerance = options_.backend == BackendKind::kCpu ? 3.0 : 0.01;
   // The GPU suite's comparison against fixed layouts (docs/gpu-suite.md, autopolicy).
   const char* sweep = std::getenv("SLIDEDP_AUTOPOLICY_SWEEP");
   apo.sweep = sweep != nullptr && std::string(sweep) == "1";
