@@ -1,0 +1,345 @@
+// Qwen3-MoE block reference math: the router and the per-expert GEMMs over tokens grouped by
+// expert, explicitly instantiated for float (backend) and double (gradient checks). The GEMMs are
+// the dense Linear* ops, so threading and determinism are theirs. Limits: scalar C++, experts run
+// one after another; meant for tiny models and oracles.
+#include "worker/compute/cpu/moe_reference_math.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "worker/compute/cpu/qwen3_reference_math.h"
+
+namespace slidedp {
+namespace {
+
+// Tokens per parallel range of the per-token loops (router, combine): each token is cheap.
+constexpr int64_t kMinTokensPerRange = 16;
+
+template <typename R>
+inline R Sigmoid(R g) {
+  return R(1) / (R(1) + std::exp(-g));
+}
+
+template <typename R>
+inline R DotSerial(const R* a, const R* b, int64_t n) {
+  R acc = 0;
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+// The grouped rows of token t (its k slots) in ascending row order, which is ascending expert
+// order because rows are grouped expert by expert.
+inline void RowsOfToken(const MoePermutation& perm, int64_t t, int64_t k, int64_t* rows) {
+  std::copy_n(perm.row_of_slot.data() + t * k, k, rows);
+  std::sort(rows, rows + k);
+}
+
+// Sum of the selected probabilities in slot order: the norm_topk_prob denominator, recomputed
+// the same way in forward and backward.
+template <typename R>
+inline R SelectedProbSum(const R* probs_row, const int32_t* experts, int64_t k) {
+  R s = 0;
+  for (int64_t j = 0; j < k; ++j) s += probs_row[experts[j]];
+  return s;
+}
+
+}  // namespace
+
+MoeOffsets MoeOffsets::Stacked(const MoeDims& d) {
+  const int64_t E = d.num_experts, H = d.hidden, I = d.intermediate;
+  MoeOffsets o;
+  o.router = 0;
+  o.gate = E * H;
+  o.up = o.gate + E * I * H;
+  o.gate_up_expert_stride = I * H;
+  o.down = o.up + E * I * H;
+  o.down_expert_stride = H * I;
+  o.block_numel = o.down + E * H * I;
+  return o;
+}
+
+MoeOffsets MoeOffsets::FusedGateUp(const MoeDims& d) {
+  const int64_t E = d.num_experts, H = d.hidden, I = d.intermediate;
+  MoeOffsets o;
+  o.router = 0;
+  o.gate = E * H;
+  o.up = o.gate + I * H;
+  o.gate_up_expert_stride = 2 * I * H;
+  o.down = o.gate + E * 2 * I * H;
+  o.down_expert_stride = H * I;
+  o.block_numel = o.down + E * H * I;
+  return o;
+}
+
+MoePermutation BuildMoePermutation(const int32_t* topk_expert, int64_t num_tokens, int64_t top_k,
+                                   int64_t num_experts) {
+  const int64_t rows = num_tokens * top_k;
+  MoePermutation p;
+  p.expert_counts.assign(num_experts, 0);
+  for (int64_t i = 0; i < rows; ++i) ++p.expert_counts[topk_expert[i]];
+  p.expert_offsets.assign(num_experts + 1, 0);
+  for (int64_t e = 0; e < num_experts; ++e) p.expert_offsets[e + 1] = p.expert_offsets[e] + p.expert_counts[e];
+  p.token_index.resize(rows);
+  p.slot_index.resize(rows);
+  p.row_of_slot.resize(rows);
+  std::vector<int64_t> cursor(p.expert_offsets.begin(), p.expert_offsets.end() - 1);
+  // Tokens in ascending order, so each expert's rows come out in token order (a token holds an
+  // expert in at most one slot).
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int64_t j = 0; j < top_k; ++j) {
+      const int64_t r = cursor[topk_expert[t * top_k + j]]++;
+      p.token_index[r] = static_cast<int32_t>(t);
+      p.slot_index[r] = static_cast<int32_t>(j);
+      p.row_of_slot[t * top_k + j] = r;
+    }
+  }
+  return p;
+}
+
+double LoadBalancingLoss(const std::vector<MoeRouterStats>& layers) {
+  if (layers.empty()) return 0.0;
+  const int64_t E = static_cast<int64_t>(layers[0].expert_counts.size());
+  int64_t n = 0;
+  std::vector<double> counts(E, 0.0), probs(E, 0.0);
+  for (const MoeRouterStats& l : layers) {
+    n += l.num_tokens;
+    for (int64_t e = 0; e < E; ++e) {
+      counts[e] += static_cast<double>(l.expert_counts[e]);
+      probs[e] += l.prob_sums[e];
+    }
+  }
+  if (n == 0) return 0.0;
+  const double inv_n = 1.0 / static_cast<double>(n);
+  double sum = 0.0;
+  for (int64_t e = 0; e < E; ++e) sum += (counts[e] * inv_n) * (probs[e] * inv_n);
+  return static_cast<double>(E) * sum;
+}
+
+std::vector<double> LoadBalancingProbGrad(const std::vector<MoeRouterStats>& layers, double coef) {
+  if (layers.empty()) return {};
+  const int64_t E = static_cast<int64_t>(layers[0].expert_counts.size());
+  int64_t n = 0;
+  std::vector<double> grad(E, 0.0);
+  for (const MoeRouterStats& l : layers) {
+    n += l.num_tokens;
+    for (int64_t e = 0; e < E; ++e) grad[e] += static_cast<double>(l.expert_counts[e]);
+  }
+  if (n == 0) return grad;
+  const double scale = coef * static_cast<double>(E) / (static_cast<double>(n) * static_cast<double>(n));
+  for (double& g : grad) g *= scale;
+  return grad;
+}
+
+template <typename R>
+void MoeRoute(const MoeDims& d, const MoeOffsets& offs, const R* params, const R* x, int64_t T, MoeActs<R>* a,
+              CpuWorkerPool* pool) {
+  const int64_t H = d.hidden, E = d.num_experts, k = d.top_k;
+  a->router_logits.resize(T * E);
+  a->router_probs.resize(T * E);
+  a->topk_expert.resize(T * k);
+  a->topk_weight.resize(T * k);
+  LinearForward(x, params + offs.router, T, H, E, a->router_logits.data(), pool);
+  ParallelRanges(pool, T, kMinTokensPerRange, [&](int64_t t0, int64_t t1) {
+    std::vector<char> taken(E);
+    for (int64_t t = t0; t < t1; ++t) {
+      const R* z = a->router_logits.data() + t * E;
+      R* p = a->router_probs.data() + t * E;
+      R mx = z[0];
+      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, z[e]);
+      R sum = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        p[e] = std::exp(z[e] - mx);
+        sum += p[e];
+      }
+      for (int64_t e = 0; e < E; ++e) p[e] = p[e] / sum;
+
+      // Top-k by repeated arg-max; the strict '>' keeps the lower index on equal values.
+      int32_t* sel = a->topk_expert.data() + t * k;
+      std::fill(taken.begin(), taken.end(), 0);
+      for (int64_t j = 0; j < k; ++j) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; ++e) {
+          if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+        }
+        taken[best] = 1;
+        sel[j] = static_cast<int32_t>(best);
+      }
+      R* w = a->topk_weight.data() + t * k;
+      const R s = d.norm_topk_prob ? SelectedProbSum(p, sel, k) : R(1);
+      for (int64_t j = 0; j < k; ++j) w[j] = d.norm_topk_prob ? p[sel[j]] / s : p[sel[j]];
+    }
+  });
+}
+
+template <typename R>
+void MoeBlockForward(const MoeDims& d, const MoeOffsets& offs, const R* params, const R* x, int64_t T, R* y,
+                     MoeActs<R>* a, CpuWorkerPool* pool) {
+  const int64_t H = d.hidden, I = d.intermediate, E = d.num_experts, k = d.top_k, rows = T * k;
+  MoeRoute(d, offs, params, x, T, a, pool);
+  a->perm = BuildMoePermutation(a->topk_expert.data(), T, k, E);
+  const MoePermutation& perm = a->perm;
+
+  // Grouped GEMMs: gate and up over each expert's gathered rows, then down on silu(gate) * up.
+  std::vector<R> xg(rows * H);
+  ParallelRanges(pool, rows, kMinTokensPerRange, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) std::copy_n(x + perm.token_index[r] * H, H, xg.data() + r * H);
+  });
+  a->gate.resize(rows * I);
+  a->up.resize(rows * I);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = perm.expert_offsets[e], n = perm.expert_counts[e];
+    if (n == 0) continue;
+    LinearForward(xg.data() + r0 * H, params + offs.gate_at(e), n, H, I, a->gate.data() + r0 * I, pool);
+    LinearForward(xg.data() + r0 * H, params + offs.up_at(e), n, H, I, a->up.data() + r0 * I, pool);
+  }
+  xg = {};
+  std::vector<R> m(rows * I);
+  for (int64_t i = 0; i < rows * I; ++i) m[i] = a->gate[i] * Sigmoid(a->gate[i]) * a->up[i];
+  a->expert_out.resize(rows * H);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = perm.expert_offsets[e], n = perm.expert_counts[e];
+    if (n == 0) continue;
+    LinearForward(m.data() + r0 * I, params + offs.down_at(e), n, I, H, a->expert_out.data() + r0 * H, pool);
+  }
+
+  // Combine: y[t] = sum of w * expert_out over the token's rows in ascending expert order.
+  ParallelRanges(pool, T, kMinTokensPerRange, [&](int64_t t0, int64_t t1) {
+    std::vector<int64_t> token_rows(k);
+    for (int64_t t = t0; t < t1; ++t) {
+      RowsOfToken(perm, t, k, token_rows.data());
+      R* yr = y + t * H;
+      std::fill(yr, yr + H, R(0));
+      for (int64_t r : token_rows) {
+        const R w = a->topk_weight[t * k + perm.slot_index[r]];
+        const R* o = a->expert_out.data() + r * H;
+        for (int64_t i = 0; i < H; ++i) yr[i] += o[i] * w;
+      }
+    }
+  });
+
+  MoeRouterStats& st = a->stats;
+  st.num_tokens = T;
+  st.expert_counts = perm.expert_counts;
+  st.prob_sums.assign(E, 0.0);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t e = 0; e < E; ++e) st.prob_sums[e] += static_cast<double>(a->router_probs[t * E + e]);
+  }
+}
+
+template <typename R>
+void MoeBlockBackward(const MoeDims& d, const MoeOffsets& offs, const R* params, const R* x, int64_t T,
+                      const MoeActs<R>& a, const R* dy, const double* aux_prob_grad, R* dx, R* dparams,
+                      CpuWorkerPool* pool) {
+  const int64_t H = d.hidden, I = d.intermediate, E = d.num_experts, k = d.top_k, rows = T * k;
+  const MoePermutation& perm = a.perm;
+
+  // dL/dw[t, j] = dy[t] . expert_out, and the grouped down_proj output gradient w * dy[t]. These
+  // are the last reads of dy, so dx may alias it.
+  std::vector<R> dw(rows), dout(rows * H);
+  ParallelRanges(pool, rows, kMinTokensPerRange, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t t = perm.token_index[r], j = perm.slot_index[r];
+      const R* dyr = dy + t * H;
+      dw[t * k + j] = DotSerial(dyr, a.expert_out.data() + r * H, H);
+      const R w = a.topk_weight[t * k + j];
+      for (int64_t i = 0; i < H; ++i) dout[r * H + i] = w * dyr[i];
+    }
+  });
+
+  // Experts: y_e = m Wd^T with m = silu(gate) * up; gate = xg Wg^T, up = xg Wu^T.
+  std::vector<R> m(rows * I), dm(rows * I);
+  for (int64_t i = 0; i < rows * I; ++i) m[i] = a.gate[i] * Sigmoid(a.gate[i]) * a.up[i];
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = perm.expert_offsets[e], n = perm.expert_counts[e];
+    if (n == 0) continue;
+    LinearBackwardWeight(dout.data() + r0 * H, m.data() + r0 * I, n, I, H, dparams + offs.down_at(e), pool);
+    LinearBackwardInput(dout.data() + r0 * H, params + offs.down_at(e), n, I, H, dm.data() + r0 * I,
+                        Accumulate::kOverwrite, pool);
+  }
+  m = {};
+  dout = {};
+  std::vector<R> dgate(rows * I), dup(rows * I);
+  for (int64_t i = 0; i < rows * I; ++i) {
+    const R gt = a.gate[i], sg = Sigmoid(gt);
+    dup[i] = dm[i] * gt * sg;
+    dgate[i] = dm[i] * a.up[i] * (sg * (R(1) + gt * (R(1) - sg)));
+  }
+  dm = {};
+  std::vector<R> xg(rows * H), dxg(rows * H);
+  ParallelRanges(pool, rows, kMinTokensPerRange, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) std::copy_n(x + perm.token_index[r] * H, H, xg.data() + r * H);
+  });
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = perm.expert_offsets[e], n = perm.expert_counts[e];
+    if (n == 0) continue;
+    LinearBackwardWeight(dgate.data() + r0 * I, xg.data() + r0 * H, n, H, I, dparams + offs.gate_at(e), pool);
+    LinearBackwardWeight(dup.data() + r0 * I, xg.data() + r0 * H, n, H, I, dparams + offs.up_at(e), pool);
+    LinearBackwardInput(dgate.data() + r0 * I, params + offs.gate_at(e), n, H, I, dxg.data() + r0 * H,
+                        Accumulate::kOverwrite, pool);
+    LinearBackwardInput(dup.data() + r0 * I, params + offs.up_at(e), n, H, I, dxg.data() + r0 * H, Accumulate::kAdd,
+                        pool);
+  }
+  xg = {};
+  dgate = {};
+  dup = {};
+
+  // Router: dL/dp from the routing weights (through the renormalisation w_j = p_j / s, whose
+  // Jacobian gives (dw_j - sum_i dw_i w_i) / s; without it dp_j = dw_j), scattered to the selected
+  // experts, plus the aux loss term on every probability; then softmax backward
+  // dz = p * (dp - sum_e p_e dp_e).
+  std::vector<R> aux(E, R(0));
+  if (aux_prob_grad != nullptr) {
+    for (int64_t e = 0; e < E; ++e) aux[e] = static_cast<R>(aux_prob_grad[e]);
+  }
+  std::vector<R> dz(T * E);
+  ParallelRanges(pool, T, kMinTokensPerRange, [&](int64_t t0, int64_t t1) {
+    std::vector<R> dp(E);
+    for (int64_t t = t0; t < t1; ++t) {
+      const R* p = a.router_probs.data() + t * E;
+      const int32_t* sel = a.topk_expert.data() + t * k;
+      const R* w = a.topk_weight.data() + t * k;
+      const R* dwt = dw.data() + t * k;
+      std::copy(aux.begin(), aux.end(), dp.begin());
+      if (d.norm_topk_prob) {
+        const R s = SelectedProbSum(p, sel, k);
+        const R dw_dot_w = DotSerial(dwt, w, k);
+        for (int64_t j = 0; j < k; ++j) dp[sel[j]] += (dwt[j] - dw_dot_w) / s;
+      } else {
+        for (int64_t j = 0; j < k; ++j) dp[sel[j]] += dwt[j];
+      }
+      const R p_dot_dp = DotSerial(p, dp.data(), E);
+      for (int64_t e = 0; e < E; ++e) dz[t * E + e] = p[e] * (dp[e] - p_dot_dp);
+    }
+  });
+  LinearBackwardWeight(dz.data(), x, T, H, E, dparams + offs.router, pool);
+  std::vector<R> dx_acc(T * H);
+  LinearBackwardInput(dz.data(), params + offs.router, T, H, E, dx_acc.data(), Accumulate::kOverwrite, pool);
+
+  // dx = router term + the token's expert terms in ascending expert order.
+  ParallelRanges(pool, T, kMinTokensPerRange, [&](int64_t t0, int64_t t1) {
+    std::vector<int64_t> token_rows(k);
+    for (int64_t t = t0; t < t1; ++t) {
+      RowsOfToken(perm, t, k, token_rows.data());
+      R* acc = dx_acc.data() + t * H;
+      for (int64_t r : token_rows) {
+        const R* g = dxg.data() + r * H;
+        for (int64_t i = 0; i < H; ++i) acc[i] += g[i];
+      }
+      std::copy_n(acc, H, dx + t * H);
+    }
+  });
+}
+
+#define SLIDEDP_INSTANTIATE_MOE_REAL(R)                                                                             \
+  template struct MoeActs<R>;                                                                                       \
+  template void MoeRoute<R>(const MoeDims&, const MoeOffsets&, const R*, const R*, int64_t, MoeActs<R>*,            \
+                            CpuWorkerPool*);                                                                        \
+  template void MoeBlockForward<R>(const MoeDims&, const MoeOffsets&, const R*, const R*, int64_t, R*, MoeActs<R>*, \
+                                   CpuWorkerPool*);                                                                 \
+  template void MoeBlockBackward<R>(const MoeDims&, const MoeOffsets&, const R*, const R*, int64_t,                 \
+                                    const MoeActs<R>&, const R*, const double*, R*, R*, CpuWorkerPool*);
+
+SLIDEDP_INSTANTIATE_MOE_REAL(float)
+SLIDEDP_INSTANTIATE_MOE_REAL(double)
+
+}  // namespace slidedp
