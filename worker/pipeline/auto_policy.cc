@@ -312,6 +312,24 @@ AutoPolicyChoice AllRecompute(const ModelLayout& layout) {
 
 }  // namespace
 
+std::optional<AutoPolicyChoice> AutoPolicySession::RecomputeWithRecord(const Measured& measured) const {
+  if (!measured.choice.layout.autopolicy) return std::nullopt;
+  AutoPolicyRecord rec = *measured.choice.layout.autopolicy;
+  std::vector<int64_t> counts(rec.problem.candidates.size(), 0);
+  const auto it = std::find_if(rec.problem.candidates.begin(), rec.problem.candidates.end(),
+                               [](const LayerCandidate& c) { return c.policy == LayerPolicy{}; });
+  if (it == rec.problem.candidates.end()) return std::nullopt;
+  counts[static_cast<size_t>(it - rec.problem.candidates.begin())] = rec.problem.layers;
+  rec.predicted = PredictPolicy(rec.problem, counts);
+  AutoPolicyChoice out = AllRecompute(*options_.layout);
+  out.layout.device = measured.choice.layout.device;
+  out.layout.tokens_per_step = measured.choice.layout.tokens_per_step;
+  out.predicted_peak_bytes = rec.working_set_bytes + rec.predicted.device_bytes;
+  out.summary = MixName(rec.problem.candidates, counts);
+  out.layout.autopolicy = std::move(rec);
+  return out;
+}
+
 AutoPolicyChoice AutoPolicySession::WithoutOffload() {
   inputs_.host_budget_bytes = 0;
   first_look_.reset();
@@ -387,6 +405,7 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     choice_ = std::move(*choice);
     choice_.layout.autopolicy->selection_s = selection_s_;
     LOG(INFO) << "AutoPolicy: chose in " << selection_s_ << " s: " << choice_.summary;
+    measure_step_ = step;
     phase_ = Phase::kValidate;
     return choice_;
   }
@@ -491,8 +510,18 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
   if (best->step_s > recompute_bar) {
     LOG(WARNING) << "AutoPolicy: the fastest layout took " << best->step_s << " s, slower than "
                  << inputs_.recompute_step.total_s << " s with every layer recomputed; going back to recompute";
+    // Recompute is the measured answer: it is reported and cached like any layout, so the next
+    // job of this shape does not probe again.
+    std::optional<AutoPolicyChoice> recompute = RecomputeWithRecord(*best);
+    if (recompute) {
+      choice_ = std::move(*recompute);
+      validated_ = true;
+      validated_step_ = measure_step_;
+      validated_step_s_ = inputs_.recompute_step.total_s;
+      validated_peak_bytes_ = inputs_.recompute_step.peak_bytes;
+    }
     if (!more_steps) return std::nullopt;
-    return AllRecompute(layout);
+    return recompute ? choice_ : AllRecompute(layout);
   }
   const bool switch_back = best->step != step;
   choice_ = best->choice;

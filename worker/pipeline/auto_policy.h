@@ -21,7 +21,8 @@
 //     a peak over 95% of the capacity re-solves with the overshoot taken off the budget; a layout
 //     that offloads checkpoints and runs slower than predicted is solved again with none offloaded
 //     (at most kMaxResolves re-solves in all); then the fastest layout measured runs from the next
-//     step, or recompute when none beats the recompute step (Options::time_tolerance).
+//     step, or recompute when none beats the recompute step (Options::time_tolerance), which is
+//     then reported and cached as the measured answer.
 // The chosen layout (with its measurements, AutoPolicyRecord) goes to hostd, which caches it for
 // the next job of the same shape and batch on the same build.
 #pragma once
@@ -188,7 +189,12 @@ class AutoPolicySession {
     int64_t peak_bytes = 0;
     int64_t step = 0;
   };
+  // Every layer recomputed, with the record of what was measured (predicted as all recompute), for
+  // the report and the cache; nullopt without a record.
+  std::optional<AutoPolicyChoice> RecomputeWithRecord(const Measured& measured) const;
+
   std::vector<Measured> measured_;  // every layout validated within its memory, with its step
+  int64_t measure_step_ = -1;       // the recompute step the base costs came from
   std::vector<SweepLayout> sweep_;
   size_t sweep_at_ = 0;
   std::optional<StepObservation> first_look_;  // a layout's first step, while its second runs

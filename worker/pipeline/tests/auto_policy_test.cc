@@ -7,7 +7,10 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "common/policy/layout_solver.h"
+#include "worker/compute/cpu/cpu_backend.h"
+#include "worker/compute/cpu/tests/cpu_test_util.h"
 
 namespace slidedp {
 namespace {
@@ -194,6 +197,61 @@ TEST(AutoPolicy, SweepLayoutsKeepTheMostThatFits) {
   // No host room: the offloading ones go.
   in.host_budget_bytes = 0;
   EXPECT_EQ(SweepLayouts(in).size(), 4u);
+}
+
+// The session on the CPU backend's real probes, fed step figures: a layout slower than the
+// recompute step sends the job back to recompute, and that answer is reported with its record
+// (every layer recompute, predicted from the same measurements), so hostd caches it.
+TEST(AutoPolicySession, RecomputeIsAMeasuredAnswerWithItsRecord) {
+  const Qwen3Config config = *Qwen3Config::Preset("tiny");
+  const ModelLayout layout = ModelLayout::Build(config);
+  auto backend = MakeCpuBackend(config);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  AutoPolicySession::Options o;
+  o.enabled = true;
+  o.backend = backend->get();
+  o.layout = &layout;
+  o.capacity_bytes = 1ll << 30;
+  o.host_budget_bytes = 0;
+  o.device_name = "cpu";
+  o.build = "test";
+  AutoPolicySession session(o);
+  const std::vector<MicroBatch> mbs = {testing::MakeBatch({30, 34}, config.vocab_size, 1),
+                                       testing::MakeBatch({64}, config.vocab_size, 2)};
+  StepObservation step;
+  step.total_s = step.compute_s = 1.0;
+  step.peak_bytes = 1 << 20;
+  auto r = session.AfterStep(0, step, mbs, 9);  // warm-up
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->has_value());
+  r = session.AfterStep(1, step, mbs, 8);  // measured: a layout to validate
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->has_value());
+  EXPECT_FALSE(session.validated());
+  StepObservation slow = step;
+  slow.total_s = 2.0;  // twice the recompute step, on both validation steps
+  r = session.AfterStep(2, slow, mbs, 7);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->has_value());  // (its first look)
+  r = session.AfterStep(3, slow, mbs, 6);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->has_value());
+  EXPECT_TRUE(session.validated());
+  EXPECT_FALSE(session.active());
+  const AutoPolicyChoice& c = session.chosen();
+  for (const LayerPolicy& l : c.layout.layers) EXPECT_EQ(l, LayerPolicy{}) << LayerPolicyName(l);
+  ASSERT_TRUE(c.layout.autopolicy.has_value());
+  EXPECT_EQ(c.layout.autopolicy->predicted.step_s, PredictPolicy(c.layout.autopolicy->problem,
+                                                                 c.layout.autopolicy->predicted.counts)
+                                                       .step_s);
+  EXPECT_EQ(MixName(c.layout.autopolicy->problem.candidates, c.layout.autopolicy->predicted.counts),
+            absl::StrCat(config.num_hidden_layers, " recompute"));
+  EXPECT_EQ(session.validated_step(), 1);
+  EXPECT_EQ(session.validated_step_s(), 1.0);
+  // What the cache would hold parses back.
+  auto again = LayerLayout::Parse(c.layout.ToYaml(), "cached");
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << c.layout.ToYaml();
+  EXPECT_EQ(*again, c.layout);
 }
 
 }  // namespace
