@@ -74,8 +74,8 @@ struct ModelShape {
   bool operator==(const ModelShape& o) const;
 };
 
-// Elements per token a layer keeps beyond its input for `pieces`, as the CPU reference keeps them
-// (each piece it names in FP32: the most any backend keeps; the CUDA backend keeps most in BF16).
+// Elements per token a layer keeps beyond its input for `pieces`: what the CPU backend keeps (each
+// in FP32: the most any backend keeps; the CUDA backend keeps most in BF16) and admission counts.
 int64_t KeptElementsPerToken(const ModelShape& shape, uint32_t pieces);
 
 // What AutoPolicy measured and solved (common/policy/layout_solver.h has the step model).

@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -709,25 +709,12 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
             ASSIGN_OR_RETURN(activations, MakeCudaActivationStore(backend, choice.offloaded, options_.index));
 #endif
           }
-          // Pinned now, not during the validation step: per offloading layer, its checkpoints'
-          // inputs and kept pieces (with room for the pieces' 256-byte alignment).
-          for (size_t l = 0; l < choice.policies.size(); ++l) {
-            if (!activations->offloads(static_cast<int>(l) + 1)) continue;
-            const ActPolicy kept = choice.policies[l];
-            std::vector<CheckpointBytes> sizes;
-            for (const MicroBatch& mb : mbs) {
-              CheckpointBytes c;
-              c.input = mb.num_tokens() * config.hidden_size * DTypeBytes(backend->activation_dtype());
-              if (kept.pieces != 0) c.kept = backend->SavedBytesPerToken(kept) * mb.num_tokens() + 16 * 256;
-              sizes.push_back(c);
-            }
-            absl::Status pinned = activations->Reserve(static_cast<int>(l) + 1, sizes);
-            if (!pinned.ok()) {
-              LOG(WARNING) << "job " << a.job_id() << ": " << pinned.message();
-              activations.reset();
-              choice = autopolicy.WithoutOffload();
-              break;
-            }
+          // Pinned now, not during the validation step.
+          absl::Status pinned = ReserveCheckpoints(*activations, *backend, choice.policies, mbs);
+          if (!pinned.ok()) {
+            LOG(WARNING) << "job " << a.job_id() << ": " << pinned.message();
+            activations.reset();
+            choice = autopolicy.WithoutOffload();
           }
         }
         runner.SetLayout(choice.policies, activations.get());

@@ -18,6 +18,25 @@ int OffloadedCheckpoints(double ratio, int n) {
   return std::clamp(k, 1, n);
 }
 
+absl::Status ReserveCheckpoints(ActivationStore& store, const ComputeBackend& backend,
+                                const std::vector<ActPolicy>& policies, const std::vector<MicroBatch>& micro_batches) {
+  constexpr int64_t kPieceAlignmentRoom = 16 * 256;  // the CUDA backend aligns each piece to 256 bytes
+  const int64_t input_per_token = backend.config().hidden_size * DTypeBytes(backend.activation_dtype());
+  for (size_t l = 0; l < policies.size(); ++l) {
+    const int unit = static_cast<int>(l) + 1;
+    if (!store.offloads(unit)) continue;
+    std::vector<CheckpointBytes> sizes;
+    for (const MicroBatch& mb : micro_batches) {
+      CheckpointBytes c;
+      c.input = mb.num_tokens() * input_per_token;
+      if (policies[l].pieces != 0) c.kept = backend.SavedBytesPerToken(policies[l]) * mb.num_tokens() + kPieceAlignmentRoom;
+      sizes.push_back(c);
+    }
+    RETURN_IF_ERROR(store.Reserve(unit, sizes));
+  }
+  return absl::OkStatus();
+}
+
 MovedCheckpoints TakeCheckpoints(int count, std::vector<std::unique_ptr<DeviceBuffer>>& inputs,
                                  std::vector<std::unique_ptr<SavedActivations>>& saved) {
   MovedCheckpoints out;

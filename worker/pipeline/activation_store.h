@@ -52,6 +52,11 @@ class ActivationStore {
   virtual double copy_s() const = 0;
 };
 
+// Reserves the host memory of every unit `store` offloads for these micro-batches, each decoder
+// layer keeping what policies[layer] keeps (with room for the backend's alignment of the pieces).
+absl::Status ReserveCheckpoints(ActivationStore& store, const ComputeBackend& backend,
+                                const std::vector<ActPolicy>& policies, const std::vector<MicroBatch>& micro_batches);
+
 // How many of a unit's `n` checkpoints an offload ratio moves: round(ratio x n), at least one when
 // the ratio is above 0, at most n.
 int OffloadedCheckpoints(double ratio, int n);

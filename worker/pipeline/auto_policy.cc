@@ -46,6 +46,31 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> Filled(ComputeBackend* b, int64_t 
   return buf;
 }
 
+// The recompute step's peak less the checkpoints it kept on the device: what no layout changes.
+int64_t WorkingSetBytes(const AutoPolicyInputs& in) {
+  return std::max<int64_t>(0, in.recompute_step.peak_bytes - in.layout->config.num_hidden_layers * in.checkpoint_bytes);
+}
+
+// The device bytes a layout may keep: the capacity's usable fraction less the working set.
+int64_t LayoutBudgetBytes(const AutoPolicyInputs& in) {
+  return std::max<int64_t>(0, static_cast<int64_t>(kAutoPolicyUsableFraction * static_cast<double>(in.capacity_bytes)) -
+                                  WorkingSetBytes(in));
+}
+
+// What a layer's `bytes` measured on the recompute step's tokens become on the largest step the
+// job can have (AutoPolicyInputs::largest_step_scale).
+int64_t AtLargestStep(const AutoPolicyInputs& in, int64_t bytes) {
+  return static_cast<int64_t>(std::ceil(static_cast<double>(bytes) * std::max(1.0, in.largest_step_scale)));
+}
+
+// The device room checkpoints take while they cross, for layers moving `moved` bytes each: one
+// layer's going out (freed when its copy ends), one coming back ahead of its backward, and the
+// pool's blocks split around them (4 inputs' room, as measured safe for inputs alone), plus what a
+// layer moves beyond its input.
+int64_t InFlightBytes(int64_t checkpoint_bytes, int64_t moved) {
+  return moved > 0 ? 4 * checkpoint_bytes + std::max<int64_t>(0, moved - checkpoint_bytes) : 0;
+}
+
 }  // namespace
 
 std::vector<LayerPolicy> ProbedPolicies() {
@@ -143,15 +168,11 @@ absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_
   rec.build = in.build;
   rec.capacity_bytes = in.capacity_bytes;
   // The working set: the recompute step's peak less the checkpoints it kept on the device.
-  rec.working_set_bytes = std::max<int64_t>(0, s.peak_bytes - layers * in.checkpoint_bytes);
+  rec.working_set_bytes = WorkingSetBytes(in);
   PolicyProblem& problem = rec.problem;
   problem.layers = layers;
   problem.device_budget_bytes =
-      device_budget_bytes >= 0
-          ? device_budget_bytes
-          : std::max<int64_t>(0,
-                              static_cast<int64_t>(kAutoPolicyUsableFraction * static_cast<double>(in.capacity_bytes)) -
-                                  rec.working_set_bytes);
+      device_budget_bytes >= 0 ? device_budget_bytes : LayoutBudgetBytes(in);
   problem.host_budget_bytes = in.host_budget_bytes;
   StepBase& base = problem.base;
   // The worker queues compute asynchronously, so its gate waits overlap the GPU's work: the compute
@@ -167,7 +188,8 @@ absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_
   for (const LayerProbe& p : in.probes) {
     for (double share : OffloadShares(in.micro_batches)) {
       if (share > 0 && in.host_budget_bytes == 0) continue;
-      const double kept = static_cast<double>(in.checkpoint_bytes + p.saved_bytes);
+      const int64_t checkpoint = AtLargestStep(in, in.checkpoint_bytes);
+      const double kept = static_cast<double>(checkpoint + AtLargestStep(in, p.saved_bytes));
       const auto moved = static_cast<int64_t>(std::llround(share * kept));
       LayerCandidate c;
       c.policy = p.policy;
@@ -176,12 +198,7 @@ absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_
       c.forward_s = p.forward_s;
       c.device_bytes = static_cast<int64_t>(std::llround(kept)) - moved;
       c.host_bytes = c.h2d_bytes = c.d2h_bytes = moved;
-      // While checkpoints cross: one layer's going out (freed when its copy ends), one coming back
-      // ahead of its backward, and the pool's blocks split around them (4 inputs' room, as
-      // measured safe for inputs alone), plus what a layer moves beyond its input.
-      if (moved > 0) {
-        c.in_flight_bytes = 4 * in.checkpoint_bytes + std::max<int64_t>(0, moved - in.checkpoint_bytes);
-      }
+      c.in_flight_bytes = InFlightBytes(checkpoint, moved);
       problem.candidates.push_back(c);
     }
   }
@@ -253,11 +270,11 @@ std::vector<SweepLayout> SweepLayouts(const AutoPolicyInputs& in) {
   if (in.layout == nullptr) return out;
   const ModelLayout& layout = *in.layout;
   const int64_t layers = layout.config.num_hidden_layers;
-  const int64_t working_set = std::max<int64_t>(0, in.recompute_step.peak_bytes - layers * in.checkpoint_bytes);
-  const int64_t budget =
-      static_cast<int64_t>(kAutoPolicyUsableFraction * static_cast<double>(in.capacity_bytes)) - working_set;
+  const int64_t working_set = WorkingSetBytes(in), budget = LayoutBudgetBytes(in);
+  const int64_t checkpoint = AtLargestStep(in, in.checkpoint_bytes);
   for (const LayerProbe& p : in.probes) {
     if (p.policy.kind == LayerKind::kRecompute) continue;
+    const int64_t saved = AtLargestStep(in, p.saved_bytes);
     for (const double ratio : {0.0, 0.5}) {
       const int64_t offloaded = std::llround(ratio * static_cast<double>(layers));
       // The device and pinned bytes of the last k layers kept as p, the first `offloaded` whole.
@@ -265,7 +282,7 @@ std::vector<SweepLayout> SweepLayouts(const AutoPolicyInputs& in) {
         int64_t device = 0, most_moved = 0;
         *host = 0;
         for (int64_t l = 0; l < layers; ++l) {
-          const int64_t kept = in.checkpoint_bytes + (l >= layers - k ? p.saved_bytes : 0);
+          const int64_t kept = checkpoint + (l >= layers - k ? saved : 0);
           if (l < offloaded) {
             *host += kept;
             most_moved = std::max(most_moved, kept);
@@ -273,8 +290,7 @@ std::vector<SweepLayout> SweepLayouts(const AutoPolicyInputs& in) {
             device += kept;
           }
         }
-        if (offloaded > 0) device += 4 * in.checkpoint_bytes + (most_moved - in.checkpoint_bytes);
-        return device;
+        return device + InFlightBytes(checkpoint, most_moved);
       };
       int64_t k = layers, host = 0;
       while (k > 0 && bytes(k, &host) > budget) --k;
@@ -377,6 +393,10 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     inputs_.layout = &layout;
     inputs_.checkpoint_bytes = tokens * layout.config.hidden_size * DTypeBytes(options_.backend->activation_dtype());
     inputs_.micro_batches = static_cast<int>(micro_batches.size());
+    // Rows hold their documents' tokens only, so a later step can hold more than this one: every
+    // row full (the job's tokens per step, this rank's share).
+    const int64_t largest = options_.tokens_per_step / std::max(1, options_.world);
+    inputs_.largest_step_scale = tokens > 0 && largest > tokens ? static_cast<double>(largest) / tokens : 1.0;
     inputs_.recompute_step = seen;
     inputs_.capacity_bytes = options_.capacity_bytes;
     inputs_.host_budget_bytes = options_.host_budget_bytes;
@@ -392,7 +412,8 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     LOG(INFO) << "AutoPolicy: step " << step + 1 << " (all recompute) took " << seen.total_s << " s (compute "
               << seen.compute_s << ", gate waits " << seen.gate_s << ", H2D " << seen.h2d_s << ", D2H " << seen.d2h_s
               << " s), peak " << seen.peak_bytes / 1073741824.0 << " GiB; one layer: " << probes << "; checkpoint "
-              << inputs_.checkpoint_bytes / 1073741824.0 << " GiB; pinned copies "
+              << inputs_.checkpoint_bytes / 1073741824.0 << " GiB (the layers' bytes x"
+              << inputs_.largest_step_scale << " for a step of full rows); pinned copies "
               << inputs_.rates.h2d_bytes_per_s / 1e9 << " / " << inputs_.rates.d2h_bytes_per_s / 1e9 << " GB/s";
     absl::StatusOr<AutoPolicyChoice> choice = ChooseLayout(inputs_);
     selection_s_ += absl::ToDoubleSeconds(absl::Now() - t0);

@@ -79,6 +79,9 @@ struct AutoPolicyInputs {
   std::vector<LayerProbe> probes;
   int64_t checkpoint_bytes = 0;   // one layer's input over the step's micro-batches
   int micro_batches = 1;          // a layer's checkpoints per step (the offload shares' grain)
+  // The largest step's tokens over the measured step's (>= 1): the layers' bytes are planned for
+  // it, since rows hold only their documents' tokens and a later step may hold more.
+  double largest_step_scale = 1;
   StepObservation recompute_step;  // every layer recomputed, nothing offloaded
   int64_t capacity_bytes = 0;     // device memory, or runtime.gpu_memory_limit
   int64_t host_budget_bytes = -1;  // pinned host memory for offloaded checkpoints; -1: no bound

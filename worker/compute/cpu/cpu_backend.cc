@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/policy/layer_policy.h"
 #include "common/status/status_macros.h"
 #include "worker/compute/cpu/cpu_worker_pool.h"
 
@@ -331,7 +332,8 @@ class CpuBackend final : public ComputeBackend {
   }
 
   int64_t SavedBytesPerToken(ActPolicy policy) const override {
-    return SavedElementsPerToken(dims_, policy) * static_cast<int64_t>(sizeof(float));
+    // DecoderActs keep each piece in FP32, which is what admission's count assumes.
+    return KeptElementsPerToken(ModelShape::Of(config()), policy.pieces) * static_cast<int64_t>(sizeof(float));
   }
 
  private:

@@ -236,17 +236,6 @@ int64_t DecoderActs<R>::num_elements() const {
   return n;
 }
 
-int64_t SavedElementsPerToken(const DecoderDims& d, ActPolicy policy) {
-  int64_t n = 0;
-  if (policy.keeps(kPieceQkv)) n += d.q_dim() + d.kv_dim() + d.kv_dim();  // q_raw, k_raw, v
-  if (policy.keeps(kPieceAttention)) n += d.q_dim() + d.heads;            // attn, lse
-  if (policy.keeps(kPieceOProj)) n += d.hidden;                           // h1
-  if (policy.keeps(kPieceGateUp)) n += 2 * d.intermediate;                // gate, up
-  // rstd1, xn, q_rstd, k_rstd, q_rot, k_rot, rstd2, hn
-  if (policy.keeps(kPieceCheap)) n += 1 + d.hidden + d.heads + d.kv_heads + d.q_dim() + d.kv_dim() + 1 + d.hidden;
-  return n;
-}
-
 template <typename R>
 void DecoderAttentionInputs(const DecoderDims& d, const DecoderOffsets& offs, const R* params,
                             const TokenGeometry& geom, const R* x, DecoderActs<R>* a, CpuWorkerPool* pool) {

@@ -130,9 +130,6 @@ struct DecoderActs {
   int64_t num_elements() const;
 };
 
-// Elements per token DecoderActs hold under a policy (what the backend saves).
-int64_t SavedElementsPerToken(const DecoderDims& dims, ActPolicy policy);
-
 // Forward phases. params is the flat unit array (DecoderOffsets layout), x is [T, hidden].
 // Phase 1: rstd1, xn, q_raw, k_raw, q_rstd, k_rstd, q_rot, k_rot, v.
 template <typename R>

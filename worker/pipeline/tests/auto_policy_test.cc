@@ -69,6 +69,27 @@ TEST(AutoPolicy, TheLayoutFitsAndPredictsItsPeak) {
   EXPECT_NE(c->layout.layers.back().kind, LayerKind::kRecompute);
 }
 
+// Rows hold their documents' tokens only: the layers' bytes are planned for a step of full rows,
+// so a later, fuller step still fits.
+TEST(AutoPolicy, MemoryIsPlannedForTheLargestStep) {
+  const ModelLayout layout = Layout36();
+  AutoPolicyInputs in = EightB(layout);
+  in.host_budget_bytes = 0;
+  auto measured = ChooseLayout(in);
+  in.largest_step_scale = 1.5;
+  auto largest = ChooseLayout(in);
+  ASSERT_TRUE(measured.ok() && largest.ok());
+  const auto& a = measured->layout.autopolicy->problem.candidates;
+  const auto& b = largest->layout.autopolicy->problem.candidates;
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t j = 0; j < a.size(); ++j) EXPECT_NEAR(b[j].device_bytes, 1.5 * a[j].device_bytes, 2);
+  // The working set is the step's own (not scaled), and the layout keeps less to fit.
+  EXPECT_EQ(largest->layout.autopolicy->working_set_bytes, measured->layout.autopolicy->working_set_bytes);
+  EXPECT_LE(largest->layout.autopolicy->predicted.device_bytes,
+            largest->layout.autopolicy->problem.device_budget_bytes);
+  EXPECT_GE(largest->layout.autopolicy->predicted.compute_s, measured->layout.autopolicy->predicted.compute_s);
+}
+
 TEST(AutoPolicy, CheckpointsGoToTheHostWhenItHasRoomAndTheDeviceNeedsIt) {
   const ModelLayout layout = Layout36();
   AutoPolicyInputs in = EightB(layout);

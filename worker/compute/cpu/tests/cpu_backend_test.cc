@@ -17,6 +17,7 @@ namespace {
 
 using testing::AwkwardConfig;
 using testing::MakeBatch;
+using testing::RandomNormals;
 using testing::RandomUnitParams;
 using testing::ToBf16;
 using testing::ToDouble;
@@ -83,14 +84,6 @@ LayerRun RunLayer(ComputeBackend& be, const std::vector<bf16_t>& params, const M
   return r;
 }
 
-std::vector<float> RandomFloats(int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> v(n);
-  for (auto& e : v) e = normal(rng);
-  return v;
-}
-
 bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -102,8 +95,8 @@ class DecoderLayerTest : public ::testing::Test {
   std::vector<bf16_t> params_ = ToBf16(RandomUnitParams(layout_, 4))[1];
   MicroBatch mb_ = MakeBatch({7, 1, 10, 5}, config_.vocab_size, 8);
   int64_t n_ = mb_.num_tokens() * config_.hidden_size;
-  std::vector<float> x_ = RandomFloats(n_, 1);
-  std::vector<float> dy_ = RandomFloats(n_, 2);
+  std::vector<float> x_ = RandomNormals<float>(n_, 1);
+  std::vector<float> dy_ = RandomNormals<float>(n_, 2);
 };
 
 TEST_F(DecoderLayerTest, PoliciesGiveBitwiseIdenticalOutputsAndGradients) {
@@ -189,7 +182,7 @@ TEST_F(DecoderLayerTest, AccumulatingTwoMicroBatchesEqualsTheSum) {
   auto be = Backend(config_);
   const MicroBatch mb2 = MakeBatch({4, 9, 3}, config_.vocab_size, 9);
   const int64_t n2 = mb2.num_tokens() * config_.hidden_size;
-  const std::vector<float> x2 = RandomFloats(n2, 3), dy2 = RandomFloats(n2, 4);
+  const std::vector<float> x2 = RandomNormals<float>(n2, 3), dy2 = RandomNormals<float>(n2, 4);
   const LayerRun a = RunLayer(*be, params_, mb_, x_, dy_, ActPolicy::kSelective);
   const LayerRun b = RunLayer(*be, params_, mb2, x2, dy2, ActPolicy::kKeepAll);
   const LayerRun acc = RunLayer(*be, params_, mb2, x2, dy2, ActPolicy::kKeepAll, a.dparams);
@@ -266,7 +259,7 @@ TEST(Head, IgnoredTokensGetZeroGradientAndAllIgnoredAddsNothing) {
   auto be = Backend(config, options);
   MicroBatch mb = MakeBatch({5, 8}, config.vocab_size, 3, /*ignore_every=*/2);
   const int64_t n = mb.num_tokens() * config.hidden_size;
-  const std::vector<float> x = RandomFloats(n, 6);
+  const std::vector<float> x = RandomNormals<float>(n, 6);
   const bf16_t* norm = params.back().data();
   const bf16_t* lm = params.back().data() + layout.head().tensors[1].offset_numel;
   std::vector<float> dx(n, 5.0f), dnorm(config.hidden_size, 0.0f), dlm(config.vocab_size * config.hidden_size, 0.0f);

@@ -94,6 +94,16 @@ inline MicroBatch MakeBatch(const std::vector<int32_t>& doc_lengths, int64_t voc
   return mb;
 }
 
+// n draws of N(0, 1) in R from a fixed seed.
+template <typename R>
+std::vector<R> RandomNormals(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<R> normal;
+  std::vector<R> v(static_cast<size_t>(n));
+  for (auto& x : v) x = normal(rng);
+  return v;
+}
+
 inline double RelativeL2(const std::vector<double>& a, const std::vector<double>& b) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {

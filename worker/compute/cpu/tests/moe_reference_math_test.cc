@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "worker/compute/cpu/cpu_worker_pool.h"
 #include "worker/compute/cpu/moe_reference_math.h"
+#include "worker/compute/cpu/tests/cpu_test_util.h"
 
 namespace slidedp {
 namespace {
@@ -46,14 +47,6 @@ std::vector<double> RandomParams(const MoeDims& d, const MoeOffsets& o, uint64_t
     for (int64_t i = 0; i < H * I; ++i) p[o.down_at(e) + i] = normal(rng) / std::sqrt(double(I));
   }
   return p;
-}
-
-std::vector<double> RandomVector(int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> normal;
-  std::vector<double> v(n);
-  for (auto& x : v) x = normal(rng);
-  return v;
 }
 
 template <typename To, typename From>
@@ -168,7 +161,7 @@ TEST_P(MoeForward, MatchesNaivePerTokenReference) {
   const MoeOffsets o = MoeOffsets::Stacked(d);
   const int64_t T = kTokens, H = d.hidden, k = d.top_k;
   const std::vector<double> params = RandomParams(d, o, 101);
-  const std::vector<double> x = RandomVector(T * H, 102);
+  const std::vector<double> x = testing::RandomNormals<double>(T * H, 102);
   const NaiveRouting ref_route = NaiveRoute(d, o, params, x, T);
   const std::vector<double> y_ref = NaiveForward(d, o, params, x, T);
 
@@ -262,8 +255,8 @@ struct Layer {
 };
 
 Layer RandomLayer(const MoeDims& d, const MoeOffsets& o, uint64_t seed) {
-  return Layer{RandomParams(d, o, seed), RandomVector(kTokens * d.hidden, seed + 1),
-               RandomVector(kTokens * d.hidden, seed + 2)};
+  return Layer{RandomParams(d, o, seed), testing::RandomNormals<double>(kTokens * d.hidden, seed + 1),
+               testing::RandomNormals<double>(kTokens * d.hidden, seed + 2)};
 }
 
 // L = sum_l sum(y_l * r_l) + coef * aux(all layers), the routing checked unchanged from `routing`.
@@ -353,9 +346,9 @@ TEST(MoeTopK, EqualProbabilitiesPickTheLowerExpertIndexDeterministically) {
     std::vector<double> params = RandomParams(d, o, 401, 0.05);
     // Experts 1, 4 and 6 share one router row pointing along every token's input: their logits
     // are bitwise equal and the largest.
-    const std::vector<double> dir = RandomVector(H, 402);
+    const std::vector<double> dir = testing::RandomNormals<double>(H, 402);
     for (int64_t e : {1, 4, 6}) std::copy(dir.begin(), dir.end(), params.begin() + o.router + e * H);
-    std::vector<double> x = RandomVector(T * H, 403);
+    std::vector<double> x = testing::RandomNormals<double>(T * H, 403);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t i = 0; i < H; ++i) x[t * H + i] = 0.1 * x[t * H + i] + dir[i];
     const std::vector<int32_t> expected = k == 2 ? std::vector<int32_t>{1, 4} : std::vector<int32_t>{1, 4, 6};
@@ -394,7 +387,7 @@ TEST(MoeEmptyExpert, CountsAreReportedAndUnusedExpertGradientsAreUntouched) {
   const MoeOffsets o = MoeOffsets::Stacked(d);
   const int64_t T = kTokens, H = d.hidden, E = d.num_experts, I = d.intermediate, k = d.top_k;
   std::vector<double> params = RandomParams(d, o, 501);
-  std::vector<double> x = RandomVector(T * H, 502);
+  std::vector<double> x = testing::RandomNormals<double>(T * H, 502);
   // x[t][0] >= 2 for every token and the router rows of experts 3 and 5 are -20 e_0: their logits
   // are below -40, so no token picks them.
   for (int64_t t = 0; t < T; ++t) x[t * H] = 2.0 + std::abs(x[t * H]);
@@ -430,9 +423,9 @@ TEST(MoeEmptyExpert, CountsAreReportedAndUnusedExpertGradientsAreUntouched) {
 
   // Gradients land on a buffer holding earlier values: experts without tokens (3, 5 and any the
   // data happens to leave empty) keep theirs bitwise.
-  const std::vector<double> before = RandomVector(o.block_numel, 503);
+  const std::vector<double> before = testing::RandomNormals<double>(o.block_numel, 503);
   std::vector<double> dparams = before, dx(T * H);
-  const std::vector<double> r = RandomVector(T * H, 504);
+  const std::vector<double> r = testing::RandomNormals<double>(T * H, 504);
   const std::vector<double> aux = LoadBalancingProbGrad({acts.stats}, 0.1);
   MoeBlockBackward(d, o, params.data(), x.data(), T, acts, r.data(), aux.data(), dx.data(), dparams.data(), nullptr);
   for (int64_t e = 0; e < E; ++e) {
@@ -486,7 +479,7 @@ TEST(MoeAuxLoss, EqualsHfFormulaOverConcatenatedLayers) {
     double sum_of_layer_losses = 0;
     for (uint64_t layer = 0; layer < 3; ++layer) {
       const std::vector<double> params = RandomParams(d, o, 601 + 10 * layer);
-      const std::vector<double> x = RandomVector(T * H, 602 + 10 * layer);
+      const std::vector<double> x = testing::RandomNormals<double>(T * H, 602 + 10 * layer);
       const NaiveRouting ref = NaiveRoute(d, o, params, x, T);
       std::vector<double> y(T * H);
       MoeActs<double> acts;
@@ -513,8 +506,8 @@ TEST(MoeThreads, OneAndThreeThreadsGiveBitwiseEqualResults) {
   const MoeOffsets o = MoeOffsets::Stacked(d);
   const int64_t T = 61, H = d.hidden;  // enough rows per expert for several ranges per GEMM
   const std::vector<float> params = Cast<float>(RandomParams(d, o, 701));
-  const std::vector<float> x = Cast<float>(RandomVector(T * H, 702));
-  const std::vector<float> dy = Cast<float>(RandomVector(T * H, 703));
+  const std::vector<float> x = Cast<float>(testing::RandomNormals<double>(T * H, 702));
+  const std::vector<float> dy = Cast<float>(testing::RandomNormals<double>(T * H, 703));
 
   struct Result {
     std::vector<float> y, dx, dparams;
