@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -17,10 +18,13 @@ namespace {
 
 int64_t AlignUp(int64_t n) { return (n + kTensorAlignNumel - 1) / kTensorAlignNumel * kTensorAlignNumel; }
 
-void AddTensor(UnitLayout& unit, std::string name, std::vector<int64_t> shape) {
+// Norm weights (and only they: biases are BF16 in HF's autocast linear) get an FP32 side copy.
+enum class SideCopy { kNone, kFp32 };
+
+void AddTensor(UnitLayout& unit, std::string name, std::vector<int64_t> shape, SideCopy side = SideCopy::kNone) {
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
-  const bool norm = shape.size() == 1;
+  const bool norm = side == SideCopy::kFp32;
   unit.tensors.push_back(TensorSlot{std::move(name), std::move(shape), unit.numel, numel, norm ? unit.fp32_numel : -1});
   unit.numel += AlignUp(numel);
   if (norm) unit.fp32_numel += (numel + kFp32SideAlignNumel - 1) / kFp32SideAlignNumel * kFp32SideAlignNumel;
@@ -53,14 +57,126 @@ absl::Status Qwen3Config::Validate() const {
   return absl::OkStatus();
 }
 
+namespace {
+
+constexpr ModelFamily kFamilies[] = {ModelFamily::kQwen3, ModelFamily::kQwen2, ModelFamily::kLlama,
+                                     ModelFamily::kMistral};
+
+absl::Status Refuse(absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("config.json: ", field, ": ", why));
+}
+
+// rope_parameters (transformers 5) or rope_scaling (older): the rope type, theta, and the
+// scaling's parameters. Types this build does not compute are refused naming the key.
+absl::Status ParseRope(const nlohmann::json& j, Qwen3Config* c) {
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    const nlohmann::json& r = j[key];
+    if (!r.is_object()) return Refuse(key, "must be an object");
+    const std::string type = r.contains("rope_type") && r["rope_type"].is_string() ? r["rope_type"].get<std::string>()
+                             : r.contains("type") && r["type"].is_string()         ? r["type"].get<std::string>()
+                                                                                   : "default";
+    auto number = [&](const char* name, double* out) -> absl::Status {
+      if (!r.contains(name)) return Refuse(absl::StrCat(key, ".", name), "missing");
+      if (!r[name].is_number()) return Refuse(absl::StrCat(key, ".", name), absl::StrCat("must be a number, got ", r[name].dump()));
+      *out = r[name].get<double>();
+      return absl::OkStatus();
+    };
+    if (r.contains("rope_theta")) RETURN_IF_ERROR(number("rope_theta", &c->rope_theta));
+    if (type == "default") continue;
+    if (type != "llama3") {
+      return Refuse(absl::StrCat(key, ".rope_type"),
+                    absl::StrCat("\"", type, "\" is not supported (supported: default, llama3)"));
+    }
+    RopeScaling& s = c->rope_scaling;
+    s.type = RopeScaling::Type::kLlama3;
+    double original = 0;
+    RETURN_IF_ERROR(number("factor", &s.factor));
+    RETURN_IF_ERROR(number("low_freq_factor", &s.low_freq_factor));
+    RETURN_IF_ERROR(number("high_freq_factor", &s.high_freq_factor));
+    RETURN_IF_ERROR(number("original_max_position_embeddings", &original));
+    if (!(s.factor >= 1) || !(s.low_freq_factor > 0) || !(s.high_freq_factor > s.low_freq_factor) ||
+        !(original >= 1 && original <= 1e9) || original != std::floor(original)) {
+      return Refuse(key, absl::StrCat("llama3 scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and an "
+                                      "integer original_max_position_embeddings, got ",
+                                      r.dump()));
+    }
+    s.original_max_position_embeddings = static_cast<int64_t>(original);
+  }
+  return absl::OkStatus();
+}
+
+// The sliding window, where a family has one: mistral's sliding_window (null: none); qwen2/qwen3's
+// when use_sliding_window is true and some layer has it (max_window_layers, or transformers 5's
+// layer_types).
+absl::Status ParseSlidingWindow(const nlohmann::json& j, Qwen3Config* c) {
+  auto window = [&]() -> absl::Status {
+    if (!j.contains("sliding_window") || j["sliding_window"].is_null()) return absl::OkStatus();
+    if (!j["sliding_window"].is_number_integer() || j["sliding_window"].get<int64_t>() <= 0) {
+      return Refuse("sliding_window", absl::StrCat("must be a positive integer or null, got ", j["sliding_window"].dump()));
+    }
+    c->sliding_window = j["sliding_window"].get<int64_t>();
+    return absl::OkStatus();
+  };
+  bool sliding_layers = false;
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+    if (!j["layer_types"].is_array()) return Refuse("layer_types", "must be a list");
+    for (const nlohmann::json& t : j["layer_types"]) {
+      if (t == "sliding_attention") {
+        sliding_layers = true;
+      } else if (t != "full_attention") {
+        return Refuse("layer_types", absl::StrCat(t.dump(), " is not supported (full_attention, sliding_attention)"));
+      }
+    }
+  }
+  if (c->family == ModelFamily::kMistral) return window();
+  if (c->family == ModelFamily::kLlama) return absl::OkStatus();
+  const bool use = j.contains("use_sliding_window") && j["use_sliding_window"].is_boolean() &&
+                   j["use_sliding_window"].get<bool>();
+  if (!use && !sliding_layers) return absl::OkStatus();
+  if (!sliding_layers && j.contains("max_window_layers") && j["max_window_layers"].is_number_integer() &&
+      j["max_window_layers"].get<int64_t>() >= c->num_hidden_layers) {
+    return absl::OkStatus();  // no layer at or past max_window_layers: none slides
+  }
+  RETURN_IF_ERROR(window());
+  if (c->sliding_window == 0) return Refuse("sliding_window", "use_sliding_window is true but no window is given");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* ModelTypeName(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kQwen3:
+      return "qwen3";
+    case ModelFamily::kQwen2:
+      return "qwen2";
+    case ModelFamily::kLlama:
+      return "llama";
+    case ModelFamily::kMistral:
+      return "mistral";
+  }
+  return "?";
+}
+
 absl::StatusOr<Qwen3Config> Qwen3Config::FromJson(absl::string_view json_text) {
   nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
-  if (j.contains("model_type") && j["model_type"] != "qwen3") {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: model_type ", j["model_type"].dump(),
-                                                   " is not supported (supported: \"qwen3\")"));
-  }
   Qwen3Config c;
+  if (j.contains("model_type")) {
+    bool known = false;
+    for (ModelFamily f : kFamilies) {
+      if (j["model_type"] == ModelTypeName(f)) {
+        c.family = f;
+        known = true;
+      }
+    }
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: model_type ", j["model_type"].dump(),
+                                                     " is not supported (supported: \"qwen3\", \"qwen2\", \"llama\", "
+                                                     "\"mistral\")"));
+    }
+  }
   auto get_int = [&](const char* key, int64_t* out, bool required) -> absl::Status {
     if (!j.contains(key) || j[key].is_null()) {
       if (required) return absl::InvalidArgumentError(absl::StrCat("config.json: missing \"", key, "\""));
@@ -80,6 +196,7 @@ absl::StatusOr<Qwen3Config> Qwen3Config::FromJson(absl::string_view json_text) {
     *out = j[key].get<double>();
     return absl::OkStatus();
   };
+  auto flag = [&](const char* key) { return j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); };
   RETURN_IF_ERROR(get_int("hidden_size", &c.hidden_size, true));
   RETURN_IF_ERROR(get_int("num_hidden_layers", &c.num_hidden_layers, true));
   RETURN_IF_ERROR(get_int("num_attention_heads", &c.num_attention_heads, true));
@@ -100,28 +217,33 @@ absl::StatusOr<Qwen3Config> Qwen3Config::FromJson(absl::string_view json_text) {
     c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
   }
   if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) c.torch_dtype = j["torch_dtype"];
-  if (j.contains("attention_bias") && j["attention_bias"].is_boolean() && j["attention_bias"].get<bool>()) {
-    return absl::InvalidArgumentError("config.json: attention_bias=true is not supported for qwen3");
-  }
-  // transformers 5 writes RoPE settings as rope_parameters {rope_type, rope_theta}; older
-  // configs use rope_theta and rope_scaling. Only plain ("default") RoPE is supported.
-  for (const char* key : {"rope_parameters", "rope_scaling"}) {
-    if (!j.contains(key) || j[key].is_null()) continue;
-    const nlohmann::json& r = j[key];
-    if (!r.is_object()) return absl::InvalidArgumentError(absl::StrCat("config.json: \"", key, "\" must be an object"));
-    std::string type = r.contains("rope_type") && r["rope_type"].is_string() ? r["rope_type"].get<std::string>()
-                       : r.contains("type") && r["type"].is_string()     ? r["type"].get<std::string>()
-                                                                          : "default";
-    if (type != "default") {
-      return absl::InvalidArgumentError(absl::StrCat("config.json: ", key, ".rope_type \"", type,
-                                                     "\" is not supported (only default RoPE)"));
-    }
-    if (r.contains("rope_theta")) {
-      if (!r["rope_theta"].is_number()) return absl::InvalidArgumentError("config.json: rope_theta must be a number");
-      c.rope_theta = r["rope_theta"].get<double>();
+  if (j.contains("dtype") && j["dtype"].is_string()) c.torch_dtype = j["dtype"];
+  // Fields that would change the math this build computes: refused, never ignored.
+  for (const char* key : {"hidden_act", "hidden_activation"}) {
+    if (j.contains(key) && !j[key].is_null() && j[key] != "silu") {
+      return Refuse(key, absl::StrCat(j[key].dump(), " is not supported (only silu: the SwiGLU MLP)"));
     }
   }
+  // qwen2's q/k/v projections always carry biases (HF hard-codes them); elsewhere
+  // attention_bias would also put one on o_proj, which this build does not compute.
+  if (c.family != ModelFamily::kQwen2 && flag("attention_bias")) {
+    return Refuse("attention_bias", absl::StrCat("true is not supported for ", ModelTypeName(c.family),
+                                                 " (biases on the attention projections)"));
+  }
+  if (flag("mlp_bias")) return Refuse("mlp_bias", "true is not supported (biases on the MLP projections)");
+  for (const char* key : {"attention_dropout", "hidden_dropout", "dropout"}) {
+    double p = 0;
+    RETURN_IF_ERROR(get_double(key, &p));
+    if (p != 0) return Refuse(key, absl::StrCat(p, " is not supported (training here runs without dropout)"));
+  }
+  if (j.contains("num_experts") || j.contains("num_local_experts")) {
+    return Refuse(j.contains("num_experts") ? "num_experts" : "num_local_experts",
+                  "mixture-of-experts layers are not supported by this model_type");
+  }
+  RETURN_IF_ERROR(ParseRope(j, &c));
+  RETURN_IF_ERROR(ParseSlidingWindow(j, &c));
   RETURN_IF_ERROR(c.Validate());
+  c.source_json = j.dump();
   return c;
 }
 
@@ -132,10 +254,51 @@ absl::StatusOr<Qwen3Config> Qwen3Config::FromFile(const std::string& path) {
   return c;
 }
 
+std::vector<float> Qwen3Config::RopeInverseFrequencies() const {
+  const int64_t half = head_dim / 2;
+  std::vector<float> inv(half);
+  // HF: 1.0 / (base ** (arange(0, dim, 2, dtype=int64).float() / dim)), float32 throughout.
+  for (int64_t i = 0; i < half; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    inv[i] = 1.0f / std::pow(static_cast<float>(rope_theta), exponent);
+  }
+  if (rope_scaling.type == RopeScaling::Type::kLlama3) {
+    // HF _compute_llama3_parameters: float32 tensors against Python scalars, which take the
+    // tensor's float32 type in each operation (the scalars' own arithmetic is in double).
+    const RopeScaling& s = rope_scaling;
+    const float factor = static_cast<float>(s.factor);
+    const double old_len = static_cast<double>(s.original_max_position_embeddings);
+    const float low_wavelen = static_cast<float>(old_len / s.low_freq_factor);
+    const float high_wavelen = static_cast<float>(old_len / s.high_freq_factor);
+    const float two_pi = static_cast<float>(2 * M_PI);
+    const float low = static_cast<float>(s.low_freq_factor);
+    const float band = static_cast<float>(s.high_freq_factor - s.low_freq_factor);
+    for (float& f : inv) {
+      const float wavelen = two_pi / f;
+      const float scaled = wavelen > low_wavelen ? f / factor : f;
+      const float smooth = (static_cast<float>(old_len) / wavelen - low) / band;
+      const float smoothed = (1.0f - smooth) * scaled / factor + smooth * scaled;
+      const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+      f = medium ? smoothed : scaled;
+    }
+  }
+  return inv;
+}
+
 std::string Qwen3Config::ToJson() const {
   nlohmann::ordered_json j;
-  j["architectures"] = {"Qwen3ForCausalLM"};
-  j["model_type"] = "qwen3";
+  if (!source_json.empty()) {
+    j = nlohmann::ordered_json::parse(source_json, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) j = nlohmann::ordered_json::object();
+  }
+  const bool preset = source_json.empty();
+  auto set_default = [&](const char* key, nlohmann::ordered_json v) {
+    if (!j.contains(key)) j[key] = std::move(v);
+  };
+  static constexpr const char* kArchitectures[] = {"Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM",
+                                                   "MistralForCausalLM"};
+  set_default("architectures", {kArchitectures[static_cast<int>(family)]});
+  j["model_type"] = ModelTypeName(family);
   j["hidden_size"] = hidden_size;
   j["num_hidden_layers"] = num_hidden_layers;
   j["num_attention_heads"] = num_attention_heads;
@@ -144,19 +307,55 @@ std::string Qwen3Config::ToJson() const {
   j["intermediate_size"] = intermediate_size;
   j["vocab_size"] = vocab_size;
   j["max_position_embeddings"] = max_position_embeddings;
-  j["rope_theta"] = rope_theta;
   j["rms_norm_eps"] = rms_norm_eps;
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["initializer_range"] = initializer_range;
-  j["hidden_act"] = "silu";
-  j["attention_bias"] = false;
-  j["attention_dropout"] = 0.0;
-  j["rope_scaling"] = nullptr;
-  j["use_cache"] = true;
   j["torch_dtype"] = torch_dtype;
-  j["bos_token_id"] = 151643;
-  j["eos_token_id"] = 151645;
+  if (j.contains("dtype")) j["dtype"] = torch_dtype;
+  if (preset) {
+    j["hidden_act"] = "silu";
+    j["attention_dropout"] = 0.0;
+    j["rope_theta"] = rope_theta;
+    if (rope_scaling.type == RopeScaling::Type::kLlama3) {
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", rope_scaling.factor},
+                           {"low_freq_factor", rope_scaling.low_freq_factor},
+                           {"high_freq_factor", rope_scaling.high_freq_factor},
+                           {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+    } else {
+      j["rope_scaling"] = nullptr;
+    }
+    j["use_cache"] = true;
+    switch (family) {
+      case ModelFamily::kQwen3:
+        j["attention_bias"] = false;
+        j["bos_token_id"] = 151643;
+        j["eos_token_id"] = 151645;
+        break;
+      case ModelFamily::kQwen2:
+        j["use_sliding_window"] = false;
+        j["bos_token_id"] = 151643;
+        j["eos_token_id"] = 151645;
+        break;
+      case ModelFamily::kLlama:
+        j["attention_bias"] = false;
+        j["mlp_bias"] = false;
+        j["bos_token_id"] = 128000;
+        j["eos_token_id"] = 128001;
+        break;
+      case ModelFamily::kMistral:
+        j["sliding_window"] = sliding_window > 0 ? nlohmann::ordered_json(sliding_window) : nlohmann::ordered_json();
+        j["bos_token_id"] = 1;
+        j["eos_token_id"] = 2;
+        break;
+    }
+  }
   return j.dump(2) + "\n";
+}
+
+std::string Qwen3Config::PresetNames() {
+  return "qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, "
+         "qwen2.5-14b, llama3.2-1b, llama3.2-3b, llama3.1-8b, mistral-7b, tiny, tiny-qwen2, tiny-llama, tiny-mistral";
 }
 
 absl::StatusOr<Qwen3Config> Qwen3Config::Preset(absl::string_view name) {
@@ -171,6 +370,27 @@ absl::StatusOr<Qwen3Config> Qwen3Config::Preset(absl::string_view name) {
     c.intermediate_size = inter;
     c.tie_word_embeddings = tied;
   };
+  // Llama 3.x: vocab 128,256, theta 500,000, eps 1e-5, llama3 RoPE scaling over 8,192.
+  auto llama3 = [&](double factor) {
+    c.family = ModelFamily::kLlama;
+    c.vocab_size = 128256;
+    c.rope_theta = 500000;
+    c.rms_norm_eps = 1e-5;
+    c.max_position_embeddings = 131072;
+    c.rope_scaling.type = RopeScaling::Type::kLlama3;
+    c.rope_scaling.factor = factor;
+    c.rope_scaling.low_freq_factor = 1;
+    c.rope_scaling.high_freq_factor = 4;
+    c.rope_scaling.original_max_position_embeddings = 8192;
+  };
+  auto tiny = [&](ModelFamily family) {
+    set(64, 2, 4, 128, true);
+    c.family = family;
+    c.num_key_value_heads = 2;
+    c.head_dim = 16;
+    c.vocab_size = 512;
+    c.max_position_embeddings = 4096;
+  };
   if (name == "qwen3-0.6b") {
     set(1024, 28, 16, 3072, true);
   } else if (name == "qwen3-1.7b") {
@@ -181,16 +401,61 @@ absl::StatusOr<Qwen3Config> Qwen3Config::Preset(absl::string_view name) {
     set(4096, 36, 32, 12288, false);
   } else if (name == "qwen3-14b") {
     set(5120, 40, 40, 17408, false);
+  } else if (absl::StartsWith(name, "qwen2.5-")) {
+    c.family = ModelFamily::kQwen2;
+    c.max_position_embeddings = 32768;
+    if (name == "qwen2.5-0.5b") {
+      set(896, 24, 14, 4864, true);
+      c.num_key_value_heads = 2;
+      c.head_dim = 64;
+    } else if (name == "qwen2.5-1.5b") {
+      set(1536, 28, 12, 8960, true);
+      c.num_key_value_heads = 2;
+    } else if (name == "qwen2.5-3b") {
+      set(2048, 36, 16, 11008, true);
+      c.num_key_value_heads = 2;
+    } else if (name == "qwen2.5-7b") {
+      set(3584, 28, 28, 18944, false);
+      c.num_key_value_heads = 4;
+      c.vocab_size = 152064;
+    } else if (name == "qwen2.5-14b") {
+      set(5120, 48, 40, 13824, false);
+      c.vocab_size = 152064;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown model preset \"", name, "\" (known: ", PresetNames(), ")"));
+    }
+  } else if (name == "llama3.2-1b") {
+    set(2048, 16, 32, 8192, true);
+    c.head_dim = 64;
+    llama3(32);
+  } else if (name == "llama3.2-3b") {
+    set(3072, 28, 24, 8192, true);
+    llama3(32);
+  } else if (name == "llama3.1-8b") {
+    set(4096, 32, 32, 14336, false);
+    llama3(8);
+  } else if (name == "mistral-7b") {  // v0.3: no sliding window
+    set(4096, 32, 32, 14336, false);
+    c.family = ModelFamily::kMistral;
+    c.vocab_size = 32768;
+    c.rms_norm_eps = 1e-5;
+    c.max_position_embeddings = 32768;
   } else if (name == "tiny") {
-    set(64, 2, 4, 128, true);
-    c.num_key_value_heads = 2;
-    c.head_dim = 16;
-    c.vocab_size = 512;
-    c.max_position_embeddings = 4096;
+    tiny(ModelFamily::kQwen3);
+  } else if (name == "tiny-qwen2") {
+    tiny(ModelFamily::kQwen2);
+  } else if (name == "tiny-llama") {
+    tiny(ModelFamily::kLlama);
+    c.rope_theta = 500000;
+    c.rope_scaling.type = RopeScaling::Type::kLlama3;
+    c.rope_scaling.factor = 8;
+    c.rope_scaling.original_max_position_embeddings = 256;  // bands that matter at CI's lengths
+    c.tie_word_embeddings = false;
+  } else if (name == "tiny-mistral") {
+    tiny(ModelFamily::kMistral);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown model preset \"", name,
-                                                   "\" (known: qwen3-0.6b, qwen3-1.7b, qwen3-4b, "
-                                                   "qwen3-8b, qwen3-14b, tiny)"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown model preset \"", name, "\" (known: ", PresetNames(), ")"));
   }
   return c;
 }
@@ -243,24 +508,35 @@ ModelLayout ModelLayout::Build(const Qwen3Config& c) {
     u.decoder_layer = static_cast<int>(l);
     u.name = absl::StrCat("layer.", l);
     const std::string p = absl::StrCat("model.layers.", l, ".");
-    AddTensor(u, p + "input_layernorm.weight", {h});
-    AddTensor(u, p + "self_attn.q_proj.weight", {c.q_dim(), h});
-    AddTensor(u, p + "self_attn.k_proj.weight", {c.kv_dim(), h});
-    AddTensor(u, p + "self_attn.v_proj.weight", {c.kv_dim(), h});
-    AddTensor(u, p + "self_attn.o_proj.weight", {h, c.q_dim()});
-    AddTensor(u, p + "self_attn.q_norm.weight", {c.head_dim});
-    AddTensor(u, p + "self_attn.k_norm.weight", {c.head_dim});
-    AddTensor(u, p + "post_attention_layernorm.weight", {h});
-    AddTensor(u, p + "mlp.gate_proj.weight", {c.intermediate_size, h});
-    AddTensor(u, p + "mlp.up_proj.weight", {c.intermediate_size, h});
-    AddTensor(u, p + "mlp.down_proj.weight", {h, c.intermediate_size});
+    auto add = [&](DecoderTensor t, const char* name, std::vector<int64_t> shape) {
+      u.slot[t] = static_cast<int>(u.tensors.size());
+      const bool norm = t == kInputNorm || t == kPostNorm || t == kQNorm || t == kKNorm;
+      AddTensor(u, p + name, std::move(shape), norm ? SideCopy::kFp32 : SideCopy::kNone);
+    };
+    const bool bias = c.has_qkv_bias();
+    add(kInputNorm, "input_layernorm.weight", {h});
+    add(kQProj, "self_attn.q_proj.weight", {c.q_dim(), h});
+    if (bias) add(kQBias, "self_attn.q_proj.bias", {c.q_dim()});
+    add(kKProj, "self_attn.k_proj.weight", {c.kv_dim(), h});
+    if (bias) add(kKBias, "self_attn.k_proj.bias", {c.kv_dim()});
+    add(kVProj, "self_attn.v_proj.weight", {c.kv_dim(), h});
+    if (bias) add(kVBias, "self_attn.v_proj.bias", {c.kv_dim()});
+    add(kOProj, "self_attn.o_proj.weight", {h, c.q_dim()});
+    if (c.has_qk_norm()) {
+      add(kQNorm, "self_attn.q_norm.weight", {c.head_dim});
+      add(kKNorm, "self_attn.k_norm.weight", {c.head_dim});
+    }
+    add(kPostNorm, "post_attention_layernorm.weight", {h});
+    add(kGateProj, "mlp.gate_proj.weight", {c.intermediate_size, h});
+    add(kUpProj, "mlp.up_proj.weight", {c.intermediate_size, h});
+    add(kDownProj, "mlp.down_proj.weight", {h, c.intermediate_size});
     m.units.push_back(std::move(u));
   }
 
   UnitLayout head;
   head.kind = UnitKind::kHead;
   head.name = "head";
-  AddTensor(head, "model.norm.weight", {h});
+  AddTensor(head, "model.norm.weight", {h}, SideCopy::kFp32);
   if (!c.tie_word_embeddings) AddTensor(head, "lm_head.weight", {c.vocab_size, h});
   m.units.push_back(std::move(head));
 

@@ -1,5 +1,13 @@
-// Qwen3 dense model configuration (HF config.json) and the streamed-unit layout shared by
-// hostd (state segments, checkpoints, LayerAdam) and workers (compute, streaming).
+// Dense decoder model configuration (HF config.json of the families below) and the streamed-unit
+// layout shared by hostd (state segments, checkpoints, LayerAdam) and workers (compute, streaming).
+//
+// Families: one decoder layer shape (pre-norm RMSNorm, GQA attention with RoPE, SwiGLU MLP) with
+// the differences HF's modeling code has between them:
+//   qwen3   : per-head q/k RMSNorm before RoPE, no biases
+//   qwen2   : Qwen2 / Qwen2.5: q/k/v projections with biases, no q/k norm
+//   llama   : Llama 2/3.x: no biases, no q/k norm, RoPE scaling of type llama3
+//   mistral : as llama; a sliding window only where it changes nothing (see SlidingWindowCovers)
+// A config field this build does not implement is refused when parsed, naming the field.
 //
 // A model is streamed as units: the embedding, each decoder layer, and the head (final norm +
 // LM head). Each unit's parameters are one flat array; tensors sit at fixed offsets inside it,
@@ -17,7 +25,23 @@
 
 namespace slidedp {
 
+enum class ModelFamily { kQwen3, kQwen2, kLlama, kMistral };
+// HF's model_type: "qwen3", "qwen2", "llama", "mistral".
+const char* ModelTypeName(ModelFamily family);
+
+// RoPE's inverse frequencies as HF's rope_parameters / rope_scaling give them. kLlama3: Llama 3.1's
+// smooth per-band rescaling of the default frequencies (HF _compute_llama3_parameters).
+struct RopeScaling {
+  enum class Type { kNone, kLlama3 };
+  Type type = Type::kNone;
+  double factor = 1;
+  double low_freq_factor = 1;
+  double high_freq_factor = 4;
+  int64_t original_max_position_embeddings = 8192;
+};
+
 struct Qwen3Config {
+  ModelFamily family = ModelFamily::kQwen3;
   int64_t hidden_size = 0;
   int64_t num_hidden_layers = 0;
   int64_t num_attention_heads = 0;
@@ -31,23 +55,45 @@ struct Qwen3Config {
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;
   std::string torch_dtype = "bfloat16";
+  RopeScaling rope_scaling;
+  // Sliding-window attention of width sliding_window tokens, 0 when the model has none (or turns
+  // it off: qwen2's use_sliding_window false).
+  int64_t sliding_window = 0;
+  // The source config.json as parsed (empty for a preset): what ToJson writes back, so the saved
+  // directory keeps the fields HF reads that do not shape the math (token ids, generation
+  // settings, architectures).
+  std::string source_json;
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
+  bool has_qk_norm() const { return family == ModelFamily::kQwen3; }
+  bool has_qkv_bias() const { return family == ModelFamily::kQwen2; }
+  // RoPE's inverse frequencies [head_dim / 2] in float32, computed as HF computes them (the
+  // default theta^(-2i/d) in float32, then the scaling's float32 arithmetic).
+  std::vector<float> RopeInverseFrequencies() const;
+  // True when rows of seq_len tokens see no difference from full causal attention: no sliding
+  // window, or one at least as wide as the row (a document is never longer than its row).
+  bool SlidingWindowCovers(int64_t seq_len) const { return sliding_window == 0 || sliding_window >= seq_len; }
 
   // Checks internal consistency (positive sizes, heads divisible by kv heads, ...).
   absl::Status Validate() const;
 
-  // Parses HF config.json text. Unknown keys are ignored (HF configs carry many);
-  // a model_type other than "qwen3" or missing required sizes is INVALID_ARGUMENT.
+  // Parses HF config.json text. Keys that do not change the math are ignored (HF configs carry
+  // many); a model_type other than the four families, a field that would change the math this
+  // build does not implement (another rope type, biases elsewhere, another activation, ...), or
+  // missing required sizes is INVALID_ARGUMENT naming the field.
   static absl::StatusOr<Qwen3Config> FromJson(absl::string_view json_text);
   static absl::StatusOr<Qwen3Config> FromFile(const std::string& path);
-  // HF-loadable config.json text (model_type qwen3, architectures Qwen3ForCausalLM).
+  // HF-loadable config.json text: the source config with this config's fields written over it,
+  // or, for a preset, the family's (architectures <Family>ForCausalLM).
   std::string ToJson() const;
 
-  // Reference shapes: "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", and
-  // "tiny" (a Qwen3-shaped model small enough for CI: hidden 64, 2 layers, vocab 512).
+  // Reference shapes (random init): "qwen3-0.6b" ... "qwen3-14b", "qwen2.5-0.5b" ... "qwen2.5-14b",
+  // "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "mistral-7b" (v0.3), and the CI-sized "tiny"
+  // (Qwen3-shaped: hidden 64, 2 layers, vocab 512), "tiny-qwen2", "tiny-llama", "tiny-mistral".
   static absl::StatusOr<Qwen3Config> Preset(absl::string_view name);
+  // The preset names, for messages.
+  static std::string PresetNames();
 };
 
 enum class UnitKind { kEmbedding, kDecoder, kHead };
@@ -65,8 +111,13 @@ enum DecoderTensor : int {
   kGateProj,       // [intermediate, hidden]
   kUpProj,         // [intermediate, hidden]
   kDownProj,       // [hidden, intermediate]
+  kQBias,          // [q_dim]   (qwen2 only)
+  kKBias,          // [kv_dim]  (qwen2 only)
+  kVBias,          // [kv_dim]  (qwen2 only)
   kNumDecoderTensors
 };
+// A decoder unit holds only its family's tensors (UnitLayout::slot maps these values to them):
+// qwen3 has no biases, the other families no q/k norms.
 // Embedding unit: tensor 0 = embed_tokens [vocab, hidden].
 // Head unit: tensor 0 = final norm [hidden]; tensor 1 = lm_head [vocab, hidden] when untied.
 
@@ -94,6 +145,10 @@ struct UnitLayout {
   std::vector<TensorSlot> tensors;
   int64_t numel = 0;            // padded total, a multiple of kTensorAlignNumel
   int64_t fp32_numel = 0;       // the FP32 side copy of the norm weights (TensorSlot::fp32_offset)
+  // Decoder units: tensors[slot[t]] is DecoderTensor t, -1 where the family has none.
+  static_assert(kNumDecoderTensors == 14, "one -1 per decoder tensor below");
+  int slot[kNumDecoderTensors] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+  const TensorSlot* Find(DecoderTensor t) const { return slot[t] >= 0 ? &tensors[slot[t]] : nullptr; }
 };
 
 // "[i, j]": the row-major index of flat element `flat` of a tensor of `shape`.

@@ -300,11 +300,12 @@ int64_t KeptElementsPerToken(const ModelShape& m, uint32_t pieces) {
 }
 
 ModelShape ModelShape::Of(const Qwen3Config& c) {
-  return {c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
-          c.head_dim,    c.intermediate_size, c.vocab_size};
+  return {ModelTypeName(c.family), c.hidden_size,       c.num_hidden_layers, c.num_attention_heads,
+          c.num_key_value_heads,   c.head_dim,          c.intermediate_size, c.vocab_size};
 }
 
 bool ModelShape::operator==(const ModelShape& o) const {
+  if (model_type != o.model_type) return false;
   for (const ShapeField& f : kShapeFields) {
     if (this->*f.field != o.*f.field) return false;
   }
@@ -337,10 +338,16 @@ absl::StatusOr<LayerLayout> LayerLayout::FromNode(const YAML::Node& root, const 
   LayerLayout l;
   const YAML::Node model = root["model"];
   if (!model || !model.IsMap()) return Bad(what, "model: expected a map of the model's sizes");
-  std::initializer_list<const char*> shape_keys = {"hidden_size",         "num_hidden_layers", "num_attention_heads",
-                                                   "num_key_value_heads", "head_dim",          "intermediate_size",
-                                                   "vocab_size"};
+  std::initializer_list<const char*> shape_keys = {"model_type",          "hidden_size",       "num_hidden_layers",
+                                                   "num_attention_heads", "num_key_value_heads", "head_dim",
+                                                   "intermediate_size",   "vocab_size"};
   RETURN_IF_ERROR(OnlyKeys(model, shape_keys, what, "model: "));
+  if (const YAML::Node t = model["model_type"]) {
+    if (!t.IsScalar() || t.Scalar().empty() || t.Scalar().size() > 32) {
+      return Bad(what, "model.model_type: expected the HF model_type (qwen3, qwen2, llama, mistral)");
+    }
+    l.model.model_type = t.Scalar();
+  }
   for (const ShapeField& f : kShapeFields) {
     if (!model[f.name]) return Bad(what, absl::StrCat("model.", f.name, " missing"));
     ASSIGN_OR_RETURN(l.model.*f.field, PositiveInt(model[f.name], what, absl::StrCat("model.", f.name)));
@@ -391,6 +398,7 @@ std::string LayerLayout::ToYaml() const {
   e << YAML::BeginMap;
   e << YAML::Key << "version" << YAML::Value << 1;
   e << YAML::Key << "model" << YAML::Value << YAML::Flow << YAML::BeginMap;
+  e << YAML::Key << "model_type" << YAML::Value << model.model_type;
   for (const ShapeField& f : kShapeFields) e << YAML::Key << f.name << YAML::Value << model.*f.field;
   e << YAML::EndMap;
   if (!device.empty()) e << YAML::Key << "device" << YAML::Value << device;
@@ -414,6 +422,10 @@ std::string LayerLayout::ToYaml() const {
 
 absl::Status LayerLayout::CheckModel(const Qwen3Config& config) const {
   const ModelShape have = ModelShape::Of(config);
+  if (model.model_type != have.model_type) {
+    return absl::FailedPreconditionError(absl::StrCat("runtime.policy was made for model.model_type ", model.model_type,
+                                                      ", this job's model is ", have.model_type));
+  }
   for (const ShapeField& f : kShapeFields) {
     if (model.*f.field != have.*f.field) {
       return absl::FailedPreconditionError(absl::StrCat("runtime.policy was made for model.", f.name, " ",

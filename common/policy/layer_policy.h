@@ -61,8 +61,9 @@ struct LayerPolicy {
 // "segment(qkv+gate_up)+offload", "keep_all+offload(0.25)", "keep_all", ...
 std::string LayerPolicyName(const LayerPolicy& p);
 
-// The model sizes a layout depends on.
+// The model sizes a layout depends on, and its family (whose layer does different work).
 struct ModelShape {
+  std::string model_type = "qwen3";  // a policy file without one was made for qwen3
   int64_t hidden_size = 0;
   int64_t num_hidden_layers = 0;
   int64_t num_attention_heads = 0;

@@ -122,7 +122,8 @@ std::string DescribeConfigMismatch(const Qwen3Config& a, const Qwen3Config& b) {
     return absl::StrCat(field, " is ", x, " in the checkpoint but ", y, " in the job's model");
   };
   for (std::string m :
-       {differ("hidden_size", a.hidden_size, b.hidden_size),
+       {differ("model_type", std::string(ModelTypeName(a.family)), std::string(ModelTypeName(b.family))),
+        differ("hidden_size", a.hidden_size, b.hidden_size),
         differ("num_hidden_layers", a.num_hidden_layers, b.num_hidden_layers),
         differ("num_attention_heads", a.num_attention_heads, b.num_attention_heads),
         differ("num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads),
@@ -130,7 +131,11 @@ std::string DescribeConfigMismatch(const Qwen3Config& a, const Qwen3Config& b) {
         differ("intermediate_size", a.intermediate_size, b.intermediate_size),
         differ("vocab_size", a.vocab_size, b.vocab_size),
         differ("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings),
-        differ("rope_theta", a.rope_theta, b.rope_theta), differ("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps)}) {
+        differ("rope_theta", a.rope_theta, b.rope_theta), differ("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps),
+        a.RopeInverseFrequencies() == b.RopeInverseFrequencies()
+            ? std::string()
+            : std::string("the RoPE scaling (rope_parameters / rope_scaling) differs between the checkpoint and the "
+                          "job's model")}) {
     if (!m.empty()) return m;
   }
   return "";

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "common/parallel/parallel_for.h"
 #include "hostd/checkpoint/checkpoint.h"
 
@@ -53,6 +54,8 @@ class ChunkRng {
 };
 
 bool IsNormWeight(const std::string& name) { return name.find("norm.weight") != std::string::npos; }
+// HF initialises linear biases to zero (PreTrainedModel._init_weights).
+bool IsBias(const std::string& name) { return absl::EndsWith(name, ".bias"); }
 
 }  // namespace
 
@@ -85,6 +88,7 @@ void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& mas
       for (int64_t i = begin; i < end; ++i) out[i] = 1.0f;
       return;
     }
+    if (IsBias(job.slot->hf_name)) return;  // cleared with the padding above
     uint64_t mix = seed ^ Fnv1a(job.slot->hf_name);
     uint64_t chunk_seed = SplitMix64(mix) ^ (static_cast<uint64_t>(job.chunk) * 0xd1b54a32d192ed03ull);
     ChunkRng rng(chunk_seed);

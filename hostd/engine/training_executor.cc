@@ -200,6 +200,12 @@ absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
                                                    " exceeds the model's max_position_embeddings ",
                                                    config.max_position_embeddings));
   }
+  if (!config.SlidingWindowCovers(spec.seq_len)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model's sliding_window is ", config.sliding_window, " tokens, shorter than train.seq_len ", spec.seq_len,
+        ": sliding-window attention is not implemented (a row of at most ", config.sliding_window,
+        " tokens trains exactly as the model attends)"));
+  }
   // The dataset is checked here, at submit: manifest, file sizes (truncation is DATA_LOSS), token
   // ids against the model's vocabulary, the loss mask. Its CRC-32s are verified when the job
   // starts (VerifyDataset): the files may change while it is queued, and a large dataset must

@@ -150,16 +150,15 @@ def lr_multiplier(step, schedule, warmup_steps, total_steps, base_lr, min_lr):
 
 
 def config_for_our_loader(hf_config):
-    """An HF config.json dict rewritten for our Qwen3Config parser (common/model/qwen3_config.cc),
-    which reads rope_theta at the top level and rejects a non-null rope_scaling: transformers 5
-    keeps RoPE settings in "rope_parameters" (and may echo them as rope_scaling). Any RoPE type
-    other than the default one is an error here (we do not implement scaling)."""
+    """An HF config.json dict as our parser (common/model/qwen3_config.cc) reads it: rope_theta also
+    at the top level (transformers 5 keeps it in "rope_parameters"), RoPE of type default or llama3
+    (kept in rope_parameters); other RoPE types are errors here, as they are for slidedp."""
     c = dict(hf_config)
     rope = c.get("rope_parameters") or {}
     scaling = c.get("rope_scaling")
     for src in (rope, scaling if isinstance(scaling, dict) else {}):
         rtype = src.get("rope_type", src.get("type", "default"))
-        if rtype not in ("default", None):
+        if rtype not in ("default", "llama3", None):
             raise ValueError(f"RoPE type {rtype} is not supported by slidedp")
     theta = rope.get("rope_theta")  # what transformers 5 computes with
     if theta is None:
@@ -169,7 +168,8 @@ def config_for_our_loader(hf_config):
     if theta is None:
         raise ValueError("config.json has no rope_theta (top level or rope_parameters)")
     c["rope_theta"] = float(theta)
-    c["rope_scaling"] = None
+    if not (isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "llama3"):
+        c["rope_scaling"] = None
     if "tie_word_embeddings" not in c:
         c["tie_word_embeddings"] = False
     return c
@@ -246,13 +246,14 @@ def load_curve(path):
 # ----------------------------------------------------------------------------- torch
 
 def load_hf_model(model_dir, dtype, attn="sdpa"):
-    """Qwen3ForCausalLM.from_pretrained with the dtype argument of transformers 5 (falls back to
-    torch_dtype on older versions)."""
-    from transformers import Qwen3ForCausalLM
+    """AutoModelForCausalLM.from_pretrained (Qwen3, Qwen2, Llama, Mistral: the config's
+    model_type) with the dtype argument of transformers 5 (falls back to torch_dtype on older
+    versions)."""
+    from transformers import AutoModelForCausalLM
     try:
-        return Qwen3ForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
     except TypeError:
-        return Qwen3ForCausalLM.from_pretrained(model_dir, torch_dtype=dtype, attn_implementation=attn)
+        return AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype, attn_implementation=attn)
 
 
 def hf_loss_backward(model, segments, total_trained, token_budget, autocast=True, backward=True):

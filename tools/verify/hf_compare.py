@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Issue 3's whole-model check: our loss and every parameter gradient against HF transformers.
 
-For each shape: a random-init Qwen3ForCausalLM (seeded; RMSNorm weights perturbed around 1 so
-their gradients are exercised) is saved in BF16 with save_pretrained, so both sides start from
+For each shape: a random-init model of its family (Qwen3ForCausalLM, Qwen2ForCausalLM,
+LlamaForCausalLM with llama3 RoPE scaling, MistralForCausalLM; seeded; RMSNorm weights perturbed
+around 1 and biases around 0 so their gradients are exercised) is saved in BF16 with save_pretrained, so both sides start from
 identical BF16 parameters. A token batch with one-document rows and packed rows (several
 documents per row, including 1- and 2-token documents) is written for model_grads, which loads
 the directory with our loader and runs the whole model non-streaming through our CUDA (or CPU)
@@ -34,15 +35,26 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_common  # noqa: E402
 
-# name: (hidden, layers, heads, kv heads, head_dim, intermediate, vocab, tied, rows x seq)
+# name: (hidden, layers, heads, kv heads, head_dim, intermediate, vocab, tied, rows x seq[, family])
+# family: qwen3 (default), qwen2 (q/k/v biases), llama3 (llama with llama3 RoPE scaling over an
+# original context of 64 tokens, so every band is exercised at these lengths), mistral.
 SHAPES = {
     "tiny": (256, 4, 4, 2, 64, 512, 1000, True, (4, 512)),
     "untied": (256, 4, 4, 2, 64, 512, 1000, False, (4, 384)),
     "mha": (256, 2, 4, 4, 64, 512, 1000, False, (3, 256)),
     "hd128": (512, 2, 4, 2, 128, 1024, 4096, False, (4, 512)),
     "qwen3-0.6b-2l": (1024, 2, 16, 8, 128, 3072, 151936, True, (2, 1024)),
+    "qwen2-tiny": (256, 4, 4, 2, 64, 512, 1000, True, (4, 512), "qwen2"),
+    "qwen2-0.5b-2l": (896, 2, 14, 2, 64, 4864, 151936, True, (2, 1024), "qwen2"),
+    "llama3-untied": (256, 4, 4, 2, 64, 512, 1000, False, (4, 512), "llama3"),
+    "llama3-hd128": (512, 2, 4, 2, 128, 1024, 4096, True, (4, 512), "llama3"),
+    "mistral-untied": (256, 4, 4, 2, 64, 512, 1000, False, (4, 384), "mistral"),
 }
-DEFAULT_CPU_SHAPES = "tiny,untied,mha,hd128"
+DEFAULT_CPU_SHAPES = "tiny,untied,mha,hd128,qwen2-tiny,llama3-untied,mistral-untied"
+
+
+def family_of(shape):
+    return shape[9] if len(shape) > 9 else "qwen3"
 # (backend, grouping, policy) runs per shape; the CPU backend runs once (FP32 math cross-check).
 CUDA_RUNS = [("cuda", "per-row", "keep-all"), ("cuda", "single", "keep-all"),
              ("cuda", "single", "recompute"), ("cuda", "single", "selective")]
@@ -71,22 +83,44 @@ def make_rows(rows, seq, vocab, rng):
 
 def make_model(name, shape, seed, hf_dir):
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-    h, layers, heads, kv, hd, inter, vocab, tied, _ = shape
+    import transformers
+    h, layers, heads, kv, hd, inter, vocab, tied, _ = shape[:9]
+    family = family_of(shape)
+    config_cls, model_cls = {
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+        "llama3": ("LlamaConfig", "LlamaForCausalLM"),
+        "mistral": ("MistralConfig", "MistralForCausalLM"),
+    }[family]
+    config_cls, model_cls = getattr(transformers, config_cls), getattr(transformers, model_cls)
     kwargs = dict(hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
                   head_dim=hd, intermediate_size=inter, vocab_size=vocab, tie_word_embeddings=tied,
-                  max_position_embeddings=4096, rms_norm_eps=1e-6, initializer_range=0.02, attention_bias=False,
-                  use_sliding_window=False)
-    if "rope_parameters" in inspect.signature(Qwen3Config.__init__).parameters:  # transformers 5
-        kwargs["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6}
+                  max_position_embeddings=4096, rms_norm_eps=1e-6, initializer_range=0.02)
+    rope = {"rope_type": "default", "rope_theta": 1e6}
+    if family in ("qwen3", "llama3"):
+        kwargs["attention_bias"] = False
+    if family in ("qwen3", "qwen2"):
+        kwargs["use_sliding_window"] = False
+    if family == "mistral":
+        kwargs["sliding_window"] = None
+    if family == "llama3":
+        kwargs["mlp_bias"] = False
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    if "rope_parameters" in inspect.signature(config_cls.__init__).parameters:  # transformers 5
+        kwargs["rope_parameters"] = rope
     else:
-        kwargs["rope_theta"] = 1e6
-    cfg = Qwen3Config(**kwargs)
+        kwargs["rope_theta"] = rope["rope_theta"]
+        if rope["rope_type"] != "default":
+            kwargs["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    cfg = config_cls(**kwargs)
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(cfg)
+    model = model_cls(cfg)
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if p.dim() == 1:  # RMSNorm weights (HF initialises them to 1)
+            if pname.endswith(".bias"):  # HF initialises biases to 0
+                p.copy_(0.1 * torch.randn_like(p))
+            elif p.dim() == 1:  # RMSNorm weights (HF initialises them to 1)
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
     full_config = json.loads(model.config.to_json_string(use_diff=False))
     model = model.to(torch.bfloat16)
@@ -134,7 +168,8 @@ def compare_shape(name, args, results, log):
     import torch
     from safetensors.torch import load_file
     shape = SHAPES[name]
-    h, layers, heads, kv, hd, inter, vocab, tied, (rows, seq) = shape
+    h, layers, heads, kv, hd, inter, vocab, tied, (rows, seq) = shape[:9]
+    family = family_of(shape)
     work = os.path.join(args.work_dir, name)
     shutil.rmtree(work, ignore_errors=True)
     hf_dir, our_dir = os.path.join(work, "hf"), os.path.join(work, "ours")
@@ -153,14 +188,12 @@ def compare_shape(name, args, results, log):
     # HF reference (FP32 master, bf16 autocast) and the FP32 noise-floor run.
     model = hf_common.load_hf_model(hf_dir, torch.float32).cuda()
     model.train()
-    # Both sides must use the same RoPE base: HF's inverse frequencies against our loader's theta.
+    # Both sides must rotate by the same frequencies: HF's inv_freq against the ones model_grads
+    # reports it computed with ("rope.inv_freq"), bit for bit (checked after the first run).
     with open(os.path.join(our_dir, "config.json")) as f:
         theta = json.load(f)["rope_theta"]
     inv_freq = getattr(getattr(model.model, "rotary_emb", None), "inv_freq", None)
-    if inv_freq is not None:
-        expect = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
-        if inv_freq.numel() != expect.numel() or not torch.allclose(inv_freq.double().cpu(), expect, rtol=1e-5):
-            raise RuntimeError(f"HF's RoPE inverse frequencies do not match rope_theta={theta} our loader reads")
+    hf_inv_freq = inv_freq.detach().float().cpu().clone() if inv_freq is not None else None
     t0 = time.time()
     model.zero_grad(set_to_none=True)
     loss_hf = hf_common.hf_loss_backward(model, segments, trained, args.token_budget, autocast=True)
@@ -174,7 +207,7 @@ def compare_shape(name, args, results, log):
 
     header = (f"shape {name}: hidden {h}, layers {layers}, heads {heads}/{kv}, head_dim {hd}, inter {inter}, "
               f"vocab {vocab}, {'tied' if tied else 'untied'}; {rows} rows x {seq} tokens, {len(segments)} documents, "
-              f"{trained} trained; rope_theta {theta:g}")
+              f"{trained} trained; {family}, rope_theta {theta:g}")
     print("\n" + header)
     print(f"{'run':34s} {'loss':>12s} {'loss rel':>9s} {'worst grad rel L2 (vs HF autocast)':>58s} "
           f"{'vs fp32':>8s} {'time':>6s}  verdict")
@@ -205,6 +238,15 @@ def compare_shape(name, args, results, log):
         ours = load_file(out_path)
         loss = float(ours.pop("loss")[0])
         rels, rels_fp32, problems = {}, {}, []
+        our_inv_freq = ours.pop("rope.inv_freq", None)
+        if hf_inv_freq is not None and our_inv_freq is not None:
+            same_shape = our_inv_freq.shape == hf_inv_freq.shape
+            rel = ((our_inv_freq.double() - hf_inv_freq.double()).abs() / hf_inv_freq.double().abs()).max().item() \
+                if same_shape else math.inf
+            rec["rope_inv_freq_bitwise"] = same_shape and torch.equal(our_inv_freq.float(), hf_inv_freq)
+            rec["rope_inv_freq_max_rel"] = rel
+            if rel > 1e-6:  # a few float32 ulps at most (pow's last bit may differ between libraries)
+                problems.append(f"RoPE inverse frequencies differ from HF's (max relative {rel:.3g})")
         if set(ours) != set(g_hf):
             problems.append(f"tensor names differ: ours only {sorted(set(ours) - set(g_hf))[:5]}, "
                             f"HF only {sorted(set(g_hf) - set(ours))[:5]}")

@@ -10,7 +10,7 @@
 // FP32, as the workers get them by default) and run non-streaming by RunWholeModel with
 // loss_scale = 1 / (trained labels of the whole batch), i.e. the mean token cross entropy as HF's
 // loss. Output: every parameter's gradient under its HF name (F32, HF shape, no padding; a tied
-// model has only model.embed_tokens.weight, holding both contributions) and "loss" [1] F32.
+// model has only model.embed_tokens.weight, holding both contributions) and "loss" [1] F32, and "rope.inv_freq" [head_dim / 2] F32 (the RoPE frequencies computed with).
 // The batch file format is described in tools/verify/token_batch.h. One JSON summary line goes to
 // stdout.
 #include <chrono>
@@ -117,6 +117,15 @@ absl::Status Run(const Options& o) {
   loss_tensor.shape = {1};
   loss_tensor.data = &loss;
   out.push_back(std::move(loss_tensor));
+  // The RoPE inverse frequencies our backends computed with (Qwen3Config::RopeInverseFrequencies),
+  // for a bitwise check against HF's rotary_emb.inv_freq.
+  const std::vector<float> inv_freq = config.RopeInverseFrequencies();
+  safetensors::TensorSource rope_tensor;
+  rope_tensor.name = "rope.inv_freq";
+  rope_tensor.dtype = safetensors::Dtype::kF32;
+  rope_tensor.shape = {static_cast<int64_t>(inv_freq.size())};
+  rope_tensor.data = inv_freq.data();
+  out.push_back(std::move(rope_tensor));
   safetensors::WriteOptions wo;
   wo.durability = safetensors::Durability::kNone;
   wo.metadata = {{"backend", o.backend},

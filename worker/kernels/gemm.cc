@@ -56,6 +56,17 @@ absl::Status GemmRunner::MakePlan(const GemmArgs& g, int align_bytes, Plan* plan
       cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   SLIDEDP_CUBLAS_RETURN_IF_ERROR(
       cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (g.bias != nullptr) {
+    // Column-major Dᵀ [n, m]: the bias runs along its rows (our columns), broadcast over m.
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bias_t = CUDA_R_16BF;
+    SLIDEDP_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    SLIDEDP_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t, sizeof(bias_t)));
+    SLIDEDP_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+  }
   // Column-major stored shapes: our B (row-major [K,N] if N, [N,K] if T) seen column-major.
   const uint64_t cm = g.n, cn = g.m, ck = g.k;
   SLIDEDP_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->la, CUDA_R_16BF, ta == CUBLAS_OP_N ? cm : ck,
@@ -96,11 +107,15 @@ absl::Status GemmRunner::Run(const GemmArgs& g, cudaStream_t stream) {
     return absl::OkStatus();  // empty product: nothing to write
   }
   const int esz_out = g.out_type == GemmOutType::kF32 ? 4 : 2;
+  if (g.bias != nullptr && g.out_type != GemmOutType::kBF16) {
+    return absl::InvalidArgumentError("GEMM bias epilogue: BF16 output only");
+  }
   int align = std::min({PointerAlignment(g.a), PointerAlignment(g.b), PointerAlignment(g.d), LdAlignment(g.lda, 2),
                         LdAlignment(g.ldb, 2), LdAlignment(g.ldd, esz_out)});
   if (g.beta != 0.0f) align = std::min({align, PointerAlignment(g.c), LdAlignment(g.ldc, esz_out)});
   Key key{static_cast<int>(g.op_a), static_cast<int>(g.op_b), g.m, g.n, g.k, g.lda, g.ldb,
-          g.beta != 0.0f ? g.ldc : g.ldd, g.ldd, static_cast<int>(g.out_type), g.beta != 0.0f, align};
+          g.beta != 0.0f ? g.ldc : g.ldd, g.ldd, static_cast<int>(g.out_type), g.beta != 0.0f, align,
+          g.bias != nullptr};
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     Plan plan;
@@ -116,6 +131,10 @@ absl::Status GemmRunner::Run(const GemmArgs& g, cudaStream_t stream) {
     it = plans_.emplace(key, plan).first;
   }
   const Plan& p = it->second;
+  if (g.bias != nullptr) {  // the plan is cached per shape; the bias is this call's
+    SLIDEDP_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+  }
   const void* c = g.beta != 0.0f ? g.c : g.d;
   SLIDEDP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, p.desc, &g.alpha, g.b, p.la, g.a, p.lb, &g.beta, c, p.lc, g.d,
                                                 p.ld, &p.algo, workspace_, kWorkspaceBytes, stream));

@@ -37,6 +37,9 @@ struct GemmArgs {
   void* d = nullptr;
   int64_t ldd = 0;
   GemmOutType out_type = GemmOutType::kBF16;
+  // Optional BF16 bias [n] added to every row of D in the epilogue (BF16 D only): D = A·B + bias,
+  // rounded once, as torch's addmm through cuBLASLt (an nn.Linear with a bias under autocast).
+  const void* bias = nullptr;
   float alpha = 1.0f;
   float beta = 0.0f;
 };
@@ -56,7 +59,7 @@ class GemmRunner {
   absl::Status Run(const GemmArgs& args, cudaStream_t stream);
 
  private:
-  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int>;
+  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int, bool>;
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr, ld = nullptr;

@@ -25,17 +25,21 @@ __device__ __forceinline__ float2 Load2(const float* p) { return *reinterpret_ca
 // over all q and k heads. Lane owns pairs j, j+1 in the first half of each head and their
 // rotation partners j + hd/2, j + hd/2 + 1.
 
-__device__ __forceinline__ void RopeAngles(int pos, int j, int hd, float theta, float* c, float* s) {
-  // Same float32 recipe as HF: inv_freq = 1 / theta^(2j/hd); angle = pos * inv_freq.
-  const float inv0 = 1.0f / powf(theta, static_cast<float>(2 * j) / hd);
-  const float inv1 = 1.0f / powf(theta, static_cast<float>(2 * (j + 1)) / hd);
+__device__ __forceinline__ void RopeAngles(int pos, int j, const RopeArgs& a, float* c, float* s) {
+  // Same float32 recipe as HF: inv_freq = 1 / theta^(2j/hd) (or the scaled table the host
+  // computed, Qwen3Config::RopeInverseFrequencies); angle = pos * inv_freq.
+  const int hd = a.head_dim;
+  const float inv0 = a.inv_freq != nullptr ? a.inv_freq[j] : 1.0f / powf(a.theta, static_cast<float>(2 * j) / hd);
+  const float inv1 =
+      a.inv_freq != nullptr ? a.inv_freq[j + 1] : 1.0f / powf(a.theta, static_cast<float>(2 * (j + 1)) / hd);
   const float a0 = static_cast<float>(pos) * inv0, a1 = static_cast<float>(pos) * inv1;
   sincosf(a0, &s[0], &c[0]);
   sincosf(a1, &s[1], &c[1]);
 }
 
-// TW: the q_norm / k_norm weight type (bf16 or float), widened to FP32 on load.
-template <int ITERS, int HB, typename TW>
+// TW: the q_norm / k_norm weight type (bf16 or float), widened to FP32 on load. kNorm false: RoPE
+// alone (no q/k norm: weights and rstd are 1, and x * 1 * 1 is x exactly).
+template <int ITERS, int HB, typename TW, bool kNorm>
 __global__ void QkNormRopeForwardKernel(RopeArgs a, const bf16* __restrict__ qkv, int64_t ld, const TW* __restrict__ qw,
                                         const TW* __restrict__ kw, const int32_t* __restrict__ pos,
                                         bf16* __restrict__ qo, bf16* __restrict__ ko) {
@@ -50,7 +54,12 @@ __global__ void QkNormRopeForwardKernel(RopeArgs a, const bf16* __restrict__ qkv
     for (int it = 0; it < ITERS; ++it) {
       const int j = 2 * lane + 64 * it;
       if (j < half) {
-        RopeAngles(p, j, hd, a.theta, cs[it], sn[it]);
+        RopeAngles(p, j, a, cs[it], sn[it]);
+        if constexpr (!kNorm) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) wq[it][e] = wk[it][e] = 1.f;
+          continue;
+        }
         float2 l = Load2(qw + j), u = Load2(qw + j + half);
         wq[it][0] = l.x;
         wq[it][1] = l.y;
@@ -94,12 +103,15 @@ __global__ void QkNormRopeForwardKernel(RopeArgs a, const bf16* __restrict__ qkv
         bf16* dst =
             is_q ? qo + t * a.num_q_heads * static_cast<int64_t>(hd) + static_cast<int64_t>(h) * hd
                  : ko + t * a.num_kv_heads * static_cast<int64_t>(hd) + static_cast<int64_t>(h - a.num_q_heads) * hd;
-        float ss = 0.f;
+        float rstd = 1.f;
+        if constexpr (kNorm) {
+          float ss = 0.f;
 #pragma unroll
-        for (int it = 0; it < ITERS; ++it)
+          for (int it = 0; it < ITERS; ++it)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) ss += x[b][it][e] * x[b][it][e];
-        const float rstd = rsqrtf(WarpSum(ss) / hd + a.eps);
+            for (int e = 0; e < 4; ++e) ss += x[b][it][e] * x[b][it][e];
+          rstd = rsqrtf(WarpSum(ss) / hd + a.eps);
+        }
 #pragma unroll
         for (int it = 0; it < ITERS; ++it) {
           const int j = 2 * lane + 64 * it;
@@ -125,7 +137,7 @@ constexpr int kRopeMaxIters = 2;  // hd <= 256
 
 // (This per-token, one-head-at-a-time version is the one verified on the GPU; a batched variant
 // like the forward's reached ~33% instead of ~29% of copy bandwidth but is not verified yet.)
-template <typename TW>
+template <typename TW, bool kNorm>
 __global__ void QkNormRopeBackwardKernel(RopeArgs a, const bf16* __restrict__ dq, const bf16* __restrict__ dk,
                                          const bf16* __restrict__ qkv, int64_t ld, const TW* __restrict__ qw,
                                          const TW* __restrict__ kw, const int32_t* __restrict__ pos,
@@ -138,7 +150,7 @@ __global__ void QkNormRopeBackwardKernel(RopeArgs a, const bf16* __restrict__ dq
 #pragma unroll
   for (int it = 0; it < kRopeMaxIters; ++it) {
     const int j = 2 * lane + 64 * it;
-    if (j < half) {
+    if (kNorm && j < half) {
       float2 l = Load2(qw + j), u = Load2(qw + j + half);
       wq[it][0] = l.x;
       wq[it][1] = l.y;
@@ -159,7 +171,7 @@ __global__ void QkNormRopeBackwardKernel(RopeArgs a, const bf16* __restrict__ dq
 #pragma unroll
     for (int it = 0; it < kRopeMaxIters; ++it) {
       const int j = 2 * lane + 64 * it;
-      if (j < half) RopeAngles(p, j, hd, a.theta, cs[it], sn[it]);
+      if (j < half) RopeAngles(p, j, a, cs[it], sn[it]);
     }
 #pragma unroll 2
     for (int h = 0; h < heads; ++h) {
@@ -177,21 +189,34 @@ __global__ void QkNormRopeBackwardKernel(RopeArgs a, const bf16* __restrict__ dq
 #pragma unroll
         for (int e = 0; e < 4; ++e) x[it][e] = dn[it][e] = 0.f;
         if (j < half) {
-          float2 l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src + j));
-          float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src + j + half));
+          if constexpr (kNorm) {  // the norm's input (RoPE alone does not read it: qkv may be null)
+            float2 l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src + j));
+            float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src + j + half));
+            x[it][0] = l.x;
+            x[it][1] = l.y;
+            x[it][2] = u.x;
+            x[it][3] = u.y;
+            ss += l.x * l.x + l.y * l.y + u.x * u.x + u.y * u.y;
+          }
           float2 gl = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(g + j));
           float2 gu = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(g + j + half));
-          x[it][0] = l.x;
-          x[it][1] = l.y;
-          x[it][2] = u.x;
-          x[it][3] = u.y;
-          ss += l.x * l.x + l.y * l.y + u.x * u.x + u.y * u.y;
           // out_lo = n_lo c - n_hi s ; out_hi = n_hi c + n_lo s  =>  dn_lo = g_lo c + g_hi s, dn_hi = g_hi c - g_lo s
           dn[it][0] = gl.x * cs[it][0] + gu.x * sn[it][0];
           dn[it][1] = gl.y * cs[it][1] + gu.y * sn[it][1];
           dn[it][2] = gu.x * cs[it][0] - gl.x * sn[it][0];
           dn[it][3] = gu.y * cs[it][1] - gl.y * sn[it][1];
         }
+      }
+      if constexpr (!kNorm) {  // the gradient of RoPE alone: the un-rotated output gradient
+#pragma unroll
+        for (int it = 0; it < kRopeMaxIters; ++it) {
+          const int j = 2 * lane + 64 * it;
+          if (j < half) {
+            *reinterpret_cast<__nv_bfloat162*>(dst + j) = __floats2bfloat162_rn(dn[it][0], dn[it][1]);
+            *reinterpret_cast<__nv_bfloat162*>(dst + j + half) = __floats2bfloat162_rn(dn[it][2], dn[it][3]);
+          }
+        }
+        continue;
       }
       const float rstd = rsqrtf(WarpSum(ss) / hd + a.eps);
       float dot = 0.f;
@@ -220,28 +245,30 @@ __global__ void QkNormRopeBackwardKernel(RopeArgs a, const bf16* __restrict__ dq
       }
     }
   }
-  // Block reduction of the per-lane dw into partial[block][0 (q) | 1 (k)][hd].
+  if constexpr (kNorm) {
+    // Block reduction of the per-lane dw into partial[block][0 (q) | 1 (k)][hd].
 #pragma unroll
-  for (int it = 0; it < kRopeMaxIters; ++it) {
-    const int j = 2 * lane + 64 * it;
-    if (j < half) {
-      float* q = sm + (warp * 2 + 0) * hd;
-      float* k = sm + (warp * 2 + 1) * hd;
-      q[j] = dwq[it][0];
-      q[j + 1] = dwq[it][1];
-      q[j + half] = dwq[it][2];
-      q[j + half + 1] = dwq[it][3];
-      k[j] = dwk[it][0];
-      k[j + 1] = dwk[it][1];
-      k[j + half] = dwk[it][2];
-      k[j + half + 1] = dwk[it][3];
+    for (int it = 0; it < kRopeMaxIters; ++it) {
+      const int j = 2 * lane + 64 * it;
+      if (j < half) {
+        float* q = sm + (warp * 2 + 0) * hd;
+        float* k = sm + (warp * 2 + 1) * hd;
+        q[j] = dwq[it][0];
+        q[j + 1] = dwq[it][1];
+        q[j + half] = dwq[it][2];
+        q[j + half + 1] = dwq[it][3];
+        k[j] = dwk[it][0];
+        k[j + 1] = dwk[it][1];
+        k[j + half] = dwk[it][2];
+        k[j + half + 1] = dwk[it][3];
+      }
     }
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < 2 * hd; i += blockDim.x) {
-    float s = 0.f;
-    for (int wi = 0; wi < nwarps; ++wi) s += sm[wi * 2 * hd + i];
-    partial[blockIdx.x * 2 * static_cast<int64_t>(hd) + i] = s;
+    __syncthreads();
+    for (int i = threadIdx.x; i < 2 * hd; i += blockDim.x) {
+      float s = 0.f;
+      for (int wi = 0; wi < nwarps; ++wi) s += sm[wi * 2 * hd + i];
+      partial[blockIdx.x * 2 * static_cast<int64_t>(hd) + i] = s;
+    }
   }
 }
 
@@ -262,7 +289,7 @@ int64_t RopeBlocks(const RopeArgs& a) {
   return std::max<int64_t>(1, std::min<int64_t>((warps + 7) / 8, 132 * 8));
 }
 
-template <typename TW>
+template <typename TW, bool kNorm = true>
 absl::Status QkNormRopeForwardImpl(const RopeArgs& a, const bf16* qkv, int64_t ld_qkv, const TW* q_norm_w,
                                    const TW* k_norm_w, const int32_t* positions, bf16* q_out, bf16* k_out,
                                    cudaStream_t stream) {
@@ -270,17 +297,17 @@ absl::Status QkNormRopeForwardImpl(const RopeArgs& a, const bf16* qkv, int64_t l
   if (!s.ok()) return s;
   if (a.tokens <= 0) return absl::OkStatus();
   if (a.head_dim <= 128) {
-    QkNormRopeForwardKernel<1, 8, TW>
+    QkNormRopeForwardKernel<1, 8, TW, kNorm>
         <<<RopeBlocks(a), kRopeThreads, 0, stream>>>(a, qkv, ld_qkv, q_norm_w, k_norm_w, positions, q_out, k_out);
   } else {
-    QkNormRopeForwardKernel<2, 4, TW>
+    QkNormRopeForwardKernel<2, 4, TW, kNorm>
         <<<RopeBlocks(a), kRopeThreads, 0, stream>>>(a, qkv, ld_qkv, q_norm_w, k_norm_w, positions, q_out, k_out);
   }
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
 
-template <typename TW>
+template <typename TW, bool kNorm = true>
 absl::Status QkNormRopeBackwardImpl(const RopeArgs& a, const bf16* dq_out, const bf16* dk_out, const bf16* qkv,
                                     int64_t ld_qkv, const TW* q_norm_w, const TW* k_norm_w, const int32_t* positions,
                                     bf16* dqkv, int64_t ld_dqkv, float* dq_norm_w, float* dk_norm_w, float* ws,
@@ -290,9 +317,10 @@ absl::Status QkNormRopeBackwardImpl(const RopeArgs& a, const bf16* dq_out, const
   if (a.tokens <= 0) return absl::OkStatus();
   const int64_t blocks = RopeBlocks(a);
   const size_t smem = (kRopeThreads / 32) * 2 * a.head_dim * sizeof(float);
-  QkNormRopeBackwardKernel<TW><<<blocks, kRopeThreads, smem, stream>>>(a, dq_out, dk_out, qkv, ld_qkv, q_norm_w,
-                                                                       k_norm_w, positions, dqkv, ld_dqkv, ws);
+  QkNormRopeBackwardKernel<TW, kNorm><<<blocks, kRopeThreads, kNorm ? smem : 0, stream>>>(
+      a, dq_out, dk_out, qkv, ld_qkv, q_norm_w, k_norm_w, positions, dqkv, ld_dqkv, ws);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  if (!kNorm) return absl::OkStatus();
   ReducePartialsKernel<<<(2 * a.head_dim + 31) / 32, 1024, 0, stream>>>(ws, blocks, 2 * a.head_dim, a.head_dim,
                                                                         dq_norm_w, dk_norm_w);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
@@ -312,6 +340,17 @@ absl::Status QkNormRopeForward(const RopeArgs& a, const bf16* qkv, int64_t ld_qk
 }
 
 int64_t QkNormRopeBackwardWorkspaceNumel(const RopeArgs& a) { return RopeBlocks(a) * 2 * a.head_dim; }
+
+absl::Status RopeForward(const RopeArgs& a, const bf16* qkv, int64_t ld_qkv, const int32_t* positions, bf16* q_out,
+                         bf16* k_out, cudaStream_t stream) {
+  return QkNormRopeForwardImpl<float, false>(a, qkv, ld_qkv, nullptr, nullptr, positions, q_out, k_out, stream);
+}
+
+absl::Status RopeBackward(const RopeArgs& a, const bf16* dq_out, const bf16* dk_out, const int32_t* positions,
+                          bf16* dqkv, int64_t ld_dqkv, cudaStream_t stream) {
+  return QkNormRopeBackwardImpl<float, false>(a, dq_out, dk_out, nullptr, 0, nullptr, nullptr, positions, dqkv,
+                                              ld_dqkv, nullptr, nullptr, nullptr, stream);
+}
 
 absl::Status QkNormRopeBackward(const RopeArgs& a, const bf16* dq_out, const bf16* dk_out, const bf16* qkv,
                                 int64_t ld_qkv, const bf16* q_norm_w, const bf16* k_norm_w, const int32_t* positions,

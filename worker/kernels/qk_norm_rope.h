@@ -1,5 +1,6 @@
 // Fused per-head q/k RMSNorm + RoPE of a Qwen3 attention block, forward and backward, with BF16
-// or FP32 norm weights (HF Qwen3 order: norm, then rotate_half).
+// or FP32 norm weights (HF Qwen3 order: norm, then rotate_half); and RoPE alone (Qwen2, Llama,
+// Mistral: no q/k norm), with plain or scaled inverse frequencies.
 //
 // Every launcher takes its tensors, sizes and an explicit stream, returns a Status (bad sizes are
 // INVALID_ARGUMENT, launch failures INTERNAL) and never synchronizes. BF16 storage, FP32 math.
@@ -27,6 +28,9 @@ struct RopeArgs {
   int head_dim = 0;
   float eps = 1e-6f;
   float theta = 1e6f;
+  // Device [head_dim / 2] inverse frequencies (a scaled RoPE, Qwen3Config::RopeInverseFrequencies);
+  // nullptr: 1 / theta^(2j / head_dim), computed in the kernel.
+  const float* inv_freq = nullptr;
 };
 absl::Status QkNormRopeForward(const RopeArgs& a, const bf16* qkv, int64_t ld_qkv, const bf16* q_norm_w,
                                const bf16* k_norm_w, const int32_t* positions, bf16* q_out, bf16* k_out,
@@ -45,5 +49,12 @@ absl::Status QkNormRopeBackward(const RopeArgs& a, const bf16* dq_out, const bf1
                                 int64_t ld_qkv, const float* q_norm_w, const float* k_norm_w, const int32_t* positions,
                                 bf16* dqkv, int64_t ld_dqkv, float* dq_norm_w, float* dk_norm_w, float* ws,
                                 cudaStream_t stream);
+
+// RoPE alone on q and k (no q/k norm), read from qkv as above; and its backward, which writes the
+// un-rotated gradients into dqkv[:, 0:(nq+nkv)*hd]. No workspace, no weight gradient.
+absl::Status RopeForward(const RopeArgs& a, const bf16* qkv, int64_t ld_qkv, const int32_t* positions, bf16* q_out,
+                         bf16* k_out, cudaStream_t stream);
+absl::Status RopeBackward(const RopeArgs& a, const bf16* dq_out, const bf16* dk_out, const int32_t* positions,
+                          bf16* dqkv, int64_t ld_dqkv, cudaStream_t stream);
 
 }  // namespace slidedp::kernels

@@ -38,6 +38,7 @@ __global__ void ReducePartialsKernel(const float* __restrict__ partial, int64_t 
 namespace {
 
 constexpr int kMaxPartialBlocks = 1056;  // 8 per SM on a 132-SM H200
+constexpr int kColumnSumParts = 128;     // row groups of ColumnSumsInto
 
 // Sum over the block; every thread gets the result. scratch: 33 floats of shared memory.
 __device__ __forceinline__ float BlockSum(float v, float* scratch) {
@@ -153,7 +154,36 @@ __global__ void AddBf16ToF32Kernel(const float* res, const bf16* __restrict__ br
     out[i] = res[i] + __bfloat162float(branch[i]);
 }
 
+// Column sums of a BF16 [rows, cols] matrix (row stride ld): block (bx, by) sums rows
+// by, by + gridDim.y, ... of columns [bx * 256, bx * 256 + 256) into partial[by][col], one thread
+// per column (consecutive threads read consecutive columns of a row: coalesced).
+__global__ void ColumnSumsPartialKernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, int64_t ld,
+                                        float* __restrict__ partial) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  float s = 0.f;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) s += __bfloat162float(x[r * ld + c]);
+  partial[blockIdx.y * cols + c] = s;
+}
+
 }  // namespace
+
+int64_t ColumnSumsWorkspaceNumel(int64_t rows, int64_t cols) {
+  return std::max<int64_t>(1, std::min<int64_t>(rows, kColumnSumParts)) * cols;
+}
+
+absl::Status ColumnSumsInto(const bf16* x, int64_t rows, int64_t cols, int64_t ld, float* ws, float* out,
+                            cudaStream_t stream) {
+  if (rows < 0 || cols < 0 || ld < cols) {
+    return absl::InvalidArgumentError(absl::StrCat("ColumnSumsInto: rows ", rows, ", cols ", cols, ", ld ", ld));
+  }
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(rows, kColumnSumParts));
+  ColumnSumsPartialKernel<<<dim3(static_cast<unsigned>((cols + 255) / 256), static_cast<unsigned>(parts)), 256, 0,
+                            stream>>>(x, rows, cols, ld, ws);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return ReducePartialsInto(ws, parts, cols, out, stream);
+}
 
 int64_t PartialBlocks(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, kMaxPartialBlocks)); }
 

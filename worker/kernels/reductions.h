@@ -26,6 +26,12 @@ int64_t PartialBlocks(int64_t rows);
 
 // out[c] += Σ_p partial[p * cols + c] for p in [0, parts), fixed order.
 absl::Status ReducePartialsInto(const float* partial, int64_t parts, int64_t cols, float* out, cudaStream_t stream);
+// out[c] += Σ_r x[r * ld + c] over rows r, c < cols: a bias gradient (the column sums of a BF16
+// output gradient), deterministic: ws holds ColumnSumsWorkspaceNumel(rows, cols) floats of
+// partial sums over fixed row groups, added in a fixed order.
+int64_t ColumnSumsWorkspaceNumel(int64_t rows, int64_t cols);
+absl::Status ColumnSumsInto(const bf16* x, int64_t rows, int64_t cols, int64_t ld, float* ws, float* out,
+                            cudaStream_t stream);
 // *out += Σ vals[0..n) in a fixed order (one block).
 absl::Status SumInto(const float* vals, int64_t n, float* out, cudaStream_t stream);
 // *out = Σ x[i]² accumulated in FP64, deterministically: kSumSquaresBlocks blocks write partial

@@ -46,7 +46,7 @@ class CpuBuffer final : public DeviceBuffer {
 class CpuDeviceBatch final : public DeviceBatch {
  public:
   CpuDeviceBatch(MicroBatch batch, const Qwen3Config& c)
-      : batch_(std::move(batch)), rope_(BuildRopeTables(batch_.positions, c.head_dim, c.rope_theta)) {}
+      : batch_(std::move(batch)), rope_(BuildRopeTables(batch_.positions, c.RopeInverseFrequencies())) {}
   int64_t num_tokens() const override { return batch_.num_tokens(); }
   const MicroBatch& batch() const { return batch_; }
   TokenGeometry geometry() const { return MakeTokenGeometry(batch_, rope_); }

@@ -54,12 +54,28 @@ inline R Sigmoid(R g) {
 // Views of the decoder tensors inside a flat unit array.
 template <typename T>
 struct DecoderTensors {
-  T* p[kNumDecoderTensors];
+  T* p[kNumDecoderTensors];  // nullptr for a tensor the family does not have
   DecoderTensors(T* base, const DecoderOffsets& offs) {
-    for (int i = 0; i < kNumDecoderTensors; ++i) p[i] = base + offs.at[i];
+    for (int i = 0; i < kNumDecoderTensors; ++i) p[i] = offs.at[i] >= 0 ? base + offs.at[i] : nullptr;
   }
   T* operator[](int i) const { return p[i]; }
 };
+
+// y[t, :] += b for each of T rows of O.
+template <typename R>
+void AddBiasRows(const R* b, int64_t T, int64_t O, R* y) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t o = 0; o < O; ++o) y[t * O + o] += b[o];
+}
+
+// db += sum over rows of dy (the call's sum formed first, in row order, then added once).
+template <typename R>
+void BiasBackward(const R* dy, int64_t T, int64_t O, R* db) {
+  std::vector<R> acc(O, R(0));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t o = 0; o < O; ++o) acc[o] += dy[t * O + o];
+  for (int64_t o = 0; o < O; ++o) db[o] += acc[o];
+}
 
 }  // namespace
 
@@ -181,6 +197,9 @@ DecoderDims DecoderDims::From(const Qwen3Config& c) {
   d.vocab = c.vocab_size;
   d.rms_norm_eps = c.rms_norm_eps;
   d.rope_theta = c.rope_theta;
+  d.qk_norm = c.has_qk_norm();
+  d.qkv_bias = c.has_qkv_bias();
+  d.rope_inv_freq = c.RopeInverseFrequencies();
   return d;
 }
 
@@ -190,20 +209,16 @@ DecoderOffsets DecoderOffsets::From(const Qwen3Config& config) {
   const ModelLayout layout = ModelLayout::Build(one);
   const UnitLayout& unit = layout.units[1];
   DecoderOffsets offs;
-  for (int i = 0; i < kNumDecoderTensors; ++i) offs.at[i] = unit.tensors[i].offset_numel;
+  for (int i = 0; i < kNumDecoderTensors; ++i) {
+    offs.at[i] = unit.slot[i] >= 0 ? unit.tensors[unit.slot[i]].offset_numel : -1;
+  }
   offs.unit_numel = unit.numel;
   return offs;
 }
 
-RopeTables BuildRopeTables(const std::vector<int32_t>& positions, int64_t head_dim, double rope_theta) {
+RopeTables BuildRopeTables(const std::vector<int32_t>& positions, const std::vector<float>& inv_freq) {
   RopeTables r;
-  r.half = head_dim / 2;
-  std::vector<float> inv_freq(r.half);
-  // As HF: inv_freq = 1.0 / (base ** (arange(0, dim, 2).float() / dim)) in float32.
-  for (int64_t i = 0; i < r.half; ++i) {
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
-    inv_freq[i] = 1.0f / std::pow(static_cast<float>(rope_theta), exponent);
-  }
+  r.half = static_cast<int64_t>(inv_freq.size());
   r.cos.resize(positions.size() * r.half);
   r.sin.resize(positions.size() * r.half);
   for (size_t t = 0; t < positions.size(); ++t) {
@@ -214,6 +229,13 @@ RopeTables BuildRopeTables(const std::vector<int32_t>& positions, int64_t head_d
     }
   }
   return r;
+}
+
+RopeTables BuildRopeTables(const std::vector<int32_t>& positions, int64_t head_dim, double rope_theta) {
+  Qwen3Config plain;
+  plain.head_dim = head_dim;
+  plain.rope_theta = rope_theta;
+  return BuildRopeTables(positions, plain.RopeInverseFrequencies());
 }
 
 TokenGeometry MakeTokenGeometry(const MicroBatch& batch, const RopeTables& rope) {
@@ -251,12 +273,22 @@ void DecoderAttentionInputs(const DecoderDims& d, const DecoderOffsets& offs, co
   LinearForward(a->xn.data(), w[kQProj], T, H, qd, a->q_raw.data(), pool);
   LinearForward(a->xn.data(), w[kKProj], T, H, kvd, a->k_raw.data(), pool);
   LinearForward(a->xn.data(), w[kVProj], T, H, kvd, a->v.data(), pool);
-  a->q_rstd.resize(T * d.heads);
-  a->k_rstd.resize(T * d.kv_heads);
-  a->q_rot.resize(T * qd);
-  a->k_rot.resize(T * kvd);
-  RmsNormRows(a->q_raw.data(), w[kQNorm], T * d.heads, d.head_dim, eps, a->q_rot.data(), a->q_rstd.data(), pool);
-  RmsNormRows(a->k_raw.data(), w[kKNorm], T * d.kv_heads, d.head_dim, eps, a->k_rot.data(), a->k_rstd.data(), pool);
+  if (w[kQBias] != nullptr) {
+    AddBiasRows(w[kQBias], T, qd, a->q_raw.data());
+    AddBiasRows(w[kKBias], T, kvd, a->k_raw.data());
+    AddBiasRows(w[kVBias], T, kvd, a->v.data());
+  }
+  if (w[kQNorm] != nullptr) {
+    a->q_rstd.resize(T * d.heads);
+    a->k_rstd.resize(T * d.kv_heads);
+    a->q_rot.resize(T * qd);
+    a->k_rot.resize(T * kvd);
+    RmsNormRows(a->q_raw.data(), w[kQNorm], T * d.heads, d.head_dim, eps, a->q_rot.data(), a->q_rstd.data(), pool);
+    RmsNormRows(a->k_raw.data(), w[kKNorm], T * d.kv_heads, d.head_dim, eps, a->k_rot.data(), a->k_rstd.data(), pool);
+  } else {
+    a->q_rot = a->q_raw;
+    a->k_rot = a->k_raw;
+  }
   ApplyRope(a->q_rot.data(), T, d.heads, d.head_dim, geom, RopeDirection::kForward, pool);
   ApplyRope(a->k_rot.data(), T, d.kv_heads, d.head_dim, geom, RopeDirection::kForward, pool);
 }
@@ -431,10 +463,17 @@ void DecoderBackward(const DecoderDims& d, const DecoderOffsets& offs, const R* 
   // RoPE backward (inverse rotation), then q/k RMSNorm backward, in place.
   ApplyRope(dq.data(), T, d.heads, hd, geom, RopeDirection::kBackward, pool);
   ApplyRope(dk.data(), T, d.kv_heads, hd, geom, RopeDirection::kBackward, pool);
-  RmsNormBackwardRows(a.q_raw.data(), a.q_rstd.data(), w[kQNorm], dq.data(), T * d.heads, hd, dq.data(),
-                      Accumulate::kOverwrite, g[kQNorm], pool);
-  RmsNormBackwardRows(a.k_raw.data(), a.k_rstd.data(), w[kKNorm], dk.data(), T * d.kv_heads, hd, dk.data(),
-                      Accumulate::kOverwrite, g[kKNorm], pool);
+  if (w[kQNorm] != nullptr) {
+    RmsNormBackwardRows(a.q_raw.data(), a.q_rstd.data(), w[kQNorm], dq.data(), T * d.heads, hd, dq.data(),
+                        Accumulate::kOverwrite, g[kQNorm], pool);
+    RmsNormBackwardRows(a.k_raw.data(), a.k_rstd.data(), w[kKNorm], dk.data(), T * d.kv_heads, hd, dk.data(),
+                        Accumulate::kOverwrite, g[kKNorm], pool);
+  }
+  if (g[kQBias] != nullptr) {
+    BiasBackward(dq.data(), T, qd, g[kQBias]);
+    BiasBackward(dk.data(), T, kvd, g[kKBias]);
+    BiasBackward(dv.data(), T, kvd, g[kVBias]);
+  }
 
   // QKV projections.
   LinearBackwardWeight(dq.data(), a.xn.data(), T, H, qd, g[kQProj], pool);
@@ -590,7 +629,7 @@ double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vecto
   double loss = 0.0;
   for (const MicroBatch& mb : batches) {
     const int64_t T = mb.num_tokens(), H = dims.hidden;
-    const RopeTables rope = BuildRopeTables(mb.positions, dims.head_dim, dims.rope_theta);
+    const RopeTables rope = BuildRopeTables(mb.positions, dims.rope_inv_freq);
     const TokenGeometry geom = MakeTokenGeometry(mb, rope);
     // xs[l] is the input of decoder layer l; xs.back() the head's input.
     std::vector<std::vector<R>> xs(num_units - 1, std::vector<R>(T * H));

@@ -1,4 +1,5 @@
-// The Qwen3 dense math of the CPU reference backend, in plain C++ templated on the real type.
+// The dense decoder math of the CPU reference backend (Qwen3, and the families of
+// common/model/qwen3_config.h), in plain C++ templated on the real type.
 //
 // float is what the backend runs (FP32 activations, BF16 parameters upcast); double is what the
 // gradient checks run, on exactly the same code. Semantics follow HF transformers'
@@ -6,7 +7,7 @@
 //   h = x + o_proj(attn(rope(q_norm(q_proj(n1))), rope(k_norm(k_proj(n1))), v_proj(n1))), n1 = rms(x)
 //   y = h + down_proj(silu(gate_proj(n2)) * up_proj(n2)),                               n2 = rms2(h)
 // RMSNorm is x * rsqrt(mean(x^2) + eps) * w; q_norm/k_norm act per head over head_dim before
-// RoPE; RoPE pairs i with i + head_dim/2 (rotate_half); GQA shares one kv head among
+// RoPE (qwen3 only); qwen2 adds biases to the q/k/v projections (HF Qwen2Attention); RoPE pairs i with i + head_dim/2 (rotate_half); GQA shares one kv head among
 // heads/kv_heads query heads; attention is causal inside each document of the packed batch
 // (cu_seqlens) with scale 1/sqrt(head_dim). Weights are HF's [out, in] row-major: y = x W^T.
 //
@@ -35,26 +36,32 @@ struct DecoderDims {
   int64_t vocab = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 1e6;
+  bool qk_norm = true;                // per-head q/k RMSNorm before RoPE (qwen3)
+  bool qkv_bias = false;              // biases on the q/k/v projections (qwen2)
+  std::vector<float> rope_inv_freq;   // [head_dim / 2], Qwen3Config::RopeInverseFrequencies
 
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }
   static DecoderDims From(const Qwen3Config& config);
 };
 
-// Element offsets of the decoder tensors inside one flat unit array (ModelLayout's layout).
+// Element offsets of the decoder tensors inside one flat unit array (ModelLayout's layout); -1 for
+// a tensor the family does not have.
 struct DecoderOffsets {
   int64_t at[kNumDecoderTensors] = {};
   int64_t unit_numel = 0;
   static DecoderOffsets From(const Qwen3Config& config);
 };
 
-// RoPE cos/sin per token, [T, head_dim/2], computed in FP32 as HF does
-// (inv_freq = 1 / theta^(2i/d), angle = position * inv_freq).
+// RoPE cos/sin per token, [T, head_dim/2], computed in FP32 as HF does (angle = position *
+// inv_freq; inv_freq = 1 / theta^(2i/d) unless the model's RoPE scaling changes it).
 struct RopeTables {
   int64_t half = 0;
   std::vector<float> cos;
   std::vector<float> sin;
 };
+RopeTables BuildRopeTables(const std::vector<int32_t>& positions, const std::vector<float>& inv_freq);
+// Plain RoPE's tables (no scaling).
 RopeTables BuildRopeTables(const std::vector<int32_t>& positions, int64_t head_dim, double rope_theta);
 
 // Token geometry of one packed micro-batch, shared by every op. Points into storage owned by
@@ -112,11 +119,11 @@ template <typename R>
 struct DecoderActs {
   std::vector<R> rstd1;   // [T] input RMSNorm's rsqrt
   std::vector<R> xn;      // [T, hidden] normalized input (QKV GEMM input)
-  std::vector<R> q_raw;   // [T, q_dim] q_proj output (q_norm input)
+  std::vector<R> q_raw;   // [T, q_dim] q_proj output, bias added (q_norm input)
   std::vector<R> k_raw;   // [T, kv_dim]
-  std::vector<R> q_rstd;  // [T, heads]
+  std::vector<R> q_rstd;  // [T, heads] (empty without q/k norms)
   std::vector<R> k_rstd;  // [T, kv_heads]
-  std::vector<R> q_rot;   // [T, q_dim] after q_norm and RoPE
+  std::vector<R> q_rot;   // [T, q_dim] after q_norm (if any) and RoPE
   std::vector<R> k_rot;   // [T, kv_dim]
   std::vector<R> v;       // [T, kv_dim]
   std::vector<R> attn;    // [T, q_dim] attention output (o_proj input)

@@ -120,6 +120,7 @@ class CudaBackend final : public ComputeBackend {
       cudaStreamSynchronize(stream_);
       cudaStreamDestroy(stream_);
     }
+    if (rope_inv_freq_ != nullptr) cudaFree(rope_inv_freq_);
     if (limited_pool_ != nullptr) {
       cudaMemPool_t def = nullptr;
       if (cudaDeviceGetDefaultMemPool(&def, device_) == cudaSuccess) cudaDeviceSetMemPool(device_, def);
@@ -158,16 +159,21 @@ class CudaBackend final : public ComputeBackend {
     if (config_.num_hidden_layers > 0) {
       ModelLayout layout = ModelLayout::Build(config_);
       const UnitLayout& unit = layout.units.at(1);
-      if (unit.kind != UnitKind::kDecoder || unit.tensors.size() != kNumDecoderTensors) {
-        return absl::InternalError("model layout: unit 1 is not a decoder layer with 11 tensors");
-      }
-      for (int i = 0; i < kNumDecoderTensors; ++i) {
-        off_[i] = unit.tensors[i].offset_numel;
-        fp32_off_[i] = unit.tensors[i].fp32_offset;
+      if (unit.kind != UnitKind::kDecoder) return absl::InternalError("model layout: unit 1 is not a decoder layer");
+      for (int i = 0; i < kNumDecoderTensors; ++i) {  // -1: the family has no such tensor
+        const TensorSlot* t = unit.Find(static_cast<DecoderTensor>(i));
+        off_[i] = t != nullptr ? t->offset_numel : -1;
+        fp32_off_[i] = t != nullptr ? t->fp32_offset : -1;
       }
     }
     qkv_w_ = Stack({{off_[kQProj], qd_}, {off_[kKProj], kvd_}, {off_[kVProj], kvd_}});
     gu_w_ = Stack({{off_[kGateProj], I_}, {off_[kUpProj], I_}});
+    if (config_.rope_scaling.type != RopeScaling::Type::kNone) {  // a scaled RoPE: its frequencies as a table
+      const std::vector<float> inv = config_.RopeInverseFrequencies();
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&rope_inv_freq_, inv.size() * sizeof(float)));
+      SLIDEDP_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(rope_inv_freq_, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice));
+    }
     return absl::OkStatus();
   }
 
@@ -290,9 +296,15 @@ class CudaBackend final : public ComputeBackend {
 
   const bf16* W(const bf16_t* params, int t) const { return reinterpret_cast<const bf16*>(params) + off_[t]; }
 
-  // Y[:, 0:rows] (+)= X · Wsᵀ  for a stacked weight; out_ld is Y's row stride.
+  // Y[:, 0:rows] (+)= X · Wsᵀ  for a stacked weight; out_ld is Y's row stride. With `bias` (the
+  // parts' BF16 biases stacked the same way, [rows]) the GEMM epilogue adds it.
   absl::Status StackedForward(const bf16_t* params, const StackedWeight& sw, const bf16* x, int64_t T, int64_t K,
-                              bf16* y, int64_t out_ld);
+                              bf16* y, int64_t out_ld, const bf16* bias = nullptr);
+  // qwen2: the q/k/v biases stacked into `block` ([qkv_] BF16) for the fused QKV GEMM's epilogue;
+  // nullptr for a family without them.
+  absl::StatusOr<const bf16*> StackQkvBias(const UnitParams& params, PoolBlock& block);
+  // qwen2: the q/k/v bias gradients, the column sums of dqkv [T, qkv_], added to dparams.
+  absl::Status QkvBiasBackward(const bf16* dqkv, int64_t T, float* dparams, float* ws);
   // dX = dY · Ws (dY [T, rows] with stride dy_ld) and dWs += dYᵀ · X.
   // dx is BF16 or FP32 per dx_type.
   absl::Status StackedBackward(const bf16_t* params, float* dparams, const StackedWeight& sw, const bf16* dy,
@@ -321,6 +333,7 @@ class CudaBackend final : public ComputeBackend {
     r.head_dim = hd_;
     r.eps = static_cast<float>(config_.rms_norm_eps);
     r.theta = static_cast<float>(config_.rope_theta);
+    r.inv_freq = rope_inv_freq_;
     return r;
   }
 
@@ -365,8 +378,9 @@ class CudaBackend final : public ComputeBackend {
   }
   // q/k norm + RoPE, forward and backward, with the weights' FP32 values when present.
   absl::Status QkForward(const UnitParams& p, const CudaBatch& b, const LayerActs& a) {
-    const NormW q = Norm(p, kQNorm), k = Norm(p, kKNorm);
     const kernels::RopeArgs rope = Rope(b.num_tokens_);
+    if (!config_.has_qk_norm()) return kernels::RopeForward(rope, a.qkv, qkv_, b.positions_, a.qr, a.kr, stream_);
+    const NormW q = Norm(p, kQNorm), k = Norm(p, kKNorm);
     if (q.f != nullptr) {
       return kernels::QkNormRopeForward(rope, a.qkv, qkv_, q.f, k.f, b.positions_, a.qr, a.kr, stream_);
     }
@@ -441,8 +455,9 @@ class CudaBackend final : public ComputeBackend {
   bool cudnn_rejected_logged_[2] = {false, false};
   int64_t H_ = 0, I_ = 0, qd_ = 0, kvd_ = 0, qkv_ = 0;
   int nq_ = 0, nkv_ = 0, hd_ = 0;
-  int64_t off_[kNumDecoderTensors] = {};
+  int64_t off_[kNumDecoderTensors] = {};       // -1: not in this family's layer
   int64_t fp32_off_[kNumDecoderTensors] = {};  // in the FP32 side copy (norm weights only)
+  float* rope_inv_freq_ = nullptr;             // device [hd / 2] for a scaled RoPE, else null
   StackedWeight qkv_w_, gu_w_;
 };
 

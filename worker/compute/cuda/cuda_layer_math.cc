@@ -4,6 +4,8 @@
 //
 // Decoder forward (HF Qwen3DecoderLayer), T tokens, W row-major [out, in]:
 //   xn1 = RMSNorm(x)            qkv = xn1·[Wq;Wk;Wv]ᵀ        qr,kr = RoPE(q_norm(q)), RoPE(k_norm(k))
+// (qwen2: qkv = xn1·[Wq;Wk;Wv]ᵀ + [bq;bk;bv] in the GEMM's epilogue; qwen2, llama, mistral: qr,kr =
+// RoPE(q), RoPE(k), with the model's scaled inverse frequencies where it has them)
 //   o,lse = FlashAttn(qr,kr,v)  h1 = x + o·Woᵀ
 //   xn2 = RMSNorm(h1)           gu = xn2·[Wg;Wu]ᵀ            act = silu(g)·u
 //   y = h1 + act·Wdᵀ
@@ -41,11 +43,12 @@
 namespace slidedp::cuda_backend_internal {
 
 absl::Status CudaBackend::StackedForward(const bf16_t* params, const StackedWeight& sw, const bf16* x, int64_t T,
-                                         int64_t K, bf16* y, int64_t out_ld) {
+                                         int64_t K, bf16* y, int64_t out_ld, const bf16* bias) {
   int64_t col = 0;
   for (size_t i = 0; i < sw.parts.size(); ++i) {
     const int64_t rows = sw.contiguous ? sw.rows : sw.parts[i].second;
     GemmArgs g;
+    g.bias = bias != nullptr ? bias + col : nullptr;
     g.op_a = GemmOp::kN;
     g.op_b = GemmOp::kT;
     g.m = T;
@@ -60,6 +63,31 @@ absl::Status CudaBackend::StackedForward(const bf16_t* params, const StackedWeig
     RETURN_IF_ERROR(gemm_.Run(g, stream_));
     if (sw.contiguous) break;
     col += rows;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const bf16*> CudaBackend::StackQkvBias(const UnitParams& params, PoolBlock& block) {
+  if (!config_.has_qkv_bias()) return nullptr;
+  RETURN_IF_ERROR(block.Alloc(Align256(qkv_ * 2), stream_));
+  bf16* stacked = reinterpret_cast<bf16*>(block.get());
+  const std::pair<int, int64_t> parts[] = {{kQBias, qd_}, {kKBias, kvd_}, {kVBias, kvd_}};
+  int64_t col = 0;
+  for (const auto& [t, n] : parts) {  // three small device copies: the tensors sit 256-element aligned apart
+    SLIDEDP_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(stacked + col, W(params.bf16, t), n * 2, cudaMemcpyDeviceToDevice, stream_));
+    col += n;
+  }
+  return stacked;
+}
+
+absl::Status CudaBackend::QkvBiasBackward(const bf16* dqkv, int64_t T, float* dparams, float* ws) {
+  if (!config_.has_qkv_bias()) return absl::OkStatus();
+  const std::pair<int, int64_t> parts[] = {{kQBias, qd_}, {kKBias, kvd_}, {kVBias, kvd_}};
+  int64_t col = 0;
+  for (const auto& [t, n] : parts) {
+    RETURN_IF_ERROR(kernels::ColumnSumsInto(dqkv + col, T, n, qkv_, ws, dparams + off_[t], stream_));
+    col += n;
   }
   return absl::OkStatus();
 }
@@ -190,7 +218,11 @@ absl::Status CudaBackend::LayerForward(const UnitParams& params, const CudaBatch
     branch = reinterpret_cast<bf16*>(branch_block.get());
   }
   if (cheap) RETURN_IF_ERROR(NormForward(x, Norm(params, kInputNorm), T, a.xn1, a.rstd1));
-  if (!(given & kPieceQkv)) RETURN_IF_ERROR(StackedForward(params.bf16, qkv_w_, a.xn1, T, H_, a.qkv, qkv_));
+  if (!(given & kPieceQkv)) {
+    PoolBlock bias_block;
+    ASSIGN_OR_RETURN(const bf16* bias, StackQkvBias(params, bias_block));
+    RETURN_IF_ERROR(StackedForward(params.bf16, qkv_w_, a.xn1, T, H_, a.qkv, qkv_, bias));
+  }
   if (cheap) RETURN_IF_ERROR(QkForward(params, b, a));
   if (!(given & kPieceAttention)) RETURN_IF_ERROR(AttentionForward(b, a));
   // h1 = x + o · Woᵀ
@@ -304,8 +336,9 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   c.Reserve(&dqr, T * qd_);
   c.Reserve(&dkr, T * kvd_);
   c.Reserve(&dqkv, T * qkv_);
-  c.Reserve(&ws_f,
-            std::max(kernels::RmsNormBackwardWorkspaceNumel(T, H_), kernels::QkNormRopeBackwardWorkspaceNumel(rope)));
+  c.Reserve(&ws_f, std::max({kernels::RmsNormBackwardWorkspaceNumel(T, H_),
+                             kernels::QkNormRopeBackwardWorkspaceNumel(rope),
+                             config_.has_qkv_bias() ? kernels::ColumnSumsWorkspaceNumel(T, qd_) : int64_t{0}}));
   ASSIGN_OR_RETURN(const std::optional<int64_t> cudnn_ws, CudnnWorkspace(AttnDir::kBackward, attn));
   c.Reserve(&ws_attn, cudnn_ws.has_value() ? *cudnn_ws : kernels::FlashAttentionBackwardWorkspaceBytes(attn));
   RETURN_IF_ERROR(c.Alloc(block, stream_));
@@ -366,7 +399,7 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
     RETURN_IF_ERROR(Wgrad(dh1_g, H_, acts.o, qd_, T, H_, qd_, dparams + off_[kOProj]));
   }
   RETURN_IF_ERROR(AttentionBackward(attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + qd_ + kvd_, ws_attn));
-  {
+  if (config_.has_qk_norm()) {
     const NormW qn = Norm(params, kQNorm), kn = Norm(params, kKNorm);
     float* dqn = dparams + off_[kQNorm];
     float* dkn = dparams + off_[kKNorm];
@@ -374,7 +407,10 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
                                                                   b.positions_, dqkv, qkv_, dqn, dkn, ws_f, stream_)
                                     : kernels::QkNormRopeBackward(rope, dqr, dkr, acts.qkv, qkv_, qn.b, kn.b,
                                                                   b.positions_, dqkv, qkv_, dqn, dkn, ws_f, stream_));
+  } else {
+    RETURN_IF_ERROR(kernels::RopeBackward(rope, dqr, dkr, b.positions_, dqkv, qkv_, stream_));
   }
+  RETURN_IF_ERROR(QkvBiasBackward(dqkv, T, dparams, ws_f));
   RETURN_IF_ERROR(StackedBackward(params.bf16, dparams, qkv_w_, dqkv, qkv_, acts.xn1, T, H_, dxn, act_gemm_type()));
   // dx = dh1 + RMSNorm1ᵀ(dxn)   (dx may alias dy: dy is no longer read)
   RETURN_IF_ERROR(

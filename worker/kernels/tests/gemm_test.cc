@@ -53,6 +53,44 @@ TEST_F(GemmGpuTest, ForwardIntoStridedColumnSlice) {
       << "gemm leaves columns outside its slice alone";
 }
 
+// Forward NT with the bias epilogue (qwen2's q/k/v biases), into a column slice, twice on one cached
+// plan with different biases: D = X·Wᵀ + b, rounded to BF16 once.
+TEST_F(GemmGpuTest, ForwardWithBiasEpilogue) {
+  GemmRunner runner;
+  ASSERT_OK(runner.Init());
+  const int64_t M = 77, N = 136, K = 264, LDD = 200, COL = 24;
+  auto x = RandVec(M * K), w = RandVec(N * K);
+  std::unique_ptr<Dev<bf16>> dx(NewBf16(x)), dw(NewBf16(w));
+  Dev<bf16> y(M * LDD);
+  for (int round = 0; round < 2; ++round) {
+    auto b = RandVec(N, 2.0);
+    std::unique_ptr<Dev<bf16>> db(NewBf16(b));
+    GemmArgs g;
+    g.m = M;
+    g.n = N;
+    g.k = K;
+    g.a = dx->get();
+    g.lda = K;
+    g.b = dw->get();
+    g.ldb = K;
+    g.d = y.get() + COL;
+    g.ldd = LDD;
+    g.bias = db->get();
+    ASSERT_OK(runner.Run(g, nullptr));
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    auto got_all = DownBf16(y.get(), M * LDD);
+    std::vector<double> got, ref;
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double r = b[j];
+        for (int64_t k = 0; k < K; ++k) r += x[i * K + k] * w[j * K + k];
+        ref.push_back(r);
+        got.push_back(got_all[i * LDD + COL + j]);
+      }
+    ExpectRelErr("gemm fwd X·Wᵀ + bias (77x136x264, round " + std::to_string(round) + ")", got, ref, 5e-3);
+  }
+}
+
 // dgrad NN with a residual C.
 TEST_F(GemmGpuTest, DgradWithResidual) {
   GemmRunner runner;

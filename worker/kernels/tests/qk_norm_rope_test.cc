@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/model/qwen3_config.h"
 #include "gtest/gtest.h"
 #include "worker/kernels/tests/gpu_test.h"
 #include "worker/kernels/tests/kernel_test_util.h"
@@ -118,6 +119,75 @@ void CheckQkRope(int hd) {
     ExpectRelErr("qk-norm+rope bwd dq,dk raw per-dim gain" + tag, ColumnGain(gotdq, rdq, hd), ones, 6e-4);
   }
 }
+
+// RoPE alone (qwen2 / llama / mistral: no q/k norm) with a table of scaled inverse frequencies
+// (llama3's bands, Qwen3Config::RopeInverseFrequencies), against FP64 rotations by those
+// frequencies: forward q and k, backward dq/dk raw into a strided dqkv.
+void CheckRopeAlone(int hd) {
+  const int nq = 4, nkv = 2;
+  const std::vector<int> docs = {13, 40, 24};
+  int64_t T = 0;
+  std::vector<int32_t> pos;
+  for (int d : docs) {
+    for (int i = 0; i < d; ++i) pos.push_back(i * 251 + 3);  // up to ~10K: the low band turns
+    T += d;
+  }
+  Qwen3Config cfg;
+  cfg.head_dim = hd;
+  cfg.rope_theta = 500000;
+  cfg.rope_scaling.type = RopeScaling::Type::kLlama3;
+  cfg.rope_scaling.factor = 8;
+  cfg.rope_scaling.original_max_position_embeddings = 8192;
+  const std::vector<float> inv = cfg.RopeInverseFrequencies();
+  const int64_t ld = (nq + 2 * nkv) * hd + 8;
+  auto qkv = RandVec(T * ld, 1.3);
+  auto gq = RandVec(T * nq * hd), gk = RandVec(T * nkv * hd);
+  std::unique_ptr<Dev<bf16>> dqkv_in(NewBf16(qkv)), dgq(NewBf16(gq)), dgk(NewBf16(gk));
+  Dev<int32_t> dpos(T);
+  Upload(dpos, pos);
+  Dev<float> dinv(inv.size());
+  Upload(dinv, inv);
+  Dev<bf16> qo(T * nq * hd), ko(T * nkv * hd), dqkv(T * ld);
+  kernels::RopeArgs a;
+  a.tokens = T;
+  a.num_q_heads = nq;
+  a.num_kv_heads = nkv;
+  a.head_dim = hd;
+  a.theta = 500000;
+  a.inv_freq = dinv.get();
+  ASSERT_OK(kernels::RopeForward(a, dqkv_in->get(), ld, dpos.get(), qo.get(), ko.get(), nullptr));
+  ASSERT_OK(kernels::RopeBackward(a, dgq->get(), dgk->get(), dpos.get(), dqkv.get(), ld, nullptr));
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  const int half = hd / 2;
+  std::vector<double> rq(T * nq * hd), rk(T * nkv * hd), rd, gotd;
+  const auto got_dqkv = DownBf16(dqkv.get(), T * ld);
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < nq + nkv; ++h) {
+      const bool isq = h < nq;
+      const double* g = isq ? &gq[t * nq * hd + h * hd] : &gk[t * nkv * hd + (h - nq) * hd];
+      double* out = isq ? &rq[t * nq * hd + h * hd] : &rk[t * nkv * hd + (h - nq) * hd];
+      const double* x = &qkv[t * ld + h * hd];
+      std::vector<double> d(hd);
+      for (int i = 0; i < half; ++i) {
+        const double ang = static_cast<double>(pos[t]) * inv[i], c = std::cos(ang), s = std::sin(ang);
+        out[i] = x[i] * c - x[i + half] * s;
+        out[i + half] = x[i + half] * c + x[i] * s;
+        d[i] = g[i] * c + g[i + half] * s;
+        d[i + half] = g[i + half] * c - g[i] * s;
+      }
+      for (int i = 0; i < hd; ++i) {
+        rd.push_back(d[i]);
+        gotd.push_back(got_dqkv[t * ld + h * hd + i]);
+      }
+    }
+  const std::string tag = " (hd=" + std::to_string(hd) + ", llama3 table)";
+  ExpectRelErr("rope fwd q" + tag, DownBf16(qo.get(), T * nq * hd), rq, 5e-3);
+  ExpectRelErr("rope fwd k" + tag, DownBf16(ko.get(), T * nkv * hd), rk, 5e-3);
+  ExpectRelErr("rope bwd dq,dk raw" + tag, gotd, rd, 5e-3);
+}
+
+TEST_F(QkNormRopeGpuTest, RopeAloneScaledHeadDim128) { CheckRopeAlone(128); }
+TEST_F(QkNormRopeGpuTest, RopeAloneScaledHeadDim64) { CheckRopeAlone(64); }
 
 TEST_F(QkNormRopeGpuTest, Bf16WeightsHeadDim128) { CheckQkRope<bf16>(128); }
 // Half the lanes idle: catches use of unset per-lane state.

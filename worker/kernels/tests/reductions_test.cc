@@ -42,6 +42,27 @@ TEST_F(ReductionsGpuTest, AddBf16ToF32) {
   ExpectRelErr("residual add fp32 += bf16 in place", DownF32(dres.get(), n), ref, 0.0);
 }
 
+// Bias gradients: column sums of a strided BF16 matrix added into FP32, at a row count past the
+// row groups and an odd column count; twice (it adds).
+TEST_F(ReductionsGpuTest, ColumnSumsInto) {
+  const int64_t rows = 1001, cols = 333, ld = 400;
+  auto x = RandVec(rows * ld, 1.0);
+  std::unique_ptr<Dev<bf16>> dx(NewBf16(x));
+  auto start = RandVec(cols);
+  Dev<float> out(cols), ws(kernels::ColumnSumsWorkspaceNumel(rows, cols));
+  Upload(out, ToF32(start));
+  ASSERT_OK(kernels::ColumnSumsInto(dx->get(), rows, cols, ld, ws.get(), out.get(), nullptr));
+  ASSERT_OK(kernels::ColumnSumsInto(dx->get(), rows, cols, ld, ws.get(), out.get(), nullptr));
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  std::vector<double> ref(cols);
+  for (int64_t c = 0; c < cols; ++c) {
+    double s = 0;
+    for (int64_t r = 0; r < rows; ++r) s += static_cast<double>(Bf16ToFloat(FloatToBf16(static_cast<float>(x[r * ld + c]))));
+    ref[c] = static_cast<double>(static_cast<float>(start[c])) + 2 * s;
+  }
+  ExpectRelErr("column sums into fp32 (1001x333, ld 400, twice)", DownF32(out.get(), cols), ref, 1e-5);
+}
+
 // BF16 gradients (runtime.grad_dtype bf16): rounded in place, bit for bit the host's FloatToBf16
 // (which LayerAdam's kernels and the CPU backend use), ties to even included.
 TEST_F(ReductionsGpuTest, RoundToBf16InPlaceIsTheHostRounding) {

@@ -14,6 +14,7 @@ namespace slidedp {
 namespace {
 
 using testing::AwkwardConfig;
+using testing::AwkwardConfigOf;
 using testing::MakeBatch;
 using testing::RandomUnitParams;
 
@@ -100,7 +101,11 @@ TEST_P(ModelGradCheck, AnalyticGradientsMatchCentralDifferences) {
 INSTANTIATE_TEST_SUITE_P(Shapes, ModelGradCheck,
                          ::testing::Values(GradCheckCase{"awkward_untied", AwkwardConfig(false)},
                                            GradCheckCase{"awkward_tied", AwkwardConfig(true)},
-                                           GradCheckCase{"tiny", testing::TinyConfig()}),
+                                           GradCheckCase{"tiny", testing::TinyConfig()},
+                                           GradCheckCase{"qwen2_tied", AwkwardConfigOf(ModelFamily::kQwen2, true)},
+                                           GradCheckCase{"llama3_untied", AwkwardConfigOf(ModelFamily::kLlama, false)},
+                                           GradCheckCase{"mistral_untied",
+                                                         AwkwardConfigOf(ModelFamily::kMistral, false)}),
                          [](const auto& info) { return info.param.name; });
 
 // dL/dx of one decoder layer for L = sum(c * y), against central differences on x.

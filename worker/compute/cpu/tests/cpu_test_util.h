@@ -30,9 +30,24 @@ inline Qwen3Config AwkwardConfig(bool tied) {
   return c;
 }
 
+// The awkward shape in another family: qwen2 (q/k/v biases, no q/k norm), llama (no q/k norm,
+// llama3 RoPE scaling with every band present at these lengths), mistral.
+inline Qwen3Config AwkwardConfigOf(ModelFamily family, bool tied) {
+  Qwen3Config c = AwkwardConfig(tied);
+  c.family = family;
+  if (family == ModelFamily::kLlama) {
+    c.rope_scaling.type = RopeScaling::Type::kLlama3;
+    c.rope_scaling.factor = 8;
+    c.rope_scaling.low_freq_factor = 1;
+    c.rope_scaling.high_freq_factor = 4;
+    c.rope_scaling.original_max_position_embeddings = 64;
+  }
+  return c;
+}
+
 inline Qwen3Config TinyConfig() { return Qwen3Config::Preset("tiny").value(); }
 
-// Random parameters in ModelLayout order: norm weights 1 + 0.2 N(0,1), matrices N(0, 1/in) so
+// Random parameters in ModelLayout order: norm weights 1 + 0.2 N(0,1), biases 0.2 N(0,1), matrices N(0, 1/in) so
 // activations stay O(1) and softmaxes are far from uniform; padding stays zero.
 inline std::vector<std::vector<double>> RandomUnitParams(const ModelLayout& layout, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -41,7 +56,9 @@ inline std::vector<std::vector<double>> RandomUnitParams(const ModelLayout& layo
   for (const UnitLayout& u : layout.units) {
     std::vector<double> p(u.numel, 0.0);
     for (const TensorSlot& t : u.tensors) {
-      if (t.shape.size() == 1) {
+      if (t.hf_name.size() > 5 && t.hf_name.compare(t.hf_name.size() - 5, 5, ".bias") == 0) {
+        for (int64_t i = 0; i < t.numel; ++i) p[t.offset_numel + i] = 0.2 * normal(rng);
+      } else if (t.shape.size() == 1) {
         for (int64_t i = 0; i < t.numel; ++i) p[t.offset_numel + i] = 1.0 + 0.2 * normal(rng);
       } else {
         const double sd = u.kind == UnitKind::kEmbedding ? 1.0 : 1.0 / std::sqrt(static_cast<double>(t.shape[1]));

@@ -128,10 +128,11 @@ void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp
   ModelLayout layout = ModelLayout::Build(cfg);
   const UnitLayout& unit = layout.units.at(1);
   std::vector<double> params(unit.numel, 0.0);
-  for (int t = 0; t < kNumDecoderTensors; ++t) {
-    const auto& ts = unit.tensors[t];
-    const bool norm = t == kInputNorm || t == kPostNorm || t == kQNorm || t == kKNorm;
-    auto v = norm ? RandVec(ts.numel, 0.2, 1.0) : RandVec(ts.numel, 1.0 / std::sqrt(static_cast<double>(ts.shape[1])));
+  for (const TensorSlot& ts : unit.tensors) {
+    const bool norm = ts.fp32_offset >= 0, bias = ts.shape.size() == 1 && !norm;
+    auto v = norm   ? RandVec(ts.numel, 0.2, 1.0)
+             : bias ? RandVec(ts.numel, 0.5)
+                    : RandVec(ts.numel, 1.0 / std::sqrt(static_cast<double>(ts.shape[1])));
     std::copy(v.begin(), v.end(), params.begin() + ts.offset_numel);
   }
   auto pb = ToBf16(params);
@@ -227,8 +228,7 @@ void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp
     ASSERT_OK(p.gpu->Synchronize());
     ExpectRelErr(label + " layer bwd dx [" + pname + "]", GetG(p, *dx.g, T * H), ref_dx, 3e-2);
     auto got_dp = GetF(*p.gpu, (*dpg)->data(), unit.numel);
-    for (int t = 0; t < kNumDecoderTensors; ++t) {
-      const auto& ts = unit.tensors[t];
+    for (const TensorSlot& ts : unit.tensors) {
       std::vector<double> gv(got_dp.begin() + ts.offset_numel, got_dp.begin() + ts.offset_numel + ts.numel);
       std::vector<double> rv(ref_dp.begin() + ts.offset_numel, ref_dp.begin() + ts.offset_numel + ts.numel);
       std::string tn = ts.hf_name.substr(ts.hf_name.find("layers.") + 7);
@@ -366,6 +366,20 @@ TEST_P(CudaBackendGpuTest, MatchesCpuBackend) {
     CheckBackend("qwen3-mini(hd64)", c, b.fp32_residual, b.attention, norms);
   } else if (model == "mini128") {
     CheckBackend("qwen3-mini(hd128)", c128, b.fp32_residual, b.attention, norms);
+  } else if (model == "qwen2") {  // q/k/v biases, no q/k norm
+    Qwen3Config q = c;
+    q.family = ModelFamily::kQwen2;
+    CheckBackend("qwen2-mini(hd64)", q, b.fp32_residual, b.attention, norms);
+  } else if (model == "llama3") {  // no q/k norm, llama3-scaled RoPE (every band within 137 tokens)
+    Qwen3Config l = c128;
+    l.family = ModelFamily::kLlama;
+    l.rope_theta = 500000;
+    l.rope_scaling.type = RopeScaling::Type::kLlama3;
+    l.rope_scaling.factor = 8;
+    l.rope_scaling.low_freq_factor = 1;
+    l.rope_scaling.high_freq_factor = 4;
+    l.rope_scaling.original_max_position_embeddings = 64;
+    CheckBackend("llama3-mini(hd128)", l, b.fp32_residual, b.attention, norms);
   } else {
     auto tiny = Qwen3Config::Preset("tiny");
     if (!tiny.ok()) GTEST_SKIP() << "preset tiny: " << tiny.status().ToString();
@@ -380,7 +394,9 @@ INSTANTIATE_TEST_SUITE_P(
                       BackendCase{"mini128", false, Attention::kOwn}, BackendCase{"tiny", false, Attention::kOwn},
                       BackendCase{"mini64", true, Attention::kCudnn}, BackendCase{"mini128", true, Attention::kCudnn},
                       BackendCase{"tiny", true, Attention::kCudnn}, BackendCase{"mini64", false, Attention::kCudnn},
-                      BackendCase{"mini128", false, Attention::kCudnn}, BackendCase{"tiny", false, Attention::kCudnn}),
+                      BackendCase{"mini128", false, Attention::kCudnn}, BackendCase{"tiny", false, Attention::kCudnn},
+                      BackendCase{"qwen2", true, Attention::kCudnn}, BackendCase{"qwen2", false, Attention::kOwn},
+                      BackendCase{"llama3", true, Attention::kCudnn}, BackendCase{"llama3", false, Attention::kOwn}),
     CaseName);
 
 }  // namespace
