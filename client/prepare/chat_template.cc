@@ -1,15 +1,23 @@
-// Qwen3 / ChatML rendering with trained spans (mirrors the Jinja template line by line).
+// Chat rendering with trained spans: each template mirrors its Jinja source line by line
+// (known_chat_templates.cc holds the sources; tests compare with transformers' output).
 #include "client/prepare/chat_template.h"
+
+#include <cstdint>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/prepare/known_chat_templates.h"
+#include "glog/logging.h"
 
 namespace slidedp::prepare {
 namespace {
 
 using json = nlohmann::json;
 
-// Python's str.strip/lstrip/rstrip with a character set.
+constexpr char kQwenDefaultSystem[] = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+
+// Python's str.strip/lstrip/rstrip with one character.
 std::string LStrip(const std::string& s, char c) {
   size_t b = s.find_first_not_of(c);
   return b == std::string::npos ? std::string() : s.substr(b);
@@ -20,6 +28,26 @@ std::string RStrip(const std::string& s, char c) {
 }
 std::string Strip(const std::string& s, char c) { return LStrip(RStrip(s, c), c); }
 
+// str.isspace(): bidirectional class WS, B or S, or category Zs.
+bool IsPythonSpace(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+// The code point starting at s[i] and its length (valid UTF-8; a stray byte counts as itself).
+uint32_t DecodeAt(std::string_view s, size_t i, size_t* len) {
+  const auto b = static_cast<unsigned char>(s[i]);
+  const size_t n = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+  if (i + n > s.size()) {
+    *len = 1;
+    return b;
+  }
+  uint32_t cp = n == 1 ? b : n == 2 ? (b & 0x1F) : n == 3 ? (b & 0x0F) : (b & 0x07);
+  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  *len = n;
+  return cp;
+}
+
 struct Message {
   std::string role;
   std::string content;
@@ -27,7 +55,9 @@ struct Message {
   bool has_reasoning = false;
 };
 
-absl::StatusOr<std::vector<Message>> ParseMessages(const json& messages) {
+bool IsLlama31Family(ChatTemplate t) { return t == ChatTemplate::kLlama3_1 || t == ChatTemplate::kLlama3_2; }
+
+absl::StatusOr<std::vector<Message>> ParseMessages(const json& messages, ChatTemplate tmpl) {
   if (!messages.is_array()) return absl::InvalidArgumentError("field messages: must be an array");
   if (messages.empty()) return absl::InvalidArgumentError("field messages: is empty");
   std::vector<Message> out;
@@ -40,12 +70,19 @@ absl::StatusOr<std::vector<Message>> ParseMessages(const json& messages) {
     }
     Message msg;
     msg.role = m["role"].get<std::string>();
-    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool") {
+    const bool ipython = IsLlama31Family(tmpl) && msg.role == "ipython";  // the Llama 3.1 templates' tool role
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool" && !ipython) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ".role: \"", msg.role, "\" is not one of system, user, assistant, tool"));
     }
     if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ".tool_calls: tool calls are not supported yet"));
+    }
+    if (m.contains("tool_calls") && IsLlama31Family(tmpl)) {
+      // `'tool_calls' in message` is true for a null value too, and the template then fails on it.
+      return absl::InvalidArgumentError(absl::StrCat(where, ".tool_calls: present (null), which the ",
+                                                     ChatTemplateName(tmpl),
+                                                     " template treats as a tool call; remove the key"));
     }
     if (!m.contains("content") || !m["content"].is_string()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ".content: missing or not a string"));
@@ -63,133 +100,328 @@ absl::StatusOr<std::vector<Message>> ParseMessages(const json& messages) {
   return out;
 }
 
+// Collects segments: context text (trained only with LossOn::kAll) and assistant replies.
+class SegmentWriter {
+ public:
+  explicit SegmentWriter(LossOn loss_on) : all_(loss_on == LossOn::kAll) {}
+  void Context(std::string text) { Emit(std::move(text), all_); }
+  void Reply(std::string text) { Emit(std::move(text), true); }
+  std::vector<Segment> Take() { return std::move(out_); }
+
+ private:
+  void Emit(std::string text, bool trained) {
+    if (text.empty()) return;
+    if (!out_.empty() && out_.back().trained == trained) {
+      out_.back().text += text;
+    } else {
+      out_.push_back({std::move(text), trained});
+    }
+  }
+  bool all_;
+  std::vector<Segment> out_;
+};
+
+// The tool message of the Qwen templates: consecutive tool messages share one user turn.
+void QwenToolMessage(const std::vector<Message>& msgs, size_t i, SegmentWriter* w) {
+  std::string text;
+  if (i == 0 || msgs[i - 1].role != "tool") text += "<|im_start|>user";
+  absl::StrAppend(&text, "\n<tool_response>\n", msgs[i].content, "\n</tool_response>");
+  if (i + 1 == msgs.size() || msgs[i + 1].role != "tool") text += "<|im_end|>\n";
+  w->Context(std::move(text));
+}
+
+void RenderChatML(const std::vector<Message>& msgs, SegmentWriter* w) {
+  for (const Message& m : msgs) {
+    w->Context(absl::StrCat("<|im_start|>", m.role, "\n"));
+    if (m.role == "assistant") {
+      w->Reply(absl::StrCat(m.content, "<|im_end|>"));
+    } else {
+      w->Context(absl::StrCat(m.content, "<|im_end|>"));
+    }
+    w->Context("\n");
+  }
+}
+
+void RenderQwen2_5(const std::vector<Message>& msgs, SegmentWriter* w) {
+  if (msgs[0].role == "system") {
+    w->Context(absl::StrCat("<|im_start|>system\n", msgs[0].content, "<|im_end|>\n"));
+  } else {
+    w->Context(absl::StrCat("<|im_start|>system\n", kQwenDefaultSystem, "<|im_end|>\n"));
+  }
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    const Message& m = msgs[i];
+    if (m.role == "user" || (m.role == "system" && i != 0)) {
+      w->Context(absl::StrCat("<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n"));
+    } else if (m.role == "assistant") {
+      w->Context("<|im_start|>assistant\n");
+      w->Reply(absl::StrCat(m.content, "<|im_end|>"));
+      w->Context("\n");
+    } else if (m.role == "tool") {
+      QwenToolMessage(msgs, i, w);
+    }
+  }
+}
+
+void RenderQwen3(const std::vector<Message>& msgs, SegmentWriter* w) {
+  const int n = static_cast<int>(msgs.size());
+  int last_query = n - 1;
+  for (int i = n - 1; i >= 0; --i) {
+    const Message& m = msgs[i];
+    if (m.role == "user" &&
+        !(absl::StartsWith(m.content, "<tool_response>") && absl::EndsWith(m.content, "</tool_response>"))) {
+      last_query = i;
+      break;
+    }
+  }
+  if (msgs[0].role == "system") w->Context(absl::StrCat("<|im_start|>system\n", msgs[0].content, "<|im_end|>\n"));
+  for (int i = 0; i < n; ++i) {
+    const Message& m = msgs[i];
+    if (m.role == "user" || (m.role == "system" && i != 0)) {
+      w->Context(absl::StrCat("<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n"));
+    } else if (m.role == "assistant") {
+      std::string content = m.content, reasoning;
+      if (m.has_reasoning) {
+        reasoning = m.reasoning;
+      } else if (absl::StrContains(m.content, "</think>")) {
+        content = LStrip(m.content.substr(m.content.rfind("</think>") + 8), '\n');
+        std::string before = RStrip(m.content.substr(0, m.content.find("</think>")), '\n');
+        const size_t open = before.rfind("<think>");
+        reasoning = LStrip(open == std::string::npos ? before : before.substr(open + 7), '\n');
+      }
+      w->Context("<|im_start|>assistant\n");
+      std::string body;
+      if (i > last_query && (i == n - 1 || !reasoning.empty())) {
+        body = absl::StrCat("<think>\n", Strip(reasoning, '\n'), "\n</think>\n\n", LStrip(content, '\n'));
+      } else {
+        body = content;
+      }
+      w->Reply(absl::StrCat(body, "<|im_end|>"));
+      w->Context("\n");
+    } else if (m.role == "tool") {
+      QwenToolMessage(msgs, i, w);
+    }
+  }
+}
+
+// One "<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>" turn.
+void LlamaTurn(const Message& m, SegmentWriter* w) {
+  w->Context(absl::StrCat("<|start_header_id|>", m.role, "<|end_header_id|>\n\n"));
+  if (m.role == "assistant") {
+    w->Reply(absl::StrCat(PythonStrip(m.content), "<|eot_id|>"));
+  } else {
+    w->Context(absl::StrCat(PythonStrip(m.content), "<|eot_id|>"));
+  }
+}
+
+void RenderLlama3(const std::vector<Message>& msgs, const ChatFormat& f, SegmentWriter* w) {
+  w->Context(f.bos_token);
+  for (const Message& m : msgs) LlamaTurn(m, w);
+}
+
+// Llama 3.1 / 3.3 and 3.2 without tools, builtin_tools or custom_tools: the same text.
+void RenderLlama3_1(const std::vector<Message>& msgs, const ChatFormat& f, SegmentWriter* w) {
+  size_t first = 0;
+  std::string system_message;
+  if (msgs[0].role == "system") {
+    system_message = PythonStrip(msgs[0].content);
+    first = 1;
+  }
+  w->Context(absl::StrCat(f.bos_token, "<|start_header_id|>system<|end_header_id|>\n\n",
+                          "Cutting Knowledge Date: December 2023\n", "Today Date: ", f.date_string, "\n\n",
+                          system_message, "<|eot_id|>"));
+  for (size_t i = first; i < msgs.size(); ++i) {
+    const Message& m = msgs[i];
+    if (m.role == "tool" || m.role == "ipython") {
+      // `message.content is mapping or message.content is iterable` holds for a string: tojson.
+      w->Context(
+          absl::StrCat("<|start_header_id|>ipython<|end_header_id|>\n\n", PythonJsonString(m.content), "<|eot_id|>"));
+    } else {
+      LlamaTurn(m, w);
+    }
+  }
+}
+
+std::string GenerationPromptText(ChatTemplate t) {
+  switch (t) {
+    case ChatTemplate::kLlama3:
+    case ChatTemplate::kLlama3_1:
+    case ChatTemplate::kLlama3_2: return "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    default: return "<|im_start|>assistant\n";
+  }
+}
+
 }  // namespace
 
 const char* ChatTemplateName(ChatTemplate t) {
   switch (t) {
-    case ChatTemplate::kQwen3:
-      return "qwen3";
-    case ChatTemplate::kChatML:
-      return "chatml";
-    default:
-      return "auto";
+    case ChatTemplate::kQwen3: return "qwen3";
+    case ChatTemplate::kQwen2_5: return "qwen2.5";
+    case ChatTemplate::kLlama3: return "llama3";
+    case ChatTemplate::kLlama3_1: return "llama3.1";
+    case ChatTemplate::kLlama3_2: return "llama3.2";
+    case ChatTemplate::kChatML: return "chatml";
+    case ChatTemplate::kAuto: break;
   }
+  return "auto";
 }
 
-absl::StatusOr<ChatTemplate> ResolveChatTemplate(const json& config, ChatTemplate requested) {
-  std::string tmpl;
-  if (config.contains("chat_template")) {
-    const json& ct = config["chat_template"];
-    if (ct.is_string()) {
-      tmpl = ct.get<std::string>();
-    } else if (ct.is_array()) {
-      for (const json& e : ct) {
-        if (e.is_object() && e.value("name", std::string()) == "default" && e.contains("template") &&
-            e["template"].is_string()) {
-          tmpl = e["template"].get<std::string>();
+absl::StatusOr<ChatTemplate> ParseChatTemplateName(std::string_view name) {
+  for (ChatTemplate t : {ChatTemplate::kAuto, ChatTemplate::kQwen3, ChatTemplate::kQwen2_5, ChatTemplate::kLlama3,
+                         ChatTemplate::kLlama3_1, ChatTemplate::kLlama3_2, ChatTemplate::kChatML}) {
+    if (name == ChatTemplateName(t)) return t;
+  }
+  if (name == "llama3.3") return ChatTemplate::kLlama3_1;
+  return absl::InvalidArgumentError(
+      absl::StrCat("chat template \"", std::string(name),
+                   "\" is not one of auto, qwen3, qwen2.5, llama3, llama3.1, llama3.2, llama3.3, chatml"));
+}
+
+std::string PythonStrip(std::string_view s) {
+  size_t b = 0;
+  while (b < s.size()) {
+    size_t len;
+    if (!IsPythonSpace(DecodeAt(s, b, &len))) break;
+    b += len;
+  }
+  size_t e = s.size();
+  while (e > b) {
+    size_t start = e - 1;  // back to the lead byte of the last code point
+    while (start > b && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+    size_t len;
+    if (!IsPythonSpace(DecodeAt(s, start, &len)) || start + len != e) break;
+    e = start;
+  }
+  return std::string(s.substr(b, e - b));
+}
+
+std::string PythonJsonString(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));
+        } else {
+          out += c;  // ensure_ascii=False: everything else as is
         }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+absl::StatusOr<std::string> ChatTemplateText(const json& config) {
+  if (!config.contains("chat_template") || config["chat_template"].is_null()) return std::string();
+  const json& ct = config["chat_template"];
+  if (ct.is_string()) return ct.get<std::string>();
+  if (ct.is_array()) {
+    for (const json& e : ct) {
+      if (e.is_object() && e.value("name", std::string()) == "default" && e.contains("template") &&
+          e["template"].is_string()) {
+        return e["template"].get<std::string>();
       }
     }
+    return absl::InvalidArgumentError(
+        "tokenizer_config.json chat_template: a list of named templates without one named \"default\"");
   }
-  const bool chatml_like = absl::StrContains(tmpl, "<|im_start|>");
-  const bool qwen3 = chatml_like && absl::StrContains(tmpl, "last_query_index") &&
-                     absl::StrContains(tmpl, "reasoning_content");
-  if (requested == ChatTemplate::kAuto) {
-    if (qwen3) return ChatTemplate::kQwen3;
-    if (tmpl.empty()) {
-      return absl::FailedPreconditionError(
-          "tokenizer_config.json has no chat_template; chat data needs one (supported: qwen3, chatml)");
-    }
-    if (chatml_like) {
-      return absl::UnimplementedError(
-          "the model's chat template is ChatML-like but not Qwen3's (e.g. Qwen2.5 adds a default system "
-          "prompt); choose the template explicitly (chatml) if plain ChatML is what you want");
-    }
-    return absl::UnimplementedError(
-        "the model's chat template is not supported (supported: qwen3, chatml); use prompt/completion or text data");
-  }
-  if (!tmpl.empty() && !chatml_like) {
-    return absl::InvalidArgumentError(absl::StrCat("chat template ", ChatTemplateName(requested),
-                                                   " requested, but the model's template does not use <|im_start|>"));
-  }
-  return requested;
+  return absl::InvalidArgumentError(
+      "tokenizer_config.json chat_template: neither a string nor a list of {name, template}");
 }
 
-absl::StatusOr<std::vector<Segment>> RenderChat(const json& messages, ChatTemplate tmpl, LossOn loss_on) {
-  auto parsed = ParseMessages(messages);
+absl::StatusOr<ChatFormat> ResolveChatFormat(const json& config, ChatTemplate requested,
+                                             const std::string& date_string) {
+  auto text = ChatTemplateText(config);
+  if (!text.ok()) return text.status();
+  ChatFormat format;
+  if (requested == ChatTemplate::kAuto) {
+    if (text->empty()) {
+      return absl::FailedPreconditionError(
+          "tokenizer_config.json has no chat_template; chat data needs one (or --chat-template NAME)");
+    }
+    auto known = IdentifyChatTemplate(*text);
+    if (!known.ok()) return known.status();
+    format.tmpl = *known;
+  } else if (requested == ChatTemplate::kChatML) {
+    if (!text->empty() && !absl::StrContains(*text, "<|im_start|>")) {
+      return absl::InvalidArgumentError(
+          "chat template chatml requested, but the model's template does not use <|im_start|>");
+    }
+    format.tmpl = requested;
+  } else {
+    auto known = text->empty() ? absl::StatusOr<ChatTemplate>(absl::NotFoundError("")) : IdentifyChatTemplate(*text);
+    if (known.ok() && *known != requested) {
+      return absl::InvalidArgumentError(absl::StrCat("chat template ", ChatTemplateName(requested),
+                                                     " requested, but the model's template is ",
+                                                     ChatTemplateName(*known), "'s"));
+    }
+    if (!known.ok()) {
+      LOG(WARNING) << "prepare: rendering chat data with the " << ChatTemplateName(requested)
+                   << " template as asked; the model's own template is "
+                   << (text->empty() ? "absent" : "not a known one");
+    }
+    format.tmpl = requested;
+  }
+  const bool llama = format.tmpl == ChatTemplate::kLlama3 || IsLlama31Family(format.tmpl);
+  if (llama) {
+    const json bos = config.value("bos_token", json());
+    if (bos.is_string()) format.bos_token = bos.get<std::string>();
+    if (bos.is_object() && bos.contains("content") && bos["content"].is_string()) {
+      format.bos_token = bos["content"].get<std::string>();
+    }
+    if (format.bos_token.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("tokenizer_config.json has no bos_token, which the ",
+                                                        ChatTemplateName(format.tmpl), " template renders first"));
+    }
+  }
+  if (IsLlama31Family(format.tmpl)) {
+    format.date_string = date_string.empty() ? kLlamaDefaultDate : date_string;
+  } else if (!date_string.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("a chat date (\"", date_string,
+                                                   "\") applies to the llama3.1 and llama3.2 templates only; the "
+                                                   "model's template is ",
+                                                   ChatTemplateName(format.tmpl)));
+  }
+  return format;
+}
+
+absl::StatusOr<std::vector<Segment>> RenderChat(const json& messages, const ChatFormat& format, LossOn loss_on,
+                                                GenerationPrompt generation_prompt) {
+  auto parsed = ParseMessages(messages, format.tmpl);
   if (!parsed.ok()) return parsed.status();
   const std::vector<Message>& msgs = *parsed;
-  const bool all = loss_on == LossOn::kAll;
-  std::vector<Segment> out;
-  auto emit = [&](std::string text, bool trained) {
-    if (text.empty()) return;
-    if (!out.empty() && out.back().trained == trained) {
-      out.back().text += text;
-    } else {
-      out.push_back({std::move(text), trained});
-    }
-  };
-  bool any_assistant = false;
-  if (tmpl == ChatTemplate::kChatML) {
-    for (const Message& m : msgs) {
-      if (m.role == "tool") return absl::InvalidArgumentError("field messages: role tool needs the qwen3 template");
-      const bool trained = all || m.role == "assistant";
-      any_assistant |= m.role == "assistant";
-      emit(absl::StrCat("<|im_start|>", m.role, "\n"), all);
-      emit(absl::StrCat(m.content, "<|im_end|>"), trained);
-      emit("\n", all);
-    }
-  } else if (tmpl == ChatTemplate::kQwen3) {
-    const int n = static_cast<int>(msgs.size());
-    int last_query = n - 1;
-    for (int i = n - 1; i >= 0; --i) {
-      const Message& m = msgs[i];
-      if (m.role == "user" &&
-          !(absl::StartsWith(m.content, "<tool_response>") && absl::EndsWith(m.content, "</tool_response>"))) {
-        last_query = i;
-        break;
-      }
-    }
-    if (msgs[0].role == "system") emit(absl::StrCat("<|im_start|>system\n", msgs[0].content, "<|im_end|>\n"), all);
-    for (int i = 0; i < n; ++i) {
-      const Message& m = msgs[i];
-      if (m.role == "user" || (m.role == "system" && i != 0)) {
-        emit(absl::StrCat("<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n"), all);
-      } else if (m.role == "assistant") {
-        any_assistant = true;
-        std::string content = m.content, reasoning;
-        if (m.has_reasoning) {
-          reasoning = m.reasoning;
-        } else if (absl::StrContains(m.content, "</think>")) {
-          content = LStrip(m.content.substr(m.content.rfind("</think>") + 8), '\n');
-          std::string before = RStrip(m.content.substr(0, m.content.find("</think>")), '\n');
-          const size_t open = before.rfind("<think>");
-          reasoning = LStrip(open == std::string::npos ? before : before.substr(open + 7), '\n');
+  SegmentWriter w(loss_on);
+  switch (format.tmpl) {
+    case ChatTemplate::kChatML:
+      for (size_t i = 0; i < msgs.size(); ++i) {
+        if (msgs[i].role == "tool") {
+          return absl::InvalidArgumentError(
+              absl::StrCat("field messages[", i, "].role: tool is not part of plain ChatML"));
         }
-        emit("<|im_start|>assistant\n", all);
-        std::string body;
-        if (i > last_query && (i == n - 1 || !reasoning.empty())) {
-          body = absl::StrCat("<think>\n", Strip(reasoning, '\n'), "\n</think>\n\n", LStrip(content, '\n'));
-        } else {
-          body = content;
-        }
-        emit(absl::StrCat(body, "<|im_end|>"), true);
-        emit("\n", all);
-      } else if (m.role == "tool") {
-        std::string text;
-        if (i == 0 || msgs[i - 1].role != "tool") text += "<|im_start|>user";
-        absl::StrAppend(&text, "\n<tool_response>\n", m.content, "\n</tool_response>");
-        if (i == n - 1 || msgs[i + 1].role != "tool") text += "<|im_end|>\n";
-        emit(text, all);
       }
-    }
-  } else {
-    return absl::InvalidArgumentError("RenderChat needs a resolved template (qwen3 or chatml)");
+      RenderChatML(msgs, &w);
+      break;
+    case ChatTemplate::kQwen3: RenderQwen3(msgs, &w); break;
+    case ChatTemplate::kQwen2_5: RenderQwen2_5(msgs, &w); break;
+    case ChatTemplate::kLlama3: RenderLlama3(msgs, format, &w); break;
+    case ChatTemplate::kLlama3_1:
+    case ChatTemplate::kLlama3_2: RenderLlama3_1(msgs, format, &w); break;
+    case ChatTemplate::kAuto:
+      return absl::InvalidArgumentError("RenderChat needs a resolved template (ResolveChatFormat)");
   }
-  if (!any_assistant && !all) {
+  if (generation_prompt == GenerationPrompt::kAppend) w.Context(GenerationPromptText(format.tmpl));
+  bool any_assistant = false;
+  for (const Message& m : msgs) any_assistant |= m.role == "assistant";
+  if (!any_assistant && loss_on == LossOn::kAssistant) {
     return absl::InvalidArgumentError("field messages: no assistant turn, so nothing would be trained");
   }
-  return out;
+  return w.Take();
 }
 
 }  // namespace slidedp::prepare

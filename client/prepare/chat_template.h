@@ -1,21 +1,32 @@
-// Renders training documents as text segments, each marked trained or not, before tokenization.
+// Renders chat documents as text segments, each marked trained or not, before tokenization: the
+// exact text HF `tokenizer.apply_chat_template(messages)` renders with the model's own Jinja
+// template (docs/dataset-format.md, "Chat templates"). Each template is reproduced in C++ line by
+// line; which one a model has is recognised by comparing its template text with the known ones
+// (known_chat_templates.h), and anything else is refused: a silently wrong template is a classic
+// fine-tuning bug.
 //
-// Supported chat templates (chosen from tokenizer_config.json's chat_template, or forced):
-//   kQwen3  : Qwen3's template, reproduced exactly for system/user/assistant/tool messages without
-//             tools or tool_calls: "<|im_start|>{role}\n{content}<|im_end|>\n"; an assistant turn
-//             after the last user query gets "<think>\n{reasoning}\n</think>\n\n" (empty reasoning
-//             included, as the template does for the final turn); reasoning comes from
-//             "reasoning_content" or from a "<think>...</think>" prefix of the content; tool
-//             messages are wrapped in <tool_response> inside a user turn.
-//   kChatML : plain ChatML (no default system prompt, no think handling), only when asked for.
-// Everything else (Llama-3, Mistral, tools, tool_calls, non-string content) is refused with a
-// message naming the field: a silently wrong template is a classic fine-tuning bug.
+//   kQwen3    Qwen3: "<|im_start|>{role}\n{content}<|im_end|>\n"; an assistant turn after the last
+//             user query gets "<think>\n{reasoning}\n</think>\n\n" (empty reasoning included for the
+//             final turn); reasoning from "reasoning_content" or a "<think>...</think>" prefix.
+//   kQwen2_5  Qwen2.5 Instruct: ChatML; without a leading system message the template's default
+//             one, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.".
+//   kLlama3   Llama 3 Instruct: bos + "<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>".
+//   kLlama3_1 Llama 3.1 / 3.3 Instruct and kLlama3_2 Llama 3.2 Instruct: as kLlama3, after a system
+//             header that always holds "Cutting Knowledge Date: December 2023\nToday Date: {date}\n\n"
+//             and the (trimmed) system message; tool messages become "ipython" turns whose content
+//             is JSON-quoted (the template's `tojson`, since a string "is iterable").
+//   kChatML   plain ChatML (no default system prompt, no think handling), only when asked for.
+// Tool messages (role "tool") render as each template does; tool definitions and assistant
+// tool_calls are refused with a message naming the field.
 //
-// Trained spans (LossOn::kAssistant): an assistant turn's text after "<|im_start|>assistant\n"
-// through its "<|im_end|>" (EOS trainable); the "\n" after it is not. LossOn::kAll trains all.
+// Trained spans (LossOn::kAssistant): each assistant turn's content as rendered (after its
+// "<|im_start|>assistant\n" or "<|start_header_id|>assistant<|end_header_id|>\n\n" header) through
+// its end-of-turn token (<|im_end|> or <|eot_id|>); the "\n" after <|im_end|> is not trained.
+// LossOn::kAll trains everything.
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,10 +34,25 @@
 
 namespace slidedp::prepare {
 
-enum class ChatTemplate { kAuto, kQwen3, kChatML };
-enum class LossOn { kAssistant, kAll };  // chat: assistant turns; prompt/completion: completion only
+enum class ChatTemplate { kAuto, kQwen3, kQwen2_5, kLlama3, kLlama3_1, kLlama3_2, kChatML };
+enum class LossOn { kAssistant, kAll };          // chat: assistant turns; prompt/completion: completion only
+enum class GenerationPrompt { kNone, kAppend };  // HF's add_generation_prompt (never for training data)
 
+// "qwen3", "qwen2.5", "llama3", "llama3.1", "llama3.2", "chatml", "auto".
 const char* ChatTemplateName(ChatTemplate t);
+// The inverse, for flags; "llama3.3" is accepted for kLlama3_1 (the same template).
+absl::StatusOr<ChatTemplate> ParseChatTemplateName(std::string_view name);
+
+// The date Llama 3.1's template renders when apply_chat_template gets no date_string (Llama 3.2's
+// asks strftime_now for today's date first; prepare uses this one for both unless told otherwise).
+inline constexpr char kLlamaDefaultDate[] = "26 Jul 2024";
+
+// A resolved template and the values it renders with.
+struct ChatFormat {
+  ChatTemplate tmpl = ChatTemplate::kAuto;
+  std::string bos_token;    // Llama 3.x: tokenizer_config.json's bos_token, rendered first
+  std::string date_string;  // Llama 3.1 / 3.2: the "Today Date: " value
+};
 
 // One piece of rendered text. Consecutive segments are concatenated.
 struct Segment {
@@ -34,13 +60,29 @@ struct Segment {
   bool trained = false;
 };
 
-// Picks the template from tokenizer_config.json's "chat_template" (a string, or a list of
-// {name, template} where "default" is used). `requested` other than kAuto is honoured when the
-// model's template is ChatML-like (contains <|im_start|>). UNIMPLEMENTED / INVALID_ARGUMENT with
-// a message that says what is supported.
-absl::StatusOr<ChatTemplate> ResolveChatTemplate(const nlohmann::json& tokenizer_config, ChatTemplate requested);
+// The template text of tokenizer_config.json's "chat_template": a string, or a list of
+// {name, template} of which "default" is HF's choice. Empty when there is none.
+absl::StatusOr<std::string> ChatTemplateText(const nlohmann::json& tokenizer_config);
+
+// Picks the template. kAuto: the model's template must be one of the known texts
+// (IdentifyChatTemplate), else UNIMPLEMENTED naming the closest one and the first difference.
+// Another name: the model's template, when it is a known one, must be that one (INVALID_ARGUMENT
+// otherwise); a model with no template or an unknown one renders with the named template, which is
+// then the user's decision. kChatML is honoured on any template that uses <|im_start|>.
+// `date_string` (empty: kLlamaDefaultDate) applies to Llama 3.1 / 3.2 only (INVALID_ARGUMENT for
+// the others).
+absl::StatusOr<ChatFormat> ResolveChatFormat(const nlohmann::json& tokenizer_config, ChatTemplate requested,
+                                             const std::string& date_string);
 
 // `messages` is the JSON array; errors are INVALID_ARGUMENT naming the field (messages[2].role).
-absl::StatusOr<std::vector<Segment>> RenderChat(const nlohmann::json& messages, ChatTemplate tmpl, LossOn loss_on);
+absl::StatusOr<std::vector<Segment>> RenderChat(const nlohmann::json& messages, const ChatFormat& format,
+                                                LossOn loss_on,
+                                                GenerationPrompt generation_prompt = GenerationPrompt::kNone);
+
+// Python's str.strip() with no argument (Jinja's `trim` in transformers): Unicode whitespace as
+// str.isspace() defines it, on valid UTF-8. Exposed for tests.
+std::string PythonStrip(std::string_view s);
+// Python's json.dumps(s, ensure_ascii=False) of a string (transformers' `tojson`). Exposed for tests.
+std::string PythonJsonString(std::string_view s);
 
 }  // namespace slidedp::prepare

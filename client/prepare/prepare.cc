@@ -27,9 +27,9 @@ constexpr size_t kMaxSkipExamples = 10;
 
 // One unit of work: a raw input record and where it came from.
 struct Record {
-  int input = 0;         // index into options.inputs
-  int64_t line = 0;      // 1-based; 0 for a whole .txt file
-  std::string text;      // the JSON line, or the file's contents
+  int input = 0;     // index into options.inputs
+  int64_t line = 0;  // 1-based; 0 for a whole .txt file
+  std::string text;  // the JSON line, or the file's contents
   bool whole_file = false;
 };
 
@@ -43,9 +43,9 @@ struct Rendered {
 struct Context {
   const PrepareOptions* options = nullptr;
   const tok::Tokenizer* tokenizer = nullptr;
-  ChatTemplate chat_template = ChatTemplate::kAuto;  // resolved lazily; kAuto = model has none usable
-  absl::Status chat_template_error;                   // why chat data cannot be rendered, if so
-  std::string eos_text;                               // e.g. "<|im_end|>"; empty = none
+  ChatFormat chat_format;            // tmpl kAuto when the model has none usable
+  absl::Status chat_template_error;  // why chat data cannot be rendered, if so
+  std::string eos_text;              // e.g. "<|im_end|>"; empty = none
 };
 
 }  // namespace
@@ -98,7 +98,7 @@ Rendered RenderRecord(const Context& ctx, const Record& rec) {
     if (j.contains("messages")) {
       out.saw_chat = true;
       if (!ctx.chat_template_error.ok()) return fail(ctx.chat_template_error);
-      auto r = RenderChat(j["messages"], ctx.chat_template, o.loss_on);
+      auto r = RenderChat(j["messages"], ctx.chat_format, o.loss_on);
       if (!r.ok()) return fail(r.status());
       segments = std::move(*r);
     } else if (j.contains("prompt") || j.contains("completion")) {
@@ -163,17 +163,21 @@ void FillSplit(const data::Manifest& m, const std::string& dir, SplitSummary* s)
 }
 
 json SplitJson(const SplitSummary& s) {
-  return {{"dir", s.dir},       {"documents", s.documents},         {"tokens", s.tokens},
-          {"trained_tokens", s.trained_tokens}, {"truncated_documents", s.truncated_documents},
-          {"split_documents", s.split_documents}, {"rows", s.rows}};
+  return {{"dir", s.dir},
+          {"documents", s.documents},
+          {"tokens", s.tokens},
+          {"trained_tokens", s.trained_tokens},
+          {"truncated_documents", s.truncated_documents},
+          {"split_documents", s.split_documents},
+          {"rows", s.rows}};
 }
 
 }  // namespace
 
 std::string PrepareSummary::ToJson() const {
-  json j = {{"train", SplitJson(train)},         {"validation", SplitJson(validation)},
-            {"skipped_lines", skipped_lines},      {"skipped_examples", skipped_examples},
-            {"chat_template", chat_template},      {"vocab_size", vocab_size}};
+  json j = {{"train", SplitJson(train)},      {"validation", SplitJson(validation)},
+            {"skipped_lines", skipped_lines}, {"skipped_examples", skipped_examples},
+            {"chat_template", chat_template}, {"vocab_size", vocab_size}};
   return j.dump(2);
 }
 
@@ -214,15 +218,29 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
   if (config.contains("eos_token")) {
     const json& e = config["eos_token"];
     if (e.is_string()) ctx.eos_text = e.get<std::string>();
-    if (e.is_object() && e.contains("content") && e["content"].is_string()) ctx.eos_text = e["content"].get<std::string>();
+    if (e.is_object() && e.contains("content") && e["content"].is_string())
+      ctx.eos_text = e["content"].get<std::string>();
   }
   if (!ctx.eos_text.empty() && !tokenizer->TokenId(ctx.eos_text).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("tokenizer_config.json eos_token \"", ctx.eos_text,
-                                                   "\" is not a token of tokenizer.json"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer_config.json eos_token \"", ctx.eos_text, "\" is not a token of tokenizer.json"));
   }
-  auto resolved = ResolveChatTemplate(config, o.chat_template);
+  {
+    // transformers loads chat_template.jinja over tokenizer_config.json's chat_template.
+    std::ifstream jinja(absl::StrCat(o.model_dir, "/chat_template.jinja"), std::ios::binary);
+    if (jinja) {
+      std::stringstream ss;
+      ss << jinja.rdbuf();
+      config["chat_template"] = ss.str();
+    }
+  }
+  auto resolved = ResolveChatFormat(config, o.chat_template, o.chat_date);
+  if (resolved.ok() && !resolved->bos_token.empty() && !tokenizer->TokenId(resolved->bos_token).ok()) {
+    resolved = absl::InvalidArgumentError(
+        absl::StrCat("tokenizer_config.json bos_token \"", resolved->bos_token, "\" is not a token of tokenizer.json"));
+  }
   if (resolved.ok()) {
-    ctx.chat_template = *resolved;
+    ctx.chat_format = *resolved;
   } else {
     ctx.chat_template_error = resolved.status();
   }
@@ -230,7 +248,8 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
   // Output: overwriting removes only what prepare itself writes there, never the directory.
   fs::create_directories(o.output_dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("prepare: creating ", o.output_dir, ": ", ec.message()));
-  const std::string train_dir = absl::StrCat(o.output_dir, "/train"), val_dir = absl::StrCat(o.output_dir, "/validation");
+  const std::string train_dir = absl::StrCat(o.output_dir, "/train"),
+                    val_dir = absl::StrCat(o.output_dir, "/validation");
   const std::string summary_path = absl::StrCat(o.output_dir, "/prepare_summary.json");
   if (o.overwrite == data::Overwrite::kYes) {
     for (const std::string& p : {train_dir, val_dir, summary_path}) fs::remove_all(p, ec);
@@ -240,6 +259,10 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
                    {"loss_on", o.loss_on == LossOn::kAll ? "all" : "assistant"},
                    {"seed", o.seed},
                    {"validation_fraction", o.validation_fraction}};
+  if (ctx.chat_template_error.ok()) {
+    metadata["chat_template"] = ChatTemplateName(ctx.chat_format.tmpl);
+    if (!ctx.chat_format.date_string.empty()) metadata["chat_date"] = ctx.chat_format.date_string;
+  }
   auto make_writer = [&](const std::string& dir, const char* split) {
     data::WriterOptions wo;
     wo.vocab_size = tokenizer->vocab_size();
@@ -265,7 +288,8 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
     results.assign(batch.size(), Rendered());
     std::atomic<size_t> next{0};
     auto work = [&] {
-      for (size_t i = next.fetch_add(1); i < batch.size(); i = next.fetch_add(1)) results[i] = RenderRecord(ctx, batch[i]);
+      for (size_t i = next.fetch_add(1); i < batch.size(); i = next.fetch_add(1))
+        results[i] = RenderRecord(ctx, batch[i]);
     };
     const int n = static_cast<int>(std::min<size_t>(threads, batch.size()));
     std::vector<std::thread> pool;
@@ -355,15 +379,13 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
     }
   }
   if (!batch.empty()) RETURN_IF_ERROR(flush());
-  if (saw_chat) summary.chat_template = ChatTemplateName(ctx.chat_template);
+  if (saw_chat) summary.chat_template = ChatTemplateName(ctx.chat_format.tmpl);
 
   if (train == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("prepare: no usable training documents in the inputs (",
-                                                   summary.skipped_lines, " lines skipped",
-                                                   summary.skipped_examples.empty()
-                                                       ? std::string()
-                                                       : absl::StrCat("; first: ", summary.skipped_examples[0]),
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prepare: no usable training documents in the inputs (", summary.skipped_lines, " lines skipped",
+        summary.skipped_examples.empty() ? std::string() : absl::StrCat("; first: ", summary.skipped_examples[0]),
+        ")"));
   }
   ASSIGN_OR_RETURN(data::Manifest tm, train->Finish());
   FillSplit(tm, train_dir, &summary.train);

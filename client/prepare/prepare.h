@@ -8,6 +8,8 @@
 //   {"text": ...}                                         plain text (+ EOS), all trained
 // A .json file may instead hold one JSON array of such records ("line" = element number), and
 // .txt files are one text document each. Errors name file:line and the field.
+// The chat template is the model's: tokenizer_config.json's chat_template, or chat_template.jinja
+// beside it, which wins as in transformers (chat_template.h says which templates are reproduced).
 // Output: <output>/train and, when validation_fraction > 0, <output>/validation (split per
 // document by a seeded hash of (input index, line), so it does not depend on threads or on other
 // lines), plus <output>/prepare_summary.json. Tokenization runs in parallel over documents; output
@@ -30,27 +32,28 @@ enum class BadLines { kFail, kSkip };
 enum class TextEos { kAppend, kNone };  // append tokenizer_config's eos_token to text / completion docs
 
 struct PrepareProgress {
-  int64_t bytes_done = 0;   // of all inputs
+  int64_t bytes_done = 0;  // of all inputs
   int64_t bytes_total = 0;
-  int64_t documents = 0;    // written so far
+  int64_t documents = 0;  // written so far
   int64_t tokens = 0;
 };
 
 struct PrepareOptions {
-  std::string model_dir;              // holds tokenizer.json and tokenizer_config.json
-  std::vector<std::string> inputs;    // .jsonl / .json (JSON lines) / .txt
+  std::string model_dir;            // holds tokenizer.json and tokenizer_config.json
+  std::vector<std::string> inputs;  // .jsonl / .json (JSON lines) / .txt
   std::string output_dir;
   int64_t seq_len = 4096;
   data::Packing packing = data::Packing::kPacked;
-  double validation_fraction = 0.0;   // in [0, 1)
+  double validation_fraction = 0.0;  // in [0, 1)
   uint64_t seed = 0;
   LossOn loss_on = LossOn::kAssistant;
   ChatTemplate chat_template = ChatTemplate::kAuto;
+  std::string chat_date;  // Llama 3.1/3.2 "Today Date"; empty = kLlamaDefaultDate ("26 Jul 2024")
   TextEos text_eos = TextEos::kAppend;
   BadLines bad_lines = BadLines::kFail;
-  int threads = 0;                    // 0 = hardware concurrency
+  int threads = 0;  // 0 = hardware concurrency
   data::Overwrite overwrite = data::Overwrite::kNo;
-  int64_t batch_documents = 2048;     // documents tokenized per parallel batch (memory bound)
+  int64_t batch_documents = 2048;                        // documents tokenized per parallel batch (memory bound)
   std::function<void(const PrepareProgress&)> progress;  // called after each batch; may be empty
 };
 
@@ -69,7 +72,7 @@ struct PrepareSummary {
   SplitSummary validation;
   int64_t skipped_lines = 0;
   std::vector<std::string> skipped_examples;  // the first few skip reasons, "file:line: ..."
-  std::string chat_template;                  // "qwen3", "chatml", or "" when no chat data was seen
+  std::string chat_template;  // ChatTemplateName ("qwen3", "llama3.1", ...); "" when no chat data was seen
   int64_t vocab_size = 0;
   std::string ToJson() const;
 };

@@ -66,21 +66,23 @@ const json kChat = json::parse(R"([
   {"role": "user", "content": "2+2?"},
   {"role": "assistant", "content": "4"}])");
 
+const ChatFormat kQwen3Format{ChatTemplate::kQwen3, "", ""};
+
 TEST(ChatTemplate, ResolvesQwen3FromTheModelsConfig) {
   std::ifstream in(ModelDir() + "/tokenizer_config.json");
   json config = json::parse(in);
-  EXPECT_EQ(*ResolveChatTemplate(config, ChatTemplate::kAuto), ChatTemplate::kQwen3);
-  EXPECT_EQ(*ResolveChatTemplate(config, ChatTemplate::kChatML), ChatTemplate::kChatML);
+  EXPECT_EQ(ResolveChatFormat(config, ChatTemplate::kAuto, "")->tmpl, ChatTemplate::kQwen3);
+  EXPECT_EQ(ResolveChatFormat(config, ChatTemplate::kChatML, "")->tmpl, ChatTemplate::kChatML);
   json llama = {{"chat_template", "{{ '<|begin_of_text|>' }}{% for m in messages %}<|start_header_id|>..."}};
-  EXPECT_EQ(ResolveChatTemplate(llama, ChatTemplate::kAuto).status().code(), absl::StatusCode::kUnimplemented);
-  json qwen25 = {{"chat_template", "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are Qwen..."}};
-  auto r = ResolveChatTemplate(qwen25, ChatTemplate::kAuto);
+  EXPECT_EQ(ResolveChatFormat(llama, ChatTemplate::kAuto, "").status().code(), absl::StatusCode::kUnimplemented);
+  json chatml = {{"chat_template", "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a bot..."}};
+  auto r = ResolveChatFormat(chatml, ChatTemplate::kAuto, "");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("chatml"));
 }
 
 TEST(ChatTemplate, Qwen3RenderingAndAssistantOnlyMask) {
-  auto segs = RenderChat(kChat, ChatTemplate::kQwen3, LossOn::kAssistant);
+  auto segs = RenderChat(kChat, kQwen3Format, LossOn::kAssistant);
   ASSERT_TRUE(segs.ok()) << segs.status();
   TokenizedDocument d = TokenizeSegments(Qwen3(), *segs);
   // The exact text Qwen3's Jinja template renders (the final assistant turn gets an empty think block).
@@ -106,19 +108,20 @@ TEST(ChatTemplate, MatchesHfApplyChatTemplateOnCommittedSample) {
   int n = 0;
   while (std::getline(in, line) && std::getline(expected, want_line)) {
     json want = json::parse(want_line);
-    auto segs = RenderChat(json::parse(line)["messages"], ChatTemplate::kQwen3, LossOn::kAssistant);
+    auto segs = RenderChat(json::parse(line)["messages"], kQwen3Format, LossOn::kAssistant);
     ASSERT_TRUE(segs.ok()) << segs.status();
     std::string text;
     for (const Segment& s : *segs) text += s.text;
     EXPECT_EQ(text, want["text"].get<std::string>()) << "conversation " << n;
-    EXPECT_EQ(TokenizeSegments(Qwen3(), *segs).tokens, want["ids"].get<std::vector<uint32_t>>()) << "conversation " << n;
+    EXPECT_EQ(TokenizeSegments(Qwen3(), *segs).tokens, want["ids"].get<std::vector<uint32_t>>())
+        << "conversation " << n;
     ++n;
   }
   EXPECT_EQ(n, 8);
 }
 
 TEST(ChatTemplate, LossOnAllTrainsEverything) {
-  auto segs = RenderChat(kChat, ChatTemplate::kQwen3, LossOn::kAll);
+  auto segs = RenderChat(kChat, kQwen3Format, LossOn::kAll);
   ASSERT_TRUE(segs.ok());
   TokenizedDocument d = TokenizeSegments(Qwen3(), *segs);
   for (uint8_t m : d.loss_mask) EXPECT_EQ(m, 1);
@@ -127,7 +130,7 @@ TEST(ChatTemplate, LossOnAllTrainsEverything) {
 TEST(ChatTemplate, ThinkContentIsSplitIntoReasoning) {
   json chat = json::parse(R"([{"role": "user", "content": "q"},
                               {"role": "assistant", "content": "<think>\nstep 1\n</think>\n\nanswer"}])");
-  auto segs = RenderChat(chat, ChatTemplate::kQwen3, LossOn::kAssistant);
+  auto segs = RenderChat(chat, kQwen3Format, LossOn::kAssistant);
   ASSERT_TRUE(segs.ok());
   TokenizedDocument d = TokenizeSegments(Qwen3(), *segs);
   EXPECT_EQ(TrainedText(d), "<think>\nstep 1\n</think>\n\nanswer<|im_end|>");
@@ -135,23 +138,22 @@ TEST(ChatTemplate, ThinkContentIsSplitIntoReasoning) {
   json two = json::parse(R"([{"role": "user", "content": "q"},
                              {"role": "assistant", "content": "<think>r</think>a"},
                              {"role": "user", "content": "q2"}, {"role": "assistant", "content": "b"}])");
-  auto s2 = RenderChat(two, ChatTemplate::kQwen3, LossOn::kAssistant);
+  auto s2 = RenderChat(two, kQwen3Format, LossOn::kAssistant);
   ASSERT_TRUE(s2.ok());
   EXPECT_EQ(TrainedText(TokenizeSegments(Qwen3(), *s2)), "a<|im_end|>|<think>\n\n</think>\n\nb<|im_end|>");
 }
 
 TEST(ChatTemplate, MalformedMessagesNameTheField) {
-  auto bad_role = RenderChat(json::parse(R"([{"role": "robot", "content": "x"}])"), ChatTemplate::kQwen3,
-                             LossOn::kAssistant);
+  auto bad_role = RenderChat(json::parse(R"([{"role": "robot", "content": "x"}])"), kQwen3Format, LossOn::kAssistant);
   EXPECT_THAT(std::string(bad_role.status().message()), HasSubstr("messages[0].role"));
   auto no_content = RenderChat(json::parse(R"([{"role": "user", "content": "x"}, {"role": "assistant"}])"),
-                               ChatTemplate::kQwen3, LossOn::kAssistant);
+                               kQwen3Format, LossOn::kAssistant);
   EXPECT_THAT(std::string(no_content.status().message()), HasSubstr("messages[1].content"));
   auto no_assistant =
-      RenderChat(json::parse(R"([{"role": "user", "content": "x"}])"), ChatTemplate::kQwen3, LossOn::kAssistant);
+      RenderChat(json::parse(R"([{"role": "user", "content": "x"}])"), kQwen3Format, LossOn::kAssistant);
   EXPECT_THAT(std::string(no_assistant.status().message()), HasSubstr("no assistant turn"));
-  auto tools = RenderChat(json::parse(R"([{"role": "assistant", "content": "", "tool_calls": [{}]}])"),
-                          ChatTemplate::kQwen3, LossOn::kAssistant);
+  auto tools = RenderChat(json::parse(R"([{"role": "assistant", "content": "", "tool_calls": [{}]}])"), kQwen3Format,
+                          LossOn::kAssistant);
   EXPECT_THAT(std::string(tools.status().message()), HasSubstr("tool_calls"));
 }
 
@@ -169,9 +171,9 @@ PrepareOptions BaseOptions(const std::string& name, std::vector<std::string> inp
 TEST(Prepare, MixedInputsPackedWithBoundariesAndSummary) {
   std::string long_text;
   for (int i = 0; i < 100; ++i) long_text += " word" + std::to_string(i * 7919);
-  std::string jsonl =
-      json({{"messages", kChat}}).dump() + "\n" + json({{"prompt", "Translate: cat"}, {"completion", " chat"}}).dump() +
-      "\n\n" + json({{"text", long_text}}).dump() + "\n";
+  std::string jsonl = json({{"messages", kChat}}).dump() + "\n" +
+                      json({{"prompt", "Translate: cat"}, {"completion", " chat"}}).dump() + "\n\n" +
+                      json({{"text", long_text}}).dump() + "\n";
   const std::string in = WriteFile("mixed.jsonl", jsonl);
   const std::string txt = WriteFile("plain.txt", "A plain text file.\nSecond line.\n");
   PrepareOptions o = BaseOptions("mixed_out", {in, txt});
@@ -285,7 +287,8 @@ TEST(Prepare, SplitIsDeterministicAndIndependentOfThreads) {
 }
 
 TEST(Prepare, JsonArrayFileAndErrorsByElement) {
-  const std::string in = WriteFile("array.json", R"([{"text": "one"}, {"prompt": "p", "completion": "c"}, {"text": 3}])");
+  const std::string in =
+      WriteFile("array.json", R"([{"text": "one"}, {"prompt": "p", "completion": "c"}, {"text": 3}])");
   PrepareOptions o = BaseOptions("array_out", {in});
   auto s = Prepare(o);
   EXPECT_THAT(std::string(s.status().message()), HasSubstr(in + ":3: field text: not a string"));

@@ -118,6 +118,17 @@ class JudgeTest(unittest.TestCase):
                       "--floor-factor", 1.25)
         self.assertEqual(rc, 1, out)
         self.assertIn("k_norm", out)
+        # As far from HF autocast, but as close to HF's FP32 gradient as HF autocast is: passes.
+        exact = dict(far, grad_rel_fp32={"model.layers.3.self_attn.k_norm.weight": 1.9e-2})
+        path = self.write("hf4.jsonl", json.dumps(exact) + "\n")
+        rc, out = run("hf-compare", "--part", "hf", "--results", path, "--loss-tol", 1e-3, "--grad-tol", 2e-2,
+                      "--floor-factor", 1.25)
+        self.assertEqual(rc, 0, out)
+        far_exact = dict(far, grad_rel_fp32={"model.layers.3.self_attn.k_norm.weight": 2.4e-2})  # 1.32x
+        path = self.write("hf5.jsonl", json.dumps(far_exact) + "\n")
+        rc, out = run("hf-compare", "--part", "hf", "--results", path, "--loss-tol", 1e-3, "--grad-tol", 2e-2,
+                      "--floor-factor", 1.25)
+        self.assertEqual(rc, 1, out)
         err = self.write("hf3.jsonl", json.dumps({"shape": "mha", "pass": False, "error": "model_grads died"}) + "\n")
         rc, out = run("hf-compare", "--part", "hf", "--results", err, "--loss-tol", 1e-3, "--grad-tol", 2e-2,
                       "--floor-factor", 1.25)

@@ -268,7 +268,8 @@ def compare_shape(name, args, results, log):
         ok_all &= bool(ok)
         rec.update({"loss": loss, "loss_rel": loss_rel, "worst_param": worst, "worst_rel": rels.get(worst),
                     "worst_rel_vs_fp32": max(rels_fp32.values()) if rels_fp32 else None,
-                    "grad_rel": rels, "problems": problems, "summary": summary, "pass": bool(ok)})
+                    "grad_rel": rels, "grad_rel_fp32": rels_fp32, "problems": problems, "summary": summary,
+                    "pass": bool(ok)})
         results.append(rec)
         print(f"{label:34s} {loss:12.6f} {loss_rel:9.2e} {worst[-47:]:>47s} {rels.get(worst, float('nan')):10.3e} "
               f"{rec['worst_rel_vs_fp32'] or float('nan'):8.2e} {secs:6.1f}  {'PASS' if ok else 'FAIL'}")
@@ -343,7 +344,8 @@ def main():
                 ok = False
     print()
     for r in results:  # compact JSON lines (per-parameter detail only in --results)
-        print(json.dumps({k: v for k, v in r.items() if k not in ("grad_rel", "floor_rel", "summary")}, sort_keys=True))
+        print(json.dumps({k: v for k, v in r.items() if k not in ("grad_rel", "grad_rel_fp32", "floor_rel", "summary")},
+                         sort_keys=True))
     n_pass = sum(1 for r in results if r.get("pass"))
     print(f"\nhf_compare: {n_pass}/{len(results)} runs pass -> {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1

@@ -1,0 +1,659 @@
+// Known chat templates (verbatim; known_chat_templates_test checks them against the committed
+// tokenizer_config.json files) and the source comparison that recognises them.
+#include "client/prepare/known_chat_templates.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "glog/logging.h"
+
+namespace slidedp::prepare {
+namespace {
+
+// Qwen3 (tests/data/tokenizer/qwen3/tokenizer_config.json).
+const char kQwen3Template[] = R"jinja({%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set content = message.content %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is defined and message.reasoning_content is not none %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in message.content %}
+                {%- set content = message.content.split('</think>')[-1].lstrip('\n') %}
+                {%- set reasoning_content = message.content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %})jinja";
+
+// Qwen2.5 Instruct (tests/data/chat_templates/qwen2.5-instruct.tokenizer_config.json).
+const char kQwen25Template[] = R"jinja({%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+)jinja";
+
+// Qwen2.5 Instruct, the copy whose tool prompt has {{"name": ...}}
+// (tests/data/chat_templates/qwen2.5-instruct-toolbraces.tokenizer_config.json).
+const char kQwen25ToolBracesTemplate[] = R"jinja({%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+)jinja";
+
+// Llama 3 Instruct (tests/data/chat_templates/llama3/tokenizer_config.json).
+const char kLlama3Template[] =
+    R"jinja({% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>
+
+'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>
+
+' }}{% endif %})jinja";
+
+// Llama 3.1 and 3.3 Instruct (tests/data/chat_templates/llama3.1-instruct.tokenizer_config.json).
+const char kLlama31Template[] = R"jinja({{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message + builtin tools #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if builtin_tools is defined or tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{%- if builtin_tools is defined %}
+    {{- "Tools: " + builtin_tools | reject('equalto', 'code_interpreter') | join(", ") + "\n\n"}}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {%- if builtin_tools is defined and tool_call.name in builtin_tools %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- "<|python_tag|>" + tool_call.name + ".call(" }}
+            {%- for arg_name, arg_val in tool_call.arguments | items %}
+                {{- arg_name + '="' + arg_val + '"' }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- endif %}
+                {%- endfor %}
+            {{- ")" }}
+        {%- else  %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- '{"name": "' + tool_call.name + '", ' }}
+            {{- '"parameters": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- "}" }}
+        {%- endif %}
+        {%- if builtin_tools is defined %}
+            {#- This means we're in ipython mode #}
+            {{- "<|eom_id|>" }}
+        {%- else %}
+            {{- "<|eot_id|>" }}
+        {%- endif %}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+)jinja";
+
+// Llama 3.2 Instruct, 1B and 3B (tests/data/chat_templates/llama3.2-instruct.tokenizer_config.json).
+const char kLlama32Template[] = R"jinja({{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+        {{- '{"name": "' + tool_call.name + '", ' }}
+        {{- '"parameters": ' }}
+        {{- tool_call.arguments | tojson }}
+        {{- "}" }}
+        {{- "<|eot_id|>" }}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+)jinja";
+
+bool IsAsciiSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+// Collapses whitespace runs outside string literals to one space and trims the ends. Jinja's
+// expression lexer ignores whitespace between tokens, so this never merges two tokens into one.
+std::string NormaliseTagBody(std::string_view body) {
+  std::string out;
+  bool pending_space = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (c == '\'' || c == '"') {
+      if (pending_space && !out.empty()) out += ' ';
+      pending_space = false;
+      size_t j = i + 1;
+      while (j < body.size() && body[j] != c) j += body[j] == '\\' ? 2 : 1;
+      const size_t end = std::min(j + 1, body.size());
+      out.append(body.substr(i, end - i));
+      i = end - 1;
+    } else if (IsAsciiSpace(c)) {
+      pending_space = true;
+    } else {
+      if (pending_space && !out.empty()) out += ' ';
+      pending_space = false;
+      out += c;
+    }
+  }
+  return out;
+}
+
+// The end of the tag that opens at `open` ("{{" or "{%"): the index of its closing "}}" / "%}",
+// skipping string literals; npos when it is not closed.
+size_t TagEnd(std::string_view s, size_t open, char close_first) {
+  for (size_t i = open + 2; i + 1 < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '\'' || c == '"') {
+      size_t j = i + 1;
+      while (j < s.size() && s[j] != c) j += s[j] == '\\' ? 2 : 1;
+      if (j >= s.size()) return std::string_view::npos;
+      i = j;
+    } else if (c == close_first && s[i + 1] == '}') {
+      return i;
+    }
+  }
+  return std::string_view::npos;
+}
+
+struct KnownPieces {
+  const KnownChatTemplate* known;
+  std::vector<TemplatePiece> pieces;
+};
+
+const std::vector<KnownPieces>& KnownTemplatePieces() {
+  static const std::vector<KnownPieces>* all = [] {
+    auto* v = new std::vector<KnownPieces>;
+    for (const KnownChatTemplate& k : KnownChatTemplates()) {
+      auto pieces = TemplatePieces(k.text);
+      CHECK(pieces.ok()) << "known chat template " << k.model << ": " << pieces.status();
+      v->push_back({&k, std::move(*pieces)});
+    }
+    return v;
+  }();
+  return *all;
+}
+
+// Index of the first piece where a and b differ (a.size() or b.size() when one is a prefix).
+size_t FirstDifference(const std::vector<TemplatePiece>& a, const std::vector<TemplatePiece>& b) {
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i].tag == b[i].tag && a[i].text == b[i].text) ++i;
+  return i;
+}
+
+std::string Excerpt(const std::vector<TemplatePiece>& p, size_t i) {
+  if (i >= p.size()) return "the end of the template";
+  std::string t = p[i].text.size() > 60 ? absl::StrCat(p[i].text.substr(0, 60), "...") : p[i].text;
+  std::string quoted;
+  for (char c : t) {
+    if (c == '\n') {
+      quoted += "\\n";
+    } else {
+      quoted += c;
+    }
+  }
+  return absl::StrCat("\"", quoted, "\"");
+}
+
+// Families by distinctive markers, most specific first: only used to say what a template resembles.
+struct Family {
+  const char* marker;
+  const char* also;  // a second marker the template must hold too
+  const char* name;
+  std::vector<ChatTemplate> candidates;
+};
+
+const std::vector<Family>& Families() {
+  static const std::vector<Family>* f = new std::vector<Family>{
+      {"strftime_now", "<|start_header_id|>", "Llama 3.2 Instruct", {ChatTemplate::kLlama3_2, ChatTemplate::kLlama3_1}},
+      {"Cutting Knowledge Date",
+       "<|start_header_id|>",
+       "Llama 3.1 / 3.3 Instruct",
+       {ChatTemplate::kLlama3_1, ChatTemplate::kLlama3_2}},
+      {"<|start_header_id|>", "<|eot_id|>", "Llama 3 Instruct", {ChatTemplate::kLlama3}},
+      {"last_query_index", "<|im_start|>", "Qwen3", {ChatTemplate::kQwen3}},
+      {"You are Qwen, created by Alibaba Cloud", "<|im_start|>", "Qwen2.5 Instruct", {ChatTemplate::kQwen2_5}},
+  };
+  return *f;
+}
+
+}  // namespace
+
+const std::vector<KnownChatTemplate>& KnownChatTemplates() {
+  static const std::vector<KnownChatTemplate>* known = new std::vector<KnownChatTemplate>{
+      {ChatTemplate::kQwen3, "Qwen3", kQwen3Template},
+      {ChatTemplate::kQwen2_5, "Qwen2.5 Instruct", kQwen25Template},
+      {ChatTemplate::kQwen2_5, "Qwen2.5 Instruct", kQwen25ToolBracesTemplate},
+      {ChatTemplate::kLlama3, "Llama 3 Instruct", kLlama3Template},
+      {ChatTemplate::kLlama3_1, "Llama 3.1 / 3.3 Instruct", kLlama31Template},
+      {ChatTemplate::kLlama3_2, "Llama 3.2 Instruct", kLlama32Template},
+  };
+  return *known;
+}
+
+absl::StatusOr<std::vector<TemplatePiece>> TemplatePieces(std::string_view text) {
+  // Jinja drops one trailing newline of the source (keep_trailing_newline=False).
+  if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+  std::vector<TemplatePiece> pieces;
+  char prev_right = 0;  // the right modifier of the tag before the current data run
+  size_t pos = 0;
+  auto add_data = [&](size_t begin, size_t end, char next_left) {
+    std::string_view d = text.substr(begin, end - begin);
+    size_t b = 0, e = d.size();
+    if (prev_right == '-') {
+      while (b < e && IsAsciiSpace(d[b])) ++b;
+    }
+    if (next_left == '-') {
+      while (e > b && IsAsciiSpace(d[e - 1])) --e;
+    }
+    if (e > b) pieces.push_back({std::string(d.substr(b, e - b)), begin + b, false});
+  };
+  while (pos < text.size()) {
+    size_t open = text.find('{', pos);
+    while (open != std::string_view::npos && open + 1 < text.size() && text[open + 1] != '{' && text[open + 1] != '%' &&
+           text[open + 1] != '#') {
+      open = text.find('{', open + 1);
+    }
+    if (open == std::string_view::npos || open + 1 >= text.size()) {
+      add_data(pos, text.size(), 0);
+      break;
+    }
+    const char kind = text[open + 1];
+    const char left = open + 2 < text.size() && (text[open + 2] == '-' || text[open + 2] == '+') ? text[open + 2] : 0;
+    add_data(pos, open, left);
+    size_t close;
+    if (kind == '#') {
+      close = text.find("#}", open + 2);
+    } else {
+      close = TagEnd(text, open, kind == '{' ? '}' : '%');
+    }
+    if (close == std::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("chat template: the tag at byte ", open, " is not closed"));
+    }
+    const size_t body_begin = open + 2 + (left ? 1 : 0);
+    char right = 0;
+    size_t body_end = close;
+    if (close > body_begin && (text[close - 1] == '-' || text[close - 1] == '+')) {
+      right = text[close - 1];
+      body_end = close - 1;
+    }
+    std::string tag(1, '{');
+    tag += kind;
+    if (left) tag += left;
+    if (kind != '#') {
+      const std::string body = NormaliseTagBody(text.substr(body_begin, body_end - body_begin));
+      absl::StrAppend(&tag, " ", body, " ");
+    }
+    if (right) tag += right;
+    tag += kind == '{' ? '}' : kind;
+    tag += '}';
+    pieces.push_back({std::move(tag), open, true});
+    prev_right = right;
+    pos = close + 2;
+  }
+  return pieces;
+}
+
+absl::StatusOr<ChatTemplate> IdentifyChatTemplate(std::string_view text) {
+  auto pieces = TemplatePieces(text);
+  if (!pieces.ok()) return pieces.status();
+  for (const KnownPieces& k : KnownTemplatePieces()) {
+    if (FirstDifference(*pieces, k.pieces) == std::max(pieces->size(), k.pieces.size())) return k.known->tmpl;
+  }
+  std::vector<std::string> names;
+  for (ChatTemplate t : {ChatTemplate::kQwen3, ChatTemplate::kQwen2_5, ChatTemplate::kLlama3, ChatTemplate::kLlama3_1,
+                         ChatTemplate::kLlama3_2}) {
+    names.push_back(ChatTemplateName(t));
+  }
+  const std::string supported = absl::StrCat("supported: ", absl::StrJoin(names, ", "),
+                                             "; --chat-template NAME renders NAME's template regardless");
+  for (const Family& f : Families()) {
+    if (text.find(f.marker) == std::string_view::npos || text.find(f.also) == std::string_view::npos) continue;
+    // The closest known text of the family: the one that agrees longest.
+    const KnownPieces* best = nullptr;
+    size_t best_diff = 0;
+    for (const KnownPieces& k : KnownTemplatePieces()) {
+      if (std::find(f.candidates.begin(), f.candidates.end(), k.known->tmpl) == f.candidates.end()) continue;
+      const size_t d = FirstDifference(*pieces, k.pieces);
+      if (best == nullptr || d > best_diff) {
+        best = &k;
+        best_diff = d;
+      }
+    }
+    const size_t at = best_diff < pieces->size() ? (*pieces)[best_diff].offset : text.size();
+    return absl::UnimplementedError(
+        absl::StrCat("the model's chat template looks like ", f.name, "'s but is not the ", best->known->model,
+                     " template prepare reproduces: at byte ", at, " it has ", Excerpt(*pieces, best_diff),
+                     " where the known one has ", Excerpt(best->pieces, best_diff),
+                     " (a template that is not reproduced exactly is refused; ", supported, ")"));
+  }
+  if (text.find("<|im_start|>") != std::string_view::npos) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the model's chat template uses ChatML (<|im_start|>) but is none of the known ones; choose --chat-template "
+        "chatml if plain ChatML is what you want (",
+        supported, ")"));
+  }
+  return absl::UnimplementedError(absl::StrCat("the model's chat template is not supported (", supported,
+                                               "); or use prompt/completion or text data"));
+}
+
+}  // namespace slidedp::prepare

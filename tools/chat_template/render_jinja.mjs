@@ -1,0 +1,92 @@
+// Renders tests/data/chat_templates/conversations.jsonl with each committed chat template through
+// @huggingface/jinja (HF's JavaScript Jinja, the engine of transformers.js), and compares the text
+// with the expected files written by hf_render.py (Python transformers' apply_chat_template, the
+// oracle). A local cross-check that needs no GPU machine and no Python transformers:
+//
+//   mkdir -p /tmp/jinja-ref && (cd /tmp/jinja-ref && npm install @huggingface/jinja@0.5.11)
+//   NODE_PATH=/tmp/jinja-ref/node_modules node tools/chat_template/render_jinja.mjs
+//
+// Known, expected differences, where @huggingface/jinja 0.5.11 is not Python (the script names them
+// and does not count them as failures):
+// - `trim` is Python's str.strip() in transformers and JS's String.prototype.trim() here; they
+//   disagree on U+001C..U+001F and U+0085 (Python strips them) and U+FEFF (JS strips it). The Llama
+//   templates trim message contents.
+// - `s.lstrip('\n')` / `s.strip('\n')` ignore their argument here and strip all whitespace; Qwen3's
+//   template calls them on assistant contents, so a reply starting with a space other than "\n"
+//   (U+2003, U+FEFF, ...) differs.
+import fs from "node:fs";
+import path from "node:path";
+import { createRequire } from "node:module";
+
+const require = createRequire(import.meta.url);
+const { Template } = require("@huggingface/jinja");
+// The package's exports hide its package.json; read it next to the resolved entry point.
+const jinjaVersion = JSON.parse(
+  fs.readFileSync(path.join(path.dirname(require.resolve("@huggingface/jinja")), "..", "package.json"), "utf8"),
+).version;
+const here = path.dirname(new URL(import.meta.url).pathname);
+const data = path.join(here, "../../tests/data/chat_templates");
+const qwen3Config = path.join(here, "../../tests/data/tokenizer/qwen3/tokenizer_config.json");
+
+// The same table as hf_render.py: template name -> tokenizer_config.json holding the template.
+const TEMPLATES = {
+  "qwen3": qwen3Config,
+  "qwen2.5": path.join(data, "qwen2.5-instruct.tokenizer_config.json"),
+  "llama3": path.join(data, "llama3/tokenizer_config.json"),
+  "llama3.1": path.join(data, "llama3.1-instruct.tokenizer_config.json"),
+  "llama3.2": path.join(data, "llama3.2-instruct.tokenizer_config.json"),
+};
+const PY_JS_TRIM_DIFFER = /[\u001c-\u001f\u0085\ufeff]/;
+
+function tokenString(t) {
+  return t && typeof t === "object" ? t.content : t;
+}
+
+const cases = fs.readFileSync(path.join(data, "conversations.jsonl"), "utf8").trim().split("\n").map(JSON.parse);
+let failures = 0, checked = 0, known = 0;
+for (const [name, configPath] of Object.entries(TEMPLATES)) {
+  const config = JSON.parse(fs.readFileSync(configPath, "utf8"));
+  const template = new Template(config.chat_template);
+  const expectedPath = path.join(data, "expected", `${name}.jsonl`);
+  const expected = fs.existsSync(expectedPath)
+    ? fs.readFileSync(expectedPath, "utf8").trim().split("\n").map(JSON.parse)
+    : [];
+  cases.forEach((c, i) => {
+    const vars = {
+      messages: c.messages,
+      add_generation_prompt: Boolean(c.add_generation_prompt),
+      bos_token: tokenString(config.bos_token) ?? "",
+      eos_token: tokenString(config.eos_token) ?? "",
+    };
+    // Llama 3.2 asks strftime_now for today's date unless date_string is given: slidedp renders
+    // "26 Jul 2024" (the template's own fallback) unless told otherwise, so the oracle is given it.
+    if (c.date_string) vars.date_string = c.date_string;
+    else if (name === "llama3.2") vars.date_string = "26 Jul 2024";
+    let text;
+    try {
+      text = template.render(vars);
+    } catch (e) {
+      text = `ERROR: ${e.message}`;
+    }
+    const want = expected.find((e) => e.case === i);
+    if (!want) {
+      console.log(`${name} case ${i}: no expected text (run hf_render.py)`);
+      return;
+    }
+    ++checked;
+    if (text === want.text) return;
+    const explained =
+      (name.startsWith("llama") && c.messages.some((m) => PY_JS_TRIM_DIFFER.test(m.content))) ||
+      (name === "qwen3" && c.messages.some((m) => m.role === "assistant" && /^\n*[^\S\n]|^\n*\ufeff/.test(m.content)));
+    if (explained) {
+      ++known;
+      console.log(`${name} case ${i}: differs, as expected (JS trim/strip vs Python str.strip)`);
+    } else {
+      ++failures;
+      console.log(`${name} case ${i}: DIFFERS\n  jinja: ${JSON.stringify(text)}\n  hf:    ${JSON.stringify(want.text)}`);
+    }
+  });
+}
+console.log(`@huggingface/jinja ${jinjaVersion}: ${checked - failures - known} ` +
+  `identical, ${known} known trim differences, ${failures} failed`);
+process.exit(failures ? 1 : 0);
