@@ -2,17 +2,27 @@
 """Cross-checks slidedp checkpoints against HF transformers (run where torch, transformers and
 safetensors are installed, e.g. the GPU machine).
 
-  check DIR                 load a slidedp checkpoint-<step> dir with Qwen3ForCausalLM.from_pretrained;
-                            every parameter must equal the safetensors bytes, no key missing or
+  check DIR                 load a slidedp checkpoint-<step> dir (or a `slidedp export` dir) with
+                            AutoModelForCausalLM.from_pretrained; every parameter must equal the
+                            safetensors bytes (single or sharded with an index), no key missing or
                             unexpected, tied lm_head shares the embedding, the BF16 weights must be
-                            torch's round-to-nearest-even of the FP32 master in optimizer.safetensors,
-                            and a forward pass gives finite logits.
+                            torch's round-to-nearest-even of the FP32 master in optimizer.safetensors
+                            (where there is one), and a forward pass gives finite logits. Also
+                            GenerationConfig.from_pretrained, and AutoTokenizer.from_pretrained when
+                            the dir holds tokenizer files (--need-tokenizer: it must).
+  check-export CKPT DIR     DIR (from `slidedp export CKPT --to DIR`) holds the checkpoint's weights:
+                            BF16 bit for bit those of CKPT's model files, F32 its master exactly; its
+                            tokenizer files are CKPT's; no optimizer state. Then `check DIR`.
   make-random OUT           HF random Qwen3 (save_pretrained) for our loader, plus OUT/stats.json.
   compare-stats A B         compare stats.json from make-random with `ckpt_tool load-hf` output.
-  selftest --ckpt-tool BIN  all of the above for tiny tied/untied, BF16/F16/F32, single/sharded,
-                            both directions; exit status 0 when everything matches.
+  selftest --ckpt-tool BIN [--slidedp BIN]
+                            all of the above for tiny tied/untied, BF16/F16/F32, single/sharded,
+                            both directions; checkpoints carry the Qwen3 tokenizer's files
+                            (tests/data/tokenizer/qwen3) and AutoTokenizer loads them; with slidedp
+                            (default: beside ckpt_tool) also `slidedp export` sharded and FP32, each
+                            loaded and compared; exit status 0 when everything matches.
 
-Example (from the repository root, after building ckpt_tool):
+Example (from the repository root, after building ckpt_tool and slidedp):
   python3 tools/hf_checkpoint_check.py selftest --ckpt-tool build/bin/ckpt_tool
 """
 import argparse
@@ -22,6 +32,11 @@ import os
 import subprocess
 import sys
 import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOKENIZER_DIR = os.path.join(REPO, "tests", "data", "tokenizer", "qwen3")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "added_tokens.json", "chat_template.jinja", "chat_template.json", "tokenizer.model")
 
 PRESETS = {
     # hidden, layers, heads, kv heads, head_dim, intermediate, vocab, tied
@@ -60,13 +75,32 @@ def read_safetensors_dir(d):
     return out
 
 
-def check(d):
+def check_tokenizer(d, need_tokenizer):
+    """AutoTokenizer and GenerationConfig load from the directory; the tokenizer round-trips text."""
+    from transformers import AutoTokenizer, GenerationConfig
+    gen = GenerationConfig.from_pretrained(d)
+    print(f"{d}: generation_config loads (bos {gen.bos_token_id}, eos {gen.eos_token_id})")
+    present = [f for f in TOKENIZER_FILES if os.path.exists(os.path.join(d, f))]
+    if not present:
+        if need_tokenizer:
+            fail(f"{d}: no tokenizer files")
+        print(f"{d}: no tokenizer files (a preset's checkpoint): AutoTokenizer not checked")
+        return
+    tok = AutoTokenizer.from_pretrained(d)
+    text = "Hello, world! 你好"
+    ids = tok(text)["input_ids"]
+    if not ids or tok.decode(ids, skip_special_tokens=True) != text:
+        fail(f"{d}: AutoTokenizer does not round-trip {text!r}: {ids} -> {tok.decode(ids)!r}")
+    print(f"{d}: AutoTokenizer loads ({type(tok).__name__}, {len(tok)} tokens, files {', '.join(present)})")
+
+
+def check(d, need_tokenizer=False):
     import torch
     from safetensors import safe_open
-    from transformers import Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM
 
     files = read_safetensors_dir(d)
-    model, info = Qwen3ForCausalLM.from_pretrained(d, torch_dtype="auto", output_loading_info=True)
+    model, info = AutoModelForCausalLM.from_pretrained(d, torch_dtype="auto", output_loading_info=True)
     cfg = model.config
     missing = [k for k in info["missing_keys"] if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
     if missing or info["unexpected_keys"] or info.get("mismatched_keys"):
@@ -86,7 +120,7 @@ def check(d):
             fail("tied checkpoint should not store lm_head.weight")
         if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
             fail("lm_head is not tied to the embedding")
-    print(f"{d}: {len(files)} tensors load into Qwen3ForCausalLM exactly (tied={cfg.tie_word_embeddings}, "
+    print(f"{d}: {len(files)} tensors load into {type(model).__name__} exactly (tied={cfg.tie_word_embeddings}, "
           f"dtype={next(iter(files.values())).dtype})")
 
     opt = os.path.join(d, "optimizer.safetensors")
@@ -113,6 +147,41 @@ def check(d):
     if not torch.isfinite(logits.float()).all():
         fail("forward pass gives non-finite logits")
     print(f"forward on {device}: logits finite, shape {tuple(logits.shape)}")
+    check_tokenizer(d, need_tokenizer)
+
+
+def check_export(ckpt, d, need_tokenizer=False):
+    """`slidedp export CKPT --to D`: D's weights are the checkpoint's (BF16: its model files' bytes;
+    F32: the master), its tokenizer files CKPT's, no optimizer state; then D passes check()."""
+    import torch
+    from safetensors import safe_open
+    for f in ("optimizer.safetensors", "trainer_state.json", "COMPLETE"):
+        if os.path.exists(os.path.join(d, f)):
+            fail(f"{d}: an export holds {f}")
+    ours, exported = read_safetensors_dir(ckpt), read_safetensors_dir(d)
+    if set(ours) != set(exported):
+        fail(f"{d}: tensors differ from {ckpt}'s: {sorted(set(ours) ^ set(exported))[:5]}")
+    dtypes = {t.dtype for t in exported.values()}
+    if dtypes == {torch.bfloat16} and next(iter(ours.values())).dtype == torch.bfloat16:
+        for name, t in exported.items():
+            if not torch.equal(t, ours[name]):
+                fail(f"{d}: {name} differs from the checkpoint's")
+        print(f"{d}: {len(exported)} BF16 tensors equal the checkpoint's")
+    elif dtypes == {torch.float32}:
+        with safe_open(os.path.join(ckpt, "optimizer.safetensors"), framework="pt") as f:
+            for unit in json.loads(f.metadata()["layout"]):
+                master = f.get_tensor(f"unit.{unit['name']}.master")
+                for name, offset, numel in unit["tensors"]:
+                    if not torch.equal(master[offset:offset + numel].reshape(exported[name].shape), exported[name]):
+                        fail(f"{d}: {name} is not the checkpoint's FP32 master")
+        print(f"{d}: {len(exported)} F32 tensors equal the checkpoint's master")
+    else:
+        fail(f"{d}: weights of dtypes {dtypes} against a checkpoint in {next(iter(ours.values())).dtype}")
+    for f in TOKENIZER_FILES + ("generation_config.json",):
+        a, b = os.path.join(ckpt, f), os.path.join(d, f)
+        if os.path.exists(a) != os.path.exists(b) or (os.path.exists(a) and open(a, "rb").read() != open(b, "rb").read()):
+            fail(f"{d}: {f} is not the checkpoint's")
+    check(d, need_tokenizer)
 
 
 def make_random(out, preset, dtype, max_shard_size, seed, tied=None):
@@ -164,7 +233,10 @@ def compare_stats(hf_stats_path, ours_path):
     print(f"{ours_path}: {len(hf)} tensors match HF's values")
 
 
-def selftest(ckpt_tool):
+def selftest(ckpt_tool, slidedp=None):
+    if slidedp is None:
+        beside = os.path.join(os.path.dirname(os.path.abspath(ckpt_tool)), "slidedp")
+        slidedp = beside if os.path.exists(beside) else ""
     with tempfile.TemporaryDirectory() as tmp:
         cases = [("bf16", None, "5GB"), ("f16", False, "5GB"), ("f32", True, "200KB"), ("bf16", False, "100KB")]
         for i, (dtype, tied, shard) in enumerate(cases):
@@ -176,9 +248,22 @@ def selftest(ckpt_tool):
             compare_stats(os.path.join(d, "stats.json"), ours)
         for i, (dtype, shard) in enumerate([("bf16", "5000000000"), ("f32", "100000")]):
             root = os.path.join(tmp, f"saved{i}")
+            # As a job from a model directory: the model's tokenizer files travel into the checkpoint
+            # (the second, as a preset's, gets only a generation_config.json).
+            files_from = ["--model-files-from", TOKENIZER_DIR] if i == 0 else []
             subprocess.run([ckpt_tool, "save-random", root, "--model", "tiny", "--step", "7", "--dtype", dtype,
-                            "--shard-bytes", shard, "--seed", str(i)], check=True)
-            check(os.path.join(root, "checkpoint-7"))
+                            "--shard-bytes", shard, "--seed", str(i)] + files_from, check=True)
+            check(os.path.join(root, "checkpoint-7"), need_tokenizer=i == 0)
+        if slidedp:
+            ckpt = os.path.join(tmp, "saved0", "checkpoint-7")
+            for name, extra in (("export-sharded", ["--max-shard-size", "60KB"]), ("export-f32", ["--dtype", "fp32"])):
+                out = os.path.join(tmp, name)
+                subprocess.run([slidedp, "export", ckpt, "--to", out] + extra, check=True)
+                if name == "export-sharded" and not os.path.exists(os.path.join(out, "model.safetensors.index.json")):
+                    fail(f"{out}: not sharded")
+                check_export(ckpt, out, need_tokenizer=True)
+        else:
+            print("selftest: no slidedp binary (--slidedp): `slidedp export` not checked")
     print("selftest: OK")
 
 
@@ -187,6 +272,11 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check")
     c.add_argument("dir")
+    c.add_argument("--need-tokenizer", action="store_true", help="fail when the dir holds no tokenizer files")
+    e = sub.add_parser("check-export")
+    e.add_argument("checkpoint")
+    e.add_argument("dir")
+    e.add_argument("--need-tokenizer", action="store_true")
     m = sub.add_parser("make-random")
     m.add_argument("out")
     m.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
@@ -198,15 +288,18 @@ def main():
     s.add_argument("ours")
     t = sub.add_parser("selftest")
     t.add_argument("--ckpt-tool", required=True)
+    t.add_argument("--slidedp", default=None, help="the slidedp binary for `export` (default: beside ckpt_tool)")
     a = p.parse_args()
     if a.cmd == "check":
-        check(a.dir)
+        check(a.dir, a.need_tokenizer)
+    elif a.cmd == "check-export":
+        check_export(a.checkpoint, a.dir, a.need_tokenizer)
     elif a.cmd == "make-random":
         make_random(a.out, a.preset, a.dtype, a.max_shard_size, a.seed)
     elif a.cmd == "compare-stats":
         compare_stats(a.hf_stats, a.ours)
     else:
-        selftest(a.ckpt_tool)
+        selftest(a.ckpt_tool, a.slidedp)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@
 #include "CLI/CLI.hpp"
 #include "client/cli/client.h"
 #include "client/cli/embedded.h"
+#include "client/cli/export_model.h"
 #include "client/cli/plan_report.h"
+#include "client/cli/plot.h"
 #include "client/prepare/prepare.h"
 #include "common/io/small_file.h"
 #include "common/jobspec/job_spec.h"
@@ -152,12 +154,25 @@ int main(int argc, char** argv) {
   prepare->add_option("--seed", popt.seed, "seed of the train/validation split");
   prepare->add_option("--loss-on", loss_on, "assistant (chat: assistant turns only) | all")
       ->check(CLI::IsMember({"assistant", "all"}));
-  prepare->add_option("--chat-template", chat_template, "auto | qwen3 | chatml")
-      ->check(CLI::IsMember({"auto", "qwen3", "chatml"}));
+  prepare->add_option("--chat-template", chat_template,
+                      "auto (the model's own, when supported) | qwen3 | qwen2.5 | llama3 | llama3.1 | llama3.2 | "
+                      "llama3.3 | chatml")
+      ->check(CLI::IsMember({"auto", "qwen3", "qwen2.5", "llama3", "llama3.1", "llama3.2", "llama3.3", "chatml"}));
+  prepare->add_option("--chat-date", popt.chat_date,
+                      "the \"Today Date\" Llama 3.1-3.3's templates render (default: 26 Jul 2024, the templates' "
+                      "own default; HF's Llama 3.2 would render today's date)");
   prepare->add_option("--text-eos", text_eos, "append | none")->check(CLI::IsMember({"append", "none"}));
   prepare->add_flag("--skip-bad", skip_bad, "skip malformed lines (counted) instead of failing");
   prepare->add_option("--threads", popt.threads, "tokenizer threads (0: all cores)");
   prepare->add_flag("--overwrite", overwrite, "replace an existing output directory");
+
+  std::string plot_metrics, plot_out;
+  auto* plot = app.add_subcommand("plot", "draw a metrics JSONL's loss (and validation loss) and lr curves");
+  plot->add_option("metrics", plot_metrics, "a job's metrics-<job>.jsonl")->required();
+  plot->add_option("-o,--output", plot_out, "the image: .png or .svg")->required();
+
+  sc::ExportOptions export_options;
+  auto* export_cmd = sc::AddExportCommand(app, export_options);
 
   CLI11_PARSE(app, argc, argv);
   if (verbose || quiet) {
@@ -165,12 +180,24 @@ int main(int argc, char** argv) {
                              verbose ? slidedp::LogVerbosity::kVerbose : slidedp::LogVerbosity::kQuiet);
   }
 
+  if (*plot) {
+    absl::Status drawn = sc::PlotMetricsFile(plot_metrics, plot_out);
+    if (!drawn.ok()) return Fail(drawn);
+    std::cout << "wrote " << plot_out << "\n";
+    return 0;
+  }
+
+  if (*export_cmd) {
+    absl::Status exported = sc::RunExport(export_options, std::cout);
+    return exported.ok() ? 0 : Fail(exported);
+  }
+
   if (*prepare) {
     popt.packing = packing == "packed" ? slidedp::data::Packing::kPacked : slidedp::data::Packing::kPadded;
     popt.loss_on = loss_on == "all" ? pp::LossOn::kAll : pp::LossOn::kAssistant;
-    popt.chat_template = chat_template == "qwen3"    ? pp::ChatTemplate::kQwen3
-                         : chat_template == "chatml" ? pp::ChatTemplate::kChatML
-                                                     : pp::ChatTemplate::kAuto;
+    auto named = pp::ParseChatTemplateName(chat_template);
+    if (!named.ok()) return Fail(named.status());
+    popt.chat_template = *named;
     popt.text_eos = text_eos == "none" ? pp::TextEos::kNone : pp::TextEos::kAppend;
     popt.bad_lines = skip_bad ? pp::BadLines::kSkip : pp::BadLines::kFail;
     popt.overwrite = overwrite ? slidedp::data::Overwrite::kYes : slidedp::data::Overwrite::kNo;

@@ -177,19 +177,42 @@ Setter Enum(E JobSpec::*field, std::vector<std::pair<std::string, E>> names) {
   };
 }
 
+// optimizer.no_decay: a list of tensor groups exempt from weight decay, each at most once.
+Setter NoDecayGroups() {
+  return [](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
+    if (!n.IsSequence()) return TypeError(path, "a list of norm, bias (or [])", n);
+    bool norm = false, bias = false;
+    for (const YAML::Node& item : n) {
+      std::string v;
+      RETURN_IF_ERROR(ReadScalar(item, path, "norm or bias", &v));
+      if (v != "norm" && v != "bias") {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": unknown value '", v, "' (one of: norm, bias)"));
+      }
+      bool& seen = v == "norm" ? norm : bias;
+      if (seen) return absl::InvalidArgumentError(absl::StrCat(path, ": '", v, "' is given twice"));
+      seen = true;
+    }
+    s.no_decay.clear();
+    if (norm) s.no_decay.push_back(NoDecay::kNorm);
+    if (bias) s.no_decay.push_back(NoDecay::kBias);
+    return absl::OkStatus();
+  };
+}
+
 const std::map<std::string, std::map<std::string, Setter>>& Schema() {
   static const auto* schema = new std::map<std::string, std::map<std::string, Setter>>{
       {"model",
        {{"path", Str(&JobSpec::model_path)},
         {"preset", Str(&JobSpec::model_preset)},
         {"init_seed", U64(&JobSpec::init_seed)}}},
-      {"data", {{"path", Str(&JobSpec::data_path)}}},
+      {"data", {{"path", Str(&JobSpec::data_path)}, {"validation", Str(&JobSpec::validation)}}},
       {"output",
        {{"dir", Str(&JobSpec::output_dir)},
         {"save_every", Int(&JobSpec::save_every_steps, 0)},
         {"keep_last", Int(&JobSpec::keep_last, 1)},
         {"save_dtype", Enum<SaveDtype>(&JobSpec::save_dtype, {{"bf16", SaveDtype::kBf16}, {"fp32", SaveDtype::kF32}})},
-        {"save_final", Bool(&JobSpec::save_final)}}},
+        {"save_final", Bool(&JobSpec::save_final)},
+        {"tensorboard", Bool(&JobSpec::tensorboard)}}},
       {"train",
        {{"seq_len", Int(&JobSpec::seq_len, 1)},
         {"global_batch", Int(&JobSpec::global_batch, 1)},
@@ -197,6 +220,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"steps", Int(&JobSpec::steps, 0)},
         {"epochs", Real(&JobSpec::epochs, 0, 1e6)},
         {"seed", U64(&JobSpec::seed)},
+        {"eval_every", Int(&JobSpec::eval_every, 0)},
         {"max_grad_norm", Real(&JobSpec::max_grad_norm, 0, 1e30)},
         {"skip_nonfinite", Bool(&JobSpec::skip_nonfinite)}}},
       {"optimizer",
@@ -205,6 +229,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"beta2", Real(&JobSpec::beta2, 0, 0.999999999)},
         {"eps", Real(&JobSpec::eps, 0, 1)},
         {"weight_decay", Real(&JobSpec::weight_decay, 0, 1e3)},
+        {"no_decay", NoDecayGroups()},
         {"state_dtype", Enum<StateDtype>(&JobSpec::state_dtype, {{"fp32", StateDtype::kFp32},
                                                                  {"bf16", StateDtype::kBf16},
                                                                  {"int8", StateDtype::kInt8}})}}},
@@ -339,6 +364,7 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
   }
   if (!root.IsMap()) return absl::InvalidArgumentError("job spec: the top level must be a map of sections");
   JobSpec s;
+  s.validation = "auto";  // a spec's default; a JobSpec made in code has none
   const auto& schema = Schema();
   std::set<std::string> seen;  // YAML allows a key twice (the last would win): refused
   for (const auto& kv : root) {
@@ -428,6 +454,24 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
 
   s.model_path = Resolve(base_dir, s.model_path);
   s.data_path = Resolve(base_dir, s.data_path);
+  if (s.validation == "auto") {
+    // `slidedp prepare` writes <output>/train and <output>/validation: a training split named
+    // train/ with a validation/ beside it that holds a dataset is validated on.
+    const fs::path data(s.data_path);
+    const fs::path sibling = data.parent_path() / "validation";
+    std::error_code ec;
+    const bool split = (data.filename() == "train" || (data.filename().empty() && data.parent_path().filename() == "train"));
+    s.validation = split && fs::is_regular_file(sibling / "manifest.json", ec) ? sibling.string() : std::string();
+  } else if (s.validation == "none") {
+    s.validation.clear();
+  } else if (!s.validation.empty()) {
+    s.validation = Resolve(base_dir, s.validation);
+  }
+  if (s.eval_every > 0 && s.validation.empty() && check_files == JobSpec::FileCheck::kCheck) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: train.eval_every ", s.eval_every,
+                                                   " but no validation split: data.validation names none and ",
+                                                   s.data_path, " has no validation/ beside it"));
+  }
   if (output_base == JobSpec::OutputDirBase::kBaseDir) s.output_dir = Resolve(base_dir, s.output_dir);
   if (!s.policy_file.empty()) s.policy_file = Resolve(base_dir, s.policy_file);
   if (s.policy_auto && (s.act_policy != ActivationPolicy::kRecomputeLayer || s.offload_ratio > 0)) {
@@ -450,6 +494,9 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
     }
     if (!fs::is_directory(s.data_path, ec)) {
       return absl::InvalidArgumentError(absl::StrCat("data.path: ", s.data_path, " is not a directory"));
+    }
+    if (!s.validation.empty() && !fs::is_directory(s.validation, ec)) {
+      return absl::InvalidArgumentError(absl::StrCat("data.validation: ", s.validation, " is not a directory"));
     }
   }
   return s;
@@ -486,6 +533,7 @@ const char* ToString(StateDtype k) {
 }
 const char* ToString(ParamSource k) { return k == ParamSource::kMaster ? "master" : "mirror"; }
 const char* ToString(CastOn k) { return k == CastOn::kHost ? "host" : "device"; }
+const char* ToString(NoDecay k) { return k == NoDecay::kNorm ? "norm" : "bias"; }
 
 int64_t GpuMemoryLimitBytes(const JobSpec& spec, int64_t device_bytes) {
   if (spec.gpu_memory_limit_bytes > 0) return spec.gpu_memory_limit_bytes;
@@ -534,13 +582,15 @@ std::string JobSpec::ToYaml() const {
   if (!model_preset.empty()) e << YAML::Key << "preset" << YAML::Value << model_preset;
   e << YAML::Key << "init_seed" << YAML::Value << init_seed << YAML::EndMap;
   e << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "path" << YAML::Value << data_path
+    << YAML::Key << "validation" << YAML::Value << (validation.empty() ? std::string("none") : validation)
     << YAML::EndMap;
   e << YAML::Key << "output" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "dir" << YAML::Value << output_dir;
   e << YAML::Key << "save_every" << YAML::Value << save_every_steps;
   e << YAML::Key << "keep_last" << YAML::Value << keep_last;
   e << YAML::Key << "save_dtype" << YAML::Value << ToString(save_dtype);
-  e << YAML::Key << "save_final" << YAML::Value << save_final << YAML::EndMap;
+  e << YAML::Key << "save_final" << YAML::Value << save_final;
+  e << YAML::Key << "tensorboard" << YAML::Value << tensorboard << YAML::EndMap;
   e << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "seq_len" << YAML::Value << seq_len;
   e << YAML::Key << "global_batch" << YAML::Value << global_batch;
@@ -548,6 +598,7 @@ std::string JobSpec::ToYaml() const {
   if (steps > 0) e << YAML::Key << "steps" << YAML::Value << steps;
   if (epochs > 0) e << YAML::Key << "epochs" << YAML::Value << epochs;
   e << YAML::Key << "seed" << YAML::Value << seed;
+  e << YAML::Key << "eval_every" << YAML::Value << eval_every;
   e << YAML::Key << "max_grad_norm" << YAML::Value << max_grad_norm;
   e << YAML::Key << "skip_nonfinite" << YAML::Value << skip_nonfinite << YAML::EndMap;
   e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
@@ -556,6 +607,9 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "beta2" << YAML::Value << beta2;
   e << YAML::Key << "eps" << YAML::Value << eps;
   e << YAML::Key << "weight_decay" << YAML::Value << weight_decay;
+  e << YAML::Key << "no_decay" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (NoDecay g : no_decay) e << ToString(g);
+  e << YAML::EndSeq;
   e << YAML::Key << "state_dtype" << YAML::Value << ToString(state_dtype) << YAML::EndMap;
   e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "kind" << YAML::Value << ToString(schedule);

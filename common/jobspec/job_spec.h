@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/policy/layer_policy.h"
@@ -40,6 +41,10 @@ enum class GradDtype { kFp32, kBf16 };
 // 256 elements. kBf16 and kInt8 are approximations, opt-in: docs/optimizer-state.md has their
 // layouts and measured effect. The FP32 master weights stay exact either way.
 enum class StateDtype { kFp32, kBf16, kInt8 };
+// Tensor groups AdamW's weight decay leaves alone (optimizer.no_decay), as HF's Trainer does by
+// default: norm weights (input/post-attention/q/k norms, the final norm) and biases
+// (hostd/update/weight_decay.h says which names).
+enum class NoDecay { kNorm, kBias };
 // Where the workers' BF16 parameters come from (runtime.param_source): hostd's BF16 mirror, which
 // every update writes next to the master (2 B/param of host state), or the FP32 master itself,
 // cast to BF16 by each worker chunk by chunk at upload time (no mirror in the state; costs the
@@ -61,12 +66,20 @@ struct JobSpec {
   uint64_t init_seed = 0;
 
   std::string data_path;  // dataset directory (docs/dataset-format.md)
+  // data.validation: "auto" (a parsed spec's default: the dataset's validation split when there is
+  // one: data.path ends in train/ and a sibling validation/ holds a dataset, as `slidedp prepare`
+  // writes them), "none", or a dataset directory. After resolution: its absolute path, or "" for
+  // none (a JobSpec made in code has none).
+  std::string validation;
 
   std::string output_dir;        // checkpoints, metrics.jsonl
   int64_t save_every_steps = 0;  // 0: only at the end
   int64_t keep_last = 2;
   SaveDtype save_dtype = SaveDtype::kBf16;
   bool save_final = true;
+  // TensorBoard event files of the step metrics in <output_dir>/tensorboard/<job-id>/
+  // (hostd/metrics/tensorboard_sink.h).
+  bool tensorboard = false;
 
   int64_t seq_len = 0;
   int64_t global_batch = 0;  // rows (sequences of seq_len) per optimizer step, all ranks together
@@ -74,12 +87,15 @@ struct JobSpec {
   int64_t steps = 0;         // optimizer steps; or epochs (exactly one of them > 0)
   double epochs = 0;
   uint64_t seed = 0;  // data order
+  // Validation loss over the whole split every eval_every steps (0: only after the last step).
+  int64_t eval_every = 0;
 
   double lr = 1e-5;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
+  std::vector<NoDecay> no_decay = {NoDecay::kNorm, NoDecay::kBias};  // in this order, each once; {}: decay all
   StateDtype state_dtype = StateDtype::kFp32;
   double max_grad_norm = 1.0;  // 0 disables clipping
   // A step whose loss or gradient is not finite changes nothing and the job goes on (GradScaler's
@@ -171,6 +187,7 @@ const char* ToString(GradDtype k);
 const char* ToString(StateDtype k);
 const char* ToString(ParamSource k);
 const char* ToString(CastOn k);
+const char* ToString(NoDecay k);
 
 inline constexpr int64_t kMinGpuMemoryLimitBytes = 1ll << 20;
 // runtime.gpu_memory_limit in bytes on a device of `device_bytes`; 0: no limit.

@@ -1,5 +1,7 @@
 #include "common/jobspec/job_spec.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -230,6 +232,39 @@ layers: [{kind: selective, offload: true}, {kind: keep_all}]
   }
 }
 
+// optimizer.no_decay: HF Trainer's groups (norm weights, biases) by default; [] decays everything;
+// any order in, canonical order out; unknown or repeated entries and non-lists name the key.
+TEST(JobSpec, NoDecayIsNormAndBiasByDefaultAndRoundTrips) {
+  auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_EQ(def->no_decay, (std::vector<NoDecay>{NoDecay::kNorm, NoDecay::kBias}));
+  EXPECT_NE(def->ToYaml().find("no_decay: [norm, bias]"), std::string::npos) << def->ToYaml();
+  for (auto [text, want] : {std::pair{"[]", std::vector<NoDecay>{}}, std::pair{"[bias]", std::vector{NoDecay::kBias}},
+                            std::pair{"[norm]", std::vector{NoDecay::kNorm}},
+                            std::pair{"[bias, norm]", std::vector{NoDecay::kNorm, NoDecay::kBias}}}) {
+    auto spec = JobSpec::Parse(
+        absl::StrReplaceAll(kGood, {{"weight_decay: 0.1}", absl::StrCat("weight_decay: 0.1, no_decay: ", text, "}")}}),
+        "/base", JobSpec::FileCheck::kSkip);
+    ASSERT_TRUE(spec.ok()) << text << ": " << spec.status();
+    EXPECT_EQ(spec->no_decay, want) << text;
+    auto again = JobSpec::Parse(spec->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+    ASSERT_TRUE(again.ok()) << again.status() << "\n" << spec->ToYaml();
+    EXPECT_EQ(again->no_decay, want) << spec->ToYaml();
+    EXPECT_EQ(again->ToYaml(), spec->ToYaml());
+  }
+  for (auto [text, says] :
+       {std::pair{"[norms]", "optimizer.no_decay: unknown value 'norms' (one of: norm, bias)"},
+        std::pair{"[norm, norm]", "optimizer.no_decay: 'norm' is given twice"},
+        std::pair{"norm", "optimizer.no_decay: expected a list of norm, bias (or []), got 'norm'"},
+        std::pair{"[[norm]]", "optimizer.no_decay: expected norm or bias, got a list"},
+        std::pair{"{norm: 1}", "optimizer.no_decay: expected a list of norm, bias (or []), got a map"}}) {
+    const absl::Status s = ParseError(
+        absl::StrReplaceAll(kGood, {{"weight_decay: 0.1}", absl::StrCat("weight_decay: 0.1, no_decay: ", text, "}")}}));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_TRUE(absl::StrContains(s.message(), says)) << text << ": " << s;
+  }
+}
+
 TEST(JobSpec, SkipNonfiniteIsOffByDefaultAndRoundTrips) {
   auto off = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(off.ok()) << off.status();
@@ -253,6 +288,24 @@ TEST(JobSpec, SkipNonfiniteIsOffByDefaultAndRoundTrips) {
   EXPECT_NE(s.message().find("'train.skip_nonfinite' is given twice"), std::string::npos) << s;
 }
 
+// output.tensorboard: off by default, a boolean, round-trips.
+TEST(JobSpec, TensorBoardIsOffByDefaultAndRoundTrips) {
+  auto off = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->tensorboard);
+  const std::string text = absl::StrReplaceAll(kGood, {{"keep_last: 3}", "keep_last: 3, tensorboard: true}"}});
+  auto on = JobSpec::Parse(text, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->tensorboard);
+  auto again = JobSpec::Parse(on->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->tensorboard);
+  EXPECT_NE(on->ToYaml().find("tensorboard: true"), std::string::npos) << on->ToYaml();
+  absl::Status s =
+      ParseError(absl::StrReplaceAll(kGood, {{"keep_last: 3}", "keep_last: 3, tensorboard: yes please}"}}));
+  EXPECT_NE(s.message().find("output.tensorboard: expected true or false"), std::string::npos) << s;
+}
+
 // runtime.copy_priority (DMA before Adam): a fraction in [0, 1], off (0) by default, round-trips.
 TEST(JobSpec, CopyPriorityIsOffByDefaultAndIsAFraction) {
   auto d = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
@@ -274,6 +327,49 @@ TEST(JobSpec, CopyPriorityIsOffByDefaultAndIsAFraction) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << v;
     EXPECT_NE(s.message().find("runtime.copy_priority"), std::string::npos) << s;
   }
+}
+
+TEST(JobSpec, ValidationDefaultsToTheSplitBesideTrainAndRoundTrips) {
+  const std::string root =
+      std::filesystem::path(::testing::TempDir() + "/spec-val-" + std::to_string(getpid())).lexically_normal().string();
+  std::filesystem::create_directories(root + "/ds/train");
+  std::filesystem::create_directories(root + "/ds/validation");
+  std::ofstream(root + "/ds/validation/manifest.json") << "{}";
+  std::string text = absl::StrReplaceAll(kGood, {{"data/tiny", "ds/train"}});
+  auto s = JobSpec::Parse(text, root, JobSpec::FileCheck::kCheck);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->validation, root + "/ds/validation");
+  EXPECT_EQ(s->eval_every, 0);
+  auto back = JobSpec::Parse(s->ToYaml(), "/elsewhere", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->validation, s->validation);
+  // none, an explicit directory, and eval_every.
+  auto none = JobSpec::Parse(absl::StrReplaceAll(text, {{"path: ds/train}", "path: ds/train, validation: none}"}}),
+                             root, JobSpec::FileCheck::kCheck);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->validation, "");
+  auto none_back = JobSpec::Parse(none->ToYaml(), "/elsewhere", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(none_back.ok());
+  EXPECT_EQ(none_back->validation, "");
+  auto given = JobSpec::Parse(
+      absl::StrReplaceAll(text, {{"path: ds/train}", "path: ds/train, validation: ds/validation}"},
+                                 {"seed: 7}", "seed: 7, eval_every: 5}"}}),
+      root, JobSpec::FileCheck::kCheck);
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_EQ(given->validation, root + "/ds/validation");
+  EXPECT_EQ(given->eval_every, 5);
+  // Without a split beside it, auto finds none; eval_every then is refused naming the key.
+  auto alone = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"seed: 7}", "seed: 7, eval_every: 5}"}}), root,
+                              JobSpec::FileCheck::kCheck);
+  ASSERT_FALSE(alone.ok());
+  EXPECT_TRUE(absl::StrContains(alone.status().message(), "train.eval_every")) << alone.status();
+  EXPECT_TRUE(absl::StrContains(
+      ParseError(absl::StrReplaceAll(kGood, {{"seed: 7}", "seed: 7, eval_every: -1}"}})).message(), "eval_every"));
+  auto missing = JobSpec::Parse(absl::StrReplaceAll(text, {{"path: ds/train}", "path: ds/train, validation: nope}"}}),
+                                root, JobSpec::FileCheck::kCheck);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(absl::StrContains(missing.status().message(), "data.validation")) << missing.status();
+  std::filesystem::remove_all(root);
 }
 
 TEST(JobSpec, JsonIsAccepted) {

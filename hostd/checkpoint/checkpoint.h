@@ -17,7 +17,13 @@
 //                                       "state_dtype" = "bf16" | "int8" (absent: fp32, so an fp32
 //                                       job's file is byte for byte what it was before issue 21)
 //     trainer_state.json                {"format", "step", "weights_dtype", "trainer_state": {...}}
+//     tokenizer.json, tokenizer_config.json, ... (kModelDirFileNames: those the job's model.path
+//                                       holds, copied; SaveRequest::model_files)
+//     generation_config.json            the model's, or made from config.json's token ids
 //     COMPLETE                          written last: {"step", "files": {name: bytes}}
+// So a checkpoint directory is one transformers' AutoModelForCausalLM.from_pretrained and (when the
+// job's model had tokenizer files) AutoTokenizer.from_pretrained load. ExportModel writes the same
+// model directory without the optimizer state (`slidedp export`).
 // The moments are stored as the job holds them (docs/optimizer-state.md, "Layouts and bytes" and
 // "Checkpoints"); a load into a job of another state dtype converts with the kernels' encoders
 // and decoders (update::AdamStateKernelTable).
@@ -39,6 +45,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,6 +84,38 @@ void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& mas
 
 enum class WeightDtype { kBF16, kF32 };
 
+// HF's save_pretrained default max_shard_size ("5GB"): weights above it are sharded.
+inline constexpr uint64_t kDefaultShardMaxBytes = 5'000'000'000;
+
+// A file of a HF model directory besides config.json and the weights that transformers reads:
+// the tokenizer's (AutoTokenizer) and generation_config.json (generate()'s defaults).
+struct ModelDirFile {
+  std::string name;  // one of kModelDirFileNames
+  std::string content;
+};
+inline constexpr const char* kModelDirFileNames[] = {
+    "tokenizer.json",  "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+    "merges.txt",      "added_tokens.json",     "chat_template.jinja",     "chat_template.json",
+    "tokenizer.model", "generation_config.json"};
+// Each file at most this (a 256K-token vocabulary's tokenizer.json is ~35 MB); all together at most
+// kMaxModelDirFilesBytes.
+inline constexpr uint64_t kMaxModelDirFileBytes = 64ull << 20;
+inline constexpr uint64_t kMaxModelDirFilesBytes = 128ull << 20;
+
+// Reads those of kModelDirFileNames that `model_dir` holds (a name that is absent, or a symbolic
+// link to nothing, is skipped). A model path comes from a job spec, so hostile input: each file is
+// opened without blocking and must be a regular file within the size caps; a symbolic link is
+// followed only where it resolves inside model_dir, or, for a hub cache snapshot
+// (<repo>/snapshots/<revision>), inside <repo>/blobs, where the hub keeps the files its links point
+// to. INVALID_ARGUMENT naming the file otherwise (a FIFO, a device, a directory, too large, a link
+// leaving the directory); NOT_FOUND when model_dir is not there.
+absl::StatusOr<std::vector<ModelDirFile>> ReadModelDirFiles(const std::string& model_dir);
+
+// generation_config.json text from config.json text: its bos/eos/pad token ids (those it has),
+// marked "_from_model_config" as transformers' GenerationConfig.from_model_config does. Used when
+// the model directory has none (a preset, or a model without one).
+std::string GenerationConfigFromConfig(const std::string& config_json);
+
 // One unit's Adam moments where the job keeps them, in the job's state dtype (numel = the unit's
 // numel; docs/optimizer-state.md, "Layouts and bytes"):
 //   fp32: m, v float[numel];  bf16: m, v bf16_t[numel];
@@ -109,11 +148,15 @@ struct SaveRequest {
   // schedule position, job spec text... Must be a JSON object (or null).
   nlohmann::json trainer_state = nlohmann::json::object();
   WeightDtype weight_dtype = WeightDtype::kBF16;
-  int keep_last = 0;                         // > 0: keep only the newest N complete checkpoints
-  uint64_t shard_max_bytes = 5'000'000'000;  // weights above this are sharded (HF's default, 5 GB)
-  int io_threads = 8;                        // pwrite/convert workers per file
+  int keep_last = 0;                                 // > 0: keep only the newest N complete checkpoints
+  uint64_t shard_max_bytes = kDefaultShardMaxBytes;  // weights above this are sharded
+  int io_threads = 8;                                // pwrite/convert workers per file
+  // Tokenizer files and generation_config.json of the job's model (ReadModelDirFiles, read once
+  // when the job starts), written into the checkpoint; null or without generation_config.json: one
+  // is made from config.json. Must outlive the save.
+  const std::vector<ModelDirFile>* model_files = nullptr;
   // Test-only fault injection: called with "config.json", "model", "optimizer.safetensors",
-  // "trainer_state.json", "COMPLETE", "rename" just before that stage; a non-OK status aborts
+  // "trainer_state.json", "model_files", "COMPLETE", "rename" just before that stage; a non-OK status aborts
   // the save there (as a crash would), and the hook may also kill the process.
   std::function<absl::Status(const std::string& stage)> fault_hook;
 };
@@ -168,6 +211,42 @@ struct LoadedCheckpoint {
 // pieces have landed: on any error the arrays hold a mix and the caller must not train on them.
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const ModelLayout& layout,
                                                 const StateArrays& arrays, const LoadOptions& options = {});
+
+// `slidedp export`: the model directory of a checkpoint without its optimizer state.
+struct ExportRequest {
+  // A checkpoint-<N> directory, or a directory holding checkpoints (then its newest complete one).
+  std::string checkpoint;
+  std::string out_dir;
+  std::optional<WeightDtype> dtype;  // unset: the checkpoint's own (trainer_state.json weights_dtype)
+  uint64_t shard_max_bytes = kDefaultShardMaxBytes;
+  // An out_dir that exists and is not empty: refused, or replaced when it is a model directory
+  // (holds a config.json) other than the checkpoint or a directory holding it.
+  enum class Existing { kRefuse, kReplace };
+  Existing existing = Existing::kRefuse;
+  int io_threads = 8;
+};
+
+struct ExportResult {
+  std::string checkpoint;  // the checkpoint-<N> directory exported
+  int64_t step = 0;
+  std::string dir;                 // out_dir, absolute
+  std::vector<std::string> files;  // written, sorted
+  uint64_t bytes_written = 0;
+  WeightDtype dtype = WeightDtype::kBF16;
+  bool replaced = false;  // out_dir existed and was replaced
+};
+
+// Writes out_dir: config.json, the weights from the FP32 master in optimizer.safetensors (BF16 by
+// round to nearest even, as a checkpoint's own model.safetensors, or F32; sharded with an index
+// above shard_max_bytes), the checkpoint's tokenizer files and generation_config.json (made from
+// config.json when it has none). Atomically: everything goes to <parent>/.tmp-export-<name>-<pid>,
+// fsynced, then is renamed into place (or exchanged with the directory it replaces, which is then
+// removed); a crash leaves out_dir as it was. Errors: those of VerifyCheckpoint and
+// FindLatestCheckpoint; FAILED_PRECONDITION for an out_dir that exists and is not empty (without
+// kReplace), is not a model directory, or is or holds the checkpoint; DATA_LOSS for a master that
+// is missing, misshaped or not finite (naming the tensor and element) or a layout that is not the
+// config's.
+absl::StatusOr<ExportResult> ExportModel(const ExportRequest& request);
 
 // Config fields that decide tensor shapes and numerics; "" when a and b agree, else a message
 // naming the first differing field and both values.

@@ -29,15 +29,23 @@
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "hostd/checkpoint/checkpoint.h"
+#include "hostd/checkpoint/checkpoint_files.h"
 
 namespace slidedp::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
 namespace st = safetensors;
+using internal::FsyncPath;
+using internal::kDirPrefix;
+using internal::LayoutSignature;
+using internal::PlannedFile;
+using internal::ReadJsonObject;
+using internal::StateTensorName;
+using internal::StepOfDirName;
+using internal::WriteSmallFile;
 using update::StateDtype;
 
-constexpr char kDirPrefix[] = "checkpoint-";
 constexpr char kTmpPrefix[] = ".tmp-checkpoint-";
 constexpr char kTrashPrefix[] = ".trash-checkpoint-";
 constexpr char kFormat[] = "slidedp-checkpoint";
@@ -46,72 +54,6 @@ constexpr int kFormatVersion = 1;
 // fp32 job's file what it was before compact moments existed).
 constexpr char kStateDtypeKey[] = "state_dtype";
 constexpr int64_t kBlock = update::kInt8StateBlock;
-
-// Step of a "checkpoint-<N>" directory name, or -1.
-int64_t StepOfDirName(const std::string& name) {
-  if (!absl::StartsWith(name, kDirPrefix)) return -1;
-  int64_t step;
-  const std::string digits = name.substr(sizeof(kDirPrefix) - 1);
-  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
-  if (!absl::SimpleAtoi(digits, &step)) return -1;
-  return step;
-}
-
-absl::Status FsyncPath(const std::string& path, int flags) {
-  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(absl::StrCat("open ", path, " for fsync"), errno);
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoStatus(absl::StrCat("fsync ", path), err);
-  return absl::OkStatus();
-}
-
-absl::Status WriteSmallFile(const std::string& path, const std::string& content) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(absl::StrCat("create ", path), errno);
-  const char* p = content.data();
-  size_t left = content.size();
-  while (left > 0) {
-    ssize_t w = ::write(fd, p, left);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      int err = w < 0 ? errno : EIO;
-      ::close(fd);
-      return ErrnoStatus(absl::StrCat("write ", path), err);
-    }
-    p += w;
-    left -= static_cast<size_t>(w);
-  }
-  if (::fsync(fd) != 0) {
-    int err = errno;
-    ::close(fd);
-    return ErrnoStatus(absl::StrCat("fsync ", path), err);
-  }
-  if (::close(fd) != 0) return ErrnoStatus(absl::StrCat("close ", path), errno);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<nlohmann::json> ReadJsonObject(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, kMaxConfigFileBytes, "checkpoint metadata"));
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return absl::DataLossError(absl::StrCat(path, ": not a JSON object"));
-  return j;
-}
-
-// The unit/tensor table, stored with the optimizer state so a resume into a different layout
-// (other alignment, other model) is refused instead of silently misplacing values.
-std::string LayoutSignature(const ModelLayout& layout) {
-  nlohmann::json units = nlohmann::json::array();
-  for (const UnitLayout& u : layout.units) {
-    nlohmann::json tensors = nlohmann::json::array();
-    for (const TensorSlot& t : u.tensors) tensors.push_back({t.hf_name, t.offset_numel, t.numel});
-    units.push_back({{"name", u.name}, {"numel", u.numel}, {"tensors", tensors}});
-  }
-  return units.dump();
-}
-
-std::string StateTensorName(const UnitLayout& u, const char* kind) { return absl::StrCat("unit.", u.name, ".", kind); }
 
 // Removes a directory tree, first renaming it out of the checkpoint namespace so a crash during
 // removal never leaves a half-deleted checkpoint-<N>.
@@ -138,66 +80,6 @@ void CleanStaleDirs(const fs::path& root) {
     std::error_code rec;
     fs::remove_all(entry.path(), rec);
   }
-}
-
-struct PlannedFile {
-  std::string name;
-  std::vector<st::TensorSource> tensors;
-  std::map<std::string, std::string> metadata;
-  uint64_t data_bytes() const {
-    uint64_t n = 0;
-    for (const auto& t : tensors) n += t.byte_size();
-    return n;
-  }
-};
-
-std::vector<PlannedFile> PlanWeightFiles(const SaveRequest& req) {
-  const ModelLayout& layout = *req.layout;
-  std::vector<st::TensorSource> all;
-  for (const UnitLayout& unit : layout.units) {
-    const float* base = req.arrays.master(unit.index);
-    for (const TensorSlot& slot : unit.tensors) {
-      st::TensorSource t;
-      t.name = slot.hf_name;
-      t.shape = slot.shape;
-      const float* src = base + slot.offset_numel;
-      if (req.weight_dtype == WeightDtype::kF32) {
-        t.dtype = st::Dtype::kF32;
-        t.data = src;
-      } else {
-        t.dtype = st::Dtype::kBF16;
-        t.fill = [src](uint64_t byte_offset, size_t byte_len, char* dst) {
-          const float* s = src + byte_offset / 2;
-          bf16_t* d = reinterpret_cast<bf16_t*>(dst);
-          const size_t n = byte_len / 2;
-          for (size_t i = 0; i < n; ++i) d[i] = FloatToBf16(s[i]);
-        };
-      }
-      all.push_back(std::move(t));
-    }
-  }
-  uint64_t total = 0;
-  for (const auto& t : all) total += t.byte_size();
-  std::vector<PlannedFile> files;
-  if (total <= req.shard_max_bytes) {
-    files.push_back({"model.safetensors", std::move(all), {{"format", "pt"}}});
-    return files;
-  }
-  uint64_t in_shard = 0;
-  for (auto& t : all) {
-    if (files.empty() || (in_shard > 0 && in_shard + t.byte_size() > req.shard_max_bytes)) {
-      files.push_back({"", {}, {{"format", "pt"}}});
-      in_shard = 0;
-    }
-    in_shard += t.byte_size();
-    files.back().tensors.push_back(std::move(t));
-  }
-  char buf[64];
-  for (size_t i = 0; i < files.size(); ++i) {
-    std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", i + 1, files.size());
-    files[i].name = buf;
-  }
-  return files;
 }
 
 // How optimizer.safetensors stores m and v for each state dtype, and their element bytes.
@@ -273,7 +155,7 @@ absl::Status ValidateRequest(const SaveRequest& req) {
 
 // Writes every file of the checkpoint into tmp; returns bytes written.
 absl::StatusOr<uint64_t> WriteCheckpointFiles(const SaveRequest& req, const fs::path& tmp,
-                                              std::vector<PlannedFile>& weights, PlannedFile& optimizer) {
+                                              const std::vector<PlannedFile>& weights, const PlannedFile& optimizer) {
   auto stage = [&](const std::string& name) -> absl::Status {
     return req.fault_hook ? req.fault_hook(name) : absl::OkStatus();
   };
@@ -282,26 +164,13 @@ absl::StatusOr<uint64_t> WriteCheckpointFiles(const SaveRequest& req, const fs::
   uint64_t bytes = 0;
 
   RETURN_IF_ERROR(stage("config.json"));
-  Qwen3Config config = req.layout->config;
-  config.torch_dtype = req.weight_dtype == WeightDtype::kBF16 ? "bfloat16" : "float32";
-  RETURN_IF_ERROR(WriteSmallFile((tmp / "config.json").string(), config.ToJson()));
+  const std::string config_json = internal::ConfigJsonFor(*req.layout, req.weight_dtype);
+  RETURN_IF_ERROR(WriteSmallFile((tmp / "config.json").string(), config_json));
+  bytes += config_json.size();
 
   RETURN_IF_ERROR(stage("model"));
-  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
-  uint64_t weight_bytes = 0;
-  for (PlannedFile& f : weights) {
-    wopts.metadata = f.metadata;
-    ASSIGN_OR_RETURN(st::WriteStats ws, st::WriteFile((tmp / f.name).string(), f.tensors, wopts));
-    bytes += ws.file_bytes;
-    weight_bytes += f.data_bytes();
-    for (const auto& t : f.tensors) weight_map[t.name] = f.name;
-  }
-  if (weights.size() > 1) {
-    nlohmann::ordered_json index;
-    index["metadata"] = {{"total_size", weight_bytes}};
-    index["weight_map"] = weight_map;
-    RETURN_IF_ERROR(WriteSmallFile((tmp / "model.safetensors.index.json").string(), index.dump(2) + "\n"));
-  }
+  ASSIGN_OR_RETURN(const uint64_t weight_bytes, internal::WriteWeightFiles(tmp.string(), weights, req.io_threads));
+  bytes += weight_bytes;
 
   RETURN_IF_ERROR(stage("optimizer.safetensors"));
   wopts.metadata = optimizer.metadata;
@@ -313,9 +182,16 @@ absl::StatusOr<uint64_t> WriteCheckpointFiles(const SaveRequest& req, const fs::
       {"format", kFormat},
       {"format_version", kFormatVersion},
       {"step", req.step},
-      {"weights_dtype", config.torch_dtype},
+      {"weights_dtype", req.weight_dtype == WeightDtype::kBF16 ? "bfloat16" : "float32"},
       {"trainer_state", req.trainer_state.is_null() ? nlohmann::json::object() : req.trainer_state}};
   RETURN_IF_ERROR(WriteSmallFile((tmp / "trainer_state.json").string(), state.dump(2) + "\n"));
+
+  // What makes the directory one transformers loads whole: the model's tokenizer files and
+  // generation_config.json (copied as they were read when the job started), else one made from
+  // config.json's token ids.
+  RETURN_IF_ERROR(stage("model_files"));
+  ASSIGN_OR_RETURN(const uint64_t side_bytes, internal::WriteModelDirFiles(tmp.string(), req.model_files, config_json));
+  bytes += side_bytes;
 
   RETURN_IF_ERROR(stage("COMPLETE"));
   nlohmann::json files = nlohmann::json::object();
@@ -344,9 +220,14 @@ absl::StatusOr<SaveResult> SaveCheckpoint(const SaveRequest& req) {
   if (ec) return ErrnoStatus(absl::StrCat("create checkpoint root ", root.string()), ec.value());
   CleanStaleDirs(root);
 
-  std::vector<PlannedFile> weights = PlanWeightFiles(req);
+  std::vector<PlannedFile> weights = internal::PlanWeightFiles(
+      *req.layout, [&req](int unit) -> const float* { return req.arrays.master(unit); }, req.weight_dtype,
+      req.shard_max_bytes);
   uint64_t needed = optimizer.data_bytes() + (uint64_t{1} << 20) * (weights.size() + 2);
   for (const auto& f : weights) needed += f.data_bytes();
+  if (req.model_files != nullptr) {
+    for (const ModelDirFile& f : *req.model_files) needed += f.content.size();
+  }
   struct statvfs vfs {};
   if (::statvfs(root.c_str(), &vfs) == 0) {
     const uint64_t free_bytes = uint64_t{vfs.f_bavail} * vfs.f_frsize;

@@ -88,7 +88,8 @@ struct VectorState {
 };
 
 int SaveRandom(const std::string& root, const std::string& model, int64_t step, const std::string& dtype,
-               const std::string& state_dtype, uint64_t shard_bytes, int threads, uint64_t seed) {
+               const std::string& state_dtype, uint64_t shard_bytes, int threads, uint64_t seed,
+               const std::string& files_from) {
   auto config = ConfigFrom(model);
   if (!config.ok()) {
     std::cerr << config.status() << "\n";
@@ -128,6 +129,16 @@ int SaveRandom(const std::string& root, const std::string& model, int64_t step, 
   req.weight_dtype = dtype == "f32" ? checkpoint::WeightDtype::kF32 : checkpoint::WeightDtype::kBF16;
   req.shard_max_bytes = shard_bytes;
   req.io_threads = threads;
+  std::vector<checkpoint::ModelDirFile> model_files;
+  if (!files_from.empty()) {
+    auto read = checkpoint::ReadModelDirFiles(files_from);
+    if (!read.ok()) {
+      std::cerr << read.status() << "\n";
+      return 1;
+    }
+    model_files = std::move(*read);
+    req.model_files = &model_files;
+  }
   auto res = checkpoint::SaveCheckpoint(req);
   if (!res.ok()) {
     std::cerr << res.status() << "\n";
@@ -169,7 +180,7 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   CLI::App app{"slidedp checkpoint cross-check tool"};
   app.require_subcommand(1);
-  std::string dir, root, model = "tiny", dtype = "bf16", state_dtype = "fp32";
+  std::string dir, root, model = "tiny", dtype = "bf16", state_dtype = "fp32", files_from;
   int64_t step = 1;
   uint64_t shard_bytes = 5'000'000'000, seed = 0;
   int threads = 8;
@@ -191,8 +202,10 @@ int main(int argc, char** argv) {
   save->add_option("--shard-bytes", shard_bytes);
   save->add_option("--threads", threads);
   save->add_option("--seed", seed);
+  save->add_option("--model-files-from", files_from,
+                   "copy the tokenizer files and generation_config.json of this model directory, as a job does");
   CLI11_PARSE(app, argc, argv);
   if (*load) return LoadHf(dir);
   if (*load_ckpt) return Load(dir, state_dtype, threads);
-  return SaveRandom(root, model, step, dtype, state_dtype, shard_bytes, threads, seed);
+  return SaveRandom(root, model, step, dtype, state_dtype, shard_bytes, threads, seed, files_from);
 }

@@ -93,6 +93,11 @@ void MetricsFile::Append(const StepRecord& r, absl::Time now, const JobPlan& pla
                       {"state_dtype", ToString(spec.state_dtype)},
                       {"param_source", ToString(spec.param_source)},
                       {"param_delivery", ToString(spec.param_delivery)}};
+  if (m.has_eval_loss()) {  // a step the validation pass followed (data.validation)
+    j["eval_loss"] = m.eval_loss();
+    j["eval_tokens"] = m.eval_tokens();
+    j["eval_s"] = m.eval_s();
+  }
   out_ << j.dump() << "\n" << std::flush;
 }
 

@@ -27,11 +27,15 @@
 #include "hostd/engine/policy_cache.h"
 #include "hostd/engine/step_plan.h"
 #include "hostd/engine/step_metrics.h"
+#include "common/data/micro_batch.h"
+#include "common/data/validation.h"
 #include "hostd/engine/step_updates.h"
 #include "hostd/engine/undo_arena.h"
 #include "hostd/engine/worker_reports.h"
+#include "hostd/metrics/tensorboard_sink.h"
 #include "hostd/update/schedule.h"
 #include "hostd/update/unit_tracker.h"
+#include "hostd/update/weight_decay.h"
 #include "shm/grad_ring.h"
 #include "shm/job_state.h"
 #include "shm/shm_collective.h"
@@ -42,6 +46,23 @@ namespace {
 absl::StatusOr<Qwen3Config> ModelConfigOf(const JobSpec& spec) {
   if (!spec.model_preset.empty()) return Qwen3Config::Preset(spec.model_preset);
   return Qwen3Config::FromFile(spec.model_path + "/config.json");
+}
+
+// optimizer.no_decay as LayerAdam's per-tensor rule (hostd/update/weight_decay.h).
+update::DecayExemptions DecayExemptionsOf(const JobSpec& spec) {
+  update::DecayExemptions e{false, false};
+  for (NoDecay g : spec.no_decay) (g == NoDecay::kNorm ? e.norms : e.biases) = true;
+  return e;
+}
+
+// Bin file f's identity as hostd verified it, for an assignment.
+void SetDatasetFile(int f, const data::FileIdentity& id, v1::DatasetFile* df) {
+  df->set_name(data::BinFileName(f));
+  df->set_dev(id.dev);
+  df->set_inode(id.ino);
+  df->set_size(id.size);
+  df->set_mtime_ns(id.mtime_ns);
+  df->set_ctime_ns(id.ctime_ns);
 }
 
 // Optimizer steps of a job: train.steps, or train.epochs over the dataset's rows (rounded up).
@@ -155,7 +176,8 @@ struct TrainingExecutor::Attempt {
   std::vector<std::unique_ptr<shm::GradRing>> rings;
   std::unique_ptr<shm::ShmCollective> collective;
   std::vector<update::UnitMemory> memory;  // per unit, placed on its LayerAdam threads' node
-  // Per unit, its tensors' element ranges: LayerAdam updates these and never the padding.
+  // Per unit, its tensors' element ranges and weight decay (optimizer.no_decay): LayerAdam updates
+  // these and never the padding.
   std::vector<std::vector<update::ElementRange>> tensor_ranges;
   int64_t first_step = 0;
   std::optional<update::LrSchedule> schedule;
@@ -165,8 +187,17 @@ struct TrainingExecutor::Attempt {
   std::unique_ptr<GradConsumer> consumer;
   std::unique_ptr<UndoArena> undo;  // speculative clipping's undo copies, where the plan has them
   std::unique_ptr<MetricsFile> metrics;
+  std::unique_ptr<metrics::TensorBoardSink> tensorboard;  // output.tensorboard
   std::string last_checkpoint;
   std::vector<data::FileIdentity> dataset_files;  // as verified at the attempt's start
+  // Validation (data.validation): the split's files as verified at the attempt's start, its
+  // micro-batches (common/data/validation.h) and trained tokens; none when validation is empty.
+  std::vector<data::FileIdentity> validation_files;
+  int64_t validation_micro_batches = 0;
+  int64_t validation_tokens = 0;
+  // The model's tokenizer files and generation_config.json, read once at the attempt's start (a
+  // hostile one fails the job there, not at its first save) and copied into every checkpoint.
+  std::vector<checkpoint::ModelDirFile> model_files;
   int64_t skipped_steps = 0;                      // train.skip_nonfinite: steps that changed nothing
   double prev_update_s = -1;                      // the step before's host_update_s (-1: none yet)
   absl::Time run_start, step_start;
@@ -223,7 +254,68 @@ absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
                                                    dataset->manifest().seq_len, ", longer than train.seq_len ",
                                                    spec.seq_len));
   }
+  if (!spec.validation.empty()) {
+    absl::StatusOr<std::unique_ptr<data::DatasetReader>> v = data::DatasetReader::Open(spec.validation, dopt);
+    if (!v.ok()) return Annotate(v.status(), "data.validation");
+    if ((*v)->manifest().seq_len > spec.seq_len) {
+      return absl::InvalidArgumentError(absl::StrCat("data.validation: the split was prepared with seq_len ",
+                                                     (*v)->manifest().seq_len, ", longer than train.seq_len ",
+                                                     spec.seq_len));
+    }
+    if ((*v)->num_rows() == 0) return absl::InvalidArgumentError("data.validation: the split has no rows");
+  }
   return Annotate(ScheduleOf(spec, StepsOf(spec, dataset->num_rows())).status(), "schedule");
+}
+
+absl::Status TrainingExecutor::VerifyValidation(JobContext& ctx, Attempt& a, int64_t model_vocab) {
+  data::ReaderOptions dopt;
+  dopt.model_vocab_size = model_vocab;
+  dopt.verify_checksums = data::VerifyChecksums::kYes;
+  absl::StatusOr<std::unique_ptr<data::DatasetReader>> v = data::DatasetReader::Open(a.spec.validation, dopt);
+  if (!v.ok()) return Annotate(v.status(), "data.validation");
+  const data::DatasetReader& d = **v;
+  if (d.num_rows() == 0) return absl::InvalidArgumentError("data.validation: the split has no rows");
+  std::vector<int64_t> rows(d.num_rows());
+  for (int64_t r = 0; r < d.num_rows(); ++r) rows[r] = r;
+  ASSIGN_OR_RETURN(a.validation_tokens, data::CountTrainedLabels(d, rows));
+  if (a.validation_tokens == 0) {
+    return absl::InvalidArgumentError("data.validation: the split trains no token (its loss mask is all 0)");
+  }
+  a.validation_files = d.file_identities();
+  a.validation_micro_batches = data::ValidationMicroBatches(d.num_rows(), a.spec.micro_batch);
+  ctx.Log(absl::StrFormat("validation split %s: %d rows, %d trained tokens, in %d micro-batches; evaluated %s",
+                          a.spec.validation, d.num_rows(), a.validation_tokens, a.validation_micro_batches,
+                          a.spec.eval_every > 0 ? absl::StrCat("every ", a.spec.eval_every, " steps and at the end")
+                                                : std::string("after the last step")));
+  return absl::OkStatus();
+}
+
+absl::Status TrainingExecutor::RecordValidation(JobContext& ctx, Attempt& a, int64_t t, v1::StepMetrics& m) {
+  const absl::Duration timeout = absl::Milliseconds(a.spec.step_timeout_ms);
+  ASSIGN_OR_RETURN(std::vector<v1::EvalDone> evals, a.reports->WaitForEval(t, timeout));
+  const int world = static_cast<int>(evals.size());
+  // Micro-batch k's sum came from rank k % R as its (k / R)-th: added in k order, the same for any R.
+  std::vector<double> sums(a.validation_micro_batches, 0.0);
+  double eval_s = 0;
+  for (int r = 0; r < world; ++r) {
+    const std::vector<int64_t> mine = data::RankValidationMicroBatches(a.validation_micro_batches, r, world);
+    if (evals[r].loss_sums_size() != static_cast<int64_t>(mine.size())) {
+      a.job_state->RaiseAbort(shm::AbortReason::kInternal);
+      return absl::InternalError(absl::StrCat(a.reports->WorkerName(r), " reported ", evals[r].loss_sums_size(),
+                                              " validation sums, not its ", mine.size(), " micro-batches"));
+    }
+    for (size_t i = 0; i < mine.size(); ++i) sums[mine[i]] = evals[r].loss_sums(static_cast<int>(i));
+    eval_s = std::max(eval_s, evals[r].eval_s());
+  }
+  double total = 0;
+  for (double v : sums) total += v;
+  const double loss = total / static_cast<double>(a.validation_tokens);
+  m.set_eval_loss(loss);
+  m.set_eval_tokens(a.validation_tokens);
+  m.set_eval_s(eval_s);
+  ctx.Log(absl::StrFormat("step %d: validation loss %.6f over %d tokens (%.2f s)", t + 1, loss, a.validation_tokens,
+                          eval_s));
+  return absl::OkStatus();
 }
 
 std::string TrainingExecutor::MembershipKey(const JobContext& ctx) const {
@@ -366,9 +458,7 @@ absl::Status TrainingExecutor::CreateSegments(JobContext& ctx, Attempt& a) {
   a.tensor_ranges.resize(num_units);
   int64_t first_index = 0;
   for (int u = 0; u < num_units; ++u) {
-    for (const TensorSlot& t : a.layout.units[u].tensors) {
-      a.tensor_ranges[u].push_back({t.offset_numel, t.offset_numel + t.numel});
-    }
+    a.tensor_ranges[u] = update::TensorRangesOf(a.layout.units[u], DecayExemptionsOf(a.spec));
     a.memory.push_back(
         update::UnitMemory{js.master(u), js.m(u), js.v(u), js.mirror(u), a.layout.units[u].numel, placement[u]});
     update::UnitMemory& memory = a.memory.back();
@@ -427,16 +517,11 @@ absl::Status TrainingExecutor::SendAssignments(JobContext& ctx, const Attempt& a
     if (a.undo != nullptr) as->set_speculate_from_unit(a.plan.speculate_from_unit);
     if (a.collective) as->set_collective_segment(a.collective->segment_name());
     if (world > 1) as->set_membership_key(membership_key);
-    for (int f = 0; f < data::kNumBinFiles; ++f) {
-      const data::FileIdentity& id = a.dataset_files[f];
-      v1::DatasetFile* df = as->add_dataset_files();
-      df->set_name(data::BinFileName(f));
-      df->set_dev(id.dev);
-      df->set_inode(id.ino);
-      df->set_size(id.size);
-      df->set_mtime_ns(id.mtime_ns);
-      df->set_ctime_ns(id.ctime_ns);
+    if (!a.spec.validation.empty()) {
+      as->set_validation_path(a.spec.validation);
+      for (int f = 0; f < data::kNumBinFiles; ++f) SetDatasetFile(f, a.validation_files[f], as->add_validation_files());
     }
+    for (int f = 0; f < data::kNumBinFiles; ++f) SetDatasetFile(f, a.dataset_files[f], as->add_dataset_files());
     if (!ctx.workers()[r]->commands().Push(cmd))
       return absl::UnavailableError("a worker disconnected before its assignment");
   }
@@ -453,6 +538,7 @@ absl::Status TrainingExecutor::SaveCheckpoint(JobContext& ctx, Attempt& a, int64
   req.weight_dtype =
       a.spec.save_dtype == SaveDtype::kF32 ? checkpoint::WeightDtype::kF32 : checkpoint::WeightDtype::kBF16;
   req.keep_last = static_cast<int>(a.spec.keep_last);
+  req.model_files = &a.model_files;
   req.trainer_state = {{"step", steps_done},
                        {"job_id", ctx.job_id()},
                        {"data_seed", a.spec.seed},
@@ -528,8 +614,12 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
     update_rates_[static_cast<int>(a.plan.moments)] = record.metrics.host_update_gparams_per_s();
   }
   a.step_times.emplace_back(t + 1, record.metrics.step_time_s());
+  if (!a.spec.validation.empty() && data::EvaluatesAfter(a.spec.eval_every, t, a.spec.steps)) {
+    RETURN_IF_ERROR(RecordValidation(ctx, a, t, record.metrics));
+  }
   ctx.ReportStep(record.metrics);
   a.metrics->Append(record, now, a.plan, a.spec, a.consumer->staging_bytes_held());
+  if (a.tensorboard) a.tensorboard->Append(record.metrics, now);
   return absl::OkStatus();
 }
 
@@ -659,6 +749,10 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     a.layout_from_step = 2;  // the first step warms up
   }
   a.dataset_files = std::move(dataset_files);
+  if (!a.spec.validation.empty()) RETURN_IF_ERROR(VerifyValidation(ctx, a, config.vocab_size));
+  if (!a.spec.model_path.empty()) {
+    ASSIGN_OR_RETURN(a.model_files, checkpoint::ReadModelDirFiles(a.spec.model_path));
+  }
 
   // ---- admission, host state, rings ----
   absl::Cleanup keep_pool = [&] { pool_.PutBack(std::move(a.pooled)); };  // refused before adopting it
@@ -765,6 +859,10 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   std::filesystem::create_directories(a.spec.output_dir, ec);
   if (ec) return absl::FailedPreconditionError(absl::StrCat("output.dir ", a.spec.output_dir, ": ", ec.message()));
   a.metrics = std::make_unique<MetricsFile>(a.spec.output_dir, ctx.job_id());
+  if (a.spec.tensorboard) {
+    a.tensorboard = std::make_unique<metrics::TensorBoardSink>(a.spec.output_dir, ctx.job_id(), absl::Now(),
+                                                               [&ctx](const std::string& line) { ctx.Log(line); });
+  }
   a.run_start = a.step_start = absl::Now();
 
   for (int64_t t = a.first_step; t < a.spec.steps; ++t) {

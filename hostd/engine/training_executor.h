@@ -52,6 +52,11 @@ class TrainingExecutor : public JobExecutor {
   // vocabulary, the loss mask; DATA_LOSS naming the file) and returns its files' identities for
   // the workers. Resolves train.epochs into steps. Once per job (see verified_).
   absl::StatusOr<std::vector<data::FileIdentity>> VerifyDataset(JobContext& ctx, JobSpec& spec, int64_t model_vocab);
+  // data.validation: checksums, ids and mask of the split at the attempt's start, its trained
+  // tokens and micro-batches (into the attempt).
+  absl::Status VerifyValidation(JobContext& ctx, Attempt& a, int64_t model_vocab);
+  // The validation pass after step t: every rank's sums, added in micro-batch order, into m.
+  absl::Status RecordValidation(JobContext& ctx, Attempt& a, int64_t t, v1::StepMetrics& m);
   // Admission (with the pooled segment's bytes counted as available), then the job's state
   // segment: the pooled one adopted, or a new one.
   absl::Status AcquireState(JobContext& ctx, Attempt& a);

@@ -25,6 +25,7 @@ WorkerReports::WorkerReports(JobContext& ctx, shm::JobState& job_state, int64_t 
       total_steps_(total_steps),
       policy_(policy),
       next_step_(first_step),
+      evals_from_(first_step),
       finished_(world_, false) {}
 
 bool WorkerReports::CurrentJob(const std::string& job_id, int attempt) const {
@@ -85,6 +86,53 @@ absl::Status WorkerReports::OnStepDone(int rank, const v1::StepDone& done) {
   return absl::OkStatus();
 }
 
+absl::Status WorkerReports::OnEvalDone(int rank, const v1::EvalDone& done) {
+  if (!CurrentJob(done.job_id(), done.attempt())) return absl::OkStatus();
+  const int64_t step = done.step();
+  if (step < evals_from_ || step >= total_steps_ || step > next_step_ + kReportWindowSteps) {
+    return Misbehaved(rank, absl::StrCat("reported a validation pass after step ", step + 1,
+                                         ", outside the steps it may report one for now"));
+  }
+  if (done.loss_sums_size() > (int64_t{1} << 24)) {
+    return Misbehaved(rank, absl::StrCat("reported ", done.loss_sums_size(), " validation micro-batches"));
+  }
+  if (!evals_[step].emplace(rank, done).second) {
+    return Misbehaved(rank, absl::StrCat("reported the validation pass after step ", step + 1, " twice"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::EvalDone>> WorkerReports::WaitForEval(int64_t t, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    if (absl::Status s = Poll(); !s.ok()) return s;
+    {
+      absl::MutexLock l(&mu_);
+      auto it = evals_.find(t);
+      const int have = it == evals_.end() ? 0 : static_cast<int>(it->second.size());
+      if (have >= world_) {
+        std::vector<v1::EvalDone> out;
+        for (auto& [rank, done] : it->second) out.push_back(std::move(done));  // rank order
+        evals_.erase(evals_.begin(), evals_.upper_bound(t));
+        evals_from_ = t + 1;
+        return out;
+      }
+      if (absl::Now() >= deadline) {
+        std::vector<std::string> missing;
+        for (int r = 0; r < world_; ++r) {
+          if (it == evals_.end() || !it->second.count(r)) missing.push_back(WorkerName(r));
+        }
+        job_state_.RaiseAbort(shm::AbortReason::kInternal);
+        return absl::DeadlineExceededError(absl::StrCat("the validation pass after step ", t + 1, " did not end in ",
+                                                        absl::FormatDuration(timeout), " on ",
+                                                        absl::StrJoin(missing, ", "), " (runtime.step_timeout_ms)"));
+      }
+    }
+    if (job_state_.abort().raised()) return absl::AbortedError("job aborted during its validation pass");
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
 absl::Status WorkerReports::OnJobFinished(int rank, const v1::JobFinished& finished) {
   if (!CurrentJob(finished.job_id(), finished.attempt())) return absl::OkStatus();
   finished_[rank] = true;
@@ -125,6 +173,8 @@ absl::Status WorkerReports::Poll() {
         if (r == 0 && CurrentJob(pc.job_id(), pc.attempt()) && pc.policy_yaml().size() <= kMaxPolicyFileBytes) {
           policy_chosen_ = pc;
         }
+      } else if (rep->has_eval_done()) {
+        s = OnEvalDone(r, rep->eval_done());
       } else if (rep->has_job_finished()) {
         s = OnJobFinished(r, rep->job_finished());
       }

@@ -5,6 +5,7 @@
 //   1..R-1, which wait for it before ncclCommInitRank; ids of other jobs or attempts are stale;
 // - step_loss (sent before the step's last gradients) and step_done: kept per step and rank, for
 //   the finiteness check of the loss and the step's metrics (TakeStep);
+// - eval_done: a rank's share of a validation pass (data.validation), kept for WaitForEval;
 // - job_finished: the rank is done; a non-zero code fails the job with the worker's status;
 // and a rank whose session is gone before it finished fails the job with UNAVAILABLE. Every
 // failure raises the job's abort word first, so no other party waits out a timeout.
@@ -54,6 +55,9 @@ class WorkerReports {
   // Polls until every rank reported its loss of step `t` (StepLoss, or StepDone), in rank order;
   // DEADLINE_EXCEEDED naming the ranks still missing after `timeout`.
   absl::StatusOr<std::vector<double>> WaitForLosses(int64_t t, absl::Duration timeout);
+  // Polls until every rank reported its validation pass after step `t` (EvalDone), in rank order;
+  // DEADLINE_EXCEEDED naming the ranks still missing after `timeout`.
+  absl::StatusOr<std::vector<v1::EvalDone>> WaitForEval(int64_t t, absl::Duration timeout);
   // Polls until every rank reported the end of the job or `timeout` passes.
   absl::Status WaitForEnd(absl::Duration timeout);
   bool all_finished() const;
@@ -72,6 +76,7 @@ class WorkerReports {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status OnStepDone(int rank, const v1::StepDone& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status OnJobFinished(int rank, const v1::JobFinished& finished) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status OnEvalDone(int rank, const v1::EvalDone& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CurrentJob(const std::string& job_id, int attempt) const;
   // INTERNAL naming the worker; raises the abort word.
   absl::Status Misbehaved(int rank, const std::string& what);
@@ -90,6 +95,10 @@ class WorkerReports {
   std::map<int64_t, std::map<int, v1::StepDone>> steps_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::PolicyChosen> policy_chosen_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::map<int, double>> losses_ ABSL_GUARDED_BY(mu_);
+  // Validation passes per step and rank, until WaitForEval takes them (steps before evals_from_
+  // are taken: a report of one is late or repeated).
+  std::map<int64_t, std::map<int, v1::EvalDone>> evals_ ABSL_GUARDED_BY(mu_);
+  int64_t evals_from_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> finished_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> worker_failure_seen_{false};
 };

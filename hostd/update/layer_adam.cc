@@ -174,14 +174,14 @@ void TouchPages(void* begin, int64_t bytes) {
   }
 }
 
-// Calls fn(begin, numel) for each part of [offset, offset + numel) that lies inside one of the
-// unit's tensors, in order: the padding between tensors is never handed to a kernel (with eps 0
-// a zero gradient there would make 0/0 = NaN; weight decay would scale whatever it holds).
-// fn returns a status; the first error stops the walk.
+// Calls fn(begin, numel, decay) for each part of [offset, offset + numel) that lies inside one of
+// the unit's tensors, in order, with that tensor's weight decay: the padding between tensors is
+// never handed to a kernel (with eps 0 a zero gradient there would make 0/0 = NaN; weight decay
+// would scale whatever it holds). fn returns a status; the first error stops the walk.
 template <typename Fn>
 absl::Status ForEachTensorPart(absl::Span<const ElementRange> tensors, int64_t offset, int64_t numel, Fn&& fn) {
   const int64_t end = offset + numel;
-  if (tensors.empty()) return numel > 0 ? fn(offset, numel) : absl::OkStatus();
+  if (tensors.empty()) return numel > 0 ? fn(offset, numel, WeightDecay::kApply) : absl::OkStatus();
   // The first tensor ending after `offset` (units have a handful of tensors per piece).
   auto it = std::upper_bound(tensors.begin(), tensors.end(), offset,
                              [](int64_t o, const ElementRange& r) { return o < r.end; });
@@ -189,7 +189,7 @@ absl::Status ForEachTensorPart(absl::Span<const ElementRange> tensors, int64_t o
     const int64_t b = std::max(offset, it->begin);
     const int64_t e = std::min(end, it->end);
     if (e > b) {
-      if (absl::Status s = fn(b, e - b); !s.ok()) return s;
+      if (absl::Status s = fn(b, e - b, it->decay); !s.ok()) return s;
     }
   }
   return absl::OkStatus();
@@ -714,7 +714,9 @@ absl::Status LayerAdam::RunStep(const Task& t, const G* grad, BlockPacer& pacer)
   const UnitMemory& u = t.unit;
   const int64_t o = t.offset;
   const bool refuse = t.nonfinite == NonFiniteGrad::kRefuse;
-  const auto kernel = [&](int64_t b, int64_t n, const G* g) { return StepPart(t, b, n, g, refuse); };
+  const auto kernel = [&](int64_t b, int64_t n, WeightDecay decay, const G* g) {
+    return StepPart(t, b, n, decay, g, refuse);
+  };
   const auto value = [](G x) -> float {
     if constexpr (std::is_same_v<G, float>) {
       return x;
@@ -727,7 +729,7 @@ absl::Status LayerAdam::RunStep(const Task& t, const G* grad, BlockPacer& pacer)
   // no result bit.
   const int64_t plain_block = pacer.active() ? kYieldBlockNumel : std::numeric_limits<int64_t>::max();
   int64_t saved_to = o;  // kSave: the undo copy holds [o, saved_to) of the piece
-  absl::Status status = ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n) {
+  absl::Status status = ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n, WeightDecay decay) {
     const G* g = grad + (b - o);
     // Block by block; with an undo copy the copy brings the block into cache, the update then
     // reads it there.
@@ -743,14 +745,16 @@ absl::Status LayerAdam::RunStep(const Task& t, const G* grad, BlockPacer& pacer)
         CopyState(ViewOf(t.undo), ViewOf(u), bb, nn);
       }
       const G* gg = g + (bb - b);
-      if (const int64_t bad = kernel(bb, nn, gg); bad >= 0) return NonFiniteGradError(bb + bad, value(gg[bad]));
+      if (const int64_t bad = kernel(bb, nn, decay, gg); bad >= 0) {
+        return NonFiniteGradError(bb + bad, value(gg[bad]));
+      }
     }
     return absl::OkStatus();
   });
   if (!status.ok() && t.undo_mode == UndoMode::kSave && saved_to < o + t.numel) {
     // Refused part-way: the rest of the piece is saved too (unchanged), so restoring the whole
     // chunk from the undo copy is exact.
-    (void)ForEachTensorPart(u.tensors, saved_to, o + t.numel - saved_to, [&](int64_t b, int64_t n) {
+    (void)ForEachTensorPart(u.tensors, saved_to, o + t.numel - saved_to, [&](int64_t b, int64_t n, WeightDecay) {
       CopyState(ViewOf(u), ViewOf(t.undo), b, n);
       return absl::OkStatus();
     });
@@ -759,10 +763,13 @@ absl::Status LayerAdam::RunStep(const Task& t, const G* grad, BlockPacer& pacer)
 }
 
 template <typename G>
-int64_t LayerAdam::StepPart(const Task& t, int64_t b, int64_t n, const G* g, bool checked) const {
+int64_t LayerAdam::StepPart(const Task& t, int64_t b, int64_t n, WeightDecay decay, const G* g, bool checked) const {
   constexpr bool kF32 = std::is_same_v<G, float>;
   const UnitMemory& u = t.unit;
-  const AdamWConstants& c = t.constants;
+  AdamWConstants c = t.constants;
+  // A tensor exempt from decay multiplies by f32(1 - lr*0) = 1: bitwise torch's group with
+  // weight_decay 0, which skips the multiply (x * 1 is x for every float).
+  if (decay == WeightDecay::kNone) c.decay = 1.0f;
   switch (u.moments) {
     case StateDtype::kFp32:
       if constexpr (kF32) {
@@ -823,8 +830,8 @@ absl::Status LayerAdam::RunStepSquared(const Task& t, const G* grad, BlockPacer&
         if (!std::isfinite(GradValue(g[i]))) return NonFiniteGradError(bb + i, GradValue(g[i]));
       }
     }
-    RETURN_IF_ERROR(ForEachTensorPart(u.tensors, bb, be - bb, [&](int64_t b, int64_t n) {
-      StepPart(t, b, n, grad + (b - o), /*checked=*/false);
+    RETURN_IF_ERROR(ForEachTensorPart(u.tensors, bb, be - bb, [&](int64_t b, int64_t n, WeightDecay decay) {
+      StepPart(t, b, n, decay, grad + (b - o), /*checked=*/false);
       return absl::OkStatus();
     }));
     bb = be;
@@ -844,7 +851,7 @@ absl::Status LayerAdam::RunTask(const Task& t, BlockPacer& pacer) {
       if (t.squares != nullptr) return RunStepSquared(t, static_cast<const bf16_t*>(t.grad), pacer);
       return RunStep(t, static_cast<const bf16_t*>(t.grad), pacer);
     case TaskKind::kRestore:
-      return ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n) {
+      return ForEachTensorPart(u.tensors, o, t.numel, [&](int64_t b, int64_t n, WeightDecay) {
         const int64_t block = block_of(n);
         for (int64_t bb = b; bb < b + n; bb += block) {
           const int64_t nn = std::min(block, b + n - bb);

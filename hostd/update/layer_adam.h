@@ -45,10 +45,17 @@
 
 namespace slidedp::update {
 
-// Elements [begin, end) of a unit that hold one tensor's parameters.
+// Whether AdamW's decoupled weight decay (theta *= 1 - lr*wd) applies to a tensor: optimizer.no_decay
+// exempts norm weights and biases, as HF's Trainer does (weight_decay.h). kNone is the step of a
+// torch.optim.AdamW parameter group with weight_decay 0, bit for bit (f32(1 - lr*0) is 1).
+enum class WeightDecay { kApply, kNone };
+
+// Elements [begin, end) of a unit that hold one tensor's parameters, and whether weight decay
+// applies to them.
 struct ElementRange {
   int64_t begin = 0;
   int64_t end = 0;
+  WeightDecay decay = WeightDecay::kApply;
 };
 
 // The optimizer state of one unit: parallel arrays of numel elements (master, m, v or their
@@ -73,8 +80,9 @@ struct UnitMemory {
   int64_t first_index = 0;
   // The unit's tensors (sorted by begin, disjoint, inside [0, numel)): an update writes only these
   // elements, never the alignment padding between tensors (ModelLayout aligns each tensor to 256
-  // elements), whatever the gradient and hyper-parameters hold there. Empty: every element is a
-  // parameter. The ranges must outlive every update of the unit.
+  // elements), whatever the gradient and hyper-parameters hold there; each range's `decay` says
+  // whether AdamWStepParams::weight_decay applies to it. Empty: every element is a parameter, all
+  // decayed. The ranges must outlive every update of the unit.
   absl::Span<const ElementRange> tensors = {};
 };
 
@@ -310,11 +318,11 @@ class LayerAdam {
   absl::Status RunStep(const Task& task, const G* grad, BlockPacer& pacer);
   template <typename G>
   absl::Status RunStepSquared(const Task& task, const G* grad, BlockPacer& pacer);
-  // One part of a step, [b, b + n) of the unit (inside one tensor) with its gradient g: the
-  // kernel of the unit's moment layout; with `checked`, the index of a refused non-finite element
-  // (within the part), else -1.
+  // One part of a step, [b, b + n) of the unit (inside one tensor, whose weight decay is `decay`)
+  // with its gradient g: the kernel of the unit's moment layout; with `checked`, the index of a
+  // refused non-finite element (within the part), else -1.
   template <typename G>
-  int64_t StepPart(const Task& task, int64_t b, int64_t n, const G* g, bool checked) const;
+  int64_t StepPart(const Task& task, int64_t b, int64_t n, WeightDecay decay, const G* g, bool checked) const;
   std::shared_ptr<const CopyPriority> copy_priority() const;
   void FinishPiece(ChunkState* chunk, const absl::Status& status);
 

@@ -9,11 +9,16 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/data/synthetic.h"
+#include "common/tensorboard/event_reader.h"
+#include "nlohmann/json.hpp"
 #include "tests/integration/node_harness.h"
 
 namespace slidedp::testing {
@@ -158,6 +163,66 @@ TEST(CliRun, AKilledPrivateHostdIsNamedAndItsStateRemoved) {
   EXPECT_TRUE(absl::StrContains(log, "shared-memory segment(s) the private hostd left in /dev/shm")) << log;
   EXPECT_TRUE(NodeSegments(node).empty());
   EXPECT_EQ(FindProcess("--hostd", absl::StrCat("unix:", dir, "/run/hostd.sock")), 0);  // no worker left behind
+  if (!HasFailure()) std::filesystem::remove_all(dir);
+}
+
+// output.tensorboard: the job writes a TensorBoard events file (every CRC checks, its first event
+// says the file version) with one event per step that the JSONL has, the same loss, lr and memory
+// as float32; `slidedp plot` draws that JSONL, and a bad input gets one clear line and exit != 0.
+TEST(CliRun, TensorBoardEventsAndPlotOfAJob) {
+  const std::string dir = ::testing::TempDir() + "/cli-tb-" + std::to_string(getpid());
+  const std::string spec = WriteSpec(dir, 3);
+  const std::string text = ReadFile(spec);  // before the ofstream truncates it
+  std::ofstream(spec) << absl::StrReplaceAll(text, {{"save_final: false}", "save_final: false, tensorboard: true}"}});
+  const int cli = StartCli(dir, spec);
+  ASSERT_GT(cli, 0);
+  ASSERT_EQ(WaitExit(cli, 120), 0) << ReadFile(dir + "/cli.log");
+
+  std::vector<std::filesystem::path> runs, files;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/out/tensorboard")) runs.push_back(e.path());
+  ASSERT_EQ(runs.size(), 1u);  // <output.dir>/tensorboard/<job-id>/
+  const std::string job = runs[0].filename().string();
+  for (const auto& e : std::filesystem::directory_iterator(runs[0])) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_TRUE(absl::StartsWith(files[0].filename().string(), "events.out.tfevents.")) << files[0];
+  auto events = tensorboard::ReadEventFile(files[0].string());
+  ASSERT_TRUE(events.ok()) << events.status();
+  EXPECT_EQ(events->file_version, "brain.Event:2");
+  std::map<std::pair<int64_t, std::string>, float> scalars;
+  for (const auto& s : events->scalars) scalars[{s.step, s.tag}] = s.value;
+  auto at = [&](int64_t step, const std::string& tag) { return scalars[{step, tag}]; };
+
+  const std::string jsonl = dir + "/out/metrics-" + job + ".jsonl";
+  int records = 0;
+  for (const auto& line : absl::StrSplit(ReadFile(jsonl), '\n', absl::SkipEmpty())) {
+    const nlohmann::json r = nlohmann::json::parse(line);
+    const int64_t step = r["step"];
+    EXPECT_EQ(at(step, "train/loss"), static_cast<float>(r["loss"].get<double>())) << step;
+    EXPECT_EQ(at(step, "train/lr"), static_cast<float>(r["lr"].get<double>())) << step;
+    EXPECT_EQ(at(step, "train/grad_norm"), static_cast<float>(r["grad_norm"].get<double>())) << step;
+    EXPECT_EQ(at(step, "memory/host_gib"), static_cast<float>(r["host_state_bytes"].get<double>() / (1 << 30)));
+    ++records;
+  }
+  EXPECT_EQ(records, 3);
+  EXPECT_EQ(events->scalars.size(), 3u * 8);  // 8 tags a step (no validation split, no MFU field)
+  // (The job's log names the file, but a watcher may drop log lines: tensorboard_sink_test checks it.)
+
+  auto run = [&](std::vector<std::string> args, const std::string& name) {
+    args.insert(args.begin(), BuildDir() + "/bin/slidedp");
+    auto pid = client::SpawnProcess(std::move(args), dir + "/" + name + ".log");
+    EXPECT_TRUE(pid.ok()) << pid.status();
+    const int rc = pid.ok() ? WaitExit(*pid, 60) : -1;
+    return std::pair<int, std::string>(rc, ReadFile(dir + "/" + name + ".log"));
+  };
+  const auto [rc, out] = run({"plot", jsonl, "-o", dir + "/curve.png"}, "plot");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(ReadFile(dir + "/curve.png").substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  const auto [missing_rc, missing] = run({"plot", dir + "/nope.jsonl", "-o", dir + "/x.svg"}, "plot-missing");
+  EXPECT_NE(missing_rc, 0);
+  EXPECT_TRUE(absl::StrContains(missing, "slidedp: NOT_FOUND: open metrics file " + dir + "/nope.jsonl")) << missing;
+  const auto [gif_rc, gif] = run({"plot", jsonl, "-o", dir + "/x.gif"}, "plot-gif");
+  EXPECT_NE(gif_rc, 0);
+  EXPECT_TRUE(absl::StrContains(gif, "unknown image type '.gif'")) << gif;
   if (!HasFailure()) std::filesystem::remove_all(dir);
 }
 

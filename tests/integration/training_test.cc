@@ -141,7 +141,8 @@ v1::Job MustSucceed(NodeHarness& node, const std::string& spec, const std::strin
 }
 
 // The non-streaming reference: the whole model at once (CPU reference math), the same batches,
-// exact global-norm clipping and AdamW in double precision (PyTorch's formula). Forward and
+// exact global-norm clipping and AdamW in double precision (PyTorch's formula; weight decay on the
+// matrices only: optimizer.no_decay's default leaves the 1-D tensors, the norms, alone). Forward and
 // backward use the BF16 rounding of every weight except the norm weights and the embedding rows
 // the lookup reads, which stay FP32 unless o.norm_weights / o.embedding_rows is "bf16"
 // (runtime.norm_weights, runtime.embedding_rows; the tied LM head uses the BF16 table).
@@ -150,17 +151,22 @@ std::vector<std::vector<float>> ReferenceTraining(const SpecOptions& o, std::vec
   const int U = layout.num_units();
   std::vector<std::vector<float>> master(U), grads(U);
   std::vector<std::vector<double>> m(U), v(U);
+  std::vector<std::vector<double>> decay_of(U);  // wd per element: 0 on the 1-D tensors
   for (int u = 0; u < U; ++u) {
     master[u].assign(layout.units[u].numel, 0);
     m[u].assign(layout.units[u].numel, 0);
     v[u].assign(layout.units[u].numel, 0);
+    decay_of[u].assign(layout.units[u].numel, 0.1);
+    for (const TensorSlot& ts : layout.units[u].tensors) {
+      if (ts.shape.size() == 1) std::fill_n(decay_of[u].begin() + ts.offset_numel, ts.numel, 0.0);
+    }
   }
   checkpoint::InitRandom(layout, 11, [&](int u) { return master[u].data(); });
   auto dataset = data::DatasetReader::Open(DataDir());
   EXPECT_TRUE(dataset.ok());
   auto sampler = data::GlobalBatchSampler::Create((*dataset)->num_rows(), o.global_batch, 1, 3);
   EXPECT_TRUE(sampler.ok());
-  const double lr0 = 1e-3, wd = 0.1, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  const double lr0 = 1e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8;
   for (int t = 0; t < o.steps; ++t) {
     // What the workers compute with: the BF16 mirror, and the norm weights in FP32.
     std::vector<std::vector<bf16_t>> params(U);
@@ -200,7 +206,7 @@ std::vector<std::vector<float>> ReferenceTraining(const SpecOptions& o, std::vec
     for (int u = 0; u < U; ++u) {
       for (size_t k = 0; k < master[u].size(); ++k) {
         double g = sum[u][k] * coef;
-        double p = master[u][k] * (1 - lr * wd);
+        double p = master[u][k] * (1 - lr * decay_of[u][k]);
         m[u][k] = b1 * m[u][k] + (1 - b1) * g;
         v[u][k] = b2 * v[u][k] + (1 - b2) * g * g;
         double denom = std::sqrt(v[u][k]) / std::sqrt(1 - std::pow(b2, step)) + eps;

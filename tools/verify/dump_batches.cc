@@ -19,7 +19,8 @@
 // row's token count (the rows lie back to back in that order; every row boundary is a piece
 // boundary).
 // "job" (with --job) carries the optimizer and schedule settings of the spec: lr, beta1, beta2,
-// eps, weight_decay, max_grad_norm, schedule, warmup_steps, min_lr, steps, total_steps.
+// eps, weight_decay, no_decay (the groups exempt from decay: ["norm", "bias"] by default),
+// max_grad_norm, schedule, warmup_steps, min_lr, steps, total_steps.
 // --write-init DIR (jobs with model.preset): writes the job's random initial weights
 // (InitRandom with model.init_seed, as hostd does) as an F32 HF directory, so HF starts from
 // exactly our FP32 master; "model_dir" names it (or the job's model.path).
@@ -104,12 +105,15 @@ absl::Status Run(Options o) {
     if (o.global_batch == 0) o.global_batch = spec.global_batch;
     o.seed = spec.seed;
     if (o.steps == 0) o.steps = spec.steps;
+    nlohmann::json no_decay = nlohmann::json::array();
+    for (NoDecay g : spec.no_decay) no_decay.push_back(ToString(g));
     job = {{"name", spec.name},
            {"lr", spec.lr},
            {"beta1", spec.beta1},
            {"beta2", spec.beta2},
            {"eps", spec.eps},
            {"weight_decay", spec.weight_decay},
+           {"no_decay", no_decay},
            {"max_grad_norm", spec.max_grad_norm},
            {"schedule", ScheduleName(spec.schedule)},
            {"warmup_steps", spec.warmup_steps},

@@ -15,7 +15,9 @@ Training step t (t = 0 .. N-1), matching hostd (hostd/engine/training_executor.c
            tools/verify/hf_common.py); backward
   grad_norm = clip_grad_norm_(params, max_grad_norm)   (skipped when max_grad_norm is 0)
   AdamW(lr = base_lr * multiplier(t), betas, eps, weight_decay; foreach=False, the single-tensor
-        path docs/layeradam.md matches) step; LambdaLR step
+        path docs/layeradam.md matches) step; LambdaLR step. Two parameter groups, as HF's Trainer
+        and hostd (optimizer.no_decay, hostd/update/weight_decay.h): the groups the job exempts
+        (norm weights, biases; both by default) have weight_decay 0, every other tensor the job's.
 The curve records {"step": t + 1, "loss": loss_t, "lr", "grad_norm"}, the numbering of hostd's
 metrics-<job>.jsonl. Compare with tools/verify/compare_curves.py.
 
@@ -57,10 +59,50 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_common  # noqa: E402
 
-SETTINGS = ("lr", "beta1", "beta2", "eps", "weight_decay", "max_grad_norm", "schedule", "warmup_steps", "min_lr",
-            "total_steps")
-DEFAULTS = {"lr": 1e-5, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0, "max_grad_norm": 1.0,
-            "schedule": "constant", "warmup_steps": 0, "min_lr": 0.0, "total_steps": None}
+SETTINGS = ("lr", "beta1", "beta2", "eps", "weight_decay", "no_decay", "max_grad_norm", "schedule", "warmup_steps",
+            "min_lr", "total_steps")
+DEFAULTS = {"lr": 1e-5, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0, "no_decay": ["norm", "bias"],
+            "max_grad_norm": 1.0, "schedule": "constant", "warmup_steps": 0, "min_lr": 0.0, "total_steps": None}
+NO_DECAY_GROUPS = ("norm", "bias")
+
+
+def is_norm_weight(name):
+    """hostd's rule (hostd/update/weight_decay.h), HF Trainer's name patterns: the weight of a
+    module named norm, *_norm, *layernorm* or *rmsnorm*."""
+    module, _, last = name.rpartition(".")
+    if last != "weight":
+        return False
+    m = module.rpartition(".")[2].lower()
+    return m == "norm" or m.endswith("_norm") or "layernorm" in m or "rmsnorm" in m
+
+
+def is_bias(name):
+    return name.endswith(".bias")
+
+
+def no_decay_list(text):
+    """--no-decay: "norm,bias", "bias", or "none" (decay every tensor)."""
+    groups = [] if text.strip() in ("", "none") else [g.strip() for g in text.split(",")]
+    for g in groups:
+        if g not in NO_DECAY_GROUPS:
+            raise argparse.ArgumentTypeError(f"unknown no_decay group {g!r} (norm, bias or none)")
+    return groups
+
+
+def decay_groups(named, weight_decay, no_decay):
+    """torch.optim.AdamW parameter groups for the job: (decayed, exempt) lists of parameters, as
+    param-group dicts (the exempt group with weight_decay 0; empty groups left out)."""
+    exempt = []
+    decayed = []
+    for name, p in named:
+        out = ("norm" in no_decay and is_norm_weight(name)) or ("bias" in no_decay and is_bias(name))
+        (exempt if out else decayed).append(p)
+    groups = []
+    if decayed:
+        groups.append({"params": decayed, "weight_decay": weight_decay})
+    if exempt:
+        groups.append({"params": exempt, "weight_decay": 0.0})
+    return groups
 
 
 def resolve_settings(args, batches):
@@ -192,8 +234,8 @@ def train(model_dir, batches, s, token_budget, out_path, log_every=10, precision
     model.config.use_cache = False
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # a tied head appears once
     params = [p for _, p in named]
-    opt = torch.optim.AdamW(params, lr=s["lr"], betas=(s["beta1"], s["beta2"]), eps=s["eps"],
-                            weight_decay=s["weight_decay"], foreach=False)
+    opt = torch.optim.AdamW(decay_groups(named, s["weight_decay"], s["no_decay"]), lr=s["lr"],
+                            betas=(s["beta1"], s["beta2"]), eps=s["eps"], weight_decay=s["weight_decay"], foreach=False)
     sched = make_scheduler(opt, s)
     curve = []
 
@@ -353,8 +395,11 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="default: the job's steps")
     ap.add_argument("--token-budget", type=int, default=16384, help="padded tokens per HF forward")
     for k in SETTINGS:
-        typ = str if k == "schedule" else int if k in ("warmup_steps", "total_steps") else float
-        ap.add_argument("--" + k.replace("_", "-"), dest=k, type=typ, default=None, help=f"override the job's {k}")
+        typ = (str if k == "schedule" else int if k in ("warmup_steps", "total_steps") else
+               no_decay_list if k == "no_decay" else float)
+        ap.add_argument("--" + k.replace("_", "-"), dest=k, type=typ, default=None,
+                        help="override the job's no_decay: norm,bias | norm | bias | none" if k == "no_decay"
+                        else f"override the job's {k}")
     ap.add_argument("--precision", choices=["bf16-autocast", "bf16-autocast-fp32-residual", "bf16-mirror",
                                             "bf16-mirror-fp32-norms", "fp32"],
                     default="bf16-autocast",

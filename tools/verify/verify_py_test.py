@@ -232,6 +232,44 @@ class PurePython(unittest.TestCase):
             ns.lr, ns.steps = 1e-4, 2
             self.assertEqual(hf_train_reference.resolve_settings(ns, bf)["lr"], 1e-4)
 
+    def test_decay_groups_are_hostds(self):
+        """optimizer.no_decay: norm weights and biases go to the weight_decay 0 group (hostd's
+        names, hostd/update/weight_decay.h); embedding and lm_head are decayed; a job's list and
+        --no-decay choose the groups."""
+        names = ["model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
+                 "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.bias",
+                 "model.layers.0.self_attn.q_norm.weight", "model.layers.0.self_attn.k_norm.weight",
+                 "model.layers.0.post_attention_layernorm.weight", "model.layers.0.mlp.down_proj.weight",
+                 "model.norm.weight", "lm_head.weight"]
+        named = [(n, n) for n in names]  # the "parameter" is its name here
+        exempt = {"model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.bias",
+                  "model.layers.0.self_attn.q_norm.weight", "model.layers.0.self_attn.k_norm.weight",
+                  "model.layers.0.post_attention_layernorm.weight", "model.norm.weight"}
+        g = hf_train_reference.decay_groups(named, 0.1, ["norm", "bias"])
+        self.assertEqual([x["weight_decay"] for x in g], [0.1, 0.0])
+        self.assertEqual(set(g[0]["params"]), set(names) - exempt)
+        self.assertEqual(set(g[1]["params"]), exempt)
+        g = hf_train_reference.decay_groups(named, 0.1, ["norm"])
+        self.assertIn("model.layers.0.self_attn.q_proj.bias", g[0]["params"])
+        g = hf_train_reference.decay_groups(named, 0.1, [])
+        self.assertEqual(len(g), 1)
+        self.assertEqual(g[0]["params"], names)
+        self.assertEqual(hf_train_reference.no_decay_list("bias,norm"), ["bias", "norm"])
+        self.assertEqual(hf_train_reference.no_decay_list("none"), [])
+        with self.assertRaises(Exception):
+            hf_train_reference.no_decay_list("norms")
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "b.bin")
+            hf_train_reference.write_synthetic_batches(p, steps=2, rows=2, seq=64, vocab=100, seed=0)
+            bf = hf_common.BatchesFile(p)
+            import argparse
+            ns = argparse.Namespace(steps=0, **{k: None for k in hf_train_reference.SETTINGS})
+            self.assertEqual(hf_train_reference.resolve_settings(ns, bf)["no_decay"], ["norm", "bias"])
+            bf.job["no_decay"] = []
+            self.assertEqual(hf_train_reference.resolve_settings(ns, bf)["no_decay"], [])
+            ns.no_decay = ["bias"]
+            self.assertEqual(hf_train_reference.resolve_settings(ns, bf)["no_decay"], ["bias"])
+
     def test_sampler_port_is_a_permutation(self):
         for n in (1, 2, 7, 100):
             for e in (0, 1, 5):

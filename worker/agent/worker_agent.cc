@@ -18,6 +18,7 @@
 #include "common/data/dataset.h"
 #include "common/data/micro_batch.h"
 #include "common/data/sampler.h"
+#include "common/data/validation.h"
 #include "common/io/meminfo.h"
 #include "common/status/grpc_status.h"
 #include "common/status/status_macros.h"
@@ -105,6 +106,48 @@ ActPolicy ToActPolicy(ActivationPolicy p) {
     case ActivationPolicy::kAuto: return ActPolicy::kRecomputeLayer;  // until the first step's peak is known
   }
   return ActPolicy::kRecomputeLayer;
+}
+
+// This rank's share of the validation split (common/data/validation.h); no micro-batches when the
+// job has no validation.
+struct ValidationShare {
+  int64_t micro_batches_total = 0;  // over every rank
+  std::vector<MicroBatch> micro_batches;
+  int per_sweep = 1;
+  int sweeps = 0;
+};
+
+absl::StatusOr<ValidationShare> OpenValidation(const v1::Assignment& a, const JobSpec& spec) {
+  ValidationShare v;
+  if (a.validation_path().empty()) return v;
+  // hostd verified the split at job start and sends its files' identities, as for the training
+  // data: the same files are read here, or DATA_LOSS names the one that changed.
+  data::ReaderOptions dopt;
+  dopt.verify_checksums = data::VerifyChecksums::kNo;
+  if (a.validation_files_size() != data::kNumBinFiles) {
+    return absl::InvalidArgumentError(absl::StrCat("assignment lists ", a.validation_files_size(),
+                                                   " validation files, not ", data::kNumBinFiles));
+  }
+  for (const v1::DatasetFile& f : a.validation_files()) {
+    dopt.expected_files.push_back({f.dev(), f.inode(), f.size(), f.mtime_ns(), f.ctime_ns()});
+  }
+  ASSIGN_OR_RETURN(auto dataset, data::DatasetReader::Open(a.validation_path(), dopt));
+  const int64_t rows = dataset->num_rows();
+  v.micro_batches_total = data::ValidationMicroBatches(rows, spec.micro_batch);
+  for (int64_t k : data::RankValidationMicroBatches(v.micro_batches_total, a.rank(), a.world_size())) {
+    const std::vector<int64_t> r = data::ValidationRows(k, rows, spec.micro_batch);
+    absl::StatusOr<MicroBatch> mb = data::BuildMicroBatch(*dataset, r);
+    if (!mb.ok()) return Annotate(mb.status(), absl::StrCat("validation micro-batch ", k));
+    v.micro_batches.push_back(std::move(*mb));
+  }
+  // As many at once as a training step holds on this rank: the pass fits where the step did.
+  v.per_sweep = static_cast<int>(std::max<int64_t>(1, spec.global_batch / std::max(1, a.world_size()) / spec.micro_batch));
+  v.sweeps = data::ValidationSweeps(v.micro_batches_total, a.world_size(), v.per_sweep);
+  return v;
+}
+
+bool EvaluatesAfter(const JobSpec& spec, int64_t step, int64_t total_steps) {
+  return data::EvaluatesAfter(spec.eval_every, step, total_steps);
 }
 
 }  // namespace
@@ -612,6 +655,8 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   }
 #endif
   AutoPolicySession autopolicy(std::move(apo));
+  // Validation (data.validation): this rank's micro-batches of the split, built once.
+  ASSIGN_OR_RETURN(ValidationShare validation, OpenValidation(a, spec));
 
   double prev_gate = 0, prev_d2h = 0, prev_h2d = 0, prev_ring = 0, prev_cast = 0;
   for (int64_t step = a.first_step(); step < a.total_steps(); ++step) {
@@ -734,6 +779,24 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
         if (!Send(pr)) return absl::UnavailableError("lost the session with hostd");
       }
     }
+    if (!validation.micro_batches_total || !EvaluatesAfter(spec, step, a.total_steps())) continue;
+    // After the step's update (its gates), before the next step: every rank, the same sweeps.
+    const absl::Time t_eval = absl::Now();
+    absl::StatusOr<std::vector<double>> losses = runner.Evaluate(static_cast<uint32_t>(step + 1),
+                                                                 validation.micro_batches, validation.per_sweep,
+                                                                 validation.sweeps);
+    if (!losses.ok()) {
+      if (losses.status().code() != absl::StatusCode::kAborted) job_state->RaiseAbort(shm::AbortReason::kWorkerFailed);
+      return Annotate(losses.status(), absl::StrCat("validation after step ", step + 1));
+    }
+    v1::WorkerReport er;
+    v1::EvalDone* e = er.mutable_eval_done();
+    e->set_job_id(a.job_id());
+    e->set_attempt(a.attempt());
+    e->set_step(step);
+    for (double l : *losses) e->add_loss_sums(l);
+    e->set_eval_s(absl::ToDoubleSeconds(absl::Now() - t_eval));
+    if (!Send(er)) return absl::UnavailableError("lost the session with hostd");
   }
   RETURN_IF_ERROR(grads->Drain());  // device staging: the last step's parts may still be posting
   ring->Close();

@@ -153,6 +153,11 @@ class ComputeBackend {
                                            const void* x, float loss_scale, void* dx, float* dnorm, float* dlm_head,
                                            float* loss_sum) = 0;
 
+  // The same head forward without any gradient (evaluation): adds sum_t loss_scale * CE_t over the
+  // batch's trained tokens to *loss_sum (a device float).
+  virtual absl::Status HeadLoss(const UnitParams& norm_w, const bf16_t* lm_head_w, const DeviceBatch& batch,
+                                const void* x, float loss_scale, float* loss_sum) = 0;
+
   // Bytes per token a decoder layer's SavedActivations hold under a policy (excluding the
   // layer input, which the pipeline keeps as the checkpoint).
   virtual int64_t SavedBytesPerToken(ActPolicy policy) const = 0;

@@ -199,4 +199,68 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
   return result;
 }
 
+absl::StatusOr<std::vector<double>> StepRunner::Evaluate(uint32_t version, const std::vector<MicroBatch>& micro_batches,
+                                                        int per_sweep, int sweeps) {
+  const int num_units = layout_.num_units();
+  const int head = num_units - 1;
+  const int64_t act_bytes_per_token = layout_.config.hidden_size * DTypeBytes(backend_->activation_dtype());
+  per_sweep = std::max(per_sweep, 1);
+  if (static_cast<int64_t>(sweeps) * per_sweep < static_cast<int64_t>(micro_batches.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("evaluation: ", micro_batches.size(), " micro-batches in ", sweeps,
+                                                   " sweeps of at most ", per_sweep));
+  }
+  std::vector<double> losses;
+  for (int sweep = 0; sweep < sweeps; ++sweep) {
+    TraceRange trace("evaluate");
+    const size_t begin = std::min(micro_batches.size(), static_cast<size_t>(sweep) * per_sweep);
+    const size_t end = std::min(micro_batches.size(), begin + per_sweep);
+    const int n = static_cast<int>(end - begin);
+    std::vector<std::unique_ptr<DeviceBatch>> batches;
+    std::vector<std::unique_ptr<DeviceBuffer>> x(n), y(n);
+    for (int i = 0; i < n; ++i) {
+      ASSIGN_OR_RETURN(auto b, backend_->UploadBatch(micro_batches[begin + i]));
+      ASSIGN_OR_RETURN(x[i], backend_->Allocate(b->num_tokens() * act_bytes_per_token));
+      if (head > 1) {
+        ASSIGN_OR_RETURN(y[i], backend_->Allocate(b->num_tokens() * act_bytes_per_token));
+      }
+      batches.push_back(std::move(b));
+    }
+    {
+      ASSIGN_OR_RETURN(UnitParams embed, Acquire(0, version));
+      for (int i = 0; i < n; ++i) RETURN_IF_ERROR(backend_->EmbeddingForward(embed, *batches[i], x[i]->data()));
+      streamer_->Release(0);
+      RETURN_IF_ERROR(streamer_->Prefetch(1, version));
+    }
+    for (int u = 1; u < head; ++u) {
+      ASSIGN_OR_RETURN(UnitParams params, Acquire(u, version));
+      for (int i = 0; i < n; ++i) {
+        RETURN_IF_ERROR(backend_->DecoderForward(params, *batches[i], x[i]->data(), y[i]->data(),
+                                                 ActPolicy::kRecomputeLayer, nullptr));
+        std::swap(x[i], y[i]);
+      }
+      streamer_->Release(u);
+      RETURN_IF_ERROR(streamer_->Prefetch(u + 1, version));
+    }
+    ASSIGN_OR_RETURN(auto loss_dev, backend_->Allocate(std::max(n, 1) * static_cast<int64_t>(sizeof(float))));
+    RETURN_IF_ERROR(backend_->Memset(*loss_dev, 0));
+    const UnitLayout& hu = layout_.units[head];
+    ASSIGN_OR_RETURN(UnitParams head_params, Acquire(head, version));
+    const bf16_t* lm_head = hu.tensors.size() > 1 ? head_params.bf16 + hu.tensors[1].offset_numel : nullptr;
+    if (layout_.head_uses_embedding) {
+      ASSIGN_OR_RETURN(UnitParams embed, Acquire(0, version));
+      lm_head = embed.bf16;
+    }
+    for (int i = 0; i < n; ++i) {
+      RETURN_IF_ERROR(backend_->HeadLoss(head_params.Tensor(hu.tensors[0]), lm_head, *batches[i], x[i]->data(), 1.0f,
+                                         loss_dev->as<float>() + i));
+    }
+    if (layout_.head_uses_embedding) streamer_->Release(0);
+    streamer_->Release(head);
+    std::vector<float> sums(std::max(n, 1));
+    RETURN_IF_ERROR(backend_->CopyToHost(loss_dev->data(), sums.data(), sums.size() * sizeof(float)));
+    for (int i = 0; i < n; ++i) losses.push_back(sums[i]);
+  }
+  return losses;
+}
+
 }  // namespace slidedp

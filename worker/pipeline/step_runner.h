@@ -74,6 +74,14 @@ class StepRunner {
   // of the whole global batch (all ranks), so the sum of every rank's loss_sum is the mean loss.
   absl::StatusOr<StepResult> Run(int64_t step, const std::vector<MicroBatch>& micro_batches, float loss_scale);
   void set_keep_all_last_layers(int n) { options_.keep_all_last_layers = n; }
+  // Validation: the forward alone of every micro-batch in `micro_batches`, each on its own, with
+  // the parameters after `version` updates (their gates), in `sweeps` sweeps over the units of at
+  // most `per_sweep` micro-batches each (the layer inputs of one sweep's micro-batches are what
+  // it holds). Every rank makes the same number of sweeps, also with fewer (or no) micro-batches:
+  // the units are acquired in the same order everywhere. Returns each micro-batch's sum of token
+  // cross entropy (unscaled), in order: a micro-batch's sum does not depend on the others.
+  absl::StatusOr<std::vector<double>> Evaluate(uint32_t version, const std::vector<MicroBatch>& micro_batches,
+                                               int per_sweep, int sweeps);
   // From the next step on, decoder layer i runs policies[i] and `activations` (may be null) holds
   // the offloaded checkpoints: AutoPolicy's layout, chosen between steps.
   void SetLayout(std::vector<ActPolicy> policies, ActivationStore* activations) {

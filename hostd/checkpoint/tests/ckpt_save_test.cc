@@ -173,7 +173,8 @@ TEST_F(CkptSaveTest, CrashAtAnyStageLeavesThePreviousCheckpointLatest) {
   FillState(layout, s, 10);
   ASSERT_TRUE(SaveCheckpoint(Request(layout, s, 1)).ok());
   int64_t next_step = 2;
-  for (const char* stage : {"config.json", "model", "optimizer.safetensors", "trainer_state.json", "COMPLETE", "rename"}) {
+  for (const char* stage :
+       {"config.json", "model", "optimizer.safetensors", "trainer_state.json", "model_files", "COMPLETE", "rename"}) {
     SCOPED_TRACE(stage);
     pid_t child = ::fork();
     ASSERT_GE(child, 0);

@@ -700,7 +700,11 @@ struct ReferenceState {
       for (int64_t i = 0; i < u.numel; ++i) g[i] = Grad(static_cast<int>(t), u.index, i);
       for (const TensorSlot& ts : u.tensors) {
         const int64_t o = ts.offset_numel;
-        update::AdamWStep(p, master[u.index].data() + o, m[u.index].data() + o, v[u.index].data() + o,
+        // optimizer.no_decay's default: torch's second group, weight_decay 0, holds the 1-D
+        // tensors (norm weights and biases).
+        update::AdamWStepParams q = p;
+        if (ts.shape.size() == 1) q.weight_decay = 0;
+        update::AdamWStep(q, master[u.index].data() + o, m[u.index].data() + o, v[u.index].data() + o,
                           mirror[u.index].data() + o, g.data() + o, ts.numel);
       }
     }
@@ -738,7 +742,10 @@ struct CompactReference {
     p.eps = spec.eps;
     p.weight_decay = spec.weight_decay;
     p.step = t + 1;
-    const update::AdamWConstants c = update::MakeAdamWConstants(p);
+    const update::AdamWConstants decayed = update::MakeAdamWConstants(p);
+    update::AdamWStepParams no_decay_params = p;  // the 1-D tensors (optimizer.no_decay's default)
+    no_decay_params.weight_decay = 0;
+    const update::AdamWConstants not_decayed = update::MakeAdamWConstants(no_decay_params);
     const update::AdamStateKernelTable& k = update::ActiveAdamStateKernels();
     for (const UnitLayout& u : layout.units) {
       const int ui = u.index;
@@ -746,6 +753,7 @@ struct CompactReference {
       for (int64_t i = 0; i < u.numel; ++i) g[i] = static_cast<float>(copies) * Grad(static_cast<int>(t), ui, i);
       for (const TensorSlot& ts : u.tensors) {
         const int64_t o = ts.offset_numel;
+        const update::AdamWConstants& c = ts.shape.size() == 1 ? not_decayed : decayed;
         if (dtype == update::StateDtype::kBf16) {
           auto* m16 = reinterpret_cast<bf16_t*>(m[ui].data());
           auto* v16 = reinterpret_cast<bf16_t*>(v[ui].data());

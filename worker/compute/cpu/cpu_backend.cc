@@ -331,6 +331,22 @@ class CpuBackend final : public ComputeBackend {
     return absl::OkStatus();
   }
 
+  absl::Status HeadLoss(const UnitParams& norm_w, const bf16_t* lm_head_w, const DeviceBatch& batch, const void* x,
+                        float loss_scale, float* loss_sum) override {
+    ASSIGN_OR_RETURN(const CpuDeviceBatch* b, AsCpu(batch));
+    if (norm_w.bf16 == nullptr || lm_head_w == nullptr || x == nullptr || loss_sum == nullptr) {
+      return absl::InvalidArgumentError("HeadLoss: null pointer");
+    }
+    const std::vector<float> norm = norm_w.fp32 != nullptr
+                                        ? std::vector<float>(norm_w.fp32, norm_w.fp32 + dims_.hidden)
+                                        : UpcastBf16(norm_w.bf16, dims_.hidden);
+    const double loss = HeadLossAndGrad<float, bf16_t>(dims_, norm.data(), lm_head_w, b->batch().labels.data(),
+                                                       b->num_tokens(), static_cast<const float*>(x), loss_scale,
+                                                       nullptr, nullptr, nullptr, options_.head_chunking, &pool_);
+    *loss_sum += static_cast<float>(loss);
+    return absl::OkStatus();
+  }
+
   int64_t SavedBytesPerToken(ActPolicy policy) const override {
     // DecoderActs keep each piece in FP32, which is what admission's count assumes.
     return KeptElementsPerToken(ModelShape::Of(config()), policy.pieces) * static_cast<int64_t>(sizeof(float));

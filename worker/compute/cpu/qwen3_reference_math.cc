@@ -519,7 +519,8 @@ double HeadLossAndGrad(const DecoderDims& d, const R* norm_w, const W* lm_head_w
   const R eps = static_cast<R>(d.rms_norm_eps);
   const R scale = static_cast<R>(loss_scale);
 
-  std::fill(dx, dx + num_tokens * H, R(0));
+  const bool grads = dx != nullptr;  // no dx: the loss alone (evaluation), no pass 2
+  if (grads) std::fill(dx, dx + num_tokens * H, R(0));
   std::vector<int64_t> trained;
   for (int64_t t = 0; t < num_tokens; ++t)
     if (labels[t] != kIgnoreIndex) trained.push_back(t);
@@ -571,6 +572,7 @@ double HeadLossAndGrad(const DecoderDims& d, const R* norm_w, const W* lm_head_w
       lse[c] = run_max[c] + std::log(run_sum[c]);
       loss += static_cast<double>(scale * (lse[c] - label_logit[c]));
     }
+    if (!grads) continue;
 
     // Pass 2: dlogits = scale * (softmax - onehot); dxf = dlogits W; dW += dlogits^T xf.
     std::fill(dxf.begin(), dxf.end(), R(0));
@@ -607,7 +609,9 @@ double HeadLossAndGrad(const DecoderDims& d, const R* norm_w, const W* lm_head_w
                         Accumulate::kOverwrite, dnorm_acc.data(), pool);
     for (int64_t c = 0; c < tc; ++c) std::copy_n(dxin.data() + c * H, H, dx + trained[c_begin + c] * H);
   }
-  for (int64_t i = 0; i < H; ++i) dnorm[i] += dnorm_acc[i];
+  if (grads) {
+    for (int64_t i = 0; i < H; ++i) dnorm[i] += dnorm_acc[i];
+  }
   return loss;
 }
 

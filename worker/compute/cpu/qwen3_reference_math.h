@@ -181,7 +181,8 @@ struct HeadChunking {
 // vocabulary with an online log-sum-exp. Returns sum_t loss_scale * CE_t over tokens whose label
 // is not kIgnoreIndex; writes dx (zero rows for ignored tokens); adds into dnorm [hidden] and
 // dlm_head [vocab, hidden]. W is the LM head's storage type (bf16_t, float or double); the norm
-// weights come in R.
+// weights come in R. With dx null it returns the loss alone (evaluation): no gradient is formed
+// and dnorm / dlm_head are not touched (the loss is the same bits either way).
 template <typename R, typename W>
 double HeadLossAndGrad(const DecoderDims& dims, const R* norm_w, const W* lm_head_w, const int32_t* labels,
                        int64_t num_tokens, const R* x, double loss_scale, R* dx, R* dnorm, R* dlm_head,

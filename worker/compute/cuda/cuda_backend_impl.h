@@ -281,6 +281,8 @@ class CudaBackend final : public ComputeBackend {
   absl::Status HeadForwardBackward(const UnitParams& norm_w, const bf16_t* lm_head_w, const DeviceBatch& batch,
                                    const void* x, float loss_scale, void* dx, float* dnorm, float* dlm_head,
                                    float* loss_sum) override;
+  absl::Status HeadLoss(const UnitParams& norm_w, const bf16_t* lm_head_w, const DeviceBatch& batch, const void* x,
+                        float loss_scale, float* loss_sum) override;
   int64_t SavedBytesPerToken(ActPolicy policy) const override;
 
  private:
@@ -421,6 +423,10 @@ class CudaBackend final : public ComputeBackend {
     if (pieces & kPieceGateUp) to->gu = from.gu;
     if (pieces & kPieceAttention) to->o = from.o, to->lse = from.lse;
   }
+
+  // The head: loss and (dx non-null) its gradients; HeadForwardBackward and HeadLoss.
+  absl::Status Head(const UnitParams& norm_params, const bf16_t* lm_head_w, const DeviceBatch& batch, const void* x,
+                    float loss_scale, void* dx, float* dnorm, float* dlm_head, float* loss_sum);
 
   // Runs the layer forward into `a`, except the pieces in `given` (already in `a`: a segment's kept
   // pieces, when backward recomputes around them). y may be null (recompute: the output is not

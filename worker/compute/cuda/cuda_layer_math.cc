@@ -421,9 +421,24 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
 absl::Status CudaBackend::HeadForwardBackward(const UnitParams& norm_params, const bf16_t* lm_head_w,
                                               const DeviceBatch& batch, const void* x, float loss_scale, void* dx,
                                               float* dnorm, float* dlm_head, float* loss_sum) {
+  if (dx == nullptr || dnorm == nullptr || dlm_head == nullptr) {
+    return absl::InvalidArgumentError("HeadForwardBackward: null gradient pointer (HeadLoss computes the loss alone)");
+  }
+  return Head(norm_params, lm_head_w, batch, x, loss_scale, dx, dnorm, dlm_head, loss_sum);
+}
+
+absl::Status CudaBackend::HeadLoss(const UnitParams& norm_params, const bf16_t* lm_head_w, const DeviceBatch& batch,
+                                   const void* x, float loss_scale, float* loss_sum) {
+  return Head(norm_params, lm_head_w, batch, x, loss_scale, nullptr, nullptr, nullptr, loss_sum);
+}
+
+absl::Status CudaBackend::Head(const UnitParams& norm_params, const bf16_t* lm_head_w, const DeviceBatch& batch,
+                               const void* x, float loss_scale, void* dx, float* dnorm, float* dlm_head,
+                               float* loss_sum) {
   const auto& b = static_cast<const CudaBatch&>(batch);
   const int64_t T = b.num_tokens_, V = config_.vocab_size;
   if (T == 0) return absl::OkStatus();
+  const bool grads = dx != nullptr;  // else the loss alone: no dgrad, wgrad or norm backward
   const NormW norm_w{reinterpret_cast<const bf16*>(norm_params.bf16), norm_params.fp32};
   const bf16* wl = reinterpret_cast<const bf16*>(lm_head_w);
   int64_t chunk = std::max<int64_t>(1, options_.head_logits_budget_bytes / (V * 2));
@@ -432,13 +447,13 @@ absl::Status CudaBackend::HeadForwardBackward(const UnitParams& norm_params, con
   Carver c;
   PoolBlock block;
   bf16 *xn, *logits;
-  char* dxn;  // residual dtype (FP32 mode: the dgrad GEMM writes FP32)
-  float *rstd, *row_loss, *ws;
+  char* dxn = nullptr;  // residual dtype (FP32 mode: the dgrad GEMM writes FP32)
+  float *rstd, *row_loss, *ws = nullptr;
   c.Reserve(&xn, T * H_);
-  c.Reserve(&dxn, T * H_ * act_bytes());
+  if (grads) c.Reserve(&dxn, T * H_ * act_bytes());
   c.Reserve(&rstd, T);
   c.Reserve(&row_loss, T);
-  c.Reserve(&ws, kernels::RmsNormBackwardWorkspaceNumel(T, H_));
+  if (grads) c.Reserve(&ws, kernels::RmsNormBackwardWorkspaceNumel(T, H_));
   c.Reserve(&logits, chunk * V);
   RETURN_IF_ERROR(c.Alloc(block, stream_));
   RETURN_IF_ERROR(NormForward(x, norm_w, T, xn, rstd));
@@ -457,6 +472,7 @@ absl::Status CudaBackend::HeadForwardBackward(const UnitParams& norm_params, con
     RETURN_IF_ERROR(gemm_.Run(g, stream_));
     RETURN_IF_ERROR(kernels::CrossEntropyInPlace(logits, tc, V, V, b.labels_ + t0, kIgnoreIndex, loss_scale,
                                                  row_loss + t0, stream_));
+    if (!grads) continue;
     GemmArgs d;  // dxn_c = dlogits · W
     d.op_b = GemmOp::kN;
     d.m = tc;
@@ -473,7 +489,7 @@ absl::Status CudaBackend::HeadForwardBackward(const UnitParams& norm_params, con
     RETURN_IF_ERROR(Wgrad(logits, V, xn + t0 * H_, H_, tc, V, H_, dlm_head));
   }
   RETURN_IF_ERROR(kernels::SumInto(row_loss, T, loss_sum, stream_));
-  RETURN_IF_ERROR(NormBackward(dxn, x, norm_w, rstd, nullptr, T, dx, dnorm, ws));
+  if (grads) RETURN_IF_ERROR(NormBackward(dxn, x, norm_w, rstd, nullptr, T, dx, dnorm, ws));
   return absl::OkStatus();
 }
 

@@ -1,0 +1,293 @@
+// The files of a checkpoint (or exported model) directory besides the optimizer state: durable
+// small files, HF weight files and their index, tokenizer files and generation_config.json read
+// from a model directory with hostile-input care. See checkpoint_files.h and checkpoint.h.
+#include "hostd/checkpoint/checkpoint_files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/io/small_file.h"
+#include "common/numeric/bf16.h"
+#include "common/status/status_macros.h"
+
+namespace slidedp::checkpoint {
+namespace internal {
+
+namespace fs = std::filesystem;
+namespace st = safetensors;
+
+int64_t StepOfDirName(const std::string& name) {
+  if (!absl::StartsWith(name, kDirPrefix)) return -1;
+  int64_t step;
+  const std::string digits = name.substr(sizeof(kDirPrefix) - 1);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  if (!absl::SimpleAtoi(digits, &step)) return -1;
+  return step;
+}
+
+absl::Status FsyncPath(const std::string& path, int flags) {
+  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(absl::StrCat("open ", path, " for fsync"), errno);
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) return ErrnoStatus(absl::StrCat("fsync ", path), err);
+  return absl::OkStatus();
+}
+
+absl::Status WriteSmallFile(const std::string& path, const std::string& content) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(absl::StrCat("create ", path), errno);
+  const char* p = content.data();
+  size_t left = content.size();
+  while (left > 0) {
+    ssize_t w = ::write(fd, p, left);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      int err = w < 0 ? errno : EIO;
+      ::close(fd);
+      return ErrnoStatus(absl::StrCat("write ", path), err);
+    }
+    p += w;
+    left -= static_cast<size_t>(w);
+  }
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus(absl::StrCat("fsync ", path), err);
+  }
+  if (::close(fd) != 0) return ErrnoStatus(absl::StrCat("close ", path), errno);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<nlohmann::json> ReadJsonObject(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, kMaxConfigFileBytes, "checkpoint metadata"));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::DataLossError(absl::StrCat(path, ": not a JSON object"));
+  return j;
+}
+
+std::string LayoutSignature(const ModelLayout& layout) {
+  nlohmann::json units = nlohmann::json::array();
+  for (const UnitLayout& u : layout.units) {
+    nlohmann::json tensors = nlohmann::json::array();
+    for (const TensorSlot& t : u.tensors) tensors.push_back({t.hf_name, t.offset_numel, t.numel});
+    units.push_back({{"name", u.name}, {"numel", u.numel}, {"tensors", tensors}});
+  }
+  return units.dump();
+}
+
+std::string StateTensorName(const UnitLayout& u, const char* kind) { return absl::StrCat("unit.", u.name, ".", kind); }
+
+uint64_t PlannedFile::data_bytes() const {
+  uint64_t n = 0;
+  for (const auto& t : tensors) n += t.byte_size();
+  return n;
+}
+
+std::vector<PlannedFile> PlanWeightFiles(const ModelLayout& layout, const ConstUnitArrayFn& master, WeightDtype dtype,
+                                         uint64_t shard_max_bytes) {
+  std::vector<st::TensorSource> all;
+  for (const UnitLayout& unit : layout.units) {
+    const float* base = master(unit.index);
+    for (const TensorSlot& slot : unit.tensors) {
+      st::TensorSource t;
+      t.name = slot.hf_name;
+      t.shape = slot.shape;
+      const float* src = base + slot.offset_numel;
+      if (dtype == WeightDtype::kF32) {
+        t.dtype = st::Dtype::kF32;
+        t.data = src;
+      } else {
+        t.dtype = st::Dtype::kBF16;
+        t.fill = [src](uint64_t byte_offset, size_t byte_len, char* dst) {
+          const float* s = src + byte_offset / 2;
+          bf16_t* d = reinterpret_cast<bf16_t*>(dst);
+          const size_t n = byte_len / 2;
+          for (size_t i = 0; i < n; ++i) d[i] = FloatToBf16(s[i]);
+        };
+      }
+      all.push_back(std::move(t));
+    }
+  }
+  uint64_t total = 0;
+  for (const auto& t : all) total += t.byte_size();
+  std::vector<PlannedFile> files;
+  if (total <= shard_max_bytes) {
+    files.push_back({"model.safetensors", std::move(all), {{"format", "pt"}}});
+    return files;
+  }
+  uint64_t in_shard = 0;
+  for (auto& t : all) {
+    if (files.empty() || (in_shard > 0 && in_shard + t.byte_size() > shard_max_bytes)) {
+      files.push_back({"", {}, {{"format", "pt"}}});
+      in_shard = 0;
+    }
+    in_shard += t.byte_size();
+    files.back().tensors.push_back(std::move(t));
+  }
+  char buf[64];
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", i + 1, files.size());
+    files[i].name = buf;
+  }
+  return files;
+}
+
+absl::StatusOr<uint64_t> WriteWeightFiles(const std::string& dir, const std::vector<PlannedFile>& files,
+                                          int io_threads) {
+  st::WriteOptions wopts;
+  wopts.threads = std::max(1, io_threads);
+  uint64_t bytes = 0, weight_bytes = 0;
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  for (const PlannedFile& f : files) {
+    wopts.metadata = f.metadata;
+    ASSIGN_OR_RETURN(st::WriteStats ws, st::WriteFile(dir + "/" + f.name, f.tensors, wopts));
+    bytes += ws.file_bytes;
+    weight_bytes += f.data_bytes();
+    for (const auto& t : f.tensors) weight_map[t.name] = f.name;
+  }
+  if (files.size() > 1) {
+    nlohmann::ordered_json index;
+    index["metadata"] = {{"total_size", weight_bytes}};
+    index["weight_map"] = weight_map;
+    const std::string text = index.dump(2) + "\n";
+    RETURN_IF_ERROR(WriteSmallFile(dir + "/model.safetensors.index.json", text));
+    bytes += text.size();
+  }
+  return bytes;
+}
+
+std::string ConfigJsonFor(const ModelLayout& layout, WeightDtype dtype) {
+  Qwen3Config config = layout.config;
+  config.torch_dtype = dtype == WeightDtype::kBF16 ? "bfloat16" : "float32";
+  return config.ToJson();
+}
+
+absl::StatusOr<uint64_t> WriteModelDirFiles(const std::string& dir, const std::vector<ModelDirFile>* files,
+                                            const std::string& config_json) {
+  uint64_t bytes = 0;
+  bool generation_config = false;
+  for (const ModelDirFile& f : files != nullptr ? *files : std::vector<ModelDirFile>{}) {
+    RETURN_IF_ERROR(WriteSmallFile(dir + "/" + f.name, f.content));
+    bytes += f.content.size();
+    generation_config |= f.name == "generation_config.json";
+  }
+  if (!generation_config) {
+    const std::string text = GenerationConfigFromConfig(config_json);
+    RETURN_IF_ERROR(WriteSmallFile(dir + "/generation_config.json", text));
+    bytes += text.size();
+  }
+  return bytes;
+}
+
+}  // namespace internal
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Where a hub cache snapshot's links may lead: <repo>/snapshots/<revision>/<file> links to
+// ../../blobs/<hash>. Empty for any other directory.
+fs::path HubBlobsOf(const fs::path& canonical_dir) {
+  const fs::path snapshots = canonical_dir.parent_path();
+  if (snapshots.filename() != "snapshots") return {};
+  return snapshots.parent_path() / "blobs";
+}
+
+bool IsInside(const fs::path& path, const fs::path& dir) {
+  if (dir.empty()) return false;
+  std::string d = dir.string();
+  if (d.back() != '/') d += '/';
+  const std::string p = path.string();
+  return p.size() > d.size() && absl::StartsWith(p, d);
+}
+
+// One file of the model directory, or nullopt when there is none by that name. The path the open
+// landed on (/proc/self/fd: after every symbolic link, without a race between a check and the
+// open) must lie inside the directory or the hub's blobs.
+absl::StatusOr<std::optional<std::string>> ReadModelFile(const fs::path& dir, const fs::path& blobs,
+                                                         const std::string& name, uint64_t max_bytes) {
+  const std::string path = (dir / name).string();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::optional<std::string>();  // absent, or a link to nothing
+    return ErrnoStatus(absl::StrCat("open model file ", path), errno);
+  }
+  absl::Cleanup close_fd = [fd] { ::close(fd); };
+  char target[4096];
+  const ssize_t len = ::readlink(absl::StrCat("/proc/self/fd/", fd).c_str(), target, sizeof(target) - 1);
+  if (len <= 0) return ErrnoStatus(absl::StrCat("resolve model file ", path), len < 0 ? errno : EIO);
+  const fs::path real(std::string(target, static_cast<size_t>(len)));
+  if (!IsInside(real, dir) && !IsInside(real, blobs)) {
+    return absl::InvalidArgumentError(absl::StrCat("model file ", path, " is a symbolic link to ", real.string(),
+                                                   ", outside the model directory ", dir.string(),
+                                                   ": copy the file into the directory"));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(absl::StrCat("stat ", path), errno);
+  if (!S_ISREG(st.st_mode))
+    return absl::InvalidArgumentError(absl::StrCat("model file ", path, " is not a regular file"));
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model file ", path, " is ", st.st_size, " bytes: tokenizer files and ", "generation_config.json may have ",
+        kMaxModelDirFileBytes, " bytes each and ", kMaxModelDirFilesBytes, " together"));
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    const ssize_t n = ::pread(fd, out.data() + got, out.size() - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(absl::StrCat("read ", path), errno);
+    if (n == 0) break;  // shrank while read: what is there
+    got += static_cast<size_t>(n);
+  }
+  out.resize(got);
+  return std::optional<std::string>(std::move(out));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ModelDirFile>> ReadModelDirFiles(const std::string& model_dir) {
+  std::error_code ec;
+  const fs::path dir = fs::canonical(model_dir, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat("model directory ", model_dir, ": ", ec.message()));
+  const fs::path blobs = HubBlobsOf(dir);
+  std::vector<ModelDirFile> files;
+  uint64_t total = 0;
+  for (const char* name : kModelDirFileNames) {
+    ASSIGN_OR_RETURN(std::optional<std::string> content,
+                     ReadModelFile(dir, blobs, name, std::min(kMaxModelDirFileBytes, kMaxModelDirFilesBytes - total)));
+    if (!content) continue;
+    total += content->size();
+    files.push_back({name, std::move(*content)});
+  }
+  return files;
+}
+
+std::string GenerationConfigFromConfig(const std::string& config_json) {
+  const nlohmann::json config = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  nlohmann::ordered_json g = nlohmann::ordered_json::object();
+  g["_from_model_config"] = true;
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    if (!config.is_object() || !config.contains(key)) continue;
+    const nlohmann::json& v = config[key];
+    // A token id, or a list of them (Llama 3's eos); null and anything else is left out.
+    const bool ids = v.is_number_integer() ||
+                     (v.is_array() && !v.empty() &&
+                      std::all_of(v.begin(), v.end(), [](const nlohmann::json& x) { return x.is_number_integer(); }));
+    if (ids) g[key] = v;
+  }
+  return g.dump(2) + "\n";
+}
+
+}  // namespace slidedp::checkpoint

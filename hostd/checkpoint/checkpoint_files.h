@@ -1,0 +1,71 @@
+// Pieces of the checkpoint directory format shared by the save (checkpoint_store.cc) and the
+// export (model_export.cc): durable small files, the HF weight files (sharded with HF's index
+// above a size), the unit layout signature of optimizer.safetensors, and the files beside the
+// weights that make a directory one transformers loads (tokenizer, generation_config.json).
+// Internal to ckpt_lib; checkpoint.h is the interface.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model/qwen3_config.h"
+#include "common/safetensors/safetensors.h"
+#include "hostd/checkpoint/checkpoint.h"
+#include "nlohmann/json.hpp"
+
+namespace slidedp::checkpoint::internal {
+
+inline constexpr char kDirPrefix[] = "checkpoint-";
+
+// Step of a "checkpoint-<N>" directory name, or -1.
+int64_t StepOfDirName(const std::string& name);
+
+absl::Status FsyncPath(const std::string& path, int flags);
+// Creates (or truncates) path with `content`, fsynced.
+absl::Status WriteSmallFile(const std::string& path, const std::string& content);
+// A checkpoint's JSON metadata file (bounded, regular files only), DATA_LOSS unless an object.
+absl::StatusOr<nlohmann::json> ReadJsonObject(const std::string& path);
+
+// The unit/tensor table stored with the optimizer state, so a resume into a different layout is
+// refused instead of silently misplacing values; and the optimizer state's tensor names.
+std::string LayoutSignature(const ModelLayout& layout);
+std::string StateTensorName(const UnitLayout& u, const char* kind);
+
+// One safetensors file to write.
+struct PlannedFile {
+  std::string name;
+  std::vector<safetensors::TensorSource> tensors;
+  std::map<std::string, std::string> metadata;
+  uint64_t data_bytes() const;
+};
+
+// The unit's FP32 master values (layout.units[unit].numel floats, 4-byte aligned), read only.
+using ConstUnitArrayFn = std::function<const float*(int unit)>;
+
+// The HF weight files of the layout's tensors from the master (BF16: round to nearest even, or
+// F32): "model.safetensors" when the weights take at most shard_max_bytes, else
+// "model-0000i-of-0000n.safetensors", each at most shard_max_bytes unless one tensor is larger
+// (HF's save_pretrained splits the same way). A tied model has no lm_head.weight.
+std::vector<PlannedFile> PlanWeightFiles(const ModelLayout& layout, const ConstUnitArrayFn& master, WeightDtype dtype,
+                                         uint64_t shard_max_bytes);
+// Writes them into dir, and model.safetensors.index.json ({"metadata": {"total_size": bytes},
+// "weight_map": {tensor: file}}) when there are several; every file fsynced. Returns the bytes
+// written.
+absl::StatusOr<uint64_t> WriteWeightFiles(const std::string& dir, const std::vector<PlannedFile>& files,
+                                          int io_threads);
+
+// config.json of a layout's weights saved as `dtype` (torch_dtype says which).
+std::string ConfigJsonFor(const ModelLayout& layout, WeightDtype dtype);
+
+// Writes `files` (ReadModelDirFiles' result; may be null) into dir, and a generation_config.json
+// made from config_json (GenerationConfigFromConfig) when they hold none. Returns the bytes
+// written.
+absl::StatusOr<uint64_t> WriteModelDirFiles(const std::string& dir, const std::vector<ModelDirFile>* files,
+                                            const std::string& config_json);
+
+}  // namespace slidedp::checkpoint::internal

@@ -1,0 +1,226 @@
+// ExportModel (`slidedp export`): a checkpoint's HF model directory without the optimizer state,
+// written next to its destination and renamed into place (checkpoint.h).
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/io/small_file.h"
+#include "common/numeric/finite.h"
+#include "common/safetensors/safetensors.h"
+#include "common/status/status_macros.h"
+#include "glog/logging.h"
+#include "hostd/checkpoint/checkpoint.h"
+#include "hostd/checkpoint/checkpoint_files.h"
+
+namespace slidedp::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+namespace st = safetensors;
+
+constexpr char kTmpPrefix[] = ".tmp-export-";
+
+// The checkpoint-<N> directory a request names: itself, or the newest complete one below it.
+absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", path, " is not a directory"));
+  }
+  const fs::path p = fs::absolute(path).lexically_normal();
+  const fs::path named = p.filename().empty() ? p.parent_path() : p;
+  if (internal::StepOfDirName(named.filename().string()) >= 0) {
+    RETURN_IF_ERROR(VerifyCheckpoint(named.string()).status());
+    return named.string();
+  }
+  return FindLatestCheckpoint(named.string());
+}
+
+// Removes <parent>/.tmp-export-<name>-<pid> directories of processes that are gone.
+void CleanStaleExports(const fs::path& parent, const std::string& name) {
+  const std::string prefix = absl::StrCat(kTmpPrefix, name, "-");
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    const std::string n = entry.path().filename().string();
+    int64_t pid = 0;
+    if (!absl::StartsWith(n, prefix) || !absl::SimpleAtoi(n.substr(prefix.size()), &pid) || pid <= 0) continue;
+    if (pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    LOG(INFO) << "removing stale partial export " << entry.path();
+    std::error_code rec;
+    fs::remove_all(entry.path(), rec);
+  }
+}
+
+// What the destination is now.
+enum class Destination { kAbsent, kEmptyDir, kModelDir, kOther };
+
+absl::StatusOr<Destination> DestinationOf(const fs::path& out) {
+  std::error_code ec;
+  const fs::file_status s = fs::symlink_status(out, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    return ErrnoStatus(absl::StrCat("stat ", out.string()), ec.value());
+  }
+  if (!fs::exists(s)) return Destination::kAbsent;
+  if (!fs::is_directory(s)) return Destination::kOther;
+  if (fs::is_empty(out, ec)) return Destination::kEmptyDir;
+  return fs::is_regular_file(fs::symlink_status(out / "config.json", ec)) ? Destination::kModelDir
+                                                                          : Destination::kOther;
+}
+
+// The checkpoint's config.json for weights of `dtype`: its text as it is when the dtype is the
+// checkpoint's, else with torch_dtype (and transformers 5's `dtype`, where present) changed.
+absl::StatusOr<std::string> ExportedConfig(const std::string& text, const std::string& path, WeightDtype dtype) {
+  const char* name = dtype == WeightDtype::kBF16 ? "bfloat16" : "float32";
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::DataLossError(absl::StrCat(path, ": not a JSON object"));
+  if (j.value("torch_dtype", "") == name && (!j.contains("dtype") || j["dtype"] == name)) return text;
+  j["torch_dtype"] = name;
+  if (j.contains("dtype")) j["dtype"] = name;
+  return j.dump(2) + "\n";
+}
+
+// The FP32 master of every unit, checked: present as F32 [numel], 4-byte aligned in the mapping
+// (a hostile header may place it anywhere), finite.
+absl::StatusOr<std::vector<const float*>> MasterArrays(const st::SafetensorsFile& file, const ModelLayout& layout) {
+  auto sig = file.metadata().find("layout");
+  if (sig == file.metadata().end() || sig->second != internal::LayoutSignature(layout)) {
+    return absl::DataLossError(absl::StrCat(
+        file.path(), ": its unit layout is not the one its config.json gives (the checkpoint is damaged)"));
+  }
+  std::vector<const float*> masters;
+  for (const UnitLayout& unit : layout.units) {
+    const std::string name = internal::StateTensorName(unit, "master");
+    const st::TensorInfo* t = file.Find(name);
+    if (t == nullptr || t->dtype != st::Dtype::kF32 || t->shape != std::vector<int64_t>{unit.numel}) {
+      return absl::DataLossError(absl::StrCat(file.path(), ": tensor \"", name, "\" is ",
+                                              t == nullptr ? "missing" : "not F32 of the unit's size", " (F32 [",
+                                              unit.numel, "] expected)"));
+    }
+    const char* bytes = file.Bytes(*t).data();
+    if (reinterpret_cast<uintptr_t>(bytes) % alignof(float) != 0) {
+      return absl::DataLossError(absl::StrCat(file.path(), ": tensor \"", name, "\" is not 4-byte aligned"));
+    }
+    const float* master = reinterpret_cast<const float*>(bytes);
+    for (const TensorSlot& slot : unit.tensors) {
+      if (const int64_t bad = FirstNonFinite(master + slot.offset_numel, slot.numel); bad >= 0) {
+        return absl::DataLossError(
+            absl::StrCat(file.path(), ": tensor \"", name, "\" holds ", master[slot.offset_numel + bad], " at ",
+                         DescribeUnitElement(unit, slot.offset_numel + bad), "; exported weights must be finite"));
+      }
+    }
+    masters.push_back(master);
+  }
+  return masters;
+}
+
+}  // namespace
+
+absl::StatusOr<ExportResult> ExportModel(const ExportRequest& req) {
+  if (req.out_dir.empty()) return absl::InvalidArgumentError("export: no destination directory");
+  if (req.shard_max_bytes == 0) return absl::InvalidArgumentError("export: the shard size must be positive");
+  ASSIGN_OR_RETURN(const std::string ckpt, ResolveCheckpoint(req.checkpoint));
+  const fs::path out = fs::absolute(req.out_dir).lexically_normal();
+  const fs::path out_dir = out.filename().empty() ? out.parent_path() : out;
+
+  // The destination, checked before any work (and again by the rename itself).
+  ASSIGN_OR_RETURN(const Destination existing, DestinationOf(out_dir));
+  if (existing == Destination::kOther) {
+    return absl::FailedPreconditionError(absl::StrCat("export: ", out_dir.string(),
+                                                      " exists and is not a model directory (no config.json) or an "
+                                                      "empty directory; choose another --to"));
+  }
+  if (existing == Destination::kModelDir) {
+    if (req.existing != ExportRequest::Existing::kReplace) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("export: ", out_dir.string(), " exists and is not empty; give --force to replace it"));
+    }
+    std::error_code ec;
+    const fs::path real_out = fs::canonical(out_dir, ec);
+    const fs::path real_ckpt = fs::canonical(ckpt, ec);
+    const std::string o = real_out.string() + "/";
+    if (real_out == real_ckpt || absl::StartsWith(real_ckpt.string() + "/", o)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("export: ", out_dir.string(), " is or holds the checkpoint ", ckpt, "; it is not replaced"));
+    }
+  }
+
+  // The checkpoint: config, master, dtype, tokenizer files.
+  const std::string config_path = ckpt + "/config.json";
+  ASSIGN_OR_RETURN(const std::string config_text, ReadSmallFile(config_path, kMaxConfigFileBytes, "model config"));
+  absl::StatusOr<Qwen3Config> config = Qwen3Config::FromJson(config_text);
+  if (!config.ok()) return Annotate(config.status(), config_path);
+  const ModelLayout layout = ModelLayout::Build(*config);
+  ASSIGN_OR_RETURN(nlohmann::json state, internal::ReadJsonObject(ckpt + "/trainer_state.json"));
+  WeightDtype dtype = state.value("weights_dtype", "bfloat16") == "float32" ? WeightDtype::kF32 : WeightDtype::kBF16;
+  if (req.dtype) dtype = *req.dtype;
+  ASSIGN_OR_RETURN(auto optimizer, st::SafetensorsFile::Open(ckpt + "/optimizer.safetensors"));
+  ASSIGN_OR_RETURN(std::vector<const float*> masters, MasterArrays(*optimizer, layout));
+  ASSIGN_OR_RETURN(std::vector<ModelDirFile> model_files, ReadModelDirFiles(ckpt));
+
+  std::error_code ec;
+  const fs::path parent = out_dir.parent_path();
+  fs::create_directories(parent, ec);
+  if (ec) return ErrnoStatus(absl::StrCat("export: create ", parent.string()), ec.value());
+  const std::string name = out_dir.filename().string();
+  CleanStaleExports(parent, name);
+  const fs::path tmp = parent / absl::StrCat(kTmpPrefix, name, "-", ::getpid());
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directory(tmp, ec) || ec) {
+    return ErrnoStatus(absl::StrCat("export: create ", tmp.string()), ec ? ec.value() : EEXIST);
+  }
+  auto abandon = [&](const absl::Status& s) {
+    std::error_code rec;
+    fs::remove_all(tmp, rec);
+    return Annotate(s, absl::StrCat("exporting ", ckpt, " to ", out_dir.string()));
+  };
+
+  ExportResult result;
+  result.checkpoint = ckpt;
+  result.step = internal::StepOfDirName(fs::path(ckpt).filename().string());
+  result.dir = out_dir.string();
+  result.dtype = dtype;
+  ASSIGN_OR_RETURN(const std::string config_json, ExportedConfig(config_text, config_path, dtype));
+  absl::Status written = internal::WriteSmallFile((tmp / "config.json").string(), config_json);
+  if (!written.ok()) return abandon(written);
+  const std::vector<internal::PlannedFile> weights = internal::PlanWeightFiles(
+      layout, [&masters](int unit) { return masters[unit]; }, dtype, req.shard_max_bytes);
+  absl::StatusOr<uint64_t> weight_bytes = internal::WriteWeightFiles(tmp.string(), weights, req.io_threads);
+  if (!weight_bytes.ok()) return abandon(weight_bytes.status());
+  absl::StatusOr<uint64_t> side_bytes = internal::WriteModelDirFiles(tmp.string(), &model_files, config_json);
+  if (!side_bytes.ok()) return abandon(side_bytes.status());
+  result.bytes_written = config_json.size() + *weight_bytes + *side_bytes;
+  written = internal::FsyncPath(tmp.string(), O_RDONLY | O_DIRECTORY);
+  if (!written.ok()) return abandon(written);
+  for (const auto& entry : fs::directory_iterator(tmp, ec)) result.files.push_back(entry.path().filename().string());
+  std::sort(result.files.begin(), result.files.end());
+
+  // Into place: a rename (onto nothing or an empty directory), or an exchange with the model
+  // directory it replaces, which then goes; either way the destination is whole at every moment.
+  ASSIGN_OR_RETURN(const Destination now, DestinationOf(out_dir));
+  if (now == Destination::kModelDir && req.existing == ExportRequest::Existing::kReplace) {
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out_dir.c_str(), RENAME_EXCHANGE) != 0) {
+      return abandon(ErrnoStatus(absl::StrCat("exchange ", tmp.string(), " with ", out_dir.string()), errno));
+    }
+    result.replaced = true;
+    fs::remove_all(tmp, ec);  // the replaced directory
+    if (ec) LOG(WARNING) << "export: removing the replaced " << tmp << ": " << ec.message();
+  } else if (::rename(tmp.c_str(), out_dir.c_str()) != 0) {
+    const int err = errno;
+    if (err == ENOTEMPTY || err == EEXIST || err == ENOTDIR) {
+      return abandon(absl::FailedPreconditionError(
+          absl::StrCat("export: ", out_dir.string(), " appeared or changed while exporting; nothing was replaced")));
+    }
+    return abandon(ErrnoStatus(absl::StrCat("rename ", tmp.string(), " to ", out_dir.string()), err));
+  }
+  RETURN_IF_ERROR(internal::FsyncPath(parent.string(), O_RDONLY | O_DIRECTORY));
+  LOG(INFO) << "exported " << ckpt << " to " << result.dir << ": " << result.bytes_written << " bytes";
+  return result;
+}
+
+}  // namespace slidedp::checkpoint
