@@ -286,8 +286,11 @@ part_graddiff() {
 
 part_curves() {
   find_cudnn
-  text_dataset
   local model=${CURVES_MODEL:-qwen3-0.6b} pre det refs
+  case $model in  # a Llama 3 preset trains on text in Llama 3's vocabulary
+    llama3*) export SUITE_DS=/tmp/ds-llama3 SUITE_TOKENIZER=tests/data/chat_templates/llama3 ;;
+  esac
+  text_dataset
   case $model in
     qwen3-0.6b) pre=250 det=0 refs="bf16-autocast bf16-mirror-fp32-norms" ;;  # session 5: 3.5e-4
     qwen3-1.7b) pre=160 det=1 refs="bf16-autocast" ;;  # session 8: 4.5e-4 on the deterministic pretrain
@@ -335,6 +338,7 @@ part_curves() {
   done
   local first=${refs%% *} size=${model#qwen3-}
   local what="Qwen3-${size^^} $steps steps, pretrain $pre"
+  [ "$size" = "$model" ] && what="$model $steps steps, pretrain $pre"
   [ "$det" = 1 ] && what="$what (deterministic)"
   dry || python3 tools/verify/compare_curves.py "$part_dir/ours.jsonl" "$part_dir/hf-$first.json" --tol "$CURVES_TOL" \
     --json "$part_dir/cmp-ours-$first.json" > "$part_dir/cmp-ours-$first.log" 2>&1

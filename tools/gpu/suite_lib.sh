@@ -64,13 +64,16 @@ stage() {
 # files over 200 bytes, sorted) tokenized with the Qwen3 tokenizer, packed into rows of 1,024
 # tokens in /tmp/ds/train. Made once per machine (/tmp/ds/.ready), so later parts and calls on a
 # warm machine share it.
+# SUITE_TOKENIZER (a tokenizer directory, default the Qwen3 one) and SUITE_DS (default /tmp/ds) pick
+# another vocabulary, e.g. Llama 3's for a llama preset (part curves sets them).
 text_dataset() {
-  [ -f /tmp/ds/.ready ] && return 0
+  local ds=${SUITE_DS:-/tmp/ds} tok=${SUITE_TOKENIZER:-tests/data/tokenizer/qwen3}
+  [ -f "$ds/.ready" ] && return 0
   if dry; then
-    echo "DRY  text_dataset: the Python standard library's sources -> slidedp prepare -> /tmp/ds/train"
+    echo "DRY  text_dataset: the Python standard library's sources -> slidedp prepare ($tok) -> $ds/train"
     return 0
   fi
-  stage text_dataset 90 bash -c 'python3 - <<PY
+  stage text_dataset 90 env DS="$ds" TOK="$tok" bash -c 'python3 - <<PY
 import glob, json
 with open("/tmp/corpus.jsonl", "w") as f:
     for p in sorted(glob.glob("/usr/lib/python3*/**/*.py", recursive=True))[:3000]:
@@ -78,7 +81,7 @@ with open("/tmp/corpus.jsonl", "w") as f:
         except Exception: continue
         if len(t) > 200: f.write(json.dumps({"text": t}) + "\n")
 PY
-slidedp prepare --model tests/data/tokenizer/qwen3 --input /tmp/corpus.jsonl --output /tmp/ds --seq-len 1024 --pack --overwrite && touch /tmp/ds/.ready'
+slidedp prepare --model "$TOK" --input /tmp/corpus.jsonl --output "$DS" --seq-len 1024 --pack --overwrite && touch "$DS/.ready"'
 }
 
 # spec_stable_pretrain DIR PRESET STEPS RUNTIME_EXTRA: DIR/pre.yaml, the steadier regime's pretrain
@@ -88,7 +91,7 @@ spec_stable_pretrain() {
   cat > "$1/pre.yaml" <<YAML
 name: stable-pre
 model: {preset: $2, init_seed: 0}
-data: {path: /tmp/ds/train}
+data: {path: ${SUITE_DS:-/tmp/ds}/train}
 output: {dir: $1/pre, save_final: true, save_dtype: fp32}
 train: {seq_len: 1024, global_batch: 32, micro_batch: 8, steps: $3, seed: 0, max_grad_norm: 1.0}
 optimizer: {lr: 3.0e-4, weight_decay: 0.01}
@@ -104,7 +107,7 @@ spec_short_pretrain() {
   cat > "$1/pre.yaml" <<YAML
 name: short-pre
 model: {preset: $2, init_seed: 0}
-data: {path: /tmp/ds/train}
+data: {path: ${SUITE_DS:-/tmp/ds}/train}
 output: {dir: $1/pre, save_final: true, save_dtype: fp32}
 train: {seq_len: 1024, global_batch: 8, micro_batch: 4, steps: $3, seed: 0, max_grad_norm: 1.0}
 optimizer: {lr: 1.0e-4, weight_decay: 0.01}
@@ -121,7 +124,7 @@ spec_finetune() {
   cat > "$1/ft.yaml" <<YAML
 name: ft
 model: {$2}
-data: {path: /tmp/ds/train}
+data: {path: ${SUITE_DS:-/tmp/ds}/train}
 output: {dir: $1/ft, ${5:-save_final: false}}
 train: {seq_len: 1024, global_batch: 8, micro_batch: 4, steps: $3, seed: 1, max_grad_norm: 1.0}
 optimizer: {lr: 1.0e-5, weight_decay: 0.01}
@@ -137,7 +140,7 @@ spec_short_job() {
   cat > "$1" <<YAML
 name: short
 model: {preset: $2, init_seed: 0}
-data: {path: /tmp/ds/train}
+data: {path: ${SUITE_DS:-/tmp/ds}/train}
 output: {dir: $4, save_final: false}
 train: {seq_len: 1024, global_batch: 8, micro_batch: 4, steps: $3, seed: 0, max_grad_norm: 1.0}
 optimizer: {lr: 1.0e-4, weight_decay: 0.01}
