@@ -17,7 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "worker/compute/backend.h"
 #include "worker/compute/cuda/cuda_backend.h"
 #include "worker/kernels/attention.h"
@@ -176,7 +176,7 @@ void MeasureCeilings(GemmRunner& gemm) {
 // cuDNN's fused attention (attn_*_causal_cudnn rows); null when libcudnn is unavailable.
 kernels::CudnnAttention* g_cudnn = nullptr;
 
-void BenchOps(GemmRunner& gemm, const std::string& model, const Qwen3Config& c, int64_t T) {
+void BenchOps(GemmRunner& gemm, const std::string& model, const ModelConfig& c, int64_t T) {
   Arena ar;
   const int64_t H = c.hidden_size, I = c.intermediate_size, qd = c.q_dim(), kvd = c.kv_dim(), QKV = qd + 2 * kvd;
   const int nq = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
@@ -388,7 +388,7 @@ MicroBatch PackedBatch(int64_t tokens, int64_t doc_len, int64_t vocab) {
   return mb;
 }
 
-void BenchLayer(const Qwen3Config& c, int64_t T, int64_t doc_len, bool fp32_residual) {
+void BenchLayer(const ModelConfig& c, int64_t T, int64_t doc_len, bool fp32_residual) {
   CudaBackendOptions opt;
   opt.fp32_residual = fp32_residual;
   auto be = MakeCudaBackendWithOptions(c, 0, opt);
@@ -456,7 +456,7 @@ void BenchLayer(const Qwen3Config& c, int64_t T, int64_t doc_len, bool fp32_resi
   }
 }
 
-void BenchHead(const Qwen3Config& c, int64_t T) {  // default (FP32) residual stream
+void BenchHead(const ModelConfig& c, int64_t T) {  // default (FP32) residual stream
   const int64_t H = c.hidden_size, V = c.vocab_size;
   for (int fused = 1; fused >= 0; --fused) {
     CudaBackendOptions opt;
@@ -537,11 +537,11 @@ int main(int argc, char** argv) {
     toks = {4096};
   }
   for (const auto& m : models) {
-    auto c = Qwen3Config::Preset(m);
+    auto c = ModelConfig::Preset(m);
     BENCH_CHECK(c.status());
     for (int64_t T : toks) BenchOps(gemm, m, *c, T);
   }
-  auto c8 = Qwen3Config::Preset("qwen3-8b");
+  auto c8 = ModelConfig::Preset("qwen3-8b");
   BENCH_CHECK(c8.status());
   BenchLayer(*c8, quick ? 8192 : 65536, 4096, /*fp32_residual=*/true);
   BenchLayer(*c8, quick ? 8192 : 65536, 4096, /*fp32_residual=*/false);

@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "CLI/CLI.hpp"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "common/status/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "worker/compute/backend.h"
@@ -99,7 +99,7 @@ class ResidentStreamer final : public UnitStreamer {
   int64_t bytes_ = 0;
 };
 
-std::vector<MicroBatch> SyntheticBatches(const Qwen3Config& c, int64_t tokens, int64_t seq, int64_t rows_per_mb) {
+std::vector<MicroBatch> SyntheticBatches(const ModelConfig& c, int64_t tokens, int64_t seq, int64_t rows_per_mb) {
   std::mt19937 rng(1);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
   const int64_t rows = tokens / seq;
@@ -125,7 +125,7 @@ std::vector<MicroBatch> SyntheticBatches(const Qwen3Config& c, int64_t tokens, i
 
 absl::Status Run(const std::string& model, int64_t seq, int64_t tokens, int64_t rows_per_mb, const std::string& policy,
                  int steps, int gpu, double offload_ratio) {
-  ASSIGN_OR_RETURN(Qwen3Config config, Qwen3Config::Preset(model));
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Preset(model));
   const ModelLayout layout = ModelLayout::Build(config);
   if (tokens % seq != 0 || tokens < seq)
     return absl::InvalidArgumentError("--tokens must be a positive multiple of --seq");

@@ -68,6 +68,7 @@ std::string FormatProgress(const v1::Job& job, const v1::StepMetrics& m) {
   std::string line = absl::StrFormat("[%s] step %lld/%lld  loss %.4f  lr %.2e  gnorm %.3f  %.0f tok/s  %.1f TFLOP/s",
                                      bar, static_cast<long long>(m.step()), static_cast<long long>(total), m.loss(),
                                      m.learning_rate(), m.grad_norm(), m.tokens_per_s(), m.model_tflops());
+  if (m.has_mfu()) absl::StrAppendFormat(&line, " (MFU %.0f%%)", 100 * m.mfu());
   if (m.has_eval_loss()) absl::StrAppendFormat(&line, "  val %.4f", m.eval_loss());
   if (m.gpu_peak_bytes() > 0) absl::StrAppendFormat(&line, "  GPU %.1f GiB", m.gpu_peak_bytes() / 1073741824.0);
   if (m.host_state_bytes() > 0) absl::StrAppendFormat(&line, "  host %.1f GiB", m.host_state_bytes() / 1073741824.0);

@@ -299,7 +299,7 @@ int64_t KeptElementsPerToken(const ModelShape& m, uint32_t pieces) {
   return n;
 }
 
-ModelShape ModelShape::Of(const Qwen3Config& c) {
+ModelShape ModelShape::Of(const ModelConfig& c) {
   return {ModelTypeName(c.family), c.hidden_size,       c.num_hidden_layers, c.num_attention_heads,
           c.num_key_value_heads,   c.head_dim,          c.intermediate_size, c.vocab_size};
 }
@@ -420,7 +420,7 @@ std::string LayerLayout::ToYaml() const {
   return std::string(e.c_str()) + "\n";
 }
 
-absl::Status LayerLayout::CheckModel(const Qwen3Config& config) const {
+absl::Status LayerLayout::CheckModel(const ModelConfig& config) const {
   const ModelShape have = ModelShape::Of(config);
   if (model.model_type != have.model_type) {
     return absl::FailedPreconditionError(absl::StrCat("runtime.policy was made for model.model_type ", model.model_type,

@@ -30,7 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "common/policy/layer_pieces.h"
 #include "yaml-cpp/yaml.h"
 
@@ -71,7 +71,7 @@ struct ModelShape {
   int64_t head_dim = 0;
   int64_t intermediate_size = 0;
   int64_t vocab_size = 0;
-  static ModelShape Of(const Qwen3Config& c);
+  static ModelShape Of(const ModelConfig& c);
   bool operator==(const ModelShape& o) const;
 };
 
@@ -153,7 +153,7 @@ struct LayerLayout {
   static absl::StatusOr<LayerLayout> Load(const std::string& path);
   std::string ToYaml() const;
   // FAILED_PRECONDITION naming the first size that differs from `config`, or the layer count.
-  absl::Status CheckModel(const Qwen3Config& config) const;
+  absl::Status CheckModel(const ModelConfig& config) const;
   // FAILED_PRECONDITION when the layout names a device other than `device_name`.
   absl::Status CheckDevice(const std::string& device_name) const;
   bool operator==(const LayerLayout& o) const;

@@ -25,7 +25,7 @@ layers:
   - {kind: keep_all}
 )";
 
-Qwen3Config Tiny() { return *Qwen3Config::Preset("tiny"); }
+ModelConfig Tiny() { return *ModelConfig::Preset("tiny"); }
 
 TEST(LayerPolicy, ParsesAndRoundTrips) {
   auto l = LayerLayout::Parse(kTwoLayers, "p.yaml");
@@ -132,7 +132,7 @@ TEST(LayerPolicy, MalformedFilesAreInvalidArgumentNamingTheProblem) {
 TEST(LayerPolicy, AnotherModelOrDeviceIsAFailedPreconditionNamingIt) {
   auto l = LayerLayout::Parse(kTwoLayers, "p.yaml");
   ASSERT_TRUE(l.ok()) << l.status();
-  Qwen3Config other = Tiny();
+  ModelConfig other = Tiny();
   other.intermediate_size = 256;
   absl::Status s = l->CheckModel(other);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);

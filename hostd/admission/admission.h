@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "shm/grad_ring.h"
 #include "shm/job_state.h"
 

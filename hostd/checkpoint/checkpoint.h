@@ -51,7 +51,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "hostd/update/adamw_state.h"
 #include "nlohmann/json.hpp"
 
@@ -250,6 +250,6 @@ absl::StatusOr<ExportResult> ExportModel(const ExportRequest& request);
 
 // Config fields that decide tensor shapes and numerics; "" when a and b agree, else a message
 // naming the first differing field and both values.
-std::string DescribeConfigMismatch(const Qwen3Config& file, const Qwen3Config& layout);
+std::string DescribeConfigMismatch(const ModelConfig& file, const ModelConfig& layout);
 
 }  // namespace slidedp::checkpoint

@@ -168,7 +168,7 @@ absl::StatusOr<uint64_t> WriteWeightFiles(const std::string& dir, const std::vec
 }
 
 std::string ConfigJsonFor(const ModelLayout& layout, WeightDtype dtype) {
-  Qwen3Config config = layout.config;
+  ModelConfig config = layout.config;
   config.torch_dtype = dtype == WeightDtype::kBF16 ? "bfloat16" : "float32";
   return config.ToJson();
 }

@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "common/safetensors/safetensors.h"
 #include "hostd/checkpoint/checkpoint.h"
 #include "nlohmann/json.hpp"

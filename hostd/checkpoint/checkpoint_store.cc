@@ -691,7 +691,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const Mo
         "LoadCheckpoint: the master and moments accessors and a moment_dtype are required");
   }
   ASSIGN_OR_RETURN(int64_t step, VerifyCheckpoint(dir));
-  ASSIGN_OR_RETURN(Qwen3Config config, Qwen3Config::FromFile(dir + "/config.json"));
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(dir + "/config.json"));
   if (std::string m = DescribeConfigMismatch(config, layout.config); !m.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(dir, "/config.json: ", m));
   }

@@ -20,13 +20,13 @@ namespace {
 
 using namespace slidedp;
 
-absl::StatusOr<Qwen3Config> ConfigFrom(const std::string& preset_or_dir) {
-  if (auto p = Qwen3Config::Preset(preset_or_dir); p.ok()) return p;
-  return Qwen3Config::FromFile(preset_or_dir + "/config.json");
+absl::StatusOr<ModelConfig> ConfigFrom(const std::string& preset_or_dir) {
+  if (auto p = ModelConfig::Preset(preset_or_dir); p.ok()) return p;
+  return ModelConfig::FromFile(preset_or_dir + "/config.json");
 }
 
 int LoadHf(const std::string& dir) {
-  auto config = Qwen3Config::FromFile(dir + "/config.json");
+  auto config = ModelConfig::FromFile(dir + "/config.json");
   if (!config.ok()) {
     std::cerr << config.status() << "\n";
     return 1;
@@ -150,7 +150,7 @@ int SaveRandom(const std::string& root, const std::string& model, int64_t step, 
 }
 
 int Load(const std::string& dir, const std::string& state_dtype, int threads) {
-  auto config = Qwen3Config::FromFile(dir + "/config.json");
+  auto config = ModelConfig::FromFile(dir + "/config.json");
   auto moments = update::ParseStateDtype(state_dtype);
   if (!config.ok() || !moments.ok()) {
     std::cerr << (config.ok() ? moments.status() : config.status()) << "\n";

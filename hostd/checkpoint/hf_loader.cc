@@ -116,7 +116,7 @@ absl::Status OpenShards(const std::string& dir, std::vector<std::unique_ptr<Safe
 
 }  // namespace
 
-std::string DescribeConfigMismatch(const Qwen3Config& a, const Qwen3Config& b) {
+std::string DescribeConfigMismatch(const ModelConfig& a, const ModelConfig& b) {
   auto differ = [](const char* field, auto x, auto y) -> std::string {
     if (x == y) return "";
     return absl::StrCat(field, " is ", x, " in the checkpoint but ", y, " in the job's model");
@@ -147,7 +147,7 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
   if (!fs::is_directory(model_dir, ec))
     return absl::NotFoundError(absl::StrCat("model directory ", model_dir, " not found"));
   const std::string config_path = model_dir + "/config.json";
-  ASSIGN_OR_RETURN(Qwen3Config config, Qwen3Config::FromFile(config_path));
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(config_path));
   if (std::string m = DescribeConfigMismatch(config, layout.config); !m.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", m));
   }

@@ -153,7 +153,7 @@ absl::StatusOr<ExportResult> ExportModel(const ExportRequest& req) {
   // The checkpoint: config, master, dtype, tokenizer files.
   const std::string config_path = ckpt + "/config.json";
   ASSIGN_OR_RETURN(const std::string config_text, ReadSmallFile(config_path, kMaxConfigFileBytes, "model config"));
-  absl::StatusOr<Qwen3Config> config = Qwen3Config::FromJson(config_text);
+  absl::StatusOr<ModelConfig> config = ModelConfig::FromJson(config_text);
   if (!config.ok()) return Annotate(config.status(), config_path);
   const ModelLayout layout = ModelLayout::Build(*config);
   ASSIGN_OR_RETURN(nlohmann::json state, internal::ReadJsonObject(ckpt + "/trainer_state.json"));

@@ -54,7 +54,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "hostd/engine/job_plan.h"
 #include "hostd/engine/step_updates.h"
 #include "hostd/engine/undo_arena.h"

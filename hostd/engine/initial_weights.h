@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/jobspec/job_spec.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "hostd/checkpoint/checkpoint.h"
 #include "hostd/core/host_core.h"
 #include "hostd/update/adamw_state.h"

@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/jobspec/job_spec.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "hostd/admission/admission.h"
 #include "shm/grad_ring.h"
 #include "slidedp/v1/slidedp.pb.h"

@@ -26,7 +26,7 @@ constexpr const char* kKeyPrefix = "# key: ";
 
 }  // namespace
 
-std::string PolicyCache::KeyText(const JobSpec& spec, const Qwen3Config& config,
+std::string PolicyCache::KeyText(const JobSpec& spec, const ModelConfig& config,
                                  absl::Span<const v1::WorkerHello> workers) {
   // Every runtime setting but the policy: each can change the working set or the step's costs.
   YAML::Node runtime = YAML::Clone(YAML::Load(spec.ToYaml())["runtime"]);
@@ -52,7 +52,7 @@ std::string PolicyCache::PathOf(const std::string& key_text) const {
   return (std::filesystem::path(dir_) / absl::StrCat(absl::Hex(Fnv1a(key_text), absl::kZeroPad16), ".yaml")).string();
 }
 
-std::optional<LayerLayout> PolicyCache::Find(const std::string& key_text, const Qwen3Config& config,
+std::optional<LayerLayout> PolicyCache::Find(const std::string& key_text, const ModelConfig& config,
                                              const v1::WorkerHello& worker, std::string* why_not) const {
   why_not->clear();
   if (!enabled()) return std::nullopt;
@@ -88,7 +88,7 @@ std::optional<LayerLayout> PolicyCache::Find(const std::string& key_text, const 
 }
 
 absl::Status PolicyCache::Store(const std::string& key_text, const std::string& policy_yaml,
-                                const Qwen3Config& config) const {
+                                const ModelConfig& config) const {
   if (!enabled()) return absl::OkStatus();
   ASSIGN_OR_RETURN(LayerLayout layout, LayerLayout::Parse(policy_yaml, "AutoPolicy's report"));
   RETURN_IF_ERROR(layout.CheckModel(config));

@@ -17,7 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/jobspec/job_spec.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "common/policy/layer_policy.h"
 #include "slidedp/v1/slidedp.pb.h"
 
@@ -29,16 +29,16 @@ class PolicyCache {
   bool enabled() const { return !dir_.empty(); }
 
   // The key's text (what it depends on, one line) and its file.
-  static std::string KeyText(const JobSpec& spec, const Qwen3Config& config,
+  static std::string KeyText(const JobSpec& spec, const ModelConfig& config,
                              absl::Span<const v1::WorkerHello> workers);
   std::string PathOf(const std::string& key_text) const;
 
   // The cached layout for `key_text`, if one exists made by `build` for this model and device;
   // otherwise nullopt, with *why_not saying why (empty: no entry).
-  std::optional<LayerLayout> Find(const std::string& key_text, const Qwen3Config& config,
+  std::optional<LayerLayout> Find(const std::string& key_text, const ModelConfig& config,
                                   const v1::WorkerHello& worker, std::string* why_not) const;
   // Stores a policy file's text (checked: it parses, fits the model and carries measurements).
-  absl::Status Store(const std::string& key_text, const std::string& policy_yaml, const Qwen3Config& config) const;
+  absl::Status Store(const std::string& key_text, const std::string& policy_yaml, const ModelConfig& config) const;
 
  private:
   std::string dir_;

@@ -44,6 +44,22 @@ StepRecord MakeStepRecord(int64_t step, const std::vector<v1::StepDone>& reports
   return r;
 }
 
+double DenseBf16PeakTflops(const std::string& name) {
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  if (has("GH200")) return 989.4;
+  if (has("H200") || has("H100")) {
+    if (has("NVL")) return 835;
+    if (has("PCIe")) return 756;
+    return 989.4;  // SXM
+  }
+  if (has("B200")) return 2250;
+  if (has("A100")) return 312;
+  if (has("L40S")) return 362;
+  if (has("L40")) return 181;
+  if (has("L4")) return 121;
+  return 0;
+}
+
 MetricsFile::MetricsFile(const std::string& output_dir, const std::string& job_id)
     : out_(std::filesystem::path(output_dir) / absl::StrCat("metrics-", job_id, ".jsonl"), std::ios::app) {}
 
@@ -93,6 +109,7 @@ void MetricsFile::Append(const StepRecord& r, absl::Time now, const JobPlan& pla
                       {"state_dtype", ToString(spec.state_dtype)},
                       {"param_source", ToString(spec.param_source)},
                       {"param_delivery", ToString(spec.param_delivery)}};
+  if (m.has_mfu()) j["mfu"] = m.mfu();
   if (m.has_eval_loss()) {  // a step the validation pass followed (data.validation)
     j["eval_loss"] = m.eval_loss();
     j["eval_tokens"] = m.eval_tokens();

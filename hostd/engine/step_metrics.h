@@ -40,6 +40,11 @@ StepRecord MakeStepRecord(int64_t step, const std::vector<v1::StepDone>& reports
                           double step_s, double lr, double grad_norm, int64_t total_numel, double flops_per_token,
                           int world, int64_t host_state_bytes);
 
+// The dense BF16 tensor-core peak of a GPU by its CUDA device name, from NVIDIA's datasheets
+// (TFLOP/s, no sparsity): H100/H200 SXM 989.4, H100 NVL / H200 NVL 835, H100 PCIe 756, GH200 989.4,
+// B200 2250, A100 312, L40S 362, L40 181, L4 121; 0 for another (or a CPU) device: no MFU.
+double DenseBf16PeakTflops(const std::string& device_name);
+
 // `<output>/metrics-<job>.jsonl`, appended to (a resumed job continues its file).
 class MetricsFile {
  public:

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "common/jobspec/job_spec.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "common/policy/layer_policy.h"
 #include "hostd/engine/job_plan.h"
 #include "slidedp/v1/slidedp.pb.h"

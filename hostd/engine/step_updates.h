@@ -19,7 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "hostd/update/adamw_kernels.h"
 #include "hostd/update/grad_norm.h"
 #include "hostd/update/layer_adam.h"

@@ -43,9 +43,9 @@
 namespace slidedp::hostd {
 namespace {
 
-absl::StatusOr<Qwen3Config> ModelConfigOf(const JobSpec& spec) {
-  if (!spec.model_preset.empty()) return Qwen3Config::Preset(spec.model_preset);
-  return Qwen3Config::FromFile(spec.model_path + "/config.json");
+absl::StatusOr<ModelConfig> ModelConfigOf(const JobSpec& spec) {
+  if (!spec.model_preset.empty()) return ModelConfig::Preset(spec.model_preset);
+  return ModelConfig::FromFile(spec.model_path + "/config.json");
 }
 
 // optimizer.no_decay as LayerAdam's per-tensor rule (hostd/update/weight_decay.h).
@@ -194,6 +194,7 @@ struct TrainingExecutor::Attempt {
   // micro-batches (common/data/validation.h) and trained tokens; none when validation is empty.
   std::vector<data::FileIdentity> validation_files;
   int64_t validation_micro_batches = 0;
+  double peak_tflops = 0;  // the slowest rank's dense BF16 peak (DenseBf16PeakTflops), 0: unknown
   int64_t validation_tokens = 0;
   // The model's tokenizer files and generation_config.json, read once at the attempt's start (a
   // hostile one fails the job there, not at its first save) and copied into every checkpoint.
@@ -225,7 +226,7 @@ absl::StatusOr<update::LayerAdam*> TrainingExecutor::Adam() {
 
 absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
   RETURN_IF_ERROR(CheckOutputDir(spec.output_dir));
-  ASSIGN_OR_RETURN(Qwen3Config config, ModelConfigOf(spec));
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));
   if (spec.seq_len > config.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("train.seq_len ", spec.seq_len,
                                                    " exceeds the model's max_position_embeddings ",
@@ -335,7 +336,7 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
 }
 
 absl::StatusOr<int64_t> TrainingExecutor::AdoptInterruptedState(const std::string& job_id, const JobSpec& spec) {
-  ASSIGN_OR_RETURN(Qwen3Config config, ModelConfigOf(spec));
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));
   const ModelLayout layout = ModelLayout::Build(config);
   ASSIGN_OR_RETURN(std::string name, shm::MakeSegmentName(options_.node_name, job_id, "state"));
   ASSIGN_OR_RETURN(std::unique_ptr<shm::JobState> js, shm::JobState::Attach(name, shm::Access::kReadWrite));
@@ -613,6 +614,7 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
     absl::MutexLock l(&mu_);
     update_rates_[static_cast<int>(a.plan.moments)] = record.metrics.host_update_gparams_per_s();
   }
+  if (a.peak_tflops > 0) record.metrics.set_mfu(record.metrics.model_tflops() / a.peak_tflops);
   a.step_times.emplace_back(t + 1, record.metrics.step_time_s());
   if (!a.spec.validation.empty() && data::EvaluatesAfter(a.spec.eval_every, t, a.spec.steps)) {
     RETURN_IF_ERROR(RecordValidation(ctx, a, t, record.metrics));
@@ -623,7 +625,7 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
   return absl::OkStatus();
 }
 
-std::optional<LayerLayout> TrainingExecutor::CachedLayout(const JobSpec& spec, const Qwen3Config& config,
+std::optional<LayerLayout> TrainingExecutor::CachedLayout(const JobSpec& spec, const ModelConfig& config,
                                                           const std::vector<v1::WorkerHello>& hellos,
                                                           std::string* key, std::string* said) const {
   const PolicyCache cache(options_.policy_cache_dir);
@@ -663,7 +665,7 @@ void TrainingExecutor::LogPrediction(JobContext& ctx, const Attempt& a) {
 absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::Plan(const JobSpec& spec_in,
                                                            const std::vector<v1::WorkerHello>& hellos) {
   JobSpec spec = spec_in;
-  ASSIGN_OR_RETURN(Qwen3Config config, ModelConfigOf(spec));
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));
   ModelLayout layout = ModelLayout::Build(config);
   StepPlanInputs in;
   if (spec.layer_layout) {
@@ -724,7 +726,7 @@ void TrainingExecutor::RecordPolicy(JobContext& ctx, Attempt& a, const v1::Polic
 absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   const absl::Time attempt_start = absl::Now();
   JobSpec spec = ctx.spec();
-  ASSIGN_OR_RETURN(Qwen3Config config, ModelConfigOf(spec));
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));
   // Every dataset file's checksum (and ids, and mask), before any host state is allocated: a
   // flipped bit would otherwise train. Here, not at submit: a large dataset takes seconds.
   ASSIGN_OR_RETURN(std::vector<data::FileIdentity> dataset_files, VerifyDataset(ctx, spec, config.vocab_size));
@@ -749,6 +751,10 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     a.layout_from_step = 2;  // the first step warms up
   }
   a.dataset_files = std::move(dataset_files);
+  for (const v1::WorkerHello& h : hellos) {
+    const double peak = h.device().kind() == "cuda" ? DenseBf16PeakTflops(h.device().name()) : 0;
+    a.peak_tflops = a.peak_tflops == 0 && &h == &hellos.front() ? peak : std::min(a.peak_tflops, peak);
+  }
   if (!a.spec.validation.empty()) RETURN_IF_ERROR(VerifyValidation(ctx, a, config.vocab_size));
   if (!a.spec.model_path.empty()) {
     ASSIGN_OR_RETURN(a.model_files, checkpoint::ReadModelDirFiles(a.spec.model_path));

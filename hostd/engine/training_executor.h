@@ -76,7 +76,7 @@ class TrainingExecutor : public JobExecutor {
   absl::StatusOr<update::LayerAdam*> Adam();
   // runtime.policy auto: the layout cached for this job's shape, batch, device and build, if any;
   // *key: its cache key, *said: a line saying which (or why none).
-  std::optional<LayerLayout> CachedLayout(const JobSpec& spec, const Qwen3Config& config,
+  std::optional<LayerLayout> CachedLayout(const JobSpec& spec, const ModelConfig& config,
                                           const std::vector<v1::WorkerHello>& hellos, std::string* key,
                                           std::string* said) const;
   // runtime.policy auto: rank 0's validated choice, logged and cached.

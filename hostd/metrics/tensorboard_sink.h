@@ -33,8 +33,8 @@ inline constexpr double kBytesPerGiB = 1024.0 * 1024.0 * 1024.0;
 
 // loss, validation loss, lr, grad norm, tokens/s, model TFLOP/s, MFU, step time, host/GPU memory.
 // Field names are v1::StepMetrics'. `eval_loss` is written on the steps that carry one (an
-// `optional` field: only steps a validation pass followed); `mfu` is written once the record has
-// such a field (until then it is skipped).
+// `optional` field: only steps a validation pass followed); `mfu` (optional too) on GPUs whose
+// peak hostd knows.
 // tools/gpu/tensorboard_check.py mirrors the table (tag -> JSONL key) to compare a file with the JSONL.
 inline constexpr StepScalarField kStepScalarFields[] = {
     {"loss", "train/loss"},

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "hostd/update/layer_adam.h"
 
 namespace slidedp::update {

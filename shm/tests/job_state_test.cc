@@ -23,7 +23,7 @@ using testing::ScopedUnlink;
 using testing::WaitChild;
 
 ModelLayout TinyLayout(int layers = 2) {
-  Qwen3Config c = Qwen3Config::Preset("tiny").value();
+  ModelConfig c = ModelConfig::Preset("tiny").value();
   c.num_hidden_layers = layers;
   return ModelLayout::Build(c);
 }

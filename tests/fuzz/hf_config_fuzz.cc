@@ -1,4 +1,4 @@
-// libFuzzer target: HF config.json parsing (Qwen3Config::FromJson). Any input must give a status,
+// libFuzzer target: HF config.json parsing (ModelConfig::FromJson). Any input must give a status,
 // never a crash; an accepted config must validate, round-trip through ToJson, and give a layout
 // whose sizes are consistent (checked only for configs small enough to lay out cheaply).
 #include <cstddef>
@@ -6,18 +6,18 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::string_view text(reinterpret_cast<const char*>(data), size);
-  auto config = slidedp::Qwen3Config::FromJson(text);
+  auto config = slidedp::ModelConfig::FromJson(text);
   if (!config.ok()) return 0;
   if (!config->Validate().ok()) {
     fprintf(stderr, "FromJson accepted a config that Validate rejects: %s\n", config->Validate().ToString().c_str());
     abort();
   }
   const std::string json = config->ToJson();
-  auto again = slidedp::Qwen3Config::FromJson(json);
+  auto again = slidedp::ModelConfig::FromJson(json);
   if (!again.ok() || again->ToJson() != json) {
     fprintf(stderr, "config does not round-trip:\n%s\n", json.c_str());
     abort();

@@ -23,7 +23,7 @@
 #include <string>
 
 #include "common/data/synthetic.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "glog/logging.h"
 #include "hostd/core/host_core.h"
 #include "hostd/engine/training_executor.h"
@@ -88,7 +88,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   o.seq_len = 16;
   o.overwrite = slidedp::data::Overwrite::kYes;
   if (!slidedp::data::WriteSyntheticDataset(g_fixture + "/data", o).ok()) abort();
-  std::ofstream(g_fixture + "/model/config.json") << slidedp::Qwen3Config::Preset("tiny")->ToJson();
+  std::ofstream(g_fixture + "/model/config.json") << slidedp::ModelConfig::Preset("tiny")->ToJson();
   std::atexit([] { std::filesystem::remove_all(g_fixture); });
   return 0;
 }

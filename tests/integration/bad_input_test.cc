@@ -19,7 +19,7 @@
 #include "absl/time/clock.h"
 #include "common/data/dataset.h"
 #include "common/data/synthetic.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "gmock/gmock.h"
 #include "hostd/admission/admission.h"
 #include "hostd/checkpoint/checkpoint.h"
@@ -73,7 +73,7 @@ class BadInput : public ::testing::Test {
   // A HF-loadable tiny model directory (F32 weights, one model.safetensors), written by the
   // checkpoint code as a checkpoint of step 0.
   static void MakeGoodModel() {
-    auto config = Qwen3Config::Preset("tiny");
+    auto config = ModelConfig::Preset("tiny");
     ASSERT_TRUE(config.ok());
     ModelLayout layout = ModelLayout::Build(*config);
     std::vector<std::vector<float>> w(layout.num_units());

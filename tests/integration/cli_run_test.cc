@@ -16,6 +16,8 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/data/dataset.h"
+#include "common/data/micro_batch.h"
 #include "common/data/synthetic.h"
 #include "common/tensorboard/event_reader.h"
 #include "nlohmann/json.hpp"
@@ -223,6 +225,56 @@ TEST(CliRun, TensorBoardEventsAndPlotOfAJob) {
   const auto [gif_rc, gif] = run({"plot", jsonl, "-o", dir + "/x.gif"}, "plot-gif");
   EXPECT_NE(gif_rc, 0);
   EXPECT_TRUE(absl::StrContains(gif, "unknown image type '.gif'")) << gif;
+  if (!HasFailure()) std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace slidedp::testing
+
+namespace slidedp::testing {
+namespace {
+
+// `slidedp prepare` as a process on a Llama 3 tokenizer directory with its chat template: the
+// train/ and validation/ splits, the template and date named in the manifests, assistant-only
+// loss masks (some tokens trained, not all).
+TEST(CliRun, PreparesLlamaChatsWithTheirTemplateAndAValidationSplit) {
+  const char* src = std::getenv("SLIDEDP_SOURCE_DIR");
+  ASSERT_NE(src, nullptr) << "ctest sets SLIDEDP_SOURCE_DIR";
+  const std::string dir = ::testing::TempDir() + "/cli-prep-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  std::string chats;
+  for (int copy = 0; copy < 4; ++copy) chats += ReadFile(std::string(src) + "/tests/data/chat_templates/conversations.jsonl");
+  std::ofstream(dir + "/chats.jsonl") << chats;
+  auto pid = client::SpawnProcess({BuildDir() + "/bin/slidedp", "prepare", "--model",
+                                   std::string(src) + "/tests/data/chat_templates/llama3", "--input",
+                                   dir + "/chats.jsonl", "--output", dir + "/ds", "--seq-len", "256", "--pack",
+                                   "--validation-fraction", "0.25", "--chat-template", "llama3.1", "--chat-date",
+                                   "03 Dec 2026"},
+                                  dir + "/prepare.log");
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  ASSERT_EQ(WaitExit(*pid, 120), 0) << ReadFile(dir + "/prepare.log");
+  for (const std::string split : {"train", "validation"}) {
+    const nlohmann::json m = nlohmann::json::parse(ReadFile(dir + "/ds/" + split + "/manifest.json"));
+    EXPECT_EQ(m["metadata"]["chat_template"], "llama3.1") << split;
+    EXPECT_EQ(m["metadata"]["chat_date"], "03 Dec 2026") << split;
+    auto d = data::DatasetReader::Open(dir + "/ds/" + split);
+    ASSERT_TRUE(d.ok()) << d.status();
+    std::vector<int64_t> rows((*d)->num_rows());
+    for (size_t r = 0; r < rows.size(); ++r) rows[r] = static_cast<int64_t>(r);
+    ASSERT_FALSE(rows.empty()) << split;
+    auto trained = data::CountTrainedLabels(**d, rows);
+    ASSERT_TRUE(trained.ok()) << trained.status();
+    EXPECT_GT(*trained, 0) << split << ": the assistant turns are trained";
+    EXPECT_LT(*trained, (*d)->manifest().num_tokens) << split << ": the prompts are not";
+  }
+  // A template the model does not have, forced against its own, is refused naming both.
+  auto bad = client::SpawnProcess({BuildDir() + "/bin/slidedp", "prepare", "--model",
+                                   std::string(src) + "/tests/data/chat_templates/llama3", "--input",
+                                   dir + "/chats.jsonl", "--output", dir + "/ds2", "--seq-len", "256",
+                                   "--chat-template", "qwen2.5"},
+                                  dir + "/prepare-bad.log");
+  ASSERT_TRUE(bad.ok());
+  EXPECT_NE(WaitExit(*bad, 60), 0) << ReadFile(dir + "/prepare-bad.log");
   if (!HasFailure()) std::filesystem::remove_all(dir);
 }
 

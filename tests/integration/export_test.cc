@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/data/synthetic.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "common/safetensors/safetensors.h"
 #include "hostd/checkpoint/checkpoint.h"
 #include "nlohmann/json.hpp"
@@ -50,7 +50,7 @@ std::pair<int, std::string> RunCommand(const std::vector<std::string>& argv, con
 // tokenizer's files (tests/data/tokenizer/qwen3).
 void WriteModelDir(const std::string& dir) {
   fs::create_directories(dir);
-  const Qwen3Config config = *Qwen3Config::Preset("tiny");
+  const ModelConfig config = *ModelConfig::Preset("tiny");
   const ModelLayout layout = ModelLayout::Build(config);
   std::ofstream(dir + "/config.json") << config.ToJson();
   std::vector<std::vector<float>> master;
@@ -194,7 +194,7 @@ TEST(Export, CheckpointsAreModelDirectoriesAndExportWritesOne) {
   auto [f32, f32_log] =
       RunCommand({slidedp, "export", ckpt, "--to", dir + "/exported-f32", "--dtype", "fp32"}, dir + "/f32.log", 60);
   ASSERT_EQ(f32, 0) << f32_log;
-  const ModelLayout layout = ModelLayout::Build(*Qwen3Config::FromFile(ckpt + "/config.json"));
+  const ModelLayout layout = ModelLayout::Build(*ModelConfig::FromFile(ckpt + "/config.json"));
   auto optimizer = st::SafetensorsFile::Open(ckpt + "/optimizer.safetensors");
   ASSERT_TRUE(optimizer.ok()) << optimizer.status();
   const auto f32_weights = Weights(dir + "/exported-f32");

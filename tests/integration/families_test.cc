@@ -1,4 +1,4 @@
-// The model families (common/model/qwen3_config.h) end to end through real processes: hostd +
+// The model families (common/model/model_config.h) end to end through real processes: hostd +
 // CPU-backend workers train each family's CI-sized preset (tiny-qwen2: q/k/v biases; tiny-llama:
 // llama3-scaled RoPE; tiny-mistral); two workers give one worker's parameters (synchronous DP);
 // the checkpoint holds the family's tensors and config; a job resumed from it equals the
@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/data/synthetic.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "common/safetensors/safetensors.h"
 #include "hostd/checkpoint/checkpoint.h"
 #include "nlohmann/json.hpp"
@@ -81,7 +81,7 @@ class FamilyTraining : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(FamilyTraining, TrainsDataParallelResumesAndLoadsBack) {
   const std::string preset = GetParam();
-  const Qwen3Config config = *Qwen3Config::Preset(preset);
+  const ModelConfig config = *ModelConfig::Preset(preset);
   const ModelLayout layout = ModelLayout::Build(config);
   const std::string model = absl::StrCat("preset: ", preset, ", init_seed: 3");
   NodeHarness node(2);
@@ -100,7 +100,7 @@ TEST_P(FamilyTraining, TrainsDataParallelResumesAndLoadsBack) {
 
   // The checkpoint is the family's HF directory: its config and exactly its tensors.
   const std::string ckpt = two.last_checkpoint();
-  auto cfg = Qwen3Config::FromFile(ckpt + "/config.json");
+  auto cfg = ModelConfig::FromFile(ckpt + "/config.json");
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   EXPECT_EQ(cfg->family, config.family);
   EXPECT_EQ(cfg->RopeInverseFrequencies(), config.RopeInverseFrequencies());

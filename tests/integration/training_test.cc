@@ -99,7 +99,7 @@ std::string Spec(const SpecOptions& o) {
       "}\n");
 }
 
-ModelLayout TinyLayout() { return ModelLayout::Build(*Qwen3Config::Preset("tiny")); }
+ModelLayout TinyLayout() { return ModelLayout::Build(*ModelConfig::Preset("tiny")); }
 
 // Master, Adam m and v of a checkpoint saved in fp32, per unit, one after another.
 std::vector<std::vector<float>> LoadState(const std::string& dir) {

@@ -12,7 +12,7 @@
 #include "common/data/dataset.h"
 #include "common/data/micro_batch.h"
 #include "common/data/synthetic.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "common/numeric/bf16.h"
 #include "hostd/checkpoint/checkpoint.h"
 #include "nlohmann/json.hpp"
@@ -79,7 +79,7 @@ v1::Job MustSucceed(NodeHarness& node, const std::string& spec, const std::strin
 // The loss of the whole split with the initial parameters, by the CPU reference model (the same
 // BF16 weights, FP32 norm weights and embedding rows as the workers).
 double ReferenceValidationLoss() {
-  const ModelLayout layout = ModelLayout::Build(*Qwen3Config::Preset("tiny"));
+  const ModelLayout layout = ModelLayout::Build(*ModelConfig::Preset("tiny"));
   const int U = layout.num_units();
   std::vector<std::vector<float>> master(U);
   for (int u = 0; u < U; ++u) master[u].assign(layout.units[u].numel, 0);

@@ -8,6 +8,10 @@
 #
 # Parts (minutes on 1x H200; what each gates):
 #   smoke      ~1   the tiny example on the CUDA backend: succeeds, final loss <= 3.5
+#   families   ~3   issue 24: tiny-qwen2 / tiny-llama / tiny-mistral on CUDA with a validation split
+#                   (eval every step) and TensorBoard: at lr 0 the validation losses equal the CPU
+#                   backend's (FAMILIES_TOL 5e-3), the events read back equal to the JSONL
+#                   (tools/gpu/tensorboard_check.py); then 60 steps train (final loss <= 5.0)
 #   kernels    ~1-4 every bundled GPU test binary (.gpu/tests/*_gpu_test, gtest XML): all pass
 #   layouts    ~2   attn_layouts_check on the 1.7B fine-tune's 200 steps of document layouts: cuDNN
 #                   and the own attention agree per document on every micro-batch (tolerance 2e-2)
@@ -131,7 +135,7 @@ readonly KBENCH_T_FWD=400          # issue 3: attention TFLOP/s, causal, 4K+ tok
 readonly KBENCH_T_BWD=300
 readonly KBENCH_T_LAYER=550        # Qwen3-8B decoder layer keep-all over 64K tokens
 
-PARTS_ALL="smoke kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big memlimit policy autopolicy scaling state host restart kbench"
+PARTS_ALL="smoke families kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big memlimit policy autopolicy scaling state host restart kbench"
 usage() { sed -n '3,/^set -u/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ] || [ "$1" = list ]; then usage; exit 0; fi
 for p in "$@"; do
@@ -192,6 +196,49 @@ part_smoke() {
   stage tiny_cuda 150 slidedp run examples/tiny/job.yaml --backend cuda --run-dir "$part_dir/tiny-run"
   judge tiny --log "$part_dir/tiny_cuda.log" --rc $? --max-loss "$SMOKE_MAX_LOSS" --expect-steps 120 \
     --run-dir "$part_dir/tiny-run"
+}
+
+# issue 24: each family's tiny preset on the CUDA backend through the whole pipeline (q/k/v biases,
+# RoPE without q/k norm, llama3-scaled RoPE), with a validation split, eval every step and
+# TensorBoard events: at lr 0 the validation losses equal the CPU backend's within FAMILIES_TOL, and
+# the events file reads back in TensorBoard's own reader equal to the JSONL; then each trains.
+part_families() {
+  find_cudnn
+  [ -f build/examples/tiny-data/manifest.json ] ||
+    stage tiny_data 60 make_text_dataset --input examples/tiny/corpus.txt --output build/examples/tiny-data --repeat 4
+  local preset backend d spec job
+  for preset in ${FAMILIES_PRESETS:-tiny-qwen2 tiny-llama tiny-mistral}; do
+    for backend in cuda cpu; do
+      d=$work/families/$preset-$backend
+      new_dir "$d"
+      spec=$d/job.yaml
+      dry || cat > "$spec" <<YAML
+name: fam
+model: {preset: $preset, init_seed: 2}
+data: {path: $PWD/build/examples/tiny-data, validation: $PWD/build/examples/tiny-data}
+output: {dir: $d/out, save_final: false, tensorboard: true}
+train: {seq_len: 128, global_batch: 8, micro_batch: 2, steps: 3, seed: 0, eval_every: 1}
+optimizer: {lr: 0.0}
+runtime: {workers: 1}
+YAML
+      stage "eval_${preset}_$backend" 150 slidedp run "$spec" --backend "$backend" --run-dir "$d/run"
+      copy_metrics "$d/out/metrics-*.jsonl" "$part_dir/$preset-$backend.jsonl"
+    done
+    judge eval-parity --cuda "$part_dir/$preset-cuda.jsonl" --cpu "$part_dir/$preset-cpu.jsonl" \
+      --tol "${FAMILIES_TOL:-5e-3}" --what "$preset at lr 0"
+    d=$work/families/$preset-cuda
+    job=$(basename "$(ls -d "$d"/out/tensorboard/* 2> /dev/null | head -1)" 2> /dev/null)
+    stage "tensorboard_$preset" 60 python3 tools/gpu/tensorboard_check.py --events "$d/out/tensorboard/$job" \
+      --metrics "$d/out/metrics-$job.jsonl"
+    judge stages --dir "$part_dir" --names "tensorboard_$preset"
+    d=$work/families/$preset-train
+    new_dir "$d"
+    dry || sed -e "s|lr: 0.0|lr: 3.0e-3|" -e "s|steps: 3,|steps: 60,|" -e "s|eval_every: 1|eval_every: 30|" \
+      -e "s|$work/families/$preset-cuda|$d|" "$work/families/$preset-cuda/job.yaml" > "$d/job.yaml"
+    stage "train_$preset" 150 slidedp run "$d/job.yaml" --backend cuda --run-dir "$d/run"
+    judge tiny --log "$part_dir/train_$preset.log" --rc $? --max-loss "${FAMILIES_MAX_LOSS:-5.0}" --expect-steps 60 \
+      --run-dir "$d/run"
+  done
 }
 
 part_kernels() {

@@ -564,6 +564,27 @@ def check_kbench(a, v):
             v.info(f"{j['op']} {j['tokens'] // 1024}K: {j['tflops']:.1f} TFLOP/s, {j['ms']:.1f} ms")
 
 
+def eval_losses(path):
+    """{step: eval_loss} of a metrics JSONL (the records a validation pass followed)."""
+    out = {}
+    for j in json_lines(read(path)):
+        if isinstance(j, dict) and j.get("eval_loss") is not None:
+            out[int(j["step"])] = float(j["eval_loss"])
+    return out
+
+
+def check_eval_parity(a, v):
+    """Validation on CUDA against the CPU backend (the same weights): every pass's loss within --tol."""
+    cuda, cpu = eval_losses(a.cuda), eval_losses(a.cpu)
+    if not cuda or set(cuda) != set(cpu):
+        v.gate(False, f"{a.what}: validation passes CUDA {sorted(cuda)} vs CPU {sorted(cpu)} (the same steps, >= 1)")
+        return
+    worst = max(abs(cuda[s] - cpu[s]) / abs(cpu[s]) for s in cpu)
+    v.gate(worst <= a.tol and all(math.isfinite(x) for x in cuda.values()),
+           f"{a.what}: validation loss CUDA vs CPU backend, {len(cuda)} passes, worst rel {worst:.2e} "
+           f"(CUDA {cuda[max(cuda)]:.5f}, CPU {cpu[max(cpu)]:.5f}; <= {a.tol:g})")
+
+
 def check_sdpa(a, v):
     """bench/kernels/torch_sdpa.py (PyTorch's cuDNN and FlashAttention-2 backends): figures only."""
     js = json_lines(read(a.log))
@@ -610,6 +631,7 @@ def main(argv=None):
     add("warm", check_warm, ("--cold",), ("--warm",), ("--what", {"default": "warm host"}))
     add("kbench", check_kbench, ("--log",), ("--rc", I), ("--t-fwd", F), ("--t-bwd", F), ("--t-layer", F))
     add("sdpa", check_sdpa, ("--log",))
+    add("eval-parity", check_eval_parity, ("--cuda",), ("--cpu",), ("--tol", F), ("--what",))
     a = ap.parse_args(argv)
     v = Verdicts(a.part)
     try:

@@ -137,6 +137,19 @@ class JudgeTest(unittest.TestCase):
                       "--grad-tol", 2e-2, "--floor-factor", 1.25)
         self.assertEqual(rc, 1)
 
+    def test_eval_parity(self):
+        cuda = self.write("cuda.jsonl", "\n".join(json.dumps(r) for r in [
+            {"step": 1, "loss": 6.2, "eval_loss": 6.2401}, {"step": 2, "loss": 6.1, "eval_loss": 6.2402}]) + "\n")
+        cpu = self.write("cpu.jsonl", "\n".join(json.dumps(r) for r in [
+            {"step": 1, "loss": 6.2, "eval_loss": 6.2400}, {"step": 2, "loss": 6.1, "eval_loss": 6.2400}]) + "\n")
+        rc, out = run("eval-parity", "--part", "families", "--cuda", cuda, "--cpu", cpu, "--tol", 1e-3, "--what", "x")
+        self.assertEqual(rc, 0, out)
+        rc, out = run("eval-parity", "--part", "families", "--cuda", cuda, "--cpu", cpu, "--tol", 1e-6, "--what", "x")
+        self.assertEqual(rc, 1, out)
+        none = self.write("none.jsonl", json.dumps({"step": 1, "loss": 6.2}) + "\n")
+        rc, out = run("eval-parity", "--part", "families", "--cuda", none, "--cpu", cpu, "--tol", 1e-3, "--what", "x")
+        self.assertEqual(rc, 1, out)
+
     def test_tokenizer(self):
         rep = {"compare": {"documents": 20035, "ours_documents": 20035, "mismatched_documents": 0, "tokens": 9},
                "runs": [{"impl": "slidedp", "threads": 16, "MB_per_s": 113.0},

@@ -71,7 +71,7 @@ const char* ScheduleName(ScheduleKind k) {
 
 // InitRandom(init_seed) as hostd does for a preset, written as an F32 HF model directory.
 absl::Status WriteInitModel(const JobSpec& spec, const std::string& dir) {
-  ASSIGN_OR_RETURN(Qwen3Config config, Qwen3Config::Preset(spec.model_preset));
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Preset(spec.model_preset));
   const ModelLayout layout = ModelLayout::Build(config);
   std::vector<std::vector<float>> master(layout.num_units());
   for (int u = 0; u < layout.num_units(); ++u) master[u].assign(layout.units[u].numel, 0.0f);

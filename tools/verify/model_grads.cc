@@ -51,7 +51,7 @@ absl::StatusOr<ActPolicy> ParsePolicy(const std::string& s) {
   return absl::InvalidArgumentError(absl::StrCat("--policy ", s, ": expected keep-all, recompute or selective"));
 }
 
-absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeBackend(const std::string& name, const Qwen3Config& config,
+absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeBackend(const std::string& name, const ModelConfig& config,
                                                             int device) {
   if (name == "cpu") return MakeCpuBackend(config);
   if (name == "cuda") {
@@ -66,7 +66,7 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeBackend(const std::string& n
 }
 
 absl::Status Run(const Options& o) {
-  ASSIGN_OR_RETURN(const Qwen3Config config, Qwen3Config::FromFile(o.model_dir + "/config.json"));
+  ASSIGN_OR_RETURN(const ModelConfig config, ModelConfig::FromFile(o.model_dir + "/config.json"));
   const ModelLayout layout = ModelLayout::Build(config);
   ASSIGN_OR_RETURN(const ActPolicy policy, ParsePolicy(o.policy));
   if (o.grouping != "per-row" && o.grouping != "single") {
@@ -117,7 +117,7 @@ absl::Status Run(const Options& o) {
   loss_tensor.shape = {1};
   loss_tensor.data = &loss;
   out.push_back(std::move(loss_tensor));
-  // The RoPE inverse frequencies our backends computed with (Qwen3Config::RopeInverseFrequencies),
+  // The RoPE inverse frequencies our backends computed with (ModelConfig::RopeInverseFrequencies),
   // for a bitwise check against HF's rotary_emb.inv_freq.
   const std::vector<float> inv_freq = config.RopeInverseFrequencies();
   safetensors::TensorSource rope_tensor;

@@ -93,7 +93,7 @@ double RelL2(const std::vector<float>& a, const std::vector<float>& b) {
 class WholeModelTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(WholeModelTest, MatchesCpuOracleForEveryPolicyAndGrouping) {
-  auto config = Qwen3Config::Preset("tiny");
+  auto config = ModelConfig::Preset("tiny");
   ASSERT_TRUE(config.ok());
   config->tie_word_embeddings = GetParam();
   const ModelLayout layout = ModelLayout::Build(*config);
@@ -143,7 +143,7 @@ TEST_P(WholeModelTest, MatchesCpuOracleForEveryPolicyAndGrouping) {
 }
 
 TEST(WholeModel, RejectsWrongParameterCount) {
-  auto config = Qwen3Config::Preset("tiny");
+  auto config = ModelConfig::Preset("tiny");
   ASSERT_TRUE(config.ok());
   const ModelLayout layout = ModelLayout::Build(*config);
   auto params = RandomParams(layout, 1);

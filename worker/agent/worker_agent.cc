@@ -381,7 +381,7 @@ void WorkerAgent::RunJob(v1::Assignment a) {
   Send(r);
 }
 
-absl::StatusOr<ComputeBackend*> WorkerAgent::BackendFor(const Qwen3Config& c) {
+absl::StatusOr<ComputeBackend*> WorkerAgent::BackendFor(const ModelConfig& c) {
   bool same = backend_ && backend_config_.ToJson() == c.ToJson();
   if (!same) {
     backend_.reset();
@@ -454,11 +454,11 @@ absl::StatusOr<NcclCommunicator*> WorkerAgent::CommunicatorFor(const v1::Assignm
 
 absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<HostState>* keep) {
   ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(a.resolved_spec_yaml(), "", JobSpec::FileCheck::kSkip));
-  Qwen3Config config;
+  ModelConfig config;
   if (!spec.model_preset.empty()) {
-    ASSIGN_OR_RETURN(config, Qwen3Config::Preset(spec.model_preset));
+    ASSIGN_OR_RETURN(config, ModelConfig::Preset(spec.model_preset));
   } else {
-    ASSIGN_OR_RETURN(config, Qwen3Config::FromFile(spec.model_path + "/config.json"));
+    ASSIGN_OR_RETURN(config, ModelConfig::FromFile(spec.model_path + "/config.json"));
   }
   ModelLayout layout = ModelLayout::Build(config);
   ASSIGN_OR_RETURN(std::unique_ptr<HostState> host_state, TakeHostState(a.state_segment()));

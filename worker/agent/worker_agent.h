@@ -53,7 +53,7 @@ class WorkerAgent {
   struct HostState;
   // Runs the job; on success hands its host state mapping to *keep (for KeepHostState).
   absl::Status ExecuteJob(const v1::Assignment& a, std::unique_ptr<HostState>* keep);
-  absl::StatusOr<ComputeBackend*> BackendFor(const Qwen3Config& config);
+  absl::StatusOr<ComputeBackend*> BackendFor(const ModelConfig& config);
   // The job's NCCL communicator: the warm one when hostd's membership key is unchanged, else a
   // new one (rank 0 makes the unique id and reports it; the others wait for hostd to relay it).
   absl::StatusOr<NcclCommunicator*> CommunicatorFor(const v1::Assignment& a);
@@ -82,7 +82,7 @@ class WorkerAgent {
 
   std::thread job_thread_;
   std::unique_ptr<ComputeBackend> backend_;  // warm between jobs with the same model shape
-  Qwen3Config backend_config_;
+  ModelConfig backend_config_;
   std::shared_ptr<NcclCommunicator> comm_;   // warm between jobs with the same membership (job thread)
 
   absl::Mutex comm_mu_;

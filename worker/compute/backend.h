@@ -8,7 +8,7 @@
 // - "Device memory" is GPU memory for CUDA and plain host memory for the CPU backend; buffers
 //   come from Allocate(). All ops are asynchronous on the backend's compute stream (the CPU
 //   backend runs them inline); Synchronize() waits.
-// - Unit parameters are one flat BF16 array laid out as common/model/qwen3_config.h's
+// - Unit parameters are one flat BF16 array laid out as common/model/model_config.h's
 //   UnitLayout (tensor i at tensors[i].offset_numel). Gradients are one flat FP32 array of the
 //   same layout; backward ops ADD into it (accumulation across micro-batches).
 // - Activations are [num_tokens, hidden] row-major in activation_dtype(): FP32 on the CPU
@@ -26,7 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/data/batch.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "common/numeric/bf16.h"
 #include "common/policy/layer_pieces.h"
 
@@ -113,7 +113,7 @@ class ComputeBackend {
 
   virtual std::string name() const = 0;
   virtual DType activation_dtype() const = 0;
-  const Qwen3Config& config() const { return config_; }
+  const ModelConfig& config() const { return config_; }
 
   // Bitwise-repeatable backward from now on (runtime.deterministic), or the backend's default.
   // The CPU backend always is; the CUDA backend then adds attention's dQ in a fixed order.
@@ -176,12 +176,12 @@ class ComputeBackend {
   virtual absl::Status SetMemoryLimit(int64_t bytes) = 0;
 
  protected:
-  explicit ComputeBackend(const Qwen3Config& config) : config_(config) {}
-  Qwen3Config config_;
+  explicit ComputeBackend(const ModelConfig& config) : config_(config) {}
+  ModelConfig config_;
 };
 
 // Factories. The CUDA one exists only in builds with SLIDEDP_CUDA.
-absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCpuBackend(const Qwen3Config& config);
-absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackend(const Qwen3Config& config, int device);
+absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCpuBackend(const ModelConfig& config);
+absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackend(const ModelConfig& config, int device);
 
 }  // namespace slidedp

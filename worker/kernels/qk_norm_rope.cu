@@ -27,7 +27,7 @@ __device__ __forceinline__ float2 Load2(const float* p) { return *reinterpret_ca
 
 __device__ __forceinline__ void RopeAngles(int pos, int j, const RopeArgs& a, float* c, float* s) {
   // Same float32 recipe as HF: inv_freq = 1 / theta^(2j/hd) (or the scaled table the host
-  // computed, Qwen3Config::RopeInverseFrequencies); angle = pos * inv_freq.
+  // computed, ModelConfig::RopeInverseFrequencies); angle = pos * inv_freq.
   const int hd = a.head_dim;
   const float inv0 = a.inv_freq != nullptr ? a.inv_freq[j] : 1.0f / powf(a.theta, static_cast<float>(2 * j) / hd);
   const float inv1 =

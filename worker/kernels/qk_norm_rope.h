@@ -28,7 +28,7 @@ struct RopeArgs {
   int head_dim = 0;
   float eps = 1e-6f;
   float theta = 1e6f;
-  // Device [head_dim / 2] inverse frequencies (a scaled RoPE, Qwen3Config::RopeInverseFrequencies);
+  // Device [head_dim / 2] inverse frequencies (a scaled RoPE, ModelConfig::RopeInverseFrequencies);
   // nullptr: 1 / theta^(2j / head_dim), computed in the kernel.
   const float* inv_freq = nullptr;
 };

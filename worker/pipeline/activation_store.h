@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "worker/compute/backend.h"
 
 namespace slidedp {

@@ -35,7 +35,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/data/batch.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "common/policy/layer_policy.h"
 #include "worker/compute/backend.h"
 

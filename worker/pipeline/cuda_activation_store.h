@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "worker/pipeline/activation_store.h"
 #include "worker/pipeline/auto_policy.h"
 

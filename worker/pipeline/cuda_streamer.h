@@ -41,7 +41,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "shm/grad_ring.h"
 #include "shm/job_state.h"
 #include "worker/comm/nccl_communicator.h"

@@ -56,7 +56,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
                                            float loss_scale) {
   const absl::Time t_start = absl::Now();
   StepResult result;
-  const Qwen3Config& c = layout_.config;
+  const ModelConfig& c = layout_.config;
   const int num_units = layout_.num_units();
   const int head = num_units - 1;
   if (!options_.layer_policies.empty() && static_cast<int>(options_.layer_policies.size()) != head - 1) {

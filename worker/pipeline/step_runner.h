@@ -19,7 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "worker/compute/backend.h"
 #include "worker/pipeline/activation_store.h"
 #include "worker/pipeline/gradient_path.h"

@@ -17,7 +17,7 @@ namespace {
 
 constexpr uint64_t kGiB = 1ull << 30;
 
-ModelLayout Layout(const char* preset) { return ModelLayout::Build(Qwen3Config::Preset(preset).value()); }
+ModelLayout Layout(const char* preset) { return ModelLayout::Build(ModelConfig::Preset(preset).value()); }
 
 TEST(PlanJobMemory, FourteenBytesPerParamPlusRings) {
   const ModelLayout layout = Layout("qwen3-0.6b");

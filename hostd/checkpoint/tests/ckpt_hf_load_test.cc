@@ -76,7 +76,7 @@ TEST_F(CkptHfLoadTest, LoadsEveryDtypeSingleAndSharded) {
 }
 
 TEST_F(CkptHfLoadTest, TensorsLargerThanOneConversionPieceLoadWhole) {
-  Qwen3Config c = TinyConfig(true);
+  ModelConfig c = TinyConfig(true);
   c.vocab_size = 65600;  // embedding 65600 x 64 = 4,198,400 elements: two 4 Mi-element pieces
   const ModelLayout layout = ModelLayout::Build(c);
   auto tensors = HfTensors(layout, HeadCopy::kOmit);
@@ -136,7 +136,7 @@ TEST_F(CkptHfLoadTest, ConfigAndDirectoryProblems) {
 
   auto tensors = HfTensors(layout, HeadCopy::kOmit);
   WriteHfModel(dir_, layout.config, tensors, Dtype::kBF16, Sharding::kSharded);
-  Qwen3Config other = layout.config;
+  ModelConfig other = layout.config;
   other.hidden_size = 128;
   std::ofstream(dir_ + "/config.json") << other.ToJson();
   absl::Status s = Load(layout);
@@ -195,7 +195,7 @@ TEST_F(CkptHfLoadTest, TruncatedShardAndUnsupportedDtype) {
 // A NaN or infinite weight is DATA_LOSS naming the file, the tensor and the element: it would
 // otherwise train NaN and report success. Found in pieces after the first one too.
 TEST_F(CkptHfLoadTest, NonFiniteWeightsAreDataLossNamingTheTensor) {
-  Qwen3Config c = TinyConfig(false);
+  ModelConfig c = TinyConfig(false);
   c.vocab_size = 65600;  // the embedding spans two conversion pieces
   const ModelLayout layout = ModelLayout::Build(c);
   auto tensors = HfTensors(layout, HeadCopy::kOmit);
@@ -224,7 +224,7 @@ TEST_F(CkptHfLoadTest, NonFiniteWeightsAreDataLossNamingTheTensor) {
 }
 
 TEST(CkptInitRandomTest, DeterministicIndependentOfThreadsAndHfDistributed) {
-  Qwen3Config c = TinyConfig(false);
+  ModelConfig c = TinyConfig(false);
   c.vocab_size = 3000;  // embedding spans several RNG chunks
   c.hidden_size = 512;
   c.num_attention_heads = 8;

@@ -244,7 +244,7 @@ TEST_F(CkptModelDirTest, ExportWritesTheModelDirectory) {
           << t.hf_name;
     }
   }
-  EXPECT_EQ(Qwen3Config::FromFile(f32.out_dir + "/config.json")->torch_dtype, "float32");
+  EXPECT_EQ(ModelConfig::FromFile(f32.out_dir + "/config.json")->torch_dtype, "float32");
 }
 
 TEST_F(CkptModelDirTest, ExportRefusesOrReplacesAnExistingDirectory) {

@@ -114,7 +114,7 @@ std::string KernelConversion(HostState& from, int u, int64_t n, StateDtype to, c
 // Awkward sizes: the embedding is one load piece (2^22 elements) plus a tail, and grown by 37
 // elements of padding, so the last int8 block is partial and a conversion runs ~65 steps.
 ModelLayout LargeAwkwardLayout() {
-  Qwen3Config c = TinyConfig(true);
+  ModelConfig c = TinyConfig(true);
   c.vocab_size = 33000;
   c.hidden_size = 128;
   ModelLayout layout = ModelLayout::Build(c);

@@ -102,7 +102,7 @@ TEST_F(CkptSaveTest, RoundTripIsBitExactAndWeightsAreRneOfMaster) {
     }
   }
   EXPECT_EQ((*f)->tensors().size(), count);
-  auto cfg = Qwen3Config::FromFile(*latest + "/config.json");
+  auto cfg = ModelConfig::FromFile(*latest + "/config.json");
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   EXPECT_EQ(cfg->torch_dtype, "bfloat16");
   EXPECT_EQ(DescribeConfigMismatch(*cfg, layout.config), "");
@@ -144,7 +144,7 @@ TEST_F(CkptSaveTest, Fp32WeightsShardedAndTiedHaveNoLmHead) {
   for (const UnitLayout& u : layout.units)
     for (const TensorSlot& t : u.tensors)
       ASSERT_EQ(0, std::memcmp(&saved.master[u.index][t.offset_numel], &loaded.master[u.index][t.offset_numel], t.numel * 4));
-  EXPECT_EQ(Qwen3Config::FromFile(res->dir + "/config.json")->torch_dtype, "float32");
+  EXPECT_EQ(ModelConfig::FromFile(res->dir + "/config.json")->torch_dtype, "float32");
 }
 
 TEST_F(CkptSaveTest, KeepLastRemovesOlderCompleteCheckpoints) {
@@ -207,7 +207,7 @@ TEST_F(CkptSaveTest, CrashAtAnyStageLeavesThePreviousCheckpointLatest) {
 
 TEST_F(CkptSaveTest, SigkillDuringALargeSaveLeavesThePreviousCheckpointLatest) {
   // ~48 MB of state; the parent kills the child once its optimizer file has started.
-  Qwen3Config c = TinyConfig(true);
+  ModelConfig c = TinyConfig(true);
   c.vocab_size = 32768;
   c.hidden_size = 128;
   const ModelLayout layout = ModelLayout::Build(c);

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "common/numeric/bf16.h"
 #include "common/safetensors/safetensors.h"
 #include "gtest/gtest.h"
@@ -92,7 +92,7 @@ inline std::vector<FakeTensor> HfTensors(const ModelLayout& layout, HeadCopy hea
 
 // Writes config.json and weights for `tensors` into dir. Tensor k's element i is KnownValue(k, i)
 // (a tied model's lm_head copies the embedding's values, tensor 0).
-inline void WriteHfModel(const std::string& dir, const Qwen3Config& config, const std::vector<FakeTensor>& tensors,
+inline void WriteHfModel(const std::string& dir, const ModelConfig& config, const std::vector<FakeTensor>& tensors,
                          safetensors::Dtype dtype, Sharding sharding) {
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/config.json") << config.ToJson();
@@ -152,8 +152,8 @@ inline void WriteHfModel(const std::string& dir, const Qwen3Config& config, cons
   std::ofstream(dir + "/model.safetensors.index.json") << index.dump(2);
 }
 
-inline Qwen3Config TinyConfig(bool tied) {
-  Qwen3Config c = Qwen3Config::Preset("tiny").value();
+inline ModelConfig TinyConfig(bool tied) {
+  ModelConfig c = ModelConfig::Preset("tiny").value();
   c.tie_word_embeddings = tied;
   c.vocab_size = 96;  // odd-ish sizes keep the padding paths busy
   c.intermediate_size = 72;

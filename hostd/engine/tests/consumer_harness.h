@@ -77,7 +77,7 @@ class ConsumerHarness {
   // Workers are CUDA-kind sessions ("fake0", "fake1", ...) with `device_bytes` of memory each
   // (device staging needs some), so the gpu route needs no collective segment.
   ConsumerHarness(const JobSpec& spec, int world, int64_t device_bytes = int64_t{80} << 30)
-      : spec_(spec), layout_(ModelLayout::Build(*Qwen3Config::Preset(spec.model_preset))) {
+      : spec_(spec), layout_(ModelLayout::Build(*ModelConfig::Preset(spec.model_preset))) {
     static int counter = 0;
     const std::string node = absl::StrCat("cons", getpid());
     job_id_ = absl::StrCat("h", counter++);

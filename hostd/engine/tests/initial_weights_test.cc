@@ -52,7 +52,7 @@ class FakeContext : public JobContext {
   std::vector<std::shared_ptr<WorkerSession>> workers_;
 };
 
-ModelLayout TinyLayout() { return ModelLayout::Build(*Qwen3Config::Preset("tiny")); }
+ModelLayout TinyLayout() { return ModelLayout::Build(*ModelConfig::Preset("tiny")); }
 
 // Bytes of unit u's moments in the segment (m, v, scales), as the checkpoint code sees them.
 std::string MomentBytes(shm::JobState& js, int u) {

@@ -1,6 +1,7 @@
 // PlanJob's decisions: route, where clipping waits, the consumer, host staging, and what the
 // memory plan counts for each.
 #include "hostd/engine/job_plan.h"
+#include "hostd/engine/step_metrics.h"
 #include "hostd/engine/undo_arena.h"
 
 #include <algorithm>
@@ -14,7 +15,7 @@
 namespace slidedp::hostd {
 namespace {
 
-ModelLayout Layout(const char* preset = "qwen3-0.6b") { return ModelLayout::Build(*Qwen3Config::Preset(preset)); }
+ModelLayout Layout(const char* preset = "qwen3-0.6b") { return ModelLayout::Build(*ModelConfig::Preset(preset)); }
 
 JobSpec Spec(int world, double max_norm, GradReduction route = GradReduction::kGpu) {
   JobSpec s;
@@ -223,6 +224,24 @@ TEST(JobPlan, SpeculationCoversTheLastUnitsThatFitTheBudget) {
   ASSERT_TRUE(o.ok());
   EXPECT_EQ(o->speculate_from_unit, units);
   EXPECT_FALSE(o->speculation_auto);
+}
+
+}  // namespace
+}  // namespace slidedp::hostd
+
+namespace slidedp::hostd {
+namespace {
+
+// MFU's denominator: the datasheet dense BF16 peak by the CUDA device name; unknown devices none.
+TEST(StepMetrics, DenseBf16PeakByDeviceName) {
+  EXPECT_DOUBLE_EQ(DenseBf16PeakTflops("NVIDIA H200"), 989.4);
+  EXPECT_DOUBLE_EQ(DenseBf16PeakTflops("NVIDIA H100 80GB HBM3"), 989.4);
+  EXPECT_DOUBLE_EQ(DenseBf16PeakTflops("NVIDIA H100 PCIe"), 756);
+  EXPECT_DOUBLE_EQ(DenseBf16PeakTflops("NVIDIA H200 NVL"), 835);
+  EXPECT_DOUBLE_EQ(DenseBf16PeakTflops("NVIDIA A100-SXM4-80GB"), 312);
+  EXPECT_DOUBLE_EQ(DenseBf16PeakTflops("NVIDIA L40S"), 362);
+  EXPECT_EQ(DenseBf16PeakTflops("cpu"), 0);
+  EXPECT_EQ(DenseBf16PeakTflops("NVIDIA GeForce RTX 3090"), 0);
 }
 
 }  // namespace

@@ -176,7 +176,7 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
   // (With bf16 the test sets g_round_to_bf16, so the squared norm below is the posted values'.)
   const bool bf16 = (spec->grad_dtype == GradDtype::kBf16) != (fault == Fault::kWrongDtype);
   const int units = (*js)->num_units();
-  const ModelLayout layout = ModelLayout::Build(*Qwen3Config::Preset("tiny"));
+  const ModelLayout layout = ModelLayout::Build(*ModelConfig::Preset("tiny"));
   auto grad = [&](int64_t t, int u, int64_t i) {
     if (fault == Fault::kNanAtStep1 && t == 1 && u == 1 && i == kNanElement) {
       return std::numeric_limits<float>::quiet_NaN();
@@ -463,7 +463,7 @@ TEST(TrainingExecutor, SpeculativeClippingIsBitwiseThePathThatWaitsForTheNorm) {
   // Norms below and above the threshold: speculated steps that commit (1, 7) or are redone (2, 4),
   // and steps not speculated after one that clipped (3, 5, 6).
   g_step_scale = {1, 3, 1, 3, 3, 1, 1};
-  const ModelLayout layout = ModelLayout::Build(*Qwen3Config::Preset("tiny"));
+  const ModelLayout layout = ModelLayout::Build(*ModelConfig::Preset("tiny"));
   const uint64_t last_units = UndoBytes(layout, layout.num_units() - 2);
   for (GradStaging staging : {GradStaging::kHost, GradStaging::kDevice}) {
     for (int world : {1, 2}) {
@@ -555,7 +555,7 @@ TEST(TrainingExecutor, Bf16GradientsAreTheFp32PathOnTheRoundedValues) {
     bool logged = false;
     for (const std::string& l : bf16.logs) logged |= absl::StrContains(l, "gradients cross the host link in BF16");
     EXPECT_TRUE(logged);
-    const ModelLayout layout = ModelLayout::Build(*Qwen3Config::Preset("tiny"));
+    const ModelLayout layout = ModelLayout::Build(*ModelConfig::Preset("tiny"));
     for (int u = 0; u < layout.num_units(); ++u) {
       const size_t bytes = layout.units[u].numel * sizeof(float);
       ASSERT_EQ(0, std::memcmp(bf16.ranks[0].master[u].data(), rounded.ranks[0].master[u].data(), bytes)) << u;
@@ -678,7 +678,7 @@ TEST(TrainingExecutor, CommIdIsRelayedFromRankZeroAndTheMembershipKeyFollowsSess
 // reference kernel, on the tensors only) with Grad(t) for every applied step t, the scheduled LR
 // of the global step t, and Adam's step count over applied steps only (GradScaler's semantics).
 struct ReferenceState {
-  explicit ReferenceState(const JobSpec& spec) : layout(ModelLayout::Build(*Qwen3Config::Preset("tiny"))) {
+  explicit ReferenceState(const JobSpec& spec) : layout(ModelLayout::Build(*ModelConfig::Preset("tiny"))) {
     for (const UnitLayout& u : layout.units) {
       master.emplace_back(u.numel, 0.0f);
       m.emplace_back(u.numel, 0.0f);
@@ -718,7 +718,7 @@ struct ReferenceState {
 // rounding indexed by the element's place in the model and seeded with the job's seed.
 struct CompactReference {
   CompactReference(const JobSpec& spec, update::StateDtype dtype)
-      : dtype(dtype), layout(ModelLayout::Build(*Qwen3Config::Preset("tiny"))) {
+      : dtype(dtype), layout(ModelLayout::Build(*ModelConfig::Preset("tiny"))) {
     int64_t first = 0;
     for (const UnitLayout& u : layout.units) {
       master.emplace_back(u.numel, 0.0f);
@@ -871,7 +871,7 @@ TEST(TrainingExecutor, CompactMomentsAreTheStateKernelsOnEveryRoute) {
 TEST(TrainingExecutor, CompactMomentsSpeculateBitwiseThePathThatWaitsForTheNorm) {
   TrainingExecutor ex(Options());
   g_step_scale = {1, 3, 1, 3, 3, 1, 1};
-  const ModelLayout layout = ModelLayout::Build(*Qwen3Config::Preset("tiny"));
+  const ModelLayout layout = ModelLayout::Build(*ModelConfig::Preset("tiny"));
   for (update::StateDtype dtype : {update::StateDtype::kBf16, update::StateDtype::kInt8}) {
     const uint64_t last_units = UndoBytes(layout, layout.num_units() - 2, dtype);
     EXPECT_LT(last_units, UndoBytes(layout, layout.num_units() - 2)) << "compact undo copies are smaller";
@@ -1015,7 +1015,7 @@ TEST(TrainingExecutor, PaddingIsNeverUpdated) {
   JobSpec spec = TinySpec(1, 0, "cpu");
   JobRun run = RunJob(ex, "padding", spec, Workers(1), Fault::kPaddingGarbage, 0);
   ASSERT_TRUE(run.status.ok()) << run.status;
-  const ModelLayout layout = ModelLayout::Build(*Qwen3Config::Preset("tiny"));
+  const ModelLayout layout = ModelLayout::Build(*ModelConfig::Preset("tiny"));
   int64_t padding = 0;
   for (const UnitLayout& u : layout.units) {
     for (int64_t i = 0; i < u.numel; ++i) {

@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "gtest/gtest.h"
 #include "hostd/update/adamw_state.h"
 #include "hostd/update/grad_norm.h"
@@ -215,7 +215,7 @@ TEST(LayerAdam, RefusesBadSubmissions) {
 // decay, NaN and huge gradients in the padding. Every array's padding is poisoned with a NaN
 // payload and must stay bitwise as it was; the tensors get exactly the kernel's result.
 TEST(LayerAdam, NeverTouchesThePaddingBetweenTensors) {
-  auto config = Qwen3Config::Preset("tiny");
+  auto config = ModelConfig::Preset("tiny");
   ASSERT_TRUE(config.ok());
   const ModelLayout layout = ModelLayout::Build(*config);
   auto engine = MakeEngine(3, WorkerPinning::kNone, /*min_piece=*/64);
@@ -307,7 +307,7 @@ TEST(LayerAdam, NeverTouchesThePaddingBetweenTensors) {
 // update with another coefficient is the plain update of the saved state with it. Padding between
 // tensors is never copied either way.
 TEST(LayerAdam, UndoCopiesRestoreAndRedoBitExact) {
-  auto config = Qwen3Config::Preset("tiny");
+  auto config = ModelConfig::Preset("tiny");
   ASSERT_TRUE(config.ok());
   const ModelLayout layout = ModelLayout::Build(*config);
   const UnitLayout& ul = layout.units[1];
@@ -408,7 +408,7 @@ TEST(LayerAdam, UndoCopiesRestoreAndRedoBitExact) {
 // included), also after a refused (non-finite) speculative update; chunks on int8 blocks, random
 // order; an undo copy of another form is refused.
 TEST(LayerAdam, CompactUndoCopiesRestoreAndRedoBitExact) {
-  auto config = Qwen3Config::Preset("tiny");
+  auto config = ModelConfig::Preset("tiny");
   ASSERT_TRUE(config.ok());
   const UnitLayout ul = ModelLayout::Build(*config).units[1];
   const int64_t n = ul.numel;
@@ -654,7 +654,7 @@ TEST(LayerAdam, RefusingUpdatesStopAtANonFiniteGradient) {
 // bit for bit, and its block sums are NormBlockSquares' bits on the norm grid (padding between
 // tensors included, never updated), for FP32 and BF16 gradients and pieces split over workers.
 TEST(LayerAdam, SquaredUpdatesArePlainUpdatesWithTheGridSquares) {
-  auto config = Qwen3Config::Preset("tiny");
+  auto config = ModelConfig::Preset("tiny");
   ASSERT_TRUE(config.ok());
   const UnitLayout ul = ModelLayout::Build(*config).units[1];
   const int64_t n = ul.numel;
@@ -767,7 +767,7 @@ TEST(LayerAdam, SquaredUpdatesRefuseANonFiniteBlockBeforeWritingIt) {
 // follows the element's global index, never the split); the padding is never touched; a chunk that
 // splits an int8 block and an undo copy of compact moments are refused.
 TEST(LayerAdam, CompactMomentsChunksAreTheKernelsOverWholeTensors) {
-  auto config = Qwen3Config::Preset("tiny");
+  auto config = ModelConfig::Preset("tiny");
   ASSERT_TRUE(config.ok());
   const UnitLayout ul = ModelLayout::Build(*config).units[1];
   const int64_t n = ul.numel;

@@ -45,7 +45,7 @@ TEST(WeightDecay, NormWeightsAndBiasesByHfName) {
     EXPECT_EQ(DecayOf(weight, {}), WeightDecay::kApply) << weight;
   }
   // The tiny Qwen3 model: its 1-D tensors are exactly its norms.
-  auto config = Qwen3Config::Preset("tiny");
+  auto config = ModelConfig::Preset("tiny");
   ASSERT_TRUE(config.ok());
   for (const UnitLayout& u : ModelLayout::Build(*config).units) {
     const std::vector<ElementRange> ranges = TensorRangesOf(u, {});

@@ -1,4 +1,4 @@
-// CpuBackend: ComputeBackend over host memory, running qwen3_reference_math in FP32.
+// CpuBackend: ComputeBackend over host memory, running dense_reference_math in FP32.
 #include "worker/compute/cpu/cpu_backend.h"
 
 #include <algorithm>
@@ -45,7 +45,7 @@ class CpuBuffer final : public DeviceBuffer {
 // A validated micro-batch with its RoPE tables.
 class CpuDeviceBatch final : public DeviceBatch {
  public:
-  CpuDeviceBatch(MicroBatch batch, const Qwen3Config& c)
+  CpuDeviceBatch(MicroBatch batch, const ModelConfig& c)
       : batch_(std::move(batch)), rope_(BuildRopeTables(batch_.positions, c.RopeInverseFrequencies())) {}
   int64_t num_tokens() const override { return batch_.num_tokens(); }
   const MicroBatch& batch() const { return batch_; }
@@ -157,7 +157,7 @@ std::vector<float> UpcastBf16(const bf16_t* src, int64_t n) {
 
 class CpuBackend final : public ComputeBackend {
  public:
-  CpuBackend(const Qwen3Config& config, const CpuBackendOptions& options, int num_threads)
+  CpuBackend(const ModelConfig& config, const CpuBackendOptions& options, int num_threads)
       : ComputeBackend(config),
         options_(options),
         dims_(DecoderDims::From(config)),
@@ -441,7 +441,7 @@ class CpuBackend final : public ComputeBackend {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCpuBackend(const Qwen3Config& config,
+absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCpuBackend(const ModelConfig& config,
                                                                const CpuBackendOptions& options) {
   RETURN_IF_ERROR(config.Validate());
   if (options.num_threads < 0) {
@@ -455,7 +455,7 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCpuBackend(const Qwen3Config
   return std::unique_ptr<ComputeBackend>(new CpuBackend(config, options, threads));
 }
 
-absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCpuBackend(const Qwen3Config& config) {
+absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCpuBackend(const ModelConfig& config) {
   return MakeCpuBackend(config, CpuBackendOptions{});
 }
 

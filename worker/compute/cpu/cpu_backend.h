@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/compute/backend.h"
-#include "worker/compute/cpu/qwen3_reference_math.h"
+#include "worker/compute/cpu/dense_reference_math.h"
 
 namespace slidedp {
 
@@ -26,7 +26,7 @@ struct CpuBackendOptions {
 };
 
 // MakeCpuBackend(config) (declared in backend.h) uses default options.
-absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCpuBackend(const Qwen3Config& config,
+absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCpuBackend(const ModelConfig& config,
                                                                const CpuBackendOptions& options);
 
 }  // namespace slidedp

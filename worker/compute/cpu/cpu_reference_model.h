@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "common/numeric/bf16.h"
 #include "worker/compute/backend.h"
 

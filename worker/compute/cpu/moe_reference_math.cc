@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "worker/compute/cpu/qwen3_reference_math.h"
+#include "worker/compute/cpu/dense_reference_math.h"
 
 namespace slidedp {
 namespace {

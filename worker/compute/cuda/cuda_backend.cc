@@ -135,14 +135,14 @@ int64_t CudaBackend::SavedBytesPerToken(ActPolicy policy) const {
 
 using cuda_backend_internal::CudaBackend;
 
-absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackendWithOptions(const Qwen3Config& config, int device,
+absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackendWithOptions(const ModelConfig& config, int device,
                                                                            const CudaBackendOptions& options) {
   auto backend = std::make_unique<CudaBackend>(config, device, options);
   RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<ComputeBackend>(std::move(backend));
 }
 
-absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackend(const Qwen3Config& config, int device) {
+absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackend(const ModelConfig& config, int device) {
   CudaBackendOptions options;
   // Debug/comparison switch: SLIDEDP_CUDA_FP32_RESIDUAL=0 selects the BF16 residual stream.
   if (const char* e = std::getenv("SLIDEDP_CUDA_FP32_RESIDUAL"); e != nullptr && std::string(e) == "0") {

@@ -41,7 +41,7 @@ struct CudaBackendOptions {
 // "auto" | "cudnn" | "own" -> the option; INVALID_ARGUMENT otherwise.
 absl::StatusOr<CudaBackendOptions::Attention> ParseAttentionImpl(absl::string_view name);
 
-absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackendWithOptions(const Qwen3Config& config, int device,
+absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackendWithOptions(const ModelConfig& config, int device,
                                                                           const CudaBackendOptions& options);
 
 }  // namespace slidedp

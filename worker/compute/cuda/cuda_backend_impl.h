@@ -102,7 +102,7 @@ struct StackedWeight {
 
 class CudaBackend final : public ComputeBackend {
  public:
-  CudaBackend(const Qwen3Config& config, int device, const CudaBackendOptions& options)
+  CudaBackend(const ModelConfig& config, int device, const CudaBackendOptions& options)
       : ComputeBackend(config), device_(device), options_(options), deterministic_default_(options.deterministic) {}
 
   // A job's runtime.deterministic adds to the construction-time setting (SLIDEDP_DETERMINISTIC).

@@ -10,7 +10,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "gtest/gtest.h"
 #include "worker/kernels/tests/gpu_test.h"
 #include "worker/kernels/tests/kernel_test_util.h"
@@ -121,7 +121,7 @@ void CheckQkRope(int hd) {
 }
 
 // RoPE alone (qwen2 / llama / mistral: no q/k norm) with a table of scaled inverse frequencies
-// (llama3's bands, Qwen3Config::RopeInverseFrequencies), against FP64 rotations by those
+// (llama3's bands, ModelConfig::RopeInverseFrequencies), against FP64 rotations by those
 // frequencies: forward q and k, backward dq/dk raw into a strided dqkv.
 void CheckRopeAlone(int hd) {
   const int nq = 4, nkv = 2;
@@ -132,7 +132,7 @@ void CheckRopeAlone(int hd) {
     for (int i = 0; i < d; ++i) pos.push_back(i * 251 + 3);  // up to ~10K: the low band turns
     T += d;
   }
-  Qwen3Config cfg;
+  ModelConfig cfg;
   cfg.head_dim = hd;
   cfg.rope_theta = 500000;
   cfg.rope_scaling.type = RopeScaling::Type::kLlama3;

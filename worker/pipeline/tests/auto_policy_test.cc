@@ -39,7 +39,7 @@ AutoPolicyInputs EightB(const ModelLayout& layout) {
 }
 
 ModelLayout Layout36() {
-  Qwen3Config c = *Qwen3Config::Preset("tiny");
+  ModelConfig c = *ModelConfig::Preset("tiny");
   c.num_hidden_layers = 36;
   return ModelLayout::Build(c);
 }
@@ -224,7 +224,7 @@ TEST(AutoPolicy, SweepLayoutsKeepTheMostThatFits) {
 // recompute step sends the job back to recompute, and that answer is reported with its record
 // (every layer recompute, predicted from the same measurements), so hostd caches it.
 TEST(AutoPolicySession, RecomputeIsAMeasuredAnswerWithItsRecord) {
-  const Qwen3Config config = *Qwen3Config::Preset("tiny");
+  const ModelConfig config = *ModelConfig::Preset("tiny");
   const ModelLayout layout = ModelLayout::Build(config);
   auto backend = MakeCpuBackend(config);
   ASSERT_TRUE(backend.ok()) << backend.status();

@@ -9,7 +9,7 @@
 #include "common/policy/layer_policy.h"
 #include "gtest/gtest.h"
 #include "worker/compute/cpu/cpu_reference_model.h"
-#include "worker/compute/cpu/qwen3_reference_math.h"
+#include "worker/compute/cpu/dense_reference_math.h"
 #include "worker/compute/cpu/tests/cpu_test_util.h"
 
 namespace slidedp {
@@ -22,7 +22,7 @@ using testing::RandomUnitParams;
 using testing::ToBf16;
 using testing::ToDouble;
 
-std::unique_ptr<ComputeBackend> Backend(const Qwen3Config& c, CpuBackendOptions options = {}) {
+std::unique_ptr<ComputeBackend> Backend(const ModelConfig& c, CpuBackendOptions options = {}) {
   auto b = MakeCpuBackend(c, options);
   EXPECT_TRUE(b.ok()) << b.status();
   return std::move(b).value();
@@ -32,7 +32,7 @@ std::unique_ptr<ComputeBackend> Backend(const Qwen3Config& c, CpuBackendOptions 
 class BackendVsDouble : public ::testing::TestWithParam<int> {};
 
 TEST_P(BackendVsDouble, LossAndEveryGradientMatchWithinFp32Tolerance) {
-  const Qwen3Config config = GetParam() == 0 ? AwkwardConfig(false) : GetParam() == 1 ? AwkwardConfig(true)
+  const ModelConfig config = GetParam() == 0 ? AwkwardConfig(false) : GetParam() == 1 ? AwkwardConfig(true)
                                                                                       : testing::TinyConfig();
   const ModelLayout layout = ModelLayout::Build(config);
   const auto bf16 = ToBf16(RandomUnitParams(layout, 17));
@@ -90,7 +90,7 @@ bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
 
 class DecoderLayerTest : public ::testing::Test {
  protected:
-  Qwen3Config config_ = AwkwardConfig(false);
+  ModelConfig config_ = AwkwardConfig(false);
   ModelLayout layout_ = ModelLayout::Build(config_);
   std::vector<bf16_t> params_ = ToBf16(RandomUnitParams(layout_, 4))[1];
   MicroBatch mb_ = MakeBatch({7, 1, 10, 5}, config_.vocab_size, 8);
@@ -221,7 +221,7 @@ TEST_F(DecoderLayerTest, ResultsDoNotDependOnTheThreadCount) {
 // Changing the tokens of one document leaves every other document's outputs (after the whole
 // stack) untouched, and does change its own.
 TEST(DocumentMasking, OtherDocumentsInTheRowAreUnaffected) {
-  for (const Qwen3Config& config : {AwkwardConfig(false), testing::TinyConfig()}) {
+  for (const ModelConfig& config : {AwkwardConfig(false), testing::TinyConfig()}) {
     const ModelLayout layout = ModelLayout::Build(config);
     const auto params = ToBf16(RandomUnitParams(layout, 6));
     auto be = Backend(config);
@@ -251,7 +251,7 @@ TEST(DocumentMasking, OtherDocumentsInTheRowAreUnaffected) {
 }
 
 TEST(Head, IgnoredTokensGetZeroGradientAndAllIgnoredAddsNothing) {
-  const Qwen3Config config = AwkwardConfig(false);
+  const ModelConfig config = AwkwardConfig(false);
   const ModelLayout layout = ModelLayout::Build(config);
   const auto params = ToBf16(RandomUnitParams(layout, 2));
   CpuBackendOptions options;
@@ -299,7 +299,7 @@ class Validation : public ::testing::Test {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(std::string(r.status().message()).find(needle), std::string::npos) << r.status();
   }
-  Qwen3Config config_ = AwkwardConfig(false);  // vocab 37, max positions 128
+  ModelConfig config_ = AwkwardConfig(false);  // vocab 37, max positions 128
   std::unique_ptr<ComputeBackend> be_ = Backend(config_);
   MicroBatch good_ = MakeBatch({4, 3}, config_.vocab_size, 1);
 };
@@ -372,7 +372,7 @@ TEST(MemoryOps, AllocateCopyMemsetRoundTrip) {
 }
 
 TEST(Factory, RejectsBadConfigAndOptions) {
-  Qwen3Config bad = AwkwardConfig(false);
+  ModelConfig bad = AwkwardConfig(false);
   bad.num_key_value_heads = 4;  // 6 heads not a multiple of 4
   EXPECT_EQ(MakeCpuBackend(bad).status().code(), absl::StatusCode::kInvalidArgument);
   CpuBackendOptions options;

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "worker/compute/cpu/qwen3_reference_math.h"
+#include "worker/compute/cpu/dense_reference_math.h"
 #include "worker/compute/cpu/tests/cpu_test_util.h"
 
 namespace slidedp {
@@ -26,7 +26,7 @@ constexpr double kRelTol = 1e-5;
 
 struct GradCheckCase {
   std::string name;
-  Qwen3Config config;
+  ModelConfig config;
 };
 
 void PrintTo(const GradCheckCase& c, std::ostream* os) { *os << c.name; }
@@ -34,7 +34,7 @@ void PrintTo(const GradCheckCase& c, std::ostream* os) { *os << c.name; }
 class ModelGradCheck : public ::testing::TestWithParam<GradCheckCase> {};
 
 TEST_P(ModelGradCheck, AnalyticGradientsMatchCentralDifferences) {
-  const Qwen3Config config = GetParam().config;
+  const ModelConfig config = GetParam().config;
   const ModelLayout layout = ModelLayout::Build(config);
   std::vector<std::vector<double>> params = RandomUnitParams(layout, 7);
   // Odd lengths, a one-token document, several documents per row, two micro-batches.
@@ -110,7 +110,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ModelGradCheck,
 
 // dL/dx of one decoder layer for L = sum(c * y), against central differences on x.
 TEST(DecoderLayerGradCheck, InputGradientMatchesCentralDifferences) {
-  const Qwen3Config config = AwkwardConfig(false);
+  const ModelConfig config = AwkwardConfig(false);
   const ModelLayout layout = ModelLayout::Build(config);
   const DecoderDims dims = DecoderDims::From(config);
   const DecoderOffsets offs = DecoderOffsets::From(config);
@@ -182,7 +182,7 @@ TEST(RopeConvention, RotatesHalfPairsByPositionTimesInverseFrequency) {
 
 // The chunked head against a direct computation over the full [T, vocab] logits.
 TEST(HeadChunking, ChunkedEqualsDirectAndIgnoredTokensContributeNothing) {
-  const Qwen3Config config = AwkwardConfig(false);
+  const ModelConfig config = AwkwardConfig(false);
   const DecoderDims dims = DecoderDims::From(config);
   const int64_t H = dims.hidden, V = dims.vocab;
   const MicroBatch mb = MakeBatch({6, 1, 8, 4}, V, 21, /*ignore_every=*/3);

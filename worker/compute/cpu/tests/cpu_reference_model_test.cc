@@ -18,7 +18,7 @@ using testing::ToBf16;
 // HF-style init (normal(0, 0.02), norms 1): the final norm makes the head input O(1), so logits
 // have std ~0.02*sqrt(hidden) = 0.16 and the expected loss is ~ln(vocab) + 0.16^2/2.
 TEST(ReferenceModel, InitialMeanLossIsLogVocab) {
-  const Qwen3Config config = testing::TinyConfig();
+  const ModelConfig config = testing::TinyConfig();
   const ModelLayout layout = ModelLayout::Build(config);
   std::mt19937_64 rng(1);
   std::normal_distribution<double> normal(0.0, config.initializer_range);

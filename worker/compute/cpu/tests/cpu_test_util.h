@@ -7,15 +7,15 @@
 #include <random>
 #include <vector>
 
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "common/numeric/bf16.h"
 #include "worker/compute/backend.h"
 
 namespace slidedp::testing {
 
 // An awkward shape: nothing is a power of two except head_dim, odd vocabulary.
-inline Qwen3Config AwkwardConfig(bool tied) {
-  Qwen3Config c;
+inline ModelConfig AwkwardConfig(bool tied) {
+  ModelConfig c;
   c.hidden_size = 48;
   c.num_hidden_layers = 2;
   c.num_attention_heads = 6;
@@ -32,8 +32,8 @@ inline Qwen3Config AwkwardConfig(bool tied) {
 
 // The awkward shape in another family: qwen2 (q/k/v biases, no q/k norm), llama (no q/k norm,
 // llama3 RoPE scaling with every band present at these lengths), mistral.
-inline Qwen3Config AwkwardConfigOf(ModelFamily family, bool tied) {
-  Qwen3Config c = AwkwardConfig(tied);
+inline ModelConfig AwkwardConfigOf(ModelFamily family, bool tied) {
+  ModelConfig c = AwkwardConfig(tied);
   c.family = family;
   if (family == ModelFamily::kLlama) {
     c.rope_scaling.type = RopeScaling::Type::kLlama3;
@@ -45,7 +45,7 @@ inline Qwen3Config AwkwardConfigOf(ModelFamily family, bool tied) {
   return c;
 }
 
-inline Qwen3Config TinyConfig() { return Qwen3Config::Preset("tiny").value(); }
+inline ModelConfig TinyConfig() { return ModelConfig::Preset("tiny").value(); }
 
 // Random parameters in ModelLayout order: norm weights 1 + 0.2 N(0,1), biases 0.2 N(0,1), matrices N(0, 1/in) so
 // activations stay O(1) and softmaxes are far from uniform; padding stays zero.

@@ -20,7 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "common/numeric/bf16.h"
 #include "gtest/gtest.h"
 #include "worker/compute/backend.h"
@@ -85,7 +85,7 @@ std::vector<double> GetF(ComputeBackend& be, const void* d, int64_t n) {
 // attention: the backend's attention (cuDNN or the own kernels).
 // fp32_norms: the norm weights also come as an FP32 side copy (UnitParams::fp32), with values
 // between BF16 neighbours, which both backends must use.
-void CheckBackend(const std::string& label_base, const Qwen3Config& cfg, bool fp32_residual,
+void CheckBackend(const std::string& label_base, const ModelConfig& cfg, bool fp32_residual,
                   CudaBackendOptions::Attention attention, bool fp32_norms) {
   const std::string label = label_base + (fp32_residual ? "[fp32 res" : "[bf16 res") +
                             (attention == CudaBackendOptions::Attention::kCudnn ? ", cudnn" : ", own") +
@@ -346,7 +346,7 @@ TEST_P(CudaBackendGpuTest, MatchesCpuBackend) {
     absl::StatusOr<std::unique_ptr<kernels::CudnnAttention>> cudnn = kernels::CudnnAttention::Create(0);
     if (!cudnn.ok()) GTEST_SKIP() << "cudnn attention: " << cudnn.status().ToString();
   }
-  Qwen3Config c;
+  ModelConfig c;
   c.hidden_size = 256;
   c.num_hidden_layers = 1;
   c.num_attention_heads = 4;
@@ -355,7 +355,7 @@ TEST_P(CudaBackendGpuTest, MatchesCpuBackend) {
   c.intermediate_size = 384;
   c.vocab_size = 1000;
   c.tie_word_embeddings = false;
-  Qwen3Config c128 = c;
+  ModelConfig c128 = c;
   c128.head_dim = 128;
   c128.num_attention_heads = 4;
   c128.num_key_value_heads = 1;
@@ -367,11 +367,11 @@ TEST_P(CudaBackendGpuTest, MatchesCpuBackend) {
   } else if (model == "mini128") {
     CheckBackend("qwen3-mini(hd128)", c128, b.fp32_residual, b.attention, norms);
   } else if (model == "qwen2") {  // q/k/v biases, no q/k norm
-    Qwen3Config q = c;
+    ModelConfig q = c;
     q.family = ModelFamily::kQwen2;
     CheckBackend("qwen2-mini(hd64)", q, b.fp32_residual, b.attention, norms);
   } else if (model == "llama3") {  // no q/k norm, llama3-scaled RoPE (every band within 137 tokens)
-    Qwen3Config l = c128;
+    ModelConfig l = c128;
     l.family = ModelFamily::kLlama;
     l.rope_theta = 500000;
     l.rope_scaling.type = RopeScaling::Type::kLlama3;
@@ -381,7 +381,7 @@ TEST_P(CudaBackendGpuTest, MatchesCpuBackend) {
     l.rope_scaling.original_max_position_embeddings = 64;
     CheckBackend("llama3-mini(hd128)", l, b.fp32_residual, b.attention, norms);
   } else {
-    auto tiny = Qwen3Config::Preset("tiny");
+    auto tiny = ModelConfig::Preset("tiny");
     if (!tiny.ok()) GTEST_SKIP() << "preset tiny: " << tiny.status().ToString();
     CheckBackend("tiny(hd16)", *tiny, b.fp32_residual, b.attention, norms);
   }

@@ -1,6 +1,6 @@
 // Qwen3 reference math: plain loops, explicitly instantiated for float (backend) and double
 // (gradient checks). Limits: scalar C++ at a few GFLOP/s; meant for tiny models and oracles.
-#include "worker/compute/cpu/qwen3_reference_math.h"
+#include "worker/compute/cpu/dense_reference_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -187,7 +187,7 @@ void ApplyRope(R* x, int64_t T, int64_t heads, int64_t head_dim, const TokenGeom
   });
 }
 
-DecoderDims DecoderDims::From(const Qwen3Config& c) {
+DecoderDims DecoderDims::From(const ModelConfig& c) {
   DecoderDims d;
   d.hidden = c.hidden_size;
   d.heads = c.num_attention_heads;
@@ -203,8 +203,8 @@ DecoderDims DecoderDims::From(const Qwen3Config& c) {
   return d;
 }
 
-DecoderOffsets DecoderOffsets::From(const Qwen3Config& config) {
-  Qwen3Config one = config;
+DecoderOffsets DecoderOffsets::From(const ModelConfig& config) {
+  ModelConfig one = config;
   one.num_hidden_layers = 1;
   const ModelLayout layout = ModelLayout::Build(one);
   const UnitLayout& unit = layout.units[1];
@@ -232,7 +232,7 @@ RopeTables BuildRopeTables(const std::vector<int32_t>& positions, const std::vec
 }
 
 RopeTables BuildRopeTables(const std::vector<int32_t>& positions, int64_t head_dim, double rope_theta) {
-  Qwen3Config plain;
+  ModelConfig plain;
   plain.head_dim = head_dim;
   plain.rope_theta = rope_theta;
   return BuildRopeTables(positions, plain.RopeInverseFrequencies());
@@ -619,7 +619,7 @@ template <typename R>
 double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vector<R>>& unit_params,
                          const std::vector<MicroBatch>& batches, double loss_scale,
                          std::vector<std::vector<R>>* unit_grads, CpuWorkerPool* pool) {
-  const Qwen3Config& c = layout.config;
+  const ModelConfig& c = layout.config;
   const DecoderDims dims = DecoderDims::From(c);
   const DecoderOffsets offs = DecoderOffsets::From(c);
   const int num_units = layout.num_units();

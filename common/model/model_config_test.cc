@@ -1,12 +1,12 @@
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 
 #include "gtest/gtest.h"
 
 namespace slidedp {
 namespace {
 
-TEST(Qwen3Config, PresetLayoutCountsMatchPublishedSizes) {
-  auto c = Qwen3Config::Preset("qwen3-0.6b");
+TEST(ModelConfig, PresetLayoutCountsMatchPublishedSizes) {
+  auto c = ModelConfig::Preset("qwen3-0.6b");
   ASSERT_TRUE(c.ok());
   ModelLayout m = ModelLayout::Build(*c);
   EXPECT_EQ(m.num_units(), 30);
@@ -19,8 +19,8 @@ TEST(Qwen3Config, PresetLayoutCountsMatchPublishedSizes) {
   }
 }
 
-TEST(Qwen3Config, UntiedHeadHasLmHead) {
-  auto c = Qwen3Config::Preset("qwen3-8b");
+TEST(ModelConfig, UntiedHeadHasLmHead) {
+  auto c = ModelConfig::Preset("qwen3-8b");
   ASSERT_TRUE(c.ok());
   ModelLayout m = ModelLayout::Build(*c);
   EXPECT_EQ(m.head().tensors.size(), 2u);
@@ -31,36 +31,36 @@ TEST(Qwen3Config, UntiedHeadHasLmHead) {
   EXPECT_EQ(m.param_count(), 8190735360);
 }
 
-TEST(Qwen3Config, JsonRoundTrip) {
-  auto c = Qwen3Config::Preset("tiny");
+TEST(ModelConfig, JsonRoundTrip) {
+  auto c = ModelConfig::Preset("tiny");
   ASSERT_TRUE(c.ok());
-  auto back = Qwen3Config::FromJson(c->ToJson());
+  auto back = ModelConfig::FromJson(c->ToJson());
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->hidden_size, c->hidden_size);
   EXPECT_EQ(back->head_dim, c->head_dim);
   EXPECT_EQ(back->tie_word_embeddings, c->tie_word_embeddings);
 }
 
-TEST(Qwen3Config, RejectsBadConfigs) {
-  EXPECT_EQ(Qwen3Config::FromJson("[1,2]").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Qwen3Config::FromJson("{\"model_type\":\"llama\"}").status().code(),
+TEST(ModelConfig, RejectsBadConfigs) {
+  EXPECT_EQ(ModelConfig::FromJson("[1,2]").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ModelConfig::FromJson("{\"model_type\":\"llama\"}").status().code(),
             absl::StatusCode::kInvalidArgument);
-  auto s = Qwen3Config::FromJson(
+  auto s = ModelConfig::FromJson(
       R"({"model_type":"qwen3","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":3,
           "num_key_value_heads":2,"intermediate_size":8,"vocab_size":10})");
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
-  auto t = Qwen3Config::FromJson(R"({"hidden_size":"64"})");
+  auto t = ModelConfig::FromJson(R"({"hidden_size":"64"})");
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(t.status().message().find("hidden_size"), std::string::npos);
 }
 
-TEST(Qwen3Config, RopeParametersOfTransformers5) {
+TEST(ModelConfig, RopeParametersOfTransformers5) {
   const std::string base = R"("model_type":"qwen3","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,
       "num_key_value_heads":2,"intermediate_size":8,"vocab_size":10,)";
-  auto c = Qwen3Config::FromJson("{" + base + R"("rope_parameters":{"rope_type":"default","rope_theta":5000.0}})");
+  auto c = ModelConfig::FromJson("{" + base + R"("rope_parameters":{"rope_type":"default","rope_theta":5000.0}})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_DOUBLE_EQ(c->rope_theta, 5000.0);
-  auto bad = Qwen3Config::FromJson("{" + base + R"("rope_scaling":{"rope_type":"yarn","factor":4.0}})");
+  auto bad = ModelConfig::FromJson("{" + base + R"("rope_scaling":{"rope_type":"yarn","factor":4.0}})");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("yarn"), std::string::npos);
 }
@@ -75,8 +75,8 @@ namespace {
 // input embedding, which counts again as the LM head when tied) + 6 x layers x seq x heads x 128.
 TEST(ModelLayout, ModelFlopsPerTokenFollowsThePeersConvention) {
   for (const char* preset : {"qwen3-4b", "qwen3-8b"}) {
-    const ModelLayout layout = ModelLayout::Build(*Qwen3Config::Preset(preset));
-    const Qwen3Config& c = layout.config;
+    const ModelLayout layout = ModelLayout::Build(*ModelConfig::Preset(preset));
+    const ModelConfig& c = layout.config;
     const double n = static_cast<double>(layout.param_count());
     const double n_matmul = c.tie_word_embeddings ? n : n - static_cast<double>(c.vocab_size * c.hidden_size);
     const double want = 6 * n_matmul + 6.0 * c.num_hidden_layers * 4096 * c.num_attention_heads * 128;
@@ -91,7 +91,7 @@ namespace slidedp {
 namespace {
 
 TEST(ModelLayout, DescribesElementsForErrorMessages) {
-  auto c = Qwen3Config::Preset("tiny");
+  auto c = ModelConfig::Preset("tiny");
   ASSERT_TRUE(c.ok());
   const ModelLayout l = ModelLayout::Build(*c);
   const UnitLayout& layer = l.units[1];
@@ -120,7 +120,7 @@ TEST(ModelFamilies, EachFamilyHasItsTensors) {
     for (const TensorSlot& t : l.units[1].tensors) out.push_back(t.hf_name.substr(std::string("model.layers.0.").size()));
     return out;
   };
-  const auto qwen2 = Qwen3Config::FromJson(R"({"model_type":"qwen2",)" + Sizes() + "}");
+  const auto qwen2 = ModelConfig::FromJson(R"({"model_type":"qwen2",)" + Sizes() + "}");
   ASSERT_TRUE(qwen2.ok()) << qwen2.status();
   const ModelLayout l2 = ModelLayout::Build(*qwen2);
   EXPECT_EQ(names(l2), (std::vector<std::string>{"input_layernorm.weight", "self_attn.q_proj.weight",
@@ -135,12 +135,12 @@ TEST(ModelFamilies, EachFamilyHasItsTensors) {
   EXPECT_EQ(l2.units[1].Find(kKBias)->fp32_offset, -1);  // biases are not norms: no FP32 side copy
   EXPECT_GE(l2.units[1].Find(kPostNorm)->fp32_offset, 0);
   // qwen2 counts: 0.5B-shaped preset has HF's 494,032,768 parameters.
-  EXPECT_EQ(ModelLayout::Build(*Qwen3Config::Preset("qwen2.5-0.5b")).param_count(), 494032768);
-  EXPECT_EQ(ModelLayout::Build(*Qwen3Config::Preset("llama3.1-8b")).param_count(), 8030261248);
-  EXPECT_EQ(ModelLayout::Build(*Qwen3Config::Preset("llama3.2-1b")).param_count(), 1235814400);
-  EXPECT_EQ(ModelLayout::Build(*Qwen3Config::Preset("mistral-7b")).param_count(), 7248023552);
+  EXPECT_EQ(ModelLayout::Build(*ModelConfig::Preset("qwen2.5-0.5b")).param_count(), 494032768);
+  EXPECT_EQ(ModelLayout::Build(*ModelConfig::Preset("llama3.1-8b")).param_count(), 8030261248);
+  EXPECT_EQ(ModelLayout::Build(*ModelConfig::Preset("llama3.2-1b")).param_count(), 1235814400);
+  EXPECT_EQ(ModelLayout::Build(*ModelConfig::Preset("mistral-7b")).param_count(), 7248023552);
 
-  const auto llama = Qwen3Config::FromJson(R"({"model_type":"llama",)" + Sizes() + "}");
+  const auto llama = ModelConfig::FromJson(R"({"model_type":"llama",)" + Sizes() + "}");
   ASSERT_TRUE(llama.ok()) << llama.status();
   EXPECT_EQ(ModelLayout::Build(*llama).units[1].tensors.size(), 9u);
   EXPECT_FALSE(llama->has_qk_norm());
@@ -149,7 +149,7 @@ TEST(ModelFamilies, EachFamilyHasItsTensors) {
 
 TEST(ModelFamilies, FieldsThatChangeTheMathAreRefusedByName) {
   auto refused = [](const std::string& json, const std::string& field) {
-    const auto c = Qwen3Config::FromJson(json);
+    const auto c = ModelConfig::FromJson(json);
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << json;
     EXPECT_NE(c.status().message().find(field), std::string::npos) << c.status();
   };
@@ -168,22 +168,22 @@ TEST(ModelFamilies, FieldsThatChangeTheMathAreRefusedByName) {
 }
 
 TEST(ModelFamilies, SlidingWindows) {
-  const auto m = Qwen3Config::FromJson(R"({"model_type":"mistral",)" + Sizes() + R"(,"sliding_window":4096})");
+  const auto m = ModelConfig::FromJson(R"({"model_type":"mistral",)" + Sizes() + R"(,"sliding_window":4096})");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->sliding_window, 4096);
   EXPECT_TRUE(m->SlidingWindowCovers(4096));
   EXPECT_FALSE(m->SlidingWindowCovers(4097));
   // qwen2 carries a window it does not use unless use_sliding_window (and a layer reaches
   // max_window_layers).
-  const auto q = Qwen3Config::FromJson(R"({"model_type":"qwen2",)" + Sizes() +
+  const auto q = ModelConfig::FromJson(R"({"model_type":"qwen2",)" + Sizes() +
                                        R"(,"sliding_window":32768,"use_sliding_window":false})");
   ASSERT_TRUE(q.ok());
   EXPECT_EQ(q->sliding_window, 0);
-  const auto q2 = Qwen3Config::FromJson(R"({"model_type":"qwen2",)" + Sizes() +
+  const auto q2 = ModelConfig::FromJson(R"({"model_type":"qwen2",)" + Sizes() +
                                         R"(,"sliding_window":512,"use_sliding_window":true,"max_window_layers":2})");
   ASSERT_TRUE(q2.ok());
   EXPECT_EQ(q2->sliding_window, 0);
-  const auto q3 = Qwen3Config::FromJson(R"({"model_type":"qwen3",)" + Sizes() +
+  const auto q3 = ModelConfig::FromJson(R"({"model_type":"qwen3",)" + Sizes() +
                                         R"(,"sliding_window":512,"layer_types":["full_attention","sliding_attention"]})");
   ASSERT_TRUE(q3.ok()) << q3.status();
   EXPECT_EQ(q3->sliding_window, 512);
@@ -192,8 +192,8 @@ TEST(ModelFamilies, SlidingWindows) {
 // Llama 3.1's frequencies: the high-frequency band unchanged, the low one divided by the factor,
 // the middle one smoothly between (HF _compute_llama3_parameters).
 TEST(ModelFamilies, Llama3RopeScalingBands) {
-  const Qwen3Config c = *Qwen3Config::Preset("llama3.1-8b");
-  Qwen3Config plain = c;
+  const ModelConfig c = *ModelConfig::Preset("llama3.1-8b");
+  ModelConfig plain = c;
   plain.rope_scaling = RopeScaling{};
   const std::vector<float> scaled = c.RopeInverseFrequencies(), base = plain.RopeInverseFrequencies();
   ASSERT_EQ(scaled.size(), 64u);
@@ -216,14 +216,14 @@ TEST(ModelFamilies, Llama3RopeScalingBands) {
   EXPECT_GT(low, 0);
   EXPECT_GT(mid, 0);
   // Round trip: the llama3 parameters survive ToJson / FromJson.
-  const auto back = Qwen3Config::FromJson(c.ToJson());
+  const auto back = ModelConfig::FromJson(c.ToJson());
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->family, ModelFamily::kLlama);
   EXPECT_EQ(back->RopeInverseFrequencies(), scaled);
 }
 
 TEST(ModelFamilies, SourceConfigIsKeptOnSave) {
-  const auto c = Qwen3Config::FromJson(R"({"model_type":"llama","architectures":["LlamaForCausalLM"],)" + Sizes() +
+  const auto c = ModelConfig::FromJson(R"({"model_type":"llama","architectures":["LlamaForCausalLM"],)" + Sizes() +
                                        R"(,"bos_token_id":128000,"eos_token_id":[128001,128009],
                                           "rope_parameters":{"rope_type":"llama3","rope_theta":500000.0,"factor":32.0,
                                           "low_freq_factor":1.0,"high_freq_factor":4.0,
@@ -233,7 +233,7 @@ TEST(ModelFamilies, SourceConfigIsKeptOnSave) {
   const std::string saved = c->ToJson();
   EXPECT_NE(saved.find("128009"), std::string::npos) << saved;
   EXPECT_NE(saved.find("rope_parameters"), std::string::npos);
-  const auto back = Qwen3Config::FromJson(saved);
+  const auto back = ModelConfig::FromJson(saved);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->RopeInverseFrequencies(), c->RopeInverseFrequencies());
 }

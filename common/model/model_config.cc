@@ -1,5 +1,5 @@
-// Qwen3 config parsing/serialization and the streamed-unit layout.
-#include "common/model/qwen3_config.h"
+// Model config parsing/serialization (the four families) and the streamed-unit layout.
+#include "common/model/model_config.h"
 
 #include "common/io/small_file.h"
 
@@ -32,7 +32,7 @@ void AddTensor(UnitLayout& unit, std::string name, std::vector<int64_t> shape, S
 
 }  // namespace
 
-absl::Status Qwen3Config::Validate() const {
+absl::Status ModelConfig::Validate() const {
   auto positive = [](const char* name, int64_t v) -> absl::Status {
     if (v <= 0) return absl::InvalidArgumentError(absl::StrCat("config: ", name, " must be > 0, got ", v));
     return absl::OkStatus();
@@ -68,7 +68,7 @@ absl::Status Refuse(absl::string_view field, absl::string_view why) {
 
 // rope_parameters (transformers 5) or rope_scaling (older): the rope type, theta, and the
 // scaling's parameters. Types this build does not compute are refused naming the key.
-absl::Status ParseRope(const nlohmann::json& j, Qwen3Config* c) {
+absl::Status ParseRope(const nlohmann::json& j, ModelConfig* c) {
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     if (!j.contains(key) || j[key].is_null()) continue;
     const nlohmann::json& r = j[key];
@@ -109,7 +109,7 @@ absl::Status ParseRope(const nlohmann::json& j, Qwen3Config* c) {
 // The sliding window, where a family has one: mistral's sliding_window (null: none); qwen2/qwen3's
 // when use_sliding_window is true and some layer has it (max_window_layers, or transformers 5's
 // layer_types).
-absl::Status ParseSlidingWindow(const nlohmann::json& j, Qwen3Config* c) {
+absl::Status ParseSlidingWindow(const nlohmann::json& j, ModelConfig* c) {
   auto window = [&]() -> absl::Status {
     if (!j.contains("sliding_window") || j["sliding_window"].is_null()) return absl::OkStatus();
     if (!j["sliding_window"].is_number_integer() || j["sliding_window"].get<int64_t>() <= 0) {
@@ -159,10 +159,10 @@ const char* ModelTypeName(ModelFamily family) {
   return "?";
 }
 
-absl::StatusOr<Qwen3Config> Qwen3Config::FromJson(absl::string_view json_text) {
+absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
-  Qwen3Config c;
+  ModelConfig c;
   if (j.contains("model_type")) {
     bool known = false;
     for (ModelFamily f : kFamilies) {
@@ -247,14 +247,14 @@ absl::StatusOr<Qwen3Config> Qwen3Config::FromJson(absl::string_view json_text) {
   return c;
 }
 
-absl::StatusOr<Qwen3Config> Qwen3Config::FromFile(const std::string& path) {
+absl::StatusOr<ModelConfig> ModelConfig::FromFile(const std::string& path) {
   ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, kMaxConfigFileBytes, "model config"));
   auto c = FromJson(text);
   if (!c.ok()) return Annotate(c.status(), path);
   return c;
 }
 
-std::vector<float> Qwen3Config::RopeInverseFrequencies() const {
+std::vector<float> ModelConfig::RopeInverseFrequencies() const {
   const int64_t half = head_dim / 2;
   std::vector<float> inv(half);
   // HF: 1.0 / (base ** (arange(0, dim, 2, dtype=int64).float() / dim)), float32 throughout.
@@ -285,7 +285,7 @@ std::vector<float> Qwen3Config::RopeInverseFrequencies() const {
   return inv;
 }
 
-std::string Qwen3Config::ToJson() const {
+std::string ModelConfig::ToJson() const {
   nlohmann::ordered_json j;
   if (!source_json.empty()) {
     j = nlohmann::ordered_json::parse(source_json, nullptr, /*allow_exceptions=*/false);
@@ -353,13 +353,13 @@ std::string Qwen3Config::ToJson() const {
   return j.dump(2) + "\n";
 }
 
-std::string Qwen3Config::PresetNames() {
+std::string ModelConfig::PresetNames() {
   return "qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, "
          "qwen2.5-14b, llama3.2-1b, llama3.2-3b, llama3.1-8b, mistral-7b, tiny, tiny-qwen2, tiny-llama, tiny-mistral";
 }
 
-absl::StatusOr<Qwen3Config> Qwen3Config::Preset(absl::string_view name) {
-  Qwen3Config c;
+absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
+  ModelConfig c;
   c.vocab_size = 151936;
   c.head_dim = 128;
   c.num_key_value_heads = 8;
@@ -490,7 +490,7 @@ void CopyNormsFromMaster(const UnitLayout& unit, const float* master, float* sid
   }
 }
 
-ModelLayout ModelLayout::Build(const Qwen3Config& c) {
+ModelLayout ModelLayout::Build(const ModelConfig& c) {
   ModelLayout m;
   m.config = c;
   m.head_uses_embedding = c.tie_word_embeddings;
@@ -572,7 +572,7 @@ int ModelLayout::OffloadedLayers(double ratio) const {
 }
 
 double ModelLayout::ModelFlopsPerToken(int64_t seq_len) const {
-  const Qwen3Config& c = config;
+  const ModelConfig& c = config;
   double matmul = static_cast<double>(param_count()) - static_cast<double>(c.vocab_size * c.hidden_size);
   if (c.tie_word_embeddings) matmul += static_cast<double>(c.vocab_size * c.hidden_size);
   return 6.0 * matmul + 6.0 * c.num_hidden_layers * seq_len * c.q_dim();

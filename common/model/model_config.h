@@ -40,7 +40,7 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
-struct Qwen3Config {
+struct ModelConfig {
   ModelFamily family = ModelFamily::kQwen3;
   int64_t hidden_size = 0;
   int64_t num_hidden_layers = 0;
@@ -82,8 +82,8 @@ struct Qwen3Config {
   // many); a model_type other than the four families, a field that would change the math this
   // build does not implement (another rope type, biases elsewhere, another activation, ...), or
   // missing required sizes is INVALID_ARGUMENT naming the field.
-  static absl::StatusOr<Qwen3Config> FromJson(absl::string_view json_text);
-  static absl::StatusOr<Qwen3Config> FromFile(const std::string& path);
+  static absl::StatusOr<ModelConfig> FromJson(absl::string_view json_text);
+  static absl::StatusOr<ModelConfig> FromFile(const std::string& path);
   // HF-loadable config.json text: the source config with this config's fields written over it,
   // or, for a preset, the family's (architectures <Family>ForCausalLM).
   std::string ToJson() const;
@@ -91,7 +91,7 @@ struct Qwen3Config {
   // Reference shapes (random init): "qwen3-0.6b" ... "qwen3-14b", "qwen2.5-0.5b" ... "qwen2.5-14b",
   // "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "mistral-7b" (v0.3), and the CI-sized "tiny"
   // (Qwen3-shaped: hidden 64, 2 layers, vocab 512), "tiny-qwen2", "tiny-llama", "tiny-mistral".
-  static absl::StatusOr<Qwen3Config> Preset(absl::string_view name);
+  static absl::StatusOr<ModelConfig> Preset(absl::string_view name);
   // The preset names, for messages.
   static std::string PresetNames();
 };
@@ -162,12 +162,12 @@ std::string DescribeUnitElement(const UnitLayout& unit, int64_t offset);
 void CopyNormsFromMaster(const UnitLayout& unit, const float* master, float* side);
 
 struct ModelLayout {
-  Qwen3Config config;
+  ModelConfig config;
   std::vector<UnitLayout> units;  // forward order: embed, layer.0 .. layer.L-1, head
   int64_t total_numel = 0;
   bool head_uses_embedding = false;  // tied: the head's LM head weight is the embedding's
 
-  static ModelLayout Build(const Qwen3Config& config);
+  static ModelLayout Build(const ModelConfig& config);
 
   const UnitLayout& embedding() const { return units.front(); }
   const UnitLayout& head() const { return units.back(); }

@@ -1,5 +1,5 @@
 // The dense decoder math of the CPU reference backend (Qwen3, and the families of
-// common/model/qwen3_config.h), in plain C++ templated on the real type.
+// common/model/model_config.h), in plain C++ templated on the real type.
 //
 // float is what the backend runs (FP32 activations, BF16 parameters upcast); double is what the
 // gradient checks run, on exactly the same code. Semantics follow HF transformers'
@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/model/qwen3_config.h"
+#include "common/model/model_config.h"
 #include "worker/compute/backend.h"
 #include "worker/compute/cpu/cpu_worker_pool.h"
 
@@ -38,11 +38,11 @@ struct DecoderDims {
   double rope_theta = 1e6;
   bool qk_norm = true;                // per-head q/k RMSNorm before RoPE (qwen3)
   bool qkv_bias = false;              // biases on the q/k/v projections (qwen2)
-  std::vector<float> rope_inv_freq;   // [head_dim / 2], Qwen3Config::RopeInverseFrequencies
+  std::vector<float> rope_inv_freq;   // [head_dim / 2], ModelConfig::RopeInverseFrequencies
 
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }
-  static DecoderDims From(const Qwen3Config& config);
+  static DecoderDims From(const ModelConfig& config);
 };
 
 // Element offsets of the decoder tensors inside one flat unit array (ModelLayout's layout); -1 for
@@ -50,7 +50,7 @@ struct DecoderDims {
 struct DecoderOffsets {
   int64_t at[kNumDecoderTensors] = {};
   int64_t unit_numel = 0;
-  static DecoderOffsets From(const Qwen3Config& config);
+  static DecoderOffsets From(const ModelConfig& config);
 };
 
 // RoPE cos/sin per token, [T, head_dim/2], computed in FP32 as HF does (angle = position *
