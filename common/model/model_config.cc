@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -28,6 +29,72 @@ void AddTensor(UnitLayout& unit, std::string name, std::vector<int64_t> shape, S
   unit.tensors.push_back(TensorSlot{std::move(name), std::move(shape), unit.numel, numel, norm ? unit.fp32_numel : -1});
   unit.numel += AlignUp(numel);
   if (norm) unit.fp32_numel += (numel + kFp32SideAlignNumel - 1) / kFp32SideAlignNumel * kFp32SideAlignNumel;
+}
+
+absl::Status Refuse(absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("config.json: ", field, ": ", why));
+}
+
+const char* RopeTypeName(RopeScaling::Type type) {
+  switch (type) {
+    case RopeScaling::Type::kNone:
+      return "default";
+    case RopeScaling::Type::kLinear:
+      return "linear";
+    case RopeScaling::Type::kDynamic:
+      return "dynamic";
+    case RopeScaling::Type::kLlama3:
+      return "llama3";
+    case RopeScaling::Type::kYarn:
+      return "yarn";
+  }
+  return "?";
+}
+
+// The scaling's parameters in range, each refused naming `key`.<field> (key: the JSON object they
+// came from, or "rope_scaling" for a config built in code).
+absl::Status CheckRopeScaling(const ModelConfig& c, absl::string_view key) {
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == RopeScaling::Type::kNone) return absl::OkStatus();
+  auto bad = [&](absl::string_view field, absl::string_view why, double got) {
+    return Refuse(absl::StrCat(key, ".", field),
+                  absl::StrCat(why, " for ", RopeTypeName(s.type), " scaling, got ", got));
+  };
+  if (!(s.factor >= 1) || !std::isfinite(s.factor)) return bad("factor", "must be a finite number >= 1", s.factor);
+  if (s.type == RopeScaling::Type::kDynamic && c.head_dim <= 2) {
+    return bad("rope_type", "needs head_dim > 2 (the exponent d / (d - 2))", static_cast<double>(c.head_dim));
+  }
+  if (s.type != RopeScaling::Type::kLlama3 && s.type != RopeScaling::Type::kYarn) return absl::OkStatus();
+  if (s.original_max_position_embeddings < 1 || s.original_max_position_embeddings > 1000000000) {
+    return bad("original_max_position_embeddings", "must be an integer in [1, 1e9]",
+               static_cast<double>(s.original_max_position_embeddings));
+  }
+  if (s.type == RopeScaling::Type::kLlama3) {
+    if (!(s.low_freq_factor > 0)) return bad("low_freq_factor", "must be > 0", s.low_freq_factor);
+    if (!(s.high_freq_factor > s.low_freq_factor) || !std::isfinite(s.high_freq_factor)) {
+      return bad("high_freq_factor", absl::StrCat("must be finite and > low_freq_factor ", s.low_freq_factor),
+                 s.high_freq_factor);
+    }
+    return absl::OkStatus();
+  }
+  if (!(s.beta_fast > 0) || !std::isfinite(s.beta_fast)) {
+    return bad("beta_fast", "must be a finite number > 0", s.beta_fast);
+  }
+  if (!(s.beta_slow > 0) || !(s.beta_slow <= s.beta_fast)) {
+    return bad("beta_slow", absl::StrCat("must be > 0 and <= beta_fast ", s.beta_fast), s.beta_slow);
+  }
+  if (!(s.attention_factor >= 0) || !std::isfinite(s.attention_factor)) {
+    return bad("attention_factor", "must be a finite number > 0", s.attention_factor);
+  }
+  for (auto [field, v] : {std::pair<const char*, double>{"mscale", s.mscale}, {"mscale_all_dim", s.mscale_all_dim}}) {
+    if (!std::isfinite(v)) return bad(field, "must be finite", v);
+  }
+  const double scaling = c.RopeAttentionScaling();
+  if (!(scaling > 0) || !std::isfinite(scaling)) {
+    return bad(s.mscale != 0 ? "mscale" : "attention_factor", "gives an attention factor that is not finite and > 0",
+               scaling);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -54,7 +121,7 @@ absl::Status ModelConfig::Validate() const {
   if (!(rope_theta > 0)) return absl::InvalidArgumentError("config: rope_theta must be > 0");
   if (!(rms_norm_eps > 0)) return absl::InvalidArgumentError("config: rms_norm_eps must be > 0");
   if (vocab_size > (int64_t{1} << 31)) return absl::InvalidArgumentError("config: vocab_size too large");
-  return absl::OkStatus();
+  return CheckRopeScaling(*this, "rope_scaling");
 }
 
 namespace {
@@ -62,48 +129,125 @@ namespace {
 constexpr ModelFamily kFamilies[] = {ModelFamily::kQwen3, ModelFamily::kQwen2, ModelFamily::kLlama,
                                      ModelFamily::kMistral};
 
-absl::Status Refuse(absl::string_view field, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("config.json: ", field, ": ", why));
-}
-
 // rope_parameters (transformers 5) or rope_scaling (older): the rope type, theta, and the
-// scaling's parameters. Types this build does not compute are refused naming the key.
+// scaling's parameters, read as HF's RotaryEmbeddingConfigMixin reads them (convert_rope_params_to_dict,
+// standardize_rope_params): rope_scaling when it is a non-empty object, else rope_parameters;
+// rope_type, else type, else "default"; theta from the object, else the top level. Types this build
+// does not compute, and parameters out of range, are refused naming the key.
 absl::Status ParseRope(const nlohmann::json& j, ModelConfig* c) {
-  for (const char* key : {"rope_parameters", "rope_scaling"}) {
-    if (!j.contains(key) || j[key].is_null()) continue;
-    const nlohmann::json& r = j[key];
-    if (!r.is_object()) return Refuse(key, "must be an object");
-    const std::string type = r.contains("rope_type") && r["rope_type"].is_string() ? r["rope_type"].get<std::string>()
-                             : r.contains("type") && r["type"].is_string()         ? r["type"].get<std::string>()
-                                                                                   : "default";
-    auto number = [&](const char* name, double* out) -> absl::Status {
-      if (!r.contains(name)) return Refuse(absl::StrCat(key, ".", name), "missing");
-      if (!r[name].is_number()) return Refuse(absl::StrCat(key, ".", name), absl::StrCat("must be a number, got ", r[name].dump()));
-      *out = r[name].get<double>();
-      return absl::OkStatus();
-    };
-    if (r.contains("rope_theta")) RETURN_IF_ERROR(number("rope_theta", &c->rope_theta));
-    if (type == "default") continue;
-    if (type != "llama3") {
-      return Refuse(absl::StrCat(key, ".rope_type"),
-                    absl::StrCat("\"", type, "\" is not supported (supported: default, llama3)"));
+  for (const char* k : {"rope_scaling", "rope_parameters"}) {
+    if (j.contains(k) && !j[k].is_null() && !j[k].is_object()) return Refuse(k, "must be an object or null");
+  }
+  const char* key = j.contains("rope_scaling") && j["rope_scaling"].is_object() && !j["rope_scaling"].empty()
+                        ? "rope_scaling"
+                    : j.contains("rope_parameters") && j["rope_parameters"].is_object() ? "rope_parameters"
+                                                                                        : nullptr;
+  auto field = [&](absl::string_view name) { return absl::StrCat(key != nullptr ? key : "", ".", name); };
+  // partial_rotary_factor would rotate only the first part of each head.
+  for (const nlohmann::json* o : {&j, key != nullptr ? &j[key] : &j}) {
+    if (o->contains("partial_rotary_factor") && !(*o)["partial_rotary_factor"].is_null() &&
+        (*o)["partial_rotary_factor"] != 1.0) {
+      return Refuse(o == &j ? std::string("partial_rotary_factor") : field("partial_rotary_factor"),
+                    absl::StrCat((*o)["partial_rotary_factor"].dump(), " is not supported (RoPE over the whole head)"));
     }
-    RopeScaling& s = c->rope_scaling;
+  }
+  if (key == nullptr) return absl::OkStatus();
+  const nlohmann::json& r = j[key];
+  for (const auto& [name, value] : r.items()) {
+    if (value.is_object()) {
+      return Refuse(field(name), "RoPE parameters per layer type are not supported (one set for every layer)");
+    }
+  }
+  const std::string type = r.contains("rope_type") && r["rope_type"].is_string() ? r["rope_type"].get<std::string>()
+                           : r.contains("type") && r["type"].is_string()         ? r["type"].get<std::string>()
+                                                                                 : "default";
+  // number: required unless `fallback` is given (used when the key is absent or null).
+  auto number = [&](const char* name, double* out, std::optional<double> fallback = std::nullopt) -> absl::Status {
+    if (!r.contains(name) || r[name].is_null()) {
+      if (!fallback.has_value()) return Refuse(field(name), "missing");
+      *out = *fallback;
+      return absl::OkStatus();
+    }
+    if (!r[name].is_number()) return Refuse(field(name), absl::StrCat("must be a number, got ", r[name].dump()));
+    *out = r[name].get<double>();
+    return absl::OkStatus();
+  };
+  if (r.contains("rope_theta")) RETURN_IF_ERROR(number("rope_theta", &c->rope_theta));
+  RopeScaling& s = c->rope_scaling;
+  s = RopeScaling{};
+  if (type == "default") return absl::OkStatus();
+  if (type == "linear") {
+    s.type = RopeScaling::Type::kLinear;
+  } else if (type == "dynamic") {
+    s.type = RopeScaling::Type::kDynamic;
+  } else if (type == "llama3") {
     s.type = RopeScaling::Type::kLlama3;
-    double original = 0;
+  } else if (type == "yarn") {
+    s.type = RopeScaling::Type::kYarn;
+  } else {
+    return Refuse(field("rope_type"),
+                  absl::StrCat("\"", type, "\" is not supported (supported: default, linear, dynamic, llama3, yarn)"));
+  }
+  const bool yarn = s.type == RopeScaling::Type::kYarn;
+  if (yarn && r.contains("factor") && r["factor"].is_null()) {
+    s.factor = 0;  // HF's yarn: the ratio of the context lengths, set once the original one is known
+  } else {
     RETURN_IF_ERROR(number("factor", &s.factor));
+  }
+  if (s.type == RopeScaling::Type::kLlama3) {
     RETURN_IF_ERROR(number("low_freq_factor", &s.low_freq_factor));
     RETURN_IF_ERROR(number("high_freq_factor", &s.high_freq_factor));
-    RETURN_IF_ERROR(number("original_max_position_embeddings", &original));
-    if (!(s.factor >= 1) || !(s.low_freq_factor > 0) || !(s.high_freq_factor > s.low_freq_factor) ||
-        !(original >= 1 && original <= 1e9) || original != std::floor(original)) {
-      return Refuse(key, absl::StrCat("llama3 scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and an "
-                                      "integer original_max_position_embeddings, got ",
-                                      r.dump()));
+  }
+  if (s.type == RopeScaling::Type::kLlama3 || yarn) {
+    // HF (standardize_rope_params): the object's value, else max_position_embeddings; a top-level
+    // original_max_position_embeddings takes over for some model classes only, so one that
+    // disagrees with the object's is refused rather than guessed.
+    double original = 0;
+    RETURN_IF_ERROR(number("original_max_position_embeddings", &original,
+                           static_cast<double>(c->max_position_embeddings)));
+    if (!(original >= 1 && original <= 1e9) || original != std::floor(original)) {
+      return Refuse(field("original_max_position_embeddings"),
+                    absl::StrCat("must be an integer in [1, 1e9], got ", original,
+                                 r.contains("original_max_position_embeddings") ? "" : " (max_position_embeddings)"));
+    }
+    if (j.contains("original_max_position_embeddings") && !j["original_max_position_embeddings"].is_null() &&
+        (!r.contains("original_max_position_embeddings") ||
+         j["original_max_position_embeddings"] != r["original_max_position_embeddings"])) {
+      return Refuse("original_max_position_embeddings",
+                    absl::StrCat(j["original_max_position_embeddings"].dump(), " at the top level differs from ",
+                                 field("original_max_position_embeddings"), " ",
+                                 r.contains("original_max_position_embeddings")
+                                     ? r["original_max_position_embeddings"].dump()
+                                     : std::string("(absent)"),
+                                 "; give it in ", key, " only"));
     }
     s.original_max_position_embeddings = static_cast<int64_t>(original);
   }
-  return absl::OkStatus();
+  if (yarn) {
+    if (s.factor == 0) {
+      s.factor =
+          static_cast<double>(c->max_position_embeddings) / static_cast<double>(s.original_max_position_embeddings);
+    }
+    // HF: `beta_fast or 32`, `beta_slow or 1` (0 is the default too); `attention_factor is None`;
+    // `mscale and mscale_all_dim` (0 is not given).
+    RETURN_IF_ERROR(number("beta_fast", &s.beta_fast, 32.0));
+    RETURN_IF_ERROR(number("beta_slow", &s.beta_slow, 1.0));
+    if (s.beta_fast == 0) s.beta_fast = 32;
+    if (s.beta_slow == 0) s.beta_slow = 1;
+    RETURN_IF_ERROR(number("mscale", &s.mscale, 0.0));
+    RETURN_IF_ERROR(number("mscale_all_dim", &s.mscale_all_dim, 0.0));
+    RETURN_IF_ERROR(number("attention_factor", &s.attention_factor, 0.0));
+    if (r.contains("attention_factor") && !r["attention_factor"].is_null() && !(s.attention_factor > 0)) {
+      return Refuse(field("attention_factor"), absl::StrCat("must be > 0, got ", r["attention_factor"].dump()));
+    }
+    if (r.contains("truncate") && !r["truncate"].is_null()) {
+      if (!r["truncate"].is_boolean()) {
+        return Refuse(field("truncate"), absl::StrCat("must be a boolean, got ", r["truncate"].dump()));
+      }
+      s.truncate = r["truncate"].get<bool>();
+    }
+  }
+  return CheckRopeScaling(*c, key);
 }
 
 // The sliding window, where a family has one: mistral's sliding_window (null: none); qwen2/qwen3's
@@ -254,36 +398,137 @@ absl::StatusOr<ModelConfig> ModelConfig::FromFile(const std::string& path) {
   return c;
 }
 
+// HF modeling_rope_utils.py (transformers 5.17), function by function. Every tensor there is
+// float32 and the Python scalars it meets take the tensor's type in each operation (on the CPU,
+// where HF computes these at init, a division stays a division); the scalars' own arithmetic
+// (yarn's correction range, dynamic's base) is in double.
 std::vector<float> ModelConfig::RopeInverseFrequencies() const {
+  const RopeScaling& s = rope_scaling;
   const int64_t half = head_dim / 2;
-  std::vector<float> inv(half);
-  // HF: 1.0 / (base ** (arange(0, dim, 2, dtype=int64).float() / dim)), float32 throughout.
+  double base = rope_theta;
+  if (s.type == RopeScaling::Type::kDynamic) {
+    // _compute_dynamic_ntk_parameters at init (seq_len = max_position_embeddings, see RopeScaling).
+    const double len = static_cast<double>(max_position_embeddings), dim = static_cast<double>(head_dim);
+    base = rope_theta * std::pow(s.factor * len / len - (s.factor - 1), dim / (dim - 2));
+  }
+  // HF: base ** (arange(0, dim, 2, dtype=int64).float() / dim), then 1.0 / that.
+  std::vector<float> pos_freq(half), inv(half);
   for (int64_t i = 0; i < half; ++i) {
     const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
-    inv[i] = 1.0f / std::pow(static_cast<float>(rope_theta), exponent);
+    pos_freq[i] = std::pow(static_cast<float>(base), exponent);
+    inv[i] = 1.0f / pos_freq[i];
   }
-  if (rope_scaling.type == RopeScaling::Type::kLlama3) {
-    // HF _compute_llama3_parameters: float32 tensors against Python scalars, which take the
-    // tensor's float32 type in each operation (the scalars' own arithmetic is in double).
-    const RopeScaling& s = rope_scaling;
-    const float factor = static_cast<float>(s.factor);
-    const double old_len = static_cast<double>(s.original_max_position_embeddings);
-    const float low_wavelen = static_cast<float>(old_len / s.low_freq_factor);
-    const float high_wavelen = static_cast<float>(old_len / s.high_freq_factor);
-    const float two_pi = static_cast<float>(2 * M_PI);
-    const float low = static_cast<float>(s.low_freq_factor);
-    const float band = static_cast<float>(s.high_freq_factor - s.low_freq_factor);
-    for (float& f : inv) {
-      const float wavelen = two_pi / f;
-      const float scaled = wavelen > low_wavelen ? f / factor : f;
-      const float smooth = (static_cast<float>(old_len) / wavelen - low) / band;
-      const float smoothed = (1.0f - smooth) * scaled / factor + smooth * scaled;
-      const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
-      f = medium ? smoothed : scaled;
+  switch (s.type) {
+    case RopeScaling::Type::kNone:
+    case RopeScaling::Type::kDynamic:
+      break;
+    case RopeScaling::Type::kLinear: {  // _compute_linear_scaling_rope_parameters: inv_freq /= factor
+      const float factor = static_cast<float>(s.factor);
+      for (float& f : inv) f = f / factor;
+      break;
+    }
+    case RopeScaling::Type::kLlama3: {  // _compute_llama3_parameters
+      const float factor = static_cast<float>(s.factor);
+      const double old_len = static_cast<double>(s.original_max_position_embeddings);
+      const float low_wavelen = static_cast<float>(old_len / s.low_freq_factor);
+      const float high_wavelen = static_cast<float>(old_len / s.high_freq_factor);
+      const float two_pi = static_cast<float>(2 * M_PI);
+      const float low = static_cast<float>(s.low_freq_factor);
+      const float band = static_cast<float>(s.high_freq_factor - s.low_freq_factor);
+      for (float& f : inv) {
+        const float wavelen = two_pi / f;
+        const float scaled = wavelen > low_wavelen ? f / factor : f;
+        const float smooth = (static_cast<float>(old_len) / wavelen - low) / band;
+        const float smoothed = (1.0f - smooth) * scaled / factor + smooth * scaled;
+        const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+        f = medium ? smoothed : scaled;
+      }
+      break;
+    }
+    case RopeScaling::Type::kYarn: {  // _compute_yarn_parameters
+      // find_correction_dim: the dimension whose frequency turns `rotations` times over the
+      // original context; find_correction_range: floor / ceil (truncate), clamped to [0, dim - 1].
+      const double dim = static_cast<double>(head_dim);
+      const double original = static_cast<double>(s.original_max_position_embeddings);
+      auto correction_dim = [&](double rotations) {
+        return (dim * std::log(original / (rotations * 2 * M_PI))) / (2 * std::log(rope_theta));
+      };
+      double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+      if (s.truncate) {
+        low = std::floor(low);
+        high = std::ceil(high);
+      }
+      low = std::max(low, 0.0);
+      high = std::min(high, dim - 1);
+      if (low == high) high += 0.001;  // linear_ramp_factor: "prevent singularity"
+      const float ramp_low = static_cast<float>(low), ramp_span = static_cast<float>(high - low);
+      const float factor = static_cast<float>(s.factor);
+      for (int64_t i = 0; i < half; ++i) {
+        const float ramp = std::clamp((static_cast<float>(i) - ramp_low) / ramp_span, 0.0f, 1.0f);
+        const float extrapolation_weight = 1.0f - ramp;  // HF's inv_freq_extrapolation_factor
+        const float interpolation = 1.0f / (factor * pos_freq[i]);
+        inv[i] = interpolation * (1.0f - extrapolation_weight) + inv[i] * extrapolation_weight;
+      }
+      break;
     }
   }
   return inv;
 }
+
+double ModelConfig::RopeAttentionScaling() const {
+  const RopeScaling& s = rope_scaling;
+  if (s.type != RopeScaling::Type::kYarn) return 1.0;
+  if (s.attention_factor != 0) return s.attention_factor;
+  // _compute_yarn_parameters' get_mscale: 0.1 * mscale * ln(factor) + 1 (1 for factor <= 1).
+  auto mscale_of = [&](double mscale) { return s.factor <= 1 ? 1.0 : 0.1 * mscale * std::log(s.factor) + 1.0; };
+  if (s.mscale != 0 && s.mscale_all_dim != 0) return mscale_of(s.mscale) / mscale_of(s.mscale_all_dim);
+  return mscale_of(1);
+}
+
+namespace {
+
+// The scaling as HF's rope_scaling object (rope_theta apart), or null for plain RoPE.
+nlohmann::ordered_json RopeScalingJson(const RopeScaling& s) {
+  nlohmann::ordered_json r = {{"rope_type", RopeTypeName(s.type)}, {"factor", s.factor}};
+  switch (s.type) {
+    case RopeScaling::Type::kNone:
+      return nullptr;
+    case RopeScaling::Type::kLinear:
+    case RopeScaling::Type::kDynamic:
+      break;
+    case RopeScaling::Type::kLlama3:
+      r["low_freq_factor"] = s.low_freq_factor;
+      r["high_freq_factor"] = s.high_freq_factor;
+      r["original_max_position_embeddings"] = s.original_max_position_embeddings;
+      break;
+    case RopeScaling::Type::kYarn:
+      r["original_max_position_embeddings"] = s.original_max_position_embeddings;
+      r["beta_fast"] = s.beta_fast;
+      r["beta_slow"] = s.beta_slow;
+      r["truncate"] = s.truncate;
+      if (s.attention_factor != 0) r["attention_factor"] = s.attention_factor;
+      if (s.mscale != 0) r["mscale"] = s.mscale;
+      if (s.mscale_all_dim != 0) r["mscale_all_dim"] = s.mscale_all_dim;
+      break;
+  }
+  return r;
+}
+
+// Writes theta and the scaling so that transformers 4 (rope_theta + rope_scaling) and 5 (which
+// takes a non-null rope_scaling over rope_parameters) both read them; a rope_parameters object
+// already there is rewritten to agree.
+void WriteRope(const ModelConfig& c, nlohmann::ordered_json& j) {
+  const nlohmann::ordered_json scaling = RopeScalingJson(c.rope_scaling);
+  j["rope_theta"] = c.rope_theta;
+  j["rope_scaling"] = scaling;
+  if (j.contains("rope_parameters")) {
+    nlohmann::ordered_json p = scaling.is_null() ? nlohmann::ordered_json{{"rope_type", "default"}} : scaling;
+    p["rope_theta"] = c.rope_theta;
+    j["rope_parameters"] = p;
+  }
+}
+
+}  // namespace
 
 std::string ModelConfig::ToJson() const {
   nlohmann::ordered_json j;
@@ -312,19 +557,18 @@ std::string ModelConfig::ToJson() const {
   j["initializer_range"] = initializer_range;
   j["torch_dtype"] = torch_dtype;
   if (j.contains("dtype")) j["dtype"] = torch_dtype;
+  if (!preset) {
+    // The source's own RoPE objects, unless this config's RoPE was changed after parsing (a
+    // longer context): then the new one, or HF would load the old.
+    const absl::StatusOr<ModelConfig> parsed = FromJson(source_json);
+    if (!parsed.ok() || parsed->rope_theta != rope_theta || !(parsed->rope_scaling == rope_scaling)) {
+      WriteRope(*this, j);
+    }
+  }
   if (preset) {
     j["hidden_act"] = "silu";
     j["attention_dropout"] = 0.0;
-    j["rope_theta"] = rope_theta;
-    if (rope_scaling.type == RopeScaling::Type::kLlama3) {
-      j["rope_scaling"] = {{"rope_type", "llama3"},
-                           {"factor", rope_scaling.factor},
-                           {"low_freq_factor", rope_scaling.low_freq_factor},
-                           {"high_freq_factor", rope_scaling.high_freq_factor},
-                           {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
-    } else {
-      j["rope_scaling"] = nullptr;
-    }
+    WriteRope(*this, j);
     j["use_cache"] = true;
     switch (family) {
       case ModelFamily::kQwen3:

@@ -5,9 +5,10 @@
 // the differences HF's modeling code has between them:
 //   qwen3   : per-head q/k RMSNorm before RoPE, no biases
 //   qwen2   : Qwen2 / Qwen2.5: q/k/v projections with biases, no q/k norm
-//   llama   : Llama 2/3.x: no biases, no q/k norm, RoPE scaling of type llama3
+//   llama   : Llama 2/3.x: no biases, no q/k norm (RoPE scaling of type llama3 in 3.1+)
 //   mistral : as llama; a sliding window only where it changes nothing (see SlidingWindowCovers)
-// A config field this build does not implement is refused when parsed, naming the field.
+// Any family may scale its RoPE (RopeScaling: linear, dynamic, llama3, yarn). A config field this
+// build does not implement is refused when parsed, naming the field.
 //
 // A model is streamed as units: the embedding, each decoder layer, and the head (final norm +
 // LM head). Each unit's parameters are one flat array; tensors sit at fixed offsets inside it,
@@ -29,15 +30,44 @@ enum class ModelFamily { kQwen3, kQwen2, kLlama, kMistral };
 // HF's model_type: "qwen3", "qwen2", "llama", "mistral".
 const char* ModelTypeName(ModelFamily family);
 
-// RoPE's inverse frequencies as HF's rope_parameters / rope_scaling give them. kLlama3: Llama 3.1's
-// smooth per-band rescaling of the default frequencies (HF _compute_llama3_parameters).
+// RoPE scaling as HF's rope_parameters / rope_scaling give it (transformers 5.17,
+// modeling_rope_utils.py; ModelConfig::RopeInverseFrequencies and RopeAttentionScaling compute it):
+//   kLinear : every inverse frequency divided by factor (_compute_linear_scaling_rope_parameters).
+//   kDynamic: dynamic NTK (_compute_dynamic_ntk_parameters). HF recomputes the frequencies only when
+//             a forward sees a position >= max_position_embeddings; below that they are the ones
+//             computed at init (theta * 1^(d/(d-2)) = theta). Exact here because hostd refuses
+//             train.seq_len > max_position_embeddings (training_executor.cc) and the backends refuse
+//             positions past it: that check must stay for this type.
+//   kLlama3 : Llama 3.1's smooth per-band rescaling (_compute_llama3_parameters).
+//   kYarn   : YaRN (_compute_yarn_parameters): interpolated (divided by factor) below the beta_slow
+//             rotations over original_max_position_embeddings, untouched above beta_fast, a linear
+//             ramp between; cos and sin are multiplied by an attention factor (default
+//             0.1 ln(factor) + 1, or the mscale / mscale_all_dim ratio, or attention_factor).
 struct RopeScaling {
-  enum class Type { kNone, kLlama3 };
+  enum class Type { kNone, kLinear, kDynamic, kLlama3, kYarn };
   Type type = Type::kNone;
   double factor = 1;
-  double low_freq_factor = 1;
-  double high_freq_factor = 4;
-  int64_t original_max_position_embeddings = 8192;
+  double low_freq_factor = 1;                       // llama3
+  double high_freq_factor = 4;                      // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3, yarn: the pretraining context
+  // yarn: the ramp's bounds in rotations over the original context (HF: a missing or 0 value is the
+  // default), whether they are rounded outward to whole dimensions, and the attention factor's
+  // inputs (0: not given, as HF's falsy None).
+  double beta_fast = 32;
+  double beta_slow = 1;
+  bool truncate = true;
+  double mscale = 0;
+  double mscale_all_dim = 0;
+  double attention_factor = 0;
+
+  // Written out: CUDA translation units include this header as C++17 (no defaulted ==).
+  bool operator==(const RopeScaling& o) const {
+    return type == o.type && factor == o.factor && low_freq_factor == o.low_freq_factor &&
+           high_freq_factor == o.high_freq_factor &&
+           original_max_position_embeddings == o.original_max_position_embeddings && beta_fast == o.beta_fast &&
+           beta_slow == o.beta_slow && truncate == o.truncate && mscale == o.mscale &&
+           mscale_all_dim == o.mscale_all_dim && attention_factor == o.attention_factor;
+  }
 };
 
 struct ModelConfig {
@@ -71,6 +101,9 @@ struct ModelConfig {
   // RoPE's inverse frequencies [head_dim / 2] in float32, computed as HF computes them (the
   // default theta^(-2i/d) in float32, then the scaling's float32 arithmetic).
   std::vector<float> RopeInverseFrequencies() const;
+  // The factor HF multiplies into cos and sin (its attention_scaling): 1 except for yarn. Both
+  // backends apply it as HF does, cos_f32 * float(factor); 1 leaves them bit-identical.
+  double RopeAttentionScaling() const;
   // True when rows of seq_len tokens see no difference from full causal attention: no sliding
   // window, or one at least as wide as the row (a document is never longer than its row).
   bool SlidingWindowCovers(int64_t seq_len) const { return sliding_window == 0 || sliding_window >= seq_len; }

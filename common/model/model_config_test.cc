@@ -1,5 +1,7 @@
 #include "common/model/model_config.h"
 
+#include <cmath>
+
 #include "gtest/gtest.h"
 
 namespace slidedp {
@@ -60,9 +62,9 @@ TEST(ModelConfig, RopeParametersOfTransformers5) {
   auto c = ModelConfig::FromJson("{" + base + R"("rope_parameters":{"rope_type":"default","rope_theta":5000.0}})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_DOUBLE_EQ(c->rope_theta, 5000.0);
-  auto bad = ModelConfig::FromJson("{" + base + R"("rope_scaling":{"rope_type":"yarn","factor":4.0}})");
+  auto bad = ModelConfig::FromJson("{" + base + R"("rope_scaling":{"rope_type":"longrope","factor":4.0}})");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("yarn"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("longrope"), std::string::npos);
 }
 
 }  // namespace
@@ -156,7 +158,7 @@ TEST(ModelFamilies, FieldsThatChangeTheMathAreRefusedByName) {
   refused(R"({"model_type":"llama",)" + Sizes() + R"(,"attention_bias":true})", "attention_bias");
   refused(R"({"model_type":"llama",)" + Sizes() + R"(,"mlp_bias":true})", "mlp_bias");
   refused(R"({"model_type":"qwen2",)" + Sizes() + R"(,"hidden_act":"gelu"})", "hidden_act");
-  refused(R"({"model_type":"llama",)" + Sizes() + R"(,"rope_scaling":{"rope_type":"yarn","factor":4.0}})",
+  refused(R"({"model_type":"llama",)" + Sizes() + R"(,"rope_scaling":{"rope_type":"longrope","factor":4.0}})",
           "rope_scaling.rope_type");
   refused(R"({"model_type":"llama",)" + Sizes() + R"(,"rope_scaling":{"rope_type":"llama3","factor":8.0}})",
           "low_freq_factor");
@@ -240,3 +242,207 @@ TEST(ModelFamilies, SourceConfigIsKeptOnSave) {
 
 }  // namespace
 }  // namespace slidedp
+
+namespace slidedp {
+namespace {
+
+// A Qwen3 config.json with the given rope_parameters (theta 1e6, head_dim 128 unless overridden).
+absl::StatusOr<ModelConfig> Qwen3With(const std::string& rope, const std::string& extra = "") {
+  return ModelConfig::FromJson(R"({"model_type":"qwen3","hidden_size":256,"num_hidden_layers":2,"num_attention_heads":2,
+      "num_key_value_heads":1,"head_dim":128,"intermediate_size":96,"vocab_size":100,"max_position_embeddings":40960,
+      "rope_parameters":)" + rope + extra + "}");
+}
+
+std::vector<float> DefaultFrequencies(const ModelConfig& c) {
+  ModelConfig plain = c;
+  plain.rope_scaling = RopeScaling{};
+  return plain.RopeInverseFrequencies();
+}
+
+// Qwen3's documented long-context setting. HF _compute_yarn_parameters with beta_fast 32,
+// beta_slow 1: the correction range is [floor(23.6), ceil(39.7)] = [23, 40] for head_dim 128,
+// theta 1e6 and 32768 original positions; below it the default frequencies, above it those
+// divided by the factor, a linear ramp between; cos and sin are scaled by 0.1 ln(4) + 1.
+TEST(RopeScalingYarn, QwenDocumentedSetting) {
+  const auto c = Qwen3With(R"({"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32768,
+                               "rope_theta":1000000.0})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kYarn);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 32768);
+  EXPECT_EQ(c->max_position_embeddings, 40960);
+  EXPECT_DOUBLE_EQ(c->RopeAttentionScaling(), 0.1 * std::log(4.0) + 1.0);
+  const std::vector<float> yarn = c->RopeInverseFrequencies(), base = DefaultFrequencies(*c);
+  ASSERT_EQ(yarn.size(), 64u);
+  const double dim = 128, theta = 1e6, original = 32768;
+  const double low = std::floor(dim * std::log(original / (32 * 2 * M_PI)) / (2 * std::log(theta)));
+  const double high = std::ceil(dim * std::log(original / (1 * 2 * M_PI)) / (2 * std::log(theta)));
+  ASSERT_EQ(low, 23);
+  ASSERT_EQ(high, 40);
+  for (int i = 0; i < 64; ++i) {
+    if (i <= low) {
+      EXPECT_EQ(yarn[i], base[i]) << i;  // extrapolated: HF's default frequencies, bit for bit
+    } else if (i >= high) {
+      EXPECT_EQ(yarn[i], base[i] / 4.0f) << i;  // interpolated: divided by the factor (a power of 2: exact)
+    } else {
+      const double ramp = (i - low) / (high - low);
+      const double want = base[i] / 4.0 * ramp + base[i] * (1 - ramp);
+      EXPECT_NEAR(yarn[i], want, 1e-6 * want) << i;
+      EXPECT_LT(yarn[i], base[i]) << i;
+      EXPECT_GT(yarn[i], base[i] / 4.0f) << i;
+    }
+  }
+  // Plain RoPE and llama3 keep an attention scaling of exactly 1.
+  EXPECT_EQ(ModelConfig::Preset("tiny")->RopeAttentionScaling(), 1.0);
+  EXPECT_EQ(ModelConfig::Preset("llama3.1-8b")->RopeAttentionScaling(), 1.0);
+}
+
+// A small case worked by hand: head_dim 8, theta 1e4, 64 original positions: correction range
+// [max(floor(-0.50), 0), ceil(1.008)] = [0, 2], so the ramp over the 4 frequencies is 0, 1/2, 1, 1.
+TEST(RopeScalingYarn, RampWorkedByHand) {
+  ModelConfig c = *ModelConfig::Preset("tiny");
+  c.head_dim = 8;
+  c.rope_theta = 10000;
+  c.rope_scaling.type = RopeScaling::Type::kYarn;
+  c.rope_scaling.factor = 4;
+  c.rope_scaling.original_max_position_embeddings = 64;
+  ASSERT_TRUE(c.Validate().ok()) << c.Validate();
+  const std::vector<float> yarn = c.RopeInverseFrequencies(), base = DefaultFrequencies(c);
+  EXPECT_EQ(yarn[0], base[0]);
+  const float interpolated = 1.0f / (4.0f * (1.0f / base[1]));
+  EXPECT_NEAR(yarn[1], 0.5 * base[1] + 0.5 * interpolated, 1e-7);
+  EXPECT_EQ(yarn[2], base[2] / 4.0f);
+  EXPECT_EQ(yarn[3], base[3] / 4.0f);
+  // Without truncation the range is [0, 1.008]: index 1 is just short of the top of the ramp.
+  c.rope_scaling.truncate = false;
+  const std::vector<float> untruncated = c.RopeInverseFrequencies();
+  EXPECT_EQ(untruncated[0], base[0]);
+  EXPECT_GT(untruncated[1], base[1] / 4.0f);
+  EXPECT_LT(untruncated[1], yarn[1]);
+  EXPECT_EQ(untruncated[2], base[2] / 4.0f);
+}
+
+TEST(RopeScalingYarn, AttentionFactorSources) {
+  const std::string yarn = R"({"rope_type":"yarn","factor":40.0,"original_max_position_embeddings":4096)";
+  const auto deepseek = Qwen3With(yarn + R"(,"mscale":0.707,"mscale_all_dim":0.707,"beta_fast":32,"beta_slow":1})");
+  ASSERT_TRUE(deepseek.ok()) << deepseek.status();
+  EXPECT_DOUBLE_EQ(deepseek->RopeAttentionScaling(), 1.0);  // equal mscales: the ratio is 1
+  const auto ratio = Qwen3With(yarn + R"(,"mscale":1.0,"mscale_all_dim":0.5})");
+  ASSERT_TRUE(ratio.ok()) << ratio.status();
+  EXPECT_DOUBLE_EQ(ratio->RopeAttentionScaling(), (0.1 * std::log(40.0) + 1) / (0.1 * 0.5 * std::log(40.0) + 1));
+  const auto given = Qwen3With(yarn + R"(,"attention_factor":1.25,"mscale":1.0,"mscale_all_dim":0.5})");
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_EQ(given->RopeAttentionScaling(), 1.25);
+  // beta 0 or null is HF's default (`beta_fast or 32`).
+  const auto zero_beta = Qwen3With(yarn + R"(,"beta_fast":0,"beta_slow":null})");
+  ASSERT_TRUE(zero_beta.ok()) << zero_beta.status();
+  EXPECT_EQ(zero_beta->rope_scaling.beta_fast, 32);
+  EXPECT_EQ(zero_beta->rope_scaling.beta_slow, 1);
+}
+
+// HF's standardize_rope_params: a missing original_max_position_embeddings is max_position_embeddings;
+// a null yarn factor is max_position_embeddings / original_max_position_embeddings.
+TEST(RopeScalingYarn, Defaults) {
+  const auto no_original = Qwen3With(R"({"rope_type":"yarn","factor":4.0})");
+  ASSERT_TRUE(no_original.ok()) << no_original.status();
+  EXPECT_EQ(no_original->rope_scaling.original_max_position_embeddings, 40960);
+  const auto null_factor = Qwen3With(R"({"rope_type":"yarn","factor":null,"original_max_position_embeddings":10240})");
+  ASSERT_TRUE(null_factor.ok()) << null_factor.status();
+  EXPECT_EQ(null_factor->rope_scaling.factor, 4.0);
+  // The older key with "type", and theta at the top level.
+  const auto old = ModelConfig::FromJson(R"({"model_type":"qwen3","hidden_size":64,"num_hidden_layers":1,
+      "num_attention_heads":4,"num_key_value_heads":2,"intermediate_size":8,"vocab_size":10,"rope_theta":5e5,
+      "rope_scaling":{"type":"yarn","factor":2.0,"original_max_position_embeddings":512}})");
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->rope_scaling.type, RopeScaling::Type::kYarn);
+  EXPECT_EQ(old->rope_theta, 5e5);
+}
+
+TEST(RopeScaling, LinearAndDynamic) {
+  const auto linear = Qwen3With(R"({"rope_type":"linear","factor":2.5})");
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  const std::vector<float> base = DefaultFrequencies(*linear), lin = linear->RopeInverseFrequencies();
+  for (size_t i = 0; i < base.size(); ++i) EXPECT_EQ(lin[i], base[i] / 2.5f) << i;
+  EXPECT_EQ(linear->RopeAttentionScaling(), 1.0);
+  // Dynamic NTK below max_position_embeddings: the init-time frequencies, theta's own.
+  const auto dynamic = Qwen3With(R"({"rope_type":"dynamic","factor":3.0})");
+  ASSERT_TRUE(dynamic.ok()) << dynamic.status();
+  EXPECT_EQ(dynamic->RopeInverseFrequencies(), base);
+  EXPECT_EQ(dynamic->RopeAttentionScaling(), 1.0);
+}
+
+TEST(RopeScaling, RefusalsNameTheKey) {
+  auto refused = [](const absl::StatusOr<ModelConfig>& c, const std::string& key) {
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << key;
+    EXPECT_NE(c.status().message().find(key), std::string::npos) << c.status();
+  };
+  refused(Qwen3With(R"({"rope_type":"yarn","original_max_position_embeddings":32768})"), "rope_parameters.factor");
+  refused(Qwen3With(R"({"rope_type":"yarn","factor":0.5,"original_max_position_embeddings":32768})"),
+          "rope_parameters.factor");
+  refused(Qwen3With(R"({"rope_type":"linear"})"), "rope_parameters.factor");
+  refused(Qwen3With(R"({"rope_type":"dynamic","factor":"2"})"), "rope_parameters.factor");
+  refused(Qwen3With(R"({"rope_type":"yarn","factor":4,"original_max_position_embeddings":0})"),
+          "rope_parameters.original_max_position_embeddings");
+  refused(Qwen3With(R"({"rope_type":"yarn","factor":4,"original_max_position_embeddings":100.5})"),
+          "rope_parameters.original_max_position_embeddings");
+  refused(Qwen3With(R"({"rope_type":"yarn","factor":4,"beta_fast":1,"beta_slow":32})"), "rope_parameters.beta_slow");
+  refused(Qwen3With(R"({"rope_type":"yarn","factor":4,"beta_fast":-2})"), "rope_parameters.beta_fast");
+  refused(Qwen3With(R"({"rope_type":"yarn","factor":4,"attention_factor":-1.0})"), "rope_parameters.attention_factor");
+  refused(Qwen3With(R"({"rope_type":"yarn","factor":4,"truncate":"no"})"), "rope_parameters.truncate");
+  refused(Qwen3With(R"({"rope_type":"longrope","factor":4})"), "rope_parameters.rope_type");
+  refused(Qwen3With(R"({"rope_type":"yarn","factor":4,"original_max_position_embeddings":32768})",
+                    R"(,"original_max_position_embeddings":8192)"),
+          "original_max_position_embeddings");
+  refused(Qwen3With(R"({"rope_type":"default","partial_rotary_factor":0.5})"), "rope_parameters.partial_rotary_factor");
+  refused(Qwen3With(R"({"full_attention":{"rope_type":"yarn","factor":4}})"), "rope_parameters.full_attention");
+  refused(Qwen3With(R"({"rope_type":"default"})", R"(,"max_position_embeddings":0)"), "max_position_embeddings");
+  // A config built in code is checked by Validate the same way.
+  ModelConfig c = *ModelConfig::Preset("tiny");
+  c.rope_scaling.type = RopeScaling::Type::kYarn;
+  c.rope_scaling.factor = 0.5;
+  EXPECT_NE(c.Validate().message().find("rope_scaling.factor"), std::string::npos) << c.Validate();
+}
+
+TEST(RopeScaling, RoundTrips) {
+  // Presets write every parameter; FromJson reads the same scaling back.
+  for (RopeScaling::Type type : {RopeScaling::Type::kLinear, RopeScaling::Type::kDynamic, RopeScaling::Type::kYarn}) {
+    ModelConfig c = *ModelConfig::Preset("qwen3-0.6b");
+    c.rope_scaling.type = type;
+    c.rope_scaling.factor = 4;
+    c.rope_scaling.original_max_position_embeddings = 32768;
+    c.rope_scaling.beta_fast = 16;
+    c.rope_scaling.truncate = false;
+    c.rope_scaling.mscale = 0.8;
+    c.rope_scaling.mscale_all_dim = 0.6;
+    if (type != RopeScaling::Type::kYarn) {
+      const RopeScaling keep{type, 4};
+      c.rope_scaling = keep;
+    }
+    const auto back = ModelConfig::FromJson(c.ToJson());
+    ASSERT_TRUE(back.ok()) << back.status() << c.ToJson();
+    EXPECT_TRUE(back->rope_scaling == c.rope_scaling) << back->ToJson();
+    EXPECT_EQ(back->RopeInverseFrequencies(), c.RopeInverseFrequencies());
+    EXPECT_EQ(back->RopeAttentionScaling(), c.RopeAttentionScaling());
+  }
+  // A source keeps its own objects (no beta / truncate keys added) ...
+  const auto src = Qwen3With(R"({"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32768,
+                                 "rope_theta":1000000.0})");
+  ASSERT_TRUE(src.ok());
+  const std::string saved = src->ToJson();
+  EXPECT_EQ(saved.find("beta_fast"), std::string::npos) << saved;
+  const auto again = ModelConfig::FromJson(saved);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->rope_scaling == src->rope_scaling);
+  // ... unless its RoPE was changed after parsing (a longer context): then the new one is written.
+  ModelConfig longer = *Qwen3With(R"({"rope_type":"default","rope_theta":1000000.0})");
+  longer.rope_scaling = src->rope_scaling;
+  longer.max_position_embeddings = 131072;
+  const auto reloaded = ModelConfig::FromJson(longer.ToJson());
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status();
+  EXPECT_TRUE(reloaded->rope_scaling == longer.rope_scaling) << longer.ToJson();
+  EXPECT_EQ(reloaded->max_position_embeddings, 131072);
+  EXPECT_EQ(reloaded->rope_theta, 1e6);
+}
+
+}  // namespace
+}  // namespace slidedp
+

@@ -132,7 +132,7 @@ std::string DescribeConfigMismatch(const ModelConfig& a, const ModelConfig& b) {
         differ("vocab_size", a.vocab_size, b.vocab_size),
         differ("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings),
         differ("rope_theta", a.rope_theta, b.rope_theta), differ("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps),
-        a.RopeInverseFrequencies() == b.RopeInverseFrequencies()
+        a.RopeInverseFrequencies() == b.RopeInverseFrequencies() && a.RopeAttentionScaling() == b.RopeAttentionScaling()
             ? std::string()
             : std::string("the RoPE scaling (rope_parameters / rope_scaling) differs between the checkpoint and the "
                           "job's model")}) {

@@ -149,16 +149,21 @@ def lr_multiplier(step, schedule, warmup_steps, total_steps, base_lr, min_lr):
     raise ValueError(f"unknown schedule {schedule}")
 
 
+# The RoPE types common/model/model_config.cc computes (RopeScaling).
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+
+
 def config_for_our_loader(hf_config):
-    """An HF config.json dict as our parser (common/model/qwen3_config.cc) reads it: rope_theta also
-    at the top level (transformers 5 keeps it in "rope_parameters"), RoPE of type default or llama3
-    (kept in rope_parameters); other RoPE types are errors here, as they are for slidedp."""
+    """An HF config.json dict as our parser (common/model/model_config.cc) reads it: rope_theta also
+    at the top level (transformers 5 keeps it in "rope_parameters"), RoPE scaling of the types it
+    computes (ROPE_TYPES; kept in rope_parameters, or in rope_scaling where that holds a scaled
+    one); other RoPE types are errors here, as they are for slidedp."""
     c = dict(hf_config)
     rope = c.get("rope_parameters") or {}
     scaling = c.get("rope_scaling")
     for src in (rope, scaling if isinstance(scaling, dict) else {}):
         rtype = src.get("rope_type", src.get("type", "default"))
-        if rtype not in ("default", "llama3", None):
+        if rtype is not None and rtype not in ROPE_TYPES:
             raise ValueError(f"RoPE type {rtype} is not supported by slidedp")
     theta = rope.get("rope_theta")  # what transformers 5 computes with
     if theta is None:
@@ -168,7 +173,7 @@ def config_for_our_loader(hf_config):
     if theta is None:
         raise ValueError("config.json has no rope_theta (top level or rope_parameters)")
     c["rope_theta"] = float(theta)
-    if not (isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "llama3"):
+    if not (isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) in ROPE_TYPES[1:]):
         c["rope_scaling"] = None
     if "tie_word_embeddings" not in c:
         c["tie_word_embeddings"] = False

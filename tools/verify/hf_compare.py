@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Issue 3's whole-model check: our loss and every parameter gradient against HF transformers.
 
-For each shape: a random-init model of its family (Qwen3ForCausalLM, Qwen2ForCausalLM,
-LlamaForCausalLM with llama3 RoPE scaling, MistralForCausalLM; seeded; RMSNorm weights perturbed
+For each shape: a random-init model of its family (Qwen3ForCausalLM, also with YaRN RoPE scaling,
+Qwen2ForCausalLM, LlamaForCausalLM with llama3 RoPE scaling, MistralForCausalLM; seeded; RMSNorm weights perturbed
 around 1 and biases around 0 so their gradients are exercised) is saved in BF16 with save_pretrained, so both sides start from
 identical BF16 parameters. A token batch with one-document rows and packed rows (several
 documents per row, including 1- and 2-token documents) is written for model_grads, which loads
@@ -37,7 +37,9 @@ import hf_common  # noqa: E402
 
 # name: (hidden, layers, heads, kv heads, head_dim, intermediate, vocab, tied, rows x seq[, family])
 # family: qwen3 (default), qwen2 (q/k/v biases), llama3 (llama with llama3 RoPE scaling over an
-# original context of 64 tokens, so every band is exercised at these lengths), mistral.
+# original context of 64 tokens, so every band is exercised at these lengths), mistral, qwen3_yarn
+# (qwen3 with YaRN, factor 4 over 64 original tokens: the ramp's table and the attention factor
+# 0.1 ln 4 + 1 on cos and sin, the setting Qwen3 documents for long contexts at a testable size).
 SHAPES = {
     "tiny": (256, 4, 4, 2, 64, 512, 1000, True, (4, 512)),
     "untied": (256, 4, 4, 2, 64, 512, 1000, False, (4, 384)),
@@ -49,8 +51,9 @@ SHAPES = {
     "llama3-untied": (256, 4, 4, 2, 64, 512, 1000, False, (4, 512), "llama3"),
     "llama3-hd128": (512, 2, 4, 2, 128, 1024, 4096, True, (4, 512), "llama3"),
     "mistral-untied": (256, 4, 4, 2, 64, 512, 1000, False, (4, 384), "mistral"),
+    "qwen3-yarn": (256, 4, 4, 2, 64, 512, 1000, True, (4, 512), "qwen3_yarn"),
 }
-DEFAULT_CPU_SHAPES = "tiny,untied,mha,hd128,qwen2-tiny,llama3-untied,mistral-untied"
+DEFAULT_CPU_SHAPES = "tiny,untied,mha,hd128,qwen2-tiny,llama3-untied,mistral-untied,qwen3-yarn"
 
 
 def family_of(shape):
@@ -85,7 +88,8 @@ def make_model(name, shape, seed, hf_dir):
     import torch
     import transformers
     h, layers, heads, kv, hd, inter, vocab, tied, _ = shape[:9]
-    family = family_of(shape)
+    rope_family = family_of(shape)
+    family = {"qwen3_yarn": "qwen3"}.get(rope_family, rope_family)
     config_cls, model_cls = {
         "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
         "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
@@ -107,6 +111,8 @@ def make_model(name, shape, seed, hf_dir):
         kwargs["mlp_bias"] = False
         rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    if rope_family == "qwen3_yarn":
+        rope = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64}
     if "rope_parameters" in inspect.signature(config_cls.__init__).parameters:  # transformers 5
         kwargs["rope_parameters"] = rope
     else:

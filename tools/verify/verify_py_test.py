@@ -97,8 +97,15 @@ class PurePython(unittest.TestCase):
         self.assertTrue(hf_common.config_for_our_loader(v4)["tie_word_embeddings"])
         echoed = {"rope_scaling": {"rope_type": "default", "rope_theta": 2e6}}
         self.assertEqual(hf_common.config_for_our_loader(echoed)["rope_theta"], 2e6)
+        yarn = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64}
+        c = hf_common.config_for_our_loader({"model_type": "qwen3", "rope_parameters": yarn})
+        self.assertEqual(c["rope_parameters"], yarn)
+        self.assertEqual(c["rope_theta"], 1e6)
+        self.assertIsNone(c["rope_scaling"])
+        old = hf_common.config_for_our_loader({"rope_theta": 1e6, "rope_scaling": {"type": "linear", "factor": 2}})
+        self.assertEqual(old["rope_scaling"], {"type": "linear", "factor": 2})
         with self.assertRaises(ValueError):
-            hf_common.config_for_our_loader({"rope_theta": 1e6, "rope_scaling": {"rope_type": "yarn", "factor": 4}})
+            hf_common.config_for_our_loader({"rope_theta": 1e6, "rope_scaling": {"rope_type": "longrope", "factor": 4}})
         with self.assertRaises(ValueError):
             hf_common.config_for_our_loader({"model_type": "qwen3"})
 

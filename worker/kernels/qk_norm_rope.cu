@@ -27,7 +27,8 @@ __device__ __forceinline__ float2 Load2(const float* p) { return *reinterpret_ca
 
 __device__ __forceinline__ void RopeAngles(int pos, int j, const RopeArgs& a, float* c, float* s) {
   // Same float32 recipe as HF: inv_freq = 1 / theta^(2j/hd) (or the scaled table the host
-  // computed, ModelConfig::RopeInverseFrequencies); angle = pos * inv_freq.
+  // computed, ModelConfig::RopeInverseFrequencies); angle = pos * inv_freq; cos and sin times
+  // attention_scaling (HF's emb.cos() * attention_scaling; exact for 1).
   const int hd = a.head_dim;
   const float inv0 = a.inv_freq != nullptr ? a.inv_freq[j] : 1.0f / powf(a.theta, static_cast<float>(2 * j) / hd);
   const float inv1 =
@@ -35,6 +36,11 @@ __device__ __forceinline__ void RopeAngles(int pos, int j, const RopeArgs& a, fl
   const float a0 = static_cast<float>(pos) * inv0, a1 = static_cast<float>(pos) * inv1;
   sincosf(a0, &s[0], &c[0]);
   sincosf(a1, &s[1], &c[1]);
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    c[e] *= a.attention_scaling;
+    s[e] *= a.attention_scaling;
+  }
 }
 
 // TW: the q_norm / k_norm weight type (bf16 or float), widened to FP32 on load. kNorm false: RoPE

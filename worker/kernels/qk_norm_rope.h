@@ -1,6 +1,6 @@
 // Fused per-head q/k RMSNorm + RoPE of a Qwen3 attention block, forward and backward, with BF16
 // or FP32 norm weights (HF Qwen3 order: norm, then rotate_half); and RoPE alone (Qwen2, Llama,
-// Mistral: no q/k norm), with plain or scaled inverse frequencies.
+// Mistral: no q/k norm), with plain or scaled inverse frequencies and HF's attention scaling.
 //
 // Every launcher takes its tensors, sizes and an explicit stream, returns a Status (bad sizes are
 // INVALID_ARGUMENT, launch failures INTERNAL) and never synchronizes. BF16 storage, FP32 math.
@@ -31,6 +31,9 @@ struct RopeArgs {
   // Device [head_dim / 2] inverse frequencies (a scaled RoPE, ModelConfig::RopeInverseFrequencies);
   // nullptr: 1 / theta^(2j / head_dim), computed in the kernel.
   const float* inv_freq = nullptr;
+  // Multiplies cos and sin, as HF's attention_scaling does (ModelConfig::RopeAttentionScaling: yarn's
+  // attention factor); forward and backward. 1 leaves every result bit-identical.
+  float attention_scaling = 1.0f;
 };
 absl::Status QkNormRopeForward(const RopeArgs& a, const bf16* qkv, int64_t ld_qkv, const bf16* q_norm_w,
                                const bf16* k_norm_w, const int32_t* positions, bf16* q_out, bf16* k_out,

@@ -46,7 +46,7 @@ class CpuBuffer final : public DeviceBuffer {
 class CpuDeviceBatch final : public DeviceBatch {
  public:
   CpuDeviceBatch(MicroBatch batch, const ModelConfig& c)
-      : batch_(std::move(batch)), rope_(BuildRopeTables(batch_.positions, c.RopeInverseFrequencies())) {}
+      : batch_(std::move(batch)), rope_(BuildRopeTables(batch_.positions, c)) {}
   int64_t num_tokens() const override { return batch_.num_tokens(); }
   const MicroBatch& batch() const { return batch_; }
   TokenGeometry geometry() const { return MakeTokenGeometry(batch_, rope_); }

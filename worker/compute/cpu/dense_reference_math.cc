@@ -200,6 +200,7 @@ DecoderDims DecoderDims::From(const ModelConfig& c) {
   d.qk_norm = c.has_qk_norm();
   d.qkv_bias = c.has_qkv_bias();
   d.rope_inv_freq = c.RopeInverseFrequencies();
+  d.rope_attention_scaling = static_cast<float>(c.RopeAttentionScaling());
   return d;
 }
 
@@ -216,7 +217,8 @@ DecoderOffsets DecoderOffsets::From(const ModelConfig& config) {
   return offs;
 }
 
-RopeTables BuildRopeTables(const std::vector<int32_t>& positions, const std::vector<float>& inv_freq) {
+RopeTables BuildRopeTables(const std::vector<int32_t>& positions, const std::vector<float>& inv_freq,
+                           float attention_scaling) {
   RopeTables r;
   r.half = static_cast<int64_t>(inv_freq.size());
   r.cos.resize(positions.size() * r.half);
@@ -224,18 +226,23 @@ RopeTables BuildRopeTables(const std::vector<int32_t>& positions, const std::vec
   for (size_t t = 0; t < positions.size(); ++t) {
     for (int64_t i = 0; i < r.half; ++i) {
       const float angle = static_cast<float>(positions[t]) * inv_freq[i];
-      r.cos[t * r.half + i] = std::cos(angle);
-      r.sin[t * r.half + i] = std::sin(angle);
+      // HF: emb.cos() * attention_scaling in FP32 (x * 1.0f is x: plain RoPE is unchanged).
+      r.cos[t * r.half + i] = std::cos(angle) * attention_scaling;
+      r.sin[t * r.half + i] = std::sin(angle) * attention_scaling;
     }
   }
   return r;
+}
+
+RopeTables BuildRopeTables(const std::vector<int32_t>& positions, const ModelConfig& config) {
+  return BuildRopeTables(positions, config.RopeInverseFrequencies(), static_cast<float>(config.RopeAttentionScaling()));
 }
 
 RopeTables BuildRopeTables(const std::vector<int32_t>& positions, int64_t head_dim, double rope_theta) {
   ModelConfig plain;
   plain.head_dim = head_dim;
   plain.rope_theta = rope_theta;
-  return BuildRopeTables(positions, plain.RopeInverseFrequencies());
+  return BuildRopeTables(positions, plain);
 }
 
 TokenGeometry MakeTokenGeometry(const MicroBatch& batch, const RopeTables& rope) {
@@ -633,7 +640,7 @@ double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vecto
   double loss = 0.0;
   for (const MicroBatch& mb : batches) {
     const int64_t T = mb.num_tokens(), H = dims.hidden;
-    const RopeTables rope = BuildRopeTables(mb.positions, dims.rope_inv_freq);
+    const RopeTables rope = BuildRopeTables(mb.positions, dims.rope_inv_freq, dims.rope_attention_scaling);
     const TokenGeometry geom = MakeTokenGeometry(mb, rope);
     // xs[l] is the input of decoder layer l; xs.back() the head's input.
     std::vector<std::vector<R>> xs(num_units - 1, std::vector<R>(T * H));

@@ -39,6 +39,7 @@ struct DecoderDims {
   bool qk_norm = true;                // per-head q/k RMSNorm before RoPE (qwen3)
   bool qkv_bias = false;              // biases on the q/k/v projections (qwen2)
   std::vector<float> rope_inv_freq;   // [head_dim / 2], ModelConfig::RopeInverseFrequencies
+  float rope_attention_scaling = 1;   // ModelConfig::RopeAttentionScaling, multiplied into cos and sin
 
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }
@@ -54,13 +55,17 @@ struct DecoderOffsets {
 };
 
 // RoPE cos/sin per token, [T, head_dim/2], computed in FP32 as HF does (angle = position *
-// inv_freq; inv_freq = 1 / theta^(2i/d) unless the model's RoPE scaling changes it).
+// inv_freq; inv_freq = 1 / theta^(2i/d) unless the model's RoPE scaling changes it; cos and sin
+// then multiplied by the scaling's attention factor, HF's attention_scaling: 1 but for yarn).
 struct RopeTables {
   int64_t half = 0;
   std::vector<float> cos;
   std::vector<float> sin;
 };
-RopeTables BuildRopeTables(const std::vector<int32_t>& positions, const std::vector<float>& inv_freq);
+RopeTables BuildRopeTables(const std::vector<int32_t>& positions, const std::vector<float>& inv_freq,
+                           float attention_scaling);
+// The model's tables: its inverse frequencies and attention scaling.
+RopeTables BuildRopeTables(const std::vector<int32_t>& positions, const ModelConfig& config);
 // Plain RoPE's tables (no scaling).
 RopeTables BuildRopeTables(const std::vector<int32_t>& positions, int64_t head_dim, double rope_theta);
 
@@ -98,7 +103,8 @@ template <typename R>
 void RmsNormBackwardRows(const R* x, const R* rstd, const R* w, const R* dy, int64_t rows, int64_t n, R* dx,
                          Accumulate mode, R* dw, CpuWorkerPool* pool);
 // RoPE in place on [T, heads, head_dim] (rotate_half pairing i, i + head_dim/2); kBackward applies
-// the inverse rotation, which is the gradient of kForward.
+// the transposed rotation (the inverse one but for the tables' attention scaling), which is the
+// gradient of kForward.
 template <typename R>
 void ApplyRope(R* x, int64_t T, int64_t heads, int64_t head_dim, const TokenGeometry& geom, RopeDirection dir,
                CpuWorkerPool* pool);

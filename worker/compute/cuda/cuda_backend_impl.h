@@ -168,7 +168,8 @@ class CudaBackend final : public ComputeBackend {
     }
     qkv_w_ = Stack({{off_[kQProj], qd_}, {off_[kKProj], kvd_}, {off_[kVProj], kvd_}});
     gu_w_ = Stack({{off_[kGateProj], I_}, {off_[kUpProj], I_}});
-    if (config_.rope_scaling.type != RopeScaling::Type::kNone) {  // a scaled RoPE: its frequencies as a table
+    // A scaled RoPE (linear, dynamic, llama3, yarn): its frequencies as a table.
+    if (config_.rope_scaling.type != RopeScaling::Type::kNone) {
       const std::vector<float> inv = config_.RopeInverseFrequencies();
       SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&rope_inv_freq_, inv.size() * sizeof(float)));
       SLIDEDP_CUDA_RETURN_IF_ERROR(
@@ -336,6 +337,7 @@ class CudaBackend final : public ComputeBackend {
     r.eps = static_cast<float>(config_.rms_norm_eps);
     r.theta = static_cast<float>(config_.rope_theta);
     r.inv_freq = rope_inv_freq_;
+    r.attention_scaling = static_cast<float>(config_.RopeAttentionScaling());
     return r;
   }
 

@@ -1,6 +1,7 @@
 // Fused q/k RMSNorm + RoPE (qk_norm_rope.h) against an FP64 reference: forward q and k, backward
 // dq/dk raw and the norm-weight gradients, for head dims 128, 64 and 16 and BF16 or FP32 norm
 // weights; three packed documents at large positions, GQA 4/2 heads, a padded qkv row stride.
+// RoPE alone with llama3's and yarn's frequency tables; both kinds with HF's attention scaling.
 #include "worker/kernels/qk_norm_rope.h"
 
 #include <cmath>
@@ -22,9 +23,10 @@ using namespace kernel_test;  // the test-support helpers (kernel_test_util.h, g
 
 using QkNormRopeGpuTest = GpuTest;
 
-// TW: the q_norm / k_norm weight type, as in rmsnorm_test.cc.
+// TW: the q_norm / k_norm weight type, as in rmsnorm_test.cc. attention_scaling: RopeArgs', which
+// multiplies cos and sin (yarn's attention factor).
 template <typename TW>
-void CheckQkRope(int hd) {
+void CheckQkRope(int hd, float attention_scaling = 1.0f) {
   constexpr bool f32w = std::is_same_v<TW, float>;
   const int nq = 4, nkv = 2;
   const std::vector<int> docs = {13, 40, 24};
@@ -52,6 +54,7 @@ void CheckQkRope(int hd) {
   a.head_dim = hd;
   a.eps = eps;
   a.theta = theta;
+  a.attention_scaling = attention_scaling;
   Dev<float> accq(hd), acck(hd), ws(kernels::QkNormRopeBackwardWorkspaceNumel(a));
   Upload(accq, ToF32(dqw0));
   Upload(acck, ToF32(dkw0));
@@ -77,8 +80,8 @@ void CheckQkRope(int hd) {
       for (int i = 0; i < hd; ++i) n[i] = xv[i] * r * xw[i];
       for (int i = 0; i < half; ++i) {
         const double ang = pos[t] / std::pow(theta, 2.0 * i / hd);
-        c[i] = std::cos(ang);
-        s[i] = std::sin(ang);
+        c[i] = std::cos(ang) * attention_scaling;
+        s[i] = std::sin(ang) * attention_scaling;
         out[i] = n[i] * c[i] - n[i + half] * s[i];
         out[i + half] = n[i + half] * c[i] + n[i] * s[i];
       }
@@ -103,7 +106,8 @@ void CheckQkRope(int hd) {
         (isq ? rdqw : rdkw)[i] += dn[i] * xv[i] * r;
       }
     }
-  const std::string tag = " (hd=" + std::to_string(hd) + ")" + (f32w ? " [fp32 w]" : "");
+  const std::string tag = " (hd=" + std::to_string(hd) + ")" + (f32w ? " [fp32 w]" : "") +
+                          (attention_scaling != 1.0f ? " [scaled " + std::to_string(attention_scaling) + "]" : "");
   const auto got_q = DownBf16(qo.get(), T * nq * hd), got_k = DownBf16(ko.get(), T * nkv * hd);
   ExpectRelErr("qk-norm+rope fwd q" + tag, got_q, rq, 5e-3);
   ExpectRelErr("qk-norm+rope fwd k" + tag, got_k, rk, 5e-3);
@@ -121,9 +125,10 @@ void CheckQkRope(int hd) {
 }
 
 // RoPE alone (qwen2 / llama / mistral: no q/k norm) with a table of scaled inverse frequencies
-// (llama3's bands, ModelConfig::RopeInverseFrequencies), against FP64 rotations by those
-// frequencies: forward q and k, backward dq/dk raw into a strided dqkv.
-void CheckRopeAlone(int hd) {
+// (ModelConfig::RopeInverseFrequencies: llama3's bands, or yarn's ramp) and the config's attention
+// scaling, against FP64 rotations by those frequencies: forward q and k, backward dq/dk raw into a
+// strided dqkv.
+void CheckRopeAlone(int hd, RopeScaling::Type type) {
   const int nq = 4, nkv = 2;
   const std::vector<int> docs = {13, 40, 24};
   int64_t T = 0;
@@ -135,10 +140,14 @@ void CheckRopeAlone(int hd) {
   ModelConfig cfg;
   cfg.head_dim = hd;
   cfg.rope_theta = 500000;
-  cfg.rope_scaling.type = RopeScaling::Type::kLlama3;
+  cfg.rope_scaling.type = type;
   cfg.rope_scaling.factor = 8;
-  cfg.rope_scaling.original_max_position_embeddings = 8192;
+  cfg.rope_scaling.original_max_position_embeddings = type == RopeScaling::Type::kYarn ? 1024 : 8192;
   const std::vector<float> inv = cfg.RopeInverseFrequencies();
+  const float scaling = static_cast<float>(cfg.RopeAttentionScaling());
+  if (type == RopeScaling::Type::kYarn) {
+    EXPECT_GT(scaling, 1.2f);  // 0.1 ln 8 + 1
+  }
   const int64_t ld = (nq + 2 * nkv) * hd + 8;
   auto qkv = RandVec(T * ld, 1.3);
   auto gq = RandVec(T * nq * hd), gk = RandVec(T * nkv * hd);
@@ -155,6 +164,7 @@ void CheckRopeAlone(int hd) {
   a.head_dim = hd;
   a.theta = 500000;
   a.inv_freq = dinv.get();
+  a.attention_scaling = scaling;
   ASSERT_OK(kernels::RopeForward(a, dqkv_in->get(), ld, dpos.get(), qo.get(), ko.get(), nullptr));
   ASSERT_OK(kernels::RopeBackward(a, dgq->get(), dgk->get(), dpos.get(), dqkv.get(), ld, nullptr));
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
@@ -169,7 +179,8 @@ void CheckRopeAlone(int hd) {
       const double* x = &qkv[t * ld + h * hd];
       std::vector<double> d(hd);
       for (int i = 0; i < half; ++i) {
-        const double ang = static_cast<double>(pos[t]) * inv[i], c = std::cos(ang), s = std::sin(ang);
+        const double ang = static_cast<double>(pos[t]) * inv[i];
+        const double c = std::cos(ang) * scaling, s = std::sin(ang) * scaling;
         out[i] = x[i] * c - x[i + half] * s;
         out[i + half] = x[i + half] * c + x[i] * s;
         d[i] = g[i] * c + g[i + half] * s;
@@ -180,14 +191,17 @@ void CheckRopeAlone(int hd) {
         gotd.push_back(got_dqkv[t * ld + h * hd + i]);
       }
     }
-  const std::string tag = " (hd=" + std::to_string(hd) + ", llama3 table)";
+  const std::string tag =
+      " (hd=" + std::to_string(hd) + (type == RopeScaling::Type::kYarn ? ", yarn table, scaled)" : ", llama3 table)");
   ExpectRelErr("rope fwd q" + tag, DownBf16(qo.get(), T * nq * hd), rq, 5e-3);
   ExpectRelErr("rope fwd k" + tag, DownBf16(ko.get(), T * nkv * hd), rk, 5e-3);
   ExpectRelErr("rope bwd dq,dk raw" + tag, gotd, rd, 5e-3);
 }
 
-TEST_F(QkNormRopeGpuTest, RopeAloneScaledHeadDim128) { CheckRopeAlone(128); }
-TEST_F(QkNormRopeGpuTest, RopeAloneScaledHeadDim64) { CheckRopeAlone(64); }
+TEST_F(QkNormRopeGpuTest, RopeAloneScaledHeadDim128) { CheckRopeAlone(128, RopeScaling::Type::kLlama3); }
+TEST_F(QkNormRopeGpuTest, RopeAloneScaledHeadDim64) { CheckRopeAlone(64, RopeScaling::Type::kLlama3); }
+TEST_F(QkNormRopeGpuTest, RopeAloneYarnHeadDim128) { CheckRopeAlone(128, RopeScaling::Type::kYarn); }
+TEST_F(QkNormRopeGpuTest, RopeAloneYarnHeadDim64) { CheckRopeAlone(64, RopeScaling::Type::kYarn); }
 
 TEST_F(QkNormRopeGpuTest, Bf16WeightsHeadDim128) { CheckQkRope<bf16>(128); }
 // Half the lanes idle: catches use of unset per-lane state.
@@ -196,6 +210,9 @@ TEST_F(QkNormRopeGpuTest, Bf16WeightsHeadDim16) { CheckQkRope<bf16>(16); }
 TEST_F(QkNormRopeGpuTest, Fp32WeightsHeadDim128) { CheckQkRope<float>(128); }
 TEST_F(QkNormRopeGpuTest, Fp32WeightsHeadDim64) { CheckQkRope<float>(64); }
 TEST_F(QkNormRopeGpuTest, Fp32WeightsHeadDim16) { CheckQkRope<float>(16); }
+// yarn's attention factor for factor 4 (0.1 ln 4 + 1) on cos and sin, forward and backward.
+TEST_F(QkNormRopeGpuTest, AttentionScalingBf16WeightsHeadDim128) { CheckQkRope<bf16>(128, 1.1386294f); }
+TEST_F(QkNormRopeGpuTest, AttentionScalingFp32WeightsHeadDim64) { CheckQkRope<float>(64, 1.1386294f); }
 
 }  // namespace
 }  // namespace slidedp

@@ -32,8 +32,10 @@ std::unique_ptr<ComputeBackend> Backend(const ModelConfig& c, CpuBackendOptions 
 class BackendVsDouble : public ::testing::TestWithParam<int> {};
 
 TEST_P(BackendVsDouble, LossAndEveryGradientMatchWithinFp32Tolerance) {
-  const ModelConfig config = GetParam() == 0 ? AwkwardConfig(false) : GetParam() == 1 ? AwkwardConfig(true)
-                                                                                      : testing::TinyConfig();
+  const ModelConfig config = GetParam() == 0   ? AwkwardConfig(false)
+                             : GetParam() == 1 ? AwkwardConfig(true)
+                             : GetParam() == 2 ? testing::TinyConfig()
+                                               : testing::AwkwardYarnConfig(false);
   const ModelLayout layout = ModelLayout::Build(config);
   const auto bf16 = ToBf16(RandomUnitParams(layout, 17));
   const std::vector<MicroBatch> batches = {MakeBatch({9, 1, 13, 4}, config.vocab_size, 1),
@@ -58,7 +60,7 @@ TEST_P(BackendVsDouble, LossAndEveryGradientMatchWithinFp32Tolerance) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, BackendVsDouble, ::testing::Values(0, 1, 2));
+INSTANTIATE_TEST_SUITE_P(Shapes, BackendVsDouble, ::testing::Values(0, 1, 2, 3));  // 3: yarn
 
 struct LayerRun {
   std::vector<float> y, dx, dparams;

@@ -105,7 +105,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ModelGradCheck,
                                            GradCheckCase{"qwen2_tied", AwkwardConfigOf(ModelFamily::kQwen2, true)},
                                            GradCheckCase{"llama3_untied", AwkwardConfigOf(ModelFamily::kLlama, false)},
                                            GradCheckCase{"mistral_untied",
-                                                         AwkwardConfigOf(ModelFamily::kMistral, false)}),
+                                                         AwkwardConfigOf(ModelFamily::kMistral, false)},
+                                           GradCheckCase{"yarn_tied", testing::AwkwardYarnConfig(true)}),
                          [](const auto& info) { return info.param.name; });
 
 // dL/dx of one decoder layer for L = sum(c * y), against central differences on x.
@@ -178,6 +179,41 @@ TEST(RopeConvention, RotatesHalfPairsByPositionTimesInverseFrequency) {
     EXPECT_NEAR(x[head_dim + i], 1.0, 1e-6);  // float tables: cos^2 + sin^2 != 1 exactly
     EXPECT_NEAR(x[head_dim + i + half], 0.0, 1e-6);
   }
+}
+
+// HF's attention_scaling (yarn) multiplies cos and sin: the tables are the plain ones times the
+// factor in FP32, 1 leaves them bit-identical, and backward after forward scales by its square.
+TEST(RopeConvention, AttentionScalingMultipliesCosAndSin) {
+  const std::vector<int32_t> positions = {0, 3, 17, 40};
+  ModelConfig c = testing::AwkwardYarnConfig(false);
+  const std::vector<float> inv = c.RopeInverseFrequencies();
+  const float s = static_cast<float>(c.RopeAttentionScaling());
+  EXPECT_FLOAT_EQ(s, static_cast<float>(0.1 * std::log(4.0) + 1.0));
+  const RopeTables plain = BuildRopeTables(positions, inv, 1.0f), scaled = BuildRopeTables(positions, c);
+  ASSERT_EQ(plain.cos.size(), scaled.cos.size());
+  for (size_t i = 0; i < plain.cos.size(); ++i) {
+    EXPECT_EQ(scaled.cos[i], plain.cos[i] * s) << i;
+    EXPECT_EQ(scaled.sin[i], plain.sin[i] * s) << i;
+  }
+  ModelConfig unscaled = c;
+  unscaled.rope_scaling.attention_factor = 1;
+  const RopeTables one = BuildRopeTables(positions, unscaled);
+  EXPECT_EQ(one.cos, plain.cos);
+  EXPECT_EQ(one.sin, plain.sin);
+
+  MicroBatch mb;
+  mb.tokens = {0, 0, 0, 0};
+  mb.positions = positions;
+  mb.cu_seqlens = {0, 4};
+  const TokenGeometry geom = MakeTokenGeometry(mb, scaled);
+  std::mt19937_64 rng(2);
+  std::normal_distribution<double> normal;
+  std::vector<double> x(4 * 2 * c.head_dim);
+  for (double& v : x) v = normal(rng);
+  std::vector<double> y = x;
+  ApplyRope(y.data(), 4, 2, c.head_dim, geom, RopeDirection::kForward, nullptr);
+  ApplyRope(y.data(), 4, 2, c.head_dim, geom, RopeDirection::kBackward, nullptr);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(y[i], x[i] * s * s, 1e-5) << i;
 }
 
 // The chunked head against a direct computation over the full [T, vocab] logits.

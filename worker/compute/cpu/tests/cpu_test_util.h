@@ -45,6 +45,17 @@ inline ModelConfig AwkwardConfigOf(ModelFamily family, bool tied) {
   return c;
 }
 
+// The awkward shape (qwen3: q/k norm) with YaRN, factor 4 over 64 original positions: at head_dim 8
+// and theta 1e4 HF's correction range is [0, 2], so the 4 frequencies are one extrapolated, one
+// half way along the ramp and two interpolated; cos and sin are scaled by 0.1 ln 4 + 1.
+inline ModelConfig AwkwardYarnConfig(bool tied) {
+  ModelConfig c = AwkwardConfig(tied);
+  c.rope_scaling.type = RopeScaling::Type::kYarn;
+  c.rope_scaling.factor = 4;
+  c.rope_scaling.original_max_position_embeddings = 64;
+  return c;
+}
+
 inline ModelConfig TinyConfig() { return ModelConfig::Preset("tiny").value(); }
 
 // Random parameters in ModelLayout order: norm weights 1 + 0.2 N(0,1), biases 0.2 N(0,1), matrices N(0, 1/in) so

@@ -326,7 +326,7 @@ void CheckBackend(const std::string& label_base, const ModelConfig& cfg, bool fp
 using Attention = CudaBackendOptions::Attention;
 
 struct BackendCase {
-  const char* model;  // "mini64", "mini128" or "tiny"
+  const char* model;  // "mini64", "mini128", "tiny", "qwen2", "llama3", "yarn" or "yarn_llama"
   bool fp32_residual;
   Attention attention;
 };
@@ -380,6 +380,17 @@ TEST_P(CudaBackendGpuTest, MatchesCpuBackend) {
     l.rope_scaling.high_freq_factor = 4;
     l.rope_scaling.original_max_position_embeddings = 64;
     CheckBackend("llama3-mini(hd128)", l, b.fp32_residual, b.attention, norms);
+  } else if (model == "yarn" || model == "yarn_llama") {
+    // YaRN over 64 original positions (correction range [0, 6] at hd64, [0, 11] at hd128): the
+    // ramp's table and the attention factor 0.1 ln 4 + 1 on cos and sin, through the fused q/k
+    // norm + RoPE kernels (qwen3) or RoPE alone (llama).
+    ModelConfig y = model == "yarn" ? c : c128;
+    if (model == "yarn_llama") y.family = ModelFamily::kLlama;
+    y.rope_scaling.type = RopeScaling::Type::kYarn;
+    y.rope_scaling.factor = 4;
+    y.rope_scaling.original_max_position_embeddings = 64;
+    CheckBackend(model == "yarn" ? "yarn-qwen3-mini(hd64)" : "yarn-llama-mini(hd128)", y, b.fp32_residual,
+                 b.attention, norms);
   } else {
     auto tiny = ModelConfig::Preset("tiny");
     if (!tiny.ok()) GTEST_SKIP() << "preset tiny: " << tiny.status().ToString();
@@ -396,7 +407,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BackendCase{"tiny", true, Attention::kCudnn}, BackendCase{"mini64", false, Attention::kCudnn},
                       BackendCase{"mini128", false, Attention::kCudnn}, BackendCase{"tiny", false, Attention::kCudnn},
                       BackendCase{"qwen2", true, Attention::kCudnn}, BackendCase{"qwen2", false, Attention::kOwn},
-                      BackendCase{"llama3", true, Attention::kCudnn}, BackendCase{"llama3", false, Attention::kOwn}),
+                      BackendCase{"llama3", true, Attention::kCudnn}, BackendCase{"llama3", false, Attention::kOwn},
+                      BackendCase{"yarn", true, Attention::kCudnn}, BackendCase{"yarn_llama", false, Attention::kOwn}),
     CaseName);
 
 }  // namespace
