@@ -2,6 +2,8 @@
 #include "common/jobspec/job_spec.h"
 
 #include <cmath>
+#include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -13,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status/status_macros.h"
+#include "nlohmann/json.hpp"
 #include "yaml-cpp/yaml.h"
 
 namespace slidedp {
@@ -177,6 +180,40 @@ Setter Enum(E JobSpec::*field, std::vector<std::pair<std::string, E>> names) {
   };
 }
 
+// model.rope_scaling: a flat map of scalars (HF's rope_scaling object), kept as JSON text; its
+// keys and values are checked when the model config applies it (ModelConfig::OverrideContext).
+Setter RopeScalingMap() {
+  return [](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
+    if (!n.IsMap()) return TypeError(path, "a map such as {rope_type: yarn, factor: 4.0}", n);
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& kv : n) {
+      if (!kv.first.IsScalar() || !kv.second.IsScalar()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": expected scalar keys and values"));
+      }
+      const std::string key = kv.first.Scalar(), v = kv.second.Scalar();
+      if (j.contains(key)) return absl::InvalidArgumentError(absl::StrCat(path, ".", key, " is given twice"));
+      char* end = nullptr;
+      errno = 0;
+      const long long i = std::strtoll(v.c_str(), &end, 10);
+      if (!v.empty() && *end == '\0' && errno == 0) {
+        j[key] = static_cast<int64_t>(i);
+        continue;
+      }
+      errno = 0;
+      const double d = std::strtod(v.c_str(), &end);
+      if (!v.empty() && *end == '\0' && errno == 0) {
+        j[key] = d;
+      } else if (v == "true" || v == "false") {
+        j[key] = v == "true";
+      } else {
+        j[key] = v;
+      }
+    }
+    s.rope_scaling_json = j.dump();
+    return absl::OkStatus();
+  };
+}
+
 // optimizer.no_decay: a list of tensor groups exempt from weight decay, each at most once.
 Setter NoDecayGroups() {
   return [](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
@@ -204,7 +241,9 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
       {"model",
        {{"path", Str(&JobSpec::model_path)},
         {"preset", Str(&JobSpec::model_preset)},
-        {"init_seed", U64(&JobSpec::init_seed)}}},
+        {"init_seed", U64(&JobSpec::init_seed)},
+        {"max_position_embeddings", Int(&JobSpec::max_position_embeddings, 1)},
+        {"rope_scaling", RopeScalingMap()}}},
       {"data", {{"path", Str(&JobSpec::data_path)}, {"validation", Str(&JobSpec::validation)}}},
       {"output",
        {{"dir", Str(&JobSpec::output_dir)},
@@ -504,6 +543,16 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
 
 }  // namespace
 
+absl::StatusOr<ModelConfig> ModelConfigOf(const JobSpec& spec) {
+  absl::StatusOr<ModelConfig> c = !spec.model_preset.empty() ? ModelConfig::Preset(spec.model_preset)
+                                                              : ModelConfig::FromFile(spec.model_path + "/config.json");
+  if (!c.ok()) return c.status();
+  if (spec.max_position_embeddings > 0 || !spec.rope_scaling_json.empty()) {
+    RETURN_IF_ERROR(c->OverrideContext(spec.max_position_embeddings, spec.rope_scaling_json));
+  }
+  return c;
+}
+
 const char* ToString(ScheduleKind k) {
   switch (k) {
     case ScheduleKind::kConstant: return "constant";
@@ -580,7 +629,19 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
   if (!model_path.empty()) e << YAML::Key << "path" << YAML::Value << model_path;
   if (!model_preset.empty()) e << YAML::Key << "preset" << YAML::Value << model_preset;
-  e << YAML::Key << "init_seed" << YAML::Value << init_seed << YAML::EndMap;
+  e << YAML::Key << "init_seed" << YAML::Value << init_seed;
+  if (max_position_embeddings > 0) e << YAML::Key << "max_position_embeddings" << YAML::Value << max_position_embeddings;
+  if (!rope_scaling_json.empty()) {
+    e << YAML::Key << "rope_scaling" << YAML::Value << YAML::Flow << YAML::BeginMap;
+    const nlohmann::json rope = nlohmann::json::parse(rope_scaling_json, nullptr, /*allow_exceptions=*/false);
+    if (rope.is_object()) {  // it is: RopeScalingMap wrote it
+      for (const auto& [k, v] : rope.items()) {
+        e << YAML::Key << k << YAML::Value << (v.is_string() ? v.get<std::string>() : v.dump());
+      }
+    }
+    e << YAML::EndMap;
+  }
+  e << YAML::EndMap;
   e << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "path" << YAML::Value << data_path
     << YAML::Key << "validation" << YAML::Value << (validation.empty() ? std::string("none") : validation)
     << YAML::EndMap;

@@ -57,6 +57,11 @@ enum class ParamSource { kMirror, kMaster };
 // Both give the same bits. The CPU backend's device is the host: it casts there either way.
 enum class CastOn { kDevice, kHost };
 
+struct JobSpec;
+// The job's model config: the preset's or model.path's config.json, with the spec's context
+// override applied. hostd and the workers both build it this way.
+absl::StatusOr<ModelConfig> ModelConfigOf(const JobSpec& spec);
+
 struct JobSpec {
   std::string name = "job";
 
@@ -64,6 +69,11 @@ struct JobSpec {
   std::string model_path;    // absolute after resolution
   std::string model_preset;  // "tiny", "qwen3-0.6b", ... (random init with init_seed)
   uint64_t init_seed = 0;
+  // Fine-tuning to a longer context than the model's config says (ModelConfig::OverrideContext):
+  // model.max_position_embeddings (0: the config's) and model.rope_scaling (HF's rope_scaling
+  // object as JSON text; empty: the config's RoPE).
+  int64_t max_position_embeddings = 0;
+  std::string rope_scaling_json;
 
   std::string data_path;  // dataset directory (docs/dataset-format.md)
   // data.validation: "auto" (a parsed spec's default: the dataset's validation split when there is

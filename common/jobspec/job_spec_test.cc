@@ -463,3 +463,48 @@ TEST(JobSpec, MissingFilesAreReported) {
 
 }  // namespace
 }  // namespace slidedp
+
+namespace slidedp {
+namespace {
+
+// model.max_position_embeddings and model.rope_scaling: a longer context than the config's.
+TEST(JobSpec, ContextOverrideReachesTheModelConfigAndRoundTrips) {
+  const std::string text = absl::StrReplaceAll(
+      kGood, {{"model: {preset: tiny, init_seed: 3}",
+               "model: {preset: tiny, init_seed: 3, max_position_embeddings: 16384, "
+               "rope_scaling: {rope_type: yarn, factor: 4.0, original_max_position_embeddings: 4096}}"}});
+  auto s = JobSpec::Parse(text, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->max_position_embeddings, 16384);
+  auto c = ModelConfigOf(*s);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_position_embeddings, 16384);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kYarn);
+  EXPECT_EQ(c->rope_scaling.factor, 4.0);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_GT(c->RopeAttentionScaling(), 1.0);
+  // The resolved spec keeps the override (the workers build the same config from it).
+  auto back = JobSpec::Parse(s->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(back.ok()) << back.status();
+  auto c2 = ModelConfigOf(*back);
+  ASSERT_TRUE(c2.ok()) << c2.status();
+  EXPECT_TRUE(c2->rope_scaling == c->rope_scaling);
+  EXPECT_EQ(c2->RopeInverseFrequencies(), c->RopeInverseFrequencies());
+  // The config written for the checkpoint says the override, and reads back the same.
+  auto saved = ModelConfig::FromJson(c->ToJson());
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->max_position_embeddings, 16384);
+  EXPECT_EQ(saved->RopeInverseFrequencies(), c->RopeInverseFrequencies());
+  // A bad override is refused naming the key.
+  auto bad = JobSpec::Parse(absl::StrReplaceAll(text, {{"rope_type: yarn", "rope_type: longrope"}}), "/base",
+                            JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(bad.ok());
+  auto bc = ModelConfigOf(*bad);
+  ASSERT_FALSE(bc.ok());
+  EXPECT_TRUE(absl::StrContains(bc.status().message(), "model.rope_scaling")) << bc.status();
+  EXPECT_TRUE(absl::StrContains(ParseError(absl::StrReplaceAll(kGood, {{"init_seed: 3}", "init_seed: 3, rope_scaling: 4}"}})).message(),
+                                "model.rope_scaling"));
+}
+
+}  // namespace
+}  // namespace slidedp

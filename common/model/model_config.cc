@@ -391,6 +391,25 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   return c;
 }
 
+absl::Status ModelConfig::OverrideContext(int64_t max_positions, absl::string_view rope_scaling_json) {
+  if (!rope_scaling_json.empty()) {
+    nlohmann::json r = nlohmann::json::parse(rope_scaling_json, nullptr, /*allow_exceptions=*/false);
+    if (r.is_discarded() || !r.is_object()) {
+      return absl::InvalidArgumentError("model.rope_scaling: expected a map (HF's rope_scaling object)");
+    }
+    ModelConfig c = *this;  // the config's own max_position_embeddings is the default original context
+    c.rope_scaling = RopeScaling{};
+    absl::Status s = ParseRope(nlohmann::json{{"rope_scaling", r}}, &c);
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("model.rope_scaling (job spec): ", s.message()));
+    rope_scaling = c.rope_scaling;
+    rope_theta = c.rope_theta;
+  }
+  if (max_positions > 0) max_position_embeddings = max_positions;
+  absl::Status v = Validate();
+  if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat("model (job spec override): ", v.message()));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelConfig> ModelConfig::FromFile(const std::string& path) {
   ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, kMaxConfigFileBytes, "model config"));
   auto c = FromJson(text);

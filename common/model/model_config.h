@@ -117,6 +117,12 @@ struct ModelConfig {
   // missing required sizes is INVALID_ARGUMENT naming the field.
   static absl::StatusOr<ModelConfig> FromJson(absl::string_view json_text);
   static absl::StatusOr<ModelConfig> FromFile(const std::string& path);
+  // A job's context override (model.max_position_embeddings, model.rope_scaling): fine-tuning a
+  // model to a longer context than its config says. max_position_embeddings > 0 replaces the
+  // config's; a non-empty rope_scaling_json (an object as HF's rope_scaling) replaces its RoPE,
+  // read as config.json's is (a missing original_max_position_embeddings is the config's
+  // max_position_embeddings before the override). ToJson then writes the overridden values.
+  absl::Status OverrideContext(int64_t max_position_embeddings, absl::string_view rope_scaling_json);
   // HF-loadable config.json text: the source config with this config's fields written over it,
   // or, for a preset, the family's (architectures <Family>ForCausalLM).
   std::string ToJson() const;

@@ -148,7 +148,13 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
     return absl::NotFoundError(absl::StrCat("model directory ", model_dir, " not found"));
   const std::string config_path = model_dir + "/config.json";
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(config_path));
-  if (std::string m = DescribeConfigMismatch(config, layout.config); !m.empty()) {
+  // The weights do not depend on RoPE: a job's context override (model.rope_scaling,
+  // model.max_position_embeddings) starts from the directory's weights as they are.
+  ModelConfig job = layout.config;
+  job.rope_theta = config.rope_theta;
+  job.rope_scaling = config.rope_scaling;
+  job.max_position_embeddings = config.max_position_embeddings;
+  if (std::string m = DescribeConfigMismatch(config, job); !m.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", m));
   }
 

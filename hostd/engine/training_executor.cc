@@ -43,11 +43,6 @@
 namespace slidedp::hostd {
 namespace {
 
-absl::StatusOr<ModelConfig> ModelConfigOf(const JobSpec& spec) {
-  if (!spec.model_preset.empty()) return ModelConfig::Preset(spec.model_preset);
-  return ModelConfig::FromFile(spec.model_path + "/config.json");
-}
-
 // optimizer.no_decay as LayerAdam's per-tensor rule (hostd/update/weight_decay.h).
 update::DecayExemptions DecayExemptionsOf(const JobSpec& spec) {
   update::DecayExemptions e{false, false};

@@ -454,12 +454,7 @@ absl::StatusOr<NcclCommunicator*> WorkerAgent::CommunicatorFor(const v1::Assignm
 
 absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<HostState>* keep) {
   ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(a.resolved_spec_yaml(), "", JobSpec::FileCheck::kSkip));
-  ModelConfig config;
-  if (!spec.model_preset.empty()) {
-    ASSIGN_OR_RETURN(config, ModelConfig::Preset(spec.model_preset));
-  } else {
-    ASSIGN_OR_RETURN(config, ModelConfig::FromFile(spec.model_path + "/config.json"));
-  }
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));  // with the spec's context override, as hostd
   ModelLayout layout = ModelLayout::Build(config);
   ASSIGN_OR_RETURN(std::unique_ptr<HostState> host_state, TakeHostState(a.state_segment()));
   shm::JobState* job_state = host_state->js.get();
