@@ -46,14 +46,6 @@ std::string Spec(const std::string& model, int workers, int steps, const std::st
                       "runtime: {workers: ", workers, ", step_timeout_ms: 20000}\n");
 }
 
-v1::Job MustSucceed(NodeHarness& node, const std::string& spec, const std::string& id, const std::string& resume = "") {
-  auto j = node.RunJob(spec, id, 180, resume);
-  EXPECT_TRUE(j.ok()) << j.status();
-  if (!j.ok()) return {};
-  EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED) << j->error() << " (logs in " << node.dir() << ")";
-  return *j;
-}
-
 // The FP32 master of a checkpoint saved in fp32, per unit.
 std::vector<std::vector<float>> LoadMaster(const std::string& dir, const ModelLayout& layout) {
   const int n = layout.num_units();

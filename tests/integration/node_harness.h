@@ -246,4 +246,14 @@ class NodeHarness {
   std::unique_ptr<client::Client> client_;
 };
 
+// Runs a job to its end (3 minutes at most) and expects it to succeed; its record (empty if the
+// submit failed).
+inline v1::Job MustSucceed(NodeHarness& node, const std::string& spec, const std::string& id, const std::string& resume = "") {
+  auto j = node.RunJob(spec, id, 180, resume);
+  EXPECT_TRUE(j.ok()) << j.status();
+  if (!j.ok()) return {};
+  EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED) << j->error() << " (logs in " << node.dir() << ")";
+  return *j;
+}
+
 }  // namespace slidedp::testing

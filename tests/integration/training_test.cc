@@ -132,14 +132,6 @@ double MaxAbsDiff(const std::vector<std::vector<float>>& a, const std::vector<st
   return d;
 }
 
-v1::Job MustSucceed(NodeHarness& node, const std::string& spec, const std::string& id, const std::string& resume = "") {
-  auto j = node.RunJob(spec, id, 180, resume);
-  EXPECT_TRUE(j.ok()) << j.status();
-  if (!j.ok()) return {};
-  EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED) << j->error() << " (logs in " << node.dir() << ")";
-  return *j;
-}
-
 // The non-streaming reference: the whole model at once (CPU reference math), the same batches,
 // exact global-norm clipping and AdamW in double precision (PyTorch's formula; weight decay on the
 // matrices only: optimizer.no_decay's default leaves the 1-D tensors, the norms, alone). Forward and

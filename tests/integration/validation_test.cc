@@ -68,14 +68,6 @@ std::map<int64_t, double> EvalLosses(const std::vector<nlohmann::json>& lines) {
   return out;
 }
 
-v1::Job MustSucceed(NodeHarness& node, const std::string& spec, const std::string& id) {
-  auto j = node.RunJob(spec, id, 180);
-  EXPECT_TRUE(j.ok()) << j.status();
-  if (!j.ok()) return {};
-  EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED) << j->error() << " (logs in " << node.dir() << ")";
-  return *j;
-}
-
 // The loss of the whole split with the initial parameters, by the CPU reference model (the same
 // BF16 weights, FP32 norm weights and embedding rows as the workers).
 double ReferenceValidationLoss() {
