@@ -3,9 +3,13 @@
 // gates, no H2D) and gradients accumulated on the GPU and dropped (no D2H, no host update). It is
 // the ceiling the streamed system is measured against (issue: >= 0.95 of it at >= 64K tokens per
 // GPU per step). Prints one JSON line:
-//   {"mode":"compute_only","model":..,"tokens_per_step":..,"step_s":..,"tokens_per_s":..,
+//   {"mode":"compute_only","model":..,"layers":..,"tokens_per_step":..,"step_s":..,"tokens_per_s":..,
 //    "model_tflops":..,"peak_gib":..}
-// Model FLOPs per token: ModelLayout::ModelFlopsPerToken (the FSDP2 peer's convention).
+// Model FLOPs per token: ModelLayout::ModelFlopsPerToken (the FSDP2 peer's convention), of the model
+// as run: --layers reduces the preset's depth (a long sequence's ceiling measured on a few layers,
+// the per-layer rate being what matters), --max-position-embeddings / --rope-scaling apply a job's
+// context override (model.max_position_embeddings, model.rope_scaling) so rows past the preset's
+// context run, --tile-tokens is runtime.tile_tokens.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -123,34 +127,72 @@ std::vector<MicroBatch> SyntheticBatches(const ModelConfig& c, int64_t tokens, i
   return mbs;
 }
 
-absl::Status Run(const std::string& model, int64_t seq, int64_t tokens, int64_t rows_per_mb, const std::string& policy,
-                 int steps, int gpu, double offload_ratio) {
-  ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Preset(model));
+// What to run (the command line).
+struct BenchOptions {
+  std::string model = "qwen3-4b";
+  std::string policy = "recompute";
+  int64_t seq = 4096;
+  int64_t tokens = 65536;
+  int64_t rows_per_mb = 4;
+  int steps = 4;
+  int gpu = 0;
+  double offload_ratio = 0;
+  int64_t max_position_embeddings = 0;  // 0: the preset's
+  std::string rope_scaling_json;        // empty: the preset's RoPE
+  int64_t tile_tokens = 0;              // 0: the backend's default (runtime.tile_tokens auto)
+  int64_t layers = 0;                   // 0: the preset's depth
+};
+
+// The preset with the command line's context override and depth.
+absl::StatusOr<ModelConfig> BenchConfig(const BenchOptions& o) {
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Preset(o.model));
+  if (o.max_position_embeddings > 0 || !o.rope_scaling_json.empty()) {
+    RETURN_IF_ERROR(config.OverrideContext(o.max_position_embeddings, o.rope_scaling_json));
+  }
+  if (o.layers > 0) {
+    if (o.layers > config.num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("--layers ", o.layers, ": ", o.model, " has ",
+                                                     config.num_hidden_layers, " (--layers only reduces the depth)"));
+    }
+    config.num_hidden_layers = o.layers;
+  }
+  if (o.seq > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("--seq ", o.seq, " exceeds max_position_embeddings ",
+                                                   config.max_position_embeddings,
+                                                   " (raise it with --max-position-embeddings, and --rope-scaling)"));
+  }
+  return config;
+}
+
+absl::Status Run(const BenchOptions& o) {
+  ASSIGN_OR_RETURN(const ModelConfig config, BenchConfig(o));
   const ModelLayout layout = ModelLayout::Build(config);
+  const int64_t seq = o.seq, tokens = o.tokens;
   if (tokens % seq != 0 || tokens < seq)
     return absl::InvalidArgumentError("--tokens must be a positive multiple of --seq");
   ActPolicy act = ActPolicy::kRecomputeLayer;
-  if (policy == "keep_all")
+  if (o.policy == "keep_all")
     act = ActPolicy::kKeepAll;
-  else if (policy == "selective")
+  else if (o.policy == "selective")
     act = ActPolicy::kSelective;
-  else if (policy != "recompute")
+  else if (o.policy != "recompute")
     return absl::InvalidArgumentError("--policy: recompute, selective or keep_all");
-  ASSIGN_OR_RETURN(auto backend, MakeCudaBackend(config, gpu));
+  ASSIGN_OR_RETURN(auto backend, MakeCudaBackend(config, o.gpu));
+  if (o.tile_tokens > 0) backend->SetTileTokens(o.tile_tokens);
   ASSIGN_OR_RETURN(auto streamer, ResidentStreamer::Create(layout));
   auto grads = MakeDiscardGradientPath(layout, backend.get());
   StepRunnerOptions ropt;
   ropt.policy = act;
   std::unique_ptr<ActivationStore> activations;
-  if (offload_ratio > 0) {
-    ASSIGN_OR_RETURN(activations, MakeCudaActivationStore(layout, backend.get(), offload_ratio, gpu));
+  if (o.offload_ratio > 0) {
+    ASSIGN_OR_RETURN(activations, MakeCudaActivationStore(layout, backend.get(), o.offload_ratio, o.gpu));
   }
   StepRunner runner(layout, backend.get(), streamer.get(), grads.get(), ropt, activations.get());
-  const std::vector<MicroBatch> mbs = SyntheticBatches(config, tokens, seq, rows_per_mb);
+  const std::vector<MicroBatch> mbs = SyntheticBatches(config, tokens, seq, o.rows_per_mb);
   const float loss_scale = 1.0f / static_cast<float>(tokens);
   std::vector<double> times;
   double loss = 0;
-  for (int s = 0; s < steps; ++s) {
+  for (int s = 0; s < o.steps; ++s) {
     const absl::Time t0 = absl::Now();
     ASSIGN_OR_RETURN(StepResult r, runner.Run(s, mbs, loss_scale));
     RETURN_IF_ERROR(backend->Synchronize());
@@ -158,24 +200,30 @@ absl::Status Run(const std::string& model, int64_t seq, int64_t tokens, int64_t 
     loss = r.loss_sum;
     fprintf(stderr, "step %d: %.3f s loss %.4f\n", s, times.back(), loss);
   }
-  std::vector<double> steady(times.begin() + (steps > 1 ? 1 : 0), times.end());
+  std::vector<double> steady(times.begin() + (o.steps > 1 ? 1 : 0), times.end());
   std::sort(steady.begin(), steady.end());
   const double step_s = steady[steady.size() / 2];
   const double flops_per_token = layout.ModelFlopsPerToken(seq);
   const int64_t peak = backend->peak_memory_bytes() + streamer->device_bytes() + grads->device_bytes();
-  nlohmann::json j = {{"mode", "compute_only"},
-                      {"model", model},
-                      {"policy", policy},
-                      {"seq", seq},
-                      {"tokens_per_step", tokens},
-                      {"micro_batch_rows", rows_per_mb},
-                      {"step_s", step_s},
-                      {"tokens_per_s", tokens / step_s},
-                      {"model_tflops", flops_per_token * tokens / step_s / 1e12},
-                      {"peak_gib", peak / 1073741824.0},
-                      {"offload_ratio", offload_ratio},
-                      {"offload_host_gib", activations ? activations->host_bytes() / 1073741824.0 : 0.0},
-                      {"loss", loss}};
+  nlohmann::json j = {
+      {"mode", "compute_only"},
+      {"model", o.model},
+      {"layers", config.num_hidden_layers},
+      {"max_position_embeddings", config.max_position_embeddings},
+      {"rope_scaling",
+       o.rope_scaling_json.empty() ? nlohmann::json() : nlohmann::json::parse(o.rope_scaling_json, nullptr, false)},
+      {"tile_tokens", backend->tile_tokens()},
+      {"policy", o.policy},
+      {"seq", seq},
+      {"tokens_per_step", tokens},
+      {"micro_batch_rows", o.rows_per_mb},
+      {"step_s", step_s},
+      {"tokens_per_s", tokens / step_s},
+      {"model_tflops", flops_per_token * tokens / step_s / 1e12},
+      {"peak_gib", peak / 1073741824.0},
+      {"offload_ratio", o.offload_ratio},
+      {"offload_host_gib", activations ? activations->host_bytes() / 1073741824.0 : 0.0},
+      {"loss", loss}};
   printf("%s\n", j.dump().c_str());
   return absl::OkStatus();
 }
@@ -185,23 +233,29 @@ absl::Status Run(const std::string& model, int64_t seq, int64_t tokens, int64_t 
 
 int main(int argc, char** argv) {
   CLI::App app{"slidedp compute-only step benchmark (resident weights, no streaming)"};
-  std::string model = "qwen3-4b", policy = "recompute";
-  int64_t seq = 4096, tokens = 65536, rows = 4;
-  int steps = 4, gpu = 0;
-  double offload_ratio = 0;
-  app.add_option("--model", model, "preset (qwen3-0.6b .. qwen3-14b)");
-  app.add_option("--seq", seq, "sequence length");
-  app.add_option("--tokens", tokens, "tokens per step (a multiple of --seq)");
-  app.add_option("--micro-batch-rows", rows, "rows per micro-batch");
-  app.add_option("--policy", policy, "recompute | selective | keep_all");
-  app.add_option("--steps", steps, "steps (the first is warm-up)");
-  app.add_option("--gpu", gpu, "CUDA device");
-  app.add_option("--offload-ratio", offload_ratio, "fraction of layer inputs kept in pinned host memory");
+  slidedp::BenchOptions o;
+  app.add_option("--model", o.model, "preset (qwen3-0.6b .. qwen3-14b)");
+  app.add_option("--seq", o.seq, "sequence length");
+  app.add_option("--tokens", o.tokens, "tokens per step (a multiple of --seq)");
+  app.add_option("--micro-batch-rows", o.rows_per_mb, "rows per micro-batch");
+  app.add_option("--policy", o.policy, "recompute | selective | keep_all");
+  app.add_option("--steps", o.steps, "steps (the first is warm-up)");
+  app.add_option("--gpu", o.gpu, "CUDA device");
+  app.add_option("--offload-ratio", o.offload_ratio, "fraction of layer inputs kept in pinned host memory");
+  app.add_option("--max-position-embeddings", o.max_position_embeddings,
+                 "the context the model is run at (model.max_position_embeddings; 0: the preset's)");
+  app.add_option("--rope-scaling", o.rope_scaling_json,
+                 "RoPE for the longer context as HF's rope_scaling object, JSON (model.rope_scaling), e.g. "
+                 "'{\"rope_type\":\"yarn\",\"factor\":8.0,\"original_max_position_embeddings\":32768}'");
+  app.add_option("--tile-tokens", o.tile_tokens,
+                 "tokens per tile of the layers' token-local work and the head (runtime.tile_tokens; 0: default)");
+  app.add_option("--layers", o.layers, "decoder layers (fewer than the preset's: a reduced-depth run; 0: all)");
   CLI11_PARSE(app, argc, argv);
-  absl::Status s = slidedp::Run(model, seq, tokens, rows, policy, steps, gpu, offload_ratio);
+  absl::Status s = slidedp::Run(o);
   if (!s.ok()) {
     fprintf(stderr, "bench_step: %s\n", s.ToString().c_str());
-    printf("{\"mode\":\"compute_only\",\"error\":\"%s\"}\n", std::string(s.message()).c_str());
+    const nlohmann::json j = {{"mode", "compute_only"}, {"error", std::string(s.message())}};
+    printf("%s\n", j.dump().c_str());
     return 1;
   }
   return 0;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -53,6 +54,9 @@ struct Context {
 TokenizedDocument TokenizeSegments(const tok::Tokenizer& tokenizer, const std::vector<Segment>& segments) {
   std::string text;
   std::vector<std::pair<uint32_t, bool>> bounds;  // segment end offset, trained
+  int64_t segment_bytes = 0;
+  for (const Segment& s : segments) segment_bytes += static_cast<int64_t>(s.text.size());
+  CHECK_LE(segment_bytes, kMaxDocumentBytes) << "callers refuse longer documents (uint32 byte offsets below)";
   for (const Segment& s : segments) {
     std::string piece = tok::Tokenizer::RepairUtf8(s.text);
     if (tokenizer.normalizes_nfc()) piece = tok::Tokenizer::NfcNormalize(piece);
@@ -120,6 +124,12 @@ Rendered RenderRecord(const Context& ctx, const Record& rec) {
       return fail(absl::InvalidArgumentError("has none of the fields messages, prompt+completion, text"));
     }
   }
+  int64_t bytes = 0;
+  for (const Segment& s : segments) bytes += static_cast<int64_t>(s.text.size());
+  if (bytes > kMaxDocumentBytes) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("renders to ", bytes, " bytes, more than the ", kMaxDocumentBytes, " one document may have")));
+  }
   out.doc = TokenizeSegments(*ctx.tokenizer, segments);
   if (out.doc.tokens.empty()) return fail(absl::InvalidArgumentError("renders to no tokens"));
   bool any_trained = false;
@@ -150,6 +160,67 @@ absl::StatusOr<json> ReadJsonFile(const std::string& path) {
   json j = json::parse(ss.str(), nullptr, false);
   if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
   return j;
+}
+
+bool IsJsonSpace(int c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+// Calls on_element(text, bytes) for each element of the JSON array that `in` holds, in order,
+// with the element's text (outer whitespace trimmed) and the input bytes consumed since the last
+// call (what follows the closing bracket counts with the last element). Only strings and nesting
+// are tracked, so a large array costs one element of memory, not a DOM of the file; each element
+// is parsed, and its errors reported, on its own. INVALID_ARGUMENT when the input is not one
+// array (unterminated, or text after its closing bracket).
+absl::Status ForEachJsonArrayElement(std::istream& in,
+                                     const std::function<absl::Status(std::string, int64_t)>& on_element) {
+  std::streambuf* buf = in.rdbuf();
+  int64_t bytes = 0, reported = 0;
+  auto next = [&] {
+    const int c = buf->sbumpc();
+    if (c != EOF) ++bytes;
+    return c;
+  };
+  int c = next();
+  while (c != EOF && IsJsonSpace(c)) c = next();
+  if (c != '[') return absl::InvalidArgumentError("not a JSON array");
+  std::string element;
+  int64_t depth = 0, elements = 0;
+  bool in_string = false, escaped = false, closed = false;
+  while (!closed && (c = next()) != EOF) {
+    if (in_string) {
+      element.push_back(static_cast<char>(c));
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (element.empty() && IsJsonSpace(c)) continue;  // before the element
+    if (depth == 0 && (c == ',' || c == ']')) {
+      closed = c == ']';
+      // What follows the closing bracket is counted with the last element; it must be whitespace.
+      while (closed && (c = next()) != EOF) {
+        if (!IsJsonSpace(c)) {
+          return absl::InvalidArgumentError("text after the JSON array's closing bracket");
+        }
+      }
+      while (!element.empty() && IsJsonSpace(element.back())) element.pop_back();
+      if (closed && element.empty() && elements == 0) break;  // []
+      ++elements;
+      RETURN_IF_ERROR(on_element(std::move(element), bytes - reported));
+      reported = bytes;
+      element.clear();
+      continue;
+    }
+    if (c == '"') in_string = true;
+    if (c == '[' || c == '{') ++depth;
+    if ((c == ']' || c == '}') && depth > 0) --depth;  // an unbalanced '}' is the element's parse error
+    element.push_back(static_cast<char>(c));
+  }
+  if (!closed) return absl::InvalidArgumentError("unterminated JSON array: the file ends inside it");
+  return absl::OkStatus();
 }
 
 void FillSplit(const data::Manifest& m, const std::string& dir, SplitSummary* s) {
@@ -184,7 +255,19 @@ std::string PrepareSummary::ToJson() const {
 absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
   if (o.inputs.empty()) return absl::InvalidArgumentError("prepare: no input files");
   if (o.output_dir.empty()) return absl::InvalidArgumentError("prepare: no output directory");
-  if (o.seq_len < 2) return absl::InvalidArgumentError(absl::StrCat("prepare: seq_len ", o.seq_len, " is below 2"));
+  if (o.seq_len < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prepare: --seq-len ", o.seq_len, " is below 2 (a row needs a token and its target)"));
+  }
+  if (o.seq_len > kMaxSeqLen) {
+    return absl::InvalidArgumentError(absl::StrCat("prepare: --seq-len ", o.seq_len, " is above ", kMaxSeqLen,
+                                                   ", the longest row the trainer takes (its micro-batches "
+                                                   "index tokens with int32)"));
+  }
+  if (o.batch_documents < 1 || o.batch_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("prepare: batch_documents ", o.batch_documents, " and batch_bytes ",
+                                                   o.batch_bytes, " must be positive"));
+  }
   if (!(o.validation_fraction >= 0 && o.validation_fraction < 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("prepare: validation fraction ", o.validation_fraction, " is not in [0, 1)"));
@@ -283,7 +366,17 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
   std::vector<Record> batch;
+  int64_t batch_bytes = 0;  // of the records' text
   std::vector<Rendered> results;
+  // A record that cannot be a document: the error (file:line: reason), or counted and skipped.
+  auto skip_or_fail = [&](const Record& rec, const absl::Status& why) -> absl::Status {
+    const std::string where = rec.whole_file ? o.inputs[rec.input] : absl::StrCat(o.inputs[rec.input], ":", rec.line);
+    const std::string msg = absl::StrCat(where, ": ", why.message());
+    if (o.bad_lines == BadLines::kFail) return absl::Status(why.code(), msg);
+    ++summary.skipped_lines;
+    if (summary.skipped_examples.size() < kMaxSkipExamples) summary.skipped_examples.push_back(msg);
+    return absl::OkStatus();
+  };
   auto flush = [&]() -> absl::Status {
     results.assign(batch.size(), Rendered());
     std::atomic<size_t> next{0};
@@ -301,12 +394,7 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
       Rendered& r = results[i];
       saw_chat |= r.saw_chat;
       if (!r.status.ok()) {
-        const std::string where =
-            rec.whole_file ? o.inputs[rec.input] : absl::StrCat(o.inputs[rec.input], ":", rec.line);
-        const std::string msg = absl::StrCat(where, ": ", r.status.message());
-        if (o.bad_lines == BadLines::kFail) return absl::Status(r.status.code(), msg);
-        ++summary.skipped_lines;
-        if (summary.skipped_examples.size() < kMaxSkipExamples) summary.skipped_examples.push_back(msg);
+        RETURN_IF_ERROR(skip_or_fail(rec, r.status));
         continue;
       }
       std::unique_ptr<data::DatasetWriter>* w = &train;
@@ -327,7 +415,15 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
       progress.tokens += static_cast<int64_t>(r.doc.tokens.size());
     }
     batch.clear();
+    results.clear();  // the batch's tokens: memory stays one batch
+    batch_bytes = 0;
     if (o.progress) o.progress(progress);
+    return absl::OkStatus();
+  };
+  auto add = [&](Record rec) -> absl::Status {
+    batch_bytes += static_cast<int64_t>(rec.text.size());
+    batch.push_back(std::move(rec));
+    if (static_cast<int64_t>(batch.size()) >= o.batch_documents || batch_bytes >= o.batch_bytes) return flush();
     return absl::OkStatus();
   };
 
@@ -336,11 +432,19 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
     std::ifstream in(path, std::ios::binary);
     if (!in) return absl::NotFoundError(absl::StrCat("prepare: cannot open ", path));
     if (absl::EndsWith(path, ".txt")) {
+      // One document, refused by its size before it is read when it is too long to tokenize.
+      const uintmax_t size = fs::file_size(path, ec);
+      if (!ec && size > static_cast<uintmax_t>(kMaxDocumentBytes)) {
+        progress.bytes_done += static_cast<int64_t>(size);
+        RETURN_IF_ERROR(skip_or_fail(
+            {input, 0, "", true}, absl::InvalidArgumentError(absl::StrCat(
+                                      size, " bytes, more than the ", kMaxDocumentBytes, " one document may have"))));
+        continue;
+      }
       std::stringstream ss;
       ss << in.rdbuf();
-      batch.push_back({input, 0, ss.str(), true});
-      progress.bytes_done += static_cast<int64_t>(batch.back().text.size());
-      if (static_cast<int64_t>(batch.size()) >= o.batch_documents) RETURN_IF_ERROR(flush());
+      progress.bytes_done += static_cast<int64_t>(ss.view().size());
+      RETURN_IF_ERROR(add({input, 0, ss.str(), true}));
       continue;
     }
     if (!absl::EndsWith(path, ".jsonl") && !absl::EndsWith(path, ".json")) {
@@ -351,17 +455,16 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
       // messages is the 1-based element number.
       const int first = (in >> std::ws).peek();
       if (first == '[') {
-        std::stringstream ss;
-        ss << in.rdbuf();
-        json arr = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-        if (arr.is_discarded() || !arr.is_array()) {
-          return absl::InvalidArgumentError(absl::StrCat("prepare: ", path, ": not a valid JSON array"));
-        }
-        for (size_t k = 0; k < arr.size(); ++k) {
-          batch.push_back({input, static_cast<int64_t>(k + 1), arr[k].dump(), false});
-          if (static_cast<int64_t>(batch.size()) >= o.batch_documents) RETURN_IF_ERROR(flush());
-        }
-        progress.bytes_done += static_cast<int64_t>(fs::file_size(path, ec));
+        progress.bytes_done += std::max<int64_t>(0, static_cast<int64_t>(in.tellg()));  // leading whitespace
+        int64_t element = 0;
+        absl::Status added;  // the first error of a batch flushed from inside the array
+        absl::Status s = ForEachJsonArrayElement(in, [&](std::string text, int64_t bytes) {
+          progress.bytes_done += bytes;
+          added = add({input, ++element, std::move(text), false});
+          return added;
+        });
+        RETURN_IF_ERROR(added);
+        if (!s.ok()) return absl::Status(s.code(), absl::StrCat("prepare: ", path, ": ", s.message()));
         continue;
       }
       in.clear();
@@ -373,9 +476,8 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
       ++line_no;
       progress.bytes_done += static_cast<int64_t>(line.size()) + 1;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are not documents
-      batch.push_back({input, line_no, std::move(line), false});
+      RETURN_IF_ERROR(add({input, line_no, std::move(line), false}));
       line.clear();
-      if (static_cast<int64_t>(batch.size()) >= o.batch_documents) RETURN_IF_ERROR(flush());
     }
   }
   if (!batch.empty()) RETURN_IF_ERROR(flush());

@@ -8,6 +8,10 @@
 //   {"text": ...}                                         plain text (+ EOS), all trained
 // A .json file may instead hold one JSON array of such records ("line" = element number), and
 // .txt files are one text document each. Errors name file:line and the field.
+// Memory: inputs are read as a stream (a JSON array too, element by element) and tokenized in
+// batches of at most batch_documents records or batch_bytes input bytes, and the writer streams
+// rows to disk, so prepare holds one batch (at least its longest document) whatever the corpus
+// size and seq_len.
 // The chat template is the model's: tokenizer_config.json's chat_template, or chat_template.jinja
 // beside it, which wins as in transformers (chat_template.h says which templates are reproduced).
 // Output: <output>/train and, when validation_fraction > 0, <output>/validation (split per
@@ -28,6 +32,13 @@
 
 namespace slidedp::prepare {
 
+// The longest row (--seq-len) prepare writes: the trainer's micro-batch (common/data/batch.h)
+// indexes its tokens, positions and cu_seqlens with int32, so one row must fit in int32.
+inline constexpr int64_t kMaxSeqLen = int64_t{2147483647};
+// The longest rendered document in bytes (about 250M tokens, far beyond any row): the tokenizer's
+// byte offsets are uint32, and repairing invalid UTF-8 or NFC can grow a text at most threefold.
+inline constexpr int64_t kMaxDocumentBytes = int64_t{1} << 30;
+
 enum class BadLines { kFail, kSkip };
 enum class TextEos { kAppend, kNone };  // append tokenizer_config's eos_token to text / completion docs
 
@@ -42,7 +53,7 @@ struct PrepareOptions {
   std::string model_dir;            // holds tokenizer.json and tokenizer_config.json
   std::vector<std::string> inputs;  // .jsonl / .json (JSON lines) / .txt
   std::string output_dir;
-  int64_t seq_len = 4096;
+  int64_t seq_len = 4096;  // in [2, kMaxSeqLen]
   data::Packing packing = data::Packing::kPacked;
   double validation_fraction = 0.0;  // in [0, 1)
   uint64_t seed = 0;
@@ -53,7 +64,12 @@ struct PrepareOptions {
   BadLines bad_lines = BadLines::kFail;
   int threads = 0;  // 0 = hardware concurrency
   data::Overwrite overwrite = data::Overwrite::kNo;
-  int64_t batch_documents = 2048;                        // documents tokenized per parallel batch (memory bound)
+  // A parallel batch ends at batch_documents records or batch_bytes input bytes, whichever comes
+  // first. It holds its records and their tokens at once (3.5 bytes per input byte measured on
+  // 2-byte tokens: 64 MiB batches of 300k-token documents peak at 350 MB, 110 MB of it the tokenizer), so
+  // the byte bound keeps long documents (a 1M-token row is about 4 MB of text) from multiplying it.
+  int64_t batch_documents = 2048;
+  int64_t batch_bytes = int64_t{64} << 20;
   std::function<void(const PrepareProgress&)> progress;  // called after each batch; may be empty
 };
 
@@ -89,7 +105,8 @@ struct TokenizedDocument {
 // what HF gives for the whole rendered string) and marks a token trained when its first byte
 // lies in a trained segment. Each segment is NFC-normalized on its own when the tokenizer
 // normalizes (identical to normalizing the whole text unless a segment starts with a combining
-// mark; segment borders here follow "\n" or special tokens).
+// mark; segment borders here follow "\n" or special tokens). The segments hold at most
+// kMaxDocumentBytes in all (CHECK: Prepare refuses longer documents).
 TokenizedDocument TokenizeSegments(const tok::Tokenizer& tokenizer, const std::vector<Segment>& segments);
 
 }  // namespace slidedp::prepare

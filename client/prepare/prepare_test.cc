@@ -299,6 +299,47 @@ TEST(Prepare, JsonArrayFileAndErrorsByElement) {
   EXPECT_EQ(s->skipped_lines, 1);
 }
 
+TEST(Prepare, JsonArrayIsStreamedByElement) {
+  // The array is split without a DOM of the file: commas, brackets, braces and escaped quotes
+  // inside strings and nested values do not end an element; a broken element is its own error.
+  const std::string in = WriteFile("stream.json",
+                                   " \n[ "
+                                   R"json({"text": "a, ] } \" [ {", "extra": [1, {"x": [2]}]} ,
+{"text": "two"}, {"text": 3}, {"text": nope} ]
+
+)json");
+  PrepareOptions o = BaseOptions("stream_out", {in});
+  o.bad_lines = BadLines::kSkip;
+  std::vector<PrepareProgress> progress;
+  o.progress = [&](const PrepareProgress& p) { progress.push_back(p); };
+  auto s = Prepare(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->train.documents, 2);
+  ASSERT_EQ(s->skipped_examples.size(), 2u);
+  EXPECT_THAT(s->skipped_examples[0], HasSubstr(in + ":3: field text: not a string"));
+  EXPECT_THAT(s->skipped_examples[1], HasSubstr(in + ":4: not valid JSON"));
+  ASSERT_FALSE(progress.empty());
+  EXPECT_EQ(progress.back().bytes_done, progress.back().bytes_total);
+  auto r = data::DatasetReader::Open(s->train.dir);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<uint32_t> tokens((*r)->doc_offsets()[1]);
+  ASSERT_TRUE((*r)->ReadTokens(0, static_cast<int64_t>(tokens.size()), tokens.data(), nullptr).ok());
+  EXPECT_EQ(Qwen3().Decode(tokens), "a, ] } \" [ {<|im_end|>");
+
+  struct Case {
+    std::string text, expect;
+  };
+  for (const Case& c : std::vector<Case>{{"[]", "no usable training documents"},
+                                         {"[{\"text\": \"x\"}", "unterminated JSON array"},
+                                         {"[{\"text\": \"x ]\"}, ", "unterminated JSON array"},
+                                         {"[{\"text\": \"x\"}] {}", "text after the JSON array's closing bracket"}}) {
+    const std::string bad = WriteFile("stream_bad.json", c.text);
+    auto b = Prepare(BaseOptions("stream_bad_out", {bad}));
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << c.text;
+    EXPECT_THAT(std::string(b.status().message()), HasSubstr(c.expect)) << c.text;
+  }
+}
+
 TEST(Prepare, RefusesNonEmptyOutputWithoutOverwrite) {
   const std::string in = WriteFile("ow.jsonl", json({{"text", "x y"}}).dump() + "\n");
   PrepareOptions o = BaseOptions("ow_out", {in});

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <vector>
@@ -59,6 +60,24 @@ Setter Int32(int32_t JobSpec::*field, int32_t min_value) {
     RETURN_IF_ERROR(ReadScalar(n, path, "an integer", &v));
     if (v < min_value) return absl::InvalidArgumentError(absl::StrCat(path, ": must be >= ", min_value, ", got ", v));
     s.*field = v;
+    return absl::OkStatus();
+  };
+}
+
+// runtime.tile_tokens: `auto` (0) or a token count of at least kMinTileTokens.
+Setter TileTokens() {
+  return [](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
+    if (n.IsScalar() && n.Scalar() == "auto") {
+      s.tile_tokens = 0;
+      return absl::OkStatus();
+    }
+    int64_t v;
+    RETURN_IF_ERROR(ReadScalar(n, path, "auto or a token count", &v));
+    if (v < kMinTileTokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": must be auto or at least ", kMinTileTokens, " tokens, got ", v));
+    }
+    s.tile_tokens = v;
     return absl::OkStatus();
   };
 }
@@ -305,6 +324,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"embedding_rows", Enum<EmbeddingRows>(&JobSpec::embedding_rows,
                                                {{"fp32", EmbeddingRows::kFp32}, {"bf16", EmbeddingRows::kBf16}})},
         {"offload_ratio", Real(&JobSpec::offload_ratio, 0, 1)},
+        {"tile_tokens", TileTokens()},
         {"speculation_bytes", Int(&JobSpec::speculation_bytes, -1)},
         {"gpu_memory_limit", MemoryLimit()},
         {"policy", Policy()},
@@ -466,6 +486,12 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
   if (s.global_batch % s.micro_batch != 0) {
     return absl::InvalidArgumentError(absl::StrCat("job spec: train.global_batch ", s.global_batch,
                                                    " is not a multiple of train.micro_batch ", s.micro_batch));
+  }
+  // A micro-batch indexes its tokens with int32 (cu_seqlens, positions: common/data/batch.h).
+  if (s.seq_len > std::numeric_limits<int32_t>::max() / s.micro_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: train.micro_batch x train.seq_len = ", s.micro_batch,
+                                                   " x ", s.seq_len, " is over ", std::numeric_limits<int32_t>::max(),
+                                                   " tokens, the most one micro-batch holds"));
   }
   if (s.num_workers > 0 && s.global_batch % (int64_t{s.num_workers} * s.micro_batch) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -692,6 +718,7 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "embedding_rows" << YAML::Value << ToString(embedding_rows);
   e << YAML::Key << "deterministic" << YAML::Value << deterministic;
   e << YAML::Key << "offload_ratio" << YAML::Value << offload_ratio;
+  if (tile_tokens > 0) e << YAML::Key << "tile_tokens" << YAML::Value << tile_tokens;
   e << YAML::Key << "speculation_bytes" << YAML::Value << speculation_bytes;
   if (policy_auto) {
     e << YAML::Key << "policy" << YAML::Value << "auto";

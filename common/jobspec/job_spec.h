@@ -150,6 +150,9 @@ struct JobSpec {
   // dQ in a fixed order (slower; docs/kernels.md). The CPU backend always repeats bit for bit.
   bool deterministic = false;
   double offload_ratio = 0.0;  // fraction of layer checkpoints kept in pinned host memory
+  // Tokens per tile of a decoder layer's token-local work and of the head's norm (long
+  // sequences: ComputeBackend::SetTileTokens); 0: auto (kDefaultTileTokens, 32768).
+  int64_t tile_tokens = 0;
   // Speculative clipping (docs/layeradam.md): the most host memory for the undo copies of units
   // updated before the step's norm is known (12 B/param). -1: auto (what the host has left after
   // the job's plan, up to the whole model); 0: off (updates wait for the norm).
@@ -180,6 +183,8 @@ struct JobSpec {
 // A job name: 1-kMaxJobNameBytes characters of [A-Za-z0-9._-], not starting with '.' or '-'
 // (it names the default output directory and the job ids made from it). INVALID_ARGUMENT else.
 inline constexpr size_t kMaxJobNameBytes = 48;
+// The smallest runtime.tile_tokens.
+inline constexpr int64_t kMinTileTokens = 1;
 // The largest job spec hostd parses (SubmitJobRequest.spec_yaml).
 inline constexpr size_t kMaxSpecBytes = 1 << 20;
 absl::Status ValidateJobName(const std::string& name);

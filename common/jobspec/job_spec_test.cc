@@ -80,6 +80,35 @@ TEST(JobSpec, GradDtypeIsFp32ByDefaultAndRoundTrips) {
   EXPECT_TRUE(absl::StrContains(bad.message(), "grad_dtype")) << bad;
 }
 
+TEST(JobSpec, TileTokensIsAutoByDefaultAndRoundTrips) {
+  auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_EQ(def->tile_tokens, 0);
+  for (const char* v : {"auto", "8192", "1"}) {
+    auto spec = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"backend: cpu,", absl::StrCat("backend: cpu, tile_tokens: ", v, ",")}}),
+                               "/base", JobSpec::FileCheck::kSkip);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    const int64_t want = std::string(v) == "auto" ? 0 : std::stoll(v);
+    EXPECT_EQ(spec->tile_tokens, want) << v;
+    auto again = JobSpec::Parse(spec->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->tile_tokens, want) << v;
+  }
+  for (const char* v : {"0", "-5", "big", "[1]", "1.5"}) {
+    const absl::Status bad =
+        ParseError(absl::StrReplaceAll(kGood, {{"backend: cpu,", absl::StrCat("backend: cpu, tile_tokens: ", v, ",")}}));
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << v;
+    EXPECT_TRUE(absl::StrContains(bad.message(), "runtime.tile_tokens")) << bad;
+  }
+}
+
+TEST(JobSpec, AMicroBatchOverInt32TokensIsRefused) {
+  const absl::Status bad = ParseError(absl::StrReplaceAll(
+      kGood, {{"seq_len: 128", "seq_len: 1073741824"}, {"micro_batch: 2", "micro_batch: 4"}}));
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_TRUE(absl::StrContains(bad.message(), "train.micro_batch x train.seq_len")) << bad;
+}
+
 TEST(JobSpec, StateDtypeIsFp32ByDefaultAndRoundTrips) {
   auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(def.ok()) << def.status();

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/model/shard.h"
+#include "common/policy/context_memory.h"
 #include "common/status/status_macros.h"
 #include "hostd/engine/initial_weights.h"
 #include "hostd/engine/undo_arena.h"
@@ -189,6 +190,38 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
                           : spec.act_policy == ActivationPolicy::kSelective   ? uint32_t{kPieceAttention}
                                                                               : kAllPieces;
     AddActivationOffload(layout, spec.offload_ratio, kept, world, tokens_per_worker, p.memory);
+  }
+  // The GPU memory floor of the step on each CUDA worker (common/policy/context_memory.h): a job
+  // whose floor is over a device is refused here, with the longest sequence the model fits.
+  const int64_t micro_tokens = static_cast<int64_t>(spec.micro_batch) * spec.seq_len;
+  int offloaded_layers = layout.OffloadedLayers(spec.offload_ratio);
+  if (spec.layer_layout) {
+    offloaded_layers = 0;
+    for (const LayerPolicy& l : spec.layer_layout->layers) offloaded_layers += l.offload >= 1.0;
+  }
+  const int64_t tile = spec.tile_tokens > 0 ? spec.tile_tokens : kDefaultTileTokens;
+  p.device_floor = EstimateContextMemory(layout, {tokens_per_worker, micro_tokens, offloaded_layers, tile});
+  for (const WorkerDevice& w : workers) {
+    if (w.cpu_backend || w.memory_bytes <= 0) continue;
+    const int64_t limit = GpuMemoryLimitBytes(spec, w.memory_bytes);
+    const int64_t capacity = limit > 0 ? std::min(limit, w.memory_bytes) : w.memory_bytes;
+    if (p.device_floor.device_total() <= capacity) continue;
+    const LongestSequence longest =
+        FindLongestSequence(layout, capacity, -1, tile, std::max<int64_t>(micro_tokens, int64_t{1} << 24));
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "GPU memory: a step of %d tokens per GPU in micro-batches of %d needs at least %s; the GPU has %.1f GiB%s. "
+        "The longest single sequence (train.seq_len, micro_batch 1, one row per GPU per step) this model fits in "
+        "it is %d tokens%s; lower train.seq_len, train.micro_batch or the rows per step, raise "
+        "runtime.offload_ratio, or set a smaller runtime.tile_tokens",
+        tokens_per_worker, micro_tokens, p.device_floor.ToString(), capacity / 1073741824.0,
+        limit > 0 ? " (runtime.gpu_memory_limit)" : "", longest.tokens,
+        longest.offloaded_layers > 0
+            ? absl::StrFormat(" with %d of %d layers' inputs offloaded (runtime.offload_ratio %.2f, %.1f GiB of "
+                              "pinned host memory)",
+                              longest.offloaded_layers, layout.config.num_hidden_layers,
+                              static_cast<double>(longest.offloaded_layers) / layout.config.num_hidden_layers,
+                              longest.memory.offloaded / 1073741824.0)
+            : std::string()));
   }
   if (p.shm_collective) {
     const uint64_t coll_bytes = shm::ShmCollective::SegmentBytes(world, p.collective_buffer_bytes);

@@ -19,6 +19,7 @@
 #include "absl/types/span.h"
 #include "common/jobspec/job_spec.h"
 #include "common/model/model_config.h"
+#include "common/policy/context_memory.h"
 #include "hostd/admission/admission.h"
 #include "shm/grad_ring.h"
 #include "slidedp/v1/slidedp.pb.h"
@@ -70,6 +71,9 @@ struct JobPlan {
   std::vector<int64_t> shard_numel_of_rank;  // elements each rank posts per step
   shm::GradRingConfig ring;
   JobMemoryPlan memory;  // everything admission counts, collective and staging included
+  // The GPU memory floor of the step on a CUDA worker (common/policy/context_memory.h); PlanJob
+  // refuses a job whose floor is over a CUDA worker's device memory (or its gpu_memory_limit).
+  ContextMemory device_floor;
 
   // Speculative clipping (undo_arena.h): units [speculate_from_unit, num_units) are updated
   // before the step's norm is known; num_units: none. With runtime.speculation_bytes -1 (auto)

@@ -657,6 +657,39 @@ void TrainingExecutor::LogPrediction(JobContext& ctx, const Attempt& a) {
       ran.size(), a.layout_from_step, 100 * (measured - a.predicted_step_s) / a.predicted_step_s));
 }
 
+namespace {
+// `slidedp plan`'s line on GPU memory: the step's floor and the longest single sequence the model
+// fits on the first CUDA worker's device, with what this host has free for offloaded layer inputs.
+std::string LongestSequenceNote(const JobSpec& spec, const ModelLayout& layout, const JobPlan& plan,
+                                const std::vector<v1::WorkerHello>& hellos) {
+  const v1::DeviceInfo* gpu = nullptr;
+  for (const auto& h : hellos) {
+    if (h.device().kind() == "cuda" && h.device().memory_bytes() > 0) {
+      gpu = &h.device();
+      break;
+    }
+  }
+  std::string note = absl::StrCat("GPU memory floor of the step (a CUDA worker, context_memory.h): ",
+                                  plan.device_floor.ToString());
+  if (gpu == nullptr) return absl::StrCat(note, "; no CUDA worker attached to size the longest sequence against");
+  const int64_t limit = GpuMemoryLimitBytes(spec, gpu->memory_bytes());
+  const int64_t capacity = limit > 0 ? std::min(limit, gpu->memory_bytes()) : gpu->memory_bytes();
+  int64_t host_room = -1;
+  if (absl::StatusOr<HostMemoryInfo> host = ReadHostMemoryInfo(); host.ok()) {
+    const uint64_t used = plan.memory.total_bytes - plan.memory.offload_bytes + AdmissionPolicy{}.reserve_bytes;
+    host_room = host->mem_available_bytes > used ? static_cast<int64_t>(host->mem_available_bytes - used) : 0;
+  }
+  const int64_t tile = spec.tile_tokens > 0 ? spec.tile_tokens : kDefaultTileTokens;
+  const LongestSequence longest = FindLongestSequence(layout, capacity, host_room, tile, int64_t{1} << 24);
+  return absl::StrFormat(
+      "%s; the longest single sequence this model fits on %s (%.1f GiB%s) with %s for offloaded layer inputs: %d "
+      "tokens (%d of %d layers' inputs offloaded)",
+      note, gpu->name(), capacity / 1073741824.0, limit > 0 ? ", runtime.gpu_memory_limit" : "",
+      host_room < 0 ? std::string("unknown host memory") : absl::StrFormat("%.1f GiB of host memory", host_room / 1073741824.0),
+      longest.tokens, longest.offloaded_layers, layout.config.num_hidden_layers);
+}
+}  // namespace
+
 absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::Plan(const JobSpec& spec_in,
                                                            const std::vector<v1::WorkerHello>& hellos) {
   JobSpec spec = spec_in;
@@ -679,6 +712,7 @@ absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::Plan(const JobSpec& spec_i
                                     spec.offload_ratio > 0 ? absl::StrCat(", offload_ratio ", spec.offload_ratio) : "");
   }
   ASSIGN_OR_RETURN(JobPlan plan, PlanJob(spec, layout, WorkerDevicesOf(hellos)));
+  in.notes.push_back(LongestSequenceNote(spec, layout, plan, hellos));
   in.spec = &spec;
   in.layout = &layout;
   in.plan = &plan;

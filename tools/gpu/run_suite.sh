@@ -71,6 +71,12 @@
 #                   (runtime.deterministic), restart -> next step (figure)
 #   kbench     ~5   bench_kernels: cuDNN attention >= 400 TFLOP/s forward, >= 300 backward (causal,
 #                   >= 4K tokens); Qwen3-8B decoder layer keep-all >= 550 at 64K; torch SDPA (figures)
+#   longctx    ~9   long context: Qwen3-8B (LONGCTX_MODEL), one sequence of 262,144 tokens (LONGCTX_SEQ) per
+#                   step through slidedp run (yarn RoPE to the row, int8 moments, param_source master,
+#                   recompute with LONGCTX_OFFLOAD of the layers' checkpoints in pinned host memory): trains
+#                   (finite loss on each of LONGCTX_STEPS steps), last step >= 450 model TFLOP/s; compute-only
+#                   (bench_step on LONGCTX_COMPUTE_LAYERS layers) and FSDP2 GPU-resident at the longest of
+#                   LONGCTX_PEER_SEQS that runs (figures); LONGCTX_WHAT picks and orders the stages
 #
 # Output: $OUT/summary.txt (one line per check: PASS / FAIL / INFO / SKIP, the figure and its
 # threshold), $OUT/suite.log (everything printed), $OUT/details.tar.gz (each part's logs and result
@@ -111,6 +117,18 @@
 #   BENCH_MAX_GRAD_NORM  ours' clipping (1.0; 0 = none, as the peer)
 #   RESTART_MODEL    (qwen3-4b)   RESTART_STEPS (8)   RESTART_KILL_AT  the step after which hostd is killed (3)
 #   KBENCH_QUICK=1   bench_kernels --quick (8B at 4K only; the layer gate becomes a figure)
+#   LONGCTX_MODEL LONGCTX_SEQ LONGCTX_STEPS  ours' model (qwen3-8b), row = step (262144), steps (2: step 1 is
+#                    warm-up, the gate reads the last); yarn factor SEQ / 32768, max_position_embeddings
+#                    max(SEQ, 40960)
+#   LONGCTX_OFFLOAD  runtime.offload_ratio (0.35)   LONGCTX_TILE  runtime.tile_tokens (32768; empty: key left out)
+#   LONGCTX_RUNTIME_EXTRA  more runtime keys for ours     LONGCTX_WHAT  the stages, in order ("ours compute peer")
+#   LONGCTX_OURS_CAP (470) LONGCTX_COMPUTE_CAP (120) LONGCTX_PEER_CAP (150, per sequence length)  seconds
+#   LONGCTX_COMPUTE_LAYERS  bench_step's depth (4; 0: all, which takes as long as ours)
+#   LONGCTX_COMPUTE_OFFLOAD (0 on fewer layers, else LONGCTX_OFFLOAD)   LONGCTX_COMPUTE_STEPS (2)
+#   LONGCTX_PEER_SEQS  FSDP2's row lengths, longest first; the first that runs ends the stage ("65536 32768
+#                    16384")       LONGCTX_PEER_STEPS (4; the peer's median after 3 warm-up steps)
+#                    Results stay in $SUITE_WORK/longctx/MODEL-sSEQ on a warm machine: a later call with
+#                    LONGCTX_WHAT="compute peer" is judged with the earlier call's ours (its lines say so)
 set -u
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$self")/../.." || exit 2
@@ -134,8 +152,9 @@ readonly LAYERADAM_T_COPY=0.8      # ... and >= 0.8 of the host's copy bandwidth
 readonly KBENCH_T_FWD=400          # issue 3: attention TFLOP/s, causal, 4K+ tokens (docs/kernels.md)
 readonly KBENCH_T_BWD=300
 readonly KBENCH_T_LAYER=550        # Qwen3-8B decoder layer keep-all over 64K tokens
+readonly LONGCTX_T_TFLOPS=450      # long context: Qwen3-8B, one 256K sequence per step, model TFLOP/s (6N + 6 L s q_dim)
 
-PARTS_ALL="smoke families kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big memlimit policy autopolicy scaling state host restart kbench"
+PARTS_ALL="smoke families kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big memlimit policy autopolicy scaling state host restart kbench longctx"
 usage() { sed -n '3,/^set -u/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ] || [ "$1" = list ]; then usage; exit 0; fi
 for p in "$@"; do
@@ -1008,6 +1027,123 @@ part_kbench() {
     --t-layer "$KBENCH_T_LAYER"
   stage torch_sdpa 200 python3 bench/kernels/torch_sdpa.py "${quick[@]}"
   judge sdpa --log "$part_dir/torch_sdpa.log"
+}
+
+# Long context: one sequence of LONGCTX_SEQ tokens per optimizer step on one GPU. Ours is the daemon
+# path (slidedp run): the model's RoPE stretched to the row (yarn from Qwen3's 32K pretraining
+# context), int8 Adam moments and param_source master (host memory for the pinned checkpoints),
+# whole-layer recompute with the first LONGCTX_OFFLOAD of the layers' FP32 inputs (4 GiB each at
+# 256K on Qwen3-8B) in pinned host memory, the token-local work in tiles of LONGCTX_TILE tokens.
+# Then the figures it is read against: bench_step (compute-only, resident weights) on the same row
+# with LONGCTX_COMPUTE_LAYERS layers, and FSDP2 GPU-resident one row per step at the longest of
+# LONGCTX_PEER_SEQS that runs. A stage's results replace its own folder under $w only, so a later
+# call on the same warm machine can add the stages an earlier one had no time for.
+longctx_sampler() {  # longctx_sampler FILE: MemAvailable at the start and its minimum so far (KiB)
+  local base low now
+  base=$(awk '/MemAvailable/ {print $2}' /proc/meminfo)
+  low=$base
+  while :; do
+    now=$(awk '/MemAvailable/ {print $2}' /proc/meminfo)
+    [ "$now" -lt "$low" ] && low=$now
+    echo "$base $low" > "$1"
+    sleep 1
+  done
+}
+
+longctx_ours() {
+  local d=$w/ours data=$work/longctx-data/v151936_s${seq}_r$steps rc sampler node
+  new_dir "$d"
+  date -u +%FT%TZ > "$d/started"
+  [ -f "$data/manifest.json" ] || stage longctx_data 60 python3 bench/e2e/make_dataset.py --out "$data" \
+    --rows "$steps" --seq-len "$seq" --vocab 151936
+  cat > "$d/job.yaml" <<YAML
+name: longctx
+model: {preset: $model, init_seed: 0, max_position_embeddings: $maxpos$rope_yaml}
+data: {path: $data}
+output: {dir: $d/out, save_final: false}
+train: {seq_len: $seq, global_batch: 1, micro_batch: 1, steps: $steps, seed: 0, max_grad_norm: 0}
+optimizer: {lr: 1.0e-5, weight_decay: 0.01, state_dtype: int8}
+runtime: {workers: 1, act_policy: recompute, offload_ratio: $offload, param_source: master${tile:+, tile_tokens: $tile}${LONGCTX_RUNTIME_EXTRA:+, $LONGCTX_RUNTIME_EXTRA}}
+YAML
+  dry && sed 's/^/DRY      /' "$d/job.yaml"
+  dry || { longctx_sampler "$d/hostmem" & sampler=$!; }
+  stage longctx_ours "${LONGCTX_OURS_CAP:-470}" env CUDA_VISIBLE_DEVICES=0 slidedp run "$d/job.yaml" --backend cuda \
+    --run-dir "$d/run"
+  rc=$?
+  dry && return 0
+  kill "$sampler" 2> /dev/null
+  wait "$sampler" 2> /dev/null
+  cp "$part_dir/longctx_ours.log" "$d/stage.log"
+  copy_metrics "$d/out/metrics-*.jsonl" "$d/metrics.jsonl"
+  if [ "$rc" != 0 ]; then
+    # Cut by the time cap, hostd drains by writing a checkpoint (drain_mode) before the group's
+    # SIGKILL, and a killed private node leaves its state in /dev/shm (tens of GB of host memory the
+    # next stages need): both go.
+    rm -rf "$d"/out/checkpoint-*
+    node=$(grep -o ' node=run[0-9]*' "$d/run/hostd.log" 2> /dev/null | head -n 1 | cut -d= -f2)
+    [ -n "$node" ] && rm -f /dev/shm/slidedp."$node".*
+  fi
+}
+
+longctx_compute() {
+  local d=$w/compute layers=${LONGCTX_COMPUTE_LAYERS:-4} extra=() coff
+  new_dir "$d"
+  date -u +%FT%TZ > "$d/started"
+  # Fewer layers hold their checkpoints on the GPU (4 GiB each at 256K): no offload unless asked.
+  coff=${LONGCTX_COMPUTE_OFFLOAD:-$([ "$layers" = 0 ] && echo "$offload" || echo 0)}
+  [ -n "$rope_json" ] && extra+=(--rope-scaling "$rope_json")
+  [ -n "$tile" ] && extra+=(--tile-tokens "$tile")
+  [ "$layers" != 0 ] && extra+=(--layers "$layers")
+  stage longctx_compute "${LONGCTX_COMPUTE_CAP:-120}" bench_step --model "$model" --seq "$seq" --tokens "$seq" \
+    --micro-batch-rows 1 --policy recompute --steps "${LONGCTX_COMPUTE_STEPS:-2}" --gpu 0 \
+    --max-position-embeddings "$maxpos" --offload-ratio "$coff" "${extra[@]}"
+  dry || cp "$part_dir/longctx_compute.log" "$d/stage.log"
+}
+
+longctx_peer() {
+  local d=$w/peer s rc
+  new_dir "$d"
+  date -u +%FT%TZ > "$d/started"
+  # expandable segments: the peer's best chance to fit a long row (less fragmentation). The peer
+  # (verbatim ../shared/bench/peers/fsdp2_qwen3.py) reports the median after 3 warm-up steps: 4 steps
+  # measure the 4th.
+  for s in ${LONGCTX_PEER_SEQS:-65536 32768 16384}; do
+    stage "longctx_peer_s$s" "${LONGCTX_PEER_CAP:-150}" env CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS="$(nproc)" \
+      PYTORCH_CUDA_ALLOC_CONF="${LONGCTX_PEER_ALLOC_CONF:-expandable_segments:True}" \
+      python3 -m torch.distributed.run --standalone --nproc_per_node=1 bench/e2e/fsdp2_qwen3.py --model "$model" \
+      --seq "$s" --mbs 1 --steps "${LONGCTX_PEER_STEPS:-4}"
+    rc=$?
+    dry && continue
+    cp "$part_dir/longctx_peer_s$s.log" "$d/s$s.log"
+    [ "$rc" = 0 ] || [ "$rc" = 125 ] && break  # ran (the longest that fits), or no time left
+  done
+}
+
+part_longctx() {
+  find_cudnn
+  local model=${LONGCTX_MODEL:-qwen3-8b} seq=${LONGCTX_SEQ:-262144} steps=${LONGCTX_STEPS:-2}
+  local offload=${LONGCTX_OFFLOAD:-0.35} tile=${LONGCTX_TILE-32768} what=${LONGCTX_WHAT:-"ours compute peer"} k
+  local w=$work/longctx/$model-s$seq maxpos rope_yaml="" rope_json="" factor
+  for k in $what; do
+    case $k in
+      ours|compute|peer) ;;
+      *) result FAIL longctx "LONGCTX_WHAT: unknown stage '$k' (ours compute peer)"; return ;;
+    esac
+  done
+  maxpos=$((seq > 40960 ? seq : 40960))
+  if [ "$seq" -gt 32768 ]; then  # Qwen3's documented long-context RoPE: yarn over its 32K pretraining context
+    factor=$(awk -v s="$seq" 'BEGIN { f = s / 32768; fmt = f == int(f) ? "%.1f" : "%.6g"; printf fmt, f }')
+    rope_yaml=", rope_scaling: {rope_type: yarn, factor: $factor, original_max_position_embeddings: 32768}"
+    rope_json="{\"rope_type\":\"yarn\",\"factor\":$factor,\"original_max_position_embeddings\":32768}"
+  fi
+  mkdir -p "$w"
+  for k in $what; do "longctx_$k"; done
+  judge longctx --dir "$w" --model "$model" --seq "$seq" --expect-steps "$steps" --t-tflops "$LONGCTX_T_TFLOPS" \
+    --ran "$what"
+  dry && return 0
+  # the details: every small result file, this call's and an earlier call's (not the dataset, the socket)
+  mkdir -p "$part_dir/results"
+  (cd "$w" && find . -type f -size -4M ! -name '*.safetensors' -print0 | xargs -0 -r cp --parents -t "$part_dir/results")
 }
 
 # -------------------------------------------------------------------------------------------- run

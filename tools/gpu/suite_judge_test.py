@@ -420,6 +420,115 @@ class JudgeTest(unittest.TestCase):
                       "--t-layer", 550)
         self.assertEqual(rc, 1)
 
+    def longctx_dir(self, tflops=(455.0, 471.5), losses=(12.02, 12.01), exit_line="exit 0 after 401 s", extra_log=""):
+        """A run_suite.sh longctx results folder: ours' 256K steps, compute-only on 4 layers, FSDP2 that
+        ran out of memory at 64K and 32K and ran at 16K."""
+        d = os.path.join(self.d, "lc")
+        rows = [{"step": i + 1, "loss": l, "tokens": 262144, "step_time_s": 7.27e16 / (t * 1e12),
+                 "tokens_per_s": 262144 * t * 1e12 / 7.27e16, "model_tflops": t, "gpu_peak_bytes": 118 * 2**30,
+                 "host_state_bytes": 47 * 2**30, "mfu": t / 989.4,
+                 "busy_s": {"worker_step": 150.0, "worker_gate_wait": 0.4, "worker_h2d": 9.0, "worker_cast": 1.0,
+                            "worker_d2h": 12.0, "host_update": 20.0, "host_update_tail": 0.5}}
+                for i, (l, t) in enumerate(zip(losses, tflops))]
+        self.write("lc/ours/metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+        self.write("lc/ours/stage.log", "=== longctx_ours (cap 470 s): env slidedp run job.yaml\n" + extra_log +
+                   f"summary: SUCCEEDED after {len(rows)} step(s) in 380.0 s\n=== longctx_ours: {exit_line}\n")
+        self.write("lc/ours/run/hostd.log", "I job longctx: host state: 99.10 GiB (master 30.51, adam m+v 15.49, "
+                   "bf16 mirror 0.00, job segment 0.01, grad rings 0.50, step gradient staging 0.00, activation "
+                   "offload 52.00, undo copies 0.00, cast staging 0.25; 8190735360 params)\n")
+        self.write("lc/ours/hostmem", "130000000 25000000\n")
+        self.write("lc/ours/started", "2026-12-04T01:02:03Z\n")
+        comp = {"mode": "compute_only", "model": "qwen3-8b", "layers": 4, "seq": 262144, "tokens_per_step": 262144,
+                "step_s": 19.5, "tokens_per_s": 13443.0, "model_tflops": 492.0, "peak_gib": 40.2, "offload_ratio": 0}
+        self.write("lc/compute/stage.log", "step 0: 25 s\nstep 1: 19.5 s\n" + json.dumps(comp) +
+                   "\n=== longctx_compute: exit 0 after 60 s\n")
+        oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 40.00 GiB\n=== {}: exit 1 after 31 s\n"
+        self.write("lc/peer/s65536.log", oom.format("longctx_peer_s65536"))
+        self.write("lc/peer/s32768.log", oom.format("longctx_peer_s32768"))
+        peer = {"peer": "fsdp2", "model": "qwen3-8b", "seq": 16384, "mbs": 1, "step_s": 2.6,
+                "tokens_per_s_per_gpu": 6300.0, "model_tflops_per_gpu": 330.0, "peak_gib": 131.0}
+        self.write("lc/peer/s16384.log", "step 0 loss 12.1 9.0s\n" + json.dumps(peer) +
+                   "\n=== longctx_peer_s16384: exit 0 after 45 s\n")
+        return d
+
+    def longctx(self, d, ran="ours compute peer", steps=2):
+        return run("longctx", "--part", "longctx", "--dir", d, "--model", "qwen3-8b", "--seq", 262144,
+                   "--expect-steps", steps, "--t-tflops", 450, "--ran", ran)
+
+    def test_longctx(self):
+        d = self.longctx_dir()
+        rc, out = self.longctx(d)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("PASS longctx     qwen3-8b ours, one sequence of 262,144 tokens per step trains: exit 0 after "
+                      "401 s, 2 of 2 steps, losses 12.0200, 12.0100 (finite loss on every step, 2 steps)", out)
+        self.assertIn("step 2 471.5 model TFLOP/s", out)
+        self.assertIn("(>= 450 on step 2)", out)
+        self.assertIn("GPU peak 118.0 GiB, host state 47.0 GiB, hostd's plan 99.10 GiB of it 52.00 GiB activation "
+                      "offload (pinned), MemAvailable drop 100.1 GiB", out)
+        self.assertIn("compute-only (bench_step, 4 of 36 layers", out)
+        self.assertIn("ours / compute-only at 256K: model TFLOP/s 471.5 / 492.0 = 0.958 (compute-only on 4 of 36 "
+                      "layers", out)
+        self.assertIn("FSDP2 GPU-resident at its longest sequence that ran, 16K x 1 row (64K out of GPU memory, 32K out "
+                      "of GPU memory): 6,300 tok/s, 330.0 model TFLOP/s", out)
+        self.assertIn("model TFLOP/s 471.5 / 330.0 = 1.43x (16x the sequence", out)
+        self.assertNotIn("earlier call", out)
+        self.assertNotIn("FAIL", out)
+
+    def test_longctx_fails(self):
+        rc, out = self.longctx(self.longctx_dir(tflops=(400.0, 430.0)))  # too slow
+        self.assertEqual(rc, 1, out)
+        self.assertIn("FAIL longctx     qwen3-8b ours, one sequence of 262,144 tokens per step: step 2 430.0", out)
+        self.assertIn("PASS longctx     qwen3-8b ours, one sequence of 262,144 tokens per step trains", out)
+        rc, out = self.longctx(self.longctx_dir(losses=(12.0, None)))  # a non-finite loss (null in the JSONL)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("FAIL longctx     qwen3-8b ours, one sequence of 262,144 tokens per step trains", out)
+        self.assertIn("losses 12.0000, None", out)
+        # cut by the time cap after one step: the job's own words go into the summary
+        d = self.longctx_dir(tflops=(455.0,), losses=(12.0,), exit_line="exit 124 after 470 s",
+                             extra_log="slidedp: worker 0 was killed by signal 15 (logs in /x/run)\n")
+        rc, out = self.longctx(d)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("trains: exit 124 after 470 s (time cap), 1 of 2 steps", out)
+        self.assertIn("INFO longctx     qwen3-8b ours 256K: slidedp: worker 0 was killed by signal 15", out)
+        self.assertIn("FAIL longctx     qwen3-8b ours, one sequence of 262,144 tokens per step: step 1 455.0 model "
+                      "TFLOP/s", out)  # the warm-up step's figure is no pass
+        self.assertIn("step 2 did not finish) (>= 450 on step 2)", out)
+        # refused: no step at all
+        d = self.longctx_dir(tflops=(), losses=(), exit_line="exit 8 after 40 s",
+                             extra_log="error: RESOURCE_EXHAUSTED: activations need 150.2 GiB of 139.8 GiB; raise "
+                                       "runtime.offload_ratio\n")
+        rc, out = self.longctx(d)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("0 of 2 steps", out)
+        self.assertIn("INFO longctx     qwen3-8b ours 256K: error: RESOURCE_EXHAUSTED: activations need 150.2 GiB", out)
+        self.assertIn("model TFLOP/s: no step finished (>= 450)", out)
+        # ours asked for and absent
+        rc, out = self.longctx(os.path.join(self.d, "none"))
+        self.assertEqual(rc, 1, out)
+        self.assertIn("did not run (no log)", out)
+
+    def test_longctx_split_calls(self):
+        d = self.longctx_dir()
+        # a call that ran only the peer: ours and compute-only come from the earlier call, said so
+        rc, out = self.longctx(d, ran="peer")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("(finite loss on every step, 2 steps) [from an earlier call on this machine, "
+                      "2026-12-04T01:02:03Z]", out)
+        self.assertIn("peak 40.2 GiB [from an earlier call on this machine]", out)
+        # nothing of ours at all and not asked for: SKIP, not FAIL
+        import shutil
+        shutil.rmtree(os.path.join(d, "ours"))
+        rc, out = self.longctx(d, ran="compute peer")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("SKIP longctx     qwen3-8b ours, one sequence of 262,144 tokens per step: did not run (not in "
+                      "LONGCTX_WHAT, no earlier result)", out)
+        self.assertIn("16K x 1 row", out)
+        # no sequence length of the peer ran
+        for name in ("s16384.log",):
+            os.remove(os.path.join(d, "peer", name))
+        rc, out = self.longctx(d, ran="compute peer")
+        self.assertIn("no sequence length ran (64K out of GPU memory, 32K out of GPU memory)", out)
+
     def test_broken_judge_fails(self):
         bad = self.write("bad.json", {"steps": "x"})
         rc, out = run("curve", "--part", "curves", "--json", bad, "--expect-steps", 200, "--what", "x")

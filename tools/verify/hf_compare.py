@@ -52,6 +52,10 @@ SHAPES = {
     "llama3-hd128": (512, 2, 4, 2, 128, 1024, 4096, True, (4, 512), "llama3"),
     "mistral-untied": (256, 4, 4, 2, 64, 512, 1000, False, (4, 384), "mistral"),
     "qwen3-yarn": (256, 4, 4, 2, 64, 512, 1000, True, (4, 512), "qwen3_yarn"),
+    # Qwen3's documented long-context setting (YaRN, factor 4 over 32,768 pretraining positions,
+    # max_position_embeddings 131,072) on a reduced-depth model at one 64K-token sequence: positions
+    # past the original context, and the CUDA backend's tiles (2 x 32,768 tokens). CUDA only.
+    "qwen3-yarn-64k": (1024, 2, 8, 4, 128, 2048, 4096, True, (1, 65536), "qwen3_yarn_long"),
 }
 DEFAULT_CPU_SHAPES = "tiny,untied,mha,hd128,qwen2-tiny,llama3-untied,mistral-untied,qwen3-yarn"
 
@@ -89,7 +93,7 @@ def make_model(name, shape, seed, hf_dir):
     import transformers
     h, layers, heads, kv, hd, inter, vocab, tied, _ = shape[:9]
     rope_family = family_of(shape)
-    family = {"qwen3_yarn": "qwen3"}.get(rope_family, rope_family)
+    family = {"qwen3_yarn": "qwen3", "qwen3_yarn_long": "qwen3"}.get(rope_family, rope_family)
     config_cls, model_cls = {
         "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
         "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
@@ -113,6 +117,9 @@ def make_model(name, shape, seed, hf_dir):
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
     if rope_family == "qwen3_yarn":
         rope = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64}
+    if rope_family == "qwen3_yarn_long":
+        kwargs["max_position_embeddings"] = 131072
+        rope = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 32768}
     if "rope_parameters" in inspect.signature(config_cls.__init__).parameters:  # transformers 5
         kwargs["rope_parameters"] = rope
     else:

@@ -471,6 +471,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   ASSIGN_OR_RETURN(ComputeBackend * backend, BackendFor(config));
   backend->ResetPeakMemory();  // the reported GPU peak is this job's
   backend->SetDeterministic(spec.deterministic);
+  backend->SetTileTokens(spec.tile_tokens);
   // hostd verified the dataset at job start (checksums, token ids against the vocabulary, the
   // loss mask) and sends the files' identities: the same files are read here, or the job fails
   // with DATA_LOSS naming the one that changed; no second full scan per rank. Rows are read

@@ -18,6 +18,7 @@
 //   causal inside each document only (cu_seqlens), RoPE positions restart per document.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -28,6 +29,7 @@
 #include "common/data/batch.h"
 #include "common/model/model_config.h"
 #include "common/numeric/bf16.h"
+#include "common/policy/context_memory.h"
 #include "common/policy/layer_pieces.h"
 
 namespace slidedp {
@@ -119,6 +121,16 @@ class ComputeBackend {
   // The CPU backend always is; the CUDA backend then adds attention's dQ in a fixed order.
   virtual void SetDeterministic(bool on) {}
 
+  // Tokens per tile of a decoder layer's token-local work (RMSNorms, projections, RoPE, the MLP)
+  // and of the head's norm (runtime.tile_tokens): a micro-batch of more tokens runs that work tile
+  // by tile, so its working set is bounded by the tile while attention sees the whole sequence
+  // (the intermediates attention reads and writes, q/k/v, its output and their gradients, stay
+  // whole). 0 restores kDefaultTileTokens (common/policy/context_memory.h). A micro-batch of at most one tile runs untiled.
+  void SetTileTokens(int64_t tokens) { tile_tokens_ = tokens > 0 ? tokens : kDefaultTileTokens; }
+  int64_t tile_tokens() const { return tile_tokens_; }
+  // The rows of each tile for a micro-batch of `num_tokens` (the whole batch when it fits one).
+  int64_t TileRows(int64_t num_tokens) const { return std::min(num_tokens, tile_tokens_); }
+
   virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) = 0;
   virtual absl::Status Memset(DeviceBuffer& buf, int value) = 0;
   // Synchronous copies between host memory and a device buffer (tests, small metadata).
@@ -178,6 +190,7 @@ class ComputeBackend {
  protected:
   explicit ComputeBackend(const ModelConfig& config) : config_(config) {}
   ModelConfig config_;
+  int64_t tile_tokens_ = kDefaultTileTokens;
 };
 
 // Factories. The CUDA one exists only in builds with SLIDEDP_CUDA.

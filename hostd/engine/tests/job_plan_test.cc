@@ -89,7 +89,7 @@ TEST(JobPlan, SkipNonfiniteStagesTheWholeStepLikeClipping) {
   EXPECT_EQ(device->consumer, GradConsumerKind::kShards);  // never kDirect: it applies at once
   EXPECT_TRUE(absl::StrContains(device->RoutesLine(ParamDelivery::kReplicated), "skip_nonfinite: device staging"))
       << device->RoutesLine(ParamDelivery::kReplicated);
-  auto host = PlanJob(one, layout, Gpus(1, 1 << 30));  // does not fit: hostd stages
+  auto host = PlanJob(one, layout, Gpus(1, int64_t{4} << 30));  // does not fit: hostd stages
   ASSERT_TRUE(host.ok()) << host.status();
   EXPECT_EQ(host->clip_staging, ClipStaging::kHost);
   EXPECT_TRUE(host->host_staging);
@@ -242,6 +242,44 @@ TEST(StepMetrics, DenseBf16PeakByDeviceName) {
   EXPECT_DOUBLE_EQ(DenseBf16PeakTflops("NVIDIA L40S"), 362);
   EXPECT_EQ(DenseBf16PeakTflops("cpu"), 0);
   EXPECT_EQ(DenseBf16PeakTflops("NVIDIA GeForce RTX 3090"), 0);
+}
+
+}  // namespace
+}  // namespace slidedp::hostd
+
+namespace slidedp::hostd {
+namespace {
+
+// A step whose GPU memory floor is over a CUDA worker's device is refused before anything is
+// allocated, with the floor's parts and the longest sequence the model fits; CPU-backend workers
+// and devices of unknown size are not sized.
+TEST(JobPlan, AStepOverTheGpuMemoryFloorIsRefusedWithTheLongestSequence) {
+  const ModelLayout layout = Layout("qwen3-8b");
+  JobSpec s = Spec(1, 0);
+  s.model_preset = "qwen3-8b";
+  s.seq_len = 262144;
+  s.global_batch = 1;
+  s.micro_batch = 1;
+  auto refused = PlanJob(s, layout, Gpus(1));
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "longest single sequence")) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "layer inputs")) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "offload_ratio")) << refused.status();
+  // Offloading most layers' inputs brings the floor under the device.
+  s.offload_ratio = 0.5;
+  auto offloaded = PlanJob(s, layout, Gpus(1));
+  ASSERT_TRUE(offloaded.ok()) << offloaded.status();
+  EXPECT_LE(offloaded->device_floor.device_total(), int64_t{141} << 30);
+  EXPECT_EQ(offloaded->device_floor.offloaded, 18 * int64_t{262144} * 4096 * 4);
+  // A cap below the floor refuses again, naming it.
+  s.gpu_memory_limit_bytes = int64_t{40} << 30;
+  auto capped = PlanJob(s, layout, Gpus(1));
+  ASSERT_EQ(capped.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(capped.status().message(), "runtime.gpu_memory_limit")) << capped.status();
+  s.gpu_memory_limit_bytes = 0;
+  s.offload_ratio = 0;
+  EXPECT_TRUE(PlanJob(s, layout, std::vector<WorkerDevice>{WorkerDevice{true, int64_t{8} << 30}}).ok());
+  EXPECT_TRUE(PlanJob(s, layout, Gpus(1, 0)).ok());
 }
 
 }  // namespace

@@ -250,13 +250,21 @@ class CpuBackend final : public ComputeBackend {
     const std::vector<float> w = DecoderWeights(params);
     const TokenGeometry geom = b->geometry();
     DecoderActs<float> acts;
-    DecoderForwardAll(dims_, offs_, w.data(), geom, static_cast<const float*>(x), static_cast<float*>(y), &acts,
-                      &pool_);
+    const int64_t T = b->num_tokens();
+    // Tiled when the batch is longer than a tile and nothing is kept (a kept piece holds every
+    // row: the untiled forward, which gives the same outputs bit for bit, fills it).
+    if (TileRows(T) < T && (saved == nullptr || policy.keeps_nothing())) {
+      DecoderForwardTiled(dims_, offs_, w.data(), geom, static_cast<const float*>(x), static_cast<float*>(y),
+                          TileRows(T), &pool_);
+    } else {
+      DecoderForwardAll(dims_, offs_, w.data(), geom, static_cast<const float*>(x), static_cast<float*>(y), &acts,
+                        &pool_);
+    }
     if (saved == nullptr) return absl::OkStatus();
-    auto s = std::make_unique<CpuSavedActivations>(policy, b->num_tokens());
+    auto s = std::make_unique<CpuSavedActivations>(policy, T);
     if (policy.keeps_all()) {
       s->acts = std::move(acts);
-    } else {
+    } else if (!policy.keeps_nothing()) {
       KeepPieces(policy, std::move(acts), &s->acts);
     }
     RETURN_IF_ERROR(Charge(s->bytes()));
@@ -286,6 +294,14 @@ class CpuBackend final : public ComputeBackend {
     const std::vector<float> w = DecoderWeights(params);
     const TokenGeometry geom = b->geometry();
     const float* xf = static_cast<const float*>(x);
+    const int64_t T = b->num_tokens();
+    if (TileRows(T) < T) {
+      // Tile by tile, recomputing as it goes: what a policy kept equals the recomputed values bit
+      // for bit on this backend, so the gradients are those of any policy.
+      DecoderBackwardTiled(dims_, offs_, w.data(), geom, xf, static_cast<const float*>(dy), static_cast<float*>(dx),
+                           dparams, TileRows(T), &pool_);
+      return absl::OkStatus();
+    }
     const ActPolicy policy = s == nullptr ? ActPolicy::kRecomputeLayer : s->policy();
     DecoderActs<float> local;
     const DecoderActs<float>* acts = &local;

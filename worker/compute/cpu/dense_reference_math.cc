@@ -422,14 +422,30 @@ void DecoderForwardAll(const DecoderDims& d, const DecoderOffsets& offs, const R
   DecoderOutput(d, offs, params, geom, *acts, y, pool);
 }
 
-template <typename R>
-void DecoderBackward(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
-                     const R* x, const DecoderActs<R>& a, const R* dy, R* dx, R* dparams, CpuWorkerPool* pool) {
-  const DecoderTensors<const R> w(params, offs);
-  const DecoderTensors<R> g(dparams, offs);
-  const int64_t T = geom.num_tokens, H = d.hidden, I = d.intermediate, hd = d.head_dim;
-  const int64_t qd = d.q_dim(), kvd = d.kv_dim();
+namespace {
 
+// The rows [t0, t0 + rows) of a batch for its token-local work: their RoPE tables (attention's
+// document boundaries are not part of a tile).
+TokenGeometry TileGeometry(const TokenGeometry& geom, int64_t half, int64_t t0, int64_t rows) {
+  TokenGeometry g;
+  g.num_tokens = rows;
+  g.rope_cos = geom.rope_cos + t0 * half;
+  g.rope_sin = geom.rope_sin + t0 * half;
+  return g;
+}
+
+// Rows [t0, t0 + rows) of a [T, width] vector.
+template <typename R>
+std::vector<R> Rows(const std::vector<R>& v, int64_t t0, int64_t rows, int64_t width) {
+  return std::vector<R>(v.begin() + t0 * width, v.begin() + (t0 + rows) * width);
+}
+
+// The MLP and o_proj blocks' backward over T tokens (a's fields hold those tokens): dh1 = dL/dh1
+// (overwritten), dattn = dL/d attention output (overwritten), dparams += their weights' gradients.
+template <typename R>
+void MlpBlockBackward(const DecoderDims& d, const DecoderTensors<const R>& w, const DecoderTensors<R>& g, int64_t T,
+                      const DecoderActs<R>& a, const R* dy, R* dh1, R* dattn, CpuWorkerPool* pool) {
+  const int64_t H = d.hidden, I = d.intermediate, qd = d.q_dim();
   // MLP: y = h1 + m Wd^T, m = silu(gate) * up.
   std::vector<R> m(T * I), dm(T * I);
   for (int64_t i = 0; i < T * I; ++i) m[i] = a.gate[i] * Sigmoid(a.gate[i]) * a.up[i];
@@ -452,49 +468,154 @@ void DecoderBackward(const DecoderDims& d, const DecoderOffsets& offs, const R* 
   dup = {};
 
   // dh1 = dy + RMSNorm2 backward.
-  std::vector<R> dh1(dy, dy + T * H);
-  RmsNormBackwardRows(a.h1.data(), a.rstd2.data(), w[kPostNorm], dhn.data(), T, H, dh1.data(), Accumulate::kAdd,
+  std::copy(dy, dy + T * H, dh1);
+  RmsNormBackwardRows(a.h1.data(), a.rstd2.data(), w[kPostNorm], dhn.data(), T, H, dh1, Accumulate::kAdd,
                       g[kPostNorm], pool);
   dhn = {};
 
   // o_proj.
-  LinearBackwardWeight(dh1.data(), a.attn.data(), T, qd, H, g[kOProj], pool);
-  std::vector<R> dattn(T * qd);
-  LinearBackwardInput(dh1.data(), w[kOProj], T, qd, H, dattn.data(), Accumulate::kOverwrite, pool);
+  LinearBackwardWeight(dh1, a.attn.data(), T, qd, H, g[kOProj], pool);
+  LinearBackwardInput(dh1, w[kOProj], T, qd, H, dattn, Accumulate::kOverwrite, pool);
+}
 
+// RoPE, q/k norm, bias and QKV projection backward over the tokens of `geom` (a's fields hold
+// them), then the input norm's: dx = dh1 + RMSNorm1 backward (dx may alias dh1). dq, dk, dv (the
+// attention's input gradients) are changed in place.
+template <typename R>
+void QkvBlockBackward(const DecoderDims& d, const DecoderTensors<const R>& w, const DecoderTensors<R>& g,
+                      const TokenGeometry& geom, const R* x, const DecoderActs<R>& a, R* dq, R* dk, R* dv,
+                      const R* dh1, R* dx, CpuWorkerPool* pool) {
+  const int64_t T = geom.num_tokens, H = d.hidden, hd = d.head_dim, qd = d.q_dim(), kvd = d.kv_dim();
+  // RoPE backward (inverse rotation), then q/k RMSNorm backward, in place.
+  ApplyRope(dq, T, d.heads, hd, geom, RopeDirection::kBackward, pool);
+  ApplyRope(dk, T, d.kv_heads, hd, geom, RopeDirection::kBackward, pool);
+  if (w[kQNorm] != nullptr) {
+    RmsNormBackwardRows(a.q_raw.data(), a.q_rstd.data(), w[kQNorm], dq, T * d.heads, hd, dq, Accumulate::kOverwrite,
+                        g[kQNorm], pool);
+    RmsNormBackwardRows(a.k_raw.data(), a.k_rstd.data(), w[kKNorm], dk, T * d.kv_heads, hd, dk,
+                        Accumulate::kOverwrite, g[kKNorm], pool);
+  }
+  if (g[kQBias] != nullptr) {
+    BiasBackward(dq, T, qd, g[kQBias]);
+    BiasBackward(dk, T, kvd, g[kKBias]);
+    BiasBackward(dv, T, kvd, g[kVBias]);
+  }
+
+  // QKV projections.
+  LinearBackwardWeight(dq, a.xn.data(), T, H, qd, g[kQProj], pool);
+  LinearBackwardWeight(dk, a.xn.data(), T, H, kvd, g[kKProj], pool);
+  LinearBackwardWeight(dv, a.xn.data(), T, H, kvd, g[kVProj], pool);
+  std::vector<R> dxn(T * H);
+  LinearBackwardInput(dq, w[kQProj], T, H, qd, dxn.data(), Accumulate::kOverwrite, pool);
+  LinearBackwardInput(dk, w[kKProj], T, H, kvd, dxn.data(), Accumulate::kAdd, pool);
+  LinearBackwardInput(dv, w[kVProj], T, H, kvd, dxn.data(), Accumulate::kAdd, pool);
+
+  // Input RMSNorm; the residual path contributes dh1.
+  if (dx != dh1) std::copy(dh1, dh1 + T * H, dx);
+  RmsNormBackwardRows(x, a.rstd1.data(), w[kInputNorm], dxn.data(), T, H, dx, Accumulate::kAdd, g[kInputNorm], pool);
+}
+
+}  // namespace
+
+template <typename R>
+void DecoderBackward(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
+                     const R* x, const DecoderActs<R>& a, const R* dy, R* dx, R* dparams, CpuWorkerPool* pool) {
+  const DecoderTensors<const R> w(params, offs);
+  const DecoderTensors<R> g(dparams, offs);
+  const int64_t T = geom.num_tokens, H = d.hidden, qd = d.q_dim(), kvd = d.kv_dim();
+  std::vector<R> dh1(T * H), dattn(T * qd);
+  MlpBlockBackward(d, w, g, T, a, dy, dh1.data(), dattn.data(), pool);
   std::vector<R> dq(T * qd), dk(T * kvd), dv(T * kvd);
   AttentionBackward(d, geom, a.q_rot.data(), a.k_rot.data(), a.v.data(), a.attn.data(), a.lse.data(), dattn.data(),
                     dq.data(), dk.data(), dv.data(), pool);
   dattn = {};
+  // dx is written only now (it may alias dy).
+  QkvBlockBackward(d, w, g, geom, x, a, dq.data(), dk.data(), dv.data(), dh1.data(), dx, pool);
+}
 
-  // RoPE backward (inverse rotation), then q/k RMSNorm backward, in place.
-  ApplyRope(dq.data(), T, d.heads, hd, geom, RopeDirection::kBackward, pool);
-  ApplyRope(dk.data(), T, d.kv_heads, hd, geom, RopeDirection::kBackward, pool);
-  if (w[kQNorm] != nullptr) {
-    RmsNormBackwardRows(a.q_raw.data(), a.q_rstd.data(), w[kQNorm], dq.data(), T * d.heads, hd, dq.data(),
-                        Accumulate::kOverwrite, g[kQNorm], pool);
-    RmsNormBackwardRows(a.k_raw.data(), a.k_rstd.data(), w[kKNorm], dk.data(), T * d.kv_heads, hd, dk.data(),
-                        Accumulate::kOverwrite, g[kKNorm], pool);
+template <typename R>
+void DecoderForwardTiled(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
+                         const R* x, R* y, int64_t tile, CpuWorkerPool* pool) {
+  const int64_t T = geom.num_tokens, H = d.hidden, half = d.head_dim / 2, qd = d.q_dim(), kvd = d.kv_dim();
+  if (tile <= 0 || tile >= T) {
+    DecoderActs<R> acts;
+    DecoderForwardAll(d, offs, params, geom, x, y, &acts, pool);
+    return;
   }
-  if (g[kQBias] != nullptr) {
-    BiasBackward(dq.data(), T, qd, g[kQBias]);
-    BiasBackward(dk.data(), T, kvd, g[kKBias]);
-    BiasBackward(dv.data(), T, kvd, g[kVBias]);
+  // Attention's inputs tile by tile, attention whole, then the MLP tile by tile (y may alias x:
+  // a tile's x rows are read before its y rows are written).
+  DecoderActs<R> whole;
+  whole.q_rot.resize(T * qd);
+  whole.k_rot.resize(T * kvd);
+  whole.v.resize(T * kvd);
+  for (int64_t t0 = 0; t0 < T; t0 += tile) {
+    const int64_t rows = std::min(tile, T - t0);
+    DecoderActs<R> t;
+    DecoderAttentionInputs(d, offs, params, TileGeometry(geom, half, t0, rows), x + t0 * H, &t, pool);
+    std::copy(t.q_rot.begin(), t.q_rot.end(), whole.q_rot.begin() + t0 * qd);
+    std::copy(t.k_rot.begin(), t.k_rot.end(), whole.k_rot.begin() + t0 * kvd);
+    std::copy(t.v.begin(), t.v.end(), whole.v.begin() + t0 * kvd);
   }
+  DecoderAttention(d, geom, &whole, pool);
+  for (int64_t t0 = 0; t0 < T; t0 += tile) {
+    const int64_t rows = std::min(tile, T - t0);
+    const TokenGeometry tg = TileGeometry(geom, half, t0, rows);
+    DecoderActs<R> t;
+    t.attn = Rows(whole.attn, t0, rows, qd);
+    DecoderMlpInputs(d, offs, params, tg, x + t0 * H, &t, pool);
+    DecoderOutput(d, offs, params, tg, t, y + t0 * H, pool);
+  }
+}
 
-  // QKV projections.
-  LinearBackwardWeight(dq.data(), a.xn.data(), T, H, qd, g[kQProj], pool);
-  LinearBackwardWeight(dk.data(), a.xn.data(), T, H, kvd, g[kKProj], pool);
-  LinearBackwardWeight(dv.data(), a.xn.data(), T, H, kvd, g[kVProj], pool);
-  std::vector<R> dxn(T * H);
-  LinearBackwardInput(dq.data(), w[kQProj], T, H, qd, dxn.data(), Accumulate::kOverwrite, pool);
-  LinearBackwardInput(dk.data(), w[kKProj], T, H, kvd, dxn.data(), Accumulate::kAdd, pool);
-  LinearBackwardInput(dv.data(), w[kVProj], T, H, kvd, dxn.data(), Accumulate::kAdd, pool);
-
-  // Input RMSNorm; the residual path contributes dh1. dx is written only now (it may alias dy).
-  RmsNormBackwardRows(x, a.rstd1.data(), w[kInputNorm], dxn.data(), T, H, dh1.data(), Accumulate::kAdd,
-                      g[kInputNorm], pool);
-  std::copy(dh1.begin(), dh1.end(), dx);
+template <typename R>
+void DecoderBackwardTiled(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
+                          const R* x, const R* dy, R* dx, R* dparams, int64_t tile, CpuWorkerPool* pool) {
+  const int64_t T = geom.num_tokens, H = d.hidden, half = d.head_dim / 2, qd = d.q_dim(), kvd = d.kv_dim();
+  if (tile <= 0 || tile >= T) {
+    DecoderActs<R> acts;
+    std::vector<R> y(T * H);
+    DecoderForwardAll(d, offs, params, geom, x, y.data(), &acts, pool);
+    DecoderBackward(d, offs, params, geom, x, acts, dy, dx, dparams, pool);
+    return;
+  }
+  const DecoderTensors<const R> w(params, offs);
+  const DecoderTensors<R> g(dparams, offs);
+  // Attention's inputs and output, recomputed whole (tile by tile for the inputs).
+  DecoderActs<R> whole;
+  whole.q_rot.resize(T * qd);
+  whole.k_rot.resize(T * kvd);
+  whole.v.resize(T * kvd);
+  for (int64_t t0 = 0; t0 < T; t0 += tile) {
+    const int64_t rows = std::min(tile, T - t0);
+    DecoderActs<R> t;
+    DecoderAttentionInputs(d, offs, params, TileGeometry(geom, half, t0, rows), x + t0 * H, &t, pool);
+    std::copy(t.q_rot.begin(), t.q_rot.end(), whole.q_rot.begin() + t0 * qd);
+    std::copy(t.k_rot.begin(), t.k_rot.end(), whole.k_rot.begin() + t0 * kvd);
+    std::copy(t.v.begin(), t.v.end(), whole.v.begin() + t0 * kvd);
+  }
+  DecoderAttention(d, geom, &whole, pool);
+  // The MLP and o_proj blocks tile by tile (each tile's MLP inputs recomputed); dh1 waits whole.
+  std::vector<R> dh1(T * H), dattn(T * qd);
+  for (int64_t t0 = 0; t0 < T; t0 += tile) {
+    const int64_t rows = std::min(tile, T - t0);
+    DecoderActs<R> t;
+    t.attn = Rows(whole.attn, t0, rows, qd);
+    DecoderMlpInputs(d, offs, params, TileGeometry(geom, half, t0, rows), x + t0 * H, &t, pool);
+    MlpBlockBackward(d, w, g, rows, t, dy + t0 * H, dh1.data() + t0 * H, dattn.data() + t0 * qd, pool);
+  }
+  std::vector<R> dq(T * qd), dk(T * kvd), dv(T * kvd);
+  AttentionBackward(d, geom, whole.q_rot.data(), whole.k_rot.data(), whole.v.data(), whole.attn.data(),
+                    whole.lse.data(), dattn.data(), dq.data(), dk.data(), dv.data(), pool);
+  dattn = {};
+  // The QKV block tile by tile, each tile's attention inputs recomputed (their norms' statistics).
+  for (int64_t t0 = 0; t0 < T; t0 += tile) {
+    const int64_t rows = std::min(tile, T - t0);
+    const TokenGeometry tg = TileGeometry(geom, half, t0, rows);
+    DecoderActs<R> t;
+    DecoderAttentionInputs(d, offs, params, tg, x + t0 * H, &t, pool);
+    QkvBlockBackward(d, w, g, tg, x + t0 * H, t, dq.data() + t0 * qd, dk.data() + t0 * kvd, dv.data() + t0 * kvd,
+                     dh1.data() + t0 * H, dx + t0 * H, pool);
+  }
 }
 
 template <typename R, typename W>
@@ -672,6 +793,10 @@ double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vecto
                                  const DecoderActs<R>&, R*, CpuWorkerPool*);                                        \
   template void DecoderForwardAll<R>(const DecoderDims&, const DecoderOffsets&, const R*, const TokenGeometry&,      \
                                      const R*, R*, DecoderActs<R>*, CpuWorkerPool*);                                \
+  template void DecoderForwardTiled<R>(const DecoderDims&, const DecoderOffsets&, const R*, const TokenGeometry&,    \
+                                       const R*, R*, int64_t, CpuWorkerPool*);                                      \
+  template void DecoderBackwardTiled<R>(const DecoderDims&, const DecoderOffsets&, const R*, const TokenGeometry&,   \
+                                        const R*, const R*, R*, R*, int64_t, CpuWorkerPool*);                       \
   template void DecoderBackward<R>(const DecoderDims&, const DecoderOffsets&, const R*, const TokenGeometry&,        \
                                    const R*, const DecoderActs<R>&, const R*, R*, R*, CpuWorkerPool*);              \
   template void LinearForward<R>(const R*, const R*, int64_t, int64_t, int64_t, R*, CpuWorkerPool*);              \

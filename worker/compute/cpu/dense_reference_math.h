@@ -169,6 +169,20 @@ template <typename R>
 void DecoderBackward(const DecoderDims& dims, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
                      const R* x, const DecoderActs<R>& acts, const R* dy, R* dx, R* dparams, CpuWorkerPool* pool);
 
+// The same layer with its token-local work (norms, projections, RoPE, MLP) in tiles of `tile`
+// rows, as the backends run a micro-batch longer than their tile (ComputeBackend::TileRows):
+// attention's inputs tile by tile, attention whole, the MLP tile by tile; backward recomputes the
+// forward as it goes (no activations kept). Every op but the weight gradients works row by row,
+// so y and dx equal the untiled layer's bit for bit; each weight gradient is summed per tile, then
+// added (the tiles' partial sums: equal within FP32 rounding). tile <= 0 or >= T: untiled.
+template <typename R>
+void DecoderForwardTiled(const DecoderDims& dims, const DecoderOffsets& offs, const R* params,
+                         const TokenGeometry& geom, const R* x, R* y, int64_t tile, CpuWorkerPool* pool);
+template <typename R>
+void DecoderBackwardTiled(const DecoderDims& dims, const DecoderOffsets& offs, const R* params,
+                          const TokenGeometry& geom, const R* x, const R* dy, R* dx, R* dparams, int64_t tile,
+                          CpuWorkerPool* pool);
+
 // Embedding: out[t] = embed[tokens[t]]; dembed[tokens[t]] += dout[t] (in token order).
 template <typename R, typename W>
 void EmbeddingLookup(const W* embed, const int32_t* tokens, int64_t num_tokens, int64_t hidden, R* out,

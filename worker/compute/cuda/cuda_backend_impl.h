@@ -380,40 +380,67 @@ class CudaBackend final : public ComputeBackend {
     return kernels::RmsNormBackward(static_cast<const bf16*>(dy), static_cast<const bf16*>(x), w, rstd,
                                     static_cast<const bf16*>(dres), T, H_, static_cast<bf16*>(dx), dw, ws, stream_);
   }
-  // q/k norm + RoPE, forward and backward, with the weights' FP32 values when present.
-  absl::Status QkForward(const UnitParams& p, const CudaBatch& b, const LayerActs& a) {
-    const kernels::RopeArgs rope = Rope(b.num_tokens_);
-    if (!config_.has_qk_norm()) return kernels::RopeForward(rope, a.qkv, qkv_, b.positions_, a.qr, a.kr, stream_);
+  // q/k norm + RoPE over T tokens (a tile: a's pointers and `positions` at its first row), with
+  // the weights' FP32 values when present.
+  absl::Status QkForward(const UnitParams& p, const int32_t* positions, int64_t T, const LayerActs& a) {
+    const kernels::RopeArgs rope = Rope(T);
+    if (!config_.has_qk_norm()) return kernels::RopeForward(rope, a.qkv, qkv_, positions, a.qr, a.kr, stream_);
     const NormW q = Norm(p, kQNorm), k = Norm(p, kKNorm);
     if (q.f != nullptr) {
-      return kernels::QkNormRopeForward(rope, a.qkv, qkv_, q.f, k.f, b.positions_, a.qr, a.kr, stream_);
+      return kernels::QkNormRopeForward(rope, a.qkv, qkv_, q.f, k.f, positions, a.qr, a.kr, stream_);
     }
-    return kernels::QkNormRopeForward(rope, a.qkv, qkv_, q.b, k.b, b.positions_, a.qr, a.kr, stream_);
+    return kernels::QkNormRopeForward(rope, a.qkv, qkv_, q.b, k.b, positions, a.qr, a.kr, stream_);
   }
   // out = res + a · Wᵀ  (a [T, k] BF16, W [H, k]); res/out in the residual dtype. FP32 mode rounds
   // the GEMM output to BF16 in `branch` ([T, H] BF16 scratch) and adds in FP32, as HF autocast.
   absl::Status ResidualGemm(const bf16* a, int64_t k, const bf16* w, const void* res, void* out, bf16* branch,
                             int64_t T);
 
-  // Reserves the activations of the pieces in `pieces` (common/policy/layer_pieces.h).
-  void ReserveActs(Carver& c, LayerActs& a, int64_t T, uint32_t pieces) const {
+  // Reserves the activations of the pieces in `pieces` (common/policy/layer_pieces.h): those
+  // attention reads or writes (qkv, qr, kr, o, lse) for all T tokens, the token-local ones (the
+  // norms' outputs, h1, gu, act) for `local_rows` (T for kept pieces, a tile for scratch).
+  void ReserveActs(Carver& c, LayerActs& a, int64_t T, uint32_t pieces, int64_t local_rows) const {
     if (pieces & kPieceCheap) {
-      c.Reserve(&a.xn1, T * H_);
-      c.Reserve(&a.rstd1, T);
+      c.Reserve(&a.xn1, local_rows * H_);
+      c.Reserve(&a.rstd1, local_rows);
       c.Reserve(&a.qr, T * qd_);
       c.Reserve(&a.kr, T * kvd_);
-      c.Reserve(&a.xn2, T * H_);
-      c.Reserve(&a.rstd2, T);
-      c.Reserve(&a.act, T * I_);
+      c.Reserve(&a.xn2, local_rows * H_);
+      c.Reserve(&a.rstd2, local_rows);
+      c.Reserve(&a.act, local_rows * I_);
     }
     if (pieces & kPieceQkv) c.Reserve(&a.qkv, T * qkv_);
-    if (pieces & kPieceOProj) c.ReserveBytes(&a.h1, T * H_ * act_bytes());
-    if (pieces & kPieceGateUp) c.Reserve(&a.gu, T * 2 * I_);
+    if (pieces & kPieceOProj) c.ReserveBytes(&a.h1, local_rows * H_ * act_bytes());
+    if (pieces & kPieceGateUp) c.Reserve(&a.gu, local_rows * 2 * I_);
     if (pieces & kPieceAttention) {
       c.Reserve(&a.o, T * qd_);
       c.Reserve(&a.lse, T * nq_);
     }
   }
+  // The view of a tile starting at row t0: the whole-sequence intermediates (attention's, and the
+  // token-local ones of the pieces in `whole`) offset to the tile's rows, the token-local scratch
+  // of the other pieces as it is (one tile's worth, reused by every tile). lse ([nq, T]) is left
+  // whole: only attention reads it.
+  LayerActs TileOf(const LayerActs& a, int64_t t0, uint32_t whole) const {
+    LayerActs t = a;
+    auto at = [t0](auto* p, int64_t width) { return p != nullptr ? p + t0 * width : p; };
+    t.qkv = at(a.qkv, qkv_);
+    t.qr = at(a.qr, qd_);
+    t.kr = at(a.kr, kvd_);
+    t.o = at(a.o, qd_);
+    if (whole & kPieceCheap) {
+      t.xn1 = at(a.xn1, H_), t.rstd1 = at(a.rstd1, 1), t.xn2 = at(a.xn2, H_);
+      t.rstd2 = at(a.rstd2, 1), t.act = at(a.act, I_);
+    }
+    if ((whole & kPieceOProj) && a.h1 != nullptr) t.h1 = static_cast<char*>(a.h1) + t0 * H_ * act_bytes();
+    if (whole & kPieceGateUp) t.gu = at(a.gu, 2 * I_);
+    return t;
+  }
+  // Row t0 of a residual-stream tensor (FP32 or BF16 per mode).
+  const void* ResidualRow(const void* p, int64_t t0) const {
+    return static_cast<const char*>(p) + t0 * H_ * act_bytes();
+  }
+  void* ResidualRow(void* p, int64_t t0) const { return static_cast<char*>(p) + t0 * H_ * act_bytes(); }
   // Points the pieces `pieces` of `to` at those of `from`.
   static void TakePieces(const LayerActs& from, uint32_t pieces, LayerActs* to) {
     if (pieces & kPieceCheap) {
@@ -430,11 +457,17 @@ class CudaBackend final : public ComputeBackend {
   absl::Status Head(const UnitParams& norm_params, const bf16_t* lm_head_w, const DeviceBatch& batch, const void* x,
                     float loss_scale, void* dx, float* dnorm, float* dlm_head, float* loss_sum);
 
-  // Runs the layer forward into `a`, except the pieces in `given` (already in `a`: a segment's kept
-  // pieces, when backward recomputes around them). y may be null (recompute: the output is not
-  // needed).
-  absl::Status LayerForward(const UnitParams& params, const CudaBatch& b, const void* x, const LayerActs& a,
-                            uint32_t given, void* y);
+  // The layer forward in three parts, each skipping the pieces in `given` (already in `a`: a
+  // segment's kept pieces, when backward recomputes around them); `whole` names the pieces whose
+  // token-local intermediates in `a` hold every row (TileOf).
+  // 1. Attention's inputs (xn1, qkv, qr, kr), tile by tile over the whole batch.
+  absl::Status AttentionInputs(const UnitParams& params, const CudaBatch& b, const void* x, const LayerActs& a,
+                               uint32_t given, uint32_t whole);
+  // 2. AttentionForward (o, lse) over the whole batch.
+  // 3. One tile's rest (h1, xn2, gu, act and, when y is not null, the output rows y): `at` is the
+  // tile's view, x and y point at its first row, branch is FP32 mode's BF16 scratch of the tile.
+  absl::Status MlpTile(const UnitParams& params, const void* x, const LayerActs& at, int64_t rows, uint32_t given,
+                       void* y, bf16* branch);
 
   // Attention through cuDNN when it is loaded and accepts the shape, else the own kernels. The
   // two keep the same contract (o, natural-log LSE [nq, T]), so a forward of one and a backward

@@ -12,6 +12,15 @@
 // Backward walks this in reverse; weight gradients go straight into the FP32 gradient array
 // (cuBLASLt beta = 1), norm-weight gradients through deterministic two-stage reductions.
 //
+// Tiles (ComputeBackend::TileRows, runtime.tile_tokens): everything but attention works token by
+// token, so a micro-batch longer than a tile runs it tile by tile and its scratch holds one tile:
+//   forward   AttentionInputs (xn1, qkv, qr, kr per tile) -> attention (whole) -> MlpTile per tile
+//   backward  AttentionInputs + attention where not kept -> per tile: MlpTile's recompute, MLP and
+//             o_proj backward (dh1 written into dx's rows) -> attention backward (whole) -> per
+//             tile: q/k norm + RoPE, bias and QKV backward, input norm backward (dx in place)
+// Attention's intermediates (qkv, qr, kr, o, lse) and their gradients stay whole; kept pieces are
+// whole too (TileOf offsets them to the tile). A batch of one tile runs exactly the untiled ops.
+//
 // Residual stream dtype (CudaBackendOptions::fp32_residual):
 // - FP32 (default; HF autocast numerics): x, h1, y and dy, dh1, dx are FP32. RMSNorms read FP32 and
 //   write the BF16 GEMM input; o·Woᵀ and act·Wdᵀ are BF16 GEMM outputs added to the residual in
@@ -206,32 +215,36 @@ absl::Status CudaBackend::AttentionBackward(const kernels::AttnArgs& a, const st
                           {d_o, qd_}, {dq, qd_}, {dk, kvd_}, {dv, qkv_}, ws, stream_);
 }
 
-absl::Status CudaBackend::LayerForward(const UnitParams& params, const CudaBatch& b, const void* x, const LayerActs& a,
-                                       uint32_t given, void* y) {
-  const int64_t T = b.num_tokens_;
+absl::Status CudaBackend::AttentionInputs(const UnitParams& params, const CudaBatch& b, const void* x,
+                                          const LayerActs& a, uint32_t given, uint32_t whole) {
+  const bool cheap = !(given & kPieceCheap), qkv = !(given & kPieceQkv);
+  if (!cheap && !qkv) return absl::OkStatus();
+  const int64_t T = b.num_tokens_, tile = TileRows(T);
+  PoolBlock bias_block;
+  const bf16* bias = nullptr;
+  if (qkv) {
+    ASSIGN_OR_RETURN(bias, StackQkvBias(params, bias_block));
+  }
+  for (int64_t t0 = 0; t0 < T; t0 += tile) {
+    const int64_t rows = std::min(tile, T - t0);
+    const LayerActs at = TileOf(a, t0, whole);
+    if (cheap) RETURN_IF_ERROR(NormForward(ResidualRow(x, t0), Norm(params, kInputNorm), rows, at.xn1, at.rstd1));
+    if (qkv) RETURN_IF_ERROR(StackedForward(params.bf16, qkv_w_, at.xn1, rows, H_, at.qkv, qkv_, bias));
+    if (cheap) RETURN_IF_ERROR(QkForward(params, b.positions_ + t0, rows, at));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::MlpTile(const UnitParams& params, const void* x, const LayerActs& at, int64_t rows,
+                                  uint32_t given, void* y, bf16* branch) {
   const bool cheap = !(given & kPieceCheap);
-  // FP32 mode: BF16 scratch for the o_proj / down_proj outputs before their FP32 residual adds.
-  PoolBlock branch_block;
-  bf16* branch = nullptr;
-  if (f32() && (!(given & kPieceOProj) || y != nullptr)) {
-    RETURN_IF_ERROR(branch_block.Alloc(Align256(T * H_ * 2), stream_));
-    branch = reinterpret_cast<bf16*>(branch_block.get());
-  }
-  if (cheap) RETURN_IF_ERROR(NormForward(x, Norm(params, kInputNorm), T, a.xn1, a.rstd1));
-  if (!(given & kPieceQkv)) {
-    PoolBlock bias_block;
-    ASSIGN_OR_RETURN(const bf16* bias, StackQkvBias(params, bias_block));
-    RETURN_IF_ERROR(StackedForward(params.bf16, qkv_w_, a.xn1, T, H_, a.qkv, qkv_, bias));
-  }
-  if (cheap) RETURN_IF_ERROR(QkForward(params, b, a));
-  if (!(given & kPieceAttention)) RETURN_IF_ERROR(AttentionForward(b, a));
   // h1 = x + o · Woᵀ
-  if (!(given & kPieceOProj)) RETURN_IF_ERROR(ResidualGemm(a.o, qd_, W(params.bf16, kOProj), x, a.h1, branch, T));
-  if (cheap) RETURN_IF_ERROR(NormForward(a.h1, Norm(params, kPostNorm), T, a.xn2, a.rstd2));
-  if (!(given & kPieceGateUp)) RETURN_IF_ERROR(StackedForward(params.bf16, gu_w_, a.xn2, T, H_, a.gu, 2 * I_));
-  if (cheap) RETURN_IF_ERROR(kernels::SwiGluForward(a.gu, T, I_, a.act, stream_));
+  if (!(given & kPieceOProj)) RETURN_IF_ERROR(ResidualGemm(at.o, qd_, W(params.bf16, kOProj), x, at.h1, branch, rows));
+  if (cheap) RETURN_IF_ERROR(NormForward(at.h1, Norm(params, kPostNorm), rows, at.xn2, at.rstd2));
+  if (!(given & kPieceGateUp)) RETURN_IF_ERROR(StackedForward(params.bf16, gu_w_, at.xn2, rows, H_, at.gu, 2 * I_));
+  if (cheap) RETURN_IF_ERROR(kernels::SwiGluForward(at.gu, rows, I_, at.act, stream_));
   if (y != nullptr) {  // y = h1 + act · Wdᵀ
-    RETURN_IF_ERROR(ResidualGemm(a.act, I_, W(params.bf16, kDownProj), a.h1, y, branch, T));
+    RETURN_IF_ERROR(ResidualGemm(at.act, I_, W(params.bf16, kDownProj), at.h1, y, branch, rows));
   }
   return absl::OkStatus();
 }
@@ -239,20 +252,22 @@ absl::Status CudaBackend::LayerForward(const UnitParams& params, const CudaBatch
 absl::Status CudaBackend::DecoderForward(const UnitParams& params, const DeviceBatch& batch, const void* x, void* y,
                                          ActPolicy policy, std::unique_ptr<SavedActivations>* saved) {
   const auto& b = static_cast<const CudaBatch&>(batch);
-  const int64_t T = b.num_tokens_;
+  const int64_t T = b.num_tokens_, tile = TileRows(T);
   LayerActs acts;
-  PoolBlock scratch;
+  PoolBlock scratch, branch_block;
   std::unique_ptr<CudaSaved> keep;
   const uint32_t kept_pieces = saved != nullptr ? policy.pieces : 0;
+  bf16* branch = nullptr;  // FP32 mode: BF16 scratch for a tile's o_proj / down_proj outputs
   {
     Carver kept, tmp;
     if (saved != nullptr) {
       keep = std::make_unique<CudaSaved>();
       keep->policy_ = policy;
       keep->num_tokens_ = T;
-      ReserveActs(kept, keep->acts_, T, kept_pieces);
+      ReserveActs(kept, keep->acts_, T, kept_pieces, T);
     }
-    ReserveActs(tmp, acts, T, kAllPieces & ~kept_pieces);
+    ReserveActs(tmp, acts, T, kAllPieces & ~kept_pieces, tile);
+    if (f32()) tmp.Reserve(&branch, tile * H_);
     if (keep) {
       RETURN_IF_ERROR(keep->Allocate(kept, stream_));
       TakePieces(keep->acts_, kept_pieces, &acts);
@@ -260,7 +275,12 @@ absl::Status CudaBackend::DecoderForward(const UnitParams& params, const DeviceB
     // Pieces not owned by `keep` point into the scratch block.
     RETURN_IF_ERROR(tmp.Alloc(scratch, stream_));
   }
-  RETURN_IF_ERROR(LayerForward(params, b, x, acts, 0, y));
+  RETURN_IF_ERROR(AttentionInputs(params, b, x, acts, 0, kept_pieces));
+  RETURN_IF_ERROR(AttentionForward(b, acts));
+  for (int64_t t0 = 0; t0 < T; t0 += tile) {  // y may alias x: each tile reads its own rows first
+    RETURN_IF_ERROR(MlpTile(params, ResidualRow(x, t0), TileOf(acts, t0, kept_pieces), std::min(tile, T - t0), 0,
+                            ResidualRow(y, t0), branch));
+  }
   if (saved != nullptr) *saved = std::move(keep);
   return absl::OkStatus();
 }
@@ -302,7 +322,8 @@ absl::Status CudaSaved::Attach(std::unique_ptr<DeviceBuffer> block) {
 absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const DeviceBatch& batch, const void* x,
                                           SavedActivations* saved_base, const void* dy, void* dx, float* dparams) {
   const auto& b = static_cast<const CudaBatch&>(batch);
-  const int64_t T = b.num_tokens_;
+  const int64_t T = b.num_tokens_, tile = TileRows(T), last = T - (T - 1) / tile * tile;
+  const bool tiled = tile < T;
   auto* saved = static_cast<CudaSaved*>(saved_base);
   ActPolicy policy = saved == nullptr ? ActPolicy::kRecomputeLayer : saved->policy_;
   if (saved != nullptr && saved->num_tokens_ != T) {
@@ -312,55 +333,66 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   if (saved != nullptr && saved->detached()) {
     return absl::FailedPreconditionError("saved activations are in host memory (an activation store has them)");
   }
-  LayerActs acts;
-  if (saved != nullptr) acts = saved->acts_;
+  const uint32_t kept = policy.pieces;
   const kernels::AttnArgs attn = Attn(b);
-  const kernels::RopeArgs rope = Rope(T);
 
-  // Scratch: recomputed activations (per policy) and the gradients.
+  // Scratch: what the policy did not keep (attention's intermediates whole, the token-local ones
+  // one tile's worth), one tile's MLP gradients, and attention's gradients whole. dx holds dh1 (the
+  // gradient after the MLP block) between the two tile loops: each tile reads its rows of dy
+  // before writing them (dx may alias dy).
   Carver c;
   PoolBlock block;
-  LayerActs re;
-  ReserveActs(c, re, T, kAllPieces & ~policy.pieces);
-  bf16 *dact, *dgu, *dattn_o, *dqr, *dkr, *dqkv;
-  bf16* dres_b = nullptr;  // FP32 mode: BF16 copy of dy, then of dh1 (the GEMMs' operand)
-  void *dxn, *dh1;         // residual dtype
+  LayerActs acts;
+  ReserveActs(c, acts, T, kAllPieces & ~kept, tile);
+  bf16 *dact, *dgu, *dattn_o, *dqr, *dkr, *dqkv, *branch = nullptr;
+  bf16* dres_b = nullptr;  // FP32 mode: a tile's BF16 copy of dy, then of dh1 (the GEMMs' operand)
+  void* dxn;               // residual dtype
   float* ws_f;
   char* ws_attn;
-  c.Reserve(&dact, T * I_);
-  c.Reserve(&dgu, T * 2 * I_);
-  c.ReserveBytes(&dxn, T * H_ * act_bytes());
-  c.ReserveBytes(&dh1, T * H_ * act_bytes());
-  if (f32()) c.Reserve(&dres_b, T * H_);
+  c.Reserve(&dact, tile * I_);
+  c.Reserve(&dgu, tile * 2 * I_);
+  c.ReserveBytes(&dxn, tile * H_ * act_bytes());
+  if (f32()) {
+    c.Reserve(&dres_b, tile * H_);
+    if (!policy.keeps(kPieceOProj)) c.Reserve(&branch, tile * H_);
+  }
   c.Reserve(&dattn_o, T * qd_);
   c.Reserve(&dqr, T * qd_);
   c.Reserve(&dkr, T * kvd_);
   c.Reserve(&dqkv, T * qkv_);
-  c.Reserve(&ws_f, std::max({kernels::RmsNormBackwardWorkspaceNumel(T, H_),
-                             kernels::QkNormRopeBackwardWorkspaceNumel(rope),
-                             config_.has_qkv_bias() ? kernels::ColumnSumsWorkspaceNumel(T, qd_) : int64_t{0}}));
+  int64_t ws_numel = 0;
+  for (const int64_t rows : {tile, last}) {
+    ws_numel = std::max({ws_numel, kernels::RmsNormBackwardWorkspaceNumel(rows, H_),
+                         kernels::QkNormRopeBackwardWorkspaceNumel(Rope(rows)),
+                         config_.has_qkv_bias() ? kernels::ColumnSumsWorkspaceNumel(rows, qd_) : int64_t{0}});
+  }
+  c.Reserve(&ws_f, ws_numel);
   ASSIGN_OR_RETURN(const std::optional<int64_t> cudnn_ws, CudnnWorkspace(AttnDir::kBackward, attn));
   c.Reserve(&ws_attn, cudnn_ws.has_value() ? *cudnn_ws : kernels::FlashAttentionBackwardWorkspaceBytes(attn));
   RETURN_IF_ERROR(c.Alloc(block, stream_));
-  if (!policy.keeps_all()) {
-    // Recompute what the policy did not keep, around the pieces it kept.
-    TakePieces(acts, policy.pieces, &re);
-    acts = re;
-    RETURN_IF_ERROR(LayerForward(params, b, x, acts, policy.pieces, nullptr));
-  }
+  if (saved != nullptr) TakePieces(saved->acts_, kept, &acts);
 
-  // MLP: y = h1 + act · Wdᵀ
-  {
-    // The GEMM operand: dy itself (BF16 mode) or its BF16 rounding (FP32 mode; HF autocast's
-    // gradient of the BF16 down_proj output).
-    const bf16* dy_g = static_cast<const bf16*>(dy);
+  // Attention's inputs and output, recomputed where the policy did not keep them.
+  RETURN_IF_ERROR(AttentionInputs(params, b, x, acts, kept, kept));
+  if (!policy.keeps(kPieceAttention)) RETURN_IF_ERROR(AttentionForward(b, acts));
+
+  // The MLP and o_proj blocks, tile by tile, each tile's MLP inputs recomputed around the kept pieces.
+  for (int64_t t0 = 0; t0 < T; t0 += tile) {
+    const int64_t rows = std::min(tile, T - t0);
+    const LayerActs at = TileOf(acts, t0, kept);
+    RETURN_IF_ERROR(MlpTile(params, ResidualRow(x, t0), at, rows, kept, nullptr, branch));
+    const void* dy_t = ResidualRow(dy, t0);
+    void* dh1_t = ResidualRow(dx, t0);
+    // y = h1 + act · Wdᵀ. The GEMM operand: dy itself (BF16 mode) or its BF16 rounding (FP32 mode;
+    // HF autocast's gradient of the BF16 down_proj output).
+    const bf16* dy_g = static_cast<const bf16*>(dy_t);
     if (f32()) {
-      RETURN_IF_ERROR(kernels::CastF32ToBf16(static_cast<const float*>(dy), T * H_, 1.0f, dres_b, stream_));
+      RETURN_IF_ERROR(kernels::CastF32ToBf16(static_cast<const float*>(dy_t), rows * H_, 1.0f, dres_b, stream_));
       dy_g = dres_b;
     }
     GemmArgs g;  // dact = dy · Wd
     g.op_b = GemmOp::kN;
-    g.m = T;
+    g.m = rows;
     g.n = I_;
     g.k = H_;
     g.a = dy_g;
@@ -370,51 +402,67 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
     g.d = dact;
     g.ldd = I_;
     RETURN_IF_ERROR(gemm_.Run(g, stream_));
-    RETURN_IF_ERROR(Wgrad(dy_g, H_, acts.act, I_, T, H_, I_, dparams + off_[kDownProj]));
-  }
-  RETURN_IF_ERROR(kernels::SwiGluBackward(acts.gu, dact, T, I_, dgu, stream_));
-  RETURN_IF_ERROR(StackedBackward(params.bf16, dparams, gu_w_, dgu, 2 * I_, acts.xn2, T, H_, dxn, act_gemm_type()));
-  // dh1 = dy + RMSNorm2ᵀ(dxn)
-  RETURN_IF_ERROR(
-      NormBackward(dxn, acts.h1, Norm(params, kPostNorm), acts.rstd2, dy, T, dh1, dparams + off_[kPostNorm], ws_f));
-  // Attention block: h1 = x + o · Woᵀ
-  {
-    const bf16* dh1_g = static_cast<const bf16*>(dh1);
+    RETURN_IF_ERROR(Wgrad(dy_g, H_, at.act, I_, rows, H_, I_, dparams + off_[kDownProj]));
+    RETURN_IF_ERROR(kernels::SwiGluBackward(at.gu, dact, rows, I_, dgu, stream_));
+    RETURN_IF_ERROR(
+        StackedBackward(params.bf16, dparams, gu_w_, dgu, 2 * I_, at.xn2, rows, H_, dxn, act_gemm_type()));
+    // dh1 = dy + RMSNorm2ᵀ(dxn), into dx's rows (dy's rows were last read above)
+    RETURN_IF_ERROR(NormBackward(dxn, at.h1, Norm(params, kPostNorm), at.rstd2, dy_t, rows, dh1_t,
+                                 dparams + off_[kPostNorm], ws_f));
+    // h1 = x + o · Woᵀ
+    const bf16* dh1_g = static_cast<const bf16*>(dh1_t);
     if (f32()) {  // dres_b's previous content (bf16 dy) was last read by the down_proj GEMMs above
-      RETURN_IF_ERROR(kernels::CastF32ToBf16(static_cast<const float*>(dh1), T * H_, 1.0f, dres_b, stream_));
+      RETURN_IF_ERROR(kernels::CastF32ToBf16(static_cast<const float*>(dh1_t), rows * H_, 1.0f, dres_b, stream_));
       dh1_g = dres_b;
     }
-    GemmArgs g;  // do = dh1 · Wo
-    g.op_b = GemmOp::kN;
-    g.m = T;
-    g.n = qd_;
-    g.k = H_;
-    g.a = dh1_g;
-    g.lda = H_;
-    g.b = W(params.bf16, kOProj);
-    g.ldb = qd_;
-    g.d = dattn_o;
-    g.ldd = qd_;
-    RETURN_IF_ERROR(gemm_.Run(g, stream_));
-    RETURN_IF_ERROR(Wgrad(dh1_g, H_, acts.o, qd_, T, H_, qd_, dparams + off_[kOProj]));
+    GemmArgs o;  // do = dh1 · Wo
+    o.op_b = GemmOp::kN;
+    o.m = rows;
+    o.n = qd_;
+    o.k = H_;
+    o.a = dh1_g;
+    o.lda = H_;
+    o.b = W(params.bf16, kOProj);
+    o.ldb = qd_;
+    o.d = dattn_o + t0 * qd_;
+    o.ldd = qd_;
+    RETURN_IF_ERROR(gemm_.Run(o, stream_));
+    RETURN_IF_ERROR(Wgrad(dh1_g, H_, at.o, qd_, rows, H_, qd_, dparams + off_[kOProj]));
   }
   RETURN_IF_ERROR(AttentionBackward(attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + qd_ + kvd_, ws_attn));
-  if (config_.has_qk_norm()) {
-    const NormW qn = Norm(params, kQNorm), kn = Norm(params, kKNorm);
-    float* dqn = dparams + off_[kQNorm];
-    float* dkn = dparams + off_[kKNorm];
-    RETURN_IF_ERROR(qn.f != nullptr ? kernels::QkNormRopeBackward(rope, dqr, dkr, acts.qkv, qkv_, qn.f, kn.f,
-                                                                  b.positions_, dqkv, qkv_, dqn, dkn, ws_f, stream_)
-                                    : kernels::QkNormRopeBackward(rope, dqr, dkr, acts.qkv, qkv_, qn.b, kn.b,
-                                                                  b.positions_, dqkv, qkv_, dqn, dkn, ws_f, stream_));
-  } else {
-    RETURN_IF_ERROR(kernels::RopeBackward(rope, dqr, dkr, b.positions_, dqkv, qkv_, stream_));
+
+  // q/k norm + RoPE and the QKV projections, tile by tile.
+  const NormW qn = Norm(params, kQNorm), kn = Norm(params, kKNorm);
+  for (int64_t t0 = 0; t0 < T; t0 += tile) {
+    const int64_t rows = std::min(tile, T - t0);
+    const LayerActs at = TileOf(acts, t0, kept);
+    const kernels::RopeArgs rope = Rope(rows);
+    const int32_t* pos = b.positions_ + t0;
+    bf16* dqkv_t = dqkv + t0 * qkv_;
+    if (config_.has_qk_norm()) {
+      float* dqn = dparams + off_[kQNorm];
+      float* dkn = dparams + off_[kKNorm];
+      RETURN_IF_ERROR(qn.f != nullptr ? kernels::QkNormRopeBackward(rope, dqr + t0 * qd_, dkr + t0 * kvd_, at.qkv,
+                                                                    qkv_, qn.f, kn.f, pos, dqkv_t, qkv_, dqn, dkn,
+                                                                    ws_f, stream_)
+                                      : kernels::QkNormRopeBackward(rope, dqr + t0 * qd_, dkr + t0 * kvd_, at.qkv,
+                                                                    qkv_, qn.b, kn.b, pos, dqkv_t, qkv_, dqn, dkn,
+                                                                    ws_f, stream_));
+    } else {
+      RETURN_IF_ERROR(kernels::RopeBackward(rope, dqr + t0 * qd_, dkr + t0 * kvd_, pos, dqkv_t, qkv_, stream_));
+    }
+    RETURN_IF_ERROR(QkvBiasBackward(dqkv_t, rows, dparams, ws_f));
+    // The tile's input norm: kept, left by AttentionInputs (one tile), or recomputed.
+    if (tiled && !policy.keeps(kPieceCheap)) {
+      RETURN_IF_ERROR(NormForward(ResidualRow(x, t0), Norm(params, kInputNorm), rows, at.xn1, at.rstd1));
+    }
+    RETURN_IF_ERROR(
+        StackedBackward(params.bf16, dparams, qkv_w_, dqkv_t, qkv_, at.xn1, rows, H_, dxn, act_gemm_type()));
+    // dx = dh1 + RMSNorm1ᵀ(dxn), in place over dh1's rows
+    void* dx_t = ResidualRow(dx, t0);
+    RETURN_IF_ERROR(NormBackward(dxn, ResidualRow(x, t0), Norm(params, kInputNorm), at.rstd1, dx_t, rows, dx_t,
+                                 dparams + off_[kInputNorm], ws_f));
   }
-  RETURN_IF_ERROR(QkvBiasBackward(dqkv, T, dparams, ws_f));
-  RETURN_IF_ERROR(StackedBackward(params.bf16, dparams, qkv_w_, dqkv, qkv_, acts.xn1, T, H_, dxn, act_gemm_type()));
-  // dx = dh1 + RMSNorm1ᵀ(dxn)   (dx may alias dy: dy is no longer read)
-  RETURN_IF_ERROR(
-      NormBackward(dxn, x, Norm(params, kInputNorm), acts.rstd1, dh1, T, dx, dparams + off_[kInputNorm], ws_f));
   return absl::OkStatus();
 }
 
@@ -441,55 +489,62 @@ absl::Status CudaBackend::Head(const UnitParams& norm_params, const bf16_t* lm_h
   const bool grads = dx != nullptr;  // else the loss alone: no dgrad, wgrad or norm backward
   const NormW norm_w{reinterpret_cast<const bf16*>(norm_params.bf16), norm_params.fp32};
   const bf16* wl = reinterpret_cast<const bf16*>(lm_head_w);
+  // The norm runs tile by tile (TileRows), the logits in chunks of a tile.
+  const int64_t tile = TileRows(T);
   int64_t chunk = std::max<int64_t>(1, options_.head_logits_budget_bytes / (V * 2));
   if (chunk >= 128) chunk = chunk / 128 * 128;
-  chunk = std::min(chunk, T);
+  chunk = std::min(chunk, tile);
   Carver c;
   PoolBlock block;
   bf16 *xn, *logits;
   char* dxn = nullptr;  // residual dtype (FP32 mode: the dgrad GEMM writes FP32)
   float *rstd, *row_loss, *ws = nullptr;
-  c.Reserve(&xn, T * H_);
-  if (grads) c.Reserve(&dxn, T * H_ * act_bytes());
-  c.Reserve(&rstd, T);
+  c.Reserve(&xn, tile * H_);
+  if (grads) c.Reserve(&dxn, tile * H_ * act_bytes());
+  c.Reserve(&rstd, tile);
   c.Reserve(&row_loss, T);
-  if (grads) c.Reserve(&ws, kernels::RmsNormBackwardWorkspaceNumel(T, H_));
+  if (grads) c.Reserve(&ws, kernels::RmsNormBackwardWorkspaceNumel(tile, H_));
   c.Reserve(&logits, chunk * V);
   RETURN_IF_ERROR(c.Alloc(block, stream_));
-  RETURN_IF_ERROR(NormForward(x, norm_w, T, xn, rstd));
-  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-    const int64_t tc = std::min(chunk, T - t0);
-    GemmArgs g;  // logits = xn_c · Wᵀ
-    g.m = tc;
-    g.n = V;
-    g.k = H_;
-    g.a = xn + t0 * H_;
-    g.lda = H_;
-    g.b = wl;
-    g.ldb = H_;
-    g.d = logits;
-    g.ldd = V;
-    RETURN_IF_ERROR(gemm_.Run(g, stream_));
-    RETURN_IF_ERROR(kernels::CrossEntropyInPlace(logits, tc, V, V, b.labels_ + t0, kIgnoreIndex, loss_scale,
-                                                 row_loss + t0, stream_));
-    if (!grads) continue;
-    GemmArgs d;  // dxn_c = dlogits · W
-    d.op_b = GemmOp::kN;
-    d.m = tc;
-    d.n = H_;
-    d.k = V;
-    d.a = logits;
-    d.lda = V;
-    d.b = wl;
-    d.ldb = H_;
-    d.d = dxn + t0 * H_ * act_bytes();
-    d.ldd = H_;
-    d.out_type = act_gemm_type();
-    RETURN_IF_ERROR(gemm_.Run(d, stream_));
-    RETURN_IF_ERROR(Wgrad(logits, V, xn + t0 * H_, H_, tc, V, H_, dlm_head));
+  for (int64_t s0 = 0; s0 < T; s0 += tile) {
+    const int64_t rows = std::min(tile, T - s0);
+    RETURN_IF_ERROR(NormForward(ResidualRow(x, s0), norm_w, rows, xn, rstd));
+    for (int64_t t0 = 0; t0 < rows; t0 += chunk) {
+      const int64_t tc = std::min(chunk, rows - t0);
+      GemmArgs g;  // logits = xn_c · Wᵀ
+      g.m = tc;
+      g.n = V;
+      g.k = H_;
+      g.a = xn + t0 * H_;
+      g.lda = H_;
+      g.b = wl;
+      g.ldb = H_;
+      g.d = logits;
+      g.ldd = V;
+      RETURN_IF_ERROR(gemm_.Run(g, stream_));
+      RETURN_IF_ERROR(kernels::CrossEntropyInPlace(logits, tc, V, V, b.labels_ + s0 + t0, kIgnoreIndex, loss_scale,
+                                                   row_loss + s0 + t0, stream_));
+      if (!grads) continue;
+      GemmArgs d;  // dxn_c = dlogits · W
+      d.op_b = GemmOp::kN;
+      d.m = tc;
+      d.n = H_;
+      d.k = V;
+      d.a = logits;
+      d.lda = V;
+      d.b = wl;
+      d.ldb = H_;
+      d.d = dxn + t0 * H_ * act_bytes();
+      d.ldd = H_;
+      d.out_type = act_gemm_type();
+      RETURN_IF_ERROR(gemm_.Run(d, stream_));
+      RETURN_IF_ERROR(Wgrad(logits, V, xn + t0 * H_, H_, tc, V, H_, dlm_head));
+    }
+    if (grads) {
+      RETURN_IF_ERROR(NormBackward(dxn, ResidualRow(x, s0), norm_w, rstd, nullptr, rows, ResidualRow(dx, s0), dnorm, ws));
+    }
   }
   RETURN_IF_ERROR(kernels::SumInto(row_loss, T, loss_sum, stream_));
-  if (grads) RETURN_IF_ERROR(NormBackward(dxn, x, norm_w, rstd, nullptr, T, dx, dnorm, ws));
   return absl::OkStatus();
 }
 

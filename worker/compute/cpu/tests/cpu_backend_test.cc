@@ -3,8 +3,13 @@
 // independence, batch validation and the memory ops.
 #include "worker/compute/cpu/cpu_backend.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 
 #include "common/policy/layer_policy.h"
 #include "gtest/gtest.h"
@@ -16,6 +21,8 @@ namespace slidedp {
 namespace {
 
 using testing::AwkwardConfig;
+using testing::AwkwardConfigOf;
+using testing::AwkwardYarnConfig;
 using testing::MakeBatch;
 using testing::RandomNormals;
 using testing::RandomUnitParams;
@@ -218,6 +225,74 @@ TEST_F(DecoderLayerTest, ResultsDoNotDependOnTheThreadCount) {
   EXPECT_TRUE(BitwiseEqual(a.y, b.y));
   EXPECT_TRUE(BitwiseEqual(a.dx, b.dx));
   EXPECT_TRUE(BitwiseEqual(a.dparams, b.dparams));
+}
+
+// The largest |a - b| relative to the largest |b| (0 for equal vectors).
+double RelMaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+// A micro-batch longer than the backend's tile runs the token-local work tile by tile: outputs and
+// input gradients are the untiled ones bit for bit (every op there works row by row), weight
+// gradients within FP32 rounding (summed per tile, then added), for tiles that cut documents
+// anywhere (odd sizes, a tile of one token, a last tile of one token), every family and policy.
+TEST(Tiling, TiledLayerEqualsUntiled) {
+  const MicroBatch mb = MakeBatch({7, 1, 10, 5}, 37, 8);  // 23 tokens
+  for (const ModelFamily family : {ModelFamily::kQwen3, ModelFamily::kQwen2, ModelFamily::kLlama}) {
+    const ModelConfig config = AwkwardConfigOf(family, false);
+    const ModelLayout layout = ModelLayout::Build(config);
+    const std::vector<bf16_t> params = ToBf16(RandomUnitParams(layout, 4))[1];
+    const int64_t n = mb.num_tokens() * config.hidden_size;
+    const std::vector<float> x = RandomNormals<float>(n, 1), dy = RandomNormals<float>(n, 2);
+    auto whole = Backend(config);
+    whole->SetTileTokens(1 << 20);
+    const LayerRun ref = RunLayer(*whole, params, mb, x, dy, ActPolicy::kRecomputeLayer);
+    for (const int64_t tile : {1, 2, 5, 11, 22, 23}) {
+      auto be = Backend(config);
+      be->SetTileTokens(tile);
+      ASSERT_EQ(be->TileRows(mb.num_tokens()), tile);
+      for (const ActPolicy policy : {ActPolicy::kRecomputeLayer, ActPolicy::kSelective, ActPolicy::kKeepAll}) {
+        const LayerRun r = RunLayer(*be, params, mb, x, dy, policy);
+        const std::string what = absl::StrCat(ModelTypeName(family), " tile ", tile, " policy ", policy.pieces);
+        EXPECT_TRUE(BitwiseEqual(r.y, ref.y)) << what;
+        EXPECT_TRUE(BitwiseEqual(r.dx, ref.dx)) << what;
+        EXPECT_LT(RelMaxDiff(r.dparams, ref.dparams), 2e-6) << what;
+        if (tile == 23) EXPECT_TRUE(BitwiseEqual(r.dparams, ref.dparams)) << what;  // one tile: untiled
+      }
+    }
+  }
+}
+
+// The reference math's tiled layer in double against central differences would repeat the
+// gradient checks; in double the tiled layer equals the untiled one to rounding, which carries
+// the untiled layer's gradient check over.
+TEST(Tiling, TiledReferenceMathInDoubleMatchesUntiled) {
+  const ModelConfig config = AwkwardYarnConfig(false);
+  const ModelLayout layout = ModelLayout::Build(config);
+  const std::vector<double> params = RandomUnitParams(layout, 5)[1];
+  const MicroBatch mb = MakeBatch({9, 4, 6}, config.vocab_size, 3);
+  const RopeTables rope = BuildRopeTables(mb.positions, config);
+  const TokenGeometry geom = MakeTokenGeometry(mb, rope);
+  const DecoderDims dims = DecoderDims::From(config);
+  const DecoderOffsets offs = DecoderOffsets::From(config);
+  const int64_t n = mb.num_tokens() * config.hidden_size;
+  const std::vector<double> x = RandomNormals<double>(n, 6), dy = RandomNormals<double>(n, 7);
+  std::vector<double> y0(n), dx0(n), g0(params.size(), 0.0);
+  DecoderForwardTiled(dims, offs, params.data(), geom, x.data(), y0.data(), 0, nullptr);
+  DecoderBackwardTiled(dims, offs, params.data(), geom, x.data(), dy.data(), dx0.data(), g0.data(), 0, nullptr);
+  for (const int64_t tile : {3, 7, 18}) {
+    std::vector<double> y(n), dx(n), g(params.size(), 0.0);
+    DecoderForwardTiled(dims, offs, params.data(), geom, x.data(), y.data(), tile, nullptr);
+    DecoderBackwardTiled(dims, offs, params.data(), geom, x.data(), dy.data(), dx.data(), g.data(), tile, nullptr);
+    EXPECT_EQ(y, y0) << tile;
+    EXPECT_EQ(dx, dx0) << tile;
+    for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(g[i], g0[i], 1e-12 * (1 + std::fabs(g0[i]))) << tile << " " << i;
+  }
 }
 
 // Changing the tokens of one document leaves every other document's outputs (after the whole

@@ -85,11 +85,15 @@ std::vector<double> GetF(ComputeBackend& be, const void* d, int64_t n) {
 // attention: the backend's attention (cuDNN or the own kernels).
 // fp32_norms: the norm weights also come as an FP32 side copy (UnitParams::fp32), with values
 // between BF16 neighbours, which both backends must use.
+// tile: the CUDA backend's tile (ComputeBackend::SetTileTokens; 0: its default, more than this
+// batch): a smaller one runs the layer's token-local work and the head's norm tile by tile, tiles
+// cutting documents, against the untiled CPU backend.
 void CheckBackend(const std::string& label_base, const ModelConfig& cfg, bool fp32_residual,
-                  CudaBackendOptions::Attention attention, bool fp32_norms) {
+                  CudaBackendOptions::Attention attention, bool fp32_norms, int64_t tile = 0) {
   const std::string label = label_base + (fp32_residual ? "[fp32 res" : "[bf16 res") +
                             (attention == CudaBackendOptions::Attention::kCudnn ? ", cudnn" : ", own") +
-                            (fp32_norms ? ", fp32 norms]" : "]");
+                            (fp32_norms ? ", fp32 norms" : "") + (tile > 0 ? ", tile " + std::to_string(tile) : "") +
+                            "]";
   Pair p;
   CudaBackendOptions opt;
   opt.fp32_residual = fp32_residual;
@@ -100,6 +104,7 @@ void CheckBackend(const std::string& label_base, const ModelConfig& cfg, bool fp
   ASSERT_OK(c.status());
   p.gpu = std::move(*g);
   p.cpu = std::move(*c);
+  p.gpu->SetTileTokens(tile);
   const bool dtype_ok = p.gpu->activation_dtype() == (fp32_residual ? DType::kF32 : DType::kBF16);
   std::printf("%s  %-58s\n", dtype_ok ? "PASS" : "FAIL", (label + " activation_dtype matches the option").c_str());
   EXPECT_TRUE(dtype_ok) << label << " activation_dtype matches the option";
@@ -329,11 +334,13 @@ struct BackendCase {
   const char* model;  // "mini64", "mini128", "tiny", "qwen2", "llama3", "yarn" or "yarn_llama"
   bool fp32_residual;
   Attention attention;
+  int64_t tile = 0;  // CheckBackend's tile (0: untiled)
 };
 
 std::string Name(const BackendCase& c) {
   return std::string(c.model) + (c.fp32_residual ? "_Fp32Residual" : "_Bf16Residual") +
-         (c.attention == Attention::kCudnn ? "_CudnnFp32Norms" : "_Own");
+         (c.attention == Attention::kCudnn ? "_CudnnFp32Norms" : "_Own") +
+         (c.tile > 0 ? "_Tile" + std::to_string(c.tile) : "");
 }
 std::string CaseName(const ::testing::TestParamInfo<BackendCase>& info) { return Name(info.param); }
 void PrintTo(const BackendCase& c, std::ostream* os) { *os << Name(c); }
@@ -363,13 +370,13 @@ TEST_P(CudaBackendGpuTest, MatchesCpuBackend) {
   const bool norms = b.attention == Attention::kCudnn;
   const std::string model = b.model;
   if (model == "mini64") {
-    CheckBackend("qwen3-mini(hd64)", c, b.fp32_residual, b.attention, norms);
+    CheckBackend("qwen3-mini(hd64)", c, b.fp32_residual, b.attention, norms, b.tile);
   } else if (model == "mini128") {
-    CheckBackend("qwen3-mini(hd128)", c128, b.fp32_residual, b.attention, norms);
+    CheckBackend("qwen3-mini(hd128)", c128, b.fp32_residual, b.attention, norms, b.tile);
   } else if (model == "qwen2") {  // q/k/v biases, no q/k norm
     ModelConfig q = c;
     q.family = ModelFamily::kQwen2;
-    CheckBackend("qwen2-mini(hd64)", q, b.fp32_residual, b.attention, norms);
+    CheckBackend("qwen2-mini(hd64)", q, b.fp32_residual, b.attention, norms, b.tile);
   } else if (model == "llama3") {  // no q/k norm, llama3-scaled RoPE (every band within 137 tokens)
     ModelConfig l = c128;
     l.family = ModelFamily::kLlama;
@@ -379,7 +386,7 @@ TEST_P(CudaBackendGpuTest, MatchesCpuBackend) {
     l.rope_scaling.low_freq_factor = 1;
     l.rope_scaling.high_freq_factor = 4;
     l.rope_scaling.original_max_position_embeddings = 64;
-    CheckBackend("llama3-mini(hd128)", l, b.fp32_residual, b.attention, norms);
+    CheckBackend("llama3-mini(hd128)", l, b.fp32_residual, b.attention, norms, b.tile);
   } else if (model == "yarn" || model == "yarn_llama") {
     // YaRN over 64 original positions (correction range [0, 6] at hd64, [0, 11] at hd128): the
     // ramp's table and the attention factor 0.1 ln 4 + 1 on cos and sin, through the fused q/k
@@ -390,11 +397,11 @@ TEST_P(CudaBackendGpuTest, MatchesCpuBackend) {
     y.rope_scaling.factor = 4;
     y.rope_scaling.original_max_position_embeddings = 64;
     CheckBackend(model == "yarn" ? "yarn-qwen3-mini(hd64)" : "yarn-llama-mini(hd128)", y, b.fp32_residual,
-                 b.attention, norms);
+                 b.attention, norms, b.tile);
   } else {
     auto tiny = ModelConfig::Preset("tiny");
     if (!tiny.ok()) GTEST_SKIP() << "preset tiny: " << tiny.status().ToString();
-    CheckBackend("tiny(hd16)", *tiny, b.fp32_residual, b.attention, norms);
+    CheckBackend("tiny(hd16)", *tiny, b.fp32_residual, b.attention, norms, b.tile);
   }
 }
 
@@ -408,7 +415,11 @@ INSTANTIATE_TEST_SUITE_P(
                       BackendCase{"mini128", false, Attention::kCudnn}, BackendCase{"tiny", false, Attention::kCudnn},
                       BackendCase{"qwen2", true, Attention::kCudnn}, BackendCase{"qwen2", false, Attention::kOwn},
                       BackendCase{"llama3", true, Attention::kCudnn}, BackendCase{"llama3", false, Attention::kOwn},
-                      BackendCase{"yarn", true, Attention::kCudnn}, BackendCase{"yarn_llama", false, Attention::kOwn}),
+                      BackendCase{"yarn", true, Attention::kCudnn}, BackendCase{"yarn_llama", false, Attention::kOwn},
+                      // tiles of 64, 64, 22 and of 37 x 4, 2 tokens over documents of 37, 100 and 13
+                      BackendCase{"mini128", true, Attention::kCudnn, 64},
+                      BackendCase{"qwen2", false, Attention::kOwn, 37},
+                      BackendCase{"yarn", true, Attention::kCudnn, 37}),
     CaseName);
 
 }  // namespace
