@@ -388,12 +388,13 @@ MicroBatch PackedBatch(int64_t tokens, int64_t doc_len, int64_t vocab) {
   return mb;
 }
 
-void BenchLayer(const ModelConfig& c, int64_t T, int64_t doc_len, bool fp32_residual) {
+void BenchLayer(const ModelConfig& c, int64_t T, int64_t doc_len, bool fp32_residual, int64_t tile_tokens = 0) {
   CudaBackendOptions opt;
   opt.fp32_residual = fp32_residual;
   auto be = MakeCudaBackendWithOptions(c, 0, opt);
   BENCH_CHECK(be.status());
   ComputeBackend& b = **be;
+  b.SetTileTokens(tile_tokens);
   ModelLayout layout = ModelLayout::Build(c);
   const int64_t P = layout.units.at(1).numel, H = c.hidden_size;
   Arena ar;
@@ -519,6 +520,16 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("bench_kernels on %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  // --long T [TILE]: one Qwen3-8B decoder layer over one document of T tokens, each policy, in tiles
+  // of TILE tokens (the long-context ceiling per layer; docs/long-context.md), and nothing else.
+  if (argc > 2 && std::string(argv[1]) == "--long") {
+    auto c8 = ModelConfig::Preset("qwen3-8b");
+    BENCH_CHECK(c8.status());
+    const int64_t T = std::stoll(argv[2]);
+    c8->max_position_embeddings = std::max<int64_t>(c8->max_position_embeddings, T);
+    BenchLayer(*c8, T, T, /*fp32_residual=*/true, argc > 3 ? std::stoll(argv[3]) : 0);
+    return 0;
+  }
   GemmRunner gemm;
   BENCH_CHECK(gemm.Init());
   MeasureCeilings(gemm);

@@ -9,7 +9,7 @@
 // as run: --layers reduces the preset's depth (a long sequence's ceiling measured on a few layers,
 // the per-layer rate being what matters), --max-position-embeddings / --rope-scaling apply a job's
 // context override (model.max_position_embeddings, model.rope_scaling) so rows past the preset's
-// context run, --tile-tokens is runtime.tile_tokens.
+// context run, --tile-tokens is runtime.tile_tokens, --checkpoint-dtype runtime.checkpoint_dtype.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -141,6 +141,7 @@ struct BenchOptions {
   std::string rope_scaling_json;        // empty: the preset's RoPE
   int64_t tile_tokens = 0;              // 0: the backend's default (runtime.tile_tokens auto)
   int64_t layers = 0;                   // 0: the preset's depth
+  std::string checkpoint_dtype = "fp32";  // runtime.checkpoint_dtype: fp32 | bf16
 };
 
 // The preset with the command line's context override and depth.
@@ -177,12 +178,16 @@ absl::Status Run(const BenchOptions& o) {
     act = ActPolicy::kSelective;
   else if (o.policy != "recompute")
     return absl::InvalidArgumentError("--policy: recompute, selective or keep_all");
+  if (o.checkpoint_dtype != "fp32" && o.checkpoint_dtype != "bf16") {
+    return absl::InvalidArgumentError("--checkpoint-dtype: fp32 or bf16");
+  }
   ASSIGN_OR_RETURN(auto backend, MakeCudaBackend(config, o.gpu));
   if (o.tile_tokens > 0) backend->SetTileTokens(o.tile_tokens);
   ASSIGN_OR_RETURN(auto streamer, ResidentStreamer::Create(layout));
   auto grads = MakeDiscardGradientPath(layout, backend.get());
   StepRunnerOptions ropt;
   ropt.policy = act;
+  ropt.checkpoint_dtype = o.checkpoint_dtype == "bf16" ? DType::kBF16 : DType::kF32;
   std::unique_ptr<ActivationStore> activations;
   if (o.offload_ratio > 0) {
     ASSIGN_OR_RETURN(activations, MakeCudaActivationStore(layout, backend.get(), o.offload_ratio, o.gpu));
@@ -222,6 +227,7 @@ absl::Status Run(const BenchOptions& o) {
       {"model_tflops", flops_per_token * tokens / step_s / 1e12},
       {"peak_gib", peak / 1073741824.0},
       {"offload_ratio", o.offload_ratio},
+      {"checkpoint_dtype", o.checkpoint_dtype},
       {"offload_host_gib", activations ? activations->host_bytes() / 1073741824.0 : 0.0},
       {"loss", loss}};
   printf("%s\n", j.dump().c_str());
@@ -249,6 +255,8 @@ int main(int argc, char** argv) {
                  "'{\"rope_type\":\"yarn\",\"factor\":8.0,\"original_max_position_embeddings\":32768}'");
   app.add_option("--tile-tokens", o.tile_tokens,
                  "tokens per tile of the layers' token-local work and the head (runtime.tile_tokens; 0: default)");
+  app.add_option("--checkpoint-dtype", o.checkpoint_dtype,
+                 "the type layer inputs wait in between forward and backward (runtime.checkpoint_dtype): fp32 | bf16");
   app.add_option("--layers", o.layers, "decoder layers (fewer than the preset's: a reduced-depth run; 0: all)");
   CLI11_PARSE(app, argc, argv);
   absl::Status s = slidedp::Run(o);

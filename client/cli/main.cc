@@ -144,7 +144,7 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::ExistingFile);
   prepare->add_option("--output", popt.output_dir, "output directory")->required();
-  prepare->add_option("--seq-len", popt.seq_len, "row length in tokens")->check(CLI::PositiveNumber);
+  prepare->add_option("--seq-len", popt.seq_len, "row length in tokens")->check(CLI::Range(int64_t{2}, slidedp::prepare::kMaxSeqLen));
   prepare->add_option("--packing", packing, "packed (documents concatenated into rows) | padded (one per row)")
       ->check(CLI::IsMember({"packed", "padded"}));
   prepare->add_flag(

@@ -324,6 +324,8 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"embedding_rows", Enum<EmbeddingRows>(&JobSpec::embedding_rows,
                                                {{"fp32", EmbeddingRows::kFp32}, {"bf16", EmbeddingRows::kBf16}})},
         {"offload_ratio", Real(&JobSpec::offload_ratio, 0, 1)},
+        {"checkpoint_dtype", Enum<CheckpointDtype>(&JobSpec::checkpoint_dtype, {{"fp32", CheckpointDtype::kFp32},
+                                                                                {"bf16", CheckpointDtype::kBf16}})},
         {"tile_tokens", TileTokens()},
         {"speculation_bytes", Int(&JobSpec::speculation_bytes, -1)},
         {"gpu_memory_limit", MemoryLimit()},
@@ -598,6 +600,8 @@ const char* ToString(GradStaging k) {
   return "?";
 }
 const char* ToString(GradDtype k) { return k == GradDtype::kFp32 ? "fp32" : "bf16"; }
+const char* ToString(CheckpointDtype k) { return k == CheckpointDtype::kFp32 ? "fp32" : "bf16"; }
+int64_t CheckpointElementBytes(CheckpointDtype k) { return k == CheckpointDtype::kFp32 ? 4 : 2; }
 const char* ToString(StateDtype k) {
   switch (k) {
     case StateDtype::kFp32: return "fp32";
@@ -718,6 +722,7 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "embedding_rows" << YAML::Value << ToString(embedding_rows);
   e << YAML::Key << "deterministic" << YAML::Value << deterministic;
   e << YAML::Key << "offload_ratio" << YAML::Value << offload_ratio;
+  e << YAML::Key << "checkpoint_dtype" << YAML::Value << ToString(checkpoint_dtype);
   if (tile_tokens > 0) e << YAML::Key << "tile_tokens" << YAML::Value << tile_tokens;
   e << YAML::Key << "speculation_bytes" << YAML::Value << speculation_bytes;
   if (policy_auto) {

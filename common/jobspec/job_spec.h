@@ -36,6 +36,13 @@ enum class Backend { kAuto, kCuda, kCpu };
 // reduction; the norm, clipping and the non-finite checks see the rounded values), opt-in,
 // docs/layeradam.md "BF16 gradients" has its measured effect.
 enum class GradDtype { kFp32, kBf16 };
+// The type each decoder layer's input (its checkpoint) waits in between its forward and its
+// backward (runtime.checkpoint_dtype): FP32 (exact, the default), or BF16 (rounded to nearest even
+// once the layer's forward is done, widened back for its backward: half the bytes on the GPU and
+// in pinned host memory when offloaded). kBf16 is an approximation, opt-in: the forward and the
+// loss see the exact inputs, the gradients the rounded ones. No effect where the activations are
+// BF16 already (the CUDA backend's BF16 residual stream).
+enum class CheckpointDtype { kFp32, kBf16 };
 // How the host keeps Adam's m and v (optimizer.state_dtype): FP32 (exact, the default), BF16 (m
 // rounded to nearest even, v stochastically), or int8 block-quantized codes with an FP32 scale per
 // 256 elements. kBf16 and kInt8 are approximations, opt-in: docs/optimizer-state.md has their
@@ -150,6 +157,7 @@ struct JobSpec {
   // dQ in a fixed order (slower; docs/kernels.md). The CPU backend always repeats bit for bit.
   bool deterministic = false;
   double offload_ratio = 0.0;  // fraction of layer checkpoints kept in pinned host memory
+  CheckpointDtype checkpoint_dtype = CheckpointDtype::kFp32;
   // Tokens per tile of a decoder layer's token-local work and of the head's norm (long
   // sequences: ComputeBackend::SetTileTokens); 0: auto (kDefaultTileTokens, 32768).
   int64_t tile_tokens = 0;
@@ -199,6 +207,10 @@ const char* ToString(ActivationPolicy k);
 const char* ToString(SaveDtype k);
 const char* ToString(Backend k);
 const char* ToString(GradDtype k);
+const char* ToString(CheckpointDtype k);
+// Bytes of one element of a layer input waiting for its backward under runtime.checkpoint_dtype
+// on the FP32 residual stream (hostd's plans: 4 or 2).
+int64_t CheckpointElementBytes(CheckpointDtype k);
 const char* ToString(StateDtype k);
 const char* ToString(ParamSource k);
 const char* ToString(CastOn k);

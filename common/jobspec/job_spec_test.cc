@@ -80,6 +80,31 @@ TEST(JobSpec, GradDtypeIsFp32ByDefaultAndRoundTrips) {
   EXPECT_TRUE(absl::StrContains(bad.message(), "grad_dtype")) << bad;
 }
 
+TEST(JobSpec, CheckpointDtypeIsFp32ByDefaultAndRoundTrips) {
+  auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_EQ(def->checkpoint_dtype, CheckpointDtype::kFp32);
+  EXPECT_EQ(CheckpointElementBytes(def->checkpoint_dtype), 4);
+  auto again_def = JobSpec::Parse(def->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(again_def.ok()) << again_def.status();
+  EXPECT_EQ(again_def->checkpoint_dtype, CheckpointDtype::kFp32);
+  auto bf16 = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"backend: cpu,", "backend: cpu, checkpoint_dtype: bf16,"}}),
+                             "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->checkpoint_dtype, CheckpointDtype::kBf16);
+  EXPECT_EQ(CheckpointElementBytes(bf16->checkpoint_dtype), 2);
+  EXPECT_TRUE(absl::StrContains(bf16->ToYaml(), "checkpoint_dtype: bf16")) << bf16->ToYaml();
+  auto again = JobSpec::Parse(bf16->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->checkpoint_dtype, CheckpointDtype::kBf16);
+  for (const char* v : {"fp16", "int8", "[bf16]"}) {
+    const absl::Status bad = ParseError(
+        absl::StrReplaceAll(kGood, {{"backend: cpu,", absl::StrCat("backend: cpu, checkpoint_dtype: ", v, ",")}}));
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << v;
+    EXPECT_TRUE(absl::StrContains(bad.message(), "runtime.checkpoint_dtype")) << bad;
+  }
+}
+
 TEST(JobSpec, TileTokensIsAutoByDefaultAndRoundTrips) {
   auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(def.ok()) << def.status();

@@ -1,4 +1,4 @@
-// Model config parsing/serialization (the four families) and the streamed-unit layout.
+// Model config parsing/serialization (the five families) and the streamed-unit layout.
 #include "common/model/model_config.h"
 
 #include "common/io/small_file.h"
@@ -10,7 +10,9 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/status/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -97,6 +99,48 @@ absl::Status CheckRopeScaling(const ModelConfig& c, absl::string_view key) {
   return absl::OkStatus();
 }
 
+// The MoE fields in range (qwen3_moe), or at their dense defaults (the other families), each
+// refused naming the field.
+absl::Status CheckMoe(const ModelConfig& c) {
+  auto bad = [](absl::string_view field, absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", field, " ", why));
+  };
+  if (!c.is_moe()) {
+    if (c.num_experts != 0) {
+      return bad("num_experts", absl::StrCat("must be 0 for model_type ", ModelTypeName(c.family),
+                                             " (mixture-of-experts layers are qwen3_moe's), got ", c.num_experts));
+    }
+    return absl::OkStatus();
+  }
+  if (c.num_experts < 1) return bad("num_experts", absl::StrCat("must be >= 1, got ", c.num_experts));
+  if (c.num_experts > (int64_t{1} << 20)) return bad("num_experts", absl::StrCat("too large, got ", c.num_experts));
+  if (c.num_experts_per_tok < 1 || c.num_experts_per_tok > c.num_experts) {
+    return bad("num_experts_per_tok",
+               absl::StrCat("must be in [1, num_experts ", c.num_experts, "], got ", c.num_experts_per_tok));
+  }
+  if (c.moe_intermediate_size <= 0) {
+    return bad("moe_intermediate_size", absl::StrCat("must be > 0, got ", c.moe_intermediate_size));
+  }
+  if (c.decoder_sparse_step < 1) {
+    return bad("decoder_sparse_step", absl::StrCat("must be >= 1, got ", c.decoder_sparse_step));
+  }
+  std::vector<int64_t> seen;
+  for (int64_t l : c.mlp_only_layers) {
+    if (l < 0 || l >= c.num_hidden_layers) {
+      return bad("mlp_only_layers",
+                 absl::StrCat("holds layer ", l, ", outside [0, num_hidden_layers ", c.num_hidden_layers, ")"));
+    }
+    if (std::find(seen.begin(), seen.end(), l) != seen.end()) {
+      return bad("mlp_only_layers", absl::StrCat("holds layer ", l, " twice"));
+    }
+    seen.push_back(l);
+  }
+  if (!(c.router_aux_loss_coef >= 0) || !std::isfinite(c.router_aux_loss_coef)) {
+    return bad("router_aux_loss_coef", absl::StrCat("must be a finite number >= 0, got ", c.router_aux_loss_coef));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ModelConfig::Validate() const {
@@ -121,13 +165,33 @@ absl::Status ModelConfig::Validate() const {
   if (!(rope_theta > 0)) return absl::InvalidArgumentError("config: rope_theta must be > 0");
   if (!(rms_norm_eps > 0)) return absl::InvalidArgumentError("config: rms_norm_eps must be > 0");
   if (vocab_size > (int64_t{1} << 31)) return absl::InvalidArgumentError("config: vocab_size too large");
+  RETURN_IF_ERROR(CheckMoe(*this));
   return CheckRopeScaling(*this, "rope_scaling");
+}
+
+bool ModelConfig::IsSparseLayer(int64_t layer) const {
+  if (!is_moe() || num_experts <= 0 || decoder_sparse_step <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
+int64_t ModelConfig::NumSparseLayers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) n += IsSparseLayer(l) ? 1 : 0;
+  return n;
+}
+
+absl::Status ModelConfig::CheckTrainable() const {
+  if (is_moe()) {
+    return absl::UnimplementedError("qwen3_moe: the MoE layers are not yet wired into the compute backends");
+  }
+  return absl::OkStatus();
 }
 
 namespace {
 
 constexpr ModelFamily kFamilies[] = {ModelFamily::kQwen3, ModelFamily::kQwen2, ModelFamily::kLlama,
-                                     ModelFamily::kMistral};
+                                     ModelFamily::kMistral, ModelFamily::kQwen3Moe};
 
 // rope_parameters (transformers 5) or rope_scaling (older): the rope type, theta, and the
 // scaling's parameters, read as HF's RotaryEmbeddingConfigMixin reads them (convert_rope_params_to_dict,
@@ -277,6 +341,15 @@ absl::Status ParseSlidingWindow(const nlohmann::json& j, ModelConfig* c) {
   if (c->family == ModelFamily::kLlama) return absl::OkStatus();
   const bool use = j.contains("use_sliding_window") && j["use_sliding_window"].is_boolean() &&
                    j["use_sliding_window"].get<bool>();
+  if (c->family == ModelFamily::kQwen3Moe) {
+    // Qwen3MoeConfig has neither layer_types nor max_window_layers: use_sliding_window slides
+    // every layer (its attention and mask read config.sliding_window alone).
+    if (sliding_layers) return Refuse("layer_types", "sliding_attention is not supported for qwen3_moe");
+    if (!use) return absl::OkStatus();
+    RETURN_IF_ERROR(window());
+    if (c->sliding_window == 0) return Refuse("sliding_window", "use_sliding_window is true but no window is given");
+    return absl::OkStatus();
+  }
   if (!use && !sliding_layers) return absl::OkStatus();
   if (!sliding_layers && j.contains("max_window_layers") && j["max_window_layers"].is_number_integer() &&
       j["max_window_layers"].get<int64_t>() >= c->num_hidden_layers) {
@@ -284,6 +357,102 @@ absl::Status ParseSlidingWindow(const nlohmann::json& j, ModelConfig* c) {
   }
   RETURN_IF_ERROR(window());
   if (c->sliding_window == 0) return Refuse("sliding_window", "use_sliding_window is true but no window is given");
+  return absl::OkStatus();
+}
+
+// MoE model types this build does not compute, and what is missing for each.
+struct UnbuiltMoe {
+  const char* model_type;
+  const char* why;
+};
+constexpr UnbuiltMoe kUnbuiltMoe[] = {
+    {"qwen2_moe", "its shared expert (shared_expert_intermediate_size) is not built"},
+    {"mixtral", "mixtral's experts (num_local_experts, block_sparse_moe) are not built"},
+    {"qwen3_next", "its shared expert and linear attention are not built"},
+};
+
+// qwen3_moe's MoE fields with Qwen3MoeConfig's defaults (transformers 5.17,
+// configuration_qwen3_moe.py) where a key is absent or null, and the keys of other MoE designs
+// refused by name.
+absl::Status ParseMoe(const nlohmann::json& j, ModelConfig* c) {
+  auto integer = [&](const char* key, int64_t* out) -> absl::Status {
+    if (!j.contains(key) || j[key].is_null()) return absl::OkStatus();
+    if (!j[key].is_number_integer()) return Refuse(key, absl::StrCat("must be an integer, got ", j[key].dump()));
+    *out = j[key].get<int64_t>();
+    return absl::OkStatus();
+  };
+  auto boolean = [&](const char* key, bool* out) -> absl::Status {
+    if (!j.contains(key) || j[key].is_null()) return absl::OkStatus();
+    if (!j[key].is_boolean()) return Refuse(key, absl::StrCat("must be a boolean, got ", j[key].dump()));
+    *out = j[key].get<bool>();
+    return absl::OkStatus();
+  };
+  c->num_experts = 128;
+  c->num_experts_per_tok = 8;
+  c->moe_intermediate_size = 768;
+  c->norm_topk_prob = false;
+  c->decoder_sparse_step = 1;
+  c->mlp_only_layers.clear();
+  c->router_aux_loss_coef = 0.001;
+  c->output_router_logits = false;
+  RETURN_IF_ERROR(integer("num_experts", &c->num_experts));
+  // Qwen3MoeConfig.attribute_map = {"num_experts": "num_local_experts"} in transformers 5.17: its
+  // save_pretrained writes num_local_experts, and either key loads. Both, disagreeing, is refused
+  // rather than guessed (5.17 takes num_local_experts, 4.x num_experts).
+  if (j.contains("num_local_experts") && !j["num_local_experts"].is_null()) {
+    int64_t local = 0;
+    RETURN_IF_ERROR(integer("num_local_experts", &local));
+    if (j.contains("num_experts") && !j["num_experts"].is_null() && local != c->num_experts) {
+      return Refuse("num_local_experts", absl::StrCat(local, " differs from num_experts ", c->num_experts,
+                                                      " (the same field in HF's Qwen3MoeConfig)"));
+    }
+    c->num_experts = local;
+  }
+  RETURN_IF_ERROR(integer("num_experts_per_tok", &c->num_experts_per_tok));
+  RETURN_IF_ERROR(integer("moe_intermediate_size", &c->moe_intermediate_size));
+  RETURN_IF_ERROR(integer("decoder_sparse_step", &c->decoder_sparse_step));
+  RETURN_IF_ERROR(boolean("norm_topk_prob", &c->norm_topk_prob));
+  RETURN_IF_ERROR(boolean("output_router_logits", &c->output_router_logits));
+  if (j.contains("router_aux_loss_coef") && !j["router_aux_loss_coef"].is_null()) {
+    if (!j["router_aux_loss_coef"].is_number()) {
+      return Refuse("router_aux_loss_coef", absl::StrCat("must be a number, got ", j["router_aux_loss_coef"].dump()));
+    }
+    c->router_aux_loss_coef = j["router_aux_loss_coef"].get<double>();
+  }
+  if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+    if (!j["mlp_only_layers"].is_array()) {
+      return Refuse("mlp_only_layers",
+                    absl::StrCat("must be a list of layer indices, got ", j["mlp_only_layers"].dump()));
+    }
+    for (const nlohmann::json& l : j["mlp_only_layers"]) {
+      if (!l.is_number_integer()) {
+        return Refuse("mlp_only_layers", absl::StrCat("must hold integers, got ", l.dump()));
+      }
+      c->mlp_only_layers.push_back(l.get<int64_t>());
+    }
+  }
+  // Other MoE designs' keys, which HF's qwen3_moe would ignore: a config carrying one is another
+  // architecture under this model_type. Null, and the value meaning "none", pass.
+  struct Foreign {
+    const char* key;
+    nlohmann::json none;
+    const char* what;
+  };
+  const Foreign foreign[] = {
+      {"shared_expert_intermediate_size", 0, "shared experts (qwen2_moe's) are not built"},
+      {"n_shared_experts", 0, "shared experts are not built"},
+      {"num_shared_experts", 0, "shared experts are not built"},
+      {"first_k_dense_replace", 0, "dense-first layer placement is not built (qwen3_moe: mlp_only_layers)"},
+      {"moe_layer_freq", 1, "another sparse-layer rule is not built (qwen3_moe: decoder_sparse_step)"},
+      {"n_routed_experts", nullptr, "is another model's expert count (qwen3_moe: num_experts)"},
+      {"routed_scaling_factor", 1.0, "scaled routing weights are not built"},
+      {"scoring_func", "softmax", "routers other than softmax are not built"},
+      {"topk_method", "greedy", "routers other than softmax top-k are not built"},
+  };
+  for (const Foreign& f : foreign) {
+    if (!j.contains(f.key) || j[f.key].is_null() || j[f.key] == f.none) continue;
+    return Refuse(f.key, absl::StrCat(j[f.key].dump(), ": ", f.what));
+  }
   return absl::OkStatus();
 }
 
@@ -299,6 +468,8 @@ const char* ModelTypeName(ModelFamily family) {
       return "llama";
     case ModelFamily::kMistral:
       return "mistral";
+    case ModelFamily::kQwen3Moe:
+      return "qwen3_moe";
   }
   return "?";
 }
@@ -316,9 +487,13 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
       }
     }
     if (!known) {
-      return absl::InvalidArgumentError(absl::StrCat("config.json: model_type ", j["model_type"].dump(),
-                                                     " is not supported (supported: \"qwen3\", \"qwen2\", \"llama\", "
-                                                     "\"mistral\")"));
+      std::string why;
+      for (const UnbuiltMoe& m : kUnbuiltMoe) {
+        if (j["model_type"] == m.model_type) why = absl::StrCat(": ", m.why);
+      }
+      return Refuse("model_type",
+                    absl::StrCat(j["model_type"].dump(), " is not supported", why,
+                                 " (supported: \"qwen3\", \"qwen2\", \"llama\", \"mistral\", \"qwen3_moe\")"));
     }
   }
   auto get_int = [&](const char* key, int64_t* out, bool required) -> absl::Status {
@@ -348,7 +523,8 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   RETURN_IF_ERROR(get_int("num_key_value_heads", &c.num_key_value_heads, false));
   c.head_dim = c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
   RETURN_IF_ERROR(get_int("head_dim", &c.head_dim, false));
-  RETURN_IF_ERROR(get_int("intermediate_size", &c.intermediate_size, true));
+  if (c.is_moe()) c.intermediate_size = 6144;  // Qwen3MoeConfig's: only its dense layers read it
+  RETURN_IF_ERROR(get_int("intermediate_size", &c.intermediate_size, !c.is_moe()));
   RETURN_IF_ERROR(get_int("vocab_size", &c.vocab_size, true));
   RETURN_IF_ERROR(get_int("max_position_embeddings", &c.max_position_embeddings, false));
   RETURN_IF_ERROR(get_double("rope_theta", &c.rope_theta));
@@ -380,9 +556,12 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
     RETURN_IF_ERROR(get_double(key, &p));
     if (p != 0) return Refuse(key, absl::StrCat(p, " is not supported (training here runs without dropout)"));
   }
-  if (j.contains("num_experts") || j.contains("num_local_experts")) {
+  if (c.is_moe()) {
+    RETURN_IF_ERROR(ParseMoe(j, &c));
+  } else if (j.contains("num_experts") || j.contains("num_local_experts")) {
     return Refuse(j.contains("num_experts") ? "num_experts" : "num_local_experts",
-                  "mixture-of-experts layers are not supported by this model_type");
+                  absl::StrCat("mixture-of-experts layers are not supported by model_type ", ModelTypeName(c.family),
+                               " (they are by qwen3_moe)"));
   }
   RETURN_IF_ERROR(ParseRope(j, &c));
   RETURN_IF_ERROR(ParseSlidingWindow(j, &c));
@@ -560,7 +739,7 @@ std::string ModelConfig::ToJson() const {
     if (!j.contains(key)) j[key] = std::move(v);
   };
   static constexpr const char* kArchitectures[] = {"Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM",
-                                                   "MistralForCausalLM"};
+                                                   "MistralForCausalLM", "Qwen3MoeForCausalLM"};
   set_default("architectures", {kArchitectures[static_cast<int>(family)]});
   j["model_type"] = ModelTypeName(family);
   j["hidden_size"] = hidden_size;
@@ -576,6 +755,19 @@ std::string ModelConfig::ToJson() const {
   j["initializer_range"] = initializer_range;
   j["torch_dtype"] = torch_dtype;
   if (j.contains("dtype")) j["dtype"] = torch_dtype;
+  // Qwen3MoeConfig's field names. num_experts, which transformers 4.x and 5.17 both read (5.17's
+  // own save writes num_local_experts, which 4.x ignores); num_local_experts kept in step.
+  if (is_moe()) {
+    j["num_experts"] = num_experts;
+    if (j.contains("num_local_experts")) j["num_local_experts"] = num_experts;
+    j["num_experts_per_tok"] = num_experts_per_tok;
+    j["moe_intermediate_size"] = moe_intermediate_size;
+    j["norm_topk_prob"] = norm_topk_prob;
+    j["decoder_sparse_step"] = decoder_sparse_step;
+    j["mlp_only_layers"] = mlp_only_layers;
+    j["router_aux_loss_coef"] = router_aux_loss_coef;
+    j["output_router_logits"] = output_router_logits;
+  }
   if (!preset) {
     // The source's own RoPE objects, unless this config's RoPE was changed after parsing (a
     // longer context): then the new one, or HF would load the old.
@@ -611,6 +803,13 @@ std::string ModelConfig::ToJson() const {
         j["bos_token_id"] = 1;
         j["eos_token_id"] = 2;
         break;
+      case ModelFamily::kQwen3Moe:
+        j["attention_bias"] = false;
+        j["use_sliding_window"] = false;
+        j["sliding_window"] = nullptr;
+        j["bos_token_id"] = 151643;
+        j["eos_token_id"] = 151645;
+        break;
     }
   }
   return j.dump(2) + "\n";
@@ -618,7 +817,8 @@ std::string ModelConfig::ToJson() const {
 
 std::string ModelConfig::PresetNames() {
   return "qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, "
-         "qwen2.5-14b, llama3.2-1b, llama3.2-3b, llama3.1-8b, mistral-7b, tiny, tiny-qwen2, tiny-llama, tiny-mistral";
+         "qwen2.5-14b, llama3.2-1b, llama3.2-3b, llama3.1-8b, mistral-7b, qwen3-30b-a3b, tiny, tiny-qwen2, tiny-llama, "
+         "tiny-mistral, tiny-moe";
 }
 
 absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
@@ -645,6 +845,16 @@ absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
     c.rope_scaling.low_freq_factor = 1;
     c.rope_scaling.high_freq_factor = 4;
     c.rope_scaling.original_max_position_embeddings = 8192;
+  };
+  // Qwen3-MoE as released: softmax top-k renormalised, every layer sparse, HF's aux-loss settings.
+  auto moe = [&](int64_t experts, int64_t top_k, int64_t expert_intermediate) {
+    c.num_experts = experts;
+    c.num_experts_per_tok = top_k;
+    c.moe_intermediate_size = expert_intermediate;
+    c.norm_topk_prob = true;
+    c.decoder_sparse_step = 1;
+    c.router_aux_loss_coef = 0.001;
+    c.output_router_logits = false;
   };
   auto tiny = [&](ModelFamily family) {
     set(64, 2, 4, 128, true);
@@ -704,6 +914,12 @@ absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
     c.vocab_size = 32768;
     c.rms_norm_eps = 1e-5;
     c.max_position_embeddings = 32768;
+  } else if (name == "qwen3-30b-a3b") {  // the hub's Qwen/Qwen3-30B-A3B config.json
+    set(2048, 48, 32, 6144, false);
+    c.family = ModelFamily::kQwen3Moe;
+    c.num_key_value_heads = 4;
+    c.max_position_embeddings = 40960;
+    moe(128, 8, 768);
   } else if (name == "tiny") {
     tiny(ModelFamily::kQwen3);
   } else if (name == "tiny-qwen2") {
@@ -717,6 +933,14 @@ absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
     c.tie_word_embeddings = false;
   } else if (name == "tiny-mistral") {
     tiny(ModelFamily::kMistral);
+  } else if (name == "tiny-moe") {
+    // Untied like the Qwen3-MoE releases; layer 1 dense (mlp_only_layers) between two sparse ones,
+    // so a model's decoder units differ in size.
+    tiny(ModelFamily::kQwen3Moe);
+    c.num_hidden_layers = 3;
+    c.tie_word_embeddings = false;
+    moe(8, 2, 32);
+    c.mlp_only_layers = {1};
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown model preset \"", name, "\" (known: ", PresetNames(), ")"));
   }
@@ -790,9 +1014,31 @@ ModelLayout ModelLayout::Build(const ModelConfig& c) {
       add(kKNorm, "self_attn.k_norm.weight", {c.head_dim});
     }
     add(kPostNorm, "post_attention_layernorm.weight", {h});
-    add(kGateProj, "mlp.gate_proj.weight", {c.intermediate_size, h});
-    add(kUpProj, "mlp.up_proj.weight", {c.intermediate_size, h});
-    add(kDownProj, "mlp.down_proj.weight", {h, c.intermediate_size});
+    if (c.IsSparseLayer(l)) {
+      // The hub's per-expert names (docs/moe.md: what transformers 5.17 saves and loads).
+      add(kRouter, "mlp.gate.weight", {c.num_experts, h});
+      const int64_t mi = c.moe_intermediate_size;
+      ExpertLayout& x = u.experts;
+      x.num_experts = c.num_experts;
+      x.first_offset = u.numel;
+      x.first_tensor = static_cast<int>(u.tensors.size());
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string expert = absl::StrCat(p, "mlp.experts.", e, ".");
+        AddTensor(u, expert + "gate_proj.weight", {mi, h});
+        AddTensor(u, expert + "up_proj.weight", {mi, h});
+        AddTensor(u, expert + "down_proj.weight", {h, mi});
+        if (e == 0) {
+          for (int t = 0; t < kNumExpertTensors; ++t) {
+            x.offset_in_expert[t] = u.tensors[x.first_tensor + t].offset_numel - x.first_offset;
+          }
+          x.expert_numel = u.numel - x.first_offset;
+        }
+      }
+    } else {
+      add(kGateProj, "mlp.gate_proj.weight", {c.intermediate_size, h});
+      add(kUpProj, "mlp.up_proj.weight", {c.intermediate_size, h});
+      add(kDownProj, "mlp.down_proj.weight", {h, c.intermediate_size});
+    }
     m.units.push_back(std::move(u));
   }
 
@@ -811,13 +1057,26 @@ ModelLayout ModelLayout::Build(const ModelConfig& c) {
 }
 
 const TensorSlot* ModelLayout::Find(absl::string_view hf_name, int* unit_index) const {
-  for (const UnitLayout& u : units) {
+  auto find_in = [&](const UnitLayout& u) -> const TensorSlot* {
     for (const TensorSlot& t : u.tensors) {
       if (t.hf_name == hf_name) {
         if (unit_index) *unit_index = u.index;
         return &t;
       }
     }
+    return nullptr;
+  };
+  // "model.layers.N.*" lives in layer N's unit: look only there (a MoE model has ~20k tensors,
+  // and a checkpoint load looks each one up).
+  absl::string_view rest = hf_name;
+  int64_t layer = -1;
+  if (absl::ConsumePrefix(&rest, "model.layers.") && rest.find('.') != absl::string_view::npos &&
+      absl::SimpleAtoi(rest.substr(0, rest.find('.')), &layer) && layer >= 0 &&
+      layer + 1 < static_cast<int64_t>(units.size()) && units[layer + 1].decoder_layer == layer) {
+    return find_in(units[layer + 1]);
+  }
+  for (const UnitLayout& u : units) {
+    if (const TensorSlot* t = find_in(u)) return t;
   }
   return nullptr;
 }
@@ -829,6 +1088,17 @@ int64_t ModelLayout::param_count() const {
   return n;
 }
 
+int64_t ModelLayout::ActiveParamCount() const {
+  int64_t n = param_count();
+  for (const UnitLayout& u : units) {
+    if (!u.sparse()) continue;
+    int64_t expert = 0;  // one expert's parameters, padding apart
+    for (int t = 0; t < kNumExpertTensors; ++t) expert += u.FindExpert(0, static_cast<ExpertTensor>(t))->numel;
+    n -= (u.num_experts() - config.num_experts_per_tok) * expert;
+  }
+  return n;
+}
+
 int ModelLayout::OffloadedLayers(double ratio) const {
   const int layers = static_cast<int>(config.num_hidden_layers);
   return std::clamp(static_cast<int>(std::lround(ratio * layers)), 0, layers);
@@ -836,7 +1106,7 @@ int ModelLayout::OffloadedLayers(double ratio) const {
 
 double ModelLayout::ModelFlopsPerToken(int64_t seq_len) const {
   const ModelConfig& c = config;
-  double matmul = static_cast<double>(param_count()) - static_cast<double>(c.vocab_size * c.hidden_size);
+  double matmul = static_cast<double>(ActiveParamCount()) - static_cast<double>(c.vocab_size * c.hidden_size);
   if (c.tie_word_embeddings) matmul += static_cast<double>(c.vocab_size * c.hidden_size);
   return 6.0 * matmul + 6.0 * c.num_hidden_layers * seq_len * c.q_dim();
 }

@@ -1,12 +1,14 @@
-// Dense decoder model configuration (HF config.json of the families below) and the streamed-unit
-// layout shared by hostd (state segments, checkpoints, LayerAdam) and workers (compute, streaming).
+// Decoder model configuration (HF config.json of the families below) and the streamed-unit layout
+// shared by hostd (state segments, checkpoints, LayerAdam) and workers (compute, streaming).
 //
 // Families: one decoder layer shape (pre-norm RMSNorm, GQA attention with RoPE, SwiGLU MLP) with
 // the differences HF's modeling code has between them:
-//   qwen3   : per-head q/k RMSNorm before RoPE, no biases
-//   qwen2   : Qwen2 / Qwen2.5: q/k/v projections with biases, no q/k norm
-//   llama   : Llama 2/3.x: no biases, no q/k norm (RoPE scaling of type llama3 in 3.1+)
-//   mistral : as llama; a sliding window only where it changes nothing (see SlidingWindowCovers)
+//   qwen3     : per-head q/k RMSNorm before RoPE, no biases
+//   qwen2     : Qwen2 / Qwen2.5: q/k/v projections with biases, no q/k norm
+//   llama     : Llama 2/3.x: no biases, no q/k norm (RoPE scaling of type llama3 in 3.1+)
+//   mistral   : as llama; a sliding window only where it changes nothing (see SlidingWindowCovers)
+//   qwen3_moe : Qwen3's attention; in the sparse layers (IsSparseLayer) a router and experts in
+//               place of the MLP (docs/moe.md). Described here, not yet trained: CheckTrainable.
 // Any family may scale its RoPE (RopeScaling: linear, dynamic, llama3, yarn). A config field this
 // build does not implement is refused when parsed, naming the field.
 //
@@ -15,6 +17,8 @@
 // each aligned to kTensorAlignNumel elements so vector loads and DMA chunks stay aligned.
 // With tied embeddings the head unit holds only the final norm and reads the LM head weight from
 // the embedding unit; the two gradient contributions are summed into the embedding's gradient.
+// A sparse decoder unit keeps its experts as the hub's checkpoints name them, one expert after
+// another (UnitLayout::experts).
 #pragma once
 
 #include <cstdint>
@@ -26,8 +30,8 @@
 
 namespace slidedp {
 
-enum class ModelFamily { kQwen3, kQwen2, kLlama, kMistral };
-// HF's model_type: "qwen3", "qwen2", "llama", "mistral".
+enum class ModelFamily { kQwen3, kQwen2, kLlama, kMistral, kQwen3Moe };
+// HF's model_type: "qwen3", "qwen2", "llama", "mistral", "qwen3_moe".
 const char* ModelTypeName(ModelFamily family);
 
 // RoPE scaling as HF's rope_parameters / rope_scaling give it (transformers 5.17,
@@ -89,6 +93,20 @@ struct ModelConfig {
   // Sliding-window attention of width sliding_window tokens, 0 when the model has none (or turns
   // it off: qwen2's use_sliding_window false).
   int64_t sliding_window = 0;
+  // Mixture of experts: qwen3_moe only (HF Qwen3MoeConfig's fields and, when parsed, its defaults);
+  // the dense families keep num_experts 0. A sparse layer (IsSparseLayer) routes each token to
+  // num_experts_per_tok of num_experts SwiGLU experts of width moe_intermediate_size; the other
+  // layers keep a dense MLP of intermediate_size.
+  int64_t num_experts = 0;          // HF 5.x's attribute_map also spells it num_local_experts
+  int64_t num_experts_per_tok = 0;  // k, the experts each token reaches
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;           // renormalise the k routing weights to sum to 1
+  int64_t decoder_sparse_step = 1;       // layer l is sparse when (l + 1) % step == 0 ...
+  std::vector<int64_t> mlp_only_layers;  // ... and l is not listed here
+  // HF adds router_aux_loss_coef x the load-balancing loss to the training loss only when
+  // output_router_logits is true (Qwen3MoeForCausalLM.forward); both are kept for that.
+  double router_aux_loss_coef = 0.001;
+  bool output_router_logits = false;
   // The source config.json as parsed (empty for a preset): what ToJson writes back, so the saved
   // directory keeps the fields HF reads that do not shape the math (token ids, generation
   // settings, architectures).
@@ -96,8 +114,18 @@ struct ModelConfig {
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
-  bool has_qk_norm() const { return family == ModelFamily::kQwen3; }
+  bool has_qk_norm() const { return family == ModelFamily::kQwen3 || family == ModelFamily::kQwen3Moe; }
   bool has_qkv_bias() const { return family == ModelFamily::kQwen2; }
+  bool is_moe() const { return family == ModelFamily::kQwen3Moe; }
+  // HF's Qwen3MoeDecoderLayer: layer l has a router and experts iff l is not in mlp_only_layers,
+  // num_experts > 0 and (l + 1) % decoder_sparse_step == 0. Always false for the dense families.
+  bool IsSparseLayer(int64_t layer) const;
+  int64_t NumSparseLayers() const;
+  // OK when the compute backends can train this model; UNIMPLEMENTED naming what is missing
+  // otherwise (qwen3_moe: its layers are described and stored, not yet computed): the status for
+  // hostd to refuse such a job with at submit.
+  absl::Status CheckTrainable() const;
+  bool trainable() const { return CheckTrainable().ok(); }
   // RoPE's inverse frequencies [head_dim / 2] in float32, computed as HF computes them (the
   // default theta^(-2i/d) in float32, then the scaling's float32 arithmetic).
   std::vector<float> RopeInverseFrequencies() const;
@@ -108,13 +136,16 @@ struct ModelConfig {
   // window, or one at least as wide as the row (a document is never longer than its row).
   bool SlidingWindowCovers(int64_t seq_len) const { return sliding_window == 0 || sliding_window >= seq_len; }
 
-  // Checks internal consistency (positive sizes, heads divisible by kv heads, ...).
+  // Checks internal consistency (positive sizes, heads divisible by kv heads, the MoE fields in
+  // range, ...).
   absl::Status Validate() const;
 
   // Parses HF config.json text. Keys that do not change the math are ignored (HF configs carry
-  // many); a model_type other than the four families, a field that would change the math this
-  // build does not implement (another rope type, biases elsewhere, another activation, ...), or
-  // missing required sizes is INVALID_ARGUMENT naming the field.
+  // many); a model_type other than the five families (qwen2_moe, mixtral, ... included), a field
+  // that would change the math this build does not implement (another rope type, biases
+  // elsewhere, another activation, shared experts, ...), or missing required sizes is
+  // INVALID_ARGUMENT naming the field. qwen3_moe's MoE fields take Qwen3MoeConfig's defaults when
+  // absent (docs/moe.md), and so does its intermediate_size (6144).
   static absl::StatusOr<ModelConfig> FromJson(absl::string_view json_text);
   static absl::StatusOr<ModelConfig> FromFile(const std::string& path);
   // A job's context override (model.max_position_embeddings, model.rope_scaling): fine-tuning a
@@ -124,12 +155,14 @@ struct ModelConfig {
   // max_position_embeddings before the override). ToJson then writes the overridden values.
   absl::Status OverrideContext(int64_t max_position_embeddings, absl::string_view rope_scaling_json);
   // HF-loadable config.json text: the source config with this config's fields written over it,
-  // or, for a preset, the family's (architectures <Family>ForCausalLM).
+  // or, for a preset, the family's (architectures <Family>ForCausalLM). qwen3_moe's MoE fields are
+  // written as Qwen3MoeConfig spells them.
   std::string ToJson() const;
 
   // Reference shapes (random init): "qwen3-0.6b" ... "qwen3-14b", "qwen2.5-0.5b" ... "qwen2.5-14b",
-  // "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "mistral-7b" (v0.3), and the CI-sized "tiny"
-  // (Qwen3-shaped: hidden 64, 2 layers, vocab 512), "tiny-qwen2", "tiny-llama", "tiny-mistral".
+  // "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "mistral-7b" (v0.3), "qwen3-30b-a3b", and the
+  // CI-sized "tiny" (Qwen3-shaped: hidden 64, 2 layers, vocab 512), "tiny-qwen2", "tiny-llama",
+  // "tiny-mistral", "tiny-moe" (qwen3_moe: 3 layers, the middle one dense, 8 experts, top 2).
   static absl::StatusOr<ModelConfig> Preset(absl::string_view name);
   // The preset names, for messages.
   static std::string PresetNames();
@@ -153,10 +186,17 @@ enum DecoderTensor : int {
   kQBias,          // [q_dim]   (qwen2 only)
   kKBias,          // [kv_dim]  (qwen2 only)
   kVBias,          // [kv_dim]  (qwen2 only)
+  kRouter,         // [num_experts, hidden]  (sparse qwen3_moe layers only: mlp.gate.weight)
   kNumDecoderTensors
 };
 // A decoder unit holds only its family's tensors (UnitLayout::slot maps these values to them):
-// qwen3 has no biases, the other families no q/k norms.
+// qwen3 has no biases, the other families no q/k norms. A sparse unit has kRouter and its experts
+// in place of kGateProj, kUpProj and kDownProj.
+
+// One expert's matrices, in their order inside its block (HF's Qwen3MoeMLP of
+// moe_intermediate_size): mlp.experts.{e}.gate_proj.weight [moe_I, hidden], up_proj [moe_I,
+// hidden], down_proj [hidden, moe_I].
+enum ExpertTensor : int { kExpertGateProj = 0, kExpertUpProj, kExpertDownProj, kNumExpertTensors };
 // Embedding unit: tensor 0 = embed_tokens [vocab, hidden].
 // Head unit: tensor 0 = final norm [hidden]; tensor 1 = lm_head [vocab, hidden] when untied.
 
@@ -176,6 +216,23 @@ struct TensorSlot {
 
 inline constexpr int64_t kFp32SideAlignNumel = 64;  // 256 B per side-copy entry
 
+// Where a sparse decoder unit keeps its experts. The router (kRouter) comes first, after the
+// attention tensors; then expert 0's block, expert 1's, ..., in index order, back to back: each
+// block holds the expert's three matrices (ExpertTensor order) with their alignment padding, all
+// blocks are expert_numel long, and the last one ends the unit. So the grouped GEMMs see one
+// stride between experts, and streaming a subset of experts is one range per expert.
+struct ExpertLayout {
+  int64_t num_experts = 0;   // 0: a dense unit
+  int64_t first_offset = 0;  // expert 0's block, from the start of the unit
+  // One block, padding included: the stride from expert e to e + 1.
+  int64_t expert_numel = 0;
+  // Each matrix's offset from the start of its block (ExpertTensor order).
+  int64_t offset_in_expert[kNumExpertTensors] = {};
+  // The UnitLayout::tensors index of expert 0's gate_proj; expert e's matrix t is at
+  // first_tensor + kNumExpertTensors * e + t.
+  int first_tensor = -1;
+};
+
 struct UnitLayout {
   UnitKind kind = UnitKind::kDecoder;
   int index = 0;                // position in ModelLayout::units (forward order)
@@ -185,9 +242,21 @@ struct UnitLayout {
   int64_t numel = 0;            // padded total, a multiple of kTensorAlignNumel
   int64_t fp32_numel = 0;       // the FP32 side copy of the norm weights (TensorSlot::fp32_offset)
   // Decoder units: tensors[slot[t]] is DecoderTensor t, -1 where the family has none.
-  static_assert(kNumDecoderTensors == 14, "one -1 per decoder tensor below");
-  int slot[kNumDecoderTensors] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+  static_assert(kNumDecoderTensors == 15, "one -1 per decoder tensor below");
+  int slot[kNumDecoderTensors] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+  ExpertLayout experts;  // num_experts 0 except in a sparse decoder unit
   const TensorSlot* Find(DecoderTensor t) const { return slot[t] >= 0 ? &tensors[slot[t]] : nullptr; }
+
+  bool sparse() const { return experts.num_experts > 0; }
+  int64_t num_experts() const { return experts.num_experts; }
+  // Expert e's block: [ExpertOffset(e), ExpertOffset(e) + ExpertNumel()) of the unit.
+  int64_t ExpertOffset(int64_t e) const { return experts.first_offset + e * experts.expert_numel; }
+  int64_t ExpertNumel() const { return experts.expert_numel; }
+  // Expert e's matrix t; nullptr when the unit is dense or e is out of range.
+  const TensorSlot* FindExpert(int64_t e, ExpertTensor t) const {
+    if (e < 0 || e >= experts.num_experts) return nullptr;
+    return &tensors[experts.first_tensor + kNumExpertTensors * e + t];
+  }
 };
 
 // "[i, j]": the row-major index of flat element `flat` of a tensor of `shape`.
@@ -213,11 +282,16 @@ struct ModelLayout {
   int num_units() const { return static_cast<int>(units.size()); }
   // Looks up a tensor by its HF name; nullptr if absent. Also returns the unit index.
   const TensorSlot* Find(absl::string_view hf_name, int* unit_index) const;
-  // Trainable parameter count (no padding; tied weights counted once).
+  // Trainable parameter count (no padding; tied weights counted once): HF's num_parameters().
   int64_t param_count() const;
+  // The parameters one token's forward reads: param_count less, in each sparse layer, the
+  // num_experts - num_experts_per_tok experts it is not routed to (the router and the embedding
+  // row lookup count). Equal to param_count for a dense model.
+  int64_t ActiveParamCount() const;
   // Model FLOPs per trained token at sequence length seq_len, the convention of
   // ../shared/bench/peers/fsdp2_qwen3.py (so our TFLOP/s and the peer's compare): 6 x matmul
-  // parameters (the LM head counts; the embedding lookup does not) + causal attention
+  // parameters a token meets (ActiveParamCount: the LM head counts, the embedding lookup does not;
+  // in a MoE model the router and k experts per sparse layer) + causal attention
   // 6 * layers * seq_len * q_dim; recompute is not counted.
   double ModelFlopsPerToken(int64_t seq_len) const;
   // runtime.offload_ratio's layers: round(ratio x decoder layers), clamped; the workers offload

@@ -446,3 +446,334 @@ TEST(RopeScaling, RoundTrips) {
 }  // namespace
 }  // namespace slidedp
 
+namespace slidedp {
+namespace {
+
+// A qwen3_moe config.json: the given MoE keys after the shape (4 layers, hidden 64, 4 heads).
+absl::StatusOr<ModelConfig> MoeWith(const std::string& extra) {
+  return ModelConfig::FromJson(R"({"model_type":"qwen3_moe","hidden_size":64,"num_hidden_layers":4,
+      "num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,"intermediate_size":96,"vocab_size":100)" +
+                               extra + "}");
+}
+
+void ExpectRefused(const absl::StatusOr<ModelConfig>& c, const std::string& field) {
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << field;
+  EXPECT_NE(c.status().message().find(field), std::string::npos) << c.status();
+}
+
+// Qwen3MoeConfig's defaults (transformers 5.17) when a qwen3_moe config.json leaves a field out.
+TEST(Qwen3Moe, DefaultsAreQwen3MoeConfigs) {
+  const auto c = ModelConfig::FromJson(R"({"model_type":"qwen3_moe","hidden_size":64,"num_hidden_layers":4,
+      "num_attention_heads":4,"vocab_size":100})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->family, ModelFamily::kQwen3Moe);
+  EXPECT_EQ(c->num_experts, 128);
+  EXPECT_EQ(c->num_experts_per_tok, 8);
+  EXPECT_EQ(c->moe_intermediate_size, 768);
+  EXPECT_FALSE(c->norm_topk_prob);
+  EXPECT_EQ(c->decoder_sparse_step, 1);
+  EXPECT_TRUE(c->mlp_only_layers.empty());
+  EXPECT_EQ(c->router_aux_loss_coef, 0.001);
+  EXPECT_FALSE(c->output_router_logits);
+  EXPECT_EQ(c->intermediate_size, 6144);  // only the dense layers read it; HF's default
+  EXPECT_TRUE(c->has_qk_norm());
+  EXPECT_FALSE(c->has_qkv_bias());
+  EXPECT_EQ(c->NumSparseLayers(), 4);
+  // The dense families keep num_experts 0 and no sparse layer.
+  const ModelConfig dense = *ModelConfig::Preset("tiny");
+  EXPECT_EQ(dense.num_experts, 0);
+  EXPECT_FALSE(dense.IsSparseLayer(0));
+  EXPECT_TRUE(dense.trainable());
+}
+
+TEST(Qwen3Moe, ParsesEveryField) {
+  const auto c = MoeWith(R"(,"num_experts":6,"num_experts_per_tok":3,"moe_intermediate_size":24,"norm_topk_prob":true,
+      "decoder_sparse_step":2,"mlp_only_layers":[3],"router_aux_loss_coef":0.01,"output_router_logits":true)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 6);
+  EXPECT_EQ(c->num_experts_per_tok, 3);
+  EXPECT_EQ(c->moe_intermediate_size, 24);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_EQ(c->decoder_sparse_step, 2);
+  EXPECT_EQ(c->mlp_only_layers, (std::vector<int64_t>{3}));
+  EXPECT_EQ(c->router_aux_loss_coef, 0.01);
+  EXPECT_TRUE(c->output_router_logits);
+  EXPECT_EQ(c->intermediate_size, 96);
+  // Nulls are HF's defaults.
+  const auto nulls = MoeWith(R"(,"mlp_only_layers":null,"num_experts":null,"norm_topk_prob":null)");
+  ASSERT_TRUE(nulls.ok()) << nulls.status();
+  EXPECT_TRUE(nulls->mlp_only_layers.empty());
+  EXPECT_EQ(nulls->num_experts, 128);
+  // transformers 5.x saves num_experts as num_local_experts (Qwen3MoeConfig.attribute_map).
+  const auto local = MoeWith(R"(,"num_local_experts":16,"num_experts_per_tok":2)");
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(local->num_experts, 16);
+  const auto both = MoeWith(R"(,"num_local_experts":16,"num_experts":16,"num_experts_per_tok":2)");
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(both->num_experts, 16);
+  // Not trainable yet: the status hostd refuses a job with.
+  EXPECT_EQ(c->CheckTrainable().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(c->CheckTrainable().message().find("qwen3_moe"), std::string::npos);
+  EXPECT_FALSE(c->trainable());
+}
+
+TEST(Qwen3Moe, RefusalsNameTheField) {
+  // Types.
+  ExpectRefused(MoeWith(R"(,"num_experts":"8")"), "num_experts");
+  ExpectRefused(MoeWith(R"(,"num_experts":8.5)"), "num_experts");
+  ExpectRefused(MoeWith(R"(,"num_experts_per_tok":true)"), "num_experts_per_tok");
+  ExpectRefused(MoeWith(R"(,"moe_intermediate_size":"768")"), "moe_intermediate_size");
+  ExpectRefused(MoeWith(R"(,"norm_topk_prob":1)"), "norm_topk_prob");
+  ExpectRefused(MoeWith(R"(,"output_router_logits":"yes")"), "output_router_logits");
+  ExpectRefused(MoeWith(R"(,"decoder_sparse_step":1.0)"), "decoder_sparse_step");
+  ExpectRefused(MoeWith(R"(,"mlp_only_layers":2)"), "mlp_only_layers");
+  ExpectRefused(MoeWith(R"(,"mlp_only_layers":[1.5])"), "mlp_only_layers");
+  ExpectRefused(MoeWith(R"(,"router_aux_loss_coef":"0.001")"), "router_aux_loss_coef");
+  // Ranges.
+  ExpectRefused(MoeWith(R"(,"num_experts":0,"num_experts_per_tok":0)"), "num_experts");
+  ExpectRefused(MoeWith(R"(,"num_experts":8,"num_experts_per_tok":0)"), "num_experts_per_tok");
+  ExpectRefused(MoeWith(R"(,"num_experts":8,"num_experts_per_tok":9)"), "num_experts_per_tok");
+  ExpectRefused(MoeWith(R"(,"moe_intermediate_size":0)"), "moe_intermediate_size");
+  ExpectRefused(MoeWith(R"(,"decoder_sparse_step":0)"), "decoder_sparse_step");
+  ExpectRefused(MoeWith(R"(,"mlp_only_layers":[4])"), "mlp_only_layers");
+  ExpectRefused(MoeWith(R"(,"mlp_only_layers":[-1])"), "mlp_only_layers");
+  ExpectRefused(MoeWith(R"(,"mlp_only_layers":[1,1])"), "mlp_only_layers");
+  ExpectRefused(MoeWith(R"(,"router_aux_loss_coef":-0.1)"), "router_aux_loss_coef");
+  ExpectRefused(MoeWith(R"(,"num_local_experts":16,"num_experts":8)"), "num_local_experts");
+  ExpectRefused(MoeWith(R"(,"intermediate_size":0)"), "intermediate_size");
+  // What is not built: shared experts and other MoE designs, by key and by model_type.
+  ExpectRefused(MoeWith(R"(,"shared_expert_intermediate_size":5632)"), "shared_expert_intermediate_size");
+  ExpectRefused(MoeWith(R"(,"n_shared_experts":1)"), "n_shared_experts");
+  ExpectRefused(MoeWith(R"(,"first_k_dense_replace":1)"), "first_k_dense_replace");
+  ExpectRefused(MoeWith(R"(,"scoring_func":"sigmoid")"), "scoring_func");
+  ExpectRefused(MoeWith(R"(,"n_routed_experts":64)"), "n_routed_experts");
+  EXPECT_TRUE(MoeWith(R"(,"shared_expert_intermediate_size":0,"scoring_func":"softmax")").ok());
+  ExpectRefused(MoeWith(R"(,"attention_bias":true)"), "attention_bias");
+  ExpectRefused(MoeWith(R"(,"use_sliding_window":true,"sliding_window":null)"), "sliding_window");
+  ExpectRefused(MoeWith(R"(,"layer_types":["full_attention","sliding_attention","full_attention","full_attention"])"),
+                "layer_types");
+  const std::string shape = R"("hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":96,
+      "vocab_size":100)";
+  const auto qwen2_moe =
+      ModelConfig::FromJson(R"({"model_type":"qwen2_moe","shared_expert_intermediate_size":5632,)" + shape + "}");
+  ExpectRefused(qwen2_moe, "model_type");
+  ExpectRefused(qwen2_moe, "shared_expert_intermediate_size");
+  ExpectRefused(ModelConfig::FromJson(R"({"model_type":"mixtral","num_local_experts":8,)" + shape + "}"), "model_type");
+  ExpectRefused(ModelConfig::FromJson(R"({"model_type":"deepseek_v3",)" + shape + "}"), "model_type");
+  // The dense families keep refusing experts.
+  ExpectRefused(ModelConfig::FromJson(R"({"model_type":"qwen3","num_experts":8,)" + shape + "}"), "num_experts");
+  ExpectRefused(ModelConfig::FromJson(R"({"model_type":"mistral","num_local_experts":8,)" + shape + "}"),
+                "num_local_experts");
+  ModelConfig dense = *ModelConfig::Preset("tiny");
+  dense.num_experts = 8;
+  EXPECT_NE(dense.Validate().message().find("num_experts"), std::string::npos) << dense.Validate();
+}
+
+// HF's Qwen3MoeDecoderLayer: sparse iff not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0.
+TEST(Qwen3Moe, SparseLayerRule) {
+  const auto step2 = MoeWith(R"(,"num_experts":4,"num_experts_per_tok":2,"decoder_sparse_step":2)");
+  ASSERT_TRUE(step2.ok()) << step2.status();
+  EXPECT_FALSE(step2->IsSparseLayer(0));
+  EXPECT_TRUE(step2->IsSparseLayer(1));
+  EXPECT_FALSE(step2->IsSparseLayer(2));
+  EXPECT_TRUE(step2->IsSparseLayer(3));
+  EXPECT_EQ(step2->NumSparseLayers(), 2);
+  const auto listed =
+      MoeWith(R"(,"num_experts":4,"num_experts_per_tok":2,"decoder_sparse_step":2,"mlp_only_layers":[3,0])");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_TRUE(listed->IsSparseLayer(1));
+  EXPECT_FALSE(listed->IsSparseLayer(3));
+  EXPECT_EQ(listed->NumSparseLayers(), 1);
+  const auto every = MoeWith(R"(,"num_experts":4,"num_experts_per_tok":2,"mlp_only_layers":[2])");
+  ASSERT_TRUE(every.ok()) << every.status();
+  for (int l = 0; l < 4; ++l) EXPECT_EQ(every->IsSparseLayer(l), l != 2) << l;
+  // The layout follows the rule: sparse units hold the router and experts, the others the MLP.
+  const ModelLayout layout = ModelLayout::Build(*listed);
+  for (int l = 0; l < 4; ++l) {
+    const UnitLayout& u = layout.units[1 + l];
+    EXPECT_EQ(u.sparse(), listed->IsSparseLayer(l)) << l;
+    EXPECT_EQ(u.Find(kRouter) != nullptr, u.sparse()) << l;
+    EXPECT_EQ(u.Find(kGateProj) == nullptr, u.sparse()) << l;
+    if (!u.sparse()) {
+      EXPECT_EQ(u.Find(kDownProj)->shape, (std::vector<int64_t>{64, 96})) << l;
+    }
+  }
+}
+
+TEST(Qwen3Moe, SparseUnitLayout) {
+  const ModelConfig c = *ModelConfig::Preset("tiny-moe");
+  ASSERT_TRUE(c.Validate().ok()) << c.Validate();
+  const ModelLayout m = ModelLayout::Build(c);
+  ASSERT_EQ(m.num_units(), 5);
+  const UnitLayout& u = m.units[1];
+  ASSERT_TRUE(u.sparse());
+  EXPECT_EQ(u.num_experts(), 8);
+  const int64_t h = 64, mi = 32, e_count = 8;
+  // Attention as Qwen3, then the router, then each expert's three matrices, in index order.
+  std::vector<std::string> names;
+  for (const TensorSlot& t : u.tensors) names.push_back(t.hf_name.substr(std::string("model.layers.0.").size()));
+  std::vector<std::string> want = {
+      "input_layernorm.weight",  "self_attn.q_proj.weight",         "self_attn.k_proj.weight",
+      "self_attn.v_proj.weight", "self_attn.o_proj.weight",         "self_attn.q_norm.weight",
+      "self_attn.k_norm.weight", "post_attention_layernorm.weight", "mlp.gate.weight"};
+  for (int e = 0; e < e_count; ++e) {
+    for (const char* p : {"gate_proj", "up_proj", "down_proj"}) {
+      want.push_back("mlp.experts." + std::to_string(e) + "." + p + ".weight");
+    }
+  }
+  EXPECT_EQ(names, want);
+  const TensorSlot* router = u.Find(kRouter);
+  ASSERT_NE(router, nullptr);
+  EXPECT_EQ(router->hf_name, "model.layers.0.mlp.gate.weight");
+  EXPECT_EQ(router->shape, (std::vector<int64_t>{e_count, h}));
+  EXPECT_EQ(router->fp32_offset, -1);  // a matrix, not a norm
+  EXPECT_LT(router->offset_numel, u.ExpertOffset(0));
+  // Blocks: one stride, back to back, each holding exactly its expert's matrices; the last one
+  // ends the unit.
+  EXPECT_EQ(u.ExpertNumel(), 3 * mi * h);  // 32 x 64 = 2048 elements: no padding at this size
+  EXPECT_EQ(u.ExpertOffset(0), router->offset_numel + router->numel);
+  EXPECT_EQ(u.ExpertOffset(e_count), u.numel);
+  for (int64_t e = 0; e < e_count; ++e) {
+    const TensorSlot* gate = u.FindExpert(e, kExpertGateProj);
+    const TensorSlot* up = u.FindExpert(e, kExpertUpProj);
+    const TensorSlot* down = u.FindExpert(e, kExpertDownProj);
+    ASSERT_NE(down, nullptr);
+    EXPECT_EQ(gate->hf_name, "model.layers.0.mlp.experts." + std::to_string(e) + ".gate_proj.weight");
+    EXPECT_EQ(gate->shape, (std::vector<int64_t>{mi, h}));
+    EXPECT_EQ(up->shape, (std::vector<int64_t>{mi, h}));
+    EXPECT_EQ(down->shape, (std::vector<int64_t>{h, mi}));
+    EXPECT_EQ(gate->offset_numel, u.ExpertOffset(e));
+    EXPECT_EQ(up->offset_numel, gate->offset_numel + gate->numel);
+    EXPECT_EQ(down->offset_numel, up->offset_numel + up->numel);
+    EXPECT_EQ(down->offset_numel + down->numel, u.ExpertOffset(e + 1));
+    for (int t = 0; t < kNumExpertTensors; ++t) {
+      EXPECT_EQ(u.FindExpert(e, static_cast<ExpertTensor>(t))->offset_numel,
+                u.ExpertOffset(e) + u.experts.offset_in_expert[t]);
+    }
+    int unit = -1;
+    EXPECT_EQ(m.Find(down->hf_name, &unit), down);
+    EXPECT_EQ(unit, 1);
+  }
+  EXPECT_EQ(u.FindExpert(e_count, kExpertGateProj), nullptr);
+  EXPECT_EQ(u.FindExpert(-1, kExpertGateProj), nullptr);
+  // Layer 1 is in mlp_only_layers: dense, Qwen3's MLP of intermediate_size.
+  const UnitLayout& dense = m.units[2];
+  EXPECT_FALSE(dense.sparse());
+  EXPECT_EQ(dense.FindExpert(0, kExpertGateProj), nullptr);
+  EXPECT_EQ(dense.Find(kGateProj)->hf_name, "model.layers.1.mlp.gate_proj.weight");
+  EXPECT_EQ(dense.Find(kGateProj)->shape, (std::vector<int64_t>{128, h}));
+  EXPECT_TRUE(m.units[3].sparse());
+  EXPECT_NE(dense.numel, u.numel);
+  // Untied: the head holds lm_head. Every tensor aligned; names resolve to their units.
+  EXPECT_EQ(m.head().tensors.size(), 2u);
+  for (const UnitLayout& unit : m.units) {
+    EXPECT_EQ(unit.numel % kTensorAlignNumel, 0);
+    for (const TensorSlot& t : unit.tensors) {
+      EXPECT_EQ(t.offset_numel % kTensorAlignNumel, 0) << t.hf_name;
+      int found = -1;
+      EXPECT_EQ(m.Find(t.hf_name, &found), &t);
+      EXPECT_EQ(found, unit.index);
+    }
+  }
+  EXPECT_EQ(m.Find("model.layers.1.mlp.gate.weight", nullptr), nullptr);
+  EXPECT_EQ(m.Find("model.layers.0.mlp.experts.8.up_proj.weight", nullptr), nullptr);
+  EXPECT_EQ(m.Find("model.layers.7.mlp.gate.weight", nullptr), nullptr);
+}
+
+// Expert matrices whose size is not a multiple of the alignment: padding inside each block, one
+// stride between blocks.
+TEST(Qwen3Moe, ExpertBlocksKeepOneStrideWithPadding) {
+  const auto c = MoeWith(R"(,"num_experts":5,"num_experts_per_tok":2,"moe_intermediate_size":7,"hidden_size":24,
+      "head_dim":6)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const ModelLayout m = ModelLayout::Build(*c);
+  const UnitLayout& u = m.units[1];
+  ASSERT_TRUE(u.sparse());
+  EXPECT_EQ(u.ExpertNumel(), 3 * kTensorAlignNumel);  // 7 x 24 = 168 elements, padded to 256
+  EXPECT_EQ(u.experts.offset_in_expert[kExpertUpProj], kTensorAlignNumel);
+  EXPECT_EQ(u.experts.offset_in_expert[kExpertDownProj], 2 * kTensorAlignNumel);
+  for (int64_t e = 0; e < 5; ++e) {
+    EXPECT_EQ(u.FindExpert(e, kExpertGateProj)->offset_numel, u.ExpertOffset(e));
+    EXPECT_EQ(u.FindExpert(e, kExpertDownProj)->numel, 168);
+  }
+  EXPECT_EQ(u.ExpertOffset(5), u.numel);
+  EXPECT_EQ(DescribeUnitElement(u, u.ExpertOffset(2) + 170),
+            "the padding after model.layers.0.mlp.experts.2.gate_proj.weight");
+  EXPECT_EQ(DescribeUnitElement(u, u.ExpertOffset(3) + 2 * kTensorAlignNumel + 25),
+            "model.layers.0.mlp.experts.3.down_proj.weight[3, 4]");  // [hidden 24, moe_I 7]: 25 = 3 x 7 + 4
+}
+
+TEST(Qwen3Moe, JsonRoundTrip) {
+  for (const char* preset : {"tiny-moe", "qwen3-30b-a3b"}) {
+    const ModelConfig c = *ModelConfig::Preset(preset);
+    const std::string saved = c.ToJson();
+    EXPECT_NE(saved.find("\"model_type\": \"qwen3_moe\""), std::string::npos) << saved;
+    EXPECT_NE(saved.find("\"Qwen3MoeForCausalLM\""), std::string::npos) << saved;
+    const auto back = ModelConfig::FromJson(saved);
+    ASSERT_TRUE(back.ok()) << back.status() << saved;
+    EXPECT_EQ(back->family, ModelFamily::kQwen3Moe);
+    EXPECT_EQ(back->num_experts, c.num_experts);
+    EXPECT_EQ(back->num_experts_per_tok, c.num_experts_per_tok);
+    EXPECT_EQ(back->moe_intermediate_size, c.moe_intermediate_size);
+    EXPECT_EQ(back->norm_topk_prob, c.norm_topk_prob);
+    EXPECT_EQ(back->decoder_sparse_step, c.decoder_sparse_step);
+    EXPECT_EQ(back->mlp_only_layers, c.mlp_only_layers);
+    EXPECT_EQ(back->router_aux_loss_coef, c.router_aux_loss_coef);
+    EXPECT_EQ(back->output_router_logits, c.output_router_logits);
+    EXPECT_EQ(back->intermediate_size, c.intermediate_size);
+    EXPECT_EQ(back->tie_word_embeddings, c.tie_word_embeddings);
+    EXPECT_EQ(back->max_position_embeddings, c.max_position_embeddings);
+    EXPECT_EQ(ModelLayout::Build(*back).param_count(), ModelLayout::Build(c).param_count());
+  }
+  // A source config keeps its own keys, the MoE fields written over it (num_local_experts in step).
+  auto src = MoeWith(R"(,"num_local_experts":6,"num_experts_per_tok":2,"max_window_layers":4,"eos_token_id":7)");
+  ASSERT_TRUE(src.ok()) << src.status();
+  src->num_experts_per_tok = 3;
+  src->mlp_only_layers = {0, 2};
+  const std::string saved = src->ToJson();
+  EXPECT_NE(saved.find("\"max_window_layers\": 4"), std::string::npos) << saved;
+  EXPECT_NE(saved.find("\"num_local_experts\": 6"), std::string::npos) << saved;
+  EXPECT_NE(saved.find("\"num_experts\": 6"), std::string::npos) << saved;
+  const auto again = ModelConfig::FromJson(saved);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->num_experts_per_tok, 3);
+  EXPECT_EQ(again->mlp_only_layers, (std::vector<int64_t>{0, 2}));
+  // The dense families write no MoE key.
+  EXPECT_EQ(ModelConfig::Preset("tiny")->ToJson().find("num_experts"), std::string::npos);
+}
+
+// Qwen/Qwen3-30B-A3B: HF's num_parameters() is 30,532,122,624 (transformers 5.17, docs/moe.md).
+// Per layer: attention 18,878,720 (q, k, v, o, q/k norms, two RMSNorms), router 128 x 2048,
+// experts 128 x 3 x 768 x 2048; embedding and LM head 151,936 x 2048 each.
+TEST(Qwen3Moe, Qwen3A3BParameterCounts) {
+  const ModelConfig c = *ModelConfig::Preset("qwen3-30b-a3b");
+  ASSERT_TRUE(c.Validate().ok()) << c.Validate();
+  EXPECT_FALSE(c.trainable());
+  const ModelLayout m = ModelLayout::Build(c);
+  EXPECT_EQ(m.num_units(), 50);
+  EXPECT_EQ(c.NumSparseLayers(), 48);
+  const int64_t attention = 2 * 4096 * 2048 + 2 * 512 * 2048 + 2 * 128 + 2 * 2048;
+  const int64_t router = 128 * 2048, expert = 3 * 768 * 2048;
+  const int64_t embed = int64_t{151936} * 2048;
+  EXPECT_EQ(attention, 18878720);
+  EXPECT_EQ(m.param_count(), 48 * (attention + router + 128 * expert) + 2 * embed + 2048);
+  EXPECT_EQ(m.param_count(), 30532122624);
+  // Active: the 8 routed experts of 128 per layer; Qwen publishes "3.3B activated".
+  EXPECT_EQ(m.ActiveParamCount(), 48 * (attention + router + 8 * expert) + 2 * embed + 2048);
+  EXPECT_EQ(m.ActiveParamCount(), 3353032704);
+  const UnitLayout& u = m.units[1];
+  EXPECT_EQ(u.ExpertNumel(), expert);  // 768 x 2048 is a multiple of the alignment
+  EXPECT_EQ(u.ExpertOffset(128), u.numel);
+  // FLOPs per token count the active matmul parameters (LM head in, embedding lookup out).
+  EXPECT_DOUBLE_EQ(m.ModelFlopsPerToken(4096),
+                   6.0 * static_cast<double>(m.ActiveParamCount() - embed) + 6.0 * 48 * 4096 * 4096);
+  // Dense models: active == total.
+  const ModelLayout dense = ModelLayout::Build(*ModelConfig::Preset("qwen3-8b"));
+  EXPECT_EQ(dense.ActiveParamCount(), dense.param_count());
+  // tiny-moe: two sparse layers, 6 of 8 experts idle per token in each.
+  const ModelLayout tiny = ModelLayout::Build(*ModelConfig::Preset("tiny-moe"));
+  EXPECT_EQ(tiny.param_count() - tiny.ActiveParamCount(), 2 * 6 * 3 * 32 * 64);
+}
+
+}  // namespace
+}  // namespace slidedp

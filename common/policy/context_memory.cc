@@ -43,10 +43,13 @@ ContextMemory EstimateContextMemory(const ModelLayout& layout, const ContextMemo
   const ModelConfig& c = layout.config;
   const int64_t layers = c.num_hidden_layers;
   const int64_t kept_layers = std::max<int64_t>(0, layers - std::clamp<int64_t>(in.offloaded_layers, 0, layers));
-  const int64_t input_bytes = in.step_tokens * c.hidden_size * kResidualBytes;
+  const int64_t element = std::clamp<int64_t>(in.checkpoint_element_bytes, 1, kResidualBytes);
+  const int64_t input_bytes = in.step_tokens * c.hidden_size * element;
+  // A narrower input is widened back to the residual stream's type one micro-batch at a time.
+  const int64_t widened = in.micro_batch_tokens * c.hidden_size * (kResidualBytes - element);
   const int64_t tile = std::min(in.micro_batch_tokens, std::max<int64_t>(1, in.tile_tokens));
   ContextMemory m;
-  m.checkpoints = kept_layers * input_bytes;
+  m.checkpoints = kept_layers * input_bytes + widened;
   m.offloaded = (layers - kept_layers) * input_bytes;
   m.attention = in.micro_batch_tokens * AttentionBytesPerToken(c);
   m.tile = tile * TileBytesPerToken(c);
@@ -56,11 +59,11 @@ ContextMemory EstimateContextMemory(const ModelLayout& layout, const ContextMemo
 }
 
 LongestSequence FindLongestSequence(const ModelLayout& layout, int64_t device_bytes, int64_t host_bytes,
-                                    int64_t tile_tokens, int64_t max_tokens) {
+                                    int64_t tile_tokens, int64_t max_tokens, int64_t checkpoint_element_bytes) {
   LongestSequence best;
   const int layers = static_cast<int>(layout.config.num_hidden_layers);
   auto fits = [&](int64_t tokens, int k) {
-    const ContextMemory m = EstimateContextMemory(layout, {tokens, tokens, k, tile_tokens});
+    const ContextMemory m = EstimateContextMemory(layout, {tokens, tokens, k, tile_tokens, checkpoint_element_bytes});
     return m.device_total() <= device_bytes && (host_bytes < 0 || m.offloaded <= host_bytes);
   };
   // For each k the floor grows with the tokens: the longest length is a binary search; fewer
@@ -82,7 +85,8 @@ LongestSequence FindLongestSequence(const ModelLayout& layout, int64_t device_by
     }
   }
   if (best.tokens > 0) {
-    best.memory = EstimateContextMemory(layout, {best.tokens, best.tokens, best.offloaded_layers, tile_tokens});
+    best.memory = EstimateContextMemory(
+        layout, {best.tokens, best.tokens, best.offloaded_layers, tile_tokens, checkpoint_element_bytes});
   }
   return best;
 }

@@ -8,7 +8,9 @@
 // The floor counts what the CUDA backend and pipeline certainly hold at the peak of a decoder
 // layer's backward (worker/compute/cuda/cuda_layer_math.cc, worker/pipeline):
 //   checkpoints  every layer input of the step kept on the device: (layers - offloaded) x tokens x
-//                hidden x 4 B (the FP32 residual stream, the CUDA backend's default);
+//                hidden x 4 B (the FP32 residual stream, the CUDA backend's default), or 2 B with
+//                runtime.checkpoint_dtype bf16, which then widens one micro-batch's input back to
+//                FP32 for the backward (micro-batch tokens x hidden x 2 B more than its BF16 copy);
 //   attention    the intermediates attention reads and writes and their gradients, whole for the
 //                micro-batch (q/k/v, the rotated q and k, the output, its LSE, and the gradients
 //                of all of them): they grow with the sequence, tiles or not;
@@ -35,6 +37,9 @@ struct ContextMemoryInputs {
   int64_t micro_batch_tokens = 0;  // tokens of one micro-batch (the longest sequence's row)
   int offloaded_layers = 0;        // layers whose inputs wait in host memory (ModelLayout::OffloadedLayers)
   int64_t tile_tokens = kDefaultTileTokens;  // ComputeBackend::tile_tokens()
+  // Bytes of a layer input's element while it waits for its backward, on the device or offloaded:
+  // 4 (FP32), or 2 with runtime.checkpoint_dtype bf16 (CheckpointElementBytes).
+  int64_t checkpoint_element_bytes = 4;
 };
 
 struct ContextMemory {
@@ -53,13 +58,14 @@ ContextMemory EstimateContextMemory(const ModelLayout& layout, const ContextMemo
 
 // The longest single sequence (one row per step and micro-batch) whose floor fits `device_bytes`,
 // offloading the first k layers' inputs for the smallest k that fits, within `host_bytes` of
-// pinned host memory for them (-1: no bound). tokens 0: not even one token fits.
+// pinned host memory for them (-1: no bound), each input element taking checkpoint_element_bytes.
+// tokens 0: not even one token fits.
 struct LongestSequence {
   int64_t tokens = 0;
   int offloaded_layers = 0;
   ContextMemory memory;  // at that length
 };
 LongestSequence FindLongestSequence(const ModelLayout& layout, int64_t device_bytes, int64_t host_bytes,
-                                    int64_t tile_tokens, int64_t max_tokens);
+                                    int64_t tile_tokens, int64_t max_tokens, int64_t checkpoint_element_bytes);
 
 }  // namespace slidedp

@@ -30,22 +30,53 @@ TEST(ContextMemory, PartsOfQwen3_8BAt256K) {
 TEST(ContextMemory, LongestSequenceFitsAndOneMoreDoesNot) {
   const ModelLayout l = Layout("qwen3-8b");
   const int64_t gib = int64_t{1} << 30, max = int64_t{1} << 24;
-  const LongestSequence on_gpu = FindLongestSequence(l, 140 * gib, 0, 32768, max);
+  const LongestSequence on_gpu = FindLongestSequence(l, 140 * gib, 0, 32768, max, 4);
   ASSERT_GT(on_gpu.tokens, 0);
   EXPECT_EQ(on_gpu.offloaded_layers, 0);
   EXPECT_LE(on_gpu.memory.device_total(), 140 * gib);
   EXPECT_GT(EstimateContextMemory(l, {on_gpu.tokens + 1, on_gpu.tokens + 1, 0, 32768}).device_total(), 140 * gib);
-  const LongestSequence with_host = FindLongestSequence(l, 140 * gib, 60 * gib, 32768, max);
+  const LongestSequence with_host = FindLongestSequence(l, 140 * gib, 60 * gib, 32768, max, 4);
   EXPECT_GT(with_host.tokens, on_gpu.tokens);
   EXPECT_GT(with_host.offloaded_layers, 0);
   EXPECT_LE(with_host.memory.offloaded, 60 * gib);
   EXPECT_LE(with_host.memory.device_total(), 140 * gib);
-  const LongestSequence unbounded = FindLongestSequence(l, 140 * gib, -1, 32768, max);
+  const LongestSequence unbounded = FindLongestSequence(l, 140 * gib, -1, 32768, max, 4);
   EXPECT_GE(unbounded.tokens, with_host.tokens);
-  EXPECT_EQ(FindLongestSequence(l, 140 * gib, -1, 32768, 1000).tokens, 1000);  // capped
-  EXPECT_EQ(FindLongestSequence(l, gib, -1, 32768, max).tokens, 0);  // the window alone does not fit
+  EXPECT_EQ(FindLongestSequence(l, 140 * gib, -1, 32768, 1000, 4).tokens, 1000);  // capped
+  EXPECT_EQ(FindLongestSequence(l, gib, -1, 32768, max, 4).tokens, 0);            // the window alone does not fit
   // A smaller tile leaves room for a longer sequence.
-  EXPECT_GE(FindLongestSequence(l, 140 * gib, 0, 4096, max).tokens, on_gpu.tokens);
+  EXPECT_GE(FindLongestSequence(l, 140 * gib, 0, 4096, max, 4).tokens, on_gpu.tokens);
+}
+
+// runtime.checkpoint_dtype bf16: the layer inputs take 2 B an element on the device and offloaded,
+// plus one micro-batch's input widened back to FP32 (2 B an element more than its BF16 copy); the
+// other parts do not change.
+TEST(ContextMemory, Bf16CheckpointsHalveTheLayerInputs) {
+  const ModelLayout l = Layout("qwen3-8b");
+  const int64_t T = 262144, H = 4096, mb = 65536;
+  const ContextMemory fp32 = EstimateContextMemory(l, {T, mb, 12, 32768});
+  const ContextMemory bf16 = EstimateContextMemory(l, {T, mb, 12, 32768, 2});
+  EXPECT_EQ(fp32.checkpoints, 24 * T * H * 4);
+  EXPECT_EQ(bf16.checkpoints, 24 * T * H * 2 + mb * H * 2);
+  EXPECT_EQ(fp32.offloaded, 12 * T * H * 4);
+  EXPECT_EQ(bf16.offloaded, 12 * T * H * 2);
+  EXPECT_EQ(bf16.attention, fp32.attention);
+  EXPECT_EQ(bf16.tile, fp32.tile);
+  EXPECT_EQ(bf16.residual, fp32.residual);
+  EXPECT_EQ(bf16.window, fp32.window);
+  // Every layer offloaded: the widened micro-batch is all that stays of the inputs.
+  EXPECT_EQ(EstimateContextMemory(l, {T, mb, 36, 32768, 2}).checkpoints, mb * H * 2);
+  // A longer sequence fits, on the device alone and with host room for the offloaded inputs.
+  const int64_t gib = int64_t{1} << 30, max = int64_t{1} << 24;
+  for (int64_t host : {int64_t{0}, 60 * gib}) {
+    const LongestSequence a = FindLongestSequence(l, 140 * gib, host, 32768, max, 4);
+    const LongestSequence b = FindLongestSequence(l, 140 * gib, host, 32768, max, 2);
+    EXPECT_GT(b.tokens, a.tokens) << host;
+    EXPECT_LE(b.memory.device_total(), 140 * gib) << host;
+    EXPECT_LE(b.memory.offloaded, host) << host;
+    const ContextMemory more = EstimateContextMemory(l, {b.tokens + 1, b.tokens + 1, b.offloaded_layers, 32768, 2});
+    EXPECT_TRUE(more.device_total() > 140 * gib || more.offloaded > host) << host;
+  }
 }
 
 }  // namespace

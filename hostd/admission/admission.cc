@@ -73,21 +73,26 @@ void AddCastStaging(int num_workers, int64_t chunk_bytes, JobMemoryPlan& plan) {
   plan.total_bytes += bytes;
 }
 
-void AddOffloadedCheckpoints(double elements_per_token, int num_workers, int64_t tokens_per_worker,
+void AddOffloadedCheckpoints(const OffloadedPerToken& per_token, int num_workers, int64_t tokens_per_worker,
                              JobMemoryPlan& plan) {
-  if (!(elements_per_token > 0) || num_workers <= 0 || tokens_per_worker <= 0) return;
+  const double bytes_per_token = per_token.bytes();
+  if (!(bytes_per_token > 0) || num_workers <= 0 || tokens_per_worker <= 0) return;
   const uint64_t bytes = static_cast<uint64_t>(
-      std::ceil(elements_per_token * 4.0 * static_cast<double>(tokens_per_worker) * static_cast<double>(num_workers)));
+      std::ceil(bytes_per_token * static_cast<double>(tokens_per_worker) * static_cast<double>(num_workers)));
   plan.offload_bytes += bytes;
   plan.total_bytes += bytes;
 }
 
-void AddActivationOffload(const ModelLayout& layout, double ratio, uint32_t kept_pieces, int num_workers,
-                          int64_t tokens_per_worker, JobMemoryPlan& plan) {
+void AddActivationOffload(const ModelLayout& layout, double ratio, uint32_t kept_pieces, int64_t input_element_bytes,
+                          int num_workers, int64_t tokens_per_worker, JobMemoryPlan& plan) {
   if (ratio <= 0) return;
-  const double per_layer = static_cast<double>(layout.config.hidden_size +
-                                               KeptElementsPerToken(ModelShape::Of(layout.config), kept_pieces));
-  AddOffloadedCheckpoints(per_layer * layout.OffloadedLayers(ratio), num_workers, tokens_per_worker, plan);
+  const double layers = layout.OffloadedLayers(ratio);
+  OffloadedPerToken per_token;
+  per_token.input_elements = layers * static_cast<double>(layout.config.hidden_size);
+  per_token.kept_elements =
+      layers * static_cast<double>(KeptElementsPerToken(ModelShape::Of(layout.config), kept_pieces));
+  per_token.input_element_bytes = input_element_bytes;
+  AddOffloadedCheckpoints(per_token, num_workers, tokens_per_worker, plan);
 }
 
 absl::StatusOr<HostMemoryInfo> ReadHostMemoryInfo(const std::string& meminfo_path, const std::string& shm_dir) {

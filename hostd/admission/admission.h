@@ -61,16 +61,25 @@ inline constexpr int kCastStagingBuffers = 3;
 int64_t CastStagingChunkBytes(const ModelLayout& layout, int64_t chunk_bytes);
 void AddCastStaging(int num_workers, int64_t chunk_bytes, JobMemoryPlan& plan);
 
+// What one token of a worker's step holds in offloaded checkpoints, summed over the layers (each
+// offloaded layer's elements times its offload share): the layers' inputs, input_element_bytes
+// each (4: FP32; 2: runtime.checkpoint_dtype bf16, CheckpointElementBytes), and what the layers
+// keep beyond them, 4 B each (FP32, the most any backend keeps).
+struct OffloadedPerToken {
+  double input_elements = 0;
+  double kept_elements = 0;
+  int64_t input_element_bytes = 4;
+  double bytes() const { return input_elements * static_cast<double>(input_element_bytes) + kept_elements * 4.0; }
+};
 // Offloaded checkpoints in the workers' pinned host memory: each of `num_workers` workers holds
-// `elements_per_token` (summed over the layers: each offloaded layer's input and what it keeps,
-// times its offload share) for each of its `tokens_per_worker` tokens of a step, 4 B each (FP32,
-// the most any backend keeps): added to offload_bytes and total_bytes.
-void AddOffloadedCheckpoints(double elements_per_token, int num_workers, int64_t tokens_per_worker,
+// `per_token` for each of its `tokens_per_worker` tokens of a step: added to offload_bytes and
+// total_bytes.
+void AddOffloadedCheckpoints(const OffloadedPerToken& per_token, int num_workers, int64_t tokens_per_worker,
                              JobMemoryPlan& plan);
-// runtime.offload_ratio > 0: every checkpoint of layout.OffloadedLayers(ratio) layers, each
-// keeping `kept_pieces` (common/policy/layer_pieces.h) beyond its input.
-void AddActivationOffload(const ModelLayout& layout, double ratio, uint32_t kept_pieces, int num_workers,
-                          int64_t tokens_per_worker, JobMemoryPlan& plan);
+// runtime.offload_ratio > 0: every checkpoint of layout.OffloadedLayers(ratio) layers, each its
+// input (input_element_bytes an element) and `kept_pieces` (common/policy/layer_pieces.h) beyond.
+void AddActivationOffload(const ModelLayout& layout, double ratio, uint32_t kept_pieces, int64_t input_element_bytes,
+                          int num_workers, int64_t tokens_per_worker, JobMemoryPlan& plan);
 
 struct HostMemoryInfo {
   uint64_t mem_total_bytes = 0;

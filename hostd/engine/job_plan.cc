@@ -174,22 +174,26 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
   // layout (runtime.policy) says what each layer keeps and offloads, in place of act_policy and
   // offload_ratio; it must have been made for this model.
   const int64_t tokens_per_worker = spec.global_batch / world * spec.seq_len;
+  // A layer input waits in BF16 with runtime.checkpoint_dtype bf16: 2 B an element, offloaded or not.
+  const int64_t input_element_bytes = CheckpointElementBytes(spec.checkpoint_dtype);
   if (spec.layer_layout) {
     RETURN_IF_ERROR(spec.layer_layout->CheckModel(layout.config));
     const int64_t micro_batches = std::max<int64_t>(1, spec.global_batch / world / std::max<int64_t>(1, spec.micro_batch));
-    double elements = 0;
+    OffloadedPerToken per_token;
+    per_token.input_element_bytes = input_element_bytes;
     for (const LayerPolicy& l : spec.layer_layout->layers) {
       // The share the store moves: whole micro-batches, at least one (activation_store.h).
       const double share = l.offload > 0 ? std::min(1.0, std::ceil(l.offload * micro_batches) / micro_batches) : 0;
-      elements += share * static_cast<double>(layout.config.hidden_size +
-                                              KeptElementsPerToken(ModelShape::Of(layout.config), l.pieces()));
+      per_token.input_elements += share * static_cast<double>(layout.config.hidden_size);
+      per_token.kept_elements +=
+          share * static_cast<double>(KeptElementsPerToken(ModelShape::Of(layout.config), l.pieces()));
     }
-    AddOffloadedCheckpoints(elements, world, tokens_per_worker, p.memory);
+    AddOffloadedCheckpoints(per_token, world, tokens_per_worker, p.memory);
   } else {
     const uint32_t kept = spec.act_policy == ActivationPolicy::kRecomputeLayer ? 0u
                           : spec.act_policy == ActivationPolicy::kSelective   ? uint32_t{kPieceAttention}
                                                                               : kAllPieces;
-    AddActivationOffload(layout, spec.offload_ratio, kept, world, tokens_per_worker, p.memory);
+    AddActivationOffload(layout, spec.offload_ratio, kept, input_element_bytes, world, tokens_per_worker, p.memory);
   }
   // The GPU memory floor of the step on each CUDA worker (common/policy/context_memory.h): a job
   // whose floor is over a device is refused here, with the longest sequence the model fits.
@@ -200,19 +204,20 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
     for (const LayerPolicy& l : spec.layer_layout->layers) offloaded_layers += l.offload >= 1.0;
   }
   const int64_t tile = spec.tile_tokens > 0 ? spec.tile_tokens : kDefaultTileTokens;
-  p.device_floor = EstimateContextMemory(layout, {tokens_per_worker, micro_tokens, offloaded_layers, tile});
+  p.device_floor =
+      EstimateContextMemory(layout, {tokens_per_worker, micro_tokens, offloaded_layers, tile, input_element_bytes});
   for (const WorkerDevice& w : workers) {
     if (w.cpu_backend || w.memory_bytes <= 0) continue;
     const int64_t limit = GpuMemoryLimitBytes(spec, w.memory_bytes);
     const int64_t capacity = limit > 0 ? std::min(limit, w.memory_bytes) : w.memory_bytes;
     if (p.device_floor.device_total() <= capacity) continue;
-    const LongestSequence longest =
-        FindLongestSequence(layout, capacity, -1, tile, std::max<int64_t>(micro_tokens, int64_t{1} << 24));
+    const LongestSequence longest = FindLongestSequence(
+        layout, capacity, -1, tile, std::max<int64_t>(micro_tokens, int64_t{1} << 24), input_element_bytes);
     return absl::ResourceExhaustedError(absl::StrFormat(
         "GPU memory: a step of %d tokens per GPU in micro-batches of %d needs at least %s; the GPU has %.1f GiB%s. "
         "The longest single sequence (train.seq_len, micro_batch 1, one row per GPU per step) this model fits in "
         "it is %d tokens%s; lower train.seq_len, train.micro_batch or the rows per step, raise "
-        "runtime.offload_ratio, or set a smaller runtime.tile_tokens",
+        "runtime.offload_ratio, set a smaller runtime.tile_tokens%s",
         tokens_per_worker, micro_tokens, p.device_floor.ToString(), capacity / 1073741824.0,
         limit > 0 ? " (runtime.gpu_memory_limit)" : "", longest.tokens,
         longest.offloaded_layers > 0
@@ -221,7 +226,10 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
                               longest.offloaded_layers, layout.config.num_hidden_layers,
                               static_cast<double>(longest.offloaded_layers) / layout.config.num_hidden_layers,
                               longest.memory.offloaded / 1073741824.0)
-            : std::string()));
+            : std::string(),
+        spec.checkpoint_dtype == CheckpointDtype::kFp32
+            ? ", or keep the layer inputs in BF16 (runtime.checkpoint_dtype: bf16, an approximation)"
+            : ""));
   }
   if (p.shm_collective) {
     const uint64_t coll_bytes = shm::ShmCollective::SegmentBytes(world, p.collective_buffer_bytes);

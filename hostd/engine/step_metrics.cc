@@ -107,6 +107,7 @@ void MetricsFile::Append(const StepRecord& r, absl::Time now, const JobPlan& pla
                       {"grad_staging", staging},
                       {"grad_dtype", ToString(spec.grad_dtype)},
                       {"state_dtype", ToString(spec.state_dtype)},
+                      {"checkpoint_dtype", ToString(spec.checkpoint_dtype)},
                       {"param_source", ToString(spec.param_source)},
                       {"param_delivery", ToString(spec.param_delivery)}};
   if (m.has_mfu()) j["mfu"] = m.mfu();

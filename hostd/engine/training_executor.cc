@@ -222,6 +222,7 @@ absl::StatusOr<update::LayerAdam*> TrainingExecutor::Adam() {
 absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
   RETURN_IF_ERROR(CheckOutputDir(spec.output_dir));
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));
+  RETURN_IF_ERROR(config.CheckTrainable());  // a family the compute backends do not run yet
   if (spec.seq_len > config.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("train.seq_len ", spec.seq_len,
                                                    " exceeds the model's max_position_embeddings ",
@@ -680,7 +681,8 @@ std::string LongestSequenceNote(const JobSpec& spec, const ModelLayout& layout, 
     host_room = host->mem_available_bytes > used ? static_cast<int64_t>(host->mem_available_bytes - used) : 0;
   }
   const int64_t tile = spec.tile_tokens > 0 ? spec.tile_tokens : kDefaultTileTokens;
-  const LongestSequence longest = FindLongestSequence(layout, capacity, host_room, tile, int64_t{1} << 24);
+  const LongestSequence longest = FindLongestSequence(layout, capacity, host_room, tile, int64_t{1} << 24,
+                                                      CheckpointElementBytes(spec.checkpoint_dtype));
   return absl::StrFormat(
       "%s; the longest single sequence this model fits on %s (%.1f GiB%s) with %s for offloaded layer inputs: %d "
       "tokens (%d of %d layers' inputs offloaded)",

@@ -269,6 +269,14 @@ TEST_F(BadInput, SeqLenBeyondMaxPositions) {
   ExpectRejected(Spec(p), kInvalid, "train.seq_len 8192 exceeds the model's max_position_embeddings 4096");
 }
 
+// A qwen3_moe model is described (common/model) but its MoE layers do not run yet: refused at
+// submit, naming why, and the daemon keeps serving.
+TEST_F(BadInput, MixtureOfExpertsIsRefusedUntilItRuns) {
+  SpecParts p;
+  p.model = "{preset: tiny-moe}";
+  ExpectRejected(Spec(p), absl::StatusCode::kUnimplemented, "qwen3_moe");
+}
+
 // ---- model directories ----
 
 TEST_F(BadInput, ModelDirectoryMissingOrWithoutConfig) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -46,6 +47,7 @@ struct SpecOptions {
   int cast_threads = 0;        // runtime.cast_threads; 0: the spec default (auto)
   std::string gpu_memory_limit;  // runtime.gpu_memory_limit; empty: none
   std::string policy;            // runtime.policy; empty: the spec default (fixed)
+  std::string checkpoint_dtype;  // runtime.checkpoint_dtype; empty: the spec default (fp32)
   std::string state_dtype;     // optimizer.state_dtype; empty: the spec default (fp32)
 };
 
@@ -97,6 +99,7 @@ std::string Spec(const SpecOptions& o) {
       o.gpu_memory_limit.empty() ? std::string() : ", gpu_memory_limit: " + o.gpu_memory_limit,
       o.policy.empty() ? std::string() : ", policy: " + o.policy,
       o.tile_tokens == 0 ? std::string() : absl::StrCat(", tile_tokens: ", o.tile_tokens),
+      o.checkpoint_dtype.empty() ? std::string() : ", checkpoint_dtype: " + o.checkpoint_dtype,
       ", offload_ratio: ", o.offload_ratio,
       "}\n");
 }
@@ -998,6 +1001,81 @@ TEST(Training, ActivationOffloadGivesTheSameParameters) {
   const int64_t per_layer = 2 * (8 / 2 * 64) * layout.config.hidden_size * 4;  // both workers
   EXPECT_EQ(host_state("out-half", "half") - host_state("out-keep", "keep"), layout.OffloadedLayers(0.5) * per_layer);
   EXPECT_EQ(host_state("out-all", "all") - host_state("out-keep", "keep"), layout.OffloadedLayers(1.0) * per_layer);
+}
+
+// runtime.checkpoint_dtype bf16 through real CPU workers: every layer input waits in BF16 between
+// its forward and its backward. The forward still runs on the exact inputs, so the first step's
+// loss is the FP32 run's bit for bit and later ones stay close; the gradients see the rounded
+// inputs, so the parameters move (a little); offloading the BF16 inputs changes nothing of that.
+// The memory: the workers' device peak falls, and hostd counts half the bytes for the offloaded
+// inputs (2 B an element), the selective layers' kept pieces still 4.
+TEST(Training, Bf16CheckpointsKeepTheLossHalveTheInputsAndMoveTheGradientsALittle) {
+  NodeHarness node(2);
+  struct Run {
+    std::string id, dtype, act_policy;
+    double offload;
+  };
+  const std::vector<Run> runs = {{"fp32-keep", "", "", 0},         {"bf16-keep", "bf16", "", 0},
+                                 {"fp32-all", "fp32", "", 1},      {"bf16-all", "bf16", "", 1},
+                                 {"fp32-sel", "", "selective", 1}, {"bf16-sel", "bf16", "selective", 1}};
+  std::map<std::string, std::vector<std::vector<float>>> master;
+  std::map<std::string, std::vector<nlohmann::json>> lines;
+  for (const Run& run : runs) {
+    SpecOptions o;
+    o.checkpoint_dtype = run.dtype;
+    o.act_policy = run.act_policy;
+    o.offload_ratio = run.offload;
+    o.output = "out-" + run.id;
+    master[run.id] = LoadMaster(MustSucceed(node, Spec(o), run.id).last_checkpoint());
+    lines[run.id] = MetricsLines(node, o.output, run.id);
+    ASSERT_EQ(lines[run.id].size(), 4u) << run.id;
+    EXPECT_EQ(lines[run.id].back().value("checkpoint_dtype", ""), run.dtype == "bf16" ? "bf16" : "fp32") << run.id;
+  }
+  for (const auto& [fp32, bf16] : {std::pair<std::string, std::string>{"fp32-keep", "bf16-keep"},
+                                   {"fp32-all", "bf16-all"},
+                                   {"fp32-sel", "bf16-sel"}}) {
+    const auto& a = lines[fp32];
+    const auto& b = lines[bf16];
+    // (a) The first step's loss comes before any update: bit for bit; later ones see the moved parameters.
+    EXPECT_EQ(a[0].value("loss", 0.0), b[0].value("loss", 1.0)) << bf16;
+    double loss_diff = 0;
+    for (size_t i = 1; i < a.size(); ++i) {
+      loss_diff = std::max(loss_diff, std::fabs(a[i].value("loss", 0.0) - b[i].value("loss", 1.0)));
+    }
+    EXPECT_LE(loss_diff, 1e-3) << bf16;
+    // (b) The gradients saw the rounded inputs.
+    const double d = MaxAbsDiff(master[fp32], master[bf16]);
+    double sum = 0;
+    int64_t count = 0;
+    for (size_t u = 0; u < master[fp32].size(); ++u) {
+      for (size_t i = 0; i < master[fp32][u].size(); ++i, ++count) {
+        sum += std::fabs(double(master[fp32][u][i]) - master[bf16][u][i]);
+      }
+    }
+    std::cout << bf16 << ": step 1 loss " << b[0].value("loss", 0.0) << ", max |loss diff| after step 1 " << loss_diff
+              << ", parameters vs FP32 checkpoints max |diff| " << d << ", mean |diff| "
+              << sum / std::max<int64_t>(count, 1) << "\n";
+    EXPECT_GT(d, 0.0) << bf16;
+    EXPECT_LE(d, 1e-3) << bf16;
+  }
+  // Where the BF16 inputs wait does not change what backward computes.
+  EXPECT_EQ(MaxAbsDiff(master["bf16-keep"], master["bf16-all"]), 0.0);
+  EXPECT_EQ(MaxAbsDiff(master["fp32-keep"], master["fp32-all"]), 0.0);
+  // (c) hostd counts the offloaded inputs at 2 B an element: per worker its 4 rows x 64 tokens, every
+  // layer, both workers; the selective layers' attention output and LSE stay 4 B an element.
+  auto host_state = [&](const std::string& id) { return lines[id].back().value("host_state_bytes", int64_t{0}); };
+  const ModelLayout layout = TinyLayout();
+  const int64_t inputs_fp32 = layout.config.num_hidden_layers * 2 * (8 / 2 * 64) * layout.config.hidden_size * 4;
+  EXPECT_EQ(host_state("fp32-all") - host_state("fp32-keep"), inputs_fp32);
+  EXPECT_EQ(host_state("bf16-all") - host_state("bf16-keep"), inputs_fp32 / 2);
+  EXPECT_EQ(host_state("fp32-sel") - host_state("bf16-sel"), inputs_fp32 / 2);
+  EXPECT_EQ(host_state("bf16-keep"), host_state("fp32-keep"));
+  // (d) The workers' device peak falls: the layer inputs on the device take half the bytes.
+  const int64_t p_fp32 = PeakBytes(node, "out-fp32-keep", "fp32-keep");
+  const int64_t p_bf16 = PeakBytes(node, "out-bf16-keep", "bf16-keep");
+  std::cout << "device peak: FP32 checkpoints " << p_fp32 << " bytes, BF16 " << p_bf16 << "\n";
+  EXPECT_LT(p_bf16, p_fp32);
+  EXPECT_TRUE(node.LeakedSegments().empty());
 }
 
 // runtime.tile_tokens reaches the workers' backends: micro-batches of 128 tokens in tiles of 23

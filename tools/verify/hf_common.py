@@ -250,6 +250,40 @@ def load_curve(path):
 
 # ----------------------------------------------------------------------------- torch
 
+def _causal_sdpa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """HF attention for long single-document rows: the k/v heads repeated to the query heads as HF's
+    repeat_kv does, then torch's SDPA with is_causal and only its flash / memory-efficient kernels
+    (FP32 runs the latter), so no [T, T] score matrix exists at 64K tokens. A padding or document
+    mask goes to torch's SDPA as HF's own 'sdpa' passes it."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    if attention_mask is not None:
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling)
+    else:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+            out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_causal_sdpa():
+    """Registers _causal_sdpa_attention as attn_implementation 'causal_sdpa' (with SDPA's mask
+    builder, which leaves a plain causal mask out), once."""
+    from transformers import AttentionInterface
+    AttentionInterface.register("causal_sdpa", _causal_sdpa_attention)
+    try:
+        from transformers import AttentionMaskInterface
+        from transformers.masking_utils import sdpa_mask
+        AttentionMaskInterface.register("causal_sdpa", sdpa_mask)
+    except ImportError:  # older transformers: the mask defaults to SDPA's
+        pass
+    return "causal_sdpa"
+
+
 def load_hf_model(model_dir, dtype, attn="sdpa"):
     """AutoModelForCausalLM.from_pretrained (Qwen3, Qwen2, Llama, Mistral: the config's
     model_type) with the dtype argument of transformers 5 (falls back to torch_dtype on older

@@ -199,7 +199,10 @@ def compare_shape(name, args, results, log):
     trained = sum(1 for _, lab in segments for x in lab if x != hf_common.IGNORE_INDEX)
 
     # HF reference (FP32 master, bf16 autocast) and the FP32 noise-floor run.
-    model = hf_common.load_hf_model(hf_dir, torch.float32).cuda()
+    # Rows past 8K tokens: attention without a score matrix (hf_common.register_causal_sdpa).
+    long_rows = shape[8][1] > 8192
+    model = hf_common.load_hf_model(hf_dir, torch.float32,
+                                    attn=hf_common.register_causal_sdpa() if long_rows else "sdpa").cuda()
     model.train()
     # Both sides must rotate by the same frequencies: HF's inv_freq against the ones model_grads
     # reports it computed with ("rope.inv_freq"), bit for bit (checked after the first run).

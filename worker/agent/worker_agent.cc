@@ -455,6 +455,7 @@ absl::StatusOr<NcclCommunicator*> WorkerAgent::CommunicatorFor(const v1::Assignm
 absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<HostState>* keep) {
   ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(a.resolved_spec_yaml(), "", JobSpec::FileCheck::kSkip));
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));  // with the spec's context override, as hostd
+  RETURN_IF_ERROR(config.CheckTrainable());
   ModelLayout layout = ModelLayout::Build(config);
   ASSIGN_OR_RETURN(std::unique_ptr<HostState> host_state, TakeHostState(a.state_segment()));
   shm::JobState* job_state = host_state->js.get();
@@ -612,6 +613,13 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   StepRunnerOptions ropt;
   ropt.policy = ToActPolicy(spec.act_policy);
   ropt.layer_policies = layer_policies;
+  ropt.checkpoint_dtype = spec.checkpoint_dtype == CheckpointDtype::kBf16 ? DType::kBF16 : DType::kF32;
+  if (spec.checkpoint_dtype == CheckpointDtype::kBf16) {
+    LOG(INFO) << "job " << a.job_id() << ": runtime.checkpoint_dtype bf16: "
+              << (CheckpointDType(*backend, ropt.checkpoint_dtype) == backend->activation_dtype()
+                      ? "the layer inputs are BF16 already (BF16 residual stream)"
+                      : "the layer inputs wait in BF16 between forward and backward");
+  }
   ropt.inject_max_delay = inject_delay;
   if (const char* inj = getenv("SLIDEDP_INJECT_NONFINITE")) {
     ASSIGN_OR_RETURN(ropt.inject_nonfinite, ParseNonFiniteInjection(inj, a.rank()));
@@ -638,6 +646,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   apo.build = BuildId();
   apo.world = a.world_size();
   apo.tokens_per_step = spec.global_batch * spec.seq_len;
+  apo.checkpoint_dtype = ropt.checkpoint_dtype;
   // The CPU backend times a tiny model beside whatever else the machine runs (CI runs tests in
   // parallel on 2 cores): only a layout 4x slower than recompute counts as a miss there.
   apo.time_tolerance = options_.backend == BackendKind::kCpu ? 3.0 : 0.01;
@@ -751,7 +760,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
 #endif
           }
           // Pinned now, not during the validation step.
-          absl::Status pinned = ReserveCheckpoints(*activations, *backend, choice.policies, mbs);
+          absl::Status pinned = ReserveCheckpoints(*activations, *backend, choice.policies, mbs, ropt.checkpoint_dtype);
           if (!pinned.ok()) {
             LOG(WARNING) << "job " << a.job_id() << ": " << pinned.message();
             activations.reset();

@@ -137,6 +137,11 @@ class ComputeBackend {
   virtual absl::Status CopyToDevice(const void* host, void* device, int64_t bytes) = 0;
   virtual absl::Status CopyToHost(const void* device, void* host, int64_t bytes) = 0;
   virtual absl::Status Synchronize() = 0;
+  // dst[i] = src[i] converted from one activation dtype to another, n elements, on the compute
+  // stream: FP32 -> BF16 rounds to nearest even (common/numeric/bf16.h FloatToBf16 bit for bit, a
+  // NaN stays a NaN, infinities stay), BF16 -> FP32 is exact, a dtype to itself copies. src and dst
+  // are device memory and must not overlap. (runtime.checkpoint_dtype: a layer input waits in BF16.)
+  virtual absl::Status ConvertActivations(const void* src, DType from, void* dst, DType to, int64_t n) = 0;
 
   // Validates (token ids in range, cu_seqlens consistent) and uploads a micro-batch.
   virtual absl::StatusOr<std::unique_ptr<DeviceBatch>> UploadBatch(const MicroBatch& batch) = 0;

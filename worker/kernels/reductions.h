@@ -1,6 +1,7 @@
 // Small deterministic reductions and FP32/BF16 conversions: the partial-row sum the weight
 // gradients end in, the loss sum, the FP64 squared norm (device-staged gradient clipping), the
-// scaled FP32 -> BF16 cast and the FP32 residual add of a BF16 GEMM output.
+// scaled FP32 -> BF16 cast, the exact BF16 -> FP32 widening and the FP32 residual add of a BF16
+// GEMM output.
 //
 // Every launcher takes its tensors, sizes and an explicit stream, returns a Status (bad sizes are
 // INVALID_ARGUMENT, launch failures INTERNAL) and never synchronizes. BF16 storage, FP32 math.
@@ -45,6 +46,10 @@ absl::Status CastF32ToBf16(const float* src, int64_t n, float scale, bf16* dst, 
 // to (bits >> 16) | 0x40. The upload cast of runtime.param_source master with cast_on device; it
 // runs on at most `max_blocks` blocks, so that it takes few SMs from compute running beside it.
 absl::Status CastF32ToBf16Exact(const float* src, int64_t n, bf16* dst, int max_blocks, cudaStream_t stream);
+// dst[i] = float(src[i]): exact (a BF16 value is the upper half of its FP32 one; NaN payloads and
+// infinities pass through). A layer input kept in BF16 (runtime.checkpoint_dtype bf16) widened back
+// for its backward.
+absl::Status WidenBf16ToF32(const bf16* src, int64_t n, float* dst, cudaStream_t stream);
 // x[i] = float(bf16(x[i])), rounded to nearest even as FloatToBf16 (common/numeric/bf16.h): the
 // FP32 values of a gradient posted in BF16 (runtime.grad_dtype bf16), whose norm is taken on them.
 absl::Status RoundToBf16InPlace(float* x, int64_t n, cudaStream_t stream);

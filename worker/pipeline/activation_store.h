@@ -18,6 +18,13 @@
 
 namespace slidedp {
 
+// The type a decoder layer's input waits in between its forward and its backward
+// (runtime.checkpoint_dtype, StepRunnerOptions::checkpoint_dtype): `wanted` where it is narrower
+// than the backend's activations (BF16 on an FP32 stream), else the activations' own.
+inline DType CheckpointDType(const ComputeBackend& backend, DType wanted) {
+  return DTypeBytes(wanted) < DTypeBytes(backend.activation_dtype()) ? wanted : backend.activation_dtype();
+}
+
 // What one checkpoint takes: the layer input's bytes and the kept block's (0: none).
 struct CheckpointBytes {
   int64_t input = 0;
@@ -53,9 +60,11 @@ class ActivationStore {
 };
 
 // Reserves the host memory of every unit `store` offloads for these micro-batches, each decoder
-// layer keeping what policies[layer] keeps (with room for the backend's alignment of the pieces).
+// layer keeping what policies[layer] keeps (with room for the backend's alignment of the pieces)
+// and its input in CheckpointDType(backend, checkpoint_dtype).
 absl::Status ReserveCheckpoints(ActivationStore& store, const ComputeBackend& backend,
-                                const std::vector<ActPolicy>& policies, const std::vector<MicroBatch>& micro_batches);
+                                const std::vector<ActPolicy>& policies, const std::vector<MicroBatch>& micro_batches,
+                                DType checkpoint_dtype);
 
 // How many of a unit's `n` checkpoints an offload ratio moves: round(ratio x n), at least one when
 // the ratio is above 0, at most n.

@@ -12,6 +12,7 @@
 #include "common/policy/layout_solver.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
+#include "worker/pipeline/activation_store.h"
 
 namespace slidedp {
 namespace {
@@ -391,7 +392,8 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     int64_t tokens = 0;
     for (const MicroBatch& mb : micro_batches) tokens += mb.num_tokens();
     inputs_.layout = &layout;
-    inputs_.checkpoint_bytes = tokens * layout.config.hidden_size * DTypeBytes(options_.backend->activation_dtype());
+    inputs_.checkpoint_bytes =
+        tokens * layout.config.hidden_size * DTypeBytes(CheckpointDType(*options_.backend, options_.checkpoint_dtype));
     inputs_.micro_batches = static_cast<int>(micro_batches.size());
     // Rows hold their documents' tokens only, so a later step can hold more than this one: every
     // row full (the job's tokens per step, this rank's share).

@@ -46,6 +46,18 @@ bool StepRunner::InjectsLoss(int64_t step) const {
   return false;
 }
 
+absl::Status StepRunner::ConvertInputs(std::vector<std::unique_ptr<DeviceBuffer>>& inputs,
+                                       const std::vector<std::unique_ptr<DeviceBatch>>& batches, DType from, DType to) {
+  TraceRange trace("narrow checkpoints");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const int64_t n = batches[i]->num_tokens() * layout_.config.hidden_size;
+    ASSIGN_OR_RETURN(auto converted, backend_->Allocate(n * DTypeBytes(to)));
+    RETURN_IF_ERROR(backend_->ConvertActivations(inputs[i]->data(), from, converted->data(), to, n));
+    inputs[i] = std::move(converted);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<UnitParams> StepRunner::Acquire(int unit, uint32_t min_version) {
   TraceRange trace("acquire (gate + load)");
   InjectDelay();
@@ -65,7 +77,10 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
   }
   const int n_mb = static_cast<int>(micro_batches.size());
   const uint32_t gate = static_cast<uint32_t>(step);  // step t needs t completed updates
-  const int64_t act_bytes_per_token = c.hidden_size * DTypeBytes(backend_->activation_dtype());
+  const DType act = backend_->activation_dtype();
+  const int64_t act_bytes_per_token = c.hidden_size * DTypeBytes(act);
+  // The decoder layers' inputs wait in `kept` between the passes (runtime.checkpoint_dtype).
+  const DType kept = CheckpointDType(*backend_, options_.checkpoint_dtype);
 
   std::vector<std::unique_ptr<DeviceBatch>> batches;
   for (const MicroBatch& mb : micro_batches) {
@@ -108,6 +123,9 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
                                                policy, policy == ActPolicy::kRecomputeLayer ? nullptr : &saved[u][i]));
     }
     streamer_->Release(u);
+    // The layer's forward is done with its input: from here it is a checkpoint only. (inputs[u + 1]
+    // stays exact for the next layer's forward.)
+    if (kept != act) RETURN_IF_ERROR(ConvertInputs(inputs[u], batches, act, kept));
     if (activations_ && activations_->offloads(u)) RETURN_IF_ERROR(activations_->Offload(u, inputs[u], saved[u]));
     RETURN_IF_ERROR(streamer_->Prefetch(u + 1, gate));
   }
@@ -164,8 +182,17 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
     ASSIGN_OR_RETURN(float* grad, grads_->Begin(u));
     for (int i = 0; i < n_mb; ++i) {
       SavedActivations* s = saved[u].empty() ? nullptr : saved[u][i].get();
+      // A narrowed input is widened for the backward one micro-batch at a time, in place of its
+      // narrow copy, and freed after it: at most one micro-batch's wide input exists at a time.
+      if (kept != act) {
+        const int64_t n = batches[i]->num_tokens() * c.hidden_size;
+        ASSIGN_OR_RETURN(auto wide, backend_->Allocate(n * DTypeBytes(act)));
+        RETURN_IF_ERROR(backend_->ConvertActivations(inputs[u][i]->data(), kept, wide->data(), act, n));
+        inputs[u][i] = std::move(wide);
+      }
       RETURN_IF_ERROR(
           backend_->DecoderBackward(params, *batches[i], inputs[u][i]->data(), s, dy[i]->data(), dy[i]->data(), grad));
+      if (kept != act) inputs[u][i].reset();
     }
     streamer_->Release(u);
     inputs[u].clear();

@@ -4,8 +4,10 @@
 // head computes loss and its input gradient in the same pass; backward in reverse order,
 // accumulating each unit's FP32 weight gradient over the micro-batches and handing it to the
 // GradientPath (reduce across ranks, copy into the gradient ring). Every layer's input is kept for
-// its backward (an ActivationStore may hold it in host memory meanwhile); what else is kept per
-// layer is the activation policy's choice.
+// its backward (an ActivationStore may hold it in host memory meanwhile), in the activations' dtype
+// or, with checkpoint_dtype BF16 on an FP32 stream, rounded to BF16 once the layer's forward is
+// done and widened back one micro-batch at a time for its backward; what else is kept per layer is
+// the activation policy's choice.
 //
 // Order per unit: acquire its parameters, queue its compute for every micro-batch, release it,
 // then prefetch the next unit (waiting for that unit's gate) so its copy overlaps the queued
@@ -48,6 +50,12 @@ struct StepRunnerOptions {
   // A per-layer layout (runtime.policy): decoder layer i (unit i + 1) runs layer_policies[i],
   // whatever `policy` and keep_all_last_layers say. Empty: those decide.
   std::vector<ActPolicy> layer_policies;
+  // runtime.checkpoint_dtype: the type each decoder layer's input waits in between its forward and
+  // its backward (CheckpointDType: a dtype no narrower than the activations' changes nothing). BF16
+  // on an FP32 stream halves the inputs' bytes on the device and in an activation store's host
+  // memory; the forward, and so the step's loss, still sees the exact values, the backward's
+  // recompute and gradients the rounded ones (an approximation, opt-in).
+  DType checkpoint_dtype = DType::kF32;
   // Fault injection for tests: a random delay in [0, max] before every gate wait (env
   // SLIDEDP_INJECT_DELAY_MS sets it in slidedp-worker, also for gradient posts). Zero in production.
   absl::Duration inject_max_delay = absl::ZeroDuration();
@@ -95,6 +103,10 @@ class StepRunner {
   // The test-only NaN of inject_nonfinite into unit u's gradient at `step` (unit -1: none).
   absl::Status InjectNonFinite(int64_t step, int unit, float* grad);
   bool InjectsLoss(int64_t step) const;
+  // Replaces each of a layer's inputs (one per micro-batch, in `from`) by a copy in `to`; the
+  // originals are freed (stream-ordered after the conversion that reads them).
+  absl::Status ConvertInputs(std::vector<std::unique_ptr<DeviceBuffer>>& inputs,
+                             const std::vector<std::unique_ptr<DeviceBatch>>& batches, DType from, DType to);
 
   const ModelLayout& layout_;
   ComputeBackend* backend_;

@@ -48,15 +48,16 @@ TEST(PlanJobMemory, FourteenBytesPerParamPlusRings) {
 }
 
 // runtime.offload_ratio: each worker keeps round(ratio x layers) layer inputs of its whole step
-// (FP32, hidden x 4 B per token) in host memory; the plan counts them outside /dev/shm.
+// (FP32, hidden x 4 B per token; BF16, 2 B, with runtime.checkpoint_dtype bf16) in host memory; the
+// plan counts them outside /dev/shm.
 TEST(PlanJobMemory, CountsTheWorkersOffloadedLayerInputs) {
   const ModelLayout layout = Layout("qwen3-8b");  // 36 layers, hidden 4096
   JobMemoryPlan plan = PlanJobMemory(layout, shm::GradRingConfig{4, 32ull << 20}, 2, ClipMode::kNone);
   const JobMemoryPlan before = plan;
-  AddActivationOffload(layout, 0.0, 0, 2, 65536, plan);
+  AddActivationOffload(layout, 0.0, 0, 4, 2, 65536, plan);
   EXPECT_EQ(plan.offload_bytes, 0u);
   EXPECT_EQ(plan.total_bytes, before.total_bytes);
-  AddActivationOffload(layout, 0.5, 0, 2, 65536, plan);  // 18 layers x 64K tokens x 16 KiB, x 2 workers
+  AddActivationOffload(layout, 0.5, 0, 4, 2, 65536, plan);  // 18 layers x 64K tokens x 16 KiB, x 2 workers
   EXPECT_EQ(layout.OffloadedLayers(0.5), 18);
   EXPECT_EQ(plan.offload_bytes, 2ull * 18 * 65536 * 4096 * 4);  // 36 GiB
   EXPECT_EQ(plan.total_bytes, before.total_bytes + plan.offload_bytes);
@@ -68,8 +69,24 @@ TEST(PlanJobMemory, CountsTheWorkersOffloadedLayerInputs) {
   // Selective layers offload their attention output and log-sum-exp as well: 32 heads x 128 + 32
   // more elements a token.
   JobMemoryPlan selective = before;
-  AddActivationOffload(layout, 0.5, kPieceAttention, 2, 65536, selective);
+  AddActivationOffload(layout, 0.5, kPieceAttention, 4, 2, 65536, selective);
   EXPECT_EQ(selective.offload_bytes, 2ull * 18 * 65536 * (4096 + 4096 + 32) * 4);
+  // runtime.checkpoint_dtype bf16: the inputs take 2 B an element, the kept pieces still 4.
+  JobMemoryPlan bf16 = before;
+  AddActivationOffload(layout, 0.5, 0, 2, 2, 65536, bf16);
+  EXPECT_EQ(bf16.offload_bytes, 2ull * 18 * 65536 * 4096 * 2);  // 18 GiB: half the FP32 inputs'
+  EXPECT_EQ(bf16.total_bytes, before.total_bytes + bf16.offload_bytes);
+  JobMemoryPlan bf16_selective = before;
+  AddActivationOffload(layout, 0.5, kPieceAttention, 2, 2, 65536, bf16_selective);
+  EXPECT_EQ(bf16_selective.offload_bytes, 2ull * 18 * 65536 * (4096 * 2 + (4096 + 32) * 4));
+  // A per-layer layout's sum, as job_plan.cc adds it: shares of inputs and kept pieces.
+  JobMemoryPlan shares = before;
+  OffloadedPerToken per_token;
+  per_token.input_elements = 1.5 * 4096;
+  per_token.kept_elements = 0.5 * (4096 + 32);
+  per_token.input_element_bytes = 2;
+  AddOffloadedCheckpoints(per_token, 2, 65536, shares);
+  EXPECT_EQ(shares.offload_bytes, 2ull * 65536 * (3 * 4096 + 2 * (4096 + 32)));
 }
 
 TEST(PlanJobMemory, Qwen3_8BIsAboutFourteenBytesPerParam) {

@@ -183,6 +183,19 @@ TEST(JobPlan, OffloadedLayerInputsAreCounted) {
   ASSERT_TRUE(p.ok());
   EXPECT_GT(p->memory.offload_bytes, 0u);
   EXPECT_EQ(p->memory.total_bytes, base + p->memory.offload_bytes);
+  // runtime.checkpoint_dtype bf16: the recomputed layers' offloaded inputs take half the bytes.
+  s.checkpoint_dtype = CheckpointDtype::kBf16;
+  auto half = PlanJob(s, layout, Gpus(2));
+  ASSERT_TRUE(half.ok());
+  EXPECT_EQ(half->memory.offload_bytes * 2, p->memory.offload_bytes);
+  EXPECT_EQ(half->memory.total_bytes, base + half->memory.offload_bytes);
+  // With kept pieces only the inputs' share halves (the pieces stay FP32).
+  s.act_policy = ActivationPolicy::kSelective;
+  auto selective = PlanJob(s, layout, Gpus(2));
+  s.checkpoint_dtype = CheckpointDtype::kFp32;
+  auto selective32 = PlanJob(s, layout, Gpus(2));
+  ASSERT_TRUE(selective.ok() && selective32.ok());
+  EXPECT_EQ(selective32->memory.offload_bytes - selective->memory.offload_bytes, p->memory.offload_bytes / 2);
 }
 
 // Speculative clipping: off without a whole-step wait; an explicit budget covers the last units
@@ -265,17 +278,37 @@ TEST(JobPlan, AStepOverTheGpuMemoryFloorIsRefusedWithTheLongestSequence) {
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "longest single sequence")) << refused.status();
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "layer inputs")) << refused.status();
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "offload_ratio")) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "runtime.checkpoint_dtype: bf16")) << refused.status();
   // Offloading most layers' inputs brings the floor under the device.
   s.offload_ratio = 0.5;
   auto offloaded = PlanJob(s, layout, Gpus(1));
   ASSERT_TRUE(offloaded.ok()) << offloaded.status();
   EXPECT_LE(offloaded->device_floor.device_total(), int64_t{141} << 30);
   EXPECT_EQ(offloaded->device_floor.offloaded, 18 * int64_t{262144} * 4096 * 4);
+  // BF16 checkpoints halve the inputs on the device and offloaded (one micro-batch widened back).
+  s.checkpoint_dtype = CheckpointDtype::kBf16;
+  auto bf16 = PlanJob(s, layout, Gpus(1));
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->device_floor.offloaded, 18 * int64_t{262144} * 4096 * 2);
+  EXPECT_EQ(bf16->device_floor.checkpoints, 18 * int64_t{262144} * 4096 * 2 + int64_t{262144} * 4096 * 2);
+  EXPECT_EQ(bf16->memory.offload_bytes * 2, offloaded->memory.offload_bytes);
+  // ... and 256K tokens then fit without offloading (36 x 2 GiB of inputs).
+  s.offload_ratio = 0;
+  auto bf16_on_gpu = PlanJob(s, layout, Gpus(1));
+  ASSERT_TRUE(bf16_on_gpu.ok()) << bf16_on_gpu.status();
+  EXPECT_EQ(bf16_on_gpu->device_floor.offloaded, 0);
+  s.offload_ratio = 0.5;
+  s.checkpoint_dtype = CheckpointDtype::kFp32;
   // A cap below the floor refuses again, naming it.
   s.gpu_memory_limit_bytes = int64_t{40} << 30;
   auto capped = PlanJob(s, layout, Gpus(1));
   ASSERT_EQ(capped.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StrContains(capped.status().message(), "runtime.gpu_memory_limit")) << capped.status();
+  s.checkpoint_dtype = CheckpointDtype::kBf16;  // already BF16: not suggested again
+  auto capped_bf16 = PlanJob(s, layout, Gpus(1));
+  ASSERT_EQ(capped_bf16.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(absl::StrContains(capped_bf16.status().message(), "checkpoint_dtype")) << capped_bf16.status();
+  s.checkpoint_dtype = CheckpointDtype::kFp32;
   s.gpu_memory_limit_bytes = 0;
   s.offload_ratio = 0;
   EXPECT_TRUE(PlanJob(s, layout, std::vector<WorkerDevice>{WorkerDevice{true, int64_t{8} << 30}}).ok());

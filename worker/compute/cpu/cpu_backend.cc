@@ -208,6 +208,22 @@ class CpuBackend final : public ComputeBackend {
   absl::Status CopyToDevice(const void* host, void* device, int64_t bytes) override { return Copy(host, device, bytes); }
   absl::Status CopyToHost(const void* device, void* host, int64_t bytes) override { return Copy(device, host, bytes); }
   absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::Status ConvertActivations(const void* src, DType from, void* dst, DType to, int64_t n) override {
+    if (n < 0) return absl::InvalidArgumentError(absl::StrCat("ConvertActivations: negative count ", n));
+    if (n == 0) return absl::OkStatus();
+    if (src == nullptr || dst == nullptr) return absl::InvalidArgumentError("ConvertActivations: null pointer");
+    if (from == to) return Copy(src, dst, n * DTypeBytes(from));
+    if (from == DType::kF32) {
+      const float* in = static_cast<const float*>(src);
+      bf16_t* out = static_cast<bf16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(in[i]);
+    } else {
+      const bf16_t* in = static_cast<const bf16_t*>(src);
+      float* out = static_cast<float*>(dst);
+      for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(in[i]);
+    }
+    return absl::OkStatus();
+  }
   int64_t peak_memory_bytes() const override { return memory_->peak.load(); }
   void ResetPeakMemory() override { memory_->peak.store(memory_->live.load()); }
   absl::Status SetMemoryLimit(int64_t bytes) override {

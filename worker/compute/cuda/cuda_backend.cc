@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -20,6 +21,7 @@
 #include "worker/compute/cuda/cuda_memory.h"
 #include "worker/kernels/cuda_check.h"
 #include "worker/kernels/embedding.h"
+#include "worker/kernels/reductions.h"
 
 namespace slidedp {
 namespace cuda_backend_internal {
@@ -98,6 +100,24 @@ absl::StatusOr<std::unique_ptr<DeviceBatch>> CudaBackend::UploadBatch(const Micr
   // Host vectors die at return: wait for the (pageable) copies.
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return std::unique_ptr<DeviceBatch>(std::move(b));
+}
+
+absl::Status CudaBackend::ConvertActivations(const void* src, DType from, void* dst, DType to, int64_t n) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("ConvertActivations: negative count ", n));
+  if (n == 0) return absl::OkStatus();
+  if (src == nullptr || dst == nullptr) return absl::InvalidArgumentError("ConvertActivations: null pointer");
+  if (from == to) {
+    SLIDEDP_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, src, static_cast<size_t>(n * DTypeBytes(from)), cudaMemcpyDeviceToDevice, stream_));
+    return absl::OkStatus();
+  }
+  if (from == DType::kF32) {
+    // The exact cast (FloatToBf16 bit for bit, as the CPU backend rounds), on as many blocks as it
+    // wants: nothing else runs on the compute stream meanwhile.
+    return kernels::CastF32ToBf16Exact(static_cast<const float*>(src), n, static_cast<bf16*>(dst),
+                                       std::numeric_limits<int>::max(), stream_);
+  }
+  return kernels::WidenBf16ToF32(static_cast<const bf16*>(src), n, static_cast<float*>(dst), stream_);
 }
 
 absl::Status CudaBackend::EmbeddingForward(const UnitParams& embed, const DeviceBatch& batch, void* out) {

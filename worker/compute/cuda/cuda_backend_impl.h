@@ -193,9 +193,8 @@ class CudaBackend final : public ComputeBackend {
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) override {
     void* p = nullptr;
     if (bytes > 0) {
-      cudaError_t e = cudaMallocAsync(&p, static_cast<size_t>(bytes), stream_);
+      cudaError_t e = MallocAsyncOrTrim(&p, bytes, stream_);
       if (e == cudaErrorMemoryAllocation) {
-        cudaGetLastError();
         size_t free_bytes = 0, total_bytes = 0;
         cudaMemGetInfo(&free_bytes, &total_bytes);
         return absl::ResourceExhaustedError(absl::StrFormat(
@@ -272,6 +271,7 @@ class CudaBackend final : public ComputeBackend {
     return absl::OkStatus();
   }
 
+  absl::Status ConvertActivations(const void* src, DType from, void* dst, DType to, int64_t n) override;
   absl::StatusOr<std::unique_ptr<DeviceBatch>> UploadBatch(const MicroBatch& mb) override;
   absl::Status EmbeddingForward(const UnitParams& embed, const DeviceBatch& batch, void* out) override;
   absl::Status EmbeddingBackward(const void* dout, const DeviceBatch& batch, float* dembed) override;

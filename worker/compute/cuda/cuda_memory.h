@@ -39,6 +39,24 @@ class CudaBuffer final : public DeviceBuffer {
 };
 
 // A stream-ordered allocation from the device pool, freed (stream-ordered) when destroyed.
+// cudaMallocAsync on the device's current pool; when the pool cannot map the block (its cached
+// free memory lies in pieces too small for it: a long sequence's backward asks for more at once
+// than the forward's freed blocks hold), the stream is synchronized, the pool's unused memory
+// released (cudaMemPoolTrimTo) and the allocation tried once more. An error is left cleared.
+inline cudaError_t MallocAsyncOrTrim(void** p, int64_t bytes, cudaStream_t stream) {
+  cudaError_t e = cudaMallocAsync(p, static_cast<size_t>(bytes), stream);
+  if (e != cudaErrorMemoryAllocation) return e;
+  cudaGetLastError();
+  int device = 0;
+  cudaMemPool_t pool = nullptr;
+  if (cudaStreamSynchronize(stream) == cudaSuccess && cudaGetDevice(&device) == cudaSuccess &&
+      cudaDeviceGetMemPool(&pool, device) == cudaSuccess && cudaMemPoolTrimTo(pool, 0) == cudaSuccess) {
+    e = cudaMallocAsync(p, static_cast<size_t>(bytes), stream);
+  }
+  if (e != cudaSuccess) cudaGetLastError();
+  return e;
+}
+
 class PoolBlock {
  public:
   PoolBlock() = default;
@@ -50,10 +68,9 @@ class PoolBlock {
     stream_ = stream;
     bytes_ = bytes;
     if (bytes == 0) return absl::OkStatus();
-    cudaError_t e = cudaMallocAsync(&p_, static_cast<size_t>(bytes), stream);
+    cudaError_t e = MallocAsyncOrTrim(&p_, bytes, stream);
     if (e == cudaErrorMemoryAllocation) {
       // The error users meet when a batch or activation policy does not fit: give the numbers.
-      cudaGetLastError();
       size_t free_bytes = 0, total_bytes = 0;
       cudaMemGetInfo(&free_bytes, &total_bytes);
       p_ = nullptr;

@@ -1,7 +1,8 @@
 // The reductions and casts of reductions.h against the host: the FP32 residual add of a BF16
-// branch (out of place and in place, exact), and the FP64 sum of squares at sizes 0, 1 and two
-// odd large ones, from aligned and unaligned starts. (SumInto is checked with the cross entropy,
-// whose row losses it adds; ReducePartialsInto with the RMSNorm weight gradient.)
+// branch (out of place and in place, exact), the casts and the widening bit for bit, and the FP64
+// sum of squares at sizes 0, 1 and two odd large ones, from aligned and unaligned starts. (SumInto
+// is checked with the cross entropy, whose row losses it adds; ReducePartialsInto with the RMSNorm
+// weight gradient.)
 #include "worker/kernels/reductions.h"
 
 #include <cstdint>
@@ -121,6 +122,36 @@ TEST_F(ReductionsGpuTest, CastF32ToBf16ExactIsFloatToBf16BitForBit) {
     }
   }
   EXPECT_FALSE(kernels::CastF32ToBf16Exact(nullptr, 1, nullptr, 0, nullptr).ok());
+}
+
+// The checkpoint widening (runtime.checkpoint_dtype bf16): every BF16 bit pattern (NaNs of every
+// payload, infinities, subnormals, signed zeros) widened exactly to Bf16ToFloat's FP32 bits, from
+// aligned and unaligned starts (the vector and the one-by-one paths), an odd length, and nothing
+// written past the end.
+TEST_F(ReductionsGpuTest, WidenBf16ToF32IsExactForEveryBitPattern) {
+  const int64_t n = 65536 * 3 + 7;
+  std::vector<uint16_t> bits(n);
+  for (int64_t i = 0; i < n; ++i) bits[i] = static_cast<uint16_t>(i < 3 * 65536 ? i % 65536 : Rng()());
+  Dev<uint16_t> src(n + 1);
+  Dev<uint32_t> dst(n + 2);
+  ASSERT_CUDA_OK(cudaMemcpy(src.get(), bits.data(), n * 2, cudaMemcpyHostToDevice));
+  for (int offset : {0, 1}) {
+    const int64_t len = n - offset;
+    ASSERT_CUDA_OK(cudaMemset(dst.get(), 0xff, (n + 2) * 4));
+    ASSERT_OK(kernels::WidenBf16ToF32(reinterpret_cast<const bf16*>(src.get() + offset), len,
+                                      reinterpret_cast<float*>(dst.get() + offset), nullptr));
+    std::vector<uint32_t> got(n + 2);
+    ASSERT_CUDA_OK(cudaMemcpy(got.data(), dst.get(), (n + 2) * 4, cudaMemcpyDeviceToHost));
+    int64_t differ = 0;
+    for (int64_t i = 0; i < len; ++i) {
+      const float want = Bf16ToFloat(bits[offset + i]);
+      differ += std::memcmp(&want, &got[offset + i], 4) != 0;
+    }
+    EXPECT_EQ(differ, 0) << "offset " << offset;
+    EXPECT_EQ(got[offset + len], 0xffffffffu) << "wrote past the end";
+  }
+  EXPECT_TRUE(kernels::WidenBf16ToF32(nullptr, 0, nullptr, nullptr).ok());
+  EXPECT_FALSE(kernels::WidenBf16ToF32(nullptr, 1, nullptr, nullptr).ok());
 }
 
 // Squared norm (device-staged clipping).

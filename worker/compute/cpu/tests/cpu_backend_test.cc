@@ -448,6 +448,84 @@ TEST(MemoryOps, AllocateCopyMemsetRoundTrip) {
   EXPECT_TRUE(be->Synchronize().ok());
 }
 
+// The checkpoint conversion (runtime.checkpoint_dtype bf16): FP32 -> BF16 rounds to nearest even
+// (ties to the even mantissa, both ways; a carry into the exponent; overflow to infinity), keeps
+// NaNs NaN (quiet) and infinities and signed zeros as they are; BF16 -> FP32 is exact for every
+// bit pattern, so a round trip is the rounding. An odd count; a dtype to itself copies.
+TEST(MemoryOps, ConvertActivationsRoundsToNearestEvenAndWidensExactly) {
+  auto be = Backend(AwkwardConfig(false));
+  auto f32 = [](uint32_t bits) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  };
+  struct Case {
+    uint32_t in;
+    uint16_t want;
+  };
+  const std::vector<Case> cases = {
+      {0x3f800000u, 0x3f80},  // 1.0: exact
+      {0x3f808000u, 0x3f80},  // 1 + half a BF16 ulp: a tie, to the even mantissa (down)
+      {0x3f818000u, 0x3f82},  // a tie above an odd mantissa: up, to even
+      {0x3f808001u, 0x3f81},  // just over the tie: up
+      {0x3f817fffu, 0x3f81},  // just under the tie: down
+      {0xbf808000u, 0xbf80},  // negative tie: to even, in magnitude
+      {0xbf818000u, 0xbf82},  // negative tie above an odd mantissa: to even, up in magnitude
+      {0x3fffffffu, 0x4000},  // rounds up into the next exponent
+      {0x7f7fffffu, 0x7f80},  // FLT_MAX: rounds to infinity
+      {0x7f800000u, 0x7f80},  // +inf
+      {0xff800000u, 0xff80},  // -inf
+      {0x00000000u, 0x0000},  // +0
+      {0x80000000u, 0x8000},  // -0
+      {0x00000001u, 0x0000},  // the smallest subnormal: to zero
+      {0x00418000u, 0x0042},  // a subnormal tie: to even
+      {0x7fc00000u, 0x7fc0},  // quiet NaN
+      {0x7f800001u, 0x7fc0},  // signalling NaN, payload only in the low bits: a quiet NaN
+      {0xffffffffu, 0xffff},  // negative NaN, all payload bits
+  };
+  const int64_t n = static_cast<int64_t>(cases.size()) + 5;  // odd, with random normals after the cases
+  std::vector<float> in(n);
+  for (size_t i = 0; i < cases.size(); ++i) in[i] = f32(cases[i].in);
+  const std::vector<float> extra = RandomNormals<float>(n - static_cast<int64_t>(cases.size()), 3);
+  for (size_t i = cases.size(); i < static_cast<size_t>(n); ++i) in[i] = extra[i - cases.size()];
+  auto src = *be->Allocate(n * 4);
+  auto narrow = *be->Allocate(n * 2);
+  auto wide = *be->Allocate(n * 4);
+  ASSERT_TRUE(be->CopyToDevice(in.data(), src->data(), n * 4).ok());
+  ASSERT_TRUE(be->ConvertActivations(src->data(), DType::kF32, narrow->data(), DType::kBF16, n).ok());
+  std::vector<uint16_t> got(n);
+  ASSERT_TRUE(be->CopyToHost(narrow->data(), got.data(), n * 2).ok());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(got[i], cases[i].want) << std::hex << "0x" << cases[i].in;
+  }
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(got[i], FloatToBf16(in[i])) << i;
+  ASSERT_TRUE(be->ConvertActivations(narrow->data(), DType::kBF16, wide->data(), DType::kF32, n).ok());
+  std::vector<uint32_t> back(n);
+  ASSERT_TRUE(be->CopyToHost(wide->data(), back.data(), n * 4).ok());
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(back[i], static_cast<uint32_t>(got[i]) << 16) << i;
+  // Every BF16 pattern widens exactly (NaN payloads included).
+  std::vector<uint16_t> all(65536);
+  for (int i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
+  auto all_dev = *be->Allocate(65536 * 2);
+  auto all_wide = *be->Allocate(65536 * 4);
+  ASSERT_TRUE(be->CopyToDevice(all.data(), all_dev->data(), 65536 * 2).ok());
+  ASSERT_TRUE(be->ConvertActivations(all_dev->data(), DType::kBF16, all_wide->data(), DType::kF32, 65536).ok());
+  std::vector<uint32_t> all_back(65536);
+  ASSERT_TRUE(be->CopyToHost(all_wide->data(), all_back.data(), 65536 * 4).ok());
+  int64_t differ = 0;
+  for (int i = 0; i < 65536; ++i) differ += all_back[i] != static_cast<uint32_t>(i) << 16;
+  EXPECT_EQ(differ, 0);
+  // A dtype to itself copies; a negative count and null pointers are refused; nothing to do is fine.
+  auto copy = *be->Allocate(n * 4);
+  ASSERT_TRUE(be->ConvertActivations(src->data(), DType::kF32, copy->data(), DType::kF32, n).ok());
+  EXPECT_EQ(std::memcmp(copy->data(), src->data(), n * 4), 0);
+  EXPECT_EQ(be->ConvertActivations(src->data(), DType::kF32, narrow->data(), DType::kBF16, -1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(be->ConvertActivations(nullptr, DType::kF32, narrow->data(), DType::kBF16, 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(be->ConvertActivations(nullptr, DType::kF32, nullptr, DType::kBF16, 0).ok());
+}
+
 TEST(Factory, RejectsBadConfigAndOptions) {
   ModelConfig bad = AwkwardConfig(false);
   bad.num_key_value_heads = 4;  // 6 heads not a multiple of 4

@@ -3,7 +3,8 @@
 // and the fused head (norm + LM head + cross entropy), for three small Qwen3 shapes (head dims 64,
 // 128, 16), both residual streams and both attentions (own kernels; cuDNN with FP32 norm weights,
 // skipped where libcudnn does not load). One packed micro-batch of three documents with repeated
-// token ids and ignored labels; outputs NaN-poisoned first.
+// token ids and ignored labels; outputs NaN-poisoned first. And the checkpoint conversion
+// (ConvertActivations) against the CPU backend's, bit for bit.
 #include "worker/compute/cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
@@ -421,6 +422,55 @@ INSTANTIATE_TEST_SUITE_P(
                       BackendCase{"qwen2", false, Attention::kOwn, 37},
                       BackendCase{"yarn", true, Attention::kCudnn, 37}),
     CaseName);
+
+// The checkpoint conversion (runtime.checkpoint_dtype bf16) bit for bit the CPU backend's: FP32 ->
+// BF16 on random bit patterns (NaNs of every payload, infinities, subnormals, ties), BF16 -> FP32
+// on every pattern, an odd count (the kernels' scalar tails), a dtype to itself a copy.
+using CudaConvertGpuTest = GpuTest;
+TEST_F(CudaConvertGpuTest, ConvertActivationsIsTheCpuBackendsBitForBit) {
+  auto tiny = ModelConfig::Preset("tiny");
+  ASSERT_OK(tiny.status());
+  auto g = MakeCudaBackendWithOptions(*tiny, 0, CudaBackendOptions{});
+  ASSERT_OK(g.status());
+  auto c = MakeCpuBackend(*tiny);
+  ASSERT_OK(c.status());
+  ComputeBackend& gpu = **g;
+  ComputeBackend& cpu = **c;
+  const int64_t n = 3 * 65536 + 7;
+  std::vector<uint32_t> bits(n);
+  for (auto& b : bits) b = static_cast<uint32_t>(Rng()());
+  for (uint32_t i = 0; i < 65536; ++i) bits[i] = 0x3f800000u + (i << 1);  // ties and near-ties
+  const uint32_t special[] = {0x7f800000u, 0xff800000u, 0x7f800001u, 0xffffffffu, 0x7fc00000u,
+                              0x00000001u, 0x80000000u, 0x7f7fffffu, 0x3f808000u, 0x3f818000u};
+  for (size_t i = 0; i < sizeof(special) / 4; ++i) bits[70000 + i] = special[i];
+  std::vector<uint16_t> narrow_bits(n);
+  for (int64_t i = 0; i < n; ++i) narrow_bits[i] = static_cast<uint16_t>(i < 65536 ? i : bits[i] >> 16);
+  struct Way {
+    DType from, to;
+    const void* host;
+  };
+  for (const Way& w : {Way{DType::kF32, DType::kBF16, bits.data()}, Way{DType::kBF16, DType::kF32, narrow_bits.data()},
+                       Way{DType::kF32, DType::kF32, bits.data()}}) {
+    const int64_t in_bytes = n * DTypeBytes(w.from), out_bytes = n * DTypeBytes(w.to);
+    std::vector<std::vector<uint8_t>> got;
+    for (ComputeBackend* be : {&gpu, &cpu}) {
+      auto src = be->Allocate(in_bytes);
+      auto dst = be->Allocate(out_bytes);
+      ASSERT_OK(src.status());
+      ASSERT_OK(dst.status());
+      ASSERT_OK(be->CopyToDevice(w.host, (*src)->data(), in_bytes));
+      ASSERT_OK(be->Memset(**dst, 0xff));
+      ASSERT_OK(be->ConvertActivations((*src)->data(), w.from, (*dst)->data(), w.to, n));
+      got.emplace_back(out_bytes);
+      ASSERT_OK(be->CopyToHost((*dst)->data(), got.back().data(), out_bytes));
+    }
+    int64_t differ = 0;
+    for (int64_t i = 0; i < out_bytes; ++i) differ += got[0][i] != got[1][i];
+    EXPECT_EQ(differ, 0) << DTypeBytes(w.from) << " -> " << DTypeBytes(w.to) << " bytes an element";
+  }
+  EXPECT_FALSE(gpu.ConvertActivations(nullptr, DType::kF32, nullptr, DType::kBF16, 1).ok());
+  EXPECT_TRUE(gpu.ConvertActivations(nullptr, DType::kF32, nullptr, DType::kBF16, 0).ok());
+}
 
 }  // namespace
 }  // namespace slidedp
