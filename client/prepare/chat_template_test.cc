@@ -21,6 +21,7 @@
 #include "common/data/dataset.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "client/prepare/prepare_test_util.h"
 
 namespace slidedp::prepare {
 namespace {
@@ -28,14 +29,9 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 
-std::string SourceDir() {
-  const char* s = std::getenv("SLIDEDP_SOURCE_DIR");
-  if (s != nullptr) return s;
-  std::string here = __FILE__;
-  return here.substr(0, here.rfind("/client/prepare/"));
-}
+using test_data::SourceDir;
 std::string DataDir() { return SourceDir() + "/tests/data/chat_templates"; }
-std::string Qwen3Dir() { return SourceDir() + "/tests/data/tokenizer/qwen3"; }
+using test_data::Qwen3Dir;
 std::string Llama3Dir() { return DataDir() + "/llama3"; }
 
 json ReadJson(const std::string& path) {

@@ -16,6 +16,7 @@
 #include "common/data/micro_batch.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "client/prepare/prepare_test_util.h"
 
 namespace slidedp::prepare {
 namespace {
@@ -28,22 +29,10 @@ using json = nlohmann::json;
 constexpr int64_t kSeqLen = 262144;
 constexpr int64_t kQwen3ModelVocab = 151936;  // embedding rows; the tokenizer's ids are below
 
-std::string SourceDir() {
-  const char* s = std::getenv("SLIDEDP_SOURCE_DIR");
-  if (s != nullptr) return s;
-  std::string here = __FILE__;
-  return here.substr(0, here.rfind("/client/prepare/"));
-}
-std::string ModelDir() { return SourceDir() + "/tests/data/tokenizer/qwen3"; }
+using test_data::Qwen3;
+using test_data::SourceDir;
+std::string ModelDir() { return test_data::Qwen3Dir(); }
 
-const tok::Tokenizer& Qwen3() {
-  static const tok::Tokenizer* t = [] {
-    auto r = tok::Tokenizer::FromFile(ModelDir() + "/tokenizer.json");
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r->release();
-  }();
-  return *t;
-}
 
 uint32_t Id(const std::string& piece) {
   std::vector<uint32_t> ids = Qwen3().Encode(piece);

@@ -11,6 +11,7 @@
 #include "common/data/dataset.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "client/prepare/prepare_test_util.h"
 
 namespace slidedp::prepare {
 namespace {
@@ -18,22 +19,10 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 
-std::string SourceDir() {
-  const char* s = std::getenv("SLIDEDP_SOURCE_DIR");
-  if (s != nullptr) return s;
-  std::string here = __FILE__;
-  return here.substr(0, here.rfind("/client/prepare/"));
-}
-std::string ModelDir() { return SourceDir() + "/tests/data/tokenizer/qwen3"; }
+using test_data::Qwen3;
+using test_data::SourceDir;
+std::string ModelDir() { return test_data::Qwen3Dir(); }
 
-const tok::Tokenizer& Qwen3() {
-  static const tok::Tokenizer* t = [] {
-    auto r = tok::Tokenizer::FromFile(ModelDir() + "/tokenizer.json");
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r->release();
-  }();
-  return *t;
-}
 
 std::string TempPath(const std::string& name) {
   return testing::TempDir() + "/prepare_test_" + std::to_string(::getpid()) + "_" + name;

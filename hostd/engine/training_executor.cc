@@ -776,6 +776,9 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   ASSIGN_OR_RETURN(JobPlan plan, PlanJob(spec, layout, WorkerDevicesOf(hellos)));
   Attempt a(std::move(spec), std::move(layout), std::move(plan));
   a.policy_key = std::move(policy_key);
+  if (std::any_of(hellos.begin(), hellos.end(), [](const v1::WorkerHello& h) { return h.device().kind() == "cuda"; })) {
+    ctx.Log(LongestSequenceNote(a.spec, a.layout, a.plan, hellos));
+  }
   if (a.spec.layer_layout && a.spec.layer_layout->autopolicy) {  // a cached (or file) AutoPolicy layout
     a.predicted_step_s = a.spec.layer_layout->autopolicy->predicted.step_s;
     a.predicted_bottleneck = a.spec.layer_layout->autopolicy->predicted.bottleneck;

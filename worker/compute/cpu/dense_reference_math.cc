@@ -515,6 +515,28 @@ void QkvBlockBackward(const DecoderDims& d, const DecoderTensors<const R>& w, co
   RmsNormBackwardRows(x, a.rstd1.data(), w[kInputNorm], dxn.data(), T, H, dx, Accumulate::kAdd, g[kInputNorm], pool);
 }
 
+// Attention over the whole batch from its inputs computed tile by tile: q_rot, k_rot, v, attn and
+// lse of every token (the other fields left empty).
+template <typename R>
+DecoderActs<R> TiledAttention(const DecoderDims& d, const DecoderOffsets& offs, const R* params,
+                              const TokenGeometry& geom, const R* x, int64_t tile, CpuWorkerPool* pool) {
+  const int64_t T = geom.num_tokens, H = d.hidden, half = d.head_dim / 2, qd = d.q_dim(), kvd = d.kv_dim();
+  DecoderActs<R> whole;
+  whole.q_rot.resize(T * qd);
+  whole.k_rot.resize(T * kvd);
+  whole.v.resize(T * kvd);
+  for (int64_t t0 = 0; t0 < T; t0 += tile) {
+    const int64_t rows = std::min(tile, T - t0);
+    DecoderActs<R> t;
+    DecoderAttentionInputs(d, offs, params, TileGeometry(geom, half, t0, rows), x + t0 * H, &t, pool);
+    std::copy(t.q_rot.begin(), t.q_rot.end(), whole.q_rot.begin() + t0 * qd);
+    std::copy(t.k_rot.begin(), t.k_rot.end(), whole.k_rot.begin() + t0 * kvd);
+    std::copy(t.v.begin(), t.v.end(), whole.v.begin() + t0 * kvd);
+  }
+  DecoderAttention(d, geom, &whole, pool);
+  return whole;
+}
+
 }  // namespace
 
 template <typename R>
@@ -536,7 +558,7 @@ void DecoderBackward(const DecoderDims& d, const DecoderOffsets& offs, const R* 
 template <typename R>
 void DecoderForwardTiled(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
                          const R* x, R* y, int64_t tile, CpuWorkerPool* pool) {
-  const int64_t T = geom.num_tokens, H = d.hidden, half = d.head_dim / 2, qd = d.q_dim(), kvd = d.kv_dim();
+  const int64_t T = geom.num_tokens, H = d.hidden, half = d.head_dim / 2, qd = d.q_dim();
   if (tile <= 0 || tile >= T) {
     DecoderActs<R> acts;
     DecoderForwardAll(d, offs, params, geom, x, y, &acts, pool);
@@ -544,19 +566,7 @@ void DecoderForwardTiled(const DecoderDims& d, const DecoderOffsets& offs, const
   }
   // Attention's inputs tile by tile, attention whole, then the MLP tile by tile (y may alias x:
   // a tile's x rows are read before its y rows are written).
-  DecoderActs<R> whole;
-  whole.q_rot.resize(T * qd);
-  whole.k_rot.resize(T * kvd);
-  whole.v.resize(T * kvd);
-  for (int64_t t0 = 0; t0 < T; t0 += tile) {
-    const int64_t rows = std::min(tile, T - t0);
-    DecoderActs<R> t;
-    DecoderAttentionInputs(d, offs, params, TileGeometry(geom, half, t0, rows), x + t0 * H, &t, pool);
-    std::copy(t.q_rot.begin(), t.q_rot.end(), whole.q_rot.begin() + t0 * qd);
-    std::copy(t.k_rot.begin(), t.k_rot.end(), whole.k_rot.begin() + t0 * kvd);
-    std::copy(t.v.begin(), t.v.end(), whole.v.begin() + t0 * kvd);
-  }
-  DecoderAttention(d, geom, &whole, pool);
+  const DecoderActs<R> whole = TiledAttention(d, offs, params, geom, x, tile, pool);
   for (int64_t t0 = 0; t0 < T; t0 += tile) {
     const int64_t rows = std::min(tile, T - t0);
     const TokenGeometry tg = TileGeometry(geom, half, t0, rows);
@@ -581,19 +591,7 @@ void DecoderBackwardTiled(const DecoderDims& d, const DecoderOffsets& offs, cons
   const DecoderTensors<const R> w(params, offs);
   const DecoderTensors<R> g(dparams, offs);
   // Attention's inputs and output, recomputed whole (tile by tile for the inputs).
-  DecoderActs<R> whole;
-  whole.q_rot.resize(T * qd);
-  whole.k_rot.resize(T * kvd);
-  whole.v.resize(T * kvd);
-  for (int64_t t0 = 0; t0 < T; t0 += tile) {
-    const int64_t rows = std::min(tile, T - t0);
-    DecoderActs<R> t;
-    DecoderAttentionInputs(d, offs, params, TileGeometry(geom, half, t0, rows), x + t0 * H, &t, pool);
-    std::copy(t.q_rot.begin(), t.q_rot.end(), whole.q_rot.begin() + t0 * qd);
-    std::copy(t.k_rot.begin(), t.k_rot.end(), whole.k_rot.begin() + t0 * kvd);
-    std::copy(t.v.begin(), t.v.end(), whole.v.begin() + t0 * kvd);
-  }
-  DecoderAttention(d, geom, &whole, pool);
+  const DecoderActs<R> whole = TiledAttention(d, offs, params, geom, x, tile, pool);
   // The MLP and o_proj blocks tile by tile (each tile's MLP inputs recomputed); dh1 waits whole.
   std::vector<R> dh1(T * H), dattn(T * qd);
   for (int64_t t0 = 0; t0 < T; t0 += tile) {
