@@ -120,7 +120,8 @@
 #   LONGCTX_MODEL LONGCTX_SEQ LONGCTX_STEPS  ours' model (qwen3-8b), row = step (262144), steps (2: step 1 is
 #                    warm-up, the gate reads the last); yarn factor SEQ / 32768, max_position_embeddings
 #                    max(SEQ, 40960)
-#   LONGCTX_OFFLOAD  runtime.offload_ratio (0.35)   LONGCTX_TILE  runtime.tile_tokens (32768; empty: key left out)
+#   LONGCTX_OFFLOAD  runtime.offload_ratio (0.4)   LONGCTX_TILE  runtime.tile_tokens (32768; empty: key left out)
+#   LONGCTX_CHECKPOINT_DTYPE  runtime.checkpoint_dtype of ours and compute-only (fp32; bf16: half the layer inputs)
 #   LONGCTX_RUNTIME_EXTRA  more runtime keys for ours     LONGCTX_WHAT  the stages, in order ("ours compute peer")
 #   LONGCTX_OURS_CAP (470) LONGCTX_COMPUTE_CAP (120) LONGCTX_PEER_CAP (150, per sequence length)  seconds
 #   LONGCTX_COMPUTE_LAYERS  bench_step's depth (4; 0: all, which takes as long as ours)
@@ -1063,7 +1064,7 @@ data: {path: $data}
 output: {dir: $d/out, save_final: false}
 train: {seq_len: $seq, global_batch: 1, micro_batch: 1, steps: $steps, seed: 0, max_grad_norm: 0}
 optimizer: {lr: 1.0e-5, weight_decay: 0.01, state_dtype: int8}
-runtime: {workers: 1, act_policy: recompute, offload_ratio: $offload, param_source: master${tile:+, tile_tokens: $tile}${LONGCTX_RUNTIME_EXTRA:+, $LONGCTX_RUNTIME_EXTRA}}
+runtime: {workers: 1, act_policy: recompute, offload_ratio: $offload, param_source: master, checkpoint_dtype: ${LONGCTX_CHECKPOINT_DTYPE:-fp32}${tile:+, tile_tokens: $tile}${LONGCTX_RUNTIME_EXTRA:+, $LONGCTX_RUNTIME_EXTRA}}
 YAML
   dry && sed 's/^/DRY      /' "$d/job.yaml"
   dry || { longctx_sampler "$d/hostmem" & sampler=$!; }
@@ -1093,6 +1094,7 @@ longctx_compute() {
   coff=${LONGCTX_COMPUTE_OFFLOAD:-$([ "$layers" = 0 ] && echo "$offload" || echo 0)}
   [ -n "$rope_json" ] && extra+=(--rope-scaling "$rope_json")
   [ -n "$tile" ] && extra+=(--tile-tokens "$tile")
+  extra+=(--checkpoint-dtype "${LONGCTX_CHECKPOINT_DTYPE:-fp32}")
   [ "$layers" != 0 ] && extra+=(--layers "$layers")
   stage longctx_compute "${LONGCTX_COMPUTE_CAP:-120}" bench_step --model "$model" --seq "$seq" --tokens "$seq" \
     --micro-batch-rows 1 --policy recompute --steps "${LONGCTX_COMPUTE_STEPS:-2}" --gpu 0 \
@@ -1122,7 +1124,7 @@ longctx_peer() {
 part_longctx() {
   find_cudnn
   local model=${LONGCTX_MODEL:-qwen3-8b} seq=${LONGCTX_SEQ:-262144} steps=${LONGCTX_STEPS:-2}
-  local offload=${LONGCTX_OFFLOAD:-0.35} tile=${LONGCTX_TILE-32768} what=${LONGCTX_WHAT:-"ours compute peer"} k
+  local offload=${LONGCTX_OFFLOAD:-0.4} tile=${LONGCTX_TILE-32768} what=${LONGCTX_WHAT:-"ours compute peer"} k
   local w=$work/longctx/$model-s$seq maxpos rope_yaml="" rope_json="" factor
   for k in $what; do
     case $k in
