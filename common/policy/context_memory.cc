@@ -11,10 +11,15 @@ constexpr int64_t kResidualBytes = 4;  // FP32 residual stream
 constexpr int64_t kWindowSlots = 3;    // worker/pipeline/cuda_streamer.h window_slots
 
 // Bytes per token of the whole-micro-batch attention intermediates and their gradients (BF16 but
-// the FP32 LSE): qkv and dqkv, q and dq after RoPE, k and dk, the output and its gradient.
+// the FP32 LSE): qkv and dqkv, q and dq after RoPE, k and dk, the output and its gradient; and of
+// the attention backward's workspace at its least: an FP32 dQ accumulator and FP32 row sums, which
+// the own kernels (FlashAttentionBackwardWorkspaceBytes) and cuDNN's both hold (cuDNN ~2x that:
+// 8 GiB for Qwen3-8B at 256K, from the size of the block that ran out in docs/gpu-results.md row 85).
 int64_t AttentionBytesPerToken(const ModelConfig& c) {
   const int64_t qkv = c.q_dim() + 2 * c.kv_dim();
-  return 2 * (2 * qkv + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.q_dim()) + 4 * c.num_attention_heads;
+  const int64_t intermediates = 2 * (2 * qkv + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.q_dim()) + 4 * c.num_attention_heads;
+  const int64_t workspace = 4 * (c.q_dim() + c.num_attention_heads);
+  return intermediates + workspace;
 }
 
 // Bytes per token of one tile's scratch in a layer's backward: xn1, xn2 (BF16), h1 (FP32), their

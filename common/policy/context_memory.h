@@ -13,12 +13,13 @@
 //                FP32 for the backward (micro-batch tokens x hidden x 2 B more than its BF16 copy);
 //   attention    the intermediates attention reads and writes and their gradients, whole for the
 //                micro-batch (q/k/v, the rotated q and k, the output, its LSE, and the gradients
-//                of all of them): they grow with the sequence, tiles or not;
+//                of all of them) and the attention backward's workspace at its least (an FP32
+//                dQ accumulator and row sums): they grow with the sequence, tiles or not;
 //   tile         one tile's token-local scratch (norm outputs, h1, gate/up, the MLP's gradients;
 //                ComputeBackend::TileRows): bounded by runtime.tile_tokens;
 //   residual     the gradient flowing between layers and one layer's output (2 x tokens x hidden x 4 B);
 //   window       the parameter window's slots (3 x the largest unit in BF16).
-// Left out (so the figure is a floor, never an overestimate): the attention kernels' workspaces,
+// Left out (so the figure is a floor, never an overestimate): the rest of cuDNN's workspace,
 // the gradient buffers, the head's logits chunk, the allocator's slack, CUDA's context.
 #pragma once
 

@@ -15,7 +15,8 @@ TEST(ContextMemory, PartsOfQwen3_8BAt256K) {
   EXPECT_EQ(m.checkpoints, 24 * T * H * 4);
   EXPECT_EQ(m.offloaded, 12 * T * H * 4);
   // qkv 6144, q 4096, kv 1024: (2 * 6144 + 2 * 4096 + 2 * 1024 + 2 * 4096) BF16 + 32 FP32 LSE
-  EXPECT_EQ(m.attention, T * (2 * (2 * 6144 + 2 * 4096 + 2 * 1024 + 2 * 4096) + 4 * 32));
+  // ... and the attention backward's FP32 dQ accumulator and row sums
+  EXPECT_EQ(m.attention, T * (2 * (2 * 6144 + 2 * 4096 + 2 * 1024 + 2 * 4096) + 4 * 32 + 4 * (4096 + 32)));
   EXPECT_EQ(m.tile, 32768 * (16 * H + 8 + 12 * I));
   EXPECT_EQ(m.residual, 2 * T * H * 4);
   EXPECT_EQ(m.window, 3 * 2 * l.units.back().numel);  // the head: final norm + untied LM head, padded
