@@ -395,6 +395,10 @@ class CudaBackend final : public ComputeBackend {
   // the GEMM output to BF16 in `branch` ([T, H] BF16 scratch) and adds in FP32, as HF autocast.
   absl::Status ResidualGemm(const bf16* a, int64_t k, const bf16* w, const void* res, void* out, bf16* branch,
                             int64_t T);
+  // Its backward for the branch: da = dres · W and dW += dresᵀ · a, with dres (T rows of the
+  // residual stream's gradient) rounded to BF16 in dres_b ([T, H] scratch) in FP32 mode.
+  absl::Status ResidualBranchBackward(const void* dres, int64_t T, const bf16* w, int64_t k, const bf16* a, bf16* da,
+                                      float* dw, bf16* dres_b);
 
   // Reserves the activations of the pieces in `pieces` (common/policy/layer_pieces.h): those
   // attention reads or writes (qkv, qr, kr, o, lse) for all T tokens, the token-local ones (the

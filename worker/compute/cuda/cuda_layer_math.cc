@@ -175,6 +175,30 @@ absl::Status CudaBackend::ResidualGemm(const bf16* a, int64_t k, const bf16* w, 
   return gemm_.Run(g, stream_);
 }
 
+absl::Status CudaBackend::ResidualBranchBackward(const void* dres, int64_t T, const bf16* w, int64_t k,
+                                                 const bf16* a, bf16* da, float* dw, bf16* dres_b) {
+  // The GEMM operand: dres itself (BF16 mode) or its BF16 rounding (FP32 mode; HF autocast's
+  // gradient of the BF16 branch output).
+  const bf16* g = static_cast<const bf16*>(dres);
+  if (f32()) {
+    RETURN_IF_ERROR(kernels::CastF32ToBf16(static_cast<const float*>(dres), T * H_, 1.0f, dres_b, stream_));
+    g = dres_b;
+  }
+  GemmArgs d;  // da = dres · W
+  d.op_b = GemmOp::kN;
+  d.m = T;
+  d.n = k;
+  d.k = H_;
+  d.a = g;
+  d.lda = H_;
+  d.b = w;
+  d.ldb = k;
+  d.d = da;
+  d.ldd = k;
+  RETURN_IF_ERROR(gemm_.Run(d, stream_));
+  return Wgrad(g, H_, a, k, T, H_, k, dw);  // dW += dresᵀ · a
+}
+
 absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir, const kernels::AttnArgs& a) {
   const bool fwd = dir == AttnDir::kForward;
   if (cudnn_ == nullptr || (!fwd && options_.deterministic)) return std::optional<int64_t>();
@@ -383,51 +407,18 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
     RETURN_IF_ERROR(MlpTile(params, ResidualRow(x, t0), at, rows, kept, nullptr, branch));
     const void* dy_t = ResidualRow(dy, t0);
     void* dh1_t = ResidualRow(dx, t0);
-    // y = h1 + act · Wdᵀ. The GEMM operand: dy itself (BF16 mode) or its BF16 rounding (FP32 mode;
-    // HF autocast's gradient of the BF16 down_proj output).
-    const bf16* dy_g = static_cast<const bf16*>(dy_t);
-    if (f32()) {
-      RETURN_IF_ERROR(kernels::CastF32ToBf16(static_cast<const float*>(dy_t), rows * H_, 1.0f, dres_b, stream_));
-      dy_g = dres_b;
-    }
-    GemmArgs g;  // dact = dy · Wd
-    g.op_b = GemmOp::kN;
-    g.m = rows;
-    g.n = I_;
-    g.k = H_;
-    g.a = dy_g;
-    g.lda = H_;
-    g.b = W(params.bf16, kDownProj);
-    g.ldb = I_;
-    g.d = dact;
-    g.ldd = I_;
-    RETURN_IF_ERROR(gemm_.Run(g, stream_));
-    RETURN_IF_ERROR(Wgrad(dy_g, H_, at.act, I_, rows, H_, I_, dparams + off_[kDownProj]));
+    // y = h1 + act · Wdᵀ
+    RETURN_IF_ERROR(ResidualBranchBackward(dy_t, rows, W(params.bf16, kDownProj), I_, at.act, dact,
+                                           dparams + off_[kDownProj], dres_b));
     RETURN_IF_ERROR(kernels::SwiGluBackward(at.gu, dact, rows, I_, dgu, stream_));
     RETURN_IF_ERROR(
         StackedBackward(params.bf16, dparams, gu_w_, dgu, 2 * I_, at.xn2, rows, H_, dxn, act_gemm_type()));
     // dh1 = dy + RMSNorm2ᵀ(dxn), into dx's rows (dy's rows were last read above)
     RETURN_IF_ERROR(NormBackward(dxn, at.h1, Norm(params, kPostNorm), at.rstd2, dy_t, rows, dh1_t,
                                  dparams + off_[kPostNorm], ws_f));
-    // h1 = x + o · Woᵀ
-    const bf16* dh1_g = static_cast<const bf16*>(dh1_t);
-    if (f32()) {  // dres_b's previous content (bf16 dy) was last read by the down_proj GEMMs above
-      RETURN_IF_ERROR(kernels::CastF32ToBf16(static_cast<const float*>(dh1_t), rows * H_, 1.0f, dres_b, stream_));
-      dh1_g = dres_b;
-    }
-    GemmArgs o;  // do = dh1 · Wo
-    o.op_b = GemmOp::kN;
-    o.m = rows;
-    o.n = qd_;
-    o.k = H_;
-    o.a = dh1_g;
-    o.lda = H_;
-    o.b = W(params.bf16, kOProj);
-    o.ldb = qd_;
-    o.d = dattn_o + t0 * qd_;
-    o.ldd = qd_;
-    RETURN_IF_ERROR(gemm_.Run(o, stream_));
-    RETURN_IF_ERROR(Wgrad(dh1_g, H_, at.o, qd_, rows, H_, qd_, dparams + off_[kOProj]));
+    // h1 = x + o · Woᵀ (dres_b's previous content, bf16 dy, was last read by the down_proj GEMMs)
+    RETURN_IF_ERROR(ResidualBranchBackward(dh1_t, rows, W(params.bf16, kOProj), qd_, at.o, dattn_o + t0 * qd_,
+                                           dparams + off_[kOProj], dres_b));
   }
   RETURN_IF_ERROR(AttentionBackward(attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + qd_ + kvd_, ws_attn));
 
