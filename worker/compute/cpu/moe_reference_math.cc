@@ -58,6 +58,30 @@ MoeOffsets MoeOffsets::Stacked(const MoeDims& d) {
   return o;
 }
 
+MoeDims MoeDims::Of(const ModelConfig& c) {
+  MoeDims d;
+  d.hidden = c.hidden_size;
+  d.intermediate = c.moe_intermediate_size;
+  d.num_experts = c.num_experts;
+  d.top_k = c.num_experts_per_tok;
+  d.norm_topk_prob = c.norm_topk_prob;
+  return d;
+}
+
+MoeOffsets MoeOffsets::InUnit(const UnitLayout& unit) {
+  MoeOffsets o;
+  const TensorSlot* router = unit.Find(kRouter);
+  if (!unit.sparse() || router == nullptr) return o;  // a dense unit: no block
+  o.router = router->offset_numel;
+  o.gate = unit.FindExpert(0, kExpertGateProj)->offset_numel;
+  o.up = unit.FindExpert(0, kExpertUpProj)->offset_numel;
+  o.down = unit.FindExpert(0, kExpertDownProj)->offset_numel;
+  o.gate_up_expert_stride = unit.ExpertNumel();
+  o.down_expert_stride = unit.ExpertNumel();
+  o.block_numel = unit.numel;
+  return o;
+}
+
 MoeOffsets MoeOffsets::FusedGateUp(const MoeDims& d) {
   const int64_t E = d.num_experts, H = d.hidden, I = d.intermediate;
   MoeOffsets o;

@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/model/model_config.h"
 #include "worker/compute/cpu/cpu_worker_pool.h"
 
 namespace slidedp {
@@ -58,6 +59,8 @@ struct MoeDims {
   int64_t num_experts = 0;       // num_experts
   int64_t top_k = 0;             // num_experts_per_tok, 1 <= top_k <= num_experts
   bool norm_topk_prob = true;    // norm_topk_prob: renormalise the k selected probabilities
+  // A qwen3_moe model's sizes (ModelConfig's MoE fields).
+  static MoeDims Of(const ModelConfig& config);
 };
 
 // Element offsets of the block's tensors inside one flat parameter array. Expert e's gate_proj
@@ -82,6 +85,10 @@ struct MoeOffsets {
   // router [E, H] | gate_up [E, 2I, H] | down [E, H, I]: HF 5.x Qwen3MoeExperts' in-memory
   // gate_up_proj, whose rows [0, I) of each expert are gate_proj and [I, 2I) up_proj.
   static MoeOffsets FusedGateUp(const MoeDims& dims);
+  // A sparse decoder unit of ModelLayout (common/model/model_config.h): the router and the experts
+  // where the unit keeps them, offsets from the unit's start, each expert's block one stride after
+  // the previous; block_numel is the unit's numel. A dense unit gives all zeros.
+  static MoeOffsets InUnit(const UnitLayout& unit);
 };
 
 // Tokens grouped by expert. Row r of the grouped layout is slot slot_index[r] of token

@@ -206,6 +206,65 @@ TEST_P(MoeForward, MatchesNaivePerTokenReference) {
   EXPECT_EQ(y_fused, y);
 }
 
+// The block runs on a sparse unit of the model layout as it is (common/model: router, then each
+// expert's gate/up/down in one padded block): the same outputs and gradients bit for bit as on the
+// stacked arrays of the same numbers, and the layout's own sizes through MoeDims::Of.
+TEST(MoeInUnit, TheLayoutsSparseUnitGivesTheStackedResultsBitForBit) {
+  const ModelConfig config = ModelConfig::Preset("tiny-moe").value();
+  const ModelLayout layout = ModelLayout::Build(config);
+  const UnitLayout* unit = nullptr;
+  for (const UnitLayout& u : layout.units) {
+    if (u.sparse()) {
+      unit = &u;
+      break;
+    }
+  }
+  ASSERT_NE(unit, nullptr);
+  const MoeDims d = MoeDims::Of(config);
+  EXPECT_EQ(d.num_experts, unit->num_experts());
+  const MoeOffsets in_unit = MoeOffsets::InUnit(*unit), stacked = MoeOffsets::Stacked(d);
+  EXPECT_EQ(in_unit.block_numel, unit->numel);
+  const std::vector<double> p_stacked = RandomParams(d, stacked, 901);
+  std::vector<double> p_unit(unit->numel, 0.0);
+  const int64_t H = d.hidden, I = d.intermediate, E = d.num_experts;
+  std::copy_n(p_stacked.data() + stacked.router, E * H, p_unit.data() + in_unit.router);
+  for (int64_t e = 0; e < E; ++e) {
+    EXPECT_EQ(in_unit.gate_at(e), unit->FindExpert(e, kExpertGateProj)->offset_numel);
+    EXPECT_EQ(in_unit.up_at(e), unit->FindExpert(e, kExpertUpProj)->offset_numel);
+    EXPECT_EQ(in_unit.down_at(e), unit->FindExpert(e, kExpertDownProj)->offset_numel);
+    std::copy_n(p_stacked.data() + stacked.gate_at(e), I * H, p_unit.data() + in_unit.gate_at(e));
+    std::copy_n(p_stacked.data() + stacked.up_at(e), I * H, p_unit.data() + in_unit.up_at(e));
+    std::copy_n(p_stacked.data() + stacked.down_at(e), H * I, p_unit.data() + in_unit.down_at(e));
+  }
+  const int64_t T = 23;
+  const std::vector<double> x = testing::RandomNormals<double>(T * H, 902), dy = testing::RandomNormals<double>(T * H, 903);
+  std::vector<double> y_s(T * H), y_u(T * H), dx_s(T * H), dx_u(T * H);
+  std::vector<double> g_s(stacked.block_numel, 0.0), g_u(in_unit.block_numel, 0.0);
+  MoeActs<double> a_s, a_u;
+  MoeBlockForward(d, stacked, p_stacked.data(), x.data(), T, y_s.data(), &a_s, nullptr);
+  MoeBlockForward(d, in_unit, p_unit.data(), x.data(), T, y_u.data(), &a_u, nullptr);
+  EXPECT_EQ(y_u, y_s);
+  MoeBlockBackward(d, stacked, p_stacked.data(), x.data(), T, a_s, dy.data(), nullptr, dx_s.data(), g_s.data(), nullptr);
+  MoeBlockBackward(d, in_unit, p_unit.data(), x.data(), T, a_u, dy.data(), nullptr, dx_u.data(), g_u.data(), nullptr);
+  EXPECT_EQ(dx_u, dx_s);
+  for (int64_t i = 0; i < E * H; ++i) ASSERT_EQ(g_u[in_unit.router + i], g_s[stacked.router + i]) << i;
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t i = 0; i < I * H; ++i) {
+      ASSERT_EQ(g_u[in_unit.gate_at(e) + i], g_s[stacked.gate_at(e) + i]) << e;
+      ASSERT_EQ(g_u[in_unit.up_at(e) + i], g_s[stacked.up_at(e) + i]) << e;
+      ASSERT_EQ(g_u[in_unit.down_at(e) + i], g_s[stacked.down_at(e) + i]) << e;
+    }
+  }
+  // A dense layer of the model (tiny-moe's mlp_only_layers) has no block.
+  int dense = 0;
+  for (const UnitLayout& u : layout.units) {
+    if (u.kind != UnitKind::kDecoder || u.sparse()) continue;
+    ++dense;
+    EXPECT_EQ(MoeOffsets::InUnit(u).block_numel, 0);
+  }
+  EXPECT_GT(dense, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Routing, MoeForward,
                          ::testing::Values(MoeCase{"top2_norm", 2, true, 0.0}, MoeCase{"top2_raw", 2, false, 0.0},
                                            MoeCase{"top3_norm", 3, true, 0.0}, MoeCase{"top3_raw", 3, false, 0.0}),
