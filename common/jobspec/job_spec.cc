@@ -1,6 +1,7 @@
 // Strict YAML job-spec parsing with yaml-cpp (a maintained YAML 1.2 parser; JSON is a subset).
 #include "common/jobspec/job_spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cerrno>
 #include <cstdlib>
@@ -618,6 +619,10 @@ int64_t GpuMemoryLimitBytes(const JobSpec& spec, int64_t device_bytes) {
   if (spec.gpu_memory_limit_bytes > 0) return spec.gpu_memory_limit_bytes;
   if (spec.gpu_memory_limit_fraction > 0) return static_cast<int64_t>(spec.gpu_memory_limit_fraction * device_bytes);
   return 0;
+}
+int64_t GpuCapacityBytes(const JobSpec& spec, int64_t device_bytes) {
+  const int64_t limit = GpuMemoryLimitBytes(spec, device_bytes);
+  return limit > 0 ? std::min(limit, device_bytes) : device_bytes;
 }
 const char* ToString(NormWeights k) {
   switch (k) {

@@ -219,5 +219,7 @@ const char* ToString(NoDecay k);
 inline constexpr int64_t kMinGpuMemoryLimitBytes = 1ll << 20;
 // runtime.gpu_memory_limit in bytes on a device of `device_bytes`; 0: no limit.
 int64_t GpuMemoryLimitBytes(const JobSpec& spec, int64_t device_bytes);
+// What a worker of that device may use: the limit, or the whole device without one.
+int64_t GpuCapacityBytes(const JobSpec& spec, int64_t device_bytes);
 
 }  // namespace slidedp

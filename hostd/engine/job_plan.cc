@@ -198,10 +198,14 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
   // The GPU memory floor of the step on each CUDA worker (common/policy/context_memory.h): a job
   // whose floor is over a device is refused here, with the longest sequence the model fits.
   const int64_t micro_tokens = static_cast<int64_t>(spec.micro_batch) * spec.seq_len;
+  // Layers whose inputs may wait in host memory: runtime.offload_ratio's, a layout's with any share
+  // offloaded (its one micro-batch, or some of them), or, with runtime.policy auto (AutoPolicy picks
+  // the shares later), every layer: the floor never counts an input that may be offloaded.
   int offloaded_layers = layout.OffloadedLayers(spec.offload_ratio);
+  if (spec.policy_auto) offloaded_layers = static_cast<int>(layout.config.num_hidden_layers);
   if (spec.layer_layout) {
     offloaded_layers = 0;
-    for (const LayerPolicy& l : spec.layer_layout->layers) offloaded_layers += l.offload >= 1.0;
+    for (const LayerPolicy& l : spec.layer_layout->layers) offloaded_layers += l.offload > 0;
   }
   const int64_t tile = spec.tile_tokens > 0 ? spec.tile_tokens : kDefaultTileTokens;
   p.device_floor =
@@ -209,7 +213,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
   for (const WorkerDevice& w : workers) {
     if (w.cpu_backend || w.memory_bytes <= 0) continue;
     const int64_t limit = GpuMemoryLimitBytes(spec, w.memory_bytes);
-    const int64_t capacity = limit > 0 ? std::min(limit, w.memory_bytes) : w.memory_bytes;
+    const int64_t capacity = GpuCapacityBytes(spec, w.memory_bytes);
     if (p.device_floor.device_total() <= capacity) continue;
     const LongestSequence longest = FindLongestSequence(
         layout, capacity, -1, tile, std::max<int64_t>(micro_tokens, int64_t{1} << 24), input_element_bytes);

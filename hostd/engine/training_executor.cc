@@ -674,7 +674,7 @@ std::string LongestSequenceNote(const JobSpec& spec, const ModelLayout& layout, 
                                   plan.device_floor.ToString());
   if (gpu == nullptr) return absl::StrCat(note, "; no CUDA worker attached to size the longest sequence against");
   const int64_t limit = GpuMemoryLimitBytes(spec, gpu->memory_bytes());
-  const int64_t capacity = limit > 0 ? std::min(limit, gpu->memory_bytes()) : gpu->memory_bytes();
+  const int64_t capacity = GpuCapacityBytes(spec, gpu->memory_bytes());
   int64_t host_room = -1;
   if (absl::StatusOr<HostMemoryInfo> host = ReadHostMemoryInfo(); host.ok()) {
     const uint64_t used = plan.memory.total_bytes - plan.memory.offload_bytes + AdmissionPolicy{}.reserve_bytes;

@@ -46,15 +46,12 @@ bool StepRunner::InjectsLoss(int64_t step) const {
   return false;
 }
 
-absl::Status StepRunner::ConvertInputs(std::vector<std::unique_ptr<DeviceBuffer>>& inputs,
-                                       const std::vector<std::unique_ptr<DeviceBatch>>& batches, DType from, DType to) {
-  TraceRange trace("narrow checkpoints");
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const int64_t n = batches[i]->num_tokens() * layout_.config.hidden_size;
-    ASSIGN_OR_RETURN(auto converted, backend_->Allocate(n * DTypeBytes(to)));
-    RETURN_IF_ERROR(backend_->ConvertActivations(inputs[i]->data(), from, converted->data(), to, n));
-    inputs[i] = std::move(converted);
-  }
+absl::Status StepRunner::ConvertInput(std::unique_ptr<DeviceBuffer>& input, const DeviceBatch& batch, DType from,
+                                      DType to) {
+  const int64_t n = batch.num_tokens() * layout_.config.hidden_size;
+  ASSIGN_OR_RETURN(auto converted, backend_->Allocate(n * DTypeBytes(to)));
+  RETURN_IF_ERROR(backend_->ConvertActivations(input->data(), from, converted->data(), to, n));
+  input = std::move(converted);
   return absl::OkStatus();
 }
 
@@ -125,7 +122,10 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
     streamer_->Release(u);
     // The layer's forward is done with its input: from here it is a checkpoint only. (inputs[u + 1]
     // stays exact for the next layer's forward.)
-    if (kept != act) RETURN_IF_ERROR(ConvertInputs(inputs[u], batches, act, kept));
+    for (int i = 0; i < n_mb && kept != act; ++i) {
+      TraceRange narrow("narrow checkpoint");
+      RETURN_IF_ERROR(ConvertInput(inputs[u][i], *batches[i], act, kept));
+    }
     if (activations_ && activations_->offloads(u)) RETURN_IF_ERROR(activations_->Offload(u, inputs[u], saved[u]));
     RETURN_IF_ERROR(streamer_->Prefetch(u + 1, gate));
   }
@@ -184,12 +184,7 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
       SavedActivations* s = saved[u].empty() ? nullptr : saved[u][i].get();
       // A narrowed input is widened for the backward one micro-batch at a time, in place of its
       // narrow copy, and freed after it: at most one micro-batch's wide input exists at a time.
-      if (kept != act) {
-        const int64_t n = batches[i]->num_tokens() * c.hidden_size;
-        ASSIGN_OR_RETURN(auto wide, backend_->Allocate(n * DTypeBytes(act)));
-        RETURN_IF_ERROR(backend_->ConvertActivations(inputs[u][i]->data(), kept, wide->data(), act, n));
-        inputs[u][i] = std::move(wide);
-      }
+      if (kept != act) RETURN_IF_ERROR(ConvertInput(inputs[u][i], *batches[i], kept, act));
       RETURN_IF_ERROR(
           backend_->DecoderBackward(params, *batches[i], inputs[u][i]->data(), s, dy[i]->data(), dy[i]->data(), grad));
       if (kept != act) inputs[u][i].reset();

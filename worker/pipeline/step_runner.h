@@ -103,10 +103,9 @@ class StepRunner {
   // The test-only NaN of inject_nonfinite into unit u's gradient at `step` (unit -1: none).
   absl::Status InjectNonFinite(int64_t step, int unit, float* grad);
   bool InjectsLoss(int64_t step) const;
-  // Replaces each of a layer's inputs (one per micro-batch, in `from`) by a copy in `to`; the
-  // originals are freed (stream-ordered after the conversion that reads them).
-  absl::Status ConvertInputs(std::vector<std::unique_ptr<DeviceBuffer>>& inputs,
-                             const std::vector<std::unique_ptr<DeviceBatch>>& batches, DType from, DType to);
+  // Replaces a layer's input for `batch` (in `from`) by a copy in `to`; the original is freed
+  // (stream-ordered after the conversion that reads it).
+  absl::Status ConvertInput(std::unique_ptr<DeviceBuffer>& input, const DeviceBatch& batch, DType from, DType to);
 
   const ModelLayout& layout_;
   ComputeBackend* backend_;

@@ -279,6 +279,13 @@ TEST(JobPlan, AStepOverTheGpuMemoryFloorIsRefusedWithTheLongestSequence) {
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "layer inputs")) << refused.status();
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "offload_ratio")) << refused.status();
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "runtime.checkpoint_dtype: bf16")) << refused.status();
+  // With runtime.policy auto the offload shares are AutoPolicy's to choose: the floor counts no
+  // input that may be offloaded, so the job is not refused for them.
+  s.policy_auto = true;
+  auto autop = PlanJob(s, layout, Gpus(1));
+  ASSERT_TRUE(autop.ok()) << autop.status();
+  EXPECT_EQ(autop->device_floor.checkpoints, 0);
+  s.policy_auto = false;
   // Offloading most layers' inputs brings the floor under the device.
   s.offload_ratio = 0.5;
   auto offloaded = PlanJob(s, layout, Gpus(1));
