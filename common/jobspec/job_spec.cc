@@ -281,7 +281,8 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"seed", U64(&JobSpec::seed)},
         {"eval_every", Int(&JobSpec::eval_every, 0)},
         {"max_grad_norm", Real(&JobSpec::max_grad_norm, 0, 1e30)},
-        {"skip_nonfinite", Bool(&JobSpec::skip_nonfinite)}}},
+        {"skip_nonfinite", Bool(&JobSpec::skip_nonfinite)},
+        {"router_aux_loss_coef", Real(&JobSpec::router_aux_loss_coef, 0, 1e3)}}},
       {"optimizer",
        {{"lr", Real(&JobSpec::lr, 0, 10)},
         {"beta1", Real(&JobSpec::beta1, 0, 0.999999999)},
@@ -696,7 +697,9 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "seed" << YAML::Value << seed;
   e << YAML::Key << "eval_every" << YAML::Value << eval_every;
   e << YAML::Key << "max_grad_norm" << YAML::Value << max_grad_norm;
-  e << YAML::Key << "skip_nonfinite" << YAML::Value << skip_nonfinite << YAML::EndMap;
+  e << YAML::Key << "skip_nonfinite" << YAML::Value << skip_nonfinite;
+  if (router_aux_loss_coef >= 0) e << YAML::Key << "router_aux_loss_coef" << YAML::Value << router_aux_loss_coef;
+  e << YAML::EndMap;
   e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "lr" << YAML::Value << lr;
   e << YAML::Key << "beta1" << YAML::Value << beta1;

@@ -119,6 +119,13 @@ struct JobSpec {
   // skip: Adam's step count counts only applied updates, the LR schedule follows the global
   // step); off, such a step fails the job (DATA_LOSS naming the step, and the unit or rank).
   bool skip_nonfinite = false;
+  // MoE models: the router's load-balancing loss coefficient (docs/moe.md). < 0 (the key absent):
+  // the model's router_aux_loss_coef when its config sets output_router_logits, else no aux loss,
+  // as HF's Qwen3MoeForCausalLM; >= 0: this coefficient (0: none). Refused for a dense model.
+  double router_aux_loss_coef = -1;
+  double RouterAuxCoef(bool output_router_logits, double model_coef) const {
+    return router_aux_loss_coef >= 0 ? router_aux_loss_coef : output_router_logits ? model_coef : 0.0;
+  }
 
   ScheduleKind schedule = ScheduleKind::kConstant;
   int64_t warmup_steps = 0;

@@ -44,6 +44,61 @@ StepRecord MakeStepRecord(int64_t step, const std::vector<v1::StepDone>& reports
   return r;
 }
 
+absl::Status AddRouterMetrics(const std::vector<v1::StepDone>& reports, const std::vector<int>& sparse_layers,
+                              int64_t num_experts, v1::StepMetrics* m) {
+  if (sparse_layers.empty() || num_experts <= 0) return absl::OkStatus();
+  const size_t n = sparse_layers.size() * static_cast<size_t>(num_experts);
+  std::vector<int64_t> tokens(n, 0);
+  double aux = 0;
+  for (size_t r = 0; r < reports.size(); ++r) {
+    const v1::StepDone& d = reports[r];
+    if (static_cast<size_t>(d.expert_tokens_size()) != n) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", r, " reported ", d.expert_tokens_size(),
+                                                     " expert token counts for ", sparse_layers.size(),
+                                                     " sparse layers of ", num_experts, " experts"));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t c = d.expert_tokens(static_cast<int>(i));
+      if (c < 0 || c > (int64_t{1} << 50)) {
+        return absl::InvalidArgumentError(absl::StrCat("rank ", r, " reported ", c, " tokens for an expert"));
+      }
+      tokens[i] += c;
+    }
+    aux += d.router_aux_loss();
+  }
+  m->set_router_aux_loss(aux);
+  int64_t lo = tokens[0], hi = tokens[0];
+  double sum = 0;
+  for (int64_t c : tokens) {
+    lo = std::min(lo, c);
+    hi = std::max(hi, c);
+    sum += static_cast<double>(c);
+  }
+  m->set_expert_tokens_min(static_cast<double>(lo));
+  m->set_expert_tokens_max(static_cast<double>(hi));
+  m->set_expert_tokens_mean(sum / static_cast<double>(n));
+  // Per layer: its busiest expert over its mean (every layer routes the same tokens x top_k).
+  double worst = 0;
+  int worst_layer = sparse_layers[0];
+  for (size_t l = 0; l < sparse_layers.size(); ++l) {
+    int64_t layer_max = 0;
+    double layer_sum = 0;
+    for (int64_t e = 0; e < num_experts; ++e) {
+      const int64_t c = tokens[l * num_experts + e];
+      layer_max = std::max(layer_max, c);
+      layer_sum += static_cast<double>(c);
+    }
+    const double ratio = layer_sum > 0 ? layer_max / (layer_sum / static_cast<double>(num_experts)) : 0;
+    if (ratio > worst) {
+      worst = ratio;
+      worst_layer = sparse_layers[l];
+    }
+  }
+  m->set_expert_imbalance(worst);
+  m->set_expert_imbalance_layer(worst_layer);
+  return absl::OkStatus();
+}
+
 double DenseBf16PeakTflops(const std::string& name) {
   auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
   if (has("GH200")) return 989.4;
@@ -111,6 +166,14 @@ void MetricsFile::Append(const StepRecord& r, absl::Time now, const JobPlan& pla
                       {"param_source", ToString(spec.param_source)},
                       {"param_delivery", ToString(spec.param_delivery)}};
   if (m.has_mfu()) j["mfu"] = m.mfu();
+  if (m.has_router_aux_loss()) {  // a MoE model
+    j["router_aux_loss"] = m.router_aux_loss();
+    j["expert_tokens"] = {{"min", m.expert_tokens_min()},
+                          {"max", m.expert_tokens_max()},
+                          {"mean", m.expert_tokens_mean()},
+                          {"imbalance", m.expert_imbalance()},
+                          {"imbalance_layer", m.expert_imbalance_layer()}};
+  }
   if (m.has_eval_loss()) {  // a step the validation pass followed (data.validation)
     j["eval_loss"] = m.eval_loss();
     j["eval_tokens"] = m.eval_tokens();

@@ -40,6 +40,14 @@ StepRecord MakeStepRecord(int64_t step, const std::vector<v1::StepDone>& reports
                           double step_s, double lr, double grad_norm, int64_t total_numel, double flops_per_token,
                           int world, int64_t host_state_bytes);
 
+// MoE models: the step's router figures from every rank's StepDone (router_aux_loss, expert_tokens)
+// into `m`: the aux loss summed over ranks, the expert token counts summed over ranks and
+// summarised over every (sparse layer, expert) pair, and the most imbalanced layer.
+// `sparse_layers`: the model's sparse layers' HF indices in order. A report whose expert_tokens
+// is not sparse_layers x num_experts non-negative counts is refused (INVALID_ARGUMENT naming the rank).
+absl::Status AddRouterMetrics(const std::vector<v1::StepDone>& reports, const std::vector<int>& sparse_layers,
+                              int64_t num_experts, v1::StepMetrics* m);
+
 // The dense BF16 tensor-core peak of a GPU by its CUDA device name, from NVIDIA's datasheets
 // (TFLOP/s, no sparsity): H100/H200 SXM 989.4, H100 NVL / H200 NVL 835, H100 PCIe 756, GH200 989.4,
 // B200 2250, A100 312, L40S 362, L40 181, L4 121; 0 for another (or a CPU) device: no MFU.

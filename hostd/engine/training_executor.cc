@@ -223,6 +223,10 @@ absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
   RETURN_IF_ERROR(CheckOutputDir(spec.output_dir));
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));
   RETURN_IF_ERROR(config.CheckTrainable());  // a family the compute backends do not run yet
+  if (spec.router_aux_loss_coef >= 0 && !config.is_moe()) {
+    return absl::InvalidArgumentError(absl::StrCat("train.router_aux_loss_coef: the model (", ModelTypeName(config.family),
+                                                   ") has no router; the key is for qwen3_moe models"));
+  }
   if (spec.seq_len > config.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("train.seq_len ", spec.seq_len,
                                                    " exceeds the model's max_position_embeddings ",
@@ -611,6 +615,15 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
     update_rates_[static_cast<int>(a.plan.moments)] = record.metrics.host_update_gparams_per_s();
   }
   if (a.peak_tflops > 0) record.metrics.set_mfu(record.metrics.model_tflops() / a.peak_tflops);
+  if (a.layout.config.is_moe()) {
+    std::vector<int> sparse;
+    for (int l = 0; l < a.layout.config.num_hidden_layers; ++l) {
+      if (a.layout.config.IsSparseLayer(l)) sparse.push_back(l);
+    }
+    if (absl::Status s = AddRouterMetrics(reports, sparse, a.layout.config.num_experts, &record.metrics); !s.ok()) {
+      return Annotate(s, absl::StrCat("step ", t + 1, ": a worker's router report"));
+    }
+  }
   a.step_times.emplace_back(t + 1, record.metrics.step_time_s());
   if (!a.spec.validation.empty() && data::EvaluatesAfter(a.spec.eval_every, t, a.spec.steps)) {
     RETURN_IF_ERROR(RecordValidation(ctx, a, t, record.metrics));

@@ -269,12 +269,11 @@ TEST_F(BadInput, SeqLenBeyondMaxPositions) {
   ExpectRejected(Spec(p), kInvalid, "train.seq_len 8192 exceeds the model's max_position_embeddings 4096");
 }
 
-// A qwen3_moe model is described (common/model) but its MoE layers do not run yet: refused at
-// submit, naming why, and the daemon keeps serving.
-TEST_F(BadInput, MixtureOfExpertsIsRefusedUntilItRuns) {
+// The router's coefficient means nothing to a dense model: refused at submit, naming the key.
+TEST_F(BadInput, RouterAuxLossCoefOnADenseModel) {
   SpecParts p;
-  p.model = "{preset: tiny-moe}";
-  ExpectRejected(Spec(p), absl::StatusCode::kUnimplemented, "qwen3_moe");
+  p.train = "{seq_len: 32, global_batch: 4, micro_batch: 2, steps: 2, router_aux_loss_coef: 0.01}";
+  ExpectRejected(Spec(p), kInvalid, "train.router_aux_loss_coef: the model (qwen3) has no router");
 }
 
 // ---- model directories ----

@@ -2,10 +2,13 @@
 // CPU-backend workers train each family's CI-sized preset (tiny-qwen2: q/k/v biases; tiny-llama:
 // llama3-scaled RoPE; tiny-mistral); two workers give one worker's parameters (synchronous DP);
 // the checkpoint holds the family's tensors and config; a job resumed from it equals the
-// uninterrupted run bit for bit; the checkpoint loads again as an HF model directory.
+// uninterrupted run bit for bit; the checkpoint loads again as an HF model directory. tiny-moe
+// (qwen3_moe: a dense layer between sparse ones, 8 experts, top-2) runs the same course, and its
+// router's load-balancing loss and expert token counts reach the metrics.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -38,12 +41,22 @@ std::string DataDir() {
 }
 
 // `model` is the spec's model map body: "preset: tiny-llama, init_seed: 3" or "path: DIR".
-std::string Spec(const std::string& model, int workers, int steps, const std::string& output, int save_every = 0) {
+std::string Spec(const std::string& model, int workers, int steps, const std::string& output, int save_every = 0,
+                 const std::string& train_extra = "") {
   return absl::StrCat("name: fam\nmodel: {", model, "}\ndata: {path: ", DataDir(), "}\n",
                       "output: {dir: ", output, ", save_dtype: fp32, keep_last: 5, save_every: ", save_every, "}\n",
                       "train: {seq_len: 64, global_batch: 8, micro_batch: ", 8 / workers / 2, ", steps: ", steps,
-                      ", seed: 3, max_grad_norm: 1.0}\n", "optimizer: {lr: 2.0e-3, weight_decay: 0.1}\n",
-                      "runtime: {workers: ", workers, ", step_timeout_ms: 20000}\n");
+                      ", seed: 3, max_grad_norm: 1.0", train_extra, "}\n",
+                      "optimizer: {lr: 2.0e-3, weight_decay: 0.1}\n", "runtime: {workers: ", workers,
+                      ", step_timeout_ms: 20000}\n");
+}
+
+// The metrics JSONL lines of a job (output_dir/metrics-<job>.jsonl).
+std::vector<nlohmann::json> MetricsLines(const NodeHarness& node, const std::string& output, const std::string& job) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(node.dir() + "/" + output + "/metrics-" + job + ".jsonl");
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
 }
 
 // The FP32 master of a checkpoint saved in fp32, per unit.
@@ -79,11 +92,16 @@ TEST_P(FamilyTraining, TrainsDataParallelResumesAndLoadsBack) {
   NodeHarness node(2);
 
   v1::Job two = MustSucceed(node, Spec(model, 2, 4, "out-two", 2), "two");
-  v1::Job one = MustSucceed(node, Spec(model, 1, 4, "out-one"), "one");
+  // A MoE model is compared after 2 steps: 2 workers and 1 sum gradients in different orders, and
+  // once those FP32 differences move a token across a top-k boundary its expert's gradient
+  // changes as a whole (this data does so at step 4), as it would under any data parallelism.
+  const int compared = config.is_moe() ? 2 : 4;
+  v1::Job one = MustSucceed(node, Spec(model, 1, compared, "out-one"), "one");
   ASSERT_FALSE(two.last_checkpoint().empty());
   EXPECT_EQ(two.last().step(), 4);
   EXPECT_TRUE(std::isfinite(two.last().loss()) && two.last().loss() > 0);
-  const auto m2 = LoadMaster(two.last_checkpoint(), layout), m1 = LoadMaster(one.last_checkpoint(), layout);
+  const auto m2 = LoadMaster(compared == 4 ? two.last_checkpoint() : node.dir() + "/out-two/checkpoint-2", layout);
+  const auto m1 = LoadMaster(one.last_checkpoint(), layout);
   std::vector<std::vector<float>> init(layout.num_units());
   for (int u = 0; u < layout.num_units(); ++u) init[u].assign(layout.units[u].numel, 0);
   checkpoint::InitRandom(layout, 3, [&](int u) { return init[u].data(); });
@@ -114,7 +132,7 @@ TEST_P(FamilyTraining, TrainsDataParallelResumesAndLoadsBack) {
   // Resumed from step 2, the run ends where the uninterrupted one did, bit for bit.
   v1::Job resumed = MustSucceed(node, Spec(model, 2, 4, "out-resumed"), "resumed", node.dir() + "/out-two/checkpoint-2");
   EXPECT_EQ(resumed.last().step(), 4);
-  EXPECT_EQ(MaxAbsDiff(m2, LoadMaster(resumed.last_checkpoint(), layout)), 0.0);
+  EXPECT_EQ(MaxAbsDiff(LoadMaster(two.last_checkpoint(), layout), LoadMaster(resumed.last_checkpoint(), layout)), 0.0);
 
   // The checkpoint as a model directory: the loader takes it (biases included) and trains on.
   v1::Job from_dir = MustSucceed(node, Spec(absl::StrCat("path: ", ckpt), 2, 1, "out-dir"), "from-dir");
@@ -123,12 +141,47 @@ TEST_P(FamilyTraining, TrainsDataParallelResumesAndLoadsBack) {
   EXPECT_TRUE(node.LeakedSegments().empty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, FamilyTraining, ::testing::Values("tiny-qwen2", "tiny-llama", "tiny-mistral"),
+INSTANTIATE_TEST_SUITE_P(Presets, FamilyTraining,
+                         ::testing::Values("tiny-qwen2", "tiny-llama", "tiny-mistral", "tiny-moe"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n) c = c == '-' ? '_' : c;
                            return n;
                          });
+
+// A MoE job's step record: the load-balancing loss (its coefficient times it is in the loss, and
+// only then moves the parameters) and the tokens each expert was routed, summarised.
+TEST(MoeTraining, AuxLossIsInTheLossAndExpertTokensReachTheMetrics) {
+  const ModelConfig config = *ModelConfig::Preset("tiny-moe");
+  const ModelLayout layout = ModelLayout::Build(config);
+  const std::string model = "preset: tiny-moe, init_seed: 5";
+  NodeHarness node(2);
+  MustSucceed(node, Spec(model, 2, 2, "out-plain", 0, ", router_aux_loss_coef: 0"), "plain");
+  MustSucceed(node, Spec(model, 2, 2, "out-aux", 0, ", router_aux_loss_coef: 0.5"), "aux");
+  const auto plain = MetricsLines(node, "out-plain", "plain"), aux = MetricsLines(node, "out-aux", "aux");
+  ASSERT_EQ(plain.size(), 2u);
+  ASSERT_EQ(aux.size(), 2u);
+  // Step 1 runs from the same weights: the same routing, the same aux loss, the loss apart by
+  // 0.5 x it (FP32 sums of the two parts).
+  const double a = aux[0]["router_aux_loss"];
+  EXPECT_NEAR(static_cast<double>(plain[0]["router_aux_loss"]), a, 1e-6);
+  // A balanced router gives top_k (HF's aux counts slots); tiny-moe's random one is near it.
+  EXPECT_GT(a, 0.9 * config.num_experts_per_tok);
+  EXPECT_LT(a, 4.0 * config.num_experts_per_tok);
+  EXPECT_NEAR(static_cast<double>(aux[0]["loss"]) - static_cast<double>(plain[0]["loss"]), 0.5 * a, 1e-4);
+  // Each token counts once per expert of its top-k in every sparse layer.
+  const nlohmann::json& e = aux[0]["expert_tokens"];
+  const double tokens = aux[0]["tokens"];
+  EXPECT_DOUBLE_EQ(static_cast<double>(e["mean"]), tokens * config.num_experts_per_tok / config.num_experts);
+  EXPECT_LE(static_cast<double>(e["min"]), static_cast<double>(e["mean"]));
+  EXPECT_GE(static_cast<double>(e["max"]), static_cast<double>(e["mean"]));
+  EXPECT_GE(static_cast<double>(e["imbalance"]), 1.0);
+  EXPECT_TRUE(config.IsSparseLayer(e["imbalance_layer"].get<int>()));
+  // The aux gradient moved the second step's loss.
+  EXPECT_NE(static_cast<double>(aux[1]["loss"]) - 0.5 * static_cast<double>(aux[1]["router_aux_loss"]),
+            static_cast<double>(plain[1]["loss"]));
+  EXPECT_TRUE(node.LeakedSegments().empty());
+}
 
 }  // namespace
 }  // namespace slidedp::testing

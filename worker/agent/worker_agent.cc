@@ -620,6 +620,8 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
                       ? "the layer inputs are BF16 already (BF16 residual stream)"
                       : "the layer inputs wait in BF16 between forward and backward");
   }
+  ropt.router_aux_coef = spec.RouterAuxCoef(config.output_router_logits, config.router_aux_loss_coef);
+  ropt.global_micro_batches = spec.global_batch / spec.micro_batch;
   ropt.inject_max_delay = inject_delay;
   if (const char* inj = getenv("SLIDEDP_INJECT_NONFINITE")) {
     ASSIGN_OR_RETURN(ropt.inject_nonfinite, ParseNonFiniteInjection(inj, a.rank()));
@@ -706,6 +708,8 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     d->set_attempt(a.attempt());
     d->set_step(step);
     d->set_loss_sum(result->loss_sum);
+    d->set_router_aux_loss(result->router_aux_loss);
+    for (int64_t c : result->expert_tokens) d->add_expert_tokens(c);
     d->set_trained_tokens(trained);
     d->set_tokens(result->local_tokens);
     d->set_step_time_s(result->times.total_s);

@@ -87,14 +87,22 @@ class SavedActivations {
 // - the embedding: its whole FP32 table [vocab, hidden] (the master itself, device-readable; the
 //   lookup reads only the batch's rows). The tied LM head still multiplies by the BF16 table.
 // Implicit from a BF16 pointer: no FP32 values.
+// A decoder unit also says which layer it is (decoder_layer, HF's index): the layers of a MoE
+// model differ (ModelConfig::IsSparseLayer). -1 (unknown) is accepted for a dense model only.
 struct UnitParams {
   UnitParams(const bf16_t* bf16_params, const float* fp32_norms = nullptr) : bf16(bf16_params), fp32(fp32_norms) {}
   // One tensor of the unit: its BF16 values and, for a norm weight with a side copy, its FP32 ones.
   UnitParams Tensor(const TensorSlot& t) const {
     return UnitParams(bf16 + t.offset_numel, fp32 != nullptr && t.fp32_offset >= 0 ? fp32 + t.fp32_offset : nullptr);
   }
+  UnitParams OfLayer(int layer) const {
+    UnitParams p = *this;
+    p.decoder_layer = layer;
+    return p;
+  }
   const bf16_t* bf16;
   const float* fp32;
+  int decoder_layer = -1;
 };
 
 // A device allocation. Freed by its destructor.
@@ -174,6 +182,24 @@ class ComputeBackend {
   // batch's trained tokens to *loss_sum (a device float).
   virtual absl::Status HeadLoss(const UnitParams& norm_w, const bf16_t* lm_head_w, const DeviceBatch& batch,
                                 const void* x, float loss_scale, float* loss_sum) = 0;
+
+  // ---- MoE models (qwen3_moe; docs/moe.md) ----
+  // A batch remembers, from each sparse layer's last forward over it, the router's statistics.
+  // After the batch's last decoder forward: its load-balancing loss `aux` (HF's
+  // load_balancing_loss_func over the batch's sparse layers, as one HF forward computes it) is
+  // formed; weight * aux is added to *loss_sum and share * aux to *aux_sum (device floats), and
+  // the sparse layers' backward over this batch from then on adds weight * aux's gradient. Until
+  // it is called, a batch's backward has no auxiliary gradient. A dense model: nothing to do.
+  virtual absl::Status RouterAuxLoss(const DeviceBatch& batch, float weight, float share, float* loss_sum,
+                                     float* aux_sum) {
+    return config_.is_moe() ? absl::UnimplementedError(name() + ": no MoE layers") : absl::OkStatus();
+  }
+  // Adds to counts ([sparse layers in order, num_experts], host memory) the tokens each expert of
+  // each sparse layer was routed by the batch's last forward (a token counts once per expert of
+  // its top-k).
+  virtual absl::Status AddExpertTokenCounts(const DeviceBatch& batch, int64_t* counts) {
+    return config_.is_moe() ? absl::UnimplementedError(name() + ": no MoE layers") : absl::OkStatus();
+  }
 
   // Bytes per token a decoder layer's SavedActivations hold under a policy (excluding the
   // layer input, which the pipeline keeps as the checkpoint).

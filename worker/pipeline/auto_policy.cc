@@ -90,7 +90,10 @@ absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, co
                                                      const std::vector<LayerPolicy>& policies, int repeats) {
   if (layout.num_units() < 3) return absl::FailedPreconditionError("AutoPolicy: the model has no decoder layer");
   if (micro_batches.empty()) return absl::InvalidArgumentError("AutoPolicy: no micro-batch to profile");
-  const UnitLayout& unit = layout.units[1];
+  // The layer probed stands for all: a MoE model's first sparse layer (its dense ones cost less).
+  int probed = 1;
+  while (probed + 2 < layout.num_units() && layout.config.is_moe() && !layout.units[probed].sparse()) ++probed;
+  const UnitLayout& unit = layout.units[probed];
   const int64_t hidden = layout.config.hidden_size;
   const DType act = backend->activation_dtype();
   Noise noise;
@@ -110,7 +113,7 @@ absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, co
     y.push_back(std::move(yi));
     dy.push_back(std::move(dyi));
   }
-  const UnitParams p(params->as<bf16_t>());
+  const UnitParams p = UnitParams(params->as<bf16_t>()).OfLayer(unit.decoder_layer);
   std::vector<LayerProbe> out;
   for (size_t k = 0; k < policies.size(); ++k) {
     const ActPolicy policy = ActPolicyOf(policies[k]);

@@ -58,7 +58,8 @@ absl::Status StepRunner::ConvertInput(std::unique_ptr<DeviceBuffer>& input, cons
 absl::StatusOr<UnitParams> StepRunner::Acquire(int unit, uint32_t min_version) {
   TraceRange trace("acquire (gate + load)");
   InjectDelay();
-  return streamer_->Acquire(unit, min_version);
+  ASSIGN_OR_RETURN(UnitParams params, streamer_->Acquire(unit, min_version));
+  return params.OfLayer(layout_.units[unit].decoder_layer);  // -1 for the embedding and the head
 }
 
 absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<MicroBatch>& micro_batches,
@@ -135,8 +136,21 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
   for (int i = 0; i < n_mb; ++i) {
     ASSIGN_OR_RETURN(dy[i], backend_->Allocate(batches[i]->num_tokens() * act_bytes_per_token));
   }
-  ASSIGN_OR_RETURN(auto loss_dev, backend_->Allocate(sizeof(float)));
+  // Device floats: the loss sum, then the auxiliary loss's share (MoE).
+  ASSIGN_OR_RETURN(auto loss_dev, backend_->Allocate(2 * sizeof(float)));
   RETURN_IF_ERROR(backend_->Memset(*loss_dev, 0));
+  if (c.is_moe()) {
+    // Each micro-batch's load-balancing loss, as one HF forward over it adds it, averaged over the
+    // step's micro-batches (all ranks): loss = CE over the global batch + coef * mean aux.
+    const double share = 1.0 / static_cast<double>(std::max<int64_t>(options_.global_micro_batches, 1));
+    result.expert_tokens.assign(c.NumSparseLayers() * c.num_experts, 0);
+    for (int i = 0; i < n_mb; ++i) {
+      RETURN_IF_ERROR(backend_->RouterAuxLoss(*batches[i], static_cast<float>(options_.router_aux_coef * share),
+                                              static_cast<float>(share), loss_dev->as<float>(),
+                                              loss_dev->as<float>() + 1));
+      RETURN_IF_ERROR(backend_->AddExpertTokenCounts(*batches[i], result.expert_tokens.data()));
+    }
+  }
   float* grad_embed = nullptr;
   {
     TraceRange trace("head forward+backward");
@@ -208,9 +222,10 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
   RETURN_IF_ERROR(InjectNonFinite(step, 0, grad_embed));
   RETURN_IF_ERROR(grads_->Finish(0, step));
 
-  float loss = 0;
-  RETURN_IF_ERROR(backend_->CopyToHost(loss_dev->data(), &loss, sizeof(float)));
-  result.loss_sum = InjectsLoss(step) ? std::numeric_limits<double>::quiet_NaN() : loss;
+  float loss[2] = {0, 0};
+  RETURN_IF_ERROR(backend_->CopyToHost(loss_dev->data(), loss, sizeof(loss)));
+  result.loss_sum = InjectsLoss(step) ? std::numeric_limits<double>::quiet_NaN() : loss[0];
+  result.router_aux_loss = loss[1];
   if (options_.on_loss) options_.on_loss(step, result.loss_sum);
   TraceRange trace("flush gradients");
   const absl::Time t_flush = absl::Now();

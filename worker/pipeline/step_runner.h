@@ -37,7 +37,13 @@ struct StepTimes {
 };
 
 struct StepResult {
-  double loss_sum = 0;  // this rank's sum of loss_scale * CE over its tokens
+  // This rank's sum of loss_scale * CE over its tokens, plus in a MoE model its micro-batches'
+  // share of router_aux_coef * the mean load-balancing loss.
+  double loss_sum = 0;
+  // MoE: this rank's micro-batches' share of the step's mean load-balancing loss (unweighted),
+  // and the tokens routed to each expert, [sparse layer, expert] (empty for a dense model).
+  double router_aux_loss = 0;
+  std::vector<int64_t> expert_tokens;
   int64_t local_tokens = 0;
   StepTimes times;
 };
@@ -56,6 +62,11 @@ struct StepRunnerOptions {
   // memory; the forward, and so the step's loss, still sees the exact values, the backward's
   // recompute and gradients the rounded ones (an approximation, opt-in).
   DType checkpoint_dtype = DType::kF32;
+  // MoE models: the load-balancing loss's coefficient (0: none; the model's router_aux_loss_coef
+  // when its output_router_logits is set, or train.router_aux_loss_coef) and the step's micro-batches
+  // over all ranks, which the mean is over.
+  double router_aux_coef = 0;
+  int64_t global_micro_batches = 1;
   // Fault injection for tests: a random delay in [0, max] before every gate wait (env
   // SLIDEDP_INJECT_DELAY_MS sets it in slidedp-worker, also for gradient posts). Zero in production.
   absl::Duration inject_max_delay = absl::ZeroDuration();

@@ -51,6 +51,12 @@ class CpuDeviceBatch final : public DeviceBatch {
   const MicroBatch& batch() const { return batch_; }
   TokenGeometry geometry() const { return MakeTokenGeometry(batch_, rope_); }
 
+  // MoE models: each sparse layer's router statistics from its last forward over this batch (by
+  // sparse ordinal), and the auxiliary loss's weight once RouterAuxLoss has set it. Written by
+  // the forward of a batch the interface passes const: they are the batch's routing record.
+  mutable std::vector<MoeRouterStats> router;
+  mutable double aux_weight = 0;
+
  private:
   MicroBatch batch_;
   RopeTables rope_;
@@ -158,13 +164,12 @@ std::vector<float> UpcastBf16(const bf16_t* src, int64_t n) {
 class CpuBackend final : public ComputeBackend {
  public:
   CpuBackend(const ModelConfig& config, const CpuBackendOptions& options, int num_threads)
-      : ComputeBackend(config),
-        options_(options),
-        dims_(DecoderDims::From(config)),
-        offs_(DecoderOffsets::From(config)),
-        pool_(num_threads) {
-    ModelLayout layout = ModelLayout::Build(config);
-    if (layout.num_units() > 2) decoder_unit_ = layout.units[1];
+      : ComputeBackend(config), options_(options), dims_(DecoderDims::From(config)), pool_(num_threads) {
+    const ModelLayout layout = ModelLayout::Build(config);
+    for (int u = 1; u + 1 < layout.num_units(); ++u) {
+      const UnitLayout& unit = layout.units[u];
+      layers_.push_back(Layer{unit, DecoderOffsets::Of(unit), unit.sparse() ? num_sparse_++ : -1});
+    }
   }
 
   std::string name() const override { return absl::StrCat("cpu(threads=", pool_.num_threads(), ")"); }
@@ -263,18 +268,28 @@ class CpuBackend final : public ComputeBackend {
     if (params.bf16 == nullptr || x == nullptr || y == nullptr) {
       return absl::InvalidArgumentError("DecoderForward: null pointer");
     }
-    const std::vector<float> w = DecoderWeights(params);
+    ASSIGN_OR_RETURN(const Layer* layer, LayerOf(params, "DecoderForward"));
+    const DecoderOffsets& offs = layer->offs;
+    const std::vector<float> w = DecoderWeights(params, *layer);
     const TokenGeometry geom = b->geometry();
     DecoderActs<float> acts;
     const int64_t T = b->num_tokens();
     // Tiled when the batch is longer than a tile and nothing is kept (a kept piece holds every
-    // row: the untiled forward, which gives the same outputs bit for bit, fills it).
-    if (TileRows(T) < T && (saved == nullptr || policy.keeps_nothing())) {
-      DecoderForwardTiled(dims_, offs_, w.data(), geom, static_cast<const float*>(x), static_cast<float*>(y),
+    // row: the untiled forward, which gives the same outputs bit for bit, fills it). A sparse
+    // layer runs whole: its router statistics are the whole batch's.
+    if (TileRows(T) < T && (saved == nullptr || policy.keeps_nothing()) && !offs.sparse()) {
+      DecoderForwardTiled(dims_, offs, w.data(), geom, static_cast<const float*>(x), static_cast<float*>(y),
                           TileRows(T), &pool_);
     } else {
-      DecoderForwardAll(dims_, offs_, w.data(), geom, static_cast<const float*>(x), static_cast<float*>(y), &acts,
+      DecoderForwardAll(dims_, offs, w.data(), geom, static_cast<const float*>(x), static_cast<float*>(y), &acts,
                         &pool_);
+    }
+    if (offs.sparse()) {
+      if (b->router.size() != static_cast<size_t>(num_sparse_)) b->router.resize(num_sparse_);
+      b->router[layer->sparse_ordinal] = std::move(acts.moe.stats);
+      // The MoE block's activations are not kept: backward recomputes them from hn, bit for bit.
+      acts.moe = {};
+      acts.moe_y = {};
     }
     if (saved == nullptr) return absl::OkStatus();
     auto s = std::make_unique<CpuSavedActivations>(policy, T);
@@ -307,41 +322,84 @@ class CpuBackend final : public ComputeBackend {
                                                        " tokens, the batch has ", b->num_tokens()));
       }
     }
-    const std::vector<float> w = DecoderWeights(params);
+    ASSIGN_OR_RETURN(const Layer* layer, LayerOf(params, "DecoderBackward"));
+    const DecoderOffsets& offs = layer->offs;
+    const std::vector<float> w = DecoderWeights(params, *layer);
     const TokenGeometry geom = b->geometry();
     const float* xf = static_cast<const float*>(x);
     const int64_t T = b->num_tokens();
-    if (TileRows(T) < T) {
+    if (TileRows(T) < T && !offs.sparse()) {
       // Tile by tile, recomputing as it goes: what a policy kept equals the recomputed values bit
       // for bit on this backend, so the gradients are those of any policy.
-      DecoderBackwardTiled(dims_, offs_, w.data(), geom, xf, static_cast<const float*>(dy), static_cast<float*>(dx),
+      DecoderBackwardTiled(dims_, offs, w.data(), geom, xf, static_cast<const float*>(dy), static_cast<float*>(dx),
                            dparams, TileRows(T), &pool_);
       return absl::OkStatus();
     }
     const ActPolicy policy = s == nullptr ? ActPolicy::kRecomputeLayer : s->policy();
     DecoderActs<float> local;
     const DecoderActs<float>* acts = &local;
-    if (policy.keeps_all()) {
+    if (policy.keeps_all() && !offs.sparse()) {
       acts = &s->acts;
+    } else if (policy.keeps_all()) {
+      local = s->acts;  // and the MoE block, which is never kept, from hn
+      local.moe_y.resize(T * dims_.hidden);
+      MoeBlockForward(dims_.moe, offs.moe, w.data(), local.hn.data(), T, local.moe_y.data(), &local.moe, &pool_);
     } else if (policy.keeps_nothing()) {
       std::vector<float> y(b->num_tokens() * dims_.hidden);
-      DecoderForwardAll(dims_, offs_, w.data(), geom, xf, y.data(), &local, &pool_);
+      DecoderForwardAll(dims_, offs, w.data(), geom, xf, y.data(), &local, &pool_);
     } else {
       // Recompute the phases around the kept pieces, then read the kept pieces themselves (the
       // reference math runs a phase whole; the values it recomputes are the kept ones, bit for bit).
-      DecoderAttentionInputs(dims_, offs_, w.data(), geom, xf, &local, &pool_);
+      DecoderAttentionInputs(dims_, offs, w.data(), geom, xf, &local, &pool_);
       KeepPieces(ActPolicy{policy.pieces & kPieceQkv}, s->acts, &local);
       if (policy.keeps(kPieceAttention)) {
         KeepPieces(ActPolicy::kSelective, s->acts, &local);
       } else {
         DecoderAttention(dims_, geom, &local, &pool_);
       }
-      DecoderMlpInputs(dims_, offs_, w.data(), geom, xf, &local, &pool_);
+      DecoderMlpInputs(dims_, offs, w.data(), geom, xf, &local, &pool_);
       KeepPieces(ActPolicy{policy.pieces & (kPieceOProj | kPieceGateUp)}, s->acts, &local);
     }
+    // The auxiliary loss's gradient reaches a sparse layer's router through every probability.
+    std::vector<double> aux_grad;
+    if (offs.sparse() && b->aux_weight != 0) {
+      if (b->router.size() != static_cast<size_t>(num_sparse_)) {
+        return absl::FailedPreconditionError("DecoderBackward: the batch has no router statistics for its aux loss");
+      }
+      aux_grad = LoadBalancingProbGrad(b->router, b->aux_weight);
+    }
     // The math reads dy fully into its own buffers before writing dx, so dx may alias dy.
-    slidedp::DecoderBackward(dims_, offs_, w.data(), geom, xf, *acts, static_cast<const float*>(dy),
-                             static_cast<float*>(dx), dparams, &pool_);
+    slidedp::DecoderBackward(dims_, offs, w.data(), geom, xf, *acts, static_cast<const float*>(dy),
+                             static_cast<float*>(dx), dparams, &pool_, aux_grad.empty() ? nullptr : aux_grad.data());
+    return absl::OkStatus();
+  }
+
+  absl::Status RouterAuxLoss(const DeviceBatch& batch, float weight, float share, float* loss_sum,
+                             float* aux_sum) override {
+    ASSIGN_OR_RETURN(const CpuDeviceBatch* b, AsCpu(batch));
+    if (num_sparse_ == 0) return absl::OkStatus();
+    if (loss_sum == nullptr || aux_sum == nullptr) return absl::InvalidArgumentError("RouterAuxLoss: null pointer");
+    if (b->router.size() != static_cast<size_t>(num_sparse_)) {
+      return absl::FailedPreconditionError("RouterAuxLoss: the batch has not been through the sparse layers' forward");
+    }
+    const double aux = LoadBalancingLoss(b->router);
+    *loss_sum += static_cast<float>(weight * aux);
+    *aux_sum += static_cast<float>(share * aux);
+    b->aux_weight = weight;
+    return absl::OkStatus();
+  }
+
+  absl::Status AddExpertTokenCounts(const DeviceBatch& batch, int64_t* counts) override {
+    ASSIGN_OR_RETURN(const CpuDeviceBatch* b, AsCpu(batch));
+    if (num_sparse_ == 0) return absl::OkStatus();
+    if (counts == nullptr) return absl::InvalidArgumentError("AddExpertTokenCounts: null pointer");
+    if (b->router.size() != static_cast<size_t>(num_sparse_)) {
+      return absl::FailedPreconditionError("AddExpertTokenCounts: the batch has not been through the sparse layers");
+    }
+    const int64_t E = dims_.moe.num_experts;
+    for (int l = 0; l < num_sparse_; ++l) {
+      for (int64_t e = 0; e < E; ++e) counts[l * E + e] += b->router[l].expert_counts[e];
+    }
     return absl::OkStatus();
   }
 
@@ -392,12 +450,30 @@ class CpuBackend final : public ComputeBackend {
     return absl::OkStatus();
   }
 
+  // One decoder layer: its unit's layout and offsets, and its place among the sparse layers.
+  struct Layer {
+    UnitLayout unit;
+    DecoderOffsets offs;
+    int sparse_ordinal = -1;  // -1: a dense layer
+  };
+  // The layer a decoder unit's params are: UnitParams::decoder_layer, which a MoE model needs.
+  absl::StatusOr<const Layer*> LayerOf(const UnitParams& params, const char* op) const {
+    if (layers_.empty()) return absl::FailedPreconditionError(absl::StrCat(op, ": the model has no decoder layers"));
+    const int l = params.decoder_layer;
+    if (l < 0 && num_sparse_ == 0) return &layers_[0];  // a dense model's layers are alike
+    if (l < 0 || l >= static_cast<int>(layers_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": decoder layer ", l, " is not one of the model's ",
+                                                     layers_.size(), " (a MoE model's units must say which)"));
+    }
+    return &layers_[l];
+  }
+
   // The decoder unit in FP32: the BF16 array upcast, its norm weights from the FP32 side copy
   // when there is one.
-  std::vector<float> DecoderWeights(const UnitParams& params) const {
-    std::vector<float> w = UpcastBf16(params.bf16, offs_.unit_numel);
+  std::vector<float> DecoderWeights(const UnitParams& params, const Layer& layer) const {
+    std::vector<float> w = UpcastBf16(params.bf16, layer.offs.unit_numel);
     if (params.fp32 != nullptr) {
-      for (const TensorSlot& t : decoder_unit_.tensors) {
+      for (const TensorSlot& t : layer.unit.tensors) {
         if (t.fp32_offset >= 0) std::copy_n(params.fp32 + t.fp32_offset, t.numel, w.begin() + t.offset_numel);
       }
     }
@@ -466,8 +542,8 @@ class CpuBackend final : public ComputeBackend {
   std::shared_ptr<MemoryCounter> memory_ = std::make_shared<MemoryCounter>();
   std::atomic<int64_t> limit_{0};  // SetMemoryLimit; 0: none
   DecoderDims dims_;
-  DecoderOffsets offs_;
-  UnitLayout decoder_unit_;  // every decoder unit's layout (for the FP32 side copy's offsets)
+  std::vector<Layer> layers_;  // by decoder layer
+  int num_sparse_ = 0;
   CpuWorkerPool pool_;
 };
 

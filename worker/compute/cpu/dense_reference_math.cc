@@ -201,19 +201,23 @@ DecoderDims DecoderDims::From(const ModelConfig& c) {
   d.qkv_bias = c.has_qkv_bias();
   d.rope_inv_freq = c.RopeInverseFrequencies();
   d.rope_attention_scaling = static_cast<float>(c.RopeAttentionScaling());
+  if (c.is_moe()) d.moe = MoeDims::Of(c);
   return d;
 }
 
 DecoderOffsets DecoderOffsets::From(const ModelConfig& config) {
   ModelConfig one = config;
   one.num_hidden_layers = 1;
-  const ModelLayout layout = ModelLayout::Build(one);
-  const UnitLayout& unit = layout.units[1];
+  return Of(ModelLayout::Build(one).units[1]);
+}
+
+DecoderOffsets DecoderOffsets::Of(const UnitLayout& unit) {
   DecoderOffsets offs;
   for (int i = 0; i < kNumDecoderTensors; ++i) {
     offs.at[i] = unit.slot[i] >= 0 ? unit.tensors[unit.slot[i]].offset_numel : -1;
   }
   offs.unit_numel = unit.numel;
+  offs.moe = MoeOffsets::InUnit(unit);
   return offs;
 }
 
@@ -395,6 +399,11 @@ void DecoderMlpInputs(const DecoderDims& d, const DecoderOffsets& offs, const R*
   a->rstd2.resize(T);
   a->hn.resize(T * H);
   RmsNormRows(a->h1.data(), w[kPostNorm], T, H, static_cast<R>(d.rms_norm_eps), a->hn.data(), a->rstd2.data(), pool);
+  if (offs.sparse()) {
+    a->moe_y.resize(T * H);
+    MoeBlockForward(d.moe, offs.moe, params, a->hn.data(), T, a->moe_y.data(), &a->moe, pool);
+    return;
+  }
   a->gate.resize(T * I);
   a->up.resize(T * I);
   LinearForward(a->hn.data(), w[kGateProj], T, H, I, a->gate.data(), pool);
@@ -406,6 +415,10 @@ void DecoderOutput(const DecoderDims& d, const DecoderOffsets& offs, const R* pa
                    const DecoderActs<R>& a, R* y, CpuWorkerPool* pool) {
   const DecoderTensors<const R> w(params, offs);
   const int64_t T = geom.num_tokens, H = d.hidden, I = d.intermediate;
+  if (offs.sparse()) {
+    for (int64_t i = 0; i < T * H; ++i) y[i] = a.h1[i] + a.moe_y[i];
+    return;
+  }
   std::vector<R> m(T * I);
   for (int64_t i = 0; i < T * I; ++i) m[i] = a.gate[i] * Sigmoid(a.gate[i]) * a.up[i];
   std::vector<R> down(T * H);
@@ -440,12 +453,11 @@ std::vector<R> Rows(const std::vector<R>& v, int64_t t0, int64_t rows, int64_t w
   return std::vector<R>(v.begin() + t0 * width, v.begin() + (t0 + rows) * width);
 }
 
-// The MLP and o_proj blocks' backward over T tokens (a's fields hold those tokens): dh1 = dL/dh1
-// (overwritten), dattn = dL/d attention output (overwritten), dparams += their weights' gradients.
+// The dense MLP's backward: dhn = dL/d(its input) (overwritten), its weights' gradients added.
 template <typename R>
-void MlpBlockBackward(const DecoderDims& d, const DecoderTensors<const R>& w, const DecoderTensors<R>& g, int64_t T,
-                      const DecoderActs<R>& a, const R* dy, R* dh1, R* dattn, CpuWorkerPool* pool) {
-  const int64_t H = d.hidden, I = d.intermediate, qd = d.q_dim();
+void DenseMlpBackward(const DecoderDims& d, const DecoderTensors<const R>& w, const DecoderTensors<R>& g, int64_t T,
+                      const DecoderActs<R>& a, const R* dy, R* dhn, CpuWorkerPool* pool) {
+  const int64_t H = d.hidden, I = d.intermediate;
   // MLP: y = h1 + m Wd^T, m = silu(gate) * up.
   std::vector<R> m(T * I), dm(T * I);
   for (int64_t i = 0; i < T * I; ++i) m[i] = a.gate[i] * Sigmoid(a.gate[i]) * a.up[i];
@@ -461,11 +473,26 @@ void MlpBlockBackward(const DecoderDims& d, const DecoderTensors<const R>& w, co
   dm = {};
   LinearBackwardWeight(dgate.data(), a.hn.data(), T, H, I, g[kGateProj], pool);
   LinearBackwardWeight(dup.data(), a.hn.data(), T, H, I, g[kUpProj], pool);
+  LinearBackwardInput(dgate.data(), w[kGateProj], T, H, I, dhn, Accumulate::kOverwrite, pool);
+  LinearBackwardInput(dup.data(), w[kUpProj], T, H, I, dhn, Accumulate::kAdd, pool);
+}
+
+// The MLP and o_proj blocks' backward over T tokens (a's fields hold those tokens): dh1 = dL/dh1
+// (overwritten), dattn = dL/d attention output (overwritten), dparams += their weights' gradients.
+template <typename R>
+void MlpBlockBackward(const DecoderDims& d, const DecoderOffsets& offs, const R* params, R* dparams, int64_t T,
+                      const DecoderActs<R>& a, const R* dy, R* dh1, R* dattn, const double* aux_prob_grad,
+                      CpuWorkerPool* pool) {
+  const DecoderTensors<const R> w(params, offs);
+  const DecoderTensors<R> g(dparams, offs);
+  const int64_t H = d.hidden, qd = d.q_dim();
   std::vector<R> dhn(T * H);
-  LinearBackwardInput(dgate.data(), w[kGateProj], T, H, I, dhn.data(), Accumulate::kOverwrite, pool);
-  LinearBackwardInput(dup.data(), w[kUpProj], T, H, I, dhn.data(), Accumulate::kAdd, pool);
-  dgate = {};
-  dup = {};
+  if (offs.sparse()) {
+    // y = h1 + MoE(hn).
+    MoeBlockBackward(d.moe, offs.moe, params, a.hn.data(), T, a.moe, dy, aux_prob_grad, dhn.data(), dparams, pool);
+  } else {
+    DenseMlpBackward(d, w, g, T, a, dy, dhn.data(), pool);
+  }
 
   // dh1 = dy + RMSNorm2 backward.
   std::copy(dy, dy + T * H, dh1);
@@ -541,12 +568,13 @@ DecoderActs<R> TiledAttention(const DecoderDims& d, const DecoderOffsets& offs, 
 
 template <typename R>
 void DecoderBackward(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
-                     const R* x, const DecoderActs<R>& a, const R* dy, R* dx, R* dparams, CpuWorkerPool* pool) {
+                     const R* x, const DecoderActs<R>& a, const R* dy, R* dx, R* dparams, CpuWorkerPool* pool,
+                     const double* aux_prob_grad) {
   const DecoderTensors<const R> w(params, offs);
   const DecoderTensors<R> g(dparams, offs);
   const int64_t T = geom.num_tokens, H = d.hidden, qd = d.q_dim(), kvd = d.kv_dim();
   std::vector<R> dh1(T * H), dattn(T * qd);
-  MlpBlockBackward(d, w, g, T, a, dy, dh1.data(), dattn.data(), pool);
+  MlpBlockBackward(d, offs, params, dparams, T, a, dy, dh1.data(), dattn.data(), aux_prob_grad, pool);
   std::vector<R> dq(T * qd), dk(T * kvd), dv(T * kvd);
   AttentionBackward(d, geom, a.q_rot.data(), a.k_rot.data(), a.v.data(), a.attn.data(), a.lse.data(), dattn.data(),
                     dq.data(), dk.data(), dv.data(), pool);
@@ -599,7 +627,8 @@ void DecoderBackwardTiled(const DecoderDims& d, const DecoderOffsets& offs, cons
     DecoderActs<R> t;
     t.attn = Rows(whole.attn, t0, rows, qd);
     DecoderMlpInputs(d, offs, params, TileGeometry(geom, half, t0, rows), x + t0 * H, &t, pool);
-    MlpBlockBackward(d, w, g, rows, t, dy + t0 * H, dh1.data() + t0 * H, dattn.data() + t0 * qd, pool);
+    MlpBlockBackward(d, offs, params, dparams, rows, t, dy + t0 * H, dh1.data() + t0 * H, dattn.data() + t0 * qd,
+                     nullptr, pool);
   }
   std::vector<R> dq(T * qd), dk(T * kvd), dv(T * kvd);
   AttentionBackward(d, geom, whole.q_rot.data(), whole.k_rot.data(), whole.v.data(), whole.attn.data(),
@@ -744,11 +773,12 @@ double HeadLossAndGrad(const DecoderDims& d, const R* norm_w, const W* lm_head_w
 template <typename R>
 double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vector<R>>& unit_params,
                          const std::vector<MicroBatch>& batches, double loss_scale,
-                         std::vector<std::vector<R>>* unit_grads, CpuWorkerPool* pool) {
+                         std::vector<std::vector<R>>* unit_grads, CpuWorkerPool* pool, double router_aux_weight) {
   const ModelConfig& c = layout.config;
   const DecoderDims dims = DecoderDims::From(c);
-  const DecoderOffsets offs = DecoderOffsets::From(c);
   const int num_units = layout.num_units();
+  std::vector<DecoderOffsets> offs(num_units);
+  for (int u = 1; u + 1 < num_units; ++u) offs[u] = DecoderOffsets::Of(layout.units[u]);
   unit_grads->assign(num_units, {});
   for (int u = 0; u < num_units; ++u) (*unit_grads)[u].assign(layout.units[u].numel, R(0));
   const int embed = 0, head = num_units - 1;
@@ -765,15 +795,24 @@ double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vecto
     std::vector<std::vector<R>> xs(num_units - 1, std::vector<R>(T * H));
     EmbeddingLookup(unit_params[embed].data(), mb.tokens.data(), T, H, xs[0].data(), pool);
     std::vector<DecoderActs<R>> acts(num_units - 2);
+    std::vector<MoeRouterStats> router;
     for (int u = 1; u < head; ++u) {
-      DecoderForwardAll(dims, offs, unit_params[u].data(), geom, xs[u - 1].data(), xs[u].data(), &acts[u - 1], pool);
+      DecoderForwardAll(dims, offs[u], unit_params[u].data(), geom, xs[u - 1].data(), xs[u].data(), &acts[u - 1],
+                        pool);
+      if (offs[u].sparse()) router.push_back(acts[u - 1].moe.stats);
+    }
+    // The micro-batch's load-balancing loss over its sparse layers, and its gradient per probability.
+    std::vector<double> aux_grad;
+    if (!router.empty() && router_aux_weight != 0) {
+      loss += router_aux_weight * LoadBalancingLoss(router);
+      aux_grad = LoadBalancingProbGrad(router, router_aux_weight);
     }
     std::vector<R> grad(T * H);
     loss += HeadLossAndGrad(dims, unit_params[head].data(), lm_w, mb.labels.data(), T, xs.back().data(), loss_scale,
                             grad.data(), (*unit_grads)[head].data(), dlm, HeadChunking{}, pool);
     for (int u = head - 1; u >= 1; --u) {
-      DecoderBackward(dims, offs, unit_params[u].data(), geom, xs[u - 1].data(), acts[u - 1], grad.data(),
-                      grad.data(), (*unit_grads)[u].data(), pool);
+      DecoderBackward(dims, offs[u], unit_params[u].data(), geom, xs[u - 1].data(), acts[u - 1], grad.data(),
+                      grad.data(), (*unit_grads)[u].data(), pool, aux_grad.empty() ? nullptr : aux_grad.data());
     }
     EmbeddingScatterAdd(grad.data(), mb.tokens.data(), T, H, (*unit_grads)[embed].data());
   }
@@ -796,7 +835,8 @@ double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vecto
   template void DecoderBackwardTiled<R>(const DecoderDims&, const DecoderOffsets&, const R*, const TokenGeometry&,   \
                                         const R*, const R*, R*, R*, int64_t, CpuWorkerPool*);                       \
   template void DecoderBackward<R>(const DecoderDims&, const DecoderOffsets&, const R*, const TokenGeometry&,        \
-                                   const R*, const DecoderActs<R>&, const R*, R*, R*, CpuWorkerPool*);              \
+                                   const R*, const DecoderActs<R>&, const R*, R*, R*, CpuWorkerPool*,               \
+                                   const double*);                                                                  \
   template void LinearForward<R>(const R*, const R*, int64_t, int64_t, int64_t, R*, CpuWorkerPool*);              \
   template void LinearBackwardInput<R>(const R*, const R*, int64_t, int64_t, int64_t, R*, Accumulate,              \
                                        CpuWorkerPool*);                                                             \
@@ -812,7 +852,7 @@ double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vecto
   template void EmbeddingScatterAdd<R>(const R*, const int32_t*, int64_t, int64_t, R*);                             \
   template double ModelLossAndGrads<R>(const ModelLayout&, const std::vector<std::vector<R>>&,                      \
                                        const std::vector<MicroBatch>&, double, std::vector<std::vector<R>>*,        \
-                                       CpuWorkerPool*);
+                                       CpuWorkerPool*, double);
 
 SLIDEDP_INSTANTIATE_REAL(float)
 SLIDEDP_INSTANTIATE_REAL(double)

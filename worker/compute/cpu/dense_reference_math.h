@@ -23,6 +23,7 @@
 #include "common/model/model_config.h"
 #include "worker/compute/backend.h"
 #include "worker/compute/cpu/cpu_worker_pool.h"
+#include "worker/compute/cpu/moe_reference_math.h"
 
 namespace slidedp {
 
@@ -40,6 +41,7 @@ struct DecoderDims {
   bool qkv_bias = false;              // biases on the q/k/v projections (qwen2)
   std::vector<float> rope_inv_freq;   // [head_dim / 2], ModelConfig::RopeInverseFrequencies
   float rope_attention_scaling = 1;   // ModelConfig::RopeAttentionScaling, multiplied into cos and sin
+  MoeDims moe;                        // a qwen3_moe model's sparse block (num_experts 0 otherwise)
 
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }
@@ -47,11 +49,17 @@ struct DecoderDims {
 };
 
 // Element offsets of the decoder tensors inside one flat unit array (ModelLayout's layout); -1 for
-// a tensor the family does not have.
+// a tensor the family does not have. A sparse unit (qwen3_moe) has the router and experts at `moe`
+// in place of the MLP; its attention tensors sit where a dense unit's do.
 struct DecoderOffsets {
   int64_t at[kNumDecoderTensors] = {};
   int64_t unit_numel = 0;
+  MoeOffsets moe;  // all zeros in a dense unit
+  bool sparse() const { return moe.block_numel > 0; }
+  // A model's first decoder layer (every layer of a dense model).
   static DecoderOffsets From(const ModelConfig& config);
+  // One decoder unit of a ModelLayout (dense or sparse).
+  static DecoderOffsets Of(const UnitLayout& unit);
 };
 
 // RoPE cos/sin per token, [T, head_dim/2], computed in FP32 as HF does (angle = position *
@@ -139,6 +147,10 @@ struct DecoderActs {
   std::vector<R> hn;      // [T, hidden] post-attention RMSNorm output (MLP input)
   std::vector<R> gate;    // [T, intermediate]
   std::vector<R> up;      // [T, intermediate]
+  // A sparse layer's MoE block (in place of gate/up): its activations and output [T, hidden]
+  // (before the residual). Not counted by num_elements: the CPU backend recomputes them.
+  MoeActs<R> moe;
+  std::vector<R> moe_y;
 
   int64_t num_elements() const;
 };
@@ -151,11 +163,12 @@ void DecoderAttentionInputs(const DecoderDims& dims, const DecoderOffsets& offs,
 // Phase 2: attn, lse (needs q_rot, k_rot, v).
 template <typename R>
 void DecoderAttention(const DecoderDims& dims, const TokenGeometry& geom, DecoderActs<R>* acts, CpuWorkerPool* pool);
-// Phase 3: h1, rstd2, hn, gate, up (needs attn).
+// Phase 3: h1, rstd2, hn, gate, up (needs attn); in a sparse unit hn's MoE block (moe, moe_y) in
+// place of gate, up.
 template <typename R>
 void DecoderMlpInputs(const DecoderDims& dims, const DecoderOffsets& offs, const R* params,
                       const TokenGeometry& geom, const R* x, DecoderActs<R>* acts, CpuWorkerPool* pool);
-// Phase 4: y = h1 + down_proj(silu(gate) * up). y may alias x.
+// Phase 4: y = h1 + down_proj(silu(gate) * up), or h1 + moe_y in a sparse unit. y may alias x.
 template <typename R>
 void DecoderOutput(const DecoderDims& dims, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
                    const DecoderActs<R>& acts, R* y, CpuWorkerPool* pool);
@@ -164,10 +177,13 @@ template <typename R>
 void DecoderForwardAll(const DecoderDims& dims, const DecoderOffsets& offs, const R* params,
                        const TokenGeometry& geom, const R* x, R* y, DecoderActs<R>* acts, CpuWorkerPool* pool);
 
-// dx = dL/dx (overwritten; may alias dy), dparams += dL/dparams. acts must be complete.
+// dx = dL/dx (overwritten; may alias dy), dparams += dL/dparams. acts must be complete. In a
+// sparse unit aux_prob_grad ([num_experts], LoadBalancingProbGrad; null: none) is the auxiliary
+// loss's gradient with respect to each router probability.
 template <typename R>
 void DecoderBackward(const DecoderDims& dims, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
-                     const R* x, const DecoderActs<R>& acts, const R* dy, R* dx, R* dparams, CpuWorkerPool* pool);
+                     const R* x, const DecoderActs<R>& acts, const R* dy, R* dx, R* dparams, CpuWorkerPool* pool,
+                     const double* aux_prob_grad = nullptr);
 
 // The same layer with its token-local work (norms, projections, RoPE, MLP) in tiles of `tile`
 // rows, as the backends run a micro-batch longer than their tile (ComputeBackend::TileRows):
@@ -211,10 +227,13 @@ double HeadLossAndGrad(const DecoderDims& dims, const R* norm_w, const W* lm_hea
 // The whole non-streaming model in type R (for gradient checks and FP64 oracles): embedding, all
 // decoder layers, head; unit_params in ModelLayout order. unit_grads are resized and overwritten.
 // With tied embeddings the LM head reads (and adds its gradient into) the embedding unit.
-// Returns sum over micro-batches and trained tokens of loss_scale * CE. Batches must be valid.
+// Returns sum over micro-batches and trained tokens of loss_scale * CE, plus, in a MoE model,
+// router_aux_weight * the load-balancing loss of each micro-batch (LoadBalancingLoss over its
+// sparse layers), whose gradient the backward includes. Batches must be valid.
 template <typename R>
 double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vector<R>>& unit_params,
                          const std::vector<MicroBatch>& batches, double loss_scale,
-                         std::vector<std::vector<R>>* unit_grads, CpuWorkerPool* pool);
+                         std::vector<std::vector<R>>* unit_grads, CpuWorkerPool* pool,
+                         double router_aux_weight = 0);
 
 }  // namespace slidedp

@@ -27,6 +27,7 @@ constexpr double kRelTol = 1e-5;
 struct GradCheckCase {
   std::string name;
   ModelConfig config;
+  double router_aux_weight = 0;  // MoE: the load-balancing loss's weight
 };
 
 void PrintTo(const GradCheckCase& c, std::ostream* os) { *os << c.name; }
@@ -46,7 +47,8 @@ TEST_P(ModelGradCheck, AnalyticGradientsMatchCentralDifferences) {
   const double scale = 1.0 / static_cast<double>(trained);
 
   std::vector<std::vector<double>> grads;
-  const double loss = ModelLossAndGrads<double>(layout, params, batches, scale, &grads, nullptr);
+  const double aux = GetParam().router_aux_weight;
+  const double loss = ModelLossAndGrads<double>(layout, params, batches, scale, &grads, nullptr, aux);
   ASSERT_TRUE(std::isfinite(loss));
   EXPECT_GT(loss, 0.5);
 
@@ -54,7 +56,7 @@ TEST_P(ModelGradCheck, AnalyticGradientsMatchCentralDifferences) {
     const double saved = params[unit][index];
     params[unit][index] = value;
     std::vector<std::vector<double>> unused;
-    const double l = ModelLossAndGrads<double>(layout, params, batches, scale, &unused, nullptr);
+    const double l = ModelLossAndGrads<double>(layout, params, batches, scale, &unused, nullptr, aux);
     params[unit][index] = saved;
     return l;
   };
@@ -106,7 +108,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ModelGradCheck,
                                            GradCheckCase{"llama3_untied", AwkwardConfigOf(ModelFamily::kLlama, false)},
                                            GradCheckCase{"mistral_untied",
                                                          AwkwardConfigOf(ModelFamily::kMistral, false)},
-                                           GradCheckCase{"yarn_tied", testing::AwkwardYarnConfig(true)}),
+                                           GradCheckCase{"yarn_tied", testing::AwkwardYarnConfig(true)},
+                                           // The router through the routing weights, and with the
+                                           // aux loss's weight large enough that its gradient counts.
+                                           GradCheckCase{"moe_untied", testing::AwkwardMoeConfig(false, true)},
+                                           GradCheckCase{"moe_aux_tied", testing::AwkwardMoeConfig(true, true), 0.5},
+                                           GradCheckCase{"moe_topk_unnormalised_aux",
+                                                         testing::AwkwardMoeConfig(false, false), 0.5}),
                          [](const auto& info) { return info.param.name; });
 
 // dL/dx of one decoder layer for L = sum(c * y), against central differences on x.

@@ -56,6 +56,20 @@ inline ModelConfig AwkwardYarnConfig(bool tied) {
   return c;
 }
 
+// The awkward shape as qwen3_moe: 3 layers, layer 1 dense (mlp_only_layers), the others with 6
+// experts of width 10, top-2 (top-3 without renormalisation when norm_topk is false).
+inline ModelConfig AwkwardMoeConfig(bool tied, bool norm_topk) {
+  ModelConfig c = AwkwardConfig(tied);
+  c.family = ModelFamily::kQwen3Moe;
+  c.num_hidden_layers = 3;
+  c.num_experts = 6;
+  c.num_experts_per_tok = norm_topk ? 2 : 3;
+  c.moe_intermediate_size = 10;
+  c.norm_topk_prob = norm_topk;
+  c.mlp_only_layers = {1};
+  return c;
+}
+
 inline ModelConfig TinyConfig() { return ModelConfig::Preset("tiny").value(); }
 
 // Random parameters in ModelLayout order: norm weights 1 + 0.2 N(0,1), biases 0.2 N(0,1), matrices N(0, 1/in) so
