@@ -100,11 +100,6 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
                                                       cpu_workers, " of ", world,
                                                       " are CPU-backend (use grad_reduction: cpu)"));
   }
-  if (layout.config.is_moe() && cpu_workers != world) {
-    return absl::UnimplementedError(absl::StrCat("qwen3_moe: the CUDA backend does not run MoE layers yet; ",
-                                                 world - cpu_workers, " of the job's ", world,
-                                                 " workers are CUDA (docs/moe.md)"));
-  }
   // CPU-backend workers reduce-scatter through a shm collective segment hostd creates for the job.
   p.shm_collective = gpu_route && cpu_workers == world;
   if (p.shm_collective) {

@@ -29,7 +29,27 @@ TAGS = {
     "perf/step_time_s": ("step_time_s", 1.0),
     "memory/host_gib": ("host_state_bytes", 1.0 / 2**30),
     "memory/gpu_peak_gib": ("gpu_peak_bytes", 1.0 / 2**30),
+    # MoE models (a dotted key: a field of a nested JSONL object)
+    "moe/router_aux_loss": ("router_aux_loss", 1.0),
+    "moe/expert_tokens_min": ("expert_tokens.min", 1.0),
+    "moe/expert_tokens_max": ("expert_tokens.max", 1.0),
+    "moe/expert_tokens_mean": ("expert_tokens.mean", 1.0),
 }
+
+
+def field(rec, key):
+    """rec's value at a dotted key, or KeyError."""
+    for part in key.split("."):
+        rec = rec[part]
+    return rec
+
+
+def has(rec, key):
+    try:
+        field(rec, key)
+        return True
+    except (KeyError, TypeError):
+        return False
 
 
 def f32(x):
@@ -78,7 +98,8 @@ def compare(events, records):
     unknown = sorted(set(events) - set(TAGS))
     out.append((not unknown, "tags are the writer's table's" + (f"; unknown: {', '.join(unknown)}" if unknown else "")))
     for tag, (key, scale) in TAGS.items():
-        want = {s: f32(None if r[key] is None else r[key] * scale) for s, r in records.items() if key in r}
+        want = {s: f32(None if field(r, key) is None else field(r, key) * scale) for s, r in records.items()
+                if has(r, key)}
         got = events.get(tag, {})
         if not want and not got:
             continue

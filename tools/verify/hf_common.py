@@ -289,10 +289,16 @@ def load_hf_model(model_dir, dtype, attn="sdpa"):
     model_type) with the dtype argument of transformers 5 (falls back to torch_dtype on older
     versions)."""
     from transformers import AutoModelForCausalLM
+    kwargs = {"attn_implementation": attn}
+    with open(os.path.join(model_dir, "config.json")) as f:
+        if json.load(f).get("model_type") == "qwen3_moe":
+            # The experts' eager loop (BF16 GEMMs under autocast, a token's experts summed in
+            # expert order): the numerics slidedp implements; transformers 5 defaults to grouped_mm.
+            kwargs["experts_implementation"] = "eager"
     try:
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **kwargs)
     except TypeError:
-        return AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype, attn_implementation=attn)
+        return AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype, **kwargs)
 
 
 def hf_loss_backward(model, segments, total_trained, token_budget, autocast=True, backward=True):
@@ -322,15 +328,27 @@ def _hf_loss(model, segments, total_trained, token_budget, autocast, backward):
             ids[r, :len(toks)] = torch.tensor(toks, dtype=torch.long)
             lab[r, :len(labs)] = torch.tensor(labs, dtype=torch.long)
         ids, lab = ids.to(device), lab.to(device)
+        hook = getattr(model, "_slidedp_routing_hook", None)  # MoE: MoeRoutingHook
+        if hook is not None:
+            hook.begin_chunk(chunk, width, [len(segments[i][0]) for i in chunk])
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = model(input_ids=ids, use_cache=False).logits
+            out = model(input_ids=ids, use_cache=False)
+        logits = out.logits
         ce = F.cross_entropy(logits.float().reshape(-1, vocab), lab.reshape(-1), ignore_index=IGNORE_INDEX,
                              reduction="sum")
+        loss = ce / total_trained
+        total += ce.item() / total_trained
+        # A MoE model with output_router_logits: HF adds router_aux_loss_coef x the load-balancing
+        # loss of the forward (over every token it saw) to the loss it trains on.
+        aux = getattr(out, "aux_loss", None)
+        if aux is not None and getattr(model.config, "output_router_logits", False):
+            weighted = model.config.router_aux_loss_coef * aux.float()
+            loss = loss + weighted
+            total += weighted.item()
         if backward:
-            (ce / total_trained).backward()
-        total += ce.item()
-        del logits, ce
-    return total / total_trained
+            loss.backward()
+        del logits, ce, out, loss
+    return total
 
 
 # ----------------------------------------------------------------------------- sampler (cross-check)
@@ -421,3 +439,79 @@ def build_microbatch(dataset, rows):
                 out_l.append(int(tokens[t + 1]) if t + 1 < se and mask[t + 1] else IGNORE_INDEX)
             cu.append(len(out_t))
     return out_t, out_l, out_p, cu
+
+
+class MoeRoutingHook:
+    """Qwen3-MoE routing in HF's model, seen and (optionally) forced, token by token.
+
+    Expert gradients are discontinuous in the routing: a token whose k-th and (k+1)-th probabilities
+    are within rounding of each other goes to either expert, and two correct BF16 implementations
+    (HF's FP32 and autocast runs among them) then disagree on that expert's gradient by O(1/its
+    tokens). To compare the continuous math exactly, the HF run can follow slidedp's routing: each
+    router's top-k indices are replaced by the given ones (the probabilities, renormalisation and
+    experts stay HF's own), while HF's own choice is recorded for the agreement figure.
+    Tokens are numbered globally: rows x seq in order (the token batch file's), segment i (a
+    document, hf_common.segments_from_rows) starting at seg_offsets[i]."""
+
+    def __init__(self, model, seg_offsets):
+        import torch
+        import torch.nn.functional as F
+        self.seg_offsets = seg_offsets
+        self.total = (seg_offsets[-1] if seg_offsets else 0)
+        self.forced = None  # {sparse ordinal: LongTensor [total, k]} or None
+        self.own = {}       # {sparse ordinal: LongTensor [total, k]} HF's own choices, last run
+        self._gidx = None
+        ordinal = 0
+        for layer in model.model.layers:
+            gate = getattr(layer.mlp, "gate", None)
+            if gate is None or not hasattr(gate, "top_k"):
+                continue
+            orig = gate.forward
+
+            def fwd(hidden_states, gate=gate, orig=orig, l=ordinal):
+                out = orig(hidden_states)
+                if not (isinstance(out, tuple) and len(out) == 3):
+                    raise RuntimeError(f"MoeRoutingHook: the router returns {type(out)}, expected "
+                                       "(logits, scores, indices) as transformers 5's Qwen3MoeTopKRouter")
+                first, scores, idx = out
+                hs = hidden_states.reshape(-1, gate.weight.shape[1])
+                gidx = self._gidx
+                if gidx is not None and gidx.numel() == idx.shape[0]:
+                    mask = gidx >= 0
+                    own = self.own.setdefault(l, torch.full((self.total, idx.shape[1]), -1, dtype=torch.long))
+                    own[gidx[mask].cpu()] = idx[mask].detach().cpu()
+                    if self.forced is not None and l in self.forced:
+                        forced = idx.clone()
+                        forced[mask] = self.forced[l][gidx[mask].cpu()].to(idx.device)
+                        probs = F.softmax(F.linear(hs, gate.weight), dtype=torch.float, dim=-1)
+                        val = probs.gather(-1, forced)
+                        if gate.norm_topk_prob:
+                            val = val / val.sum(dim=-1, keepdim=True)
+                        return first, val.to(scores.dtype), forced
+                return first, scores, idx
+
+            gate.forward = fwd
+            ordinal += 1
+        self.num_sparse = ordinal
+        model._slidedp_routing_hook = self
+
+    def begin_chunk(self, chunk, width, lengths):
+        import torch
+        g = torch.full((len(chunk), width), -1, dtype=torch.long)
+        for r, (i, n) in enumerate(zip(chunk, lengths)):
+            g[r, :n] = torch.arange(self.seg_offsets[i], self.seg_offsets[i] + n)
+        self._gidx = g.reshape(-1).cuda()
+
+    def agreement(self, other):
+        """Fraction of (token, sparse layer) whose top-k set is the same in self.own and `other`
+        ({ordinal: [total, k]})."""
+        import torch
+        same = count = 0
+        for l, mine in self.own.items():
+            if l not in other:
+                continue
+            a, b = torch.sort(mine, dim=1).values, torch.sort(other[l].cpu().long(), dim=1).values
+            valid = (a >= 0).all(dim=1)
+            same += int(((a == b).all(dim=1) & valid).sum())
+            count += int(valid.sum())
+        return same / count if count else float("nan")

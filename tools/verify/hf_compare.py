@@ -56,8 +56,20 @@ SHAPES = {
     # max_position_embeddings 131,072) on a reduced-depth model at one 64K-token sequence: positions
     # past the original context, and the CUDA backend's tiles (2 x 32,768 tokens). CUDA only.
     "qwen3-yarn-64k": (1024, 2, 8, 4, 128, 2048, 4096, True, (1, 65536), "qwen3_yarn_long"),
+    # Qwen3-MoE (docs/moe.md), the 11th field its MoE config: top-2 of 8 experts renormalised with a
+    # dense layer (mlp_only_layers) between sparse ones; top-8 of 16 without renormalisation, every
+    # layer sparse, tied; and the load-balancing loss (output_router_logits) on one single-document
+    # row, where HF's forward and our micro-batch see the same tokens.
+    "moe-top2": (256, 3, 4, 2, 64, 512, 1000, False, (4, 384), "qwen3_moe",
+                 dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, norm_topk_prob=True,
+                      mlp_only_layers=[1])),
+    "moe-top8": (512, 2, 8, 4, 64, 1024, 4096, True, (2, 512), "qwen3_moe",
+                 dict(num_experts=16, num_experts_per_tok=8, moe_intermediate_size=256, norm_topk_prob=False)),
+    "moe-aux": (256, 2, 4, 2, 64, 512, 1000, False, (1, 512), "qwen3_moe",
+                dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, norm_topk_prob=True,
+                     output_router_logits=True, router_aux_loss_coef=0.05)),
 }
-DEFAULT_CPU_SHAPES = "tiny,untied,mha,hd128,qwen2-tiny,llama3-untied,mistral-untied,qwen3-yarn"
+DEFAULT_CPU_SHAPES = "tiny,untied,mha,hd128,qwen2-tiny,llama3-untied,mistral-untied,qwen3-yarn,moe-top2,moe-aux"
 
 
 def family_of(shape):
@@ -95,6 +107,7 @@ def make_model(name, shape, seed, hf_dir):
     rope_family = family_of(shape)
     family = {"qwen3_yarn": "qwen3", "qwen3_yarn_long": "qwen3"}.get(rope_family, rope_family)
     config_cls, model_cls = {
+        "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
         "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
         "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
         "llama3": ("LlamaConfig", "LlamaForCausalLM"),
@@ -105,10 +118,12 @@ def make_model(name, shape, seed, hf_dir):
                   head_dim=hd, intermediate_size=inter, vocab_size=vocab, tie_word_embeddings=tied,
                   max_position_embeddings=4096, rms_norm_eps=1e-6, initializer_range=0.02)
     rope = {"rope_type": "default", "rope_theta": 1e6}
-    if family in ("qwen3", "llama3"):
+    if family in ("qwen3", "llama3", "qwen3_moe"):
         kwargs["attention_bias"] = False
-    if family in ("qwen3", "qwen2"):
+    if family in ("qwen3", "qwen2", "qwen3_moe"):
         kwargs["use_sliding_window"] = False
+    if family == "qwen3_moe":
+        kwargs.update(shape[10])
     if family == "mistral":
         kwargs["sliding_window"] = None
     if family == "llama3":
@@ -146,7 +161,29 @@ def make_model(name, shape, seed, hf_dir):
 
 
 def grads_of(model):
-    return {n: p.grad.detach().double().cpu().clone() for n, p in model.named_parameters()}
+    """{name: gradient} under the checkpoint's names: transformers 5 keeps a MoE layer's experts
+    fused (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I]); they are split
+    into the hub's per-expert tensors, which slidedp keeps."""
+    out = {}
+    for n, p in model.named_parameters():
+        g = p.grad.detach().double().cpu().clone() if p.grad is not None else torch_zeros_like(p)
+        if n.endswith("mlp.experts.gate_up_proj"):
+            prefix, inter = n[: -len("gate_up_proj")], g.shape[1] // 2
+            for e in range(g.shape[0]):
+                out[f"{prefix}{e}.gate_proj.weight"] = g[e, :inter].clone()
+                out[f"{prefix}{e}.up_proj.weight"] = g[e, inter:].clone()
+        elif n.endswith("mlp.experts.down_proj"):
+            prefix = n[: -len("down_proj")]
+            for e in range(g.shape[0]):
+                out[f"{prefix}{e}.down_proj.weight"] = g[e].clone()
+        else:
+            out[n] = g
+    return out
+
+
+def torch_zeros_like(p):
+    import torch
+    return torch.zeros(p.shape, dtype=torch.float64)
 
 
 def rel_l2(a, b):
@@ -212,14 +249,27 @@ def compare_shape(name, args, results, log):
     hf_inv_freq = inv_freq.detach().float().cpu().clone() if inv_freq is not None else None
     t0 = time.time()
     model.zero_grad(set_to_none=True)
+    experts_impl = getattr(model.config, "_experts_implementation", None)
+    if family == "qwen3_moe":
+        print(f"HF experts implementation: {experts_impl}")
+    moe = family == "qwen3_moe"
+    hook = None
+    if moe:  # HF's routing, seen token by token (and forced to ours below)
+        offsets = [0]
+        for toks, _ in segments:
+            offsets.append(offsets[-1] + len(toks))
+        hook = hf_common.MoeRoutingHook(model, offsets)
     loss_hf = hf_common.hf_loss_backward(model, segments, trained, args.token_budget, autocast=True)
     g_hf = grads_of(model)
+    own_autocast = {l: t.clone() for l, t in hook.own.items()} if hook else None
     model.zero_grad(set_to_none=True)
     loss_fp32 = hf_common.hf_loss_backward(model, segments, trained, args.token_budget, autocast=False)
     g_fp32 = grads_of(model)
     hf_s = time.time() - t0
-    del model
-    torch.cuda.empty_cache()
+    hf_fp32_agreement = hook.agreement(own_autocast) if hook else None
+    if not moe:
+        del model
+        torch.cuda.empty_cache()
 
     header = (f"shape {name}: hidden {h}, layers {layers}, heads {heads}/{kv}, head_dim {hd}, inter {inter}, "
               f"vocab {vocab}, {'tied' if tied else 'untied'}; {rows} rows x {seq} tokens, {len(segments)} documents, "
@@ -244,7 +294,7 @@ def compare_shape(name, args, results, log):
         summary, err, secs = run_model_grads(args, our_dir, tok_path, out_path, backend, grouping, policy, log)
         rec = {"shape": name, "backend": backend, "grouping": grouping, "policy": policy,
                "loss_hf": loss_hf, "loss_hf_fp32": loss_fp32, "trained_tokens": trained, "seconds": secs,
-               "floor_rel": floor_rel}
+               "floor_rel": floor_rel, "hf_experts_implementation": experts_impl}
         if err is not None:
             rec.update({"pass": False, "error": err})
             print(f"{label:34s} FAILED: {err}")
@@ -253,6 +303,35 @@ def compare_shape(name, args, results, log):
             continue
         ours = load_file(out_path)
         loss = float(ours.pop("loss")[0])
+        routing = {k: ours.pop(k) for k in [k for k in ours if k.startswith("routing.")]}
+        ref, floor_ref, rec_floor = g_hf, g_fp32, floor_rel
+        if moe:
+            # Our routing as global [tokens, k] per sparse layer: micro-batch b holds row b (per-row)
+            # or every row (single), in order.
+            per_layer = {}
+            for key in sorted(routing, key=lambda k: tuple(int(x) for x in k.split(".")[1:])):
+                _, b, l = key.split(".")
+                per_layer.setdefault(int(l), []).append(routing[key].long())
+            ours_routing = {l: torch.cat(v, dim=0) for l, v in per_layer.items()}
+            hook.own = {l: t.clone() for l, t in own_autocast.items()}
+            rec["routing_agreement_vs_hf_autocast"] = hook.agreement(ours_routing)
+            rec["routing_agreement_hf_fp32_vs_autocast"] = hf_fp32_agreement
+            # HF following our routing: the continuous math compared exactly; its FP32 run on the
+            # same routing is the floor.
+            hook.forced = ours_routing
+            model.zero_grad(set_to_none=True)
+            rec["loss_hf_forced"] = hf_common.hf_loss_backward(model, segments, trained, args.token_budget,
+                                                               autocast=True)
+            ref = grads_of(model)
+            model.zero_grad(set_to_none=True)
+            hf_common.hf_loss_backward(model, segments, trained, args.token_budget, autocast=False)
+            floor_ref = grads_of(model)
+            hook.forced = None
+            rec_floor = {n: rel_l2(floor_ref[n], ref[n]) for n in ref if n in floor_ref}
+            rec["floor_rel_own_routing"] = floor_rel
+            rec["floor_rel"] = rec_floor
+            rec["grad_rel_own_routing"] = {n: rel_l2(ours[n].double(), g_hf[n]) for n in g_hf if n in ours
+                                           and tuple(ours[n].shape) == tuple(g_hf[n].shape)}
         rels, rels_fp32, problems = {}, {}, []
         our_inv_freq = ours.pop("rope.inv_freq", None)
         if hf_inv_freq is not None and our_inv_freq is not None:
@@ -266,17 +345,17 @@ def compare_shape(name, args, results, log):
         if set(ours) != set(g_hf):
             problems.append(f"tensor names differ: ours only {sorted(set(ours) - set(g_hf))[:5]}, "
                             f"HF only {sorted(set(g_hf) - set(ours))[:5]}")
-        for pname, ref in g_hf.items():
+        for pname, r in ref.items():
             if pname not in ours:
                 continue
             a = ours[pname].double()
-            if tuple(a.shape) != tuple(ref.shape):
-                problems.append(f"{pname}: shape {tuple(a.shape)} vs HF {tuple(ref.shape)}")
+            if tuple(a.shape) != tuple(r.shape):
+                problems.append(f"{pname}: shape {tuple(a.shape)} vs HF {tuple(r.shape)}")
                 continue
             if not torch.isfinite(a).all():
                 problems.append(f"{pname}: non-finite gradient")
-            rels[pname] = rel_l2(a, ref)
-            rels_fp32[pname] = rel_l2(a, g_fp32[pname])
+            rels[pname] = rel_l2(a, r)
+            rels_fp32[pname] = rel_l2(a, floor_ref[pname])
         loss_rel = abs(loss - loss_hf) / abs(loss_hf)
         worst = max(rels, key=rels.get) if rels else ""
         ok = (not problems and loss_rel <= args.loss_tol and rels and max(rels.values()) <= args.grad_tol
@@ -289,6 +368,13 @@ def compare_shape(name, args, results, log):
         results.append(rec)
         print(f"{label:34s} {loss:12.6f} {loss_rel:9.2e} {worst[-47:]:>47s} {rels.get(worst, float('nan')):10.3e} "
               f"{rec['worst_rel_vs_fp32'] or float('nan'):8.2e} {secs:6.1f}  {'PASS' if ok else 'FAIL'}")
+        if moe:
+            own = rec["grad_rel_own_routing"]
+            wo = max(own, key=own.get) if own else ""
+            print(f"{'':34s} routing: ours = HF autocast's on {rec['routing_agreement_vs_hf_autocast']:.4%} of "
+                  f"(token, layer), HF fp32 = HF autocast on {hf_fp32_agreement:.4%}; HF on its own routing: "
+                  f"worst {wo[-40:]} {own.get(wo, float('nan')):.3e} (HF fp32 vs autocast floor "
+                  f"{floor_rel.get(wo, float('nan')):.3e})")
         for pr in problems[:5]:
             print(f"{'':34s} problem: {pr}")
         os.remove(out_path)

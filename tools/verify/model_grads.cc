@@ -105,8 +105,10 @@ absl::Status Run(const Options& o) {
 
   ASSIGN_OR_RETURN(std::unique_ptr<ComputeBackend> backend, MakeBackend(o.backend, config, o.device));
   const auto t0 = std::chrono::steady_clock::now();
+  // A MoE model: the load-balancing loss when its config asks for it, as HF's forward adds it.
+  const double aux_coef = config.output_router_logits ? config.router_aux_loss_coef : 0.0;
   ASSIGN_OR_RETURN(WholeModelResult result, RunWholeModel(*backend, layout, params, batches, loss_scale, policy, &norms,
-                                                                  embed_fp32.empty() ? nullptr : &embed_fp32));
+                                                          embed_fp32.empty() ? nullptr : &embed_fp32, aux_coef));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   const float loss = static_cast<float>(result.loss);
@@ -126,6 +128,20 @@ absl::Status Run(const Options& o) {
   rope_tensor.shape = {static_cast<int64_t>(inv_freq.size())};
   rope_tensor.data = inv_freq.data();
   out.push_back(std::move(rope_tensor));
+  // MoE: the experts each micro-batch's tokens were routed to, per sparse layer ("routing.B.L":
+  // micro-batch B, sparse ordinal L, [tokens, top_k] int32), so the HF reference can follow the
+  // same routing (tools/verify/hf_compare.py: expert gradients are discontinuous in it).
+  for (size_t b = 0; b < result.routing.size(); ++b) {
+    for (size_t l = 0; l < result.routing[b].size(); ++l) {
+      safetensors::TensorSource t;
+      t.name = absl::StrCat("routing.", b, ".", l);
+      t.dtype = safetensors::Dtype::kI32;
+      t.shape = {static_cast<int64_t>(result.routing[b][l].size()) / config.num_experts_per_tok,
+                 config.num_experts_per_tok};
+      t.data = result.routing[b][l].data();
+      out.push_back(std::move(t));
+    }
+  }
   safetensors::WriteOptions wo;
   wo.durability = safetensors::Durability::kNone;
   wo.metadata = {{"backend", o.backend},

@@ -12,7 +12,7 @@ absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const Mo
                                                const std::vector<std::vector<bf16_t>>& unit_params,
                                                const std::vector<MicroBatch>& batches, float loss_scale,
                                                ActPolicy policy, const std::vector<std::vector<float>>* fp32_norms,
-                                               const std::vector<float>* embed_fp32) {
+                                               const std::vector<float>* embed_fp32, double router_aux_coef) {
   const int num_units = layout.num_units();
   if (static_cast<int>(unit_params.size()) != num_units) {
     return absl::InvalidArgumentError(
@@ -58,7 +58,8 @@ absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const Mo
   }
   // norms[u]: the unit's FP32 values (norm weights' side copy; the embedding's FP32 table).
   auto unit_params_of = [&](int u) {
-    return UnitParams(params[u]->as<bf16_t>(), norms[u] != nullptr ? norms[u]->as<float>() : nullptr);
+    return UnitParams(params[u]->as<bf16_t>(), norms[u] != nullptr ? norms[u]->as<float>() : nullptr)
+        .OfLayer(layout.units[u].decoder_layer);
   };
   const UnitLayout& head_unit = layout.head();
   const int64_t norm_off = head_unit.tensors[0].offset_numel;
@@ -74,11 +75,14 @@ absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const Mo
     lm_w = params[head]->as<bf16_t>() + off;
     dlm = grads[head]->as<float>() + off;
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> loss_buf, backend.Allocate(sizeof(float)));
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> loss_buf, backend.Allocate(2 * sizeof(float)));
+  const double share = batches.empty() ? 0.0 : 1.0 / static_cast<double>(batches.size());
 
   const int64_t H = layout.config.hidden_size;
   const int64_t act_bytes = DTypeBytes(backend.activation_dtype());
   WholeModelResult result;
+  const int num_sparse = static_cast<int>(layout.config.NumSparseLayers());
+  if (num_sparse > 0) backend.SetRecordRouting(true);
   for (size_t i = 0; i < batches.size(); ++i) {
     auto uploaded = backend.UploadBatch(batches[i]);
     if (!uploaded.ok()) return Annotate(uploaded.status(), absl::StrCat("micro-batch ", i));
@@ -97,6 +101,15 @@ absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const Mo
     for (int u = 1; u < head; ++u) {
       RETURN_IF_ERROR(backend.DecoderForward(unit_params_of(u), batch, xs[u - 1]->data(), xs[u]->data(), policy,
                                              &saved[u]));
+    }
+    if (num_sparse > 0) {
+      result.routing.emplace_back(num_sparse);
+      for (int l = 0; l < num_sparse; ++l) RETURN_IF_ERROR(backend.RoutedExperts(batch, l, &result.routing.back()[l]));
+    }
+    if (layout.config.is_moe()) {
+      RETURN_IF_ERROR(backend.RouterAuxLoss(batch, static_cast<float>(router_aux_coef * share),
+                                            static_cast<float>(share), loss_buf->as<float>(),
+                                            loss_buf->as<float>() + 1));
     }
     RETURN_IF_ERROR(backend.HeadForwardBackward(norm_w, lm_w, batch, xs.back()->data(), loss_scale, grad->data(),
                                                 dnorm, dlm, loss_buf->as<float>()));

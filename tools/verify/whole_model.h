@@ -22,6 +22,9 @@ namespace slidedp::verify {
 struct WholeModelResult {
   double loss = 0;                             // sum over micro-batches of the head's loss_sum
   std::vector<std::vector<float>> unit_grads;  // per unit, layout.units[u].numel FP32 (padding 0)
+  // MoE: routing[i][l] the experts micro-batch i's tokens were routed to in sparse layer l (its
+  // ordinal), [num_tokens, num_experts_per_tok] row-major (ComputeBackend::RoutedExperts).
+  std::vector<std::vector<std::vector<int32_t>>> routing;
 };
 
 // unit_params: one BF16 array per unit in layout order (each of the unit's numel). policy is
@@ -31,12 +34,15 @@ struct WholeModelResult {
 // fp32_numel), as the workers get them from the master; without it, the BF16 values upcast.
 // embed_fp32 (optional): the embedding's FP32 table, whose rows the lookup reads (the workers'
 // runtime.embedding_rows: fp32); without it, the BF16 rows.
+// router_aux_coef (MoE): each micro-batch's load-balancing loss, averaged over the micro-batches,
+// times this is added to the loss and its gradient to the routers' (the workers' rule).
 absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const ModelLayout& layout,
                                                const std::vector<std::vector<bf16_t>>& unit_params,
                                                const std::vector<MicroBatch>& batches, float loss_scale,
                                                ActPolicy policy,
                                                const std::vector<std::vector<float>>* fp32_norms = nullptr,
-                                               const std::vector<float>* embed_fp32 = nullptr);
+                                               const std::vector<float>* embed_fp32 = nullptr,
+                                               double router_aux_coef = 0);
 
 // Per-unit FP32 arrays (master weights, gradients; layout.units[u].numel each) as safetensors
 // sources under their HF tensor names. The arrays must outlive the sources.

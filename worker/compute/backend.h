@@ -201,6 +201,15 @@ class ComputeBackend {
     return config_.is_moe() ? absl::UnimplementedError(name() + ": no MoE layers") : absl::OkStatus();
   }
 
+  // Verification (tools/verify/model_grads): with SetRecordRouting(true), each sparse layer's
+  // forward also keeps on the host the experts it routed each token to; RoutedExperts gives the
+  // batch's last forward of sparse layer `ordinal` (the ordinal among the model's sparse layers):
+  // [num_tokens, num_experts_per_tok], largest probability first. Off by default (it costs a copy).
+  void SetRecordRouting(bool on) { record_routing_ = on; }
+  virtual absl::Status RoutedExperts(const DeviceBatch& batch, int ordinal, std::vector<int32_t>* topk) const {
+    return absl::UnimplementedError(name() + ": no routing recorded");
+  }
+
   // Bytes per token a decoder layer's SavedActivations hold under a policy (excluding the
   // layer input, which the pipeline keeps as the checkpoint).
   virtual int64_t SavedBytesPerToken(ActPolicy policy) const = 0;
@@ -222,6 +231,7 @@ class ComputeBackend {
   explicit ComputeBackend(const ModelConfig& config) : config_(config) {}
   ModelConfig config_;
   int64_t tile_tokens_ = kDefaultTileTokens;
+  bool record_routing_ = false;
 };
 
 // Factories. The CUDA one exists only in builds with SLIDEDP_CUDA.

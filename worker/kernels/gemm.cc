@@ -27,7 +27,7 @@ int LdAlignment(int64_t ld, int elem_bytes) {
 
 }  // namespace
 
-GemmRunner::~GemmRunner() {
+void GemmRunner::DropPlans() {
   for (auto& [key, plan] : plans_) {
     cublasLtMatrixLayoutDestroy(plan.la);
     cublasLtMatrixLayoutDestroy(plan.lb);
@@ -35,6 +35,11 @@ GemmRunner::~GemmRunner() {
     cublasLtMatrixLayoutDestroy(plan.ld);
     cublasLtMatmulDescDestroy(plan.desc);
   }
+  plans_.clear();
+}
+
+GemmRunner::~GemmRunner() {
+  DropPlans();
   if (workspace_ != nullptr) cudaFree(workspace_);
   if (handle_ != nullptr) cublasLtDestroy(handle_);
 }
@@ -118,6 +123,10 @@ absl::Status GemmRunner::Run(const GemmArgs& g, cudaStream_t stream) {
           g.bias != nullptr};
   auto it = plans_.find(key);
   if (it == plans_.end()) {
+    // A MoE layer's expert GEMMs take their row counts from the routing, so new shapes keep coming;
+    // past kMaxPlans the cache starts over (descriptors are host objects, read when a GEMM is
+    // enqueued: none in flight needs them) and the shapes in use are planned again.
+    if (plans_.size() >= kMaxPlans) DropPlans();
     Plan plan;
     absl::Status s = MakePlan(g, align, &plan);
     if (!s.ok()) {

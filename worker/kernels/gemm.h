@@ -49,6 +49,7 @@ struct GemmArgs {
 class GemmRunner {
  public:
   static constexpr size_t kWorkspaceBytes = 64ull << 20;
+  static constexpr size_t kMaxPlans = 4096;  // cached shapes (each a few descriptors)
   GemmRunner() = default;
   ~GemmRunner();
   GemmRunner(const GemmRunner&) = delete;
@@ -66,6 +67,7 @@ class GemmRunner {
     cublasLtMatmulAlgo_t algo{};
   };
   absl::Status MakePlan(const GemmArgs& args, int align_bytes, Plan* plan);
+  void DropPlans();
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;

@@ -173,6 +173,13 @@ __global__ void AddBf16ToF32Kernel(const float* res, const bf16* __restrict__ br
     out[i] = res[i] + __bfloat162float(branch[i]);
 }
 
+// No __restrict__: out may alias a or b.
+__global__ void AddF32Kernel(const float* a, const float* b, int64_t n, float* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = a[i] + b[i];
+}
+
 // Column sums of a BF16 [rows, cols] matrix (row stride ld): block (bx, by) sums rows
 // by, by + gridDim.y, ... of columns [bx * 256, bx * 256 + 256) into partial[by][col], one thread
 // per column (consecutive threads read consecutive columns of a row: coalesced).
@@ -266,6 +273,13 @@ absl::Status RoundToBf16InPlace(float* x, int64_t n, cudaStream_t stream) {
 absl::Status AddBf16ToF32(const float* res, const bf16* branch, int64_t n, float* out, cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
   AddBf16ToF32Kernel<<<GridFor(n, 256), 256, 0, stream>>>(res, branch, n, out);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status AddF32(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  AddF32Kernel<<<GridFor(n, 256), 256, 0, stream>>>(a, b, n, out);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -56,5 +56,7 @@ absl::Status RoundToBf16InPlace(float* x, int64_t n, cudaStream_t stream);
 // out[i] = res[i] + float(branch[i]): the FP32 residual add of a BF16 GEMM output, in HF autocast's
 // order (the branch is rounded to BF16 first, the sum is FP32). out may alias res.
 absl::Status AddBf16ToF32(const float* res, const bf16* branch, int64_t n, float* out, cudaStream_t stream);
+// out[i] = a[i] + b[i] in FP32 (a MoE block's FP32 output added to the residual). out may alias a or b.
+absl::Status AddF32(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream);
 
 }  // namespace slidedp::kernels

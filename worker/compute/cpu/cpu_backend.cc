@@ -56,6 +56,7 @@ class CpuDeviceBatch final : public DeviceBatch {
   // the forward of a batch the interface passes const: they are the batch's routing record.
   mutable std::vector<MoeRouterStats> router;
   mutable double aux_weight = 0;
+  mutable std::vector<std::vector<int32_t>> routed;  // SetRecordRouting: each sparse layer's top-k
 
  private:
   MicroBatch batch_;
@@ -287,6 +288,10 @@ class CpuBackend final : public ComputeBackend {
     if (offs.sparse()) {
       if (b->router.size() != static_cast<size_t>(num_sparse_)) b->router.resize(num_sparse_);
       b->router[layer->sparse_ordinal] = std::move(acts.moe.stats);
+      if (record_routing_) {
+        b->routed.resize(num_sparse_);
+        b->routed[layer->sparse_ordinal] = std::move(acts.moe.topk_expert);
+      }
       // The MoE block's activations are not kept: backward recomputes them from hn, bit for bit.
       acts.moe = {};
       acts.moe_y = {};
@@ -386,6 +391,15 @@ class CpuBackend final : public ComputeBackend {
     *loss_sum += static_cast<float>(weight * aux);
     *aux_sum += static_cast<float>(share * aux);
     b->aux_weight = weight;
+    return absl::OkStatus();
+  }
+
+  absl::Status RoutedExperts(const DeviceBatch& batch, int ordinal, std::vector<int32_t>* topk) const override {
+    ASSIGN_OR_RETURN(const CpuDeviceBatch* b, AsCpu(batch));
+    if (ordinal < 0 || ordinal >= static_cast<int>(b->routed.size()) || b->routed[ordinal].empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("RoutedExperts: no routing recorded for sparse layer ", ordinal));
+    }
+    *topk = b->routed[ordinal];
     return absl::OkStatus();
   }
 

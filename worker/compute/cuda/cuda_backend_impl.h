@@ -25,6 +25,7 @@
 #include "worker/compute/backend.h"
 #include "worker/compute/cuda/cuda_backend.h"
 #include "worker/compute/cuda/cuda_memory.h"
+#include "worker/compute/cuda/cuda_moe.h"
 #include "worker/kernels/attention.h"
 #include "worker/kernels/cuda_check.h"
 #include "worker/kernels/cudnn_attention.h"
@@ -52,6 +53,18 @@ class CudaBatch final : public DeviceBatch {
   int32_t* uniq_tokens_ = nullptr;  // embedding backward grouping, built on the host at upload
   int32_t* seg_offsets_ = nullptr;
   int32_t* sorted_pos_ = nullptr;
+
+  // MoE models: the batch's routing record, written by each sparse layer's forward (the interface
+  // passes the batch const; these are what its forward left). By sparse ordinal: C_e and S_e on
+  // the device ([sparse layers, E]), C_e on the host; the aux loss's weight and, once RouterAuxLoss
+  // set a non-zero weight, its gradient per probability (device [E]).
+  mutable PoolBlock router_block_;
+  mutable int32_t* router_counts_ = nullptr;
+  mutable double* router_sums_ = nullptr;
+  mutable double* aux_grad_ = nullptr;
+  mutable std::vector<std::vector<int64_t>> host_counts_;
+  mutable std::vector<std::vector<int32_t>> host_topk_;  // SetRecordRouting: each sparse layer's top-k
+  mutable double aux_weight_ = 0;
 };
 
 // The intermediates of one decoder layer (pointers; owners vary by policy).
@@ -83,6 +96,8 @@ class CudaSaved final : public SavedActivations {
   ActPolicy policy_ = ActPolicy::kKeepAll;
   int64_t num_tokens_ = 0;
   LayerActs acts_;
+  // A sparse layer's MoE block: what its forward kept (pointers into the same block).
+  MoeSaved moe_;
 
  private:
   PoolBlock block_;                          // the forward's allocation,
@@ -158,12 +173,30 @@ class CudaBackend final : public ComputeBackend {
     qkv_ = qd_ + 2 * kvd_;
     if (config_.num_hidden_layers > 0) {
       ModelLayout layout = ModelLayout::Build(config_);
-      const UnitLayout& unit = layout.units.at(1);
-      if (unit.kind != UnitKind::kDecoder) return absl::InternalError("model layout: unit 1 is not a decoder layer");
+      // The offsets of a dense layer's tensors; a sparse layer (qwen3_moe) has its attention and
+      // norms at the same ones, its router and experts where MoeOffsets::InUnit says.
+      const UnitLayout* dense = nullptr;
+      const UnitLayout* sparse = nullptr;
+      for (int u = 1; u + 1 < layout.num_units(); ++u) {
+        const UnitLayout& unit = layout.units[u];
+        if (unit.kind != UnitKind::kDecoder) return absl::InternalError("model layout: a decoder unit is not one");
+        sparse_ordinal_.push_back(unit.sparse() ? num_sparse_++ : -1);
+        const UnitLayout*& first = unit.sparse() ? sparse : dense;
+        if (first == nullptr) first = &unit;
+      }
+      const UnitLayout& unit = dense != nullptr ? *dense : *sparse;
       for (int i = 0; i < kNumDecoderTensors; ++i) {  // -1: the family has no such tensor
         const TensorSlot* t = unit.Find(static_cast<DecoderTensor>(i));
         off_[i] = t != nullptr ? t->offset_numel : -1;
         fp32_off_[i] = t != nullptr ? t->fp32_offset : -1;
+      }
+      if (sparse != nullptr) {
+        if (!options_.fp32_residual) {
+          return absl::UnimplementedError("qwen3_moe: the CUDA backend runs MoE layers on the FP32 residual stream only");
+        }
+        ASSIGN_OR_RETURN(CudaMoeBlock block, CudaMoeBlock::Create(MoeDims::Of(config_), MoeOffsets::InUnit(*sparse),
+                                                                   &gemm_));
+        moe_.emplace(std::move(block));
       }
     }
     qkv_w_ = Stack({{off_[kQProj], qd_}, {off_[kKProj], kvd_}, {off_[kVProj], kvd_}});
@@ -285,8 +318,36 @@ class CudaBackend final : public ComputeBackend {
   absl::Status HeadLoss(const UnitParams& norm_w, const bf16_t* lm_head_w, const DeviceBatch& batch, const void* x,
                         float loss_scale, float* loss_sum) override;
   int64_t SavedBytesPerToken(ActPolicy policy) const override;
+  absl::Status RouterAuxLoss(const DeviceBatch& batch, float weight, float share, float* loss_sum,
+                             float* aux_sum) override;
+  absl::Status AddExpertTokenCounts(const DeviceBatch& batch, int64_t* counts) override;
+  absl::Status RoutedExperts(const DeviceBatch& batch, int ordinal, std::vector<int32_t>* topk) const override;
 
  private:
+  // A sparse layer's ordinal among the model's sparse layers, -1 for a dense layer; the layer is
+  // params.decoder_layer, which a MoE model's units must carry.
+  absl::StatusOr<int> SparseOrdinal(const UnitParams& params) const {
+    if (num_sparse_ == 0) return -1;
+    const int l = params.decoder_layer;
+    if (l < 0 || l >= static_cast<int>(sparse_ordinal_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("decoder layer ", l, " is not one of the model's ",
+                                                     sparse_ordinal_.size(), " (a MoE model's units must say which)"));
+    }
+    return sparse_ordinal_[l];
+  }
+  // A sparse layer (qwen3_moe): attention as a dense layer's, the MoE block (moe_) in place of
+  // the MLP. Untiled (TileRows does not apply); FP32 residual stream only.
+  absl::Status SparseDecoderForward(const UnitParams& params, const CudaBatch& b, const void* x, void* y,
+                                    ActPolicy policy, std::unique_ptr<SavedActivations>* saved, int ordinal);
+  absl::Status SparseDecoderBackward(const UnitParams& params, const CudaBatch& b, const void* x, CudaSaved* saved,
+                                     const void* dy, void* dx, float* dparams);
+  // The layer backward's last part, shared by dense and sparse layers: q/k norm + RoPE, the QKV
+  // projections and the input norm, tile by tile (dx holds dh1 and becomes dx in place).
+  absl::Status QkvBackward(const UnitParams& params, const CudaBatch& b, const void* x, const LayerActs& acts,
+                           uint32_t kept, int64_t tile, bf16* dqr, bf16* dkr, bf16* dqkv, void* dxn, float* ws_f,
+                           void* dx, float* dparams);
+  // The batch's routing record for `ordinal`: where the forward writes C_e and S_e.
+  absl::StatusOr<MoeRouterStatsOut> RouterRecord(const CudaBatch& b, int ordinal);
   StackedWeight Stack(std::vector<std::pair<int64_t, int64_t>> parts) const {
     StackedWeight s;
     s.parts = std::move(parts);
@@ -403,7 +464,10 @@ class CudaBackend final : public ComputeBackend {
   // Reserves the activations of the pieces in `pieces` (common/policy/layer_pieces.h): those
   // attention reads or writes (qkv, qr, kr, o, lse) for all T tokens, the token-local ones (the
   // norms' outputs, h1, gu, act) for `local_rows` (T for kept pieces, a tile for scratch).
-  void ReserveActs(Carver& c, LayerActs& a, int64_t T, uint32_t pieces, int64_t local_rows) const {
+  // A sparse layer has no dense MLP: `inter` 0 reserves no gu/act (default: the dense I_).
+  void ReserveActs(Carver& c, LayerActs& a, int64_t T, uint32_t pieces, int64_t local_rows,
+                   int64_t inter = -1) const {
+    const int64_t I = inter < 0 ? I_ : inter;
     if (pieces & kPieceCheap) {
       c.Reserve(&a.xn1, local_rows * H_);
       c.Reserve(&a.rstd1, local_rows);
@@ -411,11 +475,11 @@ class CudaBackend final : public ComputeBackend {
       c.Reserve(&a.kr, T * kvd_);
       c.Reserve(&a.xn2, local_rows * H_);
       c.Reserve(&a.rstd2, local_rows);
-      c.Reserve(&a.act, local_rows * I_);
+      c.Reserve(&a.act, local_rows * I);
     }
     if (pieces & kPieceQkv) c.Reserve(&a.qkv, T * qkv_);
     if (pieces & kPieceOProj) c.ReserveBytes(&a.h1, local_rows * H_ * act_bytes());
-    if (pieces & kPieceGateUp) c.Reserve(&a.gu, local_rows * 2 * I_);
+    if (pieces & kPieceGateUp) c.Reserve(&a.gu, local_rows * 2 * I);
     if (pieces & kPieceAttention) {
       c.Reserve(&a.o, T * qd_);
       c.Reserve(&a.lse, T * nq_);
@@ -504,6 +568,10 @@ class CudaBackend final : public ComputeBackend {
   int64_t fp32_off_[kNumDecoderTensors] = {};  // in the FP32 side copy (norm weights only)
   float* rope_inv_freq_ = nullptr;             // device [hd / 2] for a scaled RoPE, else null
   StackedWeight qkv_w_, gu_w_;
+  // qwen3_moe: the sparse layers' block, and each decoder layer's sparse ordinal (-1: dense).
+  std::optional<CudaMoeBlock> moe_;
+  std::vector<int> sparse_ordinal_;
+  int num_sparse_ = 0;
 };
 
 }  // namespace slidedp::cuda_backend_internal

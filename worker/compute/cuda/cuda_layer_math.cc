@@ -276,6 +276,8 @@ absl::Status CudaBackend::MlpTile(const UnitParams& params, const void* x, const
 absl::Status CudaBackend::DecoderForward(const UnitParams& params, const DeviceBatch& batch, const void* x, void* y,
                                          ActPolicy policy, std::unique_ptr<SavedActivations>* saved) {
   const auto& b = static_cast<const CudaBatch&>(batch);
+  ASSIGN_OR_RETURN(const int sparse, SparseOrdinal(params));
+  if (sparse >= 0) return SparseDecoderForward(params, b, x, y, policy, saved, sparse);
   const int64_t T = b.num_tokens_, tile = TileRows(T);
   LayerActs acts;
   PoolBlock scratch, branch_block;
@@ -337,6 +339,7 @@ absl::Status CudaSaved::Attach(std::unique_ptr<DeviceBuffer> block) {
   LayerActs& a = acts_;
   rebase(a.xn1), rebase(a.rstd1), rebase(a.qkv), rebase(a.qr), rebase(a.kr), rebase(a.o), rebase(a.lse);
   rebase(a.h1), rebase(a.xn2), rebase(a.rstd2), rebase(a.gu), rebase(a.act);
+  moe_.Rebase(base_, to);
   base_ = to;
   attached_ = std::move(block);
   detached_ = false;
@@ -347,8 +350,8 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
                                           SavedActivations* saved_base, const void* dy, void* dx, float* dparams) {
   const auto& b = static_cast<const CudaBatch&>(batch);
   const int64_t T = b.num_tokens_, tile = TileRows(T), last = T - (T - 1) / tile * tile;
-  const bool tiled = tile < T;
   auto* saved = static_cast<CudaSaved*>(saved_base);
+  ASSIGN_OR_RETURN(const int sparse, SparseOrdinal(params));
   ActPolicy policy = saved == nullptr ? ActPolicy::kRecomputeLayer : saved->policy_;
   if (saved != nullptr && saved->num_tokens_ != T) {
     return absl::InvalidArgumentError(
@@ -357,6 +360,7 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   if (saved != nullptr && saved->detached()) {
     return absl::FailedPreconditionError("saved activations are in host memory (an activation store has them)");
   }
+  if (sparse >= 0) return SparseDecoderBackward(params, b, x, saved, dy, dx, dparams);
   const uint32_t kept = policy.pieces;
   const kernels::AttnArgs attn = Attn(b);
 
@@ -423,6 +427,15 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   RETURN_IF_ERROR(AttentionBackward(attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + qd_ + kvd_, ws_attn));
 
   // q/k norm + RoPE and the QKV projections, tile by tile.
+  return QkvBackward(params, b, x, acts, kept, tile, dqr, dkr, dqkv, dxn, ws_f, dx, dparams);
+}
+
+absl::Status CudaBackend::QkvBackward(const UnitParams& params, const CudaBatch& b, const void* x,
+                                      const LayerActs& acts, uint32_t kept, int64_t tile, bf16* dqr, bf16* dkr,
+                                      bf16* dqkv, void* dxn, float* ws_f, void* dx, float* dparams) {
+  const int64_t T = b.num_tokens_;
+  const bool tiled = tile < T;
+  const ActPolicy policy{kept};
   const NormW qn = Norm(params, kQNorm), kn = Norm(params, kKNorm);
   for (int64_t t0 = 0; t0 < T; t0 += tile) {
     const int64_t rows = std::min(tile, T - t0);
