@@ -29,6 +29,9 @@
 #   MAX_GRAD_NORM  ours' train.max_grad_norm (1.0); 0 = no clipping, as the FSDP2 peer (which
 #                  never clips): updates then start during the backward
 #   STATE_DTYPE  ours' optimizer.state_dtype (fp32; bf16 | int8: compact Adam moments)
+#   LAYERS       a reduced depth of MODEL for every stage (model.num_hidden_layers, bench_step --layers,
+#                the peer's --layers); empty: the preset's. MODEL qwen3-30b-a3b (MoE) runs the peer
+#                bench/e2e/fsdp2_qwen3_moe.py
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 
@@ -36,7 +39,7 @@ usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 for arg in "$@"; do
   case $arg in
     -h|--help) usage; exit 0 ;;
-    MODEL=*|GPUS=*|TOKENS_LIST=*|RUNTIME_EXTRA=*|MAX_GRAD_NORM=*|STATE_DTYPE=*|ACT_POLICY=*|SEQ=*|STEPS=*|MICRO_ROWS=*|FSDP_STEPS=*|WHAT=*|BACKEND=*|*_CAP=*|BUDGET_S=*|WORK=*|FRESH=*|RESUME=*|SLIDEDP_BIN=*)
+    MODEL=*|LAYERS=*|GPUS=*|TOKENS_LIST=*|RUNTIME_EXTRA=*|MAX_GRAD_NORM=*|STATE_DTYPE=*|ACT_POLICY=*|SEQ=*|STEPS=*|MICRO_ROWS=*|FSDP_STEPS=*|WHAT=*|BACKEND=*|*_CAP=*|BUDGET_S=*|WORK=*|FRESH=*|RESUME=*|SLIDEDP_BIN=*)
       export "${arg?}" ;;
     *) echo "run_bench: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
@@ -182,7 +185,7 @@ stage_ours() {  # stage_ours DIR GPUS TOKENS_PER_GPU
   fi
   cat > "$d/job.yaml" <<YAML
 name: e2e
-model: {preset: $MODEL, init_seed: 0}
+model: {preset: $MODEL, init_seed: 0${LAYERS:+, num_hidden_layers: $LAYERS}}
 data: {path: $data}
 output: {dir: $d/out, save_final: false}
 train: {seq_len: $SEQ, global_batch: $global, micro_batch: $micro, steps: $STEPS, seed: 0, max_grad_norm: ${MAX_GRAD_NORM:-1.0}}
@@ -210,18 +213,20 @@ stage_compute() {  # stage_compute DIR TOKENS_PER_GPU
     return 0
   fi
   run_stage "$d" "$COMPUTE_CAP" bench_step --model "$MODEL" --seq "$SEQ" --tokens "$tok" \
-    --micro-batch-rows "$MICRO_ROWS" --policy recompute --steps "$STEPS" --gpu 0
+    --micro-batch-rows "$MICRO_ROWS" --policy recompute --steps "$STEPS" --gpu 0 ${LAYERS:+--layers "$LAYERS"}
 }
 
 stage_fsdp2() {  # stage_fsdp2 DIR GPUS TOKENS_PER_GPU [--offload]
   local d=$1 g=$2 tok=$3; shift 3
+  local peer=bench/e2e/fsdp2_qwen3.py
+  case $MODEL in *-a3b) peer=bench/e2e/fsdp2_qwen3_moe.py ;; esac
   local kind=fsdp2 cap=$FSDP2_CAP
   if [ "${1:-}" = --offload ]; then kind=fsdp2-offload; cap=$OFFLOAD_CAP; fi
   succeeded "$d" && return 0
   write_meta "$d" "$kind" "$g" "$tok" $((tok / SEQ))
   run_stage "$d" "$cap" env CUDA_VISIBLE_DEVICES="$(visible "$g")" OMP_NUM_THREADS=$(($(nproc) / g)) \
-    python3 -m torch.distributed.run --standalone --nproc_per_node="$g" bench/e2e/fsdp2_qwen3.py \
-    --model "$MODEL" --seq "$SEQ" --mbs $((tok / SEQ)) --steps "$FSDP_STEPS" "$@"
+    python3 -m torch.distributed.run --standalone --nproc_per_node="$g" "$peer" \
+    --model "$MODEL" --seq "$SEQ" --mbs $((tok / SEQ)) --steps "$FSDP_STEPS" ${LAYERS:+--layers "$LAYERS"} "$@"
 }
 
 for tok in $TOKENS_LIST; do

@@ -263,6 +263,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"preset", Str(&JobSpec::model_preset)},
         {"init_seed", U64(&JobSpec::init_seed)},
         {"max_position_embeddings", Int(&JobSpec::max_position_embeddings, 1)},
+        {"num_hidden_layers", Int(&JobSpec::num_hidden_layers, 1)},
         {"rope_scaling", RopeScalingMap()}}},
       {"data", {{"path", Str(&JobSpec::data_path)}, {"validation", Str(&JobSpec::validation)}}},
       {"output",
@@ -481,6 +482,10 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
     return absl::InvalidArgumentError(
         "job spec: give exactly one of model.path (a HF model directory) or model.preset");
   }
+  if (s.num_hidden_layers > 0 && s.model_preset.empty()) {
+    return absl::InvalidArgumentError(
+        "job spec: model.num_hidden_layers reduces a preset's depth; a model.path model has the layers its weights have");
+  }
   if (s.data_path.empty()) return absl::InvalidArgumentError("job spec: data.path is required");
   if (s.seq_len == 0) return absl::InvalidArgumentError("job spec: train.seq_len is required");
   if (s.global_batch == 0) return absl::InvalidArgumentError("job spec: train.global_batch is required");
@@ -577,6 +582,17 @@ absl::StatusOr<ModelConfig> ModelConfigOf(const JobSpec& spec) {
   absl::StatusOr<ModelConfig> c = !spec.model_preset.empty() ? ModelConfig::Preset(spec.model_preset)
                                                               : ModelConfig::FromFile(spec.model_path + "/config.json");
   if (!c.ok()) return c.status();
+  if (spec.num_hidden_layers > 0) {
+    if (spec.num_hidden_layers > c->num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("model.num_hidden_layers ", spec.num_hidden_layers, ": ",
+                                                     spec.model_preset, " has ", c->num_hidden_layers,
+                                                     " (the key only reduces a preset's depth)"));
+    }
+    c->num_hidden_layers = spec.num_hidden_layers;
+    // mlp_only_layers past the new depth no longer exist.
+    std::erase_if(c->mlp_only_layers, [&](int64_t l) { return l >= c->num_hidden_layers; });
+    RETURN_IF_ERROR(c->Validate());
+  }
   if (spec.max_position_embeddings > 0 || !spec.rope_scaling_json.empty()) {
     RETURN_IF_ERROR(c->OverrideContext(spec.max_position_embeddings, spec.rope_scaling_json));
   }
@@ -667,6 +683,7 @@ std::string JobSpec::ToYaml() const {
   if (!model_preset.empty()) e << YAML::Key << "preset" << YAML::Value << model_preset;
   e << YAML::Key << "init_seed" << YAML::Value << init_seed;
   if (max_position_embeddings > 0) e << YAML::Key << "max_position_embeddings" << YAML::Value << max_position_embeddings;
+  if (num_hidden_layers > 0) e << YAML::Key << "num_hidden_layers" << YAML::Value << num_hidden_layers;
   if (!rope_scaling_json.empty()) {
     e << YAML::Key << "rope_scaling" << YAML::Value << YAML::Flow << YAML::BeginMap;
     const nlohmann::json rope = nlohmann::json::parse(rope_scaling_json, nullptr, /*allow_exceptions=*/false);

@@ -81,6 +81,9 @@ struct JobSpec {
   // object as JSON text; empty: the config's RoPE).
   int64_t max_position_embeddings = 0;
   std::string rope_scaling_json;
+  // model.num_hidden_layers (presets only; 0: the preset's): a reduced-depth model of the preset's
+  // shape, e.g. as many of Qwen3-30B-A3B's 48 layers as a host holds, for benchmarks.
+  int64_t num_hidden_layers = 0;
 
   std::string data_path;  // dataset directory (docs/dataset-format.md)
   // data.validation: "auto" (a parsed spec's default: the dataset's validation split when there is

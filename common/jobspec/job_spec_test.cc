@@ -562,3 +562,33 @@ TEST(JobSpec, ContextOverrideReachesTheModelConfigAndRoundTrips) {
 
 }  // namespace
 }  // namespace slidedp
+
+namespace slidedp {
+namespace {
+
+// model.num_hidden_layers: a preset at reduced depth (a MoE preset's mlp_only_layers past it go).
+TEST(JobSpec, NumHiddenLayersReducesAPresetsDepth) {
+  const std::string text = absl::StrReplaceAll(
+      kGood, {{"model: {preset: tiny, init_seed: 3}", "model: {preset: tiny-moe, init_seed: 3, num_hidden_layers: 1}"}});
+  auto s = JobSpec::Parse(text, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto c = ModelConfigOf(*s);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_hidden_layers, 1);
+  EXPECT_TRUE(c->mlp_only_layers.empty());  // tiny-moe's layer 1 is gone
+  auto back = JobSpec::Parse(s->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->num_hidden_layers, 1);
+  // Deeper than the preset, or on a model directory: refused naming the key.
+  auto deep = JobSpec::Parse(absl::StrReplaceAll(text, {{"num_hidden_layers: 1", "num_hidden_layers: 9"}}), "/base",
+                             JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(deep.ok());
+  EXPECT_TRUE(absl::StrContains(ModelConfigOf(*deep).status().message(), "model.num_hidden_layers 9"));
+  EXPECT_TRUE(absl::StrContains(
+      ParseError(absl::StrReplaceAll(kGood, {{"model: {preset: tiny, init_seed: 3}",
+                                              "model: {path: /m, num_hidden_layers: 2}"}})).message(),
+      "model.num_hidden_layers reduces a preset's depth"));
+}
+
+}  // namespace
+}  // namespace slidedp

@@ -1,0 +1,89 @@
+"""Peer baseline for Qwen3-MoE: HF transformers Qwen3MoeForCausalLM (random init, the hub's
+Qwen3-30B-A3B shape at --layers depth) trained with PyTorch FSDP2, GPU-resident, activation
+checkpointing on every layer, FP32 master weights with BF16 compute (MixedPrecisionPolicy), fused
+torch AdamW. HF's experts run with transformers 5's default experts implementation (grouped_mm where
+torch has it): the peer's fastest. Launch with torchrun. Prints one JSON line: tokens/s per GPU
+(median step after 3 warm-up steps) and model TFLOP/s of the active parameters.
+
+Model FLOPs per token, the convention of fsdp2_qwen3.py and of slidedp's ModelFlopsPerToken with
+ModelLayout::ActiveParamCount: 6 x the matmul parameters a token meets (attention, router, the
+num_experts_per_tok experts of each sparse layer, the LM head; not the embedding lookup) +
+6 * L * seq * q_dim (causal attention, forward and backward). No recompute is counted."""
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+SIZES = {  # hidden, layers, heads, kv, head_dim, moe_intermediate, experts, top_k, vocab, tied
+    "qwen3-30b-a3b": (2048, 48, 32, 4, 128, 768, 128, 8, 151936, False),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="qwen3-30b-a3b")
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--mbs", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=0)
+    a = ap.parse_args()
+    dist.init_process_group("nccl")
+    rank = dist.get_rank()
+    world = dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    h, L, nh, kv, hd, moe_i, E, k, vocab, tied = SIZES[a.model]
+    if a.layers:
+        L = a.layers
+    cfg = Qwen3MoeConfig(hidden_size=h, num_hidden_layers=L, num_attention_heads=nh, num_key_value_heads=kv,
+                         head_dim=hd, intermediate_size=6144, moe_intermediate_size=moe_i, num_experts=E,
+                         num_experts_per_tok=k, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                         vocab_size=vocab, tie_word_embeddings=tied, max_position_embeddings=40960, rope_theta=1e6,
+                         rms_norm_eps=1e-6, attn_implementation="sdpa", use_cache=False, output_router_logits=False)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3MoeForCausalLM(cfg)
+    nparam = sum(p.numel() for p in model.parameters())
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    times = []
+    peak = 0.0
+    for step in range(a.steps):
+        ids = torch.randint(0, vocab, (a.mbs, a.seq), device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.time()
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.time() - t0)
+        peak = max(peak, torch.cuda.max_memory_allocated() / 2**30)
+        if rank == 0:
+            print(f"step {step} loss {out.loss.item():.4f} {times[-1]:.3f}s", flush=True)
+    steady = sorted(times[3:])[len(times[3:]) // 2]
+    tok = a.mbs * a.seq / steady
+    q_dim = nh * hd
+    attn = h * q_dim * 2 + h * kv * hd * 2  # q, o; k, v
+    expert = 3 * h * moe_i
+    active_matmul = L * (attn + E * h + k * expert) + vocab * h  # + the LM head (tied or not)
+    flops_tok = 6 * active_matmul + 6 * L * a.seq * q_dim
+    if rank == 0:
+        print(json.dumps({"peer": "fsdp2-moe", "model": a.model, "layers": L, "params_b": nparam / 1e9,
+                          "active_matmul_b": active_matmul / 1e9, "gpus": world, "seq": a.seq, "mbs": a.mbs,
+                          "experts_implementation": getattr(model.config, "_experts_implementation", None),
+                          "step_s": steady, "tokens_per_s_per_gpu": tok,
+                          "model_tflops_per_gpu": tok * flops_tok / 1e12, "peak_gib": peak}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
