@@ -1,6 +1,7 @@
 // Per-layer activation layouts and their policy files; see layer_policy.h.
 #include "common/policy/layer_policy.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/numbers.h"
@@ -293,15 +294,25 @@ int64_t KeptElementsPerToken(const ModelShape& m, uint32_t pieces) {
   if (pieces & kPieceQkv) n += qd + 2 * kvd;                        // q, k, v before their norms
   if (pieces & kPieceAttention) n += qd + m.num_attention_heads;    // the output and its log-sum-exp
   if (pieces & kPieceOProj) n += m.hidden_size;                     // h1
-  if (pieces & kPieceGateUp) n += 2 * m.intermediate_size;          // gate, up
+  if (pieces & kPieceGateUp) {
+    const int64_t k = m.num_experts_per_tok;
+    const int64_t moe = m.num_experts > 0 ? m.num_experts + 5 * k + k * (2 * m.moe_intermediate_size + m.hidden_size) : 0;
+    n += std::max(2 * m.intermediate_size, moe);  // gate, up; or a sparse layer's routing and experts
+  }
   // The norms' outputs and rsqrt, q/k after their norms and RoPE.
   if (pieces & kPieceCheap) n += 2 + 2 * m.hidden_size + m.num_attention_heads + m.num_key_value_heads + qd + kvd;
   return n;
 }
 
 ModelShape ModelShape::Of(const ModelConfig& c) {
-  return {ModelTypeName(c.family), c.hidden_size,       c.num_hidden_layers, c.num_attention_heads,
-          c.num_key_value_heads,   c.head_dim,          c.intermediate_size, c.vocab_size};
+  ModelShape m{ModelTypeName(c.family), c.hidden_size,       c.num_hidden_layers, c.num_attention_heads,
+               c.num_key_value_heads,   c.head_dim,          c.intermediate_size, c.vocab_size};
+  if (c.is_moe()) {
+    m.num_experts = c.num_experts;
+    m.num_experts_per_tok = c.num_experts_per_tok;
+    m.moe_intermediate_size = c.moe_intermediate_size;
+  }
+  return m;
 }
 
 bool ModelShape::operator==(const ModelShape& o) const {
@@ -309,7 +320,8 @@ bool ModelShape::operator==(const ModelShape& o) const {
   for (const ShapeField& f : kShapeFields) {
     if (this->*f.field != o.*f.field) return false;
   }
-  return true;
+  return num_experts == o.num_experts && num_experts_per_tok == o.num_experts_per_tok &&
+         moe_intermediate_size == o.moe_intermediate_size;
 }
 
 bool LayerLayout::operator==(const LayerLayout& o) const {

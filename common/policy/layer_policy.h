@@ -71,12 +71,19 @@ struct ModelShape {
   int64_t head_dim = 0;
   int64_t intermediate_size = 0;
   int64_t vocab_size = 0;
+  // qwen3_moe (0 for a dense model): what a sparse layer's MoE block keeps depends on them. Not
+  // part of a policy file's shape (kShapeFields); compared by operator==.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
   static ModelShape Of(const ModelConfig& c);
   bool operator==(const ModelShape& o) const;
 };
 
 // Elements per token a layer keeps beyond its input for `pieces`: what the CPU backend keeps (each
 // in FP32: the most any backend keeps; the CUDA backend keeps most in BF16) and admission counts.
+// In a MoE model kPieceGateUp counts the larger of a dense layer's gate/up and a sparse layer's
+// MoE block (probabilities, routing, its experts' gate/up and outputs for each of the k slots).
 int64_t KeptElementsPerToken(const ModelShape& shape, uint32_t pieces);
 
 // What AutoPolicy measured and solved (common/policy/layout_solver.h has the step model).

@@ -157,3 +157,26 @@ TEST(LayerPolicy, LoadReadsSmallRegularFilesOnly) {
 
 }  // namespace
 }  // namespace slidedp
+
+namespace slidedp {
+namespace {
+
+// A MoE model's kept gate_up piece is its sparse layers' block when that is larger than a dense
+// layer's gate/up: E probabilities, 5 k routing entries, k x (2 moe_I + hidden) expert rows.
+TEST(KeptElements, MoeBlockCountsItsRoutingAndExpertRows) {
+  const ModelConfig moe = *ModelConfig::Preset("qwen3-30b-a3b");
+  const ModelShape m = ModelShape::Of(moe);
+  EXPECT_EQ(m.num_experts, 128);
+  const int64_t block = 128 + 5 * 8 + 8 * (2 * 768 + 2048);
+  EXPECT_EQ(KeptElementsPerToken(m, kPieceGateUp), std::max<int64_t>(2 * moe.intermediate_size, block));
+  // A dense model: gate and up.
+  const ModelShape d = ModelShape::Of(*ModelConfig::Preset("tiny"));
+  EXPECT_EQ(KeptElementsPerToken(d, kPieceGateUp), 2 * d.intermediate_size);
+  // Shapes that differ only in their experts are different shapes.
+  ModelShape other = m;
+  other.num_experts_per_tok = 4;
+  EXPECT_FALSE(other == m);
+}
+
+}  // namespace
+}  // namespace slidedp
