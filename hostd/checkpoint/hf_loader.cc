@@ -132,6 +132,13 @@ std::string DescribeConfigMismatch(const ModelConfig& a, const ModelConfig& b) {
         differ("vocab_size", a.vocab_size, b.vocab_size),
         differ("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings),
         differ("rope_theta", a.rope_theta, b.rope_theta), differ("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps),
+        // qwen3_moe: the experts' layout and the routing's math.
+        differ("num_experts", a.num_experts, b.num_experts),
+        differ("num_experts_per_tok", a.num_experts_per_tok, b.num_experts_per_tok),
+        differ("moe_intermediate_size", a.moe_intermediate_size, b.moe_intermediate_size),
+        differ("norm_topk_prob", a.norm_topk_prob, b.norm_topk_prob),
+        differ("decoder_sparse_step", a.decoder_sparse_step, b.decoder_sparse_step),
+        differ("mlp_only_layers", absl::StrJoin(a.mlp_only_layers, ","), absl::StrJoin(b.mlp_only_layers, ",")),
         a.RopeInverseFrequencies() == b.RopeInverseFrequencies() && a.RopeAttentionScaling() == b.RopeAttentionScaling()
             ? std::string()
             : std::string("the RoPE scaling (rope_parameters / rope_scaling) differs between the checkpoint and the "

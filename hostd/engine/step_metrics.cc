@@ -67,13 +67,15 @@ absl::Status AddRouterMetrics(const std::vector<v1::StepDone>& reports, const st
     aux += d.router_aux_loss();
   }
   m->set_router_aux_loss(aux);
-  int64_t lo = tokens[0], hi = tokens[0];
+  int64_t lo = tokens[0], hi = tokens[0], unreached = 0;
   double sum = 0;
   for (int64_t c : tokens) {
     lo = std::min(lo, c);
     hi = std::max(hi, c);
     sum += static_cast<double>(c);
+    unreached += c == 0;
   }
+  m->set_experts_unreached(unreached);
   m->set_expert_tokens_min(static_cast<double>(lo));
   m->set_expert_tokens_max(static_cast<double>(hi));
   m->set_expert_tokens_mean(sum / static_cast<double>(n));
@@ -172,7 +174,8 @@ void MetricsFile::Append(const StepRecord& r, absl::Time now, const JobPlan& pla
                           {"max", m.expert_tokens_max()},
                           {"mean", m.expert_tokens_mean()},
                           {"imbalance", m.expert_imbalance()},
-                          {"imbalance_layer", m.expert_imbalance_layer()}};
+                          {"imbalance_layer", m.expert_imbalance_layer()},
+                          {"unreached", m.experts_unreached()}};
   }
   if (m.has_eval_loss()) {  // a step the validation pass followed (data.validation)
     j["eval_loss"] = m.eval_loss();

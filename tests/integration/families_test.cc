@@ -177,6 +177,8 @@ TEST(MoeTraining, AuxLossIsInTheLossAndExpertTokensReachTheMetrics) {
   EXPECT_GE(static_cast<double>(e["max"]), static_cast<double>(e["mean"]));
   EXPECT_GE(static_cast<double>(e["imbalance"]), 1.0);
   EXPECT_TRUE(config.IsSparseLayer(e["imbalance_layer"].get<int>()));
+  EXPECT_GE(e["unreached"].get<int>(), 0);
+  EXPECT_EQ(e["unreached"].get<int>() > 0, static_cast<double>(e["min"]) == 0);
   // The aux gradient moved the second step's loss.
   EXPECT_NE(static_cast<double>(aux[1]["loss"]) - 0.5 * static_cast<double>(aux[1]["router_aux_loss"]),
             static_cast<double>(plain[1]["loss"]));

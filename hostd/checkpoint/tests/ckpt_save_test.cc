@@ -346,3 +346,25 @@ TEST_F(CkptSaveTest, BadRequestsAreInvalidArgument) {
 
 }  // namespace
 }  // namespace slidedp::checkpoint
+
+namespace slidedp::checkpoint {
+namespace {
+
+// A qwen3_moe checkpoint and a job whose routing differs (top-k, renormalisation, which layers are
+// sparse) are different models: named.
+TEST(ConfigMismatch, MoeFieldsAreNamed) {
+  const ModelConfig a = *ModelConfig::Preset("tiny-moe");
+  EXPECT_EQ(DescribeConfigMismatch(a, a), "");
+  ModelConfig b = a;
+  b.num_experts_per_tok = 3;
+  EXPECT_NE(DescribeConfigMismatch(a, b).find("num_experts_per_tok is 2 in the checkpoint but 3"), std::string::npos);
+  b = a;
+  b.norm_topk_prob = !a.norm_topk_prob;
+  EXPECT_NE(DescribeConfigMismatch(a, b).find("norm_topk_prob"), std::string::npos);
+  b = a;
+  b.mlp_only_layers = {};
+  EXPECT_NE(DescribeConfigMismatch(a, b).find("mlp_only_layers is 1 in the checkpoint but "), std::string::npos);
+}
+
+}  // namespace
+}  // namespace slidedp::checkpoint
