@@ -31,6 +31,9 @@ def main():
     ap.add_argument("--mbs", type=int, default=4)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--layers", type=int, default=0)
+    ap.add_argument("--accum", type=int, default=1,
+                    help="micro-batches of --mbs rows per optimizer step (gradient accumulation: the step's "
+                         "tokens are mbs x seq x accum, its logits one micro-batch's)")
     a = ap.parse_args()
     dist.init_process_group("nccl")
     rank = dist.get_rank()
@@ -57,11 +60,14 @@ def main():
     times = []
     peak = 0.0
     for step in range(a.steps):
-        ids = torch.randint(0, vocab, (a.mbs, a.seq), device="cuda")
         torch.cuda.synchronize()
         t0 = time.time()
-        out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
+        for m in range(a.accum):
+            ids = torch.randint(0, vocab, (a.mbs, a.seq), device="cuda")
+            if a.accum > 1 and hasattr(model, "set_requires_gradient_sync"):
+                model.set_requires_gradient_sync(m == a.accum - 1)  # reduce-scatter once per step
+            out = model(input_ids=ids, labels=ids)
+            (out.loss / a.accum).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
@@ -70,7 +76,7 @@ def main():
         if rank == 0:
             print(f"step {step} loss {out.loss.item():.4f} {times[-1]:.3f}s", flush=True)
     steady = sorted(times[3:])[len(times[3:]) // 2]
-    tok = a.mbs * a.seq / steady
+    tok = a.mbs * a.seq * a.accum / steady
     q_dim = nh * hd
     attn = h * q_dim * 2 + h * kv * hd * 2  # q, o; k, v
     expert = 3 * h * moe_i
@@ -78,7 +84,7 @@ def main():
     flops_tok = 6 * active_matmul + 6 * L * a.seq * q_dim
     if rank == 0:
         print(json.dumps({"peer": "fsdp2-moe", "model": a.model, "layers": L, "params_b": nparam / 1e9,
-                          "active_matmul_b": active_matmul / 1e9, "gpus": world, "seq": a.seq, "mbs": a.mbs,
+                          "active_matmul_b": active_matmul / 1e9, "gpus": world, "seq": a.seq, "mbs": a.mbs, "accum": a.accum,
                           "experts_implementation": getattr(model.config, "_experts_implementation", None),
                           "step_s": steady, "tokens_per_s_per_gpu": tok,
                           "model_tflops_per_gpu": tok * flops_tok / 1e12, "peak_gib": peak}), flush=True)

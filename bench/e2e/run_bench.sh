@@ -39,7 +39,7 @@ usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 for arg in "$@"; do
   case $arg in
     -h|--help) usage; exit 0 ;;
-    MODEL=*|LAYERS=*|GPUS=*|TOKENS_LIST=*|RUNTIME_EXTRA=*|MAX_GRAD_NORM=*|STATE_DTYPE=*|ACT_POLICY=*|SEQ=*|STEPS=*|MICRO_ROWS=*|FSDP_STEPS=*|WHAT=*|BACKEND=*|*_CAP=*|BUDGET_S=*|WORK=*|FRESH=*|RESUME=*|SLIDEDP_BIN=*)
+    MODEL=*|LAYERS=*|FSDP_MICRO_ROWS=*|GPUS=*|TOKENS_LIST=*|RUNTIME_EXTRA=*|MAX_GRAD_NORM=*|STATE_DTYPE=*|ACT_POLICY=*|SEQ=*|STEPS=*|MICRO_ROWS=*|FSDP_STEPS=*|WHAT=*|BACKEND=*|*_CAP=*|BUDGET_S=*|WORK=*|FRESH=*|RESUME=*|SLIDEDP_BIN=*)
       export "${arg?}" ;;
     *) echo "run_bench: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
@@ -218,15 +218,20 @@ stage_compute() {  # stage_compute DIR TOKENS_PER_GPU
 
 stage_fsdp2() {  # stage_fsdp2 DIR GPUS TOKENS_PER_GPU [--offload]
   local d=$1 g=$2 tok=$3; shift 3
-  local peer=bench/e2e/fsdp2_qwen3.py
+  local peer=bench/e2e/fsdp2_qwen3.py rows=$((tok / SEQ)) accum=()
   case $MODEL in *-a3b) peer=bench/e2e/fsdp2_qwen3_moe.py ;; esac
+  # FSDP_MICRO_ROWS (MoE peer): the step's rows in micro-batches of that many (gradient accumulation)
+  if [ -n "${FSDP_MICRO_ROWS:-}" ] && [ "$peer" = bench/e2e/fsdp2_qwen3_moe.py ]; then
+    accum=(--accum $((rows / FSDP_MICRO_ROWS)))
+    rows=$FSDP_MICRO_ROWS
+  fi
   local kind=fsdp2 cap=$FSDP2_CAP
   if [ "${1:-}" = --offload ]; then kind=fsdp2-offload; cap=$OFFLOAD_CAP; fi
   succeeded "$d" && return 0
   write_meta "$d" "$kind" "$g" "$tok" $((tok / SEQ))
   run_stage "$d" "$cap" env CUDA_VISIBLE_DEVICES="$(visible "$g")" OMP_NUM_THREADS=$(($(nproc) / g)) \
     python3 -m torch.distributed.run --standalone --nproc_per_node="$g" "$peer" \
-    --model "$MODEL" --seq "$SEQ" --mbs $((tok / SEQ)) --steps "$FSDP_STEPS" ${LAYERS:+--layers "$LAYERS"} "$@"
+    --model "$MODEL" --seq "$SEQ" --mbs "$rows" "${accum[@]}" --steps "$FSDP_STEPS" ${LAYERS:+--layers "$LAYERS"} "$@"
 }
 
 for tok in $TOKENS_LIST; do

@@ -1124,6 +1124,82 @@ longctx_peer() {
     [ "$rc" = 0 ] || [ "$rc" = 125 ] && break  # ran (the longest that fits), or no time left
   done
 }
+# Issue 23's targets on one GPU: a Qwen3-30B-A3B-shaped model at MOE_LAYERS of its 48 layers (as many
+# as the host holds with int8 moments and no mirror), MOE_TOKENS per step, ours against our own
+# compute-only mode (bench_step, the same reduced model): >= 0.9; and at MOE_PEER_LAYERS (a depth
+# FSDP2 holds GPU-resident) ours against FSDP2 + HF Qwen3MoeForCausalLM (bench/e2e/fsdp2_qwen3_moe.py):
+# >= 1.5. Model TFLOP/s count the active parameters (ModelLayout::ActiveParamCount).
+part_moe() {
+  find_cudnn
+  local model=qwen3-30b-a3b tokens=${MOE_TOKENS:-262144} w=$work/moe
+  local big=${MOE_LAYERS:-16} small=${MOE_PEER_LAYERS:-8} what=${MOE_WHAT:-"big peer"}
+  if [[ " $what " == *" big "* ]]; then
+    stage moe_big $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/big" MODEL="$model" LAYERS="$big" GPUS=1 \
+      TOKENS_LIST="$tokens" WHAT="${MOE_BIG_WHAT:-ours compute}" MAX_GRAD_NORM="${MOE_MAX_GRAD_NORM:-1.0}" STATE_DTYPE=int8 \
+      ACT_POLICY=recompute RUNTIME_EXTRA="param_source: master${MOE_RUNTIME_EXTRA:+, $MOE_RUNTIME_EXTRA}" \
+      STEPS="${MOE_STEPS:-4}" MICRO_ROWS="${MOE_MICRO_ROWS:-8}" WORK="$w/big" FRESH=1 \
+      BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
+  fi
+  if [[ " $what " == *" peer "* ]]; then
+    stage moe_peer $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/peer" MODEL="$model" LAYERS="$small" GPUS=1 \
+      TOKENS_LIST="$tokens" WHAT="${MOE_PEER_WHAT:-ours fsdp2}" MAX_GRAD_NORM=0 STATE_DTYPE="${MOE_PEER_STATE_DTYPE:-fp32}" \
+      FSDP_MICRO_ROWS="${MOE_FSDP_MICRO_ROWS:-4}" FSDP_STEPS="${MOE_FSDP_STEPS:-5}" \
+      ACT_POLICY=recompute RUNTIME_EXTRA="${MOE_RUNTIME_EXTRA:-}" STEPS="${MOE_STEPS:-4}" \
+      MICRO_ROWS="${MOE_MICRO_ROWS:-8}" WORK="$w/peer" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) \
+      bash bench/e2e/run_bench.sh
+  fi
+  dry && return 0
+  for v in big peer; do  # the runs' hostd and worker logs, for the details
+    mkdir -p "$part_dir/logs/$v" && cp "$w"/$v/runs/*/*/*/*/ours/run/*.log "$part_dir/logs/$v/" 2> /dev/null
+  done
+  python3 - "$w" "$tokens" "$big" "$small" << 'PY' | tee -a "$summary"
+import glob, json, sys
+w, tokens, big, small = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+sys.path.insert(0, "tools/gpu")
+from bench_results import ours_metrics  # noqa: E402
+med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None
+def last_json(pattern, key):
+    found = None
+    for p in glob.glob(pattern):
+        for l in open(p, errors="replace"):
+            if l.startswith("{") and key in l:
+                try:
+                    found = json.loads(l)
+                except ValueError:
+                    pass
+    return found
+def ours(d):
+    rows = [r for r in ours_metrics(d) if r["step"] >= 2]
+    if not rows:
+        return None
+    return {"tps": med([r["tokens_per_s"] for r in rows]), "tflops": med([r["model_tflops"] for r in rows]),
+            "imb": rows[-1].get("expert_tokens", {}).get("imbalance"), "aux": rows[-1].get("router_aux_loss"),
+            "state": rows[-1].get("host_state_bytes", 0), "peak": rows[-1].get("gpu_peak_bytes", 0)}
+o = ours(f"{w}/big")
+comp = last_json(f"{w}/big/runs/*/*/*/compute/stage.log", "compute_only")
+if o is None:
+    print(f"FAIL moe         qwen3-30b-a3b x{big} layers: no steps of ours (see details)")
+else:
+    cps = comp["tokens_per_s"] if comp else None
+    ratio = o["tps"] / cps if cps else float("nan")
+    print(f"{'PASS' if cps and ratio >= 0.9 else 'FAIL'} moe         qwen3-30b-a3b x{big} layers, {tokens // 1024}K tok/step, "
+          f"int8 + master: {o['tps']:.0f} tok/s, {o['tflops']:.0f} model TFLOP/s (active) = {ratio:.3f} of compute-only "
+          f"{cps or float('nan'):.0f} tok/s (target 0.9); host state {o['state'] / 2**30:.1f} GiB, GPU peak "
+          f"{o['peak'] / 2**30:.1f} GiB, expert imbalance {o['imb']}, aux {o['aux']}")
+o = ours(f"{w}/peer")
+peer = last_json(f"{w}/peer/runs/*/*/*/fsdp2/stage.log", "fsdp2-moe")
+if o is None or peer is None:
+    print(f"FAIL moe         qwen3-30b-a3b x{small} layers vs FSDP2: ours {'ran' if o else 'no steps'}, "
+          f"FSDP2 {'ran' if peer else 'no result (OOM or cut; see details)'}")
+else:
+    ratio = o["tps"] / peer["tokens_per_s_per_gpu"]
+    print(f"{'PASS' if ratio >= 1.5 else 'FAIL'} moe         qwen3-30b-a3b x{small} layers, {tokens // 1024}K tok/step: ours "
+          f"{o['tps']:.0f} tok/s ({o['tflops']:.0f} TFLOP/s) / FSDP2 {peer['tokens_per_s_per_gpu']:.0f} tok/s "
+          f"({peer['model_tflops_per_gpu']:.0f} TFLOP/s, experts {peer.get('experts_implementation')}, peak "
+          f"{peer.get('peak_gib', 0):.0f} GiB) = {ratio:.2f} (target 1.5)")
+PY
+}
+
 
 part_longctx() {
   find_cudnn
@@ -1188,77 +1264,3 @@ for part in "$@"; do
 done
 exit $status
 
-# Issue 23's targets on one GPU: a Qwen3-30B-A3B-shaped model at MOE_LAYERS of its 48 layers (as many
-# as the host holds with int8 moments and no mirror), MOE_TOKENS per step, ours against our own
-# compute-only mode (bench_step, the same reduced model): >= 0.9; and at MOE_PEER_LAYERS (a depth
-# FSDP2 holds GPU-resident) ours against FSDP2 + HF Qwen3MoeForCausalLM (bench/e2e/fsdp2_qwen3_moe.py):
-# >= 1.5. Model TFLOP/s count the active parameters (ModelLayout::ActiveParamCount).
-part_moe() {
-  find_cudnn
-  local model=qwen3-30b-a3b tokens=${MOE_TOKENS:-262144} w=$work/moe
-  local big=${MOE_LAYERS:-16} small=${MOE_PEER_LAYERS:-8} what=${MOE_WHAT:-"big peer"}
-  if [[ " $what " == *" big "* ]]; then
-    stage moe_big $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/big" MODEL="$model" LAYERS="$big" GPUS=1 \
-      TOKENS_LIST="$tokens" WHAT="ours compute" MAX_GRAD_NORM="${MOE_MAX_GRAD_NORM:-1.0}" STATE_DTYPE=int8 \
-      ACT_POLICY=recompute RUNTIME_EXTRA="param_source: master${MOE_RUNTIME_EXTRA:+, $MOE_RUNTIME_EXTRA}" \
-      STEPS="${MOE_STEPS:-4}" MICRO_ROWS="${MOE_MICRO_ROWS:-8}" WORK="$w/big" FRESH=1 \
-      BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
-  fi
-  if [[ " $what " == *" peer "* ]]; then
-    stage moe_peer $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/peer" MODEL="$model" LAYERS="$small" GPUS=1 \
-      TOKENS_LIST="$tokens" WHAT="ours fsdp2" MAX_GRAD_NORM=0 STATE_DTYPE="${MOE_PEER_STATE_DTYPE:-fp32}" \
-      ACT_POLICY=recompute RUNTIME_EXTRA="${MOE_RUNTIME_EXTRA:-}" STEPS="${MOE_STEPS:-4}" \
-      MICRO_ROWS="${MOE_MICRO_ROWS:-8}" WORK="$w/peer" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) \
-      bash bench/e2e/run_bench.sh
-  fi
-  dry && return 0
-  for v in big peer; do  # the runs' hostd and worker logs, for the details
-    mkdir -p "$part_dir/logs/$v" && cp "$w"/$v/runs/*/*/*/*/ours/run/*.log "$part_dir/logs/$v/" 2> /dev/null
-  done
-  python3 - "$w" "$tokens" "$big" "$small" << 'PY' | tee -a "$summary"
-import glob, json, sys
-w, tokens, big, small = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-sys.path.insert(0, "tools/gpu")
-from bench_results import ours_metrics  # noqa: E402
-med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None
-def last_json(pattern, key):
-    found = None
-    for p in glob.glob(pattern):
-        for l in open(p, errors="replace"):
-            if l.startswith("{") and key in l:
-                try:
-                    found = json.loads(l)
-                except ValueError:
-                    pass
-    return found
-def ours(d):
-    rows = [r for r in ours_metrics(d) if r["step"] >= 2]
-    if not rows:
-        return None
-    return {"tps": med([r["tokens_per_s"] for r in rows]), "tflops": med([r["model_tflops"] for r in rows]),
-            "imb": rows[-1].get("expert_tokens", {}).get("imbalance"), "aux": rows[-1].get("router_aux_loss"),
-            "state": rows[-1].get("host_state_bytes", 0), "peak": rows[-1].get("gpu_peak_bytes", 0)}
-o = ours(f"{w}/big")
-comp = last_json(f"{w}/big/runs/*/*/*/compute/stage.log", "compute_only")
-if o is None:
-    print(f"FAIL moe         qwen3-30b-a3b x{big} layers: no steps of ours (see details)")
-else:
-    cps = comp["tokens_per_s"] if comp else None
-    ratio = o["tps"] / cps if cps else float("nan")
-    print(f"{'PASS' if cps and ratio >= 0.9 else 'FAIL'} moe         qwen3-30b-a3b x{big} layers, {tokens // 1024}K tok/step, "
-          f"int8 + master: {o['tps']:.0f} tok/s, {o['tflops']:.0f} model TFLOP/s (active) = {ratio:.3f} of compute-only "
-          f"{cps or float('nan'):.0f} tok/s (target 0.9); host state {o['state'] / 2**30:.1f} GiB, GPU peak "
-          f"{o['peak'] / 2**30:.1f} GiB, expert imbalance {o['imb']}, aux {o['aux']}")
-o = ours(f"{w}/peer")
-peer = last_json(f"{w}/peer/runs/*/*/*/fsdp2/stage.log", "fsdp2-moe")
-if o is None or peer is None:
-    print(f"FAIL moe         qwen3-30b-a3b x{small} layers vs FSDP2: ours {'ran' if o else 'no steps'}, "
-          f"FSDP2 {'ran' if peer else 'no result (OOM or cut; see details)'}")
-else:
-    ratio = o["tps"] / peer["tokens_per_s_per_gpu"]
-    print(f"{'PASS' if ratio >= 1.5 else 'FAIL'} moe         qwen3-30b-a3b x{small} layers, {tokens // 1024}K tok/step: ours "
-          f"{o['tps']:.0f} tok/s ({o['tflops']:.0f} TFLOP/s) / FSDP2 {peer['tokens_per_s_per_gpu']:.0f} tok/s "
-          f"({peer['model_tflops_per_gpu']:.0f} TFLOP/s, experts {peer.get('experts_implementation')}, peak "
-          f"{peer.get('peak_gib', 0):.0f} GiB) = {ratio:.2f} (target 1.5)")
-PY
-}
