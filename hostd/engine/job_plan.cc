@@ -100,6 +100,17 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
                                                       cpu_workers, " of ", world,
                                                       " are CPU-backend (use grad_reduction: cpu)"));
   }
+  // What the CUDA backend's MoE block takes (worker/compute/cuda/cuda_moe.cc): refused here, before
+  // any host state, rather than by a worker at job start.
+  if (layout.config.is_moe() && cpu_workers != world && layout.config.NumSparseLayers() > 0) {
+    constexpr int64_t kCudaMoeMaxExperts = 2048;  // worker/kernels/moe.h kMoeMaxExperts
+    if (layout.config.moe_intermediate_size % 8 != 0 || layout.config.num_experts > kCudaMoeMaxExperts) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "qwen3_moe on CUDA workers needs moe_intermediate_size a multiple of 8 and at most ", kCudaMoeMaxExperts,
+          " experts; the model has ", layout.config.moe_intermediate_size, " and ", layout.config.num_experts,
+          " (the CPU backend runs any)"));
+    }
+  }
   // CPU-backend workers reduce-scatter through a shm collective segment hostd creates for the job.
   p.shm_collective = gpu_route && cpu_workers == world;
   if (p.shm_collective) {

@@ -97,6 +97,7 @@
 #   LAYOUTS_PRESET   the fine-tune whose layouts are checked (qwen3-1.7b; heads from the preset)
 #   LAYOUTS_STEPS    (200)    LAYOUTS_CAP (300 s)
 #   HF_SHAPES        hf_compare's --shapes (all five)
+#   FAMILIES_PRESETS FAMILIES_RUNTIME_EXTRA  the families part's presets, more runtime keys for its jobs
 #   CURVES_MODEL     qwen3-0.6b (pretrain 250 steps) | qwen3-1.7b (pretrain 160, deterministic)
 #   CURVES_PRE CURVES_STEPS (200) CURVES_DET (0/1)  override the model's settings
 #   CURVES_REFS      HF references (0.6B: "bf16-autocast bf16-mirror-fp32-norms"; 1.7B:
@@ -243,13 +244,26 @@ data: {path: $PWD/build/examples/tiny-data, validation: $PWD/build/examples/tiny
 output: {dir: $d/out, save_final: false, tensorboard: true}
 train: {seq_len: 128, global_batch: 8, micro_batch: 2, steps: 3, seed: 0, eval_every: 1}
 optimizer: {lr: 0.0}
-runtime: {workers: 1}
+runtime: {workers: 1${FAMILIES_RUNTIME_EXTRA:+, $FAMILIES_RUNTIME_EXTRA}}
 YAML
       stage "eval_${preset}_$backend" 150 slidedp run "$spec" --backend "$backend" --run-dir "$d/run"
       copy_metrics "$d/out/metrics-*.jsonl" "$part_dir/$preset-$backend.jsonl"
     done
     judge eval-parity --cuda "$part_dir/$preset-cuda.jsonl" --cpu "$part_dir/$preset-cpu.jsonl" \
       --tol "${FAMILIES_TOL:-5e-3}" --what "$preset at lr 0"
+    # The backward too: at lr 0 every step's gradient norm is the same weights' (CUDA vs CPU).
+    dry || python3 - "$part_dir/$preset-cuda.jsonl" "$part_dir/$preset-cpu.jsonl" "$preset" \
+      "${FAMILIES_GRAD_TOL:-2e-2}" << 'PY' | tee -a "$summary"
+import json, sys
+read = lambda p: {r["step"]: r for r in map(json.loads, filter(str.strip, open(p)))}
+g, c = read(sys.argv[1]), read(sys.argv[2])
+tol = float(sys.argv[4])
+rel = [abs(g[s]["grad_norm"] - c[s]["grad_norm"]) / abs(c[s]["grad_norm"]) for s in sorted(set(g) & set(c))
+       if c[s].get("grad_norm")]
+worst = max(rel) if rel else float("nan")
+print(f"{'PASS' if rel and worst <= tol else 'FAIL'} families    {sys.argv[3]} at lr 0: gradient norm CUDA vs CPU "
+      f"backend, {len(rel)} steps, worst rel {worst:.3g} (<= {tol})")
+PY
     d=$work/families/$preset-cuda
     job=$(basename "$(ls -d "$d"/out/tensorboard/* 2> /dev/null | head -1)" 2> /dev/null)
     stage "tensorboard_$preset" 60 python3 tools/gpu/tensorboard_check.py --events "$d/out/tensorboard/$job" \

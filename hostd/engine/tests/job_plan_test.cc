@@ -324,3 +324,31 @@ TEST(JobPlan, AStepOverTheGpuMemoryFloorIsRefusedWithTheLongestSequence) {
 
 }  // namespace
 }  // namespace slidedp::hostd
+
+namespace slidedp::hostd {
+namespace {
+
+// A MoE shape the CUDA block does not take is refused before any host state, naming why; the CPU
+// backend runs it.
+TEST(JobPlan, MoeShapesTheCudaBlockCannotRunAreRefusedOnCudaWorkers) {
+  ModelConfig c = *ModelConfig::Preset("tiny-moe");
+  c.moe_intermediate_size = 36;
+  const ModelLayout layout = ModelLayout::Build(c);
+  JobSpec s;
+  s.model_preset = "tiny-moe";
+  s.seq_len = 64;
+  s.global_batch = 2;
+  s.micro_batch = 1;
+  s.max_grad_norm = 0;
+  auto p = PlanJob(s, layout, std::vector<WorkerDevice>(1, WorkerDevice{false, int64_t{80} << 30}));
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "moe_intermediate_size a multiple of 8")) << p.status();
+  EXPECT_TRUE(PlanJob(s, layout, std::vector<WorkerDevice>(1, WorkerDevice{true, 0})).ok());
+  c.moe_intermediate_size = 32;
+  EXPECT_TRUE(PlanJob(s, ModelLayout::Build(c), std::vector<WorkerDevice>(1, WorkerDevice{false, int64_t{80} << 30}))
+                  .ok());
+}
+
+}  // namespace
+}  // namespace slidedp::hostd
