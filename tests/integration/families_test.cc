@@ -51,14 +51,6 @@ std::string Spec(const std::string& model, int workers, int steps, const std::st
                       ", step_timeout_ms: 20000}\n");
 }
 
-// The metrics JSONL lines of a job (output_dir/metrics-<job>.jsonl).
-std::vector<nlohmann::json> MetricsLines(const NodeHarness& node, const std::string& output, const std::string& job) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(node.dir() + "/" + output + "/metrics-" + job + ".jsonl");
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
 // The FP32 master of a checkpoint saved in fp32, per unit.
 std::vector<std::vector<float>> LoadMaster(const std::string& dir, const ModelLayout& layout) {
   const int n = layout.num_units();

@@ -82,13 +82,6 @@ void ExpectWorkersKept(NodeHarness& node, int n) {
   for (int pid : node.worker_pids()) EXPECT_EQ(::kill(pid, 0), 0) << "worker pid " << pid << " is gone";
 }
 
-std::vector<nlohmann::json> MetricsLines(const NodeHarness& node, const std::string& output, const std::string& job) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(node.dir() + "/" + output + "/metrics-" + job + ".jsonl");
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
 void FlipBit(const std::string& path, int64_t offset) {
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
   f.seekg(offset);

@@ -23,6 +23,7 @@
 #include "client/cli/client.h"
 #include "client/cli/embedded.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace slidedp::testing {
 
@@ -254,6 +255,15 @@ inline v1::Job MustSucceed(NodeHarness& node, const std::string& spec, const std
   if (!j.ok()) return {};
   EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED) << j->error() << " (logs in " << node.dir() << ")";
   return *j;
+}
+
+// The metrics JSONL lines of a job (<node dir>/<output>/metrics-<job>.jsonl), in file order.
+inline std::vector<nlohmann::json> MetricsLines(const NodeHarness& node, const std::string& output,
+                                                const std::string& job) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(node.dir() + "/" + output + "/metrics-" + job + ".jsonl");
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
 }
 
 }  // namespace slidedp::testing

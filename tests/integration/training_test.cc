@@ -538,14 +538,6 @@ TEST(Service, KilledWorkerWithAutomaticRestartResumesOnTheSurvivor) {
 namespace slidedp::testing {
 namespace {
 
-// The metrics JSONL lines of a job (output_dir/metrics-<job>.jsonl).
-std::vector<nlohmann::json> MetricsLines(const NodeHarness& node, const std::string& output, const std::string& job) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(node.dir() + "/" + output + "/metrics-" + job + ".jsonl");
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
 // The largest gpu_peak_bytes a job's metrics report.
 int64_t PeakBytes(const NodeHarness& node, const std::string& output, const std::string& job) {
   int64_t p = 0;

@@ -52,13 +52,6 @@ std::string Spec(int workers, const std::string& output, const std::string& extr
                       ", step_timeout_ms: 20000}\n");
 }
 
-std::vector<nlohmann::json> MetricsLines(const NodeHarness& node, const std::string& output, const std::string& job) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(node.dir() + "/" + output + "/metrics-" + job + ".jsonl");
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
 // step -> eval_loss of the records that have one.
 std::map<int64_t, double> EvalLosses(const std::vector<nlohmann::json>& lines) {
   std::map<int64_t, double> out;

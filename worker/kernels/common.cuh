@@ -22,6 +22,23 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
+// Sum over the block in a fixed order (warp butterflies, then warp 0 sums the warp sums); every
+// thread gets it. scratch: 33 floats of shared memory (reusable across calls).
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  v = WarpSum(v);
+  __syncthreads();  // scratch reuse across calls
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float t = lane < nwarps ? scratch[lane] : 0.0f;
+    t = WarpSum(t);
+    if (lane == 0) scratch[32] = t;
+  }
+  __syncthreads();
+  return scratch[32];
+}
+
 struct alignas(16) Bf16x8 {
   __nv_bfloat162 v[4];
 };

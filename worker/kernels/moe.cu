@@ -49,23 +49,6 @@ __device__ __forceinline__ bool Beats(float av, int ai, float bv, int bi) {
   return ai < bi;
 }
 
-// Sum over the block in a fixed order (warp butterflies, then the warp sums by warp 0); every
-// thread gets it. scratch: 33 floats of shared memory.
-__device__ __forceinline__ float BlockSum(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-  v = WarpSum(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    float t = lane < nwarps ? scratch[lane] : 0.0f;
-    t = WarpSum(t);
-    if (lane == 0) scratch[32] = t;
-  }
-  __syncthreads();
-  return scratch[32];
-}
-
 // ---- Router: softmax and top-k, a warp per token, its row in shared memory.
 __global__ void RouteTopKKernel(const bf16* __restrict__ logits, int64_t ld, int64_t tokens, int experts, int top_k,
                                 bool renormalize, float* __restrict__ probs, int32_t* __restrict__ topk_expert,

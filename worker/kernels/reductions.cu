@@ -40,22 +40,6 @@ namespace {
 constexpr int kMaxPartialBlocks = 1056;  // 8 per SM on a 132-SM H200
 constexpr int kColumnSumParts = 128;     // row groups of ColumnSumsInto
 
-// Sum over the block; every thread gets the result. scratch: 33 floats of shared memory.
-__device__ __forceinline__ float BlockSum(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-  v = WarpSum(v);
-  __syncthreads();  // scratch reuse across calls
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    float t = lane < nwarps ? scratch[lane] : 0.0f;
-    t = WarpSum(t);
-    if (lane == 0) scratch[32] = t;
-  }
-  __syncthreads();
-  return scratch[32];
-}
-
 __global__ void SumIntoKernel(const float* __restrict__ vals, int64_t n, float* out) {
   __shared__ float scratch[33];
   float s = 0.f;
