@@ -30,6 +30,16 @@ int64_t TileBytesPerToken(const ModelConfig& c) {
   return 2 * H + 2 * H + kResidualBytes * H + 8 + 2 * I + 4 * I + 2 * I + 4 * I + kResidualBytes * H + 4 * H;
 }
 
+// Bytes per token of a sparse (MoE) layer's backward scratch, which runs whole, not in tiles
+// (worker/compute/cuda/cuda_moe_layer.cc, cuda_moe.h): its xn2 (BF16), h1 (FP32), the o_proj branch
+// and residual-gradient copies (BF16), dxn (FP32) and the MoE block's backward for each of the k
+// slots: gathered rows and expert outputs with their gradients (BF16, 6 H), gate/up, the activation
+// and their gradients (BF16, 12 I), routing weights and indices.
+int64_t SparseLayerBytesPerToken(const ModelConfig& c) {
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size, k = c.num_experts_per_tok;
+  return 2 * H + kResidualBytes * H + 2 * H + 2 * H + 4 * H + k * (6 * H + 12 * I + 16) + 8 * c.num_experts;
+}
+
 int64_t LargestUnitBf16Bytes(const ModelLayout& layout) {
   int64_t n = 0;
   for (const UnitLayout& u : layout.units) n = std::max(n, u.numel);
@@ -58,6 +68,8 @@ ContextMemory EstimateContextMemory(const ModelLayout& layout, const ContextMemo
   m.offloaded = (layers - kept_layers) * input_bytes;
   m.attention = in.micro_batch_tokens * AttentionBytesPerToken(c);
   m.tile = tile * TileBytesPerToken(c);
+  // A MoE model's sparse layers run whole: their scratch grows with the micro-batch.
+  if (c.NumSparseLayers() > 0) m.tile = std::max(m.tile, in.micro_batch_tokens * SparseLayerBytesPerToken(c));
   m.residual = 2 * in.micro_batch_tokens * c.hidden_size * kResidualBytes;
   m.window = kWindowSlots * LargestUnitBf16Bytes(layout);
   return m;

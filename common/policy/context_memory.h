@@ -16,7 +16,9 @@
 //                of all of them) and the attention backward's workspace at its least (an FP32
 //                dQ accumulator and row sums): they grow with the sequence, tiles or not;
 //   tile         one tile's token-local scratch (norm outputs, h1, gate/up, the MLP's gradients;
-//                ComputeBackend::TileRows): bounded by runtime.tile_tokens;
+//                ComputeBackend::TileRows): bounded by runtime.tile_tokens; in a MoE model at least
+//                a sparse layer's, which runs whole: its MoE block's backward for the micro-batch's
+//                tokens x num_experts_per_tok rows;
 //   residual     the gradient flowing between layers and one layer's output (2 x tokens x hidden x 4 B);
 //   window       the parameter window's slots (3 x the largest unit in BF16).
 // Left out (so the figure is a floor, never an overestimate): the rest of cuDNN's workspace,

@@ -81,4 +81,19 @@ TEST(ContextMemory, Bf16CheckpointsHalveTheLayerInputs) {
 }
 
 }  // namespace
+// A MoE model's sparse layers run whole: their block's scratch grows with the micro-batch, not the
+// tile, and is counted (Qwen3-30B-A3B: 8 slots a token).
+TEST(ContextMemory, SparseLayersScratchGrowsWithTheMicroBatch) {
+  const ModelLayout moe = ModelLayout::Build(*ModelConfig::Preset("qwen3-30b-a3b"));
+  const ContextMemory short_row = EstimateContextMemory(moe, {4096, 4096, 0, 1024, 4});
+  const ContextMemory long_row = EstimateContextMemory(moe, {65536, 65536, 0, 1024, 4});
+  EXPECT_EQ(long_row.tile, 16 * short_row.tile);
+  // k x (6 hidden + 12 moe_intermediate) bytes a token at least: 8 x (12,288 + 9,216).
+  EXPECT_GE(long_row.tile, int64_t{65536} * 8 * (6 * 2048 + 12 * 768));
+  // A dense model's tile stays bounded by tile_tokens.
+  const ModelLayout dense = ModelLayout::Build(*ModelConfig::Preset("qwen3-0.6b"));
+  EXPECT_EQ(EstimateContextMemory(dense, {65536, 65536, 0, 1024, 4}).tile,
+            EstimateContextMemory(dense, {4096, 4096, 0, 1024, 4}).tile);
+}
+
 }  // namespace slidedp
