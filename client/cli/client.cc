@@ -70,6 +70,11 @@ std::string FormatProgress(const v1::Job& job, const v1::StepMetrics& m) {
                                      m.learning_rate(), m.grad_norm(), m.tokens_per_s(), m.model_tflops());
   if (m.has_mfu()) absl::StrAppendFormat(&line, " (MFU %.0f%%)", 100 * m.mfu());
   if (m.has_eval_loss()) absl::StrAppendFormat(&line, "  val %.4f", m.eval_loss());
+  if (m.has_router_aux_loss()) {  // a MoE model: the router's balance, what users debug
+    absl::StrAppendFormat(&line, "  aux %.3f  experts max/mean %.2f (layer %d)", m.router_aux_loss(),
+                          m.expert_imbalance(), m.expert_imbalance_layer());
+    if (m.experts_unreached() > 0) absl::StrAppendFormat(&line, ", %lld unreached", m.experts_unreached());
+  }
   if (m.gpu_peak_bytes() > 0) absl::StrAppendFormat(&line, "  GPU %.1f GiB", m.gpu_peak_bytes() / 1073741824.0);
   if (m.host_state_bytes() > 0) absl::StrAppendFormat(&line, "  host %.1f GiB", m.host_state_bytes() / 1073741824.0);
   absl::StrAppend(&line, "  ETA ", FormatSeconds(m.eta_s()));
