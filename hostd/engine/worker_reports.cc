@@ -142,9 +142,17 @@ absl::Status WorkerReports::OnJobFinished(int rank, const v1::JobFinished& finis
   // Only the standard codes (1..16) map to a status; anything else is UNKNOWN with the number.
   const bool known = finished.code() > 0 && finished.code() <= static_cast<int>(absl::StatusCode::kUnauthenticated);
   const absl::StatusCode code = known ? static_cast<absl::StatusCode>(finished.code()) : absl::StatusCode::kUnknown;
-  return absl::Status(
+  absl::Status failure(
       code, absl::StrCat(WorkerName(rank), ": ", known ? "" : absl::StrCat("(status code ", finished.code(), ") "),
                          finished.message()));
+  if (code == absl::StatusCode::kAborted) {  // stopped by another's abort: wait for the cause (Poll)
+    if (!aborted_failure_) {
+      aborted_failure_ = std::move(failure);
+      aborted_since_ = absl::Now();
+    }
+    return absl::OkStatus();
+  }
+  return failure;
 }
 
 std::optional<v1::PolicyChosen> WorkerReports::TakePolicyChosen() {
@@ -185,6 +193,10 @@ absl::Status WorkerReports::Poll() {
       return absl::UnavailableError(
           absl::StrCat(WorkerName(r), ", pid ", w->hello().pid(), ", disconnected during the job"));
     }
+  }
+  if (aborted_failure_) {
+    const bool all_finished = std::all_of(finished_.begin(), finished_.end(), [](bool f) { return f; });
+    if (all_finished || absl::Now() - aborted_since_ >= kRootCauseGrace) return *aborted_failure_;
   }
   return absl::OkStatus();
 }

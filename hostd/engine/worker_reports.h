@@ -100,6 +100,12 @@ class WorkerReports {
   std::map<int64_t, std::map<int, v1::EvalDone>> evals_ ABSL_GUARDED_BY(mu_);
   int64_t evals_from_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> finished_ ABSL_GUARDED_BY(mu_);
+  // A worker that stopped because another raised the job's abort reports ABORTED; the one that
+  // raised it reports the cause, perhaps a moment later. The first ABORTED waits here up to
+  // kRootCauseGrace (or until every worker has finished) for a cause to report instead.
+  static constexpr absl::Duration kRootCauseGrace = absl::Seconds(2);
+  std::optional<absl::Status> aborted_failure_ ABSL_GUARDED_BY(mu_);
+  absl::Time aborted_since_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> worker_failure_seen_{false};
 };
 

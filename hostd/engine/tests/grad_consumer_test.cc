@@ -229,6 +229,37 @@ TEST(GradConsumer, BadReportsAreInternalNamingTheWorker) {
   EXPECT_TRUE(h.reports().Poll().ok());
 }
 
+// A worker stopped by another's abort reports ABORTED, perhaps before the one that raised it says
+// why: the job's error is the cause, not the echo; with no cause within the grace, the echo.
+TEST(GradConsumer, TheCauseOfAnAbortWinsOverTheWorkersItStopped) {
+  auto finished = [](const std::string& job, absl::StatusCode code, const std::string& message) {
+    v1::WorkerReport rep;
+    rep.mutable_job_finished()->set_job_id(job);
+    rep.mutable_job_finished()->set_code(static_cast<int>(code));
+    rep.mutable_job_finished()->set_message(message);
+    return rep;
+  };
+  {
+    ConsumerHarness h(HarnessSpec(2, 0, GradReduction::kGpu, GradStaging::kAuto, false), 2);
+    ASSERT_TRUE(h.status().ok()) << h.status();
+    h.worker(0).reports().Push(finished(h.job_id(), absl::StatusCode::kAborted, "job aborted: worker failed"));
+    EXPECT_TRUE(h.reports().Poll().ok());  // rank 1 has not said why yet
+    h.worker(1).reports().Push(finished(h.job_id(), absl::StatusCode::kDataLoss, "tokens.bin is shorter"));
+    const absl::Status s = h.reports().Poll();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "worker fake1 (rank 1): tokens.bin is shorter")) << s;
+  }
+  {
+    ConsumerHarness h(HarnessSpec(2, 0, GradReduction::kGpu, GradStaging::kAuto, false), 2);
+    ASSERT_TRUE(h.status().ok()) << h.status();
+    h.worker(0).reports().Push(finished(h.job_id(), absl::StatusCode::kAborted, "job aborted: worker failed"));
+    h.worker(1).reports().Push(finished(h.job_id(), absl::StatusCode::kAborted, "job aborted"));
+    const absl::Status s = h.reports().Poll();  // every worker finished: the first echo
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "rank 0")) << s;
+  }
+}
+
 // Snapshot of every unit's four arrays, to show a step changed nothing.
 struct Snapshot {
   explicit Snapshot(ConsumerHarness& h) {
