@@ -511,6 +511,110 @@ void BenchHead(const ModelConfig& c, int64_t T) {  // default (FP32) residual st
               T * V * 8.0 / 1073741824.0);
 }
 
+
+// One sparse decoder layer of a MoE preset (qwen3-30b-a3b: 128 experts, top-8, hidden 2048,
+// moe_intermediate 768) over T tokens in documents of 4,096, forward + backward per policy, each
+// repetition on a fresh layer input (new routing, as every micro-batch of a run brings), with the
+// expert GEMMs planned per row-count bucket and per exact count. Prints the GPU time, the host time
+// spent enqueueing (a step whose host time reaches its GPU time is bound by the host), and the
+// per-expert GEMM loop against one GEMM over all routed rows (the grouping's ceiling).
+void BenchMoe(const std::string& preset, int64_t T) {
+  auto cfg = ModelConfig::Preset(preset);
+  BENCH_CHECK(cfg.status());
+  ModelConfig c = *cfg;
+  c.num_hidden_layers = 1;
+  BENCH_CHECK(c.Validate());
+  ModelLayout layout = ModelLayout::Build(c);
+  const int64_t P = layout.units.at(1).numel, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok,
+                I = c.moe_intermediate_size;
+  Arena ar;
+  bf16* params = ar.Rand(P, 0.02f);
+  for (int t : {kInputNorm, kPostNorm, kQNorm, kKNorm}) {
+    const auto& ts = layout.units[1].tensors[t];
+    FillKernel<<<64, 256>>>(params + ts.offset_numel, ts.numel, 99, 0.1f);
+  }
+  float* dparams = ar.Get<float>(P);
+  CUDA_CHECK(cudaMemset(dparams, 0, P * 4));
+  float* x = ar.Get<float>(T * H);
+  float* y = ar.Get<float>(T * H);
+  float* dy = ar.RandF32(T * H, 0.01f);
+  float* dx = ar.Get<float>(T * H);
+  MicroBatch mb = PackedBatch(T, 4096, c.vocab_size);
+  double attn_pairs = 0;
+  for (size_t d = 0; d + 1 < mb.cu_seqlens.size(); ++d) {
+    const double L = mb.cu_seqlens[d + 1] - mb.cu_seqlens[d];
+    attn_pairs += L * (L + 1) / 2;
+  }
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+  const double gemm_fwd = 2.0 * T * (H * (qd + 2 * kvd) + qd * H + H * E + k * 3 * H * I);
+  const double attn_fwd = 4.0 * c.num_attention_heads * c.head_dim * attn_pairs;
+  const double flops = 3 * gemm_fwd + 3.5 * attn_fwd;
+  uint32_t seed = 777;
+  const UnitParams up = UnitParams(reinterpret_cast<const bf16_t*>(params)).OfLayer(0);
+  for (int buckets = 1; buckets >= 0; --buckets) {
+    CudaBackendOptions opt;
+    opt.gemm_row_buckets = buckets != 0;
+    auto be = MakeCudaBackendWithOptions(c, 0, opt);
+    BENCH_CHECK(be.status());
+    ComputeBackend& b = **be;
+    auto batch = b.UploadBatch(mb);
+    BENCH_CHECK(batch.status());
+    for (ActPolicy pol : {ActPolicy::kRecomputeLayer, ActPolicy::kKeepAll}) {
+      const char* pn = pol == ActPolicy::kKeepAll ? "keep_all" : "recompute";
+      std::vector<double> gpu_ms, host_ms;
+      for (int r = 0; r < 6; ++r) {
+        FillF32Kernel<<<1024, 256>>>(x, T * H, seed++, 1.0f);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        BENCH_CHECK(b.Synchronize());
+        auto t0 = std::chrono::steady_clock::now();
+        std::unique_ptr<SavedActivations> saved;
+        BENCH_CHECK(b.DecoderForward(up, **batch, x, y, pol, &saved));
+        BENCH_CHECK(b.DecoderBackward(up, **batch, x, saved.get(), dy, dx, dparams));
+        auto t1 = std::chrono::steady_clock::now();
+        BENCH_CHECK(b.Synchronize());
+        auto t2 = std::chrono::steady_clock::now();
+        if (r < 2) continue;  // warm-up: module loads, the buckets' first plans
+        gpu_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
+        host_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      }
+      std::sort(gpu_ms.begin(), gpu_ms.end());
+      std::sort(host_ms.begin(), host_ms.end());
+      Emit(std::string("moe_layer_fwd_bwd_") + pn + (buckets ? "_buckets" : "_exact_plans"), preset, T,
+           gpu_ms[gpu_ms.size() / 2], flops, 0);
+      std::printf("   (host enqueue %.2f ms of the step; fresh routing each repetition; model FLOPs active, no recompute)\n",
+                  host_ms[host_ms.size() / 2]);
+    }
+  }
+  // The experts' forward GEMMs alone: E GEMMs of T k / E rows each against one GEMM of T k rows.
+  GemmRunner gemm;
+  BENCH_CHECK(gemm.Init());
+  const int64_t R = T * k, rows = R / E;
+  bf16* xg = ar.Rand(R * H);
+  bf16* gu = ar.Get<bf16>(R * 2 * I);
+  bf16* w = ar.Rand(E * 2 * I * H, 0.02f);
+  auto linear = [&](const bf16* a, int64_t m, const bf16* wt, bf16* d) {
+    GemmArgs g;
+    g.m = m;
+    g.n = 2 * I;
+    g.k = H;
+    g.a = a;
+    g.lda = H;
+    g.b = wt;
+    g.ldb = H;
+    g.d = d;
+    g.ldd = 2 * I;
+    g.varies = GemmArgs::Varies::kM;
+    BENCH_CHECK(gemm.Run(g, nullptr));
+  };
+  const double f = 2.0 * R * H * 2 * I;
+  Emit("moe_gate_up_per_expert", preset, T,
+       TimeMs([&] {
+         for (int64_t e = 0; e < E; ++e) linear(xg + e * rows * H, rows, w + e * 2 * I * H, gu + e * rows * 2 * I);
+       }),
+       f, 0);
+  Emit("moe_gate_up_one_gemm", preset, T, TimeMs([&] { linear(xg, R, w, gu); }), f, 0);
+}
+
 }  // namespace
 }  // namespace slidedp
 
@@ -528,6 +632,14 @@ int main(int argc, char** argv) {
     const int64_t T = std::stoll(argv[2]);
     c8->max_position_embeddings = std::max<int64_t>(c8->max_position_embeddings, T);
     BenchLayer(*c8, T, T, /*fp32_residual=*/true, argc > 3 ? std::stoll(argv[3]) : 0);
+    return 0;
+  }
+  // --moe T [PRESET]: one sparse decoder layer of a MoE preset (default qwen3-30b-a3b) over T tokens.
+  if (argc > 2 && std::string(argv[1]) == "--moe") {
+    GemmRunner ceil_gemm;
+    BENCH_CHECK(ceil_gemm.Init());
+    MeasureCeilings(ceil_gemm);
+    BenchMoe(argc > 3 ? argv[3] : "qwen3-30b-a3b", std::stoll(argv[2]));
     return 0;
   }
   GemmRunner gemm;

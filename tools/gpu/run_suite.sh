@@ -75,6 +75,8 @@
 #                   moments and param_source master, MOE_TOKENS (262144) per step: ours / compute-only >= 0.9;
 #                   at MOE_PEER_LAYERS (8) ours (MOE_PEER_STATE_DTYPE fp32) / FSDP2 GPU-resident HF
 #                   Qwen3-MoE >= 1.5; MOE_WHAT picks the stages ("big peer")
+#   moebench   ~2   one Qwen3-30B-A3B sparse layer at MOEBENCH_TOKENS ("16384 32768"), bench_kernels --moe:
+#                   fwd+bwd TFLOP/s per policy, bucketed vs exact GEMM plans, host enqueue time (figures)
 #   longctx    ~9   long context: Qwen3-8B (LONGCTX_MODEL), one sequence of 262,144 tokens (LONGCTX_SEQ) per
 #                   step through slidedp run (yarn RoPE to the row, int8 moments, param_source master,
 #                   recompute with LONGCTX_OFFLOAD of the layers' checkpoints in pinned host memory): trains
@@ -160,7 +162,7 @@ readonly KBENCH_T_BWD=300
 readonly KBENCH_T_LAYER=550        # Qwen3-8B decoder layer keep-all over 64K tokens
 readonly LONGCTX_T_TFLOPS=450      # long context: Qwen3-8B, one 256K sequence per step, model TFLOP/s (6N + 6 L s q_dim)
 
-PARTS_ALL="smoke families kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big memlimit policy autopolicy scaling state host restart kbench longctx moe"
+PARTS_ALL="smoke families kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big memlimit policy autopolicy scaling state host restart kbench longctx moe moebench"
 usage() { sed -n '3,/^set -u/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ] || [ "$1" = list ]; then usage; exit 0; fi
 for p in "$@"; do
@@ -1048,6 +1050,18 @@ part_kbench() {
   judge sdpa --log "$part_dir/torch_sdpa.log"
 }
 
+# One sparse decoder layer of Qwen3-30B-A3B per MOEBENCH_TOKENS (bench_kernels --moe): forward +
+# backward, recompute and keep-all, expert GEMMs planned per row-count bucket and per exact count,
+# and the per-expert GEMM loop against one GEMM over every routed row. Figures, no gate.
+part_moebench() {
+  find_cudnn
+  local t
+  for t in ${MOEBENCH_TOKENS:-16384 32768}; do
+    stage "moebench_$t" 200 bench_kernels --moe "$t" ${MOEBENCH_PRESET:-}
+    dry || grep -E '^(moe_|bench_kernels|   \()' "$part_dir/moebench_$t.log" | tee -a "$summary"
+  done
+}
+
 # Long context: one sequence of LONGCTX_SEQ tokens per optimizer step on one GPU. Ours is the daemon
 # path (slidedp run): the model's RoPE stretched to the row (yarn from Qwen3's 32K pretraining
 # context), int8 Adam moments and param_source master (host memory for the pinned checkpoints),
@@ -1082,7 +1096,7 @@ data: {path: $data}
 output: {dir: $d/out, save_final: false}
 train: {seq_len: $seq, global_batch: 1, micro_batch: 1, steps: $steps, seed: 0, max_grad_norm: 0}
 optimizer: {lr: 1.0e-5, weight_decay: 0.01, state_dtype: int8}
-runtime: {workers: 1, act_policy: recompute, offload_ratio: $offload, param_source: master, checkpoint_dtype: ${LONGCTX_CHECKPOINT_DTYPE:-fp32}${tile:+, tile_tokens: $tile}${LONGCTX_RUNTIME_EXTRA:+, $LONGCTX_RUNTIME_EXTRA}}
+runtime: {workers: 1, act_policy: ${LONGCTX_ACT_POLICY:-recompute}, offload_ratio: $offload, param_source: master, checkpoint_dtype: ${LONGCTX_CHECKPOINT_DTYPE:-fp32}${tile:+, tile_tokens: $tile}${LONGCTX_RUNTIME_EXTRA:+, $LONGCTX_RUNTIME_EXTRA}}
 YAML
   dry && sed 's/^/DRY      /' "$d/job.yaml"
   dry || { longctx_sampler "$d/hostmem" & sampler=$!; }
@@ -1174,7 +1188,7 @@ from bench_results import ours_metrics  # noqa: E402
 med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None
 def last_json(pattern, key):
     found = None
-    for p in glob.glob(pattern):
+    for p in glob.glob(pattern, recursive=True):
         for l in open(p, errors="replace"):
             if l.startswith("{") and key in l:
                 try:
@@ -1190,7 +1204,7 @@ def ours(d):
             "imb": rows[-1].get("expert_tokens", {}).get("imbalance"), "aux": rows[-1].get("router_aux_loss"),
             "state": rows[-1].get("host_state_bytes", 0), "peak": rows[-1].get("gpu_peak_bytes", 0)}
 o = ours(f"{w}/big")
-comp = last_json(f"{w}/big/runs/*/*/*/compute/stage.log", "compute_only")
+comp = last_json(f"{w}/big/runs/**/compute/stage.log", "compute_only")
 if o is None:
     print(f"FAIL moe         qwen3-30b-a3b x{big} layers: no steps of ours (see details)")
 else:
@@ -1201,7 +1215,7 @@ else:
           f"{cps or float('nan'):.0f} tok/s (target 0.9); host state {o['state'] / 2**30:.1f} GiB, GPU peak "
           f"{o['peak'] / 2**30:.1f} GiB, expert imbalance {o['imb']}, aux {o['aux']}")
 o = ours(f"{w}/peer")
-peer = last_json(f"{w}/peer/runs/*/*/*/fsdp2/stage.log", "fsdp2-moe")
+peer = last_json(f"{w}/peer/runs/**/fsdp2/stage.log", "fsdp2-moe")
 if o is None or peer is None:
     print(f"FAIL moe         qwen3-30b-a3b x{small} layers vs FSDP2: ours {'ran' if o else 'no steps'}, "
           f"FSDP2 {'ran' if peer else 'no result (OOM or cut; see details)'}")

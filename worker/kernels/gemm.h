@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace slidedp {
 
@@ -42,7 +43,18 @@ struct GemmArgs {
   const void* bias = nullptr;
   float alpha = 1.0f;
   float beta = 0.0f;
+  // Which dimension is a token-row count that changes from call to call (a MoE expert's rows, set by
+  // the routing): the runner then plans for a bucket of such counts (GemmRowBucket) and runs the
+  // bucket's algorithm at the call's size, instead of one cuBLASLt heuristic call per distinct count.
+  // kNone: planned for exactly this shape (every dense-layer GEMM).
+  enum class Varies { kNone, kM, kK };
+  Varies varies = Varies::kNone;
 };
+
+// The bucket a varying row count is planned for: the smallest of 2^j and 3 * 2^(j-1) (j >= 4) that
+// holds `rows` (16, 24, 32, 48, 64, 96, ...): at most two buckets per octave, each at most 1.5x the
+// counts it serves. rows >= 1.
+int64_t GemmRowBucket(int64_t rows);
 
 // Owns a cuBLASLt handle, a workspace and the per-shape algorithm cache. Not thread-safe: one per
 // stream-owning backend.
@@ -56,22 +68,35 @@ class GemmRunner {
   GemmRunner& operator=(const GemmRunner&) = delete;
 
   absl::Status Init();
-  // Enqueues on stream; never synchronizes.
+  // Enqueues on stream; never synchronizes. A GEMM whose args say `varies` runs the algorithm cuBLASLt
+  // chose for its row count's bucket (the same for every count in it: bitwise repeatable per shape),
+  // or, where that algorithm does not take this size, one planned for the exact shape.
   absl::Status Run(const GemmArgs& args, cudaStream_t stream);
+  // Off: every GEMM is planned for its exact shape (bench_kernels compares the two).
+  void set_row_buckets(bool on) { row_buckets_ = on; }
+  // Plans made so far (each a cublasLtMatmulAlgoGetHeuristic call), for benchmarks and tests.
+  int64_t plans_made() const { return plans_made_; }
 
  private:
-  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int, bool>;
+  using Key =
+      std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int, bool, int>;
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr, ld = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
   absl::Status MakePlan(const GemmArgs& args, int align_bytes, Plan* plan);
+  // The cached plan for args (made on a miss).
+  absl::StatusOr<Plan*> FindPlan(const GemmArgs& args, int align_bytes);
+  // Sets p's four layouts to args' sizes (a bucket's plan run at one call's row count).
+  static absl::Status SetLayoutSizes(const GemmArgs& args, Plan* p);
   void DropPlans();
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   std::map<Key, Plan> plans_;
+  bool row_buckets_ = true;
+  int64_t plans_made_ = 0;
 };
 
 }  // namespace slidedp

@@ -36,6 +36,9 @@ struct CudaBackendOptions {
   // forward as `attention` says. Every other kernel of the step is deterministic already.
   // MakeCudaBackend reads SLIDEDP_DETERMINISTIC=1.
   bool deterministic = false;
+  // MoE expert GEMMs planned per bucket of routed row counts (GemmArgs::varies); false plans every
+  // distinct count (bench_kernels --moe measures the difference).
+  bool gemm_row_buckets = true;
 };
 
 // "auto" | "cudnn" | "own" -> the option; INVALID_ARGUMENT otherwise.

@@ -152,6 +152,7 @@ class CudaBackend final : public ComputeBackend {
     uint64_t threshold = std::numeric_limits<uint64_t>::max();
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
     RETURN_IF_ERROR(gemm_.Init());
+    gemm_.set_row_buckets(options_.gemm_row_buckets);
     if (options_.attention != CudaBackendOptions::Attention::kOwn) {
       auto cudnn = kernels::CudnnAttention::Create(device_);
       if (cudnn.ok()) {

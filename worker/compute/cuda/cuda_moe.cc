@@ -7,12 +7,10 @@
 //           -> per expert d_act = d_eo·Wd, dWd += d_eoᵀ·act -> d_gu = SwiGLU'(gu, d_act)
 //           -> per expert dW[g;u] += d_guᵀ·xg, dxg = d_gu·[Wg;Wu], dxn[rows] += dxg (ascending experts)
 //
-// Integration note (GemmRunner's plan cache): its key holds m, n, k and the operands' alignment, so
-// every distinct expert row count (and row offset alignment) makes plans: one
-// cublasLtMatmulAlgoGetHeuristic call and four layouts each, 2-3 per count forward and 4-6 backward.
-// Over a run the counts wander through [1, T k], so the cache grows to thousands of plans for large
-// micro-batches. GemmRunner (gemm.cc, not this file's) could key the expert GEMMs by a bucketed row
-// count and set the layouts' rows per call (cublasLtMatrixLayoutSetAttribute).
+// GEMM plans: every expert GEMM says which of its dimensions is the routed row count
+// (GemmArgs::varies), so GemmRunner plans once per bucket of counts (GemmRowBucket: two per octave)
+// and not once per distinct count, which the routing makes new in nearly every call (a cuBLASLt
+// heuristic call each, on the host, between the GPU's GEMMs).
 #include "worker/compute/cuda/cuda_moe.h"
 
 #include <cuda_runtime.h>
@@ -86,6 +84,7 @@ absl::Status CudaMoeBlock::Linear(const bf16* x, int64_t ldx, const bf16* w, int
   g.ldb = in;
   g.d = y;
   g.ldd = ldy;
+  g.varies = GemmArgs::Varies::kM;  // rows: an expert's (or the micro-batch's) token count
   return gemm_->Run(g, stream);
 }
 
@@ -108,6 +107,7 @@ absl::Status CudaMoeBlock::LinearDgrad(const bf16* dy, int64_t lddy, const bf16*
   g.ldd = lddx;
   g.out_type = dx_type;
   g.beta = beta;
+  g.varies = GemmArgs::Varies::kM;
   return gemm_->Run(g, stream);
 }
 
@@ -129,6 +129,7 @@ absl::Status CudaMoeBlock::LinearWgrad(const bf16* dy, int64_t lddy, const bf16*
   g.ldd = in;
   g.out_type = GemmOutType::kF32;
   g.beta = 1.0f;
+  g.varies = GemmArgs::Varies::kK;
   return gemm_->Run(g, stream);
 }
 

@@ -28,8 +28,8 @@
 // cublas_api.h does declare cublasGemmGroupedBatchedEx, but it is not used: it needs a cuBLAS (not
 // Lt) handle and device pointer arrays built per call, offers no BF16-in / FP32-accumulate-into-C
 // (beta = 1) guarantee we could check here without a GPU, and would give the experts' GEMMs other
-// kernels than the dense layers' (one numerics, one tuning path). Each distinct expert row count is
-// a new GemmRunner plan (shape-keyed cache); see the integration note in cuda_moe.cc.
+// kernels than the dense layers' (one numerics, one tuning path). The expert GEMMs are planned per
+// bucket of row counts (GemmArgs::varies; see cuda_moe.cc).
 //
 // Host synchronization (the one exception to "never synchronize"): the experts' GEMM sizes are the
 // per-expert row counts, which the router makes on the device. Forward copies them to the host and

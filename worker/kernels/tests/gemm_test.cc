@@ -2,6 +2,7 @@
 // output, dgrad A·B + C, and wgrad Aᵀ·B accumulated into FP32 twice; odd sizes throughout.
 #include "worker/kernels/gemm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -163,6 +164,101 @@ TEST_F(GemmGpuTest, WgradAccumulatesIntoFp32Twice) {
       ref[i * N + j] = d0[i * N + j] + 2 * r;
     }
   ExpectRelErr("gemm wgrad Aᵀ·B fp32 += (136x72x515, twice)", DownF32(d.get(), M * N), ref, 1e-5);
+}
+
+TEST(GemmRowBucketTest, TwoBucketsPerOctaveAtMostOneAndAHalfTimesTheRows) {
+  EXPECT_EQ(GemmRowBucket(1), 16);
+  EXPECT_EQ(GemmRowBucket(16), 16);
+  EXPECT_EQ(GemmRowBucket(17), 24);
+  EXPECT_EQ(GemmRowBucket(25), 32);
+  EXPECT_EQ(GemmRowBucket(2048), 2048);
+  EXPECT_EQ(GemmRowBucket(2049), 3072);
+  EXPECT_EQ(GemmRowBucket(3073), 4096);
+  for (int64_t r = 1; r < 100000; r += 37) {
+    const int64_t b = GemmRowBucket(r);
+    EXPECT_GE(b, r);
+    EXPECT_LE(b, std::max<int64_t>(16, r + r / 2 + 1)) << r;
+  }
+}
+
+// A MoE expert's GEMMs: the row count varies (forward/dgrad in m, wgrad in k). Each size runs its
+// bucket's plan at its own size: right against FP64, bitwise repeatable, a handful of plans for many
+// counts, and the same values whether the runner buckets or plans every shape exactly.
+TEST_F(GemmGpuTest, VaryingRowCountsShareABucketsPlan) {
+  GemmRunner bucketed, exact;
+  ASSERT_OK(bucketed.Init());
+  ASSERT_OK(exact.Init());
+  exact.set_row_buckets(false);
+  const int64_t N = 96, K = 136, kMaxRows = 700;
+  auto x = RandVec(kMaxRows * K), w = RandVec(N * K);
+  std::unique_ptr<Dev<bf16>> dx(NewBf16(x)), dw(NewBf16(w));
+  Dev<bf16> y(kMaxRows * N), y2(kMaxRows * N);
+  Dev<float> dwg(N * K);
+  const std::vector<int64_t> rows = {1, 3, 17, 100, 129, 255, 256, 257, 511, 600, 699, 700};
+  for (int64_t M : rows) {
+    GemmArgs g;  // forward: Y[M, N] = X[M, K] · Wᵀ, rows in m
+    g.m = M;
+    g.n = N;
+    g.k = K;
+    g.a = dx->get();
+    g.lda = K;
+    g.b = dw->get();
+    g.ldb = K;
+    g.d = y.get();
+    g.ldd = N;
+    g.varies = GemmArgs::Varies::kM;
+    ASSERT_OK(bucketed.Run(g, nullptr));
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    auto got = DownBf16(y.get(), M * N);
+    std::vector<double> ref(M * N);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double r = 0;
+        for (int64_t k = 0; k < K; ++k) r += x[i * K + k] * w[j * K + k];
+        ref[i * N + j] = r;
+      }
+    ExpectRelErr("bucketed fwd rows " + std::to_string(M), got, ref, 5e-3);
+    ASSERT_OK(bucketed.Run(g, nullptr));  // again, after other sizes used the bucket: the same bits
+    g.d = y2.get();
+    ASSERT_OK(exact.Run(g, nullptr));
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(DownBf16(y.get(), M * N), got) << "rows " << M;
+    ExpectRelErr("exact plan vs bucketed, rows " + std::to_string(M), DownBf16(y2.get(), M * N), ref, 5e-3);
+
+    GemmArgs wg;  // wgrad: dW[N, K] += Y[M, N]ᵀ · X[M, K], rows in k
+    wg.op_a = GemmOp::kT;
+    wg.op_b = GemmOp::kN;
+    wg.m = N;
+    wg.n = K;
+    wg.k = M;
+    wg.a = y.get();
+    wg.lda = N;
+    wg.b = dx->get();
+    wg.ldb = K;
+    wg.c = dwg.get();
+    wg.ldc = K;
+    wg.d = dwg.get();
+    wg.ldd = K;
+    wg.out_type = GemmOutType::kF32;
+    wg.beta = 1.0f;
+    wg.varies = GemmArgs::Varies::kK;
+    ASSERT_CUDA_OK(cudaMemset(dwg.get(), 0, N * K * sizeof(float)));
+    ASSERT_OK(bucketed.Run(wg, nullptr));
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    std::vector<double> wref(N * K);
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = 0; j < K; ++j) {
+        double r = 0;
+        for (int64_t t = 0; t < M; ++t) r += static_cast<double>(got[t * N + i]) * x[t * K + j];
+        wref[i * K + j] = r;
+      }
+    ExpectRelErr("bucketed wgrad rows " + std::to_string(M), DownF32(dwg.get(), N * K), wref, 1e-5);
+  }
+  // 12 counts in 8 buckets (16, 24, 128, 192, 256, 384, 512, 768), two kinds of GEMM: at most 16
+  // plans (plus exact ones where a bucket's algorithm refused a size); the exact runner made one per
+  // count (forward only).
+  EXPECT_LE(bucketed.plans_made(), 16 + static_cast<int64_t>(rows.size()));
+  EXPECT_EQ(exact.plans_made(), static_cast<int64_t>(rows.size()));
 }
 
 }  // namespace
