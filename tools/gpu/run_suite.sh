@@ -376,13 +376,24 @@ part_curves() {
   local model=${CURVES_MODEL:-qwen3-0.6b} pre det refs
   case $model in  # a Llama 3 preset trains on text in Llama 3's vocabulary
     llama3*) export SUITE_DS=/tmp/ds-llama3 SUITE_TOKENIZER=tests/data/chat_templates/llama3 ;;
+    tiny*)  # the tiny presets' 512-token vocabulary: the same Python sources, one token per byte
+      export SUITE_DS=/tmp/ds-bytes
+      if [ ! -f "$SUITE_DS/.ready" ] && ! dry; then
+        find /usr/lib/python3* -name '*.py' -size +1k 2> /dev/null | sort | head -n 3000 | xargs cat > /tmp/corpus-bytes.txt
+        stage bytes_dataset 90 make_text_dataset --input /tmp/corpus-bytes.txt --output "$SUITE_DS/train" --seq-len 1024 &&
+          touch "$SUITE_DS/.ready"
+      fi ;;
   esac
   text_dataset
   case $model in
     qwen3-0.6b) pre=250 det=0 refs="bf16-autocast bf16-mirror-fp32-norms" ;;  # session 5: 3.5e-4
     qwen3-1.7b) pre=160 det=1 refs="bf16-autocast" ;;  # session 8: 4.5e-4 on the deterministic pretrain
+    # issue 23: a MoE model within 1e-3 over 100 steps; eager attention gives HF's own spread
+    tiny-moe|*-a3b) pre=160 det=0 refs="bf16-autocast bf16-autocast-eager" ;;
     *) pre=160 det=0 refs="bf16-autocast" ;;
   esac
+  local tol=$CURVES_TOL
+  case $model in tiny-moe|*-a3b) tol=1e-3 ;; esac
   pre=${CURVES_PRE:-$pre} det=${CURVES_DET:-$det} refs=${CURVES_REFS:-$refs}
   local steps=${CURVES_STEPS:-200} deadline=${CURVES_DEADLINE:-$((SUITE_DEADLINE - 25))}
   local d=$work/curves-$model extra=""
@@ -427,12 +438,12 @@ part_curves() {
   local what="Qwen3-${size^^} $steps steps, pretrain $pre"
   [ "$size" = "$model" ] && what="$model $steps steps, pretrain $pre"
   [ "$det" = 1 ] && what="$what (deterministic)"
-  dry || python3 tools/verify/compare_curves.py "$part_dir/ours.jsonl" "$part_dir/hf-$first.json" --tol "$CURVES_TOL" \
+  dry || python3 tools/verify/compare_curves.py "$part_dir/ours.jsonl" "$part_dir/hf-$first.json" --tol "$tol" \
     --json "$part_dir/cmp-ours-$first.json" > "$part_dir/cmp-ours-$first.log" 2>&1
   judge curve --json "$part_dir/cmp-ours-$first.json" --expect-steps "$steps" --what "ours vs HF $first, $what"
   if [ "${CURVES_BF16_GRADS:-0}" = 1 ]; then
     if ! dry; then
-      python3 tools/verify/compare_curves.py "$part_dir/ours-bf16.jsonl" "$part_dir/hf-$first.json" --tol "$CURVES_TOL" \
+      python3 tools/verify/compare_curves.py "$part_dir/ours-bf16.jsonl" "$part_dir/hf-$first.json" --tol "$tol" \
         --json "$part_dir/cmp-ours-bf16-$first.json" > "$part_dir/cmp-ours-bf16-$first.log" 2>&1
     fi
     judge curve --info --json "$part_dir/cmp-ours-bf16-$first.json" --expect-steps "$steps" \
@@ -459,9 +470,9 @@ PY
   for ref in $refs; do
     [ "$ref" = "$first" ] && continue
     if ! dry; then
-      python3 tools/verify/compare_curves.py "$part_dir/ours.jsonl" "$part_dir/hf-$ref.json" --tol "$CURVES_TOL" \
+      python3 tools/verify/compare_curves.py "$part_dir/ours.jsonl" "$part_dir/hf-$ref.json" --tol "$tol" \
         --json "$part_dir/cmp-ours-$ref.json" > "$part_dir/cmp-ours-$ref.log" 2>&1
-      python3 tools/verify/compare_curves.py "$part_dir/hf-$ref.json" "$part_dir/hf-$first.json" --tol "$CURVES_TOL" \
+      python3 tools/verify/compare_curves.py "$part_dir/hf-$ref.json" "$part_dir/hf-$first.json" --tol "$tol" \
         --json "$part_dir/cmp-$ref-$first.json" > "$part_dir/cmp-$ref-$first.log" 2>&1
     fi
     judge curve --info --json "$part_dir/cmp-ours-$ref.json" --expect-steps "$steps" --what "ours vs HF $ref"
