@@ -30,11 +30,12 @@ uint64_t ShmCollective::SegmentBytes(int world, uint64_t buffer_bytes) {
 absl::StatusOr<std::unique_ptr<ShmCollective>> ShmCollective::Create(const std::string& node, const std::string& job_id,
                                                                      int world, uint64_t buffer_bytes,
                                                                      const AbortWord* abort,
-                                                                     const std::string& shm_dir) {
+                                                                     const std::string& shm_dir,
+                                                                     const std::string& kind) {
   if (world < 1 || buffer_bytes == 0) {
     return absl::InvalidArgumentError(absl::StrCat("collective: world ", world, ", buffer bytes ", buffer_bytes));
   }
-  ASSIGN_OR_RETURN(std::string name, MakeSegmentName(node, job_id, "coll"));
+  ASSIGN_OR_RETURN(std::string name, MakeSegmentName(node, job_id, kind));
   ShmCreateOptions opts;
   opts.shm_dir = shm_dir;
   ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg, ShmSegment::Create(name, Regions(world, buffer_bytes), opts));
@@ -112,6 +113,18 @@ absl::Status ShmCollective::ReduceScatterF32(float* buf, int64_t shard_numel, ab
     for (int64_t i = 0; i < shard_numel; ++i) out[i] += src[i];
   }
   return Barrier(timeout);
+}
+
+absl::Status ShmCollective::AllGatherF32(const float* local, int64_t numel, float* out, absl::Duration timeout) {
+  const uint64_t bytes = static_cast<uint64_t>(numel) * sizeof(float);
+  if (numel < 0 || bytes > buffer_bytes_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("all-gather of ", bytes, " bytes per rank exceeds the collective's ", buffer_bytes_, "-byte buffers"));
+  }
+  std::memmove(buffer(rank_), local, bytes);
+  RETURN_IF_ERROR(Barrier(timeout));
+  for (int r = 0; r < world_; ++r) std::memcpy(out + static_cast<int64_t>(r) * numel, buffer(r), bytes);
+  return Barrier(timeout);  // nobody refills a buffer another rank still reads
 }
 
 }  // namespace slidedp::shm

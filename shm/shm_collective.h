@@ -1,4 +1,5 @@
-// ShmCollective: the reduce-scatter of the GPU gradient route for CPU-backend workers, in one
+// ShmCollective: the reduce-scatter of the GPU gradient route for CPU-backend workers (and the
+// all-gather of context parallelism), in one
 // shared-memory segment "/slidedp.<node>.<job>.coll" that hostd creates per job and every rank
 // attaches. It lets CI run the same route real GPUs take through NCCL (each rank posts only its
 // own, already summed shard of every unit; common/model/shard.h), with real processes.
@@ -28,10 +29,12 @@ namespace slidedp::shm {
 
 class ShmCollective {
  public:
-  // hostd: creates (allocated and prefaulted) the segment for `world` ranks of buffer_bytes each.
+  // hostd: creates (allocated and prefaulted) the segment for `world` ranks of buffer_bytes each;
+  // kind names it among the job's segments ("coll": the gradient route's, "ctx": context parallelism's).
   static absl::StatusOr<std::unique_ptr<ShmCollective>> Create(const std::string& node, const std::string& job_id,
                                                                int world, uint64_t buffer_bytes, const AbortWord* abort,
-                                                               const std::string& shm_dir = "/dev/shm");
+                                                               const std::string& shm_dir = "/dev/shm",
+                                                               const std::string& kind = "coll");
   // A worker: maps it as `rank`. INVALID_ARGUMENT for a rank outside [0, world).
   static absl::StatusOr<std::unique_ptr<ShmCollective>> Attach(const std::string& segment_name, int rank,
                                                                const AbortWord* abort);
@@ -41,6 +44,10 @@ class ShmCollective {
   // holds the sum over ranks (the rest of buf is unchanged). INVALID_ARGUMENT when the padded
   // array does not fit a buffer; ABORTED / DEADLINE_EXCEEDED from the waits.
   absl::Status ReduceScatterF32(float* buf, int64_t shard_numel, absl::Duration timeout);
+  // out[r * numel, +numel) = rank r's `local` for every rank r (context parallelism's gather of a
+  // layer's keys and values). local may alias this rank's slice of out. INVALID_ARGUMENT when one
+  // rank's part does not fit a buffer; ABORTED / DEADLINE_EXCEEDED from the waits.
+  absl::Status AllGatherF32(const float* local, int64_t numel, float* out, absl::Duration timeout);
 
   int world() const { return world_; }
   int rank() const { return rank_; }

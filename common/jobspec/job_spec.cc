@@ -336,6 +336,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"layer_policy", InlineLayout()},
         {"copy_priority", Real(&JobSpec::copy_priority, 0, 1)},
         {"ring_slots", Int32(&JobSpec::ring_slots, 2)},
+        {"context_parallel", Int32(&JobSpec::context_parallel, 1)},
         {"step_timeout_ms", Int(&JobSpec::step_timeout_ms, 100)},
         {"max_restarts", Int32(&JobSpec::max_restarts, 0)}}},
   };
@@ -502,7 +503,26 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
                                                    " x ", s.seq_len, " is over ", std::numeric_limits<int32_t>::max(),
                                                    " tokens, the most one micro-batch holds"));
   }
-  if (s.num_workers > 0 && s.global_batch % (int64_t{s.num_workers} * s.micro_batch) != 0) {
+  if (s.context_parallel > 1) {
+    if (s.num_workers != s.context_parallel) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job spec: runtime.context_parallel ", s.context_parallel, " needs runtime.workers equal to it (got ",
+          s.num_workers, "): data parallelism across context-parallel groups is not built yet"));
+    }
+    if (s.act_policy == ActivationPolicy::kAuto || s.policy_auto) {
+      return absl::InvalidArgumentError(
+          "job spec: runtime.context_parallel needs the same layer policies on every rank: a fixed act_policy or "
+          "policy file, not auto (each rank would choose from its own measurements)");
+    }
+  }
+  const int64_t dp_ranks = s.context_parallel > 1 ? s.num_workers / s.context_parallel : s.num_workers;
+  if (s.context_parallel > 1 && s.global_batch % (dp_ranks * s.micro_batch) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: train.global_batch ", s.global_batch,
+                                                   " is not divisible by the data-parallel ranks x train.micro_batch = ",
+                                                   dp_ranks, " x ", s.micro_batch));
+  }
+  if (s.context_parallel == 1 && s.num_workers > 0 &&
+      s.global_batch % (int64_t{s.num_workers} * s.micro_batch) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "job spec: train.global_batch ", s.global_batch,
         " is not divisible by runtime.workers x train.micro_batch = ", s.num_workers, " x ", s.micro_batch));
@@ -763,6 +783,7 @@ std::string JobSpec::ToYaml() const {
   }
   e << YAML::Key << "copy_priority" << YAML::Value << copy_priority;
   e << YAML::Key << "ring_slots" << YAML::Value << ring_slots;
+  if (context_parallel != 1) e << YAML::Key << "context_parallel" << YAML::Value << context_parallel;
   e << YAML::Key << "step_timeout_ms" << YAML::Value << step_timeout_ms;
   e << YAML::Key << "max_restarts" << YAML::Value << max_restarts << YAML::EndMap;
   e << YAML::EndMap;

@@ -181,6 +181,10 @@ struct JobSpec {
   // until the measurements favour a setting (docs/layeradam.md, "DMA before Adam, measured").
   double copy_priority = 0.0;
   int32_t ring_slots = 4;
+  // Context parallelism (issue 26): the ranks one micro-batch's tokens are split over (zig-zag,
+  // common/data/context_parallel.h); attention gathers the keys and values of the whole. 1: off.
+  // So far the whole job is one group (runtime.workers equal to it) on CPU workers.
+  int32_t context_parallel = 1;
   int64_t step_timeout_ms = 600000;  // a gate or ring wait longer than this fails the job
   int32_t max_restarts = 0;          // automatic restarts from the last checkpoint on failure
 

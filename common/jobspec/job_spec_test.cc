@@ -64,6 +64,30 @@ TEST(JobSpec, OutputDirCanBeLeftAsWritten) {
   EXPECT_EQ(by_default->output_dir, "out/tiny");  // out/<name>, relative
 }
 
+TEST(JobSpec, ContextParallelIsOneGroupOfEveryWorkerWithFixedPolicies) {
+  auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_EQ(def->context_parallel, 1);
+  const std::string two = absl::StrReplaceAll(kGood, {{"workers: 2,", "workers: 2, context_parallel: 2,"}});
+  auto cp = JobSpec::Parse(two, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(cp.ok()) << cp.status();
+  EXPECT_EQ(cp->context_parallel, 2);
+  auto again = JobSpec::Parse(cp->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->context_parallel, 2);
+  // global_batch 8 over one data-parallel rank of micro-batches of 2: fine; over 3 of them, not.
+  for (const char* bad : {"workers: 2, context_parallel: 4,", "workers: 2, context_parallel: 0,",
+                          "workers: 4, context_parallel: 2,"}) {
+    const absl::Status st = ParseError(absl::StrReplaceAll(kGood, {{"workers: 2,", bad}}));
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  for (const char* bad : {"act_policy: auto", "act_policy: recompute, policy: auto"}) {
+    const absl::Status st = ParseError(absl::StrReplaceAll(two, {{"act_policy: selective", bad}}));
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StrContains(st.message(), "context_parallel")) << st;
+  }
+}
+
 TEST(JobSpec, GradDtypeIsFp32ByDefaultAndRoundTrips) {
   auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(def.ok()) << def.status();

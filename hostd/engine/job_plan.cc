@@ -111,6 +111,25 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
           " (the CPU backend runs any)"));
     }
   }
+  // Context parallelism: attention's collectives on CPU workers, through a shm segment of their own
+  // (a micro-batch's keys and values, 2 kv_dim FP32 per token of a rank's padded share, every rank's
+  // in one buffer for the reduce-scatter of their gradients).
+  if (spec.context_parallel > 1) {
+    if (cpu_workers != world) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "runtime.context_parallel runs on CPU-backend workers only so far; ", world - cpu_workers, " of ", world,
+          " workers are CUDA"));
+    }
+    if (layout.config.is_moe()) {
+      return absl::InvalidArgumentError(
+          "runtime.context_parallel with a MoE model is not built (its routing statistics are the whole "
+          "micro-batch's)");
+    }
+    const int64_t ranks = spec.context_parallel;
+    const int64_t micro_tokens = spec.micro_batch * spec.seq_len;
+    const int64_t part = (micro_tokens + 2 * ranks - 1) / (2 * ranks) * 2 + 2;  // two chunks of at most ceil(T/2C)
+    p.context_buffer_bytes = static_cast<uint64_t>(ranks * part * 2 * layout.config.kv_dim()) * sizeof(float);
+  }
   // CPU-backend workers reduce-scatter through a shm collective segment hostd creates for the job.
   p.shm_collective = gpu_route && cpu_workers == world;
   if (p.shm_collective) {
@@ -250,6 +269,11 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
     const uint64_t coll_bytes = shm::ShmCollective::SegmentBytes(world, p.collective_buffer_bytes);
     p.memory.shm_bytes += coll_bytes;
     p.memory.total_bytes += coll_bytes;
+  }
+  if (p.context_buffer_bytes > 0) {
+    const uint64_t ctx_bytes = shm::ShmCollective::SegmentBytes(world, p.context_buffer_bytes);
+    p.memory.shm_bytes += ctx_bytes;
+    p.memory.total_bytes += ctx_bytes;
   }
   // Speculative clipping needs a step that waits for the whole gradient (clipping or skipping).
   // Its undo copies keep the job's moment form (undo_arena.h).

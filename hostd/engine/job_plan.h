@@ -54,6 +54,9 @@ struct JobPlan {
   GradReduction route = GradReduction::kCpu;  // kGpu only with more than one rank
   bool shm_collective = false;                // CPU workers on the gpu route
   uint64_t collective_buffer_bytes = 0;       // the collective's per-rank buffer (largest padded unit)
+  // runtime.context_parallel > 1: the context group's collective, per-rank buffer (the gathered keys
+  // and values of a micro-batch's share, padded; the reduce-scatter of their gradients).
+  uint64_t context_buffer_bytes = 0;
   ClipStaging clip_staging = ClipStaging::kNone;
   // runtime.grad_dtype: what every posted chunk holds (staging widens BF16 to FP32 exactly).
   shm::GradDtype grad_dtype = shm::GradDtype::kF32;

@@ -170,6 +170,7 @@ struct TrainingExecutor::Attempt {
   std::optional<int64_t> shm_step;  // resumed from the state a dead hostd left: its step
   std::vector<std::unique_ptr<shm::GradRing>> rings;
   std::unique_ptr<shm::ShmCollective> collective;
+  std::unique_ptr<shm::ShmCollective> context_collective;  // runtime.context_parallel > 1
   std::vector<update::UnitMemory> memory;  // per unit, placed on its LayerAdam threads' node
   // Per unit, its tensors' element ranges and weight decay (optimizer.no_decay): LayerAdam updates
   // these and never the padding.
@@ -295,17 +296,21 @@ absl::Status TrainingExecutor::RecordValidation(JobContext& ctx, Attempt& a, int
   const absl::Duration timeout = absl::Milliseconds(a.spec.step_timeout_ms);
   ASSIGN_OR_RETURN(std::vector<v1::EvalDone> evals, a.reports->WaitForEval(t, timeout));
   const int world = static_cast<int>(evals.size());
-  // Micro-batch k's sum came from rank k % R as its (k / R)-th: added in k order, the same for any R.
+  // Micro-batch k's sum came from data-parallel rank k % R as its (k / R)-th: added in k order, the
+  // same for any R. With context parallelism each rank of a group sent its share of the group's
+  // micro-batches, added in rank order.
+  const int cp = std::max(1, a.spec.context_parallel);
   std::vector<double> sums(a.validation_micro_batches, 0.0);
   double eval_s = 0;
   for (int r = 0; r < world; ++r) {
-    const std::vector<int64_t> mine = data::RankValidationMicroBatches(a.validation_micro_batches, r, world);
+    const std::vector<int64_t> mine =
+        data::RankValidationMicroBatches(a.validation_micro_batches, r / cp, std::max(1, world / cp));
     if (evals[r].loss_sums_size() != static_cast<int64_t>(mine.size())) {
       a.job_state->RaiseAbort(shm::AbortReason::kInternal);
       return absl::InternalError(absl::StrCat(a.reports->WorkerName(r), " reported ", evals[r].loss_sums_size(),
                                               " validation sums, not its ", mine.size(), " micro-batches"));
     }
-    for (size_t i = 0; i < mine.size(); ++i) sums[mine[i]] = evals[r].loss_sums(static_cast<int>(i));
+    for (size_t i = 0; i < mine.size(); ++i) sums[mine[i]] += evals[r].loss_sums(static_cast<int>(i));
     eval_s = std::max(eval_s, evals[r].eval_s());
   }
   double total = 0;
@@ -447,6 +452,11 @@ absl::Status TrainingExecutor::CreateSegments(JobContext& ctx, Attempt& a) {
     ASSIGN_OR_RETURN(a.collective, shm::ShmCollective::Create(options_.node_name, ctx.job_id(), a.plan.world,
                                                               a.plan.collective_buffer_bytes, &a.job_state->abort()));
   }
+  if (a.plan.context_buffer_bytes > 0) {
+    ASSIGN_OR_RETURN(a.context_collective,
+                     shm::ShmCollective::Create(options_.node_name, ctx.job_id(), a.plan.world,
+                                                a.plan.context_buffer_bytes, &a.job_state->abort(), "/dev/shm", "ctx"));
+  }
   // NUMA placement: each unit's state lives on the node of the LayerAdam threads that own it;
   // the owners touch (and, where pages already sit elsewhere, migrate) it before use.
   const int num_units = a.layout.num_units();
@@ -492,6 +502,7 @@ void TrainingExecutor::ReleaseSegments(JobContext& ctx, Attempt& a) {
   a.job_state->RaiseAbort(shm::AbortReason::kShutdown);
   for (auto& r : a.rings) (void)r->Unlink();
   if (a.collective) (void)a.collective->Unlink();
+  if (a.context_collective) (void)a.context_collective->Unlink();
   pool_.Finish(std::move(a.job_state), a.poolable, ctx.workers());
 }
 
@@ -517,6 +528,7 @@ absl::Status TrainingExecutor::SendAssignments(JobContext& ctx, const Attempt& a
     as->set_grad_staging(a.plan.grad_staging());
     if (a.undo != nullptr) as->set_speculate_from_unit(a.plan.speculate_from_unit);
     if (a.collective) as->set_collective_segment(a.collective->segment_name());
+    if (a.context_collective) as->set_context_segment(a.context_collective->segment_name());
     if (world > 1) as->set_membership_key(membership_key);
     if (!a.spec.validation.empty()) {
       as->set_validation_path(a.spec.validation);

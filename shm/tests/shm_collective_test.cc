@@ -50,6 +50,42 @@ TEST(ShmCollectiveTest, ReduceScatterSumsEveryShardAcrossProcesses) {
   EXPECT_TRUE((*coll)->Unlink().ok());
 }
 
+TEST(ShmCollectiveTest, AllGatherGivesEveryRankEveryPartAcrossProcesses) {
+  constexpr int kWorld = 3;
+  constexpr int64_t kPart = 777;
+  AbortWord abort;
+  auto coll = ShmCollective::Create(TestNode(), UniqueJob(), kWorld, kPart * 4, &abort);
+  ASSERT_TRUE(coll.ok()) << coll.status();
+  std::vector<std::unique_ptr<ChildGuard>> children;
+  for (int r = 0; r < kWorld; ++r) {
+    const std::string name = (*coll)->segment_name();
+    children.push_back(std::make_unique<ChildGuard>(ForkChild([name, r]() -> int {
+      AbortWord child_abort;
+      auto c = ShmCollective::Attach(name, r, &child_abort);
+      if (!c.ok()) return 10;
+      for (int call = 0; call < 4; ++call) {
+        std::vector<float> out(kPart * kWorld, -1.0f);
+        float* local = out.data() + r * kPart;  // in place: the rank's part already in its slice
+        for (int64_t i = 0; i < kPart; ++i) local[i] = Value(r, call, i);
+        if (!(*c)->AllGatherF32(local, kPart, out.data(), absl::Seconds(10)).ok()) return 11;
+        for (int q = 0; q < kWorld; ++q)
+          for (int64_t i = 0; i < kPart; ++i)
+            if (out[q * kPart + i] != Value(q, call, i)) return 12;
+        // A part larger than a buffer (page-rounded) is refused before any wait.
+        const int64_t too_many = static_cast<int64_t>((*c)->buffer_bytes() / sizeof(float)) + 1;
+        std::vector<float> big(too_many);
+        if ((*c)->AllGatherF32(big.data(), too_many, out.data(), absl::Seconds(1)).code() !=
+            absl::StatusCode::kInvalidArgument) {
+          return 13;
+        }
+      }
+      return 0;
+    })));
+  }
+  for (auto& c : children) EXPECT_EQ(c->Wait(), 0);
+  EXPECT_TRUE((*coll)->Unlink().ok());
+}
+
 TEST(ShmCollectiveTest, AbortWakesAWaitingRank) {
   AbortWord abort;
   auto coll = ShmCollective::Create(TestNode(), UniqueJob(), 2, 4096, &abort);

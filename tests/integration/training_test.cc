@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <sstream>
@@ -49,6 +50,8 @@ struct SpecOptions {
   std::string policy;            // runtime.policy; empty: the spec default (fixed)
   std::string checkpoint_dtype;  // runtime.checkpoint_dtype; empty: the spec default (fp32)
   std::string state_dtype;     // optimizer.state_dtype; empty: the spec default (fp32)
+  int context_parallel = 1;    // runtime.context_parallel
+  bool validate = false;       // data.validation: the training data itself (evaluated after the last step)
 };
 
 // One worker taking the whole global batch of 8 in micro-batches of 4.
@@ -81,7 +84,8 @@ std::string DataDir() {
 
 std::string Spec(const SpecOptions& o) {
   return absl::StrCat(
-      "name: it\nmodel: {preset: tiny, init_seed: 11}\ndata: {path: ", DataDir(), "}\n", "output: {dir: ", o.output,
+      "name: it\nmodel: {preset: tiny, init_seed: 11}\ndata: {path: ", DataDir(),
+      o.validate ? ", validation: " + DataDir() : std::string(), "}\n", "output: {dir: ", o.output,
       ", save_dtype: fp32, keep_last: 5, save_every: ", o.save_every, "}\n",
       "train: {seq_len: 64, global_batch: ", o.global_batch, ", micro_batch: ", o.micro_batch, ", steps: ", o.steps,
       ", seed: 3, max_grad_norm: ", o.max_grad_norm, "}\n", "optimizer: {lr: 1.0e-3, weight_decay: 0.1",
@@ -100,6 +104,7 @@ std::string Spec(const SpecOptions& o) {
       o.policy.empty() ? std::string() : ", policy: " + o.policy,
       o.tile_tokens == 0 ? std::string() : absl::StrCat(", tile_tokens: ", o.tile_tokens),
       o.checkpoint_dtype.empty() ? std::string() : ", checkpoint_dtype: " + o.checkpoint_dtype,
+      o.context_parallel == 1 ? std::string() : absl::StrCat(", context_parallel: ", o.context_parallel),
       ", offload_ratio: ", o.offload_ratio,
       "}\n");
 }
@@ -632,6 +637,74 @@ TEST(Training, GpuAndCpuGradientRoutesMatchOneWorker) {
     }
     EXPECT_TRUE(node.LeakedSegments().empty());
   }
+}
+
+// Context parallelism (issue 26): two workers that split every micro-batch's tokens zig-zag and
+// gather attention's keys and values through the job's context collective train as one worker
+// taking the whole micro-batches: the same losses, validation loss and parameters within FP32
+// summation order, on both gradient routes and with a kept-attention policy.
+TEST(Training, ContextParallelTwoWorkersMatchOneWorker) {
+  SpecOptions one = OneWorker(4, "out-cp-one");
+  one.validate = true;
+  std::vector<std::vector<float>> m1;
+  std::vector<double> losses1;
+  double eval1 = 0;
+  auto losses_of = [](const std::vector<nlohmann::json>& lines) {
+    std::vector<double> l;
+    for (const auto& j : lines) l.push_back(j.value("loss", 0.0));
+    return l;
+  };
+  {
+    NodeHarness node(1);
+    m1 = LoadMaster(MustSucceed(node, Spec(one), "cp-one").last_checkpoint());
+    auto lines = MetricsLines(node, one.output, "cp-one");
+    ASSERT_EQ(lines.size(), 4u);
+    losses1 = losses_of(lines);
+    eval1 = lines.back().value("eval_loss", 0.0);
+    EXPECT_GT(eval1, 0.0);
+  }
+  NodeHarness node(2);
+  struct Run {
+    std::string route, act_policy;
+  };
+  for (const Run& run : {Run{"gpu", ""}, Run{"cpu", ""}, Run{"gpu", "selective"}}) {
+    SpecOptions cp = one;
+    cp.workers = 2;
+    cp.context_parallel = 2;
+    cp.grad_reduction = run.route;
+    cp.act_policy = run.act_policy;
+    const std::string id = "cp-" + run.route + (run.act_policy.empty() ? "" : "-" + run.act_policy);
+    cp.output = "out-" + id;
+    v1::Job j = MustSucceed(node, Spec(cp), id);
+    ASSERT_FALSE(j.last_checkpoint().empty()) << id;
+    const double d = MaxAbsDiff(LoadMaster(j.last_checkpoint()), m1);
+    std::cout << "context parallel 2, " << id << ": max |diff| of the parameters vs 1 worker " << d << "\n";
+    EXPECT_LE(d, 1e-5) << id;
+    auto lines = MetricsLines(node, cp.output, id);
+    ASSERT_EQ(lines.size(), 4u) << id;
+    const std::vector<double> losses = losses_of(lines);
+    for (size_t s = 0; s < losses.size(); ++s) {
+      EXPECT_NEAR(losses[s], losses1[s], 1e-5 * std::abs(losses1[s])) << id << " step " << s + 1;
+    }
+    EXPECT_NEAR(lines.back().value("eval_loss", 0.0), eval1, 1e-5 * eval1) << id;
+  }
+  // The workers split the micro-batches (not data parallelism, which would match as well).
+  std::string logs;
+  for (int w = 0; w < 2; ++w) {
+    std::ifstream log(node.dir() + "/worker" + std::to_string(w) + ".log");
+    logs.append(std::istreambuf_iterator<char>(log), std::istreambuf_iterator<char>());
+  }
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(absl::StrContains(logs, absl::StrCat("context parallel, rank ", r, " of 2")));
+  // Refused at submit: a group that is not the whole job, and auto policies (each rank would choose).
+  SpecOptions bad = one;
+  bad.workers = 2;
+  bad.context_parallel = 2;
+  bad.act_policy = "auto";
+  auto refused = node.RunJob(Spec(bad), "cp-auto");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "context_parallel")) << refused.status();
+  EXPECT_TRUE(node.LeakedSegments().empty());
 }
 
 // runtime.grad_dtype bf16 through real CPU workers: every route and staging trains with the

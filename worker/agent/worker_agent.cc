@@ -10,12 +10,14 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/data/dataset.h"
+#include "common/data/context_parallel.h"
 #include "common/data/micro_batch.h"
 #include "common/data/sampler.h"
 #include "common/data/validation.h"
@@ -117,8 +119,45 @@ struct ValidationShare {
   int sweeps = 0;
 };
 
+// Context parallelism (runtime.context_parallel): the data-parallel rank and world of a rank (its
+// group reads the same rows), its place in the group, and its share of a micro-batch.
+struct ContextPlace {
+  int ranks = 1, rank = 0, dp_rank = 0, dp_world = 1;
+  static ContextPlace Of(const v1::Assignment& a, const JobSpec& spec) {
+    ContextPlace c;
+    c.ranks = std::max(1, spec.context_parallel);
+    c.rank = a.rank() % c.ranks;
+    c.dp_rank = a.rank() / c.ranks;
+    c.dp_world = std::max(1, a.world_size() / c.ranks);
+    return c;
+  }
+  absl::StatusOr<MicroBatch> Share(MicroBatch mb) const {
+    if (ranks == 1) return mb;
+    ASSIGN_OR_RETURN(data::ContextSplit split, data::SplitForContextParallel(mb, ranks));
+    return std::move(split.shards[rank].local);
+  }
+};
+
+// The keys and values of context-parallel attention through the job's "ctx" shm collective.
+class ShmContextGroup final : public ContextGroup {
+ public:
+  ShmContextGroup(std::unique_ptr<shm::ShmCollective> coll, absl::Duration timeout)
+      : coll_(std::move(coll)), timeout_(timeout) {}
+  absl::Status AllGather(const float* local, int64_t numel, float* out) override {
+    return coll_->AllGatherF32(local, numel, out, timeout_);
+  }
+  absl::Status ReduceScatter(float* buf, int64_t shard_numel) override {
+    return coll_->ReduceScatterF32(buf, shard_numel, timeout_);
+  }
+
+ private:
+  std::unique_ptr<shm::ShmCollective> coll_;
+  absl::Duration timeout_;
+};
+
 absl::StatusOr<ValidationShare> OpenValidation(const v1::Assignment& a, const JobSpec& spec) {
   ValidationShare v;
+  const ContextPlace place = ContextPlace::Of(a, spec);
   if (a.validation_path().empty()) return v;
   // hostd verified the split at job start and sends its files' identities, as for the training
   // data: the same files are read here, or DATA_LOSS names the one that changed.
@@ -134,15 +173,16 @@ absl::StatusOr<ValidationShare> OpenValidation(const v1::Assignment& a, const Jo
   ASSIGN_OR_RETURN(auto dataset, data::DatasetReader::Open(a.validation_path(), dopt));
   const int64_t rows = dataset->num_rows();
   v.micro_batches_total = data::ValidationMicroBatches(rows, spec.micro_batch);
-  for (int64_t k : data::RankValidationMicroBatches(v.micro_batches_total, a.rank(), a.world_size())) {
+  for (int64_t k : data::RankValidationMicroBatches(v.micro_batches_total, place.dp_rank, place.dp_world)) {
     const std::vector<int64_t> r = data::ValidationRows(k, rows, spec.micro_batch);
     absl::StatusOr<MicroBatch> mb = data::BuildMicroBatch(*dataset, r);
+    if (mb.ok()) mb = place.Share(std::move(*mb));
     if (!mb.ok()) return Annotate(mb.status(), absl::StrCat("validation micro-batch ", k));
     v.micro_batches.push_back(std::move(*mb));
   }
   // As many at once as a training step holds on this rank: the pass fits where the step did.
-  v.per_sweep = static_cast<int>(std::max<int64_t>(1, spec.global_batch / std::max(1, a.world_size()) / spec.micro_batch));
-  v.sweeps = data::ValidationSweeps(v.micro_batches_total, a.world_size(), v.per_sweep);
+  v.per_sweep = static_cast<int>(std::max<int64_t>(1, spec.global_batch / place.dp_world / spec.micro_batch));
+  v.sweeps = data::ValidationSweeps(v.micro_batches_total, place.dp_world, v.per_sweep);
   return v;
 }
 
@@ -489,8 +529,9 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     }
   }
   ASSIGN_OR_RETURN(auto dataset, data::DatasetReader::Open(spec.data_path, dopt));
+  const ContextPlace place = ContextPlace::Of(a, spec);
   ASSIGN_OR_RETURN(auto sampler,
-                   data::GlobalBatchSampler::Create(dataset->num_rows(), spec.global_batch, a.world_size(), spec.seed));
+                   data::GlobalBatchSampler::Create(dataset->num_rows(), spec.global_batch, place.dp_world, spec.seed));
 
   const absl::Duration timeout = absl::Milliseconds(spec.step_timeout_ms);
   const bool gpu_route = a.grad_reduction() == v1::GRAD_REDUCTION_GPU && a.world_size() > 1;
@@ -594,6 +635,20 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     return absl::UnimplementedError("this slidedp-worker was built without CUDA");
 #endif
   }
+  // Context parallelism: attention's keys and values through the job's context collective. The
+  // backend holds the group for this job only.
+  std::unique_ptr<ShmContextGroup> context_group;
+  if (place.ranks > 1) {
+    if (a.context_segment().empty()) {
+      return absl::FailedPreconditionError("runtime.context_parallel needs hostd's context segment");
+    }
+    ASSIGN_OR_RETURN(auto cc, shm::ShmCollective::Attach(a.context_segment(), a.rank(), &job_state->abort()));
+    context_group = std::make_unique<ShmContextGroup>(std::move(cc), timeout);
+    LOG(INFO) << "job " << a.job_id() << ": context parallel, rank " << place.rank << " of " << place.ranks
+              << " in its group: each micro-batch's tokens split zig-zag, attention over the gathered keys and values";
+  }
+  RETURN_IF_ERROR(backend->SetContextGroup(context_group.get()));
+  absl::Cleanup context_unset = [backend] { backend->SetContextGroup(nullptr).IgnoreError(); };
   // runtime.gpu_memory_limit: the parameter window and the gradient buffers are allocated above;
   // the backend's pool (activations, scratch) gets what they leave. No limit: the whole device.
   const int64_t memory_limit = GpuMemoryLimitBytes(spec, device().memory_bytes());
@@ -671,11 +726,12 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
       job_state->RaiseAbort(shm::AbortReason::kCancelled);
       return absl::CancelledError("job cancelled");
     }
-    std::vector<int64_t> rows = sampler.RankRows(step, a.rank());
+    std::vector<int64_t> rows = sampler.RankRows(step, place.dp_rank);
     std::vector<MicroBatch> mbs;
     for (size_t i = 0; i < rows.size(); i += spec.micro_batch) {
       size_t n = std::min<size_t>(spec.micro_batch, rows.size() - i);
       absl::StatusOr<MicroBatch> mb = data::BuildMicroBatch(*dataset, absl::MakeConstSpan(rows.data() + i, n));
+      if (mb.ok()) mb = place.Share(std::move(*mb));
       if (!mb.ok()) {  // e.g. the dataset was truncated under the job: tell every peer at once
         job_state->RaiseAbort(shm::AbortReason::kWorkerFailed);
         return Annotate(mb.status(), absl::StrCat("step ", step + 1));

@@ -117,6 +117,27 @@ class DeviceBuffer {
   }
 };
 
+// Context parallelism's group (runtime.context_parallel): the collectives attention needs when a
+// micro-batch is one rank's share of a bigger one (MicroBatchContext). The reference math's ops
+// return nothing, so a failed collective is recorded here (the first failure sticks, later calls
+// do nothing and outputs are NaN) and the backend returns it after the op.
+class ContextGroup {
+ public:
+  virtual ~ContextGroup() = default;
+  // out[r * numel, +numel) = rank r's `local`, every rank.
+  virtual absl::Status AllGather(const float* local, int64_t numel, float* out) = 0;
+  // In place over buf[0, ranks * shard_numel): this rank's shard summed over the ranks in rank order.
+  virtual absl::Status ReduceScatter(float* buf, int64_t shard_numel) = 0;
+  absl::Status status() const { return status_; }
+  void Fail(absl::Status s) {
+    if (status_.ok()) status_ = std::move(s);
+  }
+  void ClearStatus() { status_ = absl::OkStatus(); }
+
+ private:
+  absl::Status status_;
+};
+
 class ComputeBackend {
  public:
   virtual ~ComputeBackend() = default;
@@ -124,6 +145,15 @@ class ComputeBackend {
   virtual std::string name() const = 0;
   virtual DType activation_dtype() const = 0;
   const ModelConfig& config() const { return config_; }
+
+  // Context parallelism (runtime.context_parallel): the group whose ranks hold the other shares of
+  // micro-batches whose MicroBatchContext says so; the backend does not own it. UNIMPLEMENTED where
+  // the backend has no context-parallel attention (CUDA so far).
+  virtual absl::Status SetContextGroup(ContextGroup* group) {
+    return group == nullptr ? absl::OkStatus()
+                            : absl::UnimplementedError("runtime.context_parallel: this backend has no "
+                                                       "context-parallel attention (CPU workers only so far)");
+  }
 
   // Bitwise-repeatable backward from now on (runtime.deterministic), or the backend's default.
   // The CPU backend always is; the CUDA backend then adds attention's dQ in a fixed order.

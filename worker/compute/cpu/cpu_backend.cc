@@ -45,11 +45,29 @@ class CpuBuffer final : public DeviceBuffer {
 // A validated micro-batch with its RoPE tables.
 class CpuDeviceBatch final : public DeviceBatch {
  public:
-  CpuDeviceBatch(MicroBatch batch, const ModelConfig& c)
-      : batch_(std::move(batch)), rope_(BuildRopeTables(batch_.positions, c)) {}
+  // group: the backend's context group, for a micro-batch that is a context-parallel share.
+  CpuDeviceBatch(MicroBatch batch, const ModelConfig& c, ContextGroup* group)
+      : batch_(std::move(batch)), rope_(BuildRopeTables(batch_.positions, c)) {
+    const MicroBatchContext& m = batch_.context;
+    if (m.ranks > 1) {
+      context_.group = group;
+      context_.ranks = m.ranks;
+      context_.rank = m.rank;
+      context_.full_tokens = static_cast<int64_t>(m.gathered_position.size());
+      context_.full_docs = static_cast<int64_t>(m.full_cu_seqlens.size()) - 1;
+      context_.full_cu_seqlens = m.full_cu_seqlens.data();
+      context_.global_index = m.global_index.data();
+      context_.part = m.part;
+      context_.gathered_position = m.gathered_position.data();
+    }
+  }
   int64_t num_tokens() const override { return batch_.num_tokens(); }
   const MicroBatch& batch() const { return batch_; }
-  TokenGeometry geometry() const { return MakeTokenGeometry(batch_, rope_); }
+  TokenGeometry geometry() const {
+    TokenGeometry g = MakeTokenGeometry(batch_, rope_);
+    if (batch_.context.ranks > 1) g.context = &context_;
+    return g;
+  }
 
   // MoE models: each sparse layer's router statistics from its last forward over this batch (by
   // sparse ordinal), and the auxiliary loss's weight once RouterAuxLoss has set it. Written by
@@ -61,6 +79,7 @@ class CpuDeviceBatch final : public DeviceBatch {
  private:
   MicroBatch batch_;
   RopeTables rope_;
+  ContextGeometry context_;  // points into batch_.context
 };
 
 // What a forward keeps counts against the backend's memory like a buffer (charged once filled).
@@ -240,7 +259,12 @@ class CpuBackend final : public ComputeBackend {
 
   absl::StatusOr<std::unique_ptr<DeviceBatch>> UploadBatch(const MicroBatch& batch) override {
     RETURN_IF_ERROR(ValidateBatch(batch));
-    return std::unique_ptr<DeviceBatch>(new CpuDeviceBatch(batch, config_));
+    return std::unique_ptr<DeviceBatch>(new CpuDeviceBatch(batch, config_, context_group_));
+  }
+
+  absl::Status SetContextGroup(ContextGroup* group) override {
+    context_group_ = group;
+    return absl::OkStatus();
   }
 
   absl::Status EmbeddingForward(const UnitParams& embed, const DeviceBatch& batch, void* out) override {
@@ -296,6 +320,7 @@ class CpuBackend final : public ComputeBackend {
       acts.moe = {};
       acts.moe_y = {};
     }
+    RETURN_IF_ERROR(ContextStatus("DecoderForward"));
     if (saved == nullptr) return absl::OkStatus();
     auto s = std::make_unique<CpuSavedActivations>(policy, T);
     if (policy.keeps_all()) {
@@ -338,7 +363,7 @@ class CpuBackend final : public ComputeBackend {
       // for bit on this backend, so the gradients are those of any policy.
       DecoderBackwardTiled(dims_, offs, w.data(), geom, xf, static_cast<const float*>(dy), static_cast<float*>(dx),
                            dparams, TileRows(T), &pool_);
-      return absl::OkStatus();
+      return ContextStatus("DecoderBackward");
     }
     const ActPolicy policy = s == nullptr ? ActPolicy::kRecomputeLayer : s->policy();
     DecoderActs<float> local;
@@ -376,7 +401,7 @@ class CpuBackend final : public ComputeBackend {
     // The math reads dy fully into its own buffers before writing dx, so dx may alias dy.
     slidedp::DecoderBackward(dims_, offs, w.data(), geom, xf, *acts, static_cast<const float*>(dy),
                              static_cast<float*>(dx), dparams, &pool_, aux_grad.empty() ? nullptr : aux_grad.data());
-    return absl::OkStatus();
+    return ContextStatus("DecoderBackward");
   }
 
   absl::Status RouterAuxLoss(const DeviceBatch& batch, float weight, float share, float* loss_sum,
@@ -500,7 +525,55 @@ class CpuBackend final : public ComputeBackend {
     return b;
   }
 
+  // A failed collective of context-parallel attention (the group's sticky status), named.
+  absl::Status ContextStatus(const char* op) const {
+    if (context_group_ == nullptr || context_group_->status().ok()) return absl::OkStatus();
+    const absl::Status s = context_group_->status();
+    return absl::Status(s.code(), absl::StrCat(op, ": context-parallel attention: ", s.message()));
+  }
+
+  // A context-parallel share's arrays (MicroBatchContext), against its tokens and the whole's.
+  absl::Status ValidateContext(const MicroBatch& mb) const {
+    const MicroBatchContext& c = mb.context;
+    if (c.ranks == 1) return absl::OkStatus();
+    const int64_t T = mb.num_tokens();
+    if (c.ranks < 1 || c.rank < 0 || c.rank >= c.ranks) {
+      return absl::InvalidArgumentError(absl::StrCat("micro-batch context: rank ", c.rank, " of ", c.ranks));
+    }
+    if (context_group_ == nullptr) {
+      return absl::FailedPreconditionError("micro-batch is a context-parallel share, and the backend has no context group");
+    }
+    if (config_.is_moe()) {
+      return absl::UnimplementedError("context parallelism with a MoE model (its routing statistics are the whole "
+                                      "micro-batch's)");
+    }
+    const int64_t full = static_cast<int64_t>(c.gathered_position.size());
+    const auto& cu = c.full_cu_seqlens;
+    if (cu.size() < 2 || cu.front() != 0 || cu.back() != full || !std::is_sorted(cu.begin(), cu.end()) ||
+        static_cast<int64_t>(c.global_index.size()) != T || c.part < T || c.part > full) {
+      return absl::InvalidArgumentError(absl::StrCat("micro-batch context: ", T, " tokens of ", full, ", part ", c.part,
+                                                     ", ", cu.size(), " document boundaries"));
+    }
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t g = c.global_index[i];
+      if (g < 0 || g >= full || (i > 0 && g <= c.global_index[i - 1]) ||
+          c.gathered_position[g] != static_cast<int64_t>(c.rank) * c.part + i) {
+        return absl::InvalidArgumentError(absl::StrCat("micro-batch context: token ", i, " has index ", g,
+                                                       " in the whole, which does not map back to it"));
+      }
+    }
+    for (int64_t g = 0; g < full; ++g) {
+      if (c.gathered_position[g] < 0 || c.gathered_position[g] >= static_cast<int64_t>(c.ranks) * c.part) {
+        return absl::InvalidArgumentError(absl::StrCat("micro-batch context: token ", g, " of the whole gathers from ",
+                                                       c.gathered_position[g], ", outside ", c.ranks, " parts of ",
+                                                       c.part));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status ValidateBatch(const MicroBatch& mb) const {
+    RETURN_IF_ERROR(ValidateContext(mb));
     const int64_t T = mb.num_tokens();
     if (T == 0) return absl::InvalidArgumentError("micro-batch has no tokens");
     if (static_cast<int64_t>(mb.labels.size()) != T || static_cast<int64_t>(mb.positions.size()) != T) {
@@ -558,6 +631,7 @@ class CpuBackend final : public ComputeBackend {
   DecoderDims dims_;
   std::vector<Layer> layers_;  // by decoder layer
   int num_sparse_ = 0;
+  ContextGroup* context_group_ = nullptr;  // SetContextGroup (not owned)
   CpuWorkerPool pool_;
 };
 

@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
+
 #include "common/model/model_config.h"
 #include "worker/compute/backend.h"
 #include "worker/compute/cpu/cpu_worker_pool.h"
@@ -77,6 +79,19 @@ RopeTables BuildRopeTables(const std::vector<int32_t>& positions, const ModelCon
 // Plain RoPE's tables (no scaling).
 RopeTables BuildRopeTables(const std::vector<int32_t>& positions, int64_t head_dim, double rope_theta);
 
+// A micro-batch share's view of the whole, for attention (MicroBatchContext's arrays).
+struct ContextGeometry {
+  ContextGroup* group = nullptr;
+  int ranks = 1;
+  int rank = 0;
+  int64_t full_tokens = 0;
+  int64_t full_docs = 0;
+  const int32_t* full_cu_seqlens = nullptr;    // [full_docs + 1]
+  const int64_t* global_index = nullptr;       // [num_tokens]
+  int64_t part = 0;
+  const int64_t* gathered_position = nullptr;  // [full_tokens]
+};
+
 // Token geometry of one packed micro-batch, shared by every op. Points into storage owned by
 // the caller (a CpuDeviceBatch or a test's MicroBatch + RopeTables).
 struct TokenGeometry {
@@ -85,6 +100,9 @@ struct TokenGeometry {
   const int32_t* cu_seqlens = nullptr;  // [num_docs + 1]
   const float* rope_cos = nullptr;      // [num_tokens, head_dim/2]
   const float* rope_sin = nullptr;
+  // Set: the tokens are one rank's share and AttentionForward / AttentionBackward (FP32) attend over
+  // the whole micro-batch through the group (AttentionForwardRows / AttentionBackwardRows).
+  const ContextGeometry* context = nullptr;
 };
 TokenGeometry MakeTokenGeometry(const MicroBatch& batch, const RopeTables& rope);
 
@@ -125,6 +143,23 @@ void AttentionForward(const DecoderDims& dims, const TokenGeometry& geom, const 
 template <typename R>
 void AttentionBackward(const DecoderDims& dims, const TokenGeometry& geom, const R* q_rot, const R* k_rot, const R* v,
                        const R* attn, const R* lse, const R* dattn, R* dq, R* dk, R* dv, CpuWorkerPool* pool);
+
+// Context parallelism (common/data/context_parallel.h): the attention of one rank's queries against
+// the keys and values of the whole micro-batch, which the rank's group gathered. full: the whole
+// micro-batch's geometry (its documents; its RoPE tables are not read); rows[i]: local query i's
+// index in the micro-batch (ascending). q_rot [n, q_dim]; k_rot and v [T, kv_dim] of the whole
+// micro-batch in its order -> attn [n, q_dim], lse [n, heads]: each row bit for bit what
+// AttentionForward gives that token.
+template <typename R>
+void AttentionForwardRows(const DecoderDims& dims, const TokenGeometry& full, const int64_t* rows, int64_t n,
+                          const R* q_rot, const R* k_rot, const R* v, R* attn, R* lse, CpuWorkerPool* pool);
+// Its backward: dq [n, q_dim] overwritten, bit for bit AttentionBackward's rows; dk and dv [T,
+// kv_dim] overwritten with these queries' contributions alone (the group sums them over its ranks:
+// AttentionBackward's up to FP32 summation order).
+template <typename R>
+void AttentionBackwardRows(const DecoderDims& dims, const TokenGeometry& full, const int64_t* rows, int64_t n,
+                           const R* q_rot, const R* k_rot, const R* v, const R* attn, const R* lse, const R* dattn,
+                           R* dq, R* dk, R* dv, CpuWorkerPool* pool);
 
 // ---- Decoder layer ----
 

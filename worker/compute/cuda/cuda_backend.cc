@@ -28,6 +28,10 @@ namespace cuda_backend_internal {
 
 absl::StatusOr<std::unique_ptr<DeviceBatch>> CudaBackend::UploadBatch(const MicroBatch& mb) {
   const int64_t T = mb.num_tokens();
+  if (mb.context.ranks != 1) {
+    return absl::UnimplementedError("micro-batch is a context-parallel share: the CUDA backend has no "
+                                    "context-parallel attention yet (CPU workers only)");
+  }
   if (mb.labels.size() != mb.tokens.size() || mb.positions.size() != mb.tokens.size()) {
     return absl::InvalidArgumentError(absl::StrCat("micro-batch: ", mb.tokens.size(), " tokens but ", mb.labels.size(),
                                                    " labels and ", mb.positions.size(), " positions"));
