@@ -32,6 +32,34 @@ std::vector<WorkerDevice> Gpus(int n, int64_t memory_bytes = int64_t{141} << 30)
   return std::vector<WorkerDevice>(n, WorkerDevice{false, memory_bytes});
 }
 
+// runtime.context_parallel: CPU workers get a "ctx" collective sized for every rank's padded share of
+// a micro-batch's keys and values, counted in the shm plan; CUDA workers and MoE models are refused.
+TEST(JobPlan, ContextParallelPlansItsCollectiveOnCpuWorkersOnly) {
+  const ModelLayout layout = Layout();
+  JobSpec s = Spec(2, 0);
+  s.num_workers = 2;
+  s.context_parallel = 2;
+  const std::vector<WorkerDevice> cpus(2, WorkerDevice{true, int64_t{64} << 30});
+  auto p = PlanJob(s, layout, cpus);
+  ASSERT_TRUE(p.ok()) << p.status();
+  // 2 x 1024 tokens over 2 ranks: shares of at most 1,024 (+2), 2 kv_dim FP32 per token, 2 ranks.
+  const uint64_t part = (2048 + 3) / 4 * 2 + 2;
+  EXPECT_EQ(p->context_buffer_bytes, 2 * part * 2 * layout.config.kv_dim() * 4);
+  JobSpec plain = s;
+  plain.context_parallel = 1;
+  auto q = PlanJob(plain, layout, cpus);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->context_buffer_bytes, 0u);
+  EXPECT_EQ(p->memory.shm_bytes - q->memory.shm_bytes, shm::ShmCollective::SegmentBytes(2, p->context_buffer_bytes));
+  auto cuda = PlanJob(s, layout, Gpus(2));
+  EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition) << cuda.status();
+  EXPECT_TRUE(absl::StrContains(cuda.status().message(), "context_parallel")) << cuda.status();
+  JobSpec moe = s;
+  moe.model_preset = "tiny-moe";
+  auto m = PlanJob(moe, Layout("tiny-moe"), cpus);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << m.status();
+}
+
 TEST(JobPlan, OneRankWithoutClippingAppliesStraightFromTheRing) {
   const ModelLayout layout = Layout();
   auto p = PlanJob(Spec(1, 0), layout, Gpus(1));
