@@ -504,10 +504,10 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
                                                    " tokens, the most one micro-batch holds"));
   }
   if (s.context_parallel > 1) {
-    if (s.num_workers != s.context_parallel) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "job spec: runtime.context_parallel ", s.context_parallel, " needs runtime.workers equal to it (got ",
-          s.num_workers, "): data parallelism across context-parallel groups is not built yet"));
+    if (s.num_workers < s.context_parallel || s.num_workers % s.context_parallel != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("job spec: runtime.context_parallel ", s.context_parallel,
+                                                     " needs runtime.workers a multiple of it (got ", s.num_workers,
+                                                     "): each group of that many workers splits its micro-batches"));
     }
     if (s.act_policy == ActivationPolicy::kAuto || s.policy_auto) {
       return absl::InvalidArgumentError(

@@ -75,9 +75,12 @@ TEST(JobSpec, ContextParallelIsOneGroupOfEveryWorkerWithFixedPolicies) {
   auto again = JobSpec::Parse(cp->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->context_parallel, 2);
-  // global_batch 8 over one data-parallel rank of micro-batches of 2: fine; over 3 of them, not.
+  // global_batch 8 over 1 or 2 data-parallel ranks of micro-batches of 2: fine; over 3 of them, not.
+  auto groups = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"workers: 2,", "workers: 4, context_parallel: 2,"}}),
+                               "/base", JobSpec::FileCheck::kSkip);  // 2 groups of 2: global 8 = 2 x micro 2 x 2
+  ASSERT_TRUE(groups.ok()) << groups.status();
   for (const char* bad : {"workers: 2, context_parallel: 4,", "workers: 2, context_parallel: 0,",
-                          "workers: 4, context_parallel: 2,"}) {
+                          "workers: 3, context_parallel: 2,", "workers: 6, context_parallel: 2,"}) {
     const absl::Status st = ParseError(absl::StrReplaceAll(kGood, {{"workers: 2,", bad}}));
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
   }

@@ -126,6 +126,11 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
           "micro-batch's)");
     }
     const int64_t ranks = spec.context_parallel;
+    if (world % ranks != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("runtime.context_parallel ", ranks, " does not divide the job's ", world, " workers"));
+    }
+    p.context_ranks = static_cast<int>(ranks);
     const int64_t micro_tokens = spec.micro_batch * spec.seq_len;
     const int64_t part = (micro_tokens + 2 * ranks - 1) / (2 * ranks) * 2 + 2;  // two chunks of at most ceil(T/2C)
     p.context_buffer_bytes = static_cast<uint64_t>(ranks * part * 2 * layout.config.kv_dim()) * sizeof(float);
@@ -271,7 +276,8 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
     p.memory.total_bytes += coll_bytes;
   }
   if (p.context_buffer_bytes > 0) {
-    const uint64_t ctx_bytes = shm::ShmCollective::SegmentBytes(world, p.context_buffer_bytes);
+    const uint64_t ctx_bytes =
+        (world / p.context_ranks) * shm::ShmCollective::SegmentBytes(p.context_ranks, p.context_buffer_bytes);
     p.memory.shm_bytes += ctx_bytes;
     p.memory.total_bytes += ctx_bytes;
   }

@@ -57,6 +57,7 @@ struct JobPlan {
   // runtime.context_parallel > 1: the context group's collective, per-rank buffer (the gathered keys
   // and values of a micro-batch's share, padded; the reduce-scatter of their gradients).
   uint64_t context_buffer_bytes = 0;
+  int context_ranks = 1;  // ranks per context group: world / context_ranks groups, one segment each
   ClipStaging clip_staging = ClipStaging::kNone;
   // runtime.grad_dtype: what every posted chunk holds (staging widens BF16 to FP32 exactly).
   shm::GradDtype grad_dtype = shm::GradDtype::kF32;

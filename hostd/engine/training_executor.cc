@@ -170,7 +170,7 @@ struct TrainingExecutor::Attempt {
   std::optional<int64_t> shm_step;  // resumed from the state a dead hostd left: its step
   std::vector<std::unique_ptr<shm::GradRing>> rings;
   std::unique_ptr<shm::ShmCollective> collective;
-  std::unique_ptr<shm::ShmCollective> context_collective;  // runtime.context_parallel > 1
+  std::vector<std::unique_ptr<shm::ShmCollective>> context_collectives;  // per context group
   std::vector<update::UnitMemory> memory;  // per unit, placed on its LayerAdam threads' node
   // Per unit, its tensors' element ranges and weight decay (optimizer.no_decay): LayerAdam updates
   // these and never the padding.
@@ -452,10 +452,13 @@ absl::Status TrainingExecutor::CreateSegments(JobContext& ctx, Attempt& a) {
     ASSIGN_OR_RETURN(a.collective, shm::ShmCollective::Create(options_.node_name, ctx.job_id(), a.plan.world,
                                                               a.plan.collective_buffer_bytes, &a.job_state->abort()));
   }
-  if (a.plan.context_buffer_bytes > 0) {
-    ASSIGN_OR_RETURN(a.context_collective,
-                     shm::ShmCollective::Create(options_.node_name, ctx.job_id(), a.plan.world,
-                                                a.plan.context_buffer_bytes, &a.job_state->abort(), "/dev/shm", "ctx"));
+  if (a.plan.context_buffer_bytes > 0) {  // one collective per context group (ranks g C .. g C + C - 1)
+    for (int g = 0; g < a.plan.world / a.plan.context_ranks; ++g) {
+      ASSIGN_OR_RETURN(auto coll, shm::ShmCollective::Create(options_.node_name, ctx.job_id(), a.plan.context_ranks,
+                                                             a.plan.context_buffer_bytes, &a.job_state->abort(),
+                                                             "/dev/shm", absl::StrCat("ctx", g)));
+      a.context_collectives.push_back(std::move(coll));
+    }
   }
   // NUMA placement: each unit's state lives on the node of the LayerAdam threads that own it;
   // the owners touch (and, where pages already sit elsewhere, migrate) it before use.
@@ -502,7 +505,7 @@ void TrainingExecutor::ReleaseSegments(JobContext& ctx, Attempt& a) {
   a.job_state->RaiseAbort(shm::AbortReason::kShutdown);
   for (auto& r : a.rings) (void)r->Unlink();
   if (a.collective) (void)a.collective->Unlink();
-  if (a.context_collective) (void)a.context_collective->Unlink();
+  for (auto& c : a.context_collectives) (void)c->Unlink();
   pool_.Finish(std::move(a.job_state), a.poolable, ctx.workers());
 }
 
@@ -528,7 +531,9 @@ absl::Status TrainingExecutor::SendAssignments(JobContext& ctx, const Attempt& a
     as->set_grad_staging(a.plan.grad_staging());
     if (a.undo != nullptr) as->set_speculate_from_unit(a.plan.speculate_from_unit);
     if (a.collective) as->set_collective_segment(a.collective->segment_name());
-    if (a.context_collective) as->set_context_segment(a.context_collective->segment_name());
+    if (!a.context_collectives.empty()) {
+      as->set_context_segment(a.context_collectives[r / a.plan.context_ranks]->segment_name());
+    }
     if (world > 1) as->set_membership_key(membership_key);
     if (!a.spec.validation.empty()) {
       as->set_validation_path(a.spec.validation);

@@ -642,7 +642,8 @@ TEST(Training, GpuAndCpuGradientRoutesMatchOneWorker) {
 // Context parallelism (issue 26): two workers that split every micro-batch's tokens zig-zag and
 // gather attention's keys and values through the job's context collective train as one worker
 // taking the whole micro-batches: the same losses, validation loss and parameters within FP32
-// summation order, on both gradient routes and with a kept-attention policy.
+// summation order, on both gradient routes and with a kept-attention policy; and so do four
+// workers in two groups of two (data parallelism across the groups).
 TEST(Training, ContextParallelTwoWorkersMatchOneWorker) {
   SpecOptions one = OneWorker(4, "out-cp-one");
   one.validate = true;
@@ -695,6 +696,23 @@ TEST(Training, ContextParallelTwoWorkersMatchOneWorker) {
     logs.append(std::istreambuf_iterator<char>(log), std::istreambuf_iterator<char>());
   }
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(absl::StrContains(logs, absl::StrCat("context parallel, rank ", r, " of 2")));
+  {  // Two groups of two: data parallelism across context-parallel groups, each with its own collective.
+    NodeHarness four(4);
+    SpecOptions dpcp = one;
+    dpcp.workers = 4;
+    dpcp.context_parallel = 2;
+    dpcp.micro_batch = 2;  // global 8 = 2 groups x 2 micro-batches of 2 rows
+    dpcp.output = "out-cp-dp";
+    v1::Job j4 = MustSucceed(four, Spec(dpcp), "cp-dp");
+    ASSERT_FALSE(j4.last_checkpoint().empty());
+    const double d = MaxAbsDiff(LoadMaster(j4.last_checkpoint()), m1);
+    std::cout << "2 groups of context parallel 2: max |diff| of the parameters vs 1 worker " << d << "\n";
+    EXPECT_LE(d, 1e-5);
+    auto lines = MetricsLines(four, dpcp.output, "cp-dp");
+    ASSERT_EQ(lines.size(), 4u);
+    EXPECT_NEAR(lines.back().value("eval_loss", 0.0), eval1, 1e-5 * eval1);
+    EXPECT_TRUE(four.LeakedSegments().empty());
+  }
   // Refused at submit: a group that is not the whole job, and auto policies (each rank would choose).
   SpecOptions bad = one;
   bad.workers = 2;

@@ -642,7 +642,7 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     if (a.context_segment().empty()) {
       return absl::FailedPreconditionError("runtime.context_parallel needs hostd's context segment");
     }
-    ASSIGN_OR_RETURN(auto cc, shm::ShmCollective::Attach(a.context_segment(), a.rank(), &job_state->abort()));
+    ASSIGN_OR_RETURN(auto cc, shm::ShmCollective::Attach(a.context_segment(), place.rank, &job_state->abort()));
     context_group = std::make_unique<ShmContextGroup>(std::move(cc), timeout);
     LOG(INFO) << "job " << a.job_id() << ": context parallel, rank " << place.rank << " of " << place.ranks
               << " in its group: each micro-batch's tokens split zig-zag, attention over the gathered keys and values";
