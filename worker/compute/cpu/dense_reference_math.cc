@@ -306,6 +306,53 @@ void DecoderAttentionInputs(const DecoderDims& d, const DecoderOffsets& offs, co
 }
 
 namespace {
+
+// One query row of one head over keys [s, t] of a document: softmax-weighted sum of v into o and the
+// row's log-sum-exp (shared by the whole-batch and the context-parallel rows, bit for bit).
+template <typename R>
+void AttendRow(const R* q, const R* k_rot, const R* v, int64_t s, int64_t t, int64_t kvd, int64_t g, int64_t hd,
+               R scale, std::vector<R>& p, R* o, R* lse_out) {
+  p.resize(std::max<int64_t>(t - s + 1, 1));
+  R mx = -std::numeric_limits<R>::infinity();
+  for (int64_t j = s; j <= t; ++j) {
+    const R sc = scale * Dot(q, k_rot + j * kvd + g * hd, hd);
+    p[j - s] = sc;
+    mx = std::max(mx, sc);
+  }
+  R sum = 0;
+  for (int64_t j = s; j <= t; ++j) {
+    p[j - s] = std::exp(p[j - s] - mx);
+    sum += p[j - s];
+  }
+  std::fill(o, o + hd, R(0));
+  for (int64_t j = s; j <= t; ++j) Axpy(p[j - s], v + j * kvd + g * hd, o, hd);
+  const R inv = R(1) / sum;
+  for (int64_t i = 0; i < hd; ++i) o[i] *= inv;
+  *lse_out = mx + std::log(sum);
+}
+
+// Its backward: dq_row = the row's dq; dk and dv (the kv head's columns at rows [s, t]) accumulate.
+template <typename R>
+void AttendRowBackward(const R* q, const R* o, const R* dout, R row_lse, const R* k_rot, const R* v, int64_t s,
+                       int64_t t, int64_t kvd, int64_t kvh, int64_t hd, R scale, std::vector<R>& dq_acc, R* dk, R* dv,
+                       R* dq_row) {
+  const R dsum = Dot(dout, o, hd);
+  std::fill(dq_acc.begin(), dq_acc.end(), R(0));
+  for (int64_t j = s; j <= t; ++j) {
+    const R* k = k_rot + j * kvd + kvh * hd;
+    const R* vj = v + j * kvd + kvh * hd;
+    const R p = std::exp(scale * Dot(q, k, hd) - row_lse);
+    const R ds = p * (Dot(dout, vj, hd) - dsum);
+    Axpy(ds, k, dq_acc.data(), hd);
+    Axpy(scale * ds, q, dk + j * kvd + kvh * hd, hd);
+    Axpy(p, dout, dv + j * kvd + kvh * hd, hd);
+  }
+  for (int64_t i = 0; i < hd; ++i) dq_row[i] = scale * dq_acc[i];
+}
+
+}  // namespace
+
+namespace {
 // Context parallelism (TokenGeometry::context): gather the group's keys and values, attend the local
 // queries over them; backward returns each rank its tokens' dk and dv summed over the group.
 void ContextAttentionForward(const DecoderDims& d, const TokenGeometry& geom, const float* q_rot, const float* k_rot,
@@ -330,26 +377,9 @@ void AttentionForward(const DecoderDims& d, const TokenGeometry& geom, const R* 
     for (int64_t task = i0; task < i1; ++task) {
       const int64_t doc = task / d.heads, h = task % d.heads, g = h / group;
       const int64_t s = geom.cu_seqlens[doc], e = geom.cu_seqlens[doc + 1];
-      p.resize(std::max<int64_t>(e - s, 1));
       for (int64_t t = s; t < e; ++t) {
-        const R* q = q_rot + t * qd + h * hd;
-        R mx = -std::numeric_limits<R>::infinity();
-        for (int64_t j = s; j <= t; ++j) {
-          const R sc = scale * Dot(q, k_rot + j * kvd + g * hd, hd);
-          p[j - s] = sc;
-          mx = std::max(mx, sc);
-        }
-        R sum = 0;
-        for (int64_t j = s; j <= t; ++j) {
-          p[j - s] = std::exp(p[j - s] - mx);
-          sum += p[j - s];
-        }
-        R* o = attn + t * qd + h * hd;
-        std::fill(o, o + hd, R(0));
-        for (int64_t j = s; j <= t; ++j) Axpy(p[j - s], v + j * kvd + g * hd, o, hd);
-        const R inv = R(1) / sum;
-        for (int64_t i = 0; i < hd; ++i) o[i] *= inv;
-        lse[t * d.heads + h] = mx + std::log(sum);
+        AttendRow(q_rot + t * qd + h * hd, k_rot, v, s, t, kvd, g, hd, scale, p, attn + t * qd + h * hd,
+                  lse + t * d.heads + h);
       }
     }
   });
@@ -377,23 +407,9 @@ void AttentionBackward(const DecoderDims& d, const TokenGeometry& geom, const R*
       const int64_t s = geom.cu_seqlens[doc], e = geom.cu_seqlens[doc + 1];
       for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
         for (int64_t t = s; t < e; ++t) {
-          const R* q = q_rot + t * qd + h * hd;
-          const R* o = attn + t * qd + h * hd;
-          const R* dout = dattn + t * qd + h * hd;
-          const R row_lse = lse[t * d.heads + h];
-          const R dsum = Dot(dout, o, hd);
-          std::fill(dq_acc.begin(), dq_acc.end(), R(0));
-          for (int64_t j = s; j <= t; ++j) {
-            const R* k = k_rot + j * kvd + kvh * hd;
-            const R* vj = v + j * kvd + kvh * hd;
-            const R p = std::exp(scale * Dot(q, k, hd) - row_lse);
-            const R ds = p * (Dot(dout, vj, hd) - dsum);
-            Axpy(ds, k, dq_acc.data(), hd);
-            Axpy(scale * ds, q, dk + j * kvd + kvh * hd, hd);
-            Axpy(p, dout, dv + j * kvd + kvh * hd, hd);
-          }
-          R* dqr = dq + t * qd + h * hd;
-          for (int64_t i = 0; i < hd; ++i) dqr[i] = scale * dq_acc[i];
+          const int64_t at = t * qd + h * hd;
+          AttendRowBackward(q_rot + at, attn + at, dattn + at, lse[t * d.heads + h], k_rot, v, s, t, kvd, kvh, hd,
+                            scale, dq_acc, dk, dv, dq + at);
         }
       }
     }
@@ -428,26 +444,8 @@ void AttentionForwardRows(const DecoderDims& d, const TokenGeometry& full, const
     std::vector<R> p;
     for (int64_t task = i0; task < i1; ++task) {
       const int64_t i = task / d.heads, h = task % d.heads, g = h / group;
-      const int64_t s = starts[i], t = rows[i];
-      p.resize(t - s + 1);
-      const R* q = q_rot + i * qd + h * hd;
-      R mx = -std::numeric_limits<R>::infinity();
-      for (int64_t j = s; j <= t; ++j) {
-        const R sc = scale * Dot(q, k_rot + j * kvd + g * hd, hd);
-        p[j - s] = sc;
-        mx = std::max(mx, sc);
-      }
-      R sum = 0;
-      for (int64_t j = s; j <= t; ++j) {
-        p[j - s] = std::exp(p[j - s] - mx);
-        sum += p[j - s];
-      }
-      R* o = attn + i * qd + h * hd;
-      std::fill(o, o + hd, R(0));
-      for (int64_t j = s; j <= t; ++j) Axpy(p[j - s], v + j * kvd + g * hd, o, hd);
-      const R inv = R(1) / sum;
-      for (int64_t c = 0; c < hd; ++c) o[c] *= inv;
-      lse[i * d.heads + h] = mx + std::log(sum);
+      AttendRow(q_rot + i * qd + h * hd, k_rot, v, starts[i], rows[i], kvd, g, hd, scale, p, attn + i * qd + h * hd,
+                lse + i * d.heads + h);
     }
   });
 }
@@ -468,24 +466,9 @@ void AttentionBackwardRows(const DecoderDims& d, const TokenGeometry& full, cons
     for (int64_t kvh = i0; kvh < i1; ++kvh) {
       for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
         for (int64_t i = 0; i < n; ++i) {
-          const int64_t s = starts[i], t = rows[i];
-          const R* q = q_rot + i * qd + h * hd;
-          const R* o = attn + i * qd + h * hd;
-          const R* dout = dattn + i * qd + h * hd;
-          const R row_lse = lse[i * d.heads + h];
-          const R dsum = Dot(dout, o, hd);
-          std::fill(dq_acc.begin(), dq_acc.end(), R(0));
-          for (int64_t j = s; j <= t; ++j) {
-            const R* k = k_rot + j * kvd + kvh * hd;
-            const R* vj = v + j * kvd + kvh * hd;
-            const R p = std::exp(scale * Dot(q, k, hd) - row_lse);
-            const R ds = p * (Dot(dout, vj, hd) - dsum);
-            Axpy(ds, k, dq_acc.data(), hd);
-            Axpy(scale * ds, q, dk + j * kvd + kvh * hd, hd);
-            Axpy(p, dout, dv + j * kvd + kvh * hd, hd);
-          }
-          R* dqr = dq + i * qd + h * hd;
-          for (int64_t c = 0; c < hd; ++c) dqr[c] = scale * dq_acc[c];
+          const int64_t at = i * qd + h * hd;
+          AttendRowBackward(q_rot + at, attn + at, dattn + at, lse[i * d.heads + h], k_rot, v, starts[i], rows[i], kvd,
+                            kvh, hd, scale, dq_acc, dk, dv, dq + at);
         }
       }
     }
