@@ -58,8 +58,12 @@ std::string JobPlan::RoutesLine(ParamDelivery delivery) const {
           ? "; no BF16 mirror: workers cast the FP32 master at upload, on the host (runtime.param_source, cast_on)"
           : "; no BF16 mirror: workers cast the FP32 master at upload, on the GPU (runtime.param_source, cast_on; CPU "
             "workers on the host)";
+  const std::string context =
+      context_ranks > 1 ? absl::StrCat("; context parallel: ", world / context_ranks, " group(s) of ", context_ranks,
+                                       " ranks split each micro-batch, attention's keys and values through shm")
+                        : std::string();
   return absl::StrCat("gradient reduction: ", reduction, "; parameter delivery: ", ToString(delivery), staging, dtype,
-                      moment_note, source);
+                      moment_note, source, context);
 }
 
 std::string JobPlan::MemoryLine() const {
@@ -77,9 +81,17 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
   p.world = static_cast<int>(workers.size());
   const int world = p.world;
   if (world <= 0) return absl::InvalidArgumentError("a job needs at least one worker");
-  if (spec.global_batch % (int64_t{world} * spec.micro_batch) != 0) {
+  // Data-parallel ranks: the workers, or their context-parallel groups (each splits its micro-batches).
+  const int cp = std::max(1, spec.context_parallel);
+  if (world % cp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("runtime.context_parallel ", cp, " does not divide the job's ", world, " workers"));
+  }
+  const int dp = world / cp;
+  if (spec.global_batch % (int64_t{dp} * spec.micro_batch) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("train.global_batch ", spec.global_batch, " is not divisible by ",
-                                                   world, " worker(s) x train.micro_batch ", spec.micro_batch));
+                                                   dp, cp > 1 ? " context-parallel group(s)" : " worker(s)",
+                                                   " x train.micro_batch ", spec.micro_batch));
   }
   const bool clip = spec.max_grad_norm > 0;
   p.clip_by_norm = clip;
@@ -126,10 +138,6 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
           "micro-batch's)");
     }
     const int64_t ranks = spec.context_parallel;
-    if (world % ranks != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("runtime.context_parallel ", ranks, " does not divide the job's ", world, " workers"));
-    }
     p.context_ranks = static_cast<int>(ranks);
     const int64_t micro_tokens = spec.micro_batch * spec.seq_len;
     const int64_t part = (micro_tokens + 2 * ranks - 1) / (2 * ranks) * 2 + 2;  // two chunks of at most ceil(T/2C)
@@ -213,7 +221,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
   const int64_t input_element_bytes = CheckpointElementBytes(spec.checkpoint_dtype);
   if (spec.layer_layout) {
     RETURN_IF_ERROR(spec.layer_layout->CheckModel(layout.config));
-    const int64_t micro_batches = std::max<int64_t>(1, spec.global_batch / world / std::max<int64_t>(1, spec.micro_batch));
+    const int64_t micro_batches = std::max<int64_t>(1, spec.global_batch / dp / std::max<int64_t>(1, spec.micro_batch));
     OffloadedPerToken per_token;
     per_token.input_element_bytes = input_element_bytes;
     for (const LayerPolicy& l : spec.layer_layout->layers) {

@@ -54,6 +54,15 @@ TEST(JobPlan, ContextParallelPlansItsCollectiveOnCpuWorkersOnly) {
   auto cuda = PlanJob(s, layout, Gpus(2));
   EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition) << cuda.status();
   EXPECT_TRUE(absl::StrContains(cuda.status().message(), "context_parallel")) << cuda.status();
+  // One group of two shares one micro-batch of 4 rows: a global batch of 4 is one micro-batch for it,
+  // which two data-parallel workers could not split.
+  JobSpec one_micro = s;
+  one_micro.global_batch = 4;
+  one_micro.micro_batch = 4;
+  EXPECT_TRUE(PlanJob(one_micro, layout, cpus).ok());
+  one_micro.context_parallel = 1;
+  EXPECT_EQ(PlanJob(one_micro, layout, cpus).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(p->RoutesLine(ParamDelivery::kReplicated), "context parallel: 1 group(s) of 2"));
   JobSpec moe = s;
   moe.model_preset = "tiny-moe";
   auto m = PlanJob(moe, Layout("tiny-moe"), cpus);
