@@ -509,6 +509,12 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
                                                      " needs runtime.workers a multiple of it (got ", s.num_workers,
                                                      "): each group of that many workers splits its micro-batches"));
     }
+    if (static_cast<int64_t>(s.micro_batch) * s.seq_len < 2 * int64_t{s.context_parallel}) {
+      return absl::InvalidArgumentError(absl::StrCat("job spec: runtime.context_parallel ", s.context_parallel,
+                                                     " splits a micro-batch into ", 2 * s.context_parallel,
+                                                     " chunks; train.micro_batch x train.seq_len is ",
+                                                     int64_t{s.micro_batch} * s.seq_len));
+    }
     if (s.act_policy == ActivationPolicy::kAuto || s.policy_auto) {
       return absl::InvalidArgumentError(
           "job spec: runtime.context_parallel needs the same layer policies on every rank: a fixed act_policy or "
