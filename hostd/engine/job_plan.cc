@@ -132,11 +132,6 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
           "runtime.context_parallel runs on CPU-backend workers only so far; ", world - cpu_workers, " of ", world,
           " workers are CUDA"));
     }
-    if (layout.config.is_moe()) {
-      return absl::InvalidArgumentError(
-          "runtime.context_parallel with a MoE model is not built (its routing statistics are the whole "
-          "micro-batch's)");
-    }
     const int64_t ranks = spec.context_parallel;
     p.context_ranks = static_cast<int>(ranks);
     const int64_t micro_tokens = spec.micro_batch * spec.seq_len;

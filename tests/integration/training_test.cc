@@ -52,6 +52,8 @@ struct SpecOptions {
   std::string state_dtype;     // optimizer.state_dtype; empty: the spec default (fp32)
   int context_parallel = 1;    // runtime.context_parallel
   bool validate = false;       // data.validation: the training data itself (evaluated after the last step)
+  std::string preset = "tiny";
+  double router_aux_loss_coef = -1;  // train.router_aux_loss_coef; < 0: not in the spec
 };
 
 // One worker taking the whole global batch of 8 in micro-batches of 4.
@@ -84,11 +86,13 @@ std::string DataDir() {
 
 std::string Spec(const SpecOptions& o) {
   return absl::StrCat(
-      "name: it\nmodel: {preset: tiny, init_seed: 11}\ndata: {path: ", DataDir(),
+      "name: it\nmodel: {preset: ", o.preset, ", init_seed: 11}\ndata: {path: ", DataDir(),
       o.validate ? ", validation: " + DataDir() : std::string(), "}\n", "output: {dir: ", o.output,
       ", save_dtype: fp32, keep_last: 5, save_every: ", o.save_every, "}\n",
       "train: {seq_len: 64, global_batch: ", o.global_batch, ", micro_batch: ", o.micro_batch, ", steps: ", o.steps,
-      ", seed: 3, max_grad_norm: ", o.max_grad_norm, "}\n", "optimizer: {lr: 1.0e-3, weight_decay: 0.1",
+      ", seed: 3, max_grad_norm: ", o.max_grad_norm,
+      o.router_aux_loss_coef < 0 ? std::string() : absl::StrCat(", router_aux_loss_coef: ", o.router_aux_loss_coef),
+      "}\n", "optimizer: {lr: 1.0e-3, weight_decay: 0.1",
       o.state_dtype.empty() ? std::string() : ", state_dtype: " + o.state_dtype, "}\n",
       "schedule: {kind: linear, warmup_steps: 1}\n", "runtime: {workers: ", o.workers,
       ", ring_slots: 4, step_timeout_ms: 20000, max_restarts: ", o.max_restarts, ", chunk_bytes: ", o.chunk_bytes,
@@ -696,6 +700,37 @@ TEST(Training, ContextParallelTwoWorkersMatchOneWorker) {
     logs.append(std::istreambuf_iterator<char>(log), std::istreambuf_iterator<char>());
   }
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(absl::StrContains(logs, absl::StrCat("context parallel, rank ", r, " of 2")));
+  {  // A MoE model with its load-balancing loss: the group's router statistics make the whole
+     // micro-batch's aux loss (counted once) and its gradient on every rank's tokens.
+    SpecOptions moe1 = one;
+    moe1.preset = "tiny-moe";
+    moe1.router_aux_loss_coef = 0.05;
+    moe1.output = "out-cp-moe-one";
+    SpecOptions moe2 = moe1;
+    moe2.workers = 2;
+    moe2.context_parallel = 2;
+    moe2.output = "out-cp-moe";
+    std::vector<nlohmann::json> l1, l2;
+    {
+      NodeHarness solo(1);
+      MustSucceed(solo, Spec(moe1), "cp-moe-one");
+      l1 = MetricsLines(solo, moe1.output, "cp-moe-one");
+    }
+    MustSucceed(node, Spec(moe2), "cp-moe");
+    l2 = MetricsLines(node, moe2.output, "cp-moe");
+    ASSERT_EQ(l1.size(), 4u);
+    ASSERT_EQ(l2.size(), 4u);
+    for (size_t s = 0; s < 4; ++s) {
+      const double a1 = l1[s].value("router_aux_loss", 0.0), a2 = l2[s].value("router_aux_loss", 0.0);
+      EXPECT_GT(a1, 0.0);
+      EXPECT_NEAR(a2, a1, 1e-5 * a1) << "aux loss, step " << s + 1;
+      EXPECT_NEAR(l2[s].value("loss", 0.0), l1[s].value("loss", 0.0), 1e-5 * l1[s].value("loss", 0.0))
+          << "MoE loss, step " << s + 1;
+    }
+    EXPECT_NEAR(l2.back().value("eval_loss", 0.0), l1.back().value("eval_loss", 0.0),
+                1e-5 * l1.back().value("eval_loss", 0.0));
+    EXPECT_EQ(l2.back()["expert_tokens"].dump(), l1.back()["expert_tokens"].dump());
+  }
   {  // Two groups of two: data parallelism across context-parallel groups, each with its own collective.
     NodeHarness four(4);
     SpecOptions dpcp = one;

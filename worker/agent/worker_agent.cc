@@ -143,6 +143,7 @@ class ShmContextGroup final : public ContextGroup {
  public:
   ShmContextGroup(std::unique_ptr<shm::ShmCollective> coll, absl::Duration timeout)
       : coll_(std::move(coll)), timeout_(timeout) {}
+  int ranks() const override { return coll_->world(); }
   absl::Status AllGather(const float* local, int64_t numel, float* out) override {
     return coll_->AllGatherF32(local, numel, out, timeout_);
   }

@@ -124,6 +124,7 @@ class DeviceBuffer {
 class ContextGroup {
  public:
   virtual ~ContextGroup() = default;
+  virtual int ranks() const = 0;
   // out[r * numel, +numel) = rank r's `local`, every rank.
   virtual absl::Status AllGather(const float* local, int64_t numel, float* out) = 0;
   // In place over buf[0, ranks * shard_numel): this rank's shard summed over the ranks in rank order.

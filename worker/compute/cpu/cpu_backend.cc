@@ -73,6 +73,9 @@ class CpuDeviceBatch final : public DeviceBatch {
   // sparse ordinal), and the auxiliary loss's weight once RouterAuxLoss has set it. Written by
   // the forward of a batch the interface passes const: they are the batch's routing record.
   mutable std::vector<MoeRouterStats> router;
+  // A context-parallel share's: the router statistics of the whole micro-batch (the group's shares
+  // summed in rank order), which its aux loss and the loss's gradient are formed from.
+  mutable std::vector<MoeRouterStats> router_whole;
   mutable double aux_weight = 0;
   mutable std::vector<std::vector<int32_t>> routed;  // SetRecordRouting: each sparse layer's top-k
 
@@ -396,7 +399,7 @@ class CpuBackend final : public ComputeBackend {
       if (b->router.size() != static_cast<size_t>(num_sparse_)) {
         return absl::FailedPreconditionError("DecoderBackward: the batch has no router statistics for its aux loss");
       }
-      aux_grad = LoadBalancingProbGrad(b->router, b->aux_weight);
+      aux_grad = LoadBalancingProbGrad(b->batch().context.ranks > 1 ? b->router_whole : b->router, b->aux_weight);
     }
     // The math reads dy fully into its own buffers before writing dx, so dx may alias dy.
     slidedp::DecoderBackward(dims_, offs, w.data(), geom, xf, *acts, static_cast<const float*>(dy),
@@ -412,9 +415,15 @@ class CpuBackend final : public ComputeBackend {
     if (b->router.size() != static_cast<size_t>(num_sparse_)) {
       return absl::FailedPreconditionError("RouterAuxLoss: the batch has not been through the sparse layers' forward");
     }
-    const double aux = LoadBalancingLoss(b->router);
-    *loss_sum += static_cast<float>(weight * aux);
-    *aux_sum += static_cast<float>(share * aux);
+    const MicroBatchContext& ctx = b->batch().context;
+    if (ctx.ranks > 1) {  // the whole micro-batch's statistics; its loss counted once, by the group's rank 0
+      ASSIGN_OR_RETURN(b->router_whole, GroupRouterStats(b->router));
+    }
+    const double aux = LoadBalancingLoss(ctx.ranks > 1 ? b->router_whole : b->router);
+    if (ctx.rank == 0) {
+      *loss_sum += static_cast<float>(weight * aux);
+      *aux_sum += static_cast<float>(share * aux);
+    }
     b->aux_weight = weight;
     return absl::OkStatus();
   }
@@ -525,6 +534,49 @@ class CpuBackend final : public ComputeBackend {
     return b;
   }
 
+  // Every rank's router statistics of its share, summed in rank order: the whole micro-batch's. The
+  // int64 counts and double sums travel bit for bit through the FP32 gather (two floats each).
+  absl::StatusOr<std::vector<MoeRouterStats>> GroupRouterStats(const std::vector<MoeRouterStats>& mine) {
+    if (context_group_ == nullptr) return absl::FailedPreconditionError("MoE router statistics: no context group");
+    const int64_t E = dims_.moe.num_experts, L = static_cast<int64_t>(mine.size());
+    const int64_t words = L * (1 + 2 * E);  // 8-byte words: tokens, counts, sums per layer
+    std::vector<uint64_t> packed(words);
+    for (int64_t l = 0; l < L; ++l) {
+      uint64_t* w = packed.data() + l * (1 + 2 * E);
+      w[0] = static_cast<uint64_t>(mine[l].num_tokens);
+      for (int64_t e = 0; e < E; ++e) {
+        w[1 + e] = static_cast<uint64_t>(mine[l].expert_counts[e]);
+        std::memcpy(&w[1 + E + e], &mine[l].prob_sums[e], sizeof(double));
+      }
+    }
+    const int ranks = context_group_->ranks();
+    std::vector<uint64_t> all;
+    {
+      std::vector<float> out;
+      const int64_t floats = 2 * words;
+      out.resize(static_cast<size_t>(ranks) * floats);
+      RETURN_IF_ERROR(context_group_->AllGather(reinterpret_cast<const float*>(packed.data()), floats, out.data()));
+      all.resize(static_cast<size_t>(ranks) * words);
+      std::memcpy(all.data(), out.data(), all.size() * sizeof(uint64_t));
+    }
+    std::vector<MoeRouterStats> whole(L);
+    for (int64_t l = 0; l < L; ++l) {
+      whole[l].expert_counts.assign(E, 0);
+      whole[l].prob_sums.assign(E, 0.0);
+      for (int r = 0; r < ranks; ++r) {
+        const uint64_t* w = all.data() + static_cast<int64_t>(r) * words + l * (1 + 2 * E);
+        whole[l].num_tokens += static_cast<int64_t>(w[0]);
+        for (int64_t e = 0; e < E; ++e) {
+          whole[l].expert_counts[e] += static_cast<int64_t>(w[1 + e]);
+          double v;
+          std::memcpy(&v, &w[1 + E + e], sizeof(double));
+          whole[l].prob_sums[e] += v;
+        }
+      }
+    }
+    return whole;
+  }
+
   // A failed collective of context-parallel attention (the group's sticky status), named.
   absl::Status ContextStatus(const char* op) const {
     if (context_group_ == nullptr || context_group_->status().ok()) return absl::OkStatus();
@@ -543,9 +595,9 @@ class CpuBackend final : public ComputeBackend {
     if (context_group_ == nullptr) {
       return absl::FailedPreconditionError("micro-batch is a context-parallel share, and the backend has no context group");
     }
-    if (config_.is_moe()) {
-      return absl::UnimplementedError("context parallelism with a MoE model (its routing statistics are the whole "
-                                      "micro-batch's)");
+    if (context_group_->ranks() != c.ranks) {
+      return absl::InvalidArgumentError(absl::StrCat("micro-batch context: ", c.ranks, " ranks, the backend's group has ",
+                                                     context_group_->ranks()));
     }
     const int64_t full = static_cast<int64_t>(c.gathered_position.size());
     const auto& cu = c.full_cu_seqlens;
