@@ -672,6 +672,24 @@ TEST(Training, ContextParallelTwoWorkersMatchOneWorker) {
   struct Run {
     std::string route, act_policy;
   };
+  struct Combo {  // and with the layer work in tiles of a share, or half the checkpoints offloaded
+    int64_t tile_tokens = 0;
+    double offload_ratio = 0;
+  };
+  for (const Combo& combo : {Combo{48, 0}, Combo{0, 0.5}}) {
+    SpecOptions cp = one;
+    cp.workers = 2;
+    cp.context_parallel = 2;
+    cp.tile_tokens = combo.tile_tokens;
+    cp.offload_ratio = combo.offload_ratio;
+    const std::string id = absl::StrCat("cp-tile", combo.tile_tokens, "-off", combo.offload_ratio * 10);
+    cp.output = "out-" + id;
+    v1::Job j = MustSucceed(node, Spec(cp), id);
+    ASSERT_FALSE(j.last_checkpoint().empty()) << id;
+    const double d = MaxAbsDiff(LoadMaster(j.last_checkpoint()), m1);
+    std::cout << "context parallel 2, " << id << ": max |diff| of the parameters vs 1 worker " << d << "\n";
+    EXPECT_LE(d, 1e-5) << id;
+  }
   for (const Run& run : {Run{"gpu", ""}, Run{"cpu", ""}, Run{"gpu", "selective"}}) {
     SpecOptions cp = one;
     cp.workers = 2;
