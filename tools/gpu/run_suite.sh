@@ -74,7 +74,8 @@
 #   moe        ~9   issue 23: Qwen3-30B-A3B's shape (qwen3-30b-a3b) at MOE_LAYERS (16) of its 48 layers with int8
 #                   moments and param_source master, MOE_TOKENS (262144) per step: ours / compute-only >= 0.9;
 #                   at MOE_PEER_LAYERS (8) ours (MOE_PEER_STATE_DTYPE fp32) / FSDP2 GPU-resident HF
-#                   Qwen3-MoE >= 1.5; MOE_WHAT picks the stages ("big peer")
+#                   Qwen3-MoE >= 1.5; MOE_WHAT picks the stages ("big peer"); MOE_PARAM_SOURCE (master) the big
+#                   stage's runtime.param_source (mirror: BF16 delivery, 2 B/param more host state)
 #   moebench   ~2   one Qwen3-30B-A3B sparse layer at MOEBENCH_TOKENS ("16384 32768"), bench_kernels --moe:
 #                   fwd+bwd TFLOP/s per policy, bucketed vs exact GEMM plans, host enqueue time (figures)
 #   longctx    ~9   long context: Qwen3-8B (LONGCTX_MODEL), one sequence of 262,144 tokens (LONGCTX_SEQ) per
@@ -1175,7 +1176,7 @@ part_moe() {
   if [[ " $what " == *" big "* ]]; then
     stage moe_big $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/big" MODEL="$model" LAYERS="$big" GPUS=1 \
       TOKENS_LIST="$tokens" WHAT="${MOE_BIG_WHAT:-ours compute}" MAX_GRAD_NORM="${MOE_MAX_GRAD_NORM:-1.0}" STATE_DTYPE=int8 \
-      ACT_POLICY=recompute RUNTIME_EXTRA="param_source: master${MOE_RUNTIME_EXTRA:+, $MOE_RUNTIME_EXTRA}" \
+      ACT_POLICY=recompute RUNTIME_EXTRA="param_source: ${MOE_PARAM_SOURCE:-master}${MOE_RUNTIME_EXTRA:+, $MOE_RUNTIME_EXTRA}" \
       STEPS="${MOE_STEPS:-4}" MICRO_ROWS="${MOE_MICRO_ROWS:-8}" WORK="$w/big" FRESH=1 \
       BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
   fi
