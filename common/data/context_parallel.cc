@@ -4,27 +4,15 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/status/status_macros.h"
 
 namespace slidedp::data {
+namespace {
 
-int64_t ContextSplit::max_local_tokens() const {
-  int64_t m = 0;
-  for (const ContextShard& s : shards) m = std::max<int64_t>(m, s.local.num_tokens());
-  return m;
-}
-
-std::vector<int64_t> ContextSplit::GatheredPosition() const {
-  std::vector<int64_t> pos(num_tokens, -1);
-  const int64_t part = max_local_tokens();
-  for (size_t r = 0; r < shards.size(); ++r) {
-    const std::vector<int64_t>& g = shards[r].global_index;
-    for (size_t i = 0; i < g.size(); ++i) pos[g[i]] = static_cast<int64_t>(r) * part + static_cast<int64_t>(i);
-  }
-  return pos;
-}
-
-absl::StatusOr<ContextSplit> SplitForContextParallel(const MicroBatch& full, int ranks,
-                                                     absl::Span<const int64_t> row_lengths) {
+// Every rank's token indices in the micro-batch (the cheap part, all ranks' are needed for the
+// gather positions), after checking the micro-batch and the rows.
+absl::StatusOr<std::vector<std::vector<int64_t>>> RankIndices(const MicroBatch& full, int ranks,
+                                                              absl::Span<const int64_t> row_lengths) {
   const int64_t T = full.num_tokens();
   if (ranks < 1) return absl::InvalidArgumentError(absl::StrCat("context parallel: ", ranks, " ranks"));
   if (static_cast<int64_t>(full.labels.size()) != T || static_cast<int64_t>(full.positions.size()) != T ||
@@ -44,61 +32,110 @@ absl::StatusOr<ContextSplit> SplitForContextParallel(const MicroBatch& full, int
     return absl::InvalidArgumentError(
         absl::StrCat("context parallel: rows add up to ", sum, " tokens, the micro-batch has ", T));
   }
-  // Every token's document (for the local pieces).
-  std::vector<int32_t> doc(T);
-  for (size_t d = 0; d + 1 < full.cu_seqlens.size(); ++d) {
-    for (int64_t t = full.cu_seqlens[d]; t < full.cu_seqlens[d + 1]; ++t) doc[t] = static_cast<int32_t>(d);
-  }
-
-  ContextSplit split;
-  split.num_tokens = T;
-  split.shards.resize(ranks);
+  std::vector<std::vector<int64_t>> index(ranks);
   const int64_t chunks = 2 * static_cast<int64_t>(ranks);
   int64_t row_start = 0;
   for (int64_t L : rows) {
     auto bound = [&](int64_t i) { return row_start + i * L / chunks; };
     for (int c = 0; c < ranks; ++c) {
-      std::vector<int64_t>& g = split.shards[c].global_index;
       for (int64_t i : {static_cast<int64_t>(c), chunks - 1 - c}) {
-        for (int64_t t = bound(i); t < bound(i + 1); ++t) g.push_back(t);
+        for (int64_t t = bound(i); t < bound(i + 1); ++t) index[c].push_back(t);
       }
     }
     row_start += L;
   }
   for (int c = 0; c < ranks; ++c) {
-    ContextShard& s = split.shards[c];
-    if (s.global_index.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("context parallel: ", T, " tokens leave rank ", c, " of ", ranks,
-                                                     " without any"));
-    }
-    MicroBatch& m = s.local;
-    m.cu_seqlens = {0};
-    for (size_t i = 0; i < s.global_index.size(); ++i) {
-      const int64_t t = s.global_index[i];
-      m.tokens.push_back(full.tokens[t]);
-      m.labels.push_back(full.labels[t]);
-      m.positions.push_back(full.positions[t]);
-      const bool ends_piece = i + 1 == s.global_index.size() || s.global_index[i + 1] != t + 1 || doc[t + 1] != doc[t];
-      if (ends_piece) m.cu_seqlens.push_back(static_cast<int32_t>(i + 1));
-    }
-    for (size_t d = 0; d + 1 < m.cu_seqlens.size(); ++d) {
-      m.max_seqlen = std::max(m.max_seqlen, m.cu_seqlens[d + 1] - m.cu_seqlens[d]);
+    if (index[c].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("context parallel: ", T, " tokens leave rank ", c, " of ", ranks, " without any"));
     }
   }
-  if (ranks > 1) {  // what attention needs of the whole (one rank keeps its micro-batch as it was)
-    const std::vector<int64_t> gathered = split.GatheredPosition();
-    const int64_t part = split.max_local_tokens();
-    for (int c = 0; c < ranks; ++c) {
-      MicroBatchContext& ctx = split.shards[c].local.context;
-      ctx.ranks = ranks;
-      ctx.rank = c;
-      ctx.full_cu_seqlens = full.cu_seqlens;
-      ctx.global_index = split.shards[c].global_index;
-      ctx.part = part;
-      ctx.gathered_position = gathered;
-    }
+  return index;
+}
+
+int64_t MaxSize(const std::vector<std::vector<int64_t>>& index) {
+  int64_t m = 0;
+  for (const auto& i : index) m = std::max<int64_t>(m, static_cast<int64_t>(i.size()));
+  return m;
+}
+
+std::vector<int64_t> GatherPositions(const std::vector<std::vector<int64_t>>& index, int64_t num_tokens) {
+  std::vector<int64_t> pos(num_tokens, -1);
+  const int64_t part = MaxSize(index);
+  for (size_t r = 0; r < index.size(); ++r) {
+    for (size_t i = 0; i < index[r].size(); ++i) pos[index[r][i]] = static_cast<int64_t>(r) * part + static_cast<int64_t>(i);
   }
+  return pos;
+}
+
+// Rank c's share: its tokens' ids, labels and positions, its local pieces, and (with more than one
+// rank) what attention needs of the whole.
+ContextShard MakeShard(const MicroBatch& full, const std::vector<std::vector<int64_t>>& index, int c,
+                       const std::vector<int64_t>& gathered) {
+  ContextShard s;
+  s.global_index = index[c];
+  // A local piece ends where the next local token is not the next token of the same document.
+  auto doc_end = [&](int64_t t) {  // the end of the document holding token t
+    return *std::upper_bound(full.cu_seqlens.begin(), full.cu_seqlens.end(), static_cast<int32_t>(t));
+  };
+  MicroBatch& m = s.local;
+  m.cu_seqlens = {0};
+  for (size_t i = 0; i < s.global_index.size(); ++i) {
+    const int64_t t = s.global_index[i];
+    m.tokens.push_back(full.tokens[t]);
+    m.labels.push_back(full.labels[t]);
+    m.positions.push_back(full.positions[t]);
+    const bool ends_piece = i + 1 == s.global_index.size() || s.global_index[i + 1] != t + 1 || t + 1 == doc_end(t);
+    if (ends_piece) m.cu_seqlens.push_back(static_cast<int32_t>(i + 1));
+  }
+  for (size_t d = 0; d + 1 < m.cu_seqlens.size(); ++d) {
+    m.max_seqlen = std::max(m.max_seqlen, m.cu_seqlens[d + 1] - m.cu_seqlens[d]);
+  }
+  const int ranks = static_cast<int>(index.size());
+  if (ranks > 1) {  // one rank keeps its micro-batch as it was
+    MicroBatchContext& ctx = m.context;
+    ctx.ranks = ranks;
+    ctx.rank = c;
+    ctx.full_cu_seqlens = full.cu_seqlens;
+    ctx.global_index = s.global_index;
+    ctx.part = MaxSize(index);
+    ctx.gathered_position = gathered;
+  }
+  return s;
+}
+
+}  // namespace
+
+int64_t ContextSplit::max_local_tokens() const {
+  int64_t m = 0;
+  for (const ContextShard& s : shards) m = std::max<int64_t>(m, s.local.num_tokens());
+  return m;
+}
+
+std::vector<int64_t> ContextSplit::GatheredPosition() const {
+  std::vector<std::vector<int64_t>> index;
+  for (const ContextShard& s : shards) index.push_back(s.global_index);
+  return GatherPositions(index, num_tokens);
+}
+
+absl::StatusOr<ContextSplit> SplitForContextParallel(const MicroBatch& full, int ranks,
+                                                     absl::Span<const int64_t> row_lengths) {
+  ASSIGN_OR_RETURN(const std::vector<std::vector<int64_t>> index, RankIndices(full, ranks, row_lengths));
+  const std::vector<int64_t> gathered = ranks > 1 ? GatherPositions(index, full.num_tokens()) : std::vector<int64_t>();
+  ContextSplit split;
+  split.num_tokens = full.num_tokens();
+  for (int c = 0; c < ranks; ++c) split.shards.push_back(MakeShard(full, index, c, gathered));
   return split;
+}
+
+absl::StatusOr<ContextShard> ContextShareOf(const MicroBatch& full, int ranks, int rank,
+                                            absl::Span<const int64_t> row_lengths) {
+  if (rank < 0 || rank >= ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("context parallel: rank ", rank, " of ", ranks));
+  }
+  ASSIGN_OR_RETURN(const std::vector<std::vector<int64_t>> index, RankIndices(full, ranks, row_lengths));
+  const std::vector<int64_t> gathered = ranks > 1 ? GatherPositions(index, full.num_tokens()) : std::vector<int64_t>();
+  return MakeShard(full, index, rank, gathered);
 }
 
 }  // namespace slidedp::data

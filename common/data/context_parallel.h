@@ -45,5 +45,9 @@ struct ContextSplit {
 // without tokens (rows shorter than the ranks). Empty row_lengths: the micro-batch is one row.
 absl::StatusOr<ContextSplit> SplitForContextParallel(const MicroBatch& full, int ranks,
                                                      absl::Span<const int64_t> row_lengths = {});
+// Rank `rank`'s share alone (what a worker builds for itself): SplitForContextParallel's
+// shards[rank], without building the others.
+absl::StatusOr<ContextShard> ContextShareOf(const MicroBatch& full, int ranks, int rank,
+                                            absl::Span<const int64_t> row_lengths = {});
 
 }  // namespace slidedp::data

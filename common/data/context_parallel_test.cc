@@ -85,6 +85,17 @@ TEST(ContextParallelTest, RowsOfOddLengthsAreEachSplitAndBalanced) {
     EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; })) << ranks << " ranks";
     const auto [lo, hi] = std::minmax_element(work.begin(), work.end());
     EXPECT_LE(*hi / *lo, 1.01) << "causal work of a row is balanced, " << ranks << " ranks";
+    // One rank's share built alone is the split's.
+    for (int r = 0; r < ranks; ++r) {
+      auto one = ContextShareOf(m, ranks, r, rows);
+      ASSERT_TRUE(one.ok()) << one.status();
+      EXPECT_EQ(one->global_index, s->shards[r].global_index);
+      EXPECT_EQ(one->local.tokens, s->shards[r].local.tokens);
+      EXPECT_EQ(one->local.cu_seqlens, s->shards[r].local.cu_seqlens);
+      EXPECT_EQ(one->local.context.gathered_position, s->GatheredPosition());
+      EXPECT_EQ(one->local.context.part, s->max_local_tokens());
+    }
+    EXPECT_EQ(ContextShareOf(m, ranks, ranks, rows).status().code(), absl::StatusCode::kInvalidArgument);
     // The padded gather places every token once.
     const std::vector<int64_t> pos = s->GatheredPosition();
     std::vector<int64_t> sorted = pos;

@@ -133,8 +133,8 @@ struct ContextPlace {
   }
   absl::StatusOr<MicroBatch> Share(MicroBatch mb) const {
     if (ranks == 1) return mb;
-    ASSIGN_OR_RETURN(data::ContextSplit split, data::SplitForContextParallel(mb, ranks));
-    return std::move(split.shards[rank].local);
+    ASSIGN_OR_RETURN(data::ContextShard share, data::ContextShareOf(mb, ranks, rank));
+    return std::move(share.local);
   }
 };
 

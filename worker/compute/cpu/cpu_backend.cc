@@ -550,15 +550,9 @@ class CpuBackend final : public ComputeBackend {
       }
     }
     const int ranks = context_group_->ranks();
-    std::vector<uint64_t> all;
-    {
-      std::vector<float> out;
-      const int64_t floats = 2 * words;
-      out.resize(static_cast<size_t>(ranks) * floats);
-      RETURN_IF_ERROR(context_group_->AllGather(reinterpret_cast<const float*>(packed.data()), floats, out.data()));
-      all.resize(static_cast<size_t>(ranks) * words);
-      std::memcpy(all.data(), out.data(), all.size() * sizeof(uint64_t));
-    }
+    std::vector<uint64_t> all(static_cast<size_t>(ranks) * words);
+    RETURN_IF_ERROR(context_group_->AllGather(reinterpret_cast<const float*>(packed.data()), 2 * words,
+                                              reinterpret_cast<float*>(all.data())));
     std::vector<MoeRouterStats> whole(L);
     for (int64_t l = 0; l < L; ++l) {
       whole[l].expert_counts.assign(E, 0);
