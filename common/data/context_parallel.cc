@@ -2,6 +2,7 @@
 #include "common/data/context_parallel.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status/status_macros.h"
@@ -18,8 +19,9 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> RankIndices(const MicroBatch& 
   if (static_cast<int64_t>(full.labels.size()) != T || static_cast<int64_t>(full.positions.size()) != T ||
       full.cu_seqlens.size() < 2 || full.cu_seqlens.front() != 0 || full.cu_seqlens.back() != T ||
       !std::is_sorted(full.cu_seqlens.begin(), full.cu_seqlens.end())) {
-    return absl::InvalidArgumentError("context parallel: malformed micro-batch (token, label, position or "
-                                      "document boundary arrays disagree)");
+    return absl::InvalidArgumentError(
+        "context parallel: malformed micro-batch (token, label, position or "
+        "document boundary arrays disagree)");
   }
   std::vector<int64_t> rows(row_lengths.begin(), row_lengths.end());
   if (rows.empty()) rows.push_back(T);
@@ -63,7 +65,8 @@ std::vector<int64_t> GatherPositions(const std::vector<std::vector<int64_t>>& in
   std::vector<int64_t> pos(num_tokens, -1);
   const int64_t part = MaxSize(index);
   for (size_t r = 0; r < index.size(); ++r) {
-    for (size_t i = 0; i < index[r].size(); ++i) pos[index[r][i]] = static_cast<int64_t>(r) * part + static_cast<int64_t>(i);
+    for (size_t i = 0; i < index[r].size(); ++i)
+      pos[index[r][i]] = static_cast<int64_t>(r) * part + static_cast<int64_t>(i);
   }
   return pos;
 }
@@ -136,6 +139,82 @@ absl::StatusOr<ContextShard> ContextShareOf(const MicroBatch& full, int ranks, i
   ASSIGN_OR_RETURN(const std::vector<std::vector<int64_t>> index, RankIndices(full, ranks, row_lengths));
   const std::vector<int64_t> gathered = ranks > 1 ? GatherPositions(index, full.num_tokens()) : std::vector<int64_t>();
   return MakeShard(full, index, rank, gathered);
+}
+
+absl::Status ValidateContextShare(const MicroBatch& mb) {
+  const MicroBatchContext& c = mb.context;
+  const int64_t T = mb.num_tokens();
+  if (c.ranks < 1 || c.rank < 0 || c.rank >= c.ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("micro-batch context: rank ", c.rank, " of ", c.ranks));
+  }
+  if (c.ranks == 1) return absl::OkStatus();
+  const int64_t full = static_cast<int64_t>(c.gathered_position.size());
+  const auto& cu = c.full_cu_seqlens;
+  if (cu.size() < 2 || cu.front() != 0 || cu.back() != full || !std::is_sorted(cu.begin(), cu.end()) ||
+      static_cast<int64_t>(c.global_index.size()) != T || c.part < T || c.part > full ||
+      full > std::numeric_limits<int32_t>::max() / c.ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("micro-batch context: ", T, " tokens of ", full, ", part ", c.part,
+                                                   ", ", cu.size(), " document boundaries"));
+  }
+  for (int64_t i = 0; i < T; ++i) {
+    const int64_t g = c.global_index[i];
+    if (g < 0 || g >= full || (i > 0 && g <= c.global_index[i - 1]) ||
+        c.gathered_position[g] != static_cast<int64_t>(c.rank) * c.part + i) {
+      return absl::InvalidArgumentError(absl::StrCat("micro-batch context: token ", i, " has index ", g,
+                                                     " in the whole, which does not map back to it"));
+    }
+  }
+  for (int64_t g = 0; g < full; ++g) {
+    if (c.gathered_position[g] < 0 || c.gathered_position[g] >= static_cast<int64_t>(c.ranks) * c.part) {
+      return absl::InvalidArgumentError(absl::StrCat("micro-batch context: token ", g, " of the whole gathers from ",
+                                                     c.gathered_position[g], ", outside ", c.ranks, " parts of ",
+                                                     c.part));
+    }
+  }
+  const auto& lcu = mb.cu_seqlens;
+  if (lcu.size() < 2 || lcu.front() != 0 || lcu.back() != T || !std::is_sorted(lcu.begin(), lcu.end())) {
+    return absl::InvalidArgumentError("micro-batch context: malformed local document boundaries");
+  }
+  for (size_t d = 0; d + 1 < lcu.size(); ++d) {
+    if (lcu[d] == lcu[d + 1]) continue;
+    const int64_t first = c.global_index[lcu[d]], last = c.global_index[lcu[d + 1] - 1];
+    const auto doc = std::upper_bound(cu.begin(), cu.end(), first) - 1;
+    if (last - first != lcu[d + 1] - 1 - lcu[d] || last >= *(doc + 1)) {
+      return absl::InvalidArgumentError(absl::StrCat("micro-batch context: local piece ", d, " (tokens ", first, "..",
+                                                     last, " of the whole) is not a run of one document"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ContextAttention> ContextAttentionOf(const MicroBatch& mb) {
+  RETURN_IF_ERROR(ValidateContextShare(mb));
+  const MicroBatchContext& c = mb.context;
+  if (c.ranks == 1) return absl::InvalidArgumentError("micro-batch context: not a context-parallel share");
+  ContextAttention a;
+  const auto& cu = c.full_cu_seqlens;
+  const auto& lcu = mb.cu_seqlens;
+  for (size_t d = 0; d + 1 < lcu.size(); ++d) {
+    if (lcu[d] == lcu[d + 1]) {  // an empty piece attends nothing
+      a.kv_bounds.insert(a.kv_bounds.end(), {0, 0});
+      continue;
+    }
+    const int64_t first = c.global_index[lcu[d]], last = c.global_index[lcu[d + 1] - 1];
+    const int32_t begin = *(std::upper_bound(cu.begin(), cu.end(), first) - 1);
+    a.kv_bounds.push_back(begin);
+    a.kv_bounds.push_back(static_cast<int32_t>(last + 1));
+    a.max_keys = std::max(a.max_keys, static_cast<int>(last + 1 - begin));
+  }
+  a.gather_rows.assign(static_cast<size_t>(c.ranks) * c.part, -1);
+  for (size_t g = 0; g < c.gathered_position.size(); ++g) {
+    int32_t& row = a.gather_rows[c.gathered_position[g]];
+    if (row >= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("micro-batch context: tokens ", row, " and ", g, " of the whole gather from the same row"));
+    }
+    row = static_cast<int32_t>(g);
+  }
+  return a;
 }
 
 }  // namespace slidedp::data

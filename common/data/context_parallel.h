@@ -50,4 +50,23 @@ absl::StatusOr<ContextSplit> SplitForContextParallel(const MicroBatch& full, int
 absl::StatusOr<ContextShard> ContextShareOf(const MicroBatch& full, int ranks, int rank,
                                             absl::Span<const int64_t> row_lengths = {});
 
+// A share's context fields checked against its tokens (a share comes from a worker's own split,
+// but the backends treat it as input): its MicroBatchContext is consistent (rank among ranks, the
+// whole's document boundaries, each local token's index in the whole ascending and gathering back
+// to it, every gather position inside the ranks' parts) and each local piece (run of cu_seqlens)
+// is consecutive tokens of one document of the whole. INVALID_ARGUMENT naming what disagrees.
+absl::Status ValidateContextShare(const MicroBatch& share);
+
+// What context-parallel attention of a share needs (worker/compute/cuda; validated as above):
+struct ContextAttention {
+  // [2 * pieces]: each local piece's keys in the whole, its document's first token .. its own
+  // last token + 1 (kernels::AttnArgs::kv_bounds); 0, 0 for an empty piece.
+  std::vector<int32_t> kv_bounds;
+  int max_keys = 0;  // the longest of those ranges
+  // [ranks * part]: the whole's token in each row of a rank-major gather (the inverse of
+  // MicroBatchContext::gathered_position), -1 for a padding row.
+  std::vector<int32_t> gather_rows;
+};
+absl::StatusOr<ContextAttention> ContextAttentionOf(const MicroBatch& share);
+
 }  // namespace slidedp::data

@@ -49,8 +49,8 @@ TEST(ContextParallelTest, TwoRanksTakeZigZagChunksWithLocalPieces) {
   // Chunks of 4: rank 0 takes [0, 4) and [12, 16), rank 1 [4, 12).
   EXPECT_EQ(s->shards[0].global_index, (std::vector<int64_t>{0, 1, 2, 3, 12, 13, 14, 15}));
   EXPECT_EQ(s->shards[1].global_index, (std::vector<int64_t>{4, 5, 6, 7, 8, 9, 10, 11}));
-  EXPECT_EQ(s->shards[0].local.cu_seqlens, (std::vector<int32_t>{0, 4, 8}));   // two runs apart
-  EXPECT_EQ(s->shards[1].local.cu_seqlens, (std::vector<int32_t>{0, 1, 8}));   // token 4 ends document 0
+  EXPECT_EQ(s->shards[0].local.cu_seqlens, (std::vector<int32_t>{0, 4, 8}));  // two runs apart
+  EXPECT_EQ(s->shards[1].local.cu_seqlens, (std::vector<int32_t>{0, 1, 8}));  // token 4 ends document 0
   EXPECT_EQ(s->shards[1].local.max_seqlen, 7);
   // Ids, labels (formed on the whole row: token 3's label is token 4) and positions travel along.
   EXPECT_EQ(s->shards[0].local.labels[3], m.labels[3]);
@@ -118,6 +118,62 @@ TEST(ContextParallelTest, RefusesWhatCannotBeSplit) {
   bad.labels.pop_back();
   EXPECT_EQ(SplitForContextParallel(bad, 2).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(SplitForContextParallel(m, 5).ok());  // uneven chunks, but every rank holds a token
+}
+
+// The key ranges of each share's pieces and the inverse gather rows (CUDA's cross attention).
+TEST(ContextParallelTest, AttentionOfAShareNamesEachPiecesKeysAndTheGatherRows) {
+  const MicroBatch m = Packed(16, {5, 16});
+  for (int rank : {0, 1}) {
+    auto share = ContextShareOf(m, 2, rank);
+    ASSERT_TRUE(share.ok()) << share.status();
+    auto a = ContextAttentionOf(share->local);
+    ASSERT_TRUE(a.ok()) << a.status();
+    if (rank == 0) {  // pieces [0, 4) of document 0 and [12, 16) of document 1 (from 5)
+      EXPECT_EQ(a->kv_bounds, (std::vector<int32_t>{0, 4, 5, 16}));
+      EXPECT_EQ(a->max_keys, 11);
+    } else {  // [4, 5) of document 0 and [5, 12) of document 1
+      EXPECT_EQ(a->kv_bounds, (std::vector<int32_t>{0, 5, 5, 12}));
+      EXPECT_EQ(a->max_keys, 7);
+    }
+    // Part 8: rank 0's rows hold tokens 0-3, 12-15; rank 1's 4-11.
+    EXPECT_EQ(a->gather_rows, (std::vector<int32_t>{0, 1, 2, 3, 12, 13, 14, 15, 4, 5, 6, 7, 8, 9, 10, 11}));
+  }
+  // Uneven parts leave padding rows (-1).
+  auto odd = ContextShareOf(Packed(9, {9}), 2, 0);
+  ASSERT_TRUE(odd.ok());
+  auto a = ContextAttentionOf(odd->local);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(std::count(a->gather_rows.begin(), a->gather_rows.end(), -1), 2 * odd->local.context.part - 9);
+  // A micro-batch of its own has no context attention.
+  EXPECT_EQ(ContextAttentionOf(m).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ContextParallelTest, ShareValidationRefusesInconsistentContexts) {
+  const MicroBatch m = Packed(16, {5, 16});
+  auto share = ContextShareOf(m, 2, 1);
+  ASSERT_TRUE(share.ok());
+  EXPECT_TRUE(ValidateContextShare(share->local).ok());
+  auto broken = [&](auto mutate) {
+    MicroBatch b = share->local;
+    mutate(b);
+    return ValidateContextShare(b).code();
+  };
+  EXPECT_EQ(broken([](MicroBatch& b) { b.context.rank = 2; }), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(broken([](MicroBatch& b) { b.context.global_index[2] = 3; }), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(broken([](MicroBatch& b) { b.context.gathered_position[0] = 99; }), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(broken([](MicroBatch& b) {
+              b.context.full_cu_seqlens = {0, 16};
+            }),                      // piece 4..5 would span
+            absl::StatusCode::kOk);  // one document: still a run
+  EXPECT_EQ(broken([](MicroBatch& b) {
+              b.cu_seqlens = {0, 8};
+            }),  // 4..11 crosses document 0's end
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(broken([](MicroBatch& b) { b.context.part = 7; }), absl::StatusCode::kInvalidArgument);
+  // Two tokens gathering from the same row.
+  MicroBatch dup = share->local;
+  dup.context.gathered_position[0] = dup.context.gathered_position[1];
+  EXPECT_EQ(ContextAttentionOf(dup).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -17,7 +17,9 @@ namespace slidedp::hostd {
 
 std::vector<WorkerDevice> WorkerDevicesOf(absl::Span<const v1::WorkerHello> hellos) {
   std::vector<WorkerDevice> out;
-  for (const v1::WorkerHello& h : hellos) out.push_back({h.device().kind() == "cpu", h.device().memory_bytes()});
+  for (const v1::WorkerHello& h : hellos) {
+    out.push_back({h.device().kind() == "cpu", h.device().memory_bytes(), h.device().uuid(), h.worker_id()});
+  }
   return out;
 }
 
@@ -60,7 +62,8 @@ std::string JobPlan::RoutesLine(ParamDelivery delivery) const {
             "workers on the host)";
   const std::string context =
       context_ranks > 1 ? absl::StrCat("; context parallel: ", world / context_ranks, " group(s) of ", context_ranks,
-                                       " ranks split each micro-batch, attention's keys and values through shm")
+                                       " ranks split each micro-batch, attention's keys and values through ",
+                                       context_on_nccl ? "NCCL" : "shm")
                         : std::string();
   return absl::StrCat("gradient reduction: ", reduction, "; parameter delivery: ", ToString(delivery), staging, dtype,
                       moment_note, source, context);
@@ -117,26 +120,52 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
   if (layout.config.is_moe() && cpu_workers != world && layout.config.NumSparseLayers() > 0) {
     constexpr int64_t kCudaMoeMaxExperts = 2048;  // worker/kernels/moe.h kMoeMaxExperts
     if (layout.config.moe_intermediate_size % 8 != 0 || layout.config.num_experts > kCudaMoeMaxExperts) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "qwen3_moe on CUDA workers needs moe_intermediate_size a multiple of 8 and at most ", kCudaMoeMaxExperts,
-          " experts; the model has ", layout.config.moe_intermediate_size, " and ", layout.config.num_experts,
-          " (the CPU backend runs any)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("qwen3_moe on CUDA workers needs moe_intermediate_size a multiple of 8 and at most ",
+                       kCudaMoeMaxExperts, " experts; the model has ", layout.config.moe_intermediate_size, " and ",
+                       layout.config.num_experts, " (the CPU backend runs any)"));
     }
   }
-  // Context parallelism: attention's collectives on CPU workers, through a shm segment of their own
-  // (a micro-batch's keys and values, 2 kv_dim FP32 per token of a rank's padded share, every rank's
-  // in one buffer for the reduce-scatter of their gradients).
+  // NCCL needs one GPU per rank: CUDA workers sharing a GPU (slidedp-worker --id) can run a job
+  // only where nothing goes over NCCL (the cpu route, replicated delivery; context parallelism then
+  // goes through shm).
+  const bool nccl = cpu_workers == 0 && world > 1 && (gpu_route || spec.param_delivery == ParamDelivery::kSharded);
+  if (nccl) {
+    for (size_t i = 0; i < workers.size(); ++i) {
+      for (size_t j = i + 1; j < workers.size(); ++j) {
+        if (!workers[i].uuid.empty() && workers[i].uuid == workers[j].uuid) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "workers '", workers[i].worker_id, "' and '", workers[j].worker_id, "' share GPU ", workers[i].uuid,
+              ", and NCCL (grad_reduction: gpu or sharded delivery) needs one GPU per rank: use grad_reduction: cpu "
+              "with replicated delivery, or workers on separate GPUs"));
+        }
+      }
+    }
+  }
+  // Context parallelism: attention's collectives over the group. CUDA workers with a NCCL
+  // communicator (the gpu route or sharded delivery, world > 1) gather over NCCL (a communicator
+  // split per group); otherwise through a shm segment per group, which CPU workers always use and
+  // CUDA workers stage through host memory (a micro-batch's keys and values, 2 kv_dim FP32 per
+  // token of a rank's padded share, every rank's in one buffer for the reduce-scatter of their
+  // gradients).
   if (spec.context_parallel > 1) {
-    if (cpu_workers != world) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "runtime.context_parallel runs on CPU-backend workers only so far; ", world - cpu_workers, " of ", world,
-          " workers are CUDA"));
+    if (cpu_workers != 0 && cpu_workers != world) {
+      return absl::FailedPreconditionError(absl::StrCat("runtime.context_parallel needs workers of one backend; ",
+                                                        cpu_workers, " of ", world, " are CPU-backend"));
+    }
+    if (cpu_workers == 0 && layout.config.is_moe() && layout.config.NumSparseLayers() > 0) {
+      return absl::FailedPreconditionError(
+          "runtime.context_parallel with MoE layers runs on CPU-backend workers only so far (the CUDA backend does "
+          "not sum a group's router statistics for the aux loss)");
     }
     const int64_t ranks = spec.context_parallel;
     p.context_ranks = static_cast<int>(ranks);
+    p.context_on_nccl = nccl;
     const int64_t micro_tokens = spec.micro_batch * spec.seq_len;
     const int64_t part = (micro_tokens + 2 * ranks - 1) / (2 * ranks) * 2 + 2;  // two chunks of at most ceil(T/2C)
-    p.context_buffer_bytes = static_cast<uint64_t>(ranks * part * 2 * layout.config.kv_dim()) * sizeof(float);
+    if (!p.context_on_nccl) {
+      p.context_buffer_bytes = static_cast<uint64_t>(ranks * part * 2 * layout.config.kv_dim()) * sizeof(float);
+    }
   }
   // CPU-backend workers reduce-scatter through a shm collective segment hostd creates for the job.
   p.shm_collective = gpu_route && cpu_workers == world;
@@ -229,8 +258,8 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
     AddOffloadedCheckpoints(per_token, world, tokens_per_worker, p.memory);
   } else {
     const uint32_t kept = spec.act_policy == ActivationPolicy::kRecomputeLayer ? 0u
-                          : spec.act_policy == ActivationPolicy::kSelective   ? uint32_t{kPieceAttention}
-                                                                              : kAllPieces;
+                          : spec.act_policy == ActivationPolicy::kSelective    ? uint32_t{kPieceAttention}
+                                                                               : kAllPieces;
     AddActivationOffload(layout, spec.offload_ratio, kept, input_element_bytes, world, tokens_per_worker, p.memory);
   }
   // The GPU memory floor of the step on each CUDA worker (common/policy/context_memory.h): a job

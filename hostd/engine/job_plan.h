@@ -30,6 +30,8 @@ namespace slidedp::hostd {
 struct WorkerDevice {
   bool cpu_backend = false;  // a CPU-backend worker (its "device memory" is host memory)
   int64_t memory_bytes = 0;  // device memory; 0 when unknown
+  std::string uuid;          // the GPU's (CUDA workers; empty when unknown): workers sharing one
+  std::string worker_id;     // its name at hostd (for messages)
 };
 std::vector<WorkerDevice> WorkerDevicesOf(absl::Span<const v1::WorkerHello> hellos);
 
@@ -57,7 +59,8 @@ struct JobPlan {
   // runtime.context_parallel > 1: the context group's collective, per-rank buffer (the gathered keys
   // and values of a micro-batch's share, padded; the reduce-scatter of their gradients).
   uint64_t context_buffer_bytes = 0;
-  int context_ranks = 1;  // ranks per context group: world / context_ranks groups, one segment each
+  int context_ranks = 1;         // ranks per context group: world / context_ranks groups, one segment each
+  bool context_on_nccl = false;  // CUDA workers gather over NCCL (no segment; context_buffer_bytes 0)
   ClipStaging clip_staging = ClipStaging::kNone;
   // runtime.grad_dtype: what every posted chunk holds (staging widens BF16 to FP32 exactly).
   shm::GradDtype grad_dtype = shm::GradDtype::kF32;

@@ -78,6 +78,10 @@
 #                   stage's runtime.param_source (mirror: BF16 delivery, 2 B/param more host state)
 #   moebench   ~2   one Qwen3-30B-A3B sparse layer at MOEBENCH_TOKENS ("16384 32768"), bench_kernels --moe:
 #                   fwd+bwd TFLOP/s per policy, bucketed vs exact GEMM plans, host enqueue time (figures)
+#   cp1gpu     ~2   context parallelism's CUDA path on one GPU: two CUDA workers sharing GPU 0 (keys and
+#                   values through shm, staged), context_parallel 2 vs 1 worker on CP_MODEL (qwen3-0.6b), 2 x
+#                   CP_SEQ (8192) tokens per step, CP_STEPS (6) deterministic steps: losses within 2e-3, gradient
+#                   norms within 2e-2 relative
 #   longctx    ~9   long context: Qwen3-8B (LONGCTX_MODEL), one sequence of 262,144 tokens (LONGCTX_SEQ) per
 #                   step through slidedp run (yarn RoPE to the row, int8 moments, param_source master,
 #                   recompute with LONGCTX_OFFLOAD of the layers' checkpoints in pinned host memory): trains
@@ -163,7 +167,7 @@ readonly KBENCH_T_BWD=300
 readonly KBENCH_T_LAYER=550        # Qwen3-8B decoder layer keep-all over 64K tokens
 readonly LONGCTX_T_TFLOPS=450      # long context: Qwen3-8B, one 256K sequence per step, model TFLOP/s (6N + 6 L s q_dim)
 
-PARTS_ALL="smoke families kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big memlimit policy autopolicy scaling state host restart kbench longctx moe moebench"
+PARTS_ALL="smoke families kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big memlimit policy autopolicy scaling state host restart kbench longctx moe moebench cp1gpu"
 usage() { sed -n '3,/^set -u/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ] || [ "$1" = list ]; then usage; exit 0; fi
 for p in "$@"; do
@@ -1192,9 +1196,9 @@ part_moe() {
   for v in big peer; do  # the runs' hostd and worker logs, for the details
     mkdir -p "$part_dir/logs/$v" && cp "$w"/$v/runs/*/*/*/*/ours/run/*.log "$part_dir/logs/$v/" 2> /dev/null
   done
-  python3 - "$w" "$tokens" "$big" "$small" << 'PY' | tee -a "$summary"
+  python3 - "$w" "$tokens" "$big" "$small" "${MOE_PARAM_SOURCE:-master}" "$what" << 'PY' | tee -a "$summary"
 import glob, json, sys
-w, tokens, big, small = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+w, tokens, big, small, source, what = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6].split()
 sys.path.insert(0, "tools/gpu")
 from bench_results import ours_metrics  # noqa: E402
 med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None
@@ -1217,18 +1221,22 @@ def ours(d):
             "state": rows[-1].get("host_state_bytes", 0), "peak": rows[-1].get("gpu_peak_bytes", 0)}
 o = ours(f"{w}/big")
 comp = last_json(f"{w}/big/runs/**/compute/stage.log", "compute_only")
-if o is None:
+if "big" not in what:
+    pass
+elif o is None:
     print(f"FAIL moe         qwen3-30b-a3b x{big} layers: no steps of ours (see details)")
 else:
     cps = comp["tokens_per_s"] if comp else None
     ratio = o["tps"] / cps if cps else float("nan")
     print(f"{'PASS' if cps and ratio >= 0.9 else 'FAIL'} moe         qwen3-30b-a3b x{big} layers, {tokens // 1024}K tok/step, "
-          f"int8 + master: {o['tps']:.0f} tok/s, {o['tflops']:.0f} model TFLOP/s (active) = {ratio:.3f} of compute-only "
+          f"int8 + {source}: {o['tps']:.0f} tok/s, {o['tflops']:.0f} model TFLOP/s (active) = {ratio:.3f} of compute-only "
           f"{cps or float('nan'):.0f} tok/s (target 0.9); host state {o['state'] / 2**30:.1f} GiB, GPU peak "
           f"{o['peak'] / 2**30:.1f} GiB, expert imbalance {o['imb']}, aux {o['aux']}")
 o = ours(f"{w}/peer")
 peer = last_json(f"{w}/peer/runs/**/fsdp2/stage.log", "fsdp2-moe")
-if o is None or peer is None:
+if "peer" not in what:
+    pass
+elif o is None or peer is None:
     print(f"FAIL moe         qwen3-30b-a3b x{small} layers vs FSDP2: ours {'ran' if o else 'no steps'}, "
           f"FSDP2 {'ran' if peer else 'no result (OOM or cut; see details)'}")
 else:
@@ -1240,6 +1248,74 @@ else:
 PY
 }
 
+
+# Context parallelism's CUDA path on one GPU (issue 26, before a two-GPU machine): two CUDA workers
+# share GPU 0 (the second named --id gpu0b), runtime.context_parallel 2 with the cpu route and
+# replicated delivery, so each layer's keys and values go through the job's shm segment, staged in
+# host memory (NCCL needs one GPU per rank: the two-GPU path is unrun here). Against one worker on
+# the whole micro-batches, same data and seed, deterministic: each step's loss and gradient norm.
+part_cp1gpu() {
+  find_cudnn
+  local d=$work/cp1gpu model=${CP_MODEL:-qwen3-0.6b} seq=${CP_SEQ:-8192} steps=${CP_STEPS:-6} id workers extra
+  new_dir "$d"
+  stage cp_data 60 python3 bench/e2e/make_dataset.py --out "$d/data" --rows 64 --seq-len "$seq" --vocab 151936
+  for id in one cp; do
+    workers=1 extra=""
+    [ "$id" = cp ] && workers=2 extra="context_parallel: 2, "
+    cat > "$d/$id.yaml" << YAML
+name: $id
+model: {preset: $model, init_seed: 0}
+data: {path: $d/data}
+output: {dir: $d/out-$id, save_final: false}
+train: {seq_len: $seq, global_batch: 2, micro_batch: 1, steps: $steps, max_grad_norm: 1.0}
+runtime: {workers: $workers, ${extra}grad_reduction: cpu, deterministic: true}
+YAML
+  done
+  if dry; then
+    echo "DRY  cp1gpu: slidedp-hostd; slidedp-worker --gpu 0; slidedp-worker --gpu 0 --id gpu0b; submit one.yaml, cp.yaml"
+    return
+  fi
+  local sock=unix:$d/hostd.sock
+  slidedp-hostd --listen "$sock" --state-dir "$d/state" --output-root "$d" > "$part_dir/hostd.log" 2>&1 &
+  local hostd_pid=$!
+  sleep 2
+  CUDA_VISIBLE_DEVICES=0 slidedp-worker --hostd "$sock" --gpu 0 > "$part_dir/worker0.log" 2>&1 &
+  local w0=$!
+  CUDA_VISIBLE_DEVICES=0 slidedp-worker --hostd "$sock" --gpu 0 --id gpu0b > "$part_dir/worker1.log" 2>&1 &
+  local w1=$!
+  export SLIDEDP_HOSTD=$sock
+  for _ in $(seq 1 60); do [ "$(slidedp workers 2> /dev/null | grep -c gpu0)" -ge 2 ] && break; sleep 1; done
+  for id in one cp; do
+    stage "cp1gpu_$id" 300 slidedp submit "$d/$id.yaml" --id "$id"
+    copy_metrics "$d/out-$id/metrics-*.jsonl" "$part_dir/$id.jsonl"
+  done
+  kill "$w0" "$w1" "$hostd_pid" 2> /dev/null
+  wait "$w0" "$w1" "$hostd_pid" 2> /dev/null
+  unset SLIDEDP_HOSTD
+  python3 - "$part_dir/one.jsonl" "$part_dir/cp.jsonl" "$model" "$seq" "$steps" << 'PY' | tee -a "$summary"
+import json, sys
+one, cp, model, seq, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+def rows(p):
+    try:
+        return {int(r["step"]): r for r in (json.loads(l) for l in open(p) if l.strip())}
+    except (OSError, ValueError, KeyError):
+        return {}
+a, b = rows(one), rows(cp)
+both = sorted(set(a) & set(b))
+if len(both) < steps:
+    print(f"FAIL cp1gpu      {model} seq {seq}: {len(a)} steps of one worker, {len(b)} of context parallel 2 (see logs)")
+    sys.exit(0)
+dl = max(abs(b[s]["loss"] - a[s]["loss"]) / abs(a[s]["loss"]) for s in both)
+dg = max(abs(b[s]["grad_norm"] - a[s]["grad_norm"]) / abs(a[s]["grad_norm"]) for s in both)
+tps = [b[s]["tokens_per_s"] for s in both if s >= 2]
+ok = dl <= 2e-3 and dg <= 2e-2
+print(f"{'PASS' if ok else 'FAIL'} cp1gpu      {model}, 2 x {seq} tokens/step, context parallel 2 (2 CUDA workers on one "
+      f"GPU, K/V through shm) vs 1 worker over {len(both)} steps: max rel |dloss| {dl:.2e} (tol 2e-3), max rel "
+      f"|dgrad_norm| {dg:.2e} (tol 2e-2); losses {[round(a[s]['loss'], 5) for s in both]} vs "
+      f"{[round(b[s]['loss'], 5) for s in both]}; {sorted(tps)[len(tps) // 2] if tps else 0:.0f} tok/s (staged, not a speed figure)")
+PY
+  rm -rf "$d"
+}
 
 part_longctx() {
   find_cudnn

@@ -1,4 +1,6 @@
 // slidedp-worker: one process per GPU (or CPU backend worker). Parses flags, runs WorkerAgent.
+#include <algorithm>
+#include <cctype>
 #include <csignal>
 #include <iostream>
 #include <thread>
@@ -37,6 +39,14 @@ int main(int argc, char** argv) {
   app.add_option("--backend", backend, "cuda | cpu")->check(CLI::IsMember({"cuda", "cpu"}));
   app.add_option("--gpu", gpu, "GPU ordinal (implies --backend cuda)");
   app.add_option("--index", opt.index, "worker number (CPU backend)");
+  app.add_option("--id", opt.id,
+                 "the worker's name at hostd (default gpu<N> / cpu<N>): several workers on one GPU need their own")
+      ->check([](const std::string& v) {
+        const bool ok = !v.empty() && v.size() <= 64 && std::all_of(v.begin(), v.end(), [](unsigned char c) {
+          return std::isalnum(c) || c == '-' || c == '_';
+        });
+        return ok ? std::string() : std::string("--id: 1-64 letters, digits, '-' or '_'");
+      });
   app.add_flag("--count-gpus", count_gpus, "print the number of visible CUDA devices and exit");
   app.add_option("--exit-after-disconnects", opt.exit_after_disconnects, "give up after N failed sessions");
   app.set_version_flag("--version", [] { return slidedp::VersionText("slidedp-worker"); });

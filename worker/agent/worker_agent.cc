@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
@@ -16,8 +16,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "common/data/dataset.h"
 #include "common/data/context_parallel.h"
+#include "common/data/dataset.h"
 #include "common/data/micro_batch.h"
 #include "common/data/sampler.h"
 #include "common/data/validation.h"
@@ -156,6 +156,65 @@ class ShmContextGroup final : public ContextGroup {
   absl::Duration timeout_;
 };
 
+#ifdef SLIDEDP_HAVE_CUDA_BACKEND
+// The keys and values of context-parallel attention over NCCL (CUDA workers whose job has a
+// communicator): one communicator per group, split from the job's; each collective runs on the
+// compute stream and is waited for here with the job's timeout and abort, so a peer that died
+// aborts the communicator instead of hanging the stream.
+class NcclContextGroup final : public ContextGroup {
+ public:
+  static absl::StatusOr<std::unique_ptr<NcclContextGroup>> Create(NcclCommunicator& world, int device, int group,
+                                                                  int rank, absl::Duration timeout,
+                                                                  const shm::AbortWord* abort) {
+    ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> comm,
+                     world.Split(device, group, rank, absl::StrCat("context group ", group)));
+    std::unique_ptr<NcclContextGroup> g(new NcclContextGroup(std::move(comm), timeout, abort));
+    RETURN_IF_ERROR(CudaOk(cudaEventCreateWithFlags(&g->done_, cudaEventDisableTiming)));
+    return g;
+  }
+  ~NcclContextGroup() override {
+    if (done_ != nullptr) cudaEventDestroy(done_);
+  }
+  int ranks() const override { return comm_->world(); }
+  absl::Status AllGather(const float*, int64_t, float*) override {
+    return absl::UnimplementedError("NCCL context group: host buffers (device collectives only)");
+  }
+  absl::Status ReduceScatter(float*, int64_t) override {
+    return absl::UnimplementedError("NCCL context group: host buffers (device collectives only)");
+  }
+  bool device_collectives() const override { return true; }
+  absl::Status AllGatherDevice(const void* local, int64_t bytes, void* out, void* stream) override {
+    return Waited(comm_->AllGatherBytesOn(local, bytes, out, static_cast<cudaStream_t>(stream)), stream);
+  }
+  absl::Status ReduceScatterDeviceF32(float* buf, int64_t shard_numel, void* stream) override {
+    return Waited(comm_->ReduceScatterF32On(buf, shard_numel, static_cast<cudaStream_t>(stream)), stream);
+  }
+
+ private:
+  NcclContextGroup(std::unique_ptr<NcclCommunicator> comm, absl::Duration timeout, const shm::AbortWord* abort)
+      : comm_(std::move(comm)), timeout_(timeout), abort_(abort) {}
+  absl::Status Waited(absl::Status issued, void* stream) {
+    absl::Status s = issued;
+    if (s.ok()) s = CudaOk(cudaEventRecord(done_, static_cast<cudaStream_t>(stream)));
+    if (s.ok()) {
+      s = WaitEvent(done_, timeout_, [this] { return abort_ != nullptr ? abort_->ToStatus() : absl::OkStatus(); });
+    }
+    if (!s.ok()) {
+      comm_->Abort();  // peers may be stuck in this collective: release them and this stream
+      return Annotate(s, "context-parallel collective");
+    }
+    return s;
+  }
+  static absl::Status CudaOk(cudaError_t e) {
+    return e == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(e));
+  }
+  std::unique_ptr<NcclCommunicator> comm_;
+  absl::Duration timeout_;
+  const shm::AbortWord* abort_;
+  cudaEvent_t done_ = nullptr;
+};
+#endif
+
 absl::StatusOr<ValidationShare> OpenValidation(const v1::Assignment& a, const JobSpec& spec) {
   ValidationShare v;
   const ContextPlace place = ContextPlace::Of(a, spec);
@@ -165,8 +224,8 @@ absl::StatusOr<ValidationShare> OpenValidation(const v1::Assignment& a, const Jo
   data::ReaderOptions dopt;
   dopt.verify_checksums = data::VerifyChecksums::kNo;
   if (a.validation_files_size() != data::kNumBinFiles) {
-    return absl::InvalidArgumentError(absl::StrCat("assignment lists ", a.validation_files_size(),
-                                                   " validation files, not ", data::kNumBinFiles));
+    return absl::InvalidArgumentError(
+        absl::StrCat("assignment lists ", a.validation_files_size(), " validation files, not ", data::kNumBinFiles));
   }
   for (const v1::DatasetFile& f : a.validation_files()) {
     dopt.expected_files.push_back({f.dev(), f.inode(), f.size(), f.mtime_ns(), f.ctime_ns()});
@@ -281,6 +340,7 @@ void WorkerAgent::WatchHostState() {
 }
 
 std::string WorkerAgent::worker_id() const {
+  if (!options_.id.empty()) return options_.id;
   return absl::StrCat(options_.backend == BackendKind::kCuda ? "gpu" : "cpu", options_.index);
 }
 
@@ -504,10 +564,9 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   // runtime.param_source: the segment keeps a mirror exactly when the job reads it.
   const UploadSource source = spec.param_source == ParamSource::kMaster ? UploadSource::kMaster : UploadSource::kMirror;
   if (job_state->has_mirror() != (source == UploadSource::kMirror)) {
-    return absl::FailedPreconditionError(absl::StrCat("job segment ", job_state->segment_name(),
-                                                      job_state->has_mirror() ? " keeps" : " has no",
-                                                      " BF16 mirror, the job's runtime.param_source is ",
-                                                      ToString(spec.param_source)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job segment ", job_state->segment_name(), job_state->has_mirror() ? " keeps" : " has no",
+                     " BF16 mirror, the job's runtime.param_source is ", ToString(spec.param_source)));
   }
   ASSIGN_OR_RETURN(auto ring, shm::GradRing::Attach(a.ring_segment(), shm::RingRole::kProducer, &job_state->abort()));
   ASSIGN_OR_RETURN(ComputeBackend * backend, BackendFor(config));
@@ -638,15 +697,28 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
   }
   // Context parallelism: attention's keys and values through the job's context collective. The
   // backend holds the group for this job only.
-  std::unique_ptr<ShmContextGroup> context_group;
+  // CUDA workers with the job's NCCL communicator (hostd then sends no segment) split one per group.
+  std::unique_ptr<ContextGroup> context_group;
   if (place.ranks > 1) {
-    if (a.context_segment().empty()) {
+    if (!a.context_segment().empty()) {
+      ASSIGN_OR_RETURN(auto cc, shm::ShmCollective::Attach(a.context_segment(), place.rank, &job_state->abort()));
+      context_group = std::make_unique<ShmContextGroup>(std::move(cc), timeout);
+    } else {
+#ifdef SLIDEDP_HAVE_CUDA_BACKEND
+      if (options_.backend != BackendKind::kCuda || !comm_ || !(gpu_route || sharded)) {
+        return absl::FailedPreconditionError(
+            "runtime.context_parallel needs hostd's context segment (or, on CUDA workers, the job's NCCL "
+            "communicator)");
+      }
+      ASSIGN_OR_RETURN(context_group, NcclContextGroup::Create(*comm_, options_.index, place.dp_rank, place.rank,
+                                                               timeout, &job_state->abort()));
+#else
       return absl::FailedPreconditionError("runtime.context_parallel needs hostd's context segment");
+#endif
     }
-    ASSIGN_OR_RETURN(auto cc, shm::ShmCollective::Attach(a.context_segment(), place.rank, &job_state->abort()));
-    context_group = std::make_unique<ShmContextGroup>(std::move(cc), timeout);
     LOG(INFO) << "job " << a.job_id() << ": context parallel, rank " << place.rank << " of " << place.ranks
-              << " in its group: each micro-batch's tokens split zig-zag, attention over the gathered keys and values";
+              << " in its group (" << (context_group->device_collectives() ? "NCCL" : "shm")
+              << "): each micro-batch's tokens split zig-zag, attention over the gathered keys and values";
   }
   RETURN_IF_ERROR(backend->SetContextGroup(context_group.get()));
   absl::Cleanup context_unset = [backend] { backend->SetContextGroup(nullptr).IgnoreError(); };
@@ -848,9 +920,8 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     if (!validation.micro_batches_total || !EvaluatesAfter(spec, step, a.total_steps())) continue;
     // After the step's update (its gates), before the next step: every rank, the same sweeps.
     const absl::Time t_eval = absl::Now();
-    absl::StatusOr<std::vector<double>> losses = runner.Evaluate(static_cast<uint32_t>(step + 1),
-                                                                 validation.micro_batches, validation.per_sweep,
-                                                                 validation.sweeps);
+    absl::StatusOr<std::vector<double>> losses = runner.Evaluate(
+        static_cast<uint32_t>(step + 1), validation.micro_batches, validation.per_sweep, validation.sweeps);
     if (!losses.ok()) {
       if (losses.status().code() != absl::StatusCode::kAborted) job_state->RaiseAbort(shm::AbortReason::kWorkerFailed);
       return Annotate(losses.status(), absl::StrCat("validation after step ", step + 1));

@@ -21,7 +21,7 @@ class NcclCommunicator;
 namespace state {
 class JobState;
 }
-}
+}  // namespace slidedp
 
 namespace slidedp::worker {
 
@@ -31,8 +31,9 @@ struct WorkerOptions {
   std::string hostd_address = "unix:/tmp/slidedp-hostd.sock";
   auth::ClientCredentialsOptions credentials;  // TCP addresses: TLS roots, client certificate, token
   BackendKind backend = BackendKind::kCpu;
-  int index = 0;                 // GPU ordinal (cuda) or worker number (cpu)
-  double reconnect_max_s = 5;    // backoff cap while hostd is away
+  int index = 0;                    // GPU ordinal (cuda) or worker number (cpu)
+  std::string id;                   // the worker's name at hostd; empty: gpu<index> / cpu<index>
+  double reconnect_max_s = 5;       // backoff cap while hostd is away
   int exit_after_disconnects = -1;  // tests: give up after N failed sessions (-1: never)
 };
 
@@ -83,7 +84,7 @@ class WorkerAgent {
   std::thread job_thread_;
   std::unique_ptr<ComputeBackend> backend_;  // warm between jobs with the same model shape
   ModelConfig backend_config_;
-  std::shared_ptr<NcclCommunicator> comm_;   // warm between jobs with the same membership (job thread)
+  std::shared_ptr<NcclCommunicator> comm_;  // warm between jobs with the same membership (job thread)
 
   absl::Mutex comm_mu_;
   std::optional<v1::CommId> comm_id_ ABSL_GUARDED_BY(comm_mu_);  // last relayed by hostd

@@ -11,8 +11,8 @@ namespace {
 
 absl::Status NcclStatus(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return absl::OkStatus();
-  const absl::StatusCode code = (r == ncclSystemError || r == ncclRemoteError) ? absl::StatusCode::kUnavailable
-                                                                                : absl::StatusCode::kInternal;
+  const absl::StatusCode code =
+      (r == ncclSystemError || r == ncclRemoteError) ? absl::StatusCode::kUnavailable : absl::StatusCode::kInternal;
   return absl::Status(code, absl::StrCat(what, ": ", ncclGetErrorString(r), " (", ncclGetLastError(nullptr), ")"));
 }
 
@@ -34,8 +34,8 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(int d
                                                                            int rank, int world, std::string key) {
   ncclUniqueId id;
   if (unique_id.size() != sizeof(id.internal)) {
-    return absl::InvalidArgumentError(absl::StrCat("NCCL unique id of ", unique_id.size(), " bytes, expected ",
-                                                   sizeof(id.internal)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("NCCL unique id of ", unique_id.size(), " bytes, expected ", sizeof(id.internal)));
   }
   std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
   std::unique_ptr<NcclCommunicator> c(new NcclCommunicator());
@@ -76,8 +76,8 @@ absl::Status NcclCommunicator::ReduceScatterF32(float* buf, int64_t shard_numel,
   if (broken_) return absl::AbortedError("NCCL communicator was aborted");
   absl::Status s = CudaStatus(cudaStreamWaitEvent(stream_, after, 0), "cudaStreamWaitEvent");
   if (!s.ok()) return s;
-  return NcclStatus(ncclReduceScatter(buf, buf + static_cast<int64_t>(rank_) * shard_numel, static_cast<size_t>(shard_numel),
-                                      ncclFloat32, ncclSum, comm_, stream_),
+  return NcclStatus(ncclReduceScatter(buf, buf + static_cast<int64_t>(rank_) * shard_numel,
+                                      static_cast<size_t>(shard_numel), ncclFloat32, ncclSum, comm_, stream_),
                     "ncclReduceScatter");
 }
 
@@ -85,9 +85,37 @@ absl::Status NcclCommunicator::AllGatherBF16(bf16_t* buf, int64_t shard_numel, c
   if (broken_) return absl::AbortedError("NCCL communicator was aborted");
   absl::Status s = CudaStatus(cudaStreamWaitEvent(stream_, after, 0), "cudaStreamWaitEvent");
   if (!s.ok()) return s;
-  return NcclStatus(ncclAllGather(buf + static_cast<int64_t>(rank_) * shard_numel, buf, static_cast<size_t>(shard_numel),
-                                  ncclBfloat16, comm_, stream_),
+  return NcclStatus(ncclAllGather(buf + static_cast<int64_t>(rank_) * shard_numel, buf,
+                                  static_cast<size_t>(shard_numel), ncclBfloat16, comm_, stream_),
                     "ncclAllGather");
+}
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Split(int device, int color, int key,
+                                                                          std::string name) {
+  if (broken_) return absl::AbortedError("NCCL communicator was aborted");
+  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator());
+  c->key_ = std::move(name);
+  absl::Status s = CudaStatus(cudaSetDevice(device), "cudaSetDevice");
+  if (s.ok()) s = CudaStatus(cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  if (s.ok()) s = NcclStatus(ncclCommSplit(comm_, color, key, &c->comm_, nullptr), "ncclCommSplit");
+  if (s.ok()) s = NcclStatus(ncclCommUserRank(c->comm_, &c->rank_), "ncclCommUserRank");
+  if (s.ok()) s = NcclStatus(ncclCommCount(c->comm_, &c->world_), "ncclCommCount");
+  if (!s.ok()) return s;
+  LOG(INFO) << "NCCL communicator " << c->key_ << ": rank " << c->rank_ << " of " << c->world_ << " (split from "
+            << world_ << ")";
+  return c;
+}
+
+absl::Status NcclCommunicator::AllGatherBytesOn(const void* local, int64_t bytes, void* out, cudaStream_t on) {
+  if (broken_) return absl::AbortedError("NCCL communicator was aborted");
+  return NcclStatus(ncclAllGather(local, out, static_cast<size_t>(bytes), ncclChar, comm_, on), "ncclAllGather");
+}
+
+absl::Status NcclCommunicator::ReduceScatterF32On(float* buf, int64_t shard_numel, cudaStream_t on) {
+  if (broken_) return absl::AbortedError("NCCL communicator was aborted");
+  return NcclStatus(ncclReduceScatter(buf, buf + static_cast<int64_t>(rank_) * shard_numel,
+                                      static_cast<size_t>(shard_numel), ncclFloat32, ncclSum, comm_, on),
+                    "ncclReduceScatter");
 }
 
 }  // namespace slidedp

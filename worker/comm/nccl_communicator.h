@@ -43,6 +43,14 @@ class NcclCommunicator {
   // Makes NCCL kernels stop waiting for peers; the communicator is unusable afterwards.
   void Abort();
 
+  // A communicator of the ranks that pass the same color, ranked by key (ncclCommSplit; every
+  // rank of this one calls it, in the same order as its other collectives). Its own stream.
+  absl::StatusOr<std::unique_ptr<NcclCommunicator>> Split(int device, int color, int key, std::string name);
+  // On the caller's stream `on` (context parallelism, in line with compute): an all-gather of
+  // `bytes` from each rank into out[rank * bytes, +bytes), and the in-place FP32 reduce-scatter.
+  absl::Status AllGatherBytesOn(const void* local, int64_t bytes, void* out, cudaStream_t on);
+  absl::Status ReduceScatterF32On(float* buf, int64_t shard_numel, cudaStream_t on);
+
   cudaStream_t stream() const { return stream_; }
   int rank() const { return rank_; }
   int world() const { return world_; }

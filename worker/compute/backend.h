@@ -129,6 +129,18 @@ class ContextGroup {
   virtual absl::Status AllGather(const float* local, int64_t numel, float* out) = 0;
   // In place over buf[0, ranks * shard_numel): this rank's shard summed over the ranks in rank order.
   virtual absl::Status ReduceScatter(float* buf, int64_t shard_numel) = 0;
+  // The same two over device memory, queued on the CUDA stream `stream` and complete (or failed)
+  // when they return, for a group that has them (NCCL between GPUs: device_collectives()). Without,
+  // a CUDA backend stages its buffers through host memory and the two above.
+  //   AllGatherDevice: out[r * bytes, +bytes) = rank r's `local`, bytes of any type.
+  //   ReduceScatterDeviceF32: as ReduceScatter, buf[rank * shard_numel, +shard_numel) the sum.
+  virtual bool device_collectives() const { return false; }
+  virtual absl::Status AllGatherDevice(const void* local, int64_t bytes, void* out, void* stream) {
+    return absl::UnimplementedError("this context group has no device collectives");
+  }
+  virtual absl::Status ReduceScatterDeviceF32(float* buf, int64_t shard_numel, void* stream) {
+    return absl::UnimplementedError("this context group has no device collectives");
+  }
   absl::Status status() const { return status_; }
   void Fail(absl::Status s) {
     if (status_.ok()) status_ = std::move(s);
@@ -149,11 +161,12 @@ class ComputeBackend {
 
   // Context parallelism (runtime.context_parallel): the group whose ranks hold the other shares of
   // micro-batches whose MicroBatchContext says so; the backend does not own it. UNIMPLEMENTED where
-  // the backend has no context-parallel attention (CUDA so far).
+  // the backend has no context-parallel attention.
   virtual absl::Status SetContextGroup(ContextGroup* group) {
     return group == nullptr ? absl::OkStatus()
-                            : absl::UnimplementedError("runtime.context_parallel: this backend has no "
-                                                       "context-parallel attention (CPU workers only so far)");
+                            : absl::UnimplementedError(
+                                  "runtime.context_parallel: this backend has no "
+                                  "context-parallel attention");
   }
 
   // Bitwise-repeatable backward from now on (runtime.deterministic), or the backend's default.
@@ -164,7 +177,8 @@ class ComputeBackend {
   // and of the head's norm (runtime.tile_tokens): a micro-batch of more tokens runs that work tile
   // by tile, so its working set is bounded by the tile while attention sees the whole sequence
   // (the intermediates attention reads and writes, q/k/v, its output and their gradients, stay
-  // whole). 0 restores kDefaultTileTokens (common/policy/context_memory.h). A micro-batch of at most one tile runs untiled.
+  // whole). 0 restores kDefaultTileTokens (common/policy/context_memory.h). A micro-batch of at most one tile runs
+  // untiled.
   void SetTileTokens(int64_t tokens) { tile_tokens_ = tokens > 0 ? tokens : kDefaultTileTokens; }
   int64_t tile_tokens() const { return tile_tokens_; }
   // The rows of each tile for a micro-batch of `num_tokens` (the whole batch when it fits one).

@@ -39,6 +39,18 @@ struct AttnArgs {
   // block, each waiting for its turn) instead of with atomics, so the result is bitwise
   // repeatable; costs the waits and a small counter array in the workspace.
   bool ordered_dq = false;
+  // Cross attention of query pieces against a separate key range each (context parallelism: a
+  // rank's queries against the keys and values its group gathered). Set, the "documents" are
+  // query pieces: piece d's queries are rows [cu_seqlens[d], cu_seqlens[d+1]) of q, o, lse and dO,
+  // and its keys rows [kv_bounds[2d], kv_bounds[2d+1]) of k and v (kv_tokens rows), at least as
+  // many as its queries; the piece's queries are the last of its keys' positions (bottom-right
+  // causal): its query i sees its keys 0 .. len_kv - len_q + i. max_seqlen is the longest piece's
+  // queries, max_seqlen_kv its longest key range. Key ranges of different pieces may overlap.
+  // Null: self attention (the keys are the queries' own rows, causal inside each document).
+  const int32_t* kv_bounds = nullptr;  // device [2 * num_docs]
+  int64_t kv_tokens = 0;
+  int max_seqlen_kv = 0;
+  bool cross() const { return kv_bounds != nullptr; }
 };
 
 struct AttnTensor {
@@ -59,8 +71,19 @@ absl::Status FlashAttentionForward(const AttnArgs& a, AttnTensor q, AttnTensor k
 // Workspace (bytes) the backward needs: FP32 dQ (and dK/dV on the slow path) plus the row dots.
 int64_t FlashAttentionBackwardWorkspaceBytes(const AttnArgs& a);
 // dq, dk, dv are written (not accumulated). ws: FlashAttentionBackwardWorkspaceBytes, 256-aligned.
+// Self attention only (INVALID_ARGUMENT for cross arguments: FlashAttentionBackwardCross).
 absl::Status FlashAttentionBackward(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnTensor o,
                                     const float* lse, AttnTensor dout, AttnOutTensor dq, AttnOutTensor dk,
                                     AttnOutTensor dv, void* ws, cudaStream_t stream);
+
+// Cross attention's backward (AttnArgs::kv_bounds set): dq written as above; the key side's
+// gradients ADDED in FP32 into dk_acc and dv_acc ([kv_tokens, ld] each, dK already scaled by
+// softmax_scale), so pieces whose key ranges overlap sum there. Every key row receives at most one
+// add per piece covering it; where at most two pieces cover a row (a zig-zag share has at most two
+// pieces per document) the sum is independent of their order, so with ordered_dq the result is
+// bitwise repeatable. ws: FlashAttentionBackwardWorkspaceBytes(a).
+absl::Status FlashAttentionBackwardCross(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnTensor o,
+                                         const float* lse, AttnTensor dout, AttnOutTensor dq, float* dk_acc,
+                                         float* dv_acc, int64_t ld_acc, void* ws, cudaStream_t stream);
 
 }  // namespace slidedp::kernels

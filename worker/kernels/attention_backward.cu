@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "worker/kernels/attention_common.cuh"
@@ -66,11 +67,12 @@ __global__ void AttnRowDotKernel(AttnArgs a, AttnTensor o, AttnTensor dout, floa
   }
 }
 
-template <int HD, int BR>
+template <int HD, int BR, bool CROSS>
 __global__ void __launch_bounds__(kBwdThreads)
     FlashBwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor v, const float* __restrict__ lse, AttnTensor dout,
                    const float* __restrict__ dsum, float* __restrict__ dq_acc, AttnOutTensor dk, AttnOutTensor dv,
-                   float* __restrict__ dkv_part, int* __restrict__ dq_order) {
+                   float* __restrict__ dkv_part, int* __restrict__ dq_order, float* dk_add, float* dv_add,
+                   int64_t ld_add) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sk = reinterpret_cast<bf16*>(smem_raw);  // [Bc][HD]
   bf16* sv = sk + kBwdBc * HD;                   // [Bc][HD]
@@ -86,17 +88,21 @@ __global__ void __launch_bounds__(kBwdThreads)
   const bool per_q = dkv_part != nullptr;
   const int doc = blockIdx.z, kvh = per_q ? blockIdx.y / group : blockIdx.y;
   const int hq_first = per_q ? blockIdx.y % group : 0, hq_count = per_q ? 1 : group;
-  const int64_t doc_start = a.cu_seqlens[doc];
-  const int len = a.cu_seqlens[doc + 1] - static_cast<int>(doc_start);
-  const int num_kb = (a.max_seqlen + kBwdBc - 1) / kBwdBc;
+  // dk_add set (cross attention): dK·scale and dV added into those FP32 rows of the key range.
+  const AttnSpan span = SpanOf<CROSS>(a, doc);
+  const int64_t doc_start = span.q_start;
+  const int len = span.len, off = CROSS ? span.off : 0, len_kv = len + off;
+  const int num_kb = (MaxKeys(a) + kBwdBc - 1) / kBwdBc;
   const int kb = num_kb - 1 - blockIdx.x;
   const int k0 = kb * kBwdBc;
-  if (k0 >= len) return;
+  if (k0 >= len_kv) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
   const float scale_log2 = a.softmax_scale * kLog2e;
 
-  LoadTile<HD, kBwdBc, kBwdThreads>(sk, k.ptr + doc_start * k.ld + static_cast<int64_t>(kvh) * HD, k.ld, k0, len);
-  LoadTile<HD, kBwdBc, kBwdThreads>(sv, v.ptr + doc_start * v.ld + static_cast<int64_t>(kvh) * HD, v.ld, k0, len);
+  LoadTile<HD, kBwdBc, kBwdThreads>(sk, k.ptr + span.kv_start * k.ld + static_cast<int64_t>(kvh) * HD, k.ld, k0,
+                                    len_kv);
+  LoadTile<HD, kBwdBc, kBwdThreads>(sv, v.ptr + span.kv_start * v.ld + static_cast<int64_t>(kvh) * HD, v.ld, k0,
+                                    len_kv);
   CpAsyncCommit();
 
   float dk_acc[HD / 8][4], dv_acc[HD / 8][4];
@@ -105,8 +111,8 @@ __global__ void __launch_bounds__(kBwdThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk_acc[i][e] = dv_acc[i][e] = 0.f;
 
-  const int key_a = k0 + warp * 16 + g, key_b = key_a + 8;  // doc-relative keys of this thread's rows
-  const int qb_start = k0 / BR;
+  const int key_a = k0 + warp * 16 + g, key_b = key_a + 8;  // range-relative keys of this thread's rows
+  const int qb_start = max(0, k0 - off) / BR;               // the first query seeing key k0 is k0 - off
   const int qb_end = (len + BR - 1) / BR;
   // dQ partition: BR/16 m-tiles; the 4 warps split each m-tile's HD columns.
   constexpr int kMTiles = BR / 16;
@@ -174,7 +180,7 @@ __global__ void __launch_bounds__(kBwdThreads)
         }
       }
       // Pᵀ = exp2(S·scale·log2e − lse·log2e), masked; dSᵀ = Pᵀ (dPᵀ − D).
-      const bool need_mask = q0 < k0 + kBwdBc;
+      const bool need_mask = q0 + off < k0 + kBwdBc;
 #pragma unroll
       for (int nt = 0; nt < BR / 8; ++nt) {
 #pragma unroll
@@ -182,7 +188,7 @@ __global__ void __launch_bounds__(kBwdThreads)
           const int qi = nt * 8 + 2 * t4 + (e & 1);
           const int key = e < 2 ? key_a : key_b;
           float p = exp2f(st[nt][e] * scale_log2 - slse[qi]);
-          if (need_mask && q0 + qi < key) p = 0.f;
+          if (need_mask && q0 + qi + off < key) p = 0.f;
           st[nt][e] = p;
           dpt[nt][e] = p * (dpt[nt][e] - sdd[qi]);
         }
@@ -254,7 +260,7 @@ __global__ void __launch_bounds__(kBwdThreads)
           // kb, the launch order, so a block only ever waits for blocks launched before it.
           int* turn =
               dq_order + (static_cast<int64_t>(doc) * a.num_q_heads + head) * ((a.max_seqlen + BR - 1) / BR) + qb;
-          const int rank = DqTurn(qb, kb, len, BR, kBwdBc);
+          const int rank = DqTurn(qb, kb, len, BR, kBwdBc, off);
           if (threadIdx.x == 0) AwaitTurn(turn, rank);
           __syncthreads();
 #pragma unroll
@@ -298,9 +304,28 @@ __global__ void __launch_bounds__(kBwdThreads)
     }
     return;
   }
+  const float sc = a.softmax_scale;
+  if constexpr (CROSS) {
+    float* pk = dk_add + span.kv_start * ld_add + static_cast<int64_t>(kvh) * HD;
+    float* pv = dv_add + span.kv_start * ld_add + static_cast<int64_t>(kvh) * HD;
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt) {
+      const int col = dt * 8 + 2 * t4;
+      if (key_a < len_kv) {
+        atomicAdd(reinterpret_cast<float2*>(pk + key_a * ld_add + col),
+                  make_float2(dk_acc[dt][0] * sc, dk_acc[dt][1] * sc));
+        atomicAdd(reinterpret_cast<float2*>(pv + key_a * ld_add + col), make_float2(dv_acc[dt][0], dv_acc[dt][1]));
+      }
+      if (key_b < len_kv) {
+        atomicAdd(reinterpret_cast<float2*>(pk + key_b * ld_add + col),
+                  make_float2(dk_acc[dt][2] * sc, dk_acc[dt][3] * sc));
+        atomicAdd(reinterpret_cast<float2*>(pv + key_b * ld_add + col), make_float2(dv_acc[dt][2], dv_acc[dt][3]));
+      }
+    }
+    return;
+  }
   bf16* dkbase = dk.ptr + doc_start * dk.ld + static_cast<int64_t>(kvh) * HD;
   bf16* dvbase = dv.ptr + doc_start * dv.ld + static_cast<int64_t>(kvh) * HD;
-  const float sc = a.softmax_scale;
 #pragma unroll
   for (int dt = 0; dt < HD / 8; ++dt) {
     const int col = dt * 8 + 2 * t4;
@@ -354,16 +379,17 @@ __global__ void GroupSumKernel(const float* __restrict__ part, int64_t tokens, i
 
 // ---------------------------------------------------------------- slow path (any head_dim <= 256)
 __global__ void SlowBwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor v, const float* lse, AttnTensor dout,
-                              const float* dsum, float* dq_acc, float* dk_acc, float* dv_acc) {
+                              const float* dsum, float* dq_acc, float* dk_acc, float* dv_acc, int64_t ld_acc) {
   const int lane = threadIdx.x & 31;
   const int hd = a.head_dim, group = a.num_q_heads / a.num_kv_heads;
   const int64_t n = a.tokens * a.num_q_heads;
-  const int64_t qd = static_cast<int64_t>(a.num_q_heads) * hd, kvd = static_cast<int64_t>(a.num_kv_heads) * hd;
+  const int64_t qd = static_cast<int64_t>(a.num_q_heads) * hd;
   for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; r < n;
        r += static_cast<int64_t>(gridDim.x) * blockDim.x / 32) {
     const int64_t t = r / a.num_q_heads;
     const int h = static_cast<int>(r % a.num_q_heads), kvh = h / group;
-    const int64_t start = a.cu_seqlens[FindDoc(a.cu_seqlens, a.num_docs, t)];
+    const AttnSpan span = SpanOf(a, FindDoc(a.cu_seqlens, a.num_docs, t));
+    const int64_t start = span.kv_start, last = span.kv_start + (t - span.q_start) + span.off;
     const float L = lse[static_cast<int64_t>(h) * a.tokens + t], D = dsum[static_cast<int64_t>(h) * a.tokens + t];
     float qv[kSlowMaxDimPerLane], dov[kSlowMaxDimPerLane], dq[kSlowMaxDimPerLane];
 #pragma unroll
@@ -373,7 +399,7 @@ __global__ void SlowBwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor
       dov[i] = d < hd ? __bfloat162float(dout.ptr[t * dout.ld + h * hd + d]) : 0.f;
       dq[i] = 0.f;
     }
-    for (int64_t j = start; j <= t; ++j) {
+    for (int64_t j = start; j <= last; ++j) {
       float s = 0.f, dp = 0.f;
 #pragma unroll
       for (int i = 0; i < kSlowMaxDimPerLane; ++i) {
@@ -395,8 +421,8 @@ __global__ void SlowBwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor
         const int d = lane + 32 * i;
         if (d < hd) {
           dq[i] += ds * __bfloat162float(k.ptr[j * k.ld + kvh * hd + d]);
-          atomicAdd(dk_acc + j * kvd + kvh * hd + d, ds * qv[i]);
-          atomicAdd(dv_acc + j * kvd + kvh * hd + d, p * dov[i]);
+          atomicAdd(dk_acc + j * ld_acc + kvh * hd + d, ds * qv[i]);
+          atomicAdd(dv_acc + j * ld_acc + kvh * hd + d, p * dov[i]);
         }
       }
     }
@@ -408,16 +434,16 @@ __global__ void SlowBwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor
   }
 }
 
-template <int HD, int BR>
+template <int HD, int BR, bool CROSS>
 absl::Status LaunchBwd(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, const float* lse, AttnTensor dout,
                        const float* dsum, float* dq_acc, AttnOutTensor dk, AttnOutTensor dv, float* dkv_part,
-                       int* dq_order, cudaStream_t stream) {
+                       int* dq_order, float* dk_add, float* dv_add, int64_t ld_add, cudaStream_t stream) {
   const size_t smem = (2 * kBwdBc * HD + 4 * BR * HD + kBwdBc * (BR + 8)) * sizeof(bf16) + 2 * BR * sizeof(float);
-  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(FlashBwdKernel<HD, BR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    static_cast<int>(smem)));
-  dim3 grid((a.max_seqlen + kBwdBc - 1) / kBwdBc, dkv_part != nullptr ? a.num_q_heads : a.num_kv_heads, a.num_docs);
-  FlashBwdKernel<HD, BR>
-      <<<grid, kBwdThreads, smem, stream>>>(a, q, k, v, lse, dout, dsum, dq_acc, dk, dv, dkv_part, dq_order);
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      FlashBwdKernel<HD, BR, CROSS>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  dim3 grid((MaxKeys(a) + kBwdBc - 1) / kBwdBc, dkv_part != nullptr ? a.num_q_heads : a.num_kv_heads, a.num_docs);
+  FlashBwdKernel<HD, BR, CROSS><<<grid, kBwdThreads, smem, stream>>>(a, q, k, v, lse, dout, dsum, dq_acc, dk, dv,
+                                                                     dkv_part, dq_order, dk_add, dv_add, ld_add);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   if (dkv_part != nullptr) {
     const int64_t n = a.tokens * a.num_kv_heads * HD;
@@ -437,7 +463,8 @@ int64_t AlignUp(int64_t x) { return (x + 255) / 256 * 256; }
 namespace {
 // Per-q-head blocks when per-kv-head blocks would not fill the chip a few times over.
 bool SplitBwdPerQHead(const AttnArgs& a) {
-  if (!FlashAttentionFastPath(a.head_dim) || a.num_q_heads == a.num_kv_heads) return false;
+  // Cross attention adds its dK/dV per kv head (overlapping key ranges would race in the partials).
+  if (!FlashAttentionFastPath(a.head_dim) || a.num_q_heads == a.num_kv_heads || a.cross()) return false;
   if (a.bwd_split != AttnArgs::BwdSplit::kAuto) return a.bwd_split == AttnArgs::BwdSplit::kPerQHead;
   const int64_t blocks = static_cast<int64_t>((a.max_seqlen + kBwdBc - 1) / kBwdBc) * a.num_kv_heads * a.num_docs;
   return blocks < 4 * 132;
@@ -454,14 +481,17 @@ int64_t OrderBytes(const AttnArgs& a) {
 int64_t FlashAttentionBackwardWorkspaceBytes(const AttnArgs& a) {
   const int64_t dq = AlignUp(a.tokens * a.num_q_heads * a.head_dim * 4);
   const int64_t dsum = AlignUp(a.tokens * a.num_q_heads * 4);
-  const int64_t dkv = FlashAttentionFastPath(a.head_dim) ? 0 : 2 * AlignUp(a.tokens * a.num_kv_heads * a.head_dim * 4);
+  const int64_t dkv =
+      FlashAttentionFastPath(a.head_dim) || a.cross() ? 0 : 2 * AlignUp(a.tokens * a.num_kv_heads * a.head_dim * 4);
   const int64_t part = SplitBwdPerQHead(a) ? AlignUp(2 * a.tokens * a.num_q_heads * a.head_dim * 4) : 0;
   return dq + dsum + dkv + part + OrderBytes(a);
 }
 
-absl::Status FlashAttentionBackward(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnTensor o,
-                                    const float* lse, AttnTensor dout, AttnOutTensor dq, AttnOutTensor dk,
-                                    AttnOutTensor dv, void* ws, cudaStream_t stream) {
+namespace {
+// Both backward entry points: dk/dv written (self attention) or dk_add/dv_add added (cross).
+absl::Status Backward(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnTensor o, const float* lse,
+                      AttnTensor dout, AttnOutTensor dq, AttnOutTensor dk, AttnOutTensor dv, float* dk_add,
+                      float* dv_add, int64_t ld_add, void* ws, cudaStream_t stream) {
   absl::Status s = CheckArgs(a);
   if (!s.ok()) return s;
   if (a.tokens <= 0) return absl::OkStatus();
@@ -483,9 +513,17 @@ absl::Status FlashAttentionBackward(const AttnArgs& a, AttnTensor q, AttnTensor 
       order = reinterpret_cast<int*>(after_dsum + (part != nullptr ? AlignUp(2 * qnumel * 4) : 0));
       SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(order, 0, OrderBytes(a), stream));
     }
+    auto launch = [&](auto hd, auto br, auto cross) {
+      return LaunchBwd<decltype(hd)::value, decltype(br)::value, decltype(cross)::value>(
+          a, q, k, v, lse, dout, dsum, dq_acc, dk, dv, part, order, dk_add, dv_add, ld_add, stream);
+    };
+    using T128 = std::integral_constant<int, 128>;
+    using T64 = std::integral_constant<int, 64>;
+    using T32 = std::integral_constant<int, 32>;
+    const bool cross = dk_add != nullptr;
     absl::Status ls = a.head_dim == 128
-                          ? LaunchBwd<128, 32>(a, q, k, v, lse, dout, dsum, dq_acc, dk, dv, part, order, stream)
-                          : LaunchBwd<64, 64>(a, q, k, v, lse, dout, dsum, dq_acc, dk, dv, part, order, stream);
+                          ? (cross ? launch(T128(), T32(), std::true_type()) : launch(T128(), T32(), std::false_type()))
+                          : (cross ? launch(T64(), T64(), std::true_type()) : launch(T64(), T64(), std::false_type()));
     if (!ls.ok()) return ls;
     CastRowsKernel<<<CastGrid(qnumel), 256, 0, stream>>>(dq_acc, a.tokens, qd, a.softmax_scale, dq.ptr, dq.ld);
     SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
@@ -497,11 +535,18 @@ absl::Status FlashAttentionBackward(const AttnArgs& a, AttnTensor q, AttnTensor 
                      "64 or 128, not ",
                      a.head_dim));
   }
+  if (dk_add != nullptr) {  // cross: the slow path adds straight into the caller's FP32 rows
+    SlowBwdKernel<<<SlowGrid(a), 256, 0, stream>>>(a, q, k, v, lse, dout, dsum, dq_acc, dk_add, dv_add, ld_add);
+    SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+    CastRowsKernel<<<CastGrid(qnumel), 256, 0, stream>>>(dq_acc, a.tokens, qd, 1.0f, dq.ptr, dq.ld);
+    SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+    return absl::OkStatus();
+  }
   float* dk_acc = reinterpret_cast<float*>(w + AlignUp(qnumel * 4) + AlignUp(a.tokens * a.num_q_heads * 4));
   float* dv_acc = dk_acc + AlignUp(kvnumel * 4) / 4;
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dk_acc, 0, kvnumel * 4, stream));
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dv_acc, 0, kvnumel * 4, stream));
-  SlowBwdKernel<<<SlowGrid(a), 256, 0, stream>>>(a, q, k, v, lse, dout, dsum, dq_acc, dk_acc, dv_acc);
+  SlowBwdKernel<<<SlowGrid(a), 256, 0, stream>>>(a, q, k, v, lse, dout, dsum, dq_acc, dk_acc, dv_acc, kvd);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   CastRowsKernel<<<CastGrid(qnumel), 256, 0, stream>>>(dq_acc, a.tokens, qd, 1.0f, dq.ptr, dq.ld);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
@@ -510,6 +555,26 @@ absl::Status FlashAttentionBackward(const AttnArgs& a, AttnTensor q, AttnTensor 
   CastRowsKernel<<<CastGrid(kvnumel), 256, 0, stream>>>(dv_acc, a.tokens, kvd, 1.0f, dv.ptr, dv.ld);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status FlashAttentionBackward(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnTensor o,
+                                    const float* lse, AttnTensor dout, AttnOutTensor dq, AttnOutTensor dk,
+                                    AttnOutTensor dv, void* ws, cudaStream_t stream) {
+  if (a.cross())
+    return absl::InvalidArgumentError("attention backward: cross arguments need FlashAttentionBackwardCross");
+  return Backward(a, q, k, v, o, lse, dout, dq, dk, dv, nullptr, nullptr, 0, ws, stream);
+}
+
+absl::Status FlashAttentionBackwardCross(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnTensor o,
+                                         const float* lse, AttnTensor dout, AttnOutTensor dq, float* dk_acc,
+                                         float* dv_acc, int64_t ld_acc, void* ws, cudaStream_t stream) {
+  if (!a.cross() || dk_acc == nullptr || dv_acc == nullptr ||
+      ld_acc < static_cast<int64_t>(a.num_kv_heads) * a.head_dim) {
+    return absl::InvalidArgumentError(
+        "attention backward (cross): needs kv_bounds, dK/dV accumulators and their row stride");
+  }
+  return Backward(a, q, k, v, o, lse, dout, dq, {}, {}, dk_acc, dv_acc, ld_acc, ws, stream);
 }
 
 }  // namespace slidedp::kernels

@@ -94,7 +94,36 @@ __device__ __forceinline__ int FindDoc(const int32_t* cu, int docs, int64_t t) {
   return lo;
 }
 
+// A piece's (or document's) queries and keys: rows of q from q_start (len of them) against rows of
+// k/v from kv_start (len + off of them), query i seeing keys 0 .. i + off. Self attention: the
+// document's own rows, off 0.
+struct AttnSpan {
+  int64_t q_start, kv_start;
+  int len, off;
+};
+// CROSS false: self attention whatever the arguments (the tensor-core kernels' instantiation
+// without the cross-attention code, whose registers it would cost).
+template <bool CROSS = true>
+__device__ __forceinline__ AttnSpan SpanOf(const AttnArgs& a, int doc) {
+  AttnSpan s;
+  s.q_start = a.cu_seqlens[doc];
+  s.len = a.cu_seqlens[doc + 1] - static_cast<int>(s.q_start);
+  if (!CROSS || a.kv_bounds == nullptr) {
+    s.kv_start = s.q_start;
+    s.off = 0;
+  } else {
+    s.kv_start = a.kv_bounds[2 * doc];
+    s.off = a.kv_bounds[2 * doc + 1] - static_cast<int>(s.kv_start) - s.len;
+  }
+  return s;
+}
+
 inline absl::Status CheckArgs(const AttnArgs& a) {
+  if (a.kv_bounds != nullptr && (a.kv_tokens <= 0 || a.max_seqlen_kv < a.max_seqlen)) {
+    return absl::InvalidArgumentError(absl::StrCat("attention: cross attention with kv_tokens=", a.kv_tokens,
+                                                   " max_seqlen_kv=", a.max_seqlen_kv, " (queries ", a.max_seqlen,
+                                                   ")"));
+  }
   if (a.head_dim <= 0 || a.head_dim > 32 * kSlowMaxDimPerLane || a.num_q_heads <= 0 || a.num_kv_heads <= 0 ||
       a.num_q_heads % a.num_kv_heads != 0 || a.num_docs <= 0 || a.cu_seqlens == nullptr || a.max_seqlen <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("attention: bad arguments head_dim=", a.head_dim,
@@ -102,6 +131,11 @@ inline absl::Status CheckArgs(const AttnArgs& a) {
                                                    " max_seqlen=", a.max_seqlen));
   }
   return absl::OkStatus();
+}
+
+// Key blocks of a backward grid: over the longest key range.
+__host__ __device__ inline int MaxKeys(const AttnArgs& a) {
+  return a.kv_bounds != nullptr ? a.max_seqlen_kv : a.max_seqlen;
 }
 
 inline int SlowGrid(const AttnArgs& a) {

@@ -34,8 +34,9 @@ __global__ void __launch_bounds__(kFwdThreads)
   bf16* sv = sk + 2 * kFwdBc * HD;  // [2][Bc][HD]
 
   const int doc = blockIdx.z, head = blockIdx.y;
-  const int64_t doc_start = a.cu_seqlens[doc];
-  const int len = a.cu_seqlens[doc + 1] - static_cast<int>(doc_start);
+  const AttnSpan span = SpanOf(a, doc);
+  const int64_t doc_start = span.q_start;
+  const int len = span.len, off = span.off, len_kv = len + off;
   const int num_qb = (a.max_seqlen + kFwdBr - 1) / kFwdBr;
   const int qb = num_qb - 1 - blockIdx.x;  // heaviest first
   const int q0 = qb * kFwdBr;
@@ -44,13 +45,13 @@ __global__ void __launch_bounds__(kFwdThreads)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
 
   const bf16* qbase = q.ptr + doc_start * q.ld + static_cast<int64_t>(head) * HD;
-  const bf16* kbase = k.ptr + doc_start * k.ld + static_cast<int64_t>(kv_head) * HD;
-  const bf16* vbase = v.ptr + doc_start * v.ld + static_cast<int64_t>(kv_head) * HD;
-  const int nblocks = (min(q0 + kFwdBr, len) + kFwdBc - 1) / kFwdBc;
+  const bf16* kbase = k.ptr + span.kv_start * k.ld + static_cast<int64_t>(kv_head) * HD;
+  const bf16* vbase = v.ptr + span.kv_start * v.ld + static_cast<int64_t>(kv_head) * HD;
+  const int nblocks = (min(q0 + kFwdBr, len) + off + kFwdBc - 1) / kFwdBc;
 
   LoadTile<HD, kFwdBr, kFwdThreads>(sq, qbase, q.ld, q0, len);
-  LoadTile<HD, kFwdBc, kFwdThreads>(sk, kbase, k.ld, 0, len);
-  LoadTile<HD, kFwdBc, kFwdThreads>(sv, vbase, v.ld, 0, len);
+  LoadTile<HD, kFwdBc, kFwdThreads>(sk, kbase, k.ld, 0, len_kv);
+  LoadTile<HD, kFwdBc, kFwdThreads>(sv, vbase, v.ld, 0, len_kv);
   CpAsyncCommit();
 
   float acc[MT][HD / 8][4];
@@ -68,8 +69,8 @@ __global__ void __launch_bounds__(kFwdThreads)
     const int stage = j & 1;
     if (j + 1 < nblocks) {
       const int ns = (j + 1) & 1;
-      LoadTile<HD, kFwdBc, kFwdThreads>(sk + ns * kFwdBc * HD, kbase, k.ld, (j + 1) * kFwdBc, len);
-      LoadTile<HD, kFwdBc, kFwdThreads>(sv + ns * kFwdBc * HD, vbase, v.ld, (j + 1) * kFwdBc, len);
+      LoadTile<HD, kFwdBc, kFwdThreads>(sk + ns * kFwdBc * HD, kbase, k.ld, (j + 1) * kFwdBc, len_kv);
+      LoadTile<HD, kFwdBc, kFwdThreads>(sv + ns * kFwdBc * HD, vbase, v.ld, (j + 1) * kFwdBc, len_kv);
       CpAsyncCommit();
       CpAsyncWait<1>();
     } else {
@@ -80,7 +81,7 @@ __global__ void __launch_bounds__(kFwdThreads)
     const bf16* svt = sv + stage * kFwdBc * HD;
     const int key0 = j * kFwdBc;
     // Warps whose rows all precede this key block contribute nothing (causal): skip the math.
-    const bool warp_active = key0 <= q0 + wrow + 16 * MT - 1;
+    const bool warp_active = key0 <= q0 + wrow + 16 * MT - 1 + off;
 
     float s[MT][kFwdBc / 8][4];
 #pragma unroll
@@ -109,7 +110,7 @@ __global__ void __launch_bounds__(kFwdThreads)
         }
       }
       // Scale, mask (causal and the document end), online softmax.
-      const bool need_mask = key0 + kFwdBc > q0 + wrow || key0 + kFwdBc > len;
+      const bool need_mask = key0 + kFwdBc > q0 + wrow + off || key0 + kFwdBc > len_kv;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         const int row_a = q0 + wrow + mt * 16 + g, row_b = row_a + 8;
@@ -122,7 +123,7 @@ __global__ void __launch_bounds__(kFwdThreads)
             if (need_mask) {
               const int key = key0 + nt * 8 + 2 * t4 + (e & 1);
               const int row = e < 2 ? row_a : row_b;
-              if (key > row || key >= len) val = -INFINITY;
+              if (key > row + off || key >= len_kv) val = -INFINITY;
             }
             s[mt][nt][e] = val;
             mx[e >> 1] = fmaxf(mx[e >> 1], val);
@@ -222,7 +223,8 @@ __global__ void SlowFwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor
        r += static_cast<int64_t>(gridDim.x) * blockDim.x / 32) {
     const int64_t t = r / a.num_q_heads;
     const int h = static_cast<int>(r % a.num_q_heads), kvh = h / group;
-    const int64_t start = a.cu_seqlens[FindDoc(a.cu_seqlens, a.num_docs, t)];
+    const AttnSpan span = SpanOf(a, FindDoc(a.cu_seqlens, a.num_docs, t));
+    const int64_t start = span.kv_start, last = span.kv_start + (t - span.q_start) + span.off;
     float qv[kSlowMaxDimPerLane], acc[kSlowMaxDimPerLane];
 #pragma unroll
     for (int i = 0; i < kSlowMaxDimPerLane; ++i) {
@@ -231,7 +233,7 @@ __global__ void SlowFwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor
       acc[i] = 0.f;
     }
     float m = -INFINITY, l = 0.f;
-    for (int64_t j = start; j <= t; ++j) {
+    for (int64_t j = start; j <= last; ++j) {
       float s = 0.f;
 #pragma unroll
       for (int i = 0; i < kSlowMaxDimPerLane; ++i) {

@@ -4,6 +4,8 @@
 //
 // Blocks: query block qb holds a document's rows [qb·br, qb·br + br), key block kb its keys
 // [kb·bc, kb·bc + bc); attention is causal inside the document (a query sees keys at or before it).
+// Cross attention (AttnArgs::kv_bounds): a piece of len queries against len + off keys, query i
+// seeing keys 0 .. i + off; off = 0 is self attention.
 #pragma once
 
 #if defined(__CUDACC__)
@@ -16,22 +18,23 @@ namespace slidedp::kernels {
 
 // Whether key block kb's backward block visits query block qb (the kernel's loop bounds): its keys
 // exist and qb is at or after the query block holding its first key.
-SLIDEDP_ATTN_HD inline bool DqVisits(int qb, int kb, int len, int br, int bc) {
+SLIDEDP_ATTN_HD inline bool DqVisits(int qb, int kb, int len, int br, int bc, int off = 0) {
   const int k0 = kb * bc;
-  return k0 < len && qb >= k0 / br && qb < (len + br - 1) / br;
+  const int first_q = k0 - off > 0 ? k0 - off : 0;  // the first query that sees key k0
+  return k0 < len + off && qb >= first_q / br && qb < (len + br - 1) / br;
 }
 
 // The last key block that adds into query block qb: the one holding its last row's key.
-SLIDEDP_ATTN_HD inline int DqLastKeyBlock(int qb, int len, int br, int bc) {
+SLIDEDP_ATTN_HD inline int DqLastKeyBlock(int qb, int len, int br, int bc, int off = 0) {
   const int end = qb * br + br < len ? qb * br + br : len;
-  return (end - 1) / bc;
+  return (end - 1 + off) / bc;
 }
 
 // Key block kb's turn at query block qb: blocks add in descending kb, which is the backward grid's
 // launch order (blockIdx.x = last key block − kb), so a block only ever waits for blocks launched
 // before it. Turns of the visiting blocks are 0, 1, ... without gaps.
-SLIDEDP_ATTN_HD inline int DqTurn(int qb, int kb, int len, int br, int bc) {
-  return DqLastKeyBlock(qb, len, br, bc) - kb;
+SLIDEDP_ATTN_HD inline int DqTurn(int qb, int kb, int len, int br, int bc, int off = 0) {
+  return DqLastKeyBlock(qb, len, br, bc, off) - kb;
 }
 
 }  // namespace slidedp::kernels

@@ -56,6 +56,14 @@ absl::Status RoundToBf16InPlace(float* x, int64_t n, cudaStream_t stream);
 // out[i] = res[i] + float(branch[i]): the FP32 residual add of a BF16 GEMM output, in HF autocast's
 // order (the branch is rounded to BF16 first, the sum is FP32). out may alias res.
 absl::Status AddBf16ToF32(const float* res, const bf16* branch, int64_t n, float* out, cudaStream_t stream);
+// Context parallelism's row moves (kv_dim-wide rows of keys/values and their gradients):
+// out[r, 0:cols] = x[index[r], 0:cols], or zeros where index[r] < 0 (a padding row); rows of
+// stride ld_x / ld_out.
+absl::Status GatherRowsF32(const float* x, int64_t ld_x, const int32_t* index, int64_t rows, int64_t cols, float* out,
+                           int64_t ld_out, cudaStream_t stream);
+// dst[r, 0:cols] = bf16(src[r, 0:cols]) (round to nearest even), strided rows.
+absl::Status CastRowsF32ToBf16(const float* src, int64_t ld_src, int64_t rows, int64_t cols, bf16* dst, int64_t ld_dst,
+                               cudaStream_t stream);
 // out[i] = a[i] + b[i] in FP32 (a MoE block's FP32 output added to the residual). out may alias a or b.
 absl::Status AddF32(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream);
 

@@ -32,9 +32,28 @@ std::vector<WorkerDevice> Gpus(int n, int64_t memory_bytes = int64_t{141} << 30)
   return std::vector<WorkerDevice>(n, WorkerDevice{false, memory_bytes});
 }
 
+// Two CUDA workers on one GPU (slidedp-worker --id): NCCL cannot have both as ranks, so the gpu
+// route and sharded delivery are refused naming them; the cpu route with replicated delivery runs.
+TEST(JobPlan, WorkersSharingAGpuAreRefusedWhereNcclWouldRun) {
+  const ModelLayout layout = Layout();
+  std::vector<WorkerDevice> shared = Gpus(2);
+  shared[0].uuid = shared[1].uuid = "GPU-0000";
+  shared[0].worker_id = "gpu0";
+  shared[1].worker_id = "gpu0b";
+  auto gpu = PlanJob(Spec(2, 0), layout, shared);
+  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kFailedPrecondition) << gpu.status();
+  EXPECT_TRUE(absl::StrContains(gpu.status().message(), "'gpu0' and 'gpu0b' share GPU GPU-0000")) << gpu.status();
+  JobSpec sharded = Spec(2, 0, GradReduction::kCpu);
+  sharded.param_delivery = ParamDelivery::kSharded;
+  EXPECT_EQ(PlanJob(sharded, layout, shared).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(PlanJob(Spec(2, 0, GradReduction::kCpu), layout, shared).ok());
+  shared[1].uuid = "GPU-0001";  // separate GPUs
+  EXPECT_TRUE(PlanJob(Spec(2, 0), layout, shared).ok());
+}
+
 // runtime.context_parallel: CPU workers get a "ctx" collective sized for every rank's padded share of
-// a micro-batch's keys and values, counted in the shm plan; CUDA workers are refused.
-TEST(JobPlan, ContextParallelPlansItsCollectiveOnCpuWorkersOnly) {
+// a micro-batch's keys and values, counted in the shm plan; CUDA workers use it or NCCL.
+TEST(JobPlan, ContextParallelPlansItsCollectivePerBackendAndRoute) {
   const ModelLayout layout = Layout();
   JobSpec s = Spec(2, 0);
   s.num_workers = 2;
@@ -51,9 +70,37 @@ TEST(JobPlan, ContextParallelPlansItsCollectiveOnCpuWorkersOnly) {
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_EQ(q->context_buffer_bytes, 0u);
   EXPECT_EQ(p->memory.shm_bytes - q->memory.shm_bytes, shm::ShmCollective::SegmentBytes(2, p->context_buffer_bytes));
-  auto cuda = PlanJob(s, layout, Gpus(2));
-  EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition) << cuda.status();
-  EXPECT_TRUE(absl::StrContains(cuda.status().message(), "context_parallel")) << cuda.status();
+  // CUDA workers: through the same segment with the cpu route and replicated delivery (staged in
+  // host memory), over NCCL with a communicator (gpu route or sharded delivery); not with MoE layers
+  // nor mixed with CPU workers.
+  JobSpec cpu_route = s;
+  cpu_route.grad_reduction = GradReduction::kCpu;
+  auto staged = PlanJob(cpu_route, layout, Gpus(2));
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  EXPECT_FALSE(staged->context_on_nccl);
+  EXPECT_EQ(staged->context_buffer_bytes, p->context_buffer_bytes);
+  JobSpec gpu_route = s;
+  gpu_route.grad_reduction = GradReduction::kGpu;
+  auto nccl = PlanJob(gpu_route, layout, Gpus(2));
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  EXPECT_TRUE(nccl->context_on_nccl);
+  EXPECT_EQ(nccl->context_buffer_bytes, 0u);
+  EXPECT_TRUE(absl::StrContains(nccl->RoutesLine(ParamDelivery::kReplicated), "keys and values through NCCL"));
+  JobSpec sharded = cpu_route;
+  sharded.param_delivery = ParamDelivery::kSharded;
+  auto split = PlanJob(sharded, layout, Gpus(2));
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_TRUE(split->context_on_nccl);
+  std::vector<WorkerDevice> mixed = Gpus(1);
+  mixed.push_back(WorkerDevice{true, int64_t{64} << 30});
+  auto m = PlanJob(cpu_route, layout, mixed);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition) << m.status();
+  EXPECT_TRUE(absl::StrContains(m.status().message(), "context_parallel")) << m.status();
+  JobSpec moe_cuda = cpu_route;
+  moe_cuda.model_preset = "tiny-moe";
+  auto mc = PlanJob(moe_cuda, Layout("tiny-moe"), Gpus(2));
+  EXPECT_EQ(mc.status().code(), absl::StatusCode::kFailedPrecondition) << mc.status();
+  EXPECT_TRUE(absl::StrContains(mc.status().message(), "MoE")) << mc.status();
   // One group of two shares one micro-batch of 4 rows: a global batch of 4 is one micro-batch for it,
   // which two data-parallel workers could not split.
   JobSpec one_micro = s;
@@ -382,8 +429,8 @@ TEST(JobPlan, MoeShapesTheCudaBlockCannotRunAreRefusedOnCudaWorkers) {
   EXPECT_TRUE(absl::StrContains(p.status().message(), "moe_intermediate_size a multiple of 8")) << p.status();
   EXPECT_TRUE(PlanJob(s, layout, std::vector<WorkerDevice>(1, WorkerDevice{true, 0})).ok());
   c.moe_intermediate_size = 32;
-  EXPECT_TRUE(PlanJob(s, ModelLayout::Build(c), std::vector<WorkerDevice>(1, WorkerDevice{false, int64_t{80} << 30}))
-                  .ok());
+  EXPECT_TRUE(
+      PlanJob(s, ModelLayout::Build(c), std::vector<WorkerDevice>(1, WorkerDevice{false, int64_t{80} << 30})).ok());
 }
 
 }  // namespace

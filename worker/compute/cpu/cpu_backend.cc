@@ -4,13 +4,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <utility>
 #include <limits>
 #include <new>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/data/context_parallel.h"
 #include "common/policy/layer_policy.h"
 #include "common/status/status_macros.h"
 #include "worker/compute/cpu/cpu_worker_pool.h"
@@ -218,11 +219,12 @@ class CpuBackend final : public ComputeBackend {
     if (capacity > 0 && live > capacity) {
       memory_->live.fetch_sub(bytes);
       constexpr double kGiB = 1073741824.0;
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "device memory exhausted: a %.3f GiB buffer does not fit (%.3f GiB free of %.3f GiB%s); "
-          "lower the tokens per step per worker (train.global_batch), raise runtime.offload_ratio, or use runtime.act_policy: recompute or a smaller train.micro_batch",
-          bytes / kGiB, (capacity - (live - bytes)) / kGiB, capacity / kGiB,
-          limited ? " that runtime.gpu_memory_limit leaves the backend" : ""));
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("device memory exhausted: a %.3f GiB buffer does not fit (%.3f GiB free of %.3f GiB%s); "
+                          "lower the tokens per step per worker (train.global_batch), raise runtime.offload_ratio, or "
+                          "use runtime.act_policy: recompute or a smaller train.micro_batch",
+                          bytes / kGiB, (capacity - (live - bytes)) / kGiB, capacity / kGiB,
+                          limited ? " that runtime.gpu_memory_limit leaves the backend" : ""));
     }
     int64_t peak = memory_->peak.load();
     while (live > peak && !memory_->peak.compare_exchange_weak(peak, live)) {
@@ -233,7 +235,9 @@ class CpuBackend final : public ComputeBackend {
     std::memset(buf.data(), value, static_cast<size_t>(buf.bytes()));
     return absl::OkStatus();
   }
-  absl::Status CopyToDevice(const void* host, void* device, int64_t bytes) override { return Copy(host, device, bytes); }
+  absl::Status CopyToDevice(const void* host, void* device, int64_t bytes) override {
+    return Copy(host, device, bytes);
+  }
   absl::Status CopyToHost(const void* device, void* host, int64_t bytes) override { return Copy(device, host, bytes); }
   absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::Status ConvertActivations(const void* src, DType from, void* dst, DType to, int64_t n) override {
@@ -346,7 +350,8 @@ class CpuBackend final : public ComputeBackend {
     const CpuSavedActivations* s = nullptr;
     if (saved != nullptr) {
       s = dynamic_cast<const CpuSavedActivations*>(saved);
-      if (s == nullptr) return absl::InvalidArgumentError("DecoderBackward: saved activations are not the CPU backend's");
+      if (s == nullptr)
+        return absl::InvalidArgumentError("DecoderBackward: saved activations are not the CPU backend's");
       if (s->detached()) {
         return absl::FailedPreconditionError("DecoderBackward: the saved activations are with an activation store");
       }
@@ -431,7 +436,8 @@ class CpuBackend final : public ComputeBackend {
   absl::Status RoutedExperts(const DeviceBatch& batch, int ordinal, std::vector<int32_t>* topk) const override {
     ASSIGN_OR_RETURN(const CpuDeviceBatch* b, AsCpu(batch));
     if (ordinal < 0 || ordinal >= static_cast<int>(b->routed.size()) || b->routed[ordinal].empty()) {
-      return absl::FailedPreconditionError(absl::StrCat("RoutedExperts: no routing recorded for sparse layer ", ordinal));
+      return absl::FailedPreconditionError(
+          absl::StrCat("RoutedExperts: no routing recorded for sparse layer ", ordinal));
     }
     *topk = b->routed[ordinal];
     return absl::OkStatus();
@@ -459,9 +465,8 @@ class CpuBackend final : public ComputeBackend {
         dlm_head == nullptr || loss_sum == nullptr) {
       return absl::InvalidArgumentError("HeadForwardBackward: null pointer");
     }
-    const std::vector<float> norm = norm_w.fp32 != nullptr
-                                        ? std::vector<float>(norm_w.fp32, norm_w.fp32 + dims_.hidden)
-                                        : UpcastBf16(norm_w.bf16, dims_.hidden);
+    const std::vector<float> norm = norm_w.fp32 != nullptr ? std::vector<float>(norm_w.fp32, norm_w.fp32 + dims_.hidden)
+                                                           : UpcastBf16(norm_w.bf16, dims_.hidden);
     const double loss = HeadLossAndGrad(dims_, norm.data(), lm_head_w, b->batch().labels.data(), b->num_tokens(),
                                         static_cast<const float*>(x), loss_scale, static_cast<float*>(dx), dnorm,
                                         dlm_head, options_.head_chunking, &pool_);
@@ -475,9 +480,8 @@ class CpuBackend final : public ComputeBackend {
     if (norm_w.bf16 == nullptr || lm_head_w == nullptr || x == nullptr || loss_sum == nullptr) {
       return absl::InvalidArgumentError("HeadLoss: null pointer");
     }
-    const std::vector<float> norm = norm_w.fp32 != nullptr
-                                        ? std::vector<float>(norm_w.fp32, norm_w.fp32 + dims_.hidden)
-                                        : UpcastBf16(norm_w.bf16, dims_.hidden);
+    const std::vector<float> norm = norm_w.fp32 != nullptr ? std::vector<float>(norm_w.fp32, norm_w.fp32 + dims_.hidden)
+                                                           : UpcastBf16(norm_w.bf16, dims_.hidden);
     const double loss = HeadLossAndGrad<float, bf16_t>(dims_, norm.data(), lm_head_w, b->batch().labels.data(),
                                                        b->num_tokens(), static_cast<const float*>(x), loss_scale,
                                                        nullptr, nullptr, nullptr, options_.head_chunking, &pool_);
@@ -582,40 +586,18 @@ class CpuBackend final : public ComputeBackend {
   absl::Status ValidateContext(const MicroBatch& mb) const {
     const MicroBatchContext& c = mb.context;
     if (c.ranks == 1) return absl::OkStatus();
-    const int64_t T = mb.num_tokens();
     if (c.ranks < 1 || c.rank < 0 || c.rank >= c.ranks) {
       return absl::InvalidArgumentError(absl::StrCat("micro-batch context: rank ", c.rank, " of ", c.ranks));
     }
     if (context_group_ == nullptr) {
-      return absl::FailedPreconditionError("micro-batch is a context-parallel share, and the backend has no context group");
+      return absl::FailedPreconditionError(
+          "micro-batch is a context-parallel share, and the backend has no context group");
     }
     if (context_group_->ranks() != c.ranks) {
-      return absl::InvalidArgumentError(absl::StrCat("micro-batch context: ", c.ranks, " ranks, the backend's group has ",
-                                                     context_group_->ranks()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("micro-batch context: ", c.ranks, " ranks, the backend's group has ", context_group_->ranks()));
     }
-    const int64_t full = static_cast<int64_t>(c.gathered_position.size());
-    const auto& cu = c.full_cu_seqlens;
-    if (cu.size() < 2 || cu.front() != 0 || cu.back() != full || !std::is_sorted(cu.begin(), cu.end()) ||
-        static_cast<int64_t>(c.global_index.size()) != T || c.part < T || c.part > full) {
-      return absl::InvalidArgumentError(absl::StrCat("micro-batch context: ", T, " tokens of ", full, ", part ", c.part,
-                                                     ", ", cu.size(), " document boundaries"));
-    }
-    for (int64_t i = 0; i < T; ++i) {
-      const int64_t g = c.global_index[i];
-      if (g < 0 || g >= full || (i > 0 && g <= c.global_index[i - 1]) ||
-          c.gathered_position[g] != static_cast<int64_t>(c.rank) * c.part + i) {
-        return absl::InvalidArgumentError(absl::StrCat("micro-batch context: token ", i, " has index ", g,
-                                                       " in the whole, which does not map back to it"));
-      }
-    }
-    for (int64_t g = 0; g < full; ++g) {
-      if (c.gathered_position[g] < 0 || c.gathered_position[g] >= static_cast<int64_t>(c.ranks) * c.part) {
-        return absl::InvalidArgumentError(absl::StrCat("micro-batch context: token ", g, " of the whole gathers from ",
-                                                       c.gathered_position[g], ", outside ", c.ranks, " parts of ",
-                                                       c.part));
-      }
-    }
-    return absl::OkStatus();
+    return data::ValidateContextShare(mb);
   }
 
   absl::Status ValidateBatch(const MicroBatch& mb) const {
@@ -638,8 +620,8 @@ class CpuBackend final : public ComputeBackend {
       }
       const int32_t label = mb.labels[t];
       if (label != kIgnoreIndex && (label < 0 || label >= V)) {
-        return absl::InvalidArgumentError(absl::StrCat("micro-batch label ", t, " is ", label,
-                                                       ": neither in [0, ", V, ") nor kIgnoreIndex (", kIgnoreIndex, ")"));
+        return absl::InvalidArgumentError(absl::StrCat("micro-batch label ", t, " is ", label, ": neither in [0, ", V,
+                                                       ") nor kIgnoreIndex (", kIgnoreIndex, ")"));
       }
       const int32_t pos = mb.positions[t];
       if (pos < 0 || pos >= config_.max_position_embeddings) {
@@ -653,14 +635,14 @@ class CpuBackend final : public ComputeBackend {
           absl::StrCat("micro-batch cu_seqlens has ", cu.size(), " entries; needs at least 2 (0 and T)"));
     }
     if (cu.front() != 0 || cu.back() != T) {
-      return absl::InvalidArgumentError(absl::StrCat("micro-batch cu_seqlens must run from 0 to T=", T, ", got ",
-                                                     cu.front(), " .. ", cu.back()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("micro-batch cu_seqlens must run from 0 to T=", T, ", got ", cu.front(), " .. ", cu.back()));
     }
     int64_t longest = 0;
     for (size_t i = 1; i < cu.size(); ++i) {
       if (cu[i] < cu[i - 1]) {
-        return absl::InvalidArgumentError(absl::StrCat("micro-batch cu_seqlens decreases at entry ", i, ": ",
-                                                       cu[i - 1], " then ", cu[i]));
+        return absl::InvalidArgumentError(
+            absl::StrCat("micro-batch cu_seqlens decreases at entry ", i, ": ", cu[i - 1], " then ", cu[i]));
       }
       longest = std::max<int64_t>(longest, cu[i] - cu[i - 1]);
     }

@@ -11,10 +11,12 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/data/context_parallel.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "worker/compute/cuda/cuda_backend_impl.h"
@@ -28,9 +30,23 @@ namespace cuda_backend_internal {
 
 absl::StatusOr<std::unique_ptr<DeviceBatch>> CudaBackend::UploadBatch(const MicroBatch& mb) {
   const int64_t T = mb.num_tokens();
+  // A context-parallel share: its pieces' key ranges and the gather's row maps (validated there).
+  std::optional<data::ContextAttention> ctx;
   if (mb.context.ranks != 1) {
-    return absl::UnimplementedError("micro-batch is a context-parallel share: the CUDA backend has no "
-                                    "context-parallel attention yet (CPU workers only)");
+    if (context_group_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "micro-batch is a context-parallel share, and the backend has no context group");
+    }
+    if (context_group_->ranks() != mb.context.ranks) {
+      return absl::InvalidArgumentError(absl::StrCat("micro-batch context: ", mb.context.ranks,
+                                                     " ranks, the backend's group has ", context_group_->ranks()));
+    }
+    if (num_sparse_ > 0) {
+      return absl::UnimplementedError(
+          "context parallelism with MoE layers: the CUDA backend does not sum a group's "
+          "router statistics (CPU workers do)");
+    }
+    ASSIGN_OR_RETURN(ctx, data::ContextAttentionOf(mb));
   }
   if (mb.labels.size() != mb.tokens.size() || mb.positions.size() != mb.tokens.size()) {
     return absl::InvalidArgumentError(absl::StrCat("micro-batch: ", mb.tokens.size(), " tokens but ", mb.labels.size(),
@@ -87,6 +103,18 @@ absl::StatusOr<std::unique_ptr<DeviceBatch>> CudaBackend::UploadBatch(const Micr
   c.Reserve(&b->uniq_tokens_, static_cast<int64_t>(uniq.size()));
   c.Reserve(&b->seg_offsets_, static_cast<int64_t>(seg.size()));
   c.Reserve(&b->sorted_pos_, T);
+  std::vector<int32_t> gathered_row;
+  if (ctx) {
+    b->context_ranks_ = mb.context.ranks;
+    b->context_rank_ = mb.context.rank;
+    b->context_part_ = mb.context.part;
+    b->context_tokens_ = static_cast<int64_t>(mb.context.gathered_position.size());
+    b->max_keys_ = ctx->max_keys;
+    gathered_row.assign(mb.context.gathered_position.begin(), mb.context.gathered_position.end());
+    c.Reserve(&b->kv_bounds_, static_cast<int64_t>(ctx->kv_bounds.size()));
+    c.Reserve(&b->gathered_row_, b->context_tokens_);
+    c.Reserve(&b->gather_rows_, static_cast<int64_t>(ctx->gather_rows.size()));
+  }
   RETURN_IF_ERROR(c.Alloc(b->block_, stream_));
   auto up = [&](int32_t* dst, const std::vector<int32_t>& src) -> absl::Status {
     if (src.empty()) return absl::OkStatus();
@@ -101,6 +129,11 @@ absl::StatusOr<std::unique_ptr<DeviceBatch>> CudaBackend::UploadBatch(const Micr
   RETURN_IF_ERROR(up(b->uniq_tokens_, uniq));
   RETURN_IF_ERROR(up(b->seg_offsets_, seg));
   RETURN_IF_ERROR(up(b->sorted_pos_, order));
+  if (ctx) {
+    RETURN_IF_ERROR(up(b->kv_bounds_, ctx->kv_bounds));
+    RETURN_IF_ERROR(up(b->gathered_row_, gathered_row));
+    RETURN_IF_ERROR(up(b->gather_rows_, ctx->gather_rows));
+  }
   // Host vectors die at return: wait for the (pageable) copies.
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return std::unique_ptr<DeviceBatch>(std::move(b));

@@ -54,6 +54,18 @@ class CudaBatch final : public DeviceBatch {
   int32_t* seg_offsets_ = nullptr;
   int32_t* sorted_pos_ = nullptr;
 
+  // Context parallelism (a share of a micro-batch split over a group; data::ContextAttentionOf):
+  // attention runs this share's pieces against the group's gathered keys and values.
+  int context_ranks_ = 1;            // 1: a micro-batch of its own (the fields below unset)
+  int context_rank_ = 0;             // this share's rank in the group
+  int64_t context_part_ = 0;         // a rank's padded share: rows per rank in the gathers
+  int64_t context_tokens_ = 0;       // the whole micro-batch's tokens
+  int max_keys_ = 0;                 // the longest piece's key range
+  int32_t* kv_bounds_ = nullptr;     // device [2 * docs]: each piece's keys in the whole
+  int32_t* gathered_row_ = nullptr;  // device [whole]: each whole token's row in the rank-major gather
+  int32_t* gather_rows_ = nullptr;   // device [ranks * part]: the whole token of each gather row, -1 padding
+  bool context() const { return context_ranks_ > 1; }
+
   // MoE models: the batch's routing record, written by each sparse layer's forward (the interface
   // passes the batch const; these are what its forward left). By sparse ordinal: C_e and S_e on
   // the device ([sparse layers, E]), C_e on the host; the aux loss's weight and, once RouterAuxLoss
@@ -100,9 +112,9 @@ class CudaSaved final : public SavedActivations {
   MoeSaved moe_;
 
  private:
-  PoolBlock block_;                          // the forward's allocation,
+  PoolBlock block_;                         // the forward's allocation,
   std::unique_ptr<DeviceBuffer> attached_;  // or the one an activation store gave back
-  char* base_ = nullptr;                     // where acts_ points into
+  char* base_ = nullptr;                    // where acts_ points into
   int64_t bytes_ = 0;
   bool detached_ = false;
 };
@@ -136,6 +148,7 @@ class CudaBackend final : public ComputeBackend {
       cudaStreamDestroy(stream_);
     }
     if (rope_inv_freq_ != nullptr) cudaFree(rope_inv_freq_);
+    if (context_staging_ != nullptr) cudaFreeHost(context_staging_);
     if (limited_pool_ != nullptr) {
       cudaMemPool_t def = nullptr;
       if (cudaDeviceGetDefaultMemPool(&def, device_) == cudaSuccess) cudaDeviceSetMemPool(device_, def);
@@ -193,10 +206,11 @@ class CudaBackend final : public ComputeBackend {
       }
       if (sparse != nullptr) {
         if (!options_.fp32_residual) {
-          return absl::UnimplementedError("qwen3_moe: the CUDA backend runs MoE layers on the FP32 residual stream only");
+          return absl::UnimplementedError(
+              "qwen3_moe: the CUDA backend runs MoE layers on the FP32 residual stream only");
         }
-        ASSIGN_OR_RETURN(CudaMoeBlock block, CudaMoeBlock::Create(MoeDims::Of(config_), MoeOffsets::InUnit(*sparse),
-                                                                   &gemm_));
+        ASSIGN_OR_RETURN(CudaMoeBlock block,
+                         CudaMoeBlock::Create(MoeDims::Of(config_), MoeOffsets::InUnit(*sparse), &gemm_));
         moe_.emplace(std::move(block));
       }
     }
@@ -256,6 +270,10 @@ class CudaBackend final : public ComputeBackend {
     return absl::OkStatus();
   }
   void* native_stream() const override { return stream_; }
+  absl::Status SetContextGroup(ContextGroup* group) override {
+    context_group_ = group;
+    return absl::OkStatus();
+  }
   // Of the device's current pool: the default one, or the limited one of SetMemoryLimit.
   int64_t peak_memory_bytes() const override {
     cudaMemPool_t pool;
@@ -388,6 +406,11 @@ class CudaBackend final : public ComputeBackend {
     a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd_));
     a.cu_seqlens = b.cu_seqlens_;
     a.ordered_dq = options_.deterministic;
+    if (b.context()) {  // this share's pieces against the whole's keys (cross attention, own kernels)
+      a.kv_bounds = b.kv_bounds_;
+      a.kv_tokens = b.context_tokens_;
+      a.max_seqlen_kv = std::max(a.max_seqlen, b.max_keys_);
+    }
     return a;
   }
   kernels::RopeArgs Rope(int64_t T) const {
@@ -466,8 +489,7 @@ class CudaBackend final : public ComputeBackend {
   // attention reads or writes (qkv, qr, kr, o, lse) for all T tokens, the token-local ones (the
   // norms' outputs, h1, gu, act) for `local_rows` (T for kept pieces, a tile for scratch).
   // A sparse layer has no dense MLP: `inter` 0 reserves no gu/act (default: the dense I_).
-  void ReserveActs(Carver& c, LayerActs& a, int64_t T, uint32_t pieces, int64_t local_rows,
-                   int64_t inter = -1) const {
+  void ReserveActs(Carver& c, LayerActs& a, int64_t T, uint32_t pieces, int64_t local_rows, int64_t inter = -1) const {
     const int64_t I = inter < 0 ? I_ : inter;
     if (pieces & kPieceCheap) {
       c.Reserve(&a.xn1, local_rows * H_);
@@ -548,18 +570,35 @@ class CudaBackend final : public ComputeBackend {
   // cuDNN's workspace for this call, or nullopt when the own kernels run it (no cuDNN, or its
   // engines reject the shape: logged once per direction). Other cuDNN errors are returned.
   absl::StatusOr<std::optional<int64_t>> CudnnWorkspace(AttnDir dir, const kernels::AttnArgs& a);
-  absl::Status AttentionForward(const CudaBatch& b, const LayerActs& a);
+  // A context-parallel share (b.context()) attends the group's keys and values, [whole, 2 kvd]
+  // BF16 (keys | values per row, GatherContextKv); kv null: gathered here.
+  absl::Status AttentionForward(const CudaBatch& b, const LayerActs& a, const bf16* kv = nullptr);
   // cudnn_ws: CudnnWorkspace(kBackward)'s answer for this call (ws holds that many bytes, or the
-  // own kernels' workspace when it is empty).
-  absl::Status AttentionBackward(const kernels::AttnArgs& a, const std::optional<int64_t>& cudnn_ws,
-                                 const LayerActs& acts, bf16* d_o, bf16* dq, bf16* dk, bf16* dv, char* ws);
+  // own kernels' workspace when it is empty). A share: kv as above (required); dk and dv get this
+  // rank's rows of the group's summed key/value gradients.
+  absl::Status AttentionBackward(const CudaBatch& b, const kernels::AttnArgs& a, const std::optional<int64_t>& cudnn_ws,
+                                 const LayerActs& acts, bf16* d_o, bf16* dq, bf16* dk, bf16* dv, char* ws,
+                                 const bf16* kv = nullptr);
+
+  // Context parallelism: the group's keys and values of this layer in the whole's token order,
+  // [whole, 2 kvd] BF16 in `block` (this share's kr and v packed, all-gathered rank-major, then
+  // reordered); nullptr into *kv for a micro-batch of its own.
+  absl::Status GatherContextKv(const CudaBatch& b, const LayerActs& a, PoolBlock& block, const bf16** kv);
+  // The group's collectives over device buffers: the group's own (NCCL) or staged through pinned
+  // host memory and its host collectives (the shm segment).
+  absl::Status ContextAllGather(const void* local, int64_t bytes, void* out);
+  absl::Status ContextReduceScatter(float* buf, int64_t shard_numel, int rank);  // rank: this one's in the group
+  absl::StatusOr<char*> ContextStaging(int64_t bytes);
 
   int device_;
   CudaBackendOptions options_;
-  bool deterministic_default_ = false;  // options.deterministic at construction
+  bool deterministic_default_ = false;     // options.deterministic at construction
+  ContextGroup* context_group_ = nullptr;  // SetContextGroup (not owned)
+  char* context_staging_ = nullptr;        // pinned host memory for a group without device collectives
+  int64_t context_staging_bytes_ = 0;
   cudaStream_t stream_ = nullptr;
-  int64_t limit_ = 0;                      // SetMemoryLimit; 0: the default pool
-  cudaMemPool_t limited_pool_ = nullptr;   // the device's current pool while limited
+  int64_t limit_ = 0;                     // SetMemoryLimit; 0: the default pool
+  cudaMemPool_t limited_pool_ = nullptr;  // the device's current pool while limited
   GemmRunner gemm_;
   std::unique_ptr<kernels::CudnnAttention> cudnn_;
   bool cudnn_rejected_logged_[2] = {false, false};

@@ -44,6 +44,7 @@
 #include "worker/kernels/attention.h"
 #include "worker/kernels/cross_entropy.h"
 #include "worker/kernels/gemm.h"
+#include "worker/kernels/moe.h"
 #include "worker/kernels/qk_norm_rope.h"
 #include "worker/kernels/reductions.h"
 #include "worker/kernels/rmsnorm.h"
@@ -175,8 +176,8 @@ absl::Status CudaBackend::ResidualGemm(const bf16* a, int64_t k, const bf16* w, 
   return gemm_.Run(g, stream_);
 }
 
-absl::Status CudaBackend::ResidualBranchBackward(const void* dres, int64_t T, const bf16* w, int64_t k,
-                                                 const bf16* a, bf16* da, float* dw, bf16* dres_b) {
+absl::Status CudaBackend::ResidualBranchBackward(const void* dres, int64_t T, const bf16* w, int64_t k, const bf16* a,
+                                                 bf16* da, float* dw, bf16* dres_b) {
   // The GEMM operand: dres itself (BF16 mode) or its BF16 rounding (FP32 mode; HF autocast's
   // gradient of the BF16 branch output).
   const bf16* g = static_cast<const bf16*>(dres);
@@ -201,7 +202,8 @@ absl::Status CudaBackend::ResidualBranchBackward(const void* dres, int64_t T, co
 
 absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir, const kernels::AttnArgs& a) {
   const bool fwd = dir == AttnDir::kForward;
-  if (cudnn_ == nullptr || (!fwd && options_.deterministic)) return std::optional<int64_t>();
+  // Cross attention (a context-parallel share) runs on the own kernels.
+  if (cudnn_ == nullptr || (!fwd && options_.deterministic) || a.cross()) return std::optional<int64_t>();
   absl::StatusOr<int64_t> ws =
       fwd ? cudnn_->ForwardWorkspaceBytes(a, AttnStrides()) : cudnn_->BackwardWorkspaceBytes(a, AttnStrides());
   if (ws.ok()) return std::optional<int64_t>(*ws);
@@ -215,8 +217,14 @@ absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir, 
   return std::optional<int64_t>();
 }
 
-absl::Status CudaBackend::AttentionForward(const CudaBatch& b, const LayerActs& a) {
+absl::Status CudaBackend::AttentionForward(const CudaBatch& b, const LayerActs& a, const bf16* kv) {
   const kernels::AttnArgs attn = Attn(b);
+  if (b.context()) {
+    PoolBlock kv_block;
+    if (kv == nullptr) RETURN_IF_ERROR(GatherContextKv(b, a, kv_block, &kv));
+    return kernels::FlashAttentionForward(attn, {a.qr, qd_}, {kv, 2 * kvd_}, {kv + kvd_, 2 * kvd_}, {a.o, qd_}, a.lse,
+                                          stream_);
+  }
   ASSIGN_OR_RETURN(std::optional<int64_t> ws, CudnnWorkspace(AttnDir::kForward, attn));
   if (!ws.has_value()) {
     return kernels::FlashAttentionForward(attn, {a.qr, qd_}, {a.kr, kvd_}, {a.qkv + qd_ + kvd_, qkv_}, {a.o, qd_},
@@ -228,8 +236,33 @@ absl::Status CudaBackend::AttentionForward(const CudaBatch& b, const LayerActs& 
                          stream_);
 }
 
-absl::Status CudaBackend::AttentionBackward(const kernels::AttnArgs& a, const std::optional<int64_t>& cudnn_ws,
-                                            const LayerActs& acts, bf16* d_o, bf16* dq, bf16* dk, bf16* dv, char* ws) {
+absl::Status CudaBackend::AttentionBackward(const CudaBatch& b, const kernels::AttnArgs& a,
+                                            const std::optional<int64_t>& cudnn_ws, const LayerActs& acts, bf16* d_o,
+                                            bf16* dq, bf16* dk, bf16* dv, char* ws, const bf16* kv) {
+  if (b.context()) {
+    if (kv == nullptr) return absl::InternalError("context-parallel attention backward without the gathered keys");
+    // The group's key/value gradients: every rank adds its queries' share over the whole's keys
+    // (FP32), the rows are put rank-major, and the reduce-scatter leaves each rank the sum over
+    // the group of its own rows.
+    const int64_t whole = b.context_tokens_, part = b.context_part_, ranks = b.context_ranks_;
+    const int64_t ld = 2 * kvd_;
+    PoolBlock block;
+    Carver c;
+    float *dkv_whole, *dkv_ranked;
+    c.Reserve(&dkv_whole, whole * ld);
+    c.Reserve(&dkv_ranked, ranks * part * ld);
+    RETURN_IF_ERROR(c.Alloc(block, stream_));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dkv_whole, 0, whole * ld * sizeof(float), stream_));
+    RETURN_IF_ERROR(kernels::FlashAttentionBackwardCross(a, {acts.qr, qd_}, {kv, ld}, {kv + kvd_, ld}, {acts.o, qd_},
+                                                         acts.lse, {d_o, qd_}, {dq, qd_}, dkv_whole, dkv_whole + kvd_,
+                                                         ld, ws, stream_));
+    RETURN_IF_ERROR(kernels::GatherRowsF32(dkv_whole, ld, b.gather_rows_, ranks * part, ld, dkv_ranked, ld, stream_));
+    RETURN_IF_ERROR(ContextReduceScatter(dkv_ranked, part * ld, b.context_rank_));
+    const float* mine = dkv_ranked + part * ld * b.context_rank_;
+    const int64_t T = b.num_tokens_;
+    RETURN_IF_ERROR(kernels::CastRowsF32ToBf16(mine, ld, T, kvd_, dk, kvd_, stream_));
+    return kernels::CastRowsF32ToBf16(mine + kvd_, ld, T, kvd_, dv, qkv_, stream_);
+  }
   if (!cudnn_ws.has_value()) {
     return kernels::FlashAttentionBackward(a, {acts.qr, qd_}, {acts.kr, kvd_}, {acts.qkv + qd_ + kvd_, qkv_},
                                            {acts.o, qd_}, acts.lse, {d_o, qd_}, {dq, qd_}, {dk, kvd_}, {dv, qkv_}, ws,
@@ -237,6 +270,85 @@ absl::Status CudaBackend::AttentionBackward(const kernels::AttnArgs& a, const st
   }
   return cudnn_->Backward(a, {acts.qr, qd_}, {acts.kr, kvd_}, {acts.qkv + qd_ + kvd_, qkv_}, {acts.o, qd_}, acts.lse,
                           {d_o, qd_}, {dq, qd_}, {dk, kvd_}, {dv, qkv_}, ws, stream_);
+}
+
+absl::Status CudaBackend::GatherContextKv(const CudaBatch& b, const LayerActs& a, PoolBlock& block, const bf16** kv) {
+  *kv = nullptr;
+  if (!b.context()) return absl::OkStatus();
+  const int64_t T = b.num_tokens_, whole = b.context_tokens_, part = b.context_part_, ranks = b.context_ranks_;
+  const int64_t ld = 2 * kvd_;
+  bf16 *mine, *ranked, *ordered;
+  PoolBlock tmp;  // freed in stream order after the reorder
+  Carver c;
+  c.Reserve(&mine, part * ld);
+  c.Reserve(&ranked, ranks * part * ld);
+  RETURN_IF_ERROR(c.Alloc(tmp, stream_));
+  RETURN_IF_ERROR(block.Alloc(whole * ld * static_cast<int64_t>(sizeof(bf16)), stream_));
+  ordered = reinterpret_cast<bf16*>(block.get());
+  // This share's rows, keys | values (padding rows zero), then every rank's, then whole-token order.
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(mine, 0, part * ld * sizeof(bf16), stream_));
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(mine, ld * sizeof(bf16), a.kr, kvd_ * sizeof(bf16),
+                                                 kvd_ * sizeof(bf16), T, cudaMemcpyDeviceToDevice, stream_));
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(mine + kvd_, ld * sizeof(bf16), a.qkv + qd_ + kvd_,
+                                                 qkv_ * sizeof(bf16), kvd_ * sizeof(bf16), T, cudaMemcpyDeviceToDevice,
+                                                 stream_));
+  RETURN_IF_ERROR(ContextAllGather(mine, part * ld * static_cast<int64_t>(sizeof(bf16)), ranked));
+  RETURN_IF_ERROR(kernels::MoeGatherRows(ranked, b.gathered_row_, whole, ld, ordered, stream_));
+  *kv = ordered;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<char*> CudaBackend::ContextStaging(int64_t bytes) {
+  if (bytes > context_staging_bytes_) {
+    if (context_staging_ != nullptr) {
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaFreeHost(context_staging_));
+      context_staging_ = nullptr;
+      context_staging_bytes_ = 0;
+    }
+    void* p = nullptr;
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+    context_staging_ = static_cast<char*>(p);
+    context_staging_bytes_ = bytes;
+  }
+  return context_staging_;
+}
+
+absl::Status CudaBackend::ContextAllGather(const void* local, int64_t bytes, void* out) {
+  if (context_group_ == nullptr) return absl::FailedPreconditionError("context-parallel attention without a group");
+  const int64_t ranks = context_group_->ranks();
+  if (context_group_->device_collectives()) return context_group_->AllGatherDevice(local, bytes, out, stream_);
+  if (bytes % sizeof(float) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("context all-gather of ", bytes, " bytes (whole words only)"));
+  }
+  // Staged: this rank's part down, the host collective, every part up.
+  ASSIGN_OR_RETURN(char* host, ContextStaging((ranks + 1) * bytes));
+  char* host_all = host + bytes;
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, local, bytes, cudaMemcpyDeviceToHost, stream_));
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  RETURN_IF_ERROR(
+      context_group_->AllGather(reinterpret_cast<const float*>(host), bytes / 4, reinterpret_cast<float*>(host_all)));
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out, host_all, ranks * bytes, cudaMemcpyHostToDevice, stream_));
+  // The staging buffer is reused by the next collective: the copy must be done with it first.
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ContextReduceScatter(float* buf, int64_t shard_numel, int rank) {
+  if (context_group_ == nullptr) return absl::FailedPreconditionError("context-parallel attention without a group");
+  if (context_group_->device_collectives()) return context_group_->ReduceScatterDeviceF32(buf, shard_numel, stream_);
+  const int64_t ranks = context_group_->ranks();
+  const int64_t bytes = ranks * shard_numel * static_cast<int64_t>(sizeof(float));
+  ASSIGN_OR_RETURN(char* host, ContextStaging(bytes));
+  float* h = reinterpret_cast<float*>(host);
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h, buf, bytes, cudaMemcpyDeviceToHost, stream_));
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  RETURN_IF_ERROR(context_group_->ReduceScatter(h, shard_numel));
+  // Only this rank's shard is the sum; the caller reads only it.
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buf + rank * shard_numel, h + rank * shard_numel,
+                                               shard_numel * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::AttentionInputs(const UnitParams& params, const CudaBatch& b, const void* x,
@@ -328,8 +440,8 @@ std::unique_ptr<DeviceBuffer> CudaSaved::Detach() {
 absl::Status CudaSaved::Attach(std::unique_ptr<DeviceBuffer> block) {
   if (!detached_) return absl::FailedPreconditionError("saved activations: Attach without Detach");
   if (block == nullptr || block->bytes() != bytes_) {
-    return absl::InvalidArgumentError(absl::StrCat("saved activations: a block of ", block ? block->bytes() : 0,
-                                                   " bytes given back for ", bytes_));
+    return absl::InvalidArgumentError(
+        absl::StrCat("saved activations: a block of ", block ? block->bytes() : 0, " bytes given back for ", bytes_));
   }
   char* to = static_cast<char*>(block->data());
   auto rebase = [&](auto*& p) {
@@ -402,7 +514,10 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
 
   // Attention's inputs and output, recomputed where the policy did not keep them.
   RETURN_IF_ERROR(AttentionInputs(params, b, x, acts, kept, kept));
-  if (!policy.keeps(kPieceAttention)) RETURN_IF_ERROR(AttentionForward(b, acts));
+  PoolBlock kv_block;  // a context-parallel share: the group's keys and values, once for both
+  const bf16* kv = nullptr;
+  RETURN_IF_ERROR(GatherContextKv(b, acts, kv_block, &kv));
+  if (!policy.keeps(kPieceAttention)) RETURN_IF_ERROR(AttentionForward(b, acts, kv));
 
   // The MLP and o_proj blocks, tile by tile, each tile's MLP inputs recomputed around the kept pieces.
   for (int64_t t0 = 0; t0 < T; t0 += tile) {
@@ -415,8 +530,7 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
     RETURN_IF_ERROR(ResidualBranchBackward(dy_t, rows, W(params.bf16, kDownProj), I_, at.act, dact,
                                            dparams + off_[kDownProj], dres_b));
     RETURN_IF_ERROR(kernels::SwiGluBackward(at.gu, dact, rows, I_, dgu, stream_));
-    RETURN_IF_ERROR(
-        StackedBackward(params.bf16, dparams, gu_w_, dgu, 2 * I_, at.xn2, rows, H_, dxn, act_gemm_type()));
+    RETURN_IF_ERROR(StackedBackward(params.bf16, dparams, gu_w_, dgu, 2 * I_, at.xn2, rows, H_, dxn, act_gemm_type()));
     // dh1 = dy + RMSNorm2ᵀ(dxn), into dx's rows (dy's rows were last read above)
     RETURN_IF_ERROR(NormBackward(dxn, at.h1, Norm(params, kPostNorm), at.rstd2, dy_t, rows, dh1_t,
                                  dparams + off_[kPostNorm], ws_f));
@@ -424,7 +538,8 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
     RETURN_IF_ERROR(ResidualBranchBackward(dh1_t, rows, W(params.bf16, kOProj), qd_, at.o, dattn_o + t0 * qd_,
                                            dparams + off_[kOProj], dres_b));
   }
-  RETURN_IF_ERROR(AttentionBackward(attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + qd_ + kvd_, ws_attn));
+  RETURN_IF_ERROR(AttentionBackward(b, attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + qd_ + kvd_, ws_attn, kv));
+  kv_block.Release();
 
   // q/k norm + RoPE and the QKV projections, tile by tile.
   return QkvBackward(params, b, x, acts, kept, tile, dqr, dkr, dqkv, dxn, ws_f, dx, dparams);
@@ -446,12 +561,11 @@ absl::Status CudaBackend::QkvBackward(const UnitParams& params, const CudaBatch&
     if (config_.has_qk_norm()) {
       float* dqn = dparams + off_[kQNorm];
       float* dkn = dparams + off_[kKNorm];
-      RETURN_IF_ERROR(qn.f != nullptr ? kernels::QkNormRopeBackward(rope, dqr + t0 * qd_, dkr + t0 * kvd_, at.qkv,
-                                                                    qkv_, qn.f, kn.f, pos, dqkv_t, qkv_, dqn, dkn,
-                                                                    ws_f, stream_)
-                                      : kernels::QkNormRopeBackward(rope, dqr + t0 * qd_, dkr + t0 * kvd_, at.qkv,
-                                                                    qkv_, qn.b, kn.b, pos, dqkv_t, qkv_, dqn, dkn,
-                                                                    ws_f, stream_));
+      RETURN_IF_ERROR(qn.f != nullptr
+                          ? kernels::QkNormRopeBackward(rope, dqr + t0 * qd_, dkr + t0 * kvd_, at.qkv, qkv_, qn.f, kn.f,
+                                                        pos, dqkv_t, qkv_, dqn, dkn, ws_f, stream_)
+                          : kernels::QkNormRopeBackward(rope, dqr + t0 * qd_, dkr + t0 * kvd_, at.qkv, qkv_, qn.b, kn.b,
+                                                        pos, dqkv_t, qkv_, dqn, dkn, ws_f, stream_));
     } else {
       RETURN_IF_ERROR(kernels::RopeBackward(rope, dqr + t0 * qd_, dkr + t0 * kvd_, pos, dqkv_t, qkv_, stream_));
     }
@@ -545,7 +659,8 @@ absl::Status CudaBackend::Head(const UnitParams& norm_params, const bf16_t* lm_h
       RETURN_IF_ERROR(Wgrad(logits, V, xn + t0 * H_, H_, tc, V, H_, dlm_head));
     }
     if (grads) {
-      RETURN_IF_ERROR(NormBackward(dxn, ResidualRow(x, s0), norm_w, rstd, nullptr, rows, ResidualRow(dx, s0), dnorm, ws));
+      RETURN_IF_ERROR(
+          NormBackward(dxn, ResidualRow(x, s0), norm_w, rstd, nullptr, rows, ResidualRow(dx, s0), dnorm, ws));
     }
   }
   RETURN_IF_ERROR(kernels::SumInto(row_loss, T, loss_sum, stream_));

@@ -87,7 +87,8 @@ absl::Status CudaBackend::SparseDecoderForward(const UnitParams& params, const C
     RETURN_IF_ERROR(CopyToHost(moe_state->topk_expert, b.host_topk_[ordinal].data(),
                                b.host_topk_[ordinal].size() * sizeof(int32_t)));
   }
-  RETURN_IF_ERROR(kernels::AddF32(static_cast<const float*>(acts.h1), moe_out, T * H_, static_cast<float*>(y), stream_));
+  RETURN_IF_ERROR(
+      kernels::AddF32(static_cast<const float*>(acts.h1), moe_out, T * H_, static_cast<float*>(y), stream_));
   if (saved != nullptr) *saved = std::move(keep);
   return absl::OkStatus();
 }
@@ -113,9 +114,9 @@ absl::Status CudaBackend::SparseDecoderBackward(const UnitParams& params, const 
   c.Reserve(&dqr, T * qd_);
   c.Reserve(&dkr, T * kvd_);
   c.Reserve(&dqkv, T * qkv_);
-  c.Reserve(&ws_f, std::max({kernels::RmsNormBackwardWorkspaceNumel(T, H_),
-                             kernels::QkNormRopeBackwardWorkspaceNumel(Rope(T)),
-                             config_.has_qkv_bias() ? kernels::ColumnSumsWorkspaceNumel(T, qd_) : int64_t{0}}));
+  c.Reserve(&ws_f,
+            std::max({kernels::RmsNormBackwardWorkspaceNumel(T, H_), kernels::QkNormRopeBackwardWorkspaceNumel(Rope(T)),
+                      config_.has_qkv_bias() ? kernels::ColumnSumsWorkspaceNumel(T, qd_) : int64_t{0}}));
   ASSIGN_OR_RETURN(const std::optional<int64_t> cudnn_ws, CudnnWorkspace(AttnDir::kBackward, attn));
   c.Reserve(&ws_attn, cudnn_ws.has_value() ? *cudnn_ws : kernels::FlashAttentionBackwardWorkspaceBytes(attn));
   RETURN_IF_ERROR(c.Alloc(block, stream_));
@@ -127,7 +128,8 @@ absl::Status CudaBackend::SparseDecoderBackward(const UnitParams& params, const 
   if (!policy.keeps(kPieceOProj)) {
     RETURN_IF_ERROR(ResidualGemm(acts.o, qd_, W(params.bf16, kOProj), x, acts.h1, branch, T));
   }
-  if (!policy.keeps(kPieceCheap)) RETURN_IF_ERROR(NormForward(acts.h1, Norm(params, kPostNorm), T, acts.xn2, acts.rstd2));
+  if (!policy.keeps(kPieceCheap))
+    RETURN_IF_ERROR(NormForward(acts.h1, Norm(params, kPostNorm), T, acts.xn2, acts.rstd2));
 
   // y = h1 + MoE(xn2): the block's backward (with the aux loss's gradient once RouterAuxLoss set it).
   const MoeSaved* moe_saved = saved != nullptr && saved->moe_.keep != MoeKeep::kNothing ? &saved->moe_ : nullptr;
@@ -140,7 +142,7 @@ absl::Status CudaBackend::SparseDecoderBackward(const UnitParams& params, const 
   // h1 = x + o·Woᵀ
   RETURN_IF_ERROR(
       ResidualBranchBackward(dx, T, W(params.bf16, kOProj), qd_, acts.o, dattn_o, dparams + off_[kOProj], dres_b));
-  RETURN_IF_ERROR(AttentionBackward(attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + qd_ + kvd_, ws_attn));
+  RETURN_IF_ERROR(AttentionBackward(b, attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + qd_ + kvd_, ws_attn));
   return QkvBackward(params, b, x, acts, kept, T, dqr, dkr, dqkv, dxn, ws_f, dx, dparams);
 }
 

@@ -17,6 +17,69 @@
 
 namespace slidedp::kernel_test {
 
+namespace {
+
+// FP64 attention, causal inside each document of cu: o, lse [nq, T], and the gradients of
+// Σ dout·o (dv with v's row stride).
+struct Reference {
+  std::vector<double> o, lse, dq, dk, dv;
+};
+Reference ReferenceAttention(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                             const std::vector<double>& dout, const std::vector<int32_t>& cu, int hd, int nq, int nkv,
+                             int64_t ldq, int64_t ldk, int64_t ldv, double sc) {
+  const int64_t T = cu.back();
+  const int group = nq / nkv;
+  Reference r;
+  r.o.assign(T * ldq, 0);
+  r.lse.assign(nq * T, 0);
+  r.dq.assign(T * ldq, 0);
+  r.dk.assign(T * ldk, 0);
+  r.dv.assign(T * ldv, 0);
+  std::vector<double>&ro = r.o, &rl = r.lse, &rdq = r.dq, &rdk = r.dk, &rdv_full = r.dv;
+  for (size_t d = 0; d + 1 < cu.size(); ++d)
+    for (int h = 0; h < nq; ++h) {
+      const int kh = h / group;
+      for (int64_t i = cu[d]; i < cu[d + 1]; ++i) {
+        std::vector<double> p(i - cu[d] + 1);
+        double m = -INFINITY;
+        for (int64_t j = cu[d]; j <= i; ++j) {
+          double s = 0;
+          for (int c = 0; c < hd; ++c) s += q[i * ldq + h * hd + c] * k[j * ldk + kh * hd + c];
+          p[j - cu[d]] = s * sc;
+          m = std::max(m, s * sc);
+        }
+        double sum = 0;
+        for (auto& x : p) {
+          x = std::exp(x - m);
+          sum += x;
+        }
+        rl[h * T + i] = m + std::log(sum);
+        for (auto& x : p) x /= sum;
+        std::vector<double> oo(hd, 0), dp(p.size());
+        for (int64_t j = cu[d]; j <= i; ++j)
+          for (int c = 0; c < hd; ++c) oo[c] += p[j - cu[d]] * v[j * ldv + kh * hd + c];
+        double D = 0;
+        for (int c = 0; c < hd; ++c) {
+          ro[i * ldq + h * hd + c] = oo[c];
+          D += oo[c] * dout[i * ldq + h * hd + c];
+        }
+        for (int64_t j = cu[d]; j <= i; ++j) {
+          double x = 0;
+          for (int c = 0; c < hd; ++c) x += dout[i * ldq + h * hd + c] * v[j * ldv + kh * hd + c];
+          const double pj = p[j - cu[d]], ds = pj * (x - D) * sc;
+          for (int c = 0; c < hd; ++c) {
+            rdq[i * ldq + h * hd + c] += ds * k[j * ldk + kh * hd + c];
+            rdk[j * ldk + kh * hd + c] += ds * q[i * ldq + h * hd + c];
+            rdv_full[j * ldv + kh * hd + c] += pj * dout[i * ldq + h * hd + c];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+}  // namespace
+
 void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kernels::AttnArgs::BwdSplit split,
                     kernels::CudnnAttention* cudnn, bool ordered) {
   std::vector<int32_t> cu = {0};
@@ -108,47 +171,8 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kerne
                 docs.size(), static_cast<long long>(T), same ? "yes" : "no");
   }
   const double sc = a.softmax_scale;
-  const int group = nq / nkv;
-  std::vector<double> ro(T * ldq), rl(nq * T), rdq(T * ldq, 0), rdk(T * ldk, 0), rdv_full(T * ldv, 0);
-  for (size_t d = 0; d + 1 < cu.size(); ++d)
-    for (int h = 0; h < nq; ++h) {
-      const int kh = h / group;
-      for (int64_t i = cu[d]; i < cu[d + 1]; ++i) {
-        std::vector<double> p(i - cu[d] + 1);
-        double m = -INFINITY;
-        for (int64_t j = cu[d]; j <= i; ++j) {
-          double s = 0;
-          for (int c = 0; c < hd; ++c) s += q[i * ldq + h * hd + c] * k[j * ldk + kh * hd + c];
-          p[j - cu[d]] = s * sc;
-          m = std::max(m, s * sc);
-        }
-        double sum = 0;
-        for (auto& x : p) {
-          x = std::exp(x - m);
-          sum += x;
-        }
-        rl[h * T + i] = m + std::log(sum);
-        for (auto& x : p) x /= sum;
-        std::vector<double> oo(hd, 0), dp(p.size());
-        for (int64_t j = cu[d]; j <= i; ++j)
-          for (int c = 0; c < hd; ++c) oo[c] += p[j - cu[d]] * v[j * ldv + kh * hd + c];
-        double D = 0;
-        for (int c = 0; c < hd; ++c) {
-          ro[i * ldq + h * hd + c] = oo[c];
-          D += oo[c] * dout[i * ldq + h * hd + c];
-        }
-        for (int64_t j = cu[d]; j <= i; ++j) {
-          double x = 0;
-          for (int c = 0; c < hd; ++c) x += dout[i * ldq + h * hd + c] * v[j * ldv + kh * hd + c];
-          const double pj = p[j - cu[d]], ds = pj * (x - D) * sc;
-          for (int c = 0; c < hd; ++c) {
-            rdq[i * ldq + h * hd + c] += ds * k[j * ldk + kh * hd + c];
-            rdk[j * ldk + kh * hd + c] += ds * q[i * ldq + h * hd + c];
-            rdv_full[j * ldv + kh * hd + c] += pj * dout[i * ldq + h * hd + c];
-          }
-        }
-      }
-    }
+  const Reference r = ReferenceAttention(q, k, v, dout, cu, hd, nq, nkv, ldq, ldk, ldv, sc);
+  const std::vector<double>&ro = r.o, &rl = r.lse, &rdq = r.dq, &rdk = r.dk, &rdv_full = r.dv;
   std::vector<double> gdv, rdv;
   auto gv = DownBf16(dv.get(), T * ldv);
   for (int64_t t = 0; t < T; ++t)
@@ -168,6 +192,117 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kerne
   ExpectRelErr(name + " bwd dQ" + tag, DownBf16(dq.get(), T * ldq), rdq, 2e-2);
   ExpectRelErr(name + " bwd dK" + tag, DownBf16(dk.get(), T * ldk), rdk, 2e-2);
   ExpectRelErr(name + " bwd dV" + tag, gdv, rdv, 2e-2);
+}
+
+void CheckCrossAttention(int hd, int nq, int nkv, const std::vector<int>& docs, int ranks, bool ordered) {
+  std::vector<int32_t> cu = {0};
+  for (int d : docs) cu.push_back(cu.back() + d);
+  const int64_t T = cu.back();
+  const int64_t ldq = nq * hd, ldk = nkv * hd, ldv = nkv * hd + 24;
+  auto q = RandVec(T * ldq), k = RandVec(T * ldk), v = RandVec(T * ldv), dout = RandVec(T * ldq);
+  std::unique_ptr<Dev<bf16>> dk_in(NewBf16(k)), dv_in(NewBf16(v));
+  const double sc = 1.0 / std::sqrt(static_cast<double>(hd));
+  const Reference r = ReferenceAttention(q, k, v, dout, cu, hd, nq, nkv, ldq, ldk, ldv, sc);
+  // The group's dK | dV in FP32, [T, 2 * kvd]: every rank's backward adds into it (the sum a
+  // reduce-scatter forms across GPUs).
+  const int64_t kvd = nkv * hd, ld_acc = 2 * kvd;
+  Dev<float> dkv(T * ld_acc);
+  ASSERT_CUDA_OK(cudaMemset(dkv.get(), 0, T * ld_acc * 4));
+  std::vector<double> got_o(T * ldq), got_dq(T * ldq), got_lse(nq * T), ref_o(T * ldq), ref_dq(T * ldq),
+      ref_lse(nq * T);
+  const std::string tag = " (hd=" + std::to_string(hd) + " " + std::to_string(nq) + "/" + std::to_string(nkv) +
+                          " heads, " + std::to_string(docs.size()) + " docs, T=" + std::to_string(T) + ", " +
+                          std::to_string(ranks) + " ranks" + (ordered ? ", ordered dQ" : "") + ")";
+  for (int rank = 0; rank < ranks; ++rank) {
+    // Zig-zag share of the micro-batch as one row: chunks rank and 2C-1-rank of 2C.
+    std::vector<int64_t> rows;
+    for (int c : {rank, 2 * ranks - 1 - rank}) {
+      for (int64_t g = c * T / (2 * ranks); g < (c + 1) * T / (2 * ranks); ++g) rows.push_back(g);
+    }
+    const int64_t L = static_cast<int64_t>(rows.size());
+    // Pieces: runs of consecutive tokens of one document; keys from the document's start.
+    std::vector<int32_t> lcu = {0}, bounds;
+    int max_q = 0, max_kv = 0;
+    for (int64_t i = 0; i < L; ++i) {
+      const int64_t g = rows[i];
+      const int doc = static_cast<int>(std::upper_bound(cu.begin(), cu.end(), g) - cu.begin()) - 1;
+      const bool ends = i + 1 == L || rows[i + 1] != g + 1 || rows[i + 1] >= cu[doc + 1];
+      if (!ends) continue;
+      lcu.push_back(static_cast<int32_t>(i + 1));
+      bounds.push_back(cu[doc]);
+      bounds.push_back(static_cast<int32_t>(g + 1));
+      max_q = std::max(max_q, lcu.back() - lcu[lcu.size() - 2]);
+      max_kv = std::max(max_kv, static_cast<int>(g + 1 - cu[doc]));
+    }
+    std::vector<double> lq(L * ldq), ldo(L * ldq);
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t c = 0; c < ldq; ++c) {
+        lq[i * ldq + c] = q[rows[i] * ldq + c];
+        ldo[i * ldq + c] = dout[rows[i] * ldq + c];
+      }
+    std::unique_ptr<Dev<bf16>> dq_in(NewBf16(lq)), ddo(NewBf16(ldo));
+    Dev<int32_t> dcu(lcu.size()), dbounds(bounds.size());
+    Upload(dcu, lcu);
+    Upload(dbounds, bounds);
+    Dev<bf16> o(L * ldq), dq(L * ldq);
+    Dev<float> lse(nq * L);
+    kernels::AttnArgs a;
+    a.tokens = L;
+    a.num_docs = static_cast<int>(lcu.size()) - 1;
+    a.max_seqlen = max_q;
+    a.num_q_heads = nq;
+    a.num_kv_heads = nkv;
+    a.head_dim = hd;
+    a.softmax_scale = static_cast<float>(sc);
+    a.cu_seqlens = dcu.get();
+    a.kv_bounds = dbounds.get();
+    a.kv_tokens = T;
+    a.max_seqlen_kv = max_kv;
+    a.ordered_dq = ordered;
+    Dev<char> ws(kernels::FlashAttentionBackwardWorkspaceBytes(a));
+    ASSERT_OK(kernels::FlashAttentionForward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv},
+                                             {o.get(), ldq}, lse.get(), nullptr));
+    ASSERT_OK(kernels::FlashAttentionBackwardCross(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv},
+                                                   {o.get(), ldq}, lse.get(), {ddo->get(), ldq}, {dq.get(), ldq},
+                                                   dkv.get(), dkv.get() + kvd, ld_acc, ws.get(), nullptr));
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    if (ordered && rank == 0) {  // dQ bitwise repeatable; dK/dV: at most two adds per row from one rank
+      Dev<float> again(T * ld_acc);
+      ASSERT_CUDA_OK(cudaMemset(again.get(), 0, T * ld_acc * 4));
+      auto first_dq = DownBf16(dq.get(), L * ldq);
+      std::vector<double> first_dkv = DownF32(dkv.get(), T * ld_acc);
+      ASSERT_OK(kernels::FlashAttentionBackwardCross(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv},
+                                                     {o.get(), ldq}, lse.get(), {ddo->get(), ldq}, {dq.get(), ldq},
+                                                     again.get(), again.get() + kvd, ld_acc, ws.get(), nullptr));
+      ASSERT_CUDA_OK(cudaDeviceSynchronize());
+      const bool same = DownBf16(dq.get(), L * ldq) == first_dq && DownF32(again.get(), T * ld_acc) == first_dkv;
+      std::printf("%s  cross attention bwd ordered dQ: 2 runs bitwise equal%s\n", same ? "PASS" : "FAIL", tag.c_str());
+      EXPECT_TRUE(same) << "cross attention bwd ordered dQ: 2 runs bitwise equal" << tag;
+    }
+    const auto go = DownBf16(o.get(), L * ldq), gdq = DownBf16(dq.get(), L * ldq);
+    const auto gl = DownF32(lse.get(), nq * L);
+    for (int64_t i = 0; i < L; ++i) {
+      for (int64_t c = 0; c < ldq; ++c) {
+        got_o[rows[i] * ldq + c] = go[i * ldq + c];
+        got_dq[rows[i] * ldq + c] = gdq[i * ldq + c];
+      }
+      for (int h = 0; h < nq; ++h) got_lse[h * T + rows[i]] = gl[h * L + i];
+    }
+  }
+  const auto acc = DownF32(dkv.get(), T * ld_acc);
+  std::vector<double> gdk, gdv, rdk, rdv;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < kvd; ++c) {
+      gdk.push_back(acc[t * ld_acc + c]);
+      gdv.push_back(acc[t * ld_acc + kvd + c]);
+      rdk.push_back(r.dk[t * ldk + c]);
+      rdv.push_back(r.dv[t * ldv + c]);
+    }
+  ExpectRelErr("cross attention fwd O" + tag, got_o, r.o, 1e-2);
+  ExpectRelErr("cross attention fwd LSE" + tag, got_lse, r.lse, 1e-4);
+  ExpectRelErr("cross attention bwd dQ" + tag, got_dq, r.dq, 2e-2);
+  ExpectRelErr("cross attention bwd dK (summed over ranks)" + tag, gdk, rdk, 2e-2);
+  ExpectRelErr("cross attention bwd dV (summed over ranks)" + tag, gdv, rdv, 2e-2);
 }
 
 }  // namespace slidedp::kernel_test

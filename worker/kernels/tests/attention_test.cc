@@ -67,5 +67,34 @@ INSTANTIATE_TEST_SUITE_P(OrderedDq, AttentionGpuTest,
                                            AttnCase{128, 8, 2, {1024, 900, 700}, Split::kAuto, true}),
                          CaseName);
 
+// Cross attention (context parallelism's zig-zag shares against the gathered keys): both head
+// dims of the tensor-core path, the slow path, 2 and 3 ranks, ordered dQ, shares whose pieces
+// begin mid-document and documents shorter than a chunk.
+struct CrossCase {
+  int hd, nq, nkv;
+  std::vector<int> docs;
+  int ranks;
+  bool ordered = false;
+};
+class CrossAttentionGpuTest : public GpuTest, public ::testing::WithParamInterface<CrossCase> {};
+TEST_P(CrossAttentionGpuTest, SharesMatchTheWholeBatch) {
+  const CrossCase& c = GetParam();
+  CheckCrossAttention(c.hd, c.nq, c.nkv, c.docs, c.ranks, c.ordered);
+}
+std::string CrossName(const ::testing::TestParamInfo<CrossCase>& info) {
+  const CrossCase& c = info.param;
+  const int T = std::accumulate(c.docs.begin(), c.docs.end(), 0);
+  return "Hd" + std::to_string(c.hd) + "_Heads" + std::to_string(c.nq) + "x" + std::to_string(c.nkv) + "_T" +
+         std::to_string(T) + "_Ranks" + std::to_string(c.ranks) + (c.ordered ? "_OrderedDq" : "");
+}
+INSTANTIATE_TEST_SUITE_P(Cross, CrossAttentionGpuTest,
+                         ::testing::Values(CrossCase{128, 4, 2, {700}, 2},
+                                           CrossCase{128, 4, 2, {1, 130, 67, 300, 5}, 2},
+                                           CrossCase{128, 8, 2, {513, 260}, 3}, CrossCase{64, 4, 2, {450, 70}, 2},
+                                           CrossCase{128, 4, 2, {1024, 300}, 2, true},
+                                           CrossCase{64, 4, 4, {200, 77}, 3, true}, CrossCase{16, 4, 2, {90, 40}, 2},
+                                           CrossCase{48, 2, 2, {61}, 3}),
+                         CrossName);
+
 }  // namespace
 }  // namespace slidedp
