@@ -67,7 +67,7 @@ class AutoPolicyCheck(unittest.TestCase):
         rc, out = self.run_check(auto=9000.0, predicted=5.0, measured=7.3)
         self.assertEqual(rc, 1)
         self.assertIn("FAIL autopolicy  policy auto / act_policy auto: 0.968", out)
-        self.assertIn("FAIL autopolicy  predicted step 5.000 s against 7.300 s measured (steps 5+): +46.0%", out)
+        self.assertIn("FAIL autopolicy  predicted step 5.000 s against 7.300 s measured (steps 6+): +46.0%", out)
 
     def test_sweep_compares_with_the_fastest_fixed_layout(self):
         sweep = (("last 5 keep_all", 5, 6.0), ("last 9 selective, first 18 offloaded", 6, 6.4))

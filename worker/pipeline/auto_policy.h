@@ -52,7 +52,7 @@ struct StepObservation {
 };
 
 struct LayerProbe {
-  LayerPolicy policy;  // (offload 0: a probe times what stays on the device)
+  LayerPolicy policy;       // (offload 0: a probe times what stays on the device)
   double time_s = 0;        // forward + backward of one layer over the step's micro-batches
   int64_t saved_bytes = 0;  // what the kind keeps beyond the layer input, over the micro-batches
   double forward_s = 0;     // of time_s, the forward's
@@ -77,13 +77,13 @@ struct CopyRates {
 struct AutoPolicyInputs {
   const ModelLayout* layout = nullptr;
   std::vector<LayerProbe> probes;
-  int64_t checkpoint_bytes = 0;   // one layer's input over the step's micro-batches
-  int micro_batches = 1;          // a layer's checkpoints per step (the offload shares' grain)
+  int64_t checkpoint_bytes = 0;  // one layer's input over the step's micro-batches
+  int micro_batches = 1;         // a layer's checkpoints per step (the offload shares' grain)
   // The largest step's tokens over the measured step's (>= 1): the layers' bytes are planned for
   // it, since rows hold only their documents' tokens and a later step may hold more.
   double largest_step_scale = 1;
   StepObservation recompute_step;  // every layer recomputed, nothing offloaded
-  int64_t capacity_bytes = 0;     // device memory, or runtime.gpu_memory_limit
+  int64_t capacity_bytes = 0;      // device memory, or runtime.gpu_memory_limit
   int64_t host_budget_bytes = -1;  // pinned host memory for offloaded checkpoints; -1: no bound
   CopyRates rates;
   std::string device_name, build;
@@ -91,7 +91,7 @@ struct AutoPolicyInputs {
 };
 
 struct AutoPolicyChoice {
-  LayerLayout layout;  // with its AutoPolicyRecord
+  LayerLayout layout;               // with its AutoPolicyRecord
   std::vector<ActPolicy> policies;  // per decoder layer
   std::vector<double> offloaded;    // per unit, the share offloaded; empty: none
   int64_t predicted_peak_bytes = 0;
@@ -187,7 +187,7 @@ class AutoPolicySession {
   AutoPolicyInputs inputs_;
   AutoPolicyChoice choice_;
   int resolves_ = 0;
-  bool warmed_up_ = false;
+  int warmups_left_ = -1;  // steps still to pass before the measured one (-1: not decided yet)
   struct Measured {
     AutoPolicyChoice choice;
     double step_s = 0;
@@ -212,7 +212,6 @@ class AutoPolicySession {
   bool reported_ = false;
 };
 
-
 // A validation step may peak at most at this fraction of the capacity; over it the layout is re-solved.
 inline constexpr double kAutoPolicyMaxPeakFraction = 0.95;
 // A validation step this much slower than predicted, with checkpoints offloaded, is solved again
@@ -220,5 +219,7 @@ inline constexpr double kAutoPolicyMaxPeakFraction = 0.95;
 inline constexpr double kAutoPolicyPredictionSlack = 0.05;
 // Offloading must predict a step this much shorter than the best layout without it.
 inline constexpr double kAutoPolicyOffloadGain = 0.03;
+// A job of at least this many steps left at its first is measured on its third step (two warm-ups).
+inline constexpr int64_t kAutoPolicyLongJobSteps = 12;
 
 }  // namespace slidedp

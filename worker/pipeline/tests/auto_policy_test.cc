@@ -69,6 +69,29 @@ TEST(AutoPolicy, TheLayoutFitsAndPredictsItsPeak) {
   EXPECT_NE(c->layout.layers.back().kind, LayerKind::kRecompute);
 }
 
+// A small batch whose step the host's updates pace (Qwen3-4B at 16K on an H200, session 23, its
+// third step: gate waits 1.17 of 2.00 s, 36 recompute layers 0.84 s of GPU work): the layers' gain
+// comes off the whole step (measured: keep-all's steady step 1.797 s), so the base keeps the gated
+// time outside the layers and no host floor; keep-all is predicted 1.884 s (-4.6%).
+TEST(AutoPolicy, AHostPacedStepKeepsItsGainOffTheWholeStep) {
+  const ModelLayout layout = Layout36();
+  AutoPolicyInputs in = EightB(layout);
+  in.host_budget_bytes = 0;
+  in.probes = {{LayerPolicy{LayerKind::kRecompute}, 0.0234, 0},
+               {LayerPolicy{LayerKind::kSelective}, 0.0246, kGiB / 8},
+               {LayerPolicy{LayerKind::kKeepAll}, 0.0202, 1674 * (kGiB / 1000)}};
+  for (LayerProbe& p : in.probes) p.forward_s = p.time_s / 4;
+  in.recompute_step = {1.999, 0.828, 1.171, 0.363, 0.379, 31 * kGiB};
+  auto c = ChooseLayout(in);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const AutoPolicyRecord& r = *c->layout.autopolicy;
+  EXPECT_EQ(r.problem.base.host_s, 0.0);
+  EXPECT_NEAR(r.problem.base.compute_s, 1.999 - 36 * 0.0234, 1e-9);
+  EXPECT_EQ(MixName(r.problem.candidates, r.predicted.counts), "36 keep_all");
+  EXPECT_NEAR(r.predicted.step_s, 1.999 - 36 * (0.0234 - 0.0202), 1e-9);
+  EXPECT_NEAR((1.797 - r.predicted.step_s) / r.predicted.step_s, -0.046, 0.001);
+}
+
 // Rows hold their documents' tokens only: the layers' bytes are planned for a step of full rows,
 // so a later, fuller step still fits.
 TEST(AutoPolicy, MemoryIsPlannedForTheLargestStep) {
@@ -223,6 +246,43 @@ TEST(AutoPolicy, SweepLayoutsKeepTheMostThatFits) {
 // The session on the CPU backend's real probes, fed step figures: a layout slower than the
 // recompute step sends the job back to recompute, and that answer is reported with its record
 // (every layer recompute, predicted from the same measurements), so hostd caches it.
+// A job long enough to gain from the wait is measured on its third step: LayerAdam's first pass
+// over the state can still hold the second step's gates. A shorter job on its second.
+TEST(AutoPolicySession, ALongJobIsMeasuredOnItsThirdStep) {
+  const ModelConfig config = *ModelConfig::Preset("tiny");
+  const ModelLayout layout = ModelLayout::Build(config);
+  auto backend = MakeCpuBackend(config);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  AutoPolicySession::Options o;
+  o.enabled = true;
+  o.backend = backend->get();
+  o.layout = &layout;
+  o.capacity_bytes = 1ll << 30;
+  o.host_budget_bytes = 0;
+  o.device_name = "cpu";
+  o.build = "test";
+  const std::vector<MicroBatch> mbs = {testing::MakeBatch({64}, config.vocab_size, 1)};
+  StepObservation step;
+  step.total_s = step.compute_s = 1.0;
+  step.peak_bytes = 1 << 20;
+  AutoPolicySession long_job(o);
+  for (int k = 0; k < 2; ++k) {
+    auto r = long_job.AfterStep(k, step, mbs, kAutoPolicyLongJobSteps - k);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->has_value()) << "step " << k + 1;
+  }
+  auto r = long_job.AfterStep(2, step, mbs, kAutoPolicyLongJobSteps - 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->has_value());
+  AutoPolicySession short_job(o);
+  r = short_job.AfterStep(0, step, mbs, kAutoPolicyLongJobSteps - 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->has_value());
+  r = short_job.AfterStep(1, step, mbs, kAutoPolicyLongJobSteps - 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->has_value());
+}
+
 TEST(AutoPolicySession, RecomputeIsAMeasuredAnswerWithItsRecord) {
   const ModelConfig config = *ModelConfig::Preset("tiny");
   const ModelLayout layout = ModelLayout::Build(config);
@@ -262,9 +322,8 @@ TEST(AutoPolicySession, RecomputeIsAMeasuredAnswerWithItsRecord) {
   const AutoPolicyChoice& c = session.chosen();
   for (const LayerPolicy& l : c.layout.layers) EXPECT_EQ(l, LayerPolicy{}) << LayerPolicyName(l);
   ASSERT_TRUE(c.layout.autopolicy.has_value());
-  EXPECT_EQ(c.layout.autopolicy->predicted.step_s, PredictPolicy(c.layout.autopolicy->problem,
-                                                                 c.layout.autopolicy->predicted.counts)
-                                                       .step_s);
+  EXPECT_EQ(c.layout.autopolicy->predicted.step_s,
+            PredictPolicy(c.layout.autopolicy->problem, c.layout.autopolicy->predicted.counts).step_s);
   EXPECT_EQ(MixName(c.layout.autopolicy->problem.candidates, c.layout.autopolicy->predicted.counts),
             absl::StrCat(config.num_hidden_layers, " recompute"));
   EXPECT_EQ(session.validated_step(), 1);
