@@ -243,9 +243,19 @@ TEST(AutoPolicy, SweepLayoutsKeepTheMostThatFits) {
   EXPECT_EQ(SweepLayouts(in).size(), 4u);
 }
 
-// The session on the CPU backend's real probes, fed step figures: a layout slower than the
-// recompute step sends the job back to recompute, and that answer is reported with its record
-// (every layer recompute, predicted from the same measurements), so hostd caches it.
+// A session on the CPU backend's real probes: 1 GiB of device, no host room to offload.
+AutoPolicySession::Options SessionOptions(ComputeBackend* backend, const ModelLayout& layout) {
+  AutoPolicySession::Options o;
+  o.enabled = true;
+  o.backend = backend;
+  o.layout = &layout;
+  o.capacity_bytes = 1ll << 30;
+  o.host_budget_bytes = 0;
+  o.device_name = "cpu";
+  o.build = "test";
+  return o;
+}
+
 // A job long enough to gain from the wait is measured on its third step: LayerAdam's first pass
 // over the state can still hold the second step's gates. A shorter job on its second.
 TEST(AutoPolicySession, ALongJobIsMeasuredOnItsThirdStep) {
@@ -253,14 +263,7 @@ TEST(AutoPolicySession, ALongJobIsMeasuredOnItsThirdStep) {
   const ModelLayout layout = ModelLayout::Build(config);
   auto backend = MakeCpuBackend(config);
   ASSERT_TRUE(backend.ok()) << backend.status();
-  AutoPolicySession::Options o;
-  o.enabled = true;
-  o.backend = backend->get();
-  o.layout = &layout;
-  o.capacity_bytes = 1ll << 30;
-  o.host_budget_bytes = 0;
-  o.device_name = "cpu";
-  o.build = "test";
+  const AutoPolicySession::Options o = SessionOptions(backend->get(), layout);
   const std::vector<MicroBatch> mbs = {testing::MakeBatch({64}, config.vocab_size, 1)};
   StepObservation step;
   step.total_s = step.compute_s = 1.0;
@@ -283,19 +286,15 @@ TEST(AutoPolicySession, ALongJobIsMeasuredOnItsThirdStep) {
   EXPECT_TRUE(r->has_value());
 }
 
+// The session on the CPU backend's real probes, fed step figures: a layout slower than the
+// recompute step sends the job back to recompute, and that answer is reported with its record
+// (every layer recompute, predicted from the same measurements), so hostd caches it.
 TEST(AutoPolicySession, RecomputeIsAMeasuredAnswerWithItsRecord) {
   const ModelConfig config = *ModelConfig::Preset("tiny");
   const ModelLayout layout = ModelLayout::Build(config);
   auto backend = MakeCpuBackend(config);
   ASSERT_TRUE(backend.ok()) << backend.status();
-  AutoPolicySession::Options o;
-  o.enabled = true;
-  o.backend = backend->get();
-  o.layout = &layout;
-  o.capacity_bytes = 1ll << 30;
-  o.host_budget_bytes = 0;
-  o.device_name = "cpu";
-  o.build = "test";
+  const AutoPolicySession::Options o = SessionOptions(backend->get(), layout);
   AutoPolicySession session(o);
   const std::vector<MicroBatch> mbs = {testing::MakeBatch({30, 34}, config.vocab_size, 1),
                                        testing::MakeBatch({64}, config.vocab_size, 2)};
