@@ -54,6 +54,8 @@ std::string ContextMemory::ToString() const {
                          window / kGiB);
 }
 
+int64_t ContextGatherBytesPerToken(const ModelConfig& c) { return 2 * c.kv_dim() * (2 + 4 + 4); }
+
 ContextMemory EstimateContextMemory(const ModelLayout& layout, const ContextMemoryInputs& in) {
   const ModelConfig& c = layout.config;
   const int64_t layers = c.num_hidden_layers;
@@ -66,7 +68,8 @@ ContextMemory EstimateContextMemory(const ModelLayout& layout, const ContextMemo
   ContextMemory m;
   m.checkpoints = kept_layers * input_bytes + widened;
   m.offloaded = (layers - kept_layers) * input_bytes;
-  m.attention = in.micro_batch_tokens * AttentionBytesPerToken(c);
+  m.attention = in.micro_batch_tokens * AttentionBytesPerToken(c) +
+                std::max<int64_t>(0, in.context_tokens) * ContextGatherBytesPerToken(c);
   m.tile = tile * TileBytesPerToken(c);
   // A MoE model's sparse layers run whole: their scratch grows with the micro-batch.
   if (c.NumSparseLayers() > 0) m.tile = std::max(m.tile, in.micro_batch_tokens * SparseLayerBytesPerToken(c));

@@ -20,6 +20,10 @@
 //                a sparse layer's, which runs whole: its MoE block's backward for the micro-batch's
 //                tokens x num_experts_per_tok rows;
 //   residual     the gradient flowing between layers and one layer's output (2 x tokens x hidden x 4 B);
+//   context      context parallelism (runtime.context_parallel): the micro-batch's tokens are a
+//                rank's share, and attention's backward holds the whole micro-batch's gathered keys
+//                and values (BF16) and two FP32 copies of their gradients (whole order and
+//                rank-major for the reduce-scatter): whole tokens x kv_dim x 20 B, in `attention`;
 //   window       the parameter window's slots (3 x the largest unit in BF16).
 // Left out (so the figure is a floor, never an overestimate): the rest of cuDNN's workspace,
 // the gradient buffers, the head's logits chunk, the allocator's slack, CUDA's context.
@@ -43,7 +47,14 @@ struct ContextMemoryInputs {
   // Bytes of a layer input's element while it waits for its backward, on the device or offloaded:
   // 4 (FP32), or 2 with runtime.checkpoint_dtype bf16 (CheckpointElementBytes).
   int64_t checkpoint_element_bytes = 4;
+  // Context parallelism: the whole micro-batch's tokens, of which micro_batch_tokens are this
+  // rank's share (0: no context parallelism).
+  int64_t context_tokens = 0;
 };
+
+// Bytes per whole-micro-batch token a context-parallel rank's attention backward holds: the
+// gathered keys and values in BF16 and their gradients in FP32, whole-ordered and rank-major.
+int64_t ContextGatherBytesPerToken(const ModelConfig& c);
 
 struct ContextMemory {
   int64_t checkpoints = 0;

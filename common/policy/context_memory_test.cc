@@ -26,6 +26,21 @@ TEST(ContextMemory, PartsOfQwen3_8BAt256K) {
   EXPECT_EQ(EstimateContextMemory(l, {4096, 4096, 0, 32768}).tile, 4096 * (16 * H + 8 + 12 * I));
 }
 
+// Context parallelism: a rank's share of a 1M-token micro-batch on two ranks, plus the whole
+// micro-batch's gathered keys and values (BF16) and their FP32 gradients twice in attention.
+TEST(ContextMemory, AContextParallelShareHoldsTheWholeKeysInAttention) {
+  const ModelLayout l = Layout("qwen3-8b");
+  const int64_t whole = 1 << 20, share = whole / 2 + 2;
+  ContextMemoryInputs in{share, share, 36, 32768, 2};
+  const ContextMemory alone = EstimateContextMemory(l, in);
+  in.context_tokens = whole;
+  const ContextMemory cp = EstimateContextMemory(l, in);
+  EXPECT_EQ(ContextGatherBytesPerToken(l.config), 2 * 1024 * 10);
+  EXPECT_EQ(cp.attention - alone.attention, whole * 2 * 1024 * 10);  // 20 GiB at 1M on Qwen3-8B
+  EXPECT_EQ(cp.checkpoints, alone.checkpoints);
+  EXPECT_EQ(cp.tile, alone.tile);
+}
+
 // The longest sequence grows with the device and with host room for offloaded inputs, offloads
 // only what it must, and its floor fits while one more token's would not.
 TEST(ContextMemory, LongestSequenceFitsAndOneMoreDoesNot) {

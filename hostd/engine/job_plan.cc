@@ -14,6 +14,13 @@
 #include "shm/shm_collective.h"
 
 namespace slidedp::hostd {
+namespace {
+
+// The most tokens a rank's share of a `tokens`-token micro-batch split over `ranks` holds: two
+// chunks of at most ceil(tokens / 2 ranks) (common/data/context_parallel.h), with room to spare.
+int64_t ContextShareTokens(int64_t tokens, int64_t ranks) { return (tokens + 2 * ranks - 1) / (2 * ranks) * 2 + 2; }
+
+}  // namespace
 
 std::vector<WorkerDevice> WorkerDevicesOf(absl::Span<const v1::WorkerHello> hellos) {
   std::vector<WorkerDevice> out;
@@ -161,8 +168,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
     const int64_t ranks = spec.context_parallel;
     p.context_ranks = static_cast<int>(ranks);
     p.context_on_nccl = nccl;
-    const int64_t micro_tokens = spec.micro_batch * spec.seq_len;
-    const int64_t part = (micro_tokens + 2 * ranks - 1) / (2 * ranks) * 2 + 2;  // two chunks of at most ceil(T/2C)
+    const int64_t part = ContextShareTokens(static_cast<int64_t>(spec.micro_batch) * spec.seq_len, ranks);
     if (!p.context_on_nccl) {
       p.context_buffer_bytes = static_cast<uint64_t>(ranks * part * 2 * layout.config.kv_dim()) * sizeof(float);
     }
@@ -264,7 +270,11 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
   }
   // The GPU memory floor of the step on each CUDA worker (common/policy/context_memory.h): a job
   // whose floor is over a device is refused here, with the longest sequence the model fits.
-  const int64_t micro_tokens = static_cast<int64_t>(spec.micro_batch) * spec.seq_len;
+  // With context parallelism a rank holds its share of each micro-batch (two chunks of at most
+  // ceil(T / 2C)) and, in attention, the whole micro-batch's keys and values.
+  const int64_t whole_micro_tokens = static_cast<int64_t>(spec.micro_batch) * spec.seq_len;
+  const int64_t micro_tokens = p.context_ranks > 1 ? ContextShareTokens(whole_micro_tokens, p.context_ranks)
+                                                   : whole_micro_tokens;
   // Layers whose inputs may wait in host memory: runtime.offload_ratio's, a layout's with any share
   // offloaded (its one micro-batch, or some of them), or, with runtime.policy auto (AutoPolicy picks
   // the shares later), every layer: the floor never counts an input that may be offloaded.
@@ -275,8 +285,8 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
     for (const LayerPolicy& l : spec.layer_layout->layers) offloaded_layers += l.offload > 0;
   }
   const int64_t tile = spec.tile_tokens > 0 ? spec.tile_tokens : kDefaultTileTokens;
-  p.device_floor =
-      EstimateContextMemory(layout, {tokens_per_worker, micro_tokens, offloaded_layers, tile, input_element_bytes});
+  p.device_floor = EstimateContextMemory(layout, {tokens_per_worker, micro_tokens, offloaded_layers, tile,
+                                                 input_element_bytes, p.context_ranks > 1 ? whole_micro_tokens : 0});
   for (const WorkerDevice& w : workers) {
     if (w.cpu_backend || w.memory_bytes <= 0) continue;
     const int64_t limit = GpuMemoryLimitBytes(spec, w.memory_bytes);

@@ -70,6 +70,19 @@ TEST(JobPlan, ContextParallelPlansItsCollectivePerBackendAndRoute) {
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_EQ(q->context_buffer_bytes, 0u);
   EXPECT_EQ(p->memory.shm_bytes - q->memory.shm_bytes, shm::ShmCollective::SegmentBytes(2, p->context_buffer_bytes));
+  // The GPU floor of a context-parallel CUDA rank: its share of the micro-batch, and the whole
+  // micro-batch's gathered keys and values in attention.
+  {
+    JobSpec f = s;
+    f.grad_reduction = GradReduction::kCpu;
+    auto cp2 = PlanJob(f, layout, Gpus(2));
+    ASSERT_TRUE(cp2.ok()) << cp2.status();
+    const int64_t share = (2048 + 3) / 4 * 2 + 2;
+    EXPECT_EQ(cp2->device_floor.attention,
+              EstimateContextMemory(layout, {2048, share, 0, kDefaultTileTokens, 4}).attention +
+                  2048 * ContextGatherBytesPerToken(layout.config));
+    EXPECT_EQ(cp2->device_floor.residual, 2 * share * layout.config.hidden_size * 4);
+  }
   // CUDA workers: through the same segment with the cpu route and replicated delivery (staged in
   // host memory), over NCCL with a communicator (gpu route or sharded delivery); not with MoE layers
   // nor mixed with CPU workers.
