@@ -160,11 +160,6 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
       return absl::FailedPreconditionError(absl::StrCat("runtime.context_parallel needs workers of one backend; ",
                                                         cpu_workers, " of ", world, " are CPU-backend"));
     }
-    if (cpu_workers == 0 && layout.config.is_moe() && layout.config.NumSparseLayers() > 0) {
-      return absl::FailedPreconditionError(
-          "runtime.context_parallel with MoE layers runs on CPU-backend workers only so far (the CUDA backend does "
-          "not sum a group's router statistics for the aux loss)");
-    }
     const int64_t ranks = spec.context_parallel;
     p.context_ranks = static_cast<int>(ranks);
     p.context_on_nccl = nccl;

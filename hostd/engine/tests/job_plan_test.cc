@@ -84,8 +84,8 @@ TEST(JobPlan, ContextParallelPlansItsCollectivePerBackendAndRoute) {
     EXPECT_EQ(cp2->device_floor.residual, 2 * share * layout.config.hidden_size * 4);
   }
   // CUDA workers: through the same segment with the cpu route and replicated delivery (staged in
-  // host memory), over NCCL with a communicator (gpu route or sharded delivery); not with MoE layers
-  // nor mixed with CPU workers.
+  // host memory), over NCCL with a communicator (gpu route or sharded delivery); not mixed with CPU
+  // workers.
   JobSpec cpu_route = s;
   cpu_route.grad_reduction = GradReduction::kCpu;
   auto staged = PlanJob(cpu_route, layout, Gpus(2));
@@ -109,11 +109,10 @@ TEST(JobPlan, ContextParallelPlansItsCollectivePerBackendAndRoute) {
   auto m = PlanJob(cpu_route, layout, mixed);
   EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition) << m.status();
   EXPECT_TRUE(absl::StrContains(m.status().message(), "context_parallel")) << m.status();
-  JobSpec moe_cuda = cpu_route;
+  JobSpec moe_cuda = cpu_route;  // MoE models on CUDA workers too (the group sums router statistics)
   moe_cuda.model_preset = "tiny-moe";
   auto mc = PlanJob(moe_cuda, Layout("tiny-moe"), Gpus(2));
-  EXPECT_EQ(mc.status().code(), absl::StatusCode::kFailedPrecondition) << mc.status();
-  EXPECT_TRUE(absl::StrContains(mc.status().message(), "MoE")) << mc.status();
+  EXPECT_TRUE(mc.ok()) << mc.status();
   // One group of two shares one micro-batch of 4 rows: a global batch of 4 is one micro-batch for it,
   // which two data-parallel workers could not split.
   JobSpec one_micro = s;

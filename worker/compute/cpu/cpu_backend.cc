@@ -542,37 +542,11 @@ class CpuBackend final : public ComputeBackend {
   // int64 counts and double sums travel bit for bit through the FP32 gather (two floats each).
   absl::StatusOr<std::vector<MoeRouterStats>> GroupRouterStats(const std::vector<MoeRouterStats>& mine) {
     if (context_group_ == nullptr) return absl::FailedPreconditionError("MoE router statistics: no context group");
-    const int64_t E = dims_.moe.num_experts, L = static_cast<int64_t>(mine.size());
-    const int64_t words = L * (1 + 2 * E);  // 8-byte words: tokens, counts, sums per layer
-    std::vector<uint64_t> packed(words);
-    for (int64_t l = 0; l < L; ++l) {
-      uint64_t* w = packed.data() + l * (1 + 2 * E);
-      w[0] = static_cast<uint64_t>(mine[l].num_tokens);
-      for (int64_t e = 0; e < E; ++e) {
-        w[1 + e] = static_cast<uint64_t>(mine[l].expert_counts[e]);
-        std::memcpy(&w[1 + E + e], &mine[l].prob_sums[e], sizeof(double));
-      }
-    }
-    const int ranks = context_group_->ranks();
-    std::vector<uint64_t> all(static_cast<size_t>(ranks) * words);
-    RETURN_IF_ERROR(context_group_->AllGather(reinterpret_cast<const float*>(packed.data()), 2 * words,
-                                              reinterpret_cast<float*>(all.data())));
-    std::vector<MoeRouterStats> whole(L);
-    for (int64_t l = 0; l < L; ++l) {
-      whole[l].expert_counts.assign(E, 0);
-      whole[l].prob_sums.assign(E, 0.0);
-      for (int r = 0; r < ranks; ++r) {
-        const uint64_t* w = all.data() + static_cast<int64_t>(r) * words + l * (1 + 2 * E);
-        whole[l].num_tokens += static_cast<int64_t>(w[0]);
-        for (int64_t e = 0; e < E; ++e) {
-          whole[l].expert_counts[e] += static_cast<int64_t>(w[1 + e]);
-          double v;
-          std::memcpy(&v, &w[1 + E + e], sizeof(double));
-          whole[l].prob_sums[e] += v;
-        }
-      }
-    }
-    return whole;
+    return SumRouterStatsOverGroup(
+        mine, dims_.moe.num_experts, context_group_->ranks(), [this](const uint64_t* local, int64_t words, uint64_t* all) {
+          return context_group_->AllGather(reinterpret_cast<const float*>(local), 2 * words,
+                                           reinterpret_cast<float*>(all));
+        });
   }
 
   // A failed collective of context-parallel attention (the group's sticky status), named.

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
+#include "common/status/status_macros.h"
 #include "worker/compute/cpu/dense_reference_math.h"
 
 namespace slidedp {
@@ -152,6 +154,44 @@ std::vector<double> LoadBalancingProbGrad(const std::vector<MoeRouterStats>& lay
   const double scale = coef * static_cast<double>(E) / (static_cast<double>(n) * static_cast<double>(n));
   for (double& g : grad) g *= scale;
   return grad;
+}
+
+absl::StatusOr<std::vector<MoeRouterStats>> SumRouterStatsOverGroup(const std::vector<MoeRouterStats>& mine,
+                                                                    int64_t experts, int ranks,
+                                                                    const GatherWords& gather) {
+  const int64_t E = experts, L = static_cast<int64_t>(mine.size());
+  if (ranks < 1 || E < 1) return absl::InvalidArgumentError("router statistics: no ranks or experts");
+  const int64_t words = L * (1 + 2 * E);  // 8-byte words: tokens, counts, sums per layer
+  std::vector<uint64_t> packed(words);
+  for (int64_t l = 0; l < L; ++l) {
+    if (static_cast<int64_t>(mine[l].expert_counts.size()) != E || static_cast<int64_t>(mine[l].prob_sums.size()) != E) {
+      return absl::InvalidArgumentError("router statistics: a layer's arrays are not num_experts long");
+    }
+    uint64_t* w = packed.data() + l * (1 + 2 * E);
+    w[0] = static_cast<uint64_t>(mine[l].num_tokens);
+    for (int64_t e = 0; e < E; ++e) {
+      w[1 + e] = static_cast<uint64_t>(mine[l].expert_counts[e]);
+      std::memcpy(&w[1 + E + e], &mine[l].prob_sums[e], sizeof(double));
+    }
+  }
+  std::vector<uint64_t> all(static_cast<size_t>(ranks) * words);
+  RETURN_IF_ERROR(gather(packed.data(), words, all.data()));
+  std::vector<MoeRouterStats> whole(L);
+  for (int64_t l = 0; l < L; ++l) {
+    whole[l].expert_counts.assign(E, 0);
+    whole[l].prob_sums.assign(E, 0.0);
+    for (int r = 0; r < ranks; ++r) {
+      const uint64_t* w = all.data() + static_cast<int64_t>(r) * words + l * (1 + 2 * E);
+      whole[l].num_tokens += static_cast<int64_t>(w[0]);
+      for (int64_t e = 0; e < E; ++e) {
+        whole[l].expert_counts[e] += static_cast<int64_t>(w[1 + e]);
+        double v;
+        std::memcpy(&v, &w[1 + E + e], sizeof(double));
+        whole[l].prob_sums[e] += v;
+      }
+    }
+  }
+  return whole;
 }
 
 template <typename R>

@@ -45,7 +45,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 #include "common/model/model_config.h"
 #include "worker/compute/cpu/cpu_worker_pool.h"
@@ -117,6 +121,14 @@ struct MoeRouterStats {
 double LoadBalancingLoss(const std::vector<MoeRouterStats>& layers);
 // [E] d(coef * LoadBalancingLoss)/dp[t, e] = coef * E * C_e / N^2, for every token of every layer.
 std::vector<double> LoadBalancingProbGrad(const std::vector<MoeRouterStats>& layers, double coef);
+
+// Context parallelism: the whole micro-batch's statistics from every rank's share of it. `mine`
+// packed in 8-byte words (per layer: tokens, C_e, S_e bits), gathered rank-major by `gather`
+// (local words -> ranks x words) and summed in rank order, so every rank gets the same bits.
+using GatherWords = std::function<absl::Status(const uint64_t* local, int64_t words, uint64_t* all)>;
+absl::StatusOr<std::vector<MoeRouterStats>> SumRouterStatsOverGroup(const std::vector<MoeRouterStats>& mine,
+                                                                    int64_t experts, int ranks,
+                                                                    const GatherWords& gather);
 
 // What the block's backward reads; filled by MoeBlockForward. Grouped tensors are in
 // MoePermutation row order.

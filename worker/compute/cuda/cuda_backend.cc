@@ -41,11 +41,6 @@ absl::StatusOr<std::unique_ptr<DeviceBatch>> CudaBackend::UploadBatch(const Micr
       return absl::InvalidArgumentError(absl::StrCat("micro-batch context: ", mb.context.ranks,
                                                      " ranks, the backend's group has ", context_group_->ranks()));
     }
-    if (num_sparse_ > 0) {
-      return absl::UnimplementedError(
-          "context parallelism with MoE layers: the CUDA backend does not sum a group's "
-          "router statistics (CPU workers do)");
-    }
     ASSIGN_OR_RETURN(ctx, data::ContextAttentionOf(mb));
   }
   if (mb.labels.size() != mb.tokens.size() || mb.positions.size() != mb.tokens.size()) {

@@ -124,7 +124,10 @@ absl::Status CudaBackend::SparseDecoderBackward(const UnitParams& params, const 
 
   // What the policy did not keep, recomputed: attention's inputs and output, h1, xn2.
   RETURN_IF_ERROR(AttentionInputs(params, b, x, acts, kept, kept));
-  if (!policy.keeps(kPieceAttention)) RETURN_IF_ERROR(AttentionForward(b, acts));
+  PoolBlock kv_block;  // a context-parallel share: the group's keys and values, once for both
+  const bf16* kv = nullptr;
+  RETURN_IF_ERROR(GatherContextKv(b, acts, kv_block, &kv));
+  if (!policy.keeps(kPieceAttention)) RETURN_IF_ERROR(AttentionForward(b, acts, kv));
   if (!policy.keeps(kPieceOProj)) {
     RETURN_IF_ERROR(ResidualGemm(acts.o, qd_, W(params.bf16, kOProj), x, acts.h1, branch, T));
   }
@@ -142,7 +145,8 @@ absl::Status CudaBackend::SparseDecoderBackward(const UnitParams& params, const 
   // h1 = x + o·Woᵀ
   RETURN_IF_ERROR(
       ResidualBranchBackward(dx, T, W(params.bf16, kOProj), qd_, acts.o, dattn_o, dparams + off_[kOProj], dres_b));
-  RETURN_IF_ERROR(AttentionBackward(b, attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + qd_ + kvd_, ws_attn));
+  RETURN_IF_ERROR(AttentionBackward(b, attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + qd_ + kvd_, ws_attn, kv));
+  kv_block.Release();
   return QkvBackward(params, b, x, acts, kept, T, dqr, dkr, dqkv, dxn, ws_f, dx, dparams);
 }
 
@@ -166,8 +170,29 @@ absl::Status CudaBackend::RouterAuxLoss(const DeviceBatch& batch, float weight, 
     layers[l].expert_counts = b.host_counts_[l];
     layers[l].prob_sums.assign(sums.begin() + l * E, sums.begin() + (l + 1) * E);
   }
+  // A context-parallel share: the whole micro-batch's statistics (HF's one forward), summed over
+  // the group in rank order; the loss counted once, by the group's rank 0, its gradient on every
+  // rank's own tokens.
+  if (b.context()) {
+    const int ranks = b.context_ranks_;
+    ASSIGN_OR_RETURN(layers, SumRouterStatsOverGroup(
+                                 layers, E, ranks, [&](const uint64_t* local, int64_t words, uint64_t* all) {
+                                   const int64_t bytes = words * static_cast<int64_t>(sizeof(uint64_t));
+                                   if (!context_group_->device_collectives()) {
+                                     return context_group_->AllGather(reinterpret_cast<const float*>(local), 2 * words,
+                                                                      reinterpret_cast<float*>(all));
+                                   }
+                                   PoolBlock block;
+                                   RETURN_IF_ERROR(block.Alloc(Align256(bytes) * (1 + ranks), stream_));
+                                   char* on_device = block.get();
+                                   RETURN_IF_ERROR(CopyToDevice(local, on_device, bytes));
+                                   RETURN_IF_ERROR(ContextAllGather(on_device, bytes, on_device + Align256(bytes)));
+                                   return CopyToHost(on_device + Align256(bytes), all, ranks * bytes);
+                                 }));
+  }
   const double aux = LoadBalancingLoss(layers);
   for (auto [sum, add] : {std::pair{loss_sum, weight * aux}, std::pair{aux_sum, share * aux}}) {
+    if (b.context() && b.context_rank_ != 0) break;
     float v = 0;
     RETURN_IF_ERROR(CopyToHost(sum, &v, sizeof(float)));
     v += static_cast<float>(add);
