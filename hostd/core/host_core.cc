@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -484,7 +486,15 @@ absl::StatusOr<std::shared_ptr<Channel<v1::JobEvent>>> HostCore::Watch(const std
 }
 
 absl::StatusOr<std::shared_ptr<WorkerSession>> HostCore::AttachWorker(const v1::WorkerHello& hello) {
-  if (hello.worker_id().empty()) return absl::InvalidArgumentError("worker hello without worker_id");
+  // A worker's name shows in logs, metrics and error messages: 1-64 letters, digits, '.', '-', '_'.
+  const std::string& id = hello.worker_id();
+  if (id.empty()) return absl::InvalidArgumentError("worker hello without worker_id");
+  if (id.size() > kMaxWorkerIdChars || !std::all_of(id.begin(), id.end(), [](unsigned char c) {
+        return std::isalnum(c) || c == '.' || c == '-' || c == '_';
+      })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker hello: worker_id of ", id.size(), " bytes: 1-64 letters, digits, '.', '-' or '_'"));
+  }
   absl::MutexLock l(&mu_);
   auto it = workers_.find(hello.worker_id());
   if (it != workers_.end() && !it->second->gone()) {

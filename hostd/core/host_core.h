@@ -175,6 +175,8 @@ struct HostCoreOptions {
 // A job resumed after this many hostd restarts that interrupted it is not resumed again (a job
 // that crashes hostd would otherwise crash it forever).
 inline constexpr int kMaxHostdRestartsPerJob = 3;
+// The longest worker_id a worker's hello may carry.
+inline constexpr size_t kMaxWorkerIdChars = 64;
 
 class HostCore {
  public:

@@ -192,6 +192,20 @@ TEST_F(HostCoreTest, DrainRefusesNewJobs) {
   EXPECT_TRUE(core->GetNode().draining());
 }
 
+// A hello's worker_id is a name for logs and messages: hostile ones (too long, control
+// characters, path separators) are refused.
+TEST_F(HostCoreTest, MalformedWorkerIdsAreInvalidArgument) {
+  for (const std::string& id : {std::string(), std::string(65, 'a'), std::string("gpu0\nFAKE LOG LINE"),
+                                std::string("../gpu0"), std::string("gpu 0")}) {
+    v1::WorkerHello h;
+    h.set_worker_id(id);
+    h.mutable_device()->set_kind("cpu");
+    EXPECT_EQ(core->AttachWorker(h).status().code(), absl::StatusCode::kInvalidArgument) << id;
+  }
+  AttachCpuWorker(std::string(64, 'w'));
+  AttachCpuWorker("gpu0b.node-1_x");
+}
+
 TEST_F(HostCoreTest, DuplicateWorkerIdIsRefusedUntilDetached) {
   AttachCpuWorker("cpu0");
   v1::WorkerHello h;
