@@ -495,6 +495,22 @@ absl::StatusOr<std::shared_ptr<WorkerSession>> HostCore::AttachWorker(const v1::
     return absl::InvalidArgumentError(
         absl::StrCat("worker hello: worker_id of ", id.size(), " bytes: 1-64 letters, digits, '.', '-' or '_'"));
   }
+  // The rest of the hello's names show in logs, plans and messages too: bounded, printable; and a
+  // device kind hostd knows (the backends' "cpu" and "cuda").
+  const v1::DeviceInfo& d = hello.device();
+  if (d.kind() != "cpu" && d.kind() != "cuda") {
+    return absl::InvalidArgumentError("worker hello: device kind must be \"cpu\" or \"cuda\"");
+  }
+  for (const auto& [field, value] : {std::pair<const char*, const std::string*>{"build", &hello.build()},
+                                     {"device name", &d.name()},
+                                     {"device uuid", &d.uuid()},
+                                     {"device pci_bus_id", &d.pci_bus_id()}}) {
+    if (value->size() > kMaxHelloStringChars ||
+        !std::all_of(value->begin(), value->end(), [](unsigned char c) { return c >= 0x20 && c < 0x7f; })) {
+      return absl::InvalidArgumentError(absl::StrCat("worker hello: ", field, " of ", value->size(), " bytes: at most ",
+                                                     kMaxHelloStringChars, " printable ASCII characters"));
+    }
+  }
   absl::MutexLock l(&mu_);
   auto it = workers_.find(hello.worker_id());
   if (it != workers_.end() && !it->second->gone()) {

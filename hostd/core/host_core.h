@@ -177,6 +177,8 @@ struct HostCoreOptions {
 inline constexpr int kMaxHostdRestartsPerJob = 3;
 // The longest worker_id a worker's hello may carry.
 inline constexpr size_t kMaxWorkerIdChars = 64;
+// The longest of the hello's other names (build, device name, UUID, PCI bus id).
+inline constexpr size_t kMaxHelloStringChars = 256;
 
 class HostCore {
  public:

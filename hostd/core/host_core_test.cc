@@ -204,12 +204,28 @@ TEST_F(HostCoreTest, MalformedWorkerIdsAreInvalidArgument) {
   }
   AttachCpuWorker(std::string(64, 'w'));
   AttachCpuWorker("gpu0b.node-1_x");
+  // The other names of a hello: a device kind hostd knows, bounded printable strings.
+  auto bad = [&](auto mutate) {
+    v1::WorkerHello h;
+    h.set_worker_id("gpu9");
+    h.mutable_device()->set_kind("cuda");
+    mutate(h);
+    return core->AttachWorker(h).status().code();
+  };
+  EXPECT_EQ(bad([](v1::WorkerHello& h) { h.mutable_device()->set_kind("tpu"); }), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad([](v1::WorkerHello& h) { h.mutable_device()->set_name(std::string(300, 'x')); }),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad([](v1::WorkerHello& h) { h.mutable_device()->set_uuid("GPU-\x1b[31m"); }),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad([](v1::WorkerHello& h) { h.set_build(std::string("v1\0x", 4)); }), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad([](v1::WorkerHello& h) { h.mutable_device()->set_name("NVIDIA H200"); }), absl::StatusCode::kOk);
 }
 
 TEST_F(HostCoreTest, DuplicateWorkerIdIsRefusedUntilDetached) {
   AttachCpuWorker("cpu0");
   v1::WorkerHello h;
   h.set_worker_id("cpu0");
+  h.mutable_device()->set_kind("cpu");
   EXPECT_EQ(core->AttachWorker(h).status().code(), absl::StatusCode::kAlreadyExists);
   core->DetachWorker(workers[0]);
   EXPECT_TRUE(core->AttachWorker(h).ok());
