@@ -283,6 +283,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"eval_every", Int(&JobSpec::eval_every, 0)},
         {"max_grad_norm", Real(&JobSpec::max_grad_norm, 0, 1e30)},
         {"skip_nonfinite", Bool(&JobSpec::skip_nonfinite)},
+        {"measure_only", Bool(&JobSpec::measure_only)},
         {"router_aux_loss_coef", Real(&JobSpec::router_aux_loss_coef, 0, 1e3)}}},
       {"optimizer",
        {{"lr", Real(&JobSpec::lr, 0, 10)},
@@ -579,6 +580,10 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
         "job spec: runtime.policy auto chooses every layer's activations and offload itself; remove "
         "runtime.act_policy and runtime.offload_ratio (or use runtime.policy: fixed)");
   }
+  if (s.measure_only && !s.policy_auto) {
+    return absl::InvalidArgumentError(
+        "job spec: train.measure_only measures AutoPolicy's layout: it needs runtime.policy auto");
+  }
   if (check_files == JobSpec::FileCheck::kCheck && !s.policy_file.empty() && !s.layer_layout) {
     auto layout = LayerLayout::Load(s.policy_file);
     if (!layout.ok()) {
@@ -741,6 +746,7 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "eval_every" << YAML::Value << eval_every;
   e << YAML::Key << "max_grad_norm" << YAML::Value << max_grad_norm;
   e << YAML::Key << "skip_nonfinite" << YAML::Value << skip_nonfinite;
+  if (measure_only) e << YAML::Key << "measure_only" << YAML::Value << true;
   if (router_aux_loss_coef >= 0) e << YAML::Key << "router_aux_loss_coef" << YAML::Value << router_aux_loss_coef;
   e << YAML::EndMap;
   e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
@@ -799,6 +805,28 @@ std::string JobSpec::ToYaml() const {
 }  // namespace slidedp
 
 namespace slidedp {
+
+JobSpec PolicyMeasureSpec(const JobSpec& spec) {
+  JobSpec m = spec;
+  m.name = absl::StrCat(spec.name.substr(0, kMaxJobNameBytes - 5), "-plan");
+  m.policy_auto = true;
+  m.policy_file.clear();
+  m.layer_layout.reset();
+  m.act_policy = ActivationPolicy::kRecomputeLayer;
+  m.offload_ratio = 0;
+  m.measure_only = true;
+  m.steps = kPolicyMeasureSteps;
+  m.epochs = 0;
+  m.schedule = ScheduleKind::kConstant;
+  m.warmup_steps = 0;
+  m.min_lr = 0;
+  m.save_every_steps = 0;
+  m.save_final = false;
+  m.tensorboard = false;
+  m.validation.clear();
+  m.eval_every = 0;
+  return m;
+}
 
 absl::Status ValidateJobName(const std::string& name) {
   // The name becomes a directory (out/<name>) and a job id (<name>-N, shm segment names and record

@@ -122,6 +122,10 @@ struct JobSpec {
   // skip: Adam's step count counts only applied updates, the LR schedule follows the global
   // step); off, such a step fails the job (DATA_LOSS naming the step, and the unit or rank).
   bool skip_nonfinite = false;
+  // train.measure_only (runtime.policy auto): the job runs until AutoPolicy has chosen, validated
+  // and cached its layout for this shape, then ends; it saves no checkpoint and runs no
+  // validation (what `slidedp plan --measure` submits: PolicyMeasureSpec).
+  bool measure_only = false;
   // MoE models: the router's load-balancing loss coefficient (docs/moe.md). < 0 (the key absent):
   // the model's router_aux_loss_coef when its config sets output_router_logits, else no aux loss,
   // as HF's Qwen3MoeForCausalLM; >= 0: this coefficient (0: none). Refused for a dense model.
@@ -211,6 +215,16 @@ inline constexpr int64_t kMinTileTokens = 1;
 // The largest job spec hostd parses (SubmitJobRequest.spec_yaml).
 inline constexpr size_t kMaxSpecBytes = 1 << 20;
 absl::Status ValidateJobName(const std::string& name);
+
+// The job `slidedp plan --measure` runs for `spec` when nothing measured predicts it: the same
+// model, batch and runtime settings (so AutoPolicy's record is cached under the key `spec` itself
+// has with runtime.policy auto, and predicts the layout `spec` runs), with runtime.policy auto,
+// train.measure_only, kPolicyMeasureSteps steps of a constant schedule, nothing saved, no
+// validation, and the name "<name>-plan".
+JobSpec PolicyMeasureSpec(const JobSpec& spec);
+// Enough steps for AutoPolicy's longer path (two warm-ups, then the measured third step: see
+// worker/pipeline/auto_policy.h), its validation and two re-solves.
+inline constexpr int64_t kPolicyMeasureSteps = 16;
 
 const char* ToString(ScheduleKind k);
 const char* ToString(ParamDelivery k);

@@ -617,5 +617,33 @@ TEST(JobSpec, NumHiddenLayersReducesAPresetsDepth) {
       "model.num_hidden_layers reduces a preset's depth"));
 }
 
+// train.measure_only is AutoPolicy's; PolicyMeasureSpec keeps what the policy cache's key reads
+// (the batch, every runtime setting but the policy) and changes what a measurement must not do.
+TEST(JobSpec, MeasureOnlyNeedsPolicyAutoAndTheMeasureSpecKeepsTheShape) {
+  const absl::Status bad = ParseError(absl::StrReplaceAll(kGood, {{"seed: 7}", "seed: 7, measure_only: true}"}}));
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.message(), "runtime.policy auto")) << bad;
+  auto s = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(s.ok()) << s.status();
+  s->offload_ratio = 0.5;
+  const JobSpec m = PolicyMeasureSpec(*s);
+  EXPECT_EQ(m.name, "tiny-plan");
+  EXPECT_TRUE(m.policy_auto && m.measure_only);
+  EXPECT_EQ(m.act_policy, ActivationPolicy::kRecomputeLayer);
+  EXPECT_EQ(m.offload_ratio, 0);
+  EXPECT_EQ(m.steps, kPolicyMeasureSteps);
+  EXPECT_FALSE(m.save_final);
+  EXPECT_EQ(m.save_every_steps, 0);
+  EXPECT_EQ(m.global_batch, s->global_batch);
+  EXPECT_EQ(m.seq_len, s->seq_len);
+  EXPECT_EQ(m.deterministic, s->deterministic);
+  auto again = JobSpec::Parse(m.ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->measure_only);
+  EXPECT_EQ(again->ToYaml(), m.ToYaml());
+  s->name = std::string(kMaxJobNameBytes, 'n');
+  EXPECT_TRUE(ValidateJobName(PolicyMeasureSpec(*s).name).ok()) << PolicyMeasureSpec(*s).name;
+}
+
 }  // namespace
 }  // namespace slidedp

@@ -433,7 +433,21 @@ absl::StatusOr<v1::PlanJobResponse> HostCore::Plan(const v1::PlanJobRequest& req
                                                       " attached worker(s) to plan on, ", hellos.size(),
                                                       " attached now"));
   }
-  return executor_->Plan(spec, hellos);
+  ASSIGN_OR_RETURN(v1::PlanJobResponse plan, executor_->Plan(spec, hellos));
+  if (req.measure() && plan.step_s() <= 0) {
+    if (spec.context_parallel > 1) {
+      plan.add_notes("runtime.context_parallel: AutoPolicy does not measure such jobs (--measure does nothing)");
+      return plan;
+    }
+    // The measuring job goes through Submit as any other: queued, listed, watchable, cancellable.
+    v1::SubmitJobRequest measure;
+    measure.set_spec_yaml(PolicyMeasureSpec(spec).ToYaml());
+    measure.set_base_dir(req.base_dir());
+    ASSIGN_OR_RETURN(v1::SubmitJobResponse queued, Submit(measure));
+    plan.set_measure_job_id(queued.job().job_id());
+    LOG(INFO) << "plan: job " << queued.job().job_id() << " measures the shape of a planned job";
+  }
+  return plan;
 }
 
 absl::StatusOr<v1::Job> HostCore::GetJob(const std::string& job_id) const {

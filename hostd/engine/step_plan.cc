@@ -32,7 +32,45 @@ double AdamBytesPerParam(const JobPlan& plan) {
   return 4 + moments + 4 + 4 + moments + (plan.mirror ? 2 : 0);
 }
 
+// The step of `counts` (the layout's kinds) or, with `solve`, of the layout SolvePolicy finds, under
+// `problem`, as an alternative named `what` for `tokens` tokens per step over all GPUs.
+void AddAlternative(v1::PlanJobResponse& r, const std::string& what, const PolicyProblem& problem,
+                    const std::vector<int64_t>& counts, bool solve, int64_t tokens, const std::string& note) {
+  v1::PlanAlternative* a = r.add_alternatives();
+  a->set_what(what);
+  a->set_note(note);
+  absl::StatusOr<PolicyPlan> plan = solve ? SolvePolicy(problem, 5) : PredictPolicy(problem, counts);
+  if (!plan.ok()) {
+    a->set_note(absl::StrCat(std::string(plan.status().message()), note.empty() ? "" : "; ", note));
+    return;
+  }
+  if (!solve && plan->device_bytes > problem.device_budget_bytes) {
+    a->set_note(absl::StrFormat("the layout keeps %.1f GiB, over the %.1f GiB the device leaves it%s%s",
+                                plan->device_bytes / 1073741824.0, problem.device_budget_bytes / 1073741824.0,
+                                note.empty() ? "" : "; ", note));
+    return;
+  }
+  a->set_step_s(plan->step_s);
+  a->set_bottleneck(plan->bottleneck);
+  a->set_tokens_per_s(plan->step_s > 0 ? static_cast<double>(tokens) / plan->step_s : 0);
+  a->set_layout(MixName(problem.candidates, plan->counts));
+}
+
 }  // namespace
+
+PolicyProblem ScaleTokens(PolicyProblem problem, double s) {
+  for (LayerCandidate& c : problem.candidates) {
+    c.time_s *= s;
+    c.forward_s *= s;
+    c.device_bytes = static_cast<int64_t>(static_cast<double>(c.device_bytes) * s);
+    c.host_bytes = static_cast<int64_t>(static_cast<double>(c.host_bytes) * s);
+    c.h2d_bytes = static_cast<int64_t>(static_cast<double>(c.h2d_bytes) * s);
+    c.d2h_bytes = static_cast<int64_t>(static_cast<double>(c.d2h_bytes) * s);
+    c.in_flight_bytes = static_cast<int64_t>(static_cast<double>(c.in_flight_bytes) * s);
+  }
+  problem.base.compute_s *= s;
+  return problem;
+}
 
 v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in) {
   const JobSpec& spec = *in.spec;
@@ -77,22 +115,43 @@ v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in) {
     }
     const int64_t measured_tokens = in.layer_layout->tokens_per_step / world;
     if (measured_tokens > 0 && measured_tokens != tokens) {
-      // Costs per layer scale with the tokens (attention's quadratic part within a row does not,
-      // rows being seq_len long either way).
-      const double s = static_cast<double>(tokens) / static_cast<double>(measured_tokens);
-      for (LayerCandidate& c : problem.candidates) {
-        c.time_s *= s;
-        c.device_bytes = static_cast<int64_t>(c.device_bytes * s);
-        c.host_bytes = static_cast<int64_t>(c.host_bytes * s);
-        c.h2d_bytes = static_cast<int64_t>(c.h2d_bytes * s);
-        c.d2h_bytes = static_cast<int64_t>(c.d2h_bytes * s);
-      }
-      problem.base.compute_s *= s;
+      problem = ScaleTokens(std::move(problem), static_cast<double>(tokens) / static_cast<double>(measured_tokens));
       r.add_notes(absl::StrFormat("measured at %d tokens per GPU, scaled to %d", measured_tokens, tokens));
     }
     if (in.update_gparams_per_s > 0) problem.base.host_s = params / 1e9 / in.update_gparams_per_s;
     if (all_measured) {
       predicted = PredictPolicy(problem, counts);
+      // What would change it: another batch, more GPUs at this global batch, the other gradient
+      // route. The copies per GPU follow the route: replicated delivery uploads every parameter on
+      // each GPU; the gpu route downloads a 1/world shard of each gradient, the cpu route all of it.
+      const int64_t global_tokens = tokens * world;
+      const std::string kinds = in.layout_auto ? "" : "the same layer kinds";
+      for (const double f : {2.0, 0.5}) {
+        AddAlternative(r,
+                       absl::StrFormat("%gx the tokens per step (%d per GPU)", f,
+                                       static_cast<int64_t>(static_cast<double>(tokens) * f)),
+                       ScaleTokens(problem, f), counts, in.layout_auto,
+                       static_cast<int64_t>(static_cast<double>(global_tokens) * f), kinds);
+      }
+      const bool gpu_route = plan.route == GradReduction::kGpu;
+      {
+        PolicyProblem more = ScaleTokens(problem, 0.5);  // each GPU takes half the rows
+        if (gpu_route) more.base.d2h_s *= 0.5;           // and posts half the shard
+        AddAlternative(r, absl::StrFormat("%d GPUs, the same global batch", 2 * world), more, counts, in.layout_auto,
+                       global_tokens,
+                       absl::StrCat("each GPU as this one; NVLink's reduce-scatter not counted",
+                                    kinds.empty() ? "" : "; ", kinds));
+      }
+      if (world > 1) {
+        PolicyProblem other = problem;
+        other.base.d2h_s *= gpu_route ? world : 1.0 / world;
+        AddAlternative(r,
+                       gpu_route ? "grad_reduction: cpu (each GPU downloads whole gradients; hostd sums them)"
+                                 : "grad_reduction: gpu (each GPU downloads its 1/world shard)",
+                       other, counts, in.layout_auto, global_tokens,
+                       gpu_route ? "hostd's summing of the ranks' copies not counted"
+                                 : "NVLink's reduce-scatter not counted");
+      }
     } else {
       r.add_notes("the layout has a layer kind AutoPolicy did not measure: no prediction");
     }
@@ -117,8 +176,8 @@ v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in) {
     Add(r, "host-to-device copies", param_bytes / kGB, "GB", 0, -1, "not measured for this shape");
     Add(r, "device-to-host copies", grad_bytes / kGB, "GB", 0, -1, "not measured for this shape");
     r.add_notes(
-        "no measurement of this shape, batch and device by this build: run the job once with runtime.policy: auto "
-        "(its layout and measurements are cached, and plan predicts from them)");
+        "no measurement of this shape, batch and device by this build: `slidedp plan --measure` measures it (a short "
+        "job that saves nothing), as does any run of it with runtime.policy: auto; plan predicts from what they cache");
   }
   const double host_busy = in.update_gparams_per_s > 0 ? params / 1e9 / in.update_gparams_per_s : -1;
   Add(r, "host updates (LayerAdam)", params / 1e9, "Gparam", in.update_gparams_per_s, host_busy,

@@ -32,9 +32,18 @@ struct StepPlanInputs {
   std::optional<LayerLayout> layer_layout;  // what the job would run; with its record when measured
   std::string layout_source;                 // "policy cache <path>", "policy file <path>", ...
   double update_gparams_per_s = 0;           // LayerAdam's rate on this host for the state format; 0: not known
+  // runtime.policy auto: the alternatives' layouts are solved again (AutoPolicy would choose anew
+  // for another shape); otherwise the layout keeps its kinds and is predicted as it is.
+  bool layout_auto = false;
   std::vector<std::string> notes;
 };
 
 v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in);
+
+// A measured problem's costs at `scale` times the tokens per GPU it was measured at: the layers'
+// time and bytes and the compute outside them scale linearly (rows stay seq_len long, so
+// attention's quadratic part within a row does too); the parameter copies and the host's update
+// do not.
+PolicyProblem ScaleTokens(PolicyProblem problem, double scale);
 
 }  // namespace slidedp::hostd

@@ -222,6 +222,11 @@ absl::StatusOr<update::LayerAdam*> TrainingExecutor::Adam() {
 
 absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
   RETURN_IF_ERROR(CheckOutputDir(spec.output_dir));
+  if (spec.measure_only && !PolicyCache(options_.policy_cache_dir).enabled()) {
+    return absl::FailedPreconditionError(
+        "train.measure_only caches AutoPolicy's layout, and this hostd keeps no policy cache (--state-dir or "
+        "--policy-cache)");
+  }
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));
   RETURN_IF_ERROR(config.CheckTrainable());  // a family the compute backends do not run yet
   if (spec.router_aux_loss_coef >= 0 && !config.is_moe()) {
@@ -720,6 +725,25 @@ std::string LongestSequenceNote(const JobSpec& spec, const ModelLayout& layout, 
       host_room < 0 ? std::string("unknown host memory") : absl::StrFormat("%.1f GiB of host memory", host_room / 1073741824.0),
       longest.tokens, longest.offloaded_layers, layout.config.num_hidden_layers);
 }
+// A fixed act_policy as a policy file's layers: every layer of its kind, the first
+// OffloadedLayers(offload_ratio) offloaded whole. nullopt for act_policy auto (which keeps what
+// the job's first step leaves room for).
+std::optional<LayerLayout> FixedLayout(const JobSpec& spec, const ModelLayout& layout) {
+  LayerKind kind;
+  switch (spec.act_policy) {
+    case ActivationPolicy::kRecomputeLayer: kind = LayerKind::kRecompute; break;
+    case ActivationPolicy::kSelective: kind = LayerKind::kSelective; break;
+    case ActivationPolicy::kKeepAll: kind = LayerKind::kKeepAll; break;
+    default: return std::nullopt;
+  }
+  LayerLayout out;
+  out.model = ModelShape::Of(layout.config);
+  out.tokens_per_step = spec.global_batch * spec.seq_len;
+  const int64_t layers = layout.config.num_hidden_layers;
+  const int64_t offloaded = layout.OffloadedLayers(spec.offload_ratio);
+  for (int64_t l = 0; l < layers; ++l) out.layers.push_back(LayerPolicy{kind, l < offloaded ? 1.0 : 0.0, 0});
+  return out;
+}
 }  // namespace
 
 absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::Plan(const JobSpec& spec_in,
@@ -742,6 +766,21 @@ absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::Plan(const JobSpec& spec_i
   } else {
     in.layout_source = absl::StrCat("runtime.policy fixed: act_policy ", ToString(spec.act_policy),
                                     spec.offload_ratio > 0 ? absl::StrCat(", offload_ratio ", spec.offload_ratio) : "");
+    spec.layer_layout = FixedLayout(spec, layout);
+    if (!spec.layer_layout) in.notes.push_back("act_policy auto keeps what the job's first step leaves room for: not predicted");
+  }
+  // A layout with no measurements of its own (a fixed policy, a hand-written file) is predicted
+  // from AutoPolicy's record of the same shape, batch and settings, as `slidedp plan --measure`
+  // (PolicyMeasureSpec) caches it.
+  if (spec.layer_layout && !spec.layer_layout->autopolicy) {
+    std::string key, said;
+    std::optional<LayerLayout> measured = CachedLayout(PolicyMeasureSpec(spec), config, hellos, &key, &said);
+    if (measured) {
+      spec.layer_layout->autopolicy = measured->autopolicy;
+      spec.layer_layout->tokens_per_step = measured->tokens_per_step;
+      absl::StrAppend(&in.layout_source, "; costs from AutoPolicy's measurements of this shape, ",
+                      PolicyCache(options_.policy_cache_dir).PathOf(key));
+    }
   }
   ASSIGN_OR_RETURN(JobPlan plan, PlanJob(spec, layout, WorkerDevicesOf(hellos)));
   in.notes.push_back(LongestSequenceNote(spec, layout, plan, hellos));
@@ -750,6 +789,7 @@ absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::Plan(const JobSpec& spec_i
   in.plan = &plan;
   in.world = plan.world;
   in.layer_layout = spec.layer_layout;
+  in.layout_auto = spec.policy_auto;
   {
     absl::MutexLock l(&mu_);
     auto it = update_rates_.find(static_cast<int>(plan.moments));
@@ -758,12 +798,12 @@ absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::Plan(const JobSpec& spec_i
   return MakeStepPlan(in);
 }
 
-void TrainingExecutor::RecordPolicy(JobContext& ctx, Attempt& a, const v1::PolicyChosen& chosen) {
+bool TrainingExecutor::RecordPolicy(JobContext& ctx, Attempt& a, const v1::PolicyChosen& chosen) {
   absl::StatusOr<LayerLayout> layout = LayerLayout::Parse(chosen.policy_yaml(), "AutoPolicy's report");
   if (!layout.ok() || !layout->autopolicy) {
     ctx.Log(absl::StrCat("warning: AutoPolicy's report is not a policy with measurements (",
                          layout.ok() ? "none" : layout.status().message(), "); not cached"));
-    return;
+    return false;
   }
   const AutoPolicyRecord& r = *layout->autopolicy;
   const double error = r.predicted.step_s > 0 ? (chosen.step_time_s() - r.predicted.step_s) / r.predicted.step_s : 0;
@@ -776,12 +816,15 @@ void TrainingExecutor::RecordPolicy(JobContext& ctx, Attempt& a, const v1::Polic
       MixName(r.problem.candidates, r.predicted.counts), chosen.selection_s(), chosen.step() + 1, chosen.step_time_s(), r.predicted.step_s, 100 * error,
       r.predicted.bottleneck, chosen.gpu_peak_bytes() / 1073741824.0);
   const PolicyCache cache(options_.policy_cache_dir);
+  bool cached = false;
   if (cache.enabled() && !a.policy_key.empty()) {
     absl::Status stored = cache.Store(a.policy_key, chosen.policy_yaml(), a.layout.config);
+    cached = stored.ok();
     absl::StrAppend(&line, stored.ok() ? absl::StrCat("; cached at ", cache.PathOf(a.policy_key))
                                        : absl::StrCat("; not cached: ", stored.message()));
   }
   ctx.Log(line);
+  return cached;
 }
 
 absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
@@ -802,6 +845,10 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     spec.layer_layout = CachedLayout(spec, config, hellos, &policy_key, &said);
     if (spec.layer_layout) policy_key.clear();
     ctx.Log(said);
+  }
+  if (spec.measure_only && spec.layer_layout) {
+    ctx.Log("train.measure_only: this shape's layout is measured already; nothing to run");
+    return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(JobPlan plan, PlanJob(spec, layout, WorkerDevicesOf(hellos)));
   Attempt a(std::move(spec), std::move(layout), std::move(plan));
@@ -939,7 +986,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     // Cancel takes effect between steps: every unit then has exactly the updates of the steps
     // done, so the state (and a checkpoint of it) is consistent.
     if (ctx.cancel_requested()) {
-      if (ctx.checkpoint_on_cancel() && t > a.first_step) {
+      if (ctx.checkpoint_on_cancel() && t > a.first_step && !a.spec.measure_only) {
         absl::Status saved = SaveCheckpoint(ctx, a, t);
         a.reports->StopWorkers();
         RETURN_IF_ERROR(saved);
@@ -950,7 +997,15 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
       return absl::CancelledError(absl::StrCat("cancelled at step ", t));
     }
     RETURN_IF_ERROR(RunStep(ctx, a, t));
-    if (auto chosen = a.reports->TakePolicyChosen()) RecordPolicy(ctx, a, *chosen);
+    if (auto chosen = a.reports->TakePolicyChosen(); chosen && RecordPolicy(ctx, a, *chosen) && a.spec.measure_only) {
+      // Its purpose is served: the layout and its measurements are cached for `slidedp plan` and
+      // the next job of this shape. The state is this job's own and is dropped unsaved.
+      a.reports->StopWorkers();
+      ctx.Log(absl::StrCat("train.measure_only: AutoPolicy's layout is measured and cached; the job ends after step ",
+                           t + 1, " without saving"));
+      return absl::OkStatus();
+    }
+    if (a.spec.measure_only) continue;  // saves nothing
     if (a.spec.save_every_steps > 0 && (t + 1) % a.spec.save_every_steps == 0 && t + 1 < a.spec.steps) {
       RETURN_IF_ERROR(SaveCheckpoint(ctx, a, t + 1));
     }
@@ -958,8 +1013,16 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
 
   // Workers report the end of the job after their last post.
   RETURN_IF_ERROR(a.reports->WaitForEnd(absl::Seconds(30)));
-  if (auto chosen = a.reports->TakePolicyChosen()) RecordPolicy(ctx, a, *chosen);
+  const bool cached = [&] {
+    auto chosen = a.reports->TakePolicyChosen();
+    return chosen && RecordPolicy(ctx, a, *chosen);
+  }();
   LogPrediction(ctx, a);
+  if (a.spec.measure_only) {
+    if (cached) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat("train.measure_only: AutoPolicy cached no layout in the job's ",
+                                                      a.spec.steps, " steps (the workers' logs say why)"));
+  }
   if (a.spec.save_final) RETURN_IF_ERROR(SaveCheckpoint(ctx, a, a.spec.steps));
   a.poolable = a.reports->all_finished();
   return absl::OkStatus();

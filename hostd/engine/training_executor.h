@@ -80,7 +80,8 @@ class TrainingExecutor : public JobExecutor {
                                           const std::vector<v1::WorkerHello>& hellos, std::string* key,
                                           std::string* said) const;
   // runtime.policy auto: rank 0's validated choice, logged and cached.
-  void RecordPolicy(JobContext& ctx, Attempt& a, const v1::PolicyChosen& chosen);
+  // Logs AutoPolicy's validated layout and caches it; true when it is cached.
+  bool RecordPolicy(JobContext& ctx, Attempt& a, const v1::PolicyChosen& chosen);
   // The job's last line on an AutoPolicy layout: its predicted step against the median measured.
   void LogPrediction(JobContext& ctx, const Attempt& a);
 

@@ -1391,6 +1391,78 @@ bool BitwiseEqual(const std::vector<std::vector<float>>& a, const std::vector<st
 // from the state the dead hostd left in shared memory when every unit holds the same step and no
 // update was under way (else from its newest checkpoint), and finishes with master weights and
 // Adam moments bitwise equal to an uninterrupted run's.
+// `slidedp plan --measure`: with nothing measured for the shape, plan queues a job that measures it
+// (runtime.policy auto, train.measure_only: PolicyMeasureSpec), which stops once AutoPolicy's layout
+// is validated and cached and saves nothing; plan then predicts the fixed policy the spec names, and
+// an auto spec of the same shape, from that record. Asked again, it queues nothing.
+TEST(Training, PlanMeasureRunsAMeasuringJobThenPredictsFromIt) {
+  NodeHarness node(1);
+  SpecOptions fixed = OneWorker(40, "out-pm");
+  fixed.act_policy = "selective";
+  v1::PlanJobRequest req;
+  req.set_spec_yaml(Spec(fixed));
+  req.set_base_dir(node.dir());
+  auto before = node.client().Plan(req);
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(before->step_s(), 0);
+  EXPECT_TRUE(before->measure_job_id().empty());
+  EXPECT_TRUE(absl::StrContains(client::FormatPlan(*before), "slidedp plan --measure")) << client::FormatPlan(*before);
+
+  req.set_measure(true);
+  auto queued = node.client().Plan(req);
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  ASSERT_FALSE(queued->measure_job_id().empty());
+  EXPECT_TRUE(absl::StartsWith(queued->measure_job_id(), "it-plan-")) << queued->measure_job_id();
+  auto job = node.WaitFinal(queued->measure_job_id(), 240);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->error();
+  EXPECT_LT(job->last().step(), kPolicyMeasureSteps);  // it stopped once the layout was cached
+  EXPECT_TRUE(job->last_checkpoint().empty());
+  for (const auto& e : std::filesystem::directory_iterator(node.dir() + "/out-pm")) {
+    EXPECT_TRUE(absl::StartsWith(e.path().filename().string(), "metrics-")) << e.path();  // no checkpoint
+  }
+  const std::string hostd_log = ReadFile(node.dir() + "/hostd0.log");
+  EXPECT_TRUE(absl::StrContains(hostd_log, "train.measure_only: AutoPolicy's layout is measured and cached"))
+      << hostd_log;
+
+  auto plan = node.client().Plan(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::string text = client::FormatPlan(*plan);
+  std::cout << text;
+  EXPECT_TRUE(plan->measure_job_id().empty()) << text;
+  EXPECT_GT(plan->step_s(), 0) << text;
+  EXPECT_FALSE(plan->bottleneck().empty()) << text;
+  EXPECT_GT(plan->gpu_peak_bytes(), 0) << text;
+  EXPECT_TRUE(absl::StrContains(plan->layout_source(), "AutoPolicy's measurements of this shape")) << text;
+  EXPECT_TRUE(absl::StrContains(plan->layout_yaml(), "selective")) << text;
+  // What another batch or more GPUs would change: predicted from the same record.
+  ASSERT_GE(plan->alternatives_size(), 3) << text;
+  EXPECT_TRUE(absl::StrContains(text, "what if")) << text;
+  for (const v1::PlanAlternative& a : plan->alternatives()) {
+    EXPECT_TRUE(a.step_s() > 0 || !a.note().empty()) << a.what();
+    if (absl::StartsWith(a.what(), "2x the tokens") && a.step_s() > 0) {
+      EXPECT_GT(a.step_s(), plan->step_s()) << text;  // twice the work takes longer
+    }
+  }
+
+  SpecOptions autop = fixed;
+  autop.act_policy.clear();
+  autop.policy = "auto";
+  req.set_spec_yaml(Spec(autop));
+  req.set_measure(false);
+  auto from_cache = node.client().Plan(req);
+  ASSERT_TRUE(from_cache.ok()) << from_cache.status();
+  EXPECT_GT(from_cache->step_s(), 0) << client::FormatPlan(*from_cache);
+  EXPECT_TRUE(absl::StrContains(from_cache->layout_source(), "policy cache")) << client::FormatPlan(*from_cache);
+
+  // Another batch is another shape: nothing predicts it until measured.
+  fixed.global_batch = 16;
+  req.set_spec_yaml(Spec(fixed));
+  auto other = node.client().Plan(req);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->step_s(), 0);
+}
+
 TEST(Service, HostdKilledMidJobResumesFromSharedMemoryBitwise) {
   NodeHarness node(2);
   SpecOptions o;

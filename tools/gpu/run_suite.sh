@@ -66,6 +66,11 @@
 #   host       ~5   LayerAdam / torch fused CPU AdamW >= 1.1 and >= 0.8 of copy bandwidth;
 #                   bench_copy (continuous and --duty 20:20): H2D with LayerAdam + copy priority
 #                   >= 0.9 of solo; warm submit -> first step (figures)
+#   plan       ~7   issue 22: `slidedp plan --measure` on a node service (hostd + one worker): for PLAN_MODEL
+#                   (qwen3-4b) at each of PLAN_TOKENS ("16384 65536") tokens per step, the measuring job, then
+#                   for each of PLAN_POLICIES ("recompute selective auto") `slidedp plan` before the job and the
+#                   job itself (PLAN_STEPS, 8): predicted step within 10% of the median from step 4
+#                   (tools/gpu/plan_check.py); the measuring job's time (figure)
 #   restart    ~5   Qwen3-4B on a node service: hostd killed (SIGKILL) right after a step and started
 #                   again resumes from shared memory; losses bitwise equal to an uninterrupted run
 #                   (runtime.deterministic), restart -> next step (figure)
@@ -169,7 +174,7 @@ readonly KBENCH_T_BWD=300
 readonly KBENCH_T_LAYER=550        # Qwen3-8B decoder layer keep-all over 64K tokens
 readonly LONGCTX_T_TFLOPS=450      # long context: Qwen3-8B, one 256K sequence per step, model TFLOP/s (6N + 6 L s q_dim)
 
-PARTS_ALL="smoke families kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big memlimit policy autopolicy scaling state host restart kbench longctx moe moebench cp1gpu"
+PARTS_ALL="smoke families kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big memlimit policy autopolicy plan scaling state host restart kbench longctx moe moebench cp1gpu"
 usage() { sed -n '3,/^set -u/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ] || [ "$1" = list ]; then usage; exit 0; fi
 for p in "$@"; do
@@ -998,6 +1003,64 @@ YAML
 # (SIGKILL) just after step RESTART_KILL_AT's metrics line and started again. The job must resume
 # from the state segment the dead hostd left ("shared memory at step N"), and every step both
 # logged must have bitwise the same loss (runtime.deterministic). Figure: restart -> next step.
+part_plan() {
+  find_cudnn
+  local d=$work/plan model=${PLAN_MODEL:-qwen3-4b} steps=${PLAN_STEPS:-8} t pol name cases=() times=()
+  new_dir "$d"
+  stage plan_data 120 python3 bench/e2e/make_dataset.py --out "$d/data" --rows 256 --seq-len 4096 --vocab 151936
+  for t in ${PLAN_TOKENS:-16384 65536}; do
+    for pol in ${PLAN_POLICIES:-recompute selective auto}; do
+      local runtime="act_policy: $pol" rows=$((t / 4096)) micro=4
+      [ "$pol" = auto ] && runtime="policy: auto"
+      [ "$rows" -lt 4 ] && micro=$rows
+      cat > "$d/$t-$pol.yaml" <<YAML
+name: plan-$t-$pol
+model: {preset: $model, init_seed: 0}
+data: {path: $d/data}
+output: {dir: $d/out-$t-$pol, save_final: false}
+train: {seq_len: 4096, global_batch: $rows, micro_batch: $micro, steps: $steps, max_grad_norm: 1.0}
+optimizer: {lr: 1.0e-5, weight_decay: 0.01}
+runtime: {workers: 1, $runtime}
+YAML
+    done
+  done
+  if dry; then
+    echo "DRY  plan: slidedp-hostd --state-dir + slidedp-worker --gpu 0; per tokens: slidedp plan --measure, then per"
+    echo "DRY  plan: policy slidedp plan JOB.yaml and slidedp submit JOB.yaml; plan_check.py"
+    return
+  fi
+  local sock=unix:$d/hostd.sock hostd_pid worker_pid
+  slidedp-hostd --listen "$sock" --state-dir "$d/state" --output-root "$d" > "$part_dir/hostd.log" 2>&1 &
+  hostd_pid=$!
+  sleep 2
+  CUDA_VISIBLE_DEVICES=0 slidedp-worker --hostd "$sock" --gpu 0 > "$part_dir/worker.log" 2>&1 &
+  worker_pid=$!
+  export SLIDEDP_HOSTD=$sock
+  for _ in $(seq 1 60); do slidedp workers 2> /dev/null | grep -q gpu0 && break; sleep 1; done
+  for t in ${PLAN_TOKENS:-16384 65536}; do
+    local first policies=${PLAN_POLICIES:-recompute selective auto}
+    first=${policies%% *}
+    local t0=$SECONDS
+    stage "plan_measure_$t" 300 slidedp plan --measure "$d/$t-$first.yaml"
+    times+=("$model-$t=$((SECONDS - t0))")
+    for pol in ${PLAN_POLICIES:-recompute selective auto}; do
+      name=$model-$t-$pol
+      slidedp plan "$d/$t-$pol.yaml" > "$part_dir/$name.plan" 2>&1
+      stage "plan_job_$t-$pol" 240 slidedp submit "$d/$t-$pol.yaml" --id "$t-$pol"
+      copy_metrics "$d/out-$t-$pol/metrics-$t-$pol.jsonl" "$part_dir/$name.jsonl"
+      slidedp plan "$d/$t-$pol.yaml" --compare "$part_dir/$name.jsonl" > "$part_dir/$name.compare" 2>&1
+      cases+=("$name")
+    done
+  done
+  cp "$d"/state/policies/*.yaml "$part_dir/" 2> /dev/null
+  kill "$worker_pid" "$hostd_pid" 2> /dev/null
+  wait "$worker_pid" "$hostd_pid" 2> /dev/null
+  unset SLIDEDP_HOSTD
+  python3 tools/gpu/plan_check.py --dir "$part_dir" --cases "${cases[@]}" --measure-times "${times[@]}" \
+    --part "$part" | tee -a "$summary"
+  rm -rf "$d"
+}
+
 part_restart() {
   find_cudnn
   local d=$work/restart id steps=${RESTART_STEPS:-8} kill_at=${RESTART_KILL_AT:-3} model=${RESTART_MODEL:-qwen3-4b}
