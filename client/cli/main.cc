@@ -101,10 +101,13 @@ int main(int argc, char** argv) {
   auto* plan = app.add_subcommand("plan", "predict a job's step (each resource's work, rate and busy time, the bottleneck)");
   plan->add_option("spec", spec_path, "job spec (YAML)")->required()->check(CLI::ExistingFile);
   plan->add_option("--compare", compare, "a run's metrics (JSONL): predicted against measured");
-  bool measure = false;
+  bool measure = false, routes = false;
   plan->add_flag("--measure", measure,
                  "when nothing measured predicts the job: run a short job that measures its shape first "
                  "(AutoPolicy's probes on the real pipeline; it saves nothing), then predict");
+  plan->add_flag("--routes", routes,
+                 "with --measure: measure every gradient route and parameter delivery the workers can run, each "
+                 "by its own job (what runtime.grad_reduction / param_delivery: auto choose from)");
 
   auto* submit = app.add_subcommand("submit", "submit a job spec");
   submit->add_option("spec", spec_path, "job spec (YAML)")->check(CLI::ExistingFile);
@@ -330,15 +333,19 @@ int main(int argc, char** argv) {
     slidedp::v1::PlanJobRequest req;
     req.set_spec_yaml(*text);
     req.set_base_dir(std::filesystem::absolute(spec_path).parent_path().string());
+    if (routes && !measure) return Fail(absl::InvalidArgumentError("plan: --routes goes with --measure"));
     req.set_measure(measure);
+    req.set_routes(routes);
     auto p = client.Plan(req);
     if (!p.ok()) return Fail(p.status());
-    if (!p->measure_job_id().empty()) {
-      std::cout << "nothing measured predicts this job yet: job " << p->measure_job_id()
-                << " measures its shape (a few steps on the real pipeline, nothing saved)\n";
-      auto job = client.Watch(p->measure_job_id(), std::cout, isatty(1));
-      if (!job.ok()) return Fail(job.status());
-      if (const int rc = sc::ExitCodeForJob(*job); rc != 0) return rc;
+    if (p->measure_job_ids_size() > 0) {
+      for (const std::string& id : p->measure_job_ids()) {
+        std::cout << "nothing measured predicts this yet: job " << id
+                  << " measures it (a few steps on the real pipeline, nothing saved)\n";
+        auto job = client.Watch(id, std::cout, isatty(1));
+        if (!job.ok()) return Fail(job.status());
+        if (const int rc = sc::ExitCodeForJob(*job); rc != 0) return rc;
+      }
       req.set_measure(false);
       p = client.Plan(req);
       if (!p.ok()) return Fail(p.status());

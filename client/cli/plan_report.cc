@@ -80,8 +80,9 @@ std::string FormatPlan(const v1::PlanJobResponse& p) {
   if (p.alternatives_size() > 0) absl::StrAppend(&out, "what if (the same measurements):\n");
   for (const v1::PlanAlternative& a : p.alternatives()) {
     if (a.step_s() > 0) {
-      absl::StrAppend(&out, absl::StrFormat("  %s: step %.3f s = %.0f tokens/s, bound by %s; %s%s\n", a.what(),
-                                            a.step_s(), a.tokens_per_s(), a.bottleneck(), a.layout(),
+      absl::StrAppend(&out, absl::StrFormat("  %s: step %.3f s = %.0f tokens/s, bound by %s%s%s\n", a.what(),
+                                            a.step_s(), a.tokens_per_s(), a.bottleneck(),
+                                            a.layout().empty() ? "" : absl::StrCat("; ", a.layout()),
                                             a.note().empty() ? "" : absl::StrCat(" (", a.note(), ")")));
     } else {
       absl::StrAppend(&out, absl::StrFormat("  %s: not predicted: %s\n", a.what(), a.note()));

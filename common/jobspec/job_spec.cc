@@ -200,6 +200,18 @@ Setter Enum(E JobSpec::*field, std::vector<std::pair<std::string, E>> names) {
   };
 }
 
+// `auto` sets `flag` (the value is chosen later); any other value goes to `concrete`.
+Setter AutoOr(Setter concrete, bool JobSpec::*flag) {
+  return [concrete, flag](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
+    if (n.IsScalar() && n.Scalar() == "auto") {
+      s.*flag = true;
+      return absl::OkStatus();
+    }
+    s.*flag = false;
+    return concrete(n, path, s);
+  };
+}
+
 // model.rope_scaling: a flat map of scalars (HF's rope_scaling object), kept as JSON text; its
 // keys and values are checked when the model config applies it (ModelConfig::OverrideContext).
 Setter RopeScalingMap() {
@@ -306,10 +318,13 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
                                   {{"auto", Backend::kAuto}, {"cuda", Backend::kCuda}, {"cpu", Backend::kCpu}})},
         {"workers", Int32(&JobSpec::num_workers, 0)},
         {"chunk_bytes", Int(&JobSpec::chunk_bytes, 4096)},
-        {"param_delivery", Enum<ParamDelivery>(&JobSpec::param_delivery, {{"replicated", ParamDelivery::kReplicated},
-                                                                          {"sharded", ParamDelivery::kSharded}})},
+        {"param_delivery",
+         AutoOr(Enum<ParamDelivery>(&JobSpec::param_delivery,
+                                    {{"replicated", ParamDelivery::kReplicated}, {"sharded", ParamDelivery::kSharded}}),
+                &JobSpec::param_delivery_auto)},
         {"grad_reduction",
-         Enum<GradReduction>(&JobSpec::grad_reduction, {{"gpu", GradReduction::kGpu}, {"cpu", GradReduction::kCpu}})},
+         AutoOr(Enum<GradReduction>(&JobSpec::grad_reduction, {{"gpu", GradReduction::kGpu}, {"cpu", GradReduction::kCpu}}),
+                &JobSpec::grad_reduction_auto)},
         {"grad_staging", Enum<GradStaging>(&JobSpec::grad_staging, {{"auto", GradStaging::kAuto},
                                                                     {"device", GradStaging::kDevice},
                                                                     {"host", GradStaging::kHost}})},
@@ -767,8 +782,8 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "backend" << YAML::Value << ToString(backend);
   e << YAML::Key << "workers" << YAML::Value << num_workers;
   e << YAML::Key << "chunk_bytes" << YAML::Value << chunk_bytes;
-  e << YAML::Key << "param_delivery" << YAML::Value << ToString(param_delivery);
-  e << YAML::Key << "grad_reduction" << YAML::Value << ToString(grad_reduction);
+  e << YAML::Key << "param_delivery" << YAML::Value << (param_delivery_auto ? "auto" : ToString(param_delivery));
+  e << YAML::Key << "grad_reduction" << YAML::Value << (grad_reduction_auto ? "auto" : ToString(grad_reduction));
   e << YAML::Key << "grad_staging" << YAML::Value << ToString(grad_staging);
   e << YAML::Key << "grad_dtype" << YAML::Value << ToString(grad_dtype);
   e << YAML::Key << "param_source" << YAML::Value << ToString(param_source);
@@ -805,6 +820,38 @@ std::string JobSpec::ToYaml() const {
 }  // namespace slidedp
 
 namespace slidedp {
+
+std::vector<JobSpec> RouteVariants(const JobSpec& spec, int world, bool cuda, bool all) {
+  JobSpec base = spec;
+  base.grad_reduction_auto = base.param_delivery_auto = false;
+  if (world <= 1) {  // one rank: the routes do not differ; what `auto` leaves is the default
+    if (spec.grad_reduction_auto) base.grad_reduction = GradReduction::kGpu;
+    if (spec.param_delivery_auto) base.param_delivery = ParamDelivery::kReplicated;
+    return {base};
+  }
+  std::vector<GradReduction> reductions = {spec.grad_reduction};
+  if (all || spec.grad_reduction_auto) reductions = {GradReduction::kGpu, GradReduction::kCpu};
+  std::vector<ParamDelivery> deliveries = {spec.param_delivery};
+  if (all || spec.param_delivery_auto) {
+    deliveries = {ParamDelivery::kReplicated};
+    if (cuda) deliveries.push_back(ParamDelivery::kSharded);
+  }
+  std::vector<JobSpec> out;
+  for (GradReduction r : reductions) {
+    for (ParamDelivery d : deliveries) {
+      JobSpec v = base;
+      v.grad_reduction = r;
+      v.param_delivery = d;
+      out.push_back(std::move(v));
+    }
+  }
+  return out;
+}
+
+std::string RouteName(const JobSpec& spec) {
+  return absl::StrCat("grad_reduction ", ToString(spec.grad_reduction), ", param_delivery ",
+                      ToString(spec.param_delivery));
+}
 
 JobSpec PolicyMeasureSpec(const JobSpec& spec) {
   JobSpec m = spec;

@@ -144,6 +144,11 @@ struct JobSpec {
   int64_t chunk_bytes = 64ll << 20;
   ParamDelivery param_delivery = ParamDelivery::kReplicated;
   GradReduction grad_reduction = GradReduction::kGpu;
+  // runtime.param_delivery / grad_reduction `auto`: hostd picks the route whose measured step is
+  // shortest (each route's own `slidedp plan --measure --routes` job: RouteVariants), else the
+  // defaults above; the fields then hold what was picked (ResolvedRoutes).
+  bool param_delivery_auto = false;
+  bool grad_reduction_auto = false;
   GradStaging grad_staging = GradStaging::kAuto;
   GradDtype grad_dtype = GradDtype::kFp32;
   ParamSource param_source = ParamSource::kMirror;
@@ -222,6 +227,14 @@ absl::Status ValidateJobName(const std::string& name);
 // train.measure_only, kPolicyMeasureSteps steps of a constant schedule, nothing saved, no
 // validation, and the name "<name>-plan".
 JobSpec PolicyMeasureSpec(const JobSpec& spec);
+// The concrete routes a job of `spec` may run on `world` workers (`cuda`: all of them CUDA, where
+// sharded delivery exists): every combination of the routes `spec` leaves to `auto`, or with
+// `all` of every route (what `slidedp plan --measure --routes` measures), the given ones kept
+// otherwise; the flags cleared. One worker has one route: {spec, what `auto` leaves the default}.
+std::vector<JobSpec> RouteVariants(const JobSpec& spec, int world, bool cuda, bool all);
+// "grad_reduction gpu, param_delivery replicated"
+std::string RouteName(const JobSpec& spec);
+
 // Enough steps for AutoPolicy's longer path (two warm-ups, then the measured third step: see
 // worker/pipeline/auto_policy.h), its validation and two re-solves.
 inline constexpr int64_t kPolicyMeasureSteps = 16;

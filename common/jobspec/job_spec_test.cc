@@ -645,5 +645,36 @@ TEST(JobSpec, MeasureOnlyNeedsPolicyAutoAndTheMeasureSpecKeepsTheShape) {
   EXPECT_TRUE(ValidateJobName(PolicyMeasureSpec(*s).name).ok()) << PolicyMeasureSpec(*s).name;
 }
 
+
+// runtime.grad_reduction / param_delivery auto round-trip; RouteVariants lists the routes left open
+// (sharded delivery only on CUDA workers), every route with `all`, and one for one worker.
+TEST(JobSpec, AutoRoutesRoundTripAndTheirVariants) {
+  auto s = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"workers: 2,", "workers: 2, grad_reduction: auto,"}}), "/base",
+                          JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->grad_reduction_auto);
+  EXPECT_FALSE(s->param_delivery_auto);
+  auto again = JobSpec::Parse(s->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->grad_reduction_auto);
+  EXPECT_EQ(RouteVariants(*s, 2, /*cuda=*/false, false).size(), 2u);
+  EXPECT_EQ(RouteVariants(*s, 2, /*cuda=*/true, false).size(), 2u);  // delivery was given: replicated
+  EXPECT_EQ(RouteVariants(*s, 2, /*cuda=*/true, true).size(), 4u);
+  EXPECT_EQ(RouteVariants(*s, 2, /*cuda=*/false, true).size(), 2u);
+  for (const JobSpec& v : RouteVariants(*s, 2, true, true)) {
+    EXPECT_FALSE(v.grad_reduction_auto || v.param_delivery_auto);
+    EXPECT_TRUE(absl::StartsWith(RouteName(v), "grad_reduction ")) << RouteName(v);
+  }
+  const std::vector<JobSpec> one = RouteVariants(*s, 1, true, true);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].grad_reduction, GradReduction::kGpu);
+  s->grad_reduction_auto = false;
+  s->grad_reduction = GradReduction::kCpu;
+  EXPECT_EQ(RouteVariants(*s, 1, true, true)[0].grad_reduction, GradReduction::kCpu);  // one worker: as given
+  EXPECT_EQ(RouteVariants(*s, 2, false, false).size(), 1u);
+  EXPECT_EQ(ParseError(absl::StrReplaceAll(kGood, {{"workers: 2,", "workers: 2, grad_reduction: maybe,"}})).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace slidedp

@@ -434,18 +434,33 @@ absl::StatusOr<v1::PlanJobResponse> HostCore::Plan(const v1::PlanJobRequest& req
                                                       " attached now"));
   }
   ASSIGN_OR_RETURN(v1::PlanJobResponse plan, executor_->Plan(spec, hellos));
-  if (req.measure() && plan.step_s() <= 0) {
-    if (spec.context_parallel > 1) {
-      plan.add_notes("runtime.context_parallel: AutoPolicy does not measure such jobs (--measure does nothing)");
-      return plan;
+  if (!req.measure()) return plan;
+  if (spec.context_parallel > 1) {
+    plan.add_notes("runtime.context_parallel: AutoPolicy does not measure such jobs (--measure does nothing)");
+    return plan;
+  }
+  // The routes to measure: the job's own, or each route `auto` (or --routes) leaves open.
+  const bool cuda = std::all_of(hellos.begin(), hellos.end(),
+                                [](const v1::WorkerHello& h) { return h.device().kind() == "cuda"; });
+  std::vector<JobSpec> targets = {spec};
+  if (req.routes() || spec.grad_reduction_auto || spec.param_delivery_auto) {
+    targets = RouteVariants(spec, static_cast<int>(hellos.size()), cuda, req.routes());
+  }
+  for (const JobSpec& t : targets) {
+    absl::StatusOr<v1::PlanJobResponse> p =
+        targets.size() == 1 ? absl::StatusOr<v1::PlanJobResponse>(plan) : executor_->Plan(t, hellos);
+    if (!p.ok()) {  // a route these workers cannot run (e.g. with this grad_staging): said, not measured
+      plan.add_notes(absl::StrCat(RouteName(t), ": not measured: ", p.status().message()));
+      continue;
     }
+    if (p->step_s() > 0) continue;  // measured already
     // The measuring job goes through Submit as any other: queued, listed, watchable, cancellable.
     v1::SubmitJobRequest measure;
-    measure.set_spec_yaml(PolicyMeasureSpec(spec).ToYaml());
+    measure.set_spec_yaml(PolicyMeasureSpec(t).ToYaml());
     measure.set_base_dir(req.base_dir());
     ASSIGN_OR_RETURN(v1::SubmitJobResponse queued, Submit(measure));
-    plan.set_measure_job_id(queued.job().job_id());
-    LOG(INFO) << "plan: job " << queued.job().job_id() << " measures the shape of a planned job";
+    plan.add_measure_job_ids(queued.job().job_id());
+    LOG(INFO) << "plan: job " << queued.job().job_id() << " measures " << RouteName(t) << " for a planned job";
   }
   return plan;
 }

@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -744,10 +745,77 @@ std::optional<LayerLayout> FixedLayout(const JobSpec& spec, const ModelLayout& l
   for (int64_t l = 0; l < layers; ++l) out.layers.push_back(LayerPolicy{kind, l < offloaded ? 1.0 : 0.0, 0});
   return out;
 }
+bool AllCuda(const std::vector<v1::WorkerHello>& hellos) {
+  return !hellos.empty() && std::all_of(hellos.begin(), hellos.end(),
+                                        [](const v1::WorkerHello& h) { return h.device().kind() == "cuda"; });
+}
 }  // namespace
+
+JobSpec TrainingExecutor::ResolveRoutes(const JobSpec& spec, const std::vector<v1::WorkerHello>& hellos,
+                                        std::string* said) {
+  said->clear();
+  if (!spec.grad_reduction_auto && !spec.param_delivery_auto) return spec;
+  const int world = static_cast<int>(hellos.size());
+  std::vector<JobSpec> variants = RouteVariants(spec, world, AllCuda(hellos), /*all=*/false);
+  std::optional<size_t> best;
+  double best_s = 0;
+  std::string measured;
+  for (size_t i = 0; i < variants.size() && world > 1; ++i) {
+    absl::StatusOr<v1::PlanJobResponse> p = PlanRoute(variants[i], hellos);
+    if (!p.ok() || p->step_s() <= 0) continue;
+    absl::StrAppend(&measured, measured.empty() ? "" : ", ", RouteName(variants[i]), absl::StrFormat(" %.3f s", p->step_s()));
+    if (!best || p->step_s() < best_s) {
+      best = i;
+      best_s = p->step_s();
+    }
+  }
+  if (best) {
+    *said = absl::StrCat("runtime routes auto: ", RouteName(variants[*best]), ", the shortest measured step (",
+                         measured, ")");
+    return variants[*best];
+  }
+  // Nothing measured: the defaults for what `auto` leaves open.
+  JobSpec d = spec;
+  if (d.grad_reduction_auto) d.grad_reduction = GradReduction::kGpu;
+  if (d.param_delivery_auto) d.param_delivery = ParamDelivery::kReplicated;
+  d.grad_reduction_auto = d.param_delivery_auto = false;
+  *said = absl::StrCat("runtime routes auto: ", RouteName(d),
+                       world > 1 ? " (no route of this shape measured yet: `slidedp plan --measure --routes` measures them)"
+                                 : " (one worker: the routes do not differ)");
+  return d;
+}
 
 absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::Plan(const JobSpec& spec_in,
                                                            const std::vector<v1::WorkerHello>& hellos) {
+  std::string said;
+  const JobSpec spec = ResolveRoutes(spec_in, hellos, &said);
+  ASSIGN_OR_RETURN(v1::PlanJobResponse r, PlanRoute(spec, hellos));
+  if (!said.empty()) r.add_notes(said);
+  // The other routes this shape has measurements of, each predicted from its own record.
+  const int world = static_cast<int>(hellos.size());
+  for (const JobSpec& v : world > 1 ? RouteVariants(spec, world, AllCuda(hellos), /*all=*/true) : std::vector<JobSpec>{}) {
+    if (RouteName(v) == RouteName(spec)) continue;
+    absl::StatusOr<v1::PlanJobResponse> other = PlanRoute(v, hellos);
+    if (!other.ok() || other->step_s() <= 0) continue;
+    if (v.param_delivery == spec.param_delivery) {
+      // It replaces the estimate of the same route from this route's record.
+      const std::string estimate = absl::StrCat("grad_reduction: ", ToString(v.grad_reduction), " (");
+      auto* alts = r.mutable_alternatives();
+      for (int i = alts->size() - 1; i >= 0; --i) {
+        if (absl::StartsWith(alts->Get(i).what(), estimate)) alts->DeleteSubrange(i, 1);
+      }
+    }
+    v1::PlanAlternative* a = r.add_alternatives();
+    a->set_what(absl::StrCat(RouteName(v), " (measured by its own job)"));
+    a->set_step_s(other->step_s());
+    a->set_bottleneck(other->bottleneck());
+    a->set_tokens_per_s(static_cast<double>(other->tokens_per_step()) * other->world() / other->step_s());
+  }
+  return r;
+}
+
+absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::PlanRoute(const JobSpec& spec_in,
+                                                                const std::vector<v1::WorkerHello>& hellos) {
   JobSpec spec = spec_in;
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));
   ModelLayout layout = ModelLayout::Build(config);
@@ -839,6 +907,11 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   for (const auto& w : ctx.workers()) hellos.push_back(w->hello());
   // runtime.policy auto: a layout cached for this shape, batch, device and build runs at once
   // (inline, as a policy file's would); otherwise the workers measure and choose one.
+  {
+    std::string said;
+    spec = ResolveRoutes(spec, hellos, &said);  // before the policy's key, which names the routes
+    if (!said.empty()) ctx.Log(said);
+  }
   std::string policy_key;
   if (spec.policy_auto && !spec.layer_layout) {
     std::string said;

@@ -1405,15 +1405,15 @@ TEST(Training, PlanMeasureRunsAMeasuringJobThenPredictsFromIt) {
   auto before = node.client().Plan(req);
   ASSERT_TRUE(before.ok()) << before.status();
   EXPECT_EQ(before->step_s(), 0);
-  EXPECT_TRUE(before->measure_job_id().empty());
+  EXPECT_EQ(before->measure_job_ids_size(), 0);
   EXPECT_TRUE(absl::StrContains(client::FormatPlan(*before), "slidedp plan --measure")) << client::FormatPlan(*before);
 
   req.set_measure(true);
   auto queued = node.client().Plan(req);
   ASSERT_TRUE(queued.ok()) << queued.status();
-  ASSERT_FALSE(queued->measure_job_id().empty());
-  EXPECT_TRUE(absl::StartsWith(queued->measure_job_id(), "it-plan-")) << queued->measure_job_id();
-  auto job = node.WaitFinal(queued->measure_job_id(), 240);
+  ASSERT_EQ(queued->measure_job_ids_size(), 1);
+  EXPECT_TRUE(absl::StartsWith(queued->measure_job_ids(0), "it-plan-")) << queued->measure_job_ids(0);
+  auto job = node.WaitFinal(queued->measure_job_ids(0), 240);
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->error();
   EXPECT_LT(job->last().step(), kPolicyMeasureSteps);  // it stopped once the layout was cached
@@ -1429,7 +1429,7 @@ TEST(Training, PlanMeasureRunsAMeasuringJobThenPredictsFromIt) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   const std::string text = client::FormatPlan(*plan);
   std::cout << text;
-  EXPECT_TRUE(plan->measure_job_id().empty()) << text;
+  EXPECT_EQ(plan->measure_job_ids_size(), 0) << text;
   EXPECT_GT(plan->step_s(), 0) << text;
   EXPECT_FALSE(plan->bottleneck().empty()) << text;
   EXPECT_GT(plan->gpu_peak_bytes(), 0) << text;
@@ -1461,6 +1461,69 @@ TEST(Training, PlanMeasureRunsAMeasuringJobThenPredictsFromIt) {
   auto other = node.client().Plan(req);
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_EQ(other->step_s(), 0);
+}
+
+// runtime.grad_reduction auto: `slidedp plan --measure --routes` measures each route with its own
+// job (two CPU workers: the gpu route through the shared-memory collective, the cpu route summed by
+// hostd); plan then takes the route of the shorter measured step and lists the other as measured;
+// a job with auto routes runs the chosen route, and says so.
+TEST(Training, PlanMeasuresEachRouteAndAutoRoutesRunTheShortest) {
+  NodeHarness node(2);
+  SpecOptions o;
+  o.steps = 4;
+  o.output = "out-routes";
+  o.policy = "auto";
+  o.grad_reduction = "auto";
+  v1::PlanJobRequest req;
+  req.set_spec_yaml(Spec(o));
+  req.set_base_dir(node.dir());
+  req.set_measure(true);
+  req.set_routes(true);
+  auto queued = node.client().Plan(req);
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  ASSERT_EQ(queued->measure_job_ids_size(), 2) << client::FormatPlan(*queued);
+  for (const std::string& id : queued->measure_job_ids()) {
+    auto job = node.WaitFinal(id, 240);
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << id << ": " << job->error();
+  }
+  const std::string hostd_log = ReadFile(node.dir() + "/hostd0.log");
+  EXPECT_TRUE(absl::StrContains(hostd_log, "measures grad_reduction gpu, param_delivery replicated")) << hostd_log;
+  EXPECT_TRUE(absl::StrContains(hostd_log, "measures grad_reduction cpu, param_delivery replicated")) << hostd_log;
+
+  req.set_measure(false);
+  req.set_routes(false);
+  auto plan = node.client().Plan(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::string text = client::FormatPlan(*plan);
+  std::cout << text;
+  EXPECT_GT(plan->step_s(), 0) << text;
+  std::string chosen;
+  for (const std::string& n : plan->notes()) {
+    if (absl::StartsWith(n, "runtime routes auto: ")) chosen = n.substr(21, n.find(',', 40) - 21);
+  }
+  ASSERT_TRUE(absl::StartsWith(chosen, "grad_reduction ")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "the shortest measured step")) << text;
+  int measured = 0;
+  for (const v1::PlanAlternative& a : plan->alternatives()) {
+    if (absl::StrContains(a.what(), "(measured by its own job)")) {
+      ++measured;
+      EXPECT_GT(a.step_s(), 0);
+      EXPECT_FALSE(absl::StartsWith(a.what(), chosen)) << a.what();
+    }
+  }
+  EXPECT_EQ(measured, 1) << text;
+  EXPECT_FALSE(absl::StrContains(text, "grad_reduction: ")) << text;  // the estimate of a measured route is dropped
+  // Asked again, nothing is left to measure.
+  req.set_measure(true);
+  req.set_routes(true);
+  auto again = node.client().Plan(req);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->measure_job_ids_size(), 0) << client::FormatPlan(*again);
+
+  MustSucceed(node, Spec(o), "routes-auto");
+  const std::string log = ReadFile(node.dir() + "/hostd0.log");
+  EXPECT_TRUE(absl::StrContains(log, absl::StrCat("job routes-auto: runtime routes auto: ", chosen))) << log;
 }
 
 TEST(Service, HostdKilledMidJobResumesFromSharedMemoryBitwise) {
