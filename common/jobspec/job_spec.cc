@@ -317,7 +317,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
        {{"backend", Enum<Backend>(&JobSpec::backend,
                                   {{"auto", Backend::kAuto}, {"cuda", Backend::kCuda}, {"cpu", Backend::kCpu}})},
         {"workers", Int32(&JobSpec::num_workers, 0)},
-        {"chunk_bytes", Int(&JobSpec::chunk_bytes, 4096)},
+        {"chunk_bytes", AutoOr(Int(&JobSpec::chunk_bytes, 4096), &JobSpec::chunk_bytes_auto)},
         {"param_delivery",
          AutoOr(Enum<ParamDelivery>(&JobSpec::param_delivery,
                                     {{"replicated", ParamDelivery::kReplicated}, {"sharded", ParamDelivery::kSharded}}),
@@ -781,7 +781,11 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "runtime" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "backend" << YAML::Value << ToString(backend);
   e << YAML::Key << "workers" << YAML::Value << num_workers;
-  e << YAML::Key << "chunk_bytes" << YAML::Value << chunk_bytes;
+  if (chunk_bytes_auto) {
+    e << YAML::Key << "chunk_bytes" << YAML::Value << "auto";
+  } else {
+    e << YAML::Key << "chunk_bytes" << YAML::Value << chunk_bytes;
+  }
   e << YAML::Key << "param_delivery" << YAML::Value << (param_delivery_auto ? "auto" : ToString(param_delivery));
   e << YAML::Key << "grad_reduction" << YAML::Value << (grad_reduction_auto ? "auto" : ToString(grad_reduction));
   e << YAML::Key << "grad_staging" << YAML::Value << ToString(grad_staging);
@@ -823,26 +827,27 @@ namespace slidedp {
 
 std::vector<JobSpec> RouteVariants(const JobSpec& spec, int world, bool cuda, bool all) {
   JobSpec base = spec;
-  base.grad_reduction_auto = base.param_delivery_auto = false;
-  if (world <= 1) {  // one rank: the routes do not differ; what `auto` leaves is the default
-    if (spec.grad_reduction_auto) base.grad_reduction = GradReduction::kGpu;
-    if (spec.param_delivery_auto) base.param_delivery = ParamDelivery::kReplicated;
-    return {base};
-  }
-  std::vector<GradReduction> reductions = {spec.grad_reduction};
-  if (all || spec.grad_reduction_auto) reductions = {GradReduction::kGpu, GradReduction::kCpu};
-  std::vector<ParamDelivery> deliveries = {spec.param_delivery};
-  if (all || spec.param_delivery_auto) {
+  base.grad_reduction_auto = base.param_delivery_auto = base.chunk_bytes_auto = false;
+  std::vector<GradReduction> reductions = {spec.grad_reduction_auto ? GradReduction::kGpu : spec.grad_reduction};
+  std::vector<ParamDelivery> deliveries = {spec.param_delivery_auto ? ParamDelivery::kReplicated
+                                                                    : spec.param_delivery};
+  if (world > 1 && (all || spec.grad_reduction_auto)) reductions = {GradReduction::kGpu, GradReduction::kCpu};
+  if (world > 1 && (all || spec.param_delivery_auto)) {
     deliveries = {ParamDelivery::kReplicated};
     if (cuda) deliveries.push_back(ParamDelivery::kSharded);
   }
+  std::vector<int64_t> chunks = {spec.chunk_bytes};
+  if (spec.chunk_bytes_auto) chunks.assign(std::begin(kAutoChunkBytes), std::end(kAutoChunkBytes));
   std::vector<JobSpec> out;
   for (GradReduction r : reductions) {
     for (ParamDelivery d : deliveries) {
-      JobSpec v = base;
-      v.grad_reduction = r;
-      v.param_delivery = d;
-      out.push_back(std::move(v));
+      for (int64_t c : chunks) {
+        JobSpec v = base;
+        v.grad_reduction = r;
+        v.param_delivery = d;
+        v.chunk_bytes = c;
+        out.push_back(std::move(v));
+      }
     }
   }
   return out;
@@ -850,7 +855,7 @@ std::vector<JobSpec> RouteVariants(const JobSpec& spec, int world, bool cuda, bo
 
 std::string RouteName(const JobSpec& spec) {
   return absl::StrCat("grad_reduction ", ToString(spec.grad_reduction), ", param_delivery ",
-                      ToString(spec.param_delivery));
+                      ToString(spec.param_delivery), ", chunk_bytes ", spec.chunk_bytes);
 }
 
 JobSpec PolicyMeasureSpec(const JobSpec& spec) {

@@ -142,6 +142,9 @@ struct JobSpec {
   Backend backend = Backend::kAuto;
   int32_t num_workers = 0;  // 0: all attached workers
   int64_t chunk_bytes = 64ll << 20;
+  // runtime.chunk_bytes `auto`: among kAutoChunkBytes, the one whose measured step is shortest
+  // (measured as the routes are: RouteVariants), else the default above.
+  bool chunk_bytes_auto = false;
   ParamDelivery param_delivery = ParamDelivery::kReplicated;
   GradReduction grad_reduction = GradReduction::kGpu;
   // runtime.param_delivery / grad_reduction `auto`: hostd picks the route whose measured step is
@@ -230,9 +233,11 @@ JobSpec PolicyMeasureSpec(const JobSpec& spec);
 // The concrete routes a job of `spec` may run on `world` workers (`cuda`: all of them CUDA, where
 // sharded delivery exists): every combination of the routes `spec` leaves to `auto`, or with
 // `all` of every route (what `slidedp plan --measure --routes` measures), the given ones kept
-// otherwise; the flags cleared. One worker has one route: {spec, what `auto` leaves the default}.
+// otherwise; and with runtime.chunk_bytes `auto` each of kAutoChunkBytes. The flags cleared. One
+// worker has one route (what `auto` leaves is the default).
 std::vector<JobSpec> RouteVariants(const JobSpec& spec, int world, bool cuda, bool all);
-// "grad_reduction gpu, param_delivery replicated"
+inline constexpr int64_t kAutoChunkBytes[] = {16ll << 20, 64ll << 20, 256ll << 20};
+// "grad_reduction gpu, param_delivery replicated, chunk_bytes 67108864"
 std::string RouteName(const JobSpec& spec);
 
 // Enough steps for AutoPolicy's longer path (two warm-ups, then the measured third step: see

@@ -674,6 +674,17 @@ TEST(JobSpec, AutoRoutesRoundTripAndTheirVariants) {
   EXPECT_EQ(RouteVariants(*s, 2, false, false).size(), 1u);
   EXPECT_EQ(ParseError(absl::StrReplaceAll(kGood, {{"workers: 2,", "workers: 2, grad_reduction: maybe,"}})).code(),
             absl::StatusCode::kInvalidArgument);
+  // chunk_bytes auto: each of kAutoChunkBytes, on any number of workers.
+  auto chunks = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"workers: 2,", "workers: 2, chunk_bytes: auto,"}}), "/base",
+                               JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(chunks.ok()) << chunks.status();
+  EXPECT_TRUE(chunks->chunk_bytes_auto);
+  EXPECT_TRUE(absl::StrContains(chunks->ToYaml(), "chunk_bytes: auto")) << chunks->ToYaml();
+  const std::vector<JobSpec> one_worker = RouteVariants(*chunks, 1, true, false);
+  ASSERT_EQ(one_worker.size(), std::size(kAutoChunkBytes));
+  EXPECT_EQ(one_worker[0].chunk_bytes, kAutoChunkBytes[0]);
+  EXPECT_FALSE(one_worker[0].chunk_bytes_auto);
+  EXPECT_EQ(RouteVariants(*chunks, 2, true, true).size(), 4 * std::size(kAutoChunkBytes));
 }
 
 }  // namespace

@@ -443,7 +443,7 @@ absl::StatusOr<v1::PlanJobResponse> HostCore::Plan(const v1::PlanJobRequest& req
   const bool cuda = std::all_of(hellos.begin(), hellos.end(),
                                 [](const v1::WorkerHello& h) { return h.device().kind() == "cuda"; });
   std::vector<JobSpec> targets = {spec};
-  if (req.routes() || spec.grad_reduction_auto || spec.param_delivery_auto) {
+  if (req.routes() || spec.grad_reduction_auto || spec.param_delivery_auto || spec.chunk_bytes_auto) {
     targets = RouteVariants(spec, static_cast<int>(hellos.size()), cuda, req.routes());
   }
   for (const JobSpec& t : targets) {

@@ -754,13 +754,13 @@ bool AllCuda(const std::vector<v1::WorkerHello>& hellos) {
 JobSpec TrainingExecutor::ResolveRoutes(const JobSpec& spec, const std::vector<v1::WorkerHello>& hellos,
                                         std::string* said) {
   said->clear();
-  if (!spec.grad_reduction_auto && !spec.param_delivery_auto) return spec;
+  if (!spec.grad_reduction_auto && !spec.param_delivery_auto && !spec.chunk_bytes_auto) return spec;
   const int world = static_cast<int>(hellos.size());
   std::vector<JobSpec> variants = RouteVariants(spec, world, AllCuda(hellos), /*all=*/false);
   std::optional<size_t> best;
   double best_s = 0;
   std::string measured;
-  for (size_t i = 0; i < variants.size() && world > 1; ++i) {
+  for (size_t i = 0; i < variants.size() && variants.size() > 1; ++i) {
     absl::StatusOr<v1::PlanJobResponse> p = PlanRoute(variants[i], hellos);
     if (!p.ok() || p->step_s() <= 0) continue;
     absl::StrAppend(&measured, measured.empty() ? "" : ", ", RouteName(variants[i]), absl::StrFormat(" %.3f s", p->step_s()));
@@ -778,10 +778,12 @@ JobSpec TrainingExecutor::ResolveRoutes(const JobSpec& spec, const std::vector<v
   JobSpec d = spec;
   if (d.grad_reduction_auto) d.grad_reduction = GradReduction::kGpu;
   if (d.param_delivery_auto) d.param_delivery = ParamDelivery::kReplicated;
-  d.grad_reduction_auto = d.param_delivery_auto = false;
+  if (d.chunk_bytes_auto) d.chunk_bytes = JobSpec{}.chunk_bytes;
+  d.grad_reduction_auto = d.param_delivery_auto = d.chunk_bytes_auto = false;
   *said = absl::StrCat("runtime routes auto: ", RouteName(d),
-                       world > 1 ? " (no route of this shape measured yet: `slidedp plan --measure --routes` measures them)"
-                                 : " (one worker: the routes do not differ)");
+                       variants.size() > 1
+                           ? " (no route of this shape measured yet: `slidedp plan --measure --routes` measures them)"
+                           : " (one worker: the routes do not differ)");
   return d;
 }
 
@@ -797,7 +799,7 @@ absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::Plan(const JobSpec& spec_i
     if (RouteName(v) == RouteName(spec)) continue;
     absl::StatusOr<v1::PlanJobResponse> other = PlanRoute(v, hellos);
     if (!other.ok() || other->step_s() <= 0) continue;
-    if (v.param_delivery == spec.param_delivery) {
+    if (v.param_delivery == spec.param_delivery && v.chunk_bytes == spec.chunk_bytes) {
       // It replaces the estimate of the same route from this route's record.
       const std::string estimate = absl::StrCat("grad_reduction: ", ToString(v.grad_reduction), " (");
       auto* alts = r.mutable_alternatives();

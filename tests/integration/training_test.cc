@@ -1526,6 +1526,41 @@ TEST(Training, PlanMeasuresEachRouteAndAutoRoutesRunTheShortest) {
   EXPECT_TRUE(absl::StrContains(log, absl::StrCat("job routes-auto: runtime routes auto: ", chosen))) << log;
 }
 
+// runtime.chunk_bytes auto on one worker: each of kAutoChunkBytes is measured by its own job and
+// the job runs the one of the shortest measured step.
+TEST(Training, AutoChunkBytesRunsTheShortestMeasured) {
+  NodeHarness node(1);
+  SpecOptions o = OneWorker(4, "out-chunks");
+  o.policy = "auto";
+  const std::string spec = absl::StrReplaceAll(Spec(o), {{absl::StrCat("chunk_bytes: ", o.chunk_bytes), "chunk_bytes: auto"}});
+  ASSERT_TRUE(absl::StrContains(spec, "chunk_bytes: auto")) << spec;
+  v1::PlanJobRequest req;
+  req.set_spec_yaml(spec);
+  req.set_base_dir(node.dir());
+  req.set_measure(true);
+  auto queued = node.client().Plan(req);
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  ASSERT_EQ(queued->measure_job_ids_size(), static_cast<int>(std::size(kAutoChunkBytes)));
+  for (const std::string& id : queued->measure_job_ids()) {
+    auto job = node.WaitFinal(id, 240);
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << id << ": " << job->error();
+  }
+  req.set_measure(false);
+  auto plan = node.client().Plan(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::string said;
+  for (const std::string& n : plan->notes()) {
+    if (absl::StartsWith(n, "runtime routes auto: ")) said = n;
+  }
+  EXPECT_TRUE(absl::StrContains(said, "the shortest measured step")) << client::FormatPlan(*plan);
+  for (int64_t c : kAutoChunkBytes) EXPECT_TRUE(absl::StrContains(said, absl::StrCat("chunk_bytes ", c, " "))) << said;
+  const std::string chosen = said.substr(21, said.find(", the shortest") - 21);
+  MustSucceed(node, spec, "chunks-auto");
+  const std::string log = ReadFile(node.dir() + "/hostd0.log");
+  EXPECT_TRUE(absl::StrContains(log, absl::StrCat("job chunks-auto: runtime routes auto: ", chosen))) << log;
+}
+
 TEST(Service, HostdKilledMidJobResumesFromSharedMemoryBitwise) {
   NodeHarness node(2);
   SpecOptions o;

@@ -70,7 +70,8 @@
 #                   (qwen3-4b) at each of PLAN_TOKENS ("16384 65536") tokens per step, the measuring job, then
 #                   for each of PLAN_POLICIES ("recompute selective auto") `slidedp plan` before the job and the
 #                   job itself (PLAN_STEPS, 8): predicted step within 10% of the median from step 4
-#                   (tools/gpu/plan_check.py); the measuring job's time (figure)
+#                   (tools/gpu/plan_check.py); the measuring job's time (figure); PLAN_RUNTIME_EXTRA more
+#                   runtime keys (e.g. "chunk_bytes: auto": a measuring job per chunk size)
 #   restart    ~5   Qwen3-4B on a node service: hostd killed (SIGKILL) right after a step and started
 #                   again resumes from shared memory; losses bitwise equal to an uninterrupted run
 #                   (runtime.deterministic), restart -> next step (figure)
@@ -1020,7 +1021,7 @@ data: {path: $d/data}
 output: {dir: $d/out-$t-$pol, save_final: false}
 train: {seq_len: 4096, global_batch: $rows, micro_batch: $micro, steps: $steps, max_grad_norm: 1.0}
 optimizer: {lr: 1.0e-5, weight_decay: 0.01}
-runtime: {workers: 1, $runtime}
+runtime: {workers: 1, $runtime${PLAN_RUNTIME_EXTRA:+, $PLAN_RUNTIME_EXTRA}}
 YAML
     done
   done
