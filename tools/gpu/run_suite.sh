@@ -95,7 +95,9 @@
 #                   recompute with LONGCTX_OFFLOAD of the layers' checkpoints in pinned host memory): trains
 #                   (finite loss on each of LONGCTX_STEPS steps), last step >= 450 model TFLOP/s; compute-only
 #                   (bench_step on LONGCTX_COMPUTE_LAYERS layers) and FSDP2 GPU-resident at the longest of
-#                   LONGCTX_PEER_SEQS that runs (figures); LONGCTX_WHAT picks and orders the stages
+#                   LONGCTX_PEER_SEQS that runs (figures); LONGCTX_WHAT picks and orders the stages;
+#                   LONGCTX_LAYERS a reduced depth of the preset for ours (a 512K-1M step of the whole
+#                   model outlasts one device call)
 #
 # Output: $OUT/summary.txt (one line per check: PASS / FAIL / INFO / SKIP, the figure and its
 # threshold), $OUT/suite.log (everything printed), $OUT/details.tar.gz (each part's logs and result
@@ -1173,7 +1175,7 @@ longctx_ours() {
     --rows "$steps" --seq-len "$seq" --vocab 151936
   cat > "$d/job.yaml" <<YAML
 name: longctx
-model: {preset: $model, init_seed: 0, max_position_embeddings: $maxpos$rope_yaml}
+model: {preset: $model, init_seed: 0${LONGCTX_LAYERS:+, num_hidden_layers: $LONGCTX_LAYERS}, max_position_embeddings: $maxpos$rope_yaml}
 data: {path: $data}
 output: {dir: $d/out, save_final: false}
 train: {seq_len: $seq, global_batch: 1, micro_batch: 1, steps: $steps, seed: 0, max_grad_norm: 0}
@@ -1391,7 +1393,7 @@ part_longctx() {
   find_cudnn
   local model=${LONGCTX_MODEL:-qwen3-8b} seq=${LONGCTX_SEQ:-262144} steps=${LONGCTX_STEPS:-2}
   local offload=${LONGCTX_OFFLOAD:-0.4} tile=${LONGCTX_TILE-32768} what=${LONGCTX_WHAT:-"ours compute peer"} k
-  local w=$work/longctx/$model-s$seq maxpos rope_yaml="" rope_json="" factor
+  local w=$work/longctx/$model${LONGCTX_LAYERS:+-l$LONGCTX_LAYERS}-s$seq maxpos rope_yaml="" rope_json="" factor
   for k in $what; do
     case $k in
       ours|compute|peer) ;;
@@ -1406,7 +1408,8 @@ part_longctx() {
   fi
   mkdir -p "$w"
   for k in $what; do "longctx_$k"; done
-  judge longctx --dir "$w" --model "$model" --seq "$seq" --expect-steps "$steps" --t-tflops "$LONGCTX_T_TFLOPS" \
+  judge longctx --dir "$w" --model "$model${LONGCTX_LAYERS:+ (${LONGCTX_LAYERS} layers)}" --seq "$seq" \
+    --expect-steps "$steps" --t-tflops "$LONGCTX_T_TFLOPS" \
     --ran "$what"
   dry && return 0
   # the details: every small result file, this call's and an earlier call's (not the dataset, the socket)
