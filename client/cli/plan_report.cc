@@ -124,8 +124,11 @@ absl::StatusOr<std::string> ComparePlan(const v1::PlanJobResponse& p, const std:
     return j["busy_s"][k].get<double>();
   };
   const double step = med([](const nlohmann::json& j) { return j["step_time_s"].get<double>(); });
+  // The workers' compute (the step less its flush, gate waits included: the GPU works through them),
+  // which the prediction's GPU compute is; metrics written before the field: the step less its waits.
   const double compute = med([&](const nlohmann::json& j) {
-    return busy(j, "worker_step") - busy(j, "worker_gate_wait") - busy(j, "worker_ring_wait");
+    const double c = busy(j, "worker_compute");
+    return c > 0 ? c : busy(j, "worker_step") - busy(j, "worker_gate_wait") - busy(j, "worker_ring_wait");
   });
   const double h2d = med([&](const nlohmann::json& j) { return busy(j, "worker_h2d"); });
   const double d2h = med([&](const nlohmann::json& j) { return busy(j, "worker_d2h"); });

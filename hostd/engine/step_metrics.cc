@@ -21,6 +21,7 @@ StepRecord MakeStepRecord(int64_t step, const std::vector<v1::StepDone>& reports
     r.tokens += d.tokens();
     m.set_worker_step_s(std::max(m.worker_step_s(), d.step_time_s()));
     m.set_worker_gate_wait_s(std::max(m.worker_gate_wait_s(), d.gate_wait_s()));
+    m.set_worker_compute_s(std::max(m.worker_compute_s(), d.compute_busy_s() + d.gate_wait_s()));
     m.set_worker_ring_wait_s(std::max(m.worker_ring_wait_s(), d.ring_wait_s()));
     m.set_worker_h2d_s(std::max(m.worker_h2d_s(), d.h2d_busy_s()));
     m.set_worker_d2h_s(std::max(m.worker_d2h_s(), d.d2h_busy_s()));
@@ -142,6 +143,7 @@ void MetricsFile::Append(const StepRecord& r, absl::Time now, const JobPlan& pla
                       {"busy_s",
                        {{"worker_step", m.worker_step_s()},
                         {"worker_gate_wait", m.worker_gate_wait_s()},
+                        {"worker_compute", m.worker_compute_s()},
                         {"worker_ring_wait", m.worker_ring_wait_s()},
                         {"worker_h2d", m.worker_h2d_s()},
                         {"worker_cast", m.worker_cast_s()},
