@@ -119,8 +119,8 @@ v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in) {
       r.add_notes(absl::StrFormat("measured at %d tokens per GPU, scaled to %d", measured_tokens, tokens));
     }
     if (in.update_gparams_per_s > 0) problem.base.host_s = params / 1e9 / in.update_gparams_per_s;
-    if (all_measured) {
-      predicted = PredictPolicy(problem, counts);
+    if (all_measured) predicted = PredictPolicy(problem, counts);
+    if (all_measured && in.what_if) {
       // What would change it: another batch, more GPUs at this global batch, the other gradient
       // route. The copies per GPU follow the route: replicated delivery uploads every parameter on
       // each GPU; the gpu route downloads a 1/world shard of each gradient, the cpu route all of it.
@@ -142,7 +142,7 @@ v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in) {
                        absl::StrCat("each GPU as this one; NVLink's reduce-scatter not counted",
                                     kinds.empty() ? "" : "; ", kinds));
       }
-      if (world > 1) {
+      if (world > 1 && in.estimate_other_route) {
         PolicyProblem other = problem;
         other.base.d2h_s *= gpu_route ? world : 1.0 / world;
         AddAlternative(r,
@@ -152,9 +152,8 @@ v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in) {
                        gpu_route ? "hostd's summing of the ranks' copies not counted"
                                  : "NVLink's reduce-scatter not counted");
       }
-    } else {
-      r.add_notes("the layout has a layer kind AutoPolicy did not measure: no prediction");
     }
+    if (!all_measured) r.add_notes("the layout has a layer kind AutoPolicy did not measure: no prediction");
   }
 
   if (predicted) {

@@ -35,6 +35,11 @@ struct StepPlanInputs {
   // runtime.policy auto: the alternatives' layouts are solved again (AutoPolicy would choose anew
   // for another shape); otherwise the layout keeps its kinds and is predicted as it is.
   bool layout_auto = false;
+  // The what-if alternatives (false: the step alone, as a comparison of routes needs); with several
+  // GPUs the other gradient route among them unless `estimate_other_route` is false (that route has
+  // a record of its own, which the caller lists).
+  bool what_if = true;
+  bool estimate_other_route = true;
   std::vector<std::string> notes;
 };
 

@@ -12,7 +12,6 @@
 #include <system_error>
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -761,7 +760,7 @@ JobSpec TrainingExecutor::ResolveRoutes(const JobSpec& spec, const std::vector<v
   double best_s = 0;
   std::string measured;
   for (size_t i = 0; i < variants.size() && variants.size() > 1; ++i) {
-    absl::StatusOr<v1::PlanJobResponse> p = PlanRoute(variants[i], hellos);
+    absl::StatusOr<v1::PlanJobResponse> p = PlanRoute(variants[i], hellos, /*what_if=*/false, false);
     if (!p.ok() || p->step_s() <= 0) continue;
     absl::StrAppend(&measured, measured.empty() ? "" : ", ", RouteName(variants[i]), absl::StrFormat(" %.3f s", p->step_s()));
     if (!best || p->step_s() < best_s) {
@@ -791,33 +790,33 @@ absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::Plan(const JobSpec& spec_i
                                                            const std::vector<v1::WorkerHello>& hellos) {
   std::string said;
   const JobSpec spec = ResolveRoutes(spec_in, hellos, &said);
-  ASSIGN_OR_RETURN(v1::PlanJobResponse r, PlanRoute(spec, hellos));
-  if (!said.empty()) r.add_notes(said);
-  // The other routes this shape has measurements of, each predicted from its own record.
+  // The other routes this shape has measurements of, each predicted from its own record; the other
+  // gradient reduction, measured, takes the place of its estimate from this route's record.
   const int world = static_cast<int>(hellos.size());
+  std::vector<std::pair<JobSpec, v1::PlanJobResponse>> measured;
+  bool other_reduction_measured = false;
   for (const JobSpec& v : world > 1 ? RouteVariants(spec, world, AllCuda(hellos), /*all=*/true) : std::vector<JobSpec>{}) {
     if (RouteName(v) == RouteName(spec)) continue;
-    absl::StatusOr<v1::PlanJobResponse> other = PlanRoute(v, hellos);
+    absl::StatusOr<v1::PlanJobResponse> other = PlanRoute(v, hellos, /*what_if=*/false, false);
     if (!other.ok() || other->step_s() <= 0) continue;
-    if (v.param_delivery == spec.param_delivery && v.chunk_bytes == spec.chunk_bytes) {
-      // It replaces the estimate of the same route from this route's record.
-      const std::string estimate = absl::StrCat("grad_reduction: ", ToString(v.grad_reduction), " (");
-      auto* alts = r.mutable_alternatives();
-      for (int i = alts->size() - 1; i >= 0; --i) {
-        if (absl::StartsWith(alts->Get(i).what(), estimate)) alts->DeleteSubrange(i, 1);
-      }
-    }
+    other_reduction_measured |= v.param_delivery == spec.param_delivery && v.chunk_bytes == spec.chunk_bytes;
+    measured.emplace_back(v, *std::move(other));
+  }
+  ASSIGN_OR_RETURN(v1::PlanJobResponse r, PlanRoute(spec, hellos, /*what_if=*/true, !other_reduction_measured));
+  if (!said.empty()) r.add_notes(said);
+  for (const auto& [v, other] : measured) {
     v1::PlanAlternative* a = r.add_alternatives();
     a->set_what(absl::StrCat(RouteName(v), " (measured by its own job)"));
-    a->set_step_s(other->step_s());
-    a->set_bottleneck(other->bottleneck());
-    a->set_tokens_per_s(static_cast<double>(other->tokens_per_step()) * other->world() / other->step_s());
+    a->set_step_s(other.step_s());
+    a->set_bottleneck(other.bottleneck());
+    a->set_tokens_per_s(static_cast<double>(other.tokens_per_step()) * other.world() / other.step_s());
   }
   return r;
 }
 
 absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::PlanRoute(const JobSpec& spec_in,
-                                                                const std::vector<v1::WorkerHello>& hellos) {
+                                                                const std::vector<v1::WorkerHello>& hellos,
+                                                                bool what_if, bool estimate_other_route) {
   JobSpec spec = spec_in;
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));
   ModelLayout layout = ModelLayout::Build(config);
@@ -860,6 +859,8 @@ absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::PlanRoute(const JobSpec& s
   in.world = plan.world;
   in.layer_layout = spec.layer_layout;
   in.layout_auto = spec.policy_auto;
+  in.what_if = what_if;
+  in.estimate_other_route = estimate_other_route;
   {
     absl::MutexLock l(&mu_);
     auto it = update_rates_.find(static_cast<int>(plan.moments));

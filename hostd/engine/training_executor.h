@@ -84,8 +84,9 @@ class TrainingExecutor : public JobExecutor {
   bool RecordPolicy(JobContext& ctx, Attempt& a, const v1::PolicyChosen& chosen);
   // The job's last line on an AutoPolicy layout: its predicted step against the median measured.
   void LogPrediction(JobContext& ctx, const Attempt& a);
-  // Plan for a spec with concrete routes.
-  absl::StatusOr<v1::PlanJobResponse> PlanRoute(const JobSpec& spec, const std::vector<v1::WorkerHello>& workers);
+  // Plan for a spec with concrete routes (`what_if`, `estimate_other_route`: StepPlanInputs').
+  absl::StatusOr<v1::PlanJobResponse> PlanRoute(const JobSpec& spec, const std::vector<v1::WorkerHello>& workers,
+                                                bool what_if, bool estimate_other_route);
   // runtime.grad_reduction / param_delivery `auto`: the route (RouteVariants) whose measured step
   // PlanRoute predicts shortest, or the defaults where none is measured; *said says which and why.
   // A spec without `auto` routes comes back as it is.

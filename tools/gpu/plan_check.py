@@ -9,33 +9,23 @@ summary lines (PASS / FAIL / INFO plan <text>):
   - the measuring job's wall time, from --measure-times (NAME=seconds), as a figure.
 """
 import argparse
-import json
+import os
 import re
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from suite_judge import json_lines, read  # noqa: E402
+
 
 def predicted(path):
-    try:
-        with open(path) as f:
-            m = re.search(r"^predicted step ([0-9.]+) s", f.read(), re.M)
-    except OSError:
-        return None
+    m = re.search(r"^predicted step ([0-9.]+) s", read(path), re.M)
     return float(m.group(1)) if m else None
 
 
 def measured(path, first_step):
-    times = []
-    try:
-        with open(path) as f:
-            for line in f:
-                line = line.strip()
-                if line:
-                    rec = json.loads(line)
-                    if int(rec["step"]) >= first_step:
-                        times.append(float(rec["step_time_s"]))
-    except (OSError, ValueError, KeyError) as e:
-        print(f"cannot read {path}: {e}", file=sys.stderr)
+    times = [float(r["step_time_s"]) for r in json_lines(read(path))
+             if isinstance(r.get("step"), int) and r["step"] >= first_step and "step_time_s" in r]
     return statistics.median(times) if times else None
 
 
