@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_split.h"
 #include "common/model/model_config.h"
 #include "worker/compute/backend.h"
 #include "worker/compute/cuda/cuda_backend.h"
@@ -615,6 +616,87 @@ void BenchMoe(const std::string& preset, int64_t T) {
   Emit("moe_gate_up_one_gemm", preset, T, TimeMs([&] { linear(xg, R, w, gu); }), f, 0);
 }
 
+// --attn: cuDNN's attention alone over one causal document of each length, with Qwen3-8B's heads
+// and the training strides (v inside the fused QKV rows), per layout (ragged THD entry, dense entry,
+// dense with the padding mask) and engine configuration (the heuristics' first `engines`).
+void BenchAttention(const std::vector<int64_t>& lengths, int engines) {
+  auto c = ModelConfig::Preset("qwen3-8b");
+  BENCH_CHECK(c.status());
+  const int nq = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim;
+  const int64_t qd = c->q_dim(), kvd = c->kv_dim(), qkv = qd + 2 * kvd;
+  std::printf("%-34s %8s %6s %10s %9s\n", "attention (cudnn, qwen3-8b heads)", "tokens", "engine", "ms", "TFLOP/s");
+  for (int64_t T : lengths) {
+    Arena ar;
+    int32_t* cu = ar.Get<int32_t>(2);
+    const int32_t hcu[2] = {0, static_cast<int32_t>(T)};
+    CUDA_CHECK(cudaMemcpy(cu, hcu, 8, cudaMemcpyHostToDevice));
+    kernels::AttnArgs a;
+    a.tokens = T;
+    a.num_docs = 1;
+    a.max_seqlen = static_cast<int>(T);
+    a.num_q_heads = nq;
+    a.num_kv_heads = nkv;
+    a.head_dim = hd;
+    a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    a.cu_seqlens = cu;
+    a.cu_seqlens_host = hcu;
+    bf16* q = ar.Rand(T * qd, 0.5f);
+    bf16* k = ar.Rand(T * kvd, 0.5f);
+    bf16* fused = ar.Rand(T * qkv, 0.5f);  // v at column qd + kvd of the fused rows
+    bf16* v = fused + qd + kvd;
+    bf16* o = ar.Get<bf16>(T * qd);
+    bf16* dO = ar.Rand(T * qd);
+    bf16* dq = ar.Get<bf16>(T * qd);
+    bf16* dk = ar.Get<bf16>(T * kvd);
+    bf16* dv_fused = ar.Get<bf16>(T * qkv);
+    bf16* dv = dv_fused + qd + kvd;
+    float* lse = ar.Get<float>(T * nq);
+    const kernels::AttnRowStrides ld{qd, kvd, qkv, qd, qd, qd, kvd, qkv};
+    const double fwd_flops = 4.0 * nq * hd * (static_cast<double>(T) * (T + 1) / 2);
+    const int reps = T >= 131072 ? 2 : 5;
+    struct Layout {
+      const char* name;
+      bool dense, padding;
+    };
+    for (const Layout& lay : {Layout{"ragged", false, true}, Layout{"dense", true, false}, Layout{"dense+padding", true, true}}) {
+      for (int e = 0; e < engines; ++e) {
+        kernels::CudnnAttentionOptions opt;
+        opt.dense_single_document = lay.dense;
+        opt.dense_padding_mask = lay.padding;
+        opt.engine = e;
+        g_cudnn->set_options(opt);
+        absl::StatusOr<int64_t> fws = g_cudnn->ForwardWorkspaceBytes(a, ld);
+        absl::StatusOr<int64_t> bws = fws.ok() ? g_cudnn->BackwardWorkspaceBytes(a, ld) : fws;
+        if (!bws.ok()) {
+          std::printf("attn_cudnn_%-23s %8lld %6d   %s\n", lay.name, static_cast<long long>(T), e,
+                      bws.status().ToString().c_str());
+          break;
+        }
+        void* ws = nullptr;
+        CUDA_CHECK(cudaMalloc(&ws, std::max<int64_t>(*fws, *bws)));
+        const double f_ms = TimeMs(
+            [&] { BENCH_CHECK(g_cudnn->Forward(a, {q, qd}, {k, kvd}, {v, qkv}, {o, qd}, lse, ws, nullptr)); }, reps);
+        const double b_ms = TimeMs(
+            [&] {
+              BENCH_CHECK(g_cudnn->Backward(a, {q, qd}, {k, kvd}, {v, qkv}, {o, qd}, lse, {dO, qd}, {dq, qd}, {dk, kvd},
+                                            {dv, qkv}, ws, nullptr));
+            },
+            reps);
+        CUDA_CHECK(cudaFree(ws));
+        std::printf("attn_fwd_cudnn_%-19s %8lld %6d %10.2f %9.1f\n", lay.name, static_cast<long long>(T), e, f_ms,
+                    fwd_flops / f_ms / 1e9);
+        std::printf("attn_bwd_cudnn_%-19s %8lld %6d %10.2f %9.1f\n", lay.name, static_cast<long long>(T), e, b_ms,
+                    2.5 * fwd_flops / b_ms / 1e9);
+        std::printf("JSON {\"op\":\"attn_cudnn\",\"layout\":\"%s\",\"tokens\":%lld,\"engine\":%d,\"fwd_ms\":%.3f,"
+                    "\"bwd_ms\":%.3f}\n",
+                    lay.name, static_cast<long long>(T), e, f_ms, b_ms);
+        std::fflush(stdout);
+      }
+    }
+    g_cudnn->set_options({});
+  }
+}
+
 }  // namespace
 }  // namespace slidedp
 
@@ -632,6 +714,17 @@ int main(int argc, char** argv) {
     const int64_t T = std::stoll(argv[2]);
     c8->max_position_embeddings = std::max<int64_t>(c8->max_position_embeddings, T);
     BenchLayer(*c8, T, T, /*fp32_residual=*/true, argc > 3 ? std::stoll(argv[3]) : 0);
+    return 0;
+  }
+  // --attn T1,T2,... [ENGINES]: cuDNN attention alone per length, layout and engine (BenchAttention).
+  if (argc > 2 && std::string(argv[1]) == "--attn") {
+    absl::StatusOr<std::unique_ptr<kernels::CudnnAttention>> cudnn = kernels::CudnnAttention::Create(0);
+    BENCH_CHECK(cudnn.status());
+    g_cudnn = cudnn->get();
+    std::printf("cudnn attention: cuDNN %lld\n", static_cast<long long>(g_cudnn->version()));
+    std::vector<int64_t> lengths;
+    for (absl::string_view part : absl::StrSplit(argv[2], ',')) lengths.push_back(std::stoll(std::string(part)));
+    BenchAttention(lengths, argc > 3 ? std::stoi(argv[3]) : 1);
     return 0;
   }
   // --moe T [PRESET]: one sparse decoder layer of a MoE preset (default qwen3-30b-a3b) over T tokens.

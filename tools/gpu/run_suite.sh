@@ -145,6 +145,8 @@
 #   LONGCTX_OFFLOAD  runtime.offload_ratio (0.4)   LONGCTX_TILE  runtime.tile_tokens (32768; empty: key left out)
 #   LONGCTX_CHECKPOINT_DTYPE  runtime.checkpoint_dtype of ours and compute-only (fp32; bf16: half the layer inputs)
 #   LONGCTX_RUNTIME_EXTRA  more runtime keys for ours     LONGCTX_WHAT  the stages, in order ("ours compute peer")
+#   LONGCTX_POLICY  a policy file for ours (relative to the repository root; tools/gpu/layouts/), over
+#                   act_policy and offload_ratio
 #   LONGCTX_OURS_CAP (470) LONGCTX_COMPUTE_CAP (120) LONGCTX_PEER_CAP (150, per sequence length)  seconds
 #   LONGCTX_COMPUTE_LAYERS  bench_step's depth (4; 0: all, which takes as long as ours)
 #   LONGCTX_COMPUTE_OFFLOAD (0 on fewer layers, else LONGCTX_OFFLOAD)   LONGCTX_COMPUTE_STEPS (2)
@@ -1180,7 +1182,7 @@ data: {path: $data}
 output: {dir: $d/out, save_final: false}
 train: {seq_len: $seq, global_batch: 1, micro_batch: 1, steps: $steps, seed: 0, max_grad_norm: 0}
 optimizer: {lr: 1.0e-5, weight_decay: 0.01, state_dtype: int8}
-runtime: {workers: 1, act_policy: ${LONGCTX_ACT_POLICY:-recompute}, offload_ratio: $offload, param_source: master, checkpoint_dtype: ${LONGCTX_CHECKPOINT_DTYPE:-fp32}${tile:+, tile_tokens: $tile}${LONGCTX_RUNTIME_EXTRA:+, $LONGCTX_RUNTIME_EXTRA}}
+runtime: {workers: 1, act_policy: ${LONGCTX_ACT_POLICY:-recompute}, offload_ratio: $offload, param_source: master, checkpoint_dtype: ${LONGCTX_CHECKPOINT_DTYPE:-fp32}${tile:+, tile_tokens: $tile}${LONGCTX_POLICY:+, policy: $PWD/$LONGCTX_POLICY}${LONGCTX_RUNTIME_EXTRA:+, $LONGCTX_RUNTIME_EXTRA}}
 YAML
   dry && sed 's/^/DRY      /' "$d/job.yaml"
   dry || { longctx_sampler "$d/hostmem" & sampler=$!; }

@@ -30,6 +30,9 @@ struct AttnArgs {
   int head_dim = 0;
   float softmax_scale = 0.f;
   const int32_t* cu_seqlens = nullptr;  // device
+  // The same on the host, where the caller has it (optional): cuDNN cuts a call whose ragged
+  // offsets overflow INT32 into groups of documents by it (cudnn_attention.h).
+  const int32_t* cu_seqlens_host = nullptr;
   // Backward work split (tensor-core path): one block per (key block, q head) with FP32 dK/dV
   // partials summed per GQA group afterwards, instead of one block per (key block, kv head).
   // More blocks for short inputs at the cost of 8·T·nq·hd bytes of traffic.

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status/status_macros.h"
 #include "worker/kernels/cuda_check.h"
 #include "worker/kernels/cudnn_attention_graph.h"
 #include "worker/kernels/cudnn_loader.h"
@@ -30,6 +31,7 @@ absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(int) {
   return absl::UnavailableError("cudnn attention: built without cudnn_graph.h");
 }
 int64_t CudnnAttention::version() const { return 0; }
+void CudnnAttention::set_options(const CudnnAttentionOptions&) {}
 absl::StatusOr<int64_t> CudnnAttention::ForwardWorkspaceBytes(const AttnArgs&, const AttnRowStrides&) {
   return absl::UnavailableError("cudnn attention: built without cudnn_graph.h");
 }
@@ -59,8 +61,8 @@ int64_t NextPow2(int64_t x) {
 }
 
 // ---------------------------------------------------------------- kernels and workspace
-// Per-entry lengths and ragged offsets from cu_seqlens. Entries past num_docs are empty and
-// start at the end of the buffer.
+// Per-entry lengths and ragged offsets from cu_seqlens, relative to its first entry (a group of
+// documents starts at its own first row). Entries past num_docs are empty and start at the end.
 struct VarlenArgs {
   const int32_t* cu_seqlens;
   int num_docs;
@@ -75,27 +77,30 @@ struct VarlenArgs {
 __global__ void VarlenPrepKernel(VarlenArgs p) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i > p.b) return;
-  const int64_t total = p.cu_seqlens[p.num_docs];
-  const int64_t start = i <= p.num_docs ? p.cu_seqlens[i] : total;
-  if (i < p.b) p.seqlen[i] = i < p.num_docs ? static_cast<int32_t>(p.cu_seqlens[i + 1] - start) : 0;
+  const int64_t base = p.cu_seqlens[0];
+  const int64_t total = p.cu_seqlens[p.num_docs] - base;
+  const int64_t start = i <= p.num_docs ? p.cu_seqlens[i] - base : total;
+  if (i < p.b) p.seqlen[i] = i < p.num_docs ? static_cast<int32_t>(p.cu_seqlens[i + 1] - base - start) : 0;
   for (int j = 0; j < p.num_arrays; ++j) p.offsets[j * p.pitch + i] = static_cast<int32_t>(start * p.mult[j]);
 }
 
-// [T, nq] (cuDNN's ragged stats) -> [nq, T] (our LSE), and back.
-__global__ void LseTokenToHeadKernel(const float* __restrict__ src, int64_t tokens, int nq, float* __restrict__ dst) {
+// [T, nq] (cuDNN's ragged stats) -> [nq, T] of our LSE, whose heads are `ld` apart, and back.
+__global__ void LseTokenToHeadKernel(const float* __restrict__ src, int64_t tokens, int nq, float* __restrict__ dst,
+                                     int64_t ld) {
   const int64_t n = tokens * nq;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t h = i / tokens, t = i % tokens;
-    dst[i] = src[t * nq + h];
+    dst[h * ld + t] = src[t * nq + h];
   }
 }
-__global__ void LseHeadToTokenKernel(const float* __restrict__ src, int64_t tokens, int nq, float* __restrict__ dst) {
+__global__ void LseHeadToTokenKernel(const float* __restrict__ src, int64_t ld, int64_t tokens, int nq,
+                                     float* __restrict__ dst) {
   const int64_t n = tokens * nq;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / nq, h = i % nq;
-    dst[i] = src[h * tokens + t];
+    dst[i] = src[h * ld + t];
   }
 }
 
@@ -119,10 +124,11 @@ WsLayout LayoutFor(const PlanKey& k, int64_t tokens, int64_t plan_bytes, const B
   w.stats = at;
   at += Align256(tokens * k.nq * 4);
   if (k.direction == Direction::kBackward) {
+    const bool ragged_acc = var.ragged_accumulators && k.ragged;
     w.softmax_sum = at;
-    at += Align256(var.ragged_accumulators ? tokens * k.nq * 4 : k.b * k.nq * k.s * 4);
+    at += Align256(ragged_acc ? tokens * k.nq * 4 : k.b * k.nq * k.s * 4);
     w.dq_accum = at;
-    at += Align256(var.ragged_accumulators ? ((tokens - 1) * k.ld.dq + k.nq * k.hd) * 4 : k.b * k.nq * k.s * k.hd * 4);
+    at += Align256(ragged_acc ? ((tokens - 1) * k.ld.dq + k.nq * k.hd) * 4 : k.b * k.nq * k.s * k.hd * 4);
   }
   w.total = at;
   return w;
@@ -131,12 +137,68 @@ WsLayout LayoutFor(const PlanKey& k, int64_t tokens, int64_t plan_bytes, const B
 }  // namespace
 
 // ---------------------------------------------------------------- CudnnAttention
+namespace {
+
+// One cuDNN execution of a call: documents [d0, d1) at rows [t0, t1), ragged or one dense entry.
+struct Piece {
+  int64_t t0 = 0, t1 = 0;
+  int d0 = 0, d1 = 0;
+  int max_len = 0;
+  bool dense = false;
+};
+
+int64_t MaxLd(const AttnRowStrides& ld, int64_t nq) {
+  return std::max({ld.q, ld.k, ld.v, ld.o, ld.dout, ld.dq, ld.dk, ld.dv, nq});
+}
+
+// The pieces of one call (cudnn_attention.h, "Long calls").
+absl::StatusOr<std::vector<Piece>> PiecesOf(const AttnArgs& a, const AttnRowStrides& ld,
+                                            const CudnnAttentionOptions& opt) {
+  const int64_t max_ld = MaxLd(ld, a.num_q_heads);
+  const auto fits = [&](int64_t tokens) { return tokens * max_ld < opt.ragged_offset_limit; };
+  if (a.num_docs == 1 && (opt.dense_single_document || !fits(a.tokens)))
+    return std::vector<Piece>{{0, a.tokens, 0, 1, static_cast<int>(a.tokens), true}};
+  if (fits(a.tokens)) return std::vector<Piece>{{0, a.tokens, 0, a.num_docs, a.max_seqlen, false}};
+  if (a.cu_seqlens_host == nullptr) {
+    return absl::UnimplementedError(absl::StrCat("cudnn attention: ", a.tokens, " tokens of ", a.num_docs,
+                                                 " documents exceed INT32 ragged offsets (row stride ", max_ld,
+                                                 ") and the call has no host copy of cu_seqlens to group them"));
+  }
+  const int32_t* cu = a.cu_seqlens_host;
+  std::vector<Piece> out;
+  Piece group;
+  const auto flush = [&] {
+    if (group.d1 > group.d0) out.push_back(group);
+  };
+  for (int d = 0; d < a.num_docs; ++d) {
+    const int64_t start = cu[d], end = cu[d + 1], len = end - start;
+    if (!fits(len)) {  // alone, densely
+      flush();
+      out.push_back({start, end, d, d + 1, static_cast<int>(len), true});
+      group = Piece{end, end, d + 1, d + 1, 0, false};
+      continue;
+    }
+    if (!fits(end - group.t0)) {
+      flush();
+      group = Piece{start, start, d, d, 0, false};
+    }
+    group.t1 = end;
+    group.d1 = d + 1;
+    group.max_len = std::max<int>(group.max_len, static_cast<int>(len));
+  }
+  flush();
+  return out;
+}
+
+}  // namespace
+
 struct CudnnAttention::Impl {
   const CudnnApi* api = nullptr;
   int device = 0;
   absl::Mutex mu;
   cudnnHandle_t handle ABSL_GUARDED_BY(mu) = nullptr;
   std::map<PlanKey, std::unique_ptr<Plan>> plans ABSL_GUARDED_BY(mu);
+  CudnnAttentionOptions options ABSL_GUARDED_BY(mu);
 
   ~Impl() {
     absl::MutexLock lock(&mu);
@@ -144,27 +206,30 @@ struct CudnnAttention::Impl {
     if (handle != nullptr) api->Destroy(handle);
   }
 
-  static absl::StatusOr<PlanKey> KeyFor(const AttnArgs& a, const AttnRowStrides& ld, Direction direction) {
+  static absl::Status CheckArgs(const AttnArgs& a) {
     if (a.head_dim <= 0 || a.head_dim % 8 != 0 || a.head_dim > 256 || a.num_q_heads <= 0 || a.num_kv_heads <= 0 ||
         a.num_q_heads % a.num_kv_heads != 0 || a.num_docs <= 0 || a.max_seqlen <= 0 || a.cu_seqlens == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("cudnn attention: bad arguments head_dim=", a.head_dim,
                                                      " heads=", a.num_q_heads, "/", a.num_kv_heads,
                                                      " docs=", a.num_docs, " max_seqlen=", a.max_seqlen));
     }
+    return absl::OkStatus();
+  }
+
+  PlanKey KeyFor(const AttnArgs& a, const AttnRowStrides& ld, Direction direction, const Piece& p) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     PlanKey k;
     k.direction = direction;
-    k.b = NextPow2(a.num_docs);
-    k.s = std::max<int64_t>(64, NextPow2(a.max_seqlen));
+    k.ragged = !p.dense;
+    k.padding = k.ragged || options.dense_padding_mask;
+    k.engine = options.engine;
+    k.b = p.dense ? 1 : NextPow2(p.d1 - p.d0);
+    k.s = p.dense ? p.t1 - p.t0 : std::max<int64_t>(64, NextPow2(p.max_len));
     k.nq = a.num_q_heads;
     k.nkv = a.num_kv_heads;
     k.hd = a.head_dim;
     k.ld = ld;
     if (direction == Direction::kForward) k.ld.dout = k.ld.dq = k.ld.dk = k.ld.dv = 0;
-    // Ragged offsets are INT32 elements: the largest is tokens · ld.
-    const int64_t max_ld = std::max({ld.q, ld.k, ld.v, ld.o, ld.dout, ld.dq, ld.dk, ld.dv, k.nq});
-    if (a.tokens * max_ld >= std::numeric_limits<int32_t>::max()) {
-      return absl::UnimplementedError("cudnn attention: tokens · row stride exceeds INT32 ragged offsets");
-    }
     return k;
   }
 
@@ -179,36 +244,41 @@ struct CudnnAttention::Impl {
     return out;
   }
 
-  // Workspace bytes of one call: builds (and caches) its plan.
+  // Workspace bytes of one call (the largest piece's): builds (and caches) the pieces' plans.
   absl::StatusOr<int64_t> WorkspaceBytes(const AttnArgs& a, const AttnRowStrides& ld, Direction direction) {
-    absl::StatusOr<PlanKey> k = KeyFor(a, ld, direction);
-    if (!k.ok()) return k.status();
+    RETURN_IF_ERROR(CheckArgs(a));
     absl::MutexLock lock(&mu);
-    absl::StatusOr<const Plan*> plan = GetPlan(*k);
-    if (!plan.ok()) return plan.status();
-    return LayoutFor(*k, a.tokens, (*plan)->workspace_bytes, BwdVariantFor(api->version)).total;
+    ASSIGN_OR_RETURN(std::vector<Piece> pieces, PiecesOf(a, ld, options));
+    int64_t most = 0;
+    for (const Piece& p : pieces) {
+      const PlanKey k = KeyFor(a, ld, direction, p);
+      ASSIGN_OR_RETURN(const Plan* plan, GetPlan(k));
+      most = std::max(most, LayoutFor(k, p.t1 - p.t0, plan->workspace_bytes, BwdVariantFor(api->version)).total);
+    }
+    return most;
   }
 
-  // Writes lengths and offsets for `k` into the workspace.
-  absl::Status PrepareVarlen(const AttnArgs& a, const PlanKey& k, const WsLayout& w, char* ws, cudaStream_t stream) {
-    VarlenArgs p{};
-    p.cu_seqlens = a.cu_seqlens;
-    p.num_docs = a.num_docs;
-    p.b = static_cast<int>(k.b);
-    p.seqlen = reinterpret_cast<int32_t*>(ws + w.seqlen);
-    p.offsets = reinterpret_cast<int32_t*>(ws + w.offsets);
-    p.pitch = w.offsets_pitch;
-    p.num_arrays = kNumOffsets;
-    p.mult[kOffQ] = k.ld.q;
-    p.mult[kOffK] = k.ld.k;
-    p.mult[kOffV] = k.ld.v;
-    p.mult[kOffO] = k.ld.o;
-    p.mult[kOffStats] = k.nq;
-    p.mult[kOffDO] = k.ld.dout;
-    p.mult[kOffDQ] = k.ld.dq;
-    p.mult[kOffDK] = k.ld.dk;
-    p.mult[kOffDV] = k.ld.dv;
-    VarlenPrepKernel<<<static_cast<int>((k.b + 1 + 127) / 128), 128, 0, stream>>>(p);
+  // Writes lengths and offsets of piece `p` (relative to its first row) into the workspace.
+  absl::Status PrepareVarlen(const AttnArgs& a, const Piece& p, const PlanKey& k, const WsLayout& w, char* ws,
+                             cudaStream_t stream) {
+    VarlenArgs v{};
+    v.cu_seqlens = a.cu_seqlens + p.d0;
+    v.num_docs = p.d1 - p.d0;
+    v.b = static_cast<int>(k.b);
+    v.seqlen = reinterpret_cast<int32_t*>(ws + w.seqlen);
+    v.offsets = reinterpret_cast<int32_t*>(ws + w.offsets);
+    v.pitch = w.offsets_pitch;
+    v.num_arrays = kNumOffsets;
+    v.mult[kOffQ] = k.ld.q;
+    v.mult[kOffK] = k.ld.k;
+    v.mult[kOffV] = k.ld.v;
+    v.mult[kOffO] = k.ld.o;
+    v.mult[kOffStats] = k.nq;
+    v.mult[kOffDO] = k.ld.dout;
+    v.mult[kOffDQ] = k.ld.dq;
+    v.mult[kOffDK] = k.ld.dk;
+    v.mult[kOffDV] = k.ld.dv;
+    VarlenPrepKernel<<<static_cast<int>((k.b + 1 + 127) / 128), 128, 0, stream>>>(v);
     SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
     return absl::OkStatus();
   }
@@ -232,6 +302,21 @@ struct CudnnAttention::Impl {
     st = api->Execute(handle, plan.plan, vp);
     if (st != CUDNN_STATUS_SUCCESS) return CudnnError(*api, st, "execute", Phase::kRun);
     return absl::OkStatus();
+  }
+
+  // Binds the lengths and offsets a piece's plan has.
+  static void BindVarlen(const PlanKey& k, const WsLayout& w, char* base, int num_offsets, std::vector<int64_t>& uids,
+                         std::vector<void*>& ptrs) {
+    if (k.padding) {
+      uids.insert(uids.end(), {kUidSeqQ, kUidSeqKv});
+      ptrs.insert(ptrs.end(), {base + w.seqlen, base + w.seqlen});
+    }
+    if (!k.ragged) return;
+    int32_t* offsets = reinterpret_cast<int32_t*>(base + w.offsets);
+    for (int i = 0; i < num_offsets; ++i) {
+      uids.push_back(kUidOffsetBase + i);
+      ptrs.push_back(offsets + i * w.offsets_pitch);
+    }
   }
 };
 
@@ -260,6 +345,11 @@ absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(int devic
 
 int64_t CudnnAttention::version() const { return impl_->api->version; }
 
+void CudnnAttention::set_options(const CudnnAttentionOptions& options) {
+  absl::MutexLock lock(&impl_->mu);
+  impl_->options = options;
+}
+
 absl::StatusOr<int64_t> CudnnAttention::ForwardWorkspaceBytes(const AttnArgs& a, const AttnRowStrides& ld) {
   return impl_->WorkspaceBytes(a, ld, Direction::kForward);
 }
@@ -275,37 +365,42 @@ absl::Status CudnnAttention::Forward(const AttnArgs& a, AttnTensor q, AttnTensor
   ld.k = k.ld;
   ld.v = v.ld;
   ld.o = o.ld;
-  absl::StatusOr<PlanKey> key = Impl::KeyFor(a, ld, Direction::kForward);
-  if (!key.ok()) return key.status();
+  RETURN_IF_ERROR(Impl::CheckArgs(a));
   if (a.tokens <= 0) return absl::OkStatus();
   absl::MutexLock lock(&impl_->mu);
-  absl::StatusOr<const Plan*> plan = impl_->GetPlan(*key);
-  if (!plan.ok()) return plan.status();
-  const WsLayout w = LayoutFor(*key, a.tokens, (*plan)->workspace_bytes, BwdVariantFor(impl_->api->version));
+  ASSIGN_OR_RETURN(std::vector<Piece> pieces, PiecesOf(a, ld, impl_->options));
   char* base = static_cast<char*>(ws);
-  absl::Status s = impl_->PrepareVarlen(a, *key, w, base, stream);
-  if (!s.ok()) return s;
-  int32_t* offsets = reinterpret_cast<int32_t*>(base + w.offsets);
-  float scale = a.softmax_scale, neg = std::numeric_limits<float>::lowest();
-  float* stats = reinterpret_cast<float*>(base + w.stats);
-  std::vector<int64_t> uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidSeqQ, kUidSeqKv, kUidScale, kUidNegInf};
-  std::vector<void*> ptrs = {const_cast<bf16*>(q.ptr),
-                             const_cast<bf16*>(k.ptr),
-                             const_cast<bf16*>(v.ptr),
-                             o.ptr,
-                             stats,
-                             base + w.seqlen,
-                             base + w.seqlen,
-                             &scale,
-                             &neg};
-  for (int i = 0; i <= kOffStats; ++i) {
-    uids.push_back(kUidOffsetBase + i);
-    ptrs.push_back(offsets + i * w.offsets_pitch);
+  for (const Piece& p : pieces) {
+    const PlanKey key = impl_->KeyFor(a, ld, Direction::kForward, p);
+    ASSIGN_OR_RETURN(const Plan* plan, impl_->GetPlan(key));
+    const int64_t rows = p.t1 - p.t0;
+    const WsLayout w = LayoutFor(key, rows, plan->workspace_bytes, BwdVariantFor(impl_->api->version));
+    RETURN_IF_ERROR(impl_->PrepareVarlen(a, p, key, w, base, stream));
+    // Dense stats are [nq, rows]: straight into the LSE when the piece is the whole call.
+    const bool direct = !key.ragged && rows == a.tokens;
+    float* stats = direct ? lse : reinterpret_cast<float*>(base + w.stats);
+    float scale = a.softmax_scale, neg = std::numeric_limits<float>::lowest();
+    std::vector<int64_t> uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidNegInf};
+    std::vector<void*> ptrs = {const_cast<bf16*>(q.ptr + p.t0 * q.ld),
+                               const_cast<bf16*>(k.ptr + p.t0 * k.ld),
+                               const_cast<bf16*>(v.ptr + p.t0 * v.ld),
+                               o.ptr + p.t0 * o.ld,
+                               stats,
+                               &scale,
+                               &neg};
+    Impl::BindVarlen(key, w, base, kOffStats + 1, uids, ptrs);
+    RETURN_IF_ERROR(impl_->Execute(*plan, uids, ptrs, base, stream));
+    if (direct) continue;
+    if (key.ragged) {
+      LseTokenToHeadKernel<<<GridFor(rows * a.num_q_heads), 256, 0, stream>>>(stats, rows, a.num_q_heads,
+                                                                               lse + p.t0, a.tokens);
+      SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+    } else {
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(lse + p.t0, a.tokens * sizeof(float), stats, rows * sizeof(float),
+                                                     rows * sizeof(float), a.num_q_heads, cudaMemcpyDeviceToDevice,
+                                                     stream));
+    }
   }
-  absl::Status run = impl_->Execute(**plan, uids, ptrs, base, stream);
-  if (!run.ok()) return run;
-  LseTokenToHeadKernel<<<GridFor(a.tokens * a.num_q_heads), 256, 0, stream>>>(stats, a.tokens, a.num_q_heads, lse);
-  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
 
@@ -313,48 +408,55 @@ absl::Status CudnnAttention::Backward(const AttnArgs& a, AttnTensor q, AttnTenso
                                       const float* lse, AttnTensor dout, AttnOutTensor dq, AttnOutTensor dk,
                                       AttnOutTensor dv, void* ws, cudaStream_t stream) {
   const AttnRowStrides ld{q.ld, k.ld, v.ld, o.ld, dout.ld, dq.ld, dk.ld, dv.ld};
-  absl::StatusOr<PlanKey> key = Impl::KeyFor(a, ld, Direction::kBackward);
-  if (!key.ok()) return key.status();
+  RETURN_IF_ERROR(Impl::CheckArgs(a));
   if (a.tokens <= 0) return absl::OkStatus();
   absl::MutexLock lock(&impl_->mu);
-  absl::StatusOr<const Plan*> plan = impl_->GetPlan(*key);
-  if (!plan.ok()) return plan.status();
+  ASSIGN_OR_RETURN(std::vector<Piece> pieces, PiecesOf(a, ld, impl_->options));
   const BwdVariant var = BwdVariantFor(impl_->api->version);
-  const WsLayout w = LayoutFor(*key, a.tokens, (*plan)->workspace_bytes, var);
   char* base = static_cast<char*>(ws);
-  absl::Status s = impl_->PrepareVarlen(a, *key, w, base, stream);
-  if (!s.ok()) return s;
-  float* stats = reinterpret_cast<float*>(base + w.stats);
-  LseHeadToTokenKernel<<<GridFor(a.tokens * a.num_q_heads), 256, 0, stream>>>(lse, a.tokens, a.num_q_heads, stats);
-  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
-  if (var.zero_dq_accum)
-    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(base + w.dq_accum, 0, w.total - w.dq_accum, stream));
-  int32_t* offsets = reinterpret_cast<int32_t*>(base + w.offsets);
-  float scale = a.softmax_scale, neg = std::numeric_limits<float>::lowest(), one = 1.0f;
-  std::vector<int64_t> uids = {kUidQ,      kUidK,   kUidV,          kUidO,      kUidDO,    kUidDQ,
-                               kUidDK,     kUidDV,  kUidStats,      kUidSeqQ,   kUidSeqKv, kUidScale,
-                               kUidNegInf, kUidOne, kUidSoftmaxSum, kUidDqAccum};
-  std::vector<void*> ptrs = {const_cast<bf16*>(q.ptr),
-                             const_cast<bf16*>(k.ptr),
-                             const_cast<bf16*>(v.ptr),
-                             const_cast<bf16*>(o.ptr),
-                             const_cast<bf16*>(dout.ptr),
-                             dq.ptr,
-                             dk.ptr,
-                             dv.ptr,
-                             stats,
-                             base + w.seqlen,
-                             base + w.seqlen,
-                             &scale,
-                             &neg,
-                             &one,
-                             base + w.softmax_sum,
-                             base + w.dq_accum};
-  for (int i = 0; i < kNumOffsets; ++i) {
-    uids.push_back(kUidOffsetBase + i);
-    ptrs.push_back(offsets + i * w.offsets_pitch);
+  for (const Piece& p : pieces) {
+    const PlanKey key = impl_->KeyFor(a, ld, Direction::kBackward, p);
+    ASSIGN_OR_RETURN(const Plan* plan, impl_->GetPlan(key));
+    const int64_t rows = p.t1 - p.t0;
+    const WsLayout w = LayoutFor(key, rows, plan->workspace_bytes, var);
+    RETURN_IF_ERROR(impl_->PrepareVarlen(a, p, key, w, base, stream));
+    const bool direct = !key.ragged && rows == a.tokens;
+    float* stats = direct ? const_cast<float*>(lse) : reinterpret_cast<float*>(base + w.stats);
+    if (direct) {
+      // the LSE is the plan's stats as it is
+    } else if (key.ragged) {
+      LseHeadToTokenKernel<<<GridFor(rows * a.num_q_heads), 256, 0, stream>>>(lse + p.t0, a.tokens, rows,
+                                                                              a.num_q_heads, stats);
+      SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+    } else {
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(stats, rows * sizeof(float), lse + p.t0, a.tokens * sizeof(float),
+                                                     rows * sizeof(float), a.num_q_heads, cudaMemcpyDeviceToDevice,
+                                                     stream));
+    }
+    if (var.zero_dq_accum)
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(base + w.dq_accum, 0, w.total - w.dq_accum, stream));
+    float scale = a.softmax_scale, neg = std::numeric_limits<float>::lowest(), one = 1.0f;
+    std::vector<int64_t> uids = {kUidQ,     kUidK,      kUidV,   kUidO,          kUidDO,     kUidDQ,
+                                 kUidDK,    kUidDV,     kUidStats, kUidScale,    kUidNegInf, kUidOne,
+                                 kUidSoftmaxSum, kUidDqAccum};
+    std::vector<void*> ptrs = {const_cast<bf16*>(q.ptr + p.t0 * q.ld),
+                               const_cast<bf16*>(k.ptr + p.t0 * k.ld),
+                               const_cast<bf16*>(v.ptr + p.t0 * v.ld),
+                               const_cast<bf16*>(o.ptr + p.t0 * o.ld),
+                               const_cast<bf16*>(dout.ptr + p.t0 * dout.ld),
+                               dq.ptr + p.t0 * dq.ld,
+                               dk.ptr + p.t0 * dk.ld,
+                               dv.ptr + p.t0 * dv.ld,
+                               stats,
+                               &scale,
+                               &neg,
+                               &one,
+                               base + w.softmax_sum,
+                               base + w.dq_accum};
+    Impl::BindVarlen(key, w, base, kNumOffsets, uids, ptrs);
+    RETURN_IF_ERROR(impl_->Execute(*plan, uids, ptrs, base, stream));
   }
-  return impl_->Execute(**plan, uids, ptrs, base, stream);
+  return absl::OkStatus();
 }
 
 #endif  // SLIDEDP_HAVE_CUDNN_GRAPH_H

@@ -23,8 +23,16 @@
 // cuDNN's softmax stats are the same quantity as our LSE (natural log of Σ exp(scale·q·k)), but
 // ragged stats are token-major [T, nq]; a small transpose kernel converts to/from our [nq, T].
 //
+// Long calls: ragged offsets are INT32 elements, so a call whose tokens · row stride reaches 2^31
+// (Qwen3-8B's fused QKV rows at ~350K tokens) runs in pieces: whole documents grouped so each
+// group's offsets fit (pointers shifted to the group's first row; needs AttnArgs::cu_seqlens_host),
+// and a document too long for any group on its own as one dense entry (B = 1, S = its length, no
+// offsets, 64-bit strides). CudnnAttentionOptions::dense_single_document runs every one-document
+// call densely too.
+//
 // Errors: UNAVAILABLE when libcudnn cannot be loaded or is older than 9.0, UNIMPLEMENTED when no
-// cuDNN engine accepts the graph (callers fall back to the own kernels).
+// cuDNN engine accepts the graph or a long call of several documents comes without
+// cu_seqlens_host (callers fall back to the own kernels).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,6 +53,17 @@ struct AttnRowStrides {
   int64_t dout = 0, dq = 0, dk = 0, dv = 0;
 };
 
+struct CudnnAttentionOptions {
+  // A call of one document runs one dense entry instead of the ragged layout.
+  bool dense_single_document = true;
+  // Dense entries carry the padding mask and length overrides (as ragged ones must) or not.
+  bool dense_padding_mask = false;
+  // Which engine configuration that accepts a graph runs it (0: the heuristics' first; benches).
+  int engine = 0;
+  // Ragged offsets must stay below this (elements); tests lower it to exercise the groups.
+  int64_t ragged_offset_limit = (int64_t{1} << 31) - 1;
+};
+
 class CudnnAttention {
  public:
   // Loads libcudnn (SLIDEDP_CUDNN_LIB: a file or the directory holding libcudnn.so.9, else the
@@ -57,6 +76,9 @@ class CudnnAttention {
 
   // cuDNN's version as cudnnGetVersion() reports it (e.g. 91900).
   int64_t version() const;
+
+  // Applies to calls after it (plans are cached per option set).
+  void set_options(const CudnnAttentionOptions& options);
 
   // Workspace (bytes, to be 256-aligned) for one call; builds and caches the plan, so this is
   // also the "is this shape supported" probe. Grows with tokens (LSE scratch, offsets) and, for

@@ -113,11 +113,12 @@ class GraphBuilder {
     AddOp(op, "reshape");
   }
 
-  // Finalizes the operation graph and returns the first engine configuration (heuristics mode A,
-  // then the fallback list) that finalizes into an execution plan. (Engines' numerical notes are
-  // not read: cuDNN 9.19 notes none of these engines non-deterministic, yet the Hopper backward
-  // adds dQ with atomics; SLIDEDP_DETERMINISTIC runs the backward through our kernels instead.)
-  absl::StatusOr<std::unique_ptr<Plan>> Build() {
+  // Finalizes the operation graph and returns the `engine`-th (0: the first) engine configuration
+  // (heuristics mode A, then the fallback list) that finalizes into an execution plan. (Engines'
+  // numerical notes are not read: cuDNN 9.19 notes none of these engines non-deterministic, yet the
+  // Hopper backward adds dQ with atomics; SLIDEDP_DETERMINISTIC runs the backward through our
+  // kernels instead.)
+  absl::StatusOr<std::unique_ptr<Plan>> Build(int engine = 0) {
     if (!status_.ok()) return status_;
     cudnnBackendDescriptor_t graph = Make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
     Set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops_.size()),
@@ -128,6 +129,7 @@ class GraphBuilder {
     if (!status_.ok()) return status_;
 
     std::string last_error = "heuristics returned no engine configuration";
+    int accepted = 0;
     for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
       cudnnBackendDescriptor_t heur = Make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
       Set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
@@ -161,6 +163,10 @@ class GraphBuilder {
         if (st != CUDNN_STATUS_SUCCESS) {  // this engine rejects the graph; try the next
           last_error = std::string(
               CudnnError(api_, st, absl::StrCat("execution plan (engine config ", i, " of ", count, ")")).message());
+          continue;
+        }
+        if (accepted++ < engine) {
+          last_error = absl::StrCat("only ", accepted, " engine configurations accept this graph");
           continue;
         }
         auto out = std::make_unique<Plan>();
@@ -261,14 +267,26 @@ struct IoTensors {
   cudnnBackendDescriptor_t off[kNumOffsets] = {};
 };
 
+// Without padding the lengths are null (no mask, no overrides); without ragged, the offsets.
 void CommonTensors(GraphBuilder& g, const PlanKey& k, IoTensors* io) {
   const Dims per_batch{k.b, 1, 1, 1}, unit{1, 1, 1, 1};
-  io->seq_q = g.Tensor(kUidSeqQ, CUDNN_DATA_INT32, per_batch, unit);
-  io->seq_kv = g.Tensor(kUidSeqKv, CUDNN_DATA_INT32, per_batch, unit);
+  if (k.padding) {
+    io->seq_q = g.Tensor(kUidSeqQ, CUDNN_DATA_INT32, per_batch, unit);
+    io->seq_kv = g.Tensor(kUidSeqKv, CUDNN_DATA_INT32, per_batch, unit);
+  } else {
+    io->seq_q = io->seq_kv = nullptr;
+  }
   io->scale = g.Scalar(kUidScale);
   io->neg = g.Scalar(kUidNegInf);
+  if (!k.ragged) return;
   const int last = k.direction == Direction::kBackward ? kNumOffsets : kOffStats + 1;
   for (int i = 0; i < last; ++i) io->off[i] = g.Tensor(kUidOffsetBase + i, CUDNN_DATA_INT32, {k.b + 1, 1, 1, 1}, unit);
+}
+
+// The padding mask where the key has one, else the scores as they are.
+cudnnBackendDescriptor_t MaybePaddingMask(GraphBuilder& g, const PlanKey& k, const ScoreShape& s,
+                                          cudnnBackendDescriptor_t score, const IoTensors& io) {
+  return k.padding ? PaddingMask(g, s, score, io.seq_q, io.seq_kv, io.neg) : score;
 }
 
 // Row-major [B, h, S, hd] view of a packed [T, ld] buffer (head h at column h·hd); with
@@ -280,8 +298,9 @@ cudnnBackendDescriptor_t Bhsd(GraphBuilder& g, int64_t uid, const PlanKey& k, in
   return g.Tensor(uid, CUDNN_DATA_BFLOAT16, dims, strides, TensorKind::kMemory, ragged);
 }
 
-// Stats [B, nq, S, 1], token-major ([T, nq] in memory), ragged by cu_seqlens·nq.
-Dims StatsStrides(const PlanKey& k) { return {k.s * k.nq, 1, k.nq, 1}; }
+// Stats [B, nq, S, 1]: ragged, token-major ([T, nq] in memory) with offsets cu_seqlens·nq; dense,
+// head-major ([nq, S], our LSE's layout).
+Dims StatsStrides(const PlanKey& k) { return k.ragged ? Dims{k.s * k.nq, 1, k.nq, 1} : Dims{k.nq * k.s, k.s, 1, 1}; }
 
 }  // namespace
 
@@ -303,7 +322,7 @@ absl::StatusOr<std::unique_ptr<Plan>> BuildForward(const CudnnApi& api, cudnnHan
   g.Matmul(q, kt, s, io.seq_q, io.seq_kv, nullptr);
   auto s_scaled = g.Virtual(CUDNN_DATA_FLOAT, sc.dims, sc.strides);
   g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s, io.scale, nullptr, s_scaled);
-  auto s_masked = CausalMask(g, sc, PaddingMask(g, sc, s_scaled, io.seq_q, io.seq_kv, io.neg), io.neg);
+  auto s_masked = CausalMask(g, sc, MaybePaddingMask(g, k, sc, s_scaled, io), io.neg);
   // Softmax with stats = max + log Σ exp(S - max) (natural log, like our LSE).
   auto mx = g.Virtual(CUDNN_DATA_FLOAT, row_dims, row_strides);
   g.Reduction(CUDNN_REDUCE_TENSOR_MAX, s_masked, mx);
@@ -321,7 +340,7 @@ absl::StatusOr<std::unique_ptr<Plan>> BuildForward(const CudnnApi& api, cudnnHan
   g.Pointwise(CUDNN_POINTWISE_DIV, CUDNN_DATA_FLOAT, e, sum, nullptr, p);
   // O = P·V.
   g.Matmul(p, v, o, io.seq_q, nullptr, io.seq_kv);
-  return g.Build();
+  return g.Build(k.engine);
 }
 
 absl::StatusOr<std::unique_ptr<Plan>> BuildBackward(const CudnnApi& api, cudnnHandle_t handle, const PlanKey& k) {
@@ -351,9 +370,10 @@ absl::StatusOr<std::unique_ptr<Plan>> BuildBackward(const CudnnApi& api, cudnnHa
   g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dout, o, nullptr, do_o);
   auto row_dot = g.Virtual(CUDNN_DATA_FLOAT, row_dims, row_strides);
   g.Reduction(CUDNN_REDUCE_TENSOR_ADD, do_o, row_dot);
-  auto softmax_sum = var.ragged_accumulators ? g.Tensor(kUidSoftmaxSum, CUDNN_DATA_FLOAT, row_dims, StatsStrides(k),
-                                                        TensorKind::kMemory, io.off[kOffStats])
-                                             : g.Tensor(kUidSoftmaxSum, CUDNN_DATA_FLOAT, row_dims, row_strides);
+  const bool ragged_acc = var.ragged_accumulators && k.ragged;
+  auto softmax_sum = ragged_acc ? g.Tensor(kUidSoftmaxSum, CUDNN_DATA_FLOAT, row_dims, StatsStrides(k),
+                                           TensorKind::kMemory, io.off[kOffStats])
+                                : g.Tensor(kUidSoftmaxSum, CUDNN_DATA_FLOAT, row_dims, row_strides);
   g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, row_dot, one, nullptr, softmax_sum);
 
   // P = exp(Q·Kᵀ·scale - stats), masked.
@@ -363,8 +383,8 @@ absl::StatusOr<std::unique_ptr<Plan>> BuildBackward(const CudnnApi& api, cudnnHa
   g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s, io.scale, nullptr, s_scaled);
   auto s_centered = g.Virtual(CUDNN_DATA_FLOAT, sc.dims, sc.strides);
   g.Pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, s_scaled, stats, nullptr, s_centered);
-  auto s_masked = PaddingMask(g, sc, s_centered, io.seq_q, io.seq_kv, io.neg);
-  if (var.second_padding_mask) s_masked = PaddingMask(g, sc, s_masked, io.seq_q, io.seq_kv, io.neg);
+  auto s_masked = MaybePaddingMask(g, k, sc, s_centered, io);
+  if (var.second_padding_mask) s_masked = MaybePaddingMask(g, k, sc, s_masked, io);
   s_masked = CausalMask(g, sc, s_masked, io.neg);
   auto p = g.Virtual(CUDNN_DATA_FLOAT, sc.dims, sc.strides);
   g.Pointwise(CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, s_masked, nullptr, nullptr, p);
@@ -402,13 +422,16 @@ absl::StatusOr<std::unique_ptr<Plan>> BuildBackward(const CudnnApi& api, cudnnHa
   // K back in row form, as a reshape of Kᵀ (the frontend's pattern; it keeps K's ragged offset).
   auto k_rows = g.Virtual(CUDNN_DATA_BFLOAT16, {k.b, k.nkv, k.s, k.hd}, {k.s * k.ld.k, k.hd, k.ld.k, 1}, io.off[kOffK]);
   g.Reshape(kt, k_rows);
-  auto dq_accum = var.ragged_accumulators
-                      ? g.Tensor(kUidDqAccum, CUDNN_DATA_FLOAT, full_dims, {k.s * k.ld.dq, k.hd, k.ld.dq, 1},
-                                 TensorKind::kMemory, io.off[kOffDQ])
-                      : g.Tensor(kUidDqAccum, CUDNN_DATA_FLOAT, full_dims, full_strides);
+  // The accumulator: ragged like dq (>= 9.6), else [B, S, nq, hd] (dense, >= 9.6; the frontend's
+  // layout) or [B, nq, S, hd] (< 9.6).
+  const Dims bshd_strides{k.s * k.nq * k.hd, k.hd, k.nq * k.hd, 1};
+  auto dq_accum = ragged_acc ? g.Tensor(kUidDqAccum, CUDNN_DATA_FLOAT, full_dims, {k.s * k.ld.dq, k.hd, k.ld.dq, 1},
+                                        TensorKind::kMemory, io.off[kOffDQ])
+                             : g.Tensor(kUidDqAccum, CUDNN_DATA_FLOAT, full_dims,
+                                        var.ragged_accumulators ? bshd_strides : full_strides);
   g.Matmul(ds, k_rows, dq_accum, io.seq_q, nullptr, io.seq_kv);
   g.Pointwise(CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, dq_accum, nullptr, nullptr, dq);
-  return g.Build();
+  return g.Build(k.engine);
 }
 
 }  // namespace slidedp::kernels::cudnn_internal

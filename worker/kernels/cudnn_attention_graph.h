@@ -57,8 +57,15 @@ struct PlanKey {
   Direction direction = Direction::kForward;
   int64_t b = 0, s = 0, nq = 0, nkv = 0, hd = 0;
   AttnRowStrides ld;
+  // ragged: documents as batch entries with ragged offsets (THD); else one dense entry of exactly
+  // s tokens (b = 1, no offsets, stats [nq, s]). padding: the padding mask and the per-entry
+  // length overrides (always with ragged). engine: which accepted engine configuration (0 = the
+  // heuristics' first).
+  bool ragged = true, padding = true;
+  int engine = 0;
   auto Tie() const {
-    return std::tie(direction, b, s, nq, nkv, hd, ld.q, ld.k, ld.v, ld.o, ld.dout, ld.dq, ld.dk, ld.dv);
+    return std::tie(direction, b, s, nq, nkv, hd, ld.q, ld.k, ld.v, ld.o, ld.dout, ld.dq, ld.dk, ld.dv, ragged,
+                    padding, engine);
   }
   bool operator<(const PlanKey& o) const { return Tie() < o.Tie(); }
 };

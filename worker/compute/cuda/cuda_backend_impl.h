@@ -50,6 +50,7 @@ class CudaBatch final : public DeviceBatch {
   int32_t* labels_ = nullptr;
   int32_t* positions_ = nullptr;
   int32_t* cu_seqlens_ = nullptr;
+  std::vector<int32_t> host_cu_seqlens_;  // the same on the host (cuDNN groups long calls by it)
   int32_t* uniq_tokens_ = nullptr;  // embedding backward grouping, built on the host at upload
   int32_t* seg_offsets_ = nullptr;
   int32_t* sorted_pos_ = nullptr;
@@ -405,6 +406,7 @@ class CudaBackend final : public ComputeBackend {
     a.head_dim = hd_;
     a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd_));
     a.cu_seqlens = b.cu_seqlens_;
+    a.cu_seqlens_host = b.host_cu_seqlens_.data();
     a.ordered_dq = options_.deterministic;
     if (b.context()) {  // this share's pieces against the whole's keys (cross attention, own kernels)
       a.kv_bounds = b.kv_bounds_;

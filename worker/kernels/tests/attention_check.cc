@@ -102,6 +102,7 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kerne
   a.head_dim = hd;
   a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
   a.cu_seqlens = dcu.get();
+  a.cu_seqlens_host = cu.data();
   a.bwd_split = split;
   a.ordered_dq = ordered;
   // The backward's three outputs as bits (for the repeatability checks); empty on a copy error.

@@ -25,12 +25,17 @@ using namespace kernel_test;  // the test-support helpers (kernel_test_util.h, g
 struct CudnnCase {
   int hd, nq, nkv;
   std::vector<int> docs;
+  // Options: a one-document call ragged rather than dense, dense with the padding mask, and the
+  // ragged offset limit in rows of the widest tensor (0: INT32's), which cuts the call into groups.
+  bool ragged_single = false, dense_padding = false;
+  int limit_rows = 0;
 };
 
 std::string Name(const CudnnCase& c) {
   const int T = std::accumulate(c.docs.begin(), c.docs.end(), 0);
   return "Hd" + std::to_string(c.hd) + "_Heads" + std::to_string(c.nq) + "x" + std::to_string(c.nkv) + "_T" +
-         std::to_string(T);
+         std::to_string(T) + (c.docs.size() == 1 ? "_OneDoc" : "") + (c.ragged_single ? "_Ragged" : "") +
+         (c.dense_padding ? "_DensePadding" : "") + (c.limit_rows > 0 ? "_Limit" + std::to_string(c.limit_rows) : "");
 }
 std::string CaseName(const ::testing::TestParamInfo<CudnnCase>& info) { return Name(info.param); }
 void PrintTo(const CudnnCase& c, std::ostream* os) { *os << Name(c); }
@@ -42,6 +47,12 @@ TEST_P(CudnnAttentionGpuTest, MatchesReference) {
   if (!cudnn.ok()) GTEST_SKIP() << "cudnn attention: " << cudnn.status().ToString();
   std::printf("cudnn attention: cuDNN %lld\n", static_cast<long long>((*cudnn)->version()));
   const CudnnCase& c = GetParam();
+  kernels::CudnnAttentionOptions opt;
+  opt.dense_single_document = !c.ragged_single;
+  opt.dense_padding_mask = c.dense_padding;
+  // The widest row of CheckAttention's tensors is v's (nkv·hd + 24).
+  if (c.limit_rows > 0) opt.ragged_offset_limit = int64_t{c.limit_rows} * (c.nkv * c.hd + 24);
+  (*cudnn)->set_options(opt);
   CheckAttention(c.hd, c.nq, c.nkv, c.docs, kernels::AttnArgs::BwdSplit::kAuto, cudnn->get());
 }
 
@@ -51,8 +62,43 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudnnAttentionGpuTest,
                                            CudnnCase{16, 4, 2, {17, 40}},
                                            // Training-sized documents: many key/value tiles per query tile, where an
                                            // engine that adds dQ with atomics shows up as not repeatable.
-                                           CudnnCase{128, 8, 2, {1024, 900, 700}}),
+                                           CudnnCase{128, 8, 2, {1024, 900, 700}},
+                                           // One document: dense (odd length), ragged, dense with the padding mask.
+                                           CudnnCase{128, 8, 2, {777}}, CudnnCase{128, 8, 2, {777}, true},
+                                           CudnnCase{128, 4, 4, {1000}, false, true},
+                                           // Offsets over the limit: groups of documents, a document too long for
+                                           // any group alone (dense), one that fills a group by itself.
+                                           CudnnCase{128, 4, 2, {1, 130, 67, 200, 5, 400, 90, 250, 3}, false, false,
+                                                     256},
+                                           CudnnCase{128, 8, 2, {1024, 300}, false, false, 512}),
                          CaseName);
+
+// A long call of several documents without their host copy cannot be grouped: UNIMPLEMENTED (the
+// backend then runs the own kernels), not a wrong answer.
+TEST_F(GpuTest, CudnnLongCallWithoutHostBoundariesIsUnimplemented) {
+  absl::StatusOr<std::unique_ptr<kernels::CudnnAttention>> cudnn = kernels::CudnnAttention::Create(0);
+  if (!cudnn.ok()) GTEST_SKIP() << "cudnn attention: " << cudnn.status().ToString();
+  kernels::CudnnAttentionOptions opt;
+  opt.ragged_offset_limit = 64 * 256;
+  (*cudnn)->set_options(opt);
+  Dev<int32_t> cu(3);
+  Upload(cu, std::vector<int32_t>{0, 100, 200});
+  kernels::AttnArgs a;
+  a.tokens = 200;
+  a.num_docs = 2;
+  a.max_seqlen = 100;
+  a.num_q_heads = 2;
+  a.num_kv_heads = 2;
+  a.head_dim = 128;
+  a.softmax_scale = 0.1f;
+  a.cu_seqlens = cu.get();
+  const kernels::AttnRowStrides ld{256, 256, 256, 256, 256, 256, 256, 256};
+  absl::StatusOr<int64_t> ws = (*cudnn)->ForwardWorkspaceBytes(a, ld);
+  EXPECT_TRUE(absl::IsUnimplemented(ws.status())) << ws.status();
+  const int32_t host[3] = {0, 100, 200};
+  a.cu_seqlens_host = host;
+  EXPECT_TRUE((*cudnn)->ForwardWorkspaceBytes(a, ld).ok());
+}
 
 }  // namespace
 }  // namespace slidedp
