@@ -304,6 +304,19 @@ int64_t KeptElementsPerToken(const ModelShape& m, uint32_t pieces) {
   return n;
 }
 
+int64_t CudaKeptBytesPerToken(const ModelShape& m, uint32_t pieces, int64_t residual_bytes) {
+  const int64_t qd = m.num_attention_heads * m.head_dim, kvd = m.num_key_value_heads * m.head_dim;
+  const int64_t H = m.hidden_size, I = m.intermediate_size;
+  int64_t n = 0;
+  if ((pieces & kPieceQkv) == kPieceQkv) n += 2 * (qd + 2 * kvd);
+  if ((pieces & kPieceAttention) == kPieceAttention) n += 2 * qd + 4 * m.num_attention_heads;  // o, lse
+  if ((pieces & kPieceOProj) == kPieceOProj) n += residual_bytes * H;                           // h1
+  if ((pieces & kPieceGateUp) == kPieceGateUp) n += 2 * 2 * I;
+  // xn1, qr, kr, xn2, act (BF16); rstd1, rstd2 (FP32)
+  if ((pieces & kPieceCheap) == kPieceCheap) n += 2 * (H + qd + kvd + H + I) + 4 * 2;
+  return n;
+}
+
 ModelShape ModelShape::Of(const ModelConfig& c) {
   ModelShape m{ModelTypeName(c.family), c.hidden_size,       c.num_hidden_layers, c.num_attention_heads,
                c.num_key_value_heads,   c.head_dim,          c.intermediate_size, c.vocab_size};

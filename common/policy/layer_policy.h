@@ -86,6 +86,12 @@ struct ModelShape {
 // MoE block (probabilities, routing, its experts' gate/up and outputs for each of the k slots).
 int64_t KeptElementsPerToken(const ModelShape& shape, uint32_t pieces);
 
+// Bytes per token the CUDA backend keeps beyond a layer's input for `pieces` (its layout of
+// CudaSaved): q/k/v, the attention output, gate/up and the cheap pieces in BF16, the log-sum-exp and
+// the norms' rsqrt in FP32, h1 in the residual stream's `residual_bytes` (4: FP32, the default).
+// Admission counts offloaded checkpoints of CUDA workers of a dense model with it.
+int64_t CudaKeptBytesPerToken(const ModelShape& shape, uint32_t pieces, int64_t residual_bytes = 4);
+
 // What AutoPolicy measured and solved (common/policy/layout_solver.h has the step model).
 struct LayerCandidate {
   LayerPolicy policy;

@@ -83,14 +83,19 @@ void AddOffloadedCheckpoints(const OffloadedPerToken& per_token, int num_workers
   plan.total_bytes += bytes;
 }
 
+int64_t KeptBytesPerToken(const ModelConfig& config, uint32_t pieces, bool cuda_workers) {
+  const ModelShape shape = ModelShape::Of(config);
+  if (cuda_workers && !config.is_moe()) return CudaKeptBytesPerToken(shape, pieces);
+  return 4 * KeptElementsPerToken(shape, pieces);
+}
+
 void AddActivationOffload(const ModelLayout& layout, double ratio, uint32_t kept_pieces, int64_t input_element_bytes,
-                          int num_workers, int64_t tokens_per_worker, JobMemoryPlan& plan) {
+                          bool cuda_workers, int num_workers, int64_t tokens_per_worker, JobMemoryPlan& plan) {
   if (ratio <= 0) return;
   const double layers = layout.OffloadedLayers(ratio);
   OffloadedPerToken per_token;
   per_token.input_elements = layers * static_cast<double>(layout.config.hidden_size);
-  per_token.kept_elements =
-      layers * static_cast<double>(KeptElementsPerToken(ModelShape::Of(layout.config), kept_pieces));
+  per_token.kept_bytes = layers * static_cast<double>(KeptBytesPerToken(layout.config, kept_pieces, cuda_workers));
   per_token.input_element_bytes = input_element_bytes;
   AddOffloadedCheckpoints(per_token, num_workers, tokens_per_worker, plan);
 }

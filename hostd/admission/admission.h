@@ -64,13 +64,17 @@ void AddCastStaging(int num_workers, int64_t chunk_bytes, JobMemoryPlan& plan);
 // What one token of a worker's step holds in offloaded checkpoints, summed over the layers (each
 // offloaded layer's elements times its offload share): the layers' inputs, input_element_bytes
 // each (4: FP32; 2: runtime.checkpoint_dtype bf16, CheckpointElementBytes), and what the layers
-// keep beyond them, 4 B each (FP32, the most any backend keeps).
+// keep beyond them, in bytes (KeptBytesPerToken: the workers' backend's layout).
 struct OffloadedPerToken {
   double input_elements = 0;
-  double kept_elements = 0;
   int64_t input_element_bytes = 4;
-  double bytes() const { return input_elements * static_cast<double>(input_element_bytes) + kept_elements * 4.0; }
+  double kept_bytes = 0;
+  double bytes() const { return input_elements * static_cast<double>(input_element_bytes) + kept_bytes; }
 };
+// Bytes per token a layer keeps beyond its input for `pieces` on the job's workers: the CUDA
+// backend's layout (mostly BF16) when every worker is a CUDA one and the model is dense, else the
+// CPU backend's FP32 elements (the most any backend keeps; a CUDA MoE block keeps its own set).
+int64_t KeptBytesPerToken(const ModelConfig& config, uint32_t pieces, bool cuda_workers);
 // Offloaded checkpoints in the workers' pinned host memory: each of `num_workers` workers holds
 // `per_token` for each of its `tokens_per_worker` tokens of a step: added to offload_bytes and
 // total_bytes.
@@ -79,7 +83,7 @@ void AddOffloadedCheckpoints(const OffloadedPerToken& per_token, int num_workers
 // runtime.offload_ratio > 0: every checkpoint of layout.OffloadedLayers(ratio) layers, each its
 // input (input_element_bytes an element) and `kept_pieces` (common/policy/layer_pieces.h) beyond.
 void AddActivationOffload(const ModelLayout& layout, double ratio, uint32_t kept_pieces, int64_t input_element_bytes,
-                          int num_workers, int64_t tokens_per_worker, JobMemoryPlan& plan);
+                          bool cuda_workers, int num_workers, int64_t tokens_per_worker, JobMemoryPlan& plan);
 
 struct HostMemoryInfo {
   uint64_t mem_total_bytes = 0;

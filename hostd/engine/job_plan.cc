@@ -244,6 +244,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
   const int64_t tokens_per_worker = spec.global_batch / world * spec.seq_len;
   // A layer input waits in BF16 with runtime.checkpoint_dtype bf16: 2 B an element, offloaded or not.
   const int64_t input_element_bytes = CheckpointElementBytes(spec.checkpoint_dtype);
+  const bool cuda_workers = cpu_workers == 0;
   if (spec.layer_layout) {
     RETURN_IF_ERROR(spec.layer_layout->CheckModel(layout.config));
     const int64_t micro_batches = std::max<int64_t>(1, spec.global_batch / dp / std::max<int64_t>(1, spec.micro_batch));
@@ -253,15 +254,15 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
       // The share the store moves: whole micro-batches, at least one (activation_store.h).
       const double share = l.offload > 0 ? std::min(1.0, std::ceil(l.offload * micro_batches) / micro_batches) : 0;
       per_token.input_elements += share * static_cast<double>(layout.config.hidden_size);
-      per_token.kept_elements +=
-          share * static_cast<double>(KeptElementsPerToken(ModelShape::Of(layout.config), l.pieces()));
+      per_token.kept_bytes += share * static_cast<double>(KeptBytesPerToken(layout.config, l.pieces(), cuda_workers));
     }
     AddOffloadedCheckpoints(per_token, world, tokens_per_worker, p.memory);
   } else {
     const uint32_t kept = spec.act_policy == ActivationPolicy::kRecomputeLayer ? 0u
                           : spec.act_policy == ActivationPolicy::kSelective    ? uint32_t{kPieceAttention}
                                                                                : kAllPieces;
-    AddActivationOffload(layout, spec.offload_ratio, kept, input_element_bytes, world, tokens_per_worker, p.memory);
+    AddActivationOffload(layout, spec.offload_ratio, kept, input_element_bytes, cuda_workers, world, tokens_per_worker,
+                         p.memory);
   }
   // The GPU memory floor of the step on each CUDA worker (common/policy/context_memory.h): a job
   // whose floor is over a device is refused here, with the longest sequence the model fits.

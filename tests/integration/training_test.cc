@@ -1441,7 +1441,8 @@ TEST(Training, PlanMeasureRunsAMeasuringJobThenPredictsFromIt) {
   for (const v1::PlanAlternative& a : plan->alternatives()) {
     EXPECT_TRUE(a.step_s() > 0 || !a.note().empty()) << a.what();
     if (absl::StartsWith(a.what(), "2x the tokens") && a.step_s() > 0) {
-      EXPECT_GT(a.step_s(), plan->step_s()) << text;  // twice the work takes longer
+      // Twice the tokens take no less (the same, when host updates bound the step: they do not grow).
+      EXPECT_GE(a.step_s(), plan->step_s()) << text;
     }
   }
 

@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_format.h"
 #include "common/jobspec/job_spec.h"
+#include "common/policy/layer_pieces.h"
+#include "common/policy/layer_policy.h"
 #include "gtest/gtest.h"
 #include "shm/job_state.h"
 #include "shm/tests/test_util.h"
@@ -54,10 +56,10 @@ TEST(PlanJobMemory, CountsTheWorkersOffloadedLayerInputs) {
   const ModelLayout layout = Layout("qwen3-8b");  // 36 layers, hidden 4096
   JobMemoryPlan plan = PlanJobMemory(layout, shm::GradRingConfig{4, 32ull << 20}, 2, ClipMode::kNone);
   const JobMemoryPlan before = plan;
-  AddActivationOffload(layout, 0.0, 0, 4, 2, 65536, plan);
+  AddActivationOffload(layout, 0.0, 0, 4, false, 2, 65536, plan);
   EXPECT_EQ(plan.offload_bytes, 0u);
   EXPECT_EQ(plan.total_bytes, before.total_bytes);
-  AddActivationOffload(layout, 0.5, 0, 4, 2, 65536, plan);  // 18 layers x 64K tokens x 16 KiB, x 2 workers
+  AddActivationOffload(layout, 0.5, 0, 4, false, 2, 65536, plan);  // 18 layers x 64K tokens x 16 KiB, x 2 workers
   EXPECT_EQ(layout.OffloadedLayers(0.5), 18);
   EXPECT_EQ(plan.offload_bytes, 2ull * 18 * 65536 * 4096 * 4);  // 36 GiB
   EXPECT_EQ(plan.total_bytes, before.total_bytes + plan.offload_bytes);
@@ -67,26 +69,46 @@ TEST(PlanJobMemory, CountsTheWorkersOffloadedLayerInputs) {
   EXPECT_EQ(layout.OffloadedLayers(2.0), 36);  // clamped
   EXPECT_EQ(layout.OffloadedLayers(0.01), 0);
   // Selective layers offload their attention output and log-sum-exp as well: 32 heads x 128 + 32
-  // more elements a token.
+  // more elements a token, FP32 on CPU workers.
   JobMemoryPlan selective = before;
-  AddActivationOffload(layout, 0.5, kPieceAttention, 4, 2, 65536, selective);
+  AddActivationOffload(layout, 0.5, kPieceAttention, 4, false, 2, 65536, selective);
   EXPECT_EQ(selective.offload_bytes, 2ull * 18 * 65536 * (4096 + 4096 + 32) * 4);
-  // runtime.checkpoint_dtype bf16: the inputs take 2 B an element, the kept pieces still 4.
+  // CUDA workers keep the output in BF16 and the log-sum-exp in FP32 (CudaBackend's layout).
+  JobMemoryPlan selective_cuda = before;
+  AddActivationOffload(layout, 0.5, kPieceAttention, 4, true, 2, 65536, selective_cuda);
+  EXPECT_EQ(selective_cuda.offload_bytes, 2ull * 18 * 65536 * (4096 * 4 + 4096 * 2 + 32 * 4));
+  // runtime.checkpoint_dtype bf16: the inputs take 2 B an element, the kept pieces as before.
   JobMemoryPlan bf16 = before;
-  AddActivationOffload(layout, 0.5, 0, 2, 2, 65536, bf16);
+  AddActivationOffload(layout, 0.5, 0, 2, false, 2, 65536, bf16);
   EXPECT_EQ(bf16.offload_bytes, 2ull * 18 * 65536 * 4096 * 2);  // 18 GiB: half the FP32 inputs'
   EXPECT_EQ(bf16.total_bytes, before.total_bytes + bf16.offload_bytes);
   JobMemoryPlan bf16_selective = before;
-  AddActivationOffload(layout, 0.5, kPieceAttention, 2, 2, 65536, bf16_selective);
+  AddActivationOffload(layout, 0.5, kPieceAttention, 2, false, 2, 65536, bf16_selective);
   EXPECT_EQ(bf16_selective.offload_bytes, 2ull * 18 * 65536 * (4096 * 2 + (4096 + 32) * 4));
   // A per-layer layout's sum, as job_plan.cc adds it: shares of inputs and kept pieces.
   JobMemoryPlan shares = before;
   OffloadedPerToken per_token;
   per_token.input_elements = 1.5 * 4096;
-  per_token.kept_elements = 0.5 * (4096 + 32);
+  per_token.kept_bytes = 0.5 * (4096 + 32) * 4;
   per_token.input_element_bytes = 2;
   AddOffloadedCheckpoints(per_token, 2, 65536, shares);
   EXPECT_EQ(shares.offload_bytes, 2ull * 65536 * (3 * 4096 + 2 * (4096 + 32)));
+}
+
+// What a kept piece takes a token: the CPU backend's FP32 elements, the CUDA backend's layout
+// (dense models; a CUDA MoE block keeps its own set, so MoE models are counted as on the CPU).
+TEST(PlanJobMemory, KeptBytesFollowTheWorkersBackend) {
+  const ModelConfig dense = Layout("qwen3-8b").config;
+  const ModelShape shape = ModelShape::Of(dense);
+  for (uint32_t pieces : {0u, uint32_t{kPieceAttention}, uint32_t{kPieceQkv | kPieceGateUp}, kAllPieces}) {
+    EXPECT_EQ(KeptBytesPerToken(dense, pieces, false), 4 * KeptElementsPerToken(shape, pieces)) << pieces;
+    EXPECT_EQ(KeptBytesPerToken(dense, pieces, true), CudaKeptBytesPerToken(shape, pieces)) << pieces;
+    EXPECT_LE(KeptBytesPerToken(dense, pieces, true), KeptBytesPerToken(dense, pieces, false)) << pieces;
+  }
+  EXPECT_EQ(KeptBytesPerToken(dense, kPieceAttention, true), 4096 * 2 + 32 * 4);
+  absl::StatusOr<ModelConfig> moe = ModelConfig::Preset("qwen3-30b-a3b");
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  EXPECT_EQ(KeptBytesPerToken(*moe, kPieceGateUp, true), 4 * KeptElementsPerToken(ModelShape::Of(*moe), kPieceGateUp));
 }
 
 TEST(PlanJobMemory, Qwen3_8BIsAboutFourteenBytesPerParam) {

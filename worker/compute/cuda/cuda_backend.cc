@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/data/context_parallel.h"
+#include "common/policy/layer_policy.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "worker/compute/cuda/cuda_backend_impl.h"
@@ -90,6 +91,7 @@ absl::StatusOr<std::unique_ptr<DeviceBatch>> CudaBackend::UploadBatch(const Micr
   b->num_docs_ = static_cast<int>(mb.cu_seqlens.size()) - 1;
   b->max_seqlen_ = max_len;
   b->num_unique_ = static_cast<int64_t>(uniq.size());
+  b->host_cu_seqlens_ = mb.cu_seqlens;
   Carver c;
   c.Reserve(&b->tokens_, T);
   c.Reserve(&b->labels_, T);
@@ -173,14 +175,7 @@ absl::Status CudaBackend::EmbeddingBackward(const void* dout, const DeviceBatch&
 }
 
 int64_t CudaBackend::SavedBytesPerToken(ActPolicy policy) const {
-  int64_t n = 0;
-  if (policy.keeps(kPieceQkv)) n += 2 * qkv_;
-  if (policy.keeps(kPieceAttention)) n += 2 * qd_ + 4 * nq_;  // o (BF16), lse (FP32)
-  if (policy.keeps(kPieceOProj)) n += act_bytes() * H_;       // h1, the residual dtype
-  if (policy.keeps(kPieceGateUp)) n += 2 * 2 * I_;
-  // xn1, qr, kr, xn2, act (BF16); rstd1, rstd2 (FP32)
-  if (policy.keeps(kPieceCheap)) n += 2 * (H_ + qd_ + kvd_ + H_ + I_) + 4 * 2;
-  return n;
+  return CudaKeptBytesPerToken(ModelShape::Of(config_), policy.pieces, act_bytes());
 }
 
 }  // namespace cuda_backend_internal
