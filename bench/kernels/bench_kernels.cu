@@ -693,6 +693,48 @@ void BenchAttention(const std::vector<int64_t>& lengths, int engines) {
         std::fflush(stdout);
       }
     }
+    // One call per kv-head group (its q heads and kv head, pointers offset): whether a call whose
+    // keys and values are one head's streams them from L2 better than all heads at once.
+    {
+      g_cudnn->set_options({});
+      const int groups = nkv, gq = nq / nkv;
+      kernels::AttnArgs g = a;
+      g.num_q_heads = gq;
+      g.num_kv_heads = 1;
+      absl::StatusOr<int64_t> fws = g_cudnn->ForwardWorkspaceBytes(g, ld);
+      absl::StatusOr<int64_t> bws = fws.ok() ? g_cudnn->BackwardWorkspaceBytes(g, ld) : fws;
+      if (!bws.ok()) {
+        std::printf("attn_cudnn_per_kv_head %8lld   %s\n", static_cast<long long>(T), bws.status().ToString().c_str());
+      } else {
+        void* ws = nullptr;
+        CUDA_CHECK(cudaMalloc(&ws, std::max<int64_t>(*fws, *bws)));
+        const double f_ms = TimeMs(
+            [&] {
+              for (int h = 0; h < groups; ++h) {
+                const int64_t qo = int64_t{h} * gq * hd, ko = int64_t{h} * hd;
+                BENCH_CHECK(g_cudnn->Forward(g, {q + qo, qd}, {k + ko, kvd}, {v + ko, qkv}, {o + qo, qd},
+                                             lse + int64_t{h} * gq * T, ws, nullptr));
+              }
+            },
+            reps);
+        const double b_ms = TimeMs(
+            [&] {
+              for (int h = 0; h < groups; ++h) {
+                const int64_t qo = int64_t{h} * gq * hd, ko = int64_t{h} * hd;
+                BENCH_CHECK(g_cudnn->Backward(g, {q + qo, qd}, {k + ko, kvd}, {v + ko, qkv}, {o + qo, qd},
+                                              lse + int64_t{h} * gq * T, {dO + qo, qd}, {dq + qo, qd}, {dk + ko, kvd},
+                                              {dv + ko, qkv}, ws, nullptr));
+              }
+            },
+            reps);
+        CUDA_CHECK(cudaFree(ws));
+        std::printf("attn_fwd_cudnn_%-19s %8lld %6d %10.2f %9.1f\n", "per_kv_head", static_cast<long long>(T), 0, f_ms,
+                    fwd_flops / f_ms / 1e9);
+        std::printf("attn_bwd_cudnn_%-19s %8lld %6d %10.2f %9.1f\n", "per_kv_head", static_cast<long long>(T), 0, b_ms,
+                    2.5 * fwd_flops / b_ms / 1e9);
+        std::fflush(stdout);
+      }
+    }
     g_cudnn->set_options({});
   }
 }

@@ -28,6 +28,7 @@ StepRecord MakeStepRecord(int64_t step, const std::vector<v1::StepDone>& reports
     m.set_worker_cast_s(std::max(m.worker_cast_s(), d.cast_s()));
     m.set_trained_tokens(d.trained_tokens());
     m.set_gpu_peak_bytes(std::max<int64_t>(m.gpu_peak_bytes(), d.gpu_peak_bytes()));
+    m.set_gpu_used_peak_bytes(std::max<int64_t>(m.gpu_used_peak_bytes(), d.gpu_used_peak_bytes()));
   }
   m.set_host_aggregate_s(host.aggregate_s);
   m.set_host_wait_s(host.wait_s);
@@ -140,6 +141,7 @@ void MetricsFile::Append(const StepRecord& r, absl::Time now, const JobPlan& pla
                       {"model_tflops", m.model_tflops()},
                       {"time_unix_ms", absl::ToUnixMillis(now)},
                       {"gpu_peak_bytes", m.gpu_peak_bytes()},
+                      {"gpu_used_peak_bytes", m.gpu_used_peak_bytes()},
                       {"busy_s",
                        {{"worker_step", m.worker_step_s()},
                         {"worker_gate_wait", m.worker_gate_wait_s()},

@@ -624,7 +624,8 @@ def longctx_ours(a, v, seq_k):
            f"6N + 6 L seq q_dim per token{short}) (>= {a.t_tflops:g} on step {a.expect_steps}){when}")
     busy = last.get("busy_s") or {}
     peak = max(float(r.get("gpu_peak_bytes", 0) or 0) for r in rows) / 2**30
-    mem = [f"GPU peak {peak:.1f} GiB", f"host state {float(last.get('host_state_bytes', 0) or 0) / 2**30:.1f} GiB"]
+    used = max(float(r.get("gpu_used_peak_bytes", 0) or 0) for r in rows) / 2**30
+    mem = [f"GPU peak {peak:.1f} GiB" + (f" (buffers at most {used:.1f})" if used > 0 else ""), f"host state {float(last.get('host_state_bytes', 0) or 0) / 2**30:.1f} GiB"]
     # hostd's memory plan (JobPlan::MemoryLine: the job's log, in hostd.log and in slidedp run's output)
     plan = re.search(r"host state: ([0-9.]+) GiB \(.*?activation offload ([0-9.]+)",
                      "\n".join([log] + [read(p) for p in sorted(glob.glob(os.path.join(d, "run", "*.log")))]))

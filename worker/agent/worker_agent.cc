@@ -853,8 +853,10 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     d->set_h2d_busy_s(h2d - prev_h2d);
     d->set_cast_s(cast - prev_cast);
     prev_gate = gate, prev_d2h = d2h, prev_h2d = h2d, prev_ring = ring_wait, prev_cast = cast;
-    const int64_t peak = backend->peak_memory_bytes() + streamer->device_bytes() + grads->device_bytes();
+    const int64_t pipeline_bytes = streamer->device_bytes() + grads->device_bytes();
+    const int64_t peak = backend->peak_memory_bytes() + pipeline_bytes;
     d->set_gpu_peak_bytes(peak);
+    d->set_gpu_used_peak_bytes(backend->peak_used_memory_bytes() + pipeline_bytes);
     if (!Send(r)) return absl::UnavailableError("lost the session with hostd");
     if (spec.act_policy == ActivationPolicy::kAuto && !spec.layer_layout && step == a.first_step()) {
       int64_t tokens = 0;

@@ -265,6 +265,9 @@ class ComputeBackend {
   // Peak device memory allocated since the last ResetPeakMemory (or creation), in bytes (0
   // where not tracked). The worker resets it at the start of each job: backends stay warm.
   virtual int64_t peak_memory_bytes() const { return 0; }
+  // Of it, the most the backend's buffers held at once (a caching pool keeps freed blocks reserved:
+  // the difference is its slack); backends without a pool report peak_memory_bytes().
+  virtual int64_t peak_used_memory_bytes() const { return peak_memory_bytes(); }
   virtual void ResetPeakMemory() {}
   // The most device memory the backend's own buffers (Allocate, activations, scratch) may hold
   // from now on: runtime.gpu_memory_limit less what the pipeline allocates itself; 0: no limit.

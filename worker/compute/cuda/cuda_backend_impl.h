@@ -276,19 +276,14 @@ class CudaBackend final : public ComputeBackend {
     return absl::OkStatus();
   }
   // Of the device's current pool: the default one, or the limited one of SetMemoryLimit.
-  int64_t peak_memory_bytes() const override {
-    cudaMemPool_t pool;
-    uint64_t peak = 0;
-    if (cudaDeviceGetMemPool(&pool, device_) == cudaSuccess) {
-      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &peak);
-    }
-    return static_cast<int64_t>(peak);
-  }
+  int64_t peak_memory_bytes() const override { return PoolHighWater(cudaMemPoolAttrReservedMemHigh); }
+  int64_t peak_used_memory_bytes() const override { return PoolHighWater(cudaMemPoolAttrUsedMemHigh); }
   void ResetPeakMemory() override {
     cudaMemPool_t pool;
-    uint64_t zero = 0;  // the high watermark can only be reset to zero (it restarts from now)
+    uint64_t zero = 0;  // the high watermarks can only be reset to zero (they restart from now)
     if (cudaDeviceGetMemPool(&pool, device_) == cudaSuccess) {
       cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero);
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero);
     }
   }
   // A limit makes a pool of at most `bytes` (cudaMemPoolProps::maxSize) the device's current one,
@@ -429,6 +424,13 @@ class CudaBackend final : public ComputeBackend {
   }
 
   bool f32() const { return options_.fp32_residual; }
+  // A high-water attribute (bytes) of the device's current pool; 0 where it cannot be read.
+  int64_t PoolHighWater(cudaMemPoolAttr attr) const {
+    cudaMemPool_t pool;
+    uint64_t peak = 0;
+    if (cudaDeviceGetMemPool(&pool, device_) == cudaSuccess) cudaMemPoolGetAttribute(pool, attr, &peak);
+    return static_cast<int64_t>(peak);
+  }
   int64_t act_bytes() const { return f32() ? 4 : 2; }
   GemmOutType act_gemm_type() const { return f32() ? GemmOutType::kF32 : GemmOutType::kBF16; }
 
