@@ -662,6 +662,7 @@ void BenchAttention(const std::vector<int64_t>& lengths, int engines) {
       for (int e = 0; e < engines; ++e) {
         kernels::CudnnAttentionOptions opt;
         opt.dense_single_document = lay.dense;
+        opt.dense_min_tokens = 0;
         opt.dense_padding_mask = lay.padding;
         opt.engine = e;
         g_cudnn->set_options(opt);

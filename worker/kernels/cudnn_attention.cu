@@ -32,6 +32,7 @@ absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(int) {
 }
 int64_t CudnnAttention::version() const { return 0; }
 void CudnnAttention::set_options(const CudnnAttentionOptions&) {}
+int CudnnAttention::cached_plans(bool) const { return 0; }
 absl::StatusOr<int64_t> CudnnAttention::ForwardWorkspaceBytes(const AttnArgs&, const AttnRowStrides&) {
   return absl::UnavailableError("cudnn attention: built without cudnn_graph.h");
 }
@@ -156,7 +157,7 @@ absl::StatusOr<std::vector<Piece>> PiecesOf(const AttnArgs& a, const AttnRowStri
                                             const CudnnAttentionOptions& opt) {
   const int64_t max_ld = MaxLd(ld, a.num_q_heads);
   const auto fits = [&](int64_t tokens) { return tokens * max_ld < opt.ragged_offset_limit; };
-  if (a.num_docs == 1 && (opt.dense_single_document || !fits(a.tokens)))
+  if (a.num_docs == 1 && ((opt.dense_single_document && a.tokens >= opt.dense_min_tokens) || !fits(a.tokens)))
     return std::vector<Piece>{{0, a.tokens, 0, 1, static_cast<int>(a.tokens), true}};
   if (fits(a.tokens)) return std::vector<Piece>{{0, a.tokens, 0, a.num_docs, a.max_seqlen, false}};
   if (a.cu_seqlens_host == nullptr) {
@@ -199,6 +200,7 @@ struct CudnnAttention::Impl {
   cudnnHandle_t handle ABSL_GUARDED_BY(mu) = nullptr;
   std::map<PlanKey, std::unique_ptr<Plan>> plans ABSL_GUARDED_BY(mu);
   CudnnAttentionOptions options ABSL_GUARDED_BY(mu);
+  uint64_t stamp ABSL_GUARDED_BY(mu) = 0;  // one per public call: plans it used are not evicted
 
   ~Impl() {
     absl::MutexLock lock(&mu);
@@ -235,19 +237,48 @@ struct CudnnAttention::Impl {
 
   absl::StatusOr<const Plan*> GetPlan(const PlanKey& k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto it = plans.find(k);
-    if (it != plans.end()) return it->second.get();
+    if (it != plans.end()) {
+      it->second->last_use = stamp;
+      return it->second.get();
+    }
     absl::StatusOr<std::unique_ptr<Plan>> p =
         k.direction == Direction::kBackward ? BuildBackward(*api, handle, k) : BuildForward(*api, handle, k);
     if (!p.ok()) return p.status();
+    (*p)->last_use = stamp;
     const Plan* out = p->get();
     plans.emplace(k, std::move(*p));
+    if (!k.ragged) EvictDensePlans();
     return out;
+  }
+
+  // Keeps at most kMaxDensePlans dense plans: the least recently used go, never one this call used.
+  // A plan's engine may own the module its queued kernels run from, so the device is drained first
+  // (rare: a job meets this only past kMaxDensePlans distinct long one-document lengths).
+  void EvictDensePlans() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    bool drained = false;
+    for (;;) {
+      int dense = 0;
+      auto oldest = plans.end();
+      for (auto it = plans.begin(); it != plans.end(); ++it) {
+        if (it->first.ragged) continue;
+        ++dense;
+        if (it->second->last_use < stamp && (oldest == plans.end() || it->second->last_use < oldest->second->last_use))
+          oldest = it;
+      }
+      if (dense <= CudnnAttention::kMaxDensePlans || oldest == plans.end()) return;
+      if (!drained) {
+        drained = true;
+        if (cudaDeviceSynchronize() != cudaSuccess) return;  // keep the plans; the error surfaces later
+      }
+      plans.erase(oldest);
+    }
   }
 
   // Workspace bytes of one call (the largest piece's): builds (and caches) the pieces' plans.
   absl::StatusOr<int64_t> WorkspaceBytes(const AttnArgs& a, const AttnRowStrides& ld, Direction direction) {
     RETURN_IF_ERROR(CheckArgs(a));
     absl::MutexLock lock(&mu);
+    ++stamp;
     ASSIGN_OR_RETURN(std::vector<Piece> pieces, PiecesOf(a, ld, options));
     int64_t most = 0;
     for (const Piece& p : pieces) {
@@ -350,6 +381,13 @@ void CudnnAttention::set_options(const CudnnAttentionOptions& options) {
   impl_->options = options;
 }
 
+int CudnnAttention::cached_plans(bool dense_only) const {
+  absl::MutexLock lock(&impl_->mu);
+  int n = 0;
+  for (const auto& [key, plan] : impl_->plans) n += !dense_only || !key.ragged;
+  return n;
+}
+
 absl::StatusOr<int64_t> CudnnAttention::ForwardWorkspaceBytes(const AttnArgs& a, const AttnRowStrides& ld) {
   return impl_->WorkspaceBytes(a, ld, Direction::kForward);
 }
@@ -368,6 +406,7 @@ absl::Status CudnnAttention::Forward(const AttnArgs& a, AttnTensor q, AttnTensor
   RETURN_IF_ERROR(Impl::CheckArgs(a));
   if (a.tokens <= 0) return absl::OkStatus();
   absl::MutexLock lock(&impl_->mu);
+  ++impl_->stamp;
   ASSIGN_OR_RETURN(std::vector<Piece> pieces, PiecesOf(a, ld, impl_->options));
   char* base = static_cast<char*>(ws);
   for (const Piece& p : pieces) {
@@ -411,6 +450,7 @@ absl::Status CudnnAttention::Backward(const AttnArgs& a, AttnTensor q, AttnTenso
   RETURN_IF_ERROR(Impl::CheckArgs(a));
   if (a.tokens <= 0) return absl::OkStatus();
   absl::MutexLock lock(&impl_->mu);
+  ++impl_->stamp;
   ASSIGN_OR_RETURN(std::vector<Piece> pieces, PiecesOf(a, ld, impl_->options));
   const BwdVariant var = BwdVariantFor(impl_->api->version);
   char* base = static_cast<char*>(ws);

@@ -54,8 +54,12 @@ struct AttnRowStrides {
 };
 
 struct CudnnAttentionOptions {
-  // A call of one document runs one dense entry instead of the ragged layout.
+  // A call of one document of at least dense_min_tokens runs one dense entry instead of the ragged
+  // layout. A dense plan serves one length (the ragged ones serve power-of-two buckets), so short
+  // calls of varied lengths stay ragged and at most kMaxDensePlans dense plans are kept (the least
+  // recently used go first).
   bool dense_single_document = true;
+  int64_t dense_min_tokens = 32768;
   // Dense entries carry the padding mask and length overrides (as ragged ones must) or not.
   bool dense_padding_mask = false;
   // Which engine configuration that accepts a graph runs it (0: the heuristics' first; benches).
@@ -66,6 +70,7 @@ struct CudnnAttentionOptions {
 
 class CudnnAttention {
  public:
+  static constexpr int kMaxDensePlans = 16;
   // Loads libcudnn (SLIDEDP_CUDNN_LIB: a file or the directory holding libcudnn.so.9, else the
   // loader's search path) and creates a cuDNN handle on `device`. Every later call must run with
   // `device` current.
@@ -79,6 +84,8 @@ class CudnnAttention {
 
   // Applies to calls after it (plans are cached per option set).
   void set_options(const CudnnAttentionOptions& options);
+  // Plans cached now, dense ones among them (tests: the dense ones stay within kMaxDensePlans).
+  int cached_plans(bool dense_only) const;
 
   // Workspace (bytes, to be 256-aligned) for one call; builds and caches the plan, so this is
   // also the "is this shape supported" probe. Grows with tokens (LSE scratch, offsets) and, for

@@ -24,6 +24,7 @@ struct Plan {
   std::vector<Desc> descs;
   cudnnBackendDescriptor_t plan = nullptr;
   int64_t workspace_bytes = 0;
+  uint64_t last_use = 0;  // the cache's call stamp when it last served (dense plans are evicted by it)
 };
 
 // Unique ids of the tensors the caller binds at execution (virtual tensors get ids >= 1000).

@@ -49,6 +49,7 @@ TEST_P(CudnnAttentionGpuTest, MatchesReference) {
   const CudnnCase& c = GetParam();
   kernels::CudnnAttentionOptions opt;
   opt.dense_single_document = !c.ragged_single;
+  opt.dense_min_tokens = 0;  // the cases' documents are short
   opt.dense_padding_mask = c.dense_padding;
   // The widest row of CheckAttention's tensors is v's (nkv·hd + 24).
   if (c.limit_rows > 0) opt.ragged_offset_limit = int64_t{c.limit_rows} * (c.nkv * c.hd + 24);
@@ -72,6 +73,45 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudnnAttentionGpuTest,
                                                      256},
                                            CudnnCase{128, 8, 2, {1024, 300}, false, false, 512}),
                          CaseName);
+
+// A dense plan serves one length: past kMaxDensePlans lengths the least recently used go, and a
+// call after that still runs (its plan built again).
+TEST_F(GpuTest, CudnnDensePlansStayBounded) {
+  absl::StatusOr<std::unique_ptr<kernels::CudnnAttention>> cudnn = kernels::CudnnAttention::Create(0);
+  if (!cudnn.ok()) GTEST_SKIP() << "cudnn attention: " << cudnn.status().ToString();
+  kernels::CudnnAttentionOptions opt;
+  opt.dense_min_tokens = 0;
+  (*cudnn)->set_options(opt);
+  const int lengths = kernels::CudnnAttention::kMaxDensePlans + 4;
+  Dev<int32_t> cu(2);
+  const kernels::AttnRowStrides ld{256, 256, 256, 256, 256, 256, 256, 256};
+  kernels::AttnArgs a;
+  a.num_docs = 1;
+  a.num_q_heads = 2;
+  a.num_kv_heads = 2;
+  a.head_dim = 128;
+  a.softmax_scale = 0.1f;
+  a.cu_seqlens = cu.get();
+  for (int i = 0; i < lengths; ++i) {
+    a.tokens = a.max_seqlen = 64 + i;
+    ASSERT_TRUE((*cudnn)->ForwardWorkspaceBytes(a, ld).ok());
+    EXPECT_LE((*cudnn)->cached_plans(/*dense_only=*/true), kernels::CudnnAttention::kMaxDensePlans) << i;
+  }
+  EXPECT_EQ((*cudnn)->cached_plans(true), kernels::CudnnAttention::kMaxDensePlans);
+  // The first length's plan went; running it again builds it anew.
+  a.tokens = a.max_seqlen = 64;
+  Upload(cu, std::vector<int32_t>{0, 64});
+  Dev<bf16> q(64 * 256), o(64 * 256);
+  Dev<float> lse(2 * 64);
+  absl::StatusOr<int64_t> ws = (*cudnn)->ForwardWorkspaceBytes(a, ld);
+  ASSERT_TRUE(ws.ok()) << ws.status();
+  Dev<char> w(*ws);
+  ASSERT_TRUE((*cudnn)->Forward(a, {q.get(), 256}, {q.get(), 256}, {q.get(), 256}, {o.get(), 256}, lse.get(), w.get(),
+                                nullptr)
+                  .ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ((*cudnn)->cached_plans(true), kernels::CudnnAttention::kMaxDensePlans);
+}
 
 // A long call of several documents without their host copy cannot be grouped: UNIMPLEMENTED (the
 // backend then runs the own kernels), not a wrong answer.
