@@ -47,7 +47,6 @@ inline constexpr StepScalarField kStepScalarFields[] = {
     {"step_time_s", "perf/step_time_s"},
     {"host_state_bytes", "memory/host_gib", 1.0 / kBytesPerGiB},
     {"gpu_peak_bytes", "memory/gpu_peak_gib", 1.0 / kBytesPerGiB},
-    {"gpu_used_peak_bytes", "memory/gpu_used_peak_gib", 1.0 / kBytesPerGiB},
     // MoE models only (optional fields: absent for a dense model).
     {"router_aux_loss", "moe/router_aux_loss"},
     {"expert_tokens_min", "moe/expert_tokens_min"},

@@ -39,7 +39,6 @@ v1::StepMetrics Record(int64_t step) {
   m.set_step_time_s(0.5);
   m.set_host_state_bytes(3ll << 30);
   m.set_gpu_peak_bytes(3ll << 29);
-  m.set_gpu_used_peak_bytes(1ll << 29);
   return m;
 }
 
@@ -48,8 +47,7 @@ TEST(StepScalars, TheTablesFieldsOfAStepRecord) {
   const std::map<std::string, float> want = {{"train/loss", 1.25f},          {"train/lr", 1e-4f},
                                              {"train/grad_norm", 0.75f},     {"perf/tokens_per_s", 12345.5f},
                                              {"perf/model_tflops", 321.25f}, {"perf/step_time_s", 0.5f},
-                                             {"memory/host_gib", 3.0f},      {"memory/gpu_peak_gib", 1.5f},
-                                             {"memory/gpu_used_peak_gib", 0.5f}};
+                                             {"memory/host_gib", 3.0f},      {"memory/gpu_peak_gib", 1.5f}};
   EXPECT_EQ(got, want);  // no eval_loss set (or no such field), no mfu field
 }
 
@@ -104,9 +102,9 @@ TEST(TensorBoardSink, OneEventPerRecordInTheJobsDirectory) {
   for (int step = 1; step <= 4; ++step) sink.Append(Record(step), absl::Now());
   auto got = tensorboard::ReadEventFile(sink.path());
   ASSERT_TRUE(got.ok()) << got.status();
-  ASSERT_EQ(got->scalars.size(), 4u * 9);
+  ASSERT_EQ(got->scalars.size(), 4u * 8);
   for (int step = 1; step <= 4; ++step) {
-    const tensorboard::ScalarEvent& loss = got->scalars[(step - 1) * 9];
+    const tensorboard::ScalarEvent& loss = got->scalars[(step - 1) * 8];
     EXPECT_EQ(loss.step, step);
     EXPECT_EQ(loss.tag, "train/loss");
     EXPECT_EQ(loss.value, static_cast<float>(2.5 / step));
@@ -153,7 +151,7 @@ TEST(TensorBoardSink, AWriteErrorStopsTheSinkAfterOneLogLine) {
   EXPECT_TRUE(absl::StrContains(logs[1], "TensorBoard events stopped")) << logs[1];
   auto got = tensorboard::ReadEventFile(path);
   ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->scalars.size(), 9u);
+  EXPECT_EQ(got->scalars.size(), 8u);
   std::filesystem::remove_all(out);
 }
 

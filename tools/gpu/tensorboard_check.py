@@ -29,7 +29,6 @@ TAGS = {
     "perf/step_time_s": ("step_time_s", 1.0),
     "memory/host_gib": ("host_state_bytes", 1.0 / 2**30),
     "memory/gpu_peak_gib": ("gpu_peak_bytes", 1.0 / 2**30),
-    "memory/gpu_used_peak_gib": ("gpu_used_peak_bytes", 1.0 / 2**30),
     # MoE models (a dotted key: a field of a nested JSONL object)
     "moe/router_aux_loss": ("router_aux_loss", 1.0),
     "moe/expert_tokens_min": ("expert_tokens.min", 1.0),
