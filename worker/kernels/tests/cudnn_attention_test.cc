@@ -74,6 +74,18 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudnnAttentionGpuTest,
                                            CudnnCase{128, 8, 2, {1024, 300}, false, false, 512}),
                          CaseName);
 
+// `docs` documents of `tokens` in all (max_seqlen: all of them), 2 heads of 128, rows 256 wide.
+kernels::AttnArgs TwoHeads(const int32_t* cu_seqlens, int docs, int tokens) {
+  kernels::AttnArgs a;
+  a.tokens = a.max_seqlen = tokens;
+  a.num_docs = docs;
+  a.num_q_heads = a.num_kv_heads = 2;
+  a.head_dim = 128;
+  a.softmax_scale = 0.1f;
+  a.cu_seqlens = cu_seqlens;
+  return a;
+}
+
 // A dense plan serves one length: past kMaxDensePlans lengths the least recently used go, and a
 // call after that still runs (its plan built again).
 TEST_F(GpuTest, CudnnDensePlansStayBounded) {
@@ -85,13 +97,7 @@ TEST_F(GpuTest, CudnnDensePlansStayBounded) {
   const int lengths = kernels::CudnnAttention::kMaxDensePlans + 4;
   Dev<int32_t> cu(2);
   const kernels::AttnRowStrides ld{256, 256, 256, 256, 256, 256, 256, 256};
-  kernels::AttnArgs a;
-  a.num_docs = 1;
-  a.num_q_heads = 2;
-  a.num_kv_heads = 2;
-  a.head_dim = 128;
-  a.softmax_scale = 0.1f;
-  a.cu_seqlens = cu.get();
+  kernels::AttnArgs a = TwoHeads(cu.get(), 1, 64);
   for (int i = 0; i < lengths; ++i) {
     a.tokens = a.max_seqlen = 64 + i;
     ASSERT_TRUE((*cudnn)->ForwardWorkspaceBytes(a, ld).ok());
@@ -123,15 +129,8 @@ TEST_F(GpuTest, CudnnLongCallWithoutHostBoundariesIsUnimplemented) {
   (*cudnn)->set_options(opt);
   Dev<int32_t> cu(3);
   Upload(cu, std::vector<int32_t>{0, 100, 200});
-  kernels::AttnArgs a;
-  a.tokens = 200;
-  a.num_docs = 2;
+  kernels::AttnArgs a = TwoHeads(cu.get(), 2, 200);
   a.max_seqlen = 100;
-  a.num_q_heads = 2;
-  a.num_kv_heads = 2;
-  a.head_dim = 128;
-  a.softmax_scale = 0.1f;
-  a.cu_seqlens = cu.get();
   const kernels::AttnRowStrides ld{256, 256, 256, 256, 256, 256, 256, 256};
   absl::StatusOr<int64_t> ws = (*cudnn)->ForwardWorkspaceBytes(a, ld);
   EXPECT_TRUE(absl::IsUnimplemented(ws.status())) << ws.status();
