@@ -654,6 +654,17 @@ void BenchAttention(const std::vector<int64_t>& lengths, int engines) {
     const kernels::AttnRowStrides ld{qd, kvd, qkv, qd, qd, qd, kvd, qkv};
     const double fwd_flops = 4.0 * nq * hd * (static_cast<double>(T) * (T + 1) / 2);
     const int reps = T >= 131072 ? 2 : 5;
+    // One variant's rows: forward and backward (backward at 2.5x the forward's FLOPs) and a JSON line.
+    const auto report = [&](const char* variant, int engine, double f_ms, double b_ms) {
+      std::printf("attn_fwd_cudnn_%-19s %8lld %6d %10.2f %9.1f\n", variant, static_cast<long long>(T), engine, f_ms,
+                  fwd_flops / f_ms / 1e9);
+      std::printf("attn_bwd_cudnn_%-19s %8lld %6d %10.2f %9.1f\n", variant, static_cast<long long>(T), engine, b_ms,
+                  2.5 * fwd_flops / b_ms / 1e9);
+      std::printf("JSON {\"op\":\"attn_cudnn\",\"layout\":\"%s\",\"tokens\":%lld,\"engine\":%d,\"fwd_ms\":%.3f,"
+                  "\"bwd_ms\":%.3f}\n",
+                  variant, static_cast<long long>(T), engine, f_ms, b_ms);
+      std::fflush(stdout);
+    };
     struct Layout {
       const char* name;
       bool dense, padding;
@@ -684,14 +695,7 @@ void BenchAttention(const std::vector<int64_t>& lengths, int engines) {
             },
             reps);
         CUDA_CHECK(cudaFree(ws));
-        std::printf("attn_fwd_cudnn_%-19s %8lld %6d %10.2f %9.1f\n", lay.name, static_cast<long long>(T), e, f_ms,
-                    fwd_flops / f_ms / 1e9);
-        std::printf("attn_bwd_cudnn_%-19s %8lld %6d %10.2f %9.1f\n", lay.name, static_cast<long long>(T), e, b_ms,
-                    2.5 * fwd_flops / b_ms / 1e9);
-        std::printf("JSON {\"op\":\"attn_cudnn\",\"layout\":\"%s\",\"tokens\":%lld,\"engine\":%d,\"fwd_ms\":%.3f,"
-                    "\"bwd_ms\":%.3f}\n",
-                    lay.name, static_cast<long long>(T), e, f_ms, b_ms);
-        std::fflush(stdout);
+        report(lay.name, e, f_ms, b_ms);
       }
     }
     // One call per kv-head group (its q heads and kv head, pointers offset): whether a call whose
@@ -729,11 +733,7 @@ void BenchAttention(const std::vector<int64_t>& lengths, int engines) {
             },
             reps);
         CUDA_CHECK(cudaFree(ws));
-        std::printf("attn_fwd_cudnn_%-19s %8lld %6d %10.2f %9.1f\n", "per_kv_head", static_cast<long long>(T), 0, f_ms,
-                    fwd_flops / f_ms / 1e9);
-        std::printf("attn_bwd_cudnn_%-19s %8lld %6d %10.2f %9.1f\n", "per_kv_head", static_cast<long long>(T), 0, b_ms,
-                    2.5 * fwd_flops / b_ms / 1e9);
-        std::fflush(stdout);
+        report("per_kv_head", 0, f_ms, b_ms);
       }
     }
     g_cudnn->set_options({});

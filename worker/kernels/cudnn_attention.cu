@@ -278,8 +278,7 @@ struct CudnnAttention::Impl {
   absl::StatusOr<int64_t> WorkspaceBytes(const AttnArgs& a, const AttnRowStrides& ld, Direction direction) {
     RETURN_IF_ERROR(CheckArgs(a));
     absl::MutexLock lock(&mu);
-    ++stamp;
-    ASSIGN_OR_RETURN(std::vector<Piece> pieces, PiecesOf(a, ld, options));
+    ASSIGN_OR_RETURN(std::vector<Piece> pieces, BeginCall(a, ld));
     int64_t most = 0;
     for (const Piece& p : pieces) {
       const PlanKey k = KeyFor(a, ld, direction, p);
@@ -287,6 +286,35 @@ struct CudnnAttention::Impl {
       most = std::max(most, LayoutFor(k, p.t1 - p.t0, plan->workspace_bytes, BwdVariantFor(api->version)).total);
     }
     return most;
+  }
+
+  // The pieces of a call about to run (a new stamp: the plans it uses stay cached through it).
+  absl::StatusOr<std::vector<Piece>> BeginCall(const AttnArgs& a, const AttnRowStrides& ld)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ++stamp;
+    return PiecesOf(a, ld, options);
+  }
+
+  // One piece's plan and workspace layout, its lengths and offsets written; direct: a dense piece
+  // that is the whole call, whose stats ([nq, rows]) are the LSE itself.
+  struct PieceRun {
+    PlanKey key;
+    const Plan* plan = nullptr;
+    WsLayout w;
+    int64_t rows = 0;
+    bool direct = false;
+  };
+  absl::StatusOr<PieceRun> StartPiece(const AttnArgs& a, const AttnRowStrides& ld, Direction direction,
+                                      const Piece& p, char* base, cudaStream_t stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    PieceRun r;
+    r.key = KeyFor(a, ld, direction, p);
+    ASSIGN_OR_RETURN(r.plan, GetPlan(r.key));
+    r.rows = p.t1 - p.t0;
+    r.w = LayoutFor(r.key, r.rows, r.plan->workspace_bytes, BwdVariantFor(api->version));
+    r.direct = !r.key.ragged && r.rows == a.tokens;
+    RETURN_IF_ERROR(PrepareVarlen(a, p, r.key, r.w, base, stream));
+    return r;
   }
 
   // Writes lengths and offsets of piece `p` (relative to its first row) into the workspace.
@@ -406,17 +434,14 @@ absl::Status CudnnAttention::Forward(const AttnArgs& a, AttnTensor q, AttnTensor
   RETURN_IF_ERROR(Impl::CheckArgs(a));
   if (a.tokens <= 0) return absl::OkStatus();
   absl::MutexLock lock(&impl_->mu);
-  ++impl_->stamp;
-  ASSIGN_OR_RETURN(std::vector<Piece> pieces, PiecesOf(a, ld, impl_->options));
+  ASSIGN_OR_RETURN(std::vector<Piece> pieces, impl_->BeginCall(a, ld));
   char* base = static_cast<char*>(ws);
   for (const Piece& p : pieces) {
-    const PlanKey key = impl_->KeyFor(a, ld, Direction::kForward, p);
-    ASSIGN_OR_RETURN(const Plan* plan, impl_->GetPlan(key));
-    const int64_t rows = p.t1 - p.t0;
-    const WsLayout w = LayoutFor(key, rows, plan->workspace_bytes, BwdVariantFor(impl_->api->version));
-    RETURN_IF_ERROR(impl_->PrepareVarlen(a, p, key, w, base, stream));
-    // Dense stats are [nq, rows]: straight into the LSE when the piece is the whole call.
-    const bool direct = !key.ragged && rows == a.tokens;
+    ASSIGN_OR_RETURN(const Impl::PieceRun run, impl_->StartPiece(a, ld, Direction::kForward, p, base, stream));
+    const PlanKey& key = run.key;
+    const WsLayout& w = run.w;
+    const int64_t rows = run.rows;
+    const bool direct = run.direct;
     float* stats = direct ? lse : reinterpret_cast<float*>(base + w.stats);
     float scale = a.softmax_scale, neg = std::numeric_limits<float>::lowest();
     std::vector<int64_t> uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidNegInf};
@@ -428,7 +453,7 @@ absl::Status CudnnAttention::Forward(const AttnArgs& a, AttnTensor q, AttnTensor
                                &scale,
                                &neg};
     Impl::BindVarlen(key, w, base, kOffStats + 1, uids, ptrs);
-    RETURN_IF_ERROR(impl_->Execute(*plan, uids, ptrs, base, stream));
+    RETURN_IF_ERROR(impl_->Execute(*run.plan, uids, ptrs, base, stream));
     if (direct) continue;
     if (key.ragged) {
       LseTokenToHeadKernel<<<GridFor(rows * a.num_q_heads), 256, 0, stream>>>(stats, rows, a.num_q_heads,
@@ -450,17 +475,15 @@ absl::Status CudnnAttention::Backward(const AttnArgs& a, AttnTensor q, AttnTenso
   RETURN_IF_ERROR(Impl::CheckArgs(a));
   if (a.tokens <= 0) return absl::OkStatus();
   absl::MutexLock lock(&impl_->mu);
-  ++impl_->stamp;
-  ASSIGN_OR_RETURN(std::vector<Piece> pieces, PiecesOf(a, ld, impl_->options));
+  ASSIGN_OR_RETURN(std::vector<Piece> pieces, impl_->BeginCall(a, ld));
   const BwdVariant var = BwdVariantFor(impl_->api->version);
   char* base = static_cast<char*>(ws);
   for (const Piece& p : pieces) {
-    const PlanKey key = impl_->KeyFor(a, ld, Direction::kBackward, p);
-    ASSIGN_OR_RETURN(const Plan* plan, impl_->GetPlan(key));
-    const int64_t rows = p.t1 - p.t0;
-    const WsLayout w = LayoutFor(key, rows, plan->workspace_bytes, var);
-    RETURN_IF_ERROR(impl_->PrepareVarlen(a, p, key, w, base, stream));
-    const bool direct = !key.ragged && rows == a.tokens;
+    ASSIGN_OR_RETURN(const Impl::PieceRun run, impl_->StartPiece(a, ld, Direction::kBackward, p, base, stream));
+    const PlanKey& key = run.key;
+    const WsLayout& w = run.w;
+    const int64_t rows = run.rows;
+    const bool direct = run.direct;
     float* stats = direct ? const_cast<float*>(lse) : reinterpret_cast<float*>(base + w.stats);
     if (direct) {
       // the LSE is the plan's stats as it is
@@ -494,7 +517,7 @@ absl::Status CudnnAttention::Backward(const AttnArgs& a, AttnTensor q, AttnTenso
                                base + w.softmax_sum,
                                base + w.dq_accum};
     Impl::BindVarlen(key, w, base, kNumOffsets, uids, ptrs);
-    RETURN_IF_ERROR(impl_->Execute(*plan, uids, ptrs, base, stream));
+    RETURN_IF_ERROR(impl_->Execute(*run.plan, uids, ptrs, base, stream));
   }
   return absl::OkStatus();
 }
