@@ -857,6 +857,10 @@ absl::Status WorkerAgent::ExecuteJob(const v1::Assignment& a, std::unique_ptr<Ho
     const int64_t peak = backend->peak_memory_bytes() + pipeline_bytes;
     d->set_gpu_peak_bytes(peak);
     d->set_gpu_used_peak_bytes(backend->peak_used_memory_bytes() + pipeline_bytes);
+    if (const std::string report = backend->MemoryReport(); !report.empty()) {
+      LOG(INFO) << "step " << step + 1 << " GPU memory ledger (backend buffers; the pipeline's "
+                << pipeline_bytes / 1073741824.0 << " GiB besides): " << report;
+    }
     if (!Send(r)) return absl::UnavailableError("lost the session with hostd");
     if (spec.act_policy == ActivationPolicy::kAuto && !spec.layer_layout && step == a.first_step()) {
       int64_t tokens = 0;

@@ -269,6 +269,10 @@ class ComputeBackend {
   // the difference is its slack); backends without a pool report peak_memory_bytes().
   virtual int64_t peak_used_memory_bytes() const { return peak_memory_bytes(); }
   virtual void ResetPeakMemory() {}
+  // Where the peak of the backend's buffers went, by allocating site, when the backend keeps such
+  // a ledger (the CUDA backend under SLIDEDP_GPU_MEMORY_LEDGER=1), else empty; the ledger's peak
+  // restarts from what is live now.
+  virtual std::string MemoryReport() { return std::string(); }
   // The most device memory the backend's own buffers (Allocate, activations, scratch) may hold
   // from now on: runtime.gpu_memory_limit less what the pipeline allocates itself; 0: no limit.
   // An allocation over it fails with RESOURCE_EXHAUSTED naming the limit. Set between jobs, with

@@ -250,9 +250,10 @@ class CudaBackend final : public ComputeBackend {
             "GPU memory exhausted: a %.2f GiB buffer does not fit (%.2f GiB free of %.2f GiB%s); lower the tokens per "
             "step per worker (train.global_batch), raise runtime.offload_ratio, use runtime.act_policy: recompute or a "
             "smaller train.micro_batch",
-            bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0, LimitNote()));
+            bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0, LimitNote() + LedgerNote()));
       }
       SLIDEDP_CUDA_RETURN_IF_ERROR(e);
+      if (MemoryLedger* ledger = MemoryLedger::Get()) ledger->Add(p, bytes, std::source_location::current());
     }
     return std::unique_ptr<DeviceBuffer>(new CudaBuffer(p, bytes, stream_));
   }
@@ -278,6 +279,10 @@ class CudaBackend final : public ComputeBackend {
   // Of the device's current pool: the default one, or the limited one of SetMemoryLimit.
   int64_t peak_memory_bytes() const override { return PoolHighWater(cudaMemPoolAttrReservedMemHigh); }
   int64_t peak_used_memory_bytes() const override { return PoolHighWater(cudaMemPoolAttrUsedMemHigh); }
+  std::string MemoryReport() override {
+    MemoryLedger* ledger = MemoryLedger::Get();
+    return ledger != nullptr ? ledger->TakePeakReport() : std::string();
+  }
   void ResetPeakMemory() override {
     cudaMemPool_t pool;
     uint64_t zero = 0;  // the high watermarks can only be reset to zero (they restart from now)

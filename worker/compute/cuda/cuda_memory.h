@@ -7,12 +7,15 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <source_location>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "common/status/status_macros.h"
 #include "worker/compute/backend.h"
+#include "worker/compute/cuda/memory_ledger.h"
 #include "worker/kernels/cuda_check.h"
 
 namespace slidedp::cuda_backend_internal {
@@ -27,7 +30,9 @@ class CudaBuffer final : public DeviceBuffer {
  public:
   CudaBuffer(void* p, int64_t bytes, cudaStream_t stream) : p_(p), bytes_(bytes), stream_(stream) {}
   ~CudaBuffer() override {
-    if (p_ != nullptr) cudaFreeAsync(p_, stream_);
+    if (p_ == nullptr) return;
+    if (MemoryLedger* ledger = MemoryLedger::Get()) ledger->Remove(p_);
+    cudaFreeAsync(p_, stream_);
   }
   void* data() override { return p_; }
   int64_t bytes() const override { return bytes_; }
@@ -57,13 +62,22 @@ inline cudaError_t MallocAsyncOrTrim(void** p, int64_t bytes, cudaStream_t strea
   return e;
 }
 
+// "; memory ledger: ..." (what was live at the backend's peak) under SLIDEDP_GPU_MEMORY_LEDGER=1,
+// for out-of-memory errors; else empty.
+inline std::string LedgerNote() {
+  MemoryLedger* ledger = MemoryLedger::Get();
+  return ledger != nullptr ? "; memory ledger: " + ledger->TakePeakReport() : std::string();
+}
+
 class PoolBlock {
  public:
   PoolBlock() = default;
   PoolBlock(const PoolBlock&) = delete;
   PoolBlock& operator=(const PoolBlock&) = delete;
   ~PoolBlock() { Release(); }
-  absl::Status Alloc(int64_t bytes, cudaStream_t stream) {
+  // `site` names the allocating line in the memory ledger (SLIDEDP_GPU_MEMORY_LEDGER).
+  absl::Status Alloc(int64_t bytes, cudaStream_t stream,
+                     const std::source_location& site = std::source_location::current()) {
     Release();
     stream_ = stream;
     bytes_ = bytes;
@@ -77,14 +91,17 @@ class PoolBlock {
       return absl::ResourceExhaustedError(
           absl::StrFormat("GPU memory exhausted: needed %.2f GiB more, %.2f GiB free of %.2f GiB; "
                           "lower the tokens per step per worker (train.global_batch), raise runtime.offload_ratio, or "
-                          "use runtime.act_policy: recompute or a smaller train.micro_batch",
-                          bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0));
+                          "use runtime.act_policy: recompute or a smaller train.micro_batch%s",
+                          bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0, LedgerNote()));
     }
     SLIDEDP_CUDA_RETURN_IF_ERROR(e);
+    if (MemoryLedger* ledger = MemoryLedger::Get()) ledger->Add(p_, bytes, site);
     return absl::OkStatus();
   }
   void Release() {
-    if (p_ != nullptr) cudaFreeAsync(p_, stream_);
+    if (p_ == nullptr) return;
+    if (MemoryLedger* ledger = MemoryLedger::Get()) ledger->Remove(p_);
+    cudaFreeAsync(p_, stream_);
     p_ = nullptr;
   }
   char* get() const { return static_cast<char*>(p_); }
@@ -117,8 +134,9 @@ class Carver {
     pieces_.push_back({slot, offset_});
     offset_ += Align256(bytes);
   }
-  absl::Status Alloc(PoolBlock& block, cudaStream_t stream) {
-    RETURN_IF_ERROR(block.Alloc(offset_, stream));
+  absl::Status Alloc(PoolBlock& block, cudaStream_t stream,
+                     const std::source_location& site = std::source_location::current()) {
+    RETURN_IF_ERROR(block.Alloc(offset_, stream, site));
     for (auto& p : pieces_) *p.slot = block.get() + p.offset;
     return absl::OkStatus();
   }
