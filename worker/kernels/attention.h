@@ -51,6 +51,7 @@ struct AttnArgs {
   // queries, max_seqlen_kv its longest key range. Key ranges of different pieces may overlap.
   // Null: self attention (the keys are the queries' own rows, causal inside each document).
   const int32_t* kv_bounds = nullptr;  // device [2 * num_docs]
+  const int32_t* kv_bounds_host = nullptr;  // the same on the host, where the caller has it (cuDNN needs it)
   int64_t kv_tokens = 0;
   int max_seqlen_kv = 0;
   bool cross() const { return kv_bounds != nullptr; }

@@ -47,6 +47,11 @@ absl::Status CudnnAttention::Backward(const AttnArgs&, AttnTensor, AttnTensor, A
                                       AttnTensor, AttnOutTensor, AttnOutTensor, AttnOutTensor, void*, cudaStream_t) {
   return absl::UnavailableError("cudnn attention: built without cudnn_graph.h");
 }
+absl::Status CudnnAttention::BackwardCross(const AttnArgs&, AttnTensor, AttnTensor, AttnTensor, AttnTensor,
+                                           const float*, AttnTensor, AttnOutTensor, float*, float*, int64_t, void*,
+                                           cudaStream_t) {
+  return absl::UnavailableError("cudnn attention: built without cudnn_graph.h");
+}
 #else
 
 using namespace cudnn_internal;  // cudnn_loader.h, cudnn_attention_graph.h
@@ -105,12 +110,30 @@ __global__ void LseHeadToTokenKernel(const float* __restrict__ src, int64_t ld, 
   }
 }
 
+// A cross piece's two lengths (one dense entry: seq_q, seq_kv).
+__global__ void CrossLengthsKernel(int32_t* seq_q, int32_t len_q, int32_t* seq_kv, int32_t len_kv) {
+  *seq_q = len_q;
+  *seq_kv = len_kv;
+}
+
+// dst[r, c] += src[r, c] in FP32 for r < rows, c < cols (a piece's dK or dV into the accumulator).
+__global__ void AddRowsKernel(const __nv_bfloat16* __restrict__ src, int64_t ld_src, int64_t rows, int64_t cols,
+                              float* __restrict__ dst, int64_t ld_dst) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    dst[r * ld_dst + c] += __bfloat162float(src[r * ld_src + c]);
+  }
+}
+
 int GridFor(int64_t n) { return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, 132 * 8))); }
 int64_t Align256(int64_t x) { return (x + 255) / 256 * 256; }
 
-// Workspace: [cuDNN plan | seqlen | offsets | stats scratch | softmax_sum | dQ accumulator].
+// Workspace: [cuDNN plan | seqlen | seqlen_kv | offsets | stats scratch | softmax_sum | dQ
+// accumulator | a cross piece's dK, dV].
 struct WsLayout {
-  int64_t seqlen = 0, offsets = 0, stats = 0, softmax_sum = 0, dq_accum = 0, total = 0;
+  int64_t seqlen = 0, seqlen_kv = 0, offsets = 0, stats = 0, softmax_sum = 0, dq_accum = 0, dk = 0, dv = 0, total = 0;
   int64_t offsets_pitch = 0;
 };
 
@@ -118,6 +141,8 @@ WsLayout LayoutFor(const PlanKey& k, int64_t tokens, int64_t plan_bytes, const B
   WsLayout w;
   int64_t at = Align256(plan_bytes);
   w.seqlen = at;
+  at += Align256(k.b * 4);
+  w.seqlen_kv = at;
   at += Align256(k.b * 4);
   w.offsets_pitch = Align256((k.b + 1) * 4) / 4;
   w.offsets = at;
@@ -130,6 +155,12 @@ WsLayout LayoutFor(const PlanKey& k, int64_t tokens, int64_t plan_bytes, const B
     at += Align256(ragged_acc ? tokens * k.nq * 4 : k.b * k.nq * k.s * 4);
     w.dq_accum = at;
     at += Align256(ragged_acc ? ((tokens - 1) * k.ld.dq + k.nq * k.hd) * 4 : k.b * k.nq * k.s * k.hd * 4);
+    if (k.s_kv > 0) {  // cross: dK, dV [s_kv, ld] BF16 each, added into the caller's FP32 afterwards
+      w.dk = at;
+      at += Align256(k.s_kv * k.ld.dk * 2);
+      w.dv = at;
+      at += Align256(k.s_kv * k.ld.dv * 2);
+    }
   }
   w.total = at;
   return w;
@@ -191,6 +222,38 @@ absl::StatusOr<std::vector<Piece>> PiecesOf(const AttnArgs& a, const AttnRowStri
   return out;
 }
 
+// One query piece of a cross call: its queries [q0, q1) and keys [kv0, kv1) of the gathered whole.
+struct CrossPiece {
+  int64_t q0 = 0, q1 = 0, kv0 = 0, kv1 = 0;
+};
+
+// The non-empty query pieces of a cross call (cudnn_attention.h, "Cross attention").
+absl::StatusOr<std::vector<CrossPiece>> CrossPiecesOf(const AttnArgs& a, const CudnnAttentionOptions& opt) {
+  if (!opt.cross) return absl::UnimplementedError("cudnn attention: cross attention is off (options.cross)");
+  if (a.cu_seqlens_host == nullptr || a.kv_bounds_host == nullptr) {
+    return absl::UnimplementedError("cudnn attention: a cross call needs host copies of cu_seqlens and kv_bounds");
+  }
+  std::vector<CrossPiece> out;
+  for (int d = 0; d < a.num_docs; ++d) {
+    const CrossPiece p{a.cu_seqlens_host[d], a.cu_seqlens_host[d + 1], a.kv_bounds_host[2 * d],
+                       a.kv_bounds_host[2 * d + 1]};
+    const int64_t len_q = p.q1 - p.q0, len_kv = p.kv1 - p.kv0;
+    if (p.q0 < 0 || len_q < 0 || p.q1 > a.tokens || p.kv0 < 0 || p.kv1 > a.kv_tokens ||
+        (len_q > 0 && len_kv < len_q)) {
+      return absl::InvalidArgumentError(absl::StrCat("cudnn attention: cross piece ", d, " has queries [", p.q0, ", ",
+                                                     p.q1, ") of ", a.tokens, " and keys [", p.kv0, ", ", p.kv1,
+                                                     ") of ", a.kv_tokens));
+    }
+    if (len_q == 0) continue;
+    if (len_q < opt.cross_min_tokens) {
+      return absl::UnimplementedError(absl::StrCat("cudnn attention: a cross piece of ", len_q,
+                                                   " queries, under cross_min_tokens ", opt.cross_min_tokens));
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+
 }  // namespace
 
 struct CudnnAttention::Impl {
@@ -231,6 +294,28 @@ struct CudnnAttention::Impl {
     k.nkv = a.num_kv_heads;
     k.hd = a.head_dim;
     k.ld = ld;
+    if (direction == Direction::kForward) k.ld.dout = k.ld.dq = k.ld.dk = k.ld.dv = 0;
+    return k;
+  }
+
+  // A cross piece's dense plan: B = 1, its own lengths, bottom-right causal; dK / dV in the
+  // workspace's scratch at the key side's width.
+  PlanKey CrossKeyFor(const AttnArgs& a, const AttnRowStrides& ld, Direction direction, const CrossPiece& p) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    PlanKey k;
+    k.direction = direction;
+    k.ragged = false;
+    k.padding = true;  // the lengths the bottom-right diagonal is placed by
+    k.bottom_right = true;
+    k.engine = options.engine;
+    k.b = 1;
+    k.s = p.q1 - p.q0;
+    k.s_kv = p.kv1 - p.kv0;
+    k.nq = a.num_q_heads;
+    k.nkv = a.num_kv_heads;
+    k.hd = a.head_dim;
+    k.ld = ld;
+    k.ld.dk = k.ld.dv = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
     if (direction == Direction::kForward) k.ld.dout = k.ld.dq = k.ld.dk = k.ld.dv = 0;
     return k;
   }
@@ -278,8 +363,18 @@ struct CudnnAttention::Impl {
   absl::StatusOr<int64_t> WorkspaceBytes(const AttnArgs& a, const AttnRowStrides& ld, Direction direction) {
     RETURN_IF_ERROR(CheckArgs(a));
     absl::MutexLock lock(&mu);
-    ASSIGN_OR_RETURN(std::vector<Piece> pieces, BeginCall(a, ld));
     int64_t most = 0;
+    if (a.cross()) {
+      ++stamp;
+      ASSIGN_OR_RETURN(std::vector<CrossPiece> pieces, CrossPiecesOf(a, options));
+      for (const CrossPiece& p : pieces) {
+        const PlanKey k = CrossKeyFor(a, ld, direction, p);
+        ASSIGN_OR_RETURN(const Plan* plan, GetPlan(k));
+        most = std::max(most, LayoutFor(k, k.s, plan->workspace_bytes, BwdVariantFor(api->version)).total);
+      }
+      return most;
+    }
+    ASSIGN_OR_RETURN(std::vector<Piece> pieces, BeginCall(a, ld));
     for (const Piece& p : pieces) {
       const PlanKey k = KeyFor(a, ld, direction, p);
       ASSIGN_OR_RETURN(const Plan* plan, GetPlan(k));
@@ -368,7 +463,7 @@ struct CudnnAttention::Impl {
                          std::vector<void*>& ptrs) {
     if (k.padding) {
       uids.insert(uids.end(), {kUidSeqQ, kUidSeqKv});
-      ptrs.insert(ptrs.end(), {base + w.seqlen, base + w.seqlen});
+      ptrs.insert(ptrs.end(), {base + w.seqlen, base + (k.s_kv > 0 ? w.seqlen_kv : w.seqlen)});
     }
     if (!k.ragged) return;
     int32_t* offsets = reinterpret_cast<int32_t*>(base + w.offsets);
@@ -376,6 +471,101 @@ struct CudnnAttention::Impl {
       uids.push_back(kUidOffsetBase + i);
       ptrs.push_back(offsets + i * w.offsets_pitch);
     }
+  }
+
+  // One cross piece's plan and workspace layout, its lengths written; stats are the LSE itself when
+  // the piece is the whole call.
+  absl::StatusOr<PieceRun> StartCrossPiece(const AttnArgs& a, const AttnRowStrides& ld, Direction direction,
+                                           const CrossPiece& p, char* base, cudaStream_t stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    PieceRun r;
+    r.key = CrossKeyFor(a, ld, direction, p);
+    ASSIGN_OR_RETURN(r.plan, GetPlan(r.key));
+    r.rows = p.q1 - p.q0;
+    r.w = LayoutFor(r.key, r.rows, r.plan->workspace_bytes, BwdVariantFor(api->version));
+    r.direct = r.rows == a.tokens;
+    CrossLengthsKernel<<<1, 1, 0, stream>>>(reinterpret_cast<int32_t*>(base + r.w.seqlen), static_cast<int32_t>(r.rows),
+                                            reinterpret_cast<int32_t*>(base + r.w.seqlen_kv),
+                                            static_cast<int32_t>(p.kv1 - p.kv0));
+    SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+    return r;
+  }
+
+  // [nq, rows] stats of a dense piece <-> rows [t0, t0 + rows) of the [nq, tokens] LSE.
+  static absl::Status StatsToLse(const float* stats, int64_t rows, int nq, float* lse, int64_t t0, int64_t tokens,
+                                 cudaStream_t stream) {
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(lse + t0, tokens * sizeof(float), stats, rows * sizeof(float),
+                                                   rows * sizeof(float), nq, cudaMemcpyDeviceToDevice, stream));
+    return absl::OkStatus();
+  }
+  static absl::Status LseToStats(const float* lse, int64_t t0, int64_t tokens, int64_t rows, int nq, float* stats,
+                                 cudaStream_t stream) {
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(stats, rows * sizeof(float), lse + t0, tokens * sizeof(float),
+                                                   rows * sizeof(float), nq, cudaMemcpyDeviceToDevice, stream));
+    return absl::OkStatus();
+  }
+
+  absl::Status CrossForward(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnOutTensor o, float* lse,
+                            char* base, cudaStream_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const AttnRowStrides ld{q.ld, k.ld, v.ld, o.ld};
+    ++stamp;
+    ASSIGN_OR_RETURN(std::vector<CrossPiece> pieces, CrossPiecesOf(a, options));
+    for (const CrossPiece& p : pieces) {
+      ASSIGN_OR_RETURN(const PieceRun run, StartCrossPiece(a, ld, Direction::kForward, p, base, stream));
+      float* stats = run.direct ? lse : reinterpret_cast<float*>(base + run.w.stats);
+      float scale = a.softmax_scale, neg = std::numeric_limits<float>::lowest();
+      std::vector<int64_t> uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidNegInf};
+      std::vector<void*> ptrs = {const_cast<bf16*>(q.ptr + p.q0 * q.ld), const_cast<bf16*>(k.ptr + p.kv0 * k.ld),
+                                 const_cast<bf16*>(v.ptr + p.kv0 * v.ld), o.ptr + p.q0 * o.ld, stats, &scale, &neg};
+      BindVarlen(run.key, run.w, base, 0, uids, ptrs);
+      RETURN_IF_ERROR(Execute(*run.plan, uids, ptrs, base, stream));
+      if (!run.direct) RETURN_IF_ERROR(StatsToLse(stats, run.rows, a.num_q_heads, lse, p.q0, a.tokens, stream));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CrossBackward(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnTensor o,
+                             const float* lse, AttnTensor dout, AttnOutTensor dq, float* dk_acc, float* dv_acc,
+                             int64_t ld_acc, char* base, cudaStream_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const AttnRowStrides ld{q.ld, k.ld, v.ld, o.ld, dout.ld, dq.ld, 0, 0};
+    const BwdVariant var = BwdVariantFor(api->version);
+    const int64_t kvd = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
+    ++stamp;
+    ASSIGN_OR_RETURN(std::vector<CrossPiece> pieces, CrossPiecesOf(a, options));
+    for (const CrossPiece& p : pieces) {
+      ASSIGN_OR_RETURN(const PieceRun run, StartCrossPiece(a, ld, Direction::kBackward, p, base, stream));
+      const WsLayout& w = run.w;
+      float* stats = run.direct ? const_cast<float*>(lse) : reinterpret_cast<float*>(base + w.stats);
+      if (!run.direct) RETURN_IF_ERROR(LseToStats(lse, p.q0, a.tokens, run.rows, a.num_q_heads, stats, stream));
+      if (var.zero_dq_accum) SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(base + w.dq_accum, 0, w.dk - w.dq_accum, stream));
+      float scale = a.softmax_scale, neg = std::numeric_limits<float>::lowest(), one = 1.0f;
+      std::vector<int64_t> uids = {kUidQ,  kUidK,      kUidV,   kUidO,          kUidDO,     kUidDQ,  kUidDK,
+                                   kUidDV, kUidStats,  kUidScale, kUidNegInf, kUidOne, kUidSoftmaxSum, kUidDqAccum};
+      std::vector<void*> ptrs = {const_cast<bf16*>(q.ptr + p.q0 * q.ld),
+                                 const_cast<bf16*>(k.ptr + p.kv0 * k.ld),
+                                 const_cast<bf16*>(v.ptr + p.kv0 * v.ld),
+                                 const_cast<bf16*>(o.ptr + p.q0 * o.ld),
+                                 const_cast<bf16*>(dout.ptr + p.q0 * dout.ld),
+                                 dq.ptr + p.q0 * dq.ld,
+                                 base + w.dk,
+                                 base + w.dv,
+                                 stats,
+                                 &scale,
+                                 &neg,
+                                 &one,
+                                 base + w.softmax_sum,
+                                 base + w.dq_accum};
+      BindVarlen(run.key, run.w, base, 0, uids, ptrs);
+      RETURN_IF_ERROR(Execute(*run.plan, uids, ptrs, base, stream));
+      const int64_t rows_kv = p.kv1 - p.kv0;
+      AddRowsKernel<<<GridFor(rows_kv * kvd), 256, 0, stream>>>(reinterpret_cast<const bf16*>(base + w.dk), kvd,
+                                                                 rows_kv, kvd, dk_acc + p.kv0 * ld_acc, ld_acc);
+      SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+      AddRowsKernel<<<GridFor(rows_kv * kvd), 256, 0, stream>>>(reinterpret_cast<const bf16*>(base + w.dv), kvd,
+                                                                 rows_kv, kvd, dv_acc + p.kv0 * ld_acc, ld_acc);
+      SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+    }
+    return absl::OkStatus();
   }
 };
 
@@ -434,8 +624,9 @@ absl::Status CudnnAttention::Forward(const AttnArgs& a, AttnTensor q, AttnTensor
   RETURN_IF_ERROR(Impl::CheckArgs(a));
   if (a.tokens <= 0) return absl::OkStatus();
   absl::MutexLock lock(&impl_->mu);
-  ASSIGN_OR_RETURN(std::vector<Piece> pieces, impl_->BeginCall(a, ld));
   char* base = static_cast<char*>(ws);
+  if (a.cross()) return impl_->CrossForward(a, q, k, v, o, lse, base, stream);
+  ASSIGN_OR_RETURN(std::vector<Piece> pieces, impl_->BeginCall(a, ld));
   for (const Piece& p : pieces) {
     ASSIGN_OR_RETURN(const Impl::PieceRun run, impl_->StartPiece(a, ld, Direction::kForward, p, base, stream));
     const PlanKey& key = run.key;
@@ -473,6 +664,7 @@ absl::Status CudnnAttention::Backward(const AttnArgs& a, AttnTensor q, AttnTenso
                                       AttnOutTensor dv, void* ws, cudaStream_t stream) {
   const AttnRowStrides ld{q.ld, k.ld, v.ld, o.ld, dout.ld, dq.ld, dk.ld, dv.ld};
   RETURN_IF_ERROR(Impl::CheckArgs(a));
+  if (a.cross()) return absl::InvalidArgumentError("cudnn attention: a cross call's backward is BackwardCross");
   if (a.tokens <= 0) return absl::OkStatus();
   absl::MutexLock lock(&impl_->mu);
   ASSIGN_OR_RETURN(std::vector<Piece> pieces, impl_->BeginCall(a, ld));
@@ -520,6 +712,16 @@ absl::Status CudnnAttention::Backward(const AttnArgs& a, AttnTensor q, AttnTenso
     RETURN_IF_ERROR(impl_->Execute(*run.plan, uids, ptrs, base, stream));
   }
   return absl::OkStatus();
+}
+
+absl::Status CudnnAttention::BackwardCross(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnTensor o,
+                                           const float* lse, AttnTensor dout, AttnOutTensor dq, float* dk_acc,
+                                           float* dv_acc, int64_t ld_acc, void* ws, cudaStream_t stream) {
+  RETURN_IF_ERROR(Impl::CheckArgs(a));
+  if (!a.cross()) return absl::InvalidArgumentError("cudnn attention: BackwardCross without kv_bounds");
+  if (a.tokens <= 0) return absl::OkStatus();
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->CrossBackward(a, q, k, v, o, lse, dout, dq, dk_acc, dv_acc, ld_acc, static_cast<char*>(ws), stream);
 }
 
 #endif  // SLIDEDP_HAVE_CUDNN_GRAPH_H

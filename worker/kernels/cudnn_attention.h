@@ -30,6 +30,15 @@
 // offsets, 64-bit strides). CudnnAttentionOptions::dense_single_document runs every one-document
 // call densely too.
 //
+// Cross attention (AttnArgs::kv_bounds: a context-parallel share's query pieces against the keys
+// its group gathered), when CudnnAttentionOptions::cross allows it: each query piece runs as one
+// dense entry against its key range (S = its queries, S_kv = its keys, the causal diagonal aligned
+// bottom-right through the per-entry lengths), pointers moved to the piece's rows; needs the host
+// copies of cu_seqlens and kv_bounds and pieces of at least cross_min_tokens queries (a dense plan
+// serves one pair of lengths), else UNIMPLEMENTED. The backward writes a piece's dK / dV into
+// workspace scratch and adds them in FP32 into the caller's accumulators (BackwardCross), pieces
+// one after another, so overlapping key ranges sum there.
+//
 // Errors: UNAVAILABLE when libcudnn cannot be loaded or is older than 9.0, UNIMPLEMENTED when no
 // cuDNN engine accepts the graph or a long call of several documents comes without
 // cu_seqlens_host (callers fall back to the own kernels).
@@ -66,6 +75,10 @@ struct CudnnAttentionOptions {
   int engine = 0;
   // Ragged offsets must stay below this (elements); tests lower it to exercise the groups.
   int64_t ragged_offset_limit = (int64_t{1} << 31) - 1;
+  // Cross attention on cuDNN (else UNIMPLEMENTED: the own kernels run it), for query pieces of at
+  // least cross_min_tokens. Off until its GPU tests have run (docs/context-parallel.md).
+  bool cross = false;
+  int64_t cross_min_tokens = 32768;
 };
 
 class CudnnAttention {
@@ -101,6 +114,12 @@ class CudnnAttention {
   absl::Status Backward(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnTensor o, const float* lse,
                         AttnTensor dout, AttnOutTensor dq, AttnOutTensor dk, AttnOutTensor dv, void* ws,
                         cudaStream_t stream);
+  // Cross attention's backward with FlashAttentionBackwardCross's contract (attention.h): dq
+  // written, dK (scaled) and dV ADDED in FP32 into dk_acc / dv_acc ([kv_tokens, ld_acc]); ws holds
+  // BackwardWorkspaceBytes(a, ld) (a cross call's dk / dv strides are its scratch's, ld's ignored).
+  absl::Status BackwardCross(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor v, AttnTensor o,
+                             const float* lse, AttnTensor dout, AttnOutTensor dq, float* dk_acc, float* dv_acc,
+                             int64_t ld_acc, void* ws, cudaStream_t stream);
 
  private:
   struct Impl;

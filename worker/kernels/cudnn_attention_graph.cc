@@ -247,13 +247,23 @@ cudnnBackendDescriptor_t PaddingMask(GraphBuilder& g, const ScoreShape& s, cudnn
   return out;
 }
 
-// Top-left causal mask inside each batch entry: keeps row >= col.
+// Causal mask inside each batch entry: keeps row >= col (top-left diagonal), or with
+// bottom_right row + seq_kv - seq_q >= col (the diagonal ends at the last key: the pattern of
+// cudnn-frontend 1.x's composite diagonal band mask, row shifted by the per-entry lengths).
 cudnnBackendDescriptor_t CausalMask(GraphBuilder& g, const ScoreShape& s, cudnnBackendDescriptor_t score,
-                                    cudnnBackendDescriptor_t neg) {
+                                    cudnnBackendDescriptor_t neg, bool bottom_right = false,
+                                    cudnnBackendDescriptor_t seq_q = nullptr, cudnnBackendDescriptor_t seq_kv = nullptr) {
   auto row = g.Virtual(CUDNN_DATA_INT32, s.dims, s.strides);
   auto col = g.Virtual(CUDNN_DATA_INT32, s.dims, s.strides);
   g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, score, nullptr, nullptr, row, 2);
   g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, score, nullptr, nullptr, col, 3);
+  if (bottom_right) {
+    auto plus_kv = g.Virtual(CUDNN_DATA_INT32, s.dims, s.strides);
+    g.Pointwise(CUDNN_POINTWISE_ADD, CUDNN_DATA_INT32, row, seq_kv, nullptr, plus_kv, 3);
+    auto shifted = g.Virtual(CUDNN_DATA_INT32, s.dims, s.strides);
+    g.Pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_INT32, plus_kv, seq_q, nullptr, shifted, 3);
+    row = shifted;
+  }
   auto keep = g.Virtual(CUDNN_DATA_BOOLEAN, s.dims, s.strides);
   g.Pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, nullptr, keep);
   auto out = g.Virtual(CUDNN_DATA_FLOAT, s.dims, s.strides);
@@ -289,13 +299,27 @@ cudnnBackendDescriptor_t MaybePaddingMask(GraphBuilder& g, const PlanKey& k, con
   return k.padding ? PaddingMask(g, s, score, io.seq_q, io.seq_kv, io.neg) : score;
 }
 
-// Row-major [B, h, S, hd] view of a packed [T, ld] buffer (head h at column h·hd); with
-// `transposed`, the [B, h, hd, S] view (Kᵀ / Vᵀ as the matmuls want them).
+// Row-major [B, h, S, hd] view of a packed [T, ld] buffer (head h at column h·hd), S = `rows` (the
+// key side's k.skv(), else k.s); with `transposed`, the [B, h, hd, S] view (Kᵀ / Vᵀ as the matmuls
+// want them).
 cudnnBackendDescriptor_t Bhsd(GraphBuilder& g, int64_t uid, const PlanKey& k, int64_t heads, int64_t ld,
-                              cudnnBackendDescriptor_t ragged, bool transposed = false) {
-  const Dims dims = transposed ? Dims{k.b, heads, k.hd, k.s} : Dims{k.b, heads, k.s, k.hd};
-  const Dims strides = transposed ? Dims{k.s * ld, k.hd, 1, ld} : Dims{k.s * ld, k.hd, ld, 1};
+                              cudnnBackendDescriptor_t ragged, bool transposed = false, int64_t rows = 0) {
+  const int64_t S = rows > 0 ? rows : k.s;
+  const Dims dims = transposed ? Dims{k.b, heads, k.hd, S} : Dims{k.b, heads, S, k.hd};
+  const Dims strides = transposed ? Dims{S * ld, k.hd, 1, ld} : Dims{S * ld, k.hd, ld, 1};
   return g.Tensor(uid, CUDNN_DATA_BFLOAT16, dims, strides, TensorKind::kMemory, ragged);
+}
+
+// The [B, nq, S, S_kv] scores (row-major) of a plan.
+ScoreShape ScoresOf(const PlanKey& k) {
+  const int64_t s = k.s, skv = k.skv();
+  return {{k.b, k.nq, s, skv}, {k.nq * s * skv, s * skv, skv, 1}};
+}
+
+// Its causal mask, top-left or bottom-right per the key.
+cudnnBackendDescriptor_t KeyCausalMask(GraphBuilder& g, const PlanKey& k, const ScoreShape& sc,
+                                       cudnnBackendDescriptor_t score, const IoTensors& io) {
+  return CausalMask(g, sc, score, io.neg, k.bottom_right, io.seq_q, io.seq_kv);
 }
 
 // Stats [B, nq, S, 1]: ragged, token-major ([T, nq] in memory) with offsets cu_seqlens·nq; dense,
@@ -309,20 +333,20 @@ absl::StatusOr<std::unique_ptr<Plan>> BuildForward(const CudnnApi& api, cudnnHan
   IoTensors io;
   CommonTensors(g, k, &io);
   auto q = Bhsd(g, kUidQ, k, k.nq, k.ld.q, io.off[kOffQ]);
-  auto kt = Bhsd(g, kUidK, k, k.nkv, k.ld.k, io.off[kOffK], /*transposed=*/true);
-  auto v = Bhsd(g, kUidV, k, k.nkv, k.ld.v, io.off[kOffV]);
+  auto kt = Bhsd(g, kUidK, k, k.nkv, k.ld.k, io.off[kOffK], /*transposed=*/true, k.skv());
+  auto v = Bhsd(g, kUidV, k, k.nkv, k.ld.v, io.off[kOffV], /*transposed=*/false, k.skv());
   auto o = Bhsd(g, kUidO, k, k.nq, k.ld.o, io.off[kOffO]);
   auto stats = g.Tensor(kUidStats, CUDNN_DATA_FLOAT, {k.b, k.nq, k.s, 1}, StatsStrides(k), TensorKind::kMemory,
                         io.off[kOffStats]);
 
-  const ScoreShape sc{{k.b, k.nq, k.s, k.s}, {k.nq * k.s * k.s, k.s * k.s, k.s, 1}};
+  const ScoreShape sc = ScoresOf(k);
   const Dims row_dims{k.b, k.nq, k.s, 1}, row_strides{k.nq * k.s, k.s, 1, 1};
   // S = Q·Kᵀ · scale, masked.
   auto s = g.Virtual(CUDNN_DATA_FLOAT, sc.dims, sc.strides);
   g.Matmul(q, kt, s, io.seq_q, io.seq_kv, nullptr);
   auto s_scaled = g.Virtual(CUDNN_DATA_FLOAT, sc.dims, sc.strides);
   g.Pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s, io.scale, nullptr, s_scaled);
-  auto s_masked = CausalMask(g, sc, MaybePaddingMask(g, k, sc, s_scaled, io), io.neg);
+  auto s_masked = KeyCausalMask(g, k, sc, MaybePaddingMask(g, k, sc, s_scaled, io), io);
   // Softmax with stats = max + log Σ exp(S - max) (natural log, like our LSE).
   auto mx = g.Virtual(CUDNN_DATA_FLOAT, row_dims, row_strides);
   g.Reduction(CUDNN_REDUCE_TENSOR_MAX, s_masked, mx);
@@ -350,20 +374,23 @@ absl::StatusOr<std::unique_ptr<Plan>> BuildBackward(const CudnnApi& api, cudnnHa
   CommonTensors(g, k, &io);
   auto one = g.Scalar(kUidOne);
   auto q = Bhsd(g, kUidQ, k, k.nq, k.ld.q, io.off[kOffQ]);
-  auto kt = Bhsd(g, kUidK, k, k.nkv, k.ld.k, io.off[kOffK], /*transposed=*/true);
-  auto vt = Bhsd(g, kUidV, k, k.nkv, k.ld.v, io.off[kOffV], /*transposed=*/true);
+  const int64_t skv = k.skv();
+  auto kt = Bhsd(g, kUidK, k, k.nkv, k.ld.k, io.off[kOffK], /*transposed=*/true, skv);
+  auto vt = Bhsd(g, kUidV, k, k.nkv, k.ld.v, io.off[kOffV], /*transposed=*/true, skv);
   auto o = Bhsd(g, kUidO, k, k.nq, k.ld.o, io.off[kOffO]);
   auto dout = Bhsd(g, kUidDO, k, k.nq, k.ld.dout, io.off[kOffDO]);
   auto dq = Bhsd(g, kUidDQ, k, k.nq, k.ld.dq, io.off[kOffDQ]);
-  auto dk = Bhsd(g, kUidDK, k, k.nkv, k.ld.dk, io.off[kOffDK]);
-  auto dv = Bhsd(g, kUidDV, k, k.nkv, k.ld.dv, io.off[kOffDV]);
+  auto dk = Bhsd(g, kUidDK, k, k.nkv, k.ld.dk, io.off[kOffDK], /*transposed=*/false, skv);
+  auto dv = Bhsd(g, kUidDV, k, k.nkv, k.ld.dv, io.off[kOffDV], /*transposed=*/false, skv);
   auto stats = g.Tensor(kUidStats, CUDNN_DATA_FLOAT, {k.b, k.nq, k.s, 1}, StatsStrides(k), TensorKind::kMemory,
                         io.off[kOffStats]);
 
-  const ScoreShape sc{{k.b, k.nq, k.s, k.s}, {k.nq * k.s * k.s, k.s * k.s, k.s, 1}};
-  const Dims sc_t_strides{k.nq * k.s * k.s, k.s * k.s, 1, k.s};  // Sᵀ view of the same scores
+  const ScoreShape sc = ScoresOf(k);
+  const Dims sc_t_strides{k.nq * k.s * skv, k.s * skv, 1, skv};  // Sᵀ view of the same scores
   const Dims row_dims{k.b, k.nq, k.s, 1}, row_strides{k.nq * k.s, k.s, 1, 1};
   const Dims full_dims{k.b, k.nq, k.s, k.hd}, full_strides{k.nq * k.s * k.hd, k.s * k.hd, k.hd, 1};
+  // dK / dV of every query head before the GQA sum (key rows).
+  const Dims kv_full_dims{k.b, k.nq, skv, k.hd}, kv_full_strides{k.nq * skv * k.hd, skv * k.hd, k.hd, 1};
 
   // softmax_sum = rowsum(dO ∘ O) (FP32, in the workspace).
   auto do_o = g.Virtual(CUDNN_DATA_FLOAT, full_dims, {k.nq * k.s * k.hd, k.s * k.hd, k.nq * k.hd, 1});
@@ -385,7 +412,7 @@ absl::StatusOr<std::unique_ptr<Plan>> BuildBackward(const CudnnApi& api, cudnnHa
   g.Pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, s_scaled, stats, nullptr, s_centered);
   auto s_masked = MaybePaddingMask(g, k, sc, s_centered, io);
   if (var.second_padding_mask) s_masked = MaybePaddingMask(g, k, sc, s_masked, io);
-  s_masked = CausalMask(g, sc, s_masked, io.neg);
+  s_masked = KeyCausalMask(g, k, sc, s_masked, io);
   auto p = g.Virtual(CUDNN_DATA_FLOAT, sc.dims, sc.strides);
   g.Pointwise(CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, s_masked, nullptr, nullptr, p);
 
@@ -396,7 +423,7 @@ absl::StatusOr<std::unique_ptr<Plan>> BuildBackward(const CudnnApi& api, cudnnHa
     if (k.nq == k.nkv) {
       g.Matmul(scores_t, rhs, out, io.seq_kv, nullptr, io.seq_q);
     } else {
-      auto full = g.Virtual(CUDNN_DATA_BFLOAT16, full_dims, full_strides);
+      auto full = g.Virtual(CUDNN_DATA_BFLOAT16, kv_full_dims, kv_full_strides);
       g.Matmul(scores_t, rhs, full, io.seq_kv, nullptr, io.seq_q);
       g.Reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
     }
@@ -420,7 +447,7 @@ absl::StatusOr<std::unique_ptr<Plan>> BuildBackward(const CudnnApi& api, cudnnHa
 
   // dQ = dS·K, accumulated in FP32 (workspace), then cast into dq.
   // K back in row form, as a reshape of Kᵀ (the frontend's pattern; it keeps K's ragged offset).
-  auto k_rows = g.Virtual(CUDNN_DATA_BFLOAT16, {k.b, k.nkv, k.s, k.hd}, {k.s * k.ld.k, k.hd, k.ld.k, 1}, io.off[kOffK]);
+  auto k_rows = g.Virtual(CUDNN_DATA_BFLOAT16, {k.b, k.nkv, skv, k.hd}, {skv * k.ld.k, k.hd, k.ld.k, 1}, io.off[kOffK]);
   g.Reshape(kt, k_rows);
   // The accumulator: ragged like dq (>= 9.6), else [B, S, nq, hd] (dense, >= 9.6; the frontend's
   // layout) or [B, nq, S, hd] (< 9.6).

@@ -64,9 +64,15 @@ struct PlanKey {
   // heuristics' first).
   bool ragged = true, padding = true;
   int engine = 0;
+  // Cross attention (a context-parallel query piece): s_kv key rows per entry (0: s, self
+  // attention) and the causal diagonal aligned bottom-right (query i of seq_q sees keys
+  // 0 .. seq_kv - seq_q + i; needs padding's lengths).
+  int64_t s_kv = 0;
+  bool bottom_right = false;
+  int64_t skv() const { return s_kv > 0 ? s_kv : s; }
   auto Tie() const {
     return std::tie(direction, b, s, nq, nkv, hd, ld.q, ld.k, ld.v, ld.o, ld.dout, ld.dq, ld.dk, ld.dv, ragged,
-                    padding, engine);
+                    padding, engine, s_kv, bottom_right);
   }
   bool operator<(const PlanKey& o) const { return Tie() < o.Tie(); }
 };

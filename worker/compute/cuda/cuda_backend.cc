@@ -108,6 +108,7 @@ absl::StatusOr<std::unique_ptr<DeviceBatch>> CudaBackend::UploadBatch(const Micr
     b->context_tokens_ = static_cast<int64_t>(mb.context.gathered_position.size());
     b->max_keys_ = ctx->max_keys;
     gathered_row.assign(mb.context.gathered_position.begin(), mb.context.gathered_position.end());
+    b->host_kv_bounds_ = ctx->kv_bounds;
     c.Reserve(&b->kv_bounds_, static_cast<int64_t>(ctx->kv_bounds.size()));
     c.Reserve(&b->gathered_row_, b->context_tokens_);
     c.Reserve(&b->gather_rows_, static_cast<int64_t>(ctx->gather_rows.size()));
@@ -200,6 +201,9 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackend(const ModelConfi
   }
   if (const char* e = std::getenv("SLIDEDP_DETERMINISTIC"); e != nullptr && std::string(e) == "1") {
     options.deterministic = true;
+  }
+  if (const char* e = std::getenv("SLIDEDP_CUDNN_CROSS"); e != nullptr && std::string(e) == "1") {
+    options.cudnn_cross_attention = true;
   }
   auto backend = std::make_unique<CudaBackend>(config, device, options);
   RETURN_IF_ERROR(backend->Init());

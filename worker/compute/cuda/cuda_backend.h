@@ -36,6 +36,10 @@ struct CudaBackendOptions {
   // forward as `attention` says. Every other kernel of the step is deterministic already.
   // MakeCudaBackend reads SLIDEDP_DETERMINISTIC=1.
   bool deterministic = false;
+  // A context-parallel share's cross attention on cuDNN (kernels::CudnnAttentionOptions::cross:
+  // one dense entry per query piece of at least 32K queries) instead of the own kernels. Off until
+  // its GPU tests have run; MakeCudaBackend reads SLIDEDP_CUDNN_CROSS=1.
+  bool cudnn_cross_attention = false;
   // MoE expert GEMMs planned per bucket of routed row counts (GemmArgs::varies); false plans every
   // distinct count (bench_kernels --moe measures the difference).
   bool gemm_row_buckets = true;

@@ -63,6 +63,7 @@ class CudaBatch final : public DeviceBatch {
   int64_t context_tokens_ = 0;       // the whole micro-batch's tokens
   int max_keys_ = 0;                 // the longest piece's key range
   int32_t* kv_bounds_ = nullptr;     // device [2 * docs]: each piece's keys in the whole
+  std::vector<int32_t> host_kv_bounds_;  // the same on the host (cuDNN's cross attention runs per piece)
   int32_t* gathered_row_ = nullptr;  // device [whole]: each whole token's row in the rank-major gather
   int32_t* gather_rows_ = nullptr;   // device [ranks * part]: the whole token of each gather row, -1 padding
   bool context() const { return context_ranks_ > 1; }
@@ -171,6 +172,9 @@ class CudaBackend final : public ComputeBackend {
       auto cudnn = kernels::CudnnAttention::Create(device_);
       if (cudnn.ok()) {
         cudnn_ = std::move(*cudnn);
+        kernels::CudnnAttentionOptions cudnn_options;
+        cudnn_options.cross = options_.cudnn_cross_attention;
+        cudnn_->set_options(cudnn_options);
       } else if (options_.attention == CudaBackendOptions::Attention::kCudnn) {
         return absl::Status(cudnn.status().code(), absl::StrCat("attention: cudnn: ", cudnn.status().message()));
       } else {
@@ -408,8 +412,9 @@ class CudaBackend final : public ComputeBackend {
     a.cu_seqlens = b.cu_seqlens_;
     a.cu_seqlens_host = b.host_cu_seqlens_.data();
     a.ordered_dq = options_.deterministic;
-    if (b.context()) {  // this share's pieces against the whole's keys (cross attention, own kernels)
+    if (b.context()) {  // this share's pieces against the whole's keys (cross attention)
       a.kv_bounds = b.kv_bounds_;
+      a.kv_bounds_host = b.host_kv_bounds_.data();
       a.kv_tokens = b.context_tokens_;
       a.max_seqlen_kv = std::max(a.max_seqlen, b.max_keys_);
     }

@@ -202,10 +202,13 @@ absl::Status CudaBackend::ResidualBranchBackward(const void* dres, int64_t T, co
 
 absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir, const kernels::AttnArgs& a) {
   const bool fwd = dir == AttnDir::kForward;
-  // Cross attention (a context-parallel share) runs on the own kernels.
-  if (cudnn_ == nullptr || (!fwd && options_.deterministic) || a.cross()) return std::optional<int64_t>();
-  absl::StatusOr<int64_t> ws =
-      fwd ? cudnn_->ForwardWorkspaceBytes(a, AttnStrides()) : cudnn_->BackwardWorkspaceBytes(a, AttnStrides());
+  // Cross attention (a context-parallel share) runs on cuDNN only where CudaBackendOptions asks.
+  if (cudnn_ == nullptr || (!fwd && options_.deterministic) || (a.cross() && !options_.cudnn_cross_attention)) {
+    return std::optional<int64_t>();
+  }
+  kernels::AttnRowStrides ld = AttnStrides();
+  if (a.cross()) ld.k = ld.v = 2 * kvd_;  // the gathered keys | values rows (GatherContextKv)
+  absl::StatusOr<int64_t> ws = fwd ? cudnn_->ForwardWorkspaceBytes(a, ld) : cudnn_->BackwardWorkspaceBytes(a, ld);
   if (ws.ok()) return std::optional<int64_t>(*ws);
   if (!absl::IsUnimplemented(ws.status())) return ws.status();
   if (!cudnn_rejected_logged_[fwd ? 0 : 1]) {
@@ -219,13 +222,16 @@ absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir, 
 
 absl::Status CudaBackend::AttentionForward(const CudaBatch& b, const LayerActs& a, const bf16* kv) {
   const kernels::AttnArgs attn = Attn(b);
+  ASSIGN_OR_RETURN(std::optional<int64_t> ws, CudnnWorkspace(AttnDir::kForward, attn));
   if (b.context()) {
     PoolBlock kv_block;
     if (kv == nullptr) RETURN_IF_ERROR(GatherContextKv(b, a, kv_block, &kv));
-    return kernels::FlashAttentionForward(attn, {a.qr, qd_}, {kv, 2 * kvd_}, {kv + kvd_, 2 * kvd_}, {a.o, qd_}, a.lse,
-                                          stream_);
+    const kernels::AttnTensor keys{kv, 2 * kvd_}, values{kv + kvd_, 2 * kvd_};
+    if (!ws.has_value()) return kernels::FlashAttentionForward(attn, {a.qr, qd_}, keys, values, {a.o, qd_}, a.lse, stream_);
+    PoolBlock block;
+    RETURN_IF_ERROR(block.Alloc(Align256(*ws), stream_));
+    return cudnn_->Forward(attn, {a.qr, qd_}, keys, values, {a.o, qd_}, a.lse, block.get(), stream_);
   }
-  ASSIGN_OR_RETURN(std::optional<int64_t> ws, CudnnWorkspace(AttnDir::kForward, attn));
   if (!ws.has_value()) {
     return kernels::FlashAttentionForward(attn, {a.qr, qd_}, {a.kr, kvd_}, {a.qkv + qd_ + kvd_, qkv_}, {a.o, qd_},
                                           a.lse, stream_);
@@ -253,9 +259,12 @@ absl::Status CudaBackend::AttentionBackward(const CudaBatch& b, const kernels::A
     c.Reserve(&dkv_ranked, ranks * part * ld);
     RETURN_IF_ERROR(c.Alloc(block, stream_));
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dkv_whole, 0, whole * ld * sizeof(float), stream_));
-    RETURN_IF_ERROR(kernels::FlashAttentionBackwardCross(a, {acts.qr, qd_}, {kv, ld}, {kv + kvd_, ld}, {acts.o, qd_},
-                                                         acts.lse, {d_o, qd_}, {dq, qd_}, dkv_whole, dkv_whole + kvd_,
-                                                         ld, ws, stream_));
+    RETURN_IF_ERROR(cudnn_ws.has_value()
+                        ? cudnn_->BackwardCross(a, {acts.qr, qd_}, {kv, ld}, {kv + kvd_, ld}, {acts.o, qd_}, acts.lse,
+                                                {d_o, qd_}, {dq, qd_}, dkv_whole, dkv_whole + kvd_, ld, ws, stream_)
+                        : kernels::FlashAttentionBackwardCross(a, {acts.qr, qd_}, {kv, ld}, {kv + kvd_, ld},
+                                                               {acts.o, qd_}, acts.lse, {d_o, qd_}, {dq, qd_},
+                                                               dkv_whole, dkv_whole + kvd_, ld, ws, stream_));
     RETURN_IF_ERROR(kernels::GatherRowsF32(dkv_whole, ld, b.gather_rows_, ranks * part, ld, dkv_ranked, ld, stream_));
     RETURN_IF_ERROR(ContextReduceScatter(dkv_ranked, part * ld, b.context_rank_));
     const float* mine = dkv_ranked + part * ld * b.context_rank_;

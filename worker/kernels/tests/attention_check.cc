@@ -195,7 +195,8 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kerne
   ExpectRelErr(name + " bwd dV" + tag, gdv, rdv, 2e-2);
 }
 
-void CheckCrossAttention(int hd, int nq, int nkv, const std::vector<int>& docs, int ranks, bool ordered) {
+void CheckCrossAttention(int hd, int nq, int nkv, const std::vector<int>& docs, int ranks, bool ordered,
+                         kernels::CudnnAttention* cudnn) {
   std::vector<int32_t> cu = {0};
   for (int d : docs) cu.push_back(cu.back() + d);
   const int64_t T = cu.back();
@@ -213,7 +214,8 @@ void CheckCrossAttention(int hd, int nq, int nkv, const std::vector<int>& docs, 
       ref_lse(nq * T);
   const std::string tag = " (hd=" + std::to_string(hd) + " " + std::to_string(nq) + "/" + std::to_string(nkv) +
                           " heads, " + std::to_string(docs.size()) + " docs, T=" + std::to_string(T) + ", " +
-                          std::to_string(ranks) + " ranks" + (ordered ? ", ordered dQ" : "") + ")";
+                          std::to_string(ranks) + " ranks" + (ordered ? ", ordered dQ" : "") +
+                          (cudnn != nullptr ? ", cudnn" : "") + ")";
   for (int rank = 0; rank < ranks; ++rank) {
     // Zig-zag share of the micro-batch as one row: chunks rank and 2C-1-rank of 2C.
     std::vector<int64_t> rows;
@@ -260,12 +262,31 @@ void CheckCrossAttention(int hd, int nq, int nkv, const std::vector<int>& docs, 
     a.kv_tokens = T;
     a.max_seqlen_kv = max_kv;
     a.ordered_dq = ordered;
+    a.cu_seqlens_host = lcu.data();
+    a.kv_bounds_host = bounds.data();
+    if (cudnn != nullptr) {
+      const kernels::AttnRowStrides ld{ldq, ldk, ldv, ldq, ldq, ldq, 0, 0};
+      absl::StatusOr<int64_t> fwd_ws = cudnn->ForwardWorkspaceBytes(a, ld);
+      ASSERT_OK(fwd_ws.status());
+      absl::StatusOr<int64_t> bwd_ws = cudnn->BackwardWorkspaceBytes(a, ld);
+      ASSERT_OK(bwd_ws.status());
+      Dev<char> ws(std::max(*fwd_ws, *bwd_ws));
+      ASSERT_OK(cudnn->Forward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv}, {o.get(), ldq},
+                               lse.get(), ws.get(), nullptr));
+      ASSERT_OK(cudnn->BackwardCross(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv}, {o.get(), ldq},
+                                     lse.get(), {ddo->get(), ldq}, {dq.get(), ldq}, dkv.get(), dkv.get() + kvd, ld_acc,
+                                     ws.get(), nullptr));
+      ASSERT_CUDA_OK(cudaDeviceSynchronize());
+      ordered = false;  // cuDNN's engines add dQ with atomics
+    }
     Dev<char> ws(kernels::FlashAttentionBackwardWorkspaceBytes(a));
-    ASSERT_OK(kernels::FlashAttentionForward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv},
-                                             {o.get(), ldq}, lse.get(), nullptr));
-    ASSERT_OK(kernels::FlashAttentionBackwardCross(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv},
-                                                   {o.get(), ldq}, lse.get(), {ddo->get(), ldq}, {dq.get(), ldq},
-                                                   dkv.get(), dkv.get() + kvd, ld_acc, ws.get(), nullptr));
+    if (cudnn == nullptr) {
+      ASSERT_OK(kernels::FlashAttentionForward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv},
+                                               {o.get(), ldq}, lse.get(), nullptr));
+      ASSERT_OK(kernels::FlashAttentionBackwardCross(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv},
+                                                     {o.get(), ldq}, lse.get(), {ddo->get(), ldq}, {dq.get(), ldq},
+                                                     dkv.get(), dkv.get() + kvd, ld_acc, ws.get(), nullptr));
+    }
     ASSERT_CUDA_OK(cudaDeviceSynchronize());
     if (ordered && rank == 0) {  // dQ bitwise repeatable; dK/dV: at most two adds per row from one rank
       Dev<float> again(T * ld_acc);

@@ -21,7 +21,10 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs,
 // Cross attention (AttnArgs::kv_bounds, context parallelism): the documents cut zig-zag over
 // `ranks` shares as one row; each share's queries attend the whole batch's keys through the own
 // kernels; O, LSE and dQ at each share's rows and dK/dV added over the shares (FP32) against the
-// FP64 reference of the whole batch. ordered: rank 0's backward twice, bitwise equal.
-void CheckCrossAttention(int hd, int nq, int nkv, const std::vector<int>& docs, int ranks, bool ordered = false);
+// FP64 reference of the whole batch. ordered: rank 0's backward twice, bitwise equal. `cudnn` set:
+// cuDNN's cross attention runs the shares instead (its options must allow it: cross, and a
+// cross_min_tokens the pieces reach).
+void CheckCrossAttention(int hd, int nq, int nkv, const std::vector<int>& docs, int ranks, bool ordered = false,
+                         kernels::CudnnAttention* cudnn = nullptr);
 
 }  // namespace slidedp::kernel_test

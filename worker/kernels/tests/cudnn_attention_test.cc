@@ -74,6 +74,35 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudnnAttentionGpuTest,
                                            CudnnCase{128, 8, 2, {1024, 300}, false, false, 512}),
                          CaseName);
 
+// Cross attention (context parallelism's zig-zag shares against the gathered keys) on cuDNN: each
+// query piece one dense entry with the bottom-right causal diagonal; the shares' O, LSE, dQ and
+// the dK / dV they add against the whole batch's FP64 reference (attention_check.h).
+struct CudnnCrossCase {
+  int nq, nkv;
+  std::vector<int> docs;
+  int ranks;
+};
+class CudnnCrossAttentionGpuTest : public GpuTest, public ::testing::WithParamInterface<CudnnCrossCase> {};
+TEST_P(CudnnCrossAttentionGpuTest, SharesMatchTheWholeBatch) {
+  absl::StatusOr<std::unique_ptr<kernels::CudnnAttention>> cudnn = kernels::CudnnAttention::Create(0);
+  if (!cudnn.ok()) GTEST_SKIP() << "cudnn attention: " << cudnn.status().ToString();
+  kernels::CudnnAttentionOptions opt;
+  opt.cross = true;
+  opt.cross_min_tokens = 0;  // the cases' pieces are short
+  (*cudnn)->set_options(opt);
+  const CudnnCrossCase& c = GetParam();
+  CheckCrossAttention(128, c.nq, c.nkv, c.docs, c.ranks, /*ordered=*/false, cudnn->get());
+}
+INSTANTIATE_TEST_SUITE_P(Cross, CudnnCrossAttentionGpuTest,
+                         ::testing::Values(CudnnCrossCase{4, 2, {700}, 2}, CudnnCrossCase{8, 2, {1024, 300}, 2},
+                                           CudnnCrossCase{8, 2, {513, 260}, 3}, CudnnCrossCase{4, 4, {777}, 2}),
+                         [](const ::testing::TestParamInfo<CudnnCrossCase>& info) {
+                           const CudnnCrossCase& c = info.param;
+                           std::string name = "Heads" + std::to_string(c.nq) + "x" + std::to_string(c.nkv);
+                           for (int d : c.docs) name += "_" + std::to_string(d);
+                           return name + "_Ranks" + std::to_string(c.ranks);
+                         });
+
 // `docs` documents of `tokens` in all (max_seqlen: all of them), 2 heads of 128, rows 256 wide.
 kernels::AttnArgs TwoHeads(const int32_t* cu_seqlens, int docs, int tokens) {
   kernels::AttnArgs a;
@@ -137,6 +166,36 @@ TEST_F(GpuTest, CudnnLongCallWithoutHostBoundariesIsUnimplemented) {
   const int32_t host[3] = {0, 100, 200};
   a.cu_seqlens_host = host;
   EXPECT_TRUE((*cudnn)->ForwardWorkspaceBytes(a, ld).ok());
+}
+
+// Off by default, and for pieces under cross_min_tokens: UNIMPLEMENTED (the own kernels run them).
+TEST_F(GpuTest, CudnnCrossAttentionNeedsTheOptionAndLongPieces) {
+  absl::StatusOr<std::unique_ptr<kernels::CudnnAttention>> cudnn = kernels::CudnnAttention::Create(0);
+  if (!cudnn.ok()) GTEST_SKIP() << "cudnn attention: " << cudnn.status().ToString();
+  const int32_t cu[3] = {0, 100, 200}, bounds[4] = {0, 100, 0, 400};
+  Dev<int32_t> dcu(3), dbounds(4);
+  Upload(dcu, std::vector<int32_t>(cu, cu + 3));
+  Upload(dbounds, std::vector<int32_t>(bounds, bounds + 4));
+  kernels::AttnArgs a = TwoHeads(dcu.get(), 2, 200);
+  a.max_seqlen = 100;
+  a.cu_seqlens_host = cu;
+  a.kv_bounds = dbounds.get();
+  a.kv_bounds_host = bounds;
+  a.kv_tokens = 400;
+  a.max_seqlen_kv = 400;
+  const kernels::AttnRowStrides ld{256, 256, 256, 256, 256, 256, 0, 0};
+  EXPECT_TRUE(absl::IsUnimplemented((*cudnn)->ForwardWorkspaceBytes(a, ld).status()));
+  kernels::CudnnAttentionOptions opt;
+  opt.cross = true;
+  (*cudnn)->set_options(opt);  // cross_min_tokens 32768
+  EXPECT_TRUE(absl::IsUnimplemented((*cudnn)->ForwardWorkspaceBytes(a, ld).status()));
+  opt.cross_min_tokens = 100;
+  (*cudnn)->set_options(opt);
+  EXPECT_TRUE((*cudnn)->ForwardWorkspaceBytes(a, ld).ok());
+  // Keys fewer than the queries: a bad call, not a fallback.
+  const int32_t short_keys[4] = {0, 100, 0, 50};
+  a.kv_bounds_host = short_keys;
+  EXPECT_TRUE(absl::IsInvalidArgument((*cudnn)->ForwardWorkspaceBytes(a, ld).status()));
 }
 
 }  // namespace
