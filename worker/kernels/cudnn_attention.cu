@@ -19,6 +19,7 @@
 #include "worker/kernels/cuda_check.h"
 #include "worker/kernels/cudnn_attention_graph.h"
 #include "worker/kernels/cudnn_loader.h"
+#include "worker/kernels/reductions.h"
 
 namespace slidedp::kernels {
 
@@ -114,17 +115,6 @@ __global__ void LseHeadToTokenKernel(const float* __restrict__ src, int64_t ld, 
 __global__ void CrossLengthsKernel(int32_t* seq_q, int32_t len_q, int32_t* seq_kv, int32_t len_kv) {
   *seq_q = len_q;
   *seq_kv = len_kv;
-}
-
-// dst[r, c] += src[r, c] in FP32 for r < rows, c < cols (a piece's dK or dV into the accumulator).
-__global__ void AddRowsKernel(const __nv_bfloat16* __restrict__ src, int64_t ld_src, int64_t rows, int64_t cols,
-                              float* __restrict__ dst, int64_t ld_dst) {
-  const int64_t n = rows * cols;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / cols, c = i % cols;
-    dst[r * ld_dst + c] += __bfloat162float(src[r * ld_src + c]);
-  }
 }
 
 int GridFor(int64_t n) { return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, 132 * 8))); }
@@ -402,13 +392,19 @@ struct CudnnAttention::Impl {
   absl::StatusOr<PieceRun> StartPiece(const AttnArgs& a, const AttnRowStrides& ld, Direction direction,
                                       const Piece& p, char* base, cudaStream_t stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    PieceRun r;
-    r.key = KeyFor(a, ld, direction, p);
-    ASSIGN_OR_RETURN(r.plan, GetPlan(r.key));
-    r.rows = p.t1 - p.t0;
-    r.w = LayoutFor(r.key, r.rows, r.plan->workspace_bytes, BwdVariantFor(api->version));
-    r.direct = !r.key.ragged && r.rows == a.tokens;
+    ASSIGN_OR_RETURN(PieceRun r, PlanPiece(a, KeyFor(a, ld, direction, p), p.t1 - p.t0));
     RETURN_IF_ERROR(PrepareVarlen(a, p, r.key, r.w, base, stream));
+    return r;
+  }
+  // The plan and workspace layout of a piece of `rows` queries under `key`.
+  absl::StatusOr<PieceRun> PlanPiece(const AttnArgs& a, const PlanKey& key, int64_t rows)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    PieceRun r;
+    r.key = key;
+    ASSIGN_OR_RETURN(r.plan, GetPlan(key));
+    r.rows = rows;
+    r.w = LayoutFor(key, rows, r.plan->workspace_bytes, BwdVariantFor(api->version));
+    r.direct = !key.ragged && rows == a.tokens;
     return r;
   }
 
@@ -473,17 +469,38 @@ struct CudnnAttention::Impl {
     }
   }
 
+  // One backward execution: the eight tensors at the piece's rows (dk / dv: the caller's rows or
+  // a cross piece's scratch), the stats in the plan's layout.
+  struct BwdTensors {
+    const bf16 *q, *k, *v, *o, *dout;
+    void *dq, *dk, *dv;
+  };
+  absl::Status RunBackward(const AttnArgs& a, const PieceRun& run, const BwdTensors& t, float* stats, int num_offsets,
+                           char* base, cudaStream_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const WsLayout& w = run.w;
+    if (BwdVariantFor(api->version).zero_dq_accum) {  // up to a cross piece's dK / dV scratch
+      SLIDEDP_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(base + w.dq_accum, 0, (w.dk > 0 ? w.dk : w.total) - w.dq_accum, stream));
+    }
+    float scale = a.softmax_scale, neg = std::numeric_limits<float>::lowest(), one = 1.0f;
+    std::vector<int64_t> uids = {kUidQ,     kUidK,      kUidV,     kUidO,       kUidDO,
+                                 kUidDQ,    kUidDK,     kUidDV,    kUidStats,   kUidScale,
+                                 kUidNegInf, kUidOne,   kUidSoftmaxSum, kUidDqAccum};
+    std::vector<void*> ptrs = {const_cast<bf16*>(t.q), const_cast<bf16*>(t.k),    const_cast<bf16*>(t.v),
+                               const_cast<bf16*>(t.o), const_cast<bf16*>(t.dout), t.dq,
+                               t.dk,                   t.dv,                      stats,
+                               &scale,                 &neg,                      &one,
+                               base + w.softmax_sum,   base + w.dq_accum};
+    BindVarlen(run.key, w, base, num_offsets, uids, ptrs);
+    return Execute(*run.plan, uids, ptrs, base, stream);
+  }
+
   // One cross piece's plan and workspace layout, its lengths written; stats are the LSE itself when
   // the piece is the whole call.
   absl::StatusOr<PieceRun> StartCrossPiece(const AttnArgs& a, const AttnRowStrides& ld, Direction direction,
                                            const CrossPiece& p, char* base, cudaStream_t stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    PieceRun r;
-    r.key = CrossKeyFor(a, ld, direction, p);
-    ASSIGN_OR_RETURN(r.plan, GetPlan(r.key));
-    r.rows = p.q1 - p.q0;
-    r.w = LayoutFor(r.key, r.rows, r.plan->workspace_bytes, BwdVariantFor(api->version));
-    r.direct = r.rows == a.tokens;
+    ASSIGN_OR_RETURN(PieceRun r, PlanPiece(a, CrossKeyFor(a, ld, direction, p), p.q1 - p.q0));
     CrossLengthsKernel<<<1, 1, 0, stream>>>(reinterpret_cast<int32_t*>(base + r.w.seqlen), static_cast<int32_t>(r.rows),
                                             reinterpret_cast<int32_t*>(base + r.w.seqlen_kv),
                                             static_cast<int32_t>(p.kv1 - p.kv0));
@@ -528,7 +545,6 @@ struct CudnnAttention::Impl {
                              const float* lse, AttnTensor dout, AttnOutTensor dq, float* dk_acc, float* dv_acc,
                              int64_t ld_acc, char* base, cudaStream_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const AttnRowStrides ld{q.ld, k.ld, v.ld, o.ld, dout.ld, dq.ld, 0, 0};
-    const BwdVariant var = BwdVariantFor(api->version);
     const int64_t kvd = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
     ++stamp;
     ASSIGN_OR_RETURN(std::vector<CrossPiece> pieces, CrossPiecesOf(a, options));
@@ -537,33 +553,15 @@ struct CudnnAttention::Impl {
       const WsLayout& w = run.w;
       float* stats = run.direct ? const_cast<float*>(lse) : reinterpret_cast<float*>(base + w.stats);
       if (!run.direct) RETURN_IF_ERROR(LseToStats(lse, p.q0, a.tokens, run.rows, a.num_q_heads, stats, stream));
-      if (var.zero_dq_accum) SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(base + w.dq_accum, 0, w.dk - w.dq_accum, stream));
-      float scale = a.softmax_scale, neg = std::numeric_limits<float>::lowest(), one = 1.0f;
-      std::vector<int64_t> uids = {kUidQ,  kUidK,      kUidV,   kUidO,          kUidDO,     kUidDQ,  kUidDK,
-                                   kUidDV, kUidStats,  kUidScale, kUidNegInf, kUidOne, kUidSoftmaxSum, kUidDqAccum};
-      std::vector<void*> ptrs = {const_cast<bf16*>(q.ptr + p.q0 * q.ld),
-                                 const_cast<bf16*>(k.ptr + p.kv0 * k.ld),
-                                 const_cast<bf16*>(v.ptr + p.kv0 * v.ld),
-                                 const_cast<bf16*>(o.ptr + p.q0 * o.ld),
-                                 const_cast<bf16*>(dout.ptr + p.q0 * dout.ld),
-                                 dq.ptr + p.q0 * dq.ld,
-                                 base + w.dk,
-                                 base + w.dv,
-                                 stats,
-                                 &scale,
-                                 &neg,
-                                 &one,
-                                 base + w.softmax_sum,
-                                 base + w.dq_accum};
-      BindVarlen(run.key, run.w, base, 0, uids, ptrs);
-      RETURN_IF_ERROR(Execute(*run.plan, uids, ptrs, base, stream));
+      RETURN_IF_ERROR(RunBackward(a, run,
+                                  {q.ptr + p.q0 * q.ld, k.ptr + p.kv0 * k.ld, v.ptr + p.kv0 * v.ld, o.ptr + p.q0 * o.ld,
+                                   dout.ptr + p.q0 * dout.ld, dq.ptr + p.q0 * dq.ld, base + w.dk, base + w.dv},
+                                  stats, 0, base, stream));
       const int64_t rows_kv = p.kv1 - p.kv0;
-      AddRowsKernel<<<GridFor(rows_kv * kvd), 256, 0, stream>>>(reinterpret_cast<const bf16*>(base + w.dk), kvd,
-                                                                 rows_kv, kvd, dk_acc + p.kv0 * ld_acc, ld_acc);
-      SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
-      AddRowsKernel<<<GridFor(rows_kv * kvd), 256, 0, stream>>>(reinterpret_cast<const bf16*>(base + w.dv), kvd,
-                                                                 rows_kv, kvd, dv_acc + p.kv0 * ld_acc, ld_acc);
-      SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+      RETURN_IF_ERROR(AddRowsBf16ToF32(reinterpret_cast<const bf16*>(base + w.dk), kvd, rows_kv, kvd,
+                                       dk_acc + p.kv0 * ld_acc, ld_acc, stream));
+      RETURN_IF_ERROR(AddRowsBf16ToF32(reinterpret_cast<const bf16*>(base + w.dv), kvd, rows_kv, kvd,
+                                       dv_acc + p.kv0 * ld_acc, ld_acc, stream));
     }
     return absl::OkStatus();
   }
@@ -651,9 +649,7 @@ absl::Status CudnnAttention::Forward(const AttnArgs& a, AttnTensor q, AttnTensor
                                                                                lse + p.t0, a.tokens);
       SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
     } else {
-      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(lse + p.t0, a.tokens * sizeof(float), stats, rows * sizeof(float),
-                                                     rows * sizeof(float), a.num_q_heads, cudaMemcpyDeviceToDevice,
-                                                     stream));
+      RETURN_IF_ERROR(Impl::StatsToLse(stats, rows, a.num_q_heads, lse, p.t0, a.tokens, stream));
     }
   }
   return absl::OkStatus();
@@ -668,7 +664,6 @@ absl::Status CudnnAttention::Backward(const AttnArgs& a, AttnTensor q, AttnTenso
   if (a.tokens <= 0) return absl::OkStatus();
   absl::MutexLock lock(&impl_->mu);
   ASSIGN_OR_RETURN(std::vector<Piece> pieces, impl_->BeginCall(a, ld));
-  const BwdVariant var = BwdVariantFor(impl_->api->version);
   char* base = static_cast<char*>(ws);
   for (const Piece& p : pieces) {
     ASSIGN_OR_RETURN(const Impl::PieceRun run, impl_->StartPiece(a, ld, Direction::kBackward, p, base, stream));
@@ -684,32 +679,13 @@ absl::Status CudnnAttention::Backward(const AttnArgs& a, AttnTensor q, AttnTenso
                                                                               a.num_q_heads, stats);
       SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
     } else {
-      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(stats, rows * sizeof(float), lse + p.t0, a.tokens * sizeof(float),
-                                                     rows * sizeof(float), a.num_q_heads, cudaMemcpyDeviceToDevice,
-                                                     stream));
+      RETURN_IF_ERROR(Impl::LseToStats(lse, p.t0, a.tokens, rows, a.num_q_heads, stats, stream));
     }
-    if (var.zero_dq_accum)
-      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(base + w.dq_accum, 0, w.total - w.dq_accum, stream));
-    float scale = a.softmax_scale, neg = std::numeric_limits<float>::lowest(), one = 1.0f;
-    std::vector<int64_t> uids = {kUidQ,     kUidK,      kUidV,   kUidO,          kUidDO,     kUidDQ,
-                                 kUidDK,    kUidDV,     kUidStats, kUidScale,    kUidNegInf, kUidOne,
-                                 kUidSoftmaxSum, kUidDqAccum};
-    std::vector<void*> ptrs = {const_cast<bf16*>(q.ptr + p.t0 * q.ld),
-                               const_cast<bf16*>(k.ptr + p.t0 * k.ld),
-                               const_cast<bf16*>(v.ptr + p.t0 * v.ld),
-                               const_cast<bf16*>(o.ptr + p.t0 * o.ld),
-                               const_cast<bf16*>(dout.ptr + p.t0 * dout.ld),
-                               dq.ptr + p.t0 * dq.ld,
-                               dk.ptr + p.t0 * dk.ld,
-                               dv.ptr + p.t0 * dv.ld,
-                               stats,
-                               &scale,
-                               &neg,
-                               &one,
-                               base + w.softmax_sum,
-                               base + w.dq_accum};
-    Impl::BindVarlen(key, w, base, kNumOffsets, uids, ptrs);
-    RETURN_IF_ERROR(impl_->Execute(*run.plan, uids, ptrs, base, stream));
+    RETURN_IF_ERROR(impl_->RunBackward(a, run,
+                                       {q.ptr + p.t0 * q.ld, k.ptr + p.t0 * k.ld, v.ptr + p.t0 * v.ld,
+                                        o.ptr + p.t0 * o.ld, dout.ptr + p.t0 * dout.ld, dq.ptr + p.t0 * dq.ld,
+                                        dk.ptr + p.t0 * dk.ld, dv.ptr + p.t0 * dv.ld},
+                                       stats, kNumOffsets, base, stream));
   }
   return absl::OkStatus();
 }

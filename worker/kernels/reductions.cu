@@ -220,48 +220,68 @@ absl::Status SumInto(const float* vals, int64_t n, float* out, cudaStream_t stre
 }
 
 namespace {
-__global__ void GatherRowsF32Kernel(const float* __restrict__ x, int64_t ld_x, const int32_t* __restrict__ index,
-                                    int64_t rows, int64_t cols, float* __restrict__ out, int64_t ld_out) {
+// op(r, c) for every element of a rows x cols block (grid-stride): the strided row moves below.
+template <typename Op>
+__global__ void RowsKernel(int64_t rows, int64_t cols, Op op) {
   const int64_t n = rows * cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / cols, c = i % cols;
+    op(i / cols, i % cols);
+  }
+}
+struct GatherRowsOp {
+  const float* x;
+  int64_t ld_x;
+  const int32_t* index;
+  float* out;
+  int64_t ld_out;
+  __device__ void operator()(int64_t r, int64_t c) const {
     const int32_t src = index[r];
     out[r * ld_out + c] = src >= 0 ? x[src * ld_x + c] : 0.f;
   }
-}
-__global__ void CastRowsKernel(const float* __restrict__ src, int64_t ld_src, int64_t rows, int64_t cols,
-                               bf16* __restrict__ dst, int64_t ld_dst) {
-  const int64_t n = rows * cols;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / cols, c = i % cols;
-    dst[r * ld_dst + c] = __float2bfloat16_rn(src[r * ld_src + c]);
+};
+struct CastRowsOp {
+  const float* src;
+  int64_t ld_src;
+  bf16* dst;
+  int64_t ld_dst;
+  __device__ void operator()(int64_t r, int64_t c) const { dst[r * ld_dst + c] = __float2bfloat16_rn(src[r * ld_src + c]); }
+};
+struct AddRowsOp {
+  const bf16* src;
+  int64_t ld_src;
+  float* dst;
+  int64_t ld_dst;
+  __device__ void operator()(int64_t r, int64_t c) const { dst[r * ld_dst + c] += __bfloat162float(src[r * ld_src + c]); }
+};
+
+// Checks a row move's shape (both strides hold the row) and runs it.
+template <typename Op>
+absl::Status RunRows(const char* name, int64_t rows, int64_t cols, int64_t ld_in, int64_t ld_out, Op op,
+                     cudaStream_t stream) {
+  if (rows < 0 || cols < 0 || ld_in < cols || ld_out < cols) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": rows ", rows, ", cols ", cols, ", ld ", ld_in, "/", ld_out));
   }
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  RowsKernel<<<GridFor(rows * cols, 256), 256, 0, stream>>>(rows, cols, op);
+  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
 }
 }  // namespace
 
 absl::Status GatherRowsF32(const float* x, int64_t ld_x, const int32_t* index, int64_t rows, int64_t cols, float* out,
                            int64_t ld_out, cudaStream_t stream) {
-  if (rows < 0 || cols < 0 || ld_x < cols || ld_out < cols) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GatherRowsF32: rows ", rows, ", cols ", cols, ", ld ", ld_x, "/", ld_out));
-  }
-  if (rows == 0 || cols == 0) return absl::OkStatus();
-  GatherRowsF32Kernel<<<GridFor(rows * cols, 256), 256, 0, stream>>>(x, ld_x, index, rows, cols, out, ld_out);
-  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
-  return absl::OkStatus();
+  return RunRows("GatherRowsF32", rows, cols, ld_x, ld_out, GatherRowsOp{x, ld_x, index, out, ld_out}, stream);
 }
 
 absl::Status CastRowsF32ToBf16(const float* src, int64_t ld_src, int64_t rows, int64_t cols, bf16* dst, int64_t ld_dst,
                                cudaStream_t stream) {
-  if (rows < 0 || cols < 0 || ld_src < cols || ld_dst < cols) {
-    return absl::InvalidArgumentError(absl::StrCat("CastRowsF32ToBf16: rows ", rows, ", cols ", cols));
-  }
-  if (rows == 0 || cols == 0) return absl::OkStatus();
-  CastRowsKernel<<<GridFor(rows * cols, 256), 256, 0, stream>>>(src, ld_src, rows, cols, dst, ld_dst);
-  SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
-  return absl::OkStatus();
+  return RunRows("CastRowsF32ToBf16", rows, cols, ld_src, ld_dst, CastRowsOp{src, ld_src, dst, ld_dst}, stream);
+}
+
+absl::Status AddRowsBf16ToF32(const bf16* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst,
+                              cudaStream_t stream) {
+  return RunRows("AddRowsBf16ToF32", rows, cols, ld_src, ld_dst, AddRowsOp{src, ld_src, dst, ld_dst}, stream);
 }
 
 absl::Status CastF32ToBf16(const float* src, int64_t n, float scale, bf16* dst, cudaStream_t stream) {

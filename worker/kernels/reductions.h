@@ -64,6 +64,9 @@ absl::Status GatherRowsF32(const float* x, int64_t ld_x, const int32_t* index, i
 // dst[r, 0:cols] = bf16(src[r, 0:cols]) (round to nearest even), strided rows.
 absl::Status CastRowsF32ToBf16(const float* src, int64_t ld_src, int64_t rows, int64_t cols, bf16* dst, int64_t ld_dst,
                                cudaStream_t stream);
+// dst[r, 0:cols] += float(src[r, 0:cols]), strided rows (cuDNN's per-piece dK / dV into the FP32 sum).
+absl::Status AddRowsBf16ToF32(const bf16* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst,
+                              cudaStream_t stream);
 // out[i] = a[i] + b[i] in FP32 (a MoE block's FP32 output added to the residual). out may alias a or b.
 absl::Status AddF32(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream);
 

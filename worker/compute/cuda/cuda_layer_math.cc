@@ -294,8 +294,9 @@ absl::Status CudaBackend::GatherContextKv(const CudaBatch& b, const LayerActs& a
   RETURN_IF_ERROR(c.Alloc(tmp, stream_));
   RETURN_IF_ERROR(block.Alloc(whole * ld * static_cast<int64_t>(sizeof(bf16)), stream_));
   ordered = reinterpret_cast<bf16*>(block.get());
-  // This share's rows, keys | values (padding rows zero), then every rank's, then whole-token order.
-  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(mine, 0, part * ld * sizeof(bf16), stream_));
+  // This share's rows, keys | values (the copies fill rows [0, T) whole; padding rows [T, part)
+  // zero), then every rank's, then whole-token order.
+  if (part > T) SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(mine + T * ld, 0, (part - T) * ld * sizeof(bf16), stream_));
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(mine, ld * sizeof(bf16), a.kr, kvd_ * sizeof(bf16),
                                                  kvd_ * sizeof(bf16), T, cudaMemcpyDeviceToDevice, stream_));
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(mine + kvd_, ld * sizeof(bf16), a.qkv + qd_ + kvd_,
