@@ -616,6 +616,35 @@ void BenchMoe(const std::string& preset, int64_t T) {
   Emit("moe_gate_up_one_gemm", preset, T, TimeMs([&] { linear(xg, R, w, gu); }), f, 0);
 }
 
+// An attention call over `tokens` queries in `docs` pieces of at most `max_seqlen`, with c's heads.
+kernels::AttnArgs HeadsArgs(const ModelConfig& c, int64_t tokens, int docs, int64_t max_seqlen, const int32_t* cu,
+                            const int32_t* cu_host) {
+  kernels::AttnArgs a;
+  a.tokens = tokens;
+  a.num_docs = docs;
+  a.max_seqlen = static_cast<int>(max_seqlen);
+  a.num_q_heads = c.num_attention_heads;
+  a.num_kv_heads = c.num_key_value_heads;
+  a.head_dim = c.head_dim;
+  a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  a.cu_seqlens = cu;
+  a.cu_seqlens_host = cu_host;
+  return a;
+}
+
+// One variant's rows: "<fwd_name> tokens column ms TFLOP/s" and the backward's (at 2.5x the
+// forward's FLOPs), then "JSON {<json_head>,"tokens":..,"<column_key>":..,"fwd_ms":..,"bwd_ms":..}".
+void ReportAttention(const std::string& fwd_name, const std::string& bwd_name, const std::string& json_head,
+                     const char* column_key, int64_t tokens, int column, double fwd_flops, double f_ms, double b_ms) {
+  std::printf("%-34s %8lld %6d %10.2f %9.1f\n", fwd_name.c_str(), static_cast<long long>(tokens), column, f_ms,
+              fwd_flops / f_ms / 1e9);
+  std::printf("%-34s %8lld %6d %10.2f %9.1f\n", bwd_name.c_str(), static_cast<long long>(tokens), column, b_ms,
+              2.5 * fwd_flops / b_ms / 1e9);
+  std::printf("JSON {%s,\"tokens\":%lld,\"%s\":%d,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f}\n", json_head.c_str(),
+              static_cast<long long>(tokens), column_key, column, f_ms, b_ms);
+  std::fflush(stdout);
+}
+
 // --attn: cuDNN's attention alone over one causal document of each length, with Qwen3-8B's heads
 // and the training strides (v inside the fused QKV rows), per layout (ragged THD entry, dense entry,
 // dense with the padding mask) and engine configuration (the heuristics' first `engines`).
@@ -630,16 +659,7 @@ void BenchAttention(const std::vector<int64_t>& lengths, int engines) {
     int32_t* cu = ar.Get<int32_t>(2);
     const int32_t hcu[2] = {0, static_cast<int32_t>(T)};
     CUDA_CHECK(cudaMemcpy(cu, hcu, 8, cudaMemcpyHostToDevice));
-    kernels::AttnArgs a;
-    a.tokens = T;
-    a.num_docs = 1;
-    a.max_seqlen = static_cast<int>(T);
-    a.num_q_heads = nq;
-    a.num_kv_heads = nkv;
-    a.head_dim = hd;
-    a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    a.cu_seqlens = cu;
-    a.cu_seqlens_host = hcu;
+    kernels::AttnArgs a = HeadsArgs(*c, T, 1, T, cu, hcu);
     bf16* q = ar.Rand(T * qd, 0.5f);
     bf16* k = ar.Rand(T * kvd, 0.5f);
     bf16* fused = ar.Rand(T * qkv, 0.5f);  // v at column qd + kvd of the fused rows
@@ -655,15 +675,10 @@ void BenchAttention(const std::vector<int64_t>& lengths, int engines) {
     const double fwd_flops = 4.0 * nq * hd * (static_cast<double>(T) * (T + 1) / 2);
     const int reps = T >= 131072 ? 2 : 5;
     // One variant's rows: forward and backward (backward at 2.5x the forward's FLOPs) and a JSON line.
-    const auto report = [&](const char* variant, int engine, double f_ms, double b_ms) {
-      std::printf("attn_fwd_cudnn_%-19s %8lld %6d %10.2f %9.1f\n", variant, static_cast<long long>(T), engine, f_ms,
-                  fwd_flops / f_ms / 1e9);
-      std::printf("attn_bwd_cudnn_%-19s %8lld %6d %10.2f %9.1f\n", variant, static_cast<long long>(T), engine, b_ms,
-                  2.5 * fwd_flops / b_ms / 1e9);
-      std::printf("JSON {\"op\":\"attn_cudnn\",\"layout\":\"%s\",\"tokens\":%lld,\"engine\":%d,\"fwd_ms\":%.3f,"
-                  "\"bwd_ms\":%.3f}\n",
-                  variant, static_cast<long long>(T), engine, f_ms, b_ms);
-      std::fflush(stdout);
+    const auto report = [&](const std::string& variant, int engine, double f_ms, double b_ms) {
+      ReportAttention("attn_fwd_cudnn_" + variant, "attn_bwd_cudnn_" + variant,
+                      "\"op\":\"attn_cudnn\",\"layout\":\"" + variant + "\"", "engine", T, engine, fwd_flops, f_ms,
+                      b_ms);
     };
     struct Layout {
       const char* name;
@@ -740,6 +755,89 @@ void BenchAttention(const std::vector<int64_t>& lengths, int engines) {
   }
 }
 
+// --attn-cross: a context-parallel share's attention alone: rank 0's zig-zag share of one causal
+// document of T tokens over `ranks` (its first and last chunks of 2 x ranks, T / ranks queries)
+// against the document's gathered keys | values ([T, 2 kv_dim] rows, as GatherContextKv lays them),
+// Qwen3-8B's heads; the own kernels against cuDNN's cross entries (CudnnAttentionOptions::cross).
+// FLOPs: the share's causal area (a balanced share holds 1 / ranks of the document's).
+void BenchCrossAttention(const std::vector<int64_t>& lengths, int ranks) {
+  auto c = ModelConfig::Preset("qwen3-8b");
+  BENCH_CHECK(c.status());
+  const int nq = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim;
+  const int64_t qd = c->q_dim(), kvd = c->kv_dim(), ld_kv = 2 * kvd;
+  std::printf("%-34s %8s %6s %10s %9s\n", "cross attention (qwen3-8b heads)", "tokens", "ranks", "ms", "TFLOP/s");
+  for (int64_t T : lengths) {
+    const int64_t chunk = T / (2 * ranks), L = 2 * chunk;
+    Arena ar;
+    const int32_t hcu[3] = {0, static_cast<int32_t>(chunk), static_cast<int32_t>(L)};
+    const int32_t hbounds[4] = {0, static_cast<int32_t>(chunk), 0, static_cast<int32_t>(T)};
+    int32_t* cu = ar.Get<int32_t>(3);
+    int32_t* bounds = ar.Get<int32_t>(4);
+    CUDA_CHECK(cudaMemcpy(cu, hcu, sizeof(hcu), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(bounds, hbounds, sizeof(hbounds), cudaMemcpyHostToDevice));
+    kernels::AttnArgs a = HeadsArgs(*c, L, 2, chunk, cu, hcu);
+    a.kv_bounds = bounds;
+    a.kv_bounds_host = hbounds;
+    a.kv_tokens = T;
+    a.max_seqlen_kv = static_cast<int>(T);
+    bf16* q = ar.Rand(L * qd, 0.5f);
+    bf16* kv = ar.Rand(T * ld_kv, 0.5f);
+    bf16* o = ar.Get<bf16>(L * qd);
+    bf16* dO = ar.Rand(L * qd);
+    bf16* dq = ar.Get<bf16>(L * qd);
+    float* dkv = ar.Get<float>(T * ld_kv);
+    float* lse = ar.Get<float>(L * nq);
+    const double area = static_cast<double>(chunk) * (chunk + 1) / 2 + static_cast<double>(chunk) * (T - chunk) +
+                        static_cast<double>(chunk) * (chunk + 1) / 2;
+    const double fwd_flops = 4.0 * nq * hd * area;
+    const int reps = T >= 262144 ? 2 : 5;
+    const auto report = [&](const std::string& impl, double f_ms, double b_ms) {
+      ReportAttention("attn_cross_fwd_" + impl, "attn_cross_bwd_" + impl,
+                      "\"op\":\"attn_cross\",\"impl\":\"" + impl + "\"", "ranks", T, ranks, fwd_flops, f_ms, b_ms);
+    };
+    const kernels::AttnTensor keys{kv, ld_kv}, values{kv + kvd, ld_kv};
+    {  // the own kernels
+      void* ws = nullptr;
+      CUDA_CHECK(cudaMalloc(&ws, kernels::FlashAttentionBackwardWorkspaceBytes(a)));
+      const double f_ms =
+          TimeMs([&] { BENCH_CHECK(kernels::FlashAttentionForward(a, {q, qd}, keys, values, {o, qd}, lse, nullptr)); },
+                 reps);
+      const double b_ms = TimeMs(
+          [&] {
+            BENCH_CHECK(kernels::FlashAttentionBackwardCross(a, {q, qd}, keys, values, {o, qd}, lse, {dO, qd},
+                                                             {dq, qd}, dkv, dkv + kvd, ld_kv, ws, nullptr));
+          },
+          reps);
+      CUDA_CHECK(cudaFree(ws));
+      report("own", f_ms, b_ms);
+    }
+    kernels::CudnnAttentionOptions opt;
+    opt.cross = true;
+    opt.cross_min_tokens = 0;
+    g_cudnn->set_options(opt);
+    const kernels::AttnRowStrides ld{qd, ld_kv, ld_kv, qd, qd, qd, 0, 0};
+    absl::StatusOr<int64_t> fws = g_cudnn->ForwardWorkspaceBytes(a, ld);
+    absl::StatusOr<int64_t> bws = fws.ok() ? g_cudnn->BackwardWorkspaceBytes(a, ld) : fws;
+    if (!bws.ok()) {
+      std::printf("attn_cross_cudnn %8lld   %s\n", static_cast<long long>(T), bws.status().ToString().c_str());
+    } else {
+      void* ws = nullptr;
+      CUDA_CHECK(cudaMalloc(&ws, std::max<int64_t>(*fws, *bws)));
+      const double f_ms =
+          TimeMs([&] { BENCH_CHECK(g_cudnn->Forward(a, {q, qd}, keys, values, {o, qd}, lse, ws, nullptr)); }, reps);
+      const double b_ms = TimeMs(
+          [&] {
+            BENCH_CHECK(g_cudnn->BackwardCross(a, {q, qd}, keys, values, {o, qd}, lse, {dO, qd}, {dq, qd}, dkv,
+                                               dkv + kvd, ld_kv, ws, nullptr));
+          },
+          reps);
+      CUDA_CHECK(cudaFree(ws));
+      report("cudnn", f_ms, b_ms);
+    }
+    g_cudnn->set_options({});
+  }
+}
+
 }  // namespace
 }  // namespace slidedp
 
@@ -768,6 +866,16 @@ int main(int argc, char** argv) {
     std::vector<int64_t> lengths;
     for (absl::string_view part : absl::StrSplit(argv[2], ',')) lengths.push_back(std::stoll(std::string(part)));
     BenchAttention(lengths, argc > 3 ? std::stoi(argv[3]) : 1);
+    return 0;
+  }
+  // --attn-cross T1,T2,... [RANKS]: a context-parallel share's attention, own kernels vs cuDNN.
+  if (argc > 2 && std::string(argv[1]) == "--attn-cross") {
+    absl::StatusOr<std::unique_ptr<kernels::CudnnAttention>> cudnn = kernels::CudnnAttention::Create(0);
+    BENCH_CHECK(cudnn.status());
+    g_cudnn = cudnn->get();
+    std::vector<int64_t> lengths;
+    for (absl::string_view part : absl::StrSplit(argv[2], ',')) lengths.push_back(std::stoll(std::string(part)));
+    BenchCrossAttention(lengths, argc > 3 ? std::stoi(argv[3]) : 2);
     return 0;
   }
   // --moe T [PRESET]: one sparse decoder layer of a MoE preset (default qwen3-30b-a3b) over T tokens.
