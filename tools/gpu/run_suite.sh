@@ -59,7 +59,9 @@
 #                   a subset of "auto cached today peer"; AP_SWEEP (1): the auto run then measures the
 #                   fixed layouts of SweepLayouts one step each (SLIDEDP_AUTOPOLICY_SWEEP) and AutoPolicy's
 #                   steady step must be within 2% of the fastest; AP_STEPS (20 with the sweep, else 8)
-#   scaling    ~6   (2 GPUs) Qwen3-8B 1 -> 2 GPUs >= 1.95x; ours / FSDP2 on 2 GPUs >= 1.5
+#   scaling    ~10  (2 GPUs) Qwen3-8B 1 -> 2 GPUs at 64K per GPU >= 1.95x (weak); at each global batch of
+#                   SCALING_STRONG ("65536 16384"; empty: none) 1 GPU at G vs 2 GPUs at G / 2 >= 1.9x (strong:
+#                   issue 26, the host's work does not halve); ours / FSDP2 on 2 GPUs >= 1.5
 #   state      ~3   issue 21, compact Adam moments on the GPU machine's host: adam_state_test and
 #                   adam_engine_test, adam_kernels_test (bundled host tests: the AVX-512 kernels bit-identical to
 #                   scalar), bench_layeradam with fp32 / bf16 / int8 moments: int8 Gparam/s >= 1.5x fp32
@@ -97,7 +99,8 @@
 #                   (bench_step on LONGCTX_COMPUTE_LAYERS layers) and FSDP2 GPU-resident at the longest of
 #                   LONGCTX_PEER_SEQS that runs (figures); LONGCTX_WHAT picks and orders the stages;
 #                   LONGCTX_LAYERS a reduced depth of the preset for ours (a 512K-1M step of the whole
-#                   model outlasts one device call)
+#                   model outlasts one device call); LONGCTX_CP (1) splits the sequence over that many GPUs
+#                   (runtime.context_parallel, grad_reduction gpu: NCCL; ours only, model TFLOP/s per GPU)
 #
 # Output: $OUT/summary.txt (one line per check: PASS / FAIL / INFO / SKIP, the figure and its
 # threshold), $OUT/suite.log (everything printed), $OUT/details.tar.gz (each part's logs and result
@@ -107,7 +110,8 @@
 #   SUITE_DEADLINE   seconds after the start by which every stage must have ended (570: the device
 #                    tool stops a command at 600 s); stages are cut to fit, and skipped when not
 #   SUITE_WORK       scratch space (/tmp/slidedp-suite; large: models, checkpoints)
-#   DRY_RUN=1        print the commands each part would run, run nothing (works without a bundle)
+#   DRY_RUN=1        print the commands each part would run, run nothing (works without a bundle);
+#                    DRY_GPUS=2 as if two GPUs were visible (the two-GPU parts)
 #   KERNELS_FILTER   --gtest_filter for every GPU test binary     KERNELS_CAP  per binary (300 s)
 #   KERNELS_CTEST=1  `ctest -L gpu` in KERNELS_BUILD_DIR (build) instead of the bundled binaries
 #   KERNELS_WRAP     a command to run each binary under, e.g. "compute-sanitizer --tool memcheck"
@@ -200,6 +204,7 @@ gpus=1
 have_smi=0
 command -v nvidia-smi > /dev/null && have_smi=1
 if ! dry && [ $have_smi = 1 ]; then gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU'); fi
+dry && gpus=${DRY_GPUS:-1}  # a dry run of the two-GPU parts: DRY_GPUS=2
 
 # result STATUS PART TEXT: one summary line.
 result() { printf '%-4s %-11s %s\n' "$1" "$2" "$3" | tee -a "$summary"; }
@@ -900,12 +905,23 @@ part_scaling() {
     return
   fi
   find_cudnn
-  local model=${SCALING_MODEL:-qwen3-8b} w=$work/scaling
-  stage scaling_ours $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir" MODEL="$model" GPUS="1 2" TOKENS_LIST=65536 \
-    WHAT=ours ACT_POLICY=auto WORK="$w" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 160)) bash bench/e2e/run_bench.sh
+  local model=${SCALING_MODEL:-qwen3-8b} w=$work/scaling strong=${SCALING_STRONG-"65536 16384"} g
+  # Weak scaling at 64K per GPU; strong scaling at each global batch of SCALING_STRONG (1 GPU at G,
+  # 2 GPUs at G / 2 each), every (GPUs, tokens per GPU) pair run once.
+  local one="65536" two="65536"
+  for g in $strong; do
+    case " $one " in *" $g "*) ;; *) one="$one $g" ;; esac
+    case " $two " in *" $((g / 2)) "*) ;; *) two="$two $((g / 2))" ;; esac
+  done
+  stage scaling_ours1 $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir" MODEL="$model" GPUS=1 TOKENS_LIST="$one" \
+    WHAT=ours ACT_POLICY=auto WORK="$w" FRESH=1 BUDGET_S=$(((SUITE_DEADLINE - SECONDS - 160) * 2 / 5)) \
+    bash bench/e2e/run_bench.sh
+  stage scaling_ours2 $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir" MODEL="$model" GPUS=2 TOKENS_LIST="$two" \
+    WHAT=ours ACT_POLICY=auto WORK="$w" RESUME=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 160)) bash bench/e2e/run_bench.sh
   stage scaling_fsdp2 $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir" MODEL="$model" GPUS=2 TOKENS_LIST=16384 \
     WHAT=fsdp2 WORK="$w" RESUME=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
-  judge scaling --results "$part_dir/bench-results.json" --model "$model" --tokens 65536 --peer-tokens 16384
+  judge scaling --results "$part_dir/bench-results.json" --model "$model" --tokens 65536 --peer-tokens 16384 \
+    ${strong:+--strong "$(echo $strong | tr ' ' ',')"}
 }
 
 # Issue 21: compact Adam moments. The kernels' tests run here too because this host has the ISA
@@ -1182,11 +1198,11 @@ data: {path: $data}
 output: {dir: $d/out, save_final: false}
 train: {seq_len: $seq, global_batch: 1, micro_batch: 1, steps: $steps, seed: 0, max_grad_norm: 0}
 optimizer: {lr: 1.0e-5, weight_decay: 0.01, state_dtype: int8}
-runtime: {workers: 1, act_policy: ${LONGCTX_ACT_POLICY:-recompute}, offload_ratio: $offload, param_source: master, checkpoint_dtype: ${LONGCTX_CHECKPOINT_DTYPE:-fp32}${tile:+, tile_tokens: $tile}${LONGCTX_POLICY:+, policy: $PWD/$LONGCTX_POLICY}${LONGCTX_RUNTIME_EXTRA:+, $LONGCTX_RUNTIME_EXTRA}}
+runtime: {workers: $cp,${cp_yaml} act_policy: ${LONGCTX_ACT_POLICY:-recompute}, offload_ratio: $offload, param_source: master, checkpoint_dtype: ${LONGCTX_CHECKPOINT_DTYPE:-fp32}${tile:+, tile_tokens: $tile}${LONGCTX_POLICY:+, policy: $PWD/$LONGCTX_POLICY}${LONGCTX_RUNTIME_EXTRA:+, $LONGCTX_RUNTIME_EXTRA}}
 YAML
   dry && sed 's/^/DRY      /' "$d/job.yaml"
   dry || { longctx_sampler "$d/hostmem" & sampler=$!; }
-  stage longctx_ours "${LONGCTX_OURS_CAP:-470}" env CUDA_VISIBLE_DEVICES=0 slidedp run "$d/job.yaml" --backend cuda \
+  stage longctx_ours "${LONGCTX_OURS_CAP:-470}" env CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((cp - 1)))" slidedp run "$d/job.yaml" --backend cuda \
     --run-dir "$d/run"
   rc=$?
   dry && return 0
@@ -1395,7 +1411,15 @@ part_longctx() {
   find_cudnn
   local model=${LONGCTX_MODEL:-qwen3-8b} seq=${LONGCTX_SEQ:-262144} steps=${LONGCTX_STEPS:-2}
   local offload=${LONGCTX_OFFLOAD:-0.4} tile=${LONGCTX_TILE-32768} what=${LONGCTX_WHAT:-"ours compute peer"} k
-  local w=$work/longctx/$model${LONGCTX_LAYERS:+-l$LONGCTX_LAYERS}-s$seq maxpos rope_yaml="" rope_json="" factor
+  local cp=${LONGCTX_CP:-1} cp_yaml=""
+  local w=$work/longctx/$model${LONGCTX_LAYERS:+-l$LONGCTX_LAYERS}-s$seq${LONGCTX_CP:+-cp$cp} maxpos rope_yaml="" rope_json="" factor
+  if [ "$cp" -gt 1 ]; then  # one sequence over cp GPUs (issue 26), keys and values over NCCL
+    if [ "$gpus" -lt "$cp" ]; then
+      result SKIP longctx "LONGCTX_CP=$cp needs $cp GPUs, $gpus visible"
+      return
+    fi
+    cp_yaml=" context_parallel: $cp, grad_reduction: gpu,"
+  fi
   for k in $what; do
     case $k in
       ours|compute|peer) ;;

@@ -410,11 +410,27 @@ def check_bench(a, v):
                           + (why(off, "fsdp2-offload", p) if usable(o16) else why(o16, "ours", p)))
 
 
+# Strong scaling 1 -> 2 GPUs at a fixed global batch (issue 26: the compute window halves, the
+# host's work per step does not; the published runtime's 4 -> 8 GPU figure is 1.94x).
+T_STRONG_SCALING = 1.9
+
+
 def check_scaling(a, v):
-    """1 -> 2 GPUs at the same tokens per GPU (total tokens/s), and ours / FSDP2 on 2 GPUs."""
+    """1 -> 2 GPUs at the same tokens per GPU (total tokens/s), at each --strong global batch (1 GPU
+    at G against 2 GPUs at G / 2 each), and ours / FSDP2 on 2 GPUs."""
     rep = report_module()
     recs = e2e_records(a.results)
     m, t, p = a.model, a.tokens, a.peer_tokens
+    for g in a.strong or []:
+        s1, s2 = pick(recs, "ours", m, g, 1), pick(recs, "ours", m, g // 2, 2)
+        if usable(s1) and usable(s2):
+            s = s2["tokens_per_s"] / s1["tokens_per_s"]
+            v.gate(s >= T_STRONG_SCALING,
+                   f"{m} strong scaling at {g // 1024}K tokens per step: 1 GPU {s1['tokens_per_s']:,.0f} -> 2 GPUs "
+                   f"({g // 2048}K each) {s2['tokens_per_s']:,.0f} tok/s = {s:.2f}x (>= {T_STRONG_SCALING:g})")
+        else:
+            v.gate(False, f"{m} strong scaling at {g // 1024}K: "
+                          + (why(s2, "ours on 2 GPUs", g // 2) if usable(s1) else why(s1, "ours on 1 GPU", g)))
     o1, o2 = pick(recs, "ours", m, t, 1), pick(recs, "ours", m, t, 2)
     if usable(o1) and usable(o2):
         s = o2["tokens_per_s"] / o1["tokens_per_s"]
@@ -783,7 +799,8 @@ def main(argv=None):
     add("offload", check_offload, ("--logs", {"nargs": "+"}))
     add("bench", check_bench, ("--results",), ("--model",), ("--tokens", I), ("--peer-tokens", I),
         ("--offload", {"action": "store_true"}))
-    add("scaling", check_scaling, ("--results",), ("--model",), ("--tokens", I), ("--peer-tokens", I))
+    add("scaling", check_scaling, ("--results",), ("--model",), ("--tokens", I), ("--peer-tokens", I),
+        ("--strong", {"type": lambda x: [int(g) for g in x.split(",") if g], "default": []}))
     add("layeradam", check_layeradam, ("--log",), ("--t-torch", F), ("--t-copy", F),
         ("--t-triad", {"type": float, "default": 0.85}))  # "LayerAdam at the memory wall"
     add("copy", check_copy, ("--log",), ("--t-ratio", {"type": float, "default": 0.9}))  # "DMA before Adam"

@@ -289,6 +289,30 @@ class JudgeTest(unittest.TestCase):
         self.assertIn("2.01x", out)
         self.assertIn("1.16", out)
 
+    def test_strong_scaling(self):
+        def ours(gpus, per_gpu, tps):
+            return {"kind": "ours", "model": "qwen3-8b", "gpus": gpus, "tokens_per_gpu": per_gpu, "tokens_per_s": tps,
+                    "tokens_per_s_per_gpu": tps / gpus}
+        recs = [ours(1, 65536, 7761.0), ours(2, 65536, 15583.0), ours(1, 16384, 7000.0), ours(2, 32768, 15000.0),
+                ours(2, 8192, 11900.0),
+                {"kind": "fsdp2", "model": "qwen3-8b", "gpus": 2, "tokens_per_gpu": 16384, "tokens_per_s_per_gpu": 5000.0}]
+        args = ["--results", self.write("strong.json", recs), "--model", "qwen3-8b", "--tokens", 65536,
+                "--peer-tokens", 16384]
+        rc, out = run("scaling", "--part", "scaling", *args, "--strong", "65536,16384")
+        self.assertEqual(rc, 1, out)  # 64K: 15000 / 7761 = 1.93x passes; 16K: 11900 / 7000 = 1.70x does not
+        self.assertIn("PASS scaling     qwen3-8b strong scaling at 64K tokens per step", out)
+        self.assertIn("1.93x (>= 1.9)", out)
+        self.assertIn("FAIL scaling     qwen3-8b strong scaling at 16K tokens per step", out)
+        self.assertIn("1.70x", out)
+        # A global batch whose 2-GPU run is missing is a failure that says so.
+        rc, out = run("scaling", "--part", "scaling", *args, "--strong", "131072")
+        self.assertEqual(rc, 1, out)
+        self.assertIn("strong scaling at 128K", out)
+        # Without --strong only the weak scaling and the peer are judged.
+        rc, out = run("scaling", "--part", "scaling", *args)
+        self.assertEqual(rc, 0, out)
+        self.assertNotIn("strong", out)
+
     def test_layeradam(self):
         bench = {"bench": "layeradam", "adam_Gparam_per_s": 4.24, "threads": 16, "layeradam_bytes_per_param": 30.0,
                  "layeradam_bytes_per_param_no_mirror": 28.0, "layeradam_gbps": 127.3, "layeradam_gbps_best": 131.0,
