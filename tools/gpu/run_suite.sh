@@ -43,7 +43,9 @@
 #                   each (MASTERSRC_MODEL/TOKENS/VARIANTS)
 #   big        ~8   issue 21: Qwen3-14B (BIG_MODEL) int8 moments + param_source master at 64K tokens
 #                   (BIG_TOKENS), with and without clipping (BIG_VARIANTS), against compute-only:
-#                   >= 0.95; host state and MemAvailable drop per billion parameters (target 6 GiB/B)
+#                   >= 0.95; host state and MemAvailable drop per billion parameters (target 6 GiB/B);
+#                   BIG_GPUS (1; 2: issue 26's Qwen3-32B / 14B on two GPUs, tok/s per GPU against one GPU's
+#                   compute-only), BIG_STATE_DTYPE (int8; fp32: the exact state)
 #   memlimit   ~3   issue 22: runtime.gpu_memory_limit (MEMLIMIT, 40GiB) on Qwen3-4B at 64K, act_policy
 #                   auto (MEMLIMIT_ACT_POLICY, MEMLIMIT_RUNTIME_EXTRA, MEMLIMIT_STEPS, MEMLIMIT_STEADY_FROM:
 #                   e.g. recompute, "policy: auto", 8, 5 for AutoPolicy):
@@ -730,11 +732,15 @@ PY
 part_big() {
   find_cudnn
   local model=${BIG_MODEL:-qwen3-14b} tokens=${BIG_TOKENS:-65536} w=$work/big v norm
-  local variants=${BIG_VARIANTS:-"noclip:0 clip:1.0"}
+  local variants=${BIG_VARIANTS:-"noclip:0 clip:1.0"} big_gpus=${BIG_GPUS:-1} state=${BIG_STATE_DTYPE:-int8}
+  if [ "$gpus" -lt "$big_gpus" ]; then
+    result SKIP big "BIG_GPUS=$big_gpus needs $big_gpus GPUs, $gpus visible"
+    return
+  fi
   for v in $variants; do
     norm=${v#*:}
-    stage "big_${v%%:*}" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/${v%%:*}" MODEL="$model" GPUS=1 \
-      TOKENS_LIST="$tokens" WHAT=ours MAX_GRAD_NORM="$norm" STATE_DTYPE=int8 ACT_POLICY="${BIG_POLICY:-recompute}" \
+    stage "big_${v%%:*}" $((SUITE_DEADLINE - SECONDS)) env OUT="$part_dir/${v%%:*}" MODEL="$model" GPUS="$big_gpus" \
+      TOKENS_LIST="$tokens" WHAT=ours MAX_GRAD_NORM="$norm" STATE_DTYPE="$state" ACT_POLICY="${BIG_POLICY:-recompute}" \
       RUNTIME_EXTRA="param_source: master${BIG_RUNTIME_EXTRA:+, $BIG_RUNTIME_EXTRA}" STEPS="${BIG_STEPS:-4}" \
       WORK="$w/${v%%:*}" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
   done
@@ -742,11 +748,11 @@ part_big() {
     TOKENS_LIST="$tokens" WHAT=compute ACT_POLICY="${BIG_POLICY:-recompute}" STEPS="${BIG_STEPS:-4}" \
     WORK="$w/compute" FRESH=1 BUDGET_S=$((SUITE_DEADLINE - SECONDS - 20)) bash bench/e2e/run_bench.sh
   dry && return 0
-  python3 - "$w" "$model" "$tokens" << 'PY' | tee -a "$summary"
+  python3 - "$w" "$model" "$tokens" "$big_gpus" "$state" << 'PY' | tee -a "$summary"
 import glob, json, sys
 sys.path.insert(0, "bench/e2e")
 from report import preset_params
-w, model, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+w, model, tokens, gpus, state_dtype = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 params = preset_params(model)
 med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None
 sys.path.insert(0, "tools/gpu")
@@ -769,13 +775,15 @@ for name in ("noclip", "clip"):
     if not steady:
         print(f"FAIL big        {model} {name}: no steps (see details)")
         continue
-    tps = med([r["tokens_per_s"] for r in steady])
+    tps = med([r["tokens_per_s"] for r in steady]) / gpus  # per GPU, against one GPU's compute-only
     state = rows[-1].get("host_state_bytes", 0)
     drop = hostmem(f"{w}/{name}")
     gib_b = lambda b: (b / 2**30) / (params / 1e9) if params and b else float("nan")
     ratio = tps / cps if cps else float("nan")
     verdict = "PASS" if cps and ratio >= 0.95 else "FAIL"
-    print(f"{verdict} big         {model} {tokens // 1024}K int8 + master, {name}: {tps:.0f} tok/s = {ratio:.3f} of "
+    where = f", {gpus} GPUs" if gpus > 1 else ""
+    print(f"{verdict} big         {model} {tokens // 1024}K{' per GPU' if gpus > 1 else ''} {state_dtype} + master{where}, "
+          f"{name}: {tps:.0f} tok/s{' per GPU' if gpus > 1 else ''} = {ratio:.3f} of "
           f"compute-only {cps or float('nan'):.0f} (target 0.95); host state {state / 2**30:.2f} GiB "
           f"({gib_b(state):.2f} GiB/B), MemAvailable drop {(drop or 0) / 2**30:.2f} GiB ({gib_b(drop):.2f} GiB/B; target 6)")
 PY
