@@ -815,9 +815,9 @@ std::string ModelConfig::ToJson() const {
 }
 
 std::string ModelConfig::PresetNames() {
-  return "qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, "
-         "qwen2.5-14b, llama3.2-1b, llama3.2-3b, llama3.1-8b, mistral-7b, qwen3-30b-a3b, tiny, tiny-qwen2, tiny-llama, "
-         "tiny-mistral, tiny-moe";
+  return "qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen3-32b, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, "
+         "qwen2.5-7b, qwen2.5-14b, llama3.2-1b, llama3.2-3b, llama3.1-8b, mistral-7b, qwen3-30b-a3b, tiny, tiny-qwen2, "
+         "tiny-llama, tiny-mistral, tiny-moe";
 }
 
 absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
@@ -873,6 +873,8 @@ absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
     set(4096, 36, 32, 12288, false);
   } else if (name == "qwen3-14b") {
     set(5120, 40, 40, 17408, false);
+  } else if (name == "qwen3-32b") {  // the hub's Qwen/Qwen3-32B config.json: 64 query heads on hidden 5120
+    set(5120, 64, 64, 25600, false);
   } else if (absl::StartsWith(name, "qwen2.5-")) {
     c.family = ModelFamily::kQwen2;
     c.max_position_embeddings = 32768;

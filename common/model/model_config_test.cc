@@ -33,6 +33,16 @@ TEST(ModelConfig, UntiedHeadHasLmHead) {
   EXPECT_EQ(m.param_count(), 8190735360);
 }
 
+// Qwen/Qwen3-32B's config.json (64 query heads of 128 on hidden 5120, untied): HF's 32.8B parameters.
+TEST(ModelConfig, Qwen3_32bPresetIsTheHubsShape) {
+  auto c = ModelConfig::Preset("qwen3-32b");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_hidden_layers, 64);
+  EXPECT_EQ(c->q_dim(), 8192);
+  EXPECT_EQ(c->kv_dim(), 1024);
+  EXPECT_EQ(ModelLayout::Build(*c).param_count(), 32762123264);
+}
+
 TEST(ModelConfig, JsonRoundTrip) {
   auto c = ModelConfig::Preset("tiny");
   ASSERT_TRUE(c.ok());
