@@ -632,6 +632,18 @@ kernels::AttnArgs HeadsArgs(const ModelConfig& c, int64_t tokens, int docs, int6
   return a;
 }
 
+// A device workspace for cuDNN's forward and backward of `a` (the larger of the two), or the reason
+// cuDNN does not take the call. Freed by the caller.
+absl::StatusOr<void*> CudnnWorkspace(const kernels::AttnArgs& a, const kernels::AttnRowStrides& ld) {
+  absl::StatusOr<int64_t> fws = g_cudnn->ForwardWorkspaceBytes(a, ld);
+  if (!fws.ok()) return fws.status();
+  absl::StatusOr<int64_t> bws = g_cudnn->BackwardWorkspaceBytes(a, ld);
+  if (!bws.ok()) return bws.status();
+  void* ws = nullptr;
+  CUDA_CHECK(cudaMalloc(&ws, std::max<int64_t>(*fws, *bws)));
+  return ws;
+}
+
 // One variant's rows: "<fwd_name> tokens column ms TFLOP/s" and the backward's (at 2.5x the
 // forward's FLOPs), then "JSON {<json_head>,"tokens":..,"<column_key>":..,"fwd_ms":..,"bwd_ms":..}".
 void ReportAttention(const std::string& fwd_name, const std::string& bwd_name, const std::string& json_head,
@@ -692,15 +704,13 @@ void BenchAttention(const std::vector<int64_t>& lengths, int engines) {
         opt.dense_padding_mask = lay.padding;
         opt.engine = e;
         g_cudnn->set_options(opt);
-        absl::StatusOr<int64_t> fws = g_cudnn->ForwardWorkspaceBytes(a, ld);
-        absl::StatusOr<int64_t> bws = fws.ok() ? g_cudnn->BackwardWorkspaceBytes(a, ld) : fws;
-        if (!bws.ok()) {
+        absl::StatusOr<void*> got = CudnnWorkspace(a, ld);
+        if (!got.ok()) {
           std::printf("attn_cudnn_%-23s %8lld %6d   %s\n", lay.name, static_cast<long long>(T), e,
-                      bws.status().ToString().c_str());
+                      got.status().ToString().c_str());
           break;
         }
-        void* ws = nullptr;
-        CUDA_CHECK(cudaMalloc(&ws, std::max<int64_t>(*fws, *bws)));
+        void* ws = *got;
         const double f_ms = TimeMs(
             [&] { BENCH_CHECK(g_cudnn->Forward(a, {q, qd}, {k, kvd}, {v, qkv}, {o, qd}, lse, ws, nullptr)); }, reps);
         const double b_ms = TimeMs(
@@ -721,13 +731,11 @@ void BenchAttention(const std::vector<int64_t>& lengths, int engines) {
       kernels::AttnArgs g = a;
       g.num_q_heads = gq;
       g.num_kv_heads = 1;
-      absl::StatusOr<int64_t> fws = g_cudnn->ForwardWorkspaceBytes(g, ld);
-      absl::StatusOr<int64_t> bws = fws.ok() ? g_cudnn->BackwardWorkspaceBytes(g, ld) : fws;
-      if (!bws.ok()) {
-        std::printf("attn_cudnn_per_kv_head %8lld   %s\n", static_cast<long long>(T), bws.status().ToString().c_str());
+      absl::StatusOr<void*> got = CudnnWorkspace(g, ld);
+      if (!got.ok()) {
+        std::printf("attn_cudnn_per_kv_head %8lld   %s\n", static_cast<long long>(T), got.status().ToString().c_str());
       } else {
-        void* ws = nullptr;
-        CUDA_CHECK(cudaMalloc(&ws, std::max<int64_t>(*fws, *bws)));
+        void* ws = *got;
         const double f_ms = TimeMs(
             [&] {
               for (int h = 0; h < groups; ++h) {
@@ -816,13 +824,11 @@ void BenchCrossAttention(const std::vector<int64_t>& lengths, int ranks) {
     opt.cross_min_tokens = 0;
     g_cudnn->set_options(opt);
     const kernels::AttnRowStrides ld{qd, ld_kv, ld_kv, qd, qd, qd, 0, 0};
-    absl::StatusOr<int64_t> fws = g_cudnn->ForwardWorkspaceBytes(a, ld);
-    absl::StatusOr<int64_t> bws = fws.ok() ? g_cudnn->BackwardWorkspaceBytes(a, ld) : fws;
-    if (!bws.ok()) {
-      std::printf("attn_cross_cudnn %8lld   %s\n", static_cast<long long>(T), bws.status().ToString().c_str());
+    absl::StatusOr<void*> got = CudnnWorkspace(a, ld);
+    if (!got.ok()) {
+      std::printf("attn_cross_cudnn %8lld   %s\n", static_cast<long long>(T), got.status().ToString().c_str());
     } else {
-      void* ws = nullptr;
-      CUDA_CHECK(cudaMalloc(&ws, std::max<int64_t>(*fws, *bws)));
+      void* ws = *got;
       const double f_ms =
           TimeMs([&] { BENCH_CHECK(g_cudnn->Forward(a, {q, qd}, keys, values, {o, qd}, lse, ws, nullptr)); }, reps);
       const double b_ms = TimeMs(

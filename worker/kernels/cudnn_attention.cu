@@ -469,6 +469,26 @@ struct CudnnAttention::Impl {
     }
   }
 
+  // Where a piece's stats live: the LSE itself for a direct piece, else the workspace's scratch.
+  static float* StatsOf(const PieceRun& run, const float* lse, char* base) {
+    return run.direct ? const_cast<float*>(lse) : reinterpret_cast<float*>(base + run.w.stats);
+  }
+
+  // One forward execution: q, k, v, o at the piece's rows, the stats in the plan's layout.
+  struct FwdTensors {
+    const bf16 *q, *k, *v;
+    bf16* o;
+  };
+  absl::Status RunForward(const AttnArgs& a, const PieceRun& run, const FwdTensors& t, float* stats, int num_offsets,
+                          char* base, cudaStream_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    float scale = a.softmax_scale, neg = std::numeric_limits<float>::lowest();
+    std::vector<int64_t> uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidNegInf};
+    std::vector<void*> ptrs = {const_cast<bf16*>(t.q), const_cast<bf16*>(t.k), const_cast<bf16*>(t.v), t.o, stats,
+                               &scale, &neg};
+    BindVarlen(run.key, run.w, base, num_offsets, uids, ptrs);
+    return Execute(*run.plan, uids, ptrs, base, stream);
+  }
+
   // One backward execution: the eight tensors at the piece's rows (dk / dv: the caller's rows or
   // a cross piece's scratch), the stats in the plan's layout.
   struct BwdTensors {
@@ -529,13 +549,10 @@ struct CudnnAttention::Impl {
     ASSIGN_OR_RETURN(std::vector<CrossPiece> pieces, CrossPiecesOf(a, options));
     for (const CrossPiece& p : pieces) {
       ASSIGN_OR_RETURN(const PieceRun run, StartCrossPiece(a, ld, Direction::kForward, p, base, stream));
-      float* stats = run.direct ? lse : reinterpret_cast<float*>(base + run.w.stats);
-      float scale = a.softmax_scale, neg = std::numeric_limits<float>::lowest();
-      std::vector<int64_t> uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidNegInf};
-      std::vector<void*> ptrs = {const_cast<bf16*>(q.ptr + p.q0 * q.ld), const_cast<bf16*>(k.ptr + p.kv0 * k.ld),
-                                 const_cast<bf16*>(v.ptr + p.kv0 * v.ld), o.ptr + p.q0 * o.ld, stats, &scale, &neg};
-      BindVarlen(run.key, run.w, base, 0, uids, ptrs);
-      RETURN_IF_ERROR(Execute(*run.plan, uids, ptrs, base, stream));
+      float* stats = StatsOf(run, lse, base);
+      RETURN_IF_ERROR(RunForward(
+          a, run, {q.ptr + p.q0 * q.ld, k.ptr + p.kv0 * k.ld, v.ptr + p.kv0 * v.ld, o.ptr + p.q0 * o.ld}, stats, 0,
+          base, stream));
       if (!run.direct) RETURN_IF_ERROR(StatsToLse(stats, run.rows, a.num_q_heads, lse, p.q0, a.tokens, stream));
     }
     return absl::OkStatus();
@@ -551,7 +568,7 @@ struct CudnnAttention::Impl {
     for (const CrossPiece& p : pieces) {
       ASSIGN_OR_RETURN(const PieceRun run, StartCrossPiece(a, ld, Direction::kBackward, p, base, stream));
       const WsLayout& w = run.w;
-      float* stats = run.direct ? const_cast<float*>(lse) : reinterpret_cast<float*>(base + w.stats);
+      float* stats = StatsOf(run, lse, base);
       if (!run.direct) RETURN_IF_ERROR(LseToStats(lse, p.q0, a.tokens, run.rows, a.num_q_heads, stats, stream));
       RETURN_IF_ERROR(RunBackward(a, run,
                                   {q.ptr + p.q0 * q.ld, k.ptr + p.kv0 * k.ld, v.ptr + p.kv0 * v.ld, o.ptr + p.q0 * o.ld,
@@ -627,29 +644,17 @@ absl::Status CudnnAttention::Forward(const AttnArgs& a, AttnTensor q, AttnTensor
   ASSIGN_OR_RETURN(std::vector<Piece> pieces, impl_->BeginCall(a, ld));
   for (const Piece& p : pieces) {
     ASSIGN_OR_RETURN(const Impl::PieceRun run, impl_->StartPiece(a, ld, Direction::kForward, p, base, stream));
-    const PlanKey& key = run.key;
-    const WsLayout& w = run.w;
-    const int64_t rows = run.rows;
-    const bool direct = run.direct;
-    float* stats = direct ? lse : reinterpret_cast<float*>(base + w.stats);
-    float scale = a.softmax_scale, neg = std::numeric_limits<float>::lowest();
-    std::vector<int64_t> uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidNegInf};
-    std::vector<void*> ptrs = {const_cast<bf16*>(q.ptr + p.t0 * q.ld),
-                               const_cast<bf16*>(k.ptr + p.t0 * k.ld),
-                               const_cast<bf16*>(v.ptr + p.t0 * v.ld),
-                               o.ptr + p.t0 * o.ld,
-                               stats,
-                               &scale,
-                               &neg};
-    Impl::BindVarlen(key, w, base, kOffStats + 1, uids, ptrs);
-    RETURN_IF_ERROR(impl_->Execute(*run.plan, uids, ptrs, base, stream));
-    if (direct) continue;
-    if (key.ragged) {
-      LseTokenToHeadKernel<<<GridFor(rows * a.num_q_heads), 256, 0, stream>>>(stats, rows, a.num_q_heads,
-                                                                               lse + p.t0, a.tokens);
+    float* stats = Impl::StatsOf(run, lse, base);
+    RETURN_IF_ERROR(impl_->RunForward(
+        a, run, {q.ptr + p.t0 * q.ld, k.ptr + p.t0 * k.ld, v.ptr + p.t0 * v.ld, o.ptr + p.t0 * o.ld}, stats,
+        kOffStats + 1, base, stream));
+    if (run.direct) continue;
+    if (run.key.ragged) {
+      LseTokenToHeadKernel<<<GridFor(run.rows * a.num_q_heads), 256, 0, stream>>>(stats, run.rows, a.num_q_heads,
+                                                                                   lse + p.t0, a.tokens);
       SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
     } else {
-      RETURN_IF_ERROR(Impl::StatsToLse(stats, rows, a.num_q_heads, lse, p.t0, a.tokens, stream));
+      RETURN_IF_ERROR(Impl::StatsToLse(stats, run.rows, a.num_q_heads, lse, p.t0, a.tokens, stream));
     }
   }
   return absl::OkStatus();
@@ -667,19 +672,13 @@ absl::Status CudnnAttention::Backward(const AttnArgs& a, AttnTensor q, AttnTenso
   char* base = static_cast<char*>(ws);
   for (const Piece& p : pieces) {
     ASSIGN_OR_RETURN(const Impl::PieceRun run, impl_->StartPiece(a, ld, Direction::kBackward, p, base, stream));
-    const PlanKey& key = run.key;
-    const WsLayout& w = run.w;
-    const int64_t rows = run.rows;
-    const bool direct = run.direct;
-    float* stats = direct ? const_cast<float*>(lse) : reinterpret_cast<float*>(base + w.stats);
-    if (direct) {
-      // the LSE is the plan's stats as it is
-    } else if (key.ragged) {
-      LseHeadToTokenKernel<<<GridFor(rows * a.num_q_heads), 256, 0, stream>>>(lse + p.t0, a.tokens, rows,
-                                                                              a.num_q_heads, stats);
+    float* stats = Impl::StatsOf(run, lse, base);  // a direct piece's is the LSE as it is
+    if (!run.direct && run.key.ragged) {
+      LseHeadToTokenKernel<<<GridFor(run.rows * a.num_q_heads), 256, 0, stream>>>(lse + p.t0, a.tokens, run.rows,
+                                                                                  a.num_q_heads, stats);
       SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
-    } else {
-      RETURN_IF_ERROR(Impl::LseToStats(lse, p.t0, a.tokens, rows, a.num_q_heads, stats, stream));
+    } else if (!run.direct) {
+      RETURN_IF_ERROR(Impl::LseToStats(lse, p.t0, a.tokens, run.rows, a.num_q_heads, stats, stream));
     }
     RETURN_IF_ERROR(impl_->RunBackward(a, run,
                                        {q.ptr + p.t0 * q.ld, k.ptr + p.t0 * k.ld, v.ptr + p.t0 * v.ld,

@@ -130,8 +130,8 @@ class CudaActivationStore final : public ActivationStore {
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, events_[unit], 0));
     Restored r = std::move(restored_[unit]);
     restored_.erase(unit);
-    RETURN_IF_ERROR(PutCheckpoints(r.has_kept, std::move(r.buffers), inputs, saved));
-    return FreeFinished(/*all=*/false);
+    // (Prefetch, above, has freed every offload copy: none waits in the backward.)
+    return PutCheckpoints(r.has_kept, std::move(r.buffers), inputs, saved);
   }
 
   int64_t host_bytes() const override { return host_bytes_; }
