@@ -146,6 +146,22 @@ double MaxAbsDiff(const std::vector<std::vector<float>>& a, const std::vector<st
   return d;
 }
 
+// Of two LoadState results: the largest difference of Adam's m or v in a unit, relative to the
+// largest magnitude of that moment in the unit (the units' master weights are left out).
+double MaxRelativeMomentDiff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  const size_t units = static_cast<size_t>(TinyLayout().num_units());
+  double worst = 0;
+  for (size_t k = units; k < a.size(); ++k) {
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < a[k].size(); ++i) {
+      diff = std::max(diff, std::fabs(double(a[k][i]) - b[k][i]));
+      scale = std::max(scale, std::fabs(double(b[k][i])));
+    }
+    if (scale > 0) worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
 // The non-streaming reference: the whole model at once (CPU reference math), the same batches,
 // exact global-norm clipping and AdamW in double precision (PyTorch's formula; weight decay on the
 // matrices only: optimizer.no_decay's default leaves the 1-D tensors, the norms, alone). Forward and
@@ -656,7 +672,7 @@ TEST(Training, GpuAndCpuGradientRoutesMatchOneWorker) {
 TEST(Training, ContextParallelTwoWorkersMatchOneWorker) {
   SpecOptions one = OneWorker(4, "out-cp-one");
   one.validate = true;
-  std::vector<std::vector<float>> m1;
+  std::vector<std::vector<float>> m1, state1;
   std::vector<double> losses1;
   double eval1 = 0;
   auto losses_of = [](const std::vector<nlohmann::json>& lines) {
@@ -666,7 +682,8 @@ TEST(Training, ContextParallelTwoWorkersMatchOneWorker) {
   };
   {
     NodeHarness node(1);
-    m1 = LoadMaster(MustSucceed(node, Spec(one), "cp-one").last_checkpoint());
+    state1 = LoadState(MustSucceed(node, Spec(one), "cp-one").last_checkpoint());
+    m1.assign(state1.begin(), state1.begin() + TinyLayout().num_units());
     auto lines = MetricsLines(node, one.output, "cp-one");
     ASSERT_EQ(lines.size(), 4u);
     losses1 = losses_of(lines);
@@ -694,9 +711,16 @@ TEST(Training, ContextParallelTwoWorkersMatchOneWorker) {
     cp.output = "out-" + id;
     v1::Job j = MustSucceed(node, Spec(cp), id);
     ASSERT_FALSE(j.last_checkpoint().empty()) << id;
-    const double d = MaxAbsDiff(LoadMaster(j.last_checkpoint()), m1);
+    const std::vector<std::vector<float>> state = LoadState(j.last_checkpoint());
+    const double d = MaxAbsDiff({state.begin(), state.begin() + TinyLayout().num_units()}, m1);
     std::cout << "context parallel 2, " << id << ": max |diff| of the parameters vs 1 worker " << d << "\n";
     EXPECT_LE(d, 1e-5) << id;
+    // Every gradient: Adam's moments are sums of the steps' gradients (m linear in them, v in their
+    // squares), each tensor within FP32 summation order of the one-worker run's.
+    const double moments = MaxRelativeMomentDiff(state, state1);
+    std::cout << "context parallel 2, " << id << ": Adam moments, max |diff| / max |value| per tensor " << moments
+              << "\n";
+    EXPECT_LE(moments, 1e-4) << id;
     auto lines = MetricsLines(node, cp.output, id);
     ASSERT_EQ(lines.size(), 4u) << id;
     const std::vector<double> losses = losses_of(lines);
@@ -743,21 +767,33 @@ TEST(Training, ContextParallelTwoWorkersMatchOneWorker) {
                 1e-5 * l1.back().value("eval_loss", 0.0));
     EXPECT_EQ(l2.back()["expert_tokens"].dump(), l1.back()["expert_tokens"].dump());
   }
-  {  // Two groups of two: data parallelism across context-parallel groups, each with its own collective.
+  {  // Two groups of two (data parallelism across context-parallel groups, each with its own
+     // collective), and one group of three (six chunks a row, a rank's share of odd length).
     NodeHarness four(4);
     SpecOptions dpcp = one;
     dpcp.workers = 4;
     dpcp.context_parallel = 2;
     dpcp.micro_batch = 2;  // global 8 = 2 groups x 2 micro-batches of 2 rows
     dpcp.output = "out-cp-dp";
-    v1::Job j4 = MustSucceed(four, Spec(dpcp), "cp-dp");
-    ASSERT_FALSE(j4.last_checkpoint().empty());
-    const double d = MaxAbsDiff(LoadMaster(j4.last_checkpoint()), m1);
-    std::cout << "2 groups of context parallel 2: max |diff| of the parameters vs 1 worker " << d << "\n";
-    EXPECT_LE(d, 1e-5);
-    auto lines = MetricsLines(four, dpcp.output, "cp-dp");
-    ASSERT_EQ(lines.size(), 4u);
-    EXPECT_NEAR(lines.back().value("eval_loss", 0.0), eval1, 1e-5 * eval1);
+    SpecOptions three = one;
+    three.workers = 3;
+    three.context_parallel = 3;
+    three.output = "out-cp-three";
+    for (const SpecOptions& o : {dpcp, three}) {
+      const std::string id = o.workers == 4 ? "cp-dp" : "cp-three";
+      v1::Job j = MustSucceed(four, Spec(o), id);
+      ASSERT_FALSE(j.last_checkpoint().empty()) << id;
+      const std::vector<std::vector<float>> state = LoadState(j.last_checkpoint());
+      const double d = MaxAbsDiff({state.begin(), state.begin() + TinyLayout().num_units()}, m1);
+      const double moments = MaxRelativeMomentDiff(state, state1);
+      std::cout << id << ": max |diff| of the parameters vs 1 worker " << d << ", of Adam's moments (relative) "
+                << moments << "\n";
+      EXPECT_LE(d, 1e-5) << id;
+      EXPECT_LE(moments, 1e-4) << id;
+      auto lines = MetricsLines(four, o.output, id);
+      ASSERT_EQ(lines.size(), 4u) << id;
+      EXPECT_NEAR(lines.back().value("eval_loss", 0.0), eval1, 1e-5 * eval1) << id;
+    }
     EXPECT_TRUE(four.LeakedSegments().empty());
   }
   // Refused at submit: a group that is not the whole job, and auto policies (each rank would choose).
