@@ -1,7 +1,15 @@
-// The CLI's progress line (FormatProgress): what a step's record shows, MoE fields included.
+// The CLI's progress line (FormatProgress): what a step's record shows, MoE fields included; and
+// `slidedp plan --json` (WritePlanJson).
+#include <unistd.h>
+
+#include <fstream>
+#include <iterator>
+
 #include "gtest/gtest.h"
 #include "absl/strings/match.h"
 #include "client/cli/client.h"
+#include "client/cli/plan_report.h"
+#include "nlohmann/json.hpp"
 
 namespace slidedp::client {
 namespace {
@@ -33,6 +41,32 @@ TEST(FormatProgress, MoeStepShowsTheRoutersBalance) {
   m.set_experts_unreached(3);
   line = FormatProgress(job, m);
   EXPECT_TRUE(absl::StrContains(line, "(layer 7), 3 unreached")) << line;
+}
+
+// The plan's JSON names the route, the step and the alternatives with the proto's field names,
+// and lands whole (no .tmp left); a folder that does not exist is an error naming the path.
+TEST(WritePlanJson, WritesTheRouteStepAndAlternatives) {
+  v1::PlanJobResponse p;
+  p.set_step_s(2.5);
+  p.set_tokens_per_step(16384);
+  p.set_world(2);
+  p.set_route("grad_reduction gpu, param_delivery sharded, chunk_bytes 67108864");
+  v1::PlanAlternative* a = p.add_alternatives();
+  a->set_what("grad_reduction cpu, param_delivery replicated, chunk_bytes 67108864 (measured by its own job)");
+  a->set_step_s(2.75);
+  const std::string path = ::testing::TempDir() + "/plan-" + std::to_string(getpid()) + ".json";
+  ASSERT_TRUE(WritePlanJson(p, path).ok());
+  std::ifstream f(path);
+  const nlohmann::json j = nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(f), {}));
+  EXPECT_EQ(j.at("route"), "grad_reduction gpu, param_delivery sharded, chunk_bytes 67108864");
+  EXPECT_DOUBLE_EQ(j.at("step_s").get<double>(), 2.5);
+  EXPECT_EQ(j.at("tokens_per_step"), "16384");  // int64 as a JSON string: protobuf's mapping
+  ASSERT_EQ(j.at("alternatives").size(), 1u);
+  EXPECT_DOUBLE_EQ(j.at("alternatives")[0].at("step_s").get<double>(), 2.75);
+  EXPECT_FALSE(std::ifstream(path + ".tmp").good());
+  const absl::Status bad = WritePlanJson(p, ::testing::TempDir() + "/no-such-dir/plan.json");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.message(), "no-such-dir")) << bad;
 }
 
 }  // namespace

@@ -101,6 +101,8 @@ int main(int argc, char** argv) {
   auto* plan = app.add_subcommand("plan", "predict a job's step (each resource's work, rate and busy time, the bottleneck)");
   plan->add_option("spec", spec_path, "job spec (YAML)")->required()->check(CLI::ExistingFile);
   plan->add_option("--compare", compare, "a run's metrics (JSONL): predicted against measured");
+  std::string plan_json;
+  plan->add_option("--json", plan_json, "also write the prediction (PlanJobResponse) as JSON to this file");
   bool measure = false, routes = false;
   plan->add_flag("--measure", measure,
                  "when nothing measured predicts the job: run a short job that measures its shape first "
@@ -351,6 +353,9 @@ int main(int argc, char** argv) {
       if (!p.ok()) return Fail(p.status());
     }
     std::cout << sc::FormatPlan(*p);
+    if (!plan_json.empty()) {
+      if (absl::Status w = sc::WritePlanJson(*p, plan_json); !w.ok()) return Fail(w);
+    }
     if (!compare.empty()) {
       auto metrics = slidedp::ReadSmallFile(compare, 256ull << 20, "metrics file");
       if (!metrics.ok()) return Fail(metrics.status());

@@ -2,7 +2,11 @@
 #include "client/cli/plan_report.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <sstream>
 #include <vector>
 
@@ -10,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 
 namespace slidedp::client {
@@ -151,6 +156,29 @@ absl::StatusOr<std::string> ComparePlan(const v1::PlanJobResponse& p, const std:
     if (r.name() == "host updates (LayerAdam)") row(r.name(), r.busy_s(), host);
   }
   return out;
+}
+
+absl::Status WritePlanJson(const v1::PlanJobResponse& plan, const std::string& path) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.preserve_proto_field_names = true;
+  if (auto s = google::protobuf::util::MessageToJsonString(plan, &json, o); !s.ok()) {
+    return absl::InternalError(absl::StrCat("plan --json: ", s.ToString()));
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << json;
+    f.close();
+    if (!f) return absl::UnavailableError(absl::StrCat("plan --json: cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    return absl::UnavailableError(absl::StrCat("plan --json: cannot rename ", tmp, " to ", path, ": ", std::strerror(err)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace slidedp::client

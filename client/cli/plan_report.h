@@ -12,6 +12,10 @@ namespace slidedp::client {
 
 std::string FormatPlan(const v1::PlanJobResponse& plan);
 
+// `slidedp plan --json FILE`: the prediction as JSON (protobuf's mapping of PlanJobResponse, field
+// names as in the proto), written to FILE.tmp and renamed over FILE. Errors name the path.
+absl::Status WritePlanJson(const v1::PlanJobResponse& plan, const std::string& path);
+
 // The plan's step and busy times against the medians of a run's metrics (JSONL, one line per
 // step as hostd writes them) over its steps from `first_step` (1-based; 4: after AutoPolicy's
 // measuring and validating steps, or all steps if the run has fewer). INVALID_ARGUMENT for a file

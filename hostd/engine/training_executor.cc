@@ -804,6 +804,7 @@ absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::Plan(const JobSpec& spec_i
   }
   ASSIGN_OR_RETURN(v1::PlanJobResponse r, PlanRoute(spec, hellos, /*what_if=*/true, !other_reduction_measured));
   if (!said.empty()) r.add_notes(said);
+  r.set_route(RouteName(spec));
   for (const auto& [v, other] : measured) {
     v1::PlanAlternative* a = r.add_alternatives();
     a->set_what(absl::StrCat(RouteName(v), " (measured by its own job)"));

@@ -26,6 +26,10 @@
 #   offload    ~2   bench_step at offload ratios 0, 0.5, 1: bitwise equal losses
 #   routes     ~3   Qwen3-0.6B 20 steps: host vs device gradient staging (1 GPU) and, with 2 GPUs,
 #                   every gradient route against 1 GPU: |dloss| <= 2e-4, weights rel L2 <= 1e-4
+#   routespeed ~15  (2 GPUs, issue 26) each route's speed: for ROUTESPEED_MODELS ("qwen3-4b qwen3-8b") at
+#                   ROUTESPEED_TOKENS ("16384 65536") per GPU, `slidedp plan --measure` of a spec with
+#                   grad_reduction and param_delivery auto (each route measured by its own job): every
+#                   route's step and tok/s per GPU (figures), auto's pick within 3% of the fastest
 #   bench      ~6   end-to-end, Qwen3-4B 1 GPU (BENCH_MODEL): ours / compute-only >= 0.95, ours /
 #                   FSDP2 GPU-resident >= 1.5, ours / FSDP2 CPU offload >= 4 (same 16K), host
 #                   <= 13.1 GiB per billion parameters (bench/e2e/report.py's targets)
@@ -185,7 +189,7 @@ readonly KBENCH_T_BWD=300
 readonly KBENCH_T_LAYER=550        # Qwen3-8B decoder layer keep-all over 64K tokens
 readonly LONGCTX_T_TFLOPS=450      # long context: Qwen3-8B, one 256K sequence per step, model TFLOP/s (6N + 6 L s q_dim)
 
-PARTS_ALL="smoke families kernels layouts hf graddiff curves determinism offload routes bench clip specbits mastersrc big memlimit policy autopolicy plan scaling state host restart kbench longctx moe moebench cp1gpu"
+PARTS_ALL="smoke families kernels layouts hf graddiff curves determinism offload routes routespeed bench clip specbits mastersrc big memlimit policy autopolicy plan scaling state host restart kbench longctx moe moebench cp1gpu"
 usage() { sed -n '3,/^set -u/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ] || [ "$1" = list ]; then usage; exit 0; fi
 for p in "$@"; do
@@ -579,6 +583,71 @@ part_routes() {
     judge params --json "$part_dir/params-$name.json" --tol "$ROUTES_WEIGHT_TOL" --what "$name vs $ref, FP32 weights"
   done
   dry || rm -rf "$d"
+}
+
+# Issue 26: which gradient route and parameter delivery win where, and what `runtime ... auto`
+# picks. On a node service (hostd + one worker per GPU), for each model of ROUTESPEED_MODELS and
+# tokens per GPU of ROUTESPEED_TOKENS, `slidedp plan --measure` of a spec whose routes are auto:
+# hostd measures every route the workers can run (gpu / cpu reduction x replicated / sharded
+# delivery), each by its own AutoPolicy job, then plans the job; routes_check.py reads the
+# measuring jobs' metrics and the plan's route.
+part_routespeed() {
+  local g=${ROUTESPEED_GPUS:-2}
+  if [ "$gpus" -lt "$g" ] || [ "$g" -lt 2 ]; then
+    result SKIP routespeed "needs $g GPUs (nvidia-h200-x2), $gpus visible"
+    return
+  fi
+  find_cudnn
+  local d=$work/routespeed model t rows micro name cases=() pids=() i
+  new_dir "$d"
+  # 16 steps is the measuring job's most (it ends after ~6); the largest batch sizes the dataset
+  local most=0
+  for t in ${ROUTESPEED_TOKENS:-16384 65536}; do [ "$t" -gt "$most" ] && most=$t; done
+  stage routespeed_data 120 python3 bench/e2e/make_dataset.py --out "$d/data" --rows $((g * most / 4096 * 16)) \
+    --seq-len 4096 --vocab 151936
+  for model in ${ROUTESPEED_MODELS:-qwen3-4b qwen3-8b}; do
+    for t in ${ROUTESPEED_TOKENS:-16384 65536}; do
+      name=$model-$t rows=$((g * t / 4096)) micro=4
+      [ $((t / 4096)) -lt 4 ] && micro=$((t / 4096))
+      cat > "$d/$name.yaml" << YAML
+name: rs-$name
+model: {preset: $model, init_seed: 0}
+data: {path: $d/data}
+output: {dir: $d/out-$name, save_final: false}
+train: {seq_len: 4096, global_batch: $rows, micro_batch: $micro, steps: 16, max_grad_norm: ${ROUTESPEED_MAX_GRAD_NORM:-1.0}}
+optimizer: {lr: 1.0e-5, weight_decay: 0.01}
+runtime: {workers: $g, grad_reduction: auto, param_delivery: auto${ROUTESPEED_RUNTIME_EXTRA:+, $ROUTESPEED_RUNTIME_EXTRA}}
+YAML
+      cases+=("$name")
+    done
+  done
+  if dry; then
+    echo "DRY  routespeed: slidedp-hostd + slidedp-worker --gpu 0..$((g - 1)); per case: slidedp plan --measure"
+    echo "DRY  routespeed: CASE.yaml --json CASE.plan.json; routes_check.py --cases ${cases[*]}"
+    return
+  fi
+  local sock=unix:$d/hostd.sock hostd_pid
+  slidedp-hostd --listen "$sock" --state-dir "$d/state" --output-root "$d" > "$part_dir/hostd.log" 2>&1 &
+  hostd_pid=$!
+  sleep 2
+  for ((i = 0; i < g; i++)); do
+    slidedp-worker --hostd "$sock" --gpu "$i" > "$part_dir/worker$i.log" 2>&1 &
+    pids+=($!)
+  done
+  export SLIDEDP_HOSTD=$sock
+  for _ in $(seq 1 90); do [ "$(slidedp workers 2> /dev/null | grep -c gpu)" -ge "$g" ] && break; sleep 1; done
+  for name in "${cases[@]}"; do
+    stage "routespeed_$name" $((SUITE_DEADLINE - SECONDS)) slidedp plan --measure "$d/$name.yaml" \
+      --json "$part_dir/$name.plan.json"
+    mkdir -p "$part_dir/$name"
+    cp "$d/out-$name"/metrics-*.jsonl "$part_dir/$name/" 2> /dev/null
+  done
+  kill "${pids[@]}" "$hostd_pid" 2> /dev/null
+  wait "${pids[@]}" "$hostd_pid" 2> /dev/null
+  unset SLIDEDP_HOSTD
+  python3 tools/gpu/routes_check.py --dir "$part_dir" --cases "${cases[@]}" --json "$part_dir/routes.json" \
+    --part "$part" | tee -a "$summary"
+  rm -rf "$d"
 }
 
 part_bench() {
