@@ -322,6 +322,10 @@ void JobState::ResetUrgentCopies() {
 absl::StatusOr<int64_t> JobState::ConsistentStep() const {
   const std::string& name = segment_->name();
   if (num_units() == 0) return absl::FailedPreconditionError(absl::StrCat("job segment ", name, " has no units"));
+  if (control_->state_written.load(std::memory_order_acquire) != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job segment ", name, ": its initial state (weights or checkpoint) was never completely written"));
+  }
   const uint32_t v = versions_[0].Load();
   for (int u = 1; u < num_units(); ++u) {
     if (versions_[u].Load() != v) {

@@ -88,7 +88,11 @@ struct alignas(64) JobControlBlock {
   // before the verdict word, read after it).
   std::atomic<uint32_t> speculate_from_unit;
   uint32_t has_mirror;  // 1: every unit has its "u<i>.mirror" region; 0: none has
-  uint8_t pad[28];
+  // 1 once a job's initial state (random init, the model's weights or a checkpoint) is written
+  // whole; 0 while it is being written (hostd clears it first). A segment left at 0 by a hostd
+  // that died while loading holds no step of anything: ConsistentStep refuses it.
+  std::atomic<uint32_t> state_written;
+  uint8_t pad[24];
   // DMA before Adam (docs/layeradam.md): per rank, the number of its host-to-device copies in
   // flight that its GPU waits for (the worker increments before issuing them and decrements, then
   // FUTEX_WAKEs, when they finish). hostd's LayerAdam reads them (relaxed, once per block) and
@@ -178,6 +182,7 @@ class JobState {
   std::atomic<uint64_t>& step_counter() const { return control_->step; }
   std::atomic<uint64_t>& skipped_steps_counter() const { return control_->skipped_steps; }
   std::atomic<uint64_t>& updating_step() const { return control_->updating_step; }
+  std::atomic<uint32_t>& state_written() const { return control_->state_written; }
   // hostd: the verdict on step t (0-based), published (release) and every waiter woken, with the
   // first unit step t + 1 speculates. Also the attempt's start: PublishVerdict(first_step - 1, ...).
   void PublishVerdict(int64_t t, const StepVerdict& verdict, int speculate_from_unit = 0);

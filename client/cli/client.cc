@@ -2,6 +2,7 @@
 #include "client/cli/client.h"
 
 #include <chrono>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -31,6 +32,23 @@ int ExitCodeFor(const absl::Status& s) {
     case absl::StatusCode::kUnimplemented: return 2;
     default: return 1;
   }
+}
+
+absl::Status CheckTimeout(double timeout_s) {
+  if (!(timeout_s > 0 && timeout_s <= kMaxTimeoutS)) {  // NaN fails both
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeout ", timeout_s, ": seconds per request must be above 0 and at most ", kMaxTimeoutS));
+  }
+  return absl::OkStatus();
+}
+
+std::string ResumeTarget(const std::string& resume) {
+  if (resume.empty()) return resume;
+  std::error_code ec;
+  const bool is_path = resume.find('/') != std::string::npos || std::filesystem::is_directory(resume, ec);
+  if (!is_path) return resume;
+  const std::filesystem::path absolute = std::filesystem::absolute(resume, ec);
+  return ec ? resume : absolute.string();
 }
 
 int ExitCodeForJob(const v1::Job& job) {

@@ -27,6 +27,16 @@ struct ClientOptions {
 
 int ExitCodeFor(const absl::Status& s);
 
+// --timeout: seconds per request, in (0, 1e6]. INVALID_ARGUMENT otherwise: inf, 1e300 or NaN
+// make a deadline in the past, so every call would fail with DEADLINE_EXCEEDED.
+inline constexpr double kMaxTimeoutS = 1e6;
+absl::Status CheckTimeout(double timeout_s);
+
+// --resume's value as hostd should get it. A checkpoint directory (the value has a '/' or names a
+// directory here) is made absolute: hostd resolves a relative one against its own working
+// directory. Anything else is a job id, sent as is.
+std::string ResumeTarget(const std::string& resume);
+
 class Client {
  public:
   // A credential file that cannot be used (missing, readable by others, ...) makes every call

@@ -1,9 +1,13 @@
-// The CLI's progress line (FormatProgress): what a step's record shows, MoE fields included; and
-// `slidedp plan --json` (WritePlanJson).
+// The CLI's progress line (FormatProgress): what a step's record shows, MoE fields included;
+// `slidedp plan --json` (WritePlanJson); the flags checked in the client: --timeout's range and
+// --resume's path made absolute.
 #include <unistd.h>
 
+#include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 
 #include "gtest/gtest.h"
 #include "absl/strings/match.h"
@@ -67,6 +71,36 @@ TEST(WritePlanJson, WritesTheRouteStepAndAlternatives) {
   const absl::Status bad = WritePlanJson(p, ::testing::TempDir() + "/no-such-dir/plan.json");
   EXPECT_FALSE(bad.ok());
   EXPECT_TRUE(absl::StrContains(bad.message(), "no-such-dir")) << bad;
+}
+
+// inf, 1e300 or NaN would make every deadline lie in the past (DEADLINE_EXCEEDED at once).
+TEST(CheckTimeout, RefusesNonFiniteHugeAndNonPositive) {
+  EXPECT_TRUE(CheckTimeout(10).ok());
+  EXPECT_TRUE(CheckTimeout(0.5).ok());
+  EXPECT_TRUE(CheckTimeout(kMaxTimeoutS).ok());
+  for (double t : {std::numeric_limits<double>::infinity(), 1e300, 1e6 + 1, std::nan(""), 0.0, -1.0}) {
+    const absl::Status s = CheckTimeout(t);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << t;
+    EXPECT_TRUE(absl::StrContains(s.message(), "--timeout")) << s;
+  }
+}
+
+// A relative checkpoint path is sent absolute (hostd resolves it against its own working
+// directory); a job id is sent as is.
+TEST(ResumeTarget, RelativePathsBecomeAbsoluteJobIdsStay) {
+  namespace fs = std::filesystem;
+  const fs::path before = fs::current_path();
+  const fs::path dir = fs::path(::testing::TempDir()) / ("resume-" + std::to_string(getpid()));
+  fs::create_directories(dir / "ckpt-dir");
+  fs::current_path(dir);
+  const std::string cwd = fs::current_path().string();
+  EXPECT_EQ(ResumeTarget("out/job-1/checkpoints/step-10"), cwd + "/out/job-1/checkpoints/step-10");
+  EXPECT_EQ(ResumeTarget("ckpt-dir"), cwd + "/ckpt-dir");  // no '/', but a directory here
+  EXPECT_EQ(ResumeTarget("job-20240101-abc"), "job-20240101-abc");
+  EXPECT_EQ(ResumeTarget("/abs/ckpt"), "/abs/ckpt");
+  EXPECT_EQ(ResumeTarget(""), "");
+  fs::current_path(before);
+  fs::remove_all(dir);
 }
 
 }  // namespace

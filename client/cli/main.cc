@@ -51,7 +51,7 @@ int SubmitAndMaybeWatch(sc::Client& client, const std::string& spec_path, const 
   }
   req.set_job_id(job_id);
   req.set_dry_run(dry_run);
-  req.set_resume_from(resume);
+  req.set_resume_from(sc::ResumeTarget(resume));
   auto resp = client.Submit(req);
   if (!resp.ok()) return Fail(resp.status());
   if (dry_run) {
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   sc::ClientOptions copt;
   if (const char* a = getenv("SLIDEDP_HOSTD")) copt.address = a;
   app.add_option("--hostd", copt.address, "hostd address: unix:PATH or HOST:PORT (env SLIDEDP_HOSTD)");
-  app.add_option("--timeout", copt.timeout_s, "seconds per request");
+  app.add_option("--timeout", copt.timeout_s, "seconds per request (at most 1e6)");
   // TCP addresses only (always TLS): what hostd's TCP listener asks of clients.
   copt.credentials = slidedp::auth::ClientCredentialsOptions::FromEnvironment();
   app.add_option("--tls-ca", copt.credentials.tls_ca_file, "TCP: PEM CA of hostd's certificate (env SLIDEDP_TLS_CA)");
@@ -184,6 +184,7 @@ int main(int argc, char** argv) {
   auto* export_cmd = sc::AddExportCommand(app, export_options);
 
   CLI11_PARSE(app, argc, argv);
+  if (absl::Status t = sc::CheckTimeout(copt.timeout_s); !t.ok()) return Fail(t);
   if (verbose || quiet) {
     slidedp::SetLogVerbosity(slidedp::ProgramKind::kCommandLine,
                              verbose ? slidedp::LogVerbosity::kVerbose : slidedp::LogVerbosity::kQuiet);
@@ -250,10 +251,16 @@ int main(int argc, char** argv) {
     if (!spec.ok()) return Fail(spec.status());
     sc::EmbeddedOptions eopt;
     eopt.bin_dir = sc::SelfDir();
-    eopt.run_dir = run_dir.empty() ? absl::StrFormat("/tmp/slidedp-run-%d", getpid()) : run_dir;
+    eopt.run_dir = run_dir;
     eopt.backend = backend != "auto" ? backend : slidedp::ToString(spec->backend);
     // CPU backend: the spec's worker count, else two workers so the default run is data parallel.
     eopt.cpu_workers = cpu_workers > 0 ? cpu_workers : spec->num_workers > 0 ? spec->num_workers : 2;
+    if (absl::Status checked = sc::CheckEmbeddedOptions(eopt); !checked.ok()) return Fail(checked);
+    // Before the first thread and the first child: SIGINT / SIGTERM stop the private node.
+    sc::StopPrivateNodesOnSignal();
+    auto made = sc::MakeRunDir(run_dir);  // default: a fresh /tmp/slidedp-run-XXXXXX
+    if (!made.ok()) return Fail(made.status());
+    eopt.run_dir = *made;
     // The private hostd runs as this user, for this user's one job: output.dir keeps meaning what
     // it means to the user (relative: next to the spec, as model.path and data.path; absolute:
     // anywhere the user may write), not a node service's output root.

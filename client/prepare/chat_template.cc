@@ -317,16 +317,34 @@ std::string PythonJsonString(std::string_view s) {
   return out;
 }
 
+absl::StatusOr<std::string> SpecialTokenText(const json& config, const char* key) {
+  if (!config.is_object() || !config.contains(key)) return std::string();
+  const json& t = config[key];
+  if (t.is_null()) return std::string();
+  if (t.is_string()) return t.get<std::string>();
+  if (t.is_object() && t.contains("content") && t["content"].is_string()) return t["content"].get<std::string>();
+  return absl::InvalidArgumentError(absl::StrCat("tokenizer_config.json ", key, ": ", t.type_name(),
+                                                 ", neither a string nor an object with a string \"content\""));
+}
+
 absl::StatusOr<std::string> ChatTemplateText(const json& config) {
-  if (!config.contains("chat_template") || config["chat_template"].is_null()) return std::string();
+  if (!config.is_object() || !config.contains("chat_template") || config["chat_template"].is_null()) {
+    return std::string();
+  }
   const json& ct = config["chat_template"];
   if (ct.is_string()) return ct.get<std::string>();
   if (ct.is_array()) {
-    for (const json& e : ct) {
-      if (e.is_object() && e.value("name", std::string()) == "default" && e.contains("template") &&
-          e["template"].is_string()) {
-        return e["template"].get<std::string>();
+    for (size_t i = 0; i < ct.size(); ++i) {
+      const json& e = ct[i];
+      const std::string where = absl::StrCat("tokenizer_config.json chat_template[", i, "]");
+      if (!e.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": not an object {name, template}"));
+      if (!e.contains("name") || !e["name"].is_string()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ".name: missing or not a string"));
       }
+      if (!e.contains("template") || !e["template"].is_string()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ".template: missing or not a string"));
+      }
+      if (e["name"].get<std::string>() == "default") return e["template"].get<std::string>();
     }
     return absl::InvalidArgumentError(
         "tokenizer_config.json chat_template: a list of named templates without one named \"default\"");
@@ -335,8 +353,10 @@ absl::StatusOr<std::string> ChatTemplateText(const json& config) {
       "tokenizer_config.json chat_template: neither a string nor a list of {name, template}");
 }
 
-absl::StatusOr<ChatFormat> ResolveChatFormat(const json& config, ChatTemplate requested,
-                                             const std::string& date_string) {
+namespace {
+
+absl::StatusOr<ChatFormat> ResolveChatFormatUnguarded(const json& config, ChatTemplate requested,
+                                                      const std::string& date_string) {
   auto text = ChatTemplateText(config);
   if (!text.ok()) return text.status();
   ChatFormat format;
@@ -370,11 +390,9 @@ absl::StatusOr<ChatFormat> ResolveChatFormat(const json& config, ChatTemplate re
   }
   const bool llama = format.tmpl == ChatTemplate::kLlama3 || IsLlama31Family(format.tmpl);
   if (llama) {
-    const json bos = config.value("bos_token", json());
-    if (bos.is_string()) format.bos_token = bos.get<std::string>();
-    if (bos.is_object() && bos.contains("content") && bos["content"].is_string()) {
-      format.bos_token = bos["content"].get<std::string>();
-    }
+    auto bos = SpecialTokenText(config, "bos_token");
+    if (!bos.ok()) return bos.status();
+    format.bos_token = *bos;
     if (format.bos_token.empty()) {
       return absl::FailedPreconditionError(absl::StrCat("tokenizer_config.json has no bos_token, which the ",
                                                         ChatTemplateName(format.tmpl), " template renders first"));
@@ -389,6 +407,18 @@ absl::StatusOr<ChatFormat> ResolveChatFormat(const json& config, ChatTemplate re
                                                    ChatTemplateName(format.tmpl)));
   }
   return format;
+}
+
+}  // namespace
+
+absl::StatusOr<ChatFormat> ResolveChatFormat(const json& config, ChatTemplate requested,
+                                             const std::string& date_string) {
+  // Every field is type-checked before it is read; this keeps a missed one an error, not an abort.
+  try {
+    return ResolveChatFormatUnguarded(config, requested, date_string);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer_config.json: ", e.what()));
+  }
 }
 
 absl::StatusOr<std::vector<Segment>> RenderChat(const json& messages, const ChatFormat& format, LossOn loss_on,

@@ -60,8 +60,14 @@ struct Segment {
   bool trained = false;
 };
 
+// tokenizer_config.json's `key` (eos_token, bos_token): a string, or an AddedToken object whose
+// "content" is the string. Empty when absent or null; INVALID_ARGUMENT naming the key when it has
+// another type (a token silently dropped would train without end-of-sequence tokens).
+absl::StatusOr<std::string> SpecialTokenText(const nlohmann::json& tokenizer_config, const char* key);
+
 // The template text of tokenizer_config.json's "chat_template": a string, or a list of
-// {name, template} of which "default" is HF's choice. Empty when there is none.
+// {name, template} of which "default" is HF's choice. Empty when there is none. INVALID_ARGUMENT
+// naming the key for anything else (a name or template that is not a string included).
 absl::StatusOr<std::string> ChatTemplateText(const nlohmann::json& tokenizer_config);
 
 // Picks the template. kAuto: the model's template must be one of the known texts

@@ -272,6 +272,38 @@ TEST(ChatTemplate, ConfigFormsAndRequestedTemplates) {
   EXPECT_EQ(ParseChatTemplateName("mistral").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A wrongly typed field of tokenizer_config.json is INVALID_ARGUMENT naming the key, never an
+// exception out of the JSON library (which aborts prepare).
+TEST(ChatTemplate, WronglyTypedConfigFieldsAreErrorsNamingTheKey) {
+  struct Case {
+    json config;
+    std::string expect;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{{"chat_template", {{{"name", 5}, {"template", "x"}}}}}, "chat_template[0].name"},
+           {{{"chat_template", {{{"name", "default"}, {"template", 5}}}}}, "chat_template[0].template"},
+           {{{"chat_template", {{{"name", "a"}, {"template", "x"}}, 7}}}, "chat_template[1]"},
+           {{{"chat_template", 5}}, "chat_template"}}) {
+    absl::StatusOr<ChatFormat> r = absl::UnknownError("not run");
+    EXPECT_NO_THROW(r = ResolveChatFormat(c.config, ChatTemplate::kAuto, "")) << c.config.dump();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.config.dump();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.expect)) << c.config.dump();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("tokenizer_config.json")) << c.config.dump();
+  }
+  // A Llama template's bos_token of the wrong type is an error, not "no bos token".
+  for (const json& bos : {json(5), json({{"content", 5}}), json::array({"<s>"})}) {
+    absl::StatusOr<ChatFormat> r = absl::UnknownError("not run");
+    EXPECT_NO_THROW(r = ResolveChatFormat({{"bos_token", bos}}, ChatTemplate::kLlama3, "")) << bos.dump();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bos.dump();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("bos_token")) << bos.dump();
+  }
+  EXPECT_EQ(*SpecialTokenText({{"eos_token", {{"content", "<e>"}, {"special", true}}}}, "eos_token"), "<e>");
+  EXPECT_EQ(*SpecialTokenText({{"eos_token", nullptr}}, "eos_token"), "");
+  EXPECT_EQ(*SpecialTokenText(json::object(), "eos_token"), "");
+  EXPECT_EQ(SpecialTokenText({{"eos_token", {{"content", 5}}}}, "eos_token").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ChatTemplate, ToolCallsAreRefusedWhereTheTemplateWouldRenderThem) {
   const json with_null = json::parse(R"([{"role": "user", "content": "q"},
                                          {"role": "assistant", "content": "a", "tool_calls": null}])");

@@ -14,6 +14,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/io/json_depth.h"
+#include "common/io/small_file.h"
 #include "common/status/status_macros.h"
 #include "common/tokenizer/tokenizer.h"
 #include "glog/logging.h"
@@ -25,6 +27,11 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr size_t kMaxSkipExamples = 10;
+// Caps on the model directory's files, read whole: a path may name a FIFO or /dev/zero, or a file
+// far larger than its kind. tokenizer.json runs to tens of MB for 200k-token vocabularies.
+constexpr uint64_t kMaxTokenizerJsonBytes = 256ull << 20;
+constexpr uint64_t kMaxTokenizerConfigBytes = 4ull << 20;
+constexpr uint64_t kMaxChatTemplateBytes = 4ull << 20;
 
 // One unit of work: a raw input record and where it came from.
 struct Record {
@@ -152,14 +159,23 @@ bool IsValidation(uint64_t seed, const Record& rec, double fraction) {
   return static_cast<double>(z >> 11) * 0x1.0p-53 < fraction;
 }
 
-absl::StatusOr<json> ReadJsonFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j = json::parse(ss.str(), nullptr, false);
+// A JSON object file of the model directory (tokenizer_config.json): read bounded and
+// non-blocking, its nesting checked before parsing (deep nesting overflows the stack when copied).
+absl::StatusOr<json> ReadJsonObjectFile(const std::string& path, uint64_t max_bytes, absl::string_view what) {
+  ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, max_bytes, what));
+  RETURN_IF_ERROR(CheckJsonDepth(text, path));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
+  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
   return j;
+}
+
+// tokenizer.json, read bounded and non-blocking (Tokenizer::FromFile reads whatever the path is).
+absl::StatusOr<std::unique_ptr<tok::Tokenizer>> LoadTokenizer(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, kMaxTokenizerJsonBytes, "tokenizer.json"));
+  auto t = tok::Tokenizer::FromJson(text);
+  if (!t.ok()) return Annotate(t.status(), path);
+  return t;
 }
 
 bool IsJsonSpace(int c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -285,12 +301,13 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
 
   // Tokenizer and config.
   ASSIGN_OR_RETURN(std::unique_ptr<tok::Tokenizer> tokenizer,
-                   tok::Tokenizer::FromFile(absl::StrCat(o.model_dir, "/tokenizer.json")));
+                   LoadTokenizer(absl::StrCat(o.model_dir, "/tokenizer.json")));
+  const std::string config_path = absl::StrCat(o.model_dir, "/tokenizer_config.json");
   json config = json::object();
   {
-    auto c = ReadJsonFile(absl::StrCat(o.model_dir, "/tokenizer_config.json"));
+    auto c = ReadJsonObjectFile(config_path, kMaxTokenizerConfigBytes, "tokenizer_config.json");
     if (c.ok()) {
-      config = *c;
+      config = std::move(*c);
     } else if (c.status().code() != absl::StatusCode::kNotFound) {
       return c.status();
     }
@@ -298,11 +315,14 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
   Context ctx;
   ctx.options = &o;
   ctx.tokenizer = tokenizer.get();
-  if (config.contains("eos_token")) {
-    const json& e = config["eos_token"];
-    if (e.is_string()) ctx.eos_text = e.get<std::string>();
-    if (e.is_object() && e.contains("content") && e["content"].is_string())
-      ctx.eos_text = e["content"].get<std::string>();
+  {
+    // Both are checked here, whether or not the data needs them: a wrongly typed one is a broken
+    // config, not a model without the token.
+    auto eos = SpecialTokenText(config, "eos_token");
+    if (!eos.ok()) return Annotate(eos.status(), absl::StrCat("prepare: ", o.model_dir));
+    ctx.eos_text = *eos;
+    auto bos = SpecialTokenText(config, "bos_token");
+    if (!bos.ok()) return Annotate(bos.status(), absl::StrCat("prepare: ", o.model_dir));
   }
   if (!ctx.eos_text.empty() && !tokenizer->TokenId(ctx.eos_text).ok()) {
     return absl::InvalidArgumentError(
@@ -310,11 +330,12 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
   }
   {
     // transformers loads chat_template.jinja over tokenizer_config.json's chat_template.
-    std::ifstream jinja(absl::StrCat(o.model_dir, "/chat_template.jinja"), std::ios::binary);
-    if (jinja) {
-      std::stringstream ss;
-      ss << jinja.rdbuf();
-      config["chat_template"] = ss.str();
+    const std::string jinja_path = absl::StrCat(o.model_dir, "/chat_template.jinja");
+    auto jinja = ReadSmallFile(jinja_path, kMaxChatTemplateBytes, "chat template");
+    if (jinja.ok()) {
+      config["chat_template"] = std::move(*jinja);
+    } else if (jinja.status().code() != absl::StatusCode::kNotFound) {
+      return jinja.status();
     }
   }
   auto resolved = ResolveChatFormat(config, o.chat_template, o.chat_date);

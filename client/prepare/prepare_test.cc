@@ -2,8 +2,10 @@
 // inputs (file:line and field in the message, skip with a count), split determinism.
 #include "client/prepare/prepare.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -327,6 +329,93 @@ TEST(Prepare, JsonArrayIsStreamedByElement) {
     EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << c.text;
     EXPECT_THAT(std::string(b.status().message()), HasSubstr(c.expect)) << c.text;
   }
+}
+
+// A model directory in the temp dir: Qwen3's tokenizer.json (a symlink) and the given
+// tokenizer_config.json text (none when empty).
+std::string FakeModelDir(const std::string& name, const std::string& config_text) {
+  const std::string dir = TempPath(name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::create_symlink(ModelDir() + "/tokenizer.json", dir + "/tokenizer.json");
+  if (!config_text.empty()) std::ofstream(dir + "/tokenizer_config.json") << config_text;
+  return dir;
+}
+
+std::string Qwen3ConfigText() {
+  std::ifstream in(ModelDir() + "/tokenizer_config.json");
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A FIFO or a device in the model directory is refused at once: a plain read blocks forever on
+// a FIFO without a writer and grows memory without end on /dev/zero.
+TEST(Prepare, ModelFilesThatAreNotRegularFilesAreRefused) {
+  const std::string in = WriteFile("fifo.jsonl", json({{"text", "x y"}}).dump() + "\n");
+  for (const std::string file : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}) {
+    for (const bool fifo : {true, false}) {
+      const std::string dir = FakeModelDir("fifo_model", Qwen3ConfigText());
+      fs::remove(dir + "/" + file);
+      if (fifo) {
+        ASSERT_EQ(mkfifo((dir + "/" + file).c_str(), 0600), 0) << file;
+      } else {
+        fs::create_symlink("/dev/zero", dir + "/" + file);
+      }
+      PrepareOptions o = BaseOptions("fifo_out", {in});
+      o.model_dir = dir;
+      const auto start = std::chrono::steady_clock::now();
+      auto s = Prepare(o);
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << file;
+      EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << file << " fifo " << fifo;
+      EXPECT_THAT(std::string(s.status().message()), HasSubstr("is not a regular file")) << file;
+      EXPECT_THAT(std::string(s.status().message()), HasSubstr(dir + "/" + file)) << file;
+    }
+  }
+}
+
+// eos_token / bos_token of the wrong type are errors, not silently "no token" (no EOS appended).
+TEST(Prepare, WronglyTypedSpecialTokensAreErrors) {
+  const std::string in = WriteFile("eos.jsonl", json({{"text", "x y"}}).dump() + "\n");
+  for (const std::string key : {"eos_token", "bos_token"}) {
+    for (const json& value : {json({{"content", 5}}), json(5), json::array({"<|im_end|>"})}) {
+      json config = json::parse(Qwen3ConfigText());
+      config[key] = value;
+      PrepareOptions o = BaseOptions("eos_out", {in});
+      o.model_dir = FakeModelDir("eos_model", config.dump());
+      auto s = Prepare(o);
+      EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << key << " " << value.dump();
+      EXPECT_THAT(std::string(s.status().message()), HasSubstr(key)) << value.dump();
+      EXPECT_THAT(std::string(s.status().message()), HasSubstr("tokenizer_config.json")) << value.dump();
+    }
+  }
+}
+
+// tokenizer_config.json must be one JSON object nesting a few levels: a deeply nested one is
+// refused before it is parsed (copying or printing it would overflow the stack), and a list of
+// named templates with a wrongly typed name is an error naming the key, not an abort.
+TEST(Prepare, MalformedTokenizerConfigIsAnErrorNamingTheFile) {
+  const std::string text_in = WriteFile("cfg.jsonl", json({{"text", "x y"}}).dump() + "\n");
+  const std::string chat_in = WriteFile("cfg_chat.jsonl", json({{"messages", kChat}}).dump() + "\n");
+  const std::string deep = "{\"x\": " + std::string(1000000, '[') + std::string(1000000, ']') + "}";
+  struct Case {
+    std::string config, input, expect;
+  };
+  for (const Case& c : std::vector<Case>{
+           {deep, text_in, "nested deeper than"},
+           {"[1, 2]", text_in, "not a JSON object"},
+           {R"({"chat_template": [{"name": 5, "template": "x"}]})", chat_in, "chat_template[0].name"}}) {
+    PrepareOptions o = BaseOptions("cfg_out", {c.input});
+    o.model_dir = FakeModelDir("cfg_model", c.config);
+    absl::StatusOr<PrepareSummary> s = absl::UnknownError("not run");
+    EXPECT_NO_THROW(s = Prepare(o)) << c.expect;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << c.expect;
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr(c.expect));
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr("tokenizer_config.json"));
+  }
+  // The same list of templates does not stop text data, which needs no template.
+  PrepareOptions o = BaseOptions("cfg_text_out", {text_in});
+  o.model_dir = FakeModelDir("cfg_model", R"({"chat_template": [{"name": 5, "template": "x"}]})");
+  auto s = Prepare(o);
+  EXPECT_TRUE(s.ok()) << s.status();
 }
 
 TEST(Prepare, RefusesNonEmptyOutputWithoutOverwrite) {

@@ -1,5 +1,6 @@
 // Dataset writer (streaming, atomic publish) and reader (mmap, validated before training).
 #include "common/data/dataset.h"
+#include "common/io/json_depth.h"
 
 #include "common/io/small_file.h"
 
@@ -86,7 +87,7 @@ nlohmann::json Manifest::ToJson() const {
 absl::StatusOr<Manifest> Manifest::FromJson(const nlohmann::json& j, const std::string& where) {
   auto bad = [&](const std::string& what) { return absl::InvalidArgumentError(absl::StrCat(where, ": ", what)); };
   if (!j.is_object()) return bad("not a JSON object");
-  if (j.value("format", std::string()) != kFormatName)
+  if (!j.contains("format") || !j["format"].is_string() || j["format"].get<std::string>() != kFormatName)
     return bad(absl::StrCat("\"format\" is not \"", kFormatName, "\""));
   Manifest m;
   try {
@@ -364,6 +365,7 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(const std::st
                                             " (is this a directory written by slidedp prepare?)"));
   }
   if (!text.ok()) return text.status();
+  if (absl::Status deep = CheckJsonDepth(*text, manifest_path); !deep.ok()) return absl::DataLossError(deep.message());
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::DataLossError(absl::StrCat(manifest_path, ": not valid JSON"));
   ASSIGN_OR_RETURN(r->manifest_, Manifest::FromJson(j, manifest_path));

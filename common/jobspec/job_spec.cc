@@ -15,6 +15,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -98,7 +99,8 @@ Setter Real(double JobSpec::*field, double min_value, double max_value) {
     double v;
     RETURN_IF_ERROR(ReadScalar(n, path, "a number", &v));
     if (!(v >= min_value && v <= max_value)) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": must be in [", min_value, ", ", max_value, "], got ", v));
+      return absl::InvalidArgumentError(absl::StrFormat("%s: must be in [%.10g, %.10g], got %.10g", path, min_value,
+                                                        max_value, v));
     }
     s.*field = v;
     return absl::OkStatus();
@@ -152,8 +154,8 @@ Setter MemoryLimit() {
     if (!unit.empty() && scale == 0) return bad();
     const double bytes = v * (unit.empty() ? 1 : scale);
     if (bytes < kMinGpuMemoryLimitBytes || bytes > 9.0e18) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": ", text, " is ", bytes, " bytes; a limit must be at least ",
-                                                     kMinGpuMemoryLimitBytes, " (1 MiB)"));
+      return absl::InvalidArgumentError(absl::StrFormat("%s: %s is %.6g bytes; a limit must be in [%d (1 MiB), 9e18]",
+                                                        path, text, bytes, kMinGpuMemoryLimitBytes));
     }
     s.gpu_memory_limit_bytes = static_cast<int64_t>(bytes);
     s.gpu_memory_limit_fraction = 0;
@@ -223,6 +225,16 @@ Setter RopeScalingMap() {
         return absl::InvalidArgumentError(absl::StrCat(path, ": expected scalar keys and values"));
       }
       const std::string key = kv.first.Scalar(), v = kv.second.Scalar();
+      // The keys some RoPE type reads (ModelConfig's rope parser): a misspelt one would be
+      // ignored there, so it is refused here (a model's config.json may carry others).
+      static constexpr const char* kKnown[] = {"rope_type", "type", "factor", "original_max_position_embeddings",
+                                               "attention_factor", "beta_fast", "beta_slow", "mscale",
+                                               "mscale_all_dim", "truncate", "low_freq_factor", "high_freq_factor",
+                                               "rope_theta", "partial_rotary_factor"};
+      if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": unknown key '", key.substr(0, 64),
+                                                       "' (known: ", absl::StrJoin(kKnown, ", "), ")"));
+      }
       if (j.contains(key)) return absl::InvalidArgumentError(absl::StrCat(path, ".", key, " is given twice"));
       char* end = nullptr;
       errno = 0;
@@ -438,7 +450,13 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
   }
   YAML::Node root;
   try {
-    root = YAML::Load(std::string(yaml_text));
+    // One document: a second one (after `---`) would otherwise be dropped unread.
+    std::vector<YAML::Node> docs = YAML::LoadAll(std::string(yaml_text));
+    if (docs.size() > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job spec holds ", docs.size(), " YAML documents (separated by ---); give one"));
+    }
+    if (!docs.empty()) root = docs[0];
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("job spec is not valid YAML: line ", e.mark.line + 1, ", column ",
                                                    e.mark.column + 1, ": ", e.msg));
@@ -527,7 +545,7 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
     }
     if (static_cast<int64_t>(s.micro_batch) * s.seq_len < 2 * int64_t{s.context_parallel}) {
       return absl::InvalidArgumentError(absl::StrCat("job spec: runtime.context_parallel ", s.context_parallel,
-                                                     " splits a micro-batch into ", 2 * s.context_parallel,
+                                                     " splits a micro-batch into ", 2 * int64_t{s.context_parallel},
                                                      " chunks; train.micro_batch x train.seq_len is ",
                                                      int64_t{s.micro_batch} * s.seq_len));
     }
@@ -568,6 +586,16 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
   }
   if (s.output_dir.empty()) s.output_dir = absl::StrCat("out/", s.name);
 
+  if (!base_dir.empty()) RETURN_IF_ERROR(CheckPathText(base_dir, "the spec's directory (base_dir)"));
+  for (const auto& [path, key] : {std::pair<const std::string*, const char*>{&s.model_path, "model.path"},
+                                  {&s.data_path, "data.path"},
+                                  {&s.output_dir, "output.dir"},
+                                  {&s.policy_file, "runtime.policy"}}) {
+    if (!path->empty()) RETURN_IF_ERROR(CheckPathText(*path, absl::StrCat("job spec: ", key)));
+  }
+  if (s.validation != "auto" && s.validation != "none" && !s.validation.empty()) {
+    RETURN_IF_ERROR(CheckPathText(s.validation, "job spec: data.validation"));
+  }
   s.model_path = Resolve(base_dir, s.model_path);
   s.data_path = Resolve(base_dir, s.data_path);
   if (s.validation == "auto") {
@@ -878,6 +906,42 @@ JobSpec PolicyMeasureSpec(const JobSpec& spec) {
   m.validation.clear();
   m.eval_every = 0;
   return m;
+}
+
+std::string PrintableUtf8(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  while (!text.empty()) {
+    const size_t good = FirstInvalidUtf8(text);
+    for (char c : text.substr(0, good)) {
+      const auto u = static_cast<unsigned char>(c);
+      out += (u < 0x20 && c != '\t' && c != '\n') || u == 0x7f ? '?' : c;
+    }
+    if (good == text.size()) break;
+    out += '?';
+    text.remove_prefix(good + 1);
+  }
+  return out;
+}
+
+absl::Status CheckPathText(absl::string_view path, absl::string_view what) {
+  auto refuse = [&](absl::string_view why) {
+    std::string shown;
+    for (char c : path.substr(0, 120)) {
+      const auto u = static_cast<unsigned char>(c);
+      shown += u >= 0x20 && u < 0x7f ? c : '?';
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", shown, "'", path.size() > 120 ? "..." : "", " is not a usable path: ", why));
+  };
+  if (path.empty()) return refuse("it is empty");
+  if (path.size() > kMaxPathBytes) return refuse(absl::StrCat("longer than ", kMaxPathBytes, " bytes"));
+  for (char c : path) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) return refuse("it holds a control character (NUL, newline, escape, ...)");
+  }
+  if (FirstInvalidUtf8(path) != path.size()) return refuse("it is not UTF-8 text");
+  return absl::OkStatus();
 }
 
 absl::Status ValidateJobName(const std::string& name) {

@@ -224,6 +224,19 @@ inline constexpr int64_t kMinTileTokens = 1;
 inline constexpr size_t kMaxSpecBytes = 1 << 20;
 absl::Status ValidateJobName(const std::string& name);
 
+// The longest path a client may give (the kernel's PATH_MAX).
+inline constexpr size_t kMaxPathBytes = 4096;
+// A path a client gives (a spec's paths, the spec's directory, a --resume checkpoint): 1 to
+// kMaxPathBytes bytes of UTF-8 without control characters. A NUL would cut it at the kernel, a
+// newline or an escape would forge lines in logs and terminals, and bytes that are not UTF-8
+// cannot travel in the protocol's strings. INVALID_ARGUMENT naming `what`.
+absl::Status CheckPathText(absl::string_view path, absl::string_view what);
+
+// Text fit for the protocol's strings and one log line (an error quoting a file's bytes or a
+// symbolic link's target): bytes that are not UTF-8, and control characters but tab and newline,
+// become '?'.
+std::string PrintableUtf8(absl::string_view text);
+
 // The job `slidedp plan --measure` runs for `spec` when nothing measured predicts it: the same
 // model, batch and runtime settings (so AutoPolicy's record is cached under the key `spec` itself
 // has with runtime.policy auto, and predicts the layout `spec` runs), with runtime.policy auto,

@@ -485,12 +485,39 @@ TEST(JobSpec, RejectsBadSpecsWithPreciseMessages) {
       {"section type", base + "train: 5\n", "train: expected a map"},
       {"lr range", base + "train: {seq_len: 8, global_batch: 2, steps: 1}\noptimizer: {lr: -1}\n", "optimizer.lr: must be in"},
       {"warmup", base + "train: {seq_len: 8, global_batch: 2, steps: 3}\nschedule: {warmup_steps: 5}\n", "warmup_steps 5 exceeds"},
+      {"beta1 = 1", base + "train: {seq_len: 8, global_batch: 2, steps: 1}\noptimizer: {beta1: 1}\n",
+       "must be in [0, 0.999999999], got 1"},
+      {"two documents", base + "train: {seq_len: 8, global_batch: 2, steps: 1}\n---\nname: other\n", "2 YAML documents"},
+      {"rope key misspelt", "model: {preset: tiny, rope_scaling: {rope_type: yarn, factor: 4.0, beta_fst: 32}}\n"
+       "data: {path: d}\ntrain: {seq_len: 8, global_batch: 2, steps: 1}\n", "unknown key 'beta_fst'"},
+      {"huge context_parallel", base + "train: {seq_len: 8, global_batch: 2, steps: 1}\n"
+       "runtime: {workers: 2147483647, context_parallel: 2147483647}\n", ""},
+      {"NUL in data.path", "model: {preset: tiny}\ndata: {path: \"d\\0x\"}\ntrain: {seq_len: 8, global_batch: 2, steps: 1}\n",
+       "data.path 'd?x' is not a usable path: it holds a control character"},
+      {"newline in output.dir", base + "output: {dir: \"a\\nb\"}\ntrain: {seq_len: 8, global_batch: 2, steps: 1}\n",
+       "output.dir 'a?b' is not a usable path"},
   };
   for (const BadCase& c : cases) {
     absl::Status s = ParseError(c.text);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what;
     EXPECT_NE(s.message().find(c.message_part), std::string::npos) << c.what << ": " << s.message();
   }
+}
+
+// The spec's directory (the client's) and its paths: UTF-8 without control characters, at most
+// kMaxPathBytes; PrintableUtf8 makes any text fit for the protocol's strings.
+TEST(JobSpec, PathsAreUtf8WithoutControlCharacters) {
+  const std::string good = kGood;
+  EXPECT_TRUE(JobSpec::Parse(good, "/base/caf\xc3\xa9", JobSpec::FileCheck::kSkip).ok());
+  absl::Status s = JobSpec::Parse(good, "/tmp/x\xffy", JobSpec::FileCheck::kSkip).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "base_dir")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "not UTF-8")) << s;
+  EXPECT_FALSE(CheckPathText(std::string(kMaxPathBytes + 1, 'a'), "p").ok());
+  EXPECT_TRUE(CheckPathText(std::string(kMaxPathBytes, 'a'), "p").ok());
+  EXPECT_FALSE(CheckPathText("", "p").ok());
+  EXPECT_FALSE(CheckPathText("a\x1b[31m", "p").ok());
+  EXPECT_EQ(PrintableUtf8("ok\tline\nx\xff\x1b[1mcaf\xc3\xa9"), "ok\tline\nx??[1mcaf\xc3\xa9");
 }
 
 TEST(JobSpec, NonScalarKeysAreInvalidArgumentNotExceptions) {

@@ -1,5 +1,6 @@
 // Model config parsing/serialization (the five families) and the streamed-unit layout.
 #include "common/model/model_config.h"
+#include "common/io/json_depth.h"
 
 #include "common/io/small_file.h"
 
@@ -12,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/status/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -62,7 +64,7 @@ absl::Status CheckRopeScaling(const ModelConfig& c, absl::string_view key) {
     return Refuse(absl::StrCat(key, ".", field),
                   absl::StrCat(why, " for ", RopeTypeName(s.type), " scaling, got ", got));
   };
-  if (!(s.factor >= 1) || !std::isfinite(s.factor)) return bad("factor", "must be a finite number >= 1", s.factor);
+  if (!(s.factor >= 1) || !(s.factor <= 1e6)) return bad("factor", "must be a number in [1, 1e6]", s.factor);
   if (s.type == RopeScaling::Type::kDynamic && c.head_dim <= 2) {
     return bad("rope_type", "needs head_dim > 2 (the exponent d / (d - 2))", static_cast<double>(c.head_dim));
   }
@@ -162,9 +164,44 @@ absl::Status ModelConfig::Validate() const {
                                                    num_key_value_heads));
   }
   if (head_dim % 2 != 0) return absl::InvalidArgumentError("config: head_dim must be even for RoPE");
-  if (!(rope_theta > 0)) return absl::InvalidArgumentError("config: rope_theta must be > 0");
+  // (A base below 1 or past 1e15 belongs to no model and makes RoPE's frequencies overflow.)
+  if (!(rope_theta >= 1 && rope_theta <= 1e15)) {
+    return absl::InvalidArgumentError(absl::StrCat("config: rope_theta must be in [1, 1e15], got ", rope_theta));
+  }
   if (!(rms_norm_eps > 0)) return absl::InvalidArgumentError("config: rms_norm_eps must be > 0");
   if (vocab_size > (int64_t{1} << 31)) return absl::InvalidArgumentError("config: vocab_size too large");
+  // Upper bounds far above any model this tool trains (the largest dims of today's 70B-400B
+  // models are a few tens of thousands), so that a hostile config.json cannot make the layout's
+  // sizes overflow or its tables grow without end before admission weighs the model.
+  auto at_most = [](const char* name, int64_t v, int64_t most) -> absl::Status {
+    if (v > most) {
+      return absl::InvalidArgumentError(absl::StrCat("config: ", name, " ", v, " exceeds this build's limit of ", most));
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(at_most("hidden_size", hidden_size, int64_t{1} << 18));
+  RETURN_IF_ERROR(at_most("num_hidden_layers", num_hidden_layers, 4096));
+  RETURN_IF_ERROR(at_most("num_attention_heads", num_attention_heads, 4096));
+  RETURN_IF_ERROR(at_most("head_dim", head_dim, 4096));
+  RETURN_IF_ERROR(at_most("intermediate_size", intermediate_size, int64_t{1} << 21));
+  RETURN_IF_ERROR(at_most("max_position_embeddings", max_position_embeddings, int64_t{1} << 32));
+  if (is_moe()) {
+    RETURN_IF_ERROR(at_most("moe_intermediate_size", moe_intermediate_size, int64_t{1} << 21));
+    // One layout entry per expert and layer.
+    if (num_experts > 0 && num_hidden_layers * num_experts > (int64_t{1} << 20)) {
+      return absl::InvalidArgumentError(absl::StrCat("config: num_hidden_layers ", num_hidden_layers, " x num_experts ",
+                                                     num_experts, " exceeds this build's limit of 2^20 experts"));
+    }
+  }
+  // The parameter count in floating point (no overflow): at most 10 trillion.
+  const double attn = static_cast<double>(hidden_size) * head_dim * (2.0 * num_attention_heads + 2.0 * num_key_value_heads);
+  const double mlp = 3.0 * hidden_size * intermediate_size +
+                     (is_moe() ? 3.0 * hidden_size * moe_intermediate_size * static_cast<double>(num_experts) : 0.0);
+  const double params = static_cast<double>(vocab_size) * hidden_size * 2.0 + num_hidden_layers * (attn + mlp);
+  if (params > 1e13) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("config: a model of about %.3g parameters exceeds this build's limit of 1e13", params));
+  }
   RETURN_IF_ERROR(CheckMoe(*this));
   return CheckRopeScaling(*this, "rope_scaling");
 }
@@ -474,6 +511,7 @@ const char* ModelTypeName(ModelFamily family) {
 }
 
 absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
+  RETURN_IF_ERROR(CheckJsonDepth(json_text, "config.json"));
   nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
   ModelConfig c;
@@ -571,6 +609,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
 
 absl::Status ModelConfig::OverrideContext(int64_t max_positions, absl::string_view rope_scaling_json) {
   if (!rope_scaling_json.empty()) {
+    RETURN_IF_ERROR(CheckJsonDepth(rope_scaling_json, "model.rope_scaling"));
     nlohmann::json r = nlohmann::json::parse(rope_scaling_json, nullptr, /*allow_exceptions=*/false);
     if (r.is_discarded() || !r.is_object()) {
       return absl::InvalidArgumentError("model.rope_scaling: expected a map (HF's rope_scaling object)");

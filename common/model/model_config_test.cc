@@ -66,6 +66,30 @@ TEST(ModelConfig, RejectsBadConfigs) {
   EXPECT_NE(t.status().message().find("hidden_size"), std::string::npos);
 }
 
+// Sizes no model has are refused before anything is built from them: a layer count that would
+// grow the layout's tables without end, products that would overflow, a RoPE base whose
+// frequencies overflow, JSON nested without end.
+TEST(ModelConfig, HostileSizesAreRefusedByName) {
+  const std::string base = R"("model_type":"qwen3","hidden_size":64,"num_attention_heads":4,"num_key_value_heads":2,
+      "intermediate_size":8,"vocab_size":10,)";
+  EXPECT_TRUE(ModelConfig::FromJson("{" + base + R"("num_hidden_layers":2})").ok());
+  for (const auto& [extra, names] : std::vector<std::pair<std::string, std::string>>{
+           {R"("num_hidden_layers":100000000})", "num_hidden_layers"},
+           {R"("num_hidden_layers":2,"intermediate_size":4611686018427387904})", "intermediate_size"},
+           {R"("num_hidden_layers":2,"hidden_size":65536,"head_dim":128,"vocab_size":2000000000})", "parameters"},
+           {R"("num_hidden_layers":2,"rope_theta":5e-324})", "rope_theta"},
+           {R"("num_hidden_layers":2,"rope_scaling":{"rope_type":"dynamic","factor":1e300}})", "factor"},
+       }) {
+    auto c = ModelConfig::FromJson("{" + base + extra);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << extra;
+    EXPECT_NE(c.status().message().find(names), std::string::npos) << extra << ": " << c.status();
+  }
+  auto deep = ModelConfig::FromJson("{" + base + R"("num_hidden_layers":2,"x":)" + std::string(100000, '[') +
+                                    std::string(100000, ']') + "}");
+  EXPECT_EQ(deep.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(deep.status().message().find("nested deeper"), std::string::npos) << deep.status();
+}
+
 TEST(ModelConfig, RopeParametersOfTransformers5) {
   const std::string base = R"("model_type":"qwen3","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,
       "num_key_value_heads":2,"intermediate_size":8,"vocab_size":10,)";

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/io/small_file.h"
@@ -27,6 +28,16 @@ constexpr ShapeField kShapeFields[] = {
     {"vocab_size", &ModelShape::vocab_size},
 };
 
+// A value read from the file, fit to quote in an error: a short name or number. hostd reads the
+// file as its own user wherever the client points, so anything else (which could be the first
+// bytes of a file the client cannot read) is not echoed back.
+std::string Shown(const std::string& v) {
+  const bool plain = !v.empty() && v.size() <= 32 && std::all_of(v.begin(), v.end(), [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
+  });
+  return plain ? absl::StrCat("'", v, "'") : std::string("(a value not shown)");
+}
+
 absl::Status Bad(const std::string& what, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat("policy file ", what, ": ", why));
 }
@@ -37,7 +48,7 @@ absl::StatusOr<int64_t> PositiveInt(const YAML::Node& n, const std::string& what
   try {
     v = n.as<int64_t>();
   } catch (const YAML::Exception&) {
-    return Bad(what, absl::StrCat(key, ": expected a positive integer, got '", n.Scalar(), "'"));
+    return Bad(what, absl::StrCat(key, ": expected a positive integer, got ", Shown(n.Scalar())));
   }
   if (v <= 0) return Bad(what, absl::StrCat(key, ": expected a positive integer, got ", v));
   return v;
@@ -50,7 +61,7 @@ absl::Status OnlyKeys(const YAML::Node& map, std::initializer_list<const char*> 
     const std::string k = kv.first.IsScalar() ? kv.first.Scalar() : std::string("?");
     bool known = false;
     for (const char* allowed : keys) known |= k == allowed;
-    if (!known) return Bad(what, absl::StrCat(where, "unknown key '", k, "'"));
+    if (!known) return Bad(what, absl::StrCat(where, "unknown key ", Shown(k)));
   }
   return absl::OkStatus();
 }
@@ -82,7 +93,7 @@ absl::StatusOr<LayerKind> KindOf(const YAML::Node& kind, const std::string& what
   if (k == "selective") return LayerKind::kSelective;
   if (k == "keep_all") return LayerKind::kKeepAll;
   if (k == "segment") return LayerKind::kSegment;
-  return Bad(what, absl::StrCat(at, "kind '", k, "' (recompute, selective, segment, keep_all)"));
+  return Bad(what, absl::StrCat(at, "kind ", Shown(k), " (recompute, selective, segment, keep_all)"));
 }
 
 // `offload`: true (1), false (0), or a share in [0, 1].
@@ -116,8 +127,8 @@ absl::StatusOr<uint32_t> KeepOf(const YAML::Node& k, LayerKind kind, const std::
       if (name == p.name) bit = p.piece;
     }
     if (bit == 0)
-      return Bad(what, absl::StrCat(at, "keep: '", name, "' is not a piece (qkv, attention, o_proj, gate_up)"));
-    if (mask & bit) return Bad(what, absl::StrCat(at, "keep: '", name, "' twice"));
+      return Bad(what, absl::StrCat(at, "keep: ", Shown(name), " is not a piece (qkv, attention, o_proj, gate_up)"));
+    if (mask & bit) return Bad(what, absl::StrCat(at, "keep: ", Shown(name), " twice"));
     mask |= bit;
   }
   return mask;

@@ -118,6 +118,8 @@ TEST(LayerPolicy, MalformedFilesAreInvalidArgumentNamingTheProblem) {
       {absl::StrReplaceAll(good, {{"tokens_per_step: 65536", "tokens_per_step: lots"}}), "tokens_per_step"},
       {absl::StrReplaceAll(good, {{"device: NVIDIA H200", "device: [a]"}}), "device"},
       {absl::StrCat(good, "extra: 1\n"), "unknown key 'extra'"},
+      // What is not a short name is not echoed (the file could be one the client cannot read).
+      {absl::StrCat(good, "root:*:20228:0:99999:7::: 1\n"), "unknown key (a value not shown)"},
       {std::string(kMaxPolicyFileBytes + 1, '#'), "more than"},
   };
   for (const Case& c : cases) {

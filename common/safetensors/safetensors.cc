@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/io/json_depth.h"
 #include "common/numeric/bf16.h"
 #include "common/status/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -42,6 +43,9 @@ constexpr DtypeEntry kDtypes[] = {
 // JSON nesting allowed in a header: the format needs 3 levels; the cap keeps hostile input from
 // exhausting the stack anywhere in the JSON library.
 constexpr int kMaxJsonDepth = 16;
+// Entries (tensors and __metadata__) a header may hold: the largest MoE checkpoints' shards hold
+// tens of thousands.
+constexpr uint64_t kMaxHeaderEntries = uint64_t{1} << 20;
 
 // Error text quotes at most this much of a JSON value.
 std::string Excerpt(const nlohmann::json& j) {
@@ -55,31 +59,33 @@ std::string Quote(absl::string_view name) {
   return absl::StrCat("\"", s, name.size() > 200 ? "...\"" : "\"");
 }
 
-// Deepest nesting of {} / [] outside strings, or -1 on unbalanced input.
-int JsonDepth(absl::string_view text) {
-  int depth = 0, max_depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      max_depth = std::max(max_depth, ++depth);
-      if (max_depth > kMaxJsonDepth) return max_depth;
-    } else if (c == '}' || c == ']') {
-      if (--depth < 0) return -1;
-    }
+// Top-level keys of a header, read by a SAX pass (linear; the callback form of the DOM parser
+// rescans each object's parent when the object ends: quadratic in the tensor count). Counts them
+// and notes the first one given twice (HF rejects duplicates, so do we).
+struct TopLevelKeys : nlohmann::json_sax<nlohmann::json> {
+  int depth = 0;
+  uint64_t count = 0;
+  std::set<std::string> seen;
+  std::string duplicate;
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return ++depth, true; }
+  bool end_object() override { return --depth, true; }
+  bool start_array(std::size_t) override { return ++depth, true; }
+  bool end_array() override { return --depth, true; }
+  bool key(string_t& k) override {
+    if (depth != 1) return true;
+    ++count;
+    if (!seen.insert(k).second && duplicate.empty()) duplicate = k;
+    return count <= kMaxHeaderEntries;  // stop reading a header past the limit
   }
-  return max_depth;
-}
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+};
 
 // A non-negative integer JSON value as uint64, or false.
 bool AsU64(const nlohmann::json& j, uint64_t* out) {
@@ -212,26 +218,28 @@ absl::StatusOr<Header> ParseHeader(absl::string_view file, absl::string_view pat
   if (text.empty() || text[0] != '{') {
     return absl::InvalidArgumentError(absl::StrCat(path, ": header does not start with '{'"));
   }
-  int depth = JsonDepth(text);
+  int depth = JsonNestingDepth(text, kMaxJsonDepth);
   if (depth < 0 || depth > kMaxJsonDepth) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": header JSON is unbalanced or nested deeper than ",
                                                    kMaxJsonDepth));
   }
   // Duplicate top-level keys would silently keep the last one; HF rejects them, so do we.
-  std::string duplicate;
-  std::set<std::string> keys;
-  auto on_event = [&](int d, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    if (event == nlohmann::json::parse_event_t::key && d == 1 && parsed.is_string()) {
-      if (!keys.insert(parsed.get<std::string>()).second && duplicate.empty()) duplicate = parsed.get<std::string>();
-    }
-    return true;
-  };
-  nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), on_event, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
+  TopLevelKeys keys;
+  const bool parsed = nlohmann::json::sax_parse(text.begin(), text.end(), &keys, nlohmann::json::input_format_t::json,
+                                                /*strict=*/true);
+  if (keys.count > kMaxHeaderEntries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": header holds more than ", kMaxHeaderEntries, " entries (not a checkpoint shard?)"));
+  }
+  if (!parsed) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": header (", header_len, " bytes) is not a JSON object"));
   }
-  if (!duplicate.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": header names ", Quote(duplicate), " twice"));
+  if (!keys.duplicate.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header names ", Quote(keys.duplicate), " twice"));
+  }
+  nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header (", header_len, " bytes) is not a JSON object"));
   }
 
   Header h;
@@ -283,7 +291,9 @@ absl::StatusOr<Header> ParseHeader(absl::string_view file, absl::string_view pat
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO named as a weights file must not block the opening thread (the check for
+  // a regular file comes after the open).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return ErrnoStatus(absl::StrCat("open ", path), errno);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {

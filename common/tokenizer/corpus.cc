@@ -1,5 +1,7 @@
 // JSONL corpus reader for tok_bench and tests.
 #include "common/tokenizer/corpus.h"
+#include "common/io/json_depth.h"
+#include "common/status/status_macros.h"
 
 #include <fstream>
 
@@ -17,6 +19,7 @@ absl::StatusOr<std::vector<std::string>> ReadCorpusJsonl(const std::string& path
   while (std::getline(in, line)) {
     ++line_no;
     if (line.empty()) continue;
+    RETURN_IF_ERROR(CheckJsonDepth(line, absl::StrCat(path, ":", line_no)));
     auto j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": not a JSON object"));

@@ -1,6 +1,7 @@
 // Byte-level BPE matching HF tokenizers: load, encode (added tokens, NFC, regex split, BPE), decode.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "common/tokenizer/tokenizer.h"
+#include "common/io/json_depth.h"
 
 #include <pcre2.h>
 #include <unicode/bytestream.h>
@@ -207,7 +208,23 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string
   return t;
 }
 
+namespace {
+// A token id from tokenizer.json: an integer in [0, 2^31) (a negative one would wrap in uint32,
+// a huge one would size the id tables past memory).
+absl::StatusOr<uint32_t> JsonTokenId(const json& v, absl::string_view what) {
+  if (v.is_number_unsigned() && v.get<uint64_t>() < (uint64_t{1} << 31)) {
+    return static_cast<uint32_t>(v.get<uint64_t>());
+  }
+  if (v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < (int64_t{1} << 31)) {
+    return static_cast<uint32_t>(v.get<int64_t>());
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": id ", v.dump().substr(0, 40), " is not an integer in [0, 2^31)"));
+}
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view json_text) {
+  RETURN_IF_ERROR(CheckJsonDepth(json_text, "tokenizer.json"));
   json j = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("tokenizer.json is not a JSON object");
   std::unique_ptr<Tokenizer> t(new Tokenizer());
@@ -252,7 +269,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
         return absl::UnimplementedError(absl::StrCat("vocabulary entry \"", it.key(),
                                                      "\" is not in the byte-level alphabet (not a byte-level BPE)"));
       }
-      const uint32_t id = it.value().get<uint32_t>();
+      ASSIGN_OR_RETURN(const uint32_t id,
+                       JsonTokenId(it.value(), absl::StrCat("vocabulary entry \"", it.key().substr(0, 40), "\"")));
       max_id = std::max(max_id, id);
       t->bytes_to_id_[bytes] = id;
       entries.emplace_back(id, bytes);
@@ -298,7 +316,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
     // Added tokens.
     if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
       for (const json& a : j["added_tokens"]) {
-        AddedToken at{a.at("id").get<uint32_t>(), a.at("content").get<std::string>(), a.value("special", false)};
+        ASSIGN_OR_RETURN(const uint32_t added_id, JsonTokenId(a.at("id"), "added token"));
+        AddedToken at{added_id, a.at("content").get<std::string>(), a.value("special", false)};
         if (a.value("lstrip", false) || a.value("rstrip", false) || a.value("single_word", false)) {
           return absl::UnimplementedError(
               absl::StrCat("added token \"", at.content, "\" uses lstrip/rstrip/single_word, which is not supported"));
@@ -308,8 +327,16 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
         t->added_.push_back(std::move(at));
       }
     }
-    t->id_to_bytes_.assign(max_id + 1, std::string());
-    t->is_special_.assign(max_id + 1, 0);
+    // The id tables are as long as the largest id: ids far past the vocabulary would size them
+    // past memory (real tokenizers leave at most a few thousand unused ids).
+    const uint64_t bound = uint64_t{vocab.size()} + t->added_.size() + (uint64_t{1} << 20);
+    if (uint64_t{max_id} >= bound) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", max_id, " is far beyond the ", vocab.size(),
+                                                     " vocabulary entries and ", t->added_.size(),
+                                                     " added tokens (at most ", bound - 1, ")"));
+    }
+    t->id_to_bytes_.assign(size_t{max_id} + 1, std::string());
+    t->is_special_.assign(size_t{max_id} + 1, 0);
     for (auto& [id, b] : entries) t->id_to_bytes_[id] = std::move(b);
     t->added_by_first_byte_.assign(256, {});
     for (size_t i = 0; i < t->added_.size(); ++i) {

@@ -123,6 +123,28 @@ TEST(Tokenizer, MongolianVowelSeparatorIsNotWhitespace) {
             (std::vector<uint32_t>{22441, 86089, 254, 236, 89481, 145380}));
 }
 
+// Ids that are negative, past 2^31 or far past the vocabulary are refused by name (a negative
+// one wrapped to 2^32 - 1 and sized the id tables past memory); so is JSON nested without end.
+TEST(Tokenizer, HostileIdsAndNestingAreRefused) {
+  std::ifstream f(DataDir() + "/qwen3/tokenizer.json");
+  const nlohmann::json base = nlohmann::json::parse(f);
+  ASSERT_TRUE(base.contains("added_tokens") && !base["added_tokens"].empty());
+  for (const nlohmann::json id : {nlohmann::json(-1), nlohmann::json(4294967295u), nlohmann::json(3000000000u),
+                                  nlohmann::json(200000000), nlohmann::json("7")}) {
+    nlohmann::json added = base;
+    added["added_tokens"][0]["id"] = id;
+    auto a = Tokenizer::FromJson(added.dump());
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << id.dump() << ": " << a.status();
+    nlohmann::json vocab = base;
+    vocab["model"]["vocab"].begin().value() = id;
+    auto v = Tokenizer::FromJson(vocab.dump());
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << id.dump() << ": " << v.status();
+  }
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  auto d = Tokenizer::FromJson(R"({"x": )" + deep + "}");
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << d.status();
+}
+
 TEST(Tokenizer, RejectsUnsupportedModels) {
   EXPECT_EQ(Tokenizer::FromJson(R"({"model": {"type": "WordPiece", "vocab": {}}})").status().code(),
             absl::StatusCode::kUnimplemented);

@@ -148,7 +148,7 @@ struct SaveRequest {
   // schedule position, job spec text... Must be a JSON object (or null).
   nlohmann::json trainer_state = nlohmann::json::object();
   WeightDtype weight_dtype = WeightDtype::kBF16;
-  int keep_last = 0;                                 // > 0: keep only the newest N complete checkpoints
+  int64_t keep_last = 0;  // > 0: keep only the newest N complete checkpoints of this job (trainer_state's job_id)
   uint64_t shard_max_bytes = kDefaultShardMaxBytes;  // weights above this are sharded
   int io_threads = 8;                                // pwrite/convert workers per file
   // Tokenizer files and generation_config.json of the job's model (ReadModelDirFiles, read once

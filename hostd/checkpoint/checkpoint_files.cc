@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/io/small_file.h"
+#include "common/io/json_depth.h"
 #include "common/numeric/bf16.h"
 #include "common/status/status_macros.h"
 
@@ -71,6 +72,7 @@ absl::Status WriteSmallFile(const std::string& path, const std::string& content)
 
 absl::StatusOr<nlohmann::json> ReadJsonObject(const std::string& path) {
   ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, kMaxConfigFileBytes, "checkpoint metadata"));
+  if (absl::Status deep = CheckJsonDepth(text, path); !deep.ok()) return absl::DataLossError(deep.message());
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::DataLossError(absl::StrCat(path, ": not a JSON object"));
   return j;
@@ -275,7 +277,9 @@ absl::StatusOr<std::vector<ModelDirFile>> ReadModelDirFiles(const std::string& m
 }
 
 std::string GenerationConfigFromConfig(const std::string& config_json) {
-  const nlohmann::json config = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json config = CheckJsonDepth(config_json, "config.json").ok()
+                                    ? nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false)
+                                    : nlohmann::json();
   nlohmann::ordered_json g = nlohmann::ordered_json::object();
   g["_from_model_config"] = true;
   for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {

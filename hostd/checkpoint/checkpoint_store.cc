@@ -270,11 +270,18 @@ absl::StatusOr<SaveResult> SaveCheckpoint(const SaveRequest& req) {
   result.dir = final_dir.string();
   result.bytes_written = *bytes;
   if (req.keep_last > 0) {
+    // Only this job's own checkpoints: jobs sharing an output directory never prune each other's
+    // (a checkpoint whose job cannot be read counts as saved by no job).
+    const std::string own = req.trainer_state.is_object() && req.trainer_state.contains("job_id") &&
+                                    req.trainer_state["job_id"].is_string()
+                                ? req.trainer_state["job_id"].get<std::string>()
+                                : std::string();
     std::vector<std::pair<int64_t, fs::path>> complete;
     for (const auto& entry : fs::directory_iterator(root, ec)) {
       const int64_t step = StepOfDirName(entry.path().filename().string());
-      if (step >= 0 && step != req.step && fs::exists(entry.path() / "COMPLETE", ec))
-        complete.emplace_back(step, entry.path());
+      if (step < 0 || step == req.step || !fs::exists(entry.path() / "COMPLETE", ec)) continue;
+      const absl::StatusOr<std::string> saved_by = CheckpointJobId(entry.path().string());
+      if ((saved_by.ok() ? *saved_by : std::string()) == own) complete.emplace_back(step, entry.path());
     }
     std::sort(complete.rbegin(), complete.rend());
     // The checkpoint just written always counts as one of the kept.
@@ -302,6 +309,12 @@ absl::StatusOr<int64_t> VerifyCheckpoint(const std::string& dir) {
     return absl::DataLossError(absl::StrCat(dir, "/COMPLETE does not list the files of step ", step));
   }
   for (auto it = (*complete)["files"].begin(); it != (*complete)["files"].end(); ++it) {
+    // The checkpoint's own files only: a name with a '/' (or . / ..) would reach outside it.
+    if (it.key().empty() || it.key() == "." || it.key() == ".." || it.key().find('/') != std::string::npos ||
+        it.key().find('\0') != std::string::npos) {
+      return absl::DataLossError(
+          absl::StrCat(dir, "/COMPLETE lists a name that is not a file of the checkpoint (a path, . or ..)"));
+    }
     const fs::path file = path / it.key();
     std::error_code ec;
     const uint64_t size = fs::file_size(file, ec);
@@ -312,7 +325,11 @@ absl::StatusOr<int64_t> VerifyCheckpoint(const std::string& dir) {
     if (absl::EndsWith(it.key(), ".safetensors")) RETURN_IF_ERROR(st::SafetensorsFile::Open(file.string()).status());
   }
   ASSIGN_OR_RETURN(nlohmann::json state, ReadJsonObject((path / "trainer_state.json").string()));
-  if (state.value("format", "") != kFormat || state.value("step", int64_t{-1}) != step) {
+  // (Typed reads: a value of another type is the wrong state, never an exception.)
+  const bool format_ok = state.contains("format") && state["format"].is_string() && state["format"] == kFormat;
+  const bool step_ok =
+      state.contains("step") && state["step"].is_number_integer() && state["step"].get<int64_t>() == step;
+  if (!format_ok || !step_ok) {
     return absl::DataLossError(absl::StrCat(dir, "/trainer_state.json is not a ", kFormat, " state for step ", step));
   }
   return step;

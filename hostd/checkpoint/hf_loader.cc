@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/io/small_file.h"
+#include "common/io/json_depth.h"
 #include "common/numeric/finite.h"
 #include "common/parallel/parallel_for.h"
 #include "common/safetensors/safetensors.h"
@@ -62,6 +63,7 @@ absl::Status OpenShards(const std::string& dir, std::vector<std::unique_ptr<Safe
     files->push_back(std::move(f));
   } else if (fs::exists(index_path, ec)) {
     ASSIGN_OR_RETURN(std::string text, ReadSmallFile(index_path, kMaxManifestFileBytes, "safetensors index"));
+    RETURN_IF_ERROR(CheckJsonDepth(text, index_path));
     nlohmann::json index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
         !index["weight_map"].is_object()) {

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/io/small_file.h"
+#include "common/io/json_depth.h"
 #include "common/numeric/finite.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status_macros.h"
@@ -77,9 +78,10 @@ absl::StatusOr<Destination> DestinationOf(const fs::path& out) {
 // checkpoint's, else with torch_dtype (and transformers 5's `dtype`, where present) changed.
 absl::StatusOr<std::string> ExportedConfig(const std::string& text, const std::string& path, WeightDtype dtype) {
   const char* name = dtype == WeightDtype::kBF16 ? "bfloat16" : "float32";
+  if (absl::Status deep = CheckJsonDepth(text, path); !deep.ok()) return absl::DataLossError(deep.message());
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::DataLossError(absl::StrCat(path, ": not a JSON object"));
-  if (j.value("torch_dtype", "") == name && (!j.contains("dtype") || j["dtype"] == name)) return text;
+  if (j.contains("torch_dtype") && j["torch_dtype"] == name && (!j.contains("dtype") || j["dtype"] == name)) return text;
   j["torch_dtype"] = name;
   if (j.contains("dtype")) j["dtype"] = name;
   return j.dump(2) + "\n";
@@ -157,7 +159,11 @@ absl::StatusOr<ExportResult> ExportModel(const ExportRequest& req) {
   if (!config.ok()) return Annotate(config.status(), config_path);
   const ModelLayout layout = ModelLayout::Build(*config);
   ASSIGN_OR_RETURN(nlohmann::json state, internal::ReadJsonObject(ckpt + "/trainer_state.json"));
-  WeightDtype dtype = state.value("weights_dtype", "bfloat16") == "float32" ? WeightDtype::kF32 : WeightDtype::kBF16;
+  if (state.contains("weights_dtype") && !state["weights_dtype"].is_string()) {
+    return absl::DataLossError(absl::StrCat(ckpt, "/trainer_state.json: weights_dtype is not a string"));
+  }
+  WeightDtype dtype = state.contains("weights_dtype") && state["weights_dtype"] == "float32" ? WeightDtype::kF32
+                                                                                              : WeightDtype::kBF16;
   if (req.dtype) dtype = *req.dtype;
   ASSIGN_OR_RETURN(auto optimizer, st::SafetensorsFile::Open(ckpt + "/optimizer.safetensors"));
   ASSIGN_OR_RETURN(std::vector<const float*> masters, MasterArrays(*optimizer, layout));

@@ -115,7 +115,7 @@ class HostCore::RecordContext : public JobContext {
     LOG(INFO) << "job " << job_id_ << ": " << line;
     absl::MutexLock l(&core_->mu_);
     v1::JobEvent ev;
-    ev.set_log(line);
+    ev.set_log(PrintableUtf8(line));
     core_->Publish(*rec_, std::move(ev));
   }
   void SetLastCheckpoint(const std::string& path) override {
@@ -236,6 +236,10 @@ void HostCore::ReportInterrupted(v1::Job& job, const std::string& output_dir) {
 void HostCore::ResumeInterruptedLocked(v1::Job& job, const JobSpec& spec, JobRecord& rec) {
   const bool was_queued = job.state() == v1::JOB_STATE_QUEUED;
   job.set_hostd_restarts(job.hostd_restarts() + 1);
+  // Counted on disk before anything below can fail hard (a job whose files crash hostd is
+  // resumed at most kMaxHostdRestartsPerJob times, not on every start).
+  rec.job = job;
+  PersistLocked(rec);
   rec.resume_from = job.resume_from();
   std::string how;
   absl::StatusOr<int64_t> shm_step = executor_->AdoptInterruptedState(job.job_id(), spec);
@@ -316,6 +320,40 @@ void HostCore::SetStateLocked(JobRecord& rec, v1::JobState s) {
   }
 }
 
+namespace {
+// `--resume PATH` (not a job of this hostd): a checkpoint directory, or a directory holding
+// checkpoints (the newest complete one is taken when the job starts), checked at submit so that
+// a path that cannot be one is the client's error now. A relative path is the client's: it
+// resolves against the spec's directory, never against hostd's working directory.
+absl::StatusOr<std::string> CheckResumePath(const std::string& given, const std::string& base_dir) {
+  RETURN_IF_ERROR(CheckPathText(given, "--resume"));
+  namespace fs = std::filesystem;
+  fs::path p(given);
+  if (p.is_relative()) {
+    if (base_dir.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--resume ", given,
+                                                     ": neither a job of this hostd nor an absolute path to a checkpoint"));
+    }
+    RETURN_IF_ERROR(CheckPathText(base_dir, "the spec's directory (base_dir)"));
+    p = fs::path(base_dir) / p;
+  }
+  const std::string dir = p.lexically_normal().string();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat("--resume ", given, ": neither a job of this hostd nor a directory (", dir,
+                                            ec ? ": " + ec.message() : std::string(), ")"));
+  }
+  const absl::Status found = fs::exists(fs::path(dir) / "COMPLETE", ec) ? checkpoint::VerifyCheckpoint(dir).status()
+                                                                         : checkpoint::FindLatestCheckpoint(dir).status();
+  if (!found.ok()) {
+    return absl::Status(found.code() == absl::StatusCode::kNotFound ? absl::StatusCode::kNotFound
+                                                                     : absl::StatusCode::kFailedPrecondition,
+                        absl::StrCat("--resume ", given, ": ", found.message()));
+  }
+  return dir;
+}
+}  // namespace
+
 absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobRequest& req) {
   if (!req.job_id().empty() && !ValidJobId(req.job_id())) {
     return absl::InvalidArgumentError(
@@ -354,6 +392,8 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
       }
       resume_from = *own;
     }
+  } else if (!resume_from.empty()) {
+    ASSIGN_OR_RETURN(resume_from, CheckResumePath(resume_from, req.base_dir()));
   }
   {
     absl::MutexLock l(&mu_);
@@ -502,6 +542,10 @@ absl::StatusOr<std::shared_ptr<Channel<v1::JobEvent>>> HostCore::Watch(const std
   absl::MutexLock l(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (!IsFinal(it->second->job.state()) && it->second->watchers.size() >= kMaxWatchersPerJob) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("job '", job_id, "' has ", kMaxWatchersPerJob, " watchers already; try again later"));
+  }
   auto ch = std::make_shared<Channel<v1::JobEvent>>();
   v1::JobEvent ev;
   *ev.mutable_state_change() = it->second->job;
@@ -512,6 +556,14 @@ absl::StatusOr<std::shared_ptr<Channel<v1::JobEvent>>> HostCore::Watch(const std
     it->second->watchers.push_back(ch);
   }
   return ch;
+}
+
+void HostCore::Unwatch(const std::string& job_id, const std::shared_ptr<Channel<v1::JobEvent>>& ch) {
+  absl::MutexLock l(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  auto& w = it->second->watchers;
+  w.erase(std::remove(w.begin(), w.end(), ch), w.end());
 }
 
 absl::StatusOr<std::shared_ptr<WorkerSession>> HostCore::AttachWorker(const v1::WorkerHello& hello) {
@@ -676,7 +728,7 @@ void HostCore::RunnerLoop() {
       if (status.ok()) {
         SetStateLocked(*rec, v1::JOB_STATE_SUCCEEDED);
       } else {
-        rec->job.set_error(std::string(status.message()));
+        rec->job.set_error(PrintableUtf8(status.message()));
         rec->job.set_error_code(static_cast<int>(status.code()));
         SetStateLocked(*rec,
                        status.code() == absl::StatusCode::kCancelled ? v1::JOB_STATE_CANCELLED : v1::JOB_STATE_FAILED);

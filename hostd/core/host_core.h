@@ -175,6 +175,8 @@ struct HostCoreOptions {
 // A job resumed after this many hostd restarts that interrupted it is not resumed again (a job
 // that crashes hostd would otherwise crash it forever).
 inline constexpr int kMaxHostdRestartsPerJob = 3;
+// Watchers of one job at a time (each holds a channel of up to 4,096 queued events).
+inline constexpr size_t kMaxWatchersPerJob = 256;
 // The longest worker_id a worker's hello may carry.
 inline constexpr size_t kMaxWorkerIdChars = 64;
 // The longest of the hello's other names (build, device name, UUID, PCI bus id).
@@ -205,6 +207,9 @@ class HostCore {
   // Subscribes to a job's events: the current state first. The channel closes after the final
   // state. NOT_FOUND for unknown ids.
   absl::StatusOr<std::shared_ptr<Channel<v1::JobEvent>>> Watch(const std::string& job_id);
+  // The watcher's RPC ended (the client went away or the job ended): its channel stops
+  // receiving the job's events.
+  void Unwatch(const std::string& job_id, const std::shared_ptr<Channel<v1::JobEvent>>& ch);
 
   // WorkerService
   absl::StatusOr<std::shared_ptr<WorkerSession>> AttachWorker(const v1::WorkerHello& hello);

@@ -2,9 +2,11 @@
 // unlink each other's shared-memory segments; the lock is an flock(2) on
 // /dev/shm/slidedp-<node>.lock (next to the segments, outside their "slidedp.<node>." names so the
 // stale-segment scan never sees it), held for the process's life and released by the kernel when
-// it dies, however it dies. The holder's pid is written into the file for the refusal message.
+// it dies, however it dies. The holder's pid is written into the file for the refusal message; a
+// holder that exits normally unlinks the file (a later Acquire that raced with it retries).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -22,6 +24,8 @@ class NodeLock {
 
  private:
   NodeLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  // One open-and-lock; nullopt when the file locked was unlinked (replaced) after the open.
+  static absl::StatusOr<std::optional<NodeLock>> TryAcquire(const std::string& node, const std::string& path);
   int fd_ = -1;
   std::string path_;
 };

@@ -81,6 +81,8 @@ void ZeroMoments(const ModelLayout& layout, shm::JobState& js, int threads) {
 absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& spec, const ModelLayout& layout,
                                                shm::JobState& js, bool reused_segment, int threads) {
   const std::vector<Piece> pieces = PiecesOf(layout);
+  // Until the end of this function the segment holds no step of anything (ConsistentStep).
+  js.state_written().store(0, std::memory_order_release);
   if (reused_segment && ctx.resume_from().empty()) {
     // A fresh segment is zero: so must the moments of a reused one be. (Master is written whole
     // below, padding included, by the random init or the weight loader; a resumed job's
@@ -92,7 +94,8 @@ absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& s
   const checkpoint::LoadOptions load{.threads = threads};
   if (!ctx.resume_from().empty()) {
     std::string dir = ctx.resume_from();
-    if (!std::filesystem::exists(std::filesystem::path(dir) / "COMPLETE")) {
+    std::error_code ec;  // the non-throwing form: a looping or over-long path is "not there"
+    if (!std::filesystem::exists(std::filesystem::path(dir) / "COMPLETE", ec)) {
       ASSIGN_OR_RETURN(dir, checkpoint::FindLatestCheckpoint(dir));
     }
     ASSIGN_OR_RETURN(auto loaded, checkpoint::LoadCheckpoint(dir, layout, arrays, load));
@@ -129,6 +132,7 @@ absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& s
   for (int u = 0; u < layout.num_units(); ++u) js.version(u).Publish(static_cast<uint32_t>(state.first_step));
   js.step_counter().store(state.first_step);
   js.skipped_steps_counter().store(state.skipped_steps);
+  js.state_written().store(1, std::memory_order_release);
   return state;
 }
 

@@ -117,6 +117,21 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
   p.route = gpu_route ? GradReduction::kGpu : GradReduction::kCpu;
   int cpu_workers = 0;
   for (const WorkerDevice& w : workers) cpu_workers += w.cpu_backend;
+  // runtime.backend names the workers' backend (`slidedp run` starts them so; on a node service
+  // the attached workers must be of it).
+  if ((spec.backend == Backend::kCuda && cpu_workers > 0) || (spec.backend == Backend::kCpu && cpu_workers < world)) {
+    return absl::FailedPreconditionError(absl::StrCat("runtime.backend ", ToString(spec.backend), ": ",
+                                                      spec.backend == Backend::kCuda ? cpu_workers : world - cpu_workers,
+                                                      " of the job's ", world, " workers are ",
+                                                      spec.backend == Backend::kCuda ? "CPU-backend" : "CUDA",
+                                                      " workers (runtime.backend auto takes either)"));
+  }
+  // Sharded delivery all-gathers each unit over NCCL: CUDA workers only.
+  if (spec.param_delivery == ParamDelivery::kSharded && world > 1 && cpu_workers > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("runtime.param_delivery sharded all-gathers over NCCL and needs CUDA workers; ", cpu_workers,
+                     " of ", world, " are CPU-backend (use replicated or auto)"));
+  }
   if (gpu_route && cpu_workers != 0 && cpu_workers != world) {
     return absl::FailedPreconditionError(absl::StrCat("runtime.grad_reduction gpu needs workers of one backend; ",
                                                       cpu_workers, " of ", world,

@@ -560,7 +560,7 @@ absl::Status TrainingExecutor::SaveCheckpoint(JobContext& ctx, Attempt& a, int64
   req.arrays = StateArraysOf(*a.job_state);
   req.weight_dtype =
       a.spec.save_dtype == SaveDtype::kF32 ? checkpoint::WeightDtype::kF32 : checkpoint::WeightDtype::kBF16;
-  req.keep_last = static_cast<int>(a.spec.keep_last);
+  req.keep_last = a.spec.keep_last;
   req.model_files = &a.model_files;
   req.trainer_state = {{"step", steps_done},
                        {"job_id", ctx.job_id()},

@@ -149,6 +149,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
     }
     if (!writer->Write(*ev)) break;
   }
+  core_->Unwatch(req->job_id(), *ch);
   return grpc::Status::OK;
 }
 

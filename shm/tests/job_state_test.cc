@@ -392,12 +392,15 @@ TEST(JobState, ConsistentStepAndTakeOverOfADeadCreatorsSegment) {
   const std::string name = absl::StrCat("/slidedp.", node, ".", job, ".state");
   ScopedUnlink cleanup(name);
   // Child: 5 steps done, then the updates of step 6 begin on unit 0 only; it dies (exits) there.
-  // mode 0: 5 whole steps; 1: step 6's updates begun, no gate moved; 2: unit 0 at 6, others at 5.
-  for (int mode = 0; mode < 3; ++mode) {
+  // mode 0: 5 whole steps; 1: step 6's updates begun, no gate moved; 2: unit 0 at 6, others at 5;
+  // 3: it died while writing the initial state (every gate at 0, the state never marked written).
+  for (int mode = 0; mode < 4; ++mode) {
     (void)UnlinkSegment(name);
     pid_t child = ForkChild([&] {
       auto s = JobState::Create(node, job, layout);
       if (!s.ok()) return 1;
+      if (mode == 3) return 0;
+      (*s)->state_written().store(1);
       for (int u = 0; u < (*s)->num_units(); ++u) (*s)->version(u).Publish(5);
       (*s)->step_counter().store(5);
       (*s)->updating_step().store(5);
@@ -425,7 +428,9 @@ TEST(JobState, ConsistentStepAndTakeOverOfADeadCreatorsSegment) {
       EXPECT_EQ((*again)->owner().pid, getpid());
     } else {
       EXPECT_EQ(step.status().code(), absl::StatusCode::kFailedPrecondition);
-      EXPECT_NE(step.status().message().find(mode == 1 ? "updates of step 6" : "unit 0 is at step 6"),
+      EXPECT_NE(step.status().message().find(mode == 1   ? "updates of step 6"
+                                             : mode == 2 ? "unit 0 is at step 6"
+                                                         : "never completely written"),
                 std::string::npos)
           << step.status();
     }

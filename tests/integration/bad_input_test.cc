@@ -550,13 +550,77 @@ TEST_F(BadInput, JobNamesAreValidatedAndIdsMadeFromThemCanStart) {
 TEST_F(BadInput, PathsTooLongToLookUpAreRefused) {
   SpecParts p;
   p.model = absl::StrCat("{path: ", root_, "/", std::string(5000, 'm'), "}");
-  ExpectRejected(Spec(p), kInvalid, "no config.json in");
+  ExpectRejected(Spec(p), kInvalid, "model.path");
   p = {};
   p.data = root_ + "/" + std::string(5000, 'd');
-  ExpectRejected(Spec(p), kInvalid, "data.path: ");  // (a message over 2 KiB is cut: ToGrpc)
+  ExpectRejected(Spec(p), kInvalid, "data.path");
   p = {};
   p.output = root_ + "/" + std::string(5000, 'o');
+  ExpectRejected(Spec(p), kInvalid, "output.dir");
+  // Each over PATH_MAX, said so (the path quoted in part); and under it, a name the kernel
+  // refuses (a component over NAME_MAX) is "not there".
+  p = {};
+  p.model = absl::StrCat("{path: ", root_, "/", std::string(300, 'm'), "}");
+  ExpectRejected(Spec(p), kInvalid, "no config.json in");
+  p = {};
+  p.output = root_ + "/" + std::string(300, 'o');
   ExpectRejected(Spec(p), absl::StatusCode::kFailedPrecondition, "output.dir");
+}
+
+// Paths that are not UTF-8 text or hold control characters (the spec's directory itself
+// included): refused at submit, before they reach a record, a log line or a worker (a base_dir
+// byte that was not UTF-8 once made every worker fail to parse its assignment and hang).
+TEST_F(BadInput, PathsThatAreNotUtf8OrHoldControlCharactersAreRefused) {
+  v1::SubmitJobRequest req;
+  req.set_job_id(NextId("rej"));
+  req.set_spec_yaml(Spec({}));
+  req.set_base_dir(node_->dir() + "/x\xffy");
+  auto r = node_->client().Submit(req);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), kInvalid) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("not UTF-8"));
+  SpecParts p;
+  p.output = "\"out\\x1b[31mred\"";
+  ExpectRejected(Spec(p), kInvalid, "control character");
+  p = {};
+  p.data = "\"" + root_ + "/data\\nforged line\"";
+  ExpectRejected(Spec(p), kInvalid, "data.path");
+}
+
+// --resume PATH is checked at submit: a looping symbolic link or a path over PATH_MAX once made
+// the job's start throw past hostd (it died with every job); a relative path is the client's
+// (its spec's directory), never hostd's working directory.
+TEST_F(BadInput, ResumePathsAreCheckedAtSubmit) {
+  const std::string loop = root_ + "/resume-loop";
+  fs::remove(loop + "/a");
+  fs::remove(loop + "/b");
+  fs::create_directories(loop);
+  fs::create_symlink(loop + "/b", loop + "/a");
+  fs::create_symlink(loop + "/a", loop + "/b");
+  struct Case {
+    std::string resume;
+    absl::StatusCode code;
+    std::string says;
+  };
+  for (const Case& c : {Case{loop + "/a", absl::StatusCode::kNotFound, "neither a job of this hostd nor a directory"},
+                        Case{root_ + "/" + std::string(5000, 'r'), kInvalid, "longer than 4096"},
+                        Case{"no-such-job", absl::StatusCode::kNotFound, "neither a job of this hostd"},
+                        Case{root_ + "/data", absl::StatusCode::kNotFound, "--resume"},
+                        Case{root_ + "/r\x1b[2J", kInvalid, "control character"}}) {
+    v1::SubmitJobRequest req;
+    const std::string id = NextId("rej");
+    req.set_job_id(id);
+    req.set_spec_yaml(Spec({}));
+    req.set_base_dir(node_->dir());
+    req.set_resume_from(c.resume);
+    auto r = node_->client().Submit(req);
+    ASSERT_FALSE(r.ok()) << c.resume.substr(0, 80);
+    EXPECT_EQ(r.status().code(), c.code) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.says));
+    EXPECT_EQ(node_->client().GetJob(id).status().code(), absl::StatusCode::kNotFound);
+  }
+  std::string health;
+  EXPECT_TRUE(node_->client().Health(&health).ok()) << health;
 }
 
 // A spec that is not UTF-8 gets INVALID_ARGUMENT with the offset (before: INTERNAL with no

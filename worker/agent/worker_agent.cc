@@ -13,6 +13,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -455,7 +456,17 @@ absl::Status WorkerAgent::RunSession() {
     stream_ = nullptr;
     context_ = nullptr;
   }
-  return FromGrpc(stream->Finish());
+  // Read also ends on a message this worker cannot parse, with hostd's side still open: Finish
+  // would then wait for hostd forever (and hostd for this worker). hostd's own status (a refusal,
+  // its shutdown) comes at once; past a few seconds the call is cancelled.
+  absl::Notification finished;
+  std::thread canceller([&] {
+    if (!finished.WaitForNotificationWithTimeout(absl::Seconds(5))) ctx.TryCancel();
+  });
+  const grpc::Status status = stream->Finish();
+  finished.Notify();
+  canceller.join();
+  return FromGrpc(status);
 }
 
 void WorkerAgent::RunJob(v1::Assignment a) {

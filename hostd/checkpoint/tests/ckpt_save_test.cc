@@ -167,6 +167,33 @@ TEST_F(CkptSaveTest, KeepLastRemovesOlderCompleteCheckpoints) {
   EXPECT_EQ(*FindLatestCheckpoint(root_), root_ + "/checkpoint-500");
 }
 
+// Two jobs sharing an output directory: keep_last prunes only the saving job's own checkpoints,
+// never another job's (even a newer one), nor one whose job cannot be read.
+TEST_F(CkptSaveTest, KeepLastPrunesOnlyTheSavingJobsCheckpoints) {
+  const ModelLayout layout = ModelLayout::Build(TinyConfig(true));
+  HostState s(layout);
+  FillState(layout, s, 11);
+  for (int step : {6, 7}) {  // job "alpha": two checkpoints, the newest of the directory
+    SaveRequest req = Request(layout, s, step);
+    req.trainer_state["job_id"] = "alpha";
+    ASSERT_TRUE(SaveCheckpoint(req).ok());
+  }
+  ASSERT_TRUE(SaveCheckpoint(Request(layout, s, 5)).ok());  // saved by no job
+  for (int step : {1, 2, 3}) {  // job "beta", keep_last 1
+    SaveRequest req = Request(layout, s, step);
+    req.trainer_state["job_id"] = "beta";
+    req.keep_last = 1;
+    auto res = SaveCheckpoint(req);
+    ASSERT_TRUE(res.ok()) << res.status();
+    EXPECT_EQ(res->removed.size(), step == 1 ? 0u : 1u) << step;
+  }
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(root_)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"checkpoint-3", "checkpoint-5", "checkpoint-6", "checkpoint-7"}));
+  EXPECT_EQ(*FindLatestCheckpoint(root_, "alpha"), root_ + "/checkpoint-7");
+}
+
 TEST_F(CkptSaveTest, CrashAtAnyStageLeavesThePreviousCheckpointLatest) {
   const ModelLayout layout = ModelLayout::Build(TinyConfig(false));
   HostState s(layout);

@@ -51,6 +51,30 @@ TEST(JobPlan, WorkersSharingAGpuAreRefusedWhereNcclWouldRun) {
   EXPECT_TRUE(PlanJob(Spec(2, 0), layout, shared).ok());
 }
 
+// runtime.backend names the workers' backend: a job of the other backend's workers is refused
+// (never run on them silently), and so is sharded delivery (NCCL) on CPU workers.
+TEST(JobPlan, TheSpecsBackendAndShardedDeliveryNeedTheirWorkers) {
+  const ModelLayout layout = Layout();
+  std::vector<WorkerDevice> cpus = {WorkerDevice{true, int64_t{64} << 30}, WorkerDevice{true, int64_t{64} << 30}};
+  JobSpec cuda = Spec(2, 0, GradReduction::kCpu);
+  cuda.backend = Backend::kCuda;
+  auto on_cpu = PlanJob(cuda, layout, cpus);
+  EXPECT_EQ(on_cpu.status().code(), absl::StatusCode::kFailedPrecondition) << on_cpu.status();
+  EXPECT_TRUE(absl::StrContains(on_cpu.status().message(), "runtime.backend cuda: 2 of the job's 2 workers are CPU"))
+      << on_cpu.status();
+  EXPECT_TRUE(PlanJob(cuda, layout, Gpus(2)).ok());
+  JobSpec cpu = cuda;
+  cpu.backend = Backend::kCpu;
+  EXPECT_EQ(PlanJob(cpu, layout, Gpus(2)).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(PlanJob(cpu, layout, cpus).ok());
+  JobSpec sharded = Spec(2, 0, GradReduction::kCpu);
+  sharded.param_delivery = ParamDelivery::kSharded;
+  auto s = PlanJob(sharded, layout, cpus);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition) << s.status();
+  EXPECT_TRUE(absl::StrContains(s.status().message(), "sharded")) << s.status();
+  EXPECT_TRUE(PlanJob(sharded, layout, Gpus(2)).ok());
+}
+
 // runtime.context_parallel: CPU workers get a "ctx" collective sized for every rank's padded share of
 // a micro-batch's keys and values, counted in the shm plan; CUDA workers use it or NCCL.
 TEST(JobPlan, ContextParallelPlansItsCollectivePerBackendAndRoute) {
