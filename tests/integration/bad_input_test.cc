@@ -521,6 +521,22 @@ TEST_F(BadInput, ConfigAndManifestThatAreNotRegularFilesAreRefused) {
   p = {};
   p.data = data;
   ExpectRejected(Spec(p), kInvalid, "is not a regular file");
+  // The weights as a FIFO (it once blocked the job runner: cancel and SIGTERM did nothing), and
+  // a config.json nested a million deep (it once overflowed the stack of the submit handler).
+  dir = CopyModel("weights-fifo");
+  fs::remove(dir + "/model.safetensors");
+  ASSERT_EQ(::mkfifo((dir + "/model.safetensors").c_str(), 0600), 0);
+  p = {};
+  p.model = absl::StrCat("{path: ", dir, "}");
+  ExpectJobFails(Spec(p), kInvalid, "not a regular file");  // (the weights are read when it starts)
+  dir = CopyModel("config-deep");
+  {
+    std::string text = ReadFile(dir + "/config.json");
+    text.insert(text.find('{') + 1, "\"x\": " + std::string(1000000, '[') + std::string(1000000, ']') + ", ");
+    WriteAll(dir + "/config.json", text);
+  }
+  p.model = absl::StrCat("{path: ", dir, "}");
+  ExpectRejected(Spec(p), kInvalid, "nested deeper than");
   EXPECT_LT(absl::ToDoubleSeconds(absl::Now() - t0), 30);  // nothing blocked
 }
 
