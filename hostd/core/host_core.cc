@@ -515,7 +515,12 @@ absl::StatusOr<v1::Job> HostCore::GetJob(const std::string& job_id) const {
 std::vector<v1::Job> HostCore::ListJobs() const {
   absl::MutexLock l(&mu_);
   std::vector<v1::Job> out;
-  for (const std::string& id : job_order_) out.push_back(jobs_.at(id)->job);
+  for (const std::string& id : job_order_) {
+    out.push_back(jobs_.at(id)->job);
+    // The specs stay with GetJob: a listing of every job ever run must not carry each one's spec
+    // (thousands of jobs would pass gRPC's message limit).
+    out.back().clear_resolved_spec_yaml();
+  }
   return out;
 }
 

@@ -202,6 +202,7 @@ class HostCore {
   // workers attached now (the first runtime.workers of them).
   absl::StatusOr<v1::PlanJobResponse> Plan(const v1::PlanJobRequest& req);
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
+  // Every job, without resolved_spec_yaml (GetJob has it).
   std::vector<v1::Job> ListJobs() const;
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
   // Subscribes to a job's events: the current state first. The channel closes after the final
