@@ -105,6 +105,20 @@ absl::StatusOr<int> SpawnProcess(const std::vector<std::string>& argv, const std
   return static_cast<int>(pid);
 }
 
+int WaitExit(int pid, double timeout_s) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
+  int st = 0;
+  while (waitpid(pid, &st, WNOHANG) == 0) {
+    if (absl::Now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      return -1;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
 absl::Status CheckEmbeddedOptions(const EmbeddedOptions& options) {
   if (options.backend != "cuda" && options.cpu_workers > kMaxCpuWorkers) {
     return absl::InvalidArgumentError(

@@ -80,6 +80,9 @@ void StopPrivateNodesOnSignal();
 // symlink or not a regular file). The child gets SIGTERM when the calling thread ends
 // (PR_SET_PDEATHSIG), so a killed CLI leaves no private process behind. Returns the pid.
 absl::StatusOr<int> SpawnProcess(const std::vector<std::string>& argv, const std::string& log_path);
+// The exit status of child `pid` (128 + the signal when a signal ended it), waiting at most
+// `timeout_s`; -1 when it still runs then (it is killed with SIGKILL and reaped).
+int WaitExit(int pid, double timeout_s);
 // Directory holding the running executable.
 std::string SelfDir();
 // Number of CUDA devices the worker binary reports (0 when none or no CUDA build).

@@ -46,20 +46,6 @@ void WriteExecutable(const std::string& path, const std::string& text) {
   fs::permissions(path, fs::perms::owner_all);
 }
 
-// The exit status of `pid` (128 + signal when killed), waiting at most `timeout_s`; -1 then.
-int WaitExit(int pid, double timeout_s) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
-  int st = 0;
-  while (waitpid(pid, &st, WNOHANG) == 0) {
-    if (absl::Now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-      return -1;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
 
 bool Gone(int pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
 

@@ -32,6 +32,7 @@ namespace fs = std::filesystem;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using client::WaitExit;
 
 // A port nothing listens on now (the kernel's pick for port 0).
 int FreePort() {
@@ -49,20 +50,6 @@ int FreePort() {
   return port;
 }
 
-// Exit status of `pid` within `timeout_s`; -1 if it still runs then (it is killed).
-int WaitExit(int pid, double timeout_s) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
-  int st = 0;
-  while (waitpid(pid, &st, WNOHANG) == 0) {
-    if (absl::Now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-      return -1;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
 
 class Auth : public ::testing::Test {
  protected:

@@ -25,6 +25,7 @@
 
 namespace slidedp::testing {
 namespace {
+using client::WaitExit;
 
 // A small synthetic dataset and a spec of the tiny preset with `steps` steps, in `dir`.
 std::string WriteSpec(const std::string& dir, int steps) {
@@ -57,20 +58,6 @@ int StartCli(const std::string& dir, const std::string& spec) {
   return pid.ok() ? *pid : -1;
 }
 
-// The exit status of `pid`, waiting at most `timeout_s`; -1 if it is still running then (killed).
-int WaitExit(int pid, double timeout_s) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
-  int st = 0;
-  while (waitpid(pid, &st, WNOHANG) == 0) {
-    if (absl::Now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-      return -1;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
 
 // The pid of the process whose command line holds `a` followed by `b` (0 if none).
 int FindProcess(const std::string& a, const std::string& b) {
@@ -233,6 +220,7 @@ TEST(CliRun, TensorBoardEventsAndPlotOfAJob) {
 
 namespace slidedp::testing {
 namespace {
+using client::WaitExit;
 
 // `slidedp prepare` as a process on a Llama 3 tokenizer directory with its chat template: the
 // train/ and validation/ splits, the template named in the manifests, assistant-only loss masks
