@@ -567,6 +567,13 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
         "job spec: train.global_batch ", s.global_batch,
         " is not divisible by runtime.workers x train.micro_batch = ", s.num_workers, " x ", s.micro_batch));
   }
+  // (With runtime.workers 0 the count is known when the job starts: the job plan refuses it then.)
+  if (s.grad_staging == GradStaging::kDevice && s.grad_reduction == GradReduction::kCpu && !s.grad_reduction_auto &&
+      s.num_workers > 1) {
+    return absl::InvalidArgumentError(
+        "job spec: runtime.grad_staging device needs runtime.grad_reduction gpu (or one worker): with "
+        "grad_reduction cpu hostd sums the ranks' gradients, so only it knows the norm");
+  }
   if (s.cast_threads > 256) {
     return absl::InvalidArgumentError(
         absl::StrCat("job spec: runtime.cast_threads ", s.cast_threads, " is more than 256 (0: auto)"));

@@ -487,6 +487,8 @@ TEST(JobSpec, RejectsBadSpecsWithPreciseMessages) {
       {"warmup", base + "train: {seq_len: 8, global_batch: 2, steps: 3}\nschedule: {warmup_steps: 5}\n", "warmup_steps 5 exceeds"},
       {"beta1 = 1", base + "train: {seq_len: 8, global_batch: 2, steps: 1}\noptimizer: {beta1: 1}\n",
        "must be in [0, 0.999999999], got 1"},
+      {"device staging, cpu route", base + "train: {seq_len: 8, global_batch: 2, steps: 1}\n"
+       "runtime: {workers: 2, grad_reduction: cpu, grad_staging: device}\n", "grad_staging device needs"},
       {"two documents", base + "train: {seq_len: 8, global_batch: 2, steps: 1}\n---\nname: other\n", "2 YAML documents"},
       {"rope key misspelt", "model: {preset: tiny, rope_scaling: {rope_type: yarn, factor: 4.0, beta_fst: 32}}\n"
        "data: {path: d}\ntrain: {seq_len: 8, global_batch: 2, steps: 1}\n", "unknown key 'beta_fst'"},
