@@ -97,7 +97,8 @@
 #                   CP_SEQ (8192) tokens per step, CP_STEPS (6) deterministic steps: losses within 2e-3, gradient
 #                   norms within 2e-2 relative (CP_VOCAB: the dataset's vocabulary, 512 for the tiny presets;
 #                   CP_TRAIN_EXTRA more train keys, e.g. "router_aux_loss_coef: 0.05" with tiny-moe: aux 2e-3;
-#                   CP_DETERMINISTIC false for head dims other than 64 / 128, the tiny presets')
+#                   CP_DETERMINISTIC false for head dims other than 64 / 128, the tiny presets'; CP_LAYERS a
+#                   reduced depth; CP_SEQ > 32768 adds yarn RoPE, as longctx does)
 #   longctx    ~9   long context: Qwen3-8B (LONGCTX_MODEL), one sequence of 262,144 tokens (LONGCTX_SEQ) per
 #                   step through slidedp run (yarn RoPE to the row, int8 moments, param_source master,
 #                   recompute with LONGCTX_OFFLOAD of the layers' checkpoints in pinned host memory): trains
@@ -1167,7 +1168,7 @@ part_restart() {
   for id in ref crashed; do
     cat > "$d/$id.yaml" <<YAML
 name: $id
-model: {preset: $model, init_seed: 0}
+model: {preset: $model, init_seed: 0$model_extra}
 data: {path: $d/data}
 output: {dir: $d/out-$id, save_final: false}
 train: {seq_len: 4096, global_batch: 8, micro_batch: 4, steps: $steps, max_grad_norm: 1.0}
@@ -1420,7 +1421,14 @@ PY
 part_cp1gpu() {
   find_cudnn
   local d=$work/cp1gpu model=${CP_MODEL:-qwen3-0.6b} seq=${CP_SEQ:-8192} steps=${CP_STEPS:-6} id workers extra
-  local vocab=${CP_VOCAB:-151936} train_extra=${CP_TRAIN_EXTRA:+, $CP_TRAIN_EXTRA}
+  local vocab=${CP_VOCAB:-151936} train_extra=${CP_TRAIN_EXTRA:+, $CP_TRAIN_EXTRA} model_extra="" factor
+  # A row beyond 32K (e.g. 131072, whose zig-zag pieces are large enough for SLIDEDP_CUDNN_CROSS):
+  # Qwen3's yarn RoPE over its 32K pretraining context, as part_longctx writes it.
+  if [ "$seq" -gt 32768 ]; then
+    factor=$(awk -v s="$seq" 'BEGIN { f = s / 32768; fmt = f == int(f) ? "%.1f" : "%.6g"; printf fmt, f }')
+    model_extra=", max_position_embeddings: $((seq > 40960 ? seq : 40960)), rope_scaling: {rope_type: yarn, factor: $factor, original_max_position_embeddings: 32768}"
+  fi
+  model_extra="${CP_LAYERS:+, num_hidden_layers: $CP_LAYERS}$model_extra"
   new_dir "$d"
   stage cp_data 60 python3 bench/e2e/make_dataset.py --out "$d/data" --rows 64 --seq-len "$seq" --vocab "$vocab"
   for id in one cp; do
@@ -1428,7 +1436,7 @@ part_cp1gpu() {
     [ "$id" = cp ] && workers=2 extra="context_parallel: 2, "
     cat > "$d/$id.yaml" << YAML
 name: $id
-model: {preset: $model, init_seed: 0}
+model: {preset: $model, init_seed: 0$model_extra}
 data: {path: $d/data}
 output: {dir: $d/out-$id, save_final: false}
 train: {seq_len: $seq, global_batch: 2, micro_batch: 1, steps: $steps, max_grad_norm: 1.0$train_extra}
