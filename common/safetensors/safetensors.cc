@@ -318,12 +318,17 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   ::close(fd);
   if (p == MAP_FAILED) return ErrnoStatus(absl::StrCat("mmap ", path), err);
   f->base_ = static_cast<const char*>(p);
-  ASSIGN_OR_RETURN(f->header_, ParseHeader(absl::string_view(f->base_, f->size_), path));
+  ASSIGN_OR_RETURN(f->guard_, MappingGuard::Register(f->base_, f->size_, path));
+  absl::StatusOr<Header> header = ParseHeader(absl::string_view(f->base_, f->size_), path);
+  RETURN_IF_ERROR(f->Intact());  // shrank between the fstat and the parse: the header read zeros
+  RETURN_IF_ERROR(header.status());
+  f->header_ = *std::move(header);
   for (size_t i = 0; i < f->header_.tensors.size(); ++i) f->by_name_.emplace(f->header_.tensors[i].name, i);
   return f;
 }
 
 SafetensorsFile::~SafetensorsFile() {
+  guard_ = MappingGuard();  // unguarded before the range is unmapped (and maybe mapped again)
   if (base_ != nullptr) ::munmap(const_cast<char*>(base_), size_);
 }
 
@@ -365,7 +370,7 @@ absl::Status ConvertToFloat32(Dtype dtype, const void* src, int64_t n, float* ou
 absl::Status SafetensorsFile::ReadAsFloat32(const TensorInfo& t, float* out) const {
   absl::Status s = ConvertToFloat32(t.dtype, Bytes(t).data(), t.numel, out);
   if (!s.ok()) return Annotate(s, absl::StrCat(path_, ": tensor ", Quote(t.name)));
-  return s;
+  return Intact();
 }
 
 uint64_t TensorSource::byte_size() const {

@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/io/mapping_guard.h"
 
 namespace slidedp::safetensors {
 
@@ -66,7 +67,8 @@ struct Header {
 // its header. `path` only labels error messages. Never reads outside file_bytes.
 absl::StatusOr<Header> ParseHeader(absl::string_view file_bytes, absl::string_view path);
 
-// A validated, read-only memory-mapped safetensors file.
+// A validated, read-only memory-mapped safetensors file. A file truncated while it is mapped
+// does not crash the reader: see Intact().
 class SafetensorsFile {
  public:
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
@@ -88,6 +90,11 @@ class SafetensorsFile {
   // UNIMPLEMENTED for other dtypes.
   absl::Status ReadAsFloat32(const TensorInfo& tensor, float* out) const;
 
+  // OK while every read through Bytes() has read the file; DATA_LOSS once the file shrank under
+  // the mapping (truncated after Open checked it) and a read got zeros (common/io/mapping_guard.h:
+  // such a read does not raise SIGBUS). Ask once a load is done; on DATA_LOSS discard what it read.
+  absl::Status Intact() const { return guard_.Intact(); }
+
  private:
   SafetensorsFile() = default;
   std::string path_;
@@ -95,6 +102,7 @@ class SafetensorsFile {
   uint64_t size_ = 0;
   Header header_;
   std::map<std::string, size_t, std::less<>> by_name_;
+  MappingGuard guard_;
 };
 
 // Converts n elements of a BF16/F16/F32 buffer to FP32 (UNIMPLEMENTED otherwise).

@@ -1,6 +1,8 @@
 // safetensors writer/reader round trips and the validator's answers to lying or broken headers.
 #include "common/safetensors/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -226,6 +228,52 @@ TEST_F(SafetensorsFormatTest, TruncatedValidFileIsDataLoss) {
   auto f = SafetensorsFile::Open(Path("v.safetensors"));
   EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss) << f.status();
   EXPECT_NE(f.status().message().find("\"a\""), std::string::npos) << f.status();
+}
+
+
+// A file truncated after Open checked it (a client rewriting its model while hostd loads it): the
+// reads past the new end get zeros instead of SIGBUS, and the file answers DATA_LOSS from then on.
+TEST_F(SafetensorsFormatTest, FileTruncatedWhileMappedIsDataLossNotSigbus) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<float> v(4 * page / sizeof(float), 3.0f);  // several pages of data
+  std::vector<TensorSource> src = {{"big", Dtype::kF32, {static_cast<int64_t>(v.size())}, v.data(), nullptr}};
+  ASSERT_TRUE(WriteFile(Path("t.safetensors"), src).ok());
+  auto f = SafetensorsFile::Open(Path("t.safetensors"));
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE((*f)->Intact().ok());
+  ASSERT_EQ(::truncate(Path("t.safetensors").c_str(), static_cast<off_t>(page)), 0);
+  std::vector<float> out(v.size(), -1.0f);
+  absl::Status s = (*f)->ReadAsFloat32(*(*f)->Find("big"), out.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("t.safetensors"), std::string::npos) << s;
+  EXPECT_EQ(out.back(), 0.0f);  // past the new end: a page of zeros
+  EXPECT_EQ((*f)->Intact().code(), absl::StatusCode::kDataLoss);
+
+  // Another file opened after it is not marked by the first one's fault.
+  ASSERT_TRUE(WriteFile(Path("u.safetensors"), src).ok());
+  auto g = SafetensorsFile::Open(Path("u.safetensors"));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE((*g)->ReadAsFloat32(*(*g)->Find("big"), out.data()).ok());
+  EXPECT_EQ(out.back(), 3.0f);
+}
+
+// A fault outside every guarded mapping still ends the process as SIGBUS would.
+TEST_F(SafetensorsFormatTest, SigbusOutsideGuardedMappingsStillKills) {
+  std::vector<float> v(16, 1.0f);
+  std::vector<TensorSource> src = {{"x", Dtype::kF32, {16}, v.data(), nullptr}};
+  ASSERT_TRUE(WriteFile(Path("g.safetensors"), src).ok());
+  ASSERT_TRUE(SafetensorsFile::Open(Path("g.safetensors")).ok());  // the handler is installed
+  const std::string raw = Path("raw.bin");
+  std::ofstream(raw, std::ios::binary) << std::string(2 * ::sysconf(_SC_PAGESIZE), 'x');
+  EXPECT_DEATH(
+      {
+        int fd = ::open(raw.c_str(), O_RDONLY);
+        const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+        auto* p = static_cast<volatile const char*>(::mmap(nullptr, 2 * page, PROT_READ, MAP_PRIVATE, fd, 0));
+        if (::ftruncate(::open(raw.c_str(), O_WRONLY), 0) != 0) std::abort();
+        std::printf("%d\n", p[page]);
+      },
+      "");
 }
 
 }  // namespace

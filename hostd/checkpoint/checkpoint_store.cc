@@ -740,6 +740,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const Mo
   std::vector<absl::Status> piece_status(pieces.size());
   ParallelFor(pieces.size(), options.threads,
               [&](size_t i) { piece_status[i] = LoadPieceOf(*file, pieces[i], saved, target); });
+  RETURN_IF_ERROR(file->Intact());  // truncated while loading: some pieces read zeros
   for (const absl::Status& s : piece_status) RETURN_IF_ERROR(s);
   LoadedCheckpoint loaded;
   loaded.step = step;

@@ -274,6 +274,8 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
                                                          " (weights must be finite)"));
     }
   });
+  // A file truncated while it was read read zeros past its new end (common/io/mapping_guard.h).
+  for (const auto& f : files) RETURN_IF_ERROR(f->Intact());
   for (const absl::Status& s : piece_status) RETURN_IF_ERROR(s);
 
   if (tied_head != nullptr) {
@@ -290,6 +292,7 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
       if (std::memcmp(row.data(), e + r * row.size(), row.size() * sizeof(float)) != 0) ++differing_rows;
     }
     if (differing_rows > 0) {
+      RETURN_IF_ERROR(tied_head->file->Intact());
       LOG(WARNING) << model_dir << ": tie_word_embeddings is true but lm_head.weight differs from the embedding in "
                    << differing_rows << " rows; using the embedding (as HF does)";
     }

@@ -167,6 +167,7 @@ absl::StatusOr<ExportResult> ExportModel(const ExportRequest& req) {
   if (req.dtype) dtype = *req.dtype;
   ASSIGN_OR_RETURN(auto optimizer, st::SafetensorsFile::Open(ckpt + "/optimizer.safetensors"));
   ASSIGN_OR_RETURN(std::vector<const float*> masters, MasterArrays(*optimizer, layout));
+  RETURN_IF_ERROR(optimizer->Intact());
   ASSIGN_OR_RETURN(std::vector<ModelDirFile> model_files, ReadModelDirFiles(ckpt));
 
   std::error_code ec;
@@ -198,6 +199,8 @@ absl::StatusOr<ExportResult> ExportModel(const ExportRequest& req) {
       layout, [&masters](int unit) { return masters[unit]; }, dtype, req.shard_max_bytes);
   absl::StatusOr<uint64_t> weight_bytes = internal::WriteWeightFiles(tmp.string(), weights, req.io_threads);
   if (!weight_bytes.ok()) return abandon(weight_bytes.status());
+  // The masters were read through the mapping: a checkpoint truncated meanwhile read zeros.
+  if (absl::Status intact = optimizer->Intact(); !intact.ok()) return abandon(intact);
   absl::StatusOr<uint64_t> side_bytes = internal::WriteModelDirFiles(tmp.string(), &model_files, config_json);
   if (!side_bytes.ok()) return abandon(side_bytes.status());
   result.bytes_written = config_json.size() + *weight_bytes + *side_bytes;
