@@ -386,7 +386,8 @@ absl::StatusOr<std::unique_ptr<Plan>> BuildBackward(const CudnnApi& api, cudnnHa
                         io.off[kOffStats]);
 
   const ScoreShape sc = ScoresOf(k);
-  const Dims sc_t_strides{k.nq * k.s * skv, k.s * skv, 1, skv};  // Sᵀ view of the same scores
+  // Sᵀ [B, nq, S_kv, S]: a view of the same scores (element (kv, q) at q·S_kv + kv).
+  const Dims sc_t_dims{k.b, k.nq, skv, k.s}, sc_t_strides{k.nq * k.s * skv, k.s * skv, 1, skv};
   const Dims row_dims{k.b, k.nq, k.s, 1}, row_strides{k.nq * k.s, k.s, 1, 1};
   const Dims full_dims{k.b, k.nq, k.s, k.hd}, full_strides{k.nq * k.s * k.hd, k.s * k.hd, k.hd, 1};
   // dK / dV of every query head before the GQA sum (key rows).
@@ -418,7 +419,7 @@ absl::StatusOr<std::unique_ptr<Plan>> BuildBackward(const CudnnApi& api, cudnnHa
 
   // out = scoresᵀ·rhs, summed over each GQA group into the kv heads (dV and dK).
   auto transposed_product = [&](auto scores, auto rhs, auto out) {
-    auto scores_t = g.Virtual(CUDNN_DATA_BFLOAT16, sc.dims, sc_t_strides);
+    auto scores_t = g.Virtual(CUDNN_DATA_BFLOAT16, sc_t_dims, sc_t_strides);
     g.Reshape(scores, scores_t);
     if (k.nq == k.nkv) {
       g.Matmul(scores_t, rhs, out, io.seq_kv, nullptr, io.seq_q);
