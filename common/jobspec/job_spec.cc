@@ -931,6 +931,35 @@ std::string PrintableUtf8(absl::string_view text) {
   return out;
 }
 
+absl::string_view Utf8Prefix(absl::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return text;
+  size_t cut = max_bytes;
+  // Back off the continuation bytes (10xxxxxx) of a character the cut would split.
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return text.substr(0, cut);
+}
+
+std::string BoundedLine(absl::string_view text, size_t max_bytes) {
+  std::string spaced(text);
+  for (char& c : spaced) {
+    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+  }
+  std::string out = PrintableUtf8(spaced);
+  if (out.size() <= max_bytes) return out;
+  const size_t kept = Utf8Prefix(out, max_bytes).size();
+  return absl::StrCat(out.substr(0, kept), "... (", out.size() - kept, " more bytes)");
+}
+
+std::string ShownId(absl::string_view id) {
+  std::string shown;
+  for (char c : id.substr(0, 80)) {
+    const auto u = static_cast<unsigned char>(c);
+    shown += u >= 0x20 && u < 0x7f ? c : '?';
+  }
+  if (id.size() > 80) shown += "...";
+  return shown;
+}
+
 absl::Status CheckPathText(absl::string_view path, absl::string_view what) {
   auto refuse = [&](absl::string_view why) {
     std::string shown;

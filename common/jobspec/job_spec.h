@@ -237,6 +237,20 @@ absl::Status CheckPathText(absl::string_view path, absl::string_view what);
 // become '?'.
 std::string PrintableUtf8(absl::string_view text);
 
+// Text that came from a process hostd does not trust (a worker's failure message) made one
+// bounded line for a job's error, its record and the log: PrintableUtf8, with newline, carriage
+// return and tab as spaces (no forged log lines), cut at a character boundary to at most
+// `max_bytes` followed by "... (N more bytes)".
+std::string BoundedLine(absl::string_view text, size_t max_bytes);
+
+// An identifier a client sent (a job id), quoted in an error: bytes outside printable ASCII as
+// '?' and at most 80 of them ("..." after), so a reply cannot carry escapes to a terminal.
+std::string ShownId(absl::string_view id);
+
+// The longest prefix of `text` of at most max_bytes bytes that does not end inside a UTF-8
+// character (text assumed UTF-8; a cut message stays valid UTF-8).
+absl::string_view Utf8Prefix(absl::string_view text, size_t max_bytes);
+
 // The job `slidedp plan --measure` runs for `spec` when nothing measured predicts it: the same
 // model, batch and runtime settings (so AutoPolicy's record is cached under the key `spec` itself
 // has with runtime.policy auto, and predicts the layout `spec` runs), with runtime.policy auto,

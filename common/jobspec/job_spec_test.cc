@@ -522,6 +522,20 @@ TEST(JobSpec, PathsAreUtf8WithoutControlCharacters) {
   EXPECT_EQ(PrintableUtf8("ok\tline\nx\xff\x1b[1mcaf\xc3\xa9"), "ok\tline\nx??[1mcaf\xc3\xa9");
 }
 
+// Untrusted text made one bounded line; ids quoted printable; cuts never split a character.
+TEST(JobSpec, BoundedLineShownIdAndUtf8Prefix) {
+  EXPECT_EQ(BoundedLine("a\nb\r\tc\x1b", 100), "a b  c?");
+  const std::string e = "\xc3\xa9";  // é, two bytes
+  std::string text = "a";
+  for (int i = 0; i < 10; ++i) text += e;
+  EXPECT_EQ(Utf8Prefix(text, 4), "a" + e);  // not "a" + e + the first byte of the next
+  EXPECT_EQ(Utf8Prefix(text, 100), text);
+  const std::string cut = BoundedLine(text, 4);
+  EXPECT_EQ(cut, "a" + e + "... (18 more bytes)");
+  EXPECT_EQ(ShownId("job\x1b[2J\n"), "job?[2J?");
+  EXPECT_EQ(ShownId(std::string(100, 'a')), std::string(80, 'a') + "...");
+}
+
 TEST(JobSpec, NonScalarKeysAreInvalidArgumentNotExceptions) {
   // Found by tests/fuzz/jobspec_fuzz.cc: yaml-cpp threw on a map used as a key.
   for (const char* text : {"{{}}", "[1]: 2", "model: {[a]: b}", "train: {{x: 1}: 2}"}) {

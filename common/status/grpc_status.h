@@ -23,8 +23,12 @@ inline grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   std::string message(s.message());
   if (message.size() > kMaxGrpcMessageBytes) {
-    const size_t cut = message.size() - kMaxGrpcMessageBytes;
-    message = message.substr(0, kMaxGrpcMessageBytes) + "... (" + std::to_string(cut) + " more bytes)";
+    // Cut at a character boundary: a split UTF-8 sequence makes clients decode the whole
+    // message as Latin-1.
+    size_t keep = kMaxGrpcMessageBytes;
+    while (keep > 0 && (static_cast<unsigned char>(message[keep]) & 0xC0) == 0x80) --keep;
+    const size_t cut = message.size() - keep;
+    message = message.substr(0, keep) + "... (" + std::to_string(cut) + " more bytes)";
   }
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), message);
 }

@@ -41,11 +41,39 @@ bool IsFinal(v1::JobState s) {
 }
 
 WorkerSession::WorkerSession(v1::WorkerHello hello, int64_t serial)
-    : hello_(std::move(hello)), serial_(serial), connected_unix_ms_(NowMs()), process_(shm::IdentityOf(hello_.pid())) {}
+    : hello_(std::move(hello)),
+      serial_(serial),
+      connected_unix_ms_(NowMs()),
+      reports_(4096, kMaxQueuedReportBytes),
+      process_(shm::IdentityOf(hello_.pid())) {}
 
 bool WorkerSession::process_alive() const {
   // Only for workers on this host (pid known and visible); others are judged by their session.
   return process_.pid <= 0 || process_.start_ticks == 0 || shm::IsProcessAlive(process_);
+}
+
+void WorkerSession::SetAssignedJob(const std::string& job_id) {
+  absl::MutexLock l(&assigned_mu_);
+  assigned_job_ = job_id;
+}
+
+bool WorkerSession::QueueReport(v1::WorkerReport report) {
+  if (!report.has_host_state_released()) {
+    const std::string* job = nullptr;
+    switch (report.report_case()) {
+      case v1::WorkerReport::kStepDone: job = &report.step_done().job_id(); break;
+      case v1::WorkerReport::kJobFinished: job = &report.job_finished().job_id(); break;
+      case v1::WorkerReport::kCommId: job = &report.comm_id().job_id(); break;
+      case v1::WorkerReport::kStepLoss: job = &report.step_loss().job_id(); break;
+      case v1::WorkerReport::kPolicyChosen: job = &report.policy_chosen().job_id(); break;
+      case v1::WorkerReport::kEvalDone: job = &report.eval_done().job_id(); break;
+      default: return false;  // a second hello, a report of a kind this hostd does not know
+    }
+    absl::MutexLock l(&assigned_mu_);
+    if (assigned_job_.empty() || *job != assigned_job_) return false;
+  }
+  const size_t bytes = report.ByteSizeLong();
+  return reports_.Push(std::move(report), bytes);
 }
 
 void WorkerSession::MarkGone() {
@@ -53,10 +81,17 @@ void WorkerSession::MarkGone() {
   reports_.Close();
 }
 
+namespace {
+size_t SpecHash(const std::string& text) { return std::hash<std::string>()(text); }
+}  // namespace
+
 struct HostCore::JobRecord {
   v1::Job job;
   JobSpec spec;
-  std::string spec_text;
+  // The submitted text's hash and size (a resubmit with the same id must bring the same text):
+  // a spec may be 1 MiB of comments, which hostd need not keep for every job it remembers.
+  size_t spec_hash = 0;
+  size_t spec_size = 0;
   std::string resume_from;
   bool cancel = false;
   bool checkpoint_on_cancel = false;
@@ -199,7 +234,8 @@ void HostCore::LoadPersisted() {
       }
     }
     rec->job = job;
-    rec->spec_text = job.resolved_spec_yaml();
+    rec->spec_hash = SpecHash(job.resolved_spec_yaml());
+    rec->spec_size = job.resolved_spec_yaml().size();
     if (rec->resume_from.empty()) rec->resume_from = job.resume_from();
     rec->submit_ms = job.submit_time_unix_ms();
     job_order_.push_back(job.job_id());
@@ -356,7 +392,7 @@ absl::StatusOr<std::string> CheckResumePath(const std::string& given, const std:
 absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobRequest& req) {
   if (!req.job_id().empty() && !ValidJobId(req.job_id())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("job_id '", req.job_id().substr(0, 80), "' is not valid: use 1-64 characters of [A-Za-z0-9_-]"));
+        absl::StrCat("job_id '", ShownId(req.job_id()), "' is not valid: use 1-64 characters of [A-Za-z0-9_-]"));
   }
   // model.path and data.path resolve against the client's directory; output.dir is the output
   // policy's to resolve (inside hostd's output root), and the job record shows its result.
@@ -399,7 +435,8 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
     if (!req.job_id().empty()) {
       auto it = jobs_.find(req.job_id());
       if (it != jobs_.end()) {
-        if (it->second->spec_text != req.spec_yaml() || it->second->resume_from != resume_from) {
+        if (it->second->spec_hash != SpecHash(req.spec_yaml()) || it->second->spec_size != req.spec_yaml().size() ||
+            it->second->resume_from != resume_from) {
           return absl::AlreadyExistsError(absl::StrCat("job '", req.job_id(), "' exists with a different spec"));
         }
         v1::SubmitJobResponse resp;
@@ -409,6 +446,10 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
       }
     }
     if (draining_ && !req.dry_run()) return absl::UnavailableError("hostd is draining and admits no new jobs");
+    if (!req.dry_run() && queue_.size() >= kMaxQueuedJobs) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(queue_.size(), " jobs are queued already (the most hostd takes); submit again later"));
+    }
   }
   RETURN_IF_ERROR(executor_->Validate(spec));
 
@@ -435,7 +476,8 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
   rec->job.set_total_steps(spec.steps);
   rec->submit_ms = NowMs();
   rec->spec = spec;
-  rec->spec_text = req.spec_yaml();
+  rec->spec_hash = SpecHash(req.spec_yaml());
+  rec->spec_size = req.spec_yaml().size();
   rec->resume_from = resume_from;
   rec->job.set_resume_from(resume_from);
   v1::SubmitJobResponse resp;
@@ -507,7 +549,7 @@ absl::StatusOr<v1::PlanJobResponse> HostCore::Plan(const v1::PlanJobRequest& req
 absl::StatusOr<v1::Job> HostCore::GetJob(const std::string& job_id) const {
   absl::MutexLock l(&mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", ShownId(job_id), "'"));
   return it->second->job;
 }
 
@@ -526,7 +568,7 @@ std::vector<v1::Job> HostCore::ListJobs() const {
 absl::StatusOr<v1::Job> HostCore::Cancel(const std::string& job_id) {
   absl::MutexLock l(&mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", ShownId(job_id), "'"));
   JobRecord& rec = *it->second;
   if (IsFinal(rec.job.state())) return rec.job;
   if (rec.job.state() == v1::JOB_STATE_QUEUED) {
@@ -545,10 +587,20 @@ absl::StatusOr<v1::Job> HostCore::Cancel(const std::string& job_id) {
 absl::StatusOr<std::shared_ptr<Channel<v1::JobEvent>>> HostCore::Watch(const std::string& job_id) {
   absl::MutexLock l(&mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", ShownId(job_id), "'"));
   if (!IsFinal(it->second->job.state()) && it->second->watchers.size() >= kMaxWatchersPerJob) {
     return absl::ResourceExhaustedError(
         absl::StrCat("job '", job_id, "' has ", kMaxWatchersPerJob, " watchers already; try again later"));
+  }
+  if (!IsFinal(it->second->job.state())) {
+    // Each watch stream holds a gRPC thread while it lasts: a bound over all jobs too.
+    size_t total = 0;
+    for (const std::string& id : queue_) total += jobs_.at(id)->watchers.size();
+    if (!running_.empty()) total += jobs_.at(running_)->watchers.size();
+    if (total >= kMaxWatchers) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("hostd has ", kMaxWatchers, " job watchers already; try again later"));
+    }
   }
   auto ch = std::make_shared<Channel<v1::JobEvent>>();
   v1::JobEvent ev;
@@ -693,7 +745,10 @@ void HostCore::RunnerLoop() {
       }
       running_ = id;
       rec->job.set_num_workers(static_cast<int>(assigned.size()));
-      for (auto& w : assigned) worker_job_[w->id()] = id;
+      for (auto& w : assigned) {
+        worker_job_[w->id()] = id;
+        w->SetAssignedJob(id);
+      }
       SetStateLocked(*rec, v1::JOB_STATE_STARTING);
     }
     LOG(INFO) << "job " << id << " starting on " << assigned.size() << " worker(s)";
@@ -702,7 +757,10 @@ void HostCore::RunnerLoop() {
     executor_->ForgetJob(id);  // state adopted for the job and not used (the attempt failed before)
     {
       absl::MutexLock l(&mu_);
-      for (auto& w : assigned) worker_job_.erase(w->id());
+      for (auto& w : assigned) {
+        worker_job_.erase(w->id());
+        w->SetAssignedJob("");
+      }
       // A worker that died (UNAVAILABLE) is survivable when the spec asks for automatic
       // restarts: the job goes back to the front of the queue and resumes from its newest
       // complete checkpoint (or from the start) on the workers still attached.
@@ -719,7 +777,8 @@ void HostCore::RunnerLoop() {
         rec->resume_from = latest.ok() ? *latest : rec->resume_from;
         v1::JobEvent ev;
         ev.set_log(
-            absl::StrCat("restart ", rec->restarts, " of ", rec->spec.max_restarts, " after: ", status.message(),
+            absl::StrCat("restart ", rec->restarts, " of ", rec->spec.max_restarts,
+                         " after: ", BoundedLine(status.message(), kMaxJobErrorBytes),
                          latest.ok() ? absl::StrCat("; resuming from ", *latest) : std::string("; from the start")));
         LOG(WARNING) << "job " << id << ": " << ev.log();
         Publish(*rec, ev);
@@ -732,14 +791,17 @@ void HostCore::RunnerLoop() {
       if (status.ok()) {
         SetStateLocked(*rec, v1::JOB_STATE_SUCCEEDED);
       } else {
-        rec->job.set_error(PrintableUtf8(status.message()));
+        rec->job.set_error(BoundedLine(status.message(), kMaxJobErrorBytes));
         rec->job.set_error_code(static_cast<int>(status.code()));
         SetStateLocked(*rec,
                        status.code() == absl::StatusCode::kCancelled ? v1::JOB_STATE_CANCELLED : v1::JOB_STATE_FAILED);
       }
       running_.clear();
     }
-    LOG(INFO) << "job " << id << " ended: " << status;
+    LOG(INFO) << "job " << id << " ended: "
+              << (status.ok() ? std::string("OK")
+                              : absl::StrCat(absl::StatusCodeToString(status.code()), ": ",
+                                             BoundedLine(status.message(), kMaxJobErrorBytes)));
   }
 }
 

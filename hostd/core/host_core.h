@@ -35,12 +35,15 @@ class WorkerSession;
 template <typename T>
 class Channel {
  public:
-  explicit Channel(size_t capacity = 4096) : capacity_(capacity) {}
+  // At most `capacity` messages and, counting what callers give Push as each one's size,
+  // `max_bytes` bytes.
+  explicit Channel(size_t capacity = 4096, size_t max_bytes = SIZE_MAX) : capacity_(capacity), max_bytes_(max_bytes) {}
   // Returns false when closed or full (a slow watcher drops events rather than blocking hostd).
-  bool Push(T v) {
+  bool Push(T v, size_t bytes = 0) {
     absl::MutexLock l(&mu_);
-    if (closed_ || q_.size() >= capacity_) return false;
-    q_.push_back(std::move(v));
+    if (closed_ || q_.size() >= capacity_ || bytes > max_bytes_ - bytes_) return false;
+    q_.push_back({std::move(v), bytes});
+    bytes_ += bytes;
     return true;
   }
   // Waits up to timeout; nullopt on timeout or when closed and drained.
@@ -49,7 +52,8 @@ class Channel {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || !q_.empty(); };
     mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
     if (q_.empty()) return std::nullopt;
-    T v = std::move(q_.front());
+    T v = std::move(q_.front().value);
+    bytes_ -= q_.front().bytes;
     q_.pop_front();
     return v;
   }
@@ -63,11 +67,21 @@ class Channel {
   }
 
  private:
+  struct Item {
+    T value;
+    size_t bytes;
+  };
   mutable absl::Mutex mu_;
-  std::deque<T> q_ ABSL_GUARDED_BY(mu_);
+  std::deque<Item> q_ ABSL_GUARDED_BY(mu_);
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   size_t capacity_;
+  size_t max_bytes_;
 };
+
+// The most bytes of reports one worker session holds unread: a step's reports are a few KiB, an
+// AutoPolicy layout at most 1 MiB, and the runner drains them every millisecond.
+inline constexpr size_t kMaxQueuedReportBytes = size_t{64} << 20;
 
 // One attached slidedp-worker process (its gRPC session stream).
 class WorkerSession {
@@ -84,6 +98,13 @@ class WorkerSession {
   Channel<v1::HostCommand>& commands() { return commands_; }
   // worker -> hostd reports (StepDone, JobFinished) for the executor running its job.
   Channel<v1::WorkerReport>& reports() { return reports_; }
+  // The session's reader: queues `report` when it is one hostd waits for — about the job this
+  // worker is assigned (SetAssignedJob), or the ack of a release between jobs — within
+  // kMaxQueuedReportBytes; anything else (a report while idle, for another job, a second hello)
+  // is dropped and false returned. An idle or misbehaving worker cannot make hostd hold memory.
+  bool QueueReport(v1::WorkerReport report);
+  // The job whose reports this worker's session queues ("" : none); set by the runner.
+  void SetAssignedJob(const std::string& job_id);
 
   // The stream ended (process gone or disconnected).
   void MarkGone();
@@ -98,6 +119,8 @@ class WorkerSession {
   Channel<v1::HostCommand> commands_;
   Channel<v1::WorkerReport> reports_;
   shm::ProcessIdentity process_;
+  mutable absl::Mutex assigned_mu_;
+  std::string assigned_job_ ABSL_GUARDED_BY(assigned_mu_);
 };
 
 // What a running job may do and see; handed to the executor by the runner.
@@ -177,6 +200,11 @@ struct HostCoreOptions {
 inline constexpr int kMaxHostdRestartsPerJob = 3;
 // Watchers of one job at a time (each holds a channel of up to 4,096 queued events).
 inline constexpr size_t kMaxWatchersPerJob = 256;
+inline constexpr size_t kMaxWatchers = 1024;  // over all jobs
+// Jobs waiting to run: a queue is a day's work, not thousands of submits.
+inline constexpr size_t kMaxQueuedJobs = 1024;
+// A failed job's error as kept, shown and logged (one line; a worker's message is cut before).
+inline constexpr size_t kMaxJobErrorBytes = 8192;
 // The longest worker_id a worker's hello may carry.
 inline constexpr size_t kMaxWorkerIdChars = 64;
 // The longest of the hello's other names (build, device name, UUID, PCI bus id).

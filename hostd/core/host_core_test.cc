@@ -23,9 +23,15 @@ class StepExecutor : public JobExecutor {
       ctx.ReportStep(m);
     }
     if (ctx.spec().name == "failing") return absl::InternalError("boom");
+    if (ctx.spec().name == "noisy") return absl::InternalError(std::string("line one\nE0101 forged log line\n") + std::string(100000, 'x'));
+    if (ctx.spec().name == "holding") {
+      // Holds its worker until released, reporting which reports the session queued.
+      while (!release.load()) absl::SleepFor(absl::Milliseconds(2));
+    }
     return absl::OkStatus();
   }
   std::atomic<int> runs{0};
+  std::atomic<bool> release{false};
 };
 
 std::string Spec(const std::string& name, int steps) {
@@ -230,6 +236,94 @@ TEST_F(HostCoreTest, DuplicateWorkerIdIsRefusedUntilDetached) {
   core->DetachWorker(workers[0]);
   EXPECT_TRUE(core->AttachWorker(h).ok());
   EXPECT_EQ(core->ListWorkers().size(), 1u);
+}
+
+
+// A failed job's error is one bounded line, whatever the failure said (a worker's message is
+// untrusted text): no forged log lines, no multi-megabyte records.
+TEST_F(HostCoreTest, FailedJobErrorIsOneBoundedLine) {
+  AttachCpuWorker("cpu0");
+  v1::SubmitJobRequest req;
+  req.set_job_id("noisy");
+  req.set_spec_yaml(Spec("noisy", 1));
+  ASSERT_TRUE(core->Submit(req).ok());
+  v1::Job j = WaitFinal("noisy");
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
+  EXPECT_LE(j.error().size(), kMaxJobErrorBytes + 40);
+  EXPECT_EQ(j.error().find('\n'), std::string::npos) << j.error().substr(0, 80);
+  EXPECT_NE(j.error().find("more bytes)"), std::string::npos);
+}
+
+// Reports reach the runner's queue only for the job the worker is assigned (or the ack of a
+// release between jobs), within the byte budget; an idle worker's reports are dropped.
+TEST_F(HostCoreTest, WorkerReportsQueueOnlyForTheAssignedJob) {
+  AttachCpuWorker("cpu0");
+  WorkerSession& w = *workers[0];
+  auto step_loss = [](const std::string& job) {
+    v1::WorkerReport r;
+    r.mutable_step_loss()->set_job_id(job);
+    return r;
+  };
+  EXPECT_FALSE(w.QueueReport(step_loss("nobody")));  // idle
+  v1::WorkerReport ack;
+  ack.mutable_host_state_released()->set_segment("/x");
+  EXPECT_TRUE(w.QueueReport(ack));
+  v1::WorkerReport hello;
+  hello.mutable_hello()->set_worker_id("cpu0");
+  EXPECT_FALSE(w.QueueReport(hello));
+
+  v1::SubmitJobRequest req;
+  req.set_job_id("holding");
+  req.set_spec_yaml(Spec("holding", 1));
+  ASSERT_TRUE(core->Submit(req).ok());
+  for (int i = 0; i < 200 && core->GetJob("holding")->state() != v1::JOB_STATE_RUNNING; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_TRUE(w.QueueReport(step_loss("holding")));
+  EXPECT_FALSE(w.QueueReport(step_loss("other")));
+  // The byte budget: a flood of large reports for its own job stops at kMaxQueuedReportBytes.
+  v1::WorkerReport big;
+  big.mutable_policy_chosen()->set_job_id("holding");
+  big.mutable_policy_chosen()->set_policy_yaml(std::string(1 << 20, 'p'));
+  int queued = 0;
+  while (queued < 200 && w.QueueReport(big)) ++queued;
+  EXPECT_LT(queued, 70);
+  EXPECT_GE(queued, 60);
+  executor->release = true;
+  EXPECT_EQ(WaitFinal("holding").state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_FALSE(w.QueueReport(step_loss("holding")));  // idle again
+}
+
+// Ids a client sent are quoted printable and short in errors.
+TEST_F(HostCoreTest, UnknownJobIdsAreQuotedPrintable) {
+  const std::string id = "x\x1b]0;pwned\x07\x1b[2J\nsecond" + std::string(500, 'y');
+  for (absl::Status s : {core->GetJob(id).status(), core->Cancel(id).status(), core->Watch(id).status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+    for (char c : s.message()) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << s.message();
+    EXPECT_LT(s.message().size(), 120u);
+  }
+  v1::SubmitJobRequest req;
+  req.set_job_id(id);
+  req.set_spec_yaml(Spec("a", 1));
+  absl::Status s = core->Submit(req).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  for (char c : s.message()) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << s.message();
+}
+
+// A queue of kMaxQueuedJobs is full: the next submit is RESOURCE_EXHAUSTED (no worker attached,
+// so nothing leaves the queue but the first job, which waits for one).
+TEST_F(HostCoreTest, QueueIsBounded) {
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(Spec("q", 1));
+  absl::Status last;
+  size_t accepted = 0;
+  for (size_t i = 0; i < kMaxQueuedJobs + 2 && last.ok(); ++i) {
+    last = core->Submit(req).status();
+    accepted += last.ok();
+  }
+  EXPECT_EQ(last.code(), absl::StatusCode::kResourceExhausted) << last;
+  EXPECT_GE(accepted, kMaxQueuedJobs);
+  EXPECT_LE(accepted, kMaxQueuedJobs + 1);
 }
 
 }  // namespace

@@ -7,9 +7,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/jobspec/job_spec.h"
 #include "common/policy/layer_policy.h"
 
 namespace slidedp::hostd {
+namespace {
+// A worker's failure message as it enters the job's error: one line, cut (the worker is a
+// process hostd does not trust; its message reaches every watcher, the job record and the log).
+constexpr size_t kMaxWorkerMessageBytes = 4096;
+}  // namespace
 
 std::string NonFiniteName(double x) {
   if (std::isnan(x)) return "NaN";
@@ -144,7 +150,7 @@ absl::Status WorkerReports::OnJobFinished(int rank, const v1::JobFinished& finis
   const absl::StatusCode code = known ? static_cast<absl::StatusCode>(finished.code()) : absl::StatusCode::kUnknown;
   absl::Status failure(
       code, absl::StrCat(WorkerName(rank), ": ", known ? "" : absl::StrCat("(status code ", finished.code(), ") "),
-                         finished.message()));
+                         BoundedLine(finished.message(), kMaxWorkerMessageBytes)));
   if (code == absl::StatusCode::kAborted) {  // stopped by another's abort: wait for the cause (Poll)
     if (!aborted_failure_) {
       aborted_failure_ = std::move(failure);

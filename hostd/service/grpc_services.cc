@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -164,12 +165,67 @@ grpc::Status NodeServiceImpl::ListWorkers(grpc::ServerContext*, const v1::ListWo
   return grpc::Status::OK;
 }
 
-// One session per worker process: the first message must be a hello; then a writer thread
-// forwards commands while this thread reads reports. The stream's end detaches the worker.
+WorkerServiceImpl::WorkerServiceImpl(HostCore* core) : core_(core) {
+  watchdog_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "hello-watchdog");
+    HelloWatchdog();
+  });
+}
+
+WorkerServiceImpl::~WorkerServiceImpl() {
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+  }
+  watchdog_.join();
+}
+
+void WorkerServiceImpl::HelloWatchdog() {
+  absl::MutexLock l(&mu_);
+  while (!stop_) {
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(250));
+    const absl::Time now = absl::Now();
+    for (auto it = awaiting_hello_.begin(); it != awaiting_hello_.end();) {
+      if (it->second > now) {
+        ++it;
+        continue;
+      }
+      it->first->TryCancel();  // the session's Read returns false; it leaves the map itself too
+      it = awaiting_hello_.erase(it);
+    }
+  }
+}
+
+// One session per worker process: the first message must be a hello (within kHelloTimeout);
+// then a writer thread forwards commands while this thread reads reports. The stream's end
+// detaches the worker.
 grpc::Status WorkerServiceImpl::Session(grpc::ServerContext* ctx,
                                         grpc::ServerReaderWriter<v1::HostCommand, v1::WorkerReport>* stream) {
+  {
+    absl::MutexLock l(&mu_);
+    if (sessions_ >= kMaxWorkerSessions) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat(kMaxWorkerSessions, " worker sessions are open already"));
+    }
+    ++sessions_;
+    awaiting_hello_[ctx] = absl::Now() + kHelloTimeout;
+  }
+  absl::Cleanup closed = [this, ctx] {
+    absl::MutexLock l(&mu_);
+    --sessions_;
+    awaiting_hello_.erase(ctx);
+  };
   v1::WorkerReport first;
-  if (!stream->Read(&first)) return grpc::Status(grpc::StatusCode::CANCELLED, "worker closed before hello");
+  const bool read = stream->Read(&first);
+  bool overdue;
+  {
+    absl::MutexLock l(&mu_);
+    overdue = awaiting_hello_.erase(ctx) == 0;  // the watchdog took it out
+  }
+  if (!read) {
+    if (overdue) LOG(WARNING) << "a worker session sent no hello within " << kHelloTimeout << "; cancelled";
+    return grpc::Status(grpc::StatusCode::CANCELLED, "no hello");
+  }
   if (!first.has_hello()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "first message must be a hello");
   auto session = core_->AttachWorker(first.hello());
   if (!session.ok()) return ToGrpc(session.status());
@@ -186,10 +242,16 @@ grpc::Status WorkerServiceImpl::Session(grpc::ServerContext* ctx,
     }
   });
   v1::WorkerReport report;
+  int64_t dropped = 0;
   while (stream->Read(&report)) {
     if (report.has_heartbeat()) continue;
-    w->reports().Push(report);
+    if (!w->QueueReport(std::move(report)) && dropped++ == 0) {
+      LOG(WARNING) << "worker " << w->id() << ": dropped a report hostd does not wait for (idle, another job, "
+                   << "or more than " << (kMaxQueuedReportBytes >> 20) << " MiB unread); later ones are counted";
+    }
+    report.Clear();
   }
+  if (dropped > 1) LOG(WARNING) << "worker " << w->id() << ": " << dropped << " reports dropped in this session";
   core_->DetachWorker(w);
   writer.join();
   return grpc::Status::OK;
@@ -222,6 +284,9 @@ absl::StatusOr<std::unique_ptr<HostServer>> HostServer::Start(HostCore* core, co
   builder.RegisterService(s->node_.get());
   builder.RegisterService(s->workers_.get());
   builder.SetMaxReceiveMessageSize(4 << 20);  // specs are small; refuse oversized requests
+  grpc::ResourceQuota quota("slidedp-hostd");
+  quota.SetMaxThreads(kMaxServerThreads);
+  builder.SetResourceQuota(quota);
   {
     // The socket file is created by bind() inside BuildAndStart, with the process umask. Owner
     // only until its group and mode are set, so no one else can connect in between. (umask is

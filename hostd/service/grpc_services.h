@@ -1,10 +1,14 @@
 // gRPC services of slidedp-hostd: thin translations between slidedp.v1 messages and HostCore.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/status/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 #include "hostd/core/host_core.h"
@@ -36,13 +40,33 @@ class NodeServiceImpl final : public v1::NodeService::Service {
   HostCore* core_;
 };
 
+// Worker sessions open at once (attached or saying hello), each holding a thread or two: a GPU
+// server has at most a few dozen workers.
+inline constexpr int kMaxWorkerSessions = 512;
+// A session that sends no hello this long after it opened is cancelled (the worker sees
+// CANCELLED), so silent streams do not hold threads.
+inline constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
+// gRPC's synchronous server takes a thread per call in flight; past this many it answers new
+// calls RESOURCE_EXHAUSTED instead of growing without end (sessions and watchers are capped
+// below it: kMaxWorkerSessions, kMaxWatchers).
+inline constexpr int kMaxServerThreads = 4096;
+
 class WorkerServiceImpl final : public v1::WorkerService::Service {
  public:
-  explicit WorkerServiceImpl(HostCore* core) : core_(core) {}
+  explicit WorkerServiceImpl(HostCore* core);
+  ~WorkerServiceImpl() override;  // stops the hello watchdog
   grpc::Status Session(grpc::ServerContext*, grpc::ServerReaderWriter<v1::HostCommand, v1::WorkerReport>*) override;
 
  private:
+  // Cancels the sessions whose hello is overdue (one thread for all of them).
+  void HelloWatchdog();
+
   HostCore* core_;
+  absl::Mutex mu_;
+  std::map<grpc::ServerContext*, absl::Time> awaiting_hello_ ABSL_GUARDED_BY(mu_);
+  int sessions_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread watchdog_;
 };
 
 // The whole server: services + health + reflection on a Unix socket (its mode and group are the

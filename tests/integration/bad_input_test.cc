@@ -24,6 +24,8 @@
 #include "hostd/admission/admission.h"
 #include "hostd/checkpoint/checkpoint.h"
 #include "nlohmann/json.hpp"
+#include "grpcpp/grpcpp.h"
+#include "slidedp/v1/slidedp.grpc.pb.h"
 #include "tests/integration/node_harness.h"
 
 namespace slidedp::testing {
@@ -459,6 +461,46 @@ TEST_F(BadInput, BadAndUnknownJobIds) {
   EXPECT_THAT(std::string(node_->client().GetJob("never-submitted").status().message()),
               HasSubstr("no job 'never-submitted'"));
   EXPECT_EQ(node_->client().Cancel("never-submitted").status().code(), absl::StatusCode::kNotFound);
+}
+
+// A worker session that never says hello is cancelled after kHelloTimeout (it would hold a
+// hostd thread for ever), and an attached worker's reports while it runs no job are dropped,
+// not queued: a flood of 4 MiB reports leaves hostd's memory where it was.
+TEST_F(BadInput, SilentAndFloodingWorkerSessions) {
+  auto channel = grpc::CreateChannel(node_->address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::WorkerService::NewStub(channel);
+  grpc::ClientContext silent_ctx;
+  silent_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto silent = stub->Session(&silent_ctx);
+  const absl::Time opened = absl::Now();
+  v1::HostCommand cmd;
+  EXPECT_FALSE(silent->Read(&cmd));
+  const grpc::Status ended = silent->Finish();
+  // hostd cancels the call (TryCancel): the client sees CANCELLED, well before its own deadline.
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::CANCELLED) << ended.error_message();
+  EXPECT_LT(absl::Now() - opened, absl::Seconds(20));
+
+  grpc::ClientContext ctx;
+  auto flood = stub->Session(&ctx);
+  v1::WorkerReport hello;
+  hello.mutable_hello()->set_worker_id("flooder");
+  hello.mutable_hello()->set_pid(getpid());
+  hello.mutable_hello()->mutable_device()->set_kind("cpu");
+  ASSERT_TRUE(flood->Write(hello));
+  const int64_t rss_before = ResidentKb(node_->hostd_pid());
+  v1::WorkerReport big;
+  big.mutable_policy_chosen()->set_job_id("nobody");
+  big.mutable_policy_chosen()->set_policy_yaml(std::string((4 << 20) - 4096, 'p'));
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(flood->Write(big)) << i;
+  // A report is read before the next write's flow control lets it through; one more round trip:
+  absl::SleepFor(absl::Milliseconds(500));
+  const int64_t rss_after = ResidentKb(node_->hostd_pid());
+  std::cout << "hostd VmRSS before / after 100 idle reports of 4 MiB: " << rss_before / 1024 << " / "
+            << rss_after / 1024 << " MiB\n";
+  EXPECT_LT(rss_after - rss_before, 128 * 1024);  // 400 MiB were sent
+  flood->WritesDone();
+  ctx.TryCancel();
+  flood->Finish();
 }
 
 TEST_F(BadInput, SameJobIdWithAnotherSpec) {
