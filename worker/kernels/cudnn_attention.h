@@ -76,7 +76,7 @@ struct CudnnAttentionOptions {
   // Ragged offsets must stay below this (elements); tests lower it to exercise the groups.
   int64_t ragged_offset_limit = (int64_t{1} << 31) - 1;
   // Cross attention on cuDNN (else UNIMPLEMENTED: the own kernels run it), for query pieces of at
-  // least cross_min_tokens. Off until its GPU tests have run (docs/context-parallel.md).
+  // least cross_min_tokens (CudaBackendOptions turns it on; docs/context-parallel.md).
   bool cross = false;
   int64_t cross_min_tokens = 32768;
 };

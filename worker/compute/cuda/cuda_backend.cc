@@ -202,8 +202,8 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackend(const ModelConfi
   if (const char* e = std::getenv("SLIDEDP_DETERMINISTIC"); e != nullptr && std::string(e) == "1") {
     options.deterministic = true;
   }
-  if (const char* e = std::getenv("SLIDEDP_CUDNN_CROSS"); e != nullptr && std::string(e) == "1") {
-    options.cudnn_cross_attention = true;
+  if (const char* e = std::getenv("SLIDEDP_CUDNN_CROSS"); e != nullptr && *e != '\0') {
+    options.cudnn_cross_attention = std::string(e) != "0";
   }
   auto backend = std::make_unique<CudaBackend>(config, device, options);
   RETURN_IF_ERROR(backend->Init());

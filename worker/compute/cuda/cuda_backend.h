@@ -37,9 +37,10 @@ struct CudaBackendOptions {
   // MakeCudaBackend reads SLIDEDP_DETERMINISTIC=1.
   bool deterministic = false;
   // A context-parallel share's cross attention on cuDNN (kernels::CudnnAttentionOptions::cross:
-  // one dense entry per query piece of at least 32K queries) instead of the own kernels. Off until
-  // its GPU tests have run; MakeCudaBackend reads SLIDEDP_CUDNN_CROSS=1.
-  bool cudnn_cross_attention = false;
+  // one dense entry per query piece of at least 32K queries) instead of the own kernels: 2.1x
+  // forward, 2.7x backward at 128K tokens over 2 ranks (docs/gpu-results.md). MakeCudaBackend
+  // reads SLIDEDP_CUDNN_CROSS=0 (the own kernels, for comparison).
+  bool cudnn_cross_attention = true;
   // MoE expert GEMMs planned per bucket of routed row counts (GemmArgs::varies); false plans every
   // distinct count (bench_kernels --moe measures the difference).
   bool gemm_row_buckets = true;
