@@ -461,6 +461,14 @@ TEST_F(BadInput, BadAndUnknownJobIds) {
   EXPECT_THAT(std::string(node_->client().GetJob("never-submitted").status().message()),
               HasSubstr("no job 'never-submitted'"));
   EXPECT_EQ(node_->client().Cancel("never-submitted").status().code(), absl::StatusCode::kNotFound);
+  // Ids that are not UTF-8 travel (bytes on the wire) and get hostd's own answer, printable.
+  const std::string not_utf8 = "id\xff\xfe\x1b[31m";
+  auto r = Submit(Spec({}), not_utf8);
+  EXPECT_EQ(r.status().code(), kInvalid) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("job_id 'id???[31m' is not valid"));
+  auto g = node_->client().GetJob(not_utf8);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kNotFound) << g.status();
+  EXPECT_THAT(std::string(g.status().message()), HasSubstr("no job 'id???[31m'"));
 }
 
 // A worker session that never says hello is cancelled after kHelloTimeout (it would hold a
