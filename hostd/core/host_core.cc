@@ -788,6 +788,11 @@ void HostCore::RunnerLoop() {
         running_.clear();
         continue;
       }
+      if (!status.ok() && rec->cancel && status.code() != absl::StatusCode::kCancelled) {
+        // Cancelled, and it then failed on its way to the safe point (a stalled worker timed
+        // out, say): the user's cancel is what ended it.
+        status = absl::CancelledError(absl::StrCat("cancelled; the job stopped with: ", status.ToString()));
+      }
       if (status.ok()) {
         SetStateLocked(*rec, v1::JOB_STATE_SUCCEEDED);
       } else {

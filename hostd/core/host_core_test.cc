@@ -24,6 +24,11 @@ class StepExecutor : public JobExecutor {
     }
     if (ctx.spec().name == "failing") return absl::InternalError("boom");
     if (ctx.spec().name == "noisy") return absl::InternalError(std::string("line one\nE0101 forged log line\n") + std::string(100000, 'x'));
+    if (ctx.spec().name == "stalls") {
+      // A step that never ends: a cancel meets it, then the step times out.
+      while (!ctx.cancel_requested()) absl::SleepFor(absl::Milliseconds(2));
+      return absl::DeadlineExceededError("no gradient from worker cpu0 (rank 0) for 600s");
+    }
     if (ctx.spec().name == "holding") {
       // Holds its worker until released, reporting which reports the session queued.
       while (!release.load()) absl::SleepFor(absl::Milliseconds(2));
@@ -292,6 +297,23 @@ TEST_F(HostCoreTest, WorkerReportsQueueOnlyForTheAssignedJob) {
   executor->release = true;
   EXPECT_EQ(WaitFinal("holding").state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_FALSE(w.QueueReport(step_loss("holding")));  // idle again
+}
+
+// A job cancelled that then fails on its way to the safe point ends CANCELLED, the failure kept.
+TEST_F(HostCoreTest, CancelledJobThatThenFailsEndsCancelled) {
+  AttachCpuWorker("cpu0");
+  v1::SubmitJobRequest req;
+  req.set_job_id("stalls");
+  req.set_spec_yaml(Spec("stalls", 1));
+  ASSERT_TRUE(core->Submit(req).ok());
+  for (int i = 0; i < 200 && core->GetJob("stalls")->state() != v1::JOB_STATE_RUNNING; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(core->Cancel("stalls").ok());
+  v1::Job j = WaitFinal("stalls");
+  EXPECT_EQ(j.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(j.error_code(), static_cast<int>(absl::StatusCode::kCancelled));
+  EXPECT_NE(j.error().find("no gradient from worker cpu0"), std::string::npos) << j.error();
 }
 
 // Ids a client sent are quoted printable and short in errors.

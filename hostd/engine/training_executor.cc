@@ -647,6 +647,7 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
     }
   }
   a.step_times.emplace_back(t + 1, record.metrics.step_time_s());
+  a.reports->SetCancelGrace(std::max(absl::Seconds(2 * record.metrics.step_time_s()), WorkerReports::kMinCancelGrace));
   if (!a.spec.validation.empty() && data::EvaluatesAfter(a.spec.eval_every, t, a.spec.steps)) {
     RETURN_IF_ERROR(RecordValidation(ctx, a, t, record.metrics));
   }

@@ -204,7 +204,22 @@ absl::Status WorkerReports::Poll() {
     const bool all_finished = std::all_of(finished_.begin(), finished_.end(), [](bool f) { return f; });
     if (all_finished || absl::Now() - aborted_since_ >= kRootCauseGrace) return *aborted_failure_;
   }
+  if (ctx_.cancel_requested() && !ctx_.checkpoint_on_cancel()) {
+    const absl::Time now = absl::Now();
+    if (!cancel_seen_) cancel_seen_ = now;
+    if (now - *cancel_seen_ >= cancel_grace_) {
+      job_state_.RaiseAbort(shm::AbortReason::kCancelled);
+      return absl::CancelledError(absl::StrCat("cancelled mid-step: the step in flight did not end within ",
+                                               absl::FormatDuration(cancel_grace_),
+                                               " of the cancel (a stalled worker?)"));
+    }
+  }
   return absl::OkStatus();
+}
+
+void WorkerReports::SetCancelGrace(absl::Duration grace) {
+  absl::MutexLock l(&mu_);
+  cancel_grace_ = grace;
 }
 
 absl::StatusOr<std::vector<v1::StepDone>> WorkerReports::WaitForStep(int64_t t, absl::Duration timeout) {

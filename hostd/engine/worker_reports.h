@@ -63,6 +63,13 @@ class WorkerReports {
   bool all_finished() const;
   // Cancel between steps: raises the abort word and tells every worker.
   void StopWorkers();
+  // A cancel takes effect between steps; when the step in flight has not ended `grace` after the
+  // cancel was requested (a stalled worker), Poll raises the abort word and returns CANCELLED:
+  // the job stops mid-step. Not while hostd drains with a checkpoint at the cancel (that needs the
+  // step's end). kMinCancelGrace until the executor sets it from the step times (twice the
+  // last, at least kMinCancelGrace).
+  void SetCancelGrace(absl::Duration grace);
+  static constexpr absl::Duration kMinCancelGrace = absl::Seconds(30);
   // Rank 0's AutoPolicy report of the current attempt (runtime.policy auto), once, if it came.
   std::optional<v1::PolicyChosen> TakePolicyChosen();
   // "worker <id> (rank r)", how every message about a rank names it.
@@ -107,6 +114,8 @@ class WorkerReports {
   std::optional<absl::Status> aborted_failure_ ABSL_GUARDED_BY(mu_);
   absl::Time aborted_since_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> worker_failure_seen_{false};
+  absl::Duration cancel_grace_ ABSL_GUARDED_BY(mu_) = kMinCancelGrace;
+  std::optional<absl::Time> cancel_seen_ ABSL_GUARDED_BY(mu_);
 };
 
 // "loss is NaN on worker w0 (rank 1)" style text for a non-finite loss sum: "NaN", "inf", "-inf".

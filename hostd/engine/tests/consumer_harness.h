@@ -6,6 +6,7 @@
 // report into a session's channel. Shared by grad_consumer_test.cc and tests/fuzz/worker_reports_fuzz.cc.
 #pragma once
 
+#include <atomic>
 #include <unistd.h>
 
 #include <cstring>
@@ -36,7 +37,7 @@ class HarnessContext : public JobContext {
   const std::string& resume_from() const override { return resume_; }
   int attempt() const override { return 0; }
   const std::vector<std::shared_ptr<WorkerSession>>& workers() const override { return workers_; }
-  bool cancel_requested() const override { return false; }
+  bool cancel_requested() const override { return cancel.load(); }
   bool checkpoint_on_cancel() const override { return false; }
   void SetState(v1::JobState) override {}
   void SetTotalSteps(int64_t) override {}
@@ -44,6 +45,8 @@ class HarnessContext : public JobContext {
   void ReportStep(const v1::StepMetrics&) override {}
   void Log(const std::string&) override {}
   void SetLastCheckpoint(const std::string&) override {}
+
+  std::atomic<bool> cancel{false};
 
  private:
   std::string job_id_, resume_;
@@ -164,6 +167,7 @@ class ConsumerHarness {
   shm::GradRing& producer(int rank) { return *producers_[rank]; }
   WorkerSession& worker(int rank) { return *workers_[rank]; }
   WorkerReports& reports() { return *reports_; }
+  HarnessContext& context() { return *ctx_; }
   const std::string& job_id() const { return job_id_; }
   int world() const { return static_cast<int>(workers_.size()); }
 
