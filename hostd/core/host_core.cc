@@ -539,11 +539,30 @@ absl::StatusOr<v1::PlanJobResponse> HostCore::Plan(const v1::PlanJobRequest& req
     v1::SubmitJobRequest measure;
     measure.set_spec_yaml(PolicyMeasureSpec(t).ToYaml());
     measure.set_base_dir(req.base_dir());
+    // One measuring job per spec: a plan asked again while its measuring job is queued or
+    // running names that job instead of queueing another.
+    measure.set_dry_run(true);
+    ASSIGN_OR_RETURN(v1::SubmitJobResponse resolved, Submit(measure));
+    if (std::optional<std::string> pending = PendingJobWithSpec(resolved.job().resolved_spec_yaml())) {
+      plan.add_measure_job_ids(*pending);
+      continue;
+    }
+    measure.set_dry_run(false);
     ASSIGN_OR_RETURN(v1::SubmitJobResponse queued, Submit(measure));
     plan.add_measure_job_ids(queued.job().job_id());
     LOG(INFO) << "plan: job " << queued.job().job_id() << " measures " << RouteName(t) << " for a planned job";
   }
   return plan;
+}
+
+std::optional<std::string> HostCore::PendingJobWithSpec(const std::string& resolved_spec_yaml) const {
+  absl::MutexLock l(&mu_);
+  std::vector<std::string> pending(queue_.begin(), queue_.end());
+  if (!running_.empty()) pending.push_back(running_);
+  for (const std::string& id : pending) {
+    if (jobs_.at(id)->job.resolved_spec_yaml() == resolved_spec_yaml) return id;
+  }
+  return std::nullopt;
 }
 
 absl::StatusOr<v1::Job> HostCore::GetJob(const std::string& job_id) const {

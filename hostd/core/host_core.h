@@ -230,6 +230,8 @@ class HostCore {
   // workers attached now (the first runtime.workers of them).
   absl::StatusOr<v1::PlanJobResponse> Plan(const v1::PlanJobRequest& req);
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
+  // A queued or running job whose resolved spec is this one (the id), if any.
+  std::optional<std::string> PendingJobWithSpec(const std::string& resolved_spec_yaml) const;
   // Every job, without resolved_spec_yaml (GetJob has it).
   std::vector<v1::Job> ListJobs() const;
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);

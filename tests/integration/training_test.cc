@@ -1454,6 +1454,18 @@ TEST(Training, PlanMeasureRunsAMeasuringJobThenPredictsFromIt) {
   ASSERT_TRUE(queued.ok()) << queued.status();
   ASSERT_EQ(queued->measure_job_ids_size(), 1);
   EXPECT_TRUE(absl::StartsWith(queued->measure_job_ids(0), "it-plan-")) << queued->measure_job_ids(0);
+  // Asked again while that job is pending: the same job, not a second one.
+  // (Checked when the job is still pending after the second plan returned, so it was pending
+  // all through it.)
+  auto asked_again = node.client().Plan(req);
+  ASSERT_TRUE(asked_again.ok()) << asked_again.status();
+  auto pending = node.client().GetJob(queued->measure_job_ids(0));
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  if (pending->state() == v1::JOB_STATE_QUEUED || pending->state() == v1::JOB_STATE_STARTING ||
+      pending->state() == v1::JOB_STATE_RUNNING || pending->state() == v1::JOB_STATE_SAVING) {
+    ASSERT_EQ(asked_again->measure_job_ids_size(), 1);
+    EXPECT_EQ(asked_again->measure_job_ids(0), queued->measure_job_ids(0));
+  }
   auto job = node.WaitFinal(queued->measure_job_ids(0), 240);
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->error();
