@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status/status_macros.h"
+#include "common/status/utf8_prefix.h"
 #include "nlohmann/json.hpp"
 #include "yaml-cpp/yaml.h"
 
@@ -931,14 +932,6 @@ std::string PrintableUtf8(absl::string_view text) {
   return out;
 }
 
-absl::string_view Utf8Prefix(absl::string_view text, size_t max_bytes) {
-  if (text.size() <= max_bytes) return text;
-  size_t cut = max_bytes;
-  // Back off the continuation bytes (10xxxxxx) of a character the cut would split.
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-  return text.substr(0, cut);
-}
-
 std::string BoundedLine(absl::string_view text, size_t max_bytes) {
   std::string spaced(text);
   for (char& c : spaced) {
@@ -950,23 +943,25 @@ std::string BoundedLine(absl::string_view text, size_t max_bytes) {
   return absl::StrCat(out.substr(0, kept), "... (", out.size() - kept, " more bytes)");
 }
 
-std::string ShownId(absl::string_view id) {
+namespace {
+// The first max_bytes bytes of `text`, those outside printable ASCII as '?'.
+std::string PrintableAsciiPrefix(absl::string_view text, size_t max_bytes) {
   std::string shown;
-  for (char c : id.substr(0, 80)) {
+  for (char c : text.substr(0, max_bytes)) {
     const auto u = static_cast<unsigned char>(c);
     shown += u >= 0x20 && u < 0x7f ? c : '?';
   }
-  if (id.size() > 80) shown += "...";
   return shown;
+}
+}  // namespace
+
+std::string ShownId(absl::string_view id) {
+  return absl::StrCat(PrintableAsciiPrefix(id, 80), id.size() > 80 ? "..." : "");
 }
 
 absl::Status CheckPathText(absl::string_view path, absl::string_view what) {
   auto refuse = [&](absl::string_view why) {
-    std::string shown;
-    for (char c : path.substr(0, 120)) {
-      const auto u = static_cast<unsigned char>(c);
-      shown += u >= 0x20 && u < 0x7f ? c : '?';
-    }
+    const std::string shown = PrintableAsciiPrefix(path, 120);
     return absl::InvalidArgumentError(
         absl::StrCat(what, " '", shown, "'", path.size() > 120 ? "..." : "", " is not a usable path: ", why));
   };

@@ -247,10 +247,6 @@ std::string BoundedLine(absl::string_view text, size_t max_bytes);
 // '?' and at most 80 of them ("..." after), so a reply cannot carry escapes to a terminal.
 std::string ShownId(absl::string_view id);
 
-// The longest prefix of `text` of at most max_bytes bytes that does not end inside a UTF-8
-// character (text assumed UTF-8; a cut message stays valid UTF-8).
-absl::string_view Utf8Prefix(absl::string_view text, size_t max_bytes);
-
 // The job `slidedp plan --measure` runs for `spec` when nothing measured predicts it: the same
 // model, batch and runtime settings (so AutoPolicy's record is cached under the key `spec` itself
 // has with runtime.policy auto, and predicts the layout `spec` runs), with runtime.policy auto,

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "common/status/utf8_prefix.h"
 #include "gtest/gtest.h"
 
 namespace slidedp {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/status/utf8_prefix.h"
 #include "grpcpp/support/status.h"
 
 namespace slidedp {
@@ -25,8 +26,7 @@ inline grpc::Status ToGrpc(const absl::Status& s) {
   if (message.size() > kMaxGrpcMessageBytes) {
     // Cut at a character boundary: a split UTF-8 sequence makes clients decode the whole
     // message as Latin-1.
-    size_t keep = kMaxGrpcMessageBytes;
-    while (keep > 0 && (static_cast<unsigned char>(message[keep]) & 0xC0) == 0x80) --keep;
+    const size_t keep = Utf8Prefix(message, kMaxGrpcMessageBytes).size();
     const size_t cut = message.size() - keep;
     message = message.substr(0, keep) + "... (" + std::to_string(cut) + " more bytes)";
   }

@@ -773,6 +773,7 @@ void HostCore::RunnerLoop() {
     LOG(INFO) << "job " << id << " starting on " << assigned.size() << " worker(s)";
     RecordContext ctx(this, rec, assigned);
     absl::Status status = executor_->Run(ctx);
+    std::string ended = "OK";  // for the log: the error as the job keeps it
     executor_->ForgetJob(id);  // state adopted for the job and not used (the attempt failed before)
     {
       absl::MutexLock l(&mu_);
@@ -815,17 +816,16 @@ void HostCore::RunnerLoop() {
       if (status.ok()) {
         SetStateLocked(*rec, v1::JOB_STATE_SUCCEEDED);
       } else {
-        rec->job.set_error(BoundedLine(status.message(), kMaxJobErrorBytes));
+        const std::string error = BoundedLine(status.message(), kMaxJobErrorBytes);
+        ended = absl::StrCat(absl::StatusCodeToString(status.code()), ": ", error);
+        rec->job.set_error(error);
         rec->job.set_error_code(static_cast<int>(status.code()));
         SetStateLocked(*rec,
                        status.code() == absl::StatusCode::kCancelled ? v1::JOB_STATE_CANCELLED : v1::JOB_STATE_FAILED);
       }
       running_.clear();
     }
-    LOG(INFO) << "job " << id << " ended: "
-              << (status.ok() ? std::string("OK")
-                              : absl::StrCat(absl::StatusCodeToString(status.code()), ": ",
-                                             BoundedLine(status.message(), kMaxJobErrorBytes)));
+    LOG(INFO) << "job " << id << " ended: " << ended;
   }
 }
 

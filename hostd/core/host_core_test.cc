@@ -23,7 +23,9 @@ class StepExecutor : public JobExecutor {
       ctx.ReportStep(m);
     }
     if (ctx.spec().name == "failing") return absl::InternalError("boom");
-    if (ctx.spec().name == "noisy") return absl::InternalError(std::string("line one\nE0101 forged log line\n") + std::string(100000, 'x'));
+    if (ctx.spec().name == "noisy") {
+      return absl::InternalError(std::string("line one\nE0101 forged log line\n") + std::string(100000, 'x'));
+    }
     if (ctx.spec().name == "stalls") {
       // A step that never ends: a cancel meets it, then the step times out.
       while (!ctx.cancel_requested()) absl::SleepFor(absl::Milliseconds(2));
@@ -66,6 +68,19 @@ class HostCoreTest : public ::testing::Test {
     auto w = core->AttachWorker(h);
     ASSERT_TRUE(w.ok()) << w.status();
     workers.push_back(*w);
+  }
+  // Submits Spec(name, steps) with the job id `name`.
+  void SubmitNamed(const std::string& name, int steps) {
+    v1::SubmitJobRequest req;
+    req.set_job_id(name);
+    req.set_spec_yaml(Spec(name, steps));
+    auto r = core->Submit(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  void WaitRunning(const std::string& id) {
+    for (int i = 0; i < 200 && core->GetJob(id)->state() != v1::JOB_STATE_RUNNING; ++i) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
   }
   v1::Job WaitFinal(const std::string& id) {
     for (int i = 0; i < 400; ++i) {
@@ -243,15 +258,11 @@ TEST_F(HostCoreTest, DuplicateWorkerIdIsRefusedUntilDetached) {
   EXPECT_EQ(core->ListWorkers().size(), 1u);
 }
 
-
 // A failed job's error is one bounded line, whatever the failure said (a worker's message is
 // untrusted text): no forged log lines, no multi-megabyte records.
 TEST_F(HostCoreTest, FailedJobErrorIsOneBoundedLine) {
   AttachCpuWorker("cpu0");
-  v1::SubmitJobRequest req;
-  req.set_job_id("noisy");
-  req.set_spec_yaml(Spec("noisy", 1));
-  ASSERT_TRUE(core->Submit(req).ok());
+  SubmitNamed("noisy", 1);
   v1::Job j = WaitFinal("noisy");
   EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
   EXPECT_LE(j.error().size(), kMaxJobErrorBytes + 40);
@@ -277,13 +288,8 @@ TEST_F(HostCoreTest, WorkerReportsQueueOnlyForTheAssignedJob) {
   hello.mutable_hello()->set_worker_id("cpu0");
   EXPECT_FALSE(w.QueueReport(hello));
 
-  v1::SubmitJobRequest req;
-  req.set_job_id("holding");
-  req.set_spec_yaml(Spec("holding", 1));
-  ASSERT_TRUE(core->Submit(req).ok());
-  for (int i = 0; i < 200 && core->GetJob("holding")->state() != v1::JOB_STATE_RUNNING; ++i) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  SubmitNamed("holding", 1);
+  WaitRunning("holding");
   EXPECT_TRUE(w.QueueReport(step_loss("holding")));
   EXPECT_FALSE(w.QueueReport(step_loss("other")));
   // The byte budget: a flood of large reports for its own job stops at kMaxQueuedReportBytes.
@@ -302,13 +308,8 @@ TEST_F(HostCoreTest, WorkerReportsQueueOnlyForTheAssignedJob) {
 // A job cancelled that then fails on its way to the safe point ends CANCELLED, the failure kept.
 TEST_F(HostCoreTest, CancelledJobThatThenFailsEndsCancelled) {
   AttachCpuWorker("cpu0");
-  v1::SubmitJobRequest req;
-  req.set_job_id("stalls");
-  req.set_spec_yaml(Spec("stalls", 1));
-  ASSERT_TRUE(core->Submit(req).ok());
-  for (int i = 0; i < 200 && core->GetJob("stalls")->state() != v1::JOB_STATE_RUNNING; ++i) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  SubmitNamed("stalls", 1);
+  WaitRunning("stalls");
   ASSERT_TRUE(core->Cancel("stalls").ok());
   v1::Job j = WaitFinal("stalls");
   EXPECT_EQ(j.state(), v1::JOB_STATE_CANCELLED);

@@ -116,6 +116,7 @@ class WorkerReports {
   std::atomic<bool> worker_failure_seen_{false};
   absl::Duration cancel_grace_ ABSL_GUARDED_BY(mu_) = kMinCancelGrace;
   std::optional<absl::Time> cancel_seen_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_cancel_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 // "loss is NaN on worker w0 (rank 1)" style text for a non-finite loss sum: "NaN", "inf", "-inf".

@@ -6,9 +6,9 @@
 // report into a session's channel. Shared by grad_consumer_test.cc and tests/fuzz/worker_reports_fuzz.cc.
 #pragma once
 
-#include <atomic>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <memory>
