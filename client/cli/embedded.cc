@@ -12,12 +12,14 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <thread>
+#include <utility>
 
 #include "absl/base/const_init.h"
 #include "absl/strings/str_cat.h"
@@ -26,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "client/cli/client.h"
 #include "common/status/status_macros.h"
+#include "hostd/checkpoint/checkpoint.h"
 
 extern char** environ;
 
@@ -74,6 +77,9 @@ absl::StatusOr<int> SpawnProcess(const std::vector<std::string>& argv, const std
     // The CLI dying by any signal, SIGKILL included, ends its private processes too.
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(127);  // the parent died before prctl: nothing will signal us
+    // A group of its own: a terminal's Ctrl-C goes to the foreground group, which is the CLI's;
+    // the CLI decides whether its hostd stops at once or first checkpoints the job.
+    setpgid(0, 0);
     sigprocmask(SIG_SETMASK, &no_signals, nullptr);  // StopPrivateNodesOnSignal blocks SIGINT/SIGTERM
     if (dup2(log_fd, 1) < 0 || dup2(log_fd, 2) < 0) {
       const int err = errno;
@@ -413,6 +419,48 @@ EmbeddedNode::~EmbeddedNode() {
   Stop();
 }
 
+namespace {
+
+std::atomic<int> g_first_signal{0};
+std::atomic<bool> g_stopping_at_once{false};
+ABSL_CONST_INIT absl::Mutex g_action_mu(absl::kConstInit);
+std::function<void(int)>& FirstSignalAction() ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_action_mu) {
+  static auto* action = new std::function<void(int)>();
+  return *action;
+}
+
+}  // namespace
+
+void SetFirstStopSignalAction(std::function<void(int signal)> action) {
+  absl::MutexLock lock(&g_action_mu);
+  FirstSignalAction() = std::move(action);
+}
+
+int FirstStopSignal() { return g_first_signal.load(); }
+
+bool StoppingAtOnce() { return g_stopping_at_once.load(); }
+
+void AwaitStopIfStopping() {
+  while (StoppingAtOnce()) absl::SleepFor(absl::Seconds(1));
+}
+
+void ExitForSignal(int signal) {
+  fflush(stdout);
+  fflush(stderr);
+  // The CLI's own exit status for the signal, as a shell reports a process killed by it.
+  _exit(128 + signal);
+}
+
+void StopAtOnce(int signal) {
+  g_stopping_at_once.store(true);
+  absl::MutexLock lock(&g_nodes_mu);  // held until _exit: no node is destroyed meanwhile
+  if (!LiveNodes().empty()) {
+    fprintf(stderr, "\nslidedp: %s: stopping the private hostd and workers\n", strsignal(signal));
+  }
+  for (EmbeddedNode* node : LiveNodes()) node->Stop();
+  ExitForSignal(signal);
+}
+
 void StopPrivateNodesOnSignal() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
@@ -421,15 +469,53 @@ void StopPrivateNodesOnSignal() {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   std::thread([stop_signals] {
     pthread_setname_np(pthread_self(), "slidedp-signals");
-    int sig = 0;
-    while (sigwait(&stop_signals, &sig) != 0) {
+    while (true) {
+      int sig = 0;
+      if (sigwait(&stop_signals, &sig) != 0) continue;
+      int none = 0;
+      std::function<void(int)> action;
+      if (g_first_signal.compare_exchange_strong(none, sig)) {
+        absl::MutexLock lock(&g_action_mu);
+        action = std::exchange(FirstSignalAction(), nullptr);
+      }
+      if (!action) StopAtOnce(sig);
+      // On a thread of its own: it may wait on hostd, and a second signal must still stop at once.
+      std::thread([action = std::move(action), sig] {
+        pthread_setname_np(pthread_self(), "slidedp-stop");
+        action(sig);
+      }).detach();
     }
-    fprintf(stderr, "\nslidedp: %s: stopping the private hostd and workers\n", strsignal(sig));
-    absl::MutexLock lock(&g_nodes_mu);  // held until _exit: no node is destroyed meanwhile
-    for (EmbeddedNode* node : LiveNodes()) node->Stop();
-    // The CLI's own exit status for the signal, as a shell reports a process killed by it.
-    _exit(128 + sig);
   }).detach();
+}
+
+absl::StatusOr<std::string> ResolveRunResume(const std::string& what, const std::string& output_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (what == "latest") {
+    if (!fs::is_directory(output_dir, ec)) {
+      return absl::NotFoundError(absl::StrCat("--resume latest: no checkpoint to resume: the spec's output.dir ",
+                                              output_dir, " does not exist"));
+    }
+    absl::StatusOr<std::string> latest = checkpoint::FindLatestCheckpoint(output_dir);
+    if (!latest.ok()) {
+      return absl::Status(latest.status().code(),
+                          absl::StrCat("--resume latest: ", latest.status().message(), " (the spec's output.dir)"));
+    }
+    return *latest;
+  }
+  const fs::path absolute = fs::absolute(what, ec);
+  const std::string dir = ec ? what : absolute.lexically_normal().string();
+  if (!fs::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat("--resume ", what, ": no such directory (", dir, ")"));
+  }
+  if (fs::exists(fs::path(dir) / "COMPLETE", ec)) {
+    absl::StatusOr<int64_t> step = checkpoint::VerifyCheckpoint(dir);
+    if (!step.ok()) return Annotate(step.status(), absl::StrCat("--resume ", what));
+    return dir;
+  }
+  absl::StatusOr<std::string> latest = checkpoint::FindLatestCheckpoint(dir);
+  if (!latest.ok()) return Annotate(latest.status(), absl::StrCat("--resume ", what));
+  return *latest;
 }
 
 }  // namespace slidedp::client

@@ -1,8 +1,11 @@
 // `slidedp run`: a private hostd and one worker per device for one job, started as child
 // processes of the CLI and stopped when the job ends, when the CLI gets SIGINT or SIGTERM
-// (StopPrivateNodesOnSignal), and, through PR_SET_PDEATHSIG, when the CLI itself is killed.
+// (StopPrivateNodesOnSignal: the first one may first end the job at a step boundary), and,
+// through PR_SET_PDEATHSIG, when the CLI itself is killed. Also how the CLI answers those signals
+// while it watches a job, and `run --resume`'s checkpoint.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,12 +20,15 @@ namespace slidedp::client {
 // Each CPU worker is a process with its own copy of the model's working set; more than this on
 // one node is a typo, not a plan.
 inline constexpr int kMaxCpuWorkers = 64;
+// CPU backend workers when neither --cpu-workers nor the spec's runtime.workers says: two, so
+// that the default run is data parallel.
+inline constexpr int kDefaultCpuWorkers = 2;
 
 struct EmbeddedOptions {
   std::string bin_dir;        // where slidedp-hostd and slidedp-worker live
   std::string run_dir;        // private socket, logs; made by MakeRunDir
   std::string backend = "auto";  // auto: cuda when a GPU is visible, else cpu
-  int cpu_workers = 1;        // CPU backend workers, at most kMaxCpuWorkers
+  int cpu_workers = kDefaultCpuWorkers;  // CPU backend workers, at most kMaxCpuWorkers
   std::vector<std::string> hostd_args;
 };
 
@@ -70,15 +76,44 @@ class EmbeddedNode {
   std::vector<std::string> ended_ ABSL_GUARDED_BY(mu_);  // what Ended() found, kept for the next call
 };
 
-// On SIGINT or SIGTERM: stops every EmbeddedNode not yet destroyed, then ends the process with
-// 128 + the signal. Call once, from main before any other thread starts: it blocks both signals
-// (every later thread inherits the mask; SpawnProcess's children get them back) and waits for
-// them on a thread of its own.
+// How the CLI answers SIGINT and SIGTERM. Call once, from main before any other thread starts:
+// it blocks both signals (every later thread inherits the mask; SpawnProcess's children get them
+// back) and waits for them on a thread of its own. Then:
+//  - the first signal, while an action is set (SetFirstStopSignalAction), runs that action on a
+//    thread of its own and the process goes on: `slidedp run` asks its hostd to save a checkpoint
+//    at the next step boundary and cancel the job; `submit` and `watch` say the job goes on and
+//    exit (ExitForSignal);
+//  - any other signal stops at once (StopAtOnce).
 void StopPrivateNodesOnSignal();
+// Sets the first signal's action (an empty function: none). It runs at most once.
+void SetFirstStopSignalAction(std::function<void(int signal)> action);
+// The first SIGINT or SIGTERM received; 0 while none was.
+int FirstStopSignal();
+// Whether the process is stopping at once: it ends soon with 128 + the signal and its private
+// nodes are going away, so what fails meanwhile on other threads (the job's stream, whose hostd
+// went) is no error to print.
+bool StoppingAtOnce();
+// Blocks the calling thread for good while StoppingAtOnce() (the stopping thread ends the
+// process); returns at once otherwise.
+void AwaitStopIfStopping();
+// Stops every EmbeddedNode not yet destroyed, then ends the process with 128 + signal.
+[[noreturn]] void StopAtOnce(int signal);
+// Flushes stdout and ends the process with 128 + signal (no node is stopped).
+[[noreturn]] void ExitForSignal(int signal);
+
+// `slidedp run --resume WHAT`: the checkpoint the private hostd resumes from. "latest": the
+// newest complete checkpoint under `output_dir` (the spec's output.dir, resolved against the
+// spec's directory as the private hostd resolves it); otherwise a path (relative to the working
+// directory): a checkpoint directory, or a directory of checkpoints (its newest complete one).
+// NOT_FOUND naming the directory when it holds none; what is wrong with a checkpoint that is
+// there (incomplete, corrupt) as checkpoint::VerifyCheckpoint says.
+absl::StatusOr<std::string> ResolveRunResume(const std::string& what, const std::string& output_dir);
 
 // Spawns argv[0] with args, stdout/stderr to log_path (created or truncated; refused when it is a
 // symlink or not a regular file). The child gets SIGTERM when the calling thread ends
-// (PR_SET_PDEATHSIG), so a killed CLI leaves no private process behind. Returns the pid.
+// (PR_SET_PDEATHSIG), so a killed CLI leaves no private process behind, and leads a process group
+// of its own, so that a terminal's Ctrl-C reaches the CLI alone (which decides what the private
+// node does: first a checkpoint). Returns the pid.
 absl::StatusOr<int> SpawnProcess(const std::vector<std::string>& argv, const std::string& log_path);
 // The exit status of child `pid` (128 + the signal when a signal ended it), waiting at most
 // `timeout_s`; -1 when it still runs then (it is killed with SIGKILL and reaped).

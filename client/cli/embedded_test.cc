@@ -1,7 +1,8 @@
 // `slidedp run`'s private node without a real hostd: the run directory (private, refused when
 // others may write it or when its socket path is too long), logs that never follow a symlink,
 // children that die with the CLI (PR_SET_PDEATHSIG) and are stopped on SIGTERM (exit 128 + 15),
-// a hostd that exits at start failing Start at once with its log, and the CPU worker cap.
+// a hostd that exits at start failing Start at once with its log, the CPU worker cap, and
+// `run --resume` without a checkpoint.
 #include "client/cli/embedded.h"
 
 #include <signal.h>
@@ -273,6 +274,28 @@ TEST(EmbeddedNodeStart, RefusesTooManyCpuWorkersBeforeStartingAnything) {
   EXPECT_EQ(node.status().code(), absl::StatusCode::kInvalidArgument) << node.status();
   EXPECT_FALSE(fs::exists(bin + "/hostd-ran"));
   fs::remove_all(bin);
+}
+
+// `run --resume`: NOT_FOUND naming the directory when there is no checkpoint to resume (the
+// integration test run_resume_test resumes real ones).
+TEST(ResolveRunResume, NoCheckpointIsNotFoundNamingTheDirectory) {
+  const std::string dir = TempPath("resume");
+  fs::remove_all(dir);
+  absl::StatusOr<std::string> r = ResolveRunResume("latest", dir + "/out");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("--resume latest: "));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr(dir + "/out does not exist"));
+  fs::create_directories(dir + "/out/checkpoint-3");  // not complete: no COMPLETE file
+  r = ResolveRunResume("latest", dir + "/out");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("no complete checkpoint under " + dir + "/out"));
+  r = ResolveRunResume(dir + "/nowhere", dir + "/out");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr(dir + "/nowhere"));
+  r = ResolveRunResume(dir + "/out", dir + "/unused");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("--resume " + dir + "/out: no complete checkpoint"));
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -13,9 +13,15 @@ CLI::App* AddExportCommand(CLI::App& app, ExportOptions& options) {
       "write a checkpoint's model directory (config.json, weights, tokenizer files, generation_config.json; no "
       "optimizer state) that transformers' from_pretrained loads; runs here, no hostd needed");
   cmd->add_option("checkpoint", options.checkpoint,
-                  "a checkpoint-<step> directory, or a job's output directory (its newest complete checkpoint)")
+                  "a checkpoint-<step> directory, or a job's output directory (the newest complete checkpoint of "
+                  "its run, or of --job's)")
       ->required();
-  cmd->add_option("--to", options.to, "the model directory to write (must not exist, or be empty)")->required();
+  cmd->add_option("--to", options.to,
+                  "the model directory to write (must not exist, or be empty; its parent directory must exist)")
+      ->required();
+  cmd->add_option("--job", options.job,
+                  "a job id or run id: export that job's (run's) newest checkpoint from a directory holding the "
+                  "checkpoints of several runs (refused without it); with a checkpoint-<step>, check it is theirs");
   cmd->add_option("--dtype", options.dtype,
                   "the weights' dtype: bf16 (round to nearest even of the FP32 master) or fp32 (the master "
                   "exactly); default: the checkpoint's")
@@ -35,6 +41,7 @@ absl::Status RunExport(const ExportOptions& options, std::ostream& out) {
   checkpoint::ExportRequest req;
   req.checkpoint = options.checkpoint;
   req.out_dir = options.to;
+  req.run = options.job;
   if (options.dtype == "bf16") req.dtype = checkpoint::WeightDtype::kBF16;
   if (options.dtype == "fp32") req.dtype = checkpoint::WeightDtype::kF32;
   if (options.max_shard_bytes > 0) req.shard_max_bytes = options.max_shard_bytes;

@@ -15,6 +15,7 @@ namespace slidedp::client {
 struct ExportOptions {
   std::string checkpoint;  // checkpoint-<N>, or an output directory holding checkpoints (its newest)
   std::string to;
+  std::string job;               // a job or run id: that one's checkpoints in a directory of several runs'
   std::string dtype;             // "bf16" | "fp32" | "" (the checkpoint's own)
   uint64_t max_shard_bytes = 0;  // 0: HF's default (5 GB)
   bool force = false;            // replace an existing model directory at `to`

@@ -1,6 +1,8 @@
 // slidedp: the user's command line. Parses flags (CLI11) and calls client/cli commands.
 #include <unistd.h>
 
+#include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -13,10 +15,11 @@
 #include "client/cli/export_model.h"
 #include "client/cli/plan_report.h"
 #include "client/cli/plot.h"
-#include "client/prepare/prepare.h"
+#include "client/cli/prepare_command.h"
 #include "common/io/small_file.h"
 #include "common/jobspec/job_spec.h"
 #include "common/log/program_logging.h"
+#include "common/version.h"
 
 namespace sc = slidedp::client;
 
@@ -27,14 +30,42 @@ int Fail(const absl::Status& s) {
   return sc::ExitCodeFor(s);
 }
 
+// `--json`: the message as protobuf JSON on stdout.
+int PrintJson(const google::protobuf::Message& message) {
+  auto json = sc::ToJson(message);
+  if (!json.ok()) return Fail(json.status());
+  std::cout << *json;
+  return 0;
+}
+
 // A job spec: a regular file of at most kMaxSpecBytes (what hostd parses), refused here with
 // that figure rather than by gRPC's message limit.
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return slidedp::ReadSmallFile(path, slidedp::kMaxSpecBytes, "job spec");
 }
 
-int SubmitAndMaybeWatch(sc::Client& client, const std::string& spec_path, const std::string& job_id,
-                        const std::string& resume, bool dry_run, bool watch) {
+// What the CLI's own address flag adds to a command it suggests ("" for the default address).
+std::string HostdFlag(const sc::ClientOptions& o) {
+  return o.address == sc::ClientOptions().address ? "" : absl::StrCat(" --hostd ", sc::ShellQuote(o.address));
+}
+
+// While `submit` or `watch` follows a job, the first Ctrl-C (or SIGTERM) stops the watching, not
+// the job: it says so and how to follow or cancel the job, and the CLI exits with 128 + the
+// signal (a script sees it was interrupted, not that the job succeeded). A second one meanwhile
+// exits at once.
+void DetachOnSignal(const sc::ClientOptions& o, const std::string& job_id) {
+  const std::string hint =
+      job_id.empty() ? std::string("interrupted while submitting: `slidedp jobs` shows whether the job was queued")
+                     : absl::StrCat("stopped watching; the job goes on: slidedp", HostdFlag(o), " watch ", job_id,
+                                    " follows it, slidedp", HostdFlag(o), " cancel ", job_id, " stops it");
+  sc::SetFirstStopSignalAction([hint](int sig) {
+    fprintf(stderr, "\nslidedp: %s: %s\n", strsignal(sig), hint.c_str());
+    sc::ExitForSignal(sig);
+  });
+}
+
+int SubmitAndMaybeWatch(sc::Client& client, const sc::ClientOptions& copt, const std::string& spec_path,
+                        const std::string& job_id, const std::string& resume, bool dry_run, bool watch) {
   slidedp::v1::SubmitJobRequest req;
   if (spec_path.empty()) {
     // `submit --resume JOB_ID` alone: the interrupted job's own resolved spec.
@@ -52,6 +83,7 @@ int SubmitAndMaybeWatch(sc::Client& client, const std::string& spec_path, const 
   req.set_job_id(job_id);
   req.set_dry_run(dry_run);
   req.set_resume_from(sc::ResumeTarget(resume));
+  if (watch && !dry_run) DetachOnSignal(copt, "");
   auto resp = client.Submit(req);
   if (!resp.ok()) return Fail(resp.status());
   if (dry_run) {
@@ -60,8 +92,47 @@ int SubmitAndMaybeWatch(sc::Client& client, const std::string& spec_path, const 
   }
   std::cout << (resp->already_existed() ? "job exists: " : "submitted job ") << resp->job().job_id() << "\n";
   if (!watch) return 0;
+  DetachOnSignal(copt, resp->job().job_id());
   auto job = client.Watch(resp->job().job_id(), std::cout, isatty(1));
   if (!job.ok()) return Fail(job.status());
+  return sc::ExitCodeForJob(*job);
+}
+
+// `slidedp run`'s job on its private node: submits it (resuming `resume_dir` if set), follows it,
+// and on the first Ctrl-C / SIGTERM asks hostd to save a checkpoint at the next step boundary and
+// end the job there; then says where the checkpoint is and how to resume it, and returns 128 +
+// the signal. A second signal stops the node at once (StopAtOnce).
+int RunOnPrivateNode(sc::Client& client, const sc::ClientOptions& ropt, const std::string& spec_path,
+                     const std::string& resume_dir) {
+  auto text = ReadFile(spec_path);
+  if (!text.ok()) return Fail(text.status());
+  slidedp::v1::SubmitJobRequest req;
+  req.set_spec_yaml(*text);
+  req.set_base_dir(std::filesystem::absolute(spec_path).parent_path().string());
+  req.set_resume_from(resume_dir);
+  auto resp = client.Submit(req);
+  if (!resp.ok()) return Fail(resp.status());
+  const std::string id = resp->job().job_id();
+  std::cout << "submitted job " << id << (resume_dir.empty() ? "" : absl::StrCat(", resuming ", resume_dir)) << "\n";
+  sc::SetFirstStopSignalAction([ropt, id](int sig) {
+    fprintf(stderr, "\nslidedp: %s: stopping at the next step boundary and saving a checkpoint (%s to stop at once)\n",
+            strsignal(sig), sig == SIGINT ? "Ctrl-C again" : "a second signal");
+    sc::Client c(ropt);
+    auto cancelled = c.Cancel(id, sc::CancelCheckpoint::kSave);
+    if (!cancelled.ok()) {
+      fprintf(stderr, "slidedp: the private hostd did not take the cancel (%s); stopping at once\n",
+              std::string(cancelled.status().message()).c_str());
+      sc::StopAtOnce(sig);
+    }
+  });
+  auto job = client.Watch(id, std::cout, isatty(1));
+  sc::AwaitStopIfStopping();  // a second signal: its stream failing is no news
+  if (!job.ok()) return Fail(job.status());
+  const int sig = sc::FirstStopSignal();
+  if (sig != 0 && job->state() == slidedp::v1::JOB_STATE_CANCELLED) {
+    std::cout << sc::FormatStopReport(*job, spec_path);
+    return 128 + sig;
+  }
   return sc::ExitCodeForJob(*job);
 }
 
@@ -69,9 +140,12 @@ int SubmitAndMaybeWatch(sc::Client& client, const std::string& spec_path, const 
 
 int main(int argc, char** argv) {
   slidedp::InitProgramLogging(argv[0], slidedp::ProgramKind::kCommandLine);
+  // Line by line even into a file or a pipe: `slidedp run job.yaml > log` can be followed with
+  // tail -f, and what was said before a signal ended the CLI is there.
+  setvbuf(stdout, nullptr, _IOLBF, 0);
   CLI::App app{"slidedp: full-parameter fine-tuning with host-resident state and streamed layers"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", [] { return slidedp::VersionText("slidedp"); });
+  app.set_version_flag("--version", [] { return slidedp::VersionReport(); });
   bool verbose = false, quiet = false;
   auto* verbose_flag = app.add_flag("-v,--verbose", verbose, "log everything (info), not only warnings and errors");
   app.add_flag("-q,--quiet", quiet, "log errors only")->excludes(verbose_flag);
@@ -92,8 +166,12 @@ int main(int argc, char** argv) {
 
   auto* health = app.add_subcommand("health", "is hostd serving?");
   auto* node = app.add_subcommand("node", "node information: devices, memory, workers");
+  bool json = false;
+  constexpr char kJsonHelp[] = "print the record as protobuf JSON (the proto's field names), for scripts";
   auto* workers = app.add_subcommand("workers", "attached workers");
+  workers->add_flag("--json", json, kJsonHelp);
   auto* jobs = app.add_subcommand("jobs", "list jobs");
+  jobs->add_flag("--json", json, kJsonHelp);
 
   std::string spec_path, job_id, resume;
   bool dry_run = false, no_watch = false;
@@ -116,14 +194,16 @@ int main(int argc, char** argv) {
   submit->add_option("--id", job_id, "job id (idempotent resubmission)");
   submit->add_option("--resume", resume, "resume from the last checkpoint of a job id or checkpoint dir");
   submit->add_flag("--dry-run", dry_run, "validate and print the resolved spec");
-  submit->add_flag("--detach", no_watch, "do not watch progress");
+  submit->add_flag("--detach", no_watch,
+                   "do not watch progress (while it watches, Ctrl-C stops the watching, not the job: exit 130)");
   submit->callback([&] {
     if (spec_path.empty() && resume.empty()) throw CLI::ValidationError("submit", "a job spec is required");
   });
 
   auto* status = app.add_subcommand("status", "show a job");
   status->add_option("job", job_id)->required();
-  auto* watch = app.add_subcommand("watch", "follow a job's progress");
+  status->add_flag("--json", json, kJsonHelp);
+  auto* watch = app.add_subcommand("watch", "follow a job's progress (Ctrl-C stops the watching, not the job)");
   watch->add_option("job", job_id)->required();
   auto* cancel = app.add_subcommand("cancel", "cancel a job");
   cancel->add_option("job", job_id)->required();
@@ -131,49 +211,26 @@ int main(int argc, char** argv) {
   std::string backend = "auto";
   int cpu_workers = 0;
   std::string run_dir;
-  auto* run = app.add_subcommand("run", "run one job on a private hostd and workers, then exit");
+  auto* run = app.add_subcommand(
+      "run",
+      "run one job on a private hostd and workers, then exit. Ctrl-C saves a checkpoint at the next step boundary "
+      "and says how to resume (exit 130); Ctrl-C again stops at once");
   run->add_option("spec", spec_path, "job spec (YAML)")->required()->check(CLI::ExistingFile);
+  run->add_option("--resume", resume,
+                  "continue from a checkpoint: 'latest' (the newest complete one in the spec's output.dir), a "
+                  "checkpoint directory, or a directory of checkpoints (its newest); exactly as if never stopped");
   run->add_option("--backend", backend, "auto | cuda | cpu")->check(CLI::IsMember({"auto", "cuda", "cpu"}));
-  run->add_option("--cpu-workers", cpu_workers, "CPU backend workers (default: runtime.workers or 1)");
+  run->add_option("--cpu-workers", cpu_workers,
+                  absl::StrCat("CPU backend workers (default: the spec's runtime.workers, else ",
+                               sc::kDefaultCpuWorkers, ")"));
   run->add_option("--run-dir", run_dir, "where the private socket and logs go");
   std::string policy_cache;
   run->add_option("--policy-cache", policy_cache,
                   "where runtime.policy auto keeps the layouts it chose, for the next run of the same shape "
                   "(default $XDG_CACHE_HOME/slidedp/policies or ~/.cache/slidedp/policies; 'none': nowhere)");
 
-  namespace pp = slidedp::prepare;
-  pp::PrepareOptions popt;
-  std::string packing = "packed", loss_on = "assistant", chat_template = "auto", text_eos = "append";
-  bool skip_bad = false, overwrite = false;
-  auto* prepare = app.add_subcommand("prepare", "tokenize JSONL/text into the training dataset format");
-  prepare->add_option("--model", popt.model_dir, "HF model dir with tokenizer.json and tokenizer_config.json")
-      ->required()
-      ->check(CLI::ExistingDirectory);
-  prepare->add_option("--input", popt.inputs, "input files: .jsonl (chat, prompt/completion, text) or .txt")
-      ->required()
-      ->check(CLI::ExistingFile);
-  prepare->add_option("--output", popt.output_dir, "output directory")->required();
-  prepare->add_option("--seq-len", popt.seq_len, "row length in tokens")->check(CLI::Range(int64_t{2}, slidedp::prepare::kMaxSeqLen));
-  prepare->add_option("--packing", packing, "packed (documents concatenated into rows) | padded (one per row)")
-      ->check(CLI::IsMember({"packed", "padded"}));
-  prepare->add_flag(
-      "--pack", [&](int64_t) { packing = "packed"; }, "same as --packing packed");
-  prepare->add_option("--validation-fraction", popt.validation_fraction, "documents held out")
-      ->check(CLI::Range(0.0, 0.99));
-  prepare->add_option("--seed", popt.seed, "seed of the train/validation split");
-  prepare->add_option("--loss-on", loss_on, "assistant (chat: assistant turns only) | all")
-      ->check(CLI::IsMember({"assistant", "all"}));
-  prepare->add_option("--chat-template", chat_template,
-                      "auto (the model's own, when supported) | qwen3 | qwen2.5 | llama3 | llama3.1 | llama3.2 | "
-                      "llama3.3 | chatml")
-      ->check(CLI::IsMember({"auto", "qwen3", "qwen2.5", "llama3", "llama3.1", "llama3.2", "llama3.3", "chatml"}));
-  prepare->add_option("--chat-date", popt.chat_date,
-                      "the \"Today Date\" Llama 3.1-3.3's templates render (default: 26 Jul 2024, the templates' "
-                      "own default; HF's Llama 3.2 would render today's date)");
-  prepare->add_option("--text-eos", text_eos, "append | none")->check(CLI::IsMember({"append", "none"}));
-  prepare->add_flag("--skip-bad", skip_bad, "skip malformed lines (counted) instead of failing");
-  prepare->add_option("--threads", popt.threads, "tokenizer threads (0: all cores)");
-  prepare->add_flag("--overwrite", overwrite, "replace an existing output directory");
+  sc::PrepareCommand prepare_command;
+  auto* prepare = sc::AddPrepareCommand(app, prepare_command);
 
   std::string plot_metrics, plot_out;
   auto* plot = app.add_subcommand("plot", "draw a metrics JSONL's loss (and validation loss) and lr curves");
@@ -203,44 +260,8 @@ int main(int argc, char** argv) {
   }
 
   if (*prepare) {
-    popt.packing = packing == "packed" ? slidedp::data::Packing::kPacked : slidedp::data::Packing::kPadded;
-    popt.loss_on = loss_on == "all" ? pp::LossOn::kAll : pp::LossOn::kAssistant;
-    auto named = pp::ParseChatTemplateName(chat_template);
-    if (!named.ok()) return Fail(named.status());
-    popt.chat_template = *named;
-    popt.text_eos = text_eos == "none" ? pp::TextEos::kNone : pp::TextEos::kAppend;
-    popt.bad_lines = skip_bad ? pp::BadLines::kSkip : pp::BadLines::kFail;
-    popt.overwrite = overwrite ? slidedp::data::Overwrite::kYes : slidedp::data::Overwrite::kNo;
-    const bool tty = isatty(2);
-    popt.progress = [tty](const pp::PrepareProgress& p) {
-      double frac = p.bytes_total > 0 ? double(p.bytes_done) / p.bytes_total : 0;
-      std::string line =
-          absl::StrFormat("[%-24s] %5.1f%%  %lld documents, %lld tokens", std::string(static_cast<int>(frac * 24), '#'),
-                          frac * 100, static_cast<long long>(p.documents), static_cast<long long>(p.tokens));
-      if (tty) {
-        std::cerr << "\r\033[K" << line << std::flush;
-      } else {
-        std::cerr << line << "\n";
-      }
-    };
-    auto summary = pp::Prepare(popt);
-    if (tty) std::cerr << "\n";
-    if (!summary.ok()) return Fail(summary.status());
-    auto print = [](const char* name, const pp::SplitSummary& s) {
-      if (s.dir.empty()) return;
-      std::cout << absl::StrFormat(
-          "%-10s %lld documents, %lld tokens (%lld trained), %lld rows, %lld truncated, %lld split -> %s\n", name,
-          static_cast<long long>(s.documents), static_cast<long long>(s.tokens),
-          static_cast<long long>(s.trained_tokens), static_cast<long long>(s.rows),
-          static_cast<long long>(s.truncated_documents), static_cast<long long>(s.split_documents), s.dir);
-    };
-    print("train", summary->train);
-    print("validation", summary->validation);
-    if (summary->skipped_lines > 0) {
-      std::cout << "skipped " << summary->skipped_lines << " bad line(s), e.g.:\n";
-      for (const auto& e : summary->skipped_examples) std::cout << "  " << e << "\n";
-    }
-    return 0;
+    absl::Status prepared = sc::RunPrepareCommand(prepare_command, std::cout, std::cerr);
+    return prepared.ok() ? 0 : Fail(prepared);
   }
 
   if (*run) {
@@ -249,14 +270,24 @@ int main(int argc, char** argv) {
     std::string base = std::filesystem::absolute(spec_path).parent_path().string();
     auto spec = slidedp::JobSpec::Parse(*text, base);
     if (!spec.ok()) return Fail(spec.status());
+    // --resume: found here, before any process starts, so that "there is none" is said at once.
+    // spec->output_dir is resolved against the spec's directory, as the private hostd's output
+    // root (below) resolves it.
+    std::string resume_dir;
+    if (!resume.empty()) {
+      auto found = sc::ResolveRunResume(resume, spec->output_dir);
+      if (!found.ok()) return Fail(found.status());
+      resume_dir = *found;
+    }
     sc::EmbeddedOptions eopt;
     eopt.bin_dir = sc::SelfDir();
     eopt.run_dir = run_dir;
     eopt.backend = backend != "auto" ? backend : slidedp::ToString(spec->backend);
     // CPU backend: the spec's worker count, else two workers so the default run is data parallel.
-    eopt.cpu_workers = cpu_workers > 0 ? cpu_workers : spec->num_workers > 0 ? spec->num_workers : 2;
+    eopt.cpu_workers = cpu_workers > 0 ? cpu_workers : spec->num_workers > 0 ? spec->num_workers : sc::kDefaultCpuWorkers;
     if (absl::Status checked = sc::CheckEmbeddedOptions(eopt); !checked.ok()) return Fail(checked);
-    // Before the first thread and the first child: SIGINT / SIGTERM stop the private node.
+    // Before the first thread and the first child: SIGINT / SIGTERM stop the private node (once
+    // the job runs, the first one ends it at a step boundary with a checkpoint: RunOnPrivateNode).
     sc::StopPrivateNodesOnSignal();
     auto made = sc::MakeRunDir(run_dir);  // default: a fresh /tmp/slidedp-run-XXXXXX
     if (!made.ok()) return Fail(made.status());
@@ -284,8 +315,8 @@ int main(int argc, char** argv) {
     sc::ClientOptions ropt = copt;
     ropt.address = (*embedded)->address();
     sc::Client client(ropt);
-    int rc = SubmitAndMaybeWatch(client, spec_path, "", "", false, true);
-    if (rc != 0) {
+    int rc = RunOnPrivateNode(client, ropt, spec_path, resume_dir);
+    if (rc != 0 && sc::FirstStopSignal() == 0) {
       // A private process that died says more than the closed socket the job's stream reports
       // (exit 3, UNAVAILABLE: give a process whose socket just closed a moment to be reaped).
       const bool unavailable = rc == sc::ExitCodeFor(absl::UnavailableError(""));
@@ -297,6 +328,9 @@ int main(int argc, char** argv) {
     return rc;
   }
 
+  // Before the client's first thread: while `submit` or `watch` follows a job, Ctrl-C stops the
+  // watching (DetachOnSignal).
+  if ((*submit && !no_watch && !dry_run) || *watch) sc::StopPrivateNodesOnSignal();
   sc::Client client(copt);
   if (*health) {
     std::string st;
@@ -323,6 +357,12 @@ int main(int argc, char** argv) {
   if (*workers) {
     auto ws = client.Workers();
     if (!ws.ok()) return Fail(ws.status());
+    if (json) {
+      slidedp::v1::ListWorkersResponse all;
+      for (const auto& w : *ws) *all.add_workers() = w;
+      return PrintJson(all);
+    }
+    if (ws->empty()) std::cout << "no workers attached\n";
     for (const auto& w : *ws) {
       std::cout << absl::StrFormat("%-20s pid %-7d %-5s %-24s %s %s\n", w.worker_id(), w.pid(), w.device().kind(),
                                    w.device().name(), w.state(), w.job_id());
@@ -332,10 +372,15 @@ int main(int argc, char** argv) {
   if (*jobs) {
     auto js = client.ListJobs();
     if (!js.ok()) return Fail(js.status());
-    for (const auto& j : *js) std::cout << sc::FormatJobLine(j) << "\n";
+    if (json) {
+      slidedp::v1::ListJobsResponse all;
+      for (const auto& j : *js) *all.add_jobs() = j;
+      return PrintJson(all);
+    }
+    std::cout << sc::FormatJobsTable(*js);
     return 0;
   }
-  if (*submit) return SubmitAndMaybeWatch(client, spec_path, job_id, resume, dry_run, !no_watch);
+  if (*submit) return SubmitAndMaybeWatch(client, copt, spec_path, job_id, resume, dry_run, !no_watch);
   if (*plan) {
     auto text = ReadFile(spec_path);
     if (!text.ok()) return Fail(text.status());
@@ -375,18 +420,12 @@ int main(int argc, char** argv) {
   if (*status) {
     auto j = client.GetJob(job_id);
     if (!j.ok()) return Fail(j.status());
-    std::cout << sc::FormatJobLine(*j) << "\n";
-    if (!j->last_checkpoint().empty()) std::cout << "last checkpoint: " << j->last_checkpoint() << "\n";
-    if (j->hostd_restarts() > 0) {
-      std::cout << "interrupted by " << j->hostd_restarts() << " hostd restart(s); resumed from " << j->recovery()
-                << "\n";
-    }
-    if (j->submit_to_first_step_s() > 0) {
-      std::cout << absl::StrFormat("submit to first step: %.2f s\n", j->submit_to_first_step_s());
-    }
+    if (json) return PrintJson(*j);
+    std::cout << sc::FormatJobStatus(*j, absl::LocalTimeZone());
     return 0;
   }
   if (*watch) {
+    DetachOnSignal(copt, job_id);
     auto j = client.Watch(job_id, std::cout, isatty(1));
     if (!j.ok()) return Fail(j.status());
     return sc::ExitCodeForJob(*j);

@@ -5,7 +5,10 @@
 #include <cairo.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -182,6 +185,46 @@ absl::Status CairoError(cairo_status_t s, const std::string& path) {
   return absl::InternalError(absl::StrCat("plot: cannot write ", path, ": ", cairo_status_to_string(s)));
 }
 
+// errno of a path the user chose -> its status: not allowed (PERMISSION_DENIED), no room
+// (RESOURCE_EXHAUSTED), or something in the way, a file where a directory must be, a read-only
+// file system, ... (FAILED_PRECONDITION).
+absl::Status OutputError(const std::string& what, int err) {
+  const std::string msg = absl::StrCat("plot: ", what, ": ", std::strerror(err));
+  switch (err) {
+    case EACCES:
+    case EPERM: return absl::PermissionDeniedError(msg);
+    case ENOSPC:
+    case EDQUOT: return absl::ResourceExhaustedError(msg);
+    default: return absl::FailedPreconditionError(msg);
+  }
+}
+
+// The image file, opened for writing; its directory is made first (with its parents) when
+// missing.
+absl::StatusOr<FILE*> OpenOutput(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty() && !std::filesystem::is_directory(parent, ec)) {
+    std::filesystem::create_directories(parent, ec);
+    if (ec) return OutputError(absl::StrCat("cannot create the directory ", parent.string(), " for ", path), ec.value());
+  }
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return OutputError(absl::StrCat("cannot write ", path), errno);
+  return f;
+}
+
+// cairo's write callback into a FILE*, keeping the first errno.
+struct ImageSink {
+  FILE* file = nullptr;
+  int error = 0;
+};
+
+cairo_status_t WriteToSink(void* closure, const unsigned char* data, unsigned int length) {
+  auto* sink = static_cast<ImageSink*>(closure);
+  if (sink->error == 0 && std::fwrite(data, 1, length, sink->file) != length) sink->error = errno != 0 ? errno : EIO;
+  return sink->error == 0 ? CAIRO_STATUS_SUCCESS : CAIRO_STATUS_WRITE_ERROR;
+}
+
 void Draw(cairo_t* cr, const MetricsCurves& c, const std::string& title, PlotSize size) {
   SetColor(cr, {1, 1, 1});
   cairo_paint(cr);
@@ -263,9 +306,17 @@ absl::StatusOr<ImageFormat> ImageFormatOf(const std::string& path) {
 absl::Status DrawCurves(const MetricsCurves& curves, const std::string& title, const std::string& out_path,
                         ImageFormat format, PlotSize size) {
   if (curves.loss.empty()) return absl::InvalidArgumentError("plot: no loss to draw");
-  cairo_surface_t* surface = format == ImageFormat::kPng
-                                 ? cairo_image_surface_create(CAIRO_FORMAT_ARGB32, size.width_px, size.height_px)
-                                 : cairo_svg_surface_create(out_path.c_str(), size.width_px, size.height_px);
+  ASSIGN_OR_RETURN(FILE * file, OpenOutput(out_path));
+  ImageSink sink{file};
+  bool written = false;
+  absl::Cleanup close_file = [&] {
+    if (std::fclose(file) != 0 && sink.error == 0) sink.error = errno;
+    if (!written) std::remove(out_path.c_str());  // no half image left behind
+  };
+  cairo_surface_t* surface =
+      format == ImageFormat::kPng
+          ? cairo_image_surface_create(CAIRO_FORMAT_ARGB32, size.width_px, size.height_px)
+          : cairo_svg_surface_create_for_stream(WriteToSink, &sink, size.width_px, size.height_px);
   absl::Cleanup destroy_surface = [surface] { cairo_surface_destroy(surface); };
   if (cairo_surface_status(surface) != CAIRO_STATUS_SUCCESS) return CairoError(cairo_surface_status(surface), out_path);
   cairo_t* cr = cairo_create(surface);
@@ -273,15 +324,17 @@ absl::Status DrawCurves(const MetricsCurves& curves, const std::string& title, c
   const cairo_status_t drawn = cairo_status(cr);
   cairo_destroy(cr);
   if (drawn != CAIRO_STATUS_SUCCESS) return CairoError(drawn, out_path);
+  cairo_status_t status = CAIRO_STATUS_SUCCESS;
   if (format == ImageFormat::kPng) {
-    const cairo_status_t written = cairo_surface_write_to_png(surface, out_path.c_str());
-    if (written != CAIRO_STATUS_SUCCESS) return CairoError(written, out_path);
+    status = cairo_surface_write_to_png_stream(surface, WriteToSink, &sink);
   } else {
-    cairo_surface_finish(surface);  // writes the rest of the SVG and closes the file
-    if (cairo_surface_status(surface) != CAIRO_STATUS_SUCCESS) {
-      return CairoError(cairo_surface_status(surface), out_path);
-    }
+    cairo_surface_finish(surface);  // writes the rest of the SVG
+    status = cairo_surface_status(surface);
   }
+  if (sink.error == 0 && std::fflush(file) != 0) sink.error = errno;
+  if (sink.error != 0) return OutputError(absl::StrCat("cannot write ", out_path), sink.error);
+  if (status != CAIRO_STATUS_SUCCESS) return CairoError(status, out_path);
+  written = true;
   return absl::OkStatus();
 }
 

@@ -44,8 +44,10 @@ struct PlotSize {
   int height_px = 600;
 };
 
-// Draws `curves` into `out_path`; `title` heads the image. INTERNAL with cairo's reason (and the
-// path) when the image cannot be written.
+// Draws `curves` into `out_path`, making its directory (and parents) when missing; `title` heads
+// the image. A path that cannot be made or written is PERMISSION_DENIED (not allowed),
+// RESOURCE_EXHAUSTED (no room) or FAILED_PRECONDITION (a file in the way, a read-only file
+// system, ...) naming it, and leaves no partial image; INTERNAL with cairo's reason otherwise.
 absl::Status DrawCurves(const MetricsCurves& curves, const std::string& title, const std::string& out_path,
                         ImageFormat format, PlotSize size = {});
 

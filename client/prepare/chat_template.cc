@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/prepare/known_chat_templates.h"
+#include "common/status/status_macros.h"
 #include "glog/logging.h"
 
 namespace slidedp::prepare {
@@ -48,56 +49,40 @@ uint32_t DecodeAt(std::string_view s, size_t i, size_t* len) {
   return cp;
 }
 
-struct Message {
-  std::string role;
-  std::string content;
-  std::string reasoning;
-  bool has_reasoning = false;
-};
-
 bool IsLlama31Family(ChatTemplate t) { return t == ChatTemplate::kLlama3_1 || t == ChatTemplate::kLlama3_2; }
 
-absl::StatusOr<std::vector<Message>> ParseMessages(const json& messages, ChatTemplate tmpl) {
-  if (!messages.is_array()) return absl::InvalidArgumentError("field messages: must be an array");
-  if (messages.empty()) return absl::InvalidArgumentError("field messages: is empty");
-  std::vector<Message> out;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const json& m = messages[i];
-    const std::string where = absl::StrCat("field messages[", i, "]");
-    if (!m.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": must be an object"));
-    if (!m.contains("role") || !m["role"].is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ".role: missing or not a string"));
-    }
-    Message msg;
-    msg.role = m["role"].get<std::string>();
-    const bool ipython = IsLlama31Family(tmpl) && msg.role == "ipython";  // the Llama 3.1 templates' tool role
-    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool" && !ipython) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ".role: \"", msg.role, "\" is not one of system, user, assistant, tool"));
-    }
-    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ".tool_calls: tool calls are not supported yet"));
-    }
-    if (m.contains("tool_calls") && IsLlama31Family(tmpl)) {
-      // `'tool_calls' in message` is true for a null value too, and the template then fails on it.
-      return absl::InvalidArgumentError(absl::StrCat(where, ".tool_calls: present (null), which the ",
-                                                     ChatTemplateName(tmpl),
-                                                     " template treats as a tool call; remove the key"));
-    }
-    if (!m.contains("content") || !m["content"].is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ".content: missing or not a string"));
-    }
-    msg.content = m["content"].get<std::string>();
-    if (m.contains("reasoning_content") && !m["reasoning_content"].is_null()) {
-      if (!m["reasoning_content"].is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ".reasoning_content: not a string"));
-      }
-      msg.reasoning = m["reasoning_content"].get<std::string>();
-      msg.has_reasoning = true;
-    }
-    out.push_back(std::move(msg));
+absl::StatusOr<ChatMessage> ParseChatMessage(const json& m, ChatTemplate tmpl, const std::string& where) {
+  if (!m.is_object()) return absl::InvalidArgumentError(absl::StrCat("field ", where, ": must be an object"));
+  if (!m.contains("role") || !m["role"].is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat("field ", where, ".role: missing or not a string"));
   }
-  return out;
+  ChatMessage msg;
+  msg.where = where;
+  msg.role = m["role"].get<std::string>();
+  const bool ipython = IsLlama31Family(tmpl) && msg.role == "ipython";  // the Llama 3.1 templates' tool role
+  if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool" && !ipython) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("field ", where, ".role: \"", msg.role, "\" is not one of system, user, assistant, tool"));
+  }
+  if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+    return absl::InvalidArgumentError(absl::StrCat("field ", where, ".tool_calls: tool calls are not supported yet"));
+  }
+  if (m.contains("tool_calls") && IsLlama31Family(tmpl)) {
+    // `'tool_calls' in message` is true for a null value too, and the template then fails on it.
+    return absl::InvalidArgumentError(absl::StrCat("field ", where, ".tool_calls: present (null), which the ",
+                                                   ChatTemplateName(tmpl),
+                                                   " template treats as a tool call; remove the key"));
+  }
+  if (!m.contains("content")) return absl::InvalidArgumentError(absl::StrCat("field ", where, ".content: missing"));
+  ASSIGN_OR_RETURN(msg.content, ContentText(m["content"], absl::StrCat(where, ".content")));
+  if (m.contains("reasoning_content") && !m["reasoning_content"].is_null()) {
+    if (!m["reasoning_content"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat("field ", where, ".reasoning_content: not a string"));
+    }
+    msg.reasoning = m["reasoning_content"].get<std::string>();
+    msg.has_reasoning = true;
+  }
+  return msg;
 }
 
 // Collects segments: context text (trained only with LossOn::kAll) and assistant replies.
@@ -105,7 +90,8 @@ class SegmentWriter {
  public:
   explicit SegmentWriter(LossOn loss_on) : all_(loss_on == LossOn::kAll) {}
   void Context(std::string text) { Emit(std::move(text), all_); }
-  void Reply(std::string text) { Emit(std::move(text), true); }
+  // An assistant reply: trained unless it is context (a TRL prompt's assistant turn).
+  void Reply(std::string text, bool trained) { Emit(std::move(text), all_ || trained); }
   std::vector<Segment> Take() { return std::move(out_); }
 
  private:
@@ -122,7 +108,7 @@ class SegmentWriter {
 };
 
 // The tool message of the Qwen templates: consecutive tool messages share one user turn.
-void QwenToolMessage(const std::vector<Message>& msgs, size_t i, SegmentWriter* w) {
+void QwenToolMessage(const std::vector<ChatMessage>& msgs, size_t i, SegmentWriter* w) {
   std::string text;
   if (i == 0 || msgs[i - 1].role != "tool") text += "<|im_start|>user";
   absl::StrAppend(&text, "\n<tool_response>\n", msgs[i].content, "\n</tool_response>");
@@ -130,11 +116,11 @@ void QwenToolMessage(const std::vector<Message>& msgs, size_t i, SegmentWriter* 
   w->Context(std::move(text));
 }
 
-void RenderChatML(const std::vector<Message>& msgs, SegmentWriter* w) {
-  for (const Message& m : msgs) {
+void RenderChatML(const std::vector<ChatMessage>& msgs, SegmentWriter* w) {
+  for (const ChatMessage& m : msgs) {
     w->Context(absl::StrCat("<|im_start|>", m.role, "\n"));
     if (m.role == "assistant") {
-      w->Reply(absl::StrCat(m.content, "<|im_end|>"));
+      w->Reply(absl::StrCat(m.content, "<|im_end|>"), m.trained);
     } else {
       w->Context(absl::StrCat(m.content, "<|im_end|>"));
     }
@@ -142,19 +128,19 @@ void RenderChatML(const std::vector<Message>& msgs, SegmentWriter* w) {
   }
 }
 
-void RenderQwen2_5(const std::vector<Message>& msgs, SegmentWriter* w) {
+void RenderQwen2_5(const std::vector<ChatMessage>& msgs, SegmentWriter* w) {
   if (msgs[0].role == "system") {
     w->Context(absl::StrCat("<|im_start|>system\n", msgs[0].content, "<|im_end|>\n"));
   } else {
     w->Context(absl::StrCat("<|im_start|>system\n", kQwenDefaultSystem, "<|im_end|>\n"));
   }
   for (size_t i = 0; i < msgs.size(); ++i) {
-    const Message& m = msgs[i];
+    const ChatMessage& m = msgs[i];
     if (m.role == "user" || (m.role == "system" && i != 0)) {
       w->Context(absl::StrCat("<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n"));
     } else if (m.role == "assistant") {
       w->Context("<|im_start|>assistant\n");
-      w->Reply(absl::StrCat(m.content, "<|im_end|>"));
+      w->Reply(absl::StrCat(m.content, "<|im_end|>"), m.trained);
       w->Context("\n");
     } else if (m.role == "tool") {
       QwenToolMessage(msgs, i, w);
@@ -162,11 +148,11 @@ void RenderQwen2_5(const std::vector<Message>& msgs, SegmentWriter* w) {
   }
 }
 
-void RenderQwen3(const std::vector<Message>& msgs, SegmentWriter* w) {
+void RenderQwen3(const std::vector<ChatMessage>& msgs, SegmentWriter* w) {
   const int n = static_cast<int>(msgs.size());
   int last_query = n - 1;
   for (int i = n - 1; i >= 0; --i) {
-    const Message& m = msgs[i];
+    const ChatMessage& m = msgs[i];
     if (m.role == "user" &&
         !(absl::StartsWith(m.content, "<tool_response>") && absl::EndsWith(m.content, "</tool_response>"))) {
       last_query = i;
@@ -175,7 +161,7 @@ void RenderQwen3(const std::vector<Message>& msgs, SegmentWriter* w) {
   }
   if (msgs[0].role == "system") w->Context(absl::StrCat("<|im_start|>system\n", msgs[0].content, "<|im_end|>\n"));
   for (int i = 0; i < n; ++i) {
-    const Message& m = msgs[i];
+    const ChatMessage& m = msgs[i];
     if (m.role == "user" || (m.role == "system" && i != 0)) {
       w->Context(absl::StrCat("<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n"));
     } else if (m.role == "assistant") {
@@ -195,7 +181,7 @@ void RenderQwen3(const std::vector<Message>& msgs, SegmentWriter* w) {
       } else {
         body = content;
       }
-      w->Reply(absl::StrCat(body, "<|im_end|>"));
+      w->Reply(absl::StrCat(body, "<|im_end|>"), m.trained);
       w->Context("\n");
     } else if (m.role == "tool") {
       QwenToolMessage(msgs, i, w);
@@ -204,22 +190,22 @@ void RenderQwen3(const std::vector<Message>& msgs, SegmentWriter* w) {
 }
 
 // One "<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>" turn.
-void LlamaTurn(const Message& m, SegmentWriter* w) {
+void LlamaTurn(const ChatMessage& m, SegmentWriter* w) {
   w->Context(absl::StrCat("<|start_header_id|>", m.role, "<|end_header_id|>\n\n"));
   if (m.role == "assistant") {
-    w->Reply(absl::StrCat(PythonStrip(m.content), "<|eot_id|>"));
+    w->Reply(absl::StrCat(PythonStrip(m.content), "<|eot_id|>"), m.trained);
   } else {
     w->Context(absl::StrCat(PythonStrip(m.content), "<|eot_id|>"));
   }
 }
 
-void RenderLlama3(const std::vector<Message>& msgs, const ChatFormat& f, SegmentWriter* w) {
+void RenderLlama3(const std::vector<ChatMessage>& msgs, const ChatFormat& f, SegmentWriter* w) {
   w->Context(f.bos_token);
-  for (const Message& m : msgs) LlamaTurn(m, w);
+  for (const ChatMessage& m : msgs) LlamaTurn(m, w);
 }
 
 // Llama 3.1 / 3.3 and 3.2 without tools, builtin_tools or custom_tools: the same text.
-void RenderLlama3_1(const std::vector<Message>& msgs, const ChatFormat& f, SegmentWriter* w) {
+void RenderLlama3_1(const std::vector<ChatMessage>& msgs, const ChatFormat& f, SegmentWriter* w) {
   size_t first = 0;
   std::string system_message;
   if (msgs[0].role == "system") {
@@ -230,7 +216,7 @@ void RenderLlama3_1(const std::vector<Message>& msgs, const ChatFormat& f, Segme
                           "Cutting Knowledge Date: December 2023\n", "Today Date: ", f.date_string, "\n\n",
                           system_message, "<|eot_id|>"));
   for (size_t i = first; i < msgs.size(); ++i) {
-    const Message& m = msgs[i];
+    const ChatMessage& m = msgs[i];
     if (m.role == "tool" || m.role == "ipython") {
       // `message.content is mapping or message.content is iterable` holds for a string: tojson.
       w->Context(
@@ -421,18 +407,63 @@ absl::StatusOr<ChatFormat> ResolveChatFormat(const json& config, ChatTemplate re
   }
 }
 
+absl::StatusOr<std::string> ContentText(const json& content, const std::string& where) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) {
+    const std::string type = content.is_null() ? "null" : absl::StrCat("a ", content.type_name());
+    return absl::InvalidArgumentError(
+        absl::StrCat("field ", where, ": ", type, ", neither a string nor a list of parts"));
+  }
+  std::string text;
+  for (size_t k = 0; k < content.size(); ++k) {
+    const json& part = content[k];
+    const std::string at = absl::StrCat(where, "[", k, "]");
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat("field ", at, ": not a part {\"type\": ..., ...}"));
+    }
+    const std::string& type = part["type"].get_ref<const std::string&>();
+    if (type != "text") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("field ", at, ".type: \"", type,
+                       "\" parts are not supported: prepare trains text only (only \"text\" parts)"));
+    }
+    if (!part.contains("text") || !part["text"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat("field ", at, ".text: missing or not a string"));
+    }
+    text += part["text"].get_ref<const std::string&>();
+  }
+  return text;
+}
+
+absl::StatusOr<std::vector<ChatMessage>> ParseChatMessages(const json& messages, ChatTemplate tmpl,
+                                                           absl::string_view field) {
+  if (!messages.is_array()) return absl::InvalidArgumentError(absl::StrCat("field ", field, ": must be an array"));
+  if (messages.empty()) return absl::InvalidArgumentError(absl::StrCat("field ", field, ": is empty"));
+  std::vector<ChatMessage> out;
+  out.reserve(messages.size());
+  for (size_t i = 0; i < messages.size(); ++i) {
+    ASSIGN_OR_RETURN(ChatMessage m, ParseChatMessage(messages[i], tmpl, absl::StrCat(field, "[", i, "]")));
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<Segment>> RenderChat(const json& messages, const ChatFormat& format, LossOn loss_on,
                                                 GenerationPrompt generation_prompt) {
-  auto parsed = ParseMessages(messages, format.tmpl);
-  if (!parsed.ok()) return parsed.status();
-  const std::vector<Message>& msgs = *parsed;
+  ASSIGN_OR_RETURN(std::vector<ChatMessage> msgs, ParseChatMessages(messages, format.tmpl, "messages"));
+  return RenderChatMessages(msgs, format, loss_on, generation_prompt, "messages");
+}
+
+absl::StatusOr<std::vector<Segment>> RenderChatMessages(const std::vector<ChatMessage>& msgs, const ChatFormat& format,
+                                                        LossOn loss_on, GenerationPrompt generation_prompt,
+                                                        absl::string_view field) {
+  if (msgs.empty()) return absl::InvalidArgumentError(absl::StrCat("field ", field, ": no messages"));
   SegmentWriter w(loss_on);
   switch (format.tmpl) {
     case ChatTemplate::kChatML:
-      for (size_t i = 0; i < msgs.size(); ++i) {
-        if (msgs[i].role == "tool") {
-          return absl::InvalidArgumentError(
-              absl::StrCat("field messages[", i, "].role: tool is not part of plain ChatML"));
+      for (const ChatMessage& m : msgs) {
+        if (m.role == "tool") {
+          return absl::InvalidArgumentError(absl::StrCat("field ", m.where, ".role: tool is not part of plain ChatML"));
         }
       }
       RenderChatML(msgs, &w);
@@ -446,10 +477,11 @@ absl::StatusOr<std::vector<Segment>> RenderChat(const json& messages, const Chat
       return absl::InvalidArgumentError("RenderChat needs a resolved template (ResolveChatFormat)");
   }
   if (generation_prompt == GenerationPrompt::kAppend) w.Context(GenerationPromptText(format.tmpl));
-  bool any_assistant = false;
-  for (const Message& m : msgs) any_assistant |= m.role == "assistant";
-  if (!any_assistant && loss_on == LossOn::kAssistant) {
-    return absl::InvalidArgumentError("field messages: no assistant turn, so nothing would be trained");
+  bool any_trained = false;
+  for (const ChatMessage& m : msgs) any_trained |= m.role == "assistant" && m.trained;
+  if (!any_trained && loss_on == LossOn::kAssistant) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("field ", field, ": no assistant turn, so nothing would be trained"));
   }
   return w.Take();
 }

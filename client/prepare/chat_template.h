@@ -19,6 +19,12 @@
 // Tool messages (role "tool") render as each template does; tool definitions and assistant
 // tool_calls are refused with a message naming the field.
 //
+// Content is a string, or OpenAI's list of parts ([{"type": "text", "text": ...}, ...]) whose text
+// parts are joined with nothing between them (what the multimodal HF templates, Qwen2-VL's and
+// Llama 3.2 Vision's, render; the text-only templates above fail on a list in Jinja or print its
+// repr), so a list renders as the string it joins to; any other part (image_url, input_audio, ...)
+// is refused naming it: prepare trains text only.
+//
 // Trained spans (LossOn::kAssistant): each assistant turn's content as rendered (after its
 // "<|im_start|>assistant\n" or "<|start_header_id|>assistant<|end_header_id|>\n\n" header) through
 // its end-of-turn token (<|im_end|> or <|eot_id|>); the "\n" after <|im_end|> is not trained.
@@ -30,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
 namespace slidedp::prepare {
@@ -60,6 +67,19 @@ struct Segment {
   bool trained = false;
 };
 
+// One message of a conversation, checked (ParseChatMessages) or built by an input format
+// (input_formats.h: ShareGPT turns, Alpaca fields, TRL prompt/completion).
+struct ChatMessage {
+  std::string where;  // the input field it came from, for errors: "messages[2]", "conversations[0]"
+  std::string role;   // system, user, assistant, tool (ipython for Llama 3.1 / 3.2)
+  std::string content;
+  std::string reasoning;  // reasoning_content (Qwen3)
+  bool has_reasoning = false;
+  // An assistant turn's reply is trained under LossOn::kAssistant only when this is set: the
+  // assistant turns of a TRL prompt (few-shot examples) are context.
+  bool trained = true;
+};
+
 // tokenizer_config.json's `key` (eos_token, bos_token): a string, or an AddedToken object whose
 // "content" is the string. Empty when absent or null; INVALID_ARGUMENT naming the key when it has
 // another type (a token silently dropped would train without end-of-sequence tokens).
@@ -84,6 +104,22 @@ absl::StatusOr<ChatFormat> ResolveChatFormat(const nlohmann::json& tokenizer_con
 absl::StatusOr<std::vector<Segment>> RenderChat(const nlohmann::json& messages, const ChatFormat& format,
                                                 LossOn loss_on,
                                                 GenerationPrompt generation_prompt = GenerationPrompt::kNone);
+
+// The checks of RenderChat, on a JSON array of messages found at `field` ("messages", "prompt").
+// Roles: system, user, assistant, tool (and ipython for the Llama 3.1 / 3.2 templates); content a
+// string or a list of text parts (joined); no tool_calls.
+absl::StatusOr<std::vector<ChatMessage>> ParseChatMessages(const nlohmann::json& messages, ChatTemplate tmpl,
+                                                           absl::string_view field = "messages");
+
+// The text of a message's "content" at `where` ("messages[1].content"): a string, or a list of
+// parts whose "text" parts are joined; INVALID_ARGUMENT naming the part for any other type.
+absl::StatusOr<std::string> ContentText(const nlohmann::json& content, const std::string& where);
+
+// Renders checked messages. Under LossOn::kAssistant, a conversation without a trained assistant
+// turn is INVALID_ARGUMENT naming `field` (nothing would train).
+absl::StatusOr<std::vector<Segment>> RenderChatMessages(const std::vector<ChatMessage>& messages,
+                                                        const ChatFormat& format, LossOn loss_on,
+                                                        GenerationPrompt generation_prompt, absl::string_view field);
 
 // Python's str.strip() with no argument (Jinja's `trim` in transformers): Unicode whitespace as
 // str.isspace() defines it, on valid UTF-8. Exposed for tests.

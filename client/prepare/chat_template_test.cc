@@ -330,13 +330,19 @@ std::string TempPath(const std::string& name) {
   return testing::TempDir() + "/chat_template_test_" + std::to_string(::getpid()) + "_" + name;
 }
 
+// `jsonl` and, when given, `second_jsonl` are one input file each (a file holds one record form).
 PrepareSummary RunPrepare(const std::string& model_dir, const std::string& name, const std::string& jsonl,
-                          const std::string& chat_date, std::vector<uint32_t>* tokens, std::vector<uint8_t>* mask) {
+                          const std::string& chat_date, std::vector<uint32_t>* tokens, std::vector<uint8_t>* mask,
+                          const std::string& second_jsonl = "") {
   const std::string in = TempPath(name + ".jsonl");
   std::ofstream(in) << jsonl;
   PrepareOptions o;
   o.model_dir = model_dir;
   o.inputs = {in};
+  if (!second_jsonl.empty()) {
+    o.inputs.push_back(TempPath(name + "_2.jsonl"));
+    std::ofstream(o.inputs.back()) << second_jsonl;
+  }
   o.output_dir = TempPath(name + "_out");
   fs::remove_all(o.output_dir);
   o.seq_len = 512;
@@ -361,9 +367,8 @@ TEST(PrepareChat, Llama3TokenizerEndToEnd) {
   const tok::Tokenizer& tokenizer = LoadTokenizer(Llama3Dir());
   std::vector<uint32_t> tokens;
   std::vector<uint8_t> mask;
-  const std::string jsonl =
-      json({{"messages", cases[1]["messages"]}}).dump() + "\n" + json({{"text", "plain"}}).dump() + "\n";
-  PrepareSummary s = RunPrepare(Llama3Dir(), "llama3", jsonl, "", &tokens, &mask);
+  PrepareSummary s = RunPrepare(Llama3Dir(), "llama3", json({{"messages", cases[1]["messages"]}}).dump() + "\n", "",
+                                &tokens, &mask, json({{"text", "plain"}}).dump() + "\n");
   EXPECT_EQ(s.chat_template, "llama3");
   EXPECT_EQ(s.vocab_size, 128256);
   const auto ids = want[1]["ids"].get<std::vector<uint32_t>>();

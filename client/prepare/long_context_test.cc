@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/prepare/prepare.h"
 #include "common/data/dataset.h"
 #include "common/data/micro_batch.h"
@@ -73,10 +74,28 @@ std::string WriteJsonl(const std::string& name, const std::vector<json>& docs) {
   return p;
 }
 
-PrepareOptions Options(const std::string& name, const std::string& input, int64_t seq_len) {
+// The corpus in input order as three files, since a file holds one record form: the three text
+// documents, the prompt/completion one, the last text one. `array`: .json files of one JSON array.
+std::vector<std::string> WriteCorpus(const std::string& name, bool array = false) {
+  const std::vector<json> docs = Corpus();
+  const std::vector<std::vector<json>> files = {{docs[0], docs[1], docs[2]}, {docs[3]}, {docs[4]}};
+  std::vector<std::string> paths;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string stem = absl::StrCat(name, "_", f);
+    if (!array) {
+      paths.push_back(WriteJsonl(stem + ".jsonl", files[f]));
+      continue;
+    }
+    paths.push_back(TempPath(stem + ".json"));
+    std::ofstream(paths.back()) << "\n " << json(files[f]).dump(1) << "\n";
+  }
+  return paths;
+}
+
+PrepareOptions Options(const std::string& name, const std::vector<std::string>& inputs, int64_t seq_len) {
   PrepareOptions o;
   o.model_dir = ModelDir();
-  o.inputs = {input};
+  o.inputs = inputs;
   o.output_dir = TempPath(name);
   fs::remove_all(o.output_dir);
   o.seq_len = seq_len;
@@ -100,8 +119,7 @@ std::vector<uint64_t> Offsets(absl::Span<const uint64_t> s) { return {s.begin(),
 
 TEST(LongContext, PackedRowsSplitAndLabelsAt262144) {
   const uint32_t a = Id(" a"), b = Id(" b"), eos = *Qwen3().TokenId("<|im_end|>");
-  const std::string in = WriteJsonl("packed.jsonl", Corpus());
-  auto s = Prepare(Options("packed_out", in, kSeqLen));
+  auto s = Prepare(Options("packed_out", WriteCorpus("packed"), kSeqLen));
   ASSERT_TRUE(s.ok()) << s.status();
   constexpr int64_t kDocTokens = kPrompt + kCompletion;
   const int64_t total = kShort + kSeqLen + (kSeqLen + kLongTail) + kDocTokens + kLast;
@@ -182,8 +200,7 @@ TEST(LongContext, PackedRowsSplitAndLabelsAt262144) {
 }
 
 TEST(LongContext, PaddedRowsTruncateAt262144) {
-  const std::string in = WriteJsonl("padded.jsonl", Corpus());
-  PrepareOptions o = Options("padded_out", in, kSeqLen);
+  PrepareOptions o = Options("padded_out", WriteCorpus("padded"), kSeqLen);
   o.packing = data::Packing::kPadded;
   auto s = Prepare(o);
   ASSERT_TRUE(s.ok()) << s.status();
@@ -213,7 +230,7 @@ TEST(LongContext, PaddedRowsTruncateAt262144) {
 TEST(LongContext, AcceptsSeqLen1048576AndSplitsLongerDocuments) {
   constexpr int64_t kMillion = 1048576;
   const std::string in = WriteJsonl("million.jsonl", {Text(kMillion + 1), Text(10)});
-  auto s = Prepare(Options("million_out", in, kMillion));
+  auto s = Prepare(Options("million_out", {in}, kMillion));
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->train.split_documents, 1);
   auto ds = OpenVerified(s->train.dir);
@@ -230,12 +247,12 @@ TEST(LongContext, AcceptsSeqLen1048576AndSplitsLongerDocuments) {
 TEST(LongContext, SeqLenOutsideTheTrainersRangeNamesTheFlag) {
   const std::string in = WriteJsonl("range.jsonl", {Text(5)});
   for (int64_t bad : {int64_t{1}, kMaxSeqLen + 1, int64_t{1} << 40}) {
-    auto s = Prepare(Options("range_out", in, bad));
+    auto s = Prepare(Options("range_out", {in}, bad));
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(std::string(s.status().message()), HasSubstr("--seq-len " + std::to_string(bad))) << bad;
   }
   // The largest accepted value writes rows as any other (nothing is allocated per seq_len).
-  auto s = Prepare(Options("range_max", in, kMaxSeqLen));
+  auto s = Prepare(Options("range_max", {in}, kMaxSeqLen));
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->train.rows, 1);
 }
@@ -243,10 +260,8 @@ TEST(LongContext, SeqLenOutsideTheTrainersRangeNamesTheFlag) {
 TEST(LongContext, BatchesAreBoundedByInputBytesWithTheSameOutput) {
   // A JSON array input is streamed element by element; with batch_bytes 1 every document is its
   // own batch (one progress call each), and the dataset is byte-identical to one batch of all.
-  const std::vector<json> corpus = Corpus();
-  const std::string jsonl = WriteJsonl("batches.jsonl", corpus);
-  const std::string array = TempPath("batches.json");
-  std::ofstream(array) << "\n " << json(corpus).dump(1) << "\n";
+  const std::vector<std::string> jsonl = WriteCorpus("batches");
+  const std::vector<std::string> array = WriteCorpus("batches_array", /*array=*/true);
   auto crcs = [](const std::string& dir) {
     auto ds = OpenVerified(dir);
     std::vector<uint32_t> out;
@@ -257,7 +272,7 @@ TEST(LongContext, BatchesAreBoundedByInputBytesWithTheSameOutput) {
   };
   auto whole = Prepare(Options("batches_whole", jsonl, kSeqLen));
   ASSERT_TRUE(whole.ok()) << whole.status();
-  for (const std::string& in : {jsonl, array}) {
+  for (const std::vector<std::string>& in : {jsonl, array}) {
     PrepareOptions o = Options("batches_one", in, kSeqLen);
     o.batch_bytes = 1;
     int calls = 0;
@@ -267,10 +282,10 @@ TEST(LongContext, BatchesAreBoundedByInputBytesWithTheSameOutput) {
       last = p;
     };
     auto one = Prepare(o);
-    ASSERT_TRUE(one.ok()) << in << ": " << one.status();
-    EXPECT_EQ(calls, 5) << in;
-    EXPECT_EQ(last.bytes_done, last.bytes_total) << in;
-    EXPECT_EQ(crcs(one->train.dir), crcs(whole->train.dir)) << in;
+    ASSERT_TRUE(one.ok()) << in[0] << ": " << one.status();
+    EXPECT_EQ(calls, 5) << in[0];
+    EXPECT_EQ(last.bytes_done, last.bytes_total) << in[0];
+    EXPECT_EQ(crcs(one->train.dir), crcs(whole->train.dir)) << in[0];
   }
 }
 

@@ -159,15 +159,16 @@ PrepareOptions BaseOptions(const std::string& name, std::vector<std::string> inp
   return o;
 }
 
-TEST(Prepare, MixedInputsPackedWithBoundariesAndSummary) {
+TEST(Prepare, InputsOfEachFormPackedWithBoundariesAndSummary) {
   std::string long_text;
   for (int i = 0; i < 100; ++i) long_text += " word" + std::to_string(i * 7919);
-  std::string jsonl = json({{"messages", kChat}}).dump() + "\n" +
-                      json({{"prompt", "Translate: cat"}, {"completion", " chat"}}).dump() + "\n\n" +
-                      json({{"text", long_text}}).dump() + "\n";
-  const std::string in = WriteFile("mixed.jsonl", jsonl);
+  // One form per file (a file whose records change form is refused: FormatsTest).
+  const std::string chat = WriteFile("mixed_chat.jsonl", json({{"messages", kChat}}).dump() + "\n");
+  const std::string pc =
+      WriteFile("mixed_pc.jsonl", json({{"prompt", "Translate: cat"}, {"completion", " chat"}}).dump() + "\n\n");
+  const std::string text = WriteFile("mixed_text.jsonl", json({{"text", long_text}}).dump() + "\n");
   const std::string txt = WriteFile("plain.txt", "A plain text file.\nSecond line.\n");
-  PrepareOptions o = BaseOptions("mixed_out", {in, txt});
+  PrepareOptions o = BaseOptions("mixed_out", {chat, pc, text, txt});
   std::vector<PrepareProgress> progress;
   o.progress = [&](const PrepareProgress& p) { progress.push_back(p); };
   auto s = Prepare(o);
@@ -175,6 +176,7 @@ TEST(Prepare, MixedInputsPackedWithBoundariesAndSummary) {
   EXPECT_EQ(s->train.documents, 4);
   EXPECT_EQ(s->chat_template, "qwen3");
   EXPECT_EQ(s->skipped_lines, 0);
+  EXPECT_EQ(s->input_formats, (std::vector<std::string>{"messages", "prompt_completion", "text", "text"}));
   EXPECT_EQ(s->train.split_documents, 1);  // the 100-word text is longer than seq_len 64
   ASSERT_FALSE(progress.empty());
   EXPECT_EQ(progress.back().bytes_done, progress.back().bytes_total);
@@ -216,19 +218,21 @@ TEST(Prepare, PaddedModeTruncatesAndCounts) {
 }
 
 TEST(Prepare, MalformedLinesFailWithFileLineAndField) {
-  const std::string good = json({{"text", "fine"}}).dump();
+  const std::string text = json({{"text", "fine"}}).dump();
+  const std::string pc = json({{"prompt", "p"}, {"completion", "c"}}).dump();
+  const std::string chat = json({{"messages", kChat}}).dump();
   struct Case {
-    std::string line, expect;
+    std::string good, line, expect;  // a good first line of the bad line's form (a file holds one form)
   };
   std::vector<Case> cases = {
-      {"{not json", "not valid JSON"},
-      {R"({"prompt": "p"})", "field completion: missing"},
-      {R"({"messages": [{"role": "wizard", "content": "x"}]})", "messages[0].role"},
-      {R"({"text": 5})", "field text: not a string"},
-      {R"({"foo": 1})", "none of the fields"},
+      {text, "{not json", "not valid JSON"},
+      {pc, R"({"prompt": "p"})", "field completion: missing"},
+      {chat, R"({"messages": [{"role": "wizard", "content": "x"}]})", "messages[0].role"},
+      {text, R"({"text": 5})", "field text: not a string"},
+      {text, R"({"foo": 1})", "none of the fields"},
   };
   for (size_t k = 0; k < cases.size(); ++k) {
-    const std::string in = WriteFile("bad" + std::to_string(k) + ".jsonl", good + "\n" + cases[k].line + "\n");
+    const std::string in = WriteFile("bad" + std::to_string(k) + ".jsonl", cases[k].good + "\n" + cases[k].line + "\n");
     auto s = Prepare(BaseOptions("bad_out" + std::to_string(k), {in}));
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << cases[k].line;
     EXPECT_THAT(std::string(s.status().message()), HasSubstr(in + ":2: ")) << cases[k].line;
@@ -237,8 +241,8 @@ TEST(Prepare, MalformedLinesFailWithFileLineAndField) {
 }
 
 TEST(Prepare, SkipBadLinesCountsThem) {
-  const std::string in = WriteFile("skip.jsonl", std::string("{oops\n") + json({{"text", "ok"}}).dump() +
-                                                     "\n{\"prompt\": 1, \"completion\": \"x\"}\n");
+  const std::string in =
+      WriteFile("skip.jsonl", std::string("{oops\n") + json({{"text", "ok"}}).dump() + "\n{\"text\": 1}\n");
   PrepareOptions o = BaseOptions("skip_out", {in});
   o.bad_lines = BadLines::kSkip;
   auto s = Prepare(o);
@@ -247,7 +251,7 @@ TEST(Prepare, SkipBadLinesCountsThem) {
   EXPECT_EQ(s->skipped_lines, 2);
   ASSERT_EQ(s->skipped_examples.size(), 2u);
   EXPECT_THAT(s->skipped_examples[0], HasSubstr(":1: not valid JSON"));
-  EXPECT_THAT(s->skipped_examples[1], HasSubstr(":3: field prompt: not a string"));
+  EXPECT_THAT(s->skipped_examples[1], HasSubstr(":3: field text: not a string"));
 }
 
 TEST(Prepare, SplitIsDeterministicAndIndependentOfThreads) {
@@ -279,7 +283,7 @@ TEST(Prepare, SplitIsDeterministicAndIndependentOfThreads) {
 
 TEST(Prepare, JsonArrayFileAndErrorsByElement) {
   const std::string in =
-      WriteFile("array.json", R"([{"text": "one"}, {"prompt": "p", "completion": "c"}, {"text": 3}])");
+      WriteFile("array.json", R"([{"text": "one"}, {"text": "two"}, {"text": 3}])");
   PrepareOptions o = BaseOptions("array_out", {in});
   auto s = Prepare(o);
   EXPECT_THAT(std::string(s.status().message()), HasSubstr(in + ":3: field text: not a string"));

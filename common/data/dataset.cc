@@ -81,7 +81,82 @@ nlohmann::json Manifest::ToJson() const {
   for (const FileEntry& e : files) f.push_back({{"name", e.name}, {"bytes", e.bytes}, {"crc32", e.crc32}});
   j["files"] = f;
   j["metadata"] = metadata;
+  if (source.has_value()) j["source"] = source->ToJson();
   return j;
+}
+
+namespace {
+
+// "an array", "an object", "a string", "null", ...: a JSON value's type for messages.
+std::string TypeWithArticle(const nlohmann::json& v) {
+  if (v.is_null()) return "null";
+  const std::string name = v.type_name();
+  return (name[0] == 'a' || name[0] == 'o' ? "an " : "a ") + name;
+}
+
+bool IsLowerHex(const std::string& s, size_t digits) {
+  if (s.size() != digits) return false;
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+nlohmann::json DatasetSource::ToJson() const {
+  nlohmann::json j = {{"tokenizer_fingerprint", tokenizer_fingerprint},
+                      {"tokenizer_vocab_size", tokenizer_vocab_size},
+                      {"chat_template", chat_template},
+                      {"model", model}};
+  if (model_vocab_size > 0) j["model_vocab_size"] = model_vocab_size;
+  if (!chat_template_sha256.empty()) j["chat_template_sha256"] = chat_template_sha256;
+  return j;
+}
+
+absl::StatusOr<DatasetSource> DatasetSource::FromJson(const nlohmann::json& j, const std::string& where) {
+  // A manifest is written by prepare, never by hand: a malformed source means the file is damaged.
+  auto bad = [&](const std::string& field, const std::string& what) {
+    return absl::DataLossError(absl::StrCat(where, ": source", field.empty() ? "" : ".", field, ": ", what));
+  };
+  if (!j.is_object()) return bad("", absl::StrCat(TypeWithArticle(j), ", not an object"));
+  DatasetSource s;
+  auto string_field = [&](const char* name, bool required, std::string* out) -> absl::Status {
+    if (!j.contains(name) || j[name].is_null()) {
+      return required ? bad(name, "missing") : absl::OkStatus();
+    }
+    if (!j[name].is_string()) return bad(name, absl::StrCat(TypeWithArticle(j[name]), ", not a string"));
+    *out = j[name].get<std::string>();
+    return absl::OkStatus();
+  };
+  // Vocabulary sizes: integers in [1, 2^32] (token ids are uint32).
+  auto size_field = [&](const char* name, bool required, int64_t* out) -> absl::Status {
+    if (!j.contains(name) || j[name].is_null()) {
+      return required ? bad(name, "missing") : absl::OkStatus();
+    }
+    const nlohmann::json& v = j[name];
+    const bool in_range =
+        (v.is_number_unsigned() && v.get<uint64_t>() >= 1 && v.get<uint64_t>() <= (uint64_t{1} << 32)) ||
+        (v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= (int64_t{1} << 32));
+    if (!in_range) return bad(name, absl::StrCat(v.dump().substr(0, 40), " is not an integer in [1, 2^32]"));
+    *out = v.get<int64_t>();
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(string_field("tokenizer_fingerprint", true, &s.tokenizer_fingerprint));
+  if (s.tokenizer_fingerprint.rfind("sha256:", 0) != 0 || !IsLowerHex(s.tokenizer_fingerprint.substr(7), 64)) {
+    return bad("tokenizer_fingerprint", absl::StrCat("\"", s.tokenizer_fingerprint.substr(0, 80),
+                                                     "\" is not \"sha256:\" and 64 lowercase hex digits"));
+  }
+  RETURN_IF_ERROR(size_field("tokenizer_vocab_size", true, &s.tokenizer_vocab_size));
+  RETURN_IF_ERROR(size_field("model_vocab_size", false, &s.model_vocab_size));
+  s.chat_template = "none";
+  RETURN_IF_ERROR(string_field("chat_template", false, &s.chat_template));
+  RETURN_IF_ERROR(string_field("chat_template_sha256", false, &s.chat_template_sha256));
+  if (!s.chat_template_sha256.empty() && !IsLowerHex(s.chat_template_sha256, 64)) {
+    return bad("chat_template_sha256", "not 64 lowercase hex digits");
+  }
+  RETURN_IF_ERROR(string_field("model", false, &s.model));
+  return s;
 }
 
 absl::StatusOr<Manifest> Manifest::FromJson(const nlohmann::json& j, const std::string& where) {
@@ -118,6 +193,11 @@ absl::StatusOr<Manifest> Manifest::FromJson(const nlohmann::json& j, const std::
   }
   if (m.vocab_size <= 0 || m.seq_len <= 0 || m.num_tokens < 0 || m.num_documents < 0 || m.num_rows < 0) {
     return bad("vocab_size and seq_len must be positive and counts non-negative");
+  }
+  // Optional within version 1: datasets written before prepare recorded it have none.
+  if (j.contains("source")) {
+    ASSIGN_OR_RETURN(DatasetSource source, DatasetSource::FromJson(j["source"], where));
+    m.source = std::move(source);
   }
   return m;
 }
@@ -158,6 +238,7 @@ absl::StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(const std::
   w->manifest_.seq_len = options.seq_len;
   w->manifest_.packing = options.packing;
   w->manifest_.metadata = options.metadata;
+  w->manifest_.source = options.source;
   fs::remove_all(w->tmp_dir_, ec);
   fs::create_directories(w->tmp_dir_, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("creating ", w->tmp_dir_, ": ", ec.message()));

@@ -2,7 +2,8 @@
 //
 // One dataset is a directory (docs/dataset-format.md is the normative description):
 //   manifest.json    format name and version, vocab_size, seq_len, packing, counts, per-file
-//                    byte sizes and CRC-32 (zlib) checksums, free-form "metadata"
+//                    byte sizes and CRC-32 (zlib) checksums, free-form "metadata", and the
+//                    optional "source" (DatasetSource: tokenizer fingerprint, chat template)
 //   tokens.bin       uint32 little-endian [num_tokens]       the token stream (documents concatenated)
 //   loss_mask.bin    uint8 [num_tokens]                      1 = token i is a trained target
 //   doc_offsets.bin  uint64 [num_documents + 1]              document d = tokens [off[d], off[d+1])
@@ -21,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,23 @@ enum class Packing { kPacked, kPadded };
 const char* PackingName(Packing p);
 absl::StatusOr<Packing> ParsePacking(const std::string& name);
 
+// What produced a dataset's tokens: manifest.json's optional "source" object, written by
+// `slidedp prepare` (absent in datasets written before it, and in synthetic ones). hostd compares
+// tokenizer_fingerprint with the model directory's tok::IdentifyTokenizer at submit, so a dataset
+// tokenized for another model is refused before it trains (docs/dataset-format.md, "Source").
+struct DatasetSource {
+  std::string tokenizer_fingerprint;  // "sha256:<64 hex>" (tok::IdentifyTokenizer); never empty
+  int64_t tokenizer_vocab_size = 0;   // max id + 1 over the tokenizer's vocabulary and added tokens
+  int64_t model_vocab_size = 0;       // the model's config.json vocab_size; 0 when it had none
+  std::string chat_template;          // the known template rendered ("qwen3", "llama3.1", ...) or "none"
+  std::string chat_template_sha256;   // 64 hex of that template's text; empty with "none"
+  std::string model;                  // the model directory prepare read (absolute)
+
+  nlohmann::json ToJson() const;
+  // DATA_LOSS naming the field ("<where>: source.tokenizer_vocab_size: ...") when malformed.
+  static absl::StatusOr<DatasetSource> FromJson(const nlohmann::json& j, const std::string& where);
+};
+
 // Everything manifest.json says.
 struct Manifest {
   int version = kFormatVersion;
@@ -62,6 +81,7 @@ struct Manifest {
   };
   std::vector<FileEntry> files;                        // the four .bin files, in the order above
   nlohmann::json metadata = nlohmann::json::object();  // tokenizer, sources, split, ... (free-form)
+  std::optional<DatasetSource> source;                 // absent in older and synthetic datasets
 
   nlohmann::json ToJson() const;
   static absl::StatusOr<Manifest> FromJson(const nlohmann::json& j, const std::string& where);
@@ -75,6 +95,7 @@ struct WriterOptions {
   Packing packing = Packing::kPacked;
   Overwrite overwrite = Overwrite::kNo;
   nlohmann::json metadata = nlohmann::json::object();
+  std::optional<DatasetSource> source;  // may also be set later, before Finish (set_source)
 };
 
 // Streams documents into <dir>.tmp-<pid>/ and renames it to <dir> on Finish(), so a reader never
@@ -90,6 +111,9 @@ class DatasetWriter {
 
   // Writes manifest.json, fsyncs and publishes the directory. An empty dataset is INVALID_ARGUMENT.
   absl::StatusOr<Manifest> Finish();
+
+  // The manifest's "source", when it is known only after the documents (the chat template rendered).
+  void set_source(DatasetSource source) { manifest_.source = std::move(source); }
 
   int64_t num_documents() const { return manifest_.num_documents; }
   int64_t num_tokens() const { return manifest_.num_tokens; }

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -186,6 +187,75 @@ TEST(Dataset, ManifestFromANewerFormatIsRefused) {
   std::ofstream(dir + "/manifest.json") << j.dump();
   auto r = DatasetReader::Open(dir);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// manifest.json's optional "source": written and read back; a manifest without it (every dataset
+// written before prepare recorded it) still opens; a malformed one is DATA_LOSS naming the field.
+TEST(Dataset, SourceRoundTripsIsOptionalAndValidated) {
+  const std::string dir = FreshDir("source");
+  WriterOptions o{.vocab_size = 1000, .seq_len = 8};
+  auto w = DatasetWriter::Create(dir, o);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->AddDocument(Iota(1, 5), std::vector<uint8_t>{0, 1, 1, 1, 1}).ok());
+  DatasetSource source;
+  source.tokenizer_fingerprint = "sha256:" + std::string(64, 'a');
+  source.tokenizer_vocab_size = 1000;
+  source.model_vocab_size = 1024;
+  source.chat_template = "qwen3";
+  source.chat_template_sha256 = std::string(64, '0');
+  source.model = "/models/qwen3";
+  (*w)->set_source(source);
+  ASSERT_TRUE((*w)->Finish().ok());
+  auto r = DatasetReader::Open(dir);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE((*r)->manifest().source.has_value());
+  const DatasetSource& got = *(*r)->manifest().source;
+  EXPECT_EQ(got.tokenizer_fingerprint, source.tokenizer_fingerprint);
+  EXPECT_EQ(got.tokenizer_vocab_size, 1000);
+  EXPECT_EQ(got.model_vocab_size, 1024);
+  EXPECT_EQ(got.chat_template, "qwen3");
+  EXPECT_EQ(got.chat_template_sha256, source.chat_template_sha256);
+  EXPECT_EQ(got.model, "/models/qwen3");
+
+  std::ifstream in(dir + "/manifest.json");
+  const nlohmann::json original = nlohmann::json::parse(in);
+  in.close();
+  auto open_with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = original;
+    edit(j);
+    std::ofstream(dir + "/manifest.json") << j.dump();
+    return DatasetReader::Open(dir);
+  };
+  auto old = open_with([](nlohmann::json& j) { j.erase("source"); });
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_FALSE((*old)->manifest().source.has_value());
+  auto minimal = open_with([](nlohmann::json& j) {
+    j["source"] = {{"tokenizer_fingerprint", "sha256:" + std::string(64, 'b')}, {"tokenizer_vocab_size", 7}};
+  });
+  ASSERT_TRUE(minimal.ok()) << minimal.status();
+  EXPECT_EQ((*minimal)->manifest().source->model_vocab_size, 0);
+  EXPECT_EQ((*minimal)->manifest().source->chat_template, "none");
+
+  struct Case {
+    std::function<void(nlohmann::json&)> edit;
+    std::string expect;
+  };
+  for (const Case& c : std::vector<Case>{
+           {[](nlohmann::json& j) { j["source"] = "qwen3"; }, "source: a string, not an object"},
+           {[](nlohmann::json& j) { j["source"].erase("tokenizer_fingerprint"); },
+            "source.tokenizer_fingerprint: missing"},
+           {[](nlohmann::json& j) { j["source"]["tokenizer_fingerprint"] = "md5:abc"; },
+            "source.tokenizer_fingerprint: \"md5:abc\" is not"},
+           {[](nlohmann::json& j) { j["source"]["tokenizer_vocab_size"] = -3; }, "source.tokenizer_vocab_size: -3"},
+           {[](nlohmann::json& j) { j["source"]["model_vocab_size"] = "big"; }, "source.model_vocab_size"},
+           {[](nlohmann::json& j) { j["source"]["chat_template"] = 5; }, "source.chat_template: a number"},
+           {[](nlohmann::json& j) { j["source"]["chat_template_sha256"] = "xyz"; }, "source.chat_template_sha256"},
+       }) {
+    auto bad = open_with(c.edit);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << c.expect;
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr(c.expect));
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("manifest.json"));
+  }
 }
 
 // Three long documents (split into seq_len rows): tokens.bin of 12 MB, two 8 MiB scan chunks.

@@ -290,14 +290,18 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"max_position_embeddings", Int(&JobSpec::max_position_embeddings, 1)},
         {"num_hidden_layers", Int(&JobSpec::num_hidden_layers, 1)},
         {"rope_scaling", RopeScalingMap()}}},
-      {"data", {{"path", Str(&JobSpec::data_path)}, {"validation", Str(&JobSpec::validation)}}},
+      {"data",
+       {{"path", Str(&JobSpec::data_path)},
+        {"validation", Str(&JobSpec::validation)},
+        {"tokenizer_check", Bool(&JobSpec::tokenizer_check)}}},
       {"output",
        {{"dir", Str(&JobSpec::output_dir)},
         {"save_every", Int(&JobSpec::save_every_steps, 0)},
         {"keep_last", Int(&JobSpec::keep_last, 1)},
         {"save_dtype", Enum<SaveDtype>(&JobSpec::save_dtype, {{"bf16", SaveDtype::kBf16}, {"fp32", SaveDtype::kF32}})},
         {"save_final", Bool(&JobSpec::save_final)},
-        {"tensorboard", Bool(&JobSpec::tensorboard)}}},
+        {"tensorboard", Bool(&JobSpec::tensorboard)},
+        {"overwrite", Bool(&JobSpec::overwrite)}}},
       {"train",
        {{"seq_len", Int(&JobSpec::seq_len, 1)},
         {"global_batch", Int(&JobSpec::global_batch, 1)},
@@ -779,14 +783,15 @@ std::string JobSpec::ToYaml() const {
   e << YAML::EndMap;
   e << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "path" << YAML::Value << data_path
     << YAML::Key << "validation" << YAML::Value << (validation.empty() ? std::string("none") : validation)
-    << YAML::EndMap;
+    << YAML::Key << "tokenizer_check" << YAML::Value << tokenizer_check << YAML::EndMap;
   e << YAML::Key << "output" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "dir" << YAML::Value << output_dir;
   e << YAML::Key << "save_every" << YAML::Value << save_every_steps;
   e << YAML::Key << "keep_last" << YAML::Value << keep_last;
   e << YAML::Key << "save_dtype" << YAML::Value << ToString(save_dtype);
   e << YAML::Key << "save_final" << YAML::Value << save_final;
-  e << YAML::Key << "tensorboard" << YAML::Value << tensorboard << YAML::EndMap;
+  e << YAML::Key << "tensorboard" << YAML::Value << tensorboard;
+  e << YAML::Key << "overwrite" << YAML::Value << overwrite << YAML::EndMap;
   e << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "seq_len" << YAML::Value << seq_len;
   e << YAML::Key << "global_batch" << YAML::Value << global_batch;

@@ -91,6 +91,9 @@ struct JobSpec {
   // writes them), "none", or a dataset directory. After resolution: its absolute path, or "" for
   // none (a JobSpec made in code has none).
   std::string validation;
+  // data.tokenizer_check: refuse (at submit) a dataset whose manifest names another tokenizer than
+  // the model directory's (docs/dataset-format.md, "source"). false: train it anyway.
+  bool tokenizer_check = true;
 
   std::string output_dir;        // checkpoints, metrics.jsonl
   int64_t save_every_steps = 0;  // 0: only at the end
@@ -100,6 +103,10 @@ struct JobSpec {
   // TensorBoard event files of the step metrics in <output_dir>/tensorboard/<job-id>/
   // (hostd/metrics/tensorboard_sink.h).
   bool tensorboard = false;
+  // output.overwrite: an output_dir holding another run's checkpoints is refused at submit unless
+  // this is set; then the job moves them aside (<output_dir>/superseded-<time>-<job>/) when it
+  // starts. Nothing is deleted either way.
+  bool overwrite = false;
 
   int64_t seq_len = 0;
   int64_t global_batch = 0;  // rows (sequences of seq_len) per optimizer step, all ranks together

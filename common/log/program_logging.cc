@@ -22,6 +22,5 @@ void SetLogVerbosity(ProgramKind kind, LogVerbosity verbosity) {
   }
 }
 
-std::string VersionText(const std::string& program) { return program + " " + BuildId(); }
 
 }  // namespace slidedp

@@ -15,7 +15,4 @@ enum class ProgramKind { kDaemon, kCommandLine };
 void InitProgramLogging(const char* argv0, ProgramKind kind);
 void SetLogVerbosity(ProgramKind kind, LogVerbosity verbosity);
 
-// "<program> slidedp 0.1.0 (build <digest>)".
-std::string VersionText(const std::string& program);
-
 }  // namespace slidedp

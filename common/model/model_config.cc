@@ -289,10 +289,18 @@ absl::Status ParseRope(const nlohmann::json& j, ModelConfig* c) {
                   absl::StrCat("\"", type, "\" is not supported (supported: default, linear, dynamic, llama3, yarn)"));
   }
   const bool yarn = s.type == RopeScaling::Type::kYarn;
-  if (yarn && r.contains("factor") && r["factor"].is_null()) {
-    s.factor = 0;  // HF's yarn: the ratio of the context lengths, set once the original one is known
+  // HF's yarn computes the factor (the ratio of the context lengths) only where it is null; an
+  // explicit factor is checked as given, so a 0 is refused (CheckRopeScaling), never replaced.
+  const bool computed_factor = yarn && r.contains("factor") && r["factor"].is_null();
+  if (computed_factor) {
+    s.factor = 0;  // set below, once the original context length is known
   } else {
     RETURN_IF_ERROR(number("factor", &s.factor));
+    if (!(s.factor >= 1) || !(s.factor <= 1e6)) {
+      return Refuse(field("factor"), absl::StrCat("must be a number in [1, 1e6], got ", r.contains("factor")
+                                                                                        ? r["factor"].dump()
+                                                                                        : absl::StrCat(s.factor)));
+    }
   }
   if (s.type == RopeScaling::Type::kLlama3) {
     RETURN_IF_ERROR(number("low_freq_factor", &s.low_freq_factor));
@@ -324,7 +332,7 @@ absl::Status ParseRope(const nlohmann::json& j, ModelConfig* c) {
     s.original_max_position_embeddings = static_cast<int64_t>(original);
   }
   if (yarn) {
-    if (s.factor == 0) {
+    if (computed_factor) {
       s.factor =
           static_cast<double>(c->max_position_embeddings) / static_cast<double>(s.original_max_position_embeddings);
     }

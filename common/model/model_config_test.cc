@@ -413,6 +413,12 @@ TEST(RopeScaling, RefusalsNameTheKey) {
   refused(Qwen3With(R"({"rope_type":"yarn","factor":0.5,"original_max_position_embeddings":32768})"),
           "rope_parameters.factor");
   refused(Qwen3With(R"({"rope_type":"linear"})"), "rope_parameters.factor");
+  // An explicit 0 is refused as a negative factor is, never read as absent (only a null yarn
+  // factor is computed from the context lengths).
+  refused(Qwen3With(R"({"rope_type":"yarn","factor":0,"original_max_position_embeddings":10240})"),
+          "rope_parameters.factor");
+  refused(Qwen3With(R"({"rope_type":"yarn","factor":0.0})"), "rope_parameters.factor");
+  refused(Qwen3With(R"({"rope_type":"linear","factor":0})"), "rope_parameters.factor");
   refused(Qwen3With(R"({"rope_type":"dynamic","factor":"2"})"), "rope_parameters.factor");
   refused(Qwen3With(R"({"rope_type":"yarn","factor":4,"original_max_position_embeddings":0})"),
           "rope_parameters.original_max_position_embeddings");

@@ -23,7 +23,19 @@ absl::Status ErrnoStatus(absl::string_view what, int err) {
     case EDQUOT:
       return absl::ResourceExhaustedError(msg);
     case EINVAL:
+    case ENAMETOOLONG:
       return absl::InvalidArgumentError(msg);
+    // The file system's state, not a bug: a read-only mount, a path through a file, a loop of
+    // links, a rename across file systems, a busy or non-empty directory.
+    case EROFS:
+    case ENOTDIR:
+    case EISDIR:
+    case ELOOP:
+    case EXDEV:
+    case EBUSY:
+    case ENOTEMPTY:
+    case ETXTBSY:
+      return absl::FailedPreconditionError(msg);
     case ETIMEDOUT:
       return absl::DeadlineExceededError(msg);
     case EINTR:

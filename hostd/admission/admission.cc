@@ -17,17 +17,26 @@
 namespace slidedp::hostd {
 namespace {
 
-double ToGib(uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024 * 1024); }
+// Bytes in the unit that shows them: "63.00 GiB", "12.5 MiB", "640.0 KiB", "17 bytes" (a small
+// job's needs are not "0.00 GiB").
+std::string Bytes(uint64_t b) {
+  constexpr double kKib = 1024.0, kMib = kKib * 1024, kGib = kMib * 1024;
+  const double d = static_cast<double>(b);
+  if (d >= kGib) return absl::StrFormat("%.2f GiB", d / kGib);
+  if (d >= kMib) return absl::StrFormat("%.1f MiB", d / kMib);
+  if (d >= kKib) return absl::StrFormat("%.1f KiB", d / kKib);
+  return absl::StrFormat("%d bytes", b);
+}
 
 }  // namespace
 
 std::string JobMemoryPlan::ToString() const {
   return absl::StrFormat(
-      "%.2f GiB (master %.2f, adam m+v %.2f, bf16 mirror %.2f, job segment %.2f, grad rings %.2f, "
-      "step gradient staging %.2f, activation offload %.2f, undo copies %.2f, cast staging %.2f; %d params)",
-      ToGib(total_bytes), ToGib(master_bytes), ToGib(adam_bytes), ToGib(mirror_bytes), ToGib(job_segment_bytes),
-      ToGib(ring_bytes), ToGib(step_staging_bytes), ToGib(offload_bytes), ToGib(undo_bytes),
-      ToGib(cast_staging_bytes), param_numel);
+      "%s (master %s, adam m+v %s, bf16 mirror %s, job segment %s, grad rings %s, step gradient staging %s, "
+      "activation offload %s, undo copies %s, cast staging %s; %d params)",
+      Bytes(total_bytes), Bytes(master_bytes), Bytes(adam_bytes), Bytes(mirror_bytes), Bytes(job_segment_bytes),
+      Bytes(ring_bytes), Bytes(step_staging_bytes), Bytes(offload_bytes), Bytes(undo_bytes), Bytes(cast_staging_bytes),
+      param_numel);
 }
 
 shm::GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t chunk_bytes) {
@@ -117,16 +126,16 @@ absl::Status CheckAdmission(const JobMemoryPlan& plan, const HostMemoryInfo& hos
       host.mem_available_bytes > policy.reserve_bytes ? host.mem_available_bytes - policy.reserve_bytes : 0;
   if (plan.total_bytes > usable) {
     return absl::ResourceExhaustedError(
-        absl::StrFormat("job needs %.2f GiB of host memory but only %.2f GiB is available (limit: host memory, "
-                        "MemAvailable %.2f GiB minus %.2f GiB reserve); needs %s",
-                        ToGib(plan.total_bytes), ToGib(usable), ToGib(host.mem_available_bytes),
-                        ToGib(policy.reserve_bytes), plan.ToString()));
+        absl::StrFormat("job needs %s of host memory but only %s is available (limit: host memory, "
+                        "MemAvailable %s minus %s reserve); needs %s",
+                        Bytes(plan.total_bytes), Bytes(usable), Bytes(host.mem_available_bytes),
+                        Bytes(policy.reserve_bytes), plan.ToString()));
   }
   if (plan.shm_bytes > host.shm_free_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "job needs %.2f GiB of shared memory but /dev/shm has %.2f GiB free of %.2f GiB (limit: "
-        "/dev/shm size; remount it larger, e.g. mount -o remount,size=...); needs %s",
-        ToGib(plan.shm_bytes), ToGib(host.shm_free_bytes), ToGib(host.shm_total_bytes), plan.ToString()));
+        "job needs %s of shared memory but /dev/shm has %s free of %s (limit: /dev/shm size; remount it "
+        "larger, e.g. mount -o remount,size=...); needs %s",
+        Bytes(plan.shm_bytes), Bytes(host.shm_free_bytes), Bytes(host.shm_total_bytes), plan.ToString()));
   }
   return absl::OkStatus();
 }

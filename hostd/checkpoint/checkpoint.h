@@ -34,6 +34,14 @@
 // are removed by the next save. One save at a time per root directory (a save removes its own
 // process's leftover tmp directories).
 //
+// Ownership (issue 48, "a user's results are never lost"): a checkpoint belongs to a run, the
+// chain of jobs resumed one from another: trainer_state.json's "trainer_state" object holds the
+// saving job's "job_id" and the run's "run_id" (absent in checkpoints saved before run ids: then
+// the run is the job_id; absent both: the run is ""). A save writes, rotates (keep_last) and
+// replaces only checkpoints of its own run; another run's are refused or, for
+// output.overwrite, moved aside to <root>/superseded-<UTC time>-<job>/, never deleted. Only the
+// root's direct children are checkpoints, so moved ones are out of every listing and resume.
+//
 // Throughput: files are pre-allocated and written by io_threads pwrite workers straight from the
 // state arrays (master, moments in their own dtype, F32 weights) or through 16 MiB BF16
 // conversion buffers. Measured 2026-11-29 on the 2-core dev VM under load (load average 7-9):
@@ -47,6 +55,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -148,7 +157,9 @@ struct SaveRequest {
   // schedule position, job spec text... Must be a JSON object (or null).
   nlohmann::json trainer_state = nlohmann::json::object();
   WeightDtype weight_dtype = WeightDtype::kBF16;
-  int64_t keep_last = 0;  // > 0: keep only the newest N complete checkpoints of this job (trainer_state's job_id)
+  // > 0: keep only the newest N complete checkpoints of this run (trainer_state's run_id, else its
+  // job_id; see RunIdOf): another run's are never removed.
+  int64_t keep_last = 0;
   uint64_t shard_max_bytes = kDefaultShardMaxBytes;  // weights above this are sharded
   int io_threads = 8;                                // pwrite/convert workers per file
   // Tokenizer files and generation_config.json of the job's model (ReadModelDirFiles, read once
@@ -170,17 +181,79 @@ struct SaveResult {
 
 // Saves atomically (see the file comment). Disk full is RESOURCE_EXHAUSTED with the bytes needed
 // and free, checked before writing; previous checkpoints are never touched by a failed save.
-// Saving a step that already exists replaces it atomically (renameat2 RENAME_EXCHANGE).
+// Saving a step that already exists replaces it atomically (renameat2 RENAME_EXCHANGE) when it is
+// this run's (its run id, read as ListCheckpoints does, equals RunIdOf(trainer_state)); when it is
+// another run's, or names no run while this save does, or is not a directory, the save is
+// FAILED_PRECONDITION naming the directory and its job, checked before writing and again after
+// the exchange (swapped back), so it is left as it was and the temporary directory removed.
 absl::StatusOr<SaveResult> SaveCheckpoint(const SaveRequest& request);
 
+// The run a SaveRequest::trainer_state (or a checkpoint's "trainer_state" object) belongs to: its
+// "run_id", else its "job_id", else "" (strings only).
+std::string RunIdOf(const nlohmann::json& trainer_state);
+
+// A direct child of a root named checkpoint-<N>, and who saved it, as ListCheckpoints sees it.
+struct CheckpointEntry {
+  std::string dir;  // <root>/checkpoint-<N>
+  int64_t step = 0;
+  std::string job_id;  // trainer_state.json's; "" when it is unreadable or names none
+  std::string run_id;  // its run_id, else job_id
+  // A directory (not a symbolic link) holding a regular COMPLETE and a trainer_state.json of
+  // this format and step. Sizes and safetensors headers are NOT checked (VerifyCheckpoint does).
+  bool complete = false;
+};
+
+// Bounds of ListCheckpoints on a directory a client may have filled: the root's entries read,
+// its checkpoint-<N> entries examined, the bytes of one trainer_state.json (what a save may
+// write: a job spec is at most 1 MiB) and of all of them. Beyond a count bound the listing is
+// FAILED_PRECONDITION; a trainer_state.json above its bound is listed incomplete, without owner.
+inline constexpr size_t kMaxListedDirEntries = 65536;
+inline constexpr size_t kMaxListedCheckpoints = 4096;
+inline constexpr uint64_t kMaxListedStateBytes = 4ull << 20;
+inline constexpr uint64_t kMaxListedStateTotalBytes = 256ull << 20;
+
+// The root's checkpoint-<N> entries, newest step first, each with its owner (job_id, run_id) and
+// whether it looks complete. Cheap enough for a request handler: reads only each entry's
+// COMPLETE (its type) and trainer_state.json (bounded), never a weights file. Hostile contents:
+// an entry is opened relative to the root without following a symbolic link (a link, a file,
+// FIFO or anything else named checkpoint-<N> is listed, incomplete, without owner), files must be
+// regular. NOT_FOUND when root is not there (an empty list when it is empty); FAILED_PRECONDITION
+// naming the bound when it holds more entries than the bounds allow.
+absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& root);
+
 // The newest complete checkpoint directory under root (COMPLETE present, listed file sizes match,
-// safetensors headers valid, trainer_state.json parses). NOT_FOUND when there is none.
+// safetensors headers valid, trainer_state.json parses). NOT_FOUND when there is none. Only the
+// root's direct children named checkpoint-<N> that are directories, not symbolic links.
 // With `job_id`: only checkpoints that job saved (trainer_state.json "job_id"), so two jobs that
 // share an output directory never resume from each other's state.
 absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& root_dir, const std::string& job_id = "");
 
+// As FindLatestCheckpoint, only checkpoints of run `run_id` (RunIdOf their trainer_state: a
+// checkpoint without run_id belongs to the run named by its job_id).
+absl::StatusOr<std::string> FindLatestCheckpointOfRun(const std::string& root_dir, const std::string& run_id);
+
 // The job id a complete checkpoint was saved by (its trainer_state.json).
 absl::StatusOr<std::string> CheckpointJobId(const std::string& dir);
+
+// The run a checkpoint belongs to (RunIdOf its trainer_state: run_id, else job_id); DATA_LOSS
+// when trainer_state.json names neither. A job resumed from the checkpoint inherits it.
+absl::StatusOr<std::string> CheckpointRunId(const std::string& dir);
+
+// Where MoveCheckpointsAside put the checkpoints.
+struct MovedAside {
+  std::string dir;                                         // <root>/superseded-<yyyymmddThhmmssZ>-<job_id>
+  std::vector<std::pair<std::string, std::string>> moved;  // (from, to), in the order moved
+};
+
+// output.overwrite: moves `dirs` (each a direct child <root>/checkpoint-<N>, e.g.
+// ListCheckpoints' entries of other runs; any type of entry, a link is moved, not followed) into
+// a new <root>/superseded-<UTC yyyymmddThhmmssZ>-<job_id>[-<k>]/, each by one rename on the root's
+// file system; then fsyncs. Never deletes, never overwrites. INVALID_ARGUMENT for a path that is
+// not such a child or a job_id that is not [A-Za-z0-9_-]; an entry gone meanwhile is skipped; on a
+// failed rename the error names what was moved already (and where) and nothing is moved back.
+// An empty `dirs` creates nothing.
+absl::StatusOr<MovedAside> MoveCheckpointsAside(const std::string& root, const std::vector<std::string>& dirs,
+                                                const std::string& job_id);
 
 // Verifies one checkpoint directory as FindLatestCheckpoint does; returns its step.
 absl::StatusOr<int64_t> VerifyCheckpoint(const std::string& dir);
@@ -214,8 +287,12 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const Mo
 
 // `slidedp export`: the model directory of a checkpoint without its optimizer state.
 struct ExportRequest {
-  // A checkpoint-<N> directory, or a directory holding checkpoints (then its newest complete one).
+  // A checkpoint-<N> directory, or a directory holding checkpoints (then the newest complete one
+  // of its one run, or of `run`).
   std::string checkpoint;
+  // A job id or run id: the checkpoints of that job or run (--job). Empty: a directory holding
+  // complete checkpoints of several runs is refused.
+  std::string run;
   std::string out_dir;
   std::optional<WeightDtype> dtype;  // unset: the checkpoint's own (trainer_state.json weights_dtype)
   uint64_t shard_max_bytes = kDefaultShardMaxBytes;
@@ -242,10 +319,16 @@ struct ExportResult {
 // config.json when it has none). Atomically: everything goes to <parent>/.tmp-export-<name>-<pid>,
 // fsynced, then is renamed into place (or exchanged with the directory it replaces, which is then
 // removed); a crash leaves out_dir as it was. Errors: those of VerifyCheckpoint and
-// FindLatestCheckpoint; FAILED_PRECONDITION for an out_dir that exists and is not empty (without
-// kReplace), is not a model directory, or is or holds the checkpoint; DATA_LOSS for a master that
-// is missing, misshaped or not finite (naming the tensor and element) or a layout that is not the
-// config's.
+// FindLatestCheckpoint; FAILED_PRECONDITION for a directory of several runs' checkpoints without
+// `run` (naming each run, its jobs and newest checkpoint), or a checkpoint that is not of `run`;
+// NOT_FOUND for no complete checkpoint (of `run`); for out_dir: FAILED_PRECONDITION when it exists
+// and is not empty (without kReplace), is not a model directory, is or holds the checkpoint, or
+// its parent is on a read-only file system or is not a directory; NOT_FOUND when its parent does
+// not exist (it is not created: a mistyped mount point would fill another disk);
+// PERMISSION_DENIED when the parent may not be written; RESOURCE_EXHAUSTED when the parent's file
+// system lacks the space, checked before writing; each naming the path. DATA_LOSS for a master
+// that is missing, misshaped or not finite (naming the tensor and element) or a layout that is not
+// the config's.
 absl::StatusOr<ExportResult> ExportModel(const ExportRequest& request);
 
 // Config fields that decide tensor shapes and numerics; "" when a and b agree, else a message

@@ -9,14 +9,15 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/io/small_file.h"
 #include "common/io/json_depth.h"
+#include "common/io/small_file.h"
 #include "common/numeric/bf16.h"
 #include "common/status/status_macros.h"
 
@@ -33,6 +34,81 @@ int64_t StepOfDirName(const std::string& name) {
   if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
   if (!absl::SimpleAtoi(digits, &step)) return -1;
   return step;
+}
+
+absl::Status ExportDestinationErrno(const std::string& what, const std::string& parent, int err) {
+  const std::string cause = absl::StrCat(" (", what, ": ", std::strerror(err), ")");
+  switch (err) {
+    case EROFS:
+      return absl::FailedPreconditionError(absl::StrCat("export: ", parent, " is on a read-only file system", cause,
+                                                        "; choose a --to on a writable one"));
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(
+          absl::StrCat("export: may not write in ", parent, cause, "; choose a --to you may write"));
+    case ENOENT:
+      return absl::NotFoundError(absl::StrCat("export: ", parent, " does not exist", cause,
+                                              "; create it first (--to's parent directory is not created, so a "
+                                              "mistyped path does not fill another disk)"));
+    case ENOSPC:
+    case EDQUOT: return absl::ResourceExhaustedError(absl::StrCat("export: no space left in ", parent, cause));
+    default: return ErrnoStatus(absl::StrCat("export: ", what), err);
+  }
+}
+
+absl::StatusOr<CheckpointEntry> ExamineCheckpointEntry(int root_fd, const std::string& root, const std::string& name,
+                                                       int64_t step, uint64_t* state_budget, bool* is_directory) {
+  CheckpointEntry e;
+  e.dir = (fs::path(root) / name).string();
+  e.step = step;
+  struct stat st;
+  const bool dir = ::fstatat(root_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
+  if (is_directory != nullptr) *is_directory = dir;
+  if (!dir) return e;  // a link, a file, a FIFO..., or gone: no checkpoint, whoever made it
+  // O_NOFOLLOW: the entry may have become a link since the fstatat.
+  const int fd = ::openat(root_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return e;
+  absl::Cleanup close_fd = [fd] { ::close(fd); };
+  const bool has_complete = ::fstatat(fd, "COMPLETE", &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+  const int sfd = ::openat(fd, "trainer_state.json", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (sfd < 0) return e;
+  absl::Cleanup close_state = [sfd] { ::close(sfd); };
+  if (::fstat(sfd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > kMaxListedStateBytes) {
+    return e;
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (state_budget != nullptr) {
+    if (size > *state_budget) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "listing the checkpoints of ", root, ": their trainer_state.json files hold more than ",
+          kMaxListedStateTotalBytes, " bytes together (at ", e.dir, "); not a checkpoint directory slidedp made"));
+    }
+    *state_budget -= size;
+  }
+  std::string text(size, '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::pread(sfd, text.data() + got, text.size() - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // unreadable or shrank: what is there (and then, most likely, no JSON)
+    got += static_cast<size_t>(n);
+  }
+  text.resize(got);
+  if (!CheckJsonDepth(text, e.dir).ok()) return e;
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return e;
+  // (Typed reads: a value of another type is no owner, never an exception.)
+  auto trainer = j.find("trainer_state");
+  if (trainer != j.end() && trainer->is_object()) {
+    auto job = trainer->find("job_id");
+    if (job != trainer->end() && job->is_string()) e.job_id = job->get<std::string>();
+    e.run_id = RunIdOf(*trainer);
+  }
+  auto format = j.find("format");
+  auto saved_step = j.find("step");
+  e.complete = has_complete && format != j.end() && format->is_string() && *format == kFormat &&
+               saved_step != j.end() && saved_step->is_number_integer() && saved_step->get<int64_t>() == step;
+  return e;
 }
 
 absl::Status FsyncPath(const std::string& path, int flags) {

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/model/model_config.h"
 #include "common/safetensors/safetensors.h"
 #include "hostd/checkpoint/checkpoint.h"
@@ -21,9 +22,27 @@
 namespace slidedp::checkpoint::internal {
 
 inline constexpr char kDirPrefix[] = "checkpoint-";
+// trainer_state.json's "format".
+inline constexpr char kFormat[] = "slidedp-checkpoint";
 
 // Step of a "checkpoint-<N>" directory name, or -1.
 int64_t StepOfDirName(const std::string& name);
+
+
+// A failure `what` (e.g. "create P/.tmp-export-x-1") to write in `parent`, --to's parent
+// directory of an export, as the user's mistake it is, naming `parent`: EROFS
+// FAILED_PRECONDITION, EACCES/EPERM PERMISSION_DENIED, ENOENT NOT_FOUND, ENOSPC/EDQUOT
+// RESOURCE_EXHAUSTED, else ErrnoStatus. Never INTERNAL for those.
+absl::Status ExportDestinationErrno(const std::string& what, const std::string& parent, int err);
+
+// One entry `name` of the root (opened as root_fd, O_DIRECTORY) examined as ListCheckpoints does,
+// as the checkpoint of `step` (the name's, or the one a renamed checkpoint held). The bytes read
+// count against *state_budget when it is not null: FAILED_PRECONDITION when the entry's
+// trainer_state.json would exceed what is left. `is_directory` (may be null) tells whether the
+// entry is a directory (not a symbolic link).
+absl::StatusOr<CheckpointEntry> ExamineCheckpointEntry(int root_fd, const std::string& root, const std::string& name,
+                                                       int64_t step, uint64_t* state_budget,
+                                                       bool* is_directory = nullptr);
 
 absl::Status FsyncPath(const std::string& path, int flags);
 // Creates (or truncates) path with `content`, fsynced.

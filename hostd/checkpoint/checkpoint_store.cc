@@ -3,6 +3,7 @@
 // described in checkpoint.h.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -13,10 +14,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <sstream>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -38,6 +41,7 @@ namespace fs = std::filesystem;
 namespace st = safetensors;
 using internal::FsyncPath;
 using internal::kDirPrefix;
+using internal::kFormat;
 using internal::LayoutSignature;
 using internal::PlannedFile;
 using internal::ReadJsonObject;
@@ -48,7 +52,6 @@ using update::StateDtype;
 
 constexpr char kTmpPrefix[] = ".tmp-checkpoint-";
 constexpr char kTrashPrefix[] = ".trash-checkpoint-";
-constexpr char kFormat[] = "slidedp-checkpoint";
 constexpr int kFormatVersion = 1;
 // optimizer.safetensors __metadata__ key of the moments' dtype; absent means fp32 (and keeps an
 // fp32 job's file what it was before compact moments existed).
@@ -63,6 +66,33 @@ void RemoveCheckpointDir(const fs::path& dir, const fs::path& root) {
   fs::rename(dir, trash, ec);
   fs::remove_all(ec ? dir : trash, ec);
   if (ec) LOG(WARNING) << "removing " << dir << ": " << ec.message();
+}
+
+// Who `e` names as its saver, for a message: "job J (run R)", "job J", or what it is.
+std::string DescribeOwner(const CheckpointEntry& e, bool is_directory) {
+  if (!is_directory) return "is not a directory (a file, a symbolic link or another kind of entry)";
+  if (e.job_id.empty() && e.run_id.empty()) return "names no job (its trainer_state.json is missing or unreadable)";
+  if (e.job_id == e.run_id || e.job_id.empty()) return absl::StrCat("belongs to job ", e.run_id);
+  return absl::StrCat("belongs to job ", e.job_id, " of run ", e.run_id);
+}
+
+// Whether the entry `name` of the root (holding step `step`) may be replaced by a save of run
+// `own`: a directory of the same run. FAILED_PRECONDITION naming `shown` (the path the user
+// knows it by) and its owner otherwise; OK when there is no such entry.
+absl::Status CheckReplaceable(int root_fd, const fs::path& root, const std::string& name, int64_t step,
+                              const std::string& own, const fs::path& shown) {
+  struct stat st;
+  if (::fstatat(root_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    return errno == ENOENT ? absl::OkStatus() : ErrnoStatus(absl::StrCat("stat ", shown.string()), errno);
+  }
+  bool is_directory = false;
+  ASSIGN_OR_RETURN(const CheckpointEntry e,
+                   internal::ExamineCheckpointEntry(root_fd, root.string(), name, step, nullptr, &is_directory));
+  if (is_directory && e.run_id == own) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      shown.string(), " already exists and ", DescribeOwner(e, is_directory), "; this job's run is ",
+      own.empty() ? "unnamed" : own, ", so it is left as it is. Give the job an output.dir of its own, or move ",
+      shown.string(), " away (output.overwrite: true moves other runs' checkpoints aside)"));
 }
 
 // Removes tmp/trash directories left by dead processes (or by this one).
@@ -239,7 +269,17 @@ absl::StatusOr<SaveResult> SaveCheckpoint(const SaveRequest& req) {
   }
 
   const fs::path tmp = root / absl::StrCat(kTmpPrefix, req.step, "-", ::getpid());
-  const fs::path final_dir = root / absl::StrCat(kDirPrefix, req.step);
+  const std::string final_name = absl::StrCat(kDirPrefix, req.step);
+  const fs::path final_dir = root / final_name;
+  const std::string own_run = RunIdOf(req.trainer_state);
+  const int root_fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (root_fd < 0) return ErrnoStatus(absl::StrCat("open checkpoint root ", root.string()), errno);
+  absl::Cleanup close_root = [root_fd] { ::close(root_fd); };
+  // Another run's checkpoint of this step is refused before any byte is written (and checked
+  // again after the exchange below, which is what decides).
+  if (absl::Status mine = CheckReplaceable(root_fd, root, final_name, req.step, own_run, final_dir); !mine.ok()) {
+    return Annotate(mine, absl::StrCat("saving checkpoint-", req.step, " under ", root.string()));
+  }
   fs::remove_all(tmp, ec);
   if (!fs::create_directory(tmp, ec) || ec) {
     return ErrnoStatus(absl::StrCat("create ", tmp.string()), ec ? ec.value() : EEXIST);
@@ -255,14 +295,41 @@ absl::StatusOr<SaveResult> SaveCheckpoint(const SaveRequest& req) {
     if (absl::Status s = req.fault_hook("rename"); !s.ok()) return abandon(s);
   }
 
-  if (fs::exists(final_dir, ec)) {
-    // Same step saved again: swap atomically, then drop the old one (now at tmp).
-    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
+  const std::string tmp_name = tmp.filename().string();
+  int renamed = ::renameat2(root_fd, tmp_name.c_str(), root_fd, final_name.c_str(), RENAME_NOREPLACE);
+  if (renamed != 0 && errno == EINVAL) {  // a file system without RENAME_NOREPLACE (NFS): check, then rename
+    struct stat st;
+    if (::fstatat(root_fd, final_name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+      errno = EEXIST;
+    } else {
+      renamed = ::renameat(root_fd, tmp_name.c_str(), root_fd, final_name.c_str());
+    }
+  }
+  if (renamed != 0) {
+    if (errno != EEXIST) {
+      return abandon(ErrnoStatus(absl::StrCat("rename ", tmp.string(), " to ", final_dir.string()), errno));
+    }
+    // Same step saved again: swap atomically; the old one, now at tmp, is dropped only when it is
+    // this run's (it may have appeared since the check above), else swapped back.
+    if (::renameat2(root_fd, tmp_name.c_str(), root_fd, final_name.c_str(), RENAME_EXCHANGE) != 0) {
       return abandon(ErrnoStatus(absl::StrCat("exchange ", tmp.string(), " with ", final_dir.string()), errno));
     }
+    if (absl::Status mine = CheckReplaceable(root_fd, root, tmp_name, req.step, own_run, final_dir); !mine.ok()) {
+      if (::renameat2(root_fd, tmp_name.c_str(), root_fd, final_name.c_str(), RENAME_EXCHANGE) != 0) {
+        // Both are whole; the other run's one leaves the tmp name (which a later save would sweep
+        // as stale) and the message says where it is, rather than anything being removed.
+        const int err = errno;
+        const std::string kept_name = absl::StrCat(final_name, ".kept-", ::getpid());
+        const bool kept = ::renameat2(root_fd, tmp_name.c_str(), root_fd, kept_name.c_str(), RENAME_NOREPLACE) == 0;
+        return Annotate(ErrnoStatus(absl::StrCat("exchanging back: ", mine.message(), "; it is now at ",
+                                                     (root / (kept ? kept_name : tmp_name)).string(),
+                                                     ", and this save at ", final_dir.string()),
+                                        err),
+                        absl::StrCat("saving checkpoint-", req.step, " under ", root.string()));
+      }
+      return abandon(mine);
+    }
     fs::remove_all(tmp, ec);
-  } else if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
-    return abandon(ErrnoStatus(absl::StrCat("rename ", tmp.string(), " to ", final_dir.string()), errno));
   }
   RETURN_IF_ERROR(FsyncPath(root.string(), O_RDONLY | O_DIRECTORY));
 
@@ -270,24 +337,21 @@ absl::StatusOr<SaveResult> SaveCheckpoint(const SaveRequest& req) {
   result.dir = final_dir.string();
   result.bytes_written = *bytes;
   if (req.keep_last > 0) {
-    // Only this job's own checkpoints: jobs sharing an output directory never prune each other's
-    // (a checkpoint whose job cannot be read counts as saved by no job).
-    const std::string own = req.trainer_state.is_object() && req.trainer_state.contains("job_id") &&
-                                    req.trainer_state["job_id"].is_string()
-                                ? req.trainer_state["job_id"].get<std::string>()
-                                : std::string();
-    std::vector<std::pair<int64_t, fs::path>> complete;
-    for (const auto& entry : fs::directory_iterator(root, ec)) {
-      const int64_t step = StepOfDirName(entry.path().filename().string());
-      if (step < 0 || step == req.step || !fs::exists(entry.path() / "COMPLETE", ec)) continue;
-      const absl::StatusOr<std::string> saved_by = CheckpointJobId(entry.path().string());
-      if ((saved_by.ok() ? *saved_by : std::string()) == own) complete.emplace_back(step, entry.path());
+    // Only this run's own complete checkpoints: jobs sharing an output directory never prune
+    // another run's (a checkpoint whose owner cannot be read counts as saved by run "", which
+    // only a save naming no job shares).
+    absl::StatusOr<std::vector<CheckpointEntry>> listed = ListCheckpoints(root.string());
+    if (!listed.ok()) LOG(WARNING) << "keep_last: nothing removed: " << listed.status();
+    std::vector<CheckpointEntry> own;  // newest first, as listed
+    if (listed.ok()) {
+      for (CheckpointEntry& e : *listed) {
+        if (e.complete && e.step != req.step && e.run_id == own_run) own.push_back(std::move(e));
+      }
     }
-    std::sort(complete.rbegin(), complete.rend());
     // The checkpoint just written always counts as one of the kept.
-    for (size_t i = static_cast<size_t>(req.keep_last) - 1; i < complete.size(); ++i) {
-      RemoveCheckpointDir(complete[i].second, root);
-      result.removed.push_back(complete[i].second.string());
+    for (size_t i = static_cast<size_t>(req.keep_last) - 1; i < own.size(); ++i) {
+      RemoveCheckpointDir(own[i].dir, root);
+      result.removed.push_back(own[i].dir);
     }
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -345,27 +409,63 @@ absl::StatusOr<std::string> CheckpointJobId(const std::string& dir) {
   return trainer["job_id"].get<std::string>();
 }
 
-absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& root_dir, const std::string& job_id) {
+absl::StatusOr<std::string> CheckpointRunId(const std::string& dir) {
+  ASSIGN_OR_RETURN(nlohmann::json state, ReadJsonObject((fs::path(dir) / "trainer_state.json").string()));
+  const nlohmann::json trainer = state.value("trainer_state", nlohmann::json::object());
+  const std::string run = RunIdOf(trainer);
+  if (run.empty()) return absl::DataLossError(absl::StrCat(dir, "/trainer_state.json names no run_id or job_id"));
+  return run;
+}
+
+namespace {
+
+// The newest verified checkpoint-<N> child of root (a directory, not a link) that `owned`
+// accepts (given its directory).
+absl::StatusOr<std::string> FindLatestVerified(const std::string& root_dir,
+                                               const std::function<bool(const std::string&)>& owned,
+                                               const std::string& whose) {
   std::vector<std::pair<int64_t, fs::path>> candidates;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(root_dir, ec)) {
     const int64_t step = StepOfDirName(entry.path().filename().string());
-    if (step >= 0 && entry.is_directory(ec)) candidates.emplace_back(step, entry.path());
+    std::error_code tec;  // a link is never followed out of the root
+    if (step >= 0 && entry.is_directory(tec) && !entry.is_symlink(tec)) candidates.emplace_back(step, entry.path());
   }
   if (ec) return ErrnoStatus(absl::StrCat("list checkpoints in ", root_dir), ec.value());
   std::sort(candidates.rbegin(), candidates.rend());
   for (const auto& [step, path] : candidates) {
+    if (owned && !owned(path.string())) continue;
     absl::StatusOr<int64_t> ok = VerifyCheckpoint(path.string());
     if (!ok.ok()) {
       LOG(WARNING) << "skipping checkpoint " << path << ": " << ok.status();
       continue;
     }
-    if (job_id.empty()) return path.string();
-    absl::StatusOr<std::string> saved_by = CheckpointJobId(path.string());
-    if (saved_by.ok() && *saved_by == job_id) return path.string();
+    return path.string();
   }
-  return absl::NotFoundError(
-      absl::StrCat("no complete checkpoint", job_id.empty() ? "" : " of job " + job_id, " under ", root_dir));
+  return absl::NotFoundError(absl::StrCat("no complete checkpoint", whose, " under ", root_dir));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& root_dir, const std::string& job_id) {
+  if (job_id.empty()) return FindLatestVerified(root_dir, nullptr, "");
+  return FindLatestVerified(
+      root_dir,
+      [&job_id](const std::string& dir) {
+        absl::StatusOr<std::string> saved_by = CheckpointJobId(dir);
+        return saved_by.ok() && *saved_by == job_id;
+      },
+      " of job " + job_id);
+}
+
+absl::StatusOr<std::string> FindLatestCheckpointOfRun(const std::string& root_dir, const std::string& run_id) {
+  return FindLatestVerified(
+      root_dir,
+      [&run_id](const std::string& dir) {
+        absl::StatusOr<std::string> run = CheckpointRunId(dir);
+        return run.ok() && *run == run_id;
+      },
+      " of run " + run_id);
 }
 
 namespace {

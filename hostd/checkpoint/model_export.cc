@@ -2,17 +2,21 @@
 // written next to its destination and renamed into place (checkpoint.h).
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/io/small_file.h"
+#include "absl/strings/str_join.h"
 #include "common/io/json_depth.h"
+#include "common/io/small_file.h"
 #include "common/numeric/finite.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status_macros.h"
@@ -28,8 +32,33 @@ namespace st = safetensors;
 
 constexpr char kTmpPrefix[] = ".tmp-export-";
 
-// The checkpoint-<N> directory a request names: itself, or the newest complete one below it.
-absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
+// "job J" or "job J of run R" for a message.
+std::string WhoseText(const std::string& job_id, const std::string& run_id) {
+  if (job_id.empty() && run_id.empty()) return "no job";
+  if (job_id.empty() || job_id == run_id) return absl::StrCat("job ", run_id);
+  return absl::StrCat("job ", job_id, " of run ", run_id);
+}
+
+// One run's complete checkpoints under a directory (newest first) and the jobs that saved them.
+struct RunCheckpoints {
+  std::string run_id;
+  std::vector<std::string> jobs;  // in the order first seen (newest first)
+  std::vector<const CheckpointEntry*> entries;
+  std::string newest;  // the newest that verifies; "" when none does
+  int64_t newest_step = -1;
+};
+
+// "run R (jobs a, b): newest complete checkpoint D (step N)".
+std::string DescribeRun(const RunCheckpoints& r) {
+  const std::string who = r.run_id.empty() ? std::string("checkpoints naming no job")
+                                           : absl::StrCat("run ", r.run_id, " (job", r.jobs.size() > 1 ? "s " : " ",
+                                                          absl::StrJoin(r.jobs, ", "), ")");
+  return absl::StrCat(who, ": newest complete checkpoint ", r.newest, " (step ", r.newest_step, ")");
+}
+
+// The checkpoint-<N> directory a request names: itself (of `run`, when given), or the newest
+// complete one below it of its one run (or of `run`).
+absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path, const std::string& run) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) {
     return absl::NotFoundError(absl::StrCat("checkpoint ", path, " is not a directory"));
@@ -38,9 +67,62 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
   const fs::path named = p.filename().empty() ? p.parent_path() : p;
   if (internal::StepOfDirName(named.filename().string()) >= 0) {
     RETURN_IF_ERROR(VerifyCheckpoint(named.string()).status());
+    if (!run.empty()) {
+      const absl::StatusOr<std::string> job = CheckpointJobId(named.string());
+      const absl::StatusOr<std::string> owner = CheckpointRunId(named.string());
+      const std::string job_id = job.ok() ? *job : "", run_id = owner.ok() ? *owner : "";
+      if (job_id != run && run_id != run) {
+        return absl::FailedPreconditionError(absl::StrCat("checkpoint ", named.string(), " was saved by ",
+                                                          WhoseText(job_id, run_id), ", not by job or run ", run,
+                                                          " (--job)"));
+      }
+    }
     return named.string();
   }
-  return FindLatestCheckpoint(named.string());
+  ASSIGN_OR_RETURN(const std::vector<CheckpointEntry> entries, ListCheckpoints(named.string()));
+  std::vector<RunCheckpoints> runs;  // in the order of their newest checkpoint
+  for (const CheckpointEntry& e : entries) {
+    if (!e.complete) continue;
+    auto it = std::find_if(runs.begin(), runs.end(), [&](const RunCheckpoints& r) { return r.run_id == e.run_id; });
+    if (it == runs.end()) it = runs.insert(runs.end(), RunCheckpoints{e.run_id, {}, {}, "", -1});
+    if (!e.job_id.empty() && std::find(it->jobs.begin(), it->jobs.end(), e.job_id) == it->jobs.end()) {
+      it->jobs.push_back(e.job_id);
+    }
+    if (run.empty() || e.job_id == run || e.run_id == run) it->entries.push_back(&e);
+  }
+  // Each run's newest checkpoint that verifies (sizes, safetensors headers).
+  std::vector<const RunCheckpoints*> found;
+  for (RunCheckpoints& r : runs) {
+    for (const CheckpointEntry* e : r.entries) {
+      absl::StatusOr<int64_t> ok = VerifyCheckpoint(e->dir);
+      if (!ok.ok()) {
+        LOG(WARNING) << "skipping checkpoint " << e->dir << ": " << ok.status();
+        continue;
+      }
+      r.newest = e->dir;
+      r.newest_step = e->step;
+      break;
+    }
+    if (!r.newest.empty()) found.push_back(&r);
+  }
+  if (found.size() == 1) return found[0]->newest;
+  std::vector<std::string> listed;
+  for (const RunCheckpoints* r : found) listed.push_back(DescribeRun(*r));
+  if (found.empty()) {
+    if (run.empty()) return absl::NotFoundError(absl::StrCat("no complete checkpoint under ", named.string()));
+    std::vector<std::string> others;
+    for (const RunCheckpoints& r : runs) {
+      others.push_back(r.run_id.empty() ? "checkpoints naming no job"
+                                        : absl::StrCat("run ", r.run_id, " (job", r.jobs.size() > 1 ? "s " : " ",
+                                                       absl::StrJoin(r.jobs, ", "), ")"));
+    }
+    return absl::NotFoundError(absl::StrCat("no complete checkpoint of job or run ", run, " under ", named.string(),
+                                            others.empty() ? "" : "; it holds those of ", absl::StrJoin(others, "; ")));
+  }
+  // Several runs (only without --job: a run id or job id selects one run).
+  return absl::FailedPreconditionError(
+      absl::StrCat(named.string(), " holds the checkpoints of ", found.size(), " runs: ", absl::StrJoin(listed, "; "),
+                   ". Choose one with --job ID (a job or run id above), or export a checkpoint-<N> directory itself"));
 }
 
 // Removes <parent>/.tmp-export-<name>-<pid> directories of processes that are gone.
@@ -65,13 +147,29 @@ absl::StatusOr<Destination> DestinationOf(const fs::path& out) {
   std::error_code ec;
   const fs::file_status s = fs::symlink_status(out, ec);
   if (ec && ec != std::errc::no_such_file_or_directory) {
-    return ErrnoStatus(absl::StrCat("stat ", out.string()), ec.value());
+    return ErrnoStatus(absl::StrCat("export: stat ", out.string()), ec.value());
   }
   if (!fs::exists(s)) return Destination::kAbsent;
   if (!fs::is_directory(s)) return Destination::kOther;
   if (fs::is_empty(out, ec)) return Destination::kEmptyDir;
   return fs::is_regular_file(fs::symlink_status(out / "config.json", ec)) ? Destination::kModelDir
                                                                           : Destination::kOther;
+}
+
+// --to's parent: an existing directory this process may create entries in. Checked before the
+// checkpoint is read (access(2) reports a read-only file system as EROFS).
+absl::Status CheckDestinationParent(const fs::path& parent) {
+  struct stat st;
+  if (::stat(parent.c_str(), &st) != 0)
+    return internal::ExportDestinationErrno(absl::StrCat("stat ", parent.string()), parent.string(), errno);
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("export: ", parent.string(), ", the directory --to would be made in, is not a directory"));
+  }
+  if (::faccessat(AT_FDCWD, parent.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
+    return internal::ExportDestinationErrno(absl::StrCat("access ", parent.string()), parent.string(), errno);
+  }
+  return absl::OkStatus();
 }
 
 // The checkpoint's config.json for weights of `dtype`: its text as it is when the dtype is the
@@ -81,7 +179,8 @@ absl::StatusOr<std::string> ExportedConfig(const std::string& text, const std::s
   if (absl::Status deep = CheckJsonDepth(text, path); !deep.ok()) return absl::DataLossError(deep.message());
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::DataLossError(absl::StrCat(path, ": not a JSON object"));
-  if (j.contains("torch_dtype") && j["torch_dtype"] == name && (!j.contains("dtype") || j["dtype"] == name)) return text;
+  if (j.contains("torch_dtype") && j["torch_dtype"] == name && (!j.contains("dtype") || j["dtype"] == name))
+    return text;
   j["torch_dtype"] = name;
   if (j.contains("dtype")) j["dtype"] = name;
   return j.dump(2) + "\n";
@@ -126,9 +225,11 @@ absl::StatusOr<std::vector<const float*>> MasterArrays(const st::SafetensorsFile
 absl::StatusOr<ExportResult> ExportModel(const ExportRequest& req) {
   if (req.out_dir.empty()) return absl::InvalidArgumentError("export: no destination directory");
   if (req.shard_max_bytes == 0) return absl::InvalidArgumentError("export: the shard size must be positive");
-  ASSIGN_OR_RETURN(const std::string ckpt, ResolveCheckpoint(req.checkpoint));
+  ASSIGN_OR_RETURN(const std::string ckpt, ResolveCheckpoint(req.checkpoint, req.run));
   const fs::path out = fs::absolute(req.out_dir).lexically_normal();
   const fs::path out_dir = out.filename().empty() ? out.parent_path() : out;
+  const fs::path parent = out_dir.parent_path();
+  RETURN_IF_ERROR(CheckDestinationParent(parent));
 
   // The destination, checked before any work (and again by the rename itself).
   ASSIGN_OR_RETURN(const Destination existing, DestinationOf(out_dir));
@@ -162,25 +263,39 @@ absl::StatusOr<ExportResult> ExportModel(const ExportRequest& req) {
   if (state.contains("weights_dtype") && !state["weights_dtype"].is_string()) {
     return absl::DataLossError(absl::StrCat(ckpt, "/trainer_state.json: weights_dtype is not a string"));
   }
-  WeightDtype dtype = state.contains("weights_dtype") && state["weights_dtype"] == "float32" ? WeightDtype::kF32
-                                                                                              : WeightDtype::kBF16;
+  WeightDtype dtype =
+      state.contains("weights_dtype") && state["weights_dtype"] == "float32" ? WeightDtype::kF32 : WeightDtype::kBF16;
   if (req.dtype) dtype = *req.dtype;
   ASSIGN_OR_RETURN(auto optimizer, st::SafetensorsFile::Open(ckpt + "/optimizer.safetensors"));
   ASSIGN_OR_RETURN(std::vector<const float*> masters, MasterArrays(*optimizer, layout));
   RETURN_IF_ERROR(optimizer->Intact());
   ASSIGN_OR_RETURN(std::vector<ModelDirFile> model_files, ReadModelDirFiles(ckpt));
+  ASSIGN_OR_RETURN(const std::string config_json, ExportedConfig(config_text, config_path, dtype));
+  const std::vector<internal::PlannedFile> weights = internal::PlanWeightFiles(
+      layout, [&masters](int unit) { return masters[unit]; }, dtype, req.shard_max_bytes);
+
+  // Space for all of it (an export replaced with --force is removed only after), 1 MiB of slack
+  // per file as a save allows.
+  uint64_t needed = config_json.size() + (uint64_t{1} << 20) * (weights.size() + model_files.size() + 3);
+  for (const auto& f : weights) needed += f.data_bytes();
+  for (const ModelDirFile& f : model_files) needed += f.content.size();
+  struct statvfs vfs {};
+  if (::statvfs(parent.c_str(), &vfs) == 0) {
+    const uint64_t free_bytes = uint64_t{vfs.f_bavail} * vfs.f_frsize;
+    if (free_bytes < needed) {
+      return absl::ResourceExhaustedError(absl::StrCat("export: writing ", out_dir.string(), " needs about ", needed,
+                                                       " bytes but the file system of ", parent.string(), " has ",
+                                                       free_bytes, " bytes free"));
+    }
+  }
 
   std::error_code ec;
-  const fs::path parent = out_dir.parent_path();
-  fs::create_directories(parent, ec);
-  if (ec) return ErrnoStatus(absl::StrCat("export: create ", parent.string()), ec.value());
   const std::string name = out_dir.filename().string();
   CleanStaleExports(parent, name);
   const fs::path tmp = parent / absl::StrCat(kTmpPrefix, name, "-", ::getpid());
   fs::remove_all(tmp, ec);
-  if (!fs::create_directory(tmp, ec) || ec) {
-    return ErrnoStatus(absl::StrCat("export: create ", tmp.string()), ec ? ec.value() : EEXIST);
-  }
+  if (::mkdir(tmp.c_str(), 0755) != 0)
+    return internal::ExportDestinationErrno(absl::StrCat("create ", tmp.string()), parent.string(), errno);
   auto abandon = [&](const absl::Status& s) {
     std::error_code rec;
     fs::remove_all(tmp, rec);
@@ -192,11 +307,8 @@ absl::StatusOr<ExportResult> ExportModel(const ExportRequest& req) {
   result.step = internal::StepOfDirName(fs::path(ckpt).filename().string());
   result.dir = out_dir.string();
   result.dtype = dtype;
-  ASSIGN_OR_RETURN(const std::string config_json, ExportedConfig(config_text, config_path, dtype));
   absl::Status written = internal::WriteSmallFile((tmp / "config.json").string(), config_json);
   if (!written.ok()) return abandon(written);
-  const std::vector<internal::PlannedFile> weights = internal::PlanWeightFiles(
-      layout, [&masters](int unit) { return masters[unit]; }, dtype, req.shard_max_bytes);
   absl::StatusOr<uint64_t> weight_bytes = internal::WriteWeightFiles(tmp.string(), weights, req.io_threads);
   if (!weight_bytes.ok()) return abandon(weight_bytes.status());
   // The masters were read through the mapping: a checkpoint truncated meanwhile read zeros.
@@ -211,10 +323,12 @@ absl::StatusOr<ExportResult> ExportModel(const ExportRequest& req) {
 
   // Into place: a rename (onto nothing or an empty directory), or an exchange with the model
   // directory it replaces, which then goes; either way the destination is whole at every moment.
-  ASSIGN_OR_RETURN(const Destination now, DestinationOf(out_dir));
-  if (now == Destination::kModelDir && req.existing == ExportRequest::Existing::kReplace) {
+  absl::StatusOr<Destination> now = DestinationOf(out_dir);
+  if (!now.ok()) return abandon(now.status());
+  if (*now == Destination::kModelDir && req.existing == ExportRequest::Existing::kReplace) {
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out_dir.c_str(), RENAME_EXCHANGE) != 0) {
-      return abandon(ErrnoStatus(absl::StrCat("exchange ", tmp.string(), " with ", out_dir.string()), errno));
+      return abandon(internal::ExportDestinationErrno(
+          absl::StrCat("exchange ", tmp.string(), " with ", out_dir.string()), parent, errno));
     }
     result.replaced = true;
     fs::remove_all(tmp, ec);  // the replaced directory
@@ -225,7 +339,8 @@ absl::StatusOr<ExportResult> ExportModel(const ExportRequest& req) {
       return abandon(absl::FailedPreconditionError(
           absl::StrCat("export: ", out_dir.string(), " appeared or changed while exporting; nothing was replaced")));
     }
-    return abandon(ErrnoStatus(absl::StrCat("rename ", tmp.string(), " to ", out_dir.string()), err));
+    return abandon(internal::ExportDestinationErrno(absl::StrCat("rename ", tmp.string(), " to ", out_dir.string()),
+                                                    parent.string(), err));
   }
   RETURN_IF_ERROR(internal::FsyncPath(parent.string(), O_RDONLY | O_DIRECTORY));
   LOG(INFO) << "exported " << ckpt << " to " << result.dir << ": " << result.bytes_written << " bytes";

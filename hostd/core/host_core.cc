@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -19,6 +20,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "hostd/admission/admission.h"
 #include "hostd/checkpoint/checkpoint.h"
+#include "hostd/core/output_ownership.h"
 #include "shm/process_liveness.h"
 
 namespace slidedp::hostd {
@@ -94,8 +96,11 @@ struct HostCore::JobRecord {
   size_t spec_size = 0;
   std::string resume_from;
   bool cancel = false;
-  bool checkpoint_on_cancel = false;
+  bool checkpoint_on_cancel = false;  // hostd draining with a checkpoint, or CancelJob's save_checkpoint
   int restarts = 0;
+  // The run's means (Job.mean_tokens_per_s, mean_mfu): tokens and seconds of this job's steps.
+  double run_tokens = 0, run_seconds = 0, mfu_sum = 0;
+  int64_t mfu_steps = 0;
   std::vector<std::shared_ptr<Channel<v1::JobEvent>>> watchers;
   int64_t submit_ms = 0;
 };
@@ -109,11 +114,13 @@ class HostCore::RecordContext : public JobContext {
         job_id_(rec->job.job_id()),
         spec_(rec->spec),
         resume_from_(rec->resume_from),
+        run_id_(rec->job.run_id().empty() ? rec->job.job_id() : rec->job.run_id()),
         workers_(std::move(workers)),
         attempt_(rec->restarts) {}
   const std::string& job_id() const override { return job_id_; }
   const JobSpec& spec() const override { return spec_; }
   const std::string& resume_from() const override { return resume_from_; }
+  const std::string& run_id() const override { return run_id_; }
   int attempt() const override { return attempt_; }
   const std::vector<std::shared_ptr<WorkerSession>>& workers() const override { return workers_; }
   bool cancel_requested() const override {
@@ -142,6 +149,21 @@ class HostCore::RecordContext : public JobContext {
       rec_->job.set_submit_to_first_step_s((NowMs() - rec_->submit_ms) / 1000.0);
     }
     *rec_->job.mutable_last() = m;
+    v1::Job& job = rec_->job;
+    job.set_run_steps(job.run_steps() + 1);
+    if (m.step_time_s() > 0 && std::isfinite(m.tokens_per_s())) {
+      rec_->run_tokens += m.tokens_per_s() * m.step_time_s();
+      rec_->run_seconds += m.step_time_s();
+      job.set_mean_tokens_per_s(rec_->run_tokens / rec_->run_seconds);
+    }
+    if (m.has_mfu()) {
+      rec_->mfu_sum += m.mfu();
+      job.set_mean_mfu(rec_->mfu_sum / static_cast<double>(++rec_->mfu_steps));
+    }
+    if (m.has_eval_loss()) {
+      job.set_last_eval_loss(m.eval_loss());
+      job.set_last_eval_step(m.step());
+    }
     v1::JobEvent ev;
     *ev.mutable_step() = m;
     core_->Publish(*rec_, std::move(ev));
@@ -165,6 +187,7 @@ class HostCore::RecordContext : public JobContext {
   std::string job_id_;
   JobSpec spec_;
   std::string resume_from_;
+  std::string run_id_;
   std::vector<std::shared_ptr<WorkerSession>> workers_;
   int attempt_;
 };
@@ -344,6 +367,7 @@ void HostCore::Publish(JobRecord& rec, v1::JobEvent ev) {
 void HostCore::SetStateLocked(JobRecord& rec, v1::JobState s) {
   if (IsFinal(rec.job.state())) return;
   rec.job.set_state(s);
+  if (s != v1::JOB_STATE_QUEUED) rec.job.clear_wait_reason();
   if (s == v1::JOB_STATE_STARTING) rec.job.set_start_time_unix_ms(NowMs());
   if (IsFinal(s)) rec.job.set_end_time_unix_ms(NowMs());
   PersistLocked(rec);
@@ -389,6 +413,46 @@ absl::StatusOr<std::string> CheckResumePath(const std::string& given, const std:
 }
 }  // namespace
 
+absl::Status HostCore::CheckBeforeQueueing(const JobSpec& spec, const std::string& run_id) const {
+  int workers = spec.num_workers;  // runtime.workers, else every worker attached when it starts
+  if (workers == 0) {
+    absl::MutexLock l(&mu_);
+    for (const auto& [wid, w] : workers_) workers += !w->gone();
+  }
+  const int cp = std::max(1, spec.context_parallel);
+  if (workers > 0 && workers % cp == 0 && spec.global_batch % (int64_t{workers / cp} * spec.micro_batch) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.global_batch ", spec.global_batch, " is not divisible by ", workers / cp,
+        cp > 1 ? " context-parallel group(s)" : " worker(s)", " x train.micro_batch ", spec.micro_batch, ": the job gets ",
+        workers, " worker(s) (", spec.num_workers > 0 ? "runtime.workers" : "the workers attached now",
+        "); give a global_batch that is a multiple of ", int64_t{workers / cp} * spec.micro_batch));
+  }
+  // Another run's checkpoints there, for a job that saves any. (A job queued before this one with
+  // the same output.dir has written none yet: the check runs again when this job starts.)
+  if (!SavesCheckpoints(spec)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<checkpoint::CheckpointEntry> others, OtherRunsCheckpoints(spec.output_dir, run_id));
+  if (!spec.overwrite) RETURN_IF_ERROR(RefuseOtherRuns(spec.output_dir, others));
+  return absl::OkStatus();
+}
+
+v1::Job HostCore::ShownLocked(const JobRecord& rec) const {
+  v1::Job job = rec.job;
+  if (job.state() != v1::JOB_STATE_QUEUED || !job.wait_reason().empty()) return job;
+  // Queued behind others: the runner takes one job at a time, in queue order.
+  size_t ahead = 0;
+  for (const std::string& id : queue_) {
+    if (id == job.job_id()) break;
+    ++ahead;
+  }
+  if (!running_.empty()) {
+    job.set_wait_reason(absl::StrCat("behind the running job ", running_,
+                                     ahead > 0 ? absl::StrCat(" and ", ahead, " queued job(s)") : std::string()));
+  } else if (ahead > 0) {
+    job.set_wait_reason(absl::StrCat("behind ", ahead, " queued job(s) (next: ", queue_.front(), ")"));
+  }
+  return job;
+}
+
 absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobRequest& req) {
   if (!req.job_id().empty() && !ValidJobId(req.job_id())) {
     return absl::InvalidArgumentError(
@@ -430,6 +494,14 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
   } else if (!resume_from.empty()) {
     ASSIGN_OR_RETURN(resume_from, CheckResumePath(resume_from, req.base_dir()));
   }
+  // The run the job continues (its checkpoints' run_id), and what the output directory holds.
+  std::string run_id;
+  if (!resume_from.empty()) {
+    absl::StatusOr<std::string> run = RunOfCheckpoint(resume_from);
+    if (!run.ok()) return Annotate(run.status(), "--resume");
+    run_id = *run;
+  }
+  RETURN_IF_ERROR(CheckBeforeQueueing(spec, run_id));
   {
     absl::MutexLock l(&mu_);
     if (!req.job_id().empty()) {
@@ -459,21 +531,34 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
   if (id.empty()) {
     // From the name (ValidateJobName: at most 48 of [A-Za-z0-9._-]); ids take no '.' (they name
     // shm segments), so the id is as valid as one given with --id.
+    // Ids do not repeat in an output directory either (a private hostd of `slidedp run` starts
+    // counting at 1 every time): two jobs never share a metrics or events file.
     const std::string stem = absl::StrReplaceAll(spec.name, {{".", "_"}});
     do {
       id = absl::StrCat(stem, "-", next_job_number_++);
-    } while (jobs_.count(id));
+    } while (jobs_.count(id) || JobIdUsedIn(spec.output_dir, id));
     if (!ValidJobId(id)) return absl::InternalError(absl::StrCat("job id '", id, "' made from the name is not valid"));
   } else if (jobs_.count(id)) {  // raced with an identical submit
     v1::SubmitJobResponse resp;
     *resp.mutable_job() = jobs_[id]->job;
     resp.set_already_existed(true);
     return resp;
+  } else if (JobIdUsedIn(spec.output_dir, id)) {
+    return absl::FailedPreconditionError(absl::StrCat("job id '", id, "': output.dir ", spec.output_dir,
+                                                      " holds the metrics or TensorBoard events of an earlier job "
+                                                      "with this id (metrics-", id,
+                                                      ".jsonl); give another --id, or another output.dir"));
+  }
+  if (!req.dry_run() && queue_.size() >= kMaxQueuedJobs) {  // again: submits raced since the first look
+    return absl::ResourceExhaustedError(
+        absl::StrCat(queue_.size(), " jobs are queued already (the most hostd takes); submit again later"));
   }
   rec->job.set_job_id(id);
   rec->job.set_resolved_spec_yaml(spec.ToYaml());
   rec->job.set_submit_time_unix_ms(NowMs());
   rec->job.set_total_steps(spec.steps);
+  rec->job.set_output_dir(spec.output_dir);
+  rec->job.set_run_id(run_id.empty() ? id : run_id);
   rec->submit_ms = NowMs();
   rec->spec = spec;
   rec->spec_hash = SpecHash(req.spec_yaml());
@@ -569,14 +654,14 @@ absl::StatusOr<v1::Job> HostCore::GetJob(const std::string& job_id) const {
   absl::MutexLock l(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", ShownId(job_id), "'"));
-  return it->second->job;
+  return ShownLocked(*it->second);
 }
 
 std::vector<v1::Job> HostCore::ListJobs() const {
   absl::MutexLock l(&mu_);
   std::vector<v1::Job> out;
   for (const std::string& id : job_order_) {
-    out.push_back(jobs_.at(id)->job);
+    out.push_back(ShownLocked(*jobs_.at(id)));
     // The specs stay with GetJob: a listing of every job ever run must not carry each one's spec
     // (thousands of jobs would pass gRPC's message limit).
     out.back().clear_resolved_spec_yaml();
@@ -584,7 +669,7 @@ std::vector<v1::Job> HostCore::ListJobs() const {
   return out;
 }
 
-absl::StatusOr<v1::Job> HostCore::Cancel(const std::string& job_id) {
+absl::StatusOr<v1::Job> HostCore::Cancel(const std::string& job_id, CancelSave save) {
   absl::MutexLock l(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", ShownId(job_id), "'"));
@@ -597,8 +682,10 @@ absl::StatusOr<v1::Job> HostCore::Cancel(const std::string& job_id) {
     return rec.job;
   }
   rec.cancel = true;  // the executor stops at the next safe point
+  if (save == CancelSave::kCheckpoint) rec.checkpoint_on_cancel = true;
   v1::JobEvent ev;
-  ev.set_log("cancel requested");
+  ev.set_log(rec.checkpoint_on_cancel ? "cancel requested: the job saves a checkpoint at the next step boundary"
+                                      : "cancel requested");
   Publish(rec, std::move(ev));
   return rec.job;
 }
@@ -623,7 +710,7 @@ absl::StatusOr<std::shared_ptr<Channel<v1::JobEvent>>> HostCore::Watch(const std
   }
   auto ch = std::make_shared<Channel<v1::JobEvent>>();
   v1::JobEvent ev;
-  *ev.mutable_state_change() = it->second->job;
+  *ev.mutable_state_change() = ShownLocked(*it->second);
   ch->Push(std::move(ev));
   if (IsFinal(it->second->job.state())) {
     ch->Close();
@@ -708,7 +795,7 @@ std::vector<v1::WorkerInfo> HostCore::ListWorkers() const {
 v1::NodeInfo HostCore::GetNode() const {
   v1::NodeInfo n;
   n.set_node_name(options_.node_name);
-  n.set_version(kVersion);
+  n.set_version(VersionString());
   n.set_numa_nodes(options_.numa_nodes);
   n.set_update_threads(options_.update_threads);
   n.set_cpu_cores(static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
@@ -744,8 +831,21 @@ void HostCore::RunnerLoop() {
         for (auto& [wid, w] : workers_) live += !w->gone();
         return live > 0 && (wanted == 0 || live >= wanted);
       };
-      while (!enough() && absl::Now() < deadline)
+      while (!enough() && absl::Now() < deadline) {
+        // Watchers and `slidedp status` see why it waits; a new reason is a state-change event.
+        int live = 0;
+        for (auto& [wid, w] : workers_) live += !w->gone();
+        std::string reason = absl::StrCat("needs ", wanted > 0 ? wanted : 1, " worker(s), ", live,
+                                          " attached; waiting up to ",
+                                          absl::ToInt64Seconds(options_.worker_wait), " s (hostd --worker-wait-s)");
+        if (reason != rec->job.wait_reason()) {
+          rec->job.set_wait_reason(std::move(reason));
+          v1::JobEvent ev;
+          *ev.mutable_state_change() = rec->job;
+          Publish(*rec, std::move(ev));
+        }
         mu_.AwaitWithDeadline(absl::Condition(&enough), std::min(deadline, absl::Now() + absl::Milliseconds(200)));
+      }
       if (stop_) return;
       if (queue_.empty() || queue_.front() != id) continue;  // cancelled while waiting
       queue_.pop_front();
@@ -764,6 +864,7 @@ void HostCore::RunnerLoop() {
       }
       running_ = id;
       rec->job.set_num_workers(static_cast<int>(assigned.size()));
+      rec->job.set_compute_backend(assigned.front()->hello().device().kind());
       for (auto& w : assigned) {
         worker_job_[w->id()] = id;
         w->SetAssignedJob(id);

@@ -130,11 +130,15 @@ class JobContext {
   virtual const std::string& job_id() const = 0;
   virtual const JobSpec& spec() const = 0;
   virtual const std::string& resume_from() const = 0;
+  // The run the job's checkpoints belong to (trainer_state.json "run_id"; Job.run_id): the run of
+  // the checkpoint it resumes, else its own id.
+  virtual const std::string& run_id() const { return job_id(); }
   // 0 for the first run of a job, then one more per automatic restart.
   virtual int attempt() const = 0;
   virtual const std::vector<std::shared_ptr<WorkerSession>>& workers() const = 0;
   virtual bool cancel_requested() const = 0;
-  // Save a checkpoint at the safe point where the cancel takes effect (hostd draining).
+  // Save a checkpoint at the safe point where the cancel takes effect (hostd draining, or a cancel
+  // with save_checkpoint).
   virtual bool checkpoint_on_cancel() const = 0;
   virtual void SetState(v1::JobState state) = 0;
   virtual void SetTotalSteps(int64_t steps) = 0;
@@ -234,7 +238,10 @@ class HostCore {
   std::optional<std::string> PendingJobWithSpec(const std::string& resolved_spec_yaml) const;
   // Every job, without resolved_spec_yaml (GetJob has it).
   std::vector<v1::Job> ListJobs() const;
-  absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
+  // A queued job ends CANCELLED at once; a running one at its next step boundary, after saving a
+  // checkpoint there when `save` is kCheckpoint (and it has run a step since it started or resumed).
+  enum class CancelSave { kNone, kCheckpoint };
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id, CancelSave save = CancelSave::kNone);
   // Subscribes to a job's events: the current state first. The channel closes after the final
   // state. NOT_FOUND for unknown ids.
   absl::StatusOr<std::shared_ptr<Channel<v1::JobEvent>>> Watch(const std::string& job_id);
@@ -260,6 +267,12 @@ class HostCore {
   void LoadPersisted();
   void ReportInterrupted(v1::Job& job, const std::string& output_dir);
   void ResumeInterruptedLocked(v1::Job& job, const JobSpec& spec, JobRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job as clients see it: a queued one says why it waits (Job.wait_reason).
+  v1::Job ShownLocked(const JobRecord& rec) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Refusals Submit can know before a job is queued: another run's checkpoints in the output
+  // directory, and the batch against the workers the job will get. `run_id`: the run the job
+  // continues ("" for a new run).
+  absl::Status CheckBeforeQueueing(const JobSpec& spec, const std::string& run_id) const;
 
   HostCoreOptions options_;
   std::unique_ptr<JobExecutor> executor_;

@@ -2,6 +2,9 @@
 #include "hostd/core/host_core.h"
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <thread>
 
 #include "gtest/gtest.h"
 
@@ -15,11 +18,20 @@ class StepExecutor : public JobExecutor {
     runs++;
     ctx.SetState(v1::JOB_STATE_RUNNING);
     for (int64_t s = 0; s < ctx.spec().steps; ++s) {
-      if (ctx.cancel_requested()) return absl::CancelledError("cancelled");
+      if (ctx.cancel_requested()) {
+        saw_checkpoint_on_cancel = ctx.checkpoint_on_cancel();
+        return absl::CancelledError("cancelled");
+      }
       absl::SleepFor(absl::Milliseconds(5));
       v1::StepMetrics m;
       m.set_step(s + 1);
       m.set_loss(1.0 / (s + 1));
+      if (tokens_per_step > 0) {
+        m.set_step_time_s(0.005);
+        m.set_tokens_per_s(tokens_per_step / 0.005);
+        m.set_mfu(0.1 * (s + 1));
+        if (s == 1) m.set_eval_loss(0.5);
+      }
       ctx.ReportStep(m);
     }
     if (ctx.spec().name == "failing") return absl::InternalError("boom");
@@ -39,6 +51,8 @@ class StepExecutor : public JobExecutor {
   }
   std::atomic<int> runs{0};
   std::atomic<bool> release{false};
+  std::atomic<bool> saw_checkpoint_on_cancel{false};
+  std::atomic<int64_t> tokens_per_step{0};
 };
 
 std::string Spec(const std::string& name, int steps) {
@@ -345,8 +359,151 @@ TEST_F(HostCoreTest, QueueIsBounded) {
     accepted += last.ok();
   }
   EXPECT_EQ(last.code(), absl::StatusCode::kResourceExhausted) << last;
+  // (The runner may fail the first job for want of workers meanwhile, freeing one place.)
   EXPECT_GE(accepted, kMaxQueuedJobs);
   EXPECT_LE(accepted, kMaxQueuedJobs + 1);
+}
+
+// The cap is checked again where a job is queued: a burst of concurrent submits does not pass it.
+TEST_F(HostCoreTest, QueueBoundHoldsUnderConcurrentSubmits) {
+  AttachCpuWorker("cpu0");
+  SubmitNamed("holding", 1);  // holds the runner: nothing leaves the queue meanwhile
+  WaitRunning("holding");
+  std::atomic<size_t> accepted{0}, exhausted{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      v1::SubmitJobRequest req;
+      req.set_spec_yaml(Spec("burst", 1));
+      for (size_t i = 0; i < kMaxQueuedJobs / 4; ++i) {
+        const absl::Status s = core->Submit(req).status();
+        accepted += s.ok();
+        exhausted += s.code() == absl::StatusCode::kResourceExhausted;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(accepted.load(), kMaxQueuedJobs);
+  EXPECT_EQ(exhausted.load(), 2 * kMaxQueuedJobs - kMaxQueuedJobs);
+  for (const v1::Job& j : core->ListJobs()) {
+    if (j.state() == v1::JOB_STATE_QUEUED) ASSERT_TRUE(core->Cancel(j.job_id()).ok());
+  }
+  executor->release = true;
+}
+
+// A checkpoint directory as a save leaves it, owned by `job` (of run `run`, if given).
+void WriteOwnedCheckpoint(const std::string& dir, int64_t step, const std::string& job, const std::string& run = "") {
+  namespace fs = std::filesystem;
+  const fs::path d = fs::path(dir) / ("checkpoint-" + std::to_string(step));
+  fs::create_directories(d);
+  std::ofstream(d / "trainer_state.json") << "{\"format\": \"slidedp-checkpoint\", \"step\": " << step
+                                          << ", \"trainer_state\": {\"job_id\": \"" << job << "\""
+                                          << (run.empty() ? std::string() : ", \"run_id\": \"" + run + "\"")
+                                          << "}}";
+  std::ofstream(d / "COMPLETE") << "{\"step\": " << step << ", \"files\": {}}";
+}
+
+// A job whose output.dir holds another run's checkpoints is refused at submit and dry run, naming
+// that job and the ways on; output.overwrite: true lets it in (the executor moves them aside).
+TEST_F(HostCoreTest, OutputDirOfAnotherRunIsRefused) {
+  const std::string dir = output_root + "/out/owned";
+  std::filesystem::remove_all(dir);  // a run before left its files
+  WriteOwnedCheckpoint(dir, 120, "owned-1");
+  for (bool dry : {true, false}) {
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(Spec("owned", 10));
+    req.set_dry_run(dry);
+    const absl::Status s = core->Submit(req).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("job owned-1 (checkpoint-120)"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("--resume"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("output.overwrite: true"), std::string::npos) << s;
+  }
+  v1::SubmitJobRequest over;
+  over.set_spec_yaml(Spec("owned", 10) + "output: {overwrite: true}\n");
+  over.set_dry_run(true);
+  EXPECT_TRUE(core->Submit(over).ok());
+  // Resuming that run is no conflict: the job continues its run_id.
+  v1::SubmitJobRequest resume;
+  resume.set_spec_yaml(Spec("owned", 200));
+  resume.set_resume_from(dir + "/checkpoint-120");
+  resume.set_dry_run(true);
+  auto r = core->Submit(resume);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->job().run_id(), "owned-1");
+  // ... but another run beside it still is.
+  WriteOwnedCheckpoint(dir, 7, "intruder-3", "intruder-1");
+  const absl::Status s = core->Submit(resume).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("job intruder-1 (checkpoint-7)"), std::string::npos) << s;
+}
+
+// hostd's ids skip those that wrote into the output directory before (a private hostd of
+// `slidedp run` counts from 1 each time), and a client's id that did is refused.
+TEST_F(HostCoreTest, JobIdsDoNotRepeatInAnOutputDir) {
+  const std::string dir = output_root + "/out/again";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/tensorboard/again-2");
+  std::ofstream(dir + "/metrics-again-1.jsonl") << "{}\n";
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(Spec("again", 1));
+  auto r = core->Submit(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->job().job_id(), "again-3");
+  EXPECT_EQ(r->job().output_dir(), dir);
+  EXPECT_EQ(r->job().run_id(), "again-3");
+  req.set_job_id("again-1");
+  EXPECT_EQ(core->Submit(req).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The batch must split over the workers the job will get: known at submit.
+TEST_F(HostCoreTest, BatchNotDivisibleByTheWorkersIsRefusedAtSubmit) {
+  AttachCpuWorker("cpu0");
+  AttachCpuWorker("cpu1");
+  AttachCpuWorker("cpu2");
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(Spec("split", 1));  // global_batch 2 over 3 workers
+  req.set_dry_run(true);
+  const absl::Status s = core->Submit(req).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("3 worker(s)"), std::string::npos) << s;
+  req.set_spec_yaml(Spec("split", 1) + "runtime: {workers: 2}\n");
+  EXPECT_TRUE(core->Submit(req).ok());
+}
+
+// A queued job says why it waits; the run's means and last validation loss are kept.
+TEST_F(HostCoreTest, QueuedJobSaysWhyAndRunMeansAreKept) {
+  SubmitNamed("waits", 3);
+  v1::Job j = *core->GetJob("waits");
+  for (int i = 0; i < 100 && j.wait_reason().empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+    j = *core->GetJob("waits");
+  }
+  EXPECT_NE(j.wait_reason().find("needs 1 worker(s), 0 attached"), std::string::npos) << j.wait_reason();
+  EXPECT_EQ(WaitFinal("waits").state(), v1::JOB_STATE_FAILED);
+
+  executor->tokens_per_step = 1000;
+  AttachCpuWorker("cpu0");
+  SubmitNamed("means", 4);
+  v1::Job done = WaitFinal("means");
+  EXPECT_EQ(done.run_steps(), 4);
+  EXPECT_NEAR(done.mean_tokens_per_s(), 1000 / 0.005, 1);
+  EXPECT_TRUE(done.has_mean_mfu());
+  EXPECT_NEAR(done.mean_mfu(), (0.1 + 0.2 + 0.3 + 0.4) / 4, 1e-12);
+  EXPECT_EQ(done.last_eval_step(), 2);
+  EXPECT_EQ(done.last_eval_loss(), 0.5);
+  EXPECT_EQ(done.compute_backend(), "cpu");
+  EXPECT_TRUE(done.wait_reason().empty());
+}
+
+// CancelJob's save_checkpoint reaches the executor as checkpoint_on_cancel.
+TEST_F(HostCoreTest, CancelWithSaveAsksForACheckpoint) {
+  AttachCpuWorker("cpu0");
+  SubmitNamed("long", 100000);
+  WaitRunning("long");
+  ASSERT_TRUE(core->Cancel("long", HostCore::CancelSave::kCheckpoint).ok());
+  EXPECT_EQ(WaitFinal("long").state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_TRUE(executor->saw_checkpoint_on_cancel.load());
 }
 
 }  // namespace

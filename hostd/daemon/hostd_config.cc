@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "common/log/program_logging.h"
+#include "common/version.h"
 #include "yaml-cpp/yaml.h"
 
 namespace slidedp::hostd {
@@ -66,7 +67,7 @@ void BindFlags(CLI::App& app, HostdConfig& c) {
 absl::Status ParseInto(int argc, const char* const* argv, HostdConfig& c, std::string* help) {
   CLI::App app{"slidedp-hostd: the node daemon that owns training state"};
   BindFlags(app, c);
-  app.set_version_flag("--version", [] { return VersionText("slidedp-hostd"); });
+  app.set_version_flag("--version", [] { return VersionReport(); });
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {

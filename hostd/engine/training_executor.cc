@@ -16,10 +16,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/data/dataset.h"
+#include "common/tokenizer/identity.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "hostd/admission/admission.h"
 #include "hostd/checkpoint/checkpoint.h"
+#include "hostd/core/output_ownership.h"
 #include "hostd/engine/grad_consumer.h"
 #include "hostd/engine/initial_weights.h"
 #include "hostd/engine/job_plan.h"
@@ -80,6 +82,68 @@ absl::StatusOr<update::LrSchedule> ScheduleOf(const JobSpec& spec, int64_t total
   return update::LrSchedule::Create(sc);
 }
 
+// A model directory names its weights: model.safetensors, or an index of shards that exist. Read at
+// submit, so a directory of only config.json (or of PyTorch .bin files) is refused then; the
+// tensors themselves are checked as they load.
+absl::Status CheckModelWeightsPresent(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path dir(model_dir);
+  if (fs::exists(dir / "model.safetensors", ec) || fs::exists(dir / "model.safetensors.index.json", ec)) {
+    return absl::OkStatus();
+  }
+  const bool pytorch = fs::exists(dir / "pytorch_model.bin", ec) || fs::exists(dir / "pytorch_model.bin.index.json", ec);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "model.path ", model_dir, " has no weights: neither model.safetensors nor model.safetensors.index.json",
+      pytorch ? " (it has PyTorch .bin weights: save them as safetensors, e.g. "
+                "AutoModelForCausalLM.from_pretrained(dir).save_pretrained(out, safe_serialization=True))"
+              : " (download the whole model, not only its config)"));
+}
+
+// The model directory's tokenizer, to compare with the dataset's record of the one that made it;
+// nullopt when there is none to compare with (a preset, a directory without tokenizer.json).
+absl::StatusOr<std::optional<tok::TokenizerIdentity>> ModelTokenizerOf(const JobSpec& spec) {
+  if (spec.model_path.empty() || !spec.tokenizer_check) return std::optional<tok::TokenizerIdentity>();
+  absl::StatusOr<tok::TokenizerIdentity> id = tok::IdentifyTokenizer(spec.model_path);
+  if (absl::IsNotFound(id.status())) return std::optional<tok::TokenizerIdentity>();
+  if (!id.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "data.tokenizer_check: cannot read the tokenizer of model.path ", spec.model_path, " to compare it with the "
+        "dataset's: ", id.status().message(), " (data.tokenizer_check: false trains without the check)"));
+  }
+  return std::optional<tok::TokenizerIdentity>(*std::move(id));
+}
+
+// The dataset `key` names was made with the model's tokenizer (manifest.json "source", written by
+// `slidedp prepare`). FAILED_PRECONDITION naming both when not; a note (for the job log) when it
+// cannot be told: a dataset without the record, a model without a tokenizer, or the check off.
+absl::StatusOr<std::string> CheckDatasetTokenizer(const JobSpec& spec, absl::string_view key,
+                                                  const std::string& path, const data::DatasetReader& dataset,
+                                                  const std::optional<tok::TokenizerIdentity>& model) {
+  if (!spec.tokenizer_check) {
+    return absl::StrCat(key, ": data.tokenizer_check is false: its tokenizer is not compared with the model's");
+  }
+  const std::optional<data::DatasetSource>& source = dataset.manifest().source;
+  if (!source || source->tokenizer_fingerprint.empty()) {
+    return absl::StrCat("warning: ", key, " ", path,
+                        " does not record the tokenizer that made it (an older slidedp prepare, or made elsewhere): "
+                        "not checked against the model's tokenizer");
+  }
+  if (!model) {
+    return absl::StrCat(key, ": the model has no tokenizer.json to compare the dataset's tokenizer with");
+  }
+  if (source->tokenizer_fingerprint != model->fingerprint) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        key, " ", path, " was tokenized by another tokenizer than the model's: the dataset's is ",
+        source->tokenizer_fingerprint,
+        source->model.empty() ? std::string() : absl::StrCat(" (from ", source->model, ")"), ", model.path ",
+        spec.model_path, "'s is ", model->fingerprint,
+        ". Prepare the data again with --model ", spec.model_path,
+        ", or set data.tokenizer_check: false if the tokenizers are known to agree"));
+  }
+  return std::string();
+}
+
 // output.dir, checked at submit: a directory hostd may create files in, or one it can create
 // below the nearest existing ancestor, which must then be such a directory. (The job creates it
 // when it starts; nothing here may throw, whatever the path names.)
@@ -129,6 +193,13 @@ absl::StatusOr<std::vector<data::FileIdentity>> TrainingExecutor::VerifyDataset(
   }
   if (!dataset.ok()) return dataset.status();
   const data::DatasetReader& d = **dataset;
+  {
+    // Again at start (the files may have been replaced while the job was queued); the note of a
+    // check that could not be made goes to the job's log.
+    ASSIGN_OR_RETURN(const std::optional<tok::TokenizerIdentity> model_tokenizer, ModelTokenizerOf(spec));
+    ASSIGN_OR_RETURN(std::string note, CheckDatasetTokenizer(spec, "data.path", spec.data_path, d, model_tokenizer));
+    if (!note.empty() && ctx.attempt() == 0) ctx.Log(note);
+  }
   if (dopt.expected_files.empty()) {
     uint64_t bytes = 0;
     for (const data::FileIdentity& f : d.file_identities()) bytes += static_cast<uint64_t>(f.size);
@@ -229,6 +300,11 @@ absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
   }
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));
   RETURN_IF_ERROR(config.CheckTrainable());  // a family the compute backends do not run yet
+  if (!spec.model_path.empty()) RETURN_IF_ERROR(CheckModelWeightsPresent(spec.model_path));
+  if (spec.layer_layout) {
+    // A policy file (or a layout inline) made for another model shape fails here, not at start.
+    RETURN_IF_ERROR(spec.layer_layout->CheckModel(config));
+  }
   if (spec.router_aux_loss_coef >= 0 && !config.is_moe()) {
     return absl::InvalidArgumentError(absl::StrCat("train.router_aux_loss_coef: the model (", ModelTypeName(config.family),
                                                    ") has no router; the key is for qwen3_moe models"));
@@ -252,6 +328,8 @@ absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
   dopt.model_vocab_size = config.vocab_size;
   dopt.verify_checksums = data::VerifyChecksums::kNo;
   ASSIGN_OR_RETURN(auto dataset, data::DatasetReader::Open(spec.data_path, dopt));
+  ASSIGN_OR_RETURN(const std::optional<tok::TokenizerIdentity> model_tokenizer, ModelTokenizerOf(spec));
+  RETURN_IF_ERROR(CheckDatasetTokenizer(spec, "data.path", spec.data_path, *dataset, model_tokenizer).status());
   if (dataset->num_rows() < spec.global_batch) {
     return absl::InvalidArgumentError(absl::StrCat("data.path: the dataset has ", dataset->num_rows(),
                                                    " rows, fewer than train.global_batch ", spec.global_batch));
@@ -270,6 +348,7 @@ absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
                                                      spec.seq_len));
     }
     if ((*v)->num_rows() == 0) return absl::InvalidArgumentError("data.validation: the split has no rows");
+    RETURN_IF_ERROR(CheckDatasetTokenizer(spec, "data.validation", spec.validation, **v, model_tokenizer).status());
   }
   return Annotate(ScheduleOf(spec, StepsOf(spec, dataset->num_rows())).status(), "schedule");
 }
@@ -564,6 +643,7 @@ absl::Status TrainingExecutor::SaveCheckpoint(JobContext& ctx, Attempt& a, int64
   req.model_files = &a.model_files;
   req.trainer_state = {{"step", steps_done},
                        {"job_id", ctx.job_id()},
+                       {"run_id", ctx.run_id()},
                        {"data_seed", a.spec.seed},
                        {"init_seed", a.spec.init_seed},
                        {"world_size", a.plan.world},
@@ -574,7 +654,8 @@ absl::Status TrainingExecutor::SaveCheckpoint(JobContext& ctx, Attempt& a, int64
   ctx.SetLastCheckpoint(result.dir);
   ctx.Log(absl::StrFormat("checkpoint saved to %s (%.2f GB in %.1f s)", result.dir, result.bytes_written / 1e9,
                           result.seconds));
-  if (steps_done < a.spec.steps) ctx.SetState(v1::JOB_STATE_RUNNING);
+  // A save at a cancel ends the job from SAVING (the runner sets CANCELLED next).
+  if (steps_done < a.spec.steps && !ctx.cancel_requested()) ctx.SetState(v1::JOB_STATE_RUNNING);
   return absl::OkStatus();
 }
 
@@ -903,6 +984,15 @@ bool TrainingExecutor::RecordPolicy(JobContext& ctx, Attempt& a, const v1::Polic
 absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   const absl::Time attempt_start = absl::Now();
   JobSpec spec = ctx.spec();
+  if (SavesCheckpoints(spec)) {
+    // Submit refused an output.dir holding another run's checkpoints; a job that ran since (queued
+    // before this one) may have written some: the job's own run only, or output.overwrite.
+    ASSIGN_OR_RETURN(std::vector<checkpoint::CheckpointEntry> others,
+                     OtherRunsCheckpoints(spec.output_dir, ctx.run_id()));
+    if (!spec.overwrite) RETURN_IF_ERROR(RefuseOtherRuns(spec.output_dir, others));
+    ASSIGN_OR_RETURN(std::string moved, MoveOtherRunsAside(spec.output_dir, others, ctx.job_id()));
+    if (!moved.empty()) ctx.Log(moved);
+  }
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));
   // Every dataset file's checksum (and ids, and mask), before any host state is allocated: a
   // flipped bit would otherwise train. Here, not at submit: a large dataset takes seconds.
@@ -1068,10 +1158,15 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
         absl::Status saved = SaveCheckpoint(ctx, a, t);
         a.reports->StopWorkers();
         RETURN_IF_ERROR(saved);
-        return absl::CancelledError(
-            absl::StrCat("cancelled at step ", t, " (hostd draining); checkpoint ", a.last_checkpoint));
+        return absl::CancelledError(absl::StrCat("cancelled at step ", t, "; checkpoint ", a.last_checkpoint));
       }
       a.reports->StopWorkers();
+      if (ctx.checkpoint_on_cancel() && !a.spec.measure_only) {
+        // Nothing ran since the job started or resumed: there is no new state to save.
+        return absl::CancelledError(absl::StrCat(
+            "cancelled at step ", t, " before this run's first step ended; nothing new to save",
+            ctx.resume_from().empty() ? std::string() : absl::StrCat(" (it resumed from ", ctx.resume_from(), ")")));
+      }
       return absl::CancelledError(absl::StrCat("cancelled at step ", t));
     }
     RETURN_IF_ERROR(RunStep(ctx, a, t));

@@ -132,7 +132,8 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRe
 }
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req, v1::Job* resp) {
-  auto r = core_->Cancel(req->job_id());
+  auto r = core_->Cancel(req->job_id(), req->save_checkpoint() ? HostCore::CancelSave::kCheckpoint
+                                                                : HostCore::CancelSave::kNone);
   if (!r.ok()) return ToGrpc(r.status());
   *resp = std::move(*r);
   return grpc::Status::OK;

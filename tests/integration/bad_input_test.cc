@@ -292,6 +292,41 @@ TEST_F(BadInput, ModelDirectoryMissingOrWithoutConfig) {
   ExpectRejected(Spec(p), kInvalid, "exactly one of model.path");
 }
 
+// What would fail the job when it starts is refused at submit and at --dry-run (issue 48): a
+// model directory with a config and no weights, a policy file made for another model shape.
+TEST_F(BadInput, WeightlessModelAndPolicyOfAnotherShapeAreRefusedAtDryRun) {
+  auto expect_refused = [](const std::string& spec, const std::string& fragment) {
+    for (bool dry : {true, false}) {
+      v1::SubmitJobRequest req;
+      req.set_job_id(NextId("dry"));
+      req.set_spec_yaml(spec);
+      req.set_base_dir(node_->dir());
+      req.set_dry_run(dry);
+      auto r = node_->client().Submit(req);
+      ASSERT_FALSE(r.ok()) << (dry ? "dry run" : "submit") << " accepted; expected '" << fragment << "'";
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+      EXPECT_THAT(std::string(r.status().message()), HasSubstr(fragment));
+    }
+  };
+  SpecParts p;
+  const std::string weightless = CopyModel("weightless");
+  fs::remove(weightless + "/model.safetensors");
+  p.model = absl::StrCat("{path: ", weightless, "}");
+  expect_refused(Spec(p), "has no weights: neither model.safetensors nor model.safetensors.index.json");
+  WriteAll(weightless + "/pytorch_model.bin", "not read");
+  expect_refused(Spec(p), "safe_serialization=True");
+
+  // The tiny preset's shape but a hidden size of 96.
+  const std::string policy = root_ + "/other-shape.policy.yaml";
+  WriteAll(policy,
+           "version: 1\nmodel: {hidden_size: 96, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, "
+           "head_dim: 16, intermediate_size: 128, vocab_size: 512}\nlayers:\n  - {kind: recompute}\n  - {kind: "
+           "keep_all}\n");
+  p = {};
+  p.runtime = absl::StrCat("{workers: 1, ring_slots: 4, step_timeout_ms: 20000, policy: ", policy, "}");
+  expect_refused(Spec(p), "runtime.policy was made for model.hidden_size 96, this job's model has 64");
+}
+
 TEST_F(BadInput, ModelConfigNotJsonOrInvalid) {
   std::string dir = CopyModel("config-garbage");
   WriteAll(dir + "/config.json", "{\"hidden_size\": 64,,,");
@@ -737,10 +772,24 @@ TEST_F(BadInput, ResumeByJobIdNeverTakesAnotherJobsCheckpoint) {
   auto ja_ckpt = checkpoint::CheckpointJobId(ja->last_checkpoint());
   ASSERT_TRUE(ja_ckpt.ok()) << ja_ckpt.status();
   EXPECT_EQ(*ja_ckpt, a);
-  auto jb = node_->RunJob(spec, b, 60);  // the same steps: it replaces checkpoint-2
+  // Another job into a's directory is refused at submit: it would save a checkpoint-2 of its own.
+  auto refused = node_->RunJob(spec, b, 60);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("job " + a + " (checkpoint-2)"));
+  // With output.overwrite it runs; a's checkpoint is moved aside, not replaced or deleted.
+  const std::string over = absl::StrReplaceAll(spec, {{", save_final: true}", ", save_final: true, overwrite: true}"}});
+  auto jb = node_->RunJob(over, b, 60);
   ASSERT_TRUE(jb.ok()) << jb.status();
   ASSERT_EQ(jb->state(), v1::JOB_STATE_SUCCEEDED) << jb->error();
   ASSERT_EQ(jb->last_checkpoint(), ja->last_checkpoint());
+  int kept = 0;
+  for (const auto& e : fs::directory_iterator(p.output)) {
+    if (absl::StartsWith(e.path().filename().string(), "superseded-")) {
+      auto owner = checkpoint::CheckpointJobId((e.path() / "checkpoint-2").string());
+      kept += owner.ok() && *owner == a;
+    }
+  }
+  EXPECT_EQ(kept, 1) << "a's checkpoint-2 moved aside";
   v1::SubmitJobRequest req;
   req.set_job_id(NextId("resume-a"));
   req.set_spec_yaml(absl::StrReplaceAll(spec, {{"steps: 2,", "steps: 3,"}}));
@@ -751,12 +800,13 @@ TEST_F(BadInput, ResumeByJobIdNeverTakesAnotherJobsCheckpoint) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("no complete checkpoint of job " + a));
   req.set_job_id(NextId("resume-b"));
-  req.set_resume_from(b);  // b's own checkpoint is there
+  req.set_resume_from(b);  // b's own checkpoint is there: its run continues in the directory
   auto rb = node_->client().Submit(req);
   ASSERT_TRUE(rb.ok()) << rb.status();
   auto jrb = node_->WaitFinal(rb->job().job_id(), 60);
   ASSERT_TRUE(jrb.ok()) << jrb.status();
   EXPECT_EQ(jrb->state(), v1::JOB_STATE_SUCCEEDED) << jrb->error();
+  EXPECT_EQ(jrb->run_id(), b);
 }
 
 // YAML lets a key appear twice (the last one winning silently): a spec must not.

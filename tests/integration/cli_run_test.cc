@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -91,9 +93,9 @@ TEST(CliRun, RunsTheJobOnAPrivateNodeAndExitsWithItsResult) {
   if (!HasFailure()) std::filesystem::remove_all(dir);
 }
 
-// The three binaries say their version (the build's digest too) and exit 0; a CLI command logs
-// nothing before glog starts (no "Logging before InitGoogleLogging" line), and -v with --quiet is
-// refused.
+// The three binaries say one version, "slidedp X.Y.Z (commit abc1234)" (the build's digest on a
+// second line), and exit 0; a CLI command logs nothing before glog starts (no "Logging before
+// InitGoogleLogging" line), and -v with --quiet is refused.
 TEST(CliRun, BinariesSayTheirVersionAndLogFromTheStart) {
   const std::string dir = ::testing::TempDir() + "/cli-version-" + std::to_string(getpid());
   std::filesystem::create_directories(dir);
@@ -103,11 +105,15 @@ TEST(CliRun, BinariesSayTheirVersionAndLogFromTheStart) {
     const int rc = pid.ok() ? WaitExit(*pid, 60) : -1;
     return std::pair<int, std::string>(rc, ReadFile(dir + "/" + name + ".log"));
   };
+  const std::regex version(R"(slidedp \d+\.\d+\.\d+ \(commit ([0-9a-f]{7,}|unknown)\)\nbuild digest [0-9a-f]{16}\n)");
+  std::set<std::string> first_lines;
   for (const char* bin : {"slidedp", "slidedp-hostd", "slidedp-worker"}) {
     const auto [rc, out] = run({BuildDir() + "/bin/" + bin, "--version"}, bin);
     EXPECT_EQ(rc, 0) << bin << ": " << out;
-    EXPECT_TRUE(absl::StartsWith(out, absl::StrCat(bin, " slidedp "))) << out;
+    EXPECT_TRUE(std::regex_match(out, version)) << bin << ": " << out;
+    first_lines.insert(out.substr(0, out.find('\n')));
   }
+  EXPECT_EQ(first_lines.size(), 1u) << "one version string for the three binaries";
   // A command that fails to reach hostd: one clear line, no glog preamble.
   const auto [rc, out] = run({BuildDir() + "/bin/slidedp", "--hostd", "unix:" + dir + "/no.sock", "--timeout", "2",
                               "health"},
@@ -203,9 +209,10 @@ TEST(CliRun, TensorBoardEventsAndPlotOfAJob) {
     const int rc = pid.ok() ? WaitExit(*pid, 60) : -1;
     return std::pair<int, std::string>(rc, ReadFile(dir + "/" + name + ".log"));
   };
-  const auto [rc, out] = run({"plot", jsonl, "-o", dir + "/curve.png"}, "plot");
+  // Into a directory that does not exist yet: made.
+  const auto [rc, out] = run({"plot", jsonl, "-o", dir + "/plots/new/curve.png"}, "plot");
   EXPECT_EQ(rc, 0) << out;
-  EXPECT_EQ(ReadFile(dir + "/curve.png").substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  EXPECT_EQ(ReadFile(dir + "/plots/new/curve.png").substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
   const auto [missing_rc, missing] = run({"plot", dir + "/nope.jsonl", "-o", dir + "/x.svg"}, "plot-missing");
   EXPECT_NE(missing_rc, 0);
   EXPECT_TRUE(absl::StrContains(missing, "slidedp: NOT_FOUND: open metrics file " + dir + "/nope.jsonl")) << missing;

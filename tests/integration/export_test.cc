@@ -3,7 +3,13 @@
 // holds them and a generation_config.json; `slidedp export` writes the model directory (sharded
 // here, no optimizer state) whose weights are the checkpoint's bit for bit, refuses to overwrite
 // it without --force, and writes FP32 weights equal to the master; a job then trains from the
-// exported, sharded directory.
+// exported, sharded directory. A directory holding two runs' checkpoints is refused without
+// --job, which chooses; destination mistakes (no parent, a directory that may not be written)
+// are named with their code, never INTERNAL.
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,6 +50,47 @@ std::pair<int, std::string> RunCommand(const std::vector<std::string>& argv, con
     absl::SleepFor(absl::Milliseconds(20));
   }
   return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), ReadFile(log)};
+}
+
+// Runs argv as the user nobody when this process is root (a directory of mode 0555 stops no
+// root), else as itself, for at most timeout_s; returns the exit status and the output.
+std::pair<int, std::string> RunUnprivileged(const std::vector<std::string>& argv, double timeout_s) {
+  int fds[2];
+  if (::pipe(fds) != 0) return {-1, "pipe failed"};
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    if (::geteuid() == 0 && (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0)) {
+      ::_exit(126);
+    }
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  std::string out;
+  const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
+  char buf[4096];
+  for (;;) {
+    pollfd p{fds[0], POLLIN, 0};
+    const int left_ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (left_ms <= 0 || ::poll(&p, 1, left_ms) <= 0) {
+      ::kill(pid, SIGKILL);
+      break;
+    }
+    const ssize_t n = ::read(fds[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
 }
 
 // The tiny preset as an HF model directory (F32 weights from the seeded init) with the Qwen3
@@ -214,6 +261,49 @@ TEST(Export, CheckpointsAreModelDirectoriesAndExportWritesOne) {
   auto [next, next_log] = RunJob(dir, WriteSpec(dir, "again", "exported", 2), "again");
   ASSERT_EQ(next, 0) << next_log;
   EXPECT_EQ(ReadFile(dir + "/out-again/checkpoint-2/tokenizer.json"), ReadFile(dir + "/model/tokenizer.json"));
+
+  // Two runs' checkpoints in one directory (put together by hand: hostd keeps runs apart): the
+  // export names both and how to choose; --job chooses by the job's id.
+  const std::string mixed = dir + "/mixed";
+  fs::create_directories(mixed);
+  fs::copy(ckpt, mixed + "/checkpoint-4", fs::copy_options::recursive);
+  fs::copy(dir + "/out-again/checkpoint-2", mixed + "/checkpoint-2", fs::copy_options::recursive);
+  const auto train_job = checkpoint::CheckpointJobId(mixed + "/checkpoint-4");
+  const auto again_job = checkpoint::CheckpointJobId(mixed + "/checkpoint-2");
+  ASSERT_TRUE(train_job.ok() && again_job.ok()) << train_job.status() << again_job.status();
+  ASSERT_NE(*train_job, *again_job);
+  auto [two, two_log] =
+      RunCommand({slidedp, "export", mixed, "--to", dir + "/exported-mixed"}, dir + "/two-runs.log", 60);
+  EXPECT_NE(two, 0) << two_log;
+  for (const std::string& want :
+       {std::string("FAILED_PRECONDITION"), "run " + *train_job, "run " + *again_job, mixed + "/checkpoint-4 (step 4)",
+        mixed + "/checkpoint-2 (step 2)", std::string("--job")}) {
+    EXPECT_TRUE(absl::StrContains(two_log, want)) << want << " in " << two_log;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/exported-mixed"));
+  auto [chosen, chosen_log] = RunCommand(
+      {slidedp, "export", mixed, "--to", dir + "/exported-mixed", "--job", *again_job}, dir + "/chosen.log", 60);
+  ASSERT_EQ(chosen, 0) << chosen_log;
+  EXPECT_TRUE(absl::StrContains(chosen_log, "exported " + mixed + "/checkpoint-2 (step 2)")) << chosen_log;
+  EXPECT_TRUE(Weights(dir + "/exported-mixed") == Weights(mixed + "/checkpoint-2"));
+
+  // Destination mistakes: a parent that does not exist (NOT_FOUND, not created), a directory
+  // that may not be written (PERMISSION_DENIED; run as nobody when the test runs as root).
+  auto [no_parent, no_parent_log] =
+      RunCommand({slidedp, "export", ckpt, "--to", dir + "/no/such/model"}, dir + "/no-parent.log", 60);
+  EXPECT_NE(no_parent, 0) << no_parent_log;
+  EXPECT_TRUE(absl::StrContains(no_parent_log, "NOT_FOUND")) << no_parent_log;
+  EXPECT_TRUE(absl::StrContains(no_parent_log, dir + "/no/such")) << no_parent_log;
+  EXPECT_FALSE(fs::exists(dir + "/no"));
+  fs::create_directories(dir + "/ro");
+  ASSERT_EQ(::chmod((dir + "/ro").c_str(), 0555), 0);
+  auto [ro, ro_log] = RunUnprivileged({slidedp, "export", ckpt, "--to", dir + "/ro/model"}, 60);
+  EXPECT_NE(ro, 0) << ro_log;
+  EXPECT_TRUE(absl::StrContains(ro_log, "PERMISSION_DENIED")) << ro_log;
+  EXPECT_TRUE(absl::StrContains(ro_log, dir + "/ro")) << ro_log;
+  EXPECT_FALSE(absl::StrContains(ro_log, "INTERNAL")) << ro_log;
+  EXPECT_TRUE(fs::is_empty(dir + "/ro"));
+  ::chmod((dir + "/ro").c_str(), 0755);
   if (!HasFailure()) fs::remove_all(dir);
 }
 

@@ -8,6 +8,7 @@
 #include "CLI/CLI.hpp"
 #include "common/auth/hostd_channel.h"
 #include "common/log/program_logging.h"
+#include "common/version.h"
 #include "glog/logging.h"
 #include "worker/agent/worker_agent.h"
 
@@ -49,7 +50,7 @@ int main(int argc, char** argv) {
       });
   app.add_flag("--count-gpus", count_gpus, "print the number of visible CUDA devices and exit");
   app.add_option("--exit-after-disconnects", opt.exit_after_disconnects, "give up after N failed sessions");
-  app.set_version_flag("--version", [] { return slidedp::VersionText("slidedp-worker"); });
+  app.set_version_flag("--version", [] { return slidedp::VersionReport(); });
   bool quiet = false;
   app.add_flag("--quiet", quiet, "log warnings and errors only");
   CLI11_PARSE(app, argc, argv);

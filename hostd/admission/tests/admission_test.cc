@@ -164,6 +164,18 @@ TEST(CheckAdmission, RefusesWithTheNumbersAndTheLimit) {
   EXPECT_FALSE(CheckAdmission(plan, exact, no_reserve).ok());
 }
 
+// A small job's refusal shows its numbers in a unit that shows them (not "needs 0.00 GiB ... has
+// 0.00 GiB free").
+TEST(Admission, SmallNumbersAreShownInTheirUnit) {
+  const JobMemoryPlan plan = PlanJobMemory(Layout("tiny"), shm::GradRingConfig{2, 1ull << 20}, 1, ClipMode::kNone);
+  ASSERT_LT(plan.shm_bytes, kGiB / 64);
+  HostMemoryInfo tiny_shm{512 * kGiB, 400 * kGiB, 8ull << 20, 512 << 10};
+  const absl::Status s = CheckAdmission(plan, tiny_shm);
+  ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(s.message().find("0.00 GiB"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("/dev/shm has 512.0 KiB free of 8.0 MiB"), absl::string_view::npos) << s;
+}
+
 TEST(ReadHostMemoryInfo, ParsesMeminfo) {
   const std::string path = absl::StrCat(::testing::TempDir(), "/meminfo.", ::getpid());
   {

@@ -41,6 +41,15 @@ class FakeContext : public JobContext {
   const std::string& job_id() const override { return job_id_; }
   const JobSpec& spec() const override { return spec_; }
   const std::string& resume_from() const override { return resume_; }
+  // As HostCore: a resumed job continues its checkpoint's run.
+  const std::string& run_id() const override {
+    if (run_id_.empty()) {
+      absl::StatusOr<std::string> run =
+          resume_.empty() ? absl::StatusOr<std::string>(job_id_) : checkpoint::CheckpointRunId(resume_);
+      run_id_ = run.ok() ? *run : job_id_;
+    }
+    return run_id_;
+  }
   int attempt() const override { return 0; }
   const std::vector<std::shared_ptr<WorkerSession>>& workers() const override { return workers_; }
   bool cancel_requested() const override { return false; }
@@ -58,6 +67,7 @@ class FakeContext : public JobContext {
   std::vector<v1::StepMetrics> metrics;
   std::vector<std::string> logs;
   std::string resume_;
+  mutable std::string run_id_;
 
  private:
   std::string job_id_;
