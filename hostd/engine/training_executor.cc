@@ -123,14 +123,16 @@ absl::StatusOr<std::string> CheckDatasetTokenizer(const JobSpec& spec, absl::str
   if (!spec.tokenizer_check) {
     return absl::StrCat(key, ": data.tokenizer_check is false: its tokenizer is not compared with the model's");
   }
+  if (!model) {  // a preset has no tokenizer; a model directory may lack tokenizer.json
+    return spec.model_path.empty()
+               ? std::string()
+               : absl::StrCat(key, ": model.path has no tokenizer.json to compare the dataset's tokenizer with");
+  }
   const std::optional<data::DatasetSource>& source = dataset.manifest().source;
   if (!source || source->tokenizer_fingerprint.empty()) {
     return absl::StrCat("warning: ", key, " ", path,
                         " does not record the tokenizer that made it (an older slidedp prepare, or made elsewhere): "
                         "not checked against the model's tokenizer");
-  }
-  if (!model) {
-    return absl::StrCat(key, ": the model has no tokenizer.json to compare the dataset's tokenizer with");
   }
   if (source->tokenizer_fingerprint != model->fingerprint) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -32,16 +32,7 @@ using client::WaitExit;
 // A small synthetic dataset and a spec of the tiny preset with `steps` steps, in `dir`.
 std::string WriteSpec(const std::string& dir, int steps) {
   std::filesystem::create_directories(dir);
-  data::SyntheticOptions o;
-  o.vocab_size = 512;
-  o.num_documents = 64;
-  o.seed = 9;
-  o.min_doc_tokens = 8;
-  o.max_doc_tokens = 90;
-  o.seq_len = 64;
-  o.overwrite = data::Overwrite::kYes;
-  auto m = data::WriteSyntheticDataset(dir + "/data", o);
-  EXPECT_TRUE(m.ok()) << m.status();
+  WriteTinyDataset(dir + "/data", 64, 90, 64, 9);
   const std::string spec = dir + "/job.yaml";
   std::ofstream(spec) << "name: cli\nmodel: {preset: tiny, init_seed: 1}\ndata: {path: data}\n"
                       << "output: {dir: out, save_final: false}\n"

@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "client/cli/client.h"
 #include "client/cli/embedded.h"
+#include "common/data/synthetic.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -97,6 +98,21 @@ inline int64_t ResidentKb(int pid) {
     }
   }
   return -1;
+}
+
+// A learnable synthetic dataset for the tiny preset (vocabulary 512) in `dir`, replacing one there:
+// `documents` documents of 8 to `max_doc_tokens` tokens, packed in rows of `seq_len`.
+inline void WriteTinyDataset(const std::string& dir, int documents, int max_doc_tokens, int seq_len, uint64_t seed) {
+  data::SyntheticOptions o;
+  o.vocab_size = 512;
+  o.num_documents = documents;
+  o.seed = seed;
+  o.min_doc_tokens = 8;
+  o.max_doc_tokens = max_doc_tokens;
+  o.seq_len = seq_len;
+  o.overwrite = data::Overwrite::kYes;
+  auto m = data::WriteSyntheticDataset(dir, o);
+  EXPECT_TRUE(m.ok()) << m.status();
 }
 
 class NodeHarness {

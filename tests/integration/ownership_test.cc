@@ -11,7 +11,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/data/synthetic.h"
 #include "hostd/checkpoint/checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/node_harness.h"
@@ -21,18 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 using client::WaitExit;
 
-void WriteData(const std::string& dir) {
-  data::SyntheticOptions o;
-  o.vocab_size = 512;
-  o.num_documents = 32;
-  o.seed = 4;
-  o.min_doc_tokens = 8;
-  o.max_doc_tokens = 40;
-  o.seq_len = 32;
-  o.overwrite = data::Overwrite::kYes;
-  auto m = data::WriteSyntheticDataset(dir, o);
-  ASSERT_TRUE(m.ok()) << m.status();
-}
+void WriteData(const std::string& dir) { WriteTinyDataset(dir, 32, 40, 32, 4); }
 
 std::string Spec(const std::string& name, int steps, const std::string& output_extra = "") {
   return absl::StrCat("name: ", name, "\nmodel: {preset: tiny, init_seed: 1}\ndata: {path: data}\n",

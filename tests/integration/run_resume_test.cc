@@ -43,18 +43,7 @@ std::string TestDir(const std::string& stem) {
 // goes to `dir`/out-NAME (a checkpoint at the end only). The specs of one dir share the data.
 std::string WriteSpec(const std::string& dir, const std::string& name, int steps) {
   fs::create_directories(dir);
-  if (!fs::exists(dir + "/data")) {
-    data::SyntheticOptions o;
-    o.vocab_size = 512;
-    o.num_documents = 64;
-    o.seed = 9;
-    o.min_doc_tokens = 8;
-    o.max_doc_tokens = 90;
-    o.seq_len = 64;
-    o.overwrite = data::Overwrite::kYes;
-    auto m = data::WriteSyntheticDataset(dir + "/data", o);
-    EXPECT_TRUE(m.ok()) << m.status();
-  }
+  if (!fs::exists(dir + "/data")) WriteTinyDataset(dir + "/data", 64, 90, 64, 9);
   const std::string spec = absl::StrCat(dir, "/", name, ".yaml");
   std::ofstream(spec) << "name: resume\nmodel: {preset: tiny, init_seed: 1}\ndata: {path: data}\n"
                       << "output: {dir: out-" << name << ", keep_last: 5}\n"
