@@ -68,10 +68,6 @@ void AddWidened(update::GradPtr src, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] += Bf16ToFloat(b[i]);
 }
 
-double SumSquaresOf(update::GradPtr src, int64_t n) {
-  return src.bf16 ? update::SumSquaresBf16(src.b16(), n) : update::SumSquares(src.f32(), n);
-}
-
 int64_t FirstNonFiniteOf(update::GradPtr src, int64_t n) {
   if (!src.bf16) return FirstNonFinite(src.f32(), n);
   for (int64_t i = 0; i < n; ++i) {
@@ -310,8 +306,10 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
       NoteNonFinite(r, d.unit, d.offset_numel, src, d.numel);
       RETURN_IF_ERROR(rings_.ring(r).Release(d.slot));
       if (policy_ == NonFinitePolicy::kSkip) {
-        if (absl::Status s = updates.Skip(d.unit, d.offset_numel, d.numel); !s.ok()) {
+        if (absl::Status s = updates.Skip(d.unit, d.offset_numel, d.numel); IsRangeRefusal(s)) {
           return rings_.FailRank(r, absl::StrCat("posted a gradient chunk twice: ", s.message()));
+        } else {
+          RETURN_IF_ERROR(s);
         }
       }
       continue;
@@ -320,7 +318,7 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
       // Before the norm: updated with c = 1, the state it overwrites saved, the gate held.
       absl::Status s = updates.Speculate(d.unit, arena_->undo(d.unit), d.offset_numel, d.numel, src, &rings_.ring(r),
                                          d.slot, update::NonFiniteGrad::kRefuse, rings_.WorkerName(r));
-      if (s.code() == absl::StatusCode::kInternal) {
+      if (IsRangeRefusal(s)) {
         return rings_.FailRank(r, absl::StrCat("posted a gradient chunk twice: ", s.message()));
       }
       RETURN_IF_ERROR(s);
@@ -331,7 +329,7 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
       // pass still runs), its squares summed by the update itself.
       absl::Status s = updates.ApplySquared(d.unit, d.offset_numel, d.numel, src, &rings_.ring(r), d.slot,
                                             rings_.WorkerName(r), norm);
-      if (s.code() == absl::StatusCode::kInternal) {
+      if (IsRangeRefusal(s)) {
         return rings_.FailRank(r, absl::StrCat("posted a gradient chunk twice: ", s.message()));
       }
       RETURN_IF_ERROR(s);
@@ -362,7 +360,7 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
     const update::UndoMemory* redo = arena_ != nullptr && updates.Speculated(d.unit) ? &arena_->undo(d.unit) : nullptr;
     absl::Status s = updates.Apply(d.unit, d.offset_numel, d.numel, coef, src, &rings_.ring(r), d.slot,
                                    update::NonFiniteGrad::kRefuse, rings_.WorkerName(r), redo);
-    if (s.code() == absl::StatusCode::kInternal) {
+    if (IsRangeRefusal(s)) {
       return rings_.FailRank(r, absl::StrCat("posted a gradient chunk twice: ", s.message()));
     }
     RETURN_IF_ERROR(s);
@@ -437,7 +435,7 @@ absl::Status GradConsumer::ConsumeDirect(int64_t t, bool first_step, StepUpdates
     ASSIGN_OR_RETURN(shm::GradChunkDesc d, PopRankZeroChunk(t, first_step, out));
     absl::Status s = updates.ApplySquared(d.unit, d.offset_numel, d.numel, rings_.grad(0, d), &rings_.ring(0), d.slot,
                                           rings_.WorkerName(0), norm);
-    if (s.code() == absl::StatusCode::kInternal) {
+    if (IsRangeRefusal(s)) {
       return rings_.FailRank(0, absl::StrCat("posted a gradient chunk twice: ", s.message()));
     }
     RETURN_IF_ERROR(s);

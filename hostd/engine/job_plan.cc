@@ -85,11 +85,13 @@ std::string JobPlan::MemoryLine() const {
           : std::string());
 }
 
-absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
-                                absl::Span<const WorkerDevice> workers) {
-  JobPlan p;
-  p.world = static_cast<int>(workers.size());
-  const int world = p.world;
+int CpuWorkersOf(absl::Span<const WorkerDevice> workers) {
+  int n = 0;
+  for (const WorkerDevice& w : workers) n += w.cpu_backend;
+  return n;
+}
+
+absl::Status CheckBatchSplit(const JobSpec& spec, int world) {
   if (world <= 0) return absl::InvalidArgumentError("a job needs at least one worker");
   // Data-parallel ranks: the workers, or their context-parallel groups (each splits its micro-batches).
   const int cp = std::max(1, spec.context_parallel);
@@ -103,20 +105,14 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
                                                    dp, cp > 1 ? " context-parallel group(s)" : " worker(s)",
                                                    " x train.micro_batch ", spec.micro_batch));
   }
-  const bool clip = spec.max_grad_norm > 0;
-  p.clip_by_norm = clip;
-  p.skip_nonfinite = spec.skip_nonfinite;
-  // Skipping a non-finite step needs nothing applied before the whole step is known finite: the
-  // same staging as exact clipping (with coefficient 1 when not clipping).
-  const bool stage = clip || spec.skip_nonfinite;
+  return absl::OkStatus();
+}
 
-  // gpu: every rank reduce-scatters each unit's gradient and posts only its own, already summed
-  // shard (common/model/shard.h); hostd applies the shards as they come, summing nothing. One rank
-  // has nothing to reduce: it takes the cpu route.
+absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& layout,
+                                     absl::Span<const WorkerDevice> workers) {
+  const int world = static_cast<int>(workers.size());
   const bool gpu_route = spec.grad_reduction == GradReduction::kGpu && world > 1;
-  p.route = gpu_route ? GradReduction::kGpu : GradReduction::kCpu;
-  int cpu_workers = 0;
-  for (const WorkerDevice& w : workers) cpu_workers += w.cpu_backend;
+  const int cpu_workers = CpuWorkersOf(workers);
   // runtime.backend names the workers' backend (`slidedp run` starts them so; on a node service
   // the attached workers must be of it).
   if ((spec.backend == Backend::kCuda && cpu_workers > 0) || (spec.backend == Backend::kCpu && cpu_workers < world)) {
@@ -164,25 +160,45 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
       }
     }
   }
+  if (spec.context_parallel > 1 && cpu_workers != 0 && cpu_workers != world) {
+    return absl::FailedPreconditionError(absl::StrCat("runtime.context_parallel needs workers of one backend; ",
+                                                      cpu_workers, " of ", world, " are CPU-backend"));
+  }
+  return nccl;
+}
+
+void PlanContextGroups(const JobSpec& spec, const ModelLayout& layout, bool nccl, JobPlan& p) {
   // Context parallelism: attention's collectives over the group. CUDA workers with a NCCL
   // communicator (the gpu route or sharded delivery, world > 1) gather over NCCL (a communicator
   // split per group); otherwise through a shm segment per group, which CPU workers always use and
   // CUDA workers stage through host memory (a micro-batch's keys and values, 2 kv_dim FP32 per
   // token of a rank's padded share, every rank's in one buffer for the reduce-scatter of their
   // gradients).
-  if (spec.context_parallel > 1) {
-    if (cpu_workers != 0 && cpu_workers != world) {
-      return absl::FailedPreconditionError(absl::StrCat("runtime.context_parallel needs workers of one backend; ",
-                                                        cpu_workers, " of ", world, " are CPU-backend"));
-    }
-    const int64_t ranks = spec.context_parallel;
-    p.context_ranks = static_cast<int>(ranks);
-    p.context_on_nccl = nccl;
-    const int64_t part = ContextShareTokens(static_cast<int64_t>(spec.micro_batch) * spec.seq_len, ranks);
-    if (!p.context_on_nccl) {
-      p.context_buffer_bytes = static_cast<uint64_t>(ranks * part * 2 * layout.config.kv_dim()) * sizeof(float);
-    }
+  if (spec.context_parallel <= 1) return;
+  const int64_t ranks = spec.context_parallel;
+  p.context_ranks = static_cast<int>(ranks);
+  p.context_on_nccl = nccl;
+  const int64_t part = ContextShareTokens(static_cast<int64_t>(spec.micro_batch) * spec.seq_len, ranks);
+  if (!p.context_on_nccl) {
+    p.context_buffer_bytes = static_cast<uint64_t>(ranks * part * 2 * layout.config.kv_dim()) * sizeof(float);
   }
+}
+
+absl::Status PlanGradientRoute(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers,
+                               JobPlan& p) {
+  const int world = p.world;
+  const int cpu_workers = CpuWorkersOf(workers);
+  const bool clip = spec.max_grad_norm > 0;
+  p.clip_by_norm = clip;
+  p.skip_nonfinite = spec.skip_nonfinite;
+  // Skipping a non-finite step needs nothing applied before the whole step is known finite: the
+  // same staging as exact clipping (with coefficient 1 when not clipping).
+  const bool stage = clip || spec.skip_nonfinite;
+  // gpu: every rank reduce-scatters each unit's gradient and posts only its own, already summed
+  // shard (common/model/shard.h); hostd applies the shards as they come, summing nothing. One rank
+  // has nothing to reduce: it takes the cpu route.
+  const bool gpu_route = spec.grad_reduction == GradReduction::kGpu && world > 1;
+  p.route = gpu_route ? GradReduction::kGpu : GradReduction::kCpu;
   // CPU-backend workers reduce-scatter through a shm collective segment hostd creates for the job.
   p.shm_collective = gpu_route && cpu_workers == world;
   if (p.shm_collective) {
@@ -234,8 +250,15 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
     for (const UnitLayout& u : layout.units)
       p.shard_numel_of_rank[r] += gpu_route ? ShardOf(u.numel, world, r).numel : u.numel;
   }
+  return absl::OkStatus();
+}
 
-  // ---- what admission counts ----
+absl::Status PlanMemory(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers,
+                        JobPlan& p) {
+  const int world = p.world;
+  const int cpu_workers = CpuWorkersOf(workers);
+  const int dp = world / std::max(1, spec.context_parallel);
+  const bool stage = p.clip_by_norm || p.skip_nonfinite;
   p.ring = RingConfigFor(layout, spec.ring_slots, spec.chunk_bytes);
   p.memory = PlanJobMemory(layout, p.ring, world,
                            p.clip_staging == ClipStaging::kHost ? ClipMode::kExactGlobalNorm : ClipMode::kNone,
@@ -344,6 +367,18 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
     p.memory.total_bytes += p.memory.undo_bytes;
   }
   p.speculation_auto = stage && spec.speculation_bytes < 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
+                                absl::Span<const WorkerDevice> workers) {
+  JobPlan p;
+  p.world = static_cast<int>(workers.size());
+  RETURN_IF_ERROR(CheckBatchSplit(spec, p.world));
+  ASSIGN_OR_RETURN(const bool nccl, CheckWorkersFit(spec, layout, workers));
+  PlanContextGroups(spec, layout, nccl, p);
+  RETURN_IF_ERROR(PlanGradientRoute(spec, layout, workers, p));
+  RETURN_IF_ERROR(PlanMemory(spec, layout, workers, p));
   return p;
 }
 

@@ -107,9 +107,40 @@ struct JobPlan {
 // memory.undo_bytes (not total_bytes: admission has passed). No-op unless plan.speculation_auto.
 void SizeSpeculation(const ModelLayout& layout, uint64_t available_bytes, uint64_t mem_total_bytes, JobPlan& plan);
 
-// INVALID_ARGUMENT for a global batch that does not split over the ranks and micro-batches, or
-// grad_staging device where hostd must sum the ranks' copies; FAILED_PRECONDITION for the gpu
-// route over workers of mixed backends.
+// The whole plan: the parts below in order (each tested alone in job_plan_test.cc). INVALID_ARGUMENT
+// for a global batch that does not split over the ranks and micro-batches, or grad_staging device
+// where hostd must sum the ranks' copies; FAILED_PRECONDITION for workers the job cannot run on;
+// RESOURCE_EXHAUSTED for a step over a GPU's memory.
 absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers);
+
+// ---- PlanJob's parts, by concern ----
+
+// The global batch splits over `world` workers' data-parallel ranks (their context-parallel groups)
+// and micro-batches: INVALID_ARGUMENT otherwise, and for no worker at all.
+absl::Status CheckBatchSplit(const JobSpec& spec, int world);
+
+// The workers can run the job: runtime.backend, sharded delivery and the gpu route on one backend,
+// the CUDA MoE block's limits, one GPU per NCCL rank, context parallelism on one backend.
+// FAILED_PRECONDITION (INVALID_ARGUMENT for the MoE limits) naming what does not fit. Returns
+// whether the job has a NCCL communicator (CUDA workers, several ranks, the gpu route or sharded
+// delivery).
+absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& layout,
+                                     absl::Span<const WorkerDevice> workers);
+
+// Context parallelism (runtime.context_parallel > 1): the group size, and whether keys and values
+// travel over NCCL or through a shm segment per group (context_buffer_bytes). Sets p.context_*.
+void PlanContextGroups(const JobSpec& spec, const ModelLayout& layout, bool nccl, JobPlan& p);
+
+// The gradient route, the clipping staging, the state format and the ring consumer (p.world set).
+// INVALID_ARGUMENT for grad_staging device where hostd must sum the ranks' copies.
+absl::Status PlanGradientRoute(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers,
+                               JobPlan& p);
+
+// What admission counts (rings, staging, cast staging, offloaded checkpoints, shm segments, undo
+// copies) and the GPU memory floor, after the parts above. RESOURCE_EXHAUSTED naming the longest
+// sequence that fits when the floor is over a CUDA worker's device (or its gpu_memory_limit);
+// FAILED_PRECONDITION for a runtime.policy made for another model.
+absl::Status PlanMemory(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers,
+                        JobPlan& p);
 
 }  // namespace slidedp::hostd

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -35,6 +36,18 @@ void StepUpdates::BeginSubmit() {
   }
 }
 
+namespace {
+constexpr char kRangeRefusalPayload[] = "slidedp.hostd/step_updates.range_refused";
+}  // namespace
+
+absl::Status RangeRefusal(absl::string_view what) {
+  absl::Status s = absl::InternalError(what);
+  s.SetPayload(kRangeRefusalPayload, absl::Cord());
+  return s;
+}
+
+bool IsRangeRefusal(const absl::Status& s) { return s.GetPayload(kRangeRefusalPayload).has_value(); }
+
 absl::Status StepUpdates::Apply(int u, int64_t offset, int64_t numel, float grad_scale, update::GradPtr grad,
                                 shm::GradRing* release_ring, uint32_t release_slot, update::NonFiniteGrad check,
                                 std::string origin, const update::UndoMemory* redo_from) {
@@ -43,7 +56,7 @@ absl::Status StepUpdates::Apply(int u, int64_t offset, int64_t numel, float grad
   absl::StatusOr<std::function<void(absl::Status)>> unit_done = tracker_.Track(u, version_, offset, numel);
   if (!unit_done.ok()) {
     if (release_ring != nullptr) (void)release_ring->Release(release_slot);
-    return absl::InternalError(unit_done.status().message());
+    return RangeRefusal(unit_done.status().message());
   }
   update::AdamWStepParams p = params_;
   p.grad_scale = grad_scale;
@@ -75,7 +88,7 @@ absl::Status StepUpdates::ApplySquared(int u, int64_t offset, int64_t numel, upd
   absl::StatusOr<std::function<void(absl::Status)>> unit_done = tracker_.Track(u, version_, offset, numel);
   if (!unit_done.ok()) {
     if (release_ring != nullptr) (void)release_ring->Release(release_slot);
-    return absl::InternalError(unit_done.status().message());
+    return RangeRefusal(unit_done.status().message());
   }
   update::AdamWStepParams p = params_;
   p.nonfinite_grad = update::NonFiniteGrad::kRefuse;
@@ -111,7 +124,7 @@ absl::Status StepUpdates::Speculate(int u, const update::UndoMemory& undo, int64
                                     update::NonFiniteGrad check, std::string origin) {
   auto refuse = [&](std::string what) {
     if (release_ring != nullptr) (void)release_ring->Release(release_slot);
-    return absl::InternalError(std::move(what));
+    return RangeRefusal(what);
   };
   if (u < 0 || u >= static_cast<int>(memory_.size()) || numel <= 0 || offset < 0 ||
       offset > memory_[u].numel - numel) {
@@ -239,7 +252,7 @@ absl::Status StepUpdates::Skip(int u, int64_t offset, int64_t numel) {
     before_first_skip_ = nullptr;
   }
   absl::StatusOr<std::function<void(absl::Status)>> unit_done = tracker_.Track(u, version_, offset, numel);
-  if (!unit_done.ok()) return absl::InternalError(unit_done.status().message());
+  if (!unit_done.ok()) return RangeRefusal(unit_done.status().message());
   (*unit_done)(absl::OkStatus());  // the unit's gate opens when this was its last range
   return absl::OkStatus();
 }

@@ -28,6 +28,13 @@
 
 namespace slidedp::hostd {
 
+// A chunk StepUpdates refuses before it submits anything: a range outside its unit, or one already
+// taken this step (applied, speculated or skipped). Only a broken worker posts one, so the caller
+// fails the job naming that worker. INTERNAL, marked with a payload: IsRangeRefusal tells it from
+// LayerAdam's own failures without reading the message or reinterpreting the code.
+absl::Status RangeRefusal(absl::string_view what);
+bool IsRangeRefusal(const absl::Status& s);
+
 class StepUpdates {
  public:
   // `version`: the 1-based optimizer step these updates make (every unit's gate opens at it when
@@ -50,6 +57,7 @@ class StepUpdates {
   // is then DATA_LOSS naming the step, unit, element and `origin` (the worker that posted it).
   // With `redo_from` (the unit's undo copy, after a speculative update of the range this step)
   // the update starts from the saved state: the step's update with `grad_scale` instead of 1.
+  // A RangeRefusal for a range outside the unit or one already updated this step.
   absl::Status Apply(int u, int64_t offset, int64_t numel, float grad_scale, update::GradPtr grad,
                      shm::GradRing* release_ring = nullptr, uint32_t release_slot = 0,
                      update::NonFiniteGrad check = update::NonFiniteGrad::kApply, std::string origin = "",
@@ -59,15 +67,16 @@ class StepUpdates {
   // squares to `norm` as one chunk (the step's norm, a metric then), summed inside the update
   // (LayerAdam::SubmitGradSquared), so no pass of its own reads the gradient. A gradient hostd has
   // not checked: a NaN or inf stops the update of its block as Apply's kRefuse does, naming
-  // `origin`. INTERNAL for a range outside the unit or one already updated this step (so the
-  // norm counts each element once).
+  // `origin`. A RangeRefusal for a range outside the unit or one already updated this step (so
+  // the norm counts each element once).
   absl::Status ApplySquared(int u, int64_t offset, int64_t numel, update::GradPtr grad, shm::GradRing* release_ring,
                             uint32_t release_slot, std::string origin, update::GradNormAccumulator& norm);
 
   // ---- Speculative clipping (docs/layeradam.md) ----
   // Updates [offset, offset + numel) of unit u with grad_scale 1 before the step's norm is known,
   // saving what it overwrites in `undo` (the unit's undo copy); the unit's gate stays closed until
-  // CommitSpeculation. INTERNAL for a range outside the unit or one speculated before this step.
+  // CommitSpeculation. A RangeRefusal for a range outside the unit or one speculated before this
+  // step.
   absl::Status Speculate(int u, const update::UndoMemory& undo, int64_t offset, int64_t numel, update::GradPtr grad,
                          shm::GradRing* release_ring = nullptr, uint32_t release_slot = 0,
                          update::NonFiniteGrad check = update::NonFiniteGrad::kApply, std::string origin = "");
@@ -85,8 +94,8 @@ class StepUpdates {
   bool Speculated(int u) const;
   int64_t speculated_numel() const;
   // Marks [offset, offset + numel) of unit u done for this step without changing it (a skipped
-  // step): the unit's gate opens when all its elements are done, applied or skipped. INTERNAL for
-  // a range outside the unit or one already done this step.
+  // step): the unit's gate opens when all its elements are done, applied or skipped. A
+  // RangeRefusal for a range outside the unit or one already done this step.
   // Runs once, before the first Skip() of the step opens any gate (hostd counts the skipped step in
   // the job state there, so a restarted hostd never sees the gates of a skipped step without it).
   void SetBeforeFirstSkip(std::function<void()> fn) { before_first_skip_ = std::move(fn); }

@@ -40,11 +40,6 @@ absl::Status GradNormAccumulator::AddChunk(int unit, int64_t offset, int64_t num
   return AddPartial(unit, offset, numel, SumSquares(grad, numel));
 }
 
-absl::Status GradNormAccumulator::AddChunkBf16(int unit, int64_t offset, int64_t numel, const bf16_t* grad) {
-  if (numel > 0 && grad == nullptr) return absl::InvalidArgumentError("AddChunk: null gradient");
-  return AddPartial(unit, offset, numel, SumSquaresBf16(grad, numel));
-}
-
 absl::Status GradNormAccumulator::AddPartial(int unit, int64_t offset, int64_t numel, double sum_squares) {
   if (unit < 0 || unit >= static_cast<int>(unit_numel_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("grad norm: unit ", unit, " not in [0, ", unit_numel_.size(), ")"));

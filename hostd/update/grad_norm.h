@@ -47,7 +47,6 @@ class GradNormAccumulator {
   // Adds the squares of grad[0..numel) as elements [offset, offset + numel) of `unit`.
   // INVALID_ARGUMENT: bad unit or range; ALREADY_EXISTS: overlaps a chunk already added.
   absl::Status AddChunk(int unit, int64_t offset, int64_t numel, const float* grad);
-  absl::Status AddChunkBf16(int unit, int64_t offset, int64_t numel, const bf16_t* grad);
   // For a sum computed elsewhere (e.g. on the GPU).
   absl::Status AddPartial(int unit, int64_t offset, int64_t numel, double sum_squares);
 

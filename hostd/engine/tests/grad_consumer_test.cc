@@ -489,5 +489,14 @@ TEST(GradConsumer, SkipNonfiniteSkipsTheWholeStepAndOpensEveryGate) {
   }
 }
 
+// A range StepUpdates refuses is told apart by its payload, not by its code or text: LayerAdam's own
+// INTERNAL failures are not read as "a worker posted a chunk twice".
+TEST(StepUpdatesRefusal, IsTypedNotACode) {
+  EXPECT_TRUE(IsRangeRefusal(RangeRefusal("unit 2 [0, +8) taken twice")));
+  EXPECT_EQ(RangeRefusal("x").code(), absl::StatusCode::kInternal);
+  EXPECT_FALSE(IsRangeRefusal(absl::InternalError("unit 2 [0, +8) taken twice")));
+  EXPECT_FALSE(IsRangeRefusal(absl::OkStatus()));
+}
+
 }  // namespace
 }  // namespace slidedp::hostd

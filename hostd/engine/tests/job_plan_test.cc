@@ -28,8 +28,16 @@ JobSpec Spec(int world, double max_norm, GradReduction route = GradReduction::kG
   return s;
 }
 
+// One worker: a CPU-backend one (its "device" is host memory) or a GPU.
+WorkerDevice Device(bool cpu_backend, int64_t memory_bytes) {
+  WorkerDevice w;
+  w.cpu_backend = cpu_backend;
+  w.memory_bytes = memory_bytes;
+  return w;
+}
+
 std::vector<WorkerDevice> Gpus(int n, int64_t memory_bytes = int64_t{141} << 30) {
-  return std::vector<WorkerDevice>(n, WorkerDevice{false, memory_bytes});
+  return std::vector<WorkerDevice>(n, Device(false, memory_bytes));
 }
 
 // Two CUDA workers on one GPU (slidedp-worker --id): NCCL cannot have both as ranks, so the gpu
@@ -55,7 +63,7 @@ TEST(JobPlan, WorkersSharingAGpuAreRefusedWhereNcclWouldRun) {
 // (never run on them silently), and so is sharded delivery (NCCL) on CPU workers.
 TEST(JobPlan, TheSpecsBackendAndShardedDeliveryNeedTheirWorkers) {
   const ModelLayout layout = Layout();
-  std::vector<WorkerDevice> cpus = {WorkerDevice{true, int64_t{64} << 30}, WorkerDevice{true, int64_t{64} << 30}};
+  std::vector<WorkerDevice> cpus = {Device(true, int64_t{64} << 30), Device(true, int64_t{64} << 30)};
   JobSpec cuda = Spec(2, 0, GradReduction::kCpu);
   cuda.backend = Backend::kCuda;
   auto on_cpu = PlanJob(cuda, layout, cpus);
@@ -82,7 +90,7 @@ TEST(JobPlan, ContextParallelPlansItsCollectivePerBackendAndRoute) {
   JobSpec s = Spec(2, 0);
   s.num_workers = 2;
   s.context_parallel = 2;
-  const std::vector<WorkerDevice> cpus(2, WorkerDevice{true, int64_t{64} << 30});
+  const std::vector<WorkerDevice> cpus(2, Device(true, int64_t{64} << 30));
   auto p = PlanJob(s, layout, cpus);
   ASSERT_TRUE(p.ok()) << p.status();
   // 2 x 1024 tokens over 2 ranks: shares of at most 1,024 (+2), 2 kv_dim FP32 per token, 2 ranks.
@@ -129,7 +137,7 @@ TEST(JobPlan, ContextParallelPlansItsCollectivePerBackendAndRoute) {
   ASSERT_TRUE(split.ok()) << split.status();
   EXPECT_TRUE(split->context_on_nccl);
   std::vector<WorkerDevice> mixed = Gpus(1);
-  mixed.push_back(WorkerDevice{true, int64_t{64} << 30});
+  mixed.push_back(Device(true, int64_t{64} << 30));
   auto m = PlanJob(cpu_route, layout, mixed);
   EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition) << m.status();
   EXPECT_TRUE(absl::StrContains(m.status().message(), "context_parallel")) << m.status();
@@ -268,7 +276,7 @@ TEST(JobPlan, CpuRouteSumsOnTheHostAndCannotStageOnTheDevice) {
 
 TEST(JobPlan, CpuWorkersOnTheGpuRouteGetACollectiveSegmentCountedInShm) {
   const ModelLayout layout = Layout("tiny");
-  const std::vector<WorkerDevice> cpus(2, WorkerDevice{true, 0});
+  const std::vector<WorkerDevice> cpus(2, Device(true, 0));
   auto p = PlanJob(Spec(2, 0), layout, cpus);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_TRUE(p->shm_collective);
@@ -284,7 +292,7 @@ TEST(JobPlan, CpuWorkersOnTheGpuRouteGetACollectiveSegmentCountedInShm) {
 
 TEST(JobPlan, RefusesMixedBackendsAndBatchesThatDoNotSplit) {
   const ModelLayout layout = Layout("tiny");
-  const std::vector<WorkerDevice> mixed = {WorkerDevice{true, 0}, WorkerDevice{false, int64_t{80} << 30}};
+  const std::vector<WorkerDevice> mixed = {Device(true, 0), Device(false, int64_t{80} << 30)};
   EXPECT_EQ(PlanJob(Spec(2, 0), layout, mixed).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(PlanJob(Spec(2, 0, GradReduction::kCpu), layout, mixed).ok());  // hostd sums any backend
   JobSpec odd = Spec(2, 0);
@@ -437,7 +445,7 @@ TEST(JobPlan, AStepOverTheGpuMemoryFloorIsRefusedWithTheLongestSequence) {
   s.checkpoint_dtype = CheckpointDtype::kFp32;
   s.gpu_memory_limit_bytes = 0;
   s.offload_ratio = 0;
-  EXPECT_TRUE(PlanJob(s, layout, std::vector<WorkerDevice>{WorkerDevice{true, int64_t{8} << 30}}).ok());
+  EXPECT_TRUE(PlanJob(s, layout, std::vector<WorkerDevice>{Device(true, int64_t{8} << 30)}).ok());
   EXPECT_TRUE(PlanJob(s, layout, Gpus(1, 0)).ok());
 }
 
@@ -459,14 +467,108 @@ TEST(JobPlan, MoeShapesTheCudaBlockCannotRunAreRefusedOnCudaWorkers) {
   s.global_batch = 2;
   s.micro_batch = 1;
   s.max_grad_norm = 0;
-  auto p = PlanJob(s, layout, std::vector<WorkerDevice>(1, WorkerDevice{false, int64_t{80} << 30}));
+  auto p = PlanJob(s, layout, std::vector<WorkerDevice>(1, Device(false, int64_t{80} << 30)));
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(p.status().message(), "moe_intermediate_size a multiple of 8")) << p.status();
-  EXPECT_TRUE(PlanJob(s, layout, std::vector<WorkerDevice>(1, WorkerDevice{true, 0})).ok());
+  EXPECT_TRUE(PlanJob(s, layout, std::vector<WorkerDevice>(1, Device(true, 0))).ok());
   c.moe_intermediate_size = 32;
   EXPECT_TRUE(
-      PlanJob(s, ModelLayout::Build(c), std::vector<WorkerDevice>(1, WorkerDevice{false, int64_t{80} << 30})).ok());
+      PlanJob(s, ModelLayout::Build(c), std::vector<WorkerDevice>(1, Device(false, int64_t{80} << 30))).ok());
+}
+
+// ---- PlanJob's parts, each alone ----
+
+TEST(JobPlanParts, BatchSplitCountsContextGroupsAsRanks) {
+  JobSpec s = Spec(2, 0);  // global batch 8, micro-batch 2
+  EXPECT_TRUE(CheckBatchSplit(s, 2).ok());
+  EXPECT_TRUE(CheckBatchSplit(s, 4).ok());
+  EXPECT_EQ(CheckBatchSplit(s, 3).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckBatchSplit(s, 0).code(), absl::StatusCode::kInvalidArgument);
+  s.context_parallel = 2;  // 4 workers are 2 groups: 8 rows over 2 x 2 split
+  EXPECT_TRUE(CheckBatchSplit(s, 4).ok());
+  const absl::Status odd = CheckBatchSplit(s, 3);
+  EXPECT_EQ(odd.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(odd.message(), "does not divide the job's 3 workers")) << odd;
+  s.global_batch = 6;
+  const absl::Status groups = CheckBatchSplit(s, 4);
+  EXPECT_TRUE(absl::StrContains(groups.message(), "2 context-parallel group(s) x train.micro_batch 2")) << groups;
+}
+
+TEST(JobPlanParts, WorkersFitSaysWhetherTheJobHasANcclCommunicator) {
+  const ModelLayout layout = Layout();
+  EXPECT_TRUE(*CheckWorkersFit(Spec(2, 0), layout, Gpus(2)));                           // gpu route
+  EXPECT_FALSE(*CheckWorkersFit(Spec(2, 0, GradReduction::kCpu), layout, Gpus(2)));     // nothing over NCCL
+  EXPECT_FALSE(*CheckWorkersFit(Spec(1, 0), layout, Gpus(1)));                          // one rank
+  std::vector<WorkerDevice> cpus = {Device(true, int64_t{64} << 30), Device(true, int64_t{64} << 30)};
+  EXPECT_FALSE(*CheckWorkersFit(Spec(2, 0), layout, cpus));  // CPU workers: the shm collective
+  JobSpec sharded = Spec(2, 0, GradReduction::kCpu);
+  sharded.param_delivery = ParamDelivery::kSharded;
+  EXPECT_TRUE(*CheckWorkersFit(sharded, layout, Gpus(2)));
+  std::vector<WorkerDevice> mixed = {Device(true, int64_t{64} << 30), Device(false, int64_t{80} << 30)};
+  JobSpec cp = Spec(2, 0, GradReduction::kCpu);
+  cp.context_parallel = 2;
+  EXPECT_EQ(CheckWorkersFit(cp, layout, mixed).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(JobPlanParts, ContextGroupsGoOverNcclOrAShmSegment) {
+  const ModelLayout layout = Layout();
+  JobSpec s = Spec(2, 0);
+  JobPlan none;
+  PlanContextGroups(s, layout, true, none);
+  EXPECT_EQ(none.context_ranks, 1);
+  EXPECT_EQ(none.context_buffer_bytes, 0u);
+  s.context_parallel = 2;
+  JobPlan nccl;
+  PlanContextGroups(s, layout, true, nccl);
+  EXPECT_EQ(nccl.context_ranks, 2);
+  EXPECT_TRUE(nccl.context_on_nccl);
+  EXPECT_EQ(nccl.context_buffer_bytes, 0u);
+  JobPlan shm;
+  PlanContextGroups(s, layout, false, shm);
+  EXPECT_FALSE(shm.context_on_nccl);
+  // Two ranks' shares of a 2 x 1024-token micro-batch (two chunks of 512, plus 2 spare tokens),
+  // keys and values in FP32.
+  EXPECT_EQ(shm.context_buffer_bytes, uint64_t{2} * 1026 * 2 * layout.config.kv_dim() * 4);
+}
+
+TEST(JobPlanParts, GradientRouteAloneDecidesStagingAndConsumer) {
+  const ModelLayout layout = Layout();
+  JobPlan one;
+  one.world = 1;
+  ASSERT_TRUE(PlanGradientRoute(Spec(1, 0), layout, Gpus(1), one).ok());
+  EXPECT_EQ(one.route, GradReduction::kCpu);
+  EXPECT_EQ(one.consumer, GradConsumerKind::kDirect);
+  EXPECT_EQ(one.clip_staging, ClipStaging::kNone);
+  EXPECT_EQ(one.staging_bytes, 0u);
+  JobPlan summed;
+  summed.world = 2;
+  ASSERT_TRUE(PlanGradientRoute(Spec(2, 1.0, GradReduction::kCpu), layout, Gpus(2), summed).ok());
+  EXPECT_EQ(summed.consumer, GradConsumerKind::kSummed);
+  EXPECT_EQ(summed.clip_staging, ClipStaging::kHost);
+  EXPECT_EQ(summed.staging_bytes, static_cast<uint64_t>(layout.total_numel) * 4);
+  EXPECT_EQ(summed.memory.total_bytes, 0u) << "memory is PlanMemory's";
+  JobSpec device = Spec(2, 1.0, GradReduction::kCpu);
+  device.grad_staging = GradStaging::kDevice;
+  JobPlan refused;
+  refused.world = 2;
+  EXPECT_EQ(PlanGradientRoute(device, layout, Gpus(2), refused).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(JobPlanParts, MemoryCountsWhatTheRouteDecided) {
+  const ModelLayout layout = Layout();
+  for (GradReduction route : {GradReduction::kCpu, GradReduction::kGpu}) {
+    JobPlan p;
+    p.world = 2;
+    const JobSpec s = Spec(2, 1.0, route);
+    ASSERT_TRUE(PlanGradientRoute(s, layout, Gpus(2), p).ok());
+    ASSERT_TRUE(PlanMemory(s, layout, Gpus(2), p).ok());
+    auto whole = PlanJob(s, layout, Gpus(2));
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    EXPECT_EQ(p.memory.total_bytes, whole->memory.total_bytes);
+    EXPECT_EQ(p.memory.step_staging_bytes, whole->memory.step_staging_bytes);
+    EXPECT_GT(p.memory.total_bytes, 0u);
+  }
 }
 
 }  // namespace
