@@ -203,7 +203,7 @@ struct JobSpec {
   // Context parallelism (issue 26): the ranks one micro-batch's tokens are split over (zig-zag,
   // common/data/context_parallel.h); attention gathers the keys and values of the whole. 1: off.
   // runtime.workers is a multiple of it: groups of that many consecutive ranks, data-parallel
-  // across the groups. CPU workers only so far.
+  // across the groups. CPU and CUDA workers (docs/context-parallel.md).
   int32_t context_parallel = 1;
   int64_t step_timeout_ms = 600000;  // a gate or ring wait longer than this fails the job
   int32_t max_restarts = 0;          // automatic restarts from the last checkpoint on failure
