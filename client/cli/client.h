@@ -1,5 +1,6 @@
-// slidedp CLI commands over gRPC (one function per subcommand; main.cc only parses flags), and
-// the text they print: the live progress line, the summary, `jobs` and `status`.
+// The slidedp CLI's gRPC client (one call per hostd request; the subcommands that use it are in
+// node_commands.h, job_commands.h, plan_command.h, run_command.h), and the text they print: the
+// live progress line, the summary, `jobs` and `status`.
 // Exit codes: 0 success; 1 the job failed; 2 bad usage or rejected input (INVALID_ARGUMENT,
 // NOT_FOUND, ALREADY_EXISTS, ...); 3 hostd unreachable or unavailable; 4 the job was cancelled;
 // 5 resources exhausted; 128 + the signal (130 SIGINT, 143 SIGTERM) when a signal ended the

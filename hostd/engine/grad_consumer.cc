@@ -270,8 +270,6 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
                                        UnitSpan units, int threads, StepUpdates& updates,
                                        update::GradNormAccumulator& norm, double& wait_s, double& aggregate_s) {
   const int world = plan_.world;
-  const bool device_staged = plan_.clip_staging == ClipStaging::kDevice;
-  const bool host_staged = plan_.clip_staging == ClipStaging::kHost;
   std::vector<int64_t> unit_got(unit_numel_.size(), 0);
   int64_t expected = 0;  // the rank's elements of units [begin, end)
   for (int u = units.begin; u < units.end; ++u) {
@@ -301,70 +299,79 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
     const update::GradPtr src = rings_.grad(r, d);
     unit_got[d.unit] += d.numel;
     got += d.numel;
-    if (action == PartAction::kDiscard) {
-      // Not applied (the step fails or is skipped): checked, to name what is not finite.
-      NoteNonFinite(r, d.unit, d.offset_numel, src, d.numel);
-      RETURN_IF_ERROR(rings_.ring(r).Release(d.slot));
-      if (policy_ == NonFinitePolicy::kSkip) {
-        if (absl::Status s = updates.Skip(d.unit, d.offset_numel, d.numel); IsRangeRefusal(s)) {
-          return rings_.FailRank(r, absl::StrCat("posted a gradient chunk twice: ", s.message()));
-        } else {
-          RETURN_IF_ERROR(s);
-        }
-      }
-      continue;
-    }
-    if (action == PartAction::kSpeculate) {
-      // Before the norm: updated with c = 1, the state it overwrites saved, the gate held.
-      absl::Status s = updates.Speculate(d.unit, arena_->undo(d.unit), d.offset_numel, d.numel, src, &rings_.ring(r),
-                                         d.slot, update::NonFiniteGrad::kRefuse, rings_.WorkerName(r));
-      if (IsRangeRefusal(s)) {
+    RETURN_IF_ERROR(TakePart(r, d, src, coef, action, threads, updates, norm, aggregate_s));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GradConsumer::TakePart(int r, const shm::GradChunkDesc& d, update::GradPtr src, float coef,
+                                    PartAction action, int threads, StepUpdates& updates,
+                                    update::GradNormAccumulator& norm, double& aggregate_s) {
+  const bool device_staged = plan_.clip_staging == ClipStaging::kDevice;
+  const bool host_staged = plan_.clip_staging == ClipStaging::kHost;
+  if (action == PartAction::kDiscard) {
+    // Not applied (the step fails or is skipped): checked, to name what is not finite.
+    NoteNonFinite(r, d.unit, d.offset_numel, src, d.numel);
+    RETURN_IF_ERROR(rings_.ring(r).Release(d.slot));
+    if (policy_ == NonFinitePolicy::kSkip) {
+      if (absl::Status s = updates.Skip(d.unit, d.offset_numel, d.numel); IsRangeRefusal(s)) {
         return rings_.FailRank(r, absl::StrCat("posted a gradient chunk twice: ", s.message()));
+      } else {
+        RETURN_IF_ERROR(s);
       }
-      RETURN_IF_ERROR(s);
-      continue;
     }
-    if (!device_staged && !host_staged) {
-      // Final already, and the norm only a metric: updated now (while the rest of the backward
-      // pass still runs), its squares summed by the update itself.
-      absl::Status s = updates.ApplySquared(d.unit, d.offset_numel, d.numel, src, &rings_.ring(r), d.slot,
-                                            rings_.WorkerName(r), norm);
-      if (IsRangeRefusal(s)) {
-        return rings_.FailRank(r, absl::StrCat("posted a gradient chunk twice: ", s.message()));
-      }
-      RETURN_IF_ERROR(s);
-      continue;
-    }
-    const absl::Time t_agg = absl::Now();
-    bool finite = true;
-    if (!device_staged) {  // (device staging: the norm came from the ranks)
-      float* dst = host_staged ? staging_[d.unit].data() + d.offset_numel : nullptr;
-      absl::StatusOr<bool> f = SquarePieces(r, d.unit, d.offset_numel, d.numel, src, dst, threads, norm);
-      if (!f.ok()) {
-        (void)rings_.ring(r).Release(d.slot);
-        return f.status();
-      }
-      finite = *f;
-    }
-    aggregate_s += SecondsSince(t_agg);
-    if (host_staged) {
-      RETURN_IF_ERROR(rings_.ring(r).Release(d.slot));  // staged: the slot is free again
-      RETURN_IF_ERROR(SpeculateStaged(d.unit, d.offset_numel, d.numel, finite, updates));
-      continue;
-    }
-    // Device staging: final already, updated while the later parts are still coming. These parts
-    // were never seen here (their norm came from the rank): LayerAdam checks them block by block
-    // as it updates, so a part a broken worker's norm does not account for never reaches the
-    // master. A unit updated speculatively this step is redone from its undo copy (the norm
-    // clipped).
-    const update::UndoMemory* redo = arena_ != nullptr && updates.Speculated(d.unit) ? &arena_->undo(d.unit) : nullptr;
-    absl::Status s = updates.Apply(d.unit, d.offset_numel, d.numel, coef, src, &rings_.ring(r), d.slot,
-                                   update::NonFiniteGrad::kRefuse, rings_.WorkerName(r), redo);
+    return absl::OkStatus();
+  }
+  if (action == PartAction::kSpeculate) {
+    // Before the norm: updated with c = 1, the state it overwrites saved, the gate held.
+    absl::Status s = updates.Speculate(d.unit, arena_->undo(d.unit), d.offset_numel, d.numel, src, &rings_.ring(r),
+                                       d.slot, update::NonFiniteGrad::kRefuse, rings_.WorkerName(r));
     if (IsRangeRefusal(s)) {
       return rings_.FailRank(r, absl::StrCat("posted a gradient chunk twice: ", s.message()));
     }
     RETURN_IF_ERROR(s);
+    return absl::OkStatus();
   }
+  if (!device_staged && !host_staged) {
+    // Final already, and the norm only a metric: updated now (while the rest of the backward
+    // pass still runs), its squares summed by the update itself.
+    absl::Status s = updates.ApplySquared(d.unit, d.offset_numel, d.numel, src, &rings_.ring(r), d.slot,
+                                          rings_.WorkerName(r), norm);
+    if (IsRangeRefusal(s)) {
+      return rings_.FailRank(r, absl::StrCat("posted a gradient chunk twice: ", s.message()));
+    }
+    RETURN_IF_ERROR(s);
+    return absl::OkStatus();
+  }
+  const absl::Time t_agg = absl::Now();
+  bool finite = true;
+  if (!device_staged) {  // (device staging: the norm came from the ranks)
+    float* dst = host_staged ? staging_[d.unit].data() + d.offset_numel : nullptr;
+    absl::StatusOr<bool> f = SquarePieces(r, d.unit, d.offset_numel, d.numel, src, dst, threads, norm);
+    if (!f.ok()) {
+      (void)rings_.ring(r).Release(d.slot);
+      return f.status();
+    }
+    finite = *f;
+  }
+  aggregate_s += SecondsSince(t_agg);
+  if (host_staged) {
+    RETURN_IF_ERROR(rings_.ring(r).Release(d.slot));  // staged: the slot is free again
+    RETURN_IF_ERROR(SpeculateStaged(d.unit, d.offset_numel, d.numel, finite, updates));
+    return absl::OkStatus();
+  }
+  // Device staging: final already, updated while the later parts are still coming. These parts
+  // were never seen here (their norm came from the rank): LayerAdam checks them block by block
+  // as it updates, so a part a broken worker's norm does not account for never reaches the
+  // master. A unit updated speculatively this step is redone from its undo copy (the norm
+  // clipped).
+  const update::UndoMemory* redo = arena_ != nullptr && updates.Speculated(d.unit) ? &arena_->undo(d.unit) : nullptr;
+  absl::Status s = updates.Apply(d.unit, d.offset_numel, d.numel, coef, src, &rings_.ring(r), d.slot,
+                                 update::NonFiniteGrad::kRefuse, rings_.WorkerName(r), redo);
+  if (IsRangeRefusal(s)) {
+    return rings_.FailRank(r, absl::StrCat("posted a gradient chunk twice: ", s.message()));
+  }
+  RETURN_IF_ERROR(s);
   return absl::OkStatus();
 }
 

@@ -180,6 +180,12 @@ class GradConsumer {
   absl::Status ConsumeRank(int r, int64_t t, bool first_step, float coef, PartAction action, UnitSpan units,
                            int threads, StepUpdates& updates, update::GradNormAccumulator& norm, double& wait_s,
                            double& aggregate_s);
+  // One checked part `d` of rank r (its data `src`), taken as `action` and the plan's staging say:
+  // checked and skipped (kDiscard), updated speculatively (kSpeculate), applied with its squares
+  // summed by the update (no staging), squared and staged (host staging) or applied with `coef`
+  // (device staging). A range StepUpdates refuses fails the rank ("posted a gradient chunk twice").
+  absl::Status TakePart(int r, const shm::GradChunkDesc& d, update::GradPtr src, float coef, PartAction action,
+                        int threads, StepUpdates& updates, update::GradNormAccumulator& norm, double& aggregate_s);
   // Rank 0's next whole-unit chunk of step t (direct and summed consumers), checked.
   absl::StatusOr<shm::GradChunkDesc> PopRankZeroChunk(int64_t t, bool first_step, StepGradients& out);
   absl::Status ConsumeDirect(int64_t t, bool first_step, StepUpdates& updates, update::GradNormAccumulator& norm,
