@@ -20,90 +20,16 @@
 #include "google/protobuf/util/json_util.h"
 #include "hostd/admission/admission.h"
 #include "hostd/checkpoint/checkpoint.h"
+#include "hostd/core/host_core_internal.h"
 #include "hostd/core/output_ownership.h"
 #include "shm/process_liveness.h"
 
 namespace slidedp::hostd {
-namespace {
-
-int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
-
-bool ValidJobId(const std::string& id) {
-  if (id.empty() || id.size() > 64) return false;
-  for (char c : id) {
-    if (!(isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_')) return false;
-  }
-  return true;
-}
-
-}  // namespace
-
 bool IsFinal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
 }
 
-WorkerSession::WorkerSession(v1::WorkerHello hello, int64_t serial)
-    : hello_(std::move(hello)),
-      serial_(serial),
-      connected_unix_ms_(NowMs()),
-      reports_(4096, kMaxQueuedReportBytes),
-      process_(shm::IdentityOf(hello_.pid())) {}
 
-bool WorkerSession::process_alive() const {
-  // Only for workers on this host (pid known and visible); others are judged by their session.
-  return process_.pid <= 0 || process_.start_ticks == 0 || shm::IsProcessAlive(process_);
-}
-
-void WorkerSession::SetAssignedJob(const std::string& job_id) {
-  absl::MutexLock l(&assigned_mu_);
-  assigned_job_ = job_id;
-}
-
-bool WorkerSession::QueueReport(v1::WorkerReport report) {
-  if (!report.has_host_state_released()) {
-    const std::string* job = nullptr;
-    switch (report.report_case()) {
-      case v1::WorkerReport::kStepDone: job = &report.step_done().job_id(); break;
-      case v1::WorkerReport::kJobFinished: job = &report.job_finished().job_id(); break;
-      case v1::WorkerReport::kCommId: job = &report.comm_id().job_id(); break;
-      case v1::WorkerReport::kStepLoss: job = &report.step_loss().job_id(); break;
-      case v1::WorkerReport::kPolicyChosen: job = &report.policy_chosen().job_id(); break;
-      case v1::WorkerReport::kEvalDone: job = &report.eval_done().job_id(); break;
-      default: return false;  // a second hello, a report of a kind this hostd does not know
-    }
-    absl::MutexLock l(&assigned_mu_);
-    if (assigned_job_.empty() || *job != assigned_job_) return false;
-  }
-  const size_t bytes = report.ByteSizeLong();
-  return reports_.Push(std::move(report), bytes);
-}
-
-void WorkerSession::MarkGone() {
-  commands_.Close();
-  reports_.Close();
-}
-
-namespace {
-size_t SpecHash(const std::string& text) { return std::hash<std::string>()(text); }
-}  // namespace
-
-struct HostCore::JobRecord {
-  v1::Job job;
-  JobSpec spec;
-  // The submitted text's hash and size (a resubmit with the same id must bring the same text):
-  // a spec may be 1 MiB of comments, which hostd need not keep for every job it remembers.
-  size_t spec_hash = 0;
-  size_t spec_size = 0;
-  std::string resume_from;
-  bool cancel = false;
-  bool checkpoint_on_cancel = false;  // hostd draining with a checkpoint, or CancelJob's save_checkpoint
-  int restarts = 0;
-  // The run's means (Job.mean_tokens_per_s, mean_mfu): tokens and seconds of this job's steps.
-  double run_tokens = 0, run_seconds = 0, mfu_sum = 0;
-  int64_t mfu_steps = 0;
-  std::vector<std::shared_ptr<Channel<v1::JobEvent>>> watchers;
-  int64_t submit_ms = 0;
-};
 
 // The executor's view of one running job.
 class HostCore::RecordContext : public JobContext {
@@ -204,124 +130,6 @@ HostCore::~HostCore() {
   if (runner_.joinable()) runner_.join();
 }
 
-void HostCore::PersistLocked(const JobRecord& rec) {
-  if (options_.state_dir.empty()) return;
-  std::string json;
-  google::protobuf::util::JsonPrintOptions o;
-  o.preserve_proto_field_names = true;
-  if (!google::protobuf::util::MessageToJsonString(rec.job, &json, o).ok()) return;
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::path dir = fs::path(options_.state_dir) / "jobs";
-  fs::create_directories(dir, ec);
-  fs::path tmp = dir / (rec.job.job_id() + ".json.tmp");
-  {
-    std::ofstream out(tmp);
-    out << json << "\n";
-    if (!out) {
-      LOG(WARNING) << "cannot write job record " << tmp;
-      return;
-    }
-  }
-  fs::rename(tmp, dir / (rec.job.job_id() + ".json"), ec);  // atomic: a reader sees old or new
-}
-
-void HostCore::LoadPersisted() {
-  if (options_.state_dir.empty()) return;
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  std::vector<std::pair<int64_t, v1::Job>> loaded;
-  for (const auto& e : fs::directory_iterator(fs::path(options_.state_dir) / "jobs", ec)) {
-    if (e.path().extension() != ".json") continue;
-    absl::StatusOr<std::string> text = ReadSmallFile(e.path().string(), kMaxConfigFileBytes, "job record");
-    v1::Job job;
-    if (!text.ok() || !google::protobuf::util::JsonStringToMessage(*text, &job).ok() || job.job_id().empty()) {
-      LOG(WARNING) << "ignoring unreadable job record " << e.path();
-      continue;
-    }
-    loaded.emplace_back(job.submit_time_unix_ms(), std::move(job));
-  }
-  std::sort(loaded.begin(), loaded.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  absl::MutexLock l(&mu_);
-  for (auto& [t, job] : loaded) {
-    if (jobs_.count(job.job_id())) continue;
-    auto rec = std::make_unique<JobRecord>();
-    auto spec = JobSpec::Parse(job.resolved_spec_yaml(), "", JobSpec::FileCheck::kSkip);
-    if (spec.ok()) rec->spec = *spec;
-    if (!IsFinal(job.state())) {
-      // hostd stopped while this job was queued or running.
-      if (spec.ok() && options_.resume_interrupted && job.hostd_restarts() < kMaxHostdRestartsPerJob) {
-        ResumeInterruptedLocked(job, *spec, *rec);
-      } else {
-        ReportInterrupted(job, spec.ok() ? spec->output_dir : std::string());
-      }
-    }
-    rec->job = job;
-    rec->spec_hash = SpecHash(job.resolved_spec_yaml());
-    rec->spec_size = job.resolved_spec_yaml().size();
-    if (rec->resume_from.empty()) rec->resume_from = job.resume_from();
-    rec->submit_ms = job.submit_time_unix_ms();
-    job_order_.push_back(job.job_id());
-    if (job.state() == v1::JOB_STATE_QUEUED) queue_.push_back(job.job_id());
-    PersistLocked(*rec);
-    jobs_[job.job_id()] = std::move(rec);
-  }
-}
-
-// Reported FAILED ("interrupted") with the checkpoint it can resume from (slidedp submit
-// --resume <job id>).
-void HostCore::ReportInterrupted(v1::Job& job, const std::string& output_dir) {
-  if (!output_dir.empty()) {
-    auto latest = checkpoint::FindLatestCheckpoint(output_dir, job.job_id());
-    if (latest.ok()) job.set_last_checkpoint(*latest);
-  }
-  job.set_error(absl::StrCat(
-      "interrupted: hostd stopped while the job was ", job.state() == v1::JOB_STATE_QUEUED ? "queued" : "running",
-      job.hostd_restarts() >= kMaxHostdRestartsPerJob && options_.resume_interrupted
-          ? absl::StrCat(" (", job.hostd_restarts(), " hostd restarts interrupted it; not resumed again)")
-          : std::string(),
-      job.last_checkpoint().empty() ? "" : "; resume from " + job.last_checkpoint()));
-  job.set_state(v1::JOB_STATE_FAILED);
-  job.set_error_code(static_cast<int>(absl::StatusCode::kAborted));
-  job.set_end_time_unix_ms(NowMs());
-  LOG(WARNING) << "job " << job.job_id() << " was interrupted by a hostd restart; last checkpoint: "
-               << (job.last_checkpoint().empty() ? "none" : job.last_checkpoint());
-}
-
-// Back into the queue, resuming where the dead hostd left it: from the state it left in shared
-// memory when that is consistent (the executor takes the segment over now, before stale
-// segments are reclaimed), else from the job's newest checkpoint, else from where it was
-// submitted to start.
-void HostCore::ResumeInterruptedLocked(v1::Job& job, const JobSpec& spec, JobRecord& rec) {
-  const bool was_queued = job.state() == v1::JOB_STATE_QUEUED;
-  job.set_hostd_restarts(job.hostd_restarts() + 1);
-  // Counted on disk before anything below can fail hard (a job whose files crash hostd is
-  // resumed at most kMaxHostdRestartsPerJob times, not on every start).
-  rec.job = job;
-  PersistLocked(rec);
-  rec.resume_from = job.resume_from();
-  std::string how;
-  absl::StatusOr<int64_t> shm_step = executor_->AdoptInterruptedState(job.job_id(), spec);
-  if (shm_step.ok()) {
-    how = absl::StrCat("shared memory at step ", *shm_step);
-  } else {
-    const std::string why_not = absl::IsNotFound(shm_step.status()) ? std::string("no state in shared memory")
-                                                                    : std::string(shm_step.status().message());
-    auto latest = checkpoint::FindLatestCheckpoint(spec.output_dir, job.job_id());
-    if (latest.ok()) {
-      rec.resume_from = *latest;
-      how = absl::StrCat("checkpoint ", *latest, " (", why_not, ")");
-    } else if (!rec.resume_from.empty()) {
-      how = absl::StrCat("its --resume checkpoint ", rec.resume_from, " (", why_not, "; no checkpoint of its own)");
-    } else {
-      how = absl::StrCat("the start (", why_not, "; no checkpoint)");
-    }
-  }
-  job.set_recovery(how);
-  job.set_state(v1::JOB_STATE_QUEUED);
-  LOG(WARNING) << "job " << job.job_id() << " was " << (was_queued ? "queued" : "running")
-               << " when hostd stopped; queued again, resuming from " << how;
-}
 
 void HostCore::Start() {
   LoadPersisted();
@@ -728,87 +536,6 @@ void HostCore::Unwatch(const std::string& job_id, const std::shared_ptr<Channel<
   w.erase(std::remove(w.begin(), w.end(), ch), w.end());
 }
 
-absl::StatusOr<std::shared_ptr<WorkerSession>> HostCore::AttachWorker(const v1::WorkerHello& hello) {
-  // A worker's name shows in logs, metrics and error messages: 1-64 letters, digits, '.', '-', '_'.
-  const std::string& id = hello.worker_id();
-  if (id.empty()) return absl::InvalidArgumentError("worker hello without worker_id");
-  if (id.size() > kMaxWorkerIdChars || !std::all_of(id.begin(), id.end(), [](unsigned char c) {
-        return std::isalnum(c) || c == '.' || c == '-' || c == '_';
-      })) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker hello: worker_id of ", id.size(), " bytes: 1-64 letters, digits, '.', '-' or '_'"));
-  }
-  // The rest of the hello's names show in logs, plans and messages too: bounded, printable; and a
-  // device kind hostd knows (the backends' "cpu" and "cuda").
-  const v1::DeviceInfo& d = hello.device();
-  if (d.kind() != "cpu" && d.kind() != "cuda") {
-    return absl::InvalidArgumentError("worker hello: device kind must be \"cpu\" or \"cuda\"");
-  }
-  for (const auto& [field, value] : {std::pair<const char*, const std::string*>{"build", &hello.build()},
-                                     {"device name", &d.name()},
-                                     {"device uuid", &d.uuid()},
-                                     {"device pci_bus_id", &d.pci_bus_id()}}) {
-    if (value->size() > kMaxHelloStringChars ||
-        !std::all_of(value->begin(), value->end(), [](unsigned char c) { return c >= 0x20 && c < 0x7f; })) {
-      return absl::InvalidArgumentError(absl::StrCat("worker hello: ", field, " of ", value->size(), " bytes: at most ",
-                                                     kMaxHelloStringChars, " printable ASCII characters"));
-    }
-  }
-  absl::MutexLock l(&mu_);
-  auto it = workers_.find(hello.worker_id());
-  if (it != workers_.end() && !it->second->gone()) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("worker '", hello.worker_id(), "' is already attached (pid ", it->second->hello().pid(), ")"));
-  }
-  auto w = std::make_shared<WorkerSession>(hello, next_session_serial_++);
-  workers_[hello.worker_id()] = w;
-  LOG(INFO) << "worker " << hello.worker_id() << " attached (pid " << hello.pid() << ", " << hello.device().kind()
-            << " " << hello.device().name() << ")";
-  return w;
-}
-
-void HostCore::DetachWorker(const std::shared_ptr<WorkerSession>& w) {
-  w->MarkGone();
-  absl::MutexLock l(&mu_);
-  auto it = workers_.find(w->id());
-  if (it != workers_.end() && it->second == w) workers_.erase(it);
-  LOG(INFO) << "worker " << w->id() << " detached";
-}
-
-std::vector<v1::WorkerInfo> HostCore::ListWorkers() const {
-  absl::MutexLock l(&mu_);
-  std::vector<v1::WorkerInfo> out;
-  for (const auto& [id, w] : workers_) {
-    v1::WorkerInfo info;
-    info.set_worker_id(id);
-    info.set_pid(w->hello().pid());
-    *info.mutable_device() = w->hello().device();
-    info.set_connected_unix_ms(w->connected_unix_ms());
-    auto j = worker_job_.find(id);
-    info.set_state(j == worker_job_.end() ? "idle" : "running");
-    if (j != worker_job_.end()) info.set_job_id(j->second);
-    out.push_back(std::move(info));
-  }
-  return out;
-}
-
-v1::NodeInfo HostCore::GetNode() const {
-  v1::NodeInfo n;
-  n.set_node_name(options_.node_name);
-  n.set_version(VersionString());
-  n.set_numa_nodes(options_.numa_nodes);
-  n.set_update_threads(options_.update_threads);
-  n.set_cpu_cores(static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
-  if (auto mem = hostd::ReadHostMemoryInfo(); mem.ok()) {
-    n.set_host_memory_bytes(static_cast<int64_t>(mem->mem_total_bytes));
-    n.set_host_memory_available_bytes(static_cast<int64_t>(mem->mem_available_bytes));
-    n.set_shm_free_bytes(static_cast<int64_t>(mem->shm_free_bytes));
-  }
-  for (auto& w : ListWorkers()) *n.add_workers() = std::move(w);
-  absl::MutexLock l(&mu_);
-  n.set_draining(draining_);
-  return n;
-}
 
 void HostCore::RunnerLoop() {
   while (true) {
