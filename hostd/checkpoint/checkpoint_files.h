@@ -87,4 +87,30 @@ std::string ConfigJsonFor(const ModelLayout& layout, WeightDtype dtype);
 absl::StatusOr<uint64_t> WriteModelDirFiles(const std::string& dir, const std::vector<ModelDirFile>* files,
                                             const std::string& config_json);
 
+// optimizer.safetensors __metadata__ key of the moments' dtype; absent means fp32 (and keeps an
+// fp32 job's file what it was before compact moments existed).
+inline constexpr char kStateDtypeKey[] = "state_dtype";
+
+// How optimizer.safetensors stores m and v for each state dtype, and their element bytes.
+inline safetensors::Dtype FileDtypeOfM(update::StateDtype d) {
+  switch (d) {
+    case update::StateDtype::kFp32: return safetensors::Dtype::kF32;
+    case update::StateDtype::kBf16: return safetensors::Dtype::kBF16;
+    case update::StateDtype::kInt8: return safetensors::Dtype::kI8;
+  }
+  return safetensors::Dtype::kF32;
+}
+inline safetensors::Dtype FileDtypeOfV(update::StateDtype d) { return d == update::StateDtype::kInt8 ? safetensors::Dtype::kU8 : FileDtypeOfM(d); }
+inline size_t MomentElementBytes(update::StateDtype d) { return d == update::StateDtype::kFp32 ? 4 : d == update::StateDtype::kBf16 ? 2 : 1; }
+
+inline bool IsKnownStateDtype(update::StateDtype d) {
+  return d == update::StateDtype::kFp32 || d == update::StateDtype::kBf16 || d == update::StateDtype::kInt8;
+}
+
+// Whether an accessor's unit gives every array its dtype uses.
+inline bool HasMomentArrays(update::StateDtype d, const UnitMoments& mo) {
+  return mo.m != nullptr && mo.v != nullptr &&
+         (d != update::StateDtype::kInt8 || (mo.m_scale != nullptr && mo.v_scale != nullptr));
+}
+
 }  // namespace slidedp::checkpoint::internal

@@ -386,7 +386,9 @@ TEST_F(HostCoreTest, QueueBoundHoldsUnderConcurrentSubmits) {
   EXPECT_EQ(accepted.load(), kMaxQueuedJobs);
   EXPECT_EQ(exhausted.load(), 2 * kMaxQueuedJobs - kMaxQueuedJobs);
   for (const v1::Job& j : core->ListJobs()) {
-    if (j.state() == v1::JOB_STATE_QUEUED) ASSERT_TRUE(core->Cancel(j.job_id()).ok());
+    if (j.state() == v1::JOB_STATE_QUEUED) {
+      ASSERT_TRUE(core->Cancel(j.job_id()).ok());
+    }
   }
   executor->release = true;
 }
