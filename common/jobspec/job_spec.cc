@@ -387,43 +387,6 @@ std::string Resolve(const std::string& base_dir, const std::string& p) {
 
 namespace {
 
-// The offset of the first byte that is not part of well-formed UTF-8 (RFC 3629: no overlong
-// forms, no surrogates, at most U+10FFFF), or text.size().
-size_t FirstInvalidUtf8(absl::string_view text) {
-  size_t i = 0;
-  while (i < text.size()) {
-    const auto b = static_cast<uint8_t>(text[i]);
-    size_t n = 0;
-    uint32_t cp = 0, min = 0;
-    if (b < 0x80) {
-      ++i;
-      continue;
-    }
-    if ((b & 0xE0) == 0xC0) {
-      n = 1;
-      cp = b & 0x1F;
-      min = 0x80;
-    } else if ((b & 0xF0) == 0xE0) {
-      n = 2;
-      cp = b & 0x0F;
-      min = 0x800;
-    } else if ((b & 0xF8) == 0xF0) {
-      n = 3;
-      cp = b & 0x07;
-      min = 0x10000;
-    } else
-      return i;
-    for (size_t k = 1; k <= n; ++k) {
-      if (i + k >= text.size()) return i;
-      const auto c = static_cast<uint8_t>(text[i + k]);
-      if ((c & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (c & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
-    i += n + 1;
-  }
-  return text.size();
-}
 
 absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::string& base_dir,
                                        JobSpec::FileCheck check_files, JobSpec::OutputDirBase output_base);
@@ -442,8 +405,8 @@ absl::StatusOr<JobSpec> JobSpec::Parse(absl::string_view yaml_text, const std::s
 }
 
 namespace {
-absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::string& base_dir,
-                                       JobSpec::FileCheck check_files, JobSpec::OutputDirBase output_base) {
+// The spec's text as one YAML map: bounded, UTF-8, one document.
+absl::StatusOr<YAML::Node> ReadRoot(absl::string_view yaml_text) {
   if (yaml_text.size() > kMaxSpecBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("job spec is ", yaml_text.size(), " bytes; the limit is ", kMaxSpecBytes));
@@ -467,6 +430,11 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
                                                    e.mark.column + 1, ": ", e.msg));
   }
   if (!root.IsMap()) return absl::InvalidArgumentError("job spec: the top level must be a map of sections");
+  return root;
+}
+
+// Each section's keys through the schema: unknown or repeated keys refused naming the line.
+absl::StatusOr<JobSpec> ReadSections(const YAML::Node& root) {
   JobSpec s;
   s.validation = "auto";  // a spec's default; a JobSpec made in code has none
   const auto& schema = Schema();
@@ -516,6 +484,12 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
     }
   }
 
+  return s;
+}
+
+// What no key alone can check: the name, required keys, the batch against micro-batches and context
+// groups, the schedule against the steps, the route choices.
+absl::Status CheckAcrossKeys(const JobSpec& s) {
   RETURN_IF_ERROR(ValidateJobName(s.name));
   // Cross-field checks.
   if (s.model_path.empty() == s.model_preset.empty()) {
@@ -596,6 +570,13 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
     return absl::InvalidArgumentError(
         absl::StrCat("job spec: schedule.min_lr ", s.min_lr, " exceeds optimizer.lr ", s.lr));
   }
+  return absl::OkStatus();
+}
+
+// The paths: text checked, resolved against the spec's directory, the validation split found, the
+// policy file loaded, and (kCheck) the files there.
+absl::Status ResolvePaths(JobSpec& s, const std::string& base_dir, JobSpec::FileCheck check_files,
+                          JobSpec::OutputDirBase output_base) {
   if (s.output_dir.empty()) s.output_dir = absl::StrCat("out/", s.name);
 
   if (!base_dir.empty()) RETURN_IF_ERROR(CheckPathText(base_dir, "the spec's directory (base_dir)"));
@@ -659,6 +640,15 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
       return absl::InvalidArgumentError(absl::StrCat("data.validation: ", s.validation, " is not a directory"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::string& base_dir,
+                                       JobSpec::FileCheck check_files, JobSpec::OutputDirBase output_base) {
+  ASSIGN_OR_RETURN(YAML::Node root, ReadRoot(yaml_text));
+  ASSIGN_OR_RETURN(JobSpec s, ReadSections(root));
+  RETURN_IF_ERROR(CheckAcrossKeys(s));
+  RETURN_IF_ERROR(ResolvePaths(s, base_dir, check_files, output_base));
   return s;
 }
 
@@ -683,316 +673,6 @@ absl::StatusOr<ModelConfig> ModelConfigOf(const JobSpec& spec) {
     RETURN_IF_ERROR(c->OverrideContext(spec.max_position_embeddings, spec.rope_scaling_json));
   }
   return c;
-}
-
-const char* ToString(ScheduleKind k) {
-  switch (k) {
-    case ScheduleKind::kConstant: return "constant";
-    case ScheduleKind::kLinear: return "linear";
-    case ScheduleKind::kCosine: return "cosine";
-  }
-  return "?";
-}
-const char* ToString(ParamDelivery k) { return k == ParamDelivery::kReplicated ? "replicated" : "sharded"; }
-const char* ToString(GradReduction k) { return k == GradReduction::kGpu ? "gpu" : "cpu"; }
-const char* ToString(GradStaging k) {
-  switch (k) {
-    case GradStaging::kAuto: return "auto";
-    case GradStaging::kDevice: return "device";
-    case GradStaging::kHost: return "host";
-  }
-  return "?";
-}
-const char* ToString(GradDtype k) { return k == GradDtype::kFp32 ? "fp32" : "bf16"; }
-const char* ToString(CheckpointDtype k) { return k == CheckpointDtype::kFp32 ? "fp32" : "bf16"; }
-int64_t CheckpointElementBytes(CheckpointDtype k) { return k == CheckpointDtype::kFp32 ? 4 : 2; }
-const char* ToString(StateDtype k) {
-  switch (k) {
-    case StateDtype::kFp32: return "fp32";
-    case StateDtype::kBf16: return "bf16";
-    case StateDtype::kInt8: return "int8";
-  }
-  return "fp32";
-}
-const char* ToString(ParamSource k) { return k == ParamSource::kMaster ? "master" : "mirror"; }
-const char* ToString(CastOn k) { return k == CastOn::kHost ? "host" : "device"; }
-const char* ToString(NoDecay k) { return k == NoDecay::kNorm ? "norm" : "bias"; }
-
-int64_t GpuMemoryLimitBytes(const JobSpec& spec, int64_t device_bytes) {
-  if (spec.gpu_memory_limit_bytes > 0) return spec.gpu_memory_limit_bytes;
-  if (spec.gpu_memory_limit_fraction > 0) return static_cast<int64_t>(spec.gpu_memory_limit_fraction * device_bytes);
-  return 0;
-}
-int64_t GpuCapacityBytes(const JobSpec& spec, int64_t device_bytes) {
-  const int64_t limit = GpuMemoryLimitBytes(spec, device_bytes);
-  return limit > 0 ? std::min(limit, device_bytes) : device_bytes;
-}
-const char* ToString(NormWeights k) {
-  switch (k) {
-    case NormWeights::kFp32: return "fp32";
-    case NormWeights::kBf16: return "bf16";
-  }
-  return "?";
-}
-const char* ToString(EmbeddingRows k) {
-  switch (k) {
-    case EmbeddingRows::kFp32: return "fp32";
-    case EmbeddingRows::kBf16: return "bf16";
-  }
-  return "?";
-}
-const char* ToString(ActivationPolicy k) {
-  switch (k) {
-    case ActivationPolicy::kKeepAll: return "keep_all";
-    case ActivationPolicy::kRecomputeLayer: return "recompute";
-    case ActivationPolicy::kSelective: return "selective";
-    case ActivationPolicy::kAuto: return "auto";
-  }
-  return "?";
-}
-const char* ToString(SaveDtype k) { return k == SaveDtype::kBf16 ? "bf16" : "fp32"; }
-const char* ToString(Backend k) {
-  switch (k) {
-    case Backend::kAuto: return "auto";
-    case Backend::kCuda: return "cuda";
-    case Backend::kCpu: return "cpu";
-  }
-  return "?";
-}
-
-std::string JobSpec::ToYaml() const {
-  YAML::Emitter e;
-  e << YAML::BeginMap;
-  e << YAML::Key << "name" << YAML::Value << name;
-  e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
-  if (!model_path.empty()) e << YAML::Key << "path" << YAML::Value << model_path;
-  if (!model_preset.empty()) e << YAML::Key << "preset" << YAML::Value << model_preset;
-  e << YAML::Key << "init_seed" << YAML::Value << init_seed;
-  if (max_position_embeddings > 0) e << YAML::Key << "max_position_embeddings" << YAML::Value << max_position_embeddings;
-  if (num_hidden_layers > 0) e << YAML::Key << "num_hidden_layers" << YAML::Value << num_hidden_layers;
-  if (!rope_scaling_json.empty()) {
-    e << YAML::Key << "rope_scaling" << YAML::Value << YAML::Flow << YAML::BeginMap;
-    const nlohmann::json rope = nlohmann::json::parse(rope_scaling_json, nullptr, /*allow_exceptions=*/false);
-    if (rope.is_object()) {  // it is: RopeScalingMap wrote it
-      for (const auto& [k, v] : rope.items()) {
-        e << YAML::Key << k << YAML::Value << (v.is_string() ? v.get<std::string>() : v.dump());
-      }
-    }
-    e << YAML::EndMap;
-  }
-  e << YAML::EndMap;
-  e << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "path" << YAML::Value << data_path
-    << YAML::Key << "validation" << YAML::Value << (validation.empty() ? std::string("none") : validation)
-    << YAML::Key << "tokenizer_check" << YAML::Value << tokenizer_check << YAML::EndMap;
-  e << YAML::Key << "output" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "dir" << YAML::Value << output_dir;
-  e << YAML::Key << "save_every" << YAML::Value << save_every_steps;
-  e << YAML::Key << "keep_last" << YAML::Value << keep_last;
-  e << YAML::Key << "save_dtype" << YAML::Value << ToString(save_dtype);
-  e << YAML::Key << "save_final" << YAML::Value << save_final;
-  e << YAML::Key << "tensorboard" << YAML::Value << tensorboard;
-  e << YAML::Key << "overwrite" << YAML::Value << overwrite << YAML::EndMap;
-  e << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "seq_len" << YAML::Value << seq_len;
-  e << YAML::Key << "global_batch" << YAML::Value << global_batch;
-  e << YAML::Key << "micro_batch" << YAML::Value << micro_batch;
-  if (steps > 0) e << YAML::Key << "steps" << YAML::Value << steps;
-  if (epochs > 0) e << YAML::Key << "epochs" << YAML::Value << epochs;
-  e << YAML::Key << "seed" << YAML::Value << seed;
-  e << YAML::Key << "eval_every" << YAML::Value << eval_every;
-  e << YAML::Key << "max_grad_norm" << YAML::Value << max_grad_norm;
-  e << YAML::Key << "skip_nonfinite" << YAML::Value << skip_nonfinite;
-  if (measure_only) e << YAML::Key << "measure_only" << YAML::Value << true;
-  if (router_aux_loss_coef >= 0) e << YAML::Key << "router_aux_loss_coef" << YAML::Value << router_aux_loss_coef;
-  e << YAML::EndMap;
-  e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "lr" << YAML::Value << lr;
-  e << YAML::Key << "beta1" << YAML::Value << beta1;
-  e << YAML::Key << "beta2" << YAML::Value << beta2;
-  e << YAML::Key << "eps" << YAML::Value << eps;
-  e << YAML::Key << "weight_decay" << YAML::Value << weight_decay;
-  e << YAML::Key << "no_decay" << YAML::Value << YAML::Flow << YAML::BeginSeq;
-  for (NoDecay g : no_decay) e << ToString(g);
-  e << YAML::EndSeq;
-  e << YAML::Key << "state_dtype" << YAML::Value << ToString(state_dtype) << YAML::EndMap;
-  e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "kind" << YAML::Value << ToString(schedule);
-  e << YAML::Key << "warmup_steps" << YAML::Value << warmup_steps;
-  e << YAML::Key << "min_lr" << YAML::Value << min_lr << YAML::EndMap;
-  e << YAML::Key << "runtime" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "backend" << YAML::Value << ToString(backend);
-  e << YAML::Key << "workers" << YAML::Value << num_workers;
-  if (chunk_bytes_auto) {
-    e << YAML::Key << "chunk_bytes" << YAML::Value << "auto";
-  } else {
-    e << YAML::Key << "chunk_bytes" << YAML::Value << chunk_bytes;
-  }
-  e << YAML::Key << "param_delivery" << YAML::Value << (param_delivery_auto ? "auto" : ToString(param_delivery));
-  e << YAML::Key << "grad_reduction" << YAML::Value << (grad_reduction_auto ? "auto" : ToString(grad_reduction));
-  e << YAML::Key << "grad_staging" << YAML::Value << ToString(grad_staging);
-  e << YAML::Key << "grad_dtype" << YAML::Value << ToString(grad_dtype);
-  e << YAML::Key << "param_source" << YAML::Value << ToString(param_source);
-  e << YAML::Key << "cast_on" << YAML::Value << ToString(cast_on);
-  e << YAML::Key << "cast_threads" << YAML::Value << cast_threads;
-  e << YAML::Key << "act_policy" << YAML::Value << ToString(act_policy);
-  e << YAML::Key << "norm_weights" << YAML::Value << ToString(norm_weights);
-  e << YAML::Key << "embedding_rows" << YAML::Value << ToString(embedding_rows);
-  e << YAML::Key << "deterministic" << YAML::Value << deterministic;
-  e << YAML::Key << "offload_ratio" << YAML::Value << offload_ratio;
-  e << YAML::Key << "checkpoint_dtype" << YAML::Value << ToString(checkpoint_dtype);
-  if (tile_tokens > 0) e << YAML::Key << "tile_tokens" << YAML::Value << tile_tokens;
-  e << YAML::Key << "speculation_bytes" << YAML::Value << speculation_bytes;
-  if (policy_auto) {
-    e << YAML::Key << "policy" << YAML::Value << "auto";
-  } else if (!policy_file.empty()) {
-    e << YAML::Key << "policy" << YAML::Value << policy_file;
-  }
-  if (layer_layout) e << YAML::Key << "layer_policy" << YAML::Value << YAML::Load(layer_layout->ToYaml());
-  if (gpu_memory_limit_bytes > 0) {
-    e << YAML::Key << "gpu_memory_limit" << YAML::Value << gpu_memory_limit_bytes;
-  } else if (gpu_memory_limit_fraction > 0) {
-    e << YAML::Key << "gpu_memory_limit" << YAML::Value << absl::StrCat(gpu_memory_limit_fraction);
-  }
-  e << YAML::Key << "copy_priority" << YAML::Value << copy_priority;
-  e << YAML::Key << "ring_slots" << YAML::Value << ring_slots;
-  if (context_parallel != 1) e << YAML::Key << "context_parallel" << YAML::Value << context_parallel;
-  e << YAML::Key << "step_timeout_ms" << YAML::Value << step_timeout_ms;
-  e << YAML::Key << "max_restarts" << YAML::Value << max_restarts << YAML::EndMap;
-  e << YAML::EndMap;
-  return std::string(e.c_str()) + "\n";
-}
-
-}  // namespace slidedp
-
-namespace slidedp {
-
-std::vector<JobSpec> RouteVariants(const JobSpec& spec, int world, bool cuda, bool all) {
-  JobSpec base = spec;
-  base.grad_reduction_auto = base.param_delivery_auto = base.chunk_bytes_auto = false;
-  std::vector<GradReduction> reductions = {spec.grad_reduction_auto ? GradReduction::kGpu : spec.grad_reduction};
-  std::vector<ParamDelivery> deliveries = {spec.param_delivery_auto ? ParamDelivery::kReplicated
-                                                                    : spec.param_delivery};
-  if (world > 1 && (all || spec.grad_reduction_auto)) reductions = {GradReduction::kGpu, GradReduction::kCpu};
-  if (world > 1 && (all || spec.param_delivery_auto)) {
-    deliveries = {ParamDelivery::kReplicated};
-    if (cuda) deliveries.push_back(ParamDelivery::kSharded);
-  }
-  std::vector<int64_t> chunks = {spec.chunk_bytes};
-  if (spec.chunk_bytes_auto) chunks.assign(std::begin(kAutoChunkBytes), std::end(kAutoChunkBytes));
-  std::vector<JobSpec> out;
-  for (GradReduction r : reductions) {
-    for (ParamDelivery d : deliveries) {
-      for (int64_t c : chunks) {
-        JobSpec v = base;
-        v.grad_reduction = r;
-        v.param_delivery = d;
-        v.chunk_bytes = c;
-        out.push_back(std::move(v));
-      }
-    }
-  }
-  return out;
-}
-
-std::string RouteName(const JobSpec& spec) {
-  return absl::StrCat("grad_reduction ", ToString(spec.grad_reduction), ", param_delivery ",
-                      ToString(spec.param_delivery), ", chunk_bytes ", spec.chunk_bytes);
-}
-
-JobSpec PolicyMeasureSpec(const JobSpec& spec) {
-  JobSpec m = spec;
-  m.name = absl::StrCat(spec.name.substr(0, kMaxJobNameBytes - 5), "-plan");
-  m.policy_auto = true;
-  m.policy_file.clear();
-  m.layer_layout.reset();
-  m.act_policy = ActivationPolicy::kRecomputeLayer;
-  m.offload_ratio = 0;
-  m.measure_only = true;
-  m.steps = kPolicyMeasureSteps;
-  m.epochs = 0;
-  m.schedule = ScheduleKind::kConstant;
-  m.warmup_steps = 0;
-  m.min_lr = 0;
-  m.save_every_steps = 0;
-  m.save_final = false;
-  m.tensorboard = false;
-  m.validation.clear();
-  m.eval_every = 0;
-  return m;
-}
-
-std::string PrintableUtf8(absl::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  while (!text.empty()) {
-    const size_t good = FirstInvalidUtf8(text);
-    for (char c : text.substr(0, good)) {
-      const auto u = static_cast<unsigned char>(c);
-      out += (u < 0x20 && c != '\t' && c != '\n') || u == 0x7f ? '?' : c;
-    }
-    if (good == text.size()) break;
-    out += '?';
-    text.remove_prefix(good + 1);
-  }
-  return out;
-}
-
-std::string BoundedLine(absl::string_view text, size_t max_bytes) {
-  std::string spaced(text);
-  for (char& c : spaced) {
-    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
-  }
-  std::string out = PrintableUtf8(spaced);
-  if (out.size() <= max_bytes) return out;
-  const size_t kept = Utf8Prefix(out, max_bytes).size();
-  return absl::StrCat(out.substr(0, kept), "... (", out.size() - kept, " more bytes)");
-}
-
-namespace {
-// The first max_bytes bytes of `text`, those outside printable ASCII as '?'.
-std::string PrintableAsciiPrefix(absl::string_view text, size_t max_bytes) {
-  std::string shown;
-  for (char c : text.substr(0, max_bytes)) {
-    const auto u = static_cast<unsigned char>(c);
-    shown += u >= 0x20 && u < 0x7f ? c : '?';
-  }
-  return shown;
-}
-}  // namespace
-
-std::string ShownId(absl::string_view id) {
-  return absl::StrCat(PrintableAsciiPrefix(id, 80), id.size() > 80 ? "..." : "");
-}
-
-absl::Status CheckPathText(absl::string_view path, absl::string_view what) {
-  auto refuse = [&](absl::string_view why) {
-    const std::string shown = PrintableAsciiPrefix(path, 120);
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " '", shown, "'", path.size() > 120 ? "..." : "", " is not a usable path: ", why));
-  };
-  if (path.empty()) return refuse("it is empty");
-  if (path.size() > kMaxPathBytes) return refuse(absl::StrCat("longer than ", kMaxPathBytes, " bytes"));
-  for (char c : path) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f) return refuse("it holds a control character (NUL, newline, escape, ...)");
-  }
-  if (FirstInvalidUtf8(path) != path.size()) return refuse("it is not UTF-8 text");
-  return absl::OkStatus();
-}
-
-absl::Status ValidateJobName(const std::string& name) {
-  // The name becomes a directory (out/<name>) and a job id (<name>-N, shm segment names and record
-  // files): nothing that could leave a directory, reach a terminal raw, or fail later at start.
-  bool ok = !name.empty() && name.size() <= kMaxJobNameBytes && name[0] != '.' && name[0] != '-';
-  for (char c : name) {
-    ok = ok && (absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
-  }
-  if (ok) return absl::OkStatus();
-  std::string shown;
-  for (char c : name.substr(0, 80)) shown += absl::ascii_isprint(static_cast<unsigned char>(c)) ? c : '?';
-  return absl::InvalidArgumentError(absl::StrCat("job spec: name '", shown, "'", name.size() > 80 ? "..." : "",
-                                                 " is not valid: use 1-", kMaxJobNameBytes,
-                                                 " characters of [A-Za-z0-9._-], not starting with '.' or '-'"));
 }
 
 }  // namespace slidedp

@@ -239,6 +239,10 @@ inline constexpr size_t kMaxPathBytes = 4096;
 // cannot travel in the protocol's strings. INVALID_ARGUMENT naming `what`.
 absl::Status CheckPathText(absl::string_view path, absl::string_view what);
 
+// The offset of the first byte that is not part of well-formed UTF-8 (RFC 3629: no overlong forms,
+// no surrogates, at most U+10FFFF), or text.size().
+size_t FirstInvalidUtf8(absl::string_view text);
+
 // Text fit for the protocol's strings and one log line (an error quoting a file's bytes or a
 // symbolic link's target): bytes that are not UTF-8, and control characters but tab and newline,
 // become '?'.

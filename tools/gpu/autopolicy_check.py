@@ -26,11 +26,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_results import load, ours_metrics, pick, usable  # noqa: E402
 
-T_FSDP2 = {"qwen3-8b": 1.65, "qwen3-4b": 1.7}
-T_TODAY = 0.99
-T_PREDICT = 0.10
-T_SELECT = 60.0
-T_SWEEP = 0.02
+from suite_parts import threshold  # noqa: E402
+
+T_FSDP2 = {"qwen3-8b": threshold("autopolicy", "fsdp2_8b"), "qwen3-4b": threshold("autopolicy", "fsdp2_4b")}
+T_TODAY = threshold("autopolicy", "today")
+T_PREDICT = threshold("autopolicy", "predict")
+T_SELECT = threshold("autopolicy", "select")
+T_SWEEP = threshold("autopolicy", "sweep")
 
 
 def line(status, text):

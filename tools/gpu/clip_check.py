@@ -17,10 +17,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_results import load, pick, usable  # noqa: E402
+from suite_parts import threshold  # noqa: E402
 
-T_COMPUTE = 0.95   # clip / compute-only
-T_FSDP2 = 1.25     # clip / FSDP2 GPU-resident, same batch
-T_STEP = 1.05      # clip step / no-clip step
+T_COMPUTE = threshold("clip", "compute")   # clip / compute-only
+T_FSDP2 = threshold("clip", "fsdp2")       # clip / FSDP2 GPU-resident, same batch
+T_STEP = threshold("clip", "step")         # clip step / no-clip step
 
 
 def line(status, text):

@@ -16,6 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from suite_judge import json_lines, read  # noqa: E402
+from suite_parts import threshold  # noqa: E402
 
 
 def predicted(path):
@@ -34,7 +35,7 @@ def main():
     ap.add_argument("--dir", required=True)
     ap.add_argument("--cases", nargs="+", required=True)
     ap.add_argument("--measure-times", nargs="*", default=[])
-    ap.add_argument("--max-error", type=float, default=0.10)
+    ap.add_argument("--max-error", type=float, default=threshold("plan", "max_error"))  # suite_parts.py
     ap.add_argument("--first-step", type=int, default=4)
     ap.add_argument("--part", default="plan")
     a = ap.parse_args()

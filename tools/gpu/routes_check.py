@@ -20,6 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from suite_judge import json_lines, read  # noqa: E402
+from suite_parts import threshold  # noqa: E402
 
 
 def route_key(grad_reduction, param_delivery):
@@ -66,7 +67,7 @@ def main():
     ap.add_argument("--dir", required=True)
     ap.add_argument("--cases", nargs="+", required=True)
     ap.add_argument("--expect-routes", type=int, default=4)
-    ap.add_argument("--tolerance", type=float, default=0.03)
+    ap.add_argument("--tolerance", type=float, default=threshold("routespeed", "tolerance"))  # suite_parts.py
     ap.add_argument("--first-step", type=int, default=4)
     ap.add_argument("--part", default="routespeed")
     ap.add_argument("--json", help="write every case's figures here")

@@ -5,15 +5,15 @@ one summary line per check,
     PASS curves      ours vs HF autocast, qwen3-0.6b, 200 steps: max |dloss| 3.50e-04 at step 74 (<= 6e-04)
 
 STATUS is PASS or FAIL (a gate), INFO (a figure with no gate) or SKIP (not applicable here). Exit
-status 1 when a line is FAIL, else 0. Thresholds come from run_suite.sh's arguments, or, for the
-end-to-end targets, from bench/e2e/report.py (the one place issue 4's targets are written).
+status 1 when a line is FAIL, else 0. Thresholds come from the table, tools/gpu/suite_parts.py (the
+--part's thresholds; an option given on the command line wins), or, for the end-to-end targets,
+from bench/e2e/report.py (the one place issue 4's targets are written).
 Pure Python (no numpy/torch): `python3 tools/gpu/suite_judge_test.py` tests it on any machine.
 
   suite_judge.py CHECK --part PART [options]       (CHECK: see the subcommands' --help)
 """
 import argparse
 import glob
-import importlib.util
 import json
 import math
 import os
@@ -23,6 +23,7 @@ import xml.etree.ElementTree as ET
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
 
 
 class Verdicts:
@@ -78,11 +79,9 @@ def last_line(text, n=160):
 
 
 def report_module():
-    """bench/e2e/report.py (targets, presets), imported by path."""
-    spec = importlib.util.spec_from_file_location("e2e_report", os.path.join(ROOT, "bench", "e2e", "report.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """bench/e2e/report.py (targets, presets), imported by path (suite_parts.py's copy)."""
+    import suite_parts
+    return suite_parts.report_module()
 
 
 # ----------------------------------------------------------------------------------------- checks
@@ -410,11 +409,6 @@ def check_bench(a, v):
                           + (why(off, "fsdp2-offload", p) if usable(o16) else why(o16, "ours", p)))
 
 
-# Strong scaling 1 -> 2 GPUs at a fixed global batch (issue 26: the compute window halves, the
-# host's work per step does not; the published runtime's 4 -> 8 GPU figure is 1.94x).
-T_STRONG_SCALING = 1.9
-
-
 def check_scaling(a, v):
     """1 -> 2 GPUs at the same tokens per GPU (total tokens/s), at each --strong global batch (1 GPU
     at G against 2 GPUs at G / 2 each), and ours / FSDP2 on 2 GPUs."""
@@ -425,9 +419,9 @@ def check_scaling(a, v):
         s1, s2 = pick(recs, "ours", m, g, 1), pick(recs, "ours", m, g // 2, 2)
         if usable(s1) and usable(s2):
             s = s2["tokens_per_s"] / s1["tokens_per_s"]
-            v.gate(s >= T_STRONG_SCALING,
+            v.gate(s >= a.t_strong,
                    f"{m} strong scaling at {g // 1024}K tokens per step: 1 GPU {s1['tokens_per_s']:,.0f} -> 2 GPUs "
-                   f"({g // 2048}K each) {s2['tokens_per_s']:,.0f} tok/s = {s:.2f}x (>= {T_STRONG_SCALING:g})")
+                   f"({g // 2048}K each) {s2['tokens_per_s']:,.0f} tok/s = {s:.2f}x (>= {a.t_strong:g})")
         else:
             v.gate(False, f"{m} strong scaling at {g // 1024}K: "
                           + (why(s2, "ours on 2 GPUs", g // 2) if usable(s1) else why(s1, "ours on 1 GPU", g)))
@@ -580,165 +574,6 @@ def check_kbench(a, v):
             v.info(f"{j['op']} {j['tokens'] // 1024}K: {j['tflops']:.1f} TFLOP/s, {j['ms']:.1f} ms")
 
 
-def stage_exit(log_text, name=None):
-    """(rc, seconds) of a run_suite.sh stage log's "=== NAME: exit RC after S s" line; None when the
-    stage did not finish (or was not started)."""
-    who = re.escape(name) if name else r"\S+"
-    m = re.findall(rf"^=== {who}: exit (\d+) after (\d+) s", log_text, re.M)
-    return (int(m[-1][0]), int(m[-1][1])) if m else None
-
-
-def longctx_when(d, kind, ran):
-    """"" for a stage this call ran, else where its result comes from (an earlier call on this machine)."""
-    if kind in ran:
-        return ""
-    started = read(os.path.join(d, kind, "started")).strip()
-    return f" [from an earlier call on this machine{', ' + started if started else ''}]"
-
-
-def longctx_ours(a, v, seq_k):
-    """Ours: the gates, then figures. Returns the last step's metrics (or None)."""
-    d = os.path.join(a.dir, "ours")
-    when = longctx_when(a.dir, "ours", a.ran)
-    log = read(os.path.join(d, "stage.log"))
-    what = f"{a.model} ours, one sequence of {a.seq:,} tokens per step"
-    if not log:
-        status = "FAIL" if "ours" in a.ran else "SKIP"
-        text = "did not run" + (" (no log)" if status == "FAIL" else " (not in LONGCTX_WHAT, no earlier result)")
-        v.line(status, f"{what}: {text}")
-        return None
-    ex = stage_exit(log)
-    by_step = {}
-    for j in json_lines(read(os.path.join(d, "metrics.jsonl"))):
-        if isinstance(j, dict) and "step" in j:
-            by_step[int(j["step"])] = j  # a step run again: its last line counts
-    rows = [by_step[k] for k in sorted(by_step)]
-    finite = [r for r in rows if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
-    # the job's own words when it failed: the final "error:" line, a refusal ("slidedp: CODE: ...") and
-    # a private process that died ("slidedp: worker 0 was killed ... (logs in ...)")
-    errors = [l.strip() for l in log.splitlines() if l.startswith("error:") or re.match(r"slidedp: [A-Z_]+: ", l)
-              or (l.startswith("slidedp: ") and "(logs in" in l)]
-    rc_text = "did not finish" if ex is None else \
-        f"exit {ex[0]} after {ex[1]} s" + (" (time cap)" if ex[0] == 124 else "")
-    ok = ex is not None and ex[0] == 0 and sorted(by_step) == list(range(1, a.expect_steps + 1)) \
-        and len(finite) == len(rows)
-    losses = ", ".join(f"{r['loss']:.4f}" if r in finite else str(r.get("loss")) for r in rows) or "none"
-    v.gate(ok, f"{what} trains: {rc_text}, {len(rows)} of {a.expect_steps} steps, losses {losses} "
-               f"(finite loss on every step, {a.expect_steps} steps){when}")
-    for e in errors[-2:]:
-        v.info(f"{a.model} ours {seq_k}: {e[:400]}")
-    if not rows:
-        v.gate(False, f"{what}: model TFLOP/s: no step finished (>= {a.t_tflops:g}){when}")
-        return None
-    last = rows[-1]
-    mfu = f", MFU {last['mfu']:.3f}" if last.get("mfu") else ""
-    # the gate reads the last step of the run asked for (step 1 is the warm-up)
-    short = "" if last["step"] == a.expect_steps else f"; step {a.expect_steps} did not finish"
-    v.gate(not short and last.get("model_tflops", 0) >= a.t_tflops,
-           f"{what}: step {last['step']} {last.get('model_tflops', 0):.1f} model TFLOP/s "
-           f"({last.get('step_time_s', 0):.1f} s, {last.get('tokens_per_s', 0):,.0f} tok/s{mfu}; "
-           f"6N + 6 L seq q_dim per token{short}) (>= {a.t_tflops:g} on step {a.expect_steps}){when}")
-    busy = last.get("busy_s") or {}
-    peak = max(float(r.get("gpu_peak_bytes", 0) or 0) for r in rows) / 2**30
-    used = max(float(r.get("gpu_used_peak_bytes", 0) or 0) for r in rows) / 2**30
-    mem = [f"GPU peak {peak:.1f} GiB" + (f" (buffers at most {used:.1f})" if used > 0 else ""), f"host state {float(last.get('host_state_bytes', 0) or 0) / 2**30:.1f} GiB"]
-    # hostd's memory plan (JobPlan::MemoryLine: the job's log, in hostd.log and in slidedp run's output)
-    plan = re.search(r"host state: ([0-9.]+) GiB \(.*?activation offload ([0-9.]+)",
-                     "\n".join([log] + [read(p) for p in sorted(glob.glob(os.path.join(d, "run", "*.log")))]))
-    if plan:
-        mem.append(f"hostd's plan {plan.group(1)} GiB of it {plan.group(2)} GiB activation offload (pinned)")
-    drop = read(os.path.join(d, "hostmem")).split()
-    if len(drop) == 2:
-        mem.append(f"MemAvailable drop {max(0, int(drop[0]) - int(drop[1])) / 2**20:.1f} GiB")
-    v.info(f"{a.model} ours {seq_k} memory: " + ", ".join(mem) + when)
-    if busy:
-        v.info(f"{a.model} ours {seq_k} step {last['step']} busy s: worker step {busy.get('worker_step', 0):.1f}, "
-               f"gate wait {busy.get('worker_gate_wait', 0):.2f}, H2D {busy.get('worker_h2d', 0):.2f}, "
-               f"cast {busy.get('worker_cast', 0):.2f}, D2H {busy.get('worker_d2h', 0):.2f}, host update "
-               f"{busy.get('host_update', 0):.2f} (tail {busy.get('host_update_tail', 0):.2f})")
-    return last
-
-
-def check_longctx(a, v):
-    """Long context (one sequence of --seq tokens per step): ours trains and reaches --t-tflops model
-    TFLOP/s on its last step; against compute-only (bench_step, possibly fewer layers) and FSDP2
-    GPU-resident at the longest sequence it fits (figures). Reads a run_suite.sh longctx folder:
-    ours/{stage.log,metrics.jsonl,run/*.log,hostmem}, compute/stage.log, peer/s<SEQ>.log."""
-    a.ran = set(a.ran.split())
-    seq_k = f"{a.seq // 1024}K"
-    ours = longctx_ours(a, v, seq_k)
-    # compute-only: the ceiling, in model TFLOP/s (tok/s only compares at the same depth)
-    when = longctx_when(a.dir, "compute", a.ran)
-    log = read(os.path.join(a.dir, "compute", "stage.log"))
-    comp = next((j for j in reversed(json_lines(log)) if j.get("mode") == "compute_only"), None) if log else None
-    if not log:
-        if "compute" in a.ran:
-            v.info(f"{a.model} compute-only {seq_k}: did not run (no log)")
-    elif not comp or comp.get("error") or not comp.get("model_tflops"):
-        ex = stage_exit(log)
-        v.info(f"{a.model} compute-only (bench_step) {seq_k}: no result, "
-               f"{'did not finish' if ex is None else f'exit {ex[0]}'}: "
-               f"{(comp or {}).get('error') or last_line(log, 300)}{when}")
-    else:
-        full = (report_module().PRESETS.get(a.model) or (0, 0))[1]
-        depth = comp.get("layers", full)
-        v.info(f"{a.model} compute-only (bench_step, {depth} of {full or '?'} layers, resident weights, offload "
-               f"{comp.get('offload_ratio', 0):g}) {seq_k}: {comp['model_tflops']:.1f} model TFLOP/s, step "
-               f"{comp['step_s']:.2f} s, {comp['tokens_per_s']:,.0f} tok/s, peak {comp.get('peak_gib', 0):.1f} GiB"
-               f"{when}")
-        if ours and ours.get("model_tflops"):
-            text = (f"{a.model} ours / compute-only at {seq_k}: model TFLOP/s {ours['model_tflops']:.1f} / "
-                    f"{comp['model_tflops']:.1f} = {ours['model_tflops'] / comp['model_tflops']:.3f}")
-            if depth == full and comp.get("tokens_per_s"):
-                text += f"; tok/s {ours['tokens_per_s']:,.0f} / {comp['tokens_per_s']:,.0f} = " \
-                        f"{ours['tokens_per_s'] / comp['tokens_per_s']:.3f}"
-            else:
-                text += f" (compute-only on {depth} of {full or '?'} layers: per-layer rate, tok/s not comparable)"
-            v.info(text)
-    # FSDP2 GPU-resident: the longest sequence that ran
-    when = longctx_when(a.dir, "peer", a.ran)
-    tried = []
-    for p in glob.glob(os.path.join(a.dir, "peer", "s*.log")):
-        m = re.search(r"s(\d+)\.log$", p)
-        if m:
-            tried.append((int(m.group(1)), read(p)))
-    tried.sort(key=lambda t: -t[0])
-    fits, notes = None, []
-    for s, text in tried:
-        j = next((j for j in reversed(json_lines(text)) if str(j.get("peer", "")).startswith("fsdp2")), None)
-        if j and j.get("tokens_per_s_per_gpu"):
-            fits = fits or j
-            continue
-        ex = stage_exit(text)
-        if re.search(r"OutOfMemoryError|CUDA out of memory", text):
-            why_not = "out of GPU memory"
-        elif ex is None:
-            why_not = "not started" if "not started" in text else "did not finish"
-        elif ex[0] == 124:
-            why_not = "time cap"
-        else:
-            why_not = f"exit {ex[0]}: {last_line(text, 100)}"
-        notes.append(f"{s // 1024}K {why_not}")
-    if not tried:
-        if "peer" in a.ran:
-            v.info(f"{a.model} FSDP2 GPU-resident: no attempt ran")
-        return
-    failed = f" ({', '.join(notes)})" if notes else ""
-    if not fits:
-        v.info(f"{a.model} FSDP2 GPU-resident, one row per step: no sequence length ran{failed}{when}")
-        return
-    pk = f"{fits['seq'] // 1024}K"
-    v.info(f"{a.model} FSDP2 GPU-resident at its longest sequence that ran, {pk} x 1 row{failed}: "
-           f"{fits['tokens_per_s_per_gpu']:,.0f} tok/s, {fits['model_tflops_per_gpu']:.1f} model TFLOP/s, step "
-           f"{fits['step_s']:.2f} s, peak {fits.get('peak_gib', 0):.1f} GiB{when}")
-    if ours and ours.get("tokens_per_s"):
-        v.info(f"{a.model} ours ({seq_k}) / FSDP2 GPU-resident ({pk}): tok/s {ours['tokens_per_s']:,.0f} / "
-               f"{fits['tokens_per_s_per_gpu']:,.0f} = {ours['tokens_per_s'] / fits['tokens_per_s_per_gpu']:.2f}x; "
-               f"model TFLOP/s {ours.get('model_tflops', 0):.1f} / {fits['model_tflops_per_gpu']:.1f} = "
-               f"{ours.get('model_tflops', 0) / fits['model_tflops_per_gpu']:.2f}x ({a.seq // fits['seq']}x the "
-               "sequence: a token costs more attention FLOPs at ours' length)")
-
-
 def eval_losses(path):
     """{step: eval_loss} of a metrics JSONL (the records a validation pass followed)."""
     out = {}
@@ -772,45 +607,64 @@ def check_sdpa(a, v):
 
 # ------------------------------------------------------------------------------------------ main
 
+def fill_thresholds(a, th):
+    """Every threshold option not given: the --part's value in suite_parts.py."""
+    import suite_parts
+    for dest, name in th.items():
+        if getattr(a, dest) is None:
+            if name not in getattr(suite_parts.BY_NAME.get(a.part), "thresholds", {}):
+                raise SystemExit(f"suite_judge {a.check}: --{dest.replace('_', '-')} not given and part "
+                                 f"{a.part!r} has no threshold {name!r} in suite_parts.py")
+            setattr(a, dest, suite_parts.threshold(a.part, name))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="check", required=True)
 
-    def add(name, fn, *args):
+    def add(name, fn, *args, th=None):
+        """A check: its options; th maps an option's dest to the --part's threshold in suite_parts.py
+        (the option's default)."""
         p = sub.add_parser(name, help=fn.__doc__.splitlines()[0])
         p.add_argument("--part", required=True)
         for spec in args:
             flag, kw = spec[0], dict(spec[1]) if len(spec) > 1 else {}
             p.add_argument(flag, **kw)
-        p.set_defaults(fn=fn)
+        p.set_defaults(fn=fn, th=th or {})
 
     F, I, S = {"type": float}, {"type": int}, {}
-    add("tiny", check_tiny, ("--log",), ("--rc", I), ("--max-loss", F), ("--expect-steps", I), ("--run-dir", S))
+    add("tiny", check_tiny, ("--log",), ("--rc", I), ("--max-loss", F), ("--expect-steps", I), ("--run-dir", S),
+        th={"max_loss": "max_loss"})
     add("gtest", check_gtest, ("--xml-dir",), ("--rc", {"action": "append", "default": []}),
         ("--none-why", {"default": "no *_gpu_test binary"}))
     add("layouts", check_layouts, ("--log",), ("--rc", I), ("--expect", {"type": int, "default": 0}))
     add("stages", check_stages, ("--dir",), ("--names",))
-    add("hf-compare", check_hf_compare, ("--results",), ("--loss-tol", F), ("--grad-tol", F), ("--floor-factor", F))
+    add("hf-compare", check_hf_compare, ("--results",), ("--loss-tol", F), ("--grad-tol", F), ("--floor-factor", F),
+        th={"loss_tol": "loss_tol", "grad_tol": "grad_tol", "floor_factor": "floor_factor"})
     add("tokenizer", check_tokenizer, ("--report",), ("--rc", I))
-    add("graddiff", check_graddiff, ("--log",), ("--rc", I), ("--loss-tol", F), ("--norm-tol", F), ("--what",))
+    add("graddiff", check_graddiff, ("--log",), ("--rc", I), ("--loss-tol", F), ("--norm-tol", F), ("--what",),
+        th={"loss_tol": "loss_tol", "norm_tol": "norm_tol"})
     add("curve", check_curve, ("--json",), ("--expect-steps", I), ("--what",), ("--info", {"action": "store_true"}))
     add("bitwise", check_bitwise, ("--json",), ("--expect-steps", I), ("--units-a",), ("--units-b",), ("--what",))
-    add("params", check_params, ("--json",), ("--tol", F), ("--what",))
+    add("params", check_params, ("--json",), ("--tol", F), ("--what",), th={"tol": "weight_tol"})
     add("offload", check_offload, ("--logs", {"nargs": "+"}))
     add("bench", check_bench, ("--results",), ("--model",), ("--tokens", I), ("--peer-tokens", I),
         ("--offload", {"action": "store_true"}))
     add("scaling", check_scaling, ("--results",), ("--model",), ("--tokens", I), ("--peer-tokens", I),
-        ("--strong", {"type": lambda x: [int(g) for g in x.split(",") if g], "default": []}))
-    add("layeradam", check_layeradam, ("--log",), ("--t-torch", F), ("--t-copy", F),
-        ("--t-triad", {"type": float, "default": 0.85}))  # "LayerAdam at the memory wall"
-    add("copy", check_copy, ("--log",), ("--t-ratio", {"type": float, "default": 0.9}))  # "DMA before Adam"
+        ("--strong", {"type": lambda x: [int(g) for g in x.split(",") if g], "default": []}), ("--t-strong", F),
+        th={"t_strong": "t_strong"})
+    add("layeradam", check_layeradam, ("--log",), ("--t-torch", F), ("--t-copy", F), ("--t-triad", F),
+        th={"t_torch": "t_torch", "t_copy": "t_copy", "t_triad": "t_triad"})
+    add("copy", check_copy, ("--log",), ("--t-ratio", F), th={"t_ratio": "t_ratio"})
     add("warm", check_warm, ("--cold",), ("--warm",), ("--what", {"default": "warm host"}))
-    add("kbench", check_kbench, ("--log",), ("--rc", I), ("--t-fwd", F), ("--t-bwd", F), ("--t-layer", F))
+    add("kbench", check_kbench, ("--log",), ("--rc", I), ("--t-fwd", F), ("--t-bwd", F), ("--t-layer", F),
+        th={"t_fwd": "t_fwd", "t_bwd": "t_bwd", "t_layer": "t_layer"})
     add("sdpa", check_sdpa, ("--log",))
-    add("longctx", check_longctx, ("--dir",), ("--model",), ("--seq", I), ("--expect-steps", I), ("--t-tflops", F),
-        ("--ran", {"default": "ours compute peer"}))
-    add("eval-parity", check_eval_parity, ("--cuda",), ("--cpu",), ("--tol", F), ("--what",))
+    add("eval-parity", check_eval_parity, ("--cuda",), ("--cpu",), ("--tol", F), ("--what",), th={"tol": "tol"})
+    import suite_checks  # the checks that were inline Python in run_suite.sh
+    suite_checks.register(add)
     a = ap.parse_args(argv)
+    fill_thresholds(a, a.th)
     v = Verdicts(a.part)
     try:
         a.fn(a, v)
