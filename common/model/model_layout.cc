@@ -1,0 +1,197 @@
+// ModelLayout: a model's streamed units (embedding, decoder layers, final norm + LM head), their
+// tensors at aligned offsets and FP32 side copies (see model_config.h).
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/numbers.h"
+#include "common/model/model_config.h"
+
+namespace slidedp {
+namespace {
+
+int64_t AlignUp(int64_t n) { return (n + kTensorAlignNumel - 1) / kTensorAlignNumel * kTensorAlignNumel; }
+
+// Norm weights (and only they: biases are BF16 in HF's autocast linear) get an FP32 side copy.
+enum class SideCopy { kNone, kFp32 };
+
+void AddTensor(UnitLayout& unit, std::string name, std::vector<int64_t> shape, SideCopy side = SideCopy::kNone) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  const bool norm = side == SideCopy::kFp32;
+  unit.tensors.push_back(TensorSlot{std::move(name), std::move(shape), unit.numel, numel, norm ? unit.fp32_numel : -1});
+  unit.numel += AlignUp(numel);
+  if (norm) unit.fp32_numel += (numel + kFp32SideAlignNumel - 1) / kFp32SideAlignNumel * kFp32SideAlignNumel;
+}
+
+}  // namespace
+
+std::string TensorIndexString(const std::vector<int64_t>& shape, int64_t flat) {
+  std::vector<int64_t> index(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] <= 0) return absl::StrCat("[", flat, "]");
+    index[d] = flat % shape[d];
+    flat /= shape[d];
+  }
+  std::string s = "[";
+  for (size_t d = 0; d < index.size(); ++d) absl::StrAppend(&s, d > 0 ? ", " : "", index[d]);
+  return s + "]";
+}
+
+std::string DescribeUnitElement(const UnitLayout& unit, int64_t offset) {
+  const TensorSlot* before = nullptr;
+  for (const TensorSlot& t : unit.tensors) {
+    if (offset >= t.offset_numel && offset < t.offset_numel + t.numel) {
+      return t.hf_name + TensorIndexString(t.shape, offset - t.offset_numel);
+    }
+    if (t.offset_numel + t.numel <= offset) before = &t;
+  }
+  return before != nullptr ? absl::StrCat("the padding after ", before->hf_name)
+                           : absl::StrCat("element ", offset, " of ", unit.name);
+}
+
+void CopyNormsFromMaster(const UnitLayout& unit, const float* master, float* side) {
+  for (const TensorSlot& t : unit.tensors) {
+    if (t.fp32_offset >= 0) std::copy_n(master + t.offset_numel, t.numel, side + t.fp32_offset);
+  }
+}
+
+ModelLayout ModelLayout::Build(const ModelConfig& c) {
+  ModelLayout m;
+  m.config = c;
+  m.head_uses_embedding = c.tie_word_embeddings;
+  const int64_t h = c.hidden_size;
+
+  UnitLayout embed;
+  embed.kind = UnitKind::kEmbedding;
+  embed.name = "embed";
+  AddTensor(embed, "model.embed_tokens.weight", {c.vocab_size, h});
+  m.units.push_back(std::move(embed));
+
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    UnitLayout u;
+    u.kind = UnitKind::kDecoder;
+    u.decoder_layer = static_cast<int>(l);
+    u.name = absl::StrCat("layer.", l);
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    auto add = [&](DecoderTensor t, const char* name, std::vector<int64_t> shape) {
+      u.slot[t] = static_cast<int>(u.tensors.size());
+      const bool norm = t == kInputNorm || t == kPostNorm || t == kQNorm || t == kKNorm;
+      AddTensor(u, p + name, std::move(shape), norm ? SideCopy::kFp32 : SideCopy::kNone);
+    };
+    const bool bias = c.has_qkv_bias();
+    add(kInputNorm, "input_layernorm.weight", {h});
+    add(kQProj, "self_attn.q_proj.weight", {c.q_dim(), h});
+    if (bias) add(kQBias, "self_attn.q_proj.bias", {c.q_dim()});
+    add(kKProj, "self_attn.k_proj.weight", {c.kv_dim(), h});
+    if (bias) add(kKBias, "self_attn.k_proj.bias", {c.kv_dim()});
+    add(kVProj, "self_attn.v_proj.weight", {c.kv_dim(), h});
+    if (bias) add(kVBias, "self_attn.v_proj.bias", {c.kv_dim()});
+    add(kOProj, "self_attn.o_proj.weight", {h, c.q_dim()});
+    if (c.has_qk_norm()) {
+      add(kQNorm, "self_attn.q_norm.weight", {c.head_dim});
+      add(kKNorm, "self_attn.k_norm.weight", {c.head_dim});
+    }
+    add(kPostNorm, "post_attention_layernorm.weight", {h});
+    if (c.IsSparseLayer(l)) {
+      // The hub's per-expert names (docs/moe.md: what transformers 5.17 saves and loads).
+      add(kRouter, "mlp.gate.weight", {c.num_experts, h});
+      const int64_t mi = c.moe_intermediate_size;
+      ExpertLayout& x = u.experts;
+      x.num_experts = c.num_experts;
+      x.first_offset = u.numel;
+      x.first_tensor = static_cast<int>(u.tensors.size());
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string expert = absl::StrCat(p, "mlp.experts.", e, ".");
+        AddTensor(u, expert + "gate_proj.weight", {mi, h});
+        AddTensor(u, expert + "up_proj.weight", {mi, h});
+        AddTensor(u, expert + "down_proj.weight", {h, mi});
+        if (e == 0) {
+          for (int t = 0; t < kNumExpertTensors; ++t) {
+            x.offset_in_expert[t] = u.tensors[x.first_tensor + t].offset_numel - x.first_offset;
+          }
+          x.expert_numel = u.numel - x.first_offset;
+        }
+      }
+    } else {
+      add(kGateProj, "mlp.gate_proj.weight", {c.intermediate_size, h});
+      add(kUpProj, "mlp.up_proj.weight", {c.intermediate_size, h});
+      add(kDownProj, "mlp.down_proj.weight", {h, c.intermediate_size});
+    }
+    m.units.push_back(std::move(u));
+  }
+
+  UnitLayout head;
+  head.kind = UnitKind::kHead;
+  head.name = "head";
+  AddTensor(head, "model.norm.weight", {h}, SideCopy::kFp32);
+  if (!c.tie_word_embeddings) AddTensor(head, "lm_head.weight", {c.vocab_size, h});
+  m.units.push_back(std::move(head));
+
+  for (size_t i = 0; i < m.units.size(); ++i) {
+    m.units[i].index = static_cast<int>(i);
+    m.total_numel += m.units[i].numel;
+  }
+  return m;
+}
+
+const TensorSlot* ModelLayout::Find(absl::string_view hf_name, int* unit_index) const {
+  auto find_in = [&](const UnitLayout& u) -> const TensorSlot* {
+    for (const TensorSlot& t : u.tensors) {
+      if (t.hf_name == hf_name) {
+        if (unit_index) *unit_index = u.index;
+        return &t;
+      }
+    }
+    return nullptr;
+  };
+  // "model.layers.N.*" lives in layer N's unit: look only there (a MoE model has ~20k tensors,
+  // and a checkpoint load looks each one up).
+  absl::string_view rest = hf_name;
+  int64_t layer = -1;
+  if (absl::ConsumePrefix(&rest, "model.layers.") && rest.find('.') != absl::string_view::npos &&
+      absl::SimpleAtoi(rest.substr(0, rest.find('.')), &layer) && layer >= 0 &&
+      layer + 1 < static_cast<int64_t>(units.size()) && units[layer + 1].decoder_layer == layer) {
+    return find_in(units[layer + 1]);
+  }
+  for (const UnitLayout& u : units) {
+    if (const TensorSlot* t = find_in(u)) return t;
+  }
+  return nullptr;
+}
+
+int64_t ModelLayout::param_count() const {
+  int64_t n = 0;
+  for (const UnitLayout& u : units)
+    for (const TensorSlot& t : u.tensors) n += t.numel;
+  return n;
+}
+
+int64_t ModelLayout::ActiveParamCount() const {
+  int64_t n = param_count();
+  for (const UnitLayout& u : units) {
+    if (!u.sparse()) continue;
+    int64_t expert = 0;  // one expert's parameters, padding apart
+    for (int t = 0; t < kNumExpertTensors; ++t) expert += u.FindExpert(0, static_cast<ExpertTensor>(t))->numel;
+    n -= (u.num_experts() - config.num_experts_per_tok) * expert;
+  }
+  return n;
+}
+
+int ModelLayout::OffloadedLayers(double ratio) const {
+  const int layers = static_cast<int>(config.num_hidden_layers);
+  return std::clamp(static_cast<int>(std::lround(ratio * layers)), 0, layers);
+}
+
+double ModelLayout::ModelFlopsPerToken(int64_t seq_len) const {
+  const ModelConfig& c = config;
+  double matmul = static_cast<double>(ActiveParamCount()) - static_cast<double>(c.vocab_size * c.hidden_size);
+  if (c.tie_word_embeddings) matmul += static_cast<double>(c.vocab_size * c.hidden_size);
+  return 6.0 * matmul + 6.0 * c.num_hidden_layers * seq_len * c.q_dim();
+}
+
+}  // namespace slidedp

@@ -1,0 +1,149 @@
+// ModelConfig::Preset: the named shapes benchmarks and tests build models of (see model_config.h).
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/model/model_config.h"
+
+namespace slidedp {
+
+std::string ModelConfig::PresetNames() {
+  return "qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen3-32b, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, "
+         "qwen2.5-7b, qwen2.5-14b, llama3.2-1b, llama3.2-3b, llama3.1-8b, mistral-7b, qwen3-30b-a3b, tiny, tiny-qwen2, "
+         "tiny-llama, tiny-mistral, tiny-moe";
+}
+
+absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
+  ModelConfig c;
+  c.vocab_size = 151936;
+  c.head_dim = 128;
+  c.num_key_value_heads = 8;
+  auto set = [&](int64_t h, int64_t l, int64_t nh, int64_t inter, bool tied) {
+    c.hidden_size = h;
+    c.num_hidden_layers = l;
+    c.num_attention_heads = nh;
+    c.intermediate_size = inter;
+    c.tie_word_embeddings = tied;
+  };
+  // Llama 3.x: vocab 128,256, theta 500,000, eps 1e-5, llama3 RoPE scaling over 8,192.
+  auto llama3 = [&](double factor) {
+    c.family = ModelFamily::kLlama;
+    c.vocab_size = 128256;
+    c.rope_theta = 500000;
+    c.rms_norm_eps = 1e-5;
+    c.max_position_embeddings = 131072;
+    c.rope_scaling.type = RopeScaling::Type::kLlama3;
+    c.rope_scaling.factor = factor;
+    c.rope_scaling.low_freq_factor = 1;
+    c.rope_scaling.high_freq_factor = 4;
+    c.rope_scaling.original_max_position_embeddings = 8192;
+  };
+  // Qwen3-MoE as released: softmax top-k renormalised, every layer sparse, HF's aux-loss settings.
+  auto moe = [&](int64_t experts, int64_t top_k, int64_t expert_intermediate) {
+    c.num_experts = experts;
+    c.num_experts_per_tok = top_k;
+    c.moe_intermediate_size = expert_intermediate;
+    c.norm_topk_prob = true;
+    c.decoder_sparse_step = 1;
+    c.router_aux_loss_coef = 0.001;
+    c.output_router_logits = false;
+  };
+  auto tiny = [&](ModelFamily family) {
+    set(64, 2, 4, 128, true);
+    c.family = family;
+    c.num_key_value_heads = 2;
+    c.head_dim = 16;
+    c.vocab_size = 512;
+    c.max_position_embeddings = 4096;
+  };
+  if (name == "qwen3-0.6b") {
+    set(1024, 28, 16, 3072, true);
+  } else if (name == "qwen3-1.7b") {
+    set(2048, 28, 16, 6144, true);
+  } else if (name == "qwen3-4b") {
+    set(2560, 36, 32, 9728, true);
+  } else if (name == "qwen3-8b") {
+    set(4096, 36, 32, 12288, false);
+  } else if (name == "qwen3-14b") {
+    set(5120, 40, 40, 17408, false);
+  } else if (name == "qwen3-32b") {  // the hub's Qwen/Qwen3-32B config.json: 64 query heads on hidden 5120
+    set(5120, 64, 64, 25600, false);
+  } else if (absl::StartsWith(name, "qwen2.5-")) {
+    c.family = ModelFamily::kQwen2;
+    c.max_position_embeddings = 32768;
+    if (name == "qwen2.5-0.5b") {
+      set(896, 24, 14, 4864, true);
+      c.num_key_value_heads = 2;
+      c.head_dim = 64;
+    } else if (name == "qwen2.5-1.5b") {
+      set(1536, 28, 12, 8960, true);
+      c.num_key_value_heads = 2;
+    } else if (name == "qwen2.5-3b") {
+      set(2048, 36, 16, 11008, true);
+      c.num_key_value_heads = 2;
+    } else if (name == "qwen2.5-7b") {
+      set(3584, 28, 28, 18944, false);
+      c.num_key_value_heads = 4;
+      c.vocab_size = 152064;
+    } else if (name == "qwen2.5-14b") {
+      set(5120, 48, 40, 13824, false);
+      c.vocab_size = 152064;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown model preset \"", name, "\" (known: ", PresetNames(), ")"));
+    }
+  } else if (name == "llama3.2-1b") {
+    set(2048, 16, 32, 8192, true);
+    c.head_dim = 64;
+    llama3(32);
+  } else if (name == "llama3.2-3b") {
+    set(3072, 28, 24, 8192, true);
+    llama3(32);
+  } else if (name == "llama3.1-8b") {
+    set(4096, 32, 32, 14336, false);
+    llama3(8);
+  } else if (name == "mistral-7b") {  // v0.3: no sliding window
+    set(4096, 32, 32, 14336, false);
+    c.family = ModelFamily::kMistral;
+    c.vocab_size = 32768;
+    c.rms_norm_eps = 1e-5;
+    c.max_position_embeddings = 32768;
+  } else if (name == "qwen3-30b-a3b") {  // the hub's Qwen/Qwen3-30B-A3B config.json
+    set(2048, 48, 32, 6144, false);
+    c.family = ModelFamily::kQwen3Moe;
+    c.num_key_value_heads = 4;
+    c.max_position_embeddings = 40960;
+    moe(128, 8, 768);
+  } else if (name == "tiny") {
+    tiny(ModelFamily::kQwen3);
+  } else if (name == "tiny-qwen2") {
+    tiny(ModelFamily::kQwen2);
+  } else if (name == "tiny-llama") {
+    tiny(ModelFamily::kLlama);
+    c.rope_theta = 500000;
+    c.rope_scaling.type = RopeScaling::Type::kLlama3;
+    c.rope_scaling.factor = 8;
+    c.rope_scaling.original_max_position_embeddings = 256;  // bands that matter at CI's lengths
+    c.tie_word_embeddings = false;
+  } else if (name == "tiny-mistral") {
+    tiny(ModelFamily::kMistral);
+  } else if (name == "tiny-moe") {
+    // Untied like the Qwen3-MoE releases; layer 1 dense (mlp_only_layers) between two sparse ones,
+    // so a model's decoder units differ in size.
+    tiny(ModelFamily::kQwen3Moe);
+    c.num_hidden_layers = 3;
+    c.tie_word_embeddings = false;
+    moe(8, 2, 32);
+    c.mlp_only_layers = {1};
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown model preset \"", name, "\" (known: ", PresetNames(), ")"));
+  }
+  return c;
+}
+
+}  // namespace slidedp
