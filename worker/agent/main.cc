@@ -11,6 +11,7 @@
 #include "common/version.h"
 #include "glog/logging.h"
 #include "worker/agent/worker_agent.h"
+#include "worker/debug/debug_switches.h"
 
 #ifdef SLIDEDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -68,6 +69,14 @@ int main(int argc, char** argv) {
     opt.index = gpu;
   }
   opt.backend = backend == "cuda" ? slidedp::worker::BackendKind::kCuda : slidedp::worker::BackendKind::kCpu;
+  // The debug and fault-injection switches (SLIDEDP_*, docs/environment.md): a malformed one is a
+  // configuration error, refused before the worker registers.
+  const absl::StatusOr<slidedp::DebugSwitches>& switches = slidedp::ProcessDebugSwitches();
+  if (!switches.ok()) {
+    std::cerr << "slidedp-worker: " << switches.status().message() << "\n";
+    return 2;
+  }
+  opt.switches = *switches;
   // Unusable credentials are a configuration error: exit now rather than retry sessions forever.
   if (auto channel = slidedp::auth::CreateHostdChannel(opt.hostd_address, opt.credentials); !channel.ok()) {
     std::cerr << "slidedp-worker: " << channel.status().message() << "\n";

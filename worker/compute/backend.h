@@ -145,7 +145,6 @@ class ContextGroup {
   void Fail(absl::Status s) {
     if (status_.ok()) status_ = std::move(s);
   }
-  void ClearStatus() { status_ = absl::OkStatus(); }
 
  private:
   absl::Status status_;

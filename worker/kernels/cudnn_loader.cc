@@ -6,12 +6,12 @@
 #include <dlfcn.h>
 #include <sys/stat.h>
 
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/debug/debug_switches.h"
 
 namespace slidedp::kernels::cudnn_internal {
 namespace {
@@ -24,8 +24,11 @@ bool IsDirectory(const std::string& path) {
 absl::StatusOr<CudnnApi> LoadCudnnOnce() {
   std::vector<std::string> candidates;
   std::string dir;
-  if (const char* env = std::getenv("SLIDEDP_CUDNN_LIB"); env != nullptr && *env != '\0') {
-    std::string p = env;
+  // SLIDEDP_CUDNN_LIB (worker/debug/debug_switches.h).
+  const absl::StatusOr<DebugSwitches>& switches = ProcessDebugSwitches();
+  if (!switches.ok()) return switches.status();
+  if (!switches->cudnn_library.empty()) {
+    std::string p = switches->cudnn_library;
     if (IsDirectory(p)) {
       dir = p;
       p += "/libcudnn.so.9";

@@ -24,15 +24,6 @@
 namespace slidedp {
 namespace {
 
-// SLIDEDP_LOG_UNIT_NORMS=1: log each unit's squared gradient norm per step (device staging).
-bool LogUnitNorms() {
-  static const bool on = [] {
-    const char* e = std::getenv("SLIDEDP_LOG_UNIT_NORMS");
-    return e != nullptr && std::string(e) == "1";
-  }();
-  return on;
-}
-
 struct GradBuffer {
   float* data = nullptr;
   int64_t bytes = 0;
@@ -197,7 +188,7 @@ class CudaGradientPath final : public GradientPath {
     norm.step = staged_step_;
     norm.sum_squares = true;
     for (const auto& [unit, part] : staged_) norm.squares += unit_squares[unit];  // unit order
-    if (LogUnitNorms()) {  // for finding where two runs part (every digit of each unit's sum)
+    if (options_.log_unit_norms) {  // for finding where two runs part (every digit of each unit's sum)
       for (const auto& [unit, part] : staged_) {
         LOG(INFO) << absl::StrFormat("unit norms: step %d unit %d squares %.17g", staged_step_ + 1, unit,
                                      unit_squares[unit]);
@@ -345,7 +336,8 @@ class CudaGradientPath final : public GradientPath {
 
   absl::Status Post(const PostJob& job) {
     if (job.verdict) {
-      ASSIGN_OR_RETURN(shm::StepVerdict v, options_.base.job_state->WaitVerdict(job.step, options_.base.ring_timeout, options_.base.hostd));
+      ASSIGN_OR_RETURN(shm::StepVerdict v,
+                       options_.base.job_state->WaitVerdict(job.step, options_.base.ring_timeout, options_.base.hostd));
       for (const PostJob::Later& later : job.after_verdict) {
         if (later.speculated && !v.post_all) continue;
         PostJob part;
@@ -383,8 +375,8 @@ class CudaGradientPath final : public GradientPath {
       const float* src = job.data + (off - job.part.offset);
       if (bf16) {  // rounded to nearest even on the GPU (exact where staging rounded it already)
         RETURN_IF_ERROR(kernels::CastF32ToBf16(src, n, 1.0f, bf16_chunk_, d2h_));
-        SLIDEDP_CUDA_RETURN_IF_ERROR(
-            cudaMemcpyAsync(ring_->slot_data(slot), bf16_chunk_, n * sizeof(kernels::bf16), cudaMemcpyDeviceToHost, d2h_));
+        SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ring_->slot_data(slot), bf16_chunk_, n * sizeof(kernels::bf16),
+                                                     cudaMemcpyDeviceToHost, d2h_));
       } else {
         SLIDEDP_CUDA_RETURN_IF_ERROR(
             cudaMemcpyAsync(ring_->slot_data(slot), src, n * sizeof(float), cudaMemcpyDeviceToHost, d2h_));

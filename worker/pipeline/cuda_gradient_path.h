@@ -24,6 +24,9 @@ struct CudaGradientPathOptions {
   NcclCommunicator* comm = nullptr;       // required for the gpu route with world > 1
   const shm::AbortWord* abort = nullptr;  // the job's abort word: waits give up when raised
   int max_buffers = 5;                    // pool cap (beyond it Begin waits for an idle buffer)
+  // Device staging: log each unit's squared gradient norm per step with every digit (the worker's
+  // SLIDEDP_LOG_UNIT_NORMS=1), to find where two runs part.
+  bool log_unit_norms = false;
 };
 
 absl::StatusOr<std::unique_ptr<GradientPath>> MakeCudaGradientPath(const ModelLayout& layout, shm::GradRing* ring,

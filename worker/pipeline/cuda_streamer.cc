@@ -182,8 +182,7 @@ absl::Status CudaWindowStreamer::CastOnHostAndCopy(const float* master, char* ds
     const absl::Time t0 = absl::Now();
     cast_pool_->Cast(master + off, cast_buffers_[b], n);
     cast_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
-    SLIDEDP_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst + off * 2, cast_buffers_[b], n * 2, cudaMemcpyHostToDevice, h2d_));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + off * 2, cast_buffers_[b], n * 2, cudaMemcpyHostToDevice, h2d_));
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(cast_copied_[b], h2d_));
   }
   return absl::OkStatus();
@@ -216,7 +215,6 @@ absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uin
   // Raised from before the first copy is queued until the stream has run the last one; lowered
   // at once on any error return below.
   UrgentCopyMark mark(urgent ? urgent_word_ : nullptr);
-  urgent_loads_ += urgent ? 1 : 0;
 
   // The previous occupant's readers must be done before we overwrite the slot.
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(h2d_, victim->free, 0));

@@ -45,8 +45,8 @@
 #include "shm/grad_ring.h"
 #include "shm/job_state.h"
 #include "worker/comm/nccl_communicator.h"
-#include "worker/pipeline/cuda_copy_timer.h"
 #include "worker/pipeline/cast_pool.h"
+#include "worker/pipeline/cuda_copy_timer.h"
 #include "worker/pipeline/host_registry.h"
 #include "worker/pipeline/unit_streamer.h"
 
@@ -98,8 +98,6 @@ class CudaWindowStreamer : public UnitStreamer {
   static constexpr int kCastBuffers = 3;  // host cast; hostd's admission counts them (AddCastStaging)
   static constexpr int kDeviceCastBuffers = 2;
   static constexpr int kDeviceCastBlocks = 32;  // the cast kernel's grid: a quarter of an H200's SMs at most
-  // Loads issued as urgent so far (DMA before Adam).
-  int64_t urgent_loads() const { return urgent_loads_; }
 
  private:
   struct Slot {
@@ -143,7 +141,6 @@ class CudaWindowStreamer : public UnitStreamer {
   CudaCopyTimer h2d_timer_;
   std::atomic<uint32_t>* urgent_word_ = nullptr;  // this rank's, or null: no marking
   cudaEvent_t compute_probe_ = nullptr;           // recorded on compute_ to ask whether it is idle
-  int64_t urgent_loads_ = 0;
   // kMaster: the pinned cast buffers (cast_chunk_bytes_ each) and the events of their last copies.
   int64_t cast_chunk_bytes_ = 0;
   bf16_t* cast_buffers_[kCastBuffers] = {};

@@ -14,20 +14,11 @@ HostRegistry::~HostRegistry() {
   for (const auto& [begin, end] : ranges_) cudaHostUnregister(reinterpret_cast<void*>(begin));
 }
 
-uint64_t HostRegistry::total_bytes() const {
-  uint64_t b = 0;
-  for (const auto& [begin, end] : ranges_) b += end - begin;
-  return b;
-}
-
 absl::Status HostRegistry::Ensure(void* p, uint64_t bytes) {
   const uint64_t begin = reinterpret_cast<uint64_t>(p) & ~(kPage - 1);
   const uint64_t end = (reinterpret_cast<uint64_t>(p) + bytes + kPage - 1) & ~(kPage - 1);
   auto it = ranges_.find(begin);
-  if (it != ranges_.end() && it->second == end) {
-    reused_bytes_ += end - begin;
-    return absl::OkStatus();
-  }
+  if (it != ranges_.end() && it->second == end) return absl::OkStatus();
   // Drop every registered range overlapping [begin, end).
   for (auto r = ranges_.begin(); r != ranges_.end();) {
     if (r->first < end && begin < r->second) {
@@ -40,11 +31,10 @@ absl::Status HostRegistry::Ensure(void* p, uint64_t bytes) {
   cudaError_t e = cudaHostRegister(reinterpret_cast<void*>(begin), end - begin, cudaHostRegisterDefault);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    return absl::ResourceExhaustedError(absl::StrCat("cudaHostRegister of ", end - begin, " bytes failed: ",
-                                                     cudaGetErrorString(e)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cudaHostRegister of ", end - begin, " bytes failed: ", cudaGetErrorString(e)));
   }
   ranges_[begin] = end;
-  registered_bytes_ += end - begin;
   return absl::OkStatus();
 }
 

@@ -25,17 +25,8 @@ class HostRegistry {
   // RESOURCE_EXHAUSTED (with the size) when CUDA refuses.
   absl::Status Ensure(void* p, uint64_t bytes);
 
-  // Bytes registered by Ensure() calls since the last ResetCounters(), and bytes found already
-  // registered.
-  uint64_t registered_bytes() const { return registered_bytes_; }
-  uint64_t reused_bytes() const { return reused_bytes_; }
-  void ResetCounters() { registered_bytes_ = reused_bytes_ = 0; }
-  uint64_t total_bytes() const;
-
  private:
   std::map<uint64_t, uint64_t> ranges_;  // page-aligned begin -> end
-  uint64_t registered_bytes_ = 0;
-  uint64_t reused_bytes_ = 0;
 };
 
 }  // namespace slidedp

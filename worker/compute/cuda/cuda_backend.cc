@@ -22,6 +22,7 @@
 #include "glog/logging.h"
 #include "worker/compute/cuda/cuda_backend_impl.h"
 #include "worker/compute/cuda/cuda_memory.h"
+#include "worker/debug/debug_switches.h"
 #include "worker/kernels/cuda_check.h"
 #include "worker/kernels/embedding.h"
 #include "worker/kernels/reductions.h"
@@ -191,33 +192,25 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackendWithOptions(const
 }
 
 absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackend(const ModelConfig& config, int device) {
+  // The debug and comparison switches (SLIDEDP_CUDA_FP32_RESIDUAL, SLIDEDP_ATTENTION,
+  // SLIDEDP_DETERMINISTIC, SLIDEDP_CUDNN_CROSS: docs/environment.md), read once per process.
+  const absl::StatusOr<DebugSwitches>& switches = ProcessDebugSwitches();
+  RETURN_IF_ERROR(switches.status());
   CudaBackendOptions options;
-  // Debug/comparison switch: SLIDEDP_CUDA_FP32_RESIDUAL=0 selects the BF16 residual stream.
-  if (const char* e = std::getenv("SLIDEDP_CUDA_FP32_RESIDUAL"); e != nullptr && std::string(e) == "0") {
-    options.fp32_residual = false;
+  options.fp32_residual = switches->cuda_fp32_residual;
+  switch (switches->attention) {
+    case DebugSwitches::Attention::kAuto: options.attention = CudaBackendOptions::Attention::kAuto; break;
+    case DebugSwitches::Attention::kCudnn: options.attention = CudaBackendOptions::Attention::kCudnn; break;
+    case DebugSwitches::Attention::kOwn: options.attention = CudaBackendOptions::Attention::kOwn; break;
   }
-  if (const char* e = std::getenv("SLIDEDP_ATTENTION"); e != nullptr && *e != '\0') {
-    ASSIGN_OR_RETURN(options.attention, ParseAttentionImpl(e));
-  }
-  if (const char* e = std::getenv("SLIDEDP_DETERMINISTIC"); e != nullptr && std::string(e) == "1") {
-    options.deterministic = true;
-  }
-  if (const char* e = std::getenv("SLIDEDP_CUDNN_CROSS"); e != nullptr && *e != '\0') {
-    options.cudnn_cross_attention = std::string(e) != "0";
-  }
+  options.deterministic = switches->deterministic;
+  options.cudnn_cross_attention = switches->cudnn_cross_attention;
   auto backend = std::make_unique<CudaBackend>(config, device, options);
   RETURN_IF_ERROR(backend->Init());
   LOG(INFO) << "CUDA backend on GPU " << device << ": " << (options.fp32_residual ? "FP32" : "BF16")
             << " residual stream, attention " << backend->attention_impl()
             << (options.deterministic ? ", deterministic (attention backward: own kernels, ordered dQ)" : "");
   return std::unique_ptr<ComputeBackend>(std::move(backend));
-}
-
-absl::StatusOr<CudaBackendOptions::Attention> ParseAttentionImpl(absl::string_view name) {
-  if (name == "auto") return CudaBackendOptions::Attention::kAuto;
-  if (name == "cudnn") return CudaBackendOptions::Attention::kCudnn;
-  if (name == "own") return CudaBackendOptions::Attention::kOwn;
-  return absl::InvalidArgumentError(absl::StrCat("SLIDEDP_ATTENTION: '", name, "' is not one of auto, cudnn, own"));
 }
 
 }  // namespace slidedp

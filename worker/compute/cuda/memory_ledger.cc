@@ -1,18 +1,18 @@
 #include "worker/compute/cuda/memory_ledger.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/debug/debug_switches.h"
 
 namespace slidedp::cuda_backend_internal {
 
 MemoryLedger* MemoryLedger::Get() {
   static MemoryLedger* const ledger = [] {
-    const char* v = std::getenv("SLIDEDP_GPU_MEMORY_LEDGER");
-    return v != nullptr && std::strcmp(v, "1") == 0 ? new MemoryLedger() : nullptr;
+    const absl::StatusOr<DebugSwitches>& switches = ProcessDebugSwitches();  // malformed: no ledger
+    return switches.ok() && switches->gpu_memory_ledger ? new MemoryLedger() : nullptr;
   }();
   return ledger;
 }

@@ -18,7 +18,8 @@ namespace slidedp::cuda_backend_internal {
 
 class MemoryLedger {
  public:
-  // The process's ledger when SLIDEDP_GPU_MEMORY_LEDGER is 1, else nullptr (no bookkeeping).
+  // The process's ledger when SLIDEDP_GPU_MEMORY_LEDGER is 1 (ProcessDebugSwitches), else nullptr
+  // (no bookkeeping).
   static MemoryLedger* Get();
 
   void Add(const void* p, int64_t bytes, const std::source_location& site);
