@@ -8,6 +8,7 @@ resumed job; prints summary lines (PASS / FAIL / INFO <part> <text>):
   - the time from the restart to the next step (a figure).
 """
 import argparse
+import re
 import json
 import sys
 
@@ -45,7 +46,8 @@ def main():
         status = open(a.status).read()
     except OSError:
         status = ""
-    ok_state = " succeeded " in status.lower()
+    # The state as a word: `slidedp status` prints "job ID: succeeded, step N/M" (older: "ID  succeeded").
+    ok_state = re.search(r"\bsucceeded\b", status.splitlines()[0].lower() if status else "") is not None
     shm = "resumed from shared memory" in status
     how = next((l.strip() for l in status.splitlines() if "resumed from" in l), "no resume line in slidedp status")
     line("PASS" if ok_state and shm else "FAIL",

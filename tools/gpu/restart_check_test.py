@@ -32,7 +32,7 @@ class RestartCheck(unittest.TestCase):
         return [line.split()[0] for line in out.splitlines()]
 
     ref = {1: 5.0, 2: 4.5, 3: 4.25, 4: 4.0}
-    shm = "crashed  succeeded  step 4/4\ninterrupted by 1 hostd restart(s); resumed from shared memory at step 2\n"
+    shm = "job crashed: succeeded, step 4/4, loss 12.4414\ninterrupted by 1 hostd restart(s); resumed from shared memory at step 2\n"
 
     def test_shm_resume_bitwise_passes(self):
         self.assertEqual(self.run_check(self.ref, self.ref, self.shm), ["PASS", "PASS", "INFO"])
