@@ -49,7 +49,7 @@ absl::Status ReadScalar(const YAML::Node& n, const std::string& path, const char
 
 Setter Int(int64_t JobSpec::*field, int64_t min_value) {
   return [field, min_value](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
-    int64_t v;
+    int64_t v = 0;
     RETURN_IF_ERROR(ReadScalar(n, path, "an integer", &v));
     if (v < min_value) return absl::InvalidArgumentError(absl::StrCat(path, ": must be >= ", min_value, ", got ", v));
     s.*field = v;
@@ -59,7 +59,7 @@ Setter Int(int64_t JobSpec::*field, int64_t min_value) {
 
 Setter Int32(int32_t JobSpec::*field, int32_t min_value) {
   return [field, min_value](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
-    int32_t v;
+    int32_t v = 0;
     RETURN_IF_ERROR(ReadScalar(n, path, "an integer", &v));
     if (v < min_value) return absl::InvalidArgumentError(absl::StrCat(path, ": must be >= ", min_value, ", got ", v));
     s.*field = v;
@@ -74,7 +74,7 @@ Setter TileTokens() {
       s.tile_tokens = 0;
       return absl::OkStatus();
     }
-    int64_t v;
+    int64_t v = 0;
     RETURN_IF_ERROR(ReadScalar(n, path, "auto or a token count", &v));
     if (v < kMinTileTokens) {
       return absl::InvalidArgumentError(
@@ -87,7 +87,7 @@ Setter TileTokens() {
 
 Setter U64(uint64_t JobSpec::*field) {
   return [field](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
-    int64_t v;
+    int64_t v = 0;
     RETURN_IF_ERROR(ReadScalar(n, path, "a non-negative integer", &v));
     if (v < 0) return absl::InvalidArgumentError(absl::StrCat(path, ": must be >= 0, got ", v));
     s.*field = static_cast<uint64_t>(v);
@@ -97,7 +97,7 @@ Setter U64(uint64_t JobSpec::*field) {
 
 Setter Real(double JobSpec::*field, double min_value, double max_value) {
   return [=](const YAML::Node& n, const std::string& path, JobSpec& s) -> absl::Status {
-    double v;
+    double v = 0;
     RETURN_IF_ERROR(ReadScalar(n, path, "a number", &v));
     if (!(v >= min_value && v <= max_value)) {
       return absl::InvalidArgumentError(absl::StrFormat("%s: must be in [%.10g, %.10g], got %.10g", path, min_value,
