@@ -128,7 +128,7 @@ struct PolicyProblem {
 };
 
 // A layout's predicted step: each resource's busy time, the step, and which resource bounds it.
-struct PolicyPlan {
+struct LayoutSolution {
   std::vector<int64_t> counts;  // per candidate
   double compute_s = 0, h2d_s = 0, d2h_s = 0, host_s = 0;
   double step_s = 0;  // max of the four + exposed
@@ -144,7 +144,7 @@ struct AutoPolicyRecord {
   int64_t capacity_bytes = 0;      // the device memory (or runtime.gpu_memory_limit) it was chosen for
   double selection_s = 0;          // probes and solve
   PolicyProblem problem;
-  PolicyPlan predicted;
+  LayoutSolution predicted;
 };
 
 inline constexpr uint64_t kMaxPolicyFileBytes = 1ull << 20;

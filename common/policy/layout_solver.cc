@@ -50,9 +50,9 @@ bool CopiesKeepPace(const PolicyProblem& problem, const std::vector<int64_t>& co
   return out <= slack_s && back <= slack_s;
 }
 
-PolicyPlan PredictPolicy(const PolicyProblem& problem, const std::vector<int64_t>& counts) {
+LayoutSolution PredictPolicy(const PolicyProblem& problem, const std::vector<int64_t>& counts) {
   const StepBase& b = problem.base;
-  PolicyPlan p;
+  LayoutSolution p;
   p.counts = counts;
   double h2d_bytes = 0, d2h_bytes = 0;
   p.compute_s = b.compute_s;
@@ -207,13 +207,13 @@ absl::StatusOr<std::vector<int64_t>> SolveCounts(const PolicyProblem& problem, d
 
 // The compute and copy time of `counts`, SolveCounts' second objective.
 double BusyTime(const PolicyProblem& problem, const std::vector<int64_t>& counts) {
-  const PolicyPlan p = PredictPolicy(problem, counts);
+  const LayoutSolution p = PredictPolicy(problem, counts);
   return p.compute_s + p.h2d_s + p.d2h_s;
 }
 
 }  // namespace
 
-absl::StatusOr<PolicyPlan> SolvePolicy(const PolicyProblem& problem, double max_seconds) {
+absl::StatusOr<LayoutSolution> SolvePolicy(const PolicyProblem& problem, double max_seconds) {
   const std::vector<LayerCandidate>& candidates = problem.candidates;
   const int64_t layers = problem.layers;
   const StepBase& b = problem.base;
@@ -251,7 +251,7 @@ absl::StatusOr<PolicyPlan> SolvePolicy(const PolicyProblem& problem, double max_
   }
   // The in-flight room is the most of the candidates a layout uses: for each level m, the layouts
   // of the candidates moving at most m, in the budget less m; the best of the levels wins.
-  std::optional<PolicyPlan> best;
+  std::optional<LayoutSolution> best;
   double best_busy = 0;
   absl::Status last = absl::OkStatus();
   for (int64_t m : in_flight) {
@@ -275,7 +275,7 @@ absl::StatusOr<PolicyPlan> SolvePolicy(const PolicyProblem& problem, double max_
     }
     std::vector<int64_t> counts(candidates.size(), 0);
     for (size_t k = 0; k < index.size(); ++k) counts[index[k]] = (*got)[k];
-    PolicyPlan plan = PredictPolicy(problem, counts);
+    LayoutSolution plan = PredictPolicy(problem, counts);
     const double busy = BusyTime(problem, counts);
     const double tie = std::max(1e-9, 1e-7 * plan.step_s);
     if (!best || plan.step_s < best->step_s - tie || (plan.step_s <= best->step_s + tie && busy < best_busy)) {
@@ -293,7 +293,7 @@ absl::StatusOr<PolicyPlan> SolvePolicy(const PolicyProblem& problem, double max_
                                                          : "",
                                                      last.ok() ? "" : absl::StrCat(" (", last.message(), ")")));
   }
-  PolicyPlan& out = *best;
+  LayoutSolution& out = *best;
   int64_t most_bytes = 1, most_host = 1;
   for (const LayerCandidate& c : candidates) {
     most_bytes = std::max({most_bytes, c.device_bytes, c.in_flight_bytes});
@@ -318,7 +318,7 @@ absl::StatusOr<LayerCounts> SolveLayerCounts(const std::vector<LayerCandidate>& 
   problem.candidates = candidates;
   problem.layers = layers;
   problem.device_budget_bytes = budget_bytes;
-  ASSIGN_OR_RETURN(PolicyPlan plan, SolvePolicy(problem, max_seconds));
+  ASSIGN_OR_RETURN(LayoutSolution plan, SolvePolicy(problem, max_seconds));
   LayerCounts out;
   out.counts = plan.counts;
   out.time_s = plan.compute_s;

@@ -37,7 +37,7 @@
 namespace slidedp {
 
 // The predicted step of `counts` (one per candidate) under `problem`'s costs; no budget check.
-PolicyPlan PredictPolicy(const PolicyProblem& problem, const std::vector<int64_t>& counts);
+LayoutSolution PredictPolicy(const PolicyProblem& problem, const std::vector<int64_t>& counts);
 
 // Whether the offload copies keep pace with the passes (a constraint of SolvePolicy when copies cost
 // time and the candidates' forward was measured): what the layers send out crosses PCIe within
@@ -49,7 +49,7 @@ bool CopiesKeepPace(const PolicyProblem& problem, const std::vector<int64_t>& co
 // INVALID_ARGUMENT for a malformed problem (no candidates or layers, negative or non-finite costs);
 // RESOURCE_EXHAUSTED when no mix fits the budgets; DEADLINE_EXCEEDED without a proven optimum in
 // max_seconds.
-absl::StatusOr<PolicyPlan> SolvePolicy(const PolicyProblem& problem, double max_seconds = 10);
+absl::StatusOr<LayoutSolution> SolvePolicy(const PolicyProblem& problem, double max_seconds = 10);
 
 struct LayerCounts {
   std::vector<int64_t> counts;  // per candidate, summing to the layer count

@@ -148,7 +148,7 @@ TEST(LayoutSolver, StepModelMatchesEnumeration) {
     std::function<void(size_t, int64_t)> go = [&](size_t j, int64_t left) {
       if (j + 1 == n.size()) {
         n[j] = left;
-        const PolicyPlan e = PredictPolicy(p, n);
+        const LayoutSolution e = PredictPolicy(p, n);
         const bool fits = e.device_bytes <= p.device_budget_bytes &&
                           (p.host_budget_bytes < 0 || e.host_bytes <= p.host_budget_bytes) && CopiesKeepPace(p, n);
         paced += fits ? 0 : !CopiesKeepPace(p, n);
@@ -186,7 +186,7 @@ TEST(LayoutSolver, PredictionNamesTheBottleneck) {
   p.base.h2d_s = 1;
   p.base.h2d_bytes_per_s = p.base.d2h_bytes_per_s = 1e9;
   p.base.exposed_s = 0.5;
-  const PolicyPlan e = PredictPolicy(p, {2});
+  const LayoutSolution e = PredictPolicy(p, {2});
   EXPECT_DOUBLE_EQ(e.compute_s, 3);
   EXPECT_DOUBLE_EQ(e.h2d_s, 9);
   EXPECT_DOUBLE_EQ(e.d2h_s, 8);

@@ -30,7 +30,7 @@ std::string Bytes(uint64_t b) {
 
 }  // namespace
 
-std::string JobMemoryPlan::ToString() const {
+std::string MemoryPlan::ToString() const {
   return absl::StrFormat(
       "%s (master %s, adam m+v %s, bf16 mirror %s, job segment %s, grad rings %s, step gradient staging %s, "
       "activation offload %s, undo copies %s, cast staging %s; %d params)",
@@ -52,9 +52,9 @@ shm::GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t 
   return ring;
 }
 
-JobMemoryPlan PlanJobMemory(const ModelLayout& layout, const shm::GradRingConfig& ring, int num_workers, ClipMode clip,
+MemoryPlan PlanJobMemory(const ModelLayout& layout, const shm::GradRingConfig& ring, int num_workers, ClipMode clip,
                             shm::GradDtype staging_dtype, const shm::StateFormat& format) {
-  JobMemoryPlan p;
+  MemoryPlan p;
   p.param_numel = layout.total_numel;
   const uint64_t n = static_cast<uint64_t>(layout.total_numel);
   p.master_bytes = 4 * n;
@@ -75,7 +75,7 @@ int64_t CastStagingChunkBytes(const ModelLayout& layout, int64_t chunk_bytes) {
   return std::max<int64_t>(4096, (bytes + 4095) / 4096 * 4096);
 }
 
-void AddCastStaging(int num_workers, int64_t chunk_bytes, JobMemoryPlan& plan) {
+void AddCastStaging(int num_workers, int64_t chunk_bytes, MemoryPlan& plan) {
   const uint64_t bytes =
       static_cast<uint64_t>(std::max(num_workers, 0)) * kCastStagingBuffers * static_cast<uint64_t>(chunk_bytes);
   plan.cast_staging_bytes += bytes;
@@ -83,7 +83,7 @@ void AddCastStaging(int num_workers, int64_t chunk_bytes, JobMemoryPlan& plan) {
 }
 
 void AddOffloadedCheckpoints(const OffloadedPerToken& per_token, int num_workers, int64_t tokens_per_worker,
-                             JobMemoryPlan& plan) {
+                             MemoryPlan& plan) {
   const double bytes_per_token = per_token.bytes();
   if (!(bytes_per_token > 0) || num_workers <= 0 || tokens_per_worker <= 0) return;
   const uint64_t bytes = static_cast<uint64_t>(
@@ -99,7 +99,7 @@ int64_t KeptBytesPerToken(const ModelConfig& config, uint32_t pieces, bool cuda_
 }
 
 void AddActivationOffload(const ModelLayout& layout, double ratio, uint32_t kept_pieces, int64_t input_element_bytes,
-                          bool cuda_workers, int num_workers, int64_t tokens_per_worker, JobMemoryPlan& plan) {
+                          bool cuda_workers, int num_workers, int64_t tokens_per_worker, MemoryPlan& plan) {
   if (ratio <= 0) return;
   const double layers = layout.OffloadedLayers(ratio);
   OffloadedPerToken per_token;
@@ -121,7 +121,7 @@ absl::StatusOr<HostMemoryInfo> ReadHostMemoryInfo(const std::string& meminfo_pat
   return info;
 }
 
-absl::Status CheckAdmission(const JobMemoryPlan& plan, const HostMemoryInfo& host, const AdmissionPolicy& policy) {
+absl::Status CheckAdmission(const MemoryPlan& plan, const HostMemoryInfo& host, const AdmissionPolicy& policy) {
   const uint64_t usable =
       host.mem_available_bytes > policy.reserve_bytes ? host.mem_available_bytes - policy.reserve_bytes : 0;
   if (plan.total_bytes > usable) {

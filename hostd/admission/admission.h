@@ -26,7 +26,7 @@ enum class ClipMode {
   kExactGlobalNorm,  // updates wait for the global norm: a whole step of gradients is staged
 };
 
-struct JobMemoryPlan {
+struct MemoryPlan {
   int64_t param_numel = 0;          // padded numel over all units (what the segment holds)
   uint64_t master_bytes = 0;        // FP32
   uint64_t adam_bytes = 0;          // m + v (FP32, BF16, or int8 codes and their scales)
@@ -49,7 +49,7 @@ struct JobMemoryPlan {
 inline constexpr uint64_t kMaxGradChunkBytes = 32ull << 20;
 shm::GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t chunk_bytes);
 
-JobMemoryPlan PlanJobMemory(const ModelLayout& layout, const shm::GradRingConfig& ring, int num_workers, ClipMode clip,
+MemoryPlan PlanJobMemory(const ModelLayout& layout, const shm::GradRingConfig& ring, int num_workers, ClipMode clip,
                             shm::GradDtype staging_dtype = shm::GradDtype::kBF16,
                             const shm::StateFormat& format = {});
 
@@ -59,7 +59,7 @@ JobMemoryPlan PlanJobMemory(const ModelLayout& layout, const shm::GradRingConfig
 inline constexpr int kCastStagingBuffers = 3;
 // One cast chunk: the H2D chunk, at most the largest unit's BF16 bytes, whole 4 KiB pages.
 int64_t CastStagingChunkBytes(const ModelLayout& layout, int64_t chunk_bytes);
-void AddCastStaging(int num_workers, int64_t chunk_bytes, JobMemoryPlan& plan);
+void AddCastStaging(int num_workers, int64_t chunk_bytes, MemoryPlan& plan);
 
 // What one token of a worker's step holds in offloaded checkpoints, summed over the layers (each
 // offloaded layer's elements times its offload share): the layers' inputs, input_element_bytes
@@ -79,11 +79,11 @@ int64_t KeptBytesPerToken(const ModelConfig& config, uint32_t pieces, bool cuda_
 // `per_token` for each of its `tokens_per_worker` tokens of a step: added to offload_bytes and
 // total_bytes.
 void AddOffloadedCheckpoints(const OffloadedPerToken& per_token, int num_workers, int64_t tokens_per_worker,
-                             JobMemoryPlan& plan);
+                             MemoryPlan& plan);
 // runtime.offload_ratio > 0: every checkpoint of layout.OffloadedLayers(ratio) layers, each its
 // input (input_element_bytes an element) and `kept_pieces` (common/policy/layer_pieces.h) beyond.
 void AddActivationOffload(const ModelLayout& layout, double ratio, uint32_t kept_pieces, int64_t input_element_bytes,
-                          bool cuda_workers, int num_workers, int64_t tokens_per_worker, JobMemoryPlan& plan);
+                          bool cuda_workers, int num_workers, int64_t tokens_per_worker, MemoryPlan& plan);
 
 struct HostMemoryInfo {
   uint64_t mem_total_bytes = 0;
@@ -103,6 +103,6 @@ struct AdmissionPolicy {
 // OK, or RESOURCE_EXHAUSTED naming the limit (host memory or /dev/shm), needed and available
 // GiB. A plan that fits /dev/shm but not MemAvailable is refused too: the pages would be
 // allocated at prefault time and the host would swap or OOM.
-absl::Status CheckAdmission(const JobMemoryPlan& plan, const HostMemoryInfo& host, const AdmissionPolicy& policy = {});
+absl::Status CheckAdmission(const MemoryPlan& plan, const HostMemoryInfo& host, const AdmissionPolicy& policy = {});
 
 }  // namespace slidedp::hostd

@@ -34,10 +34,10 @@ namespace slidedp::hostd {
 
 // One attempt of a job: what its steps need, and the segments its end releases.
 struct TrainingExecutor::Attempt {
-  Attempt(JobSpec s, ModelLayout l, JobPlan p) : spec(std::move(s)), layout(std::move(l)), plan(std::move(p)) {}
+  Attempt(JobSpec s, ModelLayout l, RoutePlan p) : spec(std::move(s)), layout(std::move(l)), plan(std::move(p)) {}
   const JobSpec spec;
   const ModelLayout layout;
-  JobPlan plan;  // (SizeSpeculation completes it after admission)
+  RoutePlan plan;  // (SizeSpeculation completes it after admission)
   std::string policy_key;  // runtime.policy auto, measured by this attempt: its cache key (policy_cache.h)
   // An AutoPolicy layout's predicted step (cached, or chosen by this attempt) and the steps that
   // ran it: the job's final line compares them.

@@ -37,7 +37,7 @@ bool RangeInside(int64_t offset, int64_t numel, int64_t begin, int64_t end) {
 }
 
 // Int8 moments are requantized a 256-element block at a time: a chunk must not split one.
-bool SplitsMomentBlock(const JobPlan& plan, int64_t offset, int64_t numel, int64_t unit_numel) {
+bool SplitsMomentBlock(const RoutePlan& plan, int64_t offset, int64_t numel, int64_t unit_numel) {
   if (plan.moments != shm::MomentDtype::kInt8) return false;
   const int64_t end = offset + numel;
   return offset % shm::kInt8MomentBlock != 0 || (end % shm::kInt8MomentBlock != 0 && end != unit_numel);
@@ -123,7 +123,7 @@ absl::StatusOr<shm::GradChunkDesc> GradRings::Pop(int r, bool first_step) {
   }
 }
 
-GradConsumer::GradConsumer(const JobPlan& plan, const ModelLayout& layout, GradRings& rings, double max_grad_norm,
+GradConsumer::GradConsumer(const RoutePlan& plan, const ModelLayout& layout, GradRings& rings, double max_grad_norm,
                            int aggregate_threads, std::string job_id, NonFinitePolicy policy, LossCheck loss_check)
     : plan_(plan),
       layout_(layout),

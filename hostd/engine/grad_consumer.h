@@ -1,6 +1,6 @@
 // GradConsumer: takes one step's gradients out of the ranks' rings and has them applied.
 //
-// Three consumers (JobPlan::consumer, hostd/engine/job_plan.h):
+// Three consumers (RoutePlan::consumer, hostd/engine/job_plan.h):
 // - shards: every posted part is final (gpu route, or device staging); one thread per rank takes
 //   that rank's ring until its shard of every unit is in (ranks may post different numbers of
 //   chunks) and applies each part from its ring slot at once, or, with host staging, copies it
@@ -124,7 +124,7 @@ using LossCheck = std::function<absl::StatusOr<std::string>(int64_t t)>;
 
 class GradConsumer {
  public:
-  GradConsumer(const JobPlan& plan, const ModelLayout& layout, GradRings& rings, double max_grad_norm,
+  GradConsumer(const RoutePlan& plan, const ModelLayout& layout, GradRings& rings, double max_grad_norm,
                int aggregate_threads, std::string job_id, NonFinitePolicy policy = NonFinitePolicy::kFail,
                LossCheck loss_check = nullptr);
   // Allocates and first-touches the staging buffer where the plan has one (tens of GB for large
@@ -208,7 +208,7 @@ class GradConsumer {
   absl::StatusOr<std::string> Decide(int64_t t, const std::string& gradient_nonfinite);
   absl::Status NonFiniteError(int64_t t, const std::string& what, const char* applied);
 
-  const JobPlan& plan_;
+  const RoutePlan& plan_;
   const ModelLayout& layout_;
   GradRings& rings_;
   const double max_grad_norm_;

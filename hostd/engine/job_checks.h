@@ -53,7 +53,7 @@ absl::Status CheckOutputDir(const std::string& dir);
 // `slidedp plan`'s and the job log's line on GPU memory: the step's floor and the longest single
 // sequence the model fits on the first CUDA worker's device, with what the host has free for
 // offloaded layer inputs.
-std::string LongestSequenceNote(const JobSpec& spec, const ModelLayout& layout, const JobPlan& plan,
+std::string LongestSequenceNote(const JobSpec& spec, const ModelLayout& layout, const RoutePlan& plan,
                                 const std::vector<v1::WorkerHello>& hellos);
 
 }  // namespace slidedp::hostd

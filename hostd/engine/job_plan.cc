@@ -1,4 +1,4 @@
-// PlanJob: the job's routes, staging and memory plan; see job_plan.h.
+// PlanRoutes: the job's routes, staging and memory plan; see job_plan.h.
 #include "hostd/engine/job_plan.h"
 
 #include <algorithm>
@@ -30,15 +30,15 @@ std::vector<WorkerDevice> WorkerDevicesOf(absl::Span<const v1::WorkerHello> hell
   return out;
 }
 
-v1::GradReduction JobPlan::grad_reduction() const {
+v1::GradReduction RoutePlan::grad_reduction() const {
   return route == GradReduction::kGpu ? v1::GRAD_REDUCTION_GPU : v1::GRAD_REDUCTION_CPU;
 }
 
-v1::GradStaging JobPlan::grad_staging() const {
+v1::GradStaging RoutePlan::grad_staging() const {
   return clip_staging == ClipStaging::kDevice ? v1::GRAD_STAGING_DEVICE : v1::GRAD_STAGING_HOST;
 }
 
-std::string JobPlan::RoutesLine(ParamDelivery delivery) const {
+std::string RoutePlan::RoutesLine(ParamDelivery delivery) const {
   const char* reduction =
       route == GradReduction::kGpu
           ? (shm_collective ? "gpu route (CPU workers: shm reduce-scatter), hostd applies each rank's shard"
@@ -76,7 +76,7 @@ std::string JobPlan::RoutesLine(ParamDelivery delivery) const {
                       moment_note, source, context);
 }
 
-std::string JobPlan::MemoryLine() const {
+std::string RoutePlan::MemoryLine() const {
   return absl::StrCat(
       "host state: ", memory.ToString(),
       shm_collective
@@ -167,7 +167,7 @@ absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& lay
   return nccl;
 }
 
-void PlanContextGroups(const JobSpec& spec, const ModelLayout& layout, bool nccl, JobPlan& p) {
+void PlanContextGroups(const JobSpec& spec, const ModelLayout& layout, bool nccl, RoutePlan& p) {
   // Context parallelism: attention's collectives over the group. CUDA workers with a NCCL
   // communicator (the gpu route or sharded delivery, world > 1) gather over NCCL (a communicator
   // split per group); otherwise through a shm segment per group, which CPU workers always use and
@@ -185,7 +185,7 @@ void PlanContextGroups(const JobSpec& spec, const ModelLayout& layout, bool nccl
 }
 
 absl::Status PlanGradientRoute(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers,
-                               JobPlan& p) {
+                               RoutePlan& p) {
   const int world = p.world;
   const int cpu_workers = CpuWorkersOf(workers);
   const bool clip = spec.max_grad_norm > 0;
@@ -254,7 +254,7 @@ absl::Status PlanGradientRoute(const JobSpec& spec, const ModelLayout& layout, a
 }
 
 absl::Status PlanMemory(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers,
-                        JobPlan& p) {
+                        RoutePlan& p) {
   const int world = p.world;
   const int cpu_workers = CpuWorkersOf(workers);
   const int dp = world / std::max(1, spec.context_parallel);
@@ -370,9 +370,9 @@ absl::Status PlanMemory(const JobSpec& spec, const ModelLayout& layout, absl::Sp
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
+absl::StatusOr<RoutePlan> PlanRoutes(const JobSpec& spec, const ModelLayout& layout,
                                 absl::Span<const WorkerDevice> workers) {
-  JobPlan p;
+  RoutePlan p;
   p.world = static_cast<int>(workers.size());
   RETURN_IF_ERROR(CheckBatchSplit(spec, p.world));
   ASSIGN_OR_RETURN(const bool nccl, CheckWorkersFit(spec, layout, workers));
@@ -382,7 +382,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout,
   return p;
 }
 
-void SizeSpeculation(const ModelLayout& layout, uint64_t available_bytes, uint64_t mem_total_bytes, JobPlan& plan) {
+void SizeSpeculation(const ModelLayout& layout, uint64_t available_bytes, uint64_t mem_total_bytes, RoutePlan& plan) {
   if (!plan.speculation_auto) return;
   // Left to the OS, the workers and the page cache besides what admission reserves: 4 GiB or 5%
   // of the host's memory, whichever is more.

@@ -1,6 +1,6 @@
-// JobPlan: every route, staging and ring decision of one job, made before anything is allocated.
+// RoutePlan: every route, staging and ring decision of one job, made before anything is allocated.
 //
-// A pure function of the spec, the model layout and the workers' devices (PlanJob), so each
+// A pure function of the spec, the model layout and the workers' devices (PlanRoutes), so each
 // decision has a unit test (job_plan_test.cc) and the executor only carries it out:
 // - the gradient route: gpu (ranks reduce-scatter and post only their own, already summed shard;
 //   CPU-backend workers do it through a shm collective segment) or cpu (ranks post whole units
@@ -26,7 +26,7 @@
 
 namespace slidedp::hostd {
 
-// What PlanJob needs to know of each rank's worker (from its hello).
+// What PlanRoutes needs to know of each rank's worker (from its hello).
 struct WorkerDevice {
   bool cpu_backend = false;  // a CPU-backend worker (its "device memory" is host memory)
   int64_t memory_bytes = 0;  // device memory; 0 when unknown
@@ -51,7 +51,7 @@ enum class ClipStaging {
   kDevice,  // each rank stages its parts on its device and posts its squared norm first
 };
 
-struct JobPlan {
+struct RoutePlan {
   int world = 0;
   GradReduction route = GradReduction::kCpu;  // kGpu only with more than one rank
   bool shm_collective = false;                // CPU workers on the gpu route
@@ -77,14 +77,14 @@ struct JobPlan {
   uint64_t staging_bytes = 0;                // total_numel x 4 where host_staging, else 0
   std::vector<int64_t> shard_numel_of_rank;  // elements each rank posts per step
   shm::GradRingConfig ring;
-  JobMemoryPlan memory;  // everything admission counts, collective and staging included
-  // The GPU memory floor of the step on a CUDA worker (common/policy/context_memory.h); PlanJob
+  MemoryPlan memory;  // everything admission counts, collective and staging included
+  // The GPU memory floor of the step on a CUDA worker (common/policy/context_memory.h); PlanRoutes
   // refuses a job whose floor is over a CUDA worker's device memory (or its gpu_memory_limit).
   ContextMemory device_floor;
 
   // Speculative clipping (undo_arena.h): units [speculate_from_unit, num_units) are updated
   // before the step's norm is known; num_units: none. With runtime.speculation_bytes -1 (auto)
-  // PlanJob leaves it at num_units and the executor sizes it to what the host has left
+  // PlanRoutes leaves it at num_units and the executor sizes it to what the host has left
   // (SizeSpeculation); with N > 0 it is sized here and counted in `memory`.
   int speculate_from_unit = 0;
   bool speculation_auto = false;
@@ -105,15 +105,15 @@ struct JobPlan {
 // runtime.speculation_bytes auto: the undo copies take what `available_bytes` of host memory the
 // job's plan leaves (less a margin), up to the whole model; sets speculate_from_unit and
 // memory.undo_bytes (not total_bytes: admission has passed). No-op unless plan.speculation_auto.
-void SizeSpeculation(const ModelLayout& layout, uint64_t available_bytes, uint64_t mem_total_bytes, JobPlan& plan);
+void SizeSpeculation(const ModelLayout& layout, uint64_t available_bytes, uint64_t mem_total_bytes, RoutePlan& plan);
 
 // The whole plan: the parts below in order (each tested alone in job_plan_test.cc). INVALID_ARGUMENT
 // for a global batch that does not split over the ranks and micro-batches, or grad_staging device
 // where hostd must sum the ranks' copies; FAILED_PRECONDITION for workers the job cannot run on;
 // RESOURCE_EXHAUSTED for a step over a GPU's memory.
-absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers);
+absl::StatusOr<RoutePlan> PlanRoutes(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers);
 
-// ---- PlanJob's parts, by concern ----
+// ---- PlanRoutes's parts, by concern ----
 
 // The global batch splits over `world` workers' data-parallel ranks (their context-parallel groups)
 // and micro-batches: INVALID_ARGUMENT otherwise, and for no worker at all.
@@ -129,18 +129,18 @@ absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& lay
 
 // Context parallelism (runtime.context_parallel > 1): the group size, and whether keys and values
 // travel over NCCL or through a shm segment per group (context_buffer_bytes). Sets p.context_*.
-void PlanContextGroups(const JobSpec& spec, const ModelLayout& layout, bool nccl, JobPlan& p);
+void PlanContextGroups(const JobSpec& spec, const ModelLayout& layout, bool nccl, RoutePlan& p);
 
 // The gradient route, the clipping staging, the state format and the ring consumer (p.world set).
 // INVALID_ARGUMENT for grad_staging device where hostd must sum the ranks' copies.
 absl::Status PlanGradientRoute(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers,
-                               JobPlan& p);
+                               RoutePlan& p);
 
 // What admission counts (rings, staging, cast staging, offloaded checkpoints, shm segments, undo
 // copies) and the GPU memory floor, after the parts above. RESOURCE_EXHAUSTED naming the longest
 // sequence that fits when the floor is over a CUDA worker's device (or its gpu_memory_limit);
 // FAILED_PRECONDITION for a runtime.policy made for another model.
 absl::Status PlanMemory(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers,
-                        JobPlan& p);
+                        RoutePlan& p);
 
 }  // namespace slidedp::hostd

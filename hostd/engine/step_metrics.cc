@@ -122,7 +122,7 @@ double DenseBf16PeakTflops(const std::string& name) {
 MetricsFile::MetricsFile(const std::string& output_dir, const std::string& job_id)
     : out_(std::filesystem::path(output_dir) / absl::StrCat("metrics-", job_id, ".jsonl"), std::ios::app) {}
 
-void MetricsFile::Append(const StepRecord& r, absl::Time now, const JobPlan& plan, const JobSpec& spec,
+void MetricsFile::Append(const StepRecord& r, absl::Time now, const RoutePlan& plan, const JobSpec& spec,
                          int64_t staging_bytes_held) {
   if (!out_) return;
   const v1::StepMetrics& m = r.metrics;

@@ -58,7 +58,7 @@ class MetricsFile {
  public:
   MetricsFile(const std::string& output_dir, const std::string& job_id);
   // One JSON line; `plan` and `spec` name the routes, `staging_bytes_held` what hostd holds.
-  void Append(const StepRecord& r, absl::Time now, const JobPlan& plan, const JobSpec& spec,
+  void Append(const StepRecord& r, absl::Time now, const RoutePlan& plan, const JobSpec& spec,
               int64_t staging_bytes_held);
 
  private:

@@ -27,7 +27,7 @@ v1::PlanResource* Add(v1::PlanJobResponse& r, const std::string& name, double wo
 
 // LayerAdam's host memory traffic per parameter (reads and writes): master, moments, gradient,
 // and the BF16 mirror it writes when the segment keeps one.
-double AdamBytesPerParam(const JobPlan& plan) {
+double AdamBytesPerParam(const RoutePlan& plan) {
   const double moments = plan.moments == shm::MomentDtype::kF32 ? 8 : plan.moments == shm::MomentDtype::kBF16 ? 4 : 2;
   return 4 + moments + 4 + 4 + moments + (plan.mirror ? 2 : 0);
 }
@@ -39,7 +39,7 @@ void AddAlternative(v1::PlanJobResponse& r, const std::string& what, const Polic
   v1::PlanAlternative* a = r.add_alternatives();
   a->set_what(what);
   a->set_note(note);
-  absl::StatusOr<PolicyPlan> plan = solve ? SolvePolicy(problem, 5) : PredictPolicy(problem, counts);
+  absl::StatusOr<LayoutSolution> plan = solve ? SolvePolicy(problem, 5) : PredictPolicy(problem, counts);
   if (!plan.ok()) {
     a->set_note(absl::StrCat(std::string(plan.status().message()), note.empty() ? "" : "; ", note));
     return;
@@ -75,7 +75,7 @@ PolicyProblem ScaleTokens(PolicyProblem problem, double s) {
 v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in) {
   const JobSpec& spec = *in.spec;
   const ModelLayout& layout = *in.layout;
-  const JobPlan& plan = *in.plan;
+  const RoutePlan& plan = *in.plan;
   v1::PlanJobResponse r;
   const int world = std::max(1, in.world);
   const int64_t tokens = spec.global_batch / world * spec.seq_len;  // per GPU
@@ -95,7 +95,7 @@ v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in) {
       params * (plan.grad_dtype == shm::GradDtype::kBF16 ? 2.0 : 4.0) / (plan.route == GradReduction::kGpu ? world : 1);
   const double adam_bytes = params * AdamBytesPerParam(plan);
 
-  std::optional<PolicyPlan> predicted;
+  std::optional<LayoutSolution> predicted;
   const AutoPolicyRecord* rec =
       in.layer_layout && in.layer_layout->autopolicy ? &*in.layer_layout->autopolicy : nullptr;
   PolicyProblem problem;
@@ -157,7 +157,7 @@ v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in) {
   }
 
   if (predicted) {
-    const PolicyPlan& e = *predicted;
+    const LayoutSolution& e = *predicted;
     const double offload_up = (e.h2d_s - problem.base.h2d_s) * problem.base.h2d_bytes_per_s;
     const double offload_down = (e.d2h_s - problem.base.d2h_s) * problem.base.d2h_bytes_per_s;
     Add(r, "GPU compute", e.compute_s, "s", 0, e.compute_s,

@@ -27,7 +27,7 @@ namespace slidedp::hostd {
 struct StepPlanInputs {
   const JobSpec* spec = nullptr;
   const ModelLayout* layout = nullptr;
-  const JobPlan* plan = nullptr;
+  const RoutePlan* plan = nullptr;
   int world = 1;
   std::optional<LayerLayout> layer_layout;  // what the job would run; with its record when measured
   std::string layout_source;                 // "policy cache <path>", "policy file <path>", ...

@@ -616,7 +616,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     ctx.Log("train.measure_only: this shape's layout is measured already; nothing to run");
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(JobPlan plan, PlanJob(spec, layout, WorkerDevicesOf(hellos)));
+  ASSIGN_OR_RETURN(RoutePlan plan, PlanRoutes(spec, layout, WorkerDevicesOf(hellos)));
   Attempt a(std::move(spec), std::move(layout), std::move(plan));
   a.policy_key = std::move(policy_key);
   if (std::any_of(hellos.begin(), hellos.end(), [](const v1::WorkerHello& h) { return h.device().kind() == "cuda"; })) {

@@ -63,7 +63,7 @@ void TrainingExecutor::LogPrediction(JobContext& ctx, const Attempt& a) {
 
 // `slidedp plan`'s line on GPU memory: the step's floor and the longest single sequence the model
 // fits on the first CUDA worker's device, with what this host has free for offloaded layer inputs.
-std::string LongestSequenceNote(const JobSpec& spec, const ModelLayout& layout, const JobPlan& plan,
+std::string LongestSequenceNote(const JobSpec& spec, const ModelLayout& layout, const RoutePlan& plan,
                                 const std::vector<v1::WorkerHello>& hellos) {
   const v1::DeviceInfo* gpu = nullptr;
   for (const auto& h : hellos) {
@@ -221,7 +221,7 @@ absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::PlanRoute(const JobSpec& s
                       PolicyCache(options_.policy_cache_dir).PathOf(key));
     }
   }
-  ASSIGN_OR_RETURN(JobPlan plan, PlanJob(spec, layout, WorkerDevicesOf(hellos)));
+  ASSIGN_OR_RETURN(RoutePlan plan, PlanRoutes(spec, layout, WorkerDevicesOf(hellos)));
   in.notes.push_back(LongestSequenceNote(spec, layout, plan, hellos));
   in.spec = &spec;
   in.layout = &layout;

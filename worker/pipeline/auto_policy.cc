@@ -218,7 +218,7 @@ absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_
     PolicyProblem on_device = problem;
     std::erase_if(on_device.candidates, [](const LayerCandidate& c) { return c.policy.offload > 0; });
     on_device.host_budget_bytes = 0;
-    absl::StatusOr<PolicyPlan> kept = SolvePolicy(on_device);
+    absl::StatusOr<LayoutSolution> kept = SolvePolicy(on_device);
     if (kept.ok() && kept->step_s <= (1 + kAutoPolicyOffloadGain) * rec.predicted.step_s) {
       LOG(INFO) << absl::StrFormat(
           "AutoPolicy: offloading (%s) predicts %.3f s, within %.0f%% of %.3f s with every checkpoint on the device; "

@@ -24,7 +24,7 @@ ModelLayout Layout(const char* preset) { return ModelLayout::Build(ModelConfig::
 TEST(PlanJobMemory, FourteenBytesPerParamPlusRings) {
   const ModelLayout layout = Layout("qwen3-0.6b");
   const shm::GradRingConfig ring{8, 64ull << 20};
-  const JobMemoryPlan plan = PlanJobMemory(layout, ring, 2, ClipMode::kNone);
+  const MemoryPlan plan = PlanJobMemory(layout, ring, 2, ClipMode::kNone);
   const uint64_t n = static_cast<uint64_t>(layout.total_numel);
   EXPECT_EQ(plan.param_numel, layout.total_numel);
   EXPECT_EQ(plan.master_bytes, 4 * n);
@@ -39,10 +39,10 @@ TEST(PlanJobMemory, FourteenBytesPerParamPlusRings) {
   EXPECT_EQ(plan.total_bytes, plan.job_segment_bytes + plan.ring_bytes);
   EXPECT_EQ(plan.shm_bytes, plan.total_bytes);
 
-  const JobMemoryPlan clipped = PlanJobMemory(layout, ring, 2, ClipMode::kExactGlobalNorm);
+  const MemoryPlan clipped = PlanJobMemory(layout, ring, 2, ClipMode::kExactGlobalNorm);
   EXPECT_EQ(clipped.step_staging_bytes, 2 * n);
   EXPECT_EQ(clipped.total_bytes, plan.total_bytes + 2 * n);
-  const JobMemoryPlan clipped32 = PlanJobMemory(layout, ring, 2, ClipMode::kExactGlobalNorm, shm::GradDtype::kF32);
+  const MemoryPlan clipped32 = PlanJobMemory(layout, ring, 2, ClipMode::kExactGlobalNorm, shm::GradDtype::kF32);
   EXPECT_EQ(clipped32.step_staging_bytes, 4 * n);
   // The staging buffer is hostd's own memory, not a segment.
   EXPECT_EQ(clipped32.shm_bytes, plan.shm_bytes);
@@ -54,8 +54,8 @@ TEST(PlanJobMemory, FourteenBytesPerParamPlusRings) {
 // plan counts them outside /dev/shm.
 TEST(PlanJobMemory, CountsTheWorkersOffloadedLayerInputs) {
   const ModelLayout layout = Layout("qwen3-8b");  // 36 layers, hidden 4096
-  JobMemoryPlan plan = PlanJobMemory(layout, shm::GradRingConfig{4, 32ull << 20}, 2, ClipMode::kNone);
-  const JobMemoryPlan before = plan;
+  MemoryPlan plan = PlanJobMemory(layout, shm::GradRingConfig{4, 32ull << 20}, 2, ClipMode::kNone);
+  const MemoryPlan before = plan;
   AddActivationOffload(layout, 0.0, 0, 4, false, 2, 65536, plan);
   EXPECT_EQ(plan.offload_bytes, 0u);
   EXPECT_EQ(plan.total_bytes, before.total_bytes);
@@ -70,23 +70,23 @@ TEST(PlanJobMemory, CountsTheWorkersOffloadedLayerInputs) {
   EXPECT_EQ(layout.OffloadedLayers(0.01), 0);
   // Selective layers offload their attention output and log-sum-exp as well: 32 heads x 128 + 32
   // more elements a token, FP32 on CPU workers.
-  JobMemoryPlan selective = before;
+  MemoryPlan selective = before;
   AddActivationOffload(layout, 0.5, kPieceAttention, 4, false, 2, 65536, selective);
   EXPECT_EQ(selective.offload_bytes, 2ull * 18 * 65536 * (4096 + 4096 + 32) * 4);
   // CUDA workers keep the output in BF16 and the log-sum-exp in FP32 (CudaBackend's layout).
-  JobMemoryPlan selective_cuda = before;
+  MemoryPlan selective_cuda = before;
   AddActivationOffload(layout, 0.5, kPieceAttention, 4, true, 2, 65536, selective_cuda);
   EXPECT_EQ(selective_cuda.offload_bytes, 2ull * 18 * 65536 * (4096 * 4 + 4096 * 2 + 32 * 4));
   // runtime.checkpoint_dtype bf16: the inputs take 2 B an element, the kept pieces as before.
-  JobMemoryPlan bf16 = before;
+  MemoryPlan bf16 = before;
   AddActivationOffload(layout, 0.5, 0, 2, false, 2, 65536, bf16);
   EXPECT_EQ(bf16.offload_bytes, 2ull * 18 * 65536 * 4096 * 2);  // 18 GiB: half the FP32 inputs'
   EXPECT_EQ(bf16.total_bytes, before.total_bytes + bf16.offload_bytes);
-  JobMemoryPlan bf16_selective = before;
+  MemoryPlan bf16_selective = before;
   AddActivationOffload(layout, 0.5, kPieceAttention, 2, false, 2, 65536, bf16_selective);
   EXPECT_EQ(bf16_selective.offload_bytes, 2ull * 18 * 65536 * (4096 * 2 + (4096 + 32) * 4));
   // A per-layer layout's sum, as job_plan.cc adds it: shares of inputs and kept pieces.
-  JobMemoryPlan shares = before;
+  MemoryPlan shares = before;
   OffloadedPerToken per_token;
   per_token.input_elements = 1.5 * 4096;
   per_token.kept_bytes = 0.5 * (4096 + 32) * 4;
@@ -113,7 +113,7 @@ TEST(PlanJobMemory, KeptBytesFollowTheWorkersBackend) {
 
 TEST(PlanJobMemory, Qwen3_8BIsAboutFourteenBytesPerParam) {
   const ModelLayout layout = Layout("qwen3-8b");
-  const JobMemoryPlan plan = PlanJobMemory(layout, shm::GradRingConfig{8, 64ull << 20}, 1, ClipMode::kNone);
+  const MemoryPlan plan = PlanJobMemory(layout, shm::GradRingConfig{8, 64ull << 20}, 1, ClipMode::kNone);
   const double gib_per_bparam =
       static_cast<double>(plan.job_segment_bytes) / kGiB / (static_cast<double>(layout.param_count()) / 1e9);
   EXPECT_NEAR(gib_per_bparam, 13.04, 0.05);
@@ -127,7 +127,7 @@ TEST(PlanJobMemory, DefaultRingsKeepHostMemoryWithinTheTarget) {
        {std::pair<const char*, int>{"qwen3-4b", 1}, {"qwen3-8b", 2}, {"qwen3-14b", 2}}) {
     const ModelLayout layout = Layout(preset);
     const shm::GradRingConfig ring = RingConfigFor(layout, spec.ring_slots, spec.chunk_bytes);
-    const JobMemoryPlan plan = PlanJobMemory(layout, ring, workers, ClipMode::kNone, shm::GradDtype::kF32);
+    const MemoryPlan plan = PlanJobMemory(layout, ring, workers, ClipMode::kNone, shm::GradDtype::kF32);
     const double gib_per_bparam =
         static_cast<double>(plan.total_bytes) / kGiB / (static_cast<double>(layout.param_count()) / 1e9);
     std::printf("%s, %d worker(s): %s = %.4f GiB per billion params\n", preset, workers, plan.ToString().c_str(),
@@ -137,7 +137,7 @@ TEST(PlanJobMemory, DefaultRingsKeepHostMemoryWithinTheTarget) {
 }
 
 TEST(CheckAdmission, RefusesWithTheNumbersAndTheLimit) {
-  const JobMemoryPlan plan = PlanJobMemory(Layout("qwen3-8b"), shm::GradRingConfig{8, 64ull << 20}, 1, ClipMode::kNone);
+  const MemoryPlan plan = PlanJobMemory(Layout("qwen3-8b"), shm::GradRingConfig{8, 64ull << 20}, 1, ClipMode::kNone);
   ASSERT_GT(plan.total_bytes, 100 * kGiB);
 
   HostMemoryInfo big{512 * kGiB, 400 * kGiB, 256 * kGiB, 250 * kGiB};
@@ -167,7 +167,7 @@ TEST(CheckAdmission, RefusesWithTheNumbersAndTheLimit) {
 // A small job's refusal shows its numbers in a unit that shows them (not "needs 0.00 GiB ... has
 // 0.00 GiB free").
 TEST(Admission, SmallNumbersAreShownInTheirUnit) {
-  const JobMemoryPlan plan = PlanJobMemory(Layout("tiny"), shm::GradRingConfig{2, 1ull << 20}, 1, ClipMode::kNone);
+  const MemoryPlan plan = PlanJobMemory(Layout("tiny"), shm::GradRingConfig{2, 1ull << 20}, 1, ClipMode::kNone);
   ASSERT_LT(plan.shm_bytes, kGiB / 64);
   HostMemoryInfo tiny_shm{512 * kGiB, 400 * kGiB, 8ull << 20, 512 << 10};
   const absl::Status s = CheckAdmission(plan, tiny_shm);

@@ -93,7 +93,7 @@ class ConsumerHarness {
       hellos.push_back(h);
       workers_.push_back(std::make_shared<WorkerSession>(h, r + 1));
     }
-    auto plan = PlanJob(spec_, layout_, WorkerDevicesOf(hellos));
+    auto plan = PlanRoutes(spec_, layout_, WorkerDevicesOf(hellos));
     if (!plan.ok()) {
       status_ = plan.status();
       return;
@@ -161,7 +161,7 @@ class ConsumerHarness {
   }
 
   const absl::Status& status() const { return status_; }
-  const JobPlan& plan() const { return plan_; }
+  const RoutePlan& plan() const { return plan_; }
   const ModelLayout& layout() const { return layout_; }
   shm::JobState& job_state() { return *job_state_; }
   shm::GradRing& producer(int rank) { return *producers_[rank]; }
@@ -262,7 +262,7 @@ class ConsumerHarness {
   absl::Status status_;
   JobSpec spec_;
   ModelLayout layout_;
-  JobPlan plan_;
+  RoutePlan plan_;
   std::string job_id_;
   NonFinitePolicy policy_ = NonFinitePolicy::kFail;
   std::vector<std::shared_ptr<WorkerSession>> workers_;

@@ -1,4 +1,4 @@
-// PlanJob's decisions: route, where clipping waits, the consumer, host staging, and what the
+// PlanRoutes's decisions: route, where clipping waits, the consumer, host staging, and what the
 // memory plan counts for each.
 #include "hostd/engine/job_plan.h"
 #include "hostd/engine/step_metrics.h"
@@ -42,63 +42,63 @@ std::vector<WorkerDevice> Gpus(int n, int64_t memory_bytes = int64_t{141} << 30)
 
 // Two CUDA workers on one GPU (slidedp-worker --id): NCCL cannot have both as ranks, so the gpu
 // route and sharded delivery are refused naming them; the cpu route with replicated delivery runs.
-TEST(JobPlan, WorkersSharingAGpuAreRefusedWhereNcclWouldRun) {
+TEST(RoutePlan, WorkersSharingAGpuAreRefusedWhereNcclWouldRun) {
   const ModelLayout layout = Layout();
   std::vector<WorkerDevice> shared = Gpus(2);
   shared[0].uuid = shared[1].uuid = "GPU-0000";
   shared[0].worker_id = "gpu0";
   shared[1].worker_id = "gpu0b";
-  auto gpu = PlanJob(Spec(2, 0), layout, shared);
+  auto gpu = PlanRoutes(Spec(2, 0), layout, shared);
   EXPECT_EQ(gpu.status().code(), absl::StatusCode::kFailedPrecondition) << gpu.status();
   EXPECT_TRUE(absl::StrContains(gpu.status().message(), "'gpu0' and 'gpu0b' share GPU GPU-0000")) << gpu.status();
   JobSpec sharded = Spec(2, 0, GradReduction::kCpu);
   sharded.param_delivery = ParamDelivery::kSharded;
-  EXPECT_EQ(PlanJob(sharded, layout, shared).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(PlanJob(Spec(2, 0, GradReduction::kCpu), layout, shared).ok());
+  EXPECT_EQ(PlanRoutes(sharded, layout, shared).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(PlanRoutes(Spec(2, 0, GradReduction::kCpu), layout, shared).ok());
   shared[1].uuid = "GPU-0001";  // separate GPUs
-  EXPECT_TRUE(PlanJob(Spec(2, 0), layout, shared).ok());
+  EXPECT_TRUE(PlanRoutes(Spec(2, 0), layout, shared).ok());
 }
 
 // runtime.backend names the workers' backend: a job of the other backend's workers is refused
 // (never run on them silently), and so is sharded delivery (NCCL) on CPU workers.
-TEST(JobPlan, TheSpecsBackendAndShardedDeliveryNeedTheirWorkers) {
+TEST(RoutePlan, TheSpecsBackendAndShardedDeliveryNeedTheirWorkers) {
   const ModelLayout layout = Layout();
   std::vector<WorkerDevice> cpus = {Device(true, int64_t{64} << 30), Device(true, int64_t{64} << 30)};
   JobSpec cuda = Spec(2, 0, GradReduction::kCpu);
   cuda.backend = Backend::kCuda;
-  auto on_cpu = PlanJob(cuda, layout, cpus);
+  auto on_cpu = PlanRoutes(cuda, layout, cpus);
   EXPECT_EQ(on_cpu.status().code(), absl::StatusCode::kFailedPrecondition) << on_cpu.status();
   EXPECT_TRUE(absl::StrContains(on_cpu.status().message(), "runtime.backend cuda: 2 of the job's 2 workers are CPU"))
       << on_cpu.status();
-  EXPECT_TRUE(PlanJob(cuda, layout, Gpus(2)).ok());
+  EXPECT_TRUE(PlanRoutes(cuda, layout, Gpus(2)).ok());
   JobSpec cpu = cuda;
   cpu.backend = Backend::kCpu;
-  EXPECT_EQ(PlanJob(cpu, layout, Gpus(2)).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(PlanJob(cpu, layout, cpus).ok());
+  EXPECT_EQ(PlanRoutes(cpu, layout, Gpus(2)).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(PlanRoutes(cpu, layout, cpus).ok());
   JobSpec sharded = Spec(2, 0, GradReduction::kCpu);
   sharded.param_delivery = ParamDelivery::kSharded;
-  auto s = PlanJob(sharded, layout, cpus);
+  auto s = PlanRoutes(sharded, layout, cpus);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition) << s.status();
   EXPECT_TRUE(absl::StrContains(s.status().message(), "sharded")) << s.status();
-  EXPECT_TRUE(PlanJob(sharded, layout, Gpus(2)).ok());
+  EXPECT_TRUE(PlanRoutes(sharded, layout, Gpus(2)).ok());
 }
 
 // runtime.context_parallel: CPU workers get a "ctx" collective sized for every rank's padded share of
 // a micro-batch's keys and values, counted in the shm plan; CUDA workers use it or NCCL.
-TEST(JobPlan, ContextParallelPlansItsCollectivePerBackendAndRoute) {
+TEST(RoutePlan, ContextParallelPlansItsCollectivePerBackendAndRoute) {
   const ModelLayout layout = Layout();
   JobSpec s = Spec(2, 0);
   s.num_workers = 2;
   s.context_parallel = 2;
   const std::vector<WorkerDevice> cpus(2, Device(true, int64_t{64} << 30));
-  auto p = PlanJob(s, layout, cpus);
+  auto p = PlanRoutes(s, layout, cpus);
   ASSERT_TRUE(p.ok()) << p.status();
   // 2 x 1024 tokens over 2 ranks: shares of at most 1,024 (+2), 2 kv_dim FP32 per token, 2 ranks.
   const uint64_t part = (2048 + 3) / 4 * 2 + 2;
   EXPECT_EQ(p->context_buffer_bytes, 2 * part * 2 * layout.config.kv_dim() * 4);
   JobSpec plain = s;
   plain.context_parallel = 1;
-  auto q = PlanJob(plain, layout, cpus);
+  auto q = PlanRoutes(plain, layout, cpus);
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_EQ(q->context_buffer_bytes, 0u);
   EXPECT_EQ(p->memory.shm_bytes - q->memory.shm_bytes, shm::ShmCollective::SegmentBytes(2, p->context_buffer_bytes));
@@ -107,7 +107,7 @@ TEST(JobPlan, ContextParallelPlansItsCollectivePerBackendAndRoute) {
   {
     JobSpec f = s;
     f.grad_reduction = GradReduction::kCpu;
-    auto cp2 = PlanJob(f, layout, Gpus(2));
+    auto cp2 = PlanRoutes(f, layout, Gpus(2));
     ASSERT_TRUE(cp2.ok()) << cp2.status();
     const int64_t share = (2048 + 3) / 4 * 2 + 2;
     EXPECT_EQ(cp2->device_floor.attention,
@@ -120,48 +120,48 @@ TEST(JobPlan, ContextParallelPlansItsCollectivePerBackendAndRoute) {
   // workers.
   JobSpec cpu_route = s;
   cpu_route.grad_reduction = GradReduction::kCpu;
-  auto staged = PlanJob(cpu_route, layout, Gpus(2));
+  auto staged = PlanRoutes(cpu_route, layout, Gpus(2));
   ASSERT_TRUE(staged.ok()) << staged.status();
   EXPECT_FALSE(staged->context_on_nccl);
   EXPECT_EQ(staged->context_buffer_bytes, p->context_buffer_bytes);
   JobSpec gpu_route = s;
   gpu_route.grad_reduction = GradReduction::kGpu;
-  auto nccl = PlanJob(gpu_route, layout, Gpus(2));
+  auto nccl = PlanRoutes(gpu_route, layout, Gpus(2));
   ASSERT_TRUE(nccl.ok()) << nccl.status();
   EXPECT_TRUE(nccl->context_on_nccl);
   EXPECT_EQ(nccl->context_buffer_bytes, 0u);
   EXPECT_TRUE(absl::StrContains(nccl->RoutesLine(ParamDelivery::kReplicated), "keys and values through NCCL"));
   JobSpec sharded = cpu_route;
   sharded.param_delivery = ParamDelivery::kSharded;
-  auto split = PlanJob(sharded, layout, Gpus(2));
+  auto split = PlanRoutes(sharded, layout, Gpus(2));
   ASSERT_TRUE(split.ok()) << split.status();
   EXPECT_TRUE(split->context_on_nccl);
   std::vector<WorkerDevice> mixed = Gpus(1);
   mixed.push_back(Device(true, int64_t{64} << 30));
-  auto m = PlanJob(cpu_route, layout, mixed);
+  auto m = PlanRoutes(cpu_route, layout, mixed);
   EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition) << m.status();
   EXPECT_TRUE(absl::StrContains(m.status().message(), "context_parallel")) << m.status();
   JobSpec moe_cuda = cpu_route;  // MoE models on CUDA workers too (the group sums router statistics)
   moe_cuda.model_preset = "tiny-moe";
-  auto mc = PlanJob(moe_cuda, Layout("tiny-moe"), Gpus(2));
+  auto mc = PlanRoutes(moe_cuda, Layout("tiny-moe"), Gpus(2));
   EXPECT_TRUE(mc.ok()) << mc.status();
   // One group of two shares one micro-batch of 4 rows: a global batch of 4 is one micro-batch for it,
   // which two data-parallel workers could not split.
   JobSpec one_micro = s;
   one_micro.global_batch = 4;
   one_micro.micro_batch = 4;
-  EXPECT_TRUE(PlanJob(one_micro, layout, cpus).ok());
+  EXPECT_TRUE(PlanRoutes(one_micro, layout, cpus).ok());
   one_micro.context_parallel = 1;
-  EXPECT_EQ(PlanJob(one_micro, layout, cpus).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanRoutes(one_micro, layout, cpus).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(p->RoutesLine(ParamDelivery::kReplicated), "context parallel: 1 group(s) of 2"));
   JobSpec moe = s;  // a MoE model too: its router statistics are summed over the group
   moe.model_preset = "tiny-moe";
-  EXPECT_TRUE(PlanJob(moe, Layout("tiny-moe"), cpus).ok());
+  EXPECT_TRUE(PlanRoutes(moe, Layout("tiny-moe"), cpus).ok());
 }
 
-TEST(JobPlan, OneRankWithoutClippingAppliesStraightFromTheRing) {
+TEST(RoutePlan, OneRankWithoutClippingAppliesStraightFromTheRing) {
   const ModelLayout layout = Layout();
-  auto p = PlanJob(Spec(1, 0), layout, Gpus(1));
+  auto p = PlanRoutes(Spec(1, 0), layout, Gpus(1));
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->route, GradReduction::kCpu);  // one rank has nothing to reduce
   EXPECT_EQ(p->consumer, GradConsumerKind::kDirect);
@@ -177,9 +177,9 @@ TEST(JobPlan, OneRankWithoutClippingAppliesStraightFromTheRing) {
   EXPECT_TRUE(absl::StrContains(p->RoutesLine(ParamDelivery::kReplicated), "single rank"));
 }
 
-TEST(JobPlan, OneRankWithClippingStagesOnTheDeviceWhenItFits) {
+TEST(RoutePlan, OneRankWithClippingStagesOnTheDeviceWhenItFits) {
   const ModelLayout layout = Layout();
-  auto big = PlanJob(Spec(1, 1.0), layout, Gpus(1));
+  auto big = PlanRoutes(Spec(1, 1.0), layout, Gpus(1));
   ASSERT_TRUE(big.ok()) << big.status();
   EXPECT_EQ(big->clip_staging, ClipStaging::kDevice);
   EXPECT_EQ(big->consumer, GradConsumerKind::kShards);
@@ -189,7 +189,7 @@ TEST(JobPlan, OneRankWithClippingStagesOnTheDeviceWhenItFits) {
   EXPECT_TRUE(absl::StrContains(big->RoutesLine(ParamDelivery::kReplicated), "clipping: device staging"));
 
   // auto: the parts must take at most 40% of the device (0.6B: 2.4 GB of FP32 gradients).
-  auto small = PlanJob(Spec(1, 1.0), layout, Gpus(1, int64_t{4} << 30));
+  auto small = PlanRoutes(Spec(1, 1.0), layout, Gpus(1, int64_t{4} << 30));
   ASSERT_TRUE(small.ok());
   EXPECT_EQ(small->clip_staging, ClipStaging::kHost);
   EXPECT_EQ(small->consumer, GradConsumerKind::kSummed);
@@ -199,24 +199,24 @@ TEST(JobPlan, OneRankWithClippingStagesOnTheDeviceWhenItFits) {
 
   JobSpec forced = Spec(1, 1.0);
   forced.grad_staging = GradStaging::kHost;
-  EXPECT_EQ(PlanJob(forced, layout, Gpus(1))->clip_staging, ClipStaging::kHost);
+  EXPECT_EQ(PlanRoutes(forced, layout, Gpus(1))->clip_staging, ClipStaging::kHost);
   forced.grad_staging = GradStaging::kDevice;
-  EXPECT_EQ(PlanJob(forced, layout, Gpus(1, int64_t{4} << 30))->clip_staging, ClipStaging::kDevice);
+  EXPECT_EQ(PlanRoutes(forced, layout, Gpus(1, int64_t{4} << 30))->clip_staging, ClipStaging::kDevice);
 }
 
 // train.skip_nonfinite stages the whole step like clipping (nothing may be applied before the
 // step is known finite), also without clipping: device staging where it fits, else host.
-TEST(JobPlan, SkipNonfiniteStagesTheWholeStepLikeClipping) {
+TEST(RoutePlan, SkipNonfiniteStagesTheWholeStepLikeClipping) {
   const ModelLayout layout = Layout();
   JobSpec one = Spec(1, 0);
   one.skip_nonfinite = true;
-  auto device = PlanJob(one, layout, Gpus(1));
+  auto device = PlanRoutes(one, layout, Gpus(1));
   ASSERT_TRUE(device.ok()) << device.status();
   EXPECT_EQ(device->clip_staging, ClipStaging::kDevice);
   EXPECT_EQ(device->consumer, GradConsumerKind::kShards);  // never kDirect: it applies at once
   EXPECT_TRUE(absl::StrContains(device->RoutesLine(ParamDelivery::kReplicated), "skip_nonfinite: device staging"))
       << device->RoutesLine(ParamDelivery::kReplicated);
-  auto host = PlanJob(one, layout, Gpus(1, int64_t{4} << 30));  // does not fit: hostd stages
+  auto host = PlanRoutes(one, layout, Gpus(1, int64_t{4} << 30));  // does not fit: hostd stages
   ASSERT_TRUE(host.ok()) << host.status();
   EXPECT_EQ(host->clip_staging, ClipStaging::kHost);
   EXPECT_TRUE(host->host_staging);
@@ -224,22 +224,22 @@ TEST(JobPlan, SkipNonfiniteStagesTheWholeStepLikeClipping) {
   EXPECT_EQ(host->consumer, GradConsumerKind::kSummed);
   JobSpec cpu = Spec(2, 0, GradReduction::kCpu);
   cpu.skip_nonfinite = true;
-  auto summed = PlanJob(cpu, layout, Gpus(2));
+  auto summed = PlanRoutes(cpu, layout, Gpus(2));
   ASSERT_TRUE(summed.ok()) << summed.status();
   EXPECT_EQ(summed->clip_staging, ClipStaging::kHost);
   EXPECT_EQ(summed->memory.step_staging_bytes, static_cast<uint64_t>(layout.total_numel) * 4);  // counted once
   EXPECT_TRUE(absl::StrContains(summed->RoutesLine(ParamDelivery::kReplicated), "skip_nonfinite: host staging"));
   JobSpec both = Spec(2, 1.0);
   both.skip_nonfinite = true;
-  auto p = PlanJob(both, layout, Gpus(2));
+  auto p = PlanRoutes(both, layout, Gpus(2));
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_TRUE(absl::StrContains(p->RoutesLine(ParamDelivery::kReplicated), "clipping and skip_nonfinite: device"));
 }
 
-TEST(JobPlan, GpuRouteShardsEveryUnitOverTheRanks) {
+TEST(RoutePlan, GpuRouteShardsEveryUnitOverTheRanks) {
   const ModelLayout layout = Layout();
   for (int world : {2, 3}) {
-    auto p = PlanJob(Spec(world, 0), layout, Gpus(world));
+    auto p = PlanRoutes(Spec(world, 0), layout, Gpus(world));
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_EQ(p->route, GradReduction::kGpu);
     EXPECT_EQ(p->consumer, GradConsumerKind::kShards);
@@ -253,74 +253,74 @@ TEST(JobPlan, GpuRouteShardsEveryUnitOverTheRanks) {
       total += p->shard_numel_of_rank[r];
     }
     EXPECT_EQ(total, layout.total_numel);  // the shards cover every element once
-    EXPECT_EQ(PlanJob(Spec(world, 1.0), layout, Gpus(world))->clip_staging, ClipStaging::kDevice);
+    EXPECT_EQ(PlanRoutes(Spec(world, 1.0), layout, Gpus(world))->clip_staging, ClipStaging::kDevice);
   }
 }
 
-TEST(JobPlan, CpuRouteSumsOnTheHostAndCannotStageOnTheDevice) {
+TEST(RoutePlan, CpuRouteSumsOnTheHostAndCannotStageOnTheDevice) {
   const ModelLayout layout = Layout();
-  auto p = PlanJob(Spec(2, 0, GradReduction::kCpu), layout, Gpus(2));
+  auto p = PlanRoutes(Spec(2, 0, GradReduction::kCpu), layout, Gpus(2));
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->consumer, GradConsumerKind::kSummed);
   EXPECT_TRUE(p->host_staging);  // the ranks' copies are summed there, even without clipping
   EXPECT_EQ(p->memory.step_staging_bytes, static_cast<uint64_t>(layout.total_numel) * 4);
-  auto clipped = PlanJob(Spec(2, 1.0, GradReduction::kCpu), layout, Gpus(2));
+  auto clipped = PlanRoutes(Spec(2, 1.0, GradReduction::kCpu), layout, Gpus(2));
   ASSERT_TRUE(clipped.ok());
   EXPECT_EQ(clipped->clip_staging, ClipStaging::kHost);  // auto: only hostd knows the norm
   EXPECT_EQ(clipped->memory.step_staging_bytes, static_cast<uint64_t>(layout.total_numel) * 4);  // counted once
 
   JobSpec device = Spec(2, 1.0, GradReduction::kCpu);
   device.grad_staging = GradStaging::kDevice;
-  EXPECT_EQ(PlanJob(device, layout, Gpus(2)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanRoutes(device, layout, Gpus(2)).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(JobPlan, CpuWorkersOnTheGpuRouteGetACollectiveSegmentCountedInShm) {
+TEST(RoutePlan, CpuWorkersOnTheGpuRouteGetACollectiveSegmentCountedInShm) {
   const ModelLayout layout = Layout("tiny");
   const std::vector<WorkerDevice> cpus(2, Device(true, 0));
-  auto p = PlanJob(Spec(2, 0), layout, cpus);
+  auto p = PlanRoutes(Spec(2, 0), layout, cpus);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_TRUE(p->shm_collective);
   uint64_t largest = 0;
   for (const UnitLayout& u : layout.units) largest = std::max<uint64_t>(largest, PaddedNumel(u.numel, 2) * 4);
   EXPECT_EQ(p->collective_buffer_bytes, largest);
-  auto without = PlanJob(Spec(2, 0, GradReduction::kCpu), layout, cpus);
+  auto without = PlanRoutes(Spec(2, 0, GradReduction::kCpu), layout, cpus);
   ASSERT_TRUE(without.ok());
   EXPECT_FALSE(without->shm_collective);
   EXPECT_EQ(p->memory.shm_bytes - without->memory.shm_bytes, shm::ShmCollective::SegmentBytes(2, largest));
   EXPECT_TRUE(absl::StrContains(p->MemoryLine(), "shm collective"));
 }
 
-TEST(JobPlan, RefusesMixedBackendsAndBatchesThatDoNotSplit) {
+TEST(RoutePlan, RefusesMixedBackendsAndBatchesThatDoNotSplit) {
   const ModelLayout layout = Layout("tiny");
   const std::vector<WorkerDevice> mixed = {Device(true, 0), Device(false, int64_t{80} << 30)};
-  EXPECT_EQ(PlanJob(Spec(2, 0), layout, mixed).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(PlanJob(Spec(2, 0, GradReduction::kCpu), layout, mixed).ok());  // hostd sums any backend
+  EXPECT_EQ(PlanRoutes(Spec(2, 0), layout, mixed).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(PlanRoutes(Spec(2, 0, GradReduction::kCpu), layout, mixed).ok());  // hostd sums any backend
   JobSpec odd = Spec(2, 0);
   odd.global_batch = 6;  // not a multiple of 2 ranks x 2 rows
-  EXPECT_EQ(PlanJob(odd, layout, Gpus(2)).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PlanJob(Spec(1, 0), layout, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanRoutes(odd, layout, Gpus(2)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanRoutes(Spec(1, 0), layout, {}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(JobPlan, OffloadedLayerInputsAreCounted) {
+TEST(RoutePlan, OffloadedLayerInputsAreCounted) {
   const ModelLayout layout = Layout();
   JobSpec s = Spec(2, 0);
-  const uint64_t base = PlanJob(s, layout, Gpus(2))->memory.total_bytes;
+  const uint64_t base = PlanRoutes(s, layout, Gpus(2))->memory.total_bytes;
   s.offload_ratio = 0.5;
-  auto p = PlanJob(s, layout, Gpus(2));
+  auto p = PlanRoutes(s, layout, Gpus(2));
   ASSERT_TRUE(p.ok());
   EXPECT_GT(p->memory.offload_bytes, 0u);
   EXPECT_EQ(p->memory.total_bytes, base + p->memory.offload_bytes);
   // runtime.checkpoint_dtype bf16: the recomputed layers' offloaded inputs take half the bytes.
   s.checkpoint_dtype = CheckpointDtype::kBf16;
-  auto half = PlanJob(s, layout, Gpus(2));
+  auto half = PlanRoutes(s, layout, Gpus(2));
   ASSERT_TRUE(half.ok());
   EXPECT_EQ(half->memory.offload_bytes * 2, p->memory.offload_bytes);
   EXPECT_EQ(half->memory.total_bytes, base + half->memory.offload_bytes);
   // With kept pieces only the inputs' share halves (the pieces stay FP32).
   s.act_policy = ActivationPolicy::kSelective;
-  auto selective = PlanJob(s, layout, Gpus(2));
+  auto selective = PlanRoutes(s, layout, Gpus(2));
   s.checkpoint_dtype = CheckpointDtype::kFp32;
-  auto selective32 = PlanJob(s, layout, Gpus(2));
+  auto selective32 = PlanRoutes(s, layout, Gpus(2));
   ASSERT_TRUE(selective.ok() && selective32.ok());
   EXPECT_EQ(selective32->memory.offload_bytes - selective->memory.offload_bytes, p->memory.offload_bytes / 2);
 }
@@ -328,25 +328,25 @@ TEST(JobPlan, OffloadedLayerInputsAreCounted) {
 // Speculative clipping: off without a whole-step wait; an explicit budget covers the last units
 // that fit and is counted by admission; auto is sized after admission from what the host has left
 // (less the margin), up to the whole model.
-TEST(JobPlan, SpeculationCoversTheLastUnitsThatFitTheBudget) {
+TEST(RoutePlan, SpeculationCoversTheLastUnitsThatFitTheBudget) {
   const ModelLayout layout = Layout();
   const int units = layout.num_units();
-  auto none = PlanJob(Spec(1, 0), layout, Gpus(1));
+  auto none = PlanRoutes(Spec(1, 0), layout, Gpus(1));
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(none->speculate_from_unit, units);
   EXPECT_FALSE(none->speculation_auto);
 
   JobSpec capped = Spec(1, 1.0);
   capped.speculation_bytes = static_cast<int64_t>(UndoBytes(layout, units - 3));
-  auto c = PlanJob(capped, layout, Gpus(1));
+  auto c = PlanRoutes(capped, layout, Gpus(1));
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->speculate_from_unit, units - 3);
   EXPECT_EQ(c->memory.undo_bytes, UndoBytes(layout, units - 3));
-  auto uncapped = PlanJob(Spec(1, 1.0), layout, Gpus(1));
+  auto uncapped = PlanRoutes(Spec(1, 1.0), layout, Gpus(1));
   ASSERT_TRUE(uncapped.ok());
   EXPECT_EQ(c->memory.total_bytes, uncapped->memory.total_bytes + c->memory.undo_bytes);
 
-  JobPlan a = *uncapped;
+  RoutePlan a = *uncapped;
   ASSERT_TRUE(a.speculation_auto);
   const uint64_t total = 128ull << 30;
   const uint64_t margin = std::max<uint64_t>(4ull << 30, total / 20);
@@ -360,7 +360,7 @@ TEST(JobPlan, SpeculationCoversTheLastUnitsThatFitTheBudget) {
 
   JobSpec off = Spec(1, 1.0);
   off.speculation_bytes = 0;
-  auto o = PlanJob(off, layout, Gpus(1));
+  auto o = PlanRoutes(off, layout, Gpus(1));
   ASSERT_TRUE(o.ok());
   EXPECT_EQ(o->speculate_from_unit, units);
   EXPECT_FALSE(o->speculation_auto);
@@ -393,14 +393,14 @@ namespace {
 // A step whose GPU memory floor is over a CUDA worker's device is refused before anything is
 // allocated, with the floor's parts and the longest sequence the model fits; CPU-backend workers
 // and devices of unknown size are not sized.
-TEST(JobPlan, AStepOverTheGpuMemoryFloorIsRefusedWithTheLongestSequence) {
+TEST(RoutePlan, AStepOverTheGpuMemoryFloorIsRefusedWithTheLongestSequence) {
   const ModelLayout layout = Layout("qwen3-8b");
   JobSpec s = Spec(1, 0);
   s.model_preset = "qwen3-8b";
   s.seq_len = 262144;
   s.global_batch = 1;
   s.micro_batch = 1;
-  auto refused = PlanJob(s, layout, Gpus(1));
+  auto refused = PlanRoutes(s, layout, Gpus(1));
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "longest single sequence")) << refused.status();
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "layer inputs")) << refused.status();
@@ -409,44 +409,44 @@ TEST(JobPlan, AStepOverTheGpuMemoryFloorIsRefusedWithTheLongestSequence) {
   // With runtime.policy auto the offload shares are AutoPolicy's to choose: the floor counts no
   // input that may be offloaded, so the job is not refused for them.
   s.policy_auto = true;
-  auto autop = PlanJob(s, layout, Gpus(1));
+  auto autop = PlanRoutes(s, layout, Gpus(1));
   ASSERT_TRUE(autop.ok()) << autop.status();
   EXPECT_EQ(autop->device_floor.checkpoints, 0);
   s.policy_auto = false;
   // Offloading most layers' inputs brings the floor under the device.
   s.offload_ratio = 0.5;
-  auto offloaded = PlanJob(s, layout, Gpus(1));
+  auto offloaded = PlanRoutes(s, layout, Gpus(1));
   ASSERT_TRUE(offloaded.ok()) << offloaded.status();
   EXPECT_LE(offloaded->device_floor.device_total(), int64_t{141} << 30);
   EXPECT_EQ(offloaded->device_floor.offloaded, 18 * int64_t{262144} * 4096 * 4);
   // BF16 checkpoints halve the inputs on the device and offloaded (one micro-batch widened back).
   s.checkpoint_dtype = CheckpointDtype::kBf16;
-  auto bf16 = PlanJob(s, layout, Gpus(1));
+  auto bf16 = PlanRoutes(s, layout, Gpus(1));
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   EXPECT_EQ(bf16->device_floor.offloaded, 18 * int64_t{262144} * 4096 * 2);
   EXPECT_EQ(bf16->device_floor.checkpoints, 18 * int64_t{262144} * 4096 * 2 + int64_t{262144} * 4096 * 2);
   EXPECT_EQ(bf16->memory.offload_bytes * 2, offloaded->memory.offload_bytes);
   // ... and 256K tokens then fit without offloading (36 x 2 GiB of inputs).
   s.offload_ratio = 0;
-  auto bf16_on_gpu = PlanJob(s, layout, Gpus(1));
+  auto bf16_on_gpu = PlanRoutes(s, layout, Gpus(1));
   ASSERT_TRUE(bf16_on_gpu.ok()) << bf16_on_gpu.status();
   EXPECT_EQ(bf16_on_gpu->device_floor.offloaded, 0);
   s.offload_ratio = 0.5;
   s.checkpoint_dtype = CheckpointDtype::kFp32;
   // A cap below the floor refuses again, naming it.
   s.gpu_memory_limit_bytes = int64_t{40} << 30;
-  auto capped = PlanJob(s, layout, Gpus(1));
+  auto capped = PlanRoutes(s, layout, Gpus(1));
   ASSERT_EQ(capped.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StrContains(capped.status().message(), "runtime.gpu_memory_limit")) << capped.status();
   s.checkpoint_dtype = CheckpointDtype::kBf16;  // already BF16: not suggested again
-  auto capped_bf16 = PlanJob(s, layout, Gpus(1));
+  auto capped_bf16 = PlanRoutes(s, layout, Gpus(1));
   ASSERT_EQ(capped_bf16.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_FALSE(absl::StrContains(capped_bf16.status().message(), "checkpoint_dtype")) << capped_bf16.status();
   s.checkpoint_dtype = CheckpointDtype::kFp32;
   s.gpu_memory_limit_bytes = 0;
   s.offload_ratio = 0;
-  EXPECT_TRUE(PlanJob(s, layout, std::vector<WorkerDevice>{Device(true, int64_t{8} << 30)}).ok());
-  EXPECT_TRUE(PlanJob(s, layout, Gpus(1, 0)).ok());
+  EXPECT_TRUE(PlanRoutes(s, layout, std::vector<WorkerDevice>{Device(true, int64_t{8} << 30)}).ok());
+  EXPECT_TRUE(PlanRoutes(s, layout, Gpus(1, 0)).ok());
 }
 
 }  // namespace
@@ -457,7 +457,7 @@ namespace {
 
 // A MoE shape the CUDA block does not take is refused before any host state, naming why; the CPU
 // backend runs it.
-TEST(JobPlan, MoeShapesTheCudaBlockCannotRunAreRefusedOnCudaWorkers) {
+TEST(RoutePlan, MoeShapesTheCudaBlockCannotRunAreRefusedOnCudaWorkers) {
   ModelConfig c = *ModelConfig::Preset("tiny-moe");
   c.moe_intermediate_size = 36;
   const ModelLayout layout = ModelLayout::Build(c);
@@ -467,17 +467,17 @@ TEST(JobPlan, MoeShapesTheCudaBlockCannotRunAreRefusedOnCudaWorkers) {
   s.global_batch = 2;
   s.micro_batch = 1;
   s.max_grad_norm = 0;
-  auto p = PlanJob(s, layout, std::vector<WorkerDevice>(1, Device(false, int64_t{80} << 30)));
+  auto p = PlanRoutes(s, layout, std::vector<WorkerDevice>(1, Device(false, int64_t{80} << 30)));
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(p.status().message(), "moe_intermediate_size a multiple of 8")) << p.status();
-  EXPECT_TRUE(PlanJob(s, layout, std::vector<WorkerDevice>(1, Device(true, 0))).ok());
+  EXPECT_TRUE(PlanRoutes(s, layout, std::vector<WorkerDevice>(1, Device(true, 0))).ok());
   c.moe_intermediate_size = 32;
   EXPECT_TRUE(
-      PlanJob(s, ModelLayout::Build(c), std::vector<WorkerDevice>(1, Device(false, int64_t{80} << 30))).ok());
+      PlanRoutes(s, ModelLayout::Build(c), std::vector<WorkerDevice>(1, Device(false, int64_t{80} << 30))).ok());
 }
 
-// ---- PlanJob's parts, each alone ----
+// ---- PlanRoutes's parts, each alone ----
 
 TEST(JobPlanParts, BatchSplitCountsContextGroupsAsRanks) {
   JobSpec s = Spec(2, 0);  // global batch 8, micro-batch 2
@@ -514,17 +514,17 @@ TEST(JobPlanParts, WorkersFitSaysWhetherTheJobHasANcclCommunicator) {
 TEST(JobPlanParts, ContextGroupsGoOverNcclOrAShmSegment) {
   const ModelLayout layout = Layout();
   JobSpec s = Spec(2, 0);
-  JobPlan none;
+  RoutePlan none;
   PlanContextGroups(s, layout, true, none);
   EXPECT_EQ(none.context_ranks, 1);
   EXPECT_EQ(none.context_buffer_bytes, 0u);
   s.context_parallel = 2;
-  JobPlan nccl;
+  RoutePlan nccl;
   PlanContextGroups(s, layout, true, nccl);
   EXPECT_EQ(nccl.context_ranks, 2);
   EXPECT_TRUE(nccl.context_on_nccl);
   EXPECT_EQ(nccl.context_buffer_bytes, 0u);
-  JobPlan shm;
+  RoutePlan shm;
   PlanContextGroups(s, layout, false, shm);
   EXPECT_FALSE(shm.context_on_nccl);
   // Two ranks' shares of a 2 x 1024-token micro-batch (two chunks of 512, plus 2 spare tokens),
@@ -534,14 +534,14 @@ TEST(JobPlanParts, ContextGroupsGoOverNcclOrAShmSegment) {
 
 TEST(JobPlanParts, GradientRouteAloneDecidesStagingAndConsumer) {
   const ModelLayout layout = Layout();
-  JobPlan one;
+  RoutePlan one;
   one.world = 1;
   ASSERT_TRUE(PlanGradientRoute(Spec(1, 0), layout, Gpus(1), one).ok());
   EXPECT_EQ(one.route, GradReduction::kCpu);
   EXPECT_EQ(one.consumer, GradConsumerKind::kDirect);
   EXPECT_EQ(one.clip_staging, ClipStaging::kNone);
   EXPECT_EQ(one.staging_bytes, 0u);
-  JobPlan summed;
+  RoutePlan summed;
   summed.world = 2;
   ASSERT_TRUE(PlanGradientRoute(Spec(2, 1.0, GradReduction::kCpu), layout, Gpus(2), summed).ok());
   EXPECT_EQ(summed.consumer, GradConsumerKind::kSummed);
@@ -550,7 +550,7 @@ TEST(JobPlanParts, GradientRouteAloneDecidesStagingAndConsumer) {
   EXPECT_EQ(summed.memory.total_bytes, 0u) << "memory is PlanMemory's";
   JobSpec device = Spec(2, 1.0, GradReduction::kCpu);
   device.grad_staging = GradStaging::kDevice;
-  JobPlan refused;
+  RoutePlan refused;
   refused.world = 2;
   EXPECT_EQ(PlanGradientRoute(device, layout, Gpus(2), refused).code(), absl::StatusCode::kInvalidArgument);
 }
@@ -558,12 +558,12 @@ TEST(JobPlanParts, GradientRouteAloneDecidesStagingAndConsumer) {
 TEST(JobPlanParts, MemoryCountsWhatTheRouteDecided) {
   const ModelLayout layout = Layout();
   for (GradReduction route : {GradReduction::kCpu, GradReduction::kGpu}) {
-    JobPlan p;
+    RoutePlan p;
     p.world = 2;
     const JobSpec s = Spec(2, 1.0, route);
     ASSERT_TRUE(PlanGradientRoute(s, layout, Gpus(2), p).ok());
     ASSERT_TRUE(PlanMemory(s, layout, Gpus(2), p).ok());
-    auto whole = PlanJob(s, layout, Gpus(2));
+    auto whole = PlanRoutes(s, layout, Gpus(2));
     ASSERT_TRUE(whole.ok()) << whole.status();
     EXPECT_EQ(p.memory.total_bytes, whole->memory.total_bytes);
     EXPECT_EQ(p.memory.step_staging_bytes, whole->memory.step_staging_bytes);
