@@ -12,11 +12,6 @@
 namespace slidedp::hostd {
 namespace fs = std::filesystem;
 
-namespace {
-// A run's name as the checkpoints record it: run_id, else (older checkpoints) job_id.
-std::string RunOf(const checkpoint::CheckpointEntry& e) { return e.run_id.empty() ? e.job_id : e.run_id; }
-}  // namespace
-
 bool SavesCheckpoints(const JobSpec& spec) {
   return !spec.measure_only && (spec.save_final || spec.save_every_steps > 0);
 }
@@ -31,7 +26,7 @@ absl::StatusOr<std::vector<checkpoint::CheckpointEntry>> OtherRunsCheckpoints(co
   std::vector<checkpoint::CheckpointEntry> others;
   for (checkpoint::CheckpointEntry& e : *all) {
     if (!e.complete) continue;  // a save that never finished belongs to nobody's results
-    if (own_run.empty() || RunOf(e) != own_run) others.push_back(std::move(e));
+    if (own_run.empty() || e.run_id != own_run) others.push_back(std::move(e));
   }
   std::sort(others.begin(), others.end(), [](const auto& a, const auto& b) { return a.step > b.step; });
   return others;
@@ -43,7 +38,7 @@ absl::Status RefuseOtherRuns(const std::string& output_dir, const std::vector<ch
   std::map<std::string, std::pair<std::string, int>> runs;
   std::vector<std::string> order;
   for (const checkpoint::CheckpointEntry& e : others) {
-    const std::string run = RunOf(e).empty() ? std::string("(unknown)") : RunOf(e);
+    const std::string run = e.run_id.empty() ? std::string("(unknown)") : e.run_id;
     auto [it, fresh] = runs.try_emplace(run, fs::path(e.dir).filename().string(), 0);
     if (fresh) order.push_back(run);
     it->second.second++;
