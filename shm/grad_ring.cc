@@ -12,8 +12,8 @@ namespace {
 
 // A gradient chunk, or a rank's squared norm (one double).
 bool KnownDtype(const GradChunkDesc& d) {
-  return d.dtype == GradDtype::kF32 || d.dtype == GradDtype::kBF16 ||
-         (d.dtype == GradDtype::kSumSquares && d.numel == 1);
+  return d.kind == ChunkKind::kGradF32 || d.kind == ChunkKind::kGradBF16 ||
+         (d.kind == ChunkKind::kSumSquares && d.numel == 1);
 }
 
 constexpr const char* kControlRegion = "ring_control";
@@ -138,7 +138,7 @@ absl::StatusOr<uint32_t> GradRing::AcquireSlot(absl::Duration timeout) {
 
 absl::Status GradRing::Post(const GradChunkDesc& desc) {
   if (desc.slot >= config_.num_slots || desc.numel <= 0 || desc.offset_numel < 0 || !KnownDtype(desc) ||
-      static_cast<uint64_t>(desc.numel) > config_.slot_bytes / GradDtypeBytes(desc.dtype)) {
+      static_cast<uint64_t>(desc.numel) > config_.slot_bytes / ChunkKindBytes(desc.kind)) {
     return absl::InvalidArgumentError(absl::StrCat("grad ring ", segment_->name(), ": bad chunk (unit ", desc.unit,
                                                    ", slot ", desc.slot, " of ", config_.num_slots, ", numel ",
                                                    desc.numel, ", offset ", desc.offset_numel, ") for slots of ",
@@ -186,10 +186,9 @@ absl::StatusOr<GradChunkDesc> GradRing::Pop(absl::Duration timeout) {
   // The producer may be broken (or another build): nothing it wrote is trusted. The size check
   // divides, so a huge numel cannot wrap the product into range.
   if (desc.slot >= config_.num_slots || desc.numel <= 0 || !KnownDtype(desc) ||
-      static_cast<uint64_t>(desc.numel) > config_.slot_bytes / GradDtypeBytes(desc.dtype)) {
+      static_cast<uint64_t>(desc.numel) > config_.slot_bytes / ChunkKindBytes(desc.kind)) {
     return absl::DataLossError(absl::StrCat("grad ring ", segment_->name(), ": corrupt descriptor (slot ", desc.slot,
-                                            ", numel ", desc.numel, ", dtype ", static_cast<uint32_t>(desc.dtype),
-                                            ")"));
+                                            ", numel ", desc.numel, ", dtype ", static_cast<uint32_t>(desc.kind), ")"));
   }
   // The slot must be one the producer acquired (its free bit clear) and not one the consumer still
   // holds from an earlier descriptor: otherwise two updates would read one slot, or the producer

@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/numeric/dtype.h"
 #include "shm/futex.h"
 #include "shm/shm_segment.h"
 
@@ -37,23 +38,29 @@ struct GradRingConfig {
   uint64_t slot_bytes = 64ull << 20;  // capacity of one chunk; slots are 4096-byte aligned
 };
 
-// kSumSquares is not a gradient: the posting rank's squared norm of its final gradient parts for
-// the step, one double at the start of the slot (unit -1, offset 0, numel 1); device-staged
-// clipping posts it before the step's chunks.
-enum class GradDtype : uint32_t { kF32 = 0, kBF16 = 1, kSumSquares = 2 };
-inline uint64_t GradDtypeBytes(GradDtype d) {
-  return d == GradDtype::kF32 ? 4 : d == GradDtype::kBF16 ? 2 : sizeof(double);
+// What a posted chunk carries: a gradient range in FP32 or BF16, or (kSumSquares) the posting
+// rank's squared norm of its final gradient parts for the step, one double at the start of the
+// slot (unit -1, offset 0, numel 1); device-staged clipping posts it before the step's chunks.
+enum class ChunkKind : uint32_t { kGradF32 = 0, kGradBF16 = 1, kSumSquares = 2 };
+// The gradient chunk kind of a dtype.
+inline ChunkKind GradChunkKind(Dtype d) { return d == Dtype::kBF16 ? ChunkKind::kGradBF16 : ChunkKind::kGradF32; }
+// "F32", "BF16" (the gradient types), "sum of squares".
+inline const char* ChunkKindName(ChunkKind k) {
+  return k == ChunkKind::kGradF32 ? "F32" : k == ChunkKind::kGradBF16 ? "BF16" : "sum of squares";
+}
+inline uint64_t ChunkKindBytes(ChunkKind d) {
+  return d == ChunkKind::kGradF32 ? 4 : d == ChunkKind::kGradBF16 ? 2 : sizeof(double);
 }
 
 // One posted chunk: numel gradient elements of `unit`, starting at offset_numel inside the unit's
-// flat parameter array, for optimizer step `step`, stored in slot `slot` as `dtype`.
+// flat parameter array, for optimizer step `step`, stored in slot `slot`, of `kind`.
 struct GradChunkDesc {
   int32_t unit = 0;
   uint32_t slot = 0;
   int64_t offset_numel = 0;
   int64_t numel = 0;
   uint32_t step = 0;
-  GradDtype dtype = GradDtype::kF32;
+  ChunkKind kind = ChunkKind::kGradF32;
 };
 static_assert(sizeof(GradChunkDesc) == 32 && std::is_trivially_copyable_v<GradChunkDesc>);
 

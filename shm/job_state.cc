@@ -16,10 +16,8 @@ constexpr const char* kControlRegion = "control";
 
 std::string UnitRegion(int unit, const char* what) { return absl::StrCat("u", unit, ".", what); }
 
-uint64_t Int8Blocks(uint64_t n) { return (n + kInt8MomentBlock - 1) / kInt8MomentBlock; }
-
 std::vector<RegionSpec> JobRegions(const ModelLayout& layout, const StateFormat& format) {
-  const MomentDtype moments = format.moments;
+  const MomentForm moments = format.moments;
   std::vector<RegionSpec> regions;
   regions.push_back(RegionSpec{kControlRegion, sizeof(JobControlBlock) + layout.units.size() * sizeof(VersionGate),
                                ShmDtype::kBytes});
@@ -27,19 +25,19 @@ std::vector<RegionSpec> JobRegions(const ModelLayout& layout, const StateFormat&
     const uint64_t n = static_cast<uint64_t>(layout.units[u].numel);
     regions.push_back(RegionSpec{UnitRegion(u, "master"), n * 4, ShmDtype::kF32});
     switch (moments) {
-      case MomentDtype::kF32:
+      case MomentForm::kF32:
         regions.push_back(RegionSpec{UnitRegion(u, "adam_m"), n * 4, ShmDtype::kF32});
         regions.push_back(RegionSpec{UnitRegion(u, "adam_v"), n * 4, ShmDtype::kF32});
         break;
-      case MomentDtype::kBF16:
+      case MomentForm::kBF16:
         regions.push_back(RegionSpec{UnitRegion(u, "adam_m"), n * 2, ShmDtype::kBF16});
         regions.push_back(RegionSpec{UnitRegion(u, "adam_v"), n * 2, ShmDtype::kBF16});
         break;
-      case MomentDtype::kInt8:
+      case MomentForm::kInt8:
         regions.push_back(RegionSpec{UnitRegion(u, "adam_m"), n, ShmDtype::kI8});
         regions.push_back(RegionSpec{UnitRegion(u, "adam_v"), n, ShmDtype::kU8});
-        regions.push_back(RegionSpec{UnitRegion(u, "adam_m_scale"), Int8Blocks(n) * 4, ShmDtype::kF32});
-        regions.push_back(RegionSpec{UnitRegion(u, "adam_v_scale"), Int8Blocks(n) * 4, ShmDtype::kF32});
+        regions.push_back(RegionSpec{UnitRegion(u, "adam_m_scale"), static_cast<uint64_t>(Int8MomentBlocks(static_cast<int64_t>(n))) * 4, ShmDtype::kF32});
+        regions.push_back(RegionSpec{UnitRegion(u, "adam_v_scale"), static_cast<uint64_t>(Int8MomentBlocks(static_cast<int64_t>(n))) * 4, ShmDtype::kF32});
         break;
     }
     if (format.mirror) regions.push_back(RegionSpec{UnitRegion(u, "mirror"), n * 2, ShmDtype::kBF16});
@@ -48,27 +46,9 @@ std::vector<RegionSpec> JobRegions(const ModelLayout& layout, const StateFormat&
 }
 
 // Regions per unit for each format.
-uint64_t UnitRegions(const StateFormat& f) { return (f.moments == MomentDtype::kInt8 ? 5 : 3) + (f.mirror ? 1 : 0); }
+uint64_t UnitRegions(const StateFormat& f) { return (f.moments == MomentForm::kInt8 ? 5 : 3) + (f.mirror ? 1 : 0); }
 
 }  // namespace
-
-const char* MomentDtypeName(MomentDtype d) {
-  switch (d) {
-    case MomentDtype::kF32: return "fp32";
-    case MomentDtype::kBF16: return "bf16";
-    case MomentDtype::kInt8: return "int8";
-  }
-  return "unknown";
-}
-
-uint64_t MomentBytes(MomentDtype d, uint64_t n) {
-  switch (d) {
-    case MomentDtype::kF32: return 8 * n;
-    case MomentDtype::kBF16: return 4 * n;
-    case MomentDtype::kInt8: return 2 * n + 8 * Int8Blocks(n);
-  }
-  return 0;
-}
 
 uint64_t LayoutFingerprint(const ModelLayout& layout) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a over (count, kind, numel...)
@@ -189,7 +169,7 @@ absl::Status JobState::BindViews() {
   }
   control_ = static_cast<JobControlBlock*>(segment_->data(control));
   const uint64_t n = control_->num_units;
-  if (control_->moment_dtype > static_cast<uint32_t>(MomentDtype::kInt8)) {
+  if (control_->moment_dtype > static_cast<uint32_t>(MomentForm::kInt8)) {
     return absl::DataLossError(
         absl::StrCat("job segment ", name, ": control block names moment layout ", control_->moment_dtype));
   }
@@ -197,21 +177,21 @@ absl::Status JobState::BindViews() {
     return absl::DataLossError(absl::StrCat("job segment ", name, ": control block's mirror flag is ",
                                             control_->has_mirror));
   }
-  const MomentDtype moments = moment_dtype();
+  const MomentForm moments = moment_dtype();
   const bool has_mirror = this->has_mirror();
   if (control.bytes != sizeof(JobControlBlock) + n * sizeof(VersionGate) ||
       segment_->regions().size() != 1 + UnitRegions(format()) * n) {
     return absl::DataLossError(absl::StrCat("job segment ", name, ": control block says ", n, " units (",
-                                            MomentDtypeName(moments), " moments, ",
-                                            has_mirror ? "with" : "without", " mirror) but the segment has ",
-                                            segment_->regions().size(), " regions and a ", control.bytes,
-                                            "-byte control region"));
+                                            ToString(moments), " moments, ", has_mirror ? "with" : "without",
+                                            " mirror) but the segment has ", segment_->regions().size(),
+                                            " regions and a ", control.bytes, "-byte control region"));
   }
   versions_ = reinterpret_cast<VersionGate*>(static_cast<uint8_t*>(segment_->data(control)) + sizeof(JobControlBlock));
   units_.assign(n, UnitView{});
-  const ShmDtype m_dtype = moments == MomentDtype::kF32 ? ShmDtype::kF32
-                           : moments == MomentDtype::kBF16 ? ShmDtype::kBF16 : ShmDtype::kI8;
-  const ShmDtype v_dtype = moments == MomentDtype::kInt8 ? ShmDtype::kU8 : m_dtype;
+  const ShmDtype m_dtype = moments == MomentForm::kF32    ? ShmDtype::kF32
+                           : moments == MomentForm::kBF16 ? ShmDtype::kBF16
+                                                          : ShmDtype::kI8;
+  const ShmDtype v_dtype = moments == MomentForm::kInt8 ? ShmDtype::kU8 : m_dtype;
   for (uint64_t u = 0; u < n; ++u) {
     const int ui = static_cast<int>(u);
     ASSIGN_OR_RETURN(Region master, segment_->FindRegion(UnitRegion(ui, "master")));
@@ -222,13 +202,13 @@ absl::Status JobState::BindViews() {
       ASSIGN_OR_RETURN(mirror, segment_->FindRegion(UnitRegion(ui, "mirror")));
     }
     const uint64_t numel = master.bytes / 4;
-    const uint64_t element_bytes = moments == MomentDtype::kF32 ? 4 : moments == MomentDtype::kBF16 ? 2 : 1;
+    const uint64_t element_bytes = moments == MomentForm::kF32 ? 4 : moments == MomentForm::kBF16 ? 2 : 1;
     Region m_scale{}, v_scale{};
     bool scales_ok = true;
-    if (moments == MomentDtype::kInt8) {
+    if (moments == MomentForm::kInt8) {
       ASSIGN_OR_RETURN(m_scale, segment_->FindRegion(UnitRegion(ui, "adam_m_scale")));
       ASSIGN_OR_RETURN(v_scale, segment_->FindRegion(UnitRegion(ui, "adam_v_scale")));
-      scales_ok = m_scale.bytes == Int8Blocks(numel) * 4 && v_scale.bytes == m_scale.bytes &&
+      scales_ok = m_scale.bytes == static_cast<uint64_t>(Int8MomentBlocks(static_cast<int64_t>(numel))) * 4 && v_scale.bytes == m_scale.bytes &&
                   m_scale.dtype == ShmDtype::kF32 && v_scale.dtype == ShmDtype::kF32;
     }
     if (master.bytes % 4 != 0 || m.bytes != numel * element_bytes || v.bytes != m.bytes || !scales_ok ||
@@ -237,17 +217,17 @@ absl::Status JobState::BindViews() {
       return absl::DataLossError(absl::StrCat("job segment ", name, ": unit ", u, " regions disagree (master ",
                                               master.bytes, ", m ", m.bytes, " ", ShmDtypeName(m.dtype), ", v ",
                                               v.bytes, " ", ShmDtypeName(v.dtype), ", mirror ", mirror.bytes,
-                                              " bytes; ", MomentDtypeName(moments), " moments)"));
+                                              " bytes; ", ToString(moments), " moments)"));
     }
     UnitView& view = units_[u];
     view.numel = static_cast<int64_t>(numel);
     view.offset = master.offset;
-    const Region& last = has_mirror ? mirror : moments == MomentDtype::kInt8 ? v_scale : v;
+    const Region& last = has_mirror ? mirror : moments == MomentForm::kInt8 ? v_scale : v;
     view.span_bytes = last.offset + last.bytes - master.offset;
     view.master = static_cast<float*>(segment_->data(master));
     view.m = segment_->data(m);
     view.v = segment_->data(v);
-    if (moments == MomentDtype::kInt8) {
+    if (moments == MomentForm::kInt8) {
       view.m_scale = static_cast<float*>(segment_->data(m_scale));
       view.v_scale = static_cast<float*>(segment_->data(v_scale));
     }

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/model_config.h"
 #include "common/numeric/bf16.h"
+#include "common/numeric/dtype.h"
 #include "shm/futex.h"
 #include "shm/shm_segment.h"
 
@@ -40,16 +41,11 @@ enum class FirstTouch {
 // kBF16: the same regions BF16 [numel];
 // kInt8: "u<i>.adam_m" I8 and "u<i>.adam_v" U8 [numel] codes, with "u<i>.adam_m_scale" and
 //        "u<i>.adam_v_scale" F32 [ceil(numel / kInt8MomentBlock)], one scale per block.
-enum class MomentDtype : uint32_t { kF32 = 0, kBF16 = 1, kInt8 = 2 };
-inline constexpr int64_t kInt8MomentBlock = 256;  // elements per int8 scale (update::kInt8StateBlock)
-const char* MomentDtypeName(MomentDtype d);
-// Host bytes of m and v for n elements (what the regions hold, before page alignment).
-uint64_t MomentBytes(MomentDtype d, uint64_t n);
 
 // What a segment holds besides the FP32 master: how m and v are kept, and whether the BF16
 // mirror is (the control block records both; workers read them back).
 struct StateFormat {
-  MomentDtype moments = MomentDtype::kF32;
+  MomentForm moments = MomentForm::kF32;
   bool mirror = true;
 };
 
@@ -68,7 +64,7 @@ inline constexpr int kMaxUrgentCopyRanks = 16;
 // Fixed part of the "control" region; num_units VersionGates follow it.
 struct alignas(64) JobControlBlock {
   uint32_t num_units;
-  uint32_t moment_dtype;  // MomentDtype
+  uint32_t moment_dtype;  // MomentForm
   uint64_t total_numel;
   uint64_t layout_fingerprint;  // LayoutFingerprint() of the ModelLayout it was created for
   char job_id[104];
@@ -161,11 +157,15 @@ class JobState {
   float* master(int unit) const { return units_[unit].master; }
   // How this segment keeps m and v, and where: m(u) / v(u) are the FP32 moments (nullptr for
   // compact ones); moments(u) is every layout's view.
-  MomentDtype moment_dtype() const { return static_cast<MomentDtype>(control_->moment_dtype); }
-  float* m(int unit) const { return moment_dtype() == MomentDtype::kF32 ? static_cast<float*>(units_[unit].m) : nullptr; }
-  float* v(int unit) const { return moment_dtype() == MomentDtype::kF32 ? static_cast<float*>(units_[unit].v) : nullptr; }
+  MomentForm moment_dtype() const { return static_cast<MomentForm>(control_->moment_dtype); }
+  float* m(int unit) const {
+    return moment_dtype() == MomentForm::kF32 ? static_cast<float*>(units_[unit].m) : nullptr;
+  }
+  float* v(int unit) const {
+    return moment_dtype() == MomentForm::kF32 ? static_cast<float*>(units_[unit].v) : nullptr;
+  }
   struct Moments {
-    MomentDtype dtype;
+    MomentForm dtype;
     void* m;          // F32 / BF16 / I8 codes, numel of them
     void* v;          // F32 / BF16 / U8 codes
     float* m_scale;   // kInt8: one per kInt8MomentBlock elements; else nullptr

@@ -349,14 +349,15 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
   const int64_t params = f.params;
   const int threads = engine.num_threads();
   const bool bf16_grad = f.grad_dtype == "bf16";
-  ASSIGN_OR_RETURN(const StateDtype state, ParseStateDtype(f.state));
-  if (state == StateDtype::kInt8 && (f.chunk_params % kInt8StateBlock != 0 || f.tensor_numel % kInt8StateBlock != 0)) {
+  ASSIGN_OR_RETURN(const MomentForm state, ParseMomentForm(f.state));
+  if (state == MomentForm::kInt8 &&
+      (f.chunk_params % kInt8MomentBlock != 0 || f.tensor_numel % kInt8MomentBlock != 0)) {
     return absl::InvalidArgumentError("--state int8: --chunk-params and --tensor-numel must be multiples of 256");
   }
   // m and v: FP32, BF16 or int8 codes (the scales apart).
-  const int64_t moment_elem = state == StateDtype::kFp32 ? 4 : state == StateDtype::kBf16 ? 2 : 1;
+  const int64_t moment_elem = state == MomentForm::kF32 ? 4 : state == MomentForm::kBF16 ? 2 : 1;
   Mapping master(params * 4), m(params * moment_elem), v(params * moment_elem),
-      m_scale(Int8StateBlocks(params) * 4 + 4096), v_scale(Int8StateBlocks(params) * 4 + 4096), mirror(params * 2),
+      m_scale(Int8MomentBlocks(params) * 4 + 4096), v_scale(Int8MomentBlocks(params) * 4 + 4096), mirror(params * 2),
       grad(params * (bf16_grad ? 2 : 4)), copy_dst(params * 4);
   std::vector<ElementRange> tensors;
   int64_t padding = 0;
@@ -389,8 +390,8 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
     part.unit.moments = state;
     part.unit.bf16 = Bf16Moments{m.as<bf16_t>() + part.begin, v.as<bf16_t>() + part.begin};
     part.unit.int8 = Int8Moments{m.as<int8_t>() + part.begin, v.as<uint8_t>() + part.begin,
-                                 m_scale.as<float>() + part.begin / kInt8StateBlock,
-                                 v_scale.as<float>() + part.begin / kInt8StateBlock};
+                                 m_scale.as<float>() + part.begin / kInt8MomentBlock,
+                                 v_scale.as<float>() + part.begin / kInt8MomentBlock};
     part.unit.first_index = part.begin;
     part_of_node[node] = static_cast<int>(parts.size());
     parts.push_back(std::move(part));
@@ -418,7 +419,8 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
       master.as<float>()[i] = x * 0.1f;
       std::memset(m.as<char>() + i * moment_elem, 0, moment_elem);
       std::memset(v.as<char>() + i * moment_elem, 0, moment_elem);
-      if (i % kInt8StateBlock == 0) m_scale.as<float>()[i / kInt8StateBlock] = v_scale.as<float>()[i / kInt8StateBlock] = 0;
+      if (i % kInt8MomentBlock == 0)
+        m_scale.as<float>()[i / kInt8MomentBlock] = v_scale.as<float>()[i / kInt8MomentBlock] = 0;
       mirror.as<bf16_t>()[i] = 0;
       copy_dst.as<float>()[i] = 0;
       if (bf16_grad) {
@@ -434,7 +436,7 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
   // beyond any last-level cache at the bench's sizes; MeasureTriad unmaps them before the update runs.
   const double grad_bytes = bf16_grad ? 2 : 4;
   // m and v, read and written, per parameter (fp32 16, bf16 8, int8 4 + 2 x 2 x 4 / 256).
-  const double moment_rw = state == StateDtype::kFp32 ? 16 : state == StateDtype::kBf16 ? 8 : 4 + 16.0 / 256;
+  const double moment_rw = state == MomentForm::kF32 ? 16 : state == MomentForm::kBF16 ? 8 : 4 + 16.0 / 256;
   const double state_bytes = 6 + moment_rw / 2;  // held per parameter: master, mirror, m, v
   ASSIGN_OR_RETURN(const TriadResult triad,
                    MeasureTriad(engine, static_cast<int64_t>(std::ceil(params * (state_bytes + grad_bytes) / 12)),

@@ -187,7 +187,7 @@ absl::Status Run(const BenchOptions& o) {
   auto grads = MakeDiscardGradientPath(layout, backend.get());
   StepRunnerOptions ropt;
   ropt.policy = act;
-  ropt.checkpoint_dtype = o.checkpoint_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  ropt.checkpoint_dtype = o.checkpoint_dtype == "bf16" ? Dtype::kBF16 : Dtype::kF32;
   std::unique_ptr<ActivationStore> activations;
   if (o.offload_ratio > 0) {
     ASSIGN_OR_RETURN(activations, MakeCudaActivationStore(layout, backend.get(), o.offload_ratio, o.gpu));

@@ -42,8 +42,8 @@ absl::Status RunExport(const ExportOptions& options, std::ostream& out) {
   req.checkpoint = options.checkpoint;
   req.out_dir = options.to;
   req.run = options.job;
-  if (options.dtype == "bf16") req.dtype = checkpoint::WeightDtype::kBF16;
-  if (options.dtype == "fp32") req.dtype = checkpoint::WeightDtype::kF32;
+  if (options.dtype == "bf16") req.dtype = Dtype::kBF16;
+  if (options.dtype == "fp32") req.dtype = Dtype::kF32;
   if (options.max_shard_bytes > 0) req.shard_max_bytes = options.max_shard_bytes;
   req.existing =
       options.force ? checkpoint::ExportRequest::Existing::kReplace : checkpoint::ExportRequest::Existing::kRefuse;
@@ -52,7 +52,7 @@ absl::Status RunExport(const ExportOptions& options, std::ostream& out) {
   if (!r.ok()) return r.status();
   out << absl::StrFormat("exported %s (step %d) to %s%s: %.3f GB of %s weights\n  %s\n", r->checkpoint, r->step, r->dir,
                          r->replaced ? " (replaced)" : "", r->bytes_written / 1e9,
-                         r->dtype == checkpoint::WeightDtype::kBF16 ? "bf16" : "fp32", absl::StrJoin(r->files, " "));
+                         r->dtype == Dtype::kBF16 ? "bf16" : "fp32", absl::StrJoin(r->files, " "));
   bool tokenizer = false;
   for (const std::string& f : r->files) tokenizer |= f == "tokenizer.json" || f == "tokenizer.model";
   if (!tokenizer) {

@@ -35,9 +35,11 @@ absl::StatusOr<EmbeddedOptions> PrivateNodeOptions(const RunCommand& c, const Jo
   EmbeddedOptions eopt;
   eopt.bin_dir = SelfDir();
   eopt.run_dir = c.run_dir;
-  eopt.backend = c.backend != "auto" ? c.backend : ToString(spec.backend);
+  eopt.backend = c.backend != "auto" ? c.backend : ToString(spec.runtime.backend);
   // CPU backend: the spec's worker count, else two workers so the default run is data parallel.
-  eopt.cpu_workers = c.cpu_workers > 0 ? c.cpu_workers : spec.num_workers > 0 ? spec.num_workers : kDefaultCpuWorkers;
+  eopt.cpu_workers = c.cpu_workers > 0          ? c.cpu_workers
+                     : spec.runtime.workers > 0 ? spec.runtime.workers
+                                                : kDefaultCpuWorkers;
   if (absl::Status checked = CheckEmbeddedOptions(eopt); !checked.ok()) return checked;
   // The private hostd runs as this user, for this user's one job: output.dir keeps meaning what
   // it means to the user (relative: next to the spec, as model.path and data.path; absolute:
@@ -117,11 +119,11 @@ int RunRunCommand(const RunCommand& command, const ClientOptions& client_options
   auto spec = JobSpec::Parse(*text, spec_dir);
   if (!spec.ok()) return ReportFailure(spec.status());
   // --resume: found here, before any process starts, so that "there is none" is said at once.
-  // spec->output_dir is resolved against the spec's directory, as the private hostd's output
+  // spec->output.dir is resolved against the spec's directory, as the private hostd's output
   // root (PrivateNodeOptions) resolves it.
   std::string resume_dir;
   if (!command.resume.empty()) {
-    auto found = ResolveRunResume(command.resume, spec->output_dir);
+    auto found = ResolveRunResume(command.resume, spec->output.dir);
     if (!found.ok()) return ReportFailure(found.status());
     resume_dir = *found;
   }

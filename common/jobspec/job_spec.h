@@ -9,8 +9,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/policy/layer_policy.h"
 #include "absl/strings/string_view.h"
+#include "common/numeric/dtype.h"
+#include "common/policy/layer_policy.h"
 
 namespace slidedp {
 
@@ -22,32 +23,7 @@ enum class GradStaging { kAuto, kDevice, kHost };
 // kAuto: recompute on the first step, then keep every activation of as many of the last layers
 // as the device memory left over from that step's peak allows.
 enum class ActivationPolicy { kKeepAll, kRecomputeLayer, kSelective, kAuto };
-// Which values of the norm weights the workers compute with (runtime.norm_weights): the FP32
-// master's (HF autocast's numerics) or the BF16 mirror's (FSDP2 with param_dtype bf16).
-enum class NormWeights { kFp32, kBf16 };
-// Which values of the embedding the lookup reads (runtime.embedding_rows): the FP32 master's rows
-// (HF autocast looks them up in FP32) or the BF16 mirror's. The tied LM head multiplies by the
-// BF16 table either way, as autocast casts it.
-enum class EmbeddingRows { kFp32, kBf16 };
-enum class SaveDtype { kBf16, kF32 };
 enum class Backend { kAuto, kCuda, kCpu };
-// The type a rank's reduced gradient crosses the host link in and LayerAdam reads
-// (runtime.grad_dtype). kBf16 is an approximation (rounded to nearest even after the FP32
-// reduction; the norm, clipping and the non-finite checks see the rounded values), opt-in,
-// docs/layeradam.md "BF16 gradients" has its measured effect.
-enum class GradDtype { kFp32, kBf16 };
-// The type each decoder layer's input (its checkpoint) waits in between its forward and its
-// backward (runtime.checkpoint_dtype): FP32 (exact, the default), or BF16 (rounded to nearest even
-// once the layer's forward is done, widened back for its backward: half the bytes on the GPU and
-// in pinned host memory when offloaded). kBf16 is an approximation, opt-in: the forward and the
-// loss see the exact inputs, the gradients the rounded ones. No effect where the activations are
-// BF16 already (the CUDA backend's BF16 residual stream).
-enum class CheckpointDtype { kFp32, kBf16 };
-// How the host keeps Adam's m and v (optimizer.state_dtype): FP32 (exact, the default), BF16 (m
-// rounded to nearest even, v stochastically), or int8 block-quantized codes with an FP32 scale per
-// 256 elements. kBf16 and kInt8 are approximations, opt-in: docs/optimizer-state.md has their
-// layouts and measured effect. The FP32 master weights stay exact either way.
-enum class StateDtype { kFp32, kBf16, kInt8 };
 // Tensor groups AdamW's weight decay leaves alone (optimizer.no_decay), as HF's Trainer does by
 // default: norm weights (input/post-attention/q/k norms, the final norm) and biases
 // (hostd/update/weight_decay.h says which names).
@@ -69,12 +45,13 @@ struct JobSpec;
 // override applied. hostd and the workers both build it this way.
 absl::StatusOr<ModelConfig> ModelConfigOf(const JobSpec& spec);
 
-struct JobSpec {
-  std::string name = "job";
+// The spec's sections, as the YAML has them (docs/job-spec.md): `spec.train.seq_len` is
+// `train.seq_len`.
 
-  // model: either a HF directory (config.json + *.safetensors) or a preset with random init.
-  std::string model_path;    // absolute after resolution
-  std::string model_preset;  // "tiny", "qwen3-0.6b", ... (random init with init_seed)
+// model: either a HF directory (config.json + *.safetensors) or a preset with random init.
+struct ModelSection {
+  std::string path;    // absolute after resolution
+  std::string preset;  // "tiny", "qwen3-0.6b", ... (random init with init_seed)
   uint64_t init_seed = 0;
   // Fine-tuning to a longer context than the model's config says (ModelConfig::OverrideContext):
   // model.max_position_embeddings (0: the config's) and model.rope_scaling (HF's rope_scaling
@@ -84,8 +61,10 @@ struct JobSpec {
   // model.num_hidden_layers (presets only; 0: the preset's): a reduced-depth model of the preset's
   // shape, e.g. as many of Qwen3-30B-A3B's 48 layers as a host holds, for benchmarks.
   int64_t num_hidden_layers = 0;
+};
 
-  std::string data_path;  // dataset directory (docs/dataset-format.md)
+struct DataSection {
+  std::string path;  // dataset directory (docs/dataset-format.md)
   // data.validation: "auto" (a parsed spec's default: the dataset's validation split when there is
   // one: data.path ends in train/ and a sibling validation/ holds a dataset, as `slidedp prepare`
   // writes them), "none", or a dataset directory. After resolution: its absolute path, or "" for
@@ -94,20 +73,24 @@ struct JobSpec {
   // data.tokenizer_check: refuse (at submit) a dataset whose manifest names another tokenizer than
   // the model directory's (docs/dataset-format.md, "source"). false: train it anyway.
   bool tokenizer_check = true;
+};
 
-  std::string output_dir;        // checkpoints, metrics.jsonl
-  int64_t save_every_steps = 0;  // 0: only at the end
+struct OutputSection {
+  std::string dir;         // checkpoints, metrics.jsonl
+  int64_t save_every = 0;  // steps; 0: only at the end
   int64_t keep_last = 2;
-  SaveDtype save_dtype = SaveDtype::kBf16;
+  Dtype save_dtype = Dtype::kBF16;
   bool save_final = true;
-  // TensorBoard event files of the step metrics in <output_dir>/tensorboard/<job-id>/
+  // TensorBoard event files of the step metrics in <output.dir>/tensorboard/<job-id>/
   // (hostd/metrics/tensorboard_sink.h).
   bool tensorboard = false;
-  // output.overwrite: an output_dir holding another run's checkpoints is refused at submit unless
-  // this is set; then the job moves them aside (<output_dir>/superseded-<time>-<job>/) when it
+  // output.overwrite: an output.dir holding another run's checkpoints is refused at submit unless
+  // this is set; then the job moves them aside (<output.dir>/superseded-<time>-<job>/) when it
   // starts. Nothing is deleted either way.
   bool overwrite = false;
+};
 
+struct TrainSection {
   int64_t seq_len = 0;
   int64_t global_batch = 0;  // rows (sequences of seq_len) per optimizer step, all ranks together
   int64_t micro_batch = 1;   // rows per micro-batch per rank
@@ -116,14 +99,6 @@ struct JobSpec {
   uint64_t seed = 0;  // data order
   // Validation loss over the whole split every eval_every steps (0: only after the last step).
   int64_t eval_every = 0;
-
-  double lr = 1e-5;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  std::vector<NoDecay> no_decay = {NoDecay::kNorm, NoDecay::kBias};  // in this order, each once; {}: decay all
-  StateDtype state_dtype = StateDtype::kFp32;
   double max_grad_norm = 1.0;  // 0 disables clipping
   // A step whose loss or gradient is not finite changes nothing and the job goes on (GradScaler's
   // skip: Adam's step count counts only applied updates, the LR schedule follows the global
@@ -140,14 +115,30 @@ struct JobSpec {
   double RouterAuxCoef(bool output_router_logits, double model_coef) const {
     return router_aux_loss_coef >= 0 ? router_aux_loss_coef : output_router_logits ? model_coef : 0.0;
   }
+};
 
-  ScheduleKind schedule = ScheduleKind::kConstant;
+struct OptimizerSection {
+  double lr = 1e-5;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  std::vector<NoDecay> no_decay = {NoDecay::kNorm, NoDecay::kBias};  // in this order, each once; {}: decay all
+  // How the host keeps Adam's m and v (optimizer.state_dtype): fp32 (exact, the default), bf16 or
+  // int8; the compact forms are approximations, opt-in: docs/optimizer-state.md has their layouts
+  // and measured effect. The FP32 master weights stay exact either way.
+  MomentForm state_dtype = MomentForm::kF32;
+};
+
+struct ScheduleSection {
+  ScheduleKind kind = ScheduleKind::kConstant;
   int64_t warmup_steps = 0;
   double min_lr = 0.0;
+};
 
-  // runtime
+struct RuntimeSection {
   Backend backend = Backend::kAuto;
-  int32_t num_workers = 0;  // 0: all attached workers
+  int32_t workers = 0;  // 0: all attached workers
   int64_t chunk_bytes = 64ll << 20;
   // runtime.chunk_bytes `auto`: among kAutoChunkBytes, the one whose measured step is shortest
   // (measured as the routes are: RouteVariants), else the default above.
@@ -160,7 +151,11 @@ struct JobSpec {
   bool param_delivery_auto = false;
   bool grad_reduction_auto = false;
   GradStaging grad_staging = GradStaging::kAuto;
-  GradDtype grad_dtype = GradDtype::kFp32;
+  // The type a rank's reduced gradient crosses the host link in and LayerAdam reads
+  // (runtime.grad_dtype). bf16 is an approximation (rounded to nearest even after the FP32
+  // reduction; the norm, clipping and the non-finite checks see the rounded values), opt-in,
+  // docs/layeradam.md "BF16 gradients" has its measured effect.
+  Dtype grad_dtype = Dtype::kF32;
   ParamSource param_source = ParamSource::kMirror;
   CastOn cast_on = CastOn::kDevice;
   // runtime.gpu_memory_limit: the device memory a worker may use, in bytes or as a fraction of its
@@ -180,13 +175,24 @@ struct JobSpec {
   // Host threads per worker that cast the master to BF16 (param_source master, cast_on host); 0: auto.
   int32_t cast_threads = 0;
   ActivationPolicy act_policy = ActivationPolicy::kRecomputeLayer;
-  NormWeights norm_weights = NormWeights::kFp32;
-  EmbeddingRows embedding_rows = EmbeddingRows::kFp32;
+  // Which values of the norm weights the workers compute with (runtime.norm_weights): the FP32
+  // master's (HF autocast's numerics) or the BF16 mirror's (FSDP2 with param_dtype bf16).
+  Dtype norm_weights = Dtype::kF32;
+  // Which values of the embedding the lookup reads (runtime.embedding_rows): the FP32 master's rows
+  // (HF autocast looks them up in FP32) or the BF16 mirror's. The tied LM head multiplies by the
+  // BF16 table either way, as autocast casts it.
+  Dtype embedding_rows = Dtype::kF32;
   // Bitwise-repeatable runs: the CUDA workers run the attention backward through kernels that add
   // dQ in a fixed order (slower; docs/kernels.md). The CPU backend always repeats bit for bit.
   bool deterministic = false;
   double offload_ratio = 0.0;  // fraction of layer checkpoints kept in pinned host memory
-  CheckpointDtype checkpoint_dtype = CheckpointDtype::kFp32;
+  // The type each decoder layer's input (its checkpoint) waits in between its forward and its
+  // backward (runtime.checkpoint_dtype): FP32 (exact, the default), or BF16 (rounded to nearest even
+  // once the layer's forward is done, widened back for its backward: half the bytes on the GPU and
+  // in pinned host memory when offloaded). bf16 is an approximation, opt-in: the forward and the
+  // loss see the exact inputs, the gradients the rounded ones. No effect where the activations are
+  // BF16 already (the CUDA backend's BF16 residual stream).
+  Dtype checkpoint_dtype = Dtype::kF32;
   // Tokens per tile of a decoder layer's token-local work and of the head's norm (long
   // sequences: ComputeBackend::SetTileTokens); 0: auto (kDefaultTileTokens, 32768).
   int64_t tile_tokens = 0;
@@ -207,6 +213,17 @@ struct JobSpec {
   int32_t context_parallel = 1;
   int64_t step_timeout_ms = 600000;  // a gate or ring wait longer than this fails the job
   int32_t max_restarts = 0;          // automatic restarts from the last checkpoint on failure
+};
+
+struct JobSpec {
+  std::string name = "job";
+  ModelSection model;
+  DataSection data;
+  OutputSection output;
+  TrainSection train;
+  OptimizerSection optimizer;
+  ScheduleSection schedule;
+  RuntimeSection runtime;
 
   // Parses and validates. base_dir resolves relative paths. Checks that files exist when
   // check_files is kCheck.
@@ -282,17 +299,8 @@ const char* ToString(ScheduleKind k);
 const char* ToString(ParamDelivery k);
 const char* ToString(GradReduction k);
 const char* ToString(GradStaging k);
-const char* ToString(NormWeights k);
-const char* ToString(EmbeddingRows k);
 const char* ToString(ActivationPolicy k);
-const char* ToString(SaveDtype k);
 const char* ToString(Backend k);
-const char* ToString(GradDtype k);
-const char* ToString(CheckpointDtype k);
-// Bytes of one element of a layer input waiting for its backward under runtime.checkpoint_dtype
-// on the FP32 residual stream (hostd's plans: 4 or 2).
-int64_t CheckpointElementBytes(CheckpointDtype k);
-const char* ToString(StateDtype k);
 const char* ToString(ParamSource k);
 const char* ToString(CastOn k);
 const char* ToString(NoDecay k);

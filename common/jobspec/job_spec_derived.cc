@@ -65,25 +65,26 @@ size_t FirstInvalidUtf8(absl::string_view text) {
 
 std::vector<JobSpec> RouteVariants(const JobSpec& spec, int world, bool cuda, bool all) {
   JobSpec base = spec;
-  base.grad_reduction_auto = base.param_delivery_auto = base.chunk_bytes_auto = false;
-  std::vector<GradReduction> reductions = {spec.grad_reduction_auto ? GradReduction::kGpu : spec.grad_reduction};
-  std::vector<ParamDelivery> deliveries = {spec.param_delivery_auto ? ParamDelivery::kReplicated
-                                                                    : spec.param_delivery};
-  if (world > 1 && (all || spec.grad_reduction_auto)) reductions = {GradReduction::kGpu, GradReduction::kCpu};
-  if (world > 1 && (all || spec.param_delivery_auto)) {
+  base.runtime.grad_reduction_auto = base.runtime.param_delivery_auto = base.runtime.chunk_bytes_auto = false;
+  std::vector<GradReduction> reductions = {spec.runtime.grad_reduction_auto ? GradReduction::kGpu
+                                                                            : spec.runtime.grad_reduction};
+  std::vector<ParamDelivery> deliveries = {spec.runtime.param_delivery_auto ? ParamDelivery::kReplicated
+                                                                            : spec.runtime.param_delivery};
+  if (world > 1 && (all || spec.runtime.grad_reduction_auto)) reductions = {GradReduction::kGpu, GradReduction::kCpu};
+  if (world > 1 && (all || spec.runtime.param_delivery_auto)) {
     deliveries = {ParamDelivery::kReplicated};
     if (cuda) deliveries.push_back(ParamDelivery::kSharded);
   }
-  std::vector<int64_t> chunks = {spec.chunk_bytes};
-  if (spec.chunk_bytes_auto) chunks.assign(std::begin(kAutoChunkBytes), std::end(kAutoChunkBytes));
+  std::vector<int64_t> chunks = {spec.runtime.chunk_bytes};
+  if (spec.runtime.chunk_bytes_auto) chunks.assign(std::begin(kAutoChunkBytes), std::end(kAutoChunkBytes));
   std::vector<JobSpec> out;
   for (GradReduction r : reductions) {
     for (ParamDelivery d : deliveries) {
       for (int64_t c : chunks) {
         JobSpec v = base;
-        v.grad_reduction = r;
-        v.param_delivery = d;
-        v.chunk_bytes = c;
+        v.runtime.grad_reduction = r;
+        v.runtime.param_delivery = d;
+        v.runtime.chunk_bytes = c;
         out.push_back(std::move(v));
       }
     }
@@ -92,29 +93,29 @@ std::vector<JobSpec> RouteVariants(const JobSpec& spec, int world, bool cuda, bo
 }
 
 std::string RouteName(const JobSpec& spec) {
-  return absl::StrCat("grad_reduction ", ToString(spec.grad_reduction), ", param_delivery ",
-                      ToString(spec.param_delivery), ", chunk_bytes ", spec.chunk_bytes);
+  return absl::StrCat("grad_reduction ", ToString(spec.runtime.grad_reduction), ", param_delivery ",
+                      ToString(spec.runtime.param_delivery), ", chunk_bytes ", spec.runtime.chunk_bytes);
 }
 
 JobSpec PolicyMeasureSpec(const JobSpec& spec) {
   JobSpec m = spec;
   m.name = absl::StrCat(spec.name.substr(0, kMaxJobNameBytes - 5), "-plan");
-  m.policy_auto = true;
-  m.policy_file.clear();
-  m.layer_layout.reset();
-  m.act_policy = ActivationPolicy::kRecomputeLayer;
-  m.offload_ratio = 0;
-  m.measure_only = true;
-  m.steps = kPolicyMeasureSteps;
-  m.epochs = 0;
-  m.schedule = ScheduleKind::kConstant;
-  m.warmup_steps = 0;
-  m.min_lr = 0;
-  m.save_every_steps = 0;
-  m.save_final = false;
-  m.tensorboard = false;
-  m.validation.clear();
-  m.eval_every = 0;
+  m.runtime.policy_auto = true;
+  m.runtime.policy_file.clear();
+  m.runtime.layer_layout.reset();
+  m.runtime.act_policy = ActivationPolicy::kRecomputeLayer;
+  m.runtime.offload_ratio = 0;
+  m.train.measure_only = true;
+  m.train.steps = kPolicyMeasureSteps;
+  m.train.epochs = 0;
+  m.schedule.kind = ScheduleKind::kConstant;
+  m.schedule.warmup_steps = 0;
+  m.schedule.min_lr = 0;
+  m.output.save_every = 0;
+  m.output.save_final = false;
+  m.output.tensorboard = false;
+  m.data.validation.clear();
+  m.train.eval_every = 0;
   return m;
 }
 

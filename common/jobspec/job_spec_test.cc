@@ -33,16 +33,16 @@ absl::Status ParseError(const std::string& text) {
 TEST(JobSpec, ParsesAndResolves) {
   auto s = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(s->model_preset, "tiny");
-  EXPECT_EQ(s->init_seed, 3u);
-  EXPECT_EQ(s->data_path, "/base/data/tiny");
-  EXPECT_EQ(s->output_dir, "/base/out/tiny");
-  EXPECT_EQ(s->seq_len, 128);
-  EXPECT_EQ(s->schedule, ScheduleKind::kCosine);
-  EXPECT_EQ(s->act_policy, ActivationPolicy::kSelective);
-  EXPECT_TRUE(s->deterministic);
-  EXPECT_EQ(s->embedding_rows, EmbeddingRows::kBf16);
-  EXPECT_DOUBLE_EQ(s->max_grad_norm, 1.0);  // HF default
+  EXPECT_EQ(s->model.preset, "tiny");
+  EXPECT_EQ(s->model.init_seed, 3u);
+  EXPECT_EQ(s->data.path, "/base/data/tiny");
+  EXPECT_EQ(s->output.dir, "/base/out/tiny");
+  EXPECT_EQ(s->train.seq_len, 128);
+  EXPECT_EQ(s->schedule.kind, ScheduleKind::kCosine);
+  EXPECT_EQ(s->runtime.act_policy, ActivationPolicy::kSelective);
+  EXPECT_TRUE(s->runtime.deterministic);
+  EXPECT_EQ(s->runtime.embedding_rows, Dtype::kBF16);
+  EXPECT_DOUBLE_EQ(s->train.max_grad_norm, 1.0);  // HF default
   // The resolved YAML parses back to the same spec.
   auto again = JobSpec::Parse(s->ToYaml(), "/elsewhere", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(again.ok()) << again.status() << "\n" << s->ToYaml();
@@ -53,29 +53,29 @@ TEST(JobSpec, ParsesAndResolves) {
 TEST(JobSpec, OutputDirCanBeLeftAsWritten) {
   auto s = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip, JobSpec::OutputDirBase::kAsWritten);
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(s->data_path, "/base/data/tiny");
-  EXPECT_EQ(s->output_dir, "out/tiny");
+  EXPECT_EQ(s->data.path, "/base/data/tiny");
+  EXPECT_EQ(s->output.dir, "out/tiny");
   auto dotdot = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"dir: out/tiny", "dir: ../../etc"}}), "/base",
                                JobSpec::FileCheck::kSkip, JobSpec::OutputDirBase::kAsWritten);
   ASSERT_TRUE(dotdot.ok()) << dotdot.status();
-  EXPECT_EQ(dotdot->output_dir, "../../etc");
+  EXPECT_EQ(dotdot->output.dir, "../../etc");
   auto by_default = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"dir: out/tiny, ", ""}}), "/base",
                                    JobSpec::FileCheck::kSkip, JobSpec::OutputDirBase::kAsWritten);
   ASSERT_TRUE(by_default.ok()) << by_default.status();
-  EXPECT_EQ(by_default->output_dir, "out/tiny");  // out/<name>, relative
+  EXPECT_EQ(by_default->output.dir, "out/tiny");  // out/<name>, relative
 }
 
 TEST(JobSpec, ContextParallelIsOneGroupOfEveryWorkerWithFixedPolicies) {
   auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(def.ok()) << def.status();
-  EXPECT_EQ(def->context_parallel, 1);
+  EXPECT_EQ(def->runtime.context_parallel, 1);
   const std::string two = absl::StrReplaceAll(kGood, {{"workers: 2,", "workers: 2, context_parallel: 2,"}});
   auto cp = JobSpec::Parse(two, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(cp.ok()) << cp.status();
-  EXPECT_EQ(cp->context_parallel, 2);
+  EXPECT_EQ(cp->runtime.context_parallel, 2);
   auto again = JobSpec::Parse(cp->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(again->context_parallel, 2);
+  EXPECT_EQ(again->runtime.context_parallel, 2);
   // global_batch 8 over 1 or 2 data-parallel ranks of micro-batches of 2: fine; over 3 of them, not.
   auto groups = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"workers: 2,", "workers: 4, context_parallel: 2,"}}),
                                "/base", JobSpec::FileCheck::kSkip);  // 2 groups of 2: global 8 = 2 x micro 2 x 2
@@ -95,14 +95,14 @@ TEST(JobSpec, ContextParallelIsOneGroupOfEveryWorkerWithFixedPolicies) {
 TEST(JobSpec, GradDtypeIsFp32ByDefaultAndRoundTrips) {
   auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(def.ok()) << def.status();
-  EXPECT_EQ(def->grad_dtype, GradDtype::kFp32);
+  EXPECT_EQ(def->runtime.grad_dtype, Dtype::kF32);
   auto bf16 = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"backend: cpu,", "backend: cpu, grad_dtype: bf16,"}}), "/base",
                              JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(bf16.ok()) << bf16.status();
-  EXPECT_EQ(bf16->grad_dtype, GradDtype::kBf16);
+  EXPECT_EQ(bf16->runtime.grad_dtype, Dtype::kBF16);
   auto again = JobSpec::Parse(bf16->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(again->grad_dtype, GradDtype::kBf16);
+  EXPECT_EQ(again->runtime.grad_dtype, Dtype::kBF16);
   const absl::Status bad = ParseError(absl::StrReplaceAll(kGood, {{"backend: cpu,", "backend: cpu, grad_dtype: fp8,"}}));
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(bad.message(), "grad_dtype")) << bad;
@@ -111,20 +111,20 @@ TEST(JobSpec, GradDtypeIsFp32ByDefaultAndRoundTrips) {
 TEST(JobSpec, CheckpointDtypeIsFp32ByDefaultAndRoundTrips) {
   auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(def.ok()) << def.status();
-  EXPECT_EQ(def->checkpoint_dtype, CheckpointDtype::kFp32);
-  EXPECT_EQ(CheckpointElementBytes(def->checkpoint_dtype), 4);
+  EXPECT_EQ(def->runtime.checkpoint_dtype, Dtype::kF32);
+  EXPECT_EQ(DtypeBytes(def->runtime.checkpoint_dtype), 4);
   auto again_def = JobSpec::Parse(def->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(again_def.ok()) << again_def.status();
-  EXPECT_EQ(again_def->checkpoint_dtype, CheckpointDtype::kFp32);
+  EXPECT_EQ(again_def->runtime.checkpoint_dtype, Dtype::kF32);
   auto bf16 = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"backend: cpu,", "backend: cpu, checkpoint_dtype: bf16,"}}),
                              "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(bf16.ok()) << bf16.status();
-  EXPECT_EQ(bf16->checkpoint_dtype, CheckpointDtype::kBf16);
-  EXPECT_EQ(CheckpointElementBytes(bf16->checkpoint_dtype), 2);
+  EXPECT_EQ(bf16->runtime.checkpoint_dtype, Dtype::kBF16);
+  EXPECT_EQ(DtypeBytes(bf16->runtime.checkpoint_dtype), 2);
   EXPECT_TRUE(absl::StrContains(bf16->ToYaml(), "checkpoint_dtype: bf16")) << bf16->ToYaml();
   auto again = JobSpec::Parse(bf16->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(again->checkpoint_dtype, CheckpointDtype::kBf16);
+  EXPECT_EQ(again->runtime.checkpoint_dtype, Dtype::kBF16);
   for (const char* v : {"fp16", "int8", "[bf16]"}) {
     const absl::Status bad = ParseError(
         absl::StrReplaceAll(kGood, {{"backend: cpu,", absl::StrCat("backend: cpu, checkpoint_dtype: ", v, ",")}}));
@@ -136,16 +136,16 @@ TEST(JobSpec, CheckpointDtypeIsFp32ByDefaultAndRoundTrips) {
 TEST(JobSpec, TileTokensIsAutoByDefaultAndRoundTrips) {
   auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(def.ok()) << def.status();
-  EXPECT_EQ(def->tile_tokens, 0);
+  EXPECT_EQ(def->runtime.tile_tokens, 0);
   for (const char* v : {"auto", "8192", "1"}) {
     auto spec = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"backend: cpu,", absl::StrCat("backend: cpu, tile_tokens: ", v, ",")}}),
                                "/base", JobSpec::FileCheck::kSkip);
     ASSERT_TRUE(spec.ok()) << spec.status();
     const int64_t want = std::string(v) == "auto" ? 0 : std::stoll(v);
-    EXPECT_EQ(spec->tile_tokens, want) << v;
+    EXPECT_EQ(spec->runtime.tile_tokens, want) << v;
     auto again = JobSpec::Parse(spec->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
     ASSERT_TRUE(again.ok()) << again.status();
-    EXPECT_EQ(again->tile_tokens, want) << v;
+    EXPECT_EQ(again->runtime.tile_tokens, want) << v;
   }
   for (const char* v : {"0", "-5", "big", "[1]", "1.5"}) {
     const absl::Status bad =
@@ -165,16 +165,16 @@ TEST(JobSpec, AMicroBatchOverInt32TokensIsRefused) {
 TEST(JobSpec, StateDtypeIsFp32ByDefaultAndRoundTrips) {
   auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(def.ok()) << def.status();
-  EXPECT_EQ(def->state_dtype, StateDtype::kFp32);
-  for (auto [name, want] : {std::pair{"bf16", StateDtype::kBf16}, std::pair{"int8", StateDtype::kInt8}}) {
+  EXPECT_EQ(def->optimizer.state_dtype, MomentForm::kF32);
+  for (auto [name, want] : {std::pair{"bf16", MomentForm::kBF16}, std::pair{"int8", MomentForm::kInt8}}) {
     auto spec = JobSpec::Parse(
         absl::StrReplaceAll(kGood, {{"weight_decay: 0.1}", absl::StrCat("weight_decay: 0.1, state_dtype: ", name, "}")}}),
         "/base", JobSpec::FileCheck::kSkip);
     ASSERT_TRUE(spec.ok()) << spec.status();
-    EXPECT_EQ(spec->state_dtype, want);
+    EXPECT_EQ(spec->optimizer.state_dtype, want);
     auto again = JobSpec::Parse(spec->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
     ASSERT_TRUE(again.ok()) << again.status();
-    EXPECT_EQ(again->state_dtype, want);
+    EXPECT_EQ(again->optimizer.state_dtype, want);
   }
   const absl::Status bad =
       ParseError(absl::StrReplaceAll(kGood, {{"weight_decay: 0.1}", "weight_decay: 0.1, state_dtype: int4}"}}));
@@ -185,22 +185,22 @@ TEST(JobSpec, StateDtypeIsFp32ByDefaultAndRoundTrips) {
 TEST(JobSpec, ParamSourceIsTheMirrorByDefaultAndRoundTrips) {
   auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(def.ok()) << def.status();
-  EXPECT_EQ(def->param_source, ParamSource::kMirror);
-  EXPECT_EQ(def->cast_threads, 0);
-  EXPECT_EQ(def->cast_on, CastOn::kDevice);
+  EXPECT_EQ(def->runtime.param_source, ParamSource::kMirror);
+  EXPECT_EQ(def->runtime.cast_threads, 0);
+  EXPECT_EQ(def->runtime.cast_on, CastOn::kDevice);
   auto spec = JobSpec::Parse(
       absl::StrReplaceAll(kGood,
                           {{"backend: cpu,", "backend: cpu, param_source: master, cast_on: host, cast_threads: 6,"}}),
       "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ(spec->param_source, ParamSource::kMaster);
-  EXPECT_EQ(spec->cast_on, CastOn::kHost);
-  EXPECT_EQ(spec->cast_threads, 6);
+  EXPECT_EQ(spec->runtime.param_source, ParamSource::kMaster);
+  EXPECT_EQ(spec->runtime.cast_on, CastOn::kHost);
+  EXPECT_EQ(spec->runtime.cast_threads, 6);
   auto again = JobSpec::Parse(spec->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(again->param_source, ParamSource::kMaster);
-  EXPECT_EQ(again->cast_on, CastOn::kHost);
-  EXPECT_EQ(again->cast_threads, 6);
+  EXPECT_EQ(again->runtime.param_source, ParamSource::kMaster);
+  EXPECT_EQ(again->runtime.cast_on, CastOn::kHost);
+  EXPECT_EQ(again->runtime.cast_threads, 6);
   for (const char* bad_value : {"param_source: fp32,", "param_source: [master],", "cast_threads: -1,",
                                 "cast_threads: 1000,", "cast_on: gpu,", "cast_on: [host],"}) {
     const absl::Status bad =
@@ -230,14 +230,14 @@ TEST(JobSpec, GpuMemoryLimitTakesBytesOrAFraction) {
         absl::StrReplaceAll(kGood, {{"backend: cpu,", absl::StrCat("backend: cpu, gpu_memory_limit: ", c.value, ",")}}),
         "/base", JobSpec::FileCheck::kSkip);
     ASSERT_TRUE(spec.ok()) << c.value << ": " << spec.status();
-    EXPECT_EQ(spec->gpu_memory_limit_bytes, c.bytes) << c.value;
-    EXPECT_EQ(spec->gpu_memory_limit_fraction, c.fraction) << c.value;
+    EXPECT_EQ(spec->runtime.gpu_memory_limit_bytes, c.bytes) << c.value;
+    EXPECT_EQ(spec->runtime.gpu_memory_limit_fraction, c.fraction) << c.value;
     const int64_t device = int64_t{80} << 30;
     EXPECT_EQ(GpuMemoryLimitBytes(*spec, device), c.bytes > 0 ? c.bytes : static_cast<int64_t>(c.fraction * device));
     auto again = JobSpec::Parse(spec->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
     ASSERT_TRUE(again.ok()) << again.status();
-    EXPECT_EQ(again->gpu_memory_limit_bytes, c.bytes) << c.value;
-    EXPECT_EQ(again->gpu_memory_limit_fraction, c.fraction) << c.value;
+    EXPECT_EQ(again->runtime.gpu_memory_limit_bytes, c.bytes) << c.value;
+    EXPECT_EQ(again->runtime.gpu_memory_limit_fraction, c.fraction) << c.value;
   }
   for (const char* bad : {"lots", "40XB", "-1", "0", "0GiB", "1.5x", "1000KiB", "nan", "inf", "[1]", "''", "GiB"}) {
     const absl::Status st = ParseError(
@@ -254,8 +254,8 @@ TEST(JobSpec, GpuMemoryLimitTakesBytesOrAFraction) {
 TEST(JobSpec, PolicyFileIsReadOnceAndTravelsInline) {
   auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(def.ok()) << def.status();
-  EXPECT_TRUE(def->policy_file.empty());
-  EXPECT_FALSE(def->layer_layout.has_value());
+  EXPECT_TRUE(def->runtime.policy_file.empty());
+  EXPECT_FALSE(def->runtime.layer_layout.has_value());
   const std::string dir = ::testing::TempDir() + "/spec-policy";
   std::filesystem::create_directories(dir + "/data/tiny");
   const std::string policy = R"(version: 1
@@ -269,18 +269,18 @@ layers: [{kind: selective, offload: true}, {kind: keep_all}]
   };
   auto spec = JobSpec::Parse(with("policy.yaml"), dir, JobSpec::FileCheck::kCheck);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ(spec->policy_file, std::filesystem::path(dir + "/policy.yaml").lexically_normal().string());
-  ASSERT_TRUE(spec->layer_layout.has_value());
-  EXPECT_EQ(spec->layer_layout->layers.size(), 2u);
-  EXPECT_EQ(spec->layer_layout->layers[0], (LayerPolicy{LayerKind::kSelective, true}));
+  EXPECT_EQ(spec->runtime.policy_file, std::filesystem::path(dir + "/policy.yaml").lexically_normal().string());
+  ASSERT_TRUE(spec->runtime.layer_layout.has_value());
+  EXPECT_EQ(spec->runtime.layer_layout->layers.size(), 2u);
+  EXPECT_EQ(spec->runtime.layer_layout->layers[0], (LayerPolicy{LayerKind::kSelective, true}));
   std::filesystem::remove(dir + "/policy.yaml");  // the resolved spec no longer needs it
   auto again = JobSpec::Parse(spec->ToYaml(), "/elsewhere", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(again.ok()) << again.status() << "\n" << spec->ToYaml();
-  ASSERT_TRUE(again->layer_layout.has_value());
-  EXPECT_EQ(*again->layer_layout, *spec->layer_layout);
+  ASSERT_TRUE(again->runtime.layer_layout.has_value());
+  EXPECT_EQ(*again->runtime.layer_layout, *spec->runtime.layer_layout);
   auto fixed = JobSpec::Parse(with("fixed"), dir, JobSpec::FileCheck::kCheck);
   ASSERT_TRUE(fixed.ok()) << fixed.status();
-  EXPECT_FALSE(fixed->layer_layout.has_value());
+  EXPECT_FALSE(fixed->runtime.layer_layout.has_value());
   // Inline, aliases are read in place (a hostile spec cannot make them expand): 64 layers that are
   // all one anchored entry parse, and a wrong count is still refused.
   std::string inline_spec = absl::StrReplaceAll(
@@ -291,7 +291,7 @@ layers: [{kind: selective, offload: true}, {kind: keep_all}]
   for (int i = 1; i < 64; ++i) more += ", *l";
   auto aliased = JobSpec::Parse(absl::StrReplaceAll(inline_spec, {{"LAYERS", more}}), "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(aliased.ok()) << aliased.status();
-  EXPECT_EQ(aliased->layer_layout->layers.size(), 64u);
+  EXPECT_EQ(aliased->runtime.layer_layout->layers.size(), 64u);
   EXPECT_EQ(ParseError(absl::StrReplaceAll(inline_spec, {{"LAYERS", ", *l"}})).code(),
             absl::StatusCode::kInvalidArgument);
   // auto: AutoPolicy chooses act_policy and offload_ratio itself, so it refuses them; it travels
@@ -302,11 +302,11 @@ layers: [{kind: selective, offload: true}, {kind: keep_all}]
   auto automatic = JobSpec::Parse(absl::StrReplaceAll(with("auto"), {{"act_policy: selective, ", ""}}), dir,
                                   JobSpec::FileCheck::kCheck);
   ASSERT_TRUE(automatic.ok()) << automatic.status();
-  EXPECT_TRUE(automatic->policy_auto);
-  EXPECT_TRUE(automatic->policy_file.empty());
+  EXPECT_TRUE(automatic->runtime.policy_auto);
+  EXPECT_TRUE(automatic->runtime.policy_file.empty());
   auto auto_again = JobSpec::Parse(automatic->ToYaml(), "/elsewhere", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(auto_again.ok()) << auto_again.status();
-  EXPECT_TRUE(auto_again->policy_auto);
+  EXPECT_TRUE(auto_again->runtime.policy_auto);
   for (const char* bad : {"missing.yaml", "broken.yaml", "'[1]'"}) {
     auto st = JobSpec::Parse(with(bad), dir, JobSpec::FileCheck::kCheck).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad << ": " << st;
@@ -319,7 +319,7 @@ layers: [{kind: selective, offload: true}, {kind: keep_all}]
 TEST(JobSpec, NoDecayIsNormAndBiasByDefaultAndRoundTrips) {
   auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(def.ok()) << def.status();
-  EXPECT_EQ(def->no_decay, (std::vector<NoDecay>{NoDecay::kNorm, NoDecay::kBias}));
+  EXPECT_EQ(def->optimizer.no_decay, (std::vector<NoDecay>{NoDecay::kNorm, NoDecay::kBias}));
   EXPECT_NE(def->ToYaml().find("no_decay: [norm, bias]"), std::string::npos) << def->ToYaml();
   for (auto [text, want] : {std::pair{"[]", std::vector<NoDecay>{}}, std::pair{"[bias]", std::vector{NoDecay::kBias}},
                             std::pair{"[norm]", std::vector{NoDecay::kNorm}},
@@ -328,10 +328,10 @@ TEST(JobSpec, NoDecayIsNormAndBiasByDefaultAndRoundTrips) {
         absl::StrReplaceAll(kGood, {{"weight_decay: 0.1}", absl::StrCat("weight_decay: 0.1, no_decay: ", text, "}")}}),
         "/base", JobSpec::FileCheck::kSkip);
     ASSERT_TRUE(spec.ok()) << text << ": " << spec.status();
-    EXPECT_EQ(spec->no_decay, want) << text;
+    EXPECT_EQ(spec->optimizer.no_decay, want) << text;
     auto again = JobSpec::Parse(spec->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
     ASSERT_TRUE(again.ok()) << again.status() << "\n" << spec->ToYaml();
-    EXPECT_EQ(again->no_decay, want) << spec->ToYaml();
+    EXPECT_EQ(again->optimizer.no_decay, want) << spec->ToYaml();
     EXPECT_EQ(again->ToYaml(), spec->ToYaml());
   }
   for (auto [text, says] :
@@ -350,14 +350,14 @@ TEST(JobSpec, NoDecayIsNormAndBiasByDefaultAndRoundTrips) {
 TEST(JobSpec, SkipNonfiniteIsOffByDefaultAndRoundTrips) {
   auto off = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(off.ok()) << off.status();
-  EXPECT_FALSE(off->skip_nonfinite);
+  EXPECT_FALSE(off->train.skip_nonfinite);
   const std::string text = absl::StrReplaceAll(kGood, {{"seed: 7}", "seed: 7, skip_nonfinite: true}"}});
   auto on = JobSpec::Parse(text, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(on.ok()) << on.status();
-  EXPECT_TRUE(on->skip_nonfinite);
+  EXPECT_TRUE(on->train.skip_nonfinite);
   auto again = JobSpec::Parse(on->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_TRUE(again->skip_nonfinite);
+  EXPECT_TRUE(again->train.skip_nonfinite);
   EXPECT_EQ(again->ToYaml(), on->ToYaml());
   EXPECT_NE(on->ToYaml().find("skip_nonfinite: true"), std::string::npos) << on->ToYaml();
   // Only booleans; the key lives in train, not elsewhere.
@@ -374,14 +374,14 @@ TEST(JobSpec, SkipNonfiniteIsOffByDefaultAndRoundTrips) {
 TEST(JobSpec, TensorBoardIsOffByDefaultAndRoundTrips) {
   auto off = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(off.ok()) << off.status();
-  EXPECT_FALSE(off->tensorboard);
+  EXPECT_FALSE(off->output.tensorboard);
   const std::string text = absl::StrReplaceAll(kGood, {{"keep_last: 3}", "keep_last: 3, tensorboard: true}"}});
   auto on = JobSpec::Parse(text, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(on.ok()) << on.status();
-  EXPECT_TRUE(on->tensorboard);
+  EXPECT_TRUE(on->output.tensorboard);
   auto again = JobSpec::Parse(on->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_TRUE(again->tensorboard);
+  EXPECT_TRUE(again->output.tensorboard);
   EXPECT_NE(on->ToYaml().find("tensorboard: true"), std::string::npos) << on->ToYaml();
   absl::Status s =
       ParseError(absl::StrReplaceAll(kGood, {{"keep_last: 3}", "keep_last: 3, tensorboard: yes please}"}}));
@@ -392,16 +392,16 @@ TEST(JobSpec, TensorBoardIsOffByDefaultAndRoundTrips) {
 TEST(JobSpec, CopyPriorityIsOffByDefaultAndIsAFraction) {
   auto d = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_DOUBLE_EQ(d->copy_priority, 0.0);
+  EXPECT_DOUBLE_EQ(d->runtime.copy_priority, 0.0);
   for (const char* v : {"0", "0.25", "1"}) {
     const std::string text = absl::StrReplaceAll(
         kGood, {{"embedding_rows: bf16}", absl::StrCat("embedding_rows: bf16, copy_priority: ", v, "}")}});
     auto s = JobSpec::Parse(text, "/base", JobSpec::FileCheck::kSkip);
     ASSERT_TRUE(s.ok()) << s.status();
-    EXPECT_DOUBLE_EQ(s->copy_priority, std::stod(v));
+    EXPECT_DOUBLE_EQ(s->runtime.copy_priority, std::stod(v));
     auto again = JobSpec::Parse(s->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
     ASSERT_TRUE(again.ok()) << again.status();
-    EXPECT_DOUBLE_EQ(again->copy_priority, std::stod(v)) << s->ToYaml();
+    EXPECT_DOUBLE_EQ(again->runtime.copy_priority, std::stod(v)) << s->ToYaml();
   }
   for (const char* v : {"-0.1", "1.5", "half"}) {
     absl::Status s = ParseError(absl::StrReplaceAll(
@@ -420,26 +420,26 @@ TEST(JobSpec, ValidationDefaultsToTheSplitBesideTrainAndRoundTrips) {
   std::string text = absl::StrReplaceAll(kGood, {{"data/tiny", "ds/train"}});
   auto s = JobSpec::Parse(text, root, JobSpec::FileCheck::kCheck);
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(s->validation, root + "/ds/validation");
-  EXPECT_EQ(s->eval_every, 0);
+  EXPECT_EQ(s->data.validation, root + "/ds/validation");
+  EXPECT_EQ(s->train.eval_every, 0);
   auto back = JobSpec::Parse(s->ToYaml(), "/elsewhere", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->validation, s->validation);
+  EXPECT_EQ(back->data.validation, s->data.validation);
   // none, an explicit directory, and eval_every.
   auto none = JobSpec::Parse(absl::StrReplaceAll(text, {{"path: ds/train}", "path: ds/train, validation: none}"}}),
                              root, JobSpec::FileCheck::kCheck);
   ASSERT_TRUE(none.ok()) << none.status();
-  EXPECT_EQ(none->validation, "");
+  EXPECT_EQ(none->data.validation, "");
   auto none_back = JobSpec::Parse(none->ToYaml(), "/elsewhere", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(none_back.ok());
-  EXPECT_EQ(none_back->validation, "");
+  EXPECT_EQ(none_back->data.validation, "");
   auto given = JobSpec::Parse(
       absl::StrReplaceAll(text, {{"path: ds/train}", "path: ds/train, validation: ds/validation}"},
                                  {"seed: 7}", "seed: 7, eval_every: 5}"}}),
       root, JobSpec::FileCheck::kCheck);
   ASSERT_TRUE(given.ok()) << given.status();
-  EXPECT_EQ(given->validation, root + "/ds/validation");
-  EXPECT_EQ(given->eval_every, 5);
+  EXPECT_EQ(given->data.validation, root + "/ds/validation");
+  EXPECT_EQ(given->train.eval_every, 5);
   // Without a split beside it, auto finds none; eval_every then is refused naming the key.
   auto alone = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"seed: 7}", "seed: 7, eval_every: 5}"}}), root,
                               JobSpec::FileCheck::kCheck);
@@ -459,7 +459,7 @@ TEST(JobSpec, JsonIsAccepted) {
                               "train": {"seq_len": 16, "global_batch": 2, "steps": 1}})",
                           "/b", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(s->global_batch, 2);
+  EXPECT_EQ(s->train.global_batch, 2);
 }
 
 struct BadCase {
@@ -600,7 +600,7 @@ TEST(JobSpec, ContextOverrideReachesTheModelConfigAndRoundTrips) {
                "rope_scaling: {rope_type: yarn, factor: 4.0, original_max_position_embeddings: 4096}}"}});
   auto s = JobSpec::Parse(text, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(s->max_position_embeddings, 16384);
+  EXPECT_EQ(s->model.max_position_embeddings, 16384);
   auto c = ModelConfigOf(*s);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->max_position_embeddings, 16384);
@@ -649,7 +649,7 @@ TEST(JobSpec, NumHiddenLayersReducesAPresetsDepth) {
   EXPECT_TRUE(c->mlp_only_layers.empty());  // tiny-moe's layer 1 is gone
   auto back = JobSpec::Parse(s->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->num_hidden_layers, 1);
+  EXPECT_EQ(back->model.num_hidden_layers, 1);
   // Deeper than the preset, or on a model directory: refused naming the key.
   auto deep = JobSpec::Parse(absl::StrReplaceAll(text, {{"num_hidden_layers: 1", "num_hidden_layers: 9"}}), "/base",
                              JobSpec::FileCheck::kSkip);
@@ -669,21 +669,21 @@ TEST(JobSpec, MeasureOnlyNeedsPolicyAutoAndTheMeasureSpecKeepsTheShape) {
   EXPECT_TRUE(absl::StrContains(bad.message(), "runtime.policy auto")) << bad;
   auto s = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(s.ok()) << s.status();
-  s->offload_ratio = 0.5;
+  s->runtime.offload_ratio = 0.5;
   const JobSpec m = PolicyMeasureSpec(*s);
   EXPECT_EQ(m.name, "tiny-plan");
-  EXPECT_TRUE(m.policy_auto && m.measure_only);
-  EXPECT_EQ(m.act_policy, ActivationPolicy::kRecomputeLayer);
-  EXPECT_EQ(m.offload_ratio, 0);
-  EXPECT_EQ(m.steps, kPolicyMeasureSteps);
-  EXPECT_FALSE(m.save_final);
-  EXPECT_EQ(m.save_every_steps, 0);
-  EXPECT_EQ(m.global_batch, s->global_batch);
-  EXPECT_EQ(m.seq_len, s->seq_len);
-  EXPECT_EQ(m.deterministic, s->deterministic);
+  EXPECT_TRUE(m.runtime.policy_auto && m.train.measure_only);
+  EXPECT_EQ(m.runtime.act_policy, ActivationPolicy::kRecomputeLayer);
+  EXPECT_EQ(m.runtime.offload_ratio, 0);
+  EXPECT_EQ(m.train.steps, kPolicyMeasureSteps);
+  EXPECT_FALSE(m.output.save_final);
+  EXPECT_EQ(m.output.save_every, 0);
+  EXPECT_EQ(m.train.global_batch, s->train.global_batch);
+  EXPECT_EQ(m.train.seq_len, s->train.seq_len);
+  EXPECT_EQ(m.runtime.deterministic, s->runtime.deterministic);
   auto again = JobSpec::Parse(m.ToYaml(), "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_TRUE(again->measure_only);
+  EXPECT_TRUE(again->train.measure_only);
   EXPECT_EQ(again->ToYaml(), m.ToYaml());
   s->name = std::string(kMaxJobNameBytes, 'n');
   EXPECT_TRUE(ValidateJobName(PolicyMeasureSpec(*s).name).ok()) << PolicyMeasureSpec(*s).name;
@@ -696,25 +696,25 @@ TEST(JobSpec, AutoRoutesRoundTripAndTheirVariants) {
   auto s = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"workers: 2,", "workers: 2, grad_reduction: auto,"}}), "/base",
                           JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_TRUE(s->grad_reduction_auto);
-  EXPECT_FALSE(s->param_delivery_auto);
+  EXPECT_TRUE(s->runtime.grad_reduction_auto);
+  EXPECT_FALSE(s->runtime.param_delivery_auto);
   auto again = JobSpec::Parse(s->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_TRUE(again->grad_reduction_auto);
+  EXPECT_TRUE(again->runtime.grad_reduction_auto);
   EXPECT_EQ(RouteVariants(*s, 2, /*cuda=*/false, false).size(), 2u);
   EXPECT_EQ(RouteVariants(*s, 2, /*cuda=*/true, false).size(), 2u);  // delivery was given: replicated
   EXPECT_EQ(RouteVariants(*s, 2, /*cuda=*/true, true).size(), 4u);
   EXPECT_EQ(RouteVariants(*s, 2, /*cuda=*/false, true).size(), 2u);
   for (const JobSpec& v : RouteVariants(*s, 2, true, true)) {
-    EXPECT_FALSE(v.grad_reduction_auto || v.param_delivery_auto);
+    EXPECT_FALSE(v.runtime.grad_reduction_auto || v.runtime.param_delivery_auto);
     EXPECT_TRUE(absl::StartsWith(RouteName(v), "grad_reduction ")) << RouteName(v);
   }
   const std::vector<JobSpec> one = RouteVariants(*s, 1, true, true);
   ASSERT_EQ(one.size(), 1u);
-  EXPECT_EQ(one[0].grad_reduction, GradReduction::kGpu);
-  s->grad_reduction_auto = false;
-  s->grad_reduction = GradReduction::kCpu;
-  EXPECT_EQ(RouteVariants(*s, 1, true, true)[0].grad_reduction, GradReduction::kCpu);  // one worker: as given
+  EXPECT_EQ(one[0].runtime.grad_reduction, GradReduction::kGpu);
+  s->runtime.grad_reduction_auto = false;
+  s->runtime.grad_reduction = GradReduction::kCpu;
+  EXPECT_EQ(RouteVariants(*s, 1, true, true)[0].runtime.grad_reduction, GradReduction::kCpu);  // one worker: as given
   EXPECT_EQ(RouteVariants(*s, 2, false, false).size(), 1u);
   EXPECT_EQ(ParseError(absl::StrReplaceAll(kGood, {{"workers: 2,", "workers: 2, grad_reduction: maybe,"}})).code(),
             absl::StatusCode::kInvalidArgument);
@@ -722,12 +722,12 @@ TEST(JobSpec, AutoRoutesRoundTripAndTheirVariants) {
   auto chunks = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"workers: 2,", "workers: 2, chunk_bytes: auto,"}}), "/base",
                                JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(chunks.ok()) << chunks.status();
-  EXPECT_TRUE(chunks->chunk_bytes_auto);
+  EXPECT_TRUE(chunks->runtime.chunk_bytes_auto);
   EXPECT_TRUE(absl::StrContains(chunks->ToYaml(), "chunk_bytes: auto")) << chunks->ToYaml();
   const std::vector<JobSpec> one_worker = RouteVariants(*chunks, 1, true, false);
   ASSERT_EQ(one_worker.size(), std::size(kAutoChunkBytes));
-  EXPECT_EQ(one_worker[0].chunk_bytes, kAutoChunkBytes[0]);
-  EXPECT_FALSE(one_worker[0].chunk_bytes_auto);
+  EXPECT_EQ(one_worker[0].runtime.chunk_bytes, kAutoChunkBytes[0]);
+  EXPECT_FALSE(one_worker[0].runtime.chunk_bytes_auto);
   EXPECT_EQ(RouteVariants(*chunks, 2, true, true).size(), 4 * std::size(kAutoChunkBytes));
 }
 

@@ -13,7 +13,7 @@
 
 namespace slidedp {
 
-// 1 KiB of FP32, 512 B of BF16; and a whole int8 moment block (shm::kInt8MomentBlock), so no
+// 1 KiB of FP32, 512 B of BF16; and a whole int8 moment block (kInt8MomentBlock), so no
 // block of compact Adam state is split between two ranks' shards.
 inline constexpr int64_t kShardAlignNumel = 256;
 

@@ -45,7 +45,7 @@ struct ContextMemoryInputs {
   int offloaded_layers = 0;        // layers whose inputs wait in host memory (ModelLayout::OffloadedLayers)
   int64_t tile_tokens = kDefaultTileTokens;  // ComputeBackend::tile_tokens()
   // Bytes of a layer input's element while it waits for its backward, on the device or offloaded:
-  // 4 (FP32), or 2 with runtime.checkpoint_dtype bf16 (CheckpointElementBytes).
+  // 4 (FP32), or 2 with runtime.checkpoint_dtype bf16 (DtypeBytes).
   int64_t checkpoint_element_bytes = 4;
   // Context parallelism: the whole micro-batch's tokens, of which micro_batch_tokens are this
   // rank's share (0: no context parallelism).

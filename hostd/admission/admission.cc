@@ -47,22 +47,22 @@ shm::GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t 
   ring.slot_bytes = std::min<uint64_t>({static_cast<uint64_t>(chunk_bytes), kMaxGradChunkBytes,
                                         static_cast<uint64_t>((max_unit_numel * 4 + 4095) / 4096 * 4096)});
   // Whole pages: a chunk is then a multiple of 1,024 FP32 (2,048 BF16) elements, so chunks never
-  // split an int8 moment block (shm::kInt8MomentBlock) between two updates.
+  // split an int8 moment block (kInt8MomentBlock) between two updates.
   ring.slot_bytes = std::max<uint64_t>(4096, ring.slot_bytes / 4096 * 4096);
   return ring;
 }
 
 MemoryPlan PlanJobMemory(const ModelLayout& layout, const shm::GradRingConfig& ring, int num_workers, ClipMode clip,
-                            shm::GradDtype staging_dtype, const shm::StateFormat& format) {
+                         Dtype staging_dtype, const shm::StateFormat& format) {
   MemoryPlan p;
   p.param_numel = layout.total_numel;
   const uint64_t n = static_cast<uint64_t>(layout.total_numel);
   p.master_bytes = 4 * n;
-  for (const UnitLayout& u : layout.units) p.adam_bytes += shm::MomentBytes(format.moments, static_cast<uint64_t>(u.numel));
+  for (const UnitLayout& u : layout.units) p.adam_bytes += MomentBytes(format.moments, static_cast<uint64_t>(u.numel));
   p.mirror_bytes = format.mirror ? 2 * n : 0;
   p.job_segment_bytes = shm::JobState::SegmentBytes(layout, format);
   p.ring_bytes = static_cast<uint64_t>(num_workers < 0 ? 0 : num_workers) * shm::GradRing::SegmentBytes(ring);
-  p.step_staging_bytes = clip == ClipMode::kExactGlobalNorm ? shm::GradDtypeBytes(staging_dtype) * n : 0;
+  p.step_staging_bytes = clip == ClipMode::kExactGlobalNorm ? DtypeBytes(staging_dtype) * n : 0;
   p.shm_bytes = p.job_segment_bytes + p.ring_bytes;
   p.total_bytes = p.shm_bytes + p.step_staging_bytes;
   return p;

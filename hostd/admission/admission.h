@@ -50,8 +50,7 @@ inline constexpr uint64_t kMaxGradChunkBytes = 32ull << 20;
 shm::GradRingConfig RingConfigFor(const ModelLayout& layout, int slots, int64_t chunk_bytes);
 
 MemoryPlan PlanJobMemory(const ModelLayout& layout, const shm::GradRingConfig& ring, int num_workers, ClipMode clip,
-                            shm::GradDtype staging_dtype = shm::GradDtype::kBF16,
-                            const shm::StateFormat& format = {});
+                         Dtype staging_dtype = Dtype::kBF16, const shm::StateFormat& format = {});
 
 // Without a mirror each worker casts the master into kCastStagingBuffers pinned buffers of
 // CastStagingChunkBytes each (worker/pipeline/cuda_streamer.h; a CPU worker holds its acquired
@@ -63,7 +62,7 @@ void AddCastStaging(int num_workers, int64_t chunk_bytes, MemoryPlan& plan);
 
 // What one token of a worker's step holds in offloaded checkpoints, summed over the layers (each
 // offloaded layer's elements times its offload share): the layers' inputs, input_element_bytes
-// each (4: FP32; 2: runtime.checkpoint_dtype bf16, CheckpointElementBytes), and what the layers
+// each (4: FP32; 2: runtime.checkpoint_dtype bf16, DtypeBytes), and what the layers
 // keep beyond them, in bytes (KeptBytesPerToken: the workers' backend's layout).
 struct OffloadedPerToken {
   double input_elements = 0;

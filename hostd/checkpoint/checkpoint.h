@@ -61,6 +61,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model/model_config.h"
+#include "common/numeric/dtype.h"
 #include "hostd/update/adamw_state.h"
 #include "nlohmann/json.hpp"
 
@@ -90,8 +91,6 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
 // weights (input/post-attention/final norm, q_norm, k_norm) = 1, padding = 0. Deterministic per
 // (seed, tensor name), independent of the thread count. threads: 0 = hardware concurrency.
 void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& master_of_unit, int threads = 0);
-
-enum class WeightDtype { kBF16, kF32 };
 
 // HF's save_pretrained default max_shard_size ("5GB"): weights above it are sharded.
 inline constexpr uint64_t kDefaultShardMaxBytes = 5'000'000'000;
@@ -128,7 +127,7 @@ std::string GenerationConfigFromConfig(const std::string& config_json);
 // One unit's Adam moments where the job keeps them, in the job's state dtype (numel = the unit's
 // numel; docs/optimizer-state.md, "Layouts and bytes"):
 //   fp32: m, v float[numel];  bf16: m, v bf16_t[numel];
-//   int8: m int8_t codes, v uint8_t codes [numel], m_scale and v_scale float[Int8StateBlocks(numel)].
+//   int8: m int8_t codes, v uint8_t codes [numel], m_scale and v_scale float[Int8MomentBlocks(numel)].
 // Pointers a dtype does not use are ignored.
 struct UnitMoments {
   void* m = nullptr;
@@ -141,7 +140,7 @@ using UnitMomentsFn = std::function<UnitMoments(int unit)>;
 // The state a checkpoint saves and restores: the FP32 master and the moments per unit.
 struct StateArrays {
   UnitArrayFn master;
-  update::StateDtype moment_dtype = update::StateDtype::kFp32;
+  MomentForm moment_dtype = MomentForm::kF32;
   UnitMomentsFn moments;
 };
 
@@ -156,7 +155,7 @@ struct SaveRequest {
   // Anything the trainer needs for exact resume: data position (epoch, index), RNG seeds,
   // schedule position, job spec text... Must be a JSON object (or null).
   nlohmann::json trainer_state = nlohmann::json::object();
-  WeightDtype weight_dtype = WeightDtype::kBF16;
+  Dtype weight_dtype = Dtype::kBF16;
   // > 0: keep only the newest N complete checkpoints of this run (trainer_state's run_id, else its
   // job_id; see RunIdOf): another run's are never removed.
   int64_t keep_last = 0;
@@ -261,7 +260,7 @@ absl::StatusOr<int64_t> VerifyCheckpoint(const std::string& dir);
 struct LoadedCheckpoint {
   int64_t step = 0;
   nlohmann::json trainer_state;                                       // exactly what SaveRequest::trainer_state held
-  update::StateDtype saved_moment_dtype = update::StateDtype::kFp32;  // how the file keeps m and v
+  MomentForm saved_moment_dtype = MomentForm::kF32;                   // how the file keeps m and v
   // Non-empty when the moments were converted to the arrays' dtype: one line for the job log,
   // e.g. "optimizer state converted from fp32 to int8 (block-quantized moments: an approximation)".
   std::string conversion_note;
@@ -294,7 +293,7 @@ struct ExportRequest {
   // complete checkpoints of several runs is refused.
   std::string run;
   std::string out_dir;
-  std::optional<WeightDtype> dtype;  // unset: the checkpoint's own (trainer_state.json weights_dtype)
+  std::optional<Dtype> dtype;  // unset: the checkpoint's own (trainer_state.json weights_dtype)
   uint64_t shard_max_bytes = kDefaultShardMaxBytes;
   // An out_dir that exists and is not empty: refused, or replaced when it is a model directory
   // (holds a config.json) other than the checkpoint or a directory holding it.
@@ -309,7 +308,7 @@ struct ExportResult {
   std::string dir;                 // out_dir, absolute
   std::vector<std::string> files;  // written, sorted
   uint64_t bytes_written = 0;
-  WeightDtype dtype = WeightDtype::kBF16;
+  Dtype dtype = Dtype::kBF16;
   bool replaced = false;  // out_dir existed and was replaced
 };
 

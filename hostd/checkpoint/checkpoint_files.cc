@@ -172,7 +172,7 @@ uint64_t PlannedFile::data_bytes() const {
   return n;
 }
 
-std::vector<PlannedFile> PlanWeightFiles(const ModelLayout& layout, const ConstUnitArrayFn& master, WeightDtype dtype,
+std::vector<PlannedFile> PlanWeightFiles(const ModelLayout& layout, const ConstUnitArrayFn& master, Dtype dtype,
                                          uint64_t shard_max_bytes) {
   std::vector<st::TensorSource> all;
   for (const UnitLayout& unit : layout.units) {
@@ -182,7 +182,7 @@ std::vector<PlannedFile> PlanWeightFiles(const ModelLayout& layout, const ConstU
       t.name = slot.hf_name;
       t.shape = slot.shape;
       const float* src = base + slot.offset_numel;
-      if (dtype == WeightDtype::kF32) {
+      if (dtype == Dtype::kF32) {
         t.dtype = st::Dtype::kF32;
         t.data = src;
       } else {
@@ -245,9 +245,9 @@ absl::StatusOr<uint64_t> WriteWeightFiles(const std::string& dir, const std::vec
   return bytes;
 }
 
-std::string ConfigJsonFor(const ModelLayout& layout, WeightDtype dtype) {
+std::string ConfigJsonFor(const ModelLayout& layout, Dtype dtype) {
   ModelConfig config = layout.config;
-  config.torch_dtype = dtype == WeightDtype::kBF16 ? "bfloat16" : "float32";
+  config.torch_dtype = dtype == Dtype::kBF16 ? "bfloat16" : "float32";
   return config.ToJson();
 }
 

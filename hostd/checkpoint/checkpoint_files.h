@@ -70,7 +70,7 @@ using ConstUnitArrayFn = std::function<const float*(int unit)>;
 // F32): "model.safetensors" when the weights take at most shard_max_bytes, else
 // "model-0000i-of-0000n.safetensors", each at most shard_max_bytes unless one tensor is larger
 // (HF's save_pretrained splits the same way). A tied model has no lm_head.weight.
-std::vector<PlannedFile> PlanWeightFiles(const ModelLayout& layout, const ConstUnitArrayFn& master, WeightDtype dtype,
+std::vector<PlannedFile> PlanWeightFiles(const ModelLayout& layout, const ConstUnitArrayFn& master, Dtype dtype,
                                          uint64_t shard_max_bytes);
 // Writes them into dir, and model.safetensors.index.json ({"metadata": {"total_size": bytes},
 // "weight_map": {tensor: file}}) when there are several; every file fsynced. Returns the bytes
@@ -79,7 +79,7 @@ absl::StatusOr<uint64_t> WriteWeightFiles(const std::string& dir, const std::vec
                                           int io_threads);
 
 // config.json of a layout's weights saved as `dtype` (torch_dtype says which).
-std::string ConfigJsonFor(const ModelLayout& layout, WeightDtype dtype);
+std::string ConfigJsonFor(const ModelLayout& layout, Dtype dtype);
 
 // Writes `files` (ReadModelDirFiles' result; may be null) into dir, and a generation_config.json
 // made from config_json (GenerationConfigFromConfig) when they hold none. Returns the bytes
@@ -92,25 +92,27 @@ absl::StatusOr<uint64_t> WriteModelDirFiles(const std::string& dir, const std::v
 inline constexpr char kStateDtypeKey[] = "state_dtype";
 
 // How optimizer.safetensors stores m and v for each state dtype, and their element bytes.
-inline safetensors::Dtype FileDtypeOfM(update::StateDtype d) {
+inline safetensors::Dtype FileDtypeOfM(MomentForm d) {
   switch (d) {
-    case update::StateDtype::kFp32: return safetensors::Dtype::kF32;
-    case update::StateDtype::kBf16: return safetensors::Dtype::kBF16;
-    case update::StateDtype::kInt8: return safetensors::Dtype::kI8;
+    case MomentForm::kF32: return safetensors::Dtype::kF32;
+    case MomentForm::kBF16: return safetensors::Dtype::kBF16;
+    case MomentForm::kInt8: return safetensors::Dtype::kI8;
   }
   return safetensors::Dtype::kF32;
 }
-inline safetensors::Dtype FileDtypeOfV(update::StateDtype d) { return d == update::StateDtype::kInt8 ? safetensors::Dtype::kU8 : FileDtypeOfM(d); }
-inline size_t MomentElementBytes(update::StateDtype d) { return d == update::StateDtype::kFp32 ? 4 : d == update::StateDtype::kBf16 ? 2 : 1; }
+inline safetensors::Dtype FileDtypeOfV(MomentForm d) {
+  return d == MomentForm::kInt8 ? safetensors::Dtype::kU8 : FileDtypeOfM(d);
+}
+inline size_t MomentElementBytes(MomentForm d) { return d == MomentForm::kF32 ? 4 : d == MomentForm::kBF16 ? 2 : 1; }
 
-inline bool IsKnownStateDtype(update::StateDtype d) {
-  return d == update::StateDtype::kFp32 || d == update::StateDtype::kBf16 || d == update::StateDtype::kInt8;
+inline bool IsKnownStateDtype(MomentForm d) {
+  return d == MomentForm::kF32 || d == MomentForm::kBF16 || d == MomentForm::kInt8;
 }
 
 // Whether an accessor's unit gives every array its dtype uses.
-inline bool HasMomentArrays(update::StateDtype d, const UnitMoments& mo) {
+inline bool HasMomentArrays(MomentForm d, const UnitMoments& mo) {
   return mo.m != nullptr && mo.v != nullptr &&
-         (d != update::StateDtype::kInt8 || (mo.m_scale != nullptr && mo.v_scale != nullptr));
+         (d != MomentForm::kInt8 || (mo.m_scale != nullptr && mo.v_scale != nullptr));
 }
 
 }  // namespace slidedp::checkpoint::internal

@@ -39,18 +39,17 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace st = safetensors;
-using internal::kFormat;
-using internal::LayoutSignature;
-using internal::ReadJsonObject;
-using internal::StateTensorName;
-using update::StateDtype;
 using internal::FileDtypeOfM;
 using internal::FileDtypeOfV;
 using internal::HasMomentArrays;
 using internal::IsKnownStateDtype;
-using internal::MomentElementBytes;
+using internal::kFormat;
 using internal::kStateDtypeKey;
-constexpr int64_t kBlock = update::kInt8StateBlock;
+using internal::LayoutSignature;
+using internal::MomentElementBytes;
+using internal::ReadJsonObject;
+using internal::StateTensorName;
+constexpr int64_t kBlock = kInt8MomentBlock;
 
 // ---- LoadCheckpoint's parts ----
 
@@ -74,10 +73,10 @@ struct MomentsView {
 MomentsView ReadOnly(const UnitMoments& mo) { return {mo.m, mo.v, mo.m_scale, mo.v_scale}; }
 
 // The range of dtype-d moments `offset` elements (a multiple of the int8 block) into `mo`.
-UnitMoments MomentsAt(StateDtype d, const UnitMoments& mo, int64_t offset) {
+UnitMoments MomentsAt(MomentForm d, const UnitMoments& mo, int64_t offset) {
   const size_t eb = MomentElementBytes(d);
   UnitMoments at{static_cast<char*>(mo.m) + offset * eb, static_cast<char*>(mo.v) + offset * eb, nullptr, nullptr};
-  if (d == StateDtype::kInt8) {
+  if (d == MomentForm::kInt8) {
     at.m_scale = mo.m_scale + offset / kBlock;
     at.v_scale = mo.v_scale + offset / kBlock;
   }
@@ -120,9 +119,9 @@ int64_t FirstWhere(const T* x, int64_t n, Bad bad) {
 // The rules: m finite, v not NaN and >= 0 (+inf is what a huge finite gradient makes of it, as in
 // PyTorch), int8 scales finite and >= 0 (a NaN scale is a block the kernel poisoned), int8 m codes
 // not -128 (the encoder never writes it; it would decode beyond the block's maximum).
-std::optional<BadValue> FirstBadMoment(StateDtype d, const MomentsView& view, int64_t first, int64_t n) {
+std::optional<BadValue> FirstBadMoment(MomentForm d, const MomentsView& view, int64_t first, int64_t n) {
   switch (d) {
-    case StateDtype::kFp32: {
+    case MomentForm::kF32: {
       const float* m = static_cast<const float*>(view.m);
       const float* v = static_cast<const float*>(view.v);
       if (int64_t i = FirstNonFinite(m, n, FiniteRule::kFinite); i >= 0) {
@@ -133,7 +132,7 @@ std::optional<BadValue> FirstBadMoment(StateDtype d, const MomentsView& view, in
       }
       return std::nullopt;
     }
-    case StateDtype::kBf16: {
+    case MomentForm::kBF16: {
       // The FP32 rules on the upper 16 bits: non-finite is an all-ones exponent; NaN or negative
       // (but not -0) is above +inf's bits.
       const bf16_t* m = static_cast<const bf16_t*>(view.m);
@@ -146,8 +145,8 @@ std::optional<BadValue> FirstBadMoment(StateDtype d, const MomentsView& view, in
       }
       return std::nullopt;
     }
-    case StateDtype::kInt8: {
-      const int64_t blocks = update::Int8StateBlocks(n);
+    case MomentForm::kInt8: {
+      const int64_t blocks = Int8MomentBlocks(n);
       const float* scales[] = {view.m_scale, view.v_scale};
       const char* kinds[] = {"adam_m_scale", "adam_v_scale"};
       for (int k = 0; k < 2; ++k) {
@@ -197,21 +196,21 @@ std::string ShapeText(const std::vector<int64_t>& shape) { return absl::StrCat("
 // The tensor `name` as `dtype` [numel]; DATA_LOSS naming what the file has instead (and the
 // file's state dtype, for the moments: a header whose metadata and tensors disagree).
 absl::StatusOr<const st::TensorInfo*> FindStateTensor(const st::SafetensorsFile& file, const std::string& name,
-                                                      st::Dtype dtype, int64_t numel, StateDtype saved) {
+                                                      st::Dtype dtype, int64_t numel, MomentForm saved) {
   const st::TensorInfo* t = file.Find(name);
   if (t != nullptr && t->dtype == dtype && t->shape == std::vector<int64_t>{numel}) return t;
-  const std::string expected = absl::StrCat("state_dtype ", update::StateDtypeName(saved), " stores ",
-                                            st::DtypeName(dtype), " [", numel, "] there");
+  const std::string expected =
+      absl::StrCat("state_dtype ", ToString(saved), " stores ", st::DtypeName(dtype), " [", numel, "] there");
   if (t == nullptr)
     return absl::DataLossError(absl::StrCat(file.path(), ": tensor \"", name, "\" is missing (", expected, ")"));
   return absl::DataLossError(absl::StrCat(file.path(), ": tensor \"", name, "\" is ", st::DtypeName(t->dtype), " ",
                                           ShapeText(t->shape), ", but ", expected));
 }
 
-absl::StatusOr<StateDtype> SavedStateDtype(const st::SafetensorsFile& file) {
+absl::StatusOr<MomentForm> SavedStateDtype(const st::SafetensorsFile& file) {
   auto it = file.metadata().find(kStateDtypeKey);
-  if (it == file.metadata().end()) return StateDtype::kFp32;  // every checkpoint before compact moments
-  absl::StatusOr<StateDtype> d = update::ParseStateDtype(it->second);
+  if (it == file.metadata().end()) return MomentForm::kF32;  // every checkpoint before compact moments
+  absl::StatusOr<MomentForm> d = ParseMomentForm(it->second);
   if (!d.ok()) {
     return absl::DataLossError(absl::StrCat(file.path(), ": __metadata__ ", kStateDtypeKey, " \"", it->second,
                                             "\" is not fp32, bf16 or int8"));
@@ -219,7 +218,7 @@ absl::StatusOr<StateDtype> SavedStateDtype(const st::SafetensorsFile& file) {
   return *d;
 }
 
-absl::StatusOr<UnitSource> CheckUnitSource(const st::SafetensorsFile& file, const UnitLayout& unit, StateDtype saved,
+absl::StatusOr<UnitSource> CheckUnitSource(const st::SafetensorsFile& file, const UnitLayout& unit, MomentForm saved,
                                            const StateArrays& arrays) {
   UnitSource src;
   src.unit = &unit;
@@ -228,19 +227,19 @@ absl::StatusOr<UnitSource> CheckUnitSource(const st::SafetensorsFile& file, cons
   ASSIGN_OR_RETURN(src.m, FindStateTensor(file, StateTensorName(unit, "adam_m"), FileDtypeOfM(saved), n, saved));
   ASSIGN_OR_RETURN(src.v, FindStateTensor(file, StateTensorName(unit, "adam_v"), FileDtypeOfV(saved), n, saved));
   const std::string m_scale = StateTensorName(unit, "adam_m_scale"), v_scale = StateTensorName(unit, "adam_v_scale");
-  if (saved == StateDtype::kInt8) {
-    const int64_t blocks = update::Int8StateBlocks(n);
+  if (saved == MomentForm::kInt8) {
+    const int64_t blocks = Int8MomentBlocks(n);
     ASSIGN_OR_RETURN(src.m_scale, FindStateTensor(file, m_scale, st::Dtype::kF32, blocks, saved));
     ASSIGN_OR_RETURN(src.v_scale, FindStateTensor(file, v_scale, st::Dtype::kF32, blocks, saved));
   } else if (file.Find(m_scale) != nullptr || file.Find(v_scale) != nullptr) {
     return absl::DataLossError(absl::StrCat(file.path(), ": holds int8 block scales for unit ", unit.name, " but its ",
-                                            kStateDtypeKey, " is ", update::StateDtypeName(saved)));
+                                            kStateDtypeKey, " is ", ToString(saved)));
   }
   src.master_dst = arrays.master(unit.index);
   src.dst = arrays.moments(unit.index);
   if (src.master_dst == nullptr || !HasMomentArrays(arrays.moment_dtype, src.dst)) {
     return absl::InvalidArgumentError(absl::StrCat("LoadCheckpoint: unit ", unit.name, " lacks its master or ",
-                                                   update::StateDtypeName(arrays.moment_dtype), " moment arrays"));
+                                                   ToString(arrays.moment_dtype), " moment arrays"));
   }
   return src;
 }
@@ -253,13 +252,13 @@ void CopyRaw(const st::SafetensorsFile& file, const st::TensorInfo* t, uint64_t 
 
 // The moments [begin, begin + n) of the file (dtype `saved`) copied raw into `out` (buffers or
 // the job's arrays, laid out for `saved`, element 0 = element `begin`).
-void CopyMoments(const st::SafetensorsFile& file, const UnitSource& src, StateDtype saved, int64_t begin, int64_t n,
+void CopyMoments(const st::SafetensorsFile& file, const UnitSource& src, MomentForm saved, int64_t begin, int64_t n,
                  const UnitMoments& out) {
   const size_t eb = MomentElementBytes(saved);
   CopyRaw(file, src.m, begin * eb, n * eb, out.m);
   CopyRaw(file, src.v, begin * eb, n * eb, out.v);
-  if (saved == StateDtype::kInt8) {
-    const uint64_t blocks = update::Int8StateBlocks(n);
+  if (saved == MomentForm::kInt8) {
+    const uint64_t blocks = Int8MomentBlocks(n);
     CopyRaw(file, src.m_scale, begin / kBlock * sizeof(float), blocks * sizeof(float), out.m_scale);
     CopyRaw(file, src.v_scale, begin / kBlock * sizeof(float), blocks * sizeof(float), out.v_scale);
   }
@@ -268,30 +267,30 @@ void CopyMoments(const st::SafetensorsFile& file, const UnitSource& src, StateDt
 // Per-task buffers of a conversion: the file's moments raw (float storage keeps every view
 // aligned for its dtype), then widened to FP32.
 struct ConvertBuffers {
-  explicit ConvertBuffers(StateDtype saved)
+  explicit ConvertBuffers(MomentForm saved)
       : m_raw(RawFloats(saved)),
         v_raw(RawFloats(saved)),
         m_scale(kConvertNumel / kBlock),
         v_scale(kConvertNumel / kBlock),
         m(kConvertNumel),
         v(kConvertNumel) {}
-  static size_t RawFloats(StateDtype d) { return (kConvertNumel * MomentElementBytes(d) + 3) / 4; }
+  static size_t RawFloats(MomentForm d) { return (kConvertNumel * MomentElementBytes(d) + 3) / 4; }
   UnitMoments raw() { return {m_raw.data(), v_raw.data(), m_scale.data(), v_scale.data()}; }
   std::vector<float> m_raw, v_raw, m_scale, v_scale, m, v;
 };
 
 // FP32 of n moments of dtype d (the kernels' decoders; FP32 is copied).
-void DecodeToF32(const update::AdamStateKernelTable& k, StateDtype d, const MomentsView& in, float* m, float* v,
+void DecodeToF32(const update::AdamStateKernelTable& k, MomentForm d, const MomentsView& in, float* m, float* v,
                  int64_t n) {
   switch (d) {
-    case StateDtype::kFp32:
+    case MomentForm::kF32:
       std::memcpy(m, in.m, n * sizeof(float));
       std::memcpy(v, in.v, n * sizeof(float));
       return;
-    case StateDtype::kBf16:
+    case MomentForm::kBF16:
       k.bf16_to_f32({static_cast<const bf16_t*>(in.m), static_cast<const bf16_t*>(in.v)}, m, v, n);
       return;
-    case StateDtype::kInt8:
+    case MomentForm::kInt8:
       k.int8_to_f32({static_cast<const int8_t*>(in.m), static_cast<const uint8_t*>(in.v), in.m_scale, in.v_scale}, m, v,
                     n);
       return;
@@ -299,30 +298,29 @@ void DecodeToF32(const update::AdamStateKernelTable& k, StateDtype d, const Mome
 }
 
 // n FP32 moments into dtype d at `out` (element 0 on a block boundary; the kernels' encoders).
-void EncodeFromF32(const update::AdamStateKernelTable& k, StateDtype d, const float* m, const float* v,
+void EncodeFromF32(const update::AdamStateKernelTable& k, MomentForm d, const float* m, const float* v,
                    const UnitMoments& out, int64_t n) {
   switch (d) {
-    case StateDtype::kFp32:
+    case MomentForm::kF32:
       std::memcpy(out.m, m, n * sizeof(float));
       std::memcpy(out.v, v, n * sizeof(float));
       return;
-    case StateDtype::kBf16:
+    case MomentForm::kBF16:
       k.bf16_from_f32(m, v, {static_cast<bf16_t*>(out.m), static_cast<bf16_t*>(out.v)}, n);
       return;
-    case StateDtype::kInt8:
+    case MomentForm::kInt8:
       k.int8_from_f32(m, v, {static_cast<int8_t*>(out.m), static_cast<uint8_t*>(out.v), out.m_scale, out.v_scale}, n);
       return;
   }
 }
 
-std::string ConversionNote(StateDtype from, StateDtype to) {
-  const std::string head =
-      absl::StrCat("optimizer state converted from ", update::StateDtypeName(from), " to ", update::StateDtypeName(to));
-  const char* via = from != StateDtype::kFp32 && to != StateDtype::kFp32 ? " through fp32" : "";
+std::string ConversionNote(MomentForm from, MomentForm to) {
+  const std::string head = absl::StrCat("optimizer state converted from ", ToString(from), " to ", ToString(to));
+  const char* via = from != MomentForm::kF32 && to != MomentForm::kF32 ? " through fp32" : "";
   switch (to) {
-    case StateDtype::kInt8: return absl::StrCat(head, via, " (block-quantized moments: an approximation)");
-    case StateDtype::kBf16: return absl::StrCat(head, via, " (moments rounded to BF16: an approximation)");
-    case StateDtype::kFp32:
+    case MomentForm::kInt8: return absl::StrCat(head, via, " (block-quantized moments: an approximation)");
+    case MomentForm::kBF16: return absl::StrCat(head, via, " (moments rounded to BF16: an approximation)");
+    case MomentForm::kF32:
       return absl::StrCat(head, " (decoded exactly: the moments keep the precision they were saved with)");
   }
   return head;
@@ -334,7 +332,7 @@ struct LoadPiece {
   int64_t begin, count;
 };
 
-absl::Status LoadPieceOf(const st::SafetensorsFile& file, const LoadPiece& p, StateDtype saved, StateDtype target) {
+absl::Status LoadPieceOf(const st::SafetensorsFile& file, const LoadPiece& p, MomentForm saved, MomentForm target) {
   const UnitLayout& unit = *p.src->unit;
   const auto data_loss = [&](const BadValue& bad) {
     return absl::DataLossError(
@@ -365,11 +363,10 @@ absl::Status LoadPieceOf(const st::SafetensorsFile& file, const LoadPiece& p, St
     // m beyond BF16's range rounds to inf.
     if (auto bad = FirstBadMoment(target, ReadOnly(dst), b, n)) {
       return absl::FailedPreconditionError(
-          absl::StrCat(file.path(), ": converting the moments from ", update::StateDtypeName(saved), " to ",
-                       update::StateDtypeName(target), " gives \"", StateTensorName(unit, bad->kind), "\" that ",
-                       DescribeBadValue(unit, *bad),
-                       target == StateDtype::kInt8 ? " (an infinite moment in a block poisons its int8 scale)" : "",
-                       "; resume this checkpoint with optimizer.state_dtype ", update::StateDtypeName(saved)));
+          absl::StrCat(file.path(), ": converting the moments from ", ToString(saved), " to ", ToString(target),
+                       " gives \"", StateTensorName(unit, bad->kind), "\" that ", DescribeBadValue(unit, *bad),
+                       target == MomentForm::kInt8 ? " (an infinite moment in a block poisons its int8 scale)" : "",
+                       "; resume this checkpoint with optimizer.state_dtype ", ToString(saved)));
     }
   }
   return absl::OkStatus();
@@ -401,8 +398,8 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const Mo
     return absl::FailedPreconditionError(
         absl::StrCat(file->path(), ": saved with a different unit layout than the job's (model or alignment changed)"));
   }
-  ASSIGN_OR_RETURN(const StateDtype saved, SavedStateDtype(*file));
-  const StateDtype target = arrays.moment_dtype;
+  ASSIGN_OR_RETURN(const MomentForm saved, SavedStateDtype(*file));
+  const MomentForm target = arrays.moment_dtype;
   // Every tensor checked before the first byte lands.
   std::vector<UnitSource> sources;
   sources.reserve(layout.units.size());

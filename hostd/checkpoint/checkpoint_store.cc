@@ -38,21 +38,20 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace st = safetensors;
+using internal::FileDtypeOfM;
+using internal::FileDtypeOfV;
 using internal::FsyncPath;
+using internal::HasMomentArrays;
+using internal::IsKnownStateDtype;
 using internal::kDirPrefix;
 using internal::kFormat;
+using internal::kStateDtypeKey;
 using internal::LayoutSignature;
 using internal::PlannedFile;
 using internal::ReadJsonObject;
 using internal::StateTensorName;
 using internal::StepOfDirName;
 using internal::WriteSmallFile;
-using update::StateDtype;
-using internal::FileDtypeOfM;
-using internal::FileDtypeOfV;
-using internal::HasMomentArrays;
-using internal::IsKnownStateDtype;
-using internal::kStateDtypeKey;
 
 constexpr char kTmpPrefix[] = ".tmp-checkpoint-";
 constexpr char kTrashPrefix[] = ".trash-checkpoint-";
@@ -113,17 +112,17 @@ void CleanStaleDirs(const fs::path& root) {
 }
 
 absl::StatusOr<PlannedFile> PlanOptimizerFile(const SaveRequest& req) {
-  const StateDtype dtype = req.arrays.moment_dtype;
+  const MomentForm dtype = req.arrays.moment_dtype;
   PlannedFile f;
   f.name = "optimizer.safetensors";
   f.metadata = {{"format", kFormat}, {"layout", LayoutSignature(*req.layout)}};
-  if (dtype != StateDtype::kFp32) f.metadata[kStateDtypeKey] = update::StateDtypeName(dtype);
+  if (dtype != MomentForm::kF32) f.metadata[kStateDtypeKey] = ToString(dtype);
   for (const UnitLayout& unit : req.layout->units) {
     const float* master = req.arrays.master(unit.index);
     const UnitMoments mo = req.arrays.moments(unit.index);
     if (master == nullptr || !HasMomentArrays(dtype, mo)) {
-      return absl::InvalidArgumentError(absl::StrCat("SaveCheckpoint: unit ", unit.name, " lacks its master or ",
-                                                     update::StateDtypeName(dtype), " moment arrays"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("SaveCheckpoint: unit ", unit.name, " lacks its master or ", ToString(dtype), " moment arrays"));
     }
     auto add = [&](const char* kind, st::Dtype t_dtype, int64_t numel, const void* data) {
       st::TensorSource t;
@@ -136,9 +135,9 @@ absl::StatusOr<PlannedFile> PlanOptimizerFile(const SaveRequest& req) {
     add("master", st::Dtype::kF32, unit.numel, master);
     add("adam_m", FileDtypeOfM(dtype), unit.numel, mo.m);
     add("adam_v", FileDtypeOfV(dtype), unit.numel, mo.v);
-    if (dtype == StateDtype::kInt8) {
-      add("adam_m_scale", st::Dtype::kF32, update::Int8StateBlocks(unit.numel), mo.m_scale);
-      add("adam_v_scale", st::Dtype::kF32, update::Int8StateBlocks(unit.numel), mo.v_scale);
+    if (dtype == MomentForm::kInt8) {
+      add("adam_m_scale", st::Dtype::kF32, Int8MomentBlocks(unit.numel), mo.m_scale);
+      add("adam_v_scale", st::Dtype::kF32, Int8MomentBlocks(unit.numel), mo.v_scale);
     }
   }
   return f;
@@ -190,7 +189,7 @@ absl::StatusOr<uint64_t> WriteCheckpointFiles(const SaveRequest& req, const fs::
       {"format", kFormat},
       {"format_version", kFormatVersion},
       {"step", req.step},
-      {"weights_dtype", req.weight_dtype == WeightDtype::kBF16 ? "bfloat16" : "float32"},
+      {"weights_dtype", req.weight_dtype == Dtype::kBF16 ? "bfloat16" : "float32"},
       {"trainer_state", req.trainer_state.is_null() ? nlohmann::json::object() : req.trainer_state}};
   RETURN_IF_ERROR(WriteSmallFile((tmp / "trainer_state.json").string(), state.dump(2) + "\n"));
 

@@ -57,30 +57,30 @@ int LoadHf(const std::string& dir) {
 
 // A job's state as plain vectors: master and the moments in one state dtype.
 struct VectorState {
-  VectorState(const ModelLayout& layout, update::StateDtype dtype) : dtype(dtype) {
+  VectorState(const ModelLayout& layout, MomentForm dtype) : dtype(dtype) {
     for (const auto& u : layout.units) {
-      const bool f32 = dtype == update::StateDtype::kFp32, b16 = dtype == update::StateDtype::kBf16;
-      const bool i8 = dtype == update::StateDtype::kInt8;
+      const bool f32 = dtype == MomentForm::kF32, b16 = dtype == MomentForm::kBF16;
+      const bool i8 = dtype == MomentForm::kInt8;
       master.emplace_back(u.numel);
       m.emplace_back(f32 ? u.numel : 0), v.emplace_back(f32 ? u.numel : 0);
       m16.emplace_back(b16 ? u.numel : 0), v16.emplace_back(b16 ? u.numel : 0);
       m8.emplace_back(i8 ? u.numel : 0), v8.emplace_back(i8 ? u.numel : 0);
-      m_scale.emplace_back(i8 ? update::Int8StateBlocks(u.numel) : 0);
-      v_scale.emplace_back(i8 ? update::Int8StateBlocks(u.numel) : 0);
+      m_scale.emplace_back(i8 ? Int8MomentBlocks(u.numel) : 0);
+      v_scale.emplace_back(i8 ? Int8MomentBlocks(u.numel) : 0);
     }
   }
   checkpoint::UnitMoments moments(int u) {
     switch (dtype) {
-      case update::StateDtype::kFp32: return {m[u].data(), v[u].data()};
-      case update::StateDtype::kBf16: return {m16[u].data(), v16[u].data()};
-      case update::StateDtype::kInt8: return {m8[u].data(), v8[u].data(), m_scale[u].data(), v_scale[u].data()};
+      case MomentForm::kF32: return {m[u].data(), v[u].data()};
+      case MomentForm::kBF16: return {m16[u].data(), v16[u].data()};
+      case MomentForm::kInt8: return {m8[u].data(), v8[u].data(), m_scale[u].data(), v_scale[u].data()};
     }
     return {};
   }
   checkpoint::StateArrays arrays() {
     return {[this](int u) { return master[u].data(); }, dtype, [this](int u) { return moments(u); }};
   }
-  update::StateDtype dtype;
+  MomentForm dtype;
   std::vector<std::vector<float>> master, m, v, m_scale, v_scale;
   std::vector<std::vector<bf16_t>> m16, v16;
   std::vector<std::vector<int8_t>> m8;
@@ -95,7 +95,7 @@ int SaveRandom(const std::string& root, const std::string& model, int64_t step, 
     std::cerr << config.status() << "\n";
     return 1;
   }
-  auto moments = update::ParseStateDtype(state_dtype);
+  auto moments = ParseMomentForm(state_dtype);
   if (!moments.ok()) {
     std::cerr << moments.status() << "\n";
     return 1;
@@ -108,11 +108,11 @@ int SaveRandom(const std::string& root, const std::string& model, int64_t step, 
     const std::vector<float> m(u.numel, 1e-3f), v(u.numel, 1e-6f);
     const checkpoint::UnitMoments out = state.moments(u.index);
     switch (*moments) {
-      case update::StateDtype::kFp32: state.m[u.index] = m, state.v[u.index] = v; break;
-      case update::StateDtype::kBf16:
+      case MomentForm::kF32: state.m[u.index] = m, state.v[u.index] = v; break;
+      case MomentForm::kBF16:
         kernels.bf16_from_f32(m.data(), v.data(), {static_cast<bf16_t*>(out.m), static_cast<bf16_t*>(out.v)}, u.numel);
         break;
-      case update::StateDtype::kInt8:
+      case MomentForm::kInt8:
         kernels.int8_from_f32(m.data(), v.data(),
                               {static_cast<int8_t*>(out.m), static_cast<uint8_t*>(out.v), out.m_scale, out.v_scale},
                               u.numel);
@@ -126,7 +126,7 @@ int SaveRandom(const std::string& root, const std::string& model, int64_t step, 
   req.layout = &layout;
   req.arrays = state.arrays();
   req.trainer_state = {{"seed", seed}};
-  req.weight_dtype = dtype == "f32" ? checkpoint::WeightDtype::kF32 : checkpoint::WeightDtype::kBF16;
+  req.weight_dtype = dtype == "f32" ? Dtype::kF32 : Dtype::kBF16;
   req.shard_max_bytes = shard_bytes;
   req.io_threads = threads;
   std::vector<checkpoint::ModelDirFile> model_files;
@@ -151,7 +151,7 @@ int SaveRandom(const std::string& root, const std::string& model, int64_t step, 
 
 int Load(const std::string& dir, const std::string& state_dtype, int threads) {
   auto config = ModelConfig::FromFile(dir + "/config.json");
-  auto moments = update::ParseStateDtype(state_dtype);
+  auto moments = ParseMomentForm(state_dtype);
   if (!config.ok() || !moments.ok()) {
     std::cerr << (config.ok() ? moments.status() : config.status()) << "\n";
     return 1;
@@ -167,9 +167,8 @@ int Load(const std::string& dir, const std::string& state_dtype, int threads) {
   }
   const double gb = std::filesystem::file_size(dir + "/optimizer.safetensors") / 1e9;
   std::printf("step %lld, saved %s, loaded as %s%s%s\n%.3f GB in %.2f s = %.2f GB/s\n",
-              static_cast<long long>(loaded->step), update::StateDtypeName(loaded->saved_moment_dtype).c_str(),
-              state_dtype.c_str(), loaded->conversion_note.empty() ? "" : ": ", loaded->conversion_note.c_str(), gb,
-              seconds, gb / seconds);
+              static_cast<long long>(loaded->step), ToString(loaded->saved_moment_dtype), state_dtype.c_str(),
+              loaded->conversion_note.empty() ? "" : ": ", loaded->conversion_note.c_str(), gb, seconds, gb / seconds);
   return 0;
 }
 

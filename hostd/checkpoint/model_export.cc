@@ -174,8 +174,8 @@ absl::Status CheckDestinationParent(const fs::path& parent) {
 
 // The checkpoint's config.json for weights of `dtype`: its text as it is when the dtype is the
 // checkpoint's, else with torch_dtype (and transformers 5's `dtype`, where present) changed.
-absl::StatusOr<std::string> ExportedConfig(const std::string& text, const std::string& path, WeightDtype dtype) {
-  const char* name = dtype == WeightDtype::kBF16 ? "bfloat16" : "float32";
+absl::StatusOr<std::string> ExportedConfig(const std::string& text, const std::string& path, Dtype dtype) {
+  const char* name = dtype == Dtype::kBF16 ? "bfloat16" : "float32";
   if (absl::Status deep = CheckJsonDepth(text, path); !deep.ok()) return absl::DataLossError(deep.message());
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::DataLossError(absl::StrCat(path, ": not a JSON object"));
@@ -263,8 +263,7 @@ absl::StatusOr<ExportResult> ExportModel(const ExportRequest& req) {
   if (state.contains("weights_dtype") && !state["weights_dtype"].is_string()) {
     return absl::DataLossError(absl::StrCat(ckpt, "/trainer_state.json: weights_dtype is not a string"));
   }
-  WeightDtype dtype =
-      state.contains("weights_dtype") && state["weights_dtype"] == "float32" ? WeightDtype::kF32 : WeightDtype::kBF16;
+  Dtype dtype = state.contains("weights_dtype") && state["weights_dtype"] == "float32" ? Dtype::kF32 : Dtype::kBF16;
   if (req.dtype) dtype = *req.dtype;
   ASSIGN_OR_RETURN(auto optimizer, st::SafetensorsFile::Open(ckpt + "/optimizer.safetensors"));
   ASSIGN_OR_RETURN(std::vector<const float*> masters, MasterArrays(*optimizer, layout));

@@ -222,24 +222,26 @@ absl::StatusOr<std::string> CheckResumePath(const std::string& given, const std:
 }  // namespace
 
 absl::Status HostCore::CheckBeforeQueueing(const JobSpec& spec, const std::string& run_id) const {
-  int workers = spec.num_workers;  // runtime.workers, else every worker attached when it starts
+  int workers = spec.runtime.workers;  // runtime.workers, else every worker attached when it starts
   if (workers == 0) {
     absl::MutexLock l(&mu_);
     for (const auto& [wid, w] : workers_) workers += !w->gone();
   }
-  const int cp = std::max(1, spec.context_parallel);
-  if (workers > 0 && workers % cp == 0 && spec.global_batch % (int64_t{workers / cp} * spec.micro_batch) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.global_batch ", spec.global_batch, " is not divisible by ", workers / cp,
-        cp > 1 ? " context-parallel group(s)" : " worker(s)", " x train.micro_batch ", spec.micro_batch, ": the job gets ",
-        workers, " worker(s) (", spec.num_workers > 0 ? "runtime.workers" : "the workers attached now",
-        "); give a global_batch that is a multiple of ", int64_t{workers / cp} * spec.micro_batch));
+  const int cp = std::max(1, spec.runtime.context_parallel);
+  if (workers > 0 && workers % cp == 0 &&
+      spec.train.global_batch % (int64_t{workers / cp} * spec.train.micro_batch) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.global_batch ", spec.train.global_batch, " is not divisible by ", workers / cp,
+                     cp > 1 ? " context-parallel group(s)" : " worker(s)", " x train.micro_batch ",
+                     spec.train.micro_batch, ": the job gets ", workers, " worker(s) (",
+                     spec.runtime.workers > 0 ? "runtime.workers" : "the workers attached now",
+                     "); give a global_batch that is a multiple of ", int64_t{workers / cp} * spec.train.micro_batch));
   }
   // Another run's checkpoints there, for a job that saves any. (A job queued before this one with
   // the same output.dir has written none yet: the check runs again when this job starts.)
   if (!SavesCheckpoints(spec)) return absl::OkStatus();
-  ASSIGN_OR_RETURN(std::vector<checkpoint::CheckpointEntry> others, OtherRunsCheckpoints(spec.output_dir, run_id));
-  if (!spec.overwrite) RETURN_IF_ERROR(RefuseOtherRuns(spec.output_dir, others));
+  ASSIGN_OR_RETURN(std::vector<checkpoint::CheckpointEntry> others, OtherRunsCheckpoints(spec.output.dir, run_id));
+  if (!spec.output.overwrite) RETURN_IF_ERROR(RefuseOtherRuns(spec.output.dir, others));
   return absl::OkStatus();
 }
 
@@ -270,7 +272,7 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
   // policy's to resolve (inside hostd's output root), and the job record shows its result.
   ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(req.spec_yaml(), req.base_dir(), JobSpec::FileCheck::kCheck,
                                                 JobSpec::OutputDirBase::kAsWritten));
-  ASSIGN_OR_RETURN(spec.output_dir, ResolveOutputDir(options_.output_policy, spec.output_dir));
+  ASSIGN_OR_RETURN(spec.output.dir, ResolveOutputDir(options_.output_policy, spec.output.dir));
   std::string resume_from = req.resume_from();
   // --resume JOB_ID: that job's own newest checkpoint (the file reads happen outside the lock).
   std::string resume_job, resume_last, resume_root;
@@ -280,7 +282,7 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
     if (!resume_from.empty() && it != jobs_.end()) {
       resume_job = it->first;
       resume_last = it->second->job.last_checkpoint();
-      resume_root = it->second->spec.output_dir;
+      resume_root = it->second->spec.output.dir;
     }
   }
   if (!resume_job.empty()) {
@@ -344,18 +346,18 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
     const std::string stem = absl::StrReplaceAll(spec.name, {{".", "_"}});
     do {
       id = absl::StrCat(stem, "-", next_job_number_++);
-    } while (jobs_.count(id) || JobIdUsedIn(spec.output_dir, id));
+    } while (jobs_.count(id) || JobIdUsedIn(spec.output.dir, id));
     if (!ValidJobId(id)) return absl::InternalError(absl::StrCat("job id '", id, "' made from the name is not valid"));
   } else if (jobs_.count(id)) {  // raced with an identical submit
     v1::SubmitJobResponse resp;
     *resp.mutable_job() = jobs_[id]->job;
     resp.set_already_existed(true);
     return resp;
-  } else if (JobIdUsedIn(spec.output_dir, id)) {
-    return absl::FailedPreconditionError(absl::StrCat("job id '", id, "': output.dir ", spec.output_dir,
+  } else if (JobIdUsedIn(spec.output.dir, id)) {
+    return absl::FailedPreconditionError(absl::StrCat("job id '", id, "': output.dir ", spec.output.dir,
                                                       " holds the metrics or TensorBoard events of an earlier job "
-                                                      "with this id (metrics-", id,
-                                                      ".jsonl); give another --id, or another output.dir"));
+                                                      "with this id (metrics-",
+                                                      id, ".jsonl); give another --id, or another output.dir"));
   }
   if (!req.dry_run() && queue_.size() >= kMaxQueuedJobs) {  // again: submits raced since the first look
     return absl::ResourceExhaustedError(
@@ -364,8 +366,8 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
   rec->job.set_job_id(id);
   rec->job.set_resolved_spec_yaml(spec.ToYaml());
   rec->job.set_submit_time_unix_ms(NowMs());
-  rec->job.set_total_steps(spec.steps);
-  rec->job.set_output_dir(spec.output_dir);
+  rec->job.set_total_steps(spec.train.steps);
+  rec->job.set_output_dir(spec.output.dir);
   rec->job.set_run_id(run_id.empty() ? id : run_id);
   rec->submit_ms = NowMs();
   rec->spec = spec;
@@ -391,25 +393,25 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
 absl::StatusOr<v1::PlanJobResponse> HostCore::Plan(const v1::PlanJobRequest& req) {
   ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(req.spec_yaml(), req.base_dir(), JobSpec::FileCheck::kCheck,
                                                 JobSpec::OutputDirBase::kAsWritten));
-  ASSIGN_OR_RETURN(spec.output_dir, ResolveOutputDir(options_.output_policy, spec.output_dir));
+  ASSIGN_OR_RETURN(spec.output.dir, ResolveOutputDir(options_.output_policy, spec.output.dir));
   RETURN_IF_ERROR(executor_->Validate(spec));
   std::vector<v1::WorkerHello> hellos;
   {
     absl::MutexLock l(&mu_);
     for (auto& [wid, w] : workers_) {
       if (w->gone()) continue;
-      if (spec.num_workers > 0 && static_cast<int>(hellos.size()) >= spec.num_workers) break;
+      if (spec.runtime.workers > 0 && static_cast<int>(hellos.size()) >= spec.runtime.workers) break;
       hellos.push_back(w->hello());
     }
   }
-  if (hellos.empty() || (spec.num_workers > 0 && static_cast<int>(hellos.size()) < spec.num_workers)) {
-    return absl::FailedPreconditionError(absl::StrCat("plan: the job needs ", std::max(1, spec.num_workers),
+  if (hellos.empty() || (spec.runtime.workers > 0 && static_cast<int>(hellos.size()) < spec.runtime.workers)) {
+    return absl::FailedPreconditionError(absl::StrCat("plan: the job needs ", std::max(1, spec.runtime.workers),
                                                       " attached worker(s) to plan on, ", hellos.size(),
                                                       " attached now"));
   }
   ASSIGN_OR_RETURN(v1::PlanJobResponse plan, executor_->Plan(spec, hellos));
   if (!req.measure()) return plan;
-  if (spec.context_parallel > 1) {
+  if (spec.runtime.context_parallel > 1) {
     plan.add_notes("runtime.context_parallel: AutoPolicy does not measure such jobs (--measure does nothing)");
     return plan;
   }
@@ -417,7 +419,8 @@ absl::StatusOr<v1::PlanJobResponse> HostCore::Plan(const v1::PlanJobRequest& req
   const bool cuda = std::all_of(hellos.begin(), hellos.end(),
                                 [](const v1::WorkerHello& h) { return h.device().kind() == "cuda"; });
   std::vector<JobSpec> targets = {spec};
-  if (req.routes() || spec.grad_reduction_auto || spec.param_delivery_auto || spec.chunk_bytes_auto) {
+  if (req.routes() || spec.runtime.grad_reduction_auto || spec.runtime.param_delivery_auto ||
+      spec.runtime.chunk_bytes_auto) {
     targets = RouteVariants(spec, static_cast<int>(hellos.size()), cuda, req.routes());
   }
   for (const JobSpec& t : targets) {
@@ -550,7 +553,7 @@ void HostCore::RunnerLoop() {
       id = queue_.front();
       rec = jobs_[id].get();
       // Wait for enough live workers (the job stays queued meanwhile).
-      const int wanted = rec->spec.num_workers;
+      const int wanted = rec->spec.runtime.workers;
       absl::Time deadline = absl::Now() + options_.worker_wait;
       auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         if (stop_ || rec->cancel || queue_.empty() || queue_.front() != id) return true;
@@ -613,7 +616,7 @@ void HostCore::RunnerLoop() {
       // restarts: the job goes back to the front of the queue and resumes from its newest
       // complete checkpoint (or from the start) on the workers still attached.
       const bool worker_lost = status.code() == absl::StatusCode::kUnavailable;
-      if (worker_lost && !rec->cancel && !stop_ && rec->restarts < rec->spec.max_restarts) {
+      if (worker_lost && !rec->cancel && !stop_ && rec->restarts < rec->spec.runtime.max_restarts) {
         rec->restarts++;
         // The dead worker's session may not have broken yet (the job noticed first, through the
         // ring's liveness check): drop every assigned worker whose process is gone, so the
@@ -621,11 +624,11 @@ void HostCore::RunnerLoop() {
         for (auto& w : assigned) {
           if (!w->process_alive()) w->MarkGone();
         }
-        auto latest = checkpoint::FindLatestCheckpoint(rec->spec.output_dir, rec->job.job_id());
+        auto latest = checkpoint::FindLatestCheckpoint(rec->spec.output.dir, rec->job.job_id());
         rec->resume_from = latest.ok() ? *latest : rec->resume_from;
         v1::JobEvent ev;
         ev.set_log(
-            absl::StrCat("restart ", rec->restarts, " of ", rec->spec.max_restarts,
+            absl::StrCat("restart ", rec->restarts, " of ", rec->spec.runtime.max_restarts,
                          " after: ", BoundedLine(status.message(), kMaxJobErrorBytes),
                          latest.ok() ? absl::StrCat("; resuming from ", *latest) : std::string("; from the start")));
         LOG(WARNING) << "job " << id << ": " << ev.log();

@@ -70,7 +70,7 @@ void HostCore::LoadPersisted() {
       if (spec.ok() && options_.resume_interrupted && job.hostd_restarts() < kMaxHostdRestartsPerJob) {
         ResumeInterruptedLocked(job, *spec, *rec);
       } else {
-        ReportInterrupted(job, spec.ok() ? spec->output_dir : std::string());
+        ReportInterrupted(job, spec.ok() ? spec->output.dir : std::string());
       }
     }
     rec->job = job;
@@ -124,7 +124,7 @@ void HostCore::ResumeInterruptedLocked(v1::Job& job, const JobSpec& spec, JobRec
   } else {
     const std::string why_not = absl::IsNotFound(shm_step.status()) ? std::string("no state in shared memory")
                                                                     : std::string(shm_step.status().message());
-    auto latest = checkpoint::FindLatestCheckpoint(spec.output_dir, job.job_id());
+    auto latest = checkpoint::FindLatestCheckpoint(spec.output.dir, job.job_id());
     if (latest.ok()) {
       rec.resume_from = *latest;
       how = absl::StrCat("checkpoint ", *latest, " (", why_not, ")");

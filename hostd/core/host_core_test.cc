@@ -17,7 +17,7 @@ class StepExecutor : public JobExecutor {
   absl::Status Run(JobContext& ctx) override {
     runs++;
     ctx.SetState(v1::JOB_STATE_RUNNING);
-    for (int64_t s = 0; s < ctx.spec().steps; ++s) {
+    for (int64_t s = 0; s < ctx.spec().train.steps; ++s) {
       if (ctx.cancel_requested()) {
         saw_checkpoint_on_cancel = ctx.checkpoint_on_cancel();
         return absl::CancelledError("cancelled");

@@ -13,7 +13,7 @@ namespace slidedp::hostd {
 namespace fs = std::filesystem;
 
 bool SavesCheckpoints(const JobSpec& spec) {
-  return !spec.measure_only && (spec.save_final || spec.save_every_steps > 0);
+  return !spec.train.measure_only && (spec.output.save_final || spec.output.save_every > 0);
 }
 
 absl::StatusOr<std::vector<checkpoint::CheckpointEntry>> OtherRunsCheckpoints(const std::string& output_dir,

@@ -38,9 +38,9 @@ bool RangeInside(int64_t offset, int64_t numel, int64_t begin, int64_t end) {
 
 // Int8 moments are requantized a 256-element block at a time: a chunk must not split one.
 bool SplitsMomentBlock(const RoutePlan& plan, int64_t offset, int64_t numel, int64_t unit_numel) {
-  if (plan.moments != shm::MomentDtype::kInt8) return false;
+  if (plan.moments != MomentForm::kInt8) return false;
   const int64_t end = offset + numel;
-  return offset % shm::kInt8MomentBlock != 0 || (end % shm::kInt8MomentBlock != 0 && end != unit_numel);
+  return offset % kInt8MomentBlock != 0 || (end % kInt8MomentBlock != 0 && end != unit_numel);
 }
 
 // The gradient's elements from `off` on.
@@ -75,8 +75,6 @@ int64_t FirstNonFiniteOf(update::GradPtr src, int64_t n) {
   }
   return -1;
 }
-
-const char* DtypeName(shm::GradDtype d) { return d == shm::GradDtype::kBF16 ? "BF16" : "F32"; }
 
 }  // namespace
 
@@ -247,10 +245,10 @@ absl::StatusOr<double> GradConsumer::PopRankNorm(int r, int64_t t, bool first_st
   const absl::Time t_wait = absl::Now();
   ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(r, first_step));
   wait_s += SecondsSince(t_wait);
-  if (d.dtype != shm::GradDtype::kSumSquares || d.step != static_cast<uint32_t>(t)) {
+  if (d.kind != shm::ChunkKind::kSumSquares || d.step != static_cast<uint32_t>(t)) {
     // (The slot is not released: the job ends here and the ring with it.)
     return rings_.FailRank(
-        r, absl::StrCat("posted unit ", d.unit, " (dtype ", static_cast<uint32_t>(d.dtype), ") for step ", d.step,
+        r, absl::StrCat("posted unit ", d.unit, " (kind ", static_cast<uint32_t>(d.kind), ") for step ", d.step,
                         " where its squared norm for step ", t, " comes ",
                         speculate_step_ ? "after its speculative parts" : "first", " (device staging)"));
   }
@@ -282,19 +280,18 @@ absl::Status GradConsumer::ConsumeRank(int r, int64_t t, bool first_step, float 
     wait_s += SecondsSince(t_wait);
     const bool unit_ok = d.unit >= units.begin && d.unit < units.end;
     const ShardRange shard = unit_ok ? ShardOf(unit_numel_[d.unit], world, r) : ShardRange{};
-    if (d.step != static_cast<uint32_t>(t) || !unit_ok || d.dtype != plan_.grad_dtype ||
+    if (d.step != static_cast<uint32_t>(t) || !unit_ok || d.kind != shm::GradChunkKind(plan_.grad_dtype) ||
         !RangeInside(d.offset_numel, d.numel, shard.offset, shard.offset + shard.numel) ||
         d.numel > shard.numel - unit_got[d.unit] ||
         SplitsMomentBlock(plan_, d.offset_numel, d.numel, unit_numel_[d.unit])) {
       return rings_.FailRank(
           r, absl::StrCat("posted an unexpected gradient chunk: step ", d.step, " unit ", d.unit, " offset ",
-                          d.offset_numel, " numel ", d.numel, " dtype ", static_cast<uint32_t>(d.dtype),
-                          " while hostd ", action == PartAction::kSpeculate ? "speculates" : "applies", " step ", t,
-                          " (", DtypeName(plan_.grad_dtype), ", units ", units.begin, "..", units.end - 1,
-                          plan_.moments == shm::MomentDtype::kInt8 ? ", on int8 moment blocks" : "",
-                          "; its shard of that unit is [",
-                          shard.offset, ", ", shard.offset + shard.numel, "), ", unit_ok ? unit_got[d.unit] : 0,
-                          " elements of it already received)"));
+                          d.offset_numel, " numel ", d.numel, " kind ", static_cast<uint32_t>(d.kind), " while hostd ",
+                          action == PartAction::kSpeculate ? "speculates" : "applies", " step ", t, " (",
+                          shm::ChunkKindName(shm::GradChunkKind(plan_.grad_dtype)), ", units ", units.begin, "..",
+                          units.end - 1, plan_.moments == MomentForm::kInt8 ? ", on int8 moment blocks" : "",
+                          "; its shard of that unit is [", shard.offset, ", ", shard.offset + shard.numel, "), ",
+                          unit_ok ? unit_got[d.unit] : 0, " elements of it already received)"));
     }
     const update::GradPtr src = rings_.grad(r, d);
     unit_got[d.unit] += d.numel;
@@ -421,13 +418,14 @@ absl::StatusOr<shm::GradChunkDesc> GradConsumer::PopRankZeroChunk(int64_t t, boo
   ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(0, first_step));
   out.wait_s += SecondsSince(t_wait);
   if (d.step != static_cast<uint32_t>(t) || d.unit < 0 || d.unit >= static_cast<int>(unit_numel_.size()) ||
-      !RangeInside(d.offset_numel, d.numel, 0, unit_numel_[d.unit]) || d.dtype != plan_.grad_dtype ||
+      !RangeInside(d.offset_numel, d.numel, 0, unit_numel_[d.unit]) || d.kind != shm::GradChunkKind(plan_.grad_dtype) ||
       SplitsMomentBlock(plan_, d.offset_numel, d.numel, unit_numel_[d.unit])) {
     return rings_.FailRank(
-        0, absl::StrCat("posted an unexpected gradient chunk: step ", d.step, " unit ", d.unit, " offset ",
-                        d.offset_numel, " numel ", d.numel, " dtype ", static_cast<uint32_t>(d.dtype),
-                        " while hostd aggregates step ", t, " (", DtypeName(plan_.grad_dtype), ", inside the unit",
-                        plan_.moments == shm::MomentDtype::kInt8 ? ", on int8 moment blocks" : "", ")"));
+        0,
+        absl::StrCat("posted an unexpected gradient chunk: step ", d.step, " unit ", d.unit, " offset ", d.offset_numel,
+                     " numel ", d.numel, " kind ", static_cast<uint32_t>(d.kind), " while hostd aggregates step ", t,
+                     " (", shm::ChunkKindName(shm::GradChunkKind(plan_.grad_dtype)), ", inside the unit",
+                     plan_.moments == MomentForm::kInt8 ? ", on int8 moment blocks" : "", ")"));
   }
   return d;
 }
@@ -462,11 +460,11 @@ absl::Status GradConsumer::ConsumeSummed(int64_t t, bool first_step, StepUpdates
     for (int r = 1; r < world; ++r) {
       ASSIGN_OR_RETURN(shm::GradChunkDesc d, rings_.Pop(r, first_step));
       if (d.step != d0.step || d.unit != d0.unit || d.offset_numel != d0.offset_numel || d.numel != d0.numel ||
-          d.dtype != d0.dtype) {
+          d.kind != d0.kind) {
         return rings_.FailRank(
-            r, absl::StrCat("posted unit ", d.unit, "@", d.offset_numel, " numel ", d.numel, " dtype ",
-                            static_cast<uint32_t>(d.dtype), " step ", d.step, " where rank 0 posted unit ", d0.unit,
-                            "@", d0.offset_numel, " numel ", d0.numel, " step ", d0.step,
+            r, absl::StrCat("posted unit ", d.unit, "@", d.offset_numel, " numel ", d.numel, " kind ",
+                            static_cast<uint32_t>(d.kind), " step ", d.step, " where rank 0 posted unit ", d0.unit, "@",
+                            d0.offset_numel, " numel ", d0.numel, " step ", d0.step,
                             " (every rank posts the same chunks on the cpu route)"));
       }
       descs.push_back(d);

@@ -75,11 +75,11 @@ class GradRings {
             absl::Duration step_timeout);
   absl::StatusOr<shm::GradChunkDesc> Pop(int rank, bool first_step);
   shm::GradRing& ring(int rank) { return *rings_[rank]; }
-  // The chunk's elements in its ring slot (FP32 or BF16, as d.dtype; checked against the plan's
+  // The chunk's elements in its ring slot (FP32 or BF16, as d.kind; checked against the plan's
   // before this is called).
   update::GradPtr grad(int rank, const shm::GradChunkDesc& d) const {
     const void* data = rings_[rank]->slot_data(d.slot);
-    if (d.dtype == shm::GradDtype::kBF16) return static_cast<const bf16_t*>(data);
+    if (d.kind == shm::ChunkKind::kGradBF16) return static_cast<const bf16_t*>(data);
     return static_cast<const float*>(data);
   }
   // Raises the abort word: every party (workers, the other consumers) stops waiting.

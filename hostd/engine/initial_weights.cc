@@ -16,7 +16,7 @@ namespace slidedp::hostd {
 namespace {
 
 constexpr int64_t kPieceNumel = 16 << 20;  // elements per task of the bulk loops (64 MiB of FP32)
-static_assert(kPieceNumel % update::kInt8StateBlock == 0, "pieces must not split an int8 block");
+static_assert(kPieceNumel % kInt8MomentBlock == 0, "pieces must not split an int8 block");
 
 struct Piece {
   int unit;
@@ -36,19 +36,10 @@ std::vector<Piece> PiecesOf(const ModelLayout& layout) {
 
 }  // namespace
 
-update::StateDtype StateDtypeOf(shm::MomentDtype d) {
-  switch (d) {
-    case shm::MomentDtype::kF32: return update::StateDtype::kFp32;
-    case shm::MomentDtype::kBF16: return update::StateDtype::kBf16;
-    case shm::MomentDtype::kInt8: return update::StateDtype::kInt8;
-  }
-  return update::StateDtype::kFp32;
-}
-
 checkpoint::StateArrays StateArraysOf(shm::JobState& js) {
   checkpoint::StateArrays arrays;
   arrays.master = [&js](int u) { return js.master(u); };
-  arrays.moment_dtype = StateDtypeOf(js.moment_dtype());
+  arrays.moment_dtype = js.moment_dtype();
   arrays.moments = [&js](int u) {
     const shm::JobState::Moments mo = js.moments(u);
     return checkpoint::UnitMoments{mo.m, mo.v, mo.m_scale, mo.v_scale};
@@ -59,9 +50,9 @@ checkpoint::StateArrays StateArraysOf(shm::JobState& js) {
 void ZeroMoments(const ModelLayout& layout, shm::JobState& js, int threads) {
   // All-zero bytes are zero moments in every layout: FP32 and BF16 +0, int8 code 0 with scale 0
   // (decodes to +0 for m and v; tested against the decoders).
-  const size_t element_bytes = js.moment_dtype() == shm::MomentDtype::kF32    ? 4
-                               : js.moment_dtype() == shm::MomentDtype::kBF16 ? 2
-                                                                              : 1;
+  const size_t element_bytes = js.moment_dtype() == MomentForm::kF32    ? 4
+                               : js.moment_dtype() == MomentForm::kBF16 ? 2
+                                                                        : 1;
   const std::vector<Piece> pieces = PiecesOf(layout);
   ParallelFor(pieces.size(), threads, [&](size_t p) {
     const Piece& pc = pieces[p];
@@ -71,7 +62,7 @@ void ZeroMoments(const ModelLayout& layout, shm::JobState& js, int threads) {
     if (mo.m_scale != nullptr) {
       // Pieces start on block boundaries (kPieceNumel is a multiple of the block), so each block's
       // scale belongs to exactly one piece.
-      const int64_t first = pc.offset / update::kInt8StateBlock, blocks = update::Int8StateBlocks(pc.numel);
+      const int64_t first = pc.offset / kInt8MomentBlock, blocks = Int8MomentBlocks(pc.numel);
       std::memset(mo.m_scale + first, 0, blocks * sizeof(float));
       std::memset(mo.v_scale + first, 0, blocks * sizeof(float));
     }
@@ -114,12 +105,12 @@ absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& s
         "resumed from ", dir, " at step ", state.first_step,
         state.skipped_steps > 0 ? absl::StrCat(" (", state.skipped_steps, " skipped as non-finite)") : std::string()));
     if (!loaded.conversion_note.empty()) ctx.Log(loaded.conversion_note);
-  } else if (!spec.model_path.empty()) {
-    RETURN_IF_ERROR(checkpoint::LoadHfModel(spec.model_path, layout, arrays.master, load));
-    ctx.Log(absl::StrCat("loaded weights from ", spec.model_path));
+  } else if (!spec.model.path.empty()) {
+    RETURN_IF_ERROR(checkpoint::LoadHfModel(spec.model.path, layout, arrays.master, load));
+    ctx.Log(absl::StrCat("loaded weights from ", spec.model.path));
   } else {
-    checkpoint::InitRandom(layout, spec.init_seed, arrays.master);
-    ctx.Log(absl::StrCat("random init (seed ", spec.init_seed, ")"));
+    checkpoint::InitRandom(layout, spec.model.init_seed, arrays.master);
+    ctx.Log(absl::StrCat("random init (seed ", spec.model.init_seed, ")"));
   }
   // The BF16 mirror of the initial weights, in pieces over the threads (one thread converts only
   // ~1 Gparam/s: seconds for a 4B model). Without one the workers cast the master themselves.

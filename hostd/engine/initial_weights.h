@@ -19,8 +19,6 @@ namespace slidedp::hostd {
 // The checkpoint code's view of the state segment's arrays: master and the moments in the
 // segment's layout (moment_dtype, every unit's m, v and int8 scales).
 checkpoint::StateArrays StateArraysOf(shm::JobState& js);
-// The optimizer's name for how a segment keeps its moments.
-update::StateDtype StateDtypeOf(shm::MomentDtype d);
 
 // Zeroes every unit's m, v and (int8) scales in pieces over `threads`: zero moments in each layout.
 void ZeroMoments(const ModelLayout& layout, shm::JobState& js, int threads);

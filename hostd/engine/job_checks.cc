@@ -17,21 +17,21 @@ namespace slidedp::hostd {
 
 // Optimizer steps of a job: train.steps, or train.epochs over the dataset's rows (rounded up).
 int64_t StepsOf(const JobSpec& spec, int64_t num_rows) {
-  if (spec.steps > 0) return spec.steps;
-  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(spec.epochs * num_rows / spec.global_batch)));
+  if (spec.train.steps > 0) return spec.train.steps;
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(spec.train.epochs * num_rows / spec.train.global_batch)));
 }
 
 absl::StatusOr<update::LrSchedule> ScheduleOf(const JobSpec& spec, int64_t total_steps) {
   update::LrScheduleConfig sc;
-  switch (spec.schedule) {
+  switch (spec.schedule.kind) {
     case ScheduleKind::kConstant: sc.kind = update::LrScheduleKind::kConstant; break;
     case ScheduleKind::kLinear: sc.kind = update::LrScheduleKind::kLinear; break;
     case ScheduleKind::kCosine: sc.kind = update::LrScheduleKind::kCosine; break;
   }
-  sc.base_lr = spec.lr;
-  sc.warmup_steps = spec.warmup_steps;
+  sc.base_lr = spec.optimizer.lr;
+  sc.warmup_steps = spec.schedule.warmup_steps;
   sc.total_steps = total_steps;
-  sc.min_lr = spec.min_lr;
+  sc.min_lr = spec.schedule.min_lr;
   return update::LrSchedule::Create(sc);
 }
 
@@ -56,13 +56,15 @@ absl::Status CheckModelWeightsPresent(const std::string& model_dir) {
 // The model directory's tokenizer, to compare with the dataset's record of the one that made it;
 // nullopt when there is none to compare with (a preset, a directory without tokenizer.json).
 absl::StatusOr<std::optional<tok::TokenizerIdentity>> ModelTokenizerOf(const JobSpec& spec) {
-  if (spec.model_path.empty() || !spec.tokenizer_check) return std::optional<tok::TokenizerIdentity>();
-  absl::StatusOr<tok::TokenizerIdentity> id = tok::IdentifyTokenizer(spec.model_path);
+  if (spec.model.path.empty() || !spec.data.tokenizer_check) return std::optional<tok::TokenizerIdentity>();
+  absl::StatusOr<tok::TokenizerIdentity> id = tok::IdentifyTokenizer(spec.model.path);
   if (absl::IsNotFound(id.status())) return std::optional<tok::TokenizerIdentity>();
   if (!id.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "data.tokenizer_check: cannot read the tokenizer of model.path ", spec.model_path, " to compare it with the "
-        "dataset's: ", id.status().message(), " (data.tokenizer_check: false trains without the check)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("data.tokenizer_check: cannot read the tokenizer of model.path ", spec.model.path,
+                     " to compare it with the "
+                     "dataset's: ",
+                     id.status().message(), " (data.tokenizer_check: false trains without the check)"));
   }
   return std::optional<tok::TokenizerIdentity>(*std::move(id));
 }
@@ -73,11 +75,11 @@ absl::StatusOr<std::optional<tok::TokenizerIdentity>> ModelTokenizerOf(const Job
 absl::StatusOr<std::string> CheckDatasetTokenizer(const JobSpec& spec, absl::string_view key,
                                                   const std::string& path, const data::DatasetReader& dataset,
                                                   const std::optional<tok::TokenizerIdentity>& model) {
-  if (!spec.tokenizer_check) {
+  if (!spec.data.tokenizer_check) {
     return absl::StrCat(key, ": data.tokenizer_check is false: its tokenizer is not compared with the model's");
   }
   if (!model) {  // a preset has no tokenizer; a model directory may lack tokenizer.json
-    return spec.model_path.empty()
+    return spec.model.path.empty()
                ? std::string()
                : absl::StrCat(key, ": model.path has no tokenizer.json to compare the dataset's tokenizer with");
   }
@@ -92,8 +94,7 @@ absl::StatusOr<std::string> CheckDatasetTokenizer(const JobSpec& spec, absl::str
         key, " ", path, " was tokenized by another tokenizer than the model's: the dataset's is ",
         source->tokenizer_fingerprint,
         source->model.empty() ? std::string() : absl::StrCat(" (from ", source->model, ")"), ", model.path ",
-        spec.model_path, "'s is ", model->fingerprint,
-        ". Prepare the data again with --model ", spec.model_path,
+        spec.model.path, "'s is ", model->fingerprint, ". Prepare the data again with --model ", spec.model.path,
         ", or set data.tokenizer_check: false if the tokenizers are known to agree"));
   }
   return std::string();

@@ -30,12 +30,13 @@ std::vector<WorkerDevice> WorkerDevicesOf(absl::Span<const v1::WorkerHello> hell
   return out;
 }
 
-v1::GradReduction RoutePlan::grad_reduction() const {
-  return route == GradReduction::kGpu ? v1::GRAD_REDUCTION_GPU : v1::GRAD_REDUCTION_CPU;
-}
-
-v1::GradStaging RoutePlan::grad_staging() const {
-  return clip_staging == ClipStaging::kDevice ? v1::GRAD_STAGING_DEVICE : v1::GRAD_STAGING_HOST;
+JobSpec RoutePlan::WorkerSpec(const JobSpec& spec) const {
+  JobSpec out = spec;
+  out.runtime.grad_reduction = route;
+  out.runtime.grad_reduction_auto = false;
+  out.runtime.param_delivery_auto = false;
+  out.runtime.grad_staging = clip_staging == ClipStaging::kDevice ? GradStaging::kDevice : GradStaging::kHost;
+  return out;
 }
 
 std::string RoutePlan::RoutesLine(ParamDelivery delivery) const {
@@ -54,13 +55,13 @@ std::string RoutePlan::RoutesLine(ParamDelivery delivery) const {
   } else if (clip_staging == ClipStaging::kHost) {
     staging = absl::StrCat("; ", why, ": host staging (hostd keeps the step's gradients)");
   }
-  const char* dtype = grad_dtype == shm::GradDtype::kBF16
+  const char* dtype = grad_dtype == Dtype::kBF16
                           ? "; gradients cross the host link in BF16 (runtime.grad_dtype: an approximation)"
                           : "";
-  const std::string moment_note = moments == shm::MomentDtype::kF32
-                                      ? std::string()
-                                      : absl::StrCat("; Adam moments kept in ", shm::MomentDtypeName(moments),
-                                                     " (optimizer.state_dtype: an approximation)");
+  const std::string moment_note =
+      moments == MomentForm::kF32
+          ? std::string()
+          : absl::StrCat("; Adam moments kept in ", ToString(moments), " (optimizer.state_dtype: an approximation)");
   const char* source =
       mirror ? ""
       : cast_on == CastOn::kHost
@@ -94,16 +95,16 @@ int CpuWorkersOf(absl::Span<const WorkerDevice> workers) {
 absl::Status CheckBatchSplit(const JobSpec& spec, int world) {
   if (world <= 0) return absl::InvalidArgumentError("a job needs at least one worker");
   // Data-parallel ranks: the workers, or their context-parallel groups (each splits its micro-batches).
-  const int cp = std::max(1, spec.context_parallel);
+  const int cp = std::max(1, spec.runtime.context_parallel);
   if (world % cp != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("runtime.context_parallel ", cp, " does not divide the job's ", world, " workers"));
   }
   const int dp = world / cp;
-  if (spec.global_batch % (int64_t{dp} * spec.micro_batch) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("train.global_batch ", spec.global_batch, " is not divisible by ",
-                                                   dp, cp > 1 ? " context-parallel group(s)" : " worker(s)",
-                                                   " x train.micro_batch ", spec.micro_batch));
+  if (spec.train.global_batch % (int64_t{dp} * spec.train.micro_batch) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.global_batch ", spec.train.global_batch, " is not divisible by ", dp,
+        cp > 1 ? " context-parallel group(s)" : " worker(s)", " x train.micro_batch ", spec.train.micro_batch));
   }
   return absl::OkStatus();
 }
@@ -111,19 +112,20 @@ absl::Status CheckBatchSplit(const JobSpec& spec, int world) {
 absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& layout,
                                      absl::Span<const WorkerDevice> workers) {
   const int world = static_cast<int>(workers.size());
-  const bool gpu_route = spec.grad_reduction == GradReduction::kGpu && world > 1;
+  const bool gpu_route = spec.runtime.grad_reduction == GradReduction::kGpu && world > 1;
   const int cpu_workers = CpuWorkersOf(workers);
   // runtime.backend names the workers' backend (`slidedp run` starts them so; on a node service
   // the attached workers must be of it).
-  if ((spec.backend == Backend::kCuda && cpu_workers > 0) || (spec.backend == Backend::kCpu && cpu_workers < world)) {
-    return absl::FailedPreconditionError(absl::StrCat("runtime.backend ", ToString(spec.backend), ": ",
-                                                      spec.backend == Backend::kCuda ? cpu_workers : world - cpu_workers,
-                                                      " of the job's ", world, " workers are ",
-                                                      spec.backend == Backend::kCuda ? "CPU-backend" : "CUDA",
-                                                      " workers (runtime.backend auto takes either)"));
+  if ((spec.runtime.backend == Backend::kCuda && cpu_workers > 0) ||
+      (spec.runtime.backend == Backend::kCpu && cpu_workers < world)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("runtime.backend ", ToString(spec.runtime.backend), ": ",
+                     spec.runtime.backend == Backend::kCuda ? cpu_workers : world - cpu_workers, " of the job's ",
+                     world, " workers are ", spec.runtime.backend == Backend::kCuda ? "CPU-backend" : "CUDA",
+                     " workers (runtime.backend auto takes either)"));
   }
   // Sharded delivery all-gathers each unit over NCCL: CUDA workers only.
-  if (spec.param_delivery == ParamDelivery::kSharded && world > 1 && cpu_workers > 0) {
+  if (spec.runtime.param_delivery == ParamDelivery::kSharded && world > 1 && cpu_workers > 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("runtime.param_delivery sharded all-gathers over NCCL and needs CUDA workers; ", cpu_workers,
                      " of ", world, " are CPU-backend (use replicated or auto)"));
@@ -147,7 +149,8 @@ absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& lay
   // NCCL needs one GPU per rank: CUDA workers sharing a GPU (slidedp-worker --id) can run a job
   // only where nothing goes over NCCL (the cpu route, replicated delivery; context parallelism then
   // goes through shm).
-  const bool nccl = cpu_workers == 0 && world > 1 && (gpu_route || spec.param_delivery == ParamDelivery::kSharded);
+  const bool nccl =
+      cpu_workers == 0 && world > 1 && (gpu_route || spec.runtime.param_delivery == ParamDelivery::kSharded);
   if (nccl) {
     for (size_t i = 0; i < workers.size(); ++i) {
       for (size_t j = i + 1; j < workers.size(); ++j) {
@@ -160,7 +163,7 @@ absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& lay
       }
     }
   }
-  if (spec.context_parallel > 1 && cpu_workers != 0 && cpu_workers != world) {
+  if (spec.runtime.context_parallel > 1 && cpu_workers != 0 && cpu_workers != world) {
     return absl::FailedPreconditionError(absl::StrCat("runtime.context_parallel needs workers of one backend; ",
                                                       cpu_workers, " of ", world, " are CPU-backend"));
   }
@@ -174,11 +177,11 @@ void PlanContextGroups(const JobSpec& spec, const ModelLayout& layout, bool nccl
   // CUDA workers stage through host memory (a micro-batch's keys and values, 2 kv_dim FP32 per
   // token of a rank's padded share, every rank's in one buffer for the reduce-scatter of their
   // gradients).
-  if (spec.context_parallel <= 1) return;
-  const int64_t ranks = spec.context_parallel;
+  if (spec.runtime.context_parallel <= 1) return;
+  const int64_t ranks = spec.runtime.context_parallel;
   p.context_ranks = static_cast<int>(ranks);
   p.context_on_nccl = nccl;
-  const int64_t part = ContextShareTokens(static_cast<int64_t>(spec.micro_batch) * spec.seq_len, ranks);
+  const int64_t part = ContextShareTokens(static_cast<int64_t>(spec.train.micro_batch) * spec.train.seq_len, ranks);
   if (!p.context_on_nccl) {
     p.context_buffer_bytes = static_cast<uint64_t>(ranks * part * 2 * layout.config.kv_dim()) * sizeof(float);
   }
@@ -188,16 +191,16 @@ absl::Status PlanGradientRoute(const JobSpec& spec, const ModelLayout& layout, a
                                RoutePlan& p) {
   const int world = p.world;
   const int cpu_workers = CpuWorkersOf(workers);
-  const bool clip = spec.max_grad_norm > 0;
+  const bool clip = spec.train.max_grad_norm > 0;
   p.clip_by_norm = clip;
-  p.skip_nonfinite = spec.skip_nonfinite;
+  p.skip_nonfinite = spec.train.skip_nonfinite;
   // Skipping a non-finite step needs nothing applied before the whole step is known finite: the
   // same staging as exact clipping (with coefficient 1 when not clipping).
-  const bool stage = clip || spec.skip_nonfinite;
+  const bool stage = clip || spec.train.skip_nonfinite;
   // gpu: every rank reduce-scatters each unit's gradient and posts only its own, already summed
   // shard (common/model/shard.h); hostd applies the shards as they come, summing nothing. One rank
   // has nothing to reduce: it takes the cpu route.
-  const bool gpu_route = spec.grad_reduction == GradReduction::kGpu && world > 1;
+  const bool gpu_route = spec.runtime.grad_reduction == GradReduction::kGpu && world > 1;
   p.route = gpu_route ? GradReduction::kGpu : GradReduction::kCpu;
   // CPU-backend workers reduce-scatter through a shm collective segment hostd creates for the job.
   p.shm_collective = gpu_route && cpu_workers == world;
@@ -214,25 +217,25 @@ absl::Status PlanGradientRoute(const JobSpec& spec, const ModelLayout& layout, a
   // Otherwise hostd stages the whole step's gradient (FP32, 4 bytes per parameter) in its memory.
   // auto: device where the rank's parts take at most 40% of the smallest worker's device memory.
   const bool parts_final = gpu_route || world == 1;
-  if (spec.grad_staging == GradStaging::kDevice && !parts_final) {
+  if (spec.runtime.grad_staging == GradStaging::kDevice && !parts_final) {
     return absl::InvalidArgumentError(
         "runtime.grad_staging device needs runtime.grad_reduction gpu (or one worker): "
         "with grad_reduction cpu hostd sums the ranks' gradients, so only it knows the norm");
   }
   bool device_staging = false;
-  if (stage && parts_final && spec.grad_staging != GradStaging::kHost) {
+  if (stage && parts_final && spec.runtime.grad_staging != GradStaging::kHost) {
     int64_t min_device_bytes = INT64_MAX;
     for (const WorkerDevice& w : workers) min_device_bytes = std::min<int64_t>(min_device_bytes, w.memory_bytes);
     const int64_t part_bytes = PaddedNumel(layout.total_numel, world) / world * 4;
-    device_staging = spec.grad_staging == GradStaging::kDevice || part_bytes <= min_device_bytes / 10 * 4;
+    device_staging = spec.runtime.grad_staging == GradStaging::kDevice || part_bytes <= min_device_bytes / 10 * 4;
   }
   p.clip_staging = !stage ? ClipStaging::kNone : device_staging ? ClipStaging::kDevice : ClipStaging::kHost;
-  p.grad_dtype = spec.grad_dtype == GradDtype::kBf16 ? shm::GradDtype::kBF16 : shm::GradDtype::kF32;
-  p.moments = spec.state_dtype == StateDtype::kInt8   ? shm::MomentDtype::kInt8
-              : spec.state_dtype == StateDtype::kBf16 ? shm::MomentDtype::kBF16
-                                                      : shm::MomentDtype::kF32;
-  p.mirror = spec.param_source == ParamSource::kMirror;
-  p.cast_on = spec.cast_on;
+  p.grad_dtype = spec.runtime.grad_dtype;
+  p.moments = spec.optimizer.state_dtype == MomentForm::kInt8   ? MomentForm::kInt8
+              : spec.optimizer.state_dtype == MomentForm::kBF16 ? MomentForm::kBF16
+                                                                : MomentForm::kF32;
+  p.mirror = spec.runtime.param_source == ParamSource::kMirror;
+  p.cast_on = spec.runtime.cast_on;
 
   // Device staging and the gpu route: one consumer per rank applies its final parts. One rank
   // without clipping: LayerAdam reads gradients straight from the ring slots (a slot is released
@@ -257,18 +260,18 @@ absl::Status PlanMemory(const JobSpec& spec, const ModelLayout& layout, absl::Sp
                         RoutePlan& p) {
   const int world = p.world;
   const int cpu_workers = CpuWorkersOf(workers);
-  const int dp = world / std::max(1, spec.context_parallel);
+  const int dp = world / std::max(1, spec.runtime.context_parallel);
   const bool stage = p.clip_by_norm || p.skip_nonfinite;
-  p.ring = RingConfigFor(layout, spec.ring_slots, spec.chunk_bytes);
+  p.ring = RingConfigFor(layout, spec.runtime.ring_slots, spec.runtime.chunk_bytes);
   p.memory = PlanJobMemory(layout, p.ring, world,
                            p.clip_staging == ClipStaging::kHost ? ClipMode::kExactGlobalNorm : ClipMode::kNone,
-                           shm::GradDtype::kF32, p.state_format());
+                           Dtype::kF32, p.state_format());
   // Host cast staging: CUDA workers casting on the host (runtime.cast_on host), and CPU workers,
   // whose device is the host. CUDA workers casting on the GPU stage FP32 chunks on the GPU.
   if (!p.mirror) {
     int host_casters = 0;
-    for (const WorkerDevice& w : workers) host_casters += w.cpu_backend || spec.cast_on == CastOn::kHost;
-    AddCastStaging(host_casters, CastStagingChunkBytes(layout, spec.chunk_bytes), p.memory);
+    for (const WorkerDevice& w : workers) host_casters += w.cpu_backend || spec.runtime.cast_on == CastOn::kHost;
+    AddCastStaging(host_casters, CastStagingChunkBytes(layout, spec.runtime.chunk_bytes), p.memory);
   }
   // The summing buffer is hostd's own memory (not shm); the cpu route with several ranks needs it
   // even without clipping (with clipping the plan above has it).
@@ -279,16 +282,17 @@ absl::Status PlanMemory(const JobSpec& spec, const ModelLayout& layout, absl::Sp
   // Each worker's offloaded checkpoints: its rows of the step, seq_len tokens each. A per-layer
   // layout (runtime.policy) says what each layer keeps and offloads, in place of act_policy and
   // offload_ratio; it must have been made for this model.
-  const int64_t tokens_per_worker = spec.global_batch / world * spec.seq_len;
+  const int64_t tokens_per_worker = spec.train.global_batch / world * spec.train.seq_len;
   // A layer input waits in BF16 with runtime.checkpoint_dtype bf16: 2 B an element, offloaded or not.
-  const int64_t input_element_bytes = CheckpointElementBytes(spec.checkpoint_dtype);
+  const int64_t input_element_bytes = DtypeBytes(spec.runtime.checkpoint_dtype);
   const bool cuda_workers = cpu_workers == 0;
-  if (spec.layer_layout) {
-    RETURN_IF_ERROR(spec.layer_layout->CheckModel(layout.config));
-    const int64_t micro_batches = std::max<int64_t>(1, spec.global_batch / dp / std::max<int64_t>(1, spec.micro_batch));
+  if (spec.runtime.layer_layout) {
+    RETURN_IF_ERROR(spec.runtime.layer_layout->CheckModel(layout.config));
+    const int64_t micro_batches =
+        std::max<int64_t>(1, spec.train.global_batch / dp / std::max<int64_t>(1, spec.train.micro_batch));
     OffloadedPerToken per_token;
     per_token.input_element_bytes = input_element_bytes;
-    for (const LayerPolicy& l : spec.layer_layout->layers) {
+    for (const LayerPolicy& l : spec.runtime.layer_layout->layers) {
       // The share the store moves: whole micro-batches, at least one (activation_store.h).
       const double share = l.offload > 0 ? std::min(1.0, std::ceil(l.offload * micro_batches) / micro_batches) : 0;
       per_token.input_elements += share * static_cast<double>(layout.config.hidden_size);
@@ -296,29 +300,29 @@ absl::Status PlanMemory(const JobSpec& spec, const ModelLayout& layout, absl::Sp
     }
     AddOffloadedCheckpoints(per_token, world, tokens_per_worker, p.memory);
   } else {
-    const uint32_t kept = spec.act_policy == ActivationPolicy::kRecomputeLayer ? 0u
-                          : spec.act_policy == ActivationPolicy::kSelective    ? uint32_t{kPieceAttention}
-                                                                               : kAllPieces;
-    AddActivationOffload(layout, spec.offload_ratio, kept, input_element_bytes, cuda_workers, world, tokens_per_worker,
-                         p.memory);
+    const uint32_t kept = spec.runtime.act_policy == ActivationPolicy::kRecomputeLayer ? 0u
+                          : spec.runtime.act_policy == ActivationPolicy::kSelective    ? uint32_t{kPieceAttention}
+                                                                                       : kAllPieces;
+    AddActivationOffload(layout, spec.runtime.offload_ratio, kept, input_element_bytes, cuda_workers, world,
+                         tokens_per_worker, p.memory);
   }
   // The GPU memory floor of the step on each CUDA worker (common/policy/context_memory.h): a job
   // whose floor is over a device is refused here, with the longest sequence the model fits.
   // With context parallelism a rank holds its share of each micro-batch (two chunks of at most
   // ceil(T / 2C)) and, in attention, the whole micro-batch's keys and values.
-  const int64_t whole_micro_tokens = static_cast<int64_t>(spec.micro_batch) * spec.seq_len;
+  const int64_t whole_micro_tokens = static_cast<int64_t>(spec.train.micro_batch) * spec.train.seq_len;
   const int64_t micro_tokens = p.context_ranks > 1 ? ContextShareTokens(whole_micro_tokens, p.context_ranks)
                                                    : whole_micro_tokens;
   // Layers whose inputs may wait in host memory: runtime.offload_ratio's, a layout's with any share
   // offloaded (its one micro-batch, or some of them), or, with runtime.policy auto (AutoPolicy picks
   // the shares later), every layer: the floor never counts an input that may be offloaded.
-  int offloaded_layers = layout.OffloadedLayers(spec.offload_ratio);
-  if (spec.policy_auto) offloaded_layers = static_cast<int>(layout.config.num_hidden_layers);
-  if (spec.layer_layout) {
+  int offloaded_layers = layout.OffloadedLayers(spec.runtime.offload_ratio);
+  if (spec.runtime.policy_auto) offloaded_layers = static_cast<int>(layout.config.num_hidden_layers);
+  if (spec.runtime.layer_layout) {
     offloaded_layers = 0;
-    for (const LayerPolicy& l : spec.layer_layout->layers) offloaded_layers += l.offload > 0;
+    for (const LayerPolicy& l : spec.runtime.layer_layout->layers) offloaded_layers += l.offload > 0;
   }
-  const int64_t tile = spec.tile_tokens > 0 ? spec.tile_tokens : kDefaultTileTokens;
+  const int64_t tile = spec.runtime.tile_tokens > 0 ? spec.runtime.tile_tokens : kDefaultTileTokens;
   p.device_floor = EstimateContextMemory(layout, {tokens_per_worker, micro_tokens, offloaded_layers, tile,
                                                  input_element_bytes, p.context_ranks > 1 ? whole_micro_tokens : 0});
   for (const WorkerDevice& w : workers) {
@@ -342,7 +346,7 @@ absl::Status PlanMemory(const JobSpec& spec, const ModelLayout& layout, absl::Sp
                               static_cast<double>(longest.offloaded_layers) / layout.config.num_hidden_layers,
                               longest.memory.offloaded / 1073741824.0)
             : std::string(),
-        spec.checkpoint_dtype == CheckpointDtype::kFp32
+        spec.runtime.checkpoint_dtype == Dtype::kF32
             ? ", or keep the layer inputs in BF16 (runtime.checkpoint_dtype: bf16, an approximation)"
             : ""));
   }
@@ -360,13 +364,13 @@ absl::Status PlanMemory(const JobSpec& spec, const ModelLayout& layout, absl::Sp
   // Speculative clipping needs a step that waits for the whole gradient (clipping or skipping).
   // Its undo copies keep the job's moment form (undo_arena.h).
   p.speculate_from_unit = layout.num_units();
-  if (stage && spec.speculation_bytes > 0) {
+  if (stage && spec.runtime.speculation_bytes > 0) {
     p.speculate_from_unit =
-        FirstSpeculatedUnit(layout, static_cast<uint64_t>(spec.speculation_bytes), StateDtypeOf(p.moments));
-    p.memory.undo_bytes = UndoBytes(layout, p.speculate_from_unit, StateDtypeOf(p.moments));
+        FirstSpeculatedUnit(layout, static_cast<uint64_t>(spec.runtime.speculation_bytes), p.moments);
+    p.memory.undo_bytes = UndoBytes(layout, p.speculate_from_unit, p.moments);
     p.memory.total_bytes += p.memory.undo_bytes;
   }
-  p.speculation_auto = stage && spec.speculation_bytes < 0;
+  p.speculation_auto = stage && spec.runtime.speculation_bytes < 0;
   return absl::OkStatus();
 }
 
@@ -389,8 +393,8 @@ void SizeSpeculation(const ModelLayout& layout, uint64_t available_bytes, uint64
   const uint64_t margin = std::max<uint64_t>(4ull << 30, mem_total_bytes / 20);
   const uint64_t used = plan.memory.total_bytes + margin;
   const uint64_t budget = available_bytes > used ? available_bytes - used : 0;
-  plan.speculate_from_unit = FirstSpeculatedUnit(layout, budget, StateDtypeOf(plan.moments));
-  plan.memory.undo_bytes = UndoBytes(layout, plan.speculate_from_unit, StateDtypeOf(plan.moments));
+  plan.speculate_from_unit = FirstSpeculatedUnit(layout, budget, plan.moments);
+  plan.memory.undo_bytes = UndoBytes(layout, plan.speculate_from_unit, plan.moments);
 }
 
 }  // namespace slidedp::hostd

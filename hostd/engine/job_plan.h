@@ -63,9 +63,9 @@ struct RoutePlan {
   bool context_on_nccl = false;  // CUDA workers gather over NCCL (no segment; context_buffer_bytes 0)
   ClipStaging clip_staging = ClipStaging::kNone;
   // runtime.grad_dtype: what every posted chunk holds (staging widens BF16 to FP32 exactly).
-  shm::GradDtype grad_dtype = shm::GradDtype::kF32;
+  Dtype grad_dtype = Dtype::kF32;
   // optimizer.state_dtype: how the job segment keeps Adam's m and v.
-  shm::MomentDtype moments = shm::MomentDtype::kF32;
+  MomentForm moments = MomentForm::kF32;
   // runtime.param_source: whether the job segment keeps the BF16 mirror (else workers cast).
   bool mirror = true;
   CastOn cast_on = CastOn::kDevice;  // runtime.cast_on, without a mirror
@@ -94,8 +94,9 @@ struct RoutePlan {
 
   // A step's updates wait until its whole gradient is known (clipping or skipping).
   bool stages_whole_step() const { return clip_staging != ClipStaging::kNone; }
-  v1::GradReduction grad_reduction() const;
-  v1::GradStaging grad_staging() const;
+  // The spec the workers run (Assignment.config): `spec` with the routes this plan chose, never
+  // auto: runtime.grad_reduction the route, grad_staging device or host.
+  JobSpec WorkerSpec(const JobSpec& spec) const;
   // What the job log says about the routes ("gradient reduction: ...; parameter delivery: ...").
   std::string RoutesLine(ParamDelivery delivery) const;
   // "host state: <memory plan> [+ shm collective N GiB]".

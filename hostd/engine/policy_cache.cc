@@ -42,10 +42,11 @@ std::string PolicyCache::KeyText(const JobSpec& spec, const ModelConfig& config,
   const v1::WorkerHello none;
   const v1::WorkerHello& w = workers.empty() ? none : workers[0];
   return absl::StrCat("build=", w.build(), " device=", w.device().name(), " memory=", w.device().memory_bytes(),
-                      " world=", workers.size(), " model=", m.model_type, "/", m.hidden_size, "/", m.num_hidden_layers, "/",
-                      m.num_attention_heads, "/", m.num_key_value_heads, "/", m.head_dim, "/", m.intermediate_size, "/",
-                      m.vocab_size, " global_batch=", spec.global_batch, " micro_batch=", spec.micro_batch,
-                      " seq_len=", spec.seq_len, " clip=", spec.max_grad_norm > 0 ? 1 : 0, " runtime=", settings);
+                      " world=", workers.size(), " model=", m.model_type, "/", m.hidden_size, "/", m.num_hidden_layers,
+                      "/", m.num_attention_heads, "/", m.num_key_value_heads, "/", m.head_dim, "/", m.intermediate_size,
+                      "/", m.vocab_size, " global_batch=", spec.train.global_batch,
+                      " micro_batch=", spec.train.micro_batch, " seq_len=", spec.train.seq_len,
+                      " clip=", spec.train.max_grad_norm > 0 ? 1 : 0, " runtime=", settings);
 }
 
 std::string PolicyCache::PathOf(const std::string& key_text) const {

@@ -156,9 +156,8 @@ void MetricsFile::Append(const StepRecord& r, absl::Time now, const RoutePlan& p
                         {"host_update", m.host_update_s()},
                         {"host_adam_paused", m.host_adam_paused_s()}}},
                       {"host_update_gparams_per_s", m.host_update_gparams_per_s()},
-                      {"host_hidden_fraction", m.host_hidden_fraction() >= 0
-                                                   ? nlohmann::json(m.host_hidden_fraction())
-                                                   : nlohmann::json()},
+                      {"host_hidden_fraction",
+                       m.host_hidden_fraction() >= 0 ? nlohmann::json(m.host_hidden_fraction()) : nlohmann::json()},
                       {"speculated_fraction", m.speculated_fraction()},
                       {"speculation_rolled_back", m.speculation_rolled_back()},
                       {"host_state_bytes", m.host_state_bytes()},
@@ -166,11 +165,11 @@ void MetricsFile::Append(const StepRecord& r, absl::Time now, const RoutePlan& p
                       {"world_size", plan.world},
                       {"grad_reduction", ToString(plan.route)},
                       {"grad_staging", staging},
-                      {"grad_dtype", ToString(spec.grad_dtype)},
-                      {"state_dtype", ToString(spec.state_dtype)},
-                      {"checkpoint_dtype", ToString(spec.checkpoint_dtype)},
-                      {"param_source", ToString(spec.param_source)},
-                      {"param_delivery", ToString(spec.param_delivery)}};
+                      {"grad_dtype", ToString(spec.runtime.grad_dtype)},
+                      {"state_dtype", ToString(spec.optimizer.state_dtype)},
+                      {"checkpoint_dtype", ToString(spec.runtime.checkpoint_dtype)},
+                      {"param_source", ToString(spec.runtime.param_source)},
+                      {"param_delivery", ToString(spec.runtime.param_delivery)}};
   if (m.has_mfu()) j["mfu"] = m.mfu();
   if (m.has_router_aux_loss()) {  // a MoE model
     j["router_aux_loss"] = m.router_aux_loss();

@@ -28,7 +28,7 @@ v1::PlanResource* Add(v1::PlanJobResponse& r, const std::string& name, double wo
 // LayerAdam's host memory traffic per parameter (reads and writes): master, moments, gradient,
 // and the BF16 mirror it writes when the segment keeps one.
 double AdamBytesPerParam(const RoutePlan& plan) {
-  const double moments = plan.moments == shm::MomentDtype::kF32 ? 8 : plan.moments == shm::MomentDtype::kBF16 ? 4 : 2;
+  const double moments = plan.moments == MomentForm::kF32 ? 8 : plan.moments == MomentForm::kBF16 ? 4 : 2;
   return 4 + moments + 4 + 4 + moments + (plan.mirror ? 2 : 0);
 }
 
@@ -78,7 +78,7 @@ v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in) {
   const RoutePlan& plan = *in.plan;
   v1::PlanJobResponse r;
   const int world = std::max(1, in.world);
-  const int64_t tokens = spec.global_batch / world * spec.seq_len;  // per GPU
+  const int64_t tokens = spec.train.global_batch / world * spec.train.seq_len;  // per GPU
   r.set_tokens_per_step(tokens);
   r.set_world(world);
   r.set_host_bytes(static_cast<int64_t>(plan.memory.total_bytes));
@@ -92,7 +92,7 @@ v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in) {
   const double params = static_cast<double>(layout.total_numel);
   const double param_bytes = params * (plan.mirror ? 2.0 : 4.0) * 2;
   const double grad_bytes =
-      params * (plan.grad_dtype == shm::GradDtype::kBF16 ? 2.0 : 4.0) / (plan.route == GradReduction::kGpu ? world : 1);
+      params * (static_cast<double>(DtypeBytes(plan.grad_dtype))) / (plan.route == GradReduction::kGpu ? world : 1);
   const double adam_bytes = params * AdamBytesPerParam(plan);
 
   std::optional<LayoutSolution> predicted;

@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "common/data/dataset.h"
 #include "common/tokenizer/identity.h"
+#include "common/jobspec/job_spec_proto.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "hostd/admission/admission.h"
@@ -50,7 +51,7 @@ namespace {
 // optimizer.no_decay as LayerAdam's per-tensor rule (hostd/update/weight_decay.h).
 update::DecayExemptions DecayExemptionsOf(const JobSpec& spec) {
   update::DecayExemptions e{false, false};
-  for (NoDecay g : spec.no_decay) (g == NoDecay::kNorm ? e.norms : e.biases) = true;
+  for (NoDecay g : spec.optimizer.no_decay) (g == NoDecay::kNorm ? e.norms : e.biases) = true;
   return e;
 }
 
@@ -73,15 +74,15 @@ absl::StatusOr<std::vector<data::FileIdentity>> TrainingExecutor::VerifyDataset(
   data::ReaderOptions dopt;
   dopt.model_vocab_size = model_vocab;
   dopt.verify_checksums = data::VerifyChecksums::kYes;
-  const bool cached = verified_.job_id == ctx.job_id() && verified_.data_path == spec.data_path;
+  const bool cached = verified_.job_id == ctx.job_id() && verified_.data_path == spec.data.path;
   if (cached) dopt.expected_files = verified_.files;
   const absl::Time t0 = absl::Now();
-  absl::StatusOr<std::unique_ptr<data::DatasetReader>> dataset = data::DatasetReader::Open(spec.data_path, dopt);
+  absl::StatusOr<std::unique_ptr<data::DatasetReader>> dataset = data::DatasetReader::Open(spec.data.path, dopt);
   if (cached && absl::IsDataLoss(dataset.status())) {  // changed since: verify it again, whole
     ctx.Log(absl::StrCat("dataset changed since the job's first attempt verified it (", dataset.status().message(),
                          "); verifying it again"));
     dopt.expected_files.clear();
-    dataset = data::DatasetReader::Open(spec.data_path, dopt);
+    dataset = data::DatasetReader::Open(spec.data.path, dopt);
   }
   if (!dataset.ok()) return dataset.status();
   const data::DatasetReader& d = **dataset;
@@ -89,7 +90,7 @@ absl::StatusOr<std::vector<data::FileIdentity>> TrainingExecutor::VerifyDataset(
     // Again at start (the files may have been replaced while the job was queued); the note of a
     // check that could not be made goes to the job's log.
     ASSIGN_OR_RETURN(const std::optional<tok::TokenizerIdentity> model_tokenizer, ModelTokenizerOf(spec));
-    ASSIGN_OR_RETURN(std::string note, CheckDatasetTokenizer(spec, "data.path", spec.data_path, d, model_tokenizer));
+    ASSIGN_OR_RETURN(std::string note, CheckDatasetTokenizer(spec, "data.path", spec.data.path, d, model_tokenizer));
     if (!note.empty() && ctx.attempt() == 0) ctx.Log(note);
   }
   if (dopt.expected_files.empty()) {
@@ -99,15 +100,15 @@ absl::StatusOr<std::vector<data::FileIdentity>> TrainingExecutor::VerifyDataset(
     ctx.Log(
         absl::StrFormat("dataset %s verified: %d files, %.3f GB, CRC-32, token ids and loss mask in %.2f s "
                         "(%.2f GB/s)",
-                        spec.data_path, data::kNumBinFiles, bytes / 1e9, s, s > 0 ? bytes / 1e9 / s : 0.0));
-    verified_ = {ctx.job_id(), spec.data_path, d.file_identities()};
+                        spec.data.path, data::kNumBinFiles, bytes / 1e9, s, s > 0 ? bytes / 1e9 / s : 0.0));
+    verified_ = {ctx.job_id(), spec.data.path, d.file_identities()};
   }
-  if (spec.steps == 0) {  // train.epochs: the step count follows from the rows; the workers get it resolved
-    spec.steps = StepsOf(spec, d.num_rows());
-    const double epochs = spec.epochs;
-    spec.epochs = 0;
-    ctx.Log(absl::StrCat(epochs, " epoch(s) of ", d.num_rows(), " rows in batches of ", spec.global_batch, " = ",
-                         spec.steps, " steps"));
+  if (spec.train.steps == 0) {  // train.epochs: the step count follows from the rows; the workers get it resolved
+    spec.train.steps = StepsOf(spec, d.num_rows());
+    const double epochs = spec.train.epochs;
+    spec.train.epochs = 0;
+    ctx.Log(absl::StrCat(epochs, " epoch(s) of ", d.num_rows(), " rows in batches of ", spec.train.global_batch, " = ",
+                         spec.train.steps, " steps"));
   }
   return d.file_identities();
 }
@@ -133,33 +134,33 @@ absl::StatusOr<update::LayerAdam*> TrainingExecutor::Adam() {
 }
 
 absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
-  RETURN_IF_ERROR(CheckOutputDir(spec.output_dir));
-  if (spec.measure_only && !PolicyCache(options_.policy_cache_dir).enabled()) {
+  RETURN_IF_ERROR(CheckOutputDir(spec.output.dir));
+  if (spec.train.measure_only && !PolicyCache(options_.policy_cache_dir).enabled()) {
     return absl::FailedPreconditionError(
         "train.measure_only caches AutoPolicy's layout, and this hostd keeps no policy cache (--state-dir or "
         "--policy-cache)");
   }
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));
   RETURN_IF_ERROR(config.CheckTrainable());  // a family the compute backends do not run yet
-  if (!spec.model_path.empty()) RETURN_IF_ERROR(CheckModelWeightsPresent(spec.model_path));
-  if (spec.layer_layout) {
+  if (!spec.model.path.empty()) RETURN_IF_ERROR(CheckModelWeightsPresent(spec.model.path));
+  if (spec.runtime.layer_layout) {
     // A policy file (or a layout inline) made for another model shape fails here, not at start.
-    RETURN_IF_ERROR(spec.layer_layout->CheckModel(config));
+    RETURN_IF_ERROR(spec.runtime.layer_layout->CheckModel(config));
   }
-  if (spec.router_aux_loss_coef >= 0 && !config.is_moe()) {
+  if (spec.train.router_aux_loss_coef >= 0 && !config.is_moe()) {
     return absl::InvalidArgumentError(absl::StrCat("train.router_aux_loss_coef: the model (", ModelTypeName(config.family),
                                                    ") has no router; the key is for qwen3_moe models"));
   }
-  if (spec.seq_len > config.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("train.seq_len ", spec.seq_len,
+  if (spec.train.seq_len > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("train.seq_len ", spec.train.seq_len,
                                                    " exceeds the model's max_position_embeddings ",
                                                    config.max_position_embeddings));
   }
-  if (!config.SlidingWindowCovers(spec.seq_len)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model's sliding_window is ", config.sliding_window, " tokens, shorter than train.seq_len ", spec.seq_len,
-        ": sliding-window attention is not implemented (a row of at most ", config.sliding_window,
-        " tokens trains exactly as the model attends)"));
+  if (!config.SlidingWindowCovers(spec.train.seq_len)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model's sliding_window is ", config.sliding_window, " tokens, shorter than train.seq_len ",
+                     spec.train.seq_len, ": sliding-window attention is not implemented (a row of at most ",
+                     config.sliding_window, " tokens trains exactly as the model attends)"));
   }
   // The dataset is checked here, at submit: manifest, file sizes (truncation is DATA_LOSS), token
   // ids against the model's vocabulary, the loss mask. Its CRC-32s are verified when the job
@@ -168,28 +169,29 @@ absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
   data::ReaderOptions dopt;
   dopt.model_vocab_size = config.vocab_size;
   dopt.verify_checksums = data::VerifyChecksums::kNo;
-  ASSIGN_OR_RETURN(auto dataset, data::DatasetReader::Open(spec.data_path, dopt));
+  ASSIGN_OR_RETURN(auto dataset, data::DatasetReader::Open(spec.data.path, dopt));
   ASSIGN_OR_RETURN(const std::optional<tok::TokenizerIdentity> model_tokenizer, ModelTokenizerOf(spec));
-  RETURN_IF_ERROR(CheckDatasetTokenizer(spec, "data.path", spec.data_path, *dataset, model_tokenizer).status());
-  if (dataset->num_rows() < spec.global_batch) {
+  RETURN_IF_ERROR(CheckDatasetTokenizer(spec, "data.path", spec.data.path, *dataset, model_tokenizer).status());
+  if (dataset->num_rows() < spec.train.global_batch) {
     return absl::InvalidArgumentError(absl::StrCat("data.path: the dataset has ", dataset->num_rows(),
-                                                   " rows, fewer than train.global_batch ", spec.global_batch));
+                                                   " rows, fewer than train.global_batch ", spec.train.global_batch));
   }
-  if (dataset->manifest().seq_len > spec.seq_len) {
+  if (dataset->manifest().seq_len > spec.train.seq_len) {
     return absl::InvalidArgumentError(absl::StrCat("data.path: the dataset was prepared with seq_len ",
                                                    dataset->manifest().seq_len, ", longer than train.seq_len ",
-                                                   spec.seq_len));
+                                                   spec.train.seq_len));
   }
-  if (!spec.validation.empty()) {
-    absl::StatusOr<std::unique_ptr<data::DatasetReader>> v = data::DatasetReader::Open(spec.validation, dopt);
+  if (!spec.data.validation.empty()) {
+    absl::StatusOr<std::unique_ptr<data::DatasetReader>> v = data::DatasetReader::Open(spec.data.validation, dopt);
     if (!v.ok()) return Annotate(v.status(), "data.validation");
-    if ((*v)->manifest().seq_len > spec.seq_len) {
+    if ((*v)->manifest().seq_len > spec.train.seq_len) {
       return absl::InvalidArgumentError(absl::StrCat("data.validation: the split was prepared with seq_len ",
                                                      (*v)->manifest().seq_len, ", longer than train.seq_len ",
-                                                     spec.seq_len));
+                                                     spec.train.seq_len));
     }
     if ((*v)->num_rows() == 0) return absl::InvalidArgumentError("data.validation: the split has no rows");
-    RETURN_IF_ERROR(CheckDatasetTokenizer(spec, "data.validation", spec.validation, **v, model_tokenizer).status());
+    RETURN_IF_ERROR(
+        CheckDatasetTokenizer(spec, "data.validation", spec.data.validation, **v, model_tokenizer).status());
   }
   return Annotate(ScheduleOf(spec, StepsOf(spec, dataset->num_rows())).status(), "schedule");
 }
@@ -198,7 +200,7 @@ absl::Status TrainingExecutor::VerifyValidation(JobContext& ctx, Attempt& a, int
   data::ReaderOptions dopt;
   dopt.model_vocab_size = model_vocab;
   dopt.verify_checksums = data::VerifyChecksums::kYes;
-  absl::StatusOr<std::unique_ptr<data::DatasetReader>> v = data::DatasetReader::Open(a.spec.validation, dopt);
+  absl::StatusOr<std::unique_ptr<data::DatasetReader>> v = data::DatasetReader::Open(a.spec.data.validation, dopt);
   if (!v.ok()) return Annotate(v.status(), "data.validation");
   const data::DatasetReader& d = **v;
   if (d.num_rows() == 0) return absl::InvalidArgumentError("data.validation: the split has no rows");
@@ -209,22 +211,23 @@ absl::Status TrainingExecutor::VerifyValidation(JobContext& ctx, Attempt& a, int
     return absl::InvalidArgumentError("data.validation: the split trains no token (its loss mask is all 0)");
   }
   a.validation_files = d.file_identities();
-  a.validation_micro_batches = data::ValidationMicroBatches(d.num_rows(), a.spec.micro_batch);
+  a.validation_micro_batches = data::ValidationMicroBatches(d.num_rows(), a.spec.train.micro_batch);
   ctx.Log(absl::StrFormat("validation split %s: %d rows, %d trained tokens, in %d micro-batches; evaluated %s",
-                          a.spec.validation, d.num_rows(), a.validation_tokens, a.validation_micro_batches,
-                          a.spec.eval_every > 0 ? absl::StrCat("every ", a.spec.eval_every, " steps and at the end")
-                                                : std::string("after the last step")));
+                          a.spec.data.validation, d.num_rows(), a.validation_tokens, a.validation_micro_batches,
+                          a.spec.train.eval_every > 0
+                              ? absl::StrCat("every ", a.spec.train.eval_every, " steps and at the end")
+                              : std::string("after the last step")));
   return absl::OkStatus();
 }
 
 absl::Status TrainingExecutor::RecordValidation(JobContext& ctx, Attempt& a, int64_t t, v1::StepMetrics& m) {
-  const absl::Duration timeout = absl::Milliseconds(a.spec.step_timeout_ms);
+  const absl::Duration timeout = absl::Milliseconds(a.spec.runtime.step_timeout_ms);
   ASSIGN_OR_RETURN(std::vector<v1::EvalDone> evals, a.reports->WaitForEval(t, timeout));
   const int world = static_cast<int>(evals.size());
   // Micro-batch k's sum came from data-parallel rank k % R as its (k / R)-th: added in k order, the
   // same for any R. With context parallelism each rank of a group sent its share of the group's
   // micro-batches, added in rank order.
-  const int cp = std::max(1, a.spec.context_parallel);
+  const int cp = std::max(1, a.spec.runtime.context_parallel);
   std::vector<double> sums(a.validation_micro_batches, 0.0);
   double eval_s = 0;
   for (int r = 0; r < world; ++r) {
@@ -271,24 +274,23 @@ absl::StatusOr<int64_t> TrainingExecutor::AdoptInterruptedState(const std::strin
   ASSIGN_OR_RETURN(std::string name, shm::MakeSegmentName(options_.node_name, job_id, "state"));
   ASSIGN_OR_RETURN(std::unique_ptr<shm::JobState> js, shm::JobState::Attach(name, shm::Access::kReadWrite));
   RETURN_IF_ERROR(js->CheckMatches(layout));
-  const char* want = ToString(spec.state_dtype);
-  if (absl::string_view(shm::MomentDtypeName(js->moment_dtype())) != want) {
-    return absl::FailedPreconditionError(absl::StrCat("state segment ", name, " keeps ",
-                                                      shm::MomentDtypeName(js->moment_dtype()),
+  const char* want = ToString(spec.optimizer.state_dtype);
+  if (absl::string_view(ToString(js->moment_dtype())) != want) {
+    return absl::FailedPreconditionError(absl::StrCat("state segment ", name, " keeps ", ToString(js->moment_dtype()),
                                                       " Adam moments, the job's optimizer.state_dtype is ", want));
   }
-  if (js->has_mirror() != (spec.param_source == ParamSource::kMirror)) {
+  if (js->has_mirror() != (spec.runtime.param_source == ParamSource::kMirror)) {
     return absl::FailedPreconditionError(absl::StrCat("state segment ", name, js->has_mirror() ? " keeps" : " has no",
                                                       " BF16 mirror, the job's runtime.param_source is ",
-                                                      ToString(spec.param_source)));
+                                                      ToString(spec.runtime.param_source)));
   }
   if (js->job_id() != job_id) {
     return absl::FailedPreconditionError(absl::StrCat("state segment ", name, " belongs to job '", js->job_id(), "'"));
   }
   ASSIGN_OR_RETURN(int64_t step, js->ConsistentStep());
-  if (spec.steps > 0 && step > spec.steps) {
+  if (spec.train.steps > 0 && step > spec.train.steps) {
     return absl::FailedPreconditionError(
-        absl::StrCat("state segment ", name, " is at step ", step, ", beyond the job's ", spec.steps));
+        absl::StrCat("state segment ", name, " is at step ", step, ", beyond the job's ", spec.train.steps));
   }
   RETURN_IF_ERROR(js->TakeOver());
   LOG(INFO) << "job " << job_id << ": took over its state segment " << name << " (" << js->bytes() << " bytes) at step "
@@ -338,7 +340,7 @@ absl::Status TrainingExecutor::AcquireState(JobContext& ctx, Attempt& a) {
   SizeSpeculation(a.layout, host.mem_available_bytes, host.mem_total_bytes, a.plan);
   ctx.SetHostStateBytes(static_cast<int64_t>(a.plan.memory.total_bytes));
   ctx.Log(a.plan.MemoryLine());
-  ctx.Log(a.plan.RoutesLine(a.spec.param_delivery));
+  ctx.Log(a.plan.RoutesLine(a.spec.runtime.param_delivery));
 
   ASSIGN_OR_RETURN(a.adam, Adam());
   a.bulk_threads = std::max(1, std::min(16, a.adam->num_threads()));
@@ -404,13 +406,13 @@ absl::Status TrainingExecutor::CreateSegments(JobContext& ctx, Attempt& a) {
     memory.tensors = a.tensor_ranges[u];
     const shm::JobState::Moments mv = js.moments(u);
     switch (mv.dtype) {
-      case shm::MomentDtype::kF32: break;
-      case shm::MomentDtype::kBF16:
-        memory.moments = update::StateDtype::kBf16;
+      case MomentForm::kF32: break;
+      case MomentForm::kBF16:
+        memory.moments = MomentForm::kBF16;
         memory.bf16 = update::Bf16Moments{static_cast<bf16_t*>(mv.m), static_cast<bf16_t*>(mv.v)};
         break;
-      case shm::MomentDtype::kInt8:
-        memory.moments = update::StateDtype::kInt8;
+      case MomentForm::kInt8:
+        memory.moments = MomentForm::kInt8;
         memory.int8 = update::Int8Moments{static_cast<int8_t*>(mv.m), static_cast<uint8_t*>(mv.v), mv.m_scale,
                                           mv.v_scale};
         break;
@@ -437,31 +439,27 @@ void TrainingExecutor::ReleaseSegments(JobContext& ctx, Attempt& a) {
 absl::Status TrainingExecutor::SendAssignments(JobContext& ctx, const Attempt& a) {
   const int world = a.plan.world;
   const std::string membership_key = world > 1 ? MembershipKey(ctx) : std::string();
+  const v1::JobConfig config = JobConfigOf(a.plan.WorkerSpec(a.spec));
   for (int r = 0; r < world; ++r) {
     v1::HostCommand cmd;
     v1::Assignment* as = cmd.mutable_assign();
     as->set_job_id(ctx.job_id());
     as->set_rank(r);
     as->set_world_size(world);
-    as->set_resolved_spec_yaml(a.spec.ToYaml());
+    *as->mutable_config() = config;
     as->set_state_segment(a.job_state->segment_name());
     as->set_ring_segment(a.rings[r]->segment_name());
     as->set_first_step(a.first_step);
-    as->set_total_steps(a.spec.steps);
-    as->set_data_path(a.spec.data_path);
+    as->set_total_steps(a.spec.train.steps);
     as->set_attempt(ctx.attempt());
-    as->set_grad_reduction(a.plan.grad_reduction());
-    as->set_param_delivery(a.spec.param_delivery == ParamDelivery::kSharded ? v1::PARAM_DELIVERY_SHARDED
-                                                                            : v1::PARAM_DELIVERY_REPLICATED);
-    as->set_grad_staging(a.plan.grad_staging());
     if (a.undo != nullptr) as->set_speculate_from_unit(a.plan.speculate_from_unit);
     if (a.collective) as->set_collective_segment(a.collective->segment_name());
     if (!a.context_collectives.empty()) {
       as->set_context_segment(a.context_collectives[r / a.plan.context_ranks]->segment_name());
     }
     if (world > 1) as->set_membership_key(membership_key);
-    if (!a.spec.validation.empty()) {
-      as->set_validation_path(a.spec.validation);
+    if (!a.spec.data.validation.empty()) {
+      as->set_validation_path(a.spec.data.validation);
       for (int f = 0; f < data::kNumBinFiles; ++f) SetDatasetFile(f, a.validation_files[f], as->add_validation_files());
     }
     for (int f = 0; f < data::kNumBinFiles; ++f) SetDatasetFile(f, a.dataset_files[f], as->add_dataset_files());
@@ -474,19 +472,18 @@ absl::Status TrainingExecutor::SendAssignments(JobContext& ctx, const Attempt& a
 absl::Status TrainingExecutor::SaveCheckpoint(JobContext& ctx, Attempt& a, int64_t steps_done) {
   ctx.SetState(v1::JOB_STATE_SAVING);
   checkpoint::SaveRequest req;
-  req.root_dir = a.spec.output_dir;
+  req.root_dir = a.spec.output.dir;
   req.step = steps_done;
   req.layout = &a.layout;
   req.arrays = StateArraysOf(*a.job_state);
-  req.weight_dtype =
-      a.spec.save_dtype == SaveDtype::kF32 ? checkpoint::WeightDtype::kF32 : checkpoint::WeightDtype::kBF16;
-  req.keep_last = a.spec.keep_last;
+  req.weight_dtype = a.spec.output.save_dtype;
+  req.keep_last = a.spec.output.keep_last;
   req.model_files = &a.model_files;
   req.trainer_state = {{"step", steps_done},
                        {"job_id", ctx.job_id()},
                        {"run_id", ctx.run_id()},
-                       {"data_seed", a.spec.seed},
-                       {"init_seed", a.spec.init_seed},
+                       {"data_seed", a.spec.train.seed},
+                       {"init_seed", a.spec.model.init_seed},
                        {"world_size", a.plan.world},
                        {"spec", a.spec.ToYaml()},
                        {"skipped_steps", a.skipped_steps}};
@@ -496,19 +493,19 @@ absl::Status TrainingExecutor::SaveCheckpoint(JobContext& ctx, Attempt& a, int64
   ctx.Log(absl::StrFormat("checkpoint saved to %s (%.2f GB in %.1f s)", result.dir, result.bytes_written / 1e9,
                           result.seconds));
   // A save at a cancel ends the job from SAVING (the runner sets CANCELLED next).
-  if (steps_done < a.spec.steps && !ctx.cancel_requested()) ctx.SetState(v1::JOB_STATE_RUNNING);
+  if (steps_done < a.spec.train.steps && !ctx.cancel_requested()) ctx.SetState(v1::JOB_STATE_RUNNING);
   return absl::OkStatus();
 }
 
 absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
   update::AdamWStepParams params;
   params.lr = a.schedule->LrAt(t);  // the schedule follows the global step, skipped ones included
-  params.beta1 = a.spec.beta1;
-  params.beta2 = a.spec.beta2;
-  params.eps = a.spec.eps;
-  params.weight_decay = a.spec.weight_decay;
+  params.beta1 = a.spec.optimizer.beta1;
+  params.beta2 = a.spec.optimizer.beta2;
+  params.eps = a.spec.optimizer.eps;
+  params.weight_decay = a.spec.optimizer.weight_decay;
   params.step = t + 1 - a.skipped_steps;  // Adam's bias correction counts applied updates only
-  params.rounding_seed = a.spec.seed;      // BF16 moments' stochastic rounding (the data order's seed)
+  params.rounding_seed = a.spec.train.seed;  // BF16 moments' stochastic rounding (the data order's seed)
   const double paused_before = a.adam->paused_s();
   StepUpdates updates(*a.adam, a.memory, *a.tracker, t + 1, params, &a.layout, &a.job_state->updating_step());
   updates.SetBeforeFirstSkip([&a] { a.job_state->skipped_steps_counter().store(a.skipped_steps + 1); });
@@ -540,10 +537,10 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
   const double step_s = absl::ToDoubleSeconds(now - a.step_start);
   a.step_start = now;
   StepRecord record = MakeStepRecord(t + 1, reports, host, step_s, params.lr, grads.grad_norm, a.layout.total_numel,
-                                     a.layout.ModelFlopsPerToken(a.spec.seq_len), a.plan.world,
+                                     a.layout.ModelFlopsPerToken(a.spec.train.seq_len), a.plan.world,
                                      static_cast<int64_t>(a.plan.memory.total_bytes));
   const double elapsed = absl::ToDoubleSeconds(now - a.run_start);
-  record.metrics.set_eta_s(elapsed / (t + 1 - a.first_step) * (a.spec.steps - t - 1));
+  record.metrics.set_eta_s(elapsed / (t + 1 - a.first_step) * (a.spec.train.steps - t - 1));
   record.metrics.set_skipped(grads.skipped);
   record.metrics.set_skipped_steps(a.skipped_steps);
   record.metrics.set_speculated_fraction(static_cast<double>(grads.speculated_numel) /
@@ -570,7 +567,7 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
   }
   a.step_times.emplace_back(t + 1, record.metrics.step_time_s());
   a.reports->SetCancelGrace(std::max(absl::Seconds(2 * record.metrics.step_time_s()), WorkerReports::kMinCancelGrace));
-  if (!a.spec.validation.empty() && data::EvaluatesAfter(a.spec.eval_every, t, a.spec.steps)) {
+  if (!a.spec.data.validation.empty() && data::EvaluatesAfter(a.spec.train.eval_every, t, a.spec.train.steps)) {
     RETURN_IF_ERROR(RecordValidation(ctx, a, t, record.metrics));
   }
   ctx.ReportStep(record.metrics);
@@ -586,9 +583,9 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     // Submit refused an output.dir holding another run's checkpoints; a job that ran since (queued
     // before this one) may have written some: the job's own run only, or output.overwrite.
     ASSIGN_OR_RETURN(std::vector<checkpoint::CheckpointEntry> others,
-                     OtherRunsCheckpoints(spec.output_dir, ctx.run_id()));
-    if (!spec.overwrite) RETURN_IF_ERROR(RefuseOtherRuns(spec.output_dir, others));
-    ASSIGN_OR_RETURN(std::string moved, MoveOtherRunsAside(spec.output_dir, others, ctx.job_id()));
+                     OtherRunsCheckpoints(spec.output.dir, ctx.run_id()));
+    if (!spec.output.overwrite) RETURN_IF_ERROR(RefuseOtherRuns(spec.output.dir, others));
+    ASSIGN_OR_RETURN(std::string moved, MoveOtherRunsAside(spec.output.dir, others, ctx.job_id()));
     if (!moved.empty()) ctx.Log(moved);
   }
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));
@@ -606,13 +603,13 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     if (!said.empty()) ctx.Log(said);
   }
   std::string policy_key;
-  if (spec.policy_auto && !spec.layer_layout) {
+  if (spec.runtime.policy_auto && !spec.runtime.layer_layout) {
     std::string said;
-    spec.layer_layout = CachedLayout(spec, config, hellos, &policy_key, &said);
-    if (spec.layer_layout) policy_key.clear();
+    spec.runtime.layer_layout = CachedLayout(spec, config, hellos, &policy_key, &said);
+    if (spec.runtime.layer_layout) policy_key.clear();
     ctx.Log(said);
   }
-  if (spec.measure_only && spec.layer_layout) {
+  if (spec.train.measure_only && spec.runtime.layer_layout) {
     ctx.Log("train.measure_only: this shape's layout is measured already; nothing to run");
     return absl::OkStatus();
   }
@@ -622,9 +619,9 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   if (std::any_of(hellos.begin(), hellos.end(), [](const v1::WorkerHello& h) { return h.device().kind() == "cuda"; })) {
     ctx.Log(LongestSequenceNote(a.spec, a.layout, a.plan, hellos));
   }
-  if (a.spec.layer_layout && a.spec.layer_layout->autopolicy) {  // a cached (or file) AutoPolicy layout
-    a.predicted_step_s = a.spec.layer_layout->autopolicy->predicted.step_s;
-    a.predicted_bottleneck = a.spec.layer_layout->autopolicy->predicted.bottleneck;
+  if (a.spec.runtime.layer_layout && a.spec.runtime.layer_layout->autopolicy) {  // a cached (or file) AutoPolicy layout
+    a.predicted_step_s = a.spec.runtime.layer_layout->autopolicy->predicted.step_s;
+    a.predicted_bottleneck = a.spec.runtime.layer_layout->autopolicy->predicted.bottleneck;
     a.layout_from_step = 2;  // the first step warms up
   }
   a.dataset_files = std::move(dataset_files);
@@ -632,9 +629,9 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     const double peak = h.device().kind() == "cuda" ? DenseBf16PeakTflops(h.device().name()) : 0;
     a.peak_tflops = a.peak_tflops == 0 && &h == &hellos.front() ? peak : std::min(a.peak_tflops, peak);
   }
-  if (!a.spec.validation.empty()) RETURN_IF_ERROR(VerifyValidation(ctx, a, config.vocab_size));
-  if (!a.spec.model_path.empty()) {
-    ASSIGN_OR_RETURN(a.model_files, checkpoint::ReadModelDirFiles(a.spec.model_path));
+  if (!a.spec.data.validation.empty()) RETURN_IF_ERROR(VerifyValidation(ctx, a, config.vocab_size));
+  if (!a.spec.model.path.empty()) {
+    ASSIGN_OR_RETURN(a.model_files, checkpoint::ReadModelDirFiles(a.spec.model.path));
   }
 
   // ---- admission, host state, rings ----
@@ -653,9 +650,9 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
         absl::StrFormat("resumed from shared memory at step %d (the state the previous hostd left; no checkpoint "
                         "read), host state ready in %.2f s",
                         a.first_step, absl::ToDoubleSeconds(absl::Now() - attempt_start)));
-    if (a.first_step == a.spec.steps) {
+    if (a.first_step == a.spec.train.steps) {
       // The previous hostd died after the last update: only the end of the job is left.
-      if (a.spec.save_final) RETURN_IF_ERROR(SaveCheckpoint(ctx, a, a.spec.steps));
+      if (a.spec.output.save_final) RETURN_IF_ERROR(SaveCheckpoint(ctx, a, a.spec.train.steps));
       return absl::OkStatus();
     }
   } else {
@@ -667,11 +664,11 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
                             absl::ToDoubleSeconds(absl::Now() - attempt_start),
                             a.reused_state ? "pooled segment" : "new segment"));
   }
-  if (a.first_step >= a.spec.steps) {
+  if (a.first_step >= a.spec.train.steps) {
     return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint is at step ", a.first_step, ", the job has ", a.spec.steps));
+        absl::StrCat("checkpoint is at step ", a.first_step, ", the job has ", a.spec.train.steps));
   }
-  ASSIGN_OR_RETURN(a.schedule, ScheduleOf(a.spec, a.spec.steps));
+  ASSIGN_OR_RETURN(a.schedule, ScheduleOf(a.spec, a.spec.train.steps));
   std::vector<int64_t> unit_numel;
   for (const UnitLayout& u : a.layout.units) unit_numel.push_back(u.numel);
   shm::JobState* js = a.job_state.get();
@@ -681,9 +678,9 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
         if (s.ok()) js->version(u).Publish(static_cast<uint32_t>(step));  // the unit's next forward may read it
       },
       a.first_step);
-  const NonFinitePolicy policy = a.spec.skip_nonfinite ? NonFinitePolicy::kSkip : NonFinitePolicy::kFail;
-  a.reports = std::make_unique<WorkerReports>(ctx, *a.job_state, a.first_step, a.spec.steps, policy);
-  const absl::Duration step_timeout = absl::Milliseconds(a.spec.step_timeout_ms);
+  const NonFinitePolicy policy = a.spec.train.skip_nonfinite ? NonFinitePolicy::kSkip : NonFinitePolicy::kFail;
+  a.reports = std::make_unique<WorkerReports>(ctx, *a.job_state, a.first_step, a.spec.train.steps, policy);
+  const absl::Duration step_timeout = absl::Milliseconds(a.spec.runtime.step_timeout_ms);
   a.grad_rings = std::make_unique<GradRings>(a.rings, *a.reports, *a.job_state, step_timeout);
   // Skipping jobs check every rank's loss before a step's updates (the workers send it before
   // their step's last gradients, so waiting for it never waits on hostd).
@@ -697,7 +694,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     }
     return std::string();
   };
-  a.consumer = std::make_unique<GradConsumer>(a.plan, a.layout, *a.grad_rings, a.spec.max_grad_norm,
+  a.consumer = std::make_unique<GradConsumer>(a.plan, a.layout, *a.grad_rings, a.spec.train.max_grad_norm,
                                               std::clamp(a.adam->num_threads(), 1, 8), ctx.job_id(), policy,
                                               std::move(loss_check));
   a.consumer->AllocateStaging(a.bulk_threads);
@@ -713,7 +710,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
         100.0 * static_cast<double>(covered) / static_cast<double>(a.layout.total_numel),
         a.undo->bytes() / double(1ull << 30), absl::ToDoubleSeconds(absl::Now() - t0)));
   } else if (a.plan.stages_whole_step()) {
-    ctx.Log(a.spec.speculation_bytes == 0
+    ctx.Log(a.spec.runtime.speculation_bytes == 0
                 ? "speculative clipping off (runtime.speculation_bytes: 0): updates wait for the step's norm"
                 : "speculative clipping off: no host memory left for undo copies (runtime.speculation_bytes)");
   }
@@ -721,45 +718,45 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   // DMA before Adam: the ranks' urgent-copy words start lowered (a worker of an earlier attempt
   // may have died with its word raised), and LayerAdam yields to them from the first step.
   a.job_state->ResetUrgentCopies();
-  if (a.spec.copy_priority > 0) {
+  if (a.spec.runtime.copy_priority > 0) {
     // A pause ends after 2 ms even with the word still raised: about one 64 MiB chunk's copy at
     // the link's ~30-50 GB/s, so a copy gets the bandwidth and a stuck word costs LayerAdam little.
     const absl::Duration max_pause = absl::Milliseconds(2);
     RETURN_IF_ERROR(
-        a.adam->SetCopyPriority(a.job_state->UrgentCopyWords(a.plan.world), a.spec.copy_priority, max_pause));
+        a.adam->SetCopyPriority(a.job_state->UrgentCopyWords(a.plan.world), a.spec.runtime.copy_priority, max_pause));
     ctx.Log(absl::StrFormat(
         "copy priority %g (runtime.copy_priority): %d of %d LayerAdam workers on NUMA node 0 pause while a "
         "parameter copy the GPU waits for is in flight (up to %s at a time)",
-        a.spec.copy_priority, update::YieldingWorkers(a.adam->workers_on_node(0), a.spec.copy_priority),
+        a.spec.runtime.copy_priority, update::YieldingWorkers(a.adam->workers_on_node(0), a.spec.runtime.copy_priority),
         a.adam->workers_on_node(0), absl::FormatDuration(max_pause)));
   }
 
   // ---- the workers start ----
   RETURN_IF_ERROR(SendAssignments(ctx, a));
-  ctx.SetTotalSteps(a.spec.steps);
+  ctx.SetTotalSteps(a.spec.train.steps);
   ctx.SetState(v1::JOB_STATE_RUNNING);
   std::error_code ec;
-  std::filesystem::create_directories(a.spec.output_dir, ec);
-  if (ec) return absl::FailedPreconditionError(absl::StrCat("output.dir ", a.spec.output_dir, ": ", ec.message()));
-  a.metrics = std::make_unique<MetricsFile>(a.spec.output_dir, ctx.job_id());
-  if (a.spec.tensorboard) {
-    a.tensorboard = std::make_unique<metrics::TensorBoardSink>(a.spec.output_dir, ctx.job_id(), absl::Now(),
+  std::filesystem::create_directories(a.spec.output.dir, ec);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat("output.dir ", a.spec.output.dir, ": ", ec.message()));
+  a.metrics = std::make_unique<MetricsFile>(a.spec.output.dir, ctx.job_id());
+  if (a.spec.output.tensorboard) {
+    a.tensorboard = std::make_unique<metrics::TensorBoardSink>(a.spec.output.dir, ctx.job_id(), absl::Now(),
                                                                [&ctx](const std::string& line) { ctx.Log(line); });
   }
   a.run_start = a.step_start = absl::Now();
 
-  for (int64_t t = a.first_step; t < a.spec.steps; ++t) {
+  for (int64_t t = a.first_step; t < a.spec.train.steps; ++t) {
     // Cancel takes effect between steps: every unit then has exactly the updates of the steps
     // done, so the state (and a checkpoint of it) is consistent.
     if (ctx.cancel_requested()) {
-      if (ctx.checkpoint_on_cancel() && t > a.first_step && !a.spec.measure_only) {
+      if (ctx.checkpoint_on_cancel() && t > a.first_step && !a.spec.train.measure_only) {
         absl::Status saved = SaveCheckpoint(ctx, a, t);
         a.reports->StopWorkers();
         RETURN_IF_ERROR(saved);
         return absl::CancelledError(absl::StrCat("cancelled at step ", t, "; checkpoint ", a.last_checkpoint));
       }
       a.reports->StopWorkers();
-      if (ctx.checkpoint_on_cancel() && !a.spec.measure_only) {
+      if (ctx.checkpoint_on_cancel() && !a.spec.train.measure_only) {
         // Nothing ran since the job started or resumed: there is no new state to save.
         return absl::CancelledError(absl::StrCat(
             "cancelled at step ", t, " before this run's first step ended; nothing new to save",
@@ -768,7 +765,8 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
       return absl::CancelledError(absl::StrCat("cancelled at step ", t));
     }
     RETURN_IF_ERROR(RunStep(ctx, a, t));
-    if (auto chosen = a.reports->TakePolicyChosen(); chosen && RecordPolicy(ctx, a, *chosen) && a.spec.measure_only) {
+    if (auto chosen = a.reports->TakePolicyChosen();
+        chosen && RecordPolicy(ctx, a, *chosen) && a.spec.train.measure_only) {
       // Its purpose is served: the layout and its measurements are cached for `slidedp plan` and
       // the next job of this shape. The state is this job's own and is dropped unsaved.
       a.reports->StopWorkers();
@@ -776,8 +774,8 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
                            t + 1, " without saving"));
       return absl::OkStatus();
     }
-    if (a.spec.measure_only) continue;  // saves nothing
-    if (a.spec.save_every_steps > 0 && (t + 1) % a.spec.save_every_steps == 0 && t + 1 < a.spec.steps) {
+    if (a.spec.train.measure_only) continue;  // saves nothing
+    if (a.spec.output.save_every > 0 && (t + 1) % a.spec.output.save_every == 0 && t + 1 < a.spec.train.steps) {
       RETURN_IF_ERROR(SaveCheckpoint(ctx, a, t + 1));
     }
   }
@@ -789,12 +787,12 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     return chosen && RecordPolicy(ctx, a, *chosen);
   }();
   LogPrediction(ctx, a);
-  if (a.spec.measure_only) {
+  if (a.spec.train.measure_only) {
     if (cached) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat("train.measure_only: AutoPolicy cached no layout in the job's ",
-                                                      a.spec.steps, " steps (the workers' logs say why)"));
+                                                      a.spec.train.steps, " steps (the workers' logs say why)"));
   }
-  if (a.spec.save_final) RETURN_IF_ERROR(SaveCheckpoint(ctx, a, a.spec.steps));
+  if (a.spec.output.save_final) RETURN_IF_ERROR(SaveCheckpoint(ctx, a, a.spec.train.steps));
   a.poolable = a.reports->all_finished();
   return absl::OkStatus();
 }

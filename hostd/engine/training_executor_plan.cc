@@ -82,9 +82,9 @@ std::string LongestSequenceNote(const JobSpec& spec, const ModelLayout& layout, 
     const uint64_t used = plan.memory.total_bytes - plan.memory.offload_bytes + AdmissionPolicy{}.reserve_bytes;
     host_room = host->mem_available_bytes > used ? static_cast<int64_t>(host->mem_available_bytes - used) : 0;
   }
-  const int64_t tile = spec.tile_tokens > 0 ? spec.tile_tokens : kDefaultTileTokens;
+  const int64_t tile = spec.runtime.tile_tokens > 0 ? spec.runtime.tile_tokens : kDefaultTileTokens;
   const LongestSequence longest = FindLongestSequence(layout, capacity, host_room, tile, int64_t{1} << 24,
-                                                      CheckpointElementBytes(spec.checkpoint_dtype));
+                                                      DtypeBytes(spec.runtime.checkpoint_dtype));
   return absl::StrFormat(
       "%s; the longest single sequence this model fits on %s (%.1f GiB%s) with %s for offloaded layer inputs: %d "
       "tokens (%d of %d layers' inputs offloaded)",
@@ -99,7 +99,7 @@ namespace {
 // the job's first step leaves room for).
 std::optional<LayerLayout> FixedLayout(const JobSpec& spec, const ModelLayout& layout) {
   LayerKind kind;
-  switch (spec.act_policy) {
+  switch (spec.runtime.act_policy) {
     case ActivationPolicy::kRecomputeLayer: kind = LayerKind::kRecompute; break;
     case ActivationPolicy::kSelective: kind = LayerKind::kSelective; break;
     case ActivationPolicy::kKeepAll: kind = LayerKind::kKeepAll; break;
@@ -107,9 +107,9 @@ std::optional<LayerLayout> FixedLayout(const JobSpec& spec, const ModelLayout& l
   }
   LayerLayout out;
   out.model = ModelShape::Of(layout.config);
-  out.tokens_per_step = spec.global_batch * spec.seq_len;
+  out.tokens_per_step = spec.train.global_batch * spec.train.seq_len;
   const int64_t layers = layout.config.num_hidden_layers;
-  const int64_t offloaded = layout.OffloadedLayers(spec.offload_ratio);
+  const int64_t offloaded = layout.OffloadedLayers(spec.runtime.offload_ratio);
   for (int64_t l = 0; l < layers; ++l) out.layers.push_back(LayerPolicy{kind, l < offloaded ? 1.0 : 0.0, 0});
   return out;
 }
@@ -122,7 +122,8 @@ bool AllCuda(const std::vector<v1::WorkerHello>& hellos) {
 JobSpec TrainingExecutor::ResolveRoutes(const JobSpec& spec, const std::vector<v1::WorkerHello>& hellos,
                                         std::string* said) {
   said->clear();
-  if (!spec.grad_reduction_auto && !spec.param_delivery_auto && !spec.chunk_bytes_auto) return spec;
+  if (!spec.runtime.grad_reduction_auto && !spec.runtime.param_delivery_auto && !spec.runtime.chunk_bytes_auto)
+    return spec;
   const int world = static_cast<int>(hellos.size());
   std::vector<JobSpec> variants = RouteVariants(spec, world, AllCuda(hellos), /*all=*/false);
   std::optional<size_t> best;
@@ -144,10 +145,10 @@ JobSpec TrainingExecutor::ResolveRoutes(const JobSpec& spec, const std::vector<v
   }
   // Nothing measured: the defaults for what `auto` leaves open.
   JobSpec d = spec;
-  if (d.grad_reduction_auto) d.grad_reduction = GradReduction::kGpu;
-  if (d.param_delivery_auto) d.param_delivery = ParamDelivery::kReplicated;
-  if (d.chunk_bytes_auto) d.chunk_bytes = JobSpec{}.chunk_bytes;
-  d.grad_reduction_auto = d.param_delivery_auto = d.chunk_bytes_auto = false;
+  if (d.runtime.grad_reduction_auto) d.runtime.grad_reduction = GradReduction::kGpu;
+  if (d.runtime.param_delivery_auto) d.runtime.param_delivery = ParamDelivery::kReplicated;
+  if (d.runtime.chunk_bytes_auto) d.runtime.chunk_bytes = JobSpec{}.runtime.chunk_bytes;
+  d.runtime.grad_reduction_auto = d.runtime.param_delivery_auto = d.runtime.chunk_bytes_auto = false;
   *said = absl::StrCat("runtime routes auto: ", RouteName(d),
                        variants.size() > 1
                            ? " (no route of this shape measured yet: `slidedp plan --measure --routes` measures them)"
@@ -168,7 +169,8 @@ absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::Plan(const JobSpec& spec_i
     if (RouteName(v) == RouteName(spec)) continue;
     absl::StatusOr<v1::PlanJobResponse> other = PlanRoute(v, hellos, /*what_if=*/false, false);
     if (!other.ok() || other->step_s() <= 0) continue;
-    other_reduction_measured |= v.param_delivery == spec.param_delivery && v.chunk_bytes == spec.chunk_bytes;
+    other_reduction_measured |=
+        v.runtime.param_delivery == spec.runtime.param_delivery && v.runtime.chunk_bytes == spec.runtime.chunk_bytes;
     measured.emplace_back(v, *std::move(other));
   }
   ASSIGN_OR_RETURN(v1::PlanJobResponse r, PlanRoute(spec, hellos, /*what_if=*/true, !other_reduction_measured));
@@ -191,32 +193,35 @@ absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::PlanRoute(const JobSpec& s
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));
   ModelLayout layout = ModelLayout::Build(config);
   StepPlanInputs in;
-  if (spec.layer_layout) {
-    in.layout_source = spec.policy_file.empty() ? "runtime.layer_policy (inline)"
-                                                : absl::StrCat("policy file ", spec.policy_file);
-    RETURN_IF_ERROR(spec.layer_layout->CheckModel(config));
-    if (!hellos.empty()) RETURN_IF_ERROR(spec.layer_layout->CheckDevice(hellos[0].device().name()));
-  } else if (spec.policy_auto) {
+  if (spec.runtime.layer_layout) {
+    in.layout_source = spec.runtime.policy_file.empty() ? "runtime.layer_policy (inline)"
+                                                        : absl::StrCat("policy file ", spec.runtime.policy_file);
+    RETURN_IF_ERROR(spec.runtime.layer_layout->CheckModel(config));
+    if (!hellos.empty()) RETURN_IF_ERROR(spec.runtime.layer_layout->CheckDevice(hellos[0].device().name()));
+  } else if (spec.runtime.policy_auto) {
     std::string key, said;
-    spec.layer_layout = CachedLayout(spec, config, hellos, &key, &said);
-    in.layout_source = spec.layer_layout ? absl::StrCat("the policy cache, ", PolicyCache(options_.policy_cache_dir).PathOf(key))
-                                         : "none yet";
+    spec.runtime.layer_layout = CachedLayout(spec, config, hellos, &key, &said);
+    in.layout_source = spec.runtime.layer_layout
+                           ? absl::StrCat("the policy cache, ", PolicyCache(options_.policy_cache_dir).PathOf(key))
+                           : "none yet";
     in.notes.push_back(said);
   } else {
-    in.layout_source = absl::StrCat("runtime.policy fixed: act_policy ", ToString(spec.act_policy),
-                                    spec.offload_ratio > 0 ? absl::StrCat(", offload_ratio ", spec.offload_ratio) : "");
-    spec.layer_layout = FixedLayout(spec, layout);
-    if (!spec.layer_layout) in.notes.push_back("act_policy auto keeps what the job's first step leaves room for: not predicted");
+    in.layout_source = absl::StrCat(
+        "runtime.policy fixed: act_policy ", ToString(spec.runtime.act_policy),
+        spec.runtime.offload_ratio > 0 ? absl::StrCat(", offload_ratio ", spec.runtime.offload_ratio) : "");
+    spec.runtime.layer_layout = FixedLayout(spec, layout);
+    if (!spec.runtime.layer_layout)
+      in.notes.push_back("act_policy auto keeps what the job's first step leaves room for: not predicted");
   }
   // A layout with no measurements of its own (a fixed policy, a hand-written file) is predicted
   // from AutoPolicy's record of the same shape, batch and settings, as `slidedp plan --measure`
   // (PolicyMeasureSpec) caches it.
-  if (spec.layer_layout && !spec.layer_layout->autopolicy) {
+  if (spec.runtime.layer_layout && !spec.runtime.layer_layout->autopolicy) {
     std::string key, said;
     std::optional<LayerLayout> measured = CachedLayout(PolicyMeasureSpec(spec), config, hellos, &key, &said);
     if (measured) {
-      spec.layer_layout->autopolicy = measured->autopolicy;
-      spec.layer_layout->tokens_per_step = measured->tokens_per_step;
+      spec.runtime.layer_layout->autopolicy = measured->autopolicy;
+      spec.runtime.layer_layout->tokens_per_step = measured->tokens_per_step;
       absl::StrAppend(&in.layout_source, "; costs from AutoPolicy's measurements of this shape, ",
                       PolicyCache(options_.policy_cache_dir).PathOf(key));
     }
@@ -227,8 +232,8 @@ absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::PlanRoute(const JobSpec& s
   in.layout = &layout;
   in.plan = &plan;
   in.world = plan.world;
-  in.layer_layout = spec.layer_layout;
-  in.layout_auto = spec.policy_auto;
+  in.layer_layout = spec.runtime.layer_layout;
+  in.layout_auto = spec.runtime.policy_auto;
   in.what_if = what_if;
   in.estimate_other_route = estimate_other_route;
   {

@@ -24,17 +24,15 @@ struct UndoLayout {
   uint64_t m = 0, v = 0, m_scales = 0, v_scales = 0, bytes = 0;
 };
 
-UndoLayout LayoutOf(int64_t numel, update::StateDtype moments) {
+UndoLayout LayoutOf(int64_t numel, MomentForm moments) {
   const uint64_t n = static_cast<uint64_t>(std::max<int64_t>(numel, 0));
-  const uint64_t moment_bytes = moments == update::StateDtype::kFp32   ? n * 4
-                                : moments == update::StateDtype::kBf16 ? n * 2
-                                                                       : n;
+  const uint64_t moment_bytes = moments == MomentForm::kF32 ? n * 4 : moments == MomentForm::kBF16 ? n * 2 : n;
   UndoLayout l;
   l.m = PageUp(n * 4);
   l.v = l.m + PageUp(moment_bytes);
   l.bytes = l.v + PageUp(moment_bytes);
-  if (moments == update::StateDtype::kInt8) {
-    const uint64_t scale_bytes = static_cast<uint64_t>(update::Int8StateBlocks(numel)) * 4;
+  if (moments == MomentForm::kInt8) {
+    const uint64_t scale_bytes = static_cast<uint64_t>(Int8MomentBlocks(numel)) * 4;
     l.m_scales = l.bytes;
     l.v_scales = l.m_scales + PageUp(scale_bytes);
     l.bytes = l.v_scales + PageUp(scale_bytes);
@@ -44,9 +42,9 @@ UndoLayout LayoutOf(int64_t numel, update::StateDtype moments) {
 
 }  // namespace
 
-uint64_t UnitUndoBytes(int64_t numel, update::StateDtype moments) { return LayoutOf(numel, moments).bytes; }
+uint64_t UnitUndoBytes(int64_t numel, MomentForm moments) { return LayoutOf(numel, moments).bytes; }
 
-int FirstSpeculatedUnit(const ModelLayout& layout, uint64_t budget_bytes, update::StateDtype moments) {
+int FirstSpeculatedUnit(const ModelLayout& layout, uint64_t budget_bytes, MomentForm moments) {
   uint64_t used = 0;
   int k = layout.num_units();
   while (k > 0) {
@@ -58,7 +56,7 @@ int FirstSpeculatedUnit(const ModelLayout& layout, uint64_t budget_bytes, update
   return k;
 }
 
-uint64_t UndoBytes(const ModelLayout& layout, int first_unit, update::StateDtype moments) {
+uint64_t UndoBytes(const ModelLayout& layout, int first_unit, MomentForm moments) {
   uint64_t bytes = 0;
   for (int u = std::max(first_unit, 0); u < layout.num_units(); ++u) {
     bytes += UnitUndoBytes(layout.units[u].numel, moments);
@@ -72,7 +70,7 @@ absl::StatusOr<std::unique_ptr<UndoArena>> UndoArena::Create(const ModelLayout& 
   if (first_unit < 0 || first_unit > layout.num_units() || memory.size() != layout.units.size()) {
     return absl::InvalidArgumentError(absl::StrCat("undo arena: first unit ", first_unit, " of ", layout.num_units()));
   }
-  const update::StateDtype moments = memory.empty() ? update::StateDtype::kFp32 : memory[0].moments;
+  const MomentForm moments = memory.empty() ? MomentForm::kF32 : memory[0].moments;
   for (const update::UnitMemory& m : memory) {
     if (m.moments != moments) return absl::InvalidArgumentError("undo arena: units of different moment forms");
   }
@@ -99,17 +97,17 @@ absl::StatusOr<std::unique_ptr<UndoArena>> UndoArena::Create(const ModelLayout& 
     touch.master = undo.master;
     touch.moments = moments;
     switch (moments) {
-      case update::StateDtype::kFp32:
+      case MomentForm::kF32:
         undo.m = reinterpret_cast<float*>(next + l.m);
         undo.v = reinterpret_cast<float*>(next + l.v);
         touch.m = undo.m;
         touch.v = undo.v;
         break;
-      case update::StateDtype::kBf16:
+      case MomentForm::kBF16:
         undo.bf16 = {reinterpret_cast<bf16_t*>(next + l.m), reinterpret_cast<bf16_t*>(next + l.v)};
         touch.bf16 = undo.bf16;
         break;
-      case update::StateDtype::kInt8:
+      case MomentForm::kInt8:
         undo.int8 = {reinterpret_cast<int8_t*>(next + l.m), reinterpret_cast<uint8_t*>(next + l.v),
                      reinterpret_cast<float*>(next + l.m_scales), reinterpret_cast<float*>(next + l.v_scales)};
         touch.int8 = undo.int8;

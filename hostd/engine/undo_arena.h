@@ -26,14 +26,13 @@
 namespace slidedp::hostd {
 
 // Bytes of one unit's undo copy of `numel` elements: the FP32 master and the moments in `moments`'
-// form (update::MomentStateBytes), each array on whole 4 KiB pages.
-uint64_t UnitUndoBytes(int64_t numel, update::StateDtype moments);
+// form (MomentBytes), each array on whole 4 KiB pages.
+uint64_t UnitUndoBytes(int64_t numel, MomentForm moments);
 // The smallest unit index k such that units [k, num_units) take at most `budget_bytes` of undo
 // copies; num_units when not even the last unit fits.
-int FirstSpeculatedUnit(const ModelLayout& layout, uint64_t budget_bytes,
-                        update::StateDtype moments = update::StateDtype::kFp32);
+int FirstSpeculatedUnit(const ModelLayout& layout, uint64_t budget_bytes, MomentForm moments = MomentForm::kF32);
 // Bytes of undo copies for units [first_unit, num_units).
-uint64_t UndoBytes(const ModelLayout& layout, int first_unit, update::StateDtype moments = update::StateDtype::kFp32);
+uint64_t UndoBytes(const ModelLayout& layout, int first_unit, MomentForm moments = MomentForm::kF32);
 
 class UndoArena {
  public:

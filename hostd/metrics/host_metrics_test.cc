@@ -20,7 +20,7 @@ class ScriptedExecutor : public hostd::JobExecutor {
   absl::Status Run(hostd::JobContext& ctx) override {
     ctx.SetState(v1::JOB_STATE_RUNNING);
     ctx.SetHostStateBytes(4096);
-    for (int64_t s = 0; s < ctx.spec().steps; ++s) {
+    for (int64_t s = 0; s < ctx.spec().train.steps; ++s) {
       v1::StepMetrics m;
       m.set_step(s + 1);
       m.set_loss(2.5);

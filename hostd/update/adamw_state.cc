@@ -11,35 +11,9 @@
 
 namespace slidedp::update {
 
-std::string StateDtypeName(StateDtype dtype) {
-  switch (dtype) {
-    case StateDtype::kFp32: return "fp32";
-    case StateDtype::kBf16: return "bf16";
-    case StateDtype::kInt8: return "int8";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<StateDtype> ParseStateDtype(absl::string_view name) {
-  if (name == "fp32") return StateDtype::kFp32;
-  if (name == "bf16") return StateDtype::kBf16;
-  if (name == "int8") return StateDtype::kInt8;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown optimizer state dtype '", name, "' (expected fp32, bf16 or int8)"));
-}
-
-int64_t MomentStateBytes(StateDtype dtype, int64_t n) {
-  switch (dtype) {
-    case StateDtype::kFp32: return 2 * n * static_cast<int64_t>(sizeof(float));
-    case StateDtype::kBf16: return 2 * n * static_cast<int64_t>(sizeof(bf16_t));
-    case StateDtype::kInt8: return 2 * n + 2 * Int8StateBlocks(n) * static_cast<int64_t>(sizeof(float));
-  }
-  return 0;
-}
-
 Int8Moments Int8MomentsAt(const Int8Moments& base, int64_t offset) {
-  CHECK_EQ(offset % kInt8StateBlock, 0) << "int8 moment ranges start at a block boundary";
-  const int64_t block = offset / kInt8StateBlock;
+  CHECK_EQ(offset % kInt8MomentBlock, 0) << "int8 moment ranges start at a block boundary";
+  const int64_t block = offset / kInt8MomentBlock;
   return {base.m_codes + offset, base.v_codes + offset, base.m_scales + block, base.v_scales + block};
 }
 

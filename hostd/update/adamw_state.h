@@ -15,8 +15,8 @@
 //         per-step change of v is ~0.1%, below half a BF16 ulp (0.2-0.4%), so round to nearest
 //         would freeze v. The hash makes the rounding a pure function of its inputs: a resumed
 //         run repeats it bit for bit, however the range is split.
-//   int8: blocks of kInt8StateBlock = 256 consecutive elements; per block two FP32 scales in
-//         separate arrays (Int8StateBlocks(n) each, the last block may be partial):
+//   int8: blocks of kInt8MomentBlock = 256 consecutive elements; per block two FP32 scales in
+//         separate arrays (Int8MomentBlocks(n) each, the last block may be partial):
 //           m_scale[b] = max |m| over the block; m_code[i] int8 in [-127, 127]: the sign and a
 //                        7-bit magnitude c on a float grid with 3 mantissa bits, m = +-m_scale *
 //                        bits_to_float((c + 889) << 20) (relative spacing 1/16..1/8, c = 127 is
@@ -53,27 +53,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/numeric/bf16.h"
+#include "common/numeric/dtype.h"
 #include "hostd/update/adamw_kernels.h"
 
 namespace slidedp::update {
 
-// How the host stores the Adam moments m and v.
-enum class StateDtype { kFp32, kBf16, kInt8 };
-
-std::string StateDtypeName(StateDtype dtype);                        // "fp32" | "bf16" | "int8"
-absl::StatusOr<StateDtype> ParseStateDtype(absl::string_view name);  // INVALID_ARGUMENT otherwise
-
-// Elements per int8 quantization block (the unit of requantization and of range alignment).
-inline constexpr int64_t kInt8StateBlock = 256;
-
-// Number of blocks (and of scales per moment) for n elements: ceil(n / 256).
-inline int64_t Int8StateBlocks(int64_t n) { return (n + kInt8StateBlock - 1) / kInt8StateBlock; }
-
-// Host bytes of m + v for n elements: fp32 8n; bf16 4n; int8 2n codes + 2 FP32 scales per block
-// (8 * ceil(n/256), so a partial last block counts whole).
-int64_t MomentStateBytes(StateDtype dtype, int64_t n);
-
-// One range of int8 moments: codes for its n elements and scales for its Int8StateBlocks(n)
+// One range of int8 moments: codes for its n elements and scales for its Int8MomentBlocks(n)
 // blocks; element 0 of the range is the first element of block 0.
 struct Int8Moments {
   int8_t* m_codes;
@@ -87,7 +72,7 @@ struct Int8MomentsView {  // the same, read-only
   const float* m_scales;
   const float* v_scales;
 };
-// The range starting `offset` elements into `base`; offset must be a multiple of kInt8StateBlock.
+// The range starting `offset` elements into `base`; offset must be a multiple of kInt8MomentBlock.
 Int8Moments Int8MomentsAt(const Int8Moments& base, int64_t offset);
 
 struct Bf16Moments {

@@ -158,15 +158,15 @@ void Int8Block(const AdamWConstants& constants, const Vec256Constants& c, float*
   const float v_step = Int8VStep(*v_scale_at);
   const __m256 m_scale8 = _mm256_set1_ps(m_scale), v_step8 = _mm256_set1_ps(v_step);
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
-  alignas(32) float m_new[kInt8StateBlock];
-  alignas(32) float s_new[kInt8StateBlock];
+  alignas(32) float m_new[kInt8MomentBlock];
+  alignas(32) float s_new[kInt8MomentBlock];
   __m256i m_abs = _mm256_setzero_si256(), s_abs = _mm256_setzero_si256();
   int64_t i = 0;
   // 8 elements per iteration, not 16: with 16 the live values spill out of the 16 ymm registers
   // (14% slower on a Zen 3 core in L2). A streamed mirror is staged in `rows` and written as
   // whole 32-byte rows after the loop: 16-byte streaming stores spread over the loop left partial
   // write-combining lines (the kernel ran ~30% slower than without a mirror).
-  alignas(32) bf16_t rows[kInt8StateBlock];
+  alignas(32) bf16_t rows[kInt8MomentBlock];
   bf16_t* const mirror_out = stream ? rows : mirror;
   for (; i + 8 <= len; i += 8) {
     const Adam8 a = AdamStep8(c, LoadGrad8(grad + i), _mm256_loadu_ps(master + i),
@@ -214,8 +214,8 @@ int64_t Int8StepImpl(const AdamWConstants& constants, float* master, const Int8M
   const Vec256Constants c(constants);
   const bool stream = StreamMirror(constants, mirror);
   int64_t stop = -1;
-  for (int64_t start = 0, block = 0; start < n; start += kInt8StateBlock, ++block) {
-    const int64_t len = std::min(kInt8StateBlock, n - start);
+  for (int64_t start = 0, block = 0; start < n; start += kInt8MomentBlock, ++block) {
+    const int64_t len = std::min(kInt8MomentBlock, n - start);
     if constexpr (kCheck) {
       if (const int64_t bad = FirstNonFiniteInBlock(grad + start, len); bad >= 0) {
         stop = start + bad;
@@ -255,9 +255,9 @@ int64_t Int8StepBf16Checked(const AdamWConstants& c, float* master, const Int8Mo
 
 void Int8FromF32(const float* m, const float* v, const Int8Moments& out, int64_t n) {
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
-  for (int64_t start = 0, block = 0; start < n; start += kInt8StateBlock, ++block) {
-    const int64_t len = std::min(kInt8StateBlock, n - start);
-    alignas(32) float s_new[kInt8StateBlock];
+  for (int64_t start = 0, block = 0; start < n; start += kInt8MomentBlock, ++block) {
+    const int64_t len = std::min(kInt8MomentBlock, n - start);
+    alignas(32) float s_new[kInt8MomentBlock];
     __m256i m_abs = _mm256_setzero_si256(), s_abs = _mm256_setzero_si256();
     int64_t i = 0;
     for (; i + 8 <= len; i += 8) {
@@ -280,8 +280,8 @@ void Int8FromF32(const float* m, const float* v, const Int8Moments& out, int64_t
 }
 
 void Int8ToF32(const Int8MomentsView& in, float* m, float* v, int64_t n) {
-  for (int64_t start = 0, block = 0; start < n; start += kInt8StateBlock, ++block) {
-    const int64_t len = std::min(kInt8StateBlock, n - start);
+  for (int64_t start = 0, block = 0; start < n; start += kInt8MomentBlock, ++block) {
+    const int64_t len = std::min(kInt8MomentBlock, n - start);
     const float m_scale = in.m_scales[block];
     const float v_step = Int8VStep(in.v_scales[block]);
     const __m256 m_scale8 = _mm256_set1_ps(m_scale), v_step8 = _mm256_set1_ps(v_step);

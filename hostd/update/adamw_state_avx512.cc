@@ -132,8 +132,8 @@ template <bool kMirror, typename G>
 void Int8Block(const Vec512Constants& c, float* master, int8_t* m_codes, uint8_t* v_codes, float* m_scale_at,
                float* v_scale_at, bf16_t* mirror, bool stream, const G* grad, int64_t len) {
   const __m512 m_scale = _mm512_set1_ps(*m_scale_at), v_step = _mm512_set1_ps(Int8VStep(*v_scale_at));
-  alignas(64) float m_new[kInt8StateBlock];
-  alignas(64) float s_new[kInt8StateBlock];
+  alignas(64) float m_new[kInt8MomentBlock];
+  alignas(64) float s_new[kInt8MomentBlock];
   __m512i m_abs = _mm512_setzero_si512(), s_abs = _mm512_setzero_si512();
   int64_t i = 0;
   for (; i + 16 <= len; i += 16) {
@@ -174,8 +174,8 @@ int64_t Int8StepImpl(const AdamWConstants& constants, float* master, const Int8M
   const Vec512Constants c(constants);
   const bool stream = kMirror && constants.stream_mirror && reinterpret_cast<uintptr_t>(mirror) % 32 == 0;
   int64_t stop = -1;
-  for (int64_t start = 0, block = 0; start < n; start += kInt8StateBlock, ++block) {
-    const int64_t len = std::min(kInt8StateBlock, n - start);
+  for (int64_t start = 0, block = 0; start < n; start += kInt8MomentBlock, ++block) {
+    const int64_t len = std::min(kInt8MomentBlock, n - start);
     if constexpr (kCheck) {
       if (const int64_t bad = FirstNonFiniteInBlock(grad + start, len); bad >= 0) {
         stop = start + bad;
@@ -215,9 +215,9 @@ int64_t Int8StepBf16Checked(const AdamWConstants& c, float* master, const Int8Mo
 
 void Int8FromF32(const float* m, const float* v, const Int8Moments& out, int64_t n) {
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
-  for (int64_t start = 0, block = 0; start < n; start += kInt8StateBlock, ++block) {
-    const int64_t len = std::min(kInt8StateBlock, n - start);
-    alignas(64) float s_new[kInt8StateBlock];
+  for (int64_t start = 0, block = 0; start < n; start += kInt8MomentBlock, ++block) {
+    const int64_t len = std::min(kInt8MomentBlock, n - start);
+    alignas(64) float s_new[kInt8MomentBlock];
     __m512i m_abs = _mm512_setzero_si512(), s_abs = _mm512_setzero_si512();
     for (int64_t i = 0; i < len; i += 16) {
       const __mmask16 k = FirstLanes(len - i);
@@ -235,8 +235,8 @@ void Int8FromF32(const float* m, const float* v, const Int8Moments& out, int64_t
 }
 
 void Int8ToF32(const Int8MomentsView& in, float* m, float* v, int64_t n) {
-  for (int64_t start = 0, block = 0; start < n; start += kInt8StateBlock, ++block) {
-    const int64_t len = std::min(kInt8StateBlock, n - start);
+  for (int64_t start = 0, block = 0; start < n; start += kInt8MomentBlock, ++block) {
+    const int64_t len = std::min(kInt8MomentBlock, n - start);
     const __m512 m_scale = _mm512_set1_ps(in.m_scales[block]);
     const __m512 v_step = _mm512_set1_ps(Int8VStep(in.v_scales[block]));
     for (int64_t i = 0; i < len; i += 16) {

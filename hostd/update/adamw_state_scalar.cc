@@ -18,7 +18,7 @@ void Int8Block(const AdamWConstants& c, const LerpForm& lerp, float* master, con
                bf16_t* mirror, const G* grad, int64_t len) {
   const float m_scale = s.m_scales[block];
   const float v_step = Int8VStep(s.v_scales[block]);
-  float m_new[kInt8StateBlock], s_new[kInt8StateBlock];
+  float m_new[kInt8MomentBlock], s_new[kInt8MomentBlock];
   uint32_t m_abs = 0, s_abs = 0;
   for (int64_t i = 0; i < len; ++i) {
     Int8Element(c, lerp, GradAt(grad, i), &master[i], s.m_codes[i], s.v_codes[i], m_scale, v_step,
@@ -37,8 +37,8 @@ template <bool kCheck, typename G>
 int64_t Int8Step(const AdamWConstants& c, float* master, const Int8Moments& s, bf16_t* mirror, const G* grad,
                  int64_t n) {
   const LerpForm lerp = MakeLerpForm(c);
-  for (int64_t start = 0, block = 0; start < n; start += kInt8StateBlock, ++block) {
-    const int64_t len = std::min(kInt8StateBlock, n - start);
+  for (int64_t start = 0, block = 0; start < n; start += kInt8MomentBlock, ++block) {
+    const int64_t len = std::min(kInt8MomentBlock, n - start);
     if constexpr (kCheck) {
       if (const int64_t bad = FirstNonFinite(grad + start, 0, len); bad >= 0) return start + bad;
     }
@@ -66,9 +66,9 @@ int64_t Int8StepBf16Checked(const AdamWConstants& c, float* master, const Int8Mo
 }
 
 void Int8FromF32(const float* m, const float* v, const Int8Moments& out, int64_t n) {
-  for (int64_t start = 0, block = 0; start < n; start += kInt8StateBlock, ++block) {
-    const int64_t len = std::min(kInt8StateBlock, n - start);
-    float s_new[kInt8StateBlock];
+  for (int64_t start = 0, block = 0; start < n; start += kInt8MomentBlock, ++block) {
+    const int64_t len = std::min(kInt8MomentBlock, n - start);
+    float s_new[kInt8MomentBlock];
     uint32_t m_abs = 0, s_abs = 0;
     for (int64_t i = 0; i < len; ++i) {
       s_new[i] = std::sqrt(v[start + i]);
@@ -84,7 +84,7 @@ void Int8FromF32(const float* m, const float* v, const Int8Moments& out, int64_t
 
 void Int8ToF32(const Int8MomentsView& in, float* m, float* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t block = i / kInt8StateBlock;
+    const int64_t block = i / kInt8MomentBlock;
     m[i] = DecodeM(in.m_codes[i], in.m_scales[block]);
     v[i] = DecodeV(in.v_codes[i], Int8VStep(in.v_scales[block]));
   }

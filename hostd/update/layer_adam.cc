@@ -79,7 +79,7 @@ constexpr int64_t kUndoBlockNumel = 8192;
 // A unit's state, or its undo copy, as one view: the master and the moments in either form.
 struct StateView {
   float* master;
-  StateDtype moments;
+  MomentForm moments;
   float* m;
   float* v;
   Bf16Moments bf16;
@@ -92,9 +92,9 @@ StateView ViewOf(const UndoMemory& d) { return {d.master, d.moments, d.m, d.v, d
 bool StateSet(const StateView& s) {
   if (s.master == nullptr) return false;
   switch (s.moments) {
-    case StateDtype::kFp32: return s.m != nullptr && s.v != nullptr;
-    case StateDtype::kBf16: return s.bf16.m != nullptr && s.bf16.v != nullptr;
-    case StateDtype::kInt8:
+    case MomentForm::kF32: return s.m != nullptr && s.v != nullptr;
+    case MomentForm::kBF16: return s.bf16.m != nullptr && s.bf16.v != nullptr;
+    case MomentForm::kInt8:
       return s.int8.m_codes != nullptr && s.int8.v_codes != nullptr && s.int8.m_scales != nullptr &&
              s.int8.v_scales != nullptr;
   }
@@ -109,18 +109,18 @@ template <typename CopyF32>
 void CopyState(const StateView& from, const StateView& to, int64_t b, int64_t n, CopyF32 copy) {
   copy(from.master + b, to.master + b, n);
   switch (from.moments) {
-    case StateDtype::kFp32:
+    case MomentForm::kF32:
       copy(from.m + b, to.m + b, n);
       copy(from.v + b, to.v + b, n);
       return;
-    case StateDtype::kBf16:
+    case MomentForm::kBF16:
       std::memcpy(to.bf16.m + b, from.bf16.m + b, n * sizeof(bf16_t));
       std::memcpy(to.bf16.v + b, from.bf16.v + b, n * sizeof(bf16_t));
       return;
-    case StateDtype::kInt8: {
+    case MomentForm::kInt8: {
       std::memcpy(to.int8.m_codes + b, from.int8.m_codes + b, n);
       std::memcpy(to.int8.v_codes + b, from.int8.v_codes + b, n);
-      const int64_t k = b / kInt8StateBlock, blocks = Int8StateBlocks(n);
+      const int64_t k = b / kInt8MomentBlock, blocks = Int8MomentBlocks(n);
       std::memcpy(to.int8.m_scales + k, from.int8.m_scales + k, blocks * sizeof(float));
       std::memcpy(to.int8.v_scales + k, from.int8.v_scales + k, blocks * sizeof(float));
       return;
@@ -177,8 +177,8 @@ absl::Status LayerAdam::FirstTouch(const UnitMemory& unit) {
   if (num_numa_nodes() > 1) {
     auto topo = static_cast<hwloc_topology_t>(topology_);
     hwloc_obj_t node = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, unit.numa_node);
-    const int64_t n = unit.numel, blocks = Int8StateBlocks(unit.numel);
-    const bool f32 = unit.moments == StateDtype::kFp32, b16 = unit.moments == StateDtype::kBf16;
+    const int64_t n = unit.numel, blocks = Int8MomentBlocks(unit.numel);
+    const bool f32 = unit.moments == MomentForm::kF32, b16 = unit.moments == MomentForm::kBF16;
     const std::pair<void*, int64_t> areas[] = {
         {unit.master, n * 4},
         {f32   ? static_cast<void*>(unit.m)
@@ -193,8 +193,8 @@ absl::Status LayerAdam::FirstTouch(const UnitMemory& unit) {
          f32   ? n * 4
          : b16 ? n * 2
                : n},
-        {unit.moments == StateDtype::kInt8 ? unit.int8.m_scales : nullptr, blocks * 4},
-        {unit.moments == StateDtype::kInt8 ? unit.int8.v_scales : nullptr, blocks * 4},
+        {unit.moments == MomentForm::kInt8 ? unit.int8.m_scales : nullptr, blocks * 4},
+        {unit.moments == MomentForm::kInt8 ? unit.int8.v_scales : nullptr, blocks * 4},
         {unit.mirror, n * 2}};
     for (const auto& [addr, bytes] : areas) {
       if (node == nullptr || addr == nullptr || bytes == 0) continue;
@@ -233,14 +233,14 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
       return absl::InvalidArgumentError("LayerAdam: an undo mode without an undo copy");
     }
     if (undo->moments != unit.moments) {
-      return absl::InvalidArgumentError(absl::StrCat("LayerAdam: the undo copy holds ", StateDtypeName(undo->moments),
-                                                     " moments, the unit keeps ", StateDtypeName(unit.moments)));
+      return absl::InvalidArgumentError(absl::StrCat("LayerAdam: the undo copy holds ", ToString(undo->moments),
+                                                     " moments, the unit keeps ", ToString(unit.moments)));
     }
   }
-  if (unit.moments == StateDtype::kInt8 && kind != TaskKind::kTouch &&
-      (offset % kInt8StateBlock != 0 || ((offset + numel) % kInt8StateBlock != 0 && offset + numel != unit.numel))) {
+  if (unit.moments == MomentForm::kInt8 && kind != TaskKind::kTouch &&
+      (offset % kInt8MomentBlock != 0 || ((offset + numel) % kInt8MomentBlock != 0 && offset + numel != unit.numel))) {
     return absl::InvalidArgumentError(absl::StrCat("LayerAdam: chunk [", offset, ", +", numel,
-                                                   ") splits an int8 moment block (", kInt8StateBlock,
+                                                   ") splits an int8 moment block (", kInt8MomentBlock,
                                                    " elements): chunks start and end on block boundaries"));
   }
   if (unit.numa_node < 0 || unit.numa_node >= num_numa_nodes()) {
@@ -272,7 +272,7 @@ absl::Status LayerAdam::Submit(TaskKind kind, const UnitMemory& unit, int64_t of
   const int64_t max_pieces = std::max<int64_t>(1, numel / min_piece_numel_);
   const int64_t pieces = std::min<int64_t>(q.num_workers, max_pieces);
   const int64_t align = block_squares != nullptr            ? kNormBlockNumel
-                        : unit.moments == StateDtype::kInt8 ? kInt8StateBlock
+                        : unit.moments == MomentForm::kInt8 ? kInt8MomentBlock
                                                             : kPieceAlignNumel;
   std::vector<int64_t> bounds{offset};
   for (int64_t k = 1; k < pieces; ++k) {
@@ -371,7 +371,7 @@ int64_t LayerAdam::StepPart(const Task& t, int64_t b, int64_t n, WeightDecay dec
   // weight_decay 0, which skips the multiply (x * 1 is x for every float).
   if (decay == WeightDecay::kNone) c.decay = 1.0f;
   switch (u.moments) {
-    case StateDtype::kFp32:
+    case MomentForm::kF32:
       if constexpr (kF32) {
         if (checked) return kernels_->step_f32_checked(c, u.master + b, u.m + b, u.v + b, MirrorOf(u, b), g, n);
         kernels_->step_f32(c, u.master + b, u.m + b, u.v + b, MirrorOf(u, b), g, n);
@@ -380,7 +380,7 @@ int64_t LayerAdam::StepPart(const Task& t, int64_t b, int64_t n, WeightDecay dec
         kernels_->step_bf16(c, u.master + b, u.m + b, u.v + b, MirrorOf(u, b), g, n);
       }
       return -1;
-    case StateDtype::kBf16: {
+    case MomentForm::kBF16: {
       StochasticRounding r = t.rounding;
       r.first_index = u.first_index + b;
       const Bf16Moments mv{u.bf16.m + b, u.bf16.v + b};
@@ -393,9 +393,9 @@ int64_t LayerAdam::StepPart(const Task& t, int64_t b, int64_t n, WeightDecay dec
       }
       return -1;
     }
-    case StateDtype::kInt8: {
+    case MomentForm::kInt8: {
       // b is a block boundary: tensors begin on kTensorAlignNumel (256) elements, pieces and
-      // blocks of work split on multiples of kInt8StateBlock.
+      // blocks of work split on multiples of kInt8MomentBlock.
       const Int8Moments mv = Int8MomentsAt(u.int8, b);
       if constexpr (kF32) {
         if (checked) return state_kernels_->int8_step_f32_checked(c, u.master + b, mv, MirrorOf(u, b), g, n);
@@ -465,19 +465,19 @@ absl::Status LayerAdam::RunTask(const Task& t, BlockPacer& pacer) {
     case TaskKind::kTouch:  // (before a job's first step: never paced)
       TouchPages(u.master + o, t.numel * 4);
       switch (u.moments) {
-        case StateDtype::kFp32:
+        case MomentForm::kF32:
           TouchPages(u.m + o, t.numel * 4);
           TouchPages(u.v + o, t.numel * 4);
           break;
-        case StateDtype::kBf16:
+        case MomentForm::kBF16:
           TouchPages(u.bf16.m + o, t.numel * 2);
           TouchPages(u.bf16.v + o, t.numel * 2);
           break;
-        case StateDtype::kInt8:  // (pieces split on blocks)
+        case MomentForm::kInt8:  // (pieces split on blocks)
           TouchPages(u.int8.m_codes + o, t.numel);
           TouchPages(u.int8.v_codes + o, t.numel);
-          TouchPages(u.int8.m_scales + o / kInt8StateBlock, Int8StateBlocks(t.numel) * 4);
-          TouchPages(u.int8.v_scales + o / kInt8StateBlock, Int8StateBlocks(t.numel) * 4);
+          TouchPages(u.int8.m_scales + o / kInt8MomentBlock, Int8MomentBlocks(t.numel) * 4);
+          TouchPages(u.int8.v_scales + o / kInt8MomentBlock, Int8MomentBlocks(t.numel) * 4);
           break;
       }
       if (u.mirror != nullptr) TouchPages(u.mirror + o, t.numel * 2);  // (an undo copy has none)

@@ -72,7 +72,7 @@ struct UnitMemory {
   // `bf16`, or int8 codes and per-256 scales in `int8` (element 0 of the unit is block 0's first).
   // Int8 chunks start on a block boundary and end on one or at the unit's end, and are split at
   // block boundaries. Undo copies (speculative clipping) keep the same form (UndoMemory).
-  StateDtype moments = StateDtype::kFp32;
+  MomentForm moments = MomentForm::kF32;
   Bf16Moments bf16{};
   Int8Moments int8{};
   // BF16 moments: the global index of the unit's element 0 (its offset in the whole model), so the
@@ -107,7 +107,7 @@ struct UndoMemory {
   float* master = nullptr;
   float* m = nullptr;  // FP32 moments
   float* v = nullptr;
-  StateDtype moments = StateDtype::kFp32;
+  MomentForm moments = MomentForm::kF32;
   Bf16Moments bf16{};
   Int8Moments int8{};
 };

@@ -84,17 +84,17 @@ TEST_F(GradRingTest, SingleProcessContract) {
   EXPECT_EQ(none.status().code(), absl::StatusCode::kDeadlineExceeded) << none.status();
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(100));
 
-  EXPECT_EQ(p.Post({0, 9, 0, 1, 0, GradDtype::kF32}).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(p.Post({0, 2, 0, 251, 0, GradDtype::kF32}).code(), absl::StatusCode::kInvalidArgument)
+  EXPECT_EQ(p.Post({0, 9, 0, 1, 0, ChunkKind::kGradF32}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.Post({0, 2, 0, 251, 0, ChunkKind::kGradF32}).code(), absl::StatusCode::kInvalidArgument)
       << "1004 bytes do not fit a 1000-byte slot";
-  EXPECT_TRUE(p.Post({0, 2, 0, 500, 0, GradDtype::kBF16}).ok());
-  EXPECT_TRUE(p.Post({1, 0, 64, 250, 0, GradDtype::kF32}).ok());
+  EXPECT_TRUE(p.Post({0, 2, 0, 500, 0, ChunkKind::kGradBF16}).ok());
+  EXPECT_TRUE(p.Post({1, 0, 64, 250, 0, ChunkKind::kGradF32}).ok());
   EXPECT_EQ(consumer->queued(), 2u);
 
   auto d1 = consumer->Pop(absl::Seconds(1));
   ASSERT_TRUE(d1.ok()) << d1.status();
   EXPECT_EQ(d1->slot, 2u);
-  EXPECT_EQ(d1->dtype, GradDtype::kBF16);
+  EXPECT_EQ(d1->kind, ChunkKind::kGradBF16);
   auto d2 = consumer->Pop(absl::Seconds(1));
   ASSERT_TRUE(d2.ok());
   EXPECT_EQ(d2->unit, 1);
@@ -102,7 +102,7 @@ TEST_F(GradRingTest, SingleProcessContract) {
   EXPECT_EQ(consumer->Pop(absl::Milliseconds(50)).status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(consumer->Release(2).ok());
   EXPECT_EQ(consumer->Release(2).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(p.Post({0, 2, 0, 1, 0, GradDtype::kF32}).code(), absl::StatusCode::kInvalidArgument)
+  EXPECT_EQ(p.Post({0, 2, 0, 1, 0, ChunkKind::kGradF32}).code(), absl::StatusCode::kInvalidArgument)
       << "posting a released slot";
   EXPECT_EQ(p.AcquireSlot(absl::Seconds(1)).value(), 2u);
 
@@ -141,11 +141,11 @@ TEST_F(GradRingTest, ProducerProcessStreams10kChunksThroughFourSlots) {
       d.slot = *slot;
       d.offset_numel = i;
       d.step = i;
-      d.dtype = i % 2 ? GradDtype::kBF16 : GradDtype::kF32;
-      d.numel = ChunkNumel(i, config.slot_bytes) * (d.dtype == GradDtype::kBF16 ? 2 : 1);
+      d.kind = i % 2 ? ChunkKind::kGradBF16 : ChunkKind::kGradF32;
+      d.numel = ChunkNumel(i, config.slot_bytes) * (d.kind == ChunkKind::kGradBF16 ? 2 : 1);
       void* data = (*p)->slot_data(*slot);
       for (int64_t j = 0; j < d.numel; ++j) {
-        if (d.dtype == GradDtype::kF32) {
+        if (d.kind == ChunkKind::kGradF32) {
           static_cast<float*>(data)[j] = ChunkValue(i, j);
         } else {
           static_cast<bf16_t*>(data)[j] = FloatToBf16(ChunkValue(i, j));
@@ -171,8 +171,8 @@ TEST_F(GradRingTest, ProducerProcessStreams10kChunksThroughFourSlots) {
     const void* data = ring->slot_data(d->slot);
     for (int64_t j = 0; j < d->numel; ++j) {
       const float want = ChunkValue(expected, j);
-      const float got = d->dtype == GradDtype::kF32 ? static_cast<const float*>(data)[j]
-                                                    : Bf16ToFloat(static_cast<const bf16_t*>(data)[j]);
+      const float got = d->kind == ChunkKind::kGradF32 ? static_cast<const float*>(data)[j]
+                                                       : Bf16ToFloat(static_cast<const bf16_t*>(data)[j]);
       checksum_seen += got * (j + 1);
       checksum_expected += want * (j + 1);
       ASSERT_EQ(got, want) << "chunk " << expected << " element " << j << " overwritten?";
@@ -197,7 +197,7 @@ TEST_F(GradRingTest, SigkilledProducerMakesPopFailWithinTwoSeconds) {
     for (uint32_t i = 0;; ++i) {
       auto slot = (*p)->AcquireSlot(absl::Seconds(30));
       if (!slot.ok()) return 2;
-      if (!(*p)->Post({0, *slot, 0, 16, i, GradDtype::kF32}).ok()) return 3;
+      if (!(*p)->Post({0, *slot, 0, 16, i, ChunkKind::kGradF32}).ok()) return 3;
       ::usleep(1000);
     }
   });
@@ -248,7 +248,7 @@ TEST_F(GradRingTest, DeadConsumerMakesAcquireSlotFailWithinTwoSeconds) {
   for (int i = 0; i < 4; ++i) {
     auto slot = ring->AcquireSlot(absl::Seconds(1));
     ASSERT_TRUE(slot.ok()) << slot.status();
-    ASSERT_TRUE(ring->Post({0, *slot, 0, 1, 0, GradDtype::kF32}).ok());
+    ASSERT_TRUE(ring->Post({0, *slot, 0, 1, 0, ChunkKind::kGradF32}).ok());
   }
   const absl::Time start = absl::Now();
   auto blocked = ring->AcquireSlot(absl::Seconds(30));  // ring full; consumer dies in ~200 ms

@@ -297,8 +297,8 @@ TEST(JobState, SegmentsWithoutAMirror) {
   const ModelLayout layout = TinyLayout(3);
   uint64_t elements = 0;
   for (const UnitLayout& u : layout.units) elements += static_cast<uint64_t>(u.numel);
-  for (MomentDtype moments : {MomentDtype::kF32, MomentDtype::kBF16, MomentDtype::kInt8}) {
-    SCOPED_TRACE(MomentDtypeName(moments));
+  for (MomentForm moments : {MomentForm::kF32, MomentForm::kBF16, MomentForm::kInt8}) {
+    SCOPED_TRACE(ToString(moments));
     const StateFormat with{moments, true}, without{moments, false};
     const uint64_t with_bytes = JobState::SegmentBytes(layout, with), without_bytes = JobState::SegmentBytes(layout, without);
     EXPECT_GE(with_bytes - without_bytes, elements * 2);

@@ -82,7 +82,7 @@ void PostGood(ConsumerHarness& h, int rank, int64_t t, uint8_t kind) {
     d.slot = *slot;
     d.numel = 1;
     d.step = static_cast<uint32_t>(t);
-    d.dtype = shm::GradDtype::kSumSquares;
+    d.kind = shm::ChunkKind::kSumSquares;
     if (!ring.Post(d).ok()) return;
   }
   for (int u = 0; u < h.layout().num_units(); ++u) {
@@ -137,10 +137,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                        : (job >> 2) % 3 == 1 ? slidedp::GradStaging::kHost
                                                              : slidedp::GradStaging::kDevice;
   slidedp::JobSpec spec = HarnessSpec(world, clip, route, staging, skip);
-  spec.steps = steps;
-  spec.chunk_bytes = 65536;  // 16K-element slots: a few chunks per unit
-  spec.ring_slots = 12;
-  spec.step_timeout_ms = 20;  // a rank that posts too little ends the step quickly
+  spec.train.steps = steps;
+  spec.runtime.chunk_bytes = 65536;  // 16K-element slots: a few chunks per unit
+  spec.runtime.ring_slots = 12;
+  spec.runtime.step_timeout_ms = 20;  // a rank that posts too little ends the step quickly
   ConsumerHarness h(spec, world);
   if (!h.status().ok()) return 0;  // e.g. grad_staging device on the cpu route: refused by the plan
 
@@ -158,7 +158,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         d.offset_numel = slot_mode & 0x80 ? in.I64() : static_cast<int64_t>(in.U32() % 40000);
         d.numel = slot_mode & 0x40 ? in.I64() : static_cast<int64_t>(in.U32() % 20000);
         d.step = in.U8() % 4;
-        d.dtype = static_cast<shm::GradDtype>(in.U8() % 4);
+        d.kind = static_cast<shm::ChunkKind>(in.U8() % 4);
         const uint8_t fill = in.U8();
         if (slot_mode & 0x20) {
           d.slot = slot_mode % 16;  // any slot, acquired or not

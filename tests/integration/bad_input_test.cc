@@ -87,7 +87,7 @@ class BadInput : public ::testing::Test {
     req.layout = &layout;
     req.arrays.master = [&](int u) { return w[u].data(); };
     req.arrays.moments = checkpoint::Fp32Moments(req.arrays.master, req.arrays.master);
-    req.weight_dtype = checkpoint::WeightDtype::kF32;
+    req.weight_dtype = Dtype::kF32;
     auto saved = checkpoint::SaveCheckpoint(req);
     ASSERT_TRUE(saved.ok()) << saved.status();
     model_dir_ = saved->dir;

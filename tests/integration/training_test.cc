@@ -845,7 +845,9 @@ TEST(Training, Bf16GradientsTrainCloseToFp32OnEveryRoute) {
       ASSERT_EQ(lines.size(), 4u) << id;
       EXPECT_EQ(lines.back().value("grad_dtype", ""), "bf16") << id;
       if (run.workers == 2 && run.route == "gpu" && run.staging.empty()) gpu_two = master;
-      if (run.workers == 1) EXPECT_LE(MaxAbsDiff(master, gpu_two), 1e-5) << id;
+      if (run.workers == 1) {
+        EXPECT_LE(MaxAbsDiff(master, gpu_two), 1e-5) << id;
+      }
     }
   }
   EXPECT_TRUE(node.LeakedSegments().empty());

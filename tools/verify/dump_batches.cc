@@ -71,11 +71,11 @@ const char* ScheduleName(ScheduleKind k) {
 
 // InitRandom(init_seed) as hostd does for a preset, written as an F32 HF model directory.
 absl::Status WriteInitModel(const JobSpec& spec, const std::string& dir) {
-  ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Preset(spec.model_preset));
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Preset(spec.model.preset));
   const ModelLayout layout = ModelLayout::Build(config);
   std::vector<std::vector<float>> master(layout.num_units());
   for (int u = 0; u < layout.num_units(); ++u) master[u].assign(layout.units[u].numel, 0.0f);
-  checkpoint::InitRandom(layout, spec.init_seed, [&](int u) { return master[u].data(); });
+  checkpoint::InitRandom(layout, spec.model.init_seed, [&](int u) { return master[u].data(); });
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
@@ -101,34 +101,34 @@ absl::Status Run(Options o) {
     text << in.rdbuf();
     const std::string base = fs::absolute(fs::path(o.job_path)).parent_path().string();
     ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(text.str(), base, JobSpec::FileCheck::kSkip));
-    if (o.data_dir.empty()) o.data_dir = spec.data_path;
-    if (o.global_batch == 0) o.global_batch = spec.global_batch;
-    o.seed = spec.seed;
-    if (o.steps == 0) o.steps = spec.steps;
+    if (o.data_dir.empty()) o.data_dir = spec.data.path;
+    if (o.global_batch == 0) o.global_batch = spec.train.global_batch;
+    o.seed = spec.train.seed;
+    if (o.steps == 0) o.steps = spec.train.steps;
     nlohmann::json no_decay = nlohmann::json::array();
-    for (NoDecay g : spec.no_decay) no_decay.push_back(ToString(g));
+    for (NoDecay g : spec.optimizer.no_decay) no_decay.push_back(ToString(g));
     job = {{"name", spec.name},
-           {"lr", spec.lr},
-           {"beta1", spec.beta1},
-           {"beta2", spec.beta2},
-           {"eps", spec.eps},
-           {"weight_decay", spec.weight_decay},
+           {"lr", spec.optimizer.lr},
+           {"beta1", spec.optimizer.beta1},
+           {"beta2", spec.optimizer.beta2},
+           {"eps", spec.optimizer.eps},
+           {"weight_decay", spec.optimizer.weight_decay},
            {"no_decay", no_decay},
-           {"max_grad_norm", spec.max_grad_norm},
-           {"schedule", ScheduleName(spec.schedule)},
-           {"warmup_steps", spec.warmup_steps},
-           {"min_lr", spec.min_lr},
-           {"steps", spec.steps},
-           {"total_steps", std::max<int64_t>(spec.steps, 1)},
-           {"seq_len", spec.seq_len},
-           {"micro_batch", spec.micro_batch},
-           {"model_path", spec.model_path},
-           {"model_preset", spec.model_preset},
-           {"init_seed", spec.init_seed}};
-    if (!spec.model_path.empty()) model_dir = spec.model_path;
+           {"max_grad_norm", spec.train.max_grad_norm},
+           {"schedule", ScheduleName(spec.schedule.kind)},
+           {"warmup_steps", spec.schedule.warmup_steps},
+           {"min_lr", spec.schedule.min_lr},
+           {"steps", spec.train.steps},
+           {"total_steps", std::max<int64_t>(spec.train.steps, 1)},
+           {"seq_len", spec.train.seq_len},
+           {"micro_batch", spec.train.micro_batch},
+           {"model_path", spec.model.path},
+           {"model_preset", spec.model.preset},
+           {"init_seed", spec.model.init_seed}};
+    if (!spec.model.path.empty()) model_dir = spec.model.path;
     if (!o.init_dir.empty()) {
-      if (spec.model_preset.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("--write-init: the job loads ", spec.model_path,
+      if (spec.model.preset.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("--write-init: the job loads ", spec.model.path,
                                                        " (no model.preset); give HF that directory instead"));
       }
       RETURN_IF_ERROR(WriteInitModel(spec, o.init_dir));

@@ -79,7 +79,7 @@ absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const Mo
   const double share = batches.empty() ? 0.0 : 1.0 / static_cast<double>(batches.size());
 
   const int64_t H = layout.config.hidden_size;
-  const int64_t act_bytes = DTypeBytes(backend.activation_dtype());
+  const int64_t act_bytes = DtypeBytes(backend.activation_dtype());
   WholeModelResult result;
   const int num_sparse = static_cast<int>(layout.config.NumSparseLayers());
   if (num_sparse > 0) backend.SetRecordRouting(true);

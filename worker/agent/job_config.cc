@@ -23,9 +23,6 @@ void TakeAssignment(const v1::Assignment& a, WorkerJobConfig& c) {
   c.ring_segment = a.ring_segment();
   c.collective_segment = a.collective_segment();
   c.context_segment = a.context_segment();
-  c.gpu_route = a.grad_reduction() == v1::GRAD_REDUCTION_GPU && a.world_size() > 1;
-  c.sharded_delivery = a.param_delivery() == v1::PARAM_DELIVERY_SHARDED && a.world_size() > 1;
-  c.device_staging = a.grad_staging() == v1::GRAD_STAGING_DEVICE;
   if (a.has_speculate_from_unit()) c.speculate_from_unit = a.speculate_from_unit();
   c.dataset_files = FileIdentities(a.dataset_files());
   c.validation_path = a.validation_path();
@@ -33,30 +30,33 @@ void TakeAssignment(const v1::Assignment& a, WorkerJobConfig& c) {
 }
 
 void TakeSpec(const JobSpec& spec, int64_t device_memory_bytes, WorkerJobConfig& c) {
-  c.data_path = spec.data_path;
-  c.seq_len = spec.seq_len;
-  c.global_batch = spec.global_batch;
-  c.micro_batch = spec.micro_batch;
-  c.seed = spec.seed;
-  c.eval_every = spec.eval_every;
-  c.context_parallel = spec.context_parallel;
-  c.step_timeout = absl::Milliseconds(spec.step_timeout_ms);
-  c.param_source = spec.param_source;
-  c.norm_weights = spec.norm_weights;
-  c.embedding_rows = spec.embedding_rows;
-  c.cast_on = spec.cast_on;
-  c.cast_threads = spec.cast_threads;
-  c.chunk_bytes = spec.chunk_bytes;
-  c.copy_priority = spec.copy_priority;
-  c.grad_dtype = spec.grad_dtype;
-  c.deterministic = spec.deterministic;
-  c.tile_tokens = spec.tile_tokens;
-  c.act_policy = spec.act_policy;
-  c.policy_auto = spec.policy_auto;
-  c.layer_layout = spec.layer_layout;
-  c.offload_ratio = spec.offload_ratio;
-  c.checkpoint_dtype = spec.checkpoint_dtype;
-  c.router_aux_coef = spec.RouterAuxCoef(c.model.output_router_logits, c.model.router_aux_loss_coef);
+  c.gpu_route = spec.runtime.grad_reduction == GradReduction::kGpu && c.world > 1;
+  c.sharded_delivery = spec.runtime.param_delivery == ParamDelivery::kSharded && c.world > 1;
+  c.device_staging = spec.runtime.grad_staging == GradStaging::kDevice;
+  c.data_path = spec.data.path;
+  c.seq_len = spec.train.seq_len;
+  c.global_batch = spec.train.global_batch;
+  c.micro_batch = spec.train.micro_batch;
+  c.seed = spec.train.seed;
+  c.eval_every = spec.train.eval_every;
+  c.context_parallel = spec.runtime.context_parallel;
+  c.step_timeout = absl::Milliseconds(spec.runtime.step_timeout_ms);
+  c.param_source = spec.runtime.param_source;
+  c.norm_weights = spec.runtime.norm_weights;
+  c.embedding_rows = spec.runtime.embedding_rows;
+  c.cast_on = spec.runtime.cast_on;
+  c.cast_threads = spec.runtime.cast_threads;
+  c.chunk_bytes = spec.runtime.chunk_bytes;
+  c.copy_priority = spec.runtime.copy_priority;
+  c.grad_dtype = spec.runtime.grad_dtype;
+  c.deterministic = spec.runtime.deterministic;
+  c.tile_tokens = spec.runtime.tile_tokens;
+  c.act_policy = spec.runtime.act_policy;
+  c.policy_auto = spec.runtime.policy_auto;
+  c.layer_layout = spec.runtime.layer_layout;
+  c.offload_ratio = spec.runtime.offload_ratio;
+  c.checkpoint_dtype = spec.runtime.checkpoint_dtype;
+  c.router_aux_coef = spec.train.RouterAuxCoef(c.model.output_router_logits, c.model.router_aux_loss_coef);
   c.gpu_memory_limit_bytes = GpuMemoryLimitBytes(spec, device_memory_bytes);
 }
 
@@ -64,7 +64,7 @@ void TakeSpec(const JobSpec& spec, int64_t device_memory_bytes, WorkerJobConfig&
 
 absl::StatusOr<WorkerJobConfig> WorkerJobConfigOf(const v1::Assignment& a, int64_t device_memory_bytes) {
   WorkerJobConfig c;
-  ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(a.resolved_spec_yaml(), "", JobSpec::FileCheck::kSkip));
+  ASSIGN_OR_RETURN(JobSpec spec, JobSpecOf(a.config()));
   ASSIGN_OR_RETURN(c.model, ModelConfigOf(spec));  // with the spec's context override, as hostd
   RETURN_IF_ERROR(c.model.CheckTrainable());
   TakeAssignment(a, c);

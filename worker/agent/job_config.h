@@ -1,6 +1,6 @@
 // WorkerJobConfig: everything a worker takes from its Assignment for one job, typed, in one struct.
-// WorkerJobConfigOf is the one place that reads the job spec's YAML (Assignment.resolved_spec_yaml):
-// when the Assignment carries a typed config instead, that function changes and nothing else.
+// WorkerJobConfigOf is the one place that reads the job config hostd sent (Assignment.config, the
+// spec hostd parsed, validated and resolved: common/jobspec/job_spec_proto.h); no text is parsed.
 // Values are copied as sent; they are checked where the job uses them (JobSession), in the order
 // the job has always checked them.
 #pragma once
@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/data/dataset.h"
-#include "common/jobspec/job_spec.h"
+#include "common/jobspec/job_spec_proto.h"
 #include "common/model/model_config.h"
 #include "common/policy/layer_policy.h"
 #include "slidedp/v1/slidedp.pb.h"
@@ -52,20 +52,20 @@ struct WorkerJobConfig {
   int context_parallel = 1;
   absl::Duration step_timeout;  // every gate, ring and collective wait
   ParamSource param_source = ParamSource::kMirror;
-  NormWeights norm_weights = NormWeights::kFp32;
-  EmbeddingRows embedding_rows = EmbeddingRows::kFp32;
+  Dtype norm_weights = Dtype::kF32;
+  Dtype embedding_rows = Dtype::kF32;
   CastOn cast_on = CastOn::kDevice;
   int32_t cast_threads = 0;  // 0: auto
   int64_t chunk_bytes = 0;
   double copy_priority = 0;
-  GradDtype grad_dtype = GradDtype::kFp32;
+  Dtype grad_dtype = Dtype::kF32;
   bool deterministic = false;
   int64_t tile_tokens = 0;
   ActivationPolicy act_policy = ActivationPolicy::kRecomputeLayer;
   bool policy_auto = false;                 // runtime.policy auto (unless layer_layout is given)
   std::optional<LayerLayout> layer_layout;  // runtime.policy: a per-layer layout
   double offload_ratio = 0;
-  CheckpointDtype checkpoint_dtype = CheckpointDtype::kFp32;
+  Dtype checkpoint_dtype = Dtype::kF32;
   double router_aux_coef = 0;  // the MoE load-balancing loss's coefficient (0: none)
   // runtime.gpu_memory_limit on this worker's device; 0: no limit.
   int64_t gpu_memory_limit_bytes = 0;

@@ -132,7 +132,7 @@ absl::Status JobSession::Configure() {
   g.world = config_.world;
   g.ring_timeout = config_.step_timeout;
   g.inject_max_delay = switches_.inject_max_delay;
-  g.dtype = config_.grad_dtype == GradDtype::kBf16 ? shm::GradDtype::kBF16 : shm::GradDtype::kF32;
+  g.dtype = config_.grad_dtype;
   g.stage_until_norm = config_.device_staging;
   if (g.stage_until_norm && !config_.gpu_route && config_.world > 1) {
     return absl::FailedPreconditionError("grad_staging device needs grad_reduction gpu with several ranks");
@@ -156,9 +156,8 @@ absl::Status JobSession::Configure() {
     }
     LOG(INFO) << "job " << config_.job_id << ": runtime.policy per-layer layout: " << described;
   }
-  s.norms = config_.norm_weights == NormWeights::kFp32 ? NormValues::kFp32FromMaster : NormValues::kBf16Mirror;
-  s.embedding =
-      config_.embedding_rows == EmbeddingRows::kFp32 ? EmbeddingValues::kFp32FromMaster : EmbeddingValues::kBf16Mirror;
+  s.norms = config_.norm_weights;
+  s.embedding = config_.embedding_rows;
   s.source = config_.param_source == ParamSource::kMaster ? UploadSource::kMaster : UploadSource::kMirror;
   s.cast_threads = CastThreads(config_.cast_threads, config_.world);
   s.chunk_bytes = config_.chunk_bytes;
@@ -217,9 +216,9 @@ void JobSession::MakeRunner() {
   StepRunnerOptions ropt;
   ropt.policy = ToActPolicy(config_.act_policy);
   ropt.layer_policies = layer_policies_;
-  checkpoint_dtype_ = config_.checkpoint_dtype == CheckpointDtype::kBf16 ? DType::kBF16 : DType::kF32;
+  checkpoint_dtype_ = config_.checkpoint_dtype;
   ropt.checkpoint_dtype = checkpoint_dtype_;
-  if (config_.checkpoint_dtype == CheckpointDtype::kBf16) {
+  if (config_.checkpoint_dtype == Dtype::kBF16) {
     LOG(INFO) << "job " << config_.job_id << ": runtime.checkpoint_dtype bf16: "
               << (CheckpointDType(*backend_, checkpoint_dtype_) == backend_->activation_dtype()
                       ? "the layer inputs are BF16 already (BF16 residual stream)"

@@ -130,7 +130,7 @@ class JobSession final : private CommIdExchange {
   JobPipeline pipeline_;
   ContextGroupBinding context_binding_;
   int64_t memory_limit_bytes_ = 0;  // runtime.gpu_memory_limit; 0: none
-  DType checkpoint_dtype_ = DType::kF32;
+  Dtype checkpoint_dtype_ = Dtype::kF32;
   std::unique_ptr<StepRunner> runner_;
   std::unique_ptr<AutoPolicySession> autopolicy_;
   ValidationShare validation_;

@@ -29,13 +29,11 @@
 #include "common/data/batch.h"
 #include "common/model/model_config.h"
 #include "common/numeric/bf16.h"
+#include "common/numeric/dtype.h"
 #include "common/policy/context_memory.h"
 #include "common/policy/layer_pieces.h"
 
 namespace slidedp {
-
-enum class DType { kF32, kBF16 };
-inline int64_t DTypeBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
 
 // What a decoder layer keeps from forward for backward: a set of its forward's pieces
 // (common/policy/layer_pieces.h); backward recomputes the others from the layer input (the
@@ -142,9 +140,7 @@ class ContextGroup {
     return absl::UnimplementedError("this context group has no device collectives");
   }
   absl::Status status() const { return status_; }
-  void Fail(absl::Status s) {
-    if (status_.ok()) status_ = std::move(s);
-  }
+  void Fail(absl::Status s) { status_.Update(std::move(s)); }  // the first failure stays
 
  private:
   absl::Status status_;
@@ -155,7 +151,7 @@ class ComputeBackend {
   virtual ~ComputeBackend() = default;
 
   virtual std::string name() const = 0;
-  virtual DType activation_dtype() const = 0;
+  virtual Dtype activation_dtype() const = 0;
   const ModelConfig& config() const { return config_; }
 
   // Context parallelism (runtime.context_parallel): the group whose ranks hold the other shares of
@@ -193,7 +189,7 @@ class ComputeBackend {
   // stream: FP32 -> BF16 rounds to nearest even (common/numeric/bf16.h FloatToBf16 bit for bit, a
   // NaN stays a NaN, infinities stay), BF16 -> FP32 is exact, a dtype to itself copies. src and dst
   // are device memory and must not overlap. (runtime.checkpoint_dtype: a layer input waits in BF16.)
-  virtual absl::Status ConvertActivations(const void* src, DType from, void* dst, DType to, int64_t n) = 0;
+  virtual absl::Status ConvertActivations(const void* src, Dtype from, void* dst, Dtype to, int64_t n) = 0;
 
   // Validates (token ids in range, cu_seqlens consistent) and uploads a micro-batch.
   virtual absl::StatusOr<std::unique_ptr<DeviceBatch>> UploadBatch(const MicroBatch& batch) = 0;

@@ -87,7 +87,7 @@ absl::Status GemmRunner::Init() {
 }
 
 absl::Status GemmRunner::MakePlan(const GemmArgs& g, int align_bytes, Plan* plan) {
-  const bool out_f32 = g.out_type == GemmOutType::kF32;
+  const bool out_f32 = g.out_type == Dtype::kF32;
   const cudaDataType_t out_t = out_f32 ? CUDA_R_32F : CUDA_R_16BF;
   SLIDEDP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // cuBLASLt's A is our B, its B is our A (see the file comment).
@@ -172,8 +172,8 @@ absl::Status GemmRunner::Run(const GemmArgs& g, cudaStream_t stream) {
     }
     return absl::OkStatus();  // empty product: nothing to write
   }
-  const int esz_out = g.out_type == GemmOutType::kF32 ? 4 : 2;
-  if (g.bias != nullptr && g.out_type != GemmOutType::kBF16) {
+  const int esz_out = g.out_type == Dtype::kF32 ? 4 : 2;
+  if (g.bias != nullptr && g.out_type != Dtype::kBF16) {
     return absl::InvalidArgumentError("GEMM bias epilogue: BF16 output only");
   }
   int align = std::min({PointerAlignment(g.a), PointerAlignment(g.b), PointerAlignment(g.d), LdAlignment(g.lda, 2),

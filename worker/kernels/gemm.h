@@ -19,11 +19,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/numeric/dtype.h"
 
 namespace slidedp {
 
 enum class GemmOp { kN, kT };
-enum class GemmOutType { kBF16, kF32 };
 
 struct GemmArgs {
   GemmOp op_a = GemmOp::kN;
@@ -37,7 +37,7 @@ struct GemmArgs {
   int64_t ldc = 0;
   void* d = nullptr;
   int64_t ldd = 0;
-  GemmOutType out_type = GemmOutType::kBF16;
+  Dtype out_type = Dtype::kBF16;
   // Optional BF16 bias [n] added to every row of D in the epilogue (BF16 D only): D = A·B + bias,
   // rounded once, as torch's addmm through cuBLASLt (an nn.Linear with a bias under autocast).
   const void* bias = nullptr;

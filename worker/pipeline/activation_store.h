@@ -21,8 +21,8 @@ namespace slidedp {
 // The type a decoder layer's input waits in between its forward and its backward
 // (runtime.checkpoint_dtype, StepRunnerOptions::checkpoint_dtype): `wanted` where it is narrower
 // than the backend's activations (BF16 on an FP32 stream), else the activations' own.
-inline DType CheckpointDType(const ComputeBackend& backend, DType wanted) {
-  return DTypeBytes(wanted) < DTypeBytes(backend.activation_dtype()) ? wanted : backend.activation_dtype();
+inline Dtype CheckpointDType(const ComputeBackend& backend, Dtype wanted) {
+  return DtypeBytes(wanted) < DtypeBytes(backend.activation_dtype()) ? wanted : backend.activation_dtype();
 }
 
 // What one checkpoint takes: the layer input's bytes and the kept block's (0: none).
@@ -64,7 +64,7 @@ class ActivationStore {
 // and its input in CheckpointDType(backend, checkpoint_dtype).
 absl::Status ReserveCheckpoints(ActivationStore& store, const ComputeBackend& backend,
                                 const std::vector<ActPolicy>& policies, const std::vector<MicroBatch>& micro_batches,
-                                DType checkpoint_dtype);
+                                Dtype checkpoint_dtype);
 
 // How many of a unit's `n` checkpoints an offload ratio moves: round(ratio x n), at least one when
 // the ratio is above 0, at most n.

@@ -32,10 +32,10 @@ class Noise {
   uint64_t s_ = 0x2545f4914f6cdd1dull;
 };
 
-absl::StatusOr<std::unique_ptr<DeviceBuffer>> Filled(ComputeBackend* b, int64_t count, DType dtype, float scale,
+absl::StatusOr<std::unique_ptr<DeviceBuffer>> Filled(ComputeBackend* b, int64_t count, Dtype dtype, float scale,
                                                      Noise& noise) {
-  ASSIGN_OR_RETURN(auto buf, b->Allocate(count * DTypeBytes(dtype)));
-  if (dtype == DType::kF32) {
+  ASSIGN_OR_RETURN(auto buf, b->Allocate(count * DtypeBytes(dtype)));
+  if (dtype == Dtype::kF32) {
     std::vector<float> v(static_cast<size_t>(count));
     for (float& x : v) x = noise.Next(scale);
     RETURN_IF_ERROR(b->CopyToDevice(v.data(), buf->data(), buf->bytes()));
@@ -95,9 +95,9 @@ absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, co
   while (probed + 2 < layout.num_units() && layout.config.is_moe() && !layout.units[probed].sparse()) ++probed;
   const UnitLayout& unit = layout.units[probed];
   const int64_t hidden = layout.config.hidden_size;
-  const DType act = backend->activation_dtype();
+  const Dtype act = backend->activation_dtype();
   Noise noise;
-  ASSIGN_OR_RETURN(auto params, Filled(backend, unit.numel, DType::kBF16, 0.02f, noise));
+  ASSIGN_OR_RETURN(auto params, Filled(backend, unit.numel, Dtype::kBF16, 0.02f, noise));
   ASSIGN_OR_RETURN(auto grads, backend->Allocate(unit.numel * 4));
   RETURN_IF_ERROR(backend->Memset(*grads, 0));
   std::vector<std::unique_ptr<DeviceBatch>> batches;
@@ -106,7 +106,7 @@ absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, co
     ASSIGN_OR_RETURN(auto b, backend->UploadBatch(mb));
     const int64_t n = mb.num_tokens() * hidden;
     ASSIGN_OR_RETURN(auto xi, Filled(backend, n, act, 1.0f, noise));
-    ASSIGN_OR_RETURN(auto yi, backend->Allocate(n * DTypeBytes(act)));
+    ASSIGN_OR_RETURN(auto yi, backend->Allocate(n * DtypeBytes(act)));
     ASSIGN_OR_RETURN(auto dyi, Filled(backend, n, act, 1e-3f, noise));
     batches.push_back(std::move(b));
     x.push_back(std::move(xi));
@@ -402,7 +402,7 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     for (const MicroBatch& mb : micro_batches) tokens += mb.num_tokens();
     inputs_.layout = &layout;
     inputs_.checkpoint_bytes =
-        tokens * layout.config.hidden_size * DTypeBytes(CheckpointDType(*options_.backend, options_.checkpoint_dtype));
+        tokens * layout.config.hidden_size * DtypeBytes(CheckpointDType(*options_.backend, options_.checkpoint_dtype));
     inputs_.micro_batches = static_cast<int>(micro_batches.size());
     // Rows hold their documents' tokens only, so a later step can hold more than this one: every
     // row full (the job's tokens per step, this rank's share).

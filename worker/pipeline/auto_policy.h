@@ -143,7 +143,7 @@ class AutoPolicySession {
     int64_t host_budget_bytes = -1;
     std::function<absl::StatusOr<CopyRates>()> measure_rates;  // empty: copies cost no time
     // runtime.checkpoint_dtype: the layer inputs' bytes are planned in CheckpointDType of it.
-    DType checkpoint_dtype = DType::kF32;
+    Dtype checkpoint_dtype = Dtype::kF32;
     std::string device_name, build;
     int world = 1;
     // The batch the layout is chosen for, all ranks: train.global_batch x train.seq_len (a step's

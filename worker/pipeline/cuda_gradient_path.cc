@@ -87,7 +87,7 @@ class CudaGradientPath final : public GradientPath {
     const bool reduce = options_.base.route == GradRoute::kGpu && options_.base.world > 1;
     if (reduce && options_.comm == nullptr) return absl::FailedPreconditionError("gpu gradient route without NCCL");
     if (options_.base.stage_until_norm) RETURN_IF_ERROR(AllocateStage(reduce));
-    if (options_.base.dtype == shm::GradDtype::kBF16) {  // each chunk is cast here on d2h_, then copied
+    if (options_.base.dtype == Dtype::kBF16) {  // each chunk is cast here on d2h_, then copied
       SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&bf16_chunk_, ring_->config().slot_bytes));
     }
     poster_ = std::thread(&CudaGradientPath::PosterLoop, this);
@@ -303,7 +303,7 @@ class CudaGradientPath final : public GradientPath {
     SLIDEDP_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dst, job.data, job.part.numel * sizeof(float), cudaMemcpyDeviceToDevice, stream));
     // BF16 gradients: the norm is the posted (rounded) values' norm.
-    if (options_.base.dtype == shm::GradDtype::kBF16) {
+    if (options_.base.dtype == Dtype::kBF16) {
       RETURN_IF_ERROR(kernels::RoundToBf16InPlace(dst, job.part.numel, stream));
     }
     RETURN_IF_ERROR(kernels::SumSquaresF32(dst, job.part.numel, partials_, unit_squares_ + job.unit, stream));
@@ -357,14 +357,14 @@ class CudaGradientPath final : public GradientPath {
       desc.slot = slot;
       desc.numel = 1;
       desc.step = static_cast<uint32_t>(job.step);
-      desc.dtype = shm::GradDtype::kSumSquares;
+      desc.kind = shm::ChunkKind::kSumSquares;
       return ring_->Post(desc);
     }
     // Wait (on the host) for the gradient to be final, so d2h_s counts copies, not backward.
     if (job.ready != nullptr) {
       RETURN_IF_ERROR(WaitEvent(job.ready, options_.base.ring_timeout, [this] { return StopStatus(); }));
     }
-    const bool bf16 = options_.base.dtype == shm::GradDtype::kBF16;
+    const bool bf16 = options_.base.dtype == Dtype::kBF16;
     const int64_t chunk = GradChunkNumel(*ring_, options_.base.dtype);
     const int64_t end = job.part.offset + job.part.numel;
     for (int64_t off = job.part.offset; off < end; off += chunk) {
@@ -394,7 +394,7 @@ class CudaGradientPath final : public GradientPath {
       desc.offset_numel = off;
       desc.numel = n;
       desc.step = static_cast<uint32_t>(job.step);
-      desc.dtype = options_.base.dtype;
+      desc.kind = shm::GradChunkKind(options_.base.dtype);
       RETURN_IF_ERROR(ring_->Post(desc));
     }
     return absl::OkStatus();

@@ -43,8 +43,7 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
   const int world = options.sharded_with ? options.sharded_with->world() : 1;
   for (const UnitLayout& u : layout.units) {
     s->slot_bytes_ = std::max<int64_t>(s->slot_bytes_, PaddedNumel(u.numel, world) * 2);
-    if (options.norms == NormValues::kFp32FromMaster)
-      s->fp32_bytes_ = std::max<int64_t>(s->fp32_bytes_, u.fp32_numel * 4);
+    if (options.norms == Dtype::kF32) s->fp32_bytes_ = std::max<int64_t>(s->fp32_bytes_, u.fp32_numel * 4);
   }
   HostRegistry* registry = options.registry != nullptr ? options.registry : &s->own_registry_;
   if (options.source == UploadSource::kMirror) {
@@ -81,7 +80,7 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
       }
     }
   }
-  if (options.embedding == EmbeddingValues::kFp32FromMaster) {
+  if (options.embedding == Dtype::kF32) {
     const UnitLayout& e = layout.units[0];
     if (e.kind != UnitKind::kEmbedding) return absl::InternalError("unit 0 is not the embedding");
     RETURN_IF_ERROR(registry->Ensure(state->master(0), e.numel * 4));

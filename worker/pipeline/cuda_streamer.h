@@ -64,10 +64,10 @@ struct CudaStreamerOptions {
   // Deliver each unit's FP32 norm weights too (UnitParams::fp32): after the gate the host thread
   // copies them from the master into the slot's pinned staging, and the H2D stream on into the
   // slot's FP32 part (every rank copies all of it, also with sharded delivery: a few KB).
-  NormValues norms = NormValues::kFp32FromMaster;
+  Dtype norms = Dtype::kF32;
   // The embedding's FP32 master, registered (mapped) with CUDA once per job: its device pointer is
   // the embedding unit's UnitParams::fp32, which the lookup kernel reads over the host link.
-  EmbeddingValues embedding = EmbeddingValues::kFp32FromMaster;
+  Dtype embedding = Dtype::kF32;
   // The rank whose urgent-copy word (shm::JobState::urgent_copy_word) this streamer raises around
   // loads the GPU waits for; -1 (or a rank without a word): none (runtime.copy_priority 0).
   int urgent_rank = -1;
@@ -132,7 +132,7 @@ class CudaWindowStreamer : public UnitStreamer {
   cudaStream_t compute_ = nullptr;
   cudaStream_t h2d_ = nullptr;
   int64_t slot_bytes_ = 0;
-  int64_t fp32_bytes_ = 0;             // per slot; 0 with NormValues::kBf16Mirror
+  int64_t fp32_bytes_ = 0;             // per slot; 0 with Dtype::kBF16
   const float* embed_fp32_ = nullptr;  // device pointer of the embedding's mapped FP32 master
   std::vector<Slot> slots_;
   HostRegistry own_registry_;  // the ring's slots, and the mirrors without options.registry

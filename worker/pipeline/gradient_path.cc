@@ -40,7 +40,7 @@ class HostGradientPath final : public GradientPath {
           collective_->ReduceScatterF32(buf.data(), ShardNumel(numel, options_.world), options_.ring_timeout));
       part = ShardOf(numel, options_.world, options_.rank);
     }
-    if (options_.dtype == shm::GradDtype::kBF16) {  // what is posted, so what the norm sees
+    if (options_.dtype == Dtype::kBF16) {  // what is posted, so what the norm sees
       for (int64_t i = part.offset; i < part.offset + part.numel; ++i) buf[i] = Bf16ToFloat(FloatToBf16(buf[i]));
     }
     if (options_.stage_until_norm) {  // kept until Flush (the rank's part only)
@@ -76,7 +76,7 @@ class HostGradientPath final : public GradientPath {
       desc.slot = slot;
       desc.numel = 1;
       desc.step = static_cast<uint32_t>(staged_step_);
-      desc.dtype = shm::GradDtype::kSumSquares;
+      desc.kind = shm::ChunkKind::kSumSquares;
       RETURN_IF_ERROR(ring_->Post(desc));
     }
     bool speculated = false;
@@ -110,7 +110,7 @@ class HostGradientPath final : public GradientPath {
 
   // Posts elements [part.offset, part.offset + part.numel) of `unit`; data[0] is element part.offset.
   absl::Status PostPart(int unit, int64_t step, const float* data, ShardRange part) {
-    const bool bf16 = options_.dtype == shm::GradDtype::kBF16;
+    const bool bf16 = options_.dtype == Dtype::kBF16;
     const int64_t chunk = GradChunkNumel(*ring_, options_.dtype);
     for (int64_t off = part.offset; off < part.offset + part.numel; off += chunk) {
       const int64_t n = std::min(chunk, part.offset + part.numel - off);
@@ -133,7 +133,7 @@ class HostGradientPath final : public GradientPath {
       desc.offset_numel = off;
       desc.numel = n;
       desc.step = static_cast<uint32_t>(step);
-      desc.dtype = options_.dtype;
+      desc.kind = shm::GradChunkKind(options_.dtype);
       RETURN_IF_ERROR(ring_->Post(desc));
     }
     return absl::OkStatus();
@@ -192,8 +192,8 @@ class DiscardGradientPath final : public GradientPath {
 
 }  // namespace
 
-int64_t GradChunkNumel(const shm::GradRing& ring, shm::GradDtype dtype) {
-  return static_cast<int64_t>(ring.config().slot_bytes / shm::GradDtypeBytes(dtype));
+int64_t GradChunkNumel(const shm::GradRing& ring, Dtype dtype) {
+  return static_cast<int64_t>(ring.config().slot_bytes / DtypeBytes(dtype));
 }
 
 std::unique_ptr<GradientPath> MakeHostGradientPath(const ModelLayout& layout, shm::GradRing* ring,

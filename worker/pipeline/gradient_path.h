@@ -12,18 +12,17 @@
 // Device staging (GradientPathOptions::stage_until_norm, assignment grad_staging "device", for
 // exact clipping where each rank's part is final: the gpu route, or one rank): Finish keeps the
 // rank's final part in device memory (one persistent buffer for all units) and takes its squared
-// norm there; Flush posts the rank's sum of squares (GradDtype::kSumSquares) and then queues every
+// norm there; Flush posts the rank's sum of squares (Dtype::kSumSquares) and then queues every
 // unit's part in forward order, returning without waiting for those posts (hostd applies them with
 // the clipping coefficient as they arrive, and the next step's forward follows its gates). Drain()
 // waits for them; the gates order the next step's writes into the buffer after the posts.
 // Speculative clipping (docs/layeradam.md; options speculate_from_unit and job_state): when hostd's
 // verdict on the step before says this step speculates, the parts of the units it names (>= the
-// first unit published with it, never below speculate_from_unit) are posted as soon as they are final (still kept, in case the norm clips); after the squared
-// norm the path waits for hostd's verdict on the step and posts the other parts, or (post_all:
-// the norm clipped, or was not finite) every part again, in forward order.
-// On CUDA, Finish only queues work (the collective on the communication stream, the copies on a
-// D2H stream fed by a poster thread): the thread issuing compute never waits for a copy, only,
-// through the poster, for free ring slots.
+// first unit published with it, never below speculate_from_unit) are posted as soon as they are final (still kept, in
+// case the norm clips); after the squared norm the path waits for hostd's verdict on the step and posts the other
+// parts, or (post_all: the norm clipped, or was not finite) every part again, in forward order. On CUDA, Finish only
+// queues work (the collective on the communication stream, the copies on a D2H stream fed by a poster thread): the
+// thread issuing compute never waits for a copy, only, through the poster, for free ring slots.
 #pragma once
 
 #include <cstdint>
@@ -75,7 +74,7 @@ struct GradientPathOptions {
   shm::ProcessIdentity hostd;  // the job's hostd (job_state->owner() at the job's start)
   // runtime.grad_dtype: kBF16 rounds the rank's final part (after the reduce-scatter, before
   // device staging's norm) to BF16 and posts it in BF16, half the bytes; kF32 as it is.
-  shm::GradDtype dtype = shm::GradDtype::kF32;
+  Dtype dtype = Dtype::kF32;
   // Fault injection for tests: a random delay in [0, max] before every chunk post.
   absl::Duration inject_max_delay = absl::ZeroDuration();
 };
@@ -90,6 +89,6 @@ class ComputeBackend;
 std::unique_ptr<GradientPath> MakeDiscardGradientPath(const ModelLayout& layout, ComputeBackend* backend);
 
 // The most elements of `dtype` one ring slot holds (a posted chunk's size).
-int64_t GradChunkNumel(const shm::GradRing& ring, shm::GradDtype dtype = shm::GradDtype::kF32);
+int64_t GradChunkNumel(const shm::GradRing& ring, Dtype dtype = Dtype::kF32);
 
 }  // namespace slidedp

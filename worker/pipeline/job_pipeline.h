@@ -62,8 +62,8 @@ struct PipelineSettings {
   bool sharded_delivery = false;   // param_delivery sharded with several ranks (CUDA: NCCL all-gather)
   std::string collective_segment;  // CPU workers on the gpu route: hostd's ShmCollective
   // Parameter delivery.
-  NormValues norms = NormValues::kFp32FromMaster;
-  EmbeddingValues embedding = EmbeddingValues::kFp32FromMaster;
+  Dtype norms = Dtype::kF32;
+  Dtype embedding = Dtype::kF32;
   UploadSource source = UploadSource::kMirror;
   int cast_threads = 1;
   int64_t chunk_bytes = 64ll << 20;  // CUDA: H2D chunk

@@ -46,10 +46,10 @@ bool StepRunner::InjectsLoss(int64_t step) const {
   return false;
 }
 
-absl::Status StepRunner::ConvertInput(std::unique_ptr<DeviceBuffer>& input, const DeviceBatch& batch, DType from,
-                                      DType to) {
+absl::Status StepRunner::ConvertInput(std::unique_ptr<DeviceBuffer>& input, const DeviceBatch& batch, Dtype from,
+                                      Dtype to) {
   const int64_t n = batch.num_tokens() * layout_.config.hidden_size;
-  ASSIGN_OR_RETURN(auto converted, backend_->Allocate(n * DTypeBytes(to)));
+  ASSIGN_OR_RETURN(auto converted, backend_->Allocate(n * DtypeBytes(to)));
   RETURN_IF_ERROR(backend_->ConvertActivations(input->data(), from, converted->data(), to, n));
   input = std::move(converted);
   return absl::OkStatus();
@@ -75,10 +75,10 @@ absl::StatusOr<StepResult> StepRunner::Run(int64_t step, const std::vector<Micro
   }
   const int n_mb = static_cast<int>(micro_batches.size());
   const uint32_t gate = static_cast<uint32_t>(step);  // step t needs t completed updates
-  const DType act = backend_->activation_dtype();
-  const int64_t act_bytes_per_token = c.hidden_size * DTypeBytes(act);
+  const Dtype act = backend_->activation_dtype();
+  const int64_t act_bytes_per_token = c.hidden_size * DtypeBytes(act);
   // The decoder layers' inputs wait in `kept` between the passes (runtime.checkpoint_dtype).
-  const DType kept = CheckpointDType(*backend_, options_.checkpoint_dtype);
+  const Dtype kept = CheckpointDType(*backend_, options_.checkpoint_dtype);
 
   std::vector<std::unique_ptr<DeviceBatch>> batches;
   for (const MicroBatch& mb : micro_batches) {
@@ -240,7 +240,7 @@ absl::StatusOr<std::vector<double>> StepRunner::Evaluate(uint32_t version, const
                                                         int per_sweep, int sweeps) {
   const int num_units = layout_.num_units();
   const int head = num_units - 1;
-  const int64_t act_bytes_per_token = layout_.config.hidden_size * DTypeBytes(backend_->activation_dtype());
+  const int64_t act_bytes_per_token = layout_.config.hidden_size * DtypeBytes(backend_->activation_dtype());
   per_sweep = std::max(per_sweep, 1);
   if (static_cast<int64_t>(sweeps) * per_sweep < static_cast<int64_t>(micro_batches.size())) {
     return absl::InvalidArgumentError(absl::StrCat("evaluation: ", micro_batches.size(), " micro-batches in ", sweeps,

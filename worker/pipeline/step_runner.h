@@ -61,7 +61,7 @@ struct StepRunnerOptions {
   // on an FP32 stream halves the inputs' bytes on the device and in an activation store's host
   // memory; the forward, and so the step's loss, still sees the exact values, the backward's
   // recompute and gradients the rounded ones (an approximation, opt-in).
-  DType checkpoint_dtype = DType::kF32;
+  Dtype checkpoint_dtype = Dtype::kF32;
   // MoE models: the load-balancing loss's coefficient (0: none; the model's router_aux_loss_coef
   // when its output_router_logits is set, or train.router_aux_loss_coef) and the step's micro-batches
   // over all ranks, which the mean is over.
@@ -116,7 +116,7 @@ class StepRunner {
   bool InjectsLoss(int64_t step) const;
   // Replaces a layer's input for `batch` (in `from`) by a copy in `to`; the original is freed
   // (stream-ordered after the conversion that reads it).
-  absl::Status ConvertInput(std::unique_ptr<DeviceBuffer>& input, const DeviceBatch& batch, DType from, DType to);
+  absl::Status ConvertInput(std::unique_ptr<DeviceBuffer>& input, const DeviceBatch& batch, Dtype from, Dtype to);
 
   const ModelLayout& layout_;
   ComputeBackend* backend_;

@@ -10,8 +10,7 @@
 namespace slidedp {
 
 HostMirrorStreamer::HostMirrorStreamer(shm::JobState* state, const ModelLayout& layout, absl::Duration gate_timeout,
-                                       NormValues norms, EmbeddingValues embedding, UploadSource source,
-                                       int cast_threads)
+                                       Dtype norms, Dtype embedding, UploadSource source, int cast_threads)
     : state_(state),
       publisher_(state->owner()),
       layout_(layout),
@@ -56,10 +55,10 @@ absl::StatusOr<UnitParams> HostMirrorStreamer::Acquire(int unit, uint32_t min_ve
     return absl::FailedPreconditionError("the job segment keeps no BF16 mirror (runtime.param_source)");
   }
   if (layout_.units[unit].kind == UnitKind::kEmbedding) {
-    return UnitParams(values, embedding_ == EmbeddingValues::kFp32FromMaster ? state_->master(unit) : nullptr);
+    return UnitParams(values, embedding_ == Dtype::kF32 ? state_->master(unit) : nullptr);
   }
   std::vector<float>& side = side_[unit];
-  if (norms_ != NormValues::kFp32FromMaster || side.empty()) return UnitParams(values);
+  if (norms_ != Dtype::kF32 || side.empty()) return UnitParams(values);
   // Read after the gate: the unit's next update needs this step's gradients, so it cannot start
   // before the compute that reads these values.
   CopyNormsFromMaster(layout_.units[unit], state_->master(unit), side.data());

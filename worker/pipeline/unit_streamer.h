@@ -22,14 +22,6 @@
 
 namespace slidedp {
 
-// Which values of the norm weights a streamer delivers: also their FP32 side copy, read from the
-// master (runtime.norm_weights: fp32), or only the BF16 mirror's.
-enum class NormValues { kFp32FromMaster, kBf16Mirror };
-// Which rows the embedding lookup reads: the FP32 master's, read in place after the gate
-// (runtime.embedding_rows: fp32; UnitParams::fp32 of the embedding unit), or the BF16 mirror's.
-// The master of the embedding is not written before the step's gradients are in, so reading it
-// during the step's forward is safe.
-enum class EmbeddingValues { kFp32FromMaster, kBf16Mirror };
 // Where a unit's BF16 array comes from (runtime.param_source): hostd's mirror, or the FP32 master
 // cast to BF16 (FloatToBf16, the same bits) by the streamer after the unit's gate, when the
 // segment keeps no mirror.
@@ -66,8 +58,7 @@ class HostMirrorStreamer : public UnitStreamer {
   // units held at once.
   // kMaster casts on `cast_threads` threads (a CastPool).
   HostMirrorStreamer(shm::JobState* state, const ModelLayout& layout, absl::Duration gate_timeout,
-                     NormValues norms = NormValues::kFp32FromMaster,
-                     EmbeddingValues embedding = EmbeddingValues::kFp32FromMaster,
+                     Dtype norms = Dtype::kF32, Dtype embedding = Dtype::kF32,
                      UploadSource source = UploadSource::kMirror, int cast_threads = 1);
   absl::StatusOr<UnitParams> Acquire(int unit, uint32_t min_version) override;
   void Release(int unit) override;
@@ -82,8 +73,8 @@ class HostMirrorStreamer : public UnitStreamer {
   shm::ProcessIdentity publisher_;
   const ModelLayout& layout_;
   absl::Duration gate_timeout_;
-  NormValues norms_;
-  EmbeddingValues embedding_;
+  Dtype norms_;
+  Dtype embedding_;
   std::vector<std::vector<float>> side_;  // per unit
   UploadSource source_;
   struct Cast {

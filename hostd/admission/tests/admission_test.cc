@@ -42,7 +42,7 @@ TEST(PlanJobMemory, FourteenBytesPerParamPlusRings) {
   const MemoryPlan clipped = PlanJobMemory(layout, ring, 2, ClipMode::kExactGlobalNorm);
   EXPECT_EQ(clipped.step_staging_bytes, 2 * n);
   EXPECT_EQ(clipped.total_bytes, plan.total_bytes + 2 * n);
-  const MemoryPlan clipped32 = PlanJobMemory(layout, ring, 2, ClipMode::kExactGlobalNorm, shm::GradDtype::kF32);
+  const MemoryPlan clipped32 = PlanJobMemory(layout, ring, 2, ClipMode::kExactGlobalNorm, Dtype::kF32);
   EXPECT_EQ(clipped32.step_staging_bytes, 4 * n);
   // The staging buffer is hostd's own memory, not a segment.
   EXPECT_EQ(clipped32.shm_bytes, plan.shm_bytes);
@@ -126,8 +126,8 @@ TEST(PlanJobMemory, DefaultRingsKeepHostMemoryWithinTheTarget) {
   for (const auto& [preset, workers] :
        {std::pair<const char*, int>{"qwen3-4b", 1}, {"qwen3-8b", 2}, {"qwen3-14b", 2}}) {
     const ModelLayout layout = Layout(preset);
-    const shm::GradRingConfig ring = RingConfigFor(layout, spec.ring_slots, spec.chunk_bytes);
-    const MemoryPlan plan = PlanJobMemory(layout, ring, workers, ClipMode::kNone, shm::GradDtype::kF32);
+    const shm::GradRingConfig ring = RingConfigFor(layout, spec.runtime.ring_slots, spec.runtime.chunk_bytes);
+    const MemoryPlan plan = PlanJobMemory(layout, ring, workers, ClipMode::kNone, Dtype::kF32);
     const double gib_per_bparam =
         static_cast<double>(plan.total_bytes) / kGiB / (static_cast<double>(layout.param_count()) / 1e9);
     std::printf("%s, %d worker(s): %s = %.4f GiB per billion params\n", preset, workers, plan.ToString().c_str(),

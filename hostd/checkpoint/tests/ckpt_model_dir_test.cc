@@ -209,7 +209,7 @@ TEST_F(CkptModelDirTest, ExportWritesTheModelDirectory) {
   ASSERT_TRUE(res.ok()) << res.status();
   EXPECT_EQ(res->checkpoint, ckpt);
   EXPECT_EQ(res->step, 7);
-  EXPECT_EQ(res->dtype, WeightDtype::kBF16);
+  EXPECT_EQ(res->dtype, Dtype::kBF16);
   EXPECT_FALSE(res->replaced);
   const std::set<std::string> want = {"config.json",           "model.safetensors",   "tokenizer.json",
                                       "tokenizer_config.json", "chat_template.jinja", "generation_config.json"};
@@ -225,7 +225,7 @@ TEST_F(CkptModelDirTest, ExportWritesTheModelDirectory) {
   ExportRequest f32 = bf16;
   f32.checkpoint = ckpt;
   f32.out_dir = root_ + "/exported-f32";
-  f32.dtype = WeightDtype::kF32;
+  f32.dtype = Dtype::kF32;
   f32.shard_max_bytes = 30000;
   res = ExportModel(f32);
   ASSERT_TRUE(res.ok()) << res.status();

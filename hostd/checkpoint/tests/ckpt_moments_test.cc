@@ -24,9 +24,8 @@ namespace {
 namespace fs = std::filesystem;
 namespace st = safetensors;
 using namespace slidedp::checkpoint::testing;
-using update::StateDtype;
 
-constexpr StateDtype kAllDtypes[] = {StateDtype::kFp32, StateDtype::kBf16, StateDtype::kInt8};
+constexpr MomentForm kAllDtypes[] = {MomentForm::kF32, MomentForm::kBF16, MomentForm::kInt8};
 const update::AdamStateKernelTable& Kernels() { return update::ActiveAdamStateKernels(); }
 
 // Unit u's FP32 m and v for every state dtype: random, with the spread of real moments (several
@@ -59,14 +58,14 @@ void FillState(const ModelLayout& layout, HostState& s, uint64_t seed) {
     RandomFp32Moments(u.numel, seed * 1000 + u.index, m, v);
     const UnitMoments mo = s.moments(u.index);
     switch (s.dtype) {
-      case StateDtype::kFp32:
+      case MomentForm::kF32:
         s.m[u.index] = m;
         s.v[u.index] = v;
         break;
-      case StateDtype::kBf16:
+      case MomentForm::kBF16:
         Kernels().bf16_from_f32(m.data(), v.data(), {s.m16[u.index].data(), s.v16[u.index].data()}, u.numel);
         break;
-      case StateDtype::kInt8:
+      case MomentForm::kInt8:
         Kernels().int8_from_f32(m.data(), v.data(),
                                 {static_cast<int8_t*>(mo.m), static_cast<uint8_t*>(mo.v), mo.m_scale, mo.v_scale},
                                 u.numel);
@@ -76,18 +75,18 @@ void FillState(const ModelLayout& layout, HostState& s, uint64_t seed) {
 }
 
 // What the kernels make of unit u's moments in `from` when converted to `to` (through FP32).
-std::string KernelConversion(HostState& from, int u, int64_t n, StateDtype to, const ModelLayout& layout) {
+std::string KernelConversion(HostState& from, int u, int64_t n, MomentForm to, const ModelLayout& layout) {
   std::vector<float> m(n), v(n);
   const UnitMoments in = from.moments(u);
   switch (from.dtype) {
-    case StateDtype::kFp32:
+    case MomentForm::kF32:
       m = from.m[u];
       v = from.v[u];
       break;
-    case StateDtype::kBf16:
+    case MomentForm::kBF16:
       Kernels().bf16_to_f32({from.m16[u].data(), from.v16[u].data()}, m.data(), v.data(), n);
       break;
-    case StateDtype::kInt8:
+    case MomentForm::kInt8:
       Kernels().int8_to_f32(
           {static_cast<const int8_t*>(in.m), static_cast<const uint8_t*>(in.v), in.m_scale, in.v_scale}, m.data(),
           v.data(), n);
@@ -96,14 +95,14 @@ std::string KernelConversion(HostState& from, int u, int64_t n, StateDtype to, c
   HostState out(layout, to);
   const UnitMoments o = out.moments(u);
   switch (to) {
-    case StateDtype::kFp32:
+    case MomentForm::kF32:
       out.m[u] = m;
       out.v[u] = v;
       break;
-    case StateDtype::kBf16:
+    case MomentForm::kBF16:
       Kernels().bf16_from_f32(m.data(), v.data(), {out.m16[u].data(), out.v16[u].data()}, n);
       break;
-    case StateDtype::kInt8:
+    case MomentForm::kInt8:
       Kernels().int8_from_f32(m.data(), v.data(),
                               {static_cast<int8_t*>(o.m), static_cast<uint8_t*>(o.v), o.m_scale, o.v_scale}, n);
       break;
@@ -236,23 +235,23 @@ class CkptMomentsTest : public ::testing::Test {
 // The documented tensors: names, dtypes, shapes, and state_dtype in the metadata (absent: fp32).
 TEST_F(CkptMomentsTest, FileHoldsTheMomentsInTheirOwnDtype) {
   const ModelLayout layout = ModelLayout::Build(TinyConfig(false));
-  for (StateDtype dtype : kAllDtypes) {
-    SCOPED_TRACE(update::StateDtypeName(dtype));
+  for (MomentForm dtype : kAllDtypes) {
+    SCOPED_TRACE(ToString(dtype));
     HostState s(layout, dtype);
     FillState(layout, s, 3);
     const std::string dir = Save(layout, s, 1);
     auto f = st::SafetensorsFile::Open(dir + "/optimizer.safetensors");
     ASSERT_TRUE(f.ok()) << f.status();
     const auto& meta = (*f)->metadata();
-    if (dtype == StateDtype::kFp32) {
+    if (dtype == MomentForm::kF32) {
       EXPECT_EQ(meta.count("state_dtype"), 0u);
     } else {
-      EXPECT_EQ(meta.at("state_dtype"), update::StateDtypeName(dtype));
+      EXPECT_EQ(meta.at("state_dtype"), ToString(dtype));
     }
-    const st::Dtype m_dtype = dtype == StateDtype::kFp32   ? st::Dtype::kF32
-                              : dtype == StateDtype::kBf16 ? st::Dtype::kBF16
+    const st::Dtype m_dtype = dtype == MomentForm::kF32    ? st::Dtype::kF32
+                              : dtype == MomentForm::kBF16 ? st::Dtype::kBF16
                                                            : st::Dtype::kI8;
-    const st::Dtype v_dtype = dtype == StateDtype::kInt8 ? st::Dtype::kU8 : m_dtype;
+    const st::Dtype v_dtype = dtype == MomentForm::kInt8 ? st::Dtype::kU8 : m_dtype;
     size_t expected_tensors = 0;
     for (const UnitLayout& u : layout.units) {
       const std::string p = "unit." + u.name + ".";
@@ -271,11 +270,11 @@ TEST_F(CkptMomentsTest, FileHoldsTheMomentsInTheirOwnDtype) {
       expected_tensors += 3;
       const auto* ms = (*f)->Find(p + "adam_m_scale");
       const auto* vs = (*f)->Find(p + "adam_v_scale");
-      if (dtype == StateDtype::kInt8) {
+      if (dtype == MomentForm::kInt8) {
         ASSERT_TRUE(ms && vs) << u.name;
         EXPECT_EQ(ms->dtype, st::Dtype::kF32);
-        EXPECT_EQ(ms->shape, std::vector<int64_t>{update::Int8StateBlocks(u.numel)});
-        EXPECT_EQ(vs->shape, std::vector<int64_t>{update::Int8StateBlocks(u.numel)});
+        EXPECT_EQ(ms->shape, std::vector<int64_t>{Int8MomentBlocks(u.numel)});
+        EXPECT_EQ(vs->shape, std::vector<int64_t>{Int8MomentBlocks(u.numel)});
         EXPECT_EQ(0, std::memcmp((*f)->Bytes(*ms).data(), s.m_scale[u.index].data(), ms->byte_size()));
         EXPECT_EQ(0, std::memcmp((*f)->Bytes(*vs).data(), s.v_scale[u.index].data(), vs->byte_size()));
         expected_tensors += 2;
@@ -291,8 +290,8 @@ TEST_F(CkptMomentsTest, FileHoldsTheMomentsInTheirOwnDtype) {
 // Same dtype: master, codes and scales come back bit for bit (several pieces, a partial block).
 TEST_F(CkptMomentsTest, RoundTripIsBitwisePerDtype) {
   const ModelLayout layout = LargeAwkwardLayout();
-  for (StateDtype dtype : kAllDtypes) {
-    SCOPED_TRACE(update::StateDtypeName(dtype));
+  for (MomentForm dtype : kAllDtypes) {
+    SCOPED_TRACE(ToString(dtype));
     HostState saved(layout, dtype);
     FillState(layout, saved, 5);
     const std::string dir = Save(layout, saved, 2, /*io_threads=*/3);
@@ -310,22 +309,21 @@ TEST_F(CkptMomentsTest, RoundTripIsBitwisePerDtype) {
 // (decoder, then encoder), master untouched, and the note says what happened.
 TEST_F(CkptMomentsTest, EveryConversionIsTheKernelsConversion) {
   const ModelLayout layout = LargeAwkwardLayout();
-  for (StateDtype from : kAllDtypes) {
+  for (MomentForm from : kAllDtypes) {
     HostState saved(layout, from);
     FillState(layout, saved, 6);
     const std::string dir = Save(layout, saved, 3);
-    for (StateDtype to : kAllDtypes) {
+    for (MomentForm to : kAllDtypes) {
       if (to == from) continue;
-      SCOPED_TRACE(update::StateDtypeName(from) + " -> " + update::StateDtypeName(to));
+      SCOPED_TRACE(absl::StrCat(ToString(from), " -> ", ToString(to)));
       HostState loaded(layout, to);
       auto lc = LoadCheckpoint(dir, layout, loaded.arrays(), {.threads = 3});
       ASSERT_TRUE(lc.ok()) << lc.status();
       EXPECT_EQ(lc->saved_moment_dtype, from);
       EXPECT_TRUE(absl::StrContains(
-          lc->conversion_note,
-          "optimizer state converted from " + update::StateDtypeName(from) + " to " + update::StateDtypeName(to)))
+          lc->conversion_note, absl::StrCat("optimizer state converted from ", ToString(from), " to ", ToString(to))))
           << lc->conversion_note;
-      EXPECT_EQ(absl::StrContains(lc->conversion_note, "an approximation"), to != StateDtype::kFp32);
+      EXPECT_EQ(absl::StrContains(lc->conversion_note, "an approximation"), to != MomentForm::kF32);
       for (const UnitLayout& u : layout.units) {
         ASSERT_EQ(0, std::memcmp(loaded.master[u.index].data(), saved.master[u.index].data(), u.numel * 4)) << u.name;
         ASSERT_TRUE(SameBytes(loaded.MomentBytes(u.index), KernelConversion(saved, u.index, u.numel, to, layout)))
@@ -335,7 +333,7 @@ TEST_F(CkptMomentsTest, EveryConversionIsTheKernelsConversion) {
     fs::remove_all(dir);
   }
   // The note fp32 -> int8 reads as the job log will show it.
-  HostState fp32(layout, StateDtype::kFp32), int8(layout, StateDtype::kInt8);
+  HostState fp32(layout, MomentForm::kF32), int8(layout, MomentForm::kInt8);
   FillState(layout, fp32, 7);
   auto lc = LoadCheckpoint(Save(layout, fp32, 4), layout, int8.arrays());
   ASSERT_TRUE(lc.ok()) << lc.status();
@@ -348,7 +346,7 @@ TEST_F(CkptMomentsTest, EveryConversionIsTheKernelsConversion) {
 // files; they load bitwise into fp32 and convert into the compact dtypes.
 TEST_F(CkptMomentsTest, Fp32FilesAreTodaysFormatAndLoad) {
   const ModelLayout layout = ModelLayout::Build(TinyConfig(false));
-  HostState s(layout, StateDtype::kFp32);
+  HostState s(layout, MomentForm::kF32);
   for (const UnitLayout& u : layout.units) {
     for (int64_t i = 0; i < u.numel; ++i) {
       s.master[u.index][i] = static_cast<float>(static_cast<int>((u.index * 7919 + i * 31) % 2001) - 1000) / 4096.0f;
@@ -369,12 +367,12 @@ TEST_F(CkptMomentsTest, Fp32FilesAreTodaysFormatAndLoad) {
   EXPECT_EQ(bytes.size(), 804344u);
   EXPECT_EQ(Fnv1a64(bytes), 0x32ddbbba166ccf05ull);
 
-  HostState back(layout, StateDtype::kFp32);
+  HostState back(layout, MomentForm::kF32);
   auto lc = LoadCheckpoint(res->dir, layout, back.arrays());
   ASSERT_TRUE(lc.ok()) << lc.status();
-  EXPECT_EQ(lc->saved_moment_dtype, StateDtype::kFp32);
+  EXPECT_EQ(lc->saved_moment_dtype, MomentForm::kF32);
   EXPECT_TRUE(SameBytes(StateBytes(back), StateBytes(s)));
-  for (StateDtype to : {StateDtype::kBf16, StateDtype::kInt8}) {
+  for (MomentForm to : {MomentForm::kBF16, MomentForm::kInt8}) {
     HostState compact(layout, to);
     ASSERT_TRUE(LoadCheckpoint(res->dir, layout, compact.arrays()).ok());
     for (const UnitLayout& u : layout.units) {
@@ -387,8 +385,8 @@ TEST_F(CkptMomentsTest, Fp32FilesAreTodaysFormatAndLoad) {
 // bytes, and the next kernel step from it equals the step the uninterrupted job takes.
 TEST_F(CkptMomentsTest, ResumedCompactJobContinuesBitwise) {
   const ModelLayout layout = ModelLayout::Build(TinyConfig(false));
-  for (StateDtype dtype : {StateDtype::kInt8, StateDtype::kBf16}) {
-    SCOPED_TRACE(update::StateDtypeName(dtype));
+  for (MomentForm dtype : {MomentForm::kInt8, MomentForm::kBF16}) {
+    SCOPED_TRACE(ToString(dtype));
     HostState run(layout, dtype);  // from zero moments, three steps on random gradients
     std::mt19937_64 rng(11);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -408,7 +406,7 @@ TEST_F(CkptMomentsTest, ResumedCompactJobContinuesBitwise) {
       int64_t first_index = 0;
       for (const UnitLayout& u : layout.units) {
         const UnitMoments mo = s.moments(u.index);
-        if (dtype == StateDtype::kInt8) {
+        if (dtype == MomentForm::kInt8) {
           Kernels().int8_step_f32(c, s.master[u.index].data(),
                                   {static_cast<int8_t*>(mo.m), static_cast<uint8_t*>(mo.v), mo.m_scale, mo.v_scale},
                                   nullptr, grads[t][u.index].data(), u.numel);
@@ -441,7 +439,7 @@ TEST_F(CkptMomentsTest, BadCompactValuesAreDataLossNamingTheTensor) {
   const std::string p = "unit." + layer.name + ".";
   const TensorSlot& down = layer.tensors[kDownProj];
   struct Case {
-    StateDtype dtype;
+    MomentForm dtype;
     std::string tensor;
     uint64_t byte_offset;
     std::vector<char> bytes;
@@ -460,23 +458,23 @@ TEST_F(CkptMomentsTest, BadCompactValuesAreDataLossNamingTheTensor) {
   };
   const int64_t block = 3;
   const std::vector<Case> cases = {
-      {StateDtype::kInt8, "adam_m_scale", block * 4, f32(std::nanf("")), "holds nan at block 3 (elements 768..1023"},
-      {StateDtype::kInt8, "adam_v_scale", block * 4, f32(std::numeric_limits<float>::infinity()), "at block 3"},
-      {StateDtype::kInt8, "adam_m_scale", 0, f32(-1e-3f), "int8 block scales must be finite and >= 0"},
-      {StateDtype::kInt8,
+      {MomentForm::kInt8, "adam_m_scale", block * 4, f32(std::nanf("")), "holds nan at block 3 (elements 768..1023"},
+      {MomentForm::kInt8, "adam_v_scale", block * 4, f32(std::numeric_limits<float>::infinity()), "at block 3"},
+      {MomentForm::kInt8, "adam_m_scale", 0, f32(-1e-3f), "int8 block scales must be finite and >= 0"},
+      {MomentForm::kInt8,
        "adam_m",
        static_cast<uint64_t>(down.offset_numel + 5),
        {static_cast<char>(0x80)},
        "code -128 at element " + std::to_string(down.offset_numel + 5) + " (" + down.hf_name + "[0, 5])"},
-      {StateDtype::kBf16, "adam_m", 2 * 7, b16(std::numeric_limits<float>::infinity()), "holds inf at element 7"},
-      {StateDtype::kBf16, "adam_v", 2 * static_cast<uint64_t>(down.offset_numel), b16(-1e-9f),
+      {MomentForm::kBF16, "adam_m", 2 * 7, b16(std::numeric_limits<float>::infinity()), "holds inf at element 7"},
+      {MomentForm::kBF16, "adam_v", 2 * static_cast<uint64_t>(down.offset_numel), b16(-1e-9f),
        "second moment must be >= 0"},
-      {StateDtype::kBf16, "adam_v", 2 * static_cast<uint64_t>(layer.tensors[kInputNorm].numel), b16(std::nanf("")),
+      {MomentForm::kBF16, "adam_v", 2 * static_cast<uint64_t>(layer.tensors[kInputNorm].numel), b16(std::nanf("")),
        "the padding after"},
   };
   for (const Case& k : cases) {
-    for (StateDtype into : {k.dtype, StateDtype::kFp32}) {
-      SCOPED_TRACE(k.tensor + " " + update::StateDtypeName(k.dtype) + " into " + update::StateDtypeName(into));
+    for (MomentForm into : {k.dtype, MomentForm::kF32}) {
+      SCOPED_TRACE(k.tensor + " " + ToString(k.dtype) + " into " + ToString(into));
       HostState s(layout, k.dtype);
       FillState(layout, s, 21);
       const std::string dir = Save(layout, s, 5);
@@ -503,7 +501,7 @@ TEST_F(CkptMomentsTest, LyingTensorsAndMetadataAreDataLossAndWriteNothing) {
   using Meta = std::map<std::string, std::string>;
   struct Case {
     std::string name;
-    StateDtype saved;
+    MomentForm saved;
     std::function<void(Tensors&, Meta&)> edit;
     std::string what;
   };
@@ -517,41 +515,41 @@ TEST_F(CkptMomentsTest, LyingTensorsAndMetadataAreDataLossAndWriteNothing) {
     return ts.front();
   };
   const std::vector<Case> cases = {
-      {"missing v scale", StateDtype::kInt8, [&](Tensors& ts, Meta&) { drop(ts, p + "adam_v_scale"); },
+      {"missing v scale", MomentForm::kInt8, [&](Tensors& ts, Meta&) { drop(ts, p + "adam_v_scale"); },
        "\"" + p + "adam_v_scale\" is missing (state_dtype int8 stores F32 ["},
-      {"short m scale", StateDtype::kInt8,
+      {"short m scale", MomentForm::kInt8,
        [&](Tensors& ts, Meta&) {
          EditableTensor& t = find(ts, p + "adam_m_scale");
          t.shape[0] -= 1;
          t.bytes.resize(t.bytes.size() - 4);
        },
        "\"" + p + "adam_m_scale\" is F32 ["},
-      {"short codes", StateDtype::kInt8,
+      {"short codes", MomentForm::kInt8,
        [&](Tensors& ts, Meta&) {
          EditableTensor& t = find(ts, p + "adam_v");
          t.shape[0] -= 256;
          t.bytes.resize(t.bytes.size() - 256);
        },
        "\"" + p + "adam_v\" is U8 ["},
-      {"int8 file claiming fp32", StateDtype::kInt8, [&](Tensors&, Meta& m) { m.erase("state_dtype"); },
+      {"int8 file claiming fp32", MomentForm::kInt8, [&](Tensors&, Meta& m) { m.erase("state_dtype"); },
        "\"" + p0 + "adam_m\" is I8 [" + n0 + "], but state_dtype fp32 stores F32 [" + n0 + "] there"},
-      {"int8 file claiming bf16", StateDtype::kInt8, [&](Tensors&, Meta& m) { m["state_dtype"] = "bf16"; },
+      {"int8 file claiming bf16", MomentForm::kInt8, [&](Tensors&, Meta& m) { m["state_dtype"] = "bf16"; },
        "\"" + p0 + "adam_m\" is I8 [" + n0 + "], but state_dtype bf16 stores BF16"},
-      {"fp32 file claiming int8", StateDtype::kFp32, [&](Tensors&, Meta& m) { m["state_dtype"] = "int8"; },
+      {"fp32 file claiming int8", MomentForm::kF32, [&](Tensors&, Meta& m) { m["state_dtype"] = "int8"; },
        "\"" + p0 + "adam_m\" is F32 [" + n0 + "], but state_dtype int8 stores I8"},
-      {"unknown dtype", StateDtype::kBf16, [&](Tensors&, Meta& m) { m["state_dtype"] = "fp8"; },
+      {"unknown dtype", MomentForm::kBF16, [&](Tensors&, Meta& m) { m["state_dtype"] = "fp8"; },
        "state_dtype \"fp8\" is not fp32, bf16 or int8"},
-      {"bf16 file with scales", StateDtype::kBf16,
+      {"bf16 file with scales", MomentForm::kBF16,
        [&](Tensors& ts, Meta&) {
          ts.push_back({p + "adam_m_scale", st::Dtype::kF32, {1}, std::string(4, '\0')});
        },
        "holds int8 block scales for unit " + layout.units[1].name + " but its state_dtype is bf16"},
-      {"moment of the wrong dtype", StateDtype::kBf16,
+      {"moment of the wrong dtype", MomentForm::kBF16,
        [&](Tensors& ts, Meta&) { find(ts, p + "adam_m").dtype = st::Dtype::kF16; }, "\"" + p + "adam_m\" is F16"},
   };
   for (const Case& k : cases) {
-    for (StateDtype into : kAllDtypes) {
-      SCOPED_TRACE(k.name + " into " + update::StateDtypeName(into));
+    for (MomentForm into : kAllDtypes) {
+      SCOPED_TRACE(k.name + " into " + ToString(into));
       HostState s(layout, k.saved);
       FillState(layout, s, 31);
       const std::string dir = Save(layout, s, 6);
@@ -574,15 +572,15 @@ TEST_F(CkptMomentsTest, LyingTensorsAndMetadataAreDataLossAndWriteNothing) {
 // values: the loader reads the mapping through memcpy only.
 TEST_F(CkptMomentsTest, MisalignedTensorsLoad) {
   const ModelLayout layout = ModelLayout::Build(TinyConfig(false));
-  for (StateDtype dtype : kAllDtypes) {
-    SCOPED_TRACE(update::StateDtypeName(dtype));
+  for (MomentForm dtype : kAllDtypes) {
+    SCOPED_TRACE(ToString(dtype));
     HostState s(layout, dtype);
     FillState(layout, s, 41);
     const std::string dir = Save(layout, s, 8);
     RewriteOptimizer(dir, [](std::vector<EditableTensor>& ts, std::map<std::string, std::string>&) {
       ts.insert(ts.begin(), {"padding", st::Dtype::kU8, {1}, std::string(1, '\x7f')});
     });
-    for (StateDtype into : kAllDtypes) {
+    for (MomentForm into : kAllDtypes) {
       HostState loaded(layout, into);
       auto lc = LoadCheckpoint(dir, layout, loaded.arrays());
       ASSERT_TRUE(lc.ok()) << lc.status();
@@ -600,13 +598,13 @@ TEST_F(CkptMomentsTest, MisalignedTensorsLoad) {
 TEST_F(CkptMomentsTest, ConvertedValuesTheJobCannotHoldAreFailedPrecondition) {
   const ModelLayout layout = ModelLayout::Build(TinyConfig(false));
   const UnitLayout& layer = layout.units[1];
-  HostState s(layout, StateDtype::kFp32);
+  HostState s(layout, MomentForm::kF32);
   FillState(layout, s, 51);
   s.v[layer.index][600] = std::numeric_limits<float>::infinity();
   s.m[layer.index][700] = 3.4e38f;
   const std::string dir = Save(layout, s, 9);
   {
-    HostState int8(layout, StateDtype::kInt8);
+    HostState int8(layout, MomentForm::kInt8);
     auto lc = LoadCheckpoint(dir, layout, int8.arrays());
     EXPECT_EQ(lc.status().code(), absl::StatusCode::kFailedPrecondition) << lc.status();
     EXPECT_TRUE(
@@ -616,7 +614,7 @@ TEST_F(CkptMomentsTest, ConvertedValuesTheJobCannotHoldAreFailedPrecondition) {
         << lc.status();
   }
   {
-    HostState bf16(layout, StateDtype::kBf16);
+    HostState bf16(layout, MomentForm::kBF16);
     auto lc = LoadCheckpoint(dir, layout, bf16.arrays());
     EXPECT_EQ(lc.status().code(), absl::StatusCode::kFailedPrecondition) << lc.status();
     EXPECT_TRUE(
@@ -624,7 +622,7 @@ TEST_F(CkptMomentsTest, ConvertedValuesTheJobCannotHoldAreFailedPrecondition) {
         << lc.status();
   }
   s.m[layer.index][700] = 1.0f;  // +inf v alone is a BF16 second moment as it is an FP32 one
-  HostState bf16(layout, StateDtype::kBf16);
+  HostState bf16(layout, MomentForm::kBF16);
   auto lc = LoadCheckpoint(Save(layout, s, 10), layout, bf16.arrays());
   ASSERT_TRUE(lc.ok()) << lc.status();
   EXPECT_EQ(Bf16ToFloat(bf16.v16[layer.index][600]), std::numeric_limits<float>::infinity());
@@ -634,7 +632,7 @@ TEST_F(CkptMomentsTest, ConvertedValuesTheJobCannotHoldAreFailedPrecondition) {
 // INVALID_ARGUMENT for both save and load, before anything is written.
 TEST_F(CkptMomentsTest, MissingArraysAreInvalidArgument) {
   const ModelLayout layout = ModelLayout::Build(TinyConfig(true));
-  HostState s(layout, StateDtype::kInt8);
+  HostState s(layout, MomentForm::kInt8);
   FillState(layout, s, 61);
   const std::string dir = Save(layout, s, 1);
   StateArrays no_scales = s.arrays();
@@ -652,7 +650,7 @@ TEST_F(CkptMomentsTest, MissingArraysAreInvalidArgument) {
   EXPECT_FALSE(fs::exists(root_ + "/checkpoint-2"));
   EXPECT_EQ(LoadCheckpoint(dir, layout, no_scales).status().code(), absl::StatusCode::kInvalidArgument);
   StateArrays fp32_view = s.arrays();  // what JobState::m(u)/v(u) give a compact job
-  fp32_view.moment_dtype = StateDtype::kFp32;
+  fp32_view.moment_dtype = MomentForm::kF32;
   fp32_view.moments = [](int) { return UnitMoments{}; };
   r.arrays = fp32_view;
   EXPECT_EQ(SaveCheckpoint(r).status().code(), absl::StatusCode::kInvalidArgument);

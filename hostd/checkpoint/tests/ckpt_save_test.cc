@@ -119,7 +119,7 @@ TEST_F(CkptSaveTest, Fp32WeightsShardedAndTiedHaveNoLmHead) {
   HostState saved(layout);
   FillState(layout, saved, 8);
   SaveRequest req = Request(layout, saved, 3);
-  req.weight_dtype = WeightDtype::kF32;
+  req.weight_dtype = Dtype::kF32;
   req.shard_max_bytes = 40000;  // the tiny model is ~150 KB in F32: several shards
   req.io_threads = 3;
   auto res = SaveCheckpoint(req);

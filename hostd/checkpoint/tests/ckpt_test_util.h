@@ -23,10 +23,10 @@ namespace slidedp::checkpoint::testing {
 // One job's state as plain vectors: master, and m and v in the dtype's layout (fp32: m, v;
 // bf16: m16, v16; int8: m8, v8 codes with m_scale, v_scale per 256-element block).
 struct HostState {
-  explicit HostState(const ModelLayout& layout, update::StateDtype dtype = update::StateDtype::kFp32) : dtype(dtype) {
+  explicit HostState(const ModelLayout& layout, MomentForm dtype = MomentForm::kF32) : dtype(dtype) {
     for (const UnitLayout& u : layout.units) {
-      const bool f32 = dtype == update::StateDtype::kFp32, b16 = dtype == update::StateDtype::kBf16;
-      const int64_t blocks = dtype == update::StateDtype::kInt8 ? update::Int8StateBlocks(u.numel) : 0;
+      const bool f32 = dtype == MomentForm::kF32, b16 = dtype == MomentForm::kBF16;
+      const int64_t blocks = dtype == MomentForm::kInt8 ? Int8MomentBlocks(u.numel) : 0;
       master.emplace_back(u.numel, 0.0f);
       m.emplace_back(f32 ? u.numel : 0, 0.0f);
       v.emplace_back(f32 ? u.numel : 0, 0.0f);
@@ -40,9 +40,9 @@ struct HostState {
   }
   UnitMoments moments(int u) {
     switch (dtype) {
-      case update::StateDtype::kFp32: return {m[u].data(), v[u].data(), nullptr, nullptr};
-      case update::StateDtype::kBf16: return {m16[u].data(), v16[u].data(), nullptr, nullptr};
-      case update::StateDtype::kInt8: return {m8[u].data(), v8[u].data(), m_scale[u].data(), v_scale[u].data()};
+      case MomentForm::kF32: return {m[u].data(), v[u].data(), nullptr, nullptr};
+      case MomentForm::kBF16: return {m16[u].data(), v16[u].data(), nullptr, nullptr};
+      case MomentForm::kInt8: return {m8[u].data(), v8[u].data(), m_scale[u].data(), v_scale[u].data()};
     }
     return {};
   }
@@ -61,7 +61,7 @@ struct HostState {
     add(m[u]), add(v[u]), add(m16[u]), add(v16[u]), add(m8[u]), add(v8[u]), add(m_scale[u]), add(v_scale[u]);
     return out;
   }
-  update::StateDtype dtype;
+  MomentForm dtype;
   std::vector<std::vector<float>> master, m, v;
   std::vector<std::vector<bf16_t>> m16, v16;
   std::vector<std::vector<int8_t>> m8;

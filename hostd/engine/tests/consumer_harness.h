@@ -59,19 +59,19 @@ inline JobSpec HarnessSpec(int world, double max_grad_norm, GradReduction route,
                            bool skip_nonfinite) {
   JobSpec s;
   s.name = "harness";
-  s.model_preset = "tiny";
-  s.seq_len = 64;
-  s.global_batch = 2 * world;
-  s.micro_batch = 1;
-  s.steps = 4;
-  s.lr = 1e-3;
-  s.max_grad_norm = max_grad_norm;
-  s.skip_nonfinite = skip_nonfinite;
-  s.grad_reduction = route;
-  s.grad_staging = staging;
-  s.chunk_bytes = 16384;
-  s.ring_slots = 4;
-  s.step_timeout_ms = 2000;
+  s.model.preset = "tiny";
+  s.train.seq_len = 64;
+  s.train.global_batch = 2 * world;
+  s.train.micro_batch = 1;
+  s.train.steps = 4;
+  s.optimizer.lr = 1e-3;
+  s.train.max_grad_norm = max_grad_norm;
+  s.train.skip_nonfinite = skip_nonfinite;
+  s.runtime.grad_reduction = route;
+  s.runtime.grad_staging = staging;
+  s.runtime.chunk_bytes = 16384;
+  s.runtime.ring_slots = 4;
+  s.runtime.step_timeout_ms = 2000;
   return s;
 }
 
@@ -80,7 +80,7 @@ class ConsumerHarness {
   // Workers are CUDA-kind sessions ("fake0", "fake1", ...) with `device_bytes` of memory each
   // (device staging needs some), so the gpu route needs no collective segment.
   ConsumerHarness(const JobSpec& spec, int world, int64_t device_bytes = int64_t{80} << 30)
-      : spec_(spec), layout_(ModelLayout::Build(*ModelConfig::Preset(spec.model_preset))) {
+      : spec_(spec), layout_(ModelLayout::Build(*ModelConfig::Preset(spec.model.preset))) {
     static int counter = 0;
     const std::string node = absl::StrCat("cons", getpid());
     job_id_ = absl::StrCat("h", counter++);
@@ -135,14 +135,14 @@ class ConsumerHarness {
       if (s.ok()) jsp->version(u).Publish(static_cast<uint32_t>(step));
     });
     ctx_ = std::make_unique<HarnessContext>(job_id_, spec_, workers_);
-    policy_ = spec_.skip_nonfinite ? NonFinitePolicy::kSkip : NonFinitePolicy::kFail;
-    reports_ = std::make_unique<WorkerReports>(*ctx_, *job_state_, 0, spec_.steps, policy_);
+    policy_ = spec_.train.skip_nonfinite ? NonFinitePolicy::kSkip : NonFinitePolicy::kFail;
+    reports_ = std::make_unique<WorkerReports>(*ctx_, *job_state_, 0, spec_.train.steps, policy_);
     grad_rings_ =
-        std::make_unique<GradRings>(rings_, *reports_, *job_state_, absl::Milliseconds(spec_.step_timeout_ms));
+        std::make_unique<GradRings>(rings_, *reports_, *job_state_, absl::Milliseconds(spec_.runtime.step_timeout_ms));
     WorkerReports* reports = reports_.get();
-    const absl::Duration timeout = absl::Milliseconds(spec_.step_timeout_ms);
-    consumer_ = std::make_unique<GradConsumer>(plan_, layout_, *grad_rings_, spec_.max_grad_norm, 2, job_id_, policy_,
-                                               [reports, timeout](int64_t t) -> absl::StatusOr<std::string> {
+    const absl::Duration timeout = absl::Milliseconds(spec_.runtime.step_timeout_ms);
+    consumer_ = std::make_unique<GradConsumer>(plan_, layout_, *grad_rings_, spec_.train.max_grad_norm, 2, job_id_,
+                                               policy_, [reports, timeout](int64_t t) -> absl::StatusOr<std::string> {
                                                  auto losses = reports->WaitForLosses(t, timeout);
                                                  if (!losses.ok()) return losses.status();
                                                  for (size_t r = 0; r < losses->size(); ++r) {
@@ -197,7 +197,7 @@ class ConsumerHarness {
       d.slot = *slot;
       d.numel = 1;
       d.step = static_cast<uint32_t>(t);
-      d.dtype = shm::GradDtype::kSumSquares;
+      d.kind = shm::ChunkKind::kSumSquares;
       if (absl::Status s = ring.Post(d); !s.ok()) return s;
     }
     for (int u = 0; u < layout_.num_units(); ++u) {
@@ -231,9 +231,9 @@ class ConsumerHarness {
   // Consumes step t (AdamW step t+1 at version t+1) and waits for its updates.
   absl::StatusOr<StepGradients> ConsumeStep(int64_t t) {
     update::AdamWStepParams p;
-    p.lr = spec_.lr;
-    p.eps = spec_.eps;
-    p.weight_decay = spec_.weight_decay;
+    p.lr = spec_.optimizer.lr;
+    p.eps = spec_.optimizer.eps;
+    p.weight_decay = spec_.optimizer.weight_decay;
     p.step = t + 1;
     StepUpdates updates(Adam(), memory_, *tracker_, t + 1, p, &layout_);
     absl::StatusOr<StepGradients> g = consumer_->ConsumeStep(t, t == 0, updates);

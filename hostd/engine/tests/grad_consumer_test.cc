@@ -64,36 +64,36 @@ TEST(GradConsumer, EveryBadDescriptorIsInternalNamingTheWorker) {
     GradStaging staging;
     std::function<void(ConsumerHarness&)> post;  // rank 1 misbehaves (rank 0 is correct)
   };
-  auto chunk = [](int unit, int64_t offset, int64_t numel, uint32_t step, shm::GradDtype dtype) {
+  auto chunk = [](int unit, int64_t offset, int64_t numel, uint32_t step, shm::ChunkKind dtype) {
     shm::GradChunkDesc d;
     d.unit = unit;
     d.offset_numel = offset;
     d.numel = numel;
     d.step = step;
-    d.dtype = dtype;
+    d.kind = dtype;
     return d;
   };
-  const auto kF32 = shm::GradDtype::kF32;
+  const auto kF32 = shm::ChunkKind::kGradF32;
   const std::vector<Case> cases = {
       {"outside its shard", GradReduction::kGpu, 0, GradStaging::kAuto,
        [&](ConsumerHarness& h) { PostRaw(h, 1, chunk(1, 0, 16, 0, kF32)); }},  // rank 0's part of unit 1
       {"wrong step", GradReduction::kGpu, 0, GradStaging::kAuto,
        [&](ConsumerHarness& h) { PostRaw(h, 1, chunk(1, h.PartOf(1, 1).offset, 16, 7, kF32)); }},
       {"wrong dtype (BF16)", GradReduction::kGpu, 0, GradStaging::kAuto,
-       [&](ConsumerHarness& h) { PostRaw(h, 1, chunk(1, h.PartOf(1, 1).offset, 16, 0, shm::GradDtype::kBF16)); }},
+       [&](ConsumerHarness& h) { PostRaw(h, 1, chunk(1, h.PartOf(1, 1).offset, 16, 0, shm::ChunkKind::kGradBF16)); }},
       {"unknown dtype", GradReduction::kGpu, 0, GradStaging::kAuto,
        [&](ConsumerHarness& h) {
-         PostRaw(h, 1, chunk(1, h.PartOf(1, 1).offset, 16, 0, static_cast<shm::GradDtype>(9)));
+         PostRaw(h, 1, chunk(1, h.PartOf(1, 1).offset, 16, 0, static_cast<shm::ChunkKind>(9)));
        }},
       {"a norm where a part belongs", GradReduction::kGpu, 0, GradStaging::kAuto,
-       [&](ConsumerHarness& h) { PostRaw(h, 1, chunk(-1, 0, 1, 0, shm::GradDtype::kSumSquares)); }},
+       [&](ConsumerHarness& h) { PostRaw(h, 1, chunk(-1, 0, 1, 0, shm::ChunkKind::kSumSquares)); }},
       {"unit out of range", GradReduction::kGpu, 0, GradStaging::kAuto,
        [&](ConsumerHarness& h) { PostRaw(h, 1, chunk(99, 0, 16, 0, kF32)); }},
       {"offset that overflows", GradReduction::kGpu, 0, GradStaging::kAuto,
        [&](ConsumerHarness& h) { PostRaw(h, 1, chunk(1, std::numeric_limits<int64_t>::max() - 8, 16, 0, kF32)); }},
       {"numel beyond the slot", GradReduction::kGpu, 0, GradStaging::kAuto,
        [&](ConsumerHarness& h) {
-         PostRaw(h, 1, chunk(1, h.PartOf(1, 1).offset, int64_t{1} << 61, 0, shm::GradDtype::kSumSquares));
+         PostRaw(h, 1, chunk(1, h.PartOf(1, 1).offset, int64_t{1} << 61, 0, shm::ChunkKind::kSumSquares));
        }},
       {"negative numel", GradReduction::kGpu, 0, GradStaging::kAuto,
        [&](ConsumerHarness& h) { PostRaw(h, 1, chunk(1, h.PartOf(1, 1).offset, -4, 0, kF32)); }},
@@ -123,7 +123,7 @@ TEST(GradConsumer, EveryBadDescriptorIsInternalNamingTheWorker) {
        }},
       {"a range twice (device staging)", GradReduction::kGpu, 1.0, GradStaging::kDevice,
        [&](ConsumerHarness& h) {
-         shm::GradChunkDesc norm = chunk(-1, 0, 1, 0, shm::GradDtype::kSumSquares);
+         shm::GradChunkDesc norm = chunk(-1, 0, 1, 0, shm::ChunkKind::kSumSquares);
          PostRaw(h, 1, norm);
          for (int k = 0; k < 2; ++k) PostRaw(h, 1, chunk(1, h.PartOf(1, 1).offset, 16, 0, kF32));
        }},
@@ -193,7 +193,7 @@ TEST(GradConsumer, BadReportsAreInternalNamingTheWorker) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     JobSpec spec = HarnessSpec(2, 0, GradReduction::kGpu, GradStaging::kAuto, false);
-    spec.steps = c.steps;
+    spec.train.steps = c.steps;
     ConsumerHarness h(spec, 2);
     ASSERT_TRUE(h.status().ok()) << h.status();
     for (const Report& r : c.reports) {
@@ -395,7 +395,7 @@ TEST(GradConsumer, ALyingNormDoesNotLetANanPartIntoTheMaster) {
       d.unit = -1;
       d.slot = *slot;
       d.numel = 1;
-      d.dtype = shm::GradDtype::kSumSquares;
+      d.kind = shm::ChunkKind::kSumSquares;
       if (!ring.Post(d).ok()) return;
       const int64_t chunk = static_cast<int64_t>(ring.config().slot_bytes / 4);
       for (int u = 0; u < h.layout().num_units(); ++u) {

@@ -19,9 +19,8 @@ namespace slidedp::hostd {
 namespace {
 
 namespace fs = std::filesystem;
-using update::StateDtype;
 
-constexpr shm::MomentDtype kLayouts[] = {shm::MomentDtype::kF32, shm::MomentDtype::kBF16, shm::MomentDtype::kInt8};
+constexpr MomentForm kLayouts[] = {MomentForm::kF32, MomentForm::kBF16, MomentForm::kInt8};
 
 class FakeContext : public JobContext {
  public:
@@ -58,12 +57,12 @@ ModelLayout TinyLayout() { return ModelLayout::Build(*ModelConfig::Preset("tiny"
 std::string MomentBytes(shm::JobState& js, int u) {
   const shm::JobState::Moments mo = js.moments(u);
   const int64_t n = js.unit_numel(u);
-  const size_t eb = mo.dtype == shm::MomentDtype::kF32 ? 4 : mo.dtype == shm::MomentDtype::kBF16 ? 2 : 1;
+  const size_t eb = mo.dtype == MomentForm::kF32 ? 4 : mo.dtype == MomentForm::kBF16 ? 2 : 1;
   std::string out(static_cast<const char*>(mo.m), n * eb);
   out.append(static_cast<const char*>(mo.v), n * eb);
   if (mo.m_scale != nullptr) {
-    out.append(reinterpret_cast<const char*>(mo.m_scale), update::Int8StateBlocks(n) * 4);
-    out.append(reinterpret_cast<const char*>(mo.v_scale), update::Int8StateBlocks(n) * 4);
+    out.append(reinterpret_cast<const char*>(mo.m_scale), Int8MomentBlocks(n) * 4);
+    out.append(reinterpret_cast<const char*>(mo.v_scale), Int8MomentBlocks(n) * 4);
   }
   return out;
 }
@@ -73,18 +72,18 @@ void Scribble(shm::JobState& js) {
   for (int u = 0; u < js.num_units(); ++u) {
     const shm::JobState::Moments mo = js.moments(u);
     const int64_t n = js.unit_numel(u);
-    const size_t eb = mo.dtype == shm::MomentDtype::kF32 ? 4 : mo.dtype == shm::MomentDtype::kBF16 ? 2 : 1;
+    const size_t eb = mo.dtype == MomentForm::kF32 ? 4 : mo.dtype == MomentForm::kBF16 ? 2 : 1;
     std::memset(mo.m, 0x5a, n * eb);
     std::memset(mo.v, 0x5a, n * eb);
     if (mo.m_scale != nullptr) {
-      std::memset(mo.m_scale, 0x5a, update::Int8StateBlocks(n) * 4);
-      std::memset(mo.v_scale, 0x5a, update::Int8StateBlocks(n) * 4);
+      std::memset(mo.m_scale, 0x5a, Int8MomentBlocks(n) * 4);
+      std::memset(mo.v_scale, 0x5a, Int8MomentBlocks(n) * 4);
     }
   }
 }
 
 struct Segment {
-  explicit Segment(const ModelLayout& layout, shm::MomentDtype dtype) {
+  explicit Segment(const ModelLayout& layout, MomentForm dtype) {
     shm::JobStateOptions opts;
     opts.format.moments = dtype;
     auto s = shm::JobState::Create(shm::testing::TestNode(), shm::testing::UniqueJob(), layout, opts);
@@ -102,7 +101,7 @@ TEST(InitialWeightsTest, ZeroBytesDecodeAsZeroMoments) {
   constexpr int64_t kN = 3 * 256 + 37;
   const std::vector<int8_t> m8(kN, 0);
   const std::vector<uint8_t> v8(kN, 0);
-  const std::vector<float> scales(update::Int8StateBlocks(kN), 0.0f);
+  const std::vector<float> scales(Int8MomentBlocks(kN), 0.0f);
   const std::vector<bf16_t> b16(kN, 0);
   for (update::AdamIsa isa : {update::AdamIsa::kScalar, update::AdamIsa::kAvx2, update::AdamIsa::kAvx512}) {
     const update::AdamStateKernelTable* k = update::AdamStateKernelsFor(isa);
@@ -132,13 +131,13 @@ TEST(InitialWeightsTest, ZeroBytesDecodeAsZeroMoments) {
 // every layout; master and mirror come from the random init.
 TEST(InitialWeightsTest, ReusedSegmentMomentsAreZeroedInEveryLayout) {
   const ModelLayout layout = TinyLayout();
-  for (shm::MomentDtype dtype : kLayouts) {
-    SCOPED_TRACE(shm::MomentDtypeName(dtype));
+  for (MomentForm dtype : kLayouts) {
+    SCOPED_TRACE(ToString(dtype));
     Segment seg(layout, dtype);
     Scribble(*seg.js);
     FakeContext ctx("");
     JobSpec spec;
-    spec.init_seed = 3;
+    spec.model.init_seed = 3;
     auto state = WriteInitialState(ctx, spec, layout, *seg.js, /*reused_segment=*/true, /*threads=*/2);
     ASSERT_TRUE(state.ok()) << state.status();
     EXPECT_EQ(state->first_step, 0);
@@ -159,15 +158,15 @@ TEST(InitialWeightsTest, ResumeIntoEveryLayoutLogsTheConversion) {
   const ModelLayout layout = TinyLayout();
   const std::string root = (fs::temp_directory_path() / absl::StrCat("initial_weights_test.", ::getpid())).string();
   fs::remove_all(root);
-  for (shm::MomentDtype saved : kLayouts) {
+  for (MomentForm saved : kLayouts) {
     // The saved job: random init, then moments the kernels encoded from known FP32 values.
     Segment job(layout, saved);
     FakeContext first("");
     JobSpec spec;
-    spec.init_seed = 5;
+    spec.model.init_seed = 5;
     ASSERT_TRUE(WriteInitialState(first, spec, layout, *job.js, /*reused_segment=*/false, 2).ok());
     const checkpoint::StateArrays arrays = StateArraysOf(*job.js);
-    EXPECT_EQ(arrays.moment_dtype, StateDtypeOf(saved));
+    EXPECT_EQ(arrays.moment_dtype, saved);
     for (int u = 0; u < job.js->num_units(); ++u) {
       const int64_t n = job.js->unit_numel(u);
       std::vector<float> m(n), v(n);
@@ -178,14 +177,14 @@ TEST(InitialWeightsTest, ResumeIntoEveryLayoutLogsTheConversion) {
       const checkpoint::UnitMoments mo = arrays.moments(u);
       const update::AdamStateKernelTable& k = update::ActiveAdamStateKernels();
       switch (arrays.moment_dtype) {
-        case StateDtype::kFp32:
+        case MomentForm::kF32:
           std::memcpy(mo.m, m.data(), n * 4);
           std::memcpy(mo.v, v.data(), n * 4);
           break;
-        case StateDtype::kBf16:
+        case MomentForm::kBF16:
           k.bf16_from_f32(m.data(), v.data(), {static_cast<bf16_t*>(mo.m), static_cast<bf16_t*>(mo.v)}, n);
           break;
-        case StateDtype::kInt8:
+        case MomentForm::kInt8:
           k.int8_from_f32(m.data(), v.data(),
                           {static_cast<int8_t*>(mo.m), static_cast<uint8_t*>(mo.v), mo.m_scale, mo.v_scale}, n);
           break;
@@ -200,8 +199,8 @@ TEST(InitialWeightsTest, ResumeIntoEveryLayoutLogsTheConversion) {
     auto saved_dir = checkpoint::SaveCheckpoint(req);
     ASSERT_TRUE(saved_dir.ok()) << saved_dir.status();
 
-    for (shm::MomentDtype into : kLayouts) {
-      SCOPED_TRACE(absl::StrCat(shm::MomentDtypeName(saved), " -> ", shm::MomentDtypeName(into)));
+    for (MomentForm into : kLayouts) {
+      SCOPED_TRACE(absl::StrCat(ToString(saved), " -> ", ToString(into)));
       Segment resumed(layout, into);
       Scribble(*resumed.js);
       FakeContext ctx(saved_dir->dir);
@@ -210,9 +209,7 @@ TEST(InitialWeightsTest, ResumeIntoEveryLayoutLogsTheConversion) {
       EXPECT_EQ(state->first_step, 4);
       EXPECT_EQ(resumed.js->step_counter().load(), 4u);
       EXPECT_TRUE(ctx.Logged("resumed from " + saved_dir->dir + " at step 4"));
-      const std::string note =
-          absl::StrCat("optimizer state converted from ", update::StateDtypeName(StateDtypeOf(saved)), " to ",
-                       update::StateDtypeName(StateDtypeOf(into)));
+      const std::string note = absl::StrCat("optimizer state converted from ", ToString(saved), " to ", ToString(into));
       EXPECT_EQ(ctx.Logged(note), saved != into) << note;
       // The same bytes a load into plain arrays of that layout gives (checked against the kernels
       // in ckpt_moments_test).

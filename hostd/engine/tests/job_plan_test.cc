@@ -19,12 +19,12 @@ ModelLayout Layout(const char* preset = "qwen3-0.6b") { return ModelLayout::Buil
 
 JobSpec Spec(int world, double max_norm, GradReduction route = GradReduction::kGpu) {
   JobSpec s;
-  s.model_preset = "qwen3-0.6b";
-  s.seq_len = 1024;
-  s.global_batch = 4 * world;
-  s.micro_batch = 2;
-  s.max_grad_norm = max_norm;
-  s.grad_reduction = route;
+  s.model.preset = "qwen3-0.6b";
+  s.train.seq_len = 1024;
+  s.train.global_batch = 4 * world;
+  s.train.micro_batch = 2;
+  s.train.max_grad_norm = max_norm;
+  s.runtime.grad_reduction = route;
   return s;
 }
 
@@ -52,7 +52,7 @@ TEST(RoutePlan, WorkersSharingAGpuAreRefusedWhereNcclWouldRun) {
   EXPECT_EQ(gpu.status().code(), absl::StatusCode::kFailedPrecondition) << gpu.status();
   EXPECT_TRUE(absl::StrContains(gpu.status().message(), "'gpu0' and 'gpu0b' share GPU GPU-0000")) << gpu.status();
   JobSpec sharded = Spec(2, 0, GradReduction::kCpu);
-  sharded.param_delivery = ParamDelivery::kSharded;
+  sharded.runtime.param_delivery = ParamDelivery::kSharded;
   EXPECT_EQ(PlanRoutes(sharded, layout, shared).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(PlanRoutes(Spec(2, 0, GradReduction::kCpu), layout, shared).ok());
   shared[1].uuid = "GPU-0001";  // separate GPUs
@@ -65,18 +65,18 @@ TEST(RoutePlan, TheSpecsBackendAndShardedDeliveryNeedTheirWorkers) {
   const ModelLayout layout = Layout();
   std::vector<WorkerDevice> cpus = {Device(true, int64_t{64} << 30), Device(true, int64_t{64} << 30)};
   JobSpec cuda = Spec(2, 0, GradReduction::kCpu);
-  cuda.backend = Backend::kCuda;
+  cuda.runtime.backend = Backend::kCuda;
   auto on_cpu = PlanRoutes(cuda, layout, cpus);
   EXPECT_EQ(on_cpu.status().code(), absl::StatusCode::kFailedPrecondition) << on_cpu.status();
   EXPECT_TRUE(absl::StrContains(on_cpu.status().message(), "runtime.backend cuda: 2 of the job's 2 workers are CPU"))
       << on_cpu.status();
   EXPECT_TRUE(PlanRoutes(cuda, layout, Gpus(2)).ok());
   JobSpec cpu = cuda;
-  cpu.backend = Backend::kCpu;
+  cpu.runtime.backend = Backend::kCpu;
   EXPECT_EQ(PlanRoutes(cpu, layout, Gpus(2)).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(PlanRoutes(cpu, layout, cpus).ok());
   JobSpec sharded = Spec(2, 0, GradReduction::kCpu);
-  sharded.param_delivery = ParamDelivery::kSharded;
+  sharded.runtime.param_delivery = ParamDelivery::kSharded;
   auto s = PlanRoutes(sharded, layout, cpus);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition) << s.status();
   EXPECT_TRUE(absl::StrContains(s.status().message(), "sharded")) << s.status();
@@ -88,8 +88,8 @@ TEST(RoutePlan, TheSpecsBackendAndShardedDeliveryNeedTheirWorkers) {
 TEST(RoutePlan, ContextParallelPlansItsCollectivePerBackendAndRoute) {
   const ModelLayout layout = Layout();
   JobSpec s = Spec(2, 0);
-  s.num_workers = 2;
-  s.context_parallel = 2;
+  s.runtime.workers = 2;
+  s.runtime.context_parallel = 2;
   const std::vector<WorkerDevice> cpus(2, Device(true, int64_t{64} << 30));
   auto p = PlanRoutes(s, layout, cpus);
   ASSERT_TRUE(p.ok()) << p.status();
@@ -97,7 +97,7 @@ TEST(RoutePlan, ContextParallelPlansItsCollectivePerBackendAndRoute) {
   const uint64_t part = (2048 + 3) / 4 * 2 + 2;
   EXPECT_EQ(p->context_buffer_bytes, 2 * part * 2 * layout.config.kv_dim() * 4);
   JobSpec plain = s;
-  plain.context_parallel = 1;
+  plain.runtime.context_parallel = 1;
   auto q = PlanRoutes(plain, layout, cpus);
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_EQ(q->context_buffer_bytes, 0u);
@@ -106,7 +106,7 @@ TEST(RoutePlan, ContextParallelPlansItsCollectivePerBackendAndRoute) {
   // micro-batch's gathered keys and values in attention.
   {
     JobSpec f = s;
-    f.grad_reduction = GradReduction::kCpu;
+    f.runtime.grad_reduction = GradReduction::kCpu;
     auto cp2 = PlanRoutes(f, layout, Gpus(2));
     ASSERT_TRUE(cp2.ok()) << cp2.status();
     const int64_t share = (2048 + 3) / 4 * 2 + 2;
@@ -119,20 +119,20 @@ TEST(RoutePlan, ContextParallelPlansItsCollectivePerBackendAndRoute) {
   // host memory), over NCCL with a communicator (gpu route or sharded delivery); not mixed with CPU
   // workers.
   JobSpec cpu_route = s;
-  cpu_route.grad_reduction = GradReduction::kCpu;
+  cpu_route.runtime.grad_reduction = GradReduction::kCpu;
   auto staged = PlanRoutes(cpu_route, layout, Gpus(2));
   ASSERT_TRUE(staged.ok()) << staged.status();
   EXPECT_FALSE(staged->context_on_nccl);
   EXPECT_EQ(staged->context_buffer_bytes, p->context_buffer_bytes);
   JobSpec gpu_route = s;
-  gpu_route.grad_reduction = GradReduction::kGpu;
+  gpu_route.runtime.grad_reduction = GradReduction::kGpu;
   auto nccl = PlanRoutes(gpu_route, layout, Gpus(2));
   ASSERT_TRUE(nccl.ok()) << nccl.status();
   EXPECT_TRUE(nccl->context_on_nccl);
   EXPECT_EQ(nccl->context_buffer_bytes, 0u);
   EXPECT_TRUE(absl::StrContains(nccl->RoutesLine(ParamDelivery::kReplicated), "keys and values through NCCL"));
   JobSpec sharded = cpu_route;
-  sharded.param_delivery = ParamDelivery::kSharded;
+  sharded.runtime.param_delivery = ParamDelivery::kSharded;
   auto split = PlanRoutes(sharded, layout, Gpus(2));
   ASSERT_TRUE(split.ok()) << split.status();
   EXPECT_TRUE(split->context_on_nccl);
@@ -142,20 +142,20 @@ TEST(RoutePlan, ContextParallelPlansItsCollectivePerBackendAndRoute) {
   EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition) << m.status();
   EXPECT_TRUE(absl::StrContains(m.status().message(), "context_parallel")) << m.status();
   JobSpec moe_cuda = cpu_route;  // MoE models on CUDA workers too (the group sums router statistics)
-  moe_cuda.model_preset = "tiny-moe";
+  moe_cuda.model.preset = "tiny-moe";
   auto mc = PlanRoutes(moe_cuda, Layout("tiny-moe"), Gpus(2));
   EXPECT_TRUE(mc.ok()) << mc.status();
   // One group of two shares one micro-batch of 4 rows: a global batch of 4 is one micro-batch for it,
   // which two data-parallel workers could not split.
   JobSpec one_micro = s;
-  one_micro.global_batch = 4;
-  one_micro.micro_batch = 4;
+  one_micro.train.global_batch = 4;
+  one_micro.train.micro_batch = 4;
   EXPECT_TRUE(PlanRoutes(one_micro, layout, cpus).ok());
-  one_micro.context_parallel = 1;
+  one_micro.runtime.context_parallel = 1;
   EXPECT_EQ(PlanRoutes(one_micro, layout, cpus).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(p->RoutesLine(ParamDelivery::kReplicated), "context parallel: 1 group(s) of 2"));
   JobSpec moe = s;  // a MoE model too: its router statistics are summed over the group
-  moe.model_preset = "tiny-moe";
+  moe.model.preset = "tiny-moe";
   EXPECT_TRUE(PlanRoutes(moe, Layout("tiny-moe"), cpus).ok());
 }
 
@@ -169,7 +169,7 @@ TEST(RoutePlan, OneRankWithoutClippingAppliesStraightFromTheRing) {
   EXPECT_FALSE(p->host_staging);
   EXPECT_EQ(p->staging_bytes, 0u);
   EXPECT_EQ(p->memory.step_staging_bytes, 0u);
-  EXPECT_EQ(p->grad_reduction(), v1::GRAD_REDUCTION_CPU);
+  EXPECT_EQ(p->WorkerSpec(JobSpec{}).runtime.grad_reduction, GradReduction::kCpu);
   ASSERT_EQ(p->shard_numel_of_rank.size(), 1u);
   int64_t numel = 0;
   for (const UnitLayout& u : layout.units) numel += u.numel;
@@ -185,7 +185,7 @@ TEST(RoutePlan, OneRankWithClippingStagesOnTheDeviceWhenItFits) {
   EXPECT_EQ(big->consumer, GradConsumerKind::kShards);
   EXPECT_FALSE(big->host_staging);  // one rank with device staging holds no whole-step buffer
   EXPECT_EQ(big->memory.step_staging_bytes, 0u);
-  EXPECT_EQ(big->grad_staging(), v1::GRAD_STAGING_DEVICE);
+  EXPECT_EQ(big->WorkerSpec(Spec(1, 1.0)).runtime.grad_staging, GradStaging::kDevice);
   EXPECT_TRUE(absl::StrContains(big->RoutesLine(ParamDelivery::kReplicated), "clipping: device staging"));
 
   // auto: the parts must take at most 40% of the device (0.6B: 2.4 GB of FP32 gradients).
@@ -198,9 +198,9 @@ TEST(RoutePlan, OneRankWithClippingStagesOnTheDeviceWhenItFits) {
   EXPECT_EQ(small->memory.step_staging_bytes, small->staging_bytes);
 
   JobSpec forced = Spec(1, 1.0);
-  forced.grad_staging = GradStaging::kHost;
+  forced.runtime.grad_staging = GradStaging::kHost;
   EXPECT_EQ(PlanRoutes(forced, layout, Gpus(1))->clip_staging, ClipStaging::kHost);
-  forced.grad_staging = GradStaging::kDevice;
+  forced.runtime.grad_staging = GradStaging::kDevice;
   EXPECT_EQ(PlanRoutes(forced, layout, Gpus(1, int64_t{4} << 30))->clip_staging, ClipStaging::kDevice);
 }
 
@@ -209,7 +209,7 @@ TEST(RoutePlan, OneRankWithClippingStagesOnTheDeviceWhenItFits) {
 TEST(RoutePlan, SkipNonfiniteStagesTheWholeStepLikeClipping) {
   const ModelLayout layout = Layout();
   JobSpec one = Spec(1, 0);
-  one.skip_nonfinite = true;
+  one.train.skip_nonfinite = true;
   auto device = PlanRoutes(one, layout, Gpus(1));
   ASSERT_TRUE(device.ok()) << device.status();
   EXPECT_EQ(device->clip_staging, ClipStaging::kDevice);
@@ -223,14 +223,14 @@ TEST(RoutePlan, SkipNonfiniteStagesTheWholeStepLikeClipping) {
   EXPECT_EQ(host->memory.step_staging_bytes, static_cast<uint64_t>(layout.total_numel) * 4);
   EXPECT_EQ(host->consumer, GradConsumerKind::kSummed);
   JobSpec cpu = Spec(2, 0, GradReduction::kCpu);
-  cpu.skip_nonfinite = true;
+  cpu.train.skip_nonfinite = true;
   auto summed = PlanRoutes(cpu, layout, Gpus(2));
   ASSERT_TRUE(summed.ok()) << summed.status();
   EXPECT_EQ(summed->clip_staging, ClipStaging::kHost);
   EXPECT_EQ(summed->memory.step_staging_bytes, static_cast<uint64_t>(layout.total_numel) * 4);  // counted once
   EXPECT_TRUE(absl::StrContains(summed->RoutesLine(ParamDelivery::kReplicated), "skip_nonfinite: host staging"));
   JobSpec both = Spec(2, 1.0);
-  both.skip_nonfinite = true;
+  both.train.skip_nonfinite = true;
   auto p = PlanRoutes(both, layout, Gpus(2));
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_TRUE(absl::StrContains(p->RoutesLine(ParamDelivery::kReplicated), "clipping and skip_nonfinite: device"));
@@ -270,7 +270,7 @@ TEST(RoutePlan, CpuRouteSumsOnTheHostAndCannotStageOnTheDevice) {
   EXPECT_EQ(clipped->memory.step_staging_bytes, static_cast<uint64_t>(layout.total_numel) * 4);  // counted once
 
   JobSpec device = Spec(2, 1.0, GradReduction::kCpu);
-  device.grad_staging = GradStaging::kDevice;
+  device.runtime.grad_staging = GradStaging::kDevice;
   EXPECT_EQ(PlanRoutes(device, layout, Gpus(2)).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -296,7 +296,7 @@ TEST(RoutePlan, RefusesMixedBackendsAndBatchesThatDoNotSplit) {
   EXPECT_EQ(PlanRoutes(Spec(2, 0), layout, mixed).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(PlanRoutes(Spec(2, 0, GradReduction::kCpu), layout, mixed).ok());  // hostd sums any backend
   JobSpec odd = Spec(2, 0);
-  odd.global_batch = 6;  // not a multiple of 2 ranks x 2 rows
+  odd.train.global_batch = 6;  // not a multiple of 2 ranks x 2 rows
   EXPECT_EQ(PlanRoutes(odd, layout, Gpus(2)).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(PlanRoutes(Spec(1, 0), layout, {}).status().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -305,21 +305,21 @@ TEST(RoutePlan, OffloadedLayerInputsAreCounted) {
   const ModelLayout layout = Layout();
   JobSpec s = Spec(2, 0);
   const uint64_t base = PlanRoutes(s, layout, Gpus(2))->memory.total_bytes;
-  s.offload_ratio = 0.5;
+  s.runtime.offload_ratio = 0.5;
   auto p = PlanRoutes(s, layout, Gpus(2));
   ASSERT_TRUE(p.ok());
   EXPECT_GT(p->memory.offload_bytes, 0u);
   EXPECT_EQ(p->memory.total_bytes, base + p->memory.offload_bytes);
   // runtime.checkpoint_dtype bf16: the recomputed layers' offloaded inputs take half the bytes.
-  s.checkpoint_dtype = CheckpointDtype::kBf16;
+  s.runtime.checkpoint_dtype = Dtype::kBF16;
   auto half = PlanRoutes(s, layout, Gpus(2));
   ASSERT_TRUE(half.ok());
   EXPECT_EQ(half->memory.offload_bytes * 2, p->memory.offload_bytes);
   EXPECT_EQ(half->memory.total_bytes, base + half->memory.offload_bytes);
   // With kept pieces only the inputs' share halves (the pieces stay FP32).
-  s.act_policy = ActivationPolicy::kSelective;
+  s.runtime.act_policy = ActivationPolicy::kSelective;
   auto selective = PlanRoutes(s, layout, Gpus(2));
-  s.checkpoint_dtype = CheckpointDtype::kFp32;
+  s.runtime.checkpoint_dtype = Dtype::kF32;
   auto selective32 = PlanRoutes(s, layout, Gpus(2));
   ASSERT_TRUE(selective.ok() && selective32.ok());
   EXPECT_EQ(selective32->memory.offload_bytes - selective->memory.offload_bytes, p->memory.offload_bytes / 2);
@@ -337,7 +337,7 @@ TEST(RoutePlan, SpeculationCoversTheLastUnitsThatFitTheBudget) {
   EXPECT_FALSE(none->speculation_auto);
 
   JobSpec capped = Spec(1, 1.0);
-  capped.speculation_bytes = static_cast<int64_t>(UndoBytes(layout, units - 3));
+  capped.runtime.speculation_bytes = static_cast<int64_t>(UndoBytes(layout, units - 3));
   auto c = PlanRoutes(capped, layout, Gpus(1));
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->speculate_from_unit, units - 3);
@@ -359,7 +359,7 @@ TEST(RoutePlan, SpeculationCoversTheLastUnitsThatFitTheBudget) {
   EXPECT_EQ(a.memory.undo_bytes, 0u);
 
   JobSpec off = Spec(1, 1.0);
-  off.speculation_bytes = 0;
+  off.runtime.speculation_bytes = 0;
   auto o = PlanRoutes(off, layout, Gpus(1));
   ASSERT_TRUE(o.ok());
   EXPECT_EQ(o->speculate_from_unit, units);
@@ -396,10 +396,10 @@ namespace {
 TEST(RoutePlan, AStepOverTheGpuMemoryFloorIsRefusedWithTheLongestSequence) {
   const ModelLayout layout = Layout("qwen3-8b");
   JobSpec s = Spec(1, 0);
-  s.model_preset = "qwen3-8b";
-  s.seq_len = 262144;
-  s.global_batch = 1;
-  s.micro_batch = 1;
+  s.model.preset = "qwen3-8b";
+  s.train.seq_len = 262144;
+  s.train.global_batch = 1;
+  s.train.micro_batch = 1;
   auto refused = PlanRoutes(s, layout, Gpus(1));
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "longest single sequence")) << refused.status();
@@ -408,43 +408,43 @@ TEST(RoutePlan, AStepOverTheGpuMemoryFloorIsRefusedWithTheLongestSequence) {
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "runtime.checkpoint_dtype: bf16")) << refused.status();
   // With runtime.policy auto the offload shares are AutoPolicy's to choose: the floor counts no
   // input that may be offloaded, so the job is not refused for them.
-  s.policy_auto = true;
+  s.runtime.policy_auto = true;
   auto autop = PlanRoutes(s, layout, Gpus(1));
   ASSERT_TRUE(autop.ok()) << autop.status();
   EXPECT_EQ(autop->device_floor.checkpoints, 0);
-  s.policy_auto = false;
+  s.runtime.policy_auto = false;
   // Offloading most layers' inputs brings the floor under the device.
-  s.offload_ratio = 0.5;
+  s.runtime.offload_ratio = 0.5;
   auto offloaded = PlanRoutes(s, layout, Gpus(1));
   ASSERT_TRUE(offloaded.ok()) << offloaded.status();
   EXPECT_LE(offloaded->device_floor.device_total(), int64_t{141} << 30);
   EXPECT_EQ(offloaded->device_floor.offloaded, 18 * int64_t{262144} * 4096 * 4);
   // BF16 checkpoints halve the inputs on the device and offloaded (one micro-batch widened back).
-  s.checkpoint_dtype = CheckpointDtype::kBf16;
+  s.runtime.checkpoint_dtype = Dtype::kBF16;
   auto bf16 = PlanRoutes(s, layout, Gpus(1));
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   EXPECT_EQ(bf16->device_floor.offloaded, 18 * int64_t{262144} * 4096 * 2);
   EXPECT_EQ(bf16->device_floor.checkpoints, 18 * int64_t{262144} * 4096 * 2 + int64_t{262144} * 4096 * 2);
   EXPECT_EQ(bf16->memory.offload_bytes * 2, offloaded->memory.offload_bytes);
   // ... and 256K tokens then fit without offloading (36 x 2 GiB of inputs).
-  s.offload_ratio = 0;
+  s.runtime.offload_ratio = 0;
   auto bf16_on_gpu = PlanRoutes(s, layout, Gpus(1));
   ASSERT_TRUE(bf16_on_gpu.ok()) << bf16_on_gpu.status();
   EXPECT_EQ(bf16_on_gpu->device_floor.offloaded, 0);
-  s.offload_ratio = 0.5;
-  s.checkpoint_dtype = CheckpointDtype::kFp32;
+  s.runtime.offload_ratio = 0.5;
+  s.runtime.checkpoint_dtype = Dtype::kF32;
   // A cap below the floor refuses again, naming it.
-  s.gpu_memory_limit_bytes = int64_t{40} << 30;
+  s.runtime.gpu_memory_limit_bytes = int64_t{40} << 30;
   auto capped = PlanRoutes(s, layout, Gpus(1));
   ASSERT_EQ(capped.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StrContains(capped.status().message(), "runtime.gpu_memory_limit")) << capped.status();
-  s.checkpoint_dtype = CheckpointDtype::kBf16;  // already BF16: not suggested again
+  s.runtime.checkpoint_dtype = Dtype::kBF16;  // already BF16: not suggested again
   auto capped_bf16 = PlanRoutes(s, layout, Gpus(1));
   ASSERT_EQ(capped_bf16.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_FALSE(absl::StrContains(capped_bf16.status().message(), "checkpoint_dtype")) << capped_bf16.status();
-  s.checkpoint_dtype = CheckpointDtype::kFp32;
-  s.gpu_memory_limit_bytes = 0;
-  s.offload_ratio = 0;
+  s.runtime.checkpoint_dtype = Dtype::kF32;
+  s.runtime.gpu_memory_limit_bytes = 0;
+  s.runtime.offload_ratio = 0;
   EXPECT_TRUE(PlanRoutes(s, layout, std::vector<WorkerDevice>{Device(true, int64_t{8} << 30)}).ok());
   EXPECT_TRUE(PlanRoutes(s, layout, Gpus(1, 0)).ok());
 }
@@ -462,11 +462,11 @@ TEST(RoutePlan, MoeShapesTheCudaBlockCannotRunAreRefusedOnCudaWorkers) {
   c.moe_intermediate_size = 36;
   const ModelLayout layout = ModelLayout::Build(c);
   JobSpec s;
-  s.model_preset = "tiny-moe";
-  s.seq_len = 64;
-  s.global_batch = 2;
-  s.micro_batch = 1;
-  s.max_grad_norm = 0;
+  s.model.preset = "tiny-moe";
+  s.train.seq_len = 64;
+  s.train.global_batch = 2;
+  s.train.micro_batch = 1;
+  s.train.max_grad_norm = 0;
   auto p = PlanRoutes(s, layout, std::vector<WorkerDevice>(1, Device(false, int64_t{80} << 30)));
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
@@ -485,12 +485,12 @@ TEST(JobPlanParts, BatchSplitCountsContextGroupsAsRanks) {
   EXPECT_TRUE(CheckBatchSplit(s, 4).ok());
   EXPECT_EQ(CheckBatchSplit(s, 3).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CheckBatchSplit(s, 0).code(), absl::StatusCode::kInvalidArgument);
-  s.context_parallel = 2;  // 4 workers are 2 groups: 8 rows over 2 x 2 split
+  s.runtime.context_parallel = 2;  // 4 workers are 2 groups: 8 rows over 2 x 2 split
   EXPECT_TRUE(CheckBatchSplit(s, 4).ok());
   const absl::Status odd = CheckBatchSplit(s, 3);
   EXPECT_EQ(odd.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(odd.message(), "does not divide the job's 3 workers")) << odd;
-  s.global_batch = 6;
+  s.train.global_batch = 6;
   const absl::Status groups = CheckBatchSplit(s, 4);
   EXPECT_TRUE(absl::StrContains(groups.message(), "2 context-parallel group(s) x train.micro_batch 2")) << groups;
 }
@@ -503,11 +503,11 @@ TEST(JobPlanParts, WorkersFitSaysWhetherTheJobHasANcclCommunicator) {
   std::vector<WorkerDevice> cpus = {Device(true, int64_t{64} << 30), Device(true, int64_t{64} << 30)};
   EXPECT_FALSE(*CheckWorkersFit(Spec(2, 0), layout, cpus));  // CPU workers: the shm collective
   JobSpec sharded = Spec(2, 0, GradReduction::kCpu);
-  sharded.param_delivery = ParamDelivery::kSharded;
+  sharded.runtime.param_delivery = ParamDelivery::kSharded;
   EXPECT_TRUE(*CheckWorkersFit(sharded, layout, Gpus(2)));
   std::vector<WorkerDevice> mixed = {Device(true, int64_t{64} << 30), Device(false, int64_t{80} << 30)};
   JobSpec cp = Spec(2, 0, GradReduction::kCpu);
-  cp.context_parallel = 2;
+  cp.runtime.context_parallel = 2;
   EXPECT_EQ(CheckWorkersFit(cp, layout, mixed).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
@@ -518,7 +518,7 @@ TEST(JobPlanParts, ContextGroupsGoOverNcclOrAShmSegment) {
   PlanContextGroups(s, layout, true, none);
   EXPECT_EQ(none.context_ranks, 1);
   EXPECT_EQ(none.context_buffer_bytes, 0u);
-  s.context_parallel = 2;
+  s.runtime.context_parallel = 2;
   RoutePlan nccl;
   PlanContextGroups(s, layout, true, nccl);
   EXPECT_EQ(nccl.context_ranks, 2);
@@ -549,7 +549,7 @@ TEST(JobPlanParts, GradientRouteAloneDecidesStagingAndConsumer) {
   EXPECT_EQ(summed.staging_bytes, static_cast<uint64_t>(layout.total_numel) * 4);
   EXPECT_EQ(summed.memory.total_bytes, 0u) << "memory is PlanMemory's";
   JobSpec device = Spec(2, 1.0, GradReduction::kCpu);
-  device.grad_staging = GradStaging::kDevice;
+  device.runtime.grad_staging = GradStaging::kDevice;
   RoutePlan refused;
   refused.world = 2;
   EXPECT_EQ(PlanGradientRoute(device, layout, Gpus(2), refused).code(), absl::StatusCode::kInvalidArgument);

@@ -18,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/jobspec/job_spec_proto.h"
 #include "common/status/status_macros.h"
 #include "common/data/synthetic.h"
 #include "common/model/shard.h"
@@ -101,11 +102,11 @@ struct RankResult {
 
 // m, v and (int8) their scales, as the segment keeps them.
 std::string MomentBytes(const shm::JobState::Moments& mv, int64_t n) {
-  const int64_t elem = mv.dtype == shm::MomentDtype::kF32 ? 4 : mv.dtype == shm::MomentDtype::kBF16 ? 2 : 1;
+  const int64_t elem = mv.dtype == MomentForm::kF32 ? 4 : mv.dtype == MomentForm::kBF16 ? 2 : 1;
   std::string out(static_cast<const char*>(mv.m), n * elem);
   out.append(static_cast<const char*>(mv.v), n * elem);
-  if (mv.dtype == shm::MomentDtype::kInt8) {
-    const int64_t blocks = (n + shm::kInt8MomentBlock - 1) / shm::kInt8MomentBlock;
+  if (mv.dtype == MomentForm::kInt8) {
+    const int64_t blocks = (n + kInt8MomentBlock - 1) / kInt8MomentBlock;
     out.append(reinterpret_cast<const char*>(mv.m_scale), blocks * 4);
     out.append(reinterpret_cast<const char*>(mv.v_scale), blocks * 4);
   }
@@ -180,11 +181,11 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
   if (!js.ok()) return fail(js.status());
   auto ring = shm::GradRing::Attach(a.ring_segment(), shm::RingRole::kProducer, &(*js)->abort());
   if (!ring.ok()) return fail(ring.status());
-  const bool gpu = a.grad_reduction() == v1::GRAD_REDUCTION_GPU;
-  auto spec = JobSpec::Parse(a.resolved_spec_yaml(), "", JobSpec::FileCheck::kSkip);
+  auto spec = JobSpecOf(a.config());
+  const bool gpu = a.config().runtime().grad_reduction() == v1::GRAD_REDUCTION_GPU;
   if (!spec.ok()) return fail(spec.status());
   // (With bf16 the test sets g_round_to_bf16, so the squared norm below is the posted values'.)
-  const bool bf16 = (spec->grad_dtype == GradDtype::kBf16) != (fault == Fault::kWrongDtype);
+  const bool bf16 = (spec->runtime.grad_dtype == Dtype::kBF16) != (fault == Fault::kWrongDtype);
   const int units = (*js)->num_units();
   const ModelLayout layout = ModelLayout::Build(*ModelConfig::Preset("tiny"));
   auto grad = [&](int64_t t, int u, int64_t i) {
@@ -198,7 +199,7 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
   // (BF16 chunks as FP32's, half a slot each, so the norm's partial sums are the same.)
   const int64_t piece = static_cast<int64_t>((*ring)->config().slot_bytes / 4) / (gpu ? rank + 1 : 1);
   // Device staging: the rank's squared norm first, then its parts in forward order.
-  const bool device_staging = a.grad_staging() == v1::GRAD_STAGING_DEVICE;
+  const bool device_staging = a.config().runtime().grad_staging() == v1::GRAD_STAGING_DEVICE;
   for (int64_t t = a.first_step(); t < a.total_steps(); ++t) {
     for (int u = 0; u < units; ++u) {
       absl::Status s = (*js)->version(u).WaitAtLeast(static_cast<uint32_t>(t), absl::Seconds(20), (*js)->abort());
@@ -226,7 +227,7 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
           for (int64_t i = 0; i < n; ++i) dst[i] = grad(t, u, off + i);
         }
         shm::GradChunkDesc d;
-        d.dtype = bf16 ? shm::GradDtype::kBF16 : shm::GradDtype::kF32;
+        d.kind = bf16 ? shm::ChunkKind::kGradBF16 : shm::ChunkKind::kGradF32;
         d.unit = u;
         d.slot = slot;
         d.offset_numel = off;
@@ -270,7 +271,7 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
         d.slot = *slot;
         d.numel = 1;
         d.step = static_cast<uint32_t>(t);
-        d.dtype = shm::GradDtype::kSumSquares;
+        d.kind = shm::ChunkKind::kSumSquares;
         if (absl::Status s = (*ring)->Post(d); !s.ok()) return fail(s);
       }
       shm::StepVerdict verdict;
@@ -321,8 +322,8 @@ void FakeRank(std::shared_ptr<WorkerSession> w, int rank, Fault fault, RankResul
 JobSpec TinySpec(int world, double max_norm, const std::string& route) {
   JobSpec s;
   s.name = "engine";
-  s.model_preset = "tiny";
-  s.init_seed = 3;
+  s.model.preset = "tiny";
+  s.model.init_seed = 3;
   // (one directory per test binary, removed when it exits; with the dataset the executor
   // verifies at job start; the fake ranks post gradients of their own and read none of it)
   static const struct OutputDir {
@@ -336,20 +337,20 @@ JobSpec TinySpec(int world, double max_norm, const std::string& route) {
     }
     ~OutputDir() { std::filesystem::remove_all(path); }
   } output_dir;
-  s.output_dir = output_dir.path;
-  s.data_path = output_dir.path + "/data";
-  s.save_final = false;
-  s.steps = 3;
-  s.seq_len = 64;
-  s.global_batch = 4 * world;
-  s.micro_batch = 2;
-  s.lr = 1e-3;
-  s.weight_decay = 0.1;
-  s.max_grad_norm = max_norm;
-  s.chunk_bytes = 16384;  // 4096-element slots: several chunks per shard
-  s.ring_slots = 4;
-  s.step_timeout_ms = 20000;
-  s.grad_reduction = route == "gpu" ? GradReduction::kGpu : GradReduction::kCpu;
+  s.output.dir = output_dir.path;
+  s.data.path = output_dir.path + "/data";
+  s.output.save_final = false;
+  s.train.steps = 3;
+  s.train.seq_len = 64;
+  s.train.global_batch = 4 * world;
+  s.train.micro_batch = 2;
+  s.optimizer.lr = 1e-3;
+  s.optimizer.weight_decay = 0.1;
+  s.train.max_grad_norm = max_norm;
+  s.runtime.chunk_bytes = 16384;  // 4096-element slots: several chunks per shard
+  s.runtime.ring_slots = 4;
+  s.runtime.step_timeout_ms = 20000;
+  s.runtime.grad_reduction = route == "gpu" ? GradReduction::kGpu : GradReduction::kCpu;
   return s;
 }
 
@@ -437,15 +438,15 @@ TEST(TrainingExecutor, GpuRouteShardsGiveTheSameParametersAsOneRankWithTheWholeG
     ASSERT_TRUE(one.status.ok()) << one.status;
     EXPECT_EQ(Reused(one), max_norm > 0);  // the very first job allocates
     ASSERT_FALSE(one.ranks[0].master.empty());
-    EXPECT_FALSE(one.ranks[0].assignment.grad_reduction() == v1::GRAD_REDUCTION_GPU);  // one rank: the cpu route
+    EXPECT_FALSE(one.ranks[0].assignment.config().runtime().grad_reduction() == v1::GRAD_REDUCTION_GPU);  // one rank: the cpu route
     EXPECT_TRUE(one.ranks[0].assignment.membership_key().empty());
     for (int world : {2, 3}) {
       JobRun sharded =
           RunJob(*ex, absl::StrCat("sharded", world, max_norm > 0), TinySpec(world, max_norm, "gpu"), Workers(world));
       ASSERT_TRUE(sharded.status.ok()) << sharded.status;
       EXPECT_TRUE(Reused(sharded));
-      EXPECT_EQ(sharded.ranks[0].assignment.grad_reduction(), v1::GRAD_REDUCTION_GPU);
-      EXPECT_EQ(sharded.ranks[0].assignment.param_delivery(), v1::PARAM_DELIVERY_REPLICATED);
+      EXPECT_EQ(sharded.ranks[0].assignment.config().runtime().grad_reduction(), v1::GRAD_REDUCTION_GPU);
+      EXPECT_EQ(sharded.ranks[0].assignment.config().runtime().param_delivery(), v1::PARAM_DELIVERY_REPLICATED);
       EXPECT_TRUE(sharded.ranks[0].assignment.collective_segment().empty());  // CUDA workers: NCCL
       const double d = MaxAbsDiff(sharded.ranks[0].master, one.ranks[0].master);
       ASSERT_EQ(sharded.norms.size(), one.norms.size());
@@ -478,20 +479,20 @@ TEST(TrainingExecutor, SpeculativeClippingIsBitwiseThePathThatWaitsForTheNorm) {
   for (GradStaging staging : {GradStaging::kHost, GradStaging::kDevice}) {
     for (int world : {1, 2}) {
       JobSpec base = TinySpec(world, 1e9, "gpu");
-      base.steps = static_cast<int64_t>(g_step_scale.size());
-      base.grad_staging = staging;
-      base.speculation_bytes = 0;
+      base.train.steps = static_cast<int64_t>(g_step_scale.size());
+      base.runtime.grad_staging = staging;
+      base.runtime.speculation_bytes = 0;
       // The threshold between the small and the large steps' norms.
       JobRun probe = RunJob(ex, absl::StrCat("probe", world, ToString(staging)), base, Workers(world));
       ASSERT_TRUE(probe.status.ok()) << probe.status;
       ASSERT_EQ(probe.norms.size(), g_step_scale.size());
-      base.max_grad_norm = 0.5 * (probe.norms[0] + probe.norms[1]);
+      base.train.max_grad_norm = 0.5 * (probe.norms[0] + probe.norms[1]);
       JobRun waiting = RunJob(ex, absl::StrCat("waiting", world, ToString(staging)), base, Workers(world));
       ASSERT_TRUE(waiting.status.ok()) << waiting.status;
       for (int64_t budget : {int64_t{-1}, static_cast<int64_t>(last_units)}) {
         SCOPED_TRACE(absl::StrCat(ToString(staging), " world ", world, " budget ", budget));
         JobSpec spec = base;
-        spec.speculation_bytes = budget;
+        spec.runtime.speculation_bytes = budget;
         JobRun run = RunJob(ex, absl::StrCat("spec", world, ToString(staging), budget > 0), spec, Workers(world));
         ASSERT_TRUE(run.status.ok()) << run.status;
         bool logged = false;
@@ -516,7 +517,7 @@ TEST(TrainingExecutor, SpeculativeClippingIsBitwiseThePathThatWaitsForTheNorm) {
         }
         EXPECT_GE(fractions.size(), 2u);
         int clipped = 0;
-        for (double n : run.norms) clipped += n > spec.max_grad_norm;
+        for (double n : run.norms) clipped += n > spec.train.max_grad_norm;
         EXPECT_EQ(clipped, 3);
         for (int u = 0; u < layout.num_units(); ++u) {
           const size_t bytes = layout.units[u].numel * sizeof(float);
@@ -548,15 +549,15 @@ TEST(TrainingExecutor, Bf16GradientsAreTheFp32PathOnTheRoundedValues) {
     SCOPED_TRACE(absl::StrCat("world ", c.world, " route ", c.route, " clip ", c.max_norm > 0, " staging ",
                               ToString(c.staging)));
     JobSpec spec = TinySpec(c.world, c.max_norm, c.route);
-    spec.steps = static_cast<int64_t>(g_step_scale.size());
-    spec.grad_staging = c.staging;
+    spec.train.steps = static_cast<int64_t>(g_step_scale.size());
+    spec.runtime.grad_staging = c.staging;
     g_round_to_bf16 = false;
     JobRun exact = RunJob(ex, "bf16-exact", spec, Workers(c.world));
     ASSERT_TRUE(exact.status.ok()) << exact.status;
-    if (c.max_norm > 0) spec.max_grad_norm = 0.5 * (exact.norms[0] + exact.norms[1]);  // steps 2 clips
+    if (c.max_norm > 0) spec.train.max_grad_norm = 0.5 * (exact.norms[0] + exact.norms[1]);  // steps 2 clips
     g_round_to_bf16 = true;
     JobRun rounded = RunJob(ex, "bf16-rounded", spec, Workers(c.world));
-    spec.grad_dtype = GradDtype::kBf16;
+    spec.runtime.grad_dtype = Dtype::kBF16;
     JobRun bf16 = RunJob(ex, "bf16", spec, Workers(c.world));
     g_round_to_bf16 = false;
     ASSERT_TRUE(rounded.status.ok()) << rounded.status;
@@ -578,7 +579,7 @@ TEST(TrainingExecutor, Bf16GradientsAreTheFp32PathOnTheRoundedValues) {
   // A rank posting FP32 chunks into a BF16 job is a broken worker: INTERNAL, naming the types.
   for (int world : {1, 2}) {
     JobSpec spec = TinySpec(world, 0, "gpu");
-    spec.grad_dtype = GradDtype::kBf16;
+    spec.runtime.grad_dtype = Dtype::kBF16;
     JobRun wrong = RunJob(ex, absl::StrCat("bf16-wrong", world), spec, Workers(world), Fault::kWrongDtype, world - 1);
     EXPECT_EQ(wrong.status.code(), absl::StatusCode::kInternal) << wrong.status;
     EXPECT_TRUE(absl::StrContains(wrong.status.message(), "BF16")) << wrong.status;
@@ -592,15 +593,15 @@ TEST(TrainingExecutor, DeviceStagingGivesTheSameParametersAsHostStaging) {
   TrainingExecutor ex(Options());
   for (int world : {1, 2}) {
     JobSpec host = TinySpec(world, 0.05, "gpu");
-    host.grad_staging = GradStaging::kHost;
+    host.runtime.grad_staging = GradStaging::kHost;
     JobSpec device = host;
-    device.grad_staging = GradStaging::kDevice;
+    device.runtime.grad_staging = GradStaging::kDevice;
     JobRun h = RunJob(ex, absl::StrCat("host-staged", world), host, Workers(world));
     JobRun d = RunJob(ex, absl::StrCat("device-staged", world), device, Workers(world));
     ASSERT_TRUE(h.status.ok()) << h.status;
     ASSERT_TRUE(d.status.ok()) << d.status;
-    EXPECT_EQ(h.ranks[0].assignment.grad_staging(), v1::GRAD_STAGING_HOST);
-    EXPECT_EQ(d.ranks[0].assignment.grad_staging(), v1::GRAD_STAGING_DEVICE);
+    EXPECT_EQ(h.ranks[0].assignment.config().runtime().grad_staging(), v1::GRAD_STAGING_HOST);
+    EXPECT_EQ(d.ranks[0].assignment.config().runtime().grad_staging(), v1::GRAD_STAGING_DEVICE);
     ASSERT_EQ(d.norms.size(), h.norms.size());
     for (size_t i = 0; i < h.norms.size(); ++i) EXPECT_NEAR(d.norms[i], h.norms[i], 1e-9 * h.norms[i]);
     EXPECT_GT(h.norms[0], 0.05);  // the coefficient is in play
@@ -612,14 +613,14 @@ TEST(TrainingExecutor, DeviceStagingGivesTheSameParametersAsHostStaging) {
   // auto: device memory reported by the workers decides (the fake ones report none: host).
   JobRun a = RunJob(ex, "auto-staged", TinySpec(1, 0.05, "gpu"), Workers(1));
   ASSERT_TRUE(a.status.ok()) << a.status;
-  EXPECT_EQ(a.ranks[0].assignment.grad_staging(), v1::GRAD_STAGING_HOST);
+  EXPECT_EQ(a.ranks[0].assignment.config().runtime().grad_staging(), v1::GRAD_STAGING_HOST);
   auto big = Workers(1);
   v1::WorkerHello hello = big[0]->hello();
   hello.mutable_device()->set_memory_bytes(int64_t{80} << 30);
   big[0] = std::make_shared<WorkerSession>(hello, next_serial++);
   JobRun b = RunJob(ex, "auto-staged-device", TinySpec(1, 0.05, "gpu"), big);
   ASSERT_TRUE(b.status.ok()) << b.status;
-  EXPECT_EQ(b.ranks[0].assignment.grad_staging(), v1::GRAD_STAGING_DEVICE);
+  EXPECT_EQ(b.ranks[0].assignment.config().runtime().grad_staging(), v1::GRAD_STAGING_DEVICE);
 }
 
 // A rank that posts gradient parts where its squared norm must come first fails the job with
@@ -627,12 +628,12 @@ TEST(TrainingExecutor, DeviceStagingGivesTheSameParametersAsHostStaging) {
 TEST(TrainingExecutor, DeviceStagingFaultsAreClearErrors) {
   TrainingExecutor ex(Options());
   JobSpec device = TinySpec(2, 0.05, "gpu");
-  device.grad_staging = GradStaging::kDevice;
+  device.runtime.grad_staging = GradStaging::kDevice;
   JobRun bad = RunJob(ex, "no-norm", device, Workers(2), Fault::kNoSquaredNorm, 1);
   EXPECT_EQ(bad.status.code(), absl::StatusCode::kInternal) << bad.status;
   EXPECT_TRUE(absl::StrContains(bad.status.message(), "squared norm")) << bad.status;
   JobSpec cpu = TinySpec(2, 0.05, "cpu");
-  cpu.grad_staging = GradStaging::kDevice;
+  cpu.runtime.grad_staging = GradStaging::kDevice;
   FakeContext ctx("device-cpu-route", cpu, Workers(2));
   absl::Status s = ex.Run(ctx);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
@@ -651,7 +652,7 @@ TEST(TrainingExecutor, CpuWorkersGetAShmCollectiveSegmentThatIsRemovedWithTheJob
   JobRun cpu = RunJob(ex, "coll-cpu", TinySpec(2, 0, "cpu"), Workers(2, "cpu"));
   ASSERT_TRUE(cpu.status.ok()) << cpu.status;  // (hostd sums the ranks' whole copies)
   EXPECT_TRUE(cpu.ranks[0].assignment.collective_segment().empty());
-  EXPECT_EQ(cpu.ranks[0].assignment.grad_reduction(), v1::GRAD_REDUCTION_CPU);
+  EXPECT_EQ(cpu.ranks[0].assignment.config().runtime().grad_reduction(), v1::GRAD_REDUCTION_CPU);
 }
 
 TEST(TrainingExecutor, CommIdIsRelayedFromRankZeroAndTheMembershipKeyFollowsSessionsAndFailures) {
@@ -695,15 +696,15 @@ struct ReferenceState {
       v.emplace_back(u.numel, 0.0f);
       mirror.emplace_back(u.numel, 0);
     }
-    checkpoint::InitRandom(layout, spec.init_seed, [&](int u) { return master[u].data(); });
+    checkpoint::InitRandom(layout, spec.model.init_seed, [&](int u) { return master[u].data(); });
   }
   void Apply(const JobSpec& spec, const update::LrSchedule& schedule, int64_t t, int64_t adam_step) {
     update::AdamWStepParams p;
     p.lr = schedule.LrAt(t);
-    p.beta1 = spec.beta1;
-    p.beta2 = spec.beta2;
-    p.eps = spec.eps;
-    p.weight_decay = spec.weight_decay;
+    p.beta1 = spec.optimizer.beta1;
+    p.beta2 = spec.optimizer.beta2;
+    p.eps = spec.optimizer.eps;
+    p.weight_decay = spec.optimizer.weight_decay;
     p.step = adam_step;
     for (const UnitLayout& u : layout.units) {
       std::vector<float> g(u.numel);
@@ -727,30 +728,30 @@ struct ReferenceState {
 // ReferenceState with compact moments: every tensor stepped whole by the state kernels, the BF16
 // rounding indexed by the element's place in the model and seeded with the job's seed.
 struct CompactReference {
-  CompactReference(const JobSpec& spec, update::StateDtype dtype)
+  CompactReference(const JobSpec& spec, MomentForm dtype)
       : dtype(dtype), layout(ModelLayout::Build(*ModelConfig::Preset("tiny"))) {
     int64_t first = 0;
     for (const UnitLayout& u : layout.units) {
       master.emplace_back(u.numel, 0.0f);
       mirror.emplace_back(u.numel, 0);
-      const int64_t elem = dtype == update::StateDtype::kBf16 ? 2 : 1;
+      const int64_t elem = dtype == MomentForm::kBF16 ? 2 : 1;
       m.emplace_back(u.numel * elem, '\0');
       v.emplace_back(u.numel * elem, '\0');
-      m_scale.emplace_back(update::Int8StateBlocks(u.numel), 0.0f);
-      v_scale.emplace_back(update::Int8StateBlocks(u.numel), 0.0f);
+      m_scale.emplace_back(Int8MomentBlocks(u.numel), 0.0f);
+      v_scale.emplace_back(Int8MomentBlocks(u.numel), 0.0f);
       first_index.push_back(first);
       first += u.numel;
     }
-    checkpoint::InitRandom(layout, spec.init_seed, [&](int u) { return master[u].data(); });
+    checkpoint::InitRandom(layout, spec.model.init_seed, [&](int u) { return master[u].data(); });
   }
   // `copies`: how many ranks posted the whole gradient (the cpu route sums them: exact for 2).
   void Apply(const JobSpec& spec, int64_t t, int copies) {
     update::AdamWStepParams p;
-    p.lr = spec.lr;
-    p.beta1 = spec.beta1;
-    p.beta2 = spec.beta2;
-    p.eps = spec.eps;
-    p.weight_decay = spec.weight_decay;
+    p.lr = spec.optimizer.lr;
+    p.beta1 = spec.optimizer.beta1;
+    p.beta2 = spec.optimizer.beta2;
+    p.eps = spec.optimizer.eps;
+    p.weight_decay = spec.optimizer.weight_decay;
     p.step = t + 1;
     const update::AdamWConstants decayed = update::MakeAdamWConstants(p);
     update::AdamWStepParams no_decay_params = p;  // the 1-D tensors (optimizer.no_decay's default)
@@ -764,11 +765,12 @@ struct CompactReference {
       for (const TensorSlot& ts : u.tensors) {
         const int64_t o = ts.offset_numel;
         const update::AdamWConstants& c = ts.shape.size() == 1 ? not_decayed : decayed;
-        if (dtype == update::StateDtype::kBf16) {
+        if (dtype == MomentForm::kBF16) {
           auto* m16 = reinterpret_cast<bf16_t*>(m[ui].data());
           auto* v16 = reinterpret_cast<bf16_t*>(v[ui].data());
-          k.bf16_step_f32(c, update::StochasticRounding{spec.seed, p.step, first_index[ui] + o}, master[ui].data() + o,
-                          update::Bf16Moments{m16 + o, v16 + o}, mirror[ui].data() + o, g.data() + o, ts.numel);
+          k.bf16_step_f32(c, update::StochasticRounding{spec.train.seed, p.step, first_index[ui] + o},
+                          master[ui].data() + o, update::Bf16Moments{m16 + o, v16 + o}, mirror[ui].data() + o,
+                          g.data() + o, ts.numel);
         } else {
           const update::Int8Moments base{reinterpret_cast<int8_t*>(m[ui].data()),
                                          reinterpret_cast<uint8_t*>(v[ui].data()), m_scale[ui].data(),
@@ -781,13 +783,13 @@ struct CompactReference {
   }
   std::string Moments(int u) const {
     std::string out = m[u] + v[u];
-    if (dtype == update::StateDtype::kInt8) {
+    if (dtype == MomentForm::kInt8) {
       out.append(reinterpret_cast<const char*>(m_scale[u].data()), m_scale[u].size() * 4);
       out.append(reinterpret_cast<const char*>(v_scale[u].data()), v_scale[u].size() * 4);
     }
     return out;
   }
-  update::StateDtype dtype;
+  MomentForm dtype;
   ModelLayout layout;
   std::vector<std::vector<float>> master, m_scale, v_scale;
   std::vector<std::vector<bf16_t>> mirror;
@@ -810,20 +812,20 @@ TEST(TrainingExecutor, CompactMomentsAreTheStateKernelsOnEveryRoute) {
     double clip;
     const char* route;
   };
-  for (update::StateDtype dtype : {update::StateDtype::kBf16, update::StateDtype::kInt8}) {
+  for (MomentForm dtype : {MomentForm::kBF16, MomentForm::kInt8}) {
     for (const Case& c : {Case{"one rank, direct", 1, 0, "cpu"}, Case{"one rank, staged", 1, 1e9, "cpu"},
                           Case{"gpu route", 2, 0, "gpu"}, Case{"gpu route, staged", 2, 1e9, "gpu"},
                           Case{"cpu route, summed", 2, 0, "cpu"}}) {
-      SCOPED_TRACE(absl::StrCat(update::StateDtypeName(dtype), ", ", c.what));
+      SCOPED_TRACE(absl::StrCat(ToString(dtype), ", ", c.what));
       JobSpec spec = TinySpec(c.world, c.clip, c.route);
-      spec.state_dtype = dtype == update::StateDtype::kInt8 ? StateDtype::kInt8 : StateDtype::kBf16;
-      spec.seed = 17;
-      JobRun run = RunJob(ex, absl::StrCat("compact-", update::StateDtypeName(dtype), c.world, c.clip > 0, c.route),
-                          spec, Workers(c.world));
+      spec.optimizer.state_dtype = dtype == MomentForm::kInt8 ? MomentForm::kInt8 : MomentForm::kBF16;
+      spec.train.seed = 17;
+      JobRun run =
+          RunJob(ex, absl::StrCat("compact-", ToString(dtype), c.world, c.clip > 0, c.route), spec, Workers(c.world));
       ASSERT_TRUE(run.status.ok()) << run.status;
       CompactReference ref(spec, dtype);
       const int copies = std::string(c.route) == "cpu" ? c.world : 1;
-      for (int64_t t = 0; t < spec.steps; ++t) ref.Apply(spec, t, copies);
+      for (int64_t t = 0; t < spec.train.steps; ++t) ref.Apply(spec, t, copies);
       ASSERT_EQ(run.ranks[0].master.size(), ref.master.size());
       for (size_t u = 0; u < ref.master.size(); ++u) {
         ASSERT_EQ(0, std::memcmp(run.ranks[0].master[u].data(), ref.master[u].data(), ref.master[u].size() * 4))
@@ -835,36 +837,35 @@ TEST(TrainingExecutor, CompactMomentsAreTheStateKernelsOnEveryRoute) {
       EXPECT_TRUE(noted);
     }
   }
-  for (update::StateDtype dtype : {update::StateDtype::kBf16, update::StateDtype::kInt8}) {
-    SCOPED_TRACE(absl::StrCat(update::StateDtypeName(dtype), ", resumed"));
+  for (MomentForm dtype : {MomentForm::kBF16, MomentForm::kInt8}) {
+    SCOPED_TRACE(absl::StrCat(ToString(dtype), ", resumed"));
     JobSpec spec = TinySpec(1, 0, "cpu");
-    spec.state_dtype = dtype == update::StateDtype::kInt8 ? StateDtype::kInt8 : StateDtype::kBf16;
-    spec.seed = 17;
-    spec.steps = 2;
-    spec.save_final = true;
-    spec.output_dir = absl::StrCat(spec.output_dir, "/compact-", update::StateDtypeName(dtype));
-    const std::string id = absl::StrCat("compact-resume-", update::StateDtypeName(dtype));
+    spec.optimizer.state_dtype = dtype == MomentForm::kInt8 ? MomentForm::kInt8 : MomentForm::kBF16;
+    spec.train.seed = 17;
+    spec.train.steps = 2;
+    spec.output.save_final = true;
+    spec.output.dir = absl::StrCat(spec.output.dir, "/compact-", ToString(dtype));
+    const std::string id = absl::StrCat("compact-resume-", ToString(dtype));
     JobRun first = RunJob(ex, id, spec, Workers(1));
     ASSERT_TRUE(first.status.ok()) << first.status;
-    auto ckpt = checkpoint::FindLatestCheckpoint(spec.output_dir, id);
+    auto ckpt = checkpoint::FindLatestCheckpoint(spec.output.dir, id);
     ASSERT_TRUE(ckpt.ok()) << ckpt.status();
     JobSpec more = spec;
-    more.steps = 3;
-    more.save_final = false;
+    more.train.steps = 3;
+    more.output.save_final = false;
     JobRun resumed = RunJob(ex, id, more, Workers(1), Fault::kNone, -1, *ckpt);
     ASSERT_TRUE(resumed.status.ok()) << resumed.status;
     CompactReference ref(more, dtype);
-    for (int64_t t = 0; t < more.steps; ++t) ref.Apply(more, t, 1);
+    for (int64_t t = 0; t < more.train.steps; ++t) ref.Apply(more, t, 1);
     for (size_t u = 0; u < ref.master.size(); ++u) {
       ASSERT_EQ(0, std::memcmp(resumed.ranks[0].master[u].data(), ref.master[u].data(), ref.master[u].size() * 4))
           << "unit " << u;
       ASSERT_TRUE(resumed.ranks[0].moments[u] == ref.Moments(static_cast<int>(u))) << "unit " << u;
     }
     // Into the other layout, and into FP32: converted, and said.
-    for (StateDtype other : {dtype == update::StateDtype::kInt8 ? StateDtype::kBf16 : StateDtype::kInt8,
-                             StateDtype::kFp32}) {
+    for (MomentForm other : {dtype == MomentForm::kInt8 ? MomentForm::kBF16 : MomentForm::kInt8, MomentForm::kF32}) {
       JobSpec converted = more;
-      converted.state_dtype = other;
+      converted.optimizer.state_dtype = other;
       JobRun run = RunJob(ex, absl::StrCat(id, "-to-", ToString(other)), converted, Workers(1), Fault::kNone, -1, *ckpt);
       ASSERT_TRUE(run.status.ok()) << run.status;
       bool noted = false;
@@ -882,28 +883,28 @@ TEST(TrainingExecutor, CompactMomentsSpeculateBitwiseThePathThatWaitsForTheNorm)
   TrainingExecutor ex(Options());
   g_step_scale = {1, 3, 1, 3, 3, 1, 1};
   const ModelLayout layout = ModelLayout::Build(*ModelConfig::Preset("tiny"));
-  for (update::StateDtype dtype : {update::StateDtype::kBf16, update::StateDtype::kInt8}) {
+  for (MomentForm dtype : {MomentForm::kBF16, MomentForm::kInt8}) {
     const uint64_t last_units = UndoBytes(layout, layout.num_units() - 2, dtype);
     EXPECT_LT(last_units, UndoBytes(layout, layout.num_units() - 2)) << "compact undo copies are smaller";
     for (GradStaging staging : {GradStaging::kHost, GradStaging::kDevice}) {
       for (int world : {1, 2}) {
-        const std::string tag = absl::StrCat(update::StateDtypeName(dtype), ToString(staging), world);
+        const std::string tag = absl::StrCat(ToString(dtype), ToString(staging), world);
         JobSpec base = TinySpec(world, 1e9, "gpu");
-        base.state_dtype = dtype == update::StateDtype::kInt8 ? StateDtype::kInt8 : StateDtype::kBf16;
-        base.seed = 5;
-        base.steps = static_cast<int64_t>(g_step_scale.size());
-        base.grad_staging = staging;
-        base.speculation_bytes = 0;
+        base.optimizer.state_dtype = dtype == MomentForm::kInt8 ? MomentForm::kInt8 : MomentForm::kBF16;
+        base.train.seed = 5;
+        base.train.steps = static_cast<int64_t>(g_step_scale.size());
+        base.runtime.grad_staging = staging;
+        base.runtime.speculation_bytes = 0;
         JobRun probe = RunJob(ex, "cprobe" + tag, base, Workers(world));
         ASSERT_TRUE(probe.status.ok()) << probe.status;
         ASSERT_EQ(probe.norms.size(), g_step_scale.size());
-        base.max_grad_norm = 0.5 * (probe.norms[0] + probe.norms[1]);
+        base.train.max_grad_norm = 0.5 * (probe.norms[0] + probe.norms[1]);
         JobRun waiting = RunJob(ex, "cwaiting" + tag, base, Workers(world));
         ASSERT_TRUE(waiting.status.ok()) << waiting.status;
         for (int64_t budget : {int64_t{-1}, static_cast<int64_t>(last_units)}) {
           SCOPED_TRACE(absl::StrCat(tag, " budget ", budget));
           JobSpec spec = base;
-          spec.speculation_bytes = budget;
+          spec.runtime.speculation_bytes = budget;
           JobRun run = RunJob(ex, absl::StrCat("cspec", tag, budget > 0), spec, Workers(world));
           ASSERT_TRUE(run.status.ok()) << run.status;
           ASSERT_EQ(run.norms, waiting.norms);
@@ -931,9 +932,9 @@ TEST(TrainingExecutor, CompactMomentsSpeculateBitwiseThePathThatWaitsForTheNorm)
 update::LrSchedule LinearSchedule(const JobSpec& spec) {
   update::LrScheduleConfig c;
   c.kind = update::LrScheduleKind::kLinear;
-  c.base_lr = spec.lr;
-  c.warmup_steps = spec.warmup_steps;
-  c.total_steps = spec.steps;
+  c.base_lr = spec.optimizer.lr;
+  c.warmup_steps = spec.schedule.warmup_steps;
+  c.total_steps = spec.train.steps;
   return *update::LrSchedule::Create(c);
 }
 
@@ -946,13 +947,13 @@ TEST(TrainingExecutor, SkipNonfiniteSkipsTheStepWithGradScalerSemantics) {
   for (GradStaging staging : {GradStaging::kHost, GradStaging::kDevice}) {
     SCOPED_TRACE(ToString(staging));
     JobSpec spec = TinySpec(1, 0, "cpu");
-    spec.skip_nonfinite = true;
-    spec.grad_staging = staging;
-    spec.schedule = ScheduleKind::kLinear;
-    spec.warmup_steps = 1;
-    spec.steps = 4;
-    spec.save_final = true;
-    spec.output_dir = spec.output_dir + "/skip-" + ToString(staging);
+    spec.train.skip_nonfinite = true;
+    spec.runtime.grad_staging = staging;
+    spec.schedule.kind = ScheduleKind::kLinear;
+    spec.schedule.warmup_steps = 1;
+    spec.train.steps = 4;
+    spec.output.save_final = true;
+    spec.output.dir = spec.output.dir + "/skip-" + ToString(staging);
     const std::string id = absl::StrCat("skip-", ToString(staging));
     JobRun run = RunJob(ex, id, spec, Workers(1), Fault::kNanAtStep1, 0);
     ASSERT_TRUE(run.status.ok()) << run.status;
@@ -979,13 +980,13 @@ TEST(TrainingExecutor, SkipNonfiniteSkipsTheStepWithGradScalerSemantics) {
       ASSERT_EQ(0, std::memcmp(run.ranks[0].master[u].data(), ref.master[u].data(), ref.master[u].size() * 4)) << u;
     }
     // The checkpoint keeps the count; resuming continues it (Adam step 4 for global step 5).
-    auto ckpt = checkpoint::FindLatestCheckpoint(spec.output_dir, id);
+    auto ckpt = checkpoint::FindLatestCheckpoint(spec.output.dir, id);
     ASSERT_TRUE(ckpt.ok()) << ckpt.status();
     std::ifstream f(*ckpt + "/trainer_state.json");
     const nlohmann::json ts = nlohmann::json::parse(f);
     EXPECT_EQ(ts["trainer_state"]["skipped_steps"], 1) << ts.dump();
     JobSpec more = spec;
-    more.steps = 5;
+    more.train.steps = 5;
     JobRun resumed = RunJob(ex, id, more, Workers(1), Fault::kNone, -1, *ckpt);
     ASSERT_TRUE(resumed.status.ok()) << resumed.status;
     EXPECT_EQ(resumed.ranks[0].skipped_steps, 1u);

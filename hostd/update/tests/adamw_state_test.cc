@@ -61,7 +61,7 @@ struct Int8State {
   static constexpr int64_t kGuard = 8;
   Int8State(int64_t n, size_t shift)
       : n(n),
-        blocks(Int8StateBlocks(n)),
+        blocks(Int8MomentBlocks(n)),
         m(n + kGuard, shift),
         v(n + kGuard, (shift * 3 + 1) % 64),
         ms(blocks + kGuard, shift % 4),
@@ -141,23 +141,23 @@ AdamWStepParams StepParams(int64_t step) {
 }
 
 TEST(AdamState, NamesParseAndBytes) {
-  for (StateDtype d : {StateDtype::kFp32, StateDtype::kBf16, StateDtype::kInt8}) {
-    absl::StatusOr<StateDtype> back = ParseStateDtype(StateDtypeName(d));
+  for (MomentForm d : {MomentForm::kF32, MomentForm::kBF16, MomentForm::kInt8}) {
+    absl::StatusOr<MomentForm> back = ParseMomentForm(ToString(d));
     ASSERT_TRUE(back.ok());
     EXPECT_EQ(*back, d);
   }
-  EXPECT_EQ(StateDtypeName(StateDtype::kInt8), "int8");
-  EXPECT_EQ(ParseStateDtype("fp8").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MomentStateBytes(StateDtype::kFp32, 1000), 8000);
-  EXPECT_EQ(MomentStateBytes(StateDtype::kBf16, 1000), 4000);
-  EXPECT_EQ(MomentStateBytes(StateDtype::kInt8, 0), 0);
-  EXPECT_EQ(MomentStateBytes(StateDtype::kInt8, 1), 2 + 8);  // a partial block counts whole
-  EXPECT_EQ(MomentStateBytes(StateDtype::kInt8, 256), 512 + 8);
-  EXPECT_EQ(MomentStateBytes(StateDtype::kInt8, 257), 514 + 16);
-  EXPECT_EQ(MomentStateBytes(StateDtype::kInt8, int64_t{1} << 30), (int64_t{2} << 30) + (int64_t{1} << 25));
-  EXPECT_EQ(Int8StateBlocks(0), 0);
-  EXPECT_EQ(Int8StateBlocks(256), 1);
-  EXPECT_EQ(Int8StateBlocks(257), 2);
+  EXPECT_EQ(ToString(MomentForm::kInt8), "int8");
+  EXPECT_EQ(ParseMomentForm("fp8").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MomentBytes(MomentForm::kF32, 1000), 8000);
+  EXPECT_EQ(MomentBytes(MomentForm::kBF16, 1000), 4000);
+  EXPECT_EQ(MomentBytes(MomentForm::kInt8, 0), 0);
+  EXPECT_EQ(MomentBytes(MomentForm::kInt8, 1), 2 + 8);  // a partial block counts whole
+  EXPECT_EQ(MomentBytes(MomentForm::kInt8, 256), 512 + 8);
+  EXPECT_EQ(MomentBytes(MomentForm::kInt8, 257), 514 + 16);
+  EXPECT_EQ(MomentBytes(MomentForm::kInt8, int64_t{1} << 30), (int64_t{2} << 30) + (int64_t{1} << 25));
+  EXPECT_EQ(Int8MomentBlocks(0), 0);
+  EXPECT_EQ(Int8MomentBlocks(256), 1);
+  EXPECT_EQ(Int8MomentBlocks(257), 2);
   int8_t mc[1024];
   uint8_t vc[1024];
   float ms[4], vs[4];
@@ -311,7 +311,7 @@ DoubleStep ReferenceStep(const AdamWStepParams& p, const std::vector<float>& the
   const double bc2 = 1 - std::pow(p.beta2, static_cast<double>(p.step));
   DoubleStep out{std::vector<double>(n), std::vector<double>(n), std::vector<double>(n)};
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t b = i / kInt8StateBlock;
+    const int64_t b = i / kInt8MomentBlock;
     const double m = MUnit(st.m.data[i]) * st.ms.data[b];
     const double q = st.v.data[i] / 255.0;
     const double s_old = q * q * st.vs.data[b];
@@ -351,7 +351,7 @@ TEST(AdamState, Int8StepMatchesDoubleModelOfTheSameQuantization) {
       const DoubleStep ref = ReferenceStep(p, theta, st, grad);
       k->int8_step_f32(MakeAdamWConstants(p), theta.data(), st.Ref(), mirror.data(), grad.data(), kN);
       for (int64_t b = 0; b < st.blocks; ++b) {
-        const int64_t from = b * kInt8StateBlock, to = std::min(kN, from + kInt8StateBlock);
+        const int64_t from = b * kInt8MomentBlock, to = std::min(kN, from + kInt8MomentBlock);
         double m_abs = 0, s_abs = 0;
         for (int64_t i = from; i < to; ++i) {
           m_abs = std::max(m_abs, std::fabs(ref.m[i]));
@@ -534,7 +534,7 @@ TEST(AdamState, Int8SplitAtBlockBoundariesIsSplitFree) {
     std::vector<float> th1(kN, 0.25f), th2 = th1;
     std::vector<bf16_t> r1(kN), r2(kN);
     k->int8_step_f32(c, th1.data(), one.Ref(), r1.data(), g.data(), kN);
-    const int64_t split = 3 * kInt8StateBlock;
+    const int64_t split = 3 * kInt8MomentBlock;
     k->int8_step_f32(c, th2.data(), two.Ref(), r2.data(), g.data(), split);
     k->int8_step_f32(c, th2.data() + split, Int8MomentsAt(two.Ref(), split), r2.data() + split, g.data() + split,
                      kN - split);
@@ -571,7 +571,7 @@ TEST(AdamState, CheckedKernelsStopAtTheBlockOrElement) {
               std::vector<bf16_t> gb(n);
               for (int64_t i = 0; i < n; ++i) gb[i] = FloatToBf16(gg[i]);
               // int8: expected = unchecked on the blocks before the bad one.
-              const int64_t int8_stop = pos < 0 ? n : pos / kInt8StateBlock * kInt8StateBlock;
+              const int64_t int8_stop = pos < 0 ? n : pos / kInt8MomentBlock * kInt8MomentBlock;
               Int8State want(n, shift), got(n, shift);
               k->int8_from_f32(m0.data(), v0.data(), want.Ref(), n);
               got.CopyFrom(want);
@@ -673,7 +673,7 @@ TEST(AdamState, ConversionsRoundTrip) {
       std::vector<float> m(n), v(n);
       k->int8_to_f32(s.View(), m.data(), v.data(), n);
       for (int64_t i = 0; i < n; ++i) {
-        const int64_t b = i / kInt8StateBlock;
+        const int64_t b = i / kInt8MomentBlock;
         const double m_abs = s.ms.data[b], s_abs = s.vs.data[b];
         ASSERT_LE(std::fabs(m[i] - m0[i]),
                   std::max(std::fabs(m0[i]) / 16.0, m_abs * 1.2 * std::ldexp(1.0, -16)) * 1.0001)
@@ -967,13 +967,13 @@ DriftFigures RunSurvey(const SurveyVariant& var, float decades, const Fp32Runs& 
     stream.Next(&g);
     fp32.step_f32(MakeAdamWConstants(DriftParams(t)), theta.data(), m.data(), v.data(), mirror.data(), g.data(),
                   kDriftN);
-    for (int64_t b = 0; b < kDriftN; b += kInt8StateBlock) {
+    for (int64_t b = 0; b < kDriftN; b += kInt8MomentBlock) {
       double m_abs = 0, v_max = 0;
-      for (int64_t i = b; i < b + kInt8StateBlock; ++i) {
+      for (int64_t i = b; i < b + kInt8MomentBlock; ++i) {
         m_abs = std::max(m_abs, std::fabs(static_cast<double>(m[i])));
         v_max = std::max(v_max, static_cast<double>(v[i]));
       }
-      for (int64_t i = b; i < b + kInt8StateBlock; ++i) {
+      for (int64_t i = b; i < b + kInt8MomentBlock; ++i) {
         const double u1 = uniform(rng), u2 = uniform(rng);
         if (m_abs > 0) {
           const double x = var.m_map->to_domain(std::fabs(m[i]) / m_abs);
@@ -1070,11 +1070,11 @@ TEST(AdamState, ThroughputInformative) {
     std::vector<bf16_t> mirror(n), m16(n, 0), v16(n, 0);
     std::vector<int8_t> mc(n, 0);
     std::vector<uint8_t> vc(n, 0);
-    std::vector<float> ms(Int8StateBlocks(n), 0.0f), vs(Int8StateBlocks(n), 0.0f);
+    std::vector<float> ms(Int8MomentBlocks(n), 0.0f), vs(Int8MomentBlocks(n), 0.0f);
     const AdamWConstants c = MakeAdamWConstants(StepParams(1));
     // fn(from, count) on `threads` threads, each a contiguous block-aligned slice.
     auto best_gps = [&](auto&& fn) {
-      const int64_t slice = (n / cs.threads + kInt8StateBlock - 1) / kInt8StateBlock * kInt8StateBlock;
+      const int64_t slice = (n / cs.threads + kInt8MomentBlock - 1) / kInt8MomentBlock * kInt8MomentBlock;
       double best = 0;
       for (int r = 0; r < kReps; ++r) {
         const auto t0 = std::chrono::steady_clock::now();

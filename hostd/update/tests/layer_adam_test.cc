@@ -417,8 +417,8 @@ TEST(LayerAdam, CompactUndoCopiesRestoreAndRedoBitExact) {
   auto engine = MakeEngine(3, WorkerPinning::kNone, /*min_piece=*/256);
   std::mt19937 rng(31);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (StateDtype dtype : {StateDtype::kBf16, StateDtype::kInt8}) {
-    SCOPED_TRACE(StateDtypeName(dtype));
+  for (MomentForm dtype : {MomentForm::kBF16, MomentForm::kInt8}) {
+    SCOPED_TRACE(ToString(dtype));
     struct Compact {
       std::vector<float> master;
       std::vector<bf16_t> mirror, m16, v16;
@@ -441,8 +441,8 @@ TEST(LayerAdam, CompactUndoCopiesRestoreAndRedoBitExact) {
       c.v16.assign(n, FloatToBf16(fill));
       c.mq.assign(n, fill == 0 ? 0 : -99);
       c.vq.assign(n, fill == 0 ? 0 : 77);
-      c.ms.assign(Int8StateBlocks(n), fill);
-      c.vs.assign(Int8StateBlocks(n), fill);
+      c.ms.assign(Int8MomentBlocks(n), fill);
+      c.vs.assign(Int8MomentBlocks(n), fill);
       return c;
     };
     auto view = [&](Compact& c) {
@@ -461,7 +461,7 @@ TEST(LayerAdam, CompactUndoCopiesRestoreAndRedoBitExact) {
       std::vector<std::pair<int64_t, int64_t>> out;
       std::uniform_int_distribution<int64_t> blocks(1, 40);
       for (int64_t o = 0; o < n;) {
-        const int64_t l = std::min(n - o, blocks(rng) * kInt8StateBlock);
+        const int64_t l = std::min(n - o, blocks(rng) * kInt8MomentBlock);
         out.emplace_back(o, l);
         o += l;
       }
@@ -541,7 +541,7 @@ TEST(LayerAdam, CompactUndoCopiesRestoreAndRedoBitExact) {
 
     // An undo copy of another moment form is refused before anything runs.
     UndoMemory other = undo;
-    other.moments = StateDtype::kFp32;
+    other.moments = MomentForm::kF32;
     other.m = arena.master.data();
     other.v = arena.master.data();
     Compact untouched = start;
@@ -778,8 +778,8 @@ TEST(LayerAdam, CompactMomentsChunksAreTheKernelsOverWholeTensors) {
   std::mt19937 rng(21);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   constexpr int64_t kFirstIndex = (int64_t{1} << 32) - 5000;  // the rounding's index crosses 2^32
-  for (StateDtype dtype : {StateDtype::kBf16, StateDtype::kInt8}) {
-    SCOPED_TRACE(StateDtypeName(dtype));
+  for (MomentForm dtype : {MomentForm::kBF16, MomentForm::kInt8}) {
+    SCOPED_TRACE(ToString(dtype));
     struct Compact {
       std::vector<float> master;
       std::vector<bf16_t> mirror, m16, v16;
@@ -796,8 +796,8 @@ TEST(LayerAdam, CompactMomentsChunksAreTheKernelsOverWholeTensors) {
       c.v16.assign(n, 0);
       c.mq.assign(n, 0);
       c.vq.assign(n, 0);
-      c.ms.assign(Int8StateBlocks(n), 0.0f);
-      c.vs.assign(Int8StateBlocks(n), 0.0f);
+      c.ms.assign(Int8MomentBlocks(n), 0.0f);
+      c.vs.assign(Int8MomentBlocks(n), 0.0f);
       return c;
     };
     auto view = [&](Compact& c) {
@@ -826,7 +826,7 @@ TEST(LayerAdam, CompactMomentsChunksAreTheKernelsOverWholeTensors) {
       const AdamWConstants c = MakeAdamWConstants(p);
       for (const ElementRange& r : tensors) {
         const int64_t b = r.begin, len = r.end - r.begin;
-        if (dtype == StateDtype::kBf16) {
+        if (dtype == MomentForm::kBF16) {
           k.bf16_step_f32(c, StochasticRounding{99, t, kFirstIndex + b}, expect.master.data() + b,
                           Bf16Moments{expect.m16.data() + b, expect.v16.data() + b}, expect.mirror.data() + b,
                           grad.data() + b, len);
@@ -840,7 +840,7 @@ TEST(LayerAdam, CompactMomentsChunksAreTheKernelsOverWholeTensors) {
       std::vector<std::pair<int64_t, int64_t>> chunks;
       std::uniform_int_distribution<int64_t> blocks(1, 40);
       for (int64_t o = 0; o < n;) {
-        const int64_t l = std::min(n - o, blocks(rng) * kInt8StateBlock);
+        const int64_t l = std::min(n - o, blocks(rng) * kInt8MomentBlock);
         chunks.emplace_back(o, l);
         o += l;
       }
@@ -860,7 +860,7 @@ TEST(LayerAdam, CompactMomentsChunksAreTheKernelsOverWholeTensors) {
       ASSERT_EQ(pending.load(), 0);
       ASSERT_EQ(run.master, expect.master) << "step " << t;
       ASSERT_EQ(0, std::memcmp(run.mirror.data(), expect.mirror.data(), n * 2));
-      if (dtype == StateDtype::kBf16) {
+      if (dtype == MomentForm::kBF16) {
         ASSERT_EQ(0, std::memcmp(run.m16.data(), expect.m16.data(), n * 2));
         ASSERT_EQ(0, std::memcmp(run.v16.data(), expect.v16.data(), n * 2));
       } else {
@@ -874,7 +874,7 @@ TEST(LayerAdam, CompactMomentsChunksAreTheKernelsOverWholeTensors) {
     // updates, is untouched.)
     std::vector<float> grad(n, 1e-3f);
     auto done = [](absl::Status) {};
-    if (dtype == StateDtype::kInt8) {
+    if (dtype == MomentForm::kInt8) {
       EXPECT_EQ(engine->SubmitChunk(uv, 100, 512, grad.data(), AdamWStepParams{}, done).code(),
                 absl::StatusCode::kInvalidArgument);
       EXPECT_EQ(engine->SubmitChunk(uv, 0, 300, grad.data(), AdamWStepParams{}, done).code(),

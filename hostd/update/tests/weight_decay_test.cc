@@ -99,7 +99,7 @@ std::unique_ptr<LayerAdam> MakeEngine() {
 
 // One unit's state in any moment layout (what UnitMemory points at).
 struct State {
-  State(int64_t n, StateDtype dtype)
+  State(int64_t n, MomentForm dtype)
       : dtype(dtype),
         master(n),
         m(n),
@@ -109,8 +109,8 @@ struct State {
         v16(n),
         mq(n),
         vq(n),
-        ms(Int8StateBlocks(n)),
-        vs(Int8StateBlocks(n)) {}
+        ms(Int8MomentBlocks(n)),
+        vs(Int8MomentBlocks(n)) {}
   UnitMemory view(absl::Span<const ElementRange> tensors) {
     UnitMemory u{master.data(), m.data(), v.data(), mirror.data(), static_cast<int64_t>(master.size()), 0};
     u.moments = dtype;
@@ -133,7 +133,7 @@ struct State {
     return same(master, o.master) && same(m, o.m) && same(v, o.v) && same(mirror, o.mirror) && same(m16, o.m16) &&
            same(v16, o.v16) && same(mq, o.mq) && same(vq, o.vq) && same(ms, o.ms) && same(vs, o.vs);
   }
-  StateDtype dtype;
+  MomentForm dtype;
   std::vector<float> master, m, v;
   std::vector<bf16_t> mirror, m16, v16;
   std::vector<int8_t> mq;
@@ -146,7 +146,7 @@ std::vector<std::pair<int64_t, int64_t>> Chunks(int64_t n, std::mt19937& rng) {
   std::uniform_int_distribution<int64_t> blocks(1, 12);
   std::vector<std::pair<int64_t, int64_t>> out;
   for (int64_t o = 0; o < n;) {
-    const int64_t l = std::min(n - o, blocks(rng) * kInt8StateBlock);
+    const int64_t l = std::min(n - o, blocks(rng) * kInt8MomentBlock);
     out.emplace_back(o, l);
     o += l;
   }
@@ -169,9 +169,9 @@ TEST(LayerAdam, ExemptTensorsAreNotDecayedByAZeroGradient) {
   p.weight_decay = 0.5;
   p.step = 1;
   const float factor = static_cast<float>(1.0 - p.lr * p.weight_decay);
-  for (StateDtype dtype : {StateDtype::kFp32, StateDtype::kBf16, StateDtype::kInt8}) {
+  for (MomentForm dtype : {MomentForm::kF32, MomentForm::kBF16, MomentForm::kInt8}) {
     for (const DecayExemptions exempt : {DecayExemptions{}, DecayExemptions{false, false}}) {
-      SCOPED_TRACE(absl::StrCat(StateDtypeName(dtype), exempt.norms ? " norms and biases exempt" : " all decayed"));
+      SCOPED_TRACE(absl::StrCat(ToString(dtype), exempt.norms ? " norms and biases exempt" : " all decayed"));
       const std::vector<ElementRange> ranges = TensorRangesOf(unit, exempt);
       State s(n, dtype);
       for (float& x : s.master) x = normal(rng) * 0.1f;
@@ -232,15 +232,15 @@ void ReferenceStep(const UnitLayout& unit, const DecayExemptions& exempt, const 
     if (DecayOf(t.hf_name, exempt) == WeightDecay::kNone) group.weight_decay = 0;
     const int64_t o = t.offset_numel;
     switch (s.dtype) {
-      case StateDtype::kFp32:
+      case MomentForm::kF32:
         TorchAdamWGroup(group, &s.master[o], &s.m[o], &s.v[o], grad + o, t.numel);
         for (int64_t i = o; i < o + t.numel; ++i) s.mirror[i] = FloatToBf16(s.master[i]);
         break;
-      case StateDtype::kBf16:
+      case MomentForm::kBF16:
         k.bf16_step_f32(MakeAdamWConstants(group), StochasticRounding{p.rounding_seed, p.step, 4096 + o}, &s.master[o],
                         Bf16Moments{&s.m16[o], &s.v16[o]}, &s.mirror[o], grad + o, t.numel);
         break;
-      case StateDtype::kInt8:
+      case MomentForm::kInt8:
         k.int8_step_f32(MakeAdamWConstants(group), &s.master[o],
                         Int8MomentsAt(Int8Moments{s.mq.data(), s.vq.data(), s.ms.data(), s.vs.data()}, o), &s.mirror[o],
                         grad + o, t.numel);
@@ -261,12 +261,12 @@ TEST(LayerAdam, DecayPerTensorIsTorchAdamWWithTwoParamGroups) {
   auto engine = MakeEngine();
   std::mt19937 rng(17);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (StateDtype dtype : {StateDtype::kFp32, StateDtype::kBf16, StateDtype::kInt8}) {
+  for (MomentForm dtype : {MomentForm::kF32, MomentForm::kBF16, MomentForm::kInt8}) {
     for (Path path : {Path::kF32, Path::kBf16Grad, Path::kSquared, Path::kSpeculativeRedo}) {
-      if (path == Path::kSquared && dtype != StateDtype::kFp32) continue;  // grid blocks split int8 blocks
+      if (path == Path::kSquared && dtype != MomentForm::kF32) continue;  // grid blocks split int8 blocks
       for (const DecayExemptions exempt :
            {DecayExemptions{}, DecayExemptions{true, false}, DecayExemptions{false, false}}) {
-        SCOPED_TRACE(absl::StrCat(StateDtypeName(dtype), " path ", static_cast<int>(path), " norms ", exempt.norms,
+        SCOPED_TRACE(absl::StrCat(ToString(dtype), " path ", static_cast<int>(path), " norms ", exempt.norms,
                                   " biases ", exempt.biases));
         const std::vector<ElementRange> ranges = TensorRangesOf(unit, exempt);
         State ours(n, dtype);

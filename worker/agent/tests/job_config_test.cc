@@ -1,4 +1,4 @@
-// WorkerJobConfigOf (the one parse of the job spec on the worker) and StepReports (per-step shares
+// WorkerJobConfigOf (the worker's one reading of the job config hostd sent) and StepReports (per-step shares
 // of the pipeline's cumulative counters).
 #include "worker/agent/job_config.h"
 
@@ -17,21 +17,28 @@ runtime: {backend: cpu, workers: 2, act_policy: selective, deterministic: true, 
           gpu_memory_limit: 0.5, step_timeout_ms: 1500, param_source: master, cast_threads: 3}
 )";
 
+// What hostd sends: the parsed spec with the routes it chose (RoutePlan::WorkerSpec).
+v1::JobConfig TinyConfig() {
+  absl::StatusOr<JobSpec> spec = JobSpec::Parse(kSpec, "/", JobSpec::FileCheck::kSkip);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  spec->runtime.grad_reduction = GradReduction::kGpu;
+  spec->runtime.param_delivery = ParamDelivery::kSharded;
+  spec->runtime.grad_staging = GradStaging::kDevice;
+  return JobConfigOf(*spec);
+}
+
 v1::Assignment TinyAssignment() {
   v1::Assignment a;
   a.set_job_id("job-1");
   a.set_attempt(2);
   a.set_rank(1);
   a.set_world_size(2);
-  a.set_resolved_spec_yaml(kSpec);
+  *a.mutable_config() = TinyConfig();
   a.set_state_segment("/slidedp.n.job-1.state");
   a.set_ring_segment("/slidedp.n.job-1.ring1");
   a.set_first_step(4);
   a.set_total_steps(20);
   a.set_membership_key("g1.x|cpu0#1,cpu1#1");
-  a.set_grad_reduction(v1::GRAD_REDUCTION_GPU);
-  a.set_param_delivery(v1::PARAM_DELIVERY_SHARDED);
-  a.set_grad_staging(v1::GRAD_STAGING_DEVICE);
   a.set_speculate_from_unit(3);
   v1::DatasetFile* f = a.add_dataset_files();
   f->set_dev(1);
@@ -66,7 +73,7 @@ TEST(WorkerJobConfig, TakesTheAssignmentAndTheSpec) {
   EXPECT_EQ(c->step_timeout, absl::Milliseconds(1500));
   EXPECT_EQ(c->act_policy, ActivationPolicy::kSelective);
   EXPECT_TRUE(c->deterministic);
-  EXPECT_EQ(c->embedding_rows, EmbeddingRows::kBf16);
+  EXPECT_EQ(c->embedding_rows, Dtype::kBF16);
   EXPECT_EQ(c->param_source, ParamSource::kMaster);
   EXPECT_EQ(c->cast_threads, 3);
   EXPECT_EQ(c->gpu_memory_limit_bytes, int64_t{4} << 30);  // half of this device
@@ -82,7 +89,9 @@ TEST(WorkerJobConfig, OneRankHasNoRoutesAndABadSpecFails) {
   EXPECT_FALSE(c->gpu_route);
   EXPECT_FALSE(c->sharded_delivery);
   EXPECT_FALSE(c->speculate_from_unit.has_value());
-  a.set_resolved_spec_yaml("model: {preset: tiny}\n");
+  a.mutable_config()->mutable_runtime()->set_backend(static_cast<v1::Backend>(7));  // a hostd of another version
+  EXPECT_FALSE(WorkerJobConfigOf(a, 0).ok());
+  a.clear_config();
   EXPECT_FALSE(WorkerJobConfigOf(a, 0).ok());
 }
 

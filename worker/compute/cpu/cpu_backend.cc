@@ -197,7 +197,7 @@ class CpuBackend final : public ComputeBackend {
   }
 
   std::string name() const override { return absl::StrCat("cpu(threads=", pool_.num_threads(), ")"); }
-  DType activation_dtype() const override { return DType::kF32; }
+  Dtype activation_dtype() const override { return Dtype::kF32; }
 
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) override {
     if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("Allocate: negative size ", bytes));
@@ -240,12 +240,12 @@ class CpuBackend final : public ComputeBackend {
   }
   absl::Status CopyToHost(const void* device, void* host, int64_t bytes) override { return Copy(device, host, bytes); }
   absl::Status Synchronize() override { return absl::OkStatus(); }
-  absl::Status ConvertActivations(const void* src, DType from, void* dst, DType to, int64_t n) override {
+  absl::Status ConvertActivations(const void* src, Dtype from, void* dst, Dtype to, int64_t n) override {
     if (n < 0) return absl::InvalidArgumentError(absl::StrCat("ConvertActivations: negative count ", n));
     if (n == 0) return absl::OkStatus();
     if (src == nullptr || dst == nullptr) return absl::InvalidArgumentError("ConvertActivations: null pointer");
-    if (from == to) return Copy(src, dst, n * DTypeBytes(from));
-    if (from == DType::kF32) {
+    if (from == to) return Copy(src, dst, n * DtypeBytes(from));
+    if (from == Dtype::kF32) {
       const float* in = static_cast<const float*>(src);
       bf16_t* out = static_cast<bf16_t*>(dst);
       for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(in[i]);

@@ -7,14 +7,17 @@
 //   h = x + o_proj(attn(rope(q_norm(q_proj(n1))), rope(k_norm(k_proj(n1))), v_proj(n1))), n1 = rms(x)
 //   y = h + down_proj(silu(gate_proj(n2)) * up_proj(n2)),                               n2 = rms2(h)
 // RMSNorm is x * rsqrt(mean(x^2) + eps) * w; q_norm/k_norm act per head over head_dim before
-// RoPE (qwen3 only); qwen2 adds biases to the q/k/v projections (HF Qwen2Attention); RoPE pairs i with i + head_dim/2 (rotate_half); GQA shares one kv head among
-// heads/kv_heads query heads; attention is causal inside each document of the packed batch
-// (cu_seqlens) with scale 1/sqrt(head_dim). Weights are HF's [out, in] row-major: y = x W^T.
+// RoPE (qwen3 only); qwen2 adds biases to the q/k/v projections (HF Qwen2Attention); RoPE pairs i with i + head_dim/2
+// (rotate_half); GQA shares one kv head among heads/kv_heads query heads; attention is causal inside each document of
+// the packed batch (cu_seqlens) with scale 1/sqrt(head_dim). Weights are HF's [out, in] row-major: y = x W^T.
 //
 // Every reduction is computed by one thread in a fixed order, so results are deterministic and
 // independent of the thread count. Backward ops ADD into parameter gradients; per-call partial
 // sums are formed first and added once, so accumulating two micro-batches equals the sum of the
 // two separate gradients bitwise (decoder layers).
+//
+// Defined by concern: dense_reference_math.cc (the ops and their geometry), dense_attention_math.cc,
+// dense_decoder_layer_math.cc and dense_model_math.cc (embedding, head, whole model).
 #pragma once
 
 #include <cstdint>

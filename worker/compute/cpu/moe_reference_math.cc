@@ -10,6 +10,7 @@
 
 #include "common/status/status_macros.h"
 #include "worker/compute/cpu/dense_reference_math.h"
+#include "worker/compute/cpu/dense_reference_math_internal.h"
 
 namespace slidedp {
 namespace {
@@ -17,10 +18,8 @@ namespace {
 // Tokens per parallel range of the per-token loops (router, combine): each token is cheap.
 constexpr int64_t kMinTokensPerRange = 16;
 
-template <typename R>
-inline R Sigmoid(R g) {
-  return R(1) / (R(1) + std::exp(-g));
-}
+using dense_math::SwiGlu;
+using dense_math::SwiGluBackward;
 
 template <typename R>
 inline R DotSerial(const R* a, const R* b, int64_t n) {
@@ -258,7 +257,7 @@ void MoeBlockForward(const MoeDims& d, const MoeOffsets& offs, const R* params, 
   }
   xg = {};
   std::vector<R> m(rows * I);
-  for (int64_t i = 0; i < rows * I; ++i) m[i] = a->gate[i] * Sigmoid(a->gate[i]) * a->up[i];
+  SwiGlu(a->gate.data(), a->up.data(), rows * I, m.data());
   a->expert_out.resize(rows * H);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = perm.expert_offsets[e], n = perm.expert_counts[e];
@@ -312,7 +311,7 @@ void MoeBlockBackward(const MoeDims& d, const MoeOffsets& offs, const R* params,
 
   // Experts: y_e = m Wd^T with m = silu(gate) * up; gate = xg Wg^T, up = xg Wu^T.
   std::vector<R> m(rows * I), dm(rows * I);
-  for (int64_t i = 0; i < rows * I; ++i) m[i] = a.gate[i] * Sigmoid(a.gate[i]) * a.up[i];
+  SwiGlu(a.gate.data(), a.up.data(), rows * I, m.data());
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = perm.expert_offsets[e], n = perm.expert_counts[e];
     if (n == 0) continue;
@@ -323,11 +322,7 @@ void MoeBlockBackward(const MoeDims& d, const MoeOffsets& offs, const R* params,
   m = {};
   dout = {};
   std::vector<R> dgate(rows * I), dup(rows * I);
-  for (int64_t i = 0; i < rows * I; ++i) {
-    const R gt = a.gate[i], sg = Sigmoid(gt);
-    dup[i] = dm[i] * gt * sg;
-    dgate[i] = dm[i] * a.up[i] * (sg * (R(1) + gt * (R(1) - sg)));
-  }
+  SwiGluBackward(a.gate.data(), a.up.data(), dm.data(), rows * I, dgate.data(), dup.data());
   dm = {};
   std::vector<R> xg(rows * H), dxg(rows * H);
   ParallelRanges(pool, rows, kMinTokensPerRange, [&](int64_t r0, int64_t r1) {

@@ -138,16 +138,16 @@ absl::StatusOr<std::unique_ptr<DeviceBatch>> CudaBackend::UploadBatch(const Micr
   return std::unique_ptr<DeviceBatch>(std::move(b));
 }
 
-absl::Status CudaBackend::ConvertActivations(const void* src, DType from, void* dst, DType to, int64_t n) {
+absl::Status CudaBackend::ConvertActivations(const void* src, Dtype from, void* dst, Dtype to, int64_t n) {
   if (n < 0) return absl::InvalidArgumentError(absl::StrCat("ConvertActivations: negative count ", n));
   if (n == 0) return absl::OkStatus();
   if (src == nullptr || dst == nullptr) return absl::InvalidArgumentError("ConvertActivations: null pointer");
   if (from == to) {
     SLIDEDP_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst, src, static_cast<size_t>(n * DTypeBytes(from)), cudaMemcpyDeviceToDevice, stream_));
+        cudaMemcpyAsync(dst, src, static_cast<size_t>(n * DtypeBytes(from)), cudaMemcpyDeviceToDevice, stream_));
     return absl::OkStatus();
   }
-  if (from == DType::kF32) {
+  if (from == Dtype::kF32) {
     // The exact cast (FloatToBf16 bit for bit, as the CPU backend rounds), on as many blocks as it
     // wants: nothing else runs on the compute stream meanwhile.
     return kernels::CastF32ToBf16Exact(static_cast<const float*>(src), n, static_cast<bf16*>(dst),

@@ -236,7 +236,7 @@ class CudaBackend final : public ComputeBackend {
   std::string attention_impl() const {
     return cudnn_ != nullptr ? absl::StrCat("cudnn ", cudnn_->version()) : std::string("own");
   }
-  DType activation_dtype() const override { return options_.fp32_residual ? DType::kF32 : DType::kBF16; }
+  Dtype activation_dtype() const override { return options_.fp32_residual ? Dtype::kF32 : Dtype::kBF16; }
 
   // ", the backend's limit X GiB (runtime.gpu_memory_limit)" under a limit, for out-of-memory errors.
   std::string LimitNote() const {
@@ -328,7 +328,7 @@ class CudaBackend final : public ComputeBackend {
     return absl::OkStatus();
   }
 
-  absl::Status ConvertActivations(const void* src, DType from, void* dst, DType to, int64_t n) override;
+  absl::Status ConvertActivations(const void* src, Dtype from, void* dst, Dtype to, int64_t n) override;
   absl::StatusOr<std::unique_ptr<DeviceBatch>> UploadBatch(const MicroBatch& mb) override;
   absl::Status EmbeddingForward(const UnitParams& embed, const DeviceBatch& batch, void* out) override;
   absl::Status EmbeddingBackward(const void* dout, const DeviceBatch& batch, float* dembed) override;
@@ -396,7 +396,7 @@ class CudaBackend final : public ComputeBackend {
   // dX = dY · Ws (dY [T, rows] with stride dy_ld) and dWs += dYᵀ · X.
   // dx is BF16 or FP32 per dx_type.
   absl::Status StackedBackward(const bf16_t* params, float* dparams, const StackedWeight& sw, const bf16* dy,
-                               int64_t dy_ld, const bf16* x, int64_t T, int64_t K, void* dx, GemmOutType dx_type);
+                               int64_t dy_ld, const bf16* x, int64_t T, int64_t K, void* dx, Dtype dx_type);
   absl::Status Wgrad(const bf16* dy, int64_t dy_ld, const bf16* x, int64_t x_ld, int64_t T, int64_t out_rows,
                      int64_t in_cols, float* dw);
 
@@ -442,7 +442,7 @@ class CudaBackend final : public ComputeBackend {
     return static_cast<int64_t>(peak);
   }
   int64_t act_bytes() const { return f32() ? 4 : 2; }
-  GemmOutType act_gemm_type() const { return f32() ? GemmOutType::kF32 : GemmOutType::kBF16; }
+  Dtype act_gemm_type() const { return f32() ? Dtype::kF32 : Dtype::kBF16; }
 
   // A norm weight: its FP32 values when the unit came with the FP32 side copy, else BF16.
   struct NormW {

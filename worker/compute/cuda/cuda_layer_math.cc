@@ -118,14 +118,13 @@ absl::Status CudaBackend::Wgrad(const bf16* dy, int64_t dy_ld, const bf16* x, in
   g.ldc = in_cols;
   g.d = dw;
   g.ldd = in_cols;
-  g.out_type = GemmOutType::kF32;
+  g.out_type = Dtype::kF32;
   g.beta = 1.0f;
   return gemm_.Run(g, stream_);
 }
 
 absl::Status CudaBackend::StackedBackward(const bf16_t* params, float* dparams, const StackedWeight& sw, const bf16* dy,
-                                          int64_t dy_ld, const bf16* x, int64_t T, int64_t K, void* dx,
-                                          GemmOutType dx_type) {
+                                          int64_t dy_ld, const bf16* x, int64_t T, int64_t K, void* dx, Dtype dx_type) {
   int64_t col = 0;
   for (size_t i = 0; i < sw.parts.size(); ++i) {
     const int64_t rows = sw.contiguous ? sw.rows : sw.parts[i].second;

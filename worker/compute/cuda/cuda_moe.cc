@@ -89,7 +89,7 @@ absl::Status CudaMoeBlock::Linear(const bf16* x, int64_t ldx, const bf16* w, int
 }
 
 absl::Status CudaMoeBlock::LinearDgrad(const bf16* dy, int64_t lddy, const bf16* w, int64_t rows, int64_t in,
-                                       int64_t out, void* dx, int64_t lddx, GemmOutType dx_type, float beta,
+                                       int64_t out, void* dx, int64_t lddx, Dtype dx_type, float beta,
                                        cudaStream_t stream) const {
   GemmArgs g;
   g.op_a = GemmOp::kN;
@@ -127,7 +127,7 @@ absl::Status CudaMoeBlock::LinearWgrad(const bf16* dy, int64_t lddy, const bf16*
   g.ldc = in;
   g.d = dw;
   g.ldd = in;
-  g.out_type = GemmOutType::kF32;
+  g.out_type = Dtype::kF32;
   g.beta = 1.0f;
   g.varies = GemmArgs::Varies::kK;
   return gemm_->Run(g, stream);
@@ -343,7 +343,7 @@ absl::Status CudaMoeBlock::Backward(const bf16_t* params, const bf16* xn, int64_
   RETURN_IF_ERROR(kernels::MoeRouterBackward(v.probs, v.topk_expert, v.topk_weight, dw, aux_prob_grad, T, E, k, norm_,
                                              dlogits, logits_ld_, stream));
   const bf16* wr = w + offs_.router;
-  RETURN_IF_ERROR(LinearDgrad(dlogits, logits_ld_, wr, T, H, E, dxn, H, GemmOutType::kF32, 0.0f, stream));
+  RETURN_IF_ERROR(LinearDgrad(dlogits, logits_ld_, wr, T, H, E, dxn, H, Dtype::kF32, 0.0f, stream));
   RETURN_IF_ERROR(LinearWgrad(dlogits, logits_ld_, xn, H, T, H, E, dparams + offs_.router, stream));
 
   // down_proj: d_act = d_eo · Wd, dWd += d_eoᵀ · act.
@@ -352,7 +352,7 @@ absl::Status CudaMoeBlock::Backward(const bf16_t* params, const bf16* xn, int64_
     const int64_t n = counts[e];
     if (n == 0) continue;
     const bf16* wd = w + offs_.down_at(e);
-    RETURN_IF_ERROR(LinearDgrad(d_eo + r0 * H, H, wd, n, I, H, dact + r0 * I, I, GemmOutType::kBF16, 0.0f, stream));
+    RETURN_IF_ERROR(LinearDgrad(d_eo + r0 * H, H, wd, n, I, H, dact + r0 * I, I, Dtype::kBF16, 0.0f, stream));
     RETURN_IF_ERROR(LinearWgrad(d_eo + r0 * H, H, act + r0 * I, I, n, I, H, dparams + offs_.down_at(e), stream));
   }
   RETURN_IF_ERROR(kernels::SwiGluBackward(v.gu, dact, R, I, dgu, stream));
@@ -371,13 +371,12 @@ absl::Status CudaMoeBlock::Backward(const bf16_t* params, const bf16* xn, int64_
     const bf16* x = xg + r0 * H;
     if (gate_up_contiguous_) {
       RETURN_IF_ERROR(LinearWgrad(dg, 2 * I, x, H, n, H, 2 * I, dparams + offs_.gate_at(e), stream));
-      RETURN_IF_ERROR(
-          LinearDgrad(dg, 2 * I, w + offs_.gate_at(e), n, H, 2 * I, dxg, H, GemmOutType::kF32, 0.0f, stream));
+      RETURN_IF_ERROR(LinearDgrad(dg, 2 * I, w + offs_.gate_at(e), n, H, 2 * I, dxg, H, Dtype::kF32, 0.0f, stream));
     } else {
       RETURN_IF_ERROR(LinearWgrad(dg, 2 * I, x, H, n, H, I, dparams + offs_.gate_at(e), stream));
       RETURN_IF_ERROR(LinearWgrad(dg + I, 2 * I, x, H, n, H, I, dparams + offs_.up_at(e), stream));
-      RETURN_IF_ERROR(LinearDgrad(dg, 2 * I, w + offs_.gate_at(e), n, H, I, dxg, H, GemmOutType::kF32, 0.0f, stream));
-      RETURN_IF_ERROR(LinearDgrad(dg + I, 2 * I, w + offs_.up_at(e), n, H, I, dxg, H, GemmOutType::kF32, 1.0f, stream));
+      RETURN_IF_ERROR(LinearDgrad(dg, 2 * I, w + offs_.gate_at(e), n, H, I, dxg, H, Dtype::kF32, 0.0f, stream));
+      RETURN_IF_ERROR(LinearDgrad(dg + I, 2 * I, w + offs_.up_at(e), n, H, I, dxg, H, Dtype::kF32, 1.0f, stream));
     }
     RETURN_IF_ERROR(kernels::MoeScatterAddRows(dxg, v.token_index + r0, n, H, dxn, stream));
   }

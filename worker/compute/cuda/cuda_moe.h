@@ -164,7 +164,7 @@ class CudaMoeBlock {
                       int64_t ldy, cudaStream_t stream) const;
   // dX[rows, in] = dY[rows, out] · W[out, in] (+ dX when beta is 1), BF16 or FP32 dX.
   absl::Status LinearDgrad(const bf16* dy, int64_t lddy, const bf16* w, int64_t rows, int64_t in, int64_t out, void* dx,
-                           int64_t lddx, GemmOutType dx_type, float beta, cudaStream_t stream) const;
+                           int64_t lddx, Dtype dx_type, float beta, cudaStream_t stream) const;
   // dW[out, in] += dY[rows, out]ᵀ · X[rows, in], FP32.
   absl::Status LinearWgrad(const bf16* dy, int64_t lddy, const bf16* x, int64_t ldx, int64_t rows, int64_t in,
                            int64_t out, float* dw, cudaStream_t stream) const;

@@ -151,7 +151,7 @@ TEST_F(GemmGpuTest, WgradAccumulatesIntoFp32Twice) {
   g.ldc = N;
   g.d = d.get();
   g.ldd = N;
-  g.out_type = GemmOutType::kF32;
+  g.out_type = Dtype::kF32;
   g.beta = 1.0f;
   ASSERT_OK(runner.Run(g, s));
   ASSERT_OK(runner.Run(g, s));
@@ -239,7 +239,7 @@ TEST_F(GemmGpuTest, VaryingRowCountsShareABucketsPlan) {
     wg.ldc = K;
     wg.d = dwg.get();
     wg.ldd = K;
-    wg.out_type = GemmOutType::kF32;
+    wg.out_type = Dtype::kF32;
     wg.beta = 1.0f;
     wg.varies = GemmArgs::Varies::kK;
     ASSERT_CUDA_OK(cudaMemset(dwg.get(), 0, N * K * sizeof(float)));

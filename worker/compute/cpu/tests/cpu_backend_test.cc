@@ -262,7 +262,9 @@ TEST(Tiling, TiledLayerEqualsUntiled) {
         EXPECT_TRUE(BitwiseEqual(r.y, ref.y)) << what;
         EXPECT_TRUE(BitwiseEqual(r.dx, ref.dx)) << what;
         EXPECT_LT(RelMaxDiff(r.dparams, ref.dparams), 2e-6) << what;
-        if (tile == 23) EXPECT_TRUE(BitwiseEqual(r.dparams, ref.dparams)) << what;  // one tile: untiled
+        if (tile == 23) {  // one tile: untiled
+          EXPECT_TRUE(BitwiseEqual(r.dparams, ref.dparams)) << what;
+        }
       }
     }
   }
@@ -444,7 +446,7 @@ TEST(MemoryOps, AllocateCopyMemsetRoundTrip) {
   ASSERT_TRUE(be->CopyToHost((*buf)->data(), out.data(), 64).ok());
   EXPECT_EQ(out, std::vector<uint8_t>(64, 0));
   EXPECT_EQ(be->Allocate(-1).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(be->activation_dtype(), DType::kF32);
+  EXPECT_EQ(be->activation_dtype(), Dtype::kF32);
   EXPECT_TRUE(be->Synchronize().ok());
 }
 
@@ -492,14 +494,14 @@ TEST(MemoryOps, ConvertActivationsRoundsToNearestEvenAndWidensExactly) {
   auto narrow = *be->Allocate(n * 2);
   auto wide = *be->Allocate(n * 4);
   ASSERT_TRUE(be->CopyToDevice(in.data(), src->data(), n * 4).ok());
-  ASSERT_TRUE(be->ConvertActivations(src->data(), DType::kF32, narrow->data(), DType::kBF16, n).ok());
+  ASSERT_TRUE(be->ConvertActivations(src->data(), Dtype::kF32, narrow->data(), Dtype::kBF16, n).ok());
   std::vector<uint16_t> got(n);
   ASSERT_TRUE(be->CopyToHost(narrow->data(), got.data(), n * 2).ok());
   for (size_t i = 0; i < cases.size(); ++i) {
     EXPECT_EQ(got[i], cases[i].want) << std::hex << "0x" << cases[i].in;
   }
   for (int64_t i = 0; i < n; ++i) EXPECT_EQ(got[i], FloatToBf16(in[i])) << i;
-  ASSERT_TRUE(be->ConvertActivations(narrow->data(), DType::kBF16, wide->data(), DType::kF32, n).ok());
+  ASSERT_TRUE(be->ConvertActivations(narrow->data(), Dtype::kBF16, wide->data(), Dtype::kF32, n).ok());
   std::vector<uint32_t> back(n);
   ASSERT_TRUE(be->CopyToHost(wide->data(), back.data(), n * 4).ok());
   for (int64_t i = 0; i < n; ++i) EXPECT_EQ(back[i], static_cast<uint32_t>(got[i]) << 16) << i;
@@ -509,7 +511,7 @@ TEST(MemoryOps, ConvertActivationsRoundsToNearestEvenAndWidensExactly) {
   auto all_dev = *be->Allocate(65536 * 2);
   auto all_wide = *be->Allocate(65536 * 4);
   ASSERT_TRUE(be->CopyToDevice(all.data(), all_dev->data(), 65536 * 2).ok());
-  ASSERT_TRUE(be->ConvertActivations(all_dev->data(), DType::kBF16, all_wide->data(), DType::kF32, 65536).ok());
+  ASSERT_TRUE(be->ConvertActivations(all_dev->data(), Dtype::kBF16, all_wide->data(), Dtype::kF32, 65536).ok());
   std::vector<uint32_t> all_back(65536);
   ASSERT_TRUE(be->CopyToHost(all_wide->data(), all_back.data(), 65536 * 4).ok());
   int64_t differ = 0;
@@ -517,13 +519,13 @@ TEST(MemoryOps, ConvertActivationsRoundsToNearestEvenAndWidensExactly) {
   EXPECT_EQ(differ, 0);
   // A dtype to itself copies; a negative count and null pointers are refused; nothing to do is fine.
   auto copy = *be->Allocate(n * 4);
-  ASSERT_TRUE(be->ConvertActivations(src->data(), DType::kF32, copy->data(), DType::kF32, n).ok());
+  ASSERT_TRUE(be->ConvertActivations(src->data(), Dtype::kF32, copy->data(), Dtype::kF32, n).ok());
   EXPECT_EQ(std::memcmp(copy->data(), src->data(), n * 4), 0);
-  EXPECT_EQ(be->ConvertActivations(src->data(), DType::kF32, narrow->data(), DType::kBF16, -1).code(),
+  EXPECT_EQ(be->ConvertActivations(src->data(), Dtype::kF32, narrow->data(), Dtype::kBF16, -1).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(be->ConvertActivations(nullptr, DType::kF32, narrow->data(), DType::kBF16, 1).code(),
+  EXPECT_EQ(be->ConvertActivations(nullptr, Dtype::kF32, narrow->data(), Dtype::kBF16, 1).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(be->ConvertActivations(nullptr, DType::kF32, nullptr, DType::kBF16, 0).ok());
+  EXPECT_TRUE(be->ConvertActivations(nullptr, Dtype::kF32, nullptr, Dtype::kBF16, 0).ok());
 }
 
 TEST(Factory, RejectsBadConfigAndOptions) {

@@ -45,7 +45,7 @@ struct Act {
   int64_t n = 0;
 };
 
-int64_t GpuActBytes(const Pair& p) { return DTypeBytes(p.gpu->activation_dtype()); }
+int64_t GpuActBytes(const Pair& p) { return DtypeBytes(p.gpu->activation_dtype()); }
 
 absl::Status MakeAct(Pair& p, const std::vector<double>& v, Act* a) {
   a->n = v.size();
@@ -106,7 +106,7 @@ void CheckBackend(const std::string& label_base, const ModelConfig& cfg, bool fp
   p.gpu = std::move(*g);
   p.cpu = std::move(*c);
   p.gpu->SetTileTokens(tile);
-  const bool dtype_ok = p.gpu->activation_dtype() == (fp32_residual ? DType::kF32 : DType::kBF16);
+  const bool dtype_ok = p.gpu->activation_dtype() == (fp32_residual ? Dtype::kF32 : Dtype::kBF16);
   std::printf("%s  %-58s\n", dtype_ok ? "PASS" : "FAIL", (label + " activation_dtype matches the option").c_str());
   EXPECT_TRUE(dtype_ok) << label << " activation_dtype matches the option";
   const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
@@ -446,12 +446,12 @@ TEST_F(CudaConvertGpuTest, ConvertActivationsIsTheCpuBackendsBitForBit) {
   std::vector<uint16_t> narrow_bits(n);
   for (int64_t i = 0; i < n; ++i) narrow_bits[i] = static_cast<uint16_t>(i < 65536 ? i : bits[i] >> 16);
   struct Way {
-    DType from, to;
+    Dtype from, to;
     const void* host;
   };
-  for (const Way& w : {Way{DType::kF32, DType::kBF16, bits.data()}, Way{DType::kBF16, DType::kF32, narrow_bits.data()},
-                       Way{DType::kF32, DType::kF32, bits.data()}}) {
-    const int64_t in_bytes = n * DTypeBytes(w.from), out_bytes = n * DTypeBytes(w.to);
+  for (const Way& w : {Way{Dtype::kF32, Dtype::kBF16, bits.data()}, Way{Dtype::kBF16, Dtype::kF32, narrow_bits.data()},
+                       Way{Dtype::kF32, Dtype::kF32, bits.data()}}) {
+    const int64_t in_bytes = n * DtypeBytes(w.from), out_bytes = n * DtypeBytes(w.to);
     std::vector<std::vector<uint8_t>> got;
     for (ComputeBackend* be : {&gpu, &cpu}) {
       auto src = be->Allocate(in_bytes);
@@ -466,10 +466,10 @@ TEST_F(CudaConvertGpuTest, ConvertActivationsIsTheCpuBackendsBitForBit) {
     }
     int64_t differ = 0;
     for (int64_t i = 0; i < out_bytes; ++i) differ += got[0][i] != got[1][i];
-    EXPECT_EQ(differ, 0) << DTypeBytes(w.from) << " -> " << DTypeBytes(w.to) << " bytes an element";
+    EXPECT_EQ(differ, 0) << DtypeBytes(w.from) << " -> " << DtypeBytes(w.to) << " bytes an element";
   }
-  EXPECT_FALSE(gpu.ConvertActivations(nullptr, DType::kF32, nullptr, DType::kBF16, 1).ok());
-  EXPECT_TRUE(gpu.ConvertActivations(nullptr, DType::kF32, nullptr, DType::kBF16, 0).ok());
+  EXPECT_FALSE(gpu.ConvertActivations(nullptr, Dtype::kF32, nullptr, Dtype::kBF16, 1).ok());
+  EXPECT_TRUE(gpu.ConvertActivations(nullptr, Dtype::kF32, nullptr, Dtype::kBF16, 0).ok());
 }
 
 }  // namespace

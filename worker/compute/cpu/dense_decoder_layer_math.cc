@@ -1,0 +1,373 @@
+// Qwen3 reference math, the decoder layer: its forward in four phases (attention inputs, attention,
+// MLP inputs, output), its backward, and the same layer tiled over tokens as the backends run a long
+// micro-batch. Built of the op-level references (dense_reference_math.cc), the attention
+// (dense_attention_math.cc) and, in a sparse layer, the MoE block (moe_reference_math.cc).
+// Explicitly instantiated for float (backend) and double (gradient checks). Limits: scalar C++;
+// meant for tiny models and oracles.
+#include <algorithm>
+#include <vector>
+
+#include "worker/compute/cpu/dense_reference_math.h"
+#include "worker/compute/cpu/dense_reference_math_internal.h"
+
+namespace slidedp {
+namespace {
+
+using dense_math::SwiGlu;
+using dense_math::SwiGluBackward;
+
+// Views of the decoder tensors inside a flat unit array.
+template <typename T>
+struct DecoderTensors {
+  T* p[kNumDecoderTensors];  // nullptr for a tensor the family does not have
+  DecoderTensors(T* base, const DecoderOffsets& offs) {
+    for (int i = 0; i < kNumDecoderTensors; ++i) p[i] = offs.at[i] >= 0 ? base + offs.at[i] : nullptr;
+  }
+  T* operator[](int i) const { return p[i]; }
+};
+
+// y[t, :] += b for each of T rows of O.
+template <typename R>
+void AddBiasRows(const R* b, int64_t T, int64_t O, R* y) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t o = 0; o < O; ++o) y[t * O + o] += b[o];
+}
+
+// db += sum over rows of dy (the call's sum formed first, in row order, then added once).
+template <typename R>
+void BiasBackward(const R* dy, int64_t T, int64_t O, R* db) {
+  std::vector<R> acc(O, R(0));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t o = 0; o < O; ++o) acc[o] += dy[t * O + o];
+  for (int64_t o = 0; o < O; ++o) db[o] += acc[o];
+}
+
+}  // namespace
+
+template <typename R>
+int64_t DecoderActs<R>::num_elements() const {
+  int64_t n = 0;
+  for (const std::vector<R>* v :
+       {&rstd1, &xn, &q_raw, &k_raw, &q_rstd, &k_rstd, &q_rot, &k_rot, &v, &attn, &lse, &h1, &rstd2, &hn, &gate, &up}) {
+    n += static_cast<int64_t>(v->size());
+  }
+  return n;
+}
+
+template <typename R>
+void DecoderAttentionInputs(const DecoderDims& d, const DecoderOffsets& offs, const R* params,
+                            const TokenGeometry& geom, const R* x, DecoderActs<R>* a, CpuWorkerPool* pool) {
+  const DecoderTensors<const R> w(params, offs);
+  const int64_t T = geom.num_tokens, H = d.hidden, qd = d.q_dim(), kvd = d.kv_dim();
+  const R eps = static_cast<R>(d.rms_norm_eps);
+  a->rstd1.resize(T);
+  a->xn.resize(T * H);
+  RmsNormRows(x, w[kInputNorm], T, H, eps, a->xn.data(), a->rstd1.data(), pool);
+  a->q_raw.resize(T * qd);
+  a->k_raw.resize(T * kvd);
+  a->v.resize(T * kvd);
+  LinearForward(a->xn.data(), w[kQProj], T, H, qd, a->q_raw.data(), pool);
+  LinearForward(a->xn.data(), w[kKProj], T, H, kvd, a->k_raw.data(), pool);
+  LinearForward(a->xn.data(), w[kVProj], T, H, kvd, a->v.data(), pool);
+  if (w[kQBias] != nullptr) {
+    AddBiasRows(w[kQBias], T, qd, a->q_raw.data());
+    AddBiasRows(w[kKBias], T, kvd, a->k_raw.data());
+    AddBiasRows(w[kVBias], T, kvd, a->v.data());
+  }
+  if (w[kQNorm] != nullptr) {
+    a->q_rstd.resize(T * d.heads);
+    a->k_rstd.resize(T * d.kv_heads);
+    a->q_rot.resize(T * qd);
+    a->k_rot.resize(T * kvd);
+    RmsNormRows(a->q_raw.data(), w[kQNorm], T * d.heads, d.head_dim, eps, a->q_rot.data(), a->q_rstd.data(), pool);
+    RmsNormRows(a->k_raw.data(), w[kKNorm], T * d.kv_heads, d.head_dim, eps, a->k_rot.data(), a->k_rstd.data(), pool);
+  } else {
+    a->q_rot = a->q_raw;
+    a->k_rot = a->k_raw;
+  }
+  ApplyRope(a->q_rot.data(), T, d.heads, d.head_dim, geom, RopeDirection::kForward, pool);
+  ApplyRope(a->k_rot.data(), T, d.kv_heads, d.head_dim, geom, RopeDirection::kForward, pool);
+}
+
+template <typename R>
+void DecoderAttention(const DecoderDims& d, const TokenGeometry& geom, DecoderActs<R>* a, CpuWorkerPool* pool) {
+  a->attn.resize(geom.num_tokens * d.q_dim());
+  a->lse.resize(geom.num_tokens * d.heads);
+  AttentionForward(d, geom, a->q_rot.data(), a->k_rot.data(), a->v.data(), a->attn.data(), a->lse.data(), pool);
+}
+
+template <typename R>
+void DecoderMlpInputs(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
+                      const R* x, DecoderActs<R>* a, CpuWorkerPool* pool) {
+  const DecoderTensors<const R> w(params, offs);
+  const int64_t T = geom.num_tokens, H = d.hidden, I = d.intermediate;
+  a->h1.resize(T * H);
+  LinearForward(a->attn.data(), w[kOProj], T, d.q_dim(), H, a->h1.data(), pool);
+  for (int64_t i = 0; i < T * H; ++i) a->h1[i] = x[i] + a->h1[i];
+  a->rstd2.resize(T);
+  a->hn.resize(T * H);
+  RmsNormRows(a->h1.data(), w[kPostNorm], T, H, static_cast<R>(d.rms_norm_eps), a->hn.data(), a->rstd2.data(), pool);
+  if (offs.sparse()) {
+    a->moe_y.resize(T * H);
+    MoeBlockForward(d.moe, offs.moe, params, a->hn.data(), T, a->moe_y.data(), &a->moe, pool);
+    return;
+  }
+  a->gate.resize(T * I);
+  a->up.resize(T * I);
+  LinearForward(a->hn.data(), w[kGateProj], T, H, I, a->gate.data(), pool);
+  LinearForward(a->hn.data(), w[kUpProj], T, H, I, a->up.data(), pool);
+}
+
+template <typename R>
+void DecoderOutput(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
+                   const DecoderActs<R>& a, R* y, CpuWorkerPool* pool) {
+  const DecoderTensors<const R> w(params, offs);
+  const int64_t T = geom.num_tokens, H = d.hidden, I = d.intermediate;
+  if (offs.sparse()) {
+    for (int64_t i = 0; i < T * H; ++i) y[i] = a.h1[i] + a.moe_y[i];
+    return;
+  }
+  std::vector<R> m(T * I);
+  SwiGlu(a.gate.data(), a.up.data(), T * I, m.data());
+  std::vector<R> down(T * H);
+  LinearForward(m.data(), w[kDownProj], T, I, H, down.data(), pool);
+  for (int64_t i = 0; i < T * H; ++i) y[i] = a.h1[i] + down[i];
+}
+
+template <typename R>
+void DecoderForwardAll(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
+                       const R* x, R* y, DecoderActs<R>* acts, CpuWorkerPool* pool) {
+  DecoderAttentionInputs(d, offs, params, geom, x, acts, pool);
+  DecoderAttention(d, geom, acts, pool);
+  DecoderMlpInputs(d, offs, params, geom, x, acts, pool);
+  DecoderOutput(d, offs, params, geom, *acts, y, pool);
+}
+
+namespace {
+
+// The rows [t0, t0 + rows) of a batch for its token-local work: their RoPE tables (attention's
+// document boundaries are not part of a tile).
+TokenGeometry TileGeometry(const TokenGeometry& geom, int64_t half, int64_t t0, int64_t rows) {
+  TokenGeometry g;
+  g.num_tokens = rows;
+  g.rope_cos = geom.rope_cos + t0 * half;
+  g.rope_sin = geom.rope_sin + t0 * half;
+  return g;
+}
+
+// Rows [t0, t0 + rows) of a [T, width] vector.
+template <typename R>
+std::vector<R> Rows(const std::vector<R>& v, int64_t t0, int64_t rows, int64_t width) {
+  return std::vector<R>(v.begin() + t0 * width, v.begin() + (t0 + rows) * width);
+}
+
+// The dense MLP's backward: dhn = dL/d(its input) (overwritten), its weights' gradients added.
+template <typename R>
+void DenseMlpBackward(const DecoderDims& d, const DecoderTensors<const R>& w, const DecoderTensors<R>& g, int64_t T,
+                      const DecoderActs<R>& a, const R* dy, R* dhn, CpuWorkerPool* pool) {
+  const int64_t H = d.hidden, I = d.intermediate;
+  // MLP: y = h1 + m Wd^T, m = silu(gate) * up.
+  std::vector<R> m(T * I), dm(T * I);
+  SwiGlu(a.gate.data(), a.up.data(), T * I, m.data());
+  LinearBackwardWeight(dy, m.data(), T, I, H, g[kDownProj], pool);
+  LinearBackwardInput(dy, w[kDownProj], T, I, H, dm.data(), Accumulate::kOverwrite, pool);
+  std::vector<R> dgate(T * I), dup(T * I);
+  SwiGluBackward(a.gate.data(), a.up.data(), dm.data(), T * I, dgate.data(), dup.data());
+  m = {};
+  dm = {};
+  LinearBackwardWeight(dgate.data(), a.hn.data(), T, H, I, g[kGateProj], pool);
+  LinearBackwardWeight(dup.data(), a.hn.data(), T, H, I, g[kUpProj], pool);
+  LinearBackwardInput(dgate.data(), w[kGateProj], T, H, I, dhn, Accumulate::kOverwrite, pool);
+  LinearBackwardInput(dup.data(), w[kUpProj], T, H, I, dhn, Accumulate::kAdd, pool);
+}
+
+// The MLP and o_proj blocks' backward over T tokens (a's fields hold those tokens): dh1 = dL/dh1
+// (overwritten), dattn = dL/d attention output (overwritten), dparams += their weights' gradients.
+template <typename R>
+void MlpBlockBackward(const DecoderDims& d, const DecoderOffsets& offs, const R* params, R* dparams, int64_t T,
+                      const DecoderActs<R>& a, const R* dy, R* dh1, R* dattn, const double* aux_prob_grad,
+                      CpuWorkerPool* pool) {
+  const DecoderTensors<const R> w(params, offs);
+  const DecoderTensors<R> g(dparams, offs);
+  const int64_t H = d.hidden, qd = d.q_dim();
+  std::vector<R> dhn(T * H);
+  if (offs.sparse()) {
+    // y = h1 + MoE(hn).
+    MoeBlockBackward(d.moe, offs.moe, params, a.hn.data(), T, a.moe, dy, aux_prob_grad, dhn.data(), dparams, pool);
+  } else {
+    DenseMlpBackward(d, w, g, T, a, dy, dhn.data(), pool);
+  }
+
+  // dh1 = dy + RMSNorm2 backward.
+  std::copy(dy, dy + T * H, dh1);
+  RmsNormBackwardRows(a.h1.data(), a.rstd2.data(), w[kPostNorm], dhn.data(), T, H, dh1, Accumulate::kAdd, g[kPostNorm],
+                      pool);
+  dhn = {};
+
+  // o_proj.
+  LinearBackwardWeight(dh1, a.attn.data(), T, qd, H, g[kOProj], pool);
+  LinearBackwardInput(dh1, w[kOProj], T, qd, H, dattn, Accumulate::kOverwrite, pool);
+}
+
+// RoPE, q/k norm, bias and QKV projection backward over the tokens of `geom` (a's fields hold
+// them), then the input norm's: dx = dh1 + RMSNorm1 backward (dx may alias dh1). dq, dk, dv (the
+// attention's input gradients) are changed in place.
+template <typename R>
+void QkvBlockBackward(const DecoderDims& d, const DecoderTensors<const R>& w, const DecoderTensors<R>& g,
+                      const TokenGeometry& geom, const R* x, const DecoderActs<R>& a, R* dq, R* dk, R* dv, const R* dh1,
+                      R* dx, CpuWorkerPool* pool) {
+  const int64_t T = geom.num_tokens, H = d.hidden, hd = d.head_dim, qd = d.q_dim(), kvd = d.kv_dim();
+  // RoPE backward (inverse rotation), then q/k RMSNorm backward, in place.
+  ApplyRope(dq, T, d.heads, hd, geom, RopeDirection::kBackward, pool);
+  ApplyRope(dk, T, d.kv_heads, hd, geom, RopeDirection::kBackward, pool);
+  if (w[kQNorm] != nullptr) {
+    RmsNormBackwardRows(a.q_raw.data(), a.q_rstd.data(), w[kQNorm], dq, T * d.heads, hd, dq, Accumulate::kOverwrite,
+                        g[kQNorm], pool);
+    RmsNormBackwardRows(a.k_raw.data(), a.k_rstd.data(), w[kKNorm], dk, T * d.kv_heads, hd, dk, Accumulate::kOverwrite,
+                        g[kKNorm], pool);
+  }
+  if (g[kQBias] != nullptr) {
+    BiasBackward(dq, T, qd, g[kQBias]);
+    BiasBackward(dk, T, kvd, g[kKBias]);
+    BiasBackward(dv, T, kvd, g[kVBias]);
+  }
+
+  // QKV projections.
+  LinearBackwardWeight(dq, a.xn.data(), T, H, qd, g[kQProj], pool);
+  LinearBackwardWeight(dk, a.xn.data(), T, H, kvd, g[kKProj], pool);
+  LinearBackwardWeight(dv, a.xn.data(), T, H, kvd, g[kVProj], pool);
+  std::vector<R> dxn(T * H);
+  LinearBackwardInput(dq, w[kQProj], T, H, qd, dxn.data(), Accumulate::kOverwrite, pool);
+  LinearBackwardInput(dk, w[kKProj], T, H, kvd, dxn.data(), Accumulate::kAdd, pool);
+  LinearBackwardInput(dv, w[kVProj], T, H, kvd, dxn.data(), Accumulate::kAdd, pool);
+
+  // Input RMSNorm; the residual path contributes dh1.
+  if (dx != dh1) std::copy(dh1, dh1 + T * H, dx);
+  RmsNormBackwardRows(x, a.rstd1.data(), w[kInputNorm], dxn.data(), T, H, dx, Accumulate::kAdd, g[kInputNorm], pool);
+}
+
+// Attention over the whole batch from its inputs computed tile by tile: q_rot, k_rot, v, attn and
+// lse of every token (the other fields left empty).
+template <typename R>
+DecoderActs<R> TiledAttention(const DecoderDims& d, const DecoderOffsets& offs, const R* params,
+                              const TokenGeometry& geom, const R* x, int64_t tile, CpuWorkerPool* pool) {
+  const int64_t T = geom.num_tokens, H = d.hidden, half = d.head_dim / 2, qd = d.q_dim(), kvd = d.kv_dim();
+  DecoderActs<R> whole;
+  whole.q_rot.resize(T * qd);
+  whole.k_rot.resize(T * kvd);
+  whole.v.resize(T * kvd);
+  for (int64_t t0 = 0; t0 < T; t0 += tile) {
+    const int64_t rows = std::min(tile, T - t0);
+    DecoderActs<R> t;
+    DecoderAttentionInputs(d, offs, params, TileGeometry(geom, half, t0, rows), x + t0 * H, &t, pool);
+    std::copy(t.q_rot.begin(), t.q_rot.end(), whole.q_rot.begin() + t0 * qd);
+    std::copy(t.k_rot.begin(), t.k_rot.end(), whole.k_rot.begin() + t0 * kvd);
+    std::copy(t.v.begin(), t.v.end(), whole.v.begin() + t0 * kvd);
+  }
+  DecoderAttention(d, geom, &whole, pool);
+  return whole;
+}
+
+}  // namespace
+
+template <typename R>
+void DecoderBackward(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
+                     const R* x, const DecoderActs<R>& a, const R* dy, R* dx, R* dparams, CpuWorkerPool* pool,
+                     const double* aux_prob_grad) {
+  const DecoderTensors<const R> w(params, offs);
+  const DecoderTensors<R> g(dparams, offs);
+  const int64_t T = geom.num_tokens, H = d.hidden, qd = d.q_dim(), kvd = d.kv_dim();
+  std::vector<R> dh1(T * H), dattn(T * qd);
+  MlpBlockBackward(d, offs, params, dparams, T, a, dy, dh1.data(), dattn.data(), aux_prob_grad, pool);
+  std::vector<R> dq(T * qd), dk(T * kvd), dv(T * kvd);
+  AttentionBackward(d, geom, a.q_rot.data(), a.k_rot.data(), a.v.data(), a.attn.data(), a.lse.data(), dattn.data(),
+                    dq.data(), dk.data(), dv.data(), pool);
+  dattn = {};
+  // dx is written only now (it may alias dy).
+  QkvBlockBackward(d, w, g, geom, x, a, dq.data(), dk.data(), dv.data(), dh1.data(), dx, pool);
+}
+
+template <typename R>
+void DecoderForwardTiled(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
+                         const R* x, R* y, int64_t tile, CpuWorkerPool* pool) {
+  const int64_t T = geom.num_tokens, H = d.hidden, half = d.head_dim / 2, qd = d.q_dim();
+  if (tile <= 0 || tile >= T) {
+    DecoderActs<R> acts;
+    DecoderForwardAll(d, offs, params, geom, x, y, &acts, pool);
+    return;
+  }
+  // Attention's inputs tile by tile, attention whole, then the MLP tile by tile (y may alias x:
+  // a tile's x rows are read before its y rows are written).
+  const DecoderActs<R> whole = TiledAttention(d, offs, params, geom, x, tile, pool);
+  for (int64_t t0 = 0; t0 < T; t0 += tile) {
+    const int64_t rows = std::min(tile, T - t0);
+    const TokenGeometry tg = TileGeometry(geom, half, t0, rows);
+    DecoderActs<R> t;
+    t.attn = Rows(whole.attn, t0, rows, qd);
+    DecoderMlpInputs(d, offs, params, tg, x + t0 * H, &t, pool);
+    DecoderOutput(d, offs, params, tg, t, y + t0 * H, pool);
+  }
+}
+
+template <typename R>
+void DecoderBackwardTiled(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
+                          const R* x, const R* dy, R* dx, R* dparams, int64_t tile, CpuWorkerPool* pool) {
+  const int64_t T = geom.num_tokens, H = d.hidden, half = d.head_dim / 2, qd = d.q_dim(), kvd = d.kv_dim();
+  if (tile <= 0 || tile >= T) {
+    DecoderActs<R> acts;
+    std::vector<R> y(T * H);
+    DecoderForwardAll(d, offs, params, geom, x, y.data(), &acts, pool);
+    DecoderBackward(d, offs, params, geom, x, acts, dy, dx, dparams, pool);
+    return;
+  }
+  const DecoderTensors<const R> w(params, offs);
+  const DecoderTensors<R> g(dparams, offs);
+  // Attention's inputs and output, recomputed whole (tile by tile for the inputs).
+  const DecoderActs<R> whole = TiledAttention(d, offs, params, geom, x, tile, pool);
+  // The MLP and o_proj blocks tile by tile (each tile's MLP inputs recomputed); dh1 waits whole.
+  std::vector<R> dh1(T * H), dattn(T * qd);
+  for (int64_t t0 = 0; t0 < T; t0 += tile) {
+    const int64_t rows = std::min(tile, T - t0);
+    DecoderActs<R> t;
+    t.attn = Rows(whole.attn, t0, rows, qd);
+    DecoderMlpInputs(d, offs, params, TileGeometry(geom, half, t0, rows), x + t0 * H, &t, pool);
+    MlpBlockBackward(d, offs, params, dparams, rows, t, dy + t0 * H, dh1.data() + t0 * H, dattn.data() + t0 * qd,
+                     nullptr, pool);
+  }
+  std::vector<R> dq(T * qd), dk(T * kvd), dv(T * kvd);
+  AttentionBackward(d, geom, whole.q_rot.data(), whole.k_rot.data(), whole.v.data(), whole.attn.data(),
+                    whole.lse.data(), dattn.data(), dq.data(), dk.data(), dv.data(), pool);
+  dattn = {};
+  // The QKV block tile by tile, each tile's attention inputs recomputed (their norms' statistics).
+  for (int64_t t0 = 0; t0 < T; t0 += tile) {
+    const int64_t rows = std::min(tile, T - t0);
+    const TokenGeometry tg = TileGeometry(geom, half, t0, rows);
+    DecoderActs<R> t;
+    DecoderAttentionInputs(d, offs, params, tg, x + t0 * H, &t, pool);
+    QkvBlockBackward(d, w, g, tg, x + t0 * H, t, dq.data() + t0 * qd, dk.data() + t0 * kvd, dv.data() + t0 * kvd,
+                     dh1.data() + t0 * H, dx + t0 * H, pool);
+  }
+}
+
+#define SLIDEDP_INSTANTIATE_DECODER_LAYER(R)                                                                         \
+  template struct DecoderActs<R>;                                                                                    \
+  template void DecoderAttentionInputs<R>(const DecoderDims&, const DecoderOffsets&, const R*, const TokenGeometry&, \
+                                          const R*, DecoderActs<R>*, CpuWorkerPool*);                                \
+  template void DecoderAttention<R>(const DecoderDims&, const TokenGeometry&, DecoderActs<R>*, CpuWorkerPool*);      \
+  template void DecoderMlpInputs<R>(const DecoderDims&, const DecoderOffsets&, const R*, const TokenGeometry&,       \
+                                    const R*, DecoderActs<R>*, CpuWorkerPool*);                                      \
+  template void DecoderOutput<R>(const DecoderDims&, const DecoderOffsets&, const R*, const TokenGeometry&,          \
+                                 const DecoderActs<R>&, R*, CpuWorkerPool*);                                         \
+  template void DecoderForwardAll<R>(const DecoderDims&, const DecoderOffsets&, const R*, const TokenGeometry&,      \
+                                     const R*, R*, DecoderActs<R>*, CpuWorkerPool*);                                 \
+  template void DecoderForwardTiled<R>(const DecoderDims&, const DecoderOffsets&, const R*, const TokenGeometry&,    \
+                                       const R*, R*, int64_t, CpuWorkerPool*);                                       \
+  template void DecoderBackwardTiled<R>(const DecoderDims&, const DecoderOffsets&, const R*, const TokenGeometry&,   \
+                                        const R*, const R*, R*, R*, int64_t, CpuWorkerPool*);                        \
+  template void DecoderBackward<R>(const DecoderDims&, const DecoderOffsets&, const R*, const TokenGeometry&,        \
+                                   const R*, const DecoderActs<R>&, const R*, R*, R*, CpuWorkerPool*, const double*);
+
+SLIDEDP_INSTANTIATE_DECODER_LAYER(float)
+SLIDEDP_INSTANTIATE_DECODER_LAYER(double)
+
+}  // namespace slidedp
