@@ -345,31 +345,52 @@ struct NodePart {
 // FP32 ones, so no huge page straddles two nodes.
 constexpr int64_t kNodePartAlign = int64_t{1} << 20;
 
-absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
+// The bench's arrays: LayerAdam's state (m and v of `moment_elem` bytes per parameter, the int8
+// codes' scales beside them), the gradient, and the copy bandwidth's destination.
+struct BenchArrays {
+  BenchArrays(int64_t params, int64_t moment_elem, bool bf16_grad)
+      : master(params * 4),
+        m(params * moment_elem),
+        v(params * moment_elem),
+        m_scale(Int8MomentBlocks(params) * 4 + 4096),
+        v_scale(Int8MomentBlocks(params) * 4 + 4096),
+        mirror(params * 2),
+        grad(params * (bf16_grad ? 2 : 4)),
+        copy_dst(params * 4) {}
+  Mapping master, m, v, m_scale, v_scale, mirror, grad, copy_dst;
+};
+
+// --tensor-numel: the parameters as tensors of that many elements, each followed by 256 elements
+// of alignment padding LayerAdam must skip.
+struct TensorLayout {
+  std::vector<ElementRange> tensors;
+  int64_t padding = 0;  // elements
+};
+
+TensorLayout LayOutTensors(int64_t params, int64_t tensor_numel) {
+  TensorLayout out;
+  for (int64_t b = 0; tensor_numel > 0 && b < params; b += tensor_numel + 256) {
+    out.tensors.push_back({b, std::min(params, b + tensor_numel)});
+    out.padding += std::min<int64_t>(256, std::max<int64_t>(0, params - b - tensor_numel));
+  }
+  return out;
+}
+
+struct NodeParts {
+  std::vector<NodePart> parts;
+  std::vector<int> part_of_node;  // per NUMA node: its index in `parts`, -1 for a node without workers
+};
+
+// One unit per NUMA node with workers, sized by its worker count, so each worker updates memory
+// of its own node (hostd spreads units over nodes likewise: AssignNumaNodes) and the triad's
+// workers are the ones that ran the update. One node: one unit of every parameter.
+NodeParts SplitByNode(const LayerAdam& engine, const BenchFlags& f, MomentForm state,
+                      const std::vector<ElementRange>& tensors, const BenchArrays& arrays) {
   const int64_t params = f.params;
   const int threads = engine.num_threads();
-  const bool bf16_grad = f.grad_dtype == "bf16";
-  ASSIGN_OR_RETURN(const MomentForm state, ParseMomentForm(f.state));
-  if (state == MomentForm::kInt8 &&
-      (f.chunk_params % kInt8MomentBlock != 0 || f.tensor_numel % kInt8MomentBlock != 0)) {
-    return absl::InvalidArgumentError("--state int8: --chunk-params and --tensor-numel must be multiples of 256");
-  }
-  // m and v: FP32, BF16 or int8 codes (the scales apart).
-  const int64_t moment_elem = state == MomentForm::kF32 ? 4 : state == MomentForm::kBF16 ? 2 : 1;
-  Mapping master(params * 4), m(params * moment_elem), v(params * moment_elem),
-      m_scale(Int8MomentBlocks(params) * 4 + 4096), v_scale(Int8MomentBlocks(params) * 4 + 4096), mirror(params * 2),
-      grad(params * (bf16_grad ? 2 : 4)), copy_dst(params * 4);
-  std::vector<ElementRange> tensors;
-  int64_t padding = 0;
-  for (int64_t b = 0; f.tensor_numel > 0 && b < params; b += f.tensor_numel + 256) {
-    tensors.push_back({b, std::min(params, b + f.tensor_numel)});
-    padding += std::min<int64_t>(256, std::max<int64_t>(0, params - b - f.tensor_numel));
-  }
-  // One unit per NUMA node with workers, sized by its worker count, so each worker updates memory
-  // of its own node (hostd spreads units over nodes likewise: AssignNumaNodes) and the triad's
-  // workers are the ones that ran the update. One node: one unit of every parameter.
-  std::vector<NodePart> parts;
-  std::vector<int> part_of_node(engine.num_numa_nodes(), -1);
+  NodeParts out;
+  std::vector<NodePart>& parts = out.parts;
+  out.part_of_node.assign(engine.num_numa_nodes(), -1);
   for (int node = 0, workers_before = 0; node < engine.num_numa_nodes(); ++node) {
     const int workers = engine.workers_on_node(node);
     if (workers == 0) continue;
@@ -384,25 +405,35 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
         part.tensors.push_back({std::max(r.begin, part.begin) - part.begin, std::min(r.end, part.end) - part.begin});
       }
     }
-    part.unit = UnitMemory{master.as<float>() + part.begin,  m.as<float>() + part.begin, v.as<float>() + part.begin,
-                           f.mirror_store == "none" ? nullptr : mirror.as<bf16_t>() + part.begin,
-                           part.end - part.begin, node};
+    part.unit = UnitMemory{arrays.master.as<float>() + part.begin,
+                           arrays.m.as<float>() + part.begin,
+                           arrays.v.as<float>() + part.begin,
+                           f.mirror_store == "none" ? nullptr : arrays.mirror.as<bf16_t>() + part.begin,
+                           part.end - part.begin,
+                           node};
     part.unit.moments = state;
-    part.unit.bf16 = Bf16Moments{m.as<bf16_t>() + part.begin, v.as<bf16_t>() + part.begin};
-    part.unit.int8 = Int8Moments{m.as<int8_t>() + part.begin, v.as<uint8_t>() + part.begin,
-                                 m_scale.as<float>() + part.begin / kInt8MomentBlock,
-                                 v_scale.as<float>() + part.begin / kInt8MomentBlock};
+    part.unit.bf16 = Bf16Moments{arrays.m.as<bf16_t>() + part.begin, arrays.v.as<bf16_t>() + part.begin};
+    part.unit.int8 = Int8Moments{arrays.m.as<int8_t>() + part.begin, arrays.v.as<uint8_t>() + part.begin,
+                                 arrays.m_scale.as<float>() + part.begin / kInt8MomentBlock,
+                                 arrays.v_scale.as<float>() + part.begin / kInt8MomentBlock};
     part.unit.first_index = part.begin;
-    part_of_node[node] = static_cast<int>(parts.size());
+    out.part_of_node[node] = static_cast<int>(parts.size());
     parts.push_back(std::move(part));
   }
-  for (NodePart& part : parts) part.unit.tensors = part.tensors;  // (after the vector stopped moving)
+  // After the vector stopped growing (returning it moves its storage, which the spans keep).
+  for (NodePart& part : parts) part.unit.tensors = part.tensors;
+  return out;
+}
 
-  // Prefault: the engine's workers touch the state (FirstTouch, as hostd does: NUMA placement),
-  // then each worker first-touches its share of its node's gradient and copy destination and gives
-  // every array its values. Gradients are small and varied so no denormal or NaN path is timed.
+// Prefault: the engine's workers touch the state (FirstTouch, as hostd does: NUMA placement),
+// then each worker first-touches its share of its node's gradient and copy destination and gives
+// every array its values. Gradients are small and varied so no denormal or NaN path is timed.
+// Returns the seconds it took.
+absl::StatusOr<double> Prefault(LayerAdam& engine, const NodeParts& nodes, const BenchArrays& arrays,
+                                int64_t moment_elem, bool bf16_grad) {
+  const int threads = engine.num_threads();
   auto t0 = Clock::now();
-  for (const NodePart& part : parts) {
+  for (const NodePart& part : nodes.parts) {
     if (part.unit.numel > 0) RETURN_IF_ERROR(engine.FirstTouch(part.unit));
   }
   std::vector<int> node_of(threads, -1), rank_on_node(threads);
@@ -412,106 +443,158 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
     for (int w = 0; w < threads; ++w) rank_on_node[w] = seen[node_of[w]]++;
   }
   RETURN_IF_ERROR(engine.RunOnEachWorker([&](int w, int, int node) {
-    const NodePart& part = parts[part_of_node[node]];
+    const NodePart& part = nodes.parts[nodes.part_of_node[node]];
     const int64_t len = part.end - part.begin, shares = engine.workers_on_node(node), share = rank_on_node[w];
     for (int64_t i = part.begin + len * share / shares; i < part.begin + len * (share + 1) / shares; ++i) {
       const float x = static_cast<float>((i * 2654435761u) % 1000003) * 1e-6f - 0.5f;
-      master.as<float>()[i] = x * 0.1f;
-      std::memset(m.as<char>() + i * moment_elem, 0, moment_elem);
-      std::memset(v.as<char>() + i * moment_elem, 0, moment_elem);
+      arrays.master.as<float>()[i] = x * 0.1f;
+      std::memset(arrays.m.as<char>() + i * moment_elem, 0, moment_elem);
+      std::memset(arrays.v.as<char>() + i * moment_elem, 0, moment_elem);
       if (i % kInt8MomentBlock == 0)
-        m_scale.as<float>()[i / kInt8MomentBlock] = v_scale.as<float>()[i / kInt8MomentBlock] = 0;
-      mirror.as<bf16_t>()[i] = 0;
-      copy_dst.as<float>()[i] = 0;
+        arrays.m_scale.as<float>()[i / kInt8MomentBlock] = arrays.v_scale.as<float>()[i / kInt8MomentBlock] = 0;
+      arrays.mirror.as<bf16_t>()[i] = 0;
+      arrays.copy_dst.as<float>()[i] = 0;
       if (bf16_grad) {
-        grad.as<bf16_t>()[i] = FloatToBf16(x * 1e-2f);
+        arrays.grad.as<bf16_t>()[i] = FloatToBf16(x * 1e-2f);
       } else {
-        grad.as<float>()[i] = x * 1e-2f;
+        arrays.grad.as<float>()[i] = x * 1e-2f;
       }
     }
   }));
-  const double prefault_s = Seconds(t0, Clock::now());
+  return Seconds(t0, Clock::now());
+}
 
-  // The triad's arrays hold at least as many bytes as the update touches (state + gradient), far
-  // beyond any last-level cache at the bench's sizes; MeasureTriad unmaps them before the update runs.
-  const double grad_bytes = bf16_grad ? 2 : 4;
-  // m and v, read and written, per parameter (fp32 16, bf16 8, int8 4 + 2 x 2 x 4 / 256).
-  const double moment_rw = state == MomentForm::kF32 ? 16 : state == MomentForm::kBF16 ? 8 : 4 + 16.0 / 256;
-  const double state_bytes = 6 + moment_rw / 2;  // held per parameter: master, mirror, m, v
-  ASSIGN_OR_RETURN(const TriadResult triad,
-                   MeasureTriad(engine, static_cast<int64_t>(std::ceil(params * (state_bytes + grad_bytes) / 12)),
-                                f.reps));
+// Copy bandwidth in GB/s (read + write) of the master weights with memcpy and with plain stores.
+struct CopyFigures {
+  double memcpy = 0;  // median
+  double plain = 0;   // median
+  // The faster of the two copies (median), so the ratio is not flattered.
+  double reference = 0;
+  double reference_best = 0;
+};
 
-  // The reference is the faster of the two copies (median), so the ratio is not flattered.
+CopyFigures MeasureCopies(int threads, const BenchArrays& arrays, int64_t params, int reps) {
   const auto [memcpy_gbps, memcpy_gbps_best] =
-      CopyBandwidth(CopyKind::kMemcpy, threads, master.as<char>(), copy_dst.as<char>(), params * 4, f.reps);
-  const auto [plain_gbps, plain_gbps_best] =
-      CopyBandwidth(CopyKind::kPlainStores, threads, master.as<char>(), copy_dst.as<char>(), params * 4, f.reps);
-  const double copy_gbps = std::max(memcpy_gbps, plain_gbps);
-  const double copy_gbps_best = std::max(memcpy_gbps_best, plain_gbps_best);
+      CopyBandwidth(CopyKind::kMemcpy, threads, arrays.master.as<char>(), arrays.copy_dst.as<char>(), params * 4, reps);
+  const auto [plain_gbps, plain_gbps_best] = CopyBandwidth(CopyKind::kPlainStores, threads, arrays.master.as<char>(),
+                                                           arrays.copy_dst.as<char>(), params * 4, reps);
+  return {memcpy_gbps, plain_gbps, std::max(memcpy_gbps, plain_gbps), std::max(memcpy_gbps_best, plain_gbps_best)};
+}
 
-  // One update of every parameter, in chunks of --chunk-params per node part; returns seconds.
-  int64_t step = 0;
-  auto update_pass = [&]() {
-    AdamWStepParams p;
-    p.step = ++step;
-    p.lr = 1e-4;
-    p.nonfinite_grad = f.refuse_nonfinite ? NonFiniteGrad::kRefuse : NonFiniteGrad::kApply;
-    const auto s0 = Clock::now();
-    for (const NodePart& part : parts) {
-      for (int64_t o = 0; o < part.unit.numel; o += f.chunk_params) {
-        const int64_t n = std::min(f.chunk_params, part.unit.numel - o);
-        const int64_t g = part.begin + o;
-        auto done = [](absl::Status s) { CHECK(s.ok()) << s; };
-        absl::Status s = bf16_grad ? engine.SubmitChunkBf16(part.unit, o, n, grad.as<bf16_t>() + g, p, done)
-                                   : engine.SubmitChunk(part.unit, o, n, grad.as<float>() + g, p, done);
-        CHECK(s.ok()) << s;
-      }
+// One update of every parameter (AdamW step `step`), in chunks of --chunk-params per node part;
+// returns seconds.
+double UpdatePass(LayerAdam& engine, const BenchFlags& f, const std::vector<NodePart>& parts, const Mapping& grad,
+                  bool bf16_grad, int64_t step) {
+  AdamWStepParams p;
+  p.step = step;
+  p.lr = 1e-4;
+  p.nonfinite_grad = f.refuse_nonfinite ? NonFiniteGrad::kRefuse : NonFiniteGrad::kApply;
+  const auto s0 = Clock::now();
+  for (const NodePart& part : parts) {
+    for (int64_t o = 0; o < part.unit.numel; o += f.chunk_params) {
+      const int64_t n = std::min(f.chunk_params, part.unit.numel - o);
+      const int64_t g = part.begin + o;
+      auto done = [](absl::Status s) { CHECK(s.ok()) << s; };
+      absl::Status s = bf16_grad ? engine.SubmitChunkBf16(part.unit, o, n, grad.as<bf16_t>() + g, p, done)
+                                 : engine.SubmitChunk(part.unit, o, n, grad.as<float>() + g, p, done);
+      CHECK(s.ok()) << s;
     }
-    engine.WaitIdle();
-    return Seconds(s0, Clock::now());
-  };
-  // Warm-up passes until one takes no page fault (at most kMaxWarmups). The state is prefaulted,
-  // but the first pass still faults in code (libm's pow, for the bias correction) and the engine's
-  // queue storage and chunk records as they first grow (LayerAdam recycles both afterwards). The
-  // timed passes then count the steady state's faults, every thread's: the target is 0.
-  constexpr int kMaxWarmups = 5;
+  }
+  engine.WaitIdle();
+  return Seconds(s0, Clock::now());
+}
+
+struct UpdateTiming {
+  std::vector<double> times;  // seconds of each timed pass
   int warmups = 0;
   int64_t warmup_faults = 0;
-  while (warmups < kMaxWarmups) {
+  int64_t hot_path_faults = 0;  // in the timed passes
+};
+
+// Warm-up passes until one takes no page fault (at most kMaxWarmups). The state is prefaulted,
+// but the first pass still faults in code (libm's pow, for the bias correction) and the engine's
+// queue storage and chunk records as they first grow (LayerAdam recycles both afterwards). The
+// timed passes then count the steady state's faults, every thread's: the target is 0.
+UpdateTiming TimeUpdates(LayerAdam& engine, const BenchFlags& f, const std::vector<NodePart>& parts,
+                         const Mapping& grad, bool bf16_grad) {
+  int64_t step = 0;
+  auto update_pass = [&]() { return UpdatePass(engine, f, parts, grad, bf16_grad, ++step); };
+  constexpr int kMaxWarmups = 5;
+  UpdateTiming out;
+  while (out.warmups < kMaxWarmups) {
     const int64_t before = PageFaults();
     update_pass();
-    ++warmups;
+    ++out.warmups;
     const int64_t faults = PageFaults() - before;
-    warmup_faults += faults;
+    out.warmup_faults += faults;
     if (faults == 0) break;
   }
-  std::vector<double> times;
   const int64_t faults_before = PageFaults();
-  for (int r = 0; r < f.reps; ++r) times.push_back(update_pass());
-  const int64_t hot_path_faults = PageFaults() - faults_before;
-  const double dt = Median(times);
-  const double best = *std::min_element(times.begin(), times.end());
-  const double params_per_s = params / dt;
-  const double no_mirror_bytes = 8 + moment_rw + grad_bytes;  // 28 with FP32 state and gradient
-  const double gbps28 = params_per_s * no_mirror_bytes / 1e9;
-  const double gbps30 = params_per_s * (no_mirror_bytes + 2) / 1e9;
+  for (int r = 0; r < f.reps; ++r) out.times.push_back(update_pass());
+  out.hot_path_faults = PageFaults() - faults_before;
+  return out;
+}
+
+// LayerAdam's rates over the timed passes, by each traffic convention of the file comment.
+struct UpdateRates {
+  double dt = 0;    // seconds per pass, median
+  double best = 0;  // seconds per pass, best
+  double params_per_s = 0;
+  double no_mirror_bytes = 0;  // per parameter: 28 with FP32 state and gradient
+  double gbps28 = 0;           // at no_mirror_bytes
+  double gbps30 = 0;           // at no_mirror_bytes + the mirror's 2
+  double moved_bytes = 0;      // per parameter, what the update moves
+  double layeradam_gbps = 0;
+  double layeradam_gbps_best = 0;
+  double ratio_to_triad = 0;
+  double ratio_to_triad_no_mirror = 0;
+};
+
+UpdateRates RatesOf(const UpdateTiming& timing, int64_t params, double no_mirror_bytes, const std::string& mirror_store,
+                    const TriadResult& triad) {
+  UpdateRates r;
+  r.dt = Median(timing.times);
+  r.best = *std::min_element(timing.times.begin(), timing.times.end());
+  r.params_per_s = params / r.dt;
+  r.no_mirror_bytes = no_mirror_bytes;
+  r.gbps28 = r.params_per_s * no_mirror_bytes / 1e9;
+  r.gbps30 = r.params_per_s * (no_mirror_bytes + 2) / 1e9;
   // Bytes the update moves per parameter (the triad reference's convention, see the file comment).
   // (--mirror-store none: runtime.param_source master, no mirror written.)
-  const double moved_bytes =
-      no_mirror_bytes + (f.mirror_store == "none" ? 0 : 2) + (f.mirror_store == "cached" ? 2 : 0);
-  const double layeradam_gbps = params_per_s * moved_bytes / 1e9;
-  const double layeradam_gbps_best = params / best * moved_bytes / 1e9;
-  const double ratio_to_triad = layeradam_gbps / triad.reference.median;
-  const double ratio_to_triad_no_mirror = gbps28 / triad.reference.median;
+  r.moved_bytes = no_mirror_bytes + (mirror_store == "none" ? 0 : 2) + (mirror_store == "cached" ? 2 : 0);
+  r.layeradam_gbps = r.params_per_s * r.moved_bytes / 1e9;
+  r.layeradam_gbps_best = params / r.best * r.moved_bytes / 1e9;
+  r.ratio_to_triad = r.layeradam_gbps / triad.reference.median;
+  r.ratio_to_triad_no_mirror = r.gbps28 / triad.reference.median;
+  return r;
+}
 
+// Everything Bench measured, as its report prints it.
+struct BenchFigures {
+  int cores = 0;
+  int64_t params = 0;
+  size_t tensor_ranges = 0;
+  int64_t padding = 0;     // elements skipped
+  double state_bytes = 0;  // held per parameter: master, mirror, m, v
+  double prefault_s = 0;
+  TriadResult triad;
+  CopyFigures copy;
+  UpdateTiming timing;
+  UpdateRates rates;
+};
+
+void PrintText(const BenchFlags& f, const LayerAdam& engine, const BenchFigures& r) {
+  const int threads = engine.num_threads();
+  const int64_t params = r.params;
+  const TriadResult& triad = r.triad;
+  const UpdateRates& u = r.rates;
   std::printf(
       "machine: %d physical cores, %d NUMA node(s); threads %d, isa %s, pin %s, grad %s, "
       "mirror stores %s, moments %s\n",
-      cores, engine.num_numa_nodes(), threads, AdamIsaName(engine.isa()).c_str(), f.pin.c_str(), f.grad_dtype.c_str(),
+      r.cores, engine.num_numa_nodes(), threads, AdamIsaName(engine.isa()).c_str(), f.pin.c_str(), f.grad_dtype.c_str(),
       f.mirror_store.c_str(), f.state.c_str());
   std::printf("params %lld (%.2f GiB state), prefault %.2f s\n", static_cast<long long>(params),
-              params * state_bytes / (1 << 30), prefault_s);
+              params * r.state_bytes / (1 << 30), r.prefault_s);
   std::printf(
       "triad a = b + 3c on the %d LayerAdam workers (3 x %.2f GiB, each slice first-touched by its worker): "
       "streaming stores %.1f GB/s (best %.1f) at 12 B/elem; cached stores %.1f GB/s at 12 B/elem, %.1f at 16 B/elem "
@@ -521,26 +604,34 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
   std::printf(
       "copy bandwidth (read+write): memcpy %.1f GB/s, plain stores %.1f GB/s (median); "
       "reference %.1f\n",
-      memcpy_gbps, plain_gbps, copy_gbps);
+      r.copy.memcpy, r.copy.plain, r.copy.reference);
   std::printf(
       "LayerAdam: %.3f Gparam/s median (%.3f best), %.1f GB/s at %.0f B/param, %.1f GB/s "
       "at %.0f B/param with mirror\n",
-      params_per_s / 1e9, params / best / 1e9, gbps28, no_mirror_bytes, gbps30, no_mirror_bytes + 2);
-  std::printf("ratio to copy bandwidth: %.2f (%.0f B/param), %.2f (with mirror)\n", gbps28 / copy_gbps, no_mirror_bytes,
-              gbps30 / copy_gbps);
+      u.params_per_s / 1e9, params / u.best / 1e9, u.gbps28, u.no_mirror_bytes, u.gbps30, u.no_mirror_bytes + 2);
+  std::printf("ratio to copy bandwidth: %.2f (%.0f B/param), %.2f (with mirror)\n", u.gbps28 / r.copy.reference,
+              u.no_mirror_bytes, u.gbps30 / r.copy.reference);
   std::printf(
       "ratio to the triad: %.2f (LayerAdam %.1f GB/s at %.0f B/param moved / triad %.1f GB/s; target >= 0.85), "
       "%.2f at %.0f B/param without the mirror\n",
-      ratio_to_triad, layeradam_gbps, moved_bytes, triad.reference.median, ratio_to_triad_no_mirror, no_mirror_bytes);
+      u.ratio_to_triad, u.layeradam_gbps, u.moved_bytes, triad.reference.median, u.ratio_to_triad_no_mirror,
+      u.no_mirror_bytes);
   std::printf("page faults in the timed LayerAdam reps: %lld (%lld in %d warm-up passes)\n",
-              static_cast<long long>(hot_path_faults), static_cast<long long>(warmup_faults), warmups);
+              static_cast<long long>(r.timing.hot_path_faults), static_cast<long long>(r.timing.warmup_faults),
+              r.timing.warmups);
+}
+
+// The last stdout line: one JSON object with every figure.
+void PrintJson(const BenchFlags& f, const LayerAdam& engine, const BenchFigures& r) {
+  const TriadResult& triad = r.triad;
+  const UpdateRates& u = r.rates;
   nlohmann::json j = {{"bench", "layeradam"},
-                      {"params", params},
-                      {"tensor_ranges", tensors.size()},
+                      {"params", r.params},
+                      {"tensor_ranges", r.tensor_ranges},
                       {"refuse_nonfinite", f.refuse_nonfinite},
-                      {"padding_skipped", padding},
-                      {"threads", threads},
-                      {"cores", cores},
+                      {"padding_skipped", r.padding},
+                      {"threads", engine.num_threads()},
+                      {"cores", r.cores},
                       {"numa_nodes", engine.num_numa_nodes()},
                       {"isa", AdamIsaName(engine.isa())},
                       {"pin", f.pin},
@@ -549,18 +640,18 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
                       {"mirror_store", f.mirror_store},
                       {"chunk_params", f.chunk_params},
                       {"reps", f.reps},
-                      {"copy_GBps_rw", copy_gbps},
-                      {"memcpy_GBps_rw", memcpy_gbps},
-                      {"plain_copy_GBps_rw", plain_gbps},
-                      {"copy_GBps_rw_best", copy_gbps_best},
-                      {"adam_s_per_step", dt},
-                      {"adam_Gparam_per_s", params_per_s / 1e9},
-                      {"adam_Gparam_per_s_best", params / best / 1e9},
-                      {"adam_GBps_no_mirror", gbps28},
-                      {"adam_GBps_with_mirror", gbps30},
-                      {"ratio_no_mirror", gbps28 / copy_gbps},
-                      {"ratio_with_mirror", gbps30 / copy_gbps},
-                      {"prefault_s", prefault_s},
+                      {"copy_GBps_rw", r.copy.reference},
+                      {"memcpy_GBps_rw", r.copy.memcpy},
+                      {"plain_copy_GBps_rw", r.copy.plain},
+                      {"copy_GBps_rw_best", r.copy.reference_best},
+                      {"adam_s_per_step", u.dt},
+                      {"adam_Gparam_per_s", u.params_per_s / 1e9},
+                      {"adam_Gparam_per_s_best", r.params / u.best / 1e9},
+                      {"adam_GBps_no_mirror", u.gbps28},
+                      {"adam_GBps_with_mirror", u.gbps30},
+                      {"ratio_no_mirror", u.gbps28 / r.copy.reference},
+                      {"ratio_with_mirror", u.gbps30 / r.copy.reference},
+                      {"prefault_s", r.prefault_s},
                       {"triad_elems", triad.elems},
                       {"triad_gbps", triad.reference.median},
                       {"triad_gbps_best", triad.reference.best},
@@ -571,16 +662,52 @@ absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
                       {"triad_cached_gbps_best", triad.cached.best},
                       {"triad_cached_gbps_write_allocate", triad.cached_wa.median},
                       {"triad_cached_gbps_write_allocate_best", triad.cached_wa.best},
-                      {"layeradam_bytes_per_param", moved_bytes},
-                      {"layeradam_bytes_per_param_no_mirror", no_mirror_bytes},
-                      {"layeradam_gbps", layeradam_gbps},
-                      {"layeradam_gbps_best", layeradam_gbps_best},
-                      {"ratio_to_triad", ratio_to_triad},
-                      {"ratio_to_triad_no_mirror", ratio_to_triad_no_mirror},
-                      {"hot_path_page_faults", hot_path_faults},
-                      {"warmup_reps", warmups},
-                      {"warmup_page_faults", warmup_faults}};
+                      {"layeradam_bytes_per_param", u.moved_bytes},
+                      {"layeradam_bytes_per_param_no_mirror", u.no_mirror_bytes},
+                      {"layeradam_gbps", u.layeradam_gbps},
+                      {"layeradam_gbps_best", u.layeradam_gbps_best},
+                      {"ratio_to_triad", u.ratio_to_triad},
+                      {"ratio_to_triad_no_mirror", u.ratio_to_triad_no_mirror},
+                      {"hot_path_page_faults", r.timing.hot_path_faults},
+                      {"warmup_reps", r.timing.warmups},
+                      {"warmup_page_faults", r.timing.warmup_faults}};
   std::cout << j.dump() << std::endl;
+}
+
+absl::Status Bench(const BenchFlags& f, LayerAdam& engine, int cores) {
+  const int64_t params = f.params;
+  const bool bf16_grad = f.grad_dtype == "bf16";
+  ASSIGN_OR_RETURN(const MomentForm state, ParseMomentForm(f.state));
+  if (state == MomentForm::kInt8 &&
+      (f.chunk_params % kInt8MomentBlock != 0 || f.tensor_numel % kInt8MomentBlock != 0)) {
+    return absl::InvalidArgumentError("--state int8: --chunk-params and --tensor-numel must be multiples of 256");
+  }
+  // m and v: FP32, BF16 or int8 codes (the scales apart).
+  const int64_t moment_elem = state == MomentForm::kF32 ? 4 : state == MomentForm::kBF16 ? 2 : 1;
+  const BenchArrays arrays(params, moment_elem, bf16_grad);
+  BenchFigures r;
+  r.cores = cores;
+  r.params = params;
+  const TensorLayout layout = LayOutTensors(params, f.tensor_numel);
+  r.tensor_ranges = layout.tensors.size();
+  r.padding = layout.padding;
+  const NodeParts nodes = SplitByNode(engine, f, state, layout.tensors, arrays);
+  ASSIGN_OR_RETURN(r.prefault_s, Prefault(engine, nodes, arrays, moment_elem, bf16_grad));
+
+  // The triad's arrays hold at least as many bytes as the update touches (state + gradient), far
+  // beyond any last-level cache at the bench's sizes; MeasureTriad unmaps them before the update runs.
+  const double grad_bytes = bf16_grad ? 2 : 4;
+  // m and v, read and written, per parameter (fp32 16, bf16 8, int8 4 + 2 x 2 x 4 / 256).
+  const double moment_rw = state == MomentForm::kF32 ? 16 : state == MomentForm::kBF16 ? 8 : 4 + 16.0 / 256;
+  r.state_bytes = 6 + moment_rw / 2;
+  ASSIGN_OR_RETURN(
+      r.triad,
+      MeasureTriad(engine, static_cast<int64_t>(std::ceil(params * (r.state_bytes + grad_bytes) / 12)), f.reps));
+  r.copy = MeasureCopies(engine.num_threads(), arrays, params, f.reps);
+  r.timing = TimeUpdates(engine, f, nodes.parts, arrays.grad, bf16_grad);
+  r.rates = RatesOf(r.timing, params, 8 + moment_rw + grad_bytes, f.mirror_store, r.triad);
+  PrintText(f, engine, r);
+  PrintJson(f, engine, r);
   return absl::OkStatus();
 }
 

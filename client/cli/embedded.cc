@@ -26,9 +26,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "checkpoint/checkpoint.h"
 #include "client/cli/client.h"
 #include "common/status/status_macros.h"
-#include "hostd/checkpoint/checkpoint.h"
 
 extern char** environ;
 

@@ -3,7 +3,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "hostd/checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace slidedp::client {
 

@@ -1,4 +1,4 @@
-// `slidedp plan`: the text of hostd's prediction (PlanJobResponse, hostd/engine/step_plan.h), and
+// `slidedp plan`: the text of hostd's prediction (PlanJobResponse, hostd/engine/step_prediction.h), and
 // the prediction against a run's metrics (--compare METRICS.jsonl).
 #pragma once
 

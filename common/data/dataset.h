@@ -95,7 +95,7 @@ struct WriterOptions {
   Packing packing = Packing::kPacked;
   Overwrite overwrite = Overwrite::kNo;
   nlohmann::json metadata = nlohmann::json::object();
-  std::optional<DatasetSource> source;  // may also be set later, before Finish (set_source)
+  std::optional<DatasetSource> source = std::nullopt;  // may also be set later, before Finish (set_source)
 };
 
 // Streams documents into <dir>.tmp-<pid>/ and renames it to <dir> on Finish(), so a reader never

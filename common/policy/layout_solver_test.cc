@@ -45,7 +45,7 @@ TEST(LayoutSolver, MatchesEnumerationOnRandomProblems) {
     const int64_t layers = 1 + rng() % 12;
     std::vector<LayerCandidate> c(k);
     for (int j = 0; j < k; ++j) {
-      c[j].policy = {static_cast<LayerKind>(j % 3), j >= 3};
+      c[j].policy = {static_cast<LayerKind>(j % 3), j >= 3 ? 1.0 : 0.0};
       c[j].time_s = 0.001 * (1 + rng() % 1000);
       c[j].device_bytes = static_cast<int64_t>(rng() % 2048) * kMiB;
     }
@@ -79,7 +79,7 @@ TEST(LayoutSolver, ModelSizedProblemIsOptimal) {
   const int64_t budget = 100ll << 30;
   std::vector<LayerCandidate> c;
   for (int j = 0; j < kCands; ++j) {
-    c.push_back({{static_cast<LayerKind>(j % 3), j % 2 == 1}, 0.10 - 0.006 * j + 0.0003 * (j % 4), j * kUnit});
+    c.push_back({{static_cast<LayerKind>(j % 3), j % 2 == 1 ? 1.0 : 0.0}, 0.10 - 0.006 * j + 0.0003 * (j % 4), j * kUnit});
   }
   const int units = static_cast<int>(budget / kUnit);
   // best[l][u]: the least time of l layers keeping at most u units.

@@ -156,7 +156,26 @@ struct Tokenizer::Regex {
   ~Regex() {
     if (code != nullptr) pcre2_code_free(code);
   }
+  // `pattern` (PCRE2 syntax) compiled with UTF + UCP, JIT-compiled where PCRE2 can.
+  static absl::StatusOr<std::unique_ptr<Regex>> Compile(const std::string& pattern);
 };
+
+absl::StatusOr<std::unique_ptr<Tokenizer::Regex>> Tokenizer::Regex::Compile(const std::string& pattern) {
+  int err = 0;
+  PCRE2_SIZE err_offset = 0;
+  auto regex = std::make_unique<Regex>();
+  regex->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err,
+                              &err_offset, nullptr);
+  if (regex->code == nullptr) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(err, msg, sizeof(msg));
+    return absl::InvalidArgumentError(
+        absl::StrCat("split regex does not compile at offset ", err_offset, ": ", reinterpret_cast<const char*>(msg)));
+  }
+  regex->jit = pcre2_jit_compile(regex->code, PCRE2_JIT_COMPLETE) == 0;
+  if (!regex->jit) LOG(WARNING) << "PCRE2 JIT unavailable; the tokenizer regex runs interpreted (slower)";
+  return regex;
+}
 
 namespace {
 struct ThreadMatchState {
@@ -221,6 +240,220 @@ absl::StatusOr<uint32_t> JsonTokenId(const json& v, absl::string_view what) {
   return absl::InvalidArgumentError(
       absl::StrCat(what, ": id ", v.dump().substr(0, 40), " is not an integer in [0, 2^31)"));
 }
+
+// The parts of tokenizer.json FromJson reads; each throws json::exception on a missing key or a
+// value of the wrong type, which FromJson reports.
+
+// The model must be a byte-level BPE without byte_fallback or dropout.
+absl::Status CheckBpeModel(const json& model) {
+  if (model.value("type", std::string("BPE")) != "BPE") {
+    return absl::UnimplementedError(absl::StrCat("tokenizer model type ", model.value("type", std::string()),
+                                                 " (only byte-level BPE is supported)"));
+  }
+  if (model.contains("byte_fallback") && model["byte_fallback"].is_boolean() && model["byte_fallback"].get<bool>()) {
+    return absl::UnimplementedError("BPE byte_fallback (SentencePiece-style) tokenizers are not supported");
+  }
+  if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() > 0) {
+    return absl::UnimplementedError("BPE dropout is not supported");
+  }
+  return absl::OkStatus();
+}
+
+// Vocabulary strings, written in GPT-2's byte-to-unicode alphabet, back to their raw bytes.
+class ByteLevelAlphabet {
+ public:
+  ByteLevelAlphabet() {
+    const std::vector<int> b2c = ByteToCodepoint();
+    for (int b = 0; b < 256; ++b) c2b_[static_cast<uint32_t>(b2c[b])] = static_cast<uint8_t>(b);
+  }
+  // False when `s` holds a character outside the alphabet.
+  bool ToBytes(const std::string& s, std::string* out) const {
+    out->clear();
+    size_t i = 0;
+    while (i < s.size()) {
+      uint32_t cp = NextCodepoint(s, i);
+      auto it = c2b_.find(cp);
+      if (it == c2b_.end()) return false;
+      out->push_back(static_cast<char>(it->second));
+    }
+    return true;
+  }
+
+ private:
+  absl::flat_hash_map<uint32_t, uint8_t> c2b_;
+};
+
+using VocabEntries = std::vector<std::pair<uint32_t, std::string>>;  // (id, raw bytes)
+
+// The vocabulary into *bytes_to_id (raw bytes -> id); returns its entries, in the file's order.
+absl::StatusOr<VocabEntries> ReadVocab(const json& vocab, const ByteLevelAlphabet& alphabet,
+                                       absl::flat_hash_map<std::string, uint32_t>* bytes_to_id) {
+  std::string bytes;
+  bytes_to_id->reserve(vocab.size());
+  VocabEntries entries;
+  entries.reserve(vocab.size());
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    if (!alphabet.ToBytes(it.key(), &bytes)) {
+      return absl::UnimplementedError(
+          absl::StrCat("vocabulary entry \"", it.key(), "\" is not in the byte-level alphabet (not a byte-level BPE)"));
+    }
+    ASSIGN_OR_RETURN(const uint32_t id,
+                     JsonTokenId(it.value(), absl::StrCat("vocabulary entry \"", it.key().substr(0, 40), "\"")));
+    (*bytes_to_id)[bytes] = id;
+    entries.emplace_back(id, bytes);
+  }
+  return entries;
+}
+
+// The id of every single byte, which a byte-level vocabulary must hold.
+absl::Status ReadByteIds(const absl::flat_hash_map<std::string, uint32_t>& bytes_to_id, uint32_t* byte_id) {
+  for (int b = 0; b < 256; ++b) {
+    auto it = bytes_to_id.find(std::string(1, static_cast<char>(b)));
+    if (it == bytes_to_id.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("byte-level vocabulary lacks the single byte ", b));
+    }
+    byte_id[b] = it->second;
+  }
+  return absl::OkStatus();
+}
+
+struct MergeRule {
+  uint64_t pair = 0;  // left id << 32 | right id
+  uint32_t rank = 0;
+  uint32_t new_id = 0;
+};
+
+// Merges: either ["a", "b"] pairs (tokenizers >= 0.20) or "a b" strings; in rank order.
+absl::StatusOr<std::vector<MergeRule>> ReadMerges(const json& merges, const ByteLevelAlphabet& alphabet,
+                                                  const absl::flat_hash_map<std::string, uint32_t>& bytes_to_id) {
+  std::vector<MergeRule> rules;
+  rules.reserve(merges.size());
+  std::string left, right;
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    const json& m = merges[rank];
+    std::string a, b;
+    if (m.is_array()) {
+      a = m.at(0).get<std::string>();
+      b = m.at(1).get<std::string>();
+    } else {
+      const std::string s = m.get<std::string>();
+      const size_t sp = s.find(' ', 1);
+      if (sp == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("merge ", rank, " \"", s, "\""));
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    }
+    if (!alphabet.ToBytes(a, &left) || !alphabet.ToBytes(b, &right)) {
+      return absl::InvalidArgumentError(absl::StrCat("merge ", rank, " is not byte-level"));
+    }
+    auto la = bytes_to_id.find(left), lb = bytes_to_id.find(right), lm = bytes_to_id.find(left + right);
+    if (la == bytes_to_id.end() || lb == bytes_to_id.end() || lm == bytes_to_id.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("merge ", rank, " (\"", a, "\", \"", b, "\") refers to a token missing from the vocabulary"));
+    }
+    rules.push_back({(static_cast<uint64_t>(la->second) << 32) | lb->second, static_cast<uint32_t>(rank), lm->second});
+  }
+  return rules;
+}
+
+absl::StatusOr<std::vector<AddedToken>> ReadAddedTokens(const json& j) {
+  std::vector<AddedToken> added;
+  if (!j.contains("added_tokens") || !j["added_tokens"].is_array()) return added;
+  for (const json& a : j["added_tokens"]) {
+    ASSIGN_OR_RETURN(const uint32_t added_id, JsonTokenId(a.at("id"), "added token"));
+    AddedToken at{added_id, a.at("content").get<std::string>(), a.value("special", false)};
+    if (a.value("lstrip", false) || a.value("rstrip", false) || a.value("single_word", false)) {
+      return absl::UnimplementedError(
+          absl::StrCat("added token \"", at.content, "\" uses lstrip/rstrip/single_word, which is not supported"));
+    }
+    if (at.content.empty()) return absl::InvalidArgumentError("an added token has empty content");
+    added.push_back(std::move(at));
+  }
+  return added;
+}
+
+// The tables indexed by id (vocabulary and added tokens), and the added tokens by first byte.
+struct IdTables {
+  std::vector<std::string> id_to_bytes;
+  std::vector<uint8_t> is_special;
+  std::vector<std::vector<int>> added_by_first_byte;  // 256 lists of indexes into the added tokens, longest first
+};
+
+absl::StatusOr<IdTables> BuildIdTables(VocabEntries entries, const std::vector<AddedToken>& added) {
+  uint32_t max_id = 0;
+  for (const auto& [id, bytes] : entries) max_id = std::max(max_id, id);
+  for (const AddedToken& a : added) max_id = std::max(max_id, a.id);
+  // The id tables are as long as the largest id: ids far past the vocabulary would size them
+  // past memory (real tokenizers leave at most a few thousand unused ids).
+  const uint64_t bound = uint64_t{entries.size()} + added.size() + (uint64_t{1} << 20);
+  if (uint64_t{max_id} >= bound) {
+    return absl::InvalidArgumentError(absl::StrCat("token id ", max_id, " is far beyond the ", entries.size(),
+                                                   " vocabulary entries and ", added.size(), " added tokens (at most ",
+                                                   bound - 1, ")"));
+  }
+  IdTables t;
+  t.id_to_bytes.assign(size_t{max_id} + 1, std::string());
+  t.is_special.assign(size_t{max_id} + 1, 0);
+  for (auto& [id, b] : entries) t.id_to_bytes[id] = std::move(b);
+  t.added_by_first_byte.assign(256, {});
+  for (size_t i = 0; i < added.size(); ++i) {
+    const AddedToken& a = added[i];
+    t.id_to_bytes[a.id] = a.content;
+    t.is_special[a.id] = a.special ? 1 : 0;
+    t.added_by_first_byte[static_cast<unsigned char>(a.content[0])].push_back(static_cast<int>(i));
+  }
+  for (auto& list : t.added_by_first_byte) {
+    std::stable_sort(list.begin(), list.end(),
+                     [&](int x, int y) { return added[x].content.size() > added[y].content.size(); });
+  }
+  return t;
+}
+
+// The normalizer: none (false) or NFC (true).
+absl::StatusOr<bool> ReadNfc(const json& j) {
+  const json& norm = j.value("normalizer", json());
+  if (norm.is_null()) return false;
+  if (norm.value("type", std::string()) == "NFC") return true;
+  return absl::UnimplementedError(absl::StrCat("normalizer ", norm.dump(), " (supported: none, NFC)"));
+}
+
+// The split regex, in PCRE2 syntax, of a pre-tokenizer Sequence[Split(Regex, Isolated),
+// ByteLevel(use_regex=false)] or ByteLevel(use_regex=true).
+absl::StatusOr<std::string> ReadSplitPattern(const json& pre) {
+  std::string pattern;
+  std::vector<json> steps;
+  if (pre.value("type", std::string()) == "Sequence") {
+    for (const json& p : pre.at("pretokenizers")) steps.push_back(p);
+  } else {
+    steps.push_back(pre);
+  }
+  bool byte_level = false;
+  for (const json& p : steps) {
+    const std::string type = p.value("type", std::string());
+    if (type == "Split" && pattern.empty() && !byte_level) {
+      if (!p.at("pattern").contains("Regex") || p.value("behavior", std::string()) != "Isolated" ||
+          p.value("invert", false)) {
+        return absl::UnimplementedError(
+            absl::StrCat("pre-tokenizer ", p.dump(), " (supported: Split with a Regex, Isolated)"));
+      }
+      pattern = p["pattern"]["Regex"].get<std::string>();
+    } else if (type == "ByteLevel" && !byte_level) {
+      byte_level = true;
+      if (p.value("add_prefix_space", false)) {
+        return absl::UnimplementedError("ByteLevel add_prefix_space=true is not supported");
+      }
+      if (p.value("use_regex", true)) {
+        if (!pattern.empty()) return absl::UnimplementedError("Split followed by ByteLevel(use_regex=true)");
+        pattern = kGpt2Pattern;
+      }
+    } else {
+      return absl::UnimplementedError(absl::StrCat("pre-tokenizer step ", p.dump()));
+    }
+  }
+  if (!byte_level || pattern.empty()) {
+    return absl::UnimplementedError("pre-tokenizer must end in ByteLevel and define a split regex");
+  }
+  return OnigToPcre2(pattern);
+}
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view json_text) {
@@ -229,187 +462,25 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("tokenizer.json is not a JSON object");
   std::unique_ptr<Tokenizer> t(new Tokenizer());
   try {
-    // Model.
     const json& model = j.at("model");
-    if (model.value("type", std::string("BPE")) != "BPE") {
-      return absl::UnimplementedError(absl::StrCat("tokenizer model type ", model.value("type", std::string()),
-                                                   " (only byte-level BPE is supported)"));
-    }
-    if (model.contains("byte_fallback") && model["byte_fallback"].is_boolean() && model["byte_fallback"].get<bool>()) {
-      return absl::UnimplementedError("BPE byte_fallback (SentencePiece-style) tokenizers are not supported");
-    }
-    if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() > 0) {
-      return absl::UnimplementedError("BPE dropout is not supported");
-    }
+    RETURN_IF_ERROR(CheckBpeModel(model));
     t->ignore_merges_ = model.value("ignore_merges", false);
-
-    std::vector<int> b2c = ByteToCodepoint();
-    absl::flat_hash_map<uint32_t, uint8_t> c2b;
-    for (int b = 0; b < 256; ++b) c2b[static_cast<uint32_t>(b2c[b])] = static_cast<uint8_t>(b);
-    auto to_bytes = [&](const std::string& s, std::string* out) {
-      out->clear();
-      size_t i = 0;
-      while (i < s.size()) {
-        uint32_t cp = NextCodepoint(s, i);
-        auto it = c2b.find(cp);
-        if (it == c2b.end()) return false;
-        out->push_back(static_cast<char>(it->second));
-      }
-      return true;
-    };
-
-    const json& vocab = model.at("vocab");
-    uint32_t max_id = 0;
-    std::string bytes;
-    t->bytes_to_id_.reserve(vocab.size());
-    std::vector<std::pair<uint32_t, std::string>> entries;
-    entries.reserve(vocab.size());
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      if (!to_bytes(it.key(), &bytes)) {
-        return absl::UnimplementedError(absl::StrCat("vocabulary entry \"", it.key(),
-                                                     "\" is not in the byte-level alphabet (not a byte-level BPE)"));
-      }
-      ASSIGN_OR_RETURN(const uint32_t id,
-                       JsonTokenId(it.value(), absl::StrCat("vocabulary entry \"", it.key().substr(0, 40), "\"")));
-      max_id = std::max(max_id, id);
-      t->bytes_to_id_[bytes] = id;
-      entries.emplace_back(id, bytes);
-    }
-    for (int b = 0; b < 256; ++b) {
-      auto it = t->bytes_to_id_.find(std::string(1, static_cast<char>(b)));
-      if (it == t->bytes_to_id_.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("byte-level vocabulary lacks the single byte ", b));
-      }
-      t->byte_id_[b] = it->second;
-    }
-
-    // Merges: either ["a", "b"] pairs (tokenizers >= 0.20) or "a b" strings.
-    const json& merges = model.at("merges");
+    const ByteLevelAlphabet alphabet;
+    ASSIGN_OR_RETURN(VocabEntries entries, ReadVocab(model.at("vocab"), alphabet, &t->bytes_to_id_));
+    RETURN_IF_ERROR(ReadByteIds(t->bytes_to_id_, t->byte_id_));
+    ASSIGN_OR_RETURN(const std::vector<MergeRule> merges, ReadMerges(model.at("merges"), alphabet, t->bytes_to_id_));
     t->merges_.reserve(merges.size());
-    std::string left, right;
-    for (size_t rank = 0; rank < merges.size(); ++rank) {
-      const json& m = merges[rank];
-      std::string a, b;
-      if (m.is_array()) {
-        a = m.at(0).get<std::string>();
-        b = m.at(1).get<std::string>();
-      } else {
-        const std::string s = m.get<std::string>();
-        const size_t sp = s.find(' ', 1);
-        if (sp == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("merge ", rank, " \"", s, "\""));
-        a = s.substr(0, sp);
-        b = s.substr(sp + 1);
-      }
-      if (!to_bytes(a, &left) || !to_bytes(b, &right)) {
-        return absl::InvalidArgumentError(absl::StrCat("merge ", rank, " is not byte-level"));
-      }
-      auto la = t->bytes_to_id_.find(left), lb = t->bytes_to_id_.find(right),
-           lm = t->bytes_to_id_.find(left + right);
-      if (la == t->bytes_to_id_.end() || lb == t->bytes_to_id_.end() || lm == t->bytes_to_id_.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("merge ", rank, " (\"", a, "\", \"", b,
-                                                       "\") refers to a token missing from the vocabulary"));
-      }
-      const uint64_t key = (static_cast<uint64_t>(la->second) << 32) | lb->second;
-      t->merges_.try_emplace(key, MergeTarget{static_cast<uint32_t>(rank), lm->second});  // first (lowest) rank wins
+    for (const MergeRule& m : merges) {
+      t->merges_.try_emplace(m.pair, MergeTarget{m.rank, m.new_id});  // first (lowest) rank wins
     }
-
-    // Added tokens.
-    if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
-      for (const json& a : j["added_tokens"]) {
-        ASSIGN_OR_RETURN(const uint32_t added_id, JsonTokenId(a.at("id"), "added token"));
-        AddedToken at{added_id, a.at("content").get<std::string>(), a.value("special", false)};
-        if (a.value("lstrip", false) || a.value("rstrip", false) || a.value("single_word", false)) {
-          return absl::UnimplementedError(
-              absl::StrCat("added token \"", at.content, "\" uses lstrip/rstrip/single_word, which is not supported"));
-        }
-        if (at.content.empty()) return absl::InvalidArgumentError("an added token has empty content");
-        max_id = std::max(max_id, at.id);
-        t->added_.push_back(std::move(at));
-      }
-    }
-    // The id tables are as long as the largest id: ids far past the vocabulary would size them
-    // past memory (real tokenizers leave at most a few thousand unused ids).
-    const uint64_t bound = uint64_t{vocab.size()} + t->added_.size() + (uint64_t{1} << 20);
-    if (uint64_t{max_id} >= bound) {
-      return absl::InvalidArgumentError(absl::StrCat("token id ", max_id, " is far beyond the ", vocab.size(),
-                                                     " vocabulary entries and ", t->added_.size(),
-                                                     " added tokens (at most ", bound - 1, ")"));
-    }
-    t->id_to_bytes_.assign(size_t{max_id} + 1, std::string());
-    t->is_special_.assign(size_t{max_id} + 1, 0);
-    for (auto& [id, b] : entries) t->id_to_bytes_[id] = std::move(b);
-    t->added_by_first_byte_.assign(256, {});
-    for (size_t i = 0; i < t->added_.size(); ++i) {
-      const AddedToken& a = t->added_[i];
-      t->id_to_bytes_[a.id] = a.content;
-      t->is_special_[a.id] = a.special ? 1 : 0;
-      t->added_by_first_byte_[static_cast<unsigned char>(a.content[0])].push_back(static_cast<int>(i));
-    }
-    for (auto& list : t->added_by_first_byte_) {
-      std::stable_sort(list.begin(), list.end(),
-                       [&](int x, int y) { return t->added_[x].content.size() > t->added_[y].content.size(); });
-    }
-
-    // Normalizer.
-    const json& norm = j.value("normalizer", json());
-    if (norm.is_null()) {
-      t->nfc_ = false;
-    } else if (norm.value("type", std::string()) == "NFC") {
-      t->nfc_ = true;
-    } else {
-      return absl::UnimplementedError(absl::StrCat("normalizer ", norm.dump(), " (supported: none, NFC)"));
-    }
-
-    // Pre-tokenizer: Sequence[Split(Regex, Isolated), ByteLevel(use_regex=false)] or ByteLevel(use_regex=true).
-    std::string pattern;
-    const json& pre = j.at("pre_tokenizer");
-    std::vector<json> steps;
-    if (pre.value("type", std::string()) == "Sequence") {
-      for (const json& p : pre.at("pretokenizers")) steps.push_back(p);
-    } else {
-      steps.push_back(pre);
-    }
-    bool byte_level = false;
-    for (const json& p : steps) {
-      const std::string type = p.value("type", std::string());
-      if (type == "Split" && pattern.empty() && !byte_level) {
-        if (!p.at("pattern").contains("Regex") || p.value("behavior", std::string()) != "Isolated" ||
-            p.value("invert", false)) {
-          return absl::UnimplementedError(absl::StrCat("pre-tokenizer ", p.dump(), " (supported: Split with a Regex, Isolated)"));
-        }
-        pattern = p["pattern"]["Regex"].get<std::string>();
-      } else if (type == "ByteLevel" && !byte_level) {
-        byte_level = true;
-        if (p.value("add_prefix_space", false)) {
-          return absl::UnimplementedError("ByteLevel add_prefix_space=true is not supported");
-        }
-        if (p.value("use_regex", true)) {
-          if (!pattern.empty()) return absl::UnimplementedError("Split followed by ByteLevel(use_regex=true)");
-          pattern = kGpt2Pattern;
-        }
-      } else {
-        return absl::UnimplementedError(absl::StrCat("pre-tokenizer step ", p.dump()));
-      }
-    }
-    if (!byte_level || pattern.empty()) {
-      return absl::UnimplementedError("pre-tokenizer must end in ByteLevel and define a split regex");
-    }
-    auto translated = OnigToPcre2(pattern);
-    if (!translated.ok()) return translated.status();
-    pattern = *translated;
-    int err = 0;
-    PCRE2_SIZE err_offset = 0;
-    t->regex_ = std::make_unique<Regex>();
-    t->regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                    PCRE2_UTF | PCRE2_UCP, &err, &err_offset, nullptr);
-    if (t->regex_->code == nullptr) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(err, msg, sizeof(msg));
-      return absl::InvalidArgumentError(absl::StrCat("split regex does not compile at offset ", err_offset, ": ",
-                                                     reinterpret_cast<const char*>(msg)));
-    }
-    t->regex_->jit = pcre2_jit_compile(t->regex_->code, PCRE2_JIT_COMPLETE) == 0;
-    if (!t->regex_->jit) LOG(WARNING) << "PCRE2 JIT unavailable; the tokenizer regex runs interpreted (slower)";
+    ASSIGN_OR_RETURN(t->added_, ReadAddedTokens(j));
+    ASSIGN_OR_RETURN(IdTables ids, BuildIdTables(std::move(entries), t->added_));
+    t->id_to_bytes_ = std::move(ids.id_to_bytes);
+    t->is_special_ = std::move(ids.is_special);
+    t->added_by_first_byte_ = std::move(ids.added_by_first_byte);
+    ASSIGN_OR_RETURN(t->nfc_, ReadNfc(j));
+    ASSIGN_OR_RETURN(const std::string pattern, ReadSplitPattern(j.at("pre_tokenizer")));
+    ASSIGN_OR_RETURN(t->regex_, Regex::Compile(pattern));
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: ", e.what()));
   }
@@ -486,7 +557,8 @@ std::vector<uint32_t> Tokenizer::Encode(absl::string_view text, SpecialTokens sp
     for (int idx : cands) {
       const AddedToken& a = added_[idx];
       if (special == SpecialTokens::kAsText && a.special) continue;
-      if (text.size() - i >= a.content.size() && std::memcmp(text.data() + i, a.content.data(), a.content.size()) == 0) {
+      if (text.size() - i >= a.content.size() &&
+          std::memcmp(text.data() + i, a.content.data(), a.content.size()) == 0) {
         hit = &a;
         break;
       }

@@ -129,7 +129,7 @@ TEST(Tokenizer, HostileIdsAndNestingAreRefused) {
   std::ifstream f(DataDir() + "/qwen3/tokenizer.json");
   const nlohmann::json base = nlohmann::json::parse(f);
   ASSERT_TRUE(base.contains("added_tokens") && !base["added_tokens"].empty());
-  for (const nlohmann::json id : {nlohmann::json(-1), nlohmann::json(4294967295u), nlohmann::json(3000000000u),
+  for (const nlohmann::json& id : {nlohmann::json(-1), nlohmann::json(4294967295u), nlohmann::json(3000000000u),
                                   nlohmann::json(200000000), nlohmann::json("7")}) {
     nlohmann::json added = base;
     added["added_tokens"][0]["id"] = id;

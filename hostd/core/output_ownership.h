@@ -10,8 +10,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "checkpoint/checkpoint.h"
 #include "common/jobspec/job_spec.h"
-#include "hostd/checkpoint/checkpoint.h"
 
 namespace slidedp::hostd {
 

@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "common/jobspec/job_spec.h"
 #include "common/model/model_config.h"
-#include "hostd/checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "hostd/core/host_core.h"
 #include "hostd/update/adamw_state.h"
 #include "shm/job_state.h"

@@ -19,6 +19,8 @@
 
 namespace slidedp::hostd {
 
+struct StepMeasurements;  // attempt.h
+
 struct TrainingExecutorOptions {
   std::string node_name = "local";
   int update_threads = 0;  // 0: from the topology
@@ -45,30 +47,29 @@ class TrainingExecutor : public JobExecutor {
   void ForgetJob(const std::string& job_id) override;
 
  private:
-  struct Attempt;  // one attempt's state and segments (training_executor.cc)
+  struct Attempt;  // one attempt's parts: its data, measurements, step loop, outputs, segments (attempt.h)
 
   absl::Status RunAttempt(JobContext& ctx);
+  // The attempt's spec, layout and plan before any host state: other runs' checkpoints refused or
+  // moved aside, the dataset and validation split verified, routes and layout resolved. Null:
+  // nothing to run (train.measure_only on a layout measured already).
+  absl::StatusOr<std::unique_ptr<Attempt>> PrepareAttempt(JobContext& ctx);
   // Opens the dataset with every check (CRC-32 of each file, token ids against the model's
   // vocabulary, the loss mask; DATA_LOSS naming the file) and returns its files' identities for
   // the workers. Resolves train.epochs into steps. Once per job (see verified_).
   absl::StatusOr<std::vector<data::FileIdentity>> VerifyDataset(JobContext& ctx, JobSpec& spec, int64_t model_vocab);
-  // data.validation: checksums, ids and mask of the split at the attempt's start, its trained
-  // tokens and micro-batches (into the attempt).
-  absl::Status VerifyValidation(JobContext& ctx, Attempt& a, int64_t model_vocab);
   // The validation pass after step t: every rank's sums, added in micro-batch order, into m.
   absl::Status RecordValidation(JobContext& ctx, Attempt& a, int64_t t, v1::StepMetrics& m);
   // Admission (with the pooled segment's bytes counted as available), then the job's state
-  // segment: the pooled one adopted, or a new one.
+  // segment: the one taken over from a dead hostd, the pooled one adopted, or a new one.
   absl::Status AcquireState(JobContext& ctx, Attempt& a);
-  // The per-rank gradient rings, the CPU workers' collective, and the NUMA placement of units.
-  absl::Status CreateSegments(JobContext& ctx, Attempt& a);
+  // The step loop's components over the written state: schedule, gates, reports, the rings'
+  // consumer with its staging, speculative clipping's undo copies, LayerAdam's copy priority.
+  absl::Status BuildStepLoop(JobContext& ctx, Attempt& a);
   absl::Status SendAssignments(JobContext& ctx, const Attempt& a);
   // One optimizer step t: gradients into LayerAdam, gates, metrics.
   absl::Status RunStep(JobContext& ctx, Attempt& a, int64_t t);
   absl::Status SaveCheckpoint(JobContext& ctx, Attempt& a, int64_t steps_done);
-  // Whatever ended the attempt: wakes every worker still waiting on it, removes the rings and
-  // the collective, and pools or unlinks the state segment.
-  void ReleaseSegments(JobContext& ctx, Attempt& a);
   // The assignment's membership key for world > 1: the comm generation, this hostd instance and
   // the ordered (worker id, session serial) of the ranks. Workers keep their NCCL communicator
   // only while it matches.
@@ -83,8 +84,8 @@ class TrainingExecutor : public JobExecutor {
   // Logs AutoPolicy's validated layout and caches it; true when it is cached.
   bool RecordPolicy(JobContext& ctx, Attempt& a, const v1::PolicyChosen& chosen);
   // The job's last line on an AutoPolicy layout: its predicted step against the median measured.
-  void LogPrediction(JobContext& ctx, const Attempt& a);
-  // Plan for a spec with concrete routes (`what_if`, `estimate_other_route`: StepPlanInputs').
+  static void LogPrediction(JobContext& ctx, const StepMeasurements& m);
+  // Plan for a spec with concrete routes (`what_if`, `estimate_other_route`: StepPredictionInputs').
   absl::StatusOr<v1::PlanJobResponse> PlanRoute(const JobSpec& spec, const std::vector<v1::WorkerHello>& workers,
                                                 bool what_if, bool estimate_other_route);
   // runtime.grad_reduction / param_delivery `auto`: the route (RouteVariants) whose measured step

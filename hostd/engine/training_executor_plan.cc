@@ -1,6 +1,7 @@
 // TrainingExecutor's predictions: the layout a job runs (cached, fixed or measured), the routes
 // `auto` resolves to, `slidedp plan`'s step prediction per route, and AutoPolicy's record of the
-// layout a job chose (see training_executor.h). The step loop is training_executor.cc.
+// layout a job chose (see training_executor.h). The step loop is training_executor.cc, its setup
+// training_executor_setup.cc.
 #include "hostd/engine/training_executor.h"
 
 #include <algorithm>
@@ -19,37 +20,37 @@
 #include "hostd/engine/job_checks.h"
 #include "hostd/engine/job_plan.h"
 #include "hostd/engine/policy_cache.h"
-#include "hostd/engine/step_plan.h"
+#include "hostd/engine/step_prediction.h"
 #include "hostd/engine/worker_reports.h"
 
 namespace slidedp::hostd {
 
 std::optional<LayerLayout> TrainingExecutor::CachedLayout(const JobSpec& spec, const ModelConfig& config,
-                                                          const std::vector<v1::WorkerHello>& hellos,
-                                                          std::string* key, std::string* said) const {
+                                                          const std::vector<v1::WorkerHello>& hellos, std::string* key,
+                                                          std::string* said) const {
   const PolicyCache cache(options_.policy_cache_dir);
   *key = PolicyCache::KeyText(spec, config, hellos);
   std::string why_not;
   std::optional<LayerLayout> cached = hellos.empty() ? std::nullopt : cache.Find(*key, config, hellos[0], &why_not);
   if (cached) {
-    *said = absl::StrFormat("runtime.policy auto: the layout cached at %s (predicted step %.3f s, bound by %s); no probes",
-                            cache.PathOf(*key), cached->autopolicy->predicted.step_s,
-                            cached->autopolicy->predicted.bottleneck.empty() ? std::string("?")
-                                                                              : cached->autopolicy->predicted.bottleneck);
+    *said = absl::StrFormat(
+        "runtime.policy auto: the layout cached at %s (predicted step %.3f s, bound by %s); no probes",
+        cache.PathOf(*key), cached->autopolicy->predicted.step_s,
+        cached->autopolicy->predicted.bottleneck.empty() ? std::string("?") : cached->autopolicy->predicted.bottleneck);
   } else {
     *said = absl::StrCat("runtime.policy auto: the workers measure the first step and choose a layout",
-                         !cache.enabled() ? " (no policy cache: hostd has no --state-dir or --policy-cache)"
+                         !cache.enabled()  ? " (no policy cache: hostd has no --state-dir or --policy-cache)"
                          : why_not.empty() ? ""
                                            : absl::StrCat(" (cached layout not used: ", why_not, ")"));
   }
   return cached;
 }
 
-void TrainingExecutor::LogPrediction(JobContext& ctx, const Attempt& a) {
-  if (a.predicted_step_s <= 0 || a.layout_from_step <= 0) return;
+void TrainingExecutor::LogPrediction(JobContext& ctx, const StepMeasurements& m) {
+  if (m.predicted_step_s <= 0 || m.layout_from_step <= 0) return;
   std::vector<double> ran;
-  for (const auto& [step, s] : a.step_times) {
-    if (step >= a.layout_from_step) ran.push_back(s);
+  for (const auto& [step, s] : m.step_times) {
+    if (step >= m.layout_from_step) ran.push_back(s);
   }
   if (ran.empty()) return;
   std::sort(ran.begin(), ran.end());
@@ -57,8 +58,8 @@ void TrainingExecutor::LogPrediction(JobContext& ctx, const Attempt& a) {
   ctx.Log(absl::StrFormat(
       "AutoPolicy's layout: predicted %.3f s per step (bound by %s), measured %.3f s (median of %d step(s) from "
       "step %d): %+.1f%%",
-      a.predicted_step_s, a.predicted_bottleneck.empty() ? std::string("?") : a.predicted_bottleneck, measured,
-      ran.size(), a.layout_from_step, 100 * (measured - a.predicted_step_s) / a.predicted_step_s));
+      m.predicted_step_s, m.predicted_bottleneck.empty() ? std::string("?") : m.predicted_bottleneck, measured,
+      ran.size(), m.layout_from_step, 100 * (measured - m.predicted_step_s) / m.predicted_step_s));
 }
 
 // `slidedp plan`'s line on GPU memory: the step's floor and the longest single sequence the model
@@ -72,8 +73,8 @@ std::string LongestSequenceNote(const JobSpec& spec, const ModelLayout& layout, 
       break;
     }
   }
-  std::string note = absl::StrCat("GPU memory floor of the step (a CUDA worker, context_memory.h): ",
-                                  plan.device_floor.ToString());
+  std::string note =
+      absl::StrCat("GPU memory floor of the step (a CUDA worker, context_memory.h): ", plan.device_floor.ToString());
   if (gpu == nullptr) return absl::StrCat(note, "; no CUDA worker attached to size the longest sequence against");
   const int64_t limit = GpuMemoryLimitBytes(spec, gpu->memory_bytes());
   const int64_t capacity = GpuCapacityBytes(spec, gpu->memory_bytes());
@@ -89,7 +90,8 @@ std::string LongestSequenceNote(const JobSpec& spec, const ModelLayout& layout, 
       "%s; the longest single sequence this model fits on %s (%.1f GiB%s) with %s for offloaded layer inputs: %d "
       "tokens (%d of %d layers' inputs offloaded)",
       note, gpu->name(), capacity / 1073741824.0, limit > 0 ? ", runtime.gpu_memory_limit" : "",
-      host_room < 0 ? std::string("unknown host memory") : absl::StrFormat("%.1f GiB of host memory", host_room / 1073741824.0),
+      host_room < 0 ? std::string("unknown host memory")
+                    : absl::StrFormat("%.1f GiB of host memory", host_room / 1073741824.0),
       longest.tokens, longest.offloaded_layers, layout.config.num_hidden_layers);
 }
 
@@ -132,7 +134,8 @@ JobSpec TrainingExecutor::ResolveRoutes(const JobSpec& spec, const std::vector<v
   for (size_t i = 0; i < variants.size() && variants.size() > 1; ++i) {
     absl::StatusOr<v1::PlanJobResponse> p = PlanRoute(variants[i], hellos, /*what_if=*/false, false);
     if (!p.ok() || p->step_s() <= 0) continue;
-    absl::StrAppend(&measured, measured.empty() ? "" : ", ", RouteName(variants[i]), absl::StrFormat(" %.3f s", p->step_s()));
+    absl::StrAppend(&measured, measured.empty() ? "" : ", ", RouteName(variants[i]),
+                    absl::StrFormat(" %.3f s", p->step_s()));
     if (!best || p->step_s() < best_s) {
       best = i;
       best_s = p->step_s();
@@ -165,7 +168,8 @@ absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::Plan(const JobSpec& spec_i
   const int world = static_cast<int>(hellos.size());
   std::vector<std::pair<JobSpec, v1::PlanJobResponse>> measured;
   bool other_reduction_measured = false;
-  for (const JobSpec& v : world > 1 ? RouteVariants(spec, world, AllCuda(hellos), /*all=*/true) : std::vector<JobSpec>{}) {
+  for (const JobSpec& v :
+       world > 1 ? RouteVariants(spec, world, AllCuda(hellos), /*all=*/true) : std::vector<JobSpec>{}) {
     if (RouteName(v) == RouteName(spec)) continue;
     absl::StatusOr<v1::PlanJobResponse> other = PlanRoute(v, hellos, /*what_if=*/false, false);
     if (!other.ok() || other->step_s() <= 0) continue;
@@ -192,7 +196,7 @@ absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::PlanRoute(const JobSpec& s
   JobSpec spec = spec_in;
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfigOf(spec));
   ModelLayout layout = ModelLayout::Build(config);
-  StepPlanInputs in;
+  StepPredictionInputs in;
   if (spec.runtime.layer_layout) {
     in.layout_source = spec.runtime.policy_file.empty() ? "runtime.layer_policy (inline)"
                                                         : absl::StrCat("policy file ", spec.runtime.policy_file);
@@ -241,7 +245,7 @@ absl::StatusOr<v1::PlanJobResponse> TrainingExecutor::PlanRoute(const JobSpec& s
     auto it = update_rates_.find(static_cast<int>(plan.moments));
     if (it != update_rates_.end()) in.update_gparams_per_s = it->second;
   }
-  return MakeStepPlan(in);
+  return PredictStep(in);
 }
 
 bool TrainingExecutor::RecordPolicy(JobContext& ctx, Attempt& a, const v1::PolicyChosen& chosen) {
@@ -253,14 +257,14 @@ bool TrainingExecutor::RecordPolicy(JobContext& ctx, Attempt& a, const v1::Polic
   }
   const AutoPolicyRecord& r = *layout->autopolicy;
   const double error = r.predicted.step_s > 0 ? (chosen.step_time_s() - r.predicted.step_s) / r.predicted.step_s : 0;
-  a.predicted_step_s = r.predicted.step_s;
-  a.predicted_bottleneck = r.predicted.bottleneck;
-  a.layout_from_step = chosen.step() + 2;  // after its validation step
+  a.measured.predicted_step_s = r.predicted.step_s;
+  a.measured.predicted_bottleneck = r.predicted.bottleneck;
+  a.measured.layout_from_step = chosen.step() + 2;  // after its validation step
   std::string line = absl::StrFormat(
       "AutoPolicy chose %s in %.2f s; step %d ran it in %.3f s against %.3f s predicted (%+.1f%%, bound by %s), "
       "GPU peak %.2f GiB",
-      MixName(r.problem.candidates, r.predicted.counts), chosen.selection_s(), chosen.step() + 1, chosen.step_time_s(), r.predicted.step_s, 100 * error,
-      r.predicted.bottleneck, chosen.gpu_peak_bytes() / 1073741824.0);
+      MixName(r.problem.candidates, r.predicted.counts), chosen.selection_s(), chosen.step() + 1, chosen.step_time_s(),
+      r.predicted.step_s, 100 * error, r.predicted.bottleneck, chosen.gpu_peak_bytes() / 1073741824.0);
   const PolicyCache cache(options_.policy_cache_dir);
   bool cached = false;
   if (cache.enabled() && !a.policy_key.empty()) {

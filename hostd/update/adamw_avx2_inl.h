@@ -1,11 +1,13 @@
 // AVX2 pieces shared by adamw_avx2.cc (FP32 moments) and adamw_state_avx2.cc (compact moments):
-// the step constants on 8 lanes, gradient loads, BF16 widening and rounding, and the AdamElement
-// arithmetic op for op. Private to hostd/update, included only by files compiled with -mavx2
-// -mfma -ffp-contract=off; internal linkage on purpose (see adamw_element_inl.h).
+// the step constants on 8 lanes, gradient loads, and the AdamElement arithmetic op for op (BF16
+// widening and rounding: common/moments/bf16_avx2_inl.h). Private to hostd/update, included only
+// by files compiled with -mavx2 -mfma -ffp-contract=off; internal linkage on purpose (see
+// adamw_element_inl.h).
 #pragma once
 
 #include <immintrin.h>
 
+#include "common/moments/bf16_avx2_inl.h"
 #include "hostd/update/adamw_element_inl.h"
 #include "hostd/update/adamw_kernels.h"
 
@@ -31,10 +33,8 @@ struct Vec256Constants {
 
 inline __m256 LoadGrad8(const float* g) { return _mm256_loadu_ps(g); }
 inline __m256 LoadGrad8(const bf16_t* g) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return WidenBf16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
 }
-inline __m256 WidenBf16x8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
 
 // The AdamElement arithmetic on 8 lanes, op for op (scalar: AdamElement); also returns sqrt(v).
 struct Adam8 {
@@ -49,19 +49,6 @@ inline Adam8 AdamStep8(const Vec256Constants& c, __m256 grad, __m256 theta, __m2
   const __m256 denom = _mm256_add_ps(_mm256_div_ps(root, c.bc2_sqrt), c.eps);
   th = _mm256_add_ps(th, _mm256_div_ps(_mm256_mul_ps(c.neg_step_size, mm), denom));
   return {th, mm, vv, root};
-}
-
-// FloatToBf16 on 8 lanes, result in the low 16 bits of each 32-bit lane.
-inline __m256i ToBf16Wide(__m256 x) {
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i hi = _mm256_srli_epi32(bits, 16);
-  const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
-  const __m256i is_nan =
-      _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
-  return _mm256_blendv_epi8(rounded, quiet, is_nan);
 }
 
 }  // namespace

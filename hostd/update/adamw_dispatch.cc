@@ -1,48 +1,10 @@
-// Run-time choice among the scalar, AVX2 and AVX-512 kernel tables, and the step constants they
-// share. Compiled without ISA flags: it must run on any x86-64 CPU.
+// The FP32 kernel table of the active ISA (common/moments/adam_isa.h chooses it), and the step
+// constants every table shares. Compiled without ISA flags: it must run on any x86-64 CPU.
 #include <cmath>
-#include <cstdlib>
-#include <string>
 
-#include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
-#include "glog/logging.h"
 #include "hostd/update/adamw_kernels.h"
 
 namespace slidedp::update {
-
-std::string AdamIsaName(AdamIsa isa) {
-  switch (isa) {
-    case AdamIsa::kScalar:
-      return "scalar";
-    case AdamIsa::kAvx2:
-      return "avx2";
-    case AdamIsa::kAvx512:
-      return "avx512";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<AdamIsa> ParseAdamIsa(absl::string_view name) {
-  if (name == "scalar") return AdamIsa::kScalar;
-  if (name == "avx2") return AdamIsa::kAvx2;
-  if (name == "avx512") return AdamIsa::kAvx512;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown AdamW ISA '", name, "' (expected scalar, avx2 or avx512)"));
-}
-
-bool AdamIsaSupported(AdamIsa isa) {
-  switch (isa) {
-    case AdamIsa::kScalar:
-      return true;
-    case AdamIsa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case AdamIsa::kAvx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
-  }
-  return false;
-}
 
 const AdamKernelTable* AdamKernelsFor(AdamIsa isa) {
   if (!AdamIsaSupported(isa)) return nullptr;
@@ -59,41 +21,12 @@ const AdamKernelTable* AdamKernelsFor(AdamIsa isa) {
 
 namespace {
 
-AdamIsa BestSupportedIsa() {
-  if (AdamIsaSupported(AdamIsa::kAvx512)) return AdamIsa::kAvx512;
-  if (AdamIsaSupported(AdamIsa::kAvx2)) return AdamIsa::kAvx2;
-  return AdamIsa::kScalar;
-}
-
-AdamIsa ChooseIsa() {
-  const AdamIsa best = BestSupportedIsa();
-  const char* forced = std::getenv("SLIDEDP_ADAM_ISA");
-  if (forced == nullptr || *forced == '\0') return best;
-  absl::StatusOr<AdamIsa> isa = ParseAdamIsa(forced);
-  if (!isa.ok()) {
-    LOG(WARNING) << "SLIDEDP_ADAM_ISA: " << isa.status().message() << "; using "
-                 << AdamIsaName(best);
-    return best;
-  }
-  if (!AdamIsaSupported(*isa)) {
-    LOG(WARNING) << "SLIDEDP_ADAM_ISA=" << forced << " is not supported by this CPU; using "
-                 << AdamIsaName(best);
-    return best;
-  }
-  return *isa;
-}
-
 const AdamKernelTable& ActiveKernels() {
   static const AdamKernelTable* table = AdamKernelsFor(ActiveAdamIsa());
   return *table;
 }
 
 }  // namespace
-
-AdamIsa ActiveAdamIsa() {
-  static const AdamIsa isa = ChooseIsa();
-  return isa;
-}
 
 AdamWConstants MakeAdamWConstants(const AdamWStepParams& p) {
   // Python-float (double) arithmetic as in torch/optim/adam.py, each rounded to float once when it

@@ -28,10 +28,8 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
-#include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
+#include "common/moments/adam_isa.h"
 #include "common/numeric/bf16.h"
 
 namespace slidedp::update {
@@ -56,19 +54,13 @@ struct AdamWStepParams {
   uint64_t rounding_seed = 0;  // BF16 moments' stochastic rounding (LayerAdam; adamw_state.h)
 };
 
-// Instruction set a kernel table was built for.
-enum class AdamIsa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
-
-std::string AdamIsaName(AdamIsa isa);
-absl::StatusOr<AdamIsa> ParseAdamIsa(absl::string_view name);  // "scalar" | "avx2" | "avx512"
-
-// True when this CPU (and build) can run the ISA.
-bool AdamIsaSupported(AdamIsa isa);
-
-// The ISA used by the entry points below: the best supported one, or SLIDEDP_ADAM_ISA when set
-// (an unsupported or unknown value falls back to the best supported one with a warning).
-// Decided once per process.
-AdamIsa ActiveAdamIsa();
+// The ISA a kernel table was built for, and the one the entry points below use (ActiveAdamIsa:
+// the best supported one, or SLIDEDP_ADAM_ISA), shared with the moment codecs.
+using moments::ActiveAdamIsa;
+using moments::AdamIsa;
+using moments::AdamIsaName;
+using moments::AdamIsaSupported;
+using moments::ParseAdamIsa;
 
 // theta, m, v updated in place for n elements; mirror[i] = FloatToBf16(new theta[i]).
 void AdamWStep(const AdamWStepParams& p, float* master, float* m, float* v, bf16_t* mirror,

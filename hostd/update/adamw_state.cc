@@ -1,21 +1,11 @@
-// State dtype names, byte accounting and the run-time choice among the scalar, AVX2 and AVX-512
-// tables of the compact-moment kernels. Compiled without ISA flags: it must run on any x86-64 CPU.
+// The run-time choice among the scalar, AVX2 and AVX-512 tables of the compact-moment kernels,
+// each the codec of its ISA (common/moments) with its steps. Compiled without ISA flags: it must
+// run on any x86-64 CPU.
 #include "hostd/update/adamw_state.h"
 
-#include <string>
-
-#include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
-#include "glog/logging.h"
 #include "hostd/update/adamw_state_element_inl.h"
 
 namespace slidedp::update {
-
-Int8Moments Int8MomentsAt(const Int8Moments& base, int64_t offset) {
-  CHECK_EQ(offset % kInt8MomentBlock, 0) << "int8 moment ranges start at a block boundary";
-  const int64_t block = offset / kInt8MomentBlock;
-  return {base.m_codes + offset, base.v_codes + offset, base.m_scales + block, base.v_scales + block};
-}
 
 uint32_t StochasticRoundingKey(uint64_t seed, int64_t step, uint32_t index_hi) {
   return RoundingKey(seed, step, index_hi);
@@ -23,10 +13,15 @@ uint32_t StochasticRoundingKey(uint64_t seed, int64_t step, uint32_t index_hi) {
 
 const AdamStateKernelTable* AdamStateKernelsFor(AdamIsa isa) {
   if (!AdamIsaSupported(isa)) return nullptr;
+  // Copies of the two constant tables, made on first use: never read before they are made, as a
+  // namespace-scope copy could be during another file's static initialization.
+  static const AdamStateKernelTable kScalar{moments::internal::kScalarMomentCodecs, internal::kScalarStateSteps};
+  static const AdamStateKernelTable kAvx2{moments::internal::kAvx2MomentCodecs, internal::kAvx2StateSteps};
+  static const AdamStateKernelTable kAvx512{moments::internal::kAvx512MomentCodecs, internal::kAvx512StateSteps};
   switch (isa) {
-    case AdamIsa::kScalar: return &internal::kScalarStateKernels;
-    case AdamIsa::kAvx2: return &internal::kAvx2StateKernels;
-    case AdamIsa::kAvx512: return &internal::kAvx512StateKernels;
+    case AdamIsa::kScalar: return &kScalar;
+    case AdamIsa::kAvx2: return &kAvx2;
+    case AdamIsa::kAvx512: return &kAvx512;
   }
   return nullptr;
 }

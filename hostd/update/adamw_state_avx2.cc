@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "common/moments/moment_codec_avx2_inl.h"
 #include "hostd/update/adamw_avx2_inl.h"
 #include "hostd/update/adamw_element_inl.h"
 #include "hostd/update/adamw_state.h"
@@ -15,6 +16,15 @@
 
 namespace slidedp::update {
 namespace {
+
+// The codec this file steps through (common/moments).
+using moments::DecodeM8;
+using moments::DecodeV8;
+using moments::EncodeBlock;
+using moments::Int8BlockScales;
+using moments::Int8VStep;
+using moments::MakeInt8BlockScales;
+using moments::MaxLane;
 
 // StochasticBf16 on 8 lanes with the random bits in the low 16 of each lane.
 inline __m256i ToBf16StochasticWide(__m256 x, __m256i bits16) {
@@ -24,12 +34,6 @@ inline __m256i ToBf16StochasticWide(__m256 x, __m256i bits16) {
   const __m256i is_nan =
       _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
   return _mm256_blendv_epi8(rounded, quiet, is_nan);
-}
-
-// Two 8-lane halves of 16-bit values (low half of each lane) -> 16 ordered uint16.
-inline __m256i Pack16(__m256i lo, __m256i hi) {
-  // packus interleaves 128-bit lanes: [lo0-3 hi0-3 lo4-7 hi4-7]; the permute restores order.
-  return _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), _MM_SHUFFLE(3, 1, 2, 0));
 }
 
 inline void StoreRow16(bf16_t* dst, __m256i packed, bool stream) {
@@ -71,81 +75,6 @@ inline bool Bad16(const G* g) {
 // (every block then does: 256 elements are 512 bytes); otherwise it uses ordinary stores.
 inline bool StreamMirror(const AdamWConstants& c, const bf16_t* mirror) {
   return mirror != nullptr && c.stream_mirror && reinterpret_cast<uintptr_t>(mirror) % 32 == 0;
-}
-
-// ---- int8 codes ----
-
-// DecodeM on 8 lanes from 8 int8 codes in the low 8 bytes of `codes`.
-inline __m256 DecodeM8(__m128i codes, __m256 m_scale) {
-  const __m256i c = _mm256_cvtepi8_epi32(codes);
-  const __m256i mag = _mm256_abs_epi32(c);
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(mag, _mm256_set1_epi32(kMCodeOffset)), kMCodeShift);
-  const __m256i unit = _mm256_and_si256(bits, _mm256_cmpgt_epi32(mag, _mm256_setzero_si256()));
-  const __m256 value = _mm256_mul_ps(_mm256_castsi256_ps(unit), m_scale);
-  const __m256i sign = _mm256_and_si256(c, _mm256_set1_epi32(static_cast<int>(0x80000000u)));
-  return _mm256_xor_ps(value, _mm256_castsi256_ps(sign));
-}
-
-// DecodeV on 8 lanes from 8 uint8 codes in the low 8 bytes of `codes`.
-inline __m256 DecodeV8(__m128i codes, __m256 v_step) {
-  const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes));
-  const __m256 s = _mm256_mul_ps(_mm256_mul_ps(q, q), v_step);
-  return _mm256_mul_ps(s, s);
-}
-
-// EncodeM on 8 lanes: int32 codes in [-127, 127].
-inline __m256i EncodeM8(__m256 x, __m256 m_inv) {
-  const __m256i xb = _mm256_castps_si256(x);
-  const __m256 a = _mm256_castsi256_ps(_mm256_and_si256(xb, _mm256_set1_epi32(0x7fffffff)));
-  const __m256i rb = _mm256_castps_si256(_mm256_mul_ps(a, m_inv));
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(rb, kMCodeShift), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(rb, _mm256_set1_epi32((1 << (kMCodeShift - 1)) - 1)), lsb), kMCodeShift);
-  const __m256i c = _mm256_min_epi32(
-      _mm256_max_epi32(_mm256_sub_epi32(rounded, _mm256_set1_epi32(kMCodeOffset)), _mm256_setzero_si256()),
-      _mm256_set1_epi32(kMCodeMax));
-  const __m256i sign = _mm256_srai_epi32(xb, 31);
-  return _mm256_sub_epi32(_mm256_xor_si256(c, sign), sign);
-}
-
-// EncodeV on 8 lanes: int32 codes in [0, 255]. (An rsqrt guess with an exact nearest-root test
-// instead of the sqrt was 15% slower on a Zen 3 core: more instructions than the sqrt costs.)
-inline __m256i EncodeV8(__m256 s, __m256 v_k) {
-  const __m256i rounded = _mm256_cvtps_epi32(_mm256_sqrt_ps(_mm256_mul_ps(s, v_k)));
-  const __m256i floor =
-      _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(s, _mm256_setzero_ps(), _CMP_GT_OQ)), _mm256_set1_epi32(1));
-  return _mm256_max_epi32(_mm256_min_epi32(rounded, _mm256_set1_epi32(kVCodeMax)), floor);
-}
-
-inline uint32_t MaxLane(__m256i x) {
-  alignas(32) uint32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), x);
-  uint32_t out = 0;
-  for (uint32_t l : lanes) out = std::max(out, l);
-  return out;
-}
-
-// Codes of a block from its new m and sqrt(v); len <= 256.
-void EncodeBlock(const Int8BlockScales& b, const float* m_new, const float* s_new, int64_t len, int8_t* m_codes,
-                 uint8_t* v_codes) {
-  if (b.m_poisoned || b.v_poisoned) {  // rare: the scalar encoder writes the zero codes
-    EncodeInt8Elements(b, m_new, s_new, 0, len, m_codes, v_codes);
-    return;
-  }
-  const __m256 m_inv = _mm256_set1_ps(b.m_inv), v_k = _mm256_set1_ps(b.v_k);
-  int64_t i = 0;
-  for (; i + 16 <= len; i += 16) {
-    const __m256i m16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(EncodeM8(_mm256_loadu_ps(m_new + i), m_inv),
-                                                                    EncodeM8(_mm256_loadu_ps(m_new + i + 8), m_inv)),
-                                                 _MM_SHUFFLE(3, 1, 2, 0));
-    const __m256i v16 =
-        Pack16(EncodeV8(_mm256_loadu_ps(s_new + i), v_k), EncodeV8(_mm256_loadu_ps(s_new + i + 8), v_k));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(m_codes + i),
-                     _mm_packs_epi16(_mm256_castsi256_si128(m16), _mm256_extracti128_si256(m16, 1)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(v_codes + i),
-                     _mm_packus_epi16(_mm256_castsi256_si128(v16), _mm256_extracti128_si256(v16, 1)));
-  }
-  EncodeInt8Elements(b, m_new, s_new, i, len, m_codes, v_codes);
 }
 
 // One block of len <= 256 elements at its start (codes, master, mirror, grad all at the block's
@@ -253,51 +182,6 @@ int64_t Int8StepBf16Checked(const AdamWConstants& c, float* master, const Int8Mo
   return Int8Step<true>(c, master, s, mirror, grad, n);
 }
 
-void Int8FromF32(const float* m, const float* v, const Int8Moments& out, int64_t n) {
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
-  for (int64_t start = 0, block = 0; start < n; start += kInt8MomentBlock, ++block) {
-    const int64_t len = std::min(kInt8MomentBlock, n - start);
-    alignas(32) float s_new[kInt8MomentBlock];
-    __m256i m_abs = _mm256_setzero_si256(), s_abs = _mm256_setzero_si256();
-    int64_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-      const __m256 root = _mm256_sqrt_ps(_mm256_loadu_ps(v + start + i));
-      _mm256_store_ps(s_new + i, root);
-      m_abs = _mm256_max_epu32(m_abs, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(m + start + i)), abs_mask));
-      s_abs = _mm256_max_epu32(s_abs, _mm256_and_si256(_mm256_castps_si256(root), abs_mask));
-    }
-    uint32_t m_abs_bits = MaxLane(m_abs), s_abs_bits = MaxLane(s_abs);
-    for (; i < len; ++i) {
-      s_new[i] = std::sqrt(v[start + i]);
-      m_abs_bits = std::max(m_abs_bits, FloatBits(m[start + i]) & 0x7fffffffu);
-      s_abs_bits = std::max(s_abs_bits, FloatBits(s_new[i]) & 0x7fffffffu);
-    }
-    const Int8BlockScales b = MakeInt8BlockScales(m_abs_bits, s_abs_bits);
-    EncodeBlock(b, m + start, s_new, len, out.m_codes + start, out.v_codes + start);
-    out.m_scales[block] = b.m_scale;
-    out.v_scales[block] = b.v_scale;
-  }
-}
-
-void Int8ToF32(const Int8MomentsView& in, float* m, float* v, int64_t n) {
-  for (int64_t start = 0, block = 0; start < n; start += kInt8MomentBlock, ++block) {
-    const int64_t len = std::min(kInt8MomentBlock, n - start);
-    const float m_scale = in.m_scales[block];
-    const float v_step = Int8VStep(in.v_scales[block]);
-    const __m256 m_scale8 = _mm256_set1_ps(m_scale), v_step8 = _mm256_set1_ps(v_step);
-    int64_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-      const int64_t at = start + i;
-      _mm256_storeu_ps(m + at, DecodeM8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(in.m_codes + at)), m_scale8));
-      _mm256_storeu_ps(v + at, DecodeV8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(in.v_codes + at)), v_step8));
-    }
-    for (; i < len; ++i) {
-      m[start + i] = DecodeM(in.m_codes[start + i], m_scale);
-      v[start + i] = DecodeV(in.v_codes[start + i], v_step);
-    }
-  }
-}
-
 // ---- bf16 ----
 
 // Elements [from, to) of one rounding span (the random bits of element i hash lo + (i - from)).
@@ -387,36 +271,10 @@ int64_t Bf16StepBf16Checked(const AdamWConstants& c, const StochasticRounding& s
   return Bf16Step<true>(c, sr, master, s, mirror, grad, n);
 }
 
-void Bf16FromF32(const float* m, const float* v, const Bf16Moments& out, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.m + i),
-                        Pack16(ToBf16Wide(_mm256_loadu_ps(m + i)), ToBf16Wide(_mm256_loadu_ps(m + i + 8))));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.v + i),
-                        Pack16(ToBf16Wide(_mm256_loadu_ps(v + i)), ToBf16Wide(_mm256_loadu_ps(v + i + 8))));
-  }
-  for (; i < n; ++i) {
-    out.m[i] = FloatToBf16(m[i]);
-    out.v[i] = FloatToBf16(v[i]);
-  }
-}
-
-void Bf16ToF32(const Bf16MomentsView& in, float* m, float* v, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(m + i, WidenBf16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in.m + i))));
-    _mm256_storeu_ps(v + i, WidenBf16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in.v + i))));
-  }
-  for (; i < n; ++i) {
-    m[i] = Bf16ToFloat(in.m[i]);
-    v[i] = Bf16ToFloat(in.v[i]);
-  }
-}
-
 }  // namespace
 
 namespace internal {
-const AdamStateKernelTable kAvx2StateKernels = {
+const AdamStateStepTable kAvx2StateSteps = {
     .int8_step_f32 = &Int8StepF32,
     .int8_step_bf16 = &Int8StepBf16,
     .int8_step_f32_checked = &Int8StepF32Checked,
@@ -425,10 +283,6 @@ const AdamStateKernelTable kAvx2StateKernels = {
     .bf16_step_bf16 = &Bf16StepBf16,
     .bf16_step_f32_checked = &Bf16StepF32Checked,
     .bf16_step_bf16_checked = &Bf16StepBf16Checked,
-    .int8_from_f32 = &Int8FromF32,
-    .int8_to_f32 = &Int8ToF32,
-    .bf16_from_f32 = &Bf16FromF32,
-    .bf16_to_f32 = &Bf16ToF32,
 };
 }  // namespace internal
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "common/moments/moment_codec_avx512_inl.h"
 #include "hostd/update/adamw_avx512_inl.h"
 #include "hostd/update/adamw_element_inl.h"
 #include "hostd/update/adamw_state.h"
@@ -15,9 +16,14 @@
 namespace slidedp::update {
 namespace {
 
-inline __mmask16 FirstLanes(int64_t count) {
-  return count >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << count) - 1u);
-}
+// The codec this file steps through (common/moments).
+using moments::DecodeM16;
+using moments::DecodeV16;
+using moments::EncodeBlock;
+using moments::FirstLanes;
+using moments::Int8BlockScales;
+using moments::Int8VStep;
+using moments::MakeInt8BlockScales;
 
 inline __m512 LoadBf16(const bf16_t* p, __mmask16 k) { return WidenBf16(_mm256_maskz_loadu_epi16(k, p)); }
 
@@ -56,60 +62,6 @@ template <typename G>
 inline __mmask16 BadLanes(const G* g, __mmask16 k) {
   const __m512i x = _mm512_and_si512(_mm512_castps_si512(LoadGrad(g, k)), _mm512_set1_epi32(0x7fffffff));
   return _mm512_mask_cmp_epu32_mask(k, x, _mm512_set1_epi32(0x7f800000), _MM_CMPINT_NLT);
-}
-
-// ---- int8 codes ----
-
-inline __m512 DecodeM16(__m128i codes, __m512 m_scale) {
-  const __m512i c = _mm512_cvtepi8_epi32(codes);
-  const __m512i mag = _mm512_abs_epi32(c);
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(mag, _mm512_set1_epi32(kMCodeOffset)), kMCodeShift);
-  const __m512i unit = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(mag, mag), bits);
-  const __m512 value = _mm512_mul_ps(_mm512_castsi512_ps(unit), m_scale);
-  const __m512i sign = _mm512_and_si512(c, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
-  return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(value), sign));
-}
-
-inline __m512 DecodeV16(__m128i codes, __m512 v_step) {
-  const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
-  const __m512 s = _mm512_mul_ps(_mm512_mul_ps(q, q), v_step);
-  return _mm512_mul_ps(s, s);
-}
-
-inline __m512i EncodeM16(__m512 x, __m512 m_inv) {
-  const __m512i xb = _mm512_castps_si512(x);
-  const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(xb, _mm512_set1_epi32(0x7fffffff)));
-  const __m512i rb = _mm512_castps_si512(_mm512_mul_ps(a, m_inv));
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(rb, kMCodeShift), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(rb, _mm512_set1_epi32((1 << (kMCodeShift - 1)) - 1)), lsb), kMCodeShift);
-  const __m512i c = _mm512_min_epi32(
-      _mm512_max_epi32(_mm512_sub_epi32(rounded, _mm512_set1_epi32(kMCodeOffset)), _mm512_setzero_si512()),
-      _mm512_set1_epi32(kMCodeMax));
-  const __m512i sign = _mm512_srai_epi32(xb, 31);
-  return _mm512_sub_epi32(_mm512_xor_si512(c, sign), sign);
-}
-
-// EncodeV on 16 lanes, as EncodeV8 (adamw_state_avx2.cc).
-inline __m512i EncodeV16(__m512 s, __m512 v_k) {
-  const __m512i rounded = _mm512_cvtps_epi32(_mm512_sqrt_ps(_mm512_mul_ps(s, v_k)));
-  const __m512i floor =
-      _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_epi32(1));
-  return _mm512_max_epi32(_mm512_min_epi32(rounded, _mm512_set1_epi32(kVCodeMax)), floor);
-}
-
-void EncodeBlock(const Int8BlockScales& b, const float* m_new, const float* s_new, int64_t len, int8_t* m_codes,
-                 uint8_t* v_codes) {
-  if (b.m_poisoned || b.v_poisoned) {  // rare: the scalar encoder writes the zero codes
-    EncodeInt8Elements(b, m_new, s_new, 0, len, m_codes, v_codes);
-    return;
-  }
-  const __m512 m_inv = _mm512_set1_ps(b.m_inv), v_k = _mm512_set1_ps(b.v_k);
-  for (int64_t i = 0; i < len; i += 16) {
-    const __mmask16 k = FirstLanes(len - i);
-    _mm512_mask_cvtepi32_storeu_epi8(m_codes + i, k, EncodeM16(_mm512_maskz_loadu_ps(k, m_new + i), m_inv));
-    _mm512_mask_cvtepi32_storeu_epi8(v_codes + i, k, EncodeV16(_mm512_maskz_loadu_ps(k, s_new + i), v_k));
-  }
 }
 
 template <RowWrite kWrite, bool kMirror, typename G>
@@ -211,41 +163,6 @@ int64_t Int8StepF32Checked(const AdamWConstants& c, float* master, const Int8Mom
 int64_t Int8StepBf16Checked(const AdamWConstants& c, float* master, const Int8Moments& s, bf16_t* mirror,
                             const bf16_t* grad, int64_t n) {
   return Int8Step<true>(c, master, s, mirror, grad, n);
-}
-
-void Int8FromF32(const float* m, const float* v, const Int8Moments& out, int64_t n) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
-  for (int64_t start = 0, block = 0; start < n; start += kInt8MomentBlock, ++block) {
-    const int64_t len = std::min(kInt8MomentBlock, n - start);
-    alignas(64) float s_new[kInt8MomentBlock];
-    __m512i m_abs = _mm512_setzero_si512(), s_abs = _mm512_setzero_si512();
-    for (int64_t i = 0; i < len; i += 16) {
-      const __mmask16 k = FirstLanes(len - i);
-      const __m512 root = _mm512_sqrt_ps(_mm512_maskz_loadu_ps(k, v + start + i));
-      _mm512_store_ps(s_new + i, root);
-      const __m512i mb = _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(k, m + start + i)), abs_mask);
-      m_abs = _mm512_mask_max_epu32(m_abs, k, m_abs, mb);
-      s_abs = _mm512_mask_max_epu32(s_abs, k, s_abs, _mm512_and_si512(_mm512_castps_si512(root), abs_mask));
-    }
-    const Int8BlockScales b = MakeInt8BlockScales(_mm512_reduce_max_epu32(m_abs), _mm512_reduce_max_epu32(s_abs));
-    EncodeBlock(b, m + start, s_new, len, out.m_codes + start, out.v_codes + start);
-    out.m_scales[block] = b.m_scale;
-    out.v_scales[block] = b.v_scale;
-  }
-}
-
-void Int8ToF32(const Int8MomentsView& in, float* m, float* v, int64_t n) {
-  for (int64_t start = 0, block = 0; start < n; start += kInt8MomentBlock, ++block) {
-    const int64_t len = std::min(kInt8MomentBlock, n - start);
-    const __m512 m_scale = _mm512_set1_ps(in.m_scales[block]);
-    const __m512 v_step = _mm512_set1_ps(Int8VStep(in.v_scales[block]));
-    for (int64_t i = 0; i < len; i += 16) {
-      const __mmask16 k = FirstLanes(len - i);
-      const int64_t at = start + i;
-      _mm512_mask_storeu_ps(m + at, k, DecodeM16(_mm_maskz_loadu_epi8(k, in.m_codes + at), m_scale));
-      _mm512_mask_storeu_ps(v + at, k, DecodeV16(_mm_maskz_loadu_epi8(k, in.v_codes + at), v_step));
-    }
-  }
 }
 
 // ---- bf16 ----
@@ -352,26 +269,10 @@ int64_t Bf16StepBf16Checked(const AdamWConstants& c, const StochasticRounding& s
   return Bf16Step<true>(c, sr, master, s, mirror, grad, n);
 }
 
-void Bf16FromF32(const float* m, const float* v, const Bf16Moments& out, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 k = FirstLanes(n - i);
-    _mm256_mask_storeu_epi16(out.m + i, k, ToBf16(_mm512_maskz_loadu_ps(k, m + i)));
-    _mm256_mask_storeu_epi16(out.v + i, k, ToBf16(_mm512_maskz_loadu_ps(k, v + i)));
-  }
-}
-
-void Bf16ToF32(const Bf16MomentsView& in, float* m, float* v, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 k = FirstLanes(n - i);
-    _mm512_mask_storeu_ps(m + i, k, WidenBf16(_mm256_maskz_loadu_epi16(k, in.m + i)));
-    _mm512_mask_storeu_ps(v + i, k, WidenBf16(_mm256_maskz_loadu_epi16(k, in.v + i)));
-  }
-}
-
 }  // namespace
 
 namespace internal {
-const AdamStateKernelTable kAvx512StateKernels = {
+const AdamStateStepTable kAvx512StateSteps = {
     .int8_step_f32 = &Int8StepF32,
     .int8_step_bf16 = &Int8StepBf16,
     .int8_step_f32_checked = &Int8StepF32Checked,
@@ -380,10 +281,6 @@ const AdamStateKernelTable kAvx512StateKernels = {
     .bf16_step_bf16 = &Bf16StepBf16,
     .bf16_step_f32_checked = &Bf16StepF32Checked,
     .bf16_step_bf16_checked = &Bf16StepBf16Checked,
-    .int8_from_f32 = &Int8FromF32,
-    .int8_to_f32 = &Int8ToF32,
-    .bf16_from_f32 = &Bf16FromF32,
-    .bf16_to_f32 = &Bf16ToF32,
 };
 }  // namespace internal
 

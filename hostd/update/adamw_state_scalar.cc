@@ -9,6 +9,12 @@
 namespace slidedp::update {
 namespace {
 
+// The codec this file steps through (common/moments).
+using moments::EncodeInt8Elements;
+using moments::Int8BlockScales;
+using moments::Int8VStep;
+using moments::MakeInt8BlockScales;
+
 // ---- int8 ----
 
 // One block of len <= 256 elements: update into stack buffers (tracking the new absmax), then
@@ -65,31 +71,6 @@ int64_t Int8StepBf16Checked(const AdamWConstants& c, float* master, const Int8Mo
   return Int8Step<true>(c, master, s, mirror, grad, n);
 }
 
-void Int8FromF32(const float* m, const float* v, const Int8Moments& out, int64_t n) {
-  for (int64_t start = 0, block = 0; start < n; start += kInt8MomentBlock, ++block) {
-    const int64_t len = std::min(kInt8MomentBlock, n - start);
-    float s_new[kInt8MomentBlock];
-    uint32_t m_abs = 0, s_abs = 0;
-    for (int64_t i = 0; i < len; ++i) {
-      s_new[i] = std::sqrt(v[start + i]);
-      m_abs = std::max(m_abs, FloatBits(m[start + i]) & 0x7fffffffu);
-      s_abs = std::max(s_abs, FloatBits(s_new[i]) & 0x7fffffffu);
-    }
-    const Int8BlockScales b = MakeInt8BlockScales(m_abs, s_abs);
-    EncodeInt8Elements(b, m + start, s_new, 0, len, out.m_codes + start, out.v_codes + start);
-    out.m_scales[block] = b.m_scale;
-    out.v_scales[block] = b.v_scale;
-  }
-}
-
-void Int8ToF32(const Int8MomentsView& in, float* m, float* v, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t block = i / kInt8MomentBlock;
-    m[i] = DecodeM(in.m_codes[i], in.m_scales[block]);
-    v[i] = DecodeV(in.v_codes[i], Int8VStep(in.v_scales[block]));
-  }
-}
-
 // ---- bf16 ----
 
 template <bool kCheck, typename G>
@@ -124,24 +105,10 @@ int64_t Bf16StepBf16Checked(const AdamWConstants& c, const StochasticRounding& s
   return Bf16Step<true>(c, sr, master, s, mirror, grad, n);
 }
 
-void Bf16FromF32(const float* m, const float* v, const Bf16Moments& out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    out.m[i] = FloatToBf16(m[i]);
-    out.v[i] = FloatToBf16(v[i]);
-  }
-}
-
-void Bf16ToF32(const Bf16MomentsView& in, float* m, float* v, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    m[i] = Bf16ToFloat(in.m[i]);
-    v[i] = Bf16ToFloat(in.v[i]);
-  }
-}
-
 }  // namespace
 
 namespace internal {
-const AdamStateKernelTable kScalarStateKernels = {
+const AdamStateStepTable kScalarStateSteps = {
     .int8_step_f32 = &Int8StepF32,
     .int8_step_bf16 = &Int8StepBf16,
     .int8_step_f32_checked = &Int8StepF32Checked,
@@ -150,10 +117,6 @@ const AdamStateKernelTable kScalarStateKernels = {
     .bf16_step_bf16 = &Bf16StepBf16,
     .bf16_step_f32_checked = &Bf16StepF32Checked,
     .bf16_step_bf16_checked = &Bf16StepBf16Checked,
-    .int8_from_f32 = &Int8FromF32,
-    .int8_to_f32 = &Int8ToF32,
-    .bf16_from_f32 = &Bf16FromF32,
-    .bf16_to_f32 = &Bf16ToF32,
 };
 }  // namespace internal
 

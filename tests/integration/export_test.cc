@@ -21,10 +21,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "checkpoint/checkpoint.h"
 #include "common/data/synthetic.h"
 #include "common/model/model_config.h"
 #include "common/safetensors/safetensors.h"
-#include "hostd/checkpoint/checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/node_harness.h"
 

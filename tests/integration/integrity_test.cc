@@ -17,9 +17,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
+#include "checkpoint/tests/ckpt_test_util.h"
 #include "common/data/synthetic.h"
 #include "gmock/gmock.h"
-#include "hostd/checkpoint/tests/ckpt_test_util.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/node_harness.h"
 

@@ -11,7 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "hostd/checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/node_harness.h"
 

@@ -13,11 +13,11 @@
 #include "absl/strings/str_replace.h"
 #include "nlohmann/json.hpp"
 
+#include "checkpoint/checkpoint.h"
 #include "common/data/micro_batch.h"
 #include "common/data/sampler.h"
 #include "common/data/synthetic.h"
 #include "common/jobspec/job_spec.h"
-#include "hostd/checkpoint/checkpoint.h"
 #include "shm/job_state.h"
 #include "client/cli/plan_report.h"
 #include "tests/integration/node_harness.h"

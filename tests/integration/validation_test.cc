@@ -9,12 +9,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "checkpoint/checkpoint.h"
 #include "common/data/dataset.h"
 #include "common/data/micro_batch.h"
 #include "common/data/synthetic.h"
 #include "common/model/model_config.h"
 #include "common/numeric/bf16.h"
-#include "hostd/checkpoint/checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/node_harness.h"
 #include "worker/compute/cpu/cpu_reference_model.h"

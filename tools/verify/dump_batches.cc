@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "common/data/dataset.h"
@@ -41,7 +42,6 @@
 #include "common/safetensors/safetensors.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
-#include "hostd/checkpoint/checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "tools/verify/whole_model.h"
 

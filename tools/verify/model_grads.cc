@@ -18,13 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "common/numeric/bf16.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
-#include "hostd/checkpoint/checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "tools/verify/token_batch.h"
 #include "tools/verify/whole_model.h"

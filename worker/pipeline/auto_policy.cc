@@ -365,8 +365,7 @@ AutoPolicyChoice AutoPolicySession::WithoutOffload() {
   if (phase_ == Phase::kValidate) {
     absl::StatusOr<AutoPolicyChoice> choice = ChooseLayout(inputs_);
     if (choice.ok()) {
-      choice_ = std::move(*choice);
-      choice_.layout.autopolicy->selection_s = selection_s_;
+      Adopt(std::move(*choice));
       LOG(WARNING) << "AutoPolicy: no host memory to pin for offloaded checkpoints; " << choice_.summary;
       return choice_;
     }
@@ -378,92 +377,120 @@ AutoPolicyChoice AutoPolicySession::WithoutOffload() {
 
 absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     int64_t step, const StepObservation& seen, const std::vector<MicroBatch>& micro_batches, int64_t steps_left) {
-  const ModelLayout& layout = *options_.layout;
-  const bool more_steps = steps_left > 0;
-  if (phase_ == Phase::kMeasure) {
-    if (!more_steps) {
-      phase_ = Phase::kDone;
-      return std::nullopt;
-    }
-    // The job's first step warms everything up (kernel plans, the memory pool), and LayerAdam's
-    // first pass over the state (first touches) can still hold the second step's gates: the base
-    // costs come from the third step of a job long enough to gain from the wait, else the second.
-    if (warmups_left_ < 0) warmups_left_ = steps_left >= kAutoPolicyLongJobSteps ? 2 : (steps_left >= 3 ? 1 : 0);
-    if (warmups_left_ > 0 && steps_left >= 3) {
-      --warmups_left_;
-      return std::nullopt;
-    }
-    const absl::Time t0 = absl::Now();
-    ASSIGN_OR_RETURN(inputs_.probes, ProfileLayer(options_.backend, layout, micro_batches, ProbedPolicies()));
-    if (options_.measure_rates) {
-      ASSIGN_OR_RETURN(inputs_.rates, options_.measure_rates());
-    }
-    int64_t tokens = 0;
-    for (const MicroBatch& mb : micro_batches) tokens += mb.num_tokens();
-    inputs_.layout = &layout;
-    inputs_.checkpoint_bytes =
-        tokens * layout.config.hidden_size * DtypeBytes(CheckpointDType(*options_.backend, options_.checkpoint_dtype));
-    inputs_.micro_batches = static_cast<int>(micro_batches.size());
-    // Rows hold their documents' tokens only, so a later step can hold more than this one: every
-    // row full (the job's tokens per step, this rank's share).
-    const int64_t largest = options_.tokens_per_step / std::max(1, options_.world);
-    inputs_.largest_step_scale = tokens > 0 && largest > tokens ? static_cast<double>(largest) / tokens : 1.0;
-    inputs_.recompute_step = seen;
-    inputs_.capacity_bytes = options_.capacity_bytes;
-    inputs_.host_budget_bytes = options_.host_budget_bytes;
-    inputs_.device_name = options_.device_name;
-    inputs_.build = options_.build;
-    inputs_.tokens_per_step = options_.tokens_per_step > 0 ? options_.tokens_per_step : tokens * options_.world;
-    std::string probes;
-    for (const LayerProbe& p : inputs_.probes) {
-      absl::StrAppend(&probes, probes.empty() ? "" : ", ",
-                      absl::StrFormat("%s %.4f s (forward %.4f) keeping %.3f GiB", LayerPolicyName(p.policy), p.time_s,
-                                      p.forward_s, p.saved_bytes / 1073741824.0));
-    }
-    LOG(INFO) << "AutoPolicy: step " << step + 1 << " (all recompute) took " << seen.total_s << " s (compute "
-              << seen.compute_s << ", gate waits " << seen.gate_s << ", H2D " << seen.h2d_s << ", D2H " << seen.d2h_s
-              << " s), peak " << seen.peak_bytes / 1073741824.0 << " GiB; one layer: " << probes << "; checkpoint "
-              << inputs_.checkpoint_bytes / 1073741824.0 << " GiB (the layers' bytes x" << inputs_.largest_step_scale
-              << " for a step of full rows); pinned copies " << inputs_.rates.h2d_bytes_per_s / 1e9 << " / "
-              << inputs_.rates.d2h_bytes_per_s / 1e9 << " GB/s";
-    absl::StatusOr<AutoPolicyChoice> choice = ChooseLayout(inputs_);
-    selection_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
-    if (!choice.ok()) {
-      if (choice.status().code() != absl::StatusCode::kResourceExhausted) return choice.status();
-      LOG(WARNING) << "AutoPolicy: " << choice.status().message() << "; every layer stays whole-layer recompute";
-      phase_ = Phase::kDone;
-      return std::nullopt;
-    }
-    choice_ = std::move(*choice);
-    choice_.layout.autopolicy->selection_s = selection_s_;
-    LOG(INFO) << "AutoPolicy: chose in " << selection_s_ << " s: " << choice_.summary;
-    measure_step_ = step;
-    phase_ = Phase::kValidate;
-    return choice_;
+  switch (phase_) {
+    case Phase::kMeasure: return AfterMeasureStep(step, seen, micro_batches, steps_left);
+    case Phase::kSweep: return AfterSweepStep(step, seen, steps_left > 0);
+    case Phase::kValidate: return AfterValidationStep(step, seen, steps_left);
+    case Phase::kDone: break;
   }
-  if (phase_ == Phase::kSweep) {
-    SweepLayout& done = sweep_[sweep_at_++];
-    done.step_s = seen.total_s;
-    done.peak_bytes = seen.peak_bytes;
-    LOG(INFO) << absl::StrFormat("AutoPolicy sweep: %s: step %d %.3f s, peak %.2f GiB (predicted %.2f GiB)", done.name,
-                                 step + 1, done.step_s, done.peak_bytes / 1073741824.0,
-                                 done.choice.predicted_peak_bytes / 1073741824.0);
-    if (sweep_at_ < sweep_.size() && more_steps) return sweep_[sweep_at_].choice;
+  return std::nullopt;
+}
+
+namespace {
+
+// What the recompute step `seen` and the probes (in->probes, in->rates, already set) tell of the
+// job, into the rest of `in`.
+void DescribeJob(const AutoPolicySession::Options& options, const StepObservation& seen,
+                 const std::vector<MicroBatch>& micro_batches, AutoPolicyInputs* in) {
+  const ModelLayout& layout = *options.layout;
+  int64_t tokens = 0;
+  for (const MicroBatch& mb : micro_batches) tokens += mb.num_tokens();
+  in->layout = &layout;
+  in->checkpoint_bytes =
+      tokens * layout.config.hidden_size * DtypeBytes(CheckpointDType(*options.backend, options.checkpoint_dtype));
+  in->micro_batches = static_cast<int>(micro_batches.size());
+  // Rows hold their documents' tokens only, so a later step can hold more than this one: every
+  // row full (the job's tokens per step, this rank's share).
+  const int64_t largest = options.tokens_per_step / std::max(1, options.world);
+  in->largest_step_scale = tokens > 0 && largest > tokens ? static_cast<double>(largest) / tokens : 1.0;
+  in->recompute_step = seen;
+  in->capacity_bytes = options.capacity_bytes;
+  in->host_budget_bytes = options.host_budget_bytes;
+  in->device_name = options.device_name;
+  in->build = options.build;
+  in->tokens_per_step = options.tokens_per_step > 0 ? options.tokens_per_step : tokens * options.world;
+}
+
+void LogBaseCosts(int64_t step, const StepObservation& seen, const AutoPolicyInputs& in) {
+  std::string probes;
+  for (const LayerProbe& p : in.probes) {
+    absl::StrAppend(&probes, probes.empty() ? "" : ", ",
+                    absl::StrFormat("%s %.4f s (forward %.4f) keeping %.3f GiB", LayerPolicyName(p.policy), p.time_s,
+                                    p.forward_s, p.saved_bytes / 1073741824.0));
+  }
+  LOG(INFO) << "AutoPolicy: step " << step + 1 << " (all recompute) took " << seen.total_s << " s (compute "
+            << seen.compute_s << ", gate waits " << seen.gate_s << ", H2D " << seen.h2d_s << ", D2H " << seen.d2h_s
+            << " s), peak " << seen.peak_bytes / 1073741824.0 << " GiB; one layer: " << probes << "; checkpoint "
+            << in.checkpoint_bytes / 1073741824.0 << " GiB (the layers' bytes x" << in.largest_step_scale
+            << " for a step of full rows); pinned copies " << in.rates.h2d_bytes_per_s / 1e9 << " / "
+            << in.rates.d2h_bytes_per_s / 1e9 << " GB/s";
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterMeasureStep(
+    int64_t step, const StepObservation& seen, const std::vector<MicroBatch>& micro_batches, int64_t steps_left) {
+  if (steps_left <= 0) {
     phase_ = Phase::kDone;
-    const SweepLayout* best = nullptr;
-    for (size_t i = 0; i < sweep_at_; ++i) {
-      if (best == nullptr || sweep_[i].step_s < best->step_s) best = &sweep_[i];
-    }
-    LOG(INFO) << absl::StrFormat(
-        "AutoPolicy sweep: %d fixed layouts; the fastest, %s, %.3f s; AutoPolicy's layout %.3f s (%+.1f%%); "
-        "back to AutoPolicy's layout",
-        static_cast<int>(sweep_at_), best->name, best->step_s, validated_step_s_,
-        100 * (validated_step_s_ - best->step_s) / best->step_s);
-    if (!more_steps) return std::nullopt;
-    return choice_;
+    return std::nullopt;
   }
-  if (phase_ != Phase::kValidate) return std::nullopt;
-  const AutoPolicyRecord& rec = *choice_.layout.autopolicy;
+  // The job's first step warms everything up (kernel plans, the memory pool), and LayerAdam's
+  // first pass over the state (first touches) can still hold the second step's gates: the base
+  // costs come from the third step of a job long enough to gain from the wait, else the second.
+  if (warmups_left_ < 0) warmups_left_ = steps_left >= kAutoPolicyLongJobSteps ? 2 : (steps_left >= 3 ? 1 : 0);
+  if (warmups_left_ > 0 && steps_left >= 3) {
+    --warmups_left_;
+    return std::nullopt;
+  }
+  const absl::Time t0 = absl::Now();
+  ASSIGN_OR_RETURN(inputs_.probes, ProfileLayer(options_.backend, *options_.layout, micro_batches, ProbedPolicies()));
+  if (options_.measure_rates) {
+    ASSIGN_OR_RETURN(inputs_.rates, options_.measure_rates());
+  }
+  DescribeJob(options_, seen, micro_batches, &inputs_);
+  LogBaseCosts(step, seen, inputs_);
+  absl::StatusOr<AutoPolicyChoice> choice = ChooseLayout(inputs_);
+  selection_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
+  if (!choice.ok()) {
+    if (choice.status().code() != absl::StatusCode::kResourceExhausted) return choice.status();
+    LOG(WARNING) << "AutoPolicy: " << choice.status().message() << "; every layer stays whole-layer recompute";
+    phase_ = Phase::kDone;
+    return std::nullopt;
+  }
+  Adopt(std::move(*choice));
+  LOG(INFO) << "AutoPolicy: chose in " << selection_s_ << " s: " << choice_.summary;
+  measure_step_ = step;
+  phase_ = Phase::kValidate;
+  return choice_;
+}
+
+std::optional<AutoPolicyChoice> AutoPolicySession::AfterSweepStep(int64_t step, const StepObservation& seen,
+                                                                  bool more_steps) {
+  SweepLayout& done = sweep_[sweep_at_++];
+  done.step_s = seen.total_s;
+  done.peak_bytes = seen.peak_bytes;
+  LOG(INFO) << absl::StrFormat("AutoPolicy sweep: %s: step %d %.3f s, peak %.2f GiB (predicted %.2f GiB)", done.name,
+                               step + 1, done.step_s, done.peak_bytes / 1073741824.0,
+                               done.choice.predicted_peak_bytes / 1073741824.0);
+  if (sweep_at_ < sweep_.size() && more_steps) return sweep_[sweep_at_].choice;
+  phase_ = Phase::kDone;
+  const SweepLayout* best = nullptr;
+  for (size_t i = 0; i < sweep_at_; ++i) {
+    if (best == nullptr || sweep_[i].step_s < best->step_s) best = &sweep_[i];
+  }
+  LOG(INFO) << absl::StrFormat(
+      "AutoPolicy sweep: %d fixed layouts; the fastest, %s, %.3f s; AutoPolicy's layout %.3f s (%+.1f%%); "
+      "back to AutoPolicy's layout",
+      static_cast<int>(sweep_at_), best->name, best->step_s, validated_step_s_,
+      100 * (validated_step_s_ - best->step_s) / best->step_s);
+  if (!more_steps) return std::nullopt;
+  return choice_;
+}
+
+absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterValidationStep(int64_t step,
+                                                                                       const StepObservation& seen,
+                                                                                       int64_t steps_left) {
+  const bool more_steps = steps_left > 0;
   const double max_peak = kAutoPolicyMaxPeakFraction * static_cast<double>(options_.capacity_bytes);
   // A layout runs two steps when the job has them, and counts the slower: the first after a switch
   // may not show what the next does (the host updating beside the layout's own copies).
@@ -481,58 +508,66 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     timed.peak_bytes = std::max(timed.peak_bytes, first_look_->peak_bytes);
     first_look_.reset();
   }
-  const double error = rec.predicted.step_s > 0 ? (timed.total_s - rec.predicted.step_s) / rec.predicted.step_s : 0;
-  if (over) {
-    LOG(WARNING) << "AutoPolicy: step " << step + 1 << " peaked at " << seen.peak_bytes / 1073741824.0 << " GiB, over "
-                 << max_peak / 1073741824.0 << " GiB (predicted " << choice_.predicted_peak_bytes / 1073741824.0
-                 << " GiB)";
-    if (resolves_ >= kMaxResolves || !more_steps) {
-      phase_ = Phase::kDone;
-      if (!more_steps) return std::nullopt;
-      LOG(WARNING) << "AutoPolicy: " << resolves_ << " re-solves did not fit; every layer goes back to recompute";
-      return AllRecompute(layout);
-    }
-    ++resolves_;
-    const absl::Time t0 = absl::Now();
-    const int64_t over = seen.peak_bytes - choice_.predicted_peak_bytes;
-    const int64_t budget = std::max<int64_t>(
-        0, rec.problem.device_budget_bytes - std::max<int64_t>(over, seen.peak_bytes - static_cast<int64_t>(max_peak)) -
-               options_.capacity_bytes / 50);
-    absl::StatusOr<AutoPolicyChoice> choice = ChooseLayout(inputs_, budget);
-    selection_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
-    if (!choice.ok()) return choice.status();
-    choice_ = std::move(*choice);
-    choice_.layout.autopolicy->selection_s = selection_s_;
-    LOG(INFO) << "AutoPolicy: re-solved (" << resolves_ << " of at most " << kMaxResolves << ") with "
-              << budget / 1073741824.0 << " GiB for the layers: " << choice_.summary;
-    return choice_;
-  }
+  if (over) return ResolveOverBudget(step, seen, max_peak, more_steps);
   // Time. Each layout that fit is remembered with its measured step; a layout slower than its
   // prediction that offloads checkpoints is solved again with every checkpoint on the device (the
   // copies' overlap with compute is the model's least certain part); then the fastest measured
   // layout runs, or recompute when none beats the recompute step.
   measured_.push_back({choice_, timed.total_s, timed.peak_bytes, timed_step});
-  const bool slower_than_predicted = timed.total_s > (1 + kAutoPolicyPredictionSlack) * rec.predicted.step_s;
-  if (more_steps && slower_than_predicted && !choice_.offloaded.empty() && resolves_ < kMaxResolves) {
-    ++resolves_;
-    const absl::Time t0 = absl::Now();
-    inputs_.host_budget_bytes = 0;
-    absl::StatusOr<AutoPolicyChoice> choice = ChooseLayout(inputs_);
-    selection_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
-    if (choice.ok()) {
-      LOG(WARNING) << absl::StrFormat(
-          "AutoPolicy: step %d took %.3f s against %.3f s predicted (%+.1f%%) with %d layers offloading; "
-          "solving again with every checkpoint on the device",
-          timed_step + 1, timed.total_s, rec.predicted.step_s, 100 * error,
-          static_cast<int>(
-              std::count_if(choice_.offloaded.begin(), choice_.offloaded.end(), [](double r) { return r > 0; })));
-      choice_ = std::move(*choice);
-      choice_.layout.autopolicy->selection_s = selection_s_;
-      LOG(INFO) << "AutoPolicy: re-solved (" << resolves_ << " of at most " << kMaxResolves << "): " << choice_.summary;
-      return choice_;
-    }
-    if (choice.status().code() != absl::StatusCode::kResourceExhausted) return choice.status();
+  ASSIGN_OR_RETURN(const bool resolved, ResolveOnDevice(timed, timed_step, more_steps));
+  if (resolved) return choice_;
+  return KeepFastest(step, more_steps);
+}
+
+absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::ResolveOverBudget(int64_t step,
+                                                                                     const StepObservation& seen,
+                                                                                     double max_peak, bool more_steps) {
+  LOG(WARNING) << "AutoPolicy: step " << step + 1 << " peaked at " << seen.peak_bytes / 1073741824.0 << " GiB, over "
+               << max_peak / 1073741824.0 << " GiB (predicted " << choice_.predicted_peak_bytes / 1073741824.0
+               << " GiB)";
+  if (resolves_ >= kMaxResolves || !more_steps) {
+    phase_ = Phase::kDone;
+    if (!more_steps) return std::nullopt;
+    LOG(WARNING) << "AutoPolicy: " << resolves_ << " re-solves did not fit; every layer goes back to recompute";
+    return AllRecompute(*options_.layout);
   }
+  ++resolves_;
+  const int64_t over = seen.peak_bytes - choice_.predicted_peak_bytes;
+  const int64_t budget = std::max<int64_t>(
+      0, choice_.layout.autopolicy->problem.device_budget_bytes -
+             std::max<int64_t>(over, seen.peak_bytes - static_cast<int64_t>(max_peak)) - options_.capacity_bytes / 50);
+  ASSIGN_OR_RETURN(AutoPolicyChoice choice, TimedChooseLayout(budget));
+  Adopt(std::move(choice));
+  LOG(INFO) << "AutoPolicy: re-solved (" << resolves_ << " of at most " << kMaxResolves << ") with "
+            << budget / 1073741824.0 << " GiB for the layers: " << choice_.summary;
+  return choice_;
+}
+
+absl::StatusOr<bool> AutoPolicySession::ResolveOnDevice(const StepObservation& timed, int64_t timed_step,
+                                                        bool more_steps) {
+  const AutoPolicyRecord& rec = *choice_.layout.autopolicy;
+  const bool slower_than_predicted = timed.total_s > (1 + kAutoPolicyPredictionSlack) * rec.predicted.step_s;
+  if (!more_steps || !slower_than_predicted || choice_.offloaded.empty() || resolves_ >= kMaxResolves) return false;
+  ++resolves_;
+  inputs_.host_budget_bytes = 0;
+  absl::StatusOr<AutoPolicyChoice> choice = TimedChooseLayout();
+  if (!choice.ok()) {
+    if (choice.status().code() != absl::StatusCode::kResourceExhausted) return choice.status();
+    return false;
+  }
+  const double error = rec.predicted.step_s > 0 ? (timed.total_s - rec.predicted.step_s) / rec.predicted.step_s : 0;
+  LOG(WARNING) << absl::StrFormat(
+      "AutoPolicy: step %d took %.3f s against %.3f s predicted (%+.1f%%) with %d layers offloading; "
+      "solving again with every checkpoint on the device",
+      timed_step + 1, timed.total_s, rec.predicted.step_s, 100 * error,
+      static_cast<int>(
+          std::count_if(choice_.offloaded.begin(), choice_.offloaded.end(), [](double r) { return r > 0; })));
+  Adopt(std::move(*choice));
+  LOG(INFO) << "AutoPolicy: re-solved (" << resolves_ << " of at most " << kMaxResolves << "): " << choice_.summary;
+  return true;
+}
+
+std::optional<AutoPolicyChoice> AutoPolicySession::KeepFastest(int64_t step, bool more_steps) {
   phase_ = Phase::kDone;
   const Measured* best = nullptr;
   for (const Measured& m : measured_) {
@@ -546,21 +581,14 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
     // job of this shape does not probe again.
     std::optional<AutoPolicyChoice> recompute = RecomputeWithRecord(*best);
     if (recompute) {
-      choice_ = std::move(*recompute);
-      validated_ = true;
-      validated_step_ = measure_step_;
-      validated_step_s_ = inputs_.recompute_step.total_s;
-      validated_peak_bytes_ = inputs_.recompute_step.peak_bytes;
+      SetValidated(std::move(*recompute), measure_step_, inputs_.recompute_step.total_s,
+                   inputs_.recompute_step.peak_bytes);
     }
     if (!more_steps) return std::nullopt;
-    return recompute ? choice_ : AllRecompute(layout);
+    return recompute ? choice_ : AllRecompute(*options_.layout);
   }
   const bool switch_back = best->step != step;
-  choice_ = best->choice;
-  validated_ = true;
-  validated_step_ = best->step;
-  validated_step_s_ = best->step_s;
-  validated_peak_bytes_ = best->peak_bytes;
+  SetValidated(best->choice, best->step, best->step_s, best->peak_bytes);
   const AutoPolicyRecord& kept = *choice_.layout.autopolicy;
   LOG(INFO) << absl::StrFormat(
       "AutoPolicy: validated on step %d: %.3f s measured against %.3f s predicted (%+.1f%%), peak %.2f GiB "
@@ -579,6 +607,26 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterStep(
   }
   if (switch_back && more_steps) return choice_;
   return std::nullopt;
+}
+
+absl::StatusOr<AutoPolicyChoice> AutoPolicySession::TimedChooseLayout(int64_t device_budget_bytes) {
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<AutoPolicyChoice> choice = ChooseLayout(inputs_, device_budget_bytes);
+  selection_s_ += absl::ToDoubleSeconds(absl::Now() - t0);
+  return choice;
+}
+
+void AutoPolicySession::Adopt(AutoPolicyChoice choice) {
+  choice_ = std::move(choice);
+  choice_.layout.autopolicy->selection_s = selection_s_;
+}
+
+void AutoPolicySession::SetValidated(AutoPolicyChoice choice, int64_t step, double step_s, int64_t peak_bytes) {
+  choice_ = std::move(choice);
+  validated_ = true;
+  validated_step_ = step;
+  validated_step_s_ = step_s;
+  validated_peak_bytes_ = peak_bytes;
 }
 
 }  // namespace slidedp

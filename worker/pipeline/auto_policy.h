@@ -198,6 +198,29 @@ class AutoPolicySession {
   // the report and the cache; nullopt without a record.
   std::optional<AutoPolicyChoice> RecomputeWithRecord(const Measured& measured) const;
 
+  // AfterStep in each phase. kMeasure: probes the layer and chooses the first layout. kSweep: logs
+  // the sweep layout that ran, then the next one, or back to the validated layout.
+  absl::StatusOr<std::optional<AutoPolicyChoice>> AfterMeasureStep(int64_t step, const StepObservation& seen,
+                                                                   const std::vector<MicroBatch>& micro_batches,
+                                                                   int64_t steps_left);
+  std::optional<AutoPolicyChoice> AfterSweepStep(int64_t step, const StepObservation& seen, bool more_steps);
+  // kValidate: a layout over max_peak is re-solved with less room; one that fit is timed, maybe
+  // solved again without offload, and the fastest measured is kept.
+  absl::StatusOr<std::optional<AutoPolicyChoice>> AfterValidationStep(int64_t step, const StepObservation& seen,
+                                                                      int64_t steps_left);
+  absl::StatusOr<std::optional<AutoPolicyChoice>> ResolveOverBudget(int64_t step, const StepObservation& seen,
+                                                                    double max_peak, bool more_steps);
+  // A layout slower than predicted that offloads checkpoints is solved again with every checkpoint on
+  // the device: true when that gave the layout to run next (choice_).
+  absl::StatusOr<bool> ResolveOnDevice(const StepObservation& timed, int64_t timed_step, bool more_steps);
+  // The fastest measured layout, or recompute when none beats the recompute step; the validation ends.
+  std::optional<AutoPolicyChoice> KeepFastest(int64_t step, bool more_steps);
+  // ChooseLayout over inputs_, its time added to selection_s_.
+  absl::StatusOr<AutoPolicyChoice> TimedChooseLayout(int64_t device_budget_bytes = -1);
+  // `choice` becomes the layout in force (choice_), its record carrying the selection time so far.
+  void Adopt(AutoPolicyChoice choice);
+  void SetValidated(AutoPolicyChoice choice, int64_t step, double step_s, int64_t peak_bytes);
+
   std::vector<Measured> measured_;  // every layout validated within its memory, with its step
   int64_t measure_step_ = -1;       // the recompute step the base costs came from
   std::vector<SweepLayout> sweep_;

@@ -118,6 +118,23 @@ class StepRunner {
   // (stream-ordered after the conversion that reads it).
   absl::Status ConvertInput(std::unique_ptr<DeviceBuffer>& input, const DeviceBatch& batch, Dtype from, Dtype to);
 
+  // Run's phases, in order, over one step's micro-batches and activations (StepPass, in the .cc).
+  struct StepPass;
+  absl::Status ForwardEmbedding(StepPass& pass);
+  absl::Status ForwardLayer(StepPass& pass, int unit);
+  // Allocates the head's outputs (input gradients, the device loss) and adds a MoE model's
+  // load-balancing loss and expert token counts into `result`.
+  absl::Status StartLoss(StepPass& pass, StepResult* result);
+  absl::Status HeadForwardBackward(StepPass& pass);
+  absl::Status BackwardLayer(StepPass& pass, int unit);
+  absl::Status BackwardEmbedding(StepPass& pass);
+  // One activation-sized buffer per micro-batch of `pass`.
+  absl::StatusOr<std::vector<std::unique_ptr<DeviceBuffer>>> AllocateActivations(const StepPass& pass);
+  // Hands unit's accumulated gradient to the GradientPath (after the test-only injection).
+  absl::Status FinishGradient(int64_t step, int unit, float* grad);
+  // Starts bringing back what `unit`'s backward needs: its parameters and offloaded checkpoints.
+  absl::Status PrefetchForBackward(int unit, uint32_t gate);
+
   const ModelLayout& layout_;
   ComputeBackend* backend_;
   UnitStreamer* streamer_;

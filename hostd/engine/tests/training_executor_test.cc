@@ -23,7 +23,7 @@
 #include "common/data/synthetic.h"
 #include "common/model/shard.h"
 #include "gtest/gtest.h"
-#include "hostd/checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "hostd/engine/undo_arena.h"
 #include "hostd/update/adamw_kernels.h"
 #include "hostd/update/adamw_state.h"

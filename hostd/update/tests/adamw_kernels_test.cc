@@ -380,29 +380,6 @@ TEST(AdamWKernels, SumSquaresAllIsas) {
   EXPECT_NEAR(SumSquares(big, 3), 2 * b * b + 9, 1e-15 * b * b);
 }
 
-TEST(AdamWKernels, IsaNamesAndDispatch) {
-  EXPECT_EQ(*ParseAdamIsa("avx2"), AdamIsa::kAvx2);
-  EXPECT_EQ(*ParseAdamIsa("avx512"), AdamIsa::kAvx512);
-  EXPECT_EQ(*ParseAdamIsa("scalar"), AdamIsa::kScalar);
-  EXPECT_EQ(ParseAdamIsa("sse").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(AdamIsaSupported(ActiveAdamIsa()));
-  EXPECT_TRUE(AdamIsaSupported(AdamIsa::kScalar));
-  // ctest also runs this with SLIDEDP_ADAM_ISA set (see CMakeLists.txt).
-  if (const char* forced = std::getenv("SLIDEDP_ADAM_ISA"); forced != nullptr) {
-    absl::StatusOr<AdamIsa> want = ParseAdamIsa(forced);
-    ASSERT_TRUE(want.ok()) << want.status();
-    if (AdamIsaSupported(*want)) {
-      EXPECT_EQ(ActiveAdamIsa(), *want);
-    } else {
-      EXPECT_NE(ActiveAdamIsa(), *want);
-    }
-  } else {
-    EXPECT_EQ(ActiveAdamIsa(), AdamIsaSupported(AdamIsa::kAvx512) ? AdamIsa::kAvx512
-                               : AdamIsaSupported(AdamIsa::kAvx2) ? AdamIsa::kAvx2
-                                                                  : AdamIsa::kScalar);
-  }
-}
-
 // The checked kernels of every ISA: on finite data bit for bit the unchecked kernel; with a NaN or
 // inf at any position of awkward lengths and mirror alignments (vector body, head, tails) they
 // stop there: the elements before it as the unchecked kernel makes them, nothing from it on.

@@ -1,8 +1,9 @@
 // Compact Adam moments (adamw_state.h): every ISA this CPU has bit for bit against the scalar
 // kernels (int8 and BF16 state, FP32 and BF16 gradients, awkward lengths, misaligned pointers, with
 // and without a mirror); the int8 step against a double-precision model of the same quantized
-// algorithm; the checked kernels; stochastic rounding; conversions; a 1,000-step drift test
-// against FP32 state whose figures docs/optimizer-state.md quotes; an informative speed line.
+// algorithm; the checked kernels; stochastic rounding; a 1,000-step drift test against FP32 state
+// whose figures docs/optimizer-state.md quotes; an informative speed line. The conversions alone:
+// common/moments/moments_test.cc.
 #include "hostd/update/adamw_state.h"
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/moments/moments_test_util.h"
 #include "common/numeric/bf16.h"
 #include "gtest/gtest.h"
 #include "hostd/update/adamw_kernels.h"
@@ -24,102 +26,12 @@
 namespace slidedp::update {
 namespace {
 
-std::vector<AdamIsa> SupportedIsas() {
-  std::vector<AdamIsa> out;
-  for (AdamIsa isa : {AdamIsa::kScalar, AdamIsa::kAvx2, AdamIsa::kAvx512}) {
-    if (AdamStateKernelsFor(isa) != nullptr) out.push_back(isa);
-  }
-  return out;
-}
+using namespace slidedp::moments::testing;
 
 std::string CoveredIsas() {
   std::string s;
   for (AdamIsa isa : SupportedIsas()) s += (s.empty() ? "" : ", ") + AdamIsaName(isa);
   return s;
-}
-
-uint32_t Bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-
-// Owns an array with a chosen misalignment (in elements) from a 64-byte boundary.
-template <typename T>
-struct Buffer {
-  Buffer(size_t n, size_t shift) : storage(n + 64 + shift), data(storage.data() + AlignShift(shift)) {}
-  size_t AlignShift(size_t shift) const {
-    const auto addr = reinterpret_cast<uintptr_t>(storage.data());
-    return ((64 - addr % 64) % 64) / sizeof(T) + shift;
-  }
-  std::vector<T> storage;
-  T* data;
-};
-
-// Int8 moments for n elements plus guard space after each array, misaligned by `shift`.
-struct Int8State {
-  static constexpr int64_t kGuard = 8;
-  Int8State(int64_t n, size_t shift)
-      : n(n),
-        blocks(Int8MomentBlocks(n)),
-        m(n + kGuard, shift),
-        v(n + kGuard, (shift * 3 + 1) % 64),
-        ms(blocks + kGuard, shift % 4),
-        vs(blocks + kGuard, (shift + 1) % 4) {
-    std::fill(m.storage.begin(), m.storage.end(), int8_t{0x55});
-    std::fill(v.storage.begin(), v.storage.end(), uint8_t{0xAA});
-    std::fill(ms.storage.begin(), ms.storage.end(), -7.0f);
-    std::fill(vs.storage.begin(), vs.storage.end(), -9.0f);
-  }
-  Int8Moments Ref() { return {m.data, v.data, ms.data, vs.data}; }
-  Int8MomentsView View() const { return {m.data, v.data, ms.data, vs.data}; }
-  void CopyFrom(const Int8State& o) {  // the n elements and blocks, not the guards
-    std::copy(o.m.data, o.m.data + n, m.data);
-    std::copy(o.v.data, o.v.data + n, v.data);
-    std::copy(o.ms.data, o.ms.data + blocks, ms.data);
-    std::copy(o.vs.data, o.vs.data + blocks, vs.data);
-  }
-  int64_t n, blocks;
-  Buffer<int8_t> m;
-  Buffer<uint8_t> v;
-  Buffer<float> ms, vs;
-};
-
-// Codes and scales equal bit for bit, and the guards after them untouched.
-::testing::AssertionResult SameInt8(const Int8State& a, const Int8State& b) {
-  if (std::memcmp(a.m.data, b.m.data, a.n) != 0) return ::testing::AssertionFailure() << "m codes differ";
-  if (std::memcmp(a.v.data, b.v.data, a.n) != 0) return ::testing::AssertionFailure() << "v codes differ";
-  if (std::memcmp(a.ms.data, b.ms.data, 4 * a.blocks) != 0) return ::testing::AssertionFailure() << "m scales differ";
-  if (std::memcmp(a.vs.data, b.vs.data, 4 * a.blocks) != 0) return ::testing::AssertionFailure() << "v scales differ";
-  for (const Int8State* s : {&a, &b}) {
-    for (int64_t i = 0; i < Int8State::kGuard; ++i) {
-      if (s->m.data[s->n + i] != 0x55 || s->v.data[s->n + i] != 0xAA || s->ms.data[s->blocks + i] != -7.0f ||
-          s->vs.data[s->blocks + i] != -9.0f) {
-        return ::testing::AssertionFailure() << "wrote past the end";
-      }
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
-// A realistic FP32 moment state: per-element scales over three decades, v ~ m^2 .. 4 m^2, some
-// exact zeros (elements that never had a gradient).
-void RandomMoments(int64_t n, uint32_t seed, std::vector<float>* m, std::vector<float>* v) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  m->resize(n);
-  v->resize(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const float scale = std::pow(10.0f, -1.0f - 3.0f * u(rng));
-    if (u(rng) < 0.03f) {
-      (*m)[i] = 0.0f;
-      (*v)[i] = 0.0f;
-      continue;
-    }
-    (*m)[i] = scale * normal(rng);
-    (*v)[i] = scale * scale * (1.0f + 3.0f * u(rng));
-  }
 }
 
 std::vector<float> RandomGrad(int64_t n, uint32_t seed) {
@@ -138,35 +50,6 @@ AdamWStepParams StepParams(int64_t step) {
   p.step = step;
   p.grad_scale = 0.75f;
   return p;
-}
-
-TEST(AdamState, NamesParseAndBytes) {
-  for (MomentForm d : {MomentForm::kF32, MomentForm::kBF16, MomentForm::kInt8}) {
-    absl::StatusOr<MomentForm> back = ParseMomentForm(ToString(d));
-    ASSERT_TRUE(back.ok());
-    EXPECT_EQ(*back, d);
-  }
-  EXPECT_EQ(ToString(MomentForm::kInt8), "int8");
-  EXPECT_EQ(ParseMomentForm("fp8").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MomentBytes(MomentForm::kF32, 1000), 8000);
-  EXPECT_EQ(MomentBytes(MomentForm::kBF16, 1000), 4000);
-  EXPECT_EQ(MomentBytes(MomentForm::kInt8, 0), 0);
-  EXPECT_EQ(MomentBytes(MomentForm::kInt8, 1), 2 + 8);  // a partial block counts whole
-  EXPECT_EQ(MomentBytes(MomentForm::kInt8, 256), 512 + 8);
-  EXPECT_EQ(MomentBytes(MomentForm::kInt8, 257), 514 + 16);
-  EXPECT_EQ(MomentBytes(MomentForm::kInt8, int64_t{1} << 30), (int64_t{2} << 30) + (int64_t{1} << 25));
-  EXPECT_EQ(Int8MomentBlocks(0), 0);
-  EXPECT_EQ(Int8MomentBlocks(256), 1);
-  EXPECT_EQ(Int8MomentBlocks(257), 2);
-  int8_t mc[1024];
-  uint8_t vc[1024];
-  float ms[4], vs[4];
-  const Int8Moments base{mc, vc, ms, vs};
-  const Int8Moments at = Int8MomentsAt(base, 512);
-  EXPECT_EQ(at.m_codes, mc + 512);
-  EXPECT_EQ(at.v_codes, vc + 512);
-  EXPECT_EQ(at.m_scales, ms + 2);
-  EXPECT_EQ(at.v_scales, vs + 2);
 }
 
 // Every ISA gives the scalar kernels' bits: int8 and BF16 moments, FP32 and BF16 gradients, every
@@ -651,69 +534,6 @@ TEST(AdamState, UncheckedNonFiniteGradientPoisonsOnlyItsBlock) {
       want_theta = theta;
     } else {
       ASSERT_EQ(0, std::memcmp(theta.data(), want_theta.data(), 4 * kN));
-    }
-  }
-}
-
-// FP32 -> int8 -> FP32: each value within half a code step (m: 1/16 of |m| on the 3-bit-mantissa
-// grid, or 2^-15 of the block absmax where it flushes; v: half a step of (v/vmax)^(1/4) in 255ths),
-// non-zero v never decodes to 0, and re-encoding the decoded values gives the same codes and scales
-// (a checkpoint converted back and forth is stable). FP32 -> BF16 -> FP32 is nearest-even.
-TEST(AdamState, ConversionsRoundTrip) {
-  for (int64_t n : {1, 255, 256, 257, 4099}) {
-    std::vector<float> m0, v0;
-    RandomMoments(n, static_cast<uint32_t>(n * 3), &m0, &v0);
-    Int8State want(n, 0);
-    std::vector<float> want_m;
-    for (AdamIsa isa : SupportedIsas()) {
-      SCOPED_TRACE(testing::Message() << AdamIsaName(isa) << " n=" << n);
-      const AdamStateKernelTable* k = AdamStateKernelsFor(isa);
-      Int8State s(n, 1), again(n, 2);
-      k->int8_from_f32(m0.data(), v0.data(), s.Ref(), n);
-      std::vector<float> m(n), v(n);
-      k->int8_to_f32(s.View(), m.data(), v.data(), n);
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t b = i / kInt8MomentBlock;
-        const double m_abs = s.ms.data[b], s_abs = s.vs.data[b];
-        ASSERT_LE(std::fabs(m[i] - m0[i]),
-                  std::max(std::fabs(m0[i]) / 16.0, m_abs * 1.2 * std::ldexp(1.0, -16)) * 1.0001)
-            << i;
-        if (v0[i] > 0) {
-          ASSERT_GT(v[i], 0) << i;
-          const double q_want = 255.0 * std::pow(v0[i] / (s_abs * s_abs), 0.25);
-          const double q_got = 255.0 * std::pow(v[i] / (s_abs * s_abs), 0.25);
-          if (q_want >= 0.5) {
-            ASSERT_LE(std::fabs(q_got - q_want), 0.5 + 1e-4) << i;
-          }
-        } else {
-          ASSERT_EQ(v[i], 0.0f) << i;
-        }
-      }
-      k->int8_from_f32(m.data(), v.data(), again.Ref(), n);
-      ASSERT_EQ(0, std::memcmp(s.m.data, again.m.data, n));
-      ASSERT_EQ(0, std::memcmp(s.v.data, again.v.data, n));
-      for (int64_t b = 0; b < s.blocks; ++b) {
-        // The scale of a block re-encoded from its decoded values: its absmax element decodes to
-        // scale * 1.0 (m) and to ((255^2 * f32(scale / 255^2)))^2 (v), within an ulp or two.
-        ASSERT_EQ(Bits(again.ms.data[b]), Bits(s.ms.data[b])) << b;
-        ASSERT_NEAR(again.vs.data[b], s.vs.data[b], 4e-7 * s.vs.data[b]) << b;
-      }
-      if (want_m.empty()) {
-        want.CopyFrom(s);
-        want_m = m;
-      } else {
-        ASSERT_TRUE(SameInt8(s, want));
-        ASSERT_EQ(0, std::memcmp(m.data(), want_m.data(), 4 * n));
-      }
-      std::vector<bf16_t> m16(n), v16(n);
-      k->bf16_from_f32(m0.data(), v0.data(), {m16.data(), v16.data()}, n);
-      k->bf16_to_f32({m16.data(), v16.data()}, m.data(), v.data(), n);
-      for (int64_t i = 0; i < n; ++i) {
-        ASSERT_EQ(m16[i], FloatToBf16(m0[i]));
-        ASSERT_EQ(v16[i], FloatToBf16(v0[i]));
-        ASSERT_EQ(m[i], Bf16ToFloat(m16[i]));
-        ASSERT_EQ(v[i], Bf16ToFloat(v16[i]));
-      }
     }
   }
 }

@@ -16,13 +16,13 @@
 #include <regex>
 #include <set>
 
-#include "common/status/status_macros.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_files.h"
+#include "checkpoint/tests/ckpt_test_util.h"
+#include "common/status/status_macros.h"
 #include "gtest/gtest.h"
-#include "hostd/checkpoint/checkpoint.h"
-#include "hostd/checkpoint/checkpoint_files.h"
-#include "hostd/checkpoint/tests/ckpt_test_util.h"
 
 namespace slidedp::checkpoint {
 namespace {

@@ -7,9 +7,9 @@
 #include <fstream>
 #include <limits>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/tests/ckpt_test_util.h"
 #include "gtest/gtest.h"
-#include "hostd/checkpoint/checkpoint.h"
-#include "hostd/checkpoint/tests/ckpt_test_util.h"
 
 namespace slidedp::checkpoint {
 namespace {
@@ -65,7 +65,8 @@ TEST_F(CkptHfLoadTest, LoadsEveryDtypeSingleAndSharded) {
     const ModelLayout layout = ModelLayout::Build(TinyConfig(tied));
     for (Dtype dtype : {Dtype::kBF16, Dtype::kF16, Dtype::kF32}) {
       for (Sharding sh : {Sharding::kSingle, Sharding::kSharded}) {
-        SCOPED_TRACE(absl::StrCat("tied=", tied, " dtype=", safetensors::DtypeName(dtype), " sharded=", sh == Sharding::kSharded));
+        SCOPED_TRACE(absl::StrCat("tied=", tied, " dtype=", safetensors::DtypeName(dtype),
+                                  " sharded=", sh == Sharding::kSharded));
         fs::remove_all(dir_);
         auto tensors = HfTensors(layout, HeadCopy::kOmit);
         WriteHfModel(dir_, layout.config, tensors, dtype, sh);

@@ -26,7 +26,8 @@
 // model directory without the optimizer state (`slidedp export`).
 // The moments are stored as the job holds them (docs/optimizer-state.md, "Layouts and bytes" and
 // "Checkpoints"); a load into a job of another state dtype converts with the kernels' encoders
-// and decoders (update::AdamStateKernelTable).
+// and decoders (common/moments/moments.h, the codec LayerAdam's compact-moment kernels step
+// through).
 //
 // A save goes to <root>/.tmp-checkpoint-<step>-<pid>/ (every file fsynced, then the directory),
 // is renamed into place and the root is fsynced. Only directories named checkpoint-<N> holding a
@@ -62,7 +63,6 @@
 #include "absl/status/statusor.h"
 #include "common/model/model_config.h"
 #include "common/numeric/dtype.h"
-#include "hostd/update/adamw_state.h"
 #include "nlohmann/json.hpp"
 
 namespace slidedp::checkpoint {
@@ -259,8 +259,8 @@ absl::StatusOr<int64_t> VerifyCheckpoint(const std::string& dir);
 
 struct LoadedCheckpoint {
   int64_t step = 0;
-  nlohmann::json trainer_state;                                       // exactly what SaveRequest::trainer_state held
-  MomentForm saved_moment_dtype = MomentForm::kF32;                   // how the file keeps m and v
+  nlohmann::json trainer_state;                      // exactly what SaveRequest::trainer_state held
+  MomentForm saved_moment_dtype = MomentForm::kF32;  // how the file keeps m and v
   // Non-empty when the moments were converted to the arrays' dtype: one line for the job log,
   // e.g. "optimizer state converted from fp32 to int8 (block-quantized moments: an approximation)".
   std::string conversion_note;

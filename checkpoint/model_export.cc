@@ -15,14 +15,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_files.h"
 #include "common/io/json_depth.h"
 #include "common/io/small_file.h"
 #include "common/numeric/finite.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
-#include "hostd/checkpoint/checkpoint.h"
-#include "hostd/checkpoint/checkpoint_files.h"
 
 namespace slidedp::checkpoint {
 namespace {

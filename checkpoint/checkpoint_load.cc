@@ -24,15 +24,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_files.h"
 #include "common/io/small_file.h"
+#include "common/moments/moments.h"
 #include "common/numeric/bf16.h"
 #include "common/numeric/finite.h"
 #include "common/parallel/parallel_for.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
-#include "hostd/checkpoint/checkpoint.h"
-#include "hostd/checkpoint/checkpoint_files.h"
 
 namespace slidedp::checkpoint {
 namespace {
@@ -280,7 +281,7 @@ struct ConvertBuffers {
 };
 
 // FP32 of n moments of dtype d (the kernels' decoders; FP32 is copied).
-void DecodeToF32(const update::AdamStateKernelTable& k, MomentForm d, const MomentsView& in, float* m, float* v,
+void DecodeToF32(const moments::MomentCodecTable& k, MomentForm d, const MomentsView& in, float* m, float* v,
                  int64_t n) {
   switch (d) {
     case MomentForm::kF32:
@@ -298,7 +299,7 @@ void DecodeToF32(const update::AdamStateKernelTable& k, MomentForm d, const Mome
 }
 
 // n FP32 moments into dtype d at `out` (element 0 on a block boundary; the kernels' encoders).
-void EncodeFromF32(const update::AdamStateKernelTable& k, MomentForm d, const float* m, const float* v,
+void EncodeFromF32(const moments::MomentCodecTable& k, MomentForm d, const float* m, const float* v,
                    const UnitMoments& out, int64_t n) {
   switch (d) {
     case MomentForm::kF32:
@@ -349,16 +350,16 @@ absl::Status LoadPieceOf(const st::SafetensorsFile& file, const LoadPiece& p, Mo
     if (auto bad = FirstBadMoment(target, ReadOnly(dst), p.begin, p.count)) return data_loss(*bad);
     return absl::OkStatus();
   }
-  const update::AdamStateKernelTable& kernels = update::ActiveAdamStateKernels();
+  const moments::MomentCodecTable& codecs = moments::ActiveMomentCodecs();
   ConvertBuffers buf(saved);
   const UnitMoments raw = buf.raw();
   for (int64_t b = p.begin; b < p.begin + p.count; b += kConvertNumel) {
     const int64_t n = std::min(kConvertNumel, p.begin + p.count - b);
     CopyMoments(file, *p.src, saved, b, n, raw);
     if (auto bad = FirstBadMoment(saved, ReadOnly(raw), b, n)) return data_loss(*bad);
-    DecodeToF32(kernels, saved, ReadOnly(raw), buf.m.data(), buf.v.data(), n);
+    DecodeToF32(codecs, saved, ReadOnly(raw), buf.m.data(), buf.v.data(), n);
     const UnitMoments dst = MomentsAt(target, p.src->dst, b);
-    EncodeFromF32(kernels, target, buf.m.data(), buf.v.data(), dst, n);
+    EncodeFromF32(codecs, target, buf.m.data(), buf.v.data(), dst, n);
     // What the job's dtype cannot hold: +inf v (fine in FP32 and BF16) poisons an int8 block; an
     // m beyond BF16's range rounds to inf.
     if (auto bad = FirstBadMoment(target, ReadOnly(dst), b, n)) {

@@ -12,9 +12,9 @@
 #include <set>
 
 #include "absl/strings/match.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/tests/ckpt_test_util.h"
 #include "gtest/gtest.h"
-#include "hostd/checkpoint/checkpoint.h"
-#include "hostd/checkpoint/tests/ckpt_test_util.h"
 
 namespace slidedp::checkpoint {
 namespace {

@@ -9,9 +9,9 @@
 #include <limits>
 #include <random>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/tests/ckpt_test_util.h"
 #include "gtest/gtest.h"
-#include "hostd/checkpoint/checkpoint.h"
-#include "hostd/checkpoint/tests/ckpt_test_util.h"
 
 namespace slidedp::checkpoint {
 namespace {
@@ -111,7 +111,8 @@ TEST_F(CkptSaveTest, RoundTripIsBitExactAndWeightsAreRneOfMaster) {
   HostState weights_only(layout);
   ASSERT_TRUE(LoadHfModel(*latest, layout, weights_only.master_fn()).ok());
   const TensorSlot& up = layout.units[1].tensors[kUpProj];
-  EXPECT_EQ(weights_only.master[1][up.offset_numel + 5], Bf16ToFloat(FloatToBf16(saved.master[1][up.offset_numel + 5])));
+  EXPECT_EQ(weights_only.master[1][up.offset_numel + 5],
+            Bf16ToFloat(FloatToBf16(saved.master[1][up.offset_numel + 5])));
 }
 
 TEST_F(CkptSaveTest, Fp32WeightsShardedAndTiedHaveNoLmHead) {
@@ -143,7 +144,8 @@ TEST_F(CkptSaveTest, Fp32WeightsShardedAndTiedHaveNoLmHead) {
   ASSERT_TRUE(LoadHfModel(res->dir, layout, loaded.master_fn()).ok());
   for (const UnitLayout& u : layout.units)
     for (const TensorSlot& t : u.tensors)
-      ASSERT_EQ(0, std::memcmp(&saved.master[u.index][t.offset_numel], &loaded.master[u.index][t.offset_numel], t.numel * 4));
+      ASSERT_EQ(
+          0, std::memcmp(&saved.master[u.index][t.offset_numel], &loaded.master[u.index][t.offset_numel], t.numel * 4));
   EXPECT_EQ(ModelConfig::FromFile(res->dir + "/config.json")->torch_dtype, "float32");
 }
 
@@ -179,7 +181,7 @@ TEST_F(CkptSaveTest, KeepLastPrunesOnlyTheSavingJobsCheckpoints) {
     ASSERT_TRUE(SaveCheckpoint(req).ok());
   }
   ASSERT_TRUE(SaveCheckpoint(Request(layout, s, 5)).ok());  // saved by no job
-  for (int step : {1, 2, 3}) {  // job "beta", keep_last 1
+  for (int step : {1, 2, 3}) {                              // job "beta", keep_last 1
     SaveRequest req = Request(layout, s, step);
     req.trainer_state["job_id"] = "beta";
     req.keep_last = 1;

@@ -1,7 +1,7 @@
 // The files of a checkpoint (or exported model) directory besides the optimizer state: durable
 // small files, HF weight files and their index, tokenizer files and generation_config.json read
 // from a model directory with hostile-input care. See checkpoint_files.h and checkpoint.h.
-#include "hostd/checkpoint/checkpoint_files.h"
+#include "checkpoint/checkpoint_files.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

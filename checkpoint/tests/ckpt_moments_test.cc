@@ -1,8 +1,8 @@
 // Checkpoints of compact Adam moments (optimizer.state_dtype fp32 | bf16 | int8): the file format,
 // bitwise round trips per dtype, every conversion between dtypes against the kernels' own
-// conversions, today's fp32 files unchanged byte for byte, a resumed job stepping on bitwise, and
-// hostile files (bad values, scales, tensors, metadata) refused with the right code before, or
-// as, they land.
+// conversions (common/moments), today's fp32 files unchanged byte for byte, and hostile files (bad
+// values, scales, tensors, metadata) refused with the right code before, or as, they land. A
+// resumed job stepping on bitwise needs LayerAdam's kernels: hostd/update/tests/compact_resume_test.cc.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -12,11 +12,10 @@
 #include <random>
 
 #include "absl/strings/match.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/tests/ckpt_test_util.h"
+#include "common/moments/moments.h"
 #include "gtest/gtest.h"
-#include "hostd/checkpoint/checkpoint.h"
-#include "hostd/checkpoint/tests/ckpt_test_util.h"
-#include "hostd/update/adamw_kernels.h"
-#include "hostd/update/adamw_state.h"
 
 namespace slidedp::checkpoint {
 namespace {
@@ -26,7 +25,7 @@ namespace st = safetensors;
 using namespace slidedp::checkpoint::testing;
 
 constexpr MomentForm kAllDtypes[] = {MomentForm::kF32, MomentForm::kBF16, MomentForm::kInt8};
-const update::AdamStateKernelTable& Kernels() { return update::ActiveAdamStateKernels(); }
+const moments::MomentCodecTable& Kernels() { return moments::ActiveMomentCodecs(); }
 
 // Unit u's FP32 m and v for every state dtype: random, with the spread of real moments (several
 // decades inside a block), an all-zero block, -0 and a subnormal.
@@ -189,48 +188,7 @@ void PatchTensorBytes(const std::string& path, const std::string& name, uint64_t
   ASSERT_TRUE(out.good());
 }
 
-// Every byte of a state (master and moments), for "nothing was written" checks.
-std::string StateBytes(const HostState& s) {
-  std::string out;
-  for (size_t u = 0; u < s.master.size(); ++u) {
-    out.append(reinterpret_cast<const char*>(s.master[u].data()), s.master[u].size() * 4);
-    out += s.MomentBytes(static_cast<int>(u));
-  }
-  return out;
-}
-
-// Equal byte strings, or where they first differ (the strings are megabytes: never print them).
-::testing::AssertionResult SameBytes(const std::string& a, const std::string& b) {
-  if (a == b) return ::testing::AssertionSuccess();
-  size_t i = 0;
-  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
-  return ::testing::AssertionFailure() << "sizes " << a.size() << " and " << b.size() << ", first difference at byte "
-                                       << i;
-}
-
-class CkptMomentsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    root_ = (fs::temp_directory_path() / ("ckpt_moments_test." + std::to_string(::getpid()))).string();
-    fs::remove_all(root_);
-  }
-  void TearDown() override { fs::remove_all(root_); }
-
-  std::string Save(const ModelLayout& layout, HostState& state, int64_t step, int io_threads = 4) {
-    SaveRequest r;
-    r.root_dir = root_;
-    r.step = step;
-    r.layout = &layout;
-    r.arrays = state.arrays();
-    r.trainer_state = {{"job_id", "j"}, {"step", step}};
-    r.io_threads = io_threads;
-    auto res = SaveCheckpoint(r);
-    EXPECT_TRUE(res.ok()) << res.status();
-    return res.ok() ? res->dir : std::string();
-  }
-
-  std::string root_;
-};
+class CkptMomentsTest : public CheckpointRootTest {};
 
 // The documented tensors: names, dtypes, shapes, and state_dtype in the metadata (absent: fp32).
 TEST_F(CkptMomentsTest, FileHoldsTheMomentsInTheirOwnDtype) {
@@ -378,56 +336,6 @@ TEST_F(CkptMomentsTest, Fp32FilesAreTodaysFormatAndLoad) {
     for (const UnitLayout& u : layout.units) {
       ASSERT_TRUE(SameBytes(compact.MomentBytes(u.index), KernelConversion(s, u.index, u.numel, to, layout)));
     }
-  }
-}
-
-// A job resumed from its own compact checkpoint continues bitwise: the loaded state is the saved
-// bytes, and the next kernel step from it equals the step the uninterrupted job takes.
-TEST_F(CkptMomentsTest, ResumedCompactJobContinuesBitwise) {
-  const ModelLayout layout = ModelLayout::Build(TinyConfig(false));
-  for (MomentForm dtype : {MomentForm::kInt8, MomentForm::kBF16}) {
-    SCOPED_TRACE(ToString(dtype));
-    HostState run(layout, dtype);  // from zero moments, three steps on random gradients
-    std::mt19937_64 rng(11);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (auto& unit : run.master)
-      for (float& w : unit) w = normal(rng) * 0.05f;
-    std::vector<std::vector<std::vector<float>>> grads(4);
-    for (auto& step : grads) {
-      for (const UnitLayout& u : layout.units) {
-        step.emplace_back(u.numel);
-        for (float& g : step.back()) g = normal(rng) * 1e-2f;
-      }
-    }
-    auto step = [&](HostState& s, int t) {
-      update::AdamWStepParams p;
-      p.step = t + 1;
-      const update::AdamWConstants c = update::MakeAdamWConstants(p);
-      int64_t first_index = 0;
-      for (const UnitLayout& u : layout.units) {
-        const UnitMoments mo = s.moments(u.index);
-        if (dtype == MomentForm::kInt8) {
-          Kernels().int8_step_f32(c, s.master[u.index].data(),
-                                  {static_cast<int8_t*>(mo.m), static_cast<uint8_t*>(mo.v), mo.m_scale, mo.v_scale},
-                                  nullptr, grads[t][u.index].data(), u.numel);
-        } else {
-          Kernels().bf16_step_f32(c, {.seed = 99, .step = p.step, .first_index = first_index}, s.master[u.index].data(),
-                                  {s.m16[u.index].data(), s.v16[u.index].data()}, nullptr, grads[t][u.index].data(),
-                                  u.numel);
-        }
-        first_index += u.numel;
-      }
-    };
-    for (int t = 0; t < 3; ++t) step(run, t);
-    const std::string dir = Save(layout, run, 3);
-    HostState resumed(layout, dtype);
-    auto lc = LoadCheckpoint(dir, layout, resumed.arrays());
-    ASSERT_TRUE(lc.ok()) << lc.status();
-    ASSERT_TRUE(SameBytes(StateBytes(resumed), StateBytes(run)));
-    step(run, 3);
-    step(resumed, 3);
-    EXPECT_TRUE(SameBytes(StateBytes(resumed), StateBytes(run)));
-    fs::remove_all(dir);
   }
 }
 

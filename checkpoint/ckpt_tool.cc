@@ -11,10 +11,10 @@
 #include <filesystem>
 #include <iostream>
 
+#include "checkpoint/checkpoint.h"
 #include "CLI/CLI.hpp"
+#include "common/moments/moments.h"
 #include "glog/logging.h"
-#include "hostd/checkpoint/checkpoint.h"
-#include "hostd/update/adamw_state.h"
 
 namespace {
 
@@ -103,19 +103,19 @@ int SaveRandom(const std::string& root, const std::string& model, int64_t step, 
   const ModelLayout layout = ModelLayout::Build(*config);
   // m = 1e-3 and v = 1e-6 everywhere, encoded to the state dtype by the kernels.
   VectorState state(layout, *moments);
-  const update::AdamStateKernelTable& kernels = update::ActiveAdamStateKernels();
+  const moments::MomentCodecTable& codecs = moments::ActiveMomentCodecs();
   for (const auto& u : layout.units) {
     const std::vector<float> m(u.numel, 1e-3f), v(u.numel, 1e-6f);
     const checkpoint::UnitMoments out = state.moments(u.index);
     switch (*moments) {
       case MomentForm::kF32: state.m[u.index] = m, state.v[u.index] = v; break;
       case MomentForm::kBF16:
-        kernels.bf16_from_f32(m.data(), v.data(), {static_cast<bf16_t*>(out.m), static_cast<bf16_t*>(out.v)}, u.numel);
+        codecs.bf16_from_f32(m.data(), v.data(), {static_cast<bf16_t*>(out.m), static_cast<bf16_t*>(out.v)}, u.numel);
         break;
       case MomentForm::kInt8:
-        kernels.int8_from_f32(m.data(), v.data(),
-                              {static_cast<int8_t*>(out.m), static_cast<uint8_t*>(out.v), out.m_scale, out.v_scale},
-                              u.numel);
+        codecs.int8_from_f32(m.data(), v.data(),
+                             {static_cast<int8_t*>(out.m), static_cast<uint8_t*>(out.v), out.m_scale, out.v_scale},
+                             u.numel);
         break;
     }
   }

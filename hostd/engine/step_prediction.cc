@@ -1,5 +1,5 @@
-// StepPlan: see step_plan.h.
-#include "hostd/engine/step_plan.h"
+// StepPlan: see step_prediction.h.
+#include "hostd/engine/step_prediction.h"
 
 #include <algorithm>
 #include <cmath>
@@ -72,7 +72,7 @@ PolicyProblem ScaleTokens(PolicyProblem problem, double s) {
   return problem;
 }
 
-v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in) {
+v1::PlanJobResponse PredictStep(const StepPredictionInputs& in) {
   const JobSpec& spec = *in.spec;
   const ModelLayout& layout = *in.layout;
   const RoutePlan& plan = *in.plan;

@@ -7,8 +7,8 @@
 #include <cstring>
 
 #include "absl/strings/match.h"
+#include "checkpoint/checkpoint.h"
 #include "common/parallel/parallel_for.h"
-#include "hostd/checkpoint/checkpoint.h"
 
 namespace slidedp::checkpoint {
 namespace {

@@ -13,14 +13,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/io/small_file.h"
+#include "checkpoint/checkpoint.h"
 #include "common/io/json_depth.h"
+#include "common/io/small_file.h"
 #include "common/numeric/finite.h"
 #include "common/parallel/parallel_for.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
-#include "hostd/checkpoint/checkpoint.h"
 
 namespace slidedp::checkpoint {
 namespace {

@@ -1,6 +1,9 @@
-// Test helpers: an in-memory host state (master, m and v per unit, in any state dtype) and a
-// writer of small HF-format model directories with known values.
+// Test helpers: an in-memory host state (master, m and v per unit, in any state dtype) and its
+// bytes, a fixture that saves it into a fresh checkpoint root, and a writer of small HF-format
+// model directories with known values.
 #pragma once
+
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -10,12 +13,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/checkpoint.h"
 #include "common/model/model_config.h"
 #include "common/numeric/bf16.h"
+#include "common/numeric/dtype.h"
 #include "common/safetensors/safetensors.h"
 #include "gtest/gtest.h"
-#include "hostd/checkpoint/checkpoint.h"
-#include "hostd/update/adamw_state.h"
 #include "nlohmann/json.hpp"
 
 namespace slidedp::checkpoint::testing {
@@ -67,6 +70,54 @@ struct HostState {
   std::vector<std::vector<int8_t>> m8;
   std::vector<std::vector<uint8_t>> v8;
   std::vector<std::vector<float>> m_scale, v_scale;
+};
+
+// Every byte of a state (master and moments), for "nothing was written" checks.
+inline std::string StateBytes(const HostState& s) {
+  std::string out;
+  for (size_t u = 0; u < s.master.size(); ++u) {
+    out.append(reinterpret_cast<const char*>(s.master[u].data()), s.master[u].size() * 4);
+    out += s.MomentBytes(static_cast<int>(u));
+  }
+  return out;
+}
+
+// Equal byte strings, or where they first differ (the strings are megabytes: never print them).
+inline ::testing::AssertionResult SameBytes(const std::string& a, const std::string& b) {
+  if (a == b) return ::testing::AssertionSuccess();
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  return ::testing::AssertionFailure() << "sizes " << a.size() << " and " << b.size() << ", first difference at byte "
+                                       << i;
+}
+
+// A fresh checkpoint root in the temp directory (removed after the test), and saves of a state
+// into it.
+class CheckpointRootTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string suite = ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name();
+    root_ = (std::filesystem::temp_directory_path() / (suite + "." + std::to_string(::getpid()))).string();
+    std::filesystem::remove_all(root_);
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+
+  // Saves `state` at `step` as checkpoint-<step> (trainer state {"job_id": "j", "step"}); its
+  // directory, or "" after a failed expectation.
+  std::string Save(const ModelLayout& layout, HostState& state, int64_t step, int io_threads = 4) {
+    SaveRequest r;
+    r.root_dir = root_;
+    r.step = step;
+    r.layout = &layout;
+    r.arrays = state.arrays();
+    r.trainer_state = {{"job_id", "j"}, {"step", step}};
+    r.io_threads = io_threads;
+    auto res = SaveCheckpoint(r);
+    EXPECT_TRUE(res.ok()) << res.status();
+    return res.ok() ? res->dir : std::string();
+  }
+
+  std::string root_;
 };
 
 // A known, dtype-exact value for element i of tensor number k (exactly representable in F16/BF16).

@@ -24,7 +24,7 @@
 
 namespace slidedp::hostd {
 
-struct StepPlanInputs {
+struct StepPredictionInputs {
   const JobSpec* spec = nullptr;
   const ModelLayout* layout = nullptr;
   const RoutePlan* plan = nullptr;
@@ -43,7 +43,7 @@ struct StepPlanInputs {
   std::vector<std::string> notes;
 };
 
-v1::PlanJobResponse MakeStepPlan(const StepPlanInputs& in);
+v1::PlanJobResponse PredictStep(const StepPredictionInputs& in);
 
 // A measured problem's costs at `scale` times the tokens per GPU it was measured at: the layers'
 // time and bytes and the compute outside them scale linearly (rows stay seq_len long, so

@@ -14,9 +14,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "checkpoint/checkpoint.h"
 #include "common/model/model_config.h"
 #include "common/safetensors/safetensors.h"
-#include "hostd/checkpoint/checkpoint.h"
 #include "nlohmann/json.hpp"
 
 namespace slidedp::checkpoint::internal {
@@ -27,7 +27,6 @@ inline constexpr char kFormat[] = "slidedp-checkpoint";
 
 // Step of a "checkpoint-<N>" directory name, or -1.
 int64_t StepOfDirName(const std::string& name);
-
 
 // A failure `what` (e.g. "create P/.tmp-export-x-1") to write in `parent`, --to's parent
 // directory of an export, as the user's mistake it is, naming `parent`: EROFS

@@ -23,6 +23,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_files.h"
 #include "common/io/small_file.h"
 #include "common/numeric/bf16.h"
 #include "common/numeric/finite.h"
@@ -30,8 +32,6 @@
 #include "common/safetensors/safetensors.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
-#include "hostd/checkpoint/checkpoint.h"
-#include "hostd/checkpoint/checkpoint_files.h"
 
 namespace slidedp::checkpoint {
 namespace {
@@ -299,9 +299,9 @@ absl::StatusOr<SaveResult> SaveCheckpoint(const SaveRequest& req) {
         const std::string kept_name = absl::StrCat(final_name, ".kept-", ::getpid());
         const bool kept = ::renameat2(root_fd, tmp_name.c_str(), root_fd, kept_name.c_str(), RENAME_NOREPLACE) == 0;
         return Annotate(ErrnoStatus(absl::StrCat("exchanging back: ", mine.message(), "; it is now at ",
-                                                     (root / (kept ? kept_name : tmp_name)).string(),
-                                                     ", and this save at ", final_dir.string()),
-                                        err),
+                                                 (root / (kept ? kept_name : tmp_name)).string(), ", and this save at ",
+                                                 final_dir.string()),
+                                    err),
                         absl::StrCat("saving checkpoint-", req.step, " under ", root.string()));
       }
       return abandon(mine);
