@@ -140,7 +140,7 @@ using UnitMomentsFn = std::function<UnitMoments(int unit)>;
 // The state a checkpoint saves and restores: the FP32 master and the moments per unit.
 struct StateArrays {
   UnitArrayFn master;
-  MomentForm moment_dtype = MomentForm::kF32;
+  MomentForm moment_form = MomentForm::kF32;
   UnitMomentsFn moments;
 };
 
@@ -260,14 +260,14 @@ absl::StatusOr<int64_t> VerifyCheckpoint(const std::string& dir);
 struct LoadedCheckpoint {
   int64_t step = 0;
   nlohmann::json trainer_state;                      // exactly what SaveRequest::trainer_state held
-  MomentForm saved_moment_dtype = MomentForm::kF32;  // how the file keeps m and v
+  MomentForm saved_moment_form = MomentForm::kF32;  // how the file keeps m and v
   // Non-empty when the moments were converted to the arrays' dtype: one line for the job log,
   // e.g. "optimizer state converted from fp32 to int8 (block-quantized moments: an approximation)".
   std::string conversion_note;
 };
 
 // Restores master, m and v from optimizer.safetensors (the weights files are not read).
-// Moments saved in arrays.moment_dtype are restored bit for bit; others are converted in pieces
+// Moments saved in arrays.moment_form are restored bit for bit; others are converted in pieces
 // of whole 256-element blocks over the threads (bounded memory): FP32 -> bf16/int8 with the
 // kernels' encoders, bf16/int8 -> FP32 with their decoders, bf16 <-> int8 through FP32 (what
 // conversion_note then says). Errors:

@@ -104,7 +104,7 @@ inline safetensors::Dtype FileDtypeOfV(MomentForm d) {
 }
 inline size_t MomentElementBytes(MomentForm d) { return d == MomentForm::kF32 ? 4 : d == MomentForm::kBF16 ? 2 : 1; }
 
-inline bool IsKnownStateDtype(MomentForm d) {
+inline bool IsKnownMomentForm(MomentForm d) {
   return d == MomentForm::kF32 || d == MomentForm::kBF16 || d == MomentForm::kInt8;
 }
 

@@ -43,7 +43,7 @@ namespace st = safetensors;
 using internal::FileDtypeOfM;
 using internal::FileDtypeOfV;
 using internal::HasMomentArrays;
-using internal::IsKnownStateDtype;
+using internal::IsKnownMomentForm;
 using internal::kFormat;
 using internal::kStateDtypeKey;
 using internal::LayoutSignature;
@@ -208,7 +208,7 @@ absl::StatusOr<const st::TensorInfo*> FindStateTensor(const st::SafetensorsFile&
                                           ShapeText(t->shape), ", but ", expected));
 }
 
-absl::StatusOr<MomentForm> SavedStateDtype(const st::SafetensorsFile& file) {
+absl::StatusOr<MomentForm> SavedMomentForm(const st::SafetensorsFile& file) {
   auto it = file.metadata().find(kStateDtypeKey);
   if (it == file.metadata().end()) return MomentForm::kF32;  // every checkpoint before compact moments
   absl::StatusOr<MomentForm> d = ParseMomentForm(it->second);
@@ -238,9 +238,9 @@ absl::StatusOr<UnitSource> CheckUnitSource(const st::SafetensorsFile& file, cons
   }
   src.master_dst = arrays.master(unit.index);
   src.dst = arrays.moments(unit.index);
-  if (src.master_dst == nullptr || !HasMomentArrays(arrays.moment_dtype, src.dst)) {
+  if (src.master_dst == nullptr || !HasMomentArrays(arrays.moment_form, src.dst)) {
     return absl::InvalidArgumentError(absl::StrCat("LoadCheckpoint: unit ", unit.name, " lacks its master or ",
-                                                   ToString(arrays.moment_dtype), " moment arrays"));
+                                                   ToString(arrays.moment_form), " moment arrays"));
   }
   return src;
 }
@@ -383,9 +383,9 @@ UnitMomentsFn Fp32Moments(UnitArrayFn adam_m, UnitArrayFn adam_v) {
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const ModelLayout& layout,
                                                 const StateArrays& arrays, const LoadOptions& options) {
-  if (!arrays.master || !arrays.moments || !IsKnownStateDtype(arrays.moment_dtype)) {
+  if (!arrays.master || !arrays.moments || !IsKnownMomentForm(arrays.moment_form)) {
     return absl::InvalidArgumentError(
-        "LoadCheckpoint: the master and moments accessors and a moment_dtype are required");
+        "LoadCheckpoint: the master and moments accessors and a moment_form are required");
   }
   ASSIGN_OR_RETURN(int64_t step, VerifyCheckpoint(dir));
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(dir + "/config.json"));
@@ -399,8 +399,8 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const Mo
     return absl::FailedPreconditionError(
         absl::StrCat(file->path(), ": saved with a different unit layout than the job's (model or alignment changed)"));
   }
-  ASSIGN_OR_RETURN(const MomentForm saved, SavedStateDtype(*file));
-  const MomentForm target = arrays.moment_dtype;
+  ASSIGN_OR_RETURN(const MomentForm saved, SavedMomentForm(*file));
+  const MomentForm target = arrays.moment_form;
   // Every tensor checked before the first byte lands.
   std::vector<UnitSource> sources;
   sources.reserve(layout.units.size());
@@ -425,7 +425,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const Mo
   LoadedCheckpoint loaded;
   loaded.step = step;
   loaded.trainer_state = state.contains("trainer_state") ? state["trainer_state"] : nlohmann::json::object();
-  loaded.saved_moment_dtype = saved;
+  loaded.saved_moment_form = saved;
   if (saved != target) loaded.conversion_note = ConversionNote(saved, target);
   return loaded;
 }

@@ -42,7 +42,7 @@ using internal::FileDtypeOfM;
 using internal::FileDtypeOfV;
 using internal::FsyncPath;
 using internal::HasMomentArrays;
-using internal::IsKnownStateDtype;
+using internal::IsKnownMomentForm;
 using internal::kDirPrefix;
 using internal::kFormat;
 using internal::kStateDtypeKey;
@@ -112,7 +112,7 @@ void CleanStaleDirs(const fs::path& root) {
 }
 
 absl::StatusOr<PlannedFile> PlanOptimizerFile(const SaveRequest& req) {
-  const MomentForm dtype = req.arrays.moment_dtype;
+  const MomentForm dtype = req.arrays.moment_form;
   PlannedFile f;
   f.name = "optimizer.safetensors";
   f.metadata = {{"format", kFormat}, {"layout", LayoutSignature(*req.layout)}};
@@ -150,8 +150,8 @@ absl::Status ValidateRequest(const SaveRequest& req) {
   if (!req.arrays.master || !req.arrays.moments) {
     return absl::InvalidArgumentError("SaveCheckpoint: the master and moments accessors are both required");
   }
-  if (!IsKnownStateDtype(req.arrays.moment_dtype)) {
-    return absl::InvalidArgumentError("SaveCheckpoint: moment_dtype is not fp32, bf16 or int8");
+  if (!IsKnownMomentForm(req.arrays.moment_form)) {
+    return absl::InvalidArgumentError("SaveCheckpoint: moment_form is not fp32, bf16 or int8");
   }
   if (!req.trainer_state.is_object() && !req.trainer_state.is_null()) {
     return absl::InvalidArgumentError("SaveCheckpoint: trainer_state must be a JSON object");

@@ -167,7 +167,7 @@ int Load(const std::string& dir, const std::string& state_dtype, int threads) {
   }
   const double gb = std::filesystem::file_size(dir + "/optimizer.safetensors") / 1e9;
   std::printf("step %lld, saved %s, loaded as %s%s%s\n%.3f GB in %.2f s = %.2f GB/s\n",
-              static_cast<long long>(loaded->step), ToString(loaded->saved_moment_dtype), state_dtype.c_str(),
+              static_cast<long long>(loaded->step), ToString(loaded->saved_moment_form), state_dtype.c_str(),
               loaded->conversion_note.empty() ? "" : ": ", loaded->conversion_note.c_str(), gb, seconds, gb / seconds);
   return 0;
 }

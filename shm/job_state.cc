@@ -72,7 +72,7 @@ uint64_t JobState::SegmentBytes(const ModelLayout& layout, const StateFormat& fo
 
 JobState::Moments JobState::moments(int unit) const {
   const UnitView& u = units_[unit];
-  return Moments{moment_dtype(), u.m, u.v, u.m_scale, u.v_scale, u.moment_bytes};
+  return Moments{moment_form(), u.m, u.v, u.m_scale, u.v_scale, u.moment_bytes};
 }
 
 absl::StatusOr<std::unique_ptr<JobState>> JobState::Create(const std::string& node, const std::string& job_id,
@@ -128,7 +128,7 @@ absl::StatusOr<std::unique_ptr<JobState>> JobState::Initialize(std::unique_ptr<S
   if (absl::Status s = state->segment_->Allocate(control.offset, control.bytes); !s.ok()) return fail(s);
   auto* block = new (state->segment_->data(control)) JobControlBlock();
   block->num_units = static_cast<uint32_t>(layout.units.size());
-  block->moment_dtype = static_cast<uint32_t>(options.format.moments);
+  block->moment_form = static_cast<uint32_t>(options.format.moments);
   block->has_mirror = options.format.mirror ? 1 : 0;
   block->total_numel = static_cast<uint64_t>(layout.total_numel);
   block->layout_fingerprint = LayoutFingerprint(layout);
@@ -169,15 +169,15 @@ absl::Status JobState::BindViews() {
   }
   control_ = static_cast<JobControlBlock*>(segment_->data(control));
   const uint64_t n = control_->num_units;
-  if (control_->moment_dtype > static_cast<uint32_t>(MomentForm::kInt8)) {
+  if (control_->moment_form > static_cast<uint32_t>(MomentForm::kInt8)) {
     return absl::DataLossError(
-        absl::StrCat("job segment ", name, ": control block names moment layout ", control_->moment_dtype));
+        absl::StrCat("job segment ", name, ": control block names moment layout ", control_->moment_form));
   }
   if (control_->has_mirror > 1) {
     return absl::DataLossError(absl::StrCat("job segment ", name, ": control block's mirror flag is ",
                                             control_->has_mirror));
   }
-  const MomentForm moments = moment_dtype();
+  const MomentForm moments = moment_form();
   const bool has_mirror = this->has_mirror();
   if (control.bytes != sizeof(JobControlBlock) + n * sizeof(VersionGate) ||
       segment_->regions().size() != 1 + UnitRegions(format()) * n) {

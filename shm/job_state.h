@@ -64,7 +64,7 @@ inline constexpr int kMaxUrgentCopyRanks = 16;
 // Fixed part of the "control" region; num_units VersionGates follow it.
 struct alignas(64) JobControlBlock {
   uint32_t num_units;
-  uint32_t moment_dtype;  // MomentForm
+  uint32_t moment_form;  // MomentForm
   uint64_t total_numel;
   uint64_t layout_fingerprint;  // LayoutFingerprint() of the ModelLayout it was created for
   char job_id[104];
@@ -157,12 +157,12 @@ class JobState {
   float* master(int unit) const { return units_[unit].master; }
   // How this segment keeps m and v, and where: m(u) / v(u) are the FP32 moments (nullptr for
   // compact ones); moments(u) is every layout's view.
-  MomentForm moment_dtype() const { return static_cast<MomentForm>(control_->moment_dtype); }
+  MomentForm moment_form() const { return static_cast<MomentForm>(control_->moment_form); }
   float* m(int unit) const {
-    return moment_dtype() == MomentForm::kF32 ? static_cast<float*>(units_[unit].m) : nullptr;
+    return moment_form() == MomentForm::kF32 ? static_cast<float*>(units_[unit].m) : nullptr;
   }
   float* v(int unit) const {
-    return moment_dtype() == MomentForm::kF32 ? static_cast<float*>(units_[unit].v) : nullptr;
+    return moment_form() == MomentForm::kF32 ? static_cast<float*>(units_[unit].v) : nullptr;
   }
   struct Moments {
     MomentForm dtype;
@@ -176,7 +176,7 @@ class JobState {
   // The unit's BF16 mirror; nullptr when the segment keeps none (has_mirror()).
   bf16_t* mirror(int unit) const { return units_[unit].mirror; }
   bool has_mirror() const { return control_->has_mirror != 0; }
-  StateFormat format() const { return StateFormat{moment_dtype(), has_mirror()}; }
+  StateFormat format() const { return StateFormat{moment_form(), has_mirror()}; }
   VersionGate& version(int unit) const { return versions_[unit]; }
   AbortWord& abort() const { return control_->abort; }
   std::atomic<uint64_t>& step_counter() const { return control_->step; }

@@ -42,7 +42,7 @@ enum class ShmDtype : uint32_t { kBytes = 0, kF32 = 1, kBF16 = 2, kU32 = 3, kI8 
 const char* ShmDtypeName(ShmDtype d);
 
 inline constexpr uint64_t kShmMagic = 0x3170'6464'696c'7300ull;  // "\0slidedp1" little-endian
-// 2: JobControlBlock::updating_step; 3: clip_verdict; 4: urgent_copies; 5: moment_dtype (compact
+// 2: JobControlBlock::updating_step; 3: clip_verdict; 4: urgent_copies; 5: moment_form (compact
 // Adam moments: I8/U8 regions and their scales); 6: JobControlBlock::has_mirror (mirror-free
 // segments, runtime.param_source: master)
 inline constexpr uint32_t kShmLayoutVersion = 6;

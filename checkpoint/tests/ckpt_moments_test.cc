@@ -256,7 +256,7 @@ TEST_F(CkptMomentsTest, RoundTripIsBitwisePerDtype) {
     HostState loaded(layout, dtype);
     auto lc = LoadCheckpoint(dir, layout, loaded.arrays(), {.threads = 3});
     ASSERT_TRUE(lc.ok()) << lc.status();
-    EXPECT_EQ(lc->saved_moment_dtype, dtype);
+    EXPECT_EQ(lc->saved_moment_form, dtype);
     EXPECT_EQ(lc->conversion_note, "");
     EXPECT_TRUE(SameBytes(StateBytes(loaded), StateBytes(saved)));
     fs::remove_all(dir);
@@ -277,7 +277,7 @@ TEST_F(CkptMomentsTest, EveryConversionIsTheKernelsConversion) {
       HostState loaded(layout, to);
       auto lc = LoadCheckpoint(dir, layout, loaded.arrays(), {.threads = 3});
       ASSERT_TRUE(lc.ok()) << lc.status();
-      EXPECT_EQ(lc->saved_moment_dtype, from);
+      EXPECT_EQ(lc->saved_moment_form, from);
       EXPECT_TRUE(absl::StrContains(
           lc->conversion_note, absl::StrCat("optimizer state converted from ", ToString(from), " to ", ToString(to))))
           << lc->conversion_note;
@@ -328,7 +328,7 @@ TEST_F(CkptMomentsTest, Fp32FilesAreTodaysFormatAndLoad) {
   HostState back(layout, MomentForm::kF32);
   auto lc = LoadCheckpoint(res->dir, layout, back.arrays());
   ASSERT_TRUE(lc.ok()) << lc.status();
-  EXPECT_EQ(lc->saved_moment_dtype, MomentForm::kF32);
+  EXPECT_EQ(lc->saved_moment_form, MomentForm::kF32);
   EXPECT_TRUE(SameBytes(StateBytes(back), StateBytes(s)));
   for (MomentForm to : {MomentForm::kBF16, MomentForm::kInt8}) {
     HostState compact(layout, to);
@@ -558,7 +558,7 @@ TEST_F(CkptMomentsTest, MissingArraysAreInvalidArgument) {
   EXPECT_FALSE(fs::exists(root_ + "/checkpoint-2"));
   EXPECT_EQ(LoadCheckpoint(dir, layout, no_scales).status().code(), absl::StatusCode::kInvalidArgument);
   StateArrays fp32_view = s.arrays();  // what JobState::m(u)/v(u) give a compact job
-  fp32_view.moment_dtype = MomentForm::kF32;
+  fp32_view.moment_form = MomentForm::kF32;
   fp32_view.moments = [](int) { return UnitMoments{}; };
   r.arrays = fp32_view;
   EXPECT_EQ(SaveCheckpoint(r).status().code(), absl::StatusCode::kInvalidArgument);

@@ -39,7 +39,7 @@ std::vector<Piece> PiecesOf(const ModelLayout& layout) {
 checkpoint::StateArrays StateArraysOf(shm::JobState& js) {
   checkpoint::StateArrays arrays;
   arrays.master = [&js](int u) { return js.master(u); };
-  arrays.moment_dtype = js.moment_dtype();
+  arrays.moment_form = js.moment_form();
   arrays.moments = [&js](int u) {
     const shm::JobState::Moments mo = js.moments(u);
     return checkpoint::UnitMoments{mo.m, mo.v, mo.m_scale, mo.v_scale};
@@ -50,8 +50,8 @@ checkpoint::StateArrays StateArraysOf(shm::JobState& js) {
 void ZeroMoments(const ModelLayout& layout, shm::JobState& js, int threads) {
   // All-zero bytes are zero moments in every layout: FP32 and BF16 +0, int8 code 0 with scale 0
   // (decodes to +0 for m and v; tested against the decoders).
-  const size_t element_bytes = js.moment_dtype() == MomentForm::kF32    ? 4
-                               : js.moment_dtype() == MomentForm::kBF16 ? 2
+  const size_t element_bytes = js.moment_form() == MomentForm::kF32    ? 4
+                               : js.moment_form() == MomentForm::kBF16 ? 2
                                                                         : 1;
   const std::vector<Piece> pieces = PiecesOf(layout);
   ParallelFor(pieces.size(), threads, [&](size_t p) {

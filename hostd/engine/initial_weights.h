@@ -17,7 +17,7 @@
 namespace slidedp::hostd {
 
 // The checkpoint code's view of the state segment's arrays: master and the moments in the
-// segment's layout (moment_dtype, every unit's m, v and int8 scales).
+// segment's layout (moment_form, every unit's m, v and int8 scales).
 checkpoint::StateArrays StateArraysOf(shm::JobState& js);
 
 // Zeroes every unit's m, v and (int8) scales in pieces over `threads`: zero moments in each layout.

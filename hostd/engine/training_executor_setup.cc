@@ -25,8 +25,8 @@ absl::StatusOr<int64_t> TrainingExecutor::AdoptInterruptedState(const std::strin
   ASSIGN_OR_RETURN(std::unique_ptr<shm::JobState> js, shm::JobState::Attach(name, shm::Access::kReadWrite));
   RETURN_IF_ERROR(js->CheckMatches(layout));
   const char* want = ToString(spec.optimizer.state_dtype);
-  if (absl::string_view(ToString(js->moment_dtype())) != want) {
-    return absl::FailedPreconditionError(absl::StrCat("state segment ", name, " keeps ", ToString(js->moment_dtype()),
+  if (absl::string_view(ToString(js->moment_form())) != want) {
+    return absl::FailedPreconditionError(absl::StrCat("state segment ", name, " keeps ", ToString(js->moment_form()),
                                                       " Adam moments, the job's optimizer.state_dtype is ", want));
   }
   if (js->has_mirror() != (spec.runtime.param_source == ParamSource::kMirror)) {

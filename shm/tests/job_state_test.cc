@@ -310,7 +310,7 @@ TEST(JobState, SegmentsWithoutAMirror) {
     ScopedUnlink cleanup((*state)->segment_name());
     EXPECT_EQ((*state)->bytes(), without_bytes);
     EXPECT_FALSE((*state)->has_mirror());
-    EXPECT_EQ((*state)->moment_dtype(), moments);
+    EXPECT_EQ((*state)->moment_form(), moments);
     for (int u = 0; u < (*state)->num_units(); ++u) {
       EXPECT_EQ((*state)->mirror(u), nullptr);
       ASSERT_NE((*state)->master(u), nullptr);

@@ -166,7 +166,7 @@ TEST(InitialWeightsTest, ResumeIntoEveryLayoutLogsTheConversion) {
     spec.model.init_seed = 5;
     ASSERT_TRUE(WriteInitialState(first, spec, layout, *job.js, /*reused_segment=*/false, 2).ok());
     const checkpoint::StateArrays arrays = StateArraysOf(*job.js);
-    EXPECT_EQ(arrays.moment_dtype, saved);
+    EXPECT_EQ(arrays.moment_form, saved);
     for (int u = 0; u < job.js->num_units(); ++u) {
       const int64_t n = job.js->unit_numel(u);
       std::vector<float> m(n), v(n);
@@ -176,7 +176,7 @@ TEST(InitialWeightsTest, ResumeIntoEveryLayoutLogsTheConversion) {
       }
       const checkpoint::UnitMoments mo = arrays.moments(u);
       const update::AdamStateKernelTable& k = update::ActiveAdamStateKernels();
-      switch (arrays.moment_dtype) {
+      switch (arrays.moment_form) {
         case MomentForm::kF32:
           std::memcpy(mo.m, m.data(), n * 4);
           std::memcpy(mo.v, v.data(), n * 4);
