@@ -63,6 +63,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/model_config.h"
 #include "common/numeric/dtype.h"
+#include "common/safetensors/safetensors.h"
 #include "nlohmann/json.hpp"
 
 namespace slidedp::checkpoint {
@@ -70,8 +71,27 @@ namespace slidedp::checkpoint {
 // Returns the unit's flat FP32 array (layout.units[unit].numel floats).
 using UnitArrayFn = std::function<float*(int unit)>;
 
+// A checkpoint tensor the job does not train but keeps, bytes unchanged, in every checkpoint and
+// export: a qwen3_5 checkpoint's vision tower (model.visual.*) and multi-token-prediction weights
+// (mtp.*), so the output directory loads as the same transformers class the input did.
+struct PassThroughTensor {
+  std::string name;
+  safetensors::Dtype dtype = safetensors::Dtype::kBF16;
+  std::vector<int64_t> shape;
+  std::string bytes;  // the tensor's data as the file held it
+};
+using PassThrough = std::vector<PassThroughTensor>;
+// Whether a checkpoint tensor the layout does not hold passes through for this model (above).
+bool IsPassThroughName(const ModelConfig& config, absl::string_view name);
+// The pass-through tensors of a saved checkpoint (or any model directory): read from its weight
+// files, in name order. Those of LoadHfModel's errors that apply (NOT_FOUND, INVALID_ARGUMENT for a
+// bad index, DATA_LOSS for a truncated file).
+absl::StatusOr<PassThrough> ReadPassThrough(const std::string& model_dir, const ModelConfig& config);
+
 struct LoadOptions {
   int threads = 0;  // tensors converted in parallel; 0 = hardware concurrency (at most 16)
+  // Where the pass-through tensors go (IsPassThroughName); null: accepted and not kept.
+  PassThrough* pass_through = nullptr;
 };
 
 // Loads an HF Qwen3 model directory (config.json + model.safetensors, or shards listed in
@@ -161,6 +181,8 @@ struct SaveRequest {
   int64_t keep_last = 0;
   uint64_t shard_max_bytes = kDefaultShardMaxBytes;  // weights above this are sharded
   int io_threads = 8;                                // pwrite/convert workers per file
+  // The model's pass-through tensors (PassThrough), written with the weights; null: none.
+  const PassThrough* pass_through = nullptr;
   // Tokenizer files and generation_config.json of the job's model (ReadModelDirFiles, read once
   // when the job starts), written into the checkpoint; null or without generation_config.json: one
   // is made from config.json. Must outlive the save.

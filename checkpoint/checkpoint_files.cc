@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <memory>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
@@ -172,12 +174,60 @@ uint64_t PlannedFile::data_bytes() const {
   return n;
 }
 
+namespace {
+
+// Writes elements [first, first + count) of a tensor, as `dtype`, from FP32 values.
+void ConvertOut(const float* src, size_t count, Dtype dtype, char* dst) {
+  if (dtype == Dtype::kF32) {
+    std::memcpy(dst, src, count * sizeof(float));
+    return;
+  }
+  bf16_t* d = reinterpret_cast<bf16_t*>(dst);
+  for (size_t i = 0; i < count; ++i) d[i] = FloatToBf16(src[i]);
+}
+
+// A checkpoint tensor made of several slots (ExpertStorage::kFused): each slot's elements at its
+// hf_offset_numel.
+struct FusedTensor {
+  std::vector<int64_t> shape;
+  std::vector<std::pair<const float*, const TensorSlot*>> slices;
+};
+
+}  // namespace
+
 std::vector<PlannedFile> PlanWeightFiles(const ModelLayout& layout, const ConstUnitArrayFn& master, Dtype dtype,
-                                         uint64_t shard_max_bytes) {
+                                         uint64_t shard_max_bytes, const PassThrough* pass_through) {
   std::vector<st::TensorSource> all;
+  const size_t elem = dtype == Dtype::kF32 ? sizeof(float) : sizeof(bf16_t);
+  const st::Dtype file_dtype = dtype == Dtype::kF32 ? st::Dtype::kF32 : st::Dtype::kBF16;
+  std::map<std::string, std::shared_ptr<FusedTensor>> fused;
   for (const UnitLayout& unit : layout.units) {
     const float* base = master(unit.index);
     for (const TensorSlot& slot : unit.tensors) {
+      if (slot.is_slice()) {
+        std::shared_ptr<FusedTensor>& f = fused[slot.hf_name];
+        if (f == nullptr) {
+          f = std::make_shared<FusedTensor>();
+          f->shape = slot.hf_shape;
+          st::TensorSource t;
+          t.name = slot.hf_name;
+          t.shape = slot.hf_shape;
+          t.dtype = file_dtype;
+          t.fill = [f, dtype, elem](uint64_t byte_offset, size_t byte_len, char* dst) {
+            const int64_t first = static_cast<int64_t>(byte_offset / elem);
+            const int64_t last = first + static_cast<int64_t>(byte_len / elem);
+            for (const auto& [src, s] : f->slices) {
+              const int64_t lo = std::max(first, s->hf_offset_numel), hi = std::min(last, s->hf_offset_numel + s->numel);
+              if (lo >= hi) continue;
+              ConvertOut(src + (lo - s->hf_offset_numel), static_cast<size_t>(hi - lo), dtype,
+                         dst + (lo - first) * elem);
+            }
+          };
+          all.push_back(std::move(t));
+        }
+        f->slices.push_back({base + slot.offset_numel, &slot});
+        continue;
+      }
       st::TensorSource t;
       t.name = slot.hf_name;
       t.shape = slot.shape;
@@ -188,14 +238,20 @@ std::vector<PlannedFile> PlanWeightFiles(const ModelLayout& layout, const ConstU
       } else {
         t.dtype = st::Dtype::kBF16;
         t.fill = [src](uint64_t byte_offset, size_t byte_len, char* dst) {
-          const float* s = src + byte_offset / 2;
-          bf16_t* d = reinterpret_cast<bf16_t*>(dst);
-          const size_t n = byte_len / 2;
-          for (size_t i = 0; i < n; ++i) d[i] = FloatToBf16(s[i]);
+          ConvertOut(src + byte_offset / 2, byte_len / 2, Dtype::kBF16, dst);
         };
       }
       all.push_back(std::move(t));
     }
+  }
+  // Pass-through tensors: their own bytes and dtype, after the trained ones.
+  for (const PassThroughTensor& p : pass_through != nullptr ? *pass_through : PassThrough{}) {
+    st::TensorSource t;
+    t.name = p.name;
+    t.shape = p.shape;
+    t.dtype = p.dtype;
+    t.data = p.bytes.data();
+    all.push_back(std::move(t));
   }
   uint64_t total = 0;
   for (const auto& t : all) total += t.byte_size();

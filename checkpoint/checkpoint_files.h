@@ -69,8 +69,10 @@ using ConstUnitArrayFn = std::function<const float*(int unit)>;
 // F32): "model.safetensors" when the weights take at most shard_max_bytes, else
 // "model-0000i-of-0000n.safetensors", each at most shard_max_bytes unless one tensor is larger
 // (HF's save_pretrained splits the same way). A tied model has no lm_head.weight.
+// A fused checkpoint tensor (ExpertStorage::kFused) is gathered from its slots; the pass-through
+// tensors (null: none) follow the trained ones with their own bytes and dtype.
 std::vector<PlannedFile> PlanWeightFiles(const ModelLayout& layout, const ConstUnitArrayFn& master, Dtype dtype,
-                                         uint64_t shard_max_bytes);
+                                         uint64_t shard_max_bytes, const PassThrough* pass_through = nullptr);
 // Writes them into dir, and model.safetensors.index.json ({"metadata": {"total_size": bytes},
 // "weight_map": {tensor: file}}) when there are several; every file fsynced. Returns the bytes
 // written.

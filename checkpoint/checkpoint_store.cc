@@ -229,7 +229,7 @@ absl::StatusOr<SaveResult> SaveCheckpoint(const SaveRequest& req) {
 
   std::vector<PlannedFile> weights = internal::PlanWeightFiles(
       *req.layout, [&req](int unit) -> const float* { return req.arrays.master(unit); }, req.weight_dtype,
-      req.shard_max_bytes);
+      req.shard_max_bytes, req.pass_through);
   uint64_t needed = optimizer.data_bytes() + (uint64_t{1} << 20) * (weights.size() + 2);
   for (const auto& f : weights) needed += f.data_bytes();
   if (req.model_files != nullptr) {

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
@@ -116,6 +117,17 @@ absl::Status OpenShards(const std::string& dir, std::vector<std::unique_ptr<Safe
   return absl::OkStatus();
 }
 
+std::string LayerTypesText(const ModelConfig& c) {
+  std::string s;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) s += c.IsLinearAttentionLayer(l) ? 'L' : 'A';
+  return s;
+}
+
+std::string LinearText(const LinearAttentionConfig& l) {
+  return absl::StrCat("key heads ", l.num_key_heads, " x ", l.key_head_dim, ", value heads ", l.num_value_heads, " x ",
+                      l.value_head_dim, ", conv ", l.conv_kernel);
+}
+
 }  // namespace
 
 std::string DescribeConfigMismatch(const ModelConfig& a, const ModelConfig& b) {
@@ -141,6 +153,14 @@ std::string DescribeConfigMismatch(const ModelConfig& a, const ModelConfig& b) {
         differ("norm_topk_prob", a.norm_topk_prob, b.norm_topk_prob),
         differ("decoder_sparse_step", a.decoder_sparse_step, b.decoder_sparse_step),
         differ("mlp_only_layers", absl::StrJoin(a.mlp_only_layers, ","), absl::StrJoin(b.mlp_only_layers, ",")),
+        // qwen3_5: the mixers, the linear attention's sizes, the shared expert, where the weights live.
+        differ("layer_types", LayerTypesText(a), LayerTypesText(b)),
+        differ("linear attention sizes", LinearText(a.linear), LinearText(b.linear)),
+        differ("partial_rotary_factor", a.partial_rotary_factor, b.partial_rotary_factor),
+        differ("shared_expert_intermediate_size", a.shared_expert_intermediate_size,
+               b.shared_expert_intermediate_size),
+        differ("checkpoint layout", std::string(a.multimodal ? "multimodal" : "causal LM"),
+               std::string(b.multimodal ? "multimodal" : "causal LM")),
         a.RopeInverseFrequencies() == b.RopeInverseFrequencies() && a.RopeAttentionScaling() == b.RopeAttentionScaling()
             ? std::string()
             : std::string("the RoPE scaling (rope_parameters / rope_scaling) differs between the checkpoint and the "
@@ -148,6 +168,25 @@ std::string DescribeConfigMismatch(const ModelConfig& a, const ModelConfig& b) {
     if (!m.empty()) return m;
   }
   return "";
+}
+
+bool IsPassThroughName(const ModelConfig& config, absl::string_view name) {
+  if (!config.is_qwen3_5()) return false;
+  return absl::StartsWith(name, "model.visual.") || absl::StartsWith(name, "mtp.");
+}
+
+absl::StatusOr<PassThrough> ReadPassThrough(const std::string& model_dir, const ModelConfig& config) {
+  PassThrough out;
+  if (!config.is_qwen3_5()) return out;
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, Located> found;
+  RETURN_IF_ERROR(OpenShards(model_dir, &files, &found));
+  for (const auto& [name, loc] : found) {
+    if (!IsPassThroughName(config, name)) continue;
+    out.push_back({name, loc.info->dtype, loc.info->shape, std::string(loc.file->Bytes(*loc.info))});
+  }
+  for (const auto& f : files) RETURN_IF_ERROR(f->Intact());
+  return out;
 }
 
 absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout, const UnitArrayFn& master_of_unit,
@@ -171,9 +210,13 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
   std::map<std::string, Located> found;
   RETURN_IF_ERROR(OpenShards(model_dir, &files, &found));
 
+  // One job per layout slot: the slot's elements of its checkpoint tensor (the whole tensor, or
+  // one expert's slice of a fused one).
   struct Job {
     float* dst;
     Located src;
+    int64_t src_offset;  // elements into the checkpoint tensor
+    int64_t numel;
   };
   std::vector<Job> jobs;
   std::vector<std::string> missing, misshaped;
@@ -183,22 +226,31 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
     for (const TensorSlot& slot : unit.tensors) {
       auto it = found.find(slot.hf_name);
       if (it == found.end()) {
-        missing.push_back(slot.hf_name);
+        if (!used.count(slot.hf_name)) missing.push_back(slot.hf_name);
+        used.insert(slot.hf_name);
         continue;
       }
-      used.insert(slot.hf_name);
-      if (it->second.info->shape != slot.shape) {
-        misshaped.push_back(absl::StrCat(slot.hf_name, " is ", ShapeString(it->second.info->shape), " in ",
-                                         it->second.file->path(), ", expected ", ShapeString(slot.shape)));
+      const bool first = used.insert(slot.hf_name).second;
+      const std::vector<int64_t>& want = slot.is_slice() ? slot.hf_shape : slot.shape;
+      if (it->second.info->shape != want) {
+        if (first) {
+          misshaped.push_back(absl::StrCat(slot.hf_name, " is ", ShapeString(it->second.info->shape), " in ",
+                                           it->second.file->path(), ", expected ", ShapeString(want)));
+        }
         continue;
       }
-      jobs.push_back({base + slot.offset_numel, it->second});
+      jobs.push_back({base + slot.offset_numel, it->second, slot.hf_offset_numel, slot.numel});
     }
   }
   const Located* tied_head = nullptr;
   std::vector<std::string> extra;
+  std::vector<const Located*> passing;
   for (const auto& [name, loc] : found) {
     if (used.count(name)) continue;
+    if (IsPassThroughName(layout.config, name)) {
+      passing.push_back(&loc);
+      continue;
+    }
     if (layout.head_uses_embedding && name == "lm_head.weight") {
       const std::vector<int64_t> want = {layout.config.vocab_size, layout.config.hidden_size};
       if (loc.info->shape != want) {
@@ -219,7 +271,7 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
   }
   if (!extra.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        model_dir, ": ", extra.size(), " tensor(s) not part of a Qwen3 model of this config: ", NameList(extra)));
+        model_dir, ": ", extra.size(), " tensor(s) not part of a ", ModelTypeName(layout.config.family), " model of this config: ", NameList(extra)));
   }
   for (const Job& job : jobs) {
     switch (job.src.info->dtype) {
@@ -251,9 +303,7 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
   };
   std::vector<Piece> pieces;
   for (const Job& job : jobs) {
-    for (int64_t b = 0; b < job.src.info->numel; b += kPieceNumel) {
-      pieces.push_back({&job, b, std::min(kPieceNumel, job.src.info->numel - b)});
-    }
+    for (int64_t b = 0; b < job.numel; b += kPieceNumel) pieces.push_back({&job, b, std::min(kPieceNumel, job.numel - b)});
   }
   // Each piece is checked for NaN and inf as it is converted (still in cache): a damaged model
   // would otherwise train NaN and report success. The first bad piece in file order is reported.
@@ -261,7 +311,8 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
   ParallelFor(pieces.size(), options.threads, [&](size_t i) {
     const Piece& p = pieces[i];
     const TensorInfo& info = *p.job->src.info;
-    const char* src = p.job->src.file->Bytes(info).data() + p.begin * safetensors::DtypeSize(info.dtype);
+    const char* src =
+        p.job->src.file->Bytes(info).data() + (p.job->src_offset + p.begin) * safetensors::DtypeSize(info.dtype);
     float* dst = p.job->dst + p.begin;
     absl::Status s = safetensors::ConvertToFloat32(info.dtype, src, p.count, dst);
     if (!s.ok()) {
@@ -270,7 +321,8 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
     }
     if (const int64_t bad = FirstNonFinite(dst, p.count); bad >= 0) {
       piece_status[i] = absl::DataLossError(absl::StrCat(p.job->src.file->path(), ": tensor \"", info.name, "\" holds ",
-                                                         dst[bad], " at ", TensorIndexString(info.shape, p.begin + bad),
+                                                         dst[bad], " at ",
+                                                         TensorIndexString(info.shape, p.job->src_offset + p.begin + bad),
                                                          " (weights must be finite)"));
     }
   });
@@ -295,6 +347,18 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
       RETURN_IF_ERROR(tied_head->file->Intact());
       LOG(WARNING) << model_dir << ": tie_word_embeddings is true but lm_head.weight differs from the embedding in "
                    << differing_rows << " rows; using the embedding (as HF does)";
+    }
+  }
+  if (options.pass_through != nullptr) {
+    options.pass_through->clear();
+    for (const Located* loc : passing) {
+      const absl::string_view b = loc->file->Bytes(*loc->info);
+      options.pass_through->push_back({loc->info->name, loc->info->dtype, loc->info->shape, std::string(b)});
+    }
+    for (const auto& f : files) RETURN_IF_ERROR(f->Intact());
+    if (!passing.empty()) {
+      LOG(INFO) << model_dir << ": " << passing.size() << " tensor(s) not trained, kept unchanged for every checkpoint "
+                << "(the vision tower, multi-token prediction)";
     }
   }
   size_t bytes = 0;

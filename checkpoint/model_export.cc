@@ -270,8 +270,10 @@ absl::StatusOr<ExportResult> ExportModel(const ExportRequest& req) {
   RETURN_IF_ERROR(optimizer->Intact());
   ASSIGN_OR_RETURN(std::vector<ModelDirFile> model_files, ReadModelDirFiles(ckpt));
   ASSIGN_OR_RETURN(const std::string config_json, ExportedConfig(config_text, config_path, dtype));
+  // The checkpoint's pass-through tensors (a qwen3_5 vision tower, mtp.*), from its weight files.
+  ASSIGN_OR_RETURN(const PassThrough pass_through, ReadPassThrough(ckpt, *config));
   const std::vector<internal::PlannedFile> weights = internal::PlanWeightFiles(
-      layout, [&masters](int unit) { return masters[unit]; }, dtype, req.shard_max_bytes);
+      layout, [&masters](int unit) { return masters[unit]; }, dtype, req.shard_max_bytes, &pass_through);
 
   // Space for all of it (an export replaced with --force is removed only after), 1 MiB of slack
   // per file as a save allows.

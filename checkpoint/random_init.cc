@@ -84,14 +84,26 @@ void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& mas
     const int64_t begin = job.chunk * kChunkNumel;
     const int64_t end = std::min(job.slot->numel, begin + kChunkNumel);
     float* out = job.dst;
-    if (IsNormWeight(job.slot->hf_name)) {
+    const std::string& name = job.slot->hf_name;
+    if (IsNormWeight(name)) {
+      // qwen3_5's RMSNorms compute x * (1 + w): HF initialises w to 0; its gated norm (a plain
+      // weight) to 1.
+      const bool one_plus = layout.config.norms_add_one() && !absl::EndsWith(name, "linear_attn.norm.weight");
+      for (int64_t i = begin; i < end; ++i) out[i] = one_plus ? 0.0f : 1.0f;
+      return;
+    }
+    if (IsBias(name)) return;  // cleared with the padding above
+    if (absl::EndsWith(name, "linear_attn.dt_bias")) {  // HF Qwen3_5: ones
       for (int64_t i = begin; i < end; ++i) out[i] = 1.0f;
       return;
     }
-    if (IsBias(job.slot->hf_name)) return;  // cleared with the padding above
-    uint64_t mix = seed ^ Fnv1a(job.slot->hf_name);
+    uint64_t mix = seed ^ Fnv1a(job.slot->Key());
     uint64_t chunk_seed = SplitMix64(mix) ^ (static_cast<uint64_t>(job.chunk) * 0xd1b54a32d192ed03ull);
     ChunkRng rng(chunk_seed);
+    if (absl::EndsWith(name, "linear_attn.A_log")) {  // HF Qwen3_5: log(Uniform(0, 16))
+      for (int64_t i = begin; i < end; ++i) out[i] = static_cast<float>(std::log(16.0 * rng.Uniform()));
+      return;
+    }
     for (int64_t i = begin; i < end; i += 2) {  // Box-Muller gives two normals per draw
       const double r = std::sqrt(-2.0 * std::log(rng.Uniform()));
       const double theta = 2.0 * M_PI * rng.Uniform();

@@ -10,12 +10,14 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "absl/types/span.h"
 #include "common/status/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -130,6 +132,48 @@ absl::Status CheckMoe(const ModelConfig& c) {
   return absl::OkStatus();
 }
 
+// qwen3_5's fields in range (the other families: at their defaults), each refused naming the field.
+absl::Status CheckQwen3_5(const ModelConfig& c) {
+  auto bad = [](absl::string_view field, absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", field, " ", why));
+  };
+  if (!c.is_qwen3_5()) {
+    if (!c.layer_mixers.empty()) return bad("layer_types", "linear_attention layers are qwen3_5's only");
+    if (c.partial_rotary_factor != 1) return bad("partial_rotary_factor", "must be 1 for this model_type");
+    if (c.shared_expert_intermediate_size != 0) return bad("shared_expert_intermediate_size", "is qwen3_5_moe's only");
+    if (c.multimodal) return bad("text_config", "the multimodal layout is qwen3_5's only");
+    return absl::OkStatus();
+  }
+  if (static_cast<int64_t>(c.layer_mixers.size()) != c.num_hidden_layers) {
+    return bad("layer_types", absl::StrCat("has ", c.layer_mixers.size(), " entries for num_hidden_layers ",
+                                           c.num_hidden_layers));
+  }
+  const LinearAttentionConfig& la = c.linear;
+  for (auto [field, v, most] : {std::tuple<const char*, int64_t, int64_t>{"linear_num_key_heads", la.num_key_heads, 4096},
+                                {"linear_num_value_heads", la.num_value_heads, 4096},
+                                {"linear_key_head_dim", la.key_head_dim, 1024},
+                                {"linear_value_head_dim", la.value_head_dim, 1024},
+                                {"linear_conv_kernel_dim", la.conv_kernel, 8}}) {
+    if (v < 1 || v > most) return bad(field, absl::StrCat("must be in [1, ", most, "], got ", v));
+  }
+  if (la.num_value_heads % la.num_key_heads != 0) {
+    return bad("linear_num_value_heads", absl::StrCat(la.num_value_heads, " is not a multiple of linear_num_key_heads ",
+                                                      la.num_key_heads));
+  }
+  const int64_t rot = c.rotary_dim();
+  if (rot < 2 || rot % 2 != 0 || rot > c.head_dim) {
+    return bad("partial_rotary_factor", absl::StrCat(c.partial_rotary_factor, " x head_dim ", c.head_dim,
+                                                     " gives ", rot, " rotary dimensions (must be even, >= 2)"));
+  }
+  if (c.family == ModelFamily::kQwen3_5Moe && c.shared_expert_intermediate_size < 1) {
+    return bad("shared_expert_intermediate_size", "must be >= 1 for qwen3_5_moe");
+  }
+  if (c.shared_expert_intermediate_size > (int64_t{1} << 21)) {
+    return bad("shared_expert_intermediate_size", "exceeds this build's limit of 2^21");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ModelConfig::Validate() const {
@@ -190,7 +234,14 @@ absl::Status ModelConfig::Validate() const {
         absl::StrFormat("config: a model of about %.3g parameters exceeds this build's limit of 1e13", params));
   }
   RETURN_IF_ERROR(CheckMoe(*this));
+  RETURN_IF_ERROR(CheckQwen3_5(*this));
   return CheckRopeScaling(*this, "rope_scaling");
+}
+
+int64_t ModelConfig::NumLinearAttentionLayers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) n += IsLinearAttentionLayer(l) ? 1 : 0;
+  return n;
 }
 
 bool ModelConfig::IsSparseLayer(int64_t layer) const {
@@ -213,8 +264,10 @@ absl::Status ModelConfig::CheckTrainable() const {
 
 namespace {
 
-constexpr ModelFamily kFamilies[] = {ModelFamily::kQwen3, ModelFamily::kQwen2, ModelFamily::kLlama,
-                                     ModelFamily::kMistral, ModelFamily::kQwen3Moe};
+constexpr ModelFamily kFamilies[] = {ModelFamily::kQwen3,    ModelFamily::kQwen2,   ModelFamily::kLlama,
+                                     ModelFamily::kMistral,  ModelFamily::kQwen3Moe, ModelFamily::kQwen3_5,
+                                     ModelFamily::kQwen3_5Moe};
+
 
 // rope_parameters (transformers 5) or rope_scaling (older): the rope type, theta, and the
 // scaling's parameters, read as HF's RotaryEmbeddingConfigMixin reads them (convert_rope_params_to_dict,
@@ -230,16 +283,39 @@ absl::Status ParseRope(const nlohmann::json& j, ModelConfig* c) {
                     : j.contains("rope_parameters") && j["rope_parameters"].is_object() ? "rope_parameters"
                                                                                         : nullptr;
   auto field = [&](absl::string_view name) { return absl::StrCat(key != nullptr ? key : "", ".", name); };
-  // partial_rotary_factor would rotate only the first part of each head.
+  // partial_rotary_factor rotates only the first part of each head: qwen3_5's (HF reads the
+  // object's, else the top level's); refused for the families whose HF code rotates whole heads.
+  c->partial_rotary_factor = 1;
   for (const nlohmann::json* o : {&j, key != nullptr ? &j[key] : &j}) {
-    if (o->contains("partial_rotary_factor") && !(*o)["partial_rotary_factor"].is_null() &&
-        (*o)["partial_rotary_factor"] != 1.0) {
-      return Refuse(o == &j ? std::string("partial_rotary_factor") : field("partial_rotary_factor"),
-                    absl::StrCat((*o)["partial_rotary_factor"].dump(), " is not supported (RoPE over the whole head)"));
+    if (!o->contains("partial_rotary_factor") || (*o)["partial_rotary_factor"].is_null()) continue;
+    const nlohmann::json& f = (*o)["partial_rotary_factor"];
+    const std::string name = o == &j ? std::string("partial_rotary_factor") : field("partial_rotary_factor");
+    if (!c->is_qwen3_5()) {
+      if (f != 1.0) return Refuse(name, absl::StrCat(f.dump(), " is not supported (RoPE over the whole head)"));
+      continue;
     }
+    if (!f.is_number() || !(f.get<double>() > 0 && f.get<double>() <= 1)) {
+      return Refuse(name, absl::StrCat("must be a number in (0, 1], got ", f.dump()));
+    }
+    c->partial_rotary_factor = f.get<double>();
   }
   if (key == nullptr) return absl::OkStatus();
   const nlohmann::json& r = j[key];
+  // Multimodal RoPE (qwen3_5): sections of the rotary half that take the temporal, height and width
+  // positions. Text has one position for all three, so any split is plain RoPE (HF's interleaving
+  // picks among three equal angle tables); only its form is checked.
+  if (r.contains("mrope_section") && !r["mrope_section"].is_null()) {
+    if (!c->is_qwen3_5()) return Refuse(field("mrope_section"), "multimodal RoPE is qwen3_5's only");
+    if (!r["mrope_section"].is_array()) return Refuse(field("mrope_section"), "must be a list of integers");
+    for (const nlohmann::json& v : r["mrope_section"]) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 4096) {
+        return Refuse(field("mrope_section"), absl::StrCat("must hold integers in [0, 4096], got ", v.dump()));
+      }
+    }
+  }
+  if (r.contains("mrope_interleaved") && !r["mrope_interleaved"].is_null() && !r["mrope_interleaved"].is_boolean()) {
+    return Refuse(field("mrope_interleaved"), "must be a boolean");
+  }
   for (const auto& [name, value] : r.items()) {
     if (value.is_object()) {
       return Refuse(field(name), "RoPE parameters per layer type are not supported (one set for every layer)");
@@ -487,6 +563,161 @@ absl::Status ParseMoe(const nlohmann::json& j, ModelConfig* c) {
   return absl::OkStatus();
 }
 
+// The keys of a qwen3_5 / qwen3_5_moe text config (HF Qwen3_5TextConfig, Qwen3_5MoeTextConfig and
+// the PreTrainedConfig fields every saved config carries) this build reads or knows not to change
+// the math. Any other key is refused naming it: these families are new enough that an unknown
+// field is more likely a variant this build does not compute than noise.
+constexpr const char* kQwen3_5TextKeys[] = {
+    // sizes and numerics (parsed)
+    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "initializer_range", "rms_norm_eps",
+    "tie_word_embeddings", "rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor", "attention_bias",
+    "attention_dropout", "layer_types", "full_attention_interval", "attn_output_gate", "linear_conv_kernel_dim",
+    "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads",
+    "dtype", "torch_dtype",
+    // qwen3_5_moe (parsed; refused for the dense family by ParseQwen3_5)
+    "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+    "router_aux_loss_coef", "output_router_logits", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
+    // multi-token prediction: its weights (mtp.*) pass through untrained; the LM's math is unchanged
+    "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings",
+    // generation and bookkeeping (no effect on the training math)
+    "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "architectures",
+    "output_attentions", "output_hidden_states", "return_dict", "use_return_dict", "torchscript", "is_decoder",
+    "is_encoder_decoder", "add_cross_attention", "tie_encoder_decoder", "chunk_size_feed_forward", "problem_type",
+    "id2label", "label2id", "tokenizer_class", "prefix", "task_specific_params", "finetuning_task", "base_config_key",
+    "name_or_path", "sep_token_id", "decoder_start_token_id", "cross_attention_hidden_size", "pruned_heads",
+    "use_sliding_window", "sliding_window", "max_window_layers",
+};
+
+// The wrapper of the multimodal layout (Qwen3_5Config / Qwen3_5MoeConfig): its own keys; the
+// vision tower's config is carried unchanged.
+constexpr const char* kQwen3_5WrapperKeys[] = {
+    "model_type", "architectures", "text_config", "vision_config", "image_token_id", "video_token_id",
+    "vision_start_token_id", "vision_end_token_id", "tie_word_embeddings", "transformers_version", "dtype",
+    "torch_dtype", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "output_attentions",
+    "output_hidden_states", "return_dict", "is_encoder_decoder", "id2label", "label2id", "problem_type",
+    "name_or_path", "tokenizer_class",
+};
+
+absl::Status RefuseUnknownKeys(const nlohmann::json& j, absl::Span<const char* const> known, absl::string_view where,
+                               absl::string_view model_type) {
+  for (const auto& [k, v] : j.items()) {
+    if (absl::StartsWith(k, "_")) continue;  // HF's private bookkeeping (_name_or_path, _attn_implementation...)
+    if (std::find_if(known.begin(), known.end(), [&](const char* n) { return k == n; }) != known.end()) continue;
+    return Refuse(absl::StrCat(where, k), absl::StrCat("is not implemented by this build for ", model_type,
+                                                       " (a field it does not know could change the model's math)"));
+  }
+  return absl::OkStatus();
+}
+
+// qwen3_5 / qwen3_5_moe's own fields (text config `t`), each checked and refused naming the field.
+// HF defaults (Qwen3_5TextConfig / Qwen3_5MoeTextConfig, transformers 5.17) where a key is absent.
+absl::Status ParseQwen3_5(const nlohmann::json& t, absl::string_view where, ModelConfig* c) {
+  auto integer = [&](const char* key, int64_t* out) -> absl::Status {
+    if (!t.contains(key) || t[key].is_null()) return absl::OkStatus();
+    if (!t[key].is_number_integer()) {
+      return Refuse(absl::StrCat(where, key), absl::StrCat("must be an integer, got ", t[key].dump()));
+    }
+    *out = t[key].get<int64_t>();
+    return absl::OkStatus();
+  };
+  const std::string type = ModelTypeName(c->family);
+  RETURN_IF_ERROR(RefuseUnknownKeys(t, kQwen3_5TextKeys, where, type));
+  LinearAttentionConfig& la = c->linear;
+  la = LinearAttentionConfig{};
+  RETURN_IF_ERROR(integer("linear_num_key_heads", &la.num_key_heads));
+  RETURN_IF_ERROR(integer("linear_num_value_heads", &la.num_value_heads));
+  RETURN_IF_ERROR(integer("linear_key_head_dim", &la.key_head_dim));
+  RETURN_IF_ERROR(integer("linear_value_head_dim", &la.value_head_dim));
+  RETURN_IF_ERROR(integer("linear_conv_kernel_dim", &la.conv_kernel));
+  // HF's q_proj always emits the output gate (Qwen3NextAttention); a config saying otherwise
+  // describes a model HF itself would not load as it was trained.
+  if (t.contains("attn_output_gate") && !t["attn_output_gate"].is_null() && t["attn_output_gate"] != true) {
+    return Refuse(absl::StrCat(where, "attn_output_gate"),
+                  absl::StrCat(t["attn_output_gate"].dump(), " is not implemented (qwen3_5's attention is gated)"));
+  }
+  int64_t interval = 4;
+  RETURN_IF_ERROR(integer("full_attention_interval", &interval));
+  c->layer_mixers.clear();
+  if (t.contains("layer_types") && !t["layer_types"].is_null()) {
+    if (!t["layer_types"].is_array()) return Refuse(absl::StrCat(where, "layer_types"), "must be a list");
+    for (const nlohmann::json& v : t["layer_types"]) {
+      if (v == "linear_attention") {
+        c->layer_mixers.push_back(TokenMixer::kLinearAttention);
+      } else if (v == "full_attention") {
+        c->layer_mixers.push_back(TokenMixer::kAttention);
+      } else {
+        return Refuse(absl::StrCat(where, "layer_types"),
+                      absl::StrCat(v.dump(), " is not implemented for ", type, " (linear_attention, full_attention)"));
+      }
+    }
+    if (static_cast<int64_t>(c->layer_mixers.size()) != c->num_hidden_layers) {
+      return Refuse(absl::StrCat(where, "layer_types"), absl::StrCat("has ", c->layer_mixers.size(),
+                                                                     " entries for num_hidden_layers ",
+                                                                     c->num_hidden_layers));
+    }
+  } else {
+    // HF: full attention where (i + 1) % full_attention_interval == 0.
+    if (interval < 1 || interval > 4096) {
+      return Refuse(absl::StrCat(where, "full_attention_interval"), absl::StrCat("must be in [1, 4096], got ", interval));
+    }
+    for (int64_t l = 0; l < c->num_hidden_layers && l < 4096; ++l) {
+      c->layer_mixers.push_back((l + 1) % interval == 0 ? TokenMixer::kAttention : TokenMixer::kLinearAttention);
+    }
+  }
+  for (const char* key : {"use_sliding_window"}) {
+    if (t.contains(key) && !t[key].is_null() && t[key] != false) {
+      return Refuse(absl::StrCat(where, key), "sliding-window attention is not implemented for qwen3_5");
+    }
+  }
+  if (t.contains("sliding_window") && !t["sliding_window"].is_null()) {
+    return Refuse(absl::StrCat(where, "sliding_window"), "sliding-window attention is not implemented for qwen3_5");
+  }
+  if (c->family == ModelFamily::kQwen3_5) {
+    for (const char* key : {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                            "shared_expert_intermediate_size", "decoder_sparse_step", "norm_topk_prob",
+                            "mlp_only_layers", "router_aux_loss_coef", "output_router_logits"}) {
+      if (t.contains(key) && !t[key].is_null()) {
+        return Refuse(absl::StrCat(where, key), "is a mixture-of-experts field; qwen3_5 is dense (qwen3_5_moe is not)");
+      }
+    }
+    return absl::OkStatus();
+  }
+  // qwen3_5_moe: Qwen3_5MoeTextConfig's defaults (35B-A3B's shapes); every layer sparse, the top-k
+  // weights always renormalised (its router has no norm_topk_prob switch), one shared expert.
+  nlohmann::json moe = t;
+  for (const auto& [key, value] : {std::pair<const char*, nlohmann::json>{"num_experts", 256},
+                                   {"num_experts_per_tok", 8},
+                                   {"moe_intermediate_size", 512}}) {
+    if (!moe.contains(key) || moe[key].is_null()) moe[key] = value;
+  }
+  if (moe.contains("norm_topk_prob") && !moe["norm_topk_prob"].is_null() && moe["norm_topk_prob"] != true) {
+    return Refuse(absl::StrCat(where, "norm_topk_prob"),
+                  "false is not implemented (qwen3_5_moe's router always renormalises its top-k weights)");
+  }
+  if (moe.contains("decoder_sparse_step") && !moe["decoder_sparse_step"].is_null() && moe["decoder_sparse_step"] != 1) {
+    return Refuse(absl::StrCat(where, "decoder_sparse_step"), "must be 1 (every qwen3_5_moe layer is sparse)");
+  }
+  if (moe.contains("mlp_only_layers") && !moe["mlp_only_layers"].is_null() &&
+      !(moe["mlp_only_layers"].is_array() && moe["mlp_only_layers"].empty())) {
+    return Refuse(absl::StrCat(where, "mlp_only_layers"), "dense layers are not part of qwen3_5_moe");
+  }
+  nlohmann::json plain = moe;
+  plain.erase("shared_expert_intermediate_size");
+  plain.erase("norm_topk_prob");
+  plain.erase("decoder_sparse_step");
+  plain.erase("mlp_only_layers");
+  RETURN_IF_ERROR(ParseMoe(plain, c));
+  c->norm_topk_prob = true;
+  c->shared_expert_intermediate_size = 512;
+  RETURN_IF_ERROR(integer("shared_expert_intermediate_size", &c->shared_expert_intermediate_size));
+  if (c->shared_expert_intermediate_size < 1) {
+    return Refuse(absl::StrCat(where, "shared_expert_intermediate_size"),
+                  absl::StrCat("must be >= 1 (qwen3_5_moe has a shared expert), got ", c->shared_expert_intermediate_size));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const char* ModelTypeName(ModelFamily family) {
@@ -501,6 +732,10 @@ const char* ModelTypeName(ModelFamily family) {
       return "mistral";
     case ModelFamily::kQwen3Moe:
       return "qwen3_moe";
+    case ModelFamily::kQwen3_5:
+      return "qwen3_5";
+    case ModelFamily::kQwen3_5Moe:
+      return "qwen3_5_moe";
   }
   return "?";
 }
@@ -510,11 +745,19 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
   ModelConfig c;
+  // The language model's config: the file itself, or the multimodal wrapper's text_config
+  // (qwen3_5, qwen3_5_moe), whose fields are then named text_config.<field> in messages.
+  const nlohmann::json* text = &j;
+  std::string where;
   if (j.contains("model_type")) {
     bool known = false;
     for (ModelFamily f : kFamilies) {
       if (j["model_type"] == ModelTypeName(f)) {
         c.family = f;
+        known = true;
+      } else if (j["model_type"] == absl::StrCat(ModelTypeName(f), "_text") &&
+                 (f == ModelFamily::kQwen3_5 || f == ModelFamily::kQwen3_5Moe)) {
+        c.family = f;  // Qwen3_5ForCausalLM's text-only config
         known = true;
       }
     }
@@ -525,35 +768,56 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
       }
       return Refuse("model_type",
                     absl::StrCat(j["model_type"].dump(), " is not supported", why,
-                                 " (supported: \"qwen3\", \"qwen2\", \"llama\", \"mistral\", \"qwen3_moe\")"));
+                                 " (supported: \"qwen3\", \"qwen2\", \"llama\", \"mistral\", \"qwen3_moe\", "
+                                 "\"qwen3_5\", \"qwen3_5_text\", \"qwen3_5_moe\", \"qwen3_5_moe_text\")"));
+    }
+    if (c.is_qwen3_5() && j["model_type"] == ModelTypeName(c.family)) {
+      c.multimodal = true;
+      const std::string type = ModelTypeName(c.family);
+      if (!j.contains("text_config") || !j["text_config"].is_object()) {
+        return Refuse("text_config", absl::StrCat("missing: a ", type, " config.json holds the language model's "
+                                                  "config there (or is a ", type, "_text config)"));
+      }
+      RETURN_IF_ERROR(RefuseUnknownKeys(j, kQwen3_5WrapperKeys, "", type));
+      if (j.contains("vision_config") && !j["vision_config"].is_null() && !j["vision_config"].is_object()) {
+        return Refuse("vision_config", "must be an object");
+      }
+      text = &j["text_config"];
+      where = "text_config.";
+      if (text->contains("model_type") && (*text)["model_type"] != absl::StrCat(type, "_text")) {
+        return Refuse("text_config.model_type",
+                      absl::StrCat((*text)["model_type"].dump(), " under model_type \"", type, "\" (expected \"", type,
+                                   "_text\")"));
+      }
     }
   }
+  const nlohmann::json& t = *text;
   auto get_int = [&](const char* key, int64_t* out, bool required) -> absl::Status {
-    if (!j.contains(key) || j[key].is_null()) {
+    if (!t.contains(key) || t[key].is_null()) {
       if (required) return absl::InvalidArgumentError(absl::StrCat("config.json: missing \"", key, "\""));
       return absl::OkStatus();
     }
-    if (!j[key].is_number_integer()) {
-      return absl::InvalidArgumentError(absl::StrCat("config.json: \"", key, "\" must be an integer, got ", j[key].dump()));
+    if (!t[key].is_number_integer()) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: \"", key, "\" must be an integer, got ", t[key].dump()));
     }
-    *out = j[key].get<int64_t>();
+    *out = t[key].get<int64_t>();
     return absl::OkStatus();
   };
   auto get_double = [&](const char* key, double* out) -> absl::Status {
-    if (!j.contains(key) || j[key].is_null()) return absl::OkStatus();
-    if (!j[key].is_number()) {
-      return absl::InvalidArgumentError(absl::StrCat("config.json: \"", key, "\" must be a number, got ", j[key].dump()));
+    if (!t.contains(key) || t[key].is_null()) return absl::OkStatus();
+    if (!t[key].is_number()) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: \"", key, "\" must be a number, got ", t[key].dump()));
     }
-    *out = j[key].get<double>();
+    *out = t[key].get<double>();
     return absl::OkStatus();
   };
-  auto flag = [&](const char* key) { return j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); };
+  auto flag = [&](const char* key) { return t.contains(key) && t[key].is_boolean() && t[key].get<bool>(); };
   RETURN_IF_ERROR(get_int("hidden_size", &c.hidden_size, true));
   RETURN_IF_ERROR(get_int("num_hidden_layers", &c.num_hidden_layers, true));
   RETURN_IF_ERROR(get_int("num_attention_heads", &c.num_attention_heads, true));
   c.num_key_value_heads = c.num_attention_heads;
   RETURN_IF_ERROR(get_int("num_key_value_heads", &c.num_key_value_heads, false));
-  c.head_dim = c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
+  c.head_dim = c.is_qwen3_5() ? 256 : c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
   RETURN_IF_ERROR(get_int("head_dim", &c.head_dim, false));
   if (c.is_moe()) c.intermediate_size = 6144;  // Qwen3MoeConfig's: only its dense layers read it
   RETURN_IF_ERROR(get_int("intermediate_size", &c.intermediate_size, !c.is_moe()));
@@ -562,18 +826,25 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   RETURN_IF_ERROR(get_double("rope_theta", &c.rope_theta));
   RETURN_IF_ERROR(get_double("rms_norm_eps", &c.rms_norm_eps));
   RETURN_IF_ERROR(get_double("initializer_range", &c.initializer_range));
-  if (j.contains("tie_word_embeddings")) {
+  if (t.contains("tie_word_embeddings")) {
+    if (!t["tie_word_embeddings"].is_boolean()) {
+      return absl::InvalidArgumentError("config.json: \"tie_word_embeddings\" must be a boolean");
+    }
+    c.tie_word_embeddings = t["tie_word_embeddings"].get<bool>();
+  }
+  // The multimodal wrapper's own tie_word_embeddings is what its ForConditionalGeneration ties by.
+  if (c.multimodal && j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_null()) {
     if (!j["tie_word_embeddings"].is_boolean()) {
       return absl::InvalidArgumentError("config.json: \"tie_word_embeddings\" must be a boolean");
     }
     c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
   }
-  if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) c.torch_dtype = j["torch_dtype"];
-  if (j.contains("dtype") && j["dtype"].is_string()) c.torch_dtype = j["dtype"];
+  if (t.contains("torch_dtype") && t["torch_dtype"].is_string()) c.torch_dtype = t["torch_dtype"];
+  if (t.contains("dtype") && t["dtype"].is_string()) c.torch_dtype = t["dtype"];
   // Fields that would change the math this build computes: refused, never ignored.
   for (const char* key : {"hidden_act", "hidden_activation"}) {
-    if (j.contains(key) && !j[key].is_null() && j[key] != "silu") {
-      return Refuse(key, absl::StrCat(j[key].dump(), " is not supported (only silu: the SwiGLU MLP)"));
+    if (t.contains(key) && !t[key].is_null() && t[key] != "silu") {
+      return Refuse(key, absl::StrCat(t[key].dump(), " is not supported (only silu: the SwiGLU MLP)"));
     }
   }
   // qwen2's q/k/v projections always carry biases (HF hard-codes them); elsewhere
@@ -588,15 +859,17 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
     RETURN_IF_ERROR(get_double(key, &p));
     if (p != 0) return Refuse(key, absl::StrCat(p, " is not supported (training here runs without dropout)"));
   }
-  if (c.is_moe()) {
-    RETURN_IF_ERROR(ParseMoe(j, &c));
-  } else if (j.contains("num_experts") || j.contains("num_local_experts")) {
-    return Refuse(j.contains("num_experts") ? "num_experts" : "num_local_experts",
+  if (c.is_qwen3_5()) {
+    RETURN_IF_ERROR(ParseQwen3_5(t, where, &c));
+  } else if (c.is_moe()) {
+    RETURN_IF_ERROR(ParseMoe(t, &c));
+  } else if (t.contains("num_experts") || t.contains("num_local_experts")) {
+    return Refuse(t.contains("num_experts") ? "num_experts" : "num_local_experts",
                   absl::StrCat("mixture-of-experts layers are not supported by model_type ", ModelTypeName(c.family),
                                " (they are by qwen3_moe)"));
   }
-  RETURN_IF_ERROR(ParseRope(j, &c));
-  RETURN_IF_ERROR(ParseSlidingWindow(j, &c));
+  RETURN_IF_ERROR(ParseRope(t, &c));
+  if (!c.is_qwen3_5()) RETURN_IF_ERROR(ParseSlidingWindow(t, &c));
   RETURN_IF_ERROR(c.Validate());
   c.source_json = j.dump();
   return c;
@@ -665,13 +938,23 @@ nlohmann::ordered_json RopeScalingJson(const RopeScaling& s) {
 // Writes theta and the scaling so that transformers 4 (rope_theta + rope_scaling) and 5 (which
 // takes a non-null rope_scaling over rope_parameters) both read them; a rope_parameters object
 // already there is rewritten to agree.
+// qwen3_5 (transformers 5 only) gets rope_parameters alone, keeping its partial rotation and
+// multimodal sections.
 void WriteRope(const ModelConfig& c, nlohmann::ordered_json& j) {
   const nlohmann::ordered_json scaling = RopeScalingJson(c.rope_scaling);
-  j["rope_theta"] = c.rope_theta;
-  j["rope_scaling"] = scaling;
-  if (j.contains("rope_parameters")) {
+  if (!c.is_qwen3_5()) {
+    j["rope_theta"] = c.rope_theta;
+    j["rope_scaling"] = scaling;
+  }
+  if (j.contains("rope_parameters") || c.is_qwen3_5()) {
     nlohmann::ordered_json p = scaling.is_null() ? nlohmann::ordered_json{{"rope_type", "default"}} : scaling;
     p["rope_theta"] = c.rope_theta;
+    if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
+      for (const char* k : {"partial_rotary_factor", "mrope_section", "mrope_interleaved"}) {
+        if (j["rope_parameters"].contains(k)) p[k] = j["rope_parameters"][k];
+      }
+    }
+    if (c.partial_rotary_factor != 1) p["partial_rotary_factor"] = c.partial_rotary_factor;
     j["rope_parameters"] = p;
   }
 }
@@ -685,80 +968,133 @@ std::string ModelConfig::ToJson() const {
     if (j.is_discarded() || !j.is_object()) j = nlohmann::ordered_json::object();
   }
   const bool preset = source_json.empty();
+  static constexpr const char* kArchitectures[] = {"Qwen3ForCausalLM",   "Qwen2ForCausalLM",    "LlamaForCausalLM",
+                                                   "MistralForCausalLM", "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM",
+                                                   "Qwen3_5MoeForCausalLM"};
+  // The language model's object: the file, or the multimodal wrapper's text_config.
+  if (multimodal) {
+    if (!j.contains("architectures")) {
+      j["architectures"] = {family == ModelFamily::kQwen3_5 ? "Qwen3_5ForConditionalGeneration"
+                                                            : "Qwen3_5MoeForConditionalGeneration"};
+    }
+    j["model_type"] = ModelTypeName(family);
+    if (!j.contains("text_config") || !j["text_config"].is_object()) j["text_config"] = nlohmann::ordered_json::object();
+    j["tie_word_embeddings"] = tie_word_embeddings;
+    j["torch_dtype"] = torch_dtype;
+    if (j.contains("dtype")) j["dtype"] = torch_dtype;
+  }
+  nlohmann::ordered_json& t = multimodal ? j["text_config"] : j;
   auto set_default = [&](const char* key, nlohmann::ordered_json v) {
-    if (!j.contains(key)) j[key] = std::move(v);
+    if (!t.contains(key)) t[key] = std::move(v);
   };
-  static constexpr const char* kArchitectures[] = {"Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM",
-                                                   "MistralForCausalLM", "Qwen3MoeForCausalLM"};
-  set_default("architectures", {kArchitectures[static_cast<int>(family)]});
-  j["model_type"] = ModelTypeName(family);
-  j["hidden_size"] = hidden_size;
-  j["num_hidden_layers"] = num_hidden_layers;
-  j["num_attention_heads"] = num_attention_heads;
-  j["num_key_value_heads"] = num_key_value_heads;
-  j["head_dim"] = head_dim;
-  j["intermediate_size"] = intermediate_size;
-  j["vocab_size"] = vocab_size;
-  j["max_position_embeddings"] = max_position_embeddings;
-  j["rms_norm_eps"] = rms_norm_eps;
-  j["tie_word_embeddings"] = tie_word_embeddings;
-  j["initializer_range"] = initializer_range;
-  j["torch_dtype"] = torch_dtype;
-  if (j.contains("dtype")) j["dtype"] = torch_dtype;
-  // Qwen3MoeConfig's field names. num_experts, which transformers 4.x and 5.17 both read (5.17's
-  // own save writes num_local_experts, which 4.x ignores); num_local_experts kept in step.
-  if (is_moe()) {
-    j["num_experts"] = num_experts;
-    if (j.contains("num_local_experts")) j["num_local_experts"] = num_experts;
-    j["num_experts_per_tok"] = num_experts_per_tok;
-    j["moe_intermediate_size"] = moe_intermediate_size;
-    j["norm_topk_prob"] = norm_topk_prob;
-    j["decoder_sparse_step"] = decoder_sparse_step;
-    j["mlp_only_layers"] = mlp_only_layers;
-    j["router_aux_loss_coef"] = router_aux_loss_coef;
-    j["output_router_logits"] = output_router_logits;
+  if (!multimodal) set_default("architectures", {kArchitectures[static_cast<int>(family)]});
+  t["model_type"] = is_qwen3_5() ? absl::StrCat(ModelTypeName(family), "_text") : ModelTypeName(family);
+  t["hidden_size"] = hidden_size;
+  t["num_hidden_layers"] = num_hidden_layers;
+  t["num_attention_heads"] = num_attention_heads;
+  t["num_key_value_heads"] = num_key_value_heads;
+  t["head_dim"] = head_dim;
+  // Qwen3_5MoeTextConfig has no intermediate_size (transformers 5.17 refuses one): written only
+  // where the source had it.
+  if (family != ModelFamily::kQwen3_5Moe || t.contains("intermediate_size")) t["intermediate_size"] = intermediate_size;
+  t["vocab_size"] = vocab_size;
+  t["max_position_embeddings"] = max_position_embeddings;
+  t["rms_norm_eps"] = rms_norm_eps;
+  if (!multimodal || t.contains("tie_word_embeddings")) t["tie_word_embeddings"] = tie_word_embeddings;
+  t["initializer_range"] = initializer_range;
+  if (!multimodal || t.contains("torch_dtype")) t["torch_dtype"] = torch_dtype;
+  if (t.contains("dtype")) t["dtype"] = torch_dtype;
+  if (family == ModelFamily::kQwen3Moe) {
+    // Qwen3MoeConfig's field names. num_experts, which transformers 4.x and 5.17 both read (5.17's
+    // own save writes num_local_experts, which 4.x ignores); num_local_experts kept in step.
+    t["num_experts"] = num_experts;
+    if (t.contains("num_local_experts")) t["num_local_experts"] = num_experts;
+    t["num_experts_per_tok"] = num_experts_per_tok;
+    t["moe_intermediate_size"] = moe_intermediate_size;
+    t["norm_topk_prob"] = norm_topk_prob;
+    t["decoder_sparse_step"] = decoder_sparse_step;
+    t["mlp_only_layers"] = mlp_only_layers;
+    t["router_aux_loss_coef"] = router_aux_loss_coef;
+    t["output_router_logits"] = output_router_logits;
+  }
+  if (family == ModelFamily::kQwen3_5Moe) {
+    t["num_experts"] = num_experts;
+    t["num_experts_per_tok"] = num_experts_per_tok;
+    t["moe_intermediate_size"] = moe_intermediate_size;
+    t["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
+    t["router_aux_loss_coef"] = router_aux_loss_coef;
+    t["output_router_logits"] = output_router_logits;
+  }
+  if (is_qwen3_5()) {
+    nlohmann::ordered_json types = nlohmann::ordered_json::array();
+    for (int64_t l = 0; l < num_hidden_layers; ++l) {
+      types.push_back(IsLinearAttentionLayer(l) ? "linear_attention" : "full_attention");
+    }
+    t["layer_types"] = types;
+    t["linear_num_key_heads"] = linear.num_key_heads;
+    t["linear_num_value_heads"] = linear.num_value_heads;
+    t["linear_key_head_dim"] = linear.key_head_dim;
+    t["linear_value_head_dim"] = linear.value_head_dim;
+    t["linear_conv_kernel_dim"] = linear.conv_kernel;
   }
   if (!preset) {
     // The source's own RoPE objects, unless this config's RoPE was changed after parsing (a
     // longer context): then the new one, or HF would load the old.
     const absl::StatusOr<ModelConfig> parsed = FromJson(source_json);
     if (!parsed.ok() || parsed->rope_theta != rope_theta || !(parsed->rope_scaling == rope_scaling)) {
-      WriteRope(*this, j);
+      WriteRope(*this, t);
     }
   }
   if (preset) {
-    j["hidden_act"] = "silu";
-    j["attention_dropout"] = 0.0;
-    WriteRope(*this, j);
-    j["use_cache"] = true;
+    t["hidden_act"] = "silu";
+    t["attention_dropout"] = 0.0;
+    if (is_qwen3_5()) {
+      // transformers 5's form: one rope_parameters object (the multimodal sections as the hub's
+      // configs give them; text reads them as plain RoPE).
+      nlohmann::ordered_json r = RopeScalingJson(rope_scaling);
+      if (r.is_null()) r = {{"rope_type", "default"}};
+      r["rope_theta"] = rope_theta;
+      r["partial_rotary_factor"] = partial_rotary_factor;
+      r["mrope_section"] = {11, 11, 10};
+      r["mrope_interleaved"] = true;
+      t["rope_parameters"] = r;
+    } else {
+      WriteRope(*this, t);
+    }
+    t["use_cache"] = true;
     switch (family) {
       case ModelFamily::kQwen3:
-        j["attention_bias"] = false;
-        j["bos_token_id"] = 151643;
-        j["eos_token_id"] = 151645;
+        t["attention_bias"] = false;
+        t["bos_token_id"] = 151643;
+        t["eos_token_id"] = 151645;
         break;
       case ModelFamily::kQwen2:
-        j["use_sliding_window"] = false;
-        j["bos_token_id"] = 151643;
-        j["eos_token_id"] = 151645;
+        t["use_sliding_window"] = false;
+        t["bos_token_id"] = 151643;
+        t["eos_token_id"] = 151645;
         break;
       case ModelFamily::kLlama:
-        j["attention_bias"] = false;
-        j["mlp_bias"] = false;
-        j["bos_token_id"] = 128000;
-        j["eos_token_id"] = 128001;
+        t["attention_bias"] = false;
+        t["mlp_bias"] = false;
+        t["bos_token_id"] = 128000;
+        t["eos_token_id"] = 128001;
         break;
       case ModelFamily::kMistral:
-        j["sliding_window"] = sliding_window > 0 ? nlohmann::ordered_json(sliding_window) : nlohmann::ordered_json();
-        j["bos_token_id"] = 1;
-        j["eos_token_id"] = 2;
+        t["sliding_window"] = sliding_window > 0 ? nlohmann::ordered_json(sliding_window) : nlohmann::ordered_json();
+        t["bos_token_id"] = 1;
+        t["eos_token_id"] = 2;
         break;
       case ModelFamily::kQwen3Moe:
-        j["attention_bias"] = false;
-        j["use_sliding_window"] = false;
-        j["sliding_window"] = nullptr;
-        j["bos_token_id"] = 151643;
-        j["eos_token_id"] = 151645;
+        t["attention_bias"] = false;
+        t["use_sliding_window"] = false;
+        t["sliding_window"] = nullptr;
+        t["bos_token_id"] = 151643;
+        t["eos_token_id"] = 151645;
+        break;
+      case ModelFamily::kQwen3_5:
+      case ModelFamily::kQwen3_5Moe:
+        t["attention_bias"] = false;
+        t["eos_token_id"] = 248044;  // <|endoftext|> of the 248,320-token vocabulary
         break;
     }
   }

@@ -8,7 +8,14 @@
 //   llama     : Llama 2/3.x: no biases, no q/k norm (RoPE scaling of type llama3 in 3.1+)
 //   mistral   : as llama; a sliding window only where it changes nothing (see SlidingWindowCovers)
 //   qwen3_moe : Qwen3's attention; in the sparse layers (IsSparseLayer) a router and experts in
-//               place of the MLP (docs/moe.md). Described here, not yet trained: CheckTrainable.
+//               place of the MLP (docs/moe.md).
+//   qwen3_5   : Qwen3.5 (HF qwen3_5 / qwen3_5_text, and the multimodal checkpoint's language model):
+//               two token mixers by layer (layer_mixers): Gated DeltaNet linear attention and gated
+//               full attention (q_proj emits a sigmoid output gate per head beside the query, q/k
+//               norms, RoPE on a partial_rotary_factor share of head_dim); every RMSNorm but the
+//               linear attention's gated one computes x * (1 + w) (docs/model-families.md).
+//   qwen3_5_moe: qwen3_5's mixers; every layer a MoE block of routed experts plus a shared expert
+//               with its own sigmoid gate (qwen3_5_moe / qwen3_5_moe_text).
 // Any family may scale its RoPE (RopeScaling: linear, dynamic, llama3, yarn). A config field this
 // build does not implement is refused when parsed, naming the field.
 //
@@ -21,7 +28,9 @@
 // another (UnitLayout::experts).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include "absl/strings/string_view.h"
 #include <vector>
@@ -30,9 +39,40 @@
 
 namespace slidedp {
 
-enum class ModelFamily { kQwen3, kQwen2, kLlama, kMistral, kQwen3Moe };
-// HF's model_type: "qwen3", "qwen2", "llama", "mistral", "qwen3_moe".
+enum class ModelFamily { kQwen3, kQwen2, kLlama, kMistral, kQwen3Moe, kQwen3_5, kQwen3_5Moe };
+// HF's model_type: "qwen3", "qwen2", "llama", "mistral", "qwen3_moe", "qwen3_5", "qwen3_5_moe" (the
+// multimodal wrapper's; a text-only checkpoint says "qwen3_5_text" / "qwen3_5_moe_text":
+// ModelConfig::text_only).
 const char* ModelTypeName(ModelFamily family);
+
+// A decoder layer's token mixer (HF layer_types): softmax attention, or qwen3_5's Gated DeltaNet.
+enum class TokenMixer { kAttention, kLinearAttention };
+
+// qwen3_5's Gated DeltaNet sizes (HF linear_* fields): key heads of key_head_dim (q and k), value
+// heads of value_head_dim (v, the state's columns, the output), a causal depthwise conv1d of
+// conv_kernel taps over q|k|v. Each value head reads key head h / (value_heads / key_heads).
+struct LinearAttentionConfig {
+  int64_t num_key_heads = 16;
+  int64_t num_value_heads = 32;
+  int64_t key_head_dim = 128;
+  int64_t value_head_dim = 128;
+  int64_t conv_kernel = 4;
+
+  int64_t key_dim() const { return num_key_heads * key_head_dim; }
+  int64_t value_dim() const { return num_value_heads * value_head_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // q | k | v channels
+  bool operator==(const LinearAttentionConfig& o) const {
+    return num_key_heads == o.num_key_heads && num_value_heads == o.num_value_heads &&
+           key_head_dim == o.key_head_dim && value_head_dim == o.value_head_dim && conv_kernel == o.conv_kernel;
+  }
+};
+
+// How a checkpoint stores a MoE layer's experts: one tensor per expert and matrix
+// (mlp.experts.{e}.gate_proj.weight, ...; Qwen3-MoE's hub layout) or fused over the experts
+// (mlp.experts.gate_up_proj [E, 2 x moe_I, hidden], mlp.experts.down_proj [E, hidden, moe_I]:
+// transformers 5's own layout, which its save_pretrained writes for qwen3_5_moe). The unit's layout
+// is the same either way (ExpertLayout); only the names and slices the tensors map to differ.
+enum class ExpertStorage { kPerExpert, kFused };
 
 // RoPE scaling as HF's rope_parameters / rope_scaling give it (transformers 5.17,
 // modeling_rope_utils.py; ModelConfig::RopeInverseFrequencies and RopeAttentionScaling compute it):
@@ -107,6 +147,19 @@ struct ModelConfig {
   // output_router_logits is true (Qwen3MoeForCausalLM.forward); both are kept for that.
   double router_aux_loss_coef = 0.001;
   bool output_router_logits = false;
+  // qwen3_5 / qwen3_5_moe (empty elsewhere: every layer attention): each layer's token mixer.
+  std::vector<TokenMixer> layer_mixers;
+  LinearAttentionConfig linear;
+  // The share of head_dim RoPE rotates (HF partial_rotary_factor; rotary_dim() = int(head_dim x it)).
+  double partial_rotary_factor = 1;
+  // qwen3_5_moe: the shared expert's width (HF shared_expert_intermediate_size); its gate is
+  // mlp.shared_expert_gate.weight [1, hidden].
+  int64_t shared_expert_intermediate_size = 0;
+  ExpertStorage expert_storage = ExpertStorage::kPerExpert;
+  // The multimodal checkpoint layout (HF Qwen3_5ForConditionalGeneration): config.json nests the
+  // language model's config in text_config and its weights are model.language_model.*; the vision
+  // tower (model.visual.*) and any mtp.* weights are not trained and pass through unchanged.
+  bool multimodal = false;
   // The source config.json as parsed (empty for a preset): what ToJson writes back, so the saved
   // directory keeps the fields HF reads that do not shape the math (token ids, generation
   // settings, architectures).
@@ -114,9 +167,26 @@ struct ModelConfig {
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
-  bool has_qk_norm() const { return family == ModelFamily::kQwen3 || family == ModelFamily::kQwen3Moe; }
+  bool is_qwen3_5() const { return family == ModelFamily::kQwen3_5 || family == ModelFamily::kQwen3_5Moe; }
+  bool has_qk_norm() const { return family == ModelFamily::kQwen3 || family == ModelFamily::kQwen3Moe || is_qwen3_5(); }
   bool has_qkv_bias() const { return family == ModelFamily::kQwen2; }
-  bool is_moe() const { return family == ModelFamily::kQwen3Moe; }
+  bool is_moe() const { return family == ModelFamily::kQwen3Moe || family == ModelFamily::kQwen3_5Moe; }
+  // qwen3_5: q_proj emits [query | gate] per head (2 x q_dim rows) and the attention output is
+  // multiplied by sigmoid(gate) before o_proj.
+  bool has_attention_output_gate() const { return is_qwen3_5(); }
+  // qwen3_5: every RMSNorm weight but the linear attention's gated norm acts as (1 + w).
+  bool norms_add_one() const { return is_qwen3_5(); }
+  bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
+  // The dimensions of each head RoPE rotates: int(head_dim x partial_rotary_factor) (HF), even.
+  int64_t rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor); }
+  TokenMixer MixerOf(int64_t layer) const {
+    return layer >= 0 && layer < static_cast<int64_t>(layer_mixers.size()) ? layer_mixers[layer] : TokenMixer::kAttention;
+  }
+  bool IsLinearAttentionLayer(int64_t layer) const { return MixerOf(layer) == TokenMixer::kLinearAttention; }
+  int64_t NumLinearAttentionLayers() const;
+  // Where the language model's weights live: "model." (a causal LM), "model.language_model."
+  // (the multimodal layout); the LM head is lm_head.weight in both.
+  std::string WeightPrefix() const { return multimodal ? "model.language_model." : "model."; }
   // HF's Qwen3MoeDecoderLayer: layer l has a router and experts iff l is not in mlp_only_layers,
   // num_experts > 0 and (l + 1) % decoder_sparse_step == 0. Always false for the dense families.
   bool IsSparseLayer(int64_t layer) const;
@@ -126,7 +196,7 @@ struct ModelConfig {
   // hostd to refuse such a job with at submit.
   absl::Status CheckTrainable() const;
   bool trainable() const { return CheckTrainable().ok(); }
-  // RoPE's inverse frequencies [head_dim / 2] in float32, computed as HF computes them (the
+  // RoPE's inverse frequencies [rotary_dim / 2] in float32, computed as HF computes them (the
   // default theta^(-2i/d) in float32, then the scaling's float32 arithmetic).
   std::vector<float> RopeInverseFrequencies() const;
   // The factor HF multiplies into cos and sin (its attention_scaling): 1 except for yarn. Both
@@ -186,7 +256,22 @@ enum DecoderTensor : int {
   kQBias,          // [q_dim]   (qwen2 only)
   kKBias,          // [kv_dim]  (qwen2 only)
   kVBias,          // [kv_dim]  (qwen2 only)
-  kRouter,         // [num_experts, hidden]  (sparse qwen3_moe layers only: mlp.gate.weight)
+  kRouter,         // [num_experts, hidden]  (sparse layers only: mlp.gate.weight)
+  // qwen3_5's Gated DeltaNet (linear_attention layers, in place of kQProj..kKNorm): linear_attn.*
+  kLinearInProjQkv,  // in_proj_qkv [conv_dim, hidden]
+  kLinearInProjZ,    // in_proj_z [value_dim, hidden]
+  kLinearInProjB,    // in_proj_b [value_heads, hidden]
+  kLinearInProjA,    // in_proj_a [value_heads, hidden]
+  kLinearConv,       // conv1d.weight [conv_dim, 1, conv_kernel]
+  kLinearDtBias,     // dt_bias [value_heads]    (FP32 side copy)
+  kLinearALog,       // A_log [value_heads]      (FP32 side copy)
+  kLinearNorm,       // norm.weight [value_head_dim]: the gated RMSNorm's (plain w, not 1 + w)
+  kLinearOutProj,    // out_proj [hidden, value_dim]
+  // qwen3_5_moe's shared expert (every layer, beside the routed experts): mlp.shared_expert.*
+  kSharedGateProj,   // [shared_I, hidden]
+  kSharedUpProj,     // [shared_I, hidden]
+  kSharedDownProj,   // [hidden, shared_I]
+  kSharedExpertGate, // mlp.shared_expert_gate.weight [1, hidden]
   kNumDecoderTensors
 };
 // A decoder unit holds only its family's tensors (UnitLayout::slot maps these values to them):
@@ -212,6 +297,14 @@ struct TensorSlot {
   // HF under bf16 autocast computes RMSNorm with the FP32 weights; near 1.0 BF16's spacing
   // (2^-8) would swallow fine-tuning updates of ~1e-5 for hundreds of steps.
   int64_t fp32_offset = -1;
+  // A slice of a larger checkpoint tensor (ExpertStorage::kFused: one expert's matrix of
+  // mlp.experts.gate_up_proj / down_proj): that tensor's full shape and this slice's first element
+  // in it (row-major, contiguous). Empty: the checkpoint tensor hf_name is this slot, whole.
+  std::vector<int64_t> hf_shape;
+  int64_t hf_offset_numel = 0;
+  bool is_slice() const { return !hf_shape.empty(); }
+  // Unique among a layout's slots: hf_name, with "@<offset>" for a slice.
+  std::string Key() const;
 };
 
 inline constexpr int64_t kFp32SideAlignNumel = 64;  // 256 B per side-copy entry
@@ -242,8 +335,8 @@ struct UnitLayout {
   int64_t numel = 0;            // padded total, a multiple of kTensorAlignNumel
   int64_t fp32_numel = 0;       // the FP32 side copy of the norm weights (TensorSlot::fp32_offset)
   // Decoder units: tensors[slot[t]] is DecoderTensor t, -1 where the family has none.
-  static_assert(kNumDecoderTensors == 15, "one -1 per decoder tensor below");
-  int slot[kNumDecoderTensors] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+  int slot[kNumDecoderTensors];
+  UnitLayout() { std::fill(std::begin(slot), std::end(slot), -1); }
   ExpertLayout experts;  // num_experts 0 except in a sparse decoder unit
   const TensorSlot* Find(DecoderTensor t) const { return slot[t] >= 0 ? &tensors[slot[t]] : nullptr; }
 
@@ -292,7 +385,9 @@ struct ModelLayout {
   // ../shared/bench/peers/fsdp2_qwen3.py (so our TFLOP/s and the peer's compare): 6 x matmul
   // parameters a token meets (ActiveParamCount: the LM head counts, the embedding lookup does not;
   // in a MoE model the router and k experts per sparse layer) + causal attention
-  // 6 * layers * seq_len * q_dim; recompute is not counted.
+  // 6 * attention layers * seq_len * q_dim, + per qwen3_5 linear-attention layer 18 x value_heads x
+  // key_head_dim x value_head_dim (its recurrence's three products, forward and backward);
+  // recompute is not counted.
   double ModelFlopsPerToken(int64_t seq_len) const;
   // runtime.offload_ratio's layers: round(ratio x decoder layers), clamped; the workers offload
   // the inputs of units 1..k, and hostd's memory plan counts them.

@@ -23,7 +23,13 @@ void AddTensor(UnitLayout& unit, std::string name, std::vector<int64_t> shape, S
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
   const bool norm = side == SideCopy::kFp32;
-  unit.tensors.push_back(TensorSlot{std::move(name), std::move(shape), unit.numel, numel, norm ? unit.fp32_numel : -1});
+  TensorSlot t;
+  t.hf_name = std::move(name);
+  t.shape = std::move(shape);
+  t.offset_numel = unit.numel;
+  t.numel = numel;
+  t.fp32_offset = norm ? unit.fp32_numel : -1;
+  unit.tensors.push_back(std::move(t));
   unit.numel += AlignUp(numel);
   if (norm) unit.fp32_numel += (numel + kFp32SideAlignNumel - 1) / kFp32SideAlignNumel * kFp32SideAlignNumel;
 }
@@ -60,16 +66,58 @@ void CopyNormsFromMaster(const UnitLayout& unit, const float* master, float* sid
   }
 }
 
+namespace {
+
+// The routed experts of a sparse unit, per expert (gate, up, down, each aligned), as the hub's
+// per-expert tensors or as slices of transformers 5's fused ones (ExpertStorage).
+void AddExperts(UnitLayout& u, const ModelConfig& c, const std::string& p) {
+  const int64_t h = c.hidden_size, mi = c.moe_intermediate_size, e_count = c.num_experts;
+  ExpertLayout& x = u.experts;
+  x.num_experts = e_count;
+  x.first_offset = u.numel;
+  x.first_tensor = static_cast<int>(u.tensors.size());
+  for (int64_t e = 0; e < e_count; ++e) {
+    if (c.expert_storage == ExpertStorage::kPerExpert) {
+      const std::string expert = absl::StrCat(p, "mlp.experts.", e, ".");
+      AddTensor(u, expert + "gate_proj.weight", {mi, h});
+      AddTensor(u, expert + "up_proj.weight", {mi, h});
+      AddTensor(u, expert + "down_proj.weight", {h, mi});
+    } else {
+      // gate_up_proj [E, 2 mi, h]: expert e's gate rows, then its up rows; down_proj [E, h, mi].
+      const std::string gate_up = p + "mlp.experts.gate_up_proj", down = p + "mlp.experts.down_proj";
+      auto slice = [&](const std::string& name, std::vector<int64_t> shape, std::vector<int64_t> full, int64_t at) {
+        AddTensor(u, name, std::move(shape));
+        u.tensors.back().hf_shape = std::move(full);
+        u.tensors.back().hf_offset_numel = at;
+      };
+      slice(gate_up, {mi, h}, {e_count, 2 * mi, h}, e * 2 * mi * h);
+      slice(gate_up, {mi, h}, {e_count, 2 * mi, h}, e * 2 * mi * h + mi * h);
+      slice(down, {h, mi}, {e_count, h, mi}, e * h * mi);
+    }
+    if (e == 0) {
+      for (int t = 0; t < kNumExpertTensors; ++t) {
+        x.offset_in_expert[t] = u.tensors[x.first_tensor + t].offset_numel - x.first_offset;
+      }
+      x.expert_numel = u.numel - x.first_offset;
+    }
+  }
+}
+
+}  // namespace
+
+std::string TensorSlot::Key() const { return is_slice() ? absl::StrCat(hf_name, "@", hf_offset_numel) : hf_name; }
+
 ModelLayout ModelLayout::Build(const ModelConfig& c) {
   ModelLayout m;
   m.config = c;
   m.head_uses_embedding = c.tie_word_embeddings;
   const int64_t h = c.hidden_size;
+  const std::string prefix = c.WeightPrefix();
 
   UnitLayout embed;
   embed.kind = UnitKind::kEmbedding;
   embed.name = "embed";
-  AddTensor(embed, "model.embed_tokens.weight", {c.vocab_size, h});
+  AddTensor(embed, prefix + "embed_tokens.weight", {c.vocab_size, h});
   m.units.push_back(std::move(embed));
 
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -77,46 +125,54 @@ ModelLayout ModelLayout::Build(const ModelConfig& c) {
     u.kind = UnitKind::kDecoder;
     u.decoder_layer = static_cast<int>(l);
     u.name = absl::StrCat("layer.", l);
-    const std::string p = absl::StrCat("model.layers.", l, ".");
+    const std::string p = absl::StrCat(prefix, "layers.", l, ".");
     auto add = [&](DecoderTensor t, const char* name, std::vector<int64_t> shape) {
       u.slot[t] = static_cast<int>(u.tensors.size());
-      const bool norm = t == kInputNorm || t == kPostNorm || t == kQNorm || t == kKNorm;
-      AddTensor(u, p + name, std::move(shape), norm ? SideCopy::kFp32 : SideCopy::kNone);
+      const bool side = t == kInputNorm || t == kPostNorm || t == kQNorm || t == kKNorm || t == kLinearNorm ||
+                        t == kLinearDtBias || t == kLinearALog;
+      AddTensor(u, p + name, std::move(shape), side ? SideCopy::kFp32 : SideCopy::kNone);
     };
     const bool bias = c.has_qkv_bias();
     add(kInputNorm, "input_layernorm.weight", {h});
-    add(kQProj, "self_attn.q_proj.weight", {c.q_dim(), h});
-    if (bias) add(kQBias, "self_attn.q_proj.bias", {c.q_dim()});
-    add(kKProj, "self_attn.k_proj.weight", {c.kv_dim(), h});
-    if (bias) add(kKBias, "self_attn.k_proj.bias", {c.kv_dim()});
-    add(kVProj, "self_attn.v_proj.weight", {c.kv_dim(), h});
-    if (bias) add(kVBias, "self_attn.v_proj.bias", {c.kv_dim()});
-    add(kOProj, "self_attn.o_proj.weight", {h, c.q_dim()});
-    if (c.has_qk_norm()) {
-      add(kQNorm, "self_attn.q_norm.weight", {c.head_dim});
-      add(kKNorm, "self_attn.k_norm.weight", {c.head_dim});
+    if (c.IsLinearAttentionLayer(l)) {
+      // HF Qwen3_5GatedDeltaNet's parameters. dt_bias and A_log reach the compute in FP32 (side
+      // copy) as HF's g = -exp(A_log.float()) * softplus(a.float() + dt_bias) reads them.
+      const LinearAttentionConfig& la = c.linear;
+      add(kLinearInProjQkv, "linear_attn.in_proj_qkv.weight", {la.conv_dim(), h});
+      add(kLinearInProjZ, "linear_attn.in_proj_z.weight", {la.value_dim(), h});
+      add(kLinearInProjB, "linear_attn.in_proj_b.weight", {la.num_value_heads, h});
+      add(kLinearInProjA, "linear_attn.in_proj_a.weight", {la.num_value_heads, h});
+      add(kLinearConv, "linear_attn.conv1d.weight", {la.conv_dim(), 1, la.conv_kernel});
+      add(kLinearDtBias, "linear_attn.dt_bias", {la.num_value_heads});
+      add(kLinearALog, "linear_attn.A_log", {la.num_value_heads});
+      add(kLinearNorm, "linear_attn.norm.weight", {la.value_head_dim});
+      add(kLinearOutProj, "linear_attn.out_proj.weight", {h, la.value_dim()});
+    } else {
+      // qwen3_5's q_proj also emits the output gate: [query | gate] per head, 2 x q_dim rows.
+      add(kQProj, "self_attn.q_proj.weight", {c.has_attention_output_gate() ? 2 * c.q_dim() : c.q_dim(), h});
+      if (bias) add(kQBias, "self_attn.q_proj.bias", {c.q_dim()});
+      add(kKProj, "self_attn.k_proj.weight", {c.kv_dim(), h});
+      if (bias) add(kKBias, "self_attn.k_proj.bias", {c.kv_dim()});
+      add(kVProj, "self_attn.v_proj.weight", {c.kv_dim(), h});
+      if (bias) add(kVBias, "self_attn.v_proj.bias", {c.kv_dim()});
+      add(kOProj, "self_attn.o_proj.weight", {h, c.q_dim()});
+      if (c.has_qk_norm()) {
+        add(kQNorm, "self_attn.q_norm.weight", {c.head_dim});
+        add(kKNorm, "self_attn.k_norm.weight", {c.head_dim});
+      }
     }
     add(kPostNorm, "post_attention_layernorm.weight", {h});
     if (c.IsSparseLayer(l)) {
-      // The hub's per-expert names (docs/moe.md: what transformers 5.17 saves and loads).
+      // docs/moe.md: the router, the shared expert (qwen3_5_moe), then the routed experts.
       add(kRouter, "mlp.gate.weight", {c.num_experts, h});
-      const int64_t mi = c.moe_intermediate_size;
-      ExpertLayout& x = u.experts;
-      x.num_experts = c.num_experts;
-      x.first_offset = u.numel;
-      x.first_tensor = static_cast<int>(u.tensors.size());
-      for (int64_t e = 0; e < c.num_experts; ++e) {
-        const std::string expert = absl::StrCat(p, "mlp.experts.", e, ".");
-        AddTensor(u, expert + "gate_proj.weight", {mi, h});
-        AddTensor(u, expert + "up_proj.weight", {mi, h});
-        AddTensor(u, expert + "down_proj.weight", {h, mi});
-        if (e == 0) {
-          for (int t = 0; t < kNumExpertTensors; ++t) {
-            x.offset_in_expert[t] = u.tensors[x.first_tensor + t].offset_numel - x.first_offset;
-          }
-          x.expert_numel = u.numel - x.first_offset;
-        }
+      if (c.has_shared_expert()) {
+        const int64_t si = c.shared_expert_intermediate_size;
+        add(kSharedGateProj, "mlp.shared_expert.gate_proj.weight", {si, h});
+        add(kSharedUpProj, "mlp.shared_expert.up_proj.weight", {si, h});
+        add(kSharedDownProj, "mlp.shared_expert.down_proj.weight", {h, si});
+        add(kSharedExpertGate, "mlp.shared_expert_gate.weight", {1, h});
       }
+      AddExperts(u, c, p);
     } else {
       add(kGateProj, "mlp.gate_proj.weight", {c.intermediate_size, h});
       add(kUpProj, "mlp.up_proj.weight", {c.intermediate_size, h});
@@ -128,7 +184,7 @@ ModelLayout ModelLayout::Build(const ModelConfig& c) {
   UnitLayout head;
   head.kind = UnitKind::kHead;
   head.name = "head";
-  AddTensor(head, "model.norm.weight", {h}, SideCopy::kFp32);
+  AddTensor(head, prefix + "norm.weight", {h}, SideCopy::kFp32);
   if (!c.tie_word_embeddings) AddTensor(head, "lm_head.weight", {c.vocab_size, h});
   m.units.push_back(std::move(head));
 
@@ -153,7 +209,8 @@ const TensorSlot* ModelLayout::Find(absl::string_view hf_name, int* unit_index) 
   // and a checkpoint load looks each one up).
   absl::string_view rest = hf_name;
   int64_t layer = -1;
-  if (absl::ConsumePrefix(&rest, "model.layers.") && rest.find('.') != absl::string_view::npos &&
+  const std::string layers = config.WeightPrefix() + "layers.";
+  if (absl::ConsumePrefix(&rest, layers) && rest.find('.') != absl::string_view::npos &&
       absl::SimpleAtoi(rest.substr(0, rest.find('.')), &layer) && layer >= 0 &&
       layer + 1 < static_cast<int64_t>(units.size()) && units[layer + 1].decoder_layer == layer) {
     return find_in(units[layer + 1]);
@@ -191,7 +248,14 @@ double ModelLayout::ModelFlopsPerToken(int64_t seq_len) const {
   const ModelConfig& c = config;
   double matmul = static_cast<double>(ActiveParamCount()) - static_cast<double>(c.vocab_size * c.hidden_size);
   if (c.tie_word_embeddings) matmul += static_cast<double>(c.vocab_size * c.hidden_size);
-  return 6.0 * matmul + 6.0 * c.num_hidden_layers * seq_len * c.q_dim();
+  const double attention_layers = static_cast<double>(c.num_hidden_layers - c.NumLinearAttentionLayers());
+  // A Gated DeltaNet layer's recurrence per token and value head: S^T k, k u^T and S^T q, each
+  // 2 x key_head_dim x value_head_dim, forward; x 3 with backward (the chunked kernels' extra
+  // intra-chunk work is not counted, as attention's recompute is not).
+  const LinearAttentionConfig& la = c.linear;
+  const double linear = 3.0 * 6.0 * static_cast<double>(la.num_value_heads * la.key_head_dim * la.value_head_dim);
+  return 6.0 * matmul + 6.0 * attention_layers * seq_len * c.q_dim() +
+         static_cast<double>(c.NumLinearAttentionLayers()) * linear;
 }
 
 }  // namespace slidedp

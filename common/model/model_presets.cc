@@ -15,7 +15,7 @@ namespace slidedp {
 std::string ModelConfig::PresetNames() {
   return "qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen3-32b, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, "
          "qwen2.5-7b, qwen2.5-14b, llama3.2-1b, llama3.2-3b, llama3.1-8b, mistral-7b, qwen3-30b-a3b, tiny, tiny-qwen2, "
-         "tiny-llama, tiny-mistral, tiny-moe";
+         "tiny-llama, tiny-mistral, tiny-moe, tiny-qwen3.5, tiny-qwen3.5-moe";
 }
 
 absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
@@ -140,6 +140,23 @@ absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
     c.tie_word_embeddings = false;
     moe(8, 2, 32);
     c.mlp_only_layers = {1};
+  } else if (name == "tiny-qwen3.5" || name == "tiny-qwen3.5-moe") {
+    // CI-sized qwen3_5: four layers in the released 3:1 pattern (linear, linear, linear, full),
+    // gated attention at head_dim 32 with a quarter of it rotated, a Gated DeltaNet of 2 key and 4
+    // value heads of 16.
+    tiny(name == "tiny-qwen3.5" ? ModelFamily::kQwen3_5 : ModelFamily::kQwen3_5Moe);
+    c.num_hidden_layers = 4;
+    c.head_dim = 32;
+    c.rope_theta = 1e7;
+    c.partial_rotary_factor = 0.25;
+    c.linear = LinearAttentionConfig{2, 4, 16, 16, 4};
+    c.layer_mixers = {TokenMixer::kLinearAttention, TokenMixer::kLinearAttention, TokenMixer::kLinearAttention,
+                      TokenMixer::kAttention};
+    if (c.family == ModelFamily::kQwen3_5Moe) {
+      c.tie_word_embeddings = false;
+      moe(8, 2, 32);
+      c.shared_expert_intermediate_size = 48;
+    }
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown model preset \"", name, "\" (known: ", PresetNames(), ")"));
   }

@@ -10,17 +10,20 @@ namespace slidedp {
 
 std::vector<float> ModelConfig::RopeInverseFrequencies() const {
   const RopeScaling& s = rope_scaling;
-  const int64_t half = head_dim / 2;
+  // HF rotates dim = int(head_dim x partial_rotary_factor) dimensions of each head and computes
+  // every scaling's frequencies over that dim (qwen3_5: 64 of 256).
+  const int64_t rot = rotary_dim();
+  const int64_t half = rot / 2;
   double base = rope_theta;
   if (s.type == RopeScaling::Type::kDynamic) {
     // _compute_dynamic_ntk_parameters at init (seq_len = max_position_embeddings, see RopeScaling).
-    const double len = static_cast<double>(max_position_embeddings), dim = static_cast<double>(head_dim);
+    const double len = static_cast<double>(max_position_embeddings), dim = static_cast<double>(rot);
     base = rope_theta * std::pow(s.factor * len / len - (s.factor - 1), dim / (dim - 2));
   }
   // HF: base ** (arange(0, dim, 2, dtype=int64).float() / dim), then 1.0 / that.
   std::vector<float> pos_freq(half), inv(half);
   for (int64_t i = 0; i < half; ++i) {
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(rot);
     pos_freq[i] = std::pow(static_cast<float>(base), exponent);
     inv[i] = 1.0f / pos_freq[i];
   }
@@ -54,7 +57,7 @@ std::vector<float> ModelConfig::RopeInverseFrequencies() const {
     case RopeScaling::Type::kYarn: {  // _compute_yarn_parameters
       // find_correction_dim: the dimension whose frequency turns `rotations` times over the
       // original context; find_correction_range: floor / ceil (truncate), clamped to [0, dim - 1].
-      const double dim = static_cast<double>(head_dim);
+      const double dim = static_cast<double>(rot);
       const double original = static_cast<double>(s.original_max_position_embeddings);
       auto correction_dim = [&](double rotations) {
         return (dim * std::log(original / (rotations * 2 * M_PI))) / (2 * std::log(rope_theta));

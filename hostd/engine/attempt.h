@@ -153,6 +153,8 @@ struct AttemptOutputs {
   // The model's tokenizer files and generation_config.json, read once at the attempt's start (a
   // hostile one fails the job there, not at its first save) and copied into every checkpoint.
   std::vector<checkpoint::ModelDirFile> model_files;
+  // The model's untrained tensors, written into every checkpoint (InitialState::pass_through).
+  checkpoint::PassThrough pass_through;
 };
 
 // One attempt of a job.

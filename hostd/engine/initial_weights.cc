@@ -83,6 +83,8 @@ absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& s
   const checkpoint::StateArrays arrays = StateArraysOf(js);
   InitialState state;
   const checkpoint::LoadOptions load{.threads = threads};
+  checkpoint::LoadOptions load_hf = load;
+  load_hf.pass_through = &state.pass_through;
   if (!ctx.resume_from().empty()) {
     std::string dir = ctx.resume_from();
     std::error_code ec;  // the non-throwing form: a looping or over-long path is "not there"
@@ -90,6 +92,7 @@ absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& s
       ASSIGN_OR_RETURN(dir, checkpoint::FindLatestCheckpoint(dir));
     }
     ASSIGN_OR_RETURN(auto loaded, checkpoint::LoadCheckpoint(dir, layout, arrays, load));
+    ASSIGN_OR_RETURN(state.pass_through, checkpoint::ReadPassThrough(dir, layout.config));
     state.first_step = loaded.step;
     // Checkpoints from before train.skip_nonfinite have no count: nothing was skipped then.
     const nlohmann::json& ts = loaded.trainer_state;
@@ -106,8 +109,12 @@ absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& s
         state.skipped_steps > 0 ? absl::StrCat(" (", state.skipped_steps, " skipped as non-finite)") : std::string()));
     if (!loaded.conversion_note.empty()) ctx.Log(loaded.conversion_note);
   } else if (!spec.model.path.empty()) {
-    RETURN_IF_ERROR(checkpoint::LoadHfModel(spec.model.path, layout, arrays.master, load));
+    RETURN_IF_ERROR(checkpoint::LoadHfModel(spec.model.path, layout, arrays.master, load_hf));
     ctx.Log(absl::StrCat("loaded weights from ", spec.model.path));
+    if (!state.pass_through.empty()) {
+      ctx.Log(absl::StrCat(state.pass_through.size(), " tensor(s) not trained (vision tower, multi-token prediction) "
+                           "are kept unchanged in every checkpoint"));
+    }
   } else {
     checkpoint::InitRandom(layout, spec.model.init_seed, arrays.master);
     ctx.Log(absl::StrCat("random init (seed ", spec.model.init_seed, ")"));

@@ -26,6 +26,9 @@ void ZeroMoments(const ModelLayout& layout, shm::JobState& js, int threads);
 struct InitialState {
   int64_t first_step = 0;     // 0, or the resumed checkpoint's step
   int64_t skipped_steps = 0;  // of those, skipped as non-finite (trainer_state "skipped_steps")
+  // The model's untrained tensors (a qwen3_5 vision tower, mtp.*), from the checkpoint resumed or
+  // the HF model loaded, for every checkpoint the job saves (checkpoint::PassThrough).
+  checkpoint::PassThrough pass_through;
 };
 
 // Writes the initial state and says where the job starts. `reused_segment`: a pooled segment,

@@ -301,6 +301,7 @@ absl::Status TrainingExecutor::SaveCheckpoint(JobContext& ctx, Attempt& a, int64
   req.weight_dtype = a.spec.output.save_dtype;
   req.keep_last = a.spec.output.keep_last;
   req.model_files = &a.outputs.model_files;
+  req.pass_through = &a.outputs.pass_through;
   req.trainer_state = {{"step", steps_done},
                        {"job_id", ctx.job_id()},
                        {"run_id", ctx.run_id()},
@@ -480,6 +481,9 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     a.loop.first_step = *a.segments.taken_over_step();
     a.measured.skipped_steps = static_cast<int64_t>(a.segments.state().skipped_steps_counter().load());
     a.segments.state().step_counter().store(static_cast<uint64_t>(a.loop.first_step));
+    if (!a.spec.model.path.empty()) {
+      ASSIGN_OR_RETURN(a.outputs.pass_through, checkpoint::ReadPassThrough(a.spec.model.path, a.layout.config));
+    }
     ctx.Log(
         absl::StrFormat("resumed from shared memory at step %d (the state the previous hostd left; no checkpoint "
                         "read), host state ready in %.2f s",
@@ -494,6 +498,7 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
                                                              a.segments.reused(), a.loop.bulk_threads));
     a.loop.first_step = initial.first_step;
     a.measured.skipped_steps = initial.skipped_steps;
+    a.outputs.pass_through = std::move(initial.pass_through);
     ctx.Log(absl::StrFormat("host state ready in %.2f s after the job started (%s)",
                             absl::ToDoubleSeconds(absl::Now() - attempt_start),
                             a.segments.reused() ? "pooled segment" : "new segment"));

@@ -4,7 +4,9 @@
 // the checkpoint holds the family's tensors and config; a job resumed from it equals the
 // uninterrupted run bit for bit; the checkpoint loads again as an HF model directory. tiny-moe
 // (qwen3_moe: a dense layer between sparse ones, 8 experts, top-2) runs the same course, and its
-// router's load-balancing loss and expert token counts reach the metrics.
+// router's load-balancing loss and expert token counts reach the metrics. tiny-qwen3.5 and
+// tiny-qwen3.5-moe (Gated DeltaNet and gated attention layers; the MoE with a shared expert) too.
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -107,7 +109,9 @@ TEST_P(FamilyTraining, TrainsDataParallelResumesAndLoadsBack) {
   EXPECT_EQ(cfg->family, config.family);
   EXPECT_EQ(cfg->RopeInverseFrequencies(), config.RopeInverseFrequencies());
   const nlohmann::json saved = nlohmann::json::parse(ReadFile(ckpt + "/config.json"));
-  EXPECT_EQ(saved["model_type"], ModelTypeName(config.family));
+  // qwen3_5's causal-LM checkpoint: Qwen3_5ForCausalLM's text config.
+  EXPECT_EQ(saved["model_type"], config.is_qwen3_5() ? absl::StrCat(ModelTypeName(config.family), "_text")
+                                                     : std::string(ModelTypeName(config.family)));
   auto weights = safetensors::SafetensorsFile::Open(ckpt + "/model.safetensors");
   ASSERT_TRUE(weights.ok()) << weights.status();
   int64_t tensors = 0;
@@ -118,8 +122,12 @@ TEST_P(FamilyTraining, TrainsDataParallelResumesAndLoadsBack) {
     }
   }
   EXPECT_EQ(static_cast<int64_t>((*weights)->tensors().size()), tensors);
-  EXPECT_EQ((*weights)->Find("model.layers.0.self_attn.q_proj.bias") != nullptr, config.has_qkv_bias());
-  EXPECT_EQ((*weights)->Find("model.layers.0.self_attn.q_norm.weight") != nullptr, config.has_qk_norm());
+  int64_t attention_layer = 0;  // qwen3_5: the first full-attention layer
+  while (config.IsLinearAttentionLayer(attention_layer)) ++attention_layer;
+  const std::string attn = absl::StrCat("model.layers.", attention_layer, ".self_attn.");
+  EXPECT_EQ((*weights)->Find(attn + "q_proj.bias") != nullptr, config.has_qkv_bias());
+  EXPECT_EQ((*weights)->Find(attn + "q_norm.weight") != nullptr, config.has_qk_norm());
+  EXPECT_EQ((*weights)->Find("model.layers.0.linear_attn.A_log") != nullptr, config.IsLinearAttentionLayer(0));
 
   // Resumed from step 2, the run ends where the uninterrupted one did, bit for bit.
   v1::Job resumed = MustSucceed(node, Spec(model, 2, 4, "out-resumed"), "resumed", node.dir() + "/out-two/checkpoint-2");
@@ -134,10 +142,11 @@ TEST_P(FamilyTraining, TrainsDataParallelResumesAndLoadsBack) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, FamilyTraining,
-                         ::testing::Values("tiny-qwen2", "tiny-llama", "tiny-mistral", "tiny-moe"),
+                         ::testing::Values("tiny-qwen2", "tiny-llama", "tiny-mistral", "tiny-moe", "tiny-qwen3.5",
+                                           "tiny-qwen3.5-moe"),
                          [](const auto& info) {
                            std::string n = info.param;
-                           for (char& c : n) c = c == '-' ? '_' : c;
+                           for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
                            return n;
                          });
 

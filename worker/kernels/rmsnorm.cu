@@ -46,16 +46,28 @@ __device__ __forceinline__ float2 BlockSum2(float2 v, float* scratch) {
   return make_float2(scratch[64], scratch[65]);
 }
 
+// A thread's 8 norm weights widened to FP32, as the norm applies them: w, or 1 + w in FP32
+// (NormWeight::kOnePlus; kPlain adds nothing, so its results stay bit-identical).
+template <typename TW>
+__device__ __forceinline__ void LoadNormWeight8(const TW* w, NormWeight weight, float* wf) {
+  Load8(w, wf);
+  if (weight == NormWeight::kOnePlus) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) wf[i] += 1.0f;
+  }
+}
+
 // TX: the input (residual stream) element type, bf16 or float; y is always BF16. TW: the norm
 // weight type, bf16 or float (FP32 master weights); each thread widens its 8 weights to FP32 once.
 template <typename TX, typename TW>
-__global__ void RmsNormForwardKernel(const TX* __restrict__ x, const TW* __restrict__ w, int64_t rows, int h, float eps,
-                                     bf16* __restrict__ y, float* __restrict__ rstd_out) {
+__global__ void RmsNormForwardKernel(const TX* __restrict__ x, const TW* __restrict__ w, NormWeight weight,
+                                     int64_t rows, int h, float eps, bf16* __restrict__ y,
+                                     float* __restrict__ rstd_out) {
   __shared__ float scratch[66];
   const int c = threadIdx.x * 8;
   const bool active = c < h;
   float wf[8] = {};
-  if (active) Load8(w + c, wf);
+  if (active) LoadNormWeight8(w + c, weight, wf);
   for (int64_t r0 = blockIdx.x; r0 < rows; r0 += 2 * static_cast<int64_t>(gridDim.x)) {
     const int64_t r1 = r0 + gridDim.x;
     const bool has1 = r1 < rows;
@@ -91,16 +103,16 @@ __global__ void RmsNormForwardKernel(const TX* __restrict__ x, const TW* __restr
 }
 
 // TA: the element type of dy, x, dres and dx (bf16, or float for the FP32 residual stream); TW: the
-// norm weight type, as in the forward.
+// norm weight type, as in the forward. dx takes the applied weight (w or 1 + w); dw is Σ dy * n.
 template <typename TA, typename TW>
 __global__ void RmsNormBackwardKernel(const TA* __restrict__ dy, const TA* __restrict__ x, const TW* __restrict__ w,
-                                      const float* __restrict__ rstd_in, const TA* dres, int64_t rows, int h, TA* dx,
-                                      float* __restrict__ partial) {
+                                      NormWeight weight, const float* __restrict__ rstd_in, const TA* dres,
+                                      int64_t rows, int h, TA* dx, float* __restrict__ partial) {
   __shared__ float scratch[66];
   const int c = threadIdx.x * 8;
   const bool active = c < h;
   float wf[8] = {}, dw[8] = {};
-  if (active) Load8(w + c, wf);
+  if (active) LoadNormWeight8(w + c, weight, wf);
   for (int64_t r0 = blockIdx.x; r0 < rows; r0 += 2 * static_cast<int64_t>(gridDim.x)) {
     const int64_t r1 = r0 + gridDim.x;
     const bool has1 = r1 < rows;
@@ -150,25 +162,26 @@ __global__ void RmsNormBackwardKernel(const TA* __restrict__ dy, const TA* __res
 namespace {
 template <typename TX, typename TW>
 absl::Status RmsNormForwardImpl(const TX* x, const TW* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, NormWeight weight) {
   absl::Status s = CheckNormWidth(h);
   if (!s.ok()) return s;
   if (rows <= 0) return absl::OkStatus();
-  RmsNormForwardKernel<TX, TW>
-      <<<PartialBlocks(rows), BlockThreadsForWidth(h), 0, stream>>>(x, w, rows, static_cast<int>(h), eps, y, rstd);
+  RmsNormForwardKernel<TX, TW><<<PartialBlocks(rows), BlockThreadsForWidth(h), 0, stream>>>(
+      x, w, weight, rows, static_cast<int>(h), eps, y, rstd);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
 
 template <typename TA, typename TW>
 absl::Status RmsNormBackwardImpl(const TA* dy, const TA* x, const TW* w, const float* rstd, const TA* dres,
-                                 int64_t rows, int64_t h, TA* dx, float* dw, float* ws, cudaStream_t stream) {
+                                 int64_t rows, int64_t h, TA* dx, float* dw, float* ws, cudaStream_t stream,
+                                 NormWeight weight) {
   absl::Status s = CheckNormWidth(h);
   if (!s.ok()) return s;
   if (rows <= 0) return absl::OkStatus();
   const int64_t blocks = PartialBlocks(rows);
   RmsNormBackwardKernel<TA, TW><<<blocks, BlockThreadsForWidth(h), 0, stream>>>(
-      dy, x, w, rstd, dres, rows, static_cast<int>(h), dx, dw ? ws : nullptr);
+      dy, x, w, weight, rstd, dres, rows, static_cast<int>(h), dx, dw ? ws : nullptr);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   if (dw != nullptr) return ReducePartialsInto(ws, blocks, h, dw, stream);
   return absl::OkStatus();
@@ -176,39 +189,43 @@ absl::Status RmsNormBackwardImpl(const TA* dy, const TA* x, const TW* w, const f
 }  // namespace
 
 absl::Status RmsNormForward(const bf16* x, const bf16* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
-                            cudaStream_t stream) {
-  return RmsNormForwardImpl(x, w, rows, h, eps, y, rstd, stream);
+                            cudaStream_t stream, NormWeight weight) {
+  return RmsNormForwardImpl(x, w, rows, h, eps, y, rstd, stream, weight);
 }
 absl::Status RmsNormForward(const bf16* x, const float* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
-                            cudaStream_t stream) {
-  return RmsNormForwardImpl(x, w, rows, h, eps, y, rstd, stream);
+                            cudaStream_t stream, NormWeight weight) {
+  return RmsNormForwardImpl(x, w, rows, h, eps, y, rstd, stream, weight);
 }
 absl::Status RmsNormForward(const float* x, const bf16* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
-                            cudaStream_t stream) {
-  return RmsNormForwardImpl(x, w, rows, h, eps, y, rstd, stream);
+                            cudaStream_t stream, NormWeight weight) {
+  return RmsNormForwardImpl(x, w, rows, h, eps, y, rstd, stream, weight);
 }
 absl::Status RmsNormForward(const float* x, const float* w, int64_t rows, int64_t h, float eps, bf16* y, float* rstd,
-                            cudaStream_t stream) {
-  return RmsNormForwardImpl(x, w, rows, h, eps, y, rstd, stream);
+                            cudaStream_t stream, NormWeight weight) {
+  return RmsNormForwardImpl(x, w, rows, h, eps, y, rstd, stream, weight);
 }
 
 int64_t RmsNormBackwardWorkspaceNumel(int64_t rows, int64_t h) { return PartialBlocks(rows) * h; }
 
 absl::Status RmsNormBackward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd, const bf16* dres,
-                             int64_t rows, int64_t h, bf16* dx, float* dw, float* ws, cudaStream_t stream) {
-  return RmsNormBackwardImpl(dy, x, w, rstd, dres, rows, h, dx, dw, ws, stream);
+                             int64_t rows, int64_t h, bf16* dx, float* dw, float* ws, cudaStream_t stream,
+                             NormWeight weight) {
+  return RmsNormBackwardImpl(dy, x, w, rstd, dres, rows, h, dx, dw, ws, stream, weight);
 }
 absl::Status RmsNormBackward(const bf16* dy, const bf16* x, const float* w, const float* rstd, const bf16* dres,
-                             int64_t rows, int64_t h, bf16* dx, float* dw, float* ws, cudaStream_t stream) {
-  return RmsNormBackwardImpl(dy, x, w, rstd, dres, rows, h, dx, dw, ws, stream);
+                             int64_t rows, int64_t h, bf16* dx, float* dw, float* ws, cudaStream_t stream,
+                             NormWeight weight) {
+  return RmsNormBackwardImpl(dy, x, w, rstd, dres, rows, h, dx, dw, ws, stream, weight);
 }
 absl::Status RmsNormBackward(const float* dy, const float* x, const bf16* w, const float* rstd, const float* dres,
-                             int64_t rows, int64_t h, float* dx, float* dw, float* ws, cudaStream_t stream) {
-  return RmsNormBackwardImpl(dy, x, w, rstd, dres, rows, h, dx, dw, ws, stream);
+                             int64_t rows, int64_t h, float* dx, float* dw, float* ws, cudaStream_t stream,
+                             NormWeight weight) {
+  return RmsNormBackwardImpl(dy, x, w, rstd, dres, rows, h, dx, dw, ws, stream, weight);
 }
 absl::Status RmsNormBackward(const float* dy, const float* x, const float* w, const float* rstd, const float* dres,
-                             int64_t rows, int64_t h, float* dx, float* dw, float* ws, cudaStream_t stream) {
-  return RmsNormBackwardImpl(dy, x, w, rstd, dres, rows, h, dx, dw, ws, stream);
+                             int64_t rows, int64_t h, float* dx, float* dw, float* ws, cudaStream_t stream,
+                             NormWeight weight) {
+  return RmsNormBackwardImpl(dy, x, w, rstd, dres, rows, h, dx, dw, ws, stream, weight);
 }
 
 }  // namespace slidedp::kernels

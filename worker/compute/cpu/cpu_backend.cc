@@ -309,6 +309,9 @@ class CpuBackend final : public ComputeBackend {
     // Tiled when the batch is longer than a tile and nothing is kept (a kept piece holds every
     // row: the untiled forward, which gives the same outputs bit for bit, fills it). A sparse
     // layer runs whole: its router statistics are the whole batch's.
+    // qwen3_5's layers keep nothing: backward recomputes them from the layer input (their
+    // activations are not the pieces a policy names).
+    if (config_.is_qwen3_5()) policy = ActPolicy::kRecomputeLayer;
     if (TileRows(T) < T && (saved == nullptr || policy.keeps_nothing()) && !offs.sparse()) {
       DecoderForwardTiled(dims_, offs, w.data(), geom, static_cast<const float*>(x), static_cast<float*>(y),
                           TileRows(T), &pool_);
@@ -373,7 +376,8 @@ class CpuBackend final : public ComputeBackend {
                            dparams, TileRows(T), &pool_);
       return ContextStatus("DecoderBackward");
     }
-    const ActPolicy policy = s == nullptr ? ActPolicy::kRecomputeLayer : s->policy();
+    const ActPolicy policy =
+        s == nullptr || config_.is_qwen3_5() ? ActPolicy::kRecomputeLayer : s->policy();
     DecoderActs<float> local;
     const DecoderActs<float>* acts = &local;
     if (policy.keeps_all() && !offs.sparse()) {
@@ -465,8 +469,7 @@ class CpuBackend final : public ComputeBackend {
         dlm_head == nullptr || loss_sum == nullptr) {
       return absl::InvalidArgumentError("HeadForwardBackward: null pointer");
     }
-    const std::vector<float> norm = norm_w.fp32 != nullptr ? std::vector<float>(norm_w.fp32, norm_w.fp32 + dims_.hidden)
-                                                           : UpcastBf16(norm_w.bf16, dims_.hidden);
+    const std::vector<float> norm = HeadNorm(norm_w);
     const double loss = HeadLossAndGrad(dims_, norm.data(), lm_head_w, b->batch().labels.data(), b->num_tokens(),
                                         static_cast<const float*>(x), loss_scale, static_cast<float*>(dx), dnorm,
                                         dlm_head, options_.head_chunking, &pool_);
@@ -480,8 +483,7 @@ class CpuBackend final : public ComputeBackend {
     if (norm_w.bf16 == nullptr || lm_head_w == nullptr || x == nullptr || loss_sum == nullptr) {
       return absl::InvalidArgumentError("HeadLoss: null pointer");
     }
-    const std::vector<float> norm = norm_w.fp32 != nullptr ? std::vector<float>(norm_w.fp32, norm_w.fp32 + dims_.hidden)
-                                                           : UpcastBf16(norm_w.bf16, dims_.hidden);
+    const std::vector<float> norm = HeadNorm(norm_w);
     const double loss = HeadLossAndGrad<float, bf16_t>(dims_, norm.data(), lm_head_w, b->batch().labels.data(),
                                                        b->num_tokens(), static_cast<const float*>(x), loss_scale,
                                                        nullptr, nullptr, nullptr, options_.head_chunking, &pool_);
@@ -512,7 +514,8 @@ class CpuBackend final : public ComputeBackend {
   absl::StatusOr<const Layer*> LayerOf(const UnitParams& params, const char* op) const {
     if (layers_.empty()) return absl::FailedPreconditionError(absl::StrCat(op, ": the model has no decoder layers"));
     const int l = params.decoder_layer;
-    if (l < 0 && num_sparse_ == 0) return &layers_[0];  // a dense model's layers are alike
+    // A dense model's layers are alike, but for qwen3_5's two mixers.
+    if (l < 0 && num_sparse_ == 0 && !config_.is_qwen3_5()) return &layers_[0];
     if (l < 0 || l >= static_cast<int>(layers_.size())) {
       return absl::InvalidArgumentError(absl::StrCat(op, ": decoder layer ", l, " is not one of the model's ",
                                                      layers_.size(), " (a MoE model's units must say which)"));
@@ -522,6 +525,7 @@ class CpuBackend final : public ComputeBackend {
 
   // The decoder unit in FP32: the BF16 array upcast, its norm weights from the FP32 side copy
   // when there is one.
+  // qwen3_5's (1 + w) norms carry the 1 here (AddNormWeightOffsets), so the math sees plain ones.
   std::vector<float> DecoderWeights(const UnitParams& params, const Layer& layer) const {
     std::vector<float> w = UpcastBf16(params.bf16, layer.offs.unit_numel);
     if (params.fp32 != nullptr) {
@@ -529,7 +533,17 @@ class CpuBackend final : public ComputeBackend {
         if (t.fp32_offset >= 0) std::copy_n(params.fp32 + t.fp32_offset, t.numel, w.begin() + t.offset_numel);
       }
     }
+    AddNormWeightOffsets(config_, layer.unit, w.data());
     return w;
+  }
+  // The head's final norm in FP32 (its side copy, or upcast), with qwen3_5's 1 added.
+  std::vector<float> HeadNorm(const UnitParams& norm_w) const {
+    std::vector<float> norm = norm_w.fp32 != nullptr ? std::vector<float>(norm_w.fp32, norm_w.fp32 + dims_.hidden)
+                                                     : UpcastBf16(norm_w.bf16, dims_.hidden);
+    if (config_.norms_add_one()) {
+      for (float& v : norm) v += 1.0f;
+    }
+    return norm;
   }
 
   static absl::StatusOr<const CpuDeviceBatch*> AsCpu(const DeviceBatch& batch) {

@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <vector>
 
+#include <cmath>
+
 #include "worker/compute/cpu/dense_reference_math.h"
 #include "worker/compute/cpu/dense_reference_math_internal.h"
+#include "worker/compute/cpu/gated_delta_math.h"
 
 namespace slidedp {
 namespace {
@@ -42,6 +45,97 @@ void BiasBackward(const R* dy, int64_t T, int64_t O, R* db) {
   for (int64_t o = 0; o < O; ++o) db[o] += acc[o];
 }
 
+// A qwen3_5 Gated DeltaNet layer's sizes and tensor offsets for gated_delta_math.h.
+LinearAttentionDims LinearDimsOf(const DecoderDims& d) {
+  LinearAttentionDims l;
+  l.hidden = d.hidden;
+  l.num_k_heads = d.linear_k_heads;
+  l.num_v_heads = d.linear_v_heads;
+  l.k_dim = d.linear_k_dim;
+  l.v_dim = d.linear_v_dim;
+  l.conv_kernel = d.linear_conv;
+  l.norm_eps = d.rms_norm_eps;
+  return l;
+}
+
+LinearAttentionOffsets LinearOffsetsOf(const DecoderOffsets& offs) {
+  LinearAttentionOffsets o;
+  o.in_proj_qkv = offs.at[kLinearInProjQkv];
+  o.in_proj_z = offs.at[kLinearInProjZ];
+  o.in_proj_b = offs.at[kLinearInProjB];
+  o.in_proj_a = offs.at[kLinearInProjA];
+  o.conv1d = offs.at[kLinearConv];
+  o.dt_bias = offs.at[kLinearDtBias];
+  o.a_log = offs.at[kLinearALog];
+  o.norm = offs.at[kLinearNorm];
+  o.out_proj = offs.at[kLinearOutProj];
+  return o;
+}
+
+template <typename R>
+R Sigmoid(R x) {
+  return R(1) / (R(1) + std::exp(-x));
+}
+
+// The attention output o_proj reads: attn, or attn * sigmoid(gate) with qwen3_5's output gate.
+template <typename R>
+std::vector<R> GatedAttention(const DecoderDims& d, const DecoderActs<R>& a, int64_t T) {
+  std::vector<R> o(a.attn.begin(), a.attn.begin() + T * d.q_dim());
+  if (d.output_gate) {
+    for (int64_t i = 0; i < T * d.q_dim(); ++i) o[i] *= Sigmoid(a.qgate[i]);
+  }
+  return o;
+}
+
+// qwen3_5_moe's shared expert beside the routed ones: y += sigmoid(hn . w_gate) * SwiGLU_s(hn).
+template <typename R>
+void SharedExpertForward(const DecoderDims& d, const DecoderTensors<const R>& w, int64_t T, DecoderActs<R>* a, R* y,
+                         CpuWorkerPool* pool) {
+  const int64_t H = d.hidden, S = d.shared_intermediate;
+  a->shared_gate.resize(T * S);
+  a->shared_up.resize(T * S);
+  a->shared_logit.resize(T);
+  LinearForward(a->hn.data(), w[kSharedGateProj], T, H, S, a->shared_gate.data(), pool);
+  LinearForward(a->hn.data(), w[kSharedUpProj], T, H, S, a->shared_up.data(), pool);
+  LinearForward(a->hn.data(), w[kSharedExpertGate], T, H, 1, a->shared_logit.data(), pool);
+  std::vector<R> m(T * S), ys(T * H);
+  SwiGlu(a->shared_gate.data(), a->shared_up.data(), T * S, m.data());
+  LinearForward(m.data(), w[kSharedDownProj], T, S, H, ys.data(), pool);
+  for (int64_t t = 0; t < T; ++t) {
+    const R s = Sigmoid(a->shared_logit[t]);
+    for (int64_t h = 0; h < H; ++h) y[t * H + h] += s * ys[t * H + h];
+  }
+}
+
+// Its backward: dhn += dL/dhn through the shared expert, its weights' gradients added.
+template <typename R>
+void SharedExpertBackward(const DecoderDims& d, const DecoderTensors<const R>& w, const DecoderTensors<R>& g,
+                          int64_t T, const DecoderActs<R>& a, const R* dy, R* dhn, CpuWorkerPool* pool) {
+  const int64_t H = d.hidden, S = d.shared_intermediate;
+  std::vector<R> m(T * S), ys(T * H), dys(T * H), dlogit(T);
+  SwiGlu(a.shared_gate.data(), a.shared_up.data(), T * S, m.data());
+  LinearForward(m.data(), w[kSharedDownProj], T, S, H, ys.data(), pool);
+  for (int64_t t = 0; t < T; ++t) {
+    const R s = Sigmoid(a.shared_logit[t]);
+    R dot = 0;
+    for (int64_t h = 0; h < H; ++h) {
+      dys[t * H + h] = dy[t * H + h] * s;
+      dot += dy[t * H + h] * ys[t * H + h];
+    }
+    dlogit[t] = dot * s * (R(1) - s);
+  }
+  LinearBackwardWeight(dlogit.data(), a.hn.data(), T, H, 1, g[kSharedExpertGate], pool);
+  LinearBackwardInput(dlogit.data(), w[kSharedExpertGate], T, H, 1, dhn, Accumulate::kAdd, pool);
+  std::vector<R> dm(T * S), dgate(T * S), dup(T * S);
+  LinearBackwardWeight(dys.data(), m.data(), T, S, H, g[kSharedDownProj], pool);
+  LinearBackwardInput(dys.data(), w[kSharedDownProj], T, S, H, dm.data(), Accumulate::kOverwrite, pool);
+  SwiGluBackward(a.shared_gate.data(), a.shared_up.data(), dm.data(), T * S, dgate.data(), dup.data());
+  LinearBackwardWeight(dgate.data(), a.hn.data(), T, H, S, g[kSharedGateProj], pool);
+  LinearBackwardWeight(dup.data(), a.hn.data(), T, H, S, g[kSharedUpProj], pool);
+  LinearBackwardInput(dgate.data(), w[kSharedGateProj], T, H, S, dhn, Accumulate::kAdd, pool);
+  LinearBackwardInput(dup.data(), w[kSharedUpProj], T, H, S, dhn, Accumulate::kAdd, pool);
+}
+
 }  // namespace
 
 template <typename R>
@@ -63,10 +157,34 @@ void DecoderAttentionInputs(const DecoderDims& d, const DecoderOffsets& offs, co
   a->rstd1.resize(T);
   a->xn.resize(T * H);
   RmsNormRows(x, w[kInputNorm], T, H, eps, a->xn.data(), a->rstd1.data(), pool);
+  if (offs.linear()) {
+    // qwen3_5's Gated DeltaNet: the whole mixer here (it mixes tokens; DecoderAttention then has
+    // nothing left to do), its output after out_proj in attn.
+    a->linear_mixer = true;
+    a->attn.resize(T * H);
+    LinearAttentionForward(LinearDimsOf(d), LinearOffsetsOf(offs), params, geom, a->xn.data(), a->attn.data(),
+                           &a->linear, pool);
+    return;
+  }
   a->q_raw.resize(T * qd);
   a->k_raw.resize(T * kvd);
   a->v.resize(T * kvd);
-  LinearForward(a->xn.data(), w[kQProj], T, H, qd, a->q_raw.data(), pool);
+  if (d.output_gate) {
+    // q_proj emits [query | gate] per head (HF Qwen3NextAttention): split them.
+    const int64_t hd = d.head_dim;
+    std::vector<R> full(T * 2 * qd);
+    LinearForward(a->xn.data(), w[kQProj], T, H, 2 * qd, full.data(), pool);
+    a->qgate.resize(T * qd);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < d.heads; ++h) {
+        const R* src = full.data() + t * 2 * qd + h * 2 * hd;
+        std::copy(src, src + hd, a->q_raw.begin() + t * qd + h * hd);
+        std::copy(src + hd, src + 2 * hd, a->qgate.begin() + t * qd + h * hd);
+      }
+    }
+  } else {
+    LinearForward(a->xn.data(), w[kQProj], T, H, qd, a->q_raw.data(), pool);
+  }
   LinearForward(a->xn.data(), w[kKProj], T, H, kvd, a->k_raw.data(), pool);
   LinearForward(a->xn.data(), w[kVProj], T, H, kvd, a->v.data(), pool);
   if (w[kQBias] != nullptr) {
@@ -91,6 +209,7 @@ void DecoderAttentionInputs(const DecoderDims& d, const DecoderOffsets& offs, co
 
 template <typename R>
 void DecoderAttention(const DecoderDims& d, const TokenGeometry& geom, DecoderActs<R>* a, CpuWorkerPool* pool) {
+  if (a->linear_mixer) return;  // the Gated DeltaNet ran whole in DecoderAttentionInputs
   a->attn.resize(geom.num_tokens * d.q_dim());
   a->lse.resize(geom.num_tokens * d.heads);
   AttentionForward(d, geom, a->q_rot.data(), a->k_rot.data(), a->v.data(), a->attn.data(), a->lse.data(), pool);
@@ -102,7 +221,11 @@ void DecoderMlpInputs(const DecoderDims& d, const DecoderOffsets& offs, const R*
   const DecoderTensors<const R> w(params, offs);
   const int64_t T = geom.num_tokens, H = d.hidden, I = d.intermediate;
   a->h1.resize(T * H);
-  LinearForward(a->attn.data(), w[kOProj], T, d.q_dim(), H, a->h1.data(), pool);
+  if (offs.linear()) {
+    std::copy(a->attn.begin(), a->attn.begin() + T * H, a->h1.begin());
+  } else {
+    LinearForward(GatedAttention(d, *a, T).data(), w[kOProj], T, d.q_dim(), H, a->h1.data(), pool);
+  }
   for (int64_t i = 0; i < T * H; ++i) a->h1[i] = x[i] + a->h1[i];
   a->rstd2.resize(T);
   a->hn.resize(T * H);
@@ -110,6 +233,7 @@ void DecoderMlpInputs(const DecoderDims& d, const DecoderOffsets& offs, const R*
   if (offs.sparse()) {
     a->moe_y.resize(T * H);
     MoeBlockForward(d.moe, offs.moe, params, a->hn.data(), T, a->moe_y.data(), &a->moe, pool);
+    if (offs.shared_expert()) SharedExpertForward(d, w, T, a, a->moe_y.data(), pool);
     return;
   }
   a->gate.resize(T * I);
@@ -147,8 +271,10 @@ namespace {
 
 // The rows [t0, t0 + rows) of a batch for its token-local work: their RoPE tables (attention's
 // document boundaries are not part of a tile).
-TokenGeometry TileGeometry(const TokenGeometry& geom, int64_t half, int64_t t0, int64_t rows) {
+TokenGeometry TileGeometry(const TokenGeometry& geom, int64_t head_half, int64_t t0, int64_t rows) {
+  const int64_t half = geom.rope_half > 0 ? geom.rope_half : head_half;
   TokenGeometry g;
+  g.rope_half = geom.rope_half;
   g.num_tokens = rows;
   g.rope_cos = geom.rope_cos + t0 * half;
   g.rope_sin = geom.rope_sin + t0 * half;
@@ -183,17 +309,20 @@ void DenseMlpBackward(const DecoderDims& d, const DecoderTensors<const R>& w, co
 
 // The MLP and o_proj blocks' backward over T tokens (a's fields hold those tokens): dh1 = dL/dh1
 // (overwritten), dattn = dL/d attention output (overwritten), dparams += their weights' gradients.
+// A Gated DeltaNet layer: dattn = dL/d(its mixer output) [T, hidden]. With qwen3_5's output gate
+// dqgate ([T, q_dim], overwritten) receives the gate logits' gradient.
 template <typename R>
 void MlpBlockBackward(const DecoderDims& d, const DecoderOffsets& offs, const R* params, R* dparams, int64_t T,
                       const DecoderActs<R>& a, const R* dy, R* dh1, R* dattn, const double* aux_prob_grad,
-                      CpuWorkerPool* pool) {
+                      CpuWorkerPool* pool, R* dqgate = nullptr) {
   const DecoderTensors<const R> w(params, offs);
   const DecoderTensors<R> g(dparams, offs);
   const int64_t H = d.hidden, qd = d.q_dim();
   std::vector<R> dhn(T * H);
   if (offs.sparse()) {
-    // y = h1 + MoE(hn).
+    // y = h1 + MoE(hn) (+ the shared expert).
     MoeBlockBackward(d.moe, offs.moe, params, a.hn.data(), T, a.moe, dy, aux_prob_grad, dhn.data(), dparams, pool);
+    if (offs.shared_expert()) SharedExpertBackward(d, w, g, T, a, dy, dhn.data(), pool);
   } else {
     DenseMlpBackward(d, w, g, T, a, dy, dhn.data(), pool);
   }
@@ -204,9 +333,21 @@ void MlpBlockBackward(const DecoderDims& d, const DecoderOffsets& offs, const R*
                       pool);
   dhn = {};
 
-  // o_proj.
-  LinearBackwardWeight(dh1, a.attn.data(), T, qd, H, g[kOProj], pool);
+  if (offs.linear()) {  // h1 = x + mixer output
+    std::copy(dh1, dh1 + T * H, dattn);
+    return;
+  }
+  // o_proj (of the gated attention output, qwen3_5).
+  const std::vector<R> o_in = GatedAttention(d, a, T);
+  LinearBackwardWeight(dh1, o_in.data(), T, qd, H, g[kOProj], pool);
   LinearBackwardInput(dh1, w[kOProj], T, qd, H, dattn, Accumulate::kOverwrite, pool);
+  if (d.output_gate) {
+    for (int64_t i = 0; i < T * qd; ++i) {
+      const R s = Sigmoid(a.qgate[i]);
+      dqgate[i] = dattn[i] * a.attn[i] * s * (R(1) - s);
+      dattn[i] *= s;
+    }
+  }
 }
 
 // RoPE, q/k norm, bias and QKV projection backward over the tokens of `geom` (a's fields hold
@@ -215,7 +356,7 @@ void MlpBlockBackward(const DecoderDims& d, const DecoderOffsets& offs, const R*
 template <typename R>
 void QkvBlockBackward(const DecoderDims& d, const DecoderTensors<const R>& w, const DecoderTensors<R>& g,
                       const TokenGeometry& geom, const R* x, const DecoderActs<R>& a, R* dq, R* dk, R* dv, const R* dh1,
-                      R* dx, CpuWorkerPool* pool) {
+                      R* dx, CpuWorkerPool* pool, const R* dqgate = nullptr) {
   const int64_t T = geom.num_tokens, H = d.hidden, hd = d.head_dim, qd = d.q_dim(), kvd = d.kv_dim();
   // RoPE backward (inverse rotation), then q/k RMSNorm backward, in place.
   ApplyRope(dq, T, d.heads, hd, geom, RopeDirection::kBackward, pool);
@@ -232,12 +373,25 @@ void QkvBlockBackward(const DecoderDims& d, const DecoderTensors<const R>& w, co
     BiasBackward(dv, T, kvd, g[kVBias]);
   }
 
-  // QKV projections.
-  LinearBackwardWeight(dq, a.xn.data(), T, H, qd, g[kQProj], pool);
+  // QKV projections; with the output gate, q_proj's gradient interleaves [dquery | dgate] per head.
+  std::vector<R> dxn(T * H);
+  if (d.output_gate) {
+    std::vector<R> full(T * 2 * qd);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < d.heads; ++h) {
+        R* dst = full.data() + t * 2 * qd + h * 2 * hd;
+        std::copy(dq + t * qd + h * hd, dq + t * qd + (h + 1) * hd, dst);
+        std::copy(dqgate + t * qd + h * hd, dqgate + t * qd + (h + 1) * hd, dst + hd);
+      }
+    }
+    LinearBackwardWeight(full.data(), a.xn.data(), T, H, 2 * qd, g[kQProj], pool);
+    LinearBackwardInput(full.data(), w[kQProj], T, H, 2 * qd, dxn.data(), Accumulate::kOverwrite, pool);
+  } else {
+    LinearBackwardWeight(dq, a.xn.data(), T, H, qd, g[kQProj], pool);
+    LinearBackwardInput(dq, w[kQProj], T, H, qd, dxn.data(), Accumulate::kOverwrite, pool);
+  }
   LinearBackwardWeight(dk, a.xn.data(), T, H, kvd, g[kKProj], pool);
   LinearBackwardWeight(dv, a.xn.data(), T, H, kvd, g[kVProj], pool);
-  std::vector<R> dxn(T * H);
-  LinearBackwardInput(dq, w[kQProj], T, H, qd, dxn.data(), Accumulate::kOverwrite, pool);
   LinearBackwardInput(dk, w[kKProj], T, H, kvd, dxn.data(), Accumulate::kAdd, pool);
   LinearBackwardInput(dv, w[kVProj], T, H, kvd, dxn.data(), Accumulate::kAdd, pool);
 
@@ -277,21 +431,32 @@ void DecoderBackward(const DecoderDims& d, const DecoderOffsets& offs, const R* 
   const DecoderTensors<const R> w(params, offs);
   const DecoderTensors<R> g(dparams, offs);
   const int64_t T = geom.num_tokens, H = d.hidden, qd = d.q_dim(), kvd = d.kv_dim();
-  std::vector<R> dh1(T * H), dattn(T * qd);
-  MlpBlockBackward(d, offs, params, dparams, T, a, dy, dh1.data(), dattn.data(), aux_prob_grad, pool);
+  std::vector<R> dh1(T * H), dattn(T * std::max(qd, H)), dqgate(d.output_gate ? T * qd : 0);
+  MlpBlockBackward(d, offs, params, dparams, T, a, dy, dh1.data(), dattn.data(), aux_prob_grad, pool, dqgate.data());
+  if (offs.linear()) {
+    // The Gated DeltaNet, then the input norm: dx = dh1 + RMSNorm1 backward (dx may alias dy).
+    std::vector<R> dxn(T * H);
+    LinearAttentionBackward(LinearDimsOf(d), LinearOffsetsOf(offs), params, geom, a.xn.data(), a.linear,
+                            dattn.data(), dxn.data(), dparams, pool);
+    std::copy(dh1.begin(), dh1.end(), dx);
+    RmsNormBackwardRows(x, a.rstd1.data(), w[kInputNorm], dxn.data(), T, H, dx, Accumulate::kAdd, g[kInputNorm], pool);
+    return;
+  }
   std::vector<R> dq(T * qd), dk(T * kvd), dv(T * kvd);
   AttentionBackward(d, geom, a.q_rot.data(), a.k_rot.data(), a.v.data(), a.attn.data(), a.lse.data(), dattn.data(),
                     dq.data(), dk.data(), dv.data(), pool);
   dattn = {};
   // dx is written only now (it may alias dy).
-  QkvBlockBackward(d, w, g, geom, x, a, dq.data(), dk.data(), dv.data(), dh1.data(), dx, pool);
+  QkvBlockBackward(d, w, g, geom, x, a, dq.data(), dk.data(), dv.data(), dh1.data(), dx, pool, dqgate.data());
 }
 
 template <typename R>
 void DecoderForwardTiled(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
                          const R* x, R* y, int64_t tile, CpuWorkerPool* pool) {
   const int64_t T = geom.num_tokens, H = d.hidden, half = d.head_dim / 2, qd = d.q_dim();
-  if (tile <= 0 || tile >= T) {
+  // qwen3_5's layers run whole (the Gated DeltaNet mixes every token; the gated attention's gate
+  // is not tiled).
+  if (tile <= 0 || tile >= T || offs.linear() || d.output_gate) {
     DecoderActs<R> acts;
     DecoderForwardAll(d, offs, params, geom, x, y, &acts, pool);
     return;
@@ -313,7 +478,7 @@ template <typename R>
 void DecoderBackwardTiled(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
                           const R* x, const R* dy, R* dx, R* dparams, int64_t tile, CpuWorkerPool* pool) {
   const int64_t T = geom.num_tokens, H = d.hidden, half = d.head_dim / 2, qd = d.q_dim(), kvd = d.kv_dim();
-  if (tile <= 0 || tile >= T) {
+  if (tile <= 0 || tile >= T || offs.linear() || d.output_gate) {
     DecoderActs<R> acts;
     std::vector<R> y(T * H);
     DecoderForwardAll(d, offs, params, geom, x, y.data(), &acts, pool);

@@ -164,13 +164,22 @@ double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vecto
   const ModelConfig& c = layout.config;
   const DecoderDims dims = DecoderDims::From(c);
   const int num_units = layout.num_units();
+  // qwen3_5's (1 + w) norms: the math reads 1 + w (AddNormWeightOffsets); gradients are w's.
+  std::vector<std::vector<R>> shifted;
+  const std::vector<std::vector<R>>* params = &unit_params;
+  if (c.norms_add_one()) {
+    shifted = unit_params;
+    for (int u = 0; u < num_units; ++u) AddNormWeightOffsets(c, layout.units[u], shifted[u].data());
+    params = &shifted;
+  }
+  const std::vector<std::vector<R>>& unit_params_math = *params;
   std::vector<DecoderOffsets> offs(num_units);
   for (int u = 1; u + 1 < num_units; ++u) offs[u] = DecoderOffsets::Of(layout.units[u]);
   unit_grads->assign(num_units, {});
   for (int u = 0; u < num_units; ++u) (*unit_grads)[u].assign(layout.units[u].numel, R(0));
   const int embed = 0, head = num_units - 1;
-  const R* lm_w = layout.head_uses_embedding ? unit_params[embed].data()
-                                             : unit_params[head].data() + layout.head().tensors[1].offset_numel;
+  const R* lm_w = layout.head_uses_embedding ? unit_params_math[embed].data()
+                                             : unit_params_math[head].data() + layout.head().tensors[1].offset_numel;
   R* dlm = layout.head_uses_embedding ? (*unit_grads)[embed].data()
                                       : (*unit_grads)[head].data() + layout.head().tensors[1].offset_numel;
   double loss = 0.0;
@@ -180,11 +189,11 @@ double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vecto
     const TokenGeometry geom = MakeTokenGeometry(mb, rope);
     // xs[l] is the input of decoder layer l; xs.back() the head's input.
     std::vector<std::vector<R>> xs(num_units - 1, std::vector<R>(T * H));
-    EmbeddingLookup(unit_params[embed].data(), mb.tokens.data(), T, H, xs[0].data(), pool);
+    EmbeddingLookup(unit_params_math[embed].data(), mb.tokens.data(), T, H, xs[0].data(), pool);
     std::vector<DecoderActs<R>> acts(num_units - 2);
     std::vector<MoeRouterStats> router;
     for (int u = 1; u < head; ++u) {
-      DecoderForwardAll(dims, offs[u], unit_params[u].data(), geom, xs[u - 1].data(), xs[u].data(), &acts[u - 1], pool);
+      DecoderForwardAll(dims, offs[u], unit_params_math[u].data(), geom, xs[u - 1].data(), xs[u].data(), &acts[u - 1], pool);
       if (offs[u].sparse()) router.push_back(acts[u - 1].moe.stats);
     }
     // The micro-batch's load-balancing loss over its sparse layers, and its gradient per probability.
@@ -194,10 +203,10 @@ double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vecto
       aux_grad = LoadBalancingProbGrad(router, router_aux_weight);
     }
     std::vector<R> grad(T * H);
-    loss += HeadLossAndGrad(dims, unit_params[head].data(), lm_w, mb.labels.data(), T, xs.back().data(), loss_scale,
+    loss += HeadLossAndGrad(dims, unit_params_math[head].data(), lm_w, mb.labels.data(), T, xs.back().data(), loss_scale,
                             grad.data(), (*unit_grads)[head].data(), dlm, HeadChunking{}, pool);
     for (int u = head - 1; u >= 1; --u) {
-      DecoderBackward(dims, offs[u], unit_params[u].data(), geom, xs[u - 1].data(), acts[u - 1], grad.data(),
+      DecoderBackward(dims, offs[u], unit_params_math[u].data(), geom, xs[u - 1].data(), acts[u - 1], grad.data(),
                       grad.data(), (*unit_grads)[u].data(), pool, aux_grad.empty() ? nullptr : aux_grad.data());
     }
     EmbeddingScatterAdd(grad.data(), mb.tokens.data(), T, H, (*unit_grads)[embed].data());

@@ -112,7 +112,8 @@ void RmsNormBackwardRows(const R* x, const R* rstd, const R* w, const R* dy, int
 template <typename R>
 void ApplyRope(R* x, int64_t T, int64_t heads, int64_t head_dim, const TokenGeometry& geom, RopeDirection dir,
                CpuWorkerPool* pool) {
-  const int64_t half = head_dim / 2;
+  // Partial RoPE (qwen3_5): the tables cover the first 2 x rope_half dims of each head; the rest pass.
+  const int64_t half = geom.rope_half > 0 ? geom.rope_half : head_dim / 2;
   ParallelRanges(pool, T, kMinRowsPerRange * 4, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const float* cs = geom.rope_cos + t * half;
@@ -146,6 +147,14 @@ DecoderDims DecoderDims::From(const ModelConfig& c) {
   d.rope_inv_freq = c.RopeInverseFrequencies();
   d.rope_attention_scaling = static_cast<float>(c.RopeAttentionScaling());
   if (c.is_moe()) d.moe = MoeDims::Of(c);
+  d.output_gate = c.has_attention_output_gate();
+  d.rotary_dim = c.rotary_dim();
+  d.shared_intermediate = c.shared_expert_intermediate_size;
+  d.linear_k_heads = c.linear.num_key_heads;
+  d.linear_v_heads = c.linear.num_value_heads;
+  d.linear_k_dim = c.linear.key_head_dim;
+  d.linear_v_dim = c.linear.value_head_dim;
+  d.linear_conv = c.linear.conv_kernel;
   return d;
 }
 
@@ -193,6 +202,22 @@ RopeTables BuildRopeTables(const std::vector<int32_t>& positions, int64_t head_d
   return BuildRopeTables(positions, plain);
 }
 
+template <typename R>
+void AddNormWeightOffsets(const ModelConfig& config, const UnitLayout& unit, R* params) {
+  if (!config.norms_add_one()) return;
+  auto shift = [&](const TensorSlot* t) {
+    if (t == nullptr) return;
+    for (int64_t i = 0; i < t->numel; ++i) params[t->offset_numel + i] += R(1);
+  };
+  if (unit.kind == UnitKind::kHead) {
+    shift(&unit.tensors[0]);
+  } else if (unit.kind == UnitKind::kDecoder) {
+    for (DecoderTensor t : {kInputNorm, kPostNorm, kQNorm, kKNorm}) shift(unit.Find(t));
+  }
+}
+template void AddNormWeightOffsets<float>(const ModelConfig&, const UnitLayout&, float*);
+template void AddNormWeightOffsets<double>(const ModelConfig&, const UnitLayout&, double*);
+
 TokenGeometry MakeTokenGeometry(const MicroBatch& batch, const RopeTables& rope) {
   TokenGeometry g;
   g.num_tokens = batch.num_tokens();
@@ -200,6 +225,7 @@ TokenGeometry MakeTokenGeometry(const MicroBatch& batch, const RopeTables& rope)
   g.cu_seqlens = batch.cu_seqlens.data();
   g.rope_cos = rope.cos.data();
   g.rope_sin = rope.sin.data();
+  g.rope_half = rope.half;
   return g;
 }
 

@@ -32,6 +32,19 @@
 
 namespace slidedp {
 
+// The Gated DeltaNet mixer's activations (gated_delta_math.h).
+template <typename R>
+struct LinearAttentionActs {
+  std::vector<R> mixed;      // [T, conv_dim] in_proj_qkv output (the conv's input)
+  std::vector<R> z;          // [T, value_dim] in_proj_z output (the gate)
+  std::vector<R> b;          // [T, nv] in_proj_b output
+  std::vector<R> a;          // [T, nv] in_proj_a output
+  std::vector<R> core;       // [T, value_dim] delta-rule output (the gated norm's input)
+  std::vector<R> core_rstd;  // [T, nv] the gated norm's rsqrt
+
+  int64_t num_elements() const;
+};
+
 // Sizes a decoder layer and the head need.
 struct DecoderDims {
   int64_t hidden = 0;
@@ -47,6 +60,13 @@ struct DecoderDims {
   std::vector<float> rope_inv_freq;   // [head_dim / 2], ModelConfig::RopeInverseFrequencies
   float rope_attention_scaling = 1;   // ModelConfig::RopeAttentionScaling, multiplied into cos and sin
   MoeDims moe;                        // a qwen3_moe model's sparse block (num_experts 0 otherwise)
+  // qwen3_5: the attention output gate (q_proj emits [query | gate] per head), the head dims RoPE
+  // rotates (rope_inv_freq has rotary_dim / 2 entries), the Gated DeltaNet's sizes (its layers:
+  // DecoderOffsets::linear()), and the shared expert's width (0: none).
+  bool output_gate = false;
+  int64_t rotary_dim = 0;
+  int64_t shared_intermediate = 0;
+  int64_t linear_k_heads = 0, linear_v_heads = 0, linear_k_dim = 0, linear_v_dim = 0, linear_conv = 0;
 
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }
@@ -61,6 +81,9 @@ struct DecoderOffsets {
   int64_t unit_numel = 0;
   MoeOffsets moe;  // all zeros in a dense unit
   bool sparse() const { return moe.block_numel > 0; }
+  // A qwen3_5 Gated DeltaNet layer: its linear_attn tensors in place of the attention's.
+  bool linear() const { return at[kLinearInProjQkv] >= 0; }
+  bool shared_expert() const { return at[kSharedGateProj] >= 0; }
   // A model's first decoder layer (every layer of a dense model).
   static DecoderOffsets From(const ModelConfig& config);
   // One decoder unit of a ModelLayout (dense or sparse).
@@ -101,13 +124,21 @@ struct TokenGeometry {
   int64_t num_tokens = 0;
   int64_t num_docs = 0;
   const int32_t* cu_seqlens = nullptr;  // [num_docs + 1]
-  const float* rope_cos = nullptr;      // [num_tokens, head_dim/2]
+  const float* rope_cos = nullptr;      // [num_tokens, rope_half]
   const float* rope_sin = nullptr;
+  int64_t rope_half = 0;                // the tables' width: rotary_dim / 2 (0: head_dim / 2)
   // Set: the tokens are one rank's share and AttentionForward / AttentionBackward (FP32) attend over
   // the whole micro-batch through the group (AttentionForwardRows / AttentionBackwardRows).
   const ContextGeometry* context = nullptr;
 };
 TokenGeometry MakeTokenGeometry(const MicroBatch& batch, const RopeTables& rope);
+
+// qwen3_5's RMSNorms compute x * (1 + w): adds the 1 to those weights of a unit's parameters (the
+// decoder's input/post-attention and q/k norms; the head's final norm; not the Gated DeltaNet's
+// gated norm), so the plain-weight norms below compute them exactly as HF's FP32 1 + w does. The
+// gradient with respect to 1 + w is the gradient with respect to w. Nothing for other families.
+template <typename R>
+void AddNormWeightOffsets(const ModelConfig& config, const UnitLayout& unit, R* params);
 
 // ---- Op-level references (also the oracles for the CUDA kernels' tests) ----
 
@@ -185,6 +216,14 @@ struct DecoderActs {
   std::vector<R> hn;      // [T, hidden] post-attention RMSNorm output (MLP input)
   std::vector<R> gate;    // [T, intermediate]
   std::vector<R> up;      // [T, intermediate]
+  // qwen3_5: the attention output gate's logits [T, q_dim] (q_proj's gate half); a Gated DeltaNet
+  // layer's mixer (its output, after out_proj, in attn [T, hidden]); the shared expert's gate and up
+  // [T, shared_I] and its sigmoid gate's logit [T]. Not counted by num_elements: the CPU backend
+  // recomputes a qwen3_5 layer from its input.
+  std::vector<R> qgate;
+  bool linear_mixer = false;
+  LinearAttentionActs<R> linear;
+  std::vector<R> shared_gate, shared_up, shared_logit;
   // A sparse layer's MoE block (in place of gate/up): its activations and output [T, hidden]
   // (before the residual). Not counted by num_elements: the CPU backend recomputes them.
   MoeActs<R> moe;

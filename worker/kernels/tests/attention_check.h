@@ -11,8 +11,8 @@
 
 namespace slidedp::kernel_test {
 
-// `cudnn` set: cuDNN runs the case (it ignores `split`); a head_dim other than 128 that its engines
-// reject is a skip, 128 (the models trained) must work. ordered: the own backward with
+// `cudnn` set: cuDNN runs the case (it ignores `split`); a head_dim other than 128 and 256 that its
+// engines reject is a skip, 128 and 256 (the models trained) must work. ordered: the own backward with
 // AttnArgs::ordered_dq, whose dQ/dK/dV must then be bitwise the same on two more runs.
 void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs,
                     kernels::AttnArgs::BwdSplit split = kernels::AttnArgs::BwdSplit::kAuto,

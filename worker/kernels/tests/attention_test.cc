@@ -1,7 +1,8 @@
 // The own flash attention (attention.h) against an FP64 reference: the tensor-core path (head dims
 // 128 and 64, both backward work splits, GQA and MHA, 1-token and odd-length documents) and the
-// slow path (head dims 16 and 48), plus the ordered-dQ backward (AttnArgs::ordered_dq, what
-// SLIDEDP_DETERMINISTIC selects), which must also be bitwise repeatable.
+// slow path (head dims 16, 48 and 256: eight dims per lane, its limit), plus the ordered-dQ backward
+// (AttnArgs::ordered_dq, what SLIDEDP_DETERMINISTIC selects), which must also be bitwise repeatable
+// and which the slow path (head dim 256 among them) refuses.
 #include "worker/kernels/attention.h"
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "worker/kernels/tests/attention_check.h"
 #include "worker/kernels/tests/gpu_test.h"
@@ -55,7 +57,7 @@ INSTANTIATE_TEST_SUITE_P(Atomic, AttentionGpuTest,
                                            AttnCase{64, 4, 2, {64, 129, 31}, Split::kPerKvHead},
                                            AttnCase{64, 4, 2, {64, 129, 31}, Split::kPerQHead},
                                            AttnCase{128, 2, 2, {300, 17}}, AttnCase{16, 4, 2, {17, 40}},
-                                           AttnCase{48, 2, 2, {33}}),
+                                           AttnCase{48, 2, 2, {33}}, AttnCase{256, 4, 2, {1, 7, 129}}),
                          CaseName);
 
 // Ordered dQ (SLIDEDP_DETERMINISTIC): both work splits, both head dims, 1-token documents, and
@@ -95,6 +97,34 @@ INSTANTIATE_TEST_SUITE_P(Cross, CrossAttentionGpuTest,
                                            CrossCase{64, 4, 4, {200, 77}, 3, true}, CrossCase{16, 4, 2, {90, 40}, 2},
                                            CrossCase{48, 2, 2, {61}, 3}),
                          CrossName);
+
+// The slow path adds dK/dV with atomics, so the ordered (bitwise repeatable) backward refuses it
+// with FAILED_PRECONDITION rather than run unordered: under SLIDEDP_DETERMINISTIC (the worker's
+// backward on the own kernels, ordered dQ) head dim 256 has no backward.
+TEST_F(GpuTest, OrderedDqRefusesTheSlowPathAtHeadDim256) {
+  const int hd = 256, nq = 2, nkv = 1, T = 8;
+  const std::vector<int32_t> cu = {0, T};
+  Dev<int32_t> dcu(cu.size());
+  Upload(dcu, cu);
+  kernels::AttnArgs a;
+  a.tokens = T;
+  a.num_docs = 1;
+  a.max_seqlen = T;
+  a.num_q_heads = nq;
+  a.num_kv_heads = nkv;
+  a.head_dim = hd;
+  a.softmax_scale = 1.0f / 16;
+  a.cu_seqlens = dcu.get();
+  a.ordered_dq = true;
+  EXPECT_FALSE(kernels::FlashAttentionFastPath(hd));
+  Dev<bf16> q(T * nq * hd), kv(T * nkv * hd), dq(T * nq * hd), dk(T * nkv * hd), dv(T * nkv * hd);
+  Dev<float> lse(nq * T);
+  Dev<char> ws(kernels::FlashAttentionBackwardWorkspaceBytes(a));
+  const absl::Status s = kernels::FlashAttentionBackward(
+      a, {q.get(), nq * hd}, {kv.get(), nkv * hd}, {kv.get(), nkv * hd}, {q.get(), nq * hd}, lse.get(),
+      {q.get(), nq * hd}, {dq.get(), nq * hd}, {dk.get(), nkv * hd}, {dv.get(), nkv * hd}, ws.get(), nullptr);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s.ToString();
+}
 
 }  // namespace
 }  // namespace slidedp

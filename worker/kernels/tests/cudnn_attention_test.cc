@@ -1,6 +1,7 @@
 // cuDNN's fused attention (cudnn_attention.h) through the same check as the own kernels
 // (attention_check.h): same inputs, FP64 reference and tolerances. Skips where libcudnn cannot be
-// loaded (set SLIDEDP_CUDNN_LIB) and for head dims other than 128 that its engines reject; prints,
+// loaded (set SLIDEDP_CUDNN_LIB) and for head dims other than 128 and 256 that its engines reject
+// (256: Qwen3.5's full attention, which cuDNN 9 serves on Hopper forward and backward); prints,
 // without asserting, whether the backward is bitwise repeatable (cuDNN 9.19's Hopper engines add dQ
 // with atomics).
 #include "worker/kernels/cudnn_attention.h"
@@ -61,6 +62,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudnnAttentionGpuTest,
                          ::testing::Values(CudnnCase{128, 4, 2, {1, 130, 67, 200, 5}}, CudnnCase{128, 8, 1, {64, 192}},
                                            CudnnCase{128, 2, 2, {300, 17}}, CudnnCase{64, 4, 2, {64, 129, 31}},
                                            CudnnCase{16, 4, 2, {17, 40}},
+                                           // Qwen3.5's full attention (head dim 256): ragged documents
+                                           // of awkward lengths, and one dense document.
+                                           CudnnCase{256, 8, 2, {1, 130, 67, 7}}, CudnnCase{256, 4, 1, {777}},
                                            // Training-sized documents: many key/value tiles per query tile, where an
                                            // engine that adds dQ with atomics shows up as not repeatable.
                                            CudnnCase{128, 8, 2, {1024, 900, 700}},
@@ -69,8 +73,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudnnAttentionGpuTest,
                                            CudnnCase{128, 4, 4, {1000}, false, true},
                                            // Offsets over the limit: groups of documents, a document too long for
                                            // any group alone (dense), one that fills a group by itself.
-                                           CudnnCase{128, 4, 2, {1, 130, 67, 200, 5, 400, 90, 250, 3}, false, false,
-                                                     256},
+                                           CudnnCase{
+                                               128, 4, 2, {1, 130, 67, 200, 5, 400, 90, 250, 3}, false, false, 256},
                                            CudnnCase{128, 8, 2, {1024, 300}, false, false, 512}),
                          CaseName);
 
@@ -141,9 +145,10 @@ TEST_F(GpuTest, CudnnDensePlansStayBounded) {
   absl::StatusOr<int64_t> ws = (*cudnn)->ForwardWorkspaceBytes(a, ld);
   ASSERT_TRUE(ws.ok()) << ws.status();
   Dev<char> w(*ws);
-  ASSERT_TRUE((*cudnn)->Forward(a, {q.get(), 256}, {q.get(), 256}, {q.get(), 256}, {o.get(), 256}, lse.get(), w.get(),
-                                nullptr)
-                  .ok());
+  ASSERT_TRUE(
+      (*cudnn)
+          ->Forward(a, {q.get(), 256}, {q.get(), 256}, {q.get(), 256}, {o.get(), 256}, lse.get(), w.get(), nullptr)
+          .ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ((*cudnn)->cached_plans(true), kernels::CudnnAttention::kMaxDensePlans);
 }

@@ -100,6 +100,29 @@ TEST_P(ModelGradCheck, AnalyticGradientsMatchCentralDifferences) {
               checked, significant, worst);
 }
 
+// qwen3_5 at CI size: Gated DeltaNet and gated attention layers, (1 + w) norms, partial RoPE; the
+// MoE with its shared expert. Smaller than the presets so that the central differences stay quick.
+ModelConfig SmallQwen3_5(const char* preset, bool tied) {
+  ModelConfig c = *ModelConfig::Preset(preset);
+  c.hidden_size = 32;
+  c.vocab_size = 96;
+  c.intermediate_size = 48;
+  c.head_dim = 16;  // rotary 4 of 16
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.linear = LinearAttentionConfig{1, 2, 8, 6, 4};  // two value heads share one key head
+  c.num_hidden_layers = 3;
+  c.layer_mixers = {TokenMixer::kLinearAttention, TokenMixer::kAttention, TokenMixer::kLinearAttention};
+  c.tie_word_embeddings = tied;
+  if (c.is_moe()) {
+    c.num_experts = 4;
+    c.moe_intermediate_size = 16;
+    c.shared_expert_intermediate_size = 24;
+  }
+  EXPECT_TRUE(c.Validate().ok()) << c.Validate();
+  return c;
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, ModelGradCheck,
                          ::testing::Values(GradCheckCase{"awkward_untied", AwkwardConfig(false)},
                                            GradCheckCase{"awkward_tied", AwkwardConfig(true)},
@@ -114,7 +137,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ModelGradCheck,
                                            GradCheckCase{"moe_untied", testing::AwkwardMoeConfig(false, true)},
                                            GradCheckCase{"moe_aux_tied", testing::AwkwardMoeConfig(true, true), 0.5},
                                            GradCheckCase{"moe_topk_unnormalised_aux",
-                                                         testing::AwkwardMoeConfig(false, false), 0.5}),
+                                                         testing::AwkwardMoeConfig(false, false), 0.5},
+                                           GradCheckCase{"qwen3_5_tied", SmallQwen3_5("tiny-qwen3.5", true)},
+                                           GradCheckCase{"qwen3_5_untied", SmallQwen3_5("tiny-qwen3.5", false)},
+                                           GradCheckCase{"qwen3_5_moe_aux",
+                                                         SmallQwen3_5("tiny-qwen3.5-moe", false), 0.5}),
                          [](const auto& info) { return info.param.name; });
 
 // dL/dx of one decoder layer for L = sum(c * y), against central differences on x.
