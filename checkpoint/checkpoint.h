@@ -81,6 +81,11 @@ struct PassThroughTensor {
   std::string bytes;  // the tensor's data as the file held it
 };
 using PassThrough = std::vector<PassThroughTensor>;
+// A model directory's config.json, with the experts' storage (ExpertStorage) its weights use: what
+// a layout of the directory's tensors is built from. Errors of ModelConfig::FromFile and
+// safetensors::ModelDirHasTensorEndingIn.
+absl::StatusOr<ModelConfig> ModelConfigOfDir(const std::string& model_dir);
+
 // Whether a checkpoint tensor the layout does not hold passes through for this model (above).
 bool IsPassThroughName(const ModelConfig& config, absl::string_view name);
 // The pass-through tensors of a saved checkpoint (or any model directory): read from its weight

@@ -245,7 +245,9 @@ std::vector<PlannedFile> PlanWeightFiles(const ModelLayout& layout, const ConstU
     }
   }
   // Pass-through tensors: their own bytes and dtype, after the trained ones.
-  for (const PassThroughTensor& p : pass_through != nullptr ? *pass_through : PassThrough{}) {
+  // (By pointer: the sources keep pointing into *pass_through, which outlives the write.)
+  for (size_t i = 0; pass_through != nullptr && i < pass_through->size(); ++i) {
+    const PassThroughTensor& p = (*pass_through)[i];
     st::TensorSource t;
     t.name = p.name;
     t.shape = p.shape;

@@ -22,11 +22,11 @@ using namespace slidedp;
 
 absl::StatusOr<ModelConfig> ConfigFrom(const std::string& preset_or_dir) {
   if (auto p = ModelConfig::Preset(preset_or_dir); p.ok()) return p;
-  return ModelConfig::FromFile(preset_or_dir + "/config.json");
+  return checkpoint::ModelConfigOfDir(preset_or_dir);
 }
 
 int LoadHf(const std::string& dir) {
-  auto config = ModelConfig::FromFile(dir + "/config.json");
+  auto config = checkpoint::ModelConfigOfDir(dir);
   if (!config.ok()) {
     std::cerr << config.status() << "\n";
     return 1;
@@ -150,7 +150,7 @@ int SaveRandom(const std::string& root, const std::string& model, int64_t step, 
 }
 
 int Load(const std::string& dir, const std::string& state_dtype, int threads) {
-  auto config = ModelConfig::FromFile(dir + "/config.json");
+  auto config = checkpoint::ModelConfigOfDir(dir);
   auto moments = ParseMomentForm(state_dtype);
   if (!config.ok() || !moments.ok()) {
     std::cerr << (config.ok() ? moments.status() : config.status()) << "\n";

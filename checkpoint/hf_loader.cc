@@ -142,7 +142,10 @@ std::string DescribeConfigMismatch(const ModelConfig& a, const ModelConfig& b) {
         differ("num_attention_heads", a.num_attention_heads, b.num_attention_heads),
         differ("num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads),
         differ("head_dim", a.head_dim, b.head_dim),
-        differ("intermediate_size", a.intermediate_size, b.intermediate_size),
+        // (Only dense layers read it: qwen3_5_moe's config has none.)
+        a.NumSparseLayers() == a.num_hidden_layers && b.NumSparseLayers() == b.num_hidden_layers
+            ? std::string()
+            : differ("intermediate_size", a.intermediate_size, b.intermediate_size),
         differ("vocab_size", a.vocab_size, b.vocab_size),
         differ("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings),
         differ("rope_theta", a.rope_theta, b.rope_theta), differ("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps),
@@ -168,6 +171,15 @@ std::string DescribeConfigMismatch(const ModelConfig& a, const ModelConfig& b) {
     if (!m.empty()) return m;
   }
   return "";
+}
+
+absl::StatusOr<ModelConfig> ModelConfigOfDir(const std::string& model_dir) {
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(model_dir + "/config.json"));
+  if (config.is_moe()) {
+    ASSIGN_OR_RETURN(const bool fused, safetensors::ModelDirHasTensorEndingIn(model_dir, safetensors::kFusedExpertsSuffix));
+    config.expert_storage = fused ? ExpertStorage::kFused : ExpertStorage::kPerExpert;
+  }
+  return config;
 }
 
 bool IsPassThroughName(const ModelConfig& config, absl::string_view name) {

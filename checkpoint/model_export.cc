@@ -258,6 +258,11 @@ absl::StatusOr<ExportResult> ExportModel(const ExportRequest& req) {
   ASSIGN_OR_RETURN(const std::string config_text, ReadSmallFile(config_path, kMaxConfigFileBytes, "model config"));
   absl::StatusOr<ModelConfig> config = ModelConfig::FromJson(config_text);
   if (!config.ok()) return Annotate(config.status(), config_path);
+  // The experts' checkpoint names as the checkpoint's weights give them (fused or per expert).
+  if (config->is_moe()) {
+    ASSIGN_OR_RETURN(const bool fused, st::ModelDirHasTensorEndingIn(ckpt, st::kFusedExpertsSuffix));
+    config->expert_storage = fused ? ExpertStorage::kFused : ExpertStorage::kPerExpert;
+  }
   const ModelLayout layout = ModelLayout::Build(*config);
   ASSIGN_OR_RETURN(nlohmann::json state, internal::ReadJsonObject(ckpt + "/trainer_state.json"));
   if (state.contains("weights_dtype") && !state["weights_dtype"].is_string()) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/tests/ckpt_test_util.h"
@@ -260,6 +261,97 @@ TEST(CkptInitRandomTest, DeterministicIndependentOfThreadsAndHfDistributed) {
   // Same-shaped tensors in different layers get different values.
   const TensorSlot& q = layout.units[1].tensors[kQProj];
   EXPECT_NE(0, std::memcmp(a.master[1].data() + q.offset_numel, a.master[2].data() + q.offset_numel, q.numel * 4));
+}
+
+}  // namespace
+}  // namespace slidedp::checkpoint
+
+// Qwen3.5 (issue 50): a multimodal qwen3_5_moe directory with transformers 5's fused experts, a
+// vision tower and mtp.* weights: the fused tensors load slice by slice, the vision tower and mtp
+// weights pass through, and a checkpoint and its export hold every tensor with the same bytes.
+namespace slidedp::checkpoint {
+namespace {
+
+TEST(Qwen3_5Checkpoint, FusedExpertsAndPassThroughTensorsKeepTheirBytes) {
+  const std::string root = (fs::temp_directory_path() / ("ckpt_qwen35." + std::to_string(::getpid()))).string();
+  fs::remove_all(root);
+  ModelConfig config = ModelConfig::Preset("tiny-qwen3.5-moe").value();
+  config.multimodal = true;
+  config.expert_storage = ExpertStorage::kFused;
+  config.vocab_size = 96;
+  const ModelLayout layout = ModelLayout::Build(config);
+  // The directory's tensors: each name once with its full shape, then the untrained ones.
+  std::vector<FakeTensor> tensors;
+  std::set<std::string> seen;
+  for (const UnitLayout& u : layout.units) {
+    for (const TensorSlot& t : u.tensors) {
+      if (seen.insert(t.hf_name).second) tensors.push_back({t.hf_name, t.is_slice() ? t.hf_shape : t.shape});
+    }
+  }
+  const std::vector<std::string> passing = {"model.visual.blocks.0.attn.qkv.weight", "model.visual.merger.fc.bias",
+                                            "mtp.fc.weight", "mtp.layers.0.mlp.experts.gate_up_proj"};
+  tensors.push_back({passing[0], {24, 8}});
+  tensors.push_back({passing[1], {7}});
+  tensors.push_back({passing[2], {64, 128}});
+  tensors.push_back({passing[3], {8, 64, 64}});
+  const std::string src = root + "/model";
+  WriteHfModel(src, config, tensors, Dtype::kBF16, Sharding::kSharded);
+  ASSERT_TRUE(ModelConfig::FromFile(src + "/config.json").ok()) << ModelConfig::FromFile(src + "/config.json").status();
+
+  HostState state(layout);
+  PassThrough pass;
+  LoadOptions options;
+  options.pass_through = &pass;
+  const absl::Status loaded = LoadHfModel(src, layout, state.master_fn(), options);
+  ASSERT_TRUE(loaded.ok()) << loaded;
+  ASSERT_EQ(pass.size(), passing.size());
+  // Expert 3's up_proj is rows [3 x 64 + 32, 3 x 64 + 64) of gate_up_proj.
+  int k = -1;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].name == "model.language_model.layers.1.mlp.experts.gate_up_proj") k = static_cast<int>(i);
+  ASSERT_GE(k, 0);
+  const UnitLayout& unit = layout.units[2];
+  const TensorSlot* up3 = unit.FindExpert(3, kExpertUpProj);
+  for (int64_t i = 0; i < up3->numel; i += 97) {
+    EXPECT_EQ(state.master[2][up3->offset_numel + i], KnownValue(k, up3->hf_offset_numel + i)) << i;
+  }
+
+  // Saved: every tensor of the source directory, byte for byte (BF16 values exact in the master).
+  SaveRequest r;
+  r.root_dir = root + "/out";
+  r.step = 1;
+  r.layout = &layout;
+  r.arrays = state.arrays();
+  r.trainer_state = {{"job_id", "j"}, {"step", 1}};
+  r.pass_through = &pass;
+  auto saved = SaveCheckpoint(r);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  ExportRequest e;
+  e.checkpoint = saved->dir;
+  e.out_dir = root + "/export";
+  auto exported = ExportModel(e);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  for (const std::string& dir : {saved->dir, e.out_dir}) {
+    auto again = ReadPassThrough(dir, config);
+    ASSERT_TRUE(again.ok()) << again.status();
+    ASSERT_EQ(again->size(), pass.size()) << dir;
+    for (size_t i = 0; i < pass.size(); ++i) {
+      EXPECT_EQ((*again)[i].name, pass[i].name);
+      EXPECT_EQ((*again)[i].shape, pass[i].shape);
+      EXPECT_TRUE((*again)[i].bytes == pass[i].bytes) << dir << ": " << pass[i].name;
+    }
+    // The trained tensors come back as the source held them, the fused ones whole.
+    HostState back(layout);
+    PassThrough unused;
+    LoadOptions o;
+    o.pass_through = &unused;
+    ASSERT_TRUE(LoadHfModel(dir, layout, back.master_fn(), o).ok()) << dir;
+    EXPECT_EQ(back.master, state.master) << dir;
+    auto c = ModelConfig::FromFile(dir + "/config.json");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_TRUE(c->multimodal);
+  }
+  fs::remove_all(root);
 }
 
 }  // namespace

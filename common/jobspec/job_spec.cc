@@ -694,39 +694,6 @@ absl::StatusOr<JobSpec> ParseUnchecked(absl::string_view yaml_text, const std::s
 
 }  // namespace
 
-namespace {
-
-// How a MoE checkpoint directory keeps its experts: fused (a tensor named
-// ...mlp.experts.gate_up_proj, transformers 5's layout) or one tensor per expert. Read from the
-// index's weight_map when the model is sharded, else from the single file's header (both bounded
-// and validated: the directory is a job spec's, so hostile). A directory without weights is left
-// to the loader to refuse.
-absl::StatusOr<ExpertStorage> ExpertStorageOfDir(const std::string& dir) {
-  auto fused_name = [](absl::string_view n) { return absl::EndsWith(n, ".mlp.experts.gate_up_proj"); };
-  std::error_code ec;
-  if (std::filesystem::exists(dir + "/model.safetensors", ec)) {
-    ASSIGN_OR_RETURN(auto f, safetensors::SafetensorsFile::Open(dir + "/model.safetensors"));
-    for (const safetensors::TensorInfo& t : f->tensors()) {
-      if (fused_name(t.name)) return ExpertStorage::kFused;
-    }
-    return ExpertStorage::kPerExpert;
-  }
-  const std::string index_path = dir + "/model.safetensors.index.json";
-  if (!std::filesystem::exists(index_path, ec)) return ExpertStorage::kPerExpert;
-  ASSIGN_OR_RETURN(std::string text, ReadSmallFile(index_path, kMaxManifestFileBytes, "safetensors index"));
-  RETURN_IF_ERROR(CheckJsonDepth(text, index_path));
-  nlohmann::json index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(index_path, ": not a JSON object with a \"weight_map\" object"));
-  }
-  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
-    if (fused_name(it.key())) return ExpertStorage::kFused;
-  }
-  return ExpertStorage::kPerExpert;
-}
-
-}  // namespace
-
 absl::StatusOr<ModelConfig> ModelConfigOf(const JobSpec& spec) {
   absl::StatusOr<ModelConfig> c = !spec.model.preset.empty() ? ModelConfig::Preset(spec.model.preset)
                                                              : ModelConfig::FromFile(spec.model.path + "/config.json");
@@ -746,9 +713,9 @@ absl::StatusOr<ModelConfig> ModelConfigOf(const JobSpec& spec) {
   // qwen3_5_moe's checkpoints keep their experts fused (transformers 5) or per expert: the layout's
   // names follow the directory's (ExpertStorage), so its checkpoints keep them too.
   if (c->is_moe() && spec.model.preset.empty()) {
-    absl::StatusOr<ExpertStorage> storage = ExpertStorageOfDir(spec.model.path);
-    if (!storage.ok()) return storage.status();
-    c->expert_storage = *storage;
+    absl::StatusOr<bool> fused = safetensors::ModelDirHasTensorEndingIn(spec.model.path, safetensors::kFusedExpertsSuffix);
+    if (!fused.ok()) return fused.status();
+    c->expert_storage = *fused ? ExpertStorage::kFused : ExpertStorage::kPerExpert;
   }
   if (spec.model.max_position_embeddings > 0 || !spec.model.rope_scaling_json.empty()) {
     RETURN_IF_ERROR(c->OverrideContext(spec.model.max_position_embeddings, spec.model.rope_scaling_json));

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace slidedp {
 namespace {
@@ -811,6 +812,190 @@ TEST(Qwen3Moe, Qwen3A3BParameterCounts) {
   // tiny-moe: two sparse layers, 6 of 8 experts idle per token in each.
   const ModelLayout tiny = ModelLayout::Build(*ModelConfig::Preset("tiny-moe"));
   EXPECT_EQ(tiny.param_count() - tiny.ActiveParamCount(), 2 * 6 * 3 * 32 * 64);
+}
+
+}  // namespace
+}  // namespace slidedp
+
+// Qwen3.5 (issue 50): the text config as transformers 5.17 saves Qwen3_5ForCausalLM's, the
+// multimodal wrapper, the MoE with its shared expert, and every field this build does not
+// implement refused by name.
+namespace slidedp {
+namespace {
+
+// A qwen3_5_text config at toy size, its fields as HF's Qwen3_5TextConfig names them.
+std::string Qwen3_5Text(const std::string& extra = "", const std::string& type = "qwen3_5_text") {
+  return R"({"model_type":")" + type + R"(","architectures":["Qwen3_5ForCausalLM"],"vocab_size":512,
+    "hidden_size":64,"intermediate_size":128,"num_hidden_layers":4,"num_attention_heads":4,
+    "num_key_value_heads":2,"head_dim":32,"hidden_act":"silu","max_position_embeddings":4096,
+    "rms_norm_eps":1e-6,"tie_word_embeddings":true,"attention_bias":false,"attention_dropout":0.0,
+    "linear_conv_kernel_dim":4,"linear_key_head_dim":16,"linear_value_head_dim":16,
+    "linear_num_key_heads":2,"linear_num_value_heads":4,"use_cache":true,"dtype":"bfloat16",
+    "layer_types":["linear_attention","linear_attention","linear_attention","full_attention"],
+    "rope_parameters":{"rope_type":"default","rope_theta":10000000,"partial_rotary_factor":0.25,
+                       "mrope_section":[11,11,10],"mrope_interleaved":true})" +
+         extra + "}";
+}
+
+TEST(Qwen3_5Config, TextConfigParses) {
+  const auto c = ModelConfig::FromJson(Qwen3_5Text());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->family, ModelFamily::kQwen3_5);
+  EXPECT_FALSE(c->multimodal);
+  EXPECT_TRUE(c->has_attention_output_gate());
+  EXPECT_TRUE(c->norms_add_one());
+  EXPECT_EQ(c->rotary_dim(), 8);
+  EXPECT_EQ(c->RopeInverseFrequencies().size(), 4u);
+  EXPECT_EQ(c->NumLinearAttentionLayers(), 3);
+  EXPECT_TRUE(c->IsLinearAttentionLayer(0));
+  EXPECT_FALSE(c->IsLinearAttentionLayer(3));
+  EXPECT_EQ(c->linear.conv_dim(), 2 * 32 + 64);
+  // The layout: the Gated DeltaNet's tensors in layers 0-2, the gated q_proj in layer 3.
+  const ModelLayout m = ModelLayout::Build(*c);
+  int unit = -1;
+  const TensorSlot* qkv = m.Find("model.layers.0.linear_attn.in_proj_qkv.weight", &unit);
+  ASSERT_NE(qkv, nullptr);
+  EXPECT_EQ(qkv->shape, (std::vector<int64_t>{128, 64}));
+  ASSERT_NE(m.Find("model.layers.2.linear_attn.conv1d.weight", &unit), nullptr);
+  EXPECT_EQ(m.Find("model.layers.2.linear_attn.conv1d.weight", &unit)->shape, (std::vector<int64_t>{128, 1, 4}));
+  EXPECT_GE(m.Find("model.layers.1.linear_attn.A_log", &unit)->fp32_offset, 0);
+  EXPECT_GE(m.Find("model.layers.1.linear_attn.dt_bias", &unit)->fp32_offset, 0);
+  EXPECT_EQ(m.Find("model.layers.3.self_attn.q_proj.weight", &unit)->shape, (std::vector<int64_t>{2 * 4 * 32, 64}));
+  EXPECT_EQ(m.Find("model.layers.0.self_attn.q_proj.weight", &unit), nullptr);
+  // Round trip through the config HF reads back.
+  const auto back = ModelConfig::FromJson(c->ToJson());
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << c->ToJson();
+  EXPECT_EQ(back->layer_mixers, c->layer_mixers);
+  EXPECT_EQ(back->linear, c->linear);
+  EXPECT_EQ(back->partial_rotary_factor, 0.25);
+  const nlohmann::json saved = nlohmann::json::parse(c->ToJson());
+  EXPECT_EQ(saved["model_type"], "qwen3_5_text");
+  EXPECT_EQ(saved["rope_parameters"]["mrope_section"], nlohmann::json({11, 11, 10}));
+}
+
+TEST(Qwen3_5Config, LayerTypesDefaultToTheFullAttentionInterval) {
+  nlohmann::json j = nlohmann::json::parse(Qwen3_5Text());
+  j.erase("layer_types");
+  j["num_hidden_layers"] = 8;
+  j["full_attention_interval"] = 4;
+  const auto c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (int l = 0; l < 8; ++l) EXPECT_EQ(c->IsLinearAttentionLayer(l), (l + 1) % 4 != 0) << l;
+}
+
+TEST(Qwen3_5Config, MultimodalWrapperKeepsTheLanguageModelUnderItsPrefix) {
+  nlohmann::json text = nlohmann::json::parse(Qwen3_5Text());
+  text.erase("architectures");
+  const nlohmann::json j = {{"model_type", "qwen3_5"},
+                            {"architectures", {"Qwen3_5ForConditionalGeneration"}},
+                            {"text_config", text},
+                            {"vision_config", {{"depth", 2}, {"hidden_size", 32}, {"out_hidden_size", 64}}},
+                            {"image_token_id", 248056},
+                            {"tie_word_embeddings", false}};
+  const auto c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->multimodal);
+  EXPECT_FALSE(c->tie_word_embeddings);  // the wrapper's, over text_config's
+  const ModelLayout m = ModelLayout::Build(*c);
+  EXPECT_EQ(m.embedding().tensors[0].hf_name, "model.language_model.embed_tokens.weight");
+  EXPECT_EQ(m.head().tensors[0].hf_name, "model.language_model.norm.weight");
+  EXPECT_EQ(m.head().tensors[1].hf_name, "lm_head.weight");
+  int unit = -1;
+  ASSERT_NE(m.Find("model.language_model.layers.3.self_attn.o_proj.weight", &unit), nullptr);
+  EXPECT_EQ(unit, 4);
+  // Saved back: the wrapper, its vision config untouched, the language model in text_config.
+  const nlohmann::json saved = nlohmann::json::parse(c->ToJson());
+  EXPECT_EQ(saved["model_type"], "qwen3_5");
+  EXPECT_EQ(saved["vision_config"], j["vision_config"]);
+  EXPECT_EQ(saved["text_config"]["model_type"], "qwen3_5_text");
+  EXPECT_EQ(saved["text_config"]["layer_types"].size(), 4u);
+  const auto back = ModelConfig::FromJson(saved.dump());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->multimodal);
+  EXPECT_EQ(back->layer_mixers, c->layer_mixers);
+}
+
+TEST(Qwen3_5Config, FieldsThisBuildDoesNotImplementAreRefusedByName) {
+  auto refused = [](const std::string& json, const std::string& field) {
+    const auto c = ModelConfig::FromJson(json);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << json;
+    EXPECT_NE(c.status().message().find(field), std::string::npos) << c.status();
+  };
+  refused(Qwen3_5Text(R"(,"some_new_switch":true)"), "some_new_switch");
+  refused(Qwen3_5Text(R"(,"attn_output_gate":false)"), "attn_output_gate");
+  refused(Qwen3_5Text(R"(,"hidden_act":"gelu")"), "hidden_act");
+  refused(Qwen3_5Text(R"(,"attention_bias":true)"), "attention_bias");
+  refused(Qwen3_5Text(R"(,"num_experts":8)"), "num_experts");
+  refused(Qwen3_5Text(R"(,"linear_conv_kernel_dim":9)"), "linear_conv_kernel_dim");
+  refused(Qwen3_5Text(R"(,"linear_num_value_heads":3)"), "linear_num_value_heads");
+  refused(Qwen3_5Text(R"(,"sliding_window":128)"), "sliding_window");
+  nlohmann::json j = nlohmann::json::parse(Qwen3_5Text());
+  j["layer_types"][1] = "sliding_attention";
+  refused(j.dump(), "layer_types");
+  j = nlohmann::json::parse(Qwen3_5Text());
+  j["layer_types"].erase(0);
+  refused(j.dump(), "layer_types");
+  j = nlohmann::json::parse(Qwen3_5Text());
+  j["rope_parameters"]["partial_rotary_factor"] = 0.01;  // int(32 x 0.01) = 0 rotary dims
+  refused(j.dump(), "partial_rotary_factor");
+  // The wrapper: an unknown key of its own, a text_config of another type, none at all.
+  nlohmann::json text = nlohmann::json::parse(Qwen3_5Text());
+  refused(nlohmann::json({{"model_type", "qwen3_5"}, {"text_config", text}, {"audio_config", {}}}).dump(),
+          "audio_config");
+  text["model_type"] = "qwen3_5_moe_text";
+  refused(nlohmann::json({{"model_type", "qwen3_5"}, {"text_config", text}}).dump(), "text_config.model_type");
+  refused(R"({"model_type":"qwen3_5"})", "text_config");
+  // The families before qwen3_5 still refuse partial rotation.
+  refused(R"({"model_type":"qwen3","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,
+             "intermediate_size":128,"vocab_size":512,"partial_rotary_factor":0.5})",
+          "partial_rotary_factor");
+}
+
+TEST(Qwen3_5Config, MoeWithSharedExpertAndFusedExperts) {
+  const std::string moe = R"(,"num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":32,
+      "shared_expert_intermediate_size":48,"router_aux_loss_coef":0.001,"output_router_logits":false)";
+  nlohmann::json j = nlohmann::json::parse(Qwen3_5Text(moe, "qwen3_5_moe_text"));
+  j.erase("intermediate_size");  // Qwen3_5MoeTextConfig has none
+  auto c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->family, ModelFamily::kQwen3_5Moe);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_EQ(c->shared_expert_intermediate_size, 48);
+  EXPECT_EQ(c->NumSparseLayers(), 4);
+  const nlohmann::json saved = nlohmann::json::parse(c->ToJson());
+  EXPECT_FALSE(saved.contains("intermediate_size"));
+  EXPECT_FALSE(saved.contains("norm_topk_prob"));
+  EXPECT_EQ(saved["shared_expert_intermediate_size"], 48);
+  j["norm_topk_prob"] = false;
+  EXPECT_EQ(ModelConfig::FromJson(j.dump()).status().code(), absl::StatusCode::kInvalidArgument);
+  // Fused experts: the same unit offsets, each expert's matrices slices of gate_up_proj / down_proj.
+  ModelConfig fused = *c;
+  fused.expert_storage = ExpertStorage::kFused;
+  const ModelLayout per = ModelLayout::Build(*c), one = ModelLayout::Build(fused);
+  ASSERT_EQ(per.units[2].numel, one.units[2].numel);
+  const UnitLayout& u = one.units[2];
+  const TensorSlot* up3 = u.FindExpert(3, kExpertUpProj);
+  ASSERT_NE(up3, nullptr);
+  EXPECT_EQ(up3->hf_name, "model.layers.1.mlp.experts.gate_up_proj");
+  EXPECT_EQ(up3->hf_shape, (std::vector<int64_t>{8, 64, 64}));
+  EXPECT_EQ(up3->hf_offset_numel, 3 * 64 * 64 + 32 * 64);
+  EXPECT_EQ(up3->offset_numel, per.units[2].FindExpert(3, kExpertUpProj)->offset_numel);
+  EXPECT_EQ(u.FindExpert(5, kExpertDownProj)->hf_offset_numel, 5 * 64 * 32);
+  EXPECT_NE(up3->Key(), u.FindExpert(3, kExpertGateProj)->Key());
+  int unit = -1;
+  ASSERT_NE(one.Find("model.layers.1.mlp.shared_expert_gate.weight", &unit), nullptr);
+  EXPECT_EQ(one.Find("model.layers.1.mlp.shared_expert_gate.weight", &unit)->shape, (std::vector<int64_t>{1, 64}));
+}
+
+TEST(Qwen3_5Config, PresetsValidate) {
+  for (const char* name : {"tiny-qwen3.5", "tiny-qwen3.5-moe"}) {
+    const auto c = ModelConfig::Preset(name);
+    ASSERT_TRUE(c.ok()) << name;
+    EXPECT_TRUE(c->Validate().ok()) << name << ": " << c->Validate();
+    const auto back = ModelConfig::FromJson(c->ToJson());
+    ASSERT_TRUE(back.ok()) << name << ": " << back.status();
+    EXPECT_EQ(ModelLayout::Build(*back).total_numel, ModelLayout::Build(*c).total_numel) << name;
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <mutex>
 #include <set>
@@ -19,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/io/json_depth.h"
+#include "common/io/small_file.h"
 #include "common/numeric/bf16.h"
 #include "common/status/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -509,6 +511,30 @@ absl::StatusOr<WriteStats> WriteFile(const std::string& path, const std::vector<
   stats.file_bytes = file_bytes;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return stats;
+}
+
+absl::StatusOr<bool> ModelDirHasTensorEndingIn(const std::string& dir, absl::string_view suffix) {
+  auto ends = [&](absl::string_view n) { return n.size() >= suffix.size() && n.substr(n.size() - suffix.size()) == suffix; };
+  std::error_code ec;
+  if (std::filesystem::exists(dir + "/model.safetensors", ec)) {
+    ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(dir + "/model.safetensors"));
+    for (const TensorInfo& t : f->tensors()) {
+      if (ends(t.name)) return true;
+    }
+    return false;
+  }
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  if (!std::filesystem::exists(index_path, ec)) return false;
+  ASSIGN_OR_RETURN(std::string text, ReadSmallFile(index_path, kMaxManifestFileBytes, "safetensors index"));
+  RETURN_IF_ERROR(CheckJsonDepth(text, index_path));
+  nlohmann::json index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(index_path, ": not a JSON object with a \"weight_map\" object"));
+  }
+  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+    if (ends(it.key())) return true;
+  }
+  return false;
 }
 
 }  // namespace slidedp::safetensors

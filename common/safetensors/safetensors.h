@@ -147,4 +147,13 @@ absl::StatusOr<std::string> SerializeHeader(const std::vector<TensorSource>& ten
                                             const std::map<std::string, std::string>& metadata,
                                             std::vector<uint64_t>* data_offsets);
 
+// Whether a model directory's weights (model.safetensors, else the model.safetensors.index.json
+// weight_map) hold a tensor whose name ends in `suffix`; false for a directory with neither (the
+// loader refuses it later). The header and index are read bounded and validated (the directory is
+// a job spec's: hostile); INVALID_ARGUMENT / DATA_LOSS as Open and the index parse give them.
+absl::StatusOr<bool> ModelDirHasTensorEndingIn(const std::string& dir, absl::string_view suffix);
+// The name a MoE layer's experts fused over the expert dimension end in (transformers 5's layout:
+// ExpertStorage::kFused in common/model/model_config.h).
+inline constexpr absl::string_view kFusedExpertsSuffix = ".mlp.experts.gate_up_proj";
+
 }  // namespace slidedp::safetensors

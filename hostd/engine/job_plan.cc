@@ -135,6 +135,23 @@ absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& lay
                                                       cpu_workers, " of ", world,
                                                       " are CPU-backend (use grad_reduction: cpu)"));
   }
+  // qwen3_5 (Gated DeltaNet + gated attention): the CPU backend computes it; the CUDA backend's
+  // layer does not yet (its kernels are in worker/kernels). Refused at submit, naming why, rather
+  // than computed wrong.
+  if (layout.config.is_qwen3_5() && cpu_workers != world) {
+    return absl::UnimplementedError(absl::StrCat(
+        ModelTypeName(layout.config.family), " on CUDA workers is not built yet (its Gated DeltaNet and gated "
+        "attention layers run on the CPU backend only); ", world - cpu_workers, " of ", world,
+        " workers are CUDA (use runtime.backend: cpu)"));
+  }
+  // The Gated DeltaNet's state runs through the whole sequence in order: context parallelism would
+  // split it across ranks, which this build does not carry.
+  if (layout.config.is_qwen3_5() && spec.runtime.context_parallel > 1 && layout.config.NumLinearAttentionLayers() > 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "runtime.context_parallel ", spec.runtime.context_parallel, " with ", ModelTypeName(layout.config.family),
+        ": the Gated DeltaNet's recurrent state does not pass between ranks in this build (use context_parallel: 1; "
+        "its layers are O(T) in memory)"));
+  }
   // What the CUDA backend's MoE block takes (worker/compute/cuda/cuda_moe.cc): refused here, before
   // any host state, rather than by a worker at job start.
   if (layout.config.is_moe() && cpu_workers != world && layout.config.NumSparseLayers() > 0) {

@@ -66,7 +66,7 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeBackend(const std::string& n
 }
 
 absl::Status Run(const Options& o) {
-  ASSIGN_OR_RETURN(const ModelConfig config, ModelConfig::FromFile(o.model_dir + "/config.json"));
+  ASSIGN_OR_RETURN(const ModelConfig config, checkpoint::ModelConfigOfDir(o.model_dir));
   const ModelLayout layout = ModelLayout::Build(config);
   ASSIGN_OR_RETURN(const ActPolicy policy, ParsePolicy(o.policy));
   if (o.grouping != "per-row" && o.grouping != "single") {

@@ -186,6 +186,10 @@ using cuda_backend_internal::CudaBackend;
 
 absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackendWithOptions(const ModelConfig& config, int device,
                                                                            const CudaBackendOptions& options) {
+  if (config.is_qwen3_5()) {
+    return absl::UnimplementedError(absl::StrCat("the CUDA backend does not compute ", ModelTypeName(config.family),
+                                                 " layers yet (the CPU backend does)"));
+  }
   auto backend = std::make_unique<CudaBackend>(config, device, options);
   RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<ComputeBackend>(std::move(backend));
