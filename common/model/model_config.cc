@@ -580,6 +580,9 @@ constexpr const char* kQwen3_5TextKeys[] = {
     "router_aux_loss_coef", "output_router_logits", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
     // multi-token prediction: its weights (mtp.*) pass through untrained; the LM's math is unchanged
     "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings",
+    // the dtype inference engines cache the Gated DeltaNet's state in (the released configs say
+    // float32); training here keeps the state in FP32 throughout, as HF's torch path does
+    "mamba_ssm_dtype",
     // generation and bookkeeping (no effect on the training math)
     "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "architectures",
     "output_attentions", "output_hidden_states", "return_dict", "use_return_dict", "torchscript", "is_decoder",

@@ -232,7 +232,8 @@ struct ModelConfig {
   // Reference shapes (random init): "qwen3-0.6b" ... "qwen3-14b", "qwen2.5-0.5b" ... "qwen2.5-14b",
   // "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "mistral-7b" (v0.3), "qwen3-30b-a3b", and the
   // CI-sized "tiny" (Qwen3-shaped: hidden 64, 2 layers, vocab 512), "tiny-qwen2", "tiny-llama",
-  // "tiny-mistral", "tiny-moe" (qwen3_moe: 3 layers, the middle one dense, 8 experts, top 2).
+  // "tiny-mistral", "tiny-moe" (qwen3_moe: 3 layers, the middle one dense, 8 experts, top 2),
+  // "qwen3.5-4b", "qwen3.5-35b-a3b" (the hub's text configs), "tiny-qwen3.5", "tiny-qwen3.5-moe".
   static absl::StatusOr<ModelConfig> Preset(absl::string_view name);
   // The preset names, for messages.
   static std::string PresetNames();

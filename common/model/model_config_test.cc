@@ -987,8 +987,22 @@ TEST(Qwen3_5Config, MoeWithSharedExpertAndFusedExperts) {
   EXPECT_EQ(one.Find("model.layers.1.mlp.shared_expert_gate.weight", &unit)->shape, (std::vector<int64_t>{1, 64}));
 }
 
+TEST(Qwen3_5Config, HubPresetsHaveThePublishedSizes) {
+  // Qwen3.5-4B: ~4.2B parameters in the language model (tied); 35B-A3B: ~35B total, ~3B active.
+  const ModelLayout dense = ModelLayout::Build(*ModelConfig::Preset("qwen3.5-4b"));
+  EXPECT_NEAR(static_cast<double>(dense.param_count()) / 1e9, 4.2, 0.3);
+  const ModelLayout moe = ModelLayout::Build(*ModelConfig::Preset("qwen3.5-35b-a3b"));
+  EXPECT_NEAR(static_cast<double>(moe.param_count()) / 1e9, 34.7, 1.5);
+  EXPECT_NEAR(static_cast<double>(moe.ActiveParamCount()) / 1e9, 3.0, 0.6);
+  // A real config's extra fields (the hub's 35B-A3B text config) parse.
+  nlohmann::json j = nlohmann::json::parse(Qwen3_5Text(R"(,"mamba_ssm_dtype":"float32","mtp_num_hidden_layers":1,
+      "mtp_use_dedicated_embeddings":false,"full_attention_interval":4,"partial_rotary_factor":0.25,
+      "pad_token_id":null,"bos_token_id":248044,"eos_token_id":248044,"attn_output_gate":true)"));
+  EXPECT_TRUE(ModelConfig::FromJson(j.dump()).ok()) << ModelConfig::FromJson(j.dump()).status();
+}
+
 TEST(Qwen3_5Config, PresetsValidate) {
-  for (const char* name : {"tiny-qwen3.5", "tiny-qwen3.5-moe"}) {
+  for (const char* name : {"tiny-qwen3.5", "tiny-qwen3.5-moe", "qwen3.5-4b", "qwen3.5-35b-a3b"}) {
     const auto c = ModelConfig::Preset(name);
     ASSERT_TRUE(c.ok()) << name;
     EXPECT_TRUE(c->Validate().ok()) << name << ": " << c->Validate();

@@ -15,7 +15,7 @@ namespace slidedp {
 std::string ModelConfig::PresetNames() {
   return "qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen3-32b, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, "
          "qwen2.5-7b, qwen2.5-14b, llama3.2-1b, llama3.2-3b, llama3.1-8b, mistral-7b, qwen3-30b-a3b, tiny, tiny-qwen2, "
-         "tiny-llama, tiny-mistral, tiny-moe, tiny-qwen3.5, tiny-qwen3.5-moe";
+         "tiny-llama, tiny-mistral, tiny-moe, qwen3.5-4b, qwen3.5-35b-a3b, tiny-qwen3.5, tiny-qwen3.5-moe";
 }
 
 absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
@@ -140,6 +140,30 @@ absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
     c.tie_word_embeddings = false;
     moe(8, 2, 32);
     c.mlp_only_layers = {1};
+  } else if (name == "qwen3.5-4b" || name == "qwen3.5-35b-a3b") {
+    // The hub's Qwen/Qwen3.5-4B and Qwen/Qwen3.5-35B-A3B text configs (the language model of their
+    // multimodal checkpoints): vocab 248,320, gated attention at head_dim 256 with a quarter rotated
+    // (theta 1e7), Gated DeltaNet of 16 key and 32 value heads of 128, three linear layers per full.
+    c.vocab_size = 248320;
+    c.head_dim = 256;
+    c.rope_theta = 1e7;
+    c.partial_rotary_factor = 0.25;
+    c.max_position_embeddings = 262144;
+    c.linear = LinearAttentionConfig{16, 32, 128, 128, 4};
+    if (name == "qwen3.5-4b") {
+      set(2560, 32, 16, 9216, true);
+      c.family = ModelFamily::kQwen3_5;
+      c.num_key_value_heads = 4;
+    } else {
+      set(2048, 40, 16, 512, false);
+      c.family = ModelFamily::kQwen3_5Moe;
+      c.num_key_value_heads = 2;
+      moe(256, 8, 512);
+      c.shared_expert_intermediate_size = 512;
+    }
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      c.layer_mixers.push_back((l + 1) % 4 == 0 ? TokenMixer::kAttention : TokenMixer::kLinearAttention);
+    }
   } else if (name == "tiny-qwen3.5" || name == "tiny-qwen3.5-moe") {
     // CI-sized qwen3_5: four layers in the released 3:1 pattern (linear, linear, linear, full),
     // gated attention at head_dim 32 with a quarter of it rotated, a Gated DeltaNet of 2 key and 4
