@@ -47,9 +47,10 @@ CLI::App* AddPrepareCommand(CLI::App& app, PrepareCommand& c) {
   cmd->add_option("--loss-on", c.loss_on, "assistant (chat: the answers only) | all")
       ->check(CLI::IsMember({"assistant", "all"}));
   cmd->add_option("--chat-template", c.chat_template,
-                  "auto (the model's own, when supported) | qwen3 | qwen2.5 | llama3 | llama3.1 | llama3.2 | "
-                  "llama3.3 | chatml")
-      ->check(CLI::IsMember({"auto", "qwen3", "qwen2.5", "llama3", "llama3.1", "llama3.2", "llama3.3", "chatml"}));
+                  "auto (the model's own, when supported) | qwen3 | qwen3.5 | qwen3.5-nothink | qwen2.5 | llama3 | "
+                  "llama3.1 | llama3.2 | llama3.3 | chatml")
+      ->check(CLI::IsMember({"auto", "qwen3", "qwen3.5", "qwen3.5-nothink", "qwen2.5", "llama3", "llama3.1", "llama3.2",
+                                     "llama3.3", "chatml"}));
   cmd->add_option("--chat-date", o.chat_date,
                   "the \"Today Date\" Llama 3.1-3.3's templates render (default: 26 Jul 2024, the templates' "
                   "own default; HF's Llama 3.2 would render today's date)");

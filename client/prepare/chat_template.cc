@@ -189,6 +189,65 @@ void RenderQwen3(const std::vector<ChatMessage>& msgs, SegmentWriter* w) {
   }
 }
 
+// Qwen3.5 (both copies): every message's content is rendered `|trim`med, so the checks below see
+// the trimmed text too. The template raises on a late system message and on a conversation
+// without a user query; both are refused here naming the field.
+absl::Status RenderQwen3_5(const std::vector<ChatMessage>& msgs, absl::string_view field, SegmentWriter* w) {
+  const int n = static_cast<int>(msgs.size());
+  std::vector<std::string> content(n);
+  for (int i = 0; i < n; ++i) content[i] = PythonStrip(msgs[i].content);
+  auto is_tool_response = [](const std::string& c) {
+    return absl::StartsWith(c, "<tool_response>") && absl::EndsWith(c, "</tool_response>");
+  };
+  int last_query = -1;
+  for (int i = n - 1; i >= 0 && last_query < 0; --i) {
+    if (msgs[i].role == "user" && !is_tool_response(content[i])) last_query = i;
+  }
+  if (last_query < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "field ", field, ": no user query (a user message other than <tool_response>...</tool_response>), which the ",
+        ChatTemplateName(ChatTemplate::kQwen3_5), " template requires (\"No user query found in messages.\")"));
+  }
+  for (int i = 1; i < n; ++i) {
+    if (msgs[i].role == "system") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("field ", msgs[i].where, ".role: a system message after the first, which the ",
+                       ChatTemplateName(ChatTemplate::kQwen3_5),
+                       " template refuses (\"System message must be at the beginning.\")"));
+    }
+  }
+  if (msgs[0].role == "system") w->Context(absl::StrCat("<|im_start|>system\n", content[0], "<|im_end|>\n"));
+  for (int i = 0; i < n; ++i) {
+    const ChatMessage& m = msgs[i];
+    if (m.role == "user") {
+      w->Context(absl::StrCat("<|im_start|>user\n", content[i], "<|im_end|>\n"));
+    } else if (m.role == "assistant") {
+      std::string text = content[i], reasoning;
+      if (m.has_reasoning) {
+        reasoning = m.reasoning;
+      } else if (absl::StrContains(text, "</think>")) {
+        std::string before = RStrip(text.substr(0, text.find("</think>")), '\n');
+        const size_t open = before.rfind("<think>");
+        reasoning = LStrip(open == std::string::npos ? before : before.substr(open + 7), '\n');
+        text = LStrip(text.substr(text.rfind("</think>") + 8), '\n');
+      }
+      w->Context("<|im_start|>assistant\n");
+      std::string body =
+          i > last_query ? absl::StrCat("<think>\n", PythonStrip(reasoning), "\n</think>\n\n", text) : std::move(text);
+      w->Reply(absl::StrCat(body, "<|im_end|>"), m.trained);
+      w->Context("\n");
+    } else if (m.role == "tool") {
+      // `loop.previtem` is undefined for the first message: a leading tool message gets no header.
+      std::string turn;
+      if (i > 0 && msgs[i - 1].role != "tool") turn = "<|im_start|>user";
+      absl::StrAppend(&turn, "\n<tool_response>\n", content[i], "\n</tool_response>");
+      if (i + 1 == n || msgs[i + 1].role != "tool") turn += "<|im_end|>\n";
+      w->Context(std::move(turn));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // One "<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>" turn.
 void LlamaTurn(const ChatMessage& m, SegmentWriter* w) {
   w->Context(absl::StrCat("<|start_header_id|>", m.role, "<|end_header_id|>\n\n"));
@@ -232,6 +291,10 @@ std::string GenerationPromptText(ChatTemplate t) {
     case ChatTemplate::kLlama3:
     case ChatTemplate::kLlama3_1:
     case ChatTemplate::kLlama3_2: return "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    // Qwen3.5 without enable_thinking: the larger models' copy opens a think block, the small
+    // models' copy closes an empty one.
+    case ChatTemplate::kQwen3_5: return "<|im_start|>assistant\n<think>\n";
+    case ChatTemplate::kQwen3_5NoThink: return "<|im_start|>assistant\n<think>\n\n</think>\n\n";
     default: return "<|im_start|>assistant\n";
   }
 }
@@ -241,6 +304,8 @@ std::string GenerationPromptText(ChatTemplate t) {
 const char* ChatTemplateName(ChatTemplate t) {
   switch (t) {
     case ChatTemplate::kQwen3: return "qwen3";
+    case ChatTemplate::kQwen3_5: return "qwen3.5";
+    case ChatTemplate::kQwen3_5NoThink: return "qwen3.5-nothink";
     case ChatTemplate::kQwen2_5: return "qwen2.5";
     case ChatTemplate::kLlama3: return "llama3";
     case ChatTemplate::kLlama3_1: return "llama3.1";
@@ -252,14 +317,15 @@ const char* ChatTemplateName(ChatTemplate t) {
 }
 
 absl::StatusOr<ChatTemplate> ParseChatTemplateName(std::string_view name) {
-  for (ChatTemplate t : {ChatTemplate::kAuto, ChatTemplate::kQwen3, ChatTemplate::kQwen2_5, ChatTemplate::kLlama3,
+  for (ChatTemplate t : {ChatTemplate::kAuto, ChatTemplate::kQwen3, ChatTemplate::kQwen3_5,
+                         ChatTemplate::kQwen3_5NoThink, ChatTemplate::kQwen2_5, ChatTemplate::kLlama3,
                          ChatTemplate::kLlama3_1, ChatTemplate::kLlama3_2, ChatTemplate::kChatML}) {
     if (name == ChatTemplateName(t)) return t;
   }
   if (name == "llama3.3") return ChatTemplate::kLlama3_1;
-  return absl::InvalidArgumentError(
-      absl::StrCat("chat template \"", std::string(name),
-                   "\" is not one of auto, qwen3, qwen2.5, llama3, llama3.1, llama3.2, llama3.3, chatml"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "chat template \"", std::string(name),
+      "\" is not one of auto, qwen3, qwen3.5, qwen3.5-nothink, qwen2.5, llama3, llama3.1, llama3.2, llama3.3, chatml"));
 }
 
 std::string PythonStrip(std::string_view s) {
@@ -469,6 +535,8 @@ absl::StatusOr<std::vector<Segment>> RenderChatMessages(const std::vector<ChatMe
       RenderChatML(msgs, &w);
       break;
     case ChatTemplate::kQwen3: RenderQwen3(msgs, &w); break;
+    case ChatTemplate::kQwen3_5:
+    case ChatTemplate::kQwen3_5NoThink: RETURN_IF_ERROR(RenderQwen3_5(msgs, field, &w)); break;
     case ChatTemplate::kQwen2_5: RenderQwen2_5(msgs, &w); break;
     case ChatTemplate::kLlama3: RenderLlama3(msgs, format, &w); break;
     case ChatTemplate::kLlama3_1:

@@ -8,6 +8,15 @@
 //   kQwen3    Qwen3: "<|im_start|>{role}\n{content}<|im_end|>\n"; an assistant turn after the last
 //             user query gets "<think>\n{reasoning}\n</think>\n\n" (empty reasoning included for the
 //             final turn); reasoning from "reasoning_content" or a "<think>...</think>" prefix.
+//   kQwen3_5  Qwen3.5 (and kQwen3_5NoThink, its small models' copy, which differs only in the
+//             generation prompt): ChatML with every content (system, user, assistant, tool) trimmed
+//             (Python's str.strip()); an assistant turn after the last user query always gets
+//             "<think>\n{reasoning|trim}\n</think>\n\n" (empty reasoning included), earlier ones lose
+//             their reasoning; reasoning from "reasoning_content" (a string) or a "<think>...</think>"
+//             prefix. A system message after the first, or no user query at all (only
+//             "<tool_response>...</tool_response>" users), is INVALID_ARGUMENT, as the template raises.
+//             Generation prompt: "<|im_start|>assistant\n<think>\n" (kQwen3_5NoThink: an empty
+//             think block after it), enable_thinking left undefined.
 //   kQwen2_5  Qwen2.5 Instruct: ChatML; without a leading system message the template's default
 //             one, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.".
 //   kLlama3   Llama 3 Instruct: bos + "<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>".
@@ -41,11 +50,11 @@
 
 namespace slidedp::prepare {
 
-enum class ChatTemplate { kAuto, kQwen3, kQwen2_5, kLlama3, kLlama3_1, kLlama3_2, kChatML };
+enum class ChatTemplate { kAuto, kQwen3, kQwen3_5, kQwen3_5NoThink, kQwen2_5, kLlama3, kLlama3_1, kLlama3_2, kChatML };
 enum class LossOn { kAssistant, kAll };          // chat: assistant turns; prompt/completion: completion only
 enum class GenerationPrompt { kNone, kAppend };  // HF's add_generation_prompt (never for training data)
 
-// "qwen3", "qwen2.5", "llama3", "llama3.1", "llama3.2", "chatml", "auto".
+// "qwen3", "qwen3.5", "qwen3.5-nothink", "qwen2.5", "llama3", "llama3.1", "llama3.2", "chatml", "auto".
 const char* ChatTemplateName(ChatTemplate t);
 // The inverse, for flags; "llama3.3" is accepted for kLlama3_1 (the same template).
 absl::StatusOr<ChatTemplate> ParseChatTemplateName(std::string_view name);
@@ -73,7 +82,7 @@ struct ChatMessage {
   std::string where;  // the input field it came from, for errors: "messages[2]", "conversations[0]"
   std::string role;   // system, user, assistant, tool (ipython for Llama 3.1 / 3.2)
   std::string content;
-  std::string reasoning;  // reasoning_content (Qwen3)
+  std::string reasoning;  // reasoning_content (Qwen3, Qwen3.5)
   bool has_reasoning = false;
   // An assistant turn's reply is trained under LossOn::kAssistant only when this is set: the
   // assistant turns of a TRL prompt (few-shot examples) are context.

@@ -3,7 +3,9 @@
 // did (expected/<name>.jsonl, tools/chat_template/hf_render.py), tokenizes to HF's ids, and marks
 // exactly the assistant replies with their end-of-turn token; recognition of the model's template
 // (whitespace Jinja does not render is ignored, anything else is refused with the difference), the
-// Llama date, Python's strip and tojson, and prepare end to end on the Llama 3 tokenizer.
+// Llama date, Python's strip and tojson, and prepare end to end on the Llama 3 tokenizer. Qwen3.5
+// has its own cases (qwen3.5-conversations.jsonl) against Python Jinja2 and a tokenizer of its
+// structure.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -91,6 +93,8 @@ std::string TemplateText(const std::string& config_path) { return ReadJson(confi
 TEST(KnownChatTemplates, AreTheCommittedTemplatesVerbatim) {
   std::map<std::string, std::string> files = {
       {"qwen3", Qwen3Dir() + "/tokenizer_config.json"},
+      {"qwen3.5", DataDir() + "/qwen3.5.tokenizer_config.json"},
+      {"qwen3.5-nothink", DataDir() + "/qwen3.5-nothink.tokenizer_config.json"},
       {"llama3", Llama3Dir() + "/tokenizer_config.json"},
       {"llama3.1", DataDir() + "/llama3.1-instruct.tokenizer_config.json"},
       {"llama3.2", DataDir() + "/llama3.2-instruct.tokenizer_config.json"},
@@ -191,6 +195,135 @@ TEST(ChatTemplate, MatchesHfApplyChatTemplateOnEveryCase) {
   }
 }
 
+// Qwen3.5: its own cases (tests/data/chat_templates/qwen3.5-conversations.jsonl: thinking
+// blocks from reasoning_content or <think> tags, before and after the last user query, trimming,
+// tool messages and tool-response users, the template's errors, the generation prompt) against
+// Python Jinja2 rendering the real templates as transformers does (expected/qwen3.5*.jsonl,
+// tools/chat_template/jinja2_render.py), with ids from HF tokenizers on a tokenizer.json of
+// Qwen3.5's structure.
+std::string Qwen3_5TokenizerDir() { return SourceDir() + "/tests/data/tokenizer/qwen3.5-synthetic"; }
+
+void CheckQwen3_5Cases(const std::string& case_set, const std::string& cases_file, int want_errors) {
+  const std::vector<json> cases = ReadJsonLines(DataDir() + "/" + cases_file);
+  ASSERT_FALSE(cases.empty()) << cases_file;
+  const tok::Tokenizer& tokenizer = LoadTokenizer(Qwen3_5TokenizerDir());
+  const uint32_t end_id = *tokenizer.TokenId("<|im_end|>");
+  for (const auto& [name, tmpl] : std::vector<std::pair<std::string, ChatTemplate>>{
+           {"qwen3.5", ChatTemplate::kQwen3_5}, {"qwen3.5-nothink", ChatTemplate::kQwen3_5NoThink}}) {
+    const std::vector<json> expected = ReadJsonLines(DataDir() + "/expected/" + name + case_set + ".jsonl");
+    ASSERT_EQ(expected.size(), cases.size()) << name << case_set;
+    auto format =
+        ResolveChatFormat(ReadJson(DataDir() + "/" + name + ".tokenizer_config.json"), ChatTemplate::kAuto, "");
+    ASSERT_TRUE(format.ok()) << name << ": " << format.status();
+    EXPECT_EQ(format->tmpl, tmpl) << name;
+    EXPECT_EQ(ChatTemplateName(tmpl), name);
+    int errors = 0;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const json& c = cases[i];
+      const std::string where = name + case_set + " case " + std::to_string(i);
+      const GenerationPrompt gen =
+          c.value("add_generation_prompt", false) ? GenerationPrompt::kAppend : GenerationPrompt::kNone;
+      int assistants = 0;
+      for (const json& m : c["messages"]) assistants += m["role"] == "assistant";
+      // A prompt without an answer trains nothing under kAssistant (refused); its text still counts.
+      const LossOn loss = assistants > 0 ? LossOn::kAssistant : LossOn::kAll;
+      auto segs = RenderChat(c["messages"], *format, loss, gen);
+      if (expected[i].contains("error")) {
+        // The template raises: refused, quoting the template's own message.
+        ++errors;
+        EXPECT_EQ(segs.status().code(), absl::StatusCode::kInvalidArgument) << where;
+        EXPECT_THAT(std::string(segs.status().message()), HasSubstr(expected[i]["error"].get<std::string>())) << where;
+        continue;
+      }
+      ASSERT_TRUE(segs.ok()) << where << ": " << segs.status();
+      std::string text;
+      int replies = 0;
+      for (const Segment& s : *segs) {
+        if (s.trained && loss == LossOn::kAssistant) {
+          EXPECT_TRUE(absl::EndsWith(text, "<|im_start|>assistant\n")) << where;
+          EXPECT_EQ(s.text.find("<|im_end|>"), s.text.size() - strlen("<|im_end|>")) << where;
+          ++replies;
+        }
+        text += s.text;
+      }
+      EXPECT_EQ(text, expected[i]["text"].get<std::string>()) << where;
+      EXPECT_EQ(replies, assistants) << where;
+      TokenizedDocument d = TokenizeSegments(tokenizer, *segs);
+      EXPECT_EQ(d.tokens, expected[i]["ids"].get<std::vector<uint32_t>>()) << where;
+      if (loss == LossOn::kAll) continue;
+      int trained_ends = 0;
+      for (size_t k = 0; k < d.tokens.size(); ++k) {
+        if (d.tokens[k] == end_id && d.loss_mask[k]) {
+          ++trained_ends;
+          if (k + 1 < d.tokens.size()) {
+            EXPECT_EQ(d.loss_mask[k + 1], 0) << where;
+          }
+        }
+      }
+      EXPECT_EQ(trained_ends, assistants) << where;
+    }
+    if (want_errors >= 0) {
+      EXPECT_EQ(errors, want_errors) << name;
+    }
+  }
+}
+
+TEST(ChatTemplate, Qwen3_5MatchesJinja2OnEveryCase) {
+  ASSERT_EQ(ReadJsonLines(DataDir() + "/qwen3.5-conversations.jsonl").size(), 39u);
+  CheckQwen3_5Cases("", "qwen3.5-conversations.jsonl", 2);
+  CheckQwen3_5Cases(".random", "qwen3.5-random-conversations.jsonl", -1);
+}
+
+TEST(ChatTemplate, Qwen3_5ThinkBlocksAreTrainedAfterTheLastQueryOnly) {
+  const ChatFormat f{ChatTemplate::kQwen3_5, "", ""};
+  const json chat = json::parse(R"([{"role": "user", "content": "Q1"},
+      {"role": "assistant", "content": "A1", "reasoning_content": "R1"},
+      {"role": "user", "content": "Q2"},
+      {"role": "assistant", "content": " A2 ", "reasoning_content": "R2"}])");
+  auto segs = RenderChat(chat, f, LossOn::kAssistant);
+  ASSERT_TRUE(segs.ok()) << segs.status();
+  std::vector<std::string> trained;
+  for (const Segment& s : *segs) {
+    if (s.trained) trained.push_back(s.text);
+  }
+  EXPECT_THAT(trained, ::testing::ElementsAre("A1<|im_end|>", "<think>\nR2\n</think>\n\nA2<|im_end|>"));
+  // The template's errors name the field.
+  auto late = RenderChat(json::parse(R"([{"role": "user", "content": "Q"}, {"role": "system", "content": "S"},
+                                        {"role": "assistant", "content": "A"}])"),
+                         f, LossOn::kAssistant);
+  EXPECT_THAT(std::string(late.status().message()), HasSubstr("messages[1].role"));
+  auto no_query = RenderChat(json::parse(R"([{"role": "assistant", "content": "A"}])"), f, LossOn::kAssistant);
+  EXPECT_THAT(std::string(no_query.status().message()), HasSubstr("No user query found in messages."));
+  // A generation prompt opens the think block (the small models' copy closes an empty one).
+  auto prompt = [](ChatTemplate t) {
+    auto s = RenderChat(json::parse(R"([{"role": "user", "content": "Q"}])"), {t, "", ""}, LossOn::kAll,
+                        GenerationPrompt::kAppend);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s->back().text;
+  };
+  EXPECT_TRUE(absl::EndsWith(prompt(ChatTemplate::kQwen3_5), "<|im_start|>assistant\n<think>\n"));
+  EXPECT_TRUE(absl::EndsWith(prompt(ChatTemplate::kQwen3_5NoThink), "<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+}
+
+TEST(ChatTemplate, Qwen3_5RecognitionAndLookalikes) {
+  const std::string think = TemplateText(DataDir() + "/qwen3.5.tokenizer_config.json");
+  const std::string nothink = TemplateText(DataDir() + "/qwen3.5-nothink.tokenizer_config.json");
+  EXPECT_EQ(*IdentifyChatTemplate(think), ChatTemplate::kQwen3_5);
+  EXPECT_EQ(*IdentifyChatTemplate(nothink), ChatTemplate::kQwen3_5NoThink);
+  EXPECT_EQ(*IdentifyChatTemplate(think + "\n"), ChatTemplate::kQwen3_5);  // chat_template.jinja with a newline
+  // A changed copy (Qwen3.6-like: another thinking rule) is refused as a Qwen3.5 lookalike.
+  auto changed = IdentifyChatTemplate(absl::StrReplaceAll(
+      think, {{"{%- if loop.index0 > ns.last_query_index %}", "{%- if loop.index0 >= ns.last_query_index %}"}}));
+  EXPECT_EQ(changed.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(changed.status().message()), HasSubstr("looks like Qwen3.5's"));
+  // Forcing the other copy's name on a known template is refused; the names parse.
+  auto forced =
+      ResolveChatFormat(ReadJson(DataDir() + "/qwen3.5.tokenizer_config.json"), ChatTemplate::kQwen3_5NoThink, "");
+  EXPECT_EQ(forced.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(*ParseChatTemplateName("qwen3.5"), ChatTemplate::kQwen3_5);
+  EXPECT_EQ(*ParseChatTemplateName("qwen3.5-nothink"), ChatTemplate::kQwen3_5NoThink);
+}
+
 TEST(ChatTemplate, LlamaDateIsTheTemplatesDefaultOrTheGivenOne) {
   const json config = ReadJson(DataDir() + "/llama3.2-instruct.tokenizer_config.json");
   const json chat = json::parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hey"}])");
@@ -245,7 +378,8 @@ TEST(ChatTemplate, RecognitionIgnoresOnlyWhatJinjaDoesNotRender) {
   EXPECT_THAT(std::string(qwen.status().message()), HasSubstr("looks like Qwen2.5 Instruct's"));
   auto mistral = identify("{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}");
   EXPECT_EQ(mistral.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(mistral.status().message()), HasSubstr("qwen3, qwen2.5, llama3, llama3.1, llama3.2"));
+  EXPECT_THAT(std::string(mistral.status().message()),
+              HasSubstr("qwen3, qwen3.5, qwen3.5-nothink, qwen2.5, llama3, llama3.1, llama3.2"));
   EXPECT_EQ(identify("{{ messages").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -398,6 +532,34 @@ TEST(PrepareChat, Llama3TokenizerEndToEnd) {
   s = RunPrepare(dir, "llama31", json({{"messages", cases[0]["messages"]}}).dump() + "\n", "", &tokens, &mask);
   EXPECT_EQ(s.chat_template, "llama3.1");
   EXPECT_EQ(tokens, ReadJsonLines(DataDir() + "/expected/llama3.1.jsonl")[0]["ids"].get<std::vector<uint32_t>>());
+}
+
+// auto resolves a model directory carrying Qwen3.5's template (tokenizer_config.json's, then
+// chat_template.jinja's, which wins) and prepare writes the oracle's ids and trained replies.
+TEST(PrepareChat, Qwen3_5ModelDirEndToEnd) {
+  const std::vector<json> cases = ReadJsonLines(DataDir() + "/qwen3.5-conversations.jsonl");
+  const std::string dir = TempPath("qwen35_model");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::create_symlink(fs::absolute(Qwen3_5TokenizerDir() + "/tokenizer.json"), dir + "/tokenizer.json");
+  fs::copy_file(DataDir() + "/qwen3.5.tokenizer_config.json", dir + "/tokenizer_config.json");
+  const tok::Tokenizer& tokenizer = LoadTokenizer(Qwen3_5TokenizerDir());
+  std::vector<uint32_t> tokens;
+  std::vector<uint8_t> mask;
+  PrepareSummary s =
+      RunPrepare(dir, "qwen35", json({{"messages", cases[11]["messages"]}}).dump() + "\n", "", &tokens, &mask);
+  EXPECT_EQ(s.chat_template, "qwen3.5");
+  EXPECT_EQ(tokens, ReadJsonLines(DataDir() + "/expected/qwen3.5.jsonl")[11]["ids"].get<std::vector<uint32_t>>());
+  std::string trained;
+  for (size_t k = 0; k < tokens.size(); ++k) {
+    if (mask[k]) trained += tokenizer.TokenBytes(tokens[k]);
+  }
+  EXPECT_EQ(trained, "A1<|im_end|><think>\nR2\n</think>\n\nA2<|im_end|>");
+  std::ofstream(dir + "/chat_template.jinja") << TemplateText(DataDir() + "/qwen3.5-nothink.tokenizer_config.json");
+  s = RunPrepare(dir, "qwen35_nothink", json({{"messages", cases[29]["messages"]}}).dump() + "\n", "", &tokens, &mask);
+  EXPECT_EQ(s.chat_template, "qwen3.5-nothink");
+  EXPECT_EQ(tokens,
+            ReadJsonLines(DataDir() + "/expected/qwen3.5-nothink.jsonl")[29]["ids"].get<std::vector<uint32_t>>());
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 // tok_bench: tokenizes a JSONL corpus ({"text": ...} or {"hex": "<utf-8 bytes in hex>"} per line)
 // with N threads, reports MB/s, and optionally writes the ids for comparison with HF
 // (tools/tokenizer/compare_and_bench.py). Output file: per document, uint32 count then the ids.
+// --pieces writes the pre-tokenizer's pieces the same way: per document, uint32 count then each
+// piece's length in bytes (tools/tokenizer/npm_tokenizers_check.mjs compares them with HF's).
 //
 //   tok_bench --tokenizer tokenizer.json --corpus corpus.jsonl --threads 16 [--out ids.bin] [--repeat 3]
+//             [--pieces pieces.bin]
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -16,13 +19,14 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"Tokenize a JSONL corpus and report throughput"};
-  std::string tokenizer_path, corpus_path, out_path;
+  std::string tokenizer_path, corpus_path, out_path, pieces_path;
   int threads = 1, repeat = 3;
   app.add_option("--tokenizer", tokenizer_path, "HF tokenizer.json")->required();
   app.add_option("--corpus", corpus_path, "JSONL corpus")->required();
   app.add_option("--threads", threads, "encoding threads");
   app.add_option("--repeat", repeat, "timed repetitions (best is reported)");
   app.add_option("--out", out_path, "write ids here");
+  app.add_option("--pieces", pieces_path, "write the pre-tokenizer's piece lengths here");
   CLI11_PARSE(app, argc, argv);
 
   auto t0 = std::chrono::steady_clock::now();
@@ -57,6 +61,15 @@ int main(int argc, char** argv) {
       const uint32_t n = static_cast<uint32_t>(v.size());
       out.write(reinterpret_cast<const char*>(&n), 4);
       out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+    }
+  }
+  if (!pieces_path.empty()) {
+    std::ofstream out(pieces_path, std::ios::binary);
+    for (const std::string& d : *docs) {
+      const std::vector<std::string> pieces = (*tok)->PreTokenize(d);
+      std::vector<uint32_t> lengths = {static_cast<uint32_t>(pieces.size())};
+      for (const std::string& p : pieces) lengths.push_back(static_cast<uint32_t>(p.size()));
+      out.write(reinterpret_cast<const char*>(lengths.data()), static_cast<std::streamsize>(lengths.size() * 4));
     }
   }
   return 0;

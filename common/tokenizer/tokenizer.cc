@@ -7,9 +7,12 @@
 #include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
 #include <unicode/stringpiece.h>
+#include <unicode/uniset.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <queue>
@@ -112,7 +115,91 @@ std::atomic<uint64_t> g_next_instance{1};
 constexpr char kWhiteSpaceSet[] =
     R"(\t\n\x{0B}\f\r\x{20}\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
 
-absl::StatusOr<std::string> OnigToPcre2(const std::string& pattern) {
+// HF's Oniguruma (tokenizers 0.23.2) classifies by Unicode 16.0, PCRE2 10.42 by Unicode 14.0:
+// letters, marks and digits of scripts added since (Garay, Todhri, Kawi, Kirat Rai, ...) were
+// split differently. These are the code points HF's \p{L} / \p{M} / \p{N} match and PCRE2
+// 10.42's do not (HF's sets probed per code point through its npm package; none the other way
+// round). The loader adds them to each class, harmless where PCRE2 already knows them (its Unicode
+// version is checked at load). Found by tools/tokenizer/npm_tokenizers_check.mjs --sweep.
+struct CodePointRange {
+  uint32_t lo, hi;
+};
+constexpr CodePointRange kUnicode16Letters[] = {
+    {0x1C89, 0x1C8A},   {0xA7CB, 0xA7CD},   {0xA7DA, 0xA7DC},   {0x105C0, 0x105F3}, {0x10D4A, 0x10D65},
+    {0x10D6F, 0x10D85}, {0x10EC2, 0x10EC4}, {0x1123F, 0x11240}, {0x11380, 0x11389}, {0x1138B, 0x1138B},
+    {0x1138E, 0x1138E}, {0x11390, 0x113B5}, {0x113B7, 0x113B7}, {0x113D1, 0x113D1}, {0x113D3, 0x113D3},
+    {0x11BC0, 0x11BE0}, {0x11F02, 0x11F02}, {0x11F04, 0x11F10}, {0x11F12, 0x11F33}, {0x1342F, 0x1342F},
+    {0x13441, 0x13446}, {0x13460, 0x143FA}, {0x16100, 0x1611D}, {0x16D40, 0x16D6C}, {0x18CFF, 0x18CFF},
+    {0x1B132, 0x1B132}, {0x1B155, 0x1B155}, {0x1DF25, 0x1DF2A}, {0x1E030, 0x1E06D}, {0x1E4D0, 0x1E4EB},
+    {0x1E5D0, 0x1E5ED}, {0x1E5F0, 0x1E5F0}, {0x2B739, 0x2B739}, {0x2EBF0, 0x2EE5D}, {0x31350, 0x323AF},
+};
+constexpr CodePointRange kUnicode16Marks[] = {
+    {0x897, 0x897},     {0xCF3, 0xCF3},     {0xECE, 0xECE},     {0x10D69, 0x10D6D}, {0x10EFC, 0x10EFF},
+    {0x11241, 0x11241}, {0x113B8, 0x113C0}, {0x113C2, 0x113C2}, {0x113C5, 0x113C5}, {0x113C7, 0x113CA},
+    {0x113CC, 0x113D0}, {0x113D2, 0x113D2}, {0x113E1, 0x113E2}, {0x11F00, 0x11F01}, {0x11F03, 0x11F03},
+    {0x11F34, 0x11F3A}, {0x11F3E, 0x11F42}, {0x11F5A, 0x11F5A}, {0x13440, 0x13440}, {0x13447, 0x13455},
+    {0x1611E, 0x1612F}, {0x1E08F, 0x1E08F}, {0x1E4EC, 0x1E4EF}, {0x1E5EE, 0x1E5EF},
+};
+constexpr CodePointRange kUnicode16Digits[] = {
+    {0x10D40, 0x10D49}, {0x116D0, 0x116E3}, {0x11BF0, 0x11BF9}, {0x11F50, 0x11F59}, {0x16130, 0x16139},
+    {0x16D70, 0x16D79}, {0x1CCF0, 0x1CCF9}, {0x1D2C0, 0x1D2D3}, {0x1E4F0, 0x1E4F9}, {0x1E5F1, 0x1E5FA},
+};
+
+// The additions to PCRE2's \p{X} for X in L, M, N; empty for other properties.
+absl::Span<const CodePointRange> Unicode16Additions(std::string_view property) {
+  if (property == "L") return kUnicode16Letters;
+  if (property == "M") return kUnicode16Marks;
+  if (property == "N") return kUnicode16Digits;
+  return {};
+}
+
+// Ranges as PCRE2 class items: "\x{1C89}-\x{1C8A}\x{A7CB}-...".
+std::string ClassItems(absl::Span<const CodePointRange> ranges) {
+  std::string out;
+  char item[32];
+  for (const CodePointRange& r : ranges) {
+    if (r.lo == r.hi) {
+      std::snprintf(item, sizeof(item), "\\x{%X}", r.lo);
+    } else {
+      std::snprintf(item, sizeof(item), "\\x{%X}-\\x{%X}", r.lo, r.hi);
+    }
+    out += item;
+  }
+  return out;
+}
+
+// Whether `text` (valid UTF-8) holds a code point of the additions: only then can the classes with
+// and without them match differently. Those of the BMP start with byte E0, E1 or EA in UTF-8 (the
+// rest take 4 bytes), so CJK and most other text is skipped byte by byte without decoding.
+bool HasUnicode16Additions(absl::string_view text) {
+  static const std::vector<CodePointRange>* all = [] {
+    auto* v = new std::vector<CodePointRange>;
+    for (auto t :
+         {absl::Span<const CodePointRange>(kUnicode16Letters), absl::Span<const CodePointRange>(kUnicode16Marks),
+          absl::Span<const CodePointRange>(kUnicode16Digits)}) {
+      v->insert(v->end(), t.begin(), t.end());
+    }
+    std::sort(v->begin(), v->end(), [](CodePointRange a, CodePointRange b) { return a.lo < b.lo; });
+    return v;
+  }();
+  for (size_t i = 0; i < text.size();) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    if (b < 0xE0 || (b > 0xE1 && b != 0xEA && b < 0xF0)) {
+      ++i;
+      continue;
+    }
+    const uint32_t cp = NextCodepoint(text, i);
+    auto it = std::upper_bound(all->begin(), all->end(), cp, [](uint32_t c, CodePointRange r) { return c < r.lo; });
+    if (it != all->begin() && cp <= std::prev(it)->hi) return true;
+  }
+  return false;
+}
+
+// `pattern` in PCRE2's syntax; with Classes::kHf, \p{L} / \p{M} / \p{N} hold the Unicode 16
+// additions (HF's classes), with Classes::kPcre2 they are PCRE2's own (faster; the same matches on
+// text without those code points).
+enum class Classes { kHf, kPcre2 };
+absl::StatusOr<std::string> OnigToPcre2(const std::string& pattern, Classes classes) {
   std::string out;
   bool in_class = false;
   for (size_t i = 0; i < pattern.size(); ++i) {
@@ -120,6 +207,24 @@ absl::StatusOr<std::string> OnigToPcre2(const std::string& pattern) {
     if (c == '\\' && i + 1 < pattern.size()) {
       const char e = pattern[i + 1];
       ++i;
+      if ((e == 'p' || e == 'P') && i + 1 < pattern.size() && pattern[i + 1] == '{') {
+        const size_t close = pattern.find('}', i + 1);
+        const std::string property = close == std::string::npos ? "" : pattern.substr(i + 2, close - i - 2);
+        const auto extra = Unicode16Additions(property);
+        if (extra.empty() || classes == Classes::kPcre2) {  // PCRE2's own tables
+          out.push_back('\\');
+          out.push_back(e);
+          continue;
+        }
+        const std::string cls = absl::StrCat("\\p{", property, "}", ClassItems(extra));
+        if (in_class && e == 'P') {
+          return absl::UnimplementedError(
+              absl::StrCat("split regex uses \\P{", property, "} inside a character class"));
+        }
+        absl::StrAppend(&out, in_class ? cls : absl::StrCat(e == 'P' ? "[^" : "[", cls, "]"));
+        i = close;
+        continue;
+      }
       if (e == 's') {
         absl::StrAppend(&out, in_class ? kWhiteSpaceSet : absl::StrCat("[", kWhiteSpaceSet, "]"));
       } else if (e == 'S') {
@@ -161,6 +266,15 @@ struct Tokenizer::Regex {
 };
 
 absl::StatusOr<std::unique_ptr<Tokenizer::Regex>> Tokenizer::Regex::Compile(const std::string& pattern) {
+  // The Unicode 16 additions (kUnicode16Letters, ...) make PCRE2 with Unicode 14 to 16 classify as
+  // HF does; an older PCRE2 lacks more, a newer one knows code points HF does not.
+  char version[32] = {};
+  pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, version);
+  const int major = std::atoi(version);
+  if (major < 14 || major > 16) {
+    return absl::UnimplementedError(absl::StrCat(
+        "PCRE2's Unicode version is ", version, "; the tokenizer matches HF's classes with PCRE2 of Unicode 14 to 16"));
+  }
   int err = 0;
   PCRE2_SIZE err_offset = 0;
   auto regex = std::make_unique<Regex>();
@@ -416,8 +530,8 @@ absl::StatusOr<bool> ReadNfc(const json& j) {
   return absl::UnimplementedError(absl::StrCat("normalizer ", norm.dump(), " (supported: none, NFC)"));
 }
 
-// The split regex, in PCRE2 syntax, of a pre-tokenizer Sequence[Split(Regex, Isolated),
-// ByteLevel(use_regex=false)] or ByteLevel(use_regex=true).
+// The split regex (Oniguruma syntax, as HF has it) of a pre-tokenizer Sequence[Split(Regex,
+// Isolated), ByteLevel(use_regex=false)] or ByteLevel(use_regex=true).
 absl::StatusOr<std::string> ReadSplitPattern(const json& pre) {
   std::string pattern;
   std::vector<json> steps;
@@ -452,7 +566,7 @@ absl::StatusOr<std::string> ReadSplitPattern(const json& pre) {
   if (!byte_level || pattern.empty()) {
     return absl::UnimplementedError("pre-tokenizer must end in ByteLevel and define a split regex");
   }
-  return OnigToPcre2(pattern);
+  return pattern;
 }
 }  // namespace
 
@@ -480,7 +594,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
     t->added_by_first_byte_ = std::move(ids.added_by_first_byte);
     ASSIGN_OR_RETURN(t->nfc_, ReadNfc(j));
     ASSIGN_OR_RETURN(const std::string pattern, ReadSplitPattern(j.at("pre_tokenizer")));
-    ASSIGN_OR_RETURN(t->regex_, Regex::Compile(pattern));
+    ASSIGN_OR_RETURN(const std::string hf_pattern, OnigToPcre2(pattern, Classes::kHf));
+    ASSIGN_OR_RETURN(const std::string fast_pattern, OnigToPcre2(pattern, Classes::kPcre2));
+    ASSIGN_OR_RETURN(t->regex_, Regex::Compile(hf_pattern));
+    // Classes with the additions cost PCRE2's JIT 2.5-4x the matching time of its own; text
+    // without any of those code points (nearly all) takes the plain pattern.
+    if (fast_pattern != hf_pattern) {
+      ASSIGN_OR_RETURN(t->regex_fast_, Regex::Compile(fast_pattern));
+    }
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: ", e.what()));
   }
@@ -518,11 +639,31 @@ std::string Tokenizer::RepairUtf8(absl::string_view text) {
   return out;
 }
 
+namespace {
+// HF's NFC normalizer is the `unicode-normalization-alignments` crate, whose tables are Unicode
+// 9.0's: a mark assigned later (U+07FD, U+1AC0, U+1DFA, ...) is an unassigned code point there,
+// so it neither reorders nor composes and blocks both across it. ICU's normalizer restricted to
+// the code points of Unicode <= 9.0 behaves exactly so (normalization data of assigned characters
+// is stable across versions; text outside the filter is copied and splits the spans normalized).
+// Found by tools/tokenizer/npm_tokenizers_check.mjs (--sweep, --fuzz) against tokenizers 0.23.2.
+const icu::Normalizer2& HfNfc() {
+  static const icu::Normalizer2* nfc = [] {
+    UErrorCode ec = U_ZERO_ERROR;
+    const icu::Normalizer2* full = icu::Normalizer2::getNFCInstance(ec);
+    CHECK(U_SUCCESS(ec)) << "ICU NFC data unavailable: " << u_errorName(ec);
+    auto* unicode9 = new icu::UnicodeSet(icu::UnicodeString(u"[:age=9.0:]"), ec);
+    CHECK(U_SUCCESS(ec)) << "ICU age set unavailable: " << u_errorName(ec);
+    unicode9->freeze();
+    return new icu::FilteredNormalizer2(*full, *unicode9);
+  }();
+  return *nfc;
+}
+}  // namespace
+
 std::string Tokenizer::NfcNormalize(absl::string_view text) {
   if (IsAscii(text)) return std::string(text);
   UErrorCode ec = U_ZERO_ERROR;
-  const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(ec);
-  CHECK(U_SUCCESS(ec)) << "ICU NFC data unavailable: " << u_errorName(ec);
+  const icu::Normalizer2* nfc = &HfNfc();
   const icu::StringPiece piece(text.data(), static_cast<int32_t>(text.size()));
   if (nfc->isNormalizedUTF8(piece, ec) && U_SUCCESS(ec)) return std::string(text);
   ec = U_ZERO_ERROR;
@@ -585,6 +726,36 @@ std::vector<uint32_t> Tokenizer::Encode(absl::string_view text, SpecialTokens sp
   return ids;
 }
 
+// Calls piece(text, offset) for each piece the split regex cuts `text` into, in order: matches
+// and the unmatched gaps between them (the supported patterns leave none).
+template <typename PieceFn>
+void Tokenizer::ForEachPiece(absl::string_view text, PieceFn&& piece) const {
+  const Regex& re = regex_fast_ != nullptr && !HasUnicode16Additions(text) ? *regex_fast_ : *regex_;
+  ThreadMatchState& ms = MatchState();
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  const size_t len = text.size();
+  size_t offset = 0;
+  while (offset < len) {
+    int rc = re.jit ? pcre2_jit_match(re.code, subject, len, offset, 0, ms.md, ms.mctx)
+                    : pcre2_match(re.code, subject, len, offset, PCRE2_NO_UTF_CHECK, ms.md, ms.mctx);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    CHECK_GT(rc, 0) << "PCRE2 match error " << rc;
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(ms.md);
+    const size_t mb = ov[0], me = ov[1];
+    if (mb > offset) piece(text.substr(offset, mb - offset), offset);  // an unmatched gap
+    if (me == mb) {  // empty match: step one code point (cannot happen with the supported patterns)
+      size_t next = mb;
+      NextCodepoint(text, next);
+      if (next > mb) piece(text.substr(mb, next - mb), mb);
+      offset = next;
+      continue;
+    }
+    piece(text.substr(mb, me - mb), mb);
+    offset = me;
+  }
+  if (offset < len) piece(text.substr(offset), offset);
+}
+
 void Tokenizer::EncodePlain(absl::string_view text, uint32_t base, Normalized normalized, std::vector<uint32_t>* ids,
                             std::vector<uint32_t>* starts) const {
   std::string norm;
@@ -592,29 +763,17 @@ void Tokenizer::EncodePlain(absl::string_view text, uint32_t base, Normalized no
     norm = NfcNormalize(text);
     text = norm;
   }
-  ThreadMatchState& ms = MatchState();
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  const size_t len = text.size();
-  size_t offset = 0;
-  while (offset < len) {
-    int rc = regex_->jit ? pcre2_jit_match(regex_->code, subject, len, offset, 0, ms.md, ms.mctx)
-                         : pcre2_match(regex_->code, subject, len, offset, PCRE2_NO_UTF_CHECK, ms.md, ms.mctx);
-    if (rc == PCRE2_ERROR_NOMATCH) break;
-    CHECK_GT(rc, 0) << "PCRE2 match error " << rc;
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(ms.md);
-    const size_t mb = ov[0], me = ov[1];
-    if (mb > offset) EncodePiece(text.substr(offset, mb - offset), base + offset, ids, starts);  // an unmatched gap
-    if (me == mb) {  // empty match: step one code point (cannot happen with the supported patterns)
-      size_t next = mb;
-      NextCodepoint(text, next);
-      if (next > mb) EncodePiece(text.substr(mb, next - mb), base + mb, ids, starts);
-      offset = next;
-      continue;
-    }
-    EncodePiece(text.substr(mb, me - mb), base + mb, ids, starts);
-    offset = me;
-  }
-  if (offset < len) EncodePiece(text.substr(offset), base + offset, ids, starts);
+  ForEachPiece(text, [&](absl::string_view piece, size_t offset) {
+    EncodePiece(piece, base + static_cast<uint32_t>(offset), ids, starts);
+  });
+}
+
+std::vector<std::string> Tokenizer::PreTokenize(absl::string_view text) const {
+  std::string fixed = RepairUtf8(text);
+  if (nfc_) fixed = NfcNormalize(fixed);
+  std::vector<std::string> pieces;
+  ForEachPiece(fixed, [&](absl::string_view piece, size_t) { pieces.emplace_back(piece); });
+  return pieces;
 }
 
 void Tokenizer::EncodePiece(absl::string_view piece, uint32_t base, std::vector<uint32_t>* ids,

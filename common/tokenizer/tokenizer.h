@@ -1,14 +1,15 @@
-// Byte-level BPE tokenizer that loads HF tokenizer.json (Qwen2/Qwen2.5/Qwen3, Llama-3 kind) and
-// produces the same ids as HF `tokenizers`.
+// Byte-level BPE tokenizer that loads HF tokenizer.json (Qwen2/Qwen2.5/Qwen3/Qwen3.5, Llama-3 kind)
+// and produces the same ids as HF `tokenizers` (0.23.2).
 //
 // Pipeline (as HF runs it for these models):
 //   1. invalid UTF-8 is replaced by U+FFFD per maximal subpart (what Python's
 //      bytes.decode("utf-8", "replace") and Rust's from_utf8_lossy do before HF ever sees text);
 //   2. added tokens (<|im_start|>, <think>, ...) are matched first, leftmost-longest, and emitted
 //      as their ids; the text between them goes through steps 3-6;
-//   3. normalizer: none or NFC (ICU);
+//   3. normalizer: none or NFC (ICU, restricted to Unicode 9.0's code points as HF's tables are);
 //   4. pre-tokenizer: the Split regex (PCRE2, UTF + UCP, JIT) with Isolated behaviour, or
-//      ByteLevel's own GPT-2 regex when use_regex is true;
+//      ByteLevel's own GPT-2 regex when use_regex is true; \s, \p{L}, \p{M}, \p{N} classify as
+//      HF's Oniguruma does (White_Space; Unicode 16.0);
 //   5. byte-level BPE on each piece: start from single bytes, repeatedly merge the adjacent pair
 //      of lowest merge rank (leftmost on ties); ignore_merges (Llama-3) emits a whole piece that is
 //      itself in the vocabulary directly;
@@ -64,6 +65,11 @@ class Tokenizer {
 
   std::string Decode(absl::Span<const uint32_t> ids, SkipSpecial skip = SkipSpecial::kNo) const;
 
+  // The pieces the pre-tokenizer cuts `text` into (UTF-8 repaired, normalized; added tokens are
+  // not matched), as raw bytes: what HF's normalizer then pre_tokenizer give, for comparisons
+  // that ids alone cannot make (two splits can tokenize alike under a small vocabulary).
+  std::vector<std::string> PreTokenize(absl::string_view text) const;
+
   // Id of a vocabulary entry or added token given as text (e.g. "<|im_end|>"), or NOT_FOUND.
   absl::StatusOr<uint32_t> TokenId(absl::string_view token_text) const;
   // Raw bytes of a token (the byte-level mapping undone); empty for ids outside the vocabulary.
@@ -84,6 +90,8 @@ class Tokenizer {
   Tokenizer();
   struct Regex;
   struct WordCache;
+  template <typename PieceFn>
+  void ForEachPiece(absl::string_view text, PieceFn&& piece) const;
   void EncodePlain(absl::string_view text, uint32_t base, Normalized normalized, std::vector<uint32_t>* ids,
                    std::vector<uint32_t>* starts) const;
   void EncodePiece(absl::string_view piece, uint32_t base, std::vector<uint32_t>* ids,
@@ -101,7 +109,10 @@ class Tokenizer {
   uint32_t byte_id_[256] = {};
   std::vector<AddedToken> added_;
   std::vector<std::vector<int>> added_by_first_byte_;  // 256 lists of indexes into added_, longest first
-  std::unique_ptr<Regex> regex_;
+  std::unique_ptr<Regex> regex_;  // the split regex with HF's Unicode classes
+  // The same with PCRE2's own classes, for text none of whose code points they classify otherwise
+  // (faster); null when the pattern uses none of those classes.
+  std::unique_ptr<Regex> regex_fast_;
   bool nfc_ = false;
   bool ignore_merges_ = false;
   uint64_t instance_id_ = 0;  // keys the per-thread word caches

@@ -1,6 +1,7 @@
 // Tokenizer tests on the real Qwen3 tokenizer.json: HF-produced expected ids for the committed
 // sample (tests/data/tokenizer/sample.jsonl, ids from tools/tokenizer/hf_expected_ids.py),
-// special tokens, offsets, decode round trip, invalid UTF-8 repair as Python/Rust do it.
+// special tokens, offsets, decode round trip, invalid UTF-8 repair as Python/Rust do it; and on a
+// tokenizer.json of Qwen3.5's structure (ids from HF tokenizers through its npm package).
 #include "common/tokenizer/tokenizer.h"
 
 #include <cstdlib>
@@ -143,6 +144,70 @@ TEST(Tokenizer, HostileIdsAndNestingAreRefused) {
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
   auto d = Tokenizer::FromJson(R"({"x": )" + deep + "}");
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << d.status();
+}
+
+// Qwen3.5's tokenizer.json structure (NFC; Split on its regex, whose letter runs take marks too;
+// byte-level BPE) over a small generated vocabulary with Qwen3.5's 33 added tokens
+// (qwen3.5-synthetic/, tools/tokenizer/npm_tokenizers_check.mjs make-qwen3.5); the expected ids
+// are HF tokenizers 0.23.2's (the npm package) for the shared sample and for text heavy in marks.
+const Tokenizer& Qwen3_5Synthetic() {
+  static const Tokenizer* tok = [] {
+    auto t = Tokenizer::FromFile(DataDir() + "/qwen3.5-synthetic/tokenizer.json");
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? t->release() : nullptr;
+  }();
+  return *tok;
+}
+
+TEST(Tokenizer, Qwen3_5StructureMatchesHfExpectedIds) {
+  const Tokenizer& t = Qwen3_5Synthetic();
+  EXPECT_TRUE(t.normalizes_nfc());
+  EXPECT_EQ(t.added_tokens().size(), 33u);
+  EXPECT_EQ(t.vocab_size(), 1322 + 33);
+  EXPECT_EQ(*t.TokenId("<|im_start|>"), 1322u + 1);
+  EXPECT_EQ(*t.TokenId("</think>"), 1322u + 25);
+  EXPECT_EQ(*t.TokenId("<|audio_pad|>"), 1322u + 32);
+  for (const char* corpus : {"sample", "qwen3.5-synthetic/marks"}) {
+    auto docs = ReadCorpusJsonl(DataDir() + "/" + corpus + ".jsonl");
+    ASSERT_TRUE(docs.ok()) << docs.status();
+    const std::string expected_path =
+        DataDir() + (std::string(corpus) == "sample" ? "/qwen3.5-synthetic/sample" : "/" + std::string(corpus)) +
+        ".expected.jsonl";
+    std::ifstream in(expected_path);
+    ASSERT_TRUE(in) << expected_path;
+    size_t i = 0;
+    for (std::string line; std::getline(in, line); ++i) {
+      ASSERT_LT(i, docs->size()) << corpus;
+      EXPECT_EQ(t.Encode((*docs)[i]), nlohmann::json::parse(line)["ids"].get<std::vector<uint32_t>>())
+          << corpus << " document " << i << ": " << (*docs)[i].substr(0, 80);
+    }
+    EXPECT_EQ(i, docs->size()) << corpus;
+  }
+}
+
+TEST(Tokenizer, Qwen3_5LetterRunsTakeMarks) {
+  // Devanagari vowel signs and the virama are marks: Qwen3's \p{L}+ cuts the word at each,
+  // Qwen3.5's [\p{L}\p{M}]+ keeps it whole (a mark after a space starts a run with it).
+  const std::string word = "\u0928\u092e\u0938\u094d\u0924\u0947";  // namaste
+  EXPECT_THAT(Qwen3_5Synthetic().PreTokenize(" " + word + " \u0301a"), ::testing::ElementsAre(" " + word, " \u0301a"));
+  EXPECT_GT(Qwen3().PreTokenize(" " + word).size(), 1u);
+}
+
+// HF's Oniguruma classifies by Unicode 16: U+1C89 (a Cyrillic letter new in 16.0) is a letter and
+// U+11F50 (a Kawi digit, 15.0) a number there, which PCRE2 10.42 (Unicode 14) does not know.
+TEST(Tokenizer, ClassesFollowHfUnicodeVersion) {
+  for (const Tokenizer* t : {&Qwen3(), &Qwen3_5Synthetic()}) {
+    EXPECT_THAT(t->PreTokenize("\u1C89's"), ::testing::ElementsAre("\u1C89", "'s"));
+    EXPECT_THAT(t->PreTokenize("x\U00011F50\U00011F51"), ::testing::ElementsAre("x", "\U00011F50", "\U00011F51"));
+  }
+}
+
+// HF's NFC has Unicode 9.0's tables: a mark assigned later (U+1AC0, Unicode 14) is an unknown code
+// point there, which blocks composition across it; older marks reorder and compose as usual.
+TEST(Tokenizer, NfcIsUnicode9LikeHf) {
+  EXPECT_EQ(Tokenizer::NfcNormalize("a\u1AC0\u0301"), "a\u1AC0\u0301");
+  EXPECT_EQ(Tokenizer::NfcNormalize("a\u0316\u0301"), "\u00E1\u0316");
+  EXPECT_EQ(Tokenizer::NfcNormalize("a\u0301\u0316"), "\u00E1\u0316");
 }
 
 TEST(Tokenizer, RejectsUnsupportedModels) {

@@ -1,7 +1,8 @@
 // Renders tests/data/chat_templates/conversations.jsonl with each committed chat template through
 // @huggingface/jinja (HF's JavaScript Jinja, the engine of transformers.js), and compares the text
 // with the expected files written by hf_render.py (Python transformers' apply_chat_template, the
-// oracle). A local cross-check that needs no GPU machine and no Python transformers:
+// oracle); likewise Qwen3.5's own case sets against jinja2_render.py's expected files. A local
+// cross-check that needs no GPU machine and no Python transformers:
 //
 //   mkdir -p /tmp/jinja-ref && (cd /tmp/jinja-ref && npm install @huggingface/jinja@0.5.11)
 //   NODE_PATH=/tmp/jinja-ref/node_modules node tools/chat_template/render_jinja.mjs
@@ -87,6 +88,54 @@ for (const [name, configPath] of Object.entries(TEMPLATES)) {
     }
   });
 }
+
+// Qwen3.5: its own case sets against expected/qwen3.5*.jsonl (Python Jinja2 as transformers runs
+// it, jinja2_render.py); a case the template raises on must raise here too. The template trims
+// every content and strips "\n" around </think>, so the JS differences above apply to any content
+// with a character the two trims disagree on, and to any assistant content holding </think>
+// (`lstrip('\n')` strips all whitespace here).
+const QWEN3_5 = {
+  "qwen3.5": path.join(data, "qwen3.5.tokenizer_config.json"),
+  "qwen3.5-nothink": path.join(data, "qwen3.5-nothink.tokenizer_config.json"),
+};
+const QWEN3_5_SETS = { "": "qwen3.5-conversations.jsonl", ".random": "qwen3.5-random-conversations.jsonl" };
+const TRIMS_DIFFER = /[\u001c-\u001f\u0085\ufeff\u180e]/;
+const texts = (m) => [m.content, m.reasoning_content].flat().map((x) => (x && typeof x === "object" ? x.text : x))
+  .filter((x) => typeof x === "string");
+const [checkedBefore, knownBefore, failuresBefore] = [checked, known, failures];
+for (const [name, configPath] of Object.entries(QWEN3_5)) {
+  const template = new Template(JSON.parse(fs.readFileSync(configPath, "utf8")).chat_template);
+  for (const [set, file] of Object.entries(QWEN3_5_SETS)) {
+    const cases = fs.readFileSync(path.join(data, file), "utf8").trim().split("\n").map(JSON.parse);
+    const expected = fs.readFileSync(path.join(data, "expected", `${name}${set}.jsonl`), "utf8").trim().split("\n")
+      .map(JSON.parse);
+    cases.forEach((c, i) => {
+      let text, error;
+      try {
+        text = template.render({ messages: c.messages, add_generation_prompt: Boolean(c.add_generation_prompt) });
+      } catch (e) {
+        error = e.message;
+      }
+      ++checked;
+      const want = expected[i];
+      if (want.error !== undefined ? error !== undefined && error.includes(want.error) : text === want.text) return;
+      const explained = c.messages.some((m) => texts(m).some((t) => TRIMS_DIFFER.test(t))) ||
+        c.messages.some((m) => m.role === "assistant" && texts(m).some((t) => t.includes("</think>")));
+      if (explained) {
+        ++known;
+        if (!set) console.log(`${name} case ${i}: differs, as expected (JS trim/strip vs Python str.strip)`);
+      } else {
+        ++failures;
+        console.log(`${name}${set} case ${i}: DIFFERS\n  jinja: ${JSON.stringify(error ?? text)}\n` +
+                    `  hf:    ${JSON.stringify(want.error ?? want.text)}`);
+      }
+    });
+  }
+}
+const [q35Checked, q35Known, q35Failures] = [checked - checkedBefore, known - knownBefore, failures - failuresBefore];
+console.log(`qwen3.5 (both copies): ${q35Checked - q35Known - q35Failures} identical, ${q35Known} known trim ` +
+            `differences, ${q35Failures} failed`);
+
 console.log(`@huggingface/jinja ${jinjaVersion}: ${checked - failures - known} ` +
   `identical, ${known} known trim differences, ${failures} failed`);
 process.exit(failures ? 1 : 0);

@@ -29,6 +29,7 @@
 #include "worker/kernels/attention.h"
 #include "worker/kernels/cuda_check.h"
 #include "worker/kernels/cudnn_attention.h"
+#include "worker/kernels/gated_delta.h"
 #include "worker/kernels/gemm.h"
 #include "worker/kernels/qk_norm_rope.h"
 #include "worker/kernels/rmsnorm.h"
@@ -95,6 +96,36 @@ struct LayerActs {
   float* rstd2 = nullptr;
   bf16* gu = nullptr;
   bf16* act = nullptr;
+};
+
+// A qwen3_5 layer's intermediates (cuda_qwen3_5_layer.cc), all of the batch's T tokens, in one
+// scratch block: what LayerActs names for the shared parts (norms, h1, the attention mixer's q/k/v,
+// output and LSE, the dense MLP's gu/act) and the rest below. Only the layer's own mixer and MLP
+// kind are reserved (the other pointers stay null).
+struct HybridActs {
+  LayerActs l;
+  bf16* branch = nullptr;  // FP32 residual: the BF16 mixer / down_proj output before the FP32 add
+  // Gated attention: o · σ(gate), o_proj's input [T, qd].
+  bf16* og = nullptr;
+  // Gated DeltaNet: proj = xn1 · [Wqkv; Wz; Wb; Wa]ᵀ [T, P] (mixed | z | b | a), the conv + SiLU
+  // output of q|k [T, 2 kd] and of v [T, vd] (the core's v), q and k after their L2 norms [T, kd],
+  // g and beta [T, nv] FP32, the core's output [T, vd] and the gated norm's [T, vd].
+  bf16* proj = nullptr;
+  bf16* qk_conv = nullptr;
+  bf16* v_conv = nullptr;
+  bf16* qn = nullptr;
+  bf16* kn = nullptr;
+  float* g = nullptr;
+  float* beta = nullptr;
+  bf16* core = nullptr;
+  bf16* gated = nullptr;
+  // qwen3_5_moe: the routed experts' FP32 sum (plus the gated shared expert), the shared expert's
+  // gate|up [T, 2 S], SwiGLU [T, S] and down_proj output [T, H], and its gate logit [T].
+  float* moe_out = nullptr;
+  bf16* shared_gu = nullptr;
+  bf16* shared_act = nullptr;
+  bf16* shared_out = nullptr;
+  float* shared_logit = nullptr;
 };
 
 class CudaSaved final : public SavedActivations {
@@ -189,7 +220,9 @@ class CudaBackend final : public ComputeBackend {
     hd_ = static_cast<int>(config_.head_dim);
     qd_ = config_.q_dim();
     kvd_ = config_.kv_dim();
-    qkv_ = qd_ + 2 * kvd_;
+    // qwen3_5's q_proj rows hold [query | gate] per head: q_cols_ = 2 qd of the fused rows.
+    q_cols_ = config_.has_attention_output_gate() ? 2 * qd_ : qd_;
+    qkv_ = q_cols_ + 2 * kvd_;
     if (config_.num_hidden_layers > 0) {
       ModelLayout layout = ModelLayout::Build(config_);
       // The offsets of a dense layer's tensors; a sparse layer (qwen3_moe) has its attention and
@@ -216,13 +249,16 @@ class CudaBackend final : public ComputeBackend {
         }
         ASSIGN_OR_RETURN(CudaMoeBlock block,
                          CudaMoeBlock::Create(MoeDims::Of(config_), MoeOffsets::InUnit(*sparse), &gemm_));
-        moe_.emplace(std::move(block));
+        moe_blocks_.push_back(std::make_unique<CudaMoeBlock>(std::move(block)));
+        moe_ = moe_blocks_.back().get();
       }
+      if (config_.is_qwen3_5()) RETURN_IF_ERROR(InitQwen3_5(layout));
     }
-    qkv_w_ = Stack({{off_[kQProj], qd_}, {off_[kKProj], kvd_}, {off_[kVProj], kvd_}});
+    qkv_w_ = Stack({{off_[kQProj], q_cols_}, {off_[kKProj], kvd_}, {off_[kVProj], kvd_}});
     gu_w_ = Stack({{off_[kGateProj], I_}, {off_[kUpProj], I_}});
-    // A scaled RoPE (linear, dynamic, llama3, yarn): its frequencies as a table.
-    if (config_.rope_scaling.type != RopeScaling::Type::kNone) {
+    // A scaled RoPE (linear, dynamic, llama3, yarn), or a partial one (qwen3_5: its rotary_dim / 2
+    // frequencies as HF computes them): the frequencies as a table.
+    if (config_.rope_scaling.type != RopeScaling::Type::kNone || config_.rotary_dim() != config_.head_dim) {
       const std::vector<float> inv = config_.RopeInverseFrequencies();
       SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&rope_inv_freq_, inv.size() * sizeof(float)));
       SLIDEDP_CUDA_RETURN_IF_ERROR(
@@ -372,6 +408,61 @@ class CudaBackend final : public ComputeBackend {
                            void* dx, float* dparams);
   // The batch's routing record for `ordinal`: where the forward writes C_e and S_e.
   absl::StatusOr<MoeRouterStatsOut> RouterRecord(const CudaBatch& b, int ordinal);
+
+  // ---- qwen3_5 / qwen3_5_moe (cuda_qwen3_5_layer.cc) ----
+  // Its layers differ by mixer (and a unit's tensors lie where its own layout puts them), so each
+  // decoder layer's offsets are kept, and SelectLayer makes the layer's the current ones (off_,
+  // fp32_off_, the stacked weights, moe_) before any of the layer's math. Checks the shapes the
+  // kernels take (Init).
+  struct LayerShape {
+    int64_t off[kNumDecoderTensors];
+    int64_t fp32_off[kNumDecoderTensors];
+    CudaMoeBlock* moe = nullptr;  // a sparse layer's block (its router and experts' offsets)
+  };
+  absl::Status InitQwen3_5(const ModelLayout& layout);
+  absl::Status SelectLayer(const UnitParams& params);
+  // One layer, untiled, keeping nothing: backward recomputes the forward from x.
+  absl::Status HybridDecoderForward(const UnitParams& params, const CudaBatch& b, const void* x, void* y,
+                                    ActPolicy policy, std::unique_ptr<SavedActivations>* saved);
+  absl::Status HybridDecoderBackward(const UnitParams& params, const CudaBatch& b, const void* x, const void* dy,
+                                     void* dx, float* dparams);
+  // Reserves the layer's intermediates (HybridActs) in `c`.
+  void ReserveHybrid(Carver& c, HybridActs& a, int64_t T, bool linear, int sparse) const;
+  // The layer forward: h1 = x + mixer(RMSNorm(x)) (MixerForward), y = h1 + mlp(RMSNorm(h1))
+  // (MlpForward; y null: everything up to the MLP's output, as backward needs it).
+  absl::Status MixerForward(const UnitParams& params, const CudaBatch& b, const void* x, bool linear,
+                            const HybridActs& a);
+  absl::Status MlpForward(const UnitParams& params, const CudaBatch& b, int sparse, const HybridActs& a, void* y);
+  // The Gated DeltaNet from xn1 to its gated norm's output (a.gated).
+  absl::Status GdnForward(const UnitParams& params, const CudaBatch& b, const HybridActs& a);
+  // Its backward from dgated = dL/d(gated norm output) [T, vd] BF16 to dproj [T, P] BF16 (the four
+  // projections' output gradients), parameter gradients added.
+  absl::Status GdnBackward(const UnitParams& params, const CudaBatch& b, const HybridActs& a, const bf16* dgated,
+                           bf16* dproj, float* dparams);
+  // qwen3_5_moe's shared expert: forward computes its output and gate logit (MlpForward adds
+  // σ(logit)·output to the routed experts' sum); backward adds its part of dxn2 (FP32) for dy,
+  // weight gradients added.
+  absl::Status SharedExpertForward(const UnitParams& params, const HybridActs& a, int64_t T);
+  absl::Status SharedExpertBackward(const UnitParams& params, const HybridActs& a, int64_t T, const float* dy,
+                                    float* dxn, float* dparams);
+  kernels::GatedDeltaArgs DeltaArgs(int64_t tokens, int num_docs, const int32_t* cu_seqlens) const {
+    kernels::GatedDeltaArgs d;
+    d.tokens = tokens;
+    d.num_docs = num_docs;
+    d.cu_seqlens = cu_seqlens;
+    d.num_k_heads = static_cast<int>(config_.linear.num_key_heads);
+    d.num_v_heads = static_cast<int>(config_.linear.num_value_heads);
+    d.k_dim = static_cast<int>(config_.linear.key_head_dim);
+    d.v_dim = static_cast<int>(config_.linear.value_head_dim);
+    d.scale = 1.0f / std::sqrt(static_cast<float>(config_.linear.key_head_dim));
+    return d;
+  }
+  // The chunked kernels (worker/kernels/gated_delta.h) where they take the head dims, else the
+  // recurrent fallback (qwen3_5_kernels.h).
+  bool ChunkedDelta() const { return kernels::GatedDeltaForwardWorkspaceBytes(DeltaArgs(1, 1, nullptr)) > 0; }
+  // Column of v in the fused qkv rows: after q (and qwen3_5's gates) and k.
+  int64_t VColumn() const { return q_cols_ + kvd_; }
+
   StackedWeight Stack(std::vector<std::pair<int64_t, int64_t>> parts) const {
     StackedWeight s;
     s.parts = std::move(parts);
@@ -430,7 +521,17 @@ class CudaBackend final : public ComputeBackend {
     r.theta = static_cast<float>(config_.rope_theta);
     r.inv_freq = rope_inv_freq_;
     r.attention_scaling = static_cast<float>(config_.RopeAttentionScaling());
+    r.norm_weight = NormMode();
+    // qwen3_5: RoPE on the first rotary_dim dims only; q heads every 2 hd in the fused rows (the
+    // gates between them), k right after them (RopeArgs::k_column's default).
+    if (config_.rotary_dim() != config_.head_dim) r.rotary_dim = static_cast<int>(config_.rotary_dim());
+    if (config_.has_attention_output_gate()) r.q_head_stride = 2 * hd_;
     return r;
+  }
+  // How the RMSNorm weights act: qwen3_5's as 1 + w (every norm but the gated one of its Gated
+  // DeltaNet, which takes its weight separately), the other families' as w.
+  kernels::NormWeight NormMode() const {
+    return config_.norms_add_one() ? kernels::NormWeight::kOnePlus : kernels::NormWeight::kPlain;
   }
 
   bool f32() const { return options_.fp32_residual; }
@@ -460,8 +561,8 @@ class CudaBackend final : public ComputeBackend {
   template <typename WT>
   absl::Status NormForwardAs(const void* x, const WT* w, int64_t T, bf16* y, float* rstd) {
     const float eps = static_cast<float>(config_.rms_norm_eps);
-    if (f32()) return kernels::RmsNormForward(static_cast<const float*>(x), w, T, H_, eps, y, rstd, stream_);
-    return kernels::RmsNormForward(static_cast<const bf16*>(x), w, T, H_, eps, y, rstd, stream_);
+    if (f32()) return kernels::RmsNormForward(static_cast<const float*>(x), w, T, H_, eps, y, rstd, stream_, NormMode());
+    return kernels::RmsNormForward(static_cast<const bf16*>(x), w, T, H_, eps, y, rstd, stream_, NormMode());
   }
   // dx = RMSNormᵀ(dy) (+ dres); dy, x, dres, dx all in the residual dtype. dres may be null.
   absl::Status NormBackward(const void* dy, const void* x, NormW w, const float* rstd, const void* dres, int64_t T,
@@ -474,10 +575,12 @@ class CudaBackend final : public ComputeBackend {
                               int64_t T, void* dx, float* dw, float* ws) {
     if (f32()) {
       return kernels::RmsNormBackward(static_cast<const float*>(dy), static_cast<const float*>(x), w, rstd,
-                                      static_cast<const float*>(dres), T, H_, static_cast<float*>(dx), dw, ws, stream_);
+                                      static_cast<const float*>(dres), T, H_, static_cast<float*>(dx), dw, ws, stream_,
+                                      NormMode());
     }
     return kernels::RmsNormBackward(static_cast<const bf16*>(dy), static_cast<const bf16*>(x), w, rstd,
-                                    static_cast<const bf16*>(dres), T, H_, static_cast<bf16*>(dx), dw, ws, stream_);
+                                    static_cast<const bf16*>(dres), T, H_, static_cast<bf16*>(dx), dw, ws, stream_,
+                                    NormMode());
   }
   // q/k norm + RoPE over T tokens (a tile: a's pointers and `positions` at its first row), with
   // the weights' FP32 values when present.
@@ -617,13 +720,21 @@ class CudaBackend final : public ComputeBackend {
   std::unique_ptr<kernels::CudnnAttention> cudnn_;
   bool cudnn_rejected_logged_[2] = {false, false};
   int64_t H_ = 0, I_ = 0, qd_ = 0, kvd_ = 0, qkv_ = 0;
+  int64_t q_cols_ = 0;  // q's columns in the fused qkv rows: qd_, or 2 qd_ with qwen3_5's gates
   int nq_ = 0, nkv_ = 0, hd_ = 0;
   int64_t off_[kNumDecoderTensors] = {};       // -1: not in this family's layer
   int64_t fp32_off_[kNumDecoderTensors] = {};  // in the FP32 side copy (norm weights only)
-  float* rope_inv_freq_ = nullptr;             // device [hd / 2] for a scaled RoPE, else null
+  float* rope_inv_freq_ = nullptr;             // device [rotary_dim / 2] for a scaled or partial RoPE, else null
   StackedWeight qkv_w_, gu_w_;
-  // qwen3_moe: the sparse layers' block, and each decoder layer's sparse ordinal (-1: dense).
-  std::optional<CudaMoeBlock> moe_;
+  // qwen3_5: the Gated DeltaNet's four input projections [Wqkv; Wz; Wb; Wa] and the shared expert's
+  // [gate; up] (of the current layer: SelectLayer), and every decoder layer's shape.
+  StackedWeight lin_w_, shared_gu_w_;
+  std::vector<LayerShape> layer_shapes_;
+  // MoE models: the sparse layers' block (of the current layer for qwen3_5: SelectLayer), the
+  // blocks (one, or one per qwen3_5 sparse layer, whose units differ by mixer), and each decoder
+  // layer's sparse ordinal (-1: dense).
+  CudaMoeBlock* moe_ = nullptr;
+  std::vector<std::unique_ptr<CudaMoeBlock>> moe_blocks_;
   std::vector<int> sparse_ordinal_;
   int num_sparse_ = 0;
 };

@@ -11,6 +11,9 @@
 //   y = h1 + act·Wdᵀ
 // Backward walks this in reverse; weight gradients go straight into the FP32 gradient array
 // (cuBLASLt beta = 1), norm-weight gradients through deterministic two-stage reductions.
+// qwen3_5 / qwen3_5_moe layers (two token mixers, gated attention, (1 + w) norms) take their own
+// path, cuda_qwen3_5_layer.cc; the helpers here serve both (the fused qkv rows' v column is
+// VColumn(), past qwen3_5's output gates).
 //
 // Tiles (ComputeBackend::TileRows, runtime.tile_tokens): everything but attention works token by
 // token, so a micro-batch longer than a tile runs it tile by tile and its scratch holds one tile:
@@ -232,12 +235,12 @@ absl::Status CudaBackend::AttentionForward(const CudaBatch& b, const LayerActs& 
     return cudnn_->Forward(attn, {a.qr, qd_}, keys, values, {a.o, qd_}, a.lse, block.get(), stream_);
   }
   if (!ws.has_value()) {
-    return kernels::FlashAttentionForward(attn, {a.qr, qd_}, {a.kr, kvd_}, {a.qkv + qd_ + kvd_, qkv_}, {a.o, qd_},
+    return kernels::FlashAttentionForward(attn, {a.qr, qd_}, {a.kr, kvd_}, {a.qkv + VColumn(), qkv_}, {a.o, qd_},
                                           a.lse, stream_);
   }
   PoolBlock block;
   RETURN_IF_ERROR(block.Alloc(Align256(*ws), stream_));
-  return cudnn_->Forward(attn, {a.qr, qd_}, {a.kr, kvd_}, {a.qkv + qd_ + kvd_, qkv_}, {a.o, qd_}, a.lse, block.get(),
+  return cudnn_->Forward(attn, {a.qr, qd_}, {a.kr, kvd_}, {a.qkv + VColumn(), qkv_}, {a.o, qd_}, a.lse, block.get(),
                          stream_);
 }
 
@@ -272,11 +275,11 @@ absl::Status CudaBackend::AttentionBackward(const CudaBatch& b, const kernels::A
     return kernels::CastRowsF32ToBf16(mine + kvd_, ld, T, kvd_, dv, qkv_, stream_);
   }
   if (!cudnn_ws.has_value()) {
-    return kernels::FlashAttentionBackward(a, {acts.qr, qd_}, {acts.kr, kvd_}, {acts.qkv + qd_ + kvd_, qkv_},
+    return kernels::FlashAttentionBackward(a, {acts.qr, qd_}, {acts.kr, kvd_}, {acts.qkv + VColumn(), qkv_},
                                            {acts.o, qd_}, acts.lse, {d_o, qd_}, {dq, qd_}, {dk, kvd_}, {dv, qkv_}, ws,
                                            stream_);
   }
-  return cudnn_->Backward(a, {acts.qr, qd_}, {acts.kr, kvd_}, {acts.qkv + qd_ + kvd_, qkv_}, {acts.o, qd_}, acts.lse,
+  return cudnn_->Backward(a, {acts.qr, qd_}, {acts.kr, kvd_}, {acts.qkv + VColumn(), qkv_}, {acts.o, qd_}, acts.lse,
                           {d_o, qd_}, {dq, qd_}, {dk, kvd_}, {dv, qkv_}, ws, stream_);
 }
 
@@ -298,7 +301,7 @@ absl::Status CudaBackend::GatherContextKv(const CudaBatch& b, const LayerActs& a
   if (part > T) SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(mine + T * ld, 0, (part - T) * ld * sizeof(bf16), stream_));
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(mine, ld * sizeof(bf16), a.kr, kvd_ * sizeof(bf16),
                                                  kvd_ * sizeof(bf16), T, cudaMemcpyDeviceToDevice, stream_));
-  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(mine + kvd_, ld * sizeof(bf16), a.qkv + qd_ + kvd_,
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(mine + kvd_, ld * sizeof(bf16), a.qkv + VColumn(),
                                                  qkv_ * sizeof(bf16), kvd_ * sizeof(bf16), T, cudaMemcpyDeviceToDevice,
                                                  stream_));
   RETURN_IF_ERROR(ContextAllGather(mine, part * ld * static_cast<int64_t>(sizeof(bf16)), ranked));
@@ -397,6 +400,7 @@ absl::Status CudaBackend::MlpTile(const UnitParams& params, const void* x, const
 absl::Status CudaBackend::DecoderForward(const UnitParams& params, const DeviceBatch& batch, const void* x, void* y,
                                          ActPolicy policy, std::unique_ptr<SavedActivations>* saved) {
   const auto& b = static_cast<const CudaBatch&>(batch);
+  if (config_.is_qwen3_5()) return HybridDecoderForward(params, b, x, y, policy, saved);
   ASSIGN_OR_RETURN(const int sparse, SparseOrdinal(params));
   if (sparse >= 0) return SparseDecoderForward(params, b, x, y, policy, saved, sparse);
   const int64_t T = b.num_tokens_, tile = TileRows(T);
@@ -481,6 +485,8 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   if (saved != nullptr && saved->detached()) {
     return absl::FailedPreconditionError("saved activations are in host memory (an activation store has them)");
   }
+  // qwen3_5's layers keep nothing (their forward left an empty CudaSaved): recomputed from x.
+  if (config_.is_qwen3_5()) return HybridDecoderBackward(params, b, x, dy, dx, dparams);
   if (sparse >= 0) return SparseDecoderBackward(params, b, x, saved, dy, dx, dparams);
   const uint32_t kept = policy.pieces;
   const kernels::AttnArgs attn = Attn(b);
@@ -547,7 +553,7 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
     RETURN_IF_ERROR(ResidualBranchBackward(dh1_t, rows, W(params.bf16, kOProj), qd_, at.o, dattn_o + t0 * qd_,
                                            dparams + off_[kOProj], dres_b));
   }
-  RETURN_IF_ERROR(AttentionBackward(b, attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + qd_ + kvd_, ws_attn, kv));
+  RETURN_IF_ERROR(AttentionBackward(b, attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + VColumn(), ws_attn, kv));
   kv_block.Release();
 
   // q/k norm + RoPE and the QKV projections, tile by tile.

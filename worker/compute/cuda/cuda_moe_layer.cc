@@ -145,7 +145,7 @@ absl::Status CudaBackend::SparseDecoderBackward(const UnitParams& params, const 
   // h1 = x + o·Woᵀ
   RETURN_IF_ERROR(
       ResidualBranchBackward(dx, T, W(params.bf16, kOProj), qd_, acts.o, dattn_o, dparams + off_[kOProj], dres_b));
-  RETURN_IF_ERROR(AttentionBackward(b, attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + qd_ + kvd_, ws_attn, kv));
+  RETURN_IF_ERROR(AttentionBackward(b, attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + VColumn(), ws_attn, kv));
   kv_block.Release();
   return QkvBackward(params, b, x, acts, kept, T, dqr, dkr, dqkv, dxn, ws_f, dx, dparams);
 }

@@ -3,8 +3,12 @@
 // and the fused head (norm + LM head + cross entropy), for three small Qwen3 shapes (head dims 64,
 // 128, 16), both residual streams and both attentions (own kernels; cuDNN with FP32 norm weights,
 // skipped where libcudnn does not load). One packed micro-batch of three documents with repeated
-// token ids and ignored labels; outputs NaN-poisoned first. And the checkpoint conversion
-// (ConvertActivations) against the CPU backend's, bit for bit.
+// token ids and ignored labels; outputs NaN-poisoned first. qwen3_5 and qwen3_5_moe (the presets
+// tiny-qwen3.5 and tiny-qwen3.5-moe, and Qwen3.5's head shapes at a small hidden size: attention at
+// head_dim 256 with partial RoPE, Gated DeltaNet heads of 128), a Gated DeltaNet layer and a gated
+// attention layer each, on a row of documents of 1, 63, 64, 65, 130 and 2 tokens, with the head's
+// (1 + w) norm. And the checkpoint conversion (ConvertActivations) against the CPU backend's, bit
+// for bit.
 #include "worker/compute/cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
@@ -81,66 +85,67 @@ std::vector<double> GetF(ComputeBackend& be, const void* d, int64_t n) {
   return std::vector<double>(h.begin(), h.end());
 }
 
-// fp32_residual: which residual stream the CUDA backend keeps (CudaBackendOptions). The tolerances
-// are the BF16-stream ones in both modes (the FP32 stream is expected to be well inside them).
-// attention: the backend's attention (cuDNN or the own kernels).
-// fp32_norms: the norm weights also come as an FP32 side copy (UnitParams::fp32), with values
-// between BF16 neighbours, which both backends must use.
-// tile: the CUDA backend's tile (ComputeBackend::SetTileTokens; 0: its default, more than this
-// batch): a smaller one runs the layer's token-local work and the head's norm tile by tile, tiles
-// cutting documents, against the untiled CPU backend.
-void CheckBackend(const std::string& label_base, const ModelConfig& cfg, bool fp32_residual,
-                  CudaBackendOptions::Attention attention, bool fp32_norms, int64_t tile = 0) {
-  const std::string label = label_base + (fp32_residual ? "[fp32 res" : "[bf16 res") +
-                            (attention == CudaBackendOptions::Attention::kCudnn ? ", cudnn" : ", own") +
-                            (fp32_norms ? ", fp32 norms" : "") + (tile > 0 ? ", tile " + std::to_string(tile) : "") +
-                            "]";
-  Pair p;
-  CudaBackendOptions opt;
-  opt.fp32_residual = fp32_residual;
-  opt.attention = attention;
-  auto g = MakeCudaBackendWithOptions(cfg, 0, opt);
-  ASSERT_OK(g.status());
-  auto c = MakeCpuBackend(cfg);
-  ASSERT_OK(c.status());
-  p.gpu = std::move(*g);
-  p.cpu = std::move(*c);
-  p.gpu->SetTileTokens(tile);
-  const bool dtype_ok = p.gpu->activation_dtype() == (fp32_residual ? Dtype::kF32 : Dtype::kBF16);
-  std::printf("%s  %-58s\n", dtype_ok ? "PASS" : "FAIL", (label + " activation_dtype matches the option").c_str());
-  EXPECT_TRUE(dtype_ok) << label << " activation_dtype matches the option";
-  const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
-  const int64_t AB = GpuActBytes(p);  // GPU activation bytes per element
-  // A packed micro-batch: three documents, positions restarting, some labels ignored.
-  MicroBatch mb;
-  const std::vector<int> docs = {37, 100, 13};
-  mb.cu_seqlens = {0};
-  std::uniform_int_distribution<int> ut(0, static_cast<int>(V) - 1);
-  for (int d : docs) {
-    for (int i = 0; i < d; ++i) {
-      mb.tokens.push_back(ut(Rng()) % 97);  // repeated ids exercise the embedding grouping
-      mb.positions.push_back(i);
-      mb.labels.push_back(i == d - 1 || i % 11 == 5 ? kIgnoreIndex : ut(Rng()));
-    }
-    mb.cu_seqlens.push_back(mb.cu_seqlens.back() + d);
-    mb.max_seqlen = std::max(mb.max_seqlen, d);
-  }
-  const int64_t T = mb.num_tokens();
-  auto bg = p.gpu->UploadBatch(mb);
-  ASSERT_OK(bg.status());
-  auto bc = p.cpu->UploadBatch(mb);
-  ASSERT_OK(bc.status());
+bool EndsWith(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
 
-  ModelLayout layout = ModelLayout::Build(cfg);
-  const UnitLayout& unit = layout.units.at(1);
+// A tensor's random values: weights of scale 1/sqrt(fan-in), biases, norm weights near 1 (for
+// qwen3_5 near 0: they act as 1 + w, except the Gated DeltaNet's gated norm), and qwen3_5's A_log and
+// dt_bias as HF initializes them (A = exp(A_log) ~ 1, softplus(dt_bias) ~ 0.05).
+std::vector<double> InitTensor(const ModelConfig& cfg, const TensorSlot& ts) {
+  const bool norm = ts.fp32_offset >= 0, bias = ts.shape.size() == 1 && !norm;
+  if (cfg.is_qwen3_5()) {
+    if (EndsWith(ts.hf_name, "linear_attn.A_log")) return RandVec(ts.numel, 0.5, 0.0);
+    if (EndsWith(ts.hf_name, "linear_attn.dt_bias")) return RandVec(ts.numel, 0.5, -3.0);
+    if (EndsWith(ts.hf_name, "linear_attn.norm.weight")) return RandVec(ts.numel, 0.2, 1.0);
+    if (EndsWith(ts.hf_name, "linear_attn.conv1d.weight")) {
+      return RandVec(ts.numel, 1.0 / std::sqrt(static_cast<double>(cfg.linear.conv_kernel)));
+    }
+    if (norm) return RandVec(ts.numel, 0.2, 0.0);
+  }
+  return norm   ? RandVec(ts.numel, 0.2, 1.0)
+         : bias ? RandVec(ts.numel, 0.5)
+                : RandVec(ts.numel, 1.0 / std::sqrt(static_cast<double>(ts.shape[1])));
+}
+
+// RobustRouting: the CPU backend routes on FP32 logits, the CUDA backend on BF16 ones (HF autocast)
+// from a BF16 xn2, so a near-tie between a token's k-th and (k+1)-th expert could route the two
+// differently and fail the comparison for a reason that is not a bug. So the router reads one input
+// column per expert (row e: 1 at column e, where the post-attention norm's weight is 0: a factor of
+// 1), and the layer input carries a large, well separated value there, a rotation per token,
+// 8 (e + t mod E): the mixer adds O(1) to those columns, so a token's expert logits keep gaps of ~8
+// such units (~5.7 sigma of that noise) while rounding moves them by ~0.1; every expert gets tokens.
+void RobustRoutingInput(const ModelConfig& cfg, int64_t T, std::vector<double>* x) {
+  const int64_t H = cfg.hidden_size, E = cfg.num_experts;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t e = 0; e < E && e < H; ++e) (*x)[t * H + e] = 8.0 * static_cast<double>((e + t) % E);
+  }
+}
+void RobustRoutingParams(const ModelConfig& cfg, const UnitLayout& unit, std::vector<double>* params) {
+  const int64_t H = cfg.hidden_size, E = cfg.num_experts;
+  const TensorSlot& router = *unit.Find(kRouter);
+  const TensorSlot& post_norm = *unit.Find(kPostNorm);
+  std::fill(params->begin() + router.offset_numel, params->begin() + router.offset_numel + router.numel, 0.0);
+  for (int64_t e = 0; e < E && e < H; ++e) {
+    (*params)[router.offset_numel + e * H + e] = 1.0;
+    (*params)[post_norm.offset_numel + e] = cfg.norms_add_one() ? 0.0 : 1.0;
+  }
+}
+
+// One decoder layer (`unit`, HF layer `layer` or -1) on both backends: forward and backward under
+// each policy against the CPU backend's keep-all run.
+void CheckLayer(const std::string& label, const ModelConfig& cfg, Pair& p, const DeviceBatch& bg,
+                const DeviceBatch& bc, const UnitLayout& unit, int layer, int64_t T, Act& x, Act& y, Act& dy, Act& dx,
+                const std::vector<double>& xv, bool fp32_norms) {
+  const int64_t H = cfg.hidden_size;
+  const int64_t AB = GpuActBytes(p);
+  const bool q35 = cfg.is_qwen3_5();
   std::vector<double> params(unit.numel, 0.0);
   for (const TensorSlot& ts : unit.tensors) {
-    const bool norm = ts.fp32_offset >= 0, bias = ts.shape.size() == 1 && !norm;
-    auto v = norm   ? RandVec(ts.numel, 0.2, 1.0)
-             : bias ? RandVec(ts.numel, 0.5)
-                    : RandVec(ts.numel, 1.0 / std::sqrt(static_cast<double>(ts.shape[1])));
+    auto v = InitTensor(cfg, ts);
     std::copy(v.begin(), v.end(), params.begin() + ts.offset_numel);
   }
+  if (cfg.is_moe() && unit.Find(kRouter) != nullptr) RobustRoutingParams(cfg, unit, &params);
   auto pb = ToBf16(params);
   auto pg = p.gpu->Allocate(pb.size() * 2);
   ASSERT_OK(pg.status());
@@ -162,27 +167,35 @@ void CheckBackend(const std::string& label_base, const ModelConfig& cfg, bool fp
   ASSERT_OK(sc_side.status());
   ASSERT_OK(p.gpu->CopyToDevice(side.data(), (*sg)->data(), side.size() * 4));
   ASSERT_OK(p.cpu->CopyToDevice(side.data(), (*sc_side)->data(), side.size() * 4));
-  const UnitParams PG((*pg)->as<bf16_t>(), fp32_norms ? (*sg)->as<float>() : nullptr);
-  const UnitParams PC((*pc)->as<bf16_t>(), fp32_norms ? (*sc_side)->as<float>() : nullptr);
+  UnitParams PG((*pg)->as<bf16_t>(), fp32_norms ? (*sg)->as<float>() : nullptr);
+  UnitParams PC((*pc)->as<bf16_t>(), fp32_norms ? (*sc_side)->as<float>() : nullptr);
+  if (layer >= 0) {
+    PG = PG.OfLayer(layer);
+    PC = PC.OfLayer(layer);
+  }
 
-  Act x, y, dy, dx;
-  ASSERT_OK(MakeAct(p, RandVec(T * H), &x));
-  ASSERT_OK(MakeAct(p, std::vector<double>(T * H, 0.0), &y));
-  ASSERT_OK(MakeAct(p, RandVec(T * H), &dy));
-  ASSERT_OK(MakeAct(p, std::vector<double>(T * H, 0.0), &dx));
   std::unique_ptr<SavedActivations> sc;
-  ASSERT_OK(p.cpu->DecoderForward(PC, **bc, x.c->data(), y.c->data(), ActPolicy::kKeepAll, &sc));
+  ASSERT_OK(p.cpu->DecoderForward(PC, bc, x.c->data(), y.c->data(), ActPolicy::kKeepAll, &sc));
   auto ref_y = GetF(*p.cpu, y.c->data(), T * H);
   auto dpc = p.cpu->Allocate(unit.numel * 4);
   ASSERT_OK(dpc.status());
   ASSERT_OK(p.cpu->Memset(**dpc, 0));
-  ASSERT_OK(p.cpu->DecoderBackward(PC, **bc, x.c->data(), sc.get(), dy.c->data(), dx.c->data(), (*dpc)->as<float>()));
+  ASSERT_OK(p.cpu->DecoderBackward(PC, bc, x.c->data(), sc.get(), dy.c->data(), dx.c->data(), (*dpc)->as<float>()));
   auto ref_dx = GetF(*p.cpu, dx.c->data(), T * H);
   auto ref_dp = GetF(*p.cpu, (*dpc)->data(), unit.numel);
 
-  for (ActPolicy pol : {ActPolicy::kKeepAll, ActPolicy::kSelective, ActPolicy::kRecomputeLayer,
-                        ActPolicy::Segment(kPieceGateUp), ActPolicy::Segment(kPieceGateUp | kPieceQkv),
-                        ActPolicy::Segment(kPieceQkv | kPieceOProj), ActPolicy::Segment(kExpensivePieces)}) {
+  // qwen3_5's layers keep nothing under any policy: two policies suffice (a kept-nothing saved object,
+  // and none at all with dx aliasing dy).
+  const std::vector<ActPolicy> policies =
+      q35 ? std::vector<ActPolicy>{ActPolicy::kKeepAll, ActPolicy::kRecomputeLayer}
+          : std::vector<ActPolicy>{ActPolicy::kKeepAll,
+                                   ActPolicy::kSelective,
+                                   ActPolicy::kRecomputeLayer,
+                                   ActPolicy::Segment(kPieceGateUp),
+                                   ActPolicy::Segment(kPieceGateUp | kPieceQkv),
+                                   ActPolicy::Segment(kPieceQkv | kPieceOProj),
+                                   ActPolicy::Segment(kExpensivePieces)};
+  for (ActPolicy pol : policies) {
     const std::string pname = pol == ActPolicy::kKeepAll          ? "keep-all"
                               : pol == ActPolicy::kSelective      ? "selective"
                               : pol == ActPolicy::kRecomputeLayer ? "recompute"
@@ -190,7 +203,7 @@ void CheckBackend(const std::string& label_base, const ModelConfig& cfg, bool fp
     cudaMemset(y.g->data(), 0xFF, T * H * AB);
     cudaDeviceSynchronize();
     std::unique_ptr<SavedActivations> sg;
-    ASSERT_OK(p.gpu->DecoderForward(PG, **bg, x.g->data(), y.g->data(), pol, &sg));
+    ASSERT_OK(p.gpu->DecoderForward(PG, bg, x.g->data(), y.g->data(), pol, &sg));
     ASSERT_OK(p.gpu->Synchronize());
     const bool bytes_ok = sg->bytes() >= p.gpu->SavedBytesPerToken(pol) * T;
     std::printf("%s  %-58s saved=%lld B, %lld B/token\n", bytes_ok ? "PASS" : "FAIL",
@@ -198,8 +211,19 @@ void CheckBackend(const std::string& label_base, const ModelConfig& cfg, bool fp
                 static_cast<long long>(p.gpu->SavedBytesPerToken(pol)));
     EXPECT_GE(sg->bytes(), p.gpu->SavedBytesPerToken(pol) * T)
         << label << " saved bytes >= SavedBytesPerToken·T " << pname;
-    ExpectRelErr(label + " layer fwd y [" + pname + "]", GetG(p, *y.g, T * H), ref_y, 1.5e-2);
-    if (pol != ActPolicy::kRecomputeLayer) {
+    const std::vector<double> got_y = GetG(p, *y.g, T * H);
+    ExpectRelErr(label + " layer fwd y [" + pname + "]", got_y, ref_y, 1.5e-2);
+    if (q35 && AB == 4) {  // the layer's branches alone (x is exact in both; MoE cases make it large)
+      std::vector<double> gb(T * H), rb(T * H);
+      for (int64_t i = 0; i < T * H; ++i) {
+        gb[i] = got_y[i] - static_cast<float>(xv[i]);
+        rb[i] = ref_y[i] - static_cast<float>(xv[i]);
+      }
+      ExpectRelErr(label + " layer fwd y-x [" + pname + "]", gb, rb, 1.5e-2);
+    }
+    if (q35) {
+      EXPECT_EQ(sg->bytes(), 0) << label << " qwen3_5 keeps nothing";
+    } else if (pol != ActPolicy::kRecomputeLayer) {
       // What the forward kept moves out (an activation store's offload) and comes back at another
       // address before the backward reads it.
       const int64_t kept = sg->bytes();
@@ -228,7 +252,7 @@ void CheckBackend(const std::string& label_base, const ModelConfig& cfg, bool fp
       cudaMemset(dx.g->data(), 0xFF, T * H * AB);
       cudaDeviceSynchronize();
     }
-    ASSERT_OK(p.gpu->DecoderBackward(PG, **bg, x.g->data(), pol == ActPolicy::kRecomputeLayer ? nullptr : sg.get(),
+    ASSERT_OK(p.gpu->DecoderBackward(PG, bg, x.g->data(), pol == ActPolicy::kRecomputeLayer ? nullptr : sg.get(),
                                      pol == ActPolicy::kRecomputeLayer ? dx_ptr : dy.g->data(), dx_ptr,
                                      (*dpg)->as<float>()));
     ASSERT_OK(p.gpu->Synchronize());
@@ -240,6 +264,81 @@ void CheckBackend(const std::string& label_base, const ModelConfig& cfg, bool fp
       std::string tn = ts.hf_name.substr(ts.hf_name.find("layers.") + 7);
       ExpectRelErr(label + " layer bwd d" + tn + " [" + pname + "]", gv, rv, 4e-2);
     }
+  }
+}
+
+// fp32_residual: which residual stream the CUDA backend keeps (CudaBackendOptions). The tolerances
+// are the BF16-stream ones in both modes (the FP32 stream is expected to be well inside them).
+// attention: the backend's attention (cuDNN or the own kernels).
+// fp32_norms: the norm weights also come as an FP32 side copy (UnitParams::fp32), with values
+// between BF16 neighbours, which both backends must use.
+// tile: the CUDA backend's tile (ComputeBackend::SetTileTokens; 0: its default, more than this
+// batch): a smaller one runs the layer's token-local work and the head's norm tile by tile, tiles
+// cutting documents, against the untiled CPU backend.
+// layers: the decoder layers checked (HF index, passed as UnitParams::OfLayer); -1: unit 1 without
+// a layer index (the dense families' layers are alike). docs: the packed row's document lengths.
+// qwen3_5 (Gated DeltaNet and gated attention layers): its norms zero-centred (they act as 1 + w),
+// A_log and dt_bias as HF initializes them (a decay g = -exp(A_log) softplus(a + dt_bias) near
+// -0.05, so the state carries across the 64-token chunks), the branch y - x compared too (FP32
+// residual). qwen3_5_moe: the routing made robust to rounding (RobustRouting above).
+void CheckBackend(const std::string& label_base, const ModelConfig& cfg, bool fp32_residual,
+                  CudaBackendOptions::Attention attention, bool fp32_norms, int64_t tile = 0,
+                  const std::vector<int>& layers = {-1}, const std::vector<int>& docs = {37, 100, 13}) {
+  const std::string label = label_base + (fp32_residual ? "[fp32 res" : "[bf16 res") +
+                            (attention == CudaBackendOptions::Attention::kCudnn ? ", cudnn" : ", own") +
+                            (fp32_norms ? ", fp32 norms" : "") + (tile > 0 ? ", tile " + std::to_string(tile) : "") +
+                            "]";
+  Pair p;
+  CudaBackendOptions opt;
+  opt.fp32_residual = fp32_residual;
+  opt.attention = attention;
+  auto g = MakeCudaBackendWithOptions(cfg, 0, opt);
+  ASSERT_OK(g.status());
+  auto c = MakeCpuBackend(cfg);
+  ASSERT_OK(c.status());
+  p.gpu = std::move(*g);
+  p.cpu = std::move(*c);
+  p.gpu->SetTileTokens(tile);
+  const bool dtype_ok = p.gpu->activation_dtype() == (fp32_residual ? Dtype::kF32 : Dtype::kBF16);
+  std::printf("%s  %-58s\n", dtype_ok ? "PASS" : "FAIL", (label + " activation_dtype matches the option").c_str());
+  EXPECT_TRUE(dtype_ok) << label << " activation_dtype matches the option";
+  const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
+  const int64_t AB = GpuActBytes(p);  // GPU activation bytes per element
+  // A packed micro-batch: documents of `docs` tokens, positions restarting, some labels ignored.
+  MicroBatch mb;
+  mb.cu_seqlens = {0};
+  std::uniform_int_distribution<int> ut(0, static_cast<int>(V) - 1);
+  for (int d : docs) {
+    for (int i = 0; i < d; ++i) {
+      mb.tokens.push_back(ut(Rng()) % 97);  // repeated ids exercise the embedding grouping
+      mb.positions.push_back(i);
+      mb.labels.push_back(i == d - 1 || i % 11 == 5 ? kIgnoreIndex : ut(Rng()));
+    }
+    mb.cu_seqlens.push_back(mb.cu_seqlens.back() + d);
+    mb.max_seqlen = std::max(mb.max_seqlen, d);
+  }
+  const int64_t T = mb.num_tokens();
+  auto bg = p.gpu->UploadBatch(mb);
+  ASSERT_OK(bg.status());
+  auto bc = p.cpu->UploadBatch(mb);
+  ASSERT_OK(bc.status());
+
+  ModelLayout layout = ModelLayout::Build(cfg);
+  const bool q35 = cfg.is_qwen3_5();
+  Act x, y, dy, dx;
+  std::vector<double> xv = RandVec(T * H);
+  if (cfg.is_moe()) RobustRoutingInput(cfg, T, &xv);
+  ASSERT_OK(MakeAct(p, xv, &x));
+  ASSERT_OK(MakeAct(p, std::vector<double>(T * H, 0.0), &y));
+  ASSERT_OK(MakeAct(p, RandVec(T * H), &dy));
+  ASSERT_OK(MakeAct(p, std::vector<double>(T * H, 0.0), &dx));
+  for (const int layer : layers) {
+    const UnitLayout& unit = layout.units.at(1 + std::max(layer, 0));
+    const std::string llabel =
+        layer < 0 ? label
+                  : label + " L" + std::to_string(layer) + (cfg.IsLinearAttentionLayer(layer) ? "(gdn)" : "(attn)");
+    CheckLayer(llabel, cfg, p, **bg, **bc, unit, layer, T, x, y, dy, dx, xv, fp32_norms);
+    if (::testing::Test::HasFatalFailure()) return;
   }
 
   // Embedding forward/backward.
@@ -288,7 +387,7 @@ void CheckBackend(const std::string& label_base, const ModelConfig& cfg, bool fp
   }
   // Head: final norm + LM head + CE, forward and backward.
   {
-    auto nw = RandVec(H, 0.2, 1.0);
+    auto nw = RandVec(H, 0.2, q35 ? 0.0 : 1.0);  // qwen3_5's final norm acts as 1 + w
     auto lw = RandVec(V * H, 1.0 / std::sqrt(static_cast<double>(H)));
     auto nb = ToBf16(nw), lb = ToBf16(lw);
     auto ng = p.gpu->Allocate(H * 2), nc = p.cpu->Allocate(H * 2), lg = p.gpu->Allocate(V * H * 2),
@@ -331,8 +430,14 @@ void CheckBackend(const std::string& label_base, const ModelConfig& cfg, bool fp
 
 using Attention = CudaBackendOptions::Attention;
 
+// qwen3_5's packed row: documents of odd lengths around the Gated DeltaNet's 64-token chunks (one
+// token, 63, 64, 65, two chunks and a bit, two tokens).
+const std::vector<int> kQwen35Docs = {1, 63, 64, 65, 130, 2};
+
 struct BackendCase {
-  const char* model;  // "mini64", "mini128", "tiny", "qwen2", "llama3", "yarn" or "yarn_llama"
+  // "mini64", "mini128", "tiny", "qwen2", "llama3", "yarn", "yarn_llama", or qwen3_5's "qwen35"
+  // (tiny-qwen3.5), "qwen35_moe" (tiny-qwen3.5-moe), "qwen35_hd256"
+  const char* model;
   bool fp32_residual;
   Attention attention;
   int64_t tile = 0;  // CheckBackend's tile (0: untiled)
@@ -399,6 +504,32 @@ TEST_P(CudaBackendGpuTest, MatchesCpuBackend) {
     y.rope_scaling.original_max_position_embeddings = 64;
     CheckBackend(model == "yarn" ? "yarn-qwen3-mini(hd64)" : "yarn-llama-mini(hd128)", y, b.fp32_residual,
                  b.attention, norms, b.tile);
+  } else if (model == "qwen35" || model == "qwen35_moe") {
+    // The CI presets: layers 0 (Gated DeltaNet, 2 key / 4 value heads of 16: the recurrent fallback)
+    // and 3 (gated attention, head_dim 32, RoPE on 8 of them); qwen3_5_moe: every layer sparse with a
+    // shared expert (FP32 residual only).
+    const std::string preset = model == "qwen35" ? "tiny-qwen3.5" : "tiny-qwen3.5-moe";
+    auto q = ModelConfig::Preset(preset);
+    ASSERT_OK(q.status());
+    CheckBackend(preset, *q, b.fp32_residual, b.attention, norms, b.tile, {0, 3}, kQwen35Docs);
+  } else if (model == "qwen35_hd256") {
+    // Qwen3.5's head shapes at a small hidden size: gated attention at head_dim 256 with a quarter of
+    // it rotated (cuDNN, or the own kernels' slow path), a Gated DeltaNet of 2 key and 4 value heads
+    // of 128 (the chunked kernels).
+    auto q = ModelConfig::Preset("tiny-qwen3.5");
+    ASSERT_OK(q.status());
+    q->hidden_size = 256;
+    q->num_hidden_layers = 2;
+    q->layer_mixers = {TokenMixer::kLinearAttention, TokenMixer::kAttention};
+    q->num_attention_heads = 4;
+    q->num_key_value_heads = 2;
+    q->head_dim = 256;
+    q->partial_rotary_factor = 0.25;
+    q->intermediate_size = 512;
+    q->linear = LinearAttentionConfig{2, 4, 128, 128, 4};
+    ASSERT_OK(q->Validate());
+    CheckBackend("qwen3.5-mini(hd256, gdn 2/4x128)", *q, b.fp32_residual, b.attention, norms, b.tile, {0, 1},
+                 kQwen35Docs);
   } else {
     auto tiny = ModelConfig::Preset("tiny");
     if (!tiny.ok()) GTEST_SKIP() << "preset tiny: " << tiny.status().ToString();
@@ -420,7 +551,15 @@ INSTANTIATE_TEST_SUITE_P(
                       // tiles of 64, 64, 22 and of 37 x 4, 2 tokens over documents of 37, 100 and 13
                       BackendCase{"mini128", true, Attention::kCudnn, 64},
                       BackendCase{"qwen2", false, Attention::kOwn, 37},
-                      BackendCase{"yarn", true, Attention::kCudnn, 37}),
+                      BackendCase{"yarn", true, Attention::kCudnn, 37},
+                      // qwen3_5 (its layers run untiled; the tile case checks that they do)
+                      BackendCase{"qwen35", true, Attention::kOwn}, BackendCase{"qwen35", false, Attention::kOwn},
+                      BackendCase{"qwen35", true, Attention::kCudnn}, BackendCase{"qwen35", true, Attention::kOwn, 64},
+                      BackendCase{"qwen35_moe", true, Attention::kOwn},
+                      BackendCase{"qwen35_moe", true, Attention::kCudnn},
+                      BackendCase{"qwen35_hd256", true, Attention::kCudnn},
+                      BackendCase{"qwen35_hd256", false, Attention::kCudnn},
+                      BackendCase{"qwen35_hd256", true, Attention::kOwn}),
     CaseName);
 
 // The checkpoint conversion (runtime.checkpoint_dtype bf16) bit for bit the CPU backend's: FP32 ->

@@ -1,0 +1,335 @@
+// Checks slidedp's tokenizer against HF `tokenizers` (its Rust library, through the npm package
+// `tokenizers`, the same 0.23.2 the GPU machine's Python uses) without Python:
+//
+//   mkdir -p /tmp/hf-tok-ref && (cd /tmp/hf-tok-ref && npm install tokenizers@0.23.2)
+//   export NODE_PATH=/tmp/hf-tok-ref/node_modules
+//   node tools/tokenizer/npm_tokenizers_check.mjs make-qwen3.5 tests/data/tokenizer/qwen3.5-synthetic
+//   node tools/tokenizer/npm_tokenizers_check.mjs expected TOKENIZER_JSON CORPUS_JSONL OUT_JSONL
+//   node tools/tokenizer/npm_tokenizers_check.mjs add-ids TOKENIZER_JSON JSONL
+//   node tools/tokenizer/npm_tokenizers_check.mjs compare TOKENIZER_JSON TOK_BENCH [--sweep] [--fuzz N] \
+//       [CORPUS...]
+//
+// make-qwen3.5: Qwen3.5's tokenizer.json (Qwen/Qwen3.5-*, also Qwen3.6) has the structure of
+//   Qwen3's (NFC normalizer; Split(Regex, Isolated) then ByteLevel(use_regex=false); ByteLevel
+//   decoder and post-processor; BPE without byte_fallback) with its own split regex, which adds
+//   \p{M} to the letter runs, a 248,044-entry vocabulary and 33 added tokens (21 special). This
+//   writes a tokenizer.json of exactly that structure over a small vocabulary learnt here
+//   (byte-level BPE on HF's own pre-tokenization, most frequent pair first, ties to the pair seen
+//   first, at most 1,500 merges) from a multilingual text, with the 33 added tokens numbered after
+//   it in Qwen3.5's order. Deterministic.
+// expected: HF's ids (add_special_tokens=false) for each document of a corpus, one {"ids": [...]}
+//   per line (the format of tests/data/tokenizer/*.expected.jsonl).
+// add-ids: adds HF's "ids" of "text" to each line of a JSONL file (the chat-template oracle,
+//   tools/chat_template/jinja2_render.py).
+// compare: runs tok_bench --out --pieces on each corpus and HF on the same documents, compares the
+//   ids and the pre-tokenizer's pieces (a small vocabulary can give the same ids for two different
+//   splits), reports mismatching documents (first difference and the text around it) and exits 1
+//   on any.
+//   --sweep adds documents holding every Unicode scalar value in contexts the split regex
+//   distinguishes (after a letter, after a space, after punctuation, before a digit, after an
+//   apostrophe, ...); --fuzz N adds N seeded random multi-script documents.
+// Corpus format: tok_bench's ({"text": ...} or {"hex": ...} per line).
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { execFileSync } from "node:child_process";
+import { createRequire } from "node:module";
+
+const require = createRequire(import.meta.url);
+const { Tokenizer } = require("tokenizers");
+
+const QWEN3_5_SPLIT_REGEX =
+  "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+// Qwen3.5's added tokens in id order after the vocabulary: Qwen3's 26 (special through
+// <|video_pad|>, then the tool / FIM / think tags, not special), then 7 audio/TTS tokens (special).
+const QWEN3_5_ADDED = [
+  ["<|endoftext|>", true], ["<|im_start|>", true], ["<|im_end|>", true], ["<|object_ref_start|>", true],
+  ["<|object_ref_end|>", true], ["<|box_start|>", true], ["<|box_end|>", true], ["<|quad_start|>", true],
+  ["<|quad_end|>", true], ["<|vision_start|>", true], ["<|vision_end|>", true], ["<|vision_pad|>", true],
+  ["<|image_pad|>", true], ["<|video_pad|>", true], ["<tool_call>", false], ["</tool_call>", false],
+  ["<|fim_prefix|>", false], ["<|fim_middle|>", false], ["<|fim_suffix|>", false], ["<|fim_pad|>", false],
+  ["<|repo_name|>", false], ["<|file_sep|>", false], ["<tool_response>", false], ["</tool_response>", false],
+  ["<think>", false], ["</think>", false], ["<|audio_start|>", true], ["<|audio_end|>", true],
+  ["<tts_pad>", true], ["<tts_text_bos>", true], ["<tts_text_eod>", true], ["<tts_text_bos_single>", true],
+  ["<|audio_pad|>", true],
+];
+
+// The text the synthetic vocabulary is learnt from: the kinds of text the checks exercise.
+const TRAINING_TEXT = `
+The quick brown fox jumps over the lazy dog. I'm sure they'll say it's fine; we've seen what you'd do.
+Hello, world! How are you doing today? Numbers like 2024, 3.14159 and 1,000,000 are split into digits.
+def tokenize(text: str) -> list[int]:
+    """Split text into pieces, then merge bytes."""
+    return [vocab[piece] for piece in regex.findall(text)]
+
+#include <vector>
+int main(int argc, char** argv) { std::vector<int> v{1, 2, 3}; return v.size() > 2 ? 0 : 1; }
+SELECT name, count(*) FROM users WHERE created_at >= '2024-01-01' GROUP BY name;
+{"role": "assistant", "content": "<think>\\nreasoning\\n</think>\\n\\nanswer", "tool_calls": []}
+中文测试：我们正在测试分词器是否与参考实现完全一致。今天天气很好，适合出去散步。人工智能和机器学习。
+日本語のテキスト：東京は日本の首都です。ひらがな、カタカナ、漢字が混在しています。ありがとうございます。
+한국어 문장도 포함합니다. 안녕하세요! 감사합니다. 오늘 날씨가 좋네요.
+Русский текст: Съешь же ещё этих мягких французских булок, да выпей чаю. Привет, как дела?
+Ελληνικά: Καλημέρα κόσμε. Ευχαριστώ πολύ.
+العربية: مرحبا بالعالم، هذه جملة اختبار للمحلل. شُكْرًا جَزِيلًا.
+עברית: שלום עולם, מה שלומך?
+हिन्दी: नमस्ते दुनिया, यह एक परीक्षण वाक्य है। धन्यवाद।
+ไทย: สวัสดีชาวโลก ขอบคุณมากครับ
+Tiếng Việt: Xin chào thế giới, cảm ơn bạn rất nhiều.
+Français : déjà vu, où est la bibliothèque ? Ça va très bien, merci.
+Deutsch: Größe, Straße, Übergröße, schöne Grüße.
+Emoji: 😀😃😄 👍🏽 👨‍👩‍👧‍👦 🇯🇵 ❤️ 🤖🚀✨ 1️⃣
+`;
+
+// GPT-2's bytes_to_unicode, as HF's ByteLevel uses it.
+function byteToUnicode() {
+  const keep = (b) => (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+  const map = [];
+  let n = 0;
+  for (let b = 0; b < 256; ++b) map.push(String.fromCodePoint(keep(b) ? b : 256 + n++));
+  return map;
+}
+
+function skeleton(vocab, merges, addedFrom) {
+  const byteLevel = { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: false };
+  return {
+    version: "1.0",
+    truncation: null,
+    padding: null,
+    added_tokens: QWEN3_5_ADDED.map(([content, special], i) => ({
+      id: addedFrom + i, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special,
+    })),
+    normalizer: { type: "NFC" },
+    pre_tokenizer: {
+      type: "Sequence",
+      pretokenizers: [
+        { type: "Split", pattern: { Regex: QWEN3_5_SPLIT_REGEX }, behavior: "Isolated", invert: false },
+        byteLevel,
+      ],
+    },
+    post_processor: byteLevel,
+    decoder: byteLevel,
+    model: {
+      type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: "", end_of_word_suffix: "",
+      fuse_unk: false, byte_fallback: false, ignore_merges: false, vocab, merges,
+    },
+  };
+}
+
+// Byte-level BPE training on HF's own pre-tokenization of `text`.
+function makeQwen3_5(outDir, numMerges = 1500) {
+  const alphabet = byteToUnicode();
+  const vocab = {};
+  alphabet.forEach((c, i) => (vocab[c] = i));
+  const bare = Tokenizer.fromString(JSON.stringify(skeleton(vocab, [], 256)));
+  const pieces = new Map();  // piece -> count
+  for (const [p] of bare.getPreTokenizer().preTokenizeString(bare.getNormalizer().normalizeString(TRAINING_TEXT))) {
+    pieces.set(p, (pieces.get(p) || 0) + 1);
+  }
+  const words = [...pieces].map(([p, count]) => ({ syms: [...p], count }));
+  const merges = [];
+  while (merges.length < numMerges) {
+    const counts = new Map();
+    for (const w of words) {
+      for (let i = 0; i + 1 < w.syms.length; ++i) {
+        const k = w.syms[i] + " " + w.syms[i + 1];
+        counts.set(k, (counts.get(k) || 0) + w.count);
+      }
+    }
+    let best = null, bestCount = 0;
+    for (const [k, c] of counts) {
+      if (c > bestCount) [best, bestCount] = [k, c];
+    }
+    if (best === null) break;
+    const [a, b] = best.split(" ");
+    merges.push([a, b]);
+    vocab[a + b] = Object.keys(vocab).length;
+    for (const w of words) {
+      const out = [];
+      for (let i = 0; i < w.syms.length; ++i) {
+        if (i + 1 < w.syms.length && w.syms[i] === a && w.syms[i + 1] === b) {
+          out.push(a + b);
+          ++i;
+        } else {
+          out.push(w.syms[i]);
+        }
+      }
+      w.syms = out;
+    }
+  }
+  const json = skeleton(vocab, merges, Object.keys(vocab).length);
+  fs.mkdirSync(outDir, { recursive: true });
+  fs.writeFileSync(path.join(outDir, "tokenizer.json"), JSON.stringify(json, null, 2) + "\n");
+  Tokenizer.fromFile(path.join(outDir, "tokenizer.json"));  // HF loads it
+  console.log(`${outDir}/tokenizer.json: ${Object.keys(vocab).length} vocabulary entries, ` +
+              `${merges.length} merges, ${QWEN3_5_ADDED.length} added tokens`);
+}
+
+function readCorpus(file) {
+  return fs.readFileSync(file, "utf8").split("\n").filter((l) => l.length).map((l) => {
+    const d = JSON.parse(l);
+    // HF only ever sees text: bytes go in decoded with errors="replace", as Python's callers do.
+    return d.text ?? new TextDecoder("utf-8", { fatal: false }).decode(Buffer.from(d.hex, "hex"));
+  });
+}
+
+async function hfIds(tokenizer, docs) {
+  const out = [];
+  for (const d of docs) out.push((await tokenizer.encode(d, null, { addSpecialTokens: false })).getIds());
+  return out;
+}
+
+// Deterministic PRNG (mulberry32).
+function rng(seed) {
+  return () => {
+    seed |= 0;
+    seed = (seed + 0x6d2b79f5) | 0;
+    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+// Every scalar value, 256 per document, each in the contexts the split regex tells apart.
+function sweepDocs() {
+  const contexts = ["a%a", " %", "%%", ".%", "1%1", "'%", "%'s", "\n%", "%\n", " %a", "a %", "%\u0301", "\u0301%"];
+  const docs = [];
+  for (let base = 0; base < 0x110000; base += 256) {
+    let text = "";
+    for (let cp = base; cp < base + 256; ++cp) {
+      if (cp >= 0xd800 && cp <= 0xdfff) continue;
+      const c = String.fromCodePoint(cp);
+      for (const ctx of contexts) text += ctx.replaceAll("%", c) + "|";
+    }
+    docs.push(text);
+  }
+  return docs;
+}
+
+// Random documents over the scripts and characters that stress the regex and NFC.
+function fuzzDocs(n, seed) {
+  const rand = rng(seed);
+  const ranges = [
+    [0x20, 0x7e], [0xa0, 0x24f], [0x300, 0x36f], [0x370, 0x3ff], [0x400, 0x4ff], [0x590, 0x5ff], [0x600, 0x6ff],
+    [0x900, 0x97f], [0xe00, 0xe7f], [0x1100, 0x11ff], [0x1ab0, 0x1aff], [0x1dc0, 0x1dff], [0x2000, 0x206f],
+    [0x20d0, 0x20ff], [0x3000, 0x30ff], [0x4e00, 0x4eff], [0xac00, 0xacff], [0xfe00, 0xfe0f], [0xfe20, 0xfe2f],
+    [0xff00, 0xffef], [0x1f300, 0x1f6ff], [0x1f900, 0x1f9ff], [0xe0100, 0xe01ef],
+  ];
+  const pieces = ["'s", "'S", "'ll", "'LL", "'re", "'ve", "'d", "'m", "'t", " ", "  ", "\n", "\r\n", "\t", "123",
+                  "\u200d", "\ufe0f", "<|im_start|>", "<think>", "</think>"];
+  const docs = [];
+  for (let i = 0; i < n; ++i) {
+    let text = "";
+    const len = 1 + Math.floor(rand() * 200);
+    for (let k = 0; k < len; ++k) {
+      if (rand() < 0.2) {
+        text += pieces[Math.floor(rand() * pieces.length)];
+      } else {
+        const [lo, hi] = ranges[Math.floor(rand() * ranges.length)];
+        text += String.fromCodePoint(lo + Math.floor(rand() * (hi - lo + 1)));
+      }
+    }
+    docs.push(text);
+  }
+  return docs;
+}
+
+// tok_bench's --out / --pieces files: per document a uint32 count, then that many uint32.
+function readLists(file) {
+  const buf = fs.readFileSync(file);
+  const lists = [];
+  for (let off = 0; off < buf.length;) {
+    const n = buf.readUInt32LE(off);
+    const v = [];
+    for (let k = 0; k < n; ++k) v.push(buf.readUInt32LE(off + 4 + 4 * k));
+    lists.push(v);
+    off += 4 + 4 * n;
+  }
+  return lists;
+}
+
+// Index of the first difference of two arrays, -1 when equal.
+function firstDifference(a, b) {
+  let k = 0;
+  while (k < a.length && k < b.length && a[k] === b[k]) ++k;
+  return k === a.length && k === b.length ? -1 : k;
+}
+
+async function compare(tokenizerPath, tokBench, args) {
+  const tokenizer = Tokenizer.fromFile(tokenizerPath);
+  const sets = [];
+  for (let i = 0; i < args.length; ++i) {
+    if (args[i] === "--sweep") sets.push(["sweep", sweepDocs()]);
+    else if (args[i] === "--fuzz") sets.push(["fuzz", fuzzDocs(Number(args[++i]), 7)]);
+    else sets.push([args[i], readCorpus(args[i])]);
+  }
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "npm-tok-check-"));
+  let failures = 0;
+  for (const [name, docs] of sets) {
+    const corpus = path.join(tmp, "corpus.jsonl");
+    fs.writeFileSync(corpus, docs.map((d) => JSON.stringify({ text: d })).join("\n") + "\n");
+    const ids = path.join(tmp, "ids.bin");
+    const pieces = path.join(tmp, "pieces.bin");
+    execFileSync(tokBench, ["--tokenizer", tokenizerPath, "--corpus", corpus, "--threads", "2", "--repeat", "1",
+                            "--out", ids, "--pieces", pieces]);
+    const oursIds = readLists(ids), oursPieces = readLists(pieces);
+    const hf = await hfIds(tokenizer, docs);
+    // HF's pieces as byte lengths (its pre-tokenizer returns them in the byte-level alphabet, one
+    // character per byte), after its normalizer, without added-token matching, as tok_bench does.
+    const pre = tokenizer.getPreTokenizer(), norm = tokenizer.getNormalizer();
+    let bad = 0, badPieces = 0, tokens = 0, nPieces = 0;
+    for (let i = 0; i < docs.length; ++i) {
+      tokens += hf[i].length;
+      const a = oursIds[i] || [], b = hf[i];
+      const hfPieces = pre.preTokenizeString(norm ? norm.normalizeString(docs[i]) : docs[i]).map(([p]) => [...p].length);
+      nPieces += hfPieces.length;
+      const k = firstDifference(a, b), kp = firstDifference(oursPieces[i] || [], hfPieces);
+      if (k < 0 && kp < 0) continue;
+      if (k >= 0) ++bad;
+      if (kp >= 0) ++badPieces;
+      if (bad + badPieces <= 10) {
+        const at = [...Buffer.from(norm ? norm.normalizeString(docs[i]) : docs[i])];
+        const offset = hfPieces.slice(0, Math.max(0, kp)).reduce((x, y) => x + y, 0);
+        const around = Buffer.from(at.slice(Math.max(0, offset - 8), offset + 16)).toString("utf8");
+        console.log(`${name} document ${i}: ` +
+                    (k >= 0 ? `ids differ from token ${k} (ours ${JSON.stringify(a.slice(k, k + 3))} HF ` +
+                              `${JSON.stringify(b.slice(k, k + 3))}); ` : "") +
+                    (kp >= 0 ? `pieces differ from piece ${kp} (ours ${JSON.stringify((oursPieces[i] || []).slice(kp, kp + 3))} ` +
+                               `bytes, HF ${JSON.stringify(hfPieces.slice(kp, kp + 3))}) around ${JSON.stringify(around)}` : ""));
+      }
+    }
+    console.log(`${name}: ${docs.length} documents, ${tokens} HF tokens, ${nPieces} HF pieces; ` +
+                `${bad} with other ids, ${badPieces} with other pieces`);
+    failures += bad + badPieces;
+  }
+  fs.rmSync(tmp, { recursive: true });
+  return failures;
+}
+
+const [cmd, ...rest] = process.argv.slice(2);
+if (cmd === "make-qwen3.5") {
+  makeQwen3_5(rest[0]);
+} else if (cmd === "expected") {
+  const [tok, corpus, out] = rest;
+  const ids = await hfIds(Tokenizer.fromFile(tok), readCorpus(corpus));
+  fs.writeFileSync(out, ids.map((v) => JSON.stringify({ ids: v })).join("\n") + "\n");
+  console.log(`${out}: ${ids.length} documents`);
+} else if (cmd === "add-ids") {
+  // Each {"text": ...} line of a JSONL file gets HF's "ids" of its text (lines without text, such
+  // as a template's {"error": ...}, are kept as they are).
+  const [tok, file] = rest;
+  const tokenizer = Tokenizer.fromFile(tok);
+  const lines = fs.readFileSync(file, "utf8").split("\n").filter((l) => l.length).map(JSON.parse);
+  for (const l of lines) {
+    if (typeof l.text === "string") l.ids = (await tokenizer.encode(l.text, null, { addSpecialTokens: false })).getIds();
+  }
+  fs.writeFileSync(file, lines.map((l) => JSON.stringify(l)).join("\n") + "\n");
+  console.log(`${file}: ids for ${lines.filter((l) => l.ids).length} of ${lines.length} lines`);
+} else if (cmd === "compare") {
+  process.exit((await compare(rest[0], rest[1], rest.slice(2))) ? 1 : 0);
+} else {
+  console.error("usage: make-qwen3.5 DIR | expected TOKENIZER CORPUS OUT | add-ids TOKENIZER JSONL | " +
+                "compare TOKENIZER TOK_BENCH [--sweep] [--fuzz N] [CORPUS...]");
+  process.exit(2);
+}
