@@ -6,15 +6,18 @@
 // (qwen3_moe: a dense layer between sparse ones, 8 experts, top-2) runs the same course, and its
 // router's load-balancing loss and expert token counts reach the metrics. tiny-qwen3.5 and
 // tiny-qwen3.5-moe (Gated DeltaNet and gated attention layers; the MoE with a shared expert) too.
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_files.h"
 #include "common/data/synthetic.h"
 #include "common/model/model_config.h"
 #include "common/safetensors/safetensors.h"
@@ -183,6 +186,80 @@ TEST(MoeTraining, AuxLossIsInTheLossAndExpertTokensReachTheMetrics) {
   // The aux gradient moved the second step's loss.
   EXPECT_NE(static_cast<double>(aux[1]["loss"]) - 0.5 * static_cast<double>(aux[1]["router_aux_loss"]),
             static_cast<double>(plain[1]["loss"]));
+  EXPECT_TRUE(node.LeakedSegments().empty());
+}
+
+// A released Qwen3.5 checkpoint's layout (issue 50): the multimodal wrapper (model.language_model.*),
+// experts fused as transformers 5 saves them, a vision tower and mtp.* weights. Trained from the
+// directory through hostd and two workers, its checkpoint is the same layout: the untrained tensors
+// byte for byte, the experts fused, the wrapper's config; and an export of it too.
+TEST(Qwen3_5Training, MultimodalFusedCheckpointKeepsItsLayoutAndUntrainedTensors) {
+  ModelConfig config = *ModelConfig::Preset("tiny-qwen3.5-moe");
+  config.multimodal = true;
+  config.expert_storage = ExpertStorage::kFused;
+  const ModelLayout layout = ModelLayout::Build(config);
+  std::vector<std::vector<float>> master(layout.num_units());
+  for (int u = 0; u < layout.num_units(); ++u) master[u].assign(layout.units[u].numel, 0.0f);
+  checkpoint::InitRandom(layout, 11, [&](int u) { return master[u].data(); });
+  checkpoint::PassThrough pass;
+  for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+           {"model.visual.patch_embed.proj.weight", {32, 3, 2, 4, 4}},
+           {"model.visual.merger.linear_fc2.bias", {64}},
+           {"mtp.fc.weight", {64, 128}},
+           {"mtp.layers.0.mlp.experts.down_proj", {8, 64, 32}}}) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::string bytes(static_cast<size_t>(2 * n), '\0');
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>((i * 131 + name.size()) % 251);
+    pass.push_back({name, safetensors::Dtype::kBF16, shape, bytes});
+  }
+  NodeHarness node(2);
+  const std::string src = node.dir() + "/qwen35-vl";
+  std::filesystem::create_directories(src);
+  const auto files = checkpoint::internal::PlanWeightFiles(
+      layout, [&](int u) -> const float* { return master[u].data(); }, Dtype::kBF16, checkpoint::kDefaultShardMaxBytes,
+      &pass);
+  ASSERT_TRUE(checkpoint::internal::WriteWeightFiles(src, files, 2).ok());
+  std::ofstream(src + "/config.json") << config.ToJson();
+
+  v1::Job job = MustSucceed(node, Spec(absl::StrCat("path: ", src), 2, 2, "out-vl"), "vl");
+  EXPECT_EQ(job.last().step(), 2);
+  EXPECT_TRUE(std::isfinite(job.last().loss()));
+  const std::string ckpt = job.last_checkpoint();
+  auto cfg = checkpoint::ModelConfigOfDir(ckpt);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_TRUE(cfg->multimodal);
+  EXPECT_EQ(cfg->expert_storage, ExpertStorage::kFused);
+  const nlohmann::json saved = nlohmann::json::parse(ReadFile(ckpt + "/config.json"));
+  EXPECT_EQ(saved["model_type"], "qwen3_5_moe");
+  EXPECT_EQ(saved["text_config"]["model_type"], "qwen3_5_moe_text");
+  auto weights = safetensors::SafetensorsFile::Open(ckpt + "/model.safetensors");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const safetensors::TensorInfo* fused = (*weights)->Find("model.language_model.layers.0.mlp.experts.gate_up_proj");
+  ASSERT_NE(fused, nullptr);
+  EXPECT_EQ(fused->shape, (std::vector<int64_t>{8, 64, 64}));
+  EXPECT_EQ((*weights)->Find("model.language_model.layers.0.mlp.experts.0.gate_proj.weight"), nullptr);
+  for (const checkpoint::PassThroughTensor& p : pass) {
+    const safetensors::TensorInfo* t = (*weights)->Find(p.name);
+    ASSERT_NE(t, nullptr) << p.name;
+    EXPECT_EQ(t->shape, p.shape);
+    EXPECT_TRUE((*weights)->Bytes(*t) == p.bytes) << p.name << " changed";
+  }
+  // Trained: the language model moved; its tensors are exactly the layout's plus the untrained ones.
+  std::set<std::string> names;
+  for (const UnitLayout& u : layout.units)
+    for (const TensorSlot& t : u.tensors) names.insert(t.hf_name);
+  EXPECT_EQ((*weights)->tensors().size(), names.size() + pass.size());
+  // Resumed from its checkpoint, the job reads the untrained tensors from there and keeps them.
+  v1::Job more = MustSucceed(node, Spec(absl::StrCat("path: ", src), 2, 3, "out-vl-more"), "vl-more", ckpt);
+  auto again = checkpoint::ReadPassThrough(more.last_checkpoint(), config);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_EQ(again->size(), pass.size());
+  for (const checkpoint::PassThroughTensor& p : pass) {  // (ReadPassThrough gives them in name order)
+    auto it = std::find_if(again->begin(), again->end(), [&](const auto& a) { return a.name == p.name; });
+    ASSERT_NE(it, again->end()) << p.name;
+    EXPECT_TRUE(it->bytes == p.bytes) << p.name;
+  }
   EXPECT_TRUE(node.LeakedSegments().empty());
 }
 
