@@ -10,6 +10,7 @@
 // so; one it loads must match.
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -111,7 +112,9 @@ TEST_P(HfFixture, LoadsSavesBackAndMatchesTransformers) {
   ASSERT_TRUE(ref.ok()) << ref.status();
   const safetensors::TensorInfo* ids_info = (*ref)->Find("input_ids");
   ASSERT_NE(ids_info, nullptr);
-  const std::vector<float> ids = AsFloats(**ref, *ids_info);
+  ASSERT_EQ(ids_info->dtype, safetensors::Dtype::kI64);
+  std::vector<int64_t> ids(static_cast<size_t>(ids_info->numel));
+  std::memcpy(ids.data(), (*ref)->Bytes(*ids_info).data(), ids.size() * sizeof(int64_t));
   const int64_t T = static_cast<int64_t>(ids.size());
   MicroBatch mb;
   for (int64_t t = 0; t < T; ++t) {
@@ -130,6 +133,16 @@ TEST_P(HfFixture, LoadsSavesBackAndMatchesTransformers) {
   EXPECT_NEAR(loss, ref_loss, 2e-5 * std::abs(ref_loss)) << GetParam();
   std::printf("%s: loss %.7f (transformers %.7f)\n", GetParam().c_str(), loss, ref_loss);
 
+  // transformers computes its reference in FP32 (for qwen3_5 its torch chunked gated delta rule):
+  // its absolute rounding error is about FP32's epsilon times the model's gradient scale, whatever a
+  // tensor's own gradient scale. So each tensor is compared relative to its largest gradient, but
+  // never to less than 1e-3 of the model's largest one (qwen3_5's decay parameters A_log and dt_bias
+  // have gradients 1e-4..1e-7 of it; their differences, ~1e-8 absolute, are the reference's noise).
+  double model_scale = 0;
+  for (const safetensors::TensorInfo& g : (*ref)->tensors()) {
+    if (!absl::StartsWith(g.name, "grad.")) continue;
+    for (float x : AsFloats(**ref, g)) model_scale = std::max(model_scale, std::abs(static_cast<double>(x)));
+  }
   double worst = 0;
   std::string worst_name;
   int grads_compared = 0;
@@ -137,14 +150,38 @@ TEST_P(HfFixture, LoadsSavesBackAndMatchesTransformers) {
     if (!absl::StartsWith(g.name, "grad.")) continue;
     const std::string name = g.name.substr(5);
     const std::vector<float> want = AsFloats(**ref, g);
-    // The layout's slots holding this tensor (one, or each expert's slice of a fused one).
+    // The layout's slots holding this tensor: one, each expert's slice of a fused one, or, where the
+    // directory keeps experts per expert, the per-expert matrices transformers' own fused parameter
+    // gathers (gate_up_proj [E, 2 I, H]: expert e's gate rows then its up rows; down_proj [E, H, I]).
     std::vector<double> got(want.size(), 0.0);
     bool found = false;
     for (const UnitLayout& u : layout.units) {
       for (const TensorSlot& s : u.tensors) {
-        if (s.hf_name != name) continue;
+        int64_t at = s.hf_offset_numel;
+        if (s.hf_name != name) {
+          if (!u.sparse() || s.is_slice()) continue;
+          const std::string prefix = name.substr(0, name.rfind('.') + 1);  // "...mlp.experts."
+          bool matched = false;
+          for (int64_t e = 0; e < u.num_experts() && !matched; ++e) {
+            for (int t = 0; t < kNumExpertTensors && !matched; ++t) {
+              if (u.FindExpert(e, static_cast<ExpertTensor>(t)) != &s) continue;
+              const int64_t mi = s.shape[t == kExpertDownProj ? 1 : 0];
+              const int64_t h = s.shape[t == kExpertDownProj ? 0 : 1];
+              if (name == prefix + "gate_up_proj" && t != kExpertDownProj &&
+                  absl::StartsWith(s.hf_name, absl::StrCat(prefix, e, "."))) {
+                at = e * 2 * mi * h + (t == kExpertUpProj ? mi * h : 0);
+                matched = true;
+              } else if (name == prefix + "down_proj" && t == kExpertDownProj &&
+                         absl::StartsWith(s.hf_name, absl::StrCat(prefix, e, "."))) {
+                at = e * h * mi;
+                matched = true;
+              }
+            }
+          }
+          if (!matched) continue;
+        }
         found = true;
-        for (int64_t i = 0; i < s.numel; ++i) got[s.hf_offset_numel + i] = grads[u.index][s.offset_numel + i];
+        for (int64_t i = 0; i < s.numel; ++i) got[at + i] = grads[u.index][s.offset_numel + i];
       }
     }
     if (!found && layout.head_uses_embedding && name == "lm_head.weight") continue;
@@ -155,17 +192,25 @@ TEST_P(HfFixture, LoadsSavesBackAndMatchesTransformers) {
       scale = std::max(scale, std::abs(static_cast<double>(want[i])));
       diff = std::max(diff, std::abs(got[i] - want[i]));
     }
-    const double rel = diff / std::max(scale, 1e-12);
+    const double rel = diff / std::max({scale, 1e-3 * model_scale, 1e-30});
     if (rel > worst) {
       worst = rel;
       worst_name = name;
     }
-    EXPECT_LT(rel, 1e-4) << GetParam() << ": " << name << " max |ours - transformers| / max |transformers| = " << rel;
+    // qwen3_5's decay path (A_log, dt_bias, in_proj_a: g = -exp(A_log) softplus(a + dt_bias)) reaches
+    // the loss through HF's FP32 cumulative sums of g and exponentials of their differences; measured
+    // 2026-12-07 (transformers 5.17, torch 2.11, its torch fallback: no fla): 1.0e-4..2.2e-4 there,
+    // every other gradient < 1e-4, the loss within 3e-8. Our side is the double oracle (central
+    // differences 1e-8), so the bound there is the reference's, 1e-3.
+    const bool decay_path = absl::EndsWith(name, "linear_attn.A_log") || absl::EndsWith(name, "linear_attn.dt_bias") ||
+                            absl::EndsWith(name, "linear_attn.in_proj_a.weight");
+    EXPECT_LT(rel, decay_path ? 1e-3 : 1e-4) << GetParam() << ": " << name << " max |ours - transformers| / max |transformers| = " << rel
+                         << " (max |transformers| " << scale << ")";
     ++grads_compared;
   }
   EXPECT_GT(grads_compared, 0);
-  std::printf("%s: %d gradients, worst relative error %.3g (%s)\n", GetParam().c_str(), grads_compared, worst,
-              worst_name.c_str());
+  std::printf("%s: %d gradients, worst relative error %.3g (%s), largest gradient %.3g\n", GetParam().c_str(),
+              grads_compared, worst, worst_name.c_str(), model_scale);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfFixture, ::testing::ValuesIn(Families()),

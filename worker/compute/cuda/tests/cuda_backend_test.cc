@@ -256,13 +256,20 @@ void CheckLayer(const std::string& label, const ModelConfig& cfg, Pair& p, const
                                      pol == ActPolicy::kRecomputeLayer ? dx_ptr : dy.g->data(), dx_ptr,
                                      (*dpg)->as<float>()));
     ASSERT_OK(p.gpu->Synchronize());
-    ExpectRelErr(label + " layer bwd dx [" + pname + "]", GetG(p, *dx.g, T * H), ref_dx, 3e-2);
+    // A Gated DeltaNet layer rounds its conv output, normalised q/k, core output and gated-norm
+    // output to BF16 (HF's autocast does likewise) and its backward runs through two norms: measured
+    // on an H100/H200 (2026-12-07) over seeds 1468229433, 7, 12345, tiny-qwen3.5 (dk = dv = 16, the
+    // recurrent fallback) gave dx 1.4e-2..3.06e-2 and d input_layernorm 1.6e-2..4.06e-2 against the
+    // FP32 CPU oracle in both residual modes (the chunked kernels at dk = dv = 128: 5e-3..8e-3).
+    // Its bounds are 5e-2 / 6e-2; the other layers keep 3e-2 / 4e-2.
+    const bool gdn_layer = unit.Find(kLinearInProjQkv) != nullptr;
+    ExpectRelErr(label + " layer bwd dx [" + pname + "]", GetG(p, *dx.g, T * H), ref_dx, gdn_layer ? 5e-2 : 3e-2);
     auto got_dp = GetF(*p.gpu, (*dpg)->data(), unit.numel);
     for (const TensorSlot& ts : unit.tensors) {
       std::vector<double> gv(got_dp.begin() + ts.offset_numel, got_dp.begin() + ts.offset_numel + ts.numel);
       std::vector<double> rv(ref_dp.begin() + ts.offset_numel, ref_dp.begin() + ts.offset_numel + ts.numel);
       std::string tn = ts.hf_name.substr(ts.hf_name.find("layers.") + 7);
-      ExpectRelErr(label + " layer bwd d" + tn + " [" + pname + "]", gv, rv, 4e-2);
+      ExpectRelErr(label + " layer bwd d" + tn + " [" + pname + "]", gv, rv, gdn_layer ? 6e-2 : 4e-2);
     }
   }
 }
