@@ -1,6 +1,7 @@
 // Model config parsing and serialization (the five families); the presets are model_presets.cc,
 // the streamed-unit layout model_layout.cc.
 #include "common/model/model_config.h"
+#include "common/model/model_config_internal.h"
 #include "common/io/json_depth.h"
 
 #include "common/io/small_file.h"
@@ -22,7 +23,7 @@
 #include "nlohmann/json.hpp"
 
 namespace slidedp {
-namespace {
+namespace config_internal {
 
 absl::Status Refuse(absl::string_view field, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("config.json: ", field, ": ", why));
@@ -43,6 +44,13 @@ const char* RopeTypeName(RopeScaling::Type type) {
   }
   return "?";
 }
+
+}  // namespace config_internal
+
+namespace {
+
+using config_internal::Refuse;
+using config_internal::RopeTypeName;
 
 // The scaling's parameters in range, each refused naming `key`.<field> (key: the JSON object they
 // came from, or "rope_scaling" for a config built in code).
@@ -132,47 +140,6 @@ absl::Status CheckMoe(const ModelConfig& c) {
   return absl::OkStatus();
 }
 
-// qwen3_5's fields in range (the other families: at their defaults), each refused naming the field.
-absl::Status CheckQwen3_5(const ModelConfig& c) {
-  auto bad = [](absl::string_view field, absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("config: ", field, " ", why));
-  };
-  if (!c.is_qwen3_5()) {
-    if (!c.layer_mixers.empty()) return bad("layer_types", "linear_attention layers are qwen3_5's only");
-    if (c.partial_rotary_factor != 1) return bad("partial_rotary_factor", "must be 1 for this model_type");
-    if (c.shared_expert_intermediate_size != 0) return bad("shared_expert_intermediate_size", "is qwen3_5_moe's only");
-    if (c.multimodal) return bad("text_config", "the multimodal layout is qwen3_5's only");
-    return absl::OkStatus();
-  }
-  if (static_cast<int64_t>(c.layer_mixers.size()) != c.num_hidden_layers) {
-    return bad("layer_types", absl::StrCat("has ", c.layer_mixers.size(), " entries for num_hidden_layers ",
-                                           c.num_hidden_layers));
-  }
-  const LinearAttentionConfig& la = c.linear;
-  for (auto [field, v, most] : {std::tuple<const char*, int64_t, int64_t>{"linear_num_key_heads", la.num_key_heads, 4096},
-                                {"linear_num_value_heads", la.num_value_heads, 4096},
-                                {"linear_key_head_dim", la.key_head_dim, 1024},
-                                {"linear_value_head_dim", la.value_head_dim, 1024},
-                                {"linear_conv_kernel_dim", la.conv_kernel, 8}}) {
-    if (v < 1 || v > most) return bad(field, absl::StrCat("must be in [1, ", most, "], got ", v));
-  }
-  if (la.num_value_heads % la.num_key_heads != 0) {
-    return bad("linear_num_value_heads", absl::StrCat(la.num_value_heads, " is not a multiple of linear_num_key_heads ",
-                                                      la.num_key_heads));
-  }
-  const int64_t rot = c.rotary_dim();
-  if (rot < 2 || rot % 2 != 0 || rot > c.head_dim) {
-    return bad("partial_rotary_factor", absl::StrCat(c.partial_rotary_factor, " x head_dim ", c.head_dim,
-                                                     " gives ", rot, " rotary dimensions (must be even, >= 2)"));
-  }
-  if (c.family == ModelFamily::kQwen3_5Moe && c.shared_expert_intermediate_size < 1) {
-    return bad("shared_expert_intermediate_size", "must be >= 1 for qwen3_5_moe");
-  }
-  if (c.shared_expert_intermediate_size > (int64_t{1} << 21)) {
-    return bad("shared_expert_intermediate_size", "exceeds this build's limit of 2^21");
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -234,7 +201,7 @@ absl::Status ModelConfig::Validate() const {
         absl::StrFormat("config: a model of about %.3g parameters exceeds this build's limit of 1e13", params));
   }
   RETURN_IF_ERROR(CheckMoe(*this));
-  RETURN_IF_ERROR(CheckQwen3_5(*this));
+  RETURN_IF_ERROR(config_internal::CheckQwen3_5(*this));
   return CheckRopeScaling(*this, "rope_scaling");
 }
 
@@ -481,7 +448,9 @@ constexpr UnbuiltMoe kUnbuiltMoe[] = {
 // qwen3_moe's MoE fields with Qwen3MoeConfig's defaults (transformers 5.17,
 // configuration_qwen3_moe.py) where a key is absent or null, and the keys of other MoE designs
 // refused by name.
-absl::Status ParseMoe(const nlohmann::json& j, ModelConfig* c) {
+}  // namespace
+
+absl::Status config_internal::ParseMoe(const nlohmann::json& j, ModelConfig* c) {
   auto integer = [&](const char* key, int64_t* out) -> absl::Status {
     if (!j.contains(key) || j[key].is_null()) return absl::OkStatus();
     if (!j[key].is_number_integer()) return Refuse(key, absl::StrCat("must be an integer, got ", j[key].dump()));
@@ -563,165 +532,6 @@ absl::Status ParseMoe(const nlohmann::json& j, ModelConfig* c) {
   return absl::OkStatus();
 }
 
-// The keys of a qwen3_5 / qwen3_5_moe text config (HF Qwen3_5TextConfig, Qwen3_5MoeTextConfig and
-// the PreTrainedConfig fields every saved config carries) this build reads or knows not to change
-// the math. Any other key is refused naming it: these families are new enough that an unknown
-// field is more likely a variant this build does not compute than noise.
-constexpr const char* kQwen3_5TextKeys[] = {
-    // sizes and numerics (parsed)
-    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "initializer_range", "rms_norm_eps",
-    "tie_word_embeddings", "rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor", "attention_bias",
-    "attention_dropout", "layer_types", "full_attention_interval", "attn_output_gate", "linear_conv_kernel_dim",
-    "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads",
-    "dtype", "torch_dtype",
-    // qwen3_5_moe (parsed; refused for the dense family by ParseQwen3_5)
-    "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
-    "router_aux_loss_coef", "output_router_logits", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
-    // multi-token prediction: its weights (mtp.*) pass through untrained; the LM's math is unchanged
-    "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings",
-    // the dtype inference engines cache the Gated DeltaNet's state in (the released configs say
-    // float32); training here keeps the state in FP32 throughout, as HF's torch path does
-    "mamba_ssm_dtype",
-    // generation and bookkeeping (no effect on the training math)
-    "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "architectures",
-    "output_attentions", "output_hidden_states", "return_dict", "use_return_dict", "torchscript", "is_decoder",
-    "is_encoder_decoder", "add_cross_attention", "tie_encoder_decoder", "chunk_size_feed_forward", "problem_type",
-    "id2label", "label2id", "tokenizer_class", "prefix", "task_specific_params", "finetuning_task", "base_config_key",
-    "name_or_path", "sep_token_id", "decoder_start_token_id", "cross_attention_hidden_size", "pruned_heads",
-    "use_sliding_window", "sliding_window", "max_window_layers",
-};
-
-// The wrapper of the multimodal layout (Qwen3_5Config / Qwen3_5MoeConfig): its own keys; the
-// vision tower's config is carried unchanged.
-constexpr const char* kQwen3_5WrapperKeys[] = {
-    "model_type", "architectures", "text_config", "vision_config", "image_token_id", "video_token_id",
-    "vision_start_token_id", "vision_end_token_id", "tie_word_embeddings", "transformers_version", "dtype",
-    "torch_dtype", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "output_attentions",
-    "output_hidden_states", "return_dict", "is_encoder_decoder", "id2label", "label2id", "problem_type",
-    "name_or_path", "tokenizer_class",
-};
-
-absl::Status RefuseUnknownKeys(const nlohmann::json& j, absl::Span<const char* const> known, absl::string_view where,
-                               absl::string_view model_type) {
-  for (const auto& [k, v] : j.items()) {
-    if (absl::StartsWith(k, "_")) continue;  // HF's private bookkeeping (_name_or_path, _attn_implementation...)
-    if (std::find_if(known.begin(), known.end(), [&](const char* n) { return k == n; }) != known.end()) continue;
-    return Refuse(absl::StrCat(where, k), absl::StrCat("is not implemented by this build for ", model_type,
-                                                       " (a field it does not know could change the model's math)"));
-  }
-  return absl::OkStatus();
-}
-
-// qwen3_5 / qwen3_5_moe's own fields (text config `t`), each checked and refused naming the field.
-// HF defaults (Qwen3_5TextConfig / Qwen3_5MoeTextConfig, transformers 5.17) where a key is absent.
-absl::Status ParseQwen3_5(const nlohmann::json& t, absl::string_view where, ModelConfig* c) {
-  auto integer = [&](const char* key, int64_t* out) -> absl::Status {
-    if (!t.contains(key) || t[key].is_null()) return absl::OkStatus();
-    if (!t[key].is_number_integer()) {
-      return Refuse(absl::StrCat(where, key), absl::StrCat("must be an integer, got ", t[key].dump()));
-    }
-    *out = t[key].get<int64_t>();
-    return absl::OkStatus();
-  };
-  const std::string type = ModelTypeName(c->family);
-  RETURN_IF_ERROR(RefuseUnknownKeys(t, kQwen3_5TextKeys, where, type));
-  LinearAttentionConfig& la = c->linear;
-  la = LinearAttentionConfig{};
-  RETURN_IF_ERROR(integer("linear_num_key_heads", &la.num_key_heads));
-  RETURN_IF_ERROR(integer("linear_num_value_heads", &la.num_value_heads));
-  RETURN_IF_ERROR(integer("linear_key_head_dim", &la.key_head_dim));
-  RETURN_IF_ERROR(integer("linear_value_head_dim", &la.value_head_dim));
-  RETURN_IF_ERROR(integer("linear_conv_kernel_dim", &la.conv_kernel));
-  // HF's q_proj always emits the output gate (Qwen3NextAttention); a config saying otherwise
-  // describes a model HF itself would not load as it was trained.
-  if (t.contains("attn_output_gate") && !t["attn_output_gate"].is_null() && t["attn_output_gate"] != true) {
-    return Refuse(absl::StrCat(where, "attn_output_gate"),
-                  absl::StrCat(t["attn_output_gate"].dump(), " is not implemented (qwen3_5's attention is gated)"));
-  }
-  int64_t interval = 4;
-  RETURN_IF_ERROR(integer("full_attention_interval", &interval));
-  c->layer_mixers.clear();
-  if (t.contains("layer_types") && !t["layer_types"].is_null()) {
-    if (!t["layer_types"].is_array()) return Refuse(absl::StrCat(where, "layer_types"), "must be a list");
-    for (const nlohmann::json& v : t["layer_types"]) {
-      if (v == "linear_attention") {
-        c->layer_mixers.push_back(TokenMixer::kLinearAttention);
-      } else if (v == "full_attention") {
-        c->layer_mixers.push_back(TokenMixer::kAttention);
-      } else {
-        return Refuse(absl::StrCat(where, "layer_types"),
-                      absl::StrCat(v.dump(), " is not implemented for ", type, " (linear_attention, full_attention)"));
-      }
-    }
-    if (static_cast<int64_t>(c->layer_mixers.size()) != c->num_hidden_layers) {
-      return Refuse(absl::StrCat(where, "layer_types"), absl::StrCat("has ", c->layer_mixers.size(),
-                                                                     " entries for num_hidden_layers ",
-                                                                     c->num_hidden_layers));
-    }
-  } else {
-    // HF: full attention where (i + 1) % full_attention_interval == 0.
-    if (interval < 1 || interval > 4096) {
-      return Refuse(absl::StrCat(where, "full_attention_interval"), absl::StrCat("must be in [1, 4096], got ", interval));
-    }
-    for (int64_t l = 0; l < c->num_hidden_layers && l < 4096; ++l) {
-      c->layer_mixers.push_back((l + 1) % interval == 0 ? TokenMixer::kAttention : TokenMixer::kLinearAttention);
-    }
-  }
-  for (const char* key : {"use_sliding_window"}) {
-    if (t.contains(key) && !t[key].is_null() && t[key] != false) {
-      return Refuse(absl::StrCat(where, key), "sliding-window attention is not implemented for qwen3_5");
-    }
-  }
-  if (t.contains("sliding_window") && !t["sliding_window"].is_null()) {
-    return Refuse(absl::StrCat(where, "sliding_window"), "sliding-window attention is not implemented for qwen3_5");
-  }
-  if (c->family == ModelFamily::kQwen3_5) {
-    for (const char* key : {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
-                            "shared_expert_intermediate_size", "decoder_sparse_step", "norm_topk_prob",
-                            "mlp_only_layers", "router_aux_loss_coef", "output_router_logits"}) {
-      if (t.contains(key) && !t[key].is_null()) {
-        return Refuse(absl::StrCat(where, key), "is a mixture-of-experts field; qwen3_5 is dense (qwen3_5_moe is not)");
-      }
-    }
-    return absl::OkStatus();
-  }
-  // qwen3_5_moe: Qwen3_5MoeTextConfig's defaults (35B-A3B's shapes); every layer sparse, the top-k
-  // weights always renormalised (its router has no norm_topk_prob switch), one shared expert.
-  nlohmann::json moe = t;
-  for (const auto& [key, value] : {std::pair<const char*, nlohmann::json>{"num_experts", 256},
-                                   {"num_experts_per_tok", 8},
-                                   {"moe_intermediate_size", 512}}) {
-    if (!moe.contains(key) || moe[key].is_null()) moe[key] = value;
-  }
-  if (moe.contains("norm_topk_prob") && !moe["norm_topk_prob"].is_null() && moe["norm_topk_prob"] != true) {
-    return Refuse(absl::StrCat(where, "norm_topk_prob"),
-                  "false is not implemented (qwen3_5_moe's router always renormalises its top-k weights)");
-  }
-  if (moe.contains("decoder_sparse_step") && !moe["decoder_sparse_step"].is_null() && moe["decoder_sparse_step"] != 1) {
-    return Refuse(absl::StrCat(where, "decoder_sparse_step"), "must be 1 (every qwen3_5_moe layer is sparse)");
-  }
-  if (moe.contains("mlp_only_layers") && !moe["mlp_only_layers"].is_null() &&
-      !(moe["mlp_only_layers"].is_array() && moe["mlp_only_layers"].empty())) {
-    return Refuse(absl::StrCat(where, "mlp_only_layers"), "dense layers are not part of qwen3_5_moe");
-  }
-  nlohmann::json plain = moe;
-  plain.erase("shared_expert_intermediate_size");
-  plain.erase("norm_topk_prob");
-  plain.erase("decoder_sparse_step");
-  plain.erase("mlp_only_layers");
-  RETURN_IF_ERROR(ParseMoe(plain, c));
-  c->norm_topk_prob = true;
-  c->shared_expert_intermediate_size = 512;
-  RETURN_IF_ERROR(integer("shared_expert_intermediate_size", &c->shared_expert_intermediate_size));
-  if (c->shared_expert_intermediate_size < 1) {
-    return Refuse(absl::StrCat(where, "shared_expert_intermediate_size"),
-                  absl::StrCat("must be >= 1 (qwen3_5_moe has a shared expert), got ", c->shared_expert_intermediate_size));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 const char* ModelTypeName(ModelFamily family) {
   switch (family) {
@@ -781,7 +591,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
         return Refuse("text_config", absl::StrCat("missing: a ", type, " config.json holds the language model's "
                                                   "config there (or is a ", type, "_text config)"));
       }
-      RETURN_IF_ERROR(RefuseUnknownKeys(j, kQwen3_5WrapperKeys, "", type));
+      RETURN_IF_ERROR(config_internal::RefuseUnknownKeys(j, config_internal::Qwen3_5WrapperKeys(), "", type));
       if (j.contains("vision_config") && !j["vision_config"].is_null() && !j["vision_config"].is_object()) {
         return Refuse("vision_config", "must be an object");
       }
@@ -863,9 +673,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
     if (p != 0) return Refuse(key, absl::StrCat(p, " is not supported (training here runs without dropout)"));
   }
   if (c.is_qwen3_5()) {
-    RETURN_IF_ERROR(ParseQwen3_5(t, where, &c));
+    RETURN_IF_ERROR(config_internal::ParseQwen3_5(t, where, &c));
   } else if (c.is_moe()) {
-    RETURN_IF_ERROR(ParseMoe(t, &c));
+    RETURN_IF_ERROR(config_internal::ParseMoe(t, &c));
   } else if (t.contains("num_experts") || t.contains("num_local_experts")) {
     return Refuse(t.contains("num_experts") ? "num_experts" : "num_local_experts",
                   absl::StrCat("mixture-of-experts layers are not supported by model_type ", ModelTypeName(c.family),
@@ -909,200 +719,6 @@ absl::StatusOr<ModelConfig> ModelConfig::FromFile(const std::string& path) {
 // float32 and the Python scalars it meets take the tensor's type in each operation (on the CPU,
 // where HF computes these at init, a division stays a division); the scalars' own arithmetic
 // (yarn's correction range, dynamic's base) is in double.
-namespace {
-
-// The scaling as HF's rope_scaling object (rope_theta apart), or null for plain RoPE.
-nlohmann::ordered_json RopeScalingJson(const RopeScaling& s) {
-  nlohmann::ordered_json r = {{"rope_type", RopeTypeName(s.type)}, {"factor", s.factor}};
-  switch (s.type) {
-    case RopeScaling::Type::kNone:
-      return nullptr;
-    case RopeScaling::Type::kLinear:
-    case RopeScaling::Type::kDynamic:
-      break;
-    case RopeScaling::Type::kLlama3:
-      r["low_freq_factor"] = s.low_freq_factor;
-      r["high_freq_factor"] = s.high_freq_factor;
-      r["original_max_position_embeddings"] = s.original_max_position_embeddings;
-      break;
-    case RopeScaling::Type::kYarn:
-      r["original_max_position_embeddings"] = s.original_max_position_embeddings;
-      r["beta_fast"] = s.beta_fast;
-      r["beta_slow"] = s.beta_slow;
-      r["truncate"] = s.truncate;
-      if (s.attention_factor != 0) r["attention_factor"] = s.attention_factor;
-      if (s.mscale != 0) r["mscale"] = s.mscale;
-      if (s.mscale_all_dim != 0) r["mscale_all_dim"] = s.mscale_all_dim;
-      break;
-  }
-  return r;
-}
-
-// Writes theta and the scaling so that transformers 4 (rope_theta + rope_scaling) and 5 (which
-// takes a non-null rope_scaling over rope_parameters) both read them; a rope_parameters object
-// already there is rewritten to agree.
-// qwen3_5 (transformers 5 only) gets rope_parameters alone, keeping its partial rotation and
-// multimodal sections.
-void WriteRope(const ModelConfig& c, nlohmann::ordered_json& j) {
-  const nlohmann::ordered_json scaling = RopeScalingJson(c.rope_scaling);
-  if (!c.is_qwen3_5()) {
-    j["rope_theta"] = c.rope_theta;
-    j["rope_scaling"] = scaling;
-  }
-  if (j.contains("rope_parameters") || c.is_qwen3_5()) {
-    nlohmann::ordered_json p = scaling.is_null() ? nlohmann::ordered_json{{"rope_type", "default"}} : scaling;
-    p["rope_theta"] = c.rope_theta;
-    if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
-      for (const char* k : {"partial_rotary_factor", "mrope_section", "mrope_interleaved"}) {
-        if (j["rope_parameters"].contains(k)) p[k] = j["rope_parameters"][k];
-      }
-    }
-    if (c.partial_rotary_factor != 1) p["partial_rotary_factor"] = c.partial_rotary_factor;
-    j["rope_parameters"] = p;
-  }
-}
-
-}  // namespace
-
-std::string ModelConfig::ToJson() const {
-  nlohmann::ordered_json j;
-  if (!source_json.empty()) {
-    j = nlohmann::ordered_json::parse(source_json, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) j = nlohmann::ordered_json::object();
-  }
-  const bool preset = source_json.empty();
-  static constexpr const char* kArchitectures[] = {"Qwen3ForCausalLM",   "Qwen2ForCausalLM",    "LlamaForCausalLM",
-                                                   "MistralForCausalLM", "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM",
-                                                   "Qwen3_5MoeForCausalLM"};
-  // The language model's object: the file, or the multimodal wrapper's text_config.
-  if (multimodal) {
-    if (!j.contains("architectures")) {
-      j["architectures"] = {family == ModelFamily::kQwen3_5 ? "Qwen3_5ForConditionalGeneration"
-                                                            : "Qwen3_5MoeForConditionalGeneration"};
-    }
-    j["model_type"] = ModelTypeName(family);
-    if (!j.contains("text_config") || !j["text_config"].is_object()) j["text_config"] = nlohmann::ordered_json::object();
-    j["tie_word_embeddings"] = tie_word_embeddings;
-    j["torch_dtype"] = torch_dtype;
-    if (j.contains("dtype")) j["dtype"] = torch_dtype;
-  }
-  nlohmann::ordered_json& t = multimodal ? j["text_config"] : j;
-  auto set_default = [&](const char* key, nlohmann::ordered_json v) {
-    if (!t.contains(key)) t[key] = std::move(v);
-  };
-  if (!multimodal) set_default("architectures", {kArchitectures[static_cast<int>(family)]});
-  t["model_type"] = is_qwen3_5() ? absl::StrCat(ModelTypeName(family), "_text") : ModelTypeName(family);
-  t["hidden_size"] = hidden_size;
-  t["num_hidden_layers"] = num_hidden_layers;
-  t["num_attention_heads"] = num_attention_heads;
-  t["num_key_value_heads"] = num_key_value_heads;
-  t["head_dim"] = head_dim;
-  // Qwen3_5MoeTextConfig has no intermediate_size (transformers 5.17 refuses one): written only
-  // where the source had it.
-  if (family != ModelFamily::kQwen3_5Moe || t.contains("intermediate_size")) t["intermediate_size"] = intermediate_size;
-  t["vocab_size"] = vocab_size;
-  t["max_position_embeddings"] = max_position_embeddings;
-  t["rms_norm_eps"] = rms_norm_eps;
-  if (!multimodal || t.contains("tie_word_embeddings")) t["tie_word_embeddings"] = tie_word_embeddings;
-  t["initializer_range"] = initializer_range;
-  if (!multimodal || t.contains("torch_dtype")) t["torch_dtype"] = torch_dtype;
-  if (t.contains("dtype")) t["dtype"] = torch_dtype;
-  if (family == ModelFamily::kQwen3Moe) {
-    // Qwen3MoeConfig's field names. num_experts, which transformers 4.x and 5.17 both read (5.17's
-    // own save writes num_local_experts, which 4.x ignores); num_local_experts kept in step.
-    t["num_experts"] = num_experts;
-    if (t.contains("num_local_experts")) t["num_local_experts"] = num_experts;
-    t["num_experts_per_tok"] = num_experts_per_tok;
-    t["moe_intermediate_size"] = moe_intermediate_size;
-    t["norm_topk_prob"] = norm_topk_prob;
-    t["decoder_sparse_step"] = decoder_sparse_step;
-    t["mlp_only_layers"] = mlp_only_layers;
-    t["router_aux_loss_coef"] = router_aux_loss_coef;
-    t["output_router_logits"] = output_router_logits;
-  }
-  if (family == ModelFamily::kQwen3_5Moe) {
-    t["num_experts"] = num_experts;
-    t["num_experts_per_tok"] = num_experts_per_tok;
-    t["moe_intermediate_size"] = moe_intermediate_size;
-    t["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
-    t["router_aux_loss_coef"] = router_aux_loss_coef;
-    t["output_router_logits"] = output_router_logits;
-  }
-  if (is_qwen3_5()) {
-    nlohmann::ordered_json types = nlohmann::ordered_json::array();
-    for (int64_t l = 0; l < num_hidden_layers; ++l) {
-      types.push_back(IsLinearAttentionLayer(l) ? "linear_attention" : "full_attention");
-    }
-    t["layer_types"] = types;
-    t["linear_num_key_heads"] = linear.num_key_heads;
-    t["linear_num_value_heads"] = linear.num_value_heads;
-    t["linear_key_head_dim"] = linear.key_head_dim;
-    t["linear_value_head_dim"] = linear.value_head_dim;
-    t["linear_conv_kernel_dim"] = linear.conv_kernel;
-  }
-  if (!preset) {
-    // The source's own RoPE objects, unless this config's RoPE was changed after parsing (a
-    // longer context): then the new one, or HF would load the old.
-    const absl::StatusOr<ModelConfig> parsed = FromJson(source_json);
-    if (!parsed.ok() || parsed->rope_theta != rope_theta || !(parsed->rope_scaling == rope_scaling)) {
-      WriteRope(*this, t);
-    }
-  }
-  if (preset) {
-    t["hidden_act"] = "silu";
-    t["attention_dropout"] = 0.0;
-    if (is_qwen3_5()) {
-      // transformers 5's form: one rope_parameters object (the multimodal sections as the hub's
-      // configs give them; text reads them as plain RoPE).
-      nlohmann::ordered_json r = RopeScalingJson(rope_scaling);
-      if (r.is_null()) r = {{"rope_type", "default"}};
-      r["rope_theta"] = rope_theta;
-      r["partial_rotary_factor"] = partial_rotary_factor;
-      r["mrope_section"] = {11, 11, 10};
-      r["mrope_interleaved"] = true;
-      t["rope_parameters"] = r;
-    } else {
-      WriteRope(*this, t);
-    }
-    t["use_cache"] = true;
-    switch (family) {
-      case ModelFamily::kQwen3:
-        t["attention_bias"] = false;
-        t["bos_token_id"] = 151643;
-        t["eos_token_id"] = 151645;
-        break;
-      case ModelFamily::kQwen2:
-        t["use_sliding_window"] = false;
-        t["bos_token_id"] = 151643;
-        t["eos_token_id"] = 151645;
-        break;
-      case ModelFamily::kLlama:
-        t["attention_bias"] = false;
-        t["mlp_bias"] = false;
-        t["bos_token_id"] = 128000;
-        t["eos_token_id"] = 128001;
-        break;
-      case ModelFamily::kMistral:
-        t["sliding_window"] = sliding_window > 0 ? nlohmann::ordered_json(sliding_window) : nlohmann::ordered_json();
-        t["bos_token_id"] = 1;
-        t["eos_token_id"] = 2;
-        break;
-      case ModelFamily::kQwen3Moe:
-        t["attention_bias"] = false;
-        t["use_sliding_window"] = false;
-        t["sliding_window"] = nullptr;
-        t["bos_token_id"] = 151643;
-        t["eos_token_id"] = 151645;
-        break;
-      case ModelFamily::kQwen3_5:
-      case ModelFamily::kQwen3_5Moe:
-        t["attention_bias"] = false;
-        t["eos_token_id"] = 248044;  // <|endoftext|> of the 248,320-token vocabulary
-        break;
-    }
-  }
-  return j.dump(2) + "\n";
-}
 
 
 }  // namespace slidedp

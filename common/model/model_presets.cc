@@ -18,6 +18,83 @@ std::string ModelConfig::PresetNames() {
          "tiny-llama, tiny-mistral, tiny-moe, qwen3.5-4b, qwen3.5-35b-a3b, tiny-qwen3.5, tiny-qwen3.5-moe";
 }
 
+namespace {
+
+// Qwen3.5's presets (ModelConfig::Preset): false for another name.
+bool Qwen3_5Preset(absl::string_view name, ModelConfig& c) {
+  auto set = [&](int64_t h, int64_t l, int64_t nh, int64_t inter, bool tied) {
+    c.hidden_size = h;
+    c.num_hidden_layers = l;
+    c.num_attention_heads = nh;
+    c.intermediate_size = inter;
+    c.tie_word_embeddings = tied;
+  };
+  auto moe = [&](int64_t experts, int64_t top_k, int64_t expert_intermediate) {
+    c.num_experts = experts;
+    c.num_experts_per_tok = top_k;
+    c.moe_intermediate_size = expert_intermediate;
+    c.norm_topk_prob = true;
+    c.decoder_sparse_step = 1;
+    c.router_aux_loss_coef = 0.001;
+    c.output_router_logits = false;
+  };
+  auto tiny = [&](ModelFamily family) {
+    set(64, 2, 4, 128, true);
+    c.family = family;
+    c.num_key_value_heads = 2;
+    c.head_dim = 16;
+    c.vocab_size = 512;
+    c.max_position_embeddings = 4096;
+  };
+  if (name == "qwen3.5-4b" || name == "qwen3.5-35b-a3b") {
+    // The hub's Qwen/Qwen3.5-4B and Qwen/Qwen3.5-35B-A3B text configs (the language model of their
+    // multimodal checkpoints): vocab 248,320, gated attention at head_dim 256 with a quarter rotated
+    // (theta 1e7), Gated DeltaNet of 16 key and 32 value heads of 128, three linear layers per full.
+    c.vocab_size = 248320;
+    c.head_dim = 256;
+    c.rope_theta = 1e7;
+    c.partial_rotary_factor = 0.25;
+    c.max_position_embeddings = 262144;
+    c.linear = LinearAttentionConfig{16, 32, 128, 128, 4};
+    if (name == "qwen3.5-4b") {
+      set(2560, 32, 16, 9216, true);
+      c.family = ModelFamily::kQwen3_5;
+      c.num_key_value_heads = 4;
+    } else {
+      set(2048, 40, 16, 512, false);
+      c.family = ModelFamily::kQwen3_5Moe;
+      c.num_key_value_heads = 2;
+      moe(256, 8, 512);
+      c.shared_expert_intermediate_size = 512;
+    }
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      c.layer_mixers.push_back((l + 1) % 4 == 0 ? TokenMixer::kAttention : TokenMixer::kLinearAttention);
+    }
+  } else if (name == "tiny-qwen3.5" || name == "tiny-qwen3.5-moe") {
+    // CI-sized qwen3_5: four layers in the released 3:1 pattern (linear, linear, linear, full),
+    // gated attention at head_dim 32 with a quarter of it rotated, a Gated DeltaNet of 2 key and 4
+    // value heads of 16.
+    tiny(name == "tiny-qwen3.5" ? ModelFamily::kQwen3_5 : ModelFamily::kQwen3_5Moe);
+    c.num_hidden_layers = 4;
+    c.head_dim = 32;
+    c.rope_theta = 1e7;
+    c.partial_rotary_factor = 0.25;
+    c.linear = LinearAttentionConfig{2, 4, 16, 16, 4};
+    c.layer_mixers = {TokenMixer::kLinearAttention, TokenMixer::kLinearAttention, TokenMixer::kLinearAttention,
+                      TokenMixer::kAttention};
+    if (c.family == ModelFamily::kQwen3_5Moe) {
+      c.tie_word_embeddings = false;
+      moe(8, 2, 32);
+      c.shared_expert_intermediate_size = 48;
+    }
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
   ModelConfig c;
   c.vocab_size = 151936;
@@ -140,46 +217,9 @@ absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
     c.tie_word_embeddings = false;
     moe(8, 2, 32);
     c.mlp_only_layers = {1};
-  } else if (name == "qwen3.5-4b" || name == "qwen3.5-35b-a3b") {
-    // The hub's Qwen/Qwen3.5-4B and Qwen/Qwen3.5-35B-A3B text configs (the language model of their
-    // multimodal checkpoints): vocab 248,320, gated attention at head_dim 256 with a quarter rotated
-    // (theta 1e7), Gated DeltaNet of 16 key and 32 value heads of 128, three linear layers per full.
-    c.vocab_size = 248320;
-    c.head_dim = 256;
-    c.rope_theta = 1e7;
-    c.partial_rotary_factor = 0.25;
-    c.max_position_embeddings = 262144;
-    c.linear = LinearAttentionConfig{16, 32, 128, 128, 4};
-    if (name == "qwen3.5-4b") {
-      set(2560, 32, 16, 9216, true);
-      c.family = ModelFamily::kQwen3_5;
-      c.num_key_value_heads = 4;
-    } else {
-      set(2048, 40, 16, 512, false);
-      c.family = ModelFamily::kQwen3_5Moe;
-      c.num_key_value_heads = 2;
-      moe(256, 8, 512);
-      c.shared_expert_intermediate_size = 512;
-    }
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      c.layer_mixers.push_back((l + 1) % 4 == 0 ? TokenMixer::kAttention : TokenMixer::kLinearAttention);
-    }
-  } else if (name == "tiny-qwen3.5" || name == "tiny-qwen3.5-moe") {
-    // CI-sized qwen3_5: four layers in the released 3:1 pattern (linear, linear, linear, full),
-    // gated attention at head_dim 32 with a quarter of it rotated, a Gated DeltaNet of 2 key and 4
-    // value heads of 16.
-    tiny(name == "tiny-qwen3.5" ? ModelFamily::kQwen3_5 : ModelFamily::kQwen3_5Moe);
-    c.num_hidden_layers = 4;
-    c.head_dim = 32;
-    c.rope_theta = 1e7;
-    c.partial_rotary_factor = 0.25;
-    c.linear = LinearAttentionConfig{2, 4, 16, 16, 4};
-    c.layer_mixers = {TokenMixer::kLinearAttention, TokenMixer::kLinearAttention, TokenMixer::kLinearAttention,
-                      TokenMixer::kAttention};
-    if (c.family == ModelFamily::kQwen3_5Moe) {
-      c.tie_word_embeddings = false;
-      moe(8, 2, 32);
-      c.shared_expert_intermediate_size = 48;
+  } else if (absl::StartsWith(name, "qwen3.5-") || absl::StartsWith(name, "tiny-qwen3.5")) {
+    if (!Qwen3_5Preset(name, c)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown model preset \"", name, "\" (known: ", PresetNames(), ")"));
     }
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown model preset \"", name, "\" (known: ", PresetNames(), ")"));

@@ -1,0 +1,29 @@
+// Pieces of ModelConfig's parsing shared by its files (model_config.cc: the families' common fields,
+// RoPE, MoE; model_config_qwen3_5.cc: Qwen3.5's; model_config_json.cc: writing config.json).
+#pragma once
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/model/model_config.h"
+#include "nlohmann/json.hpp"
+
+namespace slidedp::config_internal {
+
+// INVALID_ARGUMENT "config.json: <field>: <why>".
+absl::Status Refuse(absl::string_view field, absl::string_view why);
+// HF's rope_type name of a scaling type.
+const char* RopeTypeName(RopeScaling::Type type);
+// qwen3_moe's MoE fields (and qwen3_5_moe's, which it shares) with Qwen3MoeConfig's defaults.
+absl::Status ParseMoe(const nlohmann::json& j, ModelConfig* c);
+// Refuses a key of `j` not in `known` (keys starting with "_" pass), naming `where` + key.
+absl::Status RefuseUnknownKeys(const nlohmann::json& j, absl::Span<const char* const> known, absl::string_view where,
+                               absl::string_view model_type);
+// The multimodal wrapper's own keys (qwen3_5, qwen3_5_moe).
+absl::Span<const char* const> Qwen3_5WrapperKeys();
+// qwen3_5 / qwen3_5_moe's text config fields; `where` prefixes field names ("text_config.").
+absl::Status ParseQwen3_5(const nlohmann::json& t, absl::string_view where, ModelConfig* c);
+// qwen3_5's fields in range (the other families: at their defaults).
+absl::Status CheckQwen3_5(const ModelConfig& c);
+
+}  // namespace slidedp::config_internal
