@@ -5,7 +5,7 @@
 # `state` part runs (adam_state_test, adam_engine_test, adam_kernels_test) in tests/, their non-system
 # libraries and gpu-env.sh in lib/, and .gpu/build-info.txt (the commit the bundle was built at).
 # tools/gpu/unpack.sh (called by suite_lib.sh) unpacks it on the GPU machine.
-# Usage: tools/gpu/bundle.sh [BUILD_DIR]     (default: build; build it with SLIDEDP_CUDA on, sm_90)
+# Usage: tools/gpu/bundle.sh [BUILD_DIR] [--tests-only]   (default: build; build it with SLIDEDP_CUDA on, sm_90)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
@@ -14,6 +14,12 @@ rm -rf "${out:?}/bin" "${out:?}/lib" "${out:?}/tests"
 mkdir -p "$out/bin" "$out/tests"
 bins=(slidedp slidedp-hostd slidedp-worker make_text_dataset attn_layouts_check bench_kernels bench_layeradam
       ckpt_tool tok_bench model_grads dump_batches bench_step bench_copy)
+# --tests-only: the daemons, the CLI and the tests, no benchmarks (about 33 MB instead of 42: the
+# device tool carries at most 64 MiB with the tree).
+if [ "${2:-}" = "--tests-only" ] || [ "${1:-}" = "--tests-only" ]; then
+  bins=(slidedp slidedp-hostd slidedp-worker make_text_dataset attn_layouts_check ckpt_tool)
+  [ "${1:-}" = "--tests-only" ] && build=$root/build
+fi
 for b in "${bins[@]}"; do
   if [ -x "$build/bin/$b" ]; then
     strip -o "$out/bin/$b" "$build/bin/$b"
