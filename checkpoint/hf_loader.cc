@@ -176,7 +176,8 @@ std::string DescribeConfigMismatch(const ModelConfig& a, const ModelConfig& b) {
 absl::StatusOr<ModelConfig> ModelConfigOfDir(const std::string& model_dir) {
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(model_dir + "/config.json"));
   if (config.is_moe()) {
-    ASSIGN_OR_RETURN(const bool fused, safetensors::ModelDirHasTensorEndingIn(model_dir, safetensors::kFusedExpertsSuffix));
+    ASSIGN_OR_RETURN(const bool fused, safetensors::ModelDirHasTensorEndingIn(model_dir, safetensors::kFusedExpertsSuffix,
+                                                                              safetensors::kNotLanguageModelPrefixes));
     config.expert_storage = fused ? ExpertStorage::kFused : ExpertStorage::kPerExpert;
   }
   return config;

@@ -260,7 +260,7 @@ absl::StatusOr<ExportResult> ExportModel(const ExportRequest& req) {
   if (!config.ok()) return Annotate(config.status(), config_path);
   // The experts' checkpoint names as the checkpoint's weights give them (fused or per expert).
   if (config->is_moe()) {
-    ASSIGN_OR_RETURN(const bool fused, st::ModelDirHasTensorEndingIn(ckpt, st::kFusedExpertsSuffix));
+    ASSIGN_OR_RETURN(const bool fused, st::ModelDirHasTensorEndingIn(ckpt, st::kFusedExpertsSuffix, st::kNotLanguageModelPrefixes));
     config->expert_storage = fused ? ExpertStorage::kFused : ExpertStorage::kPerExpert;
   }
   const ModelLayout layout = ModelLayout::Build(*config);

@@ -356,3 +356,33 @@ TEST(Qwen3_5Checkpoint, FusedExpertsAndPassThroughTensorsKeepTheirBytes) {
 
 }  // namespace
 }  // namespace slidedp::checkpoint
+
+// Experts fused only in the multi-token-prediction layer (or the vision tower) say nothing of the
+// language model's: a per-expert directory with a fused mtp.* tensor stays per expert.
+namespace slidedp::checkpoint {
+namespace {
+
+TEST(Qwen3_5Checkpoint, FusedExpertsOutsideTheLanguageModelDoNotDecideItsLayout) {
+  const std::string dir = (fs::temp_directory_path() / ("ckpt_qwen35_mtp." + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  ModelConfig config = ModelConfig::Preset("tiny-qwen3.5-moe").value();
+  config.vocab_size = 96;
+  const ModelLayout layout = ModelLayout::Build(config);  // per expert
+  std::vector<FakeTensor> tensors = HfTensors(layout, HeadCopy::kOmit);
+  tensors.push_back({"mtp.layers.0.mlp.experts.gate_up_proj", {8, 64, 64}});
+  WriteHfModel(dir, config, tensors, Dtype::kBF16, Sharding::kSingle);
+  auto c = ModelConfigOfDir(dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->expert_storage, ExpertStorage::kPerExpert);
+  HostState state(layout);
+  PassThrough pass;
+  LoadOptions o;
+  o.pass_through = &pass;
+  const absl::Status s = LoadHfModel(dir, ModelLayout::Build(*c), state.master_fn(), o);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(pass.size(), 1u);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace slidedp::checkpoint

@@ -713,7 +713,8 @@ absl::StatusOr<ModelConfig> ModelConfigOf(const JobSpec& spec) {
   // qwen3_5_moe's checkpoints keep their experts fused (transformers 5) or per expert: the layout's
   // names follow the directory's (ExpertStorage), so its checkpoints keep them too.
   if (c->is_moe() && spec.model.preset.empty()) {
-    absl::StatusOr<bool> fused = safetensors::ModelDirHasTensorEndingIn(spec.model.path, safetensors::kFusedExpertsSuffix);
+    absl::StatusOr<bool> fused = safetensors::ModelDirHasTensorEndingIn(spec.model.path, safetensors::kFusedExpertsSuffix,
+                                                                                safetensors::kNotLanguageModelPrefixes);
     if (!fused.ok()) return fused.status();
     c->expert_storage = *fused ? ExpertStorage::kFused : ExpertStorage::kPerExpert;
   }

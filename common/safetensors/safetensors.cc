@@ -513,8 +513,14 @@ absl::StatusOr<WriteStats> WriteFile(const std::string& path, const std::vector<
   return stats;
 }
 
-absl::StatusOr<bool> ModelDirHasTensorEndingIn(const std::string& dir, absl::string_view suffix) {
-  auto ends = [&](absl::string_view n) { return n.size() >= suffix.size() && n.substr(n.size() - suffix.size()) == suffix; };
+absl::StatusOr<bool> ModelDirHasTensorEndingIn(const std::string& dir, absl::string_view suffix,
+                                               std::initializer_list<absl::string_view> except_prefixes) {
+  auto ends = [&](absl::string_view n) {
+    for (absl::string_view p : except_prefixes) {
+      if (n.substr(0, p.size()) == p) return false;
+    }
+    return n.size() >= suffix.size() && n.substr(n.size() - suffix.size()) == suffix;
+  };
   std::error_code ec;
   if (std::filesystem::exists(dir + "/model.safetensors", ec)) {
     ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(dir + "/model.safetensors"));

@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -151,9 +152,13 @@ absl::StatusOr<std::string> SerializeHeader(const std::vector<TensorSource>& ten
 // weight_map) hold a tensor whose name ends in `suffix`; false for a directory with neither (the
 // loader refuses it later). The header and index are read bounded and validated (the directory is
 // a job spec's: hostile); INVALID_ARGUMENT / DATA_LOSS as Open and the index parse give them.
-absl::StatusOr<bool> ModelDirHasTensorEndingIn(const std::string& dir, absl::string_view suffix);
+// Names starting with one of `except_prefixes` are not considered.
+absl::StatusOr<bool> ModelDirHasTensorEndingIn(const std::string& dir, absl::string_view suffix,
+                                               std::initializer_list<absl::string_view> except_prefixes = {});
 // The name a MoE layer's experts fused over the expert dimension end in (transformers 5's layout:
-// ExpertStorage::kFused in common/model/model_config.h).
+// ExpertStorage::kFused in common/model/model_config.h), and the tensors whose experts do not count
+// (a qwen3_5 checkpoint's multi-token-prediction layer and vision tower pass through as they are).
 inline constexpr absl::string_view kFusedExpertsSuffix = ".mlp.experts.gate_up_proj";
+inline constexpr std::initializer_list<absl::string_view> kNotLanguageModelPrefixes = {"mtp.", "model.visual."};
 
 }  // namespace slidedp::safetensors
