@@ -20,32 +20,43 @@ std::string ModelConfig::PresetNames() {
 
 namespace {
 
+// The shape of a preset: sizes, and whether the LM head is the embedding.
+void SetShape(ModelConfig& c, int64_t h, int64_t l, int64_t nh, int64_t inter, bool tied) {
+  c.hidden_size = h;
+  c.num_hidden_layers = l;
+  c.num_attention_heads = nh;
+  c.intermediate_size = inter;
+  c.tie_word_embeddings = tied;
+}
+
+// Qwen3-MoE as released: softmax top-k renormalised, every layer sparse, HF's aux-loss settings.
+void SetMoe(ModelConfig& c, int64_t experts, int64_t top_k, int64_t expert_intermediate) {
+  c.num_experts = experts;
+  c.num_experts_per_tok = top_k;
+  c.moe_intermediate_size = expert_intermediate;
+  c.norm_topk_prob = true;
+  c.decoder_sparse_step = 1;
+  c.router_aux_loss_coef = 0.001;
+  c.output_router_logits = false;
+}
+
+// The CI-sized shape every tiny preset starts from.
+void SetTiny(ModelConfig& c, ModelFamily family) {
+  SetShape(c, 64, 2, 4, 128, true);
+  c.family = family;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.vocab_size = 512;
+  c.max_position_embeddings = 4096;
+}
+
 // Qwen3.5's presets (ModelConfig::Preset): false for another name.
 bool Qwen3_5Preset(absl::string_view name, ModelConfig& c) {
-  auto set = [&](int64_t h, int64_t l, int64_t nh, int64_t inter, bool tied) {
-    c.hidden_size = h;
-    c.num_hidden_layers = l;
-    c.num_attention_heads = nh;
-    c.intermediate_size = inter;
-    c.tie_word_embeddings = tied;
-  };
+  auto set = [&](int64_t h, int64_t l, int64_t nh, int64_t inter, bool tied) { SetShape(c, h, l, nh, inter, tied); };
   auto moe = [&](int64_t experts, int64_t top_k, int64_t expert_intermediate) {
-    c.num_experts = experts;
-    c.num_experts_per_tok = top_k;
-    c.moe_intermediate_size = expert_intermediate;
-    c.norm_topk_prob = true;
-    c.decoder_sparse_step = 1;
-    c.router_aux_loss_coef = 0.001;
-    c.output_router_logits = false;
+    SetMoe(c, experts, top_k, expert_intermediate);
   };
-  auto tiny = [&](ModelFamily family) {
-    set(64, 2, 4, 128, true);
-    c.family = family;
-    c.num_key_value_heads = 2;
-    c.head_dim = 16;
-    c.vocab_size = 512;
-    c.max_position_embeddings = 4096;
-  };
+  auto tiny = [&](ModelFamily family) { SetTiny(c, family); };
   if (name == "qwen3.5-4b" || name == "qwen3.5-35b-a3b") {
     // The hub's Qwen/Qwen3.5-4B and Qwen/Qwen3.5-35B-A3B text configs (the language model of their
     // multimodal checkpoints): vocab 248,320, gated attention at head_dim 256 with a quarter rotated
@@ -100,13 +111,7 @@ absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
   c.vocab_size = 151936;
   c.head_dim = 128;
   c.num_key_value_heads = 8;
-  auto set = [&](int64_t h, int64_t l, int64_t nh, int64_t inter, bool tied) {
-    c.hidden_size = h;
-    c.num_hidden_layers = l;
-    c.num_attention_heads = nh;
-    c.intermediate_size = inter;
-    c.tie_word_embeddings = tied;
-  };
+  auto set = [&](int64_t h, int64_t l, int64_t nh, int64_t inter, bool tied) { SetShape(c, h, l, nh, inter, tied); };
   // Llama 3.x: vocab 128,256, theta 500,000, eps 1e-5, llama3 RoPE scaling over 8,192.
   auto llama3 = [&](double factor) {
     c.family = ModelFamily::kLlama;
@@ -120,24 +125,10 @@ absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
     c.rope_scaling.high_freq_factor = 4;
     c.rope_scaling.original_max_position_embeddings = 8192;
   };
-  // Qwen3-MoE as released: softmax top-k renormalised, every layer sparse, HF's aux-loss settings.
   auto moe = [&](int64_t experts, int64_t top_k, int64_t expert_intermediate) {
-    c.num_experts = experts;
-    c.num_experts_per_tok = top_k;
-    c.moe_intermediate_size = expert_intermediate;
-    c.norm_topk_prob = true;
-    c.decoder_sparse_step = 1;
-    c.router_aux_loss_coef = 0.001;
-    c.output_router_logits = false;
+    SetMoe(c, experts, top_k, expert_intermediate);
   };
-  auto tiny = [&](ModelFamily family) {
-    set(64, 2, 4, 128, true);
-    c.family = family;
-    c.num_key_value_heads = 2;
-    c.head_dim = 16;
-    c.vocab_size = 512;
-    c.max_position_embeddings = 4096;
-  };
+  auto tiny = [&](ModelFamily family) { SetTiny(c, family); };
   if (name == "qwen3-0.6b") {
     set(1024, 28, 16, 3072, true);
   } else if (name == "qwen3-1.7b") {
