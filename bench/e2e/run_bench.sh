@@ -12,7 +12,7 @@
 # tool returns at most 8 files, so nothing else is written under $out).
 #
 # Settings (environment or KEY=VALUE arguments):
-#   MODEL        qwen3-4b | qwen3-8b | qwen3-0.6b | qwen3-1.7b | qwen3-14b | tiny   (qwen3-4b)
+#   MODEL        qwen3-4b | qwen3-8b | qwen3-0.6b | qwen3-1.7b | qwen3-14b | tiny | any preset  (qwen3-4b)
 #   GPUS         GPUs per run; a list ("1 2") runs each, for the scaling ratio        (1)
 #   TOKENS_LIST  tokens per GPU per optimizer step                 ("16384 65536 262144")
 #   SEQ          row length (4096)    STEPS  optimizer steps, step 1 is warm-up (4)
@@ -31,7 +31,8 @@
 #   STATE_DTYPE  ours' optimizer.state_dtype (fp32; bf16 | int8: compact Adam moments)
 #   LAYERS       a reduced depth of MODEL for every stage (model.num_hidden_layers, bench_step --layers,
 #                the peer's --layers); empty: the preset's. MODEL qwen3-30b-a3b (MoE) runs the peer
-#                bench/e2e/fsdp2_qwen3_moe.py
+#                bench/e2e/fsdp2_qwen3_moe.py, qwen3.5-4b and qwen3.5-35b-a3b bench/e2e/fsdp2_qwen3_5.py
+#                (no offload variant)
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 
@@ -219,9 +220,13 @@ stage_compute() {  # stage_compute DIR TOKENS_PER_GPU
 stage_fsdp2() {  # stage_fsdp2 DIR GPUS TOKENS_PER_GPU [--offload]
   local d=$1 g=$2 tok=$3; shift 3
   local peer=bench/e2e/fsdp2_qwen3.py rows=$((tok / SEQ)) accum=()
-  case $MODEL in *-a3b) peer=bench/e2e/fsdp2_qwen3_moe.py ;; esac
-  # FSDP_MICRO_ROWS (MoE peer): the step's rows in micro-batches of that many (gradient accumulation)
-  if [ -n "${FSDP_MICRO_ROWS:-}" ] && [ "$peer" = bench/e2e/fsdp2_qwen3_moe.py ]; then
+  case $MODEL in
+    qwen3.5-*) peer=bench/e2e/fsdp2_qwen3_5.py ;;
+    *-a3b) peer=bench/e2e/fsdp2_qwen3_moe.py ;;
+  esac
+  # FSDP_MICRO_ROWS (MoE and Qwen3.5 peers): the step's rows in micro-batches of that many (gradient
+  # accumulation)
+  if [ -n "${FSDP_MICRO_ROWS:-}" ] && [ "$peer" != bench/e2e/fsdp2_qwen3.py ]; then
     accum=(--accum $((rows / FSDP_MICRO_ROWS)))
     rows=$FSDP_MICRO_ROWS
   fi

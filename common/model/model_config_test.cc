@@ -988,12 +988,62 @@ TEST(Qwen3_5Config, MoeWithSharedExpertAndFusedExperts) {
 }
 
 TEST(Qwen3_5Config, HubPresetsHaveThePublishedSizes) {
-  // Qwen3.5-4B: ~4.2B parameters in the language model (tied); 35B-A3B: ~35B total, ~3B active.
-  const ModelLayout dense = ModelLayout::Build(*ModelConfig::Preset("qwen3.5-4b"));
-  EXPECT_NEAR(static_cast<double>(dense.param_count()) / 1e9, 4.2, 0.3);
-  const ModelLayout moe = ModelLayout::Build(*ModelConfig::Preset("qwen3.5-35b-a3b"));
-  EXPECT_NEAR(static_cast<double>(moe.param_count()) / 1e9, 34.7, 1.5);
-  EXPECT_NEAR(static_cast<double>(moe.ActiveParamCount()) / 1e9, 3.0, 0.6);
+  // Each preset's language model against the size Qwen publishes for the checkpoint, in billions.
+  // The published names round, and the checkpoints also hold a vision tower and MTP weights that a
+  // preset leaves out (0.8B: 0.75B of language model; llama.cpp reports Qwen3.5-9B's at 8.95B), so
+  // each tolerance covers that rounding and no more. Active: what one token reads (the "A3B").
+  struct Published {
+    const char* name;
+    double total_b, total_tol;
+    double active_b, active_tol;  // MoE only
+    int64_t layers;
+  };
+  const Published kPublished[] = {
+      {"qwen3.5-0.8b", 0.8, 0.1, 0, 0, 24},
+      {"qwen3.5-2b", 2.0, 0.2, 0, 0, 24},
+      {"qwen3.5-4b", 4.2, 0.3, 0, 0, 32},
+      {"qwen3.5-9b", 9.0, 0.3, 0, 0, 32},
+      {"qwen3.5-27b", 27.0, 1.0, 0, 0, 64},
+      {"qwen3.5-35b-a3b", 35.0, 1.5, 3.0, 0.6, 40},
+      {"qwen3.5-122b-a10b", 122.0, 2.0, 10.0, 1.5, 48},
+      {"qwen3.5-397b-a17b", 397.0, 5.0, 17.0, 1.5, 60},
+  };
+  for (const Published& p : kPublished) {
+    SCOPED_TRACE(p.name);
+    const auto c = ModelConfig::Preset(p.name);
+    ASSERT_TRUE(c.ok()) << c.status();
+    const ModelLayout layout = ModelLayout::Build(*c);
+    EXPECT_NEAR(static_cast<double>(layout.param_count()) / 1e9, p.total_b, p.total_tol);
+    // Layer kinds: the released 3:1 pattern (full attention where (l + 1) % 4 == 0), every layer
+    // of a MoE sparse.
+    ASSERT_EQ(c->num_hidden_layers, p.layers);
+    EXPECT_EQ(c->NumLinearAttentionLayers(), p.layers / 4 * 3);
+    for (int64_t l = 0; l < p.layers; ++l) {
+      EXPECT_EQ(c->MixerOf(l), (l + 1) % 4 == 0 ? TokenMixer::kAttention : TokenMixer::kLinearAttention) << l;
+    }
+    if (p.active_b > 0) {
+      EXPECT_EQ(c->family, ModelFamily::kQwen3_5Moe);
+      EXPECT_EQ(c->NumSparseLayers(), p.layers);
+      EXPECT_NEAR(static_cast<double>(layout.ActiveParamCount()) / 1e9, p.active_b, p.active_tol);
+    } else {
+      EXPECT_EQ(c->family, ModelFamily::kQwen3_5);
+      EXPECT_EQ(layout.ActiveParamCount(), layout.param_count());
+    }
+  }
+  // The shapes the sizes differ in, as the hub's text configs give them.
+  const ModelConfig small = *ModelConfig::Preset("qwen3.5-0.8b");
+  EXPECT_EQ(small.linear, (LinearAttentionConfig{16, 16, 128, 128, 4}));
+  EXPECT_TRUE(small.tie_word_embeddings);
+  const ModelConfig dense27 = *ModelConfig::Preset("qwen3.5-27b");
+  EXPECT_EQ(dense27.linear.num_value_heads, 48);
+  EXPECT_EQ(dense27.num_attention_heads, 24);
+  EXPECT_FALSE(dense27.tie_word_embeddings);
+  EXPECT_FALSE(ModelConfig::Preset("qwen3.5-9b")->tie_word_embeddings);
+  const ModelConfig big = *ModelConfig::Preset("qwen3.5-397b-a17b");
+  EXPECT_EQ(big.num_experts, 512);
+  EXPECT_EQ(big.num_experts_per_tok, 10);
+  EXPECT_EQ(big.shared_expert_intermediate_size, 1024);
+  EXPECT_EQ(big.linear.num_value_heads, 64);
   // A real config's extra fields (the hub's 35B-A3B text config) parse.
   nlohmann::json j = nlohmann::json::parse(Qwen3_5Text(R"(,"mamba_ssm_dtype":"float32","mtp_num_hidden_layers":1,
       "mtp_use_dedicated_embeddings":false,"full_attention_interval":4,"partial_rotary_factor":0.25,
@@ -1002,13 +1052,15 @@ TEST(Qwen3_5Config, HubPresetsHaveThePublishedSizes) {
 }
 
 TEST(Qwen3_5Config, PresetsValidate) {
-  for (const char* name : {"tiny-qwen3.5", "tiny-qwen3.5-moe", "qwen3.5-4b", "qwen3.5-35b-a3b"}) {
+  for (const char* name : {"tiny-qwen3.5", "tiny-qwen3.5-moe", "qwen3.5-0.8b", "qwen3.5-2b", "qwen3.5-4b", "qwen3.5-9b",
+                           "qwen3.5-27b", "qwen3.5-35b-a3b", "qwen3.5-122b-a10b", "qwen3.5-397b-a17b"}) {
     const auto c = ModelConfig::Preset(name);
     ASSERT_TRUE(c.ok()) << name;
     EXPECT_TRUE(c->Validate().ok()) << name << ": " << c->Validate();
     const auto back = ModelConfig::FromJson(c->ToJson());
     ASSERT_TRUE(back.ok()) << name << ": " << back.status();
     EXPECT_EQ(ModelLayout::Build(*back).total_numel, ModelLayout::Build(*c).total_numel) << name;
+    EXPECT_NE(ModelConfig::PresetNames().find(name), std::string::npos) << name;
   }
 }
 

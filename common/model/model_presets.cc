@@ -1,6 +1,7 @@
 // ModelConfig::Preset: the named shapes benchmarks and tests build models of (see model_config.h).
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -15,7 +16,8 @@ namespace slidedp {
 std::string ModelConfig::PresetNames() {
   return "qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen3-32b, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, "
          "qwen2.5-7b, qwen2.5-14b, llama3.2-1b, llama3.2-3b, llama3.1-8b, mistral-7b, qwen3-30b-a3b, tiny, tiny-qwen2, "
-         "tiny-llama, tiny-mistral, tiny-moe, qwen3.5-4b, qwen3.5-35b-a3b, tiny-qwen3.5, tiny-qwen3.5-moe";
+         "tiny-llama, tiny-mistral, tiny-moe, qwen3.5-0.8b, qwen3.5-2b, qwen3.5-4b, qwen3.5-9b, qwen3.5-27b, "
+         "qwen3.5-35b-a3b, qwen3.5-122b-a10b, qwen3.5-397b-a17b, tiny-qwen3.5, tiny-qwen3.5-moe";
 }
 
 namespace {
@@ -50,33 +52,63 @@ void SetTiny(ModelConfig& c, ModelFamily family) {
   c.max_position_embeddings = 4096;
 }
 
+// One released Qwen3.5 language model: the text_config of its hub config.json (the multimodal
+// checkpoint's language model; vision tower and MTP weights are not part of a preset). Every size
+// shares the rest: vocab 248,320, gated attention at head_dim 256 with a quarter rotated (theta 1e7),
+// a Gated DeltaNet of 16 key heads of 128 and value heads of 128 with a conv of 4, full attention
+// in every fourth layer (full_attention_interval 4), 262,144 positions, RMSNorm eps 1e-6.
+struct Qwen3_5HubShape {
+  const char* name;
+  int64_t hidden;
+  int64_t layers;
+  int64_t heads;
+  int64_t kv_heads;
+  int64_t intermediate;        // the dense MLP's; the routed experts' for qwen3_5_moe (see below)
+  int64_t linear_value_heads;  // linear_num_value_heads: what grows with size besides the above
+  bool tied;
+  int64_t experts;              // qwen3_5_moe only (0 for dense): num_experts,
+  int64_t top_k;                // num_experts_per_tok,
+  int64_t shared_intermediate;  // shared_expert_intermediate_size
+};
+
+// Each row is https://huggingface.co/<repo>/blob/main/config.json's text_config, read field by field
+// (where the copies read are listed: docs/model-families.md, "Presets"). A size whose config could
+// not be read is not listed.
+constexpr Qwen3_5HubShape kQwen3_5Hub[] = {
+    {"qwen3.5-0.8b", 1024, 24, 8, 2, 3584, 16, true, 0, 0, 0},               // Qwen/Qwen3.5-0.8B
+    {"qwen3.5-2b", 2048, 24, 8, 2, 6144, 16, true, 0, 0, 0},                 // Qwen/Qwen3.5-2B
+    {"qwen3.5-4b", 2560, 32, 16, 4, 9216, 32, true, 0, 0, 0},                // Qwen/Qwen3.5-4B
+    {"qwen3.5-9b", 4096, 32, 16, 4, 12288, 32, false, 0, 0, 0},              // Qwen/Qwen3.5-9B
+    {"qwen3.5-27b", 5120, 64, 24, 4, 17408, 48, false, 0, 0, 0},             // Qwen/Qwen3.5-27B
+    {"qwen3.5-35b-a3b", 2048, 40, 16, 2, 512, 32, false, 256, 8, 512},       // Qwen/Qwen3.5-35B-A3B
+    {"qwen3.5-122b-a10b", 3072, 48, 32, 2, 1024, 64, false, 256, 8, 1024},   // Qwen/Qwen3.5-122B-A10B
+    {"qwen3.5-397b-a17b", 4096, 60, 32, 2, 1024, 64, false, 512, 10, 1024},  // Qwen/Qwen3.5-397B-A17B
+};
+
 // Qwen3.5's presets (ModelConfig::Preset): false for another name.
 bool Qwen3_5Preset(absl::string_view name, ModelConfig& c) {
-  auto set = [&](int64_t h, int64_t l, int64_t nh, int64_t inter, bool tied) { SetShape(c, h, l, nh, inter, tied); };
   auto moe = [&](int64_t experts, int64_t top_k, int64_t expert_intermediate) {
     SetMoe(c, experts, top_k, expert_intermediate);
   };
-  auto tiny = [&](ModelFamily family) { SetTiny(c, family); };
-  if (name == "qwen3.5-4b" || name == "qwen3.5-35b-a3b") {
-    // The hub's Qwen/Qwen3.5-4B and Qwen/Qwen3.5-35B-A3B text configs (the language model of their
-    // multimodal checkpoints): vocab 248,320, gated attention at head_dim 256 with a quarter rotated
-    // (theta 1e7), Gated DeltaNet of 16 key and 32 value heads of 128, three linear layers per full.
+  const auto* hub = std::find_if(std::begin(kQwen3_5Hub), std::end(kQwen3_5Hub),
+                                 [&](const Qwen3_5HubShape& s) { return name == s.name; });
+  if (hub != std::end(kQwen3_5Hub)) {
+    const Qwen3_5HubShape& s = *hub;
+    // Qwen3_5MoeTextConfig has no intermediate_size (every layer is sparse and nothing reads it);
+    // the MoE rows carry the expert size there so the field stays in range for Validate.
+    SetShape(c, s.hidden, s.layers, s.heads, s.intermediate, s.tied);
+    c.family = s.experts > 0 ? ModelFamily::kQwen3_5Moe : ModelFamily::kQwen3_5;
+    c.num_key_value_heads = s.kv_heads;
     c.vocab_size = 248320;
     c.head_dim = 256;
     c.rope_theta = 1e7;
     c.partial_rotary_factor = 0.25;
     c.max_position_embeddings = 262144;
-    c.linear = LinearAttentionConfig{16, 32, 128, 128, 4};
-    if (name == "qwen3.5-4b") {
-      set(2560, 32, 16, 9216, true);
-      c.family = ModelFamily::kQwen3_5;
-      c.num_key_value_heads = 4;
-    } else {
-      set(2048, 40, 16, 512, false);
-      c.family = ModelFamily::kQwen3_5Moe;
-      c.num_key_value_heads = 2;
-      moe(256, 8, 512);
-      c.shared_expert_intermediate_size = 512;
+    c.rms_norm_eps = 1e-6;
+    c.linear = LinearAttentionConfig{16, s.linear_value_heads, 128, 128, 4};
+    if (s.experts > 0) {
+      moe(s.experts, s.top_k, s.intermediate);
+      c.shared_expert_intermediate_size = s.shared_intermediate;
     }
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       c.layer_mixers.push_back((l + 1) % 4 == 0 ? TokenMixer::kAttention : TokenMixer::kLinearAttention);
@@ -85,7 +117,7 @@ bool Qwen3_5Preset(absl::string_view name, ModelConfig& c) {
     // CI-sized qwen3_5: four layers in the released 3:1 pattern (linear, linear, linear, full),
     // gated attention at head_dim 32 with a quarter of it rotated, a Gated DeltaNet of 2 key and 4
     // value heads of 16.
-    tiny(name == "tiny-qwen3.5" ? ModelFamily::kQwen3_5 : ModelFamily::kQwen3_5Moe);
+    SetTiny(c, name == "tiny-qwen3.5" ? ModelFamily::kQwen3_5 : ModelFamily::kQwen3_5Moe);
     c.num_hidden_layers = 4;
     c.head_dim = 32;
     c.rope_theta = 1e7;

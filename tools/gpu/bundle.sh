@@ -6,6 +6,7 @@
 # libraries and gpu-env.sh in lib/, and .gpu/build-info.txt (the commit the bundle was built at).
 # tools/gpu/unpack.sh (called by suite_lib.sh) unpacks it on the GPU machine.
 # Usage: tools/gpu/bundle.sh [BUILD_DIR] [--tests-only]   (default: build; build it with SLIDEDP_CUDA on, sm_90)
+#        BUNDLE_BINS="slidedp ..." BUNDLE_TESTS="x_gpu_test ..." tools/gpu/bundle.sh   (a chosen subset)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
@@ -13,13 +14,16 @@ out=$root/.gpu
 rm -rf "${out:?}/bin" "${out:?}/lib" "${out:?}/tests"
 mkdir -p "$out/bin" "$out/tests"
 bins=(slidedp slidedp-hostd slidedp-worker make_text_dataset attn_layouts_check bench_kernels bench_layeradam
-      ckpt_tool tok_bench model_grads dump_batches bench_step bench_copy)
+      ckpt_tool tok_bench model_grads dump_batches bench_step bench_copy bench_gated_delta)
 # --tests-only: the daemons, the CLI and the tests, no benchmarks (about 33 MB instead of 42: the
 # device tool carries at most 64 MiB with the tree).
 if [ "${2:-}" = "--tests-only" ] || [ "${1:-}" = "--tests-only" ]; then
   bins=(slidedp slidedp-hostd slidedp-worker make_text_dataset attn_layouts_check ckpt_tool)
   [ "${1:-}" = "--tests-only" ] && build=$root/build
 fi
+# BUNDLE_BINS / BUNDLE_TESTS (space-separated names): only these executables / GPU tests, so that one
+# call's bundle fits the carry limit beside the tree.
+[ -n "${BUNDLE_BINS:-}" ] && read -r -a bins <<< "$BUNDLE_BINS"
 for b in "${bins[@]}"; do
   if [ -x "$build/bin/$b" ]; then
     strip -o "$out/bin/$b" "$build/bin/$b"
@@ -30,12 +34,14 @@ done
 n_tests=0
 for t in "$build"/tests/*_gpu_test; do
   [ -x "$t" ] || continue
+  [ -n "${BUNDLE_TESTS:-}" ] && [[ " $BUNDLE_TESTS " != *" $(basename "$t") "* ]] && continue
   strip -o "$out/tests/$(basename "$t")" "$t"
   n_tests=$((n_tests + 1))
 done
 [ "$n_tests" -gt 0 ] || echo "bundle: no $build/tests/*_gpu_test built (run_suite.sh kernels will fail)" >&2
 # Host tests the GPU machine's CPU runs for an ISA this machine may lack (run_suite.sh state).
 for t in adam_state_test adam_engine_test adam_kernels_test; do
+  [ -n "${BUNDLE_TESTS:-}" ] && [[ " $BUNDLE_TESTS " != *" $t "* ]] && continue
   [ -x "$build/tests/$t" ] && strip -o "$out/tests/$t" "$build/tests/$t" && n_tests=$((n_tests + 1))
 done
 shopt -s nullglob

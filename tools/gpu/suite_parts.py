@@ -129,6 +129,8 @@ PARTS = (
          knobs=(K("CURVES_MODEL", "qwen3-0.6b", "qwen3-0.6b (pretrain 250) | qwen3-1.7b (160, deterministic) | "
                   "tiny* (byte-level data) | tiny-moe, *-a3b (tol 1e-3) | llama3* (Llama 3 vocabulary)"),
                 K("CURVES_PRE", None, "pretrain steps (by model: 250 for 0.6B, else 160)"),
+                K("CURVES_LAYERS", None, "a reduced depth of CURVES_MODEL (model.num_hidden_layers; empty: the "
+                  "preset's)"),
                 K("CURVES_STEPS", "200", "fine-tuning steps"),
                 K("CURVES_DET", None, "runtime.deterministic 0/1 (by model: 1 for 1.7B)"),
                 K("CURVES_REFS", None, "HF references, the first is the gate (0.6B: \"bf16-autocast "

@@ -43,11 +43,13 @@ def ds():
     return os.environ.get("SUITE_DS") or "/tmp/ds"
 
 
-def spec_stable_pretrain(s, d, preset, steps, runtime_extra):
+def spec_stable_pretrain(s, d, preset, steps, runtime_extra, layers=""):
     """d/pre.yaml, the steadier regime's pretrain (sessions 5-8): random init, steps of 32 x 1,024
-    tokens at lr 3e-4 cosine (warm-up 25, min 3e-5), clip 1.0, FP32 checkpoint in d/pre/checkpoint-N."""
+    tokens at lr 3e-4 cosine (warm-up 25, min 3e-5), clip 1.0, FP32 checkpoint in d/pre/checkpoint-N;
+    layers: a reduced depth of the preset (empty: the preset's)."""
+    depth = f", num_hidden_layers: {layers}" if layers else ""
     s.write(f"{d}/pre.yaml", f"""name: stable-pre
-model: {{preset: {preset}, init_seed: 0}}
+model: {{preset: {preset}, init_seed: 0{depth}}}
 data: {{path: {ds()}/train}}
 output: {{dir: {d}/pre, save_final: true, save_dtype: fp32}}
 train: {{seq_len: 1024, global_batch: 32, micro_batch: 8, steps: {steps}, seed: 0, max_grad_norm: 1.0}}
@@ -306,7 +308,8 @@ def curves(s):
     s.find_cudnn()
     model, pd = s.k("CURVES_MODEL"), s.part_dir
     curves_data(s, model)
-    moe = model == "tiny-moe" or model.endswith("-a3b")  # issue 23: eager attention gives HF's own spread
+    # issue 23: eager attention gives HF's own spread
+    moe = model == "tiny-moe" or model.endswith("-a3b") or model.endswith("-moe")
     pre, det, refs = CURVES_BY_MODEL.get(model, ("160", "0", "bf16-autocast bf16-autocast-eager" if moe
                                                  else "bf16-autocast"))
     tol = s.t("moe_tol") if moe else s.t("tol")
@@ -315,7 +318,7 @@ def curves(s):
     deadline = int(s.k("CURVES_DEADLINE") or s.deadline - 25)
     d, extra = f"{s.work}/curves-{model}", ", deterministic: true" if det == "1" else ""
     s.new_dir(d)
-    spec_stable_pretrain(s, d, model, pre, extra)
+    spec_stable_pretrain(s, d, model, pre, extra, s.k("CURVES_LAYERS"))
     src = f"{d}/pre/checkpoint-{pre}"
     spec_finetune(s, d, f"path: {src}", steps, extra)
     s.stage("curves_pretrain", 330, "slidedp", "run", f"{d}/pre.yaml", "--backend", "cuda", "--run-dir", f"{d}/run-pre")

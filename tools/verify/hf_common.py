@@ -461,6 +461,7 @@ class MoeRoutingHook:
         self.forced = None  # {sparse ordinal: LongTensor [total, k]} or None
         self.own = {}       # {sparse ordinal: LongTensor [total, k]} HF's own choices, last run
         self._gidx = None
+        self.unsupported = None  # why the routing cannot be seen (a router of another form), or None
         ordinal = 0
         for layer in model.model.layers:
             gate = getattr(layer.mlp, "gate", None)
@@ -471,8 +472,9 @@ class MoeRoutingHook:
             def fwd(hidden_states, gate=gate, orig=orig, l=ordinal):
                 out = orig(hidden_states)
                 if not (isinstance(out, tuple) and len(out) == 3):
-                    raise RuntimeError(f"MoeRoutingHook: the router returns {type(out)}, expected "
-                                       "(logits, scores, indices) as transformers 5's Qwen3MoeTopKRouter")
+                    self.unsupported = (f"the router returns {type(out).__name__}, not (logits, scores, "
+                                        "indices) as transformers 5's Qwen3MoeTopKRouter")
+                    return out
                 first, scores, idx = out
                 hs = hidden_states.reshape(-1, gate.weight.shape[1])
                 gidx = self._gidx

@@ -68,8 +68,34 @@ SHAPES = {
     "moe-aux": (256, 2, 4, 2, 64, 512, 1000, False, (1, 512), "qwen3_moe",
                 dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, norm_topk_prob=True,
                      output_router_logits=True, router_aux_loss_coef=0.05)),
+    # Qwen3.5 (issue 50; docs/model-families.md): three Gated DeltaNet layers then one gated full-attention
+    # layer, (1 + w) norms, RoPE on a quarter of each head. The 11th field: its linear-attention (and
+    # MoE) arguments. Head sizes of the released models (attention 256, Gated DeltaNet 128 x 128: the
+    # CUDA backend's chunked kernels), 64 x 64 (chunked too) and 16 x 16 (its recurrent fallback).
+    "qwen3_5-hd256": (512, 4, 4, 2, 256, 1024, 4096, True, (4, 512), "qwen3_5",
+                      dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=128,
+                           linear_value_head_dim=128, linear_conv_kernel_dim=4, full_attention_interval=4,
+                           partial_rotary_factor=0.25)),
+    "qwen3_5-dk64": (256, 4, 4, 2, 64, 512, 1000, False, (4, 384), "qwen3_5",
+                     dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+                          linear_value_head_dim=64, linear_conv_kernel_dim=4, full_attention_interval=2,
+                          partial_rotary_factor=0.25)),
+    "qwen3_5-dk16": (128, 4, 4, 2, 32, 256, 1000, False, (3, 256), "qwen3_5",
+                     dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                          linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=4,
+                          partial_rotary_factor=0.25)),
+    # Qwen3.5-MoE: routed experts plus the shared expert and its sigmoid gate in every layer.
+    "qwen3_5-moe": (256, 4, 4, 2, 128, 512, 1000, False, (4, 384), "qwen3_5_moe",
+                    dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+                         linear_value_head_dim=64, linear_conv_kernel_dim=4, full_attention_interval=4,
+                         partial_rotary_factor=0.25, num_experts=8, num_experts_per_tok=2,
+                         moe_intermediate_size=128, shared_expert_intermediate_size=256)),
 }
-DEFAULT_CPU_SHAPES = "tiny,untied,mha,hd128,qwen2-tiny,llama3-untied,mistral-untied,qwen3-yarn,moe-top2,moe-aux"
+# model_type of the families built through AutoConfig (their config classes take other arguments).
+AUTO_FAMILIES = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+MOE_FAMILIES = ("qwen3_moe", "qwen3_5_moe")
+DEFAULT_CPU_SHAPES = ("tiny,untied,mha,hd128,qwen2-tiny,llama3-untied,mistral-untied,qwen3-yarn,moe-top2,moe-aux,"
+                      "qwen3_5-dk64,qwen3_5-dk16,qwen3_5-moe")
 
 
 def family_of(shape):
@@ -106,6 +132,8 @@ def make_model(name, shape, seed, hf_dir):
     h, layers, heads, kv, hd, inter, vocab, tied, _ = shape[:9]
     rope_family = family_of(shape)
     family = {"qwen3_yarn": "qwen3", "qwen3_yarn_long": "qwen3"}.get(rope_family, rope_family)
+    if family in AUTO_FAMILIES:
+        return make_auto_model(family, shape, seed, hf_dir)
     config_cls, model_cls = {
         "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
         "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
@@ -156,6 +184,31 @@ def make_model(name, shape, seed, hf_dir):
         model.save_pretrained(hf_dir, safe_serialization=True)
     except TypeError:  # transformers versions without the argument always write safetensors
         model.save_pretrained(hf_dir)
+    del model
+    return full_config
+
+
+def make_auto_model(family, shape, seed, hf_dir):
+    """A model of an AUTO_FAMILIES family (AutoConfig.for_model with the shape's arguments), every
+    1-D parameter perturbed by 0.1 N(0, 1) (norm weights, whichever their base, and Qwen3.5's A_log
+    and dt_bias), saved in BF16 as make_model does."""
+    import torch
+    import transformers
+    h, layers, heads, kv, hd, inter, vocab, tied, _ = shape[:9]
+    kwargs = dict(hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+                  head_dim=hd, intermediate_size=inter, vocab_size=vocab, tie_word_embeddings=tied,
+                  max_position_embeddings=4096, rms_norm_eps=1e-6, initializer_range=0.02)
+    kwargs.update(shape[10])
+    cfg = transformers.AutoConfig.for_model(AUTO_FAMILIES[family], **kwargs)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    full_config = json.loads(model.config.to_json_string(use_diff=False))
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(hf_dir, safe_serialization=True)
     del model
     return full_config
 
@@ -226,7 +279,8 @@ def compare_shape(name, args, results, log):
     seed = args.seed + sum(map(ord, name))
     full_config = make_model(name, shape, seed, hf_dir)
     # Our config.json from HF's full config (save_pretrained writes only non-default keys).
-    hf_common.make_our_model_dir(hf_dir, our_dir, full_config)
+    # (An AUTO_FAMILIES model: the config.json save_pretrained wrote, as a user's checkpoint has it.)
+    hf_common.make_our_model_dir(hf_dir, our_dir, None if family in AUTO_FAMILIES else full_config)
     rng = random.Random(seed)
     tok_rows, doc_lens = make_rows(rows, seq, vocab, rng)
     tok_path = os.path.join(work, "tokens.json")
@@ -250,9 +304,9 @@ def compare_shape(name, args, results, log):
     t0 = time.time()
     model.zero_grad(set_to_none=True)
     experts_impl = getattr(model.config, "_experts_implementation", None)
-    if family == "qwen3_moe":
+    moe = family in MOE_FAMILIES
+    if moe:
         print(f"HF experts implementation: {experts_impl}")
-    moe = family == "qwen3_moe"
     hook = None
     if moe:  # HF's routing, seen token by token (and forced to ours below)
         offsets = [0]
@@ -267,6 +321,9 @@ def compare_shape(name, args, results, log):
     g_fp32 = grads_of(model)
     hf_s = time.time() - t0
     hf_fp32_agreement = hook.agreement(own_autocast) if hook else None
+    if hook is not None and hook.unsupported:  # a router of another form: HF's own routing only
+        print(f"HF routing hook: {hook.unsupported}; comparing against HF's own routing")
+        hook, moe = None, False
     if not moe:
         del model
         torch.cuda.empty_cache()
