@@ -79,9 +79,9 @@ fi
 [ "${FRESH:-0}" = 1 ] && rm -rf "$WORK"
 mkdir -p "$WORK/runs" "$WORK/data"
 
-case " $MODEL " in
-  " tiny ") VOCAB=512 ;;
-  *) VOCAB=151936 ;;
+case $MODEL in
+  tiny*) VOCAB=512 ;;
+  *) VOCAB=151936 ;;  # (below every other preset's vocabulary)
 esac
 num_gpus=0
 if command -v nvidia-smi >/dev/null; then num_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); fi

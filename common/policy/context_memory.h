@@ -25,8 +25,29 @@
 //                and values (BF16) and two FP32 copies of their gradients (whole order and
 //                rank-major for the reduce-scatter): whole tokens x kv_dim x 20 B, in `attention`;
 //   window       the parameter window's slots (3 x the largest unit in BF16).
+// qwen3_5 / qwen3_5_moe (worker/compute/cuda/cuda_qwen3_5_layer.cc) keep nothing from a layer's
+// forward and run a layer untiled: its backward recomputes the forward for the whole micro-batch into
+// one block, with the layer's gradients beside it, then runs the mixer's backward scratch (or the MoE
+// block's and the shared expert's, one after the other) on top. `attention` and `tile` are then the
+// parts of the layer kind whose backward peaks higher (the layers' backwards run one at a time):
+//   attention  the mixer's, whole for the micro-batch: a Gated DeltaNet layer's projections
+//              (q|k|v, z, b, a) and their gradient, the conv outputs, q and k after their L2 norm,
+//              g and beta (FP32), the core's and the gated norm's outputs and the latter's gradient
+//              (BF16); GdnBackward's FP32 gradients of the core's inputs; the chunked kernel's
+//              backward workspace (W, U and dU per token, an FP32 state and its gradient per 64
+//              tokens; the recurrent fallback's state per token): O(T). A gated attention layer's:
+//              the attention term above with q_proj's rows 2 x q_dim wide (query and gate) and
+//              o·σ(gate) (o_proj's input) beside o;
+//   tile       the rest of the layer, for the whole micro-batch (runtime.tile_tokens does not
+//              apply): a dense tile's pieces, or qwen3_5_moe's norm outputs, h1, the MoE block's FP32
+//              sum, the shared expert's gate/up, SwiGLU, output and gate logit, dxn and the residual
+//              copies; plus the larger of the MoE block's and the shared expert's backward scratch
+//              where it exceeds the mixer's backward scratch (they never coexist, only the larger
+//              counts, in its part).
 // Left out (so the figure is a floor, never an overestimate): the rest of cuDNN's workspace,
-// the gradient buffers, the head's logits chunk, the allocator's slack, CUDA's context.
+// the gradient buffers, the head's logits chunk, the allocator's slack and 256-byte alignment, the
+// kernels' small partial-sum workspaces, CUDA's context. The layer figures assume the FP32 residual
+// stream (the CUDA backend's default).
 #pragma once
 
 #include <cstdint>
@@ -63,12 +84,28 @@ struct ContextMemory {
   int64_t residual = 0;
   int64_t window = 0;
   int64_t offloaded = 0;  // pinned host bytes of the offloaded layer inputs (not device memory)
+  // Whose parts `attention` and `tile` are: a tiled layer's (every family but qwen3_5), or the mixer
+  // and the rest, whole, of the qwen3_5 layer kind that peaks higher.
+  enum class PeakLayer { kTiled, kGatedDeltaNet, kGatedAttention };
+  PeakLayer peak_layer = PeakLayer::kTiled;
   int64_t device_total() const { return checkpoints + attention + tile + residual + window; }
-  // "42.1 GiB (checkpoints 36.0, attention 4.5, tile 1.1, residual 0.5, window 0.0)"
+  // "42.1 GiB (layer inputs 36.0, attention 4.5, tile 1.1, residual 0.5, parameter window 0.0)";
+  // qwen3_5: "... (layer inputs 31.8, Gated DeltaNet 27.9, rest of its layer 14.7, ...)".
   std::string ToString() const;
 };
 
 ContextMemory EstimateContextMemory(const ModelLayout& layout, const ContextMemoryInputs& in);
+
+// A qwen3_5 decoder layer's backward at its peak over `tokens` tokens (the header comment's
+// qwen3_5 parts): a Gated DeltaNet layer (TokenMixer::kLinearAttention) or a gated attention one,
+// whose mixer part also holds `context_tokens` of gathered keys and values (context parallelism).
+struct HybridLayerMemory {
+  int64_t mixer = 0;  // `attention`
+  int64_t rest = 0;   // `tile`
+  int64_t total() const { return mixer + rest; }
+};
+HybridLayerMemory Qwen3_5LayerMemory(const ModelConfig& c, TokenMixer mixer, int64_t tokens,
+                                     int64_t context_tokens = 0);
 
 // The longest single sequence (one row per step and micro-batch) whose floor fits `device_bytes`,
 // offloading the first k layers' inputs for the smallest k that fits, within `host_bytes` of

@@ -300,6 +300,7 @@ std::string LayerPolicyName(const LayerPolicy& p) {
 }
 
 int64_t KeptElementsPerToken(const ModelShape& m, uint32_t pieces) {
+  if (!m.layers_keep_pieces()) return 0;
   const int64_t qd = m.num_attention_heads * m.head_dim, kvd = m.num_key_value_heads * m.head_dim;
   int64_t n = 0;
   if (pieces & kPieceQkv) n += qd + 2 * kvd;                        // q, k, v before their norms
@@ -316,6 +317,7 @@ int64_t KeptElementsPerToken(const ModelShape& m, uint32_t pieces) {
 }
 
 int64_t CudaKeptBytesPerToken(const ModelShape& m, uint32_t pieces, int64_t residual_bytes) {
+  if (!m.layers_keep_pieces()) return 0;
   const int64_t qd = m.num_attention_heads * m.head_dim, kvd = m.num_key_value_heads * m.head_dim;
   const int64_t H = m.hidden_size, I = m.intermediate_size;
   int64_t n = 0;
@@ -346,6 +348,10 @@ bool ModelShape::operator==(const ModelShape& o) const {
   }
   return num_experts == o.num_experts && num_experts_per_tok == o.num_experts_per_tok &&
          moe_intermediate_size == o.moe_intermediate_size;
+}
+
+bool ModelShape::layers_keep_pieces() const {
+  return model_type != ModelTypeName(ModelFamily::kQwen3_5) && model_type != ModelTypeName(ModelFamily::kQwen3_5Moe);
 }
 
 bool LayerLayout::operator==(const LayerLayout& o) const {

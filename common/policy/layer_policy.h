@@ -78,18 +78,25 @@ struct ModelShape {
   int64_t moe_intermediate_size = 0;
   static ModelShape Of(const ModelConfig& c);
   bool operator==(const ModelShape& o) const;
+  // Whether the layers keep the pieces a policy names: not qwen3_5's (qwen3_5, qwen3_5_moe), whose
+  // Gated DeltaNet and gated attention layers keep nothing under any policy on either backend
+  // (worker/compute/cuda/cuda_qwen3_5_layer.cc, the CPU backend's DecoderForward): backward
+  // recomputes each from its input, so every policy runs as recompute there.
+  bool layers_keep_pieces() const;
 };
 
 // Elements per token a layer keeps beyond its input for `pieces`: what the CPU backend keeps (each
 // in FP32: the most any backend keeps; the CUDA backend keeps most in BF16) and admission counts.
 // In a MoE model kPieceGateUp counts the larger of a dense layer's gate/up and a sparse layer's
 // MoE block (probabilities, routing, its experts' gate/up and outputs for each of the k slots).
+// 0 for every piece where the layers keep none (ModelShape::layers_keep_pieces).
 int64_t KeptElementsPerToken(const ModelShape& shape, uint32_t pieces);
 
 // Bytes per token the CUDA backend keeps beyond a layer's input for `pieces` (its layout of
 // CudaSaved): q/k/v, the attention output, gate/up and the cheap pieces in BF16, the log-sum-exp and
 // the norms' rsqrt in FP32, h1 in the residual stream's `residual_bytes` (4: FP32, the default).
-// Admission counts offloaded checkpoints of CUDA workers of a dense model with it.
+// Admission counts offloaded checkpoints of CUDA workers of a dense model with it. 0 for every piece
+// where the layers keep none (ModelShape::layers_keep_pieces).
 int64_t CudaKeptBytesPerToken(const ModelShape& shape, uint32_t pieces, int64_t residual_bytes = 4);
 
 // What AutoPolicy measured and solved (common/policy/layout_solver.h has the step model).

@@ -180,5 +180,33 @@ TEST(KeptElements, MoeBlockCountsItsRoutingAndExpertRows) {
   EXPECT_FALSE(other == m);
 }
 
+// qwen3_5's layers keep nothing under any policy (both backends recompute them from their input):
+// nothing per token, whatever the pieces, in FP32 elements and in the CUDA backend's bytes, also for
+// a shape read back from a policy file.
+TEST(KeptElements, Qwen3_5LayersKeepNothing) {
+  for (const char* preset : {"qwen3.5-4b", "qwen3.5-35b-a3b", "tiny-qwen3.5", "tiny-qwen3.5-moe"}) {
+    const ModelShape m = ModelShape::Of(*ModelConfig::Preset(preset));
+    EXPECT_FALSE(m.layers_keep_pieces()) << preset;
+    for (uint32_t pieces : {uint32_t{kPieceAttention}, uint32_t{kPieceQkv | kPieceGateUp}, kExpensivePieces, kAllPieces}) {
+      EXPECT_EQ(KeptElementsPerToken(m, pieces), 0) << preset << " " << LayerPiecesName(pieces);
+      EXPECT_EQ(CudaKeptBytesPerToken(m, pieces), 0) << preset << " " << LayerPiecesName(pieces);
+      EXPECT_EQ(CudaKeptBytesPerToken(m, pieces, 2), 0) << preset << " " << LayerPiecesName(pieces);
+    }
+  }
+  const std::string file =
+      absl::StrReplaceAll(kTwoLayers, {{"model: {hidden_size", "model: {model_type: qwen3_5, hidden_size"}});
+  auto l = LayerLayout::Parse(file, "q.yaml");
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_FALSE(l->model.layers_keep_pieces());
+  EXPECT_EQ(KeptElementsPerToken(l->model, l->layers[1].pieces()), 0);
+  // The other families keep what the pieces name.
+  for (const char* preset : {"tiny", "qwen3-8b", "qwen3-30b-a3b", "llama3.2-1b"}) {
+    const ModelShape m = ModelShape::Of(*ModelConfig::Preset(preset));
+    EXPECT_TRUE(m.layers_keep_pieces()) << preset;
+    EXPECT_GT(KeptElementsPerToken(m, kPieceAttention), 0) << preset;
+    EXPECT_GT(CudaKeptBytesPerToken(m, kAllPieces), CudaKeptBytesPerToken(m, kPieceAttention)) << preset;
+  }
+}
+
 }  // namespace
 }  // namespace slidedp

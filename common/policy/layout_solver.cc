@@ -211,6 +211,20 @@ double BusyTime(const PolicyProblem& problem, const std::vector<int64_t>& counts
   return p.compute_s + p.h2d_s + p.d2h_s;
 }
 
+// Whether candidate j is recompute under another name: it names pieces to keep, yet holds and moves
+// exactly the bytes of a recompute candidate of its offload share, so its layers keep nothing
+// (qwen3_5's: ModelShape::layers_keep_pieces) and it recomputes as much; a measured difference in
+// time is noise. Such a candidate is not offered.
+bool KeepsNothingMore(const std::vector<LayerCandidate>& candidates, size_t j) {
+  const LayerCandidate& c = candidates[j];
+  if (c.policy.pieces() == 0) return false;
+  return std::any_of(candidates.begin(), candidates.end(), [&c](const LayerCandidate& r) {
+    return r.policy.kind == LayerKind::kRecompute && r.policy.offload == c.policy.offload &&
+           r.device_bytes == c.device_bytes && r.host_bytes == c.host_bytes && r.h2d_bytes == c.h2d_bytes &&
+           r.d2h_bytes == c.d2h_bytes && r.in_flight_bytes == c.in_flight_bytes;
+  });
+}
+
 }  // namespace
 
 absl::StatusOr<LayoutSolution> SolvePolicy(const PolicyProblem& problem, double max_seconds) {
@@ -261,7 +275,7 @@ absl::StatusOr<LayoutSolution> SolvePolicy(const PolicyProblem& problem, double 
     std::vector<int> index;  // sub's candidate -> problem's
     sub.candidates.clear();
     for (size_t j = 0; j < candidates.size(); ++j) {
-      if (candidates[j].in_flight_bytes <= m) {
+      if (candidates[j].in_flight_bytes <= m && !KeepsNothingMore(candidates, j)) {
         LayerCandidate c = candidates[j];
         c.in_flight_bytes = 0;
         sub.candidates.push_back(c);

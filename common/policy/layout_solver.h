@@ -25,6 +25,9 @@
 //
 // then, among the layouts within a hair of the least T, the one with the least compute and copy time
 // (a second solve), so no checkpoint crosses PCIe for nothing when the step is bound elsewhere.
+// A candidate that names pieces to keep but keeps and moves exactly the bytes of recompute at its
+// offload share (a model whose layers keep nothing: qwen3_5, ModelShape::layers_keep_pieces) is
+// recompute by another name and is left at 0 layers: keeping saves its layers no recompute.
 #pragma once
 
 #include <cstdint>

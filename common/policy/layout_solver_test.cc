@@ -7,6 +7,7 @@
 #include <functional>
 #include <random>
 #include <tuple>
+#include <utility>
 
 namespace slidedp {
 namespace {
@@ -193,6 +194,42 @@ TEST(LayoutSolver, PredictionNamesTheBottleneck) {
   EXPECT_DOUBLE_EQ(e.step_s, 9.5);
   EXPECT_EQ(e.bottleneck, "host-to-device copies");
   EXPECT_EQ(e.host_bytes, 200);
+}
+
+// A model whose layers keep nothing (qwen3_5): its keeping candidates hold and move exactly what
+// recompute does at their offload share, so they are recompute by another name and get no layer,
+// even where noise measured them faster. Where they keep more (any other model), they compete.
+TEST(LayoutSolver, CandidatesKeepingNothingMoreThanRecomputeAreNotOffered) {
+  constexpr int64_t kCkpt = 100 << 20;
+  PolicyProblem p;
+  p.layers = 8;
+  p.device_budget_bytes = int64_t{64} << 30;
+  p.host_budget_bytes = int64_t{64} << 30;
+  p.base.compute_s = 1;
+  p.base.h2d_bytes_per_s = p.base.d2h_bytes_per_s = 25e9;
+  for (double off : {0.0, 1.0}) {
+    for (auto [kind, time_s] : {std::pair{LayerKind::kRecompute, 0.100}, std::pair{LayerKind::kSelective, 0.099},
+                                std::pair{LayerKind::kKeepAll, 0.098}}) {
+      LayerCandidate c{{kind, off}, time_s, off > 0 ? 0 : kCkpt};
+      if (off > 0) c.host_bytes = c.h2d_bytes = c.d2h_bytes = kCkpt;
+      c.in_flight_bytes = off > 0 ? 4 * kCkpt : 0;
+      p.candidates.push_back(c);
+    }
+  }
+  auto got = SolvePolicy(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (size_t j = 0; j < p.candidates.size(); ++j) {
+    if (p.candidates[j].policy.kind != LayerKind::kRecompute) {
+      EXPECT_EQ(got->counts[j], 0) << LayerPolicyName(p.candidates[j].policy);
+    }
+  }
+  EXPECT_EQ(got->counts[0], 8);  // on the device: nothing to gain by crossing PCIe
+  for (const LayerPolicy& l : PlaceLayers(p.candidates, got->counts)) EXPECT_EQ(l.pieces(), 0u);
+  // Keeping a byte more is a real choice, and keep_all's speed wins it.
+  for (LayerCandidate& c : p.candidates) c.device_bytes += c.policy.kind == LayerKind::kKeepAll ? 1 : 0;
+  got = SolvePolicy(p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->counts[2], 8);
 }
 
 TEST(LayoutSolver, PlacementPutsOffloadFirstAndTheMostKeptLast) {

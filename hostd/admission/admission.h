@@ -73,6 +73,8 @@ struct OffloadedPerToken {
 // Bytes per token a layer keeps beyond its input for `pieces` on the job's workers: the CUDA
 // backend's layout (mostly BF16) when every worker is a CUDA one and the model is dense, else the
 // CPU backend's FP32 elements (the most any backend keeps; a CUDA MoE block keeps its own set).
+// 0 whatever the pieces for qwen3_5 / qwen3_5_moe, whose layers keep nothing on either backend
+// (ModelShape::layers_keep_pieces): an offloaded checkpoint of theirs is the layer input alone.
 int64_t KeptBytesPerToken(const ModelConfig& config, uint32_t pieces, bool cuda_workers);
 // Offloaded checkpoints in the workers' pinned host memory: each of `num_workers` workers holds
 // `per_token` for each of its `tokens_per_worker` tokens of a step: added to offload_bytes and

@@ -74,7 +74,10 @@ int64_t InFlightBytes(int64_t checkpoint_bytes, int64_t moved) {
 
 }  // namespace
 
-std::vector<LayerPolicy> ProbedPolicies() {
+std::vector<LayerPolicy> ProbedPolicies(const ModelConfig& config) {
+  // Layers that keep nothing under any policy (ModelShape::layers_keep_pieces: Qwen3.5's) run every
+  // policy as recompute: timing the others would only spend the probe's time.
+  if (!ModelShape::Of(config).layers_keep_pieces()) return {LayerPolicy{LayerKind::kRecompute}};
   auto segment = [](uint32_t keep) { return LayerPolicy{LayerKind::kSegment, false, keep}; };
   return {LayerPolicy{LayerKind::kRecompute},
           LayerPolicy{LayerKind::kSelective},
@@ -443,7 +446,8 @@ absl::StatusOr<std::optional<AutoPolicyChoice>> AutoPolicySession::AfterMeasureS
     return std::nullopt;
   }
   const absl::Time t0 = absl::Now();
-  ASSIGN_OR_RETURN(inputs_.probes, ProfileLayer(options_.backend, *options_.layout, micro_batches, ProbedPolicies()));
+  ASSIGN_OR_RETURN(inputs_.probes, ProfileLayer(options_.backend, *options_.layout, micro_batches,
+                                                    ProbedPolicies(options_.layout->config)));
   if (options_.measure_rates) {
     ASSIGN_OR_RETURN(inputs_.rates, options_.measure_rates());
   }

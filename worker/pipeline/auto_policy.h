@@ -59,8 +59,9 @@ struct LayerProbe {
 };
 
 // The kinds AutoPolicy measures: recompute, selective, the segment checkpoints that keep the
-// layer's GEMM outputs largest first (gate_up; + qkv; + attention; + o_proj), keep-all.
-std::vector<LayerPolicy> ProbedPolicies();
+// layer's GEMM outputs largest first (gate_up; + qkv; + attention; + o_proj), keep-all; recompute
+// alone for a model whose layers keep nothing (ModelShape::layers_keep_pieces).
+std::vector<LayerPolicy> ProbedPolicies(const ModelConfig& config);
 
 // Times one decoder layer of `layout` under each of `policies` (best of `repeats` after a warm-up)
 // on `micro_batches`. A kind whose memory does not fit is left out (logged); the first (recompute)

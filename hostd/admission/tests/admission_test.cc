@@ -111,6 +111,28 @@ TEST(PlanJobMemory, KeptBytesFollowTheWorkersBackend) {
   EXPECT_EQ(KeptBytesPerToken(*moe, kPieceGateUp, true), 4 * KeptElementsPerToken(ModelShape::Of(*moe), kPieceGateUp));
 }
 
+// qwen3_5's layers keep nothing on either backend (every policy recomputes them from the layer
+// input): a kept piece takes nothing, and an offloaded checkpoint is the layer input alone, whatever
+// the policy says it keeps.
+TEST(PlanJobMemory, Qwen3_5OffloadsTheLayerInputsAlone) {
+  for (const char* preset : {"qwen3.5-4b", "qwen3.5-35b-a3b", "tiny-qwen3.5"}) {
+    const ModelLayout layout = Layout(preset);
+    for (uint32_t pieces : {0u, uint32_t{kPieceAttention}, uint32_t{kPieceQkv | kPieceGateUp}, kAllPieces}) {
+      for (bool cuda : {false, true}) EXPECT_EQ(KeptBytesPerToken(layout.config, pieces, cuda), 0) << preset << pieces;
+    }
+    const MemoryPlan before = PlanJobMemory(layout, shm::GradRingConfig{4, 32ull << 20}, 2, ClipMode::kNone);
+    const uint64_t offloaded = layout.OffloadedLayers(0.5);
+    const uint64_t inputs = 2ull * offloaded * 65536 * layout.config.hidden_size * 4;  // 2 workers, FP32
+    for (bool cuda : {false, true}) {
+      MemoryPlan keep_all = before;
+      AddActivationOffload(layout, 0.5, kAllPieces, 4, cuda, 2, 65536, keep_all);
+      EXPECT_EQ(keep_all.offload_bytes, inputs) << preset;
+      EXPECT_EQ(keep_all.total_bytes, before.total_bytes + inputs) << preset;
+    }
+  }
+  EXPECT_EQ(Layout("qwen3.5-4b").OffloadedLayers(0.5), 16);
+}
+
 TEST(PlanJobMemory, Qwen3_8BIsAboutFourteenBytesPerParam) {
   const ModelLayout layout = Layout("qwen3-8b");
   const MemoryPlan plan = PlanJobMemory(layout, shm::GradRingConfig{8, 64ull << 20}, 1, ClipMode::kNone);

@@ -44,6 +44,19 @@ ModelLayout Layout36() {
   return ModelLayout::Build(c);
 }
 
+TEST(AutoPolicy, LayersThatKeepNothingAreProbedAsRecomputeAlone) {
+  // Qwen3.5's layers keep nothing under any policy: only recompute is timed.
+  for (const char* preset : {"tiny-qwen3.5", "tiny-qwen3.5-moe"}) {
+    const std::vector<LayerPolicy> probed = ProbedPolicies(*ModelConfig::Preset(preset));
+    ASSERT_EQ(probed.size(), 1u) << preset;
+    EXPECT_EQ(probed[0].kind, LayerKind::kRecompute) << preset;
+  }
+  const std::vector<LayerPolicy> dense = ProbedPolicies(*ModelConfig::Preset("tiny"));
+  EXPECT_EQ(dense.size(), 7u);
+  EXPECT_EQ(dense.front().kind, LayerKind::kRecompute);
+  EXPECT_EQ(dense.back().kind, LayerKind::kKeepAll);
+}
+
 TEST(AutoPolicy, TheLayoutFitsAndPredictsItsPeak) {
   const ModelLayout layout = Layout36();
   AutoPolicyInputs in = EightB(layout);
