@@ -157,8 +157,9 @@ absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& lay
     constexpr int64_t kCudaMoeMaxExperts = 2048;  // worker/kernels/moe.h kMoeMaxExperts
     if (layout.config.moe_intermediate_size % 8 != 0 || layout.config.num_experts > kCudaMoeMaxExperts) {
       return absl::InvalidArgumentError(
-          absl::StrCat("qwen3_moe on CUDA workers needs moe_intermediate_size a multiple of 8 and at most ",
-                       kCudaMoeMaxExperts, " experts; the model has ", layout.config.moe_intermediate_size, " and ",
+          absl::StrCat(ModelTypeName(layout.config.family),
+                       " on CUDA workers needs moe_intermediate_size a multiple of 8 and at most ", kCudaMoeMaxExperts,
+                       " experts; the model has ", layout.config.moe_intermediate_size, " and ",
                        layout.config.num_experts, " (the CPU backend runs any)"));
     }
   }
@@ -352,7 +353,7 @@ absl::Status PlanMemory(const JobSpec& spec, const ModelLayout& layout, absl::Sp
         "GPU memory: a step of %d tokens per GPU in micro-batches of %d needs at least %s; the GPU has %.1f GiB%s. "
         "The longest single sequence (train.seq_len, micro_batch 1, one row per GPU per step) this model fits in "
         "it is %d tokens%s; lower train.seq_len, train.micro_batch or the rows per step, raise "
-        "runtime.offload_ratio, set a smaller runtime.tile_tokens%s",
+        "runtime.offload_ratio%s%s",
         tokens_per_worker, micro_tokens, p.device_floor.ToString(), capacity / 1073741824.0,
         limit > 0 ? " (runtime.gpu_memory_limit)" : "", longest.tokens,
         longest.offloaded_layers > 0
@@ -362,6 +363,8 @@ absl::Status PlanMemory(const JobSpec& spec, const ModelLayout& layout, absl::Sp
                               static_cast<double>(longest.offloaded_layers) / layout.config.num_hidden_layers,
                               longest.memory.offloaded / 1073741824.0)
             : std::string(),
+        // qwen3_5's layers run untiled (context_memory.h): a smaller tile leaves them as they are.
+        layout.config.is_qwen3_5() ? "" : ", set a smaller runtime.tile_tokens",
         spec.runtime.checkpoint_dtype == Dtype::kF32
             ? ", or keep the layer inputs in BF16 (runtime.checkpoint_dtype: bf16, an approximation)"
             : ""));
