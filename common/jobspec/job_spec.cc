@@ -706,6 +706,11 @@ absl::StatusOr<ModelConfig> ModelConfigOf(const JobSpec& spec) {
     }
     c->num_hidden_layers = spec.model.num_hidden_layers;
     if (!c->layer_mixers.empty()) c->layer_mixers.resize(static_cast<size_t>(c->num_hidden_layers));
+    if (!c->layer_spans.empty()) c->layer_spans.resize(static_cast<size_t>(c->num_hidden_layers));
+    if (c->NumSlidingLayers() == 0) {  // the sliding layers were all past the new depth
+      c->layer_spans.clear();
+      c->sliding_window = 0;
+    }
     // mlp_only_layers past the new depth no longer exist.
     std::erase_if(c->mlp_only_layers, [&](int64_t l) { return l >= c->num_hidden_layers; });
     RETURN_IF_ERROR(c->Validate());

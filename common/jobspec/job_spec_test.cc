@@ -659,6 +659,19 @@ TEST(JobSpec, NumHiddenLayersReducesAPresetsDepth) {
       ParseError(absl::StrReplaceAll(kGood, {{"model: {preset: tiny, init_seed: 3}",
                                               "model: {path: /m, num_hidden_layers: 2}"}})).message(),
       "model.num_hidden_layers reduces a preset's depth"));
+  // Sliding layers past the new depth go too (tiny-qwen2-window's layer 1), and the window with them.
+  for (const auto& [depth, window] : {std::pair{"2", 16}, std::pair{"1", 0}}) {
+    auto w = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"model: {preset: tiny, init_seed: 3}",
+                                                         absl::StrCat("model: {preset: tiny-qwen2-window, "
+                                                                      "num_hidden_layers: ",
+                                                                      depth, "}")}}),
+                            "/base", JobSpec::FileCheck::kSkip);
+    ASSERT_TRUE(w.ok()) << w.status();
+    auto wc = ModelConfigOf(*w);
+    ASSERT_TRUE(wc.ok()) << wc.status();
+    EXPECT_EQ(wc->sliding_window, window) << depth;
+    EXPECT_EQ(wc->AttentionWindow(1), window) << depth;
+  }
 }
 
 // train.measure_only is AutoPolicy's; PolicyMeasureSpec keeps what the policy cache's key reads

@@ -1,5 +1,5 @@
 // Model config parsing and serialization (the five families); the presets are model_presets.cc,
-// the streamed-unit layout model_layout.cc.
+// the streamed-unit layout model_layout.cc, sliding windows model_config_window.cc.
 #include "common/model/model_config.h"
 #include "common/model/model_config_internal.h"
 #include "common/io/json_depth.h"
@@ -202,12 +202,19 @@ absl::Status ModelConfig::Validate() const {
   }
   RETURN_IF_ERROR(CheckMoe(*this));
   RETURN_IF_ERROR(config_internal::CheckQwen3_5(*this));
+  RETURN_IF_ERROR(config_internal::CheckAttentionSpans(*this));
   return CheckRopeScaling(*this, "rope_scaling");
 }
 
 int64_t ModelConfig::NumLinearAttentionLayers() const {
   int64_t n = 0;
   for (int64_t l = 0; l < num_hidden_layers; ++l) n += IsLinearAttentionLayer(l) ? 1 : 0;
+  return n;
+}
+
+int64_t ModelConfig::NumSlidingLayers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) n += IsSlidingLayer(l) ? 1 : 0;
   return n;
 }
 
@@ -386,52 +393,6 @@ absl::Status ParseRope(const nlohmann::json& j, ModelConfig* c) {
     }
   }
   return CheckRopeScaling(*c, key);
-}
-
-// The sliding window, where a family has one: mistral's sliding_window (null: none); qwen2/qwen3's
-// when use_sliding_window is true and some layer has it (max_window_layers, or transformers 5's
-// layer_types).
-absl::Status ParseSlidingWindow(const nlohmann::json& j, ModelConfig* c) {
-  auto window = [&]() -> absl::Status {
-    if (!j.contains("sliding_window") || j["sliding_window"].is_null()) return absl::OkStatus();
-    if (!j["sliding_window"].is_number_integer() || j["sliding_window"].get<int64_t>() <= 0) {
-      return Refuse("sliding_window", absl::StrCat("must be a positive integer or null, got ", j["sliding_window"].dump()));
-    }
-    c->sliding_window = j["sliding_window"].get<int64_t>();
-    return absl::OkStatus();
-  };
-  bool sliding_layers = false;
-  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
-    if (!j["layer_types"].is_array()) return Refuse("layer_types", "must be a list");
-    for (const nlohmann::json& t : j["layer_types"]) {
-      if (t == "sliding_attention") {
-        sliding_layers = true;
-      } else if (t != "full_attention") {
-        return Refuse("layer_types", absl::StrCat(t.dump(), " is not supported (full_attention, sliding_attention)"));
-      }
-    }
-  }
-  if (c->family == ModelFamily::kMistral) return window();
-  if (c->family == ModelFamily::kLlama) return absl::OkStatus();
-  const bool use = j.contains("use_sliding_window") && j["use_sliding_window"].is_boolean() &&
-                   j["use_sliding_window"].get<bool>();
-  if (c->family == ModelFamily::kQwen3Moe) {
-    // Qwen3MoeConfig has neither layer_types nor max_window_layers: use_sliding_window slides
-    // every layer (its attention and mask read config.sliding_window alone).
-    if (sliding_layers) return Refuse("layer_types", "sliding_attention is not supported for qwen3_moe");
-    if (!use) return absl::OkStatus();
-    RETURN_IF_ERROR(window());
-    if (c->sliding_window == 0) return Refuse("sliding_window", "use_sliding_window is true but no window is given");
-    return absl::OkStatus();
-  }
-  if (!use && !sliding_layers) return absl::OkStatus();
-  if (!sliding_layers && j.contains("max_window_layers") && j["max_window_layers"].is_number_integer() &&
-      j["max_window_layers"].get<int64_t>() >= c->num_hidden_layers) {
-    return absl::OkStatus();  // no layer at or past max_window_layers: none slides
-  }
-  RETURN_IF_ERROR(window());
-  if (c->sliding_window == 0) return Refuse("sliding_window", "use_sliding_window is true but no window is given");
-  return absl::OkStatus();
 }
 
 // MoE model types this build does not compute, and what is missing for each.
@@ -682,7 +643,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
                                " (they are by qwen3_moe)"));
   }
   RETURN_IF_ERROR(ParseRope(t, &c));
-  if (!c.is_qwen3_5()) RETURN_IF_ERROR(ParseSlidingWindow(t, &c));
+  RETURN_IF_ERROR(config_internal::ParseAttentionSpans(t, &c));
   RETURN_IF_ERROR(c.Validate());
   c.source_json = j.dump();
   return c;

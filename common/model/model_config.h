@@ -6,7 +6,7 @@
 //   qwen3     : per-head q/k RMSNorm before RoPE, no biases
 //   qwen2     : Qwen2 / Qwen2.5: q/k/v projections with biases, no q/k norm
 //   llama     : Llama 2/3.x: no biases, no q/k norm (RoPE scaling of type llama3 in 3.1+)
-//   mistral   : as llama; a sliding window only where it changes nothing (see SlidingWindowCovers)
+//   mistral   : as llama, with sliding-window attention in every layer where sliding_window is set
 //   qwen3_moe : Qwen3's attention; in the sparse layers (IsSparseLayer) a router and experts in
 //               place of the MLP (docs/moe.md).
 //   qwen3_5   : Qwen3.5 (HF qwen3_5 / qwen3_5_text, and the multimodal checkpoint's language model):
@@ -16,8 +16,9 @@
 //               linear attention's gated one computes x * (1 + w) (docs/model-families.md).
 //   qwen3_5_moe: qwen3_5's mixers; every layer a MoE block of routed experts plus a shared expert
 //               with its own sigmoid gate (qwen3_5_moe / qwen3_5_moe_text).
-// Any family may scale its RoPE (RopeScaling: linear, dynamic, llama3, yarn). A config field this
-// build does not implement is refused when parsed, naming the field.
+// Any family may scale its RoPE (RopeScaling: linear, dynamic, llama3, yarn). qwen2, qwen3, mistral
+// and qwen3_moe may slide some or all of their attention layers (layer_spans, sliding_window). A
+// config field this build does not implement is refused when parsed, naming the field.
 //
 // A model is streamed as units: the embedding, each decoder layer, and the head (final norm +
 // LM head). Each unit's parameters are one flat array; tensors sit at fixed offsets inside it,
@@ -47,6 +48,10 @@ const char* ModelTypeName(ModelFamily family);
 
 // A decoder layer's token mixer (HF layer_types): softmax attention, or qwen3_5's Gated DeltaNet.
 enum class TokenMixer { kAttention, kLinearAttention };
+
+// An attention layer's span (HF layer_types: full_attention, sliding_attention): every key of the
+// query's document up to the query itself, or only the last ModelConfig::sliding_window of them.
+enum class AttentionSpan { kFull, kSliding };
 
 // qwen3_5's Gated DeltaNet sizes (HF linear_* fields): key heads of key_head_dim (q and k), value
 // heads of value_head_dim (v, the state's columns, the output), a causal depthwise conv1d of
@@ -130,9 +135,16 @@ struct ModelConfig {
   double initializer_range = 0.02;
   std::string torch_dtype = "bfloat16";
   RopeScaling rope_scaling;
-  // Sliding-window attention of width sliding_window tokens, 0 when the model has none (or turns
-  // it off: qwen2's use_sliding_window false).
+  // Sliding-window attention as transformers 5.17 applies it (masking_utils.py:
+  // sliding_window_overlay and causal_mask_function, and'ed with the packed documents' mask): in a
+  // sliding layer query i sees key j of its own document iff i - sliding_window < j <= i, that is
+  // sliding_window keys, itself included. layer_spans says which layers slide, one entry per layer
+  // (empty: none); sliding_window is 0 when none does. Parsed per family as HF's configs apply
+  // their fields (model_config_window.cc): mistral's sliding_window slides every layer; qwen2 and
+  // qwen3's use_sliding_window slides the layers from max_window_layers on, or those layer_types
+  // names; qwen3_moe's every layer.
   int64_t sliding_window = 0;
+  std::vector<AttentionSpan> layer_spans;
   // Mixture of experts: qwen3_moe only (HF Qwen3MoeConfig's fields and, when parsed, its defaults);
   // the dense families keep num_experts 0. A sparse layer (IsSparseLayer) routes each token to
   // num_experts_per_tok of num_experts SwiGLU experts of width moe_intermediate_size; the other
@@ -184,6 +196,14 @@ struct ModelConfig {
   }
   bool IsLinearAttentionLayer(int64_t layer) const { return MixerOf(layer) == TokenMixer::kLinearAttention; }
   int64_t NumLinearAttentionLayers() const;
+  bool IsSlidingLayer(int64_t layer) const {
+    return layer >= 0 && layer < static_cast<int64_t>(layer_spans.size()) &&
+           layer_spans[layer] == AttentionSpan::kSliding;
+  }
+  int64_t NumSlidingLayers() const;
+  // How many keys a query of this layer sees at most, itself included: sliding_window in a sliding
+  // layer, 0 (no limit but the document's start) in any other.
+  int64_t AttentionWindow(int64_t layer) const { return IsSlidingLayer(layer) ? sliding_window : 0; }
   // Where the language model's weights live: "model." (a causal LM), "model.language_model."
   // (the multimodal layout); the LM head is lm_head.weight in both.
   std::string WeightPrefix() const { return multimodal ? "model.language_model." : "model."; }
@@ -203,8 +223,8 @@ struct ModelConfig {
   // backends apply it as HF does, cos_f32 * float(factor); 1 leaves them bit-identical.
   double RopeAttentionScaling() const;
   // True when rows of seq_len tokens see no difference from full causal attention: no sliding
-  // window, or one at least as wide as the row (a document is never longer than its row).
-  bool SlidingWindowCovers(int64_t seq_len) const { return sliding_window == 0 || sliding_window >= seq_len; }
+  // layer, or a window at least as wide as the row (a document is never longer than its row).
+  bool SlidingWindowCovers(int64_t seq_len) const { return NumSlidingLayers() == 0 || sliding_window >= seq_len; }
 
   // Checks internal consistency (positive sizes, heads divisible by kv heads, the MoE fields in
   // range, ...).
@@ -231,8 +251,10 @@ struct ModelConfig {
 
   // Reference shapes (random init): "qwen3-0.6b" ... "qwen3-14b", "qwen2.5-0.5b" ... "qwen2.5-14b",
   // "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "mistral-7b" (v0.3), "qwen3-30b-a3b", and the
-  // CI-sized "tiny" (Qwen3-shaped: hidden 64, 2 layers, vocab 512), "tiny-qwen2", "tiny-llama",
-  // "tiny-mistral", "tiny-moe" (qwen3_moe: 3 layers, the middle one dense, 8 experts, top 2),
+  // CI-sized "tiny" (Qwen3-shaped: hidden 64, 2 layers, vocab 512), "tiny-qwen2",
+  // "tiny-qwen2-window" (its layer 1 sliding over 16 keys), "tiny-llama", "tiny-mistral",
+  // "tiny-mistral-window" (both layers sliding over 16), "tiny-moe" (qwen3_moe: 3 layers, the
+  // middle one dense, 8 experts, top 2),
   // "qwen3.5-4b", "qwen3.5-35b-a3b" (the hub's text configs), "tiny-qwen3.5", "tiny-qwen3.5-moe".
   static absl::StatusOr<ModelConfig> Preset(absl::string_view name);
   // The preset names, for messages.
@@ -331,6 +353,9 @@ struct UnitLayout {
   UnitKind kind = UnitKind::kDecoder;
   int index = 0;                // position in ModelLayout::units (forward order)
   int decoder_layer = -1;       // HF layer index for decoder units
+  // Decoder units: the keys a query sees at most, itself included (ModelConfig::AttentionWindow:
+  // the sliding window of a sliding layer; 0, full causal attention, for any other).
+  int64_t attention_window = 0;
   std::string name;             // "embed", "layer.3", "head"
   std::vector<TensorSlot> tensors;
   int64_t numel = 0;            // padded total, a multiple of kTensorAlignNumel

@@ -1,5 +1,6 @@
 // Pieces of ModelConfig's parsing shared by its files (model_config.cc: the families' common fields,
-// RoPE, MoE; model_config_qwen3_5.cc: Qwen3.5's; model_config_json.cc: writing config.json).
+// RoPE, MoE; model_config_qwen3_5.cc: Qwen3.5's; model_config_window.cc: sliding windows;
+// model_config_json.cc: writing config.json).
 #pragma once
 
 #include "absl/status/status.h"
@@ -25,5 +26,11 @@ absl::Span<const char* const> Qwen3_5WrapperKeys();
 absl::Status ParseQwen3_5(const nlohmann::json& t, absl::string_view where, ModelConfig* c);
 // qwen3_5's fields in range (the other families: at their defaults).
 absl::Status CheckQwen3_5(const ModelConfig& c);
+// Which layers slide and the window (model_config_window.cc): parsed from a config.json object as
+// HF applies each family's fields, checked, and written back (sliding_window, use_sliding_window,
+// max_window_layers, layer_types as the family spells them).
+absl::Status ParseAttentionSpans(const nlohmann::json& j, ModelConfig* c);
+absl::Status CheckAttentionSpans(const ModelConfig& c);
+void WriteAttentionSpans(const ModelConfig& c, nlohmann::ordered_json& t);
 
 }  // namespace slidedp::config_internal

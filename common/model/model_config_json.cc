@@ -64,6 +64,15 @@ void WriteRope(const ModelConfig& c, nlohmann::ordered_json& j) {
   }
 }
 
+// Whether two configs' layers attend alike (the same window in every layer).
+bool SameAttentionSpans(const ModelConfig& a, const ModelConfig& b) {
+  if (a.num_hidden_layers != b.num_hidden_layers) return false;
+  for (int64_t l = 0; l < a.num_hidden_layers; ++l) {
+    if (a.AttentionWindow(l) != b.AttentionWindow(l)) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string ModelConfig::ToJson() const {
@@ -143,12 +152,13 @@ std::string ModelConfig::ToJson() const {
     t["linear_conv_kernel_dim"] = linear.conv_kernel;
   }
   if (!preset) {
-    // The source's own RoPE objects, unless this config's RoPE was changed after parsing (a
-    // longer context): then the new one, or HF would load the old.
+    // The source's own RoPE objects and sliding-window fields, unless this config's were changed
+    // after parsing (a longer context, another depth): then the new ones, or HF would load the old.
     const absl::StatusOr<ModelConfig> parsed = FromJson(source_json);
     if (!parsed.ok() || parsed->rope_theta != rope_theta || !(parsed->rope_scaling == rope_scaling)) {
       WriteRope(*this, t);
     }
+    if (!parsed.ok() || !SameAttentionSpans(*parsed, *this)) config_internal::WriteAttentionSpans(*this, t);
   }
   if (preset) {
     t["hidden_act"] = "silu";
@@ -167,6 +177,7 @@ std::string ModelConfig::ToJson() const {
       WriteRope(*this, t);
     }
     t["use_cache"] = true;
+    config_internal::WriteAttentionSpans(*this, t);
     switch (family) {
       case ModelFamily::kQwen3:
         t["attention_bias"] = false;
@@ -174,7 +185,6 @@ std::string ModelConfig::ToJson() const {
         t["eos_token_id"] = 151645;
         break;
       case ModelFamily::kQwen2:
-        t["use_sliding_window"] = false;
         t["bos_token_id"] = 151643;
         t["eos_token_id"] = 151645;
         break;
@@ -185,14 +195,11 @@ std::string ModelConfig::ToJson() const {
         t["eos_token_id"] = 128001;
         break;
       case ModelFamily::kMistral:
-        t["sliding_window"] = sliding_window > 0 ? nlohmann::ordered_json(sliding_window) : nlohmann::ordered_json();
         t["bos_token_id"] = 1;
         t["eos_token_id"] = 2;
         break;
       case ModelFamily::kQwen3Moe:
         t["attention_bias"] = false;
-        t["use_sliding_window"] = false;
-        t["sliding_window"] = nullptr;
         t["bos_token_id"] = 151643;
         t["eos_token_id"] = 151645;
         break;

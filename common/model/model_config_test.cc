@@ -200,31 +200,9 @@ TEST(ModelFamilies, FieldsThatChangeTheMathAreRefusedByName) {
   refused(R"({"model_type":"qwen2",)" + Sizes() + R"(,"attention_dropout":0.1})", "attention_dropout");
   refused(R"({"model_type":"qwen2_moe",)" + Sizes() + "}", "model_type");
   refused(R"({"model_type":"mistral",)" + Sizes() + R"(,"sliding_window":-3})", "sliding_window");
-  refused(R"({"model_type":"qwen2",)" + Sizes() + R"(,"use_sliding_window":true,"max_window_layers":1})",
-          "sliding_window");
 }
 
-TEST(ModelFamilies, SlidingWindows) {
-  const auto m = ModelConfig::FromJson(R"({"model_type":"mistral",)" + Sizes() + R"(,"sliding_window":4096})");
-  ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_EQ(m->sliding_window, 4096);
-  EXPECT_TRUE(m->SlidingWindowCovers(4096));
-  EXPECT_FALSE(m->SlidingWindowCovers(4097));
-  // qwen2 carries a window it does not use unless use_sliding_window (and a layer reaches
-  // max_window_layers).
-  const auto q = ModelConfig::FromJson(R"({"model_type":"qwen2",)" + Sizes() +
-                                       R"(,"sliding_window":32768,"use_sliding_window":false})");
-  ASSERT_TRUE(q.ok());
-  EXPECT_EQ(q->sliding_window, 0);
-  const auto q2 = ModelConfig::FromJson(R"({"model_type":"qwen2",)" + Sizes() +
-                                        R"(,"sliding_window":512,"use_sliding_window":true,"max_window_layers":2})");
-  ASSERT_TRUE(q2.ok());
-  EXPECT_EQ(q2->sliding_window, 0);
-  const auto q3 = ModelConfig::FromJson(R"({"model_type":"qwen3",)" + Sizes() +
-                                        R"(,"sliding_window":512,"layer_types":["full_attention","sliding_attention"]})");
-  ASSERT_TRUE(q3.ok()) << q3.status();
-  EXPECT_EQ(q3->sliding_window, 512);
-}
+// Sliding windows: model_window_test.cc.
 
 // Llama 3.1's frequencies: the high-frequency band unchanged, the low one divided by the factor,
 // the middle one smoothly between (HF _compute_llama3_parameters).
@@ -588,7 +566,7 @@ TEST(Qwen3Moe, RefusalsNameTheField) {
   ExpectRefused(MoeWith(R"(,"n_routed_experts":64)"), "n_routed_experts");
   EXPECT_TRUE(MoeWith(R"(,"shared_expert_intermediate_size":0,"scoring_func":"softmax")").ok());
   ExpectRefused(MoeWith(R"(,"attention_bias":true)"), "attention_bias");
-  ExpectRefused(MoeWith(R"(,"use_sliding_window":true,"sliding_window":null)"), "sliding_window");
+  ExpectRefused(MoeWith(R"(,"use_sliding_window":true,"sliding_window":0)"), "sliding_window");
   ExpectRefused(MoeWith(R"(,"layer_types":["full_attention","sliding_attention","full_attention","full_attention"])"),
                 "layer_types");
   const std::string shape = R"("hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":96,

@@ -124,6 +124,7 @@ ModelLayout ModelLayout::Build(const ModelConfig& c) {
     UnitLayout u;
     u.kind = UnitKind::kDecoder;
     u.decoder_layer = static_cast<int>(l);
+    u.attention_window = c.AttentionWindow(l);
     u.name = absl::StrCat("layer.", l);
     const std::string p = absl::StrCat(prefix, "layers.", l, ".");
     auto add = [&](DecoderTensor t, const char* name, std::vector<int64_t> shape) {

@@ -16,8 +16,9 @@ namespace slidedp {
 std::string ModelConfig::PresetNames() {
   return "qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen3-32b, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, "
          "qwen2.5-7b, qwen2.5-14b, llama3.2-1b, llama3.2-3b, llama3.1-8b, mistral-7b, qwen3-30b-a3b, tiny, tiny-qwen2, "
-         "tiny-llama, tiny-mistral, tiny-moe, qwen3.5-0.8b, qwen3.5-2b, qwen3.5-4b, qwen3.5-9b, qwen3.5-27b, "
-         "qwen3.5-35b-a3b, qwen3.5-122b-a10b, qwen3.5-397b-a17b, tiny-qwen3.5, tiny-qwen3.5-moe";
+         "tiny-qwen2-window, tiny-llama, tiny-mistral, tiny-mistral-window, tiny-moe, qwen3.5-0.8b, qwen3.5-2b, "
+         "qwen3.5-4b, qwen3.5-9b, qwen3.5-27b, qwen3.5-35b-a3b, qwen3.5-122b-a10b, qwen3.5-397b-a17b, tiny-qwen3.5, "
+         "tiny-qwen3.5-moe";
 }
 
 namespace {
@@ -221,8 +222,13 @@ absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
     moe(128, 8, 768);
   } else if (name == "tiny") {
     tiny(ModelFamily::kQwen3);
-  } else if (name == "tiny-qwen2") {
+  } else if (name == "tiny-qwen2" || name == "tiny-qwen2-window") {
     tiny(ModelFamily::kQwen2);
+    if (name == "tiny-qwen2-window") {
+      // Layers of two spans: layer 0 full, layer 1 sliding over 16 (max_window_layers 1).
+      c.sliding_window = 16;
+      c.layer_spans = {AttentionSpan::kFull, AttentionSpan::kSliding};
+    }
   } else if (name == "tiny-llama") {
     tiny(ModelFamily::kLlama);
     c.rope_theta = 500000;
@@ -230,8 +236,13 @@ absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
     c.rope_scaling.factor = 8;
     c.rope_scaling.original_max_position_embeddings = 256;  // bands that matter at CI's lengths
     c.tie_word_embeddings = false;
-  } else if (name == "tiny-mistral") {
+  } else if (name == "tiny-mistral" || name == "tiny-mistral-window") {
     tiny(ModelFamily::kMistral);
+    if (name == "tiny-mistral-window") {
+      // Sliding-window attention in CI: a window shorter than CI's rows (64) and most of its documents.
+      c.sliding_window = 16;
+      c.layer_spans.assign(c.num_hidden_layers, AttentionSpan::kSliding);
+    }
   } else if (name == "tiny-moe") {
     // Untied like the Qwen3-MoE releases; layer 1 dense (mlp_only_layers) between two sparse ones,
     // so a model's decoder units differ in size.

@@ -143,6 +143,18 @@ absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& lay
         ModelTypeName(layout.config.family), " on CUDA workers is not verified on a GPU yet; ", world - cpu_workers,
         " of ", world, " workers are CUDA (use runtime.backend: cpu)"));
   }
+  // Sliding-window attention shorter than the row: the CPU backend computes it (HF's mask exactly,
+  // worker/compute/cpu/dense_attention_math.cc); the CUDA backend's kernels attend causally over
+  // whole documents and would train another model, so CUDA workers are refused until they have it.
+  // A window at least the row's length is full attention (no document is longer than its row).
+  if (!layout.config.SlidingWindowCovers(spec.train.seq_len) && cpu_workers != world) {
+    return absl::UnimplementedError(absl::StrCat(
+        "sliding_window ", layout.config.sliding_window, " (", layout.config.NumSlidingLayers(), " of ",
+        layout.config.num_hidden_layers, " layers of this ", ModelTypeName(layout.config.family),
+        " model) is shorter than train.seq_len ", spec.train.seq_len,
+        ": the CUDA backend's sliding-window attention is not built yet; ", world - cpu_workers, " of ", world,
+        " workers are CUDA (use runtime.backend: cpu, or train.seq_len <= ", layout.config.sliding_window, ")"));
+  }
   // The Gated DeltaNet's state runs through the whole sequence in order: context parallelism would
   // split it across ranks, which this build does not carry.
   if (layout.config.is_qwen3_5() && spec.runtime.context_parallel > 1 && layout.config.NumLinearAttentionLayers() > 0) {

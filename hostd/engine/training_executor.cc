@@ -174,12 +174,8 @@ absl::Status TrainingExecutor::Validate(const JobSpec& spec) {
                                                    " exceeds the model's max_position_embeddings ",
                                                    config.max_position_embeddings));
   }
-  if (!config.SlidingWindowCovers(spec.train.seq_len)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the model's sliding_window is ", config.sliding_window, " tokens, shorter than train.seq_len ",
-                     spec.train.seq_len, ": sliding-window attention is not implemented (a row of at most ",
-                     config.sliding_window, " tokens trains exactly as the model attends)"));
-  }
+  // A sliding window shorter than the row trains on the CPU backend; CUDA workers are refused by
+  // the job plan (CheckWorkersFit), which knows the workers' backends.
   // The dataset is checked here, at submit: manifest, file sizes (truncation is DATA_LOSS), token
   // ids against the model's vocabulary, the loss mask. Its CRC-32s are verified when the job
   // starts (VerifyDataset): the files may change while it is queued, and a large dataset must

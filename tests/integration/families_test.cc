@@ -5,10 +5,13 @@
 // uninterrupted run bit for bit; the checkpoint loads again as an HF model directory. tiny-moe
 // (qwen3_moe: a dense layer between sparse ones, 8 experts, top-2) runs the same course, and its
 // router's load-balancing loss and expert token counts reach the metrics. tiny-qwen3.5 and
-// tiny-qwen3.5-moe (Gated DeltaNet and gated attention layers; the MoE with a shared expert) too.
+// tiny-qwen3.5-moe (Gated DeltaNet and gated attention layers; the MoE with a shared expert) too,
+// and sliding-window attention shorter than the row (tiny-mistral-window: every layer;
+// tiny-qwen2-window: a sliding layer after a full one), which changes what the model computes.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -111,6 +114,7 @@ TEST_P(FamilyTraining, TrainsDataParallelResumesAndLoadsBack) {
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   EXPECT_EQ(cfg->family, config.family);
   EXPECT_EQ(cfg->RopeInverseFrequencies(), config.RopeInverseFrequencies());
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) EXPECT_EQ(cfg->AttentionWindow(l), config.AttentionWindow(l));
   const nlohmann::json saved = nlohmann::json::parse(ReadFile(ckpt + "/config.json"));
   // qwen3_5's causal-LM checkpoint: Qwen3_5ForCausalLM's text config.
   EXPECT_EQ(saved["model_type"], config.is_qwen3_5() ? absl::StrCat(ModelTypeName(config.family), "_text")
@@ -146,12 +150,31 @@ TEST_P(FamilyTraining, TrainsDataParallelResumesAndLoadsBack) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, FamilyTraining,
                          ::testing::Values("tiny-qwen2", "tiny-llama", "tiny-mistral", "tiny-moe", "tiny-qwen3.5",
-                                           "tiny-qwen3.5-moe"),
+                                           "tiny-qwen3.5-moe", "tiny-mistral-window", "tiny-qwen2-window"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
                            return n;
                          });
+
+// A window of 16 in rows of 64 (documents of 8 to 90 tokens) is another model than full attention:
+// from the same initial weights (the layouts are the same) the first step's loss differs.
+TEST(SlidingWindowTraining, AWindowShorterThanTheRowChangesTheLoss) {
+  NodeHarness node(1);
+  double first[2] = {};
+  const char* presets[2] = {"tiny-mistral", "tiny-mistral-window"};
+  for (int i = 0; i < 2; ++i) {
+    const std::string out = absl::StrCat("out-", presets[i]);
+    MustSucceed(node, Spec(absl::StrCat("preset: ", presets[i], ", init_seed: 3"), 1, 1, out), presets[i]);
+    const auto lines = MetricsLines(node, out, presets[i]);
+    ASSERT_EQ(lines.size(), 1u);
+    first[i] = lines[0]["loss"];
+  }
+  std::printf("first step's loss: %.7f full attention, %.7f window 16\n", first[0], first[1]);
+  EXPECT_TRUE(std::isfinite(first[1]));
+  EXPECT_GT(std::fabs(first[1] - first[0]), 1e-6) << first[0] << " (full) vs " << first[1] << " (window 16)";
+  EXPECT_TRUE(node.LeakedSegments().empty());
+}
 
 // A MoE job's step record: the load-balancing loss (its coefficient times it is in the loss, and
 // only then moves the parameters) and the tokens each expert was routed, summarised.

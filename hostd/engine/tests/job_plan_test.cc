@@ -511,6 +511,28 @@ TEST(JobPlanParts, WorkersFitSaysWhetherTheJobHasANcclCommunicator) {
   EXPECT_EQ(CheckWorkersFit(cp, layout, mixed).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A sliding window shorter than the row trains on CPU-backend workers; CUDA workers are refused
+// naming the field until their kernels have it. A window at least the row's length is full attention.
+TEST(JobPlanParts, WorkersFitRefusesShortSlidingWindowsOnCudaWorkers) {
+  const ModelLayout layout = Layout("tiny-mistral-window");  // sliding_window 16, every layer
+  JobSpec s = Spec(2, 0, GradReduction::kCpu);
+  s.model.preset = "tiny-mistral-window";
+  s.train.seq_len = 64;
+  std::vector<WorkerDevice> cpus = {Device(true, int64_t{64} << 30), Device(true, int64_t{64} << 30)};
+  EXPECT_TRUE(CheckWorkersFit(s, layout, cpus).ok());
+  const absl::Status cuda = CheckWorkersFit(s, layout, Gpus(2)).status();
+  EXPECT_EQ(cuda.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(absl::StrContains(cuda.message(), "sliding_window 16")) << cuda;
+  EXPECT_TRUE(absl::StrContains(cuda.message(), "train.seq_len 64")) << cuda;
+  EXPECT_TRUE(absl::StrContains(cuda.message(), "runtime.backend: cpu")) << cuda;
+  std::vector<WorkerDevice> mixed = {Device(true, int64_t{64} << 30), Device(false, int64_t{80} << 30)};
+  EXPECT_EQ(CheckWorkersFit(s, layout, mixed).status().code(), absl::StatusCode::kUnimplemented);
+  s.train.seq_len = 16;
+  EXPECT_TRUE(CheckWorkersFit(s, layout, Gpus(2)).ok()) << "a window as long as the row";
+  s.train.seq_len = 64;
+  EXPECT_TRUE(CheckWorkersFit(s, Layout("tiny-mistral"), Gpus(2)).ok()) << "no window";
+}
+
 TEST(JobPlanParts, ContextGroupsGoOverNcclOrAShmSegment) {
   const ModelLayout layout = Layout();
   JobSpec s = Spec(2, 0);

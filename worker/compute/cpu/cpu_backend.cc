@@ -397,7 +397,7 @@ class CpuBackend final : public ComputeBackend {
       if (policy.keeps(kPieceAttention)) {
         KeepPieces(ActPolicy::kSelective, s->acts, &local);
       } else {
-        DecoderAttention(dims_, geom, &local, &pool_);
+        DecoderAttention(dims_, offs, geom, &local, &pool_);
       }
       DecoderMlpInputs(dims_, offs, w.data(), geom, xf, &local, &pool_);
       KeepPieces(ActPolicy{policy.pieces & (kPieceOProj | kPieceGateUp)}, s->acts, &local);
@@ -514,8 +514,10 @@ class CpuBackend final : public ComputeBackend {
   absl::StatusOr<const Layer*> LayerOf(const UnitParams& params, const char* op) const {
     if (layers_.empty()) return absl::FailedPreconditionError(absl::StrCat(op, ": the model has no decoder layers"));
     const int l = params.decoder_layer;
-    // A dense model's layers are alike, but for qwen3_5's two mixers.
-    if (l < 0 && num_sparse_ == 0 && !config_.is_qwen3_5()) return &layers_[0];
+    // A dense model's layers are alike, but for qwen3_5's two mixers and sliding layers beside full ones.
+    const int64_t sliding = config_.NumSlidingLayers();
+    const bool alike = !config_.is_qwen3_5() && (sliding == 0 || sliding == config_.num_hidden_layers);
+    if (l < 0 && num_sparse_ == 0 && alike) return &layers_[0];
     if (l < 0 || l >= static_cast<int>(layers_.size())) {
       return absl::InvalidArgumentError(absl::StrCat(op, ": decoder layer ", l, " is not one of the model's ",
                                                      layers_.size(), " (a MoE model's units must say which)"));

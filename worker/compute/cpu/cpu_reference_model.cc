@@ -31,10 +31,11 @@ absl::StatusOr<double> ReferenceLossAndGrads(const ModelLayout& layout,
   if (fp32_norms != nullptr && static_cast<int>(fp32_norms->size()) != num_units) {
     return absl::InvalidArgumentError("ReferenceLossAndGrads: fp32_norms needs one side copy per unit");
   }
+  // Each unit says which layer it is: layers of a model may differ (experts, mixers, windows).
   auto params = [&](int u) {
-    return UnitParams(unit_params_bf16[u].data(), fp32_norms != nullptr && !(*fp32_norms)[u].empty()
-                                                      ? (*fp32_norms)[u].data()
-                                                      : nullptr);
+    return UnitParams(unit_params_bf16[u].data(),
+                      fp32_norms != nullptr && !(*fp32_norms)[u].empty() ? (*fp32_norms)[u].data() : nullptr)
+        .OfLayer(layout.units[u].decoder_layer);
   };
   ASSIGN_OR_RETURN(std::unique_ptr<ComputeBackend> backend, MakeCpuBackend(layout.config));
   unit_grads->assign(num_units, {});

@@ -1,8 +1,9 @@
-// Qwen3 reference math, the attention: causal varlen GQA attention over packed documents, forward
-// and backward, for the whole micro-batch and for a context-parallel rank's rows (the keys and
-// values gathered from the rank's group). Explicitly instantiated for float (backend) and double
-// (gradient checks); context parallelism runs in float alone. Limits: scalar C++, one task per
-// (document, head); meant for tiny models and oracles.
+// Qwen3 reference math, the attention: causal varlen GQA attention over packed documents, full or
+// within a sliding window (dense_reference_math.h: AttentionForward's mask), forward and backward,
+// for the whole micro-batch and for a context-parallel rank's rows (the keys and values gathered
+// from the rank's group). Explicitly instantiated for float (backend) and double (gradient checks);
+// context parallelism runs in float alone. Limits: scalar C++, one task per (document, head); a
+// sliding layer visits only its window's keys; meant for tiny models and oracles.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -19,6 +20,10 @@ namespace {
 
 using dense_math::Axpy;
 using dense_math::Dot;
+
+// The first key query t sees, s being its document's start: s, or in a sliding layer the oldest of
+// the window keys ending at t (HF: kv > q - sliding_window). Every key from it to t is seen.
+int64_t FirstKey(int64_t s, int64_t t, int64_t window) { return window > 0 ? std::max(s, t - window + 1) : s; }
 
 // One query row of one head over keys [s, t] of a document: softmax-weighted sum of v into o and the
 // row's log-sum-exp (shared by the whole-batch and the context-parallel rows, bit for bit).
@@ -78,8 +83,8 @@ std::vector<int64_t> DocStarts(const TokenGeometry& full, const int64_t* rows, i
 }  // namespace
 
 template <typename R>
-void AttentionForwardRows(const DecoderDims& d, const TokenGeometry& full, const int64_t* rows, int64_t n,
-                          const R* q_rot, const R* k_rot, const R* v, R* attn, R* lse, CpuWorkerPool* pool) {
+void AttentionForwardRows(const DecoderDims& d, const TokenGeometry& full, int64_t window, const int64_t* rows,
+                          int64_t n, const R* q_rot, const R* k_rot, const R* v, R* attn, R* lse, CpuWorkerPool* pool) {
   const int64_t hd = d.head_dim, qd = d.q_dim(), kvd = d.kv_dim();
   const int64_t group = d.heads / d.kv_heads;
   const R scale = static_cast<R>(1.0 / std::sqrt(static_cast<double>(hd)));
@@ -89,16 +94,16 @@ void AttentionForwardRows(const DecoderDims& d, const TokenGeometry& full, const
     std::vector<R> p;
     for (int64_t task = i0; task < i1; ++task) {
       const int64_t i = task / d.heads, h = task % d.heads, g = h / group;
-      AttendRow(q_rot + i * qd + h * hd, k_rot, v, starts[i], rows[i], kvd, g, hd, scale, p, attn + i * qd + h * hd,
-                lse + i * d.heads + h);
+      AttendRow(q_rot + i * qd + h * hd, k_rot, v, FirstKey(starts[i], rows[i], window), rows[i], kvd, g, hd, scale, p,
+                attn + i * qd + h * hd, lse + i * d.heads + h);
     }
   });
 }
 
 template <typename R>
-void AttentionBackwardRows(const DecoderDims& d, const TokenGeometry& full, const int64_t* rows, int64_t n,
-                           const R* q_rot, const R* k_rot, const R* v, const R* attn, const R* lse, const R* dattn,
-                           R* dq, R* dk, R* dv, CpuWorkerPool* pool) {
+void AttentionBackwardRows(const DecoderDims& d, const TokenGeometry& full, int64_t window, const int64_t* rows,
+                           int64_t n, const R* q_rot, const R* k_rot, const R* v, const R* attn, const R* lse,
+                           const R* dattn, R* dq, R* dk, R* dv, CpuWorkerPool* pool) {
   const int64_t T = full.num_tokens, hd = d.head_dim, qd = d.q_dim(), kvd = d.kv_dim();
   const int64_t group = d.heads / d.kv_heads;
   const R scale = static_cast<R>(1.0 / std::sqrt(static_cast<double>(hd)));
@@ -112,8 +117,9 @@ void AttentionBackwardRows(const DecoderDims& d, const TokenGeometry& full, cons
       for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
         for (int64_t i = 0; i < n; ++i) {
           const int64_t at = i * qd + h * hd;
-          AttendRowBackward(q_rot + at, attn + at, dattn + at, lse[i * d.heads + h], k_rot, v, starts[i], rows[i], kvd,
-                            kvh, hd, scale, dq_acc, dk, dv, dq + at);
+          AttendRowBackward(q_rot + at, attn + at, dattn + at, lse[i * d.heads + h], k_rot, v,
+                            FirstKey(starts[i], rows[i], window), rows[i], kvd, kvh, hd, scale, dq_acc, dk, dv,
+                            dq + at);
         }
       }
     }
@@ -159,8 +165,8 @@ TokenGeometry WholeGeometry(const ContextGeometry& c) {
   return full;
 }
 
-void ContextAttentionForward(const DecoderDims& d, const TokenGeometry& geom, const float* q_rot, const float* k_rot,
-                             const float* v, float* attn, float* lse, CpuWorkerPool* pool) {
+void ContextAttentionForward(const DecoderDims& d, const TokenGeometry& geom, int64_t window, const float* q_rot,
+                             const float* k_rot, const float* v, float* attn, float* lse, CpuWorkerPool* pool) {
   const ContextGeometry& c = *geom.context;
   std::vector<float> k_full, v_full;
   if (!GatherKeysValues(d, geom, k_rot, v, &k_full, &v_full)) {
@@ -168,13 +174,13 @@ void ContextAttentionForward(const DecoderDims& d, const TokenGeometry& geom, co
     std::fill(lse, lse + geom.num_tokens * d.heads, std::numeric_limits<float>::quiet_NaN());
     return;
   }
-  AttentionForwardRows(d, WholeGeometry(c), c.global_index, geom.num_tokens, q_rot, k_full.data(), v_full.data(), attn,
-                       lse, pool);
+  AttentionForwardRows(d, WholeGeometry(c), window, c.global_index, geom.num_tokens, q_rot, k_full.data(),
+                       v_full.data(), attn, lse, pool);
 }
 
-void ContextAttentionBackward(const DecoderDims& d, const TokenGeometry& geom, const float* q_rot, const float* k_rot,
-                              const float* v, const float* attn, const float* lse, const float* dattn, float* dq,
-                              float* dk, float* dv, CpuWorkerPool* pool) {
+void ContextAttentionBackward(const DecoderDims& d, const TokenGeometry& geom, int64_t window, const float* q_rot,
+                              const float* k_rot, const float* v, const float* attn, const float* lse,
+                              const float* dattn, float* dq, float* dk, float* dv, CpuWorkerPool* pool) {
   const ContextGeometry& c = *geom.context;
   const int64_t n = geom.num_tokens, kvd = d.kv_dim(), row = 2 * kvd;
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -186,8 +192,8 @@ void ContextAttentionBackward(const DecoderDims& d, const TokenGeometry& geom, c
     return;
   }
   std::vector<float> dk_full(c.full_tokens * kvd), dv_full(c.full_tokens * kvd);
-  AttentionBackwardRows(d, WholeGeometry(c), c.global_index, n, q_rot, k_full.data(), v_full.data(), attn, lse, dattn,
-                        dq, dk_full.data(), dv_full.data(), pool);
+  AttentionBackwardRows(d, WholeGeometry(c), window, c.global_index, n, q_rot, k_full.data(), v_full.data(), attn, lse,
+                        dattn, dq, dk_full.data(), dv_full.data(), pool);
   // Every rank's contributions to each token's dk and dv, summed at the token's owner.
   std::vector<float> buf(static_cast<int64_t>(c.ranks) * c.part * row, 0.0f);
   for (int64_t g = 0; g < c.full_tokens; ++g) {
@@ -212,10 +218,10 @@ void ContextAttentionBackward(const DecoderDims& d, const TokenGeometry& geom, c
 }  // namespace
 
 template <typename R>
-void AttentionForward(const DecoderDims& d, const TokenGeometry& geom, const R* q_rot, const R* k_rot, const R* v,
-                      R* attn, R* lse, CpuWorkerPool* pool) {
+void AttentionForward(const DecoderDims& d, const TokenGeometry& geom, int64_t window, const R* q_rot, const R* k_rot,
+                      const R* v, R* attn, R* lse, CpuWorkerPool* pool) {
   if constexpr (std::is_same_v<R, float>) {
-    if (geom.context != nullptr) return ContextAttentionForward(d, geom, q_rot, k_rot, v, attn, lse, pool);
+    if (geom.context != nullptr) return ContextAttentionForward(d, geom, window, q_rot, k_rot, v, attn, lse, pool);
   }
   const int64_t hd = d.head_dim, qd = d.q_dim(), kvd = d.kv_dim();
   const int64_t group = d.heads / d.kv_heads;
@@ -227,19 +233,20 @@ void AttentionForward(const DecoderDims& d, const TokenGeometry& geom, const R* 
       const int64_t doc = task / d.heads, h = task % d.heads, g = h / group;
       const int64_t s = geom.cu_seqlens[doc], e = geom.cu_seqlens[doc + 1];
       for (int64_t t = s; t < e; ++t) {
-        AttendRow(q_rot + t * qd + h * hd, k_rot, v, s, t, kvd, g, hd, scale, p, attn + t * qd + h * hd,
-                  lse + t * d.heads + h);
+        AttendRow(q_rot + t * qd + h * hd, k_rot, v, FirstKey(s, t, window), t, kvd, g, hd, scale, p,
+                  attn + t * qd + h * hd, lse + t * d.heads + h);
       }
     }
   });
 }
 
 template <typename R>
-void AttentionBackward(const DecoderDims& d, const TokenGeometry& geom, const R* q_rot, const R* k_rot, const R* v,
-                       const R* attn, const R* lse, const R* dattn, R* dq, R* dk, R* dv, CpuWorkerPool* pool) {
+void AttentionBackward(const DecoderDims& d, const TokenGeometry& geom, int64_t window, const R* q_rot, const R* k_rot,
+                       const R* v, const R* attn, const R* lse, const R* dattn, R* dq, R* dk, R* dv,
+                       CpuWorkerPool* pool) {
   if constexpr (std::is_same_v<R, float>) {
     if (geom.context != nullptr) {
-      return ContextAttentionBackward(d, geom, q_rot, k_rot, v, attn, lse, dattn, dq, dk, dv, pool);
+      return ContextAttentionBackward(d, geom, window, q_rot, k_rot, v, attn, lse, dattn, dq, dk, dv, pool);
     }
   }
   const int64_t T = geom.num_tokens, hd = d.head_dim, qd = d.q_dim(), kvd = d.kv_dim();
@@ -257,23 +264,23 @@ void AttentionBackward(const DecoderDims& d, const TokenGeometry& geom, const R*
       for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
         for (int64_t t = s; t < e; ++t) {
           const int64_t at = t * qd + h * hd;
-          AttendRowBackward(q_rot + at, attn + at, dattn + at, lse[t * d.heads + h], k_rot, v, s, t, kvd, kvh, hd,
-                            scale, dq_acc, dk, dv, dq + at);
+          AttendRowBackward(q_rot + at, attn + at, dattn + at, lse[t * d.heads + h], k_rot, v, FirstKey(s, t, window),
+                            t, kvd, kvh, hd, scale, dq_acc, dk, dv, dq + at);
         }
       }
     }
   });
 }
 
-#define SLIDEDP_INSTANTIATE_ATTENTION(R)                                                                               \
-  template void AttentionForward<R>(const DecoderDims&, const TokenGeometry&, const R*, const R*, const R*, R*, R*,    \
-                                    CpuWorkerPool*);                                                                   \
-  template void AttentionBackward<R>(const DecoderDims&, const TokenGeometry&, const R*, const R*, const R*, const R*, \
-                                     const R*, const R*, R*, R*, R*, CpuWorkerPool*);                                  \
-  template void AttentionForwardRows<R>(const DecoderDims&, const TokenGeometry&, const int64_t*, int64_t, const R*,   \
-                                        const R*, const R*, R*, R*, CpuWorkerPool*);                                   \
-  template void AttentionBackwardRows<R>(const DecoderDims&, const TokenGeometry&, const int64_t*, int64_t, const R*,  \
-                                         const R*, const R*, const R*, const R*, const R*, R*, R*, R*,                 \
+#define SLIDEDP_INSTANTIATE_ATTENTION(R)                                                                              \
+  template void AttentionForward<R>(const DecoderDims&, const TokenGeometry&, int64_t, const R*, const R*, const R*,  \
+                                    R*, R*, CpuWorkerPool*);                                                          \
+  template void AttentionBackward<R>(const DecoderDims&, const TokenGeometry&, int64_t, const R*, const R*, const R*, \
+                                     const R*, const R*, const R*, R*, R*, R*, CpuWorkerPool*);                       \
+  template void AttentionForwardRows<R>(const DecoderDims&, const TokenGeometry&, int64_t, const int64_t*, int64_t,   \
+                                        const R*, const R*, const R*, R*, R*, CpuWorkerPool*);                        \
+  template void AttentionBackwardRows<R>(const DecoderDims&, const TokenGeometry&, int64_t, const int64_t*, int64_t,  \
+                                         const R*, const R*, const R*, const R*, const R*, const R*, R*, R*, R*,      \
                                          CpuWorkerPool*);
 
 SLIDEDP_INSTANTIATE_ATTENTION(float)

@@ -208,11 +208,13 @@ void DecoderAttentionInputs(const DecoderDims& d, const DecoderOffsets& offs, co
 }
 
 template <typename R>
-void DecoderAttention(const DecoderDims& d, const TokenGeometry& geom, DecoderActs<R>* a, CpuWorkerPool* pool) {
+void DecoderAttention(const DecoderDims& d, const DecoderOffsets& offs, const TokenGeometry& geom, DecoderActs<R>* a,
+                      CpuWorkerPool* pool) {
   if (a->linear_mixer) return;  // the Gated DeltaNet ran whole in DecoderAttentionInputs
   a->attn.resize(geom.num_tokens * d.q_dim());
   a->lse.resize(geom.num_tokens * d.heads);
-  AttentionForward(d, geom, a->q_rot.data(), a->k_rot.data(), a->v.data(), a->attn.data(), a->lse.data(), pool);
+  AttentionForward(d, geom, offs.attention_window, a->q_rot.data(), a->k_rot.data(), a->v.data(), a->attn.data(),
+                   a->lse.data(), pool);
 }
 
 template <typename R>
@@ -262,7 +264,7 @@ template <typename R>
 void DecoderForwardAll(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
                        const R* x, R* y, DecoderActs<R>* acts, CpuWorkerPool* pool) {
   DecoderAttentionInputs(d, offs, params, geom, x, acts, pool);
-  DecoderAttention(d, geom, acts, pool);
+  DecoderAttention(d, offs, geom, acts, pool);
   DecoderMlpInputs(d, offs, params, geom, x, acts, pool);
   DecoderOutput(d, offs, params, geom, *acts, y, pool);
 }
@@ -418,7 +420,7 @@ DecoderActs<R> TiledAttention(const DecoderDims& d, const DecoderOffsets& offs, 
     std::copy(t.k_rot.begin(), t.k_rot.end(), whole.k_rot.begin() + t0 * kvd);
     std::copy(t.v.begin(), t.v.end(), whole.v.begin() + t0 * kvd);
   }
-  DecoderAttention(d, geom, &whole, pool);
+  DecoderAttention(d, offs, geom, &whole, pool);
   return whole;
 }
 
@@ -443,8 +445,8 @@ void DecoderBackward(const DecoderDims& d, const DecoderOffsets& offs, const R* 
     return;
   }
   std::vector<R> dq(T * qd), dk(T * kvd), dv(T * kvd);
-  AttentionBackward(d, geom, a.q_rot.data(), a.k_rot.data(), a.v.data(), a.attn.data(), a.lse.data(), dattn.data(),
-                    dq.data(), dk.data(), dv.data(), pool);
+  AttentionBackward(d, geom, offs.attention_window, a.q_rot.data(), a.k_rot.data(), a.v.data(), a.attn.data(),
+                    a.lse.data(), dattn.data(), dq.data(), dk.data(), dv.data(), pool);
   dattn = {};
   // dx is written only now (it may alias dy).
   QkvBlockBackward(d, w, g, geom, x, a, dq.data(), dk.data(), dv.data(), dh1.data(), dx, pool, dqgate.data());
@@ -500,8 +502,8 @@ void DecoderBackwardTiled(const DecoderDims& d, const DecoderOffsets& offs, cons
                      nullptr, pool);
   }
   std::vector<R> dq(T * qd), dk(T * kvd), dv(T * kvd);
-  AttentionBackward(d, geom, whole.q_rot.data(), whole.k_rot.data(), whole.v.data(), whole.attn.data(),
-                    whole.lse.data(), dattn.data(), dq.data(), dk.data(), dv.data(), pool);
+  AttentionBackward(d, geom, offs.attention_window, whole.q_rot.data(), whole.k_rot.data(), whole.v.data(),
+                    whole.attn.data(), whole.lse.data(), dattn.data(), dq.data(), dk.data(), dv.data(), pool);
   dattn = {};
   // The QKV block tile by tile, each tile's attention inputs recomputed (their norms' statistics).
   for (int64_t t0 = 0; t0 < T; t0 += tile) {
@@ -518,7 +520,8 @@ void DecoderBackwardTiled(const DecoderDims& d, const DecoderOffsets& offs, cons
   template struct DecoderActs<R>;                                                                                    \
   template void DecoderAttentionInputs<R>(const DecoderDims&, const DecoderOffsets&, const R*, const TokenGeometry&, \
                                           const R*, DecoderActs<R>*, CpuWorkerPool*);                                \
-  template void DecoderAttention<R>(const DecoderDims&, const TokenGeometry&, DecoderActs<R>*, CpuWorkerPool*);      \
+  template void DecoderAttention<R>(const DecoderDims&, const DecoderOffsets&, const TokenGeometry&,                 \
+                                    DecoderActs<R>*, CpuWorkerPool*);                                                \
   template void DecoderMlpInputs<R>(const DecoderDims&, const DecoderOffsets&, const R*, const TokenGeometry&,       \
                                     const R*, DecoderActs<R>*, CpuWorkerPool*);                                      \
   template void DecoderOutput<R>(const DecoderDims&, const DecoderOffsets&, const R*, const TokenGeometry&,          \

@@ -171,6 +171,7 @@ DecoderOffsets DecoderOffsets::Of(const UnitLayout& unit) {
   }
   offs.unit_numel = unit.numel;
   offs.moe = MoeOffsets::InUnit(unit);
+  offs.attention_window = unit.attention_window;
   return offs;
 }
 

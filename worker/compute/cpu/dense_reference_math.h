@@ -9,7 +9,8 @@
 // RMSNorm is x * rsqrt(mean(x^2) + eps) * w; q_norm/k_norm act per head over head_dim before
 // RoPE (qwen3 only); qwen2 adds biases to the q/k/v projections (HF Qwen2Attention); RoPE pairs i with i + head_dim/2
 // (rotate_half); GQA shares one kv head among heads/kv_heads query heads; attention is causal inside each document of
-// the packed batch (cu_seqlens) with scale 1/sqrt(head_dim). Weights are HF's [out, in] row-major: y = x W^T.
+// the packed batch (cu_seqlens) with scale 1/sqrt(head_dim), and in a sliding layer limited to the last window keys
+// (AttentionForward). Weights are HF's [out, in] row-major: y = x W^T.
 //
 // Every reduction is computed by one thread in a fixed order, so results are deterministic and
 // independent of the thread count. Backward ops ADD into parameter gradients; per-call partial
@@ -75,11 +76,13 @@ struct DecoderDims {
 
 // Element offsets of the decoder tensors inside one flat unit array (ModelLayout's layout); -1 for
 // a tensor the family does not have. A sparse unit (qwen3_moe) has the router and experts at `moe`
-// in place of the MLP; its attention tensors sit where a dense unit's do.
+// in place of the MLP; its attention tensors sit where a dense unit's do. With them, what else of
+// the unit's layout the layer's math reads: its attention window.
 struct DecoderOffsets {
   int64_t at[kNumDecoderTensors] = {};
   int64_t unit_numel = 0;
   MoeOffsets moe;  // all zeros in a dense unit
+  int64_t attention_window = 0;  // UnitLayout::attention_window: 0 full causal, else the sliding window
   bool sparse() const { return moe.block_numel > 0; }
   // A qwen3_5 Gated DeltaNet layer: its linear_attn tensors in place of the attention's.
   bool linear() const { return at[kLinearInProjQkv] >= 0; }
@@ -169,31 +172,36 @@ template <typename R>
 void ApplyRope(R* x, int64_t T, int64_t heads, int64_t head_dim, const TokenGeometry& geom, RopeDirection dir,
                CpuWorkerPool* pool);
 // Causal varlen GQA attention: q_rot [T, q_dim], k_rot and v [T, kv_dim] -> attn [T, q_dim] and
-// lse [T, heads] (natural log of the softmax denominator of the scaled scores).
+// lse [T, heads] (natural log of the softmax denominator of the scaled scores). Query i sees key j
+// iff j is in i's document, j <= i, and, for window > 0 (a sliding layer), i - j < window: the
+// window keys up to and including itself. That is transformers' sliding-window mask exactly
+// (masking_utils.py: causal_mask_function kv <= q, sliding_window_overlay kv > q - sliding_window,
+// and'ed with the packed documents' mask); window 0 is full causal attention.
 template <typename R>
-void AttentionForward(const DecoderDims& dims, const TokenGeometry& geom, const R* q_rot, const R* k_rot, const R* v,
-                      R* attn, R* lse, CpuWorkerPool* pool);
+void AttentionForward(const DecoderDims& dims, const TokenGeometry& geom, int64_t window, const R* q_rot,
+                      const R* k_rot, const R* v, R* attn, R* lse, CpuWorkerPool* pool);
 // Its backward from the saved output and lse: dq overwritten, dk and dv overwritten.
 template <typename R>
-void AttentionBackward(const DecoderDims& dims, const TokenGeometry& geom, const R* q_rot, const R* k_rot, const R* v,
-                       const R* attn, const R* lse, const R* dattn, R* dq, R* dk, R* dv, CpuWorkerPool* pool);
+void AttentionBackward(const DecoderDims& dims, const TokenGeometry& geom, int64_t window, const R* q_rot,
+                       const R* k_rot, const R* v, const R* attn, const R* lse, const R* dattn, R* dq, R* dk, R* dv,
+                       CpuWorkerPool* pool);
 
 // Context parallelism (common/data/context_parallel.h): the attention of one rank's queries against
 // the keys and values of the whole micro-batch, which the rank's group gathered. full: the whole
 // micro-batch's geometry (its documents; its RoPE tables are not read); rows[i]: local query i's
 // index in the micro-batch (ascending). q_rot [n, q_dim]; k_rot and v [T, kv_dim] of the whole
 // micro-batch in its order -> attn [n, q_dim], lse [n, heads]: each row bit for bit what
-// AttentionForward gives that token.
+// AttentionForward gives that token with the same window.
 template <typename R>
-void AttentionForwardRows(const DecoderDims& dims, const TokenGeometry& full, const int64_t* rows, int64_t n,
-                          const R* q_rot, const R* k_rot, const R* v, R* attn, R* lse, CpuWorkerPool* pool);
+void AttentionForwardRows(const DecoderDims& dims, const TokenGeometry& full, int64_t window, const int64_t* rows,
+                          int64_t n, const R* q_rot, const R* k_rot, const R* v, R* attn, R* lse, CpuWorkerPool* pool);
 // Its backward: dq [n, q_dim] overwritten, bit for bit AttentionBackward's rows; dk and dv [T,
 // kv_dim] overwritten with these queries' contributions alone (the group sums them over its ranks:
 // AttentionBackward's up to FP32 summation order).
 template <typename R>
-void AttentionBackwardRows(const DecoderDims& dims, const TokenGeometry& full, const int64_t* rows, int64_t n,
-                           const R* q_rot, const R* k_rot, const R* v, const R* attn, const R* lse, const R* dattn,
-                           R* dq, R* dk, R* dv, CpuWorkerPool* pool);
+void AttentionBackwardRows(const DecoderDims& dims, const TokenGeometry& full, int64_t window, const int64_t* rows,
+                           int64_t n, const R* q_rot, const R* k_rot, const R* v, const R* attn, const R* lse,
+                           const R* dattn, R* dq, R* dk, R* dv, CpuWorkerPool* pool);
 
 // ---- Decoder layer ----
 
@@ -237,9 +245,10 @@ struct DecoderActs {
 template <typename R>
 void DecoderAttentionInputs(const DecoderDims& dims, const DecoderOffsets& offs, const R* params,
                             const TokenGeometry& geom, const R* x, DecoderActs<R>* acts, CpuWorkerPool* pool);
-// Phase 2: attn, lse (needs q_rot, k_rot, v).
+// Phase 2: attn, lse (needs q_rot, k_rot, v), within the layer's window (offs.attention_window).
 template <typename R>
-void DecoderAttention(const DecoderDims& dims, const TokenGeometry& geom, DecoderActs<R>* acts, CpuWorkerPool* pool);
+void DecoderAttention(const DecoderDims& dims, const DecoderOffsets& offs, const TokenGeometry& geom,
+                      DecoderActs<R>* acts, CpuWorkerPool* pool);
 // Phase 3: h1, rstd2, hn, gate, up (needs attn); in a sparse unit hn's MoE block (moe, moe_y) in
 // place of gate, up.
 template <typename R>

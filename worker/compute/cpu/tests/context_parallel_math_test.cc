@@ -1,7 +1,8 @@
 // AttentionForwardRows / AttentionBackwardRows (dense_reference_math.h) on the zig-zag split of a
 // packed micro-batch (common/data/context_parallel.h) against the whole micro-batch's
 // AttentionForward / AttentionBackward: each rank's output, lse and dq rows bit for bit the whole
-// attention's, and the ranks' dk and dv summed in rank order within summation-order tolerance.
+// attention's, and the ranks' dk and dv summed in rank order within summation-order tolerance; full
+// causal attention and a sliding window shorter than most documents.
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -24,7 +25,7 @@ std::vector<R> Random(int64_t n, uint32_t seed) {
 }
 
 template <typename R>
-void CheckSplit(int ranks, double tol) {
+void CheckSplit(int ranks, double tol, int64_t window = 0) {
   DecoderDims d;
   d.heads = 4;
   d.kv_heads = 2;
@@ -51,9 +52,9 @@ void CheckSplit(int ranks, double tol) {
   const std::vector<R> q = Random<R>(T * qd, 1), k = Random<R>(T * kvd, 2), v = Random<R>(T * kvd, 3),
                        dout = Random<R>(T * qd, 4);
   std::vector<R> attn(T * qd), lse(T * d.heads), dq(T * qd), dk(T * kvd), dv(T * kvd);
-  AttentionForward(d, geom, q.data(), k.data(), v.data(), attn.data(), lse.data(), nullptr);
-  AttentionBackward(d, geom, q.data(), k.data(), v.data(), attn.data(), lse.data(), dout.data(), dq.data(), dk.data(),
-                    dv.data(), nullptr);
+  AttentionForward(d, geom, window, q.data(), k.data(), v.data(), attn.data(), lse.data(), nullptr);
+  AttentionBackward(d, geom, window, q.data(), k.data(), v.data(), attn.data(), lse.data(), dout.data(), dq.data(),
+                    dk.data(), dv.data(), nullptr);
 
   auto split = data::SplitForContextParallel(mb, ranks, std::vector<int64_t>{39, 28});
   ASSERT_TRUE(split.ok()) << split.status();
@@ -67,8 +68,9 @@ void CheckSplit(int ranks, double tol) {
       std::copy_n(dout.begin() + rows[i] * qd, qd, ldout.begin() + i * qd);
     }
     std::vector<R> lattn(n * qd), llse(n * d.heads), ldq(n * qd), ldk(T * kvd, R(7)), ldv(T * kvd, R(7));
-    AttentionForwardRows(d, geom, rows.data(), n, lq.data(), k.data(), v.data(), lattn.data(), llse.data(), nullptr);
-    AttentionBackwardRows(d, geom, rows.data(), n, lq.data(), k.data(), v.data(), lattn.data(), llse.data(),
+    AttentionForwardRows(d, geom, window, rows.data(), n, lq.data(), k.data(), v.data(), lattn.data(), llse.data(),
+                         nullptr);
+    AttentionBackwardRows(d, geom, window, rows.data(), n, lq.data(), k.data(), v.data(), lattn.data(), llse.data(),
                           ldout.data(), ldq.data(), ldk.data(), ldv.data(), nullptr);
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t c = 0; c < qd; ++c) {
@@ -94,6 +96,11 @@ TEST(ContextParallelMathTest, RowsOfTwoRanksAreTheWholeAttentionsFloat) { CheckS
 TEST(ContextParallelMathTest, RowsOfThreeRanksAreTheWholeAttentionsFloat) { CheckSplit<float>(3, 1e-4); }
 TEST(ContextParallelMathTest, RowsOfFourRanksAreTheWholeAttentionsDouble) { CheckSplit<double>(4, 1e-12); }
 TEST(ContextParallelMathTest, OneRankIsTheWholeAttention) { CheckSplit<double>(1, 0); }
+TEST(ContextParallelMathTest, SlidingWindowRowsAreTheWholeAttentions) {
+  CheckSplit<float>(2, 1e-4, 5);
+  CheckSplit<double>(3, 1e-12, 5);
+  CheckSplit<double>(1, 0, 1);
+}
 
 }  // namespace
 }  // namespace slidedp

@@ -39,10 +39,13 @@ std::unique_ptr<ComputeBackend> Backend(const ModelConfig& c, CpuBackendOptions 
 class BackendVsDouble : public ::testing::TestWithParam<int> {};
 
 TEST_P(BackendVsDouble, LossAndEveryGradientMatchWithinFp32Tolerance) {
-  const ModelConfig config = GetParam() == 0   ? AwkwardConfig(false)
-                             : GetParam() == 1 ? AwkwardConfig(true)
-                             : GetParam() == 2 ? testing::TinyConfig()
-                                               : testing::AwkwardYarnConfig(false);
+  const ModelConfig config =
+      GetParam() == 0   ? AwkwardConfig(false)
+      : GetParam() == 1 ? AwkwardConfig(true)
+      : GetParam() == 2 ? testing::TinyConfig()
+      : GetParam() == 3
+          ? testing::AwkwardYarnConfig(false)
+          : testing::AwkwardSlidingConfig(ModelFamily::kQwen2, 3, {AttentionSpan::kSliding, AttentionSpan::kFull});
   const ModelLayout layout = ModelLayout::Build(config);
   const auto bf16 = ToBf16(RandomUnitParams(layout, 17));
   const std::vector<MicroBatch> batches = {MakeBatch({9, 1, 13, 4}, config.vocab_size, 1),
@@ -67,7 +70,8 @@ TEST_P(BackendVsDouble, LossAndEveryGradientMatchWithinFp32Tolerance) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, BackendVsDouble, ::testing::Values(0, 1, 2, 3));  // 3: yarn
+// 3: yarn; 4: a sliding layer (window 3) beside a full one.
+INSTANTIATE_TEST_SUITE_P(Shapes, BackendVsDouble, ::testing::Values(0, 1, 2, 3, 4));
 
 struct LayerRun {
   std::vector<float> y, dx, dparams;
@@ -240,11 +244,15 @@ double RelMaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
 // A micro-batch longer than the backend's tile runs the token-local work tile by tile: outputs and
 // input gradients are the untiled ones bit for bit (every op there works row by row), weight
 // gradients within FP32 rounding (summed per tile, then added), for tiles that cut documents
-// anywhere (odd sizes, a tile of one token, a last tile of one token), every family and policy.
+// anywhere (odd sizes, a tile of one token, a last tile of one token), every family and policy, and
+// a sliding window shorter than the documents (attention runs whole, the window included).
 TEST(Tiling, TiledLayerEqualsUntiled) {
   const MicroBatch mb = MakeBatch({7, 1, 10, 5}, 37, 8);  // 23 tokens
-  for (const ModelFamily family : {ModelFamily::kQwen3, ModelFamily::kQwen2, ModelFamily::kLlama}) {
-    const ModelConfig config = AwkwardConfigOf(family, false);
+  for (const ModelConfig& config :
+       {AwkwardConfigOf(ModelFamily::kQwen3, false), AwkwardConfigOf(ModelFamily::kQwen2, false),
+        AwkwardConfigOf(ModelFamily::kLlama, false),
+        testing::AwkwardSlidingConfig(ModelFamily::kMistral, 3, {AttentionSpan::kSliding, AttentionSpan::kSliding})}) {
+    const ModelFamily family = config.family;
     const ModelLayout layout = ModelLayout::Build(config);
     const std::vector<bf16_t> params = ToBf16(RandomUnitParams(layout, 4))[1];
     const int64_t n = mb.num_tokens() * config.hidden_size;

@@ -1,6 +1,7 @@
 // Finite-difference checks of the reference math in double: the analytic gradients of a whole
 // small model (embedding -> 2 decoder layers -> head, two packed micro-batches) against central
-// differences of the scalar loss, plus per-op convention checks (RoPE pairing, head chunking).
+// differences of the scalar loss, every family, sliding windows included, plus per-op convention
+// checks (RoPE pairing, head chunking).
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -15,6 +16,7 @@ namespace {
 
 using testing::AwkwardConfig;
 using testing::AwkwardConfigOf;
+using testing::AwkwardSlidingConfig;
 using testing::MakeBatch;
 using testing::RandomUnitParams;
 
@@ -100,6 +102,16 @@ TEST_P(ModelGradCheck, AnalyticGradientsMatchCentralDifferences) {
               checked, significant, worst);
 }
 
+// The awkward shape of `family` (2 layers) sliding both layers over `window` keys.
+ModelConfig SlidingConfig(ModelFamily family, int64_t window) {
+  return AwkwardSlidingConfig(family, window, {AttentionSpan::kSliding, AttentionSpan::kSliding});
+}
+
+// qwen2, tied: layer 0 sliding over 2 keys, layer 1 full.
+ModelConfig MixedWindowConfig() {
+  return AwkwardSlidingConfig(ModelFamily::kQwen2, 2, {AttentionSpan::kSliding, AttentionSpan::kFull}, true);
+}
+
 // qwen3_5 at CI size: Gated DeltaNet and gated attention layers, (1 + w) norms, partial RoPE; the
 // MoE with its shared expert. Smaller than the presets so that the central differences stay quick.
 ModelConfig SmallQwen3_5(const char* preset, bool tied) {
@@ -131,6 +143,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ModelGradCheck,
                                            GradCheckCase{"llama3_untied", AwkwardConfigOf(ModelFamily::kLlama, false)},
                                            GradCheckCase{"mistral_untied",
                                                          AwkwardConfigOf(ModelFamily::kMistral, false)},
+                                           // Sliding windows over documents of 1 to 9 tokens: 3 in
+                                           // every layer; 2 beside a full layer; one the row's length.
+                                           GradCheckCase{"mistral_window3", SlidingConfig(ModelFamily::kMistral, 3)},
+                                           GradCheckCase{"qwen2_window2_then_full", MixedWindowConfig()},
+                                           GradCheckCase{"mistral_window_row",
+                                                         SlidingConfig(ModelFamily::kMistral, 64)},
                                            GradCheckCase{"yarn_tied", testing::AwkwardYarnConfig(true)},
                                            // The router through the routing weights, and with the
                                            // aux loss's weight large enough that its gradient counts.

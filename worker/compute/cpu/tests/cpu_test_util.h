@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "common/model/model_config.h"
@@ -42,6 +43,15 @@ inline ModelConfig AwkwardConfigOf(ModelFamily family, bool tied) {
     c.rope_scaling.high_freq_factor = 4;
     c.rope_scaling.original_max_position_embeddings = 64;
   }
+  return c;
+}
+
+// The awkward shape of `family` whose layers slide where `spans` says, over `window` keys.
+inline ModelConfig AwkwardSlidingConfig(ModelFamily family, int64_t window, std::vector<AttentionSpan> spans,
+                                        bool tied = false) {
+  ModelConfig c = AwkwardConfigOf(family, tied);
+  c.sliding_window = window;
+  c.layer_spans = std::move(spans);
   return c;
 }
 
