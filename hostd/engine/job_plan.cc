@@ -135,14 +135,6 @@ absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& lay
                                                       cpu_workers, " of ", world,
                                                       " are CPU-backend (use grad_reduction: cpu)"));
   }
-  // qwen3_5 on CUDA workers: the backend computes its layers (cuda_qwen3_5_layer.cc), but that path
-  // has not run on a GPU yet (issue 50); until it has, such a job is refused here rather than trained
-  // on unverified kernels. The CPU backend is the checked oracle.
-  if (layout.config.is_qwen3_5() && cpu_workers != world) {
-    return absl::UnimplementedError(absl::StrCat(
-        ModelTypeName(layout.config.family), " on CUDA workers is not verified on a GPU yet; ", world - cpu_workers,
-        " of ", world, " workers are CUDA (use runtime.backend: cpu)"));
-  }
   // Sliding-window attention shorter than the row: the CPU backend computes it (HF's mask exactly,
   // worker/compute/cpu/dense_attention_math.cc); the CUDA backend's kernels attend causally over
   // whole documents and would train another model, so CUDA workers are refused until they have it.

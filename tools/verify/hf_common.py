@@ -487,7 +487,7 @@ class MoeRoutingHook:
                         forced[mask] = self.forced[l][gidx[mask].cpu()].to(idx.device)
                         probs = F.softmax(F.linear(hs, gate.weight), dtype=torch.float, dim=-1)
                         val = probs.gather(-1, forced)
-                        if gate.norm_topk_prob:
+                        if getattr(gate, "norm_topk_prob", True):  # (Qwen3.5-MoE's router always renormalises)
                             val = val / val.sum(dim=-1, keepdim=True)
                         return first, val.to(scores.dtype), forced
                 return first, scores, idx

@@ -2,8 +2,9 @@
 """Issue 3's whole-model check: our loss and every parameter gradient against HF transformers.
 
 For each shape: a random-init model of its family (Qwen3ForCausalLM, also with YaRN RoPE scaling,
-Qwen2ForCausalLM, LlamaForCausalLM with llama3 RoPE scaling, MistralForCausalLM; seeded; RMSNorm weights perturbed
-around 1 and biases around 0 so their gradients are exercised) is saved in BF16 with save_pretrained, so both sides start from
+Qwen2ForCausalLM, LlamaForCausalLM with llama3 RoPE scaling, MistralForCausalLM, Qwen3MoeForCausalLM,
+Qwen3_5ForCausalLM and Qwen3_5MoeForCausalLM; seeded; RMSNorm weights perturbed around 1 and biases
+around 0 so their gradients are exercised; Qwen3.5: every 1-D parameter perturbed) is saved in BF16 with save_pretrained, so both sides start from
 identical BF16 parameters. A token batch with one-document rows and packed rows (several
 documents per row, including 1- and 2-token documents) is written for model_grads, which loads
 the directory with our loader and runs the whole model non-streaming through our CUDA (or CPU)
