@@ -15,11 +15,11 @@ value_head_dim (the gated delta rule's recurrence). No recompute is counted."""
 import argparse
 import json
 import os
-import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+import fsdp2_train  # bench/e2e, the script's folder
 import transformers
 
 # The hub's Qwen3.5 text configs (common/model/model_presets.cc, kQwen3_5Hub).
@@ -75,29 +75,8 @@ def main():
     nparam = sum(p.numel() for p in model.parameters())
     impl = gdn_implementation(model)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in model.model.layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-    vocab, times, peak = cfg.vocab_size, [], 0.0
-    for step in range(a.steps):
-        torch.cuda.synchronize()
-        t0 = time.time()
-        for m in range(a.accum):
-            ids = torch.randint(0, vocab, (a.mbs, a.seq), device="cuda")
-            if a.accum > 1 and hasattr(model, "set_requires_gradient_sync"):
-                model.set_requires_gradient_sync(m == a.accum - 1)
-            out = model(input_ids=ids, labels=ids)
-            (out.loss / a.accum).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        times.append(time.time() - t0)
-        peak = max(peak, torch.cuda.max_memory_allocated() / 2**30)
-        if rank == 0:
-            print(f"step {step} loss {out.loss.item():.4f} {times[-1]:.3f}s", flush=True)
-    steady = sorted(times[3:])[len(times[3:]) // 2]
+    vocab = cfg.vocab_size
+    steady, peak = fsdp2_train.train(model, vocab, a.seq, a.mbs, a.steps, a.accum, rank)
     tok = a.mbs * a.seq * a.accum / steady
     h, L = cfg.hidden_size, cfg.num_hidden_layers
     full = sum(1 for t in cfg.layer_types if t == "full_attention")

@@ -12,11 +12,11 @@ num_experts_per_tok experts of each sparse layer, the LM head; not the embedding
 import argparse
 import json
 import os
-import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+import fsdp2_train  # bench/e2e, the script's folder
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 SIZES = {  # hidden, layers, heads, kv, head_dim, moe_intermediate, experts, top_k, vocab, tied
@@ -52,30 +52,7 @@ def main():
         model = Qwen3MoeForCausalLM(cfg)
     nparam = sum(p.numel() for p in model.parameters())
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in model.model.layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-    times = []
-    peak = 0.0
-    for step in range(a.steps):
-        torch.cuda.synchronize()
-        t0 = time.time()
-        for m in range(a.accum):
-            ids = torch.randint(0, vocab, (a.mbs, a.seq), device="cuda")
-            if a.accum > 1 and hasattr(model, "set_requires_gradient_sync"):
-                model.set_requires_gradient_sync(m == a.accum - 1)  # reduce-scatter once per step
-            out = model(input_ids=ids, labels=ids)
-            (out.loss / a.accum).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        times.append(time.time() - t0)
-        peak = max(peak, torch.cuda.max_memory_allocated() / 2**30)
-        if rank == 0:
-            print(f"step {step} loss {out.loss.item():.4f} {times[-1]:.3f}s", flush=True)
-    steady = sorted(times[3:])[len(times[3:]) // 2]
+    steady, peak = fsdp2_train.train(model, vocab, a.seq, a.mbs, a.steps, a.accum, rank)
     tok = a.mbs * a.seq * a.accum / steady
     q_dim = nh * hd
     attn = h * q_dim * 2 + h * kv * hd * 2  # q, o; k, v

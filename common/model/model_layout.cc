@@ -249,13 +249,22 @@ double ModelLayout::ModelFlopsPerToken(int64_t seq_len) const {
   const ModelConfig& c = config;
   double matmul = static_cast<double>(ActiveParamCount()) - static_cast<double>(c.vocab_size * c.hidden_size);
   if (c.tie_word_embeddings) matmul += static_cast<double>(c.vocab_size * c.hidden_size);
-  const double attention_layers = static_cast<double>(c.num_hidden_layers - c.NumLinearAttentionLayers());
+  // Causal attention, forward and backward: 12 x q_dim FLOPs per key a query sees, seq_len / 2 keys on
+  // average over a row (the peers' 6 x seq_len x q_dim); a sliding layer's window W < seq_len sees
+  // W - W^2 / (2 seq_len) on average (the band's area over the row: attention FLOPs as run).
+  double attention_keys = 0;
+  const double seq = static_cast<double>(seq_len);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.IsLinearAttentionLayer(l)) continue;
+    const double w = static_cast<double>(c.AttentionWindow(l));
+    attention_keys += (w > 0 && w < seq) ? w - w * w / (2.0 * seq) : seq / 2.0;
+  }
   // A Gated DeltaNet layer's recurrence per token and value head: S^T k, k u^T and S^T q, each
   // 2 x key_head_dim x value_head_dim, forward; x 3 with backward (the chunked kernels' extra
   // intra-chunk work is not counted, as attention's recompute is not).
   const LinearAttentionConfig& la = c.linear;
   const double linear = 3.0 * 6.0 * static_cast<double>(la.num_value_heads * la.key_head_dim * la.value_head_dim);
-  return 6.0 * matmul + 6.0 * attention_layers * seq_len * c.q_dim() +
+  return 6.0 * matmul + 12.0 * attention_keys * static_cast<double>(c.q_dim()) +
          static_cast<double>(c.NumLinearAttentionLayers()) * linear;
 }
 

@@ -225,5 +225,20 @@ TEST(SlidingWindowConfig, UnitLayoutCarriesEachLayersWindow) {
   EXPECT_EQ(layout.units[3].attention_window, 0);
 }
 
+// Model FLOPs count a sliding layer's attention as run: the band's area over the row, W - W^2 / (2 S)
+// keys per query on average against a full layer's S / 2; a window covering the row is full.
+TEST(SlidingWindowConfig, ModelFlopsCountTheBand) {
+  ModelConfig q = *ModelConfig::Preset("tiny-qwen2");
+  const double full = ModelLayout::Build(q).ModelFlopsPerToken(1024);
+  const double per_key = 12.0 * static_cast<double>(q.q_dim());
+  q.sliding_window = 256;
+  q.layer_spans = {AttentionSpan::kSliding, AttentionSpan::kFull};
+  const double band = 256.0 - 256.0 * 256.0 / (2.0 * 1024.0);
+  EXPECT_DOUBLE_EQ(ModelLayout::Build(q).ModelFlopsPerToken(1024), full - per_key * (512.0 - band));
+  // A window covering the row is full attention.
+  EXPECT_DOUBLE_EQ(ModelLayout::Build(q).ModelFlopsPerToken(256),
+                   ModelLayout::Build(*ModelConfig::Preset("tiny-qwen2")).ModelFlopsPerToken(256));
+}
+
 }  // namespace
 }  // namespace slidedp
