@@ -431,5 +431,43 @@ TEST(Prepare, RefusesNonEmptyOutputWithoutOverwrite) {
   EXPECT_TRUE(Prepare(o).ok());
 }
 
+// A SentencePiece-style tokenizer (Mistral's structure: Prepend + Replace normalizer, byte
+// fallback; tests/data/tokenizer/sentencepiece/mistral) prepares text and prompt/completion
+// records: the ids are the tokenizer's own, and the loss mask splits at the completion although
+// its leading space became part of a `▁` token.
+TEST(Prepare, SentencePieceStyleTokenizer) {
+  const std::string dir = TempPath("sp_model");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::create_symlink(SourceDir() + "/tests/data/tokenizer/sentencepiece/mistral/tokenizer.json", dir + "/tokenizer.json");
+  std::ofstream(dir + "/tokenizer_config.json") << R"({"bos_token": "<s>", "eos_token": "</s>"})";
+  auto tok = tok::Tokenizer::FromFile(dir + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::string text = "Emoji \U0001F600 and \u4e2d\u6587 fall back to bytes.";
+  const std::string text_in = WriteFile("sp_text.jsonl", json({{"text", text}}).dump() + "\n");
+  const std::string pc_in =
+      WriteFile("sp_pc.jsonl", json({{"prompt", "Translate: cat"}, {"completion", " chat"}}).dump() + "\n");
+  PrepareOptions o = BaseOptions("sp_out", {text_in, pc_in});
+  o.model_dir = dir;
+  auto s = Prepare(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->train.documents, 2);
+  auto r = data::DatasetReader::Open(s->train.dir, {.model_vocab_size = (*tok)->vocab_size()});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto& ds = **r;
+  std::vector<uint32_t> tokens(ds.num_tokens());
+  std::vector<uint8_t> mask(ds.num_tokens());
+  ASSERT_TRUE(ds.ReadTokens(0, ds.num_tokens(), tokens.data(), mask.data()).ok());
+  const auto off = ds.doc_offsets();
+  std::vector<uint32_t> want = (*tok)->Encode(text + "</s>");
+  EXPECT_EQ(std::vector<uint32_t>(tokens.begin() + off[0], tokens.begin() + off[1]), want);
+  EXPECT_EQ((*tok)->Decode(want), text + "</s>");
+  std::string trained;
+  for (uint64_t t = off[1]; t < off[2]; ++t) {
+    if (mask[t]) trained += (*tok)->TokenBytes(tokens[t]);
+  }
+  EXPECT_EQ(trained, "\u2581chat</s>");
+}
+
 }  // namespace
 }  // namespace slidedp::prepare

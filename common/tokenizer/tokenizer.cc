@@ -1,7 +1,9 @@
-// Byte-level BPE matching HF tokenizers: load, encode (added tokens, NFC, regex split, BPE), decode.
+// BPE matching HF tokenizers: load, encode (added tokens, NFC, regex split, BPE), decode; the
+// SentencePiece-style models' own steps are in sentencepiece_bpe.cc.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "common/tokenizer/tokenizer.h"
 #include "common/tokenizer/onig_to_pcre2.h"
+#include "common/tokenizer/sentencepiece_bpe.h"
 #include "common/io/json_depth.h"
 
 #include <pcre2.h>
@@ -16,10 +18,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <queue>
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
@@ -94,8 +96,6 @@ bool IsAscii(absl::string_view s) {
 // The pre-tokenizer pattern ByteLevel uses when its use_regex is true (GPT-2).
 constexpr char kGpt2Pattern[] = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-std::atomic<uint64_t> g_next_instance{1};
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -160,18 +160,11 @@ ThreadMatchState& MatchState() {
 }
 }  // namespace
 
-// Per-thread cache of BPE results for short pieces (words repeat heavily in real text).
-struct Tokenizer::WordCache {
-  uint64_t owner = 0;
-  absl::flat_hash_map<std::string, std::vector<uint32_t>> map;
-};
-
 namespace {
-constexpr size_t kCacheMaxEntries = 1 << 16;
 constexpr size_t kCacheMaxWordBytes = 64;
 }  // namespace
 
-Tokenizer::Tokenizer() : instance_id_(g_next_instance.fetch_add(1)) {}
+Tokenizer::Tokenizer() : instance_id_(NextCacheOwner()) {}
 Tokenizer::~Tokenizer() = default;
 
 // ---------------------------------------------------------------------------------------------
@@ -204,14 +197,14 @@ absl::StatusOr<uint32_t> JsonTokenId(const json& v, absl::string_view what) {
 // The parts of tokenizer.json FromJson reads; each throws json::exception on a missing key or a
 // value of the wrong type, which FromJson reports.
 
-// The model must be a byte-level BPE without byte_fallback or dropout.
-absl::Status CheckBpeModel(const json& model) {
+// The model of a tokenizer with a ByteLevel pre-tokenizer must be a BPE without byte_fallback or dropout.
+absl::Status CheckByteLevelModel(const json& model) {
   if (model.value("type", std::string("BPE")) != "BPE") {
     return absl::UnimplementedError(absl::StrCat("tokenizer model type ", model.value("type", std::string()),
                                                  " (only byte-level BPE is supported)"));
   }
   if (model.contains("byte_fallback") && model["byte_fallback"].is_boolean() && model["byte_fallback"].get<bool>()) {
-    return absl::UnimplementedError("BPE byte_fallback (SentencePiece-style) tokenizers are not supported");
+    return absl::UnimplementedError("BPE byte_fallback with a ByteLevel pre-tokenizer is not supported");
   }
   if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() > 0) {
     return absl::UnimplementedError("BPE dropout is not supported");
@@ -245,15 +238,18 @@ class ByteLevelAlphabet {
 
 using VocabEntries = std::vector<std::pair<uint32_t, std::string>>;  // (id, raw bytes)
 
-// The vocabulary into *bytes_to_id (raw bytes -> id); returns its entries, in the file's order.
-absl::StatusOr<VocabEntries> ReadVocab(const json& vocab, const ByteLevelAlphabet& alphabet,
+// The vocabulary into *bytes_to_id; returns its entries, in the file's order. With `alphabet`
+// (byte-level) the keys become raw bytes, without (SentencePiece-style) they stay as written.
+absl::StatusOr<VocabEntries> ReadVocab(const json& vocab, const ByteLevelAlphabet* alphabet,
                                        absl::flat_hash_map<std::string, uint32_t>* bytes_to_id) {
   std::string bytes;
   bytes_to_id->reserve(vocab.size());
   VocabEntries entries;
   entries.reserve(vocab.size());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!alphabet.ToBytes(it.key(), &bytes)) {
+    if (alphabet == nullptr) {
+      bytes = it.key();
+    } else if (!alphabet->ToBytes(it.key(), &bytes)) {
       return absl::UnimplementedError(
           absl::StrCat("vocabulary entry \"", it.key(), "\" is not in the byte-level alphabet (not a byte-level BPE)"));
     }
@@ -277,32 +273,33 @@ absl::Status ReadByteIds(const absl::flat_hash_map<std::string, uint32_t>& bytes
   return absl::OkStatus();
 }
 
-struct MergeRule {
-  uint64_t pair = 0;  // left id << 32 | right id
-  uint32_t rank = 0;
-  uint32_t new_id = 0;
-};
-
-// Merges: either ["a", "b"] pairs (tokenizers >= 0.20) or "a b" strings; in rank order.
-absl::StatusOr<std::vector<MergeRule>> ReadMerges(const json& merges, const ByteLevelAlphabet& alphabet,
-                                                  const absl::flat_hash_map<std::string, uint32_t>& bytes_to_id) {
-  std::vector<MergeRule> rules;
-  rules.reserve(merges.size());
+// Merges: either ["a", "b"] pairs (tokenizers >= 0.20) or "a b" strings (HF: "#version" lines
+// skipped, exactly two parts split at spaces); in rank order. `alphabet` as for ReadVocab.
+absl::StatusOr<MergeMap> ReadMerges(const json& merges, const ByteLevelAlphabet* alphabet,
+                                    const absl::flat_hash_map<std::string, uint32_t>& bytes_to_id) {
+  MergeMap map;
+  map.reserve(merges.size());
   std::string left, right;
-  for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const json& m = merges[rank];
+  uint32_t rank = 0;
+  for (const json& m : merges) {
     std::string a, b;
     if (m.is_array()) {
       a = m.at(0).get<std::string>();
       b = m.at(1).get<std::string>();
     } else {
       const std::string s = m.get<std::string>();
-      const size_t sp = s.find(' ', 1);
-      if (sp == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("merge ", rank, " \"", s, "\""));
+      if (absl::StartsWith(s, "#version")) continue;
+      const size_t sp = s.find(' ');
+      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat("merge ", rank, " \"", s, "\" is not two tokens"));
+      }
       a = s.substr(0, sp);
       b = s.substr(sp + 1);
     }
-    if (!alphabet.ToBytes(a, &left) || !alphabet.ToBytes(b, &right)) {
+    if (alphabet == nullptr) {
+      left = a;
+      right = b;
+    } else if (!alphabet->ToBytes(a, &left) || !alphabet->ToBytes(b, &right)) {
       return absl::InvalidArgumentError(absl::StrCat("merge ", rank, " is not byte-level"));
     }
     auto la = bytes_to_id.find(left), lb = bytes_to_id.find(right), lm = bytes_to_id.find(left + right);
@@ -310,9 +307,11 @@ absl::StatusOr<std::vector<MergeRule>> ReadMerges(const json& merges, const Byte
       return absl::InvalidArgumentError(
           absl::StrCat("merge ", rank, " (\"", a, "\", \"", b, "\") refers to a token missing from the vocabulary"));
     }
-    rules.push_back({(static_cast<uint64_t>(la->second) << 32) | lb->second, static_cast<uint32_t>(rank), lm->second});
+    // HF collects the merges into a map: a pair listed twice keeps its later rank.
+    map.insert_or_assign(MergeKey(la->second, lb->second), MergeTarget{rank, lm->second});
+    ++rank;
   }
-  return rules;
+  return map;
 }
 
 absl::StatusOr<std::vector<AddedToken>> ReadAddedTokens(const json& j) {
@@ -331,11 +330,10 @@ absl::StatusOr<std::vector<AddedToken>> ReadAddedTokens(const json& j) {
   return added;
 }
 
-// The tables indexed by id (vocabulary and added tokens), and the added tokens by first byte.
+// The tables indexed by id (vocabulary and added tokens).
 struct IdTables {
   std::vector<std::string> id_to_bytes;
   std::vector<uint8_t> is_special;
-  std::vector<std::vector<int>> added_by_first_byte;  // 256 lists of indexes into the added tokens, longest first
 };
 
 absl::StatusOr<IdTables> BuildIdTables(VocabEntries entries, const std::vector<AddedToken>& added) {
@@ -354,16 +352,9 @@ absl::StatusOr<IdTables> BuildIdTables(VocabEntries entries, const std::vector<A
   t.id_to_bytes.assign(size_t{max_id} + 1, std::string());
   t.is_special.assign(size_t{max_id} + 1, 0);
   for (auto& [id, b] : entries) t.id_to_bytes[id] = std::move(b);
-  t.added_by_first_byte.assign(256, {});
-  for (size_t i = 0; i < added.size(); ++i) {
-    const AddedToken& a = added[i];
+  for (const AddedToken& a : added) {
     t.id_to_bytes[a.id] = a.content;
     t.is_special[a.id] = a.special ? 1 : 0;
-    t.added_by_first_byte[static_cast<unsigned char>(a.content[0])].push_back(static_cast<int>(i));
-  }
-  for (auto& list : t.added_by_first_byte) {
-    std::stable_sort(list.begin(), list.end(),
-                     [&](int x, int y) { return added[x].content.size() > added[y].content.size(); });
   }
   return t;
 }
@@ -423,21 +414,43 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
   std::unique_ptr<Tokenizer> t(new Tokenizer());
   try {
     const json& model = j.at("model");
-    RETURN_IF_ERROR(CheckBpeModel(model));
-    t->ignore_merges_ = model.value("ignore_merges", false);
+    if (model.value("type", std::string("BPE")) != "BPE") {
+      return absl::UnimplementedError(
+          absl::StrCat("tokenizer model type ", model.value("type", std::string()), " (only BPE is supported)"));
+    }
+    // Byte-level vocabularies are written in GPT-2's alphabet; SentencePiece-style ones as text.
+    const bool sentencepiece = IsSentencePieceStyle(j);
     const ByteLevelAlphabet alphabet;
-    ASSIGN_OR_RETURN(VocabEntries entries, ReadVocab(model.at("vocab"), alphabet, &t->bytes_to_id_));
-    RETURN_IF_ERROR(ReadByteIds(t->bytes_to_id_, t->byte_id_));
-    ASSIGN_OR_RETURN(const std::vector<MergeRule> merges, ReadMerges(model.at("merges"), alphabet, t->bytes_to_id_));
-    t->merges_.reserve(merges.size());
-    for (const MergeRule& m : merges) {
-      t->merges_.try_emplace(m.pair, MergeTarget{m.rank, m.new_id});  // first (lowest) rank wins
+    const ByteLevelAlphabet* byte_level = sentencepiece ? nullptr : &alphabet;
+    if (byte_level != nullptr) RETURN_IF_ERROR(CheckByteLevelModel(model));
+    ASSIGN_OR_RETURN(VocabEntries entries, ReadVocab(model.at("vocab"), byte_level, &t->bytes_to_id_));
+    ASSIGN_OR_RETURN(MergeMap merges, ReadMerges(model.at("merges"), byte_level, t->bytes_to_id_));
+    if (sentencepiece) {
+      ASSIGN_OR_RETURN(t->sp_, SentencePieceBpe::FromJson(j, t->bytes_to_id_, std::move(merges)));
+      for (auto& entry : entries) entry.second = t->sp_->EntryText(entry.second);
+    } else {
+      t->merges_ = std::move(merges);
+      t->ignore_merges_ = model.value("ignore_merges", false);
+      RETURN_IF_ERROR(ReadByteIds(t->bytes_to_id_, t->byte_id_));
     }
     ASSIGN_OR_RETURN(t->added_, ReadAddedTokens(j));
     ASSIGN_OR_RETURN(IdTables ids, BuildIdTables(std::move(entries), t->added_));
     t->id_to_bytes_ = std::move(ids.id_to_bytes);
     t->is_special_ = std::move(ids.is_special);
-    t->added_by_first_byte_ = std::move(ids.added_by_first_byte);
+    t->added_matcher_ = AddedTokenMatcher(t->added_);
+    // Byte-level tokenizers load whatever their post-processor (prepare does not apply it); only
+    // AddSpecialTokens reports one it cannot apply. SentencePieceBpe::FromJson refused those.
+    auto post = ReadPostProcessor(j.value("post_processor", json()));
+    if (post.ok()) {
+      t->special_before_ = std::move(post->before);
+      t->special_after_ = std::move(post->after);
+    } else {
+      t->post_processor_status_ = post.status();
+    }
+    if (sentencepiece) {
+      for (const AddedToken& a : t->added_) t->sp_->SetTokenText(a.id, a.content);
+      return t;
+    }
     ASSIGN_OR_RETURN(t->nfc_, ReadNfc(j));
     ASSIGN_OR_RETURN(const std::string pattern, ReadSplitPattern(j.at("pre_tokenizer")));
     ASSIGN_OR_RETURN(const std::string hf_pattern, OnigToPcre2(pattern, Classes::kHf));
@@ -533,34 +546,26 @@ std::vector<uint32_t> Tokenizer::Encode(absl::string_view text, SpecialTokens sp
   std::vector<uint32_t> ids;
   ids.reserve(text.size() / 3 + 4);
   if (starts != nullptr) starts->clear();
-  // Added tokens first: leftmost-longest, scanning for bytes that can start one.
+  // Added tokens first: leftmost-longest.
   size_t plain_begin = 0, i = 0;
   // `base` tracks offsets in the normalized output text (pieces may change length under NFC).
   uint32_t base = 0;
   const bool any_added = !added_.empty();
+  const SkipSpecialMatches skip = special == SpecialTokens::kAsText ? SkipSpecialMatches::kYes : SkipSpecialMatches::kNo;
   while (any_added && i < text.size()) {
-    const auto& cands = added_by_first_byte_[static_cast<unsigned char>(text[i])];
-    const AddedToken* hit = nullptr;
-    for (int idx : cands) {
-      const AddedToken& a = added_[idx];
-      if (special == SpecialTokens::kAsText && a.special) continue;
-      if (text.size() - i >= a.content.size() &&
-          std::memcmp(text.data() + i, a.content.data(), a.content.size()) == 0) {
-        hit = &a;
-        break;
-      }
-    }
-    if (hit == nullptr) {
+    const int index = added_matcher_.LongestAt(text, i, skip);
+    if (index < 0) {
       ++i;
       continue;
     }
+    const AddedToken* hit = &added_[index];
     if (i > plain_begin) {
       const size_t before = ids.size();
-      (void)before;
       EncodePlain(text.substr(plain_begin, i - plain_begin), base, normalized, &ids, starts);
       // base advances by the normalized length, which EncodePlain reports through starts only;
-      // recompute it from the token bytes just emitted.
+      // recompute it from the token bytes just emitted (SentencePiece-style: offsets in `text`).
       for (size_t k = before; k < ids.size(); ++k) base += static_cast<uint32_t>(id_to_bytes_[ids[k]].size());
+      if (sp_ != nullptr) base = static_cast<uint32_t>(i);
     }
     ids.push_back(hit->id);
     if (starts != nullptr) starts->push_back(base);
@@ -604,6 +609,10 @@ void Tokenizer::ForEachPiece(absl::string_view text, PieceFn&& piece) const {
 
 void Tokenizer::EncodePlain(absl::string_view text, uint32_t base, Normalized normalized, std::vector<uint32_t>* ids,
                             std::vector<uint32_t>* starts) const {
+  if (sp_ != nullptr) {
+    sp_->Encode(text, base, ids, starts);
+    return;
+  }
   std::string norm;
   if (nfc_ && normalized == Normalized::kNo && !IsAscii(text)) {
     norm = NfcNormalize(text);
@@ -615,6 +624,7 @@ void Tokenizer::EncodePlain(absl::string_view text, uint32_t base, Normalized no
 }
 
 std::vector<std::string> Tokenizer::PreTokenize(absl::string_view text) const {
+  if (sp_ != nullptr) return sp_->PreTokenize(RepairUtf8(text));
   std::string fixed = RepairUtf8(text);
   if (nfc_) fixed = NfcNormalize(fixed);
   std::vector<std::string> pieces;
@@ -628,18 +638,13 @@ void Tokenizer::EncodePiece(absl::string_view piece, uint32_t base, std::vector<
   if (piece.size() == 1) {
     ids->push_back(byte_id_[static_cast<unsigned char>(piece[0])]);
   } else if (piece.size() <= kCacheMaxWordBytes) {
-    thread_local WordCache cache;
-    if (cache.owner != instance_id_) {
-      cache.map.clear();
-      cache.owner = instance_id_;
-    }
-    auto it = cache.map.find(piece);
-    if (it != cache.map.end()) {
+    auto& cache = PieceCache<std::vector<uint32_t>>::For(instance_id_);
+    auto it = cache.find(piece);
+    if (it != cache.end()) {
       ids->insert(ids->end(), it->second.begin(), it->second.end());
     } else {
       Bpe(piece, ids);
-      if (cache.map.size() >= kCacheMaxEntries) cache.map.clear();
-      cache.map.emplace(std::string(piece), std::vector<uint32_t>(ids->begin() + first, ids->end()));
+      cache.emplace(std::string(piece), std::vector<uint32_t>(ids->begin() + first, ids->end()));
     }
   } else {
     Bpe(piece, ids);
@@ -653,9 +658,7 @@ void Tokenizer::EncodePiece(absl::string_view piece, uint32_t base, std::vector<
   }
 }
 
-// Merges by rank. Short pieces: a linear scan for the lowest-rank adjacent pair (leftmost on ties).
-// Long pieces: HF's own algorithm (a min-heap on (rank, position) with stale entries skipped),
-// which produces the same merges in O(n log n).
+// Byte-level BPE: one symbol per byte, then merges by rank (bpe_merge.h).
 void Tokenizer::Bpe(absl::string_view piece, std::vector<uint32_t>* out) const {
   if (ignore_merges_) {
     auto it = bytes_to_id_.find(piece);
@@ -664,77 +667,16 @@ void Tokenizer::Bpe(absl::string_view piece, std::vector<uint32_t>* out) const {
       return;
     }
   }
-  const size_t n = piece.size();
-  constexpr uint32_t kNone = UINT32_MAX;
-  auto lookup = [&](uint32_t a, uint32_t b) -> MergeTarget {
-    auto it = merges_.find((static_cast<uint64_t>(a) << 32) | b);
-    return it == merges_.end() ? MergeTarget{kNone, 0} : it->second;
-  };
-  if (n <= 48) {
-    uint32_t sym[48];
-    MergeTarget pair[48];
-    size_t m = n;
-    for (size_t i = 0; i < n; ++i) sym[i] = byte_id_[static_cast<unsigned char>(piece[i])];
-    for (size_t i = 0; i + 1 < m; ++i) pair[i] = lookup(sym[i], sym[i + 1]);
-    while (m > 1) {
-      size_t best = 0;
-      for (size_t i = 1; i + 1 < m; ++i) {
-        if (pair[i].rank < pair[best].rank) best = i;
-      }
-      if (pair[best].rank == kNone) break;
-      sym[best] = pair[best].new_id;
-      for (size_t i = best + 1; i + 1 < m; ++i) sym[i] = sym[i + 1];
-      for (size_t i = best + 1; i + 2 < m; ++i) pair[i] = pair[i + 1];
-      --m;
-      if (best > 0) pair[best - 1] = lookup(sym[best - 1], sym[best]);
-      if (best + 1 < m) pair[best] = lookup(sym[best], sym[best + 1]);
-    }
-    out->insert(out->end(), sym, sym + m);
-    return;
+  constexpr size_t kStackSymbols = 64;
+  uint32_t on_stack[kStackSymbols];
+  std::vector<uint32_t> on_heap;
+  uint32_t* sym = on_stack;
+  if (piece.size() > kStackSymbols) {
+    on_heap.resize(piece.size());
+    sym = on_heap.data();
   }
-  struct Symbol {
-    uint32_t id;
-    int32_t prev, next;
-    bool alive;
-  };
-  std::vector<Symbol> s(n);
-  for (size_t i = 0; i < n; ++i) {
-    s[i] = {byte_id_[static_cast<unsigned char>(piece[i])], static_cast<int32_t>(i) - 1,
-            i + 1 < n ? static_cast<int32_t>(i + 1) : -1, true};
-  }
-  struct Candidate {
-    uint32_t rank;
-    uint32_t pos;
-    uint32_t new_id;
-    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-  };
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
-  for (size_t i = 0; i + 1 < n; ++i) {
-    MergeTarget t = lookup(s[i].id, s[i + 1].id);
-    if (t.rank != kNone) queue.push({t.rank, static_cast<uint32_t>(i), t.new_id});
-  }
-  while (!queue.empty()) {
-    const Candidate top = queue.top();
-    queue.pop();
-    Symbol& left = s[top.pos];
-    if (!left.alive || left.next < 0) continue;
-    Symbol& right = s[left.next];
-    const MergeTarget now = lookup(left.id, right.id);
-    if (now.rank == kNone || now.new_id != top.new_id) continue;  // stale entry
-    left.id = top.new_id;
-    right.alive = false;
-    left.next = right.next;
-    if (left.next >= 0) s[left.next].prev = static_cast<int32_t>(top.pos);
-    if (left.prev >= 0) {
-      MergeTarget t = lookup(s[left.prev].id, left.id);
-      if (t.rank != kNone) queue.push({t.rank, static_cast<uint32_t>(left.prev), t.new_id});
-    }
-    if (left.next >= 0) {
-      MergeTarget t = lookup(left.id, s[left.next].id);
-      if (t.rank != kNone) queue.push({t.rank, top.pos, t.new_id});
-    }
-  }
-  for (int32_t i = 0; i >= 0; i = s[i].next) out->push_back(s[i].id);
+  for (size_t i = 0; i < piece.size(); ++i) sym[i] = byte_id_[static_cast<unsigned char>(piece[i])];
+  MergeByRank(merges_, absl::MakeConstSpan(sym, piece.size()), out);
 }
 
 std::vector<std::vector<uint32_t>> Tokenizer::EncodeBatch(absl::Span<const std::string> texts, int threads,
@@ -760,6 +702,15 @@ std::vector<std::vector<uint32_t>> Tokenizer::EncodeBatch(absl::Span<const std::
 // Decoding and lookups
 
 std::string Tokenizer::Decode(absl::Span<const uint32_t> ids, SkipSpecial skip) const {
+  if (sp_ != nullptr) {
+    std::vector<std::string> tokens;
+    tokens.reserve(ids.size());
+    for (uint32_t id : ids) {
+      if (skip == SkipSpecial::kYes && id < is_special_.size() && is_special_[id]) continue;
+      if (const std::string* text = sp_->TokenText(id)) tokens.push_back(*text);
+    }
+    return sp_->Decode(std::move(tokens));
+  }
   std::string bytes;
   for (uint32_t id : ids) {
     if (id >= id_to_bytes_.size()) continue;
@@ -767,6 +718,14 @@ std::string Tokenizer::Decode(absl::Span<const uint32_t> ids, SkipSpecial skip) 
     bytes += id_to_bytes_[id];
   }
   return IsValidUtf8(bytes) ? bytes : RepairUtf8(bytes);
+}
+
+absl::StatusOr<std::vector<uint32_t>> Tokenizer::AddSpecialTokens(absl::Span<const uint32_t> ids) const {
+  RETURN_IF_ERROR(post_processor_status_);
+  std::vector<uint32_t> out = special_before_;
+  out.insert(out.end(), ids.begin(), ids.end());
+  out.insert(out.end(), special_after_.begin(), special_after_.end());
+  return out;
 }
 
 absl::StatusOr<uint32_t> Tokenizer::TokenId(absl::string_view token_text) const {

@@ -1,7 +1,6 @@
-// Byte-level BPE tokenizer that loads HF tokenizer.json (Qwen2/Qwen2.5/Qwen3/Qwen3.5, Llama-3 kind)
-// and produces the same ids as HF `tokenizers` (0.23.2).
-//
-// Pipeline (as HF runs it for these models):
+// Tokenizer that loads HF tokenizer.json and produces the same ids as HF `tokenizers` (0.23.2), for
+// two families of BPE models:
+//   byte-level BPE (Qwen2/Qwen2.5/Qwen3/Qwen3.5, the Llama-3 kind), run here as HF runs it:
 //   1. invalid UTF-8 is replaced by U+FFFD per maximal subpart (what Python's
 //      bytes.decode("utf-8", "replace") and Rust's from_utf8_lossy do before HF ever sees text);
 //   2. added tokens (<|im_start|>, <think>, ...) are matched first, leftmost-longest, and emitted
@@ -14,7 +13,10 @@
 //      of lowest merge rank (leftmost on ties); ignore_merges (Llama-3) emits a whole piece that is
 //      itself in the vocabulary directly;
 //   6. ids; decode concatenates token bytes and replaces invalid UTF-8 with U+FFFD.
-// Limits: BPE models only (no WordPiece/Unigram), no byte_fallback/dropout/unk, added tokens with
+//   SentencePiece-style BPE (Llama 2, Mistral, Gemma: no ByteLevel pre-tokenizer): steps 1-2 as
+//   above, then the `▁` normalizers / pre-tokenizers, character BPE with byte fallback and the
+//   decoders of sentencepiece_bpe.h.
+// Limits: BPE models only (no WordPiece/Unigram), no dropout; added tokens with
 // lstrip/rstrip/single_word are rejected at load (none of the supported models use them).
 //
 // Thread-safety: a loaded Tokenizer is immutable; Encode may be called from many threads (each
@@ -30,6 +32,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/tokenizer/added_tokens.h"
+#include "common/tokenizer/bpe_merge.h"
 
 namespace slidedp::tok {
 
@@ -38,13 +42,11 @@ enum class SpecialTokens {
   kAsText,     // added tokens in the text are tokenized as ordinary text
 };
 enum class SkipSpecial { kNo, kYes };
-enum class Normalized { kNo, kAlready };  // kAlready: the caller guarantees the text is NFC
+// kAlready: the caller guarantees the text is NFC (meaningful for NFC tokenizers only).
+enum class Normalized { kNo, kAlready };
 
-struct AddedToken {
-  uint32_t id = 0;
-  std::string content;
-  bool special = false;
-};
+class SentencePieceBpe;
+
 
 class Tokenizer {
  public:
@@ -53,9 +55,11 @@ class Tokenizer {
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(absl::string_view json_text);
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromFile(const std::string& path);
 
-  // Ids of `text`. If `starts` is given, it receives each token's first byte offset in the
-  // (UTF-8-repaired, normalized) text; with Normalized::kAlready and valid UTF-8 input those are
-  // offsets into `text` itself.
+  // Ids of `text`, as HF's encode(text, add_special_tokens=False). If `starts` is given, it
+  // receives each token's first byte offset in the (UTF-8-repaired, normalized) text; with
+  // Normalized::kAlready and valid UTF-8 input those are offsets into `text` itself. For
+  // SentencePiece-style tokenizers they are always offsets into the UTF-8-repaired `text` (HF's
+  // token offsets: `▁` counts as the space it replaced, a prepended one as the first character).
   std::vector<uint32_t> Encode(absl::string_view text, SpecialTokens special = SpecialTokens::kRecognize,
                                Normalized normalized = Normalized::kNo, std::vector<uint32_t>* starts = nullptr) const;
 
@@ -63,7 +67,15 @@ class Tokenizer {
   std::vector<std::vector<uint32_t>> EncodeBatch(absl::Span<const std::string> texts, int threads,
                                                  SpecialTokens special = SpecialTokens::kRecognize) const;
 
+  // HF's decode: byte-level, the tokens' bytes with invalid UTF-8 repaired; SentencePiece-style,
+  // tokenizer.json's decoder (Replace / ByteFallback / Fuse / Strip / Metaspace).
   std::string Decode(absl::Span<const uint32_t> ids, SkipSpecial skip = SkipSpecial::kNo) const;
+
+  // `ids` with the special tokens tokenizer.json's post-processor puts around one sequence (HF's
+  // encode with add_special_tokens=True: Llama 2's <s>, Gemma's <bos>, Llama 3's
+  // <|begin_of_text|>); UNIMPLEMENTED, naming it, for a post-processor other than
+  // TemplateProcessing / ByteLevel / a Sequence of them (refused at load for SentencePiece-style).
+  absl::StatusOr<std::vector<uint32_t>> AddSpecialTokens(absl::Span<const uint32_t> ids) const;
 
   // The pieces the pre-tokenizer cuts `text` into (UTF-8 repaired, normalized; added tokens are
   // not matched), as raw bytes: what HF's normalizer then pre_tokenizer give, for comparisons
@@ -72,7 +84,9 @@ class Tokenizer {
 
   // Id of a vocabulary entry or added token given as text (e.g. "<|im_end|>"), or NOT_FOUND.
   absl::StatusOr<uint32_t> TokenId(absl::string_view token_text) const;
-  // Raw bytes of a token (the byte-level mapping undone); empty for ids outside the vocabulary.
+  // Raw bytes of a token (the byte-level mapping undone; SentencePiece-style: the entry as it
+  // stands in the normalized text, `▁` kept, a <0xNN> token that byte); empty for ids outside the
+  // vocabulary. The tokens' bytes, concatenated, are the normalized text.
   const std::string& TokenBytes(uint32_t id) const;
 
   // One past the largest id (vocab and added tokens): every id Encode returns is below it.
@@ -89,7 +103,6 @@ class Tokenizer {
  private:
   Tokenizer();
   struct Regex;
-  struct WordCache;
   template <typename PieceFn>
   void ForEachPiece(absl::string_view text, PieceFn&& piece) const;
   void EncodePlain(absl::string_view text, uint32_t base, Normalized normalized, std::vector<uint32_t>* ids,
@@ -97,22 +110,22 @@ class Tokenizer {
   void EncodePiece(absl::string_view piece, uint32_t base, std::vector<uint32_t>* ids,
                    std::vector<uint32_t>* starts) const;
   void Bpe(absl::string_view piece, std::vector<uint32_t>* out) const;
-
-  struct MergeTarget {
-    uint32_t rank;
-    uint32_t new_id;
-  };
-  absl::flat_hash_map<std::string, uint32_t> bytes_to_id_;        // vocab with raw-byte keys
+  // The vocabulary: byte-level, with raw-byte keys; SentencePiece-style, as tokenizer.json writes it.
+  absl::flat_hash_map<std::string, uint32_t> bytes_to_id_;
   std::vector<std::string> id_to_bytes_;                            // decode table (added tokens included)
   std::vector<uint8_t> is_special_;                                 // per id
-  absl::flat_hash_map<uint64_t, MergeTarget> merges_;               // (left id << 32 | right id)
+  MergeMap merges_;
   uint32_t byte_id_[256] = {};
   std::vector<AddedToken> added_;
-  std::vector<std::vector<int>> added_by_first_byte_;  // 256 lists of indexes into added_, longest first
+  AddedTokenMatcher added_matcher_;
   std::unique_ptr<Regex> regex_;  // the split regex with HF's Unicode classes
   // The same with PCRE2's own classes, for text none of whose code points they classify otherwise
   // (faster); null when the pattern uses none of those classes.
   std::unique_ptr<Regex> regex_fast_;
+  std::unique_ptr<SentencePieceBpe> sp_;  // set for SentencePiece-style tokenizers
+  // What the post-processor adds around a sequence, or why it cannot be applied.
+  std::vector<uint32_t> special_before_, special_after_;
+  absl::Status post_processor_status_;
   bool nfc_ = false;
   bool ignore_merges_ = false;
   uint64_t instance_id_ = 0;  // keys the per-thread word caches

@@ -1,12 +1,17 @@
 // Tokenizer tests on the real Qwen3 tokenizer.json: HF-produced expected ids for the committed
 // sample (tests/data/tokenizer/sample.jsonl, ids from tools/tokenizer/hf_expected_ids.py),
-// special tokens, offsets, decode round trip, invalid UTF-8 repair as Python/Rust do it; and on a
-// tokenizer.json of Qwen3.5's structure (ids from HF tokenizers through its npm package).
+// special tokens, offsets, decode round trip, invalid UTF-8 repair as Python/Rust do it; on a
+// tokenizer.json of Qwen3.5's structure; and on SentencePiece-style tokenizer.json files of
+// Mistral's, transformers' Metaspace and Gemma 3's structure and variants of them (those ids,
+// offsets and decodes from HF tokenizers through its npm package).
 #include "common/tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "common/tokenizer/corpus.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -214,6 +219,202 @@ TEST(Tokenizer, RejectsUnsupportedModels) {
   EXPECT_EQ(Tokenizer::FromJson(R"({"model": {"type": "WordPiece", "vocab": {}}})").status().code(),
             absl::StatusCode::kUnimplemented);
   EXPECT_FALSE(Tokenizer::FromJson("not json").ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// SentencePiece-style BPE (tests/data/tokenizer/sentencepiece/, made and checked by
+// tools/tokenizer/npm_tokenizers_check.mjs make-sentencepiece / expected / variants).
+
+std::string SentencePieceDir() { return DataDir() + "/sentencepiece"; }
+
+std::vector<nlohmann::json> ReadJsonLines(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in) << path;
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+nlohmann::json ReadJsonFile(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in) << path;
+  return nlohmann::json::parse(in);
+}
+
+// Byte offsets into `text` (valid UTF-8) as code point indexes, as HF's npm offsets count.
+std::vector<uint32_t> CodePointOffsets(const std::string& text, const std::vector<uint32_t>& byte_offsets) {
+  std::vector<uint32_t> index(text.size() + 1);
+  uint32_t chars = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) ++chars;  // a lead byte
+    index[i] = chars - 1;
+  }
+  index[text.size()] = chars;
+  std::vector<uint32_t> out;
+  for (uint32_t o : byte_offsets) out.push_back(index[o]);
+  return out;
+}
+
+class SentencePieceStyle : public ::testing::TestWithParam<const char*> {};
+
+// Every line of the shared sample and of the byte-fallback corpus: HF's ids, token start offsets,
+// decode of the ids, and the post-processor's special tokens.
+TEST_P(SentencePieceStyle, MatchesHfIdsOffsetsAndDecode) {
+  const std::string dir = SentencePieceDir() + "/" + GetParam();
+  auto t = Tokenizer::FromFile(dir + "/tokenizer.json");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_FALSE((*t)->normalizes_nfc());
+  absl::flat_hash_set<uint32_t> added_ids;
+  for (const AddedToken& a : (*t)->added_tokens()) added_ids.insert(a.id);
+  int round_trips = 0;
+  for (const auto& [corpus, expected] : {std::pair<std::string, std::string>{DataDir() + "/sample.jsonl", "sample"},
+                                        {SentencePieceDir() + "/bytes.jsonl", "bytes"}}) {
+    auto docs = ReadCorpusJsonl(corpus);
+    ASSERT_TRUE(docs.ok()) << docs.status();
+    const std::vector<nlohmann::json> want = ReadJsonLines(dir + "/" + expected + ".expected.jsonl");
+    ASSERT_EQ(want.size(), docs->size()) << expected;
+    for (size_t i = 0; i < docs->size(); ++i) {
+      const std::string& doc = (*docs)[i];
+      const std::string where = absl::StrCat(GetParam(), " ", expected, " document ", i, ": ", doc.substr(0, 60));
+      std::vector<uint32_t> starts;
+      const std::vector<uint32_t> ids = (*t)->Encode(doc, SpecialTokens::kRecognize, Normalized::kNo, &starts);
+      const auto want_ids = want[i]["ids"].get<std::vector<uint32_t>>();
+      EXPECT_EQ(ids, want_ids) << where;
+      EXPECT_EQ(CodePointOffsets(Tokenizer::RepairUtf8(doc), starts), want[i]["starts"].get<std::vector<uint32_t>>())
+          << where;
+      EXPECT_EQ((*t)->Decode(want_ids), want[i]["decoded"].get<std::string>()) << where;
+      // Round trip where the decoders allow one: no added token (Prepend's ▁ after it decodes as
+      // a space), no raw ▁ (decodes as a space), no leading space (Metaspace "first" keeps it in
+      // the first ▁, which Strip then removes).
+      const std::string fixed = Tokenizer::RepairUtf8(doc);
+      if (std::none_of(ids.begin(), ids.end(), [&](uint32_t id) { return added_ids.contains(id); }) &&
+          fixed.find("\u2581") == std::string::npos && (fixed.empty() || fixed[0] != ' ')) {
+        EXPECT_EQ((*t)->Decode(ids), fixed) << where;
+        ++round_trips;
+      }
+      std::vector<uint32_t> with_special = want[i]["before"].get<std::vector<uint32_t>>();
+      with_special.insert(with_special.end(), want_ids.begin(), want_ids.end());
+      for (uint32_t id : want[i]["after"]) with_special.push_back(id);
+      auto added = (*t)->AddSpecialTokens(ids);
+      ASSERT_TRUE(added.ok()) << added.status();
+      EXPECT_EQ(*added, with_special) << where;
+      // The tokens' bytes are the normalized text, a <0xNN> token standing for its byte.
+      std::string bytes;
+      for (uint32_t id : ids) bytes += (*t)->TokenBytes(id);
+      if (doc.find_first_of("<[\n\t") == std::string::npos && !doc.empty()) {
+        std::string pieces;
+        for (const std::string& p : (*t)->PreTokenize(doc)) pieces += p;
+        EXPECT_EQ(bytes, pieces) << where;
+      }
+    }
+  }
+  EXPECT_GE(round_trips, 40) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Styles, SentencePieceStyle, ::testing::Values("mistral", "metaspace", "gemma3"));
+
+TEST(SentencePieceBpe, LoadsEachStructure) {
+  auto mistral = Tokenizer::FromFile(SentencePieceDir() + "/mistral/tokenizer.json");
+  ASSERT_TRUE(mistral.ok()) << mistral.status();
+  EXPECT_EQ(*(*mistral)->TokenId("<0x0A>"), *(*mistral)->TokenId("<0x00>") + 10);
+  EXPECT_EQ((*mistral)->TokenBytes(*(*mistral)->TokenId("<0xE4>")), "\xE4");
+  EXPECT_EQ(*(*mistral)->TokenId("[INST]"), 3u);
+  EXPECT_THAT((*mistral)->PreTokenize("a b"), ::testing::ElementsAre("\u2581a\u2581b"));
+  auto gemma = Tokenizer::FromFile(SentencePieceDir() + "/gemma3/tokenizer.json");
+  ASSERT_TRUE(gemma.ok()) << gemma.status();
+  // <image_soft_token> is an added token one past the vocabulary, as in Gemma 3.
+  EXPECT_EQ(*(*gemma)->TokenId("<image_soft_token>"), static_cast<uint32_t>((*gemma)->vocab_size() - 1));
+  // Newlines are added tokens matched before normalization; a run of them is one token.
+  EXPECT_THAT((*gemma)->Encode("\n\n"), ::testing::ElementsAre(*(*gemma)->TokenId("\n\n")));
+  EXPECT_EQ((*gemma)->Decode((*gemma)->Encode("<bos>hi there"), SkipSpecial::kYes), "hi there");
+}
+
+// Variants of the Metaspace-style file (other prepend schemes, split, Split behaviours, unk in
+// place of byte fallback, ignore_merges, other decoders), each against HF on the byte corpus.
+TEST(SentencePieceBpe, VariantsMatchHf) {
+  const nlohmann::json base = ReadJsonFile(SentencePieceDir() + "/metaspace/tokenizer.json");
+  auto docs = ReadCorpusJsonl(SentencePieceDir() + "/bytes.jsonl");
+  ASSERT_TRUE(docs.ok()) << docs.status();
+  const std::vector<nlohmann::json> variants = ReadJsonLines(SentencePieceDir() + "/metaspace/variants.expected.jsonl");
+  EXPECT_GE(variants.size(), 14u);
+  for (const nlohmann::json& v : variants) {
+    nlohmann::json j = base;
+    for (const auto& [key, value] : v["patch"].items()) {
+      if (key == "model") {
+        for (const auto& [field, x] : value.items()) j["model"][field] = x;
+      } else {
+        j[key] = value;
+      }
+    }
+    auto t = Tokenizer::FromJson(j.dump());
+    ASSERT_TRUE(t.ok()) << v["name"] << ": " << t.status();
+    ASSERT_EQ(v["docs"].size(), docs->size());
+    for (size_t i = 0; i < docs->size(); ++i) {
+      const auto want = v["docs"][i]["ids"].get<std::vector<uint32_t>>();
+      EXPECT_EQ((*t)->Encode((*docs)[i]), want) << v["name"] << " document " << i;
+      EXPECT_EQ((*t)->Decode(want), v["docs"][i]["decoded"].get<std::string>()) << v["name"] << " document " << i;
+    }
+  }
+}
+
+// Where tokenizer.json lists a pair twice, HF keeps the later rank (its merges are collected
+// into a map): "abc" then merges b+c first (checked with tokenizers 0.23.2).
+TEST(SentencePieceBpe, DuplicateMergeKeepsLaterRank) {
+  const char* json = R"({"normalizer": null, "pre_tokenizer": null, "decoder": null, "added_tokens": [],
+    "model": {"type": "BPE", "unk_token": null, "byte_fallback": false,
+              "vocab": {"a": 0, "b": 1, "c": 2, "ab": 3, "bc": 4}, "merges": [["a", "b"], ["b", "c"], ["a", "b"]]}})";
+  auto t = Tokenizer::FromJson(json);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT((*t)->Encode("abc"), ::testing::ElementsAre(0u, 4u));
+  EXPECT_THAT((*t)->Encode("abcd"), ::testing::ElementsAre(0u, 4u));  // no unk: "d" is dropped, as in HF
+  EXPECT_EQ((*t)->Decode({3, 2}), "ab c");                            // no decoder: HF joins with spaces
+}
+
+// Each component this build does not implement is refused at load, by name.
+TEST(SentencePieceBpe, RefusesUnsupportedComponentsByName) {
+  const nlohmann::json base = ReadJsonFile(SentencePieceDir() + "/mistral/tokenizer.json");
+  struct Case {
+    const char* key;
+    nlohmann::json value;
+    const char* named;
+  };
+  const std::vector<Case> cases = {
+      {"normalizer", {{"type", "NFKC"}}, "normalizer"},
+      {"normalizer", {{"type", "Replace"}, {"pattern", {{"Regex", " +"}}}, {"content", "x"}}, "String pattern"},
+      {"pre_tokenizer", {{"type", "Whitespace"}}, "pre-tokenizer"},
+      {"decoder", {{"type", "WordPiece"}, {"prefix", "##"}}, "decoder"},
+      {"post_processor", {{"type", "BertProcessing"}}, "post_processor"},
+      {"truncation", {{"max_length", 8}}, "truncation"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = base;
+    j[c.key] = c.value;
+    auto t = Tokenizer::FromJson(j.dump());
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented) << c.key << ": " << t.status();
+    EXPECT_THAT(std::string(t.status().message()), ::testing::HasSubstr(c.named)) << c.key;
+  }
+  nlohmann::json dropout = base;
+  dropout["model"]["dropout"] = 0.1;
+  EXPECT_EQ(Tokenizer::FromJson(dropout.dump()).status().code(), absl::StatusCode::kUnimplemented);
+  nlohmann::json normalized = base;
+  normalized["added_tokens"][3]["normalized"] = true;
+  auto n = Tokenizer::FromJson(normalized.dump());
+  EXPECT_EQ(n.status().code(), absl::StatusCode::kUnimplemented) << n.status();
+  EXPECT_THAT(std::string(n.status().message()), ::testing::HasSubstr("[INST]"));
+  // byte_fallback belongs to SentencePiece-style files: with a ByteLevel pre-tokenizer it is refused.
+  std::ifstream f(DataDir() + "/qwen3.5-synthetic/tokenizer.json");
+  nlohmann::json byte_level = nlohmann::json::parse(f);
+  byte_level["model"]["byte_fallback"] = true;
+  auto b = Tokenizer::FromJson(byte_level.dump());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kUnimplemented) << b.status();
+  EXPECT_THAT(std::string(b.status().message()), ::testing::HasSubstr("byte_fallback"));
+}
+
+// Byte-level tokenizers read their post-processor too: Qwen's ByteLevel adds nothing.
+TEST(Tokenizer, ByteLevelPostProcessorAddsNothing) {
+  auto ids = Qwen3().AddSpecialTokens({1, 2, 3});
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_THAT(*ids, ::testing::ElementsAre(1u, 2u, 3u));
 }
 
 }  // namespace
