@@ -73,7 +73,10 @@ using UnitArrayFn = std::function<float*(int unit)>;
 
 // A checkpoint tensor the job does not train but keeps, bytes unchanged, in every checkpoint and
 // export: a qwen3_5 checkpoint's vision tower (model.visual.*) and multi-token-prediction weights
-// (mtp.*), so the output directory loads as the same transformers class the input did.
+// (mtp.*), a gemma3 one's vision tower and projector (model.vision_tower.*,
+// model.multi_modal_projector.*; the hub's original vision_tower.*, multi_modal_projector.* and
+// language_model.model.* are read under these, transformers' own names), so the output directory
+// loads as the same transformers class the input did.
 struct PassThroughTensor {
   std::string name;
   safetensors::Dtype dtype = safetensors::Dtype::kBF16;
@@ -113,7 +116,8 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
                          const LoadOptions& options = {});
 
 // HF Qwen3 initializer: Linear and Embedding weights ~ Normal(0, initializer_range), RMSNorm
-// weights (input/post-attention/final norm, q_norm, k_norm) = 1, padding = 0. Deterministic per
+// weights (input/post-attention/final norm, q_norm, k_norm) = 1 (0 where they act as 1 + w:
+// qwen3_5, gemma3), gemma3's padding_idx embedding row = 0, padding = 0. Deterministic per
 // (seed, tensor name), independent of the thread count. threads: 0 = hardware concurrency.
 void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& master_of_unit, int threads = 0);
 

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -117,6 +118,41 @@ absl::Status OpenShards(const std::string& dir, std::vector<std::unique_ptr<Safe
   return absl::OkStatus();
 }
 
+// A gemma3 multimodal checkpoint as the hub's original files name it: language_model.model.*,
+// language_model.lm_head.weight, vision_tower.*, multi_modal_projector.*. transformers 5 loads it
+// into Gemma3ForConditionalGeneration's own names (its conversion mapping, "gemma3" -> "llava":
+// language_model.model -> language_model, language_model.lm_head -> lm_head, the wrapper's
+// modules under model.); so does this loader, and every checkpoint it writes uses those names.
+constexpr std::pair<absl::string_view, absl::string_view> kGemma3HubPrefixes[] = {
+    {"language_model.model.", "model.language_model."},
+    {"language_model.lm_head.", "lm_head."},
+    {"vision_tower.", "model.vision_tower."},
+    {"multi_modal_projector.", "model.multi_modal_projector."},
+};
+
+// The directory's tensors under the names the layout and the pass-through use (gemma3's hub
+// spelling renamed, above); a tensor present under both spellings is refused naming both.
+absl::Status CanonicalNames(const ModelConfig& config, std::map<std::string, Located>* tensors) {
+  if (!config.is_gemma3() || !config.multimodal) return absl::OkStatus();
+  std::map<std::string, Located> renamed;
+  for (const auto& [name, loc] : *tensors) {
+    std::string canonical = name;
+    for (const auto& [hub, ours] : kGemma3HubPrefixes) {
+      if (absl::StartsWith(name, hub)) {
+        canonical = absl::StrCat(ours, name.substr(hub.size()));
+        break;
+      }
+    }
+    const auto [at, inserted] = renamed.emplace(canonical, loc);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor \"", canonical, "\" is in the directory twice: as \"",
+                                                     at->second.info->name, "\" and as \"", name, "\""));
+    }
+  }
+  *tensors = std::move(renamed);
+  return absl::OkStatus();
+}
+
 std::string LayerTypesText(const ModelConfig& c) {
   std::string s;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) s += c.IsLinearAttentionLayer(l) ? 'L' : 'A';
@@ -160,14 +196,20 @@ std::string DescribeConfigMismatch(const ModelConfig& a, const ModelConfig& b) {
         differ("layer_types", LayerTypesText(a), LayerTypesText(b)),
         differ("linear attention sizes", LinearText(a.linear), LinearText(b.linear)),
         differ("partial_rotary_factor", a.partial_rotary_factor, b.partial_rotary_factor),
-        differ("shared_expert_intermediate_size", a.shared_expert_intermediate_size,
-               b.shared_expert_intermediate_size),
+        differ("shared_expert_intermediate_size", a.shared_expert_intermediate_size, b.shared_expert_intermediate_size),
         differ("checkpoint layout", std::string(a.multimodal ? "multimodal" : "causal LM"),
                std::string(b.multimodal ? "multimodal" : "causal LM")),
+        // gemma3: the attention's scale, the logits' cap, the sliding layers' RoPE.
+        differ("query_pre_attn_scalar", a.query_pre_attn_scalar, b.query_pre_attn_scalar),
+        differ("final_logit_softcapping", a.final_logit_softcapping, b.final_logit_softcapping),
         a.RopeInverseFrequencies() == b.RopeInverseFrequencies() && a.RopeAttentionScaling() == b.RopeAttentionScaling()
             ? std::string()
             : std::string("the RoPE scaling (rope_parameters / rope_scaling) differs between the checkpoint and the "
-                          "job's model")}) {
+                          "job's model"),
+        a.RopeInverseFrequencies(AttentionSpan::kSliding) == b.RopeInverseFrequencies(AttentionSpan::kSliding)
+            ? std::string()
+            : std::string("the sliding layers' RoPE (rope_parameters.sliding_attention / rope_local_base_freq) "
+                          "differs between the checkpoint and the job's model")}) {
     if (!m.empty()) return m;
   }
   return "";
@@ -184,16 +226,21 @@ absl::StatusOr<ModelConfig> ModelConfigOfDir(const std::string& model_dir) {
 }
 
 bool IsPassThroughName(const ModelConfig& config, absl::string_view name) {
+  if (config.is_gemma3()) {
+    return config.multimodal &&
+           (absl::StartsWith(name, "model.vision_tower.") || absl::StartsWith(name, "model.multi_modal_projector."));
+  }
   if (!config.is_qwen3_5()) return false;
   return absl::StartsWith(name, "model.visual.") || absl::StartsWith(name, "mtp.");
 }
 
 absl::StatusOr<PassThrough> ReadPassThrough(const std::string& model_dir, const ModelConfig& config) {
   PassThrough out;
-  if (!config.is_qwen3_5()) return out;
+  if (!config.has_multimodal_layout()) return out;
   std::vector<std::unique_ptr<SafetensorsFile>> files;
   std::map<std::string, Located> found;
   RETURN_IF_ERROR(OpenShards(model_dir, &files, &found));
+  RETURN_IF_ERROR(CanonicalNames(config, &found));
   for (const auto& [name, loc] : found) {
     if (!IsPassThroughName(config, name)) continue;
     out.push_back({name, loc.info->dtype, loc.info->shape, std::string(loc.file->Bytes(*loc.info))});
@@ -222,6 +269,7 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
   std::vector<std::unique_ptr<SafetensorsFile>> files;
   std::map<std::string, Located> found;
   RETURN_IF_ERROR(OpenShards(model_dir, &files, &found));
+  RETURN_IF_ERROR(CanonicalNames(config, &found));
 
   // One job per layout slot: the slot's elements of its checkpoint tensor (the whole tensor, or
   // one expert's slice of a fused one).
@@ -257,11 +305,11 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
   }
   const Located* tied_head = nullptr;
   std::vector<std::string> extra;
-  std::vector<const Located*> passing;
+  std::vector<std::pair<std::string, const Located*>> passing;  // by the name every checkpoint keeps
   for (const auto& [name, loc] : found) {
     if (used.count(name)) continue;
     if (IsPassThroughName(layout.config, name)) {
-      passing.push_back(&loc);
+      passing.emplace_back(name, &loc);
       continue;
     }
     if (layout.head_uses_embedding && name == "lm_head.weight") {
@@ -364,14 +412,14 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
   }
   if (options.pass_through != nullptr) {
     options.pass_through->clear();
-    for (const Located* loc : passing) {
+    for (const auto& [name, loc] : passing) {
       const absl::string_view b = loc->file->Bytes(*loc->info);
-      options.pass_through->push_back({loc->info->name, loc->info->dtype, loc->info->shape, std::string(b)});
+      options.pass_through->push_back({name, loc->info->dtype, loc->info->shape, std::string(b)});
     }
     for (const auto& f : files) RETURN_IF_ERROR(f->Intact());
     if (!passing.empty()) {
       LOG(INFO) << model_dir << ": " << passing.size() << " tensor(s) not trained, kept unchanged for every checkpoint "
-                << "(the vision tower, multi-token prediction)";
+                << "(the vision tower and projector, multi-token prediction)";
     }
   }
   size_t bytes = 0;

@@ -1,8 +1,10 @@
 // HF Qwen3 random initializer (Qwen3PreTrainedModel._init_weights): Linear and Embedding weights
-// ~ Normal(0, initializer_range), RMSNorm weights = 1. Each tensor is cut into fixed chunks whose
-// random stream is derived from (seed, tensor name, chunk index), so the values do not depend on
-// the thread count or on which unit a tensor lives in. HF's own init is not reproduced bit-wise
-// (torch's generator differs); only the distribution matches.
+// ~ Normal(0, initializer_range), RMSNorm weights = 1 (0 for the (1 + w) norms of qwen3_5 and gemma3;
+// gemma3's embedding row pad_token_id is 0, as HF's Embedding(padding_idx) starts it). Each tensor
+// is cut into fixed chunks whose random stream is derived from (seed, tensor name, chunk index), so
+// the values do not depend on the thread count or on which unit a tensor lives in. HF's own init is not reproduced
+// bit-wise (torch's generator differs); only the distribution matches.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -111,6 +113,14 @@ void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& mas
       if (i + 1 < end) out[i + 1] = static_cast<float>(stddev * r * std::sin(theta));
     }
   });
+  // HF's Embedding(padding_idx=pad_token_id) (gemma3's) starts with that row zero
+  // (PreTrainedModel._init_weights); tied, so does the LM head.
+  const int64_t pad = layout.config.pad_token_id;
+  if (pad >= 0 && pad < layout.config.vocab_size) {
+    const int64_t h = layout.config.hidden_size;
+    float* embed = master_of_unit(layout.embedding().index) + layout.embedding().tensors[0].offset_numel;
+    std::fill(embed + pad * h, embed + (pad + 1) * h, 0.0f);
+  }
 }
 
 }  // namespace slidedp::checkpoint

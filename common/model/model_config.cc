@@ -49,6 +49,7 @@ const char* RopeTypeName(RopeScaling::Type type) {
 
 namespace {
 
+using config_internal::ParseRope;
 using config_internal::Refuse;
 using config_internal::RopeTypeName;
 
@@ -202,7 +203,16 @@ absl::Status ModelConfig::Validate() const {
   }
   RETURN_IF_ERROR(CheckMoe(*this));
   RETURN_IF_ERROR(config_internal::CheckQwen3_5(*this));
+  RETURN_IF_ERROR(config_internal::CheckGemma3(*this));
   RETURN_IF_ERROR(config_internal::CheckAttentionSpans(*this));
+  if (has_sliding_rope()) {  // gemma3's sliding layers' RoPE, checked as the global one is
+    ModelConfig sliding;
+    sliding.head_dim = head_dim;
+    sliding.max_position_embeddings = max_position_embeddings;
+    sliding.rope_theta = sliding_rope_theta;
+    sliding.rope_scaling = sliding_rope_scaling;
+    RETURN_IF_ERROR(CheckRopeScaling(sliding, "rope_parameters.sliding_attention"));
+  }
   return CheckRopeScaling(*this, "rope_scaling");
 }
 
@@ -238,17 +248,18 @@ absl::Status ModelConfig::CheckTrainable() const {
 
 namespace {
 
-constexpr ModelFamily kFamilies[] = {ModelFamily::kQwen3,    ModelFamily::kQwen2,   ModelFamily::kLlama,
-                                     ModelFamily::kMistral,  ModelFamily::kQwen3Moe, ModelFamily::kQwen3_5,
-                                     ModelFamily::kQwen3_5Moe};
+constexpr ModelFamily kFamilies[] = {ModelFamily::kQwen3,      ModelFamily::kQwen2,    ModelFamily::kLlama,
+                                     ModelFamily::kMistral,    ModelFamily::kQwen3Moe, ModelFamily::kQwen3_5,
+                                     ModelFamily::kQwen3_5Moe, ModelFamily::kGemma3};
 
+}  // namespace
 
 // rope_parameters (transformers 5) or rope_scaling (older): the rope type, theta, and the
 // scaling's parameters, read as HF's RotaryEmbeddingConfigMixin reads them (convert_rope_params_to_dict,
 // standardize_rope_params): rope_scaling when it is a non-empty object, else rope_parameters;
 // rope_type, else type, else "default"; theta from the object, else the top level. Types this build
-// does not compute, and parameters out of range, are refused naming the key.
-absl::Status ParseRope(const nlohmann::json& j, ModelConfig* c) {
+// does not compute, and parameters out of range, are refused naming the key (or `label`).
+absl::Status config_internal::ParseRope(const nlohmann::json& j, ModelConfig* c, absl::string_view label) {
   for (const char* k : {"rope_scaling", "rope_parameters"}) {
     if (j.contains(k) && !j[k].is_null() && !j[k].is_object()) return Refuse(k, "must be an object or null");
   }
@@ -256,7 +267,8 @@ absl::Status ParseRope(const nlohmann::json& j, ModelConfig* c) {
                         ? "rope_scaling"
                     : j.contains("rope_parameters") && j["rope_parameters"].is_object() ? "rope_parameters"
                                                                                         : nullptr;
-  auto field = [&](absl::string_view name) { return absl::StrCat(key != nullptr ? key : "", ".", name); };
+  const std::string shown = !label.empty() ? std::string(label) : key != nullptr ? key : "";
+  auto field = [&](absl::string_view name) { return absl::StrCat(shown, ".", name); };
   // partial_rotary_factor rotates only the first part of each head: qwen3_5's (HF reads the
   // object's, else the top level's); refused for the families whose HF code rotates whole heads.
   c->partial_rotary_factor = 1;
@@ -358,13 +370,13 @@ absl::Status ParseRope(const nlohmann::json& j, ModelConfig* c) {
     if (j.contains("original_max_position_embeddings") && !j["original_max_position_embeddings"].is_null() &&
         (!r.contains("original_max_position_embeddings") ||
          j["original_max_position_embeddings"] != r["original_max_position_embeddings"])) {
-      return Refuse("original_max_position_embeddings",
-                    absl::StrCat(j["original_max_position_embeddings"].dump(), " at the top level differs from ",
-                                 field("original_max_position_embeddings"), " ",
-                                 r.contains("original_max_position_embeddings")
-                                     ? r["original_max_position_embeddings"].dump()
-                                     : std::string("(absent)"),
-                                 "; give it in ", key, " only"));
+      return Refuse(
+          "original_max_position_embeddings",
+          absl::StrCat(j["original_max_position_embeddings"].dump(), " at the top level differs from ",
+                       field("original_max_position_embeddings"), " ",
+                       r.contains("original_max_position_embeddings") ? r["original_max_position_embeddings"].dump()
+                                                                      : std::string("(absent)"),
+                       "; give it in ", shown, " only"));
     }
     s.original_max_position_embeddings = static_cast<int64_t>(original);
   }
@@ -392,8 +404,10 @@ absl::Status ParseRope(const nlohmann::json& j, ModelConfig* c) {
       s.truncate = r["truncate"].get<bool>();
     }
   }
-  return CheckRopeScaling(*c, key);
+  return CheckRopeScaling(*c, shown);
 }
+
+namespace {
 
 // MoE model types this build does not compute, and what is missing for each.
 struct UnbuiltMoe {
@@ -510,6 +524,7 @@ const char* ModelTypeName(ModelFamily family) {
       return "qwen3_5";
     case ModelFamily::kQwen3_5Moe:
       return "qwen3_5_moe";
+    case ModelFamily::kGemma3: return "gemma3";
   }
   return "?";
 }
@@ -530,8 +545,8 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
         c.family = f;
         known = true;
       } else if (j["model_type"] == absl::StrCat(ModelTypeName(f), "_text") &&
-                 (f == ModelFamily::kQwen3_5 || f == ModelFamily::kQwen3_5Moe)) {
-        c.family = f;  // Qwen3_5ForCausalLM's text-only config
+                 (f == ModelFamily::kQwen3_5 || f == ModelFamily::kQwen3_5Moe || f == ModelFamily::kGemma3)) {
+        c.family = f;  // Qwen3_5ForCausalLM's, Gemma3ForCausalLM's text-only config
         known = true;
       }
     }
@@ -543,16 +558,18 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
       return Refuse("model_type",
                     absl::StrCat(j["model_type"].dump(), " is not supported", why,
                                  " (supported: \"qwen3\", \"qwen2\", \"llama\", \"mistral\", \"qwen3_moe\", "
-                                 "\"qwen3_5\", \"qwen3_5_text\", \"qwen3_5_moe\", \"qwen3_5_moe_text\")"));
+                                 "\"qwen3_5\", \"qwen3_5_text\", \"qwen3_5_moe\", \"qwen3_5_moe_text\", \"gemma3\", "
+                                 "\"gemma3_text\")"));
     }
-    if (c.is_qwen3_5() && j["model_type"] == ModelTypeName(c.family)) {
+    if (c.has_multimodal_layout() && j["model_type"] == ModelTypeName(c.family)) {
       c.multimodal = true;
       const std::string type = ModelTypeName(c.family);
       if (!j.contains("text_config") || !j["text_config"].is_object()) {
         return Refuse("text_config", absl::StrCat("missing: a ", type, " config.json holds the language model's "
                                                   "config there (or is a ", type, "_text config)"));
       }
-      RETURN_IF_ERROR(config_internal::RefuseUnknownKeys(j, config_internal::Qwen3_5WrapperKeys(), "", type));
+      RETURN_IF_ERROR(config_internal::RefuseUnknownKeys(
+          j, c.is_gemma3() ? config_internal::Gemma3WrapperKeys() : config_internal::Qwen3_5WrapperKeys(), "", type));
       if (j.contains("vision_config") && !j["vision_config"].is_null() && !j["vision_config"].is_object()) {
         return Refuse("vision_config", "must be an object");
       }
@@ -586,16 +603,22 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
     return absl::OkStatus();
   };
   auto flag = [&](const char* key) { return t.contains(key) && t[key].is_boolean() && t[key].get<bool>(); };
-  RETURN_IF_ERROR(get_int("hidden_size", &c.hidden_size, true));
-  RETURN_IF_ERROR(get_int("num_hidden_layers", &c.num_hidden_layers, true));
-  RETURN_IF_ERROR(get_int("num_attention_heads", &c.num_attention_heads, true));
-  c.num_key_value_heads = c.num_attention_heads;
+  // Gemma3TextConfig has a default for every size (the hub's multimodal configs leave the heads and
+  // the vocabulary to them); the other families' configs must give theirs.
+  const bool sizes_required = !c.is_gemma3();
+  if (c.is_gemma3()) config_internal::SetGemma3Defaults(&c);
+  RETURN_IF_ERROR(get_int("hidden_size", &c.hidden_size, sizes_required));
+  RETURN_IF_ERROR(get_int("num_hidden_layers", &c.num_hidden_layers, sizes_required));
+  RETURN_IF_ERROR(get_int("num_attention_heads", &c.num_attention_heads, sizes_required));
+  if (!c.is_gemma3()) c.num_key_value_heads = c.num_attention_heads;
   RETURN_IF_ERROR(get_int("num_key_value_heads", &c.num_key_value_heads, false));
-  c.head_dim = c.is_qwen3_5() ? 256 : c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
+  if (!c.is_gemma3()) {
+    c.head_dim = c.is_qwen3_5() ? 256 : c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
+  }
   RETURN_IF_ERROR(get_int("head_dim", &c.head_dim, false));
   if (c.is_moe()) c.intermediate_size = 6144;  // Qwen3MoeConfig's: only its dense layers read it
-  RETURN_IF_ERROR(get_int("intermediate_size", &c.intermediate_size, !c.is_moe()));
-  RETURN_IF_ERROR(get_int("vocab_size", &c.vocab_size, true));
+  RETURN_IF_ERROR(get_int("intermediate_size", &c.intermediate_size, !c.is_moe() && sizes_required));
+  RETURN_IF_ERROR(get_int("vocab_size", &c.vocab_size, sizes_required));
   RETURN_IF_ERROR(get_int("max_position_embeddings", &c.max_position_embeddings, false));
   RETURN_IF_ERROR(get_double("rope_theta", &c.rope_theta));
   RETURN_IF_ERROR(get_double("rms_norm_eps", &c.rms_norm_eps));
@@ -615,9 +638,10 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   }
   if (t.contains("torch_dtype") && t["torch_dtype"].is_string()) c.torch_dtype = t["torch_dtype"];
   if (t.contains("dtype") && t["dtype"].is_string()) c.torch_dtype = t["dtype"];
-  // Fields that would change the math this build computes: refused, never ignored.
+  // Fields that would change the math this build computes: refused, never ignored (gemma3's
+  // activation: ParseGemma3).
   for (const char* key : {"hidden_act", "hidden_activation"}) {
-    if (t.contains(key) && !t[key].is_null() && t[key] != "silu") {
+    if (!c.is_gemma3() && t.contains(key) && !t[key].is_null() && t[key] != "silu") {
       return Refuse(key, absl::StrCat(t[key].dump(), " is not supported (only silu: the SwiGLU MLP)"));
     }
   }
@@ -633,7 +657,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
     RETURN_IF_ERROR(get_double(key, &p));
     if (p != 0) return Refuse(key, absl::StrCat(p, " is not supported (training here runs without dropout)"));
   }
-  if (c.is_qwen3_5()) {
+  if (c.is_gemma3()) {
+    RETURN_IF_ERROR(config_internal::ParseGemma3(t, j, where, &c));  // its two RoPEs included
+  } else if (c.is_qwen3_5()) {
     RETURN_IF_ERROR(config_internal::ParseQwen3_5(t, where, &c));
   } else if (c.is_moe()) {
     RETURN_IF_ERROR(config_internal::ParseMoe(t, &c));
@@ -642,7 +668,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
                   absl::StrCat("mixture-of-experts layers are not supported by model_type ", ModelTypeName(c.family),
                                " (they are by qwen3_moe)"));
   }
-  RETURN_IF_ERROR(ParseRope(t, &c));
+  if (!c.is_gemma3()) RETURN_IF_ERROR(ParseRope(t, &c));
   RETURN_IF_ERROR(config_internal::ParseAttentionSpans(t, &c));
   RETURN_IF_ERROR(c.Validate());
   c.source_json = j.dump();

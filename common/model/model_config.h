@@ -16,9 +16,16 @@
 //               linear attention's gated one computes x * (1 + w) (docs/model-families.md).
 //   qwen3_5_moe: qwen3_5's mixers; every layer a MoE block of routed experts plus a shared expert
 //               with its own sigmoid gate (qwen3_5_moe / qwen3_5_moe_text).
-// Any family may scale its RoPE (RopeScaling: linear, dynamic, llama3, yarn). qwen2, qwen3, mistral
-// and qwen3_moe may slide some or all of their attention layers (layer_spans, sliding_window). A
-// config field this build does not implement is refused when parsed, naming the field.
+//   gemma3    : Gemma 3 (HF gemma3_text, and the language model of gemma3 multimodal checkpoints):
+//               (1 + w) RMSNorms, four per block (input, post-attention on the attention output,
+//               pre- and post-feedforward around the MLP), q/k norms, GeGLU with tanh-approximated
+//               GELU, the embedding times sqrt(hidden) (EmbeddingScale), scores scaled by
+//               query_pre_attn_scalar^-0.5, sliding layers with their own RoPE base beside the
+//               global ones, optional soft-capped logits (docs/model-families.md).
+// Any family may scale its RoPE (RopeScaling: linear, dynamic, llama3, yarn). qwen2, qwen3, mistral,
+// qwen3_moe and gemma3 may slide some or all of their attention layers (layer_spans,
+// sliding_window). A config field this build does not implement is refused when parsed, naming the
+// field.
 //
 // A model is streamed as units: the embedding, each decoder layer, and the head (final norm +
 // LM head). Each unit's parameters are one flat array; tensors sit at fixed offsets inside it,
@@ -40,11 +47,15 @@
 
 namespace slidedp {
 
-enum class ModelFamily { kQwen3, kQwen2, kLlama, kMistral, kQwen3Moe, kQwen3_5, kQwen3_5Moe };
-// HF's model_type: "qwen3", "qwen2", "llama", "mistral", "qwen3_moe", "qwen3_5", "qwen3_5_moe" (the
-// multimodal wrapper's; a text-only checkpoint says "qwen3_5_text" / "qwen3_5_moe_text":
-// ModelConfig::text_only).
+enum class ModelFamily { kQwen3, kQwen2, kLlama, kMistral, kQwen3Moe, kQwen3_5, kQwen3_5Moe, kGemma3 };
+// HF's model_type: "qwen3", "qwen2", "llama", "mistral", "qwen3_moe", "qwen3_5", "qwen3_5_moe",
+// "gemma3" (the multimodal wrapper's; a text-only checkpoint says "qwen3_5_text",
+// "qwen3_5_moe_text", "gemma3_text": ModelConfig::multimodal false).
 const char* ModelTypeName(ModelFamily family);
+
+// The gated MLP's activation: SwiGLU (silu), or gemma3's GeGLU with PyTorch's tanh-approximated
+// GELU (HF hidden_activation "gelu_pytorch_tanh").
+enum class MlpActivation { kSilu, kGeluTanh };
 
 // A decoder layer's token mixer (HF layer_types): softmax attention, or qwen3_5's Gated DeltaNet.
 enum class TokenMixer { kAttention, kLinearAttention };
@@ -168,9 +179,23 @@ struct ModelConfig {
   // mlp.shared_expert_gate.weight [1, hidden].
   int64_t shared_expert_intermediate_size = 0;
   ExpertStorage expert_storage = ExpertStorage::kPerExpert;
-  // The multimodal checkpoint layout (HF Qwen3_5ForConditionalGeneration): config.json nests the
-  // language model's config in text_config and its weights are model.language_model.*; the vision
-  // tower (model.visual.*) and any mtp.* weights are not trained and pass through unchanged.
+  // gemma3 (Gemma3TextConfig; at these defaults for every other family): attention scores scaled by
+  // query_pre_attn_scalar^-0.5 (0: head_dim^-0.5); logits soft-capped to cap * tanh(logits / cap)
+  // (final_logit_softcapping, 0: none; Gemma3ForCausalLM applies it, the multimodal class does
+  // not, so a multimodal config's is refused); the sliding layers' own RoPE (rope_local_base_freq or
+  // rope_parameters.sliding_attention; sliding_rope_theta 0: every layer rotates with rope_theta and
+  // rope_scaling, which are the full-attention layers' in gemma3); the embedding row HF's
+  // Embedding(padding_idx = pad_token_id) zeroes at init (-1: none).
+  double query_pre_attn_scalar = 0;
+  double final_logit_softcapping = 0;
+  double sliding_rope_theta = 0;
+  RopeScaling sliding_rope_scaling;
+  int64_t pad_token_id = -1;
+  // The multimodal checkpoint layout (HF Qwen3_5ForConditionalGeneration,
+  // Gemma3ForConditionalGeneration): config.json nests the language model's config in text_config
+  // and its weights are model.language_model.*; the vision tower (qwen3_5: model.visual.*, mtp.*;
+  // gemma3: model.vision_tower.*, model.multi_modal_projector.*) is not trained and passes through
+  // unchanged.
   bool multimodal = false;
   // The source config.json as parsed (empty for a preset): what ToJson writes back, so the saved
   // directory keeps the fields HF reads that do not shape the math (token ids, generation
@@ -180,14 +205,33 @@ struct ModelConfig {
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
   bool is_qwen3_5() const { return family == ModelFamily::kQwen3_5 || family == ModelFamily::kQwen3_5Moe; }
-  bool has_qk_norm() const { return family == ModelFamily::kQwen3 || family == ModelFamily::kQwen3Moe || is_qwen3_5(); }
+  bool is_gemma3() const { return family == ModelFamily::kGemma3; }
+  bool has_qk_norm() const {
+    return family == ModelFamily::kQwen3 || family == ModelFamily::kQwen3Moe || is_qwen3_5() || is_gemma3();
+  }
   bool has_qkv_bias() const { return family == ModelFamily::kQwen2; }
   bool is_moe() const { return family == ModelFamily::kQwen3Moe || family == ModelFamily::kQwen3_5Moe; }
   // qwen3_5: q_proj emits [query | gate] per head (2 x q_dim rows) and the attention output is
   // multiplied by sigmoid(gate) before o_proj.
   bool has_attention_output_gate() const { return is_qwen3_5(); }
-  // qwen3_5: every RMSNorm weight but the linear attention's gated norm acts as (1 + w).
-  bool norms_add_one() const { return is_qwen3_5(); }
+  // qwen3_5, gemma3: every RMSNorm weight but the linear attention's gated norm acts as (1 + w).
+  bool norms_add_one() const { return is_qwen3_5() || is_gemma3(); }
+  // gemma3: the attention output is normed (post_attention_layernorm) before the residual add, the
+  // MLP's input (pre_feedforward_layernorm) and output (post_feedforward_layernorm) too.
+  bool has_sandwich_norms() const { return is_gemma3(); }
+  MlpActivation mlp_activation() const { return is_gemma3() ? MlpActivation::kGeluTanh : MlpActivation::kSilu; }
+  // The families whose multimodal checkpoints this build reads (text_config, model.language_model.*).
+  bool has_multimodal_layout() const { return is_qwen3_5() || is_gemma3(); }
+  // The factor the attention scores are multiplied by: query_pre_attn_scalar ** -0.5 as Python
+  // computes it (gemma3), else 1 / sqrt(head_dim).
+  double AttentionScale() const;
+  // gemma3's embedding scale (Gemma3TextScaledWordEmbedding): sqrt(hidden_size) as a float32 tensor,
+  // cast to the model's dtype (torch_dtype: bfloat16 rounds it, e.g. sqrt(3072) = 55.43 -> 55.5) as
+  // HF's embed_scale.to(weight.dtype) does; 1 for the other families.
+  double EmbeddingScale() const;
+  // gemma3: the sliding layers rotate with their own RoPE (sliding_rope_theta, sliding_rope_scaling).
+  bool has_sliding_rope() const { return sliding_rope_theta > 0; }
+  bool UsesSlidingRope(int64_t layer) const { return has_sliding_rope() && IsSlidingLayer(layer); }
   bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
   // The dimensions of each head RoPE rotates: int(head_dim x partial_rotary_factor) (HF), even.
   int64_t rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor); }
@@ -217,11 +261,13 @@ struct ModelConfig {
   absl::Status CheckTrainable() const;
   bool trainable() const { return CheckTrainable().ok(); }
   // RoPE's inverse frequencies [rotary_dim / 2] in float32, computed as HF computes them (the
-  // default theta^(-2i/d) in float32, then the scaling's float32 arithmetic).
-  std::vector<float> RopeInverseFrequencies() const;
+  // default theta^(-2i/d) in float32, then the scaling's float32 arithmetic): rope_theta and
+  // rope_scaling's, or with kSliding a gemma3 sliding layer's (sliding_rope_theta and scaling; the
+  // same as kFull without has_sliding_rope).
+  std::vector<float> RopeInverseFrequencies(AttentionSpan span = AttentionSpan::kFull) const;
   // The factor HF multiplies into cos and sin (its attention_scaling): 1 except for yarn. Both
   // backends apply it as HF does, cos_f32 * float(factor); 1 leaves them bit-identical.
-  double RopeAttentionScaling() const;
+  double RopeAttentionScaling(AttentionSpan span = AttentionSpan::kFull) const;
   // True when rows of seq_len tokens see no difference from full causal attention: no sliding
   // layer, or a window at least as wide as the row (a document is never longer than its row).
   bool SlidingWindowCovers(int64_t seq_len) const { return NumSlidingLayers() == 0 || sliding_window >= seq_len; }
@@ -231,7 +277,8 @@ struct ModelConfig {
   absl::Status Validate() const;
 
   // Parses HF config.json text. Keys that do not change the math are ignored (HF configs carry
-  // many); a model_type other than the five families (qwen2_moe, mixtral, ... included), a field
+  // many; qwen3_5 and gemma3 refuse any key they do not know); a model_type other than the
+  // families above (qwen2_moe, mixtral, ... included), a field
   // that would change the math this build does not implement (another rope type, biases
   // elsewhere, another activation, shared experts, ...), or missing required sizes is
   // INVALID_ARGUMENT naming the field. qwen3_moe's MoE fields take Qwen3MoeConfig's defaults when
@@ -255,7 +302,9 @@ struct ModelConfig {
   // "tiny-qwen2-window" (its layer 1 sliding over 16 keys), "tiny-llama", "tiny-mistral",
   // "tiny-mistral-window" (both layers sliding over 16), "tiny-moe" (qwen3_moe: 3 layers, the
   // middle one dense, 8 experts, top 2),
-  // "qwen3.5-4b", "qwen3.5-35b-a3b" (the hub's text configs), "tiny-qwen3.5", "tiny-qwen3.5-moe".
+  // "qwen3.5-4b", "qwen3.5-35b-a3b" (the hub's text configs), "tiny-qwen3.5", "tiny-qwen3.5-moe",
+  // "gemma3-1b" ... "gemma3-27b" (the hub's language models), "tiny-gemma3" (six layers, 5:1 sliding
+  // over 16 keys, soft-capped logits).
   static absl::StatusOr<ModelConfig> Preset(absl::string_view name);
   // The preset names, for messages.
   static std::string PresetNames();
@@ -291,10 +340,15 @@ enum DecoderTensor : int {
   kLinearNorm,       // norm.weight [value_head_dim]: the gated RMSNorm's (plain w, not 1 + w)
   kLinearOutProj,    // out_proj [hidden, value_dim]
   // qwen3_5_moe's shared expert (every layer, beside the routed experts): mlp.shared_expert.*
-  kSharedGateProj,   // [shared_I, hidden]
-  kSharedUpProj,     // [shared_I, hidden]
-  kSharedDownProj,   // [hidden, shared_I]
-  kSharedExpertGate, // mlp.shared_expert_gate.weight [1, hidden]
+  kSharedGateProj,    // [shared_I, hidden]
+  kSharedUpProj,      // [shared_I, hidden]
+  kSharedDownProj,    // [hidden, shared_I]
+  kSharedExpertGate,  // mlp.shared_expert_gate.weight [1, hidden]
+  // gemma3's norms around the MLP (kPostNorm is its post_attention_layernorm, which norms the
+  // attention output before the residual add): pre_feedforward_layernorm [hidden] on the MLP's
+  // input, post_feedforward_layernorm [hidden] on its output.
+  kPreFfnNorm,
+  kPostFfnNorm,
   kNumDecoderTensors
 };
 // A decoder unit holds only its family's tensors (UnitLayout::slot maps these values to them):
@@ -356,6 +410,8 @@ struct UnitLayout {
   // Decoder units: the keys a query sees at most, itself included (ModelConfig::AttentionWindow:
   // the sliding window of a sliding layer; 0, full causal attention, for any other).
   int64_t attention_window = 0;
+  // Decoder units: the layer rotates q and k with the sliding layers' RoPE (ModelConfig::UsesSlidingRope).
+  bool sliding_rope = false;
   std::string name;             // "embed", "layer.3", "head"
   std::vector<TensorSlot> tensors;
   int64_t numel = 0;            // padded total, a multiple of kTensorAlignNumel

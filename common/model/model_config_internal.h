@@ -1,6 +1,6 @@
 // Pieces of ModelConfig's parsing shared by its files (model_config.cc: the families' common fields,
-// RoPE, MoE; model_config_qwen3_5.cc: Qwen3.5's; model_config_window.cc: sliding windows;
-// model_config_json.cc: writing config.json).
+// RoPE, MoE; model_config_qwen3_5.cc: Qwen3.5's; model_config_gemma3.cc: Gemma 3's;
+// model_config_window.cc: sliding windows; model_config_json.cc: writing config.json).
 #pragma once
 
 #include "absl/status/status.h"
@@ -15,6 +15,9 @@ namespace slidedp::config_internal {
 absl::Status Refuse(absl::string_view field, absl::string_view why);
 // HF's rope_type name of a scaling type.
 const char* RopeTypeName(RopeScaling::Type type);
+// rope_scaling / rope_parameters of `j` (one RoPE for every layer) into c's rope_theta, rope_scaling
+// and partial_rotary_factor; fields are named `label`.<field> in messages (default: the key read).
+absl::Status ParseRope(const nlohmann::json& j, ModelConfig* c, absl::string_view label = "");
 // qwen3_moe's MoE fields (and qwen3_5_moe's, which it shares) with Qwen3MoeConfig's defaults.
 absl::Status ParseMoe(const nlohmann::json& j, ModelConfig* c);
 // Refuses a key of `j` not in `known` (keys starting with "_" pass), naming `where` + key.
@@ -26,6 +29,14 @@ absl::Span<const char* const> Qwen3_5WrapperKeys();
 absl::Status ParseQwen3_5(const nlohmann::json& t, absl::string_view where, ModelConfig* c);
 // qwen3_5's fields in range (the other families: at their defaults).
 absl::Status CheckQwen3_5(const ModelConfig& c);
+// gemma3 (model_config_gemma3.cc): the multimodal wrapper's own keys; Gemma3TextConfig's defaults
+// for the sizes a config leaves out; its text config's fields (`t`; `wrapper` is the file, the same
+// object for a gemma3_text config), the two RoPEs included; their ranges.
+absl::Span<const char* const> Gemma3WrapperKeys();
+void SetGemma3Defaults(ModelConfig* c);
+absl::Status ParseGemma3(const nlohmann::json& t, const nlohmann::json& wrapper, absl::string_view where,
+                         ModelConfig* c);
+absl::Status CheckGemma3(const ModelConfig& c);
 // Which layers slide and the window (model_config_window.cc): parsed from a config.json object as
 // HF applies each family's fields, checked, and written back (sliding_window, use_sliding_window,
 // max_window_layers, layer_types as the family spells them).

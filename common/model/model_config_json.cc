@@ -1,5 +1,6 @@
 // ModelConfig::ToJson: the HF config.json of a config (the source's, with this config's fields
 // written over it, or a preset's), and the RoPE objects it writes.
+#include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -64,6 +65,35 @@ void WriteRope(const ModelConfig& c, nlohmann::ordered_json& j) {
   }
 }
 
+// gemma3's RoPEs in both spellings: transformers 5's rope_parameters, one object per layer type
+// (what Gemma3TextConfig.convert_rope_params_to_dict builds), and transformers 4's rope_theta,
+// rope_local_base_freq and rope_scaling (the global layers'), which 5 merges into the same objects.
+void WriteGemma3Rope(const ModelConfig& c, nlohmann::ordered_json& t) {
+  auto object = [](const RopeScaling& s, double theta) {
+    nlohmann::ordered_json r = RopeScalingJson(s);
+    if (r.is_null()) r = {{"rope_type", "default"}};
+    r["rope_theta"] = theta;
+    return r;
+  };
+  t["rope_parameters"] = {{"sliding_attention", object(c.sliding_rope_scaling, c.sliding_rope_theta)},
+                          {"full_attention", object(c.rope_scaling, c.rope_theta)}};
+  t["rope_theta"] = c.rope_theta;
+  t["rope_local_base_freq"] = c.sliding_rope_theta;
+  t["rope_scaling"] = RopeScalingJson(c.rope_scaling);
+}
+
+// gemma3's own fields, as Gemma3TextConfig spells them.
+void WriteGemma3Fields(const ModelConfig& c, nlohmann::ordered_json& t) {
+  t["hidden_activation"] = "gelu_pytorch_tanh";
+  const double q = c.query_pre_attn_scalar;
+  t["query_pre_attn_scalar"] =
+      q == std::floor(q) ? nlohmann::ordered_json(static_cast<int64_t>(q)) : nlohmann::ordered_json(q);
+  t["final_logit_softcapping"] =
+      c.final_logit_softcapping > 0 ? nlohmann::ordered_json(c.final_logit_softcapping) : nlohmann::ordered_json();
+  t["attn_logit_softcapping"] = nullptr;
+  t["pad_token_id"] = c.pad_token_id >= 0 ? nlohmann::ordered_json(c.pad_token_id) : nlohmann::ordered_json();
+}
+
 // Whether two configs' layers attend alike (the same window in every layer).
 bool SameAttentionSpans(const ModelConfig& a, const ModelConfig& b) {
   if (a.num_hidden_layers != b.num_hidden_layers) return false;
@@ -82,14 +112,15 @@ std::string ModelConfig::ToJson() const {
     if (j.is_discarded() || !j.is_object()) j = nlohmann::ordered_json::object();
   }
   const bool preset = source_json.empty();
-  static constexpr const char* kArchitectures[] = {"Qwen3ForCausalLM",   "Qwen2ForCausalLM",    "LlamaForCausalLM",
-                                                   "MistralForCausalLM", "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM",
-                                                   "Qwen3_5MoeForCausalLM"};
+  static constexpr const char* kArchitectures[] = {"Qwen3ForCausalLM",      "Qwen2ForCausalLM",    "LlamaForCausalLM",
+                                                   "MistralForCausalLM",    "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM",
+                                                   "Qwen3_5MoeForCausalLM", "Gemma3ForCausalLM"};
   // The language model's object: the file, or the multimodal wrapper's text_config.
   if (multimodal) {
     if (!j.contains("architectures")) {
-      j["architectures"] = {family == ModelFamily::kQwen3_5 ? "Qwen3_5ForConditionalGeneration"
-                                                            : "Qwen3_5MoeForConditionalGeneration"};
+      j["architectures"] = {is_gemma3()                       ? "Gemma3ForConditionalGeneration"
+                            : family == ModelFamily::kQwen3_5 ? "Qwen3_5ForConditionalGeneration"
+                                                              : "Qwen3_5MoeForConditionalGeneration"};
     }
     j["model_type"] = ModelTypeName(family);
     if (!j.contains("text_config") || !j["text_config"].is_object()) j["text_config"] = nlohmann::ordered_json::object();
@@ -102,7 +133,7 @@ std::string ModelConfig::ToJson() const {
     if (!t.contains(key)) t[key] = std::move(v);
   };
   if (!multimodal) set_default("architectures", {kArchitectures[static_cast<int>(family)]});
-  t["model_type"] = is_qwen3_5() ? absl::StrCat(ModelTypeName(family), "_text") : ModelTypeName(family);
+  t["model_type"] = has_multimodal_layout() ? absl::StrCat(ModelTypeName(family), "_text") : ModelTypeName(family);
   t["hidden_size"] = hidden_size;
   t["num_hidden_layers"] = num_hidden_layers;
   t["num_attention_heads"] = num_attention_heads;
@@ -151,19 +182,27 @@ std::string ModelConfig::ToJson() const {
     t["linear_value_head_dim"] = linear.value_head_dim;
     t["linear_conv_kernel_dim"] = linear.conv_kernel;
   }
+  if (is_gemma3()) WriteGemma3Fields(*this, t);
   if (!preset) {
     // The source's own RoPE objects and sliding-window fields, unless this config's were changed
     // after parsing (a longer context, another depth): then the new ones, or HF would load the old.
     const absl::StatusOr<ModelConfig> parsed = FromJson(source_json);
-    if (!parsed.ok() || parsed->rope_theta != rope_theta || !(parsed->rope_scaling == rope_scaling)) {
-      WriteRope(*this, t);
+    if (!parsed.ok() || parsed->rope_theta != rope_theta || !(parsed->rope_scaling == rope_scaling) ||
+        parsed->sliding_rope_theta != sliding_rope_theta || !(parsed->sliding_rope_scaling == sliding_rope_scaling)) {
+      if (is_gemma3()) {
+        WriteGemma3Rope(*this, t);
+      } else {
+        WriteRope(*this, t);
+      }
     }
     if (!parsed.ok() || !SameAttentionSpans(*parsed, *this)) config_internal::WriteAttentionSpans(*this, t);
   }
   if (preset) {
-    t["hidden_act"] = "silu";
+    if (!is_gemma3()) t["hidden_act"] = "silu";  // gemma3: hidden_activation (WriteGemma3Fields)
     t["attention_dropout"] = 0.0;
-    if (is_qwen3_5()) {
+    if (is_gemma3()) {
+      WriteGemma3Rope(*this, t);
+    } else if (is_qwen3_5()) {
       // transformers 5's form: one rope_parameters object (the multimodal sections as the hub's
       // configs give them; text reads them as plain RoPE).
       nlohmann::ordered_json r = RopeScalingJson(rope_scaling);
@@ -207,6 +246,11 @@ std::string ModelConfig::ToJson() const {
       case ModelFamily::kQwen3_5Moe:
         t["attention_bias"] = false;
         t["eos_token_id"] = 248044;  // <|endoftext|> of the 248,320-token vocabulary
+        break;
+      case ModelFamily::kGemma3:  // the released configs': <bos> 2, <eos> 1 and <end_of_turn> 106
+        t["attention_bias"] = false;
+        t["bos_token_id"] = 2;
+        t["eos_token_id"] = {1, 106};
         break;
     }
   }

@@ -180,7 +180,9 @@ absl::Status CheckQwen3_5(const ModelConfig& c) {
     if (!c.layer_mixers.empty()) return bad("layer_types", "linear_attention layers are qwen3_5's only");
     if (c.partial_rotary_factor != 1) return bad("partial_rotary_factor", "must be 1 for this model_type");
     if (c.shared_expert_intermediate_size != 0) return bad("shared_expert_intermediate_size", "is qwen3_5_moe's only");
-    if (c.multimodal) return bad("text_config", "the multimodal layout is qwen3_5's only");
+    if (c.multimodal && !c.has_multimodal_layout()) {
+      return bad("text_config", "the multimodal layout is qwen3_5's and gemma3's only");
+    }
     return absl::OkStatus();
   }
   if (static_cast<int64_t>(c.layer_mixers.size()) != c.num_hidden_layers) {

@@ -9,6 +9,9 @@
 //              layer_types, those at or past max_window_layers (default 28). A sliding_attention
 //              layer without a window makes HF's forward fail ("Could not find a sliding_window").
 //   qwen3_moe: no layer_types or max_window_layers; use_sliding_window slides every layer.
+//   gemma3   : sliding_window (absent: 4096, null: none) slides the layers layer_types names, or
+//              without layer_types those where (l + 1) % sliding_window_pattern != 0 (default 6:
+//              five sliding layers, then a full one; Gemma3TextConfig.__post_init__).
 //   llama    : no sliding window.
 // qwen3_5's fields are its own file's (model_config_qwen3_5.cc refuses a window).
 #include <algorithm>
@@ -28,6 +31,7 @@ namespace {
 // max_window_layers in Qwen2Config and Qwen3Config.
 constexpr int64_t kHfDefaultWindow = 4096;
 constexpr int64_t kHfDefaultMaxWindowLayers = 28;
+constexpr int64_t kHfDefaultGemma3Pattern = 6;  // Gemma3TextConfig's sliding_window_pattern
 constexpr int64_t kMaxLayers = 4096;  // ModelConfig::Validate's limit on num_hidden_layers
 
 // sliding_window as HF's configs read it: absent is the default, null is none (0).
@@ -147,6 +151,30 @@ absl::Status ParseAttentionSpans(const nlohmann::json& j, ModelConfig* c) {
       }
       break;
     }
+    case ModelFamily::kGemma3: {
+      ASSIGN_OR_RETURN(window, WindowField(j));
+      int64_t pattern = kHfDefaultGemma3Pattern;
+      if (j.contains("sliding_window_pattern") && !j["sliding_window_pattern"].is_null()) {
+        const nlohmann::json& p = j["sliding_window_pattern"];
+        if (!p.is_number_integer() || p.get<int64_t>() < 1) {
+          return Refuse("sliding_window_pattern", absl::StrCat("must be a positive integer, got ", p.dump()));
+        }
+        pattern = p.get<int64_t>();
+      }
+      if (types.has_value()) {
+        spans = *types;
+      } else {
+        for (int64_t l = 0; l < c->num_hidden_layers; ++l) {
+          spans.push_back((l + 1) % pattern != 0 ? AttentionSpan::kSliding : AttentionSpan::kFull);
+        }
+      }
+      const auto sliding = std::find(spans.begin(), spans.end(), AttentionSpan::kSliding);
+      if (sliding != spans.end() && window == 0) {
+        return Refuse("sliding_window", absl::StrCat("is null but layer ", sliding - spans.begin(),
+                                                     " is sliding_attention (transformers' mask needs a window)"));
+      }
+      break;
+    }
     case ModelFamily::kQwen3_5:
     case ModelFamily::kQwen3_5Moe: return absl::OkStatus();
   }
@@ -185,7 +213,8 @@ absl::Status CheckAttentionSpans(const ModelConfig& c) {
       }
       return absl::OkStatus();
     case ModelFamily::kQwen2:
-    case ModelFamily::kQwen3: return absl::OkStatus();
+    case ModelFamily::kQwen3:
+    case ModelFamily::kGemma3: return absl::OkStatus();
   }
   return absl::OkStatus();
 }
@@ -215,10 +244,32 @@ void WriteAttentionSpans(const ModelConfig& c, nlohmann::ordered_json& t) {
       if (suffix) t["max_window_layers"] = first;
       break;
     }
+    case ModelFamily::kGemma3: {
+      t["sliding_window"] = window;
+      // transformers 4.50's Gemma3TextConfig reads sliding_window_pattern, not layer_types: written
+      // where the layers follow its rule ((l + 1) % pattern != 0 slides), else dropped.
+      int64_t pattern = c.num_hidden_layers + 1;
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+        if (!c.IsSlidingLayer(l)) {
+          pattern = l + 1;
+          break;
+        }
+      }
+      bool follows = true;
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+        follows = follows && c.IsSlidingLayer(l) == ((l + 1) % pattern != 0);
+      if (follows) {
+        t["sliding_window_pattern"] = pattern;
+      } else {
+        t.erase("sliding_window_pattern");
+      }
+      break;
+    }
   }
-  // A layer_types the source carried is rewritten to agree; qwen2 / qwen3 always get one.
+  // A layer_types the source carried is rewritten to agree; qwen2 / qwen3 with a window and gemma3
+  // always get one.
   const bool per_layer = c.family == ModelFamily::kQwen2 || c.family == ModelFamily::kQwen3;
-  if (t.contains("layer_types") || (per_layer && sliding)) {
+  if (t.contains("layer_types") || (per_layer && sliding) || c.is_gemma3()) {
     nlohmann::ordered_json types = nlohmann::ordered_json::array();
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       types.push_back(SpanName(c.IsSlidingLayer(l) ? AttentionSpan::kSliding : AttentionSpan::kFull));

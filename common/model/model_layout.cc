@@ -125,12 +125,13 @@ ModelLayout ModelLayout::Build(const ModelConfig& c) {
     u.kind = UnitKind::kDecoder;
     u.decoder_layer = static_cast<int>(l);
     u.attention_window = c.AttentionWindow(l);
+    u.sliding_rope = c.UsesSlidingRope(l);
     u.name = absl::StrCat("layer.", l);
     const std::string p = absl::StrCat(prefix, "layers.", l, ".");
     auto add = [&](DecoderTensor t, const char* name, std::vector<int64_t> shape) {
       u.slot[t] = static_cast<int>(u.tensors.size());
       const bool side = t == kInputNorm || t == kPostNorm || t == kQNorm || t == kKNorm || t == kLinearNorm ||
-                        t == kLinearDtBias || t == kLinearALog;
+                        t == kLinearDtBias || t == kLinearALog || t == kPreFfnNorm || t == kPostFfnNorm;
       AddTensor(u, p + name, std::move(shape), side ? SideCopy::kFp32 : SideCopy::kNone);
     };
     const bool bias = c.has_qkv_bias();
@@ -163,6 +164,10 @@ ModelLayout ModelLayout::Build(const ModelConfig& c) {
       }
     }
     add(kPostNorm, "post_attention_layernorm.weight", {h});
+    if (c.has_sandwich_norms()) {  // gemma3: the MLP between two norms of its own
+      add(kPreFfnNorm, "pre_feedforward_layernorm.weight", {h});
+      add(kPostFfnNorm, "post_feedforward_layernorm.weight", {h});
+    }
     if (c.IsSparseLayer(l)) {
       // docs/moe.md: the router, the shared expert (qwen3_5_moe), then the routed experts.
       add(kRouter, "mlp.gate.weight", {c.num_experts, h});

@@ -18,7 +18,7 @@ std::string ModelConfig::PresetNames() {
          "qwen2.5-7b, qwen2.5-14b, llama3.2-1b, llama3.2-3b, llama3.1-8b, mistral-7b, qwen3-30b-a3b, tiny, tiny-qwen2, "
          "tiny-qwen2-window, tiny-llama, tiny-mistral, tiny-mistral-window, tiny-moe, qwen3.5-0.8b, qwen3.5-2b, "
          "qwen3.5-4b, qwen3.5-9b, qwen3.5-27b, qwen3.5-35b-a3b, qwen3.5-122b-a10b, qwen3.5-397b-a17b, tiny-qwen3.5, "
-         "tiny-qwen3.5-moe";
+         "tiny-qwen3.5-moe, gemma3-1b, gemma3-4b, gemma3-12b, gemma3-27b, tiny-gemma3";
 }
 
 namespace {
@@ -137,6 +137,77 @@ bool Qwen3_5Preset(absl::string_view name, ModelConfig& c) {
   return true;
 }
 
+// One released Gemma 3 language model: google/gemma-3-<size>-pt's config.json (gemma3_text for 1B;
+// the multimodal checkpoints' text_config, with Gemma3TextConfig's defaults where it says nothing,
+// for the others; vision tower not included). Every size shares the rest: RoPE bases 1e6 (global)
+// and 1e4 (sliding), five sliding layers then a full one, tied embeddings, RMSNorm eps 1e-6, no soft-
+// capping (both null). Sources: docs/model-families.md, "Gemma 3".
+struct Gemma3HubShape {
+  const char* name;
+  int64_t hidden;
+  int64_t layers;
+  int64_t heads;
+  int64_t kv_heads;
+  int64_t head_dim;
+  int64_t intermediate;
+  double query_pre_attn_scalar;
+  int64_t vocab;  // 262,144 (1B); the multimodal ones' default 262,208
+  int64_t sliding_window;
+  int64_t max_positions;
+  double global_rope_linear;  // the full-attention layers' linear RoPE factor (0: none)
+};
+
+constexpr Gemma3HubShape kGemma3Hub[] = {
+    {"gemma3-1b", 1152, 26, 4, 1, 256, 6912, 256, 262144, 512, 32768, 0},        // google/gemma-3-1b-pt
+    {"gemma3-4b", 2560, 34, 8, 4, 256, 10240, 256, 262208, 1024, 131072, 8},     // google/gemma-3-4b-pt
+    {"gemma3-12b", 3840, 48, 16, 8, 256, 15360, 256, 262208, 1024, 131072, 8},   // google/gemma-3-12b-pt
+    {"gemma3-27b", 5376, 62, 32, 16, 128, 21504, 168, 262208, 1024, 131072, 8},  // google/gemma-3-27b-pt
+};
+
+// Gemma 3's presets (ModelConfig::Preset): false for another name.
+bool Gemma3Preset(absl::string_view name, ModelConfig& c) {
+  c.family = ModelFamily::kGemma3;
+  c.rope_theta = 1e6;
+  c.sliding_rope_theta = 1e4;
+  c.rms_norm_eps = 1e-6;
+  c.pad_token_id = 0;
+  constexpr int64_t kPattern = 6;  // five sliding layers, then a full one
+  const auto* hub = std::find_if(std::begin(kGemma3Hub), std::end(kGemma3Hub),
+                                 [&](const Gemma3HubShape& s) { return name == s.name; });
+  if (hub != std::end(kGemma3Hub)) {
+    const Gemma3HubShape& s = *hub;
+    SetShape(c, s.hidden, s.layers, s.heads, s.intermediate, true);
+    c.num_key_value_heads = s.kv_heads;
+    c.head_dim = s.head_dim;
+    c.query_pre_attn_scalar = s.query_pre_attn_scalar;
+    c.vocab_size = s.vocab;
+    c.sliding_window = s.sliding_window;
+    c.max_position_embeddings = s.max_positions;
+    if (s.global_rope_linear > 0) {
+      c.rope_scaling.type = RopeScaling::Type::kLinear;
+      c.rope_scaling.factor = s.global_rope_linear;
+    }
+  } else if (name == "tiny-gemma3") {
+    // CI-sized: six layers in the released 5:1 pattern, a window of 16 (shorter than CI's rows of
+    // 64 and most of its documents), query_pre_attn_scalar apart from head_dim, the released 4B+'s
+    // linear factor on the global RoPE, and soft-capped logits (Gemma3ForCausalLM's
+    // final_logit_softcapping; no released config sets it) so CI runs every piece of the family.
+    SetTiny(c, ModelFamily::kGemma3);
+    c.num_hidden_layers = 6;
+    c.query_pre_attn_scalar = 24;
+    c.sliding_window = 16;
+    c.rope_scaling.type = RopeScaling::Type::kLinear;
+    c.rope_scaling.factor = 8;
+    c.final_logit_softcapping = 10;
+  } else {
+    return false;
+  }
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    c.layer_spans.push_back((l + 1) % kPattern != 0 ? AttentionSpan::kSliding : AttentionSpan::kFull);
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
@@ -251,6 +322,11 @@ absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
     c.tie_word_embeddings = false;
     moe(8, 2, 32);
     c.mlp_only_layers = {1};
+  } else if (absl::StartsWith(name, "gemma3-") || name == "tiny-gemma3") {
+    if (!Gemma3Preset(name, c)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown model preset \"", name, "\" (known: ", PresetNames(), ")"));
+    }
   } else if (absl::StartsWith(name, "qwen3.5-") || absl::StartsWith(name, "tiny-qwen3.5")) {
     if (!Qwen3_5Preset(name, c)) {
       return absl::InvalidArgumentError(absl::StrCat("unknown model preset \"", name, "\" (known: ", PresetNames(), ")"));

@@ -7,12 +7,15 @@
 #include "common/model/model_config.h"
 
 namespace slidedp {
+namespace {
 
-std::vector<float> ModelConfig::RopeInverseFrequencies() const {
-  const RopeScaling& s = rope_scaling;
+// One RoPE's frequencies: base `rope_theta` with scaling `s` over the config's rotary dims (a
+// gemma3 model has two: its full-attention layers' and its sliding layers').
+std::vector<float> InverseFrequencies(const ModelConfig& c, double rope_theta, const RopeScaling& s) {
+  const int64_t max_position_embeddings = c.max_position_embeddings;
   // HF rotates dim = int(head_dim x partial_rotary_factor) dimensions of each head and computes
   // every scaling's frequencies over that dim (qwen3_5: 64 of 256).
-  const int64_t rot = rotary_dim();
+  const int64_t rot = c.rotary_dim();
   const int64_t half = rot / 2;
   double base = rope_theta;
   if (s.type == RopeScaling::Type::kDynamic) {
@@ -84,14 +87,27 @@ std::vector<float> ModelConfig::RopeInverseFrequencies() const {
   return inv;
 }
 
-double ModelConfig::RopeAttentionScaling() const {
-  const RopeScaling& s = rope_scaling;
+double AttentionScalingOf(const RopeScaling& s) {
   if (s.type != RopeScaling::Type::kYarn) return 1.0;
   if (s.attention_factor != 0) return s.attention_factor;
   // _compute_yarn_parameters' get_mscale: 0.1 * mscale * ln(factor) + 1 (1 for factor <= 1).
   auto mscale_of = [&](double mscale) { return s.factor <= 1 ? 1.0 : 0.1 * mscale * std::log(s.factor) + 1.0; };
   if (s.mscale != 0 && s.mscale_all_dim != 0) return mscale_of(s.mscale) / mscale_of(s.mscale_all_dim);
   return mscale_of(1);
+}
+
+}  // namespace
+
+std::vector<float> ModelConfig::RopeInverseFrequencies(AttentionSpan span) const {
+  if (span == AttentionSpan::kSliding && has_sliding_rope()) {
+    return InverseFrequencies(*this, sliding_rope_theta, sliding_rope_scaling);
+  }
+  return InverseFrequencies(*this, rope_theta, rope_scaling);
+}
+
+double ModelConfig::RopeAttentionScaling(AttentionSpan span) const {
+  return AttentionScalingOf(span == AttentionSpan::kSliding && has_sliding_rope() ? sliding_rope_scaling
+                                                                                  : rope_scaling);
 }
 
 }  // namespace slidedp

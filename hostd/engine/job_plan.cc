@@ -135,6 +135,14 @@ absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& lay
                                                       cpu_workers, " of ", world,
                                                       " are CPU-backend (use grad_reduction: cpu)"));
   }
+  // gemma3: the CPU backend computes it (worker/compute/cpu: the sandwich norms, GeGLU, the scaled
+  // embedding, per-layer RoPE, soft-capped logits); the CUDA backend has none of them yet and would
+  // train another model, so CUDA workers are refused until it does.
+  if (layout.config.is_gemma3() && cpu_workers != world) {
+    return absl::UnimplementedError(absl::StrCat(ModelTypeName(layout.config.family),
+                                                 " on CUDA workers is not built yet; use runtime.backend: cpu (",
+                                                 world - cpu_workers, " of ", world, " workers are CUDA)"));
+  }
   // Sliding-window attention shorter than the row: the CPU backend computes it (HF's mask exactly,
   // worker/compute/cpu/dense_attention_math.cc); the CUDA backend's kernels attend causally over
   // whole documents and would train another model, so CUDA workers are refused until they have it.

@@ -8,6 +8,9 @@
 // tiny-qwen3.5-moe (Gated DeltaNet and gated attention layers; the MoE with a shared expert) too,
 // and sliding-window attention shorter than the row (tiny-mistral-window: every layer;
 // tiny-qwen2-window: a sliding layer after a full one), which changes what the model computes.
+// tiny-gemma3 (gemma3: five sliding layers over 16 keys then a full one, sandwich norms, GeGLU,
+// scaled embedding, two RoPEs, capped logits) too, and a gemma3 multimodal directory as the hub
+// names it trains with its vision tower passed through byte for byte.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -114,11 +117,13 @@ TEST_P(FamilyTraining, TrainsDataParallelResumesAndLoadsBack) {
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   EXPECT_EQ(cfg->family, config.family);
   EXPECT_EQ(cfg->RopeInverseFrequencies(), config.RopeInverseFrequencies());
+  EXPECT_EQ(cfg->RopeInverseFrequencies(AttentionSpan::kSliding),
+            config.RopeInverseFrequencies(AttentionSpan::kSliding));
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) EXPECT_EQ(cfg->AttentionWindow(l), config.AttentionWindow(l));
   const nlohmann::json saved = nlohmann::json::parse(ReadFile(ckpt + "/config.json"));
-  // qwen3_5's causal-LM checkpoint: Qwen3_5ForCausalLM's text config.
-  EXPECT_EQ(saved["model_type"], config.is_qwen3_5() ? absl::StrCat(ModelTypeName(config.family), "_text")
-                                                     : std::string(ModelTypeName(config.family)));
+  // qwen3_5's and gemma3's causal-LM checkpoints: Qwen3_5ForCausalLM's, Gemma3ForCausalLM's text config.
+  EXPECT_EQ(saved["model_type"], config.has_multimodal_layout() ? absl::StrCat(ModelTypeName(config.family), "_text")
+                                                                : std::string(ModelTypeName(config.family)));
   auto weights = safetensors::SafetensorsFile::Open(ckpt + "/model.safetensors");
   ASSERT_TRUE(weights.ok()) << weights.status();
   int64_t tensors = 0;
@@ -150,7 +155,8 @@ TEST_P(FamilyTraining, TrainsDataParallelResumesAndLoadsBack) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, FamilyTraining,
                          ::testing::Values("tiny-qwen2", "tiny-llama", "tiny-mistral", "tiny-moe", "tiny-qwen3.5",
-                                           "tiny-qwen3.5-moe", "tiny-mistral-window", "tiny-qwen2-window"),
+                                           "tiny-qwen3.5-moe", "tiny-mistral-window", "tiny-qwen2-window",
+                                           "tiny-gemma3"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
@@ -283,6 +289,96 @@ TEST(Qwen3_5Training, MultimodalFusedCheckpointKeepsItsLayoutAndUntrainedTensors
     ASSERT_NE(it, again->end()) << p.name;
     EXPECT_TRUE(it->bytes == p.bytes) << p.name;
   }
+  EXPECT_TRUE(node.LeakedSegments().empty());
+}
+
+// A released Gemma 3 multimodal checkpoint's layout (Gemma3ForConditionalGeneration) as the hub's
+// files name it: language_model.model.*, vision_tower.*, multi_modal_projector.*, and a config with
+// text_config and vision_config. Trained from the directory through hostd and two workers, its
+// checkpoints hold transformers' own names (model.language_model.*, model.vision_tower.*, ...), the
+// vision tower and projector byte for byte, the wrapper's config; a resumed job keeps them.
+TEST(Gemma3Training, HubNamedMultimodalDirectoryTrainsAndKeepsItsVisionTower) {
+  ModelConfig config = *ModelConfig::Preset("tiny-gemma3");
+  config.multimodal = true;
+  config.final_logit_softcapping = 0;  // Gemma3ForConditionalGeneration does not cap its logits
+  const ModelLayout layout = ModelLayout::Build(config);
+  std::vector<std::vector<float>> master(layout.num_units());
+  for (int u = 0; u < layout.num_units(); ++u) master[u].assign(layout.units[u].numel, 0.0f);
+  checkpoint::InitRandom(layout, 13, [&](int u) { return master[u].data(); });
+  checkpoint::PassThrough pass;
+  for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+           {"model.vision_tower.vision_model.embeddings.patch_embedding.weight", {32, 3, 4, 4}},
+           {"model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.bias", {32}},
+           {"model.multi_modal_projector.mm_input_projection_weight", {32, 64}},
+           {"model.multi_modal_projector.mm_soft_emb_norm.weight", {32}}}) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::string bytes(static_cast<size_t>(2 * n), '\0');
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>((i * 97 + name.size()) % 253);
+    pass.push_back({name, safetensors::Dtype::kBF16, shape, bytes});
+  }
+  NodeHarness node(2);
+  const std::string src = node.dir() + "/gemma3-vl";
+  std::filesystem::create_directories(src);
+  auto files = checkpoint::internal::PlanWeightFiles(
+      layout, [&](int u) -> const float* { return master[u].data(); }, Dtype::kBF16, checkpoint::kDefaultShardMaxBytes,
+      &pass);
+  for (checkpoint::internal::PlannedFile& f : files) {  // the hub's spelling
+    for (safetensors::TensorSource& t : f.tensors) {
+      for (const auto& [ours, hub] :
+           {std::pair<std::string, std::string>{"model.language_model.", "language_model.model."},
+            {"model.vision_tower.", "vision_tower."},
+            {"model.multi_modal_projector.", "multi_modal_projector."}}) {
+        if (absl::StartsWith(t.name, ours)) {
+          t.name = hub + t.name.substr(ours.size());
+          break;
+        }
+      }
+    }
+  }
+  ASSERT_TRUE(checkpoint::internal::WriteWeightFiles(src, files, 2).ok());
+  nlohmann::json cfg = nlohmann::json::parse(config.ToJson());
+  cfg["vision_config"] = {{"model_type", "siglip_vision_model"},
+                          {"hidden_size", 32},
+                          {"image_size", 8},
+                          {"patch_size", 4},
+                          {"num_hidden_layers", 1},
+                          {"vision_use_head", false}};
+  cfg["mm_tokens_per_image"] = 4;
+  std::ofstream(src + "/config.json") << cfg.dump(2);
+  auto weights0 = safetensors::SafetensorsFile::Open(src + "/model.safetensors");
+  ASSERT_TRUE(weights0.ok()) << weights0.status();
+  ASSERT_NE((*weights0)->Find("language_model.model.layers.0.pre_feedforward_layernorm.weight"), nullptr);
+
+  v1::Job job = MustSucceed(node, Spec(absl::StrCat("path: ", src), 2, 2, "out-g3vl"), "g3vl");
+  EXPECT_EQ(job.last().step(), 2);
+  EXPECT_TRUE(std::isfinite(job.last().loss()));
+  auto check = [&](const std::string& ckpt) {
+    const nlohmann::json saved = nlohmann::json::parse(ReadFile(ckpt + "/config.json"));
+    EXPECT_EQ(saved["model_type"], "gemma3");
+    EXPECT_EQ(saved["text_config"]["model_type"], "gemma3_text");
+    EXPECT_EQ(saved["vision_config"]["hidden_size"], 32);
+    auto weights = safetensors::SafetensorsFile::Open(ckpt + "/model.safetensors");
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    std::set<std::string> names;
+    for (const UnitLayout& u : layout.units)
+      for (const TensorSlot& t : u.tensors) {
+        names.insert(t.hf_name);
+        EXPECT_NE((*weights)->Find(t.hf_name), nullptr) << t.hf_name;
+      }
+    for (const checkpoint::PassThroughTensor& p : pass) {
+      const safetensors::TensorInfo* t = (*weights)->Find(p.name);
+      ASSERT_NE(t, nullptr) << p.name;
+      EXPECT_EQ(t->shape, p.shape);
+      EXPECT_TRUE((*weights)->Bytes(*t) == p.bytes) << p.name << " changed";
+    }
+    EXPECT_EQ((*weights)->tensors().size(), names.size() + pass.size());
+  };
+  check(job.last_checkpoint());
+  v1::Job more =
+      MustSucceed(node, Spec(absl::StrCat("path: ", src), 2, 3, "out-g3vl-more"), "g3vl-more", job.last_checkpoint());
+  EXPECT_EQ(more.last().step(), 3);
+  check(more.last_checkpoint());
   EXPECT_TRUE(node.LeakedSegments().empty());
 }
 

@@ -533,6 +533,22 @@ TEST(JobPlanParts, WorkersFitRefusesShortSlidingWindowsOnCudaWorkers) {
   EXPECT_TRUE(CheckWorkersFit(s, Layout("tiny-mistral"), Gpus(2)).ok()) << "no window";
 }
 
+// gemma3 trains on CPU-backend workers; CUDA workers are refused at submit whatever the row length.
+TEST(JobPlanParts, WorkersFitRefusesGemma3OnCudaWorkers) {
+  const ModelLayout layout = Layout("tiny-gemma3");
+  JobSpec s = Spec(2, 0, GradReduction::kCpu);
+  s.model.preset = "tiny-gemma3";
+  s.train.seq_len = 16;  // within its window: still refused
+  std::vector<WorkerDevice> cpus = {Device(true, int64_t{64} << 30), Device(true, int64_t{64} << 30)};
+  EXPECT_TRUE(CheckWorkersFit(s, layout, cpus).ok());
+  const absl::Status cuda = CheckWorkersFit(s, layout, Gpus(2)).status();
+  EXPECT_EQ(cuda.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(absl::StrContains(cuda.message(), "gemma3 on CUDA workers is not built yet; use runtime.backend: cpu"))
+      << cuda;
+  std::vector<WorkerDevice> mixed = {Device(true, int64_t{64} << 30), Device(false, int64_t{80} << 30)};
+  EXPECT_EQ(CheckWorkersFit(s, layout, mixed).status().code(), absl::StatusCode::kUnimplemented);
+}
+
 TEST(JobPlanParts, ContextGroupsGoOverNcclOrAShmSegment) {
   const ModelLayout layout = Layout();
   JobSpec s = Spec(2, 0);

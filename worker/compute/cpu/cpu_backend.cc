@@ -279,10 +279,10 @@ class CpuBackend final : public ComputeBackend {
     if (embed.bf16 == nullptr || out == nullptr) return absl::InvalidArgumentError("EmbeddingForward: null pointer");
     if (embed.fp32 != nullptr) {
       EmbeddingLookup(embed.fp32, b->batch().tokens.data(), b->num_tokens(), dims_.hidden, static_cast<float*>(out),
-                      &pool_);
+                      &pool_, dims_.embed_scale);
     } else {
       EmbeddingLookup(embed.bf16, b->batch().tokens.data(), b->num_tokens(), dims_.hidden, static_cast<float*>(out),
-                      &pool_);
+                      &pool_, dims_.embed_scale);
     }
     return absl::OkStatus();
   }
@@ -290,7 +290,7 @@ class CpuBackend final : public ComputeBackend {
     ASSIGN_OR_RETURN(const CpuDeviceBatch* b, AsCpu(batch));
     if (dout == nullptr || dembed == nullptr) return absl::InvalidArgumentError("EmbeddingBackward: null pointer");
     EmbeddingScatterAdd(static_cast<const float*>(dout), b->batch().tokens.data(), b->num_tokens(), dims_.hidden,
-                        dembed);
+                        dembed, dims_.embed_scale);
     return absl::OkStatus();
   }
 
@@ -309,9 +309,9 @@ class CpuBackend final : public ComputeBackend {
     // Tiled when the batch is longer than a tile and nothing is kept (a kept piece holds every
     // row: the untiled forward, which gives the same outputs bit for bit, fills it). A sparse
     // layer runs whole: its router statistics are the whole batch's.
-    // qwen3_5's layers keep nothing: backward recomputes them from the layer input (their
-    // activations are not the pieces a policy names).
-    if (config_.is_qwen3_5()) policy = ActPolicy::kRecomputeLayer;
+    // qwen3_5's and gemma3's layers keep nothing: backward recomputes them from the layer input
+    // (their activations are not the pieces a policy names: the Gated DeltaNet's, the sandwich norms').
+    if (LayersKeepNothing()) policy = ActPolicy::kRecomputeLayer;
     if (TileRows(T) < T && (saved == nullptr || policy.keeps_nothing()) && !offs.sparse()) {
       DecoderForwardTiled(dims_, offs, w.data(), geom, static_cast<const float*>(x), static_cast<float*>(y),
                           TileRows(T), &pool_);
@@ -376,8 +376,7 @@ class CpuBackend final : public ComputeBackend {
                            dparams, TileRows(T), &pool_);
       return ContextStatus("DecoderBackward");
     }
-    const ActPolicy policy =
-        s == nullptr || config_.is_qwen3_5() ? ActPolicy::kRecomputeLayer : s->policy();
+    const ActPolicy policy = s == nullptr || LayersKeepNothing() ? ActPolicy::kRecomputeLayer : s->policy();
     DecoderActs<float> local;
     const DecoderActs<float>* acts = &local;
     if (policy.keeps_all() && !offs.sparse()) {
@@ -504,6 +503,8 @@ class CpuBackend final : public ComputeBackend {
     return absl::OkStatus();
   }
 
+  bool LayersKeepNothing() const { return config_.is_qwen3_5() || config_.is_gemma3(); }
+
   // One decoder layer: its unit's layout and offsets, and its place among the sparse layers.
   struct Layer {
     UnitLayout unit;
@@ -527,7 +528,7 @@ class CpuBackend final : public ComputeBackend {
 
   // The decoder unit in FP32: the BF16 array upcast, its norm weights from the FP32 side copy
   // when there is one.
-  // qwen3_5's (1 + w) norms carry the 1 here (AddNormWeightOffsets), so the math sees plain ones.
+  // qwen3_5's and gemma3's (1 + w) norms carry the 1 here (AddNormWeightOffsets), so the math sees plain ones.
   std::vector<float> DecoderWeights(const UnitParams& params, const Layer& layer) const {
     std::vector<float> w = UpcastBf16(params.bf16, layer.offs.unit_numel);
     if (params.fp32 != nullptr) {
@@ -538,7 +539,7 @@ class CpuBackend final : public ComputeBackend {
     AddNormWeightOffsets(config_, layer.unit, w.data());
     return w;
   }
-  // The head's final norm in FP32 (its side copy, or upcast), with qwen3_5's 1 added.
+  // The head's final norm in FP32 (its side copy, or upcast), with qwen3_5's and gemma3's 1 added.
   std::vector<float> HeadNorm(const UnitParams& norm_w) const {
     std::vector<float> norm = norm_w.fp32 != nullptr ? std::vector<float>(norm_w.fp32, norm_w.fp32 + dims_.hidden)
                                                      : UpcastBf16(norm_w.bf16, dims_.hidden);

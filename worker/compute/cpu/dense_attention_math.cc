@@ -87,7 +87,7 @@ void AttentionForwardRows(const DecoderDims& d, const TokenGeometry& full, int64
                           int64_t n, const R* q_rot, const R* k_rot, const R* v, R* attn, R* lse, CpuWorkerPool* pool) {
   const int64_t hd = d.head_dim, qd = d.q_dim(), kvd = d.kv_dim();
   const int64_t group = d.heads / d.kv_heads;
-  const R scale = static_cast<R>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const R scale = static_cast<R>(d.AttentionScale());
   const std::vector<int64_t> starts = DocStarts(full, rows, n);
   // One task per (local row, query head); the arithmetic of AttentionForward's row, in its order.
   ParallelRanges(pool, n * d.heads, 1, [&](int64_t i0, int64_t i1) {
@@ -106,7 +106,7 @@ void AttentionBackwardRows(const DecoderDims& d, const TokenGeometry& full, int6
                            const R* dattn, R* dq, R* dk, R* dv, CpuWorkerPool* pool) {
   const int64_t T = full.num_tokens, hd = d.head_dim, qd = d.q_dim(), kvd = d.kv_dim();
   const int64_t group = d.heads / d.kv_heads;
-  const R scale = static_cast<R>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const R scale = static_cast<R>(d.AttentionScale());
   const std::vector<int64_t> starts = DocStarts(full, rows, n);
   std::fill(dk, dk + T * kvd, R(0));
   std::fill(dv, dv + T * kvd, R(0));
@@ -225,7 +225,7 @@ void AttentionForward(const DecoderDims& d, const TokenGeometry& geom, int64_t w
   }
   const int64_t hd = d.head_dim, qd = d.q_dim(), kvd = d.kv_dim();
   const int64_t group = d.heads / d.kv_heads;
-  const R scale = static_cast<R>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const R scale = static_cast<R>(d.AttentionScale());
   // One task per (document, query head): disjoint output rows.
   ParallelRanges(pool, geom.num_docs * d.heads, 1, [&](int64_t i0, int64_t i1) {
     std::vector<R> p;
@@ -251,7 +251,7 @@ void AttentionBackward(const DecoderDims& d, const TokenGeometry& geom, int64_t 
   }
   const int64_t T = geom.num_tokens, hd = d.head_dim, qd = d.q_dim(), kvd = d.kv_dim();
   const int64_t group = d.heads / d.kv_heads;
-  const R scale = static_cast<R>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const R scale = static_cast<R>(d.AttentionScale());
   std::fill(dk, dk + T * kvd, R(0));
   std::fill(dv, dv + T * kvd, R(0));
   // One task per (document, kv head): each writes only its own dk/dv rows and the dq rows of the

@@ -16,6 +16,8 @@
 namespace slidedp {
 namespace {
 
+using dense_math::GatedMlp;
+using dense_math::GatedMlpBackward;
 using dense_math::SwiGlu;
 using dense_math::SwiGluBackward;
 
@@ -87,6 +89,36 @@ std::vector<R> GatedAttention(const DecoderDims& d, const DecoderActs<R>& a, int
   return o;
 }
 
+// The norm of the MLP's input: post_attention_layernorm, or gemma3's pre_feedforward_layernorm
+// (its post_attention_layernorm norms the attention output instead).
+DecoderTensor MlpInputNorm(const DecoderDims& d) { return d.sandwich_norms ? kPreFfnNorm : kPostNorm; }
+
+// The dense MLP's hidden activations m = act(gate) * up [T, intermediate], and its output
+// down_proj(m) [T, hidden].
+template <typename R>
+std::vector<R> MlpHidden(const DecoderDims& d, const DecoderActs<R>& a, int64_t T) {
+  std::vector<R> m(T * d.intermediate);
+  GatedMlp(d.mlp_act, a.gate.data(), a.up.data(), T * d.intermediate, m.data());
+  return m;
+}
+template <typename R>
+std::vector<R> MlpOutput(const DecoderDims& d, const DecoderTensors<const R>& w, const std::vector<R>& m, int64_t T,
+                         CpuWorkerPool* pool) {
+  std::vector<R> down(T * d.hidden);
+  LinearForward(m.data(), w[kDownProj], T, d.intermediate, d.hidden, down.data(), pool);
+  return down;
+}
+
+// gemma3's post_feedforward_layernorm of the MLP's output `down`: its output and rsqrt per token.
+template <typename R>
+void PostFeedforwardNorm(const DecoderDims& d, const DecoderTensors<const R>& w, const std::vector<R>& down, int64_t T,
+                         std::vector<R>* normed, std::vector<R>* rstd, CpuWorkerPool* pool) {
+  normed->resize(T * d.hidden);
+  rstd->resize(T);
+  RmsNormRows(down.data(), w[kPostFfnNorm], T, d.hidden, static_cast<R>(d.rms_norm_eps), normed->data(), rstd->data(),
+              pool);
+}
+
 // qwen3_5_moe's shared expert beside the routed ones: y += sigmoid(hn . w_gate) * SwiGLU_s(hn).
 template <typename R>
 void SharedExpertForward(const DecoderDims& d, const DecoderTensors<const R>& w, int64_t T, DecoderActs<R>* a, R* y,
@@ -150,7 +182,8 @@ int64_t DecoderActs<R>::num_elements() const {
 
 template <typename R>
 void DecoderAttentionInputs(const DecoderDims& d, const DecoderOffsets& offs, const R* params,
-                            const TokenGeometry& geom, const R* x, DecoderActs<R>* a, CpuWorkerPool* pool) {
+                            const TokenGeometry& batch_geom, const R* x, DecoderActs<R>* a, CpuWorkerPool* pool) {
+  const TokenGeometry geom = LayerGeometry(batch_geom, offs);
   const DecoderTensors<const R> w(params, offs);
   const int64_t T = geom.num_tokens, H = d.hidden, qd = d.q_dim(), kvd = d.kv_dim();
   const R eps = static_cast<R>(d.rms_norm_eps);
@@ -222,16 +255,22 @@ void DecoderMlpInputs(const DecoderDims& d, const DecoderOffsets& offs, const R*
                       const R* x, DecoderActs<R>* a, CpuWorkerPool* pool) {
   const DecoderTensors<const R> w(params, offs);
   const int64_t T = geom.num_tokens, H = d.hidden, I = d.intermediate;
+  const R eps = static_cast<R>(d.rms_norm_eps);
   a->h1.resize(T * H);
   if (offs.linear()) {
     std::copy(a->attn.begin(), a->attn.begin() + T * H, a->h1.begin());
   } else {
     LinearForward(GatedAttention(d, *a, T).data(), w[kOProj], T, d.q_dim(), H, a->h1.data(), pool);
   }
+  if (d.sandwich_norms) {  // gemma3: the attention output through post_attention_layernorm
+    a->attn_out = a->h1;
+    a->attn_out_rstd.resize(T);
+    RmsNormRows(a->attn_out.data(), w[kPostNorm], T, H, eps, a->h1.data(), a->attn_out_rstd.data(), pool);
+  }
   for (int64_t i = 0; i < T * H; ++i) a->h1[i] = x[i] + a->h1[i];
   a->rstd2.resize(T);
   a->hn.resize(T * H);
-  RmsNormRows(a->h1.data(), w[kPostNorm], T, H, static_cast<R>(d.rms_norm_eps), a->hn.data(), a->rstd2.data(), pool);
+  RmsNormRows(a->h1.data(), w[MlpInputNorm(d)], T, H, eps, a->hn.data(), a->rstd2.data(), pool);
   if (offs.sparse()) {
     a->moe_y.resize(T * H);
     MoeBlockForward(d.moe, offs.moe, params, a->hn.data(), T, a->moe_y.data(), &a->moe, pool);
@@ -248,15 +287,17 @@ template <typename R>
 void DecoderOutput(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
                    const DecoderActs<R>& a, R* y, CpuWorkerPool* pool) {
   const DecoderTensors<const R> w(params, offs);
-  const int64_t T = geom.num_tokens, H = d.hidden, I = d.intermediate;
+  const int64_t T = geom.num_tokens, H = d.hidden;
   if (offs.sparse()) {
     for (int64_t i = 0; i < T * H; ++i) y[i] = a.h1[i] + a.moe_y[i];
     return;
   }
-  std::vector<R> m(T * I);
-  SwiGlu(a.gate.data(), a.up.data(), T * I, m.data());
-  std::vector<R> down(T * H);
-  LinearForward(m.data(), w[kDownProj], T, I, H, down.data(), pool);
+  std::vector<R> down = MlpOutput(d, w, MlpHidden(d, a, T), T, pool);
+  if (d.sandwich_norms) {  // gemma3: the MLP's output through post_feedforward_layernorm
+    std::vector<R> normed, rstd;
+    PostFeedforwardNorm(d, w, down, T, &normed, &rstd, pool);
+    down.swap(normed);
+  }
   for (int64_t i = 0; i < T * H; ++i) y[i] = a.h1[i] + down[i];
 }
 
@@ -280,6 +321,10 @@ TokenGeometry TileGeometry(const TokenGeometry& geom, int64_t head_half, int64_t
   g.num_tokens = rows;
   g.rope_cos = geom.rope_cos + t0 * half;
   g.rope_sin = geom.rope_sin + t0 * half;
+  if (geom.sliding_rope_cos != nullptr) {
+    g.sliding_rope_cos = geom.sliding_rope_cos + t0 * half;
+    g.sliding_rope_sin = geom.sliding_rope_sin + t0 * half;
+  }
   return g;
 }
 
@@ -294,13 +339,23 @@ template <typename R>
 void DenseMlpBackward(const DecoderDims& d, const DecoderTensors<const R>& w, const DecoderTensors<R>& g, int64_t T,
                       const DecoderActs<R>& a, const R* dy, R* dhn, CpuWorkerPool* pool) {
   const int64_t H = d.hidden, I = d.intermediate;
-  // MLP: y = h1 + m Wd^T, m = silu(gate) * up.
-  std::vector<R> m(T * I), dm(T * I);
-  SwiGlu(a.gate.data(), a.up.data(), T * I, m.data());
+  // MLP: its output m Wd^T, m = act(gate) * up; dy is the gradient at that output.
+  std::vector<R> m = MlpHidden(d, a, T), dm(T * I);
+  // gemma3: y = h1 + rms_pf(m Wd^T): dy through post_feedforward_layernorm first.
+  std::vector<R> dout;
+  if (d.sandwich_norms) {
+    const std::vector<R> down = MlpOutput(d, w, m, T, pool);
+    std::vector<R> normed, rstd;
+    PostFeedforwardNorm(d, w, down, T, &normed, &rstd, pool);
+    dout.resize(T * H);
+    RmsNormBackwardRows(down.data(), rstd.data(), w[kPostFfnNorm], dy, T, H, dout.data(), Accumulate::kOverwrite,
+                        g[kPostFfnNorm], pool);
+    dy = dout.data();
+  }
   LinearBackwardWeight(dy, m.data(), T, I, H, g[kDownProj], pool);
   LinearBackwardInput(dy, w[kDownProj], T, I, H, dm.data(), Accumulate::kOverwrite, pool);
   std::vector<R> dgate(T * I), dup(T * I);
-  SwiGluBackward(a.gate.data(), a.up.data(), dm.data(), T * I, dgate.data(), dup.data());
+  GatedMlpBackward(d.mlp_act, a.gate.data(), a.up.data(), dm.data(), T * I, dgate.data(), dup.data());
   m = {};
   dm = {};
   LinearBackwardWeight(dgate.data(), a.hn.data(), T, H, I, g[kGateProj], pool);
@@ -329,20 +384,29 @@ void MlpBlockBackward(const DecoderDims& d, const DecoderOffsets& offs, const R*
     DenseMlpBackward(d, w, g, T, a, dy, dhn.data(), pool);
   }
 
-  // dh1 = dy + RMSNorm2 backward.
+  // dh1 = dy + the MLP input norm's backward.
   std::copy(dy, dy + T * H, dh1);
-  RmsNormBackwardRows(a.h1.data(), a.rstd2.data(), w[kPostNorm], dhn.data(), T, H, dh1, Accumulate::kAdd, g[kPostNorm],
-                      pool);
+  const DecoderTensor norm2 = MlpInputNorm(d);
+  RmsNormBackwardRows(a.h1.data(), a.rstd2.data(), w[norm2], dhn.data(), T, H, dh1, Accumulate::kAdd, g[norm2], pool);
   dhn = {};
 
   if (offs.linear()) {  // h1 = x + mixer output
     std::copy(dh1, dh1 + T * H, dattn);
     return;
   }
+  // o_proj's output gradient: dh1, or gemma3's through post_attention_layernorm.
+  std::vector<R> dattn_out;
+  const R* do_proj = dh1;
+  if (d.sandwich_norms) {
+    dattn_out.resize(T * H);
+    RmsNormBackwardRows(a.attn_out.data(), a.attn_out_rstd.data(), w[kPostNorm], dh1, T, H, dattn_out.data(),
+                        Accumulate::kOverwrite, g[kPostNorm], pool);
+    do_proj = dattn_out.data();
+  }
   // o_proj (of the gated attention output, qwen3_5).
   const std::vector<R> o_in = GatedAttention(d, a, T);
-  LinearBackwardWeight(dh1, o_in.data(), T, qd, H, g[kOProj], pool);
-  LinearBackwardInput(dh1, w[kOProj], T, qd, H, dattn, Accumulate::kOverwrite, pool);
+  LinearBackwardWeight(do_proj, o_in.data(), T, qd, H, g[kOProj], pool);
+  LinearBackwardInput(do_proj, w[kOProj], T, qd, H, dattn, Accumulate::kOverwrite, pool);
   if (d.output_gate) {
     for (int64_t i = 0; i < T * qd; ++i) {
       const R s = Sigmoid(a.qgate[i]);
@@ -427,9 +491,10 @@ DecoderActs<R> TiledAttention(const DecoderDims& d, const DecoderOffsets& offs, 
 }  // namespace
 
 template <typename R>
-void DecoderBackward(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
+void DecoderBackward(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& batch_geom,
                      const R* x, const DecoderActs<R>& a, const R* dy, R* dx, R* dparams, CpuWorkerPool* pool,
                      const double* aux_prob_grad) {
+  const TokenGeometry geom = LayerGeometry(batch_geom, offs);  // its RoPE tables
   const DecoderTensors<const R> w(params, offs);
   const DecoderTensors<R> g(dparams, offs);
   const int64_t T = geom.num_tokens, H = d.hidden, qd = d.q_dim(), kvd = d.kv_dim();
@@ -453,8 +518,9 @@ void DecoderBackward(const DecoderDims& d, const DecoderOffsets& offs, const R* 
 }
 
 template <typename R>
-void DecoderForwardTiled(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
-                         const R* x, R* y, int64_t tile, CpuWorkerPool* pool) {
+void DecoderForwardTiled(const DecoderDims& d, const DecoderOffsets& offs, const R* params,
+                         const TokenGeometry& batch_geom, const R* x, R* y, int64_t tile, CpuWorkerPool* pool) {
+  const TokenGeometry geom = LayerGeometry(batch_geom, offs);  // its RoPE tables
   const int64_t T = geom.num_tokens, H = d.hidden, half = d.head_dim / 2, qd = d.q_dim();
   // qwen3_5's layers run whole (the Gated DeltaNet mixes every token; the gated attention's gate
   // is not tiled).
@@ -477,8 +543,10 @@ void DecoderForwardTiled(const DecoderDims& d, const DecoderOffsets& offs, const
 }
 
 template <typename R>
-void DecoderBackwardTiled(const DecoderDims& d, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
-                          const R* x, const R* dy, R* dx, R* dparams, int64_t tile, CpuWorkerPool* pool) {
+void DecoderBackwardTiled(const DecoderDims& d, const DecoderOffsets& offs, const R* params,
+                          const TokenGeometry& batch_geom, const R* x, const R* dy, R* dx, R* dparams, int64_t tile,
+                          CpuWorkerPool* pool) {
+  const TokenGeometry geom = LayerGeometry(batch_geom, offs);  // its RoPE tables
   const int64_t T = geom.num_tokens, H = d.hidden, half = d.head_dim / 2, qd = d.q_dim(), kvd = d.kv_dim();
   if (tile <= 0 || tile >= T || offs.linear() || d.output_gate) {
     DecoderActs<R> acts;

@@ -36,20 +36,31 @@ inline R ToReal(double v) {
 
 template <typename R, typename W>
 void EmbeddingLookup(const W* embed, const int32_t* tokens, int64_t num_tokens, int64_t hidden, R* out,
-                     CpuWorkerPool* pool) {
+                     CpuWorkerPool* pool, double scale) {
+  // gemma3: HF's row * embed_scale (the scale already in the model's dtype), here in R.
+  const R s = static_cast<R>(scale);
   ParallelRanges(pool, num_tokens, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const W* row = embed + static_cast<int64_t>(tokens[t]) * hidden;
       for (int64_t i = 0; i < hidden; ++i) out[t * hidden + i] = ToReal<R>(row[i]);
+      if (scale != 1) {
+        for (int64_t i = 0; i < hidden; ++i) out[t * hidden + i] *= s;
+      }
     }
   });
 }
 
 template <typename R>
-void EmbeddingScatterAdd(const R* dout, const int32_t* tokens, int64_t num_tokens, int64_t hidden, R* dembed) {
+void EmbeddingScatterAdd(const R* dout, const int32_t* tokens, int64_t num_tokens, int64_t hidden, R* dembed,
+                         double scale) {
+  const R s = static_cast<R>(scale);
   for (int64_t t = 0; t < num_tokens; ++t) {
     R* row = dembed + static_cast<int64_t>(tokens[t]) * hidden;
-    for (int64_t i = 0; i < hidden; ++i) row[i] += dout[t * hidden + i];
+    if (scale == 1) {
+      for (int64_t i = 0; i < hidden; ++i) row[i] += dout[t * hidden + i];
+    } else {
+      for (int64_t i = 0; i < hidden; ++i) row[i] += dout[t * hidden + i] * s;
+    }
   }
 }
 
@@ -62,6 +73,10 @@ double HeadLossAndGrad(const DecoderDims& d, const R* norm_w, const W* lm_head_w
   const int64_t vc_max = std::max<int64_t>(std::min(chunking.vocab_chunk, V), 1);
   const R eps = static_cast<R>(d.rms_norm_eps);
   const R scale = static_cast<R>(loss_scale);
+  // gemma3's final_logit_softcapping: logits = tanh(logits / cap) * cap, as Gemma3ForCausalLM
+  // computes them before the loss; tanh_chunk keeps the tanh for the gradient (1 - tanh^2).
+  const R cap = static_cast<R>(d.final_logit_softcap);
+  const bool capped = d.final_logit_softcap > 0;
 
   const bool grads = dx != nullptr;  // no dx: the loss alone (evaluation), no pass 2
   if (grads) std::fill(dx, dx + num_tokens * H, R(0));
@@ -75,6 +90,7 @@ double HeadLossAndGrad(const DecoderDims& d, const R* norm_w, const W* lm_head_w
   std::vector<R> w_chunk(vc_max * H);  // LM head rows of one vocabulary chunk, upcast
   std::vector<R> xin(tc_max * H), xf(tc_max * H), rstd(tc_max), dxf(tc_max * H);
   std::vector<R> logits(tc_max * vc_max), run_max(tc_max), run_sum(tc_max), label_logit(tc_max), lse(tc_max);
+  std::vector<R> tanh_chunk(capped ? tc_max * vc_max : 0);
   std::vector<R> dnorm_acc(H, R(0));
   double loss = 0.0;
 
@@ -85,8 +101,18 @@ double HeadLossAndGrad(const DecoderDims& d, const R* norm_w, const W* lm_head_w
       const int64_t vc = std::min(vc_max, V - v0);
       for (int64_t i = 0; i < vc * H; ++i) w_chunk[i] = ToReal<R>(lm_head_w[v0 * H + i]);
       ParallelRanges(pool, tc, 1, [&](int64_t c0, int64_t c1) {
-        for (int64_t c = c0; c < c1; ++c)
-          for (int64_t v = 0; v < vc; ++v) logits[c * vc + v] = Dot(xf.data() + c * H, w_chunk.data() + v * H, H);
+        for (int64_t c = c0; c < c1; ++c) {
+          for (int64_t v = 0; v < vc; ++v) {
+            const R logit = Dot(xf.data() + c * H, w_chunk.data() + v * H, H);
+            if (!capped) {
+              logits[c * vc + v] = logit;
+              continue;
+            }
+            const R t = std::tanh(logit / cap);
+            tanh_chunk[c * vc + v] = t;
+            logits[c * vc + v] = t * cap;
+          }
+        }
       });
       on_chunk(v0, vc);
     }
@@ -128,6 +154,10 @@ double HeadLossAndGrad(const DecoderDims& d, const R* norm_w, const W* lm_head_w
         for (int64_t v = 0; v < vc; ++v) {
           const R p = std::exp(l[v] - lse[c]);
           l[v] = scale * (v0 + v == label ? p - R(1) : p);
+          if (capped) {  // through the soft cap: d(cap tanh(z / cap)) / dz = 1 - tanh^2
+            const R t = tanh_chunk[c * vc + v];
+            l[v] *= R(1) - t * t;
+          }
         }
       }
       ParallelRanges(pool, tc, 1, [&](int64_t c0, int64_t c1) {
@@ -164,7 +194,7 @@ double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vecto
   const ModelConfig& c = layout.config;
   const DecoderDims dims = DecoderDims::From(c);
   const int num_units = layout.num_units();
-  // qwen3_5's (1 + w) norms: the math reads 1 + w (AddNormWeightOffsets); gradients are w's.
+  // qwen3_5's and gemma3's (1 + w) norms: the math reads 1 + w (AddNormWeightOffsets); gradients are w's.
   std::vector<std::vector<R>> shifted;
   const std::vector<std::vector<R>>* params = &unit_params;
   if (c.norms_add_one()) {
@@ -185,11 +215,11 @@ double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vecto
   double loss = 0.0;
   for (const MicroBatch& mb : batches) {
     const int64_t T = mb.num_tokens(), H = dims.hidden;
-    const RopeTables rope = BuildRopeTables(mb.positions, dims.rope_inv_freq, dims.rope_attention_scaling);
+    const RopeTables rope = BuildRopeTables(mb.positions, c);
     const TokenGeometry geom = MakeTokenGeometry(mb, rope);
     // xs[l] is the input of decoder layer l; xs.back() the head's input.
     std::vector<std::vector<R>> xs(num_units - 1, std::vector<R>(T * H));
-    EmbeddingLookup(unit_params_math[embed].data(), mb.tokens.data(), T, H, xs[0].data(), pool);
+    EmbeddingLookup(unit_params_math[embed].data(), mb.tokens.data(), T, H, xs[0].data(), pool, dims.embed_scale);
     std::vector<DecoderActs<R>> acts(num_units - 2);
     std::vector<MoeRouterStats> router;
     for (int u = 1; u < head; ++u) {
@@ -209,13 +239,13 @@ double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vecto
       DecoderBackward(dims, offs[u], unit_params_math[u].data(), geom, xs[u - 1].data(), acts[u - 1], grad.data(),
                       grad.data(), (*unit_grads)[u].data(), pool, aux_grad.empty() ? nullptr : aux_grad.data());
     }
-    EmbeddingScatterAdd(grad.data(), mb.tokens.data(), T, H, (*unit_grads)[embed].data());
+    EmbeddingScatterAdd(grad.data(), mb.tokens.data(), T, H, (*unit_grads)[embed].data(), dims.embed_scale);
   }
   return loss;
 }
 
 #define SLIDEDP_INSTANTIATE_MODEL(R)                                                                         \
-  template void EmbeddingScatterAdd<R>(const R*, const int32_t*, int64_t, int64_t, R*);                      \
+  template void EmbeddingScatterAdd<R>(const R*, const int32_t*, int64_t, int64_t, R*, double);              \
   template double ModelLossAndGrads<R>(const ModelLayout&, const std::vector<std::vector<R>>&,               \
                                        const std::vector<MicroBatch>&, double, std::vector<std::vector<R>>*, \
                                        CpuWorkerPool*, double);
@@ -224,7 +254,7 @@ SLIDEDP_INSTANTIATE_MODEL(float)
 SLIDEDP_INSTANTIATE_MODEL(double)
 
 #define SLIDEDP_INSTANTIATE_REAL_WEIGHT(R, W)                                                                      \
-  template void EmbeddingLookup<R, W>(const W*, const int32_t*, int64_t, int64_t, R*, CpuWorkerPool*);             \
+  template void EmbeddingLookup<R, W>(const W*, const int32_t*, int64_t, int64_t, R*, CpuWorkerPool*, double);     \
   template double HeadLossAndGrad<R, W>(const DecoderDims&, const R*, const W*, const int32_t*, int64_t, const R*, \
                                         double, R*, R*, R*, const HeadChunking&, CpuWorkerPool*);
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "worker/compute/cpu/dense_reference_math_internal.h"
@@ -155,6 +156,11 @@ DecoderDims DecoderDims::From(const ModelConfig& c) {
   d.linear_k_dim = c.linear.key_head_dim;
   d.linear_v_dim = c.linear.value_head_dim;
   d.linear_conv = c.linear.conv_kernel;
+  d.attn_scale = c.AttentionScale();
+  d.mlp_act = c.mlp_activation();
+  d.sandwich_norms = c.has_sandwich_norms();
+  d.final_logit_softcap = c.final_logit_softcapping;
+  d.embed_scale = c.EmbeddingScale();
   return d;
 }
 
@@ -172,6 +178,7 @@ DecoderOffsets DecoderOffsets::Of(const UnitLayout& unit) {
   offs.unit_numel = unit.numel;
   offs.moe = MoeOffsets::InUnit(unit);
   offs.attention_window = unit.attention_window;
+  offs.sliding_rope = unit.sliding_rope;
   return offs;
 }
 
@@ -193,7 +200,15 @@ RopeTables BuildRopeTables(const std::vector<int32_t>& positions, const std::vec
 }
 
 RopeTables BuildRopeTables(const std::vector<int32_t>& positions, const ModelConfig& config) {
-  return BuildRopeTables(positions, config.RopeInverseFrequencies(), static_cast<float>(config.RopeAttentionScaling()));
+  RopeTables r =
+      BuildRopeTables(positions, config.RopeInverseFrequencies(), static_cast<float>(config.RopeAttentionScaling()));
+  if (config.has_sliding_rope()) {
+    RopeTables s = BuildRopeTables(positions, config.RopeInverseFrequencies(AttentionSpan::kSliding),
+                                   static_cast<float>(config.RopeAttentionScaling(AttentionSpan::kSliding)));
+    r.sliding_cos = std::move(s.cos);
+    r.sliding_sin = std::move(s.sin);
+  }
+  return r;
 }
 
 RopeTables BuildRopeTables(const std::vector<int32_t>& positions, int64_t head_dim, double rope_theta) {
@@ -213,7 +228,7 @@ void AddNormWeightOffsets(const ModelConfig& config, const UnitLayout& unit, R* 
   if (unit.kind == UnitKind::kHead) {
     shift(&unit.tensors[0]);
   } else if (unit.kind == UnitKind::kDecoder) {
-    for (DecoderTensor t : {kInputNorm, kPostNorm, kQNorm, kKNorm}) shift(unit.Find(t));
+    for (DecoderTensor t : {kInputNorm, kPostNorm, kQNorm, kKNorm, kPreFfnNorm, kPostFfnNorm}) shift(unit.Find(t));
   }
 }
 template void AddNormWeightOffsets<float>(const ModelConfig&, const UnitLayout&, float*);
@@ -227,6 +242,21 @@ TokenGeometry MakeTokenGeometry(const MicroBatch& batch, const RopeTables& rope)
   g.rope_cos = rope.cos.data();
   g.rope_sin = rope.sin.data();
   g.rope_half = rope.half;
+  if (!rope.sliding_cos.empty()) {
+    g.sliding_rope_cos = rope.sliding_cos.data();
+    g.sliding_rope_sin = rope.sliding_sin.data();
+  }
+  return g;
+}
+
+TokenGeometry LayerGeometry(const TokenGeometry& geom, const DecoderOffsets& offs) {
+  TokenGeometry g = geom;
+  if (offs.sliding_rope && geom.sliding_rope_cos != nullptr) {
+    g.rope_cos = geom.sliding_rope_cos;
+    g.rope_sin = geom.sliding_rope_sin;
+  }
+  g.sliding_rope_cos = nullptr;
+  g.sliding_rope_sin = nullptr;
   return g;
 }
 

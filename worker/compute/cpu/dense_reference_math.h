@@ -11,6 +11,11 @@
 // (rotate_half); GQA shares one kv head among heads/kv_heads query heads; attention is causal inside each document of
 // the packed batch (cu_seqlens) with scale 1/sqrt(head_dim), and in a sliding layer limited to the last window keys
 // (AttentionForward). Weights are HF's [out, in] row-major: y = x W^T.
+// gemma3 (HF Gemma3DecoderLayer / Gemma3ForCausalLM) differs in: the embedding times EmbeddingScale; every norm's
+// weight acts as 1 + w; h = x + rms_po(o_proj(attn)), y = h + rms_pf(down_proj(gelu_tanh(gate) * up)) with the MLP's
+// input rms_pr(h) (the sandwich norms: post_attention, pre_feedforward, post_feedforward); scores scaled by
+// query_pre_attn_scalar^-0.5; sliding layers rotating with their own RoPE (TokenGeometry's sliding tables); logits
+// cap * tanh(logits / cap) where final_logit_softcapping is set.
 //
 // Every reduction is computed by one thread in a fixed order, so results are deterministic and
 // independent of the thread count. Backward ops ADD into parameter gradients; per-call partial
@@ -21,6 +26,7 @@
 // dense_decoder_layer_math.cc and dense_model_math.cc (embedding, head, whole model).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -58,6 +64,14 @@ struct DecoderDims {
   double rope_theta = 1e6;
   bool qk_norm = true;                // per-head q/k RMSNorm before RoPE (qwen3)
   bool qkv_bias = false;              // biases on the q/k/v projections (qwen2)
+  // The attention scores' factor (ModelConfig::AttentionScale); 0 means 1/sqrt(head_dim).
+  double attn_scale = 0;
+  // gemma3: the gated MLP's activation, the sandwich norms, the logits' soft cap (0: none) and the
+  // embedding's scale (ModelConfig::EmbeddingScale; 1 elsewhere).
+  MlpActivation mlp_act = MlpActivation::kSilu;
+  bool sandwich_norms = false;
+  double final_logit_softcap = 0;
+  double embed_scale = 1;
   std::vector<float> rope_inv_freq;   // [head_dim / 2], ModelConfig::RopeInverseFrequencies
   float rope_attention_scaling = 1;   // ModelConfig::RopeAttentionScaling, multiplied into cos and sin
   MoeDims moe;                        // a qwen3_moe model's sparse block (num_experts 0 otherwise)
@@ -71,6 +85,7 @@ struct DecoderDims {
 
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }
+  double AttentionScale() const { return attn_scale > 0 ? attn_scale : 1.0 / std::sqrt(static_cast<double>(head_dim)); }
   static DecoderDims From(const ModelConfig& config);
 };
 
@@ -83,6 +98,7 @@ struct DecoderOffsets {
   int64_t unit_numel = 0;
   MoeOffsets moe;  // all zeros in a dense unit
   int64_t attention_window = 0;  // UnitLayout::attention_window: 0 full causal, else the sliding window
+  bool sliding_rope = false;     // UnitLayout::sliding_rope: q and k rotate with the sliding layers' RoPE
   bool sparse() const { return moe.block_numel > 0; }
   // A qwen3_5 Gated DeltaNet layer: its linear_attn tensors in place of the attention's.
   bool linear() const { return at[kLinearInProjQkv] >= 0; }
@@ -100,10 +116,13 @@ struct RopeTables {
   int64_t half = 0;
   std::vector<float> cos;
   std::vector<float> sin;
+  // gemma3: the sliding layers' own tables (ModelConfig::has_sliding_rope; empty otherwise).
+  std::vector<float> sliding_cos;
+  std::vector<float> sliding_sin;
 };
 RopeTables BuildRopeTables(const std::vector<int32_t>& positions, const std::vector<float>& inv_freq,
                            float attention_scaling);
-// The model's tables: its inverse frequencies and attention scaling.
+// The model's tables: its inverse frequencies and attention scaling (and its sliding layers').
 RopeTables BuildRopeTables(const std::vector<int32_t>& positions, const ModelConfig& config);
 // Plain RoPE's tables (no scaling).
 RopeTables BuildRopeTables(const std::vector<int32_t>& positions, int64_t head_dim, double rope_theta);
@@ -130,16 +149,25 @@ struct TokenGeometry {
   const float* rope_cos = nullptr;      // [num_tokens, rope_half]
   const float* rope_sin = nullptr;
   int64_t rope_half = 0;                // the tables' width: rotary_dim / 2 (0: head_dim / 2)
+  // gemma3's sliding layers' tables (same width), null without them: a layer whose
+  // DecoderOffsets::sliding_rope is set rotates with these (LayerGeometry).
+  const float* sliding_rope_cos = nullptr;
+  const float* sliding_rope_sin = nullptr;
   // Set: the tokens are one rank's share and AttentionForward / AttentionBackward (FP32) attend over
   // the whole micro-batch through the group (AttentionForwardRows / AttentionBackwardRows).
   const ContextGeometry* context = nullptr;
 };
 TokenGeometry MakeTokenGeometry(const MicroBatch& batch, const RopeTables& rope);
+// The geometry a decoder layer computes with: its RoPE tables in rope_cos / rope_sin (the sliding
+// ones for a layer with offs.sliding_rope, which are then no longer offered: applying it twice is
+// applying it once).
+TokenGeometry LayerGeometry(const TokenGeometry& geom, const DecoderOffsets& offs);
 
-// qwen3_5's RMSNorms compute x * (1 + w): adds the 1 to those weights of a unit's parameters (the
-// decoder's input/post-attention and q/k norms; the head's final norm; not the Gated DeltaNet's
-// gated norm), so the plain-weight norms below compute them exactly as HF's FP32 1 + w does. The
-// gradient with respect to 1 + w is the gradient with respect to w. Nothing for other families.
+// qwen3_5's and gemma3's RMSNorms compute x * (1 + w): adds the 1 to those weights of a unit's
+// parameters (the decoder's input/post-attention, q/k and gemma3's feedforward norms; the head's final
+// norm; not the Gated DeltaNet's gated norm), so the plain-weight norms below compute them exactly as
+// HF's FP32 1 + w does. The gradient with respect to 1 + w is the gradient with respect to w.
+// Nothing for other families.
 template <typename R>
 void AddNormWeightOffsets(const ModelConfig& config, const UnitLayout& unit, R* params);
 
@@ -221,9 +249,14 @@ struct DecoderActs {
   std::vector<R> lse;     // [T, heads] log-sum-exp of the scaled scores
   std::vector<R> h1;      // [T, hidden] residual stream after attention
   std::vector<R> rstd2;   // [T]
-  std::vector<R> hn;      // [T, hidden] post-attention RMSNorm output (MLP input)
+  std::vector<R> hn;      // [T, hidden] the MLP's input norm's output (gemma3: pre_feedforward_layernorm's)
   std::vector<R> gate;    // [T, intermediate]
   std::vector<R> up;      // [T, intermediate]
+  // gemma3's sandwich norms: o_proj's output [T, hidden] and its post-attention norm's rsqrt [T]
+  // (h1 = x + that norm's output). Not counted by num_elements: the CPU backend recomputes a gemma3
+  // layer from its input.
+  std::vector<R> attn_out;
+  std::vector<R> attn_out_rstd;
   // qwen3_5: the attention output gate's logits [T, q_dim] (q_proj's gate half); a Gated DeltaNet
   // layer's mixer (its output, after out_proj, in attn [T, hidden]); the shared expert's gate and up
   // [T, shared_I] and its sigmoid gate's logit [T]. Not counted by num_elements: the CPU backend
@@ -249,12 +282,13 @@ void DecoderAttentionInputs(const DecoderDims& dims, const DecoderOffsets& offs,
 template <typename R>
 void DecoderAttention(const DecoderDims& dims, const DecoderOffsets& offs, const TokenGeometry& geom,
                       DecoderActs<R>* acts, CpuWorkerPool* pool);
-// Phase 3: h1, rstd2, hn, gate, up (needs attn); in a sparse unit hn's MoE block (moe, moe_y) in
-// place of gate, up.
+// Phase 3: h1, rstd2, hn, gate, up (needs attn; gemma3 also attn_out, attn_out_rstd); in a sparse
+// unit hn's MoE block (moe, moe_y) in place of gate, up.
 template <typename R>
 void DecoderMlpInputs(const DecoderDims& dims, const DecoderOffsets& offs, const R* params,
                       const TokenGeometry& geom, const R* x, DecoderActs<R>* acts, CpuWorkerPool* pool);
-// Phase 4: y = h1 + down_proj(silu(gate) * up), or h1 + moe_y in a sparse unit. y may alias x.
+// Phase 4: y = h1 + down_proj(act(gate) * up) (gemma3: h1 + rms_pf(that)), or h1 + moe_y in a sparse
+// unit. y may alias x.
 template <typename R>
 void DecoderOutput(const DecoderDims& dims, const DecoderOffsets& offs, const R* params, const TokenGeometry& geom,
                    const DecoderActs<R>& acts, R* y, CpuWorkerPool* pool);
@@ -285,12 +319,14 @@ void DecoderBackwardTiled(const DecoderDims& dims, const DecoderOffsets& offs, c
                           const TokenGeometry& geom, const R* x, const R* dy, R* dx, R* dparams, int64_t tile,
                           CpuWorkerPool* pool);
 
-// Embedding: out[t] = embed[tokens[t]]; dembed[tokens[t]] += dout[t] (in token order).
+// Embedding: out[t] = embed[tokens[t]] x scale; dembed[tokens[t]] += dout[t] x scale (in token order).
+// scale is DecoderDims::embed_scale (gemma3's; 1 leaves the rows as they are, bit for bit).
 template <typename R, typename W>
 void EmbeddingLookup(const W* embed, const int32_t* tokens, int64_t num_tokens, int64_t hidden, R* out,
-                     CpuWorkerPool* pool);
+                     CpuWorkerPool* pool, double scale = 1);
 template <typename R>
-void EmbeddingScatterAdd(const R* dout, const int32_t* tokens, int64_t num_tokens, int64_t hidden, R* dembed);
+void EmbeddingScatterAdd(const R* dout, const int32_t* tokens, int64_t num_tokens, int64_t hidden, R* dembed,
+                         double scale = 1);
 
 // Chunk sizes of the head: tokens per chunk and vocabulary rows per chunk; the largest
 // temporary is token_chunk x vocab_chunk logits.
@@ -299,7 +335,8 @@ struct HeadChunking {
   int64_t vocab_chunk = 2048;
 };
 
-// Final RMSNorm + LM head + cross entropy, forward and backward, chunked over trained tokens and
+// Final RMSNorm + LM head (+ gemma3's soft cap, DecoderDims::final_logit_softcap) + cross entropy,
+// forward and backward, chunked over trained tokens and
 // vocabulary with an online log-sum-exp. Returns sum_t loss_scale * CE_t over tokens whose label
 // is not kIgnoreIndex; writes dx (zero rows for ignored tokens); adds into dnorm [hidden] and
 // dlm_head [vocab, hidden]. W is the LM head's storage type (bf16_t, float or double); the norm

@@ -1,11 +1,13 @@
 // What the reference math's files share (dense_reference_math.cc: the op-level references;
 // dense_attention_math.cc; dense_decoder_layer_math.cc; dense_model_math.cc; moe_reference_math.cc):
-// the inner loops its ops are built of and the SwiGLU of the dense MLP and the experts. Internal to
-// worker/compute/cpu.
+// the inner loops its ops are built of, the SwiGLU of the dense MLP and the experts, and gemma3's
+// GeGLU. Internal to worker/compute/cpu.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+
+#include "common/model/model_config.h"
 
 namespace slidedp::dense_math {
 
@@ -46,6 +48,45 @@ inline void SwiGluBackward(const R* gate, const R* up, const R* dm, int64_t n, R
     const R gt = gate[i], sg = Sigmoid(gt);
     dup[i] = dm[i] * gt * sg;
     dgate[i] = dm[i] * up[i] * (sg * (R(1) + gt * (R(1) - sg)));
+  }
+}
+
+// PyTorch's gelu(x, approximate="tanh") (HF's gelu_pytorch_tanh): 0.5 x (1 + tanh(b (x + k x^3))),
+// b = sqrt(2 / pi), k = 0.044715; and its derivative as PyTorch's GeluBackward computes it:
+// 0.5 (1 + t) + 0.5 x (1 - t^2) b (1 + 3 k x^2), t the same tanh.
+template <typename R>
+struct GeluTanhTerms {
+  static constexpr double kBeta = 0.7978845608028654;  // M_SQRT2 * M_2_SQRTPI * 0.5
+  static constexpr double kKappa = 0.044715;
+  static R Inner(R x) { return R(kBeta) * (x + R(kKappa) * (x * x * x)); }
+};
+
+template <typename R>
+inline R GeluTanh(R x) {
+  return R(0.5) * x * (R(1) + std::tanh(GeluTanhTerms<R>::Inner(x)));
+}
+
+template <typename R>
+inline R GeluTanhGrad(R x) {
+  const R t = std::tanh(GeluTanhTerms<R>::Inner(x));
+  const R inner_grad = R(GeluTanhTerms<R>::kBeta) * (R(1) + R(3) * R(GeluTanhTerms<R>::kKappa) * (x * x));
+  return R(0.5) * (R(1) + t) + R(0.5) * x * (R(1) - t * t) * inner_grad;
+}
+
+// m = act(gate) * up over n elements: SwiGLU, or gemma3's GeGLU.
+template <typename R>
+inline void GatedMlp(MlpActivation act, const R* gate, const R* up, int64_t n, R* m) {
+  if (act == MlpActivation::kSilu) return SwiGlu(gate, up, n, m);
+  for (int64_t i = 0; i < n; ++i) m[i] = GeluTanh(gate[i]) * up[i];
+}
+
+// Its backward from dm = dL/dm: dgate and dup (overwritten).
+template <typename R>
+inline void GatedMlpBackward(MlpActivation act, const R* gate, const R* up, const R* dm, int64_t n, R* dgate, R* dup) {
+  if (act == MlpActivation::kSilu) return SwiGluBackward(gate, up, dm, n, dgate, dup);
+  for (int64_t i = 0; i < n; ++i) {
+    dup[i] = dm[i] * GeluTanh(gate[i]);
+    dgate[i] = dm[i] * up[i] * GeluTanhGrad(gate[i]);
   }
 }
 

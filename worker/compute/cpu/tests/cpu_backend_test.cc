@@ -43,9 +43,10 @@ TEST_P(BackendVsDouble, LossAndEveryGradientMatchWithinFp32Tolerance) {
       GetParam() == 0   ? AwkwardConfig(false)
       : GetParam() == 1 ? AwkwardConfig(true)
       : GetParam() == 2 ? testing::TinyConfig()
-      : GetParam() == 3
-          ? testing::AwkwardYarnConfig(false)
-          : testing::AwkwardSlidingConfig(ModelFamily::kQwen2, 3, {AttentionSpan::kSliding, AttentionSpan::kFull});
+      : GetParam() == 3 ? testing::AwkwardYarnConfig(false)
+      : GetParam() == 4
+          ? testing::AwkwardSlidingConfig(ModelFamily::kQwen2, 3, {AttentionSpan::kSliding, AttentionSpan::kFull})
+          : testing::AwkwardGemma3Config(true);
   const ModelLayout layout = ModelLayout::Build(config);
   const auto bf16 = ToBf16(RandomUnitParams(layout, 17));
   const std::vector<MicroBatch> batches = {MakeBatch({9, 1, 13, 4}, config.vocab_size, 1),
@@ -70,8 +71,9 @@ TEST_P(BackendVsDouble, LossAndEveryGradientMatchWithinFp32Tolerance) {
   }
 }
 
-// 3: yarn; 4: a sliding layer (window 3) beside a full one.
-INSTANTIATE_TEST_SUITE_P(Shapes, BackendVsDouble, ::testing::Values(0, 1, 2, 3, 4));
+// 3: yarn; 4: a sliding layer (window 3) beside a full one; 5: gemma3 (scaled embedding, sandwich
+// norms, GeGLU, two RoPEs, capped logits).
+INSTANTIATE_TEST_SUITE_P(Shapes, BackendVsDouble, ::testing::Values(0, 1, 2, 3, 4, 5));
 
 struct LayerRun {
   std::vector<float> y, dx, dparams;

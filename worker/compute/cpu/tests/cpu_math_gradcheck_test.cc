@@ -1,7 +1,7 @@
 // Finite-difference checks of the reference math in double: the analytic gradients of a whole
 // small model (embedding -> 2 decoder layers -> head, two packed micro-batches) against central
-// differences of the scalar loss, every family, sliding windows included, plus per-op convention
-// checks (RoPE pairing, head chunking).
+// differences of the scalar loss, every family (gemma3 included), sliding windows included, plus
+// per-op convention checks (RoPE pairing, head chunking).
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -135,32 +135,32 @@ ModelConfig SmallQwen3_5(const char* preset, bool tied) {
   return c;
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, ModelGradCheck,
-                         ::testing::Values(GradCheckCase{"awkward_untied", AwkwardConfig(false)},
-                                           GradCheckCase{"awkward_tied", AwkwardConfig(true)},
-                                           GradCheckCase{"tiny", testing::TinyConfig()},
-                                           GradCheckCase{"qwen2_tied", AwkwardConfigOf(ModelFamily::kQwen2, true)},
-                                           GradCheckCase{"llama3_untied", AwkwardConfigOf(ModelFamily::kLlama, false)},
-                                           GradCheckCase{"mistral_untied",
-                                                         AwkwardConfigOf(ModelFamily::kMistral, false)},
-                                           // Sliding windows over documents of 1 to 9 tokens: 3 in
-                                           // every layer; 2 beside a full layer; one the row's length.
-                                           GradCheckCase{"mistral_window3", SlidingConfig(ModelFamily::kMistral, 3)},
-                                           GradCheckCase{"qwen2_window2_then_full", MixedWindowConfig()},
-                                           GradCheckCase{"mistral_window_row",
-                                                         SlidingConfig(ModelFamily::kMistral, 64)},
-                                           GradCheckCase{"yarn_tied", testing::AwkwardYarnConfig(true)},
-                                           // The router through the routing weights, and with the
-                                           // aux loss's weight large enough that its gradient counts.
-                                           GradCheckCase{"moe_untied", testing::AwkwardMoeConfig(false, true)},
-                                           GradCheckCase{"moe_aux_tied", testing::AwkwardMoeConfig(true, true), 0.5},
-                                           GradCheckCase{"moe_topk_unnormalised_aux",
-                                                         testing::AwkwardMoeConfig(false, false), 0.5},
-                                           GradCheckCase{"qwen3_5_tied", SmallQwen3_5("tiny-qwen3.5", true)},
-                                           GradCheckCase{"qwen3_5_untied", SmallQwen3_5("tiny-qwen3.5", false)},
-                                           GradCheckCase{"qwen3_5_moe_aux",
-                                                         SmallQwen3_5("tiny-qwen3.5-moe", false), 0.5}),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, ModelGradCheck,
+    ::testing::Values(GradCheckCase{"awkward_untied", AwkwardConfig(false)},
+                      GradCheckCase{"awkward_tied", AwkwardConfig(true)}, GradCheckCase{"tiny", testing::TinyConfig()},
+                      GradCheckCase{"qwen2_tied", AwkwardConfigOf(ModelFamily::kQwen2, true)},
+                      GradCheckCase{"llama3_untied", AwkwardConfigOf(ModelFamily::kLlama, false)},
+                      GradCheckCase{"mistral_untied", AwkwardConfigOf(ModelFamily::kMistral, false)},
+                      // Sliding windows over documents of 1 to 9 tokens: 3 in
+                      // every layer; 2 beside a full layer; one the row's length.
+                      GradCheckCase{"mistral_window3", SlidingConfig(ModelFamily::kMistral, 3)},
+                      GradCheckCase{"qwen2_window2_then_full", MixedWindowConfig()},
+                      GradCheckCase{"mistral_window_row", SlidingConfig(ModelFamily::kMistral, 64)},
+                      GradCheckCase{"yarn_tied", testing::AwkwardYarnConfig(true)},
+                      // The router through the routing weights, and with the
+                      // aux loss's weight large enough that its gradient counts.
+                      GradCheckCase{"moe_untied", testing::AwkwardMoeConfig(false, true)},
+                      GradCheckCase{"moe_aux_tied", testing::AwkwardMoeConfig(true, true), 0.5},
+                      GradCheckCase{"moe_topk_unnormalised_aux", testing::AwkwardMoeConfig(false, false), 0.5},
+                      GradCheckCase{"qwen3_5_tied", SmallQwen3_5("tiny-qwen3.5", true)},
+                      GradCheckCase{"qwen3_5_untied", SmallQwen3_5("tiny-qwen3.5", false)},
+                      GradCheckCase{"qwen3_5_moe_aux", SmallQwen3_5("tiny-qwen3.5-moe", false), 0.5},
+                      // gemma3: sandwich norms, GeGLU, scaled embedding, two
+                      // RoPEs, window 3 beside a full layer, capped logits.
+                      GradCheckCase{"gemma3_tied_softcap", testing::AwkwardGemma3Config(true)},
+                      GradCheckCase{"gemma3_untied", testing::AwkwardGemma3Config(false, 0)}),
+    [](const auto& info) { return info.param.name; });
 
 // dL/dx of one decoder layer for L = sum(c * y), against central differences on x.
 TEST(DecoderLayerGradCheck, InputGradientMatchesCentralDifferences) {

@@ -80,6 +80,26 @@ inline ModelConfig AwkwardMoeConfig(bool tied, bool norm_topk) {
   return c;
 }
 
+// The awkward shape as gemma3: three layers (sliding over 3 keys, sliding, full), the sliding ones
+// rotating with theta 1e4, the full one with 1e6 and linear factor 8, query_pre_attn_scalar 24 (not
+// head_dim 8), the embedding times bf16(sqrt(48)) = 6.9375, soft-capped logits (cap 2: most of
+// them bend) unless `softcap` is 0.
+inline ModelConfig AwkwardGemma3Config(bool tied, double softcap = 2) {
+  ModelConfig c = AwkwardConfig(tied);
+  c.family = ModelFamily::kGemma3;
+  c.num_hidden_layers = 3;
+  c.sliding_window = 3;
+  c.layer_spans = {AttentionSpan::kSliding, AttentionSpan::kSliding, AttentionSpan::kFull};
+  c.query_pre_attn_scalar = 24;
+  c.rope_theta = 1e6;
+  c.rope_scaling.type = RopeScaling::Type::kLinear;
+  c.rope_scaling.factor = 8;
+  c.sliding_rope_theta = 1e4;
+  c.final_logit_softcapping = softcap;
+  c.pad_token_id = 0;
+  return c;
+}
+
 inline ModelConfig TinyConfig() { return ModelConfig::Preset("tiny").value(); }
 
 // Random parameters in ModelLayout order: norm weights 1 + 0.2 N(0,1), biases 0.2 N(0,1), matrices N(0, 1/in) so
