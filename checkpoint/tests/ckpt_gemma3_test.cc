@@ -113,29 +113,9 @@ TEST(Gemma3Checkpoint, HubNamedMultimodalDirectoryLoadsAndKeepsItsVisionTowerByt
 
   // A checkpoint and its export: transformers' names throughout, the vision tensors' bytes, the
   // wrapper's config (vision_config, image tokens) kept; both load back to the same weights.
-  SaveRequest r;
-  r.root_dir = root + "/out";
-  r.step = 1;
-  r.layout = &layout;
-  r.arrays = state.arrays();
-  r.trainer_state = {{"job_id", "j"}, {"step", 1}};
-  r.pass_through = &pass;
-  auto saved = SaveCheckpoint(r);
-  ASSERT_TRUE(saved.ok()) << saved.status();
-  ExportRequest e;
-  e.checkpoint = saved->dir;
-  e.out_dir = root + "/export";
-  auto exported = ExportModel(e);
-  ASSERT_TRUE(exported.ok()) << exported.status();
-  for (const std::string& dir : {saved->dir, e.out_dir}) {
-    auto again = ReadPassThrough(dir, *config);
-    ASSERT_TRUE(again.ok()) << again.status();
-    ASSERT_EQ(again->size(), pass.size()) << dir;
-    for (size_t i = 0; i < pass.size(); ++i) {
-      EXPECT_EQ((*again)[i].name, pass[i].name);
-      EXPECT_EQ((*again)[i].shape, pass[i].shape);
-      EXPECT_TRUE((*again)[i].bytes == pass[i].bytes) << dir << ": " << pass[i].name;
-    }
+  const std::vector<std::string> dirs = SaveAndExportKeepingPassThrough(root, layout, state, pass, *config);
+  ASSERT_EQ(dirs.size(), 2u);
+  for (const std::string& dir : dirs) {
     const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
     EXPECT_EQ(cfg["model_type"], "gemma3") << dir;
     EXPECT_EQ(cfg["architectures"][0], "Gemma3ForConditionalGeneration") << dir;

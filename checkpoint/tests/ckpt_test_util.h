@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -236,6 +237,42 @@ inline void PatchTensorElement(const std::string& path, const std::string& name,
     out.write(reinterpret_cast<const char*>(&value), 4);
   }
   ASSERT_TRUE(out.good());
+}
+
+// Saves `state` with the pass-through tensors `pass` as checkpoint step 1 under root/out, exports it
+// to root/export, and checks that both hold every pass-through tensor with its name, shape and bytes
+// (read back with `config`). Returns the two directories (empty on a failure, reported).
+inline std::vector<std::string> SaveAndExportKeepingPassThrough(const std::string& root, const ModelLayout& layout,
+                                                                HostState& state, const PassThrough& pass,
+                                                                const ModelConfig& config) {
+  SaveRequest r;
+  r.root_dir = root + "/out";
+  r.step = 1;
+  r.layout = &layout;
+  r.arrays = state.arrays();
+  r.trainer_state = {{"job_id", "j"}, {"step", 1}};
+  r.pass_through = &pass;
+  auto saved = SaveCheckpoint(r);
+  EXPECT_TRUE(saved.ok()) << saved.status();
+  if (!saved.ok()) return {};
+  ExportRequest e;
+  e.checkpoint = saved->dir;
+  e.out_dir = root + "/export";
+  auto exported = ExportModel(e);
+  EXPECT_TRUE(exported.ok()) << exported.status();
+  if (!exported.ok()) return {};
+  for (const std::string& dir : {saved->dir, e.out_dir}) {
+    auto again = ReadPassThrough(dir, config);
+    EXPECT_TRUE(again.ok()) << again.status();
+    if (!again.ok()) return {};
+    EXPECT_EQ(again->size(), pass.size()) << dir;
+    for (size_t i = 0; i < std::min(pass.size(), again->size()); ++i) {
+      EXPECT_EQ((*again)[i].name, pass[i].name);
+      EXPECT_EQ((*again)[i].shape, pass[i].shape);
+      EXPECT_TRUE((*again)[i].bytes == pass[i].bytes) << dir << ": " << pass[i].name;
+    }
+  }
+  return {saved->dir, e.out_dir};
 }
 
 }  // namespace slidedp::checkpoint::testing

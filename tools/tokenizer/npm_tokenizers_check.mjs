@@ -137,34 +137,26 @@ function skeleton(vocab, merges, addedFrom) {
   };
 }
 
-// Byte-level BPE training on HF's own pre-tokenization of `text`.
-function makeQwen3_5(outDir, numMerges = 1500) {
-  const alphabet = byteToUnicode();
-  const vocab = {};
-  alphabet.forEach((c, i) => (vocab[c] = i));
-  const bare = Tokenizer.fromString(JSON.stringify(skeleton(vocab, [], 256)));
-  const pieces = new Map();  // piece -> count
-  for (const [p] of bare.getPreTokenizer().preTokenizeString(bare.getNormalizer().normalizeString(TRAINING_TEXT))) {
-    pieces.set(p, (pieces.get(p) || 0) + 1);
-  }
-  const words = [...pieces].map(([p, count]) => ({ syms: [...p], count }));
+// BPE training: up to numMerges times, the most frequent adjacent pair of symbols (the first seen on
+// a tie) over `words` ({syms, count}; a null symbol is a barrier no merge crosses) becomes one
+// symbol, handed to onMerge; returns the merges as [a, b] pairs.
+function learnMerges(words, numMerges, onMerge) {
   const merges = [];
   while (merges.length < numMerges) {
     const counts = new Map();
     for (const w of words) {
       for (let i = 0; i + 1 < w.syms.length; ++i) {
-        const k = w.syms[i] + " " + w.syms[i + 1];
+        if (w.syms[i] === null || w.syms[i + 1] === null) continue;
+        const k = w.syms[i] + "\u0000" + w.syms[i + 1];
         counts.set(k, (counts.get(k) || 0) + w.count);
       }
     }
     let best = null, bestCount = 0;
-    for (const [k, c] of counts) {
-      if (c > bestCount) [best, bestCount] = [k, c];
-    }
+    for (const [k, c] of counts) if (c > bestCount) [best, bestCount] = [k, c];
     if (best === null) break;
-    const [a, b] = best.split(" ");
+    const [a, b] = best.split("\u0000");
     merges.push([a, b]);
-    vocab[a + b] = Object.keys(vocab).length;
+    onMerge(a + b);
     for (const w of words) {
       const out = [];
       for (let i = 0; i < w.syms.length; ++i) {
@@ -178,6 +170,21 @@ function makeQwen3_5(outDir, numMerges = 1500) {
       w.syms = out;
     }
   }
+  return merges;
+}
+
+// Byte-level BPE training on HF's own pre-tokenization of `text`.
+function makeQwen3_5(outDir, numMerges = 1500) {
+  const alphabet = byteToUnicode();
+  const vocab = {};
+  alphabet.forEach((c, i) => (vocab[c] = i));
+  const bare = Tokenizer.fromString(JSON.stringify(skeleton(vocab, [], 256)));
+  const pieces = new Map();  // piece -> count
+  for (const [p] of bare.getPreTokenizer().preTokenizeString(bare.getNormalizer().normalizeString(TRAINING_TEXT))) {
+    pieces.set(p, (pieces.get(p) || 0) + 1);
+  }
+  const words = [...pieces].map(([p, count]) => ({ syms: [...p], count }));
+  const merges = learnMerges(words, numMerges, (m) => (vocab[m] = Object.keys(vocab).length));
   const json = skeleton(vocab, merges, Object.keys(vocab).length);
   fs.mkdirSync(outDir, { recursive: true });
   fs.writeFileSync(path.join(outDir, "tokenizer.json"), JSON.stringify(json, null, 2) + "\n");
@@ -305,35 +312,7 @@ function makeSentencePiece(styleName, outDir, numMerges = 800, minCount = 3) {
   }
   // A character outside the alphabet is a barrier no merge crosses.
   const words = [...wordCount].map(([w, count]) => ({ syms: [...w].map((c) => (known.has(c) ? c : null)), count }));
-  const merges = [];
-  while (merges.length < numMerges) {
-    const counts = new Map();
-    for (const w of words) {
-      for (let i = 0; i + 1 < w.syms.length; ++i) {
-        if (w.syms[i] === null || w.syms[i + 1] === null) continue;
-        const k = w.syms[i] + "\u0000" + w.syms[i + 1];
-        counts.set(k, (counts.get(k) || 0) + w.count);
-      }
-    }
-    let best = null, bestCount = 0;
-    for (const [k, c] of counts) if (c > bestCount) [best, bestCount] = [k, c];
-    if (best === null) break;
-    const [a, b] = best.split("\u0000");
-    merges.push([a, b]);
-    addEntry(a + b);
-    for (const w of words) {
-      const out = [];
-      for (let i = 0; i < w.syms.length; ++i) {
-        if (i + 1 < w.syms.length && w.syms[i] === a && w.syms[i + 1] === b) {
-          out.push(a + b);
-          ++i;
-        } else {
-          out.push(w.syms[i]);
-        }
-      }
-      w.syms = out;
-    }
-  }
+  const merges = learnMerges(words, numMerges, addEntry);
   for (const [content, special] of style.tail) added.push([content, special, addEntry(content)]);
   let next = Object.keys(vocab).length;
   for (const [content, special] of style.beyond) added.push([content, special, next++]);
