@@ -299,11 +299,8 @@ TEST(Qwen3_5Checkpoint, FusedExpertsAndPassThroughTensorsKeepTheirBytes) {
   ASSERT_TRUE(ModelConfig::FromFile(src + "/config.json").ok()) << ModelConfig::FromFile(src + "/config.json").status();
 
   HostState state(layout);
-  PassThrough pass;
-  LoadOptions options;
-  options.pass_through = &pass;
-  const absl::Status loaded = LoadHfModel(src, layout, state.master_fn(), options);
-  ASSERT_TRUE(loaded.ok()) << loaded;
+  const PassThrough pass = LoadKeepingPassThrough(src, layout, state);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   ASSERT_EQ(pass.size(), passing.size());
   // Expert 3's up_proj is rows [3 x 64 + 32, 3 x 64 + 64) of gate_up_proj.
   int k = -1;

@@ -239,6 +239,17 @@ inline void PatchTensorElement(const std::string& path, const std::string& name,
   ASSERT_TRUE(out.good());
 }
 
+// Loads the HF directory `src` into `state` (its master weights) and returns what passes through
+// (the tensors `layout` does not train), failing the test on an error.
+inline PassThrough LoadKeepingPassThrough(const std::string& src, const ModelLayout& layout, HostState& state) {
+  PassThrough pass;
+  LoadOptions options;
+  options.pass_through = &pass;
+  const absl::Status loaded = LoadHfModel(src, layout, state.master_fn(), options);
+  EXPECT_TRUE(loaded.ok()) << loaded;
+  return pass;
+}
+
 // Saves `state` with the pass-through tensors `pass` as checkpoint step 1 under root/out, exports it
 // to root/export, and checks that both hold every pass-through tensor with its name, shape and bytes
 // (read back with `config`). Returns the two directories (empty on a failure, reported).

@@ -73,6 +73,21 @@ struct TemplateCase {
   const char* end;     // the reply's end-of-turn token
 };
 
+// How many of d's `end_id` tokens are trained; none is followed by a trained token (nothing after a
+// reply's end is trained until the next reply).
+int TrainedEnds(const TokenizedDocument& d, uint32_t end_id, const std::string& where) {
+  int trained_ends = 0;
+  for (size_t k = 0; k < d.tokens.size(); ++k) {
+    if (d.tokens[k] == end_id && d.loss_mask[k]) {
+      ++trained_ends;
+      if (k + 1 < d.tokens.size()) {
+        EXPECT_EQ(d.loss_mask[k + 1], 0) << where;
+      }
+    }
+  }
+  return trained_ends;
+}
+
 std::vector<TemplateCase> Templates() {
   return {
       {"qwen3", Qwen3Dir() + "/tokenizer_config.json", Qwen3Dir(), ChatTemplate::kQwen3, "<|im_start|>assistant\n",
@@ -181,16 +196,7 @@ TEST(ChatTemplate, MatchesHfApplyChatTemplateOnEveryCase) {
       EXPECT_EQ(d.tokens, expected[i]["ids"].get<std::vector<uint32_t>>()) << where;
       // Token level: each reply's end token is trained, and nothing after it until the next reply.
       const uint32_t end_id = *tokenizer.TokenId(t.end);
-      int trained_ends = 0;
-      for (size_t k = 0; k < d.tokens.size(); ++k) {
-        if (d.tokens[k] == end_id && d.loss_mask[k]) {
-          ++trained_ends;
-          if (k + 1 < d.tokens.size()) {
-            EXPECT_EQ(d.loss_mask[k + 1], 0) << where;
-          }
-        }
-      }
-      EXPECT_EQ(trained_ends, assistants) << where;
+      EXPECT_EQ(TrainedEnds(d, end_id, where), assistants) << where;
     }
   }
 }
@@ -251,16 +257,7 @@ void CheckQwen3_5Cases(const std::string& case_set, const std::string& cases_fil
       TokenizedDocument d = TokenizeSegments(tokenizer, *segs);
       EXPECT_EQ(d.tokens, expected[i]["ids"].get<std::vector<uint32_t>>()) << where;
       if (loss == LossOn::kAll) continue;
-      int trained_ends = 0;
-      for (size_t k = 0; k < d.tokens.size(); ++k) {
-        if (d.tokens[k] == end_id && d.loss_mask[k]) {
-          ++trained_ends;
-          if (k + 1 < d.tokens.size()) {
-            EXPECT_EQ(d.loss_mask[k + 1], 0) << where;
-          }
-        }
-      }
-      EXPECT_EQ(trained_ends, assistants) << where;
+      EXPECT_EQ(TrainedEnds(d, end_id, where), assistants) << where;
     }
     if (want_errors >= 0) {
       EXPECT_EQ(errors, want_errors) << name;
