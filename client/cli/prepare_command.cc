@@ -48,12 +48,15 @@ CLI::App* AddPrepareCommand(CLI::App& app, PrepareCommand& c) {
       ->check(CLI::IsMember({"assistant", "all"}));
   cmd->add_option("--chat-template", c.chat_template,
                   "auto (the model's own, when supported) | qwen3 | qwen3.5 | qwen3.5-nothink | qwen2.5 | llama3 | "
-                  "llama3.1 | llama3.2 | llama3.3 | chatml")
+                  "llama3.1 | llama3.2 | llama3.3 | gemma3 | gpt-oss | mistral-v1 | mistral-v3 | mistral-v3-tekken | "
+                  "mistral-nemo | mistral-v7 | chatml")
       ->check(CLI::IsMember({"auto", "qwen3", "qwen3.5", "qwen3.5-nothink", "qwen2.5", "llama3", "llama3.1", "llama3.2",
-                                     "llama3.3", "chatml"}));
+                             "llama3.3", "gemma3", "gpt-oss", "mistral-v1", "mistral-v3", "mistral-v3-tekken",
+                             "mistral-nemo", "mistral-v7", "chatml"}));
   cmd->add_option("--chat-date", o.chat_date,
-                  "the \"Today Date\" Llama 3.1-3.3's templates render (default: 26 Jul 2024, the templates' "
-                  "own default; HF's Llama 3.2 would render today's date)");
+                  "the date the templates render: Llama 3.1-3.3's \"Today Date\" (default 26 Jul 2024, the "
+                  "templates' own default; HF's Llama 3.2 would render today's date), GPT-OSS's \"Current date\" "
+                  "(YYYY-MM-DD, default 2025-08-05; HF renders today's)");
   cmd->add_option("--text-eos", c.text_eos, "append | none")->check(CLI::IsMember({"append", "none"}));
   cmd->add_flag("--skip-bad", c.skip_bad, "skip malformed lines (counted) instead of failing");
   cmd->add_option("--threads", o.threads, "tokenizer threads (0: all cores)");

@@ -1,5 +1,6 @@
 // Chat rendering with trained spans: each template mirrors its Jinja source line by line
-// (known_chat_templates.cc holds the sources; tests compare with transformers' output).
+// (known_chat_template_texts.cc holds the sources; tests compare with transformers' output or
+// Python Jinja2 in transformers' environment).
 #include "client/prepare/chat_template.h"
 
 #include <cstdint>
@@ -51,6 +52,23 @@ uint32_t DecodeAt(std::string_view s, size_t i, size_t* len) {
 
 bool IsLlama31Family(ChatTemplate t) { return t == ChatTemplate::kLlama3_1 || t == ChatTemplate::kLlama3_2; }
 
+bool IsMistral(ChatTemplate t) {
+  return t == ChatTemplate::kMistralV1 || t == ChatTemplate::kMistralV3 || t == ChatTemplate::kMistralV3Tekken ||
+         t == ChatTemplate::kMistralV7;
+}
+
+// Templates that render no reasoning at all: a message's reasoning would be lost, so it is refused.
+bool RendersNoReasoning(ChatTemplate t) { return t == ChatTemplate::kGemma3 || IsMistral(t); }
+
+// Templates for which a "tool_calls" key counts as a call even when null: Llama 3.1 / 3.2 (`'tool_calls'
+// in message`), GPT-OSS (`"tool_calls" in message`), Mistral Nemo's first copy (`message.tool_calls
+// is defined`; the updated copy, which shares kMistralV3Tekken, tests for none too).
+bool NullToolCallsIsACall(ChatTemplate t) {
+  return IsLlama31Family(t) || t == ChatTemplate::kGptOss || t == ChatTemplate::kMistralV3Tekken;
+}
+
+bool IsNonNull(const json& m, const char* key) { return m.contains(key) && !m[key].is_null(); }
+
 absl::StatusOr<ChatMessage> ParseChatMessage(const json& m, ChatTemplate tmpl, const std::string& where) {
   if (!m.is_object()) return absl::InvalidArgumentError(absl::StrCat("field ", where, ": must be an object"));
   if (!m.contains("role") || !m["role"].is_string()) {
@@ -60,14 +78,17 @@ absl::StatusOr<ChatMessage> ParseChatMessage(const json& m, ChatTemplate tmpl, c
   msg.where = where;
   msg.role = m["role"].get<std::string>();
   const bool ipython = IsLlama31Family(tmpl) && msg.role == "ipython";  // the Llama 3.1 templates' tool role
-  if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool" && !ipython) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("field ", where, ".role: \"", msg.role, "\" is not one of system, user, assistant, tool"));
+  const bool developer = tmpl == ChatTemplate::kGptOss && msg.role == "developer";  // harmony's instructions
+  if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool" && !ipython &&
+      !developer) {
+    return absl::InvalidArgumentError(absl::StrCat("field ", where, ".role: \"", msg.role,
+                                                   "\" is not one of system, user, assistant, tool",
+                                                   tmpl == ChatTemplate::kGptOss ? ", developer" : ""));
   }
   if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
     return absl::InvalidArgumentError(absl::StrCat("field ", where, ".tool_calls: tool calls are not supported yet"));
   }
-  if (m.contains("tool_calls") && IsLlama31Family(tmpl)) {
+  if (m.contains("tool_calls") && NullToolCallsIsACall(tmpl)) {
     // `'tool_calls' in message` is true for a null value too, and the template then fails on it.
     return absl::InvalidArgumentError(absl::StrCat("field ", where, ".tool_calls: present (null), which the ",
                                                    ChatTemplateName(tmpl),
@@ -75,12 +96,48 @@ absl::StatusOr<ChatMessage> ParseChatMessage(const json& m, ChatTemplate tmpl, c
   }
   if (!m.contains("content")) return absl::InvalidArgumentError(absl::StrCat("field ", where, ".content: missing"));
   ASSIGN_OR_RETURN(msg.content, ContentText(m["content"], absl::StrCat(where, ".content")));
-  if (m.contains("reasoning_content") && !m["reasoning_content"].is_null()) {
+  if (m["content"].is_array()) {  // ContentText checked every part
+    msg.text_parts.emplace();
+    for (const json& part : m["content"]) msg.text_parts->push_back(part["text"].get<std::string>());
+  }
+  const char* name = ChatTemplateName(tmpl);
+  if (tmpl == ChatTemplate::kGptOss) {
+    // GPT-OSS's template reads "thinking" (on assistant messages) and nothing else.
+    if (IsNonNull(m, "reasoning_content")) {
+      return absl::InvalidArgumentError(absl::StrCat("field ", where,
+                                                     ".reasoning_content: the gpt-oss template drops it (it renders "
+                                                     "an assistant's \"thinking\"); name the field thinking"));
+    }
+    if (m.contains("thinking") && msg.role == "assistant") {
+      if (!m["thinking"].is_string()) {
+        // `"<|channel|>analysis<|message|>" in message.thinking` fails on anything but a string.
+        return absl::InvalidArgumentError(
+            absl::StrCat("field ", where, ".thinking: ", m["thinking"].is_null() ? "null" : m["thinking"].type_name(),
+                         ", on which the gpt-oss template fails (a string, or no key)"));
+      }
+      msg.reasoning = m["thinking"].get<std::string>();
+      msg.has_reasoning = true;
+    } else if (IsNonNull(m, "thinking")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "field ", where, ".thinking: the gpt-oss template drops it on a ", msg.role, " message (assistants only)"));
+    }
+    return msg;
+  }
+  if (IsNonNull(m, "reasoning_content")) {
     if (!m["reasoning_content"].is_string()) {
       return absl::InvalidArgumentError(absl::StrCat("field ", where, ".reasoning_content: not a string"));
     }
     msg.reasoning = m["reasoning_content"].get<std::string>();
     msg.has_reasoning = true;
+  }
+  if (RendersNoReasoning(tmpl)) {
+    for (const char* key : {"reasoning_content", "thinking"}) {
+      // An empty string loses nothing.
+      if (IsNonNull(m, key) && !(m[key].is_string() && m[key].get_ref<const std::string&>().empty())) {
+        return absl::InvalidArgumentError(absl::StrCat("field ", where, ".", key, ": the ", name,
+                                                       " template renders no reasoning and drops it; remove it"));
+      }
+    }
   }
   return msg;
 }
@@ -286,6 +343,219 @@ void RenderLlama3_1(const std::vector<ChatMessage>& msgs, const ChatFormat& f, S
   }
 }
 
+// Gemma 3: the template's alternation check counts from the first message after the system one.
+absl::Status RenderGemma3(const std::vector<ChatMessage>& msgs, const ChatFormat& f, SegmentWriter* w) {
+  w->Context(f.bos_token);
+  size_t first = 0;
+  std::string prefix;  // first_user_prefix: the system message, untrimmed, and "\n\n"
+  if (msgs[0].role == "system") {
+    const ChatMessage& s = msgs[0];
+    if (s.text_parts.has_value()) {
+      // `messages[0]['content'][0]['text']`: the first part only.
+      if (s.text_parts->empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("field ", s.where, ".content: an empty list, on which the gemma3 template fails"));
+      }
+      if (s.text_parts->size() > 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("field ", s.where, ".content: ", s.text_parts->size(),
+                         " text parts; the gemma3 template renders a system message's first part only and drops "
+                         "the others (join them into one)"));
+      }
+      prefix = (*s.text_parts)[0] + "\n\n";
+    } else {
+      prefix = s.content + "\n\n";
+    }
+    first = 1;
+  }
+  for (size_t i = first; i < msgs.size(); ++i) {
+    const ChatMessage& m = msgs[i];
+    const size_t k = i - first;
+    if ((m.role == "user") != (k % 2 == 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "field ", m.where, ".role: ", m.role, " where the gemma3 template raises \"Conversation roles must "
+          "alternate user/assistant/user/assistant/...\" (after an optional system message)"));
+    }
+    std::string body;
+    if (m.text_parts.has_value()) {
+      for (const std::string& part : *m.text_parts) body += PythonStrip(part);  // each part `| trim`
+    } else {
+      body = PythonStrip(m.content);
+    }
+    const std::string header =
+        absl::StrCat("<start_of_turn>", m.role == "assistant" ? "model" : m.role, "\n", k == 0 ? prefix : "");
+    if (m.role == "assistant") {
+      w->Context(header);
+      w->Reply(absl::StrCat(body, "<end_of_turn>"), m.trained);
+      w->Context("\n");
+    } else {
+      w->Context(absl::StrCat(header, body, "<end_of_turn>\n"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// GPT-OSS: the template's system message with its defaults (no model_identity, reasoning_effort,
+// builtin_tools or tools are passed), "Current date" from format.date_string.
+std::string GptOssSystemMessage(const std::string& date) {
+  return absl::StrCat(
+      "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n",
+      "Knowledge cutoff: 2024-06\n", "Current date: ", date, "\n\n", "Reasoning: medium\n\n",
+      "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>");
+}
+
+absl::Status GptOssNoChannelTags(const ChatMessage& m, const std::string& text, const char* field) {
+  if (absl::StrContains(text, "<|channel|>analysis<|message|>") ||
+      absl::StrContains(text, "<|channel|>final<|message|>")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "field ", m.where, ".", field, ": holds <|channel|> tags, where the gpt-oss template raises \"You have "
+        "passed a message containing <|channel|> tags in the ", field,
+        " field. Instead of doing this, you should pass analysis messages (the string between '<|message|>' and "
+        "'<|end|>') in the 'thinking' field, and final messages (the string between '<|message|>' and '<|end|>') in "
+        "the 'content' field.\""));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RenderGptOss(const std::vector<ChatMessage>& msgs, const ChatFormat& f, GenerationPrompt gen,
+                          SegmentWriter* w) {
+  w->Context(GptOssSystemMessage(f.date_string));
+  size_t first = 0;
+  if (msgs[0].role == "developer" || msgs[0].role == "system") {
+    // `{%- if developer_message or tools %}`: an empty one renders nothing.
+    if (!msgs[0].content.empty()) {
+      w->Context(absl::StrCat("<|start|>developer<|message|># Instructions\n\n", msgs[0].content, "\n\n<|end|>"));
+    }
+    first = 1;
+  }
+  for (size_t i = first; i < msgs.size(); ++i) {
+    const ChatMessage& m = msgs[i];
+    if (m.role == "assistant") {
+      RETURN_IF_ERROR(GptOssNoChannelTags(m, m.content, "content"));
+      if (m.has_reasoning) RETURN_IF_ERROR(GptOssNoChannelTags(m, m.reasoning, "thinking"));
+      w->Context("<|start|>assistant");
+      std::string reply;
+      if (i + 1 == msgs.size() && gen == GenerationPrompt::kNone) {
+        // The final turn of training data: its analysis, then the answer ending in <|return|>.
+        if (m.has_reasoning) {
+          reply = absl::StrCat("<|channel|>analysis<|message|>", m.reasoning, "<|end|><|start|>assistant");
+        }
+        absl::StrAppend(&reply, "<|channel|>final<|message|>", m.content, "<|return|>");
+      } else {
+        // Earlier turns lose their analysis ("CoT is dropped during all previous turns").
+        reply = absl::StrCat("<|channel|>final<|message|>", m.content, "<|end|>");
+      }
+      w->Reply(std::move(reply), m.trained);
+    } else if (m.role == "user") {
+      w->Context(absl::StrCat("<|start|>user<|message|>", m.content, "<|end|>"));
+    } else if (m.role == "tool") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "field ", m.where, ".role: tool, where the gpt-oss template raises \"Message has tool role, but there was "
+          "no previous assistant message with a tool call!\" (tool calls are not supported yet)"));
+    } else {
+      // The template skips any other role after the first message.
+      return absl::InvalidArgumentError(absl::StrCat("field ", m.where, ".role: a ", m.role,
+                                                     " message after the first, which the gpt-oss template drops"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+constexpr char kMistralAlternate[] =
+    "After the optional system message, conversation roles must alternate user/assistant/user/assistant/...";
+constexpr char kMistralRoles[] =
+    "Only user and assistant roles are supported, with the exception of an initial optional system message!";
+
+absl::Status MistralRoleError(const ChatMessage& m, ChatTemplate t, const char* quote) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("field ", m.where, ".role: ", m.role, " where the ", ChatTemplateName(t), " template raises \"",
+                   quote, "\""));
+}
+
+// Mistral v1: the system message opens the first user turn.
+absl::Status RenderMistralV1(const std::vector<ChatMessage>& msgs, const ChatFormat& f, SegmentWriter* w) {
+  const bool has_system = msgs[0].role == "system";
+  const size_t first = has_system ? 1 : 0;
+  w->Context(f.bos_token);
+  for (size_t i = first; i < msgs.size(); ++i) {
+    const ChatMessage& m = msgs[i];
+    const size_t k = i - first;
+    if ((m.role == "user") != (k % 2 == 0)) return MistralRoleError(m, ChatTemplate::kMistralV1, kMistralAlternate);
+    if (m.role == "user") {
+      w->Context(absl::StrCat(" [INST] ", k == 0 && has_system ? absl::StrCat(msgs[0].content, "\n\n") : "",
+                              m.content, " [/INST]"));
+    } else if (m.role == "assistant") {
+      w->Reply(absl::StrCat(" ", m.content, f.eos_token), m.trained);
+    } else {
+      return MistralRoleError(m, ChatTemplate::kMistralV1, kMistralRoles);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Mistral v3 and v3-tekken (kMistralV3Tekken: no spaces around [INST], no trim): the system
+// message goes into the last message of the conversation when that is a user message, so a
+// conversation ending with an answer would lose it; that is refused.
+absl::Status RenderMistralV3(const std::vector<ChatMessage>& msgs, const ChatFormat& f, ChatTemplate t,
+                             SegmentWriter* w) {
+  const bool tekken = t == ChatTemplate::kMistralV3Tekken;
+  const bool has_system = msgs[0].role == "system";
+  const size_t first = has_system ? 1 : 0;
+  // The template checks the alternation first, over every message but tool results.
+  size_t index = 0;
+  for (size_t i = first; i < msgs.size(); ++i) {
+    if (msgs[i].role == "tool") continue;
+    if ((msgs[i].role == "user") != (index % 2 == 0)) return MistralRoleError(msgs[i], t, kMistralAlternate);
+    ++index;
+  }
+  const char* inst = tekken ? "[INST]" : "[INST] ";
+  w->Context(f.bos_token);
+  for (size_t i = first; i < msgs.size(); ++i) {
+    const ChatMessage& m = msgs[i];
+    const bool last = i + 1 == msgs.size();
+    if (m.role == "user") {
+      w->Context(absl::StrCat(inst, last && has_system ? absl::StrCat(msgs[0].content, "\n\n") : "", m.content,
+                              "[/INST]"));
+    } else if (m.role == "assistant") {
+      w->Reply(tekken ? absl::StrCat(m.content, f.eos_token) : absl::StrCat(" ", PythonStrip(m.content), f.eos_token),
+               m.trained);
+    } else if (m.role == "tool") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "field ", m.where, ".role: tool messages are not supported with the ", ChatTemplateName(t),
+          " template yet (it renders one only as the result of a tool call, with a 9-character tool_call_id; "
+          "without one it raises \"Tool call IDs should be alphanumeric strings with length 9!\")"));
+    } else {
+      return MistralRoleError(m, t, kMistralRoles);
+    }
+  }
+  if (has_system && msgs.back().role != "user") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("field ", msgs[0].where, ".role: a system message, which the ", ChatTemplateName(t),
+                     " template renders only into the conversation's last message when that is a user message, "
+                     "and drops here (the last message is ",
+                     msgs.size() == 1 ? "the system message itself" : absl::StrCat("an ", msgs.back().role, " one"),
+                     "); remove it, or put its text into the user messages"));
+  }
+  return absl::OkStatus();
+}
+
+// Mistral v7: every message in order, system ones as [SYSTEM_PROMPT].
+absl::Status RenderMistralV7(const std::vector<ChatMessage>& msgs, const ChatFormat& f, SegmentWriter* w) {
+  w->Context(f.bos_token);
+  for (const ChatMessage& m : msgs) {
+    if (m.role == "user") {
+      w->Context(absl::StrCat("[INST] ", m.content, "[/INST]"));
+    } else if (m.role == "system") {
+      w->Context(absl::StrCat("[SYSTEM_PROMPT] ", m.content, "[/SYSTEM_PROMPT]"));
+    } else if (m.role == "assistant") {
+      w->Reply(absl::StrCat(" ", m.content, f.eos_token), m.trained);
+    } else {
+      return MistralRoleError(m, ChatTemplate::kMistralV7, "Only user, system and assistant roles are supported!");
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::string GenerationPromptText(ChatTemplate t) {
   switch (t) {
     case ChatTemplate::kLlama3:
@@ -295,6 +565,13 @@ std::string GenerationPromptText(ChatTemplate t) {
     // models' copy closes an empty one.
     case ChatTemplate::kQwen3_5: return "<|im_start|>assistant\n<think>\n";
     case ChatTemplate::kQwen3_5NoThink: return "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    case ChatTemplate::kGemma3: return "<start_of_turn>model\n";
+    case ChatTemplate::kGptOss: return "<|start|>assistant";
+    // Mistral's templates have no generation prompt: the prompt ends with [/INST].
+    case ChatTemplate::kMistralV1:
+    case ChatTemplate::kMistralV3:
+    case ChatTemplate::kMistralV3Tekken:
+    case ChatTemplate::kMistralV7: return "";
     default: return "<|im_start|>assistant\n";
   }
 }
@@ -310,6 +587,12 @@ const char* ChatTemplateName(ChatTemplate t) {
     case ChatTemplate::kLlama3: return "llama3";
     case ChatTemplate::kLlama3_1: return "llama3.1";
     case ChatTemplate::kLlama3_2: return "llama3.2";
+    case ChatTemplate::kGemma3: return "gemma3";
+    case ChatTemplate::kGptOss: return "gpt-oss";
+    case ChatTemplate::kMistralV1: return "mistral-v1";
+    case ChatTemplate::kMistralV3: return "mistral-v3";
+    case ChatTemplate::kMistralV3Tekken: return "mistral-v3-tekken";
+    case ChatTemplate::kMistralV7: return "mistral-v7";
     case ChatTemplate::kChatML: return "chatml";
     case ChatTemplate::kAuto: break;
   }
@@ -317,15 +600,20 @@ const char* ChatTemplateName(ChatTemplate t) {
 }
 
 absl::StatusOr<ChatTemplate> ParseChatTemplateName(std::string_view name) {
-  for (ChatTemplate t : {ChatTemplate::kAuto, ChatTemplate::kQwen3, ChatTemplate::kQwen3_5,
-                         ChatTemplate::kQwen3_5NoThink, ChatTemplate::kQwen2_5, ChatTemplate::kLlama3,
-                         ChatTemplate::kLlama3_1, ChatTemplate::kLlama3_2, ChatTemplate::kChatML}) {
+  for (ChatTemplate t :
+       {ChatTemplate::kAuto, ChatTemplate::kQwen3, ChatTemplate::kQwen3_5, ChatTemplate::kQwen3_5NoThink,
+        ChatTemplate::kQwen2_5, ChatTemplate::kLlama3, ChatTemplate::kLlama3_1, ChatTemplate::kLlama3_2,
+        ChatTemplate::kGemma3, ChatTemplate::kGptOss, ChatTemplate::kMistralV1, ChatTemplate::kMistralV3,
+        ChatTemplate::kMistralV3Tekken, ChatTemplate::kMistralV7, ChatTemplate::kChatML}) {
     if (name == ChatTemplateName(t)) return t;
   }
   if (name == "llama3.3") return ChatTemplate::kLlama3_1;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "chat template \"", std::string(name),
-      "\" is not one of auto, qwen3, qwen3.5, qwen3.5-nothink, qwen2.5, llama3, llama3.1, llama3.2, llama3.3, chatml"));
+  if (name == "mistral-nemo") return ChatTemplate::kMistralV3Tekken;
+  return absl::InvalidArgumentError(
+      absl::StrCat("chat template \"", std::string(name),
+                   "\" is not one of auto, qwen3, qwen3.5, qwen3.5-nothink, qwen2.5, llama3, llama3.1, llama3.2, "
+                   "llama3.3, gemma3, gpt-oss, mistral-v1, mistral-v3, mistral-v3-tekken (mistral-nemo), mistral-v7, "
+                   "chatml"));
 }
 
 std::string PythonStrip(std::string_view s) {
@@ -440,8 +728,9 @@ absl::StatusOr<ChatFormat> ResolveChatFormatUnguarded(const json& config, ChatTe
     }
     format.tmpl = requested;
   }
-  const bool llama = format.tmpl == ChatTemplate::kLlama3 || IsLlama31Family(format.tmpl);
-  if (llama) {
+  const bool renders_bos = format.tmpl == ChatTemplate::kLlama3 || IsLlama31Family(format.tmpl) ||
+                           format.tmpl == ChatTemplate::kGemma3 || IsMistral(format.tmpl);
+  if (renders_bos) {
     auto bos = SpecialTokenText(config, "bos_token");
     if (!bos.ok()) return bos.status();
     format.bos_token = *bos;
@@ -450,12 +739,32 @@ absl::StatusOr<ChatFormat> ResolveChatFormatUnguarded(const json& config, ChatTe
                                                         ChatTemplateName(format.tmpl), " template renders first"));
     }
   }
+  if (IsMistral(format.tmpl)) {
+    auto eos = SpecialTokenText(config, "eos_token");
+    if (!eos.ok()) return eos.status();
+    format.eos_token = *eos;
+    if (format.eos_token.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("tokenizer_config.json has no eos_token, which the ",
+                                                        ChatTemplateName(format.tmpl), " template ends answers with"));
+    }
+  }
   if (IsLlama31Family(format.tmpl)) {
     format.date_string = date_string.empty() ? kLlamaDefaultDate : date_string;
+  } else if (format.tmpl == ChatTemplate::kGptOss) {
+    format.date_string = date_string.empty() ? kGptOssDefaultDate : date_string;
+    // strftime_now("%Y-%m-%d") always gives this shape; another (Llama's "26 Jul 2024") is a mistake.
+    const std::string& d = format.date_string;
+    bool iso = d.size() == 10 && d[4] == '-' && d[7] == '-';
+    for (size_t i = 0; iso && i < d.size(); ++i) iso = i == 4 || i == 7 || (d[i] >= '0' && d[i] <= '9');
+    if (!iso) {
+      return absl::InvalidArgumentError(absl::StrCat("chat date \"", d,
+                                                     "\": the gpt-oss template renders strftime_now(\"%Y-%m-%d\"), "
+                                                     "so give the date as YYYY-MM-DD"));
+    }
   } else if (!date_string.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("a chat date (\"", date_string,
-                                                   "\") applies to the llama3.1 and llama3.2 templates only; the "
-                                                   "model's template is ",
+                                                   "\") applies to the llama3.1, llama3.2 and gpt-oss templates "
+                                                   "only; the model's template is ",
                                                    ChatTemplateName(format.tmpl)));
   }
   return format;
@@ -541,6 +850,12 @@ absl::StatusOr<std::vector<Segment>> RenderChatMessages(const std::vector<ChatMe
     case ChatTemplate::kLlama3: RenderLlama3(msgs, format, &w); break;
     case ChatTemplate::kLlama3_1:
     case ChatTemplate::kLlama3_2: RenderLlama3_1(msgs, format, &w); break;
+    case ChatTemplate::kGemma3: RETURN_IF_ERROR(RenderGemma3(msgs, format, &w)); break;
+    case ChatTemplate::kGptOss: RETURN_IF_ERROR(RenderGptOss(msgs, format, generation_prompt, &w)); break;
+    case ChatTemplate::kMistralV1: RETURN_IF_ERROR(RenderMistralV1(msgs, format, &w)); break;
+    case ChatTemplate::kMistralV3:
+    case ChatTemplate::kMistralV3Tekken: RETURN_IF_ERROR(RenderMistralV3(msgs, format, format.tmpl, &w)); break;
+    case ChatTemplate::kMistralV7: RETURN_IF_ERROR(RenderMistralV7(msgs, format, &w)); break;
     case ChatTemplate::kAuto:
       return absl::InvalidArgumentError("RenderChat needs a resolved template (ResolveChatFormat)");
   }

@@ -31,37 +31,14 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 
+using test_data::LoadTokenizer;
+using test_data::ReadJson;
+using test_data::ReadJsonLines;
 using test_data::SourceDir;
+using test_data::TrainedEnds;
 std::string DataDir() { return SourceDir() + "/tests/data/chat_templates"; }
 using test_data::Qwen3Dir;
 std::string Llama3Dir() { return DataDir() + "/llama3"; }
-
-json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in) << path;
-  return json::parse(in);
-}
-
-std::vector<json> ReadJsonLines(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in) << path;
-  std::vector<json> out;
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) out.push_back(json::parse(line));
-  }
-  return out;
-}
-
-const tok::Tokenizer& LoadTokenizer(const std::string& dir) {
-  static auto* cache = new std::map<std::string, std::unique_ptr<tok::Tokenizer>>;
-  auto& t = (*cache)[dir];
-  if (t == nullptr) {
-    auto r = tok::Tokenizer::FromFile(dir + "/tokenizer.json");
-    EXPECT_TRUE(r.ok()) << r.status();
-    t = std::move(*r);
-  }
-  return *t;
-}
 
 // Each committed template: its tokenizer_config.json, the tokenizer its oracle used, what it is.
 struct TemplateCase {
@@ -72,21 +49,6 @@ struct TemplateCase {
   const char* header;  // what precedes an assistant reply
   const char* end;     // the reply's end-of-turn token
 };
-
-// How many of d's `end_id` tokens are trained; none is followed by a trained token (nothing after a
-// reply's end is trained until the next reply).
-int TrainedEnds(const TokenizedDocument& d, uint32_t end_id, const std::string& where) {
-  int trained_ends = 0;
-  for (size_t k = 0; k < d.tokens.size(); ++k) {
-    if (d.tokens[k] == end_id && d.loss_mask[k]) {
-      ++trained_ends;
-      if (k + 1 < d.tokens.size()) {
-        EXPECT_EQ(d.loss_mask[k + 1], 0) << where;
-      }
-    }
-  }
-  return trained_ends;
-}
 
 std::vector<TemplateCase> Templates() {
   return {
@@ -114,12 +76,19 @@ TEST(KnownChatTemplates, AreTheCommittedTemplatesVerbatim) {
       {"llama3.1", DataDir() + "/llama3.1-instruct.tokenizer_config.json"},
       {"llama3.2", DataDir() + "/llama3.2-instruct.tokenizer_config.json"},
   };
-  int qwen25 = 0;
+  for (const char* name : {"gemma3", "gpt-oss", "mistral-v1", "mistral-v3", "mistral-v7"}) {
+    files[name] = DataDir() + "/" + name + ".tokenizer_config.json";
+  }
+  int qwen25 = 0, tekken = 0;
   for (const KnownChatTemplate& k : KnownChatTemplates()) {
     const std::string name = ChatTemplateName(k.tmpl);
     if (k.tmpl == ChatTemplate::kQwen2_5) {
       const char* file = qwen25++ == 0 ? "/qwen2.5-instruct.tokenizer_config.json"
                                        : "/qwen2.5-instruct-toolbraces.tokenizer_config.json";
+      EXPECT_EQ(k.text, TemplateText(DataDir() + file)) << file;
+    } else if (k.tmpl == ChatTemplate::kMistralV3Tekken) {  // Mistral Nemo's updated and first copies
+      const char* file = tekken++ == 0 ? "/mistral-v3-tekken.tokenizer_config.json"
+                                       : "/mistral-v3-tekken-first.tokenizer_config.json";
       EXPECT_EQ(k.text, TemplateText(DataDir() + file)) << file;
     } else {
       ASSERT_TRUE(files.count(name)) << name;
@@ -127,6 +96,7 @@ TEST(KnownChatTemplates, AreTheCommittedTemplatesVerbatim) {
     }
   }
   EXPECT_EQ(qwen25, 2);
+  EXPECT_EQ(tekken, 2);
 }
 
 TEST(KnownChatTemplates, EachCommittedConfigIsRecognised) {
@@ -338,7 +308,7 @@ TEST(ChatTemplate, LlamaDateIsTheTemplatesDefaultOrTheGivenOne) {
   // A date where the template has none is a mistake, not something to ignore.
   auto qwen = ResolveChatFormat(ReadJson(Qwen3Dir() + "/tokenizer_config.json"), ChatTemplate::kAuto, "05 Dec 2026");
   EXPECT_EQ(qwen.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(qwen.status().message()), HasSubstr("llama3.1 and llama3.2"));
+  EXPECT_THAT(std::string(qwen.status().message()), HasSubstr("llama3.1, llama3.2 and gpt-oss"));
 }
 
 TEST(ChatTemplate, RecognitionIgnoresOnlyWhatJinjaDoesNotRender) {

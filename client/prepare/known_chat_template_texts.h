@@ -13,5 +13,12 @@ extern const char kQwen25ToolBracesTemplate[];
 extern const char kLlama3Template[];
 extern const char kLlama31Template[];
 extern const char kLlama32Template[];
+extern const char kGemma3Template[];
+extern const char kGptOssTemplate[];
+extern const char kMistralV1Template[];
+extern const char kMistralV3Template[];
+extern const char kMistralV3TekkenTemplate[];
+extern const char kMistralV3TekkenFirstTemplate[];
+extern const char kMistralV7Template[];
 
 }  // namespace slidedp::prepare::template_texts

@@ -121,6 +121,20 @@ const std::vector<Family>& Families() {
        {ChatTemplate::kQwen3_5, ChatTemplate::kQwen3_5NoThink}},
       {"last_query_index", "<|im_start|>", "Qwen3", {ChatTemplate::kQwen3}},
       {"You are Qwen, created by Alibaba Cloud", "<|im_start|>", "Qwen2.5 Instruct", {ChatTemplate::kQwen2_5}},
+      {"first_user_prefix", "<start_of_turn>", "Gemma 3", {ChatTemplate::kGemma3}},
+      // Gemma 4's own turn tokens; not reproduced yet.
+      {"<|turn>", "<turn|>", "Gemma 4", {ChatTemplate::kGemma3}},
+      // Gemma 1 / 2 (no system message) and Gemma 3's first copy (a list-only system message).
+      {"<start_of_turn>", "<end_of_turn>", "Gemma", {ChatTemplate::kGemma3}},
+      {"<|channel|>", "<|start|>", "GPT-OSS (harmony)", {ChatTemplate::kGptOss}},
+      {"[SYSTEM_PROMPT]",
+       "[INST]",
+       "Mistral v7 (Mistral Large 2411, Mistral Small 3.x)",
+       {ChatTemplate::kMistralV7}},
+      {"[INST]",
+       "[/INST]",
+       "Mistral Instruct",
+       {ChatTemplate::kMistralV1, ChatTemplate::kMistralV3, ChatTemplate::kMistralV3Tekken, ChatTemplate::kMistralV7}},
   };
   return *f;
 }
@@ -137,6 +151,14 @@ const std::vector<KnownChatTemplate>& KnownChatTemplates() {
       {ChatTemplate::kLlama3, "Llama 3 Instruct", kLlama3Template},
       {ChatTemplate::kLlama3_1, "Llama 3.1 / 3.3 Instruct", kLlama31Template},
       {ChatTemplate::kLlama3_2, "Llama 3.2 Instruct", kLlama32Template},
+      {ChatTemplate::kGemma3, "Gemma 3 Instruct", kGemma3Template},
+      {ChatTemplate::kGptOss, "GPT-OSS", kGptOssTemplate},
+      {ChatTemplate::kMistralV1, "Mistral v1 (Mistral 7B Instruct v0.1 / v0.2, Mixtral 8x7B)", kMistralV1Template},
+      {ChatTemplate::kMistralV3, "Mistral v3 (Mistral 7B Instruct v0.3, Mixtral 8x22B)", kMistralV3Template},
+      {ChatTemplate::kMistralV3Tekken, "Mistral v3-tekken (Mistral Nemo Instruct 2407)", kMistralV3TekkenTemplate},
+      {ChatTemplate::kMistralV3Tekken, "Mistral v3-tekken (Mistral Nemo Instruct 2407, first copy)",
+       kMistralV3TekkenFirstTemplate},
+      {ChatTemplate::kMistralV7, "Mistral v7 (Mistral Large Instruct 2411)", kMistralV7Template},
   };
   return *known;
 }
@@ -213,7 +235,9 @@ absl::StatusOr<ChatTemplate> IdentifyChatTemplate(std::string_view text) {
   std::vector<std::string> names;
   for (ChatTemplate t :
        {ChatTemplate::kQwen3, ChatTemplate::kQwen3_5, ChatTemplate::kQwen3_5NoThink, ChatTemplate::kQwen2_5,
-        ChatTemplate::kLlama3, ChatTemplate::kLlama3_1, ChatTemplate::kLlama3_2}) {
+        ChatTemplate::kLlama3, ChatTemplate::kLlama3_1, ChatTemplate::kLlama3_2, ChatTemplate::kGemma3,
+        ChatTemplate::kGptOss, ChatTemplate::kMistralV1, ChatTemplate::kMistralV3, ChatTemplate::kMistralV3Tekken,
+        ChatTemplate::kMistralV7}) {
     names.push_back(ChatTemplateName(t));
   }
   const std::string supported = absl::StrCat("supported: ", absl::StrJoin(names, ", "),

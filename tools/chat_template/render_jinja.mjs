@@ -136,6 +136,79 @@ const [q35Checked, q35Known, q35Failures] = [checked - checkedBefore, known - kn
 console.log(`qwen3.5 (both copies): ${q35Checked - q35Known - q35Failures} identical, ${q35Known} known trim ` +
             `differences, ${q35Failures} failed`);
 
+// Gemma 3, GPT-OSS and the Mistral templates (jinja2_render.py --group families): the shared cases,
+// families-conversations.jsonl and families-random-conversations.jsonl, with the same inputs as the
+// Python oracle (lists joined but for Gemma 3, strftime_now giving the case's date or 2025-08-05).
+// A case the template raises on must raise here too; for a Python TypeError (GPT-OSS's
+// `"..." in message.thinking` on null) this library may render instead, which is counted as known.
+// Known, as above: Gemma 3 and Mistral v3 `trim` contents, so a content with a character the two
+// trims disagree on differs. And in this library `selectattr("tool_calls", "undefined")` keeps no
+// message (Python keeps those without the key), so the alternation check of Mistral Nemo's first
+// copy never fires: where Python raises it, this renders or raises later.
+const FAMILIES = ["gemma3", "gpt-oss", "mistral-v1", "mistral-v3", "mistral-v3-tekken", "mistral-v3-tekken-first",
+                  "mistral-v7"];
+const FAMILY_SETS = { "": "conversations.jsonl", ".families": "families-conversations.jsonl",
+                      ".families-random": "families-random-conversations.jsonl" };
+const TRIMMING = new Set(["gemma3", "mistral-v3"]);
+const joinParts = (m) => (Array.isArray(m.content) ? { ...m, content: m.content.map((p) => p.text).join("") } : m);
+// This library's strftime_now reads `new Date()` (local time) and cannot be overridden by a
+// variable: `Date` is replaced by one whose "now" is noon of the case's date.
+const RealDate = Date;
+let fixedNow = null;
+globalThis.Date = class extends RealDate {
+  constructor(...args) {
+    super(...(args.length || fixedNow === null ? args : [fixedNow]));
+  }
+};
+const [famChecked, famKnown, famFailures] = [checked, known, failures];
+const famReasons = {};
+for (const name of FAMILIES) {
+  const config = JSON.parse(fs.readFileSync(path.join(data, `${name}.tokenizer_config.json`), "utf8"));
+  const template = new Template(config.chat_template);
+  for (const [set, file] of Object.entries(FAMILY_SETS)) {
+    const cases = fs.readFileSync(path.join(data, file), "utf8").trim().split("\n").map(JSON.parse);
+    const expected = fs.readFileSync(path.join(data, "expected", `${name}${set}.jsonl`), "utf8").trim().split("\n")
+      .map(JSON.parse);
+    cases.forEach((c, i) => {
+      const iso = /^\d{4}-\d{2}-\d{2}$/.test(c.date_string ?? "");
+      const [y, mo, d] = (iso ? c.date_string : "2025-08-05").split("-").map(Number);
+      fixedNow = new RealDate(y, mo - 1, d, 12).getTime();
+      const vars = {
+        messages: name === "gemma3" ? c.messages : c.messages.map(joinParts),
+        add_generation_prompt: Boolean(c.add_generation_prompt),
+        bos_token: tokenString(config.bos_token) ?? "",
+        eos_token: tokenString(config.eos_token) ?? "",
+      };
+      let text, error;
+      try {
+        text = template.render(vars);
+      } catch (e) {
+        error = e.message;
+      }
+      ++checked;
+      const want = expected[i];
+      if (want.error !== undefined ? error !== undefined && (want.error_type || error.includes(want.error))
+                                   : text === want.text) return;
+      const reason = want.error_type !== undefined ? "a Python error" :
+        name === "mistral-v3-tekken-first" && want.error?.startsWith("After the optional system message")
+          ? "selectattr" :
+        TRIMMING.has(name) && c.messages.some((m) => texts(m).some((t) => TRIMS_DIFFER.test(t))) ? "trim" : null;
+      if (reason) {
+        ++known;
+        famReasons[reason] = (famReasons[reason] ?? 0) + 1;
+        if (set !== ".families-random") console.log(`${name}${set} case ${i}: differs, as expected`);
+      } else {
+        ++failures;
+        console.log(`${name}${set} case ${i}: DIFFERS\n  jinja: ${JSON.stringify(error ?? text)}\n` +
+                    `  py:    ${JSON.stringify(want.error ?? want.text)}`);
+      }
+    });
+  }
+}
+console.log(`gemma3, gpt-oss, mistral-*: ${checked - famChecked - (known - famKnown) - (failures - famFailures)} ` +
+            `identical, ${known - famKnown} known differences (${JSON.stringify(famReasons)}), ` +
+            `${failures - famFailures} failed`);
+
 console.log(`@huggingface/jinja ${jinjaVersion}: ${checked - failures - known} ` +
-  `identical, ${known} known trim differences, ${failures} failed`);
+  `identical, ${known} known differences, ${failures} failed`);
 process.exit(failures ? 1 : 0);
