@@ -53,6 +53,15 @@ SHAPES = {
     "llama3-hd128": (512, 2, 4, 2, 128, 1024, 4096, True, (4, 512), "llama3"),
     "mistral-untied": (256, 4, 4, 2, 64, 512, 1000, False, (4, 384), "mistral"),
     "qwen3-yarn": (256, 4, 4, 2, 64, 512, 1000, True, (4, 512), "qwen3_yarn"),
+    # Sliding-window attention (issue 51), the 11th field the window's arguments: Mistral with every
+    # layer sliding at windows shorter than most documents (head_dim 64 and 128: the own kernels'
+    # tensor-core paths, the window not a multiple of their blocks); Qwen2 with its upper layers
+    # sliding (max_window_layers) and the lower ones full.
+    "mistral-window": (256, 4, 4, 2, 64, 512, 1000, False, (4, 384), "mistral", None, dict(sliding_window=100)),
+    "mistral-window-hd128": (512, 2, 4, 2, 128, 1024, 4096, True, (3, 1024), "mistral", None,
+                             dict(sliding_window=333)),
+    "qwen2-window": (256, 4, 4, 2, 64, 512, 1000, True, (4, 512), "qwen2", None,
+                     dict(use_sliding_window=True, sliding_window=64, max_window_layers=2)),
     # Qwen3's documented long-context setting (YaRN, factor 4 over 32,768 pretraining positions,
     # max_position_embeddings 131,072) on a reduced-depth model at one 64K-token sequence: positions
     # past the original context, and the CUDA backend's tiles (2 x 32,768 tokens). CUDA only.
@@ -155,6 +164,8 @@ def make_model(name, shape, seed, hf_dir):
         kwargs.update(shape[10])
     if family == "mistral":
         kwargs["sliding_window"] = None
+    if len(shape) > 11:  # a sliding window's arguments
+        kwargs.update(shape[11])
     if family == "llama3":
         kwargs["mlp_bias"] = False
         rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,

@@ -9,7 +9,9 @@
 // Slow path (any other head_dim <= 256, for tiny test models): one warp per (token, head).
 //
 // Layouts: q [T, nq*hd], k/v [T, nkv*hd], o [T, nq*hd], each with its own row stride (elements);
-// lse [nq, T] FP32 natural log of Σ exp(scale * q·k). cu_seqlens: device [docs + 1].
+// lse [nq, T] FP32 natural log of Σ exp(scale * q·k) (+ exp(sink)). cu_seqlens: device [docs + 1].
+// Sliding windows (AttnArgs::window) and attention sinks (AttnArgs::sinks) on both paths; the
+// tensor-core kernels skip the key blocks outside the band.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -55,6 +57,16 @@ struct AttnArgs {
   int64_t kv_tokens = 0;
   int max_seqlen_kv = 0;
   bool cross() const { return kv_bounds != nullptr; }
+  // Sliding-window attention (HF's sliding_window): query i sees only the `window` keys ending at
+  // its own, keys i + off - window < key <= i + off (window 1: itself alone); 0: no limit but the
+  // document's (piece's) start.
+  int window = 0;
+  // Attention sinks (GPT-OSS): a learned logit per q head (device [num_q_heads], FP32, natural-log
+  // units, not scaled by softmax_scale) joining each row's softmax denominator only, so a row's
+  // weights sum to less than 1; lse includes it. Backward ADDS d loss / d sink into dsinks
+  // (device [num_q_heads], FP32): -Σ_rows exp(sink - lse) · (dO·O).
+  const float* sinks = nullptr;
+  float* dsinks = nullptr;
 };
 
 struct AttnTensor {

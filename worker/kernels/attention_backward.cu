@@ -67,6 +67,26 @@ __global__ void AttnRowDotKernel(AttnArgs a, AttnTensor o, AttnTensor dout, floa
   }
 }
 
+// Attention sinks: dsinks[h] += -Σ_t exp(sink_h - lse[h][t]) · D[h][t] (the sink's probability
+// times its dP - D, its value being zero). One block per q head; FP32 block sum, one add.
+__global__ void SinkGradKernel(AttnArgs a, const float* __restrict__ lse, const float* __restrict__ dsum) {
+  const int h = blockIdx.x;
+  const float sink = a.sinks[h];
+  const float* lrow = lse + static_cast<int64_t>(h) * a.tokens;
+  const float* drow = dsum + static_cast<int64_t>(h) * a.tokens;
+  float s = 0.f;
+  for (int64_t t = threadIdx.x; t < a.tokens; t += blockDim.x) s -= __expf(sink - lrow[t]) * drow[t];
+  __shared__ float part[32];
+  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    s = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.f;
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (threadIdx.x == 0) a.dsinks[h] += s;
+  }
+}
+
 template <int HD, int BR, bool CROSS>
 __global__ void __launch_bounds__(kBwdThreads)
     FlashBwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor v, const float* __restrict__ lse, AttnTensor dout,
@@ -113,7 +133,10 @@ __global__ void __launch_bounds__(kBwdThreads)
 
   const int key_a = k0 + warp * 16 + g, key_b = key_a + 8;  // range-relative keys of this thread's rows
   const int qb_start = max(0, k0 - off) / BR;               // the first query seeing key k0 is k0 - off
-  const int qb_end = (len + BR - 1) / BR;
+  // A sliding window: the block's last key is seen up to W - 1 queries after its own row.
+  const int W = a.window;
+  const int last_q = min(k0 + kBwdBc, len_kv) - 1 - off + W - 1;  // the last query seeing its last key
+  const int qb_end = W > 0 ? min((len + BR - 1) / BR, last_q < 0 ? 0 : last_q / BR + 1) : (len + BR - 1) / BR;
   // dQ partition: BR/16 m-tiles; the 4 warps split each m-tile's HD columns.
   constexpr int kMTiles = BR / 16;
   constexpr int kWarpsPerM = 4 / kMTiles;
@@ -180,7 +203,7 @@ __global__ void __launch_bounds__(kBwdThreads)
         }
       }
       // Pᵀ = exp2(S·scale·log2e − lse·log2e), masked; dSᵀ = Pᵀ (dPᵀ − D).
-      const bool need_mask = q0 + off < k0 + kBwdBc;
+      const bool need_mask = q0 + off < k0 + kBwdBc || (W > 0 && q0 + BR - 1 + off - W >= k0);
 #pragma unroll
       for (int nt = 0; nt < BR / 8; ++nt) {
 #pragma unroll
@@ -188,7 +211,7 @@ __global__ void __launch_bounds__(kBwdThreads)
           const int qi = nt * 8 + 2 * t4 + (e & 1);
           const int key = e < 2 ? key_a : key_b;
           float p = exp2f(st[nt][e] * scale_log2 - slse[qi]);
-          if (need_mask && q0 + qi + off < key) p = 0.f;
+          if (need_mask && (q0 + qi + off < key || (W > 0 && q0 + qi + off - W >= key))) p = 0.f;
           st[nt][e] = p;
           dpt[nt][e] = p * (dpt[nt][e] - sdd[qi]);
         }
@@ -389,7 +412,9 @@ __global__ void SlowBwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor
     const int64_t t = r / a.num_q_heads;
     const int h = static_cast<int>(r % a.num_q_heads), kvh = h / group;
     const AttnSpan span = SpanOf(a, FindDoc(a.cu_seqlens, a.num_docs, t));
-    const int64_t start = span.kv_start, last = span.kv_start + (t - span.q_start) + span.off;
+    const int64_t last = span.kv_start + (t - span.q_start) + span.off;
+    const int64_t start =
+        a.window > 0 && last - a.window + 1 > span.kv_start ? last - a.window + 1 : span.kv_start;
     const float L = lse[static_cast<int64_t>(h) * a.tokens + t], D = dsum[static_cast<int64_t>(h) * a.tokens + t];
     float qv[kSlowMaxDimPerLane], dov[kSlowMaxDimPerLane], dq[kSlowMaxDimPerLane];
 #pragma unroll
@@ -494,6 +519,9 @@ absl::Status Backward(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor 
                       float* dv_add, int64_t ld_add, void* ws, cudaStream_t stream) {
   absl::Status s = CheckArgs(a);
   if (!s.ok()) return s;
+  if (a.sinks != nullptr && a.dsinks == nullptr) {
+    return absl::InvalidArgumentError("attention backward: sinks without dsinks to add their gradient into");
+  }
   if (a.tokens <= 0) return absl::OkStatus();
   char* w = static_cast<char*>(ws);
   const int64_t qnumel = a.tokens * a.num_q_heads * a.head_dim;
@@ -503,6 +531,10 @@ absl::Status Backward(const AttnArgs& a, AttnTensor q, AttnTensor k, AttnTensor 
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dq_acc, 0, qnumel * 4, stream));
   AttnRowDotKernel<<<SlowGrid(a), 256, 0, stream>>>(a, o, dout, dsum);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  if (a.sinks != nullptr) {
+    SinkGradKernel<<<a.num_q_heads, 256, 0, stream>>>(a, lse, dsum);
+    SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
+  }
   const int64_t qd = static_cast<int64_t>(a.num_q_heads) * a.head_dim;
   const int64_t kvd = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
   if (FlashAttentionFastPath(a.head_dim)) {

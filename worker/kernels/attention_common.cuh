@@ -124,6 +124,9 @@ inline absl::Status CheckArgs(const AttnArgs& a) {
                                                    " max_seqlen_kv=", a.max_seqlen_kv, " (queries ", a.max_seqlen,
                                                    ")"));
   }
+  if (a.window < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("attention: bad window ", a.window));
+  }
   if (a.head_dim <= 0 || a.head_dim > 32 * kSlowMaxDimPerLane || a.num_q_heads <= 0 || a.num_kv_heads <= 0 ||
       a.num_q_heads % a.num_kv_heads != 0 || a.num_docs <= 0 || a.cu_seqlens == nullptr || a.max_seqlen <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("attention: bad arguments head_dim=", a.head_dim,

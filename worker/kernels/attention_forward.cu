@@ -48,10 +48,13 @@ __global__ void __launch_bounds__(kFwdThreads)
   const bf16* kbase = k.ptr + span.kv_start * k.ld + static_cast<int64_t>(kv_head) * HD;
   const bf16* vbase = v.ptr + span.kv_start * v.ld + static_cast<int64_t>(kv_head) * HD;
   const int nblocks = (min(q0 + kFwdBr, len) + off + kFwdBc - 1) / kFwdBc;
+  // A sliding window: the block's first row sees keys from q0 + off - W + 1 on.
+  const int W = a.window;
+  const int jfirst = W > 0 ? max(0, q0 + off - W + 1) / kFwdBc : 0;
 
   LoadTile<HD, kFwdBr, kFwdThreads>(sq, qbase, q.ld, q0, len);
-  LoadTile<HD, kFwdBc, kFwdThreads>(sk, kbase, k.ld, 0, len_kv);
-  LoadTile<HD, kFwdBc, kFwdThreads>(sv, vbase, v.ld, 0, len_kv);
+  LoadTile<HD, kFwdBc, kFwdThreads>(sk + (jfirst & 1) * kFwdBc * HD, kbase, k.ld, jfirst * kFwdBc, len_kv);
+  LoadTile<HD, kFwdBc, kFwdThreads>(sv + (jfirst & 1) * kFwdBc * HD, vbase, v.ld, jfirst * kFwdBc, len_kv);
   CpAsyncCommit();
 
   float acc[MT][HD / 8][4];
@@ -59,13 +62,17 @@ __global__ void __launch_bounds__(kFwdThreads)
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int i = 0; i < HD / 8; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
+  // A sink starts each row's running max at its logit and its sum at exp(0) = 1 (counted once per
+  // row: by the quad's first thread, the quad's partial sums being added at the end).
   float m_run[MT][2], l_run[MT][2];
+  const float m0 = a.sinks != nullptr ? a.sinks[head] * kLog2e : -INFINITY;
+  const float l0 = a.sinks != nullptr && t4 == 0 ? 1.f : 0.f;
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) m_run[mt][0] = m_run[mt][1] = -INFINITY, l_run[mt][0] = l_run[mt][1] = 0.f;
+  for (int mt = 0; mt < MT; ++mt) m_run[mt][0] = m_run[mt][1] = m0, l_run[mt][0] = l_run[mt][1] = l0;
   const float scale_log2 = a.softmax_scale * kLog2e;
   const int wrow = warp * 16 * MT;  // first tile row of this warp
 
-  for (int j = 0; j < nblocks; ++j) {
+  for (int j = jfirst; j < nblocks; ++j) {
     const int stage = j & 1;
     if (j + 1 < nblocks) {
       const int ns = (j + 1) & 1;
@@ -80,8 +87,10 @@ __global__ void __launch_bounds__(kFwdThreads)
     const bf16* skt = sk + stage * kFwdBc * HD;
     const bf16* svt = sv + stage * kFwdBc * HD;
     const int key0 = j * kFwdBc;
-    // Warps whose rows all precede this key block contribute nothing (causal): skip the math.
-    const bool warp_active = key0 <= q0 + wrow + 16 * MT - 1 + off;
+    // Warps whose rows all precede this key block contribute nothing (causal), nor do those whose
+    // windows all end before it: skip the math.
+    const bool warp_active =
+        key0 <= q0 + wrow + 16 * MT - 1 + off && (W == 0 || key0 + kFwdBc - 1 > q0 + wrow + off - W);
 
     float s[MT][kFwdBc / 8][4];
 #pragma unroll
@@ -109,8 +118,9 @@ __global__ void __launch_bounds__(kFwdThreads)
           }
         }
       }
-      // Scale, mask (causal and the document end), online softmax.
-      const bool need_mask = key0 + kFwdBc > q0 + wrow + off || key0 + kFwdBc > len_kv;
+      // Scale, mask (causal, the window and the document end), online softmax.
+      const bool need_mask = key0 + kFwdBc > q0 + wrow + off || key0 + kFwdBc > len_kv ||
+                             (W > 0 && key0 <= q0 + wrow + 16 * MT - 1 + off - W);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         const int row_a = q0 + wrow + mt * 16 + g, row_b = row_a + 8;
@@ -123,7 +133,7 @@ __global__ void __launch_bounds__(kFwdThreads)
             if (need_mask) {
               const int key = key0 + nt * 8 + 2 * t4 + (e & 1);
               const int row = e < 2 ? row_a : row_b;
-              if (key > row + off || key >= len_kv) val = -INFINITY;
+              if (key > row + off || key >= len_kv || (W > 0 && key <= row + off - W)) val = -INFINITY;
             }
             s[mt][nt][e] = val;
             mx[e >> 1] = fmaxf(mx[e >> 1], val);
@@ -224,7 +234,9 @@ __global__ void SlowFwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor
     const int64_t t = r / a.num_q_heads;
     const int h = static_cast<int>(r % a.num_q_heads), kvh = h / group;
     const AttnSpan span = SpanOf(a, FindDoc(a.cu_seqlens, a.num_docs, t));
-    const int64_t start = span.kv_start, last = span.kv_start + (t - span.q_start) + span.off;
+    const int64_t last = span.kv_start + (t - span.q_start) + span.off;
+    const int64_t start =
+        a.window > 0 && last - a.window + 1 > span.kv_start ? last - a.window + 1 : span.kv_start;
     float qv[kSlowMaxDimPerLane], acc[kSlowMaxDimPerLane];
 #pragma unroll
     for (int i = 0; i < kSlowMaxDimPerLane; ++i) {
@@ -233,6 +245,7 @@ __global__ void SlowFwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor
       acc[i] = 0.f;
     }
     float m = -INFINITY, l = 0.f;
+    if (a.sinks != nullptr) m = a.sinks[h], l = 1.f;  // the sink's exp(0) in the denominator
     for (int64_t j = start; j <= last; ++j) {
       float s = 0.f;
 #pragma unroll

@@ -17,11 +17,20 @@
 namespace slidedp::kernels {
 
 // Whether key block kb's backward block visits query block qb (the kernel's loop bounds): its keys
-// exist and qb is at or after the query block holding its first key.
-SLIDEDP_ATTN_HD inline bool DqVisits(int qb, int kb, int len, int br, int bc, int off = 0) {
+// exist and qb is at or after the query block holding its first key (and, with a sliding window of
+// `window` keys, at or before the one holding the last query that sees its last key). The blocks
+// visiting one query block are consecutive, so DqTurn's turns stay without gaps.
+SLIDEDP_ATTN_HD inline bool DqVisits(int qb, int kb, int len, int br, int bc, int off = 0, int window = 0) {
   const int k0 = kb * bc;
   const int first_q = k0 - off > 0 ? k0 - off : 0;  // the first query that sees key k0
-  return k0 < len + off && qb >= first_q / br && qb < (len + br - 1) / br;
+  int end_qb = (len + br - 1) / br;
+  if (window > 0) {
+    const int last_key = (k0 + bc < len + off ? k0 + bc : len + off) - 1;
+    const int last_q = last_key - off + window - 1;  // the last query seeing the block's last key
+    const int w_end = last_q < 0 ? 0 : last_q / br + 1;
+    end_qb = w_end < end_qb ? w_end : end_qb;
+  }
+  return k0 < len + off && qb >= first_q / br && qb < end_qb;
 }
 
 // The last key block that adds into query block qb: the one holding its last row's key.

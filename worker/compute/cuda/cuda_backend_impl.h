@@ -491,8 +491,10 @@ class CudaBackend final : public ComputeBackend {
   absl::Status Wgrad(const bf16* dy, int64_t dy_ld, const bf16* x, int64_t x_ld, int64_t T, int64_t out_rows,
                      int64_t in_cols, float* dw);
 
-  kernels::AttnArgs Attn(const CudaBatch& b) const {
+  // Attention's arguments for decoder layer `layer` of this batch (its sliding window, if any).
+  kernels::AttnArgs Attn(const CudaBatch& b, int layer) const {
     kernels::AttnArgs a;
+    a.window = layer >= 0 ? static_cast<int>(config_.AttentionWindow(layer)) : 0;
     a.tokens = b.num_tokens_;
     a.num_docs = b.num_docs_;
     a.max_seqlen = std::max(1, b.max_seqlen_);
@@ -689,7 +691,7 @@ class CudaBackend final : public ComputeBackend {
   absl::StatusOr<std::optional<int64_t>> CudnnWorkspace(AttnDir dir, const kernels::AttnArgs& a);
   // A context-parallel share (b.context()) attends the group's keys and values, [whole, 2 kvd]
   // BF16 (keys | values per row, GatherContextKv); kv null: gathered here.
-  absl::Status AttentionForward(const CudaBatch& b, const LayerActs& a, const bf16* kv = nullptr);
+  absl::Status AttentionForward(const CudaBatch& b, int layer, const LayerActs& a, const bf16* kv = nullptr);
   // cudnn_ws: CudnnWorkspace(kBackward)'s answer for this call (ws holds that many bytes, or the
   // own kernels' workspace when it is empty). A share: kv as above (required); dk and dv get this
   // rank's rows of the group's summed key/value gradients.

@@ -204,8 +204,11 @@ absl::Status CudaBackend::ResidualBranchBackward(const void* dres, int64_t T, co
 
 absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir, const kernels::AttnArgs& a) {
   const bool fwd = dir == AttnDir::kForward;
-  // Cross attention (a context-parallel share) runs on cuDNN only where CudaBackendOptions asks.
-  if (cudnn_ == nullptr || (!fwd && options_.deterministic) || (a.cross() && !options_.cudnn_cross_attention)) {
+  // Cross attention (a context-parallel share) runs on cuDNN only where CudaBackendOptions asks;
+  // a window shorter than the longest row and attention sinks on the own kernels.
+  const bool banded = a.window > 0 && a.window < (a.cross() ? a.max_seqlen_kv : a.max_seqlen);
+  if (cudnn_ == nullptr || (!fwd && options_.deterministic) || (a.cross() && !options_.cudnn_cross_attention) ||
+      banded || a.sinks != nullptr) {
     return std::optional<int64_t>();
   }
   kernels::AttnRowStrides ld = AttnStrides();
@@ -222,8 +225,8 @@ absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir, 
   return std::optional<int64_t>();
 }
 
-absl::Status CudaBackend::AttentionForward(const CudaBatch& b, const LayerActs& a, const bf16* kv) {
-  const kernels::AttnArgs attn = Attn(b);
+absl::Status CudaBackend::AttentionForward(const CudaBatch& b, int layer, const LayerActs& a, const bf16* kv) {
+  const kernels::AttnArgs attn = Attn(b, layer);
   ASSIGN_OR_RETURN(std::optional<int64_t> ws, CudnnWorkspace(AttnDir::kForward, attn));
   if (b.context()) {
     PoolBlock kv_block;
@@ -427,7 +430,7 @@ absl::Status CudaBackend::DecoderForward(const UnitParams& params, const DeviceB
     RETURN_IF_ERROR(tmp.Alloc(scratch, stream_));
   }
   RETURN_IF_ERROR(AttentionInputs(params, b, x, acts, 0, kept_pieces));
-  RETURN_IF_ERROR(AttentionForward(b, acts));
+  RETURN_IF_ERROR(AttentionForward(b, params.decoder_layer, acts));
   for (int64_t t0 = 0; t0 < T; t0 += tile) {  // y may alias x: each tile reads its own rows first
     RETURN_IF_ERROR(MlpTile(params, ResidualRow(x, t0), TileOf(acts, t0, kept_pieces), std::min(tile, T - t0), 0,
                             ResidualRow(y, t0), branch));
@@ -489,7 +492,7 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   if (config_.is_qwen3_5()) return HybridDecoderBackward(params, b, x, dy, dx, dparams);
   if (sparse >= 0) return SparseDecoderBackward(params, b, x, saved, dy, dx, dparams);
   const uint32_t kept = policy.pieces;
-  const kernels::AttnArgs attn = Attn(b);
+  const kernels::AttnArgs attn = Attn(b, params.decoder_layer);
 
   // Scratch: what the policy did not keep (attention's intermediates whole, the token-local ones
   // one tile's worth), one tile's MLP gradients, and attention's gradients whole. dx holds dh1 (the
@@ -532,7 +535,7 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   PoolBlock kv_block;  // a context-parallel share: the group's keys and values, once for both
   const bf16* kv = nullptr;
   RETURN_IF_ERROR(GatherContextKv(b, acts, kv_block, &kv));
-  if (!policy.keeps(kPieceAttention)) RETURN_IF_ERROR(AttentionForward(b, acts, kv));
+  if (!policy.keeps(kPieceAttention)) RETURN_IF_ERROR(AttentionForward(b, params.decoder_layer, acts, kv));
 
   // The MLP and o_proj blocks, tile by tile, each tile's MLP inputs recomputed around the kept pieces.
   for (int64_t t0 = 0; t0 < T; t0 += tile) {

@@ -75,7 +75,7 @@ absl::Status CudaBackend::SparseDecoderForward(const UnitParams& params, const C
   }
   ASSIGN_OR_RETURN(const MoeRouterStatsOut record, RouterRecord(b, ordinal));
   RETURN_IF_ERROR(AttentionInputs(params, b, x, acts, 0, kept_pieces));
-  RETURN_IF_ERROR(AttentionForward(b, acts));
+  RETURN_IF_ERROR(AttentionForward(b, params.decoder_layer, acts));
   RETURN_IF_ERROR(ResidualGemm(acts.o, qd_, W(params.bf16, kOProj), x, acts.h1, branch, T));  // h1 = x + o·Woᵀ
   RETURN_IF_ERROR(NormForward(acts.h1, Norm(params, kPostNorm), T, acts.xn2, acts.rstd2));
   MoeSaved* moe_state = moe_keep != MoeKeep::kNothing ? &keep->moe_ : record_routing_ ? &routing : nullptr;
@@ -98,7 +98,7 @@ absl::Status CudaBackend::SparseDecoderBackward(const UnitParams& params, const 
   const int64_t T = b.num_tokens_;
   const ActPolicy policy = saved == nullptr ? ActPolicy::kRecomputeLayer : saved->policy_;
   const uint32_t kept = policy.pieces;
-  const kernels::AttnArgs attn = Attn(b);
+  const kernels::AttnArgs attn = Attn(b, params.decoder_layer);
 
   Carver c;
   PoolBlock block;
@@ -127,7 +127,7 @@ absl::Status CudaBackend::SparseDecoderBackward(const UnitParams& params, const 
   PoolBlock kv_block;  // a context-parallel share: the group's keys and values, once for both
   const bf16* kv = nullptr;
   RETURN_IF_ERROR(GatherContextKv(b, acts, kv_block, &kv));
-  if (!policy.keeps(kPieceAttention)) RETURN_IF_ERROR(AttentionForward(b, acts, kv));
+  if (!policy.keeps(kPieceAttention)) RETURN_IF_ERROR(AttentionForward(b, params.decoder_layer, acts, kv));
   if (!policy.keeps(kPieceOProj)) {
     RETURN_IF_ERROR(ResidualGemm(acts.o, qd_, W(params.bf16, kOProj), x, acts.h1, branch, T));
   }

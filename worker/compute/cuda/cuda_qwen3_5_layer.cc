@@ -361,7 +361,7 @@ absl::Status CudaBackend::MixerForward(const UnitParams& params, const CudaBatch
   }
   // xn1, the fused qkv rows, q/k (1 + w) norms + partial RoPE (RopeArgs skips the gate columns).
   RETURN_IF_ERROR(AttentionInputs(params, b, x, l, 0, kAllPieces));
-  const kernels::AttnArgs attn = Attn(b);
+  const kernels::AttnArgs attn = Attn(b, params.decoder_layer);
   ASSIGN_OR_RETURN(const std::optional<int64_t> cudnn_ws, CudnnWorkspace(AttnDir::kForward, attn));
   if (!cudnn_ws.has_value() && !kernels::FlashAttentionFastPath(hd_) && T > kSlowAttentionMaxTokens) {
     return absl::FailedPreconditionError(
@@ -369,7 +369,7 @@ absl::Status CudaBackend::MixerForward(const UnitParams& params, const CudaBatch
                      " tokens needs cuDNN (SLIDEDP_ATTENTION auto or cudnn, libcudnn 9): the own kernels run this head ",
                      "dim on their slow path, for at most ", kSlowAttentionMaxTokens, " tokens"));
   }
-  RETURN_IF_ERROR(AttentionForward(b, l));
+  RETURN_IF_ERROR(AttentionForward(b, params.decoder_layer, l));
   RETURN_IF_ERROR(kernels::AttnOutputGateForward(l.o, l.qkv, qkv_, T, nq_, hd_, a.og, stream_));
   return ResidualGemm(a.og, qd_, W(params.bf16, kOProj), x, l.h1, a.branch, T);
 }
@@ -455,7 +455,7 @@ absl::Status CudaBackend::HybridDecoderBackward(const UnitParams& params, const 
   }
   const LinearAttentionConfig& la = config_.linear;
   const int64_t P = la.conv_dim() + la.value_dim() + 2 * la.num_value_heads;
-  const kernels::AttnArgs attn = Attn(b);
+  const kernels::AttnArgs attn = Attn(b, params.decoder_layer);
   std::optional<int64_t> cudnn_ws;
   if (!linear) {
     ASSIGN_OR_RETURN(cudnn_ws, CudnnWorkspace(AttnDir::kBackward, attn));

@@ -19,14 +19,17 @@ namespace slidedp::kernel_test {
 
 namespace {
 
-// FP64 attention, causal inside each document of cu: o, lse [nq, T], and the gradients of
-// Σ dout·o (dv with v's row stride).
+// FP64 attention, causal inside each document of cu (and, window > 0, each query seeing the
+// `window` keys ending at its own, HF's sliding window), with a sink logit per q head in each
+// row's denominator where `sinks` is not empty: o, lse [nq, T], and the gradients of Σ dout·o (dv
+// with v's row stride; dsinks [nq]).
 struct Reference {
-  std::vector<double> o, lse, dq, dk, dv;
+  std::vector<double> o, lse, dq, dk, dv, dsinks;
 };
 Reference ReferenceAttention(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
                              const std::vector<double>& dout, const std::vector<int32_t>& cu, int hd, int nq, int nkv,
-                             int64_t ldq, int64_t ldk, int64_t ldv, double sc) {
+                             int64_t ldq, int64_t ldk, int64_t ldv, double sc, int window = 0,
+                             const std::vector<double>& sinks = {}) {
   const int64_t T = cu.back();
   const int group = nq / nkv;
   Reference r;
@@ -35,20 +38,22 @@ Reference ReferenceAttention(const std::vector<double>& q, const std::vector<dou
   r.dq.assign(T * ldq, 0);
   r.dk.assign(T * ldk, 0);
   r.dv.assign(T * ldv, 0);
+  r.dsinks.assign(nq, 0);
   std::vector<double>&ro = r.o, &rl = r.lse, &rdq = r.dq, &rdk = r.dk, &rdv_full = r.dv;
   for (size_t d = 0; d + 1 < cu.size(); ++d)
     for (int h = 0; h < nq; ++h) {
       const int kh = h / group;
       for (int64_t i = cu[d]; i < cu[d + 1]; ++i) {
-        std::vector<double> p(i - cu[d] + 1);
-        double m = -INFINITY;
-        for (int64_t j = cu[d]; j <= i; ++j) {
+        const int64_t j0 = window > 0 ? std::max<int64_t>(cu[d], i - window + 1) : cu[d];
+        std::vector<double> p(i - j0 + 1);
+        double m = sinks.empty() ? -INFINITY : sinks[h];
+        for (int64_t j = j0; j <= i; ++j) {
           double s = 0;
           for (int c = 0; c < hd; ++c) s += q[i * ldq + h * hd + c] * k[j * ldk + kh * hd + c];
-          p[j - cu[d]] = s * sc;
+          p[j - j0] = s * sc;
           m = std::max(m, s * sc);
         }
-        double sum = 0;
+        double sum = sinks.empty() ? 0 : std::exp(sinks[h] - m);
         for (auto& x : p) {
           x = std::exp(x - m);
           sum += x;
@@ -56,17 +61,18 @@ Reference ReferenceAttention(const std::vector<double>& q, const std::vector<dou
         rl[h * T + i] = m + std::log(sum);
         for (auto& x : p) x /= sum;
         std::vector<double> oo(hd, 0), dp(p.size());
-        for (int64_t j = cu[d]; j <= i; ++j)
-          for (int c = 0; c < hd; ++c) oo[c] += p[j - cu[d]] * v[j * ldv + kh * hd + c];
+        for (int64_t j = j0; j <= i; ++j)
+          for (int c = 0; c < hd; ++c) oo[c] += p[j - j0] * v[j * ldv + kh * hd + c];
         double D = 0;
         for (int c = 0; c < hd; ++c) {
           ro[i * ldq + h * hd + c] = oo[c];
           D += oo[c] * dout[i * ldq + h * hd + c];
         }
-        for (int64_t j = cu[d]; j <= i; ++j) {
+        if (!sinks.empty()) r.dsinks[h] -= std::exp(sinks[h] - rl[h * T + i]) * D;
+        for (int64_t j = j0; j <= i; ++j) {
           double x = 0;
           for (int c = 0; c < hd; ++c) x += dout[i * ldq + h * hd + c] * v[j * ldv + kh * hd + c];
-          const double pj = p[j - cu[d]], ds = pj * (x - D) * sc;
+          const double pj = p[j - j0], ds = pj * (x - D) * sc;
           for (int c = 0; c < hd; ++c) {
             rdq[i * ldq + h * hd + c] += ds * k[j * ldk + kh * hd + c];
             rdk[j * ldk + kh * hd + c] += ds * q[i * ldq + h * hd + c];
@@ -81,7 +87,7 @@ Reference ReferenceAttention(const std::vector<double>& q, const std::vector<dou
 }  // namespace
 
 void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kernels::AttnArgs::BwdSplit split,
-                    kernels::CudnnAttention* cudnn, bool ordered) {
+                    kernels::CudnnAttention* cudnn, bool ordered, int window, bool sinks) {
   std::vector<int32_t> cu = {0};
   for (int d : docs) cu.push_back(cu.back() + d);
   const int64_t T = cu.back();
@@ -105,6 +111,18 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kerne
   a.cu_seqlens_host = cu.data();
   a.bwd_split = split;
   a.ordered_dq = ordered;
+  a.window = window;
+  // Sinks of either sign and size (GPT-OSS's learned ones spread around 0 and up to a few units).
+  std::vector<double> sink_values;
+  Dev<float> dsinks_dev(nq), sinks_dev(nq);
+  if (sinks) {
+    for (int h = 0; h < nq; ++h) sink_values.push_back(-3.0 + 6.0 * h / std::max(1, nq - 1));
+    std::vector<float> f(sink_values.begin(), sink_values.end()), zero(nq, 0.f);
+    Upload(sinks_dev, f);
+    Upload(dsinks_dev, zero);
+    a.sinks = sinks_dev.get();
+    a.dsinks = dsinks_dev.get();
+  }
   // The backward's three outputs as bits (for the repeatability checks); empty on a copy error.
   auto grads_bits = [&]() -> std::vector<uint16_t> {
     std::vector<uint16_t> bits(T * (ldq + ldk + ldv));
@@ -173,7 +191,7 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kerne
                 docs.size(), static_cast<long long>(T), same ? "yes" : "no");
   }
   const double sc = a.softmax_scale;
-  const Reference r = ReferenceAttention(q, k, v, dout, cu, hd, nq, nkv, ldq, ldk, ldv, sc);
+  const Reference r = ReferenceAttention(q, k, v, dout, cu, hd, nq, nkv, ldq, ldk, ldv, sc, window, sink_values);
   const std::vector<double>&ro = r.o, &rl = r.lse, &rdq = r.dq, &rdk = r.dk, &rdv_full = r.dv;
   std::vector<double> gdv, rdv;
   auto gv = DownBf16(dv.get(), T * ldv);
@@ -187,8 +205,16 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kerne
                     (split == kernels::AttnArgs::BwdSplit::kPerKvHead  ? ", per-kv-head"
                      : split == kernels::AttnArgs::BwdSplit::kPerQHead ? ", per-q-head"
                                                                        : "") +
-                    (ordered ? ", ordered dQ" : "") + ")";
+                    (ordered ? ", ordered dQ" : "") + (window > 0 ? ", window " + std::to_string(window) : "") +
+                    (sinks ? ", sinks" : "") + ")";
   const std::string name = cudnn != nullptr ? "cudnn attention" : "attention";
+  // The sinks' gradient: one backward added into zeros (the ordered runs add 3 times).
+  if (sinks) {
+    std::vector<double> got = DownF32(dsinks_dev.get(), nq);
+    if (ordered && cudnn == nullptr)
+      for (double& x : got) x /= 3;
+    ExpectRelErr(name + " bwd dSinks" + tag, got, r.dsinks, 2e-2);
+  }
   ExpectRelErr(name + " fwd O" + tag, DownBf16(o.get(), T * ldq), ro, 1e-2);
   ExpectRelErr(name + " fwd LSE" + tag, DownF32(lse.get(), nq * T), rl, 1e-4);
   ExpectRelErr(name + " bwd dQ" + tag, DownBf16(dq.get(), T * ldq), rdq, 2e-2);

@@ -13,10 +13,13 @@ namespace slidedp::kernel_test {
 
 // `cudnn` set: cuDNN runs the case (it ignores `split`); a head_dim other than 128 and 256 that its
 // engines reject is a skip, 128 and 256 (the models trained) must work. ordered: the own backward with
-// AttnArgs::ordered_dq, whose dQ/dK/dV must then be bitwise the same on two more runs.
+// AttnArgs::ordered_dq, whose dQ/dK/dV must then be bitwise the same on two more runs. window:
+// AttnArgs::window (0: none); sinks: a sink logit per q head (AttnArgs::sinks, values -3..3), its
+// gradient checked too.
 void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs,
                     kernels::AttnArgs::BwdSplit split = kernels::AttnArgs::BwdSplit::kAuto,
-                    kernels::CudnnAttention* cudnn = nullptr, bool ordered = false);
+                    kernels::CudnnAttention* cudnn = nullptr, bool ordered = false, int window = 0,
+                    bool sinks = false);
 
 // Cross attention (AttnArgs::kv_bounds, context parallelism): the documents cut zig-zag over
 // `ranks` shares as one row; each share's queries attend the whole batch's keys through the own

@@ -27,6 +27,8 @@ struct AttnCase {
   std::vector<int> docs;
   Split split = Split::kAuto;
   bool ordered = false;
+  int window = 0;
+  bool sinks = false;
 };
 
 // e.g. Hd128_Heads4x2_T403_PerKvHead_OrderedDq
@@ -37,7 +39,8 @@ std::string Name(const AttnCase& c) {
          (c.split == Split::kPerKvHead  ? "_PerKvHead"
           : c.split == Split::kPerQHead ? "_PerQHead"
                                         : "") +
-         (c.ordered ? "_OrderedDq" : "");
+         (c.ordered ? "_OrderedDq" : "") + (c.window > 0 ? "_Window" + std::to_string(c.window) : "") +
+         (c.sinks ? "_Sinks" : "");
 }
 std::string CaseName(const ::testing::TestParamInfo<AttnCase>& info) { return Name(info.param); }
 void PrintTo(const AttnCase& c, std::ostream* os) { *os << Name(c); }
@@ -46,7 +49,7 @@ class AttentionGpuTest : public GpuTest, public ::testing::WithParamInterface<At
 
 TEST_P(AttentionGpuTest, MatchesReference) {
   const AttnCase& c = GetParam();
-  CheckAttention(c.hd, c.nq, c.nkv, c.docs, c.split, nullptr, c.ordered);
+  CheckAttention(c.hd, c.nq, c.nkv, c.docs, c.split, nullptr, c.ordered, c.window, c.sinks);
 }
 
 INSTANTIATE_TEST_SUITE_P(Atomic, AttentionGpuTest,
@@ -68,6 +71,28 @@ INSTANTIATE_TEST_SUITE_P(OrderedDq, AttentionGpuTest,
                                            AttnCase{64, 4, 2, {64, 129, 31}, Split::kAuto, true},
                                            AttnCase{128, 8, 2, {1024, 900, 700}, Split::kAuto, true}),
                          CaseName);
+
+// Sliding windows (HF's sliding_window: a query sees the `window` keys ending at its own) and
+// attention sinks (GPT-OSS), on awkward lengths: window 1 (the token alone), windows shorter than a
+// key block, between blocks, longer than some documents and at least the longest; documents shorter
+// and longer than the window; both paths, both splits, ordered dQ.
+INSTANTIATE_TEST_SUITE_P(
+    Window, AttentionGpuTest,
+    ::testing::Values(AttnCase{128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerKvHead, false, 1},
+                      AttnCase{128, 4, 2, {1, 130, 67, 200, 5}, Split::kPerQHead, false, 17},
+                      AttnCase{128, 4, 2, {300, 17, 129}, Split::kAuto, false, 64},
+                      AttnCase{128, 8, 2, {1024, 700}, Split::kAuto, false, 128},
+                      AttnCase{128, 8, 2, {1024, 700}, Split::kAuto, true, 100},
+                      AttnCase{64, 4, 2, {64, 129, 31}, Split::kPerKvHead, false, 33},
+                      AttnCase{64, 4, 2, {64, 129, 31}, Split::kPerQHead, false, 200},
+                      AttnCase{64, 4, 2, {513, 31}, Split::kAuto, true, 128},
+                      AttnCase{16, 4, 2, {17, 40}, Split::kAuto, false, 5}, AttnCase{256, 4, 2, {1, 7, 129}, Split::kAuto, false, 16},
+                      AttnCase{64, 8, 2, {300, 17, 129}, Split::kAuto, false, 0, true},
+                      AttnCase{64, 8, 2, {300, 17, 129}, Split::kAuto, false, 128, true},
+                      AttnCase{64, 8, 2, {300, 17, 129}, Split::kPerQHead, true, 128, true},
+                      AttnCase{128, 4, 2, {1, 130, 67}, Split::kAuto, false, 40, true},
+                      AttnCase{16, 4, 2, {17, 40}, Split::kAuto, false, 8, true}),
+    CaseName);
 
 // Cross attention (context parallelism's zig-zag shares against the gathered keys): both head
 // dims of the tensor-core path, the slow path, 2 and 3 ranks, ordered dQ, shares whose pieces
