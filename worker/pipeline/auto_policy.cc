@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -88,14 +90,12 @@ std::vector<LayerPolicy> ProbedPolicies(const ModelConfig& config) {
           LayerPolicy{LayerKind::kKeepAll}};
 }
 
-absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, const ModelLayout& layout,
-                                                     const std::vector<MicroBatch>& micro_batches,
-                                                     const std::vector<LayerPolicy>& policies, int repeats) {
-  if (layout.num_units() < 3) return absl::FailedPreconditionError("AutoPolicy: the model has no decoder layer");
-  if (micro_batches.empty()) return absl::InvalidArgumentError("AutoPolicy: no micro-batch to profile");
-  // The layer probed stands for all: a MoE model's first sparse layer (its dense ones cost less).
-  int probed = 1;
-  while (probed + 2 < layout.num_units() && layout.config.is_moe() && !layout.units[probed].sparse()) ++probed;
+namespace {
+
+// ProfileLayer's measurement of one decoder layer (unit `probed`) under each policy.
+absl::StatusOr<std::vector<LayerProbe>> ProfileUnit(ComputeBackend* backend, const ModelLayout& layout, int probed,
+                                                    const std::vector<MicroBatch>& micro_batches,
+                                                    const std::vector<LayerPolicy>& policies, int repeats) {
   const UnitLayout& unit = layout.units[probed];
   const int64_t hidden = layout.config.hidden_size;
   const Dtype act = backend->activation_dtype();
@@ -159,6 +159,63 @@ absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, co
     out.push_back(probe);
   }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, const ModelLayout& layout,
+                                                     const std::vector<MicroBatch>& micro_batches,
+                                                     const std::vector<LayerPolicy>& policies, int repeats) {
+  if (layout.num_units() < 3) return absl::FailedPreconditionError("AutoPolicy: the model has no decoder layer");
+  if (micro_batches.empty()) return absl::InvalidArgumentError("AutoPolicy: no micro-batch to profile");
+  // The layers probed stand for all: a MoE model's sparse ones (its dense ones cost less), and among
+  // them the first of each attention span (a sliding layer's attention costs less than a full one's
+  // at rows longer than its window). Each kind's times count by its number of layers, so the probes
+  // are the mean layer's: what the solver's interchangeable layers add up to; its bytes are the
+  // largest kind's.
+  std::map<int64_t, std::pair<int, int>> kinds;  // attention window -> (first unit, layers)
+  const bool moe = layout.config.is_moe() && layout.config.NumSparseLayers() > 0;
+  for (int u = 1; u + 1 < layout.num_units(); ++u) {
+    const UnitLayout& unit = layout.units[u];
+    if (unit.kind != UnitKind::kDecoder || (moe && !unit.sparse())) continue;
+    ++kinds.try_emplace(unit.attention_window, u, 0).first->second.second;
+  }
+  if (kinds.empty()) kinds.emplace(0, std::make_pair(1, 1));
+  std::vector<LayerProbe> mean;
+  int layers = 0;
+  for (const auto& [window, first_and_count] : kinds) {
+    const auto [unit, count] = first_and_count;
+    ASSIGN_OR_RETURN(std::vector<LayerProbe> probes,
+                     ProfileUnit(backend, layout, unit, micro_batches, policies, repeats));
+    if (kinds.size() == 1) return probes;
+    auto same = [](const LayerProbe& a, const LayerProbe& b) {
+      return LayerPolicyName(a.policy) == LayerPolicyName(b.policy);
+    };
+    if (mean.empty()) {
+      mean = probes;
+      for (LayerProbe& m : mean) m.time_s = m.forward_s = 0, m.saved_bytes = 0;
+    }
+    // A policy that did not fit one kind's probe is no candidate for any.
+    std::erase_if(mean, [&](const LayerProbe& m) {
+      return std::none_of(probes.begin(), probes.end(), [&](const LayerProbe& p) { return same(p, m); });
+    });
+    for (LayerProbe& m : mean) {
+      for (const LayerProbe& p : probes) {
+        if (!same(p, m)) continue;
+        m.time_s += count * p.time_s;
+        m.forward_s += count * p.forward_s;
+        m.saved_bytes = std::max(m.saved_bytes, p.saved_bytes);
+      }
+    }
+    layers += count;
+    LOG(INFO) << "AutoPolicy: probed layer " << layout.units[unit].decoder_layer << " for its " << count
+              << (window > 0 ? absl::StrCat(" sliding layers (window ", window, ")") : std::string(" full layers"));
+  }
+  for (LayerProbe& m : mean) {
+    m.time_s /= layers;
+    m.forward_s /= layers;
+  }
+  return mean;
 }
 
 absl::StatusOr<AutoPolicyChoice> ChooseLayout(const AutoPolicyInputs& in, int64_t device_budget_bytes) {

@@ -64,8 +64,10 @@ struct LayerProbe {
 std::vector<LayerPolicy> ProbedPolicies(const ModelConfig& config);
 
 // Times one decoder layer of `layout` under each of `policies` (best of `repeats` after a warm-up)
-// on `micro_batches`. A kind whose memory does not fit is left out (logged); the first (recompute)
-// must fit.
+// on `micro_batches`: a MoE model's first sparse layer; where layers differ in attention span
+// (sliding / full), the first of each span, the probes then the layer-count-weighted mean time and
+// the largest kept bytes. A kind whose memory does not fit is left out (logged); the first
+// (recompute) must fit.
 absl::StatusOr<std::vector<LayerProbe>> ProfileLayer(ComputeBackend* backend, const ModelLayout& layout,
                                                      const std::vector<MicroBatch>& micro_batches,
                                                      const std::vector<LayerPolicy>& policies, int repeats = 2);

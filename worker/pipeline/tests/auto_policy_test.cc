@@ -269,6 +269,32 @@ AutoPolicySession::Options SessionOptions(ComputeBackend* backend, const ModelLa
   return o;
 }
 
+// A model whose layers differ in attention span (Qwen2 with its upper layers sliding): one layer of
+// each kind is timed on the CPU backend and the probes are their mean, one per policy, each as
+// long as the two kinds' timed layers, its bytes the largest kind's.
+TEST(AutoPolicy, ProfileLayerTimesEachAttentionSpan) {
+  ModelConfig config = *ModelConfig::Preset("tiny-qwen2-window");
+  ASSERT_GT(config.NumSlidingLayers(), 0);
+  ASSERT_LT(config.NumSlidingLayers(), config.num_hidden_layers);
+  const ModelLayout layout = ModelLayout::Build(config);
+  auto backend = MakeCpuBackend(config);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const std::vector<MicroBatch> mbs = {testing::MakeBatch({100, 28}, config.vocab_size, 1)};
+  const std::vector<LayerPolicy> policies = {LayerPolicy{LayerKind::kRecompute}, LayerPolicy{LayerKind::kKeepAll}};
+  auto probes = ProfileLayer(backend->get(), layout, mbs, policies, 1);
+  ASSERT_TRUE(probes.ok()) << probes.status();
+  ASSERT_EQ(probes->size(), 2u);
+  EXPECT_EQ((*probes)[0].policy.kind, LayerKind::kRecompute);
+  EXPECT_EQ((*probes)[1].policy.kind, LayerKind::kKeepAll);
+  for (const LayerProbe& p : *probes) {
+    EXPECT_GT(p.time_s, 0);
+    EXPECT_GT(p.forward_s, 0);
+    EXPECT_LE(p.forward_s, p.time_s);
+  }
+  EXPECT_EQ((*probes)[0].saved_bytes, 0);
+  EXPECT_GT((*probes)[1].saved_bytes, 0);
+}
+
 // A job long enough to gain from the wait is measured on its third step: LayerAdam's first pass
 // over the state can still hold the second step's gates. A shorter job on its second.
 TEST(AutoPolicySession, ALongJobIsMeasuredOnItsThirdStep) {
