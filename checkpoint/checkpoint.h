@@ -75,8 +75,10 @@ using UnitArrayFn = std::function<float*(int unit)>;
 // export: a qwen3_5 checkpoint's vision tower (model.visual.*) and multi-token-prediction weights
 // (mtp.*), a gemma3 one's vision tower and projector (model.vision_tower.*,
 // model.multi_modal_projector.*; the hub's original vision_tower.*, multi_modal_projector.* and
-// language_model.model.* are read under these, transformers' own names), so the output directory
-// loads as the same transformers class the input did.
+// language_model.model.* are read under these, transformers' own names), a gemma4 one's vision and
+// audio towers and their embedders (model.vision_tower.*, model.embed_vision.*, model.audio_tower.*,
+// model.embed_audio.*) and any k_proj / v_proj / k_norm / v_norm of its kv-shared layers (which
+// transformers ignores), so the output directory loads as the same transformers class the input did.
 struct PassThroughTensor {
   std::string name;
   safetensors::Dtype dtype = safetensors::Dtype::kBF16;
@@ -86,7 +88,7 @@ struct PassThroughTensor {
 using PassThrough = std::vector<PassThroughTensor>;
 // A model directory's config.json, with the experts' storage (ExpertStorage) its weights use: what
 // a layout of the directory's tensors is built from. Errors of ModelConfig::FromFile and
-// safetensors::ModelDirHasTensorEndingIn.
+// AdoptDirNaming (common/model/model_dir.h).
 absl::StatusOr<ModelConfig> ModelConfigOfDir(const std::string& model_dir);
 
 // Whether a checkpoint tensor the layout does not hold passes through for this model (above).

@@ -13,10 +13,14 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/mxfp4.h"
 #include "common/io/json_depth.h"
+#include "common/model/model_dir.h"
 #include "common/io/small_file.h"
 #include "common/numeric/finite.h"
 #include "common/parallel/parallel_for.h"
@@ -118,39 +122,28 @@ absl::Status OpenShards(const std::string& dir, std::vector<std::unique_ptr<Safe
   return absl::OkStatus();
 }
 
-// A gemma3 multimodal checkpoint as the hub's original files name it: language_model.model.*,
-// language_model.lm_head.weight, vision_tower.*, multi_modal_projector.*. transformers 5 loads it
-// into Gemma3ForConditionalGeneration's own names (its conversion mapping, "gemma3" -> "llava":
-// language_model.model -> language_model, language_model.lm_head -> lm_head, the wrapper's
-// modules under model.); so does this loader, and every checkpoint it writes uses those names.
-constexpr std::pair<absl::string_view, absl::string_view> kGemma3HubPrefixes[] = {
-    {"language_model.model.", "model.language_model."},
-    {"language_model.lm_head.", "lm_head."},
-    {"vision_tower.", "model.vision_tower."},
-    {"multi_modal_projector.", "model.multi_modal_projector."},
-};
-
-// The directory's tensors under the names the layout and the pass-through use (gemma3's hub
-// spelling renamed, above); a tensor present under both spellings is refused naming both.
-absl::Status CanonicalNames(const ModelConfig& config, std::map<std::string, Located>* tensors) {
-  if (!config.is_gemma3() || !config.multimodal) return absl::OkStatus();
-  std::map<std::string, Located> renamed;
-  for (const auto& [name, loc] : *tensors) {
-    std::string canonical = name;
-    for (const auto& [hub, ours] : kGemma3HubPrefixes) {
-      if (absl::StartsWith(name, hub)) {
-        canonical = absl::StrCat(ours, name.substr(hub.size()));
-        break;
-      }
-    }
-    const auto [at, inserted] = renamed.emplace(canonical, loc);
-    if (!inserted) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor \"", canonical, "\" is in the directory twice: as \"",
-                                                     at->second.info->name, "\" and as \"", name, "\""));
+// gemma4: the multimodal model's towers and their embedders (model.vision_tower.*, model.embed_vision.*,
+// model.audio_tower.*, model.embed_audio.*); and a kv-shared layer's own k_proj, v_proj, k_norm,
+// v_norm where a directory has them: transformers builds none and ignores them at load
+// (_keys_to_ignore_on_load_unexpected), so they are kept as the directory has them.
+bool IsGemma4PassThroughName(const ModelConfig& c, absl::string_view name) {
+  if (c.multimodal) {
+    for (const char* tower : {"vision_tower.", "embed_vision.", "audio_tower.", "embed_audio."}) {
+      if (absl::StartsWith(name, absl::StrCat("model.", tower))) return true;
     }
   }
-  *tensors = std::move(renamed);
-  return absl::OkStatus();
+  absl::string_view rest = name;
+  int64_t layer = -1;
+  if (!absl::ConsumePrefix(&rest, c.WeightPrefix() + "layers.") || rest.find('.') == absl::string_view::npos ||
+      !absl::SimpleAtoi(rest.substr(0, rest.find('.')), &layer) || layer < 0 || layer >= c.num_hidden_layers ||
+      c.KvSourceLayer(layer) < 0) {
+    return false;
+  }
+  rest.remove_prefix(rest.find('.') + 1);
+  for (const char* m : {"self_attn.k_proj.", "self_attn.v_proj.", "self_attn.k_norm.", "self_attn.v_norm."}) {
+    if (absl::StartsWith(rest, m)) return true;
+  }
+  return false;
 }
 
 std::string LayerTypesText(const ModelConfig& c) {
@@ -217,19 +210,17 @@ std::string DescribeConfigMismatch(const ModelConfig& a, const ModelConfig& b) {
 
 absl::StatusOr<ModelConfig> ModelConfigOfDir(const std::string& model_dir) {
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(model_dir + "/config.json"));
-  if (config.is_moe()) {
-    ASSIGN_OR_RETURN(const bool fused, safetensors::ModelDirHasTensorEndingIn(model_dir, safetensors::kFusedExpertsSuffix,
-                                                                              safetensors::kNotLanguageModelPrefixes));
-    config.expert_storage = fused ? ExpertStorage::kFused : ExpertStorage::kPerExpert;
-  }
+  RETURN_IF_ERROR(AdoptDirNaming(model_dir, &config));
   return config;
 }
 
 bool IsPassThroughName(const ModelConfig& config, absl::string_view name) {
   if (config.is_gemma3()) {
-    return config.multimodal &&
-           (absl::StartsWith(name, "model.vision_tower.") || absl::StartsWith(name, "model.multi_modal_projector."));
+    const std::string wrapper = config.WrapperPrefix();
+    return config.multimodal && (absl::StartsWith(name, wrapper + "vision_tower.") ||
+                                 absl::StartsWith(name, wrapper + "multi_modal_projector."));
   }
+  if (config.is_gemma4()) return IsGemma4PassThroughName(config, name);
   if (!config.is_qwen3_5()) return false;
   return absl::StartsWith(name, "model.visual.") || absl::StartsWith(name, "mtp.");
 }
@@ -240,7 +231,6 @@ absl::StatusOr<PassThrough> ReadPassThrough(const std::string& model_dir, const 
   std::vector<std::unique_ptr<SafetensorsFile>> files;
   std::map<std::string, Located> found;
   RETURN_IF_ERROR(OpenShards(model_dir, &files, &found));
-  RETURN_IF_ERROR(CanonicalNames(config, &found));
   for (const auto& [name, loc] : found) {
     if (!IsPassThroughName(config, name)) continue;
     out.push_back({name, loc.info->dtype, loc.info->shape, std::string(loc.file->Bytes(*loc.info))});
@@ -269,7 +259,6 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
   std::vector<std::unique_ptr<SafetensorsFile>> files;
   std::map<std::string, Located> found;
   RETURN_IF_ERROR(OpenShards(model_dir, &files, &found));
-  RETURN_IF_ERROR(CanonicalNames(config, &found));
 
   // One job per layout slot: the slot's elements of its checkpoint tensor (the whole tensor, or
   // one expert's slice of a fused one).
@@ -280,12 +269,31 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
     int64_t numel;
   };
   std::vector<Job> jobs;
+  // gpt_oss's MXFP4 experts (mxfp4.h): a slot of a fused expert tensor read from <name>_blocks and
+  // <name>_scales, dequantized as transformers does.
+  struct Mxfp4Job {
+    float* dst;
+    const TensorSlot* slot;
+    Located blocks, scales;
+  };
+  std::vector<Mxfp4Job> mxfp4_jobs;
   std::vector<std::string> missing, misshaped;
   std::set<std::string> used;
   for (const UnitLayout& unit : layout.units) {
     float* base = master_of_unit(unit.index);
     for (const TensorSlot& slot : unit.tensors) {
       auto it = found.find(slot.hf_name);
+      const auto blocks = found.find(slot.hf_name + "_blocks"), scales = found.find(slot.hf_name + "_scales");
+      if (it == found.end() && config.mxfp4_experts && blocks != found.end() && scales != found.end()) {
+        const bool first = used.insert(blocks->first).second;
+        used.insert(scales->first);
+        if (absl::Status s = CheckMxfp4Pair(slot, *blocks->second.info, *scales->second.info); !s.ok()) {
+          if (first) misshaped.push_back(std::string(s.message()));
+          continue;
+        }
+        mxfp4_jobs.push_back({base + slot.offset_numel, &slot, blocks->second, scales->second});
+        continue;
+      }
       if (it == found.end()) {
         if (!used.count(slot.hf_name)) missing.push_back(slot.hf_name);
         used.insert(slot.hf_name);
@@ -312,11 +320,10 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
       passing.emplace_back(name, &loc);
       continue;
     }
-    if (layout.head_uses_embedding && name == "lm_head.weight") {
+    if (layout.head_uses_embedding && name == layout.config.HeadWeightName()) {
       const std::vector<int64_t> want = {layout.config.vocab_size, layout.config.hidden_size};
       if (loc.info->shape != want) {
-        misshaped.push_back(
-            absl::StrCat("lm_head.weight is ", ShapeString(loc.info->shape), ", expected ", ShapeString(want)));
+        misshaped.push_back(absl::StrCat(name, " is ", ShapeString(loc.info->shape), ", expected ", ShapeString(want)));
       }
       tied_head = &loc;
       continue;
@@ -387,9 +394,27 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
                                                          " (weights must be finite)"));
     }
   });
+  std::vector<absl::Status> mxfp4_status(mxfp4_jobs.size());
+  ParallelFor(mxfp4_jobs.size(), options.threads, [&](size_t i) {
+    const Mxfp4Job& j = mxfp4_jobs[i];
+    DequantizeMxfp4Slot(*j.slot, j.blocks.file->Bytes(*j.blocks.info).data(),
+                        j.scales.file->Bytes(*j.scales.info).data(), j.dst);
+    if (const int64_t bad = FirstNonFinite(j.dst, j.slot->numel); bad >= 0) {
+      mxfp4_status[i] = absl::DataLossError(absl::StrCat(
+          j.blocks.file->path(), ": ", j.blocks.info->name, " dequantizes to ", j.dst[bad], " at ", j.slot->hf_name,
+          TensorIndexString(j.slot->hf_shape, j.slot->hf_offset_numel + bad), " (weights must be finite)"));
+    }
+  });
   // A file truncated while it was read read zeros past its new end (common/io/mapping_guard.h).
   for (const auto& f : files) RETURN_IF_ERROR(f->Intact());
   for (const absl::Status& s : piece_status) RETURN_IF_ERROR(s);
+  for (const absl::Status& s : mxfp4_status) RETURN_IF_ERROR(s);
+  if (!mxfp4_jobs.empty()) {
+    LOG(INFO) << model_dir << ": " << mxfp4_jobs.size() << " expert matrices dequantized from MXFP4 "
+              << "(quantization_config mxfp4, as transformers' convert_moe_packed_tensors); checkpoints and exports "
+              << "save them unquantized, in the job's save dtype (bf16 unless output.save_dtype says otherwise), "
+              << "with config.json's quantization_config dropped";
+  }
 
   if (tied_head != nullptr) {
     // Tied: the embedding is the LM head. A differing copy in the file is ignored, as HF does.
@@ -406,7 +431,8 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
     }
     if (differing_rows > 0) {
       RETURN_IF_ERROR(tied_head->file->Intact());
-      LOG(WARNING) << model_dir << ": tie_word_embeddings is true but lm_head.weight differs from the embedding in "
+      LOG(WARNING) << model_dir << ": tie_word_embeddings is true but " << layout.config.HeadWeightName()
+                   << " differs from the embedding in "
                    << differing_rows << " rows; using the embedding (as HF does)";
     }
   }

@@ -19,6 +19,7 @@
 #include "checkpoint/checkpoint_files.h"
 #include "common/io/json_depth.h"
 #include "common/io/small_file.h"
+#include "common/model/model_dir.h"
 #include "common/numeric/finite.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status_macros.h"
@@ -258,11 +259,8 @@ absl::StatusOr<ExportResult> ExportModel(const ExportRequest& req) {
   ASSIGN_OR_RETURN(const std::string config_text, ReadSmallFile(config_path, kMaxConfigFileBytes, "model config"));
   absl::StatusOr<ModelConfig> config = ModelConfig::FromJson(config_text);
   if (!config.ok()) return Annotate(config.status(), config_path);
-  // The experts' checkpoint names as the checkpoint's weights give them (fused or per expert).
-  if (config->is_moe()) {
-    ASSIGN_OR_RETURN(const bool fused, st::ModelDirHasTensorEndingIn(ckpt, st::kFusedExpertsSuffix, st::kNotLanguageModelPrefixes));
-    config->expert_storage = fused ? ExpertStorage::kFused : ExpertStorage::kPerExpert;
-  }
+  // The names the checkpoint's weights give (experts fused or per expert, gemma3's hub spelling).
+  RETURN_IF_ERROR(AdoptDirNaming(ckpt, &*config));
   const ModelLayout layout = ModelLayout::Build(*config);
   ASSIGN_OR_RETURN(nlohmann::json state, internal::ReadJsonObject(ckpt + "/trainer_state.json"));
   if (state.contains("weights_dtype") && !state["weights_dtype"].is_string()) {

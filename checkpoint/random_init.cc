@@ -1,6 +1,8 @@
 // HF Qwen3 random initializer (Qwen3PreTrainedModel._init_weights): Linear and Embedding weights
 // ~ Normal(0, initializer_range), RMSNorm weights = 1 (0 for the (1 + w) norms of qwen3_5 and gemma3;
-// gemma3's embedding row pad_token_id is 0, as HF's Embedding(padding_idx) starts it). Each tensor
+// gemma3's and gpt_oss's embedding row pad_token_id is 0, as HF's Embedding(padding_idx) starts it;
+// gpt_oss: its attention sinks and router bias normal too, its expert biases 0; gemma4: the pad row of
+// both its tables 0, its layer_scalar buffers 1). Each tensor
 // is cut into fixed chunks whose random stream is derived from (seed, tensor name, chunk index), so
 // the values do not depend on the thread count or on which unit a tensor lives in. HF's own init is not reproduced
 // bit-wise (torch's generator differs); only the distribution matches.
@@ -94,8 +96,14 @@ void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& mas
       for (int64_t i = begin; i < end; ++i) out[i] = one_plus ? 0.0f : 1.0f;
       return;
     }
-    if (IsBias(name)) return;  // cleared with the padding above
-    if (absl::EndsWith(name, "linear_attn.dt_bias")) {  // HF Qwen3_5: ones
+    // Biases start at 0 (cleared with the padding above), gpt_oss's expert biases too; its router's
+    // bias is drawn like its weight (GptOssPreTrainedModel._init_weights).
+    const bool router_bias = absl::EndsWith(name, "mlp.router.bias");
+    if ((IsBias(name) && !router_bias) || absl::EndsWith(name, "experts.gate_up_proj_bias") ||
+        absl::EndsWith(name, "experts.down_proj_bias")) {
+      return;
+    }
+    if (absl::EndsWith(name, "linear_attn.dt_bias") || absl::EndsWith(name, ".layer_scalar")) {  // HF: ones
       for (int64_t i = begin; i < end; ++i) out[i] = 1.0f;
       return;
     }
@@ -115,11 +123,14 @@ void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& mas
   });
   // HF's Embedding(padding_idx=pad_token_id) (gemma3's) starts with that row zero
   // (PreTrainedModel._init_weights); tied, so does the LM head.
+  // gemma4's embed_tokens_per_layer (the embedding unit's second table) too.
   const int64_t pad = layout.config.pad_token_id;
   if (pad >= 0 && pad < layout.config.vocab_size) {
-    const int64_t h = layout.config.hidden_size;
-    float* embed = master_of_unit(layout.embedding().index) + layout.embedding().tensors[0].offset_numel;
-    std::fill(embed + pad * h, embed + (pad + 1) * h, 0.0f);
+    for (const TensorSlot& t : layout.embedding().tensors) {
+      const int64_t width = t.shape[1];
+      float* table = master_of_unit(layout.embedding().index) + t.offset_numel;
+      std::fill(table + pad * width, table + (pad + 1) * width, 0.0f);
+    }
   }
 }
 

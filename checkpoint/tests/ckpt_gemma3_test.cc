@@ -1,8 +1,8 @@
 // gemma3 checkpoints: a multimodal directory as the hub names it (language_model.model.*,
-// vision_tower.*, multi_modal_projector.*, a tied language_model.lm_head.weight copy) loads under
-// transformers' own names (model.language_model.*, model.vision_tower.*, ...), its vision tower and
-// projector pass through byte for byte into a checkpoint and its export, which load back; a
-// tensor under both spellings and a text-only model with a vision tower are refused; InitRandom
+// vision_tower.*, multi_modal_projector.*, a tied language_model.lm_head.weight copy; transformers
+// 5.17's save_pretrained writes these names too) loads, its vision tower and projector pass through
+// byte for byte into a checkpoint and its export under the names the directory had, which load
+// back; a tensor under both spellings and a text-only model with a vision tower are refused; InitRandom
 // gives HF's (1 + w) norms at 0 and the padding_idx row at 0.
 #include <unistd.h>
 
@@ -41,7 +41,7 @@ std::string HubName(const std::string& name) {
 
 // tiny-gemma3 as a multimodal checkpoint: a Gemma3Config wrapper (a vision_config and the image
 // token fields beside text_config), its language model and a few vision tensors, named as the hub's
-// files name them. Returns the vision tensors by the names transformers 5 gives them.
+// files name them. Returns the vision tensors by those names.
 std::map<std::string, std::vector<int64_t>> WriteHubGemma3(const std::string& dir, ModelConfig* config) {
   *config = ModelConfig::Preset("tiny-gemma3").value();
   config->multimodal = true;
@@ -69,7 +69,7 @@ std::map<std::string, std::vector<int64_t>> WriteHubGemma3(const std::string& di
   j["image_token_index"] = 95;
   std::ofstream(dir + "/config.json") << j.dump(2);
   std::map<std::string, std::vector<int64_t>> ours;
-  for (const auto& [name, shape] : vision) ours[absl::StrCat("model.", name)] = shape;
+  for (const auto& [name, shape] : vision) ours[name] = shape;
   return ours;
 }
 
@@ -80,9 +80,9 @@ TEST(Gemma3Checkpoint, HubNamedMultimodalDirectoryLoadsAndKeepsItsVisionTowerByt
   const auto vision = WriteHubGemma3(src, &written);
   auto config = ModelConfigOfDir(src);
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_TRUE(config->is_gemma3() && config->multimodal);
+  EXPECT_TRUE(config->is_gemma3() && config->multimodal && config->hub_wrapper_names);
   const ModelLayout layout = ModelLayout::Build(*config);
-  EXPECT_EQ(layout.embedding().tensors[0].hf_name, "model.language_model.embed_tokens.weight");
+  EXPECT_EQ(layout.embedding().tensors[0].hf_name, "language_model.model.embed_tokens.weight");
 
   HostState state(layout);
   const PassThrough pass = LoadKeepingPassThrough(src, layout, state);
@@ -97,7 +97,7 @@ TEST(Gemma3Checkpoint, HubNamedMultimodalDirectoryLoadsAndKeepsItsVisionTowerByt
       ++k;
     }
   }
-  // The vision tower and projector under transformers' names, bytes as written (BF16 of KnownValue).
+  // The vision tower and projector under the directory's names, bytes as written (BF16 of KnownValue).
   ASSERT_EQ(pass.size(), vision.size());
   for (const PassThroughTensor& p : pass) {
     ASSERT_TRUE(vision.count(p.name)) << p.name;
@@ -108,7 +108,7 @@ TEST(Gemma3Checkpoint, HubNamedMultimodalDirectoryLoadsAndKeepsItsVisionTowerByt
   ASSERT_TRUE(read.ok()) << read.status();
   ASSERT_EQ(read->size(), pass.size());
 
-  // A checkpoint and its export: transformers' names throughout, the vision tensors' bytes, the
+  // A checkpoint and its export: the directory's names throughout, the vision tensors' bytes, the
   // wrapper's config (vision_config, image tokens) kept; both load back to the same weights.
   const std::vector<std::string> dirs = SaveAndExportKeepingPassThrough(root, layout, state, pass, *config);
   ASSERT_EQ(dirs.size(), 2u);
@@ -120,6 +120,7 @@ TEST(Gemma3Checkpoint, HubNamedMultimodalDirectoryLoadsAndKeepsItsVisionTowerByt
     EXPECT_EQ(cfg["image_token_index"], 95) << dir;
     auto c = ModelConfigOfDir(dir);
     ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_TRUE(c->hub_wrapper_names) << dir;
     HostState back(layout);
     PassThrough unused;
     LoadOptions o;

@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "common/io/json_depth.h"
 #include "common/io/small_file.h"
+#include "common/model/model_dir.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status_macros.h"
 #include "common/status/utf8_prefix.h"
@@ -704,9 +705,14 @@ absl::StatusOr<ModelConfig> ModelConfigOf(const JobSpec& spec) {
                                                      spec.model.preset, " has ", c->num_hidden_layers,
                                                      " (the key only reduces a preset's depth)"));
     }
+    const int64_t first_shared = c->num_hidden_layers - c->gemma4.kv_shared_layers;
     c->num_hidden_layers = spec.model.num_hidden_layers;
     if (!c->layer_mixers.empty()) c->layer_mixers.resize(static_cast<size_t>(c->num_hidden_layers));
     if (!c->layer_spans.empty()) c->layer_spans.resize(static_cast<size_t>(c->num_hidden_layers));
+    if (c->is_gemma4()) {  // the same layers share keys and values; the last is full (Gemma4TextConfig's rule)
+      c->gemma4.kv_shared_layers = std::max<int64_t>(0, c->num_hidden_layers - first_shared);
+      if (!c->layer_spans.empty()) c->layer_spans.back() = AttentionSpan::kFull;
+    }
     if (c->NumSlidingLayers() == 0) {  // the sliding layers were all past the new depth
       c->layer_spans.clear();
       c->sliding_window = 0;
@@ -715,14 +721,9 @@ absl::StatusOr<ModelConfig> ModelConfigOf(const JobSpec& spec) {
     std::erase_if(c->mlp_only_layers, [&](int64_t l) { return l >= c->num_hidden_layers; });
     RETURN_IF_ERROR(c->Validate());
   }
-  // qwen3_5_moe's checkpoints keep their experts fused (transformers 5) or per expert: the layout's
-  // names follow the directory's (ExpertStorage), so its checkpoints keep them too.
-  if (c->is_moe() && spec.model.preset.empty()) {
-    absl::StatusOr<bool> fused = safetensors::ModelDirHasTensorEndingIn(spec.model.path, safetensors::kFusedExpertsSuffix,
-                                                                                safetensors::kNotLanguageModelPrefixes);
-    if (!fused.ok()) return fused.status();
-    c->expert_storage = *fused ? ExpertStorage::kFused : ExpertStorage::kPerExpert;
-  }
+  // Names the directory's weights decide (experts fused or per expert, gemma3's hub spelling): the
+  // layout's names follow the directory's, so its checkpoints keep them.
+  if (spec.model.preset.empty()) RETURN_IF_ERROR(AdoptDirNaming(spec.model.path, &*c));
   if (spec.model.max_position_embeddings > 0 || !spec.model.rope_scaling_json.empty()) {
     RETURN_IF_ERROR(c->OverrideContext(spec.model.max_position_embeddings, spec.model.rope_scaling_json));
   }

@@ -672,6 +672,21 @@ TEST(JobSpec, NumHiddenLayersReducesAPresetsDepth) {
     EXPECT_EQ(wc->sliding_window, window) << depth;
     EXPECT_EQ(wc->AttentionWindow(1), window) << depth;
   }
+  // gemma4: the layers that shared keys and values still do (those past the original first shared
+  // one), and the last layer is full (Gemma4TextConfig's rule): gemma4-e2b's first 18 layers keep 15,
+  // 16 and 17 shared; its first 12 none, the last of them (sliding in the full model) full.
+  for (const auto& [depth, shared] : {std::pair{18, 3}, std::pair{12, 0}}) {
+    auto g = JobSpec::Parse(absl::StrReplaceAll(kGood, {{"model: {preset: tiny, init_seed: 3}",
+                                                         absl::StrCat("model: {preset: gemma4-e2b, num_hidden_layers: ",
+                                                                      depth, "}")}}),
+                            "/base", JobSpec::FileCheck::kSkip);
+    ASSERT_TRUE(g.ok()) << g.status();
+    auto gc = ModelConfigOf(*g);
+    ASSERT_TRUE(gc.ok()) << gc.status();
+    EXPECT_EQ(gc->gemma4.kv_shared_layers, shared) << depth;
+    EXPECT_FALSE(gc->IsSlidingLayer(depth - 1)) << depth;
+    EXPECT_EQ(gc->KvSourceLayer(depth - 1), shared > 0 ? 14 : -1) << depth;
+  }
 }
 
 // train.measure_only is AutoPolicy's; PolicyMeasureSpec keeps what the policy cache's key reads

@@ -204,6 +204,8 @@ absl::Status ModelConfig::Validate() const {
   RETURN_IF_ERROR(CheckMoe(*this));
   RETURN_IF_ERROR(config_internal::CheckQwen3_5(*this));
   RETURN_IF_ERROR(config_internal::CheckGemma3(*this));
+  RETURN_IF_ERROR(config_internal::CheckGptOss(*this));
+  RETURN_IF_ERROR(config_internal::CheckGemma4(*this));
   RETURN_IF_ERROR(config_internal::CheckAttentionSpans(*this));
   if (has_sliding_rope()) {  // gemma3's sliding layers' RoPE, checked as the global one is
     ModelConfig sliding;
@@ -250,7 +252,8 @@ namespace {
 
 constexpr ModelFamily kFamilies[] = {ModelFamily::kQwen3,      ModelFamily::kQwen2,    ModelFamily::kLlama,
                                      ModelFamily::kMistral,    ModelFamily::kQwen3Moe, ModelFamily::kQwen3_5,
-                                     ModelFamily::kQwen3_5Moe, ModelFamily::kGemma3};
+                                     ModelFamily::kQwen3_5Moe, ModelFamily::kGemma3, ModelFamily::kGptOss,
+                                     ModelFamily::kGemma4};
 
 }  // namespace
 
@@ -525,6 +528,8 @@ const char* ModelTypeName(ModelFamily family) {
     case ModelFamily::kQwen3_5Moe:
       return "qwen3_5_moe";
     case ModelFamily::kGemma3: return "gemma3";
+    case ModelFamily::kGptOss: return "gpt_oss";
+    case ModelFamily::kGemma4: return "gemma4";
   }
   return "?";
 }
@@ -545,7 +550,8 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
         c.family = f;
         known = true;
       } else if (j["model_type"] == absl::StrCat(ModelTypeName(f), "_text") &&
-                 (f == ModelFamily::kQwen3_5 || f == ModelFamily::kQwen3_5Moe || f == ModelFamily::kGemma3)) {
+                 (f == ModelFamily::kQwen3_5 || f == ModelFamily::kQwen3_5Moe || f == ModelFamily::kGemma3 ||
+                  f == ModelFamily::kGemma4)) {
         c.family = f;  // Qwen3_5ForCausalLM's, Gemma3ForCausalLM's text-only config
         known = true;
       }
@@ -559,7 +565,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
                     absl::StrCat(j["model_type"].dump(), " is not supported", why,
                                  " (supported: \"qwen3\", \"qwen2\", \"llama\", \"mistral\", \"qwen3_moe\", "
                                  "\"qwen3_5\", \"qwen3_5_text\", \"qwen3_5_moe\", \"qwen3_5_moe_text\", \"gemma3\", "
-                                 "\"gemma3_text\")"));
+                                 "\"gemma3_text\", \"gpt_oss\", \"gemma4\", \"gemma4_text\")"));
     }
     if (c.has_multimodal_layout() && j["model_type"] == ModelTypeName(c.family)) {
       c.multimodal = true;
@@ -569,7 +575,11 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
                                                   "config there (or is a ", type, "_text config)"));
       }
       RETURN_IF_ERROR(config_internal::RefuseUnknownKeys(
-          j, c.is_gemma3() ? config_internal::Gemma3WrapperKeys() : config_internal::Qwen3_5WrapperKeys(), "", type));
+          j,
+          c.is_gemma3()   ? config_internal::Gemma3WrapperKeys()
+          : c.is_gemma4() ? config_internal::Gemma4WrapperKeys()
+                          : config_internal::Qwen3_5WrapperKeys(),
+          "", type));
       if (j.contains("vision_config") && !j["vision_config"].is_null() && !j["vision_config"].is_object()) {
         return Refuse("vision_config", "must be an object");
       }
@@ -604,19 +614,22 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   };
   auto flag = [&](const char* key) { return t.contains(key) && t[key].is_boolean() && t[key].get<bool>(); };
   // Gemma3TextConfig has a default for every size (the hub's multimodal configs leave the heads and
-  // the vocabulary to them); the other families' configs must give theirs.
-  const bool sizes_required = !c.is_gemma3();
+  // the vocabulary to them), as GptOssConfig and Gemma4TextConfig do; the other families' configs
+  // must give theirs.
+  const bool sizes_required = !c.is_gemma3() && !c.is_gpt_oss() && !c.is_gemma4();
   if (c.is_gemma3()) config_internal::SetGemma3Defaults(&c);
+  if (c.is_gpt_oss()) config_internal::SetGptOssDefaults(&c);
+  if (c.is_gemma4()) config_internal::SetGemma4Defaults(&c);
   RETURN_IF_ERROR(get_int("hidden_size", &c.hidden_size, sizes_required));
   RETURN_IF_ERROR(get_int("num_hidden_layers", &c.num_hidden_layers, sizes_required));
   RETURN_IF_ERROR(get_int("num_attention_heads", &c.num_attention_heads, sizes_required));
-  if (!c.is_gemma3()) c.num_key_value_heads = c.num_attention_heads;
+  if (sizes_required) c.num_key_value_heads = c.num_attention_heads;
   RETURN_IF_ERROR(get_int("num_key_value_heads", &c.num_key_value_heads, false));
-  if (!c.is_gemma3()) {
+  if (sizes_required) {
     c.head_dim = c.is_qwen3_5() ? 256 : c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
   }
   RETURN_IF_ERROR(get_int("head_dim", &c.head_dim, false));
-  if (c.is_moe()) c.intermediate_size = 6144;  // Qwen3MoeConfig's: only its dense layers read it
+  if (c.is_moe() && !c.is_gpt_oss()) c.intermediate_size = 6144;  // Qwen3MoeConfig's: only its dense layers read it
   RETURN_IF_ERROR(get_int("intermediate_size", &c.intermediate_size, !c.is_moe() && sizes_required));
   RETURN_IF_ERROR(get_int("vocab_size", &c.vocab_size, sizes_required));
   RETURN_IF_ERROR(get_int("max_position_embeddings", &c.max_position_embeddings, false));
@@ -641,13 +654,13 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   // Fields that would change the math this build computes: refused, never ignored (gemma3's
   // activation: ParseGemma3).
   for (const char* key : {"hidden_act", "hidden_activation"}) {
-    if (!c.is_gemma3() && t.contains(key) && !t[key].is_null() && t[key] != "silu") {
+    if (!c.is_gemma3() && !c.is_gemma4() && t.contains(key) && !t[key].is_null() && t[key] != "silu") {
       return Refuse(key, absl::StrCat(t[key].dump(), " is not supported (only silu: the SwiGLU MLP)"));
     }
   }
   // qwen2's q/k/v projections always carry biases (HF hard-codes them); elsewhere
   // attention_bias would also put one on o_proj, which this build does not compute.
-  if (c.family != ModelFamily::kQwen2 && flag("attention_bias")) {
+  if (c.family != ModelFamily::kQwen2 && !c.is_gpt_oss() && flag("attention_bias")) {
     return Refuse("attention_bias", absl::StrCat("true is not supported for ", ModelTypeName(c.family),
                                                  " (biases on the attention projections)"));
   }
@@ -661,6 +674,10 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
     RETURN_IF_ERROR(config_internal::ParseGemma3(t, j, where, &c));  // its two RoPEs included
   } else if (c.is_qwen3_5()) {
     RETURN_IF_ERROR(config_internal::ParseQwen3_5(t, where, &c));
+  } else if (c.is_gpt_oss()) {
+    RETURN_IF_ERROR(config_internal::ParseGptOss(t, &c));  // its RoPE included
+  } else if (c.is_gemma4()) {
+    RETURN_IF_ERROR(config_internal::ParseGemma4(t, j, where, &c));  // its RoPEs and layer_types included
   } else if (c.is_moe()) {
     RETURN_IF_ERROR(config_internal::ParseMoe(t, &c));
   } else if (t.contains("num_experts") || t.contains("num_local_experts")) {
@@ -668,7 +685,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
                   absl::StrCat("mixture-of-experts layers are not supported by model_type ", ModelTypeName(c.family),
                                " (they are by qwen3_moe)"));
   }
-  if (!c.is_gemma3()) RETURN_IF_ERROR(ParseRope(t, &c));
+  if (!c.is_gemma3() && !c.is_gpt_oss() && !c.is_gemma4()) RETURN_IF_ERROR(ParseRope(t, &c));
   RETURN_IF_ERROR(config_internal::ParseAttentionSpans(t, &c));
   RETURN_IF_ERROR(c.Validate());
   c.source_json = j.dump();

@@ -22,8 +22,19 @@
 //               GELU, the embedding times sqrt(hidden) (EmbeddingScale), scores scaled by
 //               query_pre_attn_scalar^-0.5, sliding layers with their own RoPE base beside the
 //               global ones, optional soft-capped logits (docs/model-families.md).
+//   gpt_oss   : GPT-OSS (HF gpt_oss): q/k/v/o biases, a learned sink logit per head in the attention
+//               softmax, sliding layers beside full ones (layer_types), YaRN RoPE, and in every
+//               layer a biased router (softmax over the top-k logits) and experts with biases and
+//               a clamped SwiGLU, stored fused as transformers holds them (GptOssExpertTensor);
+//               MXFP4 experts are dequantized at load (mxfp4_experts; docs/model-families.md).
+//   gemma4    : Gemma 4 (HF gemma4_text, and the language model of gemma4 multimodal checkpoints):
+//               Gemma 3's block with plain x * w norms, q/k norms and an unscaled v norm, scores
+//               unscaled, full-attention layers with their own head_dim and kv heads (values = keys'
+//               projection under attention_k_eq_v) and proportional RoPE, per-layer inputs gated in
+//               after the MLP, a frozen layer_scalar, layers sharing an earlier layer's keys and
+//               values (Gemma4Fields; docs/model-families.md).
 // Any family may scale its RoPE (RopeScaling: linear, dynamic, llama3, yarn). qwen2, qwen3, mistral,
-// qwen3_moe and gemma3 may slide some or all of their attention layers (layer_spans,
+// qwen3_moe, gemma3 and gpt_oss may slide some or all of their attention layers (layer_spans,
 // sliding_window). A config field this build does not implement is refused when parsed, naming the
 // field.
 //
@@ -47,10 +58,11 @@
 
 namespace slidedp {
 
-enum class ModelFamily { kQwen3, kQwen2, kLlama, kMistral, kQwen3Moe, kQwen3_5, kQwen3_5Moe, kGemma3 };
+enum class ModelFamily { kQwen3, kQwen2, kLlama, kMistral, kQwen3Moe, kQwen3_5, kQwen3_5Moe, kGemma3, kGptOss, kGemma4 };
 // HF's model_type: "qwen3", "qwen2", "llama", "mistral", "qwen3_moe", "qwen3_5", "qwen3_5_moe",
 // "gemma3" (the multimodal wrapper's; a text-only checkpoint says "qwen3_5_text",
-// "qwen3_5_moe_text", "gemma3_text": ModelConfig::multimodal false).
+// "qwen3_5_moe_text", "gemma3_text": ModelConfig::multimodal false), "gpt_oss", "gemma4"
+// (text-only: "gemma4_text").
 const char* ModelTypeName(ModelFamily family);
 
 // The gated MLP's activation: SwiGLU (silu), or gemma3's GeGLU with PyTorch's tanh-approximated
@@ -130,6 +142,45 @@ struct RopeScaling {
   }
 };
 
+// gemma4's own structure (HF Gemma4TextConfig, transformers 5.17; docs/model-families.md, "Gemma 4"),
+// zero / off for every other family. (Its sliding layers' RoPE base, window and logit cap are
+// ModelConfig's sliding_rope_theta, sliding_window, final_logit_softcapping, as gemma3's.)
+//   - Full-attention layers with their own head_dim and kv heads (per_layer_config, or the
+//     global_head_dim / num_global_key_value_heads older configs spell), and under attention_k_eq_v
+//     no v_proj: their values are the k_proj output through the unscaled v_norm.
+//   - Per-layer inputs (ple_dim = hidden_size_per_layer_input > 0): a table of ple_vocab rows
+//     (embed_tokens_per_layer, in the embedding unit) and a projection of the embedding output
+//     (per_layer_model_projection and per_layer_projection_norm, in layer 0's unit: that output is
+//     layer 0's input, and the projection's gradient is whole when layer 0's backward runs) give every
+//     layer ple_dim inputs per token, which it gates in after its MLP.
+//   - The last kv_shared_layers layers take the keys and values of the last earlier layer of their
+//     attention type (KvSourceLayer) and have no k_proj / v_proj / k_norm; with double_wide_mlp their
+//     MLP is twice intermediate_size wide.
+//   - Each RoPE (full-attention layers', sliding layers'): "default" (every pair of the layer's head
+//     rotates), or "proportional" (the first int(fraction x head_dim / 2) pairs rotate with
+//     theta^(-2i / head_dim), the others not at all; every frequency divided by factor).
+//   - Multimodal: the image, video and audio placeholder ids, which Gemma4Model embeds (in both
+//     tables) as pad_token_id.
+struct Gemma4Rope {
+  bool proportional = false;
+  double fraction = 1;  // partial_rotary_factor (proportional)
+  double factor = 1;    // proportional
+  bool operator==(const Gemma4Rope& o) const {
+    return proportional == o.proportional && fraction == o.fraction && factor == o.factor;
+  }
+};
+struct Gemma4Fields {
+  int64_t full_head_dim = 0;  // 0: head_dim
+  int64_t full_kv_heads = 0;  // 0: num_key_value_heads
+  bool k_eq_v = false;
+  int64_t ple_dim = 0;
+  int64_t ple_vocab = 0;
+  int64_t kv_shared_layers = 0;
+  bool double_wide_mlp = false;
+  Gemma4Rope full_rope, sliding_rope;
+  std::vector<int64_t> placeholder_tokens;
+};
+
 struct ModelConfig {
   ModelFamily family = ModelFamily::kQwen3;
   int64_t hidden_size = 0;
@@ -179,6 +230,12 @@ struct ModelConfig {
   // mlp.shared_expert_gate.weight [1, hidden].
   int64_t shared_expert_intermediate_size = 0;
   ExpertStorage expert_storage = ExpertStorage::kPerExpert;
+  // A gemma3 multimodal directory named as the hub's original files and transformers 5.17's
+  // save_pretrained name it (language_model.model.*, language_model.lm_head.weight, vision_tower.*,
+  // multi_modal_projector.*) rather than as its modules are named (model.language_model.*, lm_head.weight,
+  // model.vision_tower.*): set from the directory's tensor names (AdoptDirNaming), so that its
+  // checkpoints keep the spelling the user's files had.
+  bool hub_wrapper_names = false;
   // gemma3 (Gemma3TextConfig; at these defaults for every other family): attention scores scaled by
   // query_pre_attn_scalar^-0.5 (0: head_dim^-0.5); logits soft-capped to cap * tanh(logits / cap)
   // (final_logit_softcapping, 0: none; Gemma3ForCausalLM applies it, the multimodal class does
@@ -191,6 +248,11 @@ struct ModelConfig {
   double sliding_rope_theta = 0;
   RopeScaling sliding_rope_scaling;
   int64_t pad_token_id = -1;
+  // gpt_oss: config.json's quantization_config is MXFP4 (quant_method "mxfp4"): the directory keeps
+  // the experts as *_blocks / *_scales, dequantized at load as transformers does; checkpoints save
+  // them unquantized (the model's dtype) and config.json without quantization_config.
+  bool mxfp4_experts = false;
+  Gemma4Fields gemma4;
   // The multimodal checkpoint layout (HF Qwen3_5ForConditionalGeneration,
   // Gemma3ForConditionalGeneration): config.json nests the language model's config in text_config
   // and its weights are model.language_model.*; the vision tower (qwen3_5: model.visual.*, mtp.*;
@@ -206,11 +268,20 @@ struct ModelConfig {
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
   bool is_qwen3_5() const { return family == ModelFamily::kQwen3_5 || family == ModelFamily::kQwen3_5Moe; }
   bool is_gemma3() const { return family == ModelFamily::kGemma3; }
+  bool is_gpt_oss() const { return family == ModelFamily::kGptOss; }
+  bool is_gemma4() const { return family == ModelFamily::kGemma4; }
   bool has_qk_norm() const {
-    return family == ModelFamily::kQwen3 || family == ModelFamily::kQwen3Moe || is_qwen3_5() || is_gemma3();
+    return family == ModelFamily::kQwen3 || family == ModelFamily::kQwen3Moe || is_qwen3_5() || is_gemma3() ||
+           is_gemma4();
   }
-  bool has_qkv_bias() const { return family == ModelFamily::kQwen2; }
-  bool is_moe() const { return family == ModelFamily::kQwen3Moe || family == ModelFamily::kQwen3_5Moe; }
+  // gpt_oss (attention_bias): biases on q/k/v and on o_proj, and a learned sink logit per head
+  // (self_attn.sinks) in every softmax's denominator.
+  bool has_qkv_bias() const { return family == ModelFamily::kQwen2 || is_gpt_oss(); }
+  bool has_o_bias() const { return is_gpt_oss(); }
+  bool has_attention_sinks() const { return is_gpt_oss(); }
+  bool is_moe() const {
+    return family == ModelFamily::kQwen3Moe || family == ModelFamily::kQwen3_5Moe || is_gpt_oss();
+  }
   // qwen3_5: q_proj emits [query | gate] per head (2 x q_dim rows) and the attention output is
   // multiplied by sigmoid(gate) before o_proj.
   bool has_attention_output_gate() const { return is_qwen3_5(); }
@@ -219,16 +290,21 @@ struct ModelConfig {
   // gemma3: the attention output is normed (post_attention_layernorm) before the residual add, the
   // MLP's input (pre_feedforward_layernorm) and output (post_feedforward_layernorm) too.
   bool has_sandwich_norms() const { return is_gemma3(); }
-  MlpActivation mlp_activation() const { return is_gemma3() ? MlpActivation::kGeluTanh : MlpActivation::kSilu; }
+  MlpActivation mlp_activation() const {
+    return is_gemma3() || is_gemma4() ? MlpActivation::kGeluTanh : MlpActivation::kSilu;
+  }
   // The families whose multimodal checkpoints this build reads (text_config, model.language_model.*).
-  bool has_multimodal_layout() const { return is_qwen3_5() || is_gemma3(); }
+  bool has_multimodal_layout() const { return is_qwen3_5() || is_gemma3() || is_gemma4(); }
   // The factor the attention scores are multiplied by: query_pre_attn_scalar ** -0.5 as Python
-  // computes it (gemma3), else 1 / sqrt(head_dim).
+  // computes it (gemma3), 1 (gemma4), else 1 / sqrt(head_dim).
   double AttentionScale() const;
-  // gemma3's embedding scale (Gemma3TextScaledWordEmbedding): sqrt(hidden_size) as a float32 tensor,
-  // cast to the model's dtype (torch_dtype: bfloat16 rounds it, e.g. sqrt(3072) = 55.43 -> 55.5) as
-  // HF's embed_scale.to(weight.dtype) does; 1 for the other families.
+  // gemma3's and gemma4's embedding scale (their ScaledWordEmbedding): sqrt(hidden_size) as a float32
+  // tensor, cast to the model's dtype (torch_dtype: bfloat16 rounds it, e.g. sqrt(3072) = 55.43 ->
+  // 55.5) as HF's embed_scale.to(weight.dtype) does; 1 for the other families.
   double EmbeddingScale() const;
+  // gemma4's per-layer embedding scale: sqrt(hidden_size_per_layer_input) in the model's dtype, as
+  // EmbeddingScale (1 without per-layer inputs and for the other families).
+  double PerLayerEmbeddingScale() const;
   // gemma3: the sliding layers rotate with their own RoPE (sliding_rope_theta, sliding_rope_scaling).
   bool has_sliding_rope() const { return sliding_rope_theta > 0; }
   bool UsesSlidingRope(int64_t layer) const { return has_sliding_rope() && IsSlidingLayer(layer); }
@@ -248,9 +324,25 @@ struct ModelConfig {
   // How many keys a query of this layer sees at most, itself included: sliding_window in a sliding
   // layer, 0 (no limit but the document's start) in any other.
   int64_t AttentionWindow(int64_t layer) const { return IsSlidingLayer(layer) ? sliding_window : 0; }
+  // A decoder layer's attention and MLP sizes: head_dim, num_key_value_heads and intermediate_size,
+  // but in gemma4's full-attention layers and double-wide MLPs (Gemma4Fields).
+  int64_t LayerHeadDim(int64_t layer) const;
+  int64_t LayerKvHeads(int64_t layer) const;
+  int64_t LayerIntermediate(int64_t layer) const;
+  // gemma4: the layer whose keys and values this one attends with (HF's shared_kv_states: the last
+  // layer of its type before the first of the num_kv_shared_layers), -1 where it computes its own.
+  int64_t KvSourceLayer(int64_t layer) const;
   // Where the language model's weights live: "model." (a causal LM), "model.language_model."
-  // (the multimodal layout); the LM head is lm_head.weight in both.
-  std::string WeightPrefix() const { return multimodal ? "model.language_model." : "model."; }
+  // (the multimodal layout), "language_model.model." (the hub's gemma3 spelling); the LM head is
+  // lm_head.weight, or language_model.lm_head.weight in the hub's gemma3 spelling.
+  std::string WeightPrefix() const {
+    if (hub_wrapper_names) return "language_model.model.";
+    return multimodal ? "model.language_model." : "model.";
+  }
+  std::string HeadWeightName() const { return hub_wrapper_names ? "language_model.lm_head.weight" : "lm_head.weight"; }
+  // Where the multimodal checkpoint's towers and projector live ("model." beside model.language_model,
+  // "" in the hub's gemma3 spelling).
+  std::string WrapperPrefix() const { return hub_wrapper_names ? "" : "model."; }
   // HF's Qwen3MoeDecoderLayer: layer l has a router and experts iff l is not in mlp_only_layers,
   // num_experts > 0 and (l + 1) % decoder_sparse_step == 0. Always false for the dense families.
   bool IsSparseLayer(int64_t layer) const;
@@ -304,7 +396,10 @@ struct ModelConfig {
   // middle one dense, 8 experts, top 2),
   // "qwen3.5-4b", "qwen3.5-35b-a3b" (the hub's text configs), "tiny-qwen3.5", "tiny-qwen3.5-moe",
   // "gemma3-1b" ... "gemma3-27b" (the hub's language models), "tiny-gemma3" (six layers, 5:1 sliding
-  // over 16 keys, soft-capped logits).
+  // over 16 keys, soft-capped logits), "gpt-oss-20b", "gpt-oss-120b" (the hub's configs),
+  // "tiny-gpt-oss" (a sliding layer over 16 keys, then a full one; 4 experts, top 2), "gemma4-e2b",
+  // "gemma4-e4b", "gemma4-31b" (the hub's language models), "tiny-gemma4" (every gemma4 feature the
+  // released checkpoints use, at CI size).
   static absl::StatusOr<ModelConfig> Preset(absl::string_view name);
   // The preset names, for messages.
   static std::string PresetNames();
@@ -349,6 +444,23 @@ enum DecoderTensor : int {
   // input, post_feedforward_layernorm [hidden] on its output.
   kPreFfnNorm,
   kPostFfnNorm,
+  // gpt_oss: self_attn.o_proj.bias [hidden], self_attn.sinks [heads] (a learned logit per head in
+  // every query's softmax denominator), mlp.router.bias [num_experts] (its router is
+  // mlp.router.weight, at kRouter).
+  kOBias,
+  kSinks,
+  kRouterBias,
+  // gemma4: the per-layer input's gate per_layer_input_gate [ple_dim, hidden], projection
+  // per_layer_projection [hidden, ple_dim] and its norm post_per_layer_input_norm [hidden];
+  // layer_scalar [1] (a buffer transformers does not train: TensorSlot::trainable false); and in
+  // layer 0's unit alone the model's per_layer_model_projection [layers x ple_dim, hidden] and
+  // per_layer_projection_norm [ple_dim] (Gemma4Fields).
+  kPleGate,
+  kPleProj,
+  kPlePostNorm,
+  kLayerScalar,
+  kPleModelProj,
+  kPleModelNorm,
   kNumDecoderTensors
 };
 // A decoder unit holds only its family's tensors (UnitLayout::slot maps these values to them):
@@ -359,7 +471,19 @@ enum DecoderTensor : int {
 // moe_intermediate_size): mlp.experts.{e}.gate_proj.weight [moe_I, hidden], up_proj [moe_I,
 // hidden], down_proj [hidden, moe_I].
 enum ExpertTensor : int { kExpertGateProj = 0, kExpertUpProj, kExpertDownProj, kNumExpertTensors };
-// Embedding unit: tensor 0 = embed_tokens [vocab, hidden].
+// gpt_oss's expert block (HF GptOssExperts, whose parameters are fused over the experts): expert
+// e's slices of mlp.experts.gate_up_proj [E, hidden, 2 I] (x @ W: gate in the even columns, up in
+// the odd ones), gate_up_proj_bias [E, 2 I], down_proj [E, I, hidden], down_proj_bias [E, hidden].
+enum GptOssExpertTensor : int {
+  kGptOssGateUp = 0,
+  kGptOssGateUpBias,
+  kGptOssDown,
+  kGptOssDownBias,
+  kNumGptOssExpertTensors
+};
+inline constexpr int kMaxExpertTensors = kNumGptOssExpertTensors;
+// Embedding unit: tensor 0 = embed_tokens [vocab, hidden]; gemma4 with per-layer inputs: tensor 1 =
+// embed_tokens_per_layer [ple_vocab, layers x ple_dim].
 // Head unit: tensor 0 = final norm [hidden]; tensor 1 = lm_head [vocab, hidden] when untied.
 
 inline constexpr int64_t kTensorAlignNumel = 256;
@@ -380,6 +504,10 @@ struct TensorSlot {
   std::vector<int64_t> hf_shape;
   int64_t hf_offset_numel = 0;
   bool is_slice() const { return !hf_shape.empty(); }
+  // A buffer the checkpoint carries and the math reads but HF never trains (gemma4's layer_scalar):
+  // loaded, streamed and saved as every tensor, but no optimizer step writes it, and it is not
+  // among ModelLayout::param_count's parameters.
+  bool trainable = true;
   // Unique among a layout's slots: hf_name, with "@<offset>" for a slice.
   std::string Key() const;
 };
@@ -396,10 +524,13 @@ struct ExpertLayout {
   int64_t first_offset = 0;  // expert 0's block, from the start of the unit
   // One block, padding included: the stride from expert e to e + 1.
   int64_t expert_numel = 0;
-  // Each matrix's offset from the start of its block (ExpertTensor order).
-  int64_t offset_in_expert[kNumExpertTensors] = {};
-  // The UnitLayout::tensors index of expert 0's gate_proj; expert e's matrix t is at
-  // first_tensor + kNumExpertTensors * e + t.
+  // The tensors of one block: kNumExpertTensors (ExpertTensor), or gpt_oss's
+  // kNumGptOssExpertTensors (GptOssExpertTensor).
+  int tensors_per_expert = kNumExpertTensors;
+  // Each tensor's offset from the start of its block (in that order).
+  int64_t offset_in_expert[kMaxExpertTensors] = {};
+  // The UnitLayout::tensors index of expert 0's first tensor; expert e's tensor t is at
+  // first_tensor + tensors_per_expert * e + t.
   int first_tensor = -1;
 };
 
@@ -427,10 +558,15 @@ struct UnitLayout {
   // Expert e's block: [ExpertOffset(e), ExpertOffset(e) + ExpertNumel()) of the unit.
   int64_t ExpertOffset(int64_t e) const { return experts.first_offset + e * experts.expert_numel; }
   int64_t ExpertNumel() const { return experts.expert_numel; }
-  // Expert e's matrix t; nullptr when the unit is dense or e is out of range.
-  const TensorSlot* FindExpert(int64_t e, ExpertTensor t) const {
-    if (e < 0 || e >= experts.num_experts) return nullptr;
-    return &tensors[experts.first_tensor + kNumExpertTensors * e + t];
+  // Expert e's tensor t; nullptr when the unit is dense, e is out of range or its blocks are not
+  // of that kind (ExpertTensor: qwen3_moe, qwen3_5_moe; GptOssExpertTensor: gpt_oss).
+  const TensorSlot* FindExpert(int64_t e, ExpertTensor t) const { return ExpertSlot(e, t, kNumExpertTensors); }
+  const TensorSlot* FindExpert(int64_t e, GptOssExpertTensor t) const {
+    return ExpertSlot(e, t, kNumGptOssExpertTensors);
+  }
+  const TensorSlot* ExpertSlot(int64_t e, int t, int per_expert) const {
+    if (e < 0 || e >= experts.num_experts || experts.tensors_per_expert != per_expert) return nullptr;
+    return &tensors[experts.first_tensor + per_expert * e + t];
   }
 };
 

@@ -30,18 +30,31 @@ double ModelConfig::AttentionScale() const {
   // Gemma3Attention: config.query_pre_attn_scalar ** -0.5 (a Python float); the others
   // 1 / sqrt(head_dim), the expression both backends have always used.
   if (is_gemma3()) return std::pow(query_pre_attn_scalar, -0.5);
+  if (is_gemma4()) return 1.0;  // Gemma4TextAttention: scaling 1.0 (its q and k are normed)
   return 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
 
-double ModelConfig::EmbeddingScale() const {
-  if (!is_gemma3()) return 1.0;
-  // Gemma3TextScaledWordEmbedding: embed_scale = torch.tensor(hidden_size ** 0.5), a float32 buffer,
-  // multiplied in as embed_scale.to(weight.dtype). The model's dtype is config.json's: bfloat16 in
-  // every released Gemma 3 (HF runs the weights in it and the scale with them).
-  const float scale = static_cast<float>(std::pow(static_cast<double>(hidden_size), 0.5));
-  if (torch_dtype == "bfloat16") return Bf16ToFloat(FloatToBf16(scale));
-  if (torch_dtype == "float16") return RoundToHalf(scale);
+namespace {
+
+// Gemma3TextScaledWordEmbedding / Gemma4TextScaledWordEmbedding: embed_scale = torch.tensor(n ** 0.5),
+// a float32 buffer, multiplied in as embed_scale.to(weight.dtype). The model's dtype is config.json's:
+// bfloat16 in every released Gemma 3 and 4 (HF runs the weights in it and the scale with them).
+double SqrtInDtype(int64_t n, const std::string& dtype) {
+  const float scale = static_cast<float>(std::pow(static_cast<double>(n), 0.5));
+  if (dtype == "bfloat16") return Bf16ToFloat(FloatToBf16(scale));
+  if (dtype == "float16") return RoundToHalf(scale);
   return scale;
+}
+
+}  // namespace
+
+double ModelConfig::EmbeddingScale() const {
+  if (!is_gemma3() && !is_gemma4()) return 1.0;
+  return SqrtInDtype(hidden_size, torch_dtype);
+}
+
+double ModelConfig::PerLayerEmbeddingScale() const {
+  return is_gemma4() && gemma4.ple_dim > 0 ? SqrtInDtype(gemma4.ple_dim, torch_dtype) : 1.0;
 }
 
 namespace config_internal {
@@ -283,6 +296,7 @@ absl::Status CheckGemma3(const ModelConfig& c) {
   };
   if (!c.is_gemma3()) {
     if (c.query_pre_attn_scalar != 0) return bad("query_pre_attn_scalar", "is gemma3's only");
+    if (c.is_gemma4()) return absl::OkStatus();  // its logit cap and sliding RoPE: CheckGemma4
     if (c.final_logit_softcapping != 0) return bad("final_logit_softcapping", "is gemma3's only");
     if (c.has_sliding_rope()) return bad("rope_parameters.sliding_attention", "a RoPE of its own is gemma3's only");
     return absl::OkStatus();

@@ -114,11 +114,13 @@ std::string ModelConfig::ToJson() const {
   const bool preset = source_json.empty();
   static constexpr const char* kArchitectures[] = {"Qwen3ForCausalLM",      "Qwen2ForCausalLM",    "LlamaForCausalLM",
                                                    "MistralForCausalLM",    "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM",
-                                                   "Qwen3_5MoeForCausalLM", "Gemma3ForCausalLM"};
+                                                   "Qwen3_5MoeForCausalLM", "Gemma3ForCausalLM",     "GptOssForCausalLM",
+                                                   "Gemma4ForCausalLM"};
   // The language model's object: the file, or the multimodal wrapper's text_config.
   if (multimodal) {
     if (!j.contains("architectures")) {
       j["architectures"] = {is_gemma3()                       ? "Gemma3ForConditionalGeneration"
+                            : is_gemma4()                     ? "Gemma4ForConditionalGeneration"
                             : family == ModelFamily::kQwen3_5 ? "Qwen3_5ForConditionalGeneration"
                                                               : "Qwen3_5MoeForConditionalGeneration"};
     }
@@ -183,14 +185,19 @@ std::string ModelConfig::ToJson() const {
     t["linear_conv_kernel_dim"] = linear.conv_kernel;
   }
   if (is_gemma3()) WriteGemma3Fields(*this, t);
+  if (is_gpt_oss()) config_internal::WriteGptOssFields(*this, preset, t);
+  if (is_gemma4()) config_internal::WriteGemma4Fields(*this, t);
   if (!preset) {
     // The source's own RoPE objects and sliding-window fields, unless this config's were changed
     // after parsing (a longer context, another depth): then the new ones, or HF would load the old.
     const absl::StatusOr<ModelConfig> parsed = FromJson(source_json);
     if (!parsed.ok() || parsed->rope_theta != rope_theta || !(parsed->rope_scaling == rope_scaling) ||
-        parsed->sliding_rope_theta != sliding_rope_theta || !(parsed->sliding_rope_scaling == sliding_rope_scaling)) {
+        parsed->sliding_rope_theta != sliding_rope_theta || !(parsed->sliding_rope_scaling == sliding_rope_scaling) ||
+        !(parsed->gemma4.full_rope == gemma4.full_rope) || !(parsed->gemma4.sliding_rope == gemma4.sliding_rope)) {
       if (is_gemma3()) {
         WriteGemma3Rope(*this, t);
+      } else if (is_gemma4()) {
+        config_internal::WriteGemma4Rope(*this, t);
       } else {
         WriteRope(*this, t);
       }
@@ -198,10 +205,13 @@ std::string ModelConfig::ToJson() const {
     if (!parsed.ok() || !SameAttentionSpans(*parsed, *this)) config_internal::WriteAttentionSpans(*this, t);
   }
   if (preset) {
-    if (!is_gemma3()) t["hidden_act"] = "silu";  // gemma3: hidden_activation (WriteGemma3Fields)
+    // gemma3, gemma4: hidden_activation (their Write*Fields).
+    if (!is_gemma3() && !is_gemma4()) t["hidden_act"] = "silu";
     t["attention_dropout"] = 0.0;
     if (is_gemma3()) {
       WriteGemma3Rope(*this, t);
+    } else if (is_gemma4()) {
+      config_internal::WriteGemma4Rope(*this, t);
     } else if (is_qwen3_5()) {
       // transformers 5's form: one rope_parameters object (the multimodal sections as the hub's
       // configs give them; text reads them as plain RoPE).
@@ -251,6 +261,12 @@ std::string ModelConfig::ToJson() const {
         t["attention_bias"] = false;
         t["bos_token_id"] = 2;
         t["eos_token_id"] = {1, 106};
+        break;
+      case ModelFamily::kGptOss: break;  // WriteGptOssFields
+      case ModelFamily::kGemma4:  // the released text configs': <bos> 2, <eos> 1
+        t["attention_bias"] = false;
+        t["bos_token_id"] = 2;
+        t["eos_token_id"] = 1;
         break;
     }
   }

@@ -12,6 +12,9 @@
 //   gemma3   : sliding_window (absent: 4096, null: none) slides the layers layer_types names, or
 //              without layer_types those where (l + 1) % sliding_window_pattern != 0 (default 6:
 //              five sliding layers, then a full one; Gemma3TextConfig.__post_init__).
+//   gpt_oss  : sliding_window (absent: 128, null: none) slides the layers layer_types names, or
+//              without layer_types every other one from layer 0 (GptOssConfig.__post_init__:
+//              (l + 1) % 2 != 0 slides).
 //   llama    : no sliding window.
 // qwen3_5's fields are its own file's (model_config_qwen3_5.cc refuses a window).
 #include <algorithm>
@@ -32,6 +35,7 @@ namespace {
 constexpr int64_t kHfDefaultWindow = 4096;
 constexpr int64_t kHfDefaultMaxWindowLayers = 28;
 constexpr int64_t kHfDefaultGemma3Pattern = 6;  // Gemma3TextConfig's sliding_window_pattern
+constexpr int64_t kHfDefaultGptOssWindow = 128;  // GptOssConfig's sliding_window
 constexpr int64_t kMaxLayers = 4096;  // ModelConfig::Validate's limit on num_hidden_layers
 
 // sliding_window as HF's configs read it: absent is the default, null is none (0).
@@ -95,6 +99,7 @@ absl::Status CheckIgnoredLayerTypes(const std::optional<std::vector<AttentionSpa
 }  // namespace
 
 absl::Status ParseAttentionSpans(const nlohmann::json& j, ModelConfig* c) {
+  if (c->is_gemma4()) return absl::OkStatus();  // parsed with its other fields: model_config_gemma4.cc
   c->sliding_window = 0;
   c->layer_spans.clear();
   // A depth out of range is Validate's to refuse; nothing is sized by it before.
@@ -175,8 +180,29 @@ absl::Status ParseAttentionSpans(const nlohmann::json& j, ModelConfig* c) {
       }
       break;
     }
+    case ModelFamily::kGptOss: {
+      if (j.contains("sliding_window")) {
+        ASSIGN_OR_RETURN(window, WindowField(j));
+      } else {
+        window = kHfDefaultGptOssWindow;
+      }
+      if (types.has_value()) {
+        spans = *types;
+      } else {
+        for (int64_t l = 0; l < c->num_hidden_layers; ++l) {
+          spans.push_back((l + 1) % 2 != 0 ? AttentionSpan::kSliding : AttentionSpan::kFull);
+        }
+      }
+      const auto sliding = std::find(spans.begin(), spans.end(), AttentionSpan::kSliding);
+      if (sliding != spans.end() && window == 0) {
+        return Refuse("sliding_window", absl::StrCat("is null but layer ", sliding - spans.begin(),
+                                                     " is sliding_attention (transformers' mask needs a window)"));
+      }
+      break;
+    }
     case ModelFamily::kQwen3_5:
-    case ModelFamily::kQwen3_5Moe: return absl::OkStatus();
+    case ModelFamily::kQwen3_5Moe:
+    case ModelFamily::kGemma4: return absl::OkStatus();
   }
   if (std::find(spans.begin(), spans.end(), AttentionSpan::kSliding) == spans.end()) return absl::OkStatus();
   c->sliding_window = window;
@@ -214,7 +240,9 @@ absl::Status CheckAttentionSpans(const ModelConfig& c) {
       return absl::OkStatus();
     case ModelFamily::kQwen2:
     case ModelFamily::kQwen3:
-    case ModelFamily::kGemma3: return absl::OkStatus();
+    case ModelFamily::kGemma3:
+    case ModelFamily::kGptOss:
+    case ModelFamily::kGemma4: return absl::OkStatus();
   }
   return absl::OkStatus();
 }
@@ -226,7 +254,11 @@ void WriteAttentionSpans(const ModelConfig& c, nlohmann::ordered_json& t) {
     case ModelFamily::kLlama:
     case ModelFamily::kQwen3_5:
     case ModelFamily::kQwen3_5Moe: return;
-    case ModelFamily::kMistral: t["sliding_window"] = window; break;
+    case ModelFamily::kMistral:
+    case ModelFamily::kGptOss: t["sliding_window"] = window; break;
+    case ModelFamily::kGemma4:  // an int in Gemma4TextConfig (absent: 512): kept where no layer slides
+      if (sliding) t["sliding_window"] = window;
+      break;
     case ModelFamily::kQwen3Moe:
       t["use_sliding_window"] = sliding;
       t["sliding_window"] = window;
@@ -266,10 +298,10 @@ void WriteAttentionSpans(const ModelConfig& c, nlohmann::ordered_json& t) {
       break;
     }
   }
-  // A layer_types the source carried is rewritten to agree; qwen2 / qwen3 with a window and gemma3
-  // always get one.
+  // A layer_types the source carried is rewritten to agree; qwen2 / qwen3 with a window, gemma3,
+  // gpt_oss and gemma4 always get one.
   const bool per_layer = c.family == ModelFamily::kQwen2 || c.family == ModelFamily::kQwen3;
-  if (t.contains("layer_types") || (per_layer && sliding) || c.is_gemma3()) {
+  if (t.contains("layer_types") || (per_layer && sliding) || c.is_gemma3() || c.is_gpt_oss() || c.is_gemma4()) {
     nlohmann::ordered_json types = nlohmann::ordered_json::array();
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       types.push_back(SpanName(c.IsSlidingLayer(l) ? AttentionSpan::kSliding : AttentionSpan::kFull));

@@ -10,6 +10,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "common/model/model_config.h"
+#include "common/model/model_config_internal.h"
 
 namespace slidedp {
 namespace {
@@ -103,6 +104,36 @@ void AddExperts(UnitLayout& u, const ModelConfig& c, const std::string& p) {
   }
 }
 
+// gpt_oss's experts (GptOssExperts), per expert (gate_up, its bias, down, its bias, each aligned),
+// as slices of transformers' fused tensors: gate_up_proj [E, h, 2 I] (x @ W, gate and up in
+// alternate columns), gate_up_proj_bias [E, 2 I], down_proj [E, I, h], down_proj_bias [E, h].
+void AddGptOssExperts(UnitLayout& u, const ModelConfig& c, const std::string& p) {
+  const int64_t h = c.hidden_size, mi = c.moe_intermediate_size, e_count = c.num_experts;
+  ExpertLayout& x = u.experts;
+  x.num_experts = e_count;
+  x.tensors_per_expert = kNumGptOssExpertTensors;
+  x.first_offset = u.numel;
+  x.first_tensor = static_cast<int>(u.tensors.size());
+  const std::string e_prefix = p + "mlp.experts.";
+  auto slice = [&](const std::string& name, std::vector<int64_t> shape, std::vector<int64_t> full, int64_t at) {
+    AddTensor(u, e_prefix + name, std::move(shape));
+    u.tensors.back().hf_shape = std::move(full);
+    u.tensors.back().hf_offset_numel = at;
+  };
+  for (int64_t e = 0; e < e_count; ++e) {
+    slice("gate_up_proj", {h, 2 * mi}, {e_count, h, 2 * mi}, e * h * 2 * mi);
+    slice("gate_up_proj_bias", {2 * mi}, {e_count, 2 * mi}, e * 2 * mi);
+    slice("down_proj", {mi, h}, {e_count, mi, h}, e * mi * h);
+    slice("down_proj_bias", {h}, {e_count, h}, e * h);
+    if (e == 0) {
+      for (int t = 0; t < kNumGptOssExpertTensors; ++t) {
+        x.offset_in_expert[t] = u.tensors[x.first_tensor + t].offset_numel - x.first_offset;
+      }
+      x.expert_numel = u.numel - x.first_offset;
+    }
+  }
+}
+
 }  // namespace
 
 std::string TensorSlot::Key() const { return is_slice() ? absl::StrCat(hf_name, "@", hf_offset_numel) : hf_name; }
@@ -118,6 +149,10 @@ ModelLayout ModelLayout::Build(const ModelConfig& c) {
   embed.kind = UnitKind::kEmbedding;
   embed.name = "embed";
   AddTensor(embed, prefix + "embed_tokens.weight", {c.vocab_size, h});
+  if (c.is_gemma4() && c.gemma4.ple_dim > 0) {  // its per-layer inputs' table (Gemma4Fields)
+    AddTensor(embed, prefix + "embed_tokens_per_layer.weight",
+              {c.gemma4.ple_vocab, c.num_hidden_layers * c.gemma4.ple_dim});
+  }
   m.units.push_back(std::move(embed));
 
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -127,6 +162,16 @@ ModelLayout ModelLayout::Build(const ModelConfig& c) {
     u.attention_window = c.AttentionWindow(l);
     u.sliding_rope = c.UsesSlidingRope(l);
     u.name = absl::StrCat("layer.", l);
+    if (c.is_gemma4()) {  // its layers differ in sizes and tensors (model_config_gemma4.cc)
+      config_internal::AddGemma4DecoderTensors(
+          c, l, [&](DecoderTensor t, std::string name, std::vector<int64_t> shape, bool side) -> TensorSlot& {
+            u.slot[t] = static_cast<int>(u.tensors.size());
+            AddTensor(u, std::move(name), std::move(shape), side ? SideCopy::kFp32 : SideCopy::kNone);
+            return u.tensors.back();
+          });
+      m.units.push_back(std::move(u));
+      continue;
+    }
     const std::string p = absl::StrCat(prefix, "layers.", l, ".");
     auto add = [&](DecoderTensor t, const char* name, std::vector<int64_t> shape) {
       u.slot[t] = static_cast<int>(u.tensors.size());
@@ -158,6 +203,8 @@ ModelLayout ModelLayout::Build(const ModelConfig& c) {
       add(kVProj, "self_attn.v_proj.weight", {c.kv_dim(), h});
       if (bias) add(kVBias, "self_attn.v_proj.bias", {c.kv_dim()});
       add(kOProj, "self_attn.o_proj.weight", {h, c.q_dim()});
+      if (c.has_o_bias()) add(kOBias, "self_attn.o_proj.bias", {h});
+      if (c.has_attention_sinks()) add(kSinks, "self_attn.sinks", {c.num_attention_heads});
       if (c.has_qk_norm()) {
         add(kQNorm, "self_attn.q_norm.weight", {c.head_dim});
         add(kKNorm, "self_attn.k_norm.weight", {c.head_dim});
@@ -170,7 +217,12 @@ ModelLayout ModelLayout::Build(const ModelConfig& c) {
     }
     if (c.IsSparseLayer(l)) {
       // docs/moe.md: the router, the shared expert (qwen3_5_moe), then the routed experts.
-      add(kRouter, "mlp.gate.weight", {c.num_experts, h});
+      if (c.is_gpt_oss()) {  // GptOssTopKRouter: a linear layer with a bias
+        add(kRouter, "mlp.router.weight", {c.num_experts, h});
+        add(kRouterBias, "mlp.router.bias", {c.num_experts});
+      } else {
+        add(kRouter, "mlp.gate.weight", {c.num_experts, h});
+      }
       if (c.has_shared_expert()) {
         const int64_t si = c.shared_expert_intermediate_size;
         add(kSharedGateProj, "mlp.shared_expert.gate_proj.weight", {si, h});
@@ -178,7 +230,11 @@ ModelLayout ModelLayout::Build(const ModelConfig& c) {
         add(kSharedDownProj, "mlp.shared_expert.down_proj.weight", {h, si});
         add(kSharedExpertGate, "mlp.shared_expert_gate.weight", {1, h});
       }
-      AddExperts(u, c, p);
+      if (c.is_gpt_oss()) {
+        AddGptOssExperts(u, c, p);
+      } else {
+        AddExperts(u, c, p);
+      }
     } else {
       add(kGateProj, "mlp.gate_proj.weight", {c.intermediate_size, h});
       add(kUpProj, "mlp.up_proj.weight", {c.intermediate_size, h});
@@ -191,7 +247,7 @@ ModelLayout ModelLayout::Build(const ModelConfig& c) {
   head.kind = UnitKind::kHead;
   head.name = "head";
   AddTensor(head, prefix + "norm.weight", {h}, SideCopy::kFp32);
-  if (!c.tie_word_embeddings) AddTensor(head, "lm_head.weight", {c.vocab_size, h});
+  if (!c.tie_word_embeddings) AddTensor(head, c.HeadWeightName(), {c.vocab_size, h});
   m.units.push_back(std::move(head));
 
   for (size_t i = 0; i < m.units.size(); ++i) {
@@ -230,7 +286,7 @@ const TensorSlot* ModelLayout::Find(absl::string_view hf_name, int* unit_index) 
 int64_t ModelLayout::param_count() const {
   int64_t n = 0;
   for (const UnitLayout& u : units)
-    for (const TensorSlot& t : u.tensors) n += t.numel;
+    for (const TensorSlot& t : u.tensors) n += t.trainable ? t.numel : 0;
   return n;
 }
 
@@ -239,7 +295,9 @@ int64_t ModelLayout::ActiveParamCount() const {
   for (const UnitLayout& u : units) {
     if (!u.sparse()) continue;
     int64_t expert = 0;  // one expert's parameters, padding apart
-    for (int t = 0; t < kNumExpertTensors; ++t) expert += u.FindExpert(0, static_cast<ExpertTensor>(t))->numel;
+    for (int t = 0; t < u.experts.tensors_per_expert; ++t) {
+      expert += u.ExpertSlot(0, t, u.experts.tensors_per_expert)->numel;
+    }
     n -= (u.num_experts() - config.num_experts_per_tok) * expert;
   }
   return n;
@@ -254,23 +312,33 @@ double ModelLayout::ModelFlopsPerToken(int64_t seq_len) const {
   const ModelConfig& c = config;
   double matmul = static_cast<double>(ActiveParamCount()) - static_cast<double>(c.vocab_size * c.hidden_size);
   if (c.tie_word_embeddings) matmul += static_cast<double>(c.vocab_size * c.hidden_size);
+  // gemma4's per-layer input table is looked up, not multiplied.
+  if (c.is_gemma4()) matmul -= static_cast<double>(c.gemma4.ple_vocab * c.num_hidden_layers * c.gemma4.ple_dim);
   // Causal attention, forward and backward: 12 x q_dim FLOPs per key a query sees, seq_len / 2 keys on
   // average over a row (the peers' 6 x seq_len x q_dim); a sliding layer's window W < seq_len sees
   // W - W^2 / (2 seq_len) on average (the band's area over the row: attention FLOPs as run).
   double attention_keys = 0;
   const double seq = static_cast<double>(seq_len);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (c.IsLinearAttentionLayer(l)) continue;
+  auto keys_of = [&](int64_t l) {
     const double w = static_cast<double>(c.AttentionWindow(l));
-    attention_keys += (w > 0 && w < seq) ? w - w * w / (2.0 * seq) : seq / 2.0;
+    return (w > 0 && w < seq) ? w - w * w / (2.0 * seq) : seq / 2.0;
+  };
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.IsLinearAttentionLayer(l)) attention_keys += keys_of(l);
+  }
+  double attention = 12.0 * attention_keys * static_cast<double>(c.q_dim());
+  if (c.is_gemma4()) {  // its full-attention layers' heads are wider: each layer at its own q_dim
+    attention = 0;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      attention += 12.0 * keys_of(l) * static_cast<double>(c.num_attention_heads * c.LayerHeadDim(l));
+    }
   }
   // A Gated DeltaNet layer's recurrence per token and value head: S^T k, k u^T and S^T q, each
   // 2 x key_head_dim x value_head_dim, forward; x 3 with backward (the chunked kernels' extra
   // intra-chunk work is not counted, as attention's recompute is not).
   const LinearAttentionConfig& la = c.linear;
   const double linear = 3.0 * 6.0 * static_cast<double>(la.num_value_heads * la.key_head_dim * la.value_head_dim);
-  return 6.0 * matmul + 12.0 * attention_keys * static_cast<double>(c.q_dim()) +
-         static_cast<double>(c.NumLinearAttentionLayers()) * linear;
+  return 6.0 * matmul + attention + static_cast<double>(c.NumLinearAttentionLayers()) * linear;
 }
 
 }  // namespace slidedp

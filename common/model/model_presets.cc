@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/model/model_config.h"
+#include "common/model/model_config_internal.h"
 
 namespace slidedp {
 
@@ -18,7 +19,8 @@ std::string ModelConfig::PresetNames() {
          "qwen2.5-7b, qwen2.5-14b, llama3.2-1b, llama3.2-3b, llama3.1-8b, mistral-7b, qwen3-30b-a3b, tiny, tiny-qwen2, "
          "tiny-qwen2-window, tiny-llama, tiny-mistral, tiny-mistral-window, tiny-moe, qwen3.5-0.8b, qwen3.5-2b, "
          "qwen3.5-4b, qwen3.5-9b, qwen3.5-27b, qwen3.5-35b-a3b, qwen3.5-122b-a10b, qwen3.5-397b-a17b, tiny-qwen3.5, "
-         "tiny-qwen3.5-moe, gemma3-1b, gemma3-4b, gemma3-12b, gemma3-27b, tiny-gemma3";
+         "tiny-qwen3.5-moe, gemma3-1b, gemma3-4b, gemma3-12b, gemma3-27b, tiny-gemma3, gpt-oss-20b, gpt-oss-120b, "
+         "tiny-gpt-oss, gemma4-e2b, gemma4-e4b, gemma4-31b, tiny-gemma4";
 }
 
 namespace {
@@ -208,6 +210,55 @@ bool Gemma3Preset(absl::string_view name, ModelConfig& c) {
   return true;
 }
 
+// GPT-OSS's presets (ModelConfig::Preset): false for another name. The released ones are
+// openai/gpt-oss-20b's and -120b's config.json (docs/model-families.md, "GPT-OSS"): hidden 2880, 64
+// query heads and 8 kv heads of 64, experts of 2880 (4 a token), vocabulary 201,088, sliding and
+// full layers alternating (window 128), RoPE theta 150,000 with YaRN factor 32 over 4,096
+// positions (beta_fast 32, beta_slow 1, not truncated), 131,072 positions, eps 1e-5, untied,
+// router_aux_loss_coef 0.9 (applied only with output_router_logits, false), pad <|endoftext|>.
+bool GptOssPreset(absl::string_view name, ModelConfig& c) {
+  c.family = ModelFamily::kGptOss;
+  int64_t experts = 0, top_k = 4;
+  if (name == "gpt-oss-20b" || name == "gpt-oss-120b") {
+    const bool big = name == "gpt-oss-120b";
+    SetShape(c, 2880, big ? 36 : 24, 64, 2880, false);
+    c.num_key_value_heads = 8;
+    c.head_dim = 64;
+    c.vocab_size = 201088;
+    c.max_position_embeddings = 131072;
+    c.sliding_window = 128;
+    c.pad_token_id = 199999;
+    experts = big ? 128 : 32;
+  } else if (name == "tiny-gpt-oss") {
+    // CI-sized: a sliding layer (window 16, shorter than CI's rows of 64) then a full one, 4
+    // experts top-2 of width 32, the released RoPE (at head_dim 16 its YaRN ramp spans
+    // frequencies 2 to 4 of 8).
+    SetTiny(c, ModelFamily::kGptOss);
+    c.tie_word_embeddings = false;
+    c.intermediate_size = 32;
+    c.sliding_window = 16;
+    experts = 4;
+    top_k = 2;
+  } else {
+    return false;
+  }
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 150000;
+  c.rope_scaling.type = RopeScaling::Type::kYarn;
+  c.rope_scaling.factor = 32;
+  c.rope_scaling.original_max_position_embeddings = 4096;
+  c.rope_scaling.beta_fast = 32;
+  c.rope_scaling.beta_slow = 1;
+  c.rope_scaling.truncate = false;
+  SetMoe(c, experts, top_k, c.intermediate_size);
+  c.router_aux_loss_coef = 0.9;
+  c.expert_storage = ExpertStorage::kFused;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    c.layer_spans.push_back(l % 2 == 0 ? AttentionSpan::kSliding : AttentionSpan::kFull);
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
@@ -324,6 +375,16 @@ absl::StatusOr<ModelConfig> ModelConfig::Preset(absl::string_view name) {
     c.mlp_only_layers = {1};
   } else if (absl::StartsWith(name, "gemma3-") || name == "tiny-gemma3") {
     if (!Gemma3Preset(name, c)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown model preset \"", name, "\" (known: ", PresetNames(), ")"));
+    }
+  } else if (absl::StartsWith(name, "gemma4-") || name == "tiny-gemma4") {
+    if (!config_internal::Gemma4Preset(name, &c)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown model preset \"", name, "\" (known: ", PresetNames(), ")"));
+    }
+  } else if (absl::StartsWith(name, "gpt-oss-") || name == "tiny-gpt-oss") {
+    if (!GptOssPreset(name, c)) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown model preset \"", name, "\" (known: ", PresetNames(), ")"));
     }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/model/model_config.h"
+#include "common/model/model_config_internal.h"
 
 namespace slidedp {
 namespace {
@@ -99,6 +100,8 @@ double AttentionScalingOf(const RopeScaling& s) {
 }  // namespace
 
 std::vector<float> ModelConfig::RopeInverseFrequencies(AttentionSpan span) const {
+  // gemma4: per layer type, over that type's head_dim (default or proportional).
+  if (is_gemma4()) return config_internal::Gemma4InverseFrequencies(*this, span);
   if (span == AttentionSpan::kSliding && has_sliding_rope()) {
     return InverseFrequencies(*this, sliding_rope_theta, sliding_rope_scaling);
   }

@@ -513,19 +513,12 @@ absl::StatusOr<WriteStats> WriteFile(const std::string& path, const std::vector<
   return stats;
 }
 
-absl::StatusOr<bool> ModelDirHasTensorEndingIn(const std::string& dir, absl::string_view suffix,
-                                               std::initializer_list<absl::string_view> except_prefixes) {
-  auto ends = [&](absl::string_view n) {
-    for (absl::string_view p : except_prefixes) {
-      if (n.substr(0, p.size()) == p) return false;
-    }
-    return n.size() >= suffix.size() && n.substr(n.size() - suffix.size()) == suffix;
-  };
+absl::StatusOr<bool> ModelDirHasTensor(const std::string& dir, const std::function<bool(absl::string_view)>& matches) {
   std::error_code ec;
   if (std::filesystem::exists(dir + "/model.safetensors", ec)) {
     ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(dir + "/model.safetensors"));
     for (const TensorInfo& t : f->tensors()) {
-      if (ends(t.name)) return true;
+      if (matches(t.name)) return true;
     }
     return false;
   }
@@ -538,7 +531,7 @@ absl::StatusOr<bool> ModelDirHasTensorEndingIn(const std::string& dir, absl::str
     return absl::InvalidArgumentError(absl::StrCat(index_path, ": not a JSON object with a \"weight_map\" object"));
   }
   for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
-    if (ends(it.key())) return true;
+    if (matches(it.key())) return true;
   }
   return false;
 }

@@ -149,12 +149,10 @@ absl::StatusOr<std::string> SerializeHeader(const std::vector<TensorSource>& ten
                                             std::vector<uint64_t>* data_offsets);
 
 // Whether a model directory's weights (model.safetensors, else the model.safetensors.index.json
-// weight_map) hold a tensor whose name ends in `suffix`; false for a directory with neither (the
+// weight_map) hold a tensor whose name `matches`; false for a directory with neither (the
 // loader refuses it later). The header and index are read bounded and validated (the directory is
 // a job spec's: hostile); INVALID_ARGUMENT / DATA_LOSS as Open and the index parse give them.
-// Names starting with one of `except_prefixes` are not considered.
-absl::StatusOr<bool> ModelDirHasTensorEndingIn(const std::string& dir, absl::string_view suffix,
-                                               std::initializer_list<absl::string_view> except_prefixes = {});
+absl::StatusOr<bool> ModelDirHasTensor(const std::string& dir, const std::function<bool(absl::string_view)>& matches);
 // The name a MoE layer's experts fused over the expert dimension end in (transformers 5's layout:
 // ExpertStorage::kFused in common/model/model_config.h), and the tensors whose experts do not count
 // (a qwen3_5 checkpoint's multi-token-prediction layer and vision tower pass through as they are).

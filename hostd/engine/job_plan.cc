@@ -137,24 +137,25 @@ absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& lay
   }
   // gemma3: the CPU backend computes it (worker/compute/cpu: the sandwich norms, GeGLU, the scaled
   // embedding, per-layer RoPE, soft-capped logits); the CUDA backend has none of them yet and would
-  // train another model, so CUDA workers are refused until it does.
-  if (layout.config.is_gemma3() && cpu_workers != world) {
+  // train another model, so CUDA workers are refused until it does. gemma4 likewise (its per-layer
+  // inputs, shared keys and values, wider full-attention heads: worker/compute/cpu/gemma4_math.h).
+  if ((layout.config.is_gemma3() || layout.config.is_gemma4()) && cpu_workers != world) {
     return absl::UnimplementedError(absl::StrCat(ModelTypeName(layout.config.family),
                                                  " on CUDA workers is not built yet; use runtime.backend: cpu (",
                                                  world - cpu_workers, " of ", world, " workers are CUDA)"));
   }
-  // Sliding-window attention shorter than the row: the CPU backend computes it (HF's mask exactly,
-  // worker/compute/cpu/dense_attention_math.cc); the CUDA backend's kernels attend causally over
-  // whole documents and would train another model, so CUDA workers are refused until they have it.
-  // A window at least the row's length is full attention (no document is longer than its row).
-  if (!layout.config.SlidingWindowCovers(spec.train.seq_len) && cpu_workers != world) {
+  // gpt_oss: the CPU backend computes it (worker/compute/cpu/gpt_oss_math.h: attention sinks, q/k/v/o
+  // biases, the biased top-k softmax router, the experts' biases and clamped SwiGLU); the CUDA
+  // backend has none of them yet and would train another model, so CUDA workers are refused.
+  if (layout.config.is_gpt_oss() && cpu_workers != world) {
     return absl::UnimplementedError(absl::StrCat(
-        "sliding_window ", layout.config.sliding_window, " (", layout.config.NumSlidingLayers(), " of ",
-        layout.config.num_hidden_layers, " layers of this ", ModelTypeName(layout.config.family),
-        " model) is shorter than train.seq_len ", spec.train.seq_len,
-        ": the CUDA backend's sliding-window attention is not built yet; ", world - cpu_workers, " of ", world,
-        " workers are CUDA (use runtime.backend: cpu, or train.seq_len <= ", layout.config.sliding_window, ")"));
+        "gpt_oss on CUDA workers is not built yet (attention sinks, biased router and experts, clamped SwiGLU); "
+        "use runtime.backend: cpu (",
+        world - cpu_workers, " of ", world, " workers are CUDA)"));
   }
+  // Sliding-window attention shorter than the row runs on both backends (HF's mask exactly: the CPU
+  // backend's dense_attention_math.cc, the CUDA backend's own flash kernels with AttnArgs::window,
+  // which skip the key blocks outside the band; cuDNN takes the full-attention layers).
   // The Gated DeltaNet's state runs through the whole sequence in order: context parallelism would
   // split it across ranks, which this build does not carry.
   if (layout.config.is_qwen3_5() && spec.runtime.context_parallel > 1 && layout.config.NumLinearAttentionLayers() > 0) {

@@ -17,7 +17,9 @@ bool IsNormWeight(absl::string_view hf_name) {
          absl::StrContains(module, "rmsnorm");
 }
 
-bool IsBias(absl::string_view hf_name) { return absl::EndsWith(hf_name, ".bias"); }
+// HF's Trainer (get_decay_parameter_names): any parameter whose lower-cased name contains "bias" —
+// q_proj.bias, and also gpt_oss's gate_up_proj_bias / down_proj_bias and qwen3_5's dt_bias.
+bool IsBias(absl::string_view hf_name) { return absl::StrContains(absl::AsciiStrToLower(hf_name), "bias"); }
 
 WeightDecay DecayOf(absl::string_view hf_name, const DecayExemptions& exempt) {
   if (exempt.norms && IsNormWeight(hf_name)) return WeightDecay::kNone;
@@ -29,6 +31,7 @@ std::vector<ElementRange> TensorRangesOf(const UnitLayout& unit, const DecayExem
   std::vector<ElementRange> ranges;
   ranges.reserve(unit.tensors.size());
   for (const TensorSlot& t : unit.tensors) {
+    if (!t.trainable) continue;  // a buffer HF never steps (gemma4's layer_scalar): no update writes it
     ranges.push_back({t.offset_numel, t.offset_numel + t.numel, DecayOf(t.hf_name, exempt)});
   }
   return ranges;

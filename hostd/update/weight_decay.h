@@ -8,7 +8,8 @@
 //   norm: the weight of a module named `norm`, `*_norm`, `*layernorm*` or `*rmsnorm*` (Qwen3,
 //         Llama: input_layernorm, post_attention_layernorm, self_attn.q_norm, self_attn.k_norm,
 //         model.norm), HF's name patterns "layernorm", "rmsnorm", "(^|.)norm($|.)", "_norm($|.)".
-//   bias: any tensor whose name ends in ".bias".
+//   bias: any tensor whose lower-cased name contains "bias" (HF Trainer's get_decay_parameter_names:
+//   q_proj.bias, experts.gate_up_proj_bias, dt_bias).
 // The embedding and an untied lm_head are decayed (HF's rule).
 #pragma once
 
@@ -33,7 +34,8 @@ bool IsBias(absl::string_view hf_name);
 // kNone when the tensor belongs to an exempt group, else kApply.
 WeightDecay DecayOf(absl::string_view hf_name, const DecayExemptions& exempt);
 
-// The unit's tensor ranges for UnitMemory::tensors, each with its weight decay.
+// The unit's tensor ranges for UnitMemory::tensors, each with its weight decay; a tensor that is not
+// trainable (TensorSlot::trainable) is left out, so LayerAdam never writes it.
 std::vector<ElementRange> TensorRangesOf(const UnitLayout& unit, const DecayExemptions& exempt);
 
 }  // namespace slidedp::update

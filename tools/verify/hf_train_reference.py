@@ -77,7 +77,7 @@ def is_norm_weight(name):
 
 
 def is_bias(name):
-    return name.endswith(".bias")
+    return "bias" in name.lower()  # HF Trainer's rule (get_decay_parameter_names)
 
 
 def no_decay_list(text):

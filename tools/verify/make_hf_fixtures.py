@@ -38,6 +38,8 @@ FAMILIES = {
     "qwen2": ("qwen2", dict(num_hidden_layers=2, rope_theta=1000000.0)),
     "llama": ("llama", dict(num_hidden_layers=2, rope_theta=500000.0)),
     "mistral": ("mistral", dict(num_hidden_layers=2, sliding_window=None)),
+    # A window shorter than the sequence (48 tokens): every layer sliding.
+    "mistral_window": ("mistral", dict(num_hidden_layers=2, sliding_window=16)),
     "qwen3_moe": ("qwen3_moe", dict(num_hidden_layers=2, num_experts=8, num_experts_per_tok=2,
                                     moe_intermediate_size=32, decoder_sparse_step=1, norm_topk_prob=True)),
     # Gated DeltaNet linear attention + gated full attention, one full layer in four.
@@ -58,7 +60,30 @@ FAMILIES = {
     # Sliding-window and global attention layers (5 local : 1 global in Gemma 3).
     "gemma3": ("gemma3_text", dict(num_hidden_layers=6, sliding_window=16, query_pre_attn_scalar=16,
                                    rope_local_base_freq=10000.0, rope_theta=1000000.0)),
-    "gemma4": ("gemma4_text", dict(num_hidden_layers=6, sliding_window=16)),
+    # Gemma 4 with every piece the released checkpoints use: per-layer inputs (a 512 x (6 x 8) table),
+    # sliding and full layers, the full ones at head_dim 32 with one kv head whose values are their
+    # keys' projection (per_layer_config, transformers 5.15+'s spelling; 31B's attention_k_eq_v), the
+    # last two layers reading layers 3's and 2's keys and values with MLPs twice as wide (E2B's),
+    # proportional RoPE on the full layers, soft-capped logits; then the options some configs carry
+    # (gemma4_kvshare: the same sharing in the older global_head_dim spelling).
+    "gemma4": ("gemma4_text", dict(num_hidden_layers=6, sliding_window=16,
+                                   layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+                                   vocab_size_per_layer_input=512, hidden_size_per_layer_input=8,
+                                   per_layer_config={"2": dict(head_dim=32, num_key_value_heads=1),
+                                                     "5": dict(head_dim=32, num_key_value_heads=1)},
+                                   attention_k_eq_v=True, num_kv_shared_layers=2, use_double_wide_mlp=True,
+                                   use_bidirectional_attention="vision", final_logit_softcapping=30.0)),
+    "gemma4_kvshare": ("gemma4_text", dict(num_hidden_layers=6, sliding_window=16, vocab_size_per_layer_input=512,
+                                           hidden_size_per_layer_input=8, global_head_dim=32, num_kv_shared_layers=2,
+                                           use_double_wide_mlp=True, attention_k_eq_v=True,
+                                           num_global_key_value_heads=1)),
+    "gemma4_moe": ("gemma4_text", dict(num_hidden_layers=6, sliding_window=16, vocab_size_per_layer_input=512,
+                                       hidden_size_per_layer_input=8, global_head_dim=32, enable_moe_block=True,
+                                       num_experts=4, top_k_experts=2, moe_intermediate_size=32)),
+    # The multimodal checkpoints: Gemma3ForConditionalGeneration / Gemma4 (a vision tower and a
+    # projector beside the language model; VISION_BY_TYPE below).
+    "gemma3_vl": ("gemma3", "gemma3"),
+    "gemma4_vl": ("gemma4", "gemma4"),
     # Alternating sliding and full attention with attention sinks, MoE MLPs.
     "gpt_oss": ("gpt_oss", dict(num_hidden_layers=2, sliding_window=16, num_local_experts=4,
                                 num_experts_per_tok=2, intermediate_size=64)),
@@ -70,6 +95,21 @@ VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hi
               spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16, deepstack_visual_indexes=[])
 
 
+# Toy vision towers by multimodal model_type (SigLIP for Gemma 3: 32 px images of 8 px patches
+# pooled to 4 soft tokens). A type missing here keeps its config's default tower.
+VISION_BY_TYPE = {
+    "gemma3": (dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                    image_size=32, patch_size=8), dict(mm_tokens_per_image=4)),
+    # Gemma 4: one encoder layer at hidden 32, a 2 x 64-position table (the default 10,240 would be
+    # most of the fixture); no audio tower (build). Its image, video and audio placeholders inside the
+    # vocabulary, so that the sequence holds them (make) and Gemma4Model's embedding of them as
+    # pad_token_id is compared too.
+    "gemma4": (dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                    num_key_value_heads=2, head_dim=16, position_embedding_size=64),
+               dict(image_token_id=500, video_token_id=501, audio_token_id=502)),
+}
+
+
 def build(family):
     """The family's config and an FP32 model of it, seeded."""
     import torch
@@ -79,7 +119,10 @@ def build(family):
         text_type, text_args = FAMILIES[args]
         text = dict(COMMON)
         text.update(text_args)
-        kwargs = dict(text_config=text, vision_config=dict(VISION), tie_word_embeddings=False)
+        vision, extra = VISION_BY_TYPE.get(model_type, (dict(VISION), {}))
+        kwargs = dict(text_config=text, vision_config=dict(vision), tie_word_embeddings=False, **extra)
+        if model_type == "gemma4":
+            kwargs["audio_config"] = None
         config = transformers.AutoConfig.for_model(model_type, **kwargs)
         config._attn_implementation = "eager"
         torch.manual_seed(1234)
@@ -112,6 +155,12 @@ def make(family, out_dir, tokens):
     g = torch.Generator().manual_seed(99)
     vocab = getattr(config, "vocab_size", None) or config.get_text_config().vocab_size
     ids = torch.randint(0, vocab, (1, tokens), generator=g)
+    # A multimodal model's placeholder ids that lie inside the vocabulary (gemma4_vl's) appear in the
+    # sequence: text alone, the model embeds them as it embeds placeholders without pixels.
+    for i, key in enumerate(("image_token_id", "video_token_id", "audio_token_id")):
+        placeholder = getattr(config, key, None)
+        if isinstance(placeholder, int) and placeholder < vocab:
+            ids[0, 3 + 5 * i] = placeholder
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()
     tensors = {"input_ids": ids.contiguous(), "loss": out.loss.detach().reshape(1).contiguous(),

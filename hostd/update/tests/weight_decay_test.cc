@@ -29,8 +29,12 @@ TEST(WeightDecay, NormWeightsAndBiasesByHfName) {
     EXPECT_EQ(DecayOf(norm, {}), WeightDecay::kNone) << norm;
     EXPECT_EQ(DecayOf(norm, {.norms = false, .biases = true}), WeightDecay::kApply) << norm;
   }
+  // HF's Trainer's rule: "bias" anywhere in the lower-cased name (its regex search), so also fused
+  // experts' biases, Qwen3.5's dt_bias and a module named for biases.
   for (const char* bias :
-       {"model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.v_proj.bias", "lm_head.bias"}) {
+       {"model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.v_proj.bias", "lm_head.bias",
+        "model.layers.0.mlp.experts.gate_up_proj_bias", "model.layers.0.linear_attn.dt_bias",
+        "model.layers.0.mlp.router.bias", "model.layers.0.mlp.biased_proj.weight", "model.Bias_table"}) {
     EXPECT_TRUE(IsBias(bias)) << bias;
     EXPECT_EQ(DecayOf(bias, {}), WeightDecay::kNone) << bias;
     EXPECT_EQ(DecayOf(bias, {.norms = true, .biases = false}), WeightDecay::kApply) << bias;
@@ -39,7 +43,7 @@ TEST(WeightDecay, NormWeightsAndBiasesByHfName) {
   // "norm" elsewhere are not norms.
   for (const char* weight : {"model.embed_tokens.weight", "lm_head.weight", "model.layers.0.self_attn.q_proj.weight",
                              "model.layers.0.mlp.down_proj.weight", "model.normalizer.weight",
-                             "model.layers.0.norm.scale", "model.layers.0.mlp.biased_proj.weight"}) {
+                             "model.layers.0.norm.scale"}) {
     EXPECT_FALSE(IsNormWeight(weight)) << weight;
     EXPECT_FALSE(IsBias(weight)) << weight;
     EXPECT_EQ(DecayOf(weight, {}), WeightDecay::kApply) << weight;
@@ -56,6 +60,21 @@ TEST(WeightDecay, NormWeightsAndBiasesByHfName) {
       EXPECT_EQ(ranges[i].end, t.offset_numel + t.numel);
       EXPECT_EQ(ranges[i].decay, t.shape.size() == 1 ? WeightDecay::kNone : WeightDecay::kApply) << t.hf_name;
       EXPECT_EQ(TensorRangesOf(u, {false, false})[i].decay, WeightDecay::kApply) << t.hf_name;
+    }
+  }
+}
+
+// A tensor that is not trainable (gemma4's layer_scalar: an nn.Buffer in HF) gets no range, so no
+// update writes it, weight decay included; the others keep theirs.
+TEST(WeightDecay, BuffersGetNoRange) {
+  auto config = ModelConfig::Preset("tiny-gemma4");
+  ASSERT_TRUE(config.ok());
+  for (const UnitLayout& u : ModelLayout::Build(*config).units) {
+    const std::vector<ElementRange> ranges = TensorRangesOf(u, {});
+    const TensorSlot* scalar = u.Find(kLayerScalar);
+    ASSERT_EQ(ranges.size(), u.tensors.size() - (scalar != nullptr ? 1 : 0)) << u.name;
+    for (const ElementRange& r : ranges) {
+      EXPECT_FALSE(scalar != nullptr && r.begin <= scalar->offset_numel && scalar->offset_numel < r.end) << u.name;
     }
   }
 }

@@ -15,6 +15,7 @@
 #include "common/policy/layer_policy.h"
 #include "common/status/status_macros.h"
 #include "worker/compute/cpu/cpu_worker_pool.h"
+#include "worker/compute/cpu/gemma4_math.h"
 
 namespace slidedp {
 namespace {
@@ -78,6 +79,10 @@ class CpuDeviceBatch final : public DeviceBatch {
   // summed in rank order), which its aux loss and the loss's gradient are formed from.
   mutable std::vector<MoeRouterStats> router_whole;
   mutable double aux_weight = 0;
+  // gemma4: what its units share about this batch beyond the hidden state (per-layer inputs, shared
+  // keys and values, their gradients), from its embedding forward on.
+  mutable std::unique_ptr<Gemma4BatchState<float>> gemma4;
+  const RopeTables& rope() const { return rope_; }
   mutable std::vector<std::vector<int32_t>> routed;  // SetRecordRouting: each sparse layer's top-k
 
  private:
@@ -190,9 +195,12 @@ class CpuBackend final : public ComputeBackend {
   CpuBackend(const ModelConfig& config, const CpuBackendOptions& options, int num_threads)
       : ComputeBackend(config), options_(options), dims_(DecoderDims::From(config)), pool_(num_threads) {
     const ModelLayout layout = ModelLayout::Build(config);
+    embed_unit_ = layout.embedding();
     for (int u = 1; u + 1 < layout.num_units(); ++u) {
       const UnitLayout& unit = layout.units[u];
-      layers_.push_back(Layer{unit, DecoderOffsets::Of(unit), unit.sparse() ? num_sparse_++ : -1});
+      const Gemma4LayerDims gemma4 =
+          config.is_gemma4() ? Gemma4LayerDims::Of(config, unit.decoder_layer) : Gemma4LayerDims{};
+      layers_.push_back(Layer{unit, DecoderOffsets::Of(unit), unit.sparse() ? num_sparse_++ : -1, gemma4});
     }
   }
 
@@ -277,6 +285,18 @@ class CpuBackend final : public ComputeBackend {
   absl::Status EmbeddingForward(const UnitParams& embed, const DeviceBatch& batch, void* out) override {
     ASSIGN_OR_RETURN(const CpuDeviceBatch* b, AsCpu(batch));
     if (embed.bf16 == nullptr || out == nullptr) return absl::InvalidArgumentError("EmbeddingForward: null pointer");
+    if (config_.is_gemma4()) {  // both tables (gemma4_math.h)
+      const std::vector<int32_t> ids = Gemma4EmbeddingTokens(config_, b->batch().tokens.data(), b->num_tokens());
+      b->gemma4 = std::make_unique<Gemma4BatchState<float>>();
+      if (embed.fp32 != nullptr) {
+        Gemma4EmbeddingForward(config_, embed_unit_, embed.fp32, ids.data(), b->num_tokens(), static_cast<float*>(out),
+                               b->gemma4.get(), &pool_);
+      } else {
+        Gemma4EmbeddingForward(config_, embed_unit_, embed.bf16, ids.data(), b->num_tokens(), static_cast<float*>(out),
+                               b->gemma4.get(), &pool_);
+      }
+      return absl::OkStatus();
+    }
     if (embed.fp32 != nullptr) {
       EmbeddingLookup(embed.fp32, b->batch().tokens.data(), b->num_tokens(), dims_.hidden, static_cast<float*>(out),
                       &pool_, dims_.embed_scale);
@@ -289,6 +309,13 @@ class CpuBackend final : public ComputeBackend {
   absl::Status EmbeddingBackward(const void* dout, const DeviceBatch& batch, float* dembed) override {
     ASSIGN_OR_RETURN(const CpuDeviceBatch* b, AsCpu(batch));
     if (dout == nullptr || dembed == nullptr) return absl::InvalidArgumentError("EmbeddingBackward: null pointer");
+    if (config_.is_gemma4()) {
+      if (b->gemma4 == nullptr) return absl::FailedPreconditionError("EmbeddingBackward: the batch had no forward");
+      const std::vector<int32_t> ids = Gemma4EmbeddingTokens(config_, b->batch().tokens.data(), b->num_tokens());
+      Gemma4EmbeddingBackward(config_, embed_unit_, static_cast<const float*>(dout), ids.data(), b->num_tokens(),
+                              *b->gemma4, dembed);
+      return absl::OkStatus();
+    }
     EmbeddingScatterAdd(static_cast<const float*>(dout), b->batch().tokens.data(), b->num_tokens(), dims_.hidden,
                         dembed, dims_.embed_scale);
     return absl::OkStatus();
@@ -309,10 +336,15 @@ class CpuBackend final : public ComputeBackend {
     // Tiled when the batch is longer than a tile and nothing is kept (a kept piece holds every
     // row: the untiled forward, which gives the same outputs bit for bit, fills it). A sparse
     // layer runs whole: its router statistics are the whole batch's.
-    // qwen3_5's and gemma3's layers keep nothing: backward recomputes them from the layer input
-    // (their activations are not the pieces a policy names: the Gated DeltaNet's, the sandwich norms').
+    // qwen3_5's, gemma3's and gemma4's layers keep nothing: backward recomputes them from the layer
+    // input (their activations are not the pieces a policy names: the Gated DeltaNet's, the sandwich
+    // norms', the per-layer inputs').
     if (LayersKeepNothing()) policy = ActPolicy::kRecomputeLayer;
-    if (TileRows(T) < T && (saved == nullptr || policy.keeps_nothing()) && !offs.sparse()) {
+    if (config_.is_gemma4()) {  // untiled; its batch state carries what crosses units
+      if (b->gemma4 == nullptr) return absl::FailedPreconditionError("DecoderForward: the batch had no embedding");
+      Gemma4LayerForward(layer->gemma4, offs, w.data(), Gemma4Geometry(*b, *layer), static_cast<const float*>(x),
+                         b->gemma4.get(), static_cast<float*>(y), &pool_);
+    } else if (TileRows(T) < T && (saved == nullptr || policy.keeps_nothing()) && !offs.sparse()) {
       DecoderForwardTiled(dims_, offs, w.data(), geom, static_cast<const float*>(x), static_cast<float*>(y),
                           TileRows(T), &pool_);
     } else {
@@ -364,6 +396,14 @@ class CpuBackend final : public ComputeBackend {
       }
     }
     ASSIGN_OR_RETURN(const Layer* layer, LayerOf(params, "DecoderBackward"));
+    if (config_.is_gemma4()) {  // recomputed from x, untiled
+      if (b->gemma4 == nullptr) return absl::FailedPreconditionError("DecoderBackward: the batch had no forward");
+      const std::vector<float> w = DecoderWeights(params, *layer);
+      Gemma4LayerBackward(layer->gemma4, layer->offs, w.data(), Gemma4Geometry(*b, *layer),
+                          static_cast<const float*>(x), static_cast<const float*>(dy), static_cast<float*>(dx), dparams,
+                          b->gemma4.get(), &pool_);
+      return ContextStatus("DecoderBackward");
+    }
     const DecoderOffsets& offs = layer->offs;
     const std::vector<float> w = DecoderWeights(params, *layer);
     const TokenGeometry geom = b->geometry();
@@ -503,21 +543,27 @@ class CpuBackend final : public ComputeBackend {
     return absl::OkStatus();
   }
 
-  bool LayersKeepNothing() const { return config_.is_qwen3_5() || config_.is_gemma3(); }
+  bool LayersKeepNothing() const { return config_.is_qwen3_5() || config_.is_gemma3() || config_.is_gemma4(); }
 
   // One decoder layer: its unit's layout and offsets, and its place among the sparse layers.
   struct Layer {
     UnitLayout unit;
     DecoderOffsets offs;
     int sparse_ordinal = -1;  // -1: a dense layer
+    Gemma4LayerDims gemma4;   // gemma4: its sizes and its part in the batch state
   };
+  // A gemma4 layer's geometry: the batch's with its type's RoPE table.
+  static TokenGeometry Gemma4Geometry(const CpuDeviceBatch& b, const Layer& layer) {
+    return Gemma4LayerGeometry(b.geometry(), b.rope(), layer.gemma4.sliding);
+  }
   // The layer a decoder unit's params are: UnitParams::decoder_layer, which a MoE model needs.
   absl::StatusOr<const Layer*> LayerOf(const UnitParams& params, const char* op) const {
     if (layers_.empty()) return absl::FailedPreconditionError(absl::StrCat(op, ": the model has no decoder layers"));
     const int l = params.decoder_layer;
     // A dense model's layers are alike, but for qwen3_5's two mixers and sliding layers beside full ones.
     const int64_t sliding = config_.NumSlidingLayers();
-    const bool alike = !config_.is_qwen3_5() && (sliding == 0 || sliding == config_.num_hidden_layers);
+    const bool alike =
+        !config_.is_qwen3_5() && !config_.is_gemma4() && (sliding == 0 || sliding == config_.num_hidden_layers);
     if (l < 0 && num_sparse_ == 0 && alike) return &layers_[0];
     if (l < 0 || l >= static_cast<int>(layers_.size())) {
       return absl::InvalidArgumentError(absl::StrCat(op, ": decoder layer ", l, " is not one of the model's ",
@@ -649,6 +695,7 @@ class CpuBackend final : public ComputeBackend {
   std::atomic<int64_t> limit_{0};  // SetMemoryLimit; 0: none
   DecoderDims dims_;
   std::vector<Layer> layers_;  // by decoder layer
+  UnitLayout embed_unit_;      // the embedding unit (gemma4's holds two tables)
   int num_sparse_ = 0;
   ContextGroup* context_group_ = nullptr;  // SetContextGroup (not owned)
   CpuWorkerPool pool_;

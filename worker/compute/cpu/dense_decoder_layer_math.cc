@@ -12,6 +12,7 @@
 #include "worker/compute/cpu/dense_reference_math.h"
 #include "worker/compute/cpu/dense_reference_math_internal.h"
 #include "worker/compute/cpu/gated_delta_math.h"
+#include "worker/compute/cpu/gpt_oss_math.h"
 
 namespace slidedp {
 namespace {
@@ -225,6 +226,7 @@ void DecoderAttentionInputs(const DecoderDims& d, const DecoderOffsets& offs, co
     AddBiasRows(w[kKBias], T, kvd, a->k_raw.data());
     AddBiasRows(w[kVBias], T, kvd, a->v.data());
   }
+  if (w[kSinks] != nullptr) a->sinks.assign(w[kSinks], w[kSinks] + d.heads);
   if (w[kQNorm] != nullptr) {
     a->q_rstd.resize(T * d.heads);
     a->k_rstd.resize(T * d.kv_heads);
@@ -248,6 +250,9 @@ void DecoderAttention(const DecoderDims& d, const DecoderOffsets& offs, const To
   a->lse.resize(geom.num_tokens * d.heads);
   AttentionForward(d, geom, offs.attention_window, a->q_rot.data(), a->k_rot.data(), a->v.data(), a->attn.data(),
                    a->lse.data(), pool);
+  if (!a->sinks.empty()) {
+    ApplyAttentionSinks(geom.num_tokens, d.heads, d.head_dim, a->sinks.data(), a->attn.data(), a->lse.data());
+  }
 }
 
 template <typename R>
@@ -261,6 +266,7 @@ void DecoderMlpInputs(const DecoderDims& d, const DecoderOffsets& offs, const R*
     std::copy(a->attn.begin(), a->attn.begin() + T * H, a->h1.begin());
   } else {
     LinearForward(GatedAttention(d, *a, T).data(), w[kOProj], T, d.q_dim(), H, a->h1.data(), pool);
+    if (w[kOBias] != nullptr) AddBiasRows(w[kOBias], T, H, a->h1.data());
   }
   if (d.sandwich_norms) {  // gemma3: the attention output through post_attention_layernorm
     a->attn_out = a->h1;
@@ -403,7 +409,8 @@ void MlpBlockBackward(const DecoderDims& d, const DecoderOffsets& offs, const R*
                         Accumulate::kOverwrite, g[kPostNorm], pool);
     do_proj = dattn_out.data();
   }
-  // o_proj (of the gated attention output, qwen3_5).
+  // o_proj (of the gated attention output, qwen3_5; with gpt_oss's bias).
+  if (g[kOBias] != nullptr) BiasBackward(do_proj, T, H, g[kOBias]);
   const std::vector<R> o_in = GatedAttention(d, a, T);
   LinearBackwardWeight(do_proj, o_in.data(), T, qd, H, g[kOProj], pool);
   LinearBackwardInput(do_proj, w[kOProj], T, qd, H, dattn, Accumulate::kOverwrite, pool);
@@ -483,6 +490,7 @@ DecoderActs<R> TiledAttention(const DecoderDims& d, const DecoderOffsets& offs, 
     std::copy(t.q_rot.begin(), t.q_rot.end(), whole.q_rot.begin() + t0 * qd);
     std::copy(t.k_rot.begin(), t.k_rot.end(), whole.k_rot.begin() + t0 * kvd);
     std::copy(t.v.begin(), t.v.end(), whole.v.begin() + t0 * kvd);
+    whole.sinks = t.sinks;
   }
   DecoderAttention(d, offs, geom, &whole, pool);
   return whole;
@@ -510,6 +518,9 @@ void DecoderBackward(const DecoderDims& d, const DecoderOffsets& offs, const R* 
     return;
   }
   std::vector<R> dq(T * qd), dk(T * kvd), dv(T * kvd);
+  if (g[kSinks] != nullptr) {
+    AttentionSinksBackward(T, d.heads, d.head_dim, w[kSinks], a.attn.data(), a.lse.data(), dattn.data(), g[kSinks]);
+  }
   AttentionBackward(d, geom, offs.attention_window, a.q_rot.data(), a.k_rot.data(), a.v.data(), a.attn.data(),
                     a.lse.data(), dattn.data(), dq.data(), dk.data(), dv.data(), pool);
   dattn = {};
@@ -570,6 +581,10 @@ void DecoderBackwardTiled(const DecoderDims& d, const DecoderOffsets& offs, cons
                      nullptr, pool);
   }
   std::vector<R> dq(T * qd), dk(T * kvd), dv(T * kvd);
+  if (g[kSinks] != nullptr) {
+    AttentionSinksBackward(T, d.heads, d.head_dim, w[kSinks], whole.attn.data(), whole.lse.data(), dattn.data(),
+                           g[kSinks]);
+  }
   AttentionBackward(d, geom, offs.attention_window, whole.q_rot.data(), whole.k_rot.data(), whole.v.data(),
                     whole.attn.data(), whole.lse.data(), dattn.data(), dq.data(), dk.data(), dv.data(), pool);
   dattn = {};

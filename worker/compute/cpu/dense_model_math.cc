@@ -11,6 +11,7 @@
 #include "common/numeric/bf16.h"
 #include "worker/compute/cpu/dense_reference_math.h"
 #include "worker/compute/cpu/dense_reference_math_internal.h"
+#include "worker/compute/cpu/gemma4_math.h"
 
 namespace slidedp {
 namespace {
@@ -192,6 +193,7 @@ double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vecto
                          const std::vector<MicroBatch>& batches, double loss_scale,
                          std::vector<std::vector<R>>* unit_grads, CpuWorkerPool* pool, double router_aux_weight) {
   const ModelConfig& c = layout.config;
+  if (c.is_gemma4()) return Gemma4ModelLossAndGrads(layout, unit_params, batches, loss_scale, unit_grads, pool);
   const DecoderDims dims = DecoderDims::From(c);
   const int num_units = layout.num_units();
   // qwen3_5's and gemma3's (1 + w) norms: the math reads 1 + w (AddNormWeightOffsets); gradients are w's.

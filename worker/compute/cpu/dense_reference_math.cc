@@ -207,6 +207,7 @@ RopeTables BuildRopeTables(const std::vector<int32_t>& positions, const ModelCon
                                    static_cast<float>(config.RopeAttentionScaling(AttentionSpan::kSliding)));
     r.sliding_cos = std::move(s.cos);
     r.sliding_sin = std::move(s.sin);
+    r.sliding_half = s.half;
   }
   return r;
 }

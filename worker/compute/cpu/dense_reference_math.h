@@ -16,6 +16,8 @@
 // input rms_pr(h) (the sandwich norms: post_attention, pre_feedforward, post_feedforward); scores scaled by
 // query_pre_attn_scalar^-0.5; sliding layers rotating with their own RoPE (TokenGeometry's sliding tables); logits
 // cap * tanh(logits / cap) where final_logit_softcapping is set.
+// gpt_oss (HF GptOssDecoderLayer) differs in: biases on q/k/v and o_proj; a learned sink logit per head in each
+// attention softmax; a MoE block of its own in every layer (gpt_oss_math.h, through MoeBlockForward).
 //
 // Every reduction is computed by one thread in a fixed order, so results are deterministic and
 // independent of the thread count. Backward ops ADD into parameter gradients; per-call partial
@@ -119,6 +121,7 @@ struct RopeTables {
   // gemma3: the sliding layers' own tables (ModelConfig::has_sliding_rope; empty otherwise).
   std::vector<float> sliding_cos;
   std::vector<float> sliding_sin;
+  int64_t sliding_half = 0;  // their width: half's but in gemma4, whose layer types differ in head_dim
 };
 RopeTables BuildRopeTables(const std::vector<int32_t>& positions, const std::vector<float>& inv_freq,
                            float attention_scaling);
@@ -265,6 +268,9 @@ struct DecoderActs {
   bool linear_mixer = false;
   LinearAttentionActs<R> linear;
   std::vector<R> shared_gate, shared_up, shared_logit;
+  // gpt_oss: its layer's attention sinks [heads] (self_attn.sinks, copied by DecoderAttentionInputs),
+  // which DecoderAttention folds into attn and lse (gpt_oss_math.h: ApplyAttentionSinks).
+  std::vector<R> sinks;
   // A sparse layer's MoE block (in place of gate/up): its activations and output [T, hidden]
   // (before the residual). Not counted by num_elements: the CPU backend recomputes them.
   MoeActs<R> moe;
@@ -352,7 +358,8 @@ double HeadLossAndGrad(const DecoderDims& dims, const R* norm_w, const W* lm_hea
 // With tied embeddings the LM head reads (and adds its gradient into) the embedding unit.
 // Returns sum over micro-batches and trained tokens of loss_scale * CE, plus, in a MoE model,
 // router_aux_weight * the load-balancing loss of each micro-batch (LoadBalancingLoss over its
-// sparse layers), whose gradient the backward includes. Batches must be valid.
+// sparse layers), whose gradient the backward includes. Batches must be valid. gemma4's model is
+// gemma4_math.h's (Gemma4ModelLossAndGrads), which this calls.
 template <typename R>
 double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vector<R>>& unit_params,
                          const std::vector<MicroBatch>& batches, double loss_scale,

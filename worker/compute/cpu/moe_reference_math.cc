@@ -11,6 +11,7 @@
 #include "common/status/status_macros.h"
 #include "worker/compute/cpu/dense_reference_math.h"
 #include "worker/compute/cpu/dense_reference_math_internal.h"
+#include "worker/compute/cpu/gpt_oss_math.h"
 
 namespace slidedp {
 namespace {
@@ -66,6 +67,7 @@ MoeDims MoeDims::Of(const ModelConfig& c) {
   d.num_experts = c.num_experts;
   d.top_k = c.num_experts_per_tok;
   d.norm_topk_prob = c.norm_topk_prob;
+  d.gpt_oss = c.is_gpt_oss();
   return d;
 }
 
@@ -74,6 +76,17 @@ MoeOffsets MoeOffsets::InUnit(const UnitLayout& unit) {
   const TensorSlot* router = unit.Find(kRouter);
   if (!unit.sparse() || router == nullptr) return o;  // a dense unit: no block
   o.router = router->offset_numel;
+  if (unit.experts.tensors_per_expert == kNumGptOssExpertTensors) {  // gpt_oss
+    o.router_bias = unit.Find(kRouterBias)->offset_numel;
+    o.gate = unit.FindExpert(0, kGptOssGateUp)->offset_numel;
+    o.gate_up_bias = unit.FindExpert(0, kGptOssGateUpBias)->offset_numel;
+    o.down = unit.FindExpert(0, kGptOssDown)->offset_numel;
+    o.down_bias = unit.FindExpert(0, kGptOssDownBias)->offset_numel;
+    o.gate_up_expert_stride = unit.ExpertNumel();
+    o.down_expert_stride = unit.ExpertNumel();
+    o.block_numel = unit.numel;
+    return o;
+  }
   o.gate = unit.FindExpert(0, kExpertGateProj)->offset_numel;
   o.up = unit.FindExpert(0, kExpertUpProj)->offset_numel;
   o.down = unit.FindExpert(0, kExpertDownProj)->offset_numel;
@@ -237,6 +250,7 @@ void MoeRoute(const MoeDims& d, const MoeOffsets& offs, const R* params, const R
 template <typename R>
 void MoeBlockForward(const MoeDims& d, const MoeOffsets& offs, const R* params, const R* x, int64_t T, R* y,
                      MoeActs<R>* a, CpuWorkerPool* pool) {
+  if (d.gpt_oss) return GptOssMoeForward(d, offs, params, x, T, y, a, pool);
   const int64_t H = d.hidden, I = d.intermediate, E = d.num_experts, k = d.top_k, rows = T * k;
   MoeRoute(d, offs, params, x, T, a, pool);
   a->perm = BuildMoePermutation(a->topk_expert.data(), T, k, E);
@@ -293,6 +307,7 @@ template <typename R>
 void MoeBlockBackward(const MoeDims& d, const MoeOffsets& offs, const R* params, const R* x, int64_t T,
                       const MoeActs<R>& a, const R* dy, const double* aux_prob_grad, R* dx, R* dparams,
                       CpuWorkerPool* pool) {
+  if (d.gpt_oss) return GptOssMoeBackward(d, offs, params, x, T, a, dy, aux_prob_grad, dx, dparams, pool);
   const int64_t H = d.hidden, I = d.intermediate, E = d.num_experts, k = d.top_k, rows = T * k;
   const MoePermutation& perm = a.perm;
 

@@ -63,6 +63,12 @@ struct MoeDims {
   int64_t num_experts = 0;       // num_experts
   int64_t top_k = 0;             // num_experts_per_tok, 1 <= top_k <= num_experts
   bool norm_topk_prob = true;    // norm_topk_prob: renormalise the k selected probabilities
+  // gpt_oss's block (GptOssMLP; gpt_oss_math.h): a biased router whose weights are the softmax of the
+  // top-k logits, experts with biases and a SwiGLU clamped at swiglu_limit, alpha swiglu_alpha
+  // (GptOssExperts' constants). MoeBlockForward / MoeBlockBackward hand such a block to it.
+  bool gpt_oss = false;
+  double swiglu_alpha = 1.702;
+  double swiglu_limit = 7.0;
   // A qwen3_moe model's sizes (ModelConfig's MoE fields).
   static MoeDims Of(const ModelConfig& config);
 };
@@ -78,6 +84,14 @@ struct MoeOffsets {
   int64_t down = 0;
   int64_t down_expert_stride = 0;
   int64_t block_numel = 0;
+  // gpt_oss (MoeDims::gpt_oss): the router's bias [E] and each expert's biases, gate_up [2I] at
+  // gate_up_bias_at(e) and down [H] at down_bias_at(e) (-1: none). Its gate_at(e) is the fused
+  // gate_up [H, 2I] (x @ W, gate in the even columns), down_at(e) [I, H]; `up` is unused.
+  int64_t router_bias = -1;
+  int64_t gate_up_bias = -1;
+  int64_t down_bias = -1;
+  int64_t gate_up_bias_at(int64_t e) const { return gate_up_bias + e * gate_up_expert_stride; }
+  int64_t down_bias_at(int64_t e) const { return down_bias + e * down_expert_stride; }
 
   int64_t gate_at(int64_t e) const { return gate + e * gate_up_expert_stride; }
   int64_t up_at(int64_t e) const { return up + e * gate_up_expert_stride; }

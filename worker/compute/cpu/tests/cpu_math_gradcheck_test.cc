@@ -1,6 +1,6 @@
 // Finite-difference checks of the reference math in double: the analytic gradients of a whole
 // small model (embedding -> 2 decoder layers -> head, two packed micro-batches) against central
-// differences of the scalar loss, every family (gemma3 included), sliding windows included, plus
+// differences of the scalar loss, every family (gemma3 and gpt_oss included), sliding windows included, plus
 // per-op convention checks (RoPE pairing, head chunking).
 #include <algorithm>
 #include <cmath>
@@ -159,7 +159,11 @@ INSTANTIATE_TEST_SUITE_P(
                       // gemma3: sandwich norms, GeGLU, scaled embedding, two
                       // RoPEs, window 3 beside a full layer, capped logits.
                       GradCheckCase{"gemma3_tied_softcap", testing::AwkwardGemma3Config(true)},
-                      GradCheckCase{"gemma3_untied", testing::AwkwardGemma3Config(false, 0)}),
+                      GradCheckCase{"gemma3_untied", testing::AwkwardGemma3Config(false, 0)},
+                      // gpt_oss: sinks, q/k/v/o biases, window 3 beside a full layer,
+                      // YaRN, the biased router and experts (with the aux loss).
+                      GradCheckCase{"gpt_oss_untied", testing::AwkwardGptOssConfig(false)},
+                      GradCheckCase{"gpt_oss_aux_tied", testing::AwkwardGptOssConfig(true), 0.5}),
     [](const auto& info) { return info.param.name; });
 
 // dL/dx of one decoder layer for L = sum(c * y), against central differences on x.

@@ -100,6 +100,26 @@ inline ModelConfig AwkwardGemma3Config(bool tied, double softcap = 2) {
   return c;
 }
 
+// The awkward shape as gpt_oss: layer 0 sliding over 3 keys, layer 1 full; q/k/v/o biases and
+// sinks; 5 experts of width 12 (top-2) with biases; YaRN factor 4 over 64 positions, not truncated.
+inline ModelConfig AwkwardGptOssConfig(bool tied) {
+  ModelConfig c = AwkwardConfig(tied);
+  c.family = ModelFamily::kGptOss;
+  c.sliding_window = 3;
+  c.layer_spans = {AttentionSpan::kSliding, AttentionSpan::kFull};
+  c.intermediate_size = 12;
+  c.num_experts = 5;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 12;
+  c.norm_topk_prob = true;
+  c.expert_storage = ExpertStorage::kFused;
+  c.rope_scaling.type = RopeScaling::Type::kYarn;
+  c.rope_scaling.factor = 4;
+  c.rope_scaling.original_max_position_embeddings = 64;
+  c.rope_scaling.truncate = false;
+  return c;
+}
+
 inline ModelConfig TinyConfig() { return ModelConfig::Preset("tiny").value(); }
 
 // Random parameters in ModelLayout order: norm weights 1 + 0.2 N(0,1), biases 0.2 N(0,1), matrices N(0, 1/in) so
