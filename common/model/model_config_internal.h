@@ -25,7 +25,8 @@ const char* RopeTypeName(RopeScaling::Type type);
 absl::Status ParseRope(const nlohmann::json& j, ModelConfig* c, absl::string_view label = "");
 // qwen3_moe's MoE fields (and qwen3_5_moe's, which it shares) with Qwen3MoeConfig's defaults.
 absl::Status ParseMoe(const nlohmann::json& j, ModelConfig* c);
-// Refuses a key of `j` not in `known` (keys starting with "_" pass), naming `where` + key.
+// Refuses a key of `j` not in `known` nor among PreTrainedConfig's bookkeeping fields (use_cache,
+// architectures, id2label, ...; keys starting with "_" pass), naming `where` + key.
 absl::Status RefuseUnknownKeys(const nlohmann::json& j, absl::Span<const char* const> known, absl::string_view where,
                                absl::string_view model_type);
 // The multimodal wrapper's own keys (qwen3_5, qwen3_5_moe).

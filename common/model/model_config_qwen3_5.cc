@@ -31,13 +31,7 @@ constexpr const char* kQwen3_5TextKeys[] = {
     // the dtype inference engines cache the Gated DeltaNet's state in (the released configs say
     // float32); training here keeps the state in FP32 throughout, as HF's torch path does
     "mamba_ssm_dtype",
-    // generation and bookkeeping (no effect on the training math)
-    "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "architectures",
-    "output_attentions", "output_hidden_states", "return_dict", "use_return_dict", "torchscript", "is_decoder",
-    "is_encoder_decoder", "add_cross_attention", "tie_encoder_decoder", "chunk_size_feed_forward", "problem_type",
-    "id2label", "label2id", "tokenizer_class", "prefix", "task_specific_params", "finetuning_task", "base_config_key",
-    "name_or_path", "sep_token_id", "decoder_start_token_id", "cross_attention_hidden_size", "pruned_heads",
-    "use_sliding_window", "sliding_window", "max_window_layers",
+    "pad_token_id", "use_sliding_window", "sliding_window", "max_window_layers",
 };
 
 // The wrapper of the multimodal layout (Qwen3_5Config / Qwen3_5MoeConfig): its own keys; the
@@ -50,11 +44,24 @@ constexpr const char* kQwen3_5WrapperKeys[] = {
     "name_or_path", "tokenizer_class",
 };
 
+// PreTrainedConfig's generation and bookkeeping fields, which every saved config may carry and none
+// changes the training math: known to every family's whitelist.
+constexpr const char* kBookkeepingKeys[] = {
+    "use_cache", "bos_token_id", "eos_token_id", "transformers_version", "architectures", "output_attentions",
+    "output_hidden_states", "return_dict", "use_return_dict", "torchscript", "is_decoder", "is_encoder_decoder",
+    "add_cross_attention", "tie_encoder_decoder", "chunk_size_feed_forward", "problem_type", "id2label", "label2id",
+    "tokenizer_class", "prefix", "task_specific_params", "finetuning_task", "base_config_key", "name_or_path",
+    "sep_token_id", "decoder_start_token_id", "cross_attention_hidden_size", "pruned_heads",
+};
+
 absl::Status RefuseUnknownKeys(const nlohmann::json& j, absl::Span<const char* const> known, absl::string_view where,
                                absl::string_view model_type) {
+  auto in = [](absl::Span<const char* const> keys, const std::string& k) {
+    return std::find_if(keys.begin(), keys.end(), [&](const char* n) { return k == n; }) != keys.end();
+  };
   for (const auto& [k, v] : j.items()) {
     if (absl::StartsWith(k, "_")) continue;  // HF's private bookkeeping (_name_or_path, _attn_implementation...)
-    if (std::find_if(known.begin(), known.end(), [&](const char* n) { return k == n; }) != known.end()) continue;
+    if (in(known, k) || in(kBookkeepingKeys, k)) continue;
     return Refuse(absl::StrCat(where, k), absl::StrCat("is not implemented by this build for ", model_type,
                                                        " (a field it does not know could change the model's math)"));
   }
