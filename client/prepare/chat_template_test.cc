@@ -242,7 +242,7 @@ TEST(ChatTemplate, Qwen3_5MatchesJinja2OnEveryCase) {
 }
 
 TEST(ChatTemplate, Qwen3_5ThinkBlocksAreTrainedAfterTheLastQueryOnly) {
-  const ChatFormat f{ChatTemplate::kQwen3_5, "", ""};
+  const ChatFormat f{ChatTemplate::kQwen3_5, "", "", ""};
   const json chat = json::parse(R"([{"role": "user", "content": "Q1"},
       {"role": "assistant", "content": "A1", "reasoning_content": "R1"},
       {"role": "user", "content": "Q2"},
@@ -263,7 +263,7 @@ TEST(ChatTemplate, Qwen3_5ThinkBlocksAreTrainedAfterTheLastQueryOnly) {
   EXPECT_THAT(std::string(no_query.status().message()), HasSubstr("No user query found in messages."));
   // A generation prompt opens the think block (the small models' copy closes an empty one).
   auto prompt = [](ChatTemplate t) {
-    auto s = RenderChat(json::parse(R"([{"role": "user", "content": "Q"}])"), {t, "", ""}, LossOn::kAll,
+    auto s = RenderChat(json::parse(R"([{"role": "user", "content": "Q"}])"), {t, "", "", ""}, LossOn::kAll,
                         GenerationPrompt::kAppend);
     EXPECT_TRUE(s.ok()) << s.status();
     return s->back().text;
@@ -408,13 +408,13 @@ TEST(ChatTemplate, WronglyTypedConfigFieldsAreErrorsNamingTheKey) {
 TEST(ChatTemplate, ToolCallsAreRefusedWhereTheTemplateWouldRenderThem) {
   const json with_null = json::parse(R"([{"role": "user", "content": "q"},
                                          {"role": "assistant", "content": "a", "tool_calls": null}])");
-  auto llama = RenderChat(with_null, {ChatTemplate::kLlama3_1, "<|begin_of_text|>", "26 Jul 2024"}, LossOn::kAssistant);
+  auto llama = RenderChat(with_null, {ChatTemplate::kLlama3_1, "<|begin_of_text|>", "26 Jul 2024", ""}, LossOn::kAssistant);
   EXPECT_EQ(llama.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(llama.status().message()), HasSubstr("messages[1].tool_calls"));
-  EXPECT_TRUE(RenderChat(with_null, {ChatTemplate::kQwen2_5, "", ""}, LossOn::kAssistant).ok());
+  EXPECT_TRUE(RenderChat(with_null, {ChatTemplate::kQwen2_5, "", "", ""}, LossOn::kAssistant).ok());
   const json with_call = json::parse(R"([{"role": "user", "content": "q"},
                                          {"role": "assistant", "content": "", "tool_calls": [{"function": {}}]}])");
-  auto qwen = RenderChat(with_call, {ChatTemplate::kQwen2_5, "", ""}, LossOn::kAssistant);
+  auto qwen = RenderChat(with_call, {ChatTemplate::kQwen2_5, "", "", ""}, LossOn::kAssistant);
   EXPECT_THAT(std::string(qwen.status().message()), HasSubstr("messages[1].tool_calls"));
 }
 

@@ -26,7 +26,7 @@ using json = nlohmann::json;
 using test_data::Qwen3;
 using ::testing::HasSubstr;
 
-const ChatFormat kQwen3Format{ChatTemplate::kQwen3, "", ""};
+const ChatFormat kQwen3Format{ChatTemplate::kQwen3, "", "", ""};
 
 std::string TempPath(const std::string& name) {
   return ::testing::TempDir() + "/input_formats_test_" + std::to_string(::getpid()) + "_" + name;

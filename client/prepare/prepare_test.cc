@@ -57,7 +57,7 @@ const json kChat = json::parse(R"([
   {"role": "user", "content": "2+2?"},
   {"role": "assistant", "content": "4"}])");
 
-const ChatFormat kQwen3Format{ChatTemplate::kQwen3, "", ""};
+const ChatFormat kQwen3Format{ChatTemplate::kQwen3, "", "", ""};
 
 TEST(ChatTemplate, ResolvesQwen3FromTheModelsConfig) {
   std::ifstream in(ModelDir() + "/tokenizer_config.json");

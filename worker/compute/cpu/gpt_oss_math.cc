@@ -10,25 +10,13 @@
 #include <vector>
 
 #include "worker/compute/cpu/dense_reference_math.h"
+#include "worker/compute/cpu/moe_token_loops.h"
 
 namespace slidedp {
 namespace {
 
-// Tokens per parallel range of the per-token loops (router, combine): each token is cheap.
-constexpr int64_t kMinTokensPerRange = 16;
-
-template <typename R>
-inline R DotSerial(const R* a, const R* b, int64_t n) {
-  R acc = 0;
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
-}
-
-// The grouped rows of token t (its k slots) in ascending row order: ascending expert order.
-inline void RowsOfToken(const MoePermutation& perm, int64_t t, int64_t k, int64_t* rows) {
-  std::copy_n(perm.row_of_slot.data() + t * k, k, rows);
-  std::sort(rows, rows + k);
-}
+using moe_loops::DotSerial;
+using moe_loops::kMinTokensPerRange;
 
 // y[n, O] = x[n, K] W[K, O] (W stored [in, out], as transformers' experts are): dense_reference_math's
 // dx = dy W with dy := x.
@@ -174,27 +162,7 @@ void GptOssMoeForward(const MoeDims& d, const MoeOffsets& offs, const R* params,
   }
 
   // Combine: y[t] = sum of w * expert_out over the token's rows in ascending expert order.
-  ParallelRanges(pool, T, kMinTokensPerRange, [&](int64_t t0, int64_t t1) {
-    std::vector<int64_t> token_rows(k);
-    for (int64_t t = t0; t < t1; ++t) {
-      RowsOfToken(perm, t, k, token_rows.data());
-      R* yr = y + t * H;
-      std::fill(yr, yr + H, R(0));
-      for (int64_t r : token_rows) {
-        const R w = a->topk_weight[t * k + perm.slot_index[r]];
-        const R* o = a->expert_out.data() + r * H;
-        for (int64_t i = 0; i < H; ++i) yr[i] += o[i] * w;
-      }
-    }
-  });
-
-  MoeRouterStats& st = a->stats;
-  st.num_tokens = T;
-  st.expert_counts = perm.expert_counts;
-  st.prob_sums.assign(E, 0.0);
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t e = 0; e < E; ++e) st.prob_sums[e] += static_cast<double>(a->router_probs[t * E + e]);
-  }
+  moe_loops::CombineAndRecord(perm, T, k, H, E, a, y, pool);
 }
 
 template <typename R>
@@ -280,18 +248,7 @@ void GptOssMoeBackward(const MoeDims& d, const MoeOffsets& offs, const R* params
   LinearBackwardInput(dz.data(), params + offs.router, T, H, E, dx_acc.data(), Accumulate::kOverwrite, pool);
 
   // dx = router term + the token's expert terms in ascending expert order.
-  ParallelRanges(pool, T, kMinTokensPerRange, [&](int64_t t0, int64_t t1) {
-    std::vector<int64_t> token_rows(k);
-    for (int64_t t = t0; t < t1; ++t) {
-      RowsOfToken(perm, t, k, token_rows.data());
-      R* acc = dx_acc.data() + t * H;
-      for (int64_t r : token_rows) {
-        const R* g = dxg.data() + r * H;
-        for (int64_t i = 0; i < H; ++i) acc[i] += g[i];
-      }
-      std::copy_n(acc, H, dx + t * H);
-    }
-  });
+  moe_loops::GatherTokenGrads(perm, T, k, H, dxg.data(), dx_acc.data(), dx, pool);
 }
 
 #define SLIDEDP_INSTANTIATE_GPT_OSS(R)                                                                               \
