@@ -51,26 +51,10 @@ void GptOssRoute(const MoeDims& d, const MoeOffsets& offs, const R* params, cons
     for (int64_t t = t0; t < t1; ++t) {
       R* z = a->router_logits.data() + t * E;
       for (int64_t e = 0; e < E; ++e) z[e] += bias[e];
-      R* p = a->router_probs.data() + t * E;
-      R mx = z[0];
-      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, z[e]);
-      R sum = 0;
-      for (int64_t e = 0; e < E; ++e) {
-        p[e] = std::exp(z[e] - mx);
-        sum += p[e];
-      }
-      for (int64_t e = 0; e < E; ++e) p[e] = p[e] / sum;
-      // Top-k of the logits by repeated arg-max; the strict '>' keeps the lower index on ties.
+      moe_loops::SoftmaxRow(z, E, a->router_probs.data() + t * E);
+      // Top-k of the logits (not of the probabilities: the same order, HF's operands).
       int32_t* sel = a->topk_expert.data() + t * k;
-      std::fill(taken.begin(), taken.end(), 0);
-      for (int64_t j = 0; j < k; ++j) {
-        int64_t best = -1;
-        for (int64_t e = 0; e < E; ++e) {
-          if (!taken[e] && (best < 0 || z[e] > z[best])) best = e;
-        }
-        taken[best] = 1;
-        sel[j] = static_cast<int32_t>(best);
-      }
+      moe_loops::TopKByArgMax(z, E, k, taken, sel);
       // softmax over the k selected logits; the first is their largest.
       R* w = a->topk_weight.data() + t * k;
       R wsum = 0;

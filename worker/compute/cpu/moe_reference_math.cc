@@ -208,26 +208,9 @@ void MoeRoute(const MoeDims& d, const MoeOffsets& offs, const R* params, const R
     for (int64_t t = t0; t < t1; ++t) {
       const R* z = a->router_logits.data() + t * E;
       R* p = a->router_probs.data() + t * E;
-      R mx = z[0];
-      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, z[e]);
-      R sum = 0;
-      for (int64_t e = 0; e < E; ++e) {
-        p[e] = std::exp(z[e] - mx);
-        sum += p[e];
-      }
-      for (int64_t e = 0; e < E; ++e) p[e] = p[e] / sum;
-
-      // Top-k by repeated arg-max; the strict '>' keeps the lower index on equal values.
+      moe_loops::SoftmaxRow(z, E, p);
       int32_t* sel = a->topk_expert.data() + t * k;
-      std::fill(taken.begin(), taken.end(), 0);
-      for (int64_t j = 0; j < k; ++j) {
-        int64_t best = -1;
-        for (int64_t e = 0; e < E; ++e) {
-          if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
-        }
-        taken[best] = 1;
-        sel[j] = static_cast<int32_t>(best);
-      }
+      moe_loops::TopKByArgMax(p, E, k, taken, sel);
       R* w = a->topk_weight.data() + t * k;
       const R s = d.norm_topk_prob ? SelectedProbSum(p, sel, k) : R(1);
       for (int64_t j = 0; j < k; ++j) w[j] = d.norm_topk_prob ? p[sel[j]] / s : p[sel[j]];

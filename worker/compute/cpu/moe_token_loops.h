@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -28,6 +29,34 @@ inline R DotSerial(const R* a, const R* b, int64_t n) {
 inline void RowsOfToken(const MoePermutation& perm, int64_t t, int64_t k, int64_t* rows) {
   std::copy_n(perm.row_of_slot.data() + t * k, k, rows);
   std::sort(rows, rows + k);
+}
+
+// p = softmax(z) over E values (max-subtracted, summed in order).
+template <typename R>
+void SoftmaxRow(const R* z, int64_t E, R* p) {
+  R mx = z[0];
+  for (int64_t e = 1; e < E; ++e) mx = std::max(mx, z[e]);
+  R sum = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    p[e] = std::exp(z[e] - mx);
+    sum += p[e];
+  }
+  for (int64_t e = 0; e < E; ++e) p[e] = p[e] / sum;
+}
+
+// The k largest of v[0..E) by repeated arg-max, largest first; the strict '>' keeps the lower index
+// on equal values (torch.topk's order here). `taken`: E scratch flags.
+template <typename R>
+void TopKByArgMax(const R* v, int64_t E, int64_t k, std::vector<char>& taken, int32_t* sel) {
+  std::fill(taken.begin(), taken.end(), 0);
+  for (int64_t j = 0; j < k; ++j) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      if (!taken[e] && (best < 0 || v[e] > v[best])) best = e;
+    }
+    taken[best] = 1;
+    sel[j] = static_cast<int32_t>(best);
+  }
 }
 
 // y[t] = sum of topk_weight * expert_out over the token's rows, in ascending expert order; then the

@@ -205,4 +205,19 @@ inline double RelativeL2(const std::vector<double>& a, const std::vector<double>
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
 }
 
+// Written-out references the family math tests share (HF's layers in double):
+// y[T, out] = x[T, in] Wᵀ with W [out, in] (nn.Linear without bias).
+inline std::vector<double> RefLinear(const std::vector<double>& x, const double* w, int64_t T, int64_t in,
+                                     int64_t out) {
+  std::vector<double> y(T * out, 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) y[t * out + o] += x[t * in + i] * w[o * in + i];
+  return y;
+}
+// PyTorch's gelu(approximate="tanh"), straight from its definition.
+inline double RefGeluTanh(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
 }  // namespace slidedp::testing

@@ -23,19 +23,16 @@ using testing::AwkwardGemma3Config;
 using testing::MakeBatch;
 using testing::RandomNormals;
 using testing::RandomUnitParams;
-
-// PyTorch's gelu(approximate="tanh"), straight from its definition.
-double GeluTanhByDefinition(double x) {
-  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-}
+using testing::RefGeluTanh;
+using testing::RefLinear;
 
 TEST(Gemma3Ops, GeluTanhAndItsDerivative) {
   for (double x : {-7.5, -3.0, -1.0, -0.3, 0.0, 1e-3, 0.5, 1.7, 4.0, 9.0}) {
-    EXPECT_NEAR(dense_math::GeluTanh(x), GeluTanhByDefinition(x), 1e-15 * (1 + std::fabs(x))) << x;
+    EXPECT_NEAR(dense_math::GeluTanh(x), RefGeluTanh(x), 1e-15 * (1 + std::fabs(x))) << x;
     const double h = 1e-6;
-    const double fd = (GeluTanhByDefinition(x + h) - GeluTanhByDefinition(x - h)) / (2 * h);
+    const double fd = (RefGeluTanh(x + h) - RefGeluTanh(x - h)) / (2 * h);
     EXPECT_NEAR(dense_math::GeluTanhGrad(x), fd, 1e-8) << x;
-    EXPECT_NEAR(dense_math::GeluTanh(static_cast<float>(x)), GeluTanhByDefinition(x), 2e-6 * (1 + std::fabs(x))) << x;
+    EXPECT_NEAR(dense_math::GeluTanh(static_cast<float>(x)), RefGeluTanh(x), 2e-6 * (1 + std::fabs(x))) << x;
   }
 }
 
@@ -48,14 +45,6 @@ std::vector<double> GemmaNorm(const double* x, const double* w, int64_t rows, in
     const double rs = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
     for (int64_t i = 0; i < n; ++i) y[r * n + i] = x[r * n + i] * rs * (1.0 + w[i]);
   }
-  return y;
-}
-
-std::vector<double> Linear(const std::vector<double>& x, const double* w, int64_t T, int64_t in, int64_t out) {
-  std::vector<double> y(T * out, 0.0);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t o = 0; o < out; ++o)
-      for (int64_t i = 0; i < in; ++i) y[t * out + o] += x[t * in + i] * w[o * in + i];
   return y;
 }
 
@@ -82,8 +71,8 @@ std::vector<double> HfGemma3Layer(const ModelConfig& c, const UnitLayout& u, con
   const double eps = c.rms_norm_eps;
   auto w = [&](DecoderTensor t) { return p.data() + u.Find(t)->offset_numel; };
   const std::vector<double> xn = GemmaNorm(x.data(), w(kInputNorm), T, H, eps);
-  std::vector<double> q = Linear(xn, w(kQProj), T, H, nh * hd), k = Linear(xn, w(kKProj), T, H, nkv * hd);
-  const std::vector<double> v = Linear(xn, w(kVProj), T, H, nkv * hd);
+  std::vector<double> q = RefLinear(xn, w(kQProj), T, H, nh * hd), k = RefLinear(xn, w(kKProj), T, H, nkv * hd);
+  const std::vector<double> v = RefLinear(xn, w(kVProj), T, H, nkv * hd);
   q = GemmaNorm(q.data(), w(kQNorm), T * nh, hd, eps);
   k = GemmaNorm(k.data(), w(kKNorm), T * nkv, hd, eps);
   const bool sliding = u.attention_window > 0;
@@ -114,13 +103,13 @@ std::vector<double> HfGemma3Layer(const ModelConfig& c, const UnitLayout& u, con
           attn[(i * nh + h) * hd + e] += std::exp(s[j] - mx) / sum * v[(j * nkv + g) * hd + e];
     }
   }
-  std::vector<double> h1 = GemmaNorm(Linear(attn, w(kOProj), T, nh * hd, H).data(), w(kPostNorm), T, H, eps);
+  std::vector<double> h1 = GemmaNorm(RefLinear(attn, w(kOProj), T, nh * hd, H).data(), w(kPostNorm), T, H, eps);
   for (int64_t i = 0; i < T * H; ++i) h1[i] += x[i];
   const std::vector<double> hn = GemmaNorm(h1.data(), w(kPreFfnNorm), T, H, eps);
-  const std::vector<double> gate = Linear(hn, w(kGateProj), T, H, I), up = Linear(hn, w(kUpProj), T, H, I);
+  const std::vector<double> gate = RefLinear(hn, w(kGateProj), T, H, I), up = RefLinear(hn, w(kUpProj), T, H, I);
   std::vector<double> m(T * I);
-  for (int64_t i = 0; i < T * I; ++i) m[i] = GeluTanhByDefinition(gate[i]) * up[i];
-  std::vector<double> y = GemmaNorm(Linear(m, w(kDownProj), T, I, H).data(), w(kPostFfnNorm), T, H, eps);
+  for (int64_t i = 0; i < T * I; ++i) m[i] = RefGeluTanh(gate[i]) * up[i];
+  std::vector<double> y = GemmaNorm(RefLinear(m, w(kDownProj), T, I, H).data(), w(kPostFfnNorm), T, H, eps);
   for (int64_t i = 0; i < T * H; ++i) y[i] += h1[i];
   return y;
 }

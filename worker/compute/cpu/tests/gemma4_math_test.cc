@@ -28,6 +28,8 @@ using testing::AwkwardConfig;
 using testing::MakeBatch;
 using testing::RandomNormals;
 using testing::RandomUnitParams;
+using testing::RefGeluTanh;
+using testing::RefLinear;
 
 // The awkward shape as gemma4, every feature on: five layers sliding (window 3), full, sliding,
 // sliding, full; the full layers with head_dim 12 (sliding 8) and 3 kv heads (sliding 2) whose values
@@ -80,16 +82,6 @@ std::vector<double> Norm(const double* x, const double* w, int64_t rows, int64_t
   }
   return y;
 }
-
-std::vector<double> Linear(const std::vector<double>& x, const double* w, int64_t T, int64_t in, int64_t out) {
-  std::vector<double> y(T * out, 0.0);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t o = 0; o < out; ++o)
-      for (int64_t i = 0; i < in; ++i) y[t * out + o] += x[t * in + i] * w[o * in + i];
-  return y;
-}
-
-double Gelu(double x) { return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))); }
 
 // Gemma4TextRotaryEmbedding's inverse frequencies for one layer type, in float32 as torch computes
 // them: compute_default_rope_parameters (every pair of head_dim) or _compute_proportional_rope_
@@ -155,15 +147,15 @@ std::vector<double> HfLayer(const ModelConfig& c, const UnitLayout& u, const std
   const bool sliding = c.IsSlidingLayer(l);
   auto w = [&](DecoderTensor t) { return u.Find(t) != nullptr ? p.data() + u.Find(t)->offset_numel : nullptr; };
   const std::vector<double> xn = Norm(x.data(), w(kInputNorm), T, H, eps);
-  std::vector<double> q = Norm(Linear(xn, w(kQProj), T, H, nh * hd).data(), w(kQNorm), T * nh, hd, eps);
+  std::vector<double> q = Norm(RefLinear(xn, w(kQProj), T, H, nh * hd).data(), w(kQNorm), T * nh, hd, eps);
   Rotate(q, T, nh, rope);
   HfKv kv;
   if (shared != nullptr) {
     kv = *shared;
   } else {
-    const std::vector<double> k_proj = Linear(xn, w(kKProj), T, H, nkv * hd);
+    const std::vector<double> k_proj = RefLinear(xn, w(kKProj), T, H, nkv * hd);
     // value_states = v_proj(...) if v_proj is not None else key_states (before k_norm)
-    const std::vector<double> v_proj = w(kVProj) != nullptr ? Linear(xn, w(kVProj), T, H, nkv * hd) : k_proj;
+    const std::vector<double> v_proj = w(kVProj) != nullptr ? RefLinear(xn, w(kVProj), T, H, nkv * hd) : k_proj;
     kv.k = Norm(k_proj.data(), w(kKNorm), T * nkv, hd, eps);
     Rotate(kv.k, T, nkv, rope);
     kv.v = Norm(v_proj.data(), nullptr, T * nkv, hd, eps);
@@ -191,18 +183,18 @@ std::vector<double> HfLayer(const ModelConfig& c, const UnitLayout& u, const std
           attn[(i * nh + h) * hd + e] += std::exp(s[j] - mx) / sum * kv.v[(j * nkv + g) * hd + e];
     }
   }
-  std::vector<double> h = Norm(Linear(attn, w(kOProj), T, nh * hd, H).data(), w(kPostNorm), T, H, eps);
+  std::vector<double> h = Norm(RefLinear(attn, w(kOProj), T, nh * hd, H).data(), w(kPostNorm), T, H, eps);
   for (int64_t i = 0; i < T * H; ++i) h[i] += x[i];
   const std::vector<double> m = Norm(h.data(), w(kPreFfnNorm), T, H, eps);
-  const std::vector<double> gate = Linear(m, w(kGateProj), T, H, I), up = Linear(m, w(kUpProj), T, H, I);
+  const std::vector<double> gate = RefLinear(m, w(kGateProj), T, H, I), up = RefLinear(m, w(kUpProj), T, H, I);
   std::vector<double> act(T * I);
-  for (int64_t i = 0; i < T * I; ++i) act[i] = Gelu(gate[i]) * up[i];
-  const std::vector<double> f = Norm(Linear(act, w(kDownProj), T, I, H).data(), w(kPostFfnNorm), T, H, eps);
+  for (int64_t i = 0; i < T * I; ++i) act[i] = RefGeluTanh(gate[i]) * up[i];
+  const std::vector<double> f = Norm(RefLinear(act, w(kDownProj), T, I, H).data(), w(kPostFfnNorm), T, H, eps);
   for (int64_t i = 0; i < T * H; ++i) h[i] += f[i];
   if (P > 0) {
-    std::vector<double> g = Linear(h, w(kPleGate), T, H, P);
-    for (int64_t i = 0; i < T * P; ++i) g[i] = Gelu(g[i]) * ple[i];
-    const std::vector<double> r = Norm(Linear(g, w(kPleProj), T, P, H).data(), w(kPlePostNorm), T, H, eps);
+    std::vector<double> g = RefLinear(h, w(kPleGate), T, H, P);
+    for (int64_t i = 0; i < T * P; ++i) g[i] = RefGeluTanh(g[i]) * ple[i];
+    const std::vector<double> r = Norm(RefLinear(g, w(kPleProj), T, P, H).data(), w(kPlePostNorm), T, H, eps);
     for (int64_t i = 0; i < T * H; ++i) h[i] += r[i];
   }
   for (double& v : h) v *= w(kLayerScalar)[0];
@@ -217,7 +209,7 @@ std::vector<double> HfPerLayerInputs(const ModelConfig& c, const ModelLayout& la
   const int64_t T = mb.num_tokens(), H = c.hidden_size, L = c.num_hidden_layers, P = c.gemma4.ple_dim;
   const UnitLayout& l0 = layout.units[1];
   const double* table = p[0].data() + layout.embedding().tensors[1].offset_numel;
-  std::vector<double> proj = Linear(x0, p[1].data() + l0.Find(kPleModelProj)->offset_numel, T, H, L * P);
+  std::vector<double> proj = RefLinear(x0, p[1].data() + l0.Find(kPleModelProj)->offset_numel, T, H, L * P);
   for (double& v : proj) v *= std::pow(static_cast<double>(H), -0.5);
   std::vector<double> ple = Norm(proj.data(), p[1].data() + l0.Find(kPleModelNorm)->offset_numel, T * L, P,
                                  c.rms_norm_eps);
