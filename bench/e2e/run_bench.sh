@@ -31,8 +31,8 @@
 #   STATE_DTYPE  ours' optimizer.state_dtype (fp32; bf16 | int8: compact Adam moments)
 #   LAYERS       a reduced depth of MODEL for every stage (model.num_hidden_layers, bench_step --layers,
 #                the peer's --layers); empty: the preset's. MODEL qwen3-30b-a3b (MoE) runs the peer
-#                bench/e2e/fsdp2_qwen3_moe.py, qwen3.5-4b and qwen3.5-35b-a3b bench/e2e/fsdp2_qwen3_5.py
-#                (no offload variant)
+#                bench/e2e/fsdp2_qwen3_moe.py, qwen3.5-4b and qwen3.5-35b-a3b bench/e2e/fsdp2_qwen3_5.py,
+#                gemma3-* and gpt-oss-* bench/e2e/fsdp2_sliding.py (no offload variant)
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 
@@ -223,6 +223,7 @@ stage_fsdp2() {  # stage_fsdp2 DIR GPUS TOKENS_PER_GPU [--offload]
   case $MODEL in
     qwen3.5-*) peer=bench/e2e/fsdp2_qwen3_5.py ;;
     *-a3b) peer=bench/e2e/fsdp2_qwen3_moe.py ;;
+    gemma3-*|gpt-oss-*) peer=bench/e2e/fsdp2_sliding.py ;;
   esac
   # FSDP_MICRO_ROWS (MoE and Qwen3.5 peers): the step's rows in micro-batches of that many (gradient
   # accumulation)

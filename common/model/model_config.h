@@ -242,7 +242,8 @@ struct ModelConfig {
   // not, so a multimodal config's is refused); the sliding layers' own RoPE (rope_local_base_freq or
   // rope_parameters.sliding_attention; sliding_rope_theta 0: every layer rotates with rope_theta and
   // rope_scaling, which are the full-attention layers' in gemma3); the embedding row HF's
-  // Embedding(padding_idx = pad_token_id) zeroes at init (-1: none).
+  // Embedding(padding_idx = pad_token_id) zeroes at init and gives no gradient (-1: none; only the
+  // families that read it set it: gemma3, gemma4, gpt_oss).
   double query_pre_attn_scalar = 0;
   double final_logit_softcapping = 0;
   double sliding_rope_theta = 0;

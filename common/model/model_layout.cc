@@ -176,7 +176,8 @@ ModelLayout ModelLayout::Build(const ModelConfig& c) {
     auto add = [&](DecoderTensor t, const char* name, std::vector<int64_t> shape) {
       u.slot[t] = static_cast<int>(u.tensors.size());
       const bool side = t == kInputNorm || t == kPostNorm || t == kQNorm || t == kKNorm || t == kLinearNorm ||
-                        t == kLinearDtBias || t == kLinearALog || t == kPreFfnNorm || t == kPostFfnNorm;
+                        t == kLinearDtBias || t == kLinearALog || t == kPreFfnNorm || t == kPostFfnNorm ||
+                        t == kSinks;  // gpt_oss's sink logits join the softmax in FP32 (HF: an FP32 parameter)
       AddTensor(u, p + name, std::move(shape), side ? SideCopy::kFp32 : SideCopy::kNone);
     };
     const bool bias = c.has_qkv_bias();

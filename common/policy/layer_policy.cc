@@ -351,7 +351,10 @@ bool ModelShape::operator==(const ModelShape& o) const {
 }
 
 bool ModelShape::layers_keep_pieces() const {
-  return model_type != ModelTypeName(ModelFamily::kQwen3_5) && model_type != ModelTypeName(ModelFamily::kQwen3_5Moe);
+  for (const ModelFamily f : {ModelFamily::kQwen3_5, ModelFamily::kQwen3_5Moe, ModelFamily::kGemma3, ModelFamily::kGemma4}) {
+    if (model_type == ModelTypeName(f)) return false;
+  }
+  return true;
 }
 
 bool LayerLayout::operator==(const LayerLayout& o) const {

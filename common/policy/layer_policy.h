@@ -80,8 +80,9 @@ struct ModelShape {
   bool operator==(const ModelShape& o) const;
   // Whether the layers keep the pieces a policy names: not qwen3_5's (qwen3_5, qwen3_5_moe), whose
   // Gated DeltaNet and gated attention layers keep nothing under any policy on either backend
-  // (worker/compute/cuda/cuda_qwen3_5_layer.cc, the CPU backend's DecoderForward): backward
-  // recomputes each from its input, so every policy runs as recompute there.
+  // (worker/compute/cuda/cuda_qwen3_5_layer.cc, the CPU backend's DecoderForward), nor gemma3's and
+  // gemma4's (sandwich norms; the CUDA backend's LayersKeepNothing): backward recomputes each from
+  // its input, so every policy runs as recompute there.
   bool layers_keep_pieces() const;
 };
 

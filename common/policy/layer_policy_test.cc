@@ -180,11 +180,12 @@ TEST(KeptElements, MoeBlockCountsItsRoutingAndExpertRows) {
   EXPECT_FALSE(other == m);
 }
 
-// qwen3_5's layers keep nothing under any policy (both backends recompute them from their input):
-// nothing per token, whatever the pieces, in FP32 elements and in the CUDA backend's bytes, also for
-// a shape read back from a policy file.
-TEST(KeptElements, Qwen3_5LayersKeepNothing) {
-  for (const char* preset : {"qwen3.5-4b", "qwen3.5-35b-a3b", "tiny-qwen3.5", "tiny-qwen3.5-moe"}) {
+// qwen3_5's, gemma3's and gemma4's layers keep nothing under any policy (both backends recompute
+// them from their input): nothing per token, whatever the pieces, in FP32 elements and in the CUDA
+// backend's bytes, also for a shape read back from a policy file.
+TEST(KeptElements, SandwichAndHybridLayersKeepNothing) {
+  for (const char* preset :
+       {"qwen3.5-4b", "qwen3.5-35b-a3b", "tiny-qwen3.5", "tiny-qwen3.5-moe", "gemma3-4b", "tiny-gemma3", "tiny-gemma4"}) {
     const ModelShape m = ModelShape::Of(*ModelConfig::Preset(preset));
     EXPECT_FALSE(m.layers_keep_pieces()) << preset;
     for (uint32_t pieces : {uint32_t{kPieceAttention}, uint32_t{kPieceQkv | kPieceGateUp}, kExpensivePieces, kAllPieces}) {
@@ -200,7 +201,7 @@ TEST(KeptElements, Qwen3_5LayersKeepNothing) {
   EXPECT_FALSE(l->model.layers_keep_pieces());
   EXPECT_EQ(KeptElementsPerToken(l->model, l->layers[1].pieces()), 0);
   // The other families keep what the pieces name.
-  for (const char* preset : {"tiny", "qwen3-8b", "qwen3-30b-a3b", "llama3.2-1b"}) {
+  for (const char* preset : {"tiny", "qwen3-8b", "qwen3-30b-a3b", "llama3.2-1b", "tiny-gpt-oss"}) {
     const ModelShape m = ModelShape::Of(*ModelConfig::Preset(preset));
     EXPECT_TRUE(m.layers_keep_pieces()) << preset;
     EXPECT_GT(KeptElementsPerToken(m, kPieceAttention), 0) << preset;

@@ -135,23 +135,14 @@ absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& lay
                                                       cpu_workers, " of ", world,
                                                       " are CPU-backend (use grad_reduction: cpu)"));
   }
-  // gemma3: the CPU backend computes it (worker/compute/cpu: the sandwich norms, GeGLU, the scaled
-  // embedding, per-layer RoPE, soft-capped logits); the CUDA backend has none of them yet and would
-  // train another model, so CUDA workers are refused until it does. gemma4 likewise (its per-layer
-  // inputs, shared keys and values, wider full-attention heads: worker/compute/cpu/gemma4_math.h).
-  if ((layout.config.is_gemma3() || layout.config.is_gemma4()) && cpu_workers != world) {
+  // gemma4: the CPU backend computes it (its per-layer inputs, shared keys and values, wider
+  // full-attention heads: worker/compute/cpu/gemma4_math.h); the CUDA backend has none of them yet
+  // and would train another model, so CUDA workers are refused until it does. (gemma3 runs on both:
+  // the CUDA backend's sandwich norms, GeGLU, scaled embedding, per-layer RoPE and soft cap.)
+  if (layout.config.is_gemma4() && cpu_workers != world) {
     return absl::UnimplementedError(absl::StrCat(ModelTypeName(layout.config.family),
                                                  " on CUDA workers is not built yet; use runtime.backend: cpu (",
                                                  world - cpu_workers, " of ", world, " workers are CUDA)"));
-  }
-  // gpt_oss: the CPU backend computes it (worker/compute/cpu/gpt_oss_math.h: attention sinks, q/k/v/o
-  // biases, the biased top-k softmax router, the experts' biases and clamped SwiGLU); the CUDA
-  // backend has none of them yet and would train another model, so CUDA workers are refused.
-  if (layout.config.is_gpt_oss() && cpu_workers != world) {
-    return absl::UnimplementedError(absl::StrCat(
-        "gpt_oss on CUDA workers is not built yet (attention sinks, biased router and experts, clamped SwiGLU); "
-        "use runtime.backend: cpu (",
-        world - cpu_workers, " of ", world, " workers are CUDA)"));
   }
   // Sliding-window attention shorter than the row runs on both backends (HF's mask exactly: the CPU
   // backend's dense_attention_math.cc, the CUDA backend's own flash kernels with AttnArgs::window,
@@ -168,7 +159,9 @@ absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& lay
   // any host state, rather than by a worker at job start.
   if (layout.config.is_moe() && cpu_workers != world && layout.config.NumSparseLayers() > 0) {
     constexpr int64_t kCudaMoeMaxExperts = 2048;  // worker/kernels/moe.h kMoeMaxExperts
-    if (layout.config.moe_intermediate_size % 8 != 0 || layout.config.num_experts > kCudaMoeMaxExperts) {
+    // (gpt_oss's block takes any width: worker/kernels/gpt_oss_moe.h)
+    const bool width_ok = layout.config.is_gpt_oss() || layout.config.moe_intermediate_size % 8 == 0;
+    if (!width_ok || layout.config.num_experts > kCudaMoeMaxExperts) {
       return absl::InvalidArgumentError(
           absl::StrCat(ModelTypeName(layout.config.family),
                        " on CUDA workers needs moe_intermediate_size a multiple of 8 and at most ", kCudaMoeMaxExperts,

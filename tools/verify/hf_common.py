@@ -291,10 +291,13 @@ def load_hf_model(model_dir, dtype, attn="sdpa"):
     from transformers import AutoModelForCausalLM
     kwargs = {"attn_implementation": attn}
     with open(os.path.join(model_dir, "config.json")) as f:
-        if json.load(f).get("model_type") == "qwen3_moe":
-            # The experts' eager loop (BF16 GEMMs under autocast, a token's experts summed in
-            # expert order): the numerics slidedp implements; transformers 5 defaults to grouped_mm.
-            kwargs["experts_implementation"] = "eager"
+        model_type = json.load(f).get("model_type")
+    if model_type in ("qwen3_moe", "gpt_oss"):
+        # The experts' eager loop (BF16 GEMMs under autocast, a token's experts summed in
+        # expert order): the numerics slidedp implements; transformers 5 defaults to grouped_mm.
+        kwargs["experts_implementation"] = "eager"
+    if model_type == "gpt_oss":  # its sinks: HF's eager attention (SDPA has no sink term)
+        kwargs["attn_implementation"] = "eager"
     try:
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **kwargs)
     except TypeError:
@@ -464,12 +467,14 @@ class MoeRoutingHook:
         self.unsupported = None  # why the routing cannot be seen (a router of another form), or None
         ordinal = 0
         for layer in model.model.layers:
-            gate = getattr(layer.mlp, "gate", None)
+            # Qwen3-MoE / Qwen3.5-MoE: mlp.gate; GPT-OSS: mlp.router (biased, softmax over the top-k logits)
+            gate = getattr(layer.mlp, "gate", None) or getattr(layer.mlp, "router", None)
             if gate is None or not hasattr(gate, "top_k"):
                 continue
+            top_k_softmax = type(gate).__name__ == "GptOssTopKRouter"
             orig = gate.forward
 
-            def fwd(hidden_states, gate=gate, orig=orig, l=ordinal):
+            def fwd(hidden_states, gate=gate, orig=orig, l=ordinal, top_k_softmax=top_k_softmax):
                 out = orig(hidden_states)
                 if not (isinstance(out, tuple) and len(out) == 3):
                     self.unsupported = (f"the router returns {type(out).__name__}, not (logits, scores, "
@@ -485,6 +490,10 @@ class MoeRoutingHook:
                     if self.forced is not None and l in self.forced:
                         forced = idx.clone()
                         forced[mask] = self.forced[l][gidx[mask].cpu()].to(idx.device)
+                        if top_k_softmax:  # GPT-OSS: the softmax of the chosen logits, in their dtype
+                            logits = F.linear(hs, gate.weight, gate.bias)
+                            val = F.softmax(logits.gather(-1, forced), dim=1, dtype=logits.dtype)
+                            return first, val.to(scores.dtype), forced
                         probs = F.softmax(F.linear(hs, gate.weight), dtype=torch.float, dim=-1)
                         val = probs.gather(-1, forced)
                         if getattr(gate, "norm_topk_prob", True):  # (Qwen3.5-MoE's router always renormalises)

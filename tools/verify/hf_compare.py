@@ -100,10 +100,37 @@ SHAPES = {
                          linear_value_head_dim=64, linear_conv_kernel_dim=4, full_attention_interval=4,
                          partial_rotary_factor=0.25, num_experts=8, num_experts_per_tok=2,
                          moe_intermediate_size=128, shared_expert_intermediate_size=256)),
+    # Gemma 3 (issue 51): sandwich (1 + w) norms, GeGLU-tanh, the embedding scaled by sqrt(hidden)
+    # (16: exact in any dtype), query_pre_attn_scalar apart from head_dim, sliding layers (window
+    # shorter than most documents) with their own RoPE base beside linear-scaled global layers, and
+    # soft-capped logits. Head dims 256 (the released 1B-12B's: own kernels' slow path on the
+    # sliding layers) and 128 (27B's).
+    "gemma3-hd256": (256, 3, 4, 2, 256, 512, 1000, True, (4, 384), "gemma3",
+                     dict(query_pre_attn_scalar=200, sliding_window=100, final_logit_softcapping=10.0,
+                          layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                          rope_parameters={"full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
+                                           "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
+    "gemma3-hd128": (1024, 2, 8, 4, 128, 2048, 4096, True, (3, 1024), "gemma3",
+                     dict(query_pre_attn_scalar=168, sliding_window=333, final_logit_softcapping=None,
+                          layer_types=["sliding_attention", "full_attention"],
+                          rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                           "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
+    # GPT-OSS: attention sinks, q/k/v/o biases, YaRN, alternating sliding / full layers, the biased
+    # top-k-then-softmax router and experts with biases and the clamped SwiGLU (HF's eager experts).
+    "gpt_oss": (256, 2, 4, 2, 64, 256, 1000, False, (4, 384), "gpt_oss",
+                dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=64,
+                     layer_types=["sliding_attention", "full_attention"],
+                     rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                                      "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "truncate": False})),
 }
 # model_type of the families built through AutoConfig (their config classes take other arguments).
-AUTO_FAMILIES = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
-MOE_FAMILIES = ("qwen3_moe", "qwen3_5_moe")
+AUTO_FAMILIES = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "gemma3": "gemma3_text",
+                 "gpt_oss": "gpt_oss"}
+MOE_FAMILIES = ("qwen3_moe", "qwen3_5_moe", "gpt_oss")
+# Families whose checkpoints keep the experts fused (GPT-OSS's gate_up_proj [E, H, 2I]): their
+# gradients are compared under those names.
+FUSED_EXPERT_FAMILIES = ("gpt_oss",)
 DEFAULT_CPU_SHAPES = ("tiny,untied,mha,hd128,qwen2-tiny,llama3-untied,mistral-untied,qwen3-yarn,moe-top2,moe-aux,"
                       "qwen3_5-dk64,qwen3_5-dk16,qwen3_5-moe")
 
@@ -211,12 +238,14 @@ def make_auto_model(family, shape, seed, hf_dir):
                   head_dim=hd, intermediate_size=inter, vocab_size=vocab, tie_word_embeddings=tied,
                   max_position_embeddings=4096, rms_norm_eps=1e-6, initializer_range=0.02)
     kwargs.update(shape[10])
+    if family == "gpt_oss":  # its experts' width
+        kwargs["intermediate_size"] = inter
     cfg = transformers.AutoConfig.for_model(AUTO_FAMILIES[family], **kwargs)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
     with torch.no_grad():
-        for _, p in model.named_parameters():
-            if p.dim() == 1:
+        for n, p in model.named_parameters():
+            if p.dim() == 1 or (family == "gpt_oss" and n.endswith("_bias")):  # norms, biases, sinks
                 p.add_(0.1 * torch.randn_like(p))
     full_config = json.loads(model.config.to_json_string(use_diff=False))
     model = model.to(torch.bfloat16)
@@ -225,14 +254,17 @@ def make_auto_model(family, shape, seed, hf_dir):
     return full_config
 
 
-def grads_of(model):
+def grads_of(model, fused=False):
     """{name: gradient} under the checkpoint's names: transformers 5 keeps a MoE layer's experts
     fused (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I]); they are split
-    into the hub's per-expert tensors, which slidedp keeps."""
+    into the hub's per-expert tensors, which slidedp keeps (fused: a family whose checkpoints keep
+    them fused, GPT-OSS's, compared as they are)."""
     out = {}
     for n, p in model.named_parameters():
         g = p.grad.detach().double().cpu().clone() if p.grad is not None else torch_zeros_like(p)
-        if n.endswith("mlp.experts.gate_up_proj"):
+        if fused:
+            out[n] = g
+        elif n.endswith("mlp.experts.gate_up_proj"):
             prefix, inter = n[: -len("gate_up_proj")], g.shape[1] // 2
             for e in range(g.shape[0]):
                 out[f"{prefix}{e}.gate_proj.weight"] = g[e, :inter].clone()
@@ -285,6 +317,7 @@ def compare_shape(name, args, results, log):
     shape = SHAPES[name]
     h, layers, heads, kv, hd, inter, vocab, tied, (rows, seq) = shape[:9]
     family = family_of(shape)
+    fused = family in FUSED_EXPERT_FAMILIES
     work = os.path.join(args.work_dir, name)
     shutil.rmtree(work, ignore_errors=True)
     hf_dir, our_dir = os.path.join(work, "hf"), os.path.join(work, "ours")
@@ -310,7 +343,10 @@ def compare_shape(name, args, results, log):
     # Both sides must rotate by the same frequencies: HF's inv_freq against the ones model_grads
     # reports it computed with ("rope.inv_freq"), bit for bit (checked after the first run).
     with open(os.path.join(our_dir, "config.json")) as f:
-        theta = json.load(f)["rope_theta"]
+        our_config = json.load(f)
+    our_config = our_config.get("text_config", our_config)
+    # (Gemma 3 keeps a RoPE per layer type in rope_parameters: 0 here, the header's figure only.)
+    theta = our_config.get("rope_theta") or (our_config.get("rope_parameters") or {}).get("rope_theta") or 0
     inv_freq = getattr(getattr(model.model, "rotary_emb", None), "inv_freq", None)
     hf_inv_freq = inv_freq.detach().float().cpu().clone() if inv_freq is not None else None
     t0 = time.time()
@@ -326,11 +362,11 @@ def compare_shape(name, args, results, log):
             offsets.append(offsets[-1] + len(toks))
         hook = hf_common.MoeRoutingHook(model, offsets)
     loss_hf = hf_common.hf_loss_backward(model, segments, trained, args.token_budget, autocast=True)
-    g_hf = grads_of(model)
+    g_hf = grads_of(model, fused)
     own_autocast = {l: t.clone() for l, t in hook.own.items()} if hook else None
     model.zero_grad(set_to_none=True)
     loss_fp32 = hf_common.hf_loss_backward(model, segments, trained, args.token_budget, autocast=False)
-    g_fp32 = grads_of(model)
+    g_fp32 = grads_of(model, fused)
     hf_s = time.time() - t0
     hf_fp32_agreement = hook.agreement(own_autocast) if hook else None
     if hook is not None and hook.unsupported:  # a router of another form: HF's own routing only
@@ -391,10 +427,10 @@ def compare_shape(name, args, results, log):
             model.zero_grad(set_to_none=True)
             rec["loss_hf_forced"] = hf_common.hf_loss_backward(model, segments, trained, args.token_budget,
                                                                autocast=True)
-            ref = grads_of(model)
+            ref = grads_of(model, fused)
             model.zero_grad(set_to_none=True)
             hf_common.hf_loss_backward(model, segments, trained, args.token_budget, autocast=False)
-            floor_ref = grads_of(model)
+            floor_ref = grads_of(model, fused)
             hook.forced = None
             rec_floor = {n: rel_l2(floor_ref[n], ref[n]) for n in ref if n in floor_ref}
             rec["floor_rel_own_routing"] = floor_rel

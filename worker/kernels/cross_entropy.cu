@@ -30,8 +30,29 @@ __device__ __forceinline__ void OnlineMerge(float& m, float& s, float m2, float 
   }
 }
 
+// Soft-capping (Gemma): the loss is over z = cap tanh(l / cap) of the stored logits l, and the
+// stored gradient is dL/dl = dL/dz (1 - (z / cap)^2). Without it z = l.
+template <bool kCap>
+__device__ __forceinline__ float Capped(float l, float cap) {
+  if constexpr (kCap) {
+    return cap * tanhf(l / cap);
+  } else {
+    return l;
+  }
+}
+template <bool kCap>
+__device__ __forceinline__ float CapGrad(float z, float cap) {
+  if constexpr (kCap) {
+    const float t = z / cap;
+    return 1.0f - t * t;
+  } else {
+    return 1.0f;
+  }
+}
+
+template <bool kCap>
 __global__ void CrossEntropyKernel(bf16* logits, int64_t vocab, int64_t ld, const int32_t* __restrict__ labels,
-                                   int32_t ignore_index, float loss_scale, float* __restrict__ row_loss) {
+                                   int32_t ignore_index, float loss_scale, float cap, float* __restrict__ row_loss) {
   __shared__ float sm_m[32], sm_s[32];
   __shared__ float lse_shared;
   const int64_t r = blockIdx.x;
@@ -52,6 +73,8 @@ __global__ void CrossEntropyKernel(bf16* logits, int64_t vocab, int64_t ld, cons
   for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
     float f[8];
     Load8(row + v * 8, f);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = Capped<kCap>(f[i], cap);
     float mx = f[0];
 #pragma unroll
     for (int i = 1; i < 8; ++i) mx = fmaxf(mx, f[i]);
@@ -60,7 +83,9 @@ __global__ void CrossEntropyKernel(bf16* logits, int64_t vocab, int64_t ld, cons
     for (int i = 0; i < 8; ++i) sum += __expf(f[i] - mx);
     OnlineMerge(m, s, mx, sum);
   }
-  for (int64_t j = nvec * 8 + threadIdx.x; j < vocab; j += blockDim.x) OnlineMerge(m, s, __bfloat162float(row[j]), 1.f);
+  for (int64_t j = nvec * 8 + threadIdx.x; j < vocab; j += blockDim.x) {
+    OnlineMerge(m, s, Capped<kCap>(__bfloat162float(row[j]), cap), 1.f);
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
@@ -76,7 +101,7 @@ __global__ void CrossEntropyKernel(bf16* logits, int64_t vocab, int64_t ld, cons
     for (int w = 1; w < nwarps; ++w) OnlineMerge(mm, ssum, sm_m[w], sm_s[w]);
     const float lse = mm + logf(ssum);
     lse_shared = lse;
-    row_loss[r] = loss_scale * (lse - __bfloat162float(row[label]));
+    row_loss[r] = loss_scale * (lse - Capped<kCap>(__bfloat162float(row[label]), cap));
   }
   __syncthreads();
   const float lse = lse_shared;
@@ -84,12 +109,15 @@ __global__ void CrossEntropyKernel(bf16* logits, int64_t vocab, int64_t ld, cons
     float f[8];
     Load8(row + v * 8, f);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) f[i] = loss_scale * (__expf(f[i] - lse) - (v * 8 + i == label ? 1.f : 0.f));
+    for (int i = 0; i < 8; ++i) {
+      const float z = Capped<kCap>(f[i], cap);
+      f[i] = loss_scale * (__expf(z - lse) - (v * 8 + i == label ? 1.f : 0.f)) * CapGrad<kCap>(z, cap);
+    }
     Store8(row + v * 8, f);
   }
   for (int64_t j = nvec * 8 + threadIdx.x; j < vocab; j += blockDim.x) {
-    const float f = __bfloat162float(row[j]);
-    row[j] = __float2bfloat16(loss_scale * (__expf(f - lse) - (j == label ? 1.f : 0.f)));
+    const float z = Capped<kCap>(__bfloat162float(row[j]), cap);
+    row[j] = __float2bfloat16(loss_scale * (__expf(z - lse) - (j == label ? 1.f : 0.f)) * CapGrad<kCap>(z, cap));
   }
 }
 
@@ -98,13 +126,23 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 }  // namespace
 
 absl::Status CrossEntropyInPlace(bf16* logits, int64_t rows, int64_t vocab, int64_t ld, const int32_t* labels,
-                                 int32_t ignore_index, float loss_scale, float* row_loss, cudaStream_t stream) {
+                                 int32_t ignore_index, float loss_scale, float* row_loss, cudaStream_t stream,
+                                 float softcap) {
   if (ld % 8 != 0 || !Aligned16(logits)) {
     return absl::InvalidArgumentError(
         absl::StrCat("cross entropy: logits row stride ", ld, " must be a multiple of 8 and the base 16-byte aligned"));
   }
+  if (!(softcap >= 0.0f) || std::isinf(softcap)) {
+    return absl::InvalidArgumentError(absl::StrCat("cross entropy: soft cap ", softcap, " (0: none, else finite > 0)"));
+  }
   if (rows <= 0) return absl::OkStatus();
-  CrossEntropyKernel<<<rows, 512, 0, stream>>>(logits, vocab, ld, labels, ignore_index, loss_scale, row_loss);
+  if (softcap > 0.0f) {
+    CrossEntropyKernel<true><<<rows, 512, 0, stream>>>(logits, vocab, ld, labels, ignore_index, loss_scale, softcap,
+                                                       row_loss);
+  } else {
+    CrossEntropyKernel<false><<<rows, 512, 0, stream>>>(logits, vocab, ld, labels, ignore_index, loss_scale, 0.0f,
+                                                        row_loss);
+  }
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -11,9 +11,32 @@ using namespace internal;  // common.cuh
 
 namespace {
 
-// ---- SwiGLU
+// ---- SwiGLU / GeGLU
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
+// f(g) and f'(g) of the gate's activation.
+template <GluActivation F>
+__device__ __forceinline__ float Act(float g) {
+  if constexpr (F == GluActivation::kSilu) {
+    return g * Sigmoid(g);
+  } else {
+    constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
+    return 0.5f * g * (1.0f + tanhf(kC * (g + 0.044715f * g * g * g)));
+  }
+}
+template <GluActivation F>
+__device__ __forceinline__ float ActGrad(float g) {
+  if constexpr (F == GluActivation::kSilu) {
+    const float s = Sigmoid(g);
+    return s * (1.0f + g * (1.0f - s));
+  } else {
+    constexpr float kC = 0.7978845608028654f;
+    const float th = tanhf(kC * (g + 0.044715f * g * g * g));
+    return 0.5f * (1.0f + th) + 0.5f * g * (1.0f - th * th) * kC * (1.0f + 3.0f * 0.044715f * g * g);
+  }
+}
+
+template <GluActivation F>
 __global__ void SwiGluForwardKernel(const bf16* __restrict__ gu, int64_t tokens, int64_t inter,
                                     bf16* __restrict__ act) {
   const int64_t vec_per_row = inter / 8;
@@ -25,11 +48,12 @@ __global__ void SwiGluForwardKernel(const bf16* __restrict__ gu, int64_t tokens,
     Load8(gu + t * 2 * inter + c, g);
     Load8(gu + t * 2 * inter + inter + c, u);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = g[i] * Sigmoid(g[i]) * u[i];
+    for (int i = 0; i < 8; ++i) o[i] = Act<F>(g[i]) * u[i];
     Store8(act + t * inter + c, o);
   }
 }
 
+template <GluActivation F>
 __global__ void SwiGluBackwardKernel(const bf16* __restrict__ gu, const bf16* __restrict__ dact, int64_t tokens,
                                      int64_t inter, bf16* __restrict__ dgu) {
   const int64_t vec_per_row = inter / 8;
@@ -43,9 +67,8 @@ __global__ void SwiGluBackwardKernel(const bf16* __restrict__ gu, const bf16* __
     Load8(dact + t * inter + c, d);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float s = Sigmoid(g[i]);
-      du[i] = d[i] * g[i] * s;
-      dg[i] = d[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+      du[i] = d[i] * Act<F>(g[i]);
+      dg[i] = d[i] * u[i] * ActGrad<F>(g[i]);
     }
     Store8(dgu + t * 2 * inter + c, dg);
     Store8(dgu + t * 2 * inter + inter + c, du);
@@ -54,19 +77,24 @@ __global__ void SwiGluBackwardKernel(const bf16* __restrict__ gu, const bf16* __
 
 }  // namespace
 
-absl::Status SwiGluForward(const bf16* gu, int64_t tokens, int64_t inter, bf16* act, cudaStream_t stream) {
+absl::Status SwiGluForward(const bf16* gu, int64_t tokens, int64_t inter, bf16* act, cudaStream_t stream,
+                           GluActivation f) {
   if (inter % 8 != 0) return absl::InvalidArgumentError(absl::StrCat("SwiGLU width ", inter, " not a multiple of 8"));
   if (tokens <= 0) return absl::OkStatus();
-  SwiGluForwardKernel<<<GridFor(tokens * inter / 8, 256), 256, 0, stream>>>(gu, tokens, inter, act);
+  auto* kernel = f == GluActivation::kSilu ? SwiGluForwardKernel<GluActivation::kSilu>
+                                           : SwiGluForwardKernel<GluActivation::kGeluTanh>;
+  kernel<<<GridFor(tokens * inter / 8, 256), 256, 0, stream>>>(gu, tokens, inter, act);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
 
 absl::Status SwiGluBackward(const bf16* gu, const bf16* dact, int64_t tokens, int64_t inter, bf16* dgu,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, GluActivation f) {
   if (inter % 8 != 0) return absl::InvalidArgumentError(absl::StrCat("SwiGLU width ", inter, " not a multiple of 8"));
   if (tokens <= 0) return absl::OkStatus();
-  SwiGluBackwardKernel<<<GridFor(tokens * inter / 8, 256), 256, 0, stream>>>(gu, dact, tokens, inter, dgu);
+  auto* kernel = f == GluActivation::kSilu ? SwiGluBackwardKernel<GluActivation::kSilu>
+                                           : SwiGluBackwardKernel<GluActivation::kGeluTanh>;
+  kernel<<<GridFor(tokens * inter / 8, 256), 256, 0, stream>>>(gu, dact, tokens, inter, dgu);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -77,7 +77,7 @@ int64_t InFlightBytes(int64_t checkpoint_bytes, int64_t moved) {
 }  // namespace
 
 std::vector<LayerPolicy> ProbedPolicies(const ModelConfig& config) {
-  // Layers that keep nothing under any policy (ModelShape::layers_keep_pieces: Qwen3.5's) run every
+  // Layers that keep nothing under any policy (ModelShape::layers_keep_pieces: Qwen3.5's, Gemma's) run every
   // policy as recompute: timing the others would only spend the probe's time.
   if (!ModelShape::Of(config).layers_keep_pieces()) return {LayerPolicy{LayerKind::kRecompute}};
   auto segment = [](uint32_t keep) { return LayerPolicy{LayerKind::kSegment, false, keep}; };

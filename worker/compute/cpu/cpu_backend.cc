@@ -317,7 +317,7 @@ class CpuBackend final : public ComputeBackend {
       return absl::OkStatus();
     }
     EmbeddingScatterAdd(static_cast<const float*>(dout), b->batch().tokens.data(), b->num_tokens(), dims_.hidden,
-                        dembed, dims_.embed_scale);
+                        dembed, dims_.embed_scale, dims_.pad_token);
     return absl::OkStatus();
   }
 

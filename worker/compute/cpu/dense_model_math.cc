@@ -53,9 +53,10 @@ void EmbeddingLookup(const W* embed, const int32_t* tokens, int64_t num_tokens, 
 
 template <typename R>
 void EmbeddingScatterAdd(const R* dout, const int32_t* tokens, int64_t num_tokens, int64_t hidden, R* dembed,
-                         double scale) {
+                         double scale, int64_t pad_token) {
   const R s = static_cast<R>(scale);
   for (int64_t t = 0; t < num_tokens; ++t) {
+    if (tokens[t] == pad_token) continue;
     R* row = dembed + static_cast<int64_t>(tokens[t]) * hidden;
     if (scale == 1) {
       for (int64_t i = 0; i < hidden; ++i) row[i] += dout[t * hidden + i];
@@ -241,13 +242,14 @@ double ModelLossAndGrads(const ModelLayout& layout, const std::vector<std::vecto
       DecoderBackward(dims, offs[u], unit_params_math[u].data(), geom, xs[u - 1].data(), acts[u - 1], grad.data(),
                       grad.data(), (*unit_grads)[u].data(), pool, aux_grad.empty() ? nullptr : aux_grad.data());
     }
-    EmbeddingScatterAdd(grad.data(), mb.tokens.data(), T, H, (*unit_grads)[embed].data(), dims.embed_scale);
+    EmbeddingScatterAdd(grad.data(), mb.tokens.data(), T, H, (*unit_grads)[embed].data(), dims.embed_scale,
+                        dims.pad_token);
   }
   return loss;
 }
 
 #define SLIDEDP_INSTANTIATE_MODEL(R)                                                                         \
-  template void EmbeddingScatterAdd<R>(const R*, const int32_t*, int64_t, int64_t, R*, double);              \
+  template void EmbeddingScatterAdd<R>(const R*, const int32_t*, int64_t, int64_t, R*, double, int64_t);              \
   template double ModelLossAndGrads<R>(const ModelLayout&, const std::vector<std::vector<R>>&,               \
                                        const std::vector<MicroBatch>&, double, std::vector<std::vector<R>>*, \
                                        CpuWorkerPool*, double);

@@ -161,6 +161,7 @@ DecoderDims DecoderDims::From(const ModelConfig& c) {
   d.sandwich_norms = c.has_sandwich_norms();
   d.final_logit_softcap = c.final_logit_softcapping;
   d.embed_scale = c.EmbeddingScale();
+  d.pad_token = c.pad_token_id;
   return d;
 }
 

@@ -74,6 +74,8 @@ struct DecoderDims {
   bool sandwich_norms = false;
   double final_logit_softcap = 0;
   double embed_scale = 1;
+  // The embedding row that gets no gradient (ModelConfig::pad_token_id; -1: none).
+  int64_t pad_token = -1;
   std::vector<float> rope_inv_freq;   // [head_dim / 2], ModelConfig::RopeInverseFrequencies
   float rope_attention_scaling = 1;   // ModelConfig::RopeAttentionScaling, multiplied into cos and sin
   MoeDims moe;                        // a qwen3_moe model's sparse block (num_experts 0 otherwise)
@@ -326,13 +328,15 @@ void DecoderBackwardTiled(const DecoderDims& dims, const DecoderOffsets& offs, c
                           CpuWorkerPool* pool);
 
 // Embedding: out[t] = embed[tokens[t]] x scale; dembed[tokens[t]] += dout[t] x scale (in token order).
-// scale is DecoderDims::embed_scale (gemma3's; 1 leaves the rows as they are, bit for bit).
+// scale is DecoderDims::embed_scale (gemma3's; 1 leaves the rows as they are, bit for bit). The
+// gradient skips pad_token's positions (DecoderDims::pad_token: HF's nn.Embedding(padding_idx)
+// gives that row none; -1: every token counts).
 template <typename R, typename W>
 void EmbeddingLookup(const W* embed, const int32_t* tokens, int64_t num_tokens, int64_t hidden, R* out,
                      CpuWorkerPool* pool, double scale = 1);
 template <typename R>
 void EmbeddingScatterAdd(const R* dout, const int32_t* tokens, int64_t num_tokens, int64_t hidden, R* dembed,
-                         double scale = 1);
+                         double scale = 1, int64_t pad_token = -1);
 
 // Chunk sizes of the head: tokens per chunk and vocabulary rows per chunk; the largest
 // temporary is token_chunk x vocab_chunk logits.

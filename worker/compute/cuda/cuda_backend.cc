@@ -74,18 +74,23 @@ absl::StatusOr<std::unique_ptr<DeviceBatch>> CudaBackend::UploadBatch(const Micr
     }
     if (mb.positions[t] < 0) return absl::InvalidArgumentError(absl::StrCat("micro-batch: negative position at ", t));
   }
-  // Group positions by token id (stable) for the atomic-free embedding backward.
+  // Group positions by token id (stable) for the atomic-free embedding backward, leaving out
+  // pad_token_id's (HF's nn.Embedding(padding_idx) gives that row no gradient).
   std::vector<int32_t> order(T);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return mb.tokens[a] < mb.tokens[b]; });
+  if (config_.pad_token_id >= 0) {
+    std::erase_if(order, [&](int32_t p) { return mb.tokens[p] == config_.pad_token_id; });
+  }
+  const int64_t grouped = static_cast<int64_t>(order.size());
   std::vector<int32_t> uniq, seg;
-  for (int64_t i = 0; i < T; ++i) {
+  for (int64_t i = 0; i < grouped; ++i) {
     if (i == 0 || mb.tokens[order[i]] != mb.tokens[order[i - 1]]) {
       uniq.push_back(mb.tokens[order[i]]);
       seg.push_back(static_cast<int32_t>(i));
     }
   }
-  seg.push_back(static_cast<int32_t>(T));
+  seg.push_back(static_cast<int32_t>(grouped));
 
   auto b = std::make_unique<CudaBatch>();
   b->num_tokens_ = T;
@@ -159,8 +164,10 @@ absl::Status CudaBackend::ConvertActivations(const void* src, Dtype from, void* 
 absl::Status CudaBackend::EmbeddingForward(const UnitParams& embed, const DeviceBatch& batch, void* out) {
   const auto& b = static_cast<const CudaBatch&>(batch);
   auto lookup = [&](const auto* table) {
-    return f32() ? kernels::EmbeddingForward(table, b.tokens_, b.num_tokens_, H_, static_cast<float*>(out), stream_)
-                 : kernels::EmbeddingForward(table, b.tokens_, b.num_tokens_, H_, static_cast<bf16*>(out), stream_);
+    return f32() ? kernels::EmbeddingForward(table, b.tokens_, b.num_tokens_, H_, static_cast<float*>(out), stream_,
+                                             embed_scale_)
+                 : kernels::EmbeddingForward(table, b.tokens_, b.num_tokens_, H_, static_cast<bf16*>(out), stream_,
+                                             embed_scale_);
   };
   if (embed.fp32 != nullptr) return lookup(embed.fp32);
   return lookup(reinterpret_cast<const bf16*>(embed.bf16));
@@ -170,16 +177,16 @@ absl::Status CudaBackend::EmbeddingBackward(const void* dout, const DeviceBatch&
   const auto& b = static_cast<const CudaBatch&>(batch);
   if (f32()) {
     return kernels::EmbeddingBackward(static_cast<const float*>(dout), b.uniq_tokens_, b.seg_offsets_, b.sorted_pos_,
-                                      b.num_unique_, H_, dembed, stream_);
+                                      b.num_unique_, H_, dembed, stream_, embed_scale_);
   }
   return kernels::EmbeddingBackward(static_cast<const bf16*>(dout), b.uniq_tokens_, b.seg_offsets_, b.sorted_pos_,
-                                    b.num_unique_, H_, dembed, stream_);
+                                    b.num_unique_, H_, dembed, stream_, embed_scale_);
 }
 
 int64_t CudaBackend::SavedBytesPerToken(ActPolicy policy) const {
   // qwen3_5's layers keep nothing under any policy: backward recomputes them from the layer input
   // (cuda_qwen3_5_layer.cc), so the activation store moves only their inputs.
-  if (config_.is_qwen3_5()) return 0;
+  if (config_.is_qwen3_5() || LayersKeepNothing()) return 0;
   return CudaKeptBytesPerToken(ModelShape::Of(config_), policy.pieces, act_bytes());
 }
 

@@ -33,6 +33,7 @@
 #include "worker/kernels/gemm.h"
 #include "worker/kernels/qk_norm_rope.h"
 #include "worker/kernels/rmsnorm.h"
+#include "worker/kernels/swiglu.h"
 
 namespace slidedp::cuda_backend_internal {
 
@@ -96,6 +97,13 @@ struct LayerActs {
   float* rstd2 = nullptr;
   bf16* gu = nullptr;
   bf16* act = nullptr;
+  // gemma3's sandwich norms (ModelConfig::has_sandwich_norms): o_proj's BF16 output before
+  // post_attention_layernorm and its rsqrt (with kPieceOProj), down_proj's before
+  // post_feedforward_layernorm and its rsqrt (with kPieceGateUp).
+  bf16* ob = nullptr;
+  float* rstd_o = nullptr;
+  bf16* down = nullptr;
+  float* rstd_d = nullptr;
 };
 
 // A qwen3_5 layer's intermediates (cuda_qwen3_5_layer.cc), all of the batch's T tokens, in one
@@ -181,6 +189,7 @@ class CudaBackend final : public ComputeBackend {
       cudaStreamDestroy(stream_);
     }
     if (rope_inv_freq_ != nullptr) cudaFree(rope_inv_freq_);
+    if (rope_inv_freq_sliding_ != nullptr) cudaFree(rope_inv_freq_sliding_);
     if (context_staging_ != nullptr) cudaFreeHost(context_staging_);
     if (limited_pool_ != nullptr) {
       cudaMemPool_t def = nullptr;
@@ -213,8 +222,18 @@ class CudaBackend final : public ComputeBackend {
                   << "); using the own attention kernels";
       }
     }
+    if (config_.is_gemma4()) {
+      return absl::UnimplementedError(absl::StrCat("the CUDA backend does not compute ", ModelTypeName(config_.family),
+                                                   " yet (the CPU backend does)"));
+    }
+    if (config_.has_sandwich_norms() && !options_.fp32_residual) {
+      return absl::UnimplementedError(absl::StrCat(ModelTypeName(config_.family),
+                                                   ": the CUDA backend runs its sandwich norms on the FP32 residual "
+                                                   "stream only (unset SLIDEDP_CUDA_FP32_RESIDUAL=0)"));
+    }
     H_ = config_.hidden_size;
     I_ = config_.intermediate_size;
+    embed_scale_ = static_cast<float>(config_.EmbeddingScale());
     nq_ = static_cast<int>(config_.num_attention_heads);
     nkv_ = static_cast<int>(config_.num_key_value_heads);
     hd_ = static_cast<int>(config_.head_dim);
@@ -258,12 +277,18 @@ class CudaBackend final : public ComputeBackend {
     gu_w_ = Stack({{off_[kGateProj], I_}, {off_[kUpProj], I_}});
     // A scaled RoPE (linear, dynamic, llama3, yarn), or a partial one (qwen3_5: its rotary_dim / 2
     // frequencies as HF computes them): the frequencies as a table.
-    if (config_.rope_scaling.type != RopeScaling::Type::kNone || config_.rotary_dim() != config_.head_dim) {
-      const std::vector<float> inv = config_.RopeInverseFrequencies();
-      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&rope_inv_freq_, inv.size() * sizeof(float)));
-      SLIDEDP_CUDA_RETURN_IF_ERROR(
-          cudaMemcpy(rope_inv_freq_, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice));
+    // gemma3's sliding layers: their own frequencies, always as a table (so are the full layers').
+    if (config_.rope_scaling.type != RopeScaling::Type::kNone || config_.rotary_dim() != config_.head_dim ||
+        config_.has_sliding_rope()) {
+      RETURN_IF_ERROR(UploadRopeTable(AttentionSpan::kFull, &rope_inv_freq_));
     }
+    if (config_.has_sliding_rope()) RETURN_IF_ERROR(UploadRopeTable(AttentionSpan::kSliding, &rope_inv_freq_sliding_));
+    return absl::OkStatus();
+  }
+  absl::Status UploadRopeTable(AttentionSpan span, float** table) {
+    const std::vector<float> inv = config_.RopeInverseFrequencies(span);
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMalloc(table, inv.size() * sizeof(float)));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpy(*table, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice));
     return absl::OkStatus();
   }
 
@@ -501,7 +526,7 @@ class CudaBackend final : public ComputeBackend {
     a.num_q_heads = nq_;
     a.num_kv_heads = nkv_;
     a.head_dim = hd_;
-    a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+    a.softmax_scale = static_cast<float>(config_.AttentionScale());  // gemma3: query_pre_attn_scalar^-0.5
     a.cu_seqlens = b.cu_seqlens_;
     a.cu_seqlens_host = b.host_cu_seqlens_.data();
     a.ordered_dq = options_.deterministic;
@@ -513,16 +538,20 @@ class CudaBackend final : public ComputeBackend {
     }
     return a;
   }
-  kernels::RopeArgs Rope(int64_t T) const {
+  // RoPE over T tokens of decoder layer `layer` (gemma3's sliding layers rotate with their own
+  // frequencies; -1: the full layers', as for sizes).
+  kernels::RopeArgs Rope(int64_t T, int layer = -1) const {
+    const bool sliding = config_.UsesSlidingRope(layer);
     kernels::RopeArgs r;
     r.tokens = T;
     r.num_q_heads = nq_;
     r.num_kv_heads = nkv_;
     r.head_dim = hd_;
     r.eps = static_cast<float>(config_.rms_norm_eps);
-    r.theta = static_cast<float>(config_.rope_theta);
-    r.inv_freq = rope_inv_freq_;
-    r.attention_scaling = static_cast<float>(config_.RopeAttentionScaling());
+    r.theta = static_cast<float>(sliding ? config_.sliding_rope_theta : config_.rope_theta);
+    r.inv_freq = sliding ? rope_inv_freq_sliding_ : rope_inv_freq_;
+    r.attention_scaling =
+        static_cast<float>(config_.RopeAttentionScaling(sliding ? AttentionSpan::kSliding : AttentionSpan::kFull));
     r.norm_weight = NormMode();
     // qwen3_5: RoPE on the first rotary_dim dims only; q heads every 2 hd in the fused rows (the
     // gates between them), k right after them (RopeArgs::k_column's default).
@@ -587,7 +616,7 @@ class CudaBackend final : public ComputeBackend {
   // q/k norm + RoPE over T tokens (a tile: a's pointers and `positions` at its first row), with
   // the weights' FP32 values when present.
   absl::Status QkForward(const UnitParams& p, const int32_t* positions, int64_t T, const LayerActs& a) {
-    const kernels::RopeArgs rope = Rope(T);
+    const kernels::RopeArgs rope = Rope(T, p.decoder_layer);
     if (!config_.has_qk_norm()) return kernels::RopeForward(rope, a.qkv, qkv_, positions, a.qr, a.kr, stream_);
     const NormW q = Norm(p, kQNorm), k = Norm(p, kKNorm);
     if (q.f != nullptr) {
@@ -598,11 +627,44 @@ class CudaBackend final : public ComputeBackend {
   // out = res + a · Wᵀ  (a [T, k] BF16, W [H, k]); res/out in the residual dtype. FP32 mode rounds
   // the GEMM output to BF16 in `branch` ([T, H] BF16 scratch) and adds in FP32, as HF autocast.
   absl::Status ResidualGemm(const bf16* a, int64_t k, const bf16* w, const void* res, void* out, bf16* branch,
-                            int64_t T);
+                            int64_t T, const bf16* bias = nullptr);
   // Its backward for the branch: da = dres · W and dW += dresᵀ · a, with dres (T rows of the
   // residual stream's gradient) rounded to BF16 in dres_b ([T, H] scratch) in FP32 mode.
+  // With dbias (gpt_oss's o_proj bias), the column sums of that gradient are added to it (ws:
+  // ColumnSumsWorkspaceNumel(T, H) floats).
   absl::Status ResidualBranchBackward(const void* dres, int64_t T, const bf16* w, int64_t k, const bf16* a, bf16* da,
-                                      float* dw, bf16* dres_b);
+                                      float* dw, bf16* dres_b, float* dbias = nullptr, float* ws = nullptr);
+  // Its GEMMs alone, from the branch's BF16 output gradient g [T, H].
+  absl::Status BranchGemmBackward(const bf16* g, int64_t T, const bf16* w, int64_t k, const bf16* a, bf16* da,
+                                  float* dw);
+  // gpt_oss: o_proj's BF16 bias (the GEMM epilogue's), nullptr for the other families; and where its
+  // gradient goes.
+  const bf16* OBias(const UnitParams& p) const { return config_.has_o_bias() ? W(p.bf16, kOBias) : nullptr; }
+  float* OBiasGrad(float* dparams) const { return config_.has_o_bias() ? dparams + off_[kOBias] : nullptr; }
+  // gpt_oss: the layer's sink logits in FP32 (its side copy, or its BF16 values widened into
+  // `block`), nullptr for the other families.
+  absl::StatusOr<const float*> Sinks(const UnitParams& p, PoolBlock& block);
+  // Attention's arguments for the layer of `p`: Attn's, with the layer's sinks (and, given dparams,
+  // where their gradient goes); `block` holds a widened copy of them.
+  absl::StatusOr<kernels::AttnArgs> LayerAttn(const UnitParams& p, const CudaBatch& b, PoolBlock& block,
+                                               float* dparams = nullptr);
+  // gemma3's sandwich branches (FP32 residual only): out = res + RMSNorm_t(a · Wᵀ), keeping the
+  // GEMM's BF16 output in `pre` and the norm's rsqrt in `rstd` (out null: those alone); `normed`
+  // is [T, H] BF16 scratch. Backward: dres (FP32) rounded to BF16 (dres_b) through the norm
+  // (dnorm_w += its weight gradient) into dpre ([T, H] BF16 scratch), then BranchGemmBackward.
+  absl::Status SandwichForward(const bf16* a, int64_t k, const bf16* w, const UnitParams& p, int norm, const void* res,
+                               void* out, bf16* pre, float* rstd, bf16* normed, int64_t T);
+  absl::Status SandwichBackward(const void* dres, int64_t T, const bf16* w, int64_t k, const bf16* a,
+                                const UnitParams& p, int norm, const bf16* pre, const float* rstd, bf16* da, float* dw,
+                                float* dparams, bf16* dres_b, bf16* dpre, float* ws);
+  // The norm of the MLP's input: post_attention_layernorm, or gemma3's pre_feedforward_layernorm.
+  int MlpInputNorm() const { return config_.has_sandwich_norms() ? kPreFfnNorm : kPostNorm; }
+  kernels::GluActivation Glu() const {
+    return config_.mlp_activation() == MlpActivation::kGeluTanh ? kernels::GluActivation::kGeluTanh
+                                                                 : kernels::GluActivation::kSilu;
+  }
+  // gemma3's layers keep nothing (as on the CPU backend): backward recomputes each from its input.
+  bool LayersKeepNothing() const { return config_.is_gemma3(); }
 
   // Reserves the activations of the pieces in `pieces` (common/policy/layer_pieces.h): those
   // attention reads or writes (qkv, qr, kr, o, lse) for all T tokens, the token-local ones (the
@@ -622,6 +684,10 @@ class CudaBackend final : public ComputeBackend {
     if (pieces & kPieceQkv) c.Reserve(&a.qkv, T * qkv_);
     if (pieces & kPieceOProj) c.ReserveBytes(&a.h1, local_rows * H_ * act_bytes());
     if (pieces & kPieceGateUp) c.Reserve(&a.gu, local_rows * 2 * I);
+    if (config_.has_sandwich_norms()) {
+      if (pieces & kPieceOProj) c.Reserve(&a.ob, local_rows * H_), c.Reserve(&a.rstd_o, local_rows);
+      if ((pieces & kPieceGateUp) && I > 0) c.Reserve(&a.down, local_rows * H_), c.Reserve(&a.rstd_d, local_rows);
+    }
     if (pieces & kPieceAttention) {
       c.Reserve(&a.o, T * qd_);
       c.Reserve(&a.lse, T * nq_);
@@ -644,6 +710,8 @@ class CudaBackend final : public ComputeBackend {
     }
     if ((whole & kPieceOProj) && a.h1 != nullptr) t.h1 = static_cast<char*>(a.h1) + t0 * H_ * act_bytes();
     if (whole & kPieceGateUp) t.gu = at(a.gu, 2 * I_);
+    if (whole & kPieceOProj) t.ob = at(a.ob, H_), t.rstd_o = at(a.rstd_o, 1);
+    if (whole & kPieceGateUp) t.down = at(a.down, H_), t.rstd_d = at(a.rstd_d, 1);
     return t;
   }
   // Row t0 of a residual-stream tensor (FP32 or BF16 per mode).
@@ -658,8 +726,8 @@ class CudaBackend final : public ComputeBackend {
       to->xn2 = from.xn2, to->rstd2 = from.rstd2, to->act = from.act;
     }
     if (pieces & kPieceQkv) to->qkv = from.qkv;
-    if (pieces & kPieceOProj) to->h1 = from.h1;
-    if (pieces & kPieceGateUp) to->gu = from.gu;
+    if (pieces & kPieceOProj) to->h1 = from.h1, to->ob = from.ob, to->rstd_o = from.rstd_o;
+    if (pieces & kPieceGateUp) to->gu = from.gu, to->down = from.down, to->rstd_d = from.rstd_d;
     if (pieces & kPieceAttention) to->o = from.o, to->lse = from.lse;
   }
 
@@ -691,7 +759,7 @@ class CudaBackend final : public ComputeBackend {
   absl::StatusOr<std::optional<int64_t>> CudnnWorkspace(AttnDir dir, const kernels::AttnArgs& a);
   // A context-parallel share (b.context()) attends the group's keys and values, [whole, 2 kvd]
   // BF16 (keys | values per row, GatherContextKv); kv null: gathered here.
-  absl::Status AttentionForward(const CudaBatch& b, int layer, const LayerActs& a, const bf16* kv = nullptr);
+  absl::Status AttentionForward(const UnitParams& p, const CudaBatch& b, const LayerActs& a, const bf16* kv = nullptr);
   // cudnn_ws: CudnnWorkspace(kBackward)'s answer for this call (ws holds that many bytes, or the
   // own kernels' workspace when it is empty). A share: kv as above (required); dk and dv get this
   // rank's rows of the group's summed key/value gradients.
@@ -727,6 +795,8 @@ class CudaBackend final : public ComputeBackend {
   int64_t off_[kNumDecoderTensors] = {};       // -1: not in this family's layer
   int64_t fp32_off_[kNumDecoderTensors] = {};  // in the FP32 side copy (norm weights only)
   float* rope_inv_freq_ = nullptr;             // device [rotary_dim / 2] for a scaled or partial RoPE, else null
+  float* rope_inv_freq_sliding_ = nullptr;     // gemma3's sliding layers' (has_sliding_rope), else null
+  float embed_scale_ = 1.0f;                   // gemma3: the embedding's sqrt(hidden) (EmbeddingScale)
   StackedWeight qkv_w_, gu_w_;
   // qwen3_5: the Gated DeltaNet's four input projections [Wqkv; Wz; Wb; Wa] and the shared expert's
   // [gate; up] (of the current layer: SelectLayer), and every decoder layer's shape.

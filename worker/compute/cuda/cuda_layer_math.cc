@@ -156,8 +156,9 @@ absl::Status CudaBackend::StackedBackward(const bf16_t* params, float* dparams, 
 }
 
 absl::Status CudaBackend::ResidualGemm(const bf16* a, int64_t k, const bf16* w, const void* res, void* out,
-                                       bf16* branch, int64_t T) {
-  GemmArgs g;  // out = res + a · Wᵀ   (FP32 mode: branch = bf16(a · Wᵀ), then out = res + branch in FP32)
+                                       bf16* branch, int64_t T, const bf16* bias) {
+  GemmArgs g;  // out = res + a · Wᵀ (+ bias)   (FP32 mode: branch = bf16(a · Wᵀ + bias), then out = res + branch in FP32)
+  g.bias = bias;
   g.m = T;
   g.n = H_;
   g.k = k;
@@ -179,7 +180,7 @@ absl::Status CudaBackend::ResidualGemm(const bf16* a, int64_t k, const bf16* w, 
 }
 
 absl::Status CudaBackend::ResidualBranchBackward(const void* dres, int64_t T, const bf16* w, int64_t k, const bf16* a,
-                                                 bf16* da, float* dw, bf16* dres_b) {
+                                                 bf16* da, float* dw, bf16* dres_b, float* dbias, float* ws) {
   // The GEMM operand: dres itself (BF16 mode) or its BF16 rounding (FP32 mode; HF autocast's
   // gradient of the BF16 branch output).
   const bf16* g = static_cast<const bf16*>(dres);
@@ -187,7 +188,31 @@ absl::Status CudaBackend::ResidualBranchBackward(const void* dres, int64_t T, co
     RETURN_IF_ERROR(kernels::CastF32ToBf16(static_cast<const float*>(dres), T * H_, 1.0f, dres_b, stream_));
     g = dres_b;
   }
-  GemmArgs d;  // da = dres · W
+  if (dbias != nullptr) RETURN_IF_ERROR(kernels::ColumnSumsInto(g, T, H_, H_, ws, dbias, stream_));
+  return BranchGemmBackward(g, T, w, k, a, da, dw);
+}
+
+absl::StatusOr<const float*> CudaBackend::Sinks(const UnitParams& p, PoolBlock& block) {
+  if (!config_.has_attention_sinks()) return nullptr;
+  const NormW s = Norm(p, kSinks);
+  if (s.f != nullptr) return s.f;
+  RETURN_IF_ERROR(block.Alloc(Align256(nq_ * static_cast<int64_t>(sizeof(float))), stream_));
+  float* f = reinterpret_cast<float*>(block.get());
+  RETURN_IF_ERROR(kernels::WidenBf16ToF32(s.b, nq_, f, stream_));
+  return f;
+}
+
+absl::StatusOr<kernels::AttnArgs> CudaBackend::LayerAttn(const UnitParams& p, const CudaBatch& b, PoolBlock& block,
+                                                         float* dparams) {
+  kernels::AttnArgs a = Attn(b, p.decoder_layer);
+  ASSIGN_OR_RETURN(a.sinks, Sinks(p, block));
+  if (a.sinks != nullptr && dparams != nullptr) a.dsinks = dparams + off_[kSinks];
+  return a;
+}
+
+absl::Status CudaBackend::BranchGemmBackward(const bf16* g, int64_t T, const bf16* w, int64_t k, const bf16* a,
+                                             bf16* da, float* dw) {
+  GemmArgs d;  // da = g · W
   d.op_b = GemmOp::kN;
   d.m = T;
   d.n = k;
@@ -199,7 +224,50 @@ absl::Status CudaBackend::ResidualBranchBackward(const void* dres, int64_t T, co
   d.d = da;
   d.ldd = k;
   RETURN_IF_ERROR(gemm_.Run(d, stream_));
-  return Wgrad(g, H_, a, k, T, H_, k, dw);  // dW += dresᵀ · a
+  return Wgrad(g, H_, a, k, T, H_, k, dw);  // dW += gᵀ · a
+}
+
+absl::Status CudaBackend::SandwichForward(const bf16* a, int64_t k, const bf16* w, const UnitParams& p, int norm,
+                                          const void* res, void* out, bf16* pre, float* rstd, bf16* normed, int64_t T) {
+  GemmArgs g;  // pre = a · Wᵀ (BF16, as HF's autocast linear)
+  g.m = T;
+  g.n = H_;
+  g.k = k;
+  g.a = a;
+  g.lda = k;
+  g.b = w;
+  g.ldb = k;
+  g.d = pre;
+  g.ldd = H_;
+  RETURN_IF_ERROR(gemm_.Run(g, stream_));
+  // HF Gemma3RMSNorm on a BF16 input: FP32 math, (1 + w), the output cast back to BF16.
+  const NormW nw = Norm(p, norm);
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  if (nw.f != nullptr) {
+    RETURN_IF_ERROR(kernels::RmsNormForward(pre, nw.f, T, H_, eps, normed, rstd, stream_, NormMode()));
+  } else {
+    RETURN_IF_ERROR(kernels::RmsNormForward(pre, nw.b, T, H_, eps, normed, rstd, stream_, NormMode()));
+  }
+  if (out == nullptr) return absl::OkStatus();
+  return kernels::AddBf16ToF32(static_cast<const float*>(res), normed, T * H_, static_cast<float*>(out), stream_);
+}
+
+absl::Status CudaBackend::SandwichBackward(const void* dres, int64_t T, const bf16* w, int64_t k, const bf16* a,
+                                           const UnitParams& p, int norm, const bf16* pre, const float* rstd, bf16* da,
+                                           float* dw, float* dparams, bf16* dres_b, bf16* dpre, float* ws) {
+  // The normed branch is BF16 in HF: its gradient is dres rounded to BF16, and the norm's input
+  // gradient is BF16 too.
+  RETURN_IF_ERROR(kernels::CastF32ToBf16(static_cast<const float*>(dres), T * H_, 1.0f, dres_b, stream_));
+  const NormW nw = Norm(p, norm);
+  float* dnorm = dparams + off_[norm];
+  if (nw.f != nullptr) {
+    RETURN_IF_ERROR(kernels::RmsNormBackward(dres_b, pre, nw.f, rstd, nullptr, T, H_, dpre, dnorm, ws, stream_,
+                                             NormMode()));
+  } else {
+    RETURN_IF_ERROR(kernels::RmsNormBackward(dres_b, pre, nw.b, rstd, nullptr, T, H_, dpre, dnorm, ws, stream_,
+                                             NormMode()));
+  }
+  return BranchGemmBackward(dpre, T, w, k, a, da, dw);
 }
 
 absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir, const kernels::AttnArgs& a) {
@@ -225,8 +293,10 @@ absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir, 
   return std::optional<int64_t>();
 }
 
-absl::Status CudaBackend::AttentionForward(const CudaBatch& b, int layer, const LayerActs& a, const bf16* kv) {
-  const kernels::AttnArgs attn = Attn(b, layer);
+absl::Status CudaBackend::AttentionForward(const UnitParams& p, const CudaBatch& b, const LayerActs& a,
+                                           const bf16* kv) {
+  PoolBlock sinks;
+  ASSIGN_OR_RETURN(const kernels::AttnArgs attn, LayerAttn(p, b, sinks));
   ASSIGN_OR_RETURN(std::optional<int64_t> ws, CudnnWorkspace(AttnDir::kForward, attn));
   if (b.context()) {
     PoolBlock kv_block;
@@ -389,12 +459,25 @@ absl::Status CudaBackend::AttentionInputs(const UnitParams& params, const CudaBa
 absl::Status CudaBackend::MlpTile(const UnitParams& params, const void* x, const LayerActs& at, int64_t rows,
                                   uint32_t given, void* y, bf16* branch) {
   const bool cheap = !(given & kPieceCheap);
-  // h1 = x + o · Woᵀ
-  if (!(given & kPieceOProj)) RETURN_IF_ERROR(ResidualGemm(at.o, qd_, W(params.bf16, kOProj), x, at.h1, branch, rows));
-  if (cheap) RETURN_IF_ERROR(NormForward(at.h1, Norm(params, kPostNorm), rows, at.xn2, at.rstd2));
+  const bool sandwich = config_.has_sandwich_norms();
+  // h1 = x + o · Woᵀ (gemma3: x + RMSNorm_pa(o · Woᵀ))
+  if (!(given & kPieceOProj)) {
+    if (sandwich) {
+      RETURN_IF_ERROR(
+          SandwichForward(at.o, qd_, W(params.bf16, kOProj), params, kPostNorm, x, at.h1, at.ob, at.rstd_o, branch, rows));
+    } else {
+      RETURN_IF_ERROR(ResidualGemm(at.o, qd_, W(params.bf16, kOProj), x, at.h1, branch, rows, OBias(params)));
+    }
+  }
+  if (cheap) RETURN_IF_ERROR(NormForward(at.h1, Norm(params, MlpInputNorm()), rows, at.xn2, at.rstd2));
   if (!(given & kPieceGateUp)) RETURN_IF_ERROR(StackedForward(params.bf16, gu_w_, at.xn2, rows, H_, at.gu, 2 * I_));
-  if (cheap) RETURN_IF_ERROR(kernels::SwiGluForward(at.gu, rows, I_, at.act, stream_));
-  if (y != nullptr) {  // y = h1 + act · Wdᵀ
+  if (cheap) RETURN_IF_ERROR(kernels::SwiGluForward(at.gu, rows, I_, at.act, stream_, Glu()));
+  if (sandwich) {  // y = h1 + RMSNorm_pf(act · Wdᵀ); without y (backward) its pre-norm output and rsqrt
+    if (y != nullptr || !(given & kPieceGateUp)) {
+      RETURN_IF_ERROR(SandwichForward(at.act, I_, W(params.bf16, kDownProj), params, kPostFfnNorm, at.h1, y, at.down,
+                                      at.rstd_d, branch, rows));
+    }
+  } else if (y != nullptr) {  // y = h1 + act · Wdᵀ
     RETURN_IF_ERROR(ResidualGemm(at.act, I_, W(params.bf16, kDownProj), at.h1, y, branch, rows));
   }
   return absl::OkStatus();
@@ -407,6 +490,7 @@ absl::Status CudaBackend::DecoderForward(const UnitParams& params, const DeviceB
   ASSIGN_OR_RETURN(const int sparse, SparseOrdinal(params));
   if (sparse >= 0) return SparseDecoderForward(params, b, x, y, policy, saved, sparse);
   const int64_t T = b.num_tokens_, tile = TileRows(T);
+  if (LayersKeepNothing()) policy = ActPolicy::kRecomputeLayer;  // what it keeps: nothing
   LayerActs acts;
   PoolBlock scratch, branch_block;
   std::unique_ptr<CudaSaved> keep;
@@ -430,7 +514,7 @@ absl::Status CudaBackend::DecoderForward(const UnitParams& params, const DeviceB
     RETURN_IF_ERROR(tmp.Alloc(scratch, stream_));
   }
   RETURN_IF_ERROR(AttentionInputs(params, b, x, acts, 0, kept_pieces));
-  RETURN_IF_ERROR(AttentionForward(b, params.decoder_layer, acts));
+  RETURN_IF_ERROR(AttentionForward(params, b, acts));
   for (int64_t t0 = 0; t0 < T; t0 += tile) {  // y may alias x: each tile reads its own rows first
     RETURN_IF_ERROR(MlpTile(params, ResidualRow(x, t0), TileOf(acts, t0, kept_pieces), std::min(tile, T - t0), 0,
                             ResidualRow(y, t0), branch));
@@ -467,6 +551,7 @@ absl::Status CudaSaved::Attach(std::unique_ptr<DeviceBuffer> block) {
   LayerActs& a = acts_;
   rebase(a.xn1), rebase(a.rstd1), rebase(a.qkv), rebase(a.qr), rebase(a.kr), rebase(a.o), rebase(a.lse);
   rebase(a.h1), rebase(a.xn2), rebase(a.rstd2), rebase(a.gu), rebase(a.act);
+  rebase(a.ob), rebase(a.rstd_o), rebase(a.down), rebase(a.rstd_d);
   moe_.Rebase(base_, to);
   base_ = to;
   attached_ = std::move(block);
@@ -492,7 +577,8 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   if (config_.is_qwen3_5()) return HybridDecoderBackward(params, b, x, dy, dx, dparams);
   if (sparse >= 0) return SparseDecoderBackward(params, b, x, saved, dy, dx, dparams);
   const uint32_t kept = policy.pieces;
-  const kernels::AttnArgs attn = Attn(b, params.decoder_layer);
+  PoolBlock sinks;
+  ASSIGN_OR_RETURN(const kernels::AttnArgs attn, LayerAttn(params, b, sinks, dparams));
 
   // Scratch: what the policy did not keep (attention's intermediates whole, the token-local ones
   // one tile's worth), one tile's MLP gradients, and attention's gradients whole. dx holds dh1 (the
@@ -502,8 +588,10 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   PoolBlock block;
   LayerActs acts;
   ReserveActs(c, acts, T, kAllPieces & ~kept, tile);
+  const bool sandwich = config_.has_sandwich_norms();
   bf16 *dact, *dgu, *dattn_o, *dqr, *dkr, *dqkv, *branch = nullptr;
   bf16* dres_b = nullptr;  // FP32 mode: a tile's BF16 copy of dy, then of dh1 (the GEMMs' operand)
+  bf16* dpre = nullptr;    // gemma3: a sandwich branch's pre-norm gradient (one tile)
   void* dxn;               // residual dtype
   float* ws_f;
   char* ws_attn;
@@ -512,8 +600,9 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   c.ReserveBytes(&dxn, tile * H_ * act_bytes());
   if (f32()) {
     c.Reserve(&dres_b, tile * H_);
-    if (!policy.keeps(kPieceOProj)) c.Reserve(&branch, tile * H_);
+    if (!policy.keeps(kPieceOProj) || sandwich) c.Reserve(&branch, tile * H_);
   }
+  if (sandwich) c.Reserve(&dpre, tile * H_);
   c.Reserve(&dattn_o, T * qd_);
   c.Reserve(&dqr, T * qd_);
   c.Reserve(&dkr, T * kvd_);
@@ -522,7 +611,8 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   for (const int64_t rows : {tile, last}) {
     ws_numel = std::max({ws_numel, kernels::RmsNormBackwardWorkspaceNumel(rows, H_),
                          kernels::QkNormRopeBackwardWorkspaceNumel(Rope(rows)),
-                         config_.has_qkv_bias() ? kernels::ColumnSumsWorkspaceNumel(rows, qd_) : int64_t{0}});
+                         config_.has_qkv_bias() ? kernels::ColumnSumsWorkspaceNumel(rows, qd_) : int64_t{0},
+                         config_.has_o_bias() ? kernels::ColumnSumsWorkspaceNumel(rows, H_) : int64_t{0}});
   }
   c.Reserve(&ws_f, ws_numel);
   ASSIGN_OR_RETURN(const std::optional<int64_t> cudnn_ws, CudnnWorkspace(AttnDir::kBackward, attn));
@@ -535,7 +625,7 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   PoolBlock kv_block;  // a context-parallel share: the group's keys and values, once for both
   const bf16* kv = nullptr;
   RETURN_IF_ERROR(GatherContextKv(b, acts, kv_block, &kv));
-  if (!policy.keeps(kPieceAttention)) RETURN_IF_ERROR(AttentionForward(b, params.decoder_layer, acts, kv));
+  if (!policy.keeps(kPieceAttention)) RETURN_IF_ERROR(AttentionForward(params, b, acts, kv));
 
   // The MLP and o_proj blocks, tile by tile, each tile's MLP inputs recomputed around the kept pieces.
   for (int64_t t0 = 0; t0 < T; t0 += tile) {
@@ -544,17 +634,29 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
     RETURN_IF_ERROR(MlpTile(params, ResidualRow(x, t0), at, rows, kept, nullptr, branch));
     const void* dy_t = ResidualRow(dy, t0);
     void* dh1_t = ResidualRow(dx, t0);
-    // y = h1 + act · Wdᵀ
-    RETURN_IF_ERROR(ResidualBranchBackward(dy_t, rows, W(params.bf16, kDownProj), I_, at.act, dact,
-                                           dparams + off_[kDownProj], dres_b));
-    RETURN_IF_ERROR(kernels::SwiGluBackward(at.gu, dact, rows, I_, dgu, stream_));
+    // y = h1 + act · Wdᵀ (gemma3: h1 + RMSNorm_pf(act · Wdᵀ))
+    if (sandwich) {
+      RETURN_IF_ERROR(SandwichBackward(dy_t, rows, W(params.bf16, kDownProj), I_, at.act, params, kPostFfnNorm, at.down,
+                                       at.rstd_d, dact, dparams + off_[kDownProj], dparams, dres_b, dpre, ws_f));
+    } else {
+      RETURN_IF_ERROR(ResidualBranchBackward(dy_t, rows, W(params.bf16, kDownProj), I_, at.act, dact,
+                                             dparams + off_[kDownProj], dres_b));
+    }
+    RETURN_IF_ERROR(kernels::SwiGluBackward(at.gu, dact, rows, I_, dgu, stream_, Glu()));
     RETURN_IF_ERROR(StackedBackward(params.bf16, dparams, gu_w_, dgu, 2 * I_, at.xn2, rows, H_, dxn, act_gemm_type()));
     // dh1 = dy + RMSNorm2ᵀ(dxn), into dx's rows (dy's rows were last read above)
-    RETURN_IF_ERROR(NormBackward(dxn, at.h1, Norm(params, kPostNorm), at.rstd2, dy_t, rows, dh1_t,
-                                 dparams + off_[kPostNorm], ws_f));
-    // h1 = x + o · Woᵀ (dres_b's previous content, bf16 dy, was last read by the down_proj GEMMs)
-    RETURN_IF_ERROR(ResidualBranchBackward(dh1_t, rows, W(params.bf16, kOProj), qd_, at.o, dattn_o + t0 * qd_,
-                                           dparams + off_[kOProj], dres_b));
+    RETURN_IF_ERROR(NormBackward(dxn, at.h1, Norm(params, MlpInputNorm()), at.rstd2, dy_t, rows, dh1_t,
+                                 dparams + off_[MlpInputNorm()], ws_f));
+    // h1 = x + o · Woᵀ (dres_b's previous content, bf16 dy, was last read by the down_proj GEMMs;
+    // gemma3: x + RMSNorm_pa(o · Woᵀ))
+    if (sandwich) {
+      RETURN_IF_ERROR(SandwichBackward(dh1_t, rows, W(params.bf16, kOProj), qd_, at.o, params, kPostNorm, at.ob,
+                                       at.rstd_o, dattn_o + t0 * qd_, dparams + off_[kOProj], dparams, dres_b, dpre,
+                                       ws_f));
+    } else {
+      RETURN_IF_ERROR(ResidualBranchBackward(dh1_t, rows, W(params.bf16, kOProj), qd_, at.o, dattn_o + t0 * qd_,
+                                             dparams + off_[kOProj], dres_b, OBiasGrad(dparams), ws_f));
+    }
   }
   RETURN_IF_ERROR(AttentionBackward(b, attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + VColumn(), ws_attn, kv));
   kv_block.Release();
@@ -573,7 +675,7 @@ absl::Status CudaBackend::QkvBackward(const UnitParams& params, const CudaBatch&
   for (int64_t t0 = 0; t0 < T; t0 += tile) {
     const int64_t rows = std::min(tile, T - t0);
     const LayerActs at = TileOf(acts, t0, kept);
-    const kernels::RopeArgs rope = Rope(rows);
+    const kernels::RopeArgs rope = Rope(rows, params.decoder_layer);
     const int32_t* pos = b.positions_ + t0;
     bf16* dqkv_t = dqkv + t0 * qkv_;
     if (config_.has_qk_norm()) {
@@ -659,7 +761,8 @@ absl::Status CudaBackend::Head(const UnitParams& norm_params, const bf16_t* lm_h
       g.ldd = V;
       RETURN_IF_ERROR(gemm_.Run(g, stream_));
       RETURN_IF_ERROR(kernels::CrossEntropyInPlace(logits, tc, V, V, b.labels_ + s0 + t0, kIgnoreIndex, loss_scale,
-                                                   row_loss + s0 + t0, stream_));
+                                                   row_loss + s0 + t0, stream_,
+                                                   static_cast<float>(config_.final_logit_softcapping)));
       if (!grads) continue;
       GemmArgs d;  // dxn_c = dlogits · W
       d.op_b = GemmOp::kN;

@@ -1,8 +1,9 @@
-// The Qwen3-MoE sparse block on the CUDA backend's stream, forward and backward, over the T
-// post-attention-norm tokens of one sparse decoder layer: router, experts grouped by expert, weighted
-// combine. The math and its CPU reference are worker/compute/cpu/moe_reference_math.h (MoeDims and
-// MoeOffsets come from there: the unit's flat parameter layout, MoeOffsets::InUnit); the kernels are
-// worker/kernels/moe.h. Internal to worker/compute/cuda.
+// The sparse MoE block of Qwen3-MoE and of GPT-OSS (MoeDims::gpt_oss) on the CUDA backend's stream,
+// forward and backward, over the T post-attention-norm tokens of one sparse decoder layer: router,
+// experts grouped by expert, weighted combine. The math and its CPU reference are
+// worker/compute/cpu/moe_reference_math.h and, for GPT-OSS, gpt_oss_math.h (MoeDims and MoeOffsets
+// come from there: the unit's flat parameter layout, MoeOffsets::InUnit); the kernels are
+// worker/kernels/moe.h and gpt_oss_moe.h. Internal to worker/compute/cuda.
 //
 // Numerics: HF transformers 5.x Qwen3MoeSparseMoeBlock under torch.autocast(bf16) with FP32 master
 // weights and its eager experts loop, in the dense layers' conventions (cuda_layer_math.cc):
@@ -23,13 +24,41 @@
 // the weights' dtype (FP32 master weights: FP32 expert GEMMs, no BF16 rounding of gu, act, eo) and
 // sums a token's k terms in slot order; a parity run against HF should ask for "eager".
 //
+// GPT-OSS (HF 5.17 GptOssMLP: GptOssTopKRouter + GptOssExperts' eager loop), same conventions; its
+// unit holds biases (MoeOffsets' router_bias, gate_up_bias_at, down_bias_at), the fused gate_up at
+// gate_at(e) is [H, 2I] used as x @ W with gate in the even columns and up in the odd ones, and
+// down_at(e) is [I, H] used as act @ W:
+//   z      = bf16(xn · Wrᵀ + br)     the FP32 GEMM accumulator plus the bias, rounded once (F.linear's
+//                                    BF16 output, the bias in cuBLASLt's epilogue)
+//   p      = softmax(z)              FP32, only for the aux loss (S_e, and its gradient's path)
+//   top-k of z (largest first, ties to the lower expert); w = bf16(softmax of the k selected z), FP32
+//                                    math rounded once (softmax(top_v, dtype=top_v.dtype))
+//   gu     = xg · Wgu                BF16, without the bias
+//   act    = bf16((clamp(u, ±L) + 1) · g σ(α g)), g = min(gate, L), [gate, up] = float(gu) + bgu in
+//                                    FP32 (HF: BF16 GEMM output + FP32 parameter is FP32), the GLU in
+//                                    FP32, rounded where autocast casts it for the down GEMM (L 7, α 1.702)
+//   eo     = act · Wd                BF16, without the bias
+//   out[t] = Σ ((float(eo) + bd) · w) FP32, the token's experts ascending, each operation rounded
+// The biases are the unit's BF16 copies; HF adds the FP32 master values, which we do not have here.
+// Backward, through the same casts: d_eo = bf16(dout · w), dw = dout · (float(eo) + bd) (FP32, then
+// rounded to BF16 as the BF16 weights' gradient g); dz = bf16(w (g - Σ g w)) at the selected experts
+// (the BF16 k-softmax's backward) plus, with an aux gradient, bf16(p (aux - p·aux)) at every expert
+// (the full FP32 softmax's), the two summed and rounded (the BF16 logits' two gradients); d_act =
+// d_eo · Wdᵀ (BF16); d(gate_up) in FP32 through the GLU and the clamps (which pass the gradient with
+// their ends included, as torch.clamp), rounded to BF16 for the GEMMs; dxg = d_gu · Wguᵀ and dxn's
+// router term in FP32, as above. Bias gradients, FP32 and added into dparams in fixed orders: br the
+// column sums of dz (BF16), bgu[e] those of expert e's FP32 d(gate_up) rows, bd[e] those of its FP32
+// dout · w rows (HF's gradients of the FP32 biases, from the unrounded FP32 values).
+//
 // GEMMs: GemmRunner (cuBLASLt), one per expert that has rows, per matrix (gate and up as one GEMM
 // of 2I outputs when the layout puts up_proj right after gate_proj, as ModelLayout does). CUDA 13's
 // cublas_api.h does declare cublasGemmGroupedBatchedEx, but it is not used: it needs a cuBLAS (not
 // Lt) handle and device pointer arrays built per call, offers no BF16-in / FP32-accumulate-into-C
 // (beta = 1) guarantee we could check here without a GPU, and would give the experts' GEMMs other
 // kernels than the dense layers' (one numerics, one tuning path). The expert GEMMs are planned per
-// bucket of row counts (GemmArgs::varies; see cuda_moe.cc).
+// bucket of row counts (GemmArgs::varies; see cuda_moe.cc). GPT-OSS's [in, out] weights take the same
+// GEMMs with W's roles swapped (MatMul*), its gate_up always as one GEMM of 2I outputs; its router
+// GEMM writes FP32 (the bias is added in the router kernel, so the bias needs no epilogue alignment).
 //
 // Host synchronization (the one exception to "never synchronize"): the experts' GEMM sizes are the
 // per-expert row counts, which the router makes on the device. Forward copies them to the host and
@@ -38,8 +67,10 @@
 //
 // Memory: scratch is stream-ordered pool memory (PoolBlock, cuda_memory.h) taken per call and freed in
 // stream order when the call returns: up to T·k·(4H + 6I) bytes forward (less what `saved` keeps) and
-// T·k·(6H + 12I) backward, plus small [T, E] pieces. What Forward keeps for Backward lives in memory
-// the caller owns (ReserveSaved). The block runs on all T tokens at once (no TileRows tiling).
+// T·k·(6H + 12I) backward, plus small [T, E] pieces (GPT-OSS: the router's [T, E] output in FP32, and
+// 128·max(2I, H) + min(T, 128)·E floats of bias-sum workspace in backward). What Forward keeps for
+// Backward lives in memory the caller owns (ReserveSaved); its layout is the same for both families.
+// The block runs on all T tokens at once (no TileRows tiling).
 //
 // Determinism: bitwise repeatable run to run (the kernels' fixed orders, integer atomics only, and
 // the same cuBLASLt plans per shape); dxn gets the router term first and then each expert's rows in
@@ -57,6 +88,7 @@
 #include "worker/compute/cpu/moe_reference_math.h"
 #include "worker/compute/cuda/cuda_memory.h"
 #include "worker/kernels/gemm.h"
+#include "worker/kernels/gpt_oss_moe.h"
 #include "worker/kernels/moe.h"
 
 namespace slidedp::cuda_backend_internal {
@@ -79,15 +111,15 @@ struct MoeSaved {
   MoeKeep keep = MoeKeep::kNothing;
   // kRouting and kAll
   float* probs = nullptr;              // [T, E] softmax of the router logits
-  int32_t* topk_expert = nullptr;      // [T, k] largest probability first
-  float* topk_weight = nullptr;        // [T, k] routing weights
+  int32_t* topk_expert = nullptr;      // [T, k] largest probability (logit) first
+  float* topk_weight = nullptr;        // [T, k] routing weights (gpt_oss: BF16 values)
   int32_t* token_index = nullptr;      // [T k] grouped layout (worker/kernels/moe.h)
   int32_t* slot_index = nullptr;       // [T k]
   int32_t* row_of_slot = nullptr;      // [T k]
   std::vector<int64_t> expert_counts;  // [E] host: rows per expert (the GEMM sizes); Forward fills it
   // kAll
-  bf16* gu = nullptr;          // [T k, 2I] gate | up outputs, grouped
-  bf16* expert_out = nullptr;  // [T k, H] down_proj outputs before the routing weight, grouped
+  bf16* gu = nullptr;          // [T k, 2I] gate | up outputs, grouped (gpt_oss: interleaved, before the bias)
+  bf16* expert_out = nullptr;  // [T k, H] down_proj outputs before the routing weight (and gpt_oss's bias)
 
   // Moves the device pointers from a block at `from` to the same offsets in one at `to` (an activation
   // store gave the block back elsewhere: CudaSaved::Attach).
@@ -105,8 +137,9 @@ class CudaMoeBlock {
  public:
   // dims: MoeDims::Of(config); offs: MoeOffsets::InUnit(unit), into the unit's flat BF16 parameters
   // and its FP32 gradient (same layout). gemm: the backend's runner, used on the calls' stream only.
-  // INVALID_ARGUMENT for sizes the kernels do not take (moe_intermediate_size not a multiple of 8,
-  // more than kernels::kMoeMaxExperts experts).
+  // INVALID_ARGUMENT for sizes the kernels do not take (qwen3_moe's moe_intermediate_size not a
+  // multiple of 8, more than kernels::kMoeMaxExperts experts) and for a gpt_oss block whose offsets
+  // lack its biases.
   static absl::StatusOr<CudaMoeBlock> Create(const MoeDims& dims, const MoeOffsets& offs, GemmRunner* gemm);
 
   const MoeDims& dims() const { return dims_; }
@@ -137,10 +170,23 @@ class CudaMoeBlock {
  private:
   // Scratch of one routing pass (router GEMM output, counts, offsets, permutation workspace).
   struct RouteScratch {
-    bf16* logits = nullptr;  // [T, logits_ld_]
+    bf16* logits = nullptr;       // [T, logits_ld_] (qwen3_moe)
+    float* logits_acc = nullptr;  // [T, logits_ld_] gpt_oss: the GEMM's FP32 output, before the bias
     int32_t* counts = nullptr;
     int32_t* offsets = nullptr;
     int32_t* perm_ws = nullptr;
+  };
+  // gpt_oss's backward scratch (Backward lays it out).
+  struct GptOssBackwardScratch {
+    bf16* xg = nullptr;               // [T k, H] xn's grouped rows
+    bf16* act = nullptr;              // [T k, I] the clamped SwiGLU's output, the down GEMM's input
+    bf16* d_eo = nullptr;             // [T k, H] the down GEMM output's gradient
+    float* dw = nullptr;              // [T k] dL/d(routing weight), FP32 before its BF16 rounding
+    bf16* dlogits = nullptr;          // [T, logits_ld_]
+    bf16* dact = nullptr;             // [T k, I]
+    bf16* dgu = nullptr;              // [T k, 2I] interleaved as gu
+    float* bias_ws = nullptr;         // kernels::GptOssBiasWorkspaceNumel(T k, max(2I, H))
+    float* router_bias_ws = nullptr;  // kernels::ColumnSumsWorkspaceNumel(T, E)
   };
 
   CudaMoeBlock(const MoeDims& dims, const MoeOffsets& offs, GemmRunner* gemm);
@@ -158,6 +204,17 @@ class CudaMoeBlock {
   absl::Status ExpertsForward(const bf16* w, const bf16* xn, int64_t T, const MoeSaved& r,
                               const std::vector<int64_t>& counts, bf16* xg, bf16* gu, bf16* act, bf16* eo,
                               cudaStream_t stream) const;
+  // gpt_oss: the same, and act alone from gu (plus the expert's gate_up bias, the clamped SwiGLU).
+  absl::Status GptOssExpertsForward(const bf16* w, const bf16* xn, int64_t T, const MoeSaved& r,
+                                    const std::vector<int64_t>& counts, bf16* xg, bf16* gu, bf16* act, bf16* eo,
+                                    cudaStream_t stream) const;
+  absl::Status GptOssActivations(const bf16* w, const bf16* gu, const std::vector<int64_t>& counts, bf16* act,
+                                 cudaStream_t stream) const;
+  // gpt_oss's backward once the routing (v) and the experts' forward (s.xg, s.act, v.gu, v.expert_out)
+  // are in place; Backward's contract.
+  absl::Status GptOssBackward(const bf16* w, const bf16* xn, int64_t T, const MoeSaved& v,
+                              const std::vector<int64_t>& counts, const float* dout, const double* aux_prob_grad,
+                              const GptOssBackwardScratch& s, float* dxn, float* dparams, cudaStream_t stream) const;
 
   // Y[rows, out] = X[rows, in] · W[out, in]ᵀ, BF16.
   absl::Status Linear(const bf16* x, int64_t ldx, const bf16* w, int64_t rows, int64_t in, int64_t out, bf16* y,
@@ -168,6 +225,19 @@ class CudaMoeBlock {
   // dW[out, in] += dY[rows, out]ᵀ · X[rows, in], FP32.
   absl::Status LinearWgrad(const bf16* dy, int64_t lddy, const bf16* x, int64_t ldx, int64_t rows, int64_t in,
                            int64_t out, float* dw, cudaStream_t stream) const;
+  // gpt_oss's expert weights, stored [in, out] (transformers' GptOssExperts computes x @ W):
+  // Y[rows, out] = X[rows, in] · W[in, out], BF16;
+  absl::Status MatMul(const bf16* x, int64_t ldx, const bf16* w, int64_t rows, int64_t in, int64_t out, bf16* y,
+                      int64_t ldy, cudaStream_t stream) const;
+  // dX[rows, in] = dY[rows, out] · W[in, out]ᵀ (overwritten), BF16 or FP32 dX;
+  absl::Status MatMulDgrad(const bf16* dy, int64_t lddy, const bf16* w, int64_t rows, int64_t in, int64_t out, void* dx,
+                           int64_t lddx, Dtype dx_type, cudaStream_t stream) const;
+  // dW[in, out] += X[rows, in]ᵀ · dY[rows, out], FP32.
+  absl::Status MatMulWgrad(const bf16* x, int64_t ldx, const bf16* dy, int64_t lddy, int64_t rows, int64_t in,
+                           int64_t out, float* dw, cudaStream_t stream) const;
+  // gpt_oss's router GEMM without its bias: acc[T, logits_ld_] = xn · Wrᵀ, FP32 (GptOssRouteTopK adds
+  // the bias and rounds once, as cuBLASLt's bias epilogue would).
+  absl::Status RouterLogitsF32(const bf16* wr, const bf16* xn, int64_t T, float* acc, cudaStream_t stream) const;
 
   MoeDims dims_;
   MoeOffsets offs_;
@@ -175,6 +245,8 @@ class CudaMoeBlock {
   kernels::MoeTopKNorm norm_;
   int64_t logits_ld_;        // the router GEMM's output row stride: E rounded up to 8 (16-byte rows)
   bool gate_up_contiguous_;  // up_proj directly after gate_proj: one GEMM of 2I outputs
+
+  kernels::GptOssGluParams glu_;  // gpt_oss's SwiGLU constants (MoeDims::swiglu_alpha, swiglu_limit)
 };
 
 }  // namespace slidedp::cuda_backend_internal

@@ -75,8 +75,8 @@ absl::Status CudaBackend::SparseDecoderForward(const UnitParams& params, const C
   }
   ASSIGN_OR_RETURN(const MoeRouterStatsOut record, RouterRecord(b, ordinal));
   RETURN_IF_ERROR(AttentionInputs(params, b, x, acts, 0, kept_pieces));
-  RETURN_IF_ERROR(AttentionForward(b, params.decoder_layer, acts));
-  RETURN_IF_ERROR(ResidualGemm(acts.o, qd_, W(params.bf16, kOProj), x, acts.h1, branch, T));  // h1 = x + o·Woᵀ
+  RETURN_IF_ERROR(AttentionForward(params, b, acts));
+  RETURN_IF_ERROR(ResidualGemm(acts.o, qd_, W(params.bf16, kOProj), x, acts.h1, branch, T, OBias(params)));  // h1 = x + o·Woᵀ
   RETURN_IF_ERROR(NormForward(acts.h1, Norm(params, kPostNorm), T, acts.xn2, acts.rstd2));
   MoeSaved* moe_state = moe_keep != MoeKeep::kNothing ? &keep->moe_ : record_routing_ ? &routing : nullptr;
   RETURN_IF_ERROR(
@@ -98,7 +98,8 @@ absl::Status CudaBackend::SparseDecoderBackward(const UnitParams& params, const 
   const int64_t T = b.num_tokens_;
   const ActPolicy policy = saved == nullptr ? ActPolicy::kRecomputeLayer : saved->policy_;
   const uint32_t kept = policy.pieces;
-  const kernels::AttnArgs attn = Attn(b, params.decoder_layer);
+  PoolBlock sinks;
+  ASSIGN_OR_RETURN(const kernels::AttnArgs attn, LayerAttn(params, b, sinks, dparams));
 
   Carver c;
   PoolBlock block;
@@ -116,7 +117,8 @@ absl::Status CudaBackend::SparseDecoderBackward(const UnitParams& params, const 
   c.Reserve(&dqkv, T * qkv_);
   c.Reserve(&ws_f,
             std::max({kernels::RmsNormBackwardWorkspaceNumel(T, H_), kernels::QkNormRopeBackwardWorkspaceNumel(Rope(T)),
-                      config_.has_qkv_bias() ? kernels::ColumnSumsWorkspaceNumel(T, qd_) : int64_t{0}}));
+                      config_.has_qkv_bias() ? kernels::ColumnSumsWorkspaceNumel(T, qd_) : int64_t{0},
+                      config_.has_o_bias() ? kernels::ColumnSumsWorkspaceNumel(T, H_) : int64_t{0}}));
   ASSIGN_OR_RETURN(const std::optional<int64_t> cudnn_ws, CudnnWorkspace(AttnDir::kBackward, attn));
   c.Reserve(&ws_attn, cudnn_ws.has_value() ? *cudnn_ws : kernels::FlashAttentionBackwardWorkspaceBytes(attn));
   RETURN_IF_ERROR(c.Alloc(block, stream_));
@@ -127,9 +129,9 @@ absl::Status CudaBackend::SparseDecoderBackward(const UnitParams& params, const 
   PoolBlock kv_block;  // a context-parallel share: the group's keys and values, once for both
   const bf16* kv = nullptr;
   RETURN_IF_ERROR(GatherContextKv(b, acts, kv_block, &kv));
-  if (!policy.keeps(kPieceAttention)) RETURN_IF_ERROR(AttentionForward(b, params.decoder_layer, acts, kv));
+  if (!policy.keeps(kPieceAttention)) RETURN_IF_ERROR(AttentionForward(params, b, acts, kv));
   if (!policy.keeps(kPieceOProj)) {
-    RETURN_IF_ERROR(ResidualGemm(acts.o, qd_, W(params.bf16, kOProj), x, acts.h1, branch, T));
+    RETURN_IF_ERROR(ResidualGemm(acts.o, qd_, W(params.bf16, kOProj), x, acts.h1, branch, T, OBias(params)));
   }
   if (!policy.keeps(kPieceCheap))
     RETURN_IF_ERROR(NormForward(acts.h1, Norm(params, kPostNorm), T, acts.xn2, acts.rstd2));
@@ -143,8 +145,8 @@ absl::Status CudaBackend::SparseDecoderBackward(const UnitParams& params, const 
   RETURN_IF_ERROR(
       NormBackward(dxn, acts.h1, Norm(params, kPostNorm), acts.rstd2, dy, T, dx, dparams + off_[kPostNorm], ws_f));
   // h1 = x + o·Woᵀ
-  RETURN_IF_ERROR(
-      ResidualBranchBackward(dx, T, W(params.bf16, kOProj), qd_, acts.o, dattn_o, dparams + off_[kOProj], dres_b));
+  RETURN_IF_ERROR(ResidualBranchBackward(dx, T, W(params.bf16, kOProj), qd_, acts.o, dattn_o, dparams + off_[kOProj],
+                                         dres_b, OBiasGrad(dparams), ws_f));
   RETURN_IF_ERROR(AttentionBackward(b, attn, cudnn_ws, acts, dattn_o, dqr, dkr, dqkv + VColumn(), ws_attn, kv));
   kv_block.Release();
   return QkvBackward(params, b, x, acts, kept, T, dqr, dkr, dqkv, dxn, ws_f, dx, dparams);

@@ -369,7 +369,7 @@ absl::Status CudaBackend::MixerForward(const UnitParams& params, const CudaBatch
                      " tokens needs cuDNN (SLIDEDP_ATTENTION auto or cudnn, libcudnn 9): the own kernels run this head ",
                      "dim on their slow path, for at most ", kSlowAttentionMaxTokens, " tokens"));
   }
-  RETURN_IF_ERROR(AttentionForward(b, params.decoder_layer, l));
+  RETURN_IF_ERROR(AttentionForward(params, b, l));
   RETURN_IF_ERROR(kernels::AttnOutputGateForward(l.o, l.qkv, qkv_, T, nq_, hd_, a.og, stream_));
   return ResidualGemm(a.og, qd_, W(params.bf16, kOProj), x, l.h1, a.branch, T);
 }

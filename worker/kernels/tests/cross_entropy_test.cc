@@ -62,5 +62,45 @@ TEST_F(CrossEntropyGpuTest, InPlaceWithIgnoredRowsAndLossSum) {
   ExpectRelErr("cross-entropy loss sum +=", DownF32(total.get(), 1), {rtotal}, 1e-5);
 }
 
+// Soft-capped logits (Gemma's final_logit_softcapping, cap 3 with logits up to ~5 so tanh bends):
+// the loss over cap tanh(l / cap) and the gradient with respect to the stored logits l.
+TEST_F(CrossEntropyGpuTest, SoftCapped) {
+  const int64_t R = 19, V = 515, LD = 520;
+  const float scale = 0.5f, cap = 3.0f;
+  auto logits = RandVec(R * LD, 2.5);
+  std::vector<int32_t> labels(R);
+  std::uniform_int_distribution<int> ud(0, V - 1);
+  for (int64_t r = 0; r < R; ++r) labels[r] = (r % 7 == 2) ? kIgnoreIndex : ud(Rng());
+  labels[0] = V - 1;
+  std::unique_ptr<Dev<bf16>> dl(NewBf16(logits));
+  Dev<int32_t> dlab(R);
+  Upload(dlab, labels);
+  Dev<float> rl(R);
+  ASSERT_OK(
+      kernels::CrossEntropyInPlace(dl->get(), R, V, LD, dlab.get(), kIgnoreIndex, scale, rl.get(), nullptr, cap));
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  auto got = DownBf16(dl->get(), R * LD);
+  std::vector<double> gd, rd, rloss(R);
+  for (int64_t r = 0; r < R; ++r) {
+    std::vector<double> z(V);
+    double m = -INFINITY;
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, z[j] = cap * std::tanh(logits[r * LD + j] / cap));
+    double s = 0;
+    for (int64_t j = 0; j < V; ++j) s += std::exp(z[j] - m);
+    const double lse = m + std::log(s);
+    const bool ign = labels[r] == kIgnoreIndex;
+    rloss[r] = ign ? 0 : scale * (lse - z[labels[r]]);
+    for (int64_t j = 0; j < V; ++j) {
+      const double t = z[j] / cap;
+      rd.push_back(ign ? 0 : scale * (std::exp(z[j] - lse) - (j == labels[r] ? 1 : 0)) * (1 - t * t));
+      gd.push_back(got[r * LD + j]);
+    }
+  }
+  ExpectRelErr("soft-capped cross-entropy row loss", DownF32(rl.get(), R), rloss, 1e-5);
+  ExpectRelErr("soft-capped cross-entropy dlogits", gd, rd, 1e-2);
+  EXPECT_FALSE(
+      kernels::CrossEntropyInPlace(dl->get(), R, V, LD, dlab.get(), kIgnoreIndex, scale, rl.get(), nullptr, -1.0f).ok());
+}
+
 }  // namespace
 }  // namespace slidedp

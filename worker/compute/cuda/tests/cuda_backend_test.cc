@@ -537,6 +537,35 @@ TEST_P(CudaBackendGpuTest, MatchesCpuBackend) {
     ASSERT_OK(q->Validate());
     CheckBackend("qwen3.5-mini(hd256, gdn 2/4x128)", *q, b.fp32_residual, b.attention, norms, b.tile, {0, 1},
                  kQwen35Docs);
+  } else if (model == "gemma3" || model == "gemma3_hd256") {
+    // tiny-gemma3 (CI's preset: head_dim 16, window 16, query_pre_attn_scalar 24, soft-capped
+    // logits, the scaled embedding with pad id 0 among the tokens), its layers 0 (sliding, local
+    // RoPE) and 5 (full, linear-scaled global RoPE); or Gemma 3's head_dim 256 at a small hidden
+    // size, a window of 48 inside documents of 37, 100 and 13 tokens.
+    auto q = ModelConfig::Preset("tiny-gemma3");
+    ASSERT_OK(q.status());
+    std::vector<int> layers = {0, 5};
+    if (model == "gemma3_hd256") {
+      q->hidden_size = 256;
+      q->num_hidden_layers = 2;
+      q->layer_spans = {AttentionSpan::kSliding, AttentionSpan::kFull};
+      q->num_attention_heads = 4;
+      q->num_key_value_heads = 2;
+      q->head_dim = 256;
+      q->query_pre_attn_scalar = 200;
+      q->sliding_window = 48;
+      q->intermediate_size = 384;
+      layers = {0, 1};
+      ASSERT_OK(q->Validate());
+    }
+    CheckBackend(model == "gemma3" ? "tiny-gemma3" : "gemma3-mini(hd256, window 48)", *q, b.fp32_residual,
+                 b.attention, norms, b.tile, layers);
+  } else if (model == "gpt_oss") {
+    // tiny-gpt-oss (CI's preset): attention sinks, q/k/v/o biases, YaRN, layer 0 sliding and layer 1
+    // full, the biased top-k-then-softmax router, experts with biases and the clamped SwiGLU.
+    auto q = ModelConfig::Preset("tiny-gpt-oss");
+    ASSERT_OK(q.status());
+    CheckBackend("tiny-gpt-oss", *q, b.fp32_residual, b.attention, norms, b.tile, {0, 1});
   } else {
     auto tiny = ModelConfig::Preset("tiny");
     if (!tiny.ok()) GTEST_SKIP() << "preset tiny: " << tiny.status().ToString();
@@ -566,8 +595,25 @@ INSTANTIATE_TEST_SUITE_P(
                       BackendCase{"qwen35_moe", true, Attention::kCudnn},
                       BackendCase{"qwen35_hd256", true, Attention::kCudnn},
                       BackendCase{"qwen35_hd256", false, Attention::kCudnn},
-                      BackendCase{"qwen35_hd256", true, Attention::kOwn}),
+                      BackendCase{"qwen35_hd256", true, Attention::kOwn},
+                      // gemma3 (FP32 residual only: the sandwich norms)
+                      BackendCase{"gemma3", true, Attention::kOwn}, BackendCase{"gemma3", true, Attention::kCudnn},
+                      BackendCase{"gemma3", true, Attention::kCudnn, 37},
+                      BackendCase{"gemma3_hd256", true, Attention::kCudnn},
+                      BackendCase{"gemma3_hd256", true, Attention::kOwn, 64},
+                      // gpt_oss (sinks: the own kernels whichever is asked; FP32 residual: MoE)
+                      BackendCase{"gpt_oss", true, Attention::kOwn}, BackendCase{"gpt_oss", true, Attention::kCudnn}),
     CaseName);
+
+// gemma3 on the BF16 residual stream is refused by name (its sandwich norms run in FP32 only).
+TEST(CudaBackendOptionsGpuTest, Gemma3RefusesTheBf16ResidualStream) {
+  auto q = ModelConfig::Preset("tiny-gemma3");
+  ASSERT_OK(q.status());
+  CudaBackendOptions opt;
+  opt.fp32_residual = false;
+  auto g = MakeCudaBackendWithOptions(*q, 0, opt);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented) << g.status();
+}
 
 // The checkpoint conversion (runtime.checkpoint_dtype bf16) bit for bit the CPU backend's: FP32 ->
 // BF16 on random bit patterns (NaNs of every payload, infinities, subnormals, ties), BF16 -> FP32
