@@ -155,7 +155,7 @@ absl::StatusOr<ModelConfig> BenchConfig(const BenchOptions& o) {
       return absl::InvalidArgumentError(absl::StrCat("--layers ", o.layers, ": ", o.model, " has ",
                                                      config.num_hidden_layers, " (--layers only reduces the depth)"));
     }
-    config.num_hidden_layers = o.layers;
+    RETURN_IF_ERROR(config.ReduceDepth(o.layers));
   }
   if (o.seq > config.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("--seq ", o.seq, " exceeds max_position_embeddings ",

@@ -705,21 +705,7 @@ absl::StatusOr<ModelConfig> ModelConfigOf(const JobSpec& spec) {
                                                      spec.model.preset, " has ", c->num_hidden_layers,
                                                      " (the key only reduces a preset's depth)"));
     }
-    const int64_t first_shared = c->num_hidden_layers - c->gemma4.kv_shared_layers;
-    c->num_hidden_layers = spec.model.num_hidden_layers;
-    if (!c->layer_mixers.empty()) c->layer_mixers.resize(static_cast<size_t>(c->num_hidden_layers));
-    if (!c->layer_spans.empty()) c->layer_spans.resize(static_cast<size_t>(c->num_hidden_layers));
-    if (c->is_gemma4()) {  // the same layers share keys and values; the last is full (Gemma4TextConfig's rule)
-      c->gemma4.kv_shared_layers = std::max<int64_t>(0, c->num_hidden_layers - first_shared);
-      if (!c->layer_spans.empty()) c->layer_spans.back() = AttentionSpan::kFull;
-    }
-    if (c->NumSlidingLayers() == 0) {  // the sliding layers were all past the new depth
-      c->layer_spans.clear();
-      c->sliding_window = 0;
-    }
-    // mlp_only_layers past the new depth no longer exist.
-    std::erase_if(c->mlp_only_layers, [&](int64_t l) { return l >= c->num_hidden_layers; });
-    RETURN_IF_ERROR(c->Validate());
+    RETURN_IF_ERROR(c->ReduceDepth(spec.model.num_hidden_layers));
   }
   // Names the directory's weights decide (experts fused or per expert, gemma3's hub spelling): the
   // layout's names follow the directory's, so its checkpoints keep them.

@@ -692,6 +692,27 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   return c;
 }
 
+absl::Status ModelConfig::ReduceDepth(int64_t layers) {
+  if (layers <= 0 || layers > num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(layers, " layers of a model that has ", num_hidden_layers,
+                                                   " (the depth can only be reduced)"));
+  }
+  const int64_t first_shared = num_hidden_layers - gemma4.kv_shared_layers;
+  num_hidden_layers = layers;
+  if (!layer_mixers.empty()) layer_mixers.resize(static_cast<size_t>(num_hidden_layers));
+  if (!layer_spans.empty()) layer_spans.resize(static_cast<size_t>(num_hidden_layers));
+  if (is_gemma4()) {  // the same layers share keys and values; the last is full (Gemma4TextConfig's rule)
+    gemma4.kv_shared_layers = std::max<int64_t>(0, num_hidden_layers - first_shared);
+    if (!layer_spans.empty()) layer_spans.back() = AttentionSpan::kFull;
+  }
+  if (NumSlidingLayers() == 0) {  // the sliding layers were all past the new depth
+    layer_spans.clear();
+    sliding_window = 0;
+  }
+  std::erase_if(mlp_only_layers, [&](int64_t l) { return l >= num_hidden_layers; });
+  return Validate();
+}
+
 absl::Status ModelConfig::OverrideContext(int64_t max_positions, absl::string_view rope_scaling_json) {
   if (!rope_scaling_json.empty()) {
     RETURN_IF_ERROR(CheckJsonDepth(rope_scaling_json, "model.rope_scaling"));

@@ -384,6 +384,11 @@ struct ModelConfig {
   // read as config.json's is (a missing original_max_position_embeddings is the config's
   // max_position_embeddings before the override). ToJson then writes the overridden values.
   absl::Status OverrideContext(int64_t max_position_embeddings, absl::string_view rope_scaling_json);
+  // The first `layers` decoder layers alone (a job's model.num_hidden_layers, bench_step --layers):
+  // the per-layer lists cut to them, gemma4's shared layers kept the same layers with a full last
+  // one, the window dropped where no sliding layer is left, mlp_only_layers past the depth dropped;
+  // validated. INVALID_ARGUMENT for more layers than the model has (the caller names the key).
+  absl::Status ReduceDepth(int64_t layers);
   // HF-loadable config.json text: the source config with this config's fields written over it,
   // or, for a preset, the family's (architectures <Family>ForCausalLM). qwen3_moe's MoE fields are
   // written as Qwen3MoeConfig spells them.

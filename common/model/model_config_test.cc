@@ -1042,5 +1042,29 @@ TEST(Qwen3_5Config, PresetsValidate) {
   }
 }
 
+// ReduceDepth (a job's model.num_hidden_layers, bench_step --layers): the per-layer lists follow the
+// depth (GPT-OSS's alternating windows, Qwen3.5's mixers), a depth left without sliding layers drops
+// the window, and the depth only shrinks.
+TEST(ModelConfig, ReduceDepthCutsThePerLayerLists) {
+  auto oss = ModelConfig::Preset("gpt-oss-20b");
+  ASSERT_TRUE(oss.ok());
+  ASSERT_TRUE(oss->ReduceDepth(4).ok());
+  EXPECT_EQ(oss->num_hidden_layers, 4);
+  EXPECT_EQ(oss->layer_spans.size(), 4u);
+  EXPECT_EQ(oss->NumSlidingLayers(), 2);
+  auto q = ModelConfig::Preset("qwen3.5-4b");
+  ASSERT_TRUE(q.ok());
+  ASSERT_TRUE(q->ReduceDepth(3).ok());
+  EXPECT_EQ(q->layer_mixers.size(), 3u);
+  auto g = ModelConfig::Preset("gemma3-4b");
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(g->ReduceDepth(1).ok());
+  EXPECT_EQ(g->NumSlidingLayers(), 1);
+  auto t = ModelConfig::Preset("tiny");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->ReduceDepth(t->num_hidden_layers + 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t->ReduceDepth(0).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace slidedp

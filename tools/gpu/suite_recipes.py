@@ -309,7 +309,7 @@ def curves(s):
     model, pd = s.k("CURVES_MODEL"), s.part_dir
     curves_data(s, model)
     # issue 23: eager attention gives HF's own spread
-    moe = model == "tiny-moe" or model.endswith("-a3b") or model.endswith("-moe")
+    moe = model == "tiny-moe" or model.endswith("-a3b") or model.endswith("-moe") or "gpt-oss" in model
     pre, det, refs = CURVES_BY_MODEL.get(model, ("160", "0", "bf16-autocast bf16-autocast-eager" if moe
                                                  else "bf16-autocast"))
     tol = s.t("moe_tol") if moe else s.t("tol")

@@ -160,6 +160,8 @@ def config_for_our_loader(hf_config):
     one); other RoPE types are errors here, as they are for slidedp."""
     c = dict(hf_config)
     rope = c.get("rope_parameters") or {}
+    if isinstance(rope.get("full_attention"), dict):  # Gemma 3: a RoPE per layer type, which our parser reads
+        return c
     scaling = c.get("rope_scaling")
     for src in (rope, scaling if isinstance(scaling, dict) else {}):
         rtype = src.get("rope_type", src.get("type", "default"))

@@ -4,7 +4,11 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <set>
+#include <string>
+#include <vector>
 
+#include "common/safetensors/safetensors.h"
 #include "gtest/gtest.h"
 #include "tools/verify/token_batch.h"
 #include "tools/verify/whole_model.h"
@@ -153,6 +157,44 @@ TEST(WholeModel, RejectsWrongParameterCount) {
   auto got = RunWholeModel(**backend, layout, params, BuildMicroBatches(RandomBatch(512, 1), Grouping::kSingle), 1.0f,
                            ActPolicy::kKeepAll);
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// GPT-OSS keeps its experts fused (one HF tensor, a slice per expert in the units): the dump holds
+// each HF name once, at its HF shape, every slice's values where TensorSlot::hf_offset_numel puts them.
+TEST(WholeModel, HfTensorsGatherFusedExpertSlices) {
+  auto config = ModelConfig::Preset("tiny-gpt-oss");
+  ASSERT_TRUE(config.ok());
+  const ModelLayout layout = ModelLayout::Build(*config);
+  std::vector<std::vector<float>> per_unit(layout.num_units());
+  for (int u = 0; u < layout.num_units(); ++u) {
+    per_unit[u].resize(layout.units[u].numel);
+    for (size_t i = 0; i < per_unit[u].size(); ++i) per_unit[u][i] = static_cast<float>(u * 1000003 + i);
+  }
+  const std::string path = ::testing::TempDir() + "/fused_slices.safetensors";
+  ASSERT_TRUE(safetensors::WriteFile(path, HfTensorsF32(layout, per_unit)).ok());
+  auto file = safetensors::SafetensorsFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  int slices = 0;
+  std::set<std::string> names;
+  for (const UnitLayout& unit : layout.units) {
+    for (const TensorSlot& slot : unit.tensors) {
+      names.insert(slot.hf_name);
+      const safetensors::TensorInfo* t = (*file)->Find(slot.hf_name);
+      ASSERT_NE(t, nullptr) << slot.hf_name;
+      EXPECT_EQ(t->shape, slot.is_slice() ? slot.hf_shape : slot.shape) << slot.hf_name;
+      int64_t numel = 1;
+      for (int64_t d : t->shape) numel *= d;
+      std::vector<float> got(numel);
+      ASSERT_TRUE((*file)->ReadAsFloat32(*t, got.data()).ok());
+      const int64_t at = slot.is_slice() ? slot.hf_offset_numel : 0;
+      slices += slot.is_slice();
+      for (int64_t i = 0; i < slot.numel; ++i) {
+        ASSERT_EQ(got[at + i], per_unit[unit.index][slot.offset_numel + i]) << slot.hf_name << " @" << at + i;
+      }
+    }
+  }
+  EXPECT_GT(slices, 0);
+  EXPECT_EQ((*file)->tensors().size(), names.size());
 }
 
 INSTANTIATE_TEST_SUITE_P(TiedAndUntied, WholeModelTest, ::testing::Bool());

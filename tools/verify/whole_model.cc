@@ -1,6 +1,9 @@
 // RunWholeModel: the plain unit loop over device buffers.
 #include "tools/verify/whole_model.h"
 
+#include <algorithm>
+#include <cstring>
+#include <map>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -136,15 +139,38 @@ absl::StatusOr<WholeModelResult> RunWholeModel(ComputeBackend& backend, const Mo
 std::vector<safetensors::TensorSource> HfTensorsF32(const ModelLayout& layout,
                                                     const std::vector<std::vector<float>>& per_unit) {
   std::vector<safetensors::TensorSource> tensors;
+  // A slice of a fused HF tensor (gpt_oss's experts, TensorSlot::is_slice): one tensor per HF name,
+  // its bytes gathered from the slices at their hf_offset_numel.
+  struct Slice {
+    const float* data;
+    int64_t at, numel;
+  };
+  std::map<std::string, std::vector<Slice>> fused;
   for (const UnitLayout& unit : layout.units) {
     for (const TensorSlot& slot : unit.tensors) {
+      const float* data = per_unit[unit.index].data() + slot.offset_numel;
+      if (slot.is_slice()) {
+        auto [it, first] = fused.try_emplace(slot.hf_name);
+        it->second.push_back({data, slot.hf_offset_numel, slot.numel});
+        if (!first) continue;
+      }
       safetensors::TensorSource t;
       t.name = slot.hf_name;
       t.dtype = safetensors::Dtype::kF32;
-      t.shape = slot.shape;
-      t.data = per_unit[unit.index].data() + slot.offset_numel;
+      t.shape = slot.is_slice() ? slot.hf_shape : slot.shape;
+      t.data = slot.is_slice() ? nullptr : data;
       tensors.push_back(std::move(t));
     }
+  }
+  for (safetensors::TensorSource& t : tensors) {
+    if (t.data != nullptr) continue;
+    t.fill = [slices = fused.at(t.name)](uint64_t byte_offset, size_t byte_len, char* dst) {
+      const int64_t first = static_cast<int64_t>(byte_offset / 4), last = first + static_cast<int64_t>(byte_len / 4);
+      for (const Slice& s : slices) {
+        const int64_t lo = std::max(first, s.at), hi = std::min(last, s.at + s.numel);
+        if (lo < hi) std::memcpy(dst + (lo - first) * 4, s.data + (lo - s.at), (hi - lo) * 4);
+      }
+    };
   }
   return tensors;
 }

@@ -268,6 +268,11 @@ struct CudnnAttention::Impl {
                                                      " heads=", a.num_q_heads, "/", a.num_kv_heads,
                                                      " docs=", a.num_docs, " max_seqlen=", a.max_seqlen));
     }
+    // What the graphs do not build: attention sinks, a window in a cross (bottom-right) call.
+    if (a.sinks != nullptr) return absl::UnimplementedError("cudnn attention: attention sinks");
+    if (a.cross() && a.window > 0 && a.window < a.max_seqlen_kv) {
+      return absl::UnimplementedError("cudnn attention: a sliding window in cross attention");
+    }
     return absl::OkStatus();
   }
 
@@ -284,6 +289,8 @@ struct CudnnAttention::Impl {
     k.nkv = a.num_kv_heads;
     k.hd = a.head_dim;
     k.ld = ld;
+    // A window shorter than the piece's rows bounds the band on the left (else it is the causal mask's).
+    if (a.window > 0 && a.window < (p.dense ? k.s : p.max_len)) k.window = a.window;
     if (direction == Direction::kForward) k.ld.dout = k.ld.dq = k.ld.dk = k.ld.dv = 0;
     return k;
   }
@@ -376,6 +383,9 @@ struct CudnnAttention::Impl {
   // The pieces of a call about to run (a new stamp: the plans it uses stay cached through it).
   absl::StatusOr<std::vector<Piece>> BeginCall(const AttnArgs& a, const AttnRowStrides& ld)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (a.window > 0 && a.window < a.max_seqlen && !options.window_mask) {
+      return absl::UnimplementedError("cudnn attention: a sliding window (CudnnAttentionOptions::window_mask is off)");
+    }
     ++stamp;
     return PiecesOf(a, ld, options);
   }
@@ -482,9 +492,11 @@ struct CudnnAttention::Impl {
   absl::Status RunForward(const AttnArgs& a, const PieceRun& run, const FwdTensors& t, float* stats, int num_offsets,
                           char* base, cudaStream_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     float scale = a.softmax_scale, neg = std::numeric_limits<float>::lowest();
+    float window = static_cast<float>(run.key.window);
     std::vector<int64_t> uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidNegInf};
     std::vector<void*> ptrs = {const_cast<bf16*>(t.q), const_cast<bf16*>(t.k), const_cast<bf16*>(t.v), t.o, stats,
                                &scale, &neg};
+    if (run.key.window > 0) uids.push_back(kUidWindow), ptrs.push_back(&window);
     BindVarlen(run.key, run.w, base, num_offsets, uids, ptrs);
     return Execute(*run.plan, uids, ptrs, base, stream);
   }
@@ -511,6 +523,8 @@ struct CudnnAttention::Impl {
                                t.dk,                   t.dv,                      stats,
                                &scale,                 &neg,                      &one,
                                base + w.softmax_sum,   base + w.dq_accum};
+    float window = static_cast<float>(run.key.window);
+    if (run.key.window > 0) uids.push_back(kUidWindow), ptrs.push_back(&window);
     BindVarlen(run.key, w, base, num_offsets, uids, ptrs);
     return Execute(*run.plan, uids, ptrs, base, stream);
   }

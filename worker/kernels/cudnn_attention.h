@@ -79,6 +79,11 @@ struct CudnnAttentionOptions {
   // least cross_min_tokens (CudaBackendOptions turns it on; docs/context-parallel.md).
   bool cross = false;
   int64_t cross_min_tokens = 32768;
+  // Sliding windows (AttnArgs::window shorter than the longest document) through the left-bound
+  // mask (cudnn_attention_graph.cc: cudnn-frontend's composite diagonal-band pattern), else
+  // UNIMPLEMENTED (the own kernels run such calls). Off by default: not yet run on a GPU
+  // (cudnn_attention_gpu_test's Windows cases turn it on and check it against FP64).
+  bool window_mask = false;
 };
 
 class CudnnAttention {

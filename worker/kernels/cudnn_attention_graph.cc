@@ -271,9 +271,28 @@ cudnnBackendDescriptor_t CausalMask(GraphBuilder& g, const ScoreShape& s, cudnnB
   return out;
 }
 
+// A sliding window's left bound after the causal mask: keeps col + window > row (the keys
+// row - window < col), the pattern of cudnn-frontend's composite diagonal-band node for a top-left
+// left bound (its own index generation, the window a FLOAT by-value scalar added to the INT32
+// column index, then CMP_GT and the select).
+cudnnBackendDescriptor_t LeftBoundMask(GraphBuilder& g, const ScoreShape& s, cudnnBackendDescriptor_t score,
+                                       cudnnBackendDescriptor_t window, cudnnBackendDescriptor_t neg) {
+  auto row = g.Virtual(CUDNN_DATA_INT32, s.dims, s.strides);
+  auto col = g.Virtual(CUDNN_DATA_INT32, s.dims, s.strides);
+  g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, score, nullptr, nullptr, row, 2);
+  g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, score, nullptr, nullptr, col, 3);
+  auto col_plus = g.Virtual(CUDNN_DATA_FLOAT, s.dims, s.strides);
+  g.Pointwise(CUDNN_POINTWISE_ADD, CUDNN_DATA_FLOAT, col, window, nullptr, col_plus, 3);
+  auto keep = g.Virtual(CUDNN_DATA_BOOLEAN, s.dims, s.strides);
+  g.Pointwise(CUDNN_POINTWISE_CMP_GT, CUDNN_DATA_BOOLEAN, col_plus, row, nullptr, keep);
+  auto out = g.Virtual(CUDNN_DATA_FLOAT, s.dims, s.strides);
+  g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, score, neg, keep, out);
+  return out;
+}
+
 // Tensors both directions bind: per-entry lengths, scalars, one ragged-offset array per tensor.
 struct IoTensors {
-  cudnnBackendDescriptor_t seq_q, seq_kv, scale, neg;
+  cudnnBackendDescriptor_t seq_q, seq_kv, scale, neg, window = nullptr;
   cudnnBackendDescriptor_t off[kNumOffsets] = {};
 };
 
@@ -288,6 +307,7 @@ void CommonTensors(GraphBuilder& g, const PlanKey& k, IoTensors* io) {
   }
   io->scale = g.Scalar(kUidScale);
   io->neg = g.Scalar(kUidNegInf);
+  if (k.window > 0) io->window = g.Scalar(kUidWindow);
   if (!k.ragged) return;
   const int last = k.direction == Direction::kBackward ? kNumOffsets : kOffStats + 1;
   for (int i = 0; i < last; ++i) io->off[i] = g.Tensor(kUidOffsetBase + i, CUDNN_DATA_INT32, {k.b + 1, 1, 1, 1}, unit);
@@ -316,10 +336,11 @@ ScoreShape ScoresOf(const PlanKey& k) {
   return {{k.b, k.nq, s, skv}, {k.nq * s * skv, s * skv, skv, 1}};
 }
 
-// Its causal mask, top-left or bottom-right per the key.
+// Its causal mask, top-left or bottom-right per the key, then its window's left bound if it has one.
 cudnnBackendDescriptor_t KeyCausalMask(GraphBuilder& g, const PlanKey& k, const ScoreShape& sc,
                                        cudnnBackendDescriptor_t score, const IoTensors& io) {
-  return CausalMask(g, sc, score, io.neg, k.bottom_right, io.seq_q, io.seq_kv);
+  auto causal = CausalMask(g, sc, score, io.neg, k.bottom_right, io.seq_q, io.seq_kv);
+  return k.window > 0 ? LeftBoundMask(g, sc, causal, io.window, io.neg) : causal;
 }
 
 // Stats [B, nq, S, 1]: ragged, token-major ([T, nq] in memory) with offsets cu_seqlens·nq; dense,

@@ -43,6 +43,7 @@ enum Uid : int64_t {
   kUidScale,
   kUidNegInf,
   kUidOne,
+  kUidWindow,
   kUidSoftmaxSum,
   kUidDqAccum,
   kUidOffsetBase = 100,  // + OffsetSlot
@@ -69,10 +70,14 @@ struct PlanKey {
   // 0 .. seq_kv - seq_q + i; needs padding's lengths).
   int64_t s_kv = 0;
   bool bottom_right = false;
+  // A sliding window (AttnArgs::window, self attention only): the causal mask's band also bounded
+  // on the left, key > query - window (cudnn-frontend's composite left-bound mask, top-left
+  // aligned); its value is passed by value at execution (kUidWindow). 0: none.
+  int64_t window = 0;
   int64_t skv() const { return s_kv > 0 ? s_kv : s; }
   auto Tie() const {
     return std::tie(direction, b, s, nq, nkv, hd, ld.q, ld.k, ld.v, ld.o, ld.dout, ld.dq, ld.dk, ld.dv, ragged,
-                    padding, engine, s_kv, bottom_right);
+                    padding, engine, s_kv, bottom_right, window);
   }
   bool operator<(const PlanKey& o) const { return Tie() < o.Tie(); }
 };

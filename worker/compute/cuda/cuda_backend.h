@@ -40,6 +40,9 @@ struct CudaBackendOptions {
   // forward, 2.7x backward at 128K tokens over 2 ranks (docs/gpu-results.md). MakeCudaBackend
   // takes SLIDEDP_CUDNN_CROSS=0 (the own kernels, for comparison).
   bool cudnn_cross_attention = true;
+  // Sliding windows on cuDNN (CudnnAttentionOptions::window_mask), else on the own kernels. Off
+  // until its left-bound mask has run on a GPU (docs/kernels.md).
+  bool cudnn_window_mask = false;
   // MoE expert GEMMs planned per bucket of routed row counts (GemmArgs::varies); false plans every
   // distinct count (bench_kernels --moe measures the difference).
   bool gemm_row_buckets = true;

@@ -214,6 +214,7 @@ class CudaBackend final : public ComputeBackend {
         cudnn_ = std::move(*cudnn);
         kernels::CudnnAttentionOptions cudnn_options;
         cudnn_options.cross = options_.cudnn_cross_attention;
+        cudnn_options.window_mask = options_.cudnn_window_mask;
         cudnn_->set_options(cudnn_options);
       } else if (options_.attention == CudaBackendOptions::Attention::kCudnn) {
         return absl::Status(cudnn.status().code(), absl::StrCat("attention: cudnn: ", cudnn.status().message()));
@@ -628,6 +629,8 @@ class CudaBackend final : public ComputeBackend {
   // the GEMM output to BF16 in `branch` ([T, H] BF16 scratch) and adds in FP32, as HF autocast.
   absl::Status ResidualGemm(const bf16* a, int64_t k, const bf16* w, const void* res, void* out, bf16* branch,
                             int64_t T, const bf16* bias = nullptr);
+  // The branch GEMM's arguments without an output: [T, H] = a · Wᵀ (+ bias).
+  GemmArgs BranchGemm(const bf16* a, int64_t k, const bf16* w, int64_t T, const bf16* bias = nullptr) const;
   // Its backward for the branch: da = dres · W and dW += dresᵀ · a, with dres (T rows of the
   // residual stream's gradient) rounded to BF16 in dres_b ([T, H] scratch) in FP32 mode.
   // With dbias (gpt_oss's o_proj bias), the column sums of that gradient are added to it (ws:

@@ -155,9 +155,8 @@ absl::Status CudaBackend::StackedBackward(const bf16_t* params, float* dparams, 
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::ResidualGemm(const bf16* a, int64_t k, const bf16* w, const void* res, void* out,
-                                       bf16* branch, int64_t T, const bf16* bias) {
-  GemmArgs g;  // out = res + a · Wᵀ (+ bias)   (FP32 mode: branch = bf16(a · Wᵀ + bias), then out = res + branch in FP32)
+GemmArgs CudaBackend::BranchGemm(const bf16* a, int64_t k, const bf16* w, int64_t T, const bf16* bias) const {
+  GemmArgs g;  // [T, H] = a · Wᵀ (+ bias); the caller sets the output
   g.bias = bias;
   g.m = T;
   g.n = H_;
@@ -167,6 +166,13 @@ absl::Status CudaBackend::ResidualGemm(const bf16* a, int64_t k, const bf16* w, 
   g.b = w;
   g.ldb = k;
   g.ldd = H_;
+  return g;
+}
+
+absl::Status CudaBackend::ResidualGemm(const bf16* a, int64_t k, const bf16* w, const void* res, void* out,
+                                       bf16* branch, int64_t T, const bf16* bias) {
+  // out = res + a · Wᵀ (+ bias)   (FP32 mode: branch = bf16(a · Wᵀ + bias), then out = res + branch in FP32)
+  GemmArgs g = BranchGemm(a, k, w, T, bias);
   if (f32()) {
     g.d = branch;
     RETURN_IF_ERROR(gemm_.Run(g, stream_));
@@ -229,16 +235,8 @@ absl::Status CudaBackend::BranchGemmBackward(const bf16* g, int64_t T, const bf1
 
 absl::Status CudaBackend::SandwichForward(const bf16* a, int64_t k, const bf16* w, const UnitParams& p, int norm,
                                           const void* res, void* out, bf16* pre, float* rstd, bf16* normed, int64_t T) {
-  GemmArgs g;  // pre = a · Wᵀ (BF16, as HF's autocast linear)
-  g.m = T;
-  g.n = H_;
-  g.k = k;
-  g.a = a;
-  g.lda = k;
-  g.b = w;
-  g.ldb = k;
+  GemmArgs g = BranchGemm(a, k, w, T);  // pre = a · Wᵀ (BF16, as HF's autocast linear)
   g.d = pre;
-  g.ldd = H_;
   RETURN_IF_ERROR(gemm_.Run(g, stream_));
   // HF Gemma3RMSNorm on a BF16 input: FP32 math, (1 + w), the output cast back to BF16.
   const NormW nw = Norm(p, norm);
@@ -273,10 +271,11 @@ absl::Status CudaBackend::SandwichBackward(const void* dres, int64_t T, const bf
 absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir, const kernels::AttnArgs& a) {
   const bool fwd = dir == AttnDir::kForward;
   // Cross attention (a context-parallel share) runs on cuDNN only where CudaBackendOptions asks;
-  // a window shorter than the longest row and attention sinks on the own kernels.
+  // attention sinks and a window shorter than the longest row on the own kernels (but self
+  // attention's window on cuDNN's left-bound mask where CudaBackendOptions::cudnn_window_mask asks).
   const bool banded = a.window > 0 && a.window < (a.cross() ? a.max_seqlen_kv : a.max_seqlen);
   if (cudnn_ == nullptr || (!fwd && options_.deterministic) || (a.cross() && !options_.cudnn_cross_attention) ||
-      banded || a.sinks != nullptr) {
+      (banded && (a.cross() || !options_.cudnn_window_mask)) || a.sinks != nullptr) {
     return std::optional<int64_t>();
   }
   kernels::AttnRowStrides ld = AttnStrides();

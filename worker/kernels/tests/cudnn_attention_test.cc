@@ -30,13 +30,15 @@ struct CudnnCase {
   // ragged offset limit in rows of the widest tensor (0: INT32's), which cuts the call into groups.
   bool ragged_single = false, dense_padding = false;
   int limit_rows = 0;
+  int window = 0;  // AttnArgs::window: the left-bound mask (0: none)
 };
 
 std::string Name(const CudnnCase& c) {
   const int T = std::accumulate(c.docs.begin(), c.docs.end(), 0);
   return "Hd" + std::to_string(c.hd) + "_Heads" + std::to_string(c.nq) + "x" + std::to_string(c.nkv) + "_T" +
          std::to_string(T) + (c.docs.size() == 1 ? "_OneDoc" : "") + (c.ragged_single ? "_Ragged" : "") +
-         (c.dense_padding ? "_DensePadding" : "") + (c.limit_rows > 0 ? "_Limit" + std::to_string(c.limit_rows) : "");
+         (c.dense_padding ? "_DensePadding" : "") + (c.limit_rows > 0 ? "_Limit" + std::to_string(c.limit_rows) : "") +
+         (c.window > 0 ? "_Window" + std::to_string(c.window) : "");
 }
 std::string CaseName(const ::testing::TestParamInfo<CudnnCase>& info) { return Name(info.param); }
 void PrintTo(const CudnnCase& c, std::ostream* os) { *os << Name(c); }
@@ -52,11 +54,23 @@ TEST_P(CudnnAttentionGpuTest, MatchesReference) {
   opt.dense_single_document = !c.ragged_single;
   opt.dense_min_tokens = 0;  // the cases' documents are short
   opt.dense_padding_mask = c.dense_padding;
+  opt.window_mask = c.window > 0;
   // The widest row of CheckAttention's tensors is v's (nkv·hd + 24).
   if (c.limit_rows > 0) opt.ragged_offset_limit = int64_t{c.limit_rows} * (c.nkv * c.hd + 24);
   (*cudnn)->set_options(opt);
-  CheckAttention(c.hd, c.nq, c.nkv, c.docs, kernels::AttnArgs::BwdSplit::kAuto, cudnn->get());
+  CheckAttention(c.hd, c.nq, c.nkv, c.docs, kernels::AttnArgs::BwdSplit::kAuto, cudnn->get(), false, c.window);
 }
+
+// Sliding windows through cuDNN's left-bound mask (Gemma 3's head_dim 256 and 128): ragged
+// documents shorter and longer than the window, one dense document, window 1, a window longer than
+// every document (the causal mask alone).
+INSTANTIATE_TEST_SUITE_P(Windows, CudnnAttentionGpuTest,
+                         ::testing::Values(CudnnCase{256, 8, 4, {1, 130, 67, 300, 5}, false, false, 0, 100},
+                                           CudnnCase{256, 4, 1, {777}, false, false, 0, 512},
+                                           CudnnCase{128, 8, 2, {1024, 300}, false, false, 0, 333},
+                                           CudnnCase{128, 4, 2, {200, 64}, false, false, 0, 1},
+                                           CudnnCase{128, 4, 2, {200, 64}, false, false, 0, 4096}),
+                         CaseName);
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudnnAttentionGpuTest,
                          ::testing::Values(CudnnCase{128, 4, 2, {1, 130, 67, 200, 5}}, CudnnCase{128, 8, 1, {64, 192}},

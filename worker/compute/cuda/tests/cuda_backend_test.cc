@@ -221,8 +221,8 @@ void CheckLayer(const std::string& label, const ModelConfig& cfg, Pair& p, const
       }
       ExpectRelErr(label + " layer fwd y-x [" + pname + "]", gb, rb, 1.5e-2);
     }
-    if (q35) {
-      EXPECT_EQ(sg->bytes(), 0) << label << " qwen3_5 keeps nothing";
+    if (q35 || cfg.is_gemma3()) {
+      EXPECT_EQ(sg->bytes(), 0) << label << " qwen3_5's and gemma3's layers keep nothing";
     } else if (pol != ActPolicy::kRecomputeLayer) {
       // What the forward kept moves out (an activation store's offload) and comes back at another
       // address before the backward reads it.
@@ -331,7 +331,6 @@ void CheckBackend(const std::string& label_base, const ModelConfig& cfg, bool fp
   ASSERT_OK(bc.status());
 
   ModelLayout layout = ModelLayout::Build(cfg);
-  const bool q35 = cfg.is_qwen3_5();
   Act x, y, dy, dx;
   std::vector<double> xv = RandVec(T * H);
   if (cfg.is_moe()) RobustRoutingInput(cfg, T, &xv);
@@ -394,7 +393,7 @@ void CheckBackend(const std::string& label_base, const ModelConfig& cfg, bool fp
   }
   // Head: final norm + LM head + CE, forward and backward.
   {
-    auto nw = RandVec(H, 0.2, q35 ? 0.0 : 1.0);  // qwen3_5's final norm acts as 1 + w
+    auto nw = RandVec(H, 0.2, cfg.norms_add_one() ? 0.0 : 1.0);  // qwen3_5's and gemma3's final norm act as 1 + w
     auto lw = RandVec(V * H, 1.0 / std::sqrt(static_cast<double>(H)));
     auto nb = ToBf16(nw), lb = ToBf16(lw);
     auto ng = p.gpu->Allocate(H * 2), nc = p.cpu->Allocate(H * 2), lg = p.gpu->Allocate(V * H * 2),
