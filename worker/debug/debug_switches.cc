@@ -89,6 +89,7 @@ absl::Status ReadCudaSwitches(absl::FunctionRef<const char*(const char*)> lookup
   }
   if (absl::Status st = ReadFlag(lookup, "SLIDEDP_DETERMINISTIC", &s.deterministic); !st.ok()) return st;
   if (absl::Status st = ReadFlag(lookup, "SLIDEDP_CUDNN_CROSS", &s.cudnn_cross_attention); !st.ok()) return st;
+  if (absl::Status st = ReadFlag(lookup, "SLIDEDP_CUDNN_WINDOW", &s.cudnn_window); !st.ok()) return st;
   if (absl::Status st = ReadFlag(lookup, "SLIDEDP_GPU_MEMORY_LEDGER", &s.gpu_memory_ledger); !st.ok()) return st;
   s.cudnn_library = std::string(ValueOf(lookup, "SLIDEDP_CUDNN_LIB"));
   return absl::OkStatus();

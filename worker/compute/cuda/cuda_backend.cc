@@ -203,7 +203,8 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackendWithOptions(const
 
 absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackend(const ModelConfig& config, int device) {
   // The debug and comparison switches (SLIDEDP_CUDA_FP32_RESIDUAL, SLIDEDP_ATTENTION,
-  // SLIDEDP_DETERMINISTIC, SLIDEDP_CUDNN_CROSS: docs/environment.md), read once per process.
+  // SLIDEDP_DETERMINISTIC, SLIDEDP_CUDNN_CROSS, SLIDEDP_CUDNN_WINDOW: docs/environment.md), read once
+  // per process.
   const absl::StatusOr<DebugSwitches>& switches = ProcessDebugSwitches();
   RETURN_IF_ERROR(switches.status());
   CudaBackendOptions options;
@@ -215,6 +216,7 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeCudaBackend(const ModelConfi
   }
   options.deterministic = switches->deterministic;
   options.cudnn_cross_attention = switches->cudnn_cross_attention;
+  options.cudnn_window_mask = switches->cudnn_window;
   auto backend = std::make_unique<CudaBackend>(config, device, options);
   RETURN_IF_ERROR(backend->Init());
   LOG(INFO) << "CUDA backend on GPU " << device << ": " << (options.fp32_residual ? "FP32" : "BF16")

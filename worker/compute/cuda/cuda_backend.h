@@ -41,7 +41,8 @@ struct CudaBackendOptions {
   // takes SLIDEDP_CUDNN_CROSS=0 (the own kernels, for comparison).
   bool cudnn_cross_attention = true;
   // Sliding windows on cuDNN (CudnnAttentionOptions::window_mask), else on the own kernels. Off
-  // until its left-bound mask has run on a GPU (docs/kernels.md).
+  // until its left-bound mask has run on a GPU (docs/kernels.md); MakeCudaBackend takes
+  // SLIDEDP_CUDNN_WINDOW=1.
   bool cudnn_window_mask = false;
   // MoE expert GEMMs planned per bucket of routed row counts (GemmArgs::varies); false plans every
   // distinct count (bench_kernels --moe measures the difference).
