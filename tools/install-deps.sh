@@ -8,7 +8,7 @@ pkgs=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libboost-dev libhwloc-dev libgoogle-glog-dev
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libpcre2-dev libicu-dev libsystemd-dev
-  libgtest-dev libgmock-dev libbenchmark-dev python3 openssl coinor-libcbc-dev libcairo2-dev
+  libgtest-dev libgmock-dev libbenchmark-dev python3 openssl coinor-libcbc-dev libcairo2-dev libgloo-dev
 )
 missing=()
 for p in "${pkgs[@]}"; do
