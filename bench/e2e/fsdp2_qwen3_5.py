@@ -12,9 +12,7 @@ parameters a token meets (every parameter but the embedding lookup, the LM head 
 a MoE layer's num_experts_per_tok experts of its num_experts) + 6 x full-attention layers x seq x
 q_dim (causal attention, forward and backward) + 18 x linear layers x value heads x key_head_dim x
 value_head_dim (the gated delta rule's recurrence). No recompute is counted."""
-import argparse
 import json
-import os
 
 import torch
 import torch.distributed as dist
@@ -50,17 +48,8 @@ def gdn_implementation(model):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="qwen3.5-4b", choices=sorted(SIZES))
-    ap.add_argument("--seq", type=int, default=4096)
-    ap.add_argument("--mbs", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--layers", type=int, default=0)
-    ap.add_argument("--accum", type=int, default=1, help="micro-batches of --mbs rows per optimizer step")
-    a = ap.parse_args()
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    a = fsdp2_train.peer_args(SIZES, "qwen3.5-4b")
+    rank, world = fsdp2_train.start()
     model_type, shape = SIZES[a.model]
     kwargs = dict(LINEAR, vocab_size=248320, head_dim=256, partial_rotary_factor=0.25, max_position_embeddings=262144,
                   rms_norm_eps=1e-6, use_cache=False)

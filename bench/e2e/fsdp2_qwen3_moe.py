@@ -9,9 +9,7 @@ Model FLOPs per token, the convention of fsdp2_qwen3.py and of slidedp's ModelFl
 ModelLayout::ActiveParamCount: 6 x the matmul parameters a token meets (attention, router, the
 num_experts_per_tok experts of each sparse layer, the LM head; not the embedding lookup) +
 6 * L * seq * q_dim (causal attention, forward and backward). No recompute is counted."""
-import argparse
 import json
-import os
 
 import torch
 import torch.distributed as dist
@@ -25,20 +23,8 @@ SIZES = {  # hidden, layers, heads, kv, head_dim, moe_intermediate, experts, top
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="qwen3-30b-a3b")
-    ap.add_argument("--seq", type=int, default=4096)
-    ap.add_argument("--mbs", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--layers", type=int, default=0)
-    ap.add_argument("--accum", type=int, default=1,
-                    help="micro-batches of --mbs rows per optimizer step (gradient accumulation: the step's "
-                         "tokens are mbs x seq x accum, its logits one micro-batch's)")
-    a = ap.parse_args()
-    dist.init_process_group("nccl")
-    rank = dist.get_rank()
-    world = dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    a = fsdp2_train.peer_args(None, "qwen3-30b-a3b")
+    rank, world = fsdp2_train.start()
     h, L, nh, kv, hd, moe_i, E, k, vocab, tied = SIZES[a.model]
     if a.layers:
         L = a.layers

@@ -11,9 +11,7 @@ parameters a token meets (every parameter but the embedding lookup, the LM head 
 a MoE layer's num_experts_per_tok experts of its num_local_experts) + 12 x q_dim per key a query
 sees: seq / 2 on average in a full layer, W - W^2 / (2 seq) in a sliding layer of window W < seq.
 No recompute is counted."""
-import argparse
 import json
-import os
 
 import torch
 import torch.distributed as dist
@@ -52,17 +50,8 @@ SIZES = {
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="gemma3-4b", choices=sorted(SIZES))
-    ap.add_argument("--seq", type=int, default=4096)
-    ap.add_argument("--mbs", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--layers", type=int, default=0)
-    ap.add_argument("--accum", type=int, default=1, help="micro-batches of --mbs rows per optimizer step")
-    a = ap.parse_args()
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    a = fsdp2_train.peer_args(SIZES, "gemma3-4b")
+    rank, world = fsdp2_train.start()
     model_type, shape = SIZES[a.model]
     kwargs = dict(shape, max_position_embeddings=131072, use_cache=False)
     if a.layers:

@@ -17,6 +17,8 @@
 namespace slidedp {
 namespace {
 
+using dense_math::AddBiasRows;
+using dense_math::BiasBackward;
 using dense_math::GatedMlp;
 using dense_math::GatedMlpBackward;
 using dense_math::SwiGlu;
@@ -32,21 +34,6 @@ struct DecoderTensors {
   T* operator[](int i) const { return p[i]; }
 };
 
-// y[t, :] += b for each of T rows of O.
-template <typename R>
-void AddBiasRows(const R* b, int64_t T, int64_t O, R* y) {
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t o = 0; o < O; ++o) y[t * O + o] += b[o];
-}
-
-// db += sum over rows of dy (the call's sum formed first, in row order, then added once).
-template <typename R>
-void BiasBackward(const R* dy, int64_t T, int64_t O, R* db) {
-  std::vector<R> acc(O, R(0));
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t o = 0; o < O; ++o) acc[o] += dy[t * O + o];
-  for (int64_t o = 0; o < O; ++o) db[o] += acc[o];
-}
 
 // A qwen3_5 Gated DeltaNet layer's sizes and tensor offsets for gated_delta_math.h.
 LinearAttentionDims LinearDimsOf(const DecoderDims& d) {

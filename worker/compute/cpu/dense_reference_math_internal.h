@@ -6,10 +6,28 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "common/model/model_config.h"
 
 namespace slidedp::dense_math {
+
+// y[t, :] += b for each of T rows of O.
+template <typename R>
+inline void AddBiasRows(const R* b, int64_t T, int64_t O, R* y) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t o = 0; o < O; ++o) y[t * O + o] += b[o];
+}
+
+// db += the sum over the T rows of dy [T, O] (formed first, in row order, then added once): a bias's
+// gradient.
+template <typename R>
+inline void BiasBackward(const R* dy, int64_t T, int64_t O, R* db) {
+  std::vector<R> acc(O, R(0));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t o = 0; o < O; ++o) acc[o] += dy[t * O + o];
+  for (int64_t o = 0; o < O; ++o) db[o] += acc[o];
+}
 
 // Dot product with 8 independent partial sums (vectorizable without reassociation flags).
 template <typename R>

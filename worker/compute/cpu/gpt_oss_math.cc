@@ -10,11 +10,13 @@
 #include <vector>
 
 #include "worker/compute/cpu/dense_reference_math.h"
+#include "worker/compute/cpu/dense_reference_math_internal.h"
 #include "worker/compute/cpu/moe_token_loops.h"
 
 namespace slidedp {
 namespace {
 
+using dense_math::BiasBackward;
 using moe_loops::DotSerial;
 using moe_loops::kMinTokensPerRange;
 
@@ -23,15 +25,6 @@ using moe_loops::kMinTokensPerRange;
 template <typename R>
 void MatMulInOut(const R* x, const R* w, int64_t n, int64_t K, int64_t O, R* y, CpuWorkerPool* pool) {
   LinearBackwardInput(x, w, n, O, K, y, Accumulate::kOverwrite, pool);
-}
-
-// db += the sum of rows [n, O] of dy (formed first, in row order, then added once).
-template <typename R>
-void AddRowSum(const R* dy, int64_t n, int64_t O, R* db) {
-  std::vector<R> acc(O, R(0));
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t o = 0; o < O; ++o) acc[o] += dy[r * O + o];
-  for (int64_t o = 0; o < O; ++o) db[o] += acc[o];
 }
 
 // The router (GptOssTopKRouter): logits with the bias, their full softmax (for the aux loss's
@@ -183,7 +176,7 @@ void GptOssMoeBackward(const MoeDims& d, const MoeOffsets& offs, const R* params
     GptOssGlu(alpha, limit, gate, up, n * I, m.data());
     // Wd [I, H]: dWd = m^T dout (the [out, in] op with m as its "dy"), dm = dout Wd^T.
     LinearBackwardWeight(m.data(), de, n, H, I, dparams + offs.down_at(e), pool);
-    AddRowSum(de, n, H, dparams + offs.down_bias_at(e));
+    BiasBackward(de, n, H, dparams + offs.down_bias_at(e));
     dm.resize(n * I);
     LinearForward(de, params + offs.down_at(e), n, H, I, dm.data(), pool);
     dgate.resize(n * I);
@@ -198,7 +191,7 @@ void GptOssMoeBackward(const MoeDims& d, const MoeOffsets& offs, const R* params
     }
     // Wgu [H, 2I]: dWgu = xg^T dgu, dxg = dgu Wgu^T.
     LinearBackwardWeight(xg.data() + r0 * H, dgu.data(), n, 2 * I, H, dparams + offs.gate_at(e), pool);
-    AddRowSum(dgu.data(), n, 2 * I, dparams + offs.gate_up_bias_at(e));
+    BiasBackward(dgu.data(), n, 2 * I, dparams + offs.gate_up_bias_at(e));
     LinearForward(dgu.data(), params + offs.gate_at(e), n, 2 * I, H, dxg.data() + r0 * H, pool);
   }
   dout = {};
@@ -227,7 +220,7 @@ void GptOssMoeBackward(const MoeDims& d, const MoeOffsets& offs, const R* params
     }
   });
   LinearBackwardWeight(dz.data(), x, T, H, E, dparams + offs.router, pool);
-  AddRowSum(dz.data(), T, E, dparams + offs.router_bias);
+  BiasBackward(dz.data(), T, E, dparams + offs.router_bias);
   std::vector<R> dx_acc(T * H);
   LinearBackwardInput(dz.data(), params + offs.router, T, H, E, dx_acc.data(), Accumulate::kOverwrite, pool);
 
