@@ -97,7 +97,8 @@ absl::Status ShmCollective::Barrier(absl::Duration timeout) {
       [&] { return absl::StrCat("the other ranks at collective ", segment_->name()); });
 }
 
-absl::Status ShmCollective::ReduceScatterF32(float* buf, int64_t shard_numel, absl::Duration timeout) {
+absl::Status ShmCollective::ReduceScatterF32(float* buf, int64_t shard_numel, absl::Duration timeout,
+                                              const float* init) {
   const uint64_t padded_bytes = static_cast<uint64_t>(shard_numel) * world_ * sizeof(float);
   if (shard_numel < 0 || padded_bytes > buffer_bytes_) {
     return absl::InvalidArgumentError(absl::StrCat("reduce-scatter of ", padded_bytes,
@@ -107,8 +108,14 @@ absl::Status ShmCollective::ReduceScatterF32(float* buf, int64_t shard_numel, ab
   RETURN_IF_ERROR(Barrier(timeout));
   float* out = buf + static_cast<int64_t>(rank_) * shard_numel;
   const int64_t off = static_cast<int64_t>(rank_) * shard_numel;
-  std::memcpy(out, buffer(0) + off, shard_numel * sizeof(float));
-  for (int r = 1; r < world_; ++r) {
+  int r = 1;
+  if (init != nullptr) {
+    std::memcpy(out, init, shard_numel * sizeof(float));
+    r = 0;
+  } else {
+    std::memcpy(out, buffer(0) + off, shard_numel * sizeof(float));
+  }
+  for (; r < world_; ++r) {
     const float* src = buffer(r) + off;
     for (int64_t i = 0; i < shard_numel; ++i) out[i] += src[i];
   }

@@ -43,7 +43,9 @@ class ShmCollective {
   // In place over buf[0, world * shard_numel): afterwards buf[rank * shard_numel, +shard_numel)
   // holds the sum over ranks (the rest of buf is unchanged). INVALID_ARGUMENT when the padded
   // array does not fit a buffer; ABORTED / DEADLINE_EXCEEDED from the waits.
-  absl::Status ReduceScatterF32(float* buf, int64_t shard_numel, absl::Duration timeout);
+  // With `init` (shard_numel floats: the partial sum of a multi-node job's earlier nodes,
+  // common/collective/node_link.h), this rank's shard is init + the ranks' shards, in rank order.
+  absl::Status ReduceScatterF32(float* buf, int64_t shard_numel, absl::Duration timeout, const float* init = nullptr);
   // out[r * numel, +numel) = rank r's `local` for every rank r (context parallelism's gather of a
   // layer's keys and values). local may alias this rank's slice of out. INVALID_ARGUMENT when one
   // rank's part does not fit a buffer; ABORTED / DEADLINE_EXCEEDED from the waits.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -178,6 +179,28 @@ SetterOf<RuntimeSection> MemoryLimit() {
     }
     s.gpu_memory_limit_bytes = static_cast<int64_t>(bytes);
     s.gpu_memory_limit_fraction = 0;
+    return absl::OkStatus();
+  };
+}
+
+// runtime.nodes: 2 to kMaxJobNodes distinct hostd addresses.
+SetterOf<RuntimeSection> Nodes() {
+  return [](const YAML::Node& n, const std::string& path, RuntimeSection& s) -> absl::Status {
+    if (!n.IsSequence()) return TypeError(path, "a list of hostd addresses (HOST:PORT or unix:PATH)", n);
+    if (n.size() < 2 || n.size() > kMaxJobNodes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": ", n.size(), " nodes; a job over nodes names 2 to ", kMaxJobNodes, " of them"));
+    }
+    s.nodes.clear();
+    for (size_t i = 0; i < n.size(); ++i) {
+      std::string v;
+      RETURN_IF_ERROR(ReadScalar(n[i], absl::StrCat(path, "[", i, "]"), "a hostd address", &v));
+      RETURN_IF_ERROR(CheckNodeAddress(v, absl::StrCat(path, "[", i, "]")));
+      if (std::find(s.nodes.begin(), s.nodes.end(), v) != s.nodes.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": '", v, "' is listed twice"));
+      }
+      s.nodes.push_back(v);
+    }
     return absl::OkStatus();
   };
 }
@@ -408,6 +431,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
             {"copy_priority", Real(&RuntimeSection::copy_priority, 0, 1)},
             {"ring_slots", Int32(&RuntimeSection::ring_slots, 2)},
             {"context_parallel", Int32(&RuntimeSection::context_parallel, 1)},
+            {"nodes", Nodes()},
             {"step_timeout_ms", Int(&RuntimeSection::step_timeout_ms, 100)},
             {"max_restarts", Int32(&RuntimeSection::max_restarts, 0)}})},
   };
@@ -422,6 +446,40 @@ std::string Resolve(const std::string& base_dir, const std::string& p) {
 }
 
 }  // namespace
+
+absl::Status CheckNodeAddress(const std::string& address, const std::string& path) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": '", absl::CHexEscape(address.substr(0, 256)),
+                                                   "' is not a hostd address (HOST:PORT or unix:PATH): ", why));
+  };
+  if (address.empty() || address.size() > 1024) return bad("1 to 1024 characters");
+  for (unsigned char c : address) {
+    if (c < 0x21 || c > 0x7e) return bad("printable ASCII without spaces");
+  }
+  if (absl::StartsWith(address, "unix:")) {
+    if (address.size() < 7 || address[5] != '/') return bad("a Unix socket's path is absolute");
+    return absl::OkStatus();
+  }
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) return bad("no port");
+  std::string host = address.substr(0, colon);
+  int port = 0;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 1 || port > 65535) return bad("a port in 1-65535");
+  if (host.front() == '[') {
+    if (host.back() != ']' || host.size() < 4) return bad("an IPv6 address in brackets");
+    for (char c : host.substr(1, host.size() - 2)) {
+      if (!absl::ascii_isxdigit(static_cast<unsigned char>(c)) && c != ':' && c != '.') return bad("an IPv6 address");
+    }
+    return absl::OkStatus();
+  }
+  if (host.size() > 253) return bad("a host name of at most 253 characters");
+  for (char c : host) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '.' && c != '_') {
+      return bad("a host name of letters, digits, '-', '_' and '.'");
+    }
+  }
+  return absl::OkStatus();
+}
 
 namespace {
 
@@ -526,6 +584,43 @@ absl::StatusOr<JobSpec> ReadSections(const YAML::Node& root) {
 
 // What no key alone can check: the name, required keys, the batch against micro-batches and context
 // groups, the schedule against the steps, the route choices.
+// runtime.nodes: what the first multi-node build runs (docs/multi-node.md); the rest refused by key.
+absl::Status CheckMultiNode(const JobSpec& s) {
+  const RuntimeSection& r = s.runtime;
+  if (r.workers <= 0) {
+    return absl::InvalidArgumentError(
+        "job spec: runtime.nodes needs runtime.workers > 0: the ranks each node runs (the same on every node)");
+  }
+  if (r.grad_reduction_auto || r.param_delivery_auto || r.chunk_bytes_auto) {
+    return absl::InvalidArgumentError(
+        "job spec: runtime.nodes takes no `auto` routes (grad_reduction, param_delivery, chunk_bytes): each node "
+        "would measure its own; name them");
+  }
+  if (r.grad_reduction == GradReduction::kCpu && r.workers > 1) {
+    return absl::InvalidArgumentError(
+        "job spec: runtime.nodes with several workers per node needs runtime.grad_reduction gpu: a node's ranks "
+        "reduce their gradients before the nodes add theirs");
+  }
+  if (r.context_parallel > 1) {
+    return absl::InvalidArgumentError("job spec: runtime.nodes with runtime.context_parallel is not built");
+  }
+  if (!s.data.validation.empty() && s.data.validation != "auto" && s.data.validation != "none") {
+    return absl::InvalidArgumentError("job spec: runtime.nodes with data.validation is not built");
+  }
+  if (r.policy_auto || r.act_policy == ActivationPolicy::kAuto) {
+    return absl::InvalidArgumentError(
+        "job spec: runtime.nodes needs the same layer policies on every node: a fixed act_policy or policy file, "
+        "not auto");
+  }
+  const int64_t ranks = static_cast<int64_t>(r.workers) * static_cast<int64_t>(r.nodes.size());
+  if (s.train.global_batch % (ranks * s.train.micro_batch) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: train.global_batch ", s.train.global_batch,
+                                                   " is not divisible by the ranks of all nodes x train.micro_batch = ",
+                                                   ranks, " x ", s.train.micro_batch));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckAcrossKeys(const JobSpec& s) {
   RETURN_IF_ERROR(ValidateJobName(s.name));
   // Cross-field checks.
@@ -586,6 +681,7 @@ absl::Status CheckAcrossKeys(const JobSpec& s) {
         " is not divisible by runtime.workers x train.micro_batch = ", s.runtime.workers, " x ", s.train.micro_batch));
   }
   // (With runtime.workers 0 the count is known when the job starts: the job plan refuses it then.)
+  if (!s.runtime.nodes.empty()) RETURN_IF_ERROR(CheckMultiNode(s));
   if (s.runtime.grad_staging == GradStaging::kDevice && s.runtime.grad_reduction == GradReduction::kCpu &&
       !s.runtime.grad_reduction_auto && s.runtime.workers > 1) {
     return absl::InvalidArgumentError(
@@ -639,6 +735,11 @@ absl::Status ResolvePaths(JobSpec& s, const std::string& base_dir, JobSpec::File
     const bool split =
         (data.filename() == "train" || (data.filename().empty() && data.parent_path().filename() == "train"));
     s.data.validation = split && fs::is_regular_file(sibling / "manifest.json", ec) ? sibling.string() : std::string();
+    if (!s.data.validation.empty() && !s.runtime.nodes.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("job spec: runtime.nodes with data.validation is not built (",
+                                                     s.data.path, " has a validation split beside it; set "
+                                                     "data.validation: none)"));
+    }
   } else if (s.data.validation == "none") {
     s.data.validation.clear();
   } else if (!s.data.validation.empty()) {

@@ -211,6 +211,11 @@ struct RuntimeSection {
   // runtime.workers is a multiple of it: groups of that many consecutive ranks, data-parallel
   // across the groups. CPU and CUDA workers (docs/context-parallel.md).
   int32_t context_parallel = 1;
+  // A job over several nodes (issue 52, docs/multi-node.md): every node's hostd address, each
+  // "HOST:PORT" (TCP, TLS) or "unix:PATH" (hostds on one machine); the hostd the job is submitted to
+  // is one of them and coordinates. Each node runs runtime.workers ranks (required); replicated
+  // state: every node holds it all. Empty: this node only.
+  std::vector<std::string> nodes;
   int64_t step_timeout_ms = 600000;  // a gate or ring wait longer than this fails the job
   int32_t max_restarts = 0;          // automatic restarts from the last checkpoint on failure
 };
@@ -242,6 +247,11 @@ struct JobSpec {
 // A job name: 1-kMaxJobNameBytes characters of [A-Za-z0-9._-], not starting with '.' or '-'
 // (it names the default output directory and the job ids made from it). INVALID_ARGUMENT else.
 inline constexpr size_t kMaxJobNameBytes = 48;
+// runtime.nodes: at most this many nodes in one job.
+inline constexpr size_t kMaxJobNodes = 64;
+// A hostd address of runtime.nodes: "unix:" and an absolute path, or HOST:PORT (a DNS name or IPv4
+// address, or [IPv6], and a port in 1-65535). INVALID_ARGUMENT names `path`.
+absl::Status CheckNodeAddress(const std::string& address, const std::string& path);
 // The smallest runtime.tile_tokens.
 inline constexpr int64_t kMinTileTokens = 1;
 // The largest job spec hostd parses (SubmitJobRequest.spec_yaml).

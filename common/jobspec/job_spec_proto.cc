@@ -268,6 +268,7 @@ void RuntimeToWire(const RuntimeSection& s, v1::JobConfig::Runtime& w) {
   w.set_context_parallel(s.context_parallel);
   w.set_step_timeout_ms(s.step_timeout_ms);
   w.set_max_restarts(s.max_restarts);
+  for (const std::string& n : s.nodes) w.add_nodes(n);
 }
 
 absl::Status RuntimeFromWire(const v1::JobConfig::Runtime& w, RuntimeSection& s) {
@@ -305,6 +306,7 @@ absl::Status RuntimeFromWire(const v1::JobConfig::Runtime& w, RuntimeSection& s)
   s.context_parallel = w.context_parallel();
   s.step_timeout_ms = w.step_timeout_ms();
   s.max_restarts = w.max_restarts();
+  s.nodes.assign(w.nodes().begin(), w.nodes().end());
   return absl::OkStatus();
 }
 

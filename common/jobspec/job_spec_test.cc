@@ -92,6 +92,29 @@ TEST(JobSpec, ContextParallelIsOneGroupOfEveryWorkerWithFixedPolicies) {
   }
 }
 
+TEST(JobSpec, NodesNameEveryHostdAndRoundTrip) {
+  const std::string two = absl::StrReplaceAll(
+      kGood, {{"workers: 2,", "workers: 2, nodes: [\"10.0.0.1:7070\", \"[fd00::2]:7070\", unix:/run/slidedp/h.sock],"},
+              {"global_batch: 8", "global_batch: 12"}});
+  auto s = JobSpec::Parse(two, "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->runtime.nodes, (std::vector<std::string>{"10.0.0.1:7070", "[fd00::2]:7070", "unix:/run/slidedp/h.sock"}));
+  auto again = JobSpec::Parse(s->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->runtime.nodes, s->runtime.nodes);
+  // Refused by key: fewer than two nodes, a bad or repeated address, no fixed worker count, a global
+  // batch the ranks of all nodes do not divide, the cpu route with several workers, auto routes.
+  for (const char* bad : {"nodes: [a:1]", "nodes: [a:1, a:1]", "nodes: [a, b:2]", "nodes: [a:0, b:2]",
+                          "nodes: [\"a b:1\", c:2]", "nodes: [unix:rel, b:2]", "nodes: a:1",
+                          "nodes: [a:1, b:2], grad_reduction: cpu", "nodes: [a:1, b:2, c:3]",
+                          "nodes: [a:1, b:2], grad_reduction: auto", "nodes: [a:1, b:2], act_policy: auto"}) {
+    const std::string text = absl::StrReplaceAll(kGood, {{"workers: 2,", absl::StrCat("workers: 2, ", bad, ",")}});
+    EXPECT_EQ(ParseError(text).code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(ParseError(absl::StrReplaceAll(kGood, {{"workers: 2,", "workers: 0, nodes: [a:1, b:2],"}})).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(JobSpec, GradDtypeIsFp32ByDefaultAndRoundTrips) {
   auto def = JobSpec::Parse(kGood, "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(def.ok()) << def.status();

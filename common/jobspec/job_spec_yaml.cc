@@ -176,6 +176,11 @@ std::string JobSpec::ToYaml() const {
   e << YAML::Key << "copy_priority" << YAML::Value << runtime.copy_priority;
   e << YAML::Key << "ring_slots" << YAML::Value << runtime.ring_slots;
   if (runtime.context_parallel != 1) e << YAML::Key << "context_parallel" << YAML::Value << runtime.context_parallel;
+  if (!runtime.nodes.empty()) {
+    e << YAML::Key << "nodes" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (const std::string& n : runtime.nodes) e << n;
+    e << YAML::EndSeq;
+  }
   e << YAML::Key << "step_timeout_ms" << YAML::Value << runtime.step_timeout_ms;
   e << YAML::Key << "max_restarts" << YAML::Value << runtime.max_restarts << YAML::EndMap;
   e << YAML::EndMap;

@@ -42,13 +42,16 @@ class HostCore::RecordContext : public JobContext {
         resume_from_(rec->resume_from),
         run_id_(rec->job.run_id().empty() ? rec->job.job_id() : rec->job.run_id()),
         workers_(std::move(workers)),
-        attempt_(rec->restarts) {}
+        attempt_(rec->restarts),
+        nodes_(rec->nodes) {}
   const std::string& job_id() const override { return job_id_; }
   const JobSpec& spec() const override { return spec_; }
   const std::string& resume_from() const override { return resume_from_; }
   const std::string& run_id() const override { return run_id_; }
   int attempt() const override { return attempt_; }
   const std::vector<std::shared_ptr<WorkerSession>>& workers() const override { return workers_; }
+  std::optional<JobNodes> job_nodes() const override { return nodes_; }
+  NodeMesh* mesh() const override { return core_->options_.mesh; }
   bool cancel_requested() const override {
     absl::MutexLock l(&core_->mu_);
     return rec_->cancel;
@@ -116,6 +119,7 @@ class HostCore::RecordContext : public JobContext {
   std::string run_id_;
   std::vector<std::shared_ptr<WorkerSession>> workers_;
   int attempt_;
+  const std::optional<JobNodes> nodes_;
 };
 
 HostCore::HostCore(HostCoreOptions options, std::unique_ptr<JobExecutor> executor)
@@ -264,6 +268,19 @@ v1::Job HostCore::ShownLocked(const JobRecord& rec) const {
 }
 
 absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobRequest& req) {
+  ASSIGN_OR_RETURN(v1::SubmitJobResponse resp, SubmitRecord(req));
+  if (req.dry_run() || resp.already_existed() || resp.job().state() != v1::JOB_STATE_QUEUED) return resp;
+  bool over_nodes = false;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = jobs_.find(resp.job().job_id());
+    over_nodes = it != jobs_.end() && it->second->nodes.has_value();
+  }
+  if (over_nodes) RETURN_IF_ERROR(StartOverNodes(resp.job().job_id()));
+  return resp;
+}
+
+absl::StatusOr<v1::SubmitJobResponse> HostCore::SubmitRecord(const v1::SubmitJobRequest& req) {
   if (!req.job_id().empty() && !ValidJobId(req.job_id())) {
     return absl::InvalidArgumentError(
         absl::StrCat("job_id '", ShownId(req.job_id()), "' is not valid: use 1-64 characters of [A-Za-z0-9_-]"));
@@ -334,9 +351,19 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
     }
   }
   RETURN_IF_ERROR(executor_->Validate(spec));
+  // A job over nodes: which of them this hostd is (asked of each; before the lock, for GetNode).
+  std::optional<JobNodes> nodes;
+  if (!spec.runtime.nodes.empty()) {
+    if (options_.mesh == nullptr) {
+      return absl::FailedPreconditionError("runtime.nodes: this hostd runs no jobs over several nodes");
+    }
+    ASSIGN_OR_RETURN(int self, options_.mesh->FindSelf(spec.runtime.nodes));
+    nodes = JobNodes{spec.runtime.nodes, self, self};
+  }
 
   absl::MutexLock l(&mu_);
   auto rec = std::make_unique<JobRecord>();
+  rec->nodes = nodes;
   std::string id = req.job_id();
   if (id.empty()) {
     // From the name (ValidateJobName: at most 48 of [A-Za-z0-9._-]); ids take no '.' (they name
@@ -383,11 +410,134 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobReques
   rec->job.set_state(v1::JOB_STATE_QUEUED);
   *resp.mutable_job() = rec->job;
   PersistLocked(*rec);
+  const bool over_nodes = rec->nodes.has_value();
   jobs_[id] = std::move(rec);
   job_order_.push_back(id);
+  if (over_nodes) return resp;  // queued once every node has joined (StartOverNodes)
   queue_.push_back(id);
   LOG(INFO) << "job " << id << " queued";
   return resp;
+}
+
+absl::Status HostCore::StartOverNodes(const std::string& id) {
+  v1::JoinJobRequest join;
+  JobNodes nodes;
+  {
+    absl::MutexLock l(&mu_);
+    JobRecord& rec = *jobs_.at(id);
+    nodes = *rec.nodes;
+    join.set_job_id(id);
+    join.set_spec_yaml(rec.job.resolved_spec_yaml());
+    join.set_coordinator(nodes.self);
+    join.set_resume_from(rec.resume_from);
+    join.set_run_id(rec.job.run_id());
+  }
+  options_.mesh->Register(id, nodes);
+  absl::Status joined = absl::OkStatus();
+  for (int n = 0; n < nodes.count() && joined.ok(); ++n) {
+    if (n == nodes.self) continue;
+    join.set_node(n);
+    joined = options_.mesh->Join(nodes.nodes[n], join);
+  }
+  if (!joined.ok()) {
+    options_.mesh->AbortOthers(id, joined);  // the nodes that joined stop (the others know no such job)
+    options_.mesh->Unregister(id);
+    absl::MutexLock l(&mu_);
+    JobRecord& rec = *jobs_.at(id);
+    rec.job.set_error(BoundedLine(joined.message(), kMaxJobErrorBytes));
+    rec.job.set_error_code(static_cast<int>(joined.code()));
+    SetStateLocked(rec, v1::JOB_STATE_FAILED);
+    return joined;
+  }
+  {
+    absl::MutexLock l(&mu_);
+    JobRecord& rec = *jobs_.at(id);
+    if (!rec.cancel && !IsFinal(rec.job.state())) {
+      queue_.push_back(id);
+      LOG(INFO) << "job " << id << " queued over " << nodes.count() << " nodes (this one is node " << nodes.self << ")";
+      return absl::OkStatus();
+    }
+    if (!IsFinal(rec.job.state())) SetStateLocked(rec, v1::JOB_STATE_CANCELLED);  // cancelled while joining
+  }
+  options_.mesh->AbortOthers(id, absl::CancelledError("cancelled before it started"));
+  options_.mesh->Unregister(id);
+  return absl::OkStatus();
+}
+
+absl::Status HostCore::JoinJob(const v1::JoinJobRequest& req) {
+  if (options_.mesh == nullptr) return absl::FailedPreconditionError("this hostd runs no jobs over several nodes");
+  if (!ValidJobId(req.job_id())) return absl::InvalidArgumentError("join: the job id is not valid");
+  if (req.spec_yaml().size() > kMaxSpecBytes) return absl::InvalidArgumentError("join: the spec is too large");
+  // The coordinator resolved the spec (absolute paths); this node checks it as its own submit would,
+  // on its own files. Its output directory is the coordinator's: this node writes none.
+  ASSIGN_OR_RETURN(JobSpec spec, JobSpec::Parse(req.spec_yaml(), "/", JobSpec::FileCheck::kCheck,
+                                                JobSpec::OutputDirBase::kAsWritten));
+  const int count = static_cast<int>(spec.runtime.nodes.size());
+  if (count < 2 || req.node() < 0 || req.node() >= count || req.coordinator() < 0 || req.coordinator() >= count ||
+      req.node() == req.coordinator()) {
+    return absl::InvalidArgumentError(absl::StrCat("join: node ", req.node(), " / coordinator ", req.coordinator(),
+                                                   " of ", count, " nodes"));
+  }
+  std::string resume_from;
+  if (!req.resume_from().empty()) {
+    ASSIGN_OR_RETURN(resume_from, CheckResumePath(req.resume_from(), "/"));
+  }
+  RETURN_IF_ERROR(executor_->Validate(spec));
+  absl::MutexLock l(&mu_);
+  if (draining_) return absl::UnavailableError("hostd is draining and admits no new jobs");
+  if (jobs_.count(req.job_id())) return absl::AlreadyExistsError(absl::StrCat("job '", req.job_id(), "' exists here"));
+  // A job over nodes starts on every node at once: a node busy with another job would leave the
+  // others waiting in their rendezvous.
+  if (!running_.empty() || !queue_.empty()) {
+    return absl::UnavailableError(absl::StrCat("busy: job '", running_.empty() ? queue_.front() : running_,
+                                               "' is ", running_.empty() ? "queued" : "running",
+                                               " here; a job over nodes starts on idle nodes"));
+  }
+  auto rec = std::make_unique<JobRecord>();
+  rec->nodes = JobNodes{spec.runtime.nodes, req.node(), req.coordinator()};
+  rec->job.set_job_id(req.job_id());
+  rec->job.set_resolved_spec_yaml(spec.ToYaml());
+  rec->job.set_submit_time_unix_ms(NowMs());
+  rec->job.set_total_steps(spec.train.steps);
+  rec->job.set_output_dir(spec.output.dir);
+  rec->job.set_run_id(req.run_id().empty() ? req.job_id() : req.run_id());
+  rec->submit_ms = NowMs();
+  rec->spec = spec;
+  rec->spec_hash = SpecHash(req.spec_yaml());
+  rec->spec_size = req.spec_yaml().size();
+  rec->resume_from = resume_from;
+  rec->job.set_resume_from(resume_from);
+  rec->job.set_state(v1::JOB_STATE_QUEUED);
+  options_.mesh->Register(req.job_id(), *rec->nodes);
+  PersistLocked(*rec);
+  jobs_[req.job_id()] = std::move(rec);
+  job_order_.push_back(req.job_id());
+  queue_.push_back(req.job_id());
+  LOG(INFO) << "job " << req.job_id() << " joined as node " << req.node() << " of " << count << " (coordinator: node "
+            << req.coordinator() << ")";
+  return absl::OkStatus();
+}
+
+void HostCore::AbortFromPeer(const v1::AbortJobRequest& req) {
+  absl::MutexLock l(&mu_);
+  auto it = jobs_.find(req.job_id());
+  if (it == jobs_.end() || !it->second->nodes || IsFinal(it->second->job.state())) return;
+  JobRecord& rec = *it->second;
+  if (req.node() < 0 || req.node() >= rec.nodes->count() || req.node() == rec.nodes->self) return;
+  const auto code = static_cast<absl::StatusCode>(req.code());
+  rec.peer_abort = absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kAborted : code,
+                                absl::StrCat("node ", req.node(), " (", rec.nodes->nodes[req.node()],
+                                             "): ", BoundedLine(req.message(), kMaxJobErrorBytes / 2)));
+  rec.cancel = true;
+  auto queued = std::find(queue_.begin(), queue_.end(), req.job_id());
+  if (queued != queue_.end()) {  // not started: it ends here
+    queue_.erase(queued);
+    rec.job.set_error(std::string(rec.peer_abort.message()));
+    rec.job.set_error_code(static_cast<int>(rec.peer_abort.code()));
+    SetStateLocked(rec, rec.peer_abort.code() == absl::StatusCode::kCancelled ? v1::JOB_STATE_CANCELLED
+                                                                              : v1::JOB_STATE_FAILED);
+    options_.mesh->Unregister(req.job_id());
+  }
 }
 
 absl::StatusOr<v1::PlanJobResponse> HostCore::Plan(const v1::PlanJobRequest& req) {
@@ -606,6 +756,21 @@ void HostCore::RunnerLoop() {
     absl::Status status = executor_->Run(ctx);
     std::string ended = "OK";  // for the log: the error as the job keeps it
     executor_->ForgetJob(id);  // state adopted for the job and not used (the attempt failed before)
+    if (rec->nodes) {
+      // Another node's end stopped this one: that is the job's error. Else this node's end stops
+      // the others (a failure, or a cancel here).
+      absl::Status peer;
+      {
+        absl::MutexLock l(&mu_);
+        peer = rec->peer_abort;
+      }
+      if (!peer.ok()) {
+        status = peer;
+      } else if (!status.ok()) {
+        options_.mesh->AbortOthers(id, status);
+      }
+      options_.mesh->Unregister(id);
+    }
     {
       absl::MutexLock l(&mu_);
       for (auto& w : assigned) {
@@ -616,7 +781,7 @@ void HostCore::RunnerLoop() {
       // restarts: the job goes back to the front of the queue and resumes from its newest
       // complete checkpoint (or from the start) on the workers still attached.
       const bool worker_lost = status.code() == absl::StatusCode::kUnavailable;
-      if (worker_lost && !rec->cancel && !stop_ && rec->restarts < rec->spec.runtime.max_restarts) {
+      if (worker_lost && !rec->cancel && !stop_ && !rec->nodes && rec->restarts < rec->spec.runtime.max_restarts) {
         rec->restarts++;
         // The dead worker's session may not have broken yet (the job noticed first, through the
         // ring's liveness check): drop every assigned worker whose process is gone, so the
@@ -639,7 +804,7 @@ void HostCore::RunnerLoop() {
         running_.clear();
         continue;
       }
-      if (!status.ok() && rec->cancel && status.code() != absl::StatusCode::kCancelled) {
+      if (!status.ok() && rec->cancel && rec->peer_abort.ok() && status.code() != absl::StatusCode::kCancelled) {
         // Cancelled, and it then failed on its way to the safe point (a stalled worker timed
         // out, say): the user's cancel is what ended it.
         status = absl::CancelledError(absl::StrCat("cancelled; the job stopped with: ", status.ToString()));

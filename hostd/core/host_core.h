@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "common/jobspec/job_spec.h"
 #include "hostd/core/output_policy.h"
+#include "hostd/mesh/node_mesh.h"
 #include "shm/process_liveness.h"
 #include "slidedp/v1/job_state_name.h"
 #include "slidedp/v1/slidedp.pb.h"
@@ -146,6 +147,11 @@ class JobContext {
   virtual void ReportStep(const v1::StepMetrics& m) = 0;
   virtual void Log(const std::string& line) = 0;
   virtual void SetLastCheckpoint(const std::string& path) = 0;
+  // A job over several nodes (runtime.nodes): its nodes as this hostd sees them, and the mesh that
+  // reaches the others; none for a job of this node only. A node that does not coordinate writes no
+  // outputs (the coordinator's checkpoints, metrics and events are the job's).
+  virtual std::optional<JobNodes> job_nodes() const { return std::nullopt; }
+  virtual NodeMesh* mesh() const { return nullptr; }
 };
 
 class JobExecutor {
@@ -197,6 +203,8 @@ struct HostCoreOptions {
   // Reported by GetNode (the host side's topology and LayerAdam sizing).
   int numa_nodes = 1;
   int update_threads = 0;
+  // Jobs over several nodes (runtime.nodes): this hostd's peers. Null: such jobs are refused.
+  NodeMesh* mesh = nullptr;
 };
 
 // A job resumed after this many hostd restarts that interrupted it is not resumed again (a job
@@ -249,6 +257,12 @@ class HostCore {
   // receiving the job's events.
   void Unwatch(const std::string& job_id, const std::shared_ptr<Channel<v1::JobEvent>>& ch);
 
+  // PeerService (a job over several nodes): another node's hostd, coordinating a job, asks this one
+  // to run its part (checked and admitted as a submit is, on an idle node; it starts at once).
+  absl::Status JoinJob(const v1::JoinJobRequest& req);
+  // Another node's part of a job ended (failed or cancelled): this node's stops, FAILED naming it.
+  void AbortFromPeer(const v1::AbortJobRequest& req);
+
   // WorkerService
   absl::StatusOr<std::shared_ptr<WorkerSession>> AttachWorker(const v1::WorkerHello& hello);
   void DetachWorker(const std::shared_ptr<WorkerSession>& w);
@@ -269,10 +283,16 @@ class HostCore {
   void ResumeInterruptedLocked(v1::Job& job, const JobSpec& spec, JobRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job as clients see it: a queued one says why it waits (Job.wait_reason).
   v1::Job ShownLocked(const JobRecord& rec) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Submit up to the job's record (queued, unless it runs over nodes: StartOverNodes queues it).
+  absl::StatusOr<v1::SubmitJobResponse> SubmitRecord(const v1::SubmitJobRequest& req);
   // Refusals Submit can know before a job is queued: another run's checkpoints in the output
   // directory, and the batch against the workers the job will get. `run_id`: the run the job
   // continues ("" for a new run).
   absl::Status CheckBeforeQueueing(const JobSpec& spec, const std::string& run_id) const;
+  // Submit of a job over nodes, once its record exists (not queued): finds this node among them,
+  // has every other node join, then queues it. On an error the record ends FAILED and the nodes that
+  // joined stop.
+  absl::Status StartOverNodes(const std::string& id);
 
   HostCoreOptions options_;
   std::unique_ptr<JobExecutor> executor_;

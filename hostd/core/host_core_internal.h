@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "common/jobspec/job_spec.h"
 #include "hostd/core/host_core.h"
@@ -46,6 +48,10 @@ struct HostCore::JobRecord {
   int64_t mfu_steps = 0;
   std::vector<std::shared_ptr<Channel<v1::JobEvent>>> watchers;
   int64_t submit_ms = 0;
+  // A job over several nodes: its nodes (also registered with the mesh while it is pending), and
+  // what another node said when its part ended (this node's then stops).
+  std::optional<JobNodes> nodes;
+  absl::Status peer_abort;
 };
 
 }  // namespace slidedp::hostd

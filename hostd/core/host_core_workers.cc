@@ -130,6 +130,7 @@ v1::NodeInfo HostCore::GetNode() const {
   v1::NodeInfo n;
   n.set_node_name(options_.node_name);
   n.set_version(VersionString());
+  if (options_.mesh != nullptr) n.set_instance_id(options_.mesh->instance_id());
   n.set_numa_nodes(options_.numa_nodes);
   n.set_update_threads(options_.update_threads);
   n.set_cpu_cores(static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));

@@ -39,6 +39,13 @@ void BindFlags(CLI::App& app, HostdConfig& c) {
   app.add_flag("--dangerously-allow-unauthenticated-tcp", c.dangerously_allow_unauthenticated_tcp,
                "TCP without client authentication: anyone who reaches the port may submit jobs that read and "
                "write files as hostd's user");
+  app.add_option("--peer-tls-ca", c.peer_tls_ca, "jobs over nodes: PEM CA of the other nodes' hostd certificates");
+  app.add_option("--peer-tls-cert", c.peer_tls_cert, "jobs over nodes: this node's client certificate for the others");
+  app.add_option("--peer-tls-key", c.peer_tls_key, "jobs over nodes: the key of --peer-tls-cert");
+  app.add_option("--peer-token-file", c.peer_token_file,
+                 "jobs over nodes: file (mode 0600) with the bearer token the other nodes' hostds accept");
+  app.add_option("--node-address", c.node_address,
+                 "jobs over nodes: this host's address the other nodes reach its workers at (default 127.0.0.1)");
   app.add_option("--socket-group", c.socket_group, "Unix socket: group that may connect (default: hostd's group)");
   app.add_option("--socket-mode", c.socket_mode, "Unix socket: mode, 0660 (owner and group) or 0600 (owner only)");
   app.add_option("--output-root", c.output_root,

@@ -36,6 +36,11 @@ struct HostdConfig {
   std::string output_root;
   std::vector<std::string> extra_output_root;  // absolute output.dir values may also lie below these
   bool allow_output_anywhere = false;          // any directory hostd can write (slidedp run's private hostd)
+  // Jobs over several nodes (runtime.nodes; docs/multi-node.md): how this hostd calls the other
+  // nodes' hostds (their CA, and this node's client certificate and key or token), and the address
+  // of this host its workers listen on for the other nodes' (empty: 127.0.0.1, one machine).
+  std::string peer_tls_ca, peer_tls_cert, peer_tls_key, peer_token_file;
+  std::string node_address;
   std::string config_file;
 
   // Parses argv (CLI11); a --config file's keys are the long flag names with '_' or '-'.

@@ -5,6 +5,8 @@
 #include <iostream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/log/program_logging.h"
 #include "glog/logging.h"
 #include "hostd/core/host_core.h"
@@ -100,6 +102,16 @@ int main(int argc, char** argv) {
     copt.update_threads =
         config->update_threads > 0 ? config->update_threads : slidedp::update::DefaultUpdateThreads(total);
   }
+  // Jobs over several nodes: this hostd's peers (an id that changes at every start finds it among a job's nodes).
+  slidedp::hostd::NodeMeshOptions mesh_options;
+  mesh_options.instance_id = absl::StrCat(node, "-", absl::ToUnixNanos(absl::Now()), "-", getpid());
+  mesh_options.peer_credentials.tls_ca_file = config->peer_tls_ca;
+  mesh_options.peer_credentials.tls_cert_file = config->peer_tls_cert;
+  mesh_options.peer_credentials.tls_key_file = config->peer_tls_key;
+  mesh_options.peer_credentials.token_file = config->peer_token_file;
+  if (!config->node_address.empty()) mesh_options.node_address = config->node_address;
+  slidedp::hostd::NodeMesh mesh(mesh_options);
+  copt.mesh = &mesh;
   slidedp::hostd::HostCore core(copt, std::make_unique<slidedp::hostd::TrainingExecutor>(eopt));
   core.Start();
   slidedp::metrics::MetricsRegistry metrics_registry;  // declared after core: destroyed first
@@ -129,6 +141,7 @@ int main(int argc, char** argv) {
                                                                        : slidedp::hostd::TcpClientAuth::kRequired;
   sopt.socket_group = config->socket_group;
   sopt.socket_mode = config->socket_mode_bits();
+  sopt.mesh = &mesh;
   auto server = slidedp::hostd::HostServer::Start(&core, sopt);
   if (!server.ok()) {
     LOG(ERROR) << server.status();

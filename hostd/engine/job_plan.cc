@@ -130,6 +130,13 @@ absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& lay
         absl::StrCat("runtime.param_delivery sharded all-gathers over NCCL and needs CUDA workers; ", cpu_workers,
                      " of ", world, " are CPU-backend (use replicated or auto)"));
   }
+  // A job over nodes: CPU-backend workers link the nodes over Gloo; the NCCL link of CUDA workers
+  // between nodes is not built yet (docs/multi-node.md).
+  if (!spec.runtime.nodes.empty() && cpu_workers != world) {
+    return absl::UnimplementedError(
+        absl::StrCat("runtime.nodes on CUDA workers (NCCL between nodes) is not built yet; ", world - cpu_workers,
+                     " of this node's ", world, " workers are CUDA workers"));
+  }
   if (gpu_route && cpu_workers != 0 && cpu_workers != world) {
     return absl::FailedPreconditionError(absl::StrCat("runtime.grad_reduction gpu needs workers of one backend; ",
                                                       cpu_workers, " of ", world,

@@ -1,6 +1,8 @@
 // TrainingExecutor: the hostd side of a SlideDP job (see training_executor.h).
 #include "hostd/engine/training_executor.h"
 
+#include "hostd/engine/state_digest.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +28,7 @@
 #include "hostd/engine/initial_weights.h"
 #include "hostd/engine/attempt.h"
 #include "hostd/engine/job_checks.h"
+#include "hostd/engine/state_digest.h"
 #include "hostd/engine/job_plan.h"
 #include "common/policy/layout_solver.h"
 #include "hostd/engine/policy_cache.h"
@@ -258,6 +261,56 @@ absl::Status TrainingExecutor::Run(JobContext& ctx) {
   return status;
 }
 
+bool TrainingExecutor::WritesOutputs(const JobContext& ctx) {
+  std::optional<JobNodes> nodes = ctx.job_nodes();
+  return !nodes || nodes->coordinating();
+}
+
+absl::Status TrainingExecutor::ExchangeNodeStep(JobContext& ctx, Attempt& a, int64_t t,
+                                                const std::vector<v1::StepDone>& reports, StepRecord& record) {
+  const JobNodes nodes = *ctx.job_nodes();
+  v1::NodeStep mine;
+  mine.set_job_id(ctx.job_id());
+  mine.set_node(nodes.self);
+  mine.set_step(t);
+  for (const v1::StepDone& d : reports) {
+    mine.add_loss_sums(d.loss_sum());
+    mine.set_tokens(mine.tokens() + d.tokens());
+  }
+  mine.set_step_time_s(record.metrics.step_time_s());
+  if (DigestsAfter(t, a.spec.train.steps, a.plan.memory.total_bytes)) {
+    mine.set_state_digest(StateDigest(a.layout, a.segments.state()));
+  }
+  if (!nodes.coordinating()) return ctx.mesh()->ReportNodeStep(mine);
+  ASSIGN_OR_RETURN(std::vector<v1::NodeStep> others,
+                   ctx.mesh()->WaitNodeSteps(ctx.job_id(), t, absl::Milliseconds(a.spec.runtime.step_timeout_ms)));
+  std::vector<const v1::NodeStep*> all(nodes.count(), nullptr);
+  all[nodes.self] = &mine;
+  for (const v1::NodeStep& o : others) all[o.node()] = &o;
+  // The job's loss: every rank's part in global rank order, as one node with all the ranks adds them.
+  double loss = 0;
+  int64_t tokens = 0;
+  for (int n = 0; n < nodes.count(); ++n) {
+    if (all[n]->loss_sums_size() != static_cast<int>(reports.size())) {
+      return absl::DataLossError(absl::StrCat("step ", t + 1, ": node ", n, " reported ", all[n]->loss_sums_size(),
+                                              " ranks' losses, this node runs ", reports.size()));
+    }
+    for (double l : all[n]->loss_sums()) loss += l;
+    tokens += all[n]->tokens();
+    if (mine.has_state_digest() && (!all[n]->has_state_digest() || all[n]->state_digest() != mine.state_digest())) {
+      return absl::DataLossError(absl::StrFormat(
+          "step %d: node %d's host state (digest %016x) differs from node %d's (%016x): the nodes' replicated "
+          "states diverged",
+          t + 1, n, all[n]->state_digest(), nodes.self, mine.state_digest()));
+    }
+  }
+  record.tokens = tokens;
+  record.metrics.set_loss(loss);
+  const double step_s = record.metrics.step_time_s();
+  record.metrics.set_tokens_per_s(step_s > 0 ? static_cast<double>(tokens) / step_s : 0);
+  return absl::OkStatus();
+}
+
 absl::Status TrainingExecutor::SendAssignments(JobContext& ctx, const Attempt& a) {
   const int world = a.plan.world;
   const std::string membership_key = world > 1 ? MembershipKey(ctx) : std::string();
@@ -275,6 +328,11 @@ absl::Status TrainingExecutor::SendAssignments(JobContext& ctx, const Attempt& a
     as->set_attempt(ctx.attempt());
     if (a.loop.undo != nullptr) as->set_speculate_from_unit(a.plan.speculate_from_unit);
     if (world > 1) as->set_membership_key(membership_key);
+    if (std::optional<JobNodes> nodes = ctx.job_nodes()) {
+      as->set_node(nodes->self);
+      as->set_nodes(nodes->count());
+      as->set_node_address(ctx.mesh()->node_address());
+    }
     if (!a.spec.data.validation.empty()) {
       as->set_validation_path(a.spec.data.validation);
       for (int f = 0; f < data::kNumBinFiles; ++f)
@@ -288,6 +346,7 @@ absl::Status TrainingExecutor::SendAssignments(JobContext& ctx, const Attempt& a
 }
 
 absl::Status TrainingExecutor::SaveCheckpoint(JobContext& ctx, Attempt& a, int64_t steps_done) {
+  if (!WritesOutputs(ctx)) return absl::OkStatus();  // a job over nodes: its coordinator saves
   ctx.SetState(v1::JOB_STATE_SAVING);
   checkpoint::SaveRequest req;
   req.root_dir = a.spec.output.dir;
@@ -393,7 +452,9 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
   if (!a.spec.data.validation.empty() && data::EvaluatesAfter(a.spec.train.eval_every, t, a.spec.train.steps)) {
     RETURN_IF_ERROR(RecordValidation(ctx, a, t, record.metrics));
   }
+  if (ctx.job_nodes()) RETURN_IF_ERROR(ExchangeNodeStep(ctx, a, t, reports, record));
   ctx.ReportStep(record.metrics);
+  if (!WritesOutputs(ctx)) return absl::OkStatus();
   a.outputs.metrics->Append(record, now, a.plan, a.spec, a.loop.consumer->staging_bytes_held());
   if (a.outputs.tensorboard) a.outputs.tensorboard->Append(record.metrics, now);
   return absl::OkStatus();
@@ -401,7 +462,7 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
 
 absl::StatusOr<std::unique_ptr<TrainingExecutor::Attempt>> TrainingExecutor::PrepareAttempt(JobContext& ctx) {
   JobSpec spec = ctx.spec();
-  if (SavesCheckpoints(spec)) {
+  if (SavesCheckpoints(spec) && WritesOutputs(ctx)) {
     // Submit refused an output.dir holding another run's checkpoints; a job that ran since (queued
     // before this one) may have written some: the job's own run only, or output.overwrite.
     ASSIGN_OR_RETURN(std::vector<checkpoint::CheckpointEntry> others,
@@ -510,10 +571,10 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
   ctx.SetTotalSteps(a.spec.train.steps);
   ctx.SetState(v1::JOB_STATE_RUNNING);
   std::error_code ec;
-  std::filesystem::create_directories(a.spec.output.dir, ec);
+  if (WritesOutputs(ctx)) std::filesystem::create_directories(a.spec.output.dir, ec);
   if (ec) return absl::FailedPreconditionError(absl::StrCat("output.dir ", a.spec.output.dir, ": ", ec.message()));
-  a.outputs.metrics = std::make_unique<MetricsFile>(a.spec.output.dir, ctx.job_id());
-  if (a.spec.output.tensorboard) {
+  if (WritesOutputs(ctx)) a.outputs.metrics = std::make_unique<MetricsFile>(a.spec.output.dir, ctx.job_id());
+  if (a.spec.output.tensorboard && WritesOutputs(ctx)) {
     a.outputs.tensorboard = std::make_unique<metrics::TensorBoardSink>(
         a.spec.output.dir, ctx.job_id(), absl::Now(), [&ctx](const std::string& line) { ctx.Log(line); });
   }

@@ -15,6 +15,7 @@
 #include "common/data/dataset.h"
 #include "hostd/core/host_core.h"
 #include "hostd/engine/host_state_pool.h"
+#include "hostd/engine/step_metrics.h"
 #include "hostd/update/layer_adam.h"
 
 namespace slidedp::hostd {
@@ -66,6 +67,13 @@ class TrainingExecutor : public JobExecutor {
   // The step loop's components over the written state: schedule, gates, reports, the rings'
   // consumer with its staging, speculative clipping's undo copies, LayerAdam's copy priority.
   absl::Status BuildStepLoop(JobContext& ctx, Attempt& a);
+  // A job over nodes: only its coordinator writes checkpoints, metrics and events.
+  static bool WritesOutputs(const JobContext& ctx);
+  // A job over nodes, after step t's update: this node's losses and state digest go to the
+  // coordinator; the coordinator gathers every node's, adds the job's loss in global rank order
+  // into `record` and fails the job when a node's state differs from its own.
+  absl::Status ExchangeNodeStep(JobContext& ctx, Attempt& a, int64_t t, const std::vector<v1::StepDone>& reports,
+                                StepRecord& record);
   absl::Status SendAssignments(JobContext& ctx, const Attempt& a);
   // One optimizer step t: gradients into LayerAdam, gates, metrics.
   absl::Status RunStep(JobContext& ctx, Attempt& a, int64_t t);

@@ -166,6 +166,36 @@ grpc::Status NodeServiceImpl::ListWorkers(grpc::ServerContext*, const v1::ListWo
   return grpc::Status::OK;
 }
 
+grpc::Status PeerServiceImpl::JoinJob(grpc::ServerContext*, const v1::JoinJobRequest* req, v1::JoinJobResponse* resp) {
+  if (absl::Status s = core_->JoinJob(*req); !s.ok()) return ToGrpc(s);
+  resp->set_instance_id(mesh_ != nullptr ? mesh_->instance_id() : "");
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerServiceImpl::StoreSet(grpc::ServerContext*, const v1::StoreSetRequest* req, v1::PeerAck*) {
+  if (mesh_ == nullptr) return ToGrpc(absl::FailedPreconditionError("this hostd runs no jobs over several nodes"));
+  return ToGrpc(mesh_->StoreSet(req->job_id(), req->key(), req->value()));
+}
+
+grpc::Status PeerServiceImpl::StoreGet(grpc::ServerContext*, const v1::StoreGetRequest* req,
+                                       v1::StoreGetResponse* resp) {
+  if (mesh_ == nullptr) return ToGrpc(absl::FailedPreconditionError("this hostd runs no jobs over several nodes"));
+  absl::StatusOr<std::string> v = mesh_->StoreGet(req->job_id(), req->key(), absl::Milliseconds(req->timeout_ms()));
+  if (!v.ok()) return ToGrpc(v.status());
+  resp->set_value(std::move(*v));
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerServiceImpl::ReportNodeStep(grpc::ServerContext*, const v1::NodeStep* req, v1::PeerAck*) {
+  if (mesh_ == nullptr) return ToGrpc(absl::FailedPreconditionError("this hostd runs no jobs over several nodes"));
+  return ToGrpc(mesh_->ReportNodeStep(*req));
+}
+
+grpc::Status PeerServiceImpl::AbortJob(grpc::ServerContext*, const v1::AbortJobRequest* req, v1::PeerAck*) {
+  core_->AbortFromPeer(*req);
+  return grpc::Status::OK;
+}
+
 WorkerServiceImpl::WorkerServiceImpl(HostCore* core) : core_(core) {
   watchdog_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "hello-watchdog");
@@ -264,6 +294,7 @@ absl::StatusOr<std::unique_ptr<HostServer>> HostServer::Start(HostCore* core, co
   s->jobs_ = std::make_unique<JobServiceImpl>(core);
   s->node_ = std::make_unique<NodeServiceImpl>(core);
   s->workers_ = std::make_unique<WorkerServiceImpl>(core);
+  s->peers_ = std::make_unique<PeerServiceImpl>(core, options.mesh);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -285,6 +316,7 @@ absl::StatusOr<std::unique_ptr<HostServer>> HostServer::Start(HostCore* core, co
   builder.RegisterService(s->jobs_.get());
   builder.RegisterService(s->node_.get());
   builder.RegisterService(s->workers_.get());
+  builder.RegisterService(s->peers_.get());
   builder.SetMaxReceiveMessageSize(4 << 20);  // specs are small; refuse oversized requests
   grpc::ResourceQuota quota("slidedp-hostd");
   quota.SetMaxThreads(kMaxServerThreads);

@@ -40,6 +40,22 @@ class NodeServiceImpl final : public v1::NodeService::Service {
   HostCore* core_;
 };
 
+// Between hostds (a job over several nodes, hostd/mesh/node_mesh.h), and the workers' rendezvous
+// store (their own hostd's, which forwards to the job's coordinator).
+class PeerServiceImpl final : public v1::PeerService::Service {
+ public:
+  explicit PeerServiceImpl(HostCore* core, NodeMesh* mesh) : core_(core), mesh_(mesh) {}
+  grpc::Status JoinJob(grpc::ServerContext*, const v1::JoinJobRequest*, v1::JoinJobResponse*) override;
+  grpc::Status StoreSet(grpc::ServerContext*, const v1::StoreSetRequest*, v1::PeerAck*) override;
+  grpc::Status StoreGet(grpc::ServerContext*, const v1::StoreGetRequest*, v1::StoreGetResponse*) override;
+  grpc::Status ReportNodeStep(grpc::ServerContext*, const v1::NodeStep*, v1::PeerAck*) override;
+  grpc::Status AbortJob(grpc::ServerContext*, const v1::AbortJobRequest*, v1::PeerAck*) override;
+
+ private:
+  HostCore* core_;
+  NodeMesh* mesh_;  // null: jobs over nodes are off
+};
+
 // Worker sessions open at once (attached or saying hello), each holding a thread or two: a GPU
 // server has at most a few dozen workers.
 inline constexpr int kMaxWorkerSessions = 512;
@@ -82,6 +98,7 @@ struct ServerOptions {
   TcpClientAuth tcp_client_auth = TcpClientAuth::kRequired;
   std::string socket_group;     // Unix: chgrp the socket (empty: hostd's group)
   unsigned socket_mode = 0660;  // Unix: within 0660
+  NodeMesh* mesh = nullptr;     // PeerService's (null: it refuses every call)
 };
 
 class HostServer {
@@ -98,6 +115,7 @@ class HostServer {
   std::unique_ptr<JobServiceImpl> jobs_;
   std::unique_ptr<NodeServiceImpl> node_;
   std::unique_ptr<WorkerServiceImpl> workers_;
+  std::unique_ptr<PeerServiceImpl> peers_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
 };

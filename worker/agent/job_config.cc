@@ -27,6 +27,9 @@ void TakeAssignment(const v1::Assignment& a, WorkerJobConfig& c) {
   c.dataset_files = FileIdentities(a.dataset_files());
   c.validation_path = a.validation_path();
   c.validation_files = FileIdentities(a.validation_files());
+  c.node = a.node();
+  c.nodes = std::max(1, a.nodes());
+  c.node_address = a.node_address();
 }
 
 void TakeSpec(const JobSpec& spec, int64_t device_memory_bytes, WorkerJobConfig& c) {

@@ -40,6 +40,12 @@ struct WorkerJobConfig {
   std::vector<data::FileIdentity> dataset_files;  // as hostd verified them (empty: not sent)
   std::string validation_path;                    // empty: no validation
   std::vector<data::FileIdentity> validation_files;
+  // A job over several nodes (runtime.nodes): this node's index, the node count (1: this node only)
+  // and the address this worker listens on for the other nodes. The data-parallel rank is
+  // node * world + rank of nodes * world.
+  int node = 0;
+  int nodes = 1;
+  std::string node_address;
 
   // ---- the job spec ----
   ModelConfig model;  // the preset's or config.json, with the spec's context override (as hostd)

@@ -70,7 +70,8 @@ JobSession::JobSession(WorkerJobConfig config, JobHost& host, PipelineFactory& f
       switches_(switches),
       device_(std::move(device)),
       layout_(ModelLayout::Build(config_.model)),
-      place_(ContextPlace::Of(config_.rank, config_.world, config_.context_parallel)),
+      place_(ContextPlace::Of(config_.node * config_.world + config_.rank, config_.nodes * config_.world,
+                              config_.context_parallel)),
       reports_(config_.job_id, config_.attempt) {}
 
 absl::Status JobSession::Open() {
@@ -179,7 +180,29 @@ absl::Status JobSession::BuildPipeline() {
   if (absl::Status s = factory_.JoinCommunicator(settings_); !s.ok()) {
     return AbortPeers(Annotate(s, "NCCL communicator"));
   }
+  // A job over nodes: the link to this local rank on the other nodes, met through hostd's store.
+  std::unique_ptr<NodeLink> nodes;
+  if (config_.nodes > 1) {
+    if (config_.node < 0 || config_.node >= config_.nodes || config_.node_address.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("assignment: node ", config_.node, " of ", config_.nodes,
+                                                     " at '", config_.node_address, "'"));
+    }
+    ASSIGN_OR_RETURN(std::shared_ptr<KeyValueStore> store, host_.NodeStore(config_.job_id));
+    NodeLinkSettings n;
+    n.node = config_.node;
+    n.nodes = config_.nodes;
+    n.address = config_.node_address;
+    n.group = absl::StrCat(config_.job_id, "/", config_.attempt, "/local", config_.rank);
+    n.store = std::move(store);
+    n.timeout = config_.step_timeout;
+    ASSIGN_OR_RETURN(nodes, factory_.JoinNodes(n));
+    settings_.grads.nodes = nodes.get();
+    LOG(INFO) << "job " << config_.job_id << ": node " << config_.node << " of " << config_.nodes << ", rank "
+              << config_.rank << " of " << config_.world << " here (data-parallel rank "
+              << config_.node * config_.world + config_.rank << " of " << config_.nodes * config_.world << ")";
+  }
   ASSIGN_OR_RETURN(pipeline_, factory_.Build(settings_));
+  pipeline_.nodes = std::move(nodes);
   // Context parallelism: attention's keys and values through the job's context group. The
   // backend holds the group for this job only.
   if (place_.ranks > 1) {

@@ -22,6 +22,7 @@
 #include "shm/futex.h"
 #include "shm/grad_ring.h"
 #include "slidedp/v1/slidedp.pb.h"
+#include "common/collective/key_value_store.h"
 #include "worker/agent/host_state_cache.h"
 #include "worker/agent/job_config.h"
 #include "worker/agent/step_reports.h"
@@ -47,6 +48,8 @@ class JobHost {
   virtual bool JobCancelled() const = 0;
   // Ranks 1..R-1: rank 0's NCCL unique id for `job`, as hostd relays it.
   virtual absl::StatusOr<std::string> AwaitCommId(const WorkerJobConfig& job) = 0;
+  // A job over several nodes: its rendezvous store (hostd's PeerService).
+  virtual absl::StatusOr<std::shared_ptr<KeyValueStore>> NodeStore(const std::string& job_id) = 0;
 };
 
 class JobSession final : private CommIdExchange {

@@ -1,6 +1,8 @@
 // WorkerAgent: the session with hostd, assignments, and each job's run (JobSession).
 #include "worker/agent/worker_agent.h"
 
+#include "worker/agent/hostd_store.h"
+
 #include <pthread.h>
 #include <unistd.h>
 
@@ -92,6 +94,10 @@ absl::Status WorkerAgent::Run() {
   }
   if (job_thread_.joinable()) job_thread_.join();
   return last;
+}
+
+absl::StatusOr<std::shared_ptr<KeyValueStore>> WorkerAgent::NodeStore(const std::string& job_id) {
+  return HostdStore(options_.hostd_address, options_.credentials, job_id);
 }
 
 absl::Status WorkerAgent::RunSession() {

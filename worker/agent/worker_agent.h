@@ -60,6 +60,7 @@ class WorkerAgent final : private JobHost {
   bool Send(const v1::WorkerReport& r) override;
   bool JobCancelled() const override { return cancel_job_ || stop_; }
   absl::StatusOr<std::string> AwaitCommId(const WorkerJobConfig& job) override;
+  absl::StatusOr<std::shared_ptr<KeyValueStore>> NodeStore(const std::string& job_id) override;
 
   WorkerOptions options_;
   std::atomic<bool> stop_{false};

@@ -4,6 +4,7 @@
 
 #include <utility>
 
+#include "common/collective/gloo_group.h"
 #include "common/status/status_macros.h"
 #include "shm/job_state.h"
 #include "shm/shm_collective.h"
@@ -35,6 +36,19 @@ class CpuPipelineFactory final : public PipelineFactory {
   void UseDevice() override {}
   absl::Status JoinCommunicator(const PipelineSettings&) override { return absl::OkStatus(); }
   void DropCommunicator() override {}
+
+  // Gloo over TCP between the nodes' CPU workers of one local rank.
+  absl::StatusOr<std::unique_ptr<NodeLink>> JoinNodes(const NodeLinkSettings& n) override {
+    GlooGroupOptions o;
+    o.rank = n.node;
+    o.size = n.nodes;
+    o.store = n.store;
+    o.prefix = n.group;
+    o.host = n.address;
+    o.timeout = n.timeout;
+    ASSIGN_OR_RETURN(std::unique_ptr<GlooGroup> group, GlooGroup::Connect(o));
+    return std::unique_ptr<NodeLink>(std::move(group));
+  }
 
   absl::StatusOr<JobPipeline> Build(const PipelineSettings& s) override {
     JobPipeline p;

@@ -73,6 +73,10 @@ class CudaPipelineFactory final : public PipelineFactory {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<std::unique_ptr<NodeLink>> JoinNodes(const NodeLinkSettings&) override {
+    return absl::UnimplementedError("jobs over several nodes on CUDA workers (NCCL between nodes) are not built yet");
+  }
+
   void DropCommunicator() override {
     if (!comm_) return;
     comm_->Abort();

@@ -34,12 +34,25 @@ class HostGradientPath final : public GradientPath {
     open_.erase(it);
     const int64_t numel = layout_.units[unit].numel;
     ShardRange part{0, numel};
-    if (options_.route == GradRoute::kGpu && options_.world > 1) {
-      if (collective_ == nullptr) return absl::FailedPreconditionError("gpu gradient route without a collective");
-      RETURN_IF_ERROR(
-          collective_->ReduceScatterF32(buf.data(), ShardNumel(numel, options_.world), options_.ring_timeout));
-      part = ShardOf(numel, options_.world, options_.rank);
+    const bool scatter = options_.route == GradRoute::kGpu && options_.world > 1;
+    if (scatter && collective_ == nullptr) return absl::FailedPreconditionError("gpu gradient route without a collective");
+    const int64_t shard_numel = scatter ? ShardNumel(numel, options_.world) : numel;
+    float* mine = buf.data() + (scatter ? options_.rank * shard_numel : 0);
+    // The node's ranks' sum of this rank's part, added to the earlier nodes' partial sum (if any).
+    auto local_sum = [&](const float* partial) -> absl::Status {
+      if (scatter) return collective_->ReduceScatterF32(buf.data(), shard_numel, options_.ring_timeout, partial);
+      if (partial != nullptr) {
+        for (int64_t i = 0; i < shard_numel; ++i) mine[i] = partial[i] + mine[i];
+      }
+      return absl::OkStatus();
+    };
+    if (options_.nodes != nullptr && options_.nodes->nodes() > 1) {
+      chain_scratch_.resize(static_cast<size_t>(shard_numel));
+      RETURN_IF_ERROR(ChainReduce(*options_.nodes, mine, shard_numel, chain_scratch_.data(), local_sum));
+    } else {
+      RETURN_IF_ERROR(local_sum(nullptr));
     }
+    if (scatter) part = ShardOf(numel, options_.world, options_.rank);
     if (options_.dtype == Dtype::kBF16) {  // what is posted, so what the norm sees
       for (int64_t i = part.offset; i < part.offset + part.numel; ++i) buf[i] = Bf16ToFloat(FloatToBf16(buf[i]));
     }
@@ -153,6 +166,7 @@ class HostGradientPath final : public GradientPath {
   GradientPathOptions options_;
   std::map<int, std::vector<float>> open_;
   std::map<int, Staged> staged_;  // device staging: each unit's final part until Flush
+  std::vector<float> chain_scratch_;  // a multi-node job: the earlier nodes' partial sum
   int64_t staged_step_ = 0;
   double ring_wait_s_ = 0;
   double d2h_s_ = 0;

@@ -2,6 +2,7 @@
 // leaves the worker for hostd's gradient ring. Two routes (JobSpec runtime.grad_reduction):
 //
 //   cpu: every rank posts the whole unit; hostd sums the ranks' copies in rank order.
+//   (a multi-node job sums each posted part over the nodes first: `nodes` below)
 //   gpu: the ranks reduce-scatter the unit first (NCCL on CUDA; a shared-memory collective for
 //        CPU-backend workers), and each posts only its own summed shard (common/model/shard.h),
 //        so the host link carries 1/R of the bytes per rank and hostd adds nothing up.
@@ -32,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/collective/node_link.h"
 #include "common/model/model_config.h"
 #include "shm/grad_ring.h"
 #include "shm/job_state.h"
@@ -75,6 +77,11 @@ struct GradientPathOptions {
   // runtime.grad_dtype: kBF16 rounds the rank's final part (after the reduce-scatter, before
   // device staging's norm) to BF16 and posts it in BF16, half the bytes; kF32 as it is.
   Dtype dtype = Dtype::kF32;
+  // A multi-node job (runtime.nodes): this rank's link to the same local rank on the other nodes.
+  // The rank's part (its shard on the gpu route, the whole unit with one rank per node) is summed
+  // over every node's ranks in global rank order (ChainReduce) before it is posted, so every node's
+  // hostd gets the same global gradient. Null or one node: the node's own ranks only.
+  NodeLink* nodes = nullptr;
   // Fault injection for tests: a random delay in [0, max] before every chunk post.
   absl::Duration inject_max_delay = absl::ZeroDuration();
 };

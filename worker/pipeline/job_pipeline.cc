@@ -24,6 +24,7 @@ class MissingCudaPipelineFactory final : public PipelineFactory {
     return absl::UnimplementedError("NCCL needs the CUDA build");
   }
   void DropCommunicator() override {}
+  absl::StatusOr<std::unique_ptr<NodeLink>> JoinNodes(const NodeLinkSettings&) override { return Missing(); }
   absl::StatusOr<JobPipeline> Build(const PipelineSettings&) override { return Missing(); }
   absl::StatusOr<std::unique_ptr<ActivationStore>> MakeActivationStore(ComputeBackend*, std::vector<double>) override {
     return Missing();

@@ -13,6 +13,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/collective/key_value_store.h"
+#include "common/collective/node_link.h"
 #include "common/model/model_config.h"
 #include "worker/compute/backend.h"
 #include "worker/pipeline/activation_store.h"
@@ -93,8 +95,10 @@ struct PipelineCounters {
   double ring_wait_s = 0;
 };
 
-// The parts of one job; destroyed in reverse order (the context group first, the streamer last).
+// The parts of one job; destroyed in reverse order (the context group first, the streamer last;
+// the cross-node link after the gradient path that uses it).
 struct JobPipeline {
+  std::unique_ptr<NodeLink> nodes;  // a job over several nodes: this rank's link to the others
   std::unique_ptr<UnitStreamer> streamer;
   std::unique_ptr<GradientPath> grads;
   std::unique_ptr<shm::ShmCollective> collective;  // CPU workers' reduce-scatter on the gpu route
@@ -104,6 +108,15 @@ struct JobPipeline {
   // The device memory the window and the gradient buffers take (the backend gets the rest).
   int64_t device_bytes() const { return streamer->device_bytes() + grads->device_bytes(); }
   PipelineCounters counters() const;
+};
+
+// A job over several nodes: the link of this local rank to the same rank on the other nodes.
+struct NodeLinkSettings {
+  int node = 0, nodes = 1;
+  std::string address;  // where this rank listens for the others
+  std::string group;    // the link's name in the store (job, attempt, local rank)
+  std::shared_ptr<KeyValueStore> store;
+  absl::Duration timeout;  // runtime.step_timeout_ms
 };
 
 class PipelineFactory {
@@ -128,6 +141,9 @@ class PipelineFactory {
   // communicator is aborted and never reused.
   virtual void DropCommunicator() = 0;
 
+  // A job over several nodes: the cross-node link of this rank (CPU workers: Gloo over TCP, host
+  // buffers; CUDA workers: NCCL, device buffers).
+  virtual absl::StatusOr<std::unique_ptr<NodeLink>> JoinNodes(const NodeLinkSettings& settings) = 0;
   // The streamer, the gradient path, the activation store and the context group, in that order.
   virtual absl::StatusOr<JobPipeline> Build(const PipelineSettings& settings) = 0;
   // An activation store for AutoPolicy's layout, offloading each unit's share as given.

@@ -1,0 +1,28 @@
+#include "common/collective/node_link.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace slidedp {
+
+absl::Status ChainReduce(NodeLink& link, float* part, int64_t n, float* scratch,
+                         const std::function<absl::Status(const float* partial)>& local_sum) {
+  const int node = link.node();
+  const int last = link.nodes() - 1;
+  const float* partial = nullptr;
+  if (node > 0) {
+    if (absl::Status s = link.Recv(scratch, n, node - 1); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("from node ", node - 1, ": ", s.message()));
+    }
+    partial = scratch;
+  }
+  if (absl::Status s = local_sum(partial); !s.ok()) return s;
+  if (node < last) {
+    if (absl::Status s = link.Send(part, n, node + 1); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("to node ", node + 1, ": ", s.message()));
+    }
+  }
+  if (last == 0) return absl::OkStatus();
+  return link.Broadcast(part, n, last);
+}
+
+}  // namespace slidedp

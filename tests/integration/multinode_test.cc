@@ -1,0 +1,170 @@
+// A job over several nodes (runtime.nodes, issue 52; docs/multi-node.md) with real processes: a
+// hostd per "node" (each its own node name, socket, state and shared memory) with its CPU workers,
+// the nodes' ranks of one local index joined by Gloo over TCP loopback, the hostds by their gRPC
+// PeerService. Checked:
+//   2 nodes x 2 ranks and 3 nodes x 1 rank   -> losses, master and Adam moments bitwise those of one
+//                                               node with all the ranks (the same global batch)
+//   a node's worker killed mid-job           -> the job fails on every node, naming the node
+//   a spec the coordinator is not in, a busy node, a node that is not there -> refused at submit
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "tests/integration/node_harness.h"
+
+namespace slidedp::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string DataDir() {
+  static std::string dir = [] {
+    std::string d = ::testing::TempDir() + "/mn-data-" + std::to_string(getpid());
+    WriteTinyDataset(d, 120, 90, 64, 7);
+    return d;
+  }();
+  return dir;
+}
+
+// The tiny model with 'workers' ranks per node over `nodes` (none: one node); clipping engages (a
+// small max_grad_norm), so the clipping coefficient is part of what must agree.
+std::string Spec(int workers, const std::vector<std::string>& nodes, int steps = 4, double max_grad_norm = 1.0) {
+  return absl::StrCat(
+      "name: mn\nmodel: {preset: tiny, init_seed: 11}\ndata: {path: ", DataDir(), "}\n",
+      "output: {dir: out, save_dtype: fp32}\n", "train: {seq_len: 64, global_batch: 12, micro_batch: 1, steps: ", steps,
+      ", seed: 3, max_grad_norm: ", max_grad_norm, "}\n", "optimizer: {lr: 2.0e-3, weight_decay: 0.1}\n",
+      "schedule: {kind: linear, warmup_steps: 1}\n", "runtime: {workers: ", workers, ", step_timeout_ms: 20000",
+      nodes.empty() ? std::string() : absl::StrCat(", nodes: [", absl::StrJoin(nodes, ", "), "]"), "}\n");
+}
+
+std::string FileBytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Runs the job over `nodes_count` nodes of `workers` each and on one node of all the ranks; the
+// losses (every step), the master and the moments must be the same bits.
+void ExpectSameAsOneNode(int nodes_count, int workers, double max_grad_norm) {
+  std::vector<std::unique_ptr<NodeHarness>> nodes;
+  std::vector<std::string> addresses;
+  for (int n = 0; n < nodes_count; ++n) {
+    nodes.push_back(std::make_unique<NodeHarness>(workers));
+    addresses.push_back(nodes.back()->address());
+  }
+  // Submitted to the last node: the coordinator need not be the first listed.
+  NodeHarness& coordinator = *nodes.back();
+  v1::Job multi = MustSucceed(coordinator, Spec(workers, addresses, 4, max_grad_norm), "over-nodes");
+  ASSERT_EQ(multi.state(), v1::JOB_STATE_SUCCEEDED);
+  // The other nodes ran their part (and wrote nothing).
+  for (int n = 0; n + 1 < nodes_count; ++n) {
+    auto j = nodes[n]->WaitFinal("over-nodes", 30);
+    ASSERT_TRUE(j.ok()) << j.status();
+    EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED) << j->error();
+    EXPECT_FALSE(std::filesystem::exists(nodes[n]->dir() + "/out")) << "node " << n << " wrote outputs";
+  }
+  NodeHarness one(nodes_count * workers);
+  MustSucceed(one, Spec(nodes_count * workers, {}, 4, max_grad_norm), "one-node");
+
+  const auto multi_lines = MetricsLines(coordinator, "out", "over-nodes");
+  const auto one_lines = MetricsLines(one, "out", "one-node");
+  ASSERT_EQ(multi_lines.size(), 4u);
+  ASSERT_EQ(one_lines.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(multi_lines[i]["loss"].get<double>(), one_lines[i]["loss"].get<double>()) << "step " << i + 1;
+    EXPECT_EQ(multi_lines[i]["tokens"], one_lines[i]["tokens"]) << "step " << i + 1;
+  }
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    const std::string a = FileBytes(coordinator.dir() + "/out/checkpoint-4/" + file);
+    const std::string b = FileBytes(one.dir() + "/out/checkpoint-4/" + file);
+    ASSERT_FALSE(a.empty()) << file;
+    EXPECT_TRUE(a == b) << file << " differs from one node's";
+  }
+}
+
+TEST(MultiNode, TwoNodesOfTwoRanksAreBitwiseOneNodeOfFour) { ExpectSameAsOneNode(2, 2, 1000.0); }
+
+TEST(MultiNode, ThreeNodesOfOneRankAreBitwiseOneNodeOfThree) { ExpectSameAsOneNode(3, 1, 1000.0); }
+
+TEST(MultiNode, ClippedTwoNodesOfTwoRanksAreBitwiseOneNodeOfFour) { ExpectSameAsOneNode(2, 2, 0.05); }
+
+TEST(MultiNode, ALostWorkerFailsTheJobOnEveryNode) {
+  NodeHarness a(1), b(1);
+  v1::SubmitJobRequest req;
+  req.set_job_id("lost");
+  req.set_spec_yaml(Spec(1, {a.address(), b.address()}, 100000));
+  req.set_base_dir(a.dir());
+  ASSERT_TRUE(a.client().Submit(req).ok());
+  // Once it runs, node 1's worker dies.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    auto j = a.client().GetJob("lost");
+    if (j.ok() && j->has_last() && j->last().step() >= 2) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  NodeHarness::KillAndReap(b.worker_pids()[0], SIGKILL);
+  const absl::Time killed = absl::Now();
+  auto ja = a.WaitFinal("lost", 60);
+  auto jb = b.WaitFinal("lost", 60);
+  ASSERT_TRUE(ja.ok()) << ja.status();
+  ASSERT_TRUE(jb.ok()) << jb.status();
+  EXPECT_EQ(ja->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(jb->state(), v1::JOB_STATE_FAILED);
+  // Within the step timeout (20 s) and a margin for the report.
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(45));
+  EXPECT_THAT(ja->error(), HasSubstr("node 1")) << ja->error();
+}
+
+TEST(MultiNode, RefusedAtSubmit) {
+  NodeHarness a(1), b(1);
+  auto submit = [&](NodeHarness& to, const std::string& spec, const std::string& id) {
+    v1::SubmitJobRequest req;
+    req.set_job_id(id);
+    req.set_spec_yaml(spec);
+    req.set_base_dir(to.dir());
+    return to.client().Submit(req).status();
+  };
+  // The hostd it is submitted to is not among the nodes.
+  NodeHarness c(1);
+  absl::Status s = submit(c, Spec(1, {a.address(), b.address()}), "not-listed");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("does not list the hostd"));
+  // A node nobody serves.
+  s = submit(a, Spec(1, {a.address(), absl::StrCat("unix:", a.dir(), "/nobody.sock")}), "gone");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("node 1"));
+  // A node busy with a job of its own: the job over nodes is refused naming it, and fails here.
+  v1::SubmitJobRequest busy;
+  busy.set_job_id("busy");
+  busy.set_spec_yaml(Spec(1, {}, 100000));
+  busy.set_base_dir(b.dir());
+  ASSERT_TRUE(b.client().Submit(busy).ok());
+  s = submit(a, Spec(1, {a.address(), b.address()}), "while-busy");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("node 1"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("busy"));
+  ASSERT_TRUE(b.client().Cancel("busy").ok());
+  // Malformed node lists never reach a node.
+  for (const std::string& bad : {std::string("[unix:relative.sock, unix:/x.sock]"), std::string("[host, h2:1]"),
+                                 std::string("[h:99999, h2:1]"), std::string("[h:1, h:1]"),
+                                 std::string("[\"h 1:2\", h:3]"), std::string("[only:1]")}) {
+    std::string spec = Spec(1, {a.address(), b.address()});
+    spec = spec.substr(0, spec.find("nodes: [")) + "nodes: " + bad + "}\n";
+    s = submit(a, spec, "bad-nodes");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad << ": " << s;
+  }
+  // Several workers per node need the gpu route (each node's ranks reduce first).
+  std::string cpu_route = Spec(2, {a.address(), b.address()});
+  cpu_route.replace(cpu_route.find("workers: 2"), 10, "workers: 2, grad_reduction: cpu");
+  s = submit(a, cpu_route, "cpu-route");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
+}  // namespace
+}  // namespace slidedp::testing
