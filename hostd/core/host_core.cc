@@ -422,8 +422,10 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::SubmitRecord(const v1::SubmitJob
 absl::Status HostCore::StartOverNodes(const std::string& id) {
   v1::JoinJobRequest join;
   JobNodes nodes;
+  absl::StatusOr<std::string> kind;
   {
     absl::MutexLock l(&mu_);
+    kind = WorkerKindLocked();
     JobRecord& rec = *jobs_.at(id);
     nodes = *rec.nodes;
     join.set_job_id(id);
@@ -433,11 +435,18 @@ absl::Status HostCore::StartOverNodes(const std::string& id) {
     join.set_run_id(rec.job.run_id());
   }
   options_.mesh->Register(id, nodes);
-  absl::Status joined = absl::OkStatus();
+  absl::Status joined = kind.status();
   for (int n = 0; n < nodes.count() && joined.ok(); ++n) {
     if (n == nodes.self) continue;
     join.set_node(n);
-    joined = options_.mesh->Join(nodes.nodes[n], join);
+    absl::StatusOr<v1::JoinJobResponse> resp = options_.mesh->Join(nodes.nodes[n], join);
+    joined = resp.status();
+    // One engine links the nodes' ranks: Gloo between CPU workers, NCCL between CUDA workers.
+    if (joined.ok() && resp->backend() != *kind) {
+      joined = absl::FailedPreconditionError(absl::StrCat("node ", n, " (", nodes.nodes[n], ") has ", resp->backend(),
+                                                          " workers, this node (", nodes.self, ") ", *kind,
+                                                          ": a job over nodes runs on one kind"));
+    }
   }
   if (!joined.ok()) {
     options_.mesh->AbortOthers(id, joined);  // the nodes that joined stop (the others know no such job)
@@ -464,7 +473,21 @@ absl::Status HostCore::StartOverNodes(const std::string& id) {
   return absl::OkStatus();
 }
 
-absl::Status HostCore::JoinJob(const v1::JoinJobRequest& req) {
+absl::StatusOr<std::string> HostCore::WorkerKindLocked() const {
+  std::string kind;
+  for (const auto& [wid, w] : workers_) {
+    if (w->gone()) continue;
+    const std::string& k = w->hello().device().kind();
+    if (!kind.empty() && k != kind) {
+      return absl::FailedPreconditionError("a job over nodes needs workers of one kind on each node (cpu and cuda attached)");
+    }
+    kind = k;
+  }
+  if (kind.empty()) return absl::UnavailableError("no worker is attached");
+  return kind;
+}
+
+absl::StatusOr<std::string> HostCore::JoinJob(const v1::JoinJobRequest& req) {
   if (options_.mesh == nullptr) return absl::FailedPreconditionError("this hostd runs no jobs over several nodes");
   if (!ValidJobId(req.job_id())) return absl::InvalidArgumentError("join: the job id is not valid");
   if (req.spec_yaml().size() > kMaxSpecBytes) return absl::InvalidArgumentError("join: the spec is too large");
@@ -493,6 +516,7 @@ absl::Status HostCore::JoinJob(const v1::JoinJobRequest& req) {
                                                "' is ", running_.empty() ? "queued" : "running",
                                                " here; a job over nodes starts on idle nodes"));
   }
+  ASSIGN_OR_RETURN(std::string kind, WorkerKindLocked());
   auto rec = std::make_unique<JobRecord>();
   rec->nodes = JobNodes{spec.runtime.nodes, req.node(), req.coordinator()};
   rec->job.set_job_id(req.job_id());
@@ -515,7 +539,7 @@ absl::Status HostCore::JoinJob(const v1::JoinJobRequest& req) {
   queue_.push_back(req.job_id());
   LOG(INFO) << "job " << req.job_id() << " joined as node " << req.node() << " of " << count << " (coordinator: node "
             << req.coordinator() << ")";
-  return absl::OkStatus();
+  return kind;
 }
 
 void HostCore::AbortFromPeer(const v1::AbortJobRequest& req) {

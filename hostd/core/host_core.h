@@ -259,7 +259,8 @@ class HostCore {
 
   // PeerService (a job over several nodes): another node's hostd, coordinating a job, asks this one
   // to run its part (checked and admitted as a submit is, on an idle node; it starts at once).
-  absl::Status JoinJob(const v1::JoinJobRequest& req);
+  // Returns the kind of this node's attached workers ("cpu" or "cuda").
+  absl::StatusOr<std::string> JoinJob(const v1::JoinJobRequest& req);
   // Another node's part of a job ended (failed or cancelled): this node's stops, FAILED naming it.
   void AbortFromPeer(const v1::AbortJobRequest& req);
 
@@ -293,6 +294,8 @@ class HostCore {
   // has every other node join, then queues it. On an error the record ends FAILED and the nodes that
   // joined stop.
   absl::Status StartOverNodes(const std::string& id);
+  // The kind of the attached live workers ("cpu", "cuda"); FAILED_PRECONDITION when mixed or none.
+  absl::StatusOr<std::string> WorkerKindLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   HostCoreOptions options_;
   std::unique_ptr<JobExecutor> executor_;

@@ -130,12 +130,11 @@ absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& lay
         absl::StrCat("runtime.param_delivery sharded all-gathers over NCCL and needs CUDA workers; ", cpu_workers,
                      " of ", world, " are CPU-backend (use replicated or auto)"));
   }
-  // A job over nodes: CPU-backend workers link the nodes over Gloo; the NCCL link of CUDA workers
-  // between nodes is not built yet (docs/multi-node.md).
-  if (!spec.runtime.nodes.empty() && cpu_workers != world) {
-    return absl::UnimplementedError(
-        absl::StrCat("runtime.nodes on CUDA workers (NCCL between nodes) is not built yet; ", world - cpu_workers,
-                     " of this node's ", world, " workers are CUDA workers"));
+  // A job over nodes links each node's ranks to the others' by one engine: Gloo for CPU-backend
+  // workers, NCCL for CUDA workers (docs/multi-node.md).
+  if (!spec.runtime.nodes.empty() && cpu_workers != 0 && cpu_workers != world) {
+    return absl::FailedPreconditionError(absl::StrCat("runtime.nodes needs workers of one backend on every node; ",
+                                                      cpu_workers, " of this node's ", world, " are CPU-backend"));
   }
   if (gpu_route && cpu_workers != 0 && cpu_workers != world) {
     return absl::FailedPreconditionError(absl::StrCat("runtime.grad_reduction gpu needs workers of one backend; ",

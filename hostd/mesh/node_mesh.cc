@@ -52,11 +52,13 @@ absl::StatusOr<int> NodeMesh::FindSelf(const std::vector<std::string>& nodes) {
                    " nodes asked; submit the job to one of them)"));
 }
 
-absl::Status NodeMesh::Join(const std::string& address, const v1::JoinJobRequest& request) {
+absl::StatusOr<v1::JoinJobResponse> NodeMesh::Join(const std::string& address, const v1::JoinJobRequest& request) {
   ASSIGN_OR_RETURN(v1::PeerService::Stub * stub, Stub(address));
   auto ctx = CallContext(options_.call_timeout);
   v1::JoinJobResponse resp;
-  return Named(FromGrpc(stub->JoinJob(ctx.get(), request, &resp)), absl::StrCat("node ", request.node(), " (", address, ")"));
+  RETURN_IF_ERROR(
+      Named(FromGrpc(stub->JoinJob(ctx.get(), request, &resp)), absl::StrCat("node ", request.node(), " (", address, ")")));
+  return resp;
 }
 
 void NodeMesh::Register(const std::string& job_id, JobNodes nodes) {

@@ -60,7 +60,7 @@ class NodeMesh {
   // is this hostd; UNAVAILABLE names a node that does not answer.
   absl::StatusOr<int> FindSelf(const std::vector<std::string>& nodes);
   // Asks the hostd at `address` to join the job (JoinJob); its refusal comes back naming it.
-  absl::Status Join(const std::string& address, const v1::JoinJobRequest& request);
+  absl::StatusOr<v1::JoinJobResponse> Join(const std::string& address, const v1::JoinJobRequest& request);
 
   void Register(const std::string& job_id, JobNodes nodes);
   void Unregister(const std::string& job_id);

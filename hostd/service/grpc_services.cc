@@ -167,7 +167,9 @@ grpc::Status NodeServiceImpl::ListWorkers(grpc::ServerContext*, const v1::ListWo
 }
 
 grpc::Status PeerServiceImpl::JoinJob(grpc::ServerContext*, const v1::JoinJobRequest* req, v1::JoinJobResponse* resp) {
-  if (absl::Status s = core_->JoinJob(*req); !s.ok()) return ToGrpc(s);
+  absl::StatusOr<std::string> backend = core_->JoinJob(*req);
+  if (!backend.ok()) return ToGrpc(backend.status());
+  resp->set_backend(*backend);
   resp->set_instance_id(mesh_ != nullptr ? mesh_->instance_id() : "");
   return grpc::Status::OK;
 }

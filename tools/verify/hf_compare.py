@@ -11,7 +11,8 @@ the directory with our loader and runs the whole model non-streaming through our
 backend. The HF reference loads the same directory as FP32 master weights, runs under
 torch.autocast(bf16) every document as its own sequence (tools/verify/hf_common.py), loss = sum
 of token cross entropy / trained tokens, backward. Pass: |loss - loss_hf| / |loss_hf| <= 1e-3
-and, for every parameter, ||g - g_hf|| / ||g_hf|| <= 2e-2.
+and, for every parameter, ||g - g_hf|| / ||g_hf|| <= max(2e-2, 1.5 x HF's own FP32-vs-autocast distance for
+that tensor) (a shape whose BF16 noise alone exceeds 2e-2, e.g. Gemma 3 at head_dim 256, gates at its floor).
 
 Also reported (not gated): the same HF model in plain FP32 without autocast against the
 autocast reference (the bf16 noise floor; per tensor in each record's "floor_rel") and our
@@ -463,9 +464,15 @@ def compare_shape(name, args, results, log):
             rels_fp32[pname] = rel_l2(a, floor_ref[pname])
         loss_rel = abs(loss - loss_hf) / abs(loss_hf)
         worst = max(rels, key=rels.get) if rels else ""
-        ok = (not problems and loss_rel <= args.loss_tol and rels and max(rels.values()) <= args.grad_tol
+        # A tensor's gate: grad_tol, or floor_factor x HF's own autocast-vs-FP32 distance where that
+        # floor is larger (a shape whose BF16 noise alone passes grad_tol cannot gate a BF16 path).
+        gates = {p: max(args.grad_tol, args.floor_factor * rec_floor.get(p, 0.0)) for p in rels}
+        over = {p: rels[p] / gates[p] for p in rels}
+        ok = (not problems and loss_rel <= args.loss_tol and rels and max(over.values()) <= 1.0
               and math.isfinite(loss))
         ok_all &= bool(ok)
+        worst_gate = max(over, key=over.get) if over else ""
+        rec["worst_over_gate"] = {"param": worst_gate, "rel": rels.get(worst_gate), "gate": gates.get(worst_gate)}
         rec.update({"loss": loss, "loss_rel": loss_rel, "worst_param": worst, "worst_rel": rels.get(worst),
                     "worst_rel_vs_fp32": max(rels_fp32.values()) if rels_fp32 else None,
                     "grad_rel": rels, "grad_rel_fp32": rels_fp32, "problems": problems, "summary": summary,
@@ -516,6 +523,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--loss-tol", type=float, default=1e-3)
     ap.add_argument("--grad-tol", type=float, default=2e-2)
+    ap.add_argument("--floor-factor", type=float, default=1.5,
+                    help="a tensor passes within max(grad-tol, this x HF's autocast-vs-FP32 distance)")
     ap.add_argument("--token-budget", type=int, default=4096, help="padded tokens per HF forward")
     ap.add_argument("--run-timeout", type=float, default=300, help="seconds per model_grads run")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -536,7 +545,7 @@ def main():
         print("CUDA is not available to torch", file=sys.stderr)
         return 2
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.cuda.get_device_name(0)}; "
-          f"tolerances: loss rel {args.loss_tol}, grad rel L2 {args.grad_tol}")
+          f"tolerances: loss rel {args.loss_tol}, grad rel L2 max({args.grad_tol}, {args.floor_factor} x HF's floor)")
     os.makedirs(args.work_dir, exist_ok=True)
     results = Results(args.results)
     ok = True

@@ -118,4 +118,19 @@ absl::Status NcclCommunicator::ReduceScatterF32On(float* buf, int64_t shard_nume
                     "ncclReduceScatter");
 }
 
+absl::Status NcclCommunicator::SendF32On(const float* data, int64_t n, int peer, cudaStream_t on) {
+  if (broken_) return absl::AbortedError("NCCL communicator was aborted");
+  return NcclStatus(ncclSend(data, static_cast<size_t>(n), ncclFloat32, peer, comm_, on), "ncclSend");
+}
+
+absl::Status NcclCommunicator::RecvF32On(float* data, int64_t n, int peer, cudaStream_t on) {
+  if (broken_) return absl::AbortedError("NCCL communicator was aborted");
+  return NcclStatus(ncclRecv(data, static_cast<size_t>(n), ncclFloat32, peer, comm_, on), "ncclRecv");
+}
+
+absl::Status NcclCommunicator::BroadcastF32On(float* data, int64_t n, int root, cudaStream_t on) {
+  if (broken_) return absl::AbortedError("NCCL communicator was aborted");
+  return NcclStatus(ncclBroadcast(data, data, static_cast<size_t>(n), ncclFloat32, root, comm_, on), "ncclBroadcast");
+}
+
 }  // namespace slidedp

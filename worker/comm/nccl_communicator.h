@@ -50,6 +50,10 @@ class NcclCommunicator {
   // `bytes` from each rank into out[rank * bytes, +bytes), and the in-place FP32 reduce-scatter.
   absl::Status AllGatherBytesOn(const void* local, int64_t bytes, void* out, cudaStream_t on);
   absl::Status ReduceScatterF32On(float* buf, int64_t shard_numel, cudaStream_t on);
+  // Point to point and broadcast of n floats on `on` (the cross-node link, nccl_node_link.h).
+  absl::Status SendF32On(const float* data, int64_t n, int peer, cudaStream_t on);
+  absl::Status RecvF32On(float* data, int64_t n, int peer, cudaStream_t on);
+  absl::Status BroadcastF32On(float* data, int64_t n, int root, cudaStream_t on);
 
   cudaStream_t stream() const { return stream_; }
   int rank() const { return rank_; }

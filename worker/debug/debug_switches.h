@@ -47,7 +47,7 @@ struct DebugSwitches {
   // runtime.deterministic, never takes it away: a job is deterministic when either asks.
   bool deterministic = false;
   bool cudnn_cross_attention = true;  // SLIDEDP_CUDNN_CROSS=0: context-parallel attention on the own kernels
-  bool cudnn_window = false;          // SLIDEDP_CUDNN_WINDOW=1: sliding windows on cuDNN's left-bound mask
+  bool cudnn_window = true;           // SLIDEDP_CUDNN_WINDOW=0: sliding windows on the own kernels
   bool gpu_memory_ledger = false;     // SLIDEDP_GPU_MEMORY_LEDGER=1
   std::string cudnn_library;          // SLIDEDP_CUDNN_LIB: libcudnn.so.9 or its directory; empty: the search path
 

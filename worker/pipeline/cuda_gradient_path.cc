@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/collective/node_link.h"
 #include "common/model/shard.h"
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
@@ -77,6 +78,7 @@ class CudaGradientPath final : public GradientPath {
     if (unit_squares_) cudaFree(unit_squares_);
     if (partials_) cudaFree(partials_);
     if (bf16_chunk_) cudaFree(bf16_chunk_);
+    if (chain_scratch_) cudaFree(chain_scratch_);
     if (d2h_) cudaStreamDestroy(d2h_);
   }
 
@@ -161,14 +163,31 @@ class CudaGradientPath final : public GradientPath {
     ASSIGN_OR_RETURN(job.ready, ReadyEvent());
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(job.ready, compute_));
     const bool reduce = options_.base.route == GradRoute::kGpu && options_.base.world > 1;
-    if (reduce) {
-      const int64_t shard = ShardNumel(numel, options_.base.world);
-      RETURN_IF_ERROR(options_.comm->ReduceScatterF32(job.buffer->data, shard, job.ready));
-      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(job.ready, options_.comm->stream()));
-      job.part = ShardOf(numel, options_.base.world, options_.base.rank);
+    const bool over_nodes = options_.nodes != nullptr && options_.nodes->nodes() > 1;
+    // Where the part becomes final: the reduce-scatter's stream, the cross-node link's, or compute.
+    cudaStream_t on = reduce ? options_.comm->stream() : over_nodes ? options_.nodes->own_stream() : compute_;
+    const int64_t shard = reduce ? ShardNumel(numel, options_.base.world) : numel;
+    auto local_sum = [&](const float* partial) -> absl::Status {
+      if (reduce) RETURN_IF_ERROR(options_.comm->ReduceScatterF32(job.buffer->data, shard, job.ready));
+      if (partial == nullptr) return absl::OkStatus();
+      float* mine = job.buffer->data + (reduce ? options_.base.rank * shard : 0);
+      return kernels::AddF32(mine, partial, shard, mine, on);
+    };
+    if (over_nodes) {
+      // The node's ranks' sum of this rank's part, chained through the nodes (ChainReduce), all
+      // queued on `on` after the backward's event.
+      if (!reduce) SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(on, job.ready, 0));
+      RETURN_IF_ERROR(ChainScratch(shard));
+      options_.nodes->set_stream(on);
+      RETURN_IF_ERROR(ChainReduce(*options_.nodes, job.buffer->data + (reduce ? options_.base.rank * shard : 0),
+                                  shard, chain_scratch_, local_sum));
+    } else if (reduce) {
+      RETURN_IF_ERROR(local_sum(nullptr));
     }
+    if (reduce || over_nodes) SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(job.ready, on));
+    if (reduce) job.part = ShardOf(numel, options_.base.world, options_.base.rank);
     job.data = job.buffer->data + job.part.offset;
-    if (options_.base.stage_until_norm) return Stage(job, reduce ? options_.comm->stream() : compute_);
+    if (options_.base.stage_until_norm) return Stage(job, on);
     absl::MutexLock l(&mu_);
     RETURN_IF_ERROR(first_error_);
     queue_.push_back(job);
@@ -238,12 +257,25 @@ class CudaGradientPath final : public GradientPath {
   }
   int64_t device_bytes() const override {
     absl::MutexLock l(&mu_);
-    int64_t b = stage_bytes_;
+    int64_t b = stage_bytes_ + chain_scratch_numel_ * static_cast<int64_t>(sizeof(float));
     for (const auto& buf : buffers_) b += buf->bytes;
     return b;
   }
 
  private:
+  // A job over nodes: device room for the earlier nodes' partial sum of a part of n floats (the
+  // largest part so far; parts are final on one stream, in order, so one buffer serves them all).
+  absl::Status ChainScratch(int64_t n) {
+    if (n <= chain_scratch_numel_) return absl::OkStatus();
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());  // the old buffer may be in use
+    if (chain_scratch_ != nullptr) cudaFree(chain_scratch_);
+    chain_scratch_ = nullptr;
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&chain_scratch_, n * sizeof(float)));
+    absl::MutexLock l(&mu_);
+    chain_scratch_numel_ = n;
+    return absl::OkStatus();
+  }
+
   // One event per queued job; recycled once the poster has consumed it.
   absl::StatusOr<cudaEvent_t> ReadyEvent() {
     absl::MutexLock l(&mu_);
@@ -461,6 +493,8 @@ class CudaGradientPath final : public GradientPath {
   double ring_wait_s_ ABSL_GUARDED_BY(mu_) = 0;
   double d2h_s_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t stage_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  float* chain_scratch_ = nullptr;  // job thread
+  int64_t chain_scratch_numel_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

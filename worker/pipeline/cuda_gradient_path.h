@@ -4,7 +4,8 @@
 // a buffer is handed out again only after its last copy finished (so the compute stream never
 // waits for a copy, it just takes another buffer while the pool is below its cap).
 // Finish(unit): an event on the compute stream; for the gpu route, the in-place reduce-scatter on
-// the communicator's stream after it; then the job goes to the poster thread, which for each
+// the communicator's stream after it (a job over nodes: chained through the nodes there, ChainReduce);
+// then the job goes to the poster thread, which for each
 // chunk of this rank's part waits for a free ring slot, copies on the D2H stream into the
 // (registered) slot, waits for the copy and posts the descriptor.
 #pragma once
@@ -14,6 +15,7 @@
 #include <memory>
 
 #include "worker/comm/nccl_communicator.h"
+#include "worker/comm/nccl_node_link.h"
 #include "worker/pipeline/gradient_path.h"
 
 namespace slidedp {
@@ -22,6 +24,8 @@ struct CudaGradientPathOptions {
   GradientPathOptions base;
   int device = 0;
   NcclCommunicator* comm = nullptr;       // required for the gpu route with world > 1
+  // A job over several nodes: this rank's NCCL link to the other nodes (base.nodes is the same link).
+  NcclNodeLink* nodes = nullptr;
   const shm::AbortWord* abort = nullptr;  // the job's abort word: waits give up when raised
   int max_buffers = 5;                    // pool cap (beyond it Begin waits for an idle buffer)
   // Device staging: log each unit's squared gradient norm per step with every digit (the worker's

@@ -73,8 +73,11 @@ class CudaPipelineFactory final : public PipelineFactory {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::unique_ptr<NodeLink>> JoinNodes(const NodeLinkSettings&) override {
-    return absl::UnimplementedError("jobs over several nodes on CUDA workers (NCCL between nodes) are not built yet");
+  // NCCL between the nodes' GPUs of one local rank (IB/RoCE or sockets, as NCCL finds them).
+  absl::StatusOr<std::unique_ptr<NodeLink>> JoinNodes(const NodeLinkSettings& n) override {
+    ASSIGN_OR_RETURN(std::unique_ptr<NcclNodeLink> link,
+                     NcclNodeLink::Join(options_.device, n.node, n.nodes, n.group, *n.store, n.timeout));
+    return std::unique_ptr<NodeLink>(std::move(link));
   }
 
   void DropCommunicator() override {
@@ -105,6 +108,7 @@ class CudaPipelineFactory final : public PipelineFactory {
     cg.base = s.grads;
     cg.device = options_.device;
     cg.comm = gpu_route ? comm : nullptr;
+    cg.nodes = static_cast<NcclNodeLink*>(s.grads.nodes);  // JoinNodes made it
     cg.abort = &s.job_state->abort();
     cg.log_unit_norms = options_.log_unit_norms;
     ASSIGN_OR_RETURN(p.grads, MakeCudaGradientPath(*s.layout, s.ring, compute, cg));

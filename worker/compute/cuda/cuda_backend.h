@@ -40,10 +40,11 @@ struct CudaBackendOptions {
   // forward, 2.7x backward at 128K tokens over 2 ranks (docs/gpu-results.md). MakeCudaBackend
   // takes SLIDEDP_CUDNN_CROSS=0 (the own kernels, for comparison).
   bool cudnn_cross_attention = true;
-  // Sliding windows on cuDNN (CudnnAttentionOptions::window_mask), else on the own kernels. Off
-  // until its left-bound mask has run on a GPU (docs/kernels.md); MakeCudaBackend takes
-  // SLIDEDP_CUDNN_WINDOW=1.
-  bool cudnn_window_mask = false;
+  // Sliding windows on cuDNN (CudnnAttentionOptions::window_mask: its left-bound mask, checked
+  // against FP64 on an H100, docs/gpu-results.md row 114), else on the own kernels (which run
+  // head_dim 256 on their slow path: Gemma 3 4B's compute-only step 5.4x slower). MakeCudaBackend
+  // takes SLIDEDP_CUDNN_WINDOW=0 (the own kernels, for comparison).
+  bool cudnn_window_mask = true;
   // MoE expert GEMMs planned per bucket of routed row counts (GemmArgs::varies); false plans every
   // distinct count (bench_kernels --moe measures the difference).
   bool gemm_row_buckets = true;

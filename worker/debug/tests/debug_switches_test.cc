@@ -31,7 +31,7 @@ TEST(DebugSwitches, DefaultsWithoutVariables) {
   EXPECT_EQ(s->attention, DebugSwitches::Attention::kAuto);
   EXPECT_FALSE(s->deterministic);
   EXPECT_TRUE(s->cudnn_cross_attention);
-  EXPECT_FALSE(s->cudnn_window);
+  EXPECT_TRUE(s->cudnn_window);
   EXPECT_FALSE(s->gpu_memory_ledger);
   EXPECT_EQ(s->cudnn_library, "");
 }
@@ -46,7 +46,7 @@ TEST(DebugSwitches, ReadsEverySwitch) {
                                               {"SLIDEDP_ATTENTION", "own"},
                                               {"SLIDEDP_DETERMINISTIC", "1"},
                                               {"SLIDEDP_CUDNN_CROSS", "0"},
-                                              {"SLIDEDP_CUDNN_WINDOW", "1"},
+                                              {"SLIDEDP_CUDNN_WINDOW", "0"},
                                               {"SLIDEDP_GPU_MEMORY_LEDGER", "1"},
                                               {"SLIDEDP_CUDNN_LIB", "/opt/cudnn/lib"}});
   ASSERT_TRUE(s.ok()) << s.status();
@@ -66,7 +66,7 @@ TEST(DebugSwitches, ReadsEverySwitch) {
   EXPECT_EQ(s->attention, DebugSwitches::Attention::kOwn);
   EXPECT_TRUE(s->deterministic);
   EXPECT_FALSE(s->cudnn_cross_attention);
-  EXPECT_TRUE(s->cudnn_window);
+  EXPECT_FALSE(s->cudnn_window);
   EXPECT_TRUE(s->gpu_memory_ledger);
   EXPECT_EQ(s->cudnn_library, "/opt/cudnn/lib");
 }
