@@ -4,12 +4,14 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "client/cli/command_io.h"
 #include "client/cli/embedded.h"
+#include "common/jobspec/node_list.h"
 
 namespace slidedp::client {
 namespace {
@@ -75,6 +77,11 @@ CLI::App* AddSubmitCommand(CLI::App& app, SubmitCommand& command) {
   cmd->add_option("--id", command.job_id, "job id (idempotent resubmission)");
   cmd->add_option("--resume", command.resume, "resume from the last checkpoint of a job id or checkpoint dir");
   cmd->add_flag("--dry-run", command.dry_run, "validate and print the resolved spec");
+  cmd->add_option("--nodes", command.nodes,
+                  "a job over nodes: runtime.nodes from HOST:PORT,..., @FILE (one a line) or slurm "
+                  "(SLURM_JOB_NODELIST); submit to one of them");
+  cmd->add_option("--node-port", command.node_port, "--nodes: the port of names given without one")
+      ->check(CLI::Range(1, 65535));
   cmd->add_flag("--detach", command.detach,
                 "do not watch progress (while it watches, Ctrl-C stops the watching, not the job: exit 130)");
   cmd->callback([&command] {
@@ -101,6 +108,12 @@ int RunSubmitCommand(const SubmitCommand& command, const ClientOptions& client_o
   } else {
     auto text = ReadJobSpec(command.spec_path);
     if (!text.ok()) return ReportFailure(text.status());
+    if (!command.nodes.empty()) {
+      auto nodes = slidedp::NodesFromArgument(command.nodes, command.node_port, std::getenv("SLURM_JOB_NODELIST"));
+      if (!nodes.ok()) return ReportFailure(nodes.status());
+      text = slidedp::SpecWithNodes(*text, *nodes);
+      if (!text.ok()) return ReportFailure(text.status());
+    }
     req.set_spec_yaml(*text);
     req.set_base_dir(JobSpecDir(command.spec_path));
   }
@@ -160,4 +173,5 @@ int RunCancelCommand(const JobIdCommand& command, const ClientOptions& client_op
   return 0;
 }
 
-}  // namespace slidedp::client
+}  // namespace slidedp::client#include "common/jobspec/node_list.h"
+

@@ -25,6 +25,10 @@ struct SubmitCommand {
   std::string resume;     // --resume: a job id or a checkpoint directory
   bool dry_run = false;   // --dry-run: validate and print the resolved spec
   bool detach = false;    // --detach: do not watch the job
+  // A job over nodes: runtime.nodes from a comma list, @FILE or "slurm" (SLURM_JOB_NODELIST), and
+  // the port of names given without one (common/jobspec/node_list.h).
+  std::string nodes;
+  int node_port = 0;
 };
 
 // Adds `submit` to app; parsing refuses it without a spec or --resume. Run: submits, then (unless

@@ -35,10 +35,11 @@ std::string DataDir() {
 
 // The tiny model with 'workers' ranks per node over `nodes` (none: one node); clipping engages (a
 // small max_grad_norm), so the clipping coefficient is part of what must agree.
-std::string Spec(int workers, const std::vector<std::string>& nodes, int steps = 4, double max_grad_norm = 1.0) {
+std::string Spec(int workers, const std::vector<std::string>& nodes, int steps = 4, double max_grad_norm = 1.0,
+                 const std::string& output = "out") {
   return absl::StrCat(
-      "name: mn\nmodel: {preset: tiny, init_seed: 11}\ndata: {path: ", DataDir(), "}\n",
-      "output: {dir: out, save_dtype: fp32}\n", "train: {seq_len: 64, global_batch: 12, micro_batch: 1, steps: ", steps,
+      "name: mn\nmodel: {preset: tiny, init_seed: 11}\ndata: {path: ", DataDir(), "}\n", "output: {dir: ", output,
+      ", save_dtype: fp32, save_every: 2}\n", "train: {seq_len: 64, global_batch: 12, micro_batch: 1, steps: ", steps,
       ", seed: 3, max_grad_norm: ", max_grad_norm, "}\n", "optimizer: {lr: 2.0e-3, weight_decay: 0.1}\n",
       "schedule: {kind: linear, warmup_steps: 1}\n", "runtime: {workers: ", workers, ", step_timeout_ms: 20000",
       nodes.empty() ? std::string() : absl::StrCat(", nodes: [", absl::StrJoin(nodes, ", "), "]"), "}\n");
@@ -93,6 +94,26 @@ TEST(MultiNode, TwoNodesOfTwoRanksAreBitwiseOneNodeOfFour) { ExpectSameAsOneNode
 TEST(MultiNode, ThreeNodesOfOneRankAreBitwiseOneNodeOfThree) { ExpectSameAsOneNode(3, 1, 1000.0); }
 
 TEST(MultiNode, ClippedTwoNodesOfTwoRanksAreBitwiseOneNodeOfFour) { ExpectSameAsOneNode(2, 2, 0.05); }
+
+// A checkpoint of a job over 2 nodes resumes on 1 node and on 2 other nodes (each node reads the same
+// path: a shared file system), and continues bitwise as one node of all the ranks does: replicated
+// state is the whole state on every node, and the global batch does not depend on the ranks.
+TEST(MultiNode, ResumesOnAnotherNodeCountExactly) {
+  NodeHarness a(2), b(2);
+  MustSucceed(b, Spec(2, {a.address(), b.address()}, 2, 0.05, b.dir() + "/first"), "first");
+  const std::string checkpoint = b.dir() + "/first/checkpoint-2";
+  ASSERT_TRUE(std::filesystem::exists(checkpoint + "/model.safetensors"));
+  NodeHarness one(4);
+  MustSucceed(one, Spec(4, {}, 4, 0.05, "straight"), "straight");
+  MustSucceed(one, Spec(4, {}, 4, 0.05, "on-one"), "on-one", checkpoint);
+  MustSucceed(a, Spec(2, {a.address(), b.address()}, 4, 0.05, a.dir() + "/on-two"), "on-two", checkpoint);
+  const std::string straight = FileBytes(one.dir() + "/straight/checkpoint-4/model.safetensors");
+  ASSERT_FALSE(straight.empty());
+  EXPECT_TRUE(FileBytes(one.dir() + "/on-one/checkpoint-4/model.safetensors") == straight);
+  EXPECT_TRUE(FileBytes(a.dir() + "/on-two/checkpoint-4/model.safetensors") == straight);
+  EXPECT_TRUE(FileBytes(a.dir() + "/on-two/checkpoint-4/optimizer.safetensors") ==
+              FileBytes(one.dir() + "/straight/checkpoint-4/optimizer.safetensors"));
+}
 
 TEST(MultiNode, ALostWorkerFailsTheJobOnEveryNode) {
   NodeHarness a(1), b(1);
