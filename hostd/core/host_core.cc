@@ -583,6 +583,7 @@ absl::StatusOr<v1::PlanJobResponse> HostCore::Plan(const v1::PlanJobRequest& req
                                                       " attached worker(s) to plan on, ", hellos.size(),
                                                       " attached now"));
   }
+  if (!spec.runtime.nodes.empty()) return PlanOverNodes(spec, hellos);
   ASSIGN_OR_RETURN(v1::PlanJobResponse plan, executor_->Plan(spec, hellos));
   if (!req.measure()) return plan;
   if (spec.runtime.context_parallel > 1) {
@@ -622,6 +623,56 @@ absl::StatusOr<v1::PlanJobResponse> HostCore::Plan(const v1::PlanJobRequest& req
     plan.add_measure_job_ids(queued.job().job_id());
     LOG(INFO) << "plan: job " << queued.job().job_id() << " measures " << RouteName(t) << " for a planned job";
   }
+  return plan;
+}
+
+absl::StatusOr<v1::PlanJobResponse> HostCore::PlanOverNodes(const JobSpec& spec,
+                                                            const std::vector<v1::WorkerHello>& hellos) {
+  if (options_.mesh == nullptr) return absl::FailedPreconditionError("runtime.nodes: this hostd runs no jobs over nodes");
+  const int count = static_cast<int>(spec.runtime.nodes.size());
+  ASSIGN_OR_RETURN(int self, options_.mesh->FindSelf(spec.runtime.nodes));
+  // This node's share of the global batch on its workers: each node runs the same.
+  JobSpec share = spec;
+  share.runtime.nodes.clear();
+  share.train.global_batch = spec.train.global_batch / count;
+  ASSIGN_OR_RETURN(v1::PlanJobResponse plan, executor_->Plan(share, hellos));
+  plan.set_world(plan.world() * count);
+  double gparams = 0;
+  for (const v1::PlanResource& r : plan.resources()) {
+    if (r.unit() == "Gparam") gparams = std::max(gparams, r.work());
+  }
+  // The slowest link from here to another node (gRPC over the hostds' own listeners: TLS on TCP).
+  double gbps = 0;
+  std::string slowest;
+  for (int n = 0; n < count; ++n) {
+    if (n == self) continue;
+    ASSIGN_OR_RETURN(double bytes_per_s, options_.mesh->MeasureBandwidth(spec.runtime.nodes[n], int64_t{64} << 20));
+    if (gbps == 0 || bytes_per_s / 1e9 < gbps) {
+      gbps = bytes_per_s / 1e9;
+      slowest = spec.runtime.nodes[n];
+    }
+  }
+  // Each node's FP32 gradient parts cross its link about twice a step (the chain in and out, and the
+  // total's broadcast): 8 bytes a parameter (docs/multi-node.md).
+  const double gb = 8.0 * gparams;
+  const double busy = gbps > 0 ? gb / gbps : -1;
+  v1::PlanResource* net = plan.add_resources();
+  net->set_name("network between nodes");
+  net->set_work(gb);
+  net->set_unit("GB");
+  net->set_rate(gbps);
+  net->set_busy_s(busy);
+  net->set_source(absl::StrCat("measured now: 64 MiB streamed to each node over gRPC; slowest ", slowest));
+  // The gradients leave during the backward (about 2/3 of the step), so the network stretches the
+  // step past a third of it plus its own time.
+  if (plan.step_s() > 0 && busy > 0 && plan.step_s() / 3 + busy > plan.step_s()) {
+    plan.set_step_s(plan.step_s() / 3 + busy);
+    plan.set_bottleneck("network between nodes");
+  }
+  plan.add_notes(absl::StrCat(count, " nodes of ", hellos.size(), " worker(s), this node ", self,
+                              ": each node's step as this node's share of the global batch (",
+                              share.train.global_batch, " rows) on its workers, with the network term; the "
+                              "chain's per-unit latency (N-1 hops) and the other nodes' own speeds are not counted"));
   return plan;
 }
 

@@ -296,6 +296,9 @@ class HostCore {
   absl::Status StartOverNodes(const std::string& id);
   // The kind of the attached live workers ("cpu", "cuda"); FAILED_PRECONDITION when mixed or none.
   absl::StatusOr<std::string> WorkerKindLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `slidedp plan` of a job over nodes: this node's share predicted on its workers, the bandwidth
+  // to the other nodes measured, and the network term added (docs/multi-node.md's model).
+  absl::StatusOr<v1::PlanJobResponse> PlanOverNodes(const JobSpec& spec, const std::vector<v1::WorkerHello>& hellos);
 
   HostCoreOptions options_;
   std::unique_ptr<JobExecutor> executor_;

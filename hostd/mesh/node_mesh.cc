@@ -1,9 +1,11 @@
 #include "hostd/mesh/node_mesh.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/status/grpc_status.h"
 #include "common/status/status_macros.h"
 
@@ -194,6 +196,28 @@ absl::StatusOr<std::vector<v1::NodeStep>> NodeMesh::WaitNodeSteps(const std::str
   for (auto& [n, s] : got) out.push_back(std::move(s));
   job.steps.erase(job.steps.begin(), job.steps.upper_bound(step));
   return out;
+}
+
+absl::StatusOr<double> NodeMesh::MeasureBandwidth(const std::string& address, int64_t bytes, int tries) {
+  bytes = std::clamp<int64_t>(bytes, 1 << 20, kMaxProbeBytes);
+  ASSIGN_OR_RETURN(v1::PeerService::Stub * stub, Stub(address));
+  v1::ProbeChunk chunk;
+  chunk.set_data(std::string(1 << 20, '\x5a'));
+  double best = 0;
+  for (int t = 0; t < tries; ++t) {
+    auto ctx = CallContext(options_.call_timeout);
+    v1::ProbeResult result;
+    const absl::Time t0 = absl::Now();
+    std::unique_ptr<grpc::ClientWriter<v1::ProbeChunk>> writer = stub->Probe(ctx.get(), &result);
+    for (int64_t sent = 0; sent < bytes; sent += chunk.data().size()) {
+      if (!writer->Write(chunk)) break;
+    }
+    writer->WritesDone();
+    RETURN_IF_ERROR(Named(FromGrpc(writer->Finish()), absl::StrCat("bandwidth probe of ", address)));
+    const double s = absl::ToDoubleSeconds(absl::Now() - t0);
+    if (s > 0) best = std::max(best, static_cast<double>(result.bytes()) / s);
+  }
+  return best;
 }
 
 void NodeMesh::AbortOthers(const std::string& job_id, const absl::Status& why) {

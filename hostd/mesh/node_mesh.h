@@ -48,6 +48,8 @@ inline constexpr size_t kMaxStoreValueBytes = 64 << 10;
 inline constexpr size_t kMaxStoreKeyBytes = 512;
 inline constexpr size_t kMaxStoreKeys = 4096;
 inline constexpr absl::Duration kMaxStoreWait = absl::Minutes(10);
+// A bandwidth probe streams at most this much.
+inline constexpr int64_t kMaxProbeBytes = int64_t{256} << 20;
 
 class NodeMesh {
  public:
@@ -76,6 +78,10 @@ class NodeMesh {
   // (DEADLINE_EXCEEDED names the nodes missing). Reports of earlier steps are dropped.
   absl::StatusOr<std::vector<v1::NodeStep>> WaitNodeSteps(const std::string& job_id, int64_t step,
                                                           absl::Duration timeout);
+
+  // Bytes per second from this hostd to the one at `address`: `bytes` streamed over its PeerService
+  // (gRPC, with TLS where it listens on TCP), timed to the answer; the best of `tries`.
+  absl::StatusOr<double> MeasureBandwidth(const std::string& address, int64_t bytes, int tries = 2);
 
   // This node's job ended with `why`: the other nodes stop theirs (best effort, bounded calls).
   void AbortOthers(const std::string& job_id, const absl::Status& why);

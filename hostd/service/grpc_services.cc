@@ -198,6 +198,18 @@ grpc::Status PeerServiceImpl::AbortJob(grpc::ServerContext*, const v1::AbortJobR
   return grpc::Status::OK;
 }
 
+grpc::Status PeerServiceImpl::Probe(grpc::ServerContext*, grpc::ServerReader<v1::ProbeChunk>* reader,
+                                    v1::ProbeResult* resp) {
+  v1::ProbeChunk chunk;
+  int64_t bytes = 0;
+  while (reader->Read(&chunk)) {
+    bytes += static_cast<int64_t>(chunk.data().size());
+    if (bytes > kMaxProbeBytes) return ToGrpc(absl::ResourceExhaustedError("probe: more bytes than a measurement needs"));
+  }
+  resp->set_bytes(bytes);
+  return grpc::Status::OK;
+}
+
 WorkerServiceImpl::WorkerServiceImpl(HostCore* core) : core_(core) {
   watchdog_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "hello-watchdog");

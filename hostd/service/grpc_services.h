@@ -50,6 +50,8 @@ class PeerServiceImpl final : public v1::PeerService::Service {
   grpc::Status StoreGet(grpc::ServerContext*, const v1::StoreGetRequest*, v1::StoreGetResponse*) override;
   grpc::Status ReportNodeStep(grpc::ServerContext*, const v1::NodeStep*, v1::PeerAck*) override;
   grpc::Status AbortJob(grpc::ServerContext*, const v1::AbortJobRequest*, v1::PeerAck*) override;
+  // Counts what a peer streams (at most kMaxProbeBytes), for its bandwidth measurement.
+  grpc::Status Probe(grpc::ServerContext*, grpc::ServerReader<v1::ProbeChunk>*, v1::ProbeResult*) override;
 
  private:
   HostCore* core_;

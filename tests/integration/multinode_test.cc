@@ -5,6 +5,8 @@
 //   2 nodes x 2 ranks and 3 nodes x 1 rank   -> losses, master and Adam moments bitwise those of one
 //                                               node with all the ranks (the same global batch)
 //   a node's worker killed mid-job           -> the job fails on every node, naming the node
+//   a checkpoint of 2 nodes resumed on 1 node and on 2 -> bitwise the run straight through
+//   `slidedp plan` over nodes                -> the network term, its bandwidth measured
 //   a spec the coordinator is not in, a busy node, a node that is not there -> refused at submit
 #include <signal.h>
 
@@ -140,6 +142,26 @@ TEST(MultiNode, ALostWorkerFailsTheJobOnEveryNode) {
   // Within the step timeout (20 s) and a margin for the report.
   EXPECT_LT(absl::Now() - killed, absl::Seconds(45));
   EXPECT_THAT(ja->error(), HasSubstr("node 1")) << ja->error();
+}
+
+// `slidedp plan` of a job over nodes: the world of every node's ranks, the network term measured.
+TEST(MultiNode, PlanMeasuresTheNetworkBetweenNodes) {
+  NodeHarness a(1), b(1);
+  v1::PlanJobRequest req;
+  req.set_spec_yaml(Spec(1, {a.address(), b.address()}));
+  req.set_base_dir(a.dir());
+  auto plan = a.client().Plan(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->world(), 2);
+  bool network = false;
+  for (const v1::PlanResource& r : plan->resources()) {
+    if (r.name() != "network between nodes") continue;
+    network = true;
+    EXPECT_GT(r.rate(), 0) << "bandwidth not measured";
+    EXPECT_GT(r.work(), 0);
+    EXPECT_GT(r.busy_s(), 0);
+  }
+  EXPECT_TRUE(network);
 }
 
 TEST(MultiNode, RefusedAtSubmit) {
