@@ -3,8 +3,6 @@
 // a rank whose peer never comes fails its connect within the timeout instead of hanging.
 #include "common/collective/gloo_group.h"
 
-#include <fcntl.h>
-#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +18,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/netns/netns_pair.h"
 
 namespace slidedp {
 namespace {
@@ -107,46 +106,9 @@ TEST(GlooGroup, RingAllReduceIsTheSumAndTheSameBitsOnEveryRank) {
   }
 }
 
-// Two "nodes" on one machine: network namespaces joined by a veth pair with private addresses (as
-// CI runs several hostds), one rank in each, reaching the other only over the pair. Skipped where
-// namespaces cannot be made (not root, no `ip`).
-class NetnsPair {
- public:
-  NetnsPair() {
-    const std::string id = std::to_string(getpid() % 100000);
-    names_[0] = "sdpg" + id + "a";
-    names_[1] = "sdpg" + id + "b";
-    const std::string va = "sdv" + id + "a", vb = "sdv" + id + "b";
-    ok_ = Run("ip netns add " + names_[0]) && Run("ip netns add " + names_[1]) &&
-          Run("ip link add " + va + " type veth peer name " + vb) && Run("ip link set " + va + " netns " + names_[0]) &&
-          Run("ip link set " + vb + " netns " + names_[1]) &&
-          Run("ip -n " + names_[0] + " addr add 10.77.0.1/24 dev " + va) &&
-          Run("ip -n " + names_[1] + " addr add 10.77.0.2/24 dev " + vb) && Run("ip -n " + names_[0] + " link set " + va + " up") &&
-          Run("ip -n " + names_[1] + " link set " + vb + " up") && Run("ip -n " + names_[0] + " link set lo up") &&
-          Run("ip -n " + names_[1] + " link set lo up");
-  }
-  ~NetnsPair() {
-    for (const std::string& n : names_) Run("ip netns del " + n);
-  }
-  bool ok() const { return ok_; }
-  // Moves the calling process (a forked rank) into namespace i.
-  bool Enter(int i) const {
-    const int fd = open(("/run/netns/" + names_[i]).c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;
-    const bool entered = setns(fd, CLONE_NEWNET) == 0;
-    close(fd);
-    return entered;
-  }
-
- private:
-  static bool Run(const std::string& cmd) { return std::system((cmd + " > /dev/null 2>&1").c_str()) == 0; }
-  std::string names_[2];
-  bool ok_ = false;
-};
-
 TEST(GlooGroup, RanksInSeparateNetworkNamespacesReduceOverAVethPair) {
   if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
-  NetnsPair net;
+  testing::NetnsPair net("g", "10.77.0");
   if (!net.ok()) GTEST_SKIP() << "could not make two network namespaces with a veth pair (ip netns)";
   constexpr int64_t kN = 4099;
   const std::string dir = FreshDir("netns");
@@ -157,7 +119,7 @@ TEST(GlooGroup, RanksInSeparateNetworkNamespacesReduceOverAVethPair) {
     o.size = 2;
     o.store_dir = dir;
     o.prefix = "netns";
-    o.host = rank == 0 ? "10.77.0.1" : "10.77.0.2";
+    o.host = net.address(rank);
     o.timeout = absl::Seconds(30);
     auto group = GlooGroup::Connect(o);
     if (!group.ok()) {

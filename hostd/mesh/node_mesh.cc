@@ -44,9 +44,7 @@ absl::StatusOr<int> NodeMesh::FindSelf(const std::vector<std::string>& nodes) {
     auto ctx = CallContext(options_.call_timeout);
     v1::NodeInfo info;
     absl::Status s = FromGrpc(stub->GetNode(ctx.get(), v1::GetNodeRequest(), &info));
-    if (!s.ok()) {
-      return absl::UnavailableError(absl::StrCat("runtime.nodes[", i, "] ", nodes[i], ": ", s.message()));
-    }
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("runtime.nodes[", i, "] ", nodes[i], ": ", s.message()));
     if (info.instance_id() == options_.instance_id) return static_cast<int>(i);
   }
   return absl::InvalidArgumentError(
