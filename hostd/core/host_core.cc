@@ -267,6 +267,23 @@ v1::Job HostCore::ShownLocked(const JobRecord& rec) const {
   return job;
 }
 
+// A new job's record: its id, spec (and the text's hash and size, for resubmits), resume point and run.
+void HostCore::FillJobRecord(JobRecord& rec, const std::string& id, const JobSpec& spec, const std::string& spec_text,
+                             const std::string& resume_from, const std::string& run_id) {
+  rec.job.set_job_id(id);
+  rec.job.set_resolved_spec_yaml(spec.ToYaml());
+  rec.job.set_submit_time_unix_ms(NowMs());
+  rec.job.set_total_steps(spec.train.steps);
+  rec.job.set_output_dir(spec.output.dir);
+  rec.job.set_run_id(run_id.empty() ? id : run_id);
+  rec.submit_ms = NowMs();
+  rec.spec = spec;
+  rec.spec_hash = SpecHash(spec_text);
+  rec.spec_size = spec_text.size();
+  rec.resume_from = resume_from;
+  rec.job.set_resume_from(resume_from);
+}
+
 absl::StatusOr<v1::SubmitJobResponse> HostCore::Submit(const v1::SubmitJobRequest& req) {
   ASSIGN_OR_RETURN(v1::SubmitJobResponse resp, SubmitRecord(req));
   if (req.dry_run() || resp.already_existed() || resp.job().state() != v1::JOB_STATE_QUEUED) return resp;
@@ -390,18 +407,7 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::SubmitRecord(const v1::SubmitJob
     return absl::ResourceExhaustedError(
         absl::StrCat(queue_.size(), " jobs are queued already (the most hostd takes); submit again later"));
   }
-  rec->job.set_job_id(id);
-  rec->job.set_resolved_spec_yaml(spec.ToYaml());
-  rec->job.set_submit_time_unix_ms(NowMs());
-  rec->job.set_total_steps(spec.train.steps);
-  rec->job.set_output_dir(spec.output.dir);
-  rec->job.set_run_id(run_id.empty() ? id : run_id);
-  rec->submit_ms = NowMs();
-  rec->spec = spec;
-  rec->spec_hash = SpecHash(req.spec_yaml());
-  rec->spec_size = req.spec_yaml().size();
-  rec->resume_from = resume_from;
-  rec->job.set_resume_from(resume_from);
+  FillJobRecord(*rec, id, spec, req.spec_yaml(), resume_from, run_id);
   v1::SubmitJobResponse resp;
   if (req.dry_run()) {
     *resp.mutable_job() = rec->job;
@@ -519,18 +525,7 @@ absl::StatusOr<std::string> HostCore::JoinJob(const v1::JoinJobRequest& req) {
   ASSIGN_OR_RETURN(std::string kind, WorkerKindLocked());
   auto rec = std::make_unique<JobRecord>();
   rec->nodes = JobNodes{spec.runtime.nodes, req.node(), req.coordinator()};
-  rec->job.set_job_id(req.job_id());
-  rec->job.set_resolved_spec_yaml(spec.ToYaml());
-  rec->job.set_submit_time_unix_ms(NowMs());
-  rec->job.set_total_steps(spec.train.steps);
-  rec->job.set_output_dir(spec.output.dir);
-  rec->job.set_run_id(req.run_id().empty() ? req.job_id() : req.run_id());
-  rec->submit_ms = NowMs();
-  rec->spec = spec;
-  rec->spec_hash = SpecHash(req.spec_yaml());
-  rec->spec_size = req.spec_yaml().size();
-  rec->resume_from = resume_from;
-  rec->job.set_resume_from(resume_from);
+  FillJobRecord(*rec, req.job_id(), spec, req.spec_yaml(), resume_from, req.run_id());
   rec->job.set_state(v1::JOB_STATE_QUEUED);
   options_.mesh->Register(req.job_id(), *rec->nodes);
   PersistLocked(*rec);

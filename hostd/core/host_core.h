@@ -284,6 +284,8 @@ class HostCore {
   void ResumeInterruptedLocked(v1::Job& job, const JobSpec& spec, JobRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job as clients see it: a queued one says why it waits (Job.wait_reason).
   v1::Job ShownLocked(const JobRecord& rec) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void FillJobRecord(JobRecord& rec, const std::string& id, const JobSpec& spec, const std::string& spec_text,
+                            const std::string& resume_from, const std::string& run_id);
   // Submit up to the job's record (queued, unless it runs over nodes: StartOverNodes queues it).
   absl::StatusOr<v1::SubmitJobResponse> SubmitRecord(const v1::SubmitJobRequest& req);
   // Refusals Submit can know before a job is queued: another run's checkpoints in the output
