@@ -181,14 +181,14 @@ absl::StatusOr<std::vector<v1::NodeStep>> NodeMesh::WaitNodeSteps(const std::str
   if (it == jobs_.end()) return absl::AbortedError(absl::StrCat("job '", job_id, "' ended"));
   Job& job = it->second;
   std::map<int, v1::NodeStep>& got = job.steps[step];
-  std::vector<int> missing;
+  std::vector<std::string> missing;
   for (int n = 0; n < job.nodes.count(); ++n) {
-    if (n != job.nodes.self && !got.count(n)) missing.push_back(n);
+    if (n != job.nodes.self && !got.count(n)) missing.push_back(absl::StrCat("node ", n, " (", job.nodes.nodes[n], ")"));
   }
   if (!missing.empty()) {
-    return absl::DeadlineExceededError(absl::StrCat("step ", step + 1, ": no report from node(s) ",
-                                                    absl::StrJoin(missing, ", "), " within ",
-                                                    absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(absl::StrCat("step ", step + 1, ": no report from ", absl::StrJoin(missing, ", "),
+                                                    " within ", absl::FormatDuration(timeout),
+                                                    ": its hostd or the network to it is gone"));
   }
   std::vector<v1::NodeStep> out;
   for (auto& [n, s] : got) out.push_back(std::move(s));

@@ -145,6 +145,29 @@ TEST(MultiNode, ALostWorkerFailsTheJobOnEveryNode) {
 }
 
 // `slidedp plan` of a job over nodes: the world of every node's ranks, the network term measured.
+// A node's hostd killed mid-job: the coordinator's job fails within the step timeout, naming the node.
+TEST(MultiNode, ALostHostdFailsTheJobOnTheCoordinator) {
+  NodeHarness a(1), b(1);
+  v1::SubmitJobRequest req;
+  req.set_job_id("lost-hostd");
+  req.set_spec_yaml(Spec(1, {a.address(), b.address()}, 100000));
+  req.set_base_dir(a.dir());
+  ASSERT_TRUE(a.client().Submit(req).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    auto j = a.client().GetJob("lost-hostd");
+    if (j.ok() && j->has_last() && j->last().step() >= 2) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  NodeHarness::KillAndReap(b.hostd_pid(), SIGKILL);
+  const absl::Time killed = absl::Now();
+  auto ja = a.WaitFinal("lost-hostd", 90);
+  ASSERT_TRUE(ja.ok()) << ja.status();
+  EXPECT_EQ(ja->state(), v1::JOB_STATE_FAILED);
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(60));  // the step timeout (20 s) and the chain's own
+  EXPECT_THAT(ja->error(), HasSubstr("node 1")) << ja->error();
+}
+
 TEST(MultiNode, PlanMeasuresTheNetworkBetweenNodes) {
   NodeHarness a(1), b(1);
   v1::PlanJobRequest req;
