@@ -114,7 +114,7 @@ __global__ void QkNormRopeForwardKernel(RopeArgs a, const bf16* __restrict__ qkv
         }
         const GroupCols c = ColsOf(g, a.rotary_dim);
         LoadGroupWeights(qw, c, a.norm_weight, wq[it]);
-        LoadGroupWeights(kw, c, a.norm_weight, wk[it]);
+        if (a.num_kv_heads > 0) LoadGroupWeights(kw, c, a.norm_weight, wk[it]);  // q alone: kw may be null
       }
     }
     // HB heads at a time: all their loads are issued before the first reduction, so a warp
@@ -174,7 +174,8 @@ __global__ void QkNormRopeForwardKernel(RopeArgs a, const bf16* __restrict__ qkv
 }
 
 // Backward: un-rotate the output gradient, then the RMSNorm backward over hd; dw partials are
-// kept per lane, summed over the block's warps in a fixed order into partial[block][2][hd].
+// kept per lane, summed over the block's warps in a fixed order into partial[block][2][hd]
+// (partial[block][hd] for q alone).
 constexpr int kRopeMaxIters = 2;  // hd <= 256: hd / 4 <= 64 groups, two per lane
 
 // (This per-token, one-head-at-a-time version is the one verified on the GPU; a batched variant
@@ -195,7 +196,7 @@ __global__ void QkNormRopeBackwardKernel(RopeArgs a, const bf16* __restrict__ dq
     if (kNorm && g < groups) {
       const GroupCols c = ColsOf(g, a.rotary_dim);
       LoadGroupWeights(qw, c, a.norm_weight, wq[it]);
-      LoadGroupWeights(kw, c, a.norm_weight, wk[it]);
+      if (a.num_kv_heads > 0) LoadGroupWeights(kw, c, a.norm_weight, wk[it]);  // q alone: kw may be null
     }
   }
   for (int64_t t = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; t < a.tokens;
@@ -299,10 +300,12 @@ __global__ void QkNormRopeBackwardKernel(RopeArgs a, const bf16* __restrict__ dq
       }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < 2 * hd; i += blockDim.x) {
+    // q alone (no kv heads): the q half only, so the reduction writes nothing for k.
+    const int cols = (a.num_kv_heads > 0 ? 2 : 1) * hd;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
       float s = 0.f;
       for (int wi = 0; wi < nwarps; ++wi) s += sm[wi * 2 * hd + i];
-      partial[blockIdx.x * 2 * static_cast<int64_t>(hd) + i] = s;
+      partial[blockIdx.x * static_cast<int64_t>(cols) + i] = s;
     }
   }
 }
@@ -321,7 +324,7 @@ RopeArgs Resolved(RopeArgs a) {
 // a: resolved. Two-element (4-byte) accesses need even head offsets; the lane layout needs
 // hd / 4 <= 64 groups and whole groups of four in the rotated and the passed span.
 absl::Status CheckRope(const RopeArgs& a) {
-  if (a.head_dim <= 0 || a.head_dim % 4 != 0 || a.head_dim > 256 || a.num_q_heads <= 0 || a.num_kv_heads <= 0) {
+  if (a.head_dim <= 0 || a.head_dim % 4 != 0 || a.head_dim > 256 || a.num_q_heads <= 0 || a.num_kv_heads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("q/k norm+RoPE: head_dim ", a.head_dim,
                                                    " must be a multiple of 4 in [4, 256]; heads ", a.num_q_heads, "/",
                                                    a.num_kv_heads));
@@ -380,8 +383,8 @@ absl::Status QkNormRopeBackwardImpl(const RopeArgs& a, const bf16* dq_out, const
       r, dq_out, dk_out, qkv, ld_qkv, q_norm_w, k_norm_w, positions, dqkv, ld_dqkv, ws);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   if (!kNorm) return absl::OkStatus();
-  ReducePartialsKernel<<<(2 * r.head_dim + 31) / 32, 1024, 0, stream>>>(ws, blocks, 2 * r.head_dim, r.head_dim,
-                                                                        dq_norm_w, dk_norm_w);
+  const int64_t cols = (r.num_kv_heads > 0 ? 2 : 1) * int64_t{r.head_dim};  // q alone: the q half
+  ReducePartialsKernel<<<(cols + 31) / 32, 1024, 0, stream>>>(ws, blocks, cols, r.head_dim, dq_norm_w, dk_norm_w);
   SLIDEDP_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -28,6 +28,8 @@ using bf16 = __nv_bfloat16;
 struct RopeArgs {
   int64_t tokens = 0;
   int num_q_heads = 0;
+  // 0: q alone (a layer that attends with another layer's keys: Gemma 4's kv-shared layers); the k
+  // arguments (k_norm_w, k_out, dk_out, dk_norm_w) are then neither read nor written and may be null.
   int num_kv_heads = 0;
   int head_dim = 0;
   float eps = 1e-6f;

@@ -536,18 +536,59 @@ TEST(JobPlanParts, WorkersFitTakesGemma3OnCudaWorkers) {
   EXPECT_TRUE(CheckWorkersFit(s, layout, Gpus(2)).ok()) << CheckWorkersFit(s, layout, Gpus(2)).status();
 }
 
-// gemma4 trains on CPU-backend workers; CUDA workers are refused at submit whatever the row length.
-TEST(JobPlanParts, WorkersFitRefusesGemma4OnCudaWorkers) {
-  const ModelLayout layout = Layout("tiny-gemma4");
+// gemma4 trains on CPU-backend and CUDA workers alike (the CUDA backend's cuda_gemma4_layer.cc), but
+// for what the CUDA backend's kernels do not take, refused at submit by the field: head dims over 256
+// (every released Gemma 4's full-attention layers: gemma4-e2b's 512), per-layer inputs of a width
+// that is not a multiple of 8, a context-parallel group; and what no passing GPU test covers yet
+// (the double-wide MLP, per-layer inputs under 16, multimodal placeholders: tiny-gemma4 has all three).
+// CPU workers run all of them.
+TEST(JobPlanParts, WorkersFitTakesGemma4OnCudaWorkers) {
   JobSpec s = Spec(2, 0, GradReduction::kCpu);
   s.model.preset = "tiny-gemma4";
-  s.train.seq_len = 16;  // within its window: still refused
+  s.train.seq_len = 64;  // longer than its window
   std::vector<WorkerDevice> cpus = {Device(true, int64_t{64} << 30), Device(true, int64_t{64} << 30)};
+  // The GPU-verified shape: no double-wide MLP, per-layer inputs of 16, text only (k_eq_v, sharing).
+  ModelConfig verified = *ModelConfig::Preset("tiny-gemma4");
+  verified.gemma4.double_wide_mlp = false;
+  verified.gemma4.ple_dim = 16;
+  const ModelLayout layout = ModelLayout::Build(verified);
   EXPECT_TRUE(CheckWorkersFit(s, layout, cpus).ok());
-  const absl::Status cuda = CheckWorkersFit(s, layout, Gpus(2)).status();
-  EXPECT_EQ(cuda.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_TRUE(absl::StrContains(cuda.message(), "gemma4 on CUDA workers is not built yet; use runtime.backend: cpu"))
-      << cuda;
+  EXPECT_TRUE(CheckWorkersFit(s, layout, Gpus(2)).ok()) << CheckWorkersFit(s, layout, Gpus(2)).status();
+  const ModelLayout tiny = Layout("tiny-gemma4");
+  EXPECT_TRUE(CheckWorkersFit(s, tiny, cpus).ok());
+  const absl::Status unverified = CheckWorkersFit(s, tiny, Gpus(2)).status();
+  EXPECT_EQ(unverified.code(), absl::StatusCode::kUnimplemented) << unverified;
+  EXPECT_TRUE(absl::StrContains(unverified.message(), "use_double_wide_mlp")) << unverified;
+  ModelConfig narrow = verified;
+  narrow.gemma4.ple_dim = 8;
+  EXPECT_TRUE(absl::StrContains(CheckWorkersFit(s, ModelLayout::Build(narrow), Gpus(2)).status().message(),
+                                "hidden_size_per_layer_input 8 (under 16)"));
+
+  ModelConfig wide = *ModelConfig::Preset("gemma4-e2b");
+  wide.num_hidden_layers = 5;  // four sliding layers (head_dim 256) and the full last one (512)
+  wide.layer_spans.resize(5);
+  wide.gemma4.kv_shared_layers = 0;
+  const ModelLayout e2b = ModelLayout::Build(wide);
+  EXPECT_TRUE(CheckWorkersFit(s, e2b, cpus).ok());
+  const absl::Status hd = CheckWorkersFit(s, e2b, Gpus(2)).status();
+  EXPECT_EQ(hd.code(), absl::StatusCode::kUnimplemented) << hd;
+  EXPECT_TRUE(absl::StrContains(hd.message(), "global_head_dim (per_layer_config head_dim) 512 of layer 4")) << hd;
+  EXPECT_TRUE(absl::StrContains(hd.message(), "runtime.backend: cpu")) << hd;
+
+  ModelConfig odd = verified;
+  odd.gemma4.ple_dim = 20;
+  const ModelLayout odd_layout = ModelLayout::Build(odd);
+  EXPECT_TRUE(CheckWorkersFit(s, odd_layout, cpus).ok());
+  const absl::Status ple = CheckWorkersFit(s, odd_layout, Gpus(2)).status();
+  EXPECT_EQ(ple.code(), absl::StatusCode::kInvalidArgument) << ple;
+  EXPECT_TRUE(absl::StrContains(ple.message(), "hidden_size_per_layer_input 20")) << ple;
+
+  JobSpec cp = s;
+  cp.runtime.context_parallel = 2;
+  EXPECT_TRUE(CheckWorkersFit(cp, layout, cpus).ok());
+  const absl::Status context = CheckWorkersFit(cp, layout, Gpus(2)).status();
+  EXPECT_EQ(context.code(), absl::StatusCode::kUnimplemented) << context;
+  EXPECT_TRUE(absl::StrContains(context.message(), "runtime.context_parallel 2")) << context;
 }
 
 // gpt_oss trains on CPU-backend and CUDA workers alike (the CUDA backend's sinks, biased router and

@@ -74,19 +74,23 @@ absl::StatusOr<std::unique_ptr<DeviceBatch>> CudaBackend::UploadBatch(const Micr
     }
     if (mb.positions[t] < 0) return absl::InvalidArgumentError(absl::StrCat("micro-batch: negative position at ", t));
   }
+  // The embedding's ids: gemma4 embeds a multimodal model's image / video / audio placeholders as
+  // pad_token_id in both its tables (Gemma4Model), so they take the pad row and give it no gradient.
+  const std::vector<int32_t> ids =
+      config_.is_gemma4() ? Gemma4EmbeddingTokens(config_, mb.tokens.data(), T) : mb.tokens;
   // Group positions by token id (stable) for the atomic-free embedding backward, leaving out
   // pad_token_id's (HF's nn.Embedding(padding_idx) gives that row no gradient).
   std::vector<int32_t> order(T);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return mb.tokens[a] < mb.tokens[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
   if (config_.pad_token_id >= 0) {
-    std::erase_if(order, [&](int32_t p) { return mb.tokens[p] == config_.pad_token_id; });
+    std::erase_if(order, [&](int32_t p) { return ids[p] == config_.pad_token_id; });
   }
   const int64_t grouped = static_cast<int64_t>(order.size());
   std::vector<int32_t> uniq, seg;
   for (int64_t i = 0; i < grouped; ++i) {
-    if (i == 0 || mb.tokens[order[i]] != mb.tokens[order[i - 1]]) {
-      uniq.push_back(mb.tokens[order[i]]);
+    if (i == 0 || ids[order[i]] != ids[order[i - 1]]) {
+      uniq.push_back(ids[order[i]]);
       seg.push_back(static_cast<int32_t>(i));
     }
   }
@@ -126,7 +130,7 @@ absl::StatusOr<std::unique_ptr<DeviceBatch>> CudaBackend::UploadBatch(const Micr
         cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(up(b->tokens_, mb.tokens));
+  RETURN_IF_ERROR(up(b->tokens_, ids));
   RETURN_IF_ERROR(up(b->labels_, mb.labels));
   RETURN_IF_ERROR(up(b->positions_, mb.positions));
   RETURN_IF_ERROR(up(b->cu_seqlens_, mb.cu_seqlens));
@@ -169,12 +173,19 @@ absl::Status CudaBackend::EmbeddingForward(const UnitParams& embed, const Device
                  : kernels::EmbeddingForward(table, b.tokens_, b.num_tokens_, H_, static_cast<bf16*>(out), stream_,
                                              embed_scale_);
   };
-  if (embed.fp32 != nullptr) return lookup(embed.fp32);
-  return lookup(reinterpret_cast<const bf16*>(embed.bf16));
+  RETURN_IF_ERROR(embed.fp32 != nullptr ? lookup(embed.fp32) : lookup(reinterpret_cast<const bf16*>(embed.bf16)));
+  // gemma4: its per-layer table too, and the batch's state from here (cuda_gemma4_layer.cc).
+  if (config_.is_gemma4()) return Gemma4EmbeddingForward(embed, b);
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::EmbeddingBackward(const void* dout, const DeviceBatch& batch, float* dembed) {
   const auto& b = static_cast<const CudaBatch&>(batch);
+  if (config_.is_gemma4()) {  // FP32 stream only (Init); its per-layer table's gradient too
+    RETURN_IF_ERROR(kernels::EmbeddingBackward(static_cast<const float*>(dout), b.uniq_tokens_, b.seg_offsets_,
+                                               b.sorted_pos_, b.num_unique_, H_, dembed, stream_, embed_scale_));
+    return Gemma4EmbeddingBackward(b, dembed);
+  }
   if (f32()) {
     return kernels::EmbeddingBackward(static_cast<const float*>(dout), b.uniq_tokens_, b.seg_offsets_, b.sorted_pos_,
                                       b.num_unique_, H_, dembed, stream_, embed_scale_);
@@ -184,8 +195,8 @@ absl::Status CudaBackend::EmbeddingBackward(const void* dout, const DeviceBatch&
 }
 
 int64_t CudaBackend::SavedBytesPerToken(ActPolicy policy) const {
-  // qwen3_5's layers keep nothing under any policy: backward recomputes them from the layer input
-  // (cuda_qwen3_5_layer.cc), so the activation store moves only their inputs.
+  // qwen3_5's layers (and gemma3's and gemma4's: LayersKeepNothing) keep nothing under any policy:
+  // backward recomputes them from the layer input, so the activation store moves only their inputs.
   if (config_.is_qwen3_5() || LayersKeepNothing()) return 0;
   return CudaKeptBytesPerToken(ModelShape::Of(config_), policy.pieces, act_bytes());
 }

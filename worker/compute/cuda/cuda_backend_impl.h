@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,6 +24,7 @@
 #include "common/status/status_macros.h"
 #include "glog/logging.h"
 #include "worker/compute/backend.h"
+#include "worker/compute/cpu/gemma4_math.h"
 #include "worker/compute/cuda/cuda_backend.h"
 #include "worker/compute/cuda/cuda_memory.h"
 #include "worker/compute/cuda/cuda_moe.h"
@@ -39,6 +41,29 @@ namespace slidedp::cuda_backend_internal {
 
 using kernels::bf16;
 
+// gemma4: what one micro-batch's units share beyond the hidden state, on the device (the CPU
+// backend's Gemma4BatchState, worker/compute/cpu/gemma4_math.h): the per-layer inputs and their
+// gradient, the keys and values of the layers later ones attend with and their gradient. Made by
+// the embedding's forward, filled by the layers' forward, drained by their backward
+// (cuda_gemma4_layer.cc).
+struct Gemma4DeviceState {
+  PoolBlock ple_block;
+  float* ple_token = nullptr;  // [T, layers x ple_dim] embed_tokens_per_layer rows x their scale
+  float* ple = nullptr;        // [T, layers x ple_dim] the per-layer inputs (layer 0's forward)
+  // dL/d ple, added to by every layer's backward; layer 0's backward, the last to add, scales it
+  // in place into dL/d ple_token (ple_token_grad), which the embedding's backward reads.
+  float* ple_grad = nullptr;
+  bool ple_token_grad = false;
+  struct SharedKv {
+    PoolBlock block;
+    bf16* k = nullptr;    // [T, kv_dim] the source layer's keys (normed, rotated)
+    bf16* v = nullptr;    // [T, kv_dim] its values (normed)
+    float* dk = nullptr;  // their gradient from the layers attending with them (zero until one adds)
+    float* dv = nullptr;
+  };
+  std::map<int64_t, SharedKv> kv;  // by source layer
+};
+
 class CudaBatch final : public DeviceBatch {
  public:
   int64_t num_tokens() const override { return num_tokens_; }
@@ -48,7 +73,7 @@ class CudaBatch final : public DeviceBatch {
   int max_seqlen_ = 0;
   int64_t num_unique_ = 0;
   PoolBlock block_;
-  int32_t* tokens_ = nullptr;
+  int32_t* tokens_ = nullptr;  // the embedding's ids (gemma4: a multimodal model's placeholders as pad)
   int32_t* labels_ = nullptr;
   int32_t* positions_ = nullptr;
   int32_t* cu_seqlens_ = nullptr;
@@ -81,6 +106,10 @@ class CudaBatch final : public DeviceBatch {
   mutable std::vector<std::vector<int64_t>> host_counts_;
   mutable std::vector<std::vector<int32_t>> host_topk_;  // SetRecordRouting: each sparse layer's top-k
   mutable double aux_weight_ = 0;
+
+  // gemma4: the state its units share, from the embedding's forward on (written by the forward and
+  // backward of a batch the interface passes const).
+  mutable std::unique_ptr<Gemma4DeviceState> gemma4_;
 };
 
 // The intermediates of one decoder layer (pointers; owners vary by policy).
@@ -134,6 +163,47 @@ struct HybridActs {
   bf16* shared_act = nullptr;
   bf16* shared_out = nullptr;
   float* shared_logit = nullptr;
+};
+
+// A gemma4 layer's intermediates (cuda_gemma4_layer.cc), all of the batch's T tokens, in one scratch
+// block (the keys and values of a layer others attend with live in the batch's Gemma4DeviceState).
+// Residual-stream values are FP32 (gemma4 runs on the FP32 stream only).
+struct Gemma4Acts {
+  // Layer 0: its input in BF16, the per-layer projection (scaled) [T, layers x ple_dim], its norm's
+  // rsqrt [T x layers] and output.
+  bf16* x0 = nullptr;
+  bf16* model_proj = nullptr;
+  float* model_rstd = nullptr;
+  bf16* model_normed = nullptr;
+  bf16* xn1 = nullptr;
+  float* rstd1 = nullptr;
+  // q_proj | k_proj | v_proj outputs [T, qkv_] (SelectGemma4Layer): q and k alone under k_eq_v (the
+  // values are k_proj's), q alone in a kv-shared layer.
+  bf16* qkv = nullptr;
+  bf16* qr = nullptr;  // q normed and rotated [T, qd]
+  bf16* kr = nullptr;  // k normed and rotated [T, kvd] (a layer with its own keys)
+  bf16* v = nullptr;   // v normed [T, kvd]
+  float* v_rstd = nullptr;
+  bf16* o = nullptr;
+  float* lse = nullptr;
+  bf16* ob = nullptr;  // o_proj output (before post_attention_layernorm) and the norm's rsqrt
+  float* rstd_o = nullptr;
+  float* h1 = nullptr;
+  bf16* xn2 = nullptr;  // pre_feedforward_layernorm's output
+  float* rstd2 = nullptr;
+  bf16* gu = nullptr;
+  bf16* act = nullptr;
+  bf16* down = nullptr;  // down_proj output (before post_feedforward_layernorm) and the norm's rsqrt
+  float* rstd_d = nullptr;
+  float* h2 = nullptr;
+  // The per-layer input branch: h2 in BF16, per_layer_input_gate's output [T, ple_dim] (FP32), the
+  // gated inputs, per_layer_projection's output (before post_per_layer_input_norm) and its rsqrt.
+  bf16* h2b = nullptr;
+  float* ple_gate = nullptr;
+  bf16* gated = nullptr;
+  bf16* ple_proj = nullptr;
+  float* ple_rstd = nullptr;
+  bf16* normed = nullptr;  // [T, H] the sandwich norms' outputs (scratch)
 };
 
 class CudaSaved final : public SavedActivations {
@@ -223,11 +293,8 @@ class CudaBackend final : public ComputeBackend {
                   << "); using the own attention kernels";
       }
     }
-    if (config_.is_gemma4()) {
-      return absl::UnimplementedError(absl::StrCat("the CUDA backend does not compute ", ModelTypeName(config_.family),
-                                                   " yet (the CPU backend does)"));
-    }
-    if (config_.has_sandwich_norms() && !options_.fp32_residual) {
+    // gemma3's and gemma4's sandwich norms (SandwichForward) add their BF16 branch to an FP32 stream.
+    if ((config_.has_sandwich_norms() || config_.is_gemma4()) && !options_.fp32_residual) {
       return absl::UnimplementedError(absl::StrCat(ModelTypeName(config_.family),
                                                    ": the CUDA backend runs its sandwich norms on the FP32 residual "
                                                    "stream only (unset SLIDEDP_CUDA_FP32_RESIDUAL=0)"));
@@ -273,6 +340,7 @@ class CudaBackend final : public ComputeBackend {
         moe_ = moe_blocks_.back().get();
       }
       if (config_.is_qwen3_5()) RETURN_IF_ERROR(InitQwen3_5(layout));
+      if (config_.is_gemma4()) RETURN_IF_ERROR(InitGemma4(layout));
     }
     qkv_w_ = Stack({{off_[kQProj], q_cols_}, {off_[kKProj], kvd_}, {off_[kVProj], kvd_}});
     gu_w_ = Stack({{off_[kGateProj], I_}, {off_[kUpProj], I_}});
@@ -489,6 +557,57 @@ class CudaBackend final : public ComputeBackend {
   // Column of v in the fused qkv rows: after q (and qwen3_5's gates) and k.
   int64_t VColumn() const { return q_cols_ + kvd_; }
 
+  // ---- gemma4 (cuda_gemma4_layer.cc) ----
+  // Its layers differ in sizes (full layers' head_dim and kv heads, double-wide MLPs) and tensors
+  // (k_eq_v, kv-shared layers, layer 0's per-layer input projection), so each decoder layer's
+  // offsets and sizes are kept, and SelectGemma4Layer makes the layer's the current ones (off_,
+  // fp32_off_, I_, nkv_, hd_, qd_, kvd_, qkv_) before any of its math. Checks the sizes the kernels
+  // take (Init).
+  struct Gemma4Layer {
+    int64_t off[kNumDecoderTensors];
+    int64_t fp32_off[kNumDecoderTensors];
+    Gemma4LayerDims dims;  // the CPU backend's (gemma4_math.h): sizes, k_eq_v, kv source, ple_dim
+  };
+  absl::Status InitGemma4(const ModelLayout& layout);
+  absl::StatusOr<const Gemma4LayerDims*> SelectGemma4Layer(const UnitParams& params, const CudaBatch& b);
+  // The embedding unit's second table: state->ple_token (forward), its gradient (backward).
+  absl::Status Gemma4EmbeddingForward(const UnitParams& embed, const CudaBatch& b);
+  absl::Status Gemma4EmbeddingBackward(const CudaBatch& b, float* dembed);
+  // One layer, untiled, keeping nothing: backward recomputes the forward from x.
+  absl::Status Gemma4DecoderForward(const UnitParams& params, const CudaBatch& b, const void* x, void* y,
+                                    std::unique_ptr<SavedActivations>* saved);
+  absl::Status Gemma4DecoderBackward(const UnitParams& params, const CudaBatch& b, const void* x, const void* dy,
+                                     void* dx, float* dparams);
+  // Reserves the layer's intermediates in `c` (a kv-stored layer's keys and values are the batch
+  // state's: not reserved; Gemma4StoredKv points a at them).
+  void ReserveGemma4(Carver& c, Gemma4Acts& a, int64_t T, const Gemma4LayerDims& d) const;
+  // A kv-stored layer's keys and values in the batch state, made (their gradients zero) by the
+  // batch's first forward of the layer; a.kr and a.v point at them.
+  absl::Status Gemma4StoredKv(const CudaBatch& b, int layer, Gemma4Acts* a);
+  // The layer forward into a, writing the batch state's per-layer inputs (layer 0) and the keys and
+  // values later layers share; y = the layer output (null: everything up to it, as backward needs).
+  absl::Status Gemma4Forward(const UnitParams& params, const CudaBatch& b, const Gemma4LayerDims& d, const void* x,
+                             const Gemma4Acts& a, void* y);
+  // Layer 0's per-layer inputs from its input x0 (forward: state ple), and their backward from the
+  // whole ple_grad (its projection's and norm's gradients, dx += x0's share, ple_token_grad).
+  absl::Status Gemma4PleInputsForward(const UnitParams& params, const CudaBatch& b, const Gemma4LayerDims& d,
+                                      const void* x, const Gemma4Acts& a);
+  absl::Status Gemma4PleInputsBackward(const UnitParams& params, const CudaBatch& b, const Gemma4LayerDims& d,
+                                       const Gemma4Acts& a, bf16* dnormed, bf16* dproj, float* ws, void* dx,
+                                       float* dparams);
+  // The q | k | v projections a layer runs forward (its fused rows, qkv_ wide), and those its
+  // backward runs from dqkv rows of Gemma4DqkvCols: q, k and v, k_proj's twice under k_eq_v (its
+  // output is both the keys' and the values' projection).
+  StackedWeight Gemma4QkvForwardWeight(const Gemma4LayerDims& d) const;
+  StackedWeight Gemma4QkvBackwardWeight(const Gemma4LayerDims& d) const;
+  int64_t Gemma4DqkvCols(const Gemma4LayerDims& d) const { return d.kv_source < 0 ? qd_ + 2 * kvd_ : qd_; }
+  // q [T, qd], k and v [T, kvd], each in a buffer of its own.
+  kernels::AttnRowStrides Gemma4AttnStrides() const {
+    return {.q = qd_, .k = kvd_, .v = kvd_, .o = qd_, .dout = qd_, .dq = qd_, .dk = kvd_, .dv = kvd_};
+  }
+  // y = x · layer_scalar (its FP32 side copy where the unit came with one), n elements; y may alias x.
+  absl::Status ScaleByLayerScalar(const UnitParams& params, const float* x, int64_t n, float* y);
+
   StackedWeight Stack(std::vector<std::pair<int64_t, int64_t>> parts) const {
     StackedWeight s;
     s.parts = std::move(parts);
@@ -666,8 +785,9 @@ class CudaBackend final : public ComputeBackend {
     return config_.mlp_activation() == MlpActivation::kGeluTanh ? kernels::GluActivation::kGeluTanh
                                                                  : kernels::GluActivation::kSilu;
   }
-  // gemma3's layers keep nothing (as on the CPU backend): backward recomputes each from its input.
-  bool LayersKeepNothing() const { return config_.is_gemma3(); }
+  // gemma3's and gemma4's layers keep nothing (as on the CPU backend): backward recomputes each from
+  // its input.
+  bool LayersKeepNothing() const { return config_.is_gemma3() || config_.is_gemma4(); }
 
   // Reserves the activations of the pieces in `pieces` (common/policy/layer_pieces.h): those
   // attention reads or writes (qkv, qr, kr, o, lse) for all T tokens, the token-local ones (the
@@ -760,6 +880,9 @@ class CudaBackend final : public ComputeBackend {
   // cuDNN's workspace for this call, or nullopt when the own kernels run it (no cuDNN, or its
   // engines reject the shape: logged once per direction). Other cuDNN errors are returned.
   absl::StatusOr<std::optional<int64_t>> CudnnWorkspace(AttnDir dir, const kernels::AttnArgs& a);
+  // The same for a call of these row strides (gemma4's q, k and v in buffers of their own).
+  absl::StatusOr<std::optional<int64_t>> CudnnWorkspace(AttnDir dir, const kernels::AttnArgs& a,
+                                                        const kernels::AttnRowStrides& ld);
   // A context-parallel share (b.context()) attends the group's keys and values, [whole, 2 kvd]
   // BF16 (keys | values per row, GatherContextKv); kv null: gathered here.
   absl::Status AttentionForward(const UnitParams& p, const CudaBatch& b, const LayerActs& a, const bf16* kv = nullptr);
@@ -805,6 +928,9 @@ class CudaBackend final : public ComputeBackend {
   // [gate; up] (of the current layer: SelectLayer), and every decoder layer's shape.
   StackedWeight lin_w_, shared_gu_w_;
   std::vector<LayerShape> layer_shapes_;
+  // gemma4: every decoder layer's shape, and embed_tokens_per_layer's offset in the embedding unit.
+  std::vector<Gemma4Layer> gemma4_layers_;
+  int64_t ple_table_offset_ = 0;
   // MoE models: the sparse layers' block (of the current layer for qwen3_5: SelectLayer), the
   // blocks (one, or one per qwen3_5 sparse layer, whose units differ by mixer), and each decoder
   // layer's sparse ordinal (-1: dense).

@@ -12,8 +12,9 @@
 // Backward walks this in reverse; weight gradients go straight into the FP32 gradient array
 // (cuBLASLt beta = 1), norm-weight gradients through deterministic two-stage reductions.
 // qwen3_5 / qwen3_5_moe layers (two token mixers, gated attention, (1 + w) norms) take their own
-// path, cuda_qwen3_5_layer.cc; the helpers here serve both (the fused qkv rows' v column is
-// VColumn(), past qwen3_5's output gates).
+// path, cuda_qwen3_5_layer.cc, and gemma4's (per-layer sizes, v_norm, per-layer inputs, shared keys
+// and values) cuda_gemma4_layer.cc; the helpers here serve all of them (the fused qkv rows' v column
+// is VColumn(), past qwen3_5's output gates).
 //
 // Tiles (ComputeBackend::TileRows, runtime.tile_tokens): everything but attention works token by
 // token, so a micro-batch longer than a tile runs it tile by tile and its scratch holds one tile:
@@ -269,6 +270,13 @@ absl::Status CudaBackend::SandwichBackward(const void* dres, int64_t T, const bf
 }
 
 absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir, const kernels::AttnArgs& a) {
+  kernels::AttnRowStrides ld = AttnStrides();
+  if (a.cross()) ld.k = ld.v = 2 * kvd_;  // the gathered keys | values rows (GatherContextKv)
+  return CudnnWorkspace(dir, a, ld);
+}
+
+absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir, const kernels::AttnArgs& a,
+                                                                   const kernels::AttnRowStrides& ld) {
   const bool fwd = dir == AttnDir::kForward;
   // Cross attention (a context-parallel share) runs on cuDNN only where CudaBackendOptions asks;
   // attention sinks and a window shorter than the longest row on the own kernels (but self
@@ -278,8 +286,6 @@ absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir, 
       (banded && (a.cross() || !options_.cudnn_window_mask)) || a.sinks != nullptr) {
     return std::optional<int64_t>();
   }
-  kernels::AttnRowStrides ld = AttnStrides();
-  if (a.cross()) ld.k = ld.v = 2 * kvd_;  // the gathered keys | values rows (GatherContextKv)
   absl::StatusOr<int64_t> ws = fwd ? cudnn_->ForwardWorkspaceBytes(a, ld) : cudnn_->BackwardWorkspaceBytes(a, ld);
   if (ws.ok()) return std::optional<int64_t>(*ws);
   if (!absl::IsUnimplemented(ws.status())) return ws.status();
@@ -486,6 +492,7 @@ absl::Status CudaBackend::DecoderForward(const UnitParams& params, const DeviceB
                                          ActPolicy policy, std::unique_ptr<SavedActivations>* saved) {
   const auto& b = static_cast<const CudaBatch&>(batch);
   if (config_.is_qwen3_5()) return HybridDecoderForward(params, b, x, y, policy, saved);
+  if (config_.is_gemma4()) return Gemma4DecoderForward(params, b, x, y, saved);  // keeps nothing, whatever the policy
   ASSIGN_OR_RETURN(const int sparse, SparseOrdinal(params));
   if (sparse >= 0) return SparseDecoderForward(params, b, x, y, policy, saved, sparse);
   const int64_t T = b.num_tokens_, tile = TileRows(T);
@@ -572,8 +579,9 @@ absl::Status CudaBackend::DecoderBackward(const UnitParams& params, const Device
   if (saved != nullptr && saved->detached()) {
     return absl::FailedPreconditionError("saved activations are in host memory (an activation store has them)");
   }
-  // qwen3_5's layers keep nothing (their forward left an empty CudaSaved): recomputed from x.
+  // qwen3_5's and gemma4's layers keep nothing (their forward left an empty CudaSaved): recomputed from x.
   if (config_.is_qwen3_5()) return HybridDecoderBackward(params, b, x, dy, dx, dparams);
+  if (config_.is_gemma4()) return Gemma4DecoderBackward(params, b, x, dy, dx, dparams);
   if (sparse >= 0) return SparseDecoderBackward(params, b, x, saved, dy, dx, dparams);
   const uint32_t kept = policy.pieces;
   PoolBlock sinks;

@@ -4,9 +4,10 @@
 // Qwen3.5's gated full attention: (1 + w) weights, RoPE on 64 of 256 dims, q heads interleaved
 // with their gates (q stride 2 * hd; the backward must leave the gate columns alone), T = 1, 7, 129.
 // RoPE alone with llama3's and yarn's frequency tables, also partial and strided; both kinds with
-// HF's attention scaling.
+// HF's attention scaling. q alone (no kv heads: Gemma 4's kv-shared layers).
 #include "worker/kernels/qk_norm_rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -37,6 +38,7 @@ struct QkCase {
   kernels::NormWeight weight = kernels::NormWeight::kPlain;
   float attention_scaling = 1.0f;  // RopeArgs' (yarn's attention factor on cos and sin)
   std::vector<int> docs = {13, 40, 24};
+  int nkv = 2;  // 0: q alone (Gemma 4's kv-shared layers): the k arguments null, dqkv's k columns untouched
 };
 
 // TW: the q_norm / k_norm weight type, as in rmsnorm_test.cc. qkv rows hold the q heads (and the
@@ -45,7 +47,7 @@ struct QkCase {
 template <typename TW>
 void CheckQkRopeCase(const QkCase& cs) {
   constexpr bool f32w = std::is_same_v<TW, float>;
-  const int hd = cs.hd, nq = 4, nkv = 2;
+  const int hd = cs.hd, nq = 4, nkv = cs.nkv;
   const int rot = cs.rotary_dim == 0 ? hd : cs.rotary_dim, rh = rot / 2;
   const int64_t qs = static_cast<int64_t>(cs.q_stride_heads) * hd, kcol = nq * qs + cs.k_gap;
   const bool one_plus = cs.weight == kernels::NormWeight::kOnePlus;
@@ -55,7 +57,7 @@ void CheckQkRopeCase(const QkCase& cs) {
     for (int i = 0; i < d; ++i) pos.push_back(i * 37 + 5);  // large positions exercise the angles
     T += d;
   }
-  const int64_t ld = kcol + 2 * nkv * hd + 8;
+  const int64_t ld = kcol + 2 * std::max(nkv, 2) * hd + 8;  // q alone: k's columns stay, unread
   const double eps = 1e-6, theta = 1e6;
   const double w_mean = one_plus ? 0.0 : 1.0, w_scale = one_plus ? 0.1 : 0.2;
   auto qkv = RandVec(T * ld, 1.3);
@@ -82,10 +84,12 @@ void CheckQkRopeCase(const QkCase& cs) {
   Dev<float> accq(hd), acck(hd), ws(kernels::QkNormRopeBackwardWorkspaceNumel(a));
   Upload(accq, ToF32(dqw0));
   Upload(acck, ToF32(dkw0));
-  ASSERT_OK(kernels::QkNormRopeForward(a, dqkv_in->get(), ld, dqw->get(), dkw->get(), dpos.get(), qo.get(), ko.get(),
-                                       nullptr));
-  ASSERT_OK(kernels::QkNormRopeBackward(a, dgq->get(), dgk->get(), dqkv_in->get(), ld, dqw->get(), dkw->get(),
-                                        dpos.get(), dqkv.get(), ld, accq.get(), acck.get(), ws.get(), nullptr));
+  const bool k = nkv > 0;
+  ASSERT_OK(kernels::QkNormRopeForward(a, dqkv_in->get(), ld, dqw->get(), k ? dkw->get() : nullptr, dpos.get(),
+                                       qo.get(), k ? ko.get() : nullptr, nullptr));
+  ASSERT_OK(kernels::QkNormRopeBackward(a, dgq->get(), k ? dgk->get() : nullptr, dqkv_in->get(), ld, dqw->get(),
+                                        k ? dkw->get() : nullptr, dpos.get(), dqkv.get(), ld, accq.get(),
+                                        k ? acck.get() : nullptr, ws.get(), nullptr));
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
   std::vector<double> rq(T * nq * hd), rk(T * nkv * hd), rdq, gotdq, rdqw = dqw0, rdkw = dkw0;
   auto got_dqkv = DownBf16(dqkv.get(), T * ld);
@@ -147,12 +151,14 @@ void CheckQkRopeCase(const QkCase& cs) {
   if (f32w) tag += " [fp32 w]";
   if (one_plus) tag += " [1 + w]";
   if (cs.attention_scaling != 1.0f) tag += " [scaled " + std::to_string(cs.attention_scaling) + "]";
+  if (!k) tag += " [q alone]";
   const auto got_q = DownBf16(qo.get(), T * nq * hd), got_k = DownBf16(ko.get(), T * nkv * hd);
   ExpectRelErr("qk-norm+rope fwd q" + tag, got_q, rq, 5e-3);
-  ExpectRelErr("qk-norm+rope fwd k" + tag, got_k, rk, 5e-3);
+  if (k) ExpectRelErr("qk-norm+rope fwd k" + tag, got_k, rk, 5e-3);
   ExpectRelErr("qk-norm+rope bwd dq,dk raw" + tag, gotdq, rdq, 5e-3);
   ExpectRelErr("qk-norm+rope bwd dq_norm_w +=" + tag, DownF32(accq.get(), hd), rdqw, 1e-4);
-  ExpectRelErr("qk-norm+rope bwd dk_norm_w +=" + tag, DownF32(acck.get(), hd), rdkw, 1e-4);
+  // q alone leaves dk_norm_w's accumulator as it was (the kernel is given none; nothing may land there).
+  ExpectRelErr("qk-norm+rope bwd dk_norm_w +=" + tag, DownF32(acck.get(), hd), rdkw, k ? 1e-4 : 0.0);
   if (f32w && T >= 64) {
     // As in rmsnorm_test.cc: per-dimension gains (rows = token x head) show a weight rounded to BF16
     // (or 1 + w formed in BF16). RoPE's FP32 angle error rotates the output, orthogonal to it, so it
@@ -332,6 +338,20 @@ TEST_F(QkNormRopeGpuTest, QStrideHeadDim64) {
   QkCase c;
   c.hd = 64;
   c.q_stride_heads = 2;
+  CheckQkRopeCase<bf16>(c);
+}
+// q alone (num_kv_heads 0: Gemma 4's kv-shared layers, which attend with an earlier layer's keys):
+// the k arguments null, k's columns of dqkv left as they were (NaN), at hd 32 and 256.
+TEST_F(QkNormRopeGpuTest, QAloneHeadDim32) {
+  QkCase c;
+  c.hd = 32;
+  c.nkv = 0;
+  CheckQkRopeCase<float>(c);
+}
+TEST_F(QkNormRopeGpuTest, QAloneHeadDim256) {
+  QkCase c;
+  c.hd = 256;
+  c.nkv = 0;
   CheckQkRopeCase<bf16>(c);
 }
 

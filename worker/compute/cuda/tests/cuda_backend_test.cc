@@ -7,8 +7,9 @@
 // tiny-qwen3.5 and tiny-qwen3.5-moe, and Qwen3.5's head shapes at a small hidden size: attention at
 // head_dim 256 with partial RoPE, Gated DeltaNet heads of 128), a Gated DeltaNet layer and a gated
 // attention layer each, on a row of documents of 1, 63, 64, 65, 130 and 2 tokens, with the head's
-// (1 + w) norm. And the checkpoint conversion (ConvertActivations) against the CPU backend's, bit
-// for bit.
+// (1 + w) norm. gemma4 (its units share per-micro-batch state): the whole model, unit by unit in
+// pipeline order (CheckGemma4). And the checkpoint conversion (ConvertActivations) against the CPU
+// backend's, bit for bit.
 #include "worker/compute/cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
@@ -612,6 +613,383 @@ TEST(CudaBackendOptionsGpuTest, Gemma3RefusesTheBf16ResidualStream) {
   opt.fp32_residual = false;
   auto g = MakeCudaBackendWithOptions(*q, 0, opt);
   EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented) << g.status();
+}
+
+// ---- gemma4 (cuda_gemma4_layer.cc). Its units share per-micro-batch state beyond the hidden state
+// (the per-layer inputs layer 0 forms, the keys and values kv-shared layers read, and their
+// gradients), so the whole model runs on both backends as the pipeline drives it: the embedding
+// (both tables), every layer's forward in order, the head, every layer's backward in reverse, the
+// embedding's backward. Each layer gets the CPU backend's input (its forward) and output gradient
+// (its backward) on both backends, so its comparison is of that layer alone and errors do not
+// compound; the state each backend carries is its own.
+
+// One unit's parameters on both backends: the same BF16 values and, with fp32_side, the FP32 side
+// copy (norm weights, layer_scalar) between BF16 neighbours; an embedding unit's FP32 side is its
+// FP32 rows (runtime.embedding_rows fp32), off the BF16 grid.
+struct Unit2 {
+  std::unique_ptr<DeviceBuffer> g, c, gs, cs;
+  UnitParams PG{nullptr}, PC{nullptr};
+};
+
+void UploadUnit(Pair& p, const UnitLayout& unit, const std::vector<double>& params, bool fp32_side, Unit2* u) {
+  auto pb = ToBf16(params);
+  auto g = p.gpu->Allocate(pb.size() * 2);
+  auto c = p.cpu->Allocate(pb.size() * 2);
+  ASSERT_OK(g.status());
+  ASSERT_OK(c.status());
+  u->g = std::move(*g);
+  u->c = std::move(*c);
+  ASSERT_OK(p.gpu->CopyToDevice(pb.data(), u->g->data(), pb.size() * 2));
+  ASSERT_OK(p.cpu->CopyToDevice(pb.data(), u->c->data(), pb.size() * 2));
+  u->PG = UnitParams(u->g->as<bf16_t>());
+  u->PC = UnitParams(u->c->as<bf16_t>());
+  if (!fp32_side) return;
+  std::vector<float> side;
+  if (unit.kind == UnitKind::kEmbedding) {
+    side.resize(params.size());
+    for (size_t i = 0; i < params.size(); ++i) side[i] = static_cast<float>(params[i]) * 1.0007f + 1e-4f;
+  } else {
+    side.assign(std::max<int64_t>(1, unit.fp32_numel), 0.0f);
+    for (const TensorSlot& ts : unit.tensors) {
+      if (ts.fp32_offset < 0) continue;
+      for (int64_t i = 0; i < ts.numel; ++i) {  // the BF16 value plus 0.3 of a BF16 step
+        const float b = Bf16ToFloat(pb[ts.offset_numel + i]);
+        side[ts.fp32_offset + i] = b + 0.3f * std::fabs(b) * 0.0078125f;
+      }
+    }
+  }
+  auto gs = p.gpu->Allocate(side.size() * 4);
+  auto cs = p.cpu->Allocate(side.size() * 4);
+  ASSERT_OK(gs.status());
+  ASSERT_OK(cs.status());
+  u->gs = std::move(*gs);
+  u->cs = std::move(*cs);
+  ASSERT_OK(p.gpu->CopyToDevice(side.data(), u->gs->data(), side.size() * 4));
+  ASSERT_OK(p.cpu->CopyToDevice(side.data(), u->cs->data(), side.size() * 4));
+  u->PG = UnitParams(u->g->as<bf16_t>(), u->gs->as<float>());
+  u->PC = UnitParams(u->c->as<bf16_t>(), u->cs->as<float>());
+}
+
+// A unit's gradient, tensor by tensor, against the CPU backend's.
+void ExpectUnitGrads(const std::string& label, const UnitLayout& unit, const std::vector<double>& got,
+                     const std::vector<double>& ref, double tol) {
+  for (const TensorSlot& ts : unit.tensors) {
+    std::vector<double> gv(got.begin() + ts.offset_numel, got.begin() + ts.offset_numel + ts.numel);
+    std::vector<double> rv(ref.begin() + ts.offset_numel, ref.begin() + ts.offset_numel + ts.numel);
+    const size_t at = ts.hf_name.find("layers.");
+    const std::string tn = at == std::string::npos ? ts.hf_name : ts.hf_name.substr(at + 7);
+    ExpectRelErr(label + " d" + tn, gv, rv, tol);
+  }
+}
+
+// fp32_side: the decoder units come with their FP32 side copies and the embedding with FP32 rows.
+// The bounds are gemma3's (the layer's forward 1.5e-2, its dx 3e-2, its parameters' gradients
+// 4e-2, the head's, the embedding's lookup exact and its scatter 1e-5); the per-layer table's
+// gradient comes out of every layer's backward (each backend's own per-layer input gradient), so it
+// takes the parameters' bound.
+void CheckGemma4(const std::string& label_base, const ModelConfig& cfg, CudaBackendOptions::Attention attention,
+                 bool fp32_side, const std::vector<int>& docs) {
+  const std::string label = label_base + (attention == CudaBackendOptions::Attention::kCudnn ? "[cudnn" : "[own") +
+                            (fp32_side ? ", fp32 side]" : "]");
+  Pair p;
+  CudaBackendOptions opt;
+  opt.fp32_residual = true;  // gemma4's only stream (its sandwich norms)
+  opt.attention = attention;
+  auto g = MakeCudaBackendWithOptions(cfg, 0, opt);
+  ASSERT_OK(g.status());
+  auto c = MakeCpuBackend(cfg);
+  ASSERT_OK(c.status());
+  p.gpu = std::move(*g);
+  p.cpu = std::move(*c);
+  const int64_t H = cfg.hidden_size, V = cfg.vocab_size, L = cfg.num_hidden_layers;
+  ASSERT_EQ(p.gpu->activation_dtype(), Dtype::kF32);
+  ASSERT_EQ(p.gpu->SavedBytesPerToken(ActPolicy::kKeepAll), 0) << "gemma4's layers keep nothing";
+
+  // A packed micro-batch: documents of `docs` tokens, positions restarting, some labels ignored; the
+  // pad id every 7th token and a multimodal model's placeholders (embedded as pad) every 11th.
+  MicroBatch mb;
+  mb.cu_seqlens = {0};
+  std::uniform_int_distribution<int> ut(0, static_cast<int>(V) - 1);
+  const std::vector<int64_t>& placeholders = cfg.gemma4.placeholder_tokens;
+  for (int d : docs) {
+    for (int i = 0; i < d; ++i) {
+      const int64_t t = static_cast<int64_t>(mb.tokens.size());
+      int32_t tok = ut(Rng()) % 97;  // repeated ids exercise the embedding grouping
+      if (t % 7 == 3) tok = static_cast<int32_t>(cfg.pad_token_id);
+      if (!placeholders.empty() && t % 11 == 4) tok = static_cast<int32_t>(placeholders[t % placeholders.size()]);
+      mb.tokens.push_back(tok);
+      mb.positions.push_back(i);
+      mb.labels.push_back(i == d - 1 || i % 11 == 5 ? kIgnoreIndex : ut(Rng()));
+    }
+    mb.cu_seqlens.push_back(mb.cu_seqlens.back() + d);
+    mb.max_seqlen = std::max(mb.max_seqlen, d);
+  }
+  const int64_t T = mb.num_tokens();
+  auto bg = p.gpu->UploadBatch(mb);
+  ASSERT_OK(bg.status());
+  auto bc = p.cpu->UploadBatch(mb);
+  ASSERT_OK(bc.status());
+
+  const ModelLayout layout = ModelLayout::Build(cfg);
+  std::vector<Unit2> units(layout.num_units());
+  for (int u = 0; u + 1 < layout.num_units(); ++u) {
+    const UnitLayout& unit = layout.units[u];
+    std::vector<double> params(unit.numel, 0.0);
+    for (const TensorSlot& ts : unit.tensors) {
+      // Table rows of spread 1 / their scale: layer inputs (x0, the per-layer inputs) of spread ~1
+      // (rows of spread 1 would make x0 ~ 8 at hidden 64, and the per-layer gates as wide).
+      const double scale = ts.offset_numel == 0 ? cfg.EmbeddingScale() : cfg.PerLayerEmbeddingScale();
+      auto v = unit.kind == UnitKind::kEmbedding ? RandVec(ts.numel, 1.0 / scale) : InitTensor(cfg, ts);
+      // Gemma 4's scores are unscaled: with q_norm / k_norm weights near 1 a head of d dims gives
+      // logits of spread ~sqrt(d) (16 at d = 256), a softmax so sharp that BF16's rounding of q and k
+      // moves dq and dk by whole percents (measured on an H100: 4-7% at d = 128 and 256 against the
+      // FP32 CPU backend, every other gradient within 2%), which HF's BF16 shows as well. Weights near
+      // d^-1/4 give the scores the spread of a 1/sqrt(d)-scaled model, so the comparison measures the
+      // code rather than that sensitivity.
+      if (&ts == unit.Find(kQNorm) || &ts == unit.Find(kKNorm)) {
+        for (double& w : v) w *= std::pow(static_cast<double>(ts.numel), -0.25);
+      }
+      std::copy(v.begin(), v.end(), params.begin() + ts.offset_numel);
+    }
+    UploadUnit(p, unit, params, fp32_side, &units[u]);
+    if (::testing::Test::HasFatalFailure()) return;
+    if (u > 0) {
+      units[u].PG = units[u].PG.OfLayer(unit.decoder_layer);
+      units[u].PC = units[u].PC.OfLayer(unit.decoder_layer);
+    }
+  }
+
+  // The embedding: x0 (both tables: the per-layer one reaches the layers through the batch state).
+  std::vector<Act> xs(L + 1);  // xs[l]: layer l's input, the CPU backend's values on both; xs[L] the head's
+  {
+    Act x0;
+    ASSERT_OK(MakeAct(p, std::vector<double>(T * H, 0.0), &x0));
+    cudaMemset(x0.g->data(), 0xFF, T * H * 4);
+    cudaDeviceSynchronize();
+    ASSERT_OK(p.gpu->EmbeddingForward(units[0].PG, **bg, x0.g->data()));
+    ASSERT_OK(p.cpu->EmbeddingForward(units[0].PC, **bc, x0.c->data()));
+    ASSERT_OK(p.gpu->Synchronize());
+    const std::vector<double> ref = GetF(*p.cpu, x0.c->data(), T * H);
+    ExpectRelErr(label + " embedding fwd", GetG(p, *x0.g, T * H), ref, 0.0);
+    ASSERT_OK(MakeAct(p, ref, &xs[0]));
+  }
+
+  // Every layer's forward, in order; odd layers in place (y = x, a copy of the input) and without a
+  // saved object.
+  std::vector<std::unique_ptr<SavedActivations>> saved_g(L), saved_c(L);
+  for (int64_t l = 0; l < L; ++l) {
+    const Unit2& u = units[1 + l];
+    const std::string ll = label + " L" + std::to_string(l) + (cfg.IsSlidingLayer(l) ? "(sliding" : "(full") +
+                           (cfg.KvSourceLayer(l) >= 0 ? ", kv of L" + std::to_string(cfg.KvSourceLayer(l)) : "") + ")";
+    Act y;
+    ASSERT_OK(MakeAct(p, std::vector<double>(T * H, 0.0), &y));
+    ASSERT_OK(p.cpu->DecoderForward(u.PC, **bc, xs[l].c->data(), y.c->data(), ActPolicy::kKeepAll, &saved_c[l]));
+    const bool in_place = l % 2 == 1;
+    if (in_place) {
+      cudaMemcpy(y.g->data(), xs[l].g->data(), T * H * 4, cudaMemcpyDeviceToDevice);
+    } else {
+      cudaMemset(y.g->data(), 0xFF, T * H * 4);
+    }
+    cudaDeviceSynchronize();
+    ASSERT_OK(p.gpu->DecoderForward(u.PG, **bg, in_place ? y.g->data() : xs[l].g->data(), y.g->data(),
+                                    ActPolicy::kKeepAll, in_place ? nullptr : &saved_g[l]));
+    ASSERT_OK(p.gpu->Synchronize());
+    if (!in_place) {
+      EXPECT_EQ(saved_g[l]->bytes(), 0) << ll << " keeps nothing";
+    }
+    const std::vector<double> ref = GetF(*p.cpu, y.c->data(), T * H);
+    ExpectRelErr(ll + " layer fwd y", GetG(p, *y.g, T * H), ref, 1.5e-2);
+    ASSERT_OK(MakeAct(p, ref, &xs[l + 1]));
+  }
+
+  // The head (final norm, soft-capped logits, cross entropy) on the last layer's output.
+  std::vector<double> dyv;
+  {
+    auto nb = ToBf16(RandVec(H, 0.2, 1.0)), lb = ToBf16(RandVec(V * H, 1.0 / std::sqrt(static_cast<double>(H))));
+    auto ng = p.gpu->Allocate(H * 2), nc = p.cpu->Allocate(H * 2), lg = p.gpu->Allocate(V * H * 2),
+         lc = p.cpu->Allocate(V * H * 2);
+    ASSERT_OK(ng.status());
+    ASSERT_OK(nc.status());
+    ASSERT_OK(lg.status());
+    ASSERT_OK(lc.status());
+    ASSERT_OK(p.gpu->CopyToDevice(nb.data(), (*ng)->data(), H * 2));
+    ASSERT_OK(p.cpu->CopyToDevice(nb.data(), (*nc)->data(), H * 2));
+    ASSERT_OK(p.gpu->CopyToDevice(lb.data(), (*lg)->data(), V * H * 2));
+    ASSERT_OK(p.cpu->CopyToDevice(lb.data(), (*lc)->data(), V * H * 2));
+    const float loss_scale = 1.0f / static_cast<float>(mb.num_trained());
+    auto dn_g = p.gpu->Allocate(H * 4), dn_c = p.cpu->Allocate(H * 4), dl_g = p.gpu->Allocate(V * H * 4),
+         dl_c = p.cpu->Allocate(V * H * 4), ls_g = p.gpu->Allocate(4), ls_c = p.cpu->Allocate(4);
+    ASSERT_OK(dn_g.status());
+    ASSERT_OK(dn_c.status());
+    ASSERT_OK(dl_g.status());
+    ASSERT_OK(dl_c.status());
+    ASSERT_OK(ls_g.status());
+    ASSERT_OK(ls_c.status());
+    for (auto* b : {dn_g->get(), dl_g->get(), ls_g->get()}) ASSERT_OK(p.gpu->Memset(*b, 0));
+    for (auto* b : {dn_c->get(), dl_c->get(), ls_c->get()}) ASSERT_OK(p.cpu->Memset(*b, 0));
+    Act dx;
+    ASSERT_OK(MakeAct(p, std::vector<double>(T * H, 0.0), &dx));
+    cudaMemset(dx.g->data(), 0xFF, T * H * 4);
+    cudaDeviceSynchronize();
+    ASSERT_OK(p.gpu->HeadForwardBackward((*ng)->as<bf16_t>(), (*lg)->as<bf16_t>(), **bg, xs[L].g->data(), loss_scale,
+                                         dx.g->data(), (*dn_g)->as<float>(), (*dl_g)->as<float>(),
+                                         (*ls_g)->as<float>()));
+    ASSERT_OK(p.cpu->HeadForwardBackward((*nc)->as<bf16_t>(), (*lc)->as<bf16_t>(), **bc, xs[L].c->data(), loss_scale,
+                                         dx.c->data(), (*dn_c)->as<float>(), (*dl_c)->as<float>(),
+                                         (*ls_c)->as<float>()));
+    ASSERT_OK(p.gpu->Synchronize());
+    dyv = GetF(*p.cpu, dx.c->data(), T * H);
+    ExpectRelErr(label + " head loss", GetF(*p.gpu, (*ls_g)->data(), 1), GetF(*p.cpu, (*ls_c)->data(), 1), 2e-3);
+    ExpectRelErr(label + " head dx", GetG(p, *dx.g, T * H), dyv, 3e-2);
+    ExpectRelErr(label + " head dnorm", GetF(*p.gpu, (*dn_g)->data(), H), GetF(*p.cpu, (*dn_c)->data(), H), 3e-2);
+    ExpectRelErr(label + " head dlm_head", GetF(*p.gpu, (*dl_g)->data(), V * H), GetF(*p.cpu, (*dl_c)->data(), V * H),
+                 3e-2);
+  }
+
+  // Every layer's backward, in reverse: the kv-shared layers add their key and value gradients to
+  // their source's, every layer its per-layer input gradient, and layer 0 takes them all back to
+  // its input and the embedding's per-layer table. Odd layers with dx = dy and no saved object.
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const Unit2& u = units[1 + l];
+    const UnitLayout& unit = layout.units[1 + l];
+    const std::string ll = label + " L" + std::to_string(l) + (cfg.IsSlidingLayer(l) ? "(sliding" : "(full") +
+                           (cfg.KvSourceLayer(l) >= 0 ? ", kv of L" + std::to_string(cfg.KvSourceLayer(l)) : "") + ")";
+    Act dy, dx;
+    ASSERT_OK(MakeAct(p, dyv, &dy));
+    ASSERT_OK(MakeAct(p, std::vector<double>(T * H, 0.0), &dx));
+    auto dpg = p.gpu->Allocate(unit.numel * 4), dpc = p.cpu->Allocate(unit.numel * 4);
+    ASSERT_OK(dpg.status());
+    ASSERT_OK(dpc.status());
+    ASSERT_OK(p.gpu->Memset(**dpg, 0));
+    ASSERT_OK(p.cpu->Memset(**dpc, 0));
+    ASSERT_OK(p.cpu->DecoderBackward(u.PC, **bc, xs[l].c->data(), saved_c[l].get(), dy.c->data(), dx.c->data(),
+                                     (*dpc)->as<float>()));
+    const bool in_place = l % 2 == 1;
+    if (!in_place) {
+      cudaMemset(dx.g->data(), 0xFF, T * H * 4);
+      cudaDeviceSynchronize();
+    }
+    void* dx_g = in_place ? dy.g->data() : dx.g->data();
+    ASSERT_OK(p.gpu->DecoderBackward(u.PG, **bg, xs[l].g->data(), in_place ? nullptr : saved_g[l].get(),
+                                     dy.g->data(), dx_g, (*dpg)->as<float>()));
+    ASSERT_OK(p.gpu->Synchronize());
+    const std::vector<double> ref_dx = GetF(*p.cpu, dx.c->data(), T * H);
+    ExpectRelErr(ll + " layer bwd dx", GetF(*p.gpu, dx_g, T * H), ref_dx, 3e-2);
+    ExpectUnitGrads(ll + " layer bwd", unit, GetF(*p.gpu, (*dpg)->data(), unit.numel),
+                    GetF(*p.cpu, (*dpc)->data(), unit.numel), 4e-2);
+    dyv = ref_dx;
+  }
+
+  // The embedding's backward: embed_tokens from the same dx0 on both, embed_tokens_per_layer from
+  // each backend's own per-layer input gradient; the pad row (placeholders' included) gets none.
+  {
+    const UnitLayout& embed = layout.units[0];
+    Act dx0;
+    ASSERT_OK(MakeAct(p, dyv, &dx0));
+    auto eg = p.gpu->Allocate(embed.numel * 4), ec = p.cpu->Allocate(embed.numel * 4);
+    ASSERT_OK(eg.status());
+    ASSERT_OK(ec.status());
+    ASSERT_OK(p.gpu->Memset(**eg, 0));
+    ASSERT_OK(p.cpu->Memset(**ec, 0));
+    ASSERT_OK(p.gpu->EmbeddingBackward(dx0.g->data(), **bg, (*eg)->as<float>()));
+    ASSERT_OK(p.cpu->EmbeddingBackward(dx0.c->data(), **bc, (*ec)->as<float>()));
+    ASSERT_OK(p.gpu->Synchronize());
+    const std::vector<double> got = GetF(*p.gpu, (*eg)->data(), embed.numel);
+    const std::vector<double> ref = GetF(*p.cpu, (*ec)->data(), embed.numel);
+    for (size_t t = 0; t < embed.tensors.size(); ++t) {
+      const TensorSlot& ts = embed.tensors[t];
+      std::vector<double> gv(got.begin() + ts.offset_numel, got.begin() + ts.offset_numel + ts.numel);
+      std::vector<double> rv(ref.begin() + ts.offset_numel, ref.begin() + ts.offset_numel + ts.numel);
+      ExpectRelErr(label + " embedding bwd d" + ts.hf_name, gv, rv, t == 0 ? 1e-5 : 4e-2);
+      const int64_t width = ts.shape[1], pad = cfg.pad_token_id;
+      double pad_abs = 0;
+      for (int64_t i = 0; i < width; ++i) pad_abs += std::fabs(gv[pad * width + i]);
+      EXPECT_EQ(pad_abs, 0.0) << label << " " << ts.hf_name << ": the pad row gets no gradient";
+    }
+  }
+}
+
+// tiny-gemma4 (CI's preset: layers sliding, sliding, full twice over a window of 16; sliding heads
+// of 16, full of 32 with one kv head whose values are its keys' projection and a quarter of their
+// pairs rotated; per-layer inputs of 8; layers 4 and 5 attend with layers 3's and 2's keys and
+// values through MLPs twice as wide; soft-capped logits), made multimodal so that its placeholders
+// embed as pad. gemma4_hd128: the same pieces at head dims the tensor-core kernels and cuDNN take
+// (sliding 128, full 256 with its own v_proj and one kv head), per-layer inputs of 16, a window of 48.
+// gemma4_nople: tiny-gemma4 without per-layer inputs and sharing (31B's shape).
+struct Gemma4Case {
+  const char* model;  // "gemma4", "gemma4_hd128", "gemma4_nople"
+  Attention attention;
+};
+std::string Gemma4Name(const ::testing::TestParamInfo<Gemma4Case>& info) {
+  return std::string(info.param.model) + (info.param.attention == Attention::kCudnn ? "_CudnnFp32Side" : "_Own");
+}
+void PrintTo(const Gemma4Case& c, std::ostream* os) {
+  *os << c.model << (c.attention == Attention::kCudnn ? "_CudnnFp32Side" : "_Own");
+}
+
+class CudaBackendGemma4GpuTest : public GpuTest, public ::testing::WithParamInterface<Gemma4Case> {};
+
+TEST_P(CudaBackendGemma4GpuTest, WholeModelMatchesCpuBackendUnitByUnit) {
+  const Gemma4Case& b = GetParam();
+  if (b.attention == Attention::kCudnn) {
+    absl::StatusOr<std::unique_ptr<kernels::CudnnAttention>> cudnn = kernels::CudnnAttention::Create(0);
+    if (!cudnn.ok()) GTEST_SKIP() << "cudnn attention: " << cudnn.status().ToString();
+  }
+  auto q = ModelConfig::Preset("tiny-gemma4");
+  ASSERT_OK(q.status());
+  const std::string model = b.model;
+  std::vector<int> docs = {37, 100, 13};
+  if (model == "gemma4") {
+    q->multimodal = true;
+    q->gemma4.placeholder_tokens = {300, 301, 307};
+  } else if (model == "gemma4_hd128") {
+    q->hidden_size = 256;
+    q->num_hidden_layers = 4;
+    q->layer_spans = {AttentionSpan::kSliding, AttentionSpan::kFull, AttentionSpan::kSliding, AttentionSpan::kFull};
+    q->num_attention_heads = 4;
+    q->num_key_value_heads = 2;
+    q->head_dim = 128;
+    q->gemma4.full_head_dim = 256;
+    q->gemma4.full_kv_heads = 1;
+    q->gemma4.k_eq_v = false;
+    q->intermediate_size = 384;
+    q->gemma4.ple_dim = 16;
+    q->gemma4.kv_shared_layers = 2;
+    q->gemma4.double_wide_mlp = false;
+    q->sliding_window = 48;
+  } else {
+    q->gemma4.ple_dim = 0;
+    q->gemma4.ple_vocab = 0;
+    q->gemma4.kv_shared_layers = 0;
+    q->gemma4.double_wide_mlp = false;
+  }
+  ASSERT_OK(q->Validate());
+  CheckGemma4(model == "gemma4" ? "tiny-gemma4(multimodal)" : model == "gemma4_hd128" ? "gemma4-mini(hd128/256)"
+                                                                                       : "tiny-gemma4(no ple, no sharing)",
+              *q, b.attention, b.attention == Attention::kCudnn, docs);
+}
+
+INSTANTIATE_TEST_SUITE_P(Gemma4, CudaBackendGemma4GpuTest,
+                         ::testing::Values(Gemma4Case{"gemma4", Attention::kOwn}, Gemma4Case{"gemma4", Attention::kCudnn},
+                                           Gemma4Case{"gemma4_hd128", Attention::kOwn},
+                                           Gemma4Case{"gemma4_hd128", Attention::kCudnn},
+                                           Gemma4Case{"gemma4_nople", Attention::kOwn}),
+                         Gemma4Name);
+
+// gemma4 on the BF16 residual stream is refused by name (its sandwich norms run in FP32 only), and
+// so are head dims over the kernels' 256 (every released Gemma 4's full-attention layers).
+TEST(CudaBackendOptionsGpuTest, Gemma4RefusesTheBf16ResidualStreamAndWideHeads) {
+  auto q = ModelConfig::Preset("tiny-gemma4");
+  ASSERT_OK(q.status());
+  CudaBackendOptions opt;
+  opt.fp32_residual = false;
+  auto g = MakeCudaBackendWithOptions(*q, 0, opt);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented) << g.status();
+  auto e2b = ModelConfig::Preset("gemma4-e2b");
+  ASSERT_OK(e2b.status());
+  auto w = MakeCudaBackendWithOptions(*e2b, 0, CudaBackendOptions{});
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << w.status();
+  EXPECT_NE(w.status().message().find("global_head_dim"), std::string::npos) << w.status();
 }
 
 // The checkpoint conversion (runtime.checkpoint_dtype bf16) bit for bit the CPU backend's: FP32 ->
