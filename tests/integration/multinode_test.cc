@@ -38,12 +38,13 @@ std::string DataDir() {
 // The tiny model with 'workers' ranks per node over `nodes` (none: one node); clipping engages (a
 // small max_grad_norm), so the clipping coefficient is part of what must agree.
 std::string Spec(int workers, const std::vector<std::string>& nodes, int steps = 4, double max_grad_norm = 1.0,
-                 const std::string& output = "out") {
+                 const std::string& output = "out", const std::string& runtime_extra = "") {
   return absl::StrCat(
       "name: mn\nmodel: {preset: tiny, init_seed: 11}\ndata: {path: ", DataDir(), "}\n", "output: {dir: ", output,
       ", save_dtype: fp32, save_every: 2}\n", "train: {seq_len: 64, global_batch: 12, micro_batch: 1, steps: ", steps,
       ", seed: 3, max_grad_norm: ", max_grad_norm, "}\n", "optimizer: {lr: 2.0e-3, weight_decay: 0.1}\n",
       "schedule: {kind: linear, warmup_steps: 1}\n", "runtime: {workers: ", workers, ", step_timeout_ms: 20000",
+      runtime_extra,
       nodes.empty() ? std::string() : absl::StrCat(", nodes: [", absl::StrJoin(nodes, ", "), "]"), "}\n");
 }
 
@@ -54,7 +55,7 @@ std::string FileBytes(const std::string& path) {
 
 // Runs the job over `nodes_count` nodes of `workers` each and on one node of all the ranks; the
 // losses (every step), the master and the moments must be the same bits.
-void ExpectSameAsOneNode(int nodes_count, int workers, double max_grad_norm) {
+void ExpectSameAsOneNode(int nodes_count, int workers, double max_grad_norm, const std::string& runtime_extra = "") {
   std::vector<std::unique_ptr<NodeHarness>> nodes;
   std::vector<std::string> addresses;
   for (int n = 0; n < nodes_count; ++n) {
@@ -63,7 +64,7 @@ void ExpectSameAsOneNode(int nodes_count, int workers, double max_grad_norm) {
   }
   // Submitted to the last node: the coordinator need not be the first listed.
   NodeHarness& coordinator = *nodes.back();
-  v1::Job multi = MustSucceed(coordinator, Spec(workers, addresses, 4, max_grad_norm), "over-nodes");
+  v1::Job multi = MustSucceed(coordinator, Spec(workers, addresses, 4, max_grad_norm, "out", runtime_extra), "over-nodes");
   ASSERT_EQ(multi.state(), v1::JOB_STATE_SUCCEEDED);
   // The other nodes ran their part (and wrote nothing).
   for (int n = 0; n + 1 < nodes_count; ++n) {
@@ -73,7 +74,7 @@ void ExpectSameAsOneNode(int nodes_count, int workers, double max_grad_norm) {
     EXPECT_FALSE(std::filesystem::exists(nodes[n]->dir() + "/out")) << "node " << n << " wrote outputs";
   }
   NodeHarness one(nodes_count * workers);
-  MustSucceed(one, Spec(nodes_count * workers, {}, 4, max_grad_norm), "one-node");
+  MustSucceed(one, Spec(nodes_count * workers, {}, 4, max_grad_norm, "out", runtime_extra), "one-node");
 
   const auto multi_lines = MetricsLines(coordinator, "out", "over-nodes");
   const auto one_lines = MetricsLines(one, "out", "one-node");
@@ -96,6 +97,15 @@ TEST(MultiNode, TwoNodesOfTwoRanksAreBitwiseOneNodeOfFour) { ExpectSameAsOneNode
 TEST(MultiNode, ThreeNodesOfOneRankAreBitwiseOneNodeOfThree) { ExpectSameAsOneNode(3, 1, 1000.0); }
 
 TEST(MultiNode, ClippedTwoNodesOfTwoRanksAreBitwiseOneNodeOfFour) { ExpectSameAsOneNode(2, 2, 0.05); }
+
+// Exact clipping with the parts staged on the workers and speculative updates (docs/layeradam.md): each
+// node's hostd sees the whole global gradient, so its norm, verdicts and undo work as on one node.
+// With max_grad_norm 0.05 the first step's speculated updates are rolled back (its norm clips, and the
+// steps after it do not speculate); with 1.0 every step speculates and keeps its updates.
+TEST(MultiNode, SpeculativeClippingOverNodesIsBitwiseOneNode) {
+  ExpectSameAsOneNode(2, 2, 0.05, ", grad_staging: device, speculation_bytes: 1000000000");
+  ExpectSameAsOneNode(2, 2, 1.0, ", grad_staging: device, speculation_bytes: 1000000000");
+}
 
 // A checkpoint of a job over 2 nodes resumes on 1 node and on 2 other nodes (each node reads the same
 // path: a shared file system), and continues bitwise as one node of all the ranks does: replicated
