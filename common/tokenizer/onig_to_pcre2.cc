@@ -48,9 +48,34 @@ constexpr CodePointRange kUnicode16Digits[] = {
     {0x16D70, 0x16D79}, {0x1CCF0, 0x1CCF9}, {0x1D2C0, 0x1D2D3}, {0x1E4F0, 0x1E4F9}, {0x1E5F1, 0x1E5FA},
 };
 
-// The additions to PCRE2's \p{X} for X in L, M, N; empty for other properties.
+// The letters above by general category (o200k's split regex, GPT-OSS's, names Lu, Ll, Lm, Lo and
+// Lt; Unicode 15-16 added no Lt), as HF's \p{..} classifies them (probed the same way).
+constexpr CodePointRange kUnicode16Upper[] = {
+    {0x1C89, 0x1C89}, {0xA7CB, 0xA7CC}, {0xA7DA, 0xA7DA}, {0xA7DC, 0xA7DC}, {0x10D50, 0x10D65},
+};
+constexpr CodePointRange kUnicode16Lower[] = {
+    {0x1C8A, 0x1C8A}, {0xA7CD, 0xA7CD}, {0xA7DB, 0xA7DB}, {0x10D70, 0x10D85}, {0x1DF25, 0x1DF2A},
+};
+constexpr CodePointRange kUnicode16Modifier[] = {
+    {0x10D4E, 0x10D4E}, {0x10D6F, 0x10D6F}, {0x16D40, 0x16D42}, {0x16D6B, 0x16D6C}, {0x1E030, 0x1E06D},
+    {0x1E4EB, 0x1E4EB},
+};
+constexpr CodePointRange kUnicode16Other[] = {
+    {0x105C0, 0x105F3}, {0x10D4A, 0x10D4D}, {0x10D4F, 0x10D4F}, {0x10EC2, 0x10EC4}, {0x1123F, 0x11240},
+    {0x11380, 0x11389}, {0x1138B, 0x1138B}, {0x1138E, 0x1138E}, {0x11390, 0x113B5}, {0x113B7, 0x113B7},
+    {0x113D1, 0x113D1}, {0x113D3, 0x113D3}, {0x11BC0, 0x11BE0}, {0x11F02, 0x11F02}, {0x11F04, 0x11F10},
+    {0x11F12, 0x11F33}, {0x1342F, 0x1342F}, {0x13441, 0x13446}, {0x13460, 0x143FA}, {0x16100, 0x1611D},
+    {0x16D43, 0x16D6A}, {0x18CFF, 0x18CFF}, {0x1B132, 0x1B132}, {0x1B155, 0x1B155}, {0x1E4D0, 0x1E4EA},
+    {0x1E5D0, 0x1E5ED}, {0x1E5F0, 0x1E5F0}, {0x2B739, 0x2B739}, {0x2EBF0, 0x2EE5D}, {0x31350, 0x323AF},
+};
+
+// The additions to PCRE2's \p{X} for X in L (and Lu, Ll, Lm, Lo), M, N; empty for other properties.
 absl::Span<const CodePointRange> Unicode16Additions(std::string_view property) {
   if (property == "L") return kUnicode16Letters;
+  if (property == "Lu") return kUnicode16Upper;
+  if (property == "Ll") return kUnicode16Lower;
+  if (property == "Lm") return kUnicode16Modifier;
+  if (property == "Lo") return kUnicode16Other;
   if (property == "M") return kUnicode16Marks;
   if (property == "N") return kUnicode16Digits;
   return {};

@@ -190,6 +190,44 @@ TEST(Tokenizer, Qwen3_5StructureMatchesHfExpectedIds) {
   }
 }
 
+// GPT-OSS's tokenizer.json structure (o200k_harmony: no normalizer; Split on o200k's regex, which
+// runs letters by case with \p{Lu}/\p{Ll}/\p{Lm}/\p{Lo}/\p{Lt} and marks; byte-level BPE) over a
+// small generated vocabulary with harmony's added tokens (o200k-synthetic/, npm_tokenizers_check.mjs
+// make-o200k); expected ids are HF tokenizers 0.23.2's (the npm package).
+TEST(Tokenizer, O200kStructureMatchesHfExpectedIds) {
+  auto loaded = Tokenizer::FromFile(DataDir() + "/o200k-synthetic/tokenizer.json");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const Tokenizer& t = **loaded;
+  EXPECT_FALSE(t.normalizes_nfc());
+  EXPECT_EQ(t.added_tokens().size(), 15u);
+  EXPECT_EQ(*t.TokenId("<|start|>"), 1336u + 8);
+  EXPECT_EQ(*t.TokenId("<|return|>"), 1336u + 4);
+  for (const char* corpus : {"sample", "qwen3.5-synthetic/marks"}) {
+    auto docs = ReadCorpusJsonl(DataDir() + "/" + corpus + ".jsonl");
+    ASSERT_TRUE(docs.ok()) << docs.status();
+    const std::string expected_path = DataDir() + "/o200k-synthetic/" +
+                                      (std::string(corpus) == "sample" ? "sample" : "marks") + ".expected.jsonl";
+    std::ifstream in(expected_path);
+    ASSERT_TRUE(in) << expected_path;
+    size_t i = 0;
+    for (std::string line; std::getline(in, line); ++i) {
+      ASSERT_LT(i, docs->size()) << corpus;
+      EXPECT_EQ(t.Encode((*docs)[i]), nlohmann::json::parse(line)["ids"].get<std::vector<uint32_t>>())
+          << corpus << " document " << i << ": " << (*docs)[i].substr(0, 80);
+    }
+    EXPECT_EQ(i, docs->size()) << corpus;
+  }
+  // Case runs (HF's pieces, probed through the npm package): a word starts at an uppercase letter
+  // after lowercase ones ("helloWorld", "XMLHttpRequest"), an uppercase run keeps the lowercase run
+  // after it, contractions ride along case-insensitively, and Unicode 16's U+1C89 (Cyrillic capital
+  // TJE) is uppercase there (HF's Unicode; PCRE2's tables predate it).
+  EXPECT_THAT(t.PreTokenize("helloWorld"), ::testing::ElementsAre("hello", "World"));
+  EXPECT_THAT(t.PreTokenize("XMLHttpRequest"), ::testing::ElementsAre("XMLHttp", "Request"));
+  EXPECT_THAT(t.PreTokenize("DON'T stop"), ::testing::ElementsAre("DON'T", " stop"));
+  EXPECT_THAT(t.PreTokenize("a\u1C89\u1C8Ab"), ::testing::ElementsAre("a", "\u1C89\u1C8Ab"));
+  EXPECT_THAT(t.PreTokenize("path/to/x\n"), ::testing::ElementsAre("path", "/to", "/x", "\n"));
+}
+
 TEST(Tokenizer, Qwen3_5LetterRunsTakeMarks) {
   // Devanagari vowel signs and the virama are marks: Qwen3's \p{L}+ cuts the word at each,
   // Qwen3.5's [\p{L}\p{M}]+ keeps it whole (a mark after a space starts a run with it).

@@ -4,6 +4,7 @@
 //   mkdir -p /tmp/hf-tok-ref && (cd /tmp/hf-tok-ref && npm install tokenizers@0.23.2)
 //   export NODE_PATH=/tmp/hf-tok-ref/node_modules
 //   node tools/tokenizer/npm_tokenizers_check.mjs make-qwen3.5 tests/data/tokenizer/qwen3.5-synthetic
+//   node tools/tokenizer/npm_tokenizers_check.mjs make-o200k tests/data/tokenizer/o200k-synthetic
 //   node tools/tokenizer/npm_tokenizers_check.mjs make-sentencepiece STYLE DIR   (STYLE: mistral, metaspace, gemma3)
 //   node tools/tokenizer/npm_tokenizers_check.mjs expected TOKENIZER_JSON CORPUS_JSONL OUT_JSONL
 //   node tools/tokenizer/npm_tokenizers_check.mjs variants TOKENIZER_JSON CORPUS_JSONL OUT_JSONL
@@ -19,6 +20,8 @@
 //   (byte-level BPE on HF's own pre-tokenization, most frequent pair first, ties to the pair seen
 //   first, at most 1,500 merges) from a multilingual text, with the 33 added tokens numbered after
 //   it in Qwen3.5's order. Deterministic.
+// make-o200k: the same for GPT-OSS's tokenizer.json structure (o200k_harmony: no normalizer, o200k's
+//   split regex, harmony's added tokens from <|startoftext|> to <|call|>; O200K_* below).
 // make-sentencepiece: a tokenizer.json of a real SentencePiece-style structure (BPE with
 //   byte_fallback over characters, `▁` for a space; docs/tokenizer.md, "SentencePiece-style BPE")
 //   over a small vocabulary learnt here from the same text (characters seen at least 3 times, so
@@ -75,6 +78,26 @@ const QWEN3_5_ADDED = [
   ["<|audio_pad|>", true],
 ];
 
+// GPT-OSS's tokenizer.json (openai/gpt-oss-*: o200k_harmony, tiktoken's o200k_base converted): no
+// normalizer; Split on o200k's regex (letter runs by case, with marks; contractions case-insensitive
+// and optional; digits by three; punctuation runs that may end in newlines or '/'), Isolated; then
+// ByteLevel without regex; BPE without byte fallback. Its added tokens are harmony's, 199998 onwards
+// (the reserved ones up to 201087 left out here: they are plain specials).
+const O200K_SPLIT_REGEX =
+  "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|" +
+  "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|" +
+  "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+const O200K_ADDED = [
+  ["<|startoftext|>", true], ["<|endoftext|>", true], ["<|reserved_200000|>", true], ["<|reserved_200001|>", true],
+  ["<|return|>", true], ["<|constrain|>", true], ["<|reserved_200004|>", true], ["<|channel|>", true],
+  ["<|start|>", true], ["<|end|>", true], ["<|message|>", true], ["<|reserved_200009|>", true],
+  ["<|reserved_200010|>", true], ["<|reserved_200011|>", true], ["<|call|>", true],
+];
+const BYTE_LEVEL_STYLES = {
+  "qwen3.5": { added: QWEN3_5_ADDED, regex: QWEN3_5_SPLIT_REGEX, normalizer: { type: "NFC" } },
+  "o200k": { added: O200K_ADDED, regex: O200K_SPLIT_REGEX, normalizer: null },
+};
+
 // The text the synthetic vocabulary is learnt from: the kinds of text the checks exercise.
 const TRAINING_TEXT = `
 The quick brown fox jumps over the lazy dog. I'm sure they'll say it's fine; we've seen what you'd do.
@@ -111,20 +134,20 @@ function byteToUnicode() {
   return map;
 }
 
-function skeleton(vocab, merges, addedFrom) {
+function skeleton(vocab, merges, addedFrom, style = BYTE_LEVEL_STYLES["qwen3.5"]) {
   const byteLevel = { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: false };
   return {
     version: "1.0",
     truncation: null,
     padding: null,
-    added_tokens: QWEN3_5_ADDED.map(([content, special], i) => ({
+    added_tokens: style.added.map(([content, special], i) => ({
       id: addedFrom + i, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special,
     })),
-    normalizer: { type: "NFC" },
+    normalizer: style.normalizer,
     pre_tokenizer: {
       type: "Sequence",
       pretokenizers: [
-        { type: "Split", pattern: { Regex: QWEN3_5_SPLIT_REGEX }, behavior: "Isolated", invert: false },
+        { type: "Split", pattern: { Regex: style.regex }, behavior: "Isolated", invert: false },
         byteLevel,
       ],
     },
@@ -174,23 +197,25 @@ function learnMerges(words, numMerges, onMerge) {
 }
 
 // Byte-level BPE training on HF's own pre-tokenization of `text`.
-function makeQwen3_5(outDir, numMerges = 1500) {
+function makeByteLevel(styleName, outDir, numMerges = 1500) {
+  const style = BYTE_LEVEL_STYLES[styleName];
   const alphabet = byteToUnicode();
   const vocab = {};
   alphabet.forEach((c, i) => (vocab[c] = i));
-  const bare = Tokenizer.fromString(JSON.stringify(skeleton(vocab, [], 256)));
+  const bare = Tokenizer.fromString(JSON.stringify(skeleton(vocab, [], 256, style)));
   const pieces = new Map();  // piece -> count
-  for (const [p] of bare.getPreTokenizer().preTokenizeString(bare.getNormalizer().normalizeString(TRAINING_TEXT))) {
+  const text = style.normalizer ? bare.getNormalizer().normalizeString(TRAINING_TEXT) : TRAINING_TEXT;
+  for (const [p] of bare.getPreTokenizer().preTokenizeString(text)) {
     pieces.set(p, (pieces.get(p) || 0) + 1);
   }
   const words = [...pieces].map(([p, count]) => ({ syms: [...p], count }));
   const merges = learnMerges(words, numMerges, (m) => (vocab[m] = Object.keys(vocab).length));
-  const json = skeleton(vocab, merges, Object.keys(vocab).length);
+  const json = skeleton(vocab, merges, Object.keys(vocab).length, style);
   fs.mkdirSync(outDir, { recursive: true });
   fs.writeFileSync(path.join(outDir, "tokenizer.json"), JSON.stringify(json, null, 2) + "\n");
   Tokenizer.fromFile(path.join(outDir, "tokenizer.json"));  // HF loads it
   console.log(`${outDir}/tokenizer.json: ${Object.keys(vocab).length} vocabulary entries, ` +
-              `${merges.length} merges, ${QWEN3_5_ADDED.length} added tokens`);
+              `${merges.length} merges, ${style.added.length} added tokens`);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -571,7 +596,9 @@ async function compare(tokenizerPath, tokBench, args) {
 
 const [cmd, ...rest] = process.argv.slice(2);
 if (cmd === "make-qwen3.5") {
-  makeQwen3_5(rest[0]);
+  makeByteLevel("qwen3.5", rest[0]);
+} else if (cmd === "make-o200k") {
+  makeByteLevel("o200k", rest[0]);
 } else if (cmd === "make-sentencepiece") {
   makeSentencePiece(rest[0], rest[1]);
 } else if (cmd === "expected") {
@@ -601,7 +628,7 @@ if (cmd === "make-qwen3.5") {
 } else if (cmd === "compare") {
   process.exit((await compare(rest[0], rest[1], rest.slice(2))) ? 1 : 0);
 } else {
-  console.error("usage: make-qwen3.5 DIR | make-sentencepiece STYLE DIR | expected TOKENIZER CORPUS OUT | " +
+  console.error("usage: make-qwen3.5 DIR | make-o200k DIR | make-sentencepiece STYLE DIR | expected TOKENIZER CORPUS OUT | " +
                 "variants TOKENIZER CORPUS OUT | add-ids TOKENIZER JSONL | " +
                 "compare TOKENIZER TOK_BENCH [--sweep] [--fuzz N] [CORPUS...]");
   process.exit(2);
