@@ -151,6 +151,23 @@ TEST(Tokenizer, HostileIdsAndNestingAreRefused) {
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << d.status();
 }
 
+// The tokenizer's ids of each document of <corpus>.jsonl against HF's in <expected>.expected.jsonl
+// (paths below the test data directory).
+void ExpectHfIds(const Tokenizer& t, const std::string& corpus, const std::string& expected) {
+  auto docs = ReadCorpusJsonl(DataDir() + "/" + corpus + ".jsonl");
+  ASSERT_TRUE(docs.ok()) << docs.status();
+  const std::string expected_path = DataDir() + "/" + expected + ".expected.jsonl";
+  std::ifstream in(expected_path);
+  ASSERT_TRUE(in) << expected_path;
+  size_t i = 0;
+  for (std::string line; std::getline(in, line); ++i) {
+    ASSERT_LT(i, docs->size()) << corpus;
+    EXPECT_EQ(t.Encode((*docs)[i]), nlohmann::json::parse(line)["ids"].get<std::vector<uint32_t>>())
+        << expected << " document " << i << ": " << (*docs)[i].substr(0, 80);
+  }
+  EXPECT_EQ(i, docs->size()) << corpus;
+}
+
 // Qwen3.5's tokenizer.json structure (NFC; Split on its regex, whose letter runs take marks too;
 // byte-level BPE) over a small generated vocabulary with Qwen3.5's 33 added tokens
 // (qwen3.5-synthetic/, tools/tokenizer/npm_tokenizers_check.mjs make-qwen3.5); the expected ids
@@ -172,22 +189,8 @@ TEST(Tokenizer, Qwen3_5StructureMatchesHfExpectedIds) {
   EXPECT_EQ(*t.TokenId("<|im_start|>"), 1322u + 1);
   EXPECT_EQ(*t.TokenId("</think>"), 1322u + 25);
   EXPECT_EQ(*t.TokenId("<|audio_pad|>"), 1322u + 32);
-  for (const char* corpus : {"sample", "qwen3.5-synthetic/marks"}) {
-    auto docs = ReadCorpusJsonl(DataDir() + "/" + corpus + ".jsonl");
-    ASSERT_TRUE(docs.ok()) << docs.status();
-    const std::string expected_path =
-        DataDir() + (std::string(corpus) == "sample" ? "/qwen3.5-synthetic/sample" : "/" + std::string(corpus)) +
-        ".expected.jsonl";
-    std::ifstream in(expected_path);
-    ASSERT_TRUE(in) << expected_path;
-    size_t i = 0;
-    for (std::string line; std::getline(in, line); ++i) {
-      ASSERT_LT(i, docs->size()) << corpus;
-      EXPECT_EQ(t.Encode((*docs)[i]), nlohmann::json::parse(line)["ids"].get<std::vector<uint32_t>>())
-          << corpus << " document " << i << ": " << (*docs)[i].substr(0, 80);
-    }
-    EXPECT_EQ(i, docs->size()) << corpus;
-  }
+  ExpectHfIds(t, "sample", "qwen3.5-synthetic/sample");
+  ExpectHfIds(t, "qwen3.5-synthetic/marks", "qwen3.5-synthetic/marks");
 }
 
 // GPT-OSS's tokenizer.json structure (o200k_harmony: no normalizer; Split on o200k's regex, which
@@ -202,21 +205,8 @@ TEST(Tokenizer, O200kStructureMatchesHfExpectedIds) {
   EXPECT_EQ(t.added_tokens().size(), 15u);
   EXPECT_EQ(*t.TokenId("<|start|>"), 1336u + 8);
   EXPECT_EQ(*t.TokenId("<|return|>"), 1336u + 4);
-  for (const char* corpus : {"sample", "qwen3.5-synthetic/marks"}) {
-    auto docs = ReadCorpusJsonl(DataDir() + "/" + corpus + ".jsonl");
-    ASSERT_TRUE(docs.ok()) << docs.status();
-    const std::string expected_path = DataDir() + "/o200k-synthetic/" +
-                                      (std::string(corpus) == "sample" ? "sample" : "marks") + ".expected.jsonl";
-    std::ifstream in(expected_path);
-    ASSERT_TRUE(in) << expected_path;
-    size_t i = 0;
-    for (std::string line; std::getline(in, line); ++i) {
-      ASSERT_LT(i, docs->size()) << corpus;
-      EXPECT_EQ(t.Encode((*docs)[i]), nlohmann::json::parse(line)["ids"].get<std::vector<uint32_t>>())
-          << corpus << " document " << i << ": " << (*docs)[i].substr(0, 80);
-    }
-    EXPECT_EQ(i, docs->size()) << corpus;
-  }
+  ExpectHfIds(t, "sample", "o200k-synthetic/sample");
+  ExpectHfIds(t, "qwen3.5-synthetic/marks", "o200k-synthetic/marks");
   // Case runs (HF's pieces, probed through the npm package): a word starts at an uppercase letter
   // after lowercase ones ("helloWorld", "XMLHttpRequest"), an uppercase run keeps the lowercase run
   // after it, contractions ride along case-insensitively, and Unicode 16's U+1C89 (Cyrillic capital
