@@ -175,6 +175,16 @@ absl::StatusOr<HostdConfig> HostdConfig::Parse(int argc, const char* const* argv
   return c;
 }
 
+std::string HostdConfig::NodeAddress(const std::string& hostname) const {
+  if (!node_address.empty()) return node_address;
+  if (absl::StartsWith(listen, "unix:")) return "127.0.0.1";
+  const size_t colon = listen.rfind(':');
+  std::string host = colon == std::string::npos ? listen : listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.empty() || host == "0.0.0.0" || host == "::" || host == "*") return hostname.empty() ? "127.0.0.1" : hostname;
+  return host;
+}
+
 unsigned HostdConfig::socket_mode_bits() const {
   unsigned v = 0;
   return CheckSocketMode(socket_mode, &v).ok() ? v : 0600;

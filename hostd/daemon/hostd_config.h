@@ -43,6 +43,11 @@ struct HostdConfig {
   std::string node_address;
   std::string config_file;
 
+  // Where this node's workers listen for the other nodes' (jobs over nodes): --node-address, else the
+  // TCP --listen address's host when it names one, else (a wildcard or a Unix socket) `hostname` as
+  // given, resolved by the workers' link (127.0.0.1 for a Unix socket: hostds on one machine).
+  std::string NodeAddress(const std::string& hostname) const;
+
   // Parses argv (CLI11); a --config file's keys are the long flag names with '_' or '-'.
   // Flags given on the command line win over the file (extra_output_root: they add to its list).
   static absl::StatusOr<HostdConfig> Parse(int argc, const char* const* argv);

@@ -112,5 +112,22 @@ TEST(HostdConfig, ConfigFileKeysForAuthenticationAndOutputs) {
   EXPECT_EQ(ParseArgs({"--config", path.c_str()}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Where the workers listen for other nodes: the flag, else the TCP listener's host, else the host name.
+TEST(HostdConfig, NodeAddressFromTheFlagTheListenerOrTheHostName) {
+  HostdConfig c;
+  c.listen = "unix:/run/slidedp.sock";
+  EXPECT_EQ(c.NodeAddress("node7"), "127.0.0.1");
+  c.listen = "10.1.2.3:7070";
+  EXPECT_EQ(c.NodeAddress("node7"), "10.1.2.3");
+  c.listen = "[fd00::5]:7070";
+  EXPECT_EQ(c.NodeAddress("node7"), "fd00::5");
+  c.listen = "0.0.0.0:7070";
+  EXPECT_EQ(c.NodeAddress("node7"), "node7");
+  c.listen = "[::]:7070";
+  EXPECT_EQ(c.NodeAddress("node7"), "node7");
+  c.node_address = "192.168.0.9";
+  EXPECT_EQ(c.NodeAddress("node7"), "192.168.0.9");
+}
+
 }  // namespace
 }  // namespace slidedp::hostd

@@ -109,7 +109,11 @@ int main(int argc, char** argv) {
   mesh_options.peer_credentials.tls_cert_file = config->peer_tls_cert;
   mesh_options.peer_credentials.tls_key_file = config->peer_tls_key;
   mesh_options.peer_credentials.token_file = config->peer_token_file;
-  if (!config->node_address.empty()) mesh_options.node_address = config->node_address;
+  char hostname[256] = {};
+  gethostname(hostname, sizeof(hostname) - 1);
+  mesh_options.node_address = config->NodeAddress(hostname);
+  LOG(INFO) << "jobs over nodes: this node's workers listen for the other nodes' on " << mesh_options.node_address
+            << (config->node_address.empty() ? " (from --listen or the host name; --node-address sets it)" : "");
   slidedp::hostd::NodeMesh mesh(mesh_options);
   copt.mesh = &mesh;
   slidedp::hostd::HostCore core(copt, std::make_unique<slidedp::hostd::TrainingExecutor>(eopt));
