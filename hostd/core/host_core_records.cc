@@ -66,11 +66,18 @@ void HostCore::LoadPersisted() {
     auto spec = JobSpec::Parse(job.resolved_spec_yaml(), "", JobSpec::FileCheck::kSkip);
     if (spec.ok()) rec->spec = *spec;
     if (!IsFinal(job.state())) {
-      // hostd stopped while this job was queued or running.
-      if (spec.ok() && options_.resume_interrupted && job.hostd_restarts() < kMaxHostdRestartsPerJob) {
+      // hostd stopped while this job was queued or running. A job over nodes is not resumed by one
+      // node's hostd (the other nodes' parts ended with it: it would train alone, and a node that does
+      // not coordinate writes nothing): reported interrupted, resumed by a submit with --resume.
+      const bool over_nodes = spec.ok() && !spec->runtime.nodes.empty();
+      if (spec.ok() && !over_nodes && options_.resume_interrupted && job.hostd_restarts() < kMaxHostdRestartsPerJob) {
         ResumeInterruptedLocked(job, *spec, *rec);
       } else {
         ReportInterrupted(job, spec.ok() ? spec->output.dir : std::string());
+        if (over_nodes) {
+          job.set_error(absl::StrCat(job.error(), " (a job over nodes: resume it on its nodes with a submit to any of "
+                                                  "them, --resume CHECKPOINT)"));
+        }
       }
     }
     rec->job = job;

@@ -176,6 +176,15 @@ TEST(MultiNode, ALostHostdFailsTheJobOnTheCoordinator) {
   EXPECT_EQ(ja->state(), v1::JOB_STATE_FAILED);
   EXPECT_LT(absl::Now() - killed, absl::Seconds(60));  // the step timeout (20 s) and the chain's own
   EXPECT_THAT(ja->error(), HasSubstr("node 1")) << ja->error();
+  // Node 1's hostd comes back: its part is reported interrupted, not resumed alone.
+  b.StartHostd();
+  ASSERT_TRUE(b.client().WaitReady(20).ok());
+  auto jb = b.WaitFinal("lost-hostd", 30);
+  ASSERT_TRUE(jb.ok()) << jb.status();
+  EXPECT_EQ(jb->state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(jb->error(), HasSubstr("interrupted")) << jb->error();
+  EXPECT_THAT(jb->error(), HasSubstr("a job over nodes")) << jb->error();
+  EXPECT_FALSE(std::filesystem::exists(b.dir() + "/out"));
 }
 
 TEST(MultiNode, PlanMeasuresTheNetworkBetweenNodes) {
