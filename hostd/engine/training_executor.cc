@@ -279,7 +279,7 @@ absl::Status TrainingExecutor::ExchangeNodeStep(JobContext& ctx, Attempt& a, int
   }
   mine.set_step_time_s(record.metrics.step_time_s());
   if (DigestsAfter(t, a.spec.train.steps, a.plan.memory.total_bytes)) {
-    mine.set_state_digest(StateDigest(a.layout, a.segments.state()));
+    mine.set_state_digest(StateDigest(a.layout, a.segments.state(), std::max(1, a.loop.bulk_threads)));
   }
   if (!nodes.coordinating()) return ctx.mesh()->ReportNodeStep(mine);
   ASSIGN_OR_RETURN(std::vector<v1::NodeStep> others,
