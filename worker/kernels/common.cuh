@@ -1,5 +1,5 @@
 // Device-side pieces the row and element-wise kernel families share (rmsnorm, qk_norm_rope,
-// swiglu, embedding, cross_entropy, reductions): the warp sum, 8-wide BF16/FP32 vector loads and
+// swiglu, embedding, cross_entropy, reductions; Gemma 4's layer kernels): the warp sum, GELU-tanh, 8-wide BF16/FP32 vector loads and
 // stores, the grid of the grid-stride kernels, and the partial-row reduction kernel the norm weight
 // gradients end in. Included by those .cu files only; launch checks are cuda_check.h's.
 #pragma once
@@ -20,6 +20,18 @@ __device__ __forceinline__ float WarpSum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+// HF's gelu_pytorch_tanh, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), and its derivative (the
+// CPU backend's GeluTanh / GeluTanhGrad): GeGLU (swiglu.cu) and Gemma 4's per-layer input gate.
+__device__ __forceinline__ float GeluTanh(float g) {
+  constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * g * (1.0f + tanhf(kC * (g + 0.044715f * g * g * g)));
+}
+__device__ __forceinline__ float GeluTanhGrad(float g) {
+  constexpr float kC = 0.7978845608028654f;
+  const float th = tanhf(kC * (g + 0.044715f * g * g * g));
+  return 0.5f * (1.0f + th) + 0.5f * g * (1.0f - th * th) * kC * (1.0f + 3.0f * 0.044715f * g * g);
 }
 
 // Sum over the block in a fixed order (warp butterflies, then warp 0 sums the warp sums); every

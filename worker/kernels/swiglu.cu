@@ -20,8 +20,7 @@ __device__ __forceinline__ float Act(float g) {
   if constexpr (F == GluActivation::kSilu) {
     return g * Sigmoid(g);
   } else {
-    constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
-    return 0.5f * g * (1.0f + tanhf(kC * (g + 0.044715f * g * g * g)));
+    return GeluTanh(g);
   }
 }
 template <GluActivation F>
@@ -30,9 +29,7 @@ __device__ __forceinline__ float ActGrad(float g) {
     const float s = Sigmoid(g);
     return s * (1.0f + g * (1.0f - s));
   } else {
-    constexpr float kC = 0.7978845608028654f;
-    const float th = tanhf(kC * (g + 0.044715f * g * g * g));
-    return 0.5f * (1.0f + th) + 0.5f * g * (1.0f - th * th) * kC * (1.0f + 3.0f * 0.044715f * g * g);
+    return GeluTanhGrad(g);
   }
 }
 

@@ -8,33 +8,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status/status_macros.h"
+#include "worker/kernels/common.cuh"
 #include "worker/kernels/cuda_check.h"
 
 namespace slidedp::cuda_backend_internal {
 namespace {
 
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using kernels::internal::GeluTanh;
+using kernels::internal::GeluTanhGrad;
+using kernels::internal::GridFor;
+using kernels::internal::WarpSum;
 
-// HF's gelu_pytorch_tanh, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), and its derivative: the
-// same formulas as worker/kernels/swiglu.cu's GeGLU and the CPU backend's GeluTanh / GeluTanhGrad.
-__device__ __forceinline__ float GeluTanh(float g) {
-  constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
-  return 0.5f * g * (1.0f + tanhf(kC * (g + 0.044715f * g * g * g)));
-}
-__device__ __forceinline__ float GeluTanhGrad(float g) {
-  constexpr float kC = 0.7978845608028654f;
-  const float th = tanhf(kC * (g + 0.044715f * g * g * g));
-  return 0.5f * (1.0f + th) + 0.5f * g * (1.0f - th * th) * kC * (1.0f + 3.0f * 0.044715f * g * g);
-}
-
-// Blocks for a grid-stride loop over n items, per_block of them a block: at most 16 per SM.
-int GridFor(int64_t n, int per_block) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + per_block - 1) / per_block, 132 * 16)));
-}
 
 constexpr int kWarpsPerBlock = 8;  // the head norm's rows per block
 
