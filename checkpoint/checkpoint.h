@@ -62,6 +62,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model/model_config.h"
+#include "common/model/shard.h"
 #include "common/numeric/dtype.h"
 #include "common/safetensors/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -102,6 +103,10 @@ struct LoadOptions {
   int threads = 0;  // tensors converted in parallel; 0 = hardware concurrency (at most 16)
   // Where the pass-through tensors go (IsPassThroughName); null: accepted and not kept.
   PassThrough* pass_through = nullptr;
+  // LoadCheckpoint of a node's share of a sharded state (runtime.node_state sharded,
+  // common/model/node_shard.h): unit u's arrays hold its elements [windows[u].offset, +numel) (element e
+  // at index e - offset; offsets on 256-element blocks), and only those are read. Empty: whole units.
+  std::vector<ShardRange> windows = {};
 };
 
 // Loads an HF Qwen3 model directory (config.json + model.safetensors, or shards listed in
@@ -121,7 +126,10 @@ absl::Status LoadHfModel(const std::string& model_dir, const ModelLayout& layout
 // weights (input/post-attention/final norm, q_norm, k_norm) = 1 (0 where they act as 1 + w:
 // qwen3_5, gemma3), gemma3's padding_idx embedding row = 0, padding = 0. Deterministic per
 // (seed, tensor name), independent of the thread count. threads: 0 = hardware concurrency.
-void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& master_of_unit, int threads = 0);
+// `windows` (a node's share of a sharded state, LoadOptions::windows): unit u's array holds only its
+// elements [offset, offset + numel), which get exactly the values the whole unit's would.
+void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& master_of_unit, int threads = 0,
+                const std::vector<ShardRange>* windows = nullptr);
 
 // HF's save_pretrained default max_shard_size ("5GB"): weights above it are sharded.
 inline constexpr uint64_t kDefaultShardMaxBytes = 5'000'000'000;
@@ -178,6 +186,17 @@ struct StateArrays {
 // FP32 moments from two per-unit float arrays (tests, tools, callers with plain vectors).
 UnitMomentsFn Fp32Moments(UnitArrayFn adam_m, UnitArrayFn adam_v);
 
+// A node's share of a sharded state (runtime.node_state sharded, common/model/node_shard.h): unit u's
+// arrays hold its elements from held[u] on (element e at index e - held[u]), and this node writes
+// elements [write[u].offset, +numel) of every file. The nodes write their shares into the same files
+// (the coordinator's SaveCheckpoint creates them, the others' WriteCheckpointShare fills them), so the
+// checkpoint is byte for byte the one a single node holding the whole state saves.
+struct NodeShare {
+  std::vector<int64_t> held;
+  std::vector<ShardRange> write;
+  bool writes_pass_through = false;  // the coordinator's: the pass-through tensors too
+};
+
 struct SaveRequest {
   std::string root_dir;
   int64_t step = 0;
@@ -202,6 +221,12 @@ struct SaveRequest {
   // "trainer_state.json", "model_files", "COMPLETE", "rename" just before that stage; a non-OK status aborts
   // the save there (as a crash would), and the hook may also kill the process.
   std::function<absl::Status(const std::string& stage)> fault_hook;
+  // A sharded state: this node's share (null: the arrays hold every unit whole). With it,
+  // SaveCheckpoint (the coordinator) calls other_nodes(tmp directory) once the weight and optimizer
+  // files exist with its share written, and goes on (trainer_state.json, COMPLETE, the rename) only
+  // when it returns OK: every other node has written its share there (WriteCheckpointShare).
+  const NodeShare* share = nullptr;
+  std::function<absl::Status(const std::string& tmp_dir)> other_nodes;
 };
 
 struct SaveResult {
@@ -219,6 +244,12 @@ struct SaveResult {
 // FAILED_PRECONDITION naming the directory and its job, checked before writing and again after
 // the exchange (swapped back), so it is left as it was and the temporary directory removed.
 absl::StatusOr<SaveResult> SaveCheckpoint(const SaveRequest& request);
+
+// Another node's part of a sharded save: writes request.share into the weight and optimizer files the
+// coordinator's SaveCheckpoint created in tmp_dir (request as the coordinator's but for share; root_dir,
+// model_files and the hooks unused). Returns the bytes written. FAILED_PRECONDITION when the files
+// there are not the ones this node plans (another layout, dtype or step).
+absl::StatusOr<uint64_t> WriteCheckpointShare(const SaveRequest& request, const std::string& tmp_dir);
 
 // The run a SaveRequest::trainer_state (or a checkpoint's "trainer_state" object) belongs to: its
 // "run_id", else its "job_id", else "" (strings only).

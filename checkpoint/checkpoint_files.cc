@@ -7,12 +7,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
@@ -186,24 +188,58 @@ void ConvertOut(const float* src, size_t count, Dtype dtype, char* dst) {
   for (size_t i = 0; i < count; ++i) d[i] = FloatToBf16(src[i]);
 }
 
+// What of a slot a save writes, and where from: its elements [lo, hi), element i read at array[at + i]
+// (the whole slot from the unit's array, or a node's share of it, NodeShare).
+struct SlotSource {
+  const float* array;
+  int64_t at;
+  const TensorSlot* slot;
+  int64_t lo, hi;
+};
+
 // A checkpoint tensor made of several slots (ExpertStorage::kFused): each slot's elements at its
 // hf_offset_numel.
 struct FusedTensor {
   std::vector<int64_t> shape;
-  std::vector<std::pair<const float*, const TensorSlot*>> slices;
+  std::vector<SlotSource> slices;
 };
+
+// The [begin, end) byte ranges of a tensor that `slices` write (sorted, adjacent ones merged).
+std::vector<std::pair<uint64_t, uint64_t>> WrittenBytes(const std::vector<SlotSource>& slices, size_t elem) {
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const SlotSource& s : slices) {
+    if (s.lo >= s.hi) continue;
+    ranges.emplace_back((s.slot->hf_offset_numel + s.lo) * elem, (s.slot->hf_offset_numel + s.hi) * elem);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<uint64_t, uint64_t>> merged;
+  for (const auto& r : ranges) {
+    if (!merged.empty() && merged.back().second >= r.first) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  return merged;
+}
 
 }  // namespace
 
 std::vector<PlannedFile> PlanWeightFiles(const ModelLayout& layout, const ConstUnitArrayFn& master, Dtype dtype,
-                                         uint64_t shard_max_bytes, const PassThrough* pass_through) {
+                                         uint64_t shard_max_bytes, const PassThrough* pass_through,
+                                         const NodeShare* share) {
   std::vector<st::TensorSource> all;
   const size_t elem = dtype == Dtype::kF32 ? sizeof(float) : sizeof(bf16_t);
   const st::Dtype file_dtype = dtype == Dtype::kF32 ? st::Dtype::kF32 : st::Dtype::kBF16;
   std::map<std::string, std::shared_ptr<FusedTensor>> fused;
   for (const UnitLayout& unit : layout.units) {
     const float* base = master(unit.index);
+    const int64_t held = share != nullptr ? share->held[unit.index] : 0;
+    const ShardRange write = share != nullptr ? share->write[unit.index] : ShardRange{0, unit.numel};
     for (const TensorSlot& slot : unit.tensors) {
+      SlotSource source{base, slot.offset_numel - held, &slot,
+                        std::clamp(write.offset - slot.offset_numel, int64_t{0}, slot.numel),
+                        std::clamp(write.offset + write.numel - slot.offset_numel, int64_t{0}, slot.numel)};
       if (slot.is_slice()) {
         std::shared_ptr<FusedTensor>& f = fused[slot.hf_name];
         if (f == nullptr) {
@@ -216,32 +252,37 @@ std::vector<PlannedFile> PlanWeightFiles(const ModelLayout& layout, const ConstU
           t.fill = [f, dtype, elem](uint64_t byte_offset, size_t byte_len, char* dst) {
             const int64_t first = static_cast<int64_t>(byte_offset / elem);
             const int64_t last = first + static_cast<int64_t>(byte_len / elem);
-            for (const auto& [src, s] : f->slices) {
-              const int64_t lo = std::max(first, s->hf_offset_numel), hi = std::min(last, s->hf_offset_numel + s->numel);
+            for (const SlotSource& s : f->slices) {
+              const int64_t from = s.slot->hf_offset_numel;
+              const int64_t lo = std::max(first, from + s.lo), hi = std::min(last, from + s.hi);
               if (lo >= hi) continue;
-              ConvertOut(src + (lo - s->hf_offset_numel), static_cast<size_t>(hi - lo), dtype,
-                         dst + (lo - first) * elem);
+              ConvertOut(s.array + s.at + (lo - from), static_cast<size_t>(hi - lo), dtype, dst + (lo - first) * elem);
             }
           };
           all.push_back(std::move(t));
         }
-        f->slices.push_back({base + slot.offset_numel, &slot});
+        f->slices.push_back(source);
         continue;
       }
       st::TensorSource t;
       t.name = slot.hf_name;
       t.shape = slot.shape;
-      const float* src = base + slot.offset_numel;
-      if (dtype == Dtype::kF32) {
-        t.dtype = st::Dtype::kF32;
-        t.data = src;
+      t.dtype = file_dtype;
+      if (share == nullptr && dtype == Dtype::kF32) {
+        t.data = base + slot.offset_numel;
       } else {
-        t.dtype = st::Dtype::kBF16;
-        t.fill = [src](uint64_t byte_offset, size_t byte_len, char* dst) {
-          ConvertOut(src + byte_offset / 2, byte_len / 2, Dtype::kBF16, dst);
+        t.fill = [source, dtype, elem](uint64_t byte_offset, size_t byte_len, char* dst) {
+          ConvertOut(source.array + source.at + static_cast<int64_t>(byte_offset / elem), byte_len / elem, dtype, dst);
         };
       }
+      if (share != nullptr) t.only = WrittenBytes({source}, elem);
       all.push_back(std::move(t));
+    }
+  }
+  if (share != nullptr) {
+    for (st::TensorSource& t : all) {
+      auto it = fused.find(t.name);
+      if (it != fused.end()) t.only = WrittenBytes(it->second->slices, elem);
     }
   }
   // Pass-through tensors: their own bytes and dtype, after the trained ones.
@@ -253,6 +294,7 @@ std::vector<PlannedFile> PlanWeightFiles(const ModelLayout& layout, const ConstU
     t.shape = p.shape;
     t.dtype = p.dtype;
     t.data = p.bytes.data();
+    if (share != nullptr && !share->writes_pass_through) t.only.emplace();  // the coordinator's to write
     all.push_back(std::move(t));
   }
   uint64_t total = 0;
@@ -280,9 +322,10 @@ std::vector<PlannedFile> PlanWeightFiles(const ModelLayout& layout, const ConstU
 }
 
 absl::StatusOr<uint64_t> WriteWeightFiles(const std::string& dir, const std::vector<PlannedFile>& files,
-                                          int io_threads) {
+                                          int io_threads, bool into_existing) {
   st::WriteOptions wopts;
   wopts.threads = std::max(1, io_threads);
+  wopts.into_existing = into_existing;
   uint64_t bytes = 0, weight_bytes = 0;
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
   for (const PlannedFile& f : files) {
@@ -292,7 +335,7 @@ absl::StatusOr<uint64_t> WriteWeightFiles(const std::string& dir, const std::vec
     weight_bytes += f.data_bytes();
     for (const auto& t : f.tensors) weight_map[t.name] = f.name;
   }
-  if (files.size() > 1) {
+  if (files.size() > 1 && !into_existing) {
     nlohmann::ordered_json index;
     index["metadata"] = {{"total_size", weight_bytes}};
     index["weight_map"] = weight_map;

@@ -71,13 +71,16 @@ using ConstUnitArrayFn = std::function<const float*(int unit)>;
 // (HF's save_pretrained splits the same way). A tied model has no lm_head.weight.
 // A fused checkpoint tensor (ExpertStorage::kFused) is gathered from its slots; the pass-through
 // tensors (null: none) follow the trained ones with their own bytes and dtype.
+// With `share` (a node of a sharded state): the same files, tensors and bytes, each tensor writing only
+// the share's elements (TensorSource::only), read from arrays holding the units from share->held on.
 std::vector<PlannedFile> PlanWeightFiles(const ModelLayout& layout, const ConstUnitArrayFn& master, Dtype dtype,
-                                         uint64_t shard_max_bytes, const PassThrough* pass_through = nullptr);
+                                         uint64_t shard_max_bytes, const PassThrough* pass_through = nullptr,
+                                         const NodeShare* share = nullptr);
 // Writes them into dir, and model.safetensors.index.json ({"metadata": {"total_size": bytes},
 // "weight_map": {tensor: file}}) when there are several; every file fsynced. Returns the bytes
-// written.
+// written. into_existing: into files another node created (its share only; no index).
 absl::StatusOr<uint64_t> WriteWeightFiles(const std::string& dir, const std::vector<PlannedFile>& files,
-                                          int io_threads);
+                                          int io_threads, bool into_existing = false);
 
 // config.json of a layout's weights saved as `dtype` (torch_dtype says which).
 std::string ConfigJsonFor(const ModelLayout& layout, Dtype dtype);

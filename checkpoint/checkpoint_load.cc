@@ -331,6 +331,7 @@ std::string ConversionNote(MomentForm from, MomentForm to) {
 struct LoadPiece {
   const UnitSource* src;
   int64_t begin, count;
+  int64_t held = 0;  // the element of the unit the arrays' element 0 is (LoadOptions::windows)
 };
 
 absl::Status LoadPieceOf(const st::SafetensorsFile& file, const LoadPiece& p, MomentForm saved, MomentForm target) {
@@ -339,13 +340,13 @@ absl::Status LoadPieceOf(const st::SafetensorsFile& file, const LoadPiece& p, Mo
     return absl::DataLossError(
         absl::StrCat(file.path(), ": tensor \"", StateTensorName(unit, bad.kind), "\" ", DescribeBadValue(unit, bad)));
   };
-  float* master = p.src->master_dst + p.begin;
+  float* master = p.src->master_dst + (p.begin - p.held);
   CopyRaw(file, p.src->master, p.begin * sizeof(float), p.count * sizeof(float), master);
   if (const int64_t bad = FirstNonFinite(master, p.count, FiniteRule::kFinite); bad >= 0) {
     return data_loss({"master", p.begin + bad, FloatText(master[bad]), kRuleFinite});
   }
   if (saved == target) {  // a resume: bit for bit, checked where it landed
-    const UnitMoments dst = MomentsAt(target, p.src->dst, p.begin);
+    const UnitMoments dst = MomentsAt(target, p.src->dst, p.begin - p.held);
     CopyMoments(file, *p.src, saved, p.begin, p.count, dst);
     if (auto bad = FirstBadMoment(target, ReadOnly(dst), p.begin, p.count)) return data_loss(*bad);
     return absl::OkStatus();
@@ -358,7 +359,7 @@ absl::Status LoadPieceOf(const st::SafetensorsFile& file, const LoadPiece& p, Mo
     CopyMoments(file, *p.src, saved, b, n, raw);
     if (auto bad = FirstBadMoment(saved, ReadOnly(raw), b, n)) return data_loss(*bad);
     DecodeToF32(codecs, saved, ReadOnly(raw), buf.m.data(), buf.v.data(), n);
-    const UnitMoments dst = MomentsAt(target, p.src->dst, b);
+    const UnitMoments dst = MomentsAt(target, p.src->dst, b - p.held);
     EncodeFromF32(codecs, target, buf.m.data(), buf.v.data(), dst, n);
     // What the job's dtype cannot hold: +inf v (fine in FP32 and BF16) poisons an int8 block; an
     // m beyond BF16's range rounds to inf.
@@ -411,10 +412,18 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir, const Mo
   // Pieces over the threads (the embedding alone is most of a small model), each checked as it
   // lands: a NaN there (a damaged file, or a checkpoint of a run that diverged) would train NaN
   // and report success.
+  if (!options.windows.empty() && options.windows.size() != layout.units.size()) {
+    return absl::InvalidArgumentError("LoadCheckpoint: one window per unit");
+  }
   std::vector<LoadPiece> pieces;
   for (const UnitSource& src : sources) {
-    for (int64_t b = 0; b < src.unit->numel; b += kLoadPieceNumel) {
-      pieces.push_back({&src, b, std::min(kLoadPieceNumel, src.unit->numel - b)});
+    const int u = src.unit->index;
+    const ShardRange w = options.windows.empty() ? ShardRange{0, src.unit->numel} : options.windows[u];
+    if (w.offset < 0 || w.numel < 0 || w.offset + w.numel > src.unit->numel || w.offset % kBlock != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("LoadCheckpoint: window of unit ", src.unit->name));
+    }
+    for (int64_t b = w.offset; b < w.offset + w.numel; b += kLoadPieceNumel) {
+      pieces.push_back({&src, b, std::min(kLoadPieceNumel, w.offset + w.numel - b), w.offset});
     }
   }
   std::vector<absl::Status> piece_status(pieces.size());

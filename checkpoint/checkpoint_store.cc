@@ -124,20 +124,37 @@ absl::StatusOr<PlannedFile> PlanOptimizerFile(const SaveRequest& req) {
       return absl::InvalidArgumentError(
           absl::StrCat("SaveCheckpoint: unit ", unit.name, " lacks its master or ", ToString(dtype), " moment arrays"));
     }
-    auto add = [&](const char* kind, st::Dtype t_dtype, int64_t numel, const void* data) {
+    // A node's share (NodeShare): the arrays start at element `held`, and only the share's elements
+    // (per_block: its blocks of 256, for the int8 scales) are written.
+    const int64_t held = req.share != nullptr ? req.share->held[unit.index] : 0;
+    const ShardRange write = req.share != nullptr ? req.share->write[unit.index] : ShardRange{0, unit.numel};
+    auto add = [&](const char* kind, st::Dtype t_dtype, int64_t numel, const void* data, bool per_block) {
       st::TensorSource t;
       t.name = StateTensorName(unit, kind);
       t.dtype = t_dtype;
       t.shape = {numel};
-      t.data = data;
+      if (req.share == nullptr) {
+        t.data = data;
+      } else {
+        const uint64_t eb = st::DtypeSize(t_dtype);
+        const int64_t skip = per_block ? held / kInt8MomentBlock : held;
+        const int64_t first = per_block ? write.offset / kInt8MomentBlock : write.offset;
+        const int64_t count = per_block ? Int8MomentBlocks(write.offset + write.numel) - first : write.numel;
+        const char* bytes = static_cast<const char*>(data);
+        t.fill = [bytes, skip, eb](uint64_t byte_offset, size_t byte_len, char* dst) {
+          std::memcpy(dst, bytes + byte_offset - static_cast<uint64_t>(skip) * eb, byte_len);
+        };
+        t.only.emplace();
+        if (write.numel > 0) t.only->emplace_back(first * eb, (first + count) * eb);
+      }
       f.tensors.push_back(std::move(t));
     };
-    add("master", st::Dtype::kF32, unit.numel, master);
-    add("adam_m", FileDtypeOfM(dtype), unit.numel, mo.m);
-    add("adam_v", FileDtypeOfV(dtype), unit.numel, mo.v);
+    add("master", st::Dtype::kF32, unit.numel, master, false);
+    add("adam_m", FileDtypeOfM(dtype), unit.numel, mo.m, false);
+    add("adam_v", FileDtypeOfV(dtype), unit.numel, mo.v, false);
     if (dtype == MomentForm::kInt8) {
-      add("adam_m_scale", st::Dtype::kF32, Int8MomentBlocks(unit.numel), mo.m_scale);
-      add("adam_v_scale", st::Dtype::kF32, Int8MomentBlocks(unit.numel), mo.v_scale);
+      add("adam_m_scale", st::Dtype::kF32, Int8MomentBlocks(unit.numel), mo.m_scale, true);
+      add("adam_v_scale", st::Dtype::kF32, Int8MomentBlocks(unit.numel), mo.v_scale, true);
     }
   }
   return f;
@@ -184,6 +201,12 @@ absl::StatusOr<uint64_t> WriteCheckpointFiles(const SaveRequest& req, const fs::
   ASSIGN_OR_RETURN(st::WriteStats os, st::WriteFile((tmp / optimizer.name).string(), optimizer.tensors, wopts));
   bytes += os.file_bytes;
 
+  // A sharded state: the files exist, this node's share is in them; the other nodes write theirs.
+  if (req.share != nullptr) {
+    if (!req.other_nodes) return absl::InvalidArgumentError("SaveCheckpoint: a node's share without other_nodes");
+    RETURN_IF_ERROR(req.other_nodes(tmp.string()));
+  }
+
   RETURN_IF_ERROR(stage("trainer_state.json"));
   nlohmann::json state = {
       {"format", kFormat},
@@ -217,6 +240,22 @@ absl::StatusOr<uint64_t> WriteCheckpointFiles(const SaveRequest& req, const fs::
 
 }  // namespace
 
+absl::StatusOr<uint64_t> WriteCheckpointShare(const SaveRequest& req, const std::string& tmp_dir) {
+  RETURN_IF_ERROR(ValidateRequest(req));
+  if (req.share == nullptr) return absl::InvalidArgumentError("WriteCheckpointShare: no share");
+  ASSIGN_OR_RETURN(PlannedFile optimizer, PlanOptimizerFile(req));
+  std::vector<PlannedFile> weights = internal::PlanWeightFiles(
+      *req.layout, [&req](int unit) -> const float* { return req.arrays.master(unit); }, req.weight_dtype,
+      req.shard_max_bytes, req.pass_through, req.share);
+  ASSIGN_OR_RETURN(uint64_t bytes, internal::WriteWeightFiles(tmp_dir, weights, req.io_threads, /*into_existing=*/true));
+  st::WriteOptions wopts;
+  wopts.threads = std::max(1, req.io_threads);
+  wopts.metadata = optimizer.metadata;
+  wopts.into_existing = true;
+  ASSIGN_OR_RETURN(st::WriteStats os, st::WriteFile(tmp_dir + "/" + optimizer.name, optimizer.tensors, wopts));
+  return bytes + os.file_bytes;
+}
+
 absl::StatusOr<SaveResult> SaveCheckpoint(const SaveRequest& req) {
   RETURN_IF_ERROR(ValidateRequest(req));
   ASSIGN_OR_RETURN(PlannedFile optimizer, PlanOptimizerFile(req));  // checks every unit's arrays first
@@ -229,7 +268,7 @@ absl::StatusOr<SaveResult> SaveCheckpoint(const SaveRequest& req) {
 
   std::vector<PlannedFile> weights = internal::PlanWeightFiles(
       *req.layout, [&req](int unit) -> const float* { return req.arrays.master(unit); }, req.weight_dtype,
-      req.shard_max_bytes, req.pass_through);
+      req.shard_max_bytes, req.pass_through, req.share);
   uint64_t needed = optimizer.data_bytes() + (uint64_t{1} << 20) * (weights.size() + 2);
   for (const auto& f : weights) needed += f.data_bytes();
   if (req.model_files != nullptr) {

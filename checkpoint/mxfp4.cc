@@ -1,7 +1,9 @@
 // MXFP4 dequantization of gpt-oss experts (mxfp4.h), as transformers' convert_moe_packed_tensors.
 #include "checkpoint/mxfp4.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -67,11 +69,21 @@ absl::Status CheckMxfp4Pair(const TensorSlot& slot, const safetensors::TensorInf
 
 void DequantizeMxfp4Slot(const TensorSlot& slot, const char* blocks, const char* scales, float* dst) {
   const int64_t in_dim = slot.hf_shape[1], out_dim = slot.hf_shape[2];
-  const int64_t expert = slot.hf_offset_numel / (in_dim * out_dim);
+  const int64_t matrix = in_dim * out_dim;
+  const int64_t expert = slot.hf_offset_numel / matrix;
   const int64_t groups = in_dim / kBlockValues;
   const auto* b = reinterpret_cast<const uint8_t*>(blocks) + expert * out_dim * groups * (kBlockValues / 2);
   const auto* s = reinterpret_cast<const uint8_t*>(scales) + expert * out_dim * groups;
-  DequantizeMxfp4Transposed(b, s, out_dim, in_dim, dst);
+  const int64_t skip = slot.hf_offset_numel - expert * matrix;
+  if (skip == 0 && slot.numel == matrix) {
+    DequantizeMxfp4Transposed(b, s, out_dim, in_dim, dst);
+    return;
+  }
+  // Part of the expert's matrix (a node's share of a sharded state, common/model/node_shard.h).
+  if (slot.numel <= 0) return;
+  std::vector<float> whole(static_cast<size_t>(matrix));
+  DequantizeMxfp4Transposed(b, s, out_dim, in_dim, whole.data());
+  std::copy_n(whole.data() + skip, std::min(slot.numel, matrix - skip), dst);
 }
 
 }  // namespace slidedp::checkpoint

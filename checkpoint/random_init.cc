@@ -63,21 +63,34 @@ bool IsBias(const std::string& name) { return absl::EndsWith(name, ".bias"); }
 
 }  // namespace
 
-void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& master_of_unit, int threads) {
+void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& master_of_unit, int threads,
+                const std::vector<ShardRange>* windows) {
+  // A unit's window: the elements its array holds (element e at index e - offset); whole by default.
+  auto window = [&](const UnitLayout& u) {
+    return windows != nullptr && u.index < static_cast<int>(windows->size()) ? (*windows)[u.index]
+                                                                             : ShardRange{0, u.numel};
+  };
   struct Job {
-    float* dst;
+    float* base;  // the unit's array
     const TensorSlot* slot;
     int64_t chunk;
+    ShardRange window;
   };
   std::vector<Job> jobs;
   std::vector<std::pair<float*, int64_t>> zero;  // padding stays 0: every unit cleared first, in chunks
   for (const UnitLayout& unit : layout.units) {
     float* base = master_of_unit(unit.index);
-    for (int64_t off = 0; off < unit.numel; off += kChunkNumel) {
-      zero.emplace_back(base + off, std::min(kChunkNumel, unit.numel - off));
+    const ShardRange w = window(unit);
+    for (int64_t off = 0; off < w.numel; off += kChunkNumel) {
+      zero.emplace_back(base + off, std::min(kChunkNumel, w.numel - off));
     }
     for (const TensorSlot& t : unit.tensors) {
-      for (int64_t c = 0; c * kChunkNumel < t.numel; ++c) jobs.push_back({base + t.offset_numel, &t, c});
+      for (int64_t c = 0; c * kChunkNumel < t.numel; ++c) {
+        // Every chunk's values come from its own stream: one outside the window is not drawn.
+        const int64_t first = t.offset_numel + c * kChunkNumel, last = std::min(t.offset_numel + t.numel, first + kChunkNumel);
+        if (last <= w.offset || first >= w.offset + w.numel) continue;
+        jobs.push_back({base, &t, c, w});
+      }
     }
   }
   ParallelFor(zero.size(), threads,
@@ -87,13 +100,18 @@ void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& mas
     const Job& job = jobs[j];
     const int64_t begin = job.chunk * kChunkNumel;
     const int64_t end = std::min(job.slot->numel, begin + kChunkNumel);
-    float* out = job.dst;
+    // Element i of the tensor, where the window holds it.
+    const int64_t at = job.slot->offset_numel - job.window.offset;
+    const int64_t lo = std::max(begin, -at), hi = std::min(end, job.window.numel - at);
+    auto put = [&](int64_t i, float value) {
+      if (i >= lo && i < hi) job.base[at + i] = value;
+    };
     const std::string& name = job.slot->hf_name;
     if (IsNormWeight(name)) {
       // qwen3_5's RMSNorms compute x * (1 + w): HF initialises w to 0; its gated norm (a plain
       // weight) to 1.
       const bool one_plus = layout.config.norms_add_one() && !absl::EndsWith(name, "linear_attn.norm.weight");
-      for (int64_t i = begin; i < end; ++i) out[i] = one_plus ? 0.0f : 1.0f;
+      for (int64_t i = lo; i < hi; ++i) put(i, one_plus ? 0.0f : 1.0f);
       return;
     }
     // Biases start at 0 (cleared with the padding above), gpt_oss's expert biases too; its router's
@@ -104,21 +122,21 @@ void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& mas
       return;
     }
     if (absl::EndsWith(name, "linear_attn.dt_bias") || absl::EndsWith(name, ".layer_scalar")) {  // HF: ones
-      for (int64_t i = begin; i < end; ++i) out[i] = 1.0f;
+      for (int64_t i = lo; i < hi; ++i) put(i, 1.0f);
       return;
     }
     uint64_t mix = seed ^ Fnv1a(job.slot->Key());
     uint64_t chunk_seed = SplitMix64(mix) ^ (static_cast<uint64_t>(job.chunk) * 0xd1b54a32d192ed03ull);
     ChunkRng rng(chunk_seed);
     if (absl::EndsWith(name, "linear_attn.A_log")) {  // HF Qwen3_5: log(Uniform(0, 16))
-      for (int64_t i = begin; i < end; ++i) out[i] = static_cast<float>(std::log(16.0 * rng.Uniform()));
+      for (int64_t i = begin; i < end; ++i) put(i, static_cast<float>(std::log(16.0 * rng.Uniform())));
       return;
     }
     for (int64_t i = begin; i < end; i += 2) {  // Box-Muller gives two normals per draw
       const double r = std::sqrt(-2.0 * std::log(rng.Uniform()));
       const double theta = 2.0 * M_PI * rng.Uniform();
-      out[i] = static_cast<float>(stddev * r * std::cos(theta));
-      if (i + 1 < end) out[i + 1] = static_cast<float>(stddev * r * std::sin(theta));
+      put(i, static_cast<float>(stddev * r * std::cos(theta)));
+      if (i + 1 < end) put(i + 1, static_cast<float>(stddev * r * std::sin(theta)));
     }
   });
   // HF's Embedding(padding_idx=pad_token_id) (gemma3's) starts with that row zero
@@ -126,10 +144,13 @@ void InitRandom(const ModelLayout& layout, uint64_t seed, const UnitArrayFn& mas
   // gemma4's embed_tokens_per_layer (the embedding unit's second table) too.
   const int64_t pad = layout.config.pad_token_id;
   if (pad >= 0 && pad < layout.config.vocab_size) {
+    const ShardRange w = window(layout.embedding());
     for (const TensorSlot& t : layout.embedding().tensors) {
       const int64_t width = t.shape[1];
-      float* table = master_of_unit(layout.embedding().index) + t.offset_numel;
-      std::fill(table + pad * width, table + (pad + 1) * width, 0.0f);
+      const int64_t first = std::max(t.offset_numel + pad * width, w.offset);
+      const int64_t last = std::min(t.offset_numel + (pad + 1) * width, w.offset + w.numel);
+      float* array = master_of_unit(layout.embedding().index);
+      for (int64_t e = first; e < last; ++e) array[e - w.offset] = 0.0f;
     }
   }
 }

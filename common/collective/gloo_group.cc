@@ -1,5 +1,7 @@
 #include "common/collective/gloo_group.h"
 
+#include <cstring>
+
 #include <chrono>
 #include <exception>
 #include <utility>
@@ -7,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
@@ -132,6 +135,24 @@ absl::Status GlooGroup::Broadcast(float* data, int64_t n, int root) {
     gloo::broadcast(opts);
   } catch (const std::exception& e) {
     return FromException(e, absl::StrCat("broadcast of ", n, " floats from ", root));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GlooGroup::AllGather(const float* mine, int64_t n, float* out) {
+  if (n < 0 || (n > 0 && (mine == nullptr || out == nullptr))) return absl::InvalidArgumentError("gloo all-gather: bad buffer");
+  if (n == 0) return absl::OkStatus();
+  float* slot = out + static_cast<int64_t>(rank_) * n;
+  if (slot != mine) std::memmove(slot, mine, static_cast<size_t>(n) * sizeof(float));
+  if (size_ == 1) return absl::OkStatus();
+  try {
+    gloo::AllgatherOptions opts(context_);
+    opts.setOutput(out, static_cast<size_t>(n) * static_cast<size_t>(size_));
+    opts.setTag(next_tag_++);
+    opts.setTimeout(Millis(timeout_));
+    gloo::allgather(opts);  // without an input: this rank's slice of the output is its contribution
+  } catch (const std::exception& e) {
+    return FromException(e, absl::StrCat("all-gather of ", n, " floats"));
   }
   return absl::OkStatus();
 }

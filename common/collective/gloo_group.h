@@ -61,6 +61,7 @@ class GlooGroup final : public NodeLink {
   // Point to point (the chain of ChainReduce): the peer calls the matching Recv / Send.
   absl::Status Send(const float* data, int64_t n, int to) override;
   absl::Status Recv(float* data, int64_t n, int from) override;
+  absl::Status AllGather(const float* mine, int64_t n, float* out) override;
 
  private:
   GlooGroup(std::shared_ptr<gloo::Context> context, int rank, int size, absl::Duration timeout);

@@ -85,6 +85,21 @@ TEST(GlooGroup, RingAllReduceIsTheSumAndTheSameBitsOnEveryRank) {
     for (float x : b) {
       if (x != 7.5f) return 5;
     }
+    // All-gather: every rank's slice, bit for bit (NaN payloads too: BF16 pairs travel as floats).
+    std::vector<float> mine(1001);
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const uint32_t bits = 0x7fc00000u + static_cast<uint32_t>(rank * 4096 + i);
+      std::memcpy(&mine[i], &bits, 4);
+    }
+    std::vector<float> all(mine.size() * kRanks);
+    if (!(*group)->AllGather(mine.data(), static_cast<int64_t>(mine.size()), all.data()).ok()) return 7;
+    for (int r = 0; r < kRanks; ++r) {
+      for (size_t i = 0; i < mine.size(); ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &all[r * mine.size() + i], 4);
+        if (bits != 0x7fc00000u + static_cast<uint32_t>(r * 4096 + i)) return 8;
+      }
+    }
     std::ofstream f(dir + "/out" + std::to_string(rank), std::ios::binary);
     f.write(reinterpret_cast<const char*>(v.data()), kN * 4);
     return f ? 0 : 6;

@@ -25,4 +25,34 @@ absl::Status ChainReduce(NodeLink& link, float* part, int64_t n, float* scratch,
   return link.Broadcast(part, n, last);
 }
 
+absl::Status ChainReduceScatter(NodeLink& link, float* packed, int64_t n, float* scratch,
+                                const std::function<absl::Status(const float* partial)>& local_sum) {
+  const int node = link.node();
+  const int last = link.nodes() - 1;
+  const int64_t all = n * link.nodes();
+  const float* partial = nullptr;
+  if (node > 0) {
+    if (absl::Status s = link.Recv(scratch, all, node - 1); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("from node ", node - 1, ": ", s.message()));
+    }
+    partial = scratch;
+  }
+  if (absl::Status s = local_sum(partial); !s.ok()) return s;
+  if (node < last) {
+    if (absl::Status s = link.Send(packed, all, node + 1); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("to node ", node + 1, ": ", s.message()));
+    }
+    if (absl::Status s = link.Recv(packed + node * n, n, last); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("own piece from node ", last, ": ", s.message()));
+    }
+    return absl::OkStatus();
+  }
+  for (int m = 0; m < last; ++m) {  // the last node holds every total: each node gets its own
+    if (absl::Status s = link.Send(packed + m * n, n, m); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("piece to node ", m, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace slidedp

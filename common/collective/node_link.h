@@ -28,6 +28,9 @@ class NodeLink {
   virtual absl::Status Recv(float* data, int64_t n, int from_node) = 0;
   // Every node gets root's data[0, n).
   virtual absl::Status Broadcast(float* data, int64_t n, int root) = 0;
+  // out[m * n, +n) = node m's mine[0, n) for every node m (out holds nodes() * n floats; mine may
+  // alias this node's slice of it). Bytes of any type travel as floats, bit for bit.
+  virtual absl::Status AllGather(const float* mine, int64_t n, float* out) = 0;
 };
 
 // Sums `part` (n floats) over every rank of the job, in global rank order, into `part` on every node.
@@ -36,5 +39,14 @@ class NodeLink {
 // sum; `scratch` holds n floats. With one node it is local_sum(nullptr).
 absl::Status ChainReduce(NodeLink& link, float* part, int64_t n, float* scratch,
                          const std::function<absl::Status(const float* partial)>& local_sum);
+
+// The sharded state's reduce-scatter over nodes (runtime.node_state sharded, common/model/node_shard.h):
+// `packed` holds nodes() pieces of n floats, piece m the part of this rank's local index in node m's
+// range. The same chain as ChainReduce carries all pieces (`local_sum(partial)` must leave in packed
+// this node's ranks' sum of every piece added to partial's, in rank order), and the last node sends
+// each node only its own piece: afterwards packed[node() * n, +n) holds the sum over every rank of the
+// job, in global rank order; the other pieces hold partial sums. `scratch` holds nodes() * n floats.
+absl::Status ChainReduceScatter(NodeLink& link, float* packed, int64_t n, float* scratch,
+                                const std::function<absl::Status(const float* partial)>& local_sum);
 
 }  // namespace slidedp

@@ -432,6 +432,8 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
             {"ring_slots", Int32(&RuntimeSection::ring_slots, 2)},
             {"context_parallel", Int32(&RuntimeSection::context_parallel, 1)},
             {"nodes", Nodes()},
+            {"node_state", Enum<NodeState>(&RuntimeSection::node_state,
+                                           {{"replicated", NodeState::kReplicated}, {"sharded", NodeState::kSharded}})},
             {"step_timeout_ms", Int(&RuntimeSection::step_timeout_ms, 100)},
             {"max_restarts", Int32(&RuntimeSection::max_restarts, 0)}})},
   };
@@ -612,6 +614,11 @@ absl::Status CheckMultiNode(const JobSpec& s) {
         "job spec: runtime.nodes needs the same layer policies on every node: a fixed act_policy or policy file, "
         "not auto");
   }
+  if (r.node_state == NodeState::kSharded && r.grad_staging == GradStaging::kHost) {
+    return absl::InvalidArgumentError(
+        "job spec: runtime.node_state sharded clips on the devices (each rank posts its squared norm, the nodes add "
+        "theirs); runtime.grad_staging host would need the whole gradient on one host");
+  }
   const int64_t ranks = static_cast<int64_t>(r.workers) * static_cast<int64_t>(r.nodes.size());
   if (s.train.global_batch % (ranks * s.train.micro_batch) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("job spec: train.global_batch ", s.train.global_batch,
@@ -682,6 +689,10 @@ absl::Status CheckAcrossKeys(const JobSpec& s) {
   }
   // (With runtime.workers 0 the count is known when the job starts: the job plan refuses it then.)
   if (!s.runtime.nodes.empty()) RETURN_IF_ERROR(CheckMultiNode(s));
+  if (s.runtime.node_state == NodeState::kSharded && s.runtime.nodes.empty()) {
+    return absl::InvalidArgumentError(
+        "job spec: runtime.node_state sharded splits the host state over runtime.nodes; this job names no nodes");
+  }
   if (s.runtime.grad_staging == GradStaging::kDevice && s.runtime.grad_reduction == GradReduction::kCpu &&
       !s.runtime.grad_reduction_auto && s.runtime.workers > 1) {
     return absl::InvalidArgumentError(

@@ -17,6 +17,9 @@ namespace slidedp {
 
 enum class ScheduleKind { kConstant, kLinear, kCosine };
 enum class ParamDelivery { kReplicated, kSharded };
+// runtime.node_state (a job over nodes): every node holds the whole host state, or its range of every
+// unit (common/model/node_shard.h).
+enum class NodeState { kReplicated, kSharded };
 enum class GradReduction { kGpu, kCpu };
 // Where a step's gradients wait for the global norm when clipping (runtime.grad_staging).
 enum class GradStaging { kAuto, kDevice, kHost };
@@ -216,6 +219,9 @@ struct RuntimeSection {
   // is one of them and coordinates. Each node runs runtime.workers ranks (required); replicated
   // state: every node holds it all. Empty: this node only.
   std::vector<std::string> nodes;
+  // With nodes: replicated (every node holds the whole state) or sharded (node n holds 1/N of every
+  // unit's master and moments; docs/multi-node.md).
+  NodeState node_state = NodeState::kReplicated;
   int64_t step_timeout_ms = 600000;  // a gate or ring wait longer than this fails the job
   int32_t max_restarts = 0;          // automatic restarts from the last checkpoint on failure
 };
@@ -307,6 +313,7 @@ inline constexpr int64_t kPolicyMeasureSteps = 16;
 
 const char* ToString(ScheduleKind k);
 const char* ToString(ParamDelivery k);
+const char* ToString(NodeState k);
 const char* ToString(GradReduction k);
 const char* ToString(GradStaging k);
 const char* ToString(ActivationPolicy k);

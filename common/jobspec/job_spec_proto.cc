@@ -38,6 +38,8 @@ SLIDEDP_SAME_ENUM(LayerKind::kSegment, v1::LAYER_KIND_SEGMENT);
 SLIDEDP_SAME_ENUM(LayerKind::kKeepAll, v1::LAYER_KIND_KEEP_ALL);
 SLIDEDP_SAME_ENUM(ParamDelivery::kReplicated, v1::PARAM_DELIVERY_REPLICATED);
 SLIDEDP_SAME_ENUM(ParamDelivery::kSharded, v1::PARAM_DELIVERY_SHARDED);
+SLIDEDP_SAME_ENUM(NodeState::kReplicated, v1::NODE_STATE_REPLICATED);
+SLIDEDP_SAME_ENUM(NodeState::kSharded, v1::NODE_STATE_SHARDED);
 SLIDEDP_SAME_ENUM(GradReduction::kGpu, v1::GRAD_REDUCTION_GPU);
 SLIDEDP_SAME_ENUM(GradReduction::kCpu, v1::GRAD_REDUCTION_CPU);
 #undef SLIDEDP_SAME_ENUM
@@ -269,6 +271,7 @@ void RuntimeToWire(const RuntimeSection& s, v1::JobConfig::Runtime& w) {
   w.set_step_timeout_ms(s.step_timeout_ms);
   w.set_max_restarts(s.max_restarts);
   for (const std::string& n : s.nodes) w.add_nodes(n);
+  w.set_node_state(ToWire<v1::NodeState>(s.node_state));
 }
 
 absl::Status RuntimeFromWire(const v1::JobConfig::Runtime& w, RuntimeSection& s) {
@@ -307,6 +310,7 @@ absl::Status RuntimeFromWire(const v1::JobConfig::Runtime& w, RuntimeSection& s)
   s.step_timeout_ms = w.step_timeout_ms();
   s.max_restarts = w.max_restarts();
   s.nodes.assign(w.nodes().begin(), w.nodes().end());
+  RETURN_IF_ERROR(FromWire(w.node_state(), NodeState::kSharded, "runtime.node_state", s.node_state));
   return absl::OkStatus();
 }
 

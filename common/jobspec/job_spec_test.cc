@@ -102,6 +102,21 @@ TEST(JobSpec, NodesNameEveryHostdAndRoundTrip) {
   auto again = JobSpec::Parse(s->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->runtime.nodes, s->runtime.nodes);
+  EXPECT_EQ(again->runtime.node_state, NodeState::kReplicated);
+  // runtime.node_state sharded round-trips through YAML and the wire.
+  auto sharded = JobSpec::Parse(absl::StrReplaceAll(two, {{"workers: 2,", "workers: 2, node_state: sharded,"}}), "/base",
+                                JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  EXPECT_EQ(sharded->runtime.node_state, NodeState::kSharded);
+  auto yaml = JobSpec::Parse(sharded->ToYaml(), "/base", JobSpec::FileCheck::kSkip);
+  ASSERT_TRUE(yaml.ok()) << yaml.status();
+  EXPECT_EQ(yaml->runtime.node_state, NodeState::kSharded);
+  // Sharded without nodes, or with host staging; an unknown state.
+  for (const char* bad : {"node_state: sharded", "node_state: sharded, nodes: [a:1, b:2], grad_staging: host",
+                          "node_state: split, nodes: [a:1, b:2]"}) {
+    const std::string text = absl::StrReplaceAll(kGood, {{"workers: 2,", absl::StrCat("workers: 2, ", bad, ",")}});
+    EXPECT_EQ(ParseError(text).code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
   // Refused by key: fewer than two nodes, a bad or repeated address, no fixed worker count, a global
   // batch the ranks of all nodes do not divide, the cpu route with several workers, auto routes.
   for (const char* bad : {"nodes: [a:1]", "nodes: [a:1, a:1]", "nodes: [a, b:2]", "nodes: [a:0, b:2]",

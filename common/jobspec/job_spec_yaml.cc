@@ -34,6 +34,7 @@ const char* ToString(ScheduleKind k) {
   return "?";
 }
 const char* ToString(ParamDelivery k) { return k == ParamDelivery::kReplicated ? "replicated" : "sharded"; }
+const char* ToString(NodeState k) { return k == NodeState::kReplicated ? "replicated" : "sharded"; }
 const char* ToString(GradReduction k) { return k == GradReduction::kGpu ? "gpu" : "cpu"; }
 const char* ToString(GradStaging k) {
   switch (k) {
@@ -180,6 +181,7 @@ std::string JobSpec::ToYaml() const {
     e << YAML::Key << "nodes" << YAML::Value << YAML::Flow << YAML::BeginSeq;
     for (const std::string& n : runtime.nodes) e << n;
     e << YAML::EndSeq;
+    e << YAML::Key << "node_state" << YAML::Value << ToString(runtime.node_state);
   }
   e << YAML::Key << "step_timeout_ms" << YAML::Value << runtime.step_timeout_ms;
   e << YAML::Key << "max_restarts" << YAML::Value << runtime.max_restarts << YAML::EndMap;

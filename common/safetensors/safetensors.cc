@@ -431,18 +431,31 @@ absl::StatusOr<WriteStats> WriteFile(const std::string& path, const std::vector<
   for (const TensorSource& t : tensors) data_bytes += t.byte_size();
   const uint64_t file_bytes = header.size() + data_bytes;
 
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(absl::StrCat("create ", path), errno);
+  const bool existing = options.into_existing;
+  int fd = existing ? ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW)
+                    : ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(absl::StrCat(existing ? "open " : "create ", path), errno);
   struct stat st {};
   const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
   auto fail = [&](absl::Status s) -> absl::Status {
     ::close(fd);
-    if (regular) ::unlink(path.c_str());  // a partial file must not survive
+    if (regular && !existing) ::unlink(path.c_str());  // a partial file must not survive
     return s;
   };
+  if (existing) {  // the creator's file: the same header, the same size
+    if (!regular || static_cast<uint64_t>(st.st_size) != file_bytes) {
+      return fail(absl::FailedPreconditionError(absl::StrCat(path, ": not the file this write expects (",
+                                                             regular ? absl::StrCat(st.st_size, " bytes, ") : "",
+                                                             file_bytes, " bytes planned)")));
+    }
+    std::string theirs(header.size(), '\0');
+    if (::pread(fd, theirs.data(), theirs.size(), 0) != static_cast<ssize_t>(theirs.size()) || theirs != header) {
+      return fail(absl::FailedPreconditionError(absl::StrCat(path, ": its header differs from this write's")));
+    }
+  }
 
   // Reserve every block now: a full disk fails here, before any byte is written.
-  if (regular && file_bytes > 0 && ::fallocate(fd, 0, 0, static_cast<off_t>(file_bytes)) != 0) {
+  if (!existing && regular && file_bytes > 0 && ::fallocate(fd, 0, 0, static_cast<off_t>(file_bytes)) != 0) {
     int err = errno;
     if (err == ENOSPC || err == EDQUOT) {
       struct statvfs vfs {};
@@ -453,8 +466,10 @@ absl::StatusOr<WriteStats> WriteFile(const std::string& path, const std::vector<
     }
     if (err != EOPNOTSUPP && err != ENOSYS) return fail(ErrnoStatus(absl::StrCat("fallocate ", path), err));
   }
-  absl::Status hs = WriteAll(fd, header.data(), header.size(), 0, path, file_bytes);
-  if (!hs.ok()) return fail(hs);
+  if (!existing) {
+    absl::Status hs = WriteAll(fd, header.data(), header.size(), 0, path, file_bytes);
+    if (!hs.ok()) return fail(hs);
+  }
 
   struct Chunk {
     size_t tensor;
@@ -463,8 +478,18 @@ absl::StatusOr<WriteStats> WriteFile(const std::string& path, const std::vector<
   const uint64_t chunk = std::max<uint64_t>(8, options.chunk_bytes / 8 * 8);
   std::vector<Chunk> chunks;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    uint64_t n = tensors[i].byte_size();
-    for (uint64_t b = 0; b < n; b += chunk) chunks.push_back({i, b, std::min(chunk, n - b)});
+    const uint64_t n = tensors[i].byte_size();
+    if (!tensors[i].only) {
+      for (uint64_t b = 0; b < n; b += chunk) chunks.push_back({i, b, std::min(chunk, n - b)});
+      continue;
+    }
+    for (const auto& [begin, end] : *tensors[i].only) {
+      if (begin > end || end > n) {
+        return fail(absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", tensors[i].name, " range [", begin, ", ",
+                                                            end, ") outside its ", n, " bytes")));
+      }
+      for (uint64_t b = begin; b < end; b += chunk) chunks.push_back({i, b, std::min(chunk, end - b)});
+    }
   }
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
@@ -504,7 +529,7 @@ absl::StatusOr<WriteStats> WriteFile(const std::string& path, const std::vector<
   }
   if (::close(fd) != 0) {
     int err = errno;
-    if (regular) ::unlink(path.c_str());
+    if (regular && !existing) ::unlink(path.c_str());
     return ErrnoStatus(absl::StrCat("close ", path), err);
   }
   WriteStats stats;

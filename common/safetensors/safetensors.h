@@ -22,10 +22,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <map>
 #include <memory>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -120,6 +122,9 @@ struct TensorSource {
   std::vector<int64_t> shape;
   const void* data = nullptr;
   std::function<void(uint64_t byte_offset, size_t byte_len, char* dst)> fill;
+  // Set: only these [begin, end) byte ranges of the tensor's data are written (several writers filling
+  // one file, WriteOptions::into_existing); fill is then asked for bytes inside them only. Unset: all.
+  std::optional<std::vector<std::pair<uint64_t, uint64_t>>> only = std::nullopt;
 
   uint64_t byte_size() const;
 };
@@ -131,6 +136,11 @@ struct WriteOptions {
   Durability durability = Durability::kFsync;
   int threads = 4;                           // pwrite workers; output does not depend on it
   size_t chunk_bytes = size_t{16} << 20;     // unit of work and of each fill buffer
+  // Write into a file another writer created with the same tensors and metadata (the nodes of a
+  // sharded state writing one checkpoint, each its own byte ranges): it must exist with this
+  // header and size (FAILED_PRECONDITION otherwise); nothing else of it is touched, and a failure
+  // leaves it in place for its creator to remove.
+  bool into_existing = false;
 };
 
 struct WriteStats {

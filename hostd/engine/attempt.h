@@ -15,6 +15,7 @@
 #include "common/data/dataset.h"
 #include "common/jobspec/job_spec.h"
 #include "common/model/model_config.h"
+#include "common/model/node_shard.h"
 #include "checkpoint/checkpoint.h"
 #include "hostd/engine/grad_consumer.h"
 #include "hostd/engine/host_state_pool.h"
@@ -159,10 +160,19 @@ struct AttemptOutputs {
 
 // One attempt of a job.
 struct TrainingExecutor::Attempt {
-  Attempt(JobSpec s, ModelLayout l, RoutePlan p, HostStatePool& pool, const HostStatePool::Holders& workers)
-      : spec(std::move(s)), layout(std::move(l)), plan(std::move(p)), segments(pool, workers) {}
+  // `model`: the model's layout; `sharding` (runtime.node_state sharded) cuts it to this node's ranges.
+  Attempt(JobSpec s, ModelLayout model, NodeSharding sh, RoutePlan p, HostStatePool& pool,
+          const HostStatePool::Holders& workers)
+      : spec(std::move(s)),
+        model_layout(std::move(model)),
+        sharding(std::move(sh)),
+        layout(NodeLayout(model_layout, sharding)),
+        plan(std::move(p)),
+        segments(pool, workers) {}
   const JobSpec spec;
-  const ModelLayout layout;
+  const ModelLayout model_layout;  // the whole model's (the workers', the checkpoints')
+  const NodeSharding sharding;     // not sharded() unless runtime.node_state sharded over nodes
+  const ModelLayout layout;        // what this hostd holds: model_layout, or its ranges of a sharded state
   RoutePlan plan;          // (SizeSpeculation completes it after admission)
   std::string policy_key;  // runtime.policy auto, measured by this attempt: its cache key (policy_cache.h)
   StepMeasurements measured;

@@ -684,6 +684,7 @@ absl::StatusOr<StepGradients> GradConsumer::ConsumeStep(int64_t t, bool first_st
     return absl::InternalError(grad_norm.status().message());
   }
   out.grad_norm = *grad_norm;
+  for (int u : whole_units_) out.whole_unit_squares += norm.UnitSquares(u);
   if (plan_.clip_staging == ClipStaging::kHost) RETURN_IF_ERROR(ApplyHostStaged(t, updates, out));
   return out;
 }

@@ -116,6 +116,9 @@ struct StepGradients {
   // redone or restored (the norm clipped, or the step was not finite).
   int64_t speculated_numel = 0;
   bool rolled_back = false;
+  // Without staging, the squares of the units SetWholeUnits named (part of grad_norm's): a sharded
+  // state's units every node holds whole, which the job's norm counts once.
+  double whole_unit_squares = 0;
 };
 
 // train.skip_nonfinite: each rank's loss of step t (0-based), checked before the step's updates;
@@ -134,6 +137,8 @@ class GradConsumer {
   // Speculative clipping (undo_arena.h) with `arena`'s units, from step `first_step` on; with device
   // staging the workers learn it from the verdict published here (and after every step).
   void EnableSpeculation(const UndoArena* arena, int64_t first_step);
+  // A sharded state's units every node holds whole (StepGradients::whole_unit_squares).
+  void SetWholeUnits(std::vector<int> units) { whole_units_ = std::move(units); }
   // How much to speculate is measured, not fixed: after each step the workers' waits say whether
   // the host was behind after the norm (gate waits: speculate more of the model, i.e. the first
   // speculated unit moves down) or during backward (ring waits for free slots: speculate less),
@@ -217,6 +222,7 @@ class GradConsumer {
   const NonFinitePolicy policy_;
   const LossCheck loss_check_;
   std::vector<int64_t> unit_numel_;
+  std::vector<int> whole_units_;  // SetWholeUnits
   std::vector<std::vector<float>> staging_;  // per unit, where the plan has host staging
   const UndoArena* arena_ = nullptr;         // speculative clipping, when enabled
   bool speculate_step_ = false;              // this step speculates (what the last verdict said)

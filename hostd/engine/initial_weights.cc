@@ -70,7 +70,8 @@ void ZeroMoments(const ModelLayout& layout, shm::JobState& js, int threads) {
 }
 
 absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& spec, const ModelLayout& layout,
-                                               shm::JobState& js, bool reused_segment, int threads) {
+                                               shm::JobState& js, bool reused_segment, int threads,
+                                               const ModelLayout& model_layout, const NodeSharding& sharding) {
   const std::vector<Piece> pieces = PiecesOf(layout);
   // Until the end of this function the segment holds no step of anything (ConsistentStep).
   js.state_written().store(0, std::memory_order_release);
@@ -82,8 +83,13 @@ absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& s
   }
   const checkpoint::StateArrays arrays = StateArraysOf(js);
   InitialState state;
-  const checkpoint::LoadOptions load{.threads = threads};
+  checkpoint::LoadOptions load{.threads = threads};
+  // A sharded state: each unit's array holds the node's range of the model's unit.
+  if (sharding.sharded()) {
+    for (const UnitLayout& u : model_layout.units) load.windows.push_back(sharding.Range(u.index, u.numel));
+  }
   checkpoint::LoadOptions load_hf = load;
+  load_hf.windows.clear();  // the node's layout cuts the tensors itself
   load_hf.pass_through = &state.pass_through;
   if (!ctx.resume_from().empty()) {
     std::string dir = ctx.resume_from();
@@ -91,7 +97,7 @@ absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& s
     if (!std::filesystem::exists(std::filesystem::path(dir) / "COMPLETE", ec)) {
       ASSIGN_OR_RETURN(dir, checkpoint::FindLatestCheckpoint(dir));
     }
-    ASSIGN_OR_RETURN(auto loaded, checkpoint::LoadCheckpoint(dir, layout, arrays, load));
+    ASSIGN_OR_RETURN(auto loaded, checkpoint::LoadCheckpoint(dir, model_layout, arrays, load));
     ASSIGN_OR_RETURN(state.pass_through, checkpoint::ReadPassThrough(dir, layout.config));
     state.first_step = loaded.step;
     // Checkpoints from before train.skip_nonfinite have no count: nothing was skipped then.
@@ -116,7 +122,8 @@ absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& s
                            "are kept unchanged in every checkpoint"));
     }
   } else {
-    checkpoint::InitRandom(layout, spec.model.init_seed, arrays.master);
+    checkpoint::InitRandom(model_layout, spec.model.init_seed, arrays.master, /*threads=*/0,
+                           sharding.sharded() ? &load.windows : nullptr);
     ctx.Log(absl::StrCat("random init (seed ", spec.model.init_seed, ")"));
   }
   // The BF16 mirror of the initial weights, in pieces over the threads (one thread converts only

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "common/jobspec/job_spec.h"
 #include "common/model/model_config.h"
+#include "common/model/node_shard.h"
 #include "checkpoint/checkpoint.h"
 #include "hostd/core/host_core.h"
 #include "hostd/update/adamw_state.h"
@@ -38,7 +39,11 @@ struct InitialState {
 // Adam moment) that is not finite in the HF model or checkpoint is DATA_LOSS naming the file,
 // tensor and element (the loaders check each piece as they write it). On any error the segment
 // holds a partial state: the caller fails the job.
+// A sharded state (runtime.node_state sharded): `layout` is this node's (NodeLayout of model_layout), and
+// each unit's ranges are read from the checkpoint or drawn by the random init exactly as the whole
+// model's would be. Otherwise model_layout is `layout`.
 absl::StatusOr<InitialState> WriteInitialState(JobContext& ctx, const JobSpec& spec, const ModelLayout& layout,
-                                               shm::JobState& js, bool reused_segment, int threads);
+                                               shm::JobState& js, bool reused_segment, int threads,
+                                               const ModelLayout& model_layout, const NodeSharding& sharding);
 
 }  // namespace slidedp::hostd

@@ -188,6 +188,11 @@ absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& lay
                                                       cpu_workers, " of ", world,
                                                       " are CPU-backend (use grad_reduction: cpu)"));
   }
+  if (spec.runtime.node_state == NodeState::kSharded && cpu_workers != world) {
+    return absl::FailedPreconditionError(
+        "runtime.node_state sharded runs on CPU-backend workers in this build (docs/multi-node.md); the CUDA "
+        "workers' path (their gather of each unit's node ranges over NCCL) is not built yet: use replicated state");
+  }
   // gemma4 runs on both backends (the CPU backend's gemma4_math.h, the CUDA backend's
   // cuda_gemma4_layer.cc), but for what the CUDA backend's kernels do not take.
   if (layout.config.is_gemma4() && cpu_workers != world) {
@@ -260,7 +265,8 @@ void PlanContextGroups(const JobSpec& spec, const ModelLayout& layout, bool nccl
 }
 
 absl::Status PlanGradientRoute(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers,
-                               RoutePlan& p) {
+                               RoutePlan& p, const ModelLayout* host_layout) {
+  const ModelLayout& host = host_layout != nullptr ? *host_layout : layout;
   const int world = p.world;
   const int cpu_workers = CpuWorkersOf(workers);
   const bool clip = spec.train.max_grad_norm > 0;
@@ -299,7 +305,9 @@ absl::Status PlanGradientRoute(const JobSpec& spec, const ModelLayout& layout, a
     int64_t min_device_bytes = INT64_MAX;
     for (const WorkerDevice& w : workers) min_device_bytes = std::min<int64_t>(min_device_bytes, w.memory_bytes);
     const int64_t part_bytes = PaddedNumel(layout.total_numel, world) / world * 4;
-    device_staging = spec.runtime.grad_staging == GradStaging::kDevice || part_bytes <= min_device_bytes / 10 * 4;
+    // Sharded nodes: no host holds the whole gradient, so the ranks bring the norm (job_spec refuses host).
+    device_staging = spec.runtime.grad_staging == GradStaging::kDevice || part_bytes <= min_device_bytes / 10 * 4 ||
+                     spec.runtime.node_state == NodeState::kSharded;
   }
   p.clip_staging = !stage ? ClipStaging::kNone : device_staging ? ClipStaging::kDevice : ClipStaging::kHost;
   p.grad_dtype = spec.runtime.grad_dtype;
@@ -319,23 +327,24 @@ absl::Status PlanGradientRoute(const JobSpec& spec, const ModelLayout& layout, a
   // copies (cpu route). Shard consumers apply straight from the rings, so one rank with device
   // staging stages nothing either.
   p.host_staging = p.clip_staging == ClipStaging::kHost || p.consumer == GradConsumerKind::kSummed;
-  p.staging_bytes = p.host_staging ? static_cast<uint64_t>(layout.total_numel) * 4 : 0;
+  p.staging_bytes = p.host_staging ? static_cast<uint64_t>(host.total_numel) * 4 : 0;
   p.shard_numel_of_rank.assign(world, 0);
   for (int r = 0; r < world; ++r) {
-    for (const UnitLayout& u : layout.units)
+    for (const UnitLayout& u : host.units)
       p.shard_numel_of_rank[r] += gpu_route ? ShardOf(u.numel, world, r).numel : u.numel;
   }
   return absl::OkStatus();
 }
 
 absl::Status PlanMemory(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers,
-                        RoutePlan& p) {
+                        RoutePlan& p, const ModelLayout* host_layout) {
+  const ModelLayout& host = host_layout != nullptr ? *host_layout : layout;
   const int world = p.world;
   const int cpu_workers = CpuWorkersOf(workers);
   const int dp = world / std::max(1, spec.runtime.context_parallel);
   const bool stage = p.clip_by_norm || p.skip_nonfinite;
   p.ring = RingConfigFor(layout, spec.runtime.ring_slots, spec.runtime.chunk_bytes);
-  p.memory = PlanJobMemory(layout, p.ring, world,
+  p.memory = PlanJobMemory(host, p.ring, world,
                            p.clip_staging == ClipStaging::kHost ? ClipMode::kExactGlobalNorm : ClipMode::kNone,
                            Dtype::kF32, p.state_format());
   // Host cast staging: CUDA workers casting on the host (runtime.cast_on host), and CPU workers,
@@ -437,11 +446,11 @@ absl::Status PlanMemory(const JobSpec& spec, const ModelLayout& layout, absl::Sp
   }
   // Speculative clipping needs a step that waits for the whole gradient (clipping or skipping).
   // Its undo copies keep the job's moment form (undo_arena.h).
-  p.speculate_from_unit = layout.num_units();
+  p.speculate_from_unit = host.num_units();
   if (stage && spec.runtime.speculation_bytes > 0) {
     p.speculate_from_unit =
-        FirstSpeculatedUnit(layout, static_cast<uint64_t>(spec.runtime.speculation_bytes), p.moments);
-    p.memory.undo_bytes = UndoBytes(layout, p.speculate_from_unit, p.moments);
+        FirstSpeculatedUnit(host, static_cast<uint64_t>(spec.runtime.speculation_bytes), p.moments);
+    p.memory.undo_bytes = UndoBytes(host, p.speculate_from_unit, p.moments);
     p.memory.total_bytes += p.memory.undo_bytes;
   }
   p.speculation_auto = stage && spec.runtime.speculation_bytes < 0;
@@ -449,14 +458,14 @@ absl::Status PlanMemory(const JobSpec& spec, const ModelLayout& layout, absl::Sp
 }
 
 absl::StatusOr<RoutePlan> PlanRoutes(const JobSpec& spec, const ModelLayout& layout,
-                                absl::Span<const WorkerDevice> workers) {
+                                     absl::Span<const WorkerDevice> workers, const ModelLayout* host_layout) {
   RoutePlan p;
   p.world = static_cast<int>(workers.size());
   RETURN_IF_ERROR(CheckBatchSplit(spec, p.world));
   ASSIGN_OR_RETURN(const bool nccl, CheckWorkersFit(spec, layout, workers));
   PlanContextGroups(spec, layout, nccl, p);
-  RETURN_IF_ERROR(PlanGradientRoute(spec, layout, workers, p));
-  RETURN_IF_ERROR(PlanMemory(spec, layout, workers, p));
+  RETURN_IF_ERROR(PlanGradientRoute(spec, layout, workers, p, host_layout));
+  RETURN_IF_ERROR(PlanMemory(spec, layout, workers, p, host_layout));
   return p;
 }
 

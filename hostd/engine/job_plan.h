@@ -112,7 +112,11 @@ void SizeSpeculation(const ModelLayout& layout, uint64_t available_bytes, uint64
 // for a global batch that does not split over the ranks and micro-batches, or grad_staging device
 // where hostd must sum the ranks' copies; FAILED_PRECONDITION for workers the job cannot run on;
 // RESOURCE_EXHAUSTED for a step over a GPU's memory.
-absl::StatusOr<RoutePlan> PlanRoutes(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers);
+// host_layout (a node of a sharded state, common/model/node_shard.h: each unit cut to the node's range):
+// what hostd holds, posts and stages is planned on it, the workers' side (their devices, the
+// collectives' buffers) on the model's `layout`. Null: the same.
+absl::StatusOr<RoutePlan> PlanRoutes(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers,
+                                     const ModelLayout* host_layout = nullptr);
 
 // ---- PlanRoutes's parts, by concern ----
 
@@ -135,13 +139,13 @@ void PlanContextGroups(const JobSpec& spec, const ModelLayout& layout, bool nccl
 // The gradient route, the clipping staging, the state format and the ring consumer (p.world set).
 // INVALID_ARGUMENT for grad_staging device where hostd must sum the ranks' copies.
 absl::Status PlanGradientRoute(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers,
-                               RoutePlan& p);
+                               RoutePlan& p, const ModelLayout* host_layout = nullptr);
 
 // What admission counts (rings, staging, cast staging, offloaded checkpoints, shm segments, undo
 // copies) and the GPU memory floor, after the parts above. RESOURCE_EXHAUSTED naming the longest
 // sequence that fits when the floor is over a CUDA worker's device (or its gpu_memory_limit);
 // FAILED_PRECONDITION for a runtime.policy made for another model.
 absl::Status PlanMemory(const JobSpec& spec, const ModelLayout& layout, absl::Span<const WorkerDevice> workers,
-                        RoutePlan& p);
+                        RoutePlan& p, const ModelLayout* host_layout = nullptr);
 
 }  // namespace slidedp::hostd

@@ -13,6 +13,7 @@
 #include <optional>
 #include <system_error>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -267,7 +268,8 @@ bool TrainingExecutor::WritesOutputs(const JobContext& ctx) {
 }
 
 absl::Status TrainingExecutor::ExchangeNodeStep(JobContext& ctx, Attempt& a, int64_t t,
-                                                const std::vector<v1::StepDone>& reports, StepRecord& record) {
+                                                const std::vector<v1::StepDone>& reports, double whole_unit_squares,
+                                                StepRecord& record) {
   const JobNodes nodes = *ctx.job_nodes();
   v1::NodeStep mine;
   mine.set_job_id(ctx.job_id());
@@ -278,8 +280,14 @@ absl::Status TrainingExecutor::ExchangeNodeStep(JobContext& ctx, Attempt& a, int
     mine.set_tokens(mine.tokens() + d.tokens());
   }
   mine.set_step_time_s(record.metrics.step_time_s());
-  if (DigestsAfter(t, a.spec.train.steps, a.plan.memory.total_bytes)) {
+  if (!a.sharding.sharded() && DigestsAfter(t, a.spec.train.steps, a.plan.memory.total_bytes)) {
     mine.set_state_digest(StateDigest(a.layout, a.segments.state(), std::max(1, a.loop.bulk_threads)));
+  }
+  // With staging the ranks brought the job's norm (every node's the same); without, it is this node's.
+  const bool partial_norm = a.sharding.sharded() && !a.plan.stages_whole_step();
+  if (partial_norm) {
+    const double g = record.metrics.grad_norm();
+    mine.set_grad_squares(g * g - (nodes.coordinating() ? 0.0 : whole_unit_squares));
   }
   if (!nodes.coordinating()) return ctx.mesh()->ReportNodeStep(mine);
   ASSIGN_OR_RETURN(std::vector<v1::NodeStep> others,
@@ -303,6 +311,11 @@ absl::Status TrainingExecutor::ExchangeNodeStep(JobContext& ctx, Attempt& a, int
           "states diverged",
           t + 1, n, all[n]->state_digest(), nodes.self, mine.state_digest()));
     }
+  }
+  if (partial_norm) {  // in node order
+    double squares = 0;
+    for (int n = 0; n < nodes.count(); ++n) squares += all[n]->grad_squares();
+    record.metrics.set_grad_norm(std::sqrt(std::max(0.0, squares)));
   }
   record.tokens = tokens;
   record.metrics.set_loss(loss);
@@ -346,13 +359,27 @@ absl::Status TrainingExecutor::SendAssignments(JobContext& ctx, const Attempt& a
 }
 
 absl::Status TrainingExecutor::SaveCheckpoint(JobContext& ctx, Attempt& a, int64_t steps_done) {
-  if (!WritesOutputs(ctx)) return absl::OkStatus();  // a job over nodes: its coordinator saves
+  // A job over nodes: its coordinator saves; with a sharded state every node writes its share.
+  if (!WritesOutputs(ctx) && !a.sharding.sharded()) return absl::OkStatus();
   ctx.SetState(v1::JOB_STATE_SAVING);
   checkpoint::SaveRequest req;
   req.root_dir = a.spec.output.dir;
   req.step = steps_done;
   req.layout = &a.layout;
   req.arrays = StateArraysOf(a.segments.state());
+  checkpoint::NodeShare share;
+  if (a.sharding.sharded()) {
+    req.layout = &a.model_layout;
+    const bool coordinating = WritesOutputs(ctx);
+    for (const UnitLayout& u : a.model_layout.units) {
+      const ShardRange range = a.sharding.Range(u.index, u.numel);
+      share.held.push_back(range.offset);
+      // A unit every node holds whole is the coordinator's to write.
+      share.write.push_back(!a.sharding.IsReplicated(u.index) || coordinating ? range : ShardRange{0, 0});
+    }
+    share.writes_pass_through = coordinating;
+    req.share = &share;
+  }
   req.weight_dtype = a.spec.output.save_dtype;
   req.keep_last = a.spec.output.keep_last;
   req.model_files = &a.outputs.model_files;
@@ -365,7 +392,20 @@ absl::Status TrainingExecutor::SaveCheckpoint(JobContext& ctx, Attempt& a, int64
                        {"world_size", a.plan.world},
                        {"spec", a.spec.ToYaml()},
                        {"skipped_steps", a.measured.skipped_steps}};
-  ASSIGN_OR_RETURN(auto result, checkpoint::SaveCheckpoint(req));
+  if (a.sharding.sharded()) {
+    if (!WritesOutputs(ctx)) {
+      RETURN_IF_ERROR(SaveNodeShare(ctx, a, req));
+      if (steps_done < a.spec.train.steps && !ctx.cancel_requested()) ctx.SetState(v1::JOB_STATE_RUNNING);
+      return absl::OkStatus();
+    }
+    req.other_nodes = [&](const std::string& tmp) { return AwaitNodeShares(ctx, a, steps_done, tmp); };
+  }
+  absl::StatusOr<checkpoint::SaveResult> saved = checkpoint::SaveCheckpoint(req);
+  if (!saved.ok() && a.sharding.sharded()) {  // the other nodes stop waiting for a directory
+    (void)ctx.mesh()->StoreSet(ctx.job_id(), ShareKey(ctx, steps_done, "dir"),
+                               absl::StrCat("error: ", saved.status().message()));
+  }
+  ASSIGN_OR_RETURN(auto result, std::move(saved));
   a.outputs.last_checkpoint = result.dir;
   ctx.SetLastCheckpoint(result.dir);
   ctx.Log(absl::StrFormat("checkpoint saved to %s (%.2f GB in %.1f s)", result.dir, result.bytes_written / 1e9,
@@ -373,6 +413,52 @@ absl::Status TrainingExecutor::SaveCheckpoint(JobContext& ctx, Attempt& a, int64
   // A save at a cancel ends the job from SAVING (the runner sets CANCELLED next).
   if (steps_done < a.spec.train.steps && !ctx.cancel_requested()) ctx.SetState(v1::JOB_STATE_RUNNING);
   return absl::OkStatus();
+}
+
+std::string TrainingExecutor::ShareKey(const JobContext& ctx, int64_t step, const std::string& what) {
+  return absl::StrCat("checkpoint/", ctx.attempt(), "/", step, "/", what);
+}
+
+absl::Status TrainingExecutor::AwaitNodeShares(JobContext& ctx, Attempt& a, int64_t step, const std::string& tmp) {
+  const JobNodes nodes = *ctx.job_nodes();
+  RETURN_IF_ERROR(ctx.mesh()->StoreSet(ctx.job_id(), ShareKey(ctx, step, "dir"), tmp));
+  const absl::Duration timeout = absl::Milliseconds(a.spec.runtime.step_timeout_ms);
+  for (int n = 0; n < nodes.count(); ++n) {
+    if (n == nodes.self) continue;
+    absl::StatusOr<std::string> done =
+        ctx.mesh()->StoreGet(ctx.job_id(), ShareKey(ctx, step, absl::StrCat("done/", n)), timeout);
+    if (!done.ok()) return Annotate(done.status(), absl::StrCat("node ", n, "'s share of the checkpoint"));
+    if (*done != "ok") {
+      return absl::InternalError(absl::StrCat("node ", n, " could not write its share of the checkpoint: ", *done));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainingExecutor::SaveNodeShare(JobContext& ctx, Attempt& a, const checkpoint::SaveRequest& req) {
+  const JobNodes nodes = *ctx.job_nodes();
+  const absl::Duration timeout = absl::Milliseconds(a.spec.runtime.step_timeout_ms);
+  ASSIGN_OR_RETURN(std::string tmp, ctx.mesh()->StoreGet(ctx.job_id(), ShareKey(ctx, req.step, "dir"), timeout));
+  if (absl::StartsWith(tmp, "error: ")) {
+    return absl::AbortedError(absl::StrCat("the coordinating node's checkpoint of step ", req.step, " failed: ",
+                                           tmp.substr(7)));
+  }
+  // The coordinator's temporary directory: a direct child of output.dir (the peer is authenticated;
+  // the path is checked all the same).
+  const std::filesystem::path dir(tmp);
+  std::error_code ec;
+  const bool inside = dir.is_absolute() && dir.parent_path() == std::filesystem::path(req.root_dir) &&
+                      absl::StartsWith(dir.filename().string(), ".tmp-checkpoint-") &&
+                      std::filesystem::is_directory(std::filesystem::symlink_status(dir, ec));
+  absl::Status written =
+      inside ? checkpoint::WriteCheckpointShare(req, tmp).status()
+             : absl::FailedPreconditionError(absl::StrCat("the coordinator's checkpoint directory ", tmp,
+                                                          " is not a directory in output.dir ", req.root_dir,
+                                                          " here (every node must see output.dir on a shared file system)"));
+  RETURN_IF_ERROR(ctx.mesh()->StoreSet(ctx.job_id(), ShareKey(ctx, req.step, absl::StrCat("done/", nodes.self)),
+                                       written.ok() ? std::string("ok") : std::string(written.message())));
+  if (written.ok()) ctx.Log(absl::StrCat("wrote this node's share of checkpoint-", req.step, " into ", tmp));
+  return written;
 }
 
 absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
@@ -416,7 +502,7 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
   const double step_s = absl::ToDoubleSeconds(now - a.measured.step_start);
   a.measured.step_start = now;
   StepRecord record = MakeStepRecord(t + 1, reports, host, step_s, params.lr, grads.grad_norm, a.layout.total_numel,
-                                     a.layout.ModelFlopsPerToken(a.spec.train.seq_len), a.plan.world,
+                                     a.model_layout.ModelFlopsPerToken(a.spec.train.seq_len), a.plan.world,
                                      static_cast<int64_t>(a.plan.memory.total_bytes));
   const double elapsed = absl::ToDoubleSeconds(now - a.measured.run_start);
   record.metrics.set_eta_s(elapsed / (t + 1 - a.loop.first_step) * (a.spec.train.steps - t - 1));
@@ -452,7 +538,7 @@ absl::Status TrainingExecutor::RunStep(JobContext& ctx, Attempt& a, int64_t t) {
   if (!a.spec.data.validation.empty() && data::EvaluatesAfter(a.spec.train.eval_every, t, a.spec.train.steps)) {
     RETURN_IF_ERROR(RecordValidation(ctx, a, t, record.metrics));
   }
-  if (ctx.job_nodes()) RETURN_IF_ERROR(ExchangeNodeStep(ctx, a, t, reports, record));
+  if (ctx.job_nodes()) RETURN_IF_ERROR(ExchangeNodeStep(ctx, a, t, reports, grads.whole_unit_squares, record));
   ctx.ReportStep(record.metrics);
   if (!WritesOutputs(ctx)) return absl::OkStatus();
   a.outputs.metrics->Append(record, now, a.plan, a.spec, a.loop.consumer->staging_bytes_held());
@@ -496,12 +582,30 @@ absl::StatusOr<std::unique_ptr<TrainingExecutor::Attempt>> TrainingExecutor::Pre
     ctx.Log("train.measure_only: this shape's layout is measured already; nothing to run");
     return std::unique_ptr<Attempt>();
   }
-  ASSIGN_OR_RETURN(RoutePlan plan, PlanRoutes(spec, layout, WorkerDevicesOf(hellos)));
-  auto attempt = std::make_unique<Attempt>(std::move(spec), std::move(layout), std::move(plan), pool_, ctx.workers());
+  // runtime.node_state sharded: this node holds its range of every unit (common/model/node_shard.h).
+  NodeSharding sharding;
+  if (std::optional<JobNodes> nodes = ctx.job_nodes(); nodes && spec.runtime.node_state == NodeState::kSharded) {
+    sharding = MakeNodeSharding(layout, nodes->count(), static_cast<int>(hellos.size()), nodes->self,
+                                spec.runtime.embedding_rows == Dtype::kF32);
+  }
+  const ModelLayout host_layout = NodeLayout(layout, sharding);
+  ASSIGN_OR_RETURN(RoutePlan plan, PlanRoutes(spec, layout, WorkerDevicesOf(hellos), &host_layout));
+  auto attempt = std::make_unique<Attempt>(std::move(spec), std::move(layout), std::move(sharding), std::move(plan),
+                                           pool_, ctx.workers());
   Attempt& a = *attempt;
+  if (a.sharding.sharded()) {
+    ctx.Log(absl::StrFormat("sharded host state: node %d of %d holds %.1f%% of the model's elements (%lld of %lld)%s",
+                            a.sharding.node, a.sharding.nodes,
+                            100.0 * static_cast<double>(a.layout.total_numel) /
+                                static_cast<double>(std::max<int64_t>(1, a.model_layout.total_numel)),
+                            static_cast<long long>(a.layout.total_numel),
+                            static_cast<long long>(a.model_layout.total_numel),
+                            a.sharding.IsReplicated(0) ? "; the embedding whole on every node (runtime.embedding_rows f32)"
+                                                       : ""));
+  }
   a.policy_key = std::move(policy_key);
   if (std::any_of(hellos.begin(), hellos.end(), [](const v1::WorkerHello& h) { return h.device().kind() == "cuda"; })) {
-    ctx.Log(LongestSequenceNote(a.spec, a.layout, a.plan, hellos));
+    ctx.Log(LongestSequenceNote(a.spec, a.model_layout, a.plan, hellos));
   }
   if (a.spec.runtime.layer_layout && a.spec.runtime.layer_layout->autopolicy) {  // a cached (or file) AutoPolicy layout
     a.measured.predicted_step_s = a.spec.runtime.layer_layout->autopolicy->predicted.step_s;
@@ -551,8 +655,9 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
       return absl::OkStatus();
     }
   } else {
-    ASSIGN_OR_RETURN(InitialState initial, WriteInitialState(ctx, a.spec, a.layout, a.segments.state(),
-                                                             a.segments.reused(), a.loop.bulk_threads));
+    ASSIGN_OR_RETURN(InitialState initial,
+                     WriteInitialState(ctx, a.spec, a.layout, a.segments.state(), a.segments.reused(),
+                                       a.loop.bulk_threads, a.model_layout, a.sharding));
     a.loop.first_step = initial.first_step;
     a.measured.skipped_steps = initial.skipped_steps;
     a.outputs.pass_through = std::move(initial.pass_through);
@@ -584,7 +689,9 @@ absl::Status TrainingExecutor::RunAttempt(JobContext& ctx) {
     // Cancel takes effect between steps: every unit then has exactly the updates of the steps
     // done, so the state (and a checkpoint of it) is consistent.
     if (ctx.cancel_requested()) {
-      if (ctx.checkpoint_on_cancel() && t > a.loop.first_step && !a.spec.train.measure_only) {
+      // (A sharded state's checkpoint needs every node's share, and a cancel reaches the others as an
+      // abort: it saves at output.save_every and at the end only.)
+      if (ctx.checkpoint_on_cancel() && t > a.loop.first_step && !a.spec.train.measure_only && !a.sharding.sharded()) {
         absl::Status saved = SaveCheckpoint(ctx, a, t);
         a.loop.reports->StopWorkers();
         RETURN_IF_ERROR(saved);

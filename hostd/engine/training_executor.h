@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "checkpoint/checkpoint.h"
 #include "common/data/dataset.h"
 #include "hostd/core/host_core.h"
 #include "hostd/engine/host_state_pool.h"
@@ -71,13 +72,21 @@ class TrainingExecutor : public JobExecutor {
   static bool WritesOutputs(const JobContext& ctx);
   // A job over nodes, after step t's update: this node's losses and state digest go to the
   // coordinator; the coordinator gathers every node's, adds the job's loss in global rank order
-  // into `record` and fails the job when a node's state differs from its own.
+  // into `record` and fails the job when a node's state differs from its own. A sharded state's
+  // nodes hold different parts: no digest; without staging each sends its parts' squared norm
+  // (less `whole_unit_squares`, the squares of the units every node holds, but on the coordinator).
   absl::Status ExchangeNodeStep(JobContext& ctx, Attempt& a, int64_t t, const std::vector<v1::StepDone>& reports,
-                                StepRecord& record);
+                                double whole_unit_squares, StepRecord& record);
   absl::Status SendAssignments(JobContext& ctx, const Attempt& a);
   // One optimizer step t: gradients into LayerAdam, gates, metrics.
   absl::Status RunStep(JobContext& ctx, Attempt& a, int64_t t);
   absl::Status SaveCheckpoint(JobContext& ctx, Attempt& a, int64_t steps_done);
+  // A sharded state's checkpoint (checkpoint::NodeShare): the coordinator publishes its temporary
+  // directory in the job's store and waits for every other node's share; the others write theirs
+  // into it (SaveNodeShare) and say so.
+  static std::string ShareKey(const JobContext& ctx, int64_t step, const std::string& what);
+  absl::Status AwaitNodeShares(JobContext& ctx, Attempt& a, int64_t step, const std::string& tmp);
+  absl::Status SaveNodeShare(JobContext& ctx, Attempt& a, const checkpoint::SaveRequest& req);
   // The assignment's membership key for world > 1: the comm generation, this hostd instance and
   // the ordered (worker id, session serial) of the ranks. Workers keep their NCCL communicator
   // only while it matches.

@@ -151,6 +151,13 @@ absl::Status TrainingExecutor::BuildStepLoop(JobContext& ctx, Attempt& a) {
                                                  std::clamp(loop.adam->num_threads(), 1, 8), ctx.job_id(), policy,
                                                  std::move(loss_check));
   loop.consumer->AllocateStaging(loop.bulk_threads);
+  if (a.sharding.sharded()) {
+    std::vector<int> whole;
+    for (int u = 0; u < a.layout.num_units(); ++u) {
+      if (a.sharding.IsReplicated(u)) whole.push_back(u);
+    }
+    loop.consumer->SetWholeUnits(std::move(whole));
+  }
   if (a.plan.speculate_from_unit < a.layout.num_units()) {
     const absl::Time t0 = absl::Now();
     int64_t covered = 0;

@@ -84,6 +84,15 @@ absl::StatusOr<double> GradNormAccumulator::Norm() const {
   return std::sqrt(total);
 }
 
+double GradNormAccumulator::UnitSquares(int unit) const {
+  absl::MutexLock l(&mu_);
+  double total = 0;
+  for (auto it = partials_.lower_bound({unit, 0}); it != partials_.end() && it->first.first == unit; ++it) {
+    total += it->second.sum_squares;
+  }
+  return total;
+}
+
 void GradNormAccumulator::Reset() {
   absl::MutexLock l(&mu_);
   partials_.clear();

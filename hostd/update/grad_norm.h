@@ -53,6 +53,8 @@ class GradNormAccumulator {
   bool complete() const;
   // sqrt of the total; FAILED_PRECONDITION naming the first uncovered unit until complete().
   absl::StatusOr<double> Norm() const;
+  // The sum of squares of `unit`'s chunks added so far (in offset order).
+  double UnitSquares(int unit) const;
   // Forgets every chunk (next step).
   void Reset();
 

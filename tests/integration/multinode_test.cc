@@ -6,6 +6,7 @@
 //                                               node with all the ranks (the same global batch)
 //   a node's worker killed mid-job           -> the job fails on every node, naming the node
 //   a checkpoint of 2 nodes resumed on 1 node and on 2 -> bitwise the run straight through
+//   sharded state (runtime.node_state sharded)  -> the same, and its checkpoints resume on any node count
 //   `slidedp plan` over nodes                -> the network term, its bandwidth measured
 //   a spec the coordinator is not in, a busy node, a node that is not there -> refused at submit
 #include <signal.h>
@@ -17,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "tests/integration/node_harness.h"
@@ -55,7 +57,12 @@ std::string FileBytes(const std::string& path) {
 
 // Runs the job over `nodes_count` nodes of `workers` each and on one node of all the ranks; the
 // losses (every step), the master and the moments must be the same bits.
-void ExpectSameAsOneNode(int nodes_count, int workers, double max_grad_norm, const std::string& runtime_extra = "") {
+// `nodes_extra`: runtime keys of the job over nodes only (node_state); `optimizer_extra`: optimizer keys.
+void ExpectSameAsOneNode(int nodes_count, int workers, double max_grad_norm, const std::string& runtime_extra = "",
+                         const std::string& nodes_extra = "", const std::string& optimizer_extra = "") {
+  const auto with_optimizer = [&](const std::string& spec) {
+    return absl::StrReplaceAll(spec, {{"weight_decay: 0.1}", absl::StrCat("weight_decay: 0.1", optimizer_extra, "}")}});
+  };
   std::vector<std::unique_ptr<NodeHarness>> nodes;
   std::vector<std::string> addresses;
   for (int n = 0; n < nodes_count; ++n) {
@@ -64,7 +71,9 @@ void ExpectSameAsOneNode(int nodes_count, int workers, double max_grad_norm, con
   }
   // Submitted to the last node: the coordinator need not be the first listed.
   NodeHarness& coordinator = *nodes.back();
-  v1::Job multi = MustSucceed(coordinator, Spec(workers, addresses, 4, max_grad_norm, "out", runtime_extra), "over-nodes");
+  v1::Job multi =
+      MustSucceed(coordinator, with_optimizer(Spec(workers, addresses, 4, max_grad_norm, "out", runtime_extra + nodes_extra)),
+                  "over-nodes");
   ASSERT_EQ(multi.state(), v1::JOB_STATE_SUCCEEDED);
   // The other nodes ran their part (and wrote nothing).
   for (int n = 0; n + 1 < nodes_count; ++n) {
@@ -74,7 +83,7 @@ void ExpectSameAsOneNode(int nodes_count, int workers, double max_grad_norm, con
     EXPECT_FALSE(std::filesystem::exists(nodes[n]->dir() + "/out")) << "node " << n << " wrote outputs";
   }
   NodeHarness one(nodes_count * workers);
-  MustSucceed(one, Spec(nodes_count * workers, {}, 4, max_grad_norm, "out", runtime_extra), "one-node");
+  MustSucceed(one, with_optimizer(Spec(nodes_count * workers, {}, 4, max_grad_norm, "out", runtime_extra)), "one-node");
 
   const auto multi_lines = MetricsLines(coordinator, "out", "over-nodes");
   const auto one_lines = MetricsLines(one, "out", "one-node");
@@ -83,6 +92,9 @@ void ExpectSameAsOneNode(int nodes_count, int workers, double max_grad_norm, con
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_EQ(multi_lines[i]["loss"].get<double>(), one_lines[i]["loss"].get<double>()) << "step " << i + 1;
     EXPECT_EQ(multi_lines[i]["tokens"], one_lines[i]["tokens"]) << "step " << i + 1;
+    // The job's gradient norm (a sharded state's nodes add their parts' squares: another order).
+    const double norm = one_lines[i]["grad_norm"].get<double>();
+    EXPECT_NEAR(multi_lines[i]["grad_norm"].get<double>(), norm, 1e-6 * norm) << "step " << i + 1;
   }
   for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
     const std::string a = FileBytes(coordinator.dir() + "/out/checkpoint-4/" + file);
@@ -105,6 +117,45 @@ TEST(MultiNode, ClippedTwoNodesOfTwoRanksAreBitwiseOneNodeOfFour) { ExpectSameAs
 TEST(MultiNode, SpeculativeClippingOverNodesIsBitwiseOneNode) {
   ExpectSameAsOneNode(2, 2, 0.05, ", grad_staging: device, speculation_bytes: 1000000000");
   ExpectSameAsOneNode(2, 2, 1.0, ", grad_staging: device, speculation_bytes: 1000000000");
+}
+
+// Sharded state (runtime.node_state sharded, common/model/node_shard.h): each node's hostd holds its
+// range of every unit; the ranks reduce-scatter over the nodes' ranges, gather each unit from every
+// node, and bring the job's norm; every node writes its share of each checkpoint into the same files.
+// The losses and the checkpoint's files are the bits of one node holding everything.
+// 2 x 2, clipping engaged with speculative updates on the devices; the embedding whole on every node
+// (its FP32 rows are read from the master).
+TEST(MultiNode, ShardedStateWithClippingIsBitwiseOneNode) {
+  ExpectSameAsOneNode(2, 2, 0.05, ", grad_staging: device, speculation_bytes: 1000000000", ", node_state: sharded");
+}
+
+// 3 x 1 (no reduce-scatter inside a node), no clipping (each part applied as it comes; the nodes add
+// their parts' squares for the norm), the embedding sharded too (BF16 rows) and the workers casting the
+// master (no mirror); then int8 moments (their per-block scales split at the nodes' ranges).
+TEST(MultiNode, ShardedStateOfSingleRankNodesIsBitwiseOneNode) {
+  ExpectSameAsOneNode(3, 1, 0.0, ", embedding_rows: bf16, param_source: master", ", node_state: sharded");
+  ExpectSameAsOneNode(2, 1, 1.0, "", ", node_state: sharded", ", state_dtype: int8");
+}
+
+// A sharded checkpoint is the one file set one node writes: it resumes on one node holding everything,
+// and on two nodes sharding again, and both continue bitwise as the run straight through.
+TEST(MultiNode, ShardedCheckpointResumesOnAnyNodeCount) {
+  NodeHarness a(2), b(2);
+  MustSucceed(b, Spec(2, {a.address(), b.address()}, 2, 0.05, b.dir() + "/first", ", node_state: sharded"), "first");
+  const std::string checkpoint = b.dir() + "/first/checkpoint-2";
+  ASSERT_TRUE(std::filesystem::exists(checkpoint + "/COMPLETE"));
+  NodeHarness one(4);
+  MustSucceed(one, Spec(4, {}, 4, 0.05, "straight"), "straight");
+  MustSucceed(one, Spec(4, {}, 4, 0.05, "on-one"), "on-one", checkpoint);
+  MustSucceed(a, Spec(2, {a.address(), b.address()}, 4, 0.05, a.dir() + "/on-two", ", node_state: sharded"), "on-two",
+              checkpoint);
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    const std::string straight = FileBytes(one.dir() + "/straight/checkpoint-4/" + file);
+    ASSERT_FALSE(straight.empty());
+    EXPECT_EQ(FileBytes(checkpoint + "/" + file).size(), straight.size()) << file;
+    EXPECT_TRUE(FileBytes(one.dir() + "/on-one/checkpoint-4/" + file) == straight) << file;
+    EXPECT_TRUE(FileBytes(a.dir() + "/on-two/checkpoint-4/" + file) == straight) << file;
+  }
 }
 
 // A checkpoint of a job over 2 nodes resumes on 1 node and on 2 other nodes (each node reads the same

@@ -35,6 +35,7 @@ void TakeAssignment(const v1::Assignment& a, WorkerJobConfig& c) {
 void TakeSpec(const JobSpec& spec, int64_t device_memory_bytes, WorkerJobConfig& c) {
   c.gpu_route = spec.runtime.grad_reduction == GradReduction::kGpu && c.world > 1;
   c.sharded_delivery = spec.runtime.param_delivery == ParamDelivery::kSharded && c.world > 1;
+  c.node_state = spec.runtime.node_state;
   c.device_staging = spec.runtime.grad_staging == GradStaging::kDevice;
   c.data_path = spec.data.path;
   c.seq_len = spec.train.seq_len;

@@ -46,6 +46,8 @@ struct WorkerJobConfig {
   int node = 0;
   int nodes = 1;
   std::string node_address;
+  // runtime.node_state: sharded, this node's hostd holds only its range of each unit (node_shard.h).
+  NodeState node_state = NodeState::kReplicated;
 
   // ---- the job spec ----
   ModelConfig model;  // the preset's or config.json, with the spec's context override (as hostd)

@@ -70,6 +70,11 @@ JobSession::JobSession(WorkerJobConfig config, JobHost& host, PipelineFactory& f
       switches_(switches),
       device_(std::move(device)),
       layout_(ModelLayout::Build(config_.model)),
+      sharding_(config_.node_state == NodeState::kSharded
+                    ? MakeNodeSharding(layout_, config_.nodes, config_.world, config_.node,
+                                       config_.embedding_rows == Dtype::kF32)
+                    : NodeSharding{}),
+      host_layout_(NodeLayout(layout_, sharding_)),
       place_(ContextPlace::Of(config_.node * config_.world + config_.rank, config_.nodes * config_.world,
                               config_.context_parallel)),
       reports_(config_.job_id, config_.attempt) {}
@@ -91,7 +96,7 @@ absl::Status JobSession::Open() {
 
 absl::Status JobSession::AttachState() {
   ASSIGN_OR_RETURN(host_state_, host_.TakeHostState(config_.state_segment));
-  RETURN_IF_ERROR(job_state().CheckMatches(layout_));
+  RETURN_IF_ERROR(job_state().CheckMatches(host_layout_));
   // runtime.param_source: the segment keeps a mirror exactly when the job reads it.
   const bool reads_mirror = config_.param_source != ParamSource::kMaster;
   if (job_state().has_mirror() != reads_mirror) {
@@ -134,6 +139,7 @@ absl::Status JobSession::Configure() {
   g.ring_timeout = config_.step_timeout;
   g.inject_max_delay = switches_.inject_max_delay;
   g.dtype = config_.grad_dtype;
+  if (sharding_.sharded()) g.sharding = &sharding_;
   g.stage_until_norm = config_.device_staging;
   if (g.stage_until_norm && !config_.gpu_route && config_.world > 1) {
     return absl::FailedPreconditionError("grad_staging device needs grad_reduction gpu with several ranks");

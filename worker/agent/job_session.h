@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model/model_config.h"
+#include "common/model/node_shard.h"
 #include "shm/futex.h"
 #include "shm/grad_ring.h"
 #include "slidedp/v1/slidedp.pb.h"
@@ -118,6 +119,10 @@ class JobSession final : private CommIdExchange {
   const DebugSwitches& switches_;
   const DeviceDescription device_;
   const ModelLayout layout_;
+  // A job over nodes with sharded state: which units each node holds whole, and this node's host layout
+  // (the job segment's: each sharded unit cut to the node's range). Otherwise not sharded and layout_.
+  const NodeSharding sharding_;
+  const ModelLayout host_layout_;
   const ContextPlace place_;
   StepReports reports_;
 

@@ -28,6 +28,10 @@ absl::Status NcclNodeLink::Recv(float* data, int64_t n, int from_node) {
   return comm_->RecvF32On(data, n, from_node, stream_);
 }
 
+absl::Status NcclNodeLink::AllGather(const float* mine, int64_t n, float* out) {
+  return comm_->AllGatherBytesOn(mine, n * static_cast<int64_t>(sizeof(float)), out, stream_);
+}
+
 absl::Status NcclNodeLink::Broadcast(float* data, int64_t n, int root) {
   return comm_->BroadcastF32On(data, n, root, stream_);
 }

@@ -29,6 +29,7 @@ class NcclNodeLink final : public NodeLink {
   absl::Status Send(const float* data, int64_t n, int to_node) override;
   absl::Status Recv(float* data, int64_t n, int from_node) override;
   absl::Status Broadcast(float* data, int64_t n, int root) override;
+  absl::Status AllGather(const float* mine, int64_t n, float* out) override;
 
   // Where the calls above queue their work (the gradient path's reduction stream).
   void set_stream(cudaStream_t stream) { stream_ = stream; }

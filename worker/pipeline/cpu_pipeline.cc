@@ -52,14 +52,18 @@ class CpuPipelineFactory final : public PipelineFactory {
 
   absl::StatusOr<JobPipeline> Build(const PipelineSettings& s) override {
     JobPipeline p;
-    p.streamer = std::make_unique<HostMirrorStreamer>(s.job_state, *s.layout, s.timeout, s.norms, s.embedding, s.source,
-                                                      s.cast_threads);
+    auto streamer = std::make_unique<HostMirrorStreamer>(s.job_state, *s.layout, s.timeout, s.norms, s.embedding,
+                                                         s.source, s.cast_threads);
     if (s.grads.route == GradRoute::kGpu) {
       if (s.collective_segment.empty()) {
         return absl::FailedPreconditionError("grad_reduction gpu on CPU workers needs hostd's collective segment");
       }
       ASSIGN_OR_RETURN(p.collective, shm::ShmCollective::Attach(s.collective_segment, s.rank, &s.job_state->abort()));
     }
+    if (s.grads.sharding != nullptr && s.grads.sharding->sharded()) {
+      streamer->ShardOverNodes(s.grads.sharding, s.grads.nodes, p.collective.get(), s.rank, s.world);
+    }
+    p.streamer = std::move(streamer);
     p.grads = MakeHostGradientPath(*s.layout, s.ring, p.collective.get(), s.grads);
     if (!s.offloaded.empty()) {
       p.activations = MakeHostActivationStore(s.backend, s.offloaded);

@@ -1,6 +1,7 @@
 // Host (CPU backend) and discarding gradient paths.
 #include "worker/pipeline/gradient_path.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -23,7 +24,10 @@ class HostGradientPath final : public GradientPath {
 
   absl::StatusOr<float*> Begin(int unit) override {
     std::vector<float>& buf = open_[unit];
-    buf.assign(PaddedNumel(layout_.units[unit].numel, options_.world), 0.0f);
+    const int64_t numel = layout_.units[unit].numel;
+    int64_t padded = PaddedNumel(numel, options_.world);
+    if (ShardedUnit(unit)) padded = std::max(padded, PaddedNumel(numel, options_.sharding->nodes * options_.world));
+    buf.assign(padded, 0.0f);
     return buf.data();
   }
 
@@ -32,6 +36,11 @@ class HostGradientPath final : public GradientPath {
     if (it == open_.end()) return absl::InternalError(absl::StrCat("gradient of unit ", unit, " finished twice"));
     std::vector<float> buf = std::move(it->second);
     open_.erase(it);
+    if (ShardedUnit(unit)) {
+      ShardRange part;
+      ASSIGN_OR_RETURN(float* data, ReduceOverNodeRanges(unit, buf.data(), part));
+      return Finished(unit, step, data, part);
+    }
     const int64_t numel = layout_.units[unit].numel;
     ShardRange part{0, numel};
     const bool scatter = options_.route == GradRoute::kGpu && options_.world > 1;
@@ -53,12 +62,20 @@ class HostGradientPath final : public GradientPath {
       RETURN_IF_ERROR(local_sum(nullptr));
     }
     if (scatter) part = ShardOf(numel, options_.world, options_.rank);
+    return Finished(unit, step, buf.data() + part.offset, part);
+  }
+
+  // The rank's final part of `unit` (data[0, part.numel), element part.offset of the unit as the
+  // node's hostd holds it): rounded to the posted type, staged or posted.
+  absl::Status Finished(int unit, int64_t step, float* data, ShardRange part) {
     if (options_.dtype == Dtype::kBF16) {  // what is posted, so what the norm sees
-      for (int64_t i = part.offset; i < part.offset + part.numel; ++i) buf[i] = Bf16ToFloat(FloatToBf16(buf[i]));
+      for (int64_t i = 0; i < part.numel; ++i) data[i] = Bf16ToFloat(FloatToBf16(data[i]));
     }
     if (options_.stage_until_norm) {  // kept until Flush (the rank's part only)
-      Staged& st = staged_[unit] =
-          Staged{part, std::vector<float>(buf.begin() + part.offset, buf.begin() + part.offset + part.numel)};
+      Staged& st = staged_[unit] = Staged{part, std::vector<float>(data, data + part.numel)};
+      // A unit every node keeps whole is in every node's ranks' norms: node 0's count it.
+      st.in_norm = !options_.sharding || !options_.sharding->sharded() || ShardedUnit(unit) ||
+                   options_.sharding->node == 0;
       staged_step_ = step;
       // Speculative clipping: posted now, while backward goes on (and kept, in case the norm clips).
       if (unit >= options_.speculate_from_unit && options_.job_state != nullptr &&
@@ -68,7 +85,66 @@ class HostGradientPath final : public GradientPath {
       }
       return absl::OkStatus();
     }
-    return PostPart(unit, step, buf.data() + part.offset, part);
+    return PostPart(unit, step, data, part);
+  }
+
+  absl::StatusOr<double> SumOverNodes(double mine) {
+    if (options_.nodes == nullptr) return absl::FailedPreconditionError("sharded nodes without their link");
+    const int nodes = options_.nodes->nodes();
+    static_assert(sizeof(double) == 2 * sizeof(float));
+    float bits[2];
+    std::memcpy(bits, &mine, sizeof(double));
+    std::vector<float> all(static_cast<size_t>(2 * nodes));
+    RETURN_IF_ERROR(options_.nodes->AllGather(bits, 2, all.data()));
+    double sum = 0;
+    for (int m = 0; m < nodes; ++m) {
+      double theirs;
+      std::memcpy(&theirs, all.data() + 2 * m, sizeof(double));
+      sum += theirs;
+    }
+    return sum;
+  }
+
+  bool ShardedUnit(int unit) const {
+    return options_.sharding != nullptr && options_.sharding->sharded() && !options_.sharding->IsReplicated(unit);
+  }
+
+  // runtime.node_state sharded: buf (the rank's whole gradient of `unit`, PaddedNumel over every rank
+  // of the job) is reduce-scattered per node range: this node's ranks sum each range's local shards,
+  // the nodes chain them (ChainReduceScatter). Returns the rank's global sum of its local shard of its
+  // own node's range, and that shard's place in the range (`part`).
+  absl::StatusOr<float*> ReduceOverNodeRanges(int unit, float* buf, ShardRange& part) {
+    const NodeSharding& sh = *options_.sharding;
+    const int64_t numel = layout_.units[unit].numel;
+    const int world = options_.world, nodes = sh.nodes;
+    const int64_t span = ShardNumel(numel, nodes * world) * world;  // a full node's range
+    const int64_t piece = span / world;                             // the largest local shard
+    if (world > 1 && collective_ == nullptr) return absl::FailedPreconditionError("sharded nodes without a collective");
+    if (options_.nodes == nullptr || options_.nodes->nodes() != nodes) {
+      return absl::FailedPreconditionError("runtime.node_state sharded without the link to the other nodes");
+    }
+    packed_.assign(static_cast<size_t>(nodes * piece), 0.0f);
+    chain_scratch_.resize(static_cast<size_t>(nodes * piece));
+    auto local_sum = [&](const float* partial) -> absl::Status {
+      for (int m = 0; m < nodes; ++m) {
+        const ShardRange range = NodeRangeOf(numel, nodes, world, m);
+        const int64_t local = ShardNumel(range.numel, world);
+        float* chunk = buf + range.offset;
+        float* mine = chunk + options_.rank * local;
+        const float* init = partial != nullptr ? partial + m * piece : nullptr;
+        if (world > 1) {
+          RETURN_IF_ERROR(collective_->ReduceScatterF32(chunk, local, options_.ring_timeout, init));
+        } else if (init != nullptr) {
+          for (int64_t i = 0; i < local; ++i) mine[i] = init[i] + mine[i];
+        }
+        std::copy_n(mine, local, packed_.data() + m * piece);
+      }
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(ChainReduceScatter(*options_.nodes, packed_.data(), piece, chain_scratch_.data(), local_sum));
+    const ShardRange own = NodeRangeOf(numel, nodes, world, sh.node);
+    part = ShardOf(own.numel, world, options_.rank);
+    return packed_.data() + sh.node * piece;
   }
 
   absl::Status Flush() override {
@@ -77,9 +153,16 @@ class HostGradientPath final : public GradientPath {
     // forward (unit) order, which is how hostd's updates and the next forward want them.
     double squares = 0;
     for (const auto& [unit, st] : staged_) {
+      if (!st.in_norm) continue;
       double sq = 0;
       for (float g : st.data) sq += static_cast<double>(g) * g;
       squares += sq;
+    }
+    // Sharded nodes: each node's hostd holds only its parts, so the ranks of this local index add
+    // every node's squares (in node order: the same bits on every node); hostd's sum over its ranks is
+    // then the job's norm on every node. A non-finite part anywhere makes every node's non-finite.
+    if (options_.sharding != nullptr && options_.sharding->sharded()) {
+      ASSIGN_OR_RETURN(squares, SumOverNodes(squares));
     }
     {
       ASSIGN_OR_RETURN(uint32_t slot, ring_->AcquireSlot(options_.ring_timeout));
@@ -119,6 +202,7 @@ class HostGradientPath final : public GradientPath {
     ShardRange part;
     std::vector<float> data;  // the part's elements
     bool posted = false;      // posted speculatively this step
+    bool in_norm = true;      // counted in the rank's squared norm
   };
 
   // Posts elements [part.offset, part.offset + part.numel) of `unit`; data[0] is element part.offset.
@@ -167,6 +251,7 @@ class HostGradientPath final : public GradientPath {
   std::map<int, std::vector<float>> open_;
   std::map<int, Staged> staged_;  // device staging: each unit's final part until Flush
   std::vector<float> chain_scratch_;  // a multi-node job: the earlier nodes' partial sum
+  std::vector<float> packed_;         // sharded nodes: this rank's piece of every node's range
   int64_t staged_step_ = 0;
   double ring_wait_s_ = 0;
   double d2h_s_ = 0;

@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "common/collective/node_link.h"
 #include "common/model/model_config.h"
+#include "common/model/node_shard.h"
 #include "shm/grad_ring.h"
 #include "shm/job_state.h"
 #include "shm/shm_collective.h"
@@ -82,6 +83,12 @@ struct GradientPathOptions {
   // over every node's ranks in global rank order (ChainReduce) before it is posted, so every node's
   // hostd gets the same global gradient. Null or one node: the node's own ranks only.
   NodeLink* nodes = nullptr;
+  // runtime.node_state sharded (common/model/node_shard.h): node n's hostd holds only its range of each
+  // sharded unit. The ranks reduce-scatter every node's range of the unit and the nodes chain the pieces
+  // (ChainReduceScatter), so this rank ends with the global sum of its local shard of its own node's
+  // range and posts it at offsets counted from the range's start (the node's host layout). Null: every
+  // node holds every unit whole.
+  const NodeSharding* sharding = nullptr;
   // Fault injection for tests: a random delay in [0, max] before every chunk post.
   absl::Duration inject_max_delay = absl::ZeroDuration();
 };

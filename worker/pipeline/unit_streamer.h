@@ -14,9 +14,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/collective/node_link.h"
 #include "common/model/model_config.h"
+#include "common/model/node_shard.h"
 #include "common/numeric/bf16.h"
 #include "shm/job_state.h"
+#include "shm/shm_collective.h"
 #include "worker/pipeline/cast_pool.h"
 #include "worker/compute/backend.h"
 
@@ -66,7 +69,22 @@ class HostMirrorStreamer : public UnitStreamer {
   double h2d_s() const override { return 0; }
   double cast_s() const override { return cast_s_; }
 
+  // runtime.node_state sharded (common/model/node_shard.h): the segment holds this node's range of each
+  // sharded unit. Acquire then assembles the whole unit: this rank's local shard of the node's range
+  // goes to the same local rank of every node over `link` (an all-gather), then this node's ranks
+  // all-gather each node's range through `collective` (null with one rank); the FP32 side copies of the
+  // norm weights come from their owners' masters the same way. Every rank calls Acquire in the same order.
+  void ShardOverNodes(const NodeSharding* sharding, NodeLink* link, shm::ShmCollective* collective, int rank,
+                      int world);
+
  private:
+  // The whole BF16 unit into `values` (PaddedNumel over every rank of the job) and its norms' FP32 side
+  // copy into `side`, from every node's range.
+  absl::Status GatherUnit(int unit, std::vector<bf16_t>& values, std::vector<float>& side);
+  bool ShardedUnit(int unit) const {
+    return sharding_ != nullptr && sharding_->sharded() && !sharding_->IsReplicated(unit);
+  }
+
   shm::JobState* state_;
   // The hostd whose gates this job waits on, as it was when the job started (a restarted hostd
   // taking the segment over must not keep a wait for a dead one alive).
@@ -85,6 +103,13 @@ class HostMirrorStreamer : public UnitStreamer {
   std::vector<Cast> casts_;                  // per unit (kMaster): empty while not held
   std::vector<std::vector<bf16_t>> spare_;   // released buffers, reused
   std::unique_ptr<CastPool> cast_pool_;      // kMaster
+  const NodeSharding* sharding_ = nullptr;   // ShardOverNodes
+  NodeLink* link_ = nullptr;
+  shm::ShmCollective* collective_ = nullptr;
+  int rank_ = 0;
+  int world_ = 1;
+  std::vector<bf16_t> contribution_, gathered_;  // GatherUnit's scratch
+  std::vector<float> side_mine_, side_all_;
   double gate_wait_s_ = 0;
   double cast_s_ = 0;
 };

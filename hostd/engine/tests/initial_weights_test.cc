@@ -138,7 +138,7 @@ TEST(InitialWeightsTest, ReusedSegmentMomentsAreZeroedInEveryLayout) {
     FakeContext ctx("");
     JobSpec spec;
     spec.model.init_seed = 3;
-    auto state = WriteInitialState(ctx, spec, layout, *seg.js, /*reused_segment=*/true, /*threads=*/2);
+    auto state = WriteInitialState(ctx, spec, layout, *seg.js, /*reused_segment=*/true, /*threads=*/2, layout, {});
     ASSERT_TRUE(state.ok()) << state.status();
     EXPECT_EQ(state->first_step, 0);
     EXPECT_TRUE(ctx.Logged("random init (seed 3)"));
@@ -164,7 +164,7 @@ TEST(InitialWeightsTest, ResumeIntoEveryLayoutLogsTheConversion) {
     FakeContext first("");
     JobSpec spec;
     spec.model.init_seed = 5;
-    ASSERT_TRUE(WriteInitialState(first, spec, layout, *job.js, /*reused_segment=*/false, 2).ok());
+    ASSERT_TRUE(WriteInitialState(first, spec, layout, *job.js, /*reused_segment=*/false, 2, layout, {}).ok());
     const checkpoint::StateArrays arrays = StateArraysOf(*job.js);
     EXPECT_EQ(arrays.moment_form, saved);
     for (int u = 0; u < job.js->num_units(); ++u) {
@@ -204,7 +204,7 @@ TEST(InitialWeightsTest, ResumeIntoEveryLayoutLogsTheConversion) {
       Segment resumed(layout, into);
       Scribble(*resumed.js);
       FakeContext ctx(saved_dir->dir);
-      auto state = WriteInitialState(ctx, spec, layout, *resumed.js, /*reused_segment=*/true, 2);
+      auto state = WriteInitialState(ctx, spec, layout, *resumed.js, /*reused_segment=*/true, 2, layout, {});
       ASSERT_TRUE(state.ok()) << state.status();
       EXPECT_EQ(state->first_step, 4);
       EXPECT_EQ(resumed.js->step_counter().load(), 4u);
