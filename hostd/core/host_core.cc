@@ -629,12 +629,19 @@ absl::StatusOr<v1::PlanJobResponse> HostCore::PlanOverNodes(const JobSpec& spec,
   // This node's share of the global batch on its workers: each node runs the same.
   JobSpec share = spec;
   share.runtime.nodes.clear();
+  share.runtime.node_state = NodeState::kReplicated;  // planned as one node holding it all, then cut below
   share.train.global_batch = spec.train.global_batch / count;
+  const bool sharded = spec.runtime.node_state == NodeState::kSharded;
   ASSIGN_OR_RETURN(v1::PlanJobResponse plan, executor_->Plan(share, hellos));
   plan.set_world(plan.world() * count);
   double gparams = 0;
-  for (const v1::PlanResource& r : plan.resources()) {
-    if (r.unit() == "Gparam") gparams = std::max(gparams, r.work());
+  for (v1::PlanResource& r : *plan.mutable_resources()) {
+    if (r.unit() != "Gparam") continue;
+    gparams = std::max(gparams, r.work());
+    if (sharded) {  // a node updates its ranges only: about 1/N of the parameters
+      r.set_work(r.work() / count);
+      if (r.busy_s() > 0) r.set_busy_s(r.busy_s() / count);
+    }
   }
   // The slowest link from here to another node (gRPC over the hostds' own listeners: TLS on TCP).
   double gbps = 0;
@@ -648,8 +655,9 @@ absl::StatusOr<v1::PlanJobResponse> HostCore::PlanOverNodes(const JobSpec& spec,
     }
   }
   // Each node's FP32 gradient parts cross its link about twice a step (the chain in and out, and the
-  // total's broadcast): 8 bytes a parameter (docs/multi-node.md).
-  const double gb = 8.0 * gparams;
+  // total's broadcast, or with sharded state the totals sent to their nodes): 8 bytes a parameter; a
+  // sharded state's BF16 weights come in from the other nodes too, 2 (N-1)/N (docs/multi-node.md).
+  const double gb = (8.0 + (sharded ? 2.0 * (count - 1) / count : 0.0)) * gparams;
   const double busy = gbps > 0 ? gb / gbps : -1;
   v1::PlanResource* net = plan.add_resources();
   net->set_name("network between nodes");
@@ -668,6 +676,12 @@ absl::StatusOr<v1::PlanJobResponse> HostCore::PlanOverNodes(const JobSpec& spec,
                               ": each node's step as this node's share of the global batch (",
                               share.train.global_batch, " rows) on its workers, with the network term; the "
                               "chain's per-unit latency (N-1 hops) and the other nodes' own speeds are not counted"));
+  if (sharded) {
+    plan.add_notes(absl::StrCat("sharded state: each node holds and updates about 1/", count,
+                                " of the state (the host update above is this node's share; the step is predicted "
+                                "with the whole update, an upper bound), and gathers the rest of each unit's weights "
+                                "from the other nodes"));
+  }
   return plan;
 }
 

@@ -255,6 +255,22 @@ TEST(MultiNode, PlanMeasuresTheNetworkBetweenNodes) {
     EXPECT_GT(r.busy_s(), 0);
   }
   EXPECT_TRUE(network);
+  // Sharded: the weights' gather adds 2 (N-1)/N bytes a parameter to the 8 of the gradient's chain, and the
+  // host update is this node's half.
+  req.set_spec_yaml(Spec(1, {a.address(), b.address()}, 4, 1.0, "out", ", node_state: sharded"));
+  auto sharded = a.client().Plan(req);
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  double replicated_gb = 0, sharded_gb = 0;
+  for (const v1::PlanResource& r : plan->resources()) {
+    if (r.name() == "network between nodes") replicated_gb = r.work();
+  }
+  for (const v1::PlanResource& r : sharded->resources()) {
+    if (r.name() == "network between nodes") sharded_gb = r.work();
+  }
+  EXPECT_NEAR(sharded_gb / replicated_gb, 9.0 / 8.0, 1e-9);
+  bool noted = false;
+  for (const std::string& n : sharded->notes()) noted |= n.find("sharded state") != std::string::npos;
+  EXPECT_TRUE(noted);
 }
 
 TEST(MultiNode, RefusedAtSubmit) {
