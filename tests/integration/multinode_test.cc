@@ -58,10 +58,15 @@ std::string FileBytes(const std::string& path) {
 // Runs the job over `nodes_count` nodes of `workers` each and on one node of all the ranks; the
 // losses (every step), the master and the moments must be the same bits.
 // `nodes_extra`: runtime keys of the job over nodes only (node_state); `optimizer_extra`: optimizer keys.
+// `preset`: the model (the tiny Qwen3 by default), or an absolute path: a HF model directory.
 void ExpectSameAsOneNode(int nodes_count, int workers, double max_grad_norm, const std::string& runtime_extra = "",
-                         const std::string& nodes_extra = "", const std::string& optimizer_extra = "") {
+                         const std::string& nodes_extra = "", const std::string& optimizer_extra = "",
+                         const std::string& preset = "tiny") {
   const auto with_optimizer = [&](const std::string& spec) {
-    return absl::StrReplaceAll(spec, {{"weight_decay: 0.1}", absl::StrCat("weight_decay: 0.1", optimizer_extra, "}")}});
+    return absl::StrReplaceAll(spec, {{"weight_decay: 0.1}", absl::StrCat("weight_decay: 0.1", optimizer_extra, "}")},
+                                      {"{preset: tiny, init_seed: 11}",
+                                       preset[0] == '/' ? absl::StrCat("{path: ", preset, "}")
+                                                        : absl::StrCat("{preset: ", preset, ", init_seed: 11}")}});
   };
   std::vector<std::unique_ptr<NodeHarness>> nodes;
   std::vector<std::string> addresses;
@@ -135,6 +140,24 @@ TEST(MultiNode, ShardedStateWithClippingIsBitwiseOneNode) {
 TEST(MultiNode, ShardedStateOfSingleRankNodesIsBitwiseOneNode) {
   ExpectSameAsOneNode(3, 1, 0.0, ", embedding_rows: bf16, param_source: master", ", node_state: sharded");
   ExpectSameAsOneNode(2, 1, 1.0, "", ", node_state: sharded", ", state_dtype: int8");
+}
+
+// The other families' units cut at the nodes' ranges: Qwen3.5 MoE (Gated DeltaNet, a shared expert),
+// GPT-OSS (fused expert tensors written as slices, attention sinks), Gemma 4 (two embedding tables).
+TEST(MultiNode, ShardedStateOfEveryFamilyIsBitwiseOneNode) {
+  for (const char* preset : {"tiny-qwen3.5-moe", "tiny-gpt-oss", "tiny-gemma4"}) {
+    SCOPED_TRACE(preset);
+    ExpectSameAsOneNode(2, 1, 1.0, "", ", node_state: sharded", "", preset);
+  }
+}
+
+// Weights loaded from transformers' own checkpoints, each node reading its ranges of the tensors: Qwen3.5
+// MoE with its vision tower passed through (the coordinator writes it), GPT-OSS's fused experts.
+TEST(MultiNode, ShardedStateLoadsHfCheckpoints) {
+  for (const char* model : {"tests/data/hf/qwen3_5_moe_vl", "tests/data/hf/gpt_oss"}) {
+    SCOPED_TRACE(model);
+    ExpectSameAsOneNode(2, 1, 1.0, "", ", node_state: sharded", "", std::filesystem::absolute(model).string());
+  }
 }
 
 // A sharded checkpoint is the one file set one node writes: it resumes on one node holding everything,
