@@ -188,11 +188,6 @@ absl::StatusOr<bool> CheckWorkersFit(const JobSpec& spec, const ModelLayout& lay
                                                       cpu_workers, " of ", world,
                                                       " are CPU-backend (use grad_reduction: cpu)"));
   }
-  if (spec.runtime.node_state == NodeState::kSharded && cpu_workers != world) {
-    return absl::FailedPreconditionError(
-        "runtime.node_state sharded runs on CPU-backend workers in this build (docs/multi-node.md); the CUDA "
-        "workers' path (their gather of each unit's node ranges over NCCL) is not built yet: use replicated state");
-  }
   // gemma4 runs on both backends (the CPU backend's gemma4_math.h, the CUDA backend's
   // cuda_gemma4_layer.cc), but for what the CUDA backend's kernels do not take.
   if (layout.config.is_gemma4() && cpu_workers != world) {

@@ -593,6 +593,11 @@ absl::StatusOr<std::unique_ptr<TrainingExecutor::Attempt>> TrainingExecutor::Pre
   auto attempt = std::make_unique<Attempt>(std::move(spec), std::move(layout), std::move(sharding), std::move(plan),
                                            pool_, ctx.workers());
   Attempt& a = *attempt;
+  if (ctx.job_nodes() &&
+      std::any_of(hellos.begin(), hellos.end(), [](const v1::WorkerHello& h) { return h.device().kind() == "cuda"; })) {
+    ctx.Log("note: a job over nodes on CUDA workers runs NCCL between the nodes, a path not yet run on GPUs here "
+            "(docs/multi-node.md): compare its first steps with one node's");
+  }
   if (a.sharding.sharded()) {
     ctx.Log(absl::StrFormat("sharded host state: node %d of %d holds %.1f%% of the model's elements (%lld of %lld)%s",
                             a.sharding.node, a.sharding.nodes,

@@ -11,6 +11,7 @@
 //   a spec the coordinator is not in, a busy node, a node that is not there -> refused at submit
 #include <signal.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -154,9 +155,11 @@ TEST(MultiNode, ShardedStateOfEveryFamilyIsBitwiseOneNode) {
 // Weights loaded from transformers' own checkpoints, each node reading its ranges of the tensors: Qwen3.5
 // MoE with its vision tower passed through (the coordinator writes it), GPT-OSS's fused experts.
 TEST(MultiNode, ShardedStateLoadsHfCheckpoints) {
-  for (const char* model : {"tests/data/hf/qwen3_5_moe_vl", "tests/data/hf/gpt_oss"}) {
+  const char* src = std::getenv("SLIDEDP_SOURCE_DIR");
+  const std::string root = src != nullptr ? src : std::filesystem::current_path().string();
+  for (const char* model : {"/tests/data/hf/qwen3_5_moe_vl", "/tests/data/hf/gpt_oss"}) {
     SCOPED_TRACE(model);
-    ExpectSameAsOneNode(2, 1, 1.0, "", ", node_state: sharded", "", std::filesystem::absolute(model).string());
+    ExpectSameAsOneNode(2, 1, 1.0, "", ", node_state: sharded", "", root + model);
   }
 }
 

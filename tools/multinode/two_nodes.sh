@@ -7,7 +7,9 @@
 # $OUT/summary.txt. Needs root (ip netns) and openssl.
 #
 # Usage (repository root): OUT=DIR [BIN=build/bin] [BACKEND=cuda|cpu] [MODEL=tiny] [LAYERS=N]
-#   [SEQ=4096] [ROWS=16] [STEPS=6] [VOCAB=...] [TIMEOUT_S=600] tools/multinode/two_nodes.sh
+#   [SEQ=4096] [ROWS=16] [STEPS=6] [VOCAB=...] [TIMEOUT_S=600] [NODE_STATE=replicated|sharded]
+#   tools/multinode/two_nodes.sh
+# NODE_STATE=sharded: each node holds half of the host state (runtime.node_state; docs/multi-node.md).
 # BACKEND=cpu runs the same with CPU-backend workers (Gloo between the nodes): the script's own check
 # on a machine without GPUs.
 set -euo pipefail
@@ -76,7 +78,7 @@ optimizer: {lr: 1.0e-4, weight_decay: 0.0}
 runtime: {backend: $BACKEND, workers: $1, act_policy: recompute, step_timeout_ms: 300000$2}
 YAML
 }
-spec 1 ", nodes: [\"${addr[0]}:7070\", \"${addr[1]}:7070\"]" "$W/out-nodes" > "$W/nodes.yaml"
+spec 1 ", nodes: [\"${addr[0]}:7070\", \"${addr[1]}:7070\"], node_state: ${NODE_STATE:-replicated}" "$W/out-nodes" > "$W/nodes.yaml"
 spec 2 "" "$W/out-one" > "$W/one.yaml"
 
 nccl_env=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0 NCCL_COLLNET_ENABLE=0 NCCL_DEBUG=INFO)

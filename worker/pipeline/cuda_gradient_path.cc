@@ -2,6 +2,7 @@
 // gradient ring through a poster thread.
 #include "worker/pipeline/cuda_gradient_path.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -79,6 +80,7 @@ class CudaGradientPath final : public GradientPath {
     if (partials_) cudaFree(partials_);
     if (bf16_chunk_) cudaFree(bf16_chunk_);
     if (chain_scratch_) cudaFree(chain_scratch_);
+    if (squares_device_) cudaFree(squares_device_);
     if (d2h_) cudaStreamDestroy(d2h_);
   }
 
@@ -97,8 +99,11 @@ class CudaGradientPath final : public GradientPath {
   }
 
   absl::StatusOr<float*> Begin(int unit) override {
-    const int64_t bytes =
-        PaddedNumel(layout_.units[unit].numel, options_.base.world) * static_cast<int64_t>(sizeof(float));
+    int64_t padded = PaddedNumel(layout_.units[unit].numel, options_.base.world);
+    if (ShardedUnit(unit)) {
+      padded = std::max(padded, PaddedNumel(layout_.units[unit].numel, options_.base.sharding->nodes * options_.base.world));
+    }
+    const int64_t bytes = padded * static_cast<int64_t>(sizeof(float));
     GradBuffer* pick = nullptr;
     {
       absl::MutexLock l(&mu_);
@@ -166,6 +171,17 @@ class CudaGradientPath final : public GradientPath {
     const bool over_nodes = options_.nodes != nullptr && options_.nodes->nodes() > 1;
     // Where the part becomes final: the reduce-scatter's stream, the cross-node link's, or compute.
     cudaStream_t on = reduce ? options_.comm->stream() : over_nodes ? options_.nodes->own_stream() : compute_;
+    if (ShardedUnit(unit)) {
+      if (!over_nodes) return absl::FailedPreconditionError("runtime.node_state sharded without the link to the other nodes");
+      if (!reduce) SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(on, job.ready, 0));
+      RETURN_IF_ERROR(ReduceOverNodeRanges(job, reduce, on));
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(job.ready, on));
+      if (options_.base.stage_until_norm) return Stage(job, on);
+      absl::MutexLock l(&mu_);
+      RETURN_IF_ERROR(first_error_);
+      queue_.push_back(job);
+      return absl::OkStatus();
+    }
     const int64_t shard = reduce ? ShardNumel(numel, options_.base.world) : numel;
     auto local_sum = [&](const float* partial) -> absl::Status {
       if (reduce) RETURN_IF_ERROR(options_.comm->ReduceScatterF32(job.buffer->data, shard, job.ready));
@@ -206,7 +222,17 @@ class CudaGradientPath final : public GradientPath {
     PostJob norm;
     norm.step = staged_step_;
     norm.sum_squares = true;
-    for (const auto& [unit, part] : staged_) norm.squares += unit_squares[unit];  // unit order
+    const NodeSharding* sh = options_.base.sharding;
+    for (const auto& [unit, part] : staged_) {  // unit order
+      // Sharded nodes: a unit every node holds whole is in every node's norms; node 0's count it.
+      if (sh != nullptr && sh->sharded() && sh->IsReplicated(unit) && sh->node != 0) continue;
+      norm.squares += unit_squares[unit];
+    }
+    // Sharded nodes: the ranks of this local index add every node's squares (in node order), so hostd's
+    // sum over its ranks is the job's norm on every node.
+    if (sh != nullptr && sh->sharded()) {
+      ASSIGN_OR_RETURN(norm.squares, SumOverNodes(norm.squares));
+    }
     if (options_.log_unit_norms) {  // for finding where two runs part (every digit of each unit's sum)
       for (const auto& [unit, part] : staged_) {
         LOG(INFO) << absl::StrFormat("unit norms: step %d unit %d squares %.17g", staged_step_ + 1, unit,
@@ -263,6 +289,68 @@ class CudaGradientPath final : public GradientPath {
   }
 
  private:
+  bool ShardedUnit(int unit) const {
+    const NodeSharding* sh = options_.base.sharding;
+    return sh != nullptr && sh->sharded() && !sh->IsReplicated(unit);
+  }
+
+  // runtime.node_state sharded (gradient_path.h): every node range's local shards reduce-scattered by
+  // this node's ranks (NCCL, in place in the unit's buffer) and chained over the nodes, the last node
+  // sending each its own piece (ChainReduceScatter); all queued on `on`. The rank's total then goes back
+  // into the unit's buffer, where job.data points (the buffer lives until the poster's copies).
+  absl::Status ReduceOverNodeRanges(PostJob& job, bool reduce, cudaStream_t on) {
+    const NodeSharding& sh = *options_.base.sharding;
+    const int world = options_.base.world, rank = options_.base.rank, nodes = sh.nodes;
+    const int64_t numel = layout_.units[job.unit].numel;
+    const int64_t piece = ShardNumel(numel, nodes * world);
+    RETURN_IF_ERROR(ChainScratch(2 * nodes * piece));  // the packed pieces, then the partial sums
+    float* packed = chain_scratch_;
+    float* partials = chain_scratch_ + nodes * piece;
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(packed, 0, nodes * piece * sizeof(float), on));
+    float* buf = job.buffer->data;
+    auto local_sum = [&](const float* partial) -> absl::Status {
+      for (int m = 0; m < nodes; ++m) {
+        const ShardRange range = NodeRangeOf(numel, nodes, world, m);
+        const int64_t local = ShardNumel(range.numel, world);
+        float* mine = buf + range.offset + (reduce ? rank * local : 0);
+        if (reduce) RETURN_IF_ERROR(options_.comm->ReduceScatterF32(buf + range.offset, local, job.ready));
+        if (partial != nullptr) RETURN_IF_ERROR(kernels::AddF32(mine, partial + m * piece, local, mine, on));
+        SLIDEDP_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(packed + m * piece, mine, local * sizeof(float), cudaMemcpyDeviceToDevice, on));
+      }
+      return absl::OkStatus();
+    };
+    options_.nodes->set_stream(on);
+    RETURN_IF_ERROR(ChainReduceScatter(*options_.nodes, packed, piece, partials, local_sum));
+    const ShardRange own = NodeRangeOf(numel, nodes, world, sh.node);
+    job.part = ShardOf(own.numel, world, rank);  // in the node's range: hostd's node layout
+    float* dst = buf + own.offset + job.part.offset;
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, packed + sh.node * piece, job.part.numel * sizeof(float),
+                                                 cudaMemcpyDeviceToDevice, on));
+    job.data = dst;
+    return absl::OkStatus();
+  }
+
+  // Every node's `mine` of this local index added in node order (the same bits on every node).
+  absl::StatusOr<double> SumOverNodes(double mine) {
+    const int nodes = options_.nodes->nodes();
+    if (squares_device_ == nullptr) {
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&squares_device_, (nodes + 1) * sizeof(double)));
+    }
+    cudaStream_t on = options_.nodes->own_stream();
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(squares_device_, &mine, sizeof(double), cudaMemcpyHostToDevice, on));
+    options_.nodes->set_stream(on);
+    float* d = reinterpret_cast<float*>(squares_device_);
+    RETURN_IF_ERROR(options_.nodes->AllGather(d, 2, d + 2));
+    std::vector<double> all(nodes);
+    SLIDEDP_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(all.data(), squares_device_ + 1, nodes * sizeof(double), cudaMemcpyDeviceToHost, on));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(on));
+    double sum = 0;
+    for (double x : all) sum += x;
+    return sum;
+  }
+
   // A job over nodes: device room for the earlier nodes' partial sum of a part of n floats (the
   // largest part so far; parts are final on one stream, in order, so one buffer serves them all).
   absl::Status ChainScratch(int64_t n) {
@@ -302,7 +390,12 @@ class CudaGradientPath final : public GradientPath {
     stage_offset_.resize(layout_.num_units());
     for (int u = 0; u < layout_.num_units(); ++u) {
       const int64_t numel = layout_.units[u].numel;
-      const int64_t part = reduce ? ShardOf(numel, options_.base.world, options_.base.rank).numel : numel;
+      int64_t part = reduce ? ShardOf(numel, options_.base.world, options_.base.rank).numel : numel;
+      if (ShardedUnit(u)) {  // its shard of this node's range
+        const NodeSharding& sh = *options_.base.sharding;
+        part = ShardOf(NodeRangeOf(numel, sh.nodes, options_.base.world, sh.node).numel, options_.base.world,
+                       options_.base.rank).numel;
+      }
       stage_offset_[u] = total;
       total += (part + 3) / 4 * 4;
     }
@@ -494,6 +587,7 @@ class CudaGradientPath final : public GradientPath {
   double d2h_s_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t stage_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   float* chain_scratch_ = nullptr;  // job thread
+  double* squares_device_ = nullptr;  // sharded nodes: the rank's squared norm, then every node's
   int64_t chain_scratch_numel_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -103,6 +103,14 @@ class CudaPipelineFactory final : public PipelineFactory {
     copt.source = s.source;
     copt.cast_on_device = s.cast_on_device;
     copt.cast_threads = s.cast_threads;
+    if (s.grads.sharding != nullptr && s.grads.sharding->sharded()) {  // runtime.node_state sharded
+      copt.sharding = s.grads.sharding;
+      copt.node_link = static_cast<NcclNodeLink*>(s.grads.nodes);  // JoinNodes made it
+      copt.local = s.world > 1 ? comm : nullptr;
+      copt.rank = s.rank;
+      copt.world = s.world;
+      copt.sharded_with = nullptr;  // the node ranges' gather replaces sharded delivery
+    }
     ASSIGN_OR_RETURN(p.streamer, CudaWindowStreamer::Create(s.job_state, s.ring, *s.layout, compute, copt));
     CudaGradientPathOptions cg;
     cg.base = s.grads;

@@ -41,15 +41,34 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s->compute_probe_, cudaEventDisableTiming));
   }
   const int world = options.sharded_with ? options.sharded_with->world() : 1;
+  const bool sharded = options.sharding != nullptr && options.sharding->sharded();
+  if (sharded && (options.node_link == nullptr || (options.world > 1 && options.local == nullptr))) {
+    return absl::FailedPreconditionError("runtime.node_state sharded without the links to the other ranks");
+  }
   for (const UnitLayout& u : layout.units) {
     s->slot_bytes_ = std::max<int64_t>(s->slot_bytes_, PaddedNumel(u.numel, world) * 2);
     if (options.norms == Dtype::kF32) s->fp32_bytes_ = std::max<int64_t>(s->fp32_bytes_, u.fp32_numel * 4);
+    if (sharded && !options.sharding->IsReplicated(u.index)) {
+      const int64_t piece = ShardNumel(u.numel, options.sharding->nodes * options.world);
+      s->slot_bytes_ = std::max<int64_t>(s->slot_bytes_, PaddedNumel(u.numel, options.sharding->nodes * options.world) * 2);
+      s->gathered_piece_ = std::max(s->gathered_piece_, piece);
+      s->side_numel_ = std::max(s->side_numel_, u.fp32_numel);
+    }
   }
+  if (s->gathered_piece_ > 0) {
+    const int nodes = options.sharding->nodes;
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&s->gathered_, (nodes + 1) * s->gathered_piece_ * 2));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s->gather_done_, cudaEventDisableTiming));
+    if (s->side_numel_ > 0 && options.norms == Dtype::kF32) {
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMalloc(&s->side_all_, (nodes + 1) * s->side_numel_ * sizeof(float)));
+    }
+  }
+  // The segment's own regions (a sharded state's node ranges are smaller than the model's units).
   HostRegistry* registry = options.registry != nullptr ? options.registry : &s->own_registry_;
   if (options.source == UploadSource::kMirror) {
     for (int u = 0; u < layout.num_units(); ++u) {
       if (state->mirror(u) == nullptr) return absl::FailedPreconditionError("the job segment keeps no BF16 mirror");
-      RETURN_IF_ERROR(registry->Ensure(state->mirror(u), layout.units[u].numel * 2));
+      RETURN_IF_ERROR(registry->Ensure(state->mirror(u), state->unit_numel(u) * 2));
     }
   } else {
     // One chunk: chunk_bytes, at most the largest unit, whole pages (hostd's CastStagingChunkBytes).
@@ -59,7 +78,7 @@ absl::StatusOr<std::unique_ptr<CudaWindowStreamer>> CudaWindowStreamer::Create(s
     if (options.cast_on_device) {
       // The master is read by DMA (registered once per job segment, kept with the mirrors').
       for (int u = 0; u < layout.num_units(); ++u) {
-        RETURN_IF_ERROR(registry->Ensure(state->master(u), layout.units[u].numel * 4));
+        RETURN_IF_ERROR(registry->Ensure(state->master(u), state->unit_numel(u) * 4));
       }
       SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s->cast_stream_, cudaStreamNonBlocking));
       for (int b = 0; b < kDeviceCastBuffers; ++b) {
@@ -136,6 +155,9 @@ CudaWindowStreamer::~CudaWindowStreamer() {
     if (slot.ready) cudaEventDestroy(slot.ready);
     if (slot.free) cudaEventDestroy(slot.free);
   }
+  if (gathered_) cudaFree(gathered_);
+  if (gather_done_) cudaEventDestroy(gather_done_);
+  if (side_all_) cudaFree(side_all_);
   if (h2d_) cudaStreamDestroy(h2d_);
 }
 
@@ -217,6 +239,14 @@ absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uin
 
   // The previous occupant's readers must be done before we overwrite the slot.
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(h2d_, victim->free, 0));
+  if (ShardedUnit(unit)) {
+    RETURN_IF_ERROR(GatherUnit(unit, *victim));
+    RETURN_IF_ERROR(mark.LowerAfter(h2d_));
+    victim->unit = unit;
+    victim->gate = gate;
+    victim->last_use = ++clock_;
+    return victim;
+  }
   RETURN_IF_ERROR(h2d_timer_.Begin(h2d_));
   const int64_t numel = layout_->units[unit].numel;
   NcclCommunicator* comm = options_.sharded_with;
@@ -257,6 +287,95 @@ absl::StatusOr<CudaWindowStreamer::Slot*> CudaWindowStreamer::Load(int unit, uin
   victim->gate = gate;
   victim->last_use = ++clock_;
   return victim;
+}
+
+absl::Status CudaWindowStreamer::GatherUnit(int unit, Slot& slot) {
+  const NodeSharding& sh = *options_.sharding;
+  const UnitLayout& ul = layout_->units[unit];
+  const int64_t numel = ul.numel;
+  const int nodes = sh.nodes, world = options_.world;
+  const int64_t piece = ShardNumel(numel, nodes * world);
+  const ShardRange own = NodeRangeOf(numel, nodes, world, sh.node);
+  const ShardRange mine = ShardOf(own.numel, world, options_.rank);  // inside the node's range
+  auto* gathered = static_cast<bf16_t*>(gathered_);
+  bf16_t* contribution = gathered + nodes * gathered_piece_;
+  // The previous gather's reads of the scratch are done before it is written again.
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(h2d_, gather_done_, 0));
+  // This rank's local shard of its node's range, as the node's hostd published it (zero padded).
+  RETURN_IF_ERROR(h2d_timer_.Begin(h2d_));
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(contribution, 0, piece * 2, h2d_));
+  if (options_.source == UploadSource::kMaster) {
+    const float* master = state_->master(unit) + mine.offset;
+    char* dst = reinterpret_cast<char*>(contribution);
+    RETURN_IF_ERROR(options_.cast_on_device ? CopyAndCastOnDevice(master, dst, mine.numel)
+                                            : CastOnHostAndCopy(master, dst, mine.numel));
+  } else {
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(contribution, state_->mirror(unit) + mine.offset, mine.numel * 2,
+                                                 cudaMemcpyHostToDevice, h2d_));
+  }
+  // The norms: this node's elements of the FP32 side copy, read from its master after the gate.
+  const bool side = fp32_bytes_ > 0 && ul.fp32_numel > 0 && side_all_ != nullptr;
+  if (side) {
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.staged));  // its previous copy is done
+    std::fill_n(slot.fp32_staging, ul.fp32_numel, 0.0f);
+    const float* master = state_->master(unit);
+    for (const TensorSlot& t : ul.tensors) {
+      if (t.fp32_offset < 0) continue;
+      const int64_t a = std::max(t.offset_numel, own.offset);
+      const int64_t b = std::min(t.offset_numel + t.numel, own.offset + own.numel);
+      for (int64_t e = a; e < b; ++e) slot.fp32_staging[t.fp32_offset + (e - t.offset_numel)] = master[e - own.offset];
+    }
+    float* side_mine = side_all_ + nodes * side_numel_;
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(side_mine, slot.fp32_staging, ul.fp32_numel * sizeof(float),
+                                                 cudaMemcpyHostToDevice, h2d_));
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.staged, h2d_));
+  }
+  RETURN_IF_ERROR(h2d_timer_.End(h2d_));
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.ready, h2d_));
+  // Every node's piece of this local index, then every node's norms, on the link's stream.
+  NcclNodeLink& link = *options_.node_link;
+  cudaStream_t across = link.own_stream();
+  link.set_stream(across);
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(across, slot.ready, 0));
+  RETURN_IF_ERROR(link.AllGather(reinterpret_cast<const float*>(contribution), piece / 2,
+                                 reinterpret_cast<float*>(gathered)));
+  if (side) {
+    RETURN_IF_ERROR(link.AllGather(side_all_ + nodes * side_numel_, ul.fp32_numel, side_all_));
+    for (int m = 0; m < nodes; ++m) {  // each element from its owner
+      const ShardRange range = NodeRangeOf(numel, nodes, world, m);
+      for (const TensorSlot& t : ul.tensors) {
+        if (t.fp32_offset < 0) continue;
+        const int64_t a = std::max(t.offset_numel, range.offset);
+        const int64_t b = std::min(t.offset_numel + t.numel, range.offset + range.numel);
+        if (a >= b) continue;
+        const int64_t at = t.fp32_offset + (a - t.offset_numel);
+        SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot.fp32 + at, side_all_ + m * side_numel_ + at,
+                                                     (b - a) * sizeof(float), cudaMemcpyDeviceToDevice, across));
+      }
+    }
+  }
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.ready, across));
+  // This node's ranks: every node's range from their pieces.
+  cudaStream_t last = across;
+  if (world > 1) {
+    last = options_.local->stream();
+    SLIDEDP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(last, slot.ready, 0));
+  }
+  auto* dst = static_cast<bf16_t*>(slot.data);
+  for (int m = 0; m < nodes; ++m) {
+    const ShardRange range = NodeRangeOf(numel, nodes, world, m);
+    const int64_t local = ShardNumel(range.numel, world);
+    if (world > 1) {
+      RETURN_IF_ERROR(options_.local->AllGatherBytesOn(gathered + m * piece, local * 2,
+                                                       dst + range.offset, last));
+    } else {
+      SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + range.offset, gathered + m * piece, local * 2,
+                                                   cudaMemcpyDeviceToDevice, last));
+    }
+  }
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.ready, last));
+  SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(gather_done_, last));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<UnitParams> CudaWindowStreamer::Acquire(int unit, uint32_t gate) {

@@ -42,9 +42,11 @@
 
 #include "absl/status/statusor.h"
 #include "common/model/model_config.h"
+#include "common/model/node_shard.h"
 #include "shm/grad_ring.h"
 #include "shm/job_state.h"
 #include "worker/comm/nccl_communicator.h"
+#include "worker/comm/nccl_node_link.h"
 #include "worker/pipeline/cast_pool.h"
 #include "worker/pipeline/cuda_copy_timer.h"
 #include "worker/pipeline/host_registry.h"
@@ -75,6 +77,16 @@ struct CudaStreamerOptions {
   UploadSource source = UploadSource::kMirror;
   bool cast_on_device = true;  // kMaster: cast on the GPU (else on cast_threads host threads)
   int cast_threads = 4;
+  // runtime.node_state sharded (common/model/node_shard.h): the segment holds this node's range of each
+  // sharded unit. A load copies this rank's local shard of it, all-gathers that with the same local
+  // index of every node over node_link, then this node's ranks all-gather every node's range over
+  // `local` (null with one rank per node); the norms' FP32 side copies come over node_link, each
+  // element from its owner's master. `rank` and `world`: this rank among its node's.
+  const NodeSharding* sharding = nullptr;
+  NcclNodeLink* node_link = nullptr;
+  NcclCommunicator* local = nullptr;
+  int rank = 0;
+  int world = 1;
 };
 
 class CudaWindowStreamer : public UnitStreamer {
@@ -122,6 +134,12 @@ class CudaWindowStreamer : public UnitStreamer {
   absl::Status CopyAndCastOnDevice(const float* master, char* dst, int64_t numel);
   // Whether the GPU is about to wait for a load whose gate wait took `gate_wait`.
   absl::StatusOr<bool> LoadIsUrgent(absl::Duration gate_wait);
+  bool ShardedUnit(int unit) const {
+    return options_.sharding != nullptr && options_.sharding->sharded() && !options_.sharding->IsReplicated(unit);
+  }
+  // Sharded nodes: queues the whole unit's gather into `slot` (and its norms' FP32 side copy); the
+  // slot's `ready` is recorded where the last of it runs.
+  absl::Status GatherUnit(int unit, Slot& slot);
 
   shm::JobState* state_ = nullptr;
   // The hostd whose gates this job waits on, as it was when the job started (a restarted hostd
@@ -134,6 +152,13 @@ class CudaWindowStreamer : public UnitStreamer {
   int64_t slot_bytes_ = 0;
   int64_t fp32_bytes_ = 0;             // per slot; 0 with Dtype::kBF16
   const float* embed_fp32_ = nullptr;  // device pointer of the embedding's mapped FP32 master
+  // Sharded nodes: every node's piece of this local index ((nodes + 1) x the largest piece, BF16: the
+  // last for this rank's own), and every node's norms ((nodes + 1) x the largest side copy, FP32).
+  void* gathered_ = nullptr;
+  float* side_all_ = nullptr;
+  int64_t gathered_piece_ = 0;  // elements
+  cudaEvent_t gather_done_ = nullptr;  // the last gather's work, all of it
+  int64_t side_numel_ = 0;
   std::vector<Slot> slots_;
   HostRegistry own_registry_;  // the ring's slots, and the mirrors without options.registry
   uint64_t clock_ = 0;
