@@ -425,7 +425,7 @@ absl::StatusOr<v1::SubmitJobResponse> HostCore::SubmitRecord(const v1::SubmitJob
   return resp;
 }
 
-absl::Status HostCore::StartOverNodes(const std::string& id) {
+absl::Status HostCore::StartOverNodes(const std::string& id, absl::Time retry_until) {
   v1::JoinJobRequest join;
   JobNodes nodes;
   absl::StatusOr<std::string> kind;
@@ -439,6 +439,7 @@ absl::Status HostCore::StartOverNodes(const std::string& id) {
     join.set_coordinator(nodes.self);
     join.set_resume_from(rec.resume_from);
     join.set_run_id(rec.job.run_id());
+    join.set_attempt(rec.restarts);
   }
   options_.mesh->Register(id, nodes);
   absl::Status joined = kind.status();
@@ -446,6 +447,16 @@ absl::Status HostCore::StartOverNodes(const std::string& id) {
     if (n == nodes.self) continue;
     join.set_node(n);
     absl::StatusOr<v1::JoinJobResponse> resp = options_.mesh->Join(nodes.nodes[n], join);
+    // A restart: a node that is not back yet (down, or still ending its attempt) is asked again.
+    while (!resp.ok() && absl::Now() < retry_until &&
+           (absl::IsUnavailable(resp.status()) || absl::IsDeadlineExceeded(resp.status()))) {
+      {
+        absl::MutexLock l(&mu_);
+        if (stop_ || jobs_.at(id)->cancel) break;
+      }
+      absl::SleepFor(absl::Milliseconds(500));
+      resp = options_.mesh->Join(nodes.nodes[n], join);
+    }
     joined = resp.status();
     // One engine links the nodes' ranks: Gloo between CPU workers, NCCL between CUDA workers.
     if (joined.ok() && resp->backend() != *kind) {
@@ -514,7 +525,17 @@ absl::StatusOr<std::string> HostCore::JoinJob(const v1::JoinJobRequest& req) {
   RETURN_IF_ERROR(executor_->Validate(spec));
   absl::MutexLock l(&mu_);
   if (draining_) return absl::UnavailableError("hostd is draining and admits no new jobs");
-  if (jobs_.count(req.job_id())) return absl::AlreadyExistsError(absl::StrCat("job '", req.job_id(), "' exists here"));
+  // An automatic restart of a job over nodes: this node's attempt of it ended; it joins the next.
+  auto existing = jobs_.find(req.job_id());
+  const bool rejoin = existing != jobs_.end() && existing->second->nodes &&
+                      existing->second->nodes->coordinator == req.coordinator() &&
+                      existing->second->nodes->self == req.node() && req.attempt() > existing->second->restarts;
+  if (rejoin && !IsFinal(existing->second->job.state())) {
+    return absl::UnavailableError(absl::StrCat("job '", req.job_id(), "' is still ending its attempt here"));
+  }
+  if (existing != jobs_.end() && !rejoin) {
+    return absl::AlreadyExistsError(absl::StrCat("job '", req.job_id(), "' exists here"));
+  }
   // A job over nodes starts on every node at once: a node busy with another job would leave the
   // others waiting in their rendezvous.
   if (!running_.empty() || !queue_.empty()) {
@@ -523,9 +544,27 @@ absl::StatusOr<std::string> HostCore::JoinJob(const v1::JoinJobRequest& req) {
                                                " here; a job over nodes starts on idle nodes"));
   }
   ASSIGN_OR_RETURN(std::string kind, WorkerKindLocked());
+  if (rejoin) {
+    JobRecord& rec = *existing->second;
+    rec.restarts = req.attempt();
+    rec.resume_from = resume_from;
+    rec.job.set_resume_from(resume_from);
+    rec.job.clear_error();
+    rec.job.set_error_code(0);
+    rec.cancel = false;
+    rec.peer_abort = absl::OkStatus();
+    rec.job.set_state(v1::JOB_STATE_QUEUED);
+    options_.mesh->Register(req.job_id(), *rec.nodes);
+    PersistLocked(rec);
+    queue_.push_back(req.job_id());
+    LOG(INFO) << "job " << req.job_id() << " rejoined as node " << req.node() << " for its attempt " << req.attempt()
+              << (resume_from.empty() ? std::string(" from the start") : absl::StrCat(" from ", resume_from));
+    return kind;
+  }
   auto rec = std::make_unique<JobRecord>();
   rec->nodes = JobNodes{spec.runtime.nodes, req.node(), req.coordinator()};
   FillJobRecord(*rec, req.job_id(), spec, req.spec_yaml(), resume_from, req.run_id());
+  rec->restarts = req.attempt();
   rec->job.set_state(v1::JOB_STATE_QUEUED);
   options_.mesh->Register(req.job_id(), *rec->nodes);
   PersistLocked(*rec);
@@ -855,12 +894,54 @@ void HostCore::RunnerLoop() {
       }
       options_.mesh->Unregister(id);
     }
+    bool restart_over_nodes = false;
     {
       absl::MutexLock l(&mu_);
       for (auto& w : assigned) {
         worker_job_.erase(w->id());
         w->SetAssignedJob("");
       }
+      // A job over nodes that lost a worker or a node (UNAVAILABLE, or a node that stopped answering:
+      // DEADLINE_EXCEEDED) restarts the same way, driven by its coordinator: once every node has
+      // joined the next attempt (each waits for its workers), from the newest checkpoint.
+      const bool lost = status.code() == absl::StatusCode::kUnavailable ||
+                        status.code() == absl::StatusCode::kDeadlineExceeded;
+      const bool user_cancel = rec->cancel && rec->peer_abort.ok();
+      if (lost && rec->nodes && rec->nodes->coordinating() && !user_cancel && !stop_ &&
+          rec->restarts < rec->spec.runtime.max_restarts) {
+        rec->restarts++;
+        for (auto& w : assigned) {
+          if (!w->process_alive()) w->MarkGone();
+        }
+        auto latest = checkpoint::FindLatestCheckpoint(rec->spec.output.dir, rec->job.job_id());
+        rec->resume_from = latest.ok() ? *latest : rec->resume_from;
+        rec->job.set_resume_from(rec->resume_from);
+        rec->cancel = false;
+        rec->peer_abort = absl::OkStatus();
+        v1::JobEvent ev;
+        ev.set_log(absl::StrCat("restart ", rec->restarts, " of ", rec->spec.runtime.max_restarts, " over ",
+                                rec->nodes->count(), " nodes after: ", BoundedLine(status.message(), kMaxJobErrorBytes),
+                                latest.ok() ? absl::StrCat("; resuming from ", *latest) : std::string("; from the start"),
+                                " once every node has joined again"));
+        LOG(WARNING) << "job " << id << ": " << ev.log();
+        Publish(*rec, ev);
+        rec->job.set_state(v1::JOB_STATE_QUEUED);
+        PersistLocked(*rec);
+        running_.clear();
+        restart_over_nodes = true;
+      }
+    }
+    if (restart_over_nodes) {
+      // The nodes come back within the time a job waits for its workers (or the step timeout).
+      const absl::Duration wait =
+          std::max(options_.worker_wait, absl::Milliseconds(rec->spec.runtime.step_timeout_ms));
+      if (absl::Status s = StartOverNodes(id, absl::Now() + wait); !s.ok()) {
+        LOG(WARNING) << "job " << id << ": its restart over nodes failed: " << s;
+      }
+      continue;
+    }
+    {
+      absl::MutexLock l(&mu_);
       // A worker that died (UNAVAILABLE) is survivable when the spec asks for automatic
       // restarts: the job goes back to the front of the queue and resumes from its newest
       // complete checkpoint (or from the start) on the workers still attached.

@@ -295,7 +295,9 @@ class HostCore {
   // Submit of a job over nodes, once its record exists (not queued): finds this node among them,
   // has every other node join, then queues it. On an error the record ends FAILED and the nodes that
   // joined stop.
-  absl::Status StartOverNodes(const std::string& id);
+  // retry_until (an automatic restart): a node that does not answer or is still ending its attempt is
+  // asked again until then.
+  absl::Status StartOverNodes(const std::string& id, absl::Time retry_until = absl::InfinitePast());
   // The kind of the attached live workers ("cpu", "cuda"); FAILED_PRECONDITION when mixed or none.
   absl::StatusOr<std::string> WorkerKindLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `slidedp plan` of a job over nodes: this node's share predicted on its workers, the bandwidth

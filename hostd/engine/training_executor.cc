@@ -447,7 +447,9 @@ absl::Status TrainingExecutor::SaveNodeShare(JobContext& ctx, Attempt& a, const 
   // the path is checked all the same).
   const std::filesystem::path dir(tmp);
   std::error_code ec;
-  const bool inside = dir.is_absolute() && dir.parent_path() == std::filesystem::path(req.root_dir) &&
+  const bool inside = dir.is_absolute() &&
+                      std::filesystem::weakly_canonical(dir.parent_path(), ec) ==
+                          std::filesystem::weakly_canonical(std::filesystem::path(req.root_dir), ec) &&
                       absl::StartsWith(dir.filename().string(), ".tmp-checkpoint-") &&
                       std::filesystem::is_directory(std::filesystem::symlink_status(dir, ec));
   absl::Status written =

@@ -231,6 +231,38 @@ TEST(MultiNode, ALostWorkerFailsTheJobOnEveryNode) {
   EXPECT_THAT(ja->error(), HasSubstr("node 1")) << ja->error();
 }
 
+// runtime.max_restarts over nodes: node 1's worker dies after the step-2 checkpoint and a new one attaches
+// (the node is back); the coordinator restarts the job on both nodes from that checkpoint, and it ends
+// with the bits of the run straight through on one node. Sharded, so every node writes its share again.
+TEST(MultiNode, ALostWorkerRestartsTheJobOverNodesFromItsCheckpoint) {
+  NodeHarness a(1), b(1);
+  v1::SubmitJobRequest req;
+  req.set_job_id("restarts");
+  req.set_spec_yaml(Spec(1, {a.address(), b.address()}, 6, 0.05, "out", ", node_state: sharded, max_restarts: 1"));
+  req.set_base_dir(a.dir());
+  ASSERT_TRUE(a.client().Submit(req).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline && !std::filesystem::exists(a.dir() + "/out/checkpoint-2/COMPLETE")) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(std::filesystem::exists(a.dir() + "/out/checkpoint-2/COMPLETE"));
+  NodeHarness::KillAndReap(b.worker_pids()[0], SIGKILL);
+  b.AddWorker();
+  auto ja = a.WaitFinal("restarts", 120);
+  ASSERT_TRUE(ja.ok()) << ja.status();
+  EXPECT_EQ(ja->state(), v1::JOB_STATE_SUCCEEDED) << ja->error();
+  auto jb = b.WaitFinal("restarts", 30);
+  ASSERT_TRUE(jb.ok()) << jb.status();
+  EXPECT_EQ(jb->state(), v1::JOB_STATE_SUCCEEDED) << jb->error();
+  NodeHarness one(2);
+  MustSucceed(one, Spec(2, {}, 6, 0.05, "straight"), "straight");
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    const std::string straight = FileBytes(one.dir() + "/straight/checkpoint-6/" + file);
+    ASSERT_FALSE(straight.empty());
+    EXPECT_TRUE(FileBytes(a.dir() + "/out/checkpoint-6/" + file) == straight) << file;
+  }
+}
+
 // `slidedp plan` of a job over nodes: the world of every node's ranks, the network term measured.
 // A node's hostd killed mid-job: the coordinator's job fails within the step timeout, naming the node.
 TEST(MultiNode, ALostHostdFailsTheJobOnTheCoordinator) {
