@@ -17,6 +17,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
@@ -177,6 +178,23 @@ absl::Status ValidateRequest(const SaveRequest& req) {
   return absl::OkStatus();
 }
 
+// A sharded save's files, made before any node writes into them: each with its header and its blocks
+// reserved, no tensor data (TensorSource::only empty), and the weights' index when there are several.
+absl::Status CreateEmptyFiles(const std::string& dir, const std::vector<PlannedFile>& weights,
+                              const PlannedFile& optimizer, int io_threads) {
+  auto empty = [](PlannedFile f) {
+    for (st::TensorSource& t : f.tensors) t.only.emplace();
+    return f;
+  };
+  std::vector<PlannedFile> bare;
+  for (const PlannedFile& f : weights) bare.push_back(empty(f));
+  RETURN_IF_ERROR(internal::WriteWeightFiles(dir, bare, io_threads).status());
+  st::WriteOptions wopts;
+  wopts.metadata = optimizer.metadata;
+  wopts.durability = st::Durability::kNone;  // fsynced once the data is in
+  return st::WriteFile(dir + "/" + optimizer.name, empty(optimizer).tensors, wopts).status();
+}
+
 // Writes every file of the checkpoint into tmp; returns bytes written.
 absl::StatusOr<uint64_t> WriteCheckpointFiles(const SaveRequest& req, const fs::path& tmp,
                                               const std::vector<PlannedFile>& weights, const PlannedFile& optimizer) {
@@ -192,20 +210,37 @@ absl::StatusOr<uint64_t> WriteCheckpointFiles(const SaveRequest& req, const fs::
   RETURN_IF_ERROR(WriteSmallFile((tmp / "config.json").string(), config_json));
   bytes += config_json.size();
 
+  // A sharded state: the files are made first (headers, every block reserved, no data), then every node
+  // writes its share into them at once, this one here while other_nodes tells the others and waits.
+  std::thread others;
+  absl::Status others_status;
+  if (req.share != nullptr) {
+    if (!req.other_nodes) return absl::InvalidArgumentError("SaveCheckpoint: a node's share without other_nodes");
+    RETURN_IF_ERROR(CreateEmptyFiles(tmp.string(), weights, optimizer, req.io_threads));
+    others = std::thread([&] { others_status = req.other_nodes(tmp.string()); });
+  }
+  auto join_others = [&]() -> absl::Status {
+    if (!others.joinable()) return absl::OkStatus();
+    others.join();
+    return others_status;
+  };
+  // Whatever ends this early, the thread telling the others is joined (it returns once each node said
+  // how its share went, or after the step timeout).
+  absl::Cleanup join_on_exit = [&] { (void)join_others(); };
+  wopts.into_existing = req.share != nullptr;
+
   RETURN_IF_ERROR(stage("model"));
-  ASSIGN_OR_RETURN(const uint64_t weight_bytes, internal::WriteWeightFiles(tmp.string(), weights, req.io_threads));
-  bytes += weight_bytes;
+  absl::StatusOr<uint64_t> weight_bytes = internal::WriteWeightFiles(tmp.string(), weights, req.io_threads, req.share != nullptr);
+  if (!weight_bytes.ok()) return weight_bytes.status();
+  bytes += *weight_bytes;
 
   RETURN_IF_ERROR(stage("optimizer.safetensors"));
   wopts.metadata = optimizer.metadata;
-  ASSIGN_OR_RETURN(st::WriteStats os, st::WriteFile((tmp / optimizer.name).string(), optimizer.tensors, wopts));
-  bytes += os.file_bytes;
-
-  // A sharded state: the files exist, this node's share is in them; the other nodes write theirs.
-  if (req.share != nullptr) {
-    if (!req.other_nodes) return absl::InvalidArgumentError("SaveCheckpoint: a node's share without other_nodes");
-    RETURN_IF_ERROR(req.other_nodes(tmp.string()));
-  }
+  absl::StatusOr<st::WriteStats> os = st::WriteFile((tmp / optimizer.name).string(), optimizer.tensors, wopts);
+  const absl::Status others_done = join_others();
+  RETURN_IF_ERROR(os.status());
+  bytes += os->file_bytes;
+  RETURN_IF_ERROR(others_done);
 
   RETURN_IF_ERROR(stage("trainer_state.json"));
   nlohmann::json state = {
