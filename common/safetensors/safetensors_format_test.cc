@@ -133,6 +133,46 @@ TEST_F(SafetensorsFormatTest, FillCallbackAndThreadCountGiveIdenticalFiles) {
   EXPECT_NE(unsupported.message().find("I16"), std::string::npos) << unsupported;
 }
 
+// Several writers filling one file (a sharded state's nodes, TensorSource::only + into_existing): the
+// creator makes it with no data, each writer its byte ranges; the result is the single writer's file.
+TEST_F(SafetensorsFormatTest, WritersOfDisjointRangesMakeTheSingleWritersFile) {
+  std::vector<float> a(1000), b(37);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 0.25f * static_cast<float>(i) - 3.0f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = -1.0f * static_cast<float>(i);
+  const std::vector<TensorSource> whole = {{"a", Dtype::kF32, {1000}, a.data(), nullptr},
+                                           {"b", Dtype::kF32, {37}, b.data(), nullptr}};
+  WriteOptions opts;
+  opts.metadata = {{"format", "pt"}};
+  ASSERT_TRUE(WriteFile(Path("one.safetensors"), whole, opts).ok());
+  auto with = [&](std::vector<std::vector<std::pair<uint64_t, uint64_t>>> only) {
+    std::vector<TensorSource> t = whole;
+    for (size_t i = 0; i < t.size(); ++i) t[i].only = only[i];
+    return t;
+  };
+  ASSERT_TRUE(WriteFile(Path("many.safetensors"), with({{}, {}}), opts).ok());  // the creator: no data
+  WriteOptions into = opts;
+  into.into_existing = true;
+  ASSERT_TRUE(WriteFile(Path("many.safetensors"), with({{{0, 1600}}, {{0, 20}}}), into).ok());
+  ASSERT_TRUE(WriteFile(Path("many.safetensors"), with({{{1600, 4000}}, {{20, 148}}}), into).ok());
+  std::ifstream f1(Path("one.safetensors"), std::ios::binary), f2(Path("many.safetensors"), std::ios::binary);
+  std::stringstream s1, s2;
+  s1 << f1.rdbuf();
+  s2 << f2.rdbuf();
+  EXPECT_EQ(s1.str(), s2.str());
+  // Another header (a different tensor set), a missing file, a range outside a tensor: refused, and the
+  // creator's file is left as it was.
+  const std::vector<TensorSource> other = {{"a", Dtype::kF32, {999}, a.data(), nullptr}};
+  EXPECT_EQ(WriteFile(Path("many.safetensors"), other, into).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(WriteFile(Path("absent.safetensors"), whole, into).ok());
+  EXPECT_FALSE(fs::exists(Path("absent.safetensors")));
+  EXPECT_EQ(WriteFile(Path("many.safetensors"), with({{{0, 4004}}, {}}), into).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::ifstream f3(Path("many.safetensors"), std::ios::binary);
+  std::stringstream s3;
+  s3 << f3.rdbuf();
+  EXPECT_EQ(s1.str(), s3.str());
+}
+
 TEST_F(SafetensorsFormatTest, EmptyAndZeroSizedTensorsAreValid) {
   std::vector<TensorSource> none;
   ASSERT_TRUE(WriteFile(Path("empty.safetensors"), none).ok());
