@@ -225,6 +225,36 @@ TEST_F(CkptHfLoadTest, NonFiniteWeightsAreDataLossNamingTheTensor) {
   }
 }
 
+// A node's share of a sharded state (windows): each unit's array holds only its range, with exactly the
+// values the whole unit gets (every chunk keeps its own stream, the padding its zeros).
+TEST(CkptInitRandomTest, WindowsHoldTheWholeUnitsValues) {
+  ModelConfig c = TinyConfig(false);
+  c.vocab_size = 3000;  // the embedding spans several RNG chunks
+  c.hidden_size = 512;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 4;
+  c.head_dim = 64;
+  const ModelLayout layout = ModelLayout::Build(c);
+  HostState whole(layout);
+  InitRandom(layout, 42, whole.master_fn(), 2);
+  for (int node = 0; node < 3; ++node) {
+    std::vector<ShardRange> windows;
+    std::vector<std::vector<float>> arrays;
+    for (const UnitLayout& u : layout.units) {
+      const int64_t span = (u.numel / 3 + 255) / 256 * 256;
+      const int64_t begin = std::min(u.numel, span * node), end = std::min(u.numel, span * (node + 1));
+      windows.push_back({begin, end - begin});
+      arrays.emplace_back(end - begin, std::nanf(""));
+    }
+    InitRandom(layout, 42, [&](int u) { return arrays[u].data(); }, 3, &windows);
+    for (const UnitLayout& u : layout.units) {
+      const ShardRange w = windows[u.index];
+      ASSERT_EQ(0, std::memcmp(arrays[u.index].data(), whole.master[u.index].data() + w.offset, w.numel * 4))
+          << u.name << " node " << node;
+    }
+  }
+}
+
 TEST(CkptInitRandomTest, DeterministicIndependentOfThreadsAndHfDistributed) {
   ModelConfig c = TinyConfig(false);
   c.vocab_size = 3000;  // embedding spans several RNG chunks
