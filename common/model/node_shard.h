@@ -14,6 +14,7 @@
 // then summed over the nodes as in a replicated job, and every node updates it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -38,6 +39,23 @@ struct NodeSharding {
   ShardRange RangeOf(int unit, int64_t unit_numel, int node) const;
   ShardRange Range(int unit, int64_t unit_numel) const { return RangeOf(unit, unit_numel, node); }
 };
+
+// Whether `sharding` (null: none) cuts `unit` into node ranges.
+inline bool SplitsUnit(const NodeSharding* sharding, int unit) {
+  return sharding != nullptr && sharding->sharded() && !sharding->IsReplicated(unit);
+}
+
+// The norm weights' FP32 side copy (TensorSlot::fp32_offset) within a range of the unit's elements: calls
+// fn(side index, unit element, count) for each norm tensor's part inside [range.offset, +numel).
+template <typename Fn>
+void ForEachSidePart(const UnitLayout& unit, ShardRange range, Fn&& fn) {
+  for (const TensorSlot& t : unit.tensors) {
+    if (t.fp32_offset < 0) continue;
+    const int64_t a = std::max(t.offset_numel, range.offset);
+    const int64_t b = std::min(t.offset_numel + t.numel, range.offset + range.numel);
+    if (a < b) fn(t.fp32_offset + (a - t.offset_numel), a, b - a);
+  }
+}
 
 // Node n's range of a unit of `unit_numel` elements over `nodes` nodes of `ranks` ranks (above).
 ShardRange NodeRangeOf(int64_t unit_numel, int nodes, int ranks, int node);

@@ -289,10 +289,7 @@ class CudaGradientPath final : public GradientPath {
   }
 
  private:
-  bool ShardedUnit(int unit) const {
-    const NodeSharding* sh = options_.base.sharding;
-    return sh != nullptr && sh->sharded() && !sh->IsReplicated(unit);
-  }
+  bool ShardedUnit(int unit) const { return SplitsUnit(options_.base.sharding, unit); }
 
   // runtime.node_state sharded (gradient_path.h): every node range's local shards reduce-scattered by
   // this node's ranks (NCCL, in place in the unit's buffer) and chained over the nodes, the last node

@@ -319,12 +319,9 @@ absl::Status CudaWindowStreamer::GatherUnit(int unit, Slot& slot) {
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.staged));  // its previous copy is done
     std::fill_n(slot.fp32_staging, ul.fp32_numel, 0.0f);
     const float* master = state_->master(unit);
-    for (const TensorSlot& t : ul.tensors) {
-      if (t.fp32_offset < 0) continue;
-      const int64_t a = std::max(t.offset_numel, own.offset);
-      const int64_t b = std::min(t.offset_numel + t.numel, own.offset + own.numel);
-      for (int64_t e = a; e < b; ++e) slot.fp32_staging[t.fp32_offset + (e - t.offset_numel)] = master[e - own.offset];
-    }
+    ForEachSidePart(ul, own, [&](int64_t at, int64_t element, int64_t n) {
+      std::copy_n(master + (element - own.offset), n, slot.fp32_staging + at);
+    });
     float* side_mine = side_all_ + nodes * side_numel_;
     SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(side_mine, slot.fp32_staging, ul.fp32_numel * sizeof(float),
                                                  cudaMemcpyHostToDevice, h2d_));
@@ -342,16 +339,14 @@ absl::Status CudaWindowStreamer::GatherUnit(int unit, Slot& slot) {
   if (side) {
     RETURN_IF_ERROR(link.AllGather(side_all_ + nodes * side_numel_, ul.fp32_numel, side_all_));
     for (int m = 0; m < nodes; ++m) {  // each element from its owner
-      const ShardRange range = NodeRangeOf(numel, nodes, world, m);
-      for (const TensorSlot& t : ul.tensors) {
-        if (t.fp32_offset < 0) continue;
-        const int64_t a = std::max(t.offset_numel, range.offset);
-        const int64_t b = std::min(t.offset_numel + t.numel, range.offset + range.numel);
-        if (a >= b) continue;
-        const int64_t at = t.fp32_offset + (a - t.offset_numel);
-        SLIDEDP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot.fp32 + at, side_all_ + m * side_numel_ + at,
-                                                     (b - a) * sizeof(float), cudaMemcpyDeviceToDevice, across));
-      }
+      cudaError_t copied = cudaSuccess;
+      ForEachSidePart(ul, NodeRangeOf(numel, nodes, world, m), [&](int64_t at, int64_t, int64_t n) {
+        if (copied == cudaSuccess) {
+          copied = cudaMemcpyAsync(slot.fp32 + at, side_all_ + m * side_numel_ + at, n * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, across);
+        }
+      });
+      SLIDEDP_CUDA_RETURN_IF_ERROR(copied);
     }
   }
   SLIDEDP_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.ready, across));

@@ -134,9 +134,7 @@ class CudaWindowStreamer : public UnitStreamer {
   absl::Status CopyAndCastOnDevice(const float* master, char* dst, int64_t numel);
   // Whether the GPU is about to wait for a load whose gate wait took `gate_wait`.
   absl::StatusOr<bool> LoadIsUrgent(absl::Duration gate_wait);
-  bool ShardedUnit(int unit) const {
-    return options_.sharding != nullptr && options_.sharding->sharded() && !options_.sharding->IsReplicated(unit);
-  }
+  bool ShardedUnit(int unit) const { return SplitsUnit(options_.sharding, unit); }
   // Sharded nodes: queues the whole unit's gather into `slot` (and its norms' FP32 side copy); the
   // slot's `ready` is recorded where the last of it runs.
   absl::Status GatherUnit(int unit, Slot& slot);

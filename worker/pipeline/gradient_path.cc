@@ -105,9 +105,7 @@ class HostGradientPath final : public GradientPath {
     return sum;
   }
 
-  bool ShardedUnit(int unit) const {
-    return options_.sharding != nullptr && options_.sharding->sharded() && !options_.sharding->IsReplicated(unit);
-  }
+  bool ShardedUnit(int unit) const { return SplitsUnit(options_.sharding, unit); }
 
   // runtime.node_state sharded: buf (the rank's whole gradient of `unit`, PaddedNumel over every rank
   // of the job) is reduce-scattered per node range: this node's ranks sum each range's local shards,

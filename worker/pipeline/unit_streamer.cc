@@ -147,25 +147,16 @@ absl::Status HostMirrorStreamer::GatherUnit(int unit, std::vector<bf16_t>& value
   if (norms_ != Dtype::kF32 || ul.fp32_numel == 0) return absl::OkStatus();
   side_mine_.assign(static_cast<size_t>(ul.fp32_numel), 0.0f);
   const float* master = state_->master(unit);
-  for (const TensorSlot& t : ul.tensors) {
-    if (t.fp32_offset < 0) continue;
-    const int64_t a = std::max(t.offset_numel, own.offset), b = std::min(t.offset_numel + t.numel, own.offset + own.numel);
-    for (int64_t e = a; e < b; ++e) side_mine_[t.fp32_offset + (e - t.offset_numel)] = master[e - own.offset];
-  }
+  ForEachSidePart(ul, own, [&](int64_t at, int64_t element, int64_t n) {
+    std::copy_n(master + (element - own.offset), n, side_mine_.data() + at);
+  });
   side_all_.resize(static_cast<size_t>(nodes * ul.fp32_numel));
   RETURN_IF_ERROR(link_->AllGather(side_mine_.data(), ul.fp32_numel, side_all_.data()));
   side.resize(static_cast<size_t>(ul.fp32_numel));
   for (int m = 0; m < nodes; ++m) {
-    const ShardRange range = NodeRangeOf(numel, nodes, world_, m);
     const float* theirs = side_all_.data() + m * ul.fp32_numel;
-    for (const TensorSlot& t : ul.tensors) {
-      if (t.fp32_offset < 0) continue;
-      const int64_t a = std::max(t.offset_numel, range.offset);
-      const int64_t b = std::min(t.offset_numel + t.numel, range.offset + range.numel);
-      for (int64_t e = a; e < b; ++e) {
-        side[t.fp32_offset + (e - t.offset_numel)] = theirs[t.fp32_offset + (e - t.offset_numel)];
-      }
-    }
+    ForEachSidePart(ul, NodeRangeOf(numel, nodes, world_, m),
+                    [&](int64_t at, int64_t, int64_t n) { std::copy_n(theirs + at, n, side.data() + at); });
   }
   return absl::OkStatus();
 }

@@ -81,9 +81,7 @@ class HostMirrorStreamer : public UnitStreamer {
   // The whole BF16 unit into `values` (PaddedNumel over every rank of the job) and its norms' FP32 side
   // copy into `side`, from every node's range.
   absl::Status GatherUnit(int unit, std::vector<bf16_t>& values, std::vector<float>& side);
-  bool ShardedUnit(int unit) const {
-    return sharding_ != nullptr && sharding_->sharded() && !sharding_->IsReplicated(unit);
-  }
+  bool ShardedUnit(int unit) const { return SplitsUnit(sharding_, unit); }
 
   shm::JobState* state_;
   // The hostd whose gates this job waits on, as it was when the job started (a restarted hostd
