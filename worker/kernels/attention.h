@@ -67,6 +67,14 @@ struct AttnArgs {
   // (device [num_q_heads], FP32): -Σ_rows exp(sink - lse) · (dO·O).
   const float* sinks = nullptr;
   float* dsinks = nullptr;
+  // The low half of the FP32 output (optional; own kernels only, cuDNN neither writes nor reads it):
+  // [T, nq*hd] with o's row stride. Forward writes o_fp32 - bf16(o_fp32) rounded to BF16 beside o;
+  // backward forms the row dots D = dO·O from o + o_lo, i.e. from the FP32 output. Without it D
+  // carries O's BF16 rounding, one error per row that every dS of the row shares: where the
+  // values share a large component (a v bias) it dominates O, and dQ / dK (which sum dS over a
+  // row or a document) come out several times noisier than the BF16 operands alone make them
+  // (docs/kernels.md, "The row dots").
+  __nv_bfloat16* o_lo = nullptr;
 };
 
 struct AttnTensor {

@@ -49,7 +49,8 @@ __device__ __forceinline__ void ReleaseStore(int* p, int v) {
   asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// D[h][t] = Σ_d dO[t, h*hd + d] * O[t, h*hd + d]; one warp per (token, head).
+// D[h][t] = Σ_d dO[t, h*hd + d] * O[t, h*hd + d], O the FP32 output where AttnArgs::o_lo holds its
+// low half (o + o_lo), else the BF16 o; one warp per (token, head).
 __global__ void AttnRowDotKernel(AttnArgs a, AttnTensor o, AttnTensor dout, float* __restrict__ dsum) {
   const int lane = threadIdx.x & 31;
   const int64_t n = a.tokens * a.num_q_heads;
@@ -59,8 +60,12 @@ __global__ void AttnRowDotKernel(AttnArgs a, AttnTensor o, AttnTensor dout, floa
     const int h = static_cast<int>(r % a.num_q_heads);
     const bf16* op = o.ptr + t * o.ld + static_cast<int64_t>(h) * a.head_dim;
     const bf16* dp = dout.ptr + t * dout.ld + static_cast<int64_t>(h) * a.head_dim;
+    const bf16* lp = a.o_lo != nullptr ? a.o_lo + (op - o.ptr) : nullptr;
     float s = 0.f;
-    for (int d = lane; d < a.head_dim; d += 32) s += __bfloat162float(op[d]) * __bfloat162float(dp[d]);
+    for (int d = lane; d < a.head_dim; d += 32) {
+      const float ov = lp != nullptr ? __bfloat162float(op[d]) + __bfloat162float(lp[d]) : __bfloat162float(op[d]);
+      s += ov * __bfloat162float(dp[d]);
+    }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
     if (lane == 0) dsum[static_cast<int64_t>(h) * a.tokens + t] = s;

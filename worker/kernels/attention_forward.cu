@@ -24,6 +24,16 @@ namespace {
 // Q fragments are re-read from shared memory each step (registers go to the accumulators).
 constexpr int kFwdMt = 2, kFwdBr = 64 * kFwdMt, kFwdBc = 64, kFwdThreads = 128;
 
+// Two adjacent output values at element `at` of o, and (lo non-null) what their BF16 rounding lost
+// at the same element of lo (AttnArgs::o_lo).
+__device__ __forceinline__ void StoreOut(bf16* o, bf16* lo, int64_t at, float x0, float x1) {
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(x0, x1);
+  *reinterpret_cast<__nv_bfloat162*>(o + at) = hi;
+  if (lo == nullptr) return;
+  const float2 back = __bfloat1622float2(hi);
+  *reinterpret_cast<__nv_bfloat162*>(lo + at) = __floats2bfloat162_rn(x0 - back.x, x1 - back.y);
+}
+
 template <int HD>
 __global__ void __launch_bounds__(kFwdThreads)
     FlashFwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor v, AttnOutTensor o, float* __restrict__ lse) {
@@ -197,6 +207,7 @@ __global__ void __launch_bounds__(kFwdThreads)
     __syncthreads();  // the next prefetch overwrites this stage
   }
   bf16* obase = o.ptr + doc_start * o.ld + static_cast<int64_t>(head) * HD;
+  bf16* lobase = a.o_lo != nullptr ? a.o_lo + doc_start * o.ld + static_cast<int64_t>(head) * HD : nullptr;
   float* lrow = lse + static_cast<int64_t>(head) * a.tokens + doc_start;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -210,12 +221,8 @@ __global__ void __launch_bounds__(kFwdThreads)
 #pragma unroll
     for (int dt = 0; dt < HD / 8; ++dt) {
       const int col = dt * 8 + 2 * t4;
-      if (row_a < len)
-        *reinterpret_cast<__nv_bfloat162*>(obase + row_a * o.ld + col) =
-            __floats2bfloat162_rn(acc[mt][dt][0] * inv0, acc[mt][dt][1] * inv0);
-      if (row_b < len)
-        *reinterpret_cast<__nv_bfloat162*>(obase + row_b * o.ld + col) =
-            __floats2bfloat162_rn(acc[mt][dt][2] * inv1, acc[mt][dt][3] * inv1);
+      if (row_a < len) StoreOut(obase, lobase, row_a * o.ld + col, acc[mt][dt][0] * inv0, acc[mt][dt][1] * inv0);
+      if (row_b < len) StoreOut(obase, lobase, row_b * o.ld + col, acc[mt][dt][2] * inv1, acc[mt][dt][3] * inv1);
     }
     if (t4 == 0) {
       if (row_a < len) lrow[row_a] = m_run[mt][0] * kLn2 + logf(l_run[mt][0]);
@@ -269,7 +276,12 @@ __global__ void SlowFwdKernel(AttnArgs a, AttnTensor q, AttnTensor k, AttnTensor
 #pragma unroll
     for (int i = 0; i < kSlowMaxDimPerLane; ++i) {
       const int d = lane + 32 * i;
-      if (d < hd) o.ptr[t * o.ld + h * hd + d] = __float2bfloat16(acc[i] / l);
+      if (d < hd) {
+        const float x = acc[i] / l;
+        const bf16 hi = __float2bfloat16(x);
+        o.ptr[t * o.ld + h * hd + d] = hi;
+        if (a.o_lo != nullptr) a.o_lo[t * o.ld + h * hd + d] = __float2bfloat16(x - __bfloat162float(hi));
+      }
     }
     if (lane == 0) lse[static_cast<int64_t>(h) * a.tokens + t] = m + logf(l);
   }

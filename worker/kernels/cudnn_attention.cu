@@ -268,8 +268,10 @@ struct CudnnAttention::Impl {
                                                      " heads=", a.num_q_heads, "/", a.num_kv_heads,
                                                      " docs=", a.num_docs, " max_seqlen=", a.max_seqlen));
     }
-    // What the graphs do not build: attention sinks, a window in a cross (bottom-right) call.
+    // What the graphs do not build: attention sinks, the output's low half, a window in a cross
+    // (bottom-right) call.
     if (a.sinks != nullptr) return absl::UnimplementedError("cudnn attention: attention sinks");
+    if (a.o_lo != nullptr) return absl::UnimplementedError("cudnn attention: the output's low half (AttnArgs::o_lo)");
     if (a.cross() && a.window > 0 && a.window < a.max_seqlen_kv) {
       return absl::UnimplementedError("cudnn attention: a sliding window in cross attention");
     }

@@ -21,7 +21,7 @@ int OffloadedCheckpoints(double ratio, int n) {
 absl::Status ReserveCheckpoints(ActivationStore& store, const ComputeBackend& backend,
                                 const std::vector<ActPolicy>& policies, const std::vector<MicroBatch>& micro_batches,
                                 Dtype checkpoint_dtype) {
-  constexpr int64_t kPieceAlignmentRoom = 16 * 256;  // the CUDA backend aligns each piece to 256 bytes
+  constexpr int64_t kPieceAlignmentRoom = 32 * 256;  // the CUDA backend aligns each piece to 256 bytes
   const int64_t input_per_token = backend.config().hidden_size * DtypeBytes(CheckpointDType(backend, checkpoint_dtype));
   for (size_t l = 0; l < policies.size(); ++l) {
     const int unit = static_cast<int>(l) + 1;

@@ -198,7 +198,8 @@ int64_t CudaBackend::SavedBytesPerToken(ActPolicy policy) const {
   // qwen3_5's layers (and gemma3's and gemma4's: LayersKeepNothing) keep nothing under any policy:
   // backward recomputes them from the layer input, so the activation store moves only their inputs.
   if (config_.is_qwen3_5() || LayersKeepNothing()) return 0;
-  return CudaKeptBytesPerToken(ModelShape::Of(config_), policy.pieces, act_bytes());
+  const int64_t low_half = KeepsOutputLowHalf() && (policy.pieces & kPieceAttention) ? 2 * qd_ : 0;  // o_lo
+  return CudaKeptBytesPerToken(ModelShape::Of(config_), policy.pieces, act_bytes()) + low_half;
 }
 
 }  // namespace cuda_backend_internal

@@ -121,6 +121,9 @@ struct LayerActs {
   bf16* kr = nullptr;
   bf16* o = nullptr;
   float* lse = nullptr;
+  // What o's BF16 rounding lost (kernels::AttnArgs::o_lo), with o where the layer has attention
+  // sinks (the own kernels run it): backward's row dots from the FP32 output. Whole, as lse.
+  bf16* o_lo = nullptr;
   void* h1 = nullptr;  // residual stream: FP32 or BF16 (CudaBackendOptions::fp32_residual)
   bf16* xn2 = nullptr;
   float* rstd2 = nullptr;
@@ -788,6 +791,9 @@ class CudaBackend final : public ComputeBackend {
   // gemma3's and gemma4's layers keep nothing (as on the CPU backend): backward recomputes each from
   // its input.
   bool LayersKeepNothing() const { return config_.is_gemma3() || config_.is_gemma4(); }
+  // Whether attention keeps its output's low half (LayerActs::o_lo): the layers with sinks, which
+  // the own kernels run (GPT-OSS: its v bias dominates the output, docs/kernels.md "The row dots").
+  bool KeepsOutputLowHalf() const { return config_.has_attention_sinks(); }
 
   // Reserves the activations of the pieces in `pieces` (common/policy/layer_pieces.h): those
   // attention reads or writes (qkv, qr, kr, o, lse) for all T tokens, the token-local ones (the
@@ -814,6 +820,7 @@ class CudaBackend final : public ComputeBackend {
     if (pieces & kPieceAttention) {
       c.Reserve(&a.o, T * qd_);
       c.Reserve(&a.lse, T * nq_);
+      if (KeepsOutputLowHalf()) c.Reserve(&a.o_lo, T * qd_);
     }
   }
   // The view of a tile starting at row t0: the whole-sequence intermediates (attention's, and the
@@ -851,7 +858,7 @@ class CudaBackend final : public ComputeBackend {
     if (pieces & kPieceQkv) to->qkv = from.qkv;
     if (pieces & kPieceOProj) to->h1 = from.h1, to->ob = from.ob, to->rstd_o = from.rstd_o;
     if (pieces & kPieceGateUp) to->gu = from.gu, to->down = from.down, to->rstd_d = from.rstd_d;
-    if (pieces & kPieceAttention) to->o = from.o, to->lse = from.lse;
+    if (pieces & kPieceAttention) to->o = from.o, to->lse = from.lse, to->o_lo = from.o_lo;
   }
 
   // The head: loss and (dx non-null) its gradients; HeadForwardBackward and HeadLoss.

@@ -301,7 +301,8 @@ absl::StatusOr<std::optional<int64_t>> CudaBackend::CudnnWorkspace(AttnDir dir, 
 absl::Status CudaBackend::AttentionForward(const UnitParams& p, const CudaBatch& b, const LayerActs& a,
                                            const bf16* kv) {
   PoolBlock sinks;
-  ASSIGN_OR_RETURN(const kernels::AttnArgs attn, LayerAttn(p, b, sinks));
+  ASSIGN_OR_RETURN(kernels::AttnArgs attn, LayerAttn(p, b, sinks));
+  attn.o_lo = a.o_lo;
   ASSIGN_OR_RETURN(std::optional<int64_t> ws, CudnnWorkspace(AttnDir::kForward, attn));
   if (b.context()) {
     PoolBlock kv_block;
@@ -322,9 +323,11 @@ absl::Status CudaBackend::AttentionForward(const UnitParams& p, const CudaBatch&
                          stream_);
 }
 
-absl::Status CudaBackend::AttentionBackward(const CudaBatch& b, const kernels::AttnArgs& a,
+absl::Status CudaBackend::AttentionBackward(const CudaBatch& b, const kernels::AttnArgs& args,
                                             const std::optional<int64_t>& cudnn_ws, const LayerActs& acts, bf16* d_o,
                                             bf16* dq, bf16* dk, bf16* dv, char* ws, const bf16* kv) {
+  kernels::AttnArgs a = args;
+  a.o_lo = acts.o_lo;
   if (b.context()) {
     if (kv == nullptr) return absl::InternalError("context-parallel attention backward without the gathered keys");
     // The group's key/value gradients: every rank adds its queries' share over the whole's keys

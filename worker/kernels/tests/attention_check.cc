@@ -222,6 +222,76 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kerne
   ExpectRelErr(name + " bwd dV" + tag, gdv, rdv, 2e-2);
 }
 
+void CheckOutputLowHalf(int hd, int nq, int nkv, const std::vector<int>& docs, bool sinks, double bias,
+                        double gain) {
+  std::vector<int32_t> cu = {0};
+  for (int d : docs) cu.push_back(cu.back() + d);
+  const int64_t T = cu.back();
+  const int64_t ldq = nq * hd, ldk = nkv * hd, ldv = nkv * hd;
+  auto q = RandVec(T * ldq, 0.3), k = RandVec(T * ldk, 0.3), dout = RandVec(T * ldq);
+  const std::vector<double> common = RandVec(ldv, bias);
+  std::vector<double> v = RandVec(T * ldv, 0.3);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < ldv; ++c) v[t * ldv + c] = Bf16ToFloat(FloatToBf16(static_cast<float>(v[t * ldv + c] + common[c])));
+  std::unique_ptr<Dev<bf16>> dq_in(NewBf16(q)), dk_in(NewBf16(k)), dv_in(NewBf16(v)), ddo(NewBf16(dout));
+  Dev<int32_t> dcu(cu.size());
+  Upload(dcu, cu);
+  Dev<bf16> o(T * ldq), o_lo(T * ldq), dq(T * ldq), dk(T * ldk), dv(T * ldv);
+  Dev<float> lse(nq * T), sinks_dev(nq), dsinks_dev(nq);
+  kernels::AttnArgs a;
+  a.tokens = T;
+  a.num_docs = docs.size();
+  a.max_seqlen = *std::max_element(docs.begin(), docs.end());
+  a.num_q_heads = nq;
+  a.num_kv_heads = nkv;
+  a.head_dim = hd;
+  a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  a.cu_seqlens = dcu.get();
+  std::vector<double> sink_values;
+  if (sinks) {
+    for (int h = 0; h < nq; ++h) sink_values.push_back(-2.0 + 4.0 * h / std::max(1, nq - 1));
+    Upload(sinks_dev, std::vector<float>(sink_values.begin(), sink_values.end()));
+    a.sinks = sinks_dev.get();
+    a.dsinks = dsinks_dev.get();
+  }
+  a.o_lo = o_lo.get();
+  ASSERT_OK(kernels::FlashAttentionForward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv},
+                                           {o.get(), ldq}, lse.get(), nullptr));
+  Dev<char> ws(kernels::FlashAttentionBackwardWorkspaceBytes(a));
+  const Reference r = ReferenceAttention(q, k, v, dout, cu, hd, nq, nkv, ldq, ldk, ldv, a.softmax_scale, 0, sink_values);
+  std::string tag = " (hd=" + std::to_string(hd) + " " + std::to_string(nq) + "/" + std::to_string(nkv) +
+                    " heads, T=" + std::to_string(T) + ", v component " + std::to_string(bias).substr(0, 4) +
+                    (sinks ? ", sinks" : "") + ")";
+  const std::vector<double> hi = DownBf16(o.get(), T * ldq), lo = DownBf16(o_lo.get(), T * ldq);
+  std::vector<double> whole(hi.size());
+  for (size_t i = 0; i < hi.size(); ++i) whole[i] = hi[i] + lo[i];
+  // o + o_lo is the kernel's FP32 output, whose error is the BF16 probabilities' in P·V (on the
+  // tensor-core path) rather than o's rounding, which the shared component makes the larger.
+  const double hi_err = RelErr(hi, r.o);
+  ExpectRelErr("attention fwd O" + tag, hi, r.o, 1e-2);
+  ExpectRelErr("attention fwd O + o_lo (at most half o's error)" + tag, whole, r.o, 0.5 * hi_err);
+  double err[2][2];
+  for (int with = 1; with >= 0; --with) {
+    a.o_lo = with ? o_lo.get() : nullptr;
+    if (sinks) Upload(dsinks_dev, std::vector<float>(nq, 0.f));
+    ASSERT_OK(kernels::FlashAttentionBackward(a, {dq_in->get(), ldq}, {dk_in->get(), ldk}, {dv_in->get(), ldv},
+                                              {o.get(), ldq}, lse.get(), {ddo->get(), ldq}, {dq.get(), ldq},
+                                              {dk.get(), ldk}, {dv.get(), ldv}, ws.get(), nullptr));
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    err[with][0] = RelErr(DownBf16(dq.get(), T * ldq), r.dq);
+    err[with][1] = RelErr(DownBf16(dk.get(), T * ldk), r.dk);
+    if (with) {
+      ExpectRelErr("attention bwd dQ, row dots from o + o_lo" + tag, DownBf16(dq.get(), T * ldq), r.dq, 2e-2);
+      ExpectRelErr("attention bwd dK, row dots from o + o_lo" + tag, DownBf16(dk.get(), T * ldk), r.dk, 2e-2);
+      if (sinks) ExpectRelErr("attention bwd dSinks, o + o_lo" + tag, DownF32(dsinks_dev.get(), nq), r.dsinks, 2e-2);
+    }
+  }
+  const bool ok = err[1][0] * gain <= err[0][0];
+  std::printf("%s  attention bwd dQ / dK rel err: from o + o_lo %.3e / %.3e, from o alone %.3e / %.3e (dQ gain >= %g)%s\n",
+              ok ? "PASS" : "FAIL", err[1][0], err[1][1], err[0][0], err[0][1], gain, tag.c_str());
+  EXPECT_TRUE(ok) << "dQ from o + o_lo " << err[1][0] << " not " << gain << "x closer than from o alone " << err[0][0];
+}
+
 void CheckCrossAttention(int hd, int nq, int nkv, const std::vector<int>& docs, int ranks, bool ordered,
                          kernels::CudnnAttention* cudnn) {
   std::vector<int32_t> cu = {0};

@@ -21,6 +21,13 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs,
                     kernels::CudnnAttention* cudnn = nullptr, bool ordered = false, int window = 0,
                     bool sinks = false);
 
+// The output's low half (AttnArgs::o_lo), own kernels: values sharing a component per kv head of
+// `bias` (N(0, bias) per dimension; GPT-OSS's v bias) beside their N(0, 0.3) part, q and k
+// N(0, 0.3). Forward writes o + o_lo at most half as far from the FP64 output as o alone;
+// backward from it and the same backward without it (row dots from the BF16 o), dQ and dK against
+// FP64, printed; with it both within 2e-2 and dQ at least `gain` times closer than without.
+void CheckOutputLowHalf(int hd, int nq, int nkv, const std::vector<int>& docs, bool sinks, double bias, double gain);
+
 // Cross attention (AttnArgs::kv_bounds, context parallelism): the documents cut zig-zag over
 // `ranks` shares as one row; each share's queries attend the whole batch's keys through the own
 // kernels; O, LSE and dQ at each share's rows and dK/dV added over the shares (FP32) against the

@@ -94,6 +94,15 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnCase{16, 4, 2, {17, 40}, Split::kAuto, false, 8, true}),
     CaseName);
 
+// The output's low half (AttnArgs::o_lo): values dominated by a shared component (GPT-OSS's v bias),
+// both head dims of the tensor-core path and the slow path, with and without sinks.
+TEST_F(GpuTest, OutputLowHalfKeepsTheRowDotsExact) {
+  CheckOutputLowHalf(64, 4, 2, {384, 200, 17}, /*sinks=*/true, /*bias=*/1.0, /*gain=*/3.0);
+  CheckOutputLowHalf(64, 4, 2, {384, 200, 17}, /*sinks=*/false, /*bias=*/1.0, /*gain=*/3.0);
+  CheckOutputLowHalf(128, 8, 2, {700, 129}, /*sinks=*/true, /*bias=*/1.0, /*gain=*/3.0);
+  CheckOutputLowHalf(32, 4, 2, {130, 40}, /*sinks=*/true, /*bias=*/1.0, /*gain=*/3.0);
+}
+
 // Cross attention (context parallelism's zig-zag shares against the gathered keys): both head
 // dims of the tensor-core path, the slow path, 2 and 3 ranks, ordered dQ, shares whose pieces
 // begin mid-document and documents shorter than a chunk.
