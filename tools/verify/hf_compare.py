@@ -42,6 +42,19 @@ import hf_common  # noqa: E402
 # original context of 64 tokens, so every band is exercised at these lengths), mistral, qwen3_yarn
 # (qwen3 with YaRN, factor 4 over 64 original tokens: the ramp's table and the attention factor
 # 0.1 ln 4 + 1 on cos and sin, the setting Qwen3 documents for long contexts at a testable size).
+GPT_OSS_YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+
+
+def gpt_oss_shape(layer_types, rope=None):
+    """GPT-OSS: attention sinks, q/k/v/o biases, YaRN, sliding / full layers (`layer_types`), the
+    biased top-k-then-softmax router and experts with biases and the clamped SwiGLU (HF's eager
+    experts); hidden 256, heads 4/2 of 64, 8 experts top-2, window 64, 4 rows x 384 tokens."""
+    return (256, len(layer_types), 4, 2, 64, 256, 1000, False, (4, 384), "gpt_oss",
+            dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=64, layer_types=layer_types,
+                 rope_parameters=rope or GPT_OSS_YARN))
+
+
 SHAPES = {
     "tiny": (256, 4, 4, 2, 64, 512, 1000, True, (4, 512)),
     "untied": (256, 4, 4, 2, 64, 512, 1000, False, (4, 384)),
@@ -118,36 +131,14 @@ SHAPES = {
                                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
     # GPT-OSS: attention sinks, q/k/v/o biases, YaRN, alternating sliding / full layers, the biased
     # top-k-then-softmax router and experts with biases and the clamped SwiGLU (HF's eager experts).
-    "gpt_oss": (256, 2, 4, 2, 64, 256, 1000, False, (4, 384), "gpt_oss",
-                dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=64,
-                     layer_types=["sliding_attention", "full_attention"],
-                     rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
-                                      "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
-                                      "truncate": False})),
-    # Where GPT-OSS's layer-1 q/k gradient finding (docs/gpu-results.md row 114) lives: every layer
-    # full, every layer sliding, the full layer between two sliding ones (not the last), and plain RoPE.
-    "gpt_oss-full": (256, 2, 4, 2, 64, 256, 1000, False, (4, 384), "gpt_oss",
-                     dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=64,
-                          layer_types=["full_attention", "full_attention"],
-                          rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
-                                           "original_max_position_embeddings": 64, "beta_fast": 32.0,
-                                           "beta_slow": 1.0, "truncate": False})),
-    "gpt_oss-sliding": (256, 2, 4, 2, 64, 256, 1000, False, (4, 384), "gpt_oss",
-                        dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=64,
-                             layer_types=["sliding_attention", "sliding_attention"],
-                             rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
-                                              "original_max_position_embeddings": 64, "beta_fast": 32.0,
-                                              "beta_slow": 1.0, "truncate": False})),
-    "gpt_oss-3l": (256, 3, 4, 2, 64, 256, 1000, False, (4, 384), "gpt_oss",
-                   dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=64,
-                        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-                        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
-                                         "original_max_position_embeddings": 64, "beta_fast": 32.0,
-                                         "beta_slow": 1.0, "truncate": False})),
-    "gpt_oss-rope": (256, 2, 4, 2, 64, 256, 1000, False, (4, 384), "gpt_oss",
-                     dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=64,
-                          layer_types=["sliding_attention", "full_attention"],
-                          rope_parameters={"rope_type": "default", "rope_theta": 150000.0})),
+    "gpt_oss": gpt_oss_shape(["sliding_attention", "full_attention"]),
+    # Where GPT-OSS's layer-1 q/k gradient finding (docs/gpu-results.md rows 114, 119) lives: every
+    # layer full, every layer sliding, the full layer between two sliding ones (not the last), plain RoPE.
+    "gpt_oss-full": gpt_oss_shape(["full_attention", "full_attention"]),
+    "gpt_oss-sliding": gpt_oss_shape(["sliding_attention", "sliding_attention"]),
+    "gpt_oss-3l": gpt_oss_shape(["sliding_attention", "full_attention", "sliding_attention"]),
+    "gpt_oss-rope": gpt_oss_shape(["sliding_attention", "full_attention"],
+                                  {"rope_type": "default", "rope_theta": 150000.0}),
 }
 # model_type of the families built through AutoConfig (their config classes take other arguments).
 AUTO_FAMILIES = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "gemma3": "gemma3_text",
