@@ -12,20 +12,17 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <random>
 #include <vector>
 
+#include "common/numeric/bf16.h"
+
 namespace {
 
-float Bf16(float x) {  // round to nearest even at BF16's 8 bits of mantissa
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u = (u + ((u >> 16) & 1) + 0x7fffu) & 0xffff0000u;
-  float y;
-  std::memcpy(&y, &u, 4);
-  return y;
-}
+using slidedp::Bf16ToFloat;
+using slidedp::FloatToBf16;
+
+float Bf16(float x) { return Bf16ToFloat(FloatToBf16(x)); }  // round to BF16 and back
 
 using Vec = std::vector<double>;
 
@@ -87,15 +84,14 @@ int main(int argc, char** argv) {
       d_bf16 += Bf16(static_cast<float>(o32[d])) * dout[i * H + d];
       d_f32 += static_cast<float>(o32[d]) * dout[i * H + d];
     }
+    Vec dps(i + 1);  // dP = dO·v_j
     for (int j = 0; j <= i; ++j) {
-      double dot = 0;
-      for (int d = 0; d < H; ++d) dot += dout[i * H + d] * v[j * H + d];
-      dph[j] = Bf16(static_cast<float>(dot));  // HF: BF16 dP
+      for (int d = 0; d < H; ++d) dps[j] += dout[i * H + d] * v[j * H + d];
+      dph[j] = Bf16(static_cast<float>(dps[j]));  // HF: BF16 dP
       d_hf += ph[j] * dph[j];
     }
     for (int j = 0; j <= i; ++j) {
-      double dp = 0;
-      for (int d = 0; d < H; ++d) dp += dout[i * H + d] * v[j * H + d];
+      const double dp = dps[j];
       const float pf = static_cast<float>(p[j]);
       const double ds[4] = {p[j] * (dp - d_exact) * scale,
                             Bf16(pf * (static_cast<float>(dp) - static_cast<float>(d_bf16))) * scale,

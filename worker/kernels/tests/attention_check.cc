@@ -84,6 +84,21 @@ Reference ReferenceAttention(const std::vector<double>& q, const std::vector<dou
   return r;
 }
 
+// Self attention over the documents of cu (host) / dcu (device), scale 1/sqrt(hd).
+kernels::AttnArgs SelfArgs(const std::vector<int32_t>& cu, const int32_t* dcu, int nq, int nkv, int hd) {
+  kernels::AttnArgs a;
+  a.tokens = cu.back();
+  a.num_docs = static_cast<int>(cu.size()) - 1;
+  for (size_t d = 0; d + 1 < cu.size(); ++d) a.max_seqlen = std::max(a.max_seqlen, cu[d + 1] - cu[d]);
+  a.num_q_heads = nq;
+  a.num_kv_heads = nkv;
+  a.head_dim = hd;
+  a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  a.cu_seqlens = dcu;
+  a.cu_seqlens_host = cu.data();
+  return a;
+}
+
 }  // namespace
 
 void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kernels::AttnArgs::BwdSplit split,
@@ -91,7 +106,6 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kerne
   std::vector<int32_t> cu = {0};
   for (int d : docs) cu.push_back(cu.back() + d);
   const int64_t T = cu.back();
-  const int max_len = *std::max_element(docs.begin(), docs.end());
   const int64_t ldq = nq * hd, ldk = nkv * hd, ldv = nkv * hd + 24;  // v strided like the packed qkv
   auto q = RandVec(T * ldq), k = RandVec(T * ldk), v = RandVec(T * ldv), dout = RandVec(T * ldq);
   std::unique_ptr<Dev<bf16>> dq_in(NewBf16(q)), dk_in(NewBf16(k)), dv_in(NewBf16(v)), ddo(NewBf16(dout));
@@ -99,16 +113,7 @@ void CheckAttention(int hd, int nq, int nkv, const std::vector<int>& docs, kerne
   Upload(dcu, cu);
   Dev<bf16> o(T * ldq), dq(T * ldq), dk(T * ldk), dv(T * ldv);
   Dev<float> lse(nq * T);
-  kernels::AttnArgs a;
-  a.tokens = T;
-  a.num_docs = docs.size();
-  a.max_seqlen = max_len;
-  a.num_q_heads = nq;
-  a.num_kv_heads = nkv;
-  a.head_dim = hd;
-  a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  a.cu_seqlens = dcu.get();
-  a.cu_seqlens_host = cu.data();
+  kernels::AttnArgs a = SelfArgs(cu, dcu.get(), nq, nkv, hd);
   a.bwd_split = split;
   a.ordered_dq = ordered;
   a.window = window;
@@ -238,15 +243,7 @@ void CheckOutputLowHalf(int hd, int nq, int nkv, const std::vector<int>& docs, b
   Upload(dcu, cu);
   Dev<bf16> o(T * ldq), o_lo(T * ldq), dq(T * ldq), dk(T * ldk), dv(T * ldv);
   Dev<float> lse(nq * T), sinks_dev(nq), dsinks_dev(nq);
-  kernels::AttnArgs a;
-  a.tokens = T;
-  a.num_docs = docs.size();
-  a.max_seqlen = *std::max_element(docs.begin(), docs.end());
-  a.num_q_heads = nq;
-  a.num_kv_heads = nkv;
-  a.head_dim = hd;
-  a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  a.cu_seqlens = dcu.get();
+  kernels::AttnArgs a = SelfArgs(cu, dcu.get(), nq, nkv, hd);
   std::vector<double> sink_values;
   if (sinks) {
     for (int h = 0; h < nq; ++h) sink_values.push_back(-2.0 + 4.0 * h / std::max(1, nq - 1));
